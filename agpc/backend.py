@@ -1,0 +1,296 @@
+"""Array namespaces and the few numerical operations the array API standard lacks.
+
+This is the only module that knows which array library it is talking to. Everything else calls
+``array_namespace(x)`` once and then uses the standard; what the standard does not have (triangular
+solves, a Cholesky that escalates jitter, the log of the normal CDF, Gauss-Hermite nodes, random
+numbers, moving data between libraries) lives here, dispatched per library with a generic fallback
+written in standard operations only, so that it runs on ``array_api_strict`` and therefore on any
+conforming library.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from array_api_compat import (
+    array_namespace,
+    device as array_device,
+    is_array_api_obj,
+    is_cupy_namespace,
+    is_numpy_namespace,
+)
+
+__all__ = [
+    "CholeskyError",
+    "array_namespace",
+    "array_device",
+    "resolve_backend",
+    "solve_triangular",
+    "cholesky",
+    "log_ndtr",
+    "ndtr",
+    "log_normal_pdf",
+    "gauss_hermite",
+    "to_numpy",
+    "asarray_like",
+    "host_rng",
+    "host_array",
+]
+
+
+class CholeskyError(np.linalg.LinAlgError):
+    """A Cholesky factorisation failed even after adding jitter to the diagonal."""
+
+
+# --------------------------------------------------------------------------------------------------
+# namespaces
+
+
+def resolve_backend(backend):
+    """Turn ``backend`` into an array namespace.
+
+    ``"numpy"`` and ``"cupy"`` name the array-api-compat wrapped libraries; an array namespace object
+    (a module such as ``array_api_strict``) is returned as given; ``None`` and ``"auto"`` return
+    ``None``, meaning "the namespace of the input data".
+    """
+    if backend is None or (isinstance(backend, str) and backend == "auto"):
+        return None
+    if isinstance(backend, str):
+        name = backend.lower()
+        if name == "numpy":
+            import array_api_compat.numpy as xp
+
+            return xp
+        if name == "cupy":
+            try:
+                import cupy  # noqa: F401
+                import array_api_compat.cupy as xp
+            except Exception as exc:  # ImportError, or CUDA runtime missing
+                raise ValueError(
+                    "backend='cupy' needs CuPy and a CUDA device; install agpc[gpu] "
+                    f"(cupy could not be imported: {exc})"
+                ) from exc
+            return xp
+        raise ValueError(
+            f"unknown backend {backend!r}: use 'auto', 'numpy', 'cupy' or an array namespace module"
+        )
+    if hasattr(backend, "asarray") and hasattr(backend, "linalg") and hasattr(backend, "float64"):
+        return backend
+    raise ValueError(
+        f"unknown backend {backend!r}: use 'auto', 'numpy', 'cupy' or an array namespace module"
+    )
+
+
+def _is_strict(xp):
+    return getattr(xp, "__name__", "").startswith("array_api_strict")
+
+
+def to_numpy(x):
+    """Copy an array of any supported library to a NumPy array on the host (an edge operation)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if not is_array_api_obj(x):
+        return np.asarray(x)
+    xp = array_namespace(x)
+    if is_numpy_namespace(xp):
+        return np.asarray(x)
+    if is_cupy_namespace(xp):
+        return x.get()
+    if _is_strict(xp):
+        # array_api_strict refuses to hand arrays on its non-default devices to NumPy; move first.
+        x = x.to_device(xp.Device("CPU_DEVICE"))
+    return np.asarray(x)
+
+
+def asarray_like(x, xp, device=None, dtype=None):
+    """Bring ``x`` (any library, or a NumPy/host value) into namespace ``xp`` on ``device``."""
+    if is_array_api_obj(x):
+        src = array_namespace(x)
+        if src is xp or getattr(src, "__name__", None) == getattr(xp, "__name__", 0):
+            out = x if dtype is None else xp.astype(x, dtype)
+            if device is not None and array_device(out) != device:
+                out = xp.asarray(out, device=device) if not _is_strict(xp) else out.to_device(device)
+            return out
+        x = to_numpy(x)
+    if dtype is None:
+        return xp.asarray(x, device=device)
+    return xp.asarray(x, dtype=dtype, device=device)
+
+
+def host_array(values, dtype=np.float64):
+    """A NumPy array on the host from Python numbers (parameters are born here, then moved)."""
+    return np.asarray(values, dtype=dtype)
+
+
+def host_rng(random_state):
+    """A NumPy ``Generator`` from a seed, a Generator or ``None``.
+
+    Random choices (inducing-point initialisation, minibatch order) are drawn on the host and moved to
+    the device as indices, so that the same seed gives the same model on every backend.
+    """
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    if isinstance(random_state, np.random.RandomState):
+        return np.random.default_rng(random_state.randint(0, 2**31 - 1))
+    return np.random.default_rng(random_state)
+
+
+# --------------------------------------------------------------------------------------------------
+# linear algebra
+
+
+def solve_triangular(L, B, *, lower=True, trans=False):
+    """Solve ``op(L) X = B`` with ``L`` triangular; ``op`` is the transpose when ``trans``."""
+    xp = array_namespace(L, B)
+    if is_numpy_namespace(xp):
+        import scipy.linalg
+
+        return scipy.linalg.solve_triangular(
+            L, B, lower=lower, trans=1 if trans else 0, check_finite=False
+        )
+    if is_cupy_namespace(xp):
+        import cupyx.scipy.linalg
+
+        return cupyx.scipy.linalg.solve_triangular(L, B, lower=lower, trans=1 if trans else 0)
+    # Generic fallback: a dense solve. O(m^3 + m^2 k) like the triangular one, only slower.
+    A = L.mT if trans else L
+    return xp.linalg.solve(A, B)
+
+
+def _cholesky_once(A, xp):
+    try:
+        L = xp.linalg.cholesky(A)
+    except Exception:  # NumPy/strict raise LinAlgError; other libraries other types
+        return None
+    # CuPy (and some others) return NaN instead of raising: check the diagonal.
+    diag = xp.linalg.diagonal(L)
+    if not bool(xp.all(xp.isfinite(diag))) or not bool(xp.all(diag > 0)):
+        return None
+    return L
+
+
+def cholesky(A, *, what="matrix", max_tries=6):
+    """Lower Cholesky factor of a symmetric positive definite matrix.
+
+    On failure, adds ``jitter * mean(diag(A))`` to the diagonal with jitter 1e-10, 1e-9, ... and tries
+    again; after ``max_tries`` raises :class:`CholeskyError` naming ``what`` and the jitter tried.
+    """
+    xp = array_namespace(A)
+    L = _cholesky_once(A, xp)
+    if L is not None:
+        return L
+    if not bool(xp.all(xp.isfinite(A))):
+        raise CholeskyError(f"Cholesky of {what} failed: the matrix contains NaN or inf")
+    m = A.shape[0]
+    scale = float(xp.mean(xp.abs(xp.linalg.diagonal(A))))
+    scale = scale if scale > 0 else 1.0
+    eye = xp.eye(m, dtype=A.dtype, device=array_device(A))
+    tried = []
+    for k in range(max_tries):
+        jitter = scale * 10.0 ** (k - 10)
+        tried.append(jitter)
+        L = _cholesky_once(A + jitter * eye, xp)
+        if L is not None:
+            return L
+    raise CholeskyError(
+        f"Cholesky of {what} ({m}x{m}) failed: not positive definite even with jitter "
+        f"{', '.join(f'{j:.1e}' for j in tried)} added to the diagonal"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# special functions
+
+_LOG_SQRT_PI = 0.5 * math.log(math.pi)
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+_SERIES_TERMS = 48  # positive-term erf series, enough for |x| <= 2.5 to 1e-17 relative
+_CF_TERMS = 40  # Laplace continued fraction for erfc, enough for x >= 2.5 to 1e-15 relative
+_SWITCH = 2.5
+
+
+def _erf_series(x, xp):
+    """erf(x) = 2x/sqrt(pi) exp(-x^2) sum_n (2x^2)^n / (2n+1)!!  (all terms positive: no cancellation)."""
+    two_x2 = 2.0 * x * x
+    term = xp.ones_like(x)
+    total = xp.ones_like(x)
+    for n in range(1, _SERIES_TERMS):
+        term = term * two_x2 / (2.0 * n + 1.0)
+        total = total + term
+    return (2.0 / math.sqrt(math.pi)) * x * xp.exp(-x * x) * total
+
+
+def _log_erfc_cf(x, xp):
+    """log erfc(x) for x >= 2.5 from erfc(x) = exp(-x^2)/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))."""
+    t = x
+    for k in range(_CF_TERMS, 0, -1):
+        t = x + (0.5 * k) / t
+    return -x * x - _LOG_SQRT_PI - xp.log(t)
+
+
+def _log_erfc_generic(x, xp):
+    ax = xp.abs(x)
+    small = xp.minimum(ax, _SWITCH)
+    large = xp.maximum(ax, _SWITCH)
+    erfc_small = 1.0 - _erf_series(small, xp)  # erfc(|x|) for |x| <= 2.5
+    log_erfc_large = _log_erfc_cf(large, xp)  # log erfc(|x|) for |x| >= 2.5
+    is_large = ax > _SWITCH
+    # erfc(|x|) as a number (only needed where x < 0, where it is at most 1)
+    erfc_abs = xp.where(is_large, xp.exp(log_erfc_large), erfc_small)
+    log_erfc_pos = xp.where(is_large, log_erfc_large, xp.log(erfc_small))
+    # x < 0: erfc(x) = 2 - erfc(|x|), between 1 and 2: no cancellation
+    return xp.where(x >= 0, log_erfc_pos, xp.log(2.0 - erfc_abs))
+
+
+def log_ndtr(z):
+    """log Phi(z), the log of the standard normal CDF, accurate in both tails."""
+    xp = array_namespace(z)
+    if is_numpy_namespace(xp):
+        import scipy.special
+
+        return scipy.special.log_ndtr(z)
+    if is_cupy_namespace(xp):
+        import cupyx.scipy.special
+
+        return cupyx.scipy.special.log_ndtr(z)
+    return math.log(0.5) + _log_erfc_generic(-z / math.sqrt(2.0), xp)
+
+
+def ndtr(z):
+    """Phi(z), the standard normal CDF."""
+    xp = array_namespace(z)
+    if is_numpy_namespace(xp):
+        import scipy.special
+
+        return scipy.special.ndtr(z)
+    if is_cupy_namespace(xp):
+        import cupyx.scipy.special
+
+        return cupyx.scipy.special.ndtr(z)
+    return xp.exp(log_ndtr(z))
+
+
+def log_normal_pdf(z):
+    """log N(z | 0, 1)."""
+    return -0.5 * z * z - _LOG_SQRT_2PI
+
+
+def gauss_hermite(n, xp, *, dtype=None, device=None):
+    """Nodes and weights of n-point Gauss-Hermite quadrature: sum_k w_k f(x_k) ~ int exp(-x^2) f(x) dx.
+
+    Golub-Welsch: the nodes are the eigenvalues of the symmetric tridiagonal Jacobi matrix of the
+    (physicists') Hermite polynomials, off-diagonal sqrt(k/2); the weights are sqrt(pi) times the
+    squared first components of the eigenvectors. Written with ``eigh`` only, so every namespace has it.
+    """
+    if n < 1:
+        raise ValueError(f"Gauss-Hermite needs at least one node, got {n}")
+    dtype = xp.float64 if dtype is None else dtype
+    offdiag = [math.sqrt(k / 2.0) for k in range(1, n)]
+    rows = [[0.0] * n for _ in range(n)]
+    for k, value in enumerate(offdiag):
+        rows[k][k + 1] = value
+        rows[k + 1][k] = value
+    jacobi = xp.asarray(rows, dtype=dtype, device=device)
+    nodes, vectors = xp.linalg.eigh(jacobi)
+    weights = math.sqrt(math.pi) * vectors[0, :] ** 2
+    return nodes, weights

@@ -1,0 +1,1 @@
+"""Inference methods, one module per family."""

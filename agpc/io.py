@@ -1,0 +1,166 @@
+"""Saving and loading models as data: one ``.npz`` holding arrays and a JSON header, no pickle.
+
+Loading never executes code: ``numpy.load(..., allow_pickle=False)`` reads only plain arrays, and the
+header is JSON. A file that is not an agpc model, or whose contents are inconsistent, is refused with a
+``ValueError`` that says what is wrong. Saving writes to a temporary file beside the target and renames
+it, so a crash never leaves a half-written model where a good one was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+
+from . import backend as B
+
+FORMAT = "agpc-model"
+VERSION = 1
+_HEADER = "__agpc_header__"
+
+__all__ = ["save_model", "load_model", "FORMAT", "VERSION"]
+
+
+def _json_params(params):
+    """get_params() values that JSON can hold; a kernel is described by the kernel fields instead."""
+    out = {}
+    for key, value in params.items():
+        if key == "kernel":
+            continue
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            out[key] = value
+        elif isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value):
+            out[key] = list(value)
+        elif isinstance(value, (np.integer, np.floating)):
+            out[key] = value.item()
+        # arrays (inducing=array), generators (random_state) and namespaces are not model parameters
+        # needed to predict; they are dropped and the loaded estimator gets the defaults
+    return out
+
+
+def save_model(model, path):
+    """Write a fitted GPClassifier to ``path`` (the name is kept as given)."""
+    from sklearn.utils.validation import check_is_fitted
+
+    check_is_fitted(model, "posterior_")
+    post = model.posterior_
+    classes = np.asarray(model.classes_)
+    if classes.dtype.kind not in "biufU":
+        classes = classes.astype(str)
+    arrays = {
+        "inducing_points": B.to_numpy(model.inducing_points_),
+        "posterior_L_C": B.to_numpy(post.L_C),
+        "posterior_h": B.to_numpy(post.h),
+        "classes": classes,
+    }
+    for name, value in model.kernel_.params.items():
+        arrays[f"kernel_{name}"] = B.to_numpy(value)
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        "estimator": type(model).__name__,
+        "params": _json_params(model.get_params(deep=False)),
+        "kernel": model.kernel_.spec(),
+        "kernel_params": sorted(model.kernel_.params),
+        "n_features_in": int(model.n_features_in_),
+        "log_marginal_likelihood": float(model.log_marginal_likelihood_),
+        "n_iter": int(model.n_iter_),
+        "history": {k: [float(v) for v in values] for k, values in model.history_.items()},
+    }
+    arrays[_HEADER] = np.asarray(json.dumps(header))
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".agpc-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _refuse(path, why):
+    return ValueError(f"{path!s} is not a valid agpc model file: {why}")
+
+
+def load_model(path, backend="numpy"):
+    """Read a model written by :func:`save_model`; arrays are placed in ``backend``'s namespace."""
+    from .classifier import GPClassifier
+    from .inference.ep import Posterior, prior_cholesky
+    from .kernels import kernel_from_spec
+
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise _refuse(path, f"cannot be read as an npz archive ({exc})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise _refuse(path, "it holds a bare array, not an agpc archive")
+    with archive:
+        try:
+            names = set(archive.files)
+            if _HEADER not in names:
+                raise _refuse(path, "no agpc header (written by another program?)")
+            header = json.loads(str(archive[_HEADER]))
+            arrays = {name: archive[name] for name in names if name != _HEADER}
+        except ValueError as exc:
+            if "not a valid agpc" in str(exc):
+                raise
+            raise _refuse(path, f"unreadable contents ({exc})") from None
+        except (OSError, zipfile.BadZipFile, EOFError, json.JSONDecodeError) as exc:
+            raise _refuse(path, f"unreadable contents ({exc})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise _refuse(path, "the header does not name the agpc model format")
+    if header.get("version") != VERSION:
+        raise _refuse(path, f"format version {header.get('version')!r}; this agpc reads version {VERSION}")
+    required = ["inducing_points", "posterior_L_C", "posterior_h", "classes"]
+    required += [f"kernel_{name}" for name in header.get("kernel_params", [])]
+    missing = [name for name in required if name not in arrays]
+    if missing:
+        raise _refuse(path, f"missing arrays {missing}")
+    Z = arrays["inducing_points"]
+    m = Z.shape[0] if Z.ndim == 2 else -1
+    d = header.get("n_features_in")
+    if Z.ndim != 2 or Z.shape[1] != d or arrays["posterior_L_C"].shape != (m, m) or arrays["posterior_h"].shape != (m,):
+        raise _refuse(path, "array shapes are inconsistent with each other")
+    for name in required:
+        if name == "classes":
+            continue
+        values = np.asarray(arrays[name])
+        if values.dtype.kind != "f":
+            raise _refuse(path, f"array {name} is not floating point")
+        bad = np.isnan(values) | np.isposinf(values)
+        if name != "kernel_log_noise":  # log noise may be -inf (no noise); nothing else may
+            bad |= np.isneginf(values)
+        if np.any(bad):
+            raise _refuse(path, f"array {name} holds NaN or inf")
+    if arrays["classes"].shape != (2,):
+        raise _refuse(path, "a binary model needs exactly two classes")
+
+    xp = B.resolve_backend(backend)
+    to = lambda a: B.asarray_like(a, xp, dtype=xp.float64)  # noqa: E731
+    kernel = kernel_from_spec(
+        header["kernel"], {name: to(arrays[f"kernel_{name}"]) for name in header["kernel_params"]}
+    )
+    params = {k: v for k, v in header.get("params", {}).items() if k in GPClassifier._get_param_names()}
+    if isinstance(params.get("optimize"), list):
+        params["optimize"] = tuple(params["optimize"])
+    model = GPClassifier(**params)
+    Zx = to(Z)
+    model.kernel_ = kernel
+    model.inducing_points_ = Zx
+    model.posterior_ = Posterior(
+        L_K=prior_cholesky(kernel, Zx, float(model.jitter)), L_C=to(arrays["posterior_L_C"]), h=to(arrays["posterior_h"])
+    )
+    model.classes_ = arrays["classes"]
+    model.n_features_in_ = int(d)
+    model.log_marginal_likelihood_ = float(header.get("log_marginal_likelihood", float("nan")))
+    model.n_iter_ = int(header.get("n_iter", 0))
+    model.history_ = {k: list(v) for k, v in header.get("history", {}).items()}
+    return model
