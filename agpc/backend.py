@@ -204,9 +204,9 @@ def cholesky(A, *, what="matrix", max_tries=6):
 
 _LOG_SQRT_PI = 0.5 * math.log(math.pi)
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-_SERIES_TERMS = 48  # positive-term erf series, enough for |x| <= 2.5 to 1e-17 relative
-_CF_TERMS = 40  # Laplace continued fraction for erfc, enough for x >= 2.5 to 1e-15 relative
-_SWITCH = 2.5
+_SERIES_TERMS = 40  # positive-term erf series, enough for |x| <= 1.5 to 1e-17 relative
+_CF_TERMS = 100  # Laplace continued fraction for erfc, enough for x >= 1.5 to 1e-15 relative
+_SWITCH = 1.5
 
 
 def _erf_series(x, xp):
@@ -221,25 +221,27 @@ def _erf_series(x, xp):
 
 
 def _log_erfc_cf(x, xp):
-    """log erfc(x) for x >= 2.5 from erfc(x) = exp(-x^2)/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))."""
+    """log erfc(x) for x >= 1.5 from erfc(x) = exp(-x^2)/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))."""
     t = x
     for k in range(_CF_TERMS, 0, -1):
         t = x + (0.5 * k) / t
     return -x * x - _LOG_SQRT_PI - xp.log(t)
 
 
-def _log_erfc_generic(x, xp):
+def _log_ndtr_generic(z, xp):
+    """log Phi(z) = log(erfc(x) / 2) with x = -z / sqrt(2), from the two pieces above.
+
+    z <= 0 (x >= 0): log erfc(x) directly, the continued fraction in the far tail.
+    z > 0 (x < 0): Phi(z) = 1 - erfc(|x|)/2, so log Phi = log1p(-erfc(|x|)/2), accurate where Phi ~ 1.
+    """
+    x = -z / math.sqrt(2.0)
     ax = xp.abs(x)
-    small = xp.minimum(ax, _SWITCH)
-    large = xp.maximum(ax, _SWITCH)
-    erfc_small = 1.0 - _erf_series(small, xp)  # erfc(|x|) for |x| <= 2.5
-    log_erfc_large = _log_erfc_cf(large, xp)  # log erfc(|x|) for |x| >= 2.5
     is_large = ax > _SWITCH
-    # erfc(|x|) as a number (only needed where x < 0, where it is at most 1)
+    erfc_small = 1.0 - _erf_series(xp.minimum(ax, _SWITCH), xp)  # erfc(|x|) for |x| <= 1.5
+    log_erfc_large = _log_erfc_cf(xp.maximum(ax, _SWITCH), xp)  # log erfc(|x|) for |x| >= 1.5
+    log_erfc_abs = xp.where(is_large, log_erfc_large, xp.log(erfc_small))
     erfc_abs = xp.where(is_large, xp.exp(log_erfc_large), erfc_small)
-    log_erfc_pos = xp.where(is_large, log_erfc_large, xp.log(erfc_small))
-    # x < 0: erfc(x) = 2 - erfc(|x|), between 1 and 2: no cancellation
-    return xp.where(x >= 0, log_erfc_pos, xp.log(2.0 - erfc_abs))
+    return xp.where(x >= 0, math.log(0.5) + log_erfc_abs, xp.log1p(-0.5 * erfc_abs))
 
 
 def log_ndtr(z):
@@ -253,7 +255,7 @@ def log_ndtr(z):
         import cupyx.scipy.special
 
         return cupyx.scipy.special.log_ndtr(z)
-    return math.log(0.5) + _log_erfc_generic(-z / math.sqrt(2.0), xp)
+    return _log_ndtr_generic(z, xp)
 
 
 def ndtr(z):

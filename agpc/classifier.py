@@ -197,10 +197,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 "pass data with exactly two classes"
             )
         n = X.shape[0]
-        if self.n_inducing > n:
+        explicit = not isinstance(self.inducing, str)
+        m = len(self.inducing) if explicit else self.n_inducing  # an array of points sets m itself
+        if m > n:
+            what = f"{m} initial inducing points" if explicit else f"n_inducing={m}"
             raise ValueError(
-                f"n_inducing={self.n_inducing} exceeds the number of training rows ({n}): "
-                "use at most one inducing point per row"
+                f"{what} exceeds the number of training rows ({n}): use at most one inducing point per row"
             )
 
         xp = target_xp or in_xp or B.resolve_backend("numpy")
@@ -212,9 +214,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         kernel = self.kernel if self.kernel is not None else self._default_kernel(Xc)
         kernel = kernel.for_inputs(Xc)
         rng = B.host_rng(self.random_state)
-        Z = initial_inducing_points(Xc, self.n_inducing, self.inducing, random_state=rng)
-        if Z.shape[0] != self.n_inducing and not isinstance(self.inducing, str):
-            pass  # an explicit array sets m; n_inducing is only the default count
+        Z = initial_inducing_points(Xc, m, self.inducing, random_state=rng)
 
         callback = None
         if self.verbose:

@@ -1,0 +1,104 @@
+"""The operations the array API lacks: each library's dispatch against SciPy/NumPy references."""
+
+import math
+
+import array_api_strict
+import numpy as np
+import pytest
+import scipy.linalg
+import scipy.special
+
+from agpc import backend as B
+from conftest import to_np, to_xp
+
+
+def test_log_ndtr_generic_matches_scipy_over_both_tails(xp_device):
+    xp, device = xp_device
+    z = np.concatenate([np.linspace(-40, 40, 4001), [-1e3, -200, -37.5, 0.0, 8.2, 38.0, 1e3]])
+    got = to_np(B.log_ndtr(to_xp(z, xp, device)))
+    ref = scipy.special.log_ndtr(z)
+    assert np.all(np.isfinite(got))
+    # relative error of log Phi where it is not tiny, absolute error where Phi ~ 1 (log Phi ~ -Phi(-z))
+    scale = np.maximum(np.abs(ref), 1e-300)
+    rel = np.abs(got - ref) / scale
+    assert np.max(np.where(np.abs(ref) > 1e-3, rel, 0)) < 1e-13
+    assert np.max(np.where(np.abs(ref) <= 1e-3, rel, 0)) < 1e-10
+
+
+def test_ndtr_matches_scipy(xp_device):
+    xp, device = xp_device
+    z = np.linspace(-12, 12, 481)
+    got = to_np(B.ndtr(to_xp(z, xp, device)))
+    np.testing.assert_allclose(got, scipy.special.ndtr(z), rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.parametrize("trans", [False, True])
+def test_solve_triangular_matches_scipy(xp_device, trans):
+    xp, device = xp_device
+    rng = np.random.default_rng(0)
+    M = rng.normal(size=(7, 7))
+    L = np.linalg.cholesky(M @ M.T + 7 * np.eye(7))
+    Bm = rng.normal(size=(7, 5))
+    got = to_np(B.solve_triangular(to_xp(L, xp, device), to_xp(Bm, xp, device), lower=True, trans=trans))
+    ref = scipy.linalg.solve_triangular(L, Bm, lower=True, trans=1 if trans else 0)
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-13)
+
+
+def test_cholesky_escalates_jitter_on_a_singular_matrix(xp_device):
+    xp, device = xp_device
+    x = np.linspace(0, 1, 6)
+    K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / 10.0**2)  # numerically rank-deficient
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.cholesky(K)
+    L = to_np(B.cholesky(to_xp(K, xp, device)))
+    assert np.all(np.isfinite(L))
+    assert np.max(np.abs(L @ L.T - K)) < 1e-3
+
+
+def test_cholesky_error_names_the_matrix_and_jitter(xp_device):
+    xp, device = xp_device
+    A = to_xp(np.array([[1.0, 0.0], [0.0, -5.0]]), xp, device)
+    with pytest.raises(B.CholeskyError, match=r"Cholesky of Kmm.*jitter"):
+        B.cholesky(A, what="Kmm")
+    with pytest.raises(B.CholeskyError, match="NaN or inf"):
+        B.cholesky(to_xp(np.array([[np.nan, 0.0], [0.0, 1.0]]), xp, device), what="Kmm")
+
+
+def test_gauss_hermite_matches_numpy(xp_device):
+    xp, device = xp_device
+    for n in (1, 5, 20):
+        nodes, weights = B.gauss_hermite(n, xp, device=device)
+        ref_nodes, ref_weights = np.polynomial.hermite.hermgauss(n)
+        np.testing.assert_allclose(np.sort(to_np(nodes)), ref_nodes, atol=1e-12)
+        np.testing.assert_allclose(to_np(weights)[np.argsort(to_np(nodes))], ref_weights, rtol=1e-10, atol=1e-300)
+        # integrates x^2 exp(-x^2) exactly: sqrt(pi)/2
+        if n >= 2:
+            assert math.isclose(float(to_np(xp.sum(weights * nodes**2))), math.sqrt(math.pi) / 2, rel_tol=1e-12)
+
+
+def test_resolve_backend():
+    assert B.resolve_backend("auto") is None
+    assert B.resolve_backend("numpy").__name__.endswith("numpy")
+    assert B.resolve_backend(array_api_strict) is array_api_strict
+    with pytest.raises(ValueError, match="unknown backend 'tensorflow'"):
+        B.resolve_backend("tensorflow")
+    with pytest.raises(ValueError, match="unknown backend"):
+        B.resolve_backend(42)
+    try:
+        import cupy  # noqa: F401
+
+        has_cupy = True
+    except Exception:
+        has_cupy = False
+    if not has_cupy:
+        with pytest.raises(ValueError, match="backend='cupy' needs CuPy"):
+            B.resolve_backend("cupy")
+
+
+def test_arrays_follow_their_device():
+    device = array_api_strict.Device("device1")
+    x = array_api_strict.asarray([0.5, -1.0, 3.0], device=device)
+    for out in (B.log_ndtr(x), B.ndtr(x)):
+        assert out.device == device
+    nodes, weights = B.gauss_hermite(4, array_api_strict, device=device)
+    assert nodes.device == device and weights.device == device
