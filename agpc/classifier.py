@@ -193,8 +193,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             )
         if classes.shape[0] > 2:
             raise ValueError(
-                f"y has {classes.shape[0]} classes but method={self.method!r} is a binary classifier; "
-                "pass data with exactly two classes"
+                f"Only binary classification is supported. The type of the target is multiclass: y has "
+                f"{classes.shape[0]} classes but method={self.method!r} is a binary classifier"
             )
         n = X.shape[0]
         explicit = not isinstance(self.inducing, str)
@@ -299,8 +299,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return self._back(xp.stack([xp.exp(log_neg), xp.exp(log_pos)], axis=1), in_xp, device)
 
     def decision_function(self, X):
-        """Latent predictive mean: positive favours ``classes_[1]``."""
-        return self.predict_latent(X)[0]
+        """Probit score mean / sqrt(1 + variance) = Phi^-1(p(classes_[1] | x)), shape (n_samples,).
+
+        Positive favours ``classes_[1]``; unlike the latent mean alone it ranks rows exactly as
+        ``predict_proba`` does, since the predictive variance differs from row to row.
+        """
+        Xc, in_xp, device = self._prepare(X)
+        mean, var = ep.predict_latent(self.kernel_, self.inducing_points_, self.posterior_, Xc)
+        xp = B.array_namespace(mean)
+        return self._back(mean / xp.sqrt(1.0 + var), in_xp, device)
 
     def predict(self, X):
         """Most probable class label for each row."""

@@ -32,7 +32,8 @@ class Rprop:
             sign = xp.sign(grads[name])
             if name in self.previous_sign:
                 agree = sign * self.previous_sign[name]
-                factor = xp.where(agree > 0, self.increase, xp.where(agree < 0, self.decrease, 1.0))
+                ones = xp.ones_like(agree)
+                factor = xp.where(agree > 0, self.increase * ones, xp.where(agree < 0, self.decrease * ones, ones))
                 self.steps[name] = self.steps[name] * factor
             self.previous_sign[name] = sign
             out[name] = value + self.steps[name] * sign

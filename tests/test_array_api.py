@@ -1,0 +1,85 @@
+"""The same fit on NumPy and on array_api_strict (default device and device1) gives the same numbers.
+
+array_api_strict refuses anything outside the standard and arrays on different devices, so a fit that
+runs there, with every output on the input's device, is the CPU stand-in for the CuPy path.
+"""
+
+import array_api_strict
+import numpy as np
+import pytest
+
+from agpc import GPClassifier
+from agpc.datasets import make_banana
+
+
+def _is_strict(value):
+    return type(value).__module__.startswith("array_api_strict")
+
+
+@pytest.fixture(scope="module")
+def data():
+    X, y = make_banana(150, random_state=3)
+    X_test, _ = make_banana(40, random_state=4)
+    return X, y.astype(np.float64), X_test
+
+
+@pytest.fixture(scope="module")
+def numpy_fit(data):
+    X, y, X_test = data
+    model = GPClassifier(n_inducing=10, max_iter=25, random_state=0).fit(X, y)
+    return model, model.predict_proba(X_test), model.predict_latent(X_test)
+
+
+@pytest.mark.parametrize("device", [None, array_api_strict.Device("device1")], ids=["default", "device1"])
+def test_strict_fit_equals_numpy_fit(data, numpy_fit, device):
+    X, y, X_test = data
+    ref_model, ref_proba, (ref_mean, ref_var) = numpy_fit
+    xs = array_api_strict
+    Xs = xs.asarray(X, device=device)
+    ys = xs.asarray(y, device=device)
+    Xts = xs.asarray(X_test, device=device)
+    model = GPClassifier(n_inducing=10, max_iter=25, random_state=0).fit(Xs, ys)
+
+    # every fitted array lives on the input's device, in the input's namespace
+    assert model.inducing_points_.device == Xs.device
+    for value in model.kernel_.params.values():
+        assert value.device == Xs.device
+    proba = model.predict_proba(Xts)
+    mean, var = model.predict_latent(Xts)
+    labels = model.predict(Xts)
+    for out in (proba, mean, var, labels):
+        assert _is_strict(out) and out.device == Xs.device
+
+    np.testing.assert_allclose(
+        model.history_["log_marginal_likelihood"], ref_model.history_["log_marginal_likelihood"], rtol=1e-8
+    )
+    assert abs(model.log_marginal_likelihood_ - ref_model.log_marginal_likelihood_) < 1e-8 * abs(
+        ref_model.log_marginal_likelihood_
+    )
+    to_np = lambda a: np.asarray(a.to_device(xs.Device("CPU_DEVICE")))  # noqa: E731
+    np.testing.assert_allclose(to_np(model.inducing_points_), np.asarray(ref_model.inducing_points_), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(to_np(proba), ref_proba, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(to_np(mean), ref_mean, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(to_np(var), ref_var, rtol=1e-8, atol=1e-10)
+
+
+def test_numpy_backend_on_strict_input_returns_strict(data, numpy_fit):
+    """backend="numpy" computes in NumPy but hands results back in the caller's array type."""
+    X, y, X_test = data
+    _, ref_proba, _ = numpy_fit
+    xs = array_api_strict
+    model = GPClassifier(n_inducing=10, max_iter=25, random_state=0, backend="numpy").fit(xs.asarray(X), xs.asarray(y))
+    assert isinstance(model.inducing_points_, np.ndarray)
+    proba = model.predict_proba(xs.asarray(X_test))
+    assert _is_strict(proba)
+    np.testing.assert_allclose(np.asarray(proba), ref_proba, rtol=1e-8, atol=1e-10)
+
+
+def test_strict_backend_on_numpy_input_returns_numpy(data, numpy_fit):
+    X, y, X_test = data
+    _, ref_proba, _ = numpy_fit
+    model = GPClassifier(n_inducing=10, max_iter=25, random_state=0, backend=array_api_strict).fit(X, y)
+    assert _is_strict(model.inducing_points_)
+    proba = model.predict_proba(X_test)
+    assert isinstance(proba, np.ndarray)
+    np.testing.assert_allclose(proba, ref_proba, rtol=1e-8, atol=1e-10)

@@ -1,0 +1,193 @@
+"""GPClassifier: the estimator's contract, input validation and persistence."""
+
+import json
+import zipfile
+
+import numpy as np
+import pytest
+
+from agpc import RBF, GPClassifier, Matern52
+from agpc.datasets import make_banana
+
+
+@pytest.fixture(scope="module")
+def banana():
+    X, y = make_banana(200, random_state=0)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def fitted(banana):
+    X, y = banana
+    return GPClassifier(n_inducing=12, max_iter=40, random_state=0).fit(X, y)
+
+
+def test_string_labels_round_trip(banana):
+    X, y = banana
+    labels = np.where(y > 0, "spam", "ham")
+    model = GPClassifier(n_inducing=10, max_iter=30, random_state=0).fit(X, labels)
+    assert list(model.classes_) == ["ham", "spam"]
+    predicted = model.predict(X)
+    assert set(predicted) <= {"ham", "spam"}
+    # the probability column for "spam" is the one for the +1 class of the numeric fit
+    numeric = GPClassifier(n_inducing=10, max_iter=30, random_state=0).fit(X, y)
+    np.testing.assert_allclose(model.predict_proba(X), numeric.predict_proba(X), rtol=1e-12)
+    assert model.score(X, labels) > 0.8
+
+
+def test_fitted_attributes_and_shapes(fitted, banana):
+    X, _ = banana
+    assert fitted.inducing_points_.shape == (12, 2)
+    assert fitted.n_features_in_ == 2
+    assert fitted.n_iter_ == len(fitted.history_["log_marginal_likelihood"])  # warm-up sweeps included
+    assert np.isfinite(fitted.log_marginal_likelihood_)
+    proba = fitted.predict_proba(X[:7])
+    assert proba.shape == (7, 2)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
+    mean, var = fitted.predict_latent(X[:7])
+    assert mean.shape == (7,) and var.shape == (7,) and np.all(var > 0)
+    np.testing.assert_allclose(np.log(proba), fitted.predict_log_proba(X[:7]), rtol=1e-10)
+    assert np.all((fitted.decision_function(X[:7]) > 0) == (fitted.predict(X[:7]) == fitted.classes_[1]))
+
+
+def test_optimize_freezes_what_it_does_not_name(banana):
+    X, y = banana
+    Z0 = X[:8].copy()
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01)
+    only_kernel = GPClassifier(kernel=kernel, inducing=Z0, optimize=("kernel",), max_iter=20).fit(X, y)
+    np.testing.assert_array_equal(only_kernel.inducing_points_, Z0)
+    assert not np.allclose(only_kernel.kernel_.params["log_lengthscales"], 0.0)
+    only_z = GPClassifier(kernel=kernel, inducing=Z0, optimize=("inducing",), max_iter=20).fit(X, y)
+    assert not np.allclose(only_z.inducing_points_, Z0)
+    for name, value in kernel.params.items():
+        np.testing.assert_array_equal(only_z.kernel_.params[name], value)
+    frozen = GPClassifier(kernel=kernel, inducing=Z0, optimize=False, max_iter=500, tol=1e-10).fit(X, y)
+    np.testing.assert_array_equal(frozen.inducing_points_, Z0)
+    assert frozen.n_iter_ < 500  # EP converged on fixed hyper-parameters
+    # the user's kernel object is not modified by fitting
+    np.testing.assert_array_equal(kernel.params["log_lengthscales"], [0.0, 0.0])
+
+
+def test_matern_kernel_and_random_inducing(banana):
+    X, y = banana
+    model = GPClassifier(kernel=Matern52(lengthscales=1.0), inducing="random", n_inducing=10, max_iter=30, random_state=1).fit(X, y)
+    assert type(model.kernel_).__name__ == "Matern52"
+    assert model.score(X, y) > 0.8
+
+
+def test_same_seed_same_model(banana):
+    X, y = banana
+    a = GPClassifier(n_inducing=10, max_iter=20, random_state=5).fit(X, y)
+    b = GPClassifier(n_inducing=10, max_iter=20, random_state=5).fit(X, y)
+    np.testing.assert_array_equal(a.predict_proba(X), b.predict_proba(X))
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda X, y: (np.where(np.arange(len(X))[:, None] == 3, np.nan, X), y), "NaN"),
+        (lambda X, y: (np.where(np.arange(len(X))[:, None] == 3, np.inf, X), y), "infinity"),
+        (lambda X, y: (X[:, 0], y), "Expected 2D array"),
+        (lambda X, y: (X, y[:-1]), "inconsistent numbers of samples"),
+        (lambda X, y: (X, np.ones_like(y)), "only one class"),
+        (lambda X, y: (X, np.arange(len(y)) % 3), "Only binary classification is supported.*3 classes"),
+    ],
+    ids=["nan", "inf", "1d", "rows", "one-class", "three-classes"],
+)
+def test_bad_input_raises_a_clear_value_error(banana, make, message):
+    X, y = banana
+    Xb, yb = make(X, y)
+    with pytest.raises(ValueError, match=message):
+        GPClassifier(n_inducing=5, max_iter=2).fit(Xb, yb)
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"n_inducing": 500}, r"n_inducing=500 exceeds the number of training rows \(200\)"),
+        ({"method": "laplace"}, "unknown method 'laplace'"),
+        ({"backend": "tensorflow"}, "unknown backend 'tensorflow'"),
+        ({"damping": 0.0}, "damping must be in"),
+        ({"optimize": ("kernel", "noise")}, "optimize names unknown groups"),
+        ({"inducing": "grid"}, "unknown inducing-point initialisation 'grid'"),
+        ({"inducing": np.zeros((4, 3))}, r"inducing points must have shape \(m, 2\)"),
+        ({"kernel": "rbf"}, "kernel must be an agpc kernel"),
+    ],
+)
+def test_bad_parameters_raise_a_clear_value_error(banana, params, message):
+    X, y = banana
+    with pytest.raises(ValueError, match=message):
+        GPClassifier(**{"n_inducing": 5, "max_iter": 2, **params}).fit(X, y)
+
+
+def test_predict_checks_feature_count(fitted):
+    with pytest.raises(ValueError, match="X has 3 features, but GPClassifier is expecting 2"):
+        fitted.predict(np.zeros((4, 3)))
+
+
+def test_save_load_round_trip(fitted, banana, tmp_path):
+    X, _ = banana
+    path = tmp_path / "model.agpc"
+    fitted.save(path)
+    loaded = GPClassifier.load(path)
+    np.testing.assert_allclose(loaded.predict_proba(X), fitted.predict_proba(X), rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(loaded.classes_, fitted.classes_)
+    assert loaded.get_params()["n_inducing"] == fitted.get_params()["n_inducing"]
+    assert loaded.log_marginal_likelihood_ == fitted.log_marginal_likelihood_
+    assert loaded.history_["log_marginal_likelihood"] == fitted.history_["log_marginal_likelihood"]
+    # the file is plain data: an npz whose header is JSON
+    with zipfile.ZipFile(path) as archive:
+        assert "__agpc_header__.npy" in archive.namelist()
+    header = json.loads(str(np.load(path, allow_pickle=False)["__agpc_header__"]))
+    assert header["format"] == "agpc-model"
+
+
+def test_load_refuses_foreign_and_corrupt_files(fitted, tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(ValueError, match="not a valid agpc model file"):
+        GPClassifier.load(text)
+    other = tmp_path / "other.npz"
+    np.savez(other, a=np.arange(3))
+    with pytest.raises(ValueError, match="no agpc header"):
+        GPClassifier.load(other)
+    good = tmp_path / "good.agpc"
+    fitted.save(good)
+    truncated = tmp_path / "truncated.agpc"
+    truncated.write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])
+    with pytest.raises(ValueError, match="not a valid agpc model file"):
+        GPClassifier.load(truncated)
+    # a header that lies about the shapes
+    arrays = dict(np.load(good, allow_pickle=False))
+    header = json.loads(str(arrays["__agpc_header__"]))
+    header["n_features_in"] = 5
+    arrays["__agpc_header__"] = np.asarray(json.dumps(header))
+    liar = tmp_path / "liar.agpc"
+    with open(liar, "wb") as fh:
+        np.savez(fh, **arrays)
+    with pytest.raises(ValueError, match="inconsistent"):
+        GPClassifier.load(liar)
+    # a pickled object array is never unpickled
+    pickled = tmp_path / "pickled.agpc"
+    arrays = dict(np.load(good, allow_pickle=False))
+    arrays["posterior_h"] = np.array([object()], dtype=object)
+    with open(pickled, "wb") as fh:
+        np.savez(fh, **arrays)
+    with pytest.raises(ValueError, match="not a valid agpc model file"):
+        GPClassifier.load(pickled)
+
+
+def test_save_is_atomic(fitted, tmp_path, monkeypatch):
+    """A failure while writing leaves the previous model file intact and no temporary file behind."""
+    path = tmp_path / "model.agpc"
+    fitted.save(path)
+    before = path.read_bytes()
+
+    def broken_savez(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", broken_savez)
+    with pytest.raises(OSError, match="disk full"):
+        fitted.save(path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model.agpc"]
