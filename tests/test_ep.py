@@ -135,3 +135,29 @@ def test_blocked_pass_equals_single_pass():
     np.testing.assert_allclose(blocked["site_precision"], one["site_precision"], rtol=1e-12)
     for name in one["grads"]:
         np.testing.assert_allclose(blocked["grads"][name], one["grads"][name], rtol=1e-10, atol=1e-12)
+
+
+def test_non_finite_log_z_reverts_and_halves_damping_and_steps(monkeypatch):
+    """The authors' guard rail: a NaN log Z_q (or a failed Cholesky) puts back the last good state and
+    halves the damping and the step sizes; training then goes on."""
+    X, y = _toy(40)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    Z = X[:5].copy()
+    real_evaluate = ep.evaluate
+    calls = {"n": 0}
+
+    def flaky_evaluate(*args, **kwargs):
+        calls["n"] += 1
+        out = real_evaluate(*args, **kwargs)
+        if calls["n"] == 15:
+            out["log_z"] = out["log_z"] * np.nan
+        if calls["n"] == 20:
+            raise ep.CholeskyError("Cholesky of Kmm failed (test)")
+        return out
+
+    monkeypatch.setattr(ep, "evaluate", flaky_evaluate)
+    fit = ep.train(X, y, kernel, Z, jitter=JITTER, max_iter=30, damping=0.5)
+    damping = fit.history["damping"]
+    assert damping[0] == 0.5 and damping[-1] == 0.125  # halved twice
+    assert len(fit.history["log_marginal_likelihood"]) == fit.n_iter == 40  # 10 warm-up + 30, failures not counted
+    assert np.all(np.isfinite(fit.history["log_marginal_likelihood"])) and np.isfinite(fit.log_z)
