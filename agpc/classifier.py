@@ -328,7 +328,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     # -- persistence -----------------------------------------------------------------------------
 
     def save(self, path):
-        """Save the fitted model as data (npz + JSON, no pickle). See :mod:`agpc.io`."""
+        """Save the fitted model as data (npz + JSON, plain data only). See :mod:`agpc.io`."""
         from .io import save_model
 
         save_model(self, path)

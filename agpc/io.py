@@ -1,6 +1,6 @@
-"""Saving and loading models as data: one ``.npz`` holding arrays and a JSON header, no pickle.
+"""Saving and loading models as data: one ``.npz`` holding arrays and a JSON header, never serialised Python objects.
 
-Loading never executes code: ``numpy.load(..., allow_pickle=False)`` reads only plain arrays, and the
+Loading never executes code: ``numpy.load(..., allow_pickle=False)`` reads only plain arrays (object arrays are refused), and the
 header is JSON. A file that is not an agpc model, or whose contents are inconsistent, is refused with a
 ``ValueError`` that says what is wrong. Saving writes to a temporary file beside the target and renames
 it, so a crash never leaves a half-written model where a good one was.

@@ -30,3 +30,27 @@ def to_np(value):
     from agpc.backend import to_numpy
 
     return np.asarray(to_numpy(value))
+
+
+def central_differences(f, base, h=1e-6):
+    """Central finite differences of the scalar f at every entry of the NumPy array ``base``."""
+    base = np.asarray(base, dtype=np.float64)
+    numeric = np.zeros(base.shape)
+    for idx in np.ndindex(base.shape):
+        plus, minus = base.copy(), base.copy()
+        plus[idx] += h
+        minus[idx] -= h
+        numeric[idx] = (f(plus) - f(minus)) / (2 * h)
+    return numeric
+
+
+def check_parameter_gradients(kernel, grads, Z, objective, xp, device, rtol, atol):
+    """Compare analytic gradients for every kernel parameter and every entry of Z with finite
+    differences of ``objective(kernel, Z)``."""
+    for name, value in kernel.params.items():
+        numeric = central_differences(
+            lambda p: objective(kernel.with_params({**kernel.params, name: to_xp(p, xp, device)}), Z), to_np(value)
+        )
+        np.testing.assert_allclose(to_np(grads[name]), numeric, rtol=rtol, atol=atol, err_msg=name)
+    numeric = central_differences(lambda z: objective(kernel, to_xp(z, xp, device)), to_np(Z))
+    np.testing.assert_allclose(to_np(grads["Z"]), numeric, rtol=rtol, atol=atol, err_msg="Z")
