@@ -13,12 +13,13 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import backend as B
 from .inducing import initial_inducing_points
-from .inference import ep
+from .inference import ep, training
 from .kernels import RBF, Stationary
 
 __all__ = ["GPClassifier"]
 
-_METHODS = ("ep",)
+_METHODS = training.METHODS
+_FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above
 _OPTIMIZE_GROUPS = ("kernel", "inducing")
 
 
@@ -28,7 +29,7 @@ def _is_foreign_array(X):
 
 
 class GPClassifier(ClassifierMixin, BaseEstimator):
-    """Gaussian process classifier with inducing points, trained by expectation propagation.
+    """Gaussian process classifier with inducing points, trained by expectation propagation (EP, SEP, ADF).
 
     Binary classification with a probit likelihood and an inducing-point (FITC-style) prior whose
     inducing values are not marginalised (Hernandez-Lobato & Hernandez-Lobato, AISTATS 2016). Training
@@ -37,8 +38,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     Parameters
     ----------
-    method : {"ep"}
-        Inference method.
+    method : {"ep", "sep", "adf"}
+        "ep": expectation propagation, two numbers stored per row. "sep": stochastic EP, one tied
+        likelihood factor (m x m), memory O(m^2) whatever n. "adf": assumed density filtering (the
+        cavity is q itself); cheapest, usually a little worse.
     n_inducing : int, default=100
         Number m of inducing points; must not exceed the number of training rows.
     kernel : Stationary or None
@@ -49,8 +52,19 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         NumPy arrays, CuPy for CuPy arrays, ...). Results come back in the caller's array type.
     max_iter : int, default=250
         Iterations of (EP sweep + hyper-parameter step). With ``optimize=False``, the most sweeps.
-    damping : float in (0, 1], default=0.5
-        EP damping (seed 000 eq. 25): new = damping * update + (1 - damping) * old.
+    damping : float in (0, 1] or None
+        EP damping (seed 000 eq. 25): new = damping * update + (1 - damping) * old. ``None``: 0.5 in
+        batch mode, 0.99 in minibatch mode, as the paper.
+    batch_size : "auto", None or int
+        Rows per minibatch. "auto": the full batch for n <= 20,000, else 200. ``None``: full batch.
+        In minibatch mode ``max_iter`` counts epochs and the hyper-parameters follow stochastic gradients.
+    optimizer : None, "rprop", "adadelta" or "adam"
+        Hyper-parameter steps. ``None``: the paper's per-parameter adaptive steps ("rprop") in batch mode,
+        Adadelta (rho 0.9, eps 1e-5) in minibatch mode.
+    learning_rate : float or None
+        For "adadelta" (default 1.0) and "adam" (default 0.01).
+    max_time : float or None
+        Stop cleanly at the end of the step that crosses this many seconds; the model is usable.
     inducing : "kmeans", "random" or array of shape (m, d)
         Initial inducing points.
     optimize : True, False or a tuple of "kernel" / "inducing"
@@ -82,7 +96,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         kernel=None,
         backend="auto",
         max_iter=250,
-        damping=0.5,
+        damping=None,
+        batch_size="auto",
+        optimizer=None,
+        learning_rate=None,
+        max_time=None,
         inducing="kmeans",
         optimize=True,
         jitter=1e-6,
@@ -96,6 +114,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.backend = backend
         self.max_iter = max_iter
         self.damping = damping
+        self.batch_size = batch_size
+        self.optimizer = optimizer
+        self.learning_rate = learning_rate
+        self.max_time = max_time
         self.inducing = inducing
         self.optimize = optimize
         self.jitter = jitter
@@ -112,8 +134,18 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"n_inducing must be a positive integer, got {self.n_inducing!r}")
         if not isinstance(self.max_iter, numbers.Integral) or self.max_iter < 0:
             raise ValueError(f"max_iter must be a non-negative integer, got {self.max_iter!r}")
-        if not (isinstance(self.damping, numbers.Real) and 0.0 < self.damping <= 1.0):
-            raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
+        if self.damping is not None and not (isinstance(self.damping, numbers.Real) and 0.0 < self.damping <= 1.0):
+            raise ValueError(f"damping must be in (0, 1] or None, got {self.damping!r}")
+        if not (self.batch_size is None or self.batch_size == "auto" or (
+            isinstance(self.batch_size, numbers.Integral) and self.batch_size >= 1
+        )):
+            raise ValueError(f"batch_size must be 'auto', None or a positive integer, got {self.batch_size!r}")
+        if self.optimizer not in (None, "rprop", "adadelta", "adam"):
+            raise ValueError(f"unknown optimizer {self.optimizer!r}: use None, 'rprop', 'adadelta' or 'adam'")
+        if self.learning_rate is not None and not (isinstance(self.learning_rate, numbers.Real) and self.learning_rate > 0):
+            raise ValueError(f"learning_rate must be a positive number, got {self.learning_rate!r}")
+        if self.max_time is not None and not (isinstance(self.max_time, numbers.Real) and self.max_time > 0):
+            raise ValueError(f"max_time must be a positive number of seconds, got {self.max_time!r}")
         if not (isinstance(self.jitter, numbers.Real) and self.jitter >= 0 and math.isfinite(self.jitter)):
             raise ValueError(f"jitter must be a non-negative number, got {self.jitter!r}")
         if self.kernel is not None and not isinstance(self.kernel, Stationary):
@@ -222,17 +254,27 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 if it % 10 == 0:
                     print(f"[agpc] iteration {it:4d}  log Z_q = {log_z:.6f}")
 
+        if self.batch_size == "auto":
+            batch_size = None if n <= _FULL_BATCH_MAX_ROWS else 200
+        else:
+            batch_size = self.batch_size
         t0 = time.perf_counter()
-        result = ep.train(
+        result = training.train(
             Xc,
             y_pm,
             kernel,
             Z,
+            method=self.method,
+            batch_size=batch_size,
             jitter=float(self.jitter),
             max_iter=int(self.max_iter),
-            damping=float(self.damping),
+            damping=None if self.damping is None else float(self.damping),
             optimize=groups,
+            optimizer=self.optimizer,
+            learning_rate=self.learning_rate,
             tol=float(self.tol),
+            max_time=self.max_time,
+            random_state=rng,
             callback=callback,
         )
         self.fit_time_ = time.perf_counter() - t0
@@ -243,6 +285,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.log_marginal_likelihood_ = result.log_z
         self.history_ = result.history
         self.n_iter_ = result.n_iter
+        self.stopped_by_time_ = result.stopped_by_time
         return self
 
     @staticmethod

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .backend import array_namespace
 
-__all__ = ["Rprop"]
+__all__ = ["Rprop", "Adadelta", "Adam", "OPTIMIZERS"]
 
 
 class Rprop:
@@ -49,3 +49,83 @@ class Rprop:
         steps, previous = state
         self.steps = dict(steps)
         self.previous_sign = dict(previous)
+
+
+class Adadelta:
+    """Adadelta (Zeiler 2012), as seed 000 uses for stochastic gradients: rho 0.9, eps 1e-5.
+
+    Per entry: E[g^2] <- rho E[g^2] + (1 - rho) g^2;  delta = sqrt(E[dx^2] + eps) / sqrt(E[g^2] + eps) g;
+    E[dx^2] <- rho E[dx^2] + (1 - rho) delta^2;  x <- x + learning_rate * delta  (ascent).
+    Unit-consistent: the step does not scale with the gradient, so n / |M| scaling needs no tuning.
+    """
+
+    def __init__(self, learning_rate=1.0, rho=0.9, eps=1e-5):
+        self.learning_rate = learning_rate
+        self.rho = rho
+        self.eps = eps
+        self.mean_sq_grad = {}
+        self.mean_sq_step = {}
+
+    def step(self, params, grads):
+        out = {}
+        for name, value in params.items():
+            xp = array_namespace(value)
+            g = grads[name]
+            msg = self.mean_sq_grad.get(name, xp.zeros_like(value))
+            msd = self.mean_sq_step.get(name, xp.zeros_like(value))
+            msg = self.rho * msg + (1.0 - self.rho) * g * g
+            delta = xp.sqrt(msd + self.eps) / xp.sqrt(msg + self.eps) * g
+            self.mean_sq_grad[name] = msg
+            self.mean_sq_step[name] = self.rho * msd + (1.0 - self.rho) * delta * delta
+            out[name] = value + self.learning_rate * delta
+        return out
+
+    def scale_steps(self, factor):
+        self.learning_rate *= factor
+
+    def snapshot(self):
+        return (self.learning_rate, dict(self.mean_sq_grad), dict(self.mean_sq_step))
+
+    def restore(self, state):
+        self.learning_rate, msg, msd = state
+        self.mean_sq_grad, self.mean_sq_step = dict(msg), dict(msd)
+
+
+class Adam:
+    """Adam (Kingma & Ba 2015) for ascent: steps of about ``learning_rate`` per entry, bias-corrected."""
+
+    def __init__(self, learning_rate=0.01, beta1=0.9, beta2=0.999, eps=1e-8):
+        self.learning_rate = learning_rate
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.eps = eps
+        self.t = 0
+        self.m = {}
+        self.v = {}
+
+    def step(self, params, grads):
+        self.t += 1
+        out = {}
+        for name, value in params.items():
+            xp = array_namespace(value)
+            g = grads[name]
+            m = self.beta1 * self.m.get(name, xp.zeros_like(value)) + (1.0 - self.beta1) * g
+            v = self.beta2 * self.v.get(name, xp.zeros_like(value)) + (1.0 - self.beta2) * g * g
+            self.m[name], self.v[name] = m, v
+            m_hat = m / (1.0 - self.beta1**self.t)
+            v_hat = v / (1.0 - self.beta2**self.t)
+            out[name] = value + self.learning_rate * m_hat / (xp.sqrt(v_hat) + self.eps)
+        return out
+
+    def scale_steps(self, factor):
+        self.learning_rate *= factor
+
+    def snapshot(self):
+        return (self.learning_rate, self.t, dict(self.m), dict(self.v))
+
+    def restore(self, state):
+        self.learning_rate, self.t, m, v = state
+        self.m, self.v = dict(m), dict(v)
+
+
+OPTIMIZERS = {"adadelta": Adadelta, "adam": Adam}

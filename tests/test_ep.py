@@ -5,7 +5,7 @@ import pytest
 
 from agpc import GPClassifier
 from agpc.datasets import banana_bayes_error, banana_posterior, make_banana
-from agpc.inference import ep
+from agpc.inference import ep, training
 from agpc.kernels import RBF, Matern52
 from conftest import check_parameter_gradients, to_xp
 from reference_full_gp_ep import full_gp_ep, full_gp_predict
@@ -33,7 +33,7 @@ def test_log_z_gradient_matches_finite_differences_at_ep_fixed_point(kernel_cls,
     X, y = to_xp(X_np, xp, device), to_xp(y_np, xp, device)
     Z = to_xp(X_np[:7] + 0.1, xp, device)
     kernel = kernel_cls(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(X)
-    fit = ep.train(X, y, kernel, Z, jitter=JITTER, max_iter=3000, optimize=(), tol=1e-13)
+    fit = training.train(X, y, kernel, Z, jitter=JITTER, max_iter=3000, optimize=(), tol=1e-13)
     assert fit.converged
     nu, mu = fit.site_precision, fit.site_shift
     grads = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER)["grads"]
@@ -137,7 +137,7 @@ def test_non_finite_log_z_reverts_and_halves_damping_and_steps(monkeypatch):
         return out
 
     monkeypatch.setattr(ep, "evaluate", flaky_evaluate)
-    fit = ep.train(X, y, kernel, Z, jitter=JITTER, max_iter=30, damping=0.5)
+    fit = training.train(X, y, kernel, Z, jitter=JITTER, max_iter=30, damping=0.5)
     damping = fit.history["damping"]
     assert damping[0] == 0.5 and damping[-1] == 0.125  # halved twice
     assert len(fit.history["log_marginal_likelihood"]) == fit.n_iter == 40  # 10 warm-up + 30, failures not counted

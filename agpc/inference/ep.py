@@ -19,9 +19,7 @@ Everything here is written against the array API: the functions take arrays and 
 
 from __future__ import annotations
 
-import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..backend import (
     CholeskyError,
@@ -33,6 +31,10 @@ from ..backend import (
 from ..likelihoods import probit_tilted
 
 __all__ = [
+    "Factor",
+    "evaluate_factor",
+    "exact_factor",
+    "posterior_from_factor",
     "Posterior",
     "prior_cholesky",
     "project",
@@ -41,12 +43,12 @@ __all__ = [
     "block_pass",
     "evaluate",
     "predict_latent",
-    "train",
 ]
 
 # A site whose cavity variance v_i = d_i / (1 - nu_i d_i) is not positive (1 - nu_i d_i below this) is
 # skipped for the round: its old parameters are kept and it adds nothing to log Z_q or the gradient.
 _CAVITY_EPS = 1e-10
+_PRIOR_SLACK = 1e-6  # relative round-off allowed when comparing a cavity variance with the prior's
 
 
 def _triangular_inverse(L):
@@ -126,9 +128,10 @@ class BlockResult:
     log_z_terms: object  # 0-d: sum of the rows' log Z_q terms
     dKmm_data: object  # (m, m) adjoint contribution of the rows' log Z_i
     grads: dict  # kernel gradient of the rows' log Z_i through Knm and Kdiag (incl. "Z")
+    sums: tuple = None  # whitened (S_new, c_new, S_old, c_old) of the rows' new and old sites
 
 
-def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad=True, At=None):
+def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad=True, At=None, want_sums=False):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows.
 
     Seed 000: cavity (eqs. 14-15), tilted moments and new site (eqs. 17-23), log Z_q terms (eq. 26, in
@@ -143,11 +146,16 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad=T
     Qt = At @ post.L_C_inv.mT  # row i = L_C^-1 L_K^-1 k_i
     d = xp.sum(Qt * Qt, axis=1)  # k_i^T B^-1 k_i = upsilon_i^T Sigma upsilon_i
     e = Qt @ post.h  # k_i^T B^-1 c = upsilon_i^T mean
-    s = Kdiag - xp.sum(At * At, axis=1)  # FITC conditional variance (eq. 16)
+    prior_var = xp.sum(At * At, axis=1)  # upsilon_i^T K upsilon_i, the prior variance of g_i
+    s = Kdiag - prior_var  # FITC conditional variance (eq. 16)
 
+    # A cavity is usable when its variance along upsilon_i is positive and, since every site precision
+    # is non-negative, no wider than the prior's. Both hold whenever q and the sites agree; they fail
+    # when a site stored in a u-space factor (minibatch EP) was computed under older hyper-parameters.
     one_minus = 1.0 - nu * d
     valid = one_minus > _CAVITY_EPS
     one_minus = xp.where(valid, one_minus, 1.0)
+    valid = valid & (d <= (1.0 + _PRIOR_SLACK) * prior_var * one_minus + _CAVITY_EPS)
     v = d / one_minus  # cavity variance of g_i
     a = (e - mu * d) / one_minus  # cavity mean of g_i: v (e/d - mu), without dividing by d
     b = 1.0 + s + v
@@ -161,9 +169,12 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad=T
     # log Z_q terms: log Z_i + a^2/(2v) + log(v)/2 - e^2/(2d) - log(d)/2, rewritten without 1/d.
     terms = log_zi + (nu * e * e - 2.0 * mu * e + mu * mu * d) / (2.0 * one_minus) - 0.5 * xp.log(one_minus)
     log_z_terms = xp.sum(xp.where(valid, terms, 0.0))
+    sums = None
+    if want_sums:  # the rows' share of the likelihood factor, before and after (for tied / minibatch updates)
+        sums = site_sums(At, new_nu, new_mu) + site_sums(At, nu, mu)
 
     if not want_grad:
-        return BlockResult(new_nu, new_mu, valid, log_z_terms, None, {})
+        return BlockResult(new_nu, new_mu, valid, log_z_terms, None, {}, sums)
 
     # d log Z_i / d xi with the cavity fixed: log Z_i = log Phi(y a / sqrt(b)) with a = k^T K^-1 m^\\i,
     # b = 1 + K_ii - k^T K^-1 k + k^T K^-1 Sigma^\\i K^-1 k. With g_i = B^-1 k_i, beta = B^-1 c:
@@ -182,7 +193,7 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad=T
     U = At @ post.L_K_inv
     dKmm_data = -(U.mT @ (dKnm + U * dKdiag[:, None]))
     grads = kernel.grads(None, dKnm, dKdiag, X, Z)
-    return BlockResult(new_nu, new_mu, valid, log_z_terms, dKmm_data, grads)
+    return BlockResult(new_nu, new_mu, valid, log_z_terms, dKmm_data, grads, sums)
 
 
 def _prior_adjoint(post):
@@ -259,6 +270,142 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     return out
 
 
+# --------------------------------------------------------------------------------------------------
+# A likelihood factor held in u-space: SEP's tied factor (seed 002, seed 001 sec. 2.3.1), ADF's, and the
+# running product of EP's sites in minibatch mode.
+
+
+@dataclass
+class Factor:
+    """Gaussian factor exp(-u^T P u / 2 + u^T r) of the inducing values u: O(m^2) whatever n."""
+
+    precision: object  # P (m, m)
+    shift: object  # r (m,)
+
+    @classmethod
+    def uniform(cls, m, like):
+        xp = array_namespace(like)
+        return cls(
+            xp.zeros((m, m), dtype=like.dtype, device=array_device(like)),
+            xp.zeros((m,), dtype=like.dtype, device=array_device(like)),
+        )
+
+    def whitened(self, L_K):
+        """S = L_K^T P L_K and c~ = L_K^T r, the form posterior_from_sums takes."""
+        return L_K.mT @ self.precision @ L_K, L_K.mT @ self.shift
+
+    @classmethod
+    def from_whitened(cls, S, c_tilde, L_K_inv):
+        return cls(L_K_inv.mT @ S @ L_K_inv, L_K_inv.mT @ c_tilde)
+
+    def combine(self, keep, other, weight):
+        """keep * self + weight * other, in natural parameters."""
+        return Factor(keep * self.precision + weight * other.precision, keep * self.shift + weight * other.shift)
+
+
+def _log_normaliser_gain(post):
+    """g(theta) - g(theta_prior) for q = prior x factor: 0.5 c^T B^-1 c + 0.5 log|K| - 0.5 log|B|."""
+    xp = array_namespace(post.h)
+    return 0.5 * xp.sum(post.h * post.h) - xp.sum(xp.log(xp.linalg.diagonal(post.L_C)))
+
+
+CAVITY_KINDS = ("ep", "sep", "adf")
+
+
+def evaluate_factor(
+    kernel, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None, jitter,
+    want_grad=True, block_rows=None,
+):
+    """One pass over rows X (all the data, or a minibatch) with q = prior x ``factor``.
+
+    The three methods differ only in the cavity (seed 002):
+      "ep"  q / site_i: each row's own site, (site_precision, site_shift) along its current upsilon_i;
+      "sep" q / factor^(1/n_total): one cavity for every row;
+      "adf" q itself.
+    Returns a dict: ``log_z`` (estimate of log Z_q: the rows' terms scaled by n_total / rows), ``grads``
+    (eq. 4 with the data part scaled likewise: the stochastic gradient of eq. 6), ``site_precision`` /
+    ``site_shift`` (undamped updates of the rows' sites), ``new_sites`` and ``old_sites`` (the rows'
+    sites as u-space Factors), ``valid`` and ``posterior`` (q).
+    """
+    if method not in CAVITY_KINDS:
+        raise ValueError(f"unknown EP variant {method!r}")
+    xp = array_namespace(X)
+    n_rows = X.shape[0]
+    scale = n_total / n_rows
+    L_K = prior_cholesky(kernel, Z, jitter)
+    L_K_inv = _triangular_inverse(L_K)
+    S, c_tilde = factor.whitened(L_K)
+    q = posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
+    log_z = _log_normaliser_gain(q)
+    if method == "sep" and n_total > 1:
+        keep = 1.0 - 1.0 / n_total
+        cavity = posterior_from_sums(L_K, keep * S, keep * c_tilde, L_K_inv=L_K_inv)
+        # SEP's log Z_q: g(q) - g(prior) + sum_i log Z_i + n (g(cavity) - g(q))
+        log_z = log_z + n_total * (_log_normaliser_gain(cavity) - _log_normaliser_gain(q))
+    elif method == "sep":
+        cavity = posterior_from_sums(L_K, 0.0 * S, 0.0 * c_tilde, L_K_inv=L_K_inv)
+        log_z = log_z + (_log_normaliser_gain(cavity) - _log_normaliser_gain(q))
+    else:
+        cavity = q
+    if method != "ep":  # the cavity already excludes the factor: the rows' own "old site" is nothing
+        zeros = xp.zeros((n_rows,), dtype=X.dtype, device=array_device(X))
+        site_precision, site_shift = zeros, zeros
+    grads = None
+    dKmm_data = None
+    new_nu, new_mu, valid = [], [], []
+    sums = None
+    terms = None
+    for lo, hi in _row_blocks(n_rows, block_rows):
+        res = block_pass(
+            kernel, X[lo:hi, :], y[lo:hi], site_precision[lo:hi], site_shift[lo:hi], Z, cavity,
+            want_grad=want_grad, want_sums=True,
+        )
+        terms = res.log_z_terms if terms is None else terms + res.log_z_terms
+        new_nu.append(res.site_precision)
+        new_mu.append(res.site_shift)
+        valid.append(res.valid)
+        sums = res.sums if sums is None else tuple(a + b for a, b in zip(sums, res.sums))
+        if want_grad:
+            dKmm_data = res.dKmm_data if dKmm_data is None else dKmm_data + res.dKmm_data
+            grads = res.grads if grads is None else {k: grads[k] + res.grads[k] for k in grads}
+    single = len(new_nu) == 1
+    out = {
+        "log_z": log_z + scale * terms,
+        "site_precision": new_nu[0] if single else xp.concat(new_nu),
+        "site_shift": new_mu[0] if single else xp.concat(new_mu),
+        "valid": valid[0] if single else xp.concat(valid),
+        "new_sites": Factor.from_whitened(sums[0], sums[1], L_K_inv),
+        "old_sites": Factor.from_whitened(sums[2], sums[3], L_K_inv),
+        "posterior": q,
+        "grads": None,
+    }
+    if want_grad:
+        dKmm = _prior_adjoint(q) + scale * dKmm_data
+        prior_grads = kernel.grads(dKmm, None, None, None, Z)
+        out["grads"] = {k: scale * grads[k] + prior_grads[k] for k in grads}
+    return out
+
+
+def exact_factor(kernel, Z, X, site_precision, site_shift, *, jitter, block_rows=None):
+    """The product of all EP sites at the current hyper-parameters, as a u-space Factor (one pass)."""
+    L_K = prior_cholesky(kernel, Z, jitter)
+    L_K_inv = _triangular_inverse(L_K)
+    S = c = None
+    for lo, hi in _row_blocks(X.shape[0], block_rows):
+        At, _ = project(kernel, X[lo:hi, :], Z, L_K_inv)
+        S_b, c_b = site_sums(At, site_precision[lo:hi], site_shift[lo:hi])
+        S = S_b if S is None else S + S_b
+        c = c_b if c is None else c + c_b
+    return Factor.from_whitened(S, c, L_K_inv)
+
+
+def posterior_from_factor(kernel, Z, factor, *, jitter):
+    L_K = prior_cholesky(kernel, Z, jitter)
+    L_K_inv = _triangular_inverse(L_K)
+    S, c_tilde = factor.whitened(L_K)
+    return posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
+
+
 def predict_latent(kernel, Z, post, X, block_rows=65536):
     """Mean and variance of f(x) under q (seed 000 eq. 36), variance including the latent noise."""
     xp = array_namespace(X)
@@ -274,159 +421,3 @@ def predict_latent(kernel, Z, post, X, block_rows=65536):
     return xp.concat(means), xp.concat(variances)
 
 
-# --------------------------------------------------------------------------------------------------
-# training loop (seed 000 sec. 2.3): a parallel damped sweep of all sites, then a step on the
-# hyper-parameters, repeated.
-
-
-@dataclass
-class TrainResult:
-    kernel: object
-    Z: object
-    site_precision: object
-    site_shift: object
-    posterior: object
-    log_z: float
-    n_iter: int
-    history: dict = field(default_factory=dict)
-    converged: bool = False
-
-
-def _finite(value):
-    return math.isfinite(value)
-
-
-def train(
-    X,
-    y,
-    kernel,
-    Z,
-    *,
-    jitter=1e-6,
-    max_iter=250,
-    damping=0.5,
-    optimize=("kernel", "inducing"),
-    optimizer=None,
-    tol=1e-6,
-    n_warmup=10,
-    block_rows=None,
-    site_precision=None,
-    site_shift=None,
-    callback=None,
-):
-    """Fit sites and hyper-parameters (seed 000 sec. 2.3).
-
-    Each iteration evaluates everything at the current (theta, sites) in one pass: the undamped EP
-    update of every site and the gradient of eq. 4. Sites are then damped (eq. 25) and the
-    hyper-parameters take one step. ``n_warmup`` sweeps at fixed theta first give the gradient sites
-    worth differentiating. With nothing to optimise, sweeps run until the largest site change is below
-    ``tol`` (relative), as scikit-learn's ``optimizer=None``.
-
-    Guard rails: a non-finite log Z_q or a failed Cholesky reverts to the last good state and halves
-    the damping and the step sizes (as the authors' code does).
-    """
-    from ..optim import Rprop
-
-    xp = array_namespace(X)
-    n = X.shape[0]
-    device = array_device(X)
-    if site_precision is None:
-        site_precision = xp.zeros((n,), dtype=X.dtype, device=device)
-    if site_shift is None:
-        site_shift = xp.zeros((n,), dtype=X.dtype, device=device)
-    optimize = tuple(optimize)
-    names = []
-    if "kernel" in optimize:
-        names += [k for k in kernel.params if k != "log_noise" or math.isfinite(float(kernel.params[k]))]
-    if "inducing" in optimize:
-        names.append("Z")
-    if optimizer is None and names:
-        optimizer = Rprop(initial_steps=_initial_steps(kernel, Z, names))
-
-    history = {"log_marginal_likelihood": [], "time": [], "n_invalid_sites": [], "damping": []}
-    t0 = time.perf_counter()
-    good = None  # (kernel params, Z, sites, optimizer state) of the last finite evaluation
-    failures = 0
-    converged = False
-    log_z_value = float("nan")
-    result = None
-    it = 0
-    total_iters = max_iter + (n_warmup if names else 0)
-    while it < total_iters:
-        stepping = bool(names) and it >= (n_warmup if names else 0)
-        try:
-            result = evaluate(
-                kernel, Z, X, y, site_precision, site_shift, jitter=jitter, want_grad=stepping, block_rows=block_rows
-            )
-            log_z_value = float(result["log_z"])
-        except CholeskyError:
-            log_z_value = float("nan")
-        if not _finite(log_z_value):
-            failures += 1
-            if good is None or failures > 30:
-                raise FloatingPointError(
-                    "EP diverged: log Z_q is not finite and halving the damping and step sizes did not help "
-                    f"(after {failures} attempts); try a smaller damping or standardised inputs"
-                )
-            kernel, Z, site_precision, site_shift, opt_state = good
-            if optimizer is not None:
-                optimizer.restore(opt_state)
-                optimizer.scale_steps(0.5)
-            damping *= 0.5
-            continue
-        failures = 0
-        good = (kernel, Z, site_precision, site_shift, optimizer.snapshot() if optimizer is not None else None)
-        valid = result["valid"]
-        history["log_marginal_likelihood"].append(log_z_value)
-        history["time"].append(time.perf_counter() - t0)
-        history["n_invalid_sites"].append(int(xp.sum(xp.astype(~valid, xp.int64))))
-        history["damping"].append(damping)
-        if callback is not None:
-            callback(it, log_z_value)
-
-        new_nu = damping * result["site_precision"] + (1.0 - damping) * site_precision
-        new_mu = damping * result["site_shift"] + (1.0 - damping) * site_shift
-        change = float(
-            xp.max(xp.abs(new_nu - site_precision)) / (1.0 + float(xp.max(xp.abs(site_precision))))
-            + xp.max(xp.abs(new_mu - site_shift)) / (1.0 + float(xp.max(xp.abs(site_shift))))
-        )
-        site_precision, site_shift = new_nu, new_mu
-        it += 1
-        if stepping:
-            params = dict(kernel.params)
-            params["Z"] = Z
-            grads = result["grads"]
-            updated = optimizer.step({k: params[k] for k in names}, {k: grads[k] for k in names})
-            params.update(updated)
-            Z = params.pop("Z")
-            kernel = kernel.with_params(params)
-        elif not names and change < tol:
-            converged = True
-            break
-
-    final = evaluate(kernel, Z, X, y, site_precision, site_shift, jitter=jitter, want_grad=False, block_rows=block_rows)
-    return TrainResult(
-        kernel=kernel,
-        Z=Z,
-        site_precision=site_precision,
-        site_shift=site_shift,
-        posterior=final["posterior"],
-        log_z=float(final["log_z"]),
-        n_iter=it,
-        history=history,
-        converged=converged,
-    )
-
-
-def _initial_steps(kernel, Z, names):
-    """First step sizes: 0.01 in log space for kernel parameters, 1% of the spread of Z per dimension."""
-    xp = array_namespace(Z)
-    steps = {}
-    for name in names:
-        if name == "Z":
-            spread = xp.std(Z, axis=0) if Z.shape[0] > 1 else xp.ones(Z.shape[1], dtype=Z.dtype, device=array_device(Z))
-            spread = xp.where(spread > 0, spread, 1.0)
-            steps[name] = 0.01 * (xp.zeros_like(Z) + spread[None, :])
-        else:
-            steps[name] = xp.zeros_like(kernel.params[name]) + 0.01
-    return steps

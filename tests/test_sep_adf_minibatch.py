@@ -1,0 +1,131 @@
+"""SEP, ADF and minibatch training (seed 000 sec. 2.3, seed 002)."""
+
+import numpy as np
+import pytest
+
+from agpc import GPClassifier
+from agpc.datasets import make_banana
+from agpc.inference import ep, training
+from agpc.kernels import RBF
+from conftest import to_np, to_xp
+
+JITTER = 1e-6
+
+
+def _moments(result):
+    return [np.asarray(a) for a in result.posterior.mean_and_cov()]
+
+
+def test_sep_with_one_datum_equals_ep():
+    """With n = 1 the SEP cavity q / f^(1/1) is EP's q / f_1: same fixed point, same log Z_q."""
+    X = np.array([[0.3, -0.2]])
+    y = np.array([1.0])
+    kernel = RBF(lengthscales=[0.8, 1.2], amplitude=1.5, noise=0.1).for_inputs(X)
+    Z = np.array([[0.0, 0.0], [1.0, 0.5], [-0.7, 0.2]])
+    common = dict(jitter=JITTER, max_iter=500, optimize=(), tol=1e-14)
+    fit_ep = training.train(X, y, kernel, Z, method="ep", **common)
+    fit_sep = training.train(X, y, kernel, Z, method="sep", **common)
+    assert fit_ep.converged and fit_sep.converged
+    assert abs(fit_ep.log_z - fit_sep.log_z) < 1e-10
+    for a, b in zip(_moments(fit_ep), _moments(fit_sep)):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_adf_equals_one_ep_sweep_from_the_prior(xp_device):
+    """ADF's cavity is q; from a uniform factor that is the prior, exactly EP's first sweep."""
+    xp, device = xp_device
+    X_np, y_np = make_banana(60, random_state=0)
+    X, y = to_xp(X_np, xp, device), to_xp(y_np, xp, device)
+    kernel = RBF(lengthscales=[0.8, 0.8], amplitude=2.0, noise=0.01).for_inputs(X)
+    Z = to_xp(X_np[:8], xp, device)
+    common = dict(jitter=JITTER, max_iter=1, optimize=(), damping=1.0)
+    adf = training.train(X, y, kernel, Z, method="adf", **common)
+    sweep = training.train(X, y, kernel, Z, method="ep", **common)
+    assert sweep.n_iter == 1 and adf.n_iter == 1
+    for a, b in zip(adf.posterior.mean_and_cov(), sweep.posterior.mean_and_cov()):
+        np.testing.assert_allclose(to_np(a), to_np(b), rtol=1e-10, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def small_problem():
+    X, y = make_banana(400, random_state=5)
+    X_test, y_test = make_banana(3000, random_state=6)
+    return X, y, X_test, y_test
+
+
+def _nll(model, X, y):
+    proba = model.predict_proba(X)
+    return float(-np.mean(np.log(proba[np.arange(len(y)), np.searchsorted(model.classes_, y)])))
+
+
+def test_batch_sep_is_close_to_ep_and_adf_is_not_better(small_problem):
+    """Seed 002's table: SEP's test NLL is within a few hundredths of EP's, ADF's equal or worse.
+
+    Stated tolerances, at EP's fitted hyper-parameters: test NLL within 0.02 (the spread between EP and
+    SEP in seed 002's table); ADF's test NLL no better than EP's minus 0.005. SEP's tied factor makes its
+    log Z_q a different approximation from EP's, not EP's value plus noise: we require the two within 5%
+    of |log Z_q(EP)| (2.9% measured on this problem when the test was written: -125.8 against -129.5)."""
+    X, y, X_test, y_test = small_problem
+    fitted = GPClassifier(method="ep", n_inducing=15, max_iter=100, random_state=0).fit(X, y)
+    Z = fitted.inducing_points_
+    nll = {}
+    log_z = {}
+    for method in ("ep", "sep", "adf"):
+        model = GPClassifier(method=method, kernel=fitted.kernel_, inducing=Z, optimize=False, max_iter=2000, tol=1e-9)
+        model.fit(X, y)
+        nll[method] = _nll(model, X_test, y_test)
+        log_z[method] = model.log_marginal_likelihood_
+    assert abs(log_z["sep"] - log_z["ep"]) < 0.05 * abs(log_z["ep"]), log_z
+    assert abs(nll["sep"] - nll["ep"]) < 0.02, nll
+    assert nll["adf"] >= nll["ep"] - 0.005, nll
+
+
+def test_minibatch_ep_and_sep_match_batch_ep_error_on_20k_rows():
+    """Minibatch EP / SEP (200 rows, Adadelta, damping 0.99) on 20,000 banana rows reach a test error
+    within 1 point of batch EP."""
+    X, y = make_banana(20000, random_state=11)
+    X_test, y_test = make_banana(10000, random_state=12)
+    batch = GPClassifier(method="ep", n_inducing=25, max_iter=60, batch_size=None, random_state=0).fit(X, y)
+    batch_error = 1.0 - batch.score(X_test, y_test)
+    for method in ("ep", "sep"):
+        model = GPClassifier(method=method, n_inducing=25, max_iter=3, batch_size=200, random_state=0).fit(X, y)
+        error = 1.0 - model.score(X_test, y_test)
+        assert error < batch_error + 0.01, (method, error, batch_error)
+
+
+@pytest.mark.parametrize("method", ["ep", "sep"])
+def test_stochastic_gradient_is_unbiased(method):
+    """Eq. 6: with q and the sites fixed, the n/|M|-scaled minibatch gradient averages to the full one.
+    400 minibatches of 40 rows drawn with replacement; every coordinate's mean must lie within 4
+    standard errors of the full gradient (a false alarm about once in 15,000 coordinates)."""
+    X, y = make_banana(600, random_state=2)
+    y = y.astype(float)
+    kernel = RBF(lengthscales=[0.9, 0.8], amplitude=2.0, noise=0.01).for_inputs(X)
+    Z = X[:6] + 0.05
+    fit = training.train(X, y, kernel, Z, method=method, max_iter=30, optimize=(), jitter=JITTER)
+    factor = ep.exact_factor(kernel, Z, X, fit.site_precision, fit.site_shift, jitter=JITTER) if method == "ep" else fit.factor
+    nu = fit.site_precision if method == "ep" else None
+    mu = fit.site_shift if method == "ep" else None
+
+    def gradient(rows):
+        out = ep.evaluate_factor(
+            kernel, Z, X[rows], y[rows], factor, method=method, n_total=len(y),
+            site_precision=None if nu is None else nu[rows], site_shift=None if mu is None else mu[rows],
+            jitter=JITTER,
+        )
+        return np.concatenate([np.ravel(np.asarray(v)) for _, v in sorted(out["grads"].items())])
+
+    full = gradient(np.arange(len(y)))
+    rng = np.random.default_rng(0)
+    samples = np.array([gradient(rng.integers(0, len(y), size=40)) for _ in range(400)])
+    mean = samples.mean(axis=0)
+    stderr = samples.std(axis=0, ddof=1) / np.sqrt(len(samples))
+    assert np.all(np.abs(mean - full) < 4 * stderr + 1e-12), np.max(np.abs(mean - full) / (stderr + 1e-300))
+
+
+def test_max_time_stops_cleanly_with_a_usable_model(small_problem):
+    X, y, X_test, y_test = small_problem
+    model = GPClassifier(n_inducing=15, max_iter=100000, max_time=1.0, random_state=0).fit(X, y)
+    assert model.stopped_by_time_
+    assert model.n_iter_ < 100000
+    assert model.score(X_test, y_test) > 0.75
