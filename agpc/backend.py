@@ -36,6 +36,9 @@ __all__ = [
     "asarray_like",
     "host_rng",
     "host_array",
+    "is_out_of_core",
+    "read_rows",
+    "row_slice",
 ]
 
 
@@ -116,6 +119,26 @@ def asarray_like(x, xp, device=None, dtype=None):
     if dtype is None:
         return xp.asarray(x, device=device)
     return xp.asarray(x, dtype=dtype, device=device)
+
+
+def is_out_of_core(X):
+    """Data that are read a block at a time: a NumPy memmap, or any sliceable array-like that is not an
+    array of an array-API library (zarr, h5py, ...)."""
+    return isinstance(X, np.memmap) or not is_array_api_obj(X)
+
+
+def row_slice(X, lo, hi):
+    """X[lo:hi, ...] spelled with one index per axis (array_api_strict insists), for arrays and array-likes."""
+    return X[(slice(lo, hi),) + (slice(None),) * (len(X.shape) - 1)]
+
+
+def read_rows(X, lo, hi, like):
+    """Rows lo:hi of ``X`` (in memory or on disk) as a float array in ``like``'s namespace and device."""
+    block = row_slice(X, lo, hi)
+    if isinstance(block, np.memmap):
+        block = np.asarray(block)
+    xp = array_namespace(like)
+    return asarray_like(block, xp, device=array_device(like), dtype=like.dtype)
 
 
 def host_array(values, dtype=np.float64):

@@ -26,6 +26,7 @@ from ..backend import (
     array_device,
     array_namespace,
     cholesky,
+    read_rows,
     solve_triangular,
 )
 from ..likelihoods import probit_tilted
@@ -215,7 +216,7 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     updates), ``valid`` (mask), ``grads`` (dict of gradients of eq. 4, incl. "Z") and ``posterior``.
     Rows are processed in blocks of ``block_rows`` so that n x m temporaries stay bounded.
     """
-    xp = array_namespace(X)
+    xp = array_namespace(Z)
     n = X.shape[0]
     L_K = prior_cholesky(kernel, Z, jitter)
     L_K_inv = _triangular_inverse(L_K)
@@ -225,7 +226,7 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     c_tilde = None
     cached_At = None
     for lo, hi in blocks:
-        At, _ = project(kernel, X[lo:hi, :], Z, L_K_inv)
+        At, _ = project(kernel, read_rows(X, lo, hi, Z), Z, L_K_inv)
         S_b, c_b = site_sums(At, site_precision[lo:hi], site_shift[lo:hi])
         S = S_b if S is None else S + S_b
         c_tilde = c_b if c_tilde is None else c_tilde + c_b
@@ -240,8 +241,8 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     for lo, hi in blocks:
         res = block_pass(
             kernel,
-            X[lo:hi, :],
-            y[lo:hi],
+            read_rows(X, lo, hi, Z),
+            read_rows(y, lo, hi, Z),
             site_precision[lo:hi],
             site_shift[lo:hi],
             Z,
@@ -329,7 +330,7 @@ def evaluate_factor(
     """
     if method not in CAVITY_KINDS:
         raise ValueError(f"unknown EP variant {method!r}")
-    xp = array_namespace(X)
+    xp = array_namespace(Z)
     n_rows = X.shape[0]
     scale = n_total / n_rows
     L_K = prior_cholesky(kernel, Z, jitter)
@@ -348,7 +349,7 @@ def evaluate_factor(
     else:
         cavity = q
     if method != "ep":  # the cavity already excludes the factor: the rows' own "old site" is nothing
-        zeros = xp.zeros((n_rows,), dtype=X.dtype, device=array_device(X))
+        zeros = xp.zeros((n_rows,), dtype=Z.dtype, device=array_device(Z))
         site_precision, site_shift = zeros, zeros
     grads = None
     dKmm_data = None
@@ -357,7 +358,7 @@ def evaluate_factor(
     terms = None
     for lo, hi in _row_blocks(n_rows, block_rows):
         res = block_pass(
-            kernel, X[lo:hi, :], y[lo:hi], site_precision[lo:hi], site_shift[lo:hi], Z, cavity,
+            kernel, read_rows(X, lo, hi, Z), read_rows(y, lo, hi, Z), site_precision[lo:hi], site_shift[lo:hi], Z, cavity,
             want_grad=want_grad, want_sums=True,
         )
         terms = res.log_z_terms if terms is None else terms + res.log_z_terms
@@ -392,7 +393,7 @@ def exact_factor(kernel, Z, X, site_precision, site_shift, *, jitter, block_rows
     L_K_inv = _triangular_inverse(L_K)
     S = c = None
     for lo, hi in _row_blocks(X.shape[0], block_rows):
-        At, _ = project(kernel, X[lo:hi, :], Z, L_K_inv)
+        At, _ = project(kernel, read_rows(X, lo, hi, Z), Z, L_K_inv)
         S_b, c_b = site_sums(At, site_precision[lo:hi], site_shift[lo:hi])
         S = S_b if S is None else S + S_b
         c = c_b if c is None else c + c_b
@@ -408,14 +409,15 @@ def posterior_from_factor(kernel, Z, factor, *, jitter):
 
 def predict_latent(kernel, Z, post, X, block_rows=65536):
     """Mean and variance of f(x) under q (seed 000 eq. 36), variance including the latent noise."""
-    xp = array_namespace(X)
+    xp = array_namespace(Z)
     beta = post.beta
     means, variances = [], []
     for lo, hi in _row_blocks(X.shape[0], block_rows):
-        At, Knm = project(kernel, X[lo:hi, :], Z, post.L_K_inv)
+        X_block = read_rows(X, lo, hi, Z)
+        At, Knm = project(kernel, X_block, Z, post.L_K_inv)
         Qt = At @ post.L_C_inv.mT
         means.append(Knm @ beta)
-        variances.append(kernel.Kdiag(X[lo:hi, :]) - xp.sum(At * At, axis=1) + xp.sum(Qt * Qt, axis=1))
+        variances.append(kernel.Kdiag(X_block) - xp.sum(At * At, axis=1) + xp.sum(Qt * Qt, axis=1))
     if len(means) == 1:
         return means[0], variances[0]
     return xp.concat(means), xp.concat(variances)

@@ -16,11 +16,11 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from ..backend import CholeskyError, array_device, array_namespace, host_rng
+from ..backend import CholeskyError, array_device, array_namespace, asarray_like, host_rng, is_out_of_core, row_slice
 from ..optim import OPTIMIZERS, Rprop
 from . import ep
 
-__all__ = ["train", "TrainResult", "METHODS"]
+__all__ = ["train", "Trainer", "TrainResult", "METHODS"]
 
 METHODS = ("ep", "sep", "adf")
 
@@ -92,6 +92,148 @@ def _step(optimizer, names, kernel, Z, grads):
     return kernel.with_params(params), Z
 
 
+class Trainer:
+    """The state of a training run and one step of it; ``train`` and ``partial_fit`` drive it.
+
+    A step evaluates the rows it is given at the current (hyper-parameters, sites), damps the sites
+    (seed 000 eq. 25) and, when ``stepping``, moves the hyper-parameters. A non-finite log Z_q or a
+    failed Cholesky puts back the state before the last good step and halves damping and step sizes.
+    """
+
+    def __init__(self, kernel, Z, *, method, n_total, minibatch, jitter=1e-6, damping=None,
+                 optimize=("kernel", "inducing"), optimizer=None, learning_rate=None, block_rows=None,
+                 site_precision=None, site_shift=None):
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}: use one of {METHODS}")
+        xp = array_namespace(Z)
+        self.xp = xp
+        self.method = method
+        self.n_total = n_total
+        self.minibatch = minibatch
+        self.jitter = jitter
+        self.block_rows = block_rows
+        self.damping = (0.99 if minibatch else 0.5) if damping is None else damping
+        self.names = _parameter_names(kernel, tuple(optimize))
+        self.optimizer = (
+            _make_optimizer(optimizer, learning_rate, kernel, Z, self.names, minibatch) if self.names else None
+        )
+        self.per_row_sites = method == "ep"
+        if self.per_row_sites and site_precision is None:
+            site_precision = xp.zeros((n_total,), dtype=Z.dtype, device=array_device(Z))
+            site_shift = xp.zeros((n_total,), dtype=Z.dtype, device=array_device(Z))
+        factor = ep.Factor.uniform(Z.shape[0], Z) if (minibatch or not self.per_row_sites) else None
+        self.state = {"kernel": kernel, "Z": Z, "nu": site_precision, "mu": site_shift, "factor": factor}
+        self.history = {"log_marginal_likelihood": [], "time": [], "n_invalid_sites": [], "damping": []}
+        self.t0 = time.perf_counter()
+        self.good = None
+        self.failures = 0
+        self.n_steps = 0
+        self._pending = []  # minibatch estimates since the last record
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def step(self, X, y, lo, hi, *, stepping):
+        """Evaluate rows lo:hi of (X, y) (all of them for batch EP), update, maybe step.
+
+        Returns (took_step, relative change of the sites or factor, log Z_q estimate)."""
+        xp, state = self.xp, self.state
+        kernel, Z = state["kernel"], state["Z"]
+        try:
+            if not self.minibatch and self.per_row_sites:
+                result = ep.evaluate(kernel, Z, X, y, state["nu"], state["mu"], jitter=self.jitter,
+                                     want_grad=stepping, block_rows=self.block_rows)
+            else:
+                result = ep.evaluate_factor(
+                    kernel, Z, row_slice(X, lo, hi), row_slice(y, lo, hi), state["factor"], method=self.method,
+                    n_total=self.n_total,
+                    site_precision=state["nu"][lo:hi] if self.per_row_sites else None,
+                    site_shift=state["mu"][lo:hi] if self.per_row_sites else None,
+                    jitter=self.jitter, want_grad=stepping, block_rows=self.block_rows,
+                )
+            log_z = float(result["log_z"])
+        except CholeskyError:
+            log_z = float("nan")
+        if not math.isfinite(log_z):
+            self.failures += 1
+            if self.good is None or self.failures > 30:
+                raise FloatingPointError(
+                    "EP diverged: log Z_q is not finite and halving the damping and step sizes did not help "
+                    f"(after {self.failures} attempts); try a smaller damping or standardised inputs"
+                )
+            saved, opt_state, self.damping = self.good
+            self.state = dict(saved)
+            if self.optimizer is not None:
+                self.optimizer.restore(opt_state)
+                self.optimizer.scale_steps(0.5)
+            self.damping *= 0.5
+            return False, float("inf"), log_z
+        self.failures = 0
+        self.good = (dict(state), self.optimizer.snapshot() if self.optimizer is not None else None, self.damping)
+        self.n_steps += 1
+        rho = self.damping
+        change = 0.0
+        if self.per_row_sites and not self.minibatch:
+            new_nu = rho * result["site_precision"] + (1.0 - rho) * state["nu"]
+            new_mu = rho * result["site_shift"] + (1.0 - rho) * state["mu"]
+            change = _relative_change(new_nu, state["nu"], xp) + _relative_change(new_mu, state["mu"], xp)
+            state["nu"], state["mu"] = new_nu, new_mu
+        elif self.per_row_sites:  # minibatch EP: swap the rows' old sites for the damped new ones
+            rows_nu = rho * result["site_precision"] + (1.0 - rho) * state["nu"][lo:hi]
+            rows_mu = rho * result["site_shift"] + (1.0 - rho) * state["mu"][lo:hi]
+            state["nu"] = xp.concat([state["nu"][:lo], rows_nu, state["nu"][hi:]])
+            state["mu"] = xp.concat([state["mu"][:lo], rows_mu, state["mu"][hi:]])
+            delta = result["new_sites"].combine(1.0, result["old_sites"], -1.0)
+            state["factor"] = state["factor"].combine(1.0, delta, rho)
+        else:  # SEP / ADF: the rows' share (rows / n) of the factor is replaced by their new sites
+            share = (hi - lo) / self.n_total
+            old = state["factor"]
+            state["factor"] = old.combine(1.0 - rho * share, result["new_sites"], rho)
+            change = _relative_change(state["factor"].precision, old.precision, xp) + _relative_change(
+                state["factor"].shift, old.shift, xp
+            )
+        self._pending.append((log_z, int(xp.sum(xp.astype(~result["valid"], xp.int64)))))
+        if stepping:
+            state["kernel"], state["Z"] = _step(self.optimizer, self.names, kernel, Z, result["grads"])
+        return True, change, log_z
+
+    def record(self):
+        """Close a history entry: the mean log Z_q estimate of the steps since the last one."""
+        if not self._pending:
+            return
+        self.history["log_marginal_likelihood"].append(sum(v for v, _ in self._pending) / len(self._pending))
+        self.history["n_invalid_sites"].append(sum(k for _, k in self._pending))
+        self.history["time"].append(time.perf_counter() - self.t0)
+        self.history["damping"].append(self.damping)
+        self._pending = []
+
+    def rebuild_factor(self, X):
+        """Minibatch EP: recompute the product of all sites at the current hyper-parameters.
+
+        A row's old site is swapped out along its *current* projection while the factor holds it along
+        the projection of its last visit; without an exact rebuild once an epoch the residue piles up."""
+        s = self.state
+        s["factor"] = ep.exact_factor(s["kernel"], s["Z"], X, s["nu"], s["mu"], jitter=self.jitter,
+                                      block_rows=self.block_rows)
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def posterior(self, X=None, y=None):
+        """q at the current state (for EP: rebuilt exactly from all sites, one pass over X) and its log Z_q."""
+        s = self.state
+        kernel, Z = s["kernel"], s["Z"]
+        if self.per_row_sites and X is not None:
+            final = ep.evaluate(kernel, Z, X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
+                                block_rows=self.block_rows)
+            return final["posterior"], float(final["log_z"])
+        post = ep.posterior_from_factor(kernel, Z, s["factor"], jitter=self.jitter)
+        if X is not None and not self.minibatch:
+            final = ep.evaluate_factor(kernel, Z, X, y, s["factor"], method=self.method, n_total=self.n_total,
+                                       jitter=self.jitter, want_grad=False, block_rows=self.block_rows)
+            return post, float(final["log_z"])
+        values = self.history["log_marginal_likelihood"]
+        return post, (values[-1] if values else float("nan"))
+
+
 def train(
     X,
     y,
@@ -111,6 +253,7 @@ def train(
     n_warmup=10,
     block_rows=None,
     random_state=None,
+    shuffle=True,
     site_precision=None,
     site_shift=None,
     callback=None,
@@ -119,186 +262,83 @@ def train(
 
     ``damping`` defaults to 0.5 in batch mode and 0.99 in minibatch mode (seed 000 sec. A.4). With
     nothing to optimise, batch sweeps run until the largest relative change of the sites (or factor) is
-    below ``tol``. ``max_time`` (seconds) stops at the end of the step that crosses it. Guard rails: a
-    non-finite log Z_q or a failed Cholesky puts back the last good state and halves the damping and the
-    step sizes (as the authors' code does).
+    below ``tol``. ``max_time`` (seconds) stops at the end of the step that crosses it. ``shuffle=False``
+    visits minibatches in storage order (a stream).
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}: use one of {METHODS}")
-    xp = array_namespace(X)
+    # Compute where the model lives (Z); X and y may be in memory or on disk (read a block at a time).
+    xp = array_namespace(Z)
     n = X.shape[0]
-    device = array_device(X)
+    device = array_device(Z)
+    out_of_core = is_out_of_core(X) or is_out_of_core(y)
+    if out_of_core and block_rows is None:
+        block_rows = 65536
     minibatch = batch_size is not None and batch_size < n
-    if damping is None:
-        damping = 0.99 if minibatch else 0.5
-    optimize = tuple(optimize)
-    names = _parameter_names(kernel, optimize)
-    optimizer = _make_optimizer(optimizer, learning_rate, kernel, Z, names, minibatch) if names else None
-    per_row_sites = method == "ep"
-    if per_row_sites and site_precision is None:
-        site_precision = xp.zeros((n,), dtype=X.dtype, device=device)
-        site_shift = xp.zeros((n,), dtype=X.dtype, device=device)
-    factor = ep.Factor.uniform(Z.shape[0], X) if (minibatch or not per_row_sites) else None
-
-    history = {"log_marginal_likelihood": [], "time": [], "n_invalid_sites": [], "damping": []}
-    t0 = time.perf_counter()
     rng = host_rng(random_state)
     permutation = None
-    if minibatch:
+    if minibatch and shuffle and not out_of_core:
         # Minibatches are contiguous slices of one random reordering of the rows (so that sites update by
         # slice, which the array API supports, and sorted data still give mixed minibatches); the order
-        # in which the slices are visited is drawn again every epoch.
-        from ..backend import asarray_like
-
+        # in which the slices are visited is drawn again every epoch. Data on disk are not reordered
+        # (that would read them all): their slices are visited in random order, so rows stored sorted
+        # should be shuffled on disk first.
         permutation = asarray_like(rng.permutation(n), xp, device=device)
         X = xp.take(X, permutation, axis=0)
         y = xp.take(y, permutation, axis=0)
-        if per_row_sites:
+        if site_precision is not None:
             site_precision = xp.take(site_precision, permutation, axis=0)
             site_shift = xp.take(site_shift, permutation, axis=0)
-    state = {"kernel": kernel, "Z": Z, "nu": site_precision, "mu": site_shift, "factor": factor}
-    good = None
-    failures = 0
-    converged = False
-    stopped_by_time = False
-
-    def snapshot():
-        return (dict(state), optimizer.snapshot() if optimizer is not None else None, damping)
-
-    def record(log_z_value, valid):
-        history["log_marginal_likelihood"].append(log_z_value)
-        history["time"].append(time.perf_counter() - t0)
-        history["n_invalid_sites"].append(int(xp.sum(xp.astype(~valid, xp.int64))))
-        history["damping"].append(damping)
-
+    trainer = Trainer(
+        kernel, Z, method=method, n_total=n, minibatch=minibatch, jitter=jitter, damping=damping,
+        optimize=optimize, optimizer=optimizer, learning_rate=learning_rate, block_rows=block_rows,
+        site_precision=site_precision, site_shift=site_shift,
+    )
+    has_params = bool(trainer.names)
     if minibatch:
         batches = [(lo, min(n, lo + int(batch_size))) for lo in range(0, n, int(batch_size))]
         total_steps = max_iter * len(batches)
     else:
         batches = [(0, n)]
-        total_steps = max_iter + (n_warmup if names else 0)
+        total_steps = max_iter + (n_warmup if has_params else 0)
     order = []
-    step_count = 0
-    epoch_log_z = []
-    while step_count < total_steps:
+    converged = stopped_by_time = False
+    while trainer.n_steps < total_steps:
         if not order:
-            order = list(rng.permutation(len(batches))) if minibatch else [0]
-            if minibatch and per_row_sites and step_count > 0:
-                # Minibatch EP swaps a row's old site out of the factor along its *current* projection,
-                # while the factor holds it along the projection of its last visit; the residue of those
-                # swaps would pile up epoch after epoch. One exact rebuild from all the sites per epoch
-                # (a pass of the same O(n m^2) order as the epoch itself) clears it.
-                state["factor"] = ep.exact_factor(
-                    state["kernel"], state["Z"], X, state["nu"], state["mu"], jitter=jitter, block_rows=block_rows
-                )
+            order = list(rng.permutation(len(batches))) if (minibatch and shuffle) else list(range(len(batches)))
+            if minibatch and trainer.per_row_sites and trainer.n_steps > 0:
+                trainer.rebuild_factor(X)
         lo, hi = batches[order[0]]
-        stepping = bool(names) and (minibatch or step_count >= n_warmup)
-        kernel, Z = state["kernel"], state["Z"]
-        try:
-            if not minibatch and per_row_sites:
-                result = ep.evaluate(
-                    kernel, Z, X, y, state["nu"], state["mu"], jitter=jitter, want_grad=stepping, block_rows=block_rows
-                )
-            else:
-                result = ep.evaluate_factor(
-                    kernel, Z, X[lo:hi, :], y[lo:hi], state["factor"], method=method, n_total=n,
-                    site_precision=state["nu"][lo:hi] if per_row_sites else None,
-                    site_shift=state["mu"][lo:hi] if per_row_sites else None,
-                    jitter=jitter, want_grad=stepping, block_rows=block_rows,
-                )
-            log_z_value = float(result["log_z"])
-        except CholeskyError:
-            log_z_value = float("nan")
-        if not math.isfinite(log_z_value):
-            failures += 1
-            if good is None or failures > 30:
-                raise FloatingPointError(
-                    "EP diverged: log Z_q is not finite and halving the damping and step sizes did not help "
-                    f"(after {failures} attempts); try a smaller damping or standardised inputs"
-                )
-            saved, opt_state, damping = good
-            state = dict(saved)
-            if optimizer is not None:
-                optimizer.restore(opt_state)
-                optimizer.scale_steps(0.5)
-            damping *= 0.5
+        stepping = has_params and (minibatch or trainer.n_steps >= n_warmup)
+        took, change, log_z = trainer.step(X, y, lo, hi, stepping=stepping)
+        if not took:
             continue
-        failures = 0
-        good = snapshot()
         order.pop(0)
-        step_count += 1
-
-        # site / factor update (seed 000 eq. 25 damping)
-        change = 0.0
-        if per_row_sites and not minibatch:
-            new_nu = damping * result["site_precision"] + (1.0 - damping) * state["nu"]
-            new_mu = damping * result["site_shift"] + (1.0 - damping) * state["mu"]
-            change = _relative_change(new_nu, state["nu"], xp) + _relative_change(new_mu, state["mu"], xp)
-            state["nu"], state["mu"] = new_nu, new_mu
-        elif per_row_sites:  # minibatch EP: swap the rows' old sites for the damped new ones
-            rows_nu = damping * result["site_precision"] + (1.0 - damping) * state["nu"][lo:hi]
-            rows_mu = damping * result["site_shift"] + (1.0 - damping) * state["mu"][lo:hi]
-            state["nu"] = xp.concat([state["nu"][:lo], rows_nu, state["nu"][hi:]])
-            state["mu"] = xp.concat([state["mu"][:lo], rows_mu, state["mu"][hi:]])
-            delta = result["new_sites"].combine(1.0, result["old_sites"], -1.0)
-            state["factor"] = state["factor"].combine(1.0, delta, damping)
-        else:  # SEP / ADF: the rows' share (rows / n) of the factor is replaced by their new sites
-            share = (hi - lo) / n
-            old = state["factor"]
-            state["factor"] = old.combine(1.0 - damping * share, result["new_sites"], damping)
-            change = _relative_change(state["factor"].precision, old.precision, xp) + _relative_change(
-                state["factor"].shift, old.shift, xp
-            )
-
-        if minibatch:
-            epoch_log_z.append(log_z_value)
-            if not order:  # end of an epoch: record the mean minibatch estimate
-                record(sum(epoch_log_z) / len(epoch_log_z), result["valid"])
-                epoch_log_z = []
-        else:
-            record(log_z_value, result["valid"])
+        if not minibatch or not order:  # batch: every iteration; minibatch: once an epoch
+            trainer.record()
         if callback is not None:
-            callback(step_count, log_z_value)
-
-        if stepping:
-            state["kernel"], state["Z"] = _step(optimizer, names, kernel, Z, result["grads"])
-        elif not names and not minibatch and change < tol:
+            callback(trainer.n_steps, log_z)
+        if not has_params and not minibatch and change < tol:
             converged = True
             break
-        if max_time is not None and time.perf_counter() - t0 >= max_time:
+        if max_time is not None and time.perf_counter() - trainer.t0 >= max_time:
             stopped_by_time = True
             break
-
-    kernel, Z = state["kernel"], state["Z"]
-    if per_row_sites:
-        final_factor = ep.exact_factor(kernel, Z, X, state["nu"], state["mu"], jitter=jitter, block_rows=block_rows)
-    else:
-        final_factor = state["factor"]
-    if per_row_sites and not minibatch:
-        final = ep.evaluate(kernel, Z, X, y, state["nu"], state["mu"], jitter=jitter, want_grad=False, block_rows=block_rows)
-        posterior, final_log_z = final["posterior"], float(final["log_z"])
-    else:
-        posterior = ep.posterior_from_factor(kernel, Z, final_factor, jitter=jitter)
-        final_log_z = history["log_marginal_likelihood"][-1] if history["log_marginal_likelihood"] else float("nan")
-        if not minibatch:
-            final = ep.evaluate_factor(kernel, Z, X, y, final_factor, method=method, n_total=n, jitter=jitter,
-                                       want_grad=False, block_rows=block_rows)
-            final_log_z = float(final["log_z"])
-    n_done = len(history["log_marginal_likelihood"])
-    if permutation is not None and per_row_sites:  # back to the caller's row order
+    trainer.record()
+    posterior, final_log_z = trainer.posterior(X, y)
+    state = trainer.state
+    if permutation is not None and trainer.per_row_sites:  # back to the caller's row order
         inverse = xp.argsort(permutation)
         state["nu"] = xp.take(state["nu"], inverse, axis=0)
         state["mu"] = xp.take(state["mu"], inverse, axis=0)
     return TrainResult(
-        kernel=kernel,
-        Z=Z,
+        kernel=state["kernel"],
+        Z=state["Z"],
         posterior=posterior,
         log_z=final_log_z,
-        n_iter=n_done,
+        n_iter=len(trainer.history["log_marginal_likelihood"]),
         site_precision=state["nu"],
         site_shift=state["mu"],
-        factor=final_factor,
-        history=history,
+        factor=state["factor"],
+        history=trainer.history,
         converged=converged,
         stopped_by_time=stopped_by_time,
     )
