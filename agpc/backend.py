@@ -122,9 +122,17 @@ def asarray_like(x, xp, device=None, dtype=None):
 
 
 def is_out_of_core(X):
-    """Data that are read a block at a time: a NumPy memmap, or any sliceable array-like that is not an
-    array of an array-API library (zarr, h5py, ...)."""
-    return isinstance(X, np.memmap) or not is_array_api_obj(X)
+    """Data read a block at a time: a NumPy memmap, or an array-like with shape, dtype and slicing that
+    is not an in-memory array (zarr, h5py, ...). Lists, DataFrames and sparse matrices are not."""
+    if isinstance(X, np.memmap):
+        return True
+    if is_array_api_obj(X) or isinstance(X, (list, tuple)) or hasattr(X, "iloc"):
+        return False
+    import scipy.sparse
+
+    if scipy.sparse.issparse(X):
+        return False
+    return hasattr(X, "shape") and hasattr(X, "dtype") and hasattr(X, "__getitem__")
 
 
 def row_slice(X, lo, hi):

@@ -8,8 +8,9 @@ import time
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
 from . import backend as B
 from .inducing import initial_inducing_points
@@ -20,6 +21,22 @@ __all__ = ["GPClassifier"]
 
 _METHODS = training.METHODS
 _FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above
+_CHUNK = 65536  # rows read at a time from data on disk
+_INIT_SAMPLE = 20000  # rows read from data on disk to initialise the kernel and the inducing points
+
+
+class _Labels:
+    """Labels on disk (or anywhere sliceable) read as +1 / -1 floats a block at a time."""
+
+    dtype = np.float64
+
+    def __init__(self, y, positive):
+        self.y = y
+        self.positive = positive
+        self.shape = (y.shape[0],)
+
+    def __getitem__(self, key):
+        return np.where(np.asarray(self.y[key]) == self.positive, 1.0, -1.0)
 _OPTIMIZE_GROUPS = ("kernel", "inducing")
 
 
@@ -65,6 +82,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         For "adadelta" (default 1.0) and "adam" (default 0.01).
     max_time : float or None
         Stop cleanly at the end of the step that crosses this many seconds; the model is usable.
+    shuffle : bool, default=True
+        Visit minibatches in a new random order each epoch (and reorder in-memory rows once).
+    eval_every : int or None
+        With ``fit(..., validation_data=...)``: score every this many steps (default: every iteration in
+        batch mode, every epoch in minibatch mode).
+    n_iter_no_change : int or None
+        Early stopping: stop when the validation NLL has not improved by ``tol`` for this many
+        evaluations, keeping the best state.
     inducing : "kmeans", "random" or array of shape (m, d)
         Initial inducing points.
     optimize : True, False or a tuple of "kernel" / "inducing"
@@ -76,7 +101,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     random_state : int, Generator or None
         Seeds the inducing-point initialisation.
     verbose : bool
-        Print log Z_q while training.
+        Show a progress bar (tqdm) with log Z_q and, with validation data, the validation NLL.
 
     Attributes
     ----------
@@ -101,6 +126,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         optimizer=None,
         learning_rate=None,
         max_time=None,
+        shuffle=True,
+        eval_every=None,
+        n_iter_no_change=None,
         inducing="kmeans",
         optimize=True,
         jitter=1e-6,
@@ -118,6 +146,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.optimizer = optimizer
         self.learning_rate = learning_rate
         self.max_time = max_time
+        self.shuffle = shuffle
+        self.eval_every = eval_every
+        self.n_iter_no_change = n_iter_no_change
         self.inducing = inducing
         self.optimize = optimize
         self.jitter = jitter
@@ -189,71 +220,149 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     # -- fitting ---------------------------------------------------------------------------------
 
-    def fit(self, X, y):
-        """Fit the classifier.
-
-        Parameters
-        ----------
-        X : array of shape (n_samples, n_features), NumPy or any array-API array
-        y : array of shape (n_samples,), two distinct labels of any type
-
-        Returns
-        -------
-        self
-        """
-        groups, target_xp = self._check_params()
-        foreign = _is_foreign_array(X)
-        if foreign:
-            X, in_xp = self._validate_X(X, reset=True)
-            y_host = B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y)
-        else:
-            X, y_host = validate_data(self, X, y, dtype=np.float64, ensure_all_finite=True, y_numeric=False)
-            in_xp = None
-        y_host = np.asarray(y_host)
+    def _prepare_targets(self, y, n_rows, classes=None):
+        """Check y (host side) and return (classes, labels as a NumPy array); y may be on disk."""
+        if B.is_out_of_core(y):
+            if len(y.shape) != 1:
+                raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(y.shape)}")
+            if y.shape[0] != n_rows:
+                raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
+            found = np.unique(np.concatenate([np.unique(np.asarray(y[lo:lo + _CHUNK])) for lo in range(0, n_rows, _CHUNK)]))
+            return self._check_classes(found if classes is None else np.asarray(classes)), None
+        if y is None:
+            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
+        y_host = B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y)
+        if y_host.ndim == 2 and y_host.shape[1] == 1:
+            y_host = column_or_1d(y_host, warn=True)  # warns, as scikit-learn estimators do
         if y_host.ndim != 1:
-            if y_host.ndim == 2 and y_host.shape[1] == 1:
-                y_host = y_host[:, 0]
-            else:
-                raise ValueError(f"y must be 1-D (n_samples,), got shape {y_host.shape}")
-        if y_host.shape[0] != X.shape[0]:
-            raise ValueError(f"X has {X.shape[0]} rows but y has {y_host.shape[0]}: they must match")
+            raise ValueError(f"y must be 1-D (n_samples,), got shape {y_host.shape}")
+        if y_host.shape[0] != n_rows:
+            raise ValueError(f"X has {n_rows} rows but y has {y_host.shape[0]}: they must match")
         check_classification_targets(y_host)
-        classes = np.unique(y_host)
+        found = np.unique(y_host)
+        if classes is not None:
+            classes = np.unique(np.asarray(classes))
+            unknown = np.setdiff1d(found, classes)
+            if unknown.size:
+                raise ValueError(f"y contains labels {list(unknown)} not in classes {list(classes)}")
+            found = classes
+        return self._check_classes(found), y_host
+
+    def _check_classes(self, classes):
         if classes.shape[0] < 2:
-            raise ValueError(
-                f"y has only one class ({classes[0]!r}): a classifier needs two classes to learn"
-            )
+            raise ValueError(f"y has only one class ({classes[0]!r}): a classifier needs two classes to learn")
         if classes.shape[0] > 2:
             raise ValueError(
                 f"Only binary classification is supported. The type of the target is multiclass: y has "
                 f"{classes.shape[0]} classes but method={self.method!r} is a binary classifier"
             )
+        return classes
+
+    def _validate_out_of_core(self, X, *, reset):
+        """Shape and finiteness of on-disk data, checked a chunk at a time (never all in memory)."""
+        if len(X.shape) != 2:
+            raise ValueError(f"Expected 2D array, got {len(X.shape)}D array instead")
         n = X.shape[0]
-        explicit = not isinstance(self.inducing, str)
-        m = len(self.inducing) if explicit else self.n_inducing  # an array of points sets m itself
-        if m > n:
-            what = f"{m} initial inducing points" if explicit else f"n_inducing={m}"
+        if n < 1:
+            raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required")
+        for lo in range(0, n, _CHUNK):
+            block = np.asarray(X[lo:lo + _CHUNK], dtype=np.float64)
+            if not np.all(np.isfinite(block)):
+                raise ValueError(f"Input X contains NaN or infinity (rows {lo}..{lo + block.shape[0] - 1})")
+        if reset:
+            self.n_features_in_ = X.shape[1]
+        elif X.shape[1] != self.n_features_in_:
             raise ValueError(
-                f"{what} exceeds the number of training rows ({n}): use at most one inducing point per row"
+                f"X has {X.shape[1]} features, but {type(self).__name__} is expecting {self.n_features_in_} features as input"
             )
 
+    def _inputs(self, X, y, *, reset, classes=None):
+        """Validated training data in the compute namespace: (X, y in {-1,+1}, classes, a sample of X
+        in memory for initialisation, compute namespace, device)."""
+        _, target_xp = self._check_params()
+        if B.is_out_of_core(X):
+            self._validate_out_of_core(X, reset=reset)
+            classes, _ = self._prepare_targets(y, X.shape[0], classes)
+            xp = target_xp or B.resolve_backend("numpy")
+            like = xp.zeros((1,), dtype=xp.float64)
+            rng = B.host_rng(self.random_state)
+            n = X.shape[0]
+            rows = np.sort(rng.choice(n, size=min(n, _INIT_SAMPLE), replace=False))
+            try:
+                sample = np.asarray(X[rows], dtype=np.float64)
+            except (IndexError, TypeError):  # array-likes without integer-array indexing (zarr: oindex)
+                sample = np.asarray(X.oindex[rows, :], dtype=np.float64)
+            return X, _Labels(y, classes[1]), classes, B.asarray_like(sample, xp, dtype=xp.float64), xp, B.array_device(like)
+        foreign = _is_foreign_array(X)
+        if foreign:
+            X, in_xp = self._validate_X(X, reset=reset)
+        else:
+            X = validate_data(self, X, reset=reset, dtype=np.float64, ensure_all_finite=True)
+            in_xp = None
+        classes, y_host = self._prepare_targets(y, X.shape[0], classes)
         xp = target_xp or in_xp or B.resolve_backend("numpy")
         device = B.array_device(X) if (in_xp is not None and target_xp is None) else None
         Xc = B.asarray_like(X, xp, device=device, dtype=xp.float64)
         device = B.array_device(Xc)
         y_pm = B.asarray_like(np.where(y_host == classes[1], 1.0, -1.0), xp, device=device, dtype=xp.float64)
+        return Xc, y_pm, classes, Xc, xp, device
 
-        kernel = self.kernel if self.kernel is not None else self._default_kernel(Xc)
-        kernel = kernel.for_inputs(Xc)
+    def _n_inducing_for(self, n):
+        explicit = not isinstance(self.inducing, str)
+        m = len(self.inducing) if explicit else self.n_inducing  # an array of points sets m itself
+        if m > n:
+            what = f"{m} initial inducing points" if explicit else f"n_inducing={m}"
+            raise ValueError(f"{what} exceeds the number of training rows ({n}): use at most one inducing point per row")
+        return m
+
+    def _initial_model(self, sample, m, rng):
+        kernel = self.kernel if self.kernel is not None else self._default_kernel(sample)
+        kernel = kernel.for_inputs(sample)
+        return kernel, initial_inducing_points(sample, m, self.inducing, random_state=rng)
+
+    def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter):
+        self.kernel_ = kernel
+        self.inducing_points_ = Z
+        self.posterior_ = posterior
+        self.log_marginal_likelihood_ = log_z
+        self.history_ = history
+        self.n_iter_ = n_iter
+
+    def fit(self, X, y, validation_data=None):
+        """Fit the classifier.
+
+        Parameters
+        ----------
+        X : array of shape (n_samples, n_features)
+            NumPy, any array-API array, or data on disk read a block at a time (a NumPy memmap, a zarr
+            array): then neither X nor the labels are ever held in memory whole.
+        y : array of shape (n_samples,), two distinct labels of any type
+        validation_data : (X_val, y_val) or None
+            Scored every ``eval_every`` steps into ``history_`` ("validation_nll", "validation_error");
+            with ``n_iter_no_change``, training stops early and keeps the best state.
+
+        Returns
+        -------
+        self
+        """
+        groups, _ = self._check_params()
+        self.__dict__.pop("_trainer", None)
+        Xc, y_pm, classes, sample, xp, device = self._inputs(X, y, reset=True)
+        n = Xc.shape[0]
+        m = self._n_inducing_for(n)
         rng = B.host_rng(self.random_state)
-        Z = initial_inducing_points(Xc, m, self.inducing, random_state=rng)
-
-        callback = None
-        if self.verbose:
-            def callback(it, log_z):
-                if it % 10 == 0:
-                    print(f"[agpc] iteration {it:4d}  log Z_q = {log_z:.6f}")
-
+        kernel, Z = self._initial_model(sample, m, rng)
+        validation = None
+        if validation_data is not None:
+            X_val, y_val = validation_data
+            X_val, _ = self._validate_X(X_val, reset=False) if _is_foreign_array(X_val) else (
+                validate_data(self, X_val, reset=False, dtype=np.float64, ensure_all_finite=True), None
+            )
+            y_val = B.to_numpy(y_val) if B.is_array_api_obj(y_val) else np.asarray(y_val)
+            validation = (
+                B.asarray_like(X_val, xp, device=device, dtype=xp.float64),
+                B.asarray_like(np.where(y_val == classes[1], 1.0, -1.0), xp, device=device, dtype=xp.float64),
+            )
         if self.batch_size == "auto":
             batch_size = None if n <= _FULL_BATCH_MAX_ROWS else 200
         else:
@@ -275,17 +384,58 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             tol=float(self.tol),
             max_time=self.max_time,
             random_state=rng,
-            callback=callback,
+            shuffle=bool(self.shuffle),
+            validation=validation,
+            eval_every=self.eval_every,
+            n_iter_no_change=self.n_iter_no_change,
+            progress=bool(self.verbose),
         )
         self.fit_time_ = time.perf_counter() - t0
         self.classes_ = classes
-        self.kernel_ = result.kernel
-        self.inducing_points_ = result.Z
-        self.posterior_ = result.posterior
-        self.log_marginal_likelihood_ = result.log_z
-        self.history_ = result.history
-        self.n_iter_ = result.n_iter
+        self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter)
         self.stopped_by_time_ = result.stopped_by_time
+        self.early_stopped_ = result.early_stopped
+        return self
+
+    @available_if(lambda self: self.method != "ep")
+    def partial_fit(self, X, y, classes=None, n_total=None):
+        """Update the model with one more minibatch (a stream): one damped site update and one
+        stochastic gradient step on these rows (seed 000 eq. 6).
+
+        Only the tied-factor methods ("sep", "adf") can learn from a stream, so the method exists only for
+        them: EP keeps a site for every row and needs to see the rows again. The first call sets the classes (from ``classes`` or from
+        this batch), the kernel and the inducing points (from this batch). ``n_total`` is the number of
+        rows the model stands for (SEP's cavity q / f^(1/n)); by default the rows seen so far.
+        """
+        groups, _ = self._check_params()
+        first = not hasattr(self, "_trainer")
+        Xc, y_pm, classes, sample, xp, device = self._inputs(
+            X, y, reset=first, classes=classes if first else self.classes_
+        )
+        rows = Xc.shape[0]
+        if first:
+            self.classes_ = classes
+            rng = B.host_rng(self.random_state)
+            kernel, Z = self._initial_model(sample, self._n_inducing_for(rows), rng)
+            self._rows_seen = 0
+            self._trainer = training.Trainer(
+                kernel, Z, method=self.method, n_total=n_total or rows, minibatch=True,
+                jitter=float(self.jitter), damping=None if self.damping is None else float(self.damping),
+                optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate,
+                block_rows=65536 if B.is_out_of_core(Xc) else None,
+            )
+        trainer = self._trainer
+        self._rows_seen += rows
+        trainer.n_total = n_total or self._rows_seen
+        took = False
+        for _ in range(31):  # a step that diverges is retried with halved damping and steps
+            took, _, _ = trainer.step(Xc, y_pm, 0, rows, stepping=bool(trainer.names))
+            if took:
+                break
+        trainer.record()
+        post, log_z = trainer.posterior()
+        state = trainer.state
+        self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps)
         return self
 
     @staticmethod

@@ -88,7 +88,7 @@ def test_same_seed_same_model(banana):
         (lambda X, y: (np.where(np.arange(len(X))[:, None] == 3, np.nan, X), y), "NaN"),
         (lambda X, y: (np.where(np.arange(len(X))[:, None] == 3, np.inf, X), y), "infinity"),
         (lambda X, y: (X[:, 0], y), "Expected 2D array"),
-        (lambda X, y: (X, y[:-1]), "inconsistent numbers of samples"),
+        (lambda X, y: (X, y[:-1]), "X has 200 rows but y has 199"),
         (lambda X, y: (X, np.ones_like(y)), "only one class"),
         (lambda X, y: (X, np.arange(len(y)) % 3), "Only binary classification is supported.*3 classes"),
     ],

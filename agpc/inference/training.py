@@ -16,7 +16,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from ..backend import CholeskyError, array_device, array_namespace, asarray_like, host_rng, is_out_of_core, row_slice
+from ..backend import CholeskyError, array_device, array_namespace, asarray_like, host_rng, is_out_of_core, read_rows, row_slice
 from ..optim import OPTIMIZERS, Rprop
 from . import ep
 
@@ -38,6 +38,7 @@ class TrainResult:
     history: dict = field(default_factory=dict)
     converged: bool = False
     stopped_by_time: bool = False
+    early_stopped: bool = False
 
 
 def _parameter_names(kernel, optimize):
@@ -257,6 +258,10 @@ def train(
     site_precision=None,
     site_shift=None,
     callback=None,
+    validation=None,
+    eval_every=None,
+    n_iter_no_change=None,
+    progress=False,
 ):
     """Fit the likelihood approximation and the hyper-parameters; see the module docstring.
 
@@ -264,6 +269,12 @@ def train(
     nothing to optimise, batch sweeps run until the largest relative change of the sites (or factor) is
     below ``tol``. ``max_time`` (seconds) stops at the end of the step that crosses it. ``shuffle=False``
     visits minibatches in storage order (a stream).
+
+    ``validation=(X_val, y_val)`` (labels in {-1, +1}) is scored every ``eval_every`` steps (default: every
+    iteration in batch mode, every epoch in minibatch mode) into ``history`` ("validation_step",
+    "validation_nll", "validation_error"). With ``n_iter_no_change``, training stops when the validation
+    NLL has not improved by ``tol`` for that many evaluations, and the best state is kept.
+    ``progress=True`` shows a tqdm bar with log Z_q and the validation NLL.
     """
     # Compute where the model lives (Z); X and y may be in memory or on disk (read a block at a time).
     xp = array_namespace(Z)
@@ -299,8 +310,19 @@ def train(
     else:
         batches = [(0, n)]
         total_steps = max_iter + (n_warmup if has_params else 0)
+    if eval_every is None:
+        eval_every = len(batches) if minibatch else 1
+    best = {"nll": float("inf"), "state": None, "since": 0}
+    if validation is not None:
+        for key in ("validation_step", "validation_nll", "validation_error"):
+            trainer.history[key] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total_steps, unit="step" if minibatch else "iter", desc=f"agpc {method}", leave=False)
     order = []
-    converged = stopped_by_time = False
+    converged = stopped_by_time = early_stopped = False
     while trainer.n_steps < total_steps:
         if not order:
             order = list(rng.permutation(len(batches))) if (minibatch and shuffle) else list(range(len(batches)))
@@ -316,12 +338,34 @@ def train(
             trainer.record()
         if callback is not None:
             callback(trainer.n_steps, log_z)
+        postfix = {"log_Zq": f"{log_z:.4g}"}
+        if validation is not None and trainer.n_steps % eval_every == 0:
+            nll, error = _validation_scores(trainer, X, y, validation)
+            h = trainer.history
+            h["validation_step"].append(trainer.n_steps)
+            h["validation_nll"].append(nll)
+            h["validation_error"].append(error)
+            postfix["val_nll"] = f"{nll:.4f}"
+            if nll < best["nll"] - tol:
+                best.update(nll=nll, state=dict(trainer.state), since=0)
+            else:
+                best["since"] += 1
+            if n_iter_no_change is not None and best["since"] >= n_iter_no_change:
+                trainer.state = dict(best["state"])
+                early_stopped = True
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(postfix, refresh=False)
+        if early_stopped:
+            break
         if not has_params and not minibatch and change < tol:
             converged = True
             break
         if max_time is not None and time.perf_counter() - trainer.t0 >= max_time:
             stopped_by_time = True
             break
+    if bar is not None:
+        bar.close()
     trainer.record()
     posterior, final_log_z = trainer.posterior(X, y)
     state = trainer.state
@@ -341,4 +385,23 @@ def train(
         history=trainer.history,
         converged=converged,
         stopped_by_time=stopped_by_time,
+        early_stopped=early_stopped,
     )
+
+
+def _validation_scores(trainer, X, y, validation):
+    """Test NLL and error of the current state on (X_val, y_val in {-1, +1})."""
+    from ..likelihoods import probit_predictive_log
+
+    X_val, y_val = validation
+    xp = trainer.xp
+    s = trainer.state
+    if trainer.per_row_sites and not trainer.minibatch:
+        post, _ = trainer.posterior(X, y)
+    else:
+        post = ep.posterior_from_factor(s["kernel"], s["Z"], s["factor"], jitter=trainer.jitter)
+    mean, var = ep.predict_latent(s["kernel"], s["Z"], post, X_val)
+    log_pos, log_neg = probit_predictive_log(mean, var)
+    y_val = read_rows(y_val, 0, y_val.shape[0], s["Z"])
+    log_p = xp.where(y_val > 0, log_pos, log_neg)
+    return float(-xp.mean(log_p)), float(xp.mean(xp.astype((mean > 0) != (y_val > 0), mean.dtype)))
