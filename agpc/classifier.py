@@ -450,6 +450,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _prepare(self, X):
         check_is_fitted(self, "posterior_")
+        if B.is_out_of_core(X):  # predicted a block at a time; results are NumPy arrays
+            self._validate_out_of_core(X, reset=False)
+            return X, None, None
         X, in_xp = self._validate_X(X, reset=False)
         xp = B.array_namespace(self.inducing_points_)
         Xc = B.asarray_like(X, xp, device=B.array_device(self.inducing_points_), dtype=xp.float64)

@@ -38,6 +38,7 @@ def machine_lines():
                              f"({Path(info.get('filepath', '?')).name})")
     except ImportError:
         lines.append("- BLAS: threadpoolctl not installed, cannot report")
+    lines.append(f"- agpc source: {source_fingerprint()}")
     try:
         load = os.getloadavg()
         lines.append(f"- load average at start (1/5/15 min): {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
@@ -71,3 +72,23 @@ def load_line():
     except OSError:
         return ""
     return f"Load average at end (1/5/15 min): {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}."
+
+
+def source_fingerprint():
+    """sha256 (first 12 hex digits) of the agpc/*.py files and their newest modification time.
+
+    The library may change between runs; this names the version a table was measured with.
+    """
+    import datetime
+    import hashlib
+
+    files = sorted((PROJECT_ROOT / "agpc").rglob("*.py"))
+    if not files:
+        return "not found"
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(str(f.relative_to(PROJECT_ROOT)).encode())
+        digest.update(f.read_bytes())
+    newest = max(f.stat().st_mtime for f in files)
+    when = datetime.datetime.fromtimestamp(newest).strftime("%Y-%m-%d %H:%M:%S")
+    return f"sha256 {digest.hexdigest()[:12]} over {len(files)} files, newest modified {when}"

@@ -123,13 +123,14 @@ def time_products(kernel, Z, X, block_rows, reps, min_seconds=0.02):
 
 def main(argv=None):
     args = parse_args(argv)
+    import agpc  # loads scipy's BLAS too: --blas-threads and the machine facts must see every pool
+    from agpc.inference import ep
+
     limiter = None
     if args.blas_threads:
         from threadpoolctl import threadpool_limits
 
         limiter = threadpool_limits(limits=args.blas_threads)
-    import agpc
-    from agpc.inference import ep
 
     print_machine("Time of one full EP iteration (agpc.inference.ep.evaluate, want_grad=True)")
     d = args.dim

@@ -248,6 +248,14 @@ def main(argv=None):
     if missing:
         print(f"Missing data files in {data_dir}: {', '.join(m + '.npz' for m in missing)}. Nothing to do.")
         return 0
+    # Load every numerical library first, so that the machine facts list all BLAS/OpenMP pools and
+    # --blas-threads reaches all of them (threadpoolctl only sees libraries already loaded).
+    import scipy.linalg  # noqa: F401
+    import sklearn.gaussian_process  # noqa: F401
+    import sklearn.linear_model  # noqa: F401
+
+    import agpc  # noqa: F401
+
     limiter = None
     if args.blas_threads:
         from threadpoolctl import threadpool_limits

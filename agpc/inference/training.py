@@ -312,7 +312,7 @@ def train(
         total_steps = max_iter + (n_warmup if has_params else 0)
     if eval_every is None:
         eval_every = len(batches) if minibatch else 1
-    best = {"nll": float("inf"), "state": None, "since": 0}
+    best = {"nll": float("inf"), "reference": float("inf"), "state": None, "since": 0}
     if validation is not None:
         for key in ("validation_step", "validation_nll", "validation_error"):
             trainer.history[key] = []
@@ -320,7 +320,7 @@ def train(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total_steps, unit="step" if minibatch else "iter", desc=f"agpc {method}", leave=False)
+        bar = tqdm(total=total_steps, unit="step" if minibatch else "iter", desc=f"agpc {method}")
     order = []
     converged = stopped_by_time = early_stopped = False
     while trainer.n_steps < total_steps:
@@ -346,8 +346,10 @@ def train(
             h["validation_nll"].append(nll)
             h["validation_error"].append(error)
             postfix["val_nll"] = f"{nll:.4f}"
-            if nll < best["nll"] - tol:
-                best.update(nll=nll, state=dict(trainer.state), since=0)
+            if nll < best["nll"]:  # keep the best state seen...
+                best.update(nll=nll, state=dict(trainer.state))
+            if nll < best["reference"] - tol:  # ...but count only improvements larger than tol
+                best.update(reference=nll, since=0)
             else:
                 best["since"] += 1
             if n_iter_no_change is not None and best["since"] >= n_iter_no_change:
