@@ -209,65 +209,77 @@ def _row_blocks(n, block_rows):
     return [(start, min(n, start + step)) for start in range(0, n, step)]
 
 
-def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None):
-    """One pass over the data at fixed (kernel, Z, sites).
-
-    Returns a dict: ``log_z`` (0-d, log Z_q of eq. 26), ``site_precision``/``site_shift`` (undamped EP
-    updates), ``valid`` (mask), ``grads`` (dict of gradients of eq. 4, incl. "Z") and ``posterior``.
-    Rows are processed in blocks of ``block_rows`` so that n x m temporaries stay bounded.
-    """
-    xp = array_namespace(Z)
-    n = X.shape[0]
-    L_K = prior_cholesky(kernel, Z, jitter)
-    L_K_inv = _triangular_inverse(L_K)
-    blocks = _row_blocks(n, block_rows)
-    single = len(blocks) == 1
-    S = None
-    c_tilde = None
-    cached_At = None
+def _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows, keep_projection):
+    """S = A diag(nu) A^T and c~ = A mu over all rows (the reduction); with one block and
+    ``keep_projection``, also that block's A^T for the sweep to reuse."""
+    blocks = _row_blocks(X.shape[0], block_rows)
+    S = c_tilde = kept = None
     for lo, hi in blocks:
         At, _ = project(kernel, read_rows(X, lo, hi, Z), Z, L_K_inv)
         S_b, c_b = site_sums(At, site_precision[lo:hi], site_shift[lo:hi])
         S = S_b if S is None else S + S_b
         c_tilde = c_b if c_tilde is None else c_tilde + c_b
-        if single:
-            cached_At = At
-    post = posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
-    # log Z_q global part (eq. 26): 0.5 c^T B^-1 c + 0.5 log|K| - 0.5 log|B| = 0.5 |h|^2 - log|L_C|
-    log_z = 0.5 * xp.sum(post.h * post.h) - xp.sum(xp.log(xp.linalg.diagonal(post.L_C)))
-    new_nu, new_mu, valid = [], [], []
-    grads = None
-    dKmm = _prior_adjoint(post) if want_grad else None
-    for lo, hi in blocks:
-        res = block_pass(
-            kernel,
-            read_rows(X, lo, hi, Z),
-            read_rows(y, lo, hi, Z),
-            site_precision[lo:hi],
-            site_shift[lo:hi],
-            Z,
-            post,
-            want_grad=want_grad,
-            At=cached_At,
+        if keep_projection and len(blocks) == 1:
+            kept = At
+    return S, c_tilde, kept
+
+
+def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, At=None, want_sums=False):
+    """``block_pass`` over all rows in blocks; the per-row results concatenated, the sums added."""
+    xp = array_namespace(Z)
+    parts = [
+        block_pass(
+            kernel, read_rows(X, lo, hi, Z), read_rows(y, lo, hi, Z), site_precision[lo:hi], site_shift[lo:hi],
+            Z, cavity, want_grad=want_grad, At=At, want_sums=want_sums,
         )
-        log_z = log_z + res.log_z_terms
-        new_nu.append(res.site_precision)
-        new_mu.append(res.site_shift)
-        valid.append(res.valid)
-        if want_grad:
-            dKmm = dKmm + res.dKmm_data
-            grads = res.grads if grads is None else {k: grads[k] + res.grads[k] for k in grads}
+        for lo, hi in _row_blocks(X.shape[0], block_rows)
+    ]
+
+    def joined(name):
+        values = [getattr(p, name) for p in parts]
+        return values[0] if len(values) == 1 else xp.concat(values)
+
+    def added(values):
+        total = values[0]
+        for value in values[1:]:
+            total = total + value
+        return total
+
     out = {
-        "log_z": log_z,
-        "site_precision": new_nu[0] if single else xp.concat(new_nu),
-        "site_shift": new_mu[0] if single else xp.concat(new_mu),
-        "valid": valid[0] if single else xp.concat(valid),
+        "terms": added([p.log_z_terms for p in parts]),
+        "site_precision": joined("site_precision"),
+        "site_shift": joined("site_shift"),
+        "valid": joined("valid"),
+        "sums": tuple(added(list(v)) for v in zip(*[p.sums for p in parts])) if want_sums else None,
+        "dKmm_data": added([p.dKmm_data for p in parts]) if want_grad else None,
+        "grads": {k: added([p.grads[k] for p in parts]) for k in parts[0].grads} if want_grad else None,
+    }
+    return out
+
+
+def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None):
+    """Batch EP: one pass over the data at fixed (kernel, Z, sites), q rebuilt exactly from all sites.
+
+    Returns a dict: ``log_z`` (0-d, log Z_q of eq. 26), ``site_precision``/``site_shift`` (undamped EP
+    updates), ``valid`` (mask), ``grads`` (dict of gradients of eq. 4, incl. "Z") and ``posterior``.
+    Rows are processed in blocks of ``block_rows`` so that n x m temporaries stay bounded.
+    """
+    L_K = prior_cholesky(kernel, Z, jitter)
+    L_K_inv = _triangular_inverse(L_K)
+    S, c_tilde, At = _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows, True)
+    post = posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
+    sweep = _sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad, block_rows=block_rows, At=At)
+    out = {
+        "log_z": _log_normaliser_gain(post) + sweep["terms"],
+        "site_precision": sweep["site_precision"],
+        "site_shift": sweep["site_shift"],
+        "valid": sweep["valid"],
         "posterior": post,
         "grads": None,
     }
     if want_grad:
-        prior_grads = kernel.grads(dKmm, None, None, None, Z)
-        out["grads"] = {k: grads[k] + prior_grads[k] for k in grads}
+        prior_grads = kernel.grads(_prior_adjoint(post) + sweep["dKmm_data"], None, None, None, Z)
+        out["grads"] = {k: sweep["grads"][k] + prior_grads[k] for k in sweep["grads"]}
     return out
 
 
@@ -351,53 +363,30 @@ def evaluate_factor(
     if method != "ep":  # the cavity already excludes the factor: the rows' own "old site" is nothing
         zeros = xp.zeros((n_rows,), dtype=Z.dtype, device=array_device(Z))
         site_precision, site_shift = zeros, zeros
-    grads = None
-    dKmm_data = None
-    new_nu, new_mu, valid = [], [], []
-    sums = None
-    terms = None
-    for lo, hi in _row_blocks(n_rows, block_rows):
-        res = block_pass(
-            kernel, read_rows(X, lo, hi, Z), read_rows(y, lo, hi, Z), site_precision[lo:hi], site_shift[lo:hi], Z, cavity,
-            want_grad=want_grad, want_sums=True,
-        )
-        terms = res.log_z_terms if terms is None else terms + res.log_z_terms
-        new_nu.append(res.site_precision)
-        new_mu.append(res.site_shift)
-        valid.append(res.valid)
-        sums = res.sums if sums is None else tuple(a + b for a, b in zip(sums, res.sums))
-        if want_grad:
-            dKmm_data = res.dKmm_data if dKmm_data is None else dKmm_data + res.dKmm_data
-            grads = res.grads if grads is None else {k: grads[k] + res.grads[k] for k in grads}
-    single = len(new_nu) == 1
+    sweep = _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, want_grad=want_grad,
+                   block_rows=block_rows, want_sums=True)
+    sums = sweep["sums"]
     out = {
-        "log_z": log_z + scale * terms,
-        "site_precision": new_nu[0] if single else xp.concat(new_nu),
-        "site_shift": new_mu[0] if single else xp.concat(new_mu),
-        "valid": valid[0] if single else xp.concat(valid),
+        "log_z": log_z + scale * sweep["terms"],
+        "site_precision": sweep["site_precision"],
+        "site_shift": sweep["site_shift"],
+        "valid": sweep["valid"],
         "new_sites": Factor.from_whitened(sums[0], sums[1], L_K_inv),
         "old_sites": Factor.from_whitened(sums[2], sums[3], L_K_inv),
         "posterior": q,
         "grads": None,
     }
     if want_grad:
-        dKmm = _prior_adjoint(q) + scale * dKmm_data
-        prior_grads = kernel.grads(dKmm, None, None, None, Z)
-        out["grads"] = {k: scale * grads[k] + prior_grads[k] for k in grads}
+        prior_grads = kernel.grads(_prior_adjoint(q) + scale * sweep["dKmm_data"], None, None, None, Z)
+        out["grads"] = {k: scale * sweep["grads"][k] + prior_grads[k] for k in sweep["grads"]}
     return out
 
 
 def exact_factor(kernel, Z, X, site_precision, site_shift, *, jitter, block_rows=None):
     """The product of all EP sites at the current hyper-parameters, as a u-space Factor (one pass)."""
-    L_K = prior_cholesky(kernel, Z, jitter)
-    L_K_inv = _triangular_inverse(L_K)
-    S = c = None
-    for lo, hi in _row_blocks(X.shape[0], block_rows):
-        At, _ = project(kernel, read_rows(X, lo, hi, Z), Z, L_K_inv)
-        S_b, c_b = site_sums(At, site_precision[lo:hi], site_shift[lo:hi])
-        S = S_b if S is None else S + S_b
-        c = c_b if c is None else c + c_b
-    return Factor.from_whitened(S, c, L_K_inv)
+    L_K_inv = _triangular_inverse(prior_cholesky(kernel, Z, jitter))
+    S, c_tilde, _ = _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows, False)
+    return Factor.from_whitened(S, c_tilde, L_K_inv)
 
 
 def posterior_from_factor(kernel, Z, factor, *, jitter):
