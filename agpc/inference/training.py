@@ -274,7 +274,7 @@ def train(
     iteration in batch mode, every epoch in minibatch mode) into ``history`` ("validation_step",
     "validation_nll", "validation_error"). With ``n_iter_no_change``, training stops when the validation
     NLL has not improved by ``tol`` for that many evaluations, and the best state is kept.
-    ``progress=True`` shows a tqdm bar with log Z_q and the validation NLL.
+    ``progress=True`` shows a tqdm bar (one per epoch in minibatch mode) with log Z_q and the validation NLL.
     """
     # Compute where the model lives (Z); X and y may be in memory or on disk (read a block at a time).
     xp = array_namespace(Z)
@@ -320,12 +320,23 @@ def train(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total_steps, unit="step" if minibatch else "iter", desc=f"agpc {method}")
+    def new_bar():
+        # batch mode: one bar over the iterations; minibatch mode: one bar per epoch
+        if not progress:
+            return None
+        if minibatch:
+            epoch = trainer.n_steps // len(batches) + 1
+            return tqdm(total=len(batches), unit="batch", desc=f"agpc {method} epoch {epoch}/{max_iter}")
+        return tqdm(total=total_steps, unit="iter", desc=f"agpc {method}")
     order = []
     converged = stopped_by_time = early_stopped = False
     while trainer.n_steps < total_steps:
         if not order:
             order = list(rng.permutation(len(batches))) if (minibatch and shuffle) else list(range(len(batches)))
+            if bar is None or minibatch:
+                if bar is not None:
+                    bar.close()
+                bar = new_bar()
             if minibatch and trainer.per_row_sites and trainer.n_steps > 0:
                 trainer.rebuild_factor(X)
         lo, hi = batches[order[0]]
