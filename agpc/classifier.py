@@ -14,12 +14,13 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_dat
 
 from . import backend as B
 from .inducing import initial_inducing_points
-from .inference import ep, training
+from .inference import ep, training, variational
 from .kernels import RBF, Stationary
 
 __all__ = ["GPClassifier"]
 
-_METHODS = training.METHODS
+_METHODS = training.METHODS + variational.VI_METHODS
+_QUADRATIC_METHODS = ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
 _FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above
 _CHUNK = 65536  # rows read at a time from data on disk
 _INIT_SAMPLE = 20000  # rows read from data on disk to initialise the kernel and the inducing points
@@ -55,10 +56,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     Parameters
     ----------
-    method : {"ep", "sep", "adf"}
+    method : {"ep", "sep", "adf", "svi", "vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor"}
         "ep": expectation propagation, two numbers stored per row. "sep": stochastic EP, one tied
         likelihood factor (m x m), memory O(m^2) whatever n. "adf": assumed density filtering (the
-        cavity is q itself); cheapest, usually a little worse.
+        cavity is q itself); cheapest, usually a little worse. "svi": the variational bound of Hensman
+        et al. (2015) by stochastic gradients (Adadelta; tune ``learning_rate``). "vi-jj", "vi-jj-hybrid",
+        "vi-jj-full", "vi-taylor": Izmailov & Kropotov (2017): analytic q, L-BFGS-B on the kernel
+        (``max_iter`` outer iterations of 3 analytic updates and at most 5 evaluations), no learning rate.
     n_inducing : int, default=100
         Number m of inducing points; must not exceed the number of training rows.
     kernel : Stationary or None
@@ -92,6 +96,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         evaluations, keeping the best state.
     inducing : "kmeans", "random" or array of shape (m, d)
         Initial inducing points.
+    likelihood : None, "probit" or "logistic"
+        The EP methods use the probit. "svi" takes either (default probit); the vi-* methods are built on
+        the logistic (default, and the only choice for the Jaakkola-Jordan bound).
+    n_quadrature : int, default=20
+        Gauss-Hermite nodes for SVI's expected log-likelihood and logistic predictions.
     optimize : True, False or a tuple of "kernel" / "inducing"
         What to learn; the rest stays fixed. ``False`` runs EP to convergence on fixed hyper-parameters.
     jitter : float, default=1e-6
@@ -130,6 +139,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         eval_every=None,
         n_iter_no_change=None,
         inducing="kmeans",
+        likelihood=None,
+        n_quadrature=20,
         optimize=True,
         jitter=1e-6,
         tol=1e-6,
@@ -150,6 +161,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.eval_every = eval_every
         self.n_iter_no_change = n_iter_no_change
         self.inducing = inducing
+        self.likelihood = likelihood
+        self.n_quadrature = n_quadrature
         self.optimize = optimize
         self.jitter = jitter
         self.tol = tol
@@ -179,6 +192,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"max_time must be a positive number of seconds, got {self.max_time!r}")
         if not (isinstance(self.jitter, numbers.Real) and self.jitter >= 0 and math.isfinite(self.jitter)):
             raise ValueError(f"jitter must be a non-negative number, got {self.jitter!r}")
+        if self.likelihood not in (None, "probit", "logistic"):
+            raise ValueError(f"unknown likelihood {self.likelihood!r}: use None, 'probit' or 'logistic'")
+        if self.method in _QUADRATIC_METHODS and self.likelihood == "probit":
+            raise ValueError(f"method={self.method!r} is built on the logistic likelihood; use likelihood='logistic' or None")
+        if self.method in training.METHODS and self.likelihood == "logistic":
+            raise ValueError(f"method={self.method!r} uses the probit likelihood (closed-form EP updates)")
+        if not isinstance(self.n_quadrature, numbers.Integral) or self.n_quadrature < 1:
+            raise ValueError(f"n_quadrature must be a positive integer, got {self.n_quadrature!r}")
         if self.kernel is not None and not isinstance(self.kernel, Stationary):
             raise ValueError(f"kernel must be an agpc kernel (e.g. agpc.RBF), got {type(self.kernel).__name__}")
         if self.optimize is True:
@@ -368,6 +389,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         else:
             batch_size = self.batch_size
         t0 = time.perf_counter()
+        if self.method not in training.METHODS:
+            return self._fit_variational(Xc, y_pm, kernel, Z, classes, groups, batch_size, rng, t0)
+        self.likelihood_ = "probit"
         result = training.train(
             Xc,
             y_pm,
@@ -397,7 +421,31 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.early_stopped_ = result.early_stopped
         return self
 
-    @available_if(lambda self: self.method != "ep")
+    def _fit_variational(self, Xc, y_pm, kernel, Z, classes, groups, batch_size, rng, t0):
+        callback = None
+        if self.method == "svi":
+            self.likelihood_ = self.likelihood or "probit"
+            result = variational.train_svi(
+                Xc, y_pm, kernel, Z, likelihood=self.likelihood_, n_quadrature=int(self.n_quadrature),
+                batch_size=batch_size, max_iter=int(self.max_iter), optimize=groups, optimizer=self.optimizer,
+                learning_rate=self.learning_rate, jitter=float(self.jitter), max_time=self.max_time,
+                random_state=rng, callback=callback,
+            )
+        else:
+            self.likelihood_ = "logistic"
+            result = variational.train_quadratic(
+                Xc, y_pm, kernel, Z, method=self.method, optimize=groups, max_iter=int(self.max_iter),
+                jitter=float(self.jitter), max_time=self.max_time, callback=callback,
+            )
+        self.fit_time_ = time.perf_counter() - t0
+        self.classes_ = classes
+        self._set_fitted(result["kernel"], result["Z"], result["posterior"], result["log_z"], result["history"],
+                         result["n_iter"])
+        self.stopped_by_time_ = result["stopped_by_time"]
+        self.early_stopped_ = False
+        return self
+
+    @available_if(lambda self: self.method in ("sep", "adf"))
     def partial_fit(self, X, y, classes=None, n_total=None):
         """Update the model with one more minibatch (a stream): one damped site update and one
         stochastic gradient step on these rows (seed 000 eq. 6).
@@ -435,6 +483,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         trainer.record()
         post, log_z = trainer.posterior()
         state = trainer.state
+        self.likelihood_ = "probit"
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps)
         return self
 
@@ -474,36 +523,36 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         mean, var = ep.predict_latent(self.kernel_, self.inducing_points_, self.posterior_, Xc)
         return self._back(mean, in_xp, device), self._back(var, in_xp, device)
 
-    def predict_log_proba(self, X):
-        """log p(y | x) for both classes (seed 000 eq. 37), shape (n_samples, 2), columns as ``classes_``."""
-        from .likelihoods import probit_predictive_log
+    def _log_proba(self, X):
+        """(log p(classes_[0] | x), log p(classes_[1] | x), input namespace, device)."""
+        from .inference.variational import predictive_log_proba
 
         Xc, in_xp, device = self._prepare(X)
         mean, var = ep.predict_latent(self.kernel_, self.inducing_points_, self.posterior_, Xc)
-        log_pos, log_neg = probit_predictive_log(mean, var)
-        xp = B.array_namespace(mean)
+        log_pos, log_neg = predictive_log_proba(mean, var, self.likelihood_, self.n_quadrature)
+        return log_neg, log_pos, in_xp, device
+
+    def predict_log_proba(self, X):
+        """log p(y | x) for both classes (seed 000 eq. 37; Gauss-Hermite for the logistic likelihood),
+        shape (n_samples, 2), columns in the order of ``classes_``."""
+        log_neg, log_pos, in_xp, device = self._log_proba(X)
+        xp = B.array_namespace(log_pos)
         return self._back(xp.stack([log_neg, log_pos], axis=1), in_xp, device)
 
     def predict_proba(self, X):
         """p(y | x) for both classes, shape (n_samples, 2), columns in the order of ``classes_``."""
-        from .likelihoods import probit_predictive_log
-
-        Xc, in_xp, device = self._prepare(X)
-        mean, var = ep.predict_latent(self.kernel_, self.inducing_points_, self.posterior_, Xc)
-        xp = B.array_namespace(mean)
-        log_pos, log_neg = probit_predictive_log(mean, var)
+        log_neg, log_pos, in_xp, device = self._log_proba(X)
+        xp = B.array_namespace(log_pos)
         return self._back(xp.stack([xp.exp(log_neg), xp.exp(log_pos)], axis=1), in_xp, device)
 
     def decision_function(self, X):
-        """Probit score mean / sqrt(1 + variance) = Phi^-1(p(classes_[1] | x)), shape (n_samples,).
+        """Predictive log-odds log p(classes_[1] | x) - log p(classes_[0] | x), shape (n_samples,).
 
-        Positive favours ``classes_[1]``; unlike the latent mean alone it ranks rows exactly as
-        ``predict_proba`` does, since the predictive variance differs from row to row.
+        Positive favours ``classes_[1]``; it ranks rows exactly as ``predict_proba`` does (the latent
+        mean alone does not, since the predictive variance differs from row to row).
         """
-        Xc, in_xp, device = self._prepare(X)
-        mean, var = ep.predict_latent(self.kernel_, self.inducing_points_, self.posterior_, Xc)
-        xp = B.array_namespace(mean)
-        return self._back(mean / xp.sqrt(1.0 + var), in_xp, device)
+        log_neg, log_pos, in_xp, device = self._log_proba(X)
+        return self._back(log_pos - log_neg, in_xp, device)
 
     def predict(self, X):
         """Most probable class label for each row."""

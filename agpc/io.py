@@ -68,6 +68,7 @@ def save_model(model, path):
         "n_features_in": int(model.n_features_in_),
         "log_marginal_likelihood": float(model.log_marginal_likelihood_),
         "n_iter": int(model.n_iter_),
+        "likelihood": model.likelihood_,
         "history": {k: [float(v) for v in values] for k, values in model.history_.items()},
     }
     arrays[_HEADER] = np.asarray(json.dumps(header))
@@ -162,5 +163,8 @@ def load_model(path, backend="numpy"):
     model.n_features_in_ = int(d)
     model.log_marginal_likelihood_ = float(header.get("log_marginal_likelihood", float("nan")))
     model.n_iter_ = int(header.get("n_iter", 0))
+    model.likelihood_ = header.get("likelihood", "probit")
+    if model.likelihood_ not in ("probit", "logistic"):
+        raise _refuse(path, f"unknown likelihood {model.likelihood_!r}")
     model.history_ = {k: list(v) for k, v in header.get("history", {}).items()}
     return model

@@ -129,3 +129,42 @@ class Adam:
 
 
 OPTIMIZERS = {"adadelta": Adadelta, "adam": Adam}
+
+
+def lbfgsb_ascent(params, value_and_grads, maxfun):
+    """Maximise f over a dict of arrays with scipy's L-BFGS-B, at most ``maxfun`` evaluations.
+
+    For a handful of hyper-parameters (seed 003: maxfun = 5 per outer iteration). The optimiser runs on
+    the host: the arrays are flattened there and put back in their own namespace and device.
+    ``value_and_grads(dict) -> (value, dict of gradients)``. Returns the new dict (the old one if the
+    optimiser produced non-finite values).
+    """
+    import numpy as np
+    import scipy.optimize
+
+    from .backend import array_device, array_namespace, asarray_like, to_numpy
+
+    names = list(params)
+    shapes = [tuple(params[k].shape) for k in names]
+    sizes = [int(np.prod(s)) if s else 1 for s in shapes]
+
+    def unflatten(vector):
+        out, offset = {}, 0
+        for name, shape, size in zip(names, shapes, sizes):
+            xp = array_namespace(params[name])
+            piece = asarray_like(np.reshape(vector[offset:offset + size], shape), xp,
+                                 device=array_device(params[name]), dtype=params[name].dtype)
+            out[name] = piece
+            offset += size
+        return out
+
+    def objective(vector):
+        value, grads = value_and_grads(unflatten(vector))
+        flat = np.concatenate([np.ravel(to_numpy(grads[k])) for k in names])
+        return -float(value), -flat
+
+    x0 = np.concatenate([np.ravel(to_numpy(params[k])) for k in names])
+    result = scipy.optimize.minimize(objective, x0, jac=True, method="L-BFGS-B", options={"maxfun": maxfun})
+    if not np.all(np.isfinite(result.x)):
+        return dict(params)
+    return unflatten(result.x)

@@ -1,0 +1,430 @@
+"""Variational inducing-point GP classification (seed 003; seed 000 sec. 3).
+
+svi: the evidence lower bound of Hensman et al. (2015), seed 003 eq. 11,
+
+    ELBO = sum_i E_{q(f_i)} log p(y_i | f_i) - KL(q(u) || p(u)),   q(u) = N(mu, L L^T),
+
+with the expectations by Gauss-Hermite quadrature, maximised over (mu, L, kernel, Z) by Adadelta/Adam.
+
+vi-JJ / vi-Taylor (seed 003 sec. 4): a quadratic lower bound (Jaakkola-Jordan) or expansion (Taylor) of
+log p(y_i | f_i) at xi_i makes the optimal q(u) analytic (eqs. 12-13, 17-18). That q has exactly the form
+of an EP posterior with site precision nu_i = 2 w_i and site shift mu_i (w = lambda(xi), mu = y / 2 for JJ;
+w = psi(xi), mu = phi + 2 psi xi for Taylor), so it is built with ``ep.posterior_from_sums`` and the
+collapsed bound (eqs. 14, 19) is
+
+    sum_i const_i(xi) + [0.5 c^T B^-1 c + 0.5 log|K| - 0.5 log|B|] - sum_i w_i s_i,
+
+whose bracket is the log-normaliser gain of that posterior. Gradients come as adjoints for the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..backend import array_device, array_namespace, gauss_hermite, log_ndtr, log_normal_pdf, read_rows
+from . import ep
+
+__all__ = [
+    "LIKELIHOODS",
+    "log_likelihood",
+    "expected_log_likelihood",
+    "svi_elbo",
+    "quadratic_bound",
+    "update_xi",
+    "posterior_from_gaussian",
+]
+
+LIKELIHOODS = ("probit", "logistic")
+
+
+def _softplus(x, xp):
+    return xp.maximum(x, 0.0) + xp.log1p(xp.exp(-xp.abs(x)))
+
+
+def _sigmoid(x, xp):
+    e = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def log_likelihood(y, f, likelihood):
+    """log p(y | f) and its derivative in f, for y in {-1, +1}."""
+    xp = array_namespace(y, f)
+    t = y * f
+    if likelihood == "probit":
+        value = log_ndtr(t)
+        return value, y * xp.exp(log_normal_pdf(t) - value)
+    if likelihood == "logistic":
+        return -_softplus(-t, xp), y * _sigmoid(-t, xp)
+    raise ValueError(f"unknown likelihood {likelihood!r}: use one of {LIKELIHOODS}")
+
+
+def expected_log_likelihood(y, mean, var, likelihood, n_quadrature=20):
+    """E_{N(f | mean, var)} log p(y | f) by Gauss-Hermite, and its derivatives in mean and var.
+
+    With f_k = mean + sqrt(2 var) x_k: E = sum_k w_k / sqrt(pi) log p(y | f_k). The derivatives are those
+    of this quadrature sum (so that finite differences of the computed bound agree with them exactly).
+    """
+    xp = array_namespace(y, mean, var)
+    nodes, weights = gauss_hermite(n_quadrature, xp, dtype=mean.dtype, device=array_device(mean))
+    weights = weights / math.sqrt(math.pi)
+    sd = xp.sqrt(var)
+    f = mean[:, None] + math.sqrt(2.0) * sd[:, None] * nodes[None, :]
+    value, slope = log_likelihood(y[:, None], f, likelihood)
+    expected = xp.sum(value * weights[None, :], axis=1)
+    d_mean = xp.sum(slope * weights[None, :], axis=1)
+    d_sd = xp.sum(slope * (math.sqrt(2.0) * nodes * weights)[None, :], axis=1)
+    return expected, d_mean, d_sd / (2.0 * sd)
+
+
+def _inverse_lower(L):
+    return ep._triangular_inverse(L)
+
+
+def svi_elbo(kernel, Z, X, y, mean, chol, *, likelihood="probit", n_quadrature=20, jitter=1e-6, n_total=None,
+             want_grad=True, block_rows=None):
+    """Seed 003 eq. 11 for q(u) = N(mean, chol chol^T), on rows X (all, or a minibatch scaled to n_total).
+
+    Returns (elbo, grads) with grads for every kernel parameter, "Z", "mean" and "chol" (lower triangle).
+    Adjoints (v_i = K^-1 k_i, p = K^-1 mean, W = K^-1 Sigma; g_m, g_v the derivatives of the expected
+    log-likelihood in m_i = k_i^T p and S_i = K_ii - k_i^T v_i + v_i^T Sigma v_i):
+      dKnm_i = g_m p + 2 g_v (W v_i - v_i),   dKdiag_i = g_v,
+      dKmm   = -(V^T g_m) p^T + V^T G V - W V^T G V - V^T G V W^T  (G = diag g_v)
+               - 0.5 (K^-1 - K^-1 Sigma K^-1 - p p^T)              (from -KL).
+    """
+    xp = array_namespace(Z)
+    n_rows = X.shape[0]
+    scale = 1.0 if n_total is None else n_total / n_rows
+    m = Z.shape[0]
+    L_K = ep.prior_cholesky(kernel, Z, jitter)
+    L_K_inv = _inverse_lower(L_K)
+    K_inv = L_K_inv.mT @ L_K_inv
+    p = K_inv @ mean
+    Sigma = chol @ chol.mT
+    W = K_inv @ Sigma
+    chol_diag = xp.linalg.diagonal(chol)
+    kl = 0.5 * (
+        xp.sum(xp.linalg.diagonal(W)) + xp.sum(mean * p) - m
+        + 2.0 * xp.sum(xp.log(xp.linalg.diagonal(L_K))) - 2.0 * xp.sum(xp.log(xp.abs(chol_diag)))
+    )
+    expected_total = None
+    dKmm = None
+    grads = None
+    d_mean = None
+    VtGV = None
+    for lo, hi in ep._row_blocks(n_rows, block_rows):
+        Xb = read_rows(X, lo, hi, Z)
+        yb = read_rows(y, lo, hi, Z)
+        Knm = kernel.K(Xb, Z)
+        V = Knm @ K_inv  # rows v_i
+        f_mean = Knm @ p
+        f_var = kernel.Kdiag(Xb) - xp.sum(Knm * V, axis=1) + xp.sum((V @ chol) ** 2, axis=1)
+        expected, g_m, g_v = expected_log_likelihood(yb, f_mean, f_var, likelihood, n_quadrature)
+        total = xp.sum(expected)
+        expected_total = total if expected_total is None else expected_total + total
+        if not want_grad:
+            continue
+        dKnm = g_m[:, None] * p[None, :] + 2.0 * g_v[:, None] * (V @ W.mT - V)
+        block_grads = kernel.grads(None, dKnm, g_v, Xb, Z)
+        grads = block_grads if grads is None else {k: grads[k] + block_grads[k] for k in grads}
+        vtgv = V.mT @ (V * g_v[:, None])
+        vtgm = V.mT @ g_m
+        VtGV = vtgv if VtGV is None else VtGV + vtgv
+        d_mean = vtgm if d_mean is None else d_mean + vtgm
+        block_dKmm = -(vtgm[:, None] * p[None, :])
+        dKmm = block_dKmm if dKmm is None else dKmm + block_dKmm
+    elbo = scale * expected_total - kl
+    if not want_grad:
+        return elbo, None
+    dKmm = scale * (dKmm + VtGV - W @ VtGV - VtGV @ W.mT) - 0.5 * (K_inv - W @ K_inv - p[:, None] * p[None, :])
+    prior = kernel.grads(dKmm, None, None, None, Z)
+    out = {k: scale * grads[k] + prior[k] for k in grads}
+    chol_inv = _inverse_lower(chol)
+    d_sigma = scale * VtGV - 0.5 * K_inv + 0.5 * (chol_inv.mT @ chol_inv)
+    out["mean"] = scale * d_mean - p
+    out["chol"] = xp.tril((d_sigma + d_sigma.mT) @ chol)
+    return elbo, out
+
+
+# --------------------------------------------------------------------------------------------------
+# vi-JJ and vi-Taylor (logistic likelihood)
+
+
+def jj_lambda(xi):
+    """lambda(xi) = tanh(xi/2) / (4 xi) = (sigma(xi) - 1/2) / (2 xi), even in xi, 1/8 at 0 (Jaakkola & Jordan)."""
+    xp = array_namespace(xi)
+    a = xp.abs(xi)
+    small = a < 1e-4
+    safe = xp.where(small, xp.ones_like(a), a)
+    return xp.where(small, 0.125 - a * a / 96.0, xp.tanh(safe / 2.0) / (4.0 * safe))
+
+
+def jj_lambda_prime(xi):
+    """d lambda / d xi."""
+    xp = array_namespace(xi)
+    a = xp.abs(xi)
+    small = a < 1e-4
+    safe = xp.where(small, xp.ones_like(a), a)
+    t = xp.tanh(safe / 2.0)
+    value = (0.5 * (1.0 - t * t) * safe - t) / (4.0 * safe * safe)
+    return xp.sign(xi) * xp.where(small, -a / 48.0, value)
+
+
+def _quadratic_sites(y, xi, kind):
+    """(w, site shift, const) of the quadratic form in f_i at xi_i (seed 003 eqs. 12-18)."""
+    xp = array_namespace(y, xi)
+    if kind == "jj":
+        w = jj_lambda(xi)
+        const = -_softplus(-xi, xp) - 0.5 * xi + w * xi * xi  # log sigma(xi) - xi/2 + lambda xi^2
+        return w, 0.5 * y, const
+    if kind == "taylor":
+        s = _sigmoid(y * xi, xp)
+        phi = y * (1.0 - s)  # d/df log sigma(y f) at xi
+        psi = 0.5 * s * (1.0 - s)  # -(1/2) d^2/df^2 (y^2 = 1)
+        const = -_softplus(-y * xi, xp) - phi * xi - psi * xi * xi
+        return psi, phi + 2.0 * psi * xi, const
+    raise ValueError(f"unknown quadratic bound {kind!r}")
+
+
+def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, want_xi_grad=False, block_rows=None):
+    """The collapsed bound of seed 003 eq. 14 (kind "jj") or eq. 19 (kind "taylor") at fixed xi.
+
+    Returns a dict: ``value``, ``posterior`` (the analytic optimal q, eqs. 12-13 / 17-18, as an EP-form
+    Posterior), ``mean``/``var`` of f at the rows (m_i, S_i of eq. 10 under that q), ``grads`` (kernel and
+    "Z") and, with ``want_xi_grad`` (JJ), ``xi_grad``.
+    Kernel adjoints: with beta = B^-1 c and M = beta beta^T + B^-1, the gain 0.5 c^T B^-1 c + 0.5 log|K| -
+    0.5 log|B| gives dKnm = mu beta^T - diag(nu) Knm M and dKmm = 0.5 (K^-1 - M); the term -sum w_i s_i
+    gives dKdiag = -w, dKnm = 2 w_i v_i and dKmm = -V^T diag(w) V.
+    """
+    xp = array_namespace(Z)
+    w, shift, const = _quadratic_sites(y, xi, kind)
+    nu = 2.0 * w
+    L_K = ep.prior_cholesky(kernel, Z, jitter)
+    L_K_inv = _inverse_lower(L_K)
+    S, c_tilde, _ = ep._whitened_sums(kernel, Z, X, nu, shift, L_K_inv, block_rows, False)
+    post = ep.posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
+    beta = post.beta
+    B_inv_w = post.L_C_inv @ L_K_inv  # B^-1 = B_inv_w^T B_inv_w
+    B_inv = B_inv_w.mT @ B_inv_w
+    M = beta[:, None] * beta[None, :] + B_inv
+    K_inv = L_K_inv.mT @ L_K_inv
+    value = ep._log_normaliser_gain(post) + xp.sum(const)
+    means, variances = [], []
+    grads = None
+    dKmm = 0.5 * (K_inv - M) if want_grad else None
+    xi_grad = []
+    for lo, hi in ep._row_blocks(X.shape[0], block_rows):
+        Xb = read_rows(X, lo, hi, Z)
+        Knm = kernel.K(Xb, Z)
+        At = Knm @ L_K_inv.mT
+        Qt = At @ post.L_C_inv.mT
+        d = xp.sum(Qt * Qt, axis=1)
+        e = Knm @ beta
+        s = kernel.Kdiag(Xb) - xp.sum(At * At, axis=1)
+        wb, nub, shiftb = w[lo:hi], nu[lo:hi], shift[lo:hi]
+        value = value - xp.sum(wb * s)
+        means.append(e)
+        variances.append(s + d)
+        if want_xi_grad:  # JJ: d/dxi = lambda'(xi) (xi^2 - s - e^2 - d), zero at eq. 15
+            xib = xi[lo:hi]
+            xi_grad.append(jj_lambda_prime(xib) * (xib * xib - s - e * e - d))
+        if want_grad:
+            V = At @ L_K_inv
+            dKnm = shiftb[:, None] * beta[None, :] - (Knm * nub[:, None]) @ M + 2.0 * wb[:, None] * V
+            dKmm = dKmm - V.mT @ (V * wb[:, None])
+            block = kernel.grads(None, dKnm, -wb, Xb, Z)
+            grads = block if grads is None else {k: grads[k] + block[k] for k in grads}
+
+    def joined(parts):
+        return parts[0] if len(parts) == 1 else xp.concat(parts)
+
+    out = {"value": value, "posterior": post, "mean": joined(means), "var": joined(variances), "grads": None}
+    if want_grad:
+        prior = kernel.grads(dKmm, None, None, None, Z)
+        out["grads"] = {k: grads[k] + prior[k] for k in grads}
+    if want_xi_grad:
+        out["xi_grad"] = joined(xi_grad)
+    return out
+
+
+def update_xi(mean, var, kind):
+    """Optimal xi under q: JJ xi^2 = m^2 + S (seed 003 eq. 15), Taylor xi = m (sec. 4.2)."""
+    xp = array_namespace(mean)
+    if kind == "jj":
+        return xp.sqrt(mean * mean + var)
+    return mean
+
+
+def posterior_from_gaussian(kernel, Z, mean, chol, *, jitter):
+    """q(u) = N(mean, chol chol^T) in EP form (L_K, L_C, h), so every method predicts with one code path.
+
+    B = K Sigma^-1 K, so C = L_K^-1 B L_K^-T = (chol^-1 L_K)^T (chol^-1 L_K), and h = L_C^-1 L_K^T Sigma^-1 mean.
+    """
+    from ..backend import cholesky
+
+    L_K = ep.prior_cholesky(kernel, Z, jitter)
+    chol_inv = _inverse_lower(chol)
+    R = chol_inv @ L_K
+    C = R.mT @ R
+    L_C = cholesky(C, what="C of the variational posterior")
+    L_C_inv = _inverse_lower(L_C)
+    c_tilde = L_K.mT @ (chol_inv.mT @ (chol_inv @ mean))
+    return ep.Posterior(L_K=L_K, L_C=L_C, h=L_C_inv @ c_tilde, L_C_inv=L_C_inv)
+
+
+# --------------------------------------------------------------------------------------------------
+# training
+
+
+VI_METHODS = ("svi", "vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
+
+
+def train_quadratic(X, y, kernel, Z, *, method, optimize=("kernel", "inducing"), max_iter=50, n_upd=3, maxfun=5,
+                    jitter=1e-6, max_time=None, block_rows=None, callback=None):
+    """vi-JJ, vi-JJ-hybrid, vi-JJ-full and vi-Taylor (seed 003 Alg. 1 and sec. 4).
+
+    Each outer iteration: stage 1, ``n_upd`` analytic updates of (q, xi) by eqs. 12-13 / 17-18 and 15
+    (not for vi-JJ-full); stage 2, L-BFGS-B (scipy) with at most ``maxfun`` evaluations on the kernel
+    parameters and inducing points (and on xi for -hybrid and -full), xi otherwise fixed. No learning rate.
+    """
+    import time
+
+    from ..optim import lbfgsb_ascent
+    from .training import _parameter_names
+
+    kind = "taylor" if method == "vi-taylor" else "jj"
+    xp = array_namespace(Z)
+    device = array_device(Z)
+    n = X.shape[0]
+    yx = read_rows(y, 0, n, Z)
+    names = _parameter_names(kernel, tuple(optimize))
+    joint_xi = method in ("vi-jj-hybrid", "vi-jj-full")
+    # start from q = prior: m_i = 0, S_i = K_ii
+    prior_var = xp.concat([kernel.Kdiag(read_rows(X, lo, hi, Z)) for lo, hi in ep._row_blocks(n, block_rows)])
+    xi = update_xi(xp.zeros((n,), dtype=Z.dtype, device=device), prior_var, kind)
+    history = {"log_marginal_likelihood": [], "time": []}
+    t0 = time.perf_counter()
+    stopped_by_time = False
+
+    def split(params):
+        params = dict(params)
+        xi_new = params.pop("xi", xi)
+        Z_new = params.pop("Z", Z)
+        return kernel.with_params({**kernel.params, **params}), Z_new, xi_new
+
+    def value_and_grads(params):
+        k2, Z2, xi2 = split(params)
+        res = quadratic_bound(k2, Z2, X, yx, xi2, kind=kind, jitter=jitter, want_xi_grad=joint_xi, block_rows=block_rows)
+        grads = dict(res["grads"])
+        if joint_xi:
+            grads["xi"] = res["xi_grad"]
+        return res["value"], grads
+
+    for it in range(max_iter):
+        if method != "vi-jj-full":
+            for _ in range(n_upd):
+                out = quadratic_bound(kernel, Z, X, yx, xi, kind=kind, jitter=jitter, want_grad=False, block_rows=block_rows)
+                xi = update_xi(out["mean"], out["var"], kind)
+        variables = {k: (Z if k == "Z" else kernel.params[k]) for k in names}
+        if joint_xi:
+            variables["xi"] = xi
+        if variables:
+            kernel, Z, xi = split(lbfgsb_ascent(variables, value_and_grads, maxfun))
+        value = float(quadratic_bound(kernel, Z, X, yx, xi, kind=kind, jitter=jitter, want_grad=False,
+                                      block_rows=block_rows)["value"])
+        history["log_marginal_likelihood"].append(value)
+        history["time"].append(time.perf_counter() - t0)
+        if callback is not None:
+            callback(it + 1, value)
+        if max_time is not None and time.perf_counter() - t0 >= max_time:
+            stopped_by_time = True
+            break
+    final = quadratic_bound(kernel, Z, X, yx, xi, kind=kind, jitter=jitter, want_grad=False, block_rows=block_rows)
+    return {
+        "kernel": kernel, "Z": Z, "posterior": final["posterior"], "log_z": float(final["value"]),
+        "history": history, "n_iter": len(history["log_marginal_likelihood"]), "stopped_by_time": stopped_by_time,
+    }
+
+
+def train_svi(X, y, kernel, Z, *, likelihood="probit", n_quadrature=20, batch_size=None, max_iter=250,
+              optimize=("kernel", "inducing"), optimizer=None, learning_rate=None, jitter=1e-6, max_time=None,
+              random_state=None, block_rows=None, callback=None):
+    """SVI (seed 003 sec. 3.2): ascend eq. 11 in (mean, chol, kernel, Z) with Adadelta (default, as the paper)
+    or Adam; minibatches scale the data term by n / |M| (``max_iter`` then counts epochs)."""
+    import time
+
+    from ..backend import asarray_like, host_rng
+    from ..optim import OPTIMIZERS
+    from .training import _parameter_names
+
+    xp = array_namespace(Z)
+    device = array_device(Z)
+    n = X.shape[0]
+    m = Z.shape[0]
+    names = _parameter_names(kernel, tuple(optimize)) + ["mean", "chol"]
+    name = optimizer or "adadelta"
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r} for svi: use 'adadelta' or 'adam'")
+    opt = OPTIMIZERS[name]() if learning_rate is None else OPTIMIZERS[name](learning_rate=learning_rate)
+    mean = xp.zeros((m,), dtype=Z.dtype, device=device)
+    chol = ep.prior_cholesky(kernel, Z, jitter)  # q(u) starts at the prior
+    minibatch = batch_size is not None and batch_size < n
+    rng = host_rng(random_state)
+    if minibatch:
+        order = asarray_like(rng.permutation(n), xp, device=device)
+        X = xp.take(read_rows(X, 0, n, Z), order, axis=0)
+        y = xp.take(read_rows(y, 0, n, Z), order, axis=0)
+        batches = [(lo, min(n, lo + int(batch_size))) for lo in range(0, n, int(batch_size))]
+    else:
+        batches = [(0, n)]
+    history = {"log_marginal_likelihood": [], "time": []}
+    t0 = time.perf_counter()
+    stopped_by_time = False
+    step = 0
+    for epoch in range(max_iter):
+        estimates = []
+        visit = rng.permutation(len(batches)) if minibatch else [0]
+        for b in visit:
+            lo, hi = batches[b]
+            elbo, grads = svi_elbo(kernel, Z, X[lo:hi, ...], y[lo:hi], mean, chol, likelihood=likelihood,
+                                   n_quadrature=n_quadrature, jitter=jitter, n_total=n, block_rows=block_rows)
+            estimates.append(float(elbo))
+            params = dict(kernel.params)
+            params.update(Z=Z, mean=mean, chol=chol)
+            params.update(opt.step({k: params[k] for k in names}, grads))
+            Z, mean, chol = params.pop("Z"), params.pop("mean"), params.pop("chol")
+            kernel = kernel.with_params(params)
+            step += 1
+            if max_time is not None and time.perf_counter() - t0 >= max_time:
+                stopped_by_time = True
+                break
+        history["log_marginal_likelihood"].append(sum(estimates) / len(estimates))
+        history["time"].append(time.perf_counter() - t0)
+        if callback is not None:
+            callback(epoch + 1, history["log_marginal_likelihood"][-1])
+        if stopped_by_time:
+            break
+    posterior = posterior_from_gaussian(kernel, Z, mean, chol, jitter=jitter)
+    final, _ = svi_elbo(kernel, Z, X, y, mean, chol, likelihood=likelihood, n_quadrature=n_quadrature, jitter=jitter,
+                        want_grad=False, block_rows=block_rows or 65536)
+    return {
+        "kernel": kernel, "Z": Z, "posterior": posterior, "log_z": float(final), "history": history,
+        "n_iter": len(history["log_marginal_likelihood"]), "stopped_by_time": stopped_by_time,
+        "mean": mean, "chol": chol,
+    }
+
+
+def predictive_log_proba(mean, var, likelihood, n_quadrature=20):
+    """log p(y = +1 | x) and log p(y = -1 | x) for f ~ N(mean, var): closed form for probit, Gauss-Hermite
+    for logistic."""
+    xp = array_namespace(mean, var)
+    if likelihood == "probit":
+        z = mean / xp.sqrt(1.0 + var)
+        return log_ndtr(z), log_ndtr(-z)
+    if likelihood != "logistic":
+        raise ValueError(f"unknown likelihood {likelihood!r}: use one of {LIKELIHOODS}")
+    nodes, weights = gauss_hermite(n_quadrature, xp, dtype=mean.dtype, device=array_device(mean))
+    f = mean[:, None] + math.sqrt(2.0) * xp.sqrt(var)[:, None] * nodes[None, :]
+    weights = weights / math.sqrt(math.pi)
+    p_pos = xp.sum(_sigmoid(f, xp) * weights[None, :], axis=1)
+    p_neg = xp.sum(_sigmoid(-f, xp) * weights[None, :], axis=1)  # not 1 - p_pos: keeps the small tail exact
+    return xp.log(p_pos), xp.log(p_neg)
