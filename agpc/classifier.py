@@ -60,7 +60,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "ep": expectation propagation, two numbers stored per row. "sep": stochastic EP, one tied
         likelihood factor (m x m), memory O(m^2) whatever n. "adf": assumed density filtering (the
         cavity is q itself); cheapest, usually a little worse. "svi": the variational bound of Hensman
-        et al. (2015) by stochastic gradients (Adadelta; tune ``learning_rate``). "vi-jj", "vi-jj-hybrid",
+        et al. (2015) by stochastic gradients (Adam at 0.01 by default; the paper tunes Adadelta's rate). "vi-jj", "vi-jj-hybrid",
         "vi-jj-full", "vi-taylor": Izmailov & Kropotov (2017): analytic q, L-BFGS-B on the kernel
         (``max_iter`` outer iterations of 3 analytic updates and at most 5 evaluations), no learning rate.
     n_inducing : int, default=100
