@@ -161,12 +161,16 @@ class Stationary:
         dZ = 2.0 * (Zs * col[:, None] - GtX) * inv_l
         return d_log_l, dX, dZ
 
-    def grads(self, dKmm, dKnm, dKdiag, X, Z):
+    def _dK_dr2(self, K, Xs, Zs):
+        """dK/d(r^2) for a block whose values K are known (subclasses may use K to skip the distances)."""
+        return self.amplitude * self.dkappa_dr2(self._r2(Xs, Zs))
+
+    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None):
         """Gradients of L from its adjoints w.r.t. K(Z, Z), K(X, Z) and Kdiag(X).
 
         Any adjoint may be ``None``. Returns a dict with one entry per parameter in ``self.params``
         (same shapes) and ``"Z"`` (m, d). The adjoints are read entry-wise: dL = sum_jk dKmm_jk dKmm_jk,
-        so a non-symmetric dKmm is fine.
+        so a non-symmetric dKmm is fine. ``Knm``, if the caller already has K(X, Z), saves recomputing it.
         """
         xp = array_namespace(Z)
         amp = self.amplitude
@@ -185,9 +189,10 @@ class Stationary:
             dZ = dZ + g_first + g_second
         if dKnm is not None:
             Xs = self._scaled(X)
-            r2 = self._r2(Xs, Zs)
-            d_log_amp = d_log_amp + xp.sum(dKnm * (amp * self.kappa(r2)))
-            G = dKnm * (amp * self.dkappa_dr2(r2))
+            if Knm is None:
+                Knm = amp * self.kappa(self._r2(Xs, Zs))
+            d_log_amp = d_log_amp + xp.sum(dKnm * Knm)
+            G = dKnm * self._dK_dr2(Knm, Xs, Zs)
             g_l, _, g_Z = self._distance_grads(G, Xs, Zs)
             d_log_l = d_log_l + g_l
             dZ = dZ + g_Z
@@ -208,6 +213,9 @@ class RBF(Stationary):
 
     def dkappa_dr2(self, r2):
         return -0.5 * array_namespace(r2).exp(-0.5 * r2)
+
+    def _dK_dr2(self, K, Xs, Zs):
+        return -0.5 * K  # no distances, no exponentials: the block's values suffice
 
 
 class Matern52(Stationary):

@@ -20,6 +20,7 @@ Everything here is written against the array API: the functions take arrays and 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..backend import (
     CholeskyError,
@@ -79,10 +80,20 @@ class Posterior:
         if self.L_C_inv is None:
             self.L_C_inv = _triangular_inverse(self.L_C)
 
-    @property
+    @cached_property
+    def whitened_mean(self):
+        """C^-1 c~ = L_C^-T h: k_i^T B^-1 c = (L_K^-1 k_i)^T whitened_mean."""
+        return self.L_C_inv.mT @ self.h
+
+    @cached_property
+    def C_inv(self):
+        """C^-1 = L_C^-T L_C^-1 (m x m): k_i^T B^-1 k_j = (L_K^-1 k_i)^T C^-1 (L_K^-1 k_j)."""
+        return self.L_C_inv.mT @ self.L_C_inv
+
+    @cached_property
     def beta(self):
         """beta = B^-1 c = L_K^-T L_C^-T h (m,): the predictive mean is k_*^T beta (seed 000 eq. 36)."""
-        return self.L_K_inv.mT @ (self.L_C_inv.mT @ self.h)
+        return self.L_K_inv.mT @ self.whitened_mean
 
     def mean_and_cov(self):
         """Mean K B^-1 c and covariance K B^-1 K of q(u) (seed 000 eqs. 12-13), for inspection."""
@@ -132,7 +143,7 @@ class BlockResult:
     sums: tuple = None  # whitened (S_new, c_new, S_old, c_old) of the rows' new and old sites
 
 
-def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad=True, At=None, want_sums=False):
+def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad=True, At=None, Knm=None, want_sums=False):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows.
 
     Seed 000: cavity (eqs. 14-15), tilted moments and new site (eqs. 17-23), log Z_q terms (eq. 26, in
@@ -142,12 +153,12 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad=T
     xp = array_namespace(X)
     nu, mu = site_precision, site_shift
     if At is None:
-        At, _ = project(kernel, X, Z, post.L_K_inv)
+        At, Knm = project(kernel, X, Z, post.L_K_inv)
     Kdiag = kernel.Kdiag(X)
-    Qt = At @ post.L_C_inv.mT  # row i = L_C^-1 L_K^-1 k_i
-    d = xp.sum(Qt * Qt, axis=1)  # k_i^T B^-1 k_i = upsilon_i^T Sigma upsilon_i
-    e = Qt @ post.h  # k_i^T B^-1 c = upsilon_i^T mean
-    prior_var = xp.sum(At * At, axis=1)  # upsilon_i^T K upsilon_i, the prior variance of g_i
+    P = At @ post.C_inv  # row i = C^-1 L_K^-1 k_i: B^-1 k_i = L_K^-T P_i
+    d = _row_dot(At, P)  # k_i^T B^-1 k_i = upsilon_i^T Sigma upsilon_i
+    e = At @ post.whitened_mean  # k_i^T B^-1 c = upsilon_i^T mean
+    prior_var = _row_dot(At, At)  # upsilon_i^T K upsilon_i, the prior variance of g_i
     s = Kdiag - prior_var  # FITC conditional variance (eq. 16)
 
     # A cavity is usable when its variance along upsilon_i is positive and, since every site precision
@@ -184,16 +195,19 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad=T
     # Adjoints: dKnm_i = alpha_i (beta + r_i g_i) + (alpha a / b)_i (upsilon_i - t_i g_i),
     #           dKdiag_i = -(alpha a / b)_i / 2,
     #           dKmm = -U^T (dKnm + diag(dKdiag) U)   (U rows upsilon_i: K enters through K^-1 k and s).
-    # In factored form g_i = L_K^-T L_C^-T Qt_i and upsilon_i = L_K^-T At_i.
+    # In factored form g_i = L_K^-T P_i and upsilon_i = L_K^-T At_i, so with W = diag(coef_g) P +
+    # diag(alpha a / b) At: dKnm = W L_K^-1 + alpha beta^T and
+    # dKmm = -L_K^-T [At^T (W + diag(dKdiag) At) L_K^-1 + (At^T alpha) beta^T]: three GEMMs a block.
     alpha = xp.where(valid, alpha, xp.zeros_like(alpha))
     alpha_a_b = alpha * a / b
     coef_g = (alpha * (nu * e - mu) - alpha_a_b) / one_minus  # alpha r - (alpha a / b) t
     dKdiag = -0.5 * alpha_a_b
-    inner = (Qt * coef_g[:, None]) @ post.L_C_inv + At * alpha_a_b[:, None]
-    dKnm = alpha[:, None] * post.beta[None, :] + inner @ post.L_K_inv
-    U = At @ post.L_K_inv
-    dKmm_data = -(U.mT @ (dKnm + U * dKdiag[:, None]))
-    grads = kernel.grads(None, dKnm, dKdiag, X, Z)
+    beta = post.beta
+    W = coef_g[:, None] * P + alpha_a_b[:, None] * At
+    dKnm = W @ post.L_K_inv + alpha[:, None] * beta[None, :]
+    inner = (At.mT @ (W + dKdiag[:, None] * At)) @ post.L_K_inv + (At.mT @ alpha)[:, None] * beta[None, :]
+    dKmm_data = -(post.L_K_inv.mT @ inner)
+    grads = kernel.grads(None, dKnm, dKdiag, X, Z, Knm=Knm)
     return BlockResult(new_nu, new_mu, valid, log_z_terms, dKmm_data, grads, sums)
 
 
@@ -204,36 +218,55 @@ def _prior_adjoint(post):
     return -0.5 * (post.L_K_inv.mT @ post.L_K_inv - W.mT @ W - beta[:, None] * beta[None, :])
 
 
-def _row_blocks(n, block_rows):
-    step = n if not block_rows else max(1, int(block_rows))
+_BLOCK_ELEMENTS = 1 << 21  # default block: ~16 MB of float64 per n x m temporary
+_CACHE_ELEMENTS = 1 << 26  # keep the projections of all blocks between the two passes up to ~512 MB
+
+
+def _row_blocks(n, block_rows, m=None):
+    """Row ranges. By default blocks of ~16 MB per n x m temporary: the allocator then reuses the same
+    memory block after block (fresh 100+ MB temporaries cost more in page faults than in arithmetic) and
+    the working set stays in cache."""
+    if not block_rows:
+        block_rows = n if m is None else max(1024, _BLOCK_ELEMENTS // max(1, m))
+    step = max(1, int(block_rows))
     return [(start, min(n, start + step)) for start in range(0, n, step)]
 
 
+def _row_dot(A, B):
+    """Row-wise dot products of two (n, m) blocks, without an n x m temporary."""
+    return array_namespace(A, B).linalg.vecdot(A, B, axis=-1)
+
+
 def _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows, keep_projection):
-    """S = A diag(nu) A^T and c~ = A mu over all rows (the reduction); with one block and
-    ``keep_projection``, also that block's A^T for the sweep to reuse."""
-    blocks = _row_blocks(X.shape[0], block_rows)
-    S = c_tilde = kept = None
-    for lo, hi in blocks:
-        At, _ = project(kernel, read_rows(X, lo, hi, Z), Z, L_K_inv)
+    """S = A diag(nu) A^T and c~ = A mu over all rows (the reduction); with ``keep_projection`` and
+    while they fit the cache budget, also every block's (A^T, Knm) for the sweep to reuse."""
+    n, m = X.shape[0], Z.shape[0]
+    keep = keep_projection and n * m * 2 <= _CACHE_ELEMENTS
+    S = c_tilde = None
+    kept = [] if keep else None
+    for lo, hi in _row_blocks(n, block_rows, m):
+        At, Knm = project(kernel, read_rows(X, lo, hi, Z), Z, L_K_inv)
         S_b, c_b = site_sums(At, site_precision[lo:hi], site_shift[lo:hi])
         S = S_b if S is None else S + S_b
         c_tilde = c_b if c_tilde is None else c_tilde + c_b
-        if keep_projection and len(blocks) == 1:
-            kept = At
+        if keep:
+            kept.append((At, Knm))
     return S, c_tilde, kept
 
 
 def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, At=None, want_sums=False):
-    """``block_pass`` over all rows in blocks; the per-row results concatenated, the sums added."""
+    """``block_pass`` over all rows in blocks; the per-row results concatenated, the sums added.
+    ``At``: the blocks' kept (A^T, Knm) from ``_whitened_sums``, or None to recompute them."""
     xp = array_namespace(Z)
-    parts = [
-        block_pass(
+    parts = []
+    for index, (lo, hi) in enumerate(_row_blocks(X.shape[0], block_rows, Z.shape[0])):
+        kept = At[index] if At else None
+        res = block_pass(
             kernel, read_rows(X, lo, hi, Z), read_rows(y, lo, hi, Z), site_precision[lo:hi], site_shift[lo:hi],
-            Z, cavity, want_grad=want_grad, At=At, want_sums=want_sums,
+            Z, cavity, want_grad=want_grad, At=None if kept is None else kept[0], Knm=None if kept is None else kept[1],
+            want_sums=want_sums,
         )
-        for lo, hi in _row_blocks(X.shape[0], block_rows)
-    ]
+        parts.append(res)
 
     def joined(name):
         values = [getattr(p, name) for p in parts]
@@ -396,17 +429,17 @@ def posterior_from_factor(kernel, Z, factor, *, jitter):
     return posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
 
 
-def predict_latent(kernel, Z, post, X, block_rows=65536):
+def predict_latent(kernel, Z, post, X, block_rows=None):
     """Mean and variance of f(x) under q (seed 000 eq. 36), variance including the latent noise."""
     xp = array_namespace(Z)
     beta = post.beta
     means, variances = [], []
-    for lo, hi in _row_blocks(X.shape[0], block_rows):
+    for lo, hi in _row_blocks(X.shape[0], block_rows, Z.shape[0]):
         X_block = read_rows(X, lo, hi, Z)
         At, Knm = project(kernel, X_block, Z, post.L_K_inv)
         Qt = At @ post.L_C_inv.mT
         means.append(Knm @ beta)
-        variances.append(kernel.Kdiag(X_block) - xp.sum(At * At, axis=1) + xp.sum(Qt * Qt, axis=1))
+        variances.append(kernel.Kdiag(X_block) - _row_dot(At, At) + _row_dot(Qt, Qt))
     if len(means) == 1:
         return means[0], variances[0]
     return xp.concat(means), xp.concat(variances)

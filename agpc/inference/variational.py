@@ -111,20 +111,21 @@ def svi_elbo(kernel, Z, X, y, mean, chol, *, likelihood="probit", n_quadrature=2
     grads = None
     d_mean = None
     VtGV = None
-    for lo, hi in ep._row_blocks(n_rows, block_rows):
+    for lo, hi in ep._row_blocks(n_rows, block_rows, m):
         Xb = read_rows(X, lo, hi, Z)
         yb = read_rows(y, lo, hi, Z)
         Knm = kernel.K(Xb, Z)
         V = Knm @ K_inv  # rows v_i
         f_mean = Knm @ p
-        f_var = kernel.Kdiag(Xb) - xp.sum(Knm * V, axis=1) + xp.sum((V @ chol) ** 2, axis=1)
+        VL = V @ chol
+        f_var = kernel.Kdiag(Xb) - ep._row_dot(Knm, V) + ep._row_dot(VL, VL)
         expected, g_m, g_v = expected_log_likelihood(yb, f_mean, f_var, likelihood, n_quadrature)
         total = xp.sum(expected)
         expected_total = total if expected_total is None else expected_total + total
         if not want_grad:
             continue
         dKnm = g_m[:, None] * p[None, :] + 2.0 * g_v[:, None] * (V @ W.mT - V)
-        block_grads = kernel.grads(None, dKnm, g_v, Xb, Z)
+        block_grads = kernel.grads(None, dKnm, g_v, Xb, Z, Knm=Knm)
         grads = block_grads if grads is None else {k: grads[k] + block_grads[k] for k in grads}
         vtgv = V.mT @ (V * g_v[:, None])
         vtgm = V.mT @ g_m
@@ -212,14 +213,14 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
     grads = None
     dKmm = 0.5 * (K_inv - M) if want_grad else None
     xi_grad = []
-    for lo, hi in ep._row_blocks(X.shape[0], block_rows):
+    for lo, hi in ep._row_blocks(X.shape[0], block_rows, Z.shape[0]):
         Xb = read_rows(X, lo, hi, Z)
         Knm = kernel.K(Xb, Z)
         At = Knm @ L_K_inv.mT
         Qt = At @ post.L_C_inv.mT
-        d = xp.sum(Qt * Qt, axis=1)
+        d = ep._row_dot(Qt, Qt)
         e = Knm @ beta
-        s = kernel.Kdiag(Xb) - xp.sum(At * At, axis=1)
+        s = kernel.Kdiag(Xb) - ep._row_dot(At, At)
         wb, nub, shiftb = w[lo:hi], nu[lo:hi], shift[lo:hi]
         value = value - xp.sum(wb * s)
         means.append(e)
@@ -231,7 +232,7 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
             V = At @ L_K_inv
             dKnm = shiftb[:, None] * beta[None, :] - (Knm * nub[:, None]) @ M + 2.0 * wb[:, None] * V
             dKmm = dKmm - V.mT @ (V * wb[:, None])
-            block = kernel.grads(None, dKnm, -wb, Xb, Z)
+            block = kernel.grads(None, dKnm, -wb, Xb, Z, Knm=Knm)
             grads = block if grads is None else {k: grads[k] + block[k] for k in grads}
 
     def joined(parts):
@@ -299,7 +300,7 @@ def train_quadratic(X, y, kernel, Z, *, method, optimize=("kernel", "inducing"),
     names = _parameter_names(kernel, tuple(optimize))
     joint_xi = method in ("vi-jj-hybrid", "vi-jj-full")
     # start from q = prior: m_i = 0, S_i = K_ii
-    prior_var = xp.concat([kernel.Kdiag(read_rows(X, lo, hi, Z)) for lo, hi in ep._row_blocks(n, block_rows)])
+    prior_var = xp.concat([kernel.Kdiag(read_rows(X, lo, hi, Z)) for lo, hi in ep._row_blocks(n, block_rows, Z.shape[0])])
     xi = update_xi(xp.zeros((n,), dtype=Z.dtype, device=device), prior_var, kind)
     history = {"log_marginal_likelihood": [], "time": []}
     t0 = time.perf_counter()
