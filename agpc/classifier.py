@@ -367,6 +367,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self
         """
         groups, _ = self._check_params()
+        if self.method not in training.METHODS and (validation_data is not None or self.n_iter_no_change is not None):
+            raise ValueError(
+                f"validation_data and n_iter_no_change are supported by the EP methods (ep, sep, adf), "
+                f"not by method={self.method!r}"
+            )
         self.__dict__.pop("_trainer", None)
         Xc, y_pm, classes, sample, xp, device = self._inputs(X, y, reset=True)
         n = Xc.shape[0]
@@ -422,20 +427,19 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return self
 
     def _fit_variational(self, Xc, y_pm, kernel, Z, classes, groups, batch_size, rng, t0):
-        callback = None
         if self.method == "svi":
             self.likelihood_ = self.likelihood or "probit"
             result = variational.train_svi(
                 Xc, y_pm, kernel, Z, likelihood=self.likelihood_, n_quadrature=int(self.n_quadrature),
                 batch_size=batch_size, max_iter=int(self.max_iter), optimize=groups, optimizer=self.optimizer,
                 learning_rate=self.learning_rate, jitter=float(self.jitter), max_time=self.max_time,
-                random_state=rng, callback=callback,
+                random_state=rng,
             )
         else:
             self.likelihood_ = "logistic"
             result = variational.train_quadratic(
                 Xc, y_pm, kernel, Z, method=self.method, optimize=groups, max_iter=int(self.max_iter),
-                jitter=float(self.jitter), max_time=self.max_time, callback=callback,
+                jitter=float(self.jitter), max_time=self.max_time,
             )
         self.fit_time_ = time.perf_counter() - t0
         self.classes_ = classes
