@@ -320,13 +320,35 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         else:
             X = validate_data(self, X, reset=reset, dtype=np.float64, ensure_all_finite=True)
             in_xp = None
-        classes, y_host = self._prepare_targets(y, X.shape[0], classes)
         xp = target_xp or in_xp or B.resolve_backend("numpy")
         device = B.array_device(X) if (in_xp is not None and target_xp is None) else None
         Xc = B.asarray_like(X, xp, device=device, dtype=xp.float64)
         device = B.array_device(Xc)
-        y_pm = B.asarray_like(np.where(y_host == classes[1], 1.0, -1.0), xp, device=device, dtype=xp.float64)
+        if _is_foreign_array(y):  # labels on a device stay there: only the (at most two) classes come back
+            y_pm, classes = self._device_targets(y, X.shape[0], classes, xp, device)
+        else:
+            classes, y_host = self._prepare_targets(y, X.shape[0], classes)
+            y_pm = B.asarray_like(np.where(y_host == classes[1], 1.0, -1.0), xp, device=device, dtype=xp.float64)
         return Xc, y_pm, classes, Xc, xp, device
+
+    def _device_targets(self, y, n_rows, classes, xp, device):
+        """Numeric labels held by an array-API library: checked and mapped to +1 / -1 without a copy to the host."""
+        yx = B.array_namespace(y)
+        if y.ndim != 1:
+            raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(y.shape)}")
+        if y.shape[0] != n_rows:
+            raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
+        found = np.sort(B.to_numpy(yx.unique_values(y)))
+        if classes is not None:
+            classes = np.unique(np.asarray(classes))
+            unknown = np.setdiff1d(found, classes)
+            if unknown.size:
+                raise ValueError(f"y contains labels {list(unknown)} not in classes {list(classes)}")
+            found = classes
+        classes = self._check_classes(found)
+        positive = yx.astype(y == yx.asarray(classes[1], dtype=y.dtype, device=B.array_device(y)), yx.float64)
+        y_pm = B.asarray_like(2.0 * positive - 1.0, xp, device=device, dtype=xp.float64)
+        return y_pm, classes
 
     def _n_inducing_for(self, n):
         explicit = not isinstance(self.inducing, str)

@@ -49,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--budget", type=float, default=None,
                    help="max_time (s) of each GP fit (default 480; quick: 6)")
     p.add_argument("--linear-budget", type=float, default=None,
-                   help="training seconds for the SGD logistic regression (default 120; quick: 3)")
+                   help="training seconds for the SGD logistic regression (default 90; quick: 3)")
     p.add_argument("--n-test", type=int, default=None, help="test rows (default 10000; quick: 2000)")
     p.add_argument("--n-train", type=int, default=None, help="use only this many training rows (default all; quick: 20000)")
     p.add_argument("--methods", default="sep,ep", help="GP methods to run (default sep,ep)")
@@ -59,7 +59,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     q = args.quick
     args.budget = args.budget if args.budget is not None else (6.0 if q else 480.0)
-    args.linear_budget = args.linear_budget if args.linear_budget is not None else (3.0 if q else 120.0)
+    args.linear_budget = args.linear_budget if args.linear_budget is not None else (3.0 if q else 90.0)
     args.n_test = args.n_test if args.n_test is not None else (2000 if q else 10000)
     args.n_train = args.n_train if args.n_train is not None else (20000 if q else None)
     args.plot = args.plot or str(RESULTS_DIR / ("airline_quick.png" if q else "airline.png"))
@@ -281,6 +281,16 @@ def plot(curves, logreg, path):
         (nll, err), _ = logreg
         axes[0].axhline(nll, ls="--", color="k", lw=1, label="linear (full-data LogisticRegression)")
         axes[1].axhline(err, ls="--", color="k", lw=1, label="linear (full-data LogisticRegression)")
+    # SGD's first minibatches give NLLs of 10 and more: show the range the GP curves and the linear line span
+    gp = [r for label, rows in curves.items() if label != "linear (SGD)" for r in rows]
+    ref = [r for rows in curves.values() for r in rows]
+    if gp:
+        lo_n = min(r[2] for r in ref)
+        hi_n = max([r[2] for r in gp] + ([logreg[0][0]] if logreg else []))
+        axes[0].set_ylim(lo_n - 0.01, min(hi_n + 0.03, 0.8))
+        lo_e = min(r[3] for r in ref)
+        hi_e = max([r[3] for r in gp] + ([logreg[0][1]] if logreg else []))
+        axes[1].set_ylim(lo_e - 0.01, min(hi_e + 0.03, 0.55))
     for ax, name in zip(axes, ("test NLL", "test error")):
         ax.set_xscale("log")
         ax.set_xlabel("training time (s)")

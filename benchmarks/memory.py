@@ -53,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--methods", default="sep,ep")
     p.add_argument("--max-time", type=float, default=None, help="max_time of each fit (default 60; quick: 3)")
     p.add_argument("--dir", default=None, help="parent folder for the data (default: a new folder under /tmp)")
+    p.add_argument("--blas-threads", type=int, default=None,
+                   help="limit BLAS threads (threadpoolctl) in the parent and the children")
     p.add_argument("--no-tracemalloc", action="store_true", help="children do not run tracemalloc")
     p.add_argument("--child", nargs=3, metavar=("METHOD", "FOLDER", "MAX_TIME"), help=argparse.SUPPRESS)
     p.add_argument("--child-tracemalloc", action="store_true", help=argparse.SUPPRESS)
@@ -91,8 +93,13 @@ class _AnonPeak(threading.Thread):
             time.sleep(self.interval)
 
 
-def child(method, folder, max_time, use_tracemalloc):
+def child(method, folder, max_time, use_tracemalloc, blas_threads=None):
     import numpy as np
+
+    if blas_threads is not None:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(blas_threads, user_api="blas")
 
     import agpc  # noqa: F401  (the baseline pays for the imports too)
     from agpc import GPClassifier
@@ -131,8 +138,10 @@ def child(method, folder, max_time, use_tracemalloc):
 
 # -- the parent ------------------------------------------------------------------------------------
 
-def run_child(method, folder, max_time, use_tracemalloc):
+def run_child(method, folder, max_time, use_tracemalloc, blas_threads=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", method, folder, str(max_time)]
+    if blas_threads is not None:
+        cmd += ["--blas-threads", str(blas_threads)]
     if use_tracemalloc:
         cmd.append("--child-tracemalloc")
     env = dict(os.environ)
@@ -153,8 +162,12 @@ def main(argv=None):
     args = parse_args(argv)
     if args.child:
         method, folder, max_time = args.child
-        child(method, folder, float(max_time), args.child_tracemalloc)
+        child(method, folder, float(max_time), args.child_tracemalloc, args.blas_threads)
         return
+    if args.blas_threads is not None:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(args.blas_threads, user_api="blas")
     print_machine("Peak memory of out-of-core training (memmaps) against n", argv)
     from agpc.datasets import make_airline_like
 
@@ -173,7 +186,7 @@ def main(argv=None):
             size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
             print(f"n = {n:,}: wrote {size / MB:,.0f} MB in {time.perf_counter() - t0:.1f} s", flush=True)
             for method in ["baseline"] + args.methods:
-                r = run_child(method, folder, args.max_time, use_tm)
+                r = run_child(method, folder, args.max_time, use_tm, args.blas_threads)
                 if r is None:
                     continue
                 results[(method, n)] = r

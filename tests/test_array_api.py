@@ -83,3 +83,15 @@ def test_strict_backend_on_numpy_input_returns_numpy(data, numpy_fit):
     proba = model.predict_proba(X_test)
     assert isinstance(proba, np.ndarray)
     np.testing.assert_allclose(proba, ref_proba, rtol=1e-8, atol=1e-10)
+
+
+def test_device_labels_are_checked_on_the_device():
+    xs = array_api_strict
+    device = xs.Device("device1")
+    X = xs.asarray(np.random.default_rng(0).normal(size=(30, 2)), device=device)
+    with pytest.raises(ValueError, match="Only binary classification"):
+        GPClassifier(n_inducing=5).fit(X, xs.asarray(np.arange(30) % 3, device=device))
+    with pytest.raises(ValueError, match="X has 30 rows but y has 29"):
+        GPClassifier(n_inducing=5).fit(X, xs.asarray(np.arange(29) % 2, device=device))
+    with pytest.raises(ValueError, match="only one class"):
+        GPClassifier(n_inducing=5).fit(X, xs.asarray(np.ones(30), device=device))
