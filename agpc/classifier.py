@@ -249,7 +249,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if y.shape[0] != n_rows:
                 raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
             found = np.unique(np.concatenate([np.unique(np.asarray(y[lo:lo + _CHUNK])) for lo in range(0, n_rows, _CHUNK)]))
-            return self._check_classes(found if classes is None else np.asarray(classes)), None
+            return self._check_classes(found, classes), None
         if y is None:
             raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
         y_host = B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y)
@@ -260,16 +260,17 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if y_host.shape[0] != n_rows:
             raise ValueError(f"X has {n_rows} rows but y has {y_host.shape[0]}: they must match")
         check_classification_targets(y_host)
-        found = np.unique(y_host)
+        return self._check_classes(np.unique(y_host), classes), y_host
+
+    def _check_classes(self, found, classes=None):
+        """The model's classes: those found in y, or the ``classes`` given (which must cover y); two of them."""
         if classes is not None:
             classes = np.unique(np.asarray(classes))
             unknown = np.setdiff1d(found, classes)
             if unknown.size:
                 raise ValueError(f"y contains labels {list(unknown)} not in classes {list(classes)}")
             found = classes
-        return self._check_classes(found), y_host
-
-    def _check_classes(self, classes):
+        classes = found
         if classes.shape[0] < 2:
             raise ValueError(f"y has only one class ({classes[0]!r}): a classifier needs two classes to learn")
         if classes.shape[0] > 2:
@@ -338,14 +339,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(y.shape)}")
         if y.shape[0] != n_rows:
             raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
-        found = np.sort(B.to_numpy(yx.unique_values(y)))
-        if classes is not None:
-            classes = np.unique(np.asarray(classes))
-            unknown = np.setdiff1d(found, classes)
-            if unknown.size:
-                raise ValueError(f"y contains labels {list(unknown)} not in classes {list(classes)}")
-            found = classes
-        classes = self._check_classes(found)
+        classes = self._check_classes(np.sort(B.to_numpy(yx.unique_values(y))), classes)
         positive = yx.astype(y == yx.asarray(classes[1], dtype=y.dtype, device=B.array_device(y)), yx.float64)
         y_pm = B.asarray_like(2.0 * positive - 1.0, xp, device=device, dtype=xp.float64)
         return y_pm, classes
