@@ -31,7 +31,7 @@ def _run(name, model, X_train, y_train, X_test, y_test, extra=""):
 
 def demo(args):
     from .classifier import GPClassifier
-    from .datasets import banana_bayes_error, load_breast_cancer, make_banana
+    from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
 
     print("agpc demo: binary EP with inducing points (seed 000), NumPy backend")
     print(f"| {'data':<28} | {'n':>6} | {'m':>4} | {'error':>6} | {'NLL':>6} | {'fit s':>7} | note")
@@ -44,17 +44,10 @@ def demo(args):
         X, y, Xt, yt,
         extra=f"Bayes error {banana_bayes_error():.3f}",
     )
-    X, y = load_breast_cancer()
-    rng = np.random.default_rng(0)
-    order = rng.permutation(len(y))
-    split = int(0.9 * len(y))
-    train, test = order[:split], order[split:]
-    mean, std = X[train].mean(0), X[train].std(0)
-    std[std == 0] = 1.0
     _run(
         "breast cancer (sklearn, 30-D)",
         GPClassifier(n_inducing=args.inducing, max_iter=args.max_iter, random_state=0),
-        (X[train] - mean) / std, y[train], (X[test] - mean) / std, y[test],
+        *split_standardised(*load_breast_cancer(), train_fraction=0.9, random_state=0),
         extra="90/10 split",
     )
     return 0

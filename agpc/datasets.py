@@ -18,6 +18,7 @@ __all__ = [
     "banana_posterior",
     "banana_bayes_error",
     "load_breast_cancer",
+    "split_standardised",
     "make_airline_like",
     "airline_like_posterior",
     "AIRLINE_FEATURES",
@@ -72,6 +73,21 @@ def banana_bayes_error(n_mc=400000, random_state=12345):
     X, _ = make_banana(n_mc, random_state=random_state)
     p = banana_posterior(X)
     return float(np.minimum(p, 1.0 - p).mean())
+
+
+def split_standardised(X, y, train_fraction=0.9, random_state=0):
+    """A random train/test split with features standardised on the training part (the papers' protocol).
+
+    Returns X_train, y_train, X_test, y_test; constant features keep a unit scale.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y)
+    order = np.random.default_rng(random_state).permutation(len(y))
+    split = int(train_fraction * len(y))
+    train, test = order[:split], order[split:]
+    mean, std = X[train].mean(axis=0), X[train].std(axis=0)
+    std[std == 0] = 1.0
+    return (X[train] - mean) / std, y[train], (X[test] - mean) / std, y[test]
 
 
 def load_breast_cancer():

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import load_line, print_machine  # noqa: E402
 
 from agpc import GPClassifier  # noqa: E402
+from agpc.datasets import split_standardised  # noqa: E402
 
 METHODS = ["ep", "vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor", "svi-adam", "svi-adadelta"]
 
@@ -37,13 +38,7 @@ def load(name):
     else:
         data = load_digits()
         X, y = data.data, data.target % 2
-    rng = np.random.default_rng(0)
-    order = rng.permutation(len(y))
-    split = int(0.8 * len(y))
-    train, test = order[:split], order[split:]
-    mean, std = X[train].mean(0), X[train].std(0)
-    std[std == 0] = 1.0
-    return (X[train] - mean) / std, y[train], (X[test] - mean) / std, y[test]
+    return split_standardised(X, y, train_fraction=0.8, random_state=0)
 
 
 def score(model, X, y):
