@@ -46,8 +46,12 @@ def parse_args(argv=None):
                    help="block_rows = min(n, block_bytes // (8 m)): an n x m float64 block stays under this (default 400e6)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--blas-threads", type=int, default=None,
-                   help="limit BLAS threads with threadpoolctl (default: leave as configured)")
+                   help="limit BLAS/OpenMP threads with threadpoolctl; 0 leaves them as configured "
+                        "(default 0, but 1 with --quick: on a small shared machine a multi-threaded BLAS "
+                        "stalls on small matrices whenever another process holds a core)")
     args = p.parse_args(argv)
+    if args.quick and args.blas_threads is None:
+        args.blas_threads = 1
     if args.quick:
         args.ns = args.ns or "2000,20000"
         args.ms = args.ms or "20,100"

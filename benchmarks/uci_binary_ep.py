@@ -64,8 +64,12 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="folder with the .npz files (default ../shared/data)")
     p.add_argument("--json", default=None, help="also write the per-split results to this JSON file")
     p.add_argument("--blas-threads", type=int, default=None,
-                   help="limit BLAS/OpenMP threads with threadpoolctl (default: leave as configured)")
+                   help="limit BLAS/OpenMP threads with threadpoolctl; 0 leaves them as configured "
+                        "(default 0, but 1 with --quick: on a small shared machine a multi-threaded BLAS "
+                        "stalls on small matrices whenever another process holds a core)")
     args = p.parse_args(argv)
+    if args.quick and args.blas_threads is None:
+        args.blas_threads = 1
     if args.quick:
         args.splits = args.splits or 2
         args.datasets = args.datasets or "crabs,heart"
