@@ -490,7 +490,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 kernel, Z, method=self.method, n_total=n_total or rows, minibatch=True,
                 jitter=float(self.jitter), damping=None if self.damping is None else float(self.damping),
                 optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate,
-                block_rows=65536 if B.is_out_of_core(Xc) else None,
             )
         trainer = self._trainer
         self._rows_seen += rows

@@ -142,3 +142,31 @@ def test_non_finite_log_z_reverts_and_halves_damping_and_steps(monkeypatch):
     assert damping[0] == 0.5 and damping[-1] == 0.125  # halved twice
     assert len(fit.history["log_marginal_likelihood"]) == fit.n_iter == 40  # 10 warm-up + 30, failures not counted
     assert np.all(np.isfinite(fit.history["log_marginal_likelihood"])) and np.isfinite(fit.log_z)
+
+
+def test_minibatch_ep_revert_restores_sites_updated_in_place(monkeypatch):
+    """Minibatch EP writes the visited rows' sites in place; a failed step must still put back exactly
+    the state before the last good step (sites, kernel, Z), not leave that step's rows half-updated."""
+    X, y = _toy(60)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    trainer = training.Trainer(kernel, X[:5].copy(), method="ep", n_total=60, minibatch=True, jitter=JITTER)
+    trainer.step(X, y, 0, 20, stepping=True)
+    after_first = {k: np.array(trainer.state[k], copy=True) for k in ("nu", "mu", "Z")}
+    lengthscales = np.array(trainer.state["kernel"].params["log_lengthscales"], copy=True)
+    trainer.step(X, y, 20, 40, stepping=True)
+    assert not np.array_equal(trainer.state["nu"][20:40], after_first["nu"][20:40])  # the step moved them
+
+    real = ep.evaluate_factor
+
+    def failing(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out["log_z"] = out["log_z"] * np.nan
+        return out
+
+    monkeypatch.setattr(ep, "evaluate_factor", failing)
+    took, _, _ = trainer.step(X, y, 40, 60, stepping=True)
+    assert not took
+    for key, value in after_first.items():
+        np.testing.assert_array_equal(trainer.state[key], value)
+    np.testing.assert_array_equal(trainer.state["kernel"].params["log_lengthscales"], lengthscales)
+    assert trainer.damping == 0.99 / 2

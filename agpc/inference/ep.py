@@ -27,6 +27,7 @@ from ..backend import (
     array_device,
     array_namespace,
     cholesky,
+    is_out_of_core,
     read_rows,
     solve_triangular,
 )
@@ -232,6 +233,32 @@ def _row_blocks(n, block_rows, m=None):
     return [(start, min(n, start + step)) for start in range(0, n, step)]
 
 
+_IO_ROWS = 65536  # rows read at a time from data on disk: one read, then compute blocks sliced from it
+
+
+def data_blocks(X, y, block_rows, like):
+    """(lo, hi, X rows, y rows or None) over all rows, in the compute blocks of ``_row_blocks``.
+
+    Data on disk are read ``_IO_ROWS`` rows at a time (a zarr chunk is decoded once, not once per compute
+    block) and the compute blocks sliced from what was read, so the n x m temporaries stay ~16 MB while
+    the reads stay large."""
+    n, m = X.shape[0], like.shape[0]
+    blocks = _row_blocks(n, block_rows, m)
+    if not (is_out_of_core(X) or (y is not None and is_out_of_core(y))):
+        for lo, hi in blocks:
+            yield lo, hi, read_rows(X, lo, hi, like), (None if y is None else read_rows(y, lo, hi, like))
+        return
+    step = blocks[0][1] - blocks[0][0]
+    io_rows = max(step, _IO_ROWS)
+    for io_lo in range(0, n, io_rows):
+        io_hi = min(n, io_lo + io_rows)
+        X_io = read_rows(X, io_lo, io_hi, like)
+        y_io = None if y is None else read_rows(y, io_lo, io_hi, like)
+        for lo in range(io_lo, io_hi, step):
+            hi = min(io_hi, lo + step)
+            yield lo, hi, X_io[lo - io_lo:hi - io_lo, ...], (None if y_io is None else y_io[lo - io_lo:hi - io_lo])
+
+
 def _row_dot(A, B):
     """Row-wise dot products of two (n, m) blocks, without an n x m temporary."""
     return array_namespace(A, B).linalg.vecdot(A, B, axis=-1)
@@ -244,8 +271,8 @@ def _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows
     keep = keep_projection and n * m * 2 <= _CACHE_ELEMENTS
     S = c_tilde = None
     kept = [] if keep else None
-    for lo, hi in _row_blocks(n, block_rows, m):
-        At, Knm = project(kernel, read_rows(X, lo, hi, Z), Z, L_K_inv)
+    for lo, hi, X_block, _ in data_blocks(X, None, block_rows, Z):
+        At, Knm = project(kernel, X_block, Z, L_K_inv)
         S_b, c_b = site_sums(At, site_precision[lo:hi], site_shift[lo:hi])
         S = S_b if S is None else S + S_b
         c_tilde = c_b if c_tilde is None else c_tilde + c_b
@@ -254,55 +281,66 @@ def _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows
     return S, c_tilde, kept
 
 
-def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, At=None, want_sums=False):
-    """``block_pass`` over all rows in blocks; the per-row results concatenated, the sums added.
-    ``At``: the blocks' kept (A^T, Knm) from ``_whitened_sums``, or None to recompute them."""
+def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, At=None, want_sums=False,
+           want_sites=True):
+    """``block_pass`` over all rows in blocks; the per-row results written into preallocated n-vectors
+    (no per-block pieces joined at the end: that would hold them twice), the sums added.
+    ``At``: the blocks' kept (A^T, Knm) from ``_whitened_sums``, or None to recompute them.
+    ``want_sites=False`` keeps no per-row output at all (a final log Z_q pass needs only the sums)."""
     xp = array_namespace(Z)
-    parts = []
-    for index, (lo, hi) in enumerate(_row_blocks(X.shape[0], block_rows, Z.shape[0])):
+    n = X.shape[0]
+    out = {"terms": None, "site_precision": None, "site_shift": None, "valid": None, "n_invalid": 0,
+           "sums": None, "dKmm_data": None, "grads": None}
+    if want_sites:
+        device = array_device(Z)
+        out["site_precision"] = xp.empty((n,), dtype=Z.dtype, device=device)
+        out["site_shift"] = xp.empty((n,), dtype=Z.dtype, device=device)
+        out["valid"] = xp.empty((n,), dtype=xp.bool, device=device)
+
+    def add(key, value):
+        out[key] = value if out[key] is None else out[key] + value
+
+    n_invalid = None
+    for index, (lo, hi, X_block, y_block) in enumerate(data_blocks(X, y, block_rows, Z)):
         kept = At[index] if At else None
         res = block_pass(
-            kernel, read_rows(X, lo, hi, Z), read_rows(y, lo, hi, Z), site_precision[lo:hi], site_shift[lo:hi],
+            kernel, X_block, y_block, site_precision[lo:hi], site_shift[lo:hi],
             Z, cavity, want_grad=want_grad, At=None if kept is None else kept[0], Knm=None if kept is None else kept[1],
             want_sums=want_sums,
         )
-        parts.append(res)
-
-    def joined(name):
-        values = [getattr(p, name) for p in parts]
-        return values[0] if len(values) == 1 else xp.concat(values)
-
-    def added(values):
-        total = values[0]
-        for value in values[1:]:
-            total = total + value
-        return total
-
-    out = {
-        "terms": added([p.log_z_terms for p in parts]),
-        "site_precision": joined("site_precision"),
-        "site_shift": joined("site_shift"),
-        "valid": joined("valid"),
-        "sums": tuple(added(list(v)) for v in zip(*[p.sums for p in parts])) if want_sums else None,
-        "dKmm_data": added([p.dKmm_data for p in parts]) if want_grad else None,
-        "grads": {k: added([p.grads[k] for p in parts]) for k in parts[0].grads} if want_grad else None,
-    }
+        if want_sites:
+            out["site_precision"][lo:hi] = res.site_precision
+            out["site_shift"][lo:hi] = res.site_shift
+            out["valid"][lo:hi] = res.valid
+        invalid = xp.sum(xp.astype(~res.valid, xp.int64))
+        n_invalid = invalid if n_invalid is None else n_invalid + invalid
+        add("terms", res.log_z_terms)
+        if want_sums:
+            out["sums"] = res.sums if out["sums"] is None else tuple(a + b for a, b in zip(out["sums"], res.sums))
+        if want_grad:
+            add("dKmm_data", res.dKmm_data)
+            out["grads"] = res.grads if out["grads"] is None else {k: out["grads"][k] + res.grads[k] for k in res.grads}
+    out["n_invalid"] = int(n_invalid)
     return out
 
 
-def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None):
+def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, want_sites=True):
     """Batch EP: one pass over the data at fixed (kernel, Z, sites), q rebuilt exactly from all sites.
 
     Returns a dict: ``log_z`` (0-d, log Z_q of eq. 26), ``site_precision``/``site_shift`` (undamped EP
     updates), ``valid`` (mask), ``grads`` (dict of gradients of eq. 4, incl. "Z") and ``posterior``.
     Rows are processed in blocks of ``block_rows`` so that n x m temporaries stay bounded.
+    ``n_invalid`` counts the rows whose cavity was unusable; ``want_sites=False`` returns no per-row
+    output (``site_precision``, ``site_shift`` and ``valid`` are None), so a final pass holds no n-vector.
     """
     L_K = prior_cholesky(kernel, Z, jitter)
     L_K_inv = _triangular_inverse(L_K)
     S, c_tilde, At = _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows, True)
     post = posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
-    sweep = _sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad, block_rows=block_rows, At=At)
+    sweep = _sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad, block_rows=block_rows, At=At,
+                   want_sites=want_sites)
     out = {
+        "n_invalid": sweep["n_invalid"],
         "log_z": _log_normaliser_gain(post) + sweep["terms"],
         "site_precision": sweep["site_precision"],
         "site_shift": sweep["site_shift"],
@@ -404,6 +442,7 @@ def evaluate_factor(
         "site_precision": sweep["site_precision"],
         "site_shift": sweep["site_shift"],
         "valid": sweep["valid"],
+        "n_invalid": sweep["n_invalid"],
         "new_sites": Factor.from_whitened(sums[0], sums[1], L_K_inv),
         "old_sites": Factor.from_whitened(sums[2], sums[3], L_K_inv),
         "posterior": q,
@@ -434,8 +473,7 @@ def predict_latent(kernel, Z, post, X, block_rows=None):
     xp = array_namespace(Z)
     beta = post.beta
     means, variances = [], []
-    for lo, hi in _row_blocks(X.shape[0], block_rows, Z.shape[0]):
-        X_block = read_rows(X, lo, hi, Z)
+    for _, _, X_block, _ in data_blocks(X, None, block_rows, Z):
         At, Knm = project(kernel, X_block, Z, post.L_K_inv)
         Qt = At @ post.L_C_inv.mT
         means.append(Knm @ beta)

@@ -122,6 +122,9 @@ class Trainer:
         if self.per_row_sites and site_precision is None:
             site_precision = xp.zeros((n_total,), dtype=Z.dtype, device=array_device(Z))
             site_shift = xp.zeros((n_total,), dtype=Z.dtype, device=array_device(Z))
+        elif self.per_row_sites and minibatch:  # updated in place below: never write into the caller's arrays
+            site_precision = xp.asarray(site_precision, copy=True)
+            site_shift = xp.asarray(site_shift, copy=True)
         factor = ep.Factor.uniform(Z.shape[0], Z) if (minibatch or not self.per_row_sites) else None
         self.state = {"kernel": kernel, "Z": Z, "nu": site_precision, "mu": site_shift, "factor": factor}
         self.history = {"log_marginal_likelihood": [], "time": [], "n_invalid_sites": [], "damping": []}
@@ -161,7 +164,11 @@ class Trainer:
                     "EP diverged: log Z_q is not finite and halving the damping and step sizes did not help "
                     f"(after {self.failures} attempts); try a smaller damping or standardised inputs"
                 )
-            saved, opt_state, self.damping = self.good
+            saved, opt_state, self.damping, undo = self.good
+            if undo is not None:  # minibatch EP updated the rows' sites in place: write the old ones back
+                lo_, hi_, old_nu, old_mu = undo
+                saved["nu"][lo_:hi_] = old_nu
+                saved["mu"][lo_:hi_] = old_mu
             self.state = dict(saved)
             if self.optimizer is not None:
                 self.optimizer.restore(opt_state)
@@ -169,7 +176,8 @@ class Trainer:
             self.damping *= 0.5
             return False, float("inf"), log_z
         self.failures = 0
-        self.good = (dict(state), self.optimizer.snapshot() if self.optimizer is not None else None, self.damping)
+        # (state, optimiser, damping, undo of an in-place site update): what a revert puts back
+        self.good = [dict(state), self.optimizer.snapshot() if self.optimizer is not None else None, self.damping, None]
         self.n_steps += 1
         rho = self.damping
         change = 0.0
@@ -179,10 +187,13 @@ class Trainer:
             change = _relative_change(new_nu, state["nu"], xp) + _relative_change(new_mu, state["mu"], xp)
             state["nu"], state["mu"] = new_nu, new_mu
         elif self.per_row_sites:  # minibatch EP: swap the rows' old sites for the damped new ones
-            rows_nu = rho * result["site_precision"] + (1.0 - rho) * state["nu"][lo:hi]
-            rows_mu = rho * result["site_shift"] + (1.0 - rho) * state["mu"][lo:hi]
-            state["nu"] = xp.concat([state["nu"][:lo], rows_nu, state["nu"][hi:]])
-            state["mu"] = xp.concat([state["mu"][:lo], rows_mu, state["mu"][hi:]])
+            # In place: the site store is the one n-sized thing minibatch EP holds (2 floats a row);
+            # a copy per step would double it. The rows' old values are kept to undo the step.
+            old_nu = xp.asarray(state["nu"][lo:hi], copy=True)
+            old_mu = xp.asarray(state["mu"][lo:hi], copy=True)
+            state["nu"][lo:hi] = rho * result["site_precision"] + (1.0 - rho) * old_nu
+            state["mu"][lo:hi] = rho * result["site_shift"] + (1.0 - rho) * old_mu
+            self.good[3] = (lo, hi, old_nu, old_mu)
             delta = result["new_sites"].combine(1.0, result["old_sites"], -1.0)
             state["factor"] = state["factor"].combine(1.0, delta, rho)
         else:  # SEP / ADF: the rows' share (rows / n) of the factor is replaced by their new sites
@@ -192,7 +203,7 @@ class Trainer:
             change = _relative_change(state["factor"].precision, old.precision, xp) + _relative_change(
                 state["factor"].shift, old.shift, xp
             )
-        self._pending.append((log_z, int(xp.sum(xp.astype(~result["valid"], xp.int64)))))
+        self._pending.append((log_z, result["n_invalid"]))
         if stepping:
             state["kernel"], state["Z"] = _step(self.optimizer, self.names, kernel, Z, result["grads"])
         return True, change, log_z
@@ -224,7 +235,7 @@ class Trainer:
         kernel, Z = s["kernel"], s["Z"]
         if self.per_row_sites and X is not None:
             final = ep.evaluate(kernel, Z, X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
-                                block_rows=self.block_rows)
+                                block_rows=self.block_rows, want_sites=False)
             return final["posterior"], float(final["log_z"])
         post = ep.posterior_from_factor(kernel, Z, s["factor"], jitter=self.jitter)
         if X is not None and not self.minibatch:
@@ -281,8 +292,6 @@ def train(
     n = X.shape[0]
     device = array_device(Z)
     out_of_core = is_out_of_core(X) or is_out_of_core(y)
-    if out_of_core and block_rows is None:
-        block_rows = 65536
     minibatch = batch_size is not None and batch_size < n
     rng = host_rng(random_state)
     permutation = None
@@ -358,7 +367,7 @@ def train(
             h["validation_error"].append(error)
             postfix["val_nll"] = f"{nll:.4f}"
             if nll < best["nll"]:  # keep the best state seen...
-                best.update(nll=nll, state=dict(trainer.state))
+                best.update(nll=nll, state=_snapshot(trainer) if n_iter_no_change is not None else None)
             if nll < best["reference"] - tol:  # ...but count only improvements larger than tol
                 best.update(reference=nll, since=0)
             else:
@@ -400,6 +409,16 @@ def train(
         stopped_by_time=stopped_by_time,
         early_stopped=early_stopped,
     )
+
+
+def _snapshot(trainer):
+    """The trainer's state, safe from later steps: minibatch EP updates its sites in place, so they are
+    copied (early stopping in that mode holds the sites twice)."""
+    state = dict(trainer.state)
+    if trainer.per_row_sites and trainer.minibatch:
+        state["nu"] = trainer.xp.asarray(state["nu"], copy=True)
+        state["mu"] = trainer.xp.asarray(state["mu"], copy=True)
+    return state
 
 
 def _validation_scores(trainer, X, y, validation):

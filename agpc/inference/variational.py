@@ -111,9 +111,7 @@ def svi_elbo(kernel, Z, X, y, mean, chol, *, likelihood="probit", n_quadrature=2
     grads = None
     d_mean = None
     VtGV = None
-    for lo, hi in ep._row_blocks(n_rows, block_rows, m):
-        Xb = read_rows(X, lo, hi, Z)
-        yb = read_rows(y, lo, hi, Z)
+    for lo, hi, Xb, yb in ep.data_blocks(X, y, block_rows, Z):
         Knm = kernel.K(Xb, Z)
         V = Knm @ K_inv  # rows v_i
         f_mean = Knm @ p
@@ -213,8 +211,7 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
     grads = None
     dKmm = 0.5 * (K_inv - M) if want_grad else None
     xi_grad = []
-    for lo, hi in ep._row_blocks(X.shape[0], block_rows, Z.shape[0]):
-        Xb = read_rows(X, lo, hi, Z)
+    for lo, hi, Xb, _ in ep.data_blocks(X, None, block_rows, Z):
         Knm = kernel.K(Xb, Z)
         At = Knm @ L_K_inv.mT
         Qt = At @ post.L_C_inv.mT
@@ -300,7 +297,7 @@ def train_quadratic(X, y, kernel, Z, *, method, optimize=("kernel", "inducing"),
     names = _parameter_names(kernel, tuple(optimize))
     joint_xi = method in ("vi-jj-hybrid", "vi-jj-full")
     # start from q = prior: m_i = 0, S_i = K_ii
-    prior_var = xp.concat([kernel.Kdiag(read_rows(X, lo, hi, Z)) for lo, hi in ep._row_blocks(n, block_rows, Z.shape[0])])
+    prior_var = xp.concat([kernel.Kdiag(Xb) for _, _, Xb, _ in ep.data_blocks(X, None, block_rows, Z)])
     xi = update_xi(xp.zeros((n,), dtype=Z.dtype, device=device), prior_var, kind)
     history = {"log_marginal_likelihood": [], "time": []}
     t0 = time.perf_counter()
