@@ -144,6 +144,89 @@ class BlockResult:
     sums: tuple = None  # whitened (S_new, c_new, S_old, c_old) of the rows' new and old sites
 
 
+@dataclass
+class Marginals:
+    """q's marginal along each row's upsilon_i (seed 000 eqs. 14-16) and what it was computed from."""
+
+    At: object  # (b, m): rows L_K^-1 k_i
+    Knm: object  # (b, m)
+    P: object  # (b, m): rows C^-1 L_K^-1 k_i, so B^-1 k_i = L_K^-T P_i
+    d: object  # k_i^T B^-1 k_i = upsilon_i^T Sigma upsilon_i
+    e: object  # k_i^T B^-1 c = upsilon_i^T mean
+    prior_var: object  # upsilon_i^T K upsilon_i, the prior variance of g_i
+    s: object  # FITC conditional variance K_ii - k_i^T K^-1 k_i (eq. 16), latent noise included
+
+
+def marginals(kernel, X, Z, post, At=None, Knm=None):
+    if At is None:
+        At, Knm = project(kernel, X, Z, post.L_K_inv)
+    P = At @ post.C_inv
+    prior_var = _row_dot(At, At)
+    return Marginals(At, Knm, P, _row_dot(At, P), At @ post.whitened_mean, prior_var, kernel.Kdiag(X) - prior_var)
+
+
+def cavity(site_precision, site_shift, d, e, prior_var):
+    """The cavity along upsilon_i after removing a site (nu, mu) from q's marginal (e, d).
+
+    Returns (valid, 1 - nu d, cavity variance v, cavity mean a). A cavity is usable when its variance is
+    positive and, since every site precision is non-negative, no wider than the prior's. Both hold
+    whenever q and the sites agree; they fail when a site stored in a u-space factor (minibatch EP) was
+    computed under older hyper-parameters."""
+    xp = array_namespace(d)
+    nu, mu = site_precision, site_shift
+    one_minus = 1.0 - nu * d
+    valid = one_minus > _CAVITY_EPS
+    one_minus = xp.where(valid, one_minus, 1.0)
+    valid = valid & (d <= (1.0 + _PRIOR_SLACK) * prior_var * one_minus + _CAVITY_EPS)
+    v = d / one_minus  # cavity variance of g_i
+    a = (e - mu * d) / one_minus  # cavity mean of g_i: v (e/d - mu), without dividing by d
+    return valid, one_minus, v, a
+
+
+def removal_terms(site_precision, site_shift, d, e, one_minus):
+    """g(cavity) - g(q) along upsilon_i for a site (nu, mu): a^2/(2v) + log(v)/2 - e^2/(2d) - log(d)/2,
+    rewritten without 1/d (the per-site part of eq. 26 besides log Z_i)."""
+    xp = array_namespace(d)
+    nu, mu = site_precision, site_shift
+    return (nu * e * e - 2.0 * mu * e + mu * mu * d) / (2.0 * one_minus) - 0.5 * xp.log(one_minus)
+
+
+def moment_matched_site(valid, site_precision, site_shift, a, v, alpha, gamma):
+    """New site (eq. 23): the tilted marginal along upsilon_i (d log Z / da = alpha, -d^2 log Z / da^2 =
+    gamma) divided by the cavity N(a, v); an invalid cavity keeps the old site."""
+    xp = array_namespace(a)
+    denom = 1.0 - v * gamma
+    return xp.where(valid, gamma / denom, site_precision), xp.where(valid, (alpha + a * gamma) / denom, site_shift)
+
+
+def adjoint_coefficient(alpha, kappa, site_precision, site_shift, e, one_minus):
+    """Coefficient of g_i = B^-1 k_i in d log Z_i / d k_i (see ``data_adjoint``): alpha r_i - kappa t_i."""
+    return (alpha * (site_precision * e - site_shift) - kappa) / one_minus
+
+
+def data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g):
+    """The data part of the gradient of eq. 4, sum_i d log Z_i / d xi with the cavity q^\\i(u) fixed.
+
+    log Z_i depends on the cavity of g_i = upsilon_i^T u through a = k^T K^-1 m^\\i and b = (noise) + K_ii -
+    k^T K^-1 k + k^T K^-1 Sigma^\\i K^-1 k, with alpha = d log Z_i / da and kappa = -2 d log Z_i / db.
+    With g_i = B^-1 k_i, beta = B^-1 c:  K^-1 m^\\i = beta + r_i g_i,  K^-1 Sigma^\\i upsilon_i = t_i g_i,
+    r_i = (nu e - mu)/(1 - nu d), t_i = 1/(1 - nu d) (``coef_g`` = alpha r - kappa t, summed over the
+    sites a row has along upsilon_i). Adjoints:
+        dKnm_i = alpha_i beta + coef_g_i g_i + kappa_i upsilon_i,   dKdiag_i = -kappa_i / 2,
+        dKmm = -U^T (dKnm + diag(dKdiag) U)   (U rows upsilon_i: K enters through K^-1 k and s).
+    In factored form g_i = L_K^-T P_i and upsilon_i = L_K^-T At_i, so with W = diag(coef_g) P +
+    diag(kappa) At: dKnm = W L_K^-1 + alpha beta^T and
+    dKmm = -L_K^-T [At^T (W + diag(dKdiag) At) L_K^-1 + (At^T alpha) beta^T]: three GEMMs a block.
+    Returns (dKmm_data, kernel gradients through Knm and Kdiag incl. "Z")."""
+    At = marg.At
+    dKdiag = -0.5 * kappa
+    beta = post.beta
+    W = coef_g[:, None] * marg.P + kappa[:, None] * At
+    dKnm = W @ post.L_K_inv + alpha[:, None] * beta[None, :]
+    inner = (At.mT @ (W + dKdiag[:, None] * At)) @ post.L_K_inv + (At.mT @ alpha)[:, None] * beta[None, :]
+    return -(post.L_K_inv.mT @ inner), kernel.grads(None, dKnm, dKdiag, X, Z, Knm=marg.Knm)
+
+
 def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad=True, At=None, Knm=None, want_sums=False):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows.
 
@@ -153,62 +236,22 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad=T
     """
     xp = array_namespace(X)
     nu, mu = site_precision, site_shift
-    if At is None:
-        At, Knm = project(kernel, X, Z, post.L_K_inv)
-    Kdiag = kernel.Kdiag(X)
-    P = At @ post.C_inv  # row i = C^-1 L_K^-1 k_i: B^-1 k_i = L_K^-T P_i
-    d = _row_dot(At, P)  # k_i^T B^-1 k_i = upsilon_i^T Sigma upsilon_i
-    e = At @ post.whitened_mean  # k_i^T B^-1 c = upsilon_i^T mean
-    prior_var = _row_dot(At, At)  # upsilon_i^T K upsilon_i, the prior variance of g_i
-    s = Kdiag - prior_var  # FITC conditional variance (eq. 16)
-
-    # A cavity is usable when its variance along upsilon_i is positive and, since every site precision
-    # is non-negative, no wider than the prior's. Both hold whenever q and the sites agree; they fail
-    # when a site stored in a u-space factor (minibatch EP) was computed under older hyper-parameters.
-    one_minus = 1.0 - nu * d
-    valid = one_minus > _CAVITY_EPS
-    one_minus = xp.where(valid, one_minus, 1.0)
-    valid = valid & (d <= (1.0 + _PRIOR_SLACK) * prior_var * one_minus + _CAVITY_EPS)
-    v = d / one_minus  # cavity variance of g_i
-    a = (e - mu * d) / one_minus  # cavity mean of g_i: v (e/d - mu), without dividing by d
-    b = 1.0 + s + v
+    marg = marginals(kernel, X, Z, post, At=At, Knm=Knm)
+    valid, one_minus, v, a = cavity(nu, mu, marg.d, marg.e, marg.prior_var)
+    b = 1.0 + marg.s + v
     log_zi, alpha, gamma = probit_tilted(y, a, b)
-
-    # New site (eq. 23): the moment-matched marginal along upsilon_i divided by the cavity.
-    denom = 1.0 - v * gamma
-    new_nu = xp.where(valid, gamma / denom, nu)
-    new_mu = xp.where(valid, (alpha + a * gamma) / denom, mu)
-
-    # log Z_q terms: log Z_i + a^2/(2v) + log(v)/2 - e^2/(2d) - log(d)/2, rewritten without 1/d.
-    terms = log_zi + (nu * e * e - 2.0 * mu * e + mu * mu * d) / (2.0 * one_minus) - 0.5 * xp.log(one_minus)
+    new_nu, new_mu = moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
+    terms = log_zi + removal_terms(nu, mu, marg.d, marg.e, one_minus)
     log_z_terms = xp.sum(xp.where(valid, terms, 0.0))
     sums = None
     if want_sums:  # the rows' share of the likelihood factor, before and after (for tied / minibatch updates)
-        sums = site_sums(At, new_nu, new_mu) + site_sums(At, nu, mu)
-
+        sums = site_sums(marg.At, new_nu, new_mu) + site_sums(marg.At, nu, mu)
     if not want_grad:
         return BlockResult(new_nu, new_mu, valid, log_z_terms, None, {}, sums)
-
-    # d log Z_i / d xi with the cavity fixed: log Z_i = log Phi(y a / sqrt(b)) with a = k^T K^-1 m^\\i,
-    # b = 1 + K_ii - k^T K^-1 k + k^T K^-1 Sigma^\\i K^-1 k. With g_i = B^-1 k_i, beta = B^-1 c:
-    #   K^-1 m^\\i = beta + r_i g_i,  K^-1 Sigma^\\i upsilon_i = t_i g_i,
-    #   r_i = (nu e - mu)/(1 - nu d),  t_i = 1/(1 - nu d).
-    # Adjoints: dKnm_i = alpha_i (beta + r_i g_i) + (alpha a / b)_i (upsilon_i - t_i g_i),
-    #           dKdiag_i = -(alpha a / b)_i / 2,
-    #           dKmm = -U^T (dKnm + diag(dKdiag) U)   (U rows upsilon_i: K enters through K^-1 k and s).
-    # In factored form g_i = L_K^-T P_i and upsilon_i = L_K^-T At_i, so with W = diag(coef_g) P +
-    # diag(alpha a / b) At: dKnm = W L_K^-1 + alpha beta^T and
-    # dKmm = -L_K^-T [At^T (W + diag(dKdiag) At) L_K^-1 + (At^T alpha) beta^T]: three GEMMs a block.
     alpha = xp.where(valid, alpha, xp.zeros_like(alpha))
-    alpha_a_b = alpha * a / b
-    coef_g = (alpha * (nu * e - mu) - alpha_a_b) / one_minus  # alpha r - (alpha a / b) t
-    dKdiag = -0.5 * alpha_a_b
-    beta = post.beta
-    W = coef_g[:, None] * P + alpha_a_b[:, None] * At
-    dKnm = W @ post.L_K_inv + alpha[:, None] * beta[None, :]
-    inner = (At.mT @ (W + dKdiag[:, None] * At)) @ post.L_K_inv + (At.mT @ alpha)[:, None] * beta[None, :]
-    dKmm_data = -(post.L_K_inv.mT @ inner)
-    grads = kernel.grads(None, dKnm, dKdiag, X, Z, Knm=Knm)
+    kappa = alpha * a / b  # -2 d log Z_i / d b
+    coef_g = adjoint_coefficient(alpha, kappa, nu, mu, marg.e, one_minus)
+    dKmm_data, grads = data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g)
     return BlockResult(new_nu, new_mu, valid, log_z_terms, dKmm_data, grads, sums)
 
 
@@ -454,8 +497,10 @@ def evaluate_factor(
     return out
 
 
-def exact_factor(kernel, Z, X, site_precision, site_shift, *, jitter, block_rows=None):
-    """The product of all EP sites at the current hyper-parameters, as a u-space Factor (one pass)."""
+def exact_factor(kernel, Z, X, site_precision, site_shift, *, jitter, block_rows=None, y=None):
+    """The product of all EP sites at the current hyper-parameters, as a u-space Factor (one pass).
+    ``y`` is not needed (a binary site does not depend on the label's position); it is accepted so that
+    the multiclass engine, whose sites do, has the same signature."""
     L_K_inv = _triangular_inverse(prior_cholesky(kernel, Z, jitter))
     S, c_tilde, _ = _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows, False)
     return Factor.from_whitened(S, c_tilde, L_K_inv)
@@ -483,3 +528,25 @@ def predict_latent(kernel, Z, post, X, block_rows=None):
     return xp.concat(means), xp.concat(variances)
 
 
+
+
+# -- what the training loop needs besides the passes (the multiclass engine has the same functions) ---
+
+def zero_sites(n, Z):
+    xp = array_namespace(Z)
+    return xp.zeros((n,), dtype=Z.dtype, device=array_device(Z))
+
+
+def uniform_factor(Z):
+    return Factor.uniform(Z.shape[0], Z)
+
+
+def validation_scores(kernel, Z, post, X_val, y_val):
+    """Test NLL and error of q on (X_val, y_val in {-1, +1}) (seed 000 eq. 37)."""
+    from ..likelihoods import probit_predictive_log
+
+    xp = array_namespace(Z)
+    mean, var = predict_latent(kernel, Z, post, X_val)
+    log_pos, log_neg = probit_predictive_log(mean, var)
+    log_p = xp.where(y_val > 0, log_pos, log_neg)
+    return float(-xp.mean(log_p)), float(xp.mean(xp.astype((mean > 0) != (y_val > 0), mean.dtype)))
