@@ -14,8 +14,8 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_dat
 
 from . import backend as B
 from .inducing import initial_inducing_points
-from .inference import ep, training, variational
-from .kernels import RBF, Stationary
+from .inference import ep, multiclass_ep, training, variational
+from .kernels import RBF, ClassKernels, Stationary
 
 __all__ = ["GPClassifier"]
 
@@ -26,18 +26,26 @@ _CHUNK = 65536  # rows read at a time from data on disk
 _INIT_SAMPLE = 20000  # rows read from data on disk to initialise the kernel and the inducing points
 
 
+def _encode_labels(y, classes):
+    """Labels as the inference code takes them: +1 / -1 for two classes (+1 = classes[1]), else the
+    index into ``classes`` (floats, so they travel like the features)."""
+    if len(classes) == 2:
+        return np.where(y == classes[1], 1.0, -1.0)
+    return np.searchsorted(classes, y).astype(np.float64)
+
+
 class _Labels:
-    """Labels on disk (or anywhere sliceable) read as +1 / -1 floats a block at a time."""
+    """Labels on disk (or anywhere sliceable) encoded by ``_encode_labels`` a block at a time."""
 
     dtype = np.float64
 
-    def __init__(self, y, positive):
+    def __init__(self, y, classes):
         self.y = y
-        self.positive = positive
+        self.classes = classes
         self.shape = (y.shape[0],)
 
     def __getitem__(self, key):
-        return np.where(np.asarray(self.y[key]) == self.positive, 1.0, -1.0)
+        return _encode_labels(np.asarray(self.y[key]), self.classes)
 _OPTIMIZE_GROUPS = ("kernel", "inducing")
 
 
@@ -100,7 +108,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         The EP methods use the probit. "svi" takes either (default probit); the vi-* methods are built on
         the logistic (default, and the only choice for the Jaakkola-Jordan bound).
     n_quadrature : int, default=20
-        Gauss-Hermite nodes for SVI's expected log-likelihood and logistic predictions.
+        Gauss-Hermite nodes for SVI's expected log-likelihood and logistic predictions (the multiclass
+        predictive uses its own 64, see ``multiclass_ep.PREDICTIVE_NODES``).
     optimize : True, False or a tuple of "kernel" / "inducing"
         What to learn; the rest stays fixed. ``False`` runs EP to convergence on fixed hyper-parameters.
     jitter : float, default=1e-6
@@ -273,10 +282,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         classes = found
         if classes.shape[0] < 2:
             raise ValueError(f"y has only one class ({classes[0]!r}): a classifier needs two classes to learn")
-        if classes.shape[0] > 2:
+        if classes.shape[0] > 2 and self.method not in training.METHODS:
             raise ValueError(
-                f"Only binary classification is supported. The type of the target is multiclass: y has "
-                f"{classes.shape[0]} classes but method={self.method!r} is a binary classifier"
+                f"y has {classes.shape[0]} classes but method={self.method!r} is binary only: the multiclass "
+                f"model is trained by {list(training.METHODS)}"
             )
         return classes
 
@@ -314,7 +323,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 sample = np.asarray(X[rows], dtype=np.float64)
             except (IndexError, TypeError):  # array-likes without integer-array indexing (zarr: oindex)
                 sample = np.asarray(X.oindex[rows, :], dtype=np.float64)
-            return X, _Labels(y, classes[1]), classes, B.asarray_like(sample, xp, dtype=xp.float64), xp, B.array_device(like)
+            return X, _Labels(y, classes), classes, B.asarray_like(sample, xp, dtype=xp.float64), xp, B.array_device(like)
         foreign = _is_foreign_array(X)
         if foreign:
             X, in_xp = self._validate_X(X, reset=reset)
@@ -329,20 +338,28 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             y_pm, classes = self._device_targets(y, X.shape[0], classes, xp, device)
         else:
             classes, y_host = self._prepare_targets(y, X.shape[0], classes)
-            y_pm = B.asarray_like(np.where(y_host == classes[1], 1.0, -1.0), xp, device=device, dtype=xp.float64)
+            y_pm = B.asarray_like(_encode_labels(y_host, classes), xp, device=device, dtype=xp.float64)
         return Xc, y_pm, classes, Xc, xp, device
 
     def _device_targets(self, y, n_rows, classes, xp, device):
-        """Numeric labels held by an array-API library: checked and mapped to +1 / -1 without a copy to the host."""
+        """Numeric labels held by an array-API library: checked and encoded (``_encode_labels``) on their
+        device, without a copy to the host."""
         yx = B.array_namespace(y)
         if y.ndim != 1:
             raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(y.shape)}")
         if y.shape[0] != n_rows:
             raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
         classes = self._check_classes(np.sort(B.to_numpy(yx.unique_values(y))), classes)
-        positive = yx.astype(y == yx.asarray(classes[1], dtype=y.dtype, device=B.array_device(y)), yx.float64)
-        y_pm = B.asarray_like(2.0 * positive - 1.0, xp, device=device, dtype=xp.float64)
-        return y_pm, classes
+        def is_class(c):
+            return yx.astype(y == yx.asarray(classes[c], dtype=y.dtype, device=B.array_device(y)), yx.float64)
+
+        if len(classes) == 2:
+            encoded = 2.0 * is_class(1) - 1.0
+        else:
+            encoded = is_class(1)
+            for c in range(2, len(classes)):
+                encoded = encoded + float(c) * is_class(c)
+        return B.asarray_like(encoded, xp, device=device, dtype=xp.float64), classes
 
     def _n_inducing_for(self, n):
         explicit = not isinstance(self.inducing, str)
@@ -352,10 +369,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"{what} exceeds the number of training rows ({n}): use at most one inducing point per row")
         return m
 
-    def _initial_model(self, sample, m, rng):
+    def _initial_model(self, sample, m, rng, n_classes=2):
+        """Initial kernel and inducing points; with more than two classes, one copy of each per class
+        (seed 001: one latent function per class, each with its own hyper-parameters and inducing points)."""
         kernel = self.kernel if self.kernel is not None else self._default_kernel(sample)
         kernel = kernel.for_inputs(sample)
-        return kernel, initial_inducing_points(sample, m, self.inducing, random_state=rng)
+        Z = initial_inducing_points(sample, m, self.inducing, random_state=rng)
+        if n_classes > 2:
+            xp = B.array_namespace(Z)
+            return ClassKernels([kernel] * n_classes), xp.stack([Z] * n_classes)
+        return kernel, Z
 
     def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter):
         self.kernel_ = kernel
@@ -393,7 +416,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         n = Xc.shape[0]
         m = self._n_inducing_for(n)
         rng = B.host_rng(self.random_state)
-        kernel, Z = self._initial_model(sample, m, rng)
+        kernel, Z = self._initial_model(sample, m, rng, len(classes))
         validation = None
         if validation_data is not None:
             X_val, y_val = validation_data
@@ -401,9 +424,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 validate_data(self, X_val, reset=False, dtype=np.float64, ensure_all_finite=True), None
             )
             y_val = B.to_numpy(y_val) if B.is_array_api_obj(y_val) else np.asarray(y_val)
+            unknown = np.setdiff1d(np.unique(y_val), classes)
+            if unknown.size:
+                raise ValueError(f"validation labels {list(unknown)} are not among the training classes {list(classes)}")
             validation = (
                 B.asarray_like(X_val, xp, device=device, dtype=xp.float64),
-                B.asarray_like(np.where(y_val == classes[1], 1.0, -1.0), xp, device=device, dtype=xp.float64),
+                B.asarray_like(_encode_labels(y_val, classes), xp, device=device, dtype=xp.float64),
             )
         if self.batch_size == "auto":
             batch_size = None if n <= _FULL_BATCH_MAX_ROWS else 200
@@ -484,7 +510,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if first:
             self.classes_ = classes
             rng = B.host_rng(self.random_state)
-            kernel, Z = self._initial_model(sample, self._n_inducing_for(rows), rng)
+            kernel, Z = self._initial_model(sample, self._n_inducing_for(rows), rng, len(classes))
             self._rows_seen = 0
             self._trainer = training.Trainer(
                 kernel, Z, method=self.method, n_total=n_total or rows, minibatch=True,
@@ -533,52 +559,70 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return B.to_numpy(values)
         return B.asarray_like(values, in_xp, device=device)
 
+    @property
+    def _multiclass(self):
+        check_is_fitted(self, "posterior_")
+        return len(self.classes_) > 2
+
+    def _latent(self, Xc):
+        if self._multiclass:
+            return multiclass_ep.predict_latent(self.kernel_, self.inducing_points_, self.posterior_, Xc)
+        return ep.predict_latent(self.kernel_, self.inducing_points_, self.posterior_, Xc)
+
     def predict_latent(self, X):
-        """Mean and variance of the latent f at X (seed 000 eq. 36), each of shape (n_samples,).
+        """Mean and variance of the latent f at X (seed 000 eq. 36): each of shape (n_samples,) for a
+        binary model, (n_samples, n_classes) for a multiclass one (column c: the GP of ``classes_[c]``).
 
         The variance includes the kernel's latent noise (the model's f at a data point).
         """
         Xc, in_xp, device = self._prepare(X)
-        mean, var = ep.predict_latent(self.kernel_, self.inducing_points_, self.posterior_, Xc)
+        mean, var = self._latent(Xc)
         return self._back(mean, in_xp, device), self._back(var, in_xp, device)
 
-    def _log_proba(self, X):
-        """(log p(classes_[0] | x), log p(classes_[1] | x), input namespace, device)."""
+    def _log_proba_matrix(self, X):
+        """(log p(classes_[c] | x) as an (n, C) array, input namespace, device)."""
         from .inference.variational import predictive_log_proba
 
         Xc, in_xp, device = self._prepare(X)
-        mean, var = ep.predict_latent(self.kernel_, self.inducing_points_, self.posterior_, Xc)
+        mean, var = self._latent(Xc)
+        if self._multiclass:  # seed 001 eq. 11 by one-dimensional quadrature
+            return multiclass_ep.predictive_log_proba(mean, var), in_xp, device
         log_pos, log_neg = predictive_log_proba(mean, var, self.likelihood_, self.n_quadrature)
-        return log_neg, log_pos, in_xp, device
+        return B.array_namespace(log_pos).stack([log_neg, log_pos], axis=1), in_xp, device
 
     def predict_log_proba(self, X):
-        """log p(y | x) for both classes (seed 000 eq. 37; Gauss-Hermite for the logistic likelihood),
-        shape (n_samples, 2), columns in the order of ``classes_``."""
-        log_neg, log_pos, in_xp, device = self._log_proba(X)
-        xp = B.array_namespace(log_pos)
-        return self._back(xp.stack([log_neg, log_pos], axis=1), in_xp, device)
+        """log p(y | x) for every class (seed 000 eq. 37; Gauss-Hermite for the logistic likelihood and for
+        the multiclass model, seed 001 eq. 11), shape (n_samples, n_classes), columns in the order of
+        ``classes_``."""
+        log_p, in_xp, device = self._log_proba_matrix(X)
+        return self._back(log_p, in_xp, device)
 
     def predict_proba(self, X):
-        """p(y | x) for both classes, shape (n_samples, 2), columns in the order of ``classes_``."""
-        log_neg, log_pos, in_xp, device = self._log_proba(X)
-        xp = B.array_namespace(log_pos)
-        return self._back(xp.stack([xp.exp(log_neg), xp.exp(log_pos)], axis=1), in_xp, device)
+        """p(y | x) for every class, shape (n_samples, n_classes), columns in the order of ``classes_``;
+        rows sum to one."""
+        log_p, in_xp, device = self._log_proba_matrix(X)
+        return self._back(B.array_namespace(log_p).exp(log_p), in_xp, device)
 
     def decision_function(self, X):
-        """Predictive log-odds log p(classes_[1] | x) - log p(classes_[0] | x), shape (n_samples,).
-
-        Positive favours ``classes_[1]``; it ranks rows exactly as ``predict_proba`` does (the latent
-        mean alone does not, since the predictive variance differs from row to row).
-        """
-        log_neg, log_pos, in_xp, device = self._log_proba(X)
-        return self._back(log_pos - log_neg, in_xp, device)
+        """Binary: the predictive log-odds log p(classes_[1] | x) - log p(classes_[0] | x), shape
+        (n_samples,); positive favours ``classes_[1]``. It ranks rows exactly as ``predict_proba`` does (the
+        latent mean alone does not, since the predictive variance differs from row to row).
+        Multiclass: the log-probabilities, shape (n_samples, n_classes)."""
+        log_p, in_xp, device = self._log_proba_matrix(X)
+        if self._multiclass:
+            return self._back(log_p, in_xp, device)
+        return self._back(log_p[:, 1] - log_p[:, 0], in_xp, device)
 
     def predict(self, X):
         """Most probable class label for each row."""
-        Xc, in_xp, device = self._prepare(X)
-        mean, _ = ep.predict_latent(self.kernel_, self.inducing_points_, self.posterior_, Xc)
-        positive = B.to_numpy(mean > 0)
-        labels = self.classes_[positive.astype(np.intp)]
+        if self._multiclass:
+            log_p, in_xp, device = self._log_proba_matrix(X)
+            index = B.to_numpy(B.array_namespace(log_p).argmax(log_p, axis=1))
+        else:
+            Xc, in_xp, device = self._prepare(X)
+            mean, _ = self._latent(Xc)
+            index = B.to_numpy(mean > 0).astype(np.intp)
+        labels = self.classes_[index]
         if in_xp is None or labels.dtype.kind not in "biuf":
             return labels
         return B.asarray_like(labels, in_xp, device=device)
@@ -606,6 +650,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.classifier_tags.multi_class = False
+        tags.classifier_tags.multi_class = self.method in training.METHODS
         tags.classifier_tags.poor_score = True
         return tags

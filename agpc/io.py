@@ -46,24 +46,27 @@ def save_model(model, path):
     from sklearn.utils.validation import check_is_fitted
 
     check_is_fitted(model, "posterior_")
-    post = model.posterior_
+    # A multiclass model has one posterior and one kernel per class: stacked (C, m, m) / (C, m) arrays
+    # and kernel parameters named "<class>:<name>".
+    posts = model.posterior_ if isinstance(model.posterior_, tuple) else None
     classes = np.asarray(model.classes_)
     if classes.dtype.kind not in "biufU":
         classes = classes.astype(str)
     arrays = {
         "inducing_points": B.to_numpy(model.inducing_points_),
-        "posterior_L_C": B.to_numpy(post.L_C),
-        "posterior_h": B.to_numpy(post.h),
+        "posterior_L_C": np.stack([B.to_numpy(p.L_C) for p in posts]) if posts else B.to_numpy(model.posterior_.L_C),
+        "posterior_h": np.stack([B.to_numpy(p.h) for p in posts]) if posts else B.to_numpy(model.posterior_.h),
         "classes": classes,
     }
     for name, value in model.kernel_.params.items():
         arrays[f"kernel_{name}"] = B.to_numpy(value)
+    kernels = getattr(model.kernel_, "kernels", None)
     header = {
         "format": FORMAT,
         "version": VERSION,
         "estimator": type(model).__name__,
         "params": _json_params(model.get_params(deep=False)),
-        "kernel": model.kernel_.spec(),
+        "kernel": [k.spec() for k in kernels] if kernels else model.kernel_.spec(),
         "kernel_params": sorted(model.kernel_.params),
         "n_features_in": int(model.n_features_in_),
         "log_marginal_likelihood": float(model.log_marginal_likelihood_),
@@ -93,7 +96,7 @@ def load_model(path, backend="numpy"):
     """Read a model written by :func:`save_model`; arrays are placed in ``backend``'s namespace."""
     from .classifier import GPClassifier
     from .inference.ep import Posterior, prior_cholesky
-    from .kernels import kernel_from_spec
+    from .kernels import ClassKernels, kernel_from_spec
 
     try:
         archive = np.load(path, allow_pickle=False)
@@ -126,10 +129,16 @@ def load_model(path, backend="numpy"):
     if missing:
         raise _refuse(path, f"missing arrays {missing}")
     Z = arrays["inducing_points"]
-    m = Z.shape[0] if Z.ndim == 2 else -1
+    n_classes = arrays["classes"].shape[0] if arrays["classes"].ndim == 1 else -1
+    multiclass = n_classes > 2
+    lead = (n_classes,) if multiclass else ()
+    m = Z.shape[-2] if Z.ndim >= 2 else -1
     d = header.get("n_features_in")
-    if Z.ndim != 2 or Z.shape[1] != d or arrays["posterior_L_C"].shape != (m, m) or arrays["posterior_h"].shape != (m,):
+    if (Z.shape != lead + (m, d) or arrays["posterior_L_C"].shape != lead + (m, m)
+            or arrays["posterior_h"].shape != lead + (m,)):
         raise _refuse(path, "array shapes are inconsistent with each other")
+    if multiclass != isinstance(header.get("kernel"), list) or (multiclass and len(header["kernel"]) != n_classes):
+        raise _refuse(path, "the kernel description does not match the number of classes")
     for name in required:
         if name == "classes":
             continue
@@ -137,18 +146,27 @@ def load_model(path, backend="numpy"):
         if values.dtype.kind != "f":
             raise _refuse(path, f"array {name} is not floating point")
         bad = np.isnan(values) | np.isposinf(values)
-        if name != "kernel_log_noise":  # log noise may be -inf (no noise); nothing else may
+        if not name.endswith("log_noise"):  # log noise may be -inf (no noise); nothing else may
             bad |= np.isneginf(values)
         if np.any(bad):
             raise _refuse(path, f"array {name} holds NaN or inf")
-    if arrays["classes"].shape != (2,):
-        raise _refuse(path, "a binary model needs exactly two classes")
+    if n_classes < 2:
+        raise _refuse(path, "a classifier needs at least two classes")
 
     xp = B.resolve_backend(backend)
     to = lambda a: B.asarray_like(a, xp, dtype=xp.float64)  # noqa: E731
-    kernel = kernel_from_spec(
-        header["kernel"], {name: to(arrays[f"kernel_{name}"]) for name in header["kernel_params"]}
-    )
+    params = {name: to(arrays[f"kernel_{name}"]) for name in header["kernel_params"]}
+    if multiclass:
+        try:
+            kernel = ClassKernels(
+                kernel_from_spec(spec, {name.split(":", 1)[1]: value for name, value in params.items()
+                                        if name.startswith(f"{c}:")})
+                for c, spec in enumerate(header["kernel"])
+            )
+        except (KeyError, IndexError, TypeError) as exc:
+            raise _refuse(path, f"the per-class kernel parameters are incomplete ({exc})") from None
+    else:
+        kernel = kernel_from_spec(header["kernel"], params)
     params = {k: v for k, v in header.get("params", {}).items() if k in GPClassifier._get_param_names()}
     if isinstance(params.get("optimize"), list):
         params["optimize"] = tuple(params["optimize"])
@@ -156,9 +174,14 @@ def load_model(path, backend="numpy"):
     Zx = to(Z)
     model.kernel_ = kernel
     model.inducing_points_ = Zx
-    model.posterior_ = Posterior(
-        L_K=prior_cholesky(kernel, Zx, float(model.jitter)), L_C=to(arrays["posterior_L_C"]), h=to(arrays["posterior_h"])
-    )
+    L_C, h = to(arrays["posterior_L_C"]), to(arrays["posterior_h"])
+    if multiclass:
+        model.posterior_ = tuple(
+            Posterior(L_K=prior_cholesky(kernel[c], Zx[c, ...], float(model.jitter)), L_C=L_C[c, ...], h=h[c, ...])
+            for c in range(n_classes)
+        )
+    else:
+        model.posterior_ = Posterior(L_K=prior_cholesky(kernel, Zx, float(model.jitter)), L_C=L_C, h=h)
     model.classes_ = arrays["classes"]
     model.n_features_in_ = int(d)
     model.log_marginal_likelihood_ = float(header.get("log_marginal_likelihood", float("nan")))

@@ -248,3 +248,37 @@ def kernel_from_spec(spec, params):
     if missing:
         raise ValueError(f"kernel parameters missing: {missing}")
     return cls.from_params({name: params[name] for name in PARAM_NAMES})
+
+
+class ClassKernels:
+    """One kernel per class (multiclass models: one latent GP per class, seed 001 sec. 2.1).
+
+    ``params`` is one flat dict ("<class>:<name>" -> array) so that the optimisers, which step dicts
+    of arrays, need to know nothing about classes; ``kernels[c]`` is class c's own kernel.
+    """
+
+    def __init__(self, kernels):
+        self.kernels = tuple(kernels)
+        if not self.kernels:
+            raise ValueError("ClassKernels needs at least one kernel")
+
+    def __len__(self):
+        return len(self.kernels)
+
+    def __getitem__(self, c):
+        return self.kernels[c]
+
+    @property
+    def params(self):
+        return {f"{c}:{name}": value for c, k in enumerate(self.kernels) for name, value in k.params.items()}
+
+    def with_params(self, params):
+        return ClassKernels(
+            k.with_params({name: params[f"{c}:{name}"] for name in k.params}) for c, k in enumerate(self.kernels)
+        )
+
+    def for_inputs(self, X):
+        return ClassKernels(k.for_inputs(X) for k in self.kernels)
+
+    def __repr__(self):
+        return f"ClassKernels({list(self.kernels)!r})"

@@ -89,9 +89,35 @@ def test_device_labels_are_checked_on_the_device():
     xs = array_api_strict
     device = xs.Device("device1")
     X = xs.asarray(np.random.default_rng(0).normal(size=(30, 2)), device=device)
-    with pytest.raises(ValueError, match="Only binary classification"):
-        GPClassifier(n_inducing=5).fit(X, xs.asarray(np.arange(30) % 3, device=device))
+    with pytest.raises(ValueError, match="binary only"):
+        GPClassifier(method="svi", n_inducing=5).fit(X, xs.asarray(np.arange(30) % 3, device=device))
     with pytest.raises(ValueError, match="X has 30 rows but y has 29"):
         GPClassifier(n_inducing=5).fit(X, xs.asarray(np.arange(29) % 2, device=device))
     with pytest.raises(ValueError, match="only one class"):
         GPClassifier(n_inducing=5).fit(X, xs.asarray(np.ones(30), device=device))
+
+
+@pytest.mark.parametrize("method", ["ep", "sep"])
+def test_multiclass_strict_device1_fit_equals_numpy_fit(method):
+    """The multiclass model on array_api_strict's device1 (labels encoded on the device) gives NumPy's
+    history, inducing points and probabilities to 1e-8, every output on the input's device."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(90, 2))
+    y = np.argmax(np.stack([X[:, 0], X[:, 1], -X[:, 0] - X[:, 1]], axis=1) + 0.3 * rng.normal(size=(90, 3)), axis=1)
+    X_test = rng.normal(size=(20, 2))
+    ref = GPClassifier(method=method, n_inducing=6, max_iter=15, random_state=0).fit(X, y)
+    xs = array_api_strict
+    device = xs.Device("device1")
+    model = GPClassifier(method=method, n_inducing=6, max_iter=15, random_state=0).fit(
+        xs.asarray(X, device=device), xs.asarray(y, device=device)
+    )
+    proba = model.predict_proba(xs.asarray(X_test, device=device))
+    labels = model.predict(xs.asarray(X_test, device=device))
+    for out in (proba, labels, model.inducing_points_):
+        assert _is_strict(out) and out.device == device
+    to_np = lambda a: np.asarray(a.to_device(xs.Device("CPU_DEVICE")))  # noqa: E731
+    np.testing.assert_allclose(model.history_["log_marginal_likelihood"], ref.history_["log_marginal_likelihood"],
+                               rtol=1e-8)
+    np.testing.assert_allclose(to_np(model.inducing_points_), ref.inducing_points_, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(to_np(proba), ref.predict_proba(X_test), rtol=1e-8, atol=1e-10)
+    np.testing.assert_array_equal(to_np(labels), ref.predict(X_test))

@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass, field
 
 from ..backend import CholeskyError, array_device, array_namespace, asarray_like, host_rng, is_out_of_core, read_rows, row_slice
+from ..kernels import ClassKernels
 from ..optim import OPTIMIZERS, Rprop
-from . import ep
+from . import ep, multiclass_ep
 
 __all__ = ["train", "Trainer", "TrainResult", "METHODS"]
 
@@ -44,7 +45,7 @@ class TrainResult:
 def _parameter_names(kernel, optimize):
     names = []
     if "kernel" in optimize:
-        names += [k for k in kernel.params if k != "log_noise" or math.isfinite(float(kernel.params[k]))]
+        names += [k for k in kernel.params if not k.endswith("log_noise") or math.isfinite(float(kernel.params[k]))]
     if "inducing" in optimize:
         names.append("Z")
     return names
@@ -56,12 +57,13 @@ def _initial_steps(kernel, Z, names):
     steps = {}
     for name in names:
         if name == "Z":
-            if Z.shape[0] > 1:
-                spread = xp.std(Z, axis=0)
+            # per input dimension (and per class for a multiclass model's (C, m, d) inducing points)
+            if Z.shape[-2] > 1:
+                spread = xp.std(Z, axis=-2, keepdims=True)
             else:
-                spread = xp.ones(Z.shape[1], dtype=Z.dtype, device=array_device(Z))
+                spread = xp.ones_like(Z)
             spread = xp.where(spread > 0, spread, xp.ones_like(spread))
-            steps[name] = 0.01 * (xp.zeros_like(Z) + spread[None, :])
+            steps[name] = 0.01 * (xp.zeros_like(Z) + spread)
         else:
             steps[name] = xp.zeros_like(kernel.params[name]) + 0.01
     return steps
@@ -118,14 +120,17 @@ class Trainer:
         self.optimizer = (
             _make_optimizer(optimizer, learning_rate, kernel, Z, self.names, minibatch) if self.names else None
         )
+        # The binary engine (ep) or the multiclass one (one kernel and one set of inducing points per
+        # class): the same passes, the same loop.
+        self.engine = multiclass_ep if isinstance(kernel, ClassKernels) else ep
         self.per_row_sites = method == "ep"
         if self.per_row_sites and site_precision is None:
-            site_precision = xp.zeros((n_total,), dtype=Z.dtype, device=array_device(Z))
-            site_shift = xp.zeros((n_total,), dtype=Z.dtype, device=array_device(Z))
+            site_precision = self.engine.zero_sites(n_total, Z)
+            site_shift = self.engine.zero_sites(n_total, Z)
         elif self.per_row_sites and minibatch:  # updated in place below: never write into the caller's arrays
             site_precision = xp.asarray(site_precision, copy=True)
             site_shift = xp.asarray(site_shift, copy=True)
-        factor = ep.Factor.uniform(Z.shape[0], Z) if (minibatch or not self.per_row_sites) else None
+        factor = self.engine.uniform_factor(Z) if (minibatch or not self.per_row_sites) else None
         self.state = {"kernel": kernel, "Z": Z, "nu": site_precision, "mu": site_shift, "factor": factor}
         self.history = {"log_marginal_likelihood": [], "time": [], "n_invalid_sites": [], "damping": []}
         self.t0 = time.perf_counter()
@@ -144,10 +149,10 @@ class Trainer:
         kernel, Z = state["kernel"], state["Z"]
         try:
             if not self.minibatch and self.per_row_sites:
-                result = ep.evaluate(kernel, Z, X, y, state["nu"], state["mu"], jitter=self.jitter,
+                result = self.engine.evaluate(kernel, Z, X, y, state["nu"], state["mu"], jitter=self.jitter,
                                      want_grad=stepping, block_rows=self.block_rows)
             else:
-                result = ep.evaluate_factor(
+                result = self.engine.evaluate_factor(
                     kernel, Z, row_slice(X, lo, hi), row_slice(y, lo, hi), state["factor"], method=self.method,
                     n_total=self.n_total,
                     site_precision=state["nu"][lo:hi] if self.per_row_sites else None,
@@ -218,14 +223,14 @@ class Trainer:
         self.history["damping"].append(self.damping)
         self._pending = []
 
-    def rebuild_factor(self, X):
+    def rebuild_factor(self, X, y):
         """Minibatch EP: recompute the product of all sites at the current hyper-parameters.
 
         A row's old site is swapped out along its *current* projection while the factor holds it along
         the projection of its last visit; without an exact rebuild once an epoch the residue piles up."""
         s = self.state
-        s["factor"] = ep.exact_factor(s["kernel"], s["Z"], X, s["nu"], s["mu"], jitter=self.jitter,
-                                      block_rows=self.block_rows)
+        s["factor"] = self.engine.exact_factor(s["kernel"], s["Z"], X, s["nu"], s["mu"], jitter=self.jitter,
+                                               block_rows=self.block_rows, y=y)
 
     # -- the end ---------------------------------------------------------------------------------
 
@@ -234,12 +239,12 @@ class Trainer:
         s = self.state
         kernel, Z = s["kernel"], s["Z"]
         if self.per_row_sites and X is not None:
-            final = ep.evaluate(kernel, Z, X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
+            final = self.engine.evaluate(kernel, Z, X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
                                 block_rows=self.block_rows, want_sites=False)
             return final["posterior"], float(final["log_z"])
-        post = ep.posterior_from_factor(kernel, Z, s["factor"], jitter=self.jitter)
+        post = self.engine.posterior_from_factor(kernel, Z, s["factor"], jitter=self.jitter)
         if X is not None and not self.minibatch:
-            final = ep.evaluate_factor(kernel, Z, X, y, s["factor"], method=self.method, n_total=self.n_total,
+            final = self.engine.evaluate_factor(kernel, Z, X, y, s["factor"], method=self.method, n_total=self.n_total,
                                        jitter=self.jitter, want_grad=False, block_rows=self.block_rows)
             return post, float(final["log_z"])
         values = self.history["log_marginal_likelihood"]
@@ -347,7 +352,7 @@ def train(
                     bar.close()
                 bar = new_bar()
             if minibatch and trainer.per_row_sites and trainer.n_steps > 0:
-                trainer.rebuild_factor(X)
+                trainer.rebuild_factor(X, y)
         lo, hi = batches[order[0]]
         stepping = has_params and (minibatch or trainer.n_steps >= n_warmup)
         took, change, log_z = trainer.step(X, y, lo, hi, stepping=stepping)
@@ -422,18 +427,12 @@ def _snapshot(trainer):
 
 
 def _validation_scores(trainer, X, y, validation):
-    """Test NLL and error of the current state on (X_val, y_val in {-1, +1})."""
-    from ..likelihoods import probit_predictive_log
-
+    """Test NLL and error of the current state on (X_val, y_val) (labels as the engine takes them)."""
     X_val, y_val = validation
-    xp = trainer.xp
     s = trainer.state
     if trainer.per_row_sites and not trainer.minibatch:
         post, _ = trainer.posterior(X, y)
     else:
-        post = ep.posterior_from_factor(s["kernel"], s["Z"], s["factor"], jitter=trainer.jitter)
-    mean, var = ep.predict_latent(s["kernel"], s["Z"], post, X_val)
-    log_pos, log_neg = probit_predictive_log(mean, var)
+        post = trainer.engine.posterior_from_factor(s["kernel"], s["Z"], s["factor"], jitter=trainer.jitter)
     y_val = read_rows(y_val, 0, y_val.shape[0], s["Z"])
-    log_p = xp.where(y_val > 0, log_pos, log_neg)
-    return float(-xp.mean(log_p)), float(xp.mean(xp.astype((mean > 0) != (y_val > 0), mean.dtype)))
+    return trainer.engine.validation_scores(s["kernel"], s["Z"], post, X_val, y_val)
