@@ -14,13 +14,14 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_dat
 
 from . import backend as B
 from .inducing import initial_inducing_points
-from .inference import ep, multiclass_ep, training, variational
+from .inference import ep, multiclass_ep, multiclass_vi, training, variational
 from .kernels import RBF, ClassKernels, Stationary
 
 __all__ = ["GPClassifier"]
 
 _METHODS = training.METHODS + variational.VI_METHODS
 _QUADRATIC_METHODS = ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
+_MULTICLASS_METHODS = training.METHODS + ("svi",)
 _FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above
 _CHUNK = 65536  # rows read at a time from data on disk
 _INIT_SAMPLE = 20000  # rows read from data on disk to initialise the kernel and the inducing points
@@ -282,10 +283,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         classes = found
         if classes.shape[0] < 2:
             raise ValueError(f"y has only one class ({classes[0]!r}): a classifier needs two classes to learn")
-        if classes.shape[0] > 2 and self.method not in training.METHODS:
+        if classes.shape[0] > 2 and self.method not in _MULTICLASS_METHODS:
             raise ValueError(
                 f"y has {classes.shape[0]} classes but method={self.method!r} is binary only: the multiclass "
-                f"model is trained by {list(training.METHODS)}"
+                f"model is trained by {list(_MULTICLASS_METHODS)}"
+            )
+        if classes.shape[0] > 2 and self.method == "svi" and self.likelihood is not None:
+            raise ValueError(
+                f"multiclass svi uses the robust-max likelihood (seed 001 eq. 13); leave likelihood=None, "
+                f"got {self.likelihood!r}"
             )
         return classes
 
@@ -470,7 +476,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _fit_variational(self, Xc, y_pm, kernel, Z, classes, groups, batch_size, rng, t0):
         if self.method == "svi":
-            self.likelihood_ = self.likelihood or "probit"
+            self.likelihood_ = "robust-max" if len(classes) > 2 else (self.likelihood or "probit")
             result = variational.train_svi(
                 Xc, y_pm, kernel, Z, likelihood=self.likelihood_, n_quadrature=int(self.n_quadrature),
                 batch_size=batch_size, max_iter=int(self.max_iter), optimize=groups, optimizer=self.optimizer,
@@ -585,6 +591,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
         Xc, in_xp, device = self._prepare(X)
         mean, var = self._latent(Xc)
+        if self._multiclass and self.likelihood_ == "robust-max":  # the variational baseline's likelihood
+            return multiclass_vi.predictive_log_proba(mean, var), in_xp, device
         if self._multiclass:  # seed 001 eq. 11 by one-dimensional quadrature
             return multiclass_ep.predictive_log_proba(mean, var), in_xp, device
         log_pos, log_neg = predictive_log_proba(mean, var, self.likelihood_, self.n_quadrature)
@@ -650,6 +658,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.classifier_tags.multi_class = self.method in training.METHODS
+        tags.classifier_tags.multi_class = self.method in _MULTICLASS_METHODS
         tags.classifier_tags.poor_score = True
         return tags

@@ -187,7 +187,7 @@ def load_model(path, backend="numpy"):
     model.log_marginal_likelihood_ = float(header.get("log_marginal_likelihood", float("nan")))
     model.n_iter_ = int(header.get("n_iter", 0))
     model.likelihood_ = header.get("likelihood", "probit")
-    if model.likelihood_ not in ("probit", "logistic"):
+    if model.likelihood_ not in ("probit", "logistic", "robust-max"):
         raise _refuse(path, f"unknown likelihood {model.likelihood_!r}")
     model.history_ = {k: list(v) for k, v in header.get("history", {}).items()}
     return model

@@ -90,7 +90,7 @@ def test_device_labels_are_checked_on_the_device():
     device = xs.Device("device1")
     X = xs.asarray(np.random.default_rng(0).normal(size=(30, 2)), device=device)
     with pytest.raises(ValueError, match="binary only"):
-        GPClassifier(method="svi", n_inducing=5).fit(X, xs.asarray(np.arange(30) % 3, device=device))
+        GPClassifier(method="vi-taylor", n_inducing=5).fit(X, xs.asarray(np.arange(30) % 3, device=device))
     with pytest.raises(ValueError, match="X has 30 rows but y has 29"):
         GPClassifier(n_inducing=5).fit(X, xs.asarray(np.arange(29) % 2, device=device))
     with pytest.raises(ValueError, match="only one class"):

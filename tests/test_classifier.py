@@ -194,5 +194,5 @@ def test_save_is_atomic(fitted, tmp_path, monkeypatch):
 
 def test_three_classes_with_a_binary_only_method_name_the_methods_that_can(banana):
     X, y = banana
-    with pytest.raises(ValueError, match="3 classes but method='svi' is binary only.*'ep', 'sep', 'adf'"):
-        GPClassifier(method="svi", n_inducing=5).fit(X, np.arange(len(y)) % 3)
+    with pytest.raises(ValueError, match="3 classes but method='vi-jj' is binary only.*'ep', 'sep', 'adf', 'svi'"):
+        GPClassifier(method="vi-jj", n_inducing=5).fit(X, np.arange(len(y)) % 3)

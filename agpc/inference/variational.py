@@ -77,71 +77,98 @@ def expected_log_likelihood(y, mean, var, likelihood, n_quadrature=20):
 
 
 def _inverse_lower(L):
+    """Inverse of a lower-triangular matrix, or of each one in a (C, m, m) stack."""
+    if L.ndim == 3:
+        return array_namespace(L).stack([ep._triangular_inverse(L[c, ...]) for c in range(L.shape[0])])
     return ep._triangular_inverse(L)
+
+
+def _prior_cholesky(kernel, Z, jitter):
+    """chol(K_mm + jitter I), stacked over classes for a multiclass model's (C, m, d) inducing points."""
+    if Z.ndim == 3:
+        return array_namespace(Z).stack([ep.prior_cholesky(kernel[c], Z[c, ...], jitter) for c in range(Z.shape[0])])
+    return ep.prior_cholesky(kernel, Z, jitter)
+
+
+class _SVITerms:
+    """One GP's share of the SVI bound: q(u) = N(mean, chol chol^T) against p(u) = N(0, K) and the data
+    adjoints of its marginals. Adjoints (v_i = K^-1 k_i, p = K^-1 mean, W = K^-1 Sigma; g_m, g_v the
+    derivatives of the expected log-likelihood in m_i = k_i^T p and S_i = K_ii - k_i^T v_i + v_i^T Sigma v_i):
+      dKnm_i = g_m p + 2 g_v (W v_i - v_i),   dKdiag_i = g_v,
+      dKmm   = -(V^T g_m) p^T + V^T G V - W V^T G V - V^T G V W^T  (G = diag g_v)
+               - 0.5 (K^-1 - K^-1 Sigma K^-1 - p p^T)              (from -KL).
+    """
+
+    def __init__(self, kernel, Z, mean, chol, jitter):
+        xp = array_namespace(Z)
+        self.xp, self.kernel, self.Z, self.chol = xp, kernel, Z, chol
+        L_K = ep.prior_cholesky(kernel, Z, jitter)
+        L_K_inv = _inverse_lower(L_K)
+        self.K_inv = L_K_inv.mT @ L_K_inv
+        self.p = self.K_inv @ mean
+        self.W = self.K_inv @ (chol @ chol.mT)
+        self.kl = 0.5 * (
+            xp.sum(xp.linalg.diagonal(self.W)) + xp.sum(mean * self.p) - Z.shape[0]
+            + 2.0 * xp.sum(xp.log(xp.linalg.diagonal(L_K))) - 2.0 * xp.sum(xp.log(xp.abs(xp.linalg.diagonal(chol))))
+        )
+        self.grads = self.dKmm = self.d_mean = self.VtGV = None
+        self._block = None
+
+    def marginals(self, Xb):
+        """Mean and variance of f at the rows under q (latent noise included)."""
+        Knm = self.kernel.K(Xb, self.Z)
+        V = Knm @ self.K_inv  # rows v_i
+        VL = V @ self.chol
+        self._block = (Xb, Knm, V)
+        return Knm @ self.p, self.kernel.Kdiag(Xb) - ep._row_dot(Knm, V) + ep._row_dot(VL, VL)
+
+    def add_adjoints(self, g_m, g_v):
+        """Accumulate the adjoints of the last ``marginals`` block."""
+        Xb, Knm, V = self._block
+        p, W = self.p, self.W
+        dKnm = g_m[:, None] * p[None, :] + 2.0 * g_v[:, None] * (V @ W.mT - V)
+        block = self.kernel.grads(None, dKnm, g_v, Xb, self.Z, Knm=Knm)
+        self.grads = block if self.grads is None else {k: self.grads[k] + block[k] for k in block}
+        vtgv = V.mT @ (V * g_v[:, None])
+        vtgm = V.mT @ g_m
+        self.VtGV = vtgv if self.VtGV is None else self.VtGV + vtgv
+        self.d_mean = vtgm if self.d_mean is None else self.d_mean + vtgm
+        dKmm = -(vtgm[:, None] * p[None, :])
+        self.dKmm = dKmm if self.dKmm is None else self.dKmm + dKmm
+
+    def gradients(self, scale):
+        """Gradients of scale * (data term) - KL for every kernel parameter, "Z", "mean", "chol"."""
+        xp, K_inv, W, p, VtGV = self.xp, self.K_inv, self.W, self.p, self.VtGV
+        dKmm = scale * (self.dKmm + VtGV - W @ VtGV - VtGV @ W.mT) - 0.5 * (K_inv - W @ K_inv - p[:, None] * p[None, :])
+        prior = self.kernel.grads(dKmm, None, None, None, self.Z)
+        out = {k: scale * self.grads[k] + prior[k] for k in self.grads}
+        chol_inv = _inverse_lower(self.chol)
+        d_sigma = scale * VtGV - 0.5 * K_inv + 0.5 * (chol_inv.mT @ chol_inv)
+        out["mean"] = scale * self.d_mean - p
+        out["chol"] = xp.tril((d_sigma + d_sigma.mT) @ self.chol)
+        return out
 
 
 def svi_elbo(kernel, Z, X, y, mean, chol, *, likelihood="probit", n_quadrature=20, jitter=1e-6, n_total=None,
              want_grad=True, block_rows=None):
     """Seed 003 eq. 11 for q(u) = N(mean, chol chol^T), on rows X (all, or a minibatch scaled to n_total).
 
-    Returns (elbo, grads) with grads for every kernel parameter, "Z", "mean" and "chol" (lower triangle).
-    Adjoints (v_i = K^-1 k_i, p = K^-1 mean, W = K^-1 Sigma; g_m, g_v the derivatives of the expected
-    log-likelihood in m_i = k_i^T p and S_i = K_ii - k_i^T v_i + v_i^T Sigma v_i):
-      dKnm_i = g_m p + 2 g_v (W v_i - v_i),   dKdiag_i = g_v,
-      dKmm   = -(V^T g_m) p^T + V^T G V - W V^T G V - V^T G V W^T  (G = diag g_v)
-               - 0.5 (K^-1 - K^-1 Sigma K^-1 - p p^T)              (from -KL).
+    Returns (elbo, grads) with grads for every kernel parameter, "Z", "mean" and "chol" (lower triangle);
+    the adjoints are in ``_SVITerms``.
     """
     xp = array_namespace(Z)
-    n_rows = X.shape[0]
-    scale = 1.0 if n_total is None else n_total / n_rows
-    m = Z.shape[0]
-    L_K = ep.prior_cholesky(kernel, Z, jitter)
-    L_K_inv = _inverse_lower(L_K)
-    K_inv = L_K_inv.mT @ L_K_inv
-    p = K_inv @ mean
-    Sigma = chol @ chol.mT
-    W = K_inv @ Sigma
-    chol_diag = xp.linalg.diagonal(chol)
-    kl = 0.5 * (
-        xp.sum(xp.linalg.diagonal(W)) + xp.sum(mean * p) - m
-        + 2.0 * xp.sum(xp.log(xp.linalg.diagonal(L_K))) - 2.0 * xp.sum(xp.log(xp.abs(chol_diag)))
-    )
+    scale = 1.0 if n_total is None else n_total / X.shape[0]
+    terms = _SVITerms(kernel, Z, mean, chol, jitter)
     expected_total = None
-    dKmm = None
-    grads = None
-    d_mean = None
-    VtGV = None
-    for lo, hi, Xb, yb in ep.data_blocks(X, y, block_rows, Z):
-        Knm = kernel.K(Xb, Z)
-        V = Knm @ K_inv  # rows v_i
-        f_mean = Knm @ p
-        VL = V @ chol
-        f_var = kernel.Kdiag(Xb) - ep._row_dot(Knm, V) + ep._row_dot(VL, VL)
+    for _, _, Xb, yb in ep.data_blocks(X, y, block_rows, Z):
+        f_mean, f_var = terms.marginals(Xb)
         expected, g_m, g_v = expected_log_likelihood(yb, f_mean, f_var, likelihood, n_quadrature)
         total = xp.sum(expected)
         expected_total = total if expected_total is None else expected_total + total
-        if not want_grad:
-            continue
-        dKnm = g_m[:, None] * p[None, :] + 2.0 * g_v[:, None] * (V @ W.mT - V)
-        block_grads = kernel.grads(None, dKnm, g_v, Xb, Z, Knm=Knm)
-        grads = block_grads if grads is None else {k: grads[k] + block_grads[k] for k in grads}
-        vtgv = V.mT @ (V * g_v[:, None])
-        vtgm = V.mT @ g_m
-        VtGV = vtgv if VtGV is None else VtGV + vtgv
-        d_mean = vtgm if d_mean is None else d_mean + vtgm
-        block_dKmm = -(vtgm[:, None] * p[None, :])
-        dKmm = block_dKmm if dKmm is None else dKmm + block_dKmm
-    elbo = scale * expected_total - kl
-    if not want_grad:
-        return elbo, None
-    dKmm = scale * (dKmm + VtGV - W @ VtGV - VtGV @ W.mT) - 0.5 * (K_inv - W @ K_inv - p[:, None] * p[None, :])
-    prior = kernel.grads(dKmm, None, None, None, Z)
-    out = {k: scale * grads[k] + prior[k] for k in grads}
-    chol_inv = _inverse_lower(chol)
-    d_sigma = scale * VtGV - 0.5 * K_inv + 0.5 * (chol_inv.mT @ chol_inv)
-    out["mean"] = scale * d_mean - p
-    out["chol"] = xp.tril((d_sigma + d_sigma.mT) @ chol)
-    return elbo, out
+        if want_grad:
+            terms.add_adjoints(g_m, g_v)
+    elbo = scale * expected_total - terms.kl
+    return elbo, (terms.gradients(scale) if want_grad else None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -349,24 +376,37 @@ def train_svi(X, y, kernel, Z, *, likelihood="probit", n_quadrature=20, batch_si
     """SVI (seed 003 sec. 3.2): ascend eq. 11 in (mean, chol, kernel, Z) with Adam (default, learning rate
     0.01) or Adadelta (the paper's choice, with a learning rate found by grid search); minibatches scale the
     data term by n / |M| (``max_iter`` then counts epochs). Adadelta at its default rate 1.0 can diverge
-    in full-batch mode; Adam at 0.01 was steady on every problem in the tests."""
+    in full-batch mode; Adam at 0.01 was steady on every problem in the tests.
+
+    With ``kernel`` a ``ClassKernels`` and Z of shape (C, m, d) (y: class indices) this is the multiclass
+    robust-max baseline of seed 001 sec. 3 (``multiclass_vi``): mean (C, m), chol (C, m, m), same loop."""
     import time
 
     from ..backend import asarray_like, host_rng
     from ..optim import OPTIMIZERS
     from .training import _parameter_names
 
+    from ..kernels import ClassKernels
+
     xp = array_namespace(Z)
     device = array_device(Z)
     n = X.shape[0]
-    m = Z.shape[0]
+    multiclass = isinstance(kernel, ClassKernels)
+    if multiclass:
+        from .multiclass_vi import svi_elbo_multiclass
+
+        def elbo_fn(kernel, Z, X, y, mean, chol, **kw):
+            return svi_elbo_multiclass(kernel, Z, X, y, mean, chol, **kw)
+    else:
+        def elbo_fn(kernel, Z, X, y, mean, chol, **kw):
+            return svi_elbo(kernel, Z, X, y, mean, chol, likelihood=likelihood, **kw)
     names = _parameter_names(kernel, tuple(optimize)) + ["mean", "chol"]
     name = optimizer or "adam"
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r} for svi: use 'adadelta' or 'adam'")
     opt = OPTIMIZERS[name]() if learning_rate is None else OPTIMIZERS[name](learning_rate=learning_rate)
-    mean = xp.zeros((m,), dtype=Z.dtype, device=device)
-    chol = ep.prior_cholesky(kernel, Z, jitter)  # q(u) starts at the prior
+    mean = xp.zeros(Z.shape[:-1], dtype=Z.dtype, device=device)
+    chol = _prior_cholesky(kernel, Z, jitter)  # q(u) starts at the prior
     minibatch = batch_size is not None and batch_size < n
     rng = host_rng(random_state)
     if minibatch:
@@ -385,21 +425,23 @@ def train_svi(X, y, kernel, Z, *, likelihood="probit", n_quadrature=20, batch_si
         visit = rng.permutation(len(batches)) if minibatch else [0]
         for b in visit:
             lo, hi = batches[b]
-            elbo, grads = svi_elbo(kernel, Z, X[lo:hi, ...], y[lo:hi], mean, chol, likelihood=likelihood,
-                                   n_quadrature=n_quadrature, jitter=jitter, n_total=n, block_rows=block_rows)
+            elbo, grads = elbo_fn(kernel, Z, X[lo:hi, ...], y[lo:hi], mean, chol, n_quadrature=n_quadrature,
+                                  jitter=jitter, n_total=n, block_rows=block_rows)
             estimates.append(float(elbo))
             # q(u) = N(mean, chol chol^T) stays the model, but its steps are taken in whitened coordinates
             # (mean = L_K m_w, chol = L_K L_w at the current kernel): the raw coordinates are as badly
             # conditioned as K, the whitened ones are not (a preconditioner, O(m^3) a step).
-            L_K = ep.prior_cholesky(kernel, Z, jitter)
+            # (Written for a leading class axis too: mean[..., None] is an (m, 1) or (C, m, 1) column.)
+            L_K = _prior_cholesky(kernel, Z, jitter)
             L_K_inv = _inverse_lower(L_K)
             params = dict(kernel.params)
-            params.update(Z=Z, mean=L_K_inv @ mean, chol=L_K_inv @ chol)
+            params.update(Z=Z, mean=(L_K_inv @ mean[..., None])[..., 0], chol=L_K_inv @ chol)
             grads = dict(grads)
-            grads["mean"] = L_K.mT @ grads["mean"]
+            grads["mean"] = (L_K.mT @ grads["mean"][..., None])[..., 0]
             grads["chol"] = xp.tril(L_K.mT @ grads["chol"])
             params.update(opt.step({k: params[k] for k in names}, grads))
-            mean, chol = L_K @ params.pop("mean"), L_K @ params.pop("chol")
+            mean = (L_K @ params.pop("mean")[..., None])[..., 0]
+            chol = L_K @ params.pop("chol")
             Z = params.pop("Z")
             kernel = kernel.with_params(params)
             step += 1
@@ -412,9 +454,13 @@ def train_svi(X, y, kernel, Z, *, likelihood="probit", n_quadrature=20, batch_si
             callback(epoch + 1, history["log_marginal_likelihood"][-1])
         if stopped_by_time:
             break
-    posterior = posterior_from_gaussian(kernel, Z, mean, chol, jitter=jitter)
-    final, _ = svi_elbo(kernel, Z, X, y, mean, chol, likelihood=likelihood, n_quadrature=n_quadrature, jitter=jitter,
-                        want_grad=False, block_rows=block_rows or 65536)
+    if multiclass:
+        posterior = tuple(posterior_from_gaussian(kernel[c], Z[c, ...], mean[c, ...], chol[c, ...], jitter=jitter)
+                          for c in range(Z.shape[0]))
+    else:
+        posterior = posterior_from_gaussian(kernel, Z, mean, chol, jitter=jitter)
+    final, _ = elbo_fn(kernel, Z, X, y, mean, chol, n_quadrature=n_quadrature, jitter=jitter, want_grad=False,
+                       block_rows=block_rows)
     return {
         "kernel": kernel, "Z": Z, "posterior": posterior, "log_z": float(final), "history": history,
         "n_iter": len(history["log_marginal_likelihood"]), "stopped_by_time": stopped_by_time,
