@@ -104,3 +104,19 @@ def test_cupy_backend_on_numpy_input_returns_numpy():
     model = GPClassifier(n_inducing=10, max_iter=10, backend="cupy", random_state=0).fit(X, y)
     assert isinstance(model.inducing_points_, cupy.ndarray)
     assert isinstance(model.predict_proba(X), np.ndarray)
+
+
+@pytest.mark.parametrize("method", ["ep", "sep", "svi"])
+def test_multiclass_fit_matches_numpy_on_the_device(method):
+    """The multiclass models (seed 001 EP / SEP and the robust-max SVI baseline) on CuPy: labels encoded on
+    the device, probabilities equal to NumPy's to 1e-8, every fitted array a CuPy array."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 3))
+    y = np.argmax(X @ rng.normal(size=(3, 4)) + 0.3 * rng.normal(size=(120, 4)), axis=1)
+    X_test = rng.normal(size=(30, 3))
+    ref = GPClassifier(method=method, n_inducing=8, max_iter=15, random_state=0).fit(X, y)
+    model = GPClassifier(method=method, n_inducing=8, max_iter=15, random_state=0).fit(cupy.asarray(X), cupy.asarray(y))
+    assert isinstance(model.inducing_points_, cupy.ndarray) and model.inducing_points_.shape == (4, 8, 3)
+    proba = model.predict_proba(cupy.asarray(X_test))
+    assert isinstance(proba, cupy.ndarray)
+    np.testing.assert_allclose(cupy.asnumpy(proba), ref.predict_proba(X_test), rtol=1e-8, atol=1e-10)

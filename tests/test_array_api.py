@@ -97,7 +97,7 @@ def test_device_labels_are_checked_on_the_device():
         GPClassifier(n_inducing=5).fit(X, xs.asarray(np.ones(30), device=device))
 
 
-@pytest.mark.parametrize("method", ["ep", "sep"])
+@pytest.mark.parametrize("method", ["ep", "sep", "svi"])
 def test_multiclass_strict_device1_fit_equals_numpy_fit(method):
     """The multiclass model on array_api_strict's device1 (labels encoded on the device) gives NumPy's
     history, inducing points and probabilities to 1e-8, every output on the input's device."""
