@@ -18,11 +18,13 @@ from array_api_compat import (
     device as array_device,
     is_array_api_obj,
     is_cupy_namespace,
+    is_dask_array,
     is_numpy_namespace,
 )
 
 __all__ = [
     "CholeskyError",
+    "is_dask_array",
     "array_namespace",
     "array_device",
     "resolve_backend",

@@ -121,6 +121,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Seeds the inducing-point initialisation.
     verbose : bool
         Show a progress bar (tqdm) with log Z_q and, with validation data, the validation NLL.
+    client : distributed.Client or None
+        For ``fit`` on a dask.array: the cluster to train on. ``None``: the current client if there is
+        one, else a ``LocalCluster`` with one single-threaded worker process per core, started and closed
+        by ``fit``.
 
     Attributes
     ----------
@@ -156,6 +160,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         tol=1e-6,
         random_state=None,
         verbose=False,
+        client=None,
     ):
         self.method = method
         self.n_inducing = n_inducing
@@ -178,6 +183,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.tol = tol
         self.random_state = random_state
         self.verbose = verbose
+        self.client = client
 
     # -- validation ------------------------------------------------------------------------------
 
@@ -412,6 +418,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self
         """
         groups, _ = self._check_params()
+        if B.is_dask_array(X):
+            return self._fit_dask(X, y, groups)
         if self.method not in training.METHODS and (validation_data is not None or self.n_iter_no_change is not None):
             raise ValueError(
                 f"validation_data and n_iter_no_change are supported by the EP methods (ep, sep, adf), "
@@ -496,6 +504,87 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.stopped_by_time_ = result["stopped_by_time"]
         self.early_stopped_ = False
         return self
+
+    def _fit_dask(self, X, y, groups):
+        """Batch EP / SEP / ADF on a dask.array of rows: one task per chunk each pass (``DaskEngine``)."""
+        import os
+
+        import dask.array as da
+
+        from .inference.dask_engine import DaskEngine
+
+        if self.method not in training.METHODS:
+            raise ValueError(f"fit on a dask array trains method 'ep', 'sep' or 'adf', not {self.method!r}")
+        if not (self.batch_size is None or self.batch_size == "auto"):
+            raise ValueError("minibatch training on a dask array is not implemented: use batch_size=None (or 'auto')")
+        if X.ndim != 2:
+            raise ValueError(f"Expected 2D array, got {X.ndim}D array instead")
+        X = da.asarray(X).astype(np.float64).rechunk({1: -1})  # chunks by rows only
+        y = da.asarray(y)
+        if y.ndim != 1 or y.shape[0] != X.shape[0]:
+            raise ValueError(f"X has {X.shape[0]} rows but y has shape {tuple(y.shape)}: y must be 1-D and match")
+        y = y.rechunk((X.chunks[0],))
+        owned = None
+        client = self.client
+        if client is None:
+            from distributed import Client, LocalCluster, get_client
+
+            try:
+                client = get_client()
+            except ValueError:  # no client yet: a local cluster for this fit
+                cores = os.cpu_count() or 1
+                cluster = LocalCluster(n_workers=cores, threads_per_worker=1, processes=True, dashboard_address=None)
+                client = owned = Client(cluster)
+        try:
+            X, y = client.persist([X, y])
+            if not bool(da.isfinite(X).all().compute()):
+                raise ValueError("Input X contains NaN or infinity")
+            classes = self._check_classes(np.unique(np.asarray(da.unique(y).compute())))
+            if len(classes) > 2:
+                raise ValueError("fit on a dask array trains the binary model; multiclass data need in-memory arrays")
+            y_pm = client.persist(y.map_blocks(_encode_labels, classes, dtype=np.float64))
+            self.n_features_in_ = X.shape[1]
+            n = X.shape[0]
+            m = self._n_inducing_for(n)
+            rng = B.host_rng(self.random_state)
+            if n <= _INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
+                sample = np.asarray(X.compute(), dtype=np.float64)
+            else:
+                rows = np.sort(rng.choice(n, size=_INIT_SAMPLE, replace=False))
+                sample = np.asarray(X[rows].compute(), dtype=np.float64)
+            kernel, Z = self._initial_model(sample, m, rng)
+            t0 = time.perf_counter()
+            self.likelihood_ = "probit"
+            result = training.train(
+                X, y_pm, kernel, Z, method=self.method, batch_size=None, jitter=float(self.jitter),
+                max_iter=int(self.max_iter), damping=None if self.damping is None else float(self.damping),
+                optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate, tol=float(self.tol),
+                max_time=self.max_time, random_state=rng, progress=bool(self.verbose),
+                engine=DaskEngine(client, X.chunks[0]),
+            )
+        finally:
+            if owned is not None:
+                cluster = owned.cluster
+                owned.close()
+                cluster.close()
+        self.fit_time_ = time.perf_counter() - t0
+        self.classes_ = classes
+        self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter)
+        self.stopped_by_time_ = result.stopped_by_time
+        self.early_stopped_ = result.early_stopped
+        return self
+
+    def _lazy(self, method, X, columns):
+        """A prediction on a dask.array: the same method chunk by chunk, lazily (a dask array back)."""
+        import copy
+
+        model = copy.copy(self)
+        model.client = None  # the tasks carry the fitted model, not the connection to the cluster
+        bound = getattr(model, method.__name__)
+        X = X.rechunk({1: -1})
+        if columns is None:
+            return X.map_blocks(bound, drop_axis=1, dtype=np.asarray(self.classes_).dtype)
+        return X.map_blocks(bound, chunks=(X.chunks[0], (columns,)), dtype=np.float64)
 
     @available_if(lambda self: self.method in ("sep", "adf"))
     def partial_fit(self, X, y, classes=None, n_total=None):
@@ -601,13 +690,17 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def predict_log_proba(self, X):
         """log p(y | x) for every class (seed 000 eq. 37; Gauss-Hermite for the logistic likelihood and for
         the multiclass model, seed 001 eq. 11), shape (n_samples, n_classes), columns in the order of
-        ``classes_``."""
+        ``classes_``. A dask.array in gives a dask.array out (lazy, chunk by chunk)."""
+        if B.is_dask_array(X):
+            return self._lazy(self.predict_log_proba, X, len(self.classes_))
         log_p, in_xp, device = self._log_proba_matrix(X)
         return self._back(log_p, in_xp, device)
 
     def predict_proba(self, X):
         """p(y | x) for every class, shape (n_samples, n_classes), columns in the order of ``classes_``;
-        rows sum to one."""
+        rows sum to one. A dask.array in gives a dask.array out (lazy, chunk by chunk)."""
+        if B.is_dask_array(X):
+            return self._lazy(self.predict_proba, X, len(self.classes_))
         log_p, in_xp, device = self._log_proba_matrix(X)
         return self._back(B.array_namespace(log_p).exp(log_p), in_xp, device)
 
@@ -622,7 +715,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return self._back(log_p[:, 1] - log_p[:, 0], in_xp, device)
 
     def predict(self, X):
-        """Most probable class label for each row."""
+        """Most probable class label for each row (a lazy dask.array for a dask.array)."""
+        if B.is_dask_array(X):
+            return self._lazy(self.predict, X, None)
         if self._multiclass:
             log_p, in_xp, device = self._log_proba_matrix(X)
             index = B.to_numpy(B.array_namespace(log_p).argmax(log_p, axis=1))

@@ -375,6 +375,10 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     Rows are processed in blocks of ``block_rows`` so that n x m temporaries stay bounded.
     ``n_invalid`` counts the rows whose cavity was unusable; ``want_sites=False`` returns no per-row
     output (``site_precision``, ``site_shift`` and ``valid`` are None), so a final pass holds no n-vector.
+
+    The three stages -- per-row-block sums (``_whitened_sums``), the driver's q (``posterior_from_sums``),
+    the per-row-block sweep (``_sweep``) and the driver's ``finish_evaluate`` -- are what the distributed
+    engine runs, the two per-row stages once per chunk of rows on the workers.
     """
     L_K = prior_cholesky(kernel, Z, jitter)
     L_K_inv = _triangular_inverse(L_K)
@@ -382,6 +386,11 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     post = posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
     sweep = _sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad, block_rows=block_rows, At=At,
                    want_sites=want_sites)
+    return finish_evaluate(kernel, Z, post, sweep, want_grad)
+
+
+def finish_evaluate(kernel, Z, post, sweep, want_grad):
+    """log Z_q and the full gradient from q and the (reduced) sweep."""
     out = {
         "n_invalid": sweep["n_invalid"],
         "log_z": _log_normaliser_gain(post) + sweep["terms"],
@@ -395,6 +404,21 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
         prior_grads = kernel.grads(_prior_adjoint(post) + sweep["dKmm_data"], None, None, None, Z)
         out["grads"] = {k: sweep["grads"][k] + prior_grads[k] for k in sweep["grads"]}
     return out
+
+
+def add_sweeps(a, b):
+    """Two chunks' sweep results added (sums, terms, adjoints, counts); per-row outputs are dropped: they
+    stay with their chunk."""
+    def add(x, y):
+        if x is None:
+            return None
+        if isinstance(x, dict):
+            return {k: add(x[k], y[k]) for k in x}
+        if isinstance(x, tuple):
+            return tuple(add(u, v) for u, v in zip(x, y))
+        return x + y
+
+    return {k: (None if k in ("site_precision", "site_shift", "valid") else add(a[k], b[k])) for k in a}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -452,36 +476,41 @@ def evaluate_factor(
     Returns a dict: ``log_z`` (estimate of log Z_q: the rows' terms scaled by n_total / rows), ``grads``
     (eq. 4 with the data part scaled likewise: the stochastic gradient of eq. 6), ``site_precision`` /
     ``site_shift`` (undamped updates of the rows' sites), ``new_sites`` and ``old_sites`` (the rows'
-    sites as u-space Factors), ``valid`` and ``posterior`` (q).
+    sites as u-space Factors), ``valid`` and ``posterior`` (q). Stages: ``factor_cavity`` (driver),
+    ``_sweep`` (per row block; per chunk on workers), ``finish_factor`` (driver).
     """
+    prep = factor_cavity(kernel, Z, factor, method=method, n_total=n_total, jitter=jitter)
+    if method != "ep":  # the cavity already excludes the factor: the rows' own "old site" is nothing
+        site_precision = site_shift = zero_sites(X.shape[0], Z)
+    sweep = _sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
+                   block_rows=block_rows, want_sums=True)
+    return finish_factor(kernel, Z, prep, sweep, n_total / X.shape[0], want_grad)
+
+
+def factor_cavity(kernel, Z, factor, *, method, n_total, jitter):
+    """q = prior x factor, the cavity every row's update starts from, and log Z_q's global part."""
     if method not in CAVITY_KINDS:
         raise ValueError(f"unknown EP variant {method!r}")
-    xp = array_namespace(Z)
-    n_rows = X.shape[0]
-    scale = n_total / n_rows
     L_K = prior_cholesky(kernel, Z, jitter)
     L_K_inv = _triangular_inverse(L_K)
     S, c_tilde = factor.whitened(L_K)
     q = posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
     log_z = _log_normaliser_gain(q)
-    if method == "sep" and n_total > 1:
+    if method == "sep":
+        # SEP's log Z_q: g(q) - g(prior) + sum_i log Z_i + n (g(cavity) - g(q))
         keep = 1.0 - 1.0 / n_total
         cavity = posterior_from_sums(L_K, keep * S, keep * c_tilde, L_K_inv=L_K_inv)
-        # SEP's log Z_q: g(q) - g(prior) + sum_i log Z_i + n (g(cavity) - g(q))
         log_z = log_z + n_total * (_log_normaliser_gain(cavity) - _log_normaliser_gain(q))
-    elif method == "sep":
-        cavity = posterior_from_sums(L_K, 0.0 * S, 0.0 * c_tilde, L_K_inv=L_K_inv)
-        log_z = log_z + (_log_normaliser_gain(cavity) - _log_normaliser_gain(q))
     else:
         cavity = q
-    if method != "ep":  # the cavity already excludes the factor: the rows' own "old site" is nothing
-        zeros = xp.zeros((n_rows,), dtype=Z.dtype, device=array_device(Z))
-        site_precision, site_shift = zeros, zeros
-    sweep = _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, want_grad=want_grad,
-                   block_rows=block_rows, want_sums=True)
-    sums = sweep["sums"]
+    return {"q": q, "cavity": cavity, "log_z": log_z, "L_K_inv": L_K_inv}
+
+
+def finish_factor(kernel, Z, prep, sweep, scale, want_grad):
+    """The factor pass's results from the (reduced) sweep; ``scale`` = n_total / rows."""
+    sums, q, L_K_inv = sweep["sums"], prep["q"], prep["L_K_inv"]
     out = {
-        "log_z": log_z + scale * sweep["terms"],
+        "log_z": prep["log_z"] + scale * sweep["terms"],
         "site_precision": sweep["site_precision"],
         "site_shift": sweep["site_shift"],
         "valid": sweep["valid"],

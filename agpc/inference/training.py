@@ -105,7 +105,7 @@ class Trainer:
 
     def __init__(self, kernel, Z, *, method, n_total, minibatch, jitter=1e-6, damping=None,
                  optimize=("kernel", "inducing"), optimizer=None, learning_rate=None, block_rows=None,
-                 site_precision=None, site_shift=None):
+                 site_precision=None, site_shift=None, engine=None):
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}: use one of {METHODS}")
         xp = array_namespace(Z)
@@ -122,7 +122,8 @@ class Trainer:
         )
         # The binary engine (ep) or the multiclass one (one kernel and one set of inducing points per
         # class): the same passes, the same loop.
-        self.engine = multiclass_ep if isinstance(kernel, ClassKernels) else ep
+        # ``engine`` replaces it for data held elsewhere (``dask_engine.DaskEngine``: rows on a cluster).
+        self.engine = engine or (multiclass_ep if isinstance(kernel, ClassKernels) else ep)
         self.per_row_sites = method == "ep"
         if self.per_row_sites and site_precision is None:
             site_precision = self.engine.zero_sites(n_total, Z)
@@ -187,8 +188,11 @@ class Trainer:
         rho = self.damping
         change = 0.0
         if self.per_row_sites and not self.minibatch:
+            settle = getattr(self.engine, "settle", None)  # a distributed engine persists the damped sites
             new_nu = rho * result["site_precision"] + (1.0 - rho) * state["nu"]
             new_mu = rho * result["site_shift"] + (1.0 - rho) * state["mu"]
+            if settle is not None:
+                new_nu, new_mu = settle(new_nu), settle(new_mu)
             change = _relative_change(new_nu, state["nu"], xp) + _relative_change(new_mu, state["mu"], xp)
             state["nu"], state["mu"] = new_nu, new_mu
         elif self.per_row_sites:  # minibatch EP: swap the rows' old sites for the damped new ones
@@ -278,6 +282,7 @@ def train(
     eval_every=None,
     n_iter_no_change=None,
     progress=False,
+    engine=None,
 ):
     """Fit the likelihood approximation and the hyper-parameters; see the module docstring.
 
@@ -315,7 +320,7 @@ def train(
     trainer = Trainer(
         kernel, Z, method=method, n_total=n, minibatch=minibatch, jitter=jitter, damping=damping,
         optimize=optimize, optimizer=optimizer, learning_rate=learning_rate, block_rows=block_rows,
-        site_precision=site_precision, site_shift=site_shift,
+        site_precision=site_precision, site_shift=site_shift, engine=engine,
     )
     has_params = bool(trainer.names)
     if minibatch:
