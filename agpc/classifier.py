@@ -125,6 +125,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         For ``fit`` on a dask.array: the cluster to train on. ``None``: the current client if there is
         one, else a ``LocalCluster`` with one single-threaded worker process per core, started and closed
         by ``fit``.
+    checkpoint_path, checkpoint_every : path and int, or None
+        EP / SEP / ADF: every ``checkpoint_every`` steps, write the whole training state (hyper-parameters,
+        inducing points, sites or factor, optimiser state, step, RNG state, history) to ``checkpoint_path``,
+        atomically. ``fit(X, y, resume=True)`` continues from it and ends at the same model as an
+        uninterrupted run. Early stopping's best state is not kept across a resume.
 
     Attributes
     ----------
@@ -161,6 +166,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         random_state=None,
         verbose=False,
         client=None,
+        checkpoint_path=None,
+        checkpoint_every=None,
     ):
         self.method = method
         self.n_inducing = n_inducing
@@ -184,6 +191,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.random_state = random_state
         self.verbose = verbose
         self.client = client
+        self.checkpoint_path = checkpoint_path
+        self.checkpoint_every = checkpoint_every
 
     # -- validation ------------------------------------------------------------------------------
 
@@ -400,7 +409,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.history_ = history
         self.n_iter_ = n_iter
 
-    def fit(self, X, y, validation_data=None):
+    def fit(self, X, y, validation_data=None, resume=False):
         """Fit the classifier.
 
         Parameters
@@ -412,14 +421,26 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         validation_data : (X_val, y_val) or None
             Scored every ``eval_every`` steps into ``history_`` ("validation_nll", "validation_error");
             with ``n_iter_no_change``, training stops early and keeps the best state.
+        resume : bool
+            Continue from ``checkpoint_path`` (written by an earlier ``fit`` of the same data and settings).
 
         Returns
         -------
         self
         """
         groups, _ = self._check_params()
+        if (self.checkpoint_every is not None or resume) and self.checkpoint_path is None:
+            raise ValueError("checkpoint_every and resume=True need checkpoint_path")
+        if self.checkpoint_every is not None and not (
+            isinstance(self.checkpoint_every, numbers.Integral) and self.checkpoint_every >= 1
+        ):
+            raise ValueError(f"checkpoint_every must be a positive integer, got {self.checkpoint_every!r}")
         if B.is_dask_array(X):
+            if self.checkpoint_path is not None or resume:
+                raise ValueError("checkpoints are not implemented for fit on a dask array yet")
             return self._fit_dask(X, y, groups)
+        if self.method not in training.METHODS and (self.checkpoint_path is not None or resume):
+            raise ValueError(f"checkpoints are written by the EP methods (ep, sep, adf), not by method={self.method!r}")
         if self.method not in training.METHODS and (validation_data is not None or self.n_iter_no_change is not None):
             raise ValueError(
                 f"validation_data and n_iter_no_change are supported by the EP methods (ep, sep, adf), "
@@ -474,6 +495,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             eval_every=self.eval_every,
             n_iter_no_change=self.n_iter_no_change,
             progress=bool(self.verbose),
+            checkpoint_path=self.checkpoint_path,
+            checkpoint_every=self.checkpoint_every,
+            resume=bool(resume),
         )
         self.fit_time_ = time.perf_counter() - t0
         self.classes_ = classes

@@ -21,7 +21,7 @@ FORMAT = "agpc-model"
 VERSION = 1
 _HEADER = "__agpc_header__"
 
-__all__ = ["save_model", "load_model", "FORMAT", "VERSION"]
+__all__ = ["save_model", "load_model", "save_checkpoint", "load_checkpoint", "FORMAT", "VERSION"]
 
 
 def _json_params(params):
@@ -75,6 +75,11 @@ def save_model(model, path):
         "history": {k: [float(v) for v in values] for k, values in model.history_.items()},
     }
     arrays[_HEADER] = np.asarray(json.dumps(header))
+    _atomic_savez(path, arrays)
+
+
+def _atomic_savez(path, arrays):
+    """Write an npz beside ``path`` and rename it over ``path``: a crash leaves the old file untouched."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".agpc-", suffix=".tmp", dir=directory)
@@ -191,3 +196,72 @@ def load_model(path, backend="numpy"):
         raise _refuse(path, f"unknown likelihood {model.likelihood_!r}")
     model.history_ = {k: list(v) for k, v in header.get("history", {}).items()}
     return model
+
+
+# -- training checkpoints: a nested tree of plain values and arrays ------------------------------------
+
+CHECKPOINT_FORMAT = "agpc-checkpoint"
+
+
+def _encode(value, arrays):
+    # NumPy scalars (a float64 is also a Python float) are what 0-d arrays become after NumPy arithmetic:
+    # they are stored as 0-d arrays, so that they come back as arrays of the training's namespace.
+    if value is None or (isinstance(value, (bool, int, float, str)) and not isinstance(value, np.generic)):
+        return value
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError("checkpoint dictionaries need string keys")
+        return {"dict": {k: _encode(v, arrays) for k, v in value.items()}}
+    if isinstance(value, (list, tuple)):
+        return {"list" if isinstance(value, list) else "tuple": [_encode(v, arrays) for v in value]}
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # arrays, and NumPy scalars as 0-d arrays
+        name = f"array_{len(arrays)}"
+        arrays[name] = np.asarray(B.to_numpy(value) if B.is_array_api_obj(value) else value)
+        return {"array": name}
+    raise TypeError(f"cannot store a {type(value).__name__} in a checkpoint")
+
+
+def _decode(node, arrays, convert):
+    if not isinstance(node, dict):
+        return node
+    if "dict" in node:
+        return {k: _decode(v, arrays, convert) for k, v in node["dict"].items()}
+    if "list" in node:
+        return [_decode(v, arrays, convert) for v in node["list"]]
+    if "tuple" in node:
+        return tuple(_decode(v, arrays, convert) for v in node["tuple"])
+    if "array" in node:
+        return convert(arrays[node["array"]])
+    raise ValueError("unknown node")
+
+
+def save_checkpoint(path, state):
+    """Write a training state (nested dicts / lists / tuples of numbers, strings and arrays) atomically."""
+    arrays = {}
+    tree = _encode(state, arrays)
+    arrays[_HEADER] = np.asarray(json.dumps({"format": CHECKPOINT_FORMAT, "version": VERSION, "state": tree}))
+    _atomic_savez(path, arrays)
+
+
+def load_checkpoint(path, convert):
+    """Read a checkpoint written by ``save_checkpoint``; ``convert`` turns each stored NumPy array into the
+    training's array type. A truncated or foreign file is refused with a ValueError."""
+    def refuse(why):
+        return ValueError(f"{os.fspath(path)} is not a valid agpc checkpoint: {why}")
+
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            header = json.loads(str(archive[_HEADER]))
+            arrays = {name: archive[name] for name in archive.files if name != _HEADER}
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, json.JSONDecodeError) as exc:
+        raise refuse(f"cannot be read ({type(exc).__name__}: {exc})") from None
+    if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT:
+        raise refuse("the header does not name the agpc checkpoint format")
+    if header.get("version") != VERSION:
+        raise refuse(f"format version {header.get('version')!r}; this agpc reads version {VERSION}")
+    try:
+        return _decode(header["state"], arrays, convert)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise refuse(f"inconsistent contents ({exc})") from None

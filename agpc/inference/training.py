@@ -283,6 +283,9 @@ def train(
     n_iter_no_change=None,
     progress=False,
     engine=None,
+    checkpoint_path=None,
+    checkpoint_every=None,
+    resume=False,
 ):
     """Fit the likelihood approximation and the hyper-parameters; see the module docstring.
 
@@ -296,6 +299,10 @@ def train(
     "validation_nll", "validation_error"). With ``n_iter_no_change``, training stops when the validation
     NLL has not improved by ``tol`` for that many evaluations, and the best state is kept.
     ``progress=True`` shows a tqdm bar (one per epoch in minibatch mode) with log Z_q and the validation NLL.
+
+    ``checkpoint_path`` with ``checkpoint_every`` (steps) writes the whole training state there (atomically:
+    a crash while writing leaves the previous checkpoint as it was); ``resume=True`` starts from it, and a
+    run that is interrupted and resumed ends at the same model as one that is not (same seed, same data).
     """
     # Compute where the model lives (Z); X and y may be in memory or on disk (read a block at a time).
     xp = array_namespace(Z)
@@ -348,6 +355,10 @@ def train(
             return tqdm(total=len(batches), unit="batch", desc=f"agpc {method} epoch {epoch}/{max_iter}")
         return tqdm(total=total_steps, unit="iter", desc=f"agpc {method}")
     order = []
+    fingerprint = {"n": int(n), "method": method, "n_batches": len(batches), "Z_shape": [int(v) for v in Z.shape],
+                   "per_row_sites": trainer.per_row_sites, "params": list(trainer.names)}
+    if resume:
+        order, best = _restore(trainer, rng, checkpoint_path, fingerprint, validation is not None)
     converged = stopped_by_time = early_stopped = False
     while trainer.n_steps < total_steps:
         if not order:
@@ -383,11 +394,14 @@ def train(
             else:
                 best["since"] += 1
             if n_iter_no_change is not None and best["since"] >= n_iter_no_change:
-                trainer.state = dict(best["state"])
+                if best["state"] is not None:  # (not kept across a resume: the current state stays)
+                    trainer.state = dict(best["state"])
                 early_stopped = True
         if bar is not None:
             bar.update(1)
             bar.set_postfix(postfix, refresh=False)
+        if checkpoint_every and trainer.n_steps % int(checkpoint_every) == 0:
+            _write_checkpoint(trainer, rng, order, best, checkpoint_path, fingerprint)
         if early_stopped:
             break
         if not has_params and not minibatch and change < tol:
@@ -419,6 +433,64 @@ def train(
         stopped_by_time=stopped_by_time,
         early_stopped=early_stopped,
     )
+
+
+def _write_checkpoint(trainer, rng, order, best, path, fingerprint):
+    """Everything the loop needs to go on exactly as if it had not stopped."""
+    from ..io import save_checkpoint
+
+    s = trainer.state
+    factor = s["factor"]
+    if factor is not None:
+        parts = getattr(factor, "factors", None)
+        factor = [(f.precision, f.shift) for f in parts] if parts is not None else (factor.precision, factor.shift)
+    save_checkpoint(path, {
+        "fingerprint": fingerprint,
+        "kernel": dict(s["kernel"].params), "Z": s["Z"], "nu": s["nu"], "mu": s["mu"], "factor": factor,
+        "damping": float(trainer.damping), "n_steps": trainer.n_steps, "history": trainer.history,
+        "pending": [list(p) for p in trainer._pending],
+        "optimizer": trainer.optimizer.snapshot() if trainer.optimizer is not None else None,
+        "rng": rng.bit_generator.state, "order": [int(i) for i in order],
+        "best": {k: v for k, v in best.items() if k != "state"},
+        "elapsed": time.perf_counter() - trainer.t0,
+    })
+
+
+def _restore(trainer, rng, path, fingerprint, has_validation):
+    """Put a checkpoint's state into a freshly built trainer; returns (order, best)."""
+    from ..io import load_checkpoint
+
+    if path is None:
+        raise ValueError("resume=True needs checkpoint_path")
+    xp, device = trainer.xp, array_device(trainer.state["Z"])
+    saved = load_checkpoint(path, lambda a: asarray_like(a, xp, device=device))
+    if saved.get("fingerprint") != fingerprint:
+        raise ValueError(
+            f"checkpoint {path} was written by a different training run ({saved.get('fingerprint')}); this run is "
+            f"{fingerprint}"
+        )
+    s = trainer.state
+    s["kernel"] = s["kernel"].with_params(saved["kernel"])
+    s["Z"], s["nu"], s["mu"] = saved["Z"], saved["nu"], saved["mu"]
+    factor = saved["factor"]
+    if isinstance(factor, list):
+        factor = multiclass_ep.MultiFactor(tuple(ep.Factor(p, c) for p, c in factor))
+    elif factor is not None:
+        factor = ep.Factor(*factor)
+    s["factor"] = factor
+    trainer.damping = saved["damping"]
+    trainer.n_steps = saved["n_steps"]
+    trainer.history = saved["history"]
+    trainer._pending = [tuple(p) for p in saved["pending"]]
+    if trainer.optimizer is not None:
+        trainer.optimizer.restore(saved["optimizer"])
+    rng.bit_generator.state = saved["rng"]
+    trainer.t0 = time.perf_counter() - saved["elapsed"]
+    trainer.good = None
+    best = dict(saved["best"], state=None)
+    if has_validation and trainer.history.get("validation_nll") is None:
+        raise ValueError(f"checkpoint {path} has no validation history but this run has validation data")
+    return list(saved["order"]), best
 
 
 def _snapshot(trainer):
