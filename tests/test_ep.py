@@ -170,3 +170,33 @@ def test_minibatch_ep_revert_restores_sites_updated_in_place(monkeypatch):
         np.testing.assert_array_equal(trainer.state[key], value)
     np.testing.assert_array_equal(trainer.state["kernel"].params["log_lengthscales"], lengthscales)
     assert trainer.damping == 0.99 / 2
+
+
+def test_minibatch_ep_rebuilds_the_site_product_when_cavities_fail(monkeypatch):
+    """Minibatch EP's running site product drifts from the exact one as the hyper-parameters move (a row's
+    old site is swapped out along its current projection); when more than 5% of a minibatch's cavities are
+    improper, the next step first rebuilds the product exactly (one pass), and otherwise it does not."""
+    X, y = _toy(200)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    rebuilt = []
+    real_rebuild = training.Trainer.rebuild_factor
+
+    def counting(self, X_, y_):
+        rebuilt.append(self.n_steps)
+        return real_rebuild(self, X_, y_)
+
+    monkeypatch.setattr(training.Trainer, "rebuild_factor", counting)
+    real = ep.evaluate_factor
+
+    def with_failed_cavities(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if with_failed_cavities.fail_at == with_failed_cavities.calls:
+            out["n_invalid"] = 10  # of 50 rows
+        with_failed_cavities.calls += 1
+        return out
+
+    with_failed_cavities.calls, with_failed_cavities.fail_at = 0, 2
+    monkeypatch.setattr(ep, "evaluate_factor", with_failed_cavities)
+    training.train(X, y, kernel, X[:6].copy(), method="ep", batch_size=50, max_iter=2, jitter=JITTER, random_state=0)
+    # one rebuild at the start of epoch 2 (after 4 steps) and one forced after the third step
+    assert rebuilt == [3, 4]

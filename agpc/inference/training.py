@@ -24,6 +24,7 @@ from . import ep, multiclass_ep
 __all__ = ["train", "Trainer", "TrainResult", "METHODS"]
 
 METHODS = ("ep", "sep", "adf")
+_REBUILD_INVALID_FRACTION = 0.05  # minibatch EP: rebuild the site product when more cavities than this fail
 
 
 @dataclass
@@ -136,6 +137,8 @@ class Trainer:
         self.history = {"log_marginal_likelihood": [], "time": [], "n_invalid_sites": [], "damping": []}
         self.t0 = time.perf_counter()
         self.good = None
+        self.needs_rebuild = False
+        self.n_rebuilds = 0
         self.failures = 0
         self.n_steps = 0
         self._pending = []  # minibatch estimates since the last record
@@ -203,6 +206,11 @@ class Trainer:
             state["nu"][lo:hi] = rho * result["site_precision"] + (1.0 - rho) * old_nu
             state["mu"][lo:hi] = rho * result["site_shift"] + (1.0 - rho) * old_mu
             self.good[3] = (lo, hi, old_nu, old_mu)
+            # A row's old site is swapped out along its current projection, but the factor holds it along
+            # the projection of its last visit: the residue grows as the hyper-parameters move, and shows
+            # as cavities that are no longer proper. Many of them: rebuild the factor exactly (one pass).
+            if result["n_invalid"] > _REBUILD_INVALID_FRACTION * (hi - lo):
+                self.needs_rebuild = True
             delta = result["new_sites"].combine(1.0, result["old_sites"], -1.0)
             state["factor"] = state["factor"].combine(1.0, delta, rho)
         else:  # SEP / ADF: the rows' share (rows / n) of the factor is replaced by their new sites
@@ -233,6 +241,8 @@ class Trainer:
         A row's old site is swapped out along its *current* projection while the factor holds it along
         the projection of its last visit; without an exact rebuild once an epoch the residue piles up."""
         s = self.state
+        self.needs_rebuild = False
+        self.n_rebuilds += 1
         s["factor"] = self.engine.exact_factor(s["kernel"], s["Z"], X, s["nu"], s["mu"], jitter=self.jitter,
                                                block_rows=self.block_rows, y=y)
 
@@ -369,6 +379,8 @@ def train(
                 bar = new_bar()
             if minibatch and trainer.per_row_sites and trainer.n_steps > 0:
                 trainer.rebuild_factor(X, y)
+        elif trainer.needs_rebuild:
+            trainer.rebuild_factor(X, y)
         lo, hi = batches[order[0]]
         stepping = has_params and (minibatch or trainer.n_steps >= n_warmup)
         took, change, log_z = trainer.step(X, y, lo, hi, stepping=stepping)
@@ -450,7 +462,7 @@ def _write_checkpoint(trainer, rng, order, best, path, fingerprint):
         "damping": float(trainer.damping), "n_steps": trainer.n_steps, "history": trainer.history,
         "pending": [list(p) for p in trainer._pending],
         "optimizer": trainer.optimizer.snapshot() if trainer.optimizer is not None else None,
-        "rng": rng.bit_generator.state, "order": [int(i) for i in order],
+        "rng": rng.bit_generator.state, "order": [int(i) for i in order], "needs_rebuild": trainer.needs_rebuild,
         "best": {k: v for k, v in best.items() if k != "state"},
         "elapsed": time.perf_counter() - trainer.t0,
     })
@@ -485,6 +497,7 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
     if trainer.optimizer is not None:
         trainer.optimizer.restore(saved["optimizer"])
     rng.bit_generator.state = saved["rng"]
+    trainer.needs_rebuild = bool(saved["needs_rebuild"])
     trainer.t0 = time.perf_counter() - saved["elapsed"]
     trainer.good = None
     best = dict(saved["best"], state=None)
