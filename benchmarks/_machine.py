@@ -92,3 +92,13 @@ def source_fingerprint():
     newest = max(f.stat().st_mtime for f in files)
     when = datetime.datetime.fromtimestamp(newest).strftime("%Y-%m-%d %H:%M:%S")
     return f"sha256 {digest.hexdigest()[:12]} over {len(files)} files, newest modified {when}"
+
+
+def limit_blas(threads):
+    """Limit BLAS/OpenMP pools to ``threads`` (None or 0: leave them as configured); returns the limiter,
+    to be kept alive for the run. Import every numerical library first: threadpoolctl sees only loaded pools."""
+    if not threads:
+        return None
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=threads)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import load_line, print_machine  # noqa: E402
+from _machine import limit_blas, load_line, print_machine  # noqa: E402
 
 TARGET_RATIO = 8.0
 
@@ -163,11 +163,7 @@ def main(argv=None):
     import agpc  # loads scipy's BLAS too: --blas-threads and the machine facts must see every pool
     from agpc.inference import ep
 
-    limiter = None
-    if args.blas_threads:
-        from threadpoolctl import threadpool_limits
-
-        limiter = threadpool_limits(limits=args.blas_threads)
+    limiter = limit_blas(args.blas_threads)
 
     print_machine("Time of one full EP iteration (agpc.inference.ep.evaluate, want_grad=True)")
     d = args.dim

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import load_line, print_machine  # noqa: E402
+from _machine import limit_blas, load_line, print_machine  # noqa: E402
 from uci_binary_ep import fmt, mean_se, split_indices, test_scores  # noqa: E402
 
 DATASETS = ("wine", "iris", "digits")
@@ -182,11 +182,7 @@ def main(argv=None):
 
     import agpc  # noqa: F401
 
-    limiter = None
-    if args.blas_threads:
-        from threadpoolctl import threadpool_limits
-
-        limiter = threadpool_limits(limits=args.blas_threads)
+    limiter = limit_blas(args.blas_threads)
     print_machine("Multiclass EP / SEP on scikit-learn's wine, iris, digits (seed 001 protocol)")
     t0 = time.perf_counter()
     if not args.timing_only:

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import DEFAULT_DATA_DIR, load_line, print_machine  # noqa: E402
+from _machine import DEFAULT_DATA_DIR, limit_blas, load_line, print_machine  # noqa: E402
 
 DATASETS = ("pima", "breast", "sonar", "ionosphere", "australian", "heart", "crabs")
 METHODS = ("agpc-ep", "sklearn-gpc", "logreg")
@@ -265,11 +265,7 @@ def main(argv=None):
 
     import agpc  # noqa: F401
 
-    limiter = None
-    if args.blas_threads:
-        from threadpoolctl import threadpool_limits
-
-        limiter = threadpool_limits(limits=args.blas_threads)
+    limiter = limit_blas(args.blas_threads)
     print_machine("UCI binary classification, seed 000 Table 1 protocol")
     t0 = time.perf_counter()
     results, info = run(args)
