@@ -340,9 +340,6 @@ def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, bl
         out["site_shift"] = xp.empty((n,), dtype=Z.dtype, device=device)
         out["valid"] = xp.empty((n,), dtype=xp.bool, device=device)
 
-    def add(key, value):
-        out[key] = value if out[key] is None else out[key] + value
-
     n_invalid = None
     for index, (lo, hi, X_block, y_block) in enumerate(data_blocks(X, y, block_rows, Z)):
         kept = At[index] if At else None
@@ -357,12 +354,7 @@ def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, bl
             out["valid"][lo:hi] = res.valid
         invalid = xp.sum(xp.astype(~res.valid, xp.int64))
         n_invalid = invalid if n_invalid is None else n_invalid + invalid
-        add("terms", res.log_z_terms)
-        if want_sums:
-            out["sums"] = res.sums if out["sums"] is None else tuple(a + b for a, b in zip(out["sums"], res.sums))
-        if want_grad:
-            add("dKmm_data", res.dKmm_data)
-            out["grads"] = res.grads if out["grads"] is None else {k: out["grads"][k] + res.grads[k] for k in res.grads}
+        accumulate(out, res, want_sums=want_sums, want_grad=want_grad)
     out["n_invalid"] = int(n_invalid)
     return out
 
@@ -406,19 +398,29 @@ def finish_evaluate(kernel, Z, post, sweep, want_grad):
     return out
 
 
+def tree_add(x, y):
+    """x + y for arrays and for dicts / tuples of them (None stays None)."""
+    if x is None:
+        return None
+    if isinstance(x, dict):
+        return {k: tree_add(x[k], y[k]) for k in x}
+    if isinstance(x, tuple):
+        return tuple(tree_add(u, v) for u, v in zip(x, y))
+    return x + y
+
+
+def accumulate(out, block, *, want_sums, want_grad):
+    """Add one block's reductions (log Z terms, sums, adjoints, gradients) into a sweep's running totals."""
+    for key, value, wanted in (("terms", block.log_z_terms, True), ("sums", block.sums, want_sums),
+                               ("dKmm_data", block.dKmm_data, want_grad), ("grads", block.grads, want_grad)):
+        if wanted:
+            out[key] = value if out[key] is None else tree_add(out[key], value)
+
+
 def add_sweeps(a, b):
     """Two chunks' sweep results added (sums, terms, adjoints, counts); per-row outputs are dropped: they
     stay with their chunk."""
-    def add(x, y):
-        if x is None:
-            return None
-        if isinstance(x, dict):
-            return {k: add(x[k], y[k]) for k in x}
-        if isinstance(x, tuple):
-            return tuple(add(u, v) for u, v in zip(x, y))
-        return x + y
-
-    return {k: (None if k in ("site_precision", "site_shift", "valid") else add(a[k], b[k])) for k in a}
+    return {k: (None if k in ("site_precision", "site_shift", "valid") else tree_add(a[k], b[k])) for k in a}
 
 
 # --------------------------------------------------------------------------------------------------

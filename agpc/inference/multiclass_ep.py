@@ -243,16 +243,7 @@ def _sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, bl
             out["valid"][lo:hi, ...] = res.valid
         invalid = xp.sum(xp.astype(~res.valid, xp.int64))
         n_invalid = invalid if n_invalid is None else n_invalid + invalid
-        out["terms"] = res.log_z_terms if out["terms"] is None else out["terms"] + res.log_z_terms
-        if want_sums:
-            out["sums"] = res.sums if out["sums"] is None else tuple(
-                tuple(a + b for a, b in zip(old, new)) for old, new in zip(out["sums"], res.sums)
-            )
-        if want_grad:
-            out["dKmm_data"] = res.dKmm_data if out["dKmm_data"] is None else tuple(
-                a + b for a, b in zip(out["dKmm_data"], res.dKmm_data)
-            )
-            out["grads"] = res.grads if out["grads"] is None else {k: out["grads"][k] + res.grads[k] for k in res.grads}
+        ep.accumulate(out, res, want_sums=want_sums, want_grad=want_grad)
     out["n_invalid"] = int(n_invalid)
     return out
 
