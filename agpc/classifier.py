@@ -499,6 +499,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             checkpoint_every=self.checkpoint_every,
             resume=bool(resume),
         )
+        return self._fitted_from(result, classes, t0)
+
+    def _fitted_from(self, result, classes, t0):
+        """Fitted attributes from a ``training.TrainResult``."""
         self.fit_time_ = time.perf_counter() - t0
         self.classes_ = classes
         self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter)
@@ -591,12 +595,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 cluster = owned.cluster
                 owned.close()
                 cluster.close()
-        self.fit_time_ = time.perf_counter() - t0
-        self.classes_ = classes
-        self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter)
-        self.stopped_by_time_ = result.stopped_by_time
-        self.early_stopped_ = result.early_stopped
-        return self
+        return self._fitted_from(result, classes, t0)
 
     def _lazy(self, method, X, columns):
         """A prediction on a dask.array: the same method chunk by chunk, lazily (a dask array back)."""
