@@ -37,10 +37,6 @@ def _chunk_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows):
     return S, c_tilde
 
 
-def _without_rows(sweep):
-    return {k: (None if k in ("site_precision", "site_shift", "valid") else v) for k, v in sweep.items()}
-
-
 class DaskEngine:
     """The engine ``training.Trainer`` calls for rows held in a dask.array (binary model).
 
@@ -83,7 +79,8 @@ class DaskEngine:
         return out
 
     def _sweep(self, kernel, Z, X, y, site_precision, site_shift, post, *, want_grad, block_rows, want_sums, want_sites):
-        """One task a chunk running ``ep._sweep``; returns (reduced small results, per-chunk futures)."""
+        """One task a chunk running ``ep._sweep``; returns the tree-reduced small results, with the new
+        sites (``want_sites``) as dask arrays persisted on the workers."""
         import dask
         import dask.array as da
 
@@ -95,7 +92,7 @@ class DaskEngine:
             for Xb, yb, nb, mb in zip(Xs, ys, nus, mus)
         ]
         futures = client.compute(tasks)
-        small = [client.submit(_without_rows, f) for f in futures]
+        small = [client.submit(ep.without_rows, f) for f in futures]
         reduced = _tree(client, small, ep.add_sweeps).result()
         if want_sites:
             dtype = Z.dtype

@@ -417,10 +417,18 @@ def accumulate(out, block, *, want_sums, want_grad):
             out[key] = value if out[key] is None else tree_add(out[key], value)
 
 
+_PER_ROW_KEYS = ("site_precision", "site_shift", "valid")
+
+
+def without_rows(sweep):
+    """A sweep's result without its per-row outputs (what a chunk sends to be reduced)."""
+    return {k: (None if k in _PER_ROW_KEYS else v) for k, v in sweep.items()}
+
+
 def add_sweeps(a, b):
     """Two chunks' sweep results added (sums, terms, adjoints, counts); per-row outputs are dropped: they
     stay with their chunk."""
-    return {k: (None if k in ("site_precision", "site_shift", "valid") else tree_add(a[k], b[k])) for k in a}
+    return {k: (None if k in _PER_ROW_KEYS else tree_add(a[k], b[k])) for k in a}
 
 
 # --------------------------------------------------------------------------------------------------
