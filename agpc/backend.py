@@ -25,6 +25,7 @@ from array_api_compat import (
 __all__ = [
     "CholeskyError",
     "is_dask_array",
+    "row_chunk_bounds",
     "array_namespace",
     "array_device",
     "resolve_backend",
@@ -140,6 +141,24 @@ def is_out_of_core(X):
 def row_slice(X, lo, hi):
     """X[lo:hi, ...] spelled with one index per axis (array_api_strict insists), for arrays and array-likes."""
     return X[(slice(lo, hi),) + (slice(None),) * (len(X.shape) - 1)]
+
+
+def row_chunk_bounds(X):
+    """(start, stop) of each stored chunk of rows of an array on disk or on a cluster (zarr, h5py, a dask
+    array's chunks), or one (0, n) for data without chunks. Minibatches are laid inside these so that a
+    minibatch reads one chunk, and an epoch reads each chunk once."""
+    n = int(X.shape[0])
+    chunks = getattr(X, "chunks", None)
+    if not chunks:
+        return [(0, n)]
+    rows = chunks[0]
+    if isinstance(rows, tuple):  # dask: the size of every chunk
+        edges = [0]
+        for size in rows:
+            edges.append(edges[-1] + int(size))
+        return list(zip(edges[:-1], edges[1:]))
+    rows = int(rows)  # zarr / h5py: one chunk shape
+    return [(lo, min(n, lo + rows)) for lo in range(0, n, rows)]
 
 
 def read_rows(X, lo, hi, like):

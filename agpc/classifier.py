@@ -436,9 +436,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         ):
             raise ValueError(f"checkpoint_every must be a positive integer, got {self.checkpoint_every!r}")
         if B.is_dask_array(X):
-            if self.checkpoint_path is not None or resume:
-                raise ValueError("checkpoints are not implemented for fit on a dask array yet")
-            return self._fit_dask(X, y, groups)
+            return self._fit_dask(X, y, groups, resume)
         if self.method not in training.METHODS and (self.checkpoint_path is not None or resume):
             raise ValueError(f"checkpoints are written by the EP methods (ep, sep, adf), not by method={self.method!r}")
         if self.method not in training.METHODS and (validation_data is not None or self.n_iter_no_change is not None):
@@ -466,10 +464,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 B.asarray_like(X_val, xp, device=device, dtype=xp.float64),
                 B.asarray_like(_encode_labels(y_val, classes), xp, device=device, dtype=xp.float64),
             )
-        if self.batch_size == "auto":
-            batch_size = None if n <= _FULL_BATCH_MAX_ROWS else 200
-        else:
-            batch_size = self.batch_size
+        batch_size = self._batch_size_for(n)
         t0 = time.perf_counter()
         if self.method not in training.METHODS:
             return self._fit_variational(Xc, y_pm, kernel, Z, classes, groups, batch_size, rng, t0)
@@ -500,6 +495,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             resume=bool(resume),
         )
         return self._fitted_from(result, classes, t0)
+
+    def _batch_size_for(self, n):
+        if self.batch_size == "auto":
+            return None if n <= _FULL_BATCH_MAX_ROWS else 200
+        return self.batch_size
 
     def _fitted_from(self, result, classes, t0):
         """Fitted attributes from a ``training.TrainResult``."""
@@ -533,18 +533,19 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.early_stopped_ = False
         return self
 
-    def _fit_dask(self, X, y, groups):
-        """Batch EP / SEP / ADF on a dask.array of rows: one task per chunk each pass (``DaskEngine``)."""
+    def _fit_dask(self, X, y, groups, resume):
+        """EP / SEP / ADF on a dask.array of rows. Batch: one task per chunk each pass (``DaskEngine``), EP's
+        sites persisted on the workers. Minibatch: chunks visited in random order, one at a time on the
+        driver (``ChunkedRows``). X is not persisted here: persist it first if it fits in the workers'
+        memory (faster passes); otherwise each pass reads it from where it lives (e.g. zarr)."""
         import os
 
         import dask.array as da
 
-        from .inference.dask_engine import DaskEngine
+        from .inference.dask_engine import ChunkedRows, DaskEngine
 
         if self.method not in training.METHODS:
             raise ValueError(f"fit on a dask array trains method 'ep', 'sep' or 'adf', not {self.method!r}")
-        if not (self.batch_size is None or self.batch_size == "auto"):
-            raise ValueError("minibatch training on a dask array is not implemented: use batch_size=None (or 'auto')")
         if X.ndim != 2:
             raise ValueError(f"Expected 2D array, got {X.ndim}D array instead")
         X = da.asarray(X).astype(np.float64).rechunk({1: -1})  # chunks by rows only
@@ -564,13 +565,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 cluster = LocalCluster(n_workers=cores, threads_per_worker=1, processes=True, dashboard_address=None)
                 client = owned = Client(cluster)
         try:
-            X, y = client.persist([X, y])
-            if not bool(da.isfinite(X).all().compute()):
+            finite, labels = client.compute([da.isfinite(X).all(), da.unique(y)], sync=True)
+            if not bool(finite):
                 raise ValueError("Input X contains NaN or infinity")
-            classes = self._check_classes(np.unique(np.asarray(da.unique(y).compute())))
+            classes = self._check_classes(np.unique(np.asarray(labels)))
             if len(classes) > 2:
                 raise ValueError("fit on a dask array trains the binary model; multiclass data need in-memory arrays")
-            y_pm = client.persist(y.map_blocks(_encode_labels, classes, dtype=np.float64))
+            y_pm = y.map_blocks(_encode_labels, classes, dtype=np.float64)
             self.n_features_in_ = X.shape[1]
             n = X.shape[0]
             m = self._n_inducing_for(n)
@@ -581,14 +582,20 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 rows = np.sort(rng.choice(n, size=_INIT_SAMPLE, replace=False))
                 sample = np.asarray(X[rows].compute(), dtype=np.float64)
             kernel, Z = self._initial_model(sample, m, rng)
+            batch_size = self._batch_size_for(n)
+            if batch_size is not None and batch_size < n:  # minibatches: chunks come to the driver in turn
+                X, y_pm, engine = ChunkedRows(X, client), ChunkedRows(y_pm, client), None
+            else:
+                engine = DaskEngine(client, X.chunks[0])
             t0 = time.perf_counter()
             self.likelihood_ = "probit"
             result = training.train(
-                X, y_pm, kernel, Z, method=self.method, batch_size=None, jitter=float(self.jitter),
+                X, y_pm, kernel, Z, method=self.method, batch_size=batch_size, jitter=float(self.jitter),
                 max_iter=int(self.max_iter), damping=None if self.damping is None else float(self.damping),
                 optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate, tol=float(self.tol),
-                max_time=self.max_time, random_state=rng, progress=bool(self.verbose),
-                engine=DaskEngine(client, X.chunks[0]),
+                max_time=self.max_time, random_state=rng, shuffle=bool(self.shuffle), progress=bool(self.verbose),
+                engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
+                resume=bool(resume),
             )
         finally:
             if owned is not None:

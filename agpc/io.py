@@ -21,7 +21,8 @@ FORMAT = "agpc-model"
 VERSION = 1
 _HEADER = "__agpc_header__"
 
-__all__ = ["save_model", "load_model", "save_checkpoint", "load_checkpoint", "FORMAT", "VERSION"]
+__all__ = ["save_model", "load_model", "save_checkpoint", "load_checkpoint", "save_site_chunk", "load_site_chunk",
+           "FORMAT", "VERSION"]
 
 
 def _json_params(params):
@@ -265,3 +266,23 @@ def load_checkpoint(path, convert):
         return _decode(header["state"], arrays, convert)
     except (KeyError, ValueError, TypeError) as exc:
         raise refuse(f"inconsistent contents ({exc})") from None
+
+
+# -- EP sites of a fit on a dask array: one file a chunk, written and read by the workers ---------------
+
+def save_site_chunk(path, site_precision, site_shift):
+    """One chunk's EP sites (run on the worker that holds them; atomic like every file written here)."""
+    _atomic_savez(path, {"site_precision": np.asarray(site_precision), "site_shift": np.asarray(site_shift)})
+    return int(np.asarray(site_precision).shape[0])
+
+
+def load_site_chunk(path, rows):
+    """(site_precision, site_shift) of one chunk, checked to hold ``rows`` sites."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            nu, mu = archive["site_precision"], archive["site_shift"]
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
+        raise ValueError(f"{os.fspath(path)} is not a valid agpc site file: {type(exc).__name__}: {exc}") from None
+    if nu.shape != (rows,) or mu.shape != (rows,):
+        raise ValueError(f"{os.fspath(path)} holds {nu.shape[0]} sites; the chunk has {rows} rows")
+    return nu, mu

@@ -29,6 +29,16 @@ def _interrupt_after(monkeypatch, steps):
     return lambda: monkeypatch.setattr(training.Trainer, "step", real)
 
 
+def interrupted_then_resumed(monkeypatch, params, path, stop_at, X, y):
+    """Fit with checkpoints every 4 steps, interrupted after ``stop_at`` steps; then resume=True to the end."""
+    undo = _interrupt_after(monkeypatch, stop_at)
+    with pytest.raises(Interrupt):
+        GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y)
+    undo()
+    assert os.path.exists(path)
+    return GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y, resume=True)
+
+
 @pytest.mark.parametrize("method, batch_size, max_iter, stop_at", [
     ("ep", None, 20, 17),       # batch EP (10 warm-up sweeps + 20): interrupted mid-run
     ("sep", 100, 3, 11),        # minibatch SEP, 6 minibatches an epoch: interrupted mid-epoch
@@ -38,13 +48,7 @@ def test_interrupted_and_resumed_fit_equals_uninterrupted(tmp_path, monkeypatch,
     X, y = make_banana(600, random_state=5)
     params = dict(method=method, n_inducing=8, batch_size=batch_size, max_iter=max_iter, random_state=0)
     reference = GPClassifier(**params).fit(X, y)
-    path = tmp_path / "run.ckpt"
-    undo = _interrupt_after(monkeypatch, stop_at)
-    with pytest.raises(Interrupt):
-        GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y)
-    undo()
-    assert path.exists()
-    resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y, resume=True)
+    resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", stop_at, X, y)
     np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"], reference.history_["log_marginal_likelihood"],
                                rtol=1e-12)
     np.testing.assert_allclose(resumed.inducing_points_, reference.inducing_points_, rtol=1e-12, atol=1e-14)

@@ -73,11 +73,108 @@ def test_ep_sites_stay_on_the_workers(client, data, monkeypatch):
 def test_dask_input_errors_are_clear(client, data):
     X, y, _ = data
     Xd = da.from_array(X, chunks=(200, 2))
-    with pytest.raises(ValueError, match="minibatch training on a dask array"):
-        GPClassifier(batch_size=50, client=client).fit(Xd, da.from_array(y, chunks=200))
     with pytest.raises(ValueError, match="ep', 'sep' or 'adf'"):
         GPClassifier(method="svi", client=client).fit(Xd, da.from_array(y, chunks=200))
     bad = X.copy()
     bad[7, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         GPClassifier(client=client).fit(da.from_array(bad, chunks=(200, 2)), da.from_array(y, chunks=200))
+
+
+@pytest.mark.parametrize("method", ["sep", "ep"])
+def test_minibatch_on_dask_samples_chunks_like_data_on_disk(client, data, method, tmp_path):
+    """Minibatch mode samples chunks: minibatches lie inside the dask chunks, an epoch visits the chunks in
+    random order (each moved to the driver once). Same seed, same chunks: the same model as the
+    single-machine path reading the rows from a zarr array chunked alike."""
+    zarr = pytest.importorskip("zarr")
+    X, y, X_test = data
+    params = dict(method=method, n_inducing=10, batch_size=50, max_iter=3, random_state=0)
+    Xz = zarr.open(str(tmp_path / "X.zarr"), mode="w", shape=X.shape, chunks=(200, 2), dtype="f8")
+    yz = zarr.open(str(tmp_path / "y.zarr"), mode="w", shape=y.shape, chunks=(200,), dtype=y.dtype)
+    Xz[:], yz[:] = X, y
+    ref = GPClassifier(**params).fit(Xz, yz)
+    model = GPClassifier(**params, client=client).fit(da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200))
+    np.testing.assert_allclose(model.history_["log_marginal_likelihood"], ref.history_["log_marginal_likelihood"],
+                               rtol=1e-10)
+    np.testing.assert_allclose(model.predict_proba(X_test), ref.predict_proba(X_test), rtol=1e-10, atol=1e-14)
+
+
+def test_chunk_order_of_an_epoch():
+    from agpc.inference.training import _epoch_order
+
+    chunks = [range(0, 4), range(4, 6), range(6, 9)]
+    order = _epoch_order(np.random.default_rng(0), chunks, shuffle=True)
+    assert sorted(order) == list(range(9))
+    runs = [next(i for i, c in enumerate(chunks) if b in c) for b in order]
+    assert [k for j, k in enumerate(runs) if j == 0 or runs[j - 1] != k] == sorted(set(runs), key=runs.index)
+    assert len(set(runs)) == 3  # each chunk's minibatches are visited together, once
+    assert _epoch_order(np.random.default_rng(0), chunks, shuffle=False) == list(range(9))
+
+
+def _kill_a_worker_during_pass(monkeypatch, client, at_pass):
+    """Kill one worker process (SIGKILL) right after a pass's tasks are submitted, once."""
+    import os
+    import signal
+
+    from agpc.inference import dask_engine
+
+    real = dask_engine._tree
+    calls = {"n": 0, "killed": None}
+
+    def tree(client_, futures, combine):
+        calls["n"] += 1
+        if calls["n"] == at_pass:
+            address = sorted(client.scheduler_info()["workers"])[0]
+            pid = client.run(os.getpid, workers=[address])[address]
+            os.kill(pid, signal.SIGKILL)
+            calls["killed"] = address
+        return real(client_, futures, combine)
+
+    monkeypatch.setattr(dask_engine, "_tree", tree)
+    return calls
+
+
+@pytest.mark.parametrize("method", ["ep", "sep"])
+def test_a_worker_lost_mid_fit_gives_the_same_model(client, data, monkeypatch, method):
+    """A worker process killed in the middle of a pass: the fit completes (the nanny restarts the worker, the
+    scheduler recomputes the lost chunks and persisted sites from their lineage) and the model equals an
+    undisturbed run's."""
+    X, y, X_test = data
+    params = dict(method=method, n_inducing=10, max_iter=8, random_state=0, client=client)
+    Xd, yd = da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200)
+    undisturbed = GPClassifier(**params).fit(Xd, yd)
+    calls = _kill_a_worker_during_pass(monkeypatch, client, at_pass=10)  # EP: 2 passes a step, SEP: 1
+    disturbed = GPClassifier(**params).fit(Xd, yd)
+    assert calls["killed"] is not None
+    client.wait_for_workers(2, timeout=60)
+    np.testing.assert_allclose(disturbed.history_["log_marginal_likelihood"],
+                               undisturbed.history_["log_marginal_likelihood"], rtol=1e-12)
+    np.testing.assert_allclose(disturbed.inducing_points_, undisturbed.inducing_points_, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(disturbed.predict_proba(X_test), undisturbed.predict_proba(X_test), rtol=1e-12)
+
+
+@pytest.mark.parametrize("method, batch_size, stop_at", [("ep", None, 13), ("sep", 50, 17)])
+def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path, method, batch_size, stop_at):
+    """Interrupt + resume=True on a dask array ends at the uninterrupted model. Batch EP's sites are written
+    by the workers one file a chunk beside the checkpoint (never gathered); earlier checkpoints' files go."""
+    import os
+
+    from test_checkpoint import interrupted_then_resumed
+
+    X, y, X_test = data
+    Xd, yd = da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200)
+    params = dict(method=method, n_inducing=10, max_iter=6 if batch_size is None else 2, batch_size=batch_size,
+                  random_state=0, client=client)
+    reference = GPClassifier(**params).fit(Xd, yd)
+    path = tmp_path / "run.ckpt"
+    resumed = interrupted_then_resumed(monkeypatch, params, path, stop_at, Xd, yd)
+    if method == "ep":  # 16 steps: only the files of the last checkpoint are kept
+        assert os.listdir(str(path) + ".sites") == ["step-16"]
+        assert len(os.listdir(str(path) + ".sites/step-16")) == 3
+    np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"],
+                               reference.history_["log_marginal_likelihood"], rtol=1e-12)
+    np.testing.assert_allclose(resumed.predict_proba(X_test), reference.predict_proba(X_test), rtol=1e-12)
+    if method == "ep":
+        with pytest.raises(ValueError, match="same chunking"):
+            GPClassifier(**params, checkpoint_path=path).fit(
+                da.from_array(X, chunks=(300, 2)), da.from_array(y, chunks=300), resume=True)

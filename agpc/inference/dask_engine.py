@@ -8,7 +8,13 @@ factorises, steps the hyper-parameters and sends (kernel, Z, q) with the next ro
 dask arrays chunked like the rows and persisted on the workers: they are never gathered to the driver.
 
 The engine plugs into ``training.Trainer`` (``engine=``), so damping, the guard rails, validation and early
-stopping are the single-machine ones. Minibatch training over dask arrays is not implemented here.
+stopping are the single-machine ones.
+
+Minibatch training samples chunks: ``ChunkedRows`` hands the training loop one chunk of rows at a time, and
+the loop lays its minibatches inside chunks and visits the chunks in random order (``backend.row_chunk_bounds``),
+so an epoch moves each chunk to the driver once. The minibatch steps themselves run on the driver: each is a
+small sequential O(|M| m^2 + m^3) computation that depends on the previous one, and a round trip to a worker
+per step would cost more than the step.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import operator
 
 from . import ep
 
-__all__ = ["DaskEngine"]
+__all__ = ["ChunkedRows", "DaskEngine"]
 
 
 def _tree(client, futures, combine):
@@ -35,6 +41,50 @@ def _add_sums(a, b):
 def _chunk_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows):
     S, c_tilde, _ = ep._whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows, False)
     return S, c_tilde
+
+
+class ChunkedRows:
+    """Rows of a dask.array read on the driver one stored chunk at a time (the chunk last read is kept).
+
+    It looks like an array on disk to the training loop (``shape``, ``dtype``, ``chunks``, row slices that
+    return NumPy arrays), which lays minibatches inside chunks: each chunk then crosses the network once
+    an epoch. Slices across chunk boundaries (the exact passes of minibatch EP) are assembled chunk by chunk.
+    """
+
+    def __init__(self, array, client):
+        from ..backend import row_chunk_bounds
+
+        self.array = array
+        self.client = client
+        self.shape = tuple(array.shape)
+        self.dtype = array.dtype
+        self.ndim = array.ndim
+        self.chunks = array.chunks
+        self._bounds = row_chunk_bounds(array)
+        self._kept = (None, None)  # (chunk index, its rows as a NumPy array)
+
+    def _chunk(self, k):
+        if self._kept[0] != k:
+            self._kept = (None, None)  # release the old chunk before the new one arrives
+            self._kept = (k, self.client.compute(self.array.blocks[k]).result())
+        return self._kept[1]
+
+    def __getitem__(self, index):
+        from ..backend import array_namespace
+
+        rows = index[0] if isinstance(index, tuple) else index
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise TypeError("ChunkedRows reads contiguous row slices only")
+        lo, hi, _ = rows.indices(self.shape[0])
+        parts = []
+        for k, (start, stop) in enumerate(self._bounds):
+            if stop > lo and start < hi:
+                parts.append(self._chunk(k)[max(lo, start) - start:min(hi, stop) - start])
+        rest = index[1:] if isinstance(index, tuple) else ()
+        if not parts:
+            parts = [self._chunk(0)[:0]]
+        block = parts[0] if len(parts) == 1 else array_namespace(parts[0]).concat(parts)
+        return block[(slice(None),) + tuple(rest)] if rest else block
 
 
 class DaskEngine:
@@ -61,6 +111,60 @@ class DaskEngine:
     def settle(self, sites):
         """Persist a (damped) site array on the workers so that the next round reads it, not its recipe."""
         return self.client.persist(sites)
+
+    # -- checkpoints: the sites stay on the workers, each writes its chunks beside the checkpoint -------
+
+    def store_sites(self, path, step, site_precision, site_shift):
+        """Write the sites one file a chunk into ``<path>.sites/step-<step>/`` (by the workers: they and the
+        driver must share that directory) and read them back from there, so that from now on a lost
+        chunk is recomputed from its file, not from every pass since the start. Returns the sites and what
+        the checkpoint records of them."""
+        import os
+
+        import dask
+
+        from .. import io
+
+        directory = os.path.join(os.path.abspath(os.fspath(path)) + ".sites", f"step-{int(step)}")
+        os.makedirs(directory, exist_ok=True)
+        files = [os.path.join(directory, f"chunk-{k}.npz") for k in range(len(self.row_chunks))]
+        _, _, nus, mus = self._blocks(None, None, site_precision, site_shift)
+        self.client.compute([dask.delayed(io.save_site_chunk)(f, nb, mb) for f, nb, mb in zip(files, nus, mus)],
+                            sync=True)
+        record = {"site_files": files, "rows": list(self.row_chunks)}
+        return (*self.load_sites(record, site_precision.dtype), record)
+
+    def load_sites(self, record, dtype):
+        """Sites from the files of ``store_sites``, persisted on the workers."""
+        import operator
+
+        import dask
+        import dask.array as da
+
+        from .. import io
+
+        if [int(r) for r in record["rows"]] != list(self.row_chunks):
+            raise ValueError(
+                f"the checkpoint's sites were written for row chunks {record['rows']}; this data has chunks "
+                f"{list(self.row_chunks)}: resume with the same chunking"
+            )
+        loads = [dask.delayed(io.load_site_chunk)(f, r) for f, r in zip(record["site_files"], self.row_chunks)]
+        parts = [[da.from_delayed(dask.delayed(operator.getitem)(pair, i), shape=(r,), dtype=dtype)
+                  for pair, r in zip(loads, self.row_chunks)] for i in (0, 1)]
+        site_precision, site_shift = self.client.persist([da.concatenate(parts[0]), da.concatenate(parts[1])])
+        return site_precision, site_shift
+
+    @staticmethod
+    def release_sites(path, record):
+        """Remove the site files of earlier checkpoints (once the checkpoint naming ``record`` is in place)."""
+        import os
+        import shutil
+
+        keep = os.path.dirname(record["site_files"][0])
+        parent = os.path.dirname(keep)
+        for name in os.listdir(parent):
+            if name.startswith("step-") and os.path.join(parent, name) != keep:
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
     def validation_scores(self, kernel, Z, post, X_val, y_val):
         return ep.validation_scores(kernel, Z, post, X_val, y_val)

@@ -16,7 +16,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from ..backend import CholeskyError, array_device, array_namespace, asarray_like, host_rng, is_out_of_core, read_rows, row_slice
+from ..backend import (CholeskyError, array_device, array_namespace, asarray_like, host_rng, is_out_of_core, read_rows,
+                       row_chunk_bounds, row_slice)
 from ..kernels import ClassKernels
 from ..optim import OPTIMIZERS, Rprop
 from . import ep, multiclass_ep
@@ -341,7 +342,15 @@ def train(
     )
     has_params = bool(trainer.names)
     if minibatch:
-        batches = [(lo, min(n, lo + int(batch_size))) for lo in range(0, n, int(batch_size))]
+        # Data on disk or on a cluster: minibatches lie inside the stored chunks of rows, and an epoch
+        # visits the chunks in random order and the minibatches of each chunk in random order, so that
+        # each chunk is read once an epoch (in memory: one chunk, the whole data).
+        chunks = row_chunk_bounds(X) if out_of_core else [(0, n)]
+        batches, chunk_batches = [], []
+        for start, stop in chunks:
+            first = len(batches)
+            batches += [(lo, min(stop, lo + int(batch_size))) for lo in range(start, stop, int(batch_size))]
+            chunk_batches.append(range(first, len(batches)))
         total_steps = max_iter * len(batches)
     else:
         batches = [(0, n)]
@@ -372,7 +381,7 @@ def train(
     converged = stopped_by_time = early_stopped = False
     while trainer.n_steps < total_steps:
         if not order:
-            order = list(rng.permutation(len(batches))) if (minibatch and shuffle) else list(range(len(batches)))
+            order = _epoch_order(rng, chunk_batches, shuffle) if minibatch else [0]
             if bar is None or minibatch:
                 if bar is not None:
                     bar.close()
@@ -447,18 +456,36 @@ def train(
     )
 
 
+def _epoch_order(rng, chunk_batches, shuffle):
+    """The minibatches of one epoch: chunks in random order, each chunk's minibatches in random order."""
+    if not shuffle:
+        return [i for batches in chunk_batches for i in batches]
+    if len(chunk_batches) == 1:
+        return [int(i) for i in rng.permutation(len(chunk_batches[0]))]
+    order = []
+    for chunk in rng.permutation(len(chunk_batches)):
+        batches = chunk_batches[int(chunk)]
+        order += [batches[int(i)] for i in rng.permutation(len(batches))]
+    return order
+
+
 def _write_checkpoint(trainer, rng, order, best, path, fingerprint):
     """Everything the loop needs to go on exactly as if it had not stopped."""
     from ..io import save_checkpoint
 
     s = trainer.state
+    sites = (s["nu"], s["mu"])
+    store = getattr(trainer.engine, "store_sites", None)
+    if store is not None and s["nu"] is not None:  # sites on a cluster: written by the workers, chunk by chunk
+        s["nu"], s["mu"], record = store(path, trainer.n_steps, s["nu"], s["mu"])
+        sites = (record, None)
     factor = s["factor"]
     if factor is not None:
         parts = getattr(factor, "factors", None)
         factor = [(f.precision, f.shift) for f in parts] if parts is not None else (factor.precision, factor.shift)
     save_checkpoint(path, {
         "fingerprint": fingerprint,
-        "kernel": dict(s["kernel"].params), "Z": s["Z"], "nu": s["nu"], "mu": s["mu"], "factor": factor,
+        "kernel": dict(s["kernel"].params), "Z": s["Z"], "nu": sites[0], "mu": sites[1], "factor": factor,
         "damping": float(trainer.damping), "n_steps": trainer.n_steps, "history": trainer.history,
         "pending": [list(p) for p in trainer._pending],
         "optimizer": trainer.optimizer.snapshot() if trainer.optimizer is not None else None,
@@ -466,6 +493,8 @@ def _write_checkpoint(trainer, rng, order, best, path, fingerprint):
         "best": {k: v for k, v in best.items() if k != "state"},
         "elapsed": time.perf_counter() - trainer.t0,
     })
+    if store is not None and s["nu"] is not None:
+        trainer.engine.release_sites(path, sites[0])
 
 
 def _restore(trainer, rng, path, fingerprint, has_validation):
@@ -484,6 +513,11 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
     s = trainer.state
     s["kernel"] = s["kernel"].with_params(saved["kernel"])
     s["Z"], s["nu"], s["mu"] = saved["Z"], saved["nu"], saved["mu"]
+    if isinstance(saved["nu"], dict):  # sites written chunk by chunk by a fit on a dask array
+        load = getattr(trainer.engine, "load_sites", None)
+        if load is None:
+            raise ValueError(f"checkpoint {path} was written by a fit on a dask array: resume it on a dask array")
+        s["nu"], s["mu"] = load(saved["nu"], s["Z"].dtype)
     factor = saved["factor"]
     if isinstance(factor, list):
         factor = multiclass_ep.MultiFactor(tuple(ep.Factor(p, c) for p, c in factor))
