@@ -87,11 +87,26 @@ def _atomic_savez(path, arrays):
     try:
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, **arrays)
+        # mkstemp creates the file readable by its owner only; a saved model gets the permissions any new
+        # file would (0666 less the umask), so that others can load it where the umask allows
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask():
+    """The process umask, read without setting it (os.umask would change it for every thread meanwhile)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
 
 
 def _refuse(path, why):

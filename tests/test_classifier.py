@@ -192,6 +192,19 @@ def test_save_is_atomic(fitted, tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["model.agpc"]
 
 
+def test_saved_model_has_the_permissions_of_any_new_file(fitted, tmp_path):
+    """The temporary file behind the atomic save is created owner-only; the model must not stay so."""
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        fitted.save(tmp_path / "model.agpc")
+        (tmp_path / "plain").write_bytes(b"")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "model.agpc").stat().st_mode & 0o777 == (tmp_path / "plain").stat().st_mode & 0o777 == 0o644
+
+
 def test_three_classes_with_a_binary_only_method_name_the_methods_that_can(banana):
     X, y = banana
     with pytest.raises(ValueError, match="3 classes but method='vi-jj' is binary only.*'ep', 'sep', 'adf', 'svi'"):
