@@ -1,44 +1,480 @@
-"""The ``agpc`` command. ``agpc demo`` trains and evaluates on built-in data and prints the figures."""
+"""The ``agpc`` command.
+
+    agpc fit DATA --target COL --out model.agpc          train a GPClassifier on a data file, save the model
+    agpc predict MODEL DATA --out predictions.csv        class probabilities (and latent moments) for a data file
+    agpc demo                                            train and evaluate on built-in data, plot the banana fit
+    agpc bench [--quick] [--out DIR]                     run the source checkout's benchmark scripts
+
+DATA is a CSV (header row), Parquet, ``.npy``, ``.npz`` file or a zarr store. A problem with the input (a
+missing file, an unknown format, a missing column, non-numeric features, one class, a file that is not an
+agpc model, ...) is reported as one line ``agpc: error: ...`` on stderr with exit status 2; every output is
+written to a temporary file beside its target and renamed, so a failure leaves nothing half-written.
+Set ``AGPC_TRACEBACK=1`` to see the traceback behind such a line.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import csv
+import math
+import os
+import re
+import shutil
+import subprocess
 import sys
 import time
+import zipfile
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["main"]
+__all__ = ["main", "load_data", "UsageError"]
+
+BENCH_SCRIPTS = ("uci_binary.py", "uci_multiclass.py", "banana_inducing.py", "airline.py", "time_curves.py")
+_PARQUET_HINT = "reading Parquet needs pyarrow: pip install pyarrow (or pip install 'agpc[parquet]')"
+_FORMATS = {".csv": "CSV", ".tsv": "CSV", ".parquet": "Parquet", ".pq": "Parquet", ".npy": "npy",
+            ".npz": "npz", ".zarr": "zarr"}
 
 
-def _nll(proba, y, classes):
-    idx = np.searchsorted(classes, y)
-    return float(-np.mean(np.log(np.clip(proba[np.arange(len(y)), idx], 1e-300, None))))
+class UsageError(Exception):
+    """A problem with the user's input or files: reported as one line on stderr, exit status 2."""
 
+
+def _one_line(text):
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def _message(exc):
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        return f"{exc.filename}: {exc.strerror}"
+    return _one_line(exc)
+
+
+# -- writing outputs -----------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _atomic(path, mode="w"):
+    """A file object on a temporary file beside ``path``, renamed over ``path`` when the block succeeds and
+    removed when it fails: ``path`` is never half-written."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        text = {} if "b" in mode else {"newline": "", "encoding": "utf-8"}
+        with open(tmp, mode.replace("w", "x"), **text) as fh:
+            yield fh
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _check_writable(path):
+    """Fail before any long computation if ``path`` cannot be written (no such directory, a directory)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"cannot write {path}: it is a directory")
+    if not path.absolute().parent.is_dir():
+        raise UsageError(f"cannot write {path}: no directory {path.absolute().parent}")
+
+
+def _write_csv(path, columns):
+    """A header row of column names, then one row per sample at full float64 precision."""
+    table = np.column_stack([np.asarray(values, dtype=np.float64) for values in columns.values()])
+    with _atomic(path) as fh:
+        csv.writer(fh, lineterminator="\n").writerow(list(columns))
+        np.savetxt(fh, table, delimiter=",", fmt="%.17g")
+
+
+# -- reading data --------------------------------------------------------------------------------------
+
+def _format_of(path):
+    if not path.exists():
+        raise UsageError(f"{path}: no such file or directory")
+    kind = _FORMATS.get(path.suffix.lower())
+    if kind is None and path.is_dir():
+        kind = "zarr"
+    if kind is None:
+        raise UsageError(
+            f"{path}: unknown data format {path.suffix or '(no suffix)'!r}: use .csv, .parquet, .npy, .npz or a zarr store"
+        )
+    return kind
+
+
+def load_data(path, target=None, *, labels_required=False):
+    """(X, y) from a data file. ``target`` names the label column (CSV, Parquet; a column index also works,
+    and is the only way for .npy and a zarr array) or the label array (.npz, zarr group: default ``y`` when
+    ``labels_required``). Without a target, y is None. X is 2-D and numeric (a zarr group's X stays on
+    disk); labels are numbers when they all read as numbers (integers when whole), else strings."""
+    path = Path(path)
+    kind = _format_of(path)
+    if target is None and labels_required and kind in ("CSV", "Parquet", "npy"):
+        raise UsageError(f"{path}: give --target, the label column (a name or a column index)")
+    reader = {"CSV": _read_csv, "Parquet": _read_parquet, "npy": _read_npy, "npz": _read_npz, "zarr": _read_zarr}[kind]
+    try:
+        X, y = reader(path, target, labels_required)
+    except (UsageError, ImportError):
+        raise
+    except (ValueError, OSError, EOFError, KeyError, TypeError, zipfile.BadZipFile, csv.Error) as exc:
+        raise UsageError(f"cannot read {path} as {kind}: {_message(exc)}") from None
+    _check_features(X, path)
+    if y is not None and y.shape[0] != X.shape[0]:
+        raise UsageError(f"{path}: {X.shape[0]} rows of features but {y.shape[0]} labels")
+    return X, y
+
+
+def _check_features(X, path):
+    """2-D and numeric; in memory, also finite (data on disk are checked a chunk at a time by fit / predict)."""
+    if len(X.shape) != 2 or X.shape[1] < 1 or X.shape[0] < 1:
+        raise UsageError(f"{path}: the features must be a 2-D table with rows and columns, got shape {tuple(X.shape)}")
+    if np.dtype(X.dtype).kind not in "biuf":
+        raise UsageError(f"{path}: the features are not numeric (dtype {X.dtype}); features must be numbers")
+    if isinstance(X, np.ndarray) and not np.all(np.isfinite(X)):
+        row, column = np.argwhere(~np.isfinite(X))[0]
+        raise UsageError(f"{path}: the features hold NaN or infinity (first at data row {row + 1}, feature column "
+                         f"{column + 1}); fill or drop missing values first")
+
+
+def _labels(values):
+    values = np.asarray(values)
+    if values.dtype.kind not in "biuf":
+        try:
+            values = values.astype(np.float64)
+        except (ValueError, TypeError):
+            return values.astype(str)
+    if values.dtype.kind == "f" and np.all(np.isfinite(values)) and np.all(values == np.round(values)):
+        return values.astype(np.int64)
+    return values
+
+
+def _numeric(values, name, path):
+    values = np.asarray(values)
+    try:
+        return values.astype(np.float64)
+    except (ValueError, TypeError):
+        bad = next(v for v in values.tolist() if not _is_number(v))
+        raise UsageError(f"{path}: feature column {name!r} is not numeric (value {bad!r}); features must be numbers") from None
+
+
+def _is_number(value):
+    try:
+        float(value)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def _preview(names, most=12):
+    shown = ", ".join(str(n) for n in names[:most])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > most else "")
+
+
+def _column_index(names, target, path):
+    """The position of the target column: by name first, then as an integer index (negative counts from the end)."""
+    if target in names:
+        return names.index(target)
+    try:
+        index = int(target)
+    except ValueError:
+        index = None
+    if index is not None and -len(names) <= index < len(names):
+        return index % len(names)
+    raise UsageError(f"{path}: no column {target!r} (columns: {_preview(names)})")
+
+
+def _from_columns(names, columns, target, path):
+    """Numeric features from every column but the target, labels from the target (None without one)."""
+    index = None if target is None else _column_index(names, target, path)
+    features = [(name, col) for i, (name, col) in enumerate(zip(names, columns)) if i != index]
+    if not features:
+        raise UsageError(f"{path}: no feature columns besides the target")
+    X = np.column_stack([_numeric(col, name, path) for name, col in features])
+    return X, (None if index is None else _labels(columns[index]))
+
+
+def _from_matrix(data, target, path):
+    """A 2-D array whose target (if any) is a column index."""
+    if target is None:
+        return data, None
+    data = np.asarray(data[...])
+    if data.ndim != 2:
+        raise UsageError(f"{path}: a label column needs a 2-D array (rows x columns), got shape {data.shape}")
+    return _from_columns([str(i) for i in range(data.shape[1])], list(data.T), target, path)
+
+
+def _read_csv(path, target, labels_required):
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh, delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
+    if not rows:
+        raise UsageError(f"{path}: the file is empty (a header row is needed)")
+    names = [name.strip() for name in rows[0]]
+    body = [(line, row) for line, row in enumerate(rows[1:], start=2) if row]
+    if not body:
+        raise UsageError(f"{path}: no data rows below the header")
+    for line, row in body:
+        if len(row) != len(names):
+            raise UsageError(f"{path}: line {line} has {len(row)} fields but the header has {len(names)}")
+    return _from_columns(names, [np.asarray(col) for col in zip(*(row for _, row in body))], target, path)
+
+
+def _parquet_columns(path):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        pq = None
+    if pq is not None:
+        table = pq.read_table(path)
+        return list(table.column_names), [column.to_numpy() for column in table.columns]
+    try:
+        import pandas as pd
+
+        frame = pd.read_parquet(path)
+    except ImportError:
+        raise UsageError(_PARQUET_HINT) from None
+    return [str(c) for c in frame.columns], [frame[c].to_numpy() for c in frame.columns]
+
+
+def _read_parquet(path, target, labels_required):
+    names, columns = _parquet_columns(path)
+    return _from_columns(names, columns, target, path)
+
+
+def _read_npy(path, target, labels_required):
+    return _from_matrix(np.load(path, allow_pickle=False), target, path)
+
+
+def _from_arrays(arrays, target, labels_required, path):
+    """An npz archive or a zarr group: features in ``X``; labels in the array ``target`` names (default
+    ``y`` when labels are required), or in a column of X when ``target`` is a column index."""
+    if "X" not in arrays:
+        raise UsageError(f"{path}: no array named 'X' (arrays: {_preview(sorted(arrays))})")
+    X = arrays["X"]
+    name = target if target is not None else ("y" if labels_required else None)
+    if name is None:
+        return X, None
+    if name in arrays and name != "X":
+        return X, _labels(np.asarray(arrays[name][...]))
+    if target is not None and re.fullmatch(r"-?\d+", target):
+        return _from_matrix(X, target, path)
+    raise UsageError(f"{path}: no label array {name!r} (arrays: {_preview(sorted(arrays))}); name it with --target")
+
+
+def _read_npz(path, target, labels_required):
+    with np.load(path, allow_pickle=False) as archive:
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise UsageError(f"{path}: not an npz archive")
+        arrays = {name: archive[name] for name in archive.files}
+    return _from_arrays(arrays, target, labels_required, path)
+
+
+def _read_zarr(path, target, labels_required):
+    try:
+        import zarr
+    except ImportError:
+        raise UsageError("reading a zarr store needs zarr: pip install zarr (or pip install 'agpc[zarr]')") from None
+    node = zarr.open(str(path), mode="r")
+    if isinstance(node, zarr.Group):
+        return _from_arrays({name: node[name] for name in node.array_keys()}, target, labels_required, path)
+    if target is None and labels_required:
+        raise UsageError(f"{path}: a zarr array has no label array: give --target, the label column index")
+    return _from_matrix(node, target, path)
+
+
+# -- scores --------------------------------------------------------------------------------------------
+
+def _class_index(y, classes):
+    """Each label's column in ``classes``; a label the model does not know is an error."""
+    lookup = {c: i for i, c in enumerate(np.asarray(classes).tolist())}
+    labels = np.asarray(y).tolist()
+    index = [lookup.get(v) for v in labels]
+    unknown = sorted({v for v, i in zip(labels, index) if i is None}, key=str)
+    if unknown:
+        raise UsageError(f"labels {_preview(unknown, 5)} are not among the model's classes {_preview(list(lookup), 5)}")
+    return np.asarray(index, dtype=np.intp)
+
+
+def _scores(proba, y, classes):
+    """(error rate, mean negative log predictive probability) of the probabilities ``proba`` (n, C)."""
+    proba = np.asarray(proba)
+    index = _class_index(y, classes)
+    error = float(np.mean(np.argmax(proba, axis=1) != index))
+    nll = float(-np.mean(np.log(np.clip(proba[np.arange(index.shape[0]), index], 1e-300, None))))
+    return error, nll
+
+
+def _print_scores(what, scores, rows):
+    print(f"{what + ':':<12} error {scores[0]:.4f}   NLL {scores[1]:.4f}   ({rows} rows)")
+
+
+# -- agpc fit ------------------------------------------------------------------------------------------
+
+def _split(X, y, fraction, seed):
+    """(X_train, y_train, X_val, y_val): a seeded random validation part (held in memory), or none."""
+    if not fraction:
+        return X, y, None, None
+    n = X.shape[0]
+    n_val = int(round(fraction * n))
+    if not 1 <= n_val < n:
+        raise UsageError(f"--validation-fraction {fraction} leaves {n_val} of {n} rows for validation")
+    val = np.zeros(n, dtype=bool)
+    val[np.random.default_rng(seed).choice(n, size=n_val, replace=False)] = True
+    X = np.asarray(X[...])
+    return X[~val], y[~val], X[val], y[val]
+
+
+def _fit_on_cluster(model, X, y, address):
+    """Fit on a dask array over the cluster whose scheduler is at ``address``, one chunk of rows per thread."""
+    import dask.array as da
+    from distributed import Client
+
+    try:
+        client = Client(address, timeout="30s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise UsageError(f"cannot connect to the dask scheduler at {address}: {_message(exc)}") from None
+    with client:
+        threads = max(1, sum(client.nthreads().values()))
+        rows = max(1, math.ceil(X.shape[0] / threads))
+        model.set_params(client=client)
+        try:
+            model.fit(da.from_array(X, chunks=(rows, -1)), da.from_array(y, chunks=rows))
+        finally:
+            model.set_params(client=None)
+
+
+def fit(args):
+    from .classifier import GPClassifier
+    from .io import save_model
+
+    _check_writable(args.out)
+    X, y = load_data(args.data, args.target, labels_required=True)
+    classes = np.unique(y)
+    if classes.shape[0] < 2:
+        raise UsageError(f"{args.data}: every label is {classes[0].item()!r}: a classifier needs two classes or more")
+    X_train, y_train, X_val, y_val = _split(X, y, args.validation_fraction, args.random_state)
+    model = GPClassifier(
+        method=args.method, n_inducing=args.inducing, batch_size=args.batch_size, backend=args.backend,
+        max_iter=args.max_iter, max_time=args.max_time, random_state=args.random_state, verbose=not args.quiet,
+    )
+    where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
+    print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, classes "
+          f"{_preview(classes.tolist(), 6)}; method {args.method}, {args.inducing} inducing points, on {where}",
+          flush=True)
+    t0 = time.perf_counter()
+    if args.scheduler:
+        _fit_on_cluster(model, X_train, y_train, args.scheduler)
+    else:
+        model.fit(X_train, y_train)
+    seconds = time.perf_counter() - t0
+    _print_scores("train", _scores(model.predict_proba(X_train), y_train, model.classes_), len(y_train))
+    if X_val is not None:
+        _print_scores("validation", _scores(model.predict_proba(X_val), y_val, model.classes_), len(y_val))
+    stopped = ", stopped by --max-time" if getattr(model, "stopped_by_time_", False) else ""
+    print(f"fit time:    {seconds:.2f} s ({model.n_iter_} iterations{stopped})")
+    save_model(model, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+# -- agpc predict --------------------------------------------------------------------------------------
+
+def _load_model(path):
+    from .io import load_model
+
+    if not Path(path).is_file():
+        raise UsageError(f"{path}: no such model file")
+    if not zipfile.is_zipfile(path):
+        raise UsageError(f"{path} is not an agpc model file (those are npz archives written by 'agpc fit')")
+    return load_model(path)
+
+
+def _check_feature_count(X, model, path, target):
+    have, want = X.shape[1], int(model.n_features_in_)
+    if have != want:
+        hint = " (drop the label column with --target COL)" if target is None and have == want + 1 else ""
+        raise UsageError(f"{path} has {have} feature columns but the model was trained on {want}{hint}")
+
+
+def _latent_columns(model, X):
+    mean, var = (np.asarray(a) for a in model.predict_latent(X))
+    if mean.ndim == 1:
+        return {"latent_mean": mean, "latent_var": var}
+    columns = {}
+    for i, c in enumerate(model.classes_):
+        columns[f"latent_mean_{c}"] = mean[:, i]
+        columns[f"latent_var_{c}"] = var[:, i]
+    return columns
+
+
+def predict(args):
+    _check_writable(args.out)
+    model = _load_model(args.model)
+    X, y = load_data(args.data, args.target)
+    _check_feature_count(X, model, args.data, args.target)
+    proba = np.asarray(model.predict_proba(X))
+    scores = None if y is None else _scores(proba, y, model.classes_)  # unknown labels fail before writing
+    columns = {f"p_{c}": proba[:, i] for i, c in enumerate(model.classes_)}
+    if args.latent:
+        columns.update(_latent_columns(model, X))
+    _write_csv(args.out, columns)
+    print(f"wrote {args.out}: {proba.shape[0]} rows, columns {', '.join(columns)}")
+    if scores is not None:
+        _print_scores("scores", scores, len(y))
+    return 0
+
+
+# -- agpc demo -----------------------------------------------------------------------------------------
 
 def _run(name, model, X_train, y_train, X_test, y_test, extra=""):
     t0 = time.perf_counter()
     model.fit(X_train, y_train)
     seconds = time.perf_counter() - t0
-    proba = model.predict_proba(X_test)
-    error = float(np.mean(model.classes_[np.argmax(proba, axis=1)] != y_test))
-    nll = _nll(proba, y_test, model.classes_)
+    error, nll = _scores(model.predict_proba(X_test), y_test, model.classes_)
     print(
         f"| {name:<28} | {len(y_train):>6} | {model.inducing_points_.shape[0]:>4} | {error:>6.3f} | "
         f"{nll:>6.3f} | {seconds:>7.2f} | {extra}"
     )
+    return model
+
+
+def _plot_banana(model, X, y, path):
+    """Probability contours of a binary model on 2-D data, the training points and the inducing points."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UsageError("the demo's plot needs matplotlib: pip install matplotlib") from None
+    from . import backend as B
+
+    lo, hi = X.min(axis=0) - 0.5, X.max(axis=0) + 0.5
+    g0, g1 = np.meshgrid(np.linspace(lo[0], hi[0], 120), np.linspace(lo[1], hi[1], 120))
+    p = np.asarray(model.predict_proba(np.column_stack([g0.ravel(), g1.ravel()])))[:, 1].reshape(g0.shape)
+    fig = Figure(figsize=(7, 5.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    filled = ax.contourf(g0, g1, p, levels=np.linspace(0.0, 1.0, 11), cmap="RdBu_r", alpha=0.6)
+    fig.colorbar(filled, ax=ax, label=f"p(y = {model.classes_[1]} | x)")
+    ax.contour(g0, g1, p, levels=[0.5], colors="k", linewidths=1.5)
+    for label, colour in zip(model.classes_, ("#08306b", "#67000d")):
+        ax.scatter(*X[y == label].T, s=3, c=colour, alpha=0.5, label=f"class {label}")
+    Z = np.asarray(B.to_numpy(model.inducing_points_))
+    ax.scatter(Z[:, 0], Z[:, 1], marker="X", s=60, c="yellow", edgecolors="k", label=f"{Z.shape[0]} inducing points")
+    ax.set(title="agpc demo: banana, EP with inducing points (black: p = 0.5)", xlabel="x1", ylabel="x2")
+    ax.legend(loc="lower right", fontsize=8)
+    with _atomic(path, "wb") as fh:
+        fig.savefig(fh, format="png", dpi=100)
 
 
 def demo(args):
     from .classifier import GPClassifier
     from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
 
+    _check_writable(args.plot)
     print("agpc demo: binary EP with inducing points (seed 000), NumPy backend")
     print(f"| {'data':<28} | {'n':>6} | {'m':>4} | {'error':>6} | {'NLL':>6} | {'fit s':>7} | note")
     print(f"|{'-' * 30}|{'-' * 8}|{'-' * 6}|{'-' * 8}|{'-' * 8}|{'-' * 9}|------")
     X, y = make_banana(2000, random_state=0)
     Xt, yt = make_banana(10000, random_state=1)
-    _run(
+    banana = _run(
         "banana (synthetic, 2-D)",
         GPClassifier(n_inducing=args.inducing, max_iter=args.max_iter, random_state=0),
         X, y, Xt, yt,
@@ -50,18 +486,213 @@ def demo(args):
         *split_standardised(*load_breast_cancer(), train_fraction=0.9, random_state=0),
         extra="90/10 split",
     )
+    _plot_banana(banana, X, y, args.plot)
+    print(f"Plot: {args.plot} (banana decision boundary, inducing points marked)")
     return 0
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="agpc", description="Scalable Gaussian process classification")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="train and evaluate on built-in data, print error / NLL / time")
+# -- agpc bench ----------------------------------------------------------------------------------------
+
+def _benchmarks_dir():
+    """The source checkout's benchmarks/ beside the agpc package, or None (an installed wheel)."""
+    root = Path(__file__).resolve().parent.parent
+    bench = root / "benchmarks"
+    return bench if bench.is_dir() and (root / "pyproject.toml").is_file() else None
+
+
+def _png_times(directory):
+    return {p: p.stat().st_mtime_ns for p in directory.rglob("*.png")}
+
+
+def _written_pngs(before, directory, output, cwd, started_ns):
+    """PNGs a script wrote: new or changed under ``directory``, or named in its output and written since it started."""
+    written = {p for p, t in _png_times(directory).items() if before.get(p) != t}
+    for name in re.findall(r"[\w./\\~-]+\.png", output):
+        p = (cwd / Path(name).expanduser()).resolve()
+        if p.is_file() and p.stat().st_mtime_ns >= started_ns:
+            written.add(p)
+    return sorted(written)
+
+
+def _tee(command, cwd, env):
+    """Run ``command``, echo its standard output line by line, return (output, exit status)."""
+    with subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True, bufsize=1) as proc:
+        lines = []
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            lines.append(line)
+        return "".join(lines), proc.wait()
+
+
+def _markdown_tables(output):
+    """The headings (one level down) and the tables (runs of lines starting with '|') of printed Markdown."""
+    blocks, table = [], []
+    for line in output.splitlines():
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        if table:
+            blocks.append("\n".join(table))
+            table = []
+        if line.startswith("#"):
+            blocks.append("#" + line)
+    if table:
+        blocks.append("\n".join(table))
+    return "\n\n".join(blocks)
+
+
+def _run_benchmark(script, quick, out):
+    """Run one script, keep its log and PNGs in ``out``; its section of results.md and its exit status."""
+    root = script.parent.parent
+    command = [sys.executable, str(script)] + (["--quick"] if quick else [])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    shown = f"python benchmarks/{script.name}" + (" --quick" if quick else "")
+    print(f"agpc bench: {shown}", flush=True)
+    before, started_ns = _png_times(script.parent), time.time_ns()
+    t0 = time.perf_counter()
+    output, status = _tee(command, root, env)
+    seconds = time.perf_counter() - t0
+    pngs = _written_pngs(before, script.parent, output, root, started_ns)
+    for png in pngs:
+        shutil.copy2(png, out / png.name)
+    with _atomic(out / f"{script.stem}.log") as fh:
+        fh.write(output)
+    lines = [f"## benchmarks/{script.name}", "",
+             f"`{shown}`: exit status {status}, {seconds:.0f} s; full output in `{script.stem}.log`.", ""]
+    tables = _markdown_tables(output)
+    lines += [tables, ""] if tables else ["(no tables printed)", ""]
+    lines += [f"![{png.name}]({png.name})" for png in pngs]
+    return "\n".join(lines).rstrip() + "\n", status
+
+
+def bench(args):
+    bench_dir = _benchmarks_dir()
+    if bench_dir is None:
+        raise UsageError("the benchmarks ship with the source repository, not with the installed package: "
+                         "run 'agpc bench' in a source checkout (pip install -e .)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sections, failed = [], []
+    for name in BENCH_SCRIPTS:
+        script = bench_dir / name
+        if not script.is_file():
+            print(f"agpc bench: skipped benchmarks/{name}: not in this checkout", flush=True)
+            sections.append(f"## benchmarks/{name}\n\nSkipped: not in this checkout.\n")
+            continue
+        section, status = _run_benchmark(script, args.quick, out)
+        sections.append(section)
+        if status != 0:
+            failed.append(name)
+    head = (f"# agpc bench{' --quick' if args.quick else ''}\n\n{time.strftime('%Y-%m-%d %H:%M')}: "
+            f"the tables each benchmark script printed (headings one level down) and the PNGs it wrote.\n")
+    with _atomic(out / "results.md") as fh:
+        fh.write("\n".join([head] + sections))
+    print(f"agpc bench: wrote {out / 'results.md'}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+# -- the parser ----------------------------------------------------------------------------------------
+
+def _batch_size(text):
+    if text.lower() in ("auto", "none"):
+        return None if text.lower() == "none" else "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto', 'none' or a positive integer, got {text!r}")
+    return value
+
+
+def _fraction(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}")
+    return value
+
+
+def _fit_parser(sub):
+    from .inference.training import METHODS
+    from .inference.variational import VI_METHODS
+
+    p = sub.add_parser("fit", help="train a classifier on a data file and save the model",
+                       description="Train a GPClassifier on DATA and write the model (an .agpc file).")
+    p.add_argument("data", metavar="DATA", help="a .csv (header row), .parquet, .npy, .npz file or a zarr store")
+    p.add_argument("--target", metavar="COL", help="the label column: a name or an integer index (.npy: an index); "
+                   ".npz / zarr group: the array of labels (default y, features in X)")
+    p.add_argument("--method", choices=METHODS + VI_METHODS, default="ep", help="inference method (default ep)")
+    p.add_argument("--inducing", type=int, default=100, metavar="M", help="number of inducing points (default 100)")
+    p.add_argument("--batch-size", type=_batch_size, default="auto", metavar="B",
+                   help="rows per minibatch: a number, 'none' (full batch) or 'auto' (default: full batch up to "
+                        "20,000 rows, else 200)")
+    p.add_argument("--backend", choices=["numpy", "cupy"], default="numpy", help="compute on the CPU (numpy, "
+                   "default) or a CUDA GPU (cupy)")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="train on the dask cluster whose scheduler is at ADDRESS "
+                   "(e.g. tcp://host:8786); batch ep / sep / adf only")
+    p.add_argument("--max-iter", type=int, default=250, metavar="N",
+                   help="iterations (epochs with minibatches; default 250)")
+    p.add_argument("--max-time", type=float, metavar="S", help="stop cleanly after about S seconds of training")
+    p.add_argument("--validation-fraction", type=_fraction, metavar="F",
+                   help="hold out this fraction of the rows (at random) and report error and NLL on it")
+    p.add_argument("--random-state", type=int, default=0, metavar="S",
+                   help="seed of the inducing points and the validation split (default 0)")
+    p.add_argument("--quiet", action="store_true", help="do not show the progress bar")
+    p.add_argument("--out", required=True, metavar="MODEL", help="where to write the model (e.g. model.agpc)")
+    p.set_defaults(func=fit)
+
+
+def _predict_parser(sub):
+    p = sub.add_parser("predict", help="class probabilities for a data file, as CSV",
+                       description="Write one probability column per class (p_<class>) for every row of DATA.")
+    p.add_argument("model", metavar="MODEL", help="a model written by 'agpc fit' (or GPClassifier.save)")
+    p.add_argument("data", metavar="DATA", help="a .csv, .parquet, .npy, .npz file or a zarr store (features as at fit)")
+    p.add_argument("--target", metavar="COL", help="a label column (or .npz / zarr array) to drop from the features "
+                   "and score against: then error and NLL are printed")
+    p.add_argument("--latent", action="store_true", help="also write the latent mean and variance (per class "
+                   "for more than two classes)")
+    p.add_argument("--out", required=True, metavar="CSV", help="where to write the predictions (e.g. predictions.csv)")
+    p.set_defaults(func=predict)
+
+
+def _demo_parser(sub):
+    p = sub.add_parser("demo", help="train and evaluate on built-in data, print error / NLL / time, plot the banana fit")
     p.add_argument("--inducing", type=int, default=50, help="number of inducing points (default 50)")
     p.add_argument("--max-iter", type=int, default=250, help="EP iterations (default 250)")
+    p.add_argument("--plot", default="agpc-demo.png", metavar="PATH",
+                   help="PNG of the banana decision boundary and inducing points (default agpc-demo.png)")
     p.set_defaults(func=demo)
-    args = parser.parse_args(argv)
-    return args.func(args)
+
+
+def _bench_parser(sub):
+    p = sub.add_parser("bench", help="run the benchmark scripts of a source checkout and collect their tables",
+                       description="Run benchmarks/{" + ",".join(BENCH_SCRIPTS) + "} (those present) and collect "
+                                   "their Markdown tables into DIR/results.md, with their logs and PNGs.")
+    p.add_argument("--quick", action="store_true", help="pass --quick to every script (small smoke-test settings)")
+    p.add_argument("--out", default="agpc-bench", metavar="DIR", help="output directory (default agpc-bench)")
+    p.set_defaults(func=bench)
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="agpc", description="Scalable Gaussian process classification")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_fit_parser, _predict_parser, _demo_parser, _bench_parser):
+        add(sub)
+    return parser
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (UsageError, ValueError, OSError, ImportError) as exc:
+        if os.environ.get("AGPC_TRACEBACK"):
+            raise
+        print(f"agpc: error: {_message(exc)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

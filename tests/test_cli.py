@@ -1,0 +1,270 @@
+"""The ``agpc`` command: fit / predict round trips (CSV, npz, npy, Parquet, zarr, a dask cluster) give the
+estimator's own predictions; every bad input is one ``agpc: error:`` line with exit status 2 and leaves no
+file behind; the demo writes a PNG; ``bench`` collects the scripts' tables and PNGs."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agpc import GPClassifier, cli
+from agpc.cli import main
+from agpc.datasets import make_banana
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = dict(n_inducing=10, max_iter=5, random_state=0)
+FIT_OPTIONS = ["--inducing", "10", "--max-iter", "5", "--random-state", "0", "--quiet"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def write_csv(path, X, y, names=("x1", "x2", "label")):
+    with open(path, "w") as fh:
+        fh.write(",".join(names) + "\n")
+        for row, label in zip(X.tolist(), np.asarray(y).tolist()):
+            fh.write(",".join(repr(v) for v in row) + f",{label}\n")
+    return path
+
+
+def read_predictions(path):
+    with open(path) as fh:
+        header = fh.readline().strip().split(",")
+    return header, np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+
+
+@pytest.fixture(scope="module")
+def banana():
+    return make_banana(300, random_state=0)
+
+
+@pytest.fixture(scope="module")
+def reference(banana):
+    return GPClassifier(**SETTINGS).fit(*banana)
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory, banana):
+    path = tmp_path_factory.mktemp("model") / "banana.agpc"
+    GPClassifier(**SETTINGS).fit(*banana).save(path)
+    return path
+
+
+def test_csv_fit_predict_round_trip_equals_the_estimator(tmp_path, banana, reference, capsys):
+    X, y = banana
+    data = write_csv(tmp_path / "train.csv", X, y)
+    model, out = tmp_path / "m.agpc", tmp_path / "p.csv"
+    assert main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(model)]) == 0
+    printed = capsys.readouterr().out
+    assert "train:" in printed and "NLL" in printed and "fit time:" in printed
+    assert main(["predict", str(model), str(data), "--target", "label", "--latent", "--out", str(out)]) == 0
+    assert "error" in capsys.readouterr().out
+    header, values = read_predictions(out)
+    assert header == ["p_-1", "p_1", "latent_mean", "latent_var"]
+    np.testing.assert_allclose(values[:, :2], reference.predict_proba(X), rtol=1e-12, atol=1e-15)
+    mean, var = reference.predict_latent(X)
+    np.testing.assert_allclose(values[:, 2], mean, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(values[:, 3], var, rtol=1e-12)
+
+
+def write_npz(path, X, y):
+    np.savez(path, X=X, y=y)
+    return path, []
+
+
+def write_npy(path, X, y):
+    np.save(path, np.column_stack([X, y]))
+    return path, ["--target", "2"]
+
+
+def write_parquet(path, X, y):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"a": X[:, 0], "b": X[:, 1], "cls": y}), path)
+    return path, ["--target", "cls"]
+
+
+def write_zarr(path, X, y):
+    zarr = pytest.importorskip("zarr")
+    group = zarr.open_group(str(path), mode="w")
+    group.create_array("X", data=X, chunks=(100, 2))
+    group.create_array("labels", data=y)
+    return path, ["--target", "labels"]
+
+
+@pytest.mark.parametrize("writer, name", [(write_npz, "d.npz"), (write_npy, "d.npy"), (write_parquet, "d.parquet"),
+                                          (write_zarr, "d.zarr")])
+def test_array_formats_fit_the_same_model(tmp_path, banana, reference, writer, name):
+    data, target = writer(tmp_path / name, *banana)
+    model, out = tmp_path / "m.agpc", tmp_path / "p.csv"
+    assert main(["fit", str(data), *target, *FIT_OPTIONS, "--out", str(model)]) == 0
+    assert main(["predict", str(model), str(data), *target, "--out", str(out)]) == 0
+    header, values = read_predictions(out)
+    assert header == ["p_-1", "p_1"]
+    np.testing.assert_allclose(values, reference.predict_proba(banana[0]), rtol=1e-12, atol=1e-15)
+
+
+def test_validation_fraction_and_string_labels_of_three_classes(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.array(["a", "b", "c"]), 40)
+    X = rng.normal(size=(120, 2)) + 3.0 * np.repeat(np.eye(3, 2), 40, axis=0)
+    data = write_csv(tmp_path / "three.csv", X, y)
+    model, out = tmp_path / "m.agpc", tmp_path / "p.csv"
+    argv = ["fit", str(data), "--target", "2", "--inducing", "5", "--max-iter", "3", "--quiet",
+            "--validation-fraction", "0.25", "--out", str(model)]
+    assert main(argv) == 0
+    assert "validation:  error" in capsys.readouterr().out
+    assert main(["predict", str(model), str(data), "--target", "label", "--latent", "--out", str(out)]) == 0
+    header, values = read_predictions(out)
+    assert header == ["p_a", "p_b", "p_c"] + [f"latent_{m}_{c}" for c in "abc" for m in ("mean", "var")]
+    np.testing.assert_allclose(values[:, :3].sum(axis=1), 1.0, rtol=1e-9)
+
+
+def test_fit_on_a_dask_scheduler_equals_the_local_fit(tmp_path, banana):
+    distributed = pytest.importorskip("distributed")
+    data, _ = write_npz(tmp_path / "d.npz", *banana)
+    model, out = tmp_path / "m.agpc", tmp_path / "p.csv"
+    settings = ["--inducing", "10", "--max-iter", "2", "--quiet"]
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cluster:
+        argv = ["fit", str(data), *settings, "--scheduler", cluster.scheduler_address, "--out", str(model)]
+        assert main(argv) == 0
+    assert main(["predict", str(model), str(data), "--out", str(out)]) == 0
+    local = GPClassifier(n_inducing=10, max_iter=2, random_state=0).fit(*banana)
+    np.testing.assert_allclose(read_predictions(out)[1], local.predict_proba(banana[0]), rtol=1e-8, atol=1e-12)
+
+
+# -- bad input: one line, exit status 2, nothing written -----------------------------------------------
+
+def make_bad_files(tmp, X, y):
+    write_csv(tmp / "ok.csv", X, y)
+    (tmp / "data.txt").write_text("1,2\n")
+    (tmp / "text.csv").write_text("x1,x2,label\n1.0,high,0\n3.0,4.0,1\n")
+    write_csv(tmp / "one.csv", X, np.ones(len(y), dtype=int))
+    write_csv(tmp / "nan.csv", np.where(np.arange(X.size).reshape(X.shape) == 3, np.nan, X), y)
+    write_csv(tmp / "cats.csv", X, np.where(y > 0, "cat", "dog"))
+    (tmp / "ragged.csv").write_text("x1,x2,label\n1.0,2.0,0\n3.0,1\n")
+    (tmp / "empty.csv").write_text("")
+    np.save(tmp / "three.npy", np.column_stack([X, y]))
+    np.savez(tmp / "plain.npz", a=np.ones(3))
+
+
+FIT = "fit --inducing 10 --max-iter 2 --quiet --out {tmp}/out.agpc "
+PREDICT = "predict --out {tmp}/out.csv "
+BAD_INPUTS = {  # argv templates of commands that must fail cleanly (files from make_bad_files)
+    "missing data file": FIT + "{tmp}/nope.csv --target label",
+    "unknown format": FIT + "{tmp}/data.txt --target 0",
+    "missing target column": FIT + "{tmp}/ok.csv --target colour",
+    "no target given": FIT + "{tmp}/ok.csv",
+    "non-numeric feature": FIT + "{tmp}/text.csv --target label",
+    "one class": FIT + "{tmp}/one.csv --target label",
+    "NaN feature": FIT + "{tmp}/nan.csv --target label",
+    "ragged CSV": FIT + "{tmp}/ragged.csv --target label",
+    "empty CSV": FIT + "{tmp}/empty.csv --target label",
+    "npy target by name": FIT + "{tmp}/three.npy --target label",
+    "npz without X": FIT + "{tmp}/plain.npz",
+    "more inducing points than rows": FIT + "{tmp}/ok.csv --target label --inducing 999",
+    "output directory missing": FIT + "{tmp}/ok.csv --target label --out {tmp}/no/m.agpc",
+    "missing model": PREDICT + "{tmp}/nope.agpc {tmp}/ok.csv --target label",
+    "CSV as a model": PREDICT + "{tmp}/ok.csv {tmp}/ok.csv --target label",
+    "npz that is not a model": PREDICT + "{tmp}/plain.npz {tmp}/ok.csv --target label",
+    "feature count mismatch": PREDICT + "{model} {tmp}/three.npy",
+    "labels the model lacks": PREDICT + "{model} {tmp}/cats.csv --target label",
+}
+
+
+def assert_one_line_error(status, err):
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("agpc: error: "), err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, model_file, banana, capsys, case):
+    make_bad_files(tmp_path, *banana)
+    argv = BAD_INPUTS[case].format(tmp=tmp_path, model=model_file).split()
+    before = {p.name for p in tmp_path.rglob("*")}
+    status = main(argv)
+    assert_one_line_error(status, capsys.readouterr().err)
+    assert {p.name for p in tmp_path.rglob("*")} == before
+
+
+def test_failed_predict_leaves_an_existing_output_untouched(tmp_path, model_file, banana, capsys):
+    X, y = banana
+    data = write_csv(tmp_path / "cats.csv", X, np.where(y > 0, "cat", "dog"))
+    out = tmp_path / "p.csv"
+    out.write_text("earlier results\n")
+    status = main(["predict", str(model_file), str(data), "--target", "label", "--out", str(out)])
+    assert_one_line_error(status, capsys.readouterr().err)
+    assert out.read_text() == "earlier results\n"
+
+
+def test_parquet_without_pyarrow_names_the_package(tmp_path, monkeypatch, capsys):
+    (tmp_path / "d.parquet").write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    status = main(["fit", str(tmp_path / "d.parquet"), "--target", "y", "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "pip install pyarrow" in err
+
+
+def test_python_dash_m_reports_a_bad_model_in_one_line(tmp_path):
+    (tmp_path / "x.agpc").write_text("not a model")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, "-m", "agpc", "predict", str(tmp_path / "x.agpc"), str(tmp_path / "x.agpc"),
+                          "--out", str(tmp_path / "p.csv")], capture_output=True, text=True, env=env, timeout=120)
+    assert_one_line_error(run.returncode, run.stderr)
+    assert "is not an agpc model file" in run.stderr
+    assert not (tmp_path / "p.csv").exists()
+
+
+# -- demo and bench ------------------------------------------------------------------------------------
+
+def test_demo_writes_a_png(tmp_path, capsys):
+    png = tmp_path / "demo.png"
+    assert main(["demo", "--inducing", "10", "--max-iter", "2", "--plot", str(png)]) == 0
+    assert "| banana (synthetic, 2-D)" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    assert [p.name for p in tmp_path.iterdir()] == ["demo.png"]
+
+
+FAKE_BENCHMARK = """import sys
+from pathlib import Path
+out = Path(__file__).parent / "results"
+out.mkdir(exist_ok=True)
+(out / "fake.png").write_bytes(b"\\x89PNG\\r\\n\\x1a\\nfake")
+print("## Fake benchmark\\n\\nsome prose\\n")
+print("| setting | value |\\n|---|---|\\n| quick | " + str("--quick" in sys.argv) + " |")
+"""
+
+
+def test_bench_runs_the_scripts_present_and_collects_tables_and_pngs(tmp_path, monkeypatch, capsys):
+    bench_dir = tmp_path / "benchmarks"
+    bench_dir.mkdir()
+    (bench_dir / "uci_binary.py").write_text(FAKE_BENCHMARK)
+    (bench_dir / "airline.py").write_text("import sys\nprint('| a |')\nsys.exit(3)\n")
+    monkeypatch.setattr(cli, "_benchmarks_dir", lambda: bench_dir)
+    out = tmp_path / "results"
+    assert main(["bench", "--quick", "--out", str(out)]) == 1  # airline.py failed
+    results = (out / "results.md").read_text()
+    assert "### Fake benchmark" in results and "| quick | True |" in results and "some prose" not in results
+    assert "![fake.png](fake.png)" in results and (out / "fake.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert "exit status 3" in results
+    for missing in ("uci_multiclass.py", "banana_inducing.py", "time_curves.py"):
+        assert f"## benchmarks/{missing}\n\nSkipped: not in this checkout." in results
+    assert "skipped benchmarks/time_curves.py" in capsys.readouterr().out
+
+
+def test_bench_without_a_source_checkout_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_benchmarks_dir", lambda: None)
+    status = main(["bench", "--out", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "source repository" in err and not (tmp_path / "b").exists()
+
+
+def test_bench_finds_the_checkouts_benchmarks():
+    assert cli._benchmarks_dir() == ROOT / "benchmarks"
