@@ -616,15 +616,14 @@ def _fraction(text):
 
 
 def _fit_parser(sub):
-    from .inference.training import METHODS
-    from .inference.variational import VI_METHODS
+    from .classifier import _METHODS
 
     p = sub.add_parser("fit", help="train a classifier on a data file and save the model",
                        description="Train a GPClassifier on DATA and write the model (an .agpc file).")
     p.add_argument("data", metavar="DATA", help="a .csv (header row), .parquet, .npy, .npz file or a zarr store")
     p.add_argument("--target", metavar="COL", help="the label column: a name or an integer index (.npy: an index); "
                    ".npz / zarr group: the array of labels (default y, features in X)")
-    p.add_argument("--method", choices=METHODS + VI_METHODS, default="ep", help="inference method (default ep)")
+    p.add_argument("--method", choices=_METHODS, default="ep", help="inference method (default ep)")
     p.add_argument("--inducing", type=int, default=100, metavar="M", help="number of inducing points (default 100)")
     p.add_argument("--batch-size", type=_batch_size, default="auto", metavar="B",
                    help="rows per minibatch: a number, 'none' (full batch) or 'auto' (default: full batch up to "

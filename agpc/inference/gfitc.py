@@ -1,0 +1,334 @@
+"""Generalised FITC (GFITC; Naish-Guzman & Holden 2008): EP on the FITC prior, the baseline of seed 000 sec. 3
+and, with one GP per class, of seed 001 sec. 3.
+
+The inducing values are marginalised: f ~ N(0, K_fitc), K_fitc = Q + diag(Kdiag - diag Q), Q = Knm K^-1 Kmn,
+K = Kmm + jitter I. EP puts one Gaussian site t_i(f_i) = exp(-tau_i f_i^2 / 2 + nu_i f_i) on each latent
+value (multiclass: a pair site per wrong class k, factorised over f_{i y_i} and f_ik as in
+``multiclass_ep``), runs to convergence, and only then takes one step on the hyper-parameters (kernel and
+inducing points) along the gradient of log Z_EP; repeated. Batch only: every step needs all n sites
+converged, and log Z_EP is not a sum over rows (seed 000 sec. 3).
+
+O(n m^2) by Woodbury, through the inducing values. Write f_i = g_i + eps_i with g_i = upsilon_i^T u,
+u ~ N(0, K), eps_i ~ N(0, s_i) independent, s_i = Kdiag_i - k_i^T K^-1 k_i (the FITC conditional, seed 000
+eq. 1). Integrating f_i out of N(f_i | g_i, s_i) t_i(f_i) leaves a factor on g_i of the binary EP form
+(seed 000 eq. 2), with
+
+    precision w_i = tau_i / (1 + s_i tau_i),   shift r_i = nu_i / (1 + s_i tau_i),
+    log normaliser  -log(1 + s_i tau_i) / 2 + s_i nu_i^2 / (2 (1 + s_i tau_i)),
+
+so q(u) is an ``ep.Posterior`` built from (w, r): B = K + Knm^T diag(w) Knm = K + Kmn D^-1 Knm, where
+D = diag(s) + diag(1/tau) and D^-1 = diag(w) (finite when tau_i = 0). With e_i = k_i^T B^-1 c and
+d_i = k_i^T B^-1 k_i (q's mean and variance of g_i), the marginal of f_i under q is
+
+    mean_i = (e_i + s_i nu_i) / (1 + s_i tau_i),   var_i = (s_i + d_i / (1 + s_i tau_i)) / (1 + s_i tau_i).
+
+Predictions need only q(u): f_* = g_* + eps_*, mean k_*^T B^-1 c, variance Kdiag_* - Q_** + k_*^T B^-1 k_*
+(``ep.predict_latent``), probit link for binary, seed 001 eq. 11 quadrature for multiclass.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from ..backend import CholeskyError, array_device, array_namespace
+from ..kernels import ClassKernels
+from ..likelihoods import probit_tilted
+from ..optim import Rprop
+from . import ep, multiclass_ep
+from .training import TrainResult, _initial_steps, _parameter_names, _relative_change, _step
+
+__all__ = ["evaluate", "run_ep", "train_gfitc", "zero_sites"]
+
+
+@dataclass
+class FitcMarginals:
+    """q's marginal of f_i for one class (and what it was computed from)."""
+
+    g: object  # ep.Marginals: q(u) along upsilon_i (e, d), the FITC variance s, the projections
+    precision: object  # w_i = tau_i / (1 + s_i tau_i): the site as a factor on g_i
+    shift: object  # r_i = nu_i / (1 + s_i tau_i)
+    mean: object  # E_q f_i
+    var: object  # Var_q f_i
+    log_normaliser: object  # log of int N(f_i | g_i, s_i) t_i(f_i) df_i beyond its g_i-dependent part
+
+
+def _site_on_g(tau, nu, s):
+    """(w, r, 1 + s tau): the site t_i(f_i) seen through the FITC conditional N(f_i | g_i, s_i)."""
+    one_plus = 1.0 + s * tau
+    return tau / one_plus, nu / one_plus, one_plus
+
+
+def fitc_marginals(kernel, X, Z, post, tau, nu, At=None, Knm=None):
+    """The marginals of f_i under q (module docstring), from the rows' total sites (tau, nu) on f_i."""
+    xp = array_namespace(X)
+    g = ep.marginals(kernel, X, Z, post, At=At, Knm=Knm)
+    w, r, one_plus = _site_on_g(tau, nu, g.s)
+    mean = (g.e + g.s * nu) / one_plus
+    var = (g.s + g.d / one_plus) / one_plus
+    log_normaliser = -0.5 * xp.log(one_plus) + 0.5 * g.s * nu * r
+    return FitcMarginals(g, w, r, mean, var, log_normaliser)
+
+
+def _fitc_adjoint(kernel, X, Z, post, fm):
+    """Data part of the gradient of log N(mu~ | 0, K_fitc + Sigma~) (R&W eq. 3.65's first two terms, which
+    carry all of d log Z_EP / d xi at an EP fixed point, R&W eq. 5.27), sites fixed.
+
+    With A = K_fitc + Sigma~ = D + Knm K^-1 Kmn (D^-1 = diag(w)) and Woodbury,
+    A^-1 mu~ = r - w e =: b and diag(A^-1) = w - w^2 d. The adjoint of K_fitc is G = (b b^T - A^-1) / 2;
+    K_fitc = Q + diag(Kdiag) - diag(diag Q) gives dKdiag = diag G and, with G' = G - diag(diag G) and
+    U = Knm K^-1 (rows upsilon_i^T): dKnm = 2 G' U, dKmm = -U^T G' U. Woodbury turns these into
+    (U^T b = beta = B^-1 c, Kmn diag(w) Knm = B - K)
+        dKnm = b beta^T - diag(w) Knm B^-1 - 2 diag(diag G) U,
+        dKmm = (K^-1 - B^-1 - beta beta^T) / 2 + U^T diag(diag G) U,
+    which is ``ep.data_adjoint`` with alpha = b, kappa = -2 diag G, coef_g = -w, plus ``ep._prior_adjoint``
+    (added by the callers, as for EP). O(n m^2), no n x n matrix."""
+    b = fm.shift - fm.precision * fm.g.e
+    diag_G = 0.5 * (b * b - fm.precision + fm.precision * fm.precision * fm.g.d)
+    return ep.data_adjoint(kernel, X, Z, post, fm.g, b, -2.0 * diag_G, -fm.precision)
+
+
+# -- the likelihoods: cavity on f, tilted moments, new site ----------------------------------------
+
+def _probit_update(y, tau, nu, fms):
+    """Binary: cavity of f_i (R&W eq. 3.56), probit tilted moments (eq. 3.58), new site (eq. 3.59).
+    Returns (new tau, new nu, valid, the sites' log Z_EP terms log Z_i + g(cavity) - g(q) along f_i, zero
+    where the cavity is unusable: that site keeps its parameters for the round, as in ``ep``)."""
+    xp = array_namespace(tau)
+    (fm,) = fms
+    valid, one_minus, v, a = ep.cavity(tau, nu, fm.var, fm.mean, fm.g.prior_var + fm.g.s)
+    log_zi, alpha, gamma = probit_tilted(y, a, 1.0 + v)
+    new_tau, new_nu = ep.moment_matched_site(valid, tau, nu, a, v, alpha, gamma)
+    terms = log_zi + ep.removal_terms(tau, nu, fm.var, fm.mean, one_minus)
+    return new_tau, new_nu, valid, xp.where(valid, terms, 0.0)
+
+
+def _pair_update(y, tau, nu, fms):
+    """Multiclass: one site per wrong class k on (f_{i y_i}, f_ik), factorised over the two classes
+    (``multiclass_ep`` storage: column k the class-k part, column C + k the class-y_i part); each part is
+    removed from its own class's marginal of f. On f the likelihood of seed 001 eq. 1 is exactly the product
+    of Theta(f_y - f_k) (the latent noise is in Kdiag); against the two cavities each factor integrates to
+    the probit of seed 001 eq. 6 with variance v_y + v_k, and the tilted moments are ``multiclass_ep``'s."""
+    xp = array_namespace(tau)
+    C = len(fms)
+    onehot = multiclass_ep._onehot(y, C)
+    mean = xp.stack([fm.mean for fm in fms], axis=1)
+    var = xp.stack([fm.var for fm in fms], axis=1)
+    prior_var = xp.stack([fm.g.prior_var + fm.g.s for fm in fms], axis=1)
+    mean_y, var_y, prior_var_y = (multiclass_ep._true_class(v, onehot) for v in (mean, var, prior_var))
+    tau_k, tau_y, nu_k, nu_y = tau[:, :C], tau[:, C:], nu[:, :C], nu[:, C:]
+    valid_k, om_k, v_k, a_k = ep.cavity(tau_k, nu_k, var, mean, prior_var)
+    valid_y, om_y, v_y, a_y = ep.cavity(tau_y, nu_y, var_y, mean_y, prior_var_y)
+    valid = ~onehot & valid_k & valid_y
+    log_zp, alpha, gamma = probit_tilted(xp.ones_like(a_k), a_y - a_k, v_y + v_k)
+    new_tau_y, new_nu_y = ep.moment_matched_site(valid, tau_y, nu_y, a_y, v_y, alpha, gamma)
+    new_tau_k, new_nu_k = ep.moment_matched_site(valid, tau_k, nu_k, a_k, v_k, -alpha, gamma)
+    terms = log_zp + ep.removal_terms(tau_y, nu_y, var_y, mean_y, om_y) + ep.removal_terms(tau_k, nu_k, var, mean, om_k)
+    # (valid is True in the label's own column, which holds no pair)
+    return (xp.concat([new_tau_k, new_tau_y], axis=1), xp.concat([new_nu_k, new_nu_y], axis=1), valid | onehot,
+            xp.where(valid, terms, 0.0))
+
+
+# -- one model, binary or one GP per class ----------------------------------------------------------
+
+class _Model:
+    """The per-class pieces: a binary model is one class with sites of shape (n,), a multiclass model
+    C classes (``ClassKernels``, Z of shape (C, m, d)) with sites of shape (n, 2C)."""
+
+    def __init__(self, kernel, Z):
+        self.multiclass = isinstance(kernel, ClassKernels)
+        self.kernel, self.Z = kernel, Z
+        if self.multiclass:
+            self.parts = [(kernel[c], Z[c, ...]) for c in range(Z.shape[0])]
+        else:
+            self.parts = [(kernel, Z)]
+
+    def block_rows(self, block_rows):
+        return multiclass_ep._block_rows(block_rows, self.Z) if self.multiclass else block_rows
+
+    def totals(self, tau, nu, y):
+        """Per class, the rows' total site on f_ic."""
+        if not self.multiclass:
+            return [(tau, nu)]
+        tau_c, nu_c = multiclass_ep.site_totals(tau, nu, multiclass_ep._onehot(y, len(self.parts)))
+        return [(tau_c[:, c], nu_c[:, c]) for c in range(len(self.parts))]
+
+
+def _rows(a, lo, hi):
+    return (slice(lo, hi),) + (slice(None),) * (len(a.shape) - 1)
+
+
+def _posteriors(model, X, y, tau, nu, jitter, block_rows):
+    """q(u_c) for every class from the sites (one pass), and every block's projections (A^T, Knm) per
+    class for the sweep to reuse while they fit ep's cache budget."""
+    L_K = [ep.prior_cholesky(k, Zc, jitter) for k, Zc in model.parts]
+    L_K_inv = [ep._triangular_inverse(L) for L in L_K]
+    C, n, m = len(model.parts), X.shape[0], model.parts[0][1].shape[0]
+    keep = 2 * C * n * m <= ep._CACHE_ELEMENTS
+    S, c_tilde, kept = [None] * C, [None] * C, []
+    for lo, hi, X_block, y_block in ep.data_blocks(X, y, model.block_rows(block_rows), model.parts[0][1]):
+        totals = model.totals(tau[_rows(tau, lo, hi)], nu[_rows(nu, lo, hi)], y_block)
+        projections = []
+        for c, ((k, Zc), (tau_c, nu_c)) in enumerate(zip(model.parts, totals)):
+            At, Knm = ep.project(k, X_block, Zc, L_K_inv[c])
+            w, r, _ = _site_on_g(tau_c, nu_c, k.Kdiag(X_block) - ep._row_dot(At, At))
+            S_b, c_b = ep.site_sums(At, w, r)
+            S[c] = S_b if S[c] is None else S[c] + S_b
+            c_tilde[c] = c_b if c_tilde[c] is None else c_tilde[c] + c_b
+            projections.append((At, Knm))
+        if keep:
+            kept.append(projections)
+    posts = [ep.posterior_from_sums(L_K[c], S[c], c_tilde[c], L_K_inv=L_K_inv[c]) for c in range(C)]
+    return posts, (kept if keep else None)
+
+
+def _block_pass(model, X, y, tau, nu, posts, projections, *, want_grad):
+    xp = array_namespace(X)
+    fms = [
+        fitc_marginals(k, X, Zc, post, tau_c, nu_c, *(projections[c] if projections else (None, None)))
+        for c, ((k, Zc), post, (tau_c, nu_c)) in enumerate(zip(model.parts, posts, model.totals(tau, nu, y)))
+    ]
+    update = _pair_update if model.multiclass else _probit_update
+    new_tau, new_nu, valid_out, terms = update(y, tau, nu, fms)
+    log_z_terms = xp.sum(terms)
+    for fm in fms:
+        log_z_terms = log_z_terms + xp.sum(fm.log_normaliser)
+    if not want_grad:
+        return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, None, {})
+    adjoints = [_fitc_adjoint(k, X, Zc, post, fm) for (k, Zc), post, fm in zip(model.parts, posts, fms)]
+    if not model.multiclass:
+        return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, adjoints[0][0], adjoints[0][1])
+    grads = {f"{c}:{name}": value for c, (_, g) in enumerate(adjoints) for name, value in g.items() if name != "Z"}
+    grads["Z"] = xp.stack([g["Z"] for _, g in adjoints])
+    return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, tuple(d for d, _ in adjoints), grads)
+
+
+def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None):
+    """One pass of GFITC at fixed (kernel, Z, sites): q rebuilt from all sites, every site's undamped EP
+    update, log Z_EP and (``want_grad``) its gradient for the kernel parameters and Z, valid at an EP
+    fixed point. Binary: ``kernel`` a kernel, Z (m, d), y in {-1, +1}, sites (n,) on f_i. Multiclass:
+    ``ClassKernels``, Z (C, m, d), y class indices, sites (n, 2C) as in ``multiclass_ep``.
+
+    log Z_EP = sum_c [g(q_c) - g(prior_c)] + sum_i log-normalisers + sum_sites [log Z_i + g(cav) - g(q)]:
+    the form of seed 000 eq. 26 over (u, f), equal to R&W eq. 3.65 with K = K_fitc (tested against the
+    textbook full-GP EP on the dense FITC prior). Returns the dict of ``ep.evaluate``."""
+    model = _Model(kernel, Z)
+    posts, kept = _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows)
+    xp = array_namespace(Z)
+    n = X.shape[0]
+    out = {"terms": None, "sums": None, "dKmm_data": None, "grads": None}
+    device = array_device(Z)
+    new_tau = xp.empty(site_precision.shape, dtype=Z.dtype, device=device)
+    new_nu = xp.empty(site_precision.shape, dtype=Z.dtype, device=device)
+    valid = xp.empty((n, len(model.parts)) if model.multiclass else (n,), dtype=xp.bool, device=device)
+    blocks = ep.data_blocks(X, y, model.block_rows(block_rows), model.parts[0][1])
+    for index, (lo, hi, X_block, y_block) in enumerate(blocks):
+        rows = _rows(site_precision, lo, hi)
+        res = _block_pass(model, X_block, y_block, site_precision[rows], site_shift[rows], posts,
+                          kept[index] if kept else None, want_grad=want_grad)
+        new_tau[rows], new_nu[rows], valid[_rows(valid, lo, hi)] = res.site_precision, res.site_shift, res.valid
+        ep.accumulate(out, res, want_sums=False, want_grad=want_grad)
+    sweep = dict(out, site_precision=new_tau, site_shift=new_nu, valid=valid,
+                 n_invalid=int(xp.sum(xp.astype(~valid, xp.int64))))
+    if not model.multiclass:
+        return ep.finish_evaluate(kernel, Z, posts[0], sweep, want_grad)
+    log_z = sweep["terms"]
+    for post in posts:
+        log_z = log_z + ep._log_normaliser_gain(post)
+    grads = multiclass_ep._with_prior_grads(kernel, Z, posts, sweep) if want_grad else None
+    return dict(sweep, log_z=log_z, posterior=tuple(posts), grads=grads)
+
+
+def zero_sites(n, Z):
+    """All sites uniform: (n,) for a binary model (Z of shape (m, d)), (n, 2C) for a multiclass one."""
+    return multiclass_ep.zero_sites(n, Z) if len(Z.shape) == 3 else ep.zero_sites(n, Z)
+
+
+# -- the training loop ------------------------------------------------------------------------------
+
+def run_ep(kernel, Z, X, y, site_precision, site_shift, *, jitter, damping=0.5, tol_ep=1e-4, max_sweeps=100,
+           block_rows=None):
+    """Parallel damped EP (seed 000 eq. 25 damping) at fixed hyper-parameters until the largest site change,
+    relative to the largest site, is below ``tol_ep``, or ``max_sweeps`` sweeps.
+    Returns (site_precision, site_shift, sweeps, converged); a non-finite log Z_EP raises FloatingPointError."""
+    xp = array_namespace(Z)
+    tau, nu = site_precision, site_shift
+    for sweep in range(1, max_sweeps + 1):
+        out = evaluate(kernel, Z, X, y, tau, nu, jitter=jitter, want_grad=False, block_rows=block_rows)
+        if not math.isfinite(float(out["log_z"])):
+            raise FloatingPointError("GFITC: log Z_EP is not finite during EP")
+        new_tau = damping * out["site_precision"] + (1.0 - damping) * tau
+        new_nu = damping * out["site_shift"] + (1.0 - damping) * nu
+        change = _relative_change(new_tau, tau, xp) + _relative_change(new_nu, nu, xp)
+        tau, nu = new_tau, new_nu
+        if change < tol_ep:
+            return tau, nu, sweep, True
+    return tau, nu, max_sweeps, False
+
+
+def train_gfitc(X, y, kernel, Z, *, jitter=1e-6, max_iter=250, damping=0.5, optimize=("kernel", "inducing"),
+                tol_ep=1e-4, max_ep_iter=100, max_time=None, block_rows=None, site_precision=None, site_shift=None,
+                callback=None):
+    """GFITC training: EP to convergence (``run_ep``), then one Rprop step (seed 000 App. A.6 adaptive
+    steps, ``optim.Rprop``) on log Z_EP for the kernel parameters and the inducing points; ``max_iter`` steps,
+    EP warm-started from the previous sites. With nothing to optimise, one EP run of at most
+    max(max_iter, max_ep_iter) sweeps. Guard rails as ``training.Trainer``: a non-finite log Z_EP or a
+    failed Cholesky puts back the last good state and halves the damping and the step sizes.
+    ``max_time`` (seconds) stops after the iteration that crosses it. Returns a ``training.TrainResult``
+    (sites on f_i, in the caller's row order; ``factor`` None); the posterior is converged at the returned
+    hyper-parameters."""
+    xp = array_namespace(Z)
+    if site_precision is None:
+        site_precision, site_shift = zero_sites(X.shape[0], Z), zero_sites(X.shape[0], Z)
+    names = _parameter_names(kernel, tuple(optimize))
+    optimizer = Rprop(initial_steps=_initial_steps(kernel, Z, names)) if names else None
+    if not names:
+        max_ep_iter = max(int(max_iter), int(max_ep_iter))
+    state = {"kernel": kernel, "Z": Z, "tau": site_precision, "nu": site_shift}
+    history = {"log_marginal_likelihood": [], "time": [], "ep_sweeps": [], "damping": []}
+    t0 = time.perf_counter()
+    good, failures, n_steps, out = None, 0, 0, None
+    converged = stopped_by_time = False
+    while True:
+        try:
+            tau, nu, sweeps, converged = run_ep(
+                state["kernel"], state["Z"], X, y, state["tau"], state["nu"], jitter=jitter, damping=damping,
+                tol_ep=tol_ep, max_sweeps=max_ep_iter, block_rows=block_rows)
+            out = evaluate(state["kernel"], state["Z"], X, y, tau, nu, jitter=jitter,
+                           want_grad=bool(names) and n_steps < max_iter, block_rows=block_rows)
+            log_z = float(out["log_z"])
+        except (CholeskyError, FloatingPointError):
+            log_z = float("nan")
+        if not math.isfinite(log_z):
+            failures += 1
+            if good is None or failures > 30:
+                raise FloatingPointError(
+                    "GFITC diverged: log Z_EP is not finite and halving the damping and step sizes did not help "
+                    f"(after {failures} attempts); try a smaller damping or standardised inputs")
+            state, n_steps = dict(good[0]), good[2]
+            optimizer.restore(good[1])
+            optimizer.scale_steps(0.5)
+            damping *= 0.5
+            continue
+        failures = 0
+        state["tau"], state["nu"] = tau, nu
+        history["log_marginal_likelihood"].append(log_z)
+        history["time"].append(time.perf_counter() - t0)
+        history["ep_sweeps"].append(sweeps)
+        history["damping"].append(damping)
+        if callback is not None:
+            callback(n_steps, log_z)
+        if not names or n_steps >= max_iter:
+            break
+        if max_time is not None and time.perf_counter() - t0 >= max_time:
+            stopped_by_time = True
+            break
+        good = (dict(state), optimizer.snapshot(), n_steps)
+        state["kernel"], state["Z"] = _step(optimizer, names, state["kernel"], state["Z"], out["grads"])
+        n_steps += 1
+    return TrainResult(
+        kernel=state["kernel"], Z=state["Z"], posterior=out["posterior"], log_z=log_z, n_iter=n_steps,
+        site_precision=state["tau"], site_shift=state["nu"], history=history,
+        converged=converged and not names, stopped_by_time=stopped_by_time,
+    )
