@@ -565,7 +565,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
         import dask.array as da
 
-        from .inference.dask_engine import ChunkedRows, DaskEngine
+        from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
 
         if self.method not in training.METHODS:
             raise ValueError(f"fit on a dask array trains method 'ep', 'sep' or 'adf', not {self.method!r}")
@@ -579,14 +579,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         owned = None
         client = self.client
         if client is None:
-            from distributed import Client, LocalCluster, get_client
+            from distributed import Client, get_client
 
             try:
                 client = get_client()
             except ValueError:  # no client yet: a local cluster for this fit
-                cores = os.cpu_count() or 1
-                cluster = LocalCluster(n_workers=cores, threads_per_worker=1, processes=True, dashboard_address=None)
-                client = owned = Client(cluster)
+                client = owned = Client(local_cluster(os.cpu_count() or 1))
         try:
             finite, labels = client.compute([da.isfinite(X).all(), da.unique(y)], sync=True)
             if not bool(finite):

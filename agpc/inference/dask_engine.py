@@ -23,7 +23,25 @@ import operator
 
 from . import ep
 
-__all__ = ["ChunkedRows", "DaskEngine"]
+__all__ = ["ChunkedRows", "DaskEngine", "WORKER_ENVIRON", "local_cluster"]
+
+
+# glibc in a dask worker: the nanny sets MALLOC_TRIM_THRESHOLD_, and setting it turns off glibc's adaptive
+# mmap threshold, so every block temporary above 128 KiB is a fresh mmap whose pages fault in again each
+# block. A 64 MiB mmap threshold puts the ~16 MB block temporaries back on the heap: measured at 400,000 rows,
+# m = 200, one worker, the tasks' compute time of a batch EP pass fell from 14.5 s to 12.8 s (NumPy in
+# process: 11-12 s).
+WORKER_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": 64 * 1024 * 1024}
+
+
+def local_cluster(n_workers, **kwargs):
+    """A LocalCluster of single-threaded worker processes with ``WORKER_ENVIRON``; ``kwargs`` go to LocalCluster."""
+    import dask
+    from distributed import LocalCluster
+
+    settings = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in WORKER_ENVIRON.items()}
+    with dask.config.set(settings):
+        return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None, **kwargs)
 
 
 def _tree(client, futures, combine):
