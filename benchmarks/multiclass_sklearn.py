@@ -29,11 +29,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import limit_blas, load_line, print_machine  # noqa: E402
-from uci_binary_ep import fmt, mean_se, split_indices, test_scores  # noqa: E402
+from _protocol import fmt, mean_se, split_indices, test_scores  # noqa: E402
+from uci_multiclass import PAPER_TABLE2  # noqa: E402
 
 DATASETS = ("wine", "iris", "digits")
 METHODS = ("agpc-ep", "agpc-sep", "agpc-svi", "logreg-ovr", "sklearn-gpc")
-PAPER = {"wine": {0.05: (0.08, 0.07, 0.08), 0.1: (0.07, 0.06, 0.07), 0.2: (0.07, 0.05, 0.06)}}  # GFITC, EP, SEP
+PAPER = {"wine": {f: tuple(v for v, _ in PAPER_TABLE2[f]["wine"][:3]) for f in PAPER_TABLE2}}  # GFITC, EP, SEP
 
 
 def parse_args(argv=None):

@@ -1,0 +1,369 @@
+"""The papers' evaluation protocol, shared by the accuracy benchmarks (uci_binary.py, uci_multiclass.py,
+banana_inducing.py, time_curves.py, multiclass_sklearn.py).
+
+* ``split_indices``: random train/test split number ``split`` (``numpy.random.default_rng(split)``);
+* ``standardise``: features scaled with the training part's mean and standard deviation;
+* ``test_scores``: test NLL (natural log, mean of -log p(true label)) and error rate;
+* ``method_available``: whether this agpc knows a method (``gfitc`` may be missing) for 2 or more classes;
+* ``run_grid``: every (dataset, split, inducing fraction, method) fit, failures recorded, not fatal;
+* ``print_accuracy_tables``: per inducing fraction, NLL / error / time tables with a paper's numbers
+  beside ours and a mark where ours is worse by more than one standard error of the difference.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+WORSE_MARK = "†"
+
+
+# -- data and splits ------------------------------------------------------------------------------
+
+def load_npz(data_dir, name):
+    """(X float64, y int codes, class names) of ``data_dir/name.npz`` (the shared data's format)."""
+    with np.load(Path(data_dir) / f"{name}.npz", allow_pickle=False) as f:
+        return np.asarray(f["X"], dtype=np.float64), np.asarray(f["y"]), np.asarray(f["classes"])
+
+
+def split_indices(n, split, test_fraction):
+    """Random split number ``split``: (train rows, test rows), round((1 - test_fraction) n) for training."""
+    rng = np.random.default_rng(split)
+    perm = rng.permutation(n)
+    n_train = int(round((1.0 - test_fraction) * n))
+    return perm[:n_train], perm[n_train:]
+
+
+def standardise(X_train, X_test):
+    """Both parts scaled by the training part's mean and standard deviation (constant columns: 1)."""
+    mean = X_train.mean(axis=0)
+    std = X_train.std(axis=0)
+    std = np.where(std > 0, std, 1.0)
+    return (X_train - mean) / std, (X_test - mean) / std
+
+
+def standardised_splits(X, y, splitter):
+    """split -> (X_train, y_train, X_test, y_test, n) standardised on the training part, where
+    ``splitter(split)`` gives (train rows, test rows): the task form ``run_grid`` takes."""
+
+    def split_fn(split):
+        train, test = splitter(split)
+        X_train, X_test = standardise(X[train], X[test])
+        return X_train, y[train], X_test, y[test], X.shape[0]
+
+    return split_fn
+
+
+def test_scores(model, X_test, y_test):
+    """(NLL, error rate) with the predict_proba columns ordered by model.classes_."""
+    proba = np.asarray(model.predict_proba(X_test), dtype=np.float64)
+    classes = np.asarray(model.classes_)
+    col = np.searchsorted(classes, y_test)
+    col = np.minimum(col, len(classes) - 1)
+    if not np.all(classes[col] == y_test):
+        raise ValueError("a test label is not among the classes seen in training")
+    p_true = proba[np.arange(len(y_test)), col]
+    nll = float(-np.mean(np.log(np.clip(p_true, 1e-300, None))))
+    err = float(np.mean(classes[np.argmax(proba, axis=1)] != y_test))
+    return nll, err
+
+
+# -- statistics and formatting --------------------------------------------------------------------
+
+def mean_se(values):
+    """(mean, standard error, standard deviation with ddof=1); NaN where undefined."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    std = float(np.std(v, ddof=1)) if v.size > 1 else float("nan")
+    return float(np.mean(v)), std / math.sqrt(v.size) if v.size > 1 else float("nan"), std
+
+
+def fmt(mean, spread, digits=3):
+    if not math.isfinite(mean):
+        return "—"
+    return f"{mean:.{digits}f} ± {spread:.{digits}f}" if math.isfinite(spread) else f"{mean:.{digits}f}"
+
+
+def worse_by_more_than_one_se(ours_mean, ours_se, paper_mean, paper_se):
+    """True when ours - paper > sqrt(ours_se^2 + paper_se^2) (lower is better); a single split has SE 0."""
+    if not math.isfinite(ours_mean):
+        return False
+    se = math.sqrt((ours_se if math.isfinite(ours_se) else 0.0) ** 2 + paper_se ** 2)
+    return ours_mean - paper_mean > se
+
+
+def parse_list(text, allowed=None, kind="item", convert=str):
+    values = [convert(s.strip().lower() if convert is str else s.strip()) for s in text.split(",") if s.strip()]
+    if allowed is not None:
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise SystemExit(f"unknown {kind}(s) {bad}: choose from {list(allowed)}")
+    return values
+
+
+# -- methods --------------------------------------------------------------------------------------
+
+def method_available(method, n_classes=2):
+    """None if ``agpc.GPClassifier(method=method)`` fits data with ``n_classes`` classes, else the reason
+    (e.g. "gfitc" not written yet, or a binary-only method on multiclass data). Other errors: available."""
+    import agpc
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(12 * n_classes, 2))
+    y = np.arange(X.shape[0]) % n_classes
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            agpc.GPClassifier(method=method, n_inducing=2, max_iter=1, random_state=0).fit(X, y)
+    except ValueError as exc:
+        text = str(exc)
+        if "unknown method" in text or "binary only" in text:
+            return text.split(":")[0]
+    except Exception:  # noqa: BLE001  (the method exists; per-split failures are recorded by run_grid)
+        pass
+    return None
+
+
+def split_methods(methods, n_classes, skip=()):
+    """(methods to run, {method: reason} for those this agpc cannot train); ``skip``: not agpc methods."""
+    unavailable = {m: why for m in methods if m not in skip and (why := method_available(m, n_classes))}
+    return [m for m in methods if m not in unavailable], unavailable
+
+
+def agpc_model(method, m, split, max_iter, inducing):
+    import agpc
+
+    return agpc.GPClassifier(method=method, n_inducing=m, max_iter=max_iter, random_state=split, inducing=inducing)
+
+
+def import_numerics():
+    """Load every BLAS user before threadpoolctl looks (it limits only pools already loaded)."""
+    import scipy.linalg  # noqa: F401
+    import sklearn.linear_model  # noqa: F401
+
+    import agpc  # noqa: F401
+
+
+def start(title, blas_threads, argv=None):
+    """Load the numerical libraries, limit BLAS threads, print the machine header: (limiter, start time)."""
+    from _machine import limit_blas, print_machine
+
+    import_numerics()
+    limiter = limit_blas(blas_threads)
+    print_machine(title, argv)
+    return limiter, time.perf_counter()
+
+
+@dataclass
+class Record:
+    nll: list = field(default_factory=list)
+    err: list = field(default_factory=list)
+    time: list = field(default_factory=list)
+    failures: list = field(default_factory=list)
+    m: int = 0
+    n_train: int = 0
+
+
+def fit_scored(model, X_train, y_train, X_test, y_test):
+    """(NLL, error, fit seconds) of one fit."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        model.fit(X_train, y_train)
+        elapsed = time.perf_counter() - t0
+        nll, err = test_scores(model, X_test, y_test)
+    return nll, err, elapsed
+
+
+def run_grid(tasks, n_splits, fractions, methods, make_model, inducing_count):
+    """Fit every method on every split of every task at every inducing fraction.
+
+    tasks: name -> split(s) giving (X_train, y_train, X_test, y_test, n_total), already standardised.
+    make_model(method, m, split): a fresh estimator. inducing_count(fraction, n_total, n_train): m.
+    Returns {(name, fraction, method): Record}; failed fits are counted and reported, never fatal.
+    """
+    results = {}
+    for name, split_fn in tasks.items():
+        for split in range(n_splits):
+            X_train, y_train, X_test, y_test, n_total = split_fn(split)
+            for fraction in fractions:
+                m = inducing_count(fraction, n_total, X_train.shape[0])
+                done = []
+                for method in methods:
+                    rec = results.setdefault((name, fraction, method), Record())
+                    rec.m, rec.n_train = m, X_train.shape[0]
+                    try:
+                        nll, err, elapsed = fit_scored(make_model(method, m, split), X_train, y_train, X_test, y_test)
+                    except Exception as exc:  # noqa: BLE001  (one failed split must not lose the run)
+                        rec.failures.append(f"{type(exc).__name__}: {exc}"[:200])
+                        print(f"<!-- {name} split {split} m={m} {method} failed: {rec.failures[-1]} -->", flush=True)
+                        continue
+                    rec.nll.append(nll)
+                    rec.err.append(err)
+                    rec.time.append(elapsed)
+                    done.append(f"{method} {nll:.3f}/{elapsed:.1f}s")
+                print(f"<!-- {name} split {split + 1}/{n_splits} m={m} ({fraction:g}): {', '.join(done)} -->", flush=True)
+    return results
+
+
+# -- tables ---------------------------------------------------------------------------------------
+
+@dataclass
+class Paper:
+    """Published numbers: nll[fraction][dataset] = ((mean, ±), ...) in ``columns`` order; time[fraction] the
+    same for the average training time. ``pm_is_std``: the ± is a standard deviation over ``splits`` splits
+    (its SE is ± / sqrt(splits)), else a standard error. ``counterpart``: our method -> paper column index."""
+
+    name: str
+    columns: tuple
+    nll: dict
+    time: dict
+    counterpart: dict
+    pm_is_std: bool
+    splits: int = 20
+
+    def se(self, pm):
+        return pm / math.sqrt(self.splits) if self.pm_is_std else pm
+
+
+def _cell(rec, key, spread, digits=3):
+    mean, se, std = mean_se(getattr(rec, key))
+    cell = fmt(mean, std if spread == "std" else se, digits)
+    if rec.failures:
+        cell += f" ({len(rec.failures)} failed)"
+    return cell
+
+
+def print_accuracy_tables(results, datasets, fractions, methods, unavailable, paper, spread, title):
+    """Per fraction: NLL table (ours and the paper's), error table, time table; then the list of cells
+    where ours is worse than the paper's counterpart by more than one standard error of the difference.
+    ``spread``: "std" or "se", what our ± is. Returns {fraction: [(dataset, method, ours, paper), ...]}."""
+    worse_all = {}
+    what = "standard deviation" if spread == "std" else "standard error"
+    for fraction in fractions:
+        present = [d for d in datasets if any((d, fraction, mt) in results for mt in methods)]
+        if not present:
+            continue
+        published = paper.nll.get(fraction, {}) if paper else {}
+        worse = []
+        print(f"\n### {title}, m = {fraction:.0%}: test NLL (mean ± {what} over splits; lower is better)\n")
+        paper_cols = [f"paper {c}" for c in paper.columns] if published else []
+        print("| dataset | n_train | m | " + " | ".join(methods + paper_cols) + " |")
+        print("|---|---:|---:|" + "---|" * (len(methods) + len(paper_cols)))
+        for d in present:
+            ref = published.get(d)
+            cells = []
+            some = next(results[(d, fraction, mt)] for mt in methods if (d, fraction, mt) in results)
+            for mt in methods:
+                if mt in unavailable:
+                    cells.append("not available")
+                    continue
+                rec = results.get((d, fraction, mt))
+                if rec is None:
+                    cells.append("")
+                    continue
+                cell = _cell(rec, "nll", spread)
+                col = paper.counterpart.get(mt) if (paper and ref) else None
+                if col is not None:
+                    mean, se, _ = mean_se(rec.nll)
+                    p_mean, p_pm = ref[col]
+                    if worse_by_more_than_one_se(mean, se, p_mean, paper.se(p_pm)):
+                        cell += f" {WORSE_MARK}"
+                        worse.append((d, mt, mean, paper.columns[col], p_mean))
+                cells.append(cell)
+            if published:
+                cells += [f"{v:.2f} ± {pm:.2f}" for v, pm in ref] if ref else [""] * len(paper_cols)
+            print(f"| {d} | {some.n_train} | {some.m} | " + " | ".join(cells) + " |")
+        if published:
+            pairs = ", ".join(f"{mt} ~ {paper.columns[c]}" for mt, c in paper.counterpart.items() if mt in methods)
+            pse = "± / sqrt(%d) (the paper's ± read as a standard deviation)" % paper.splits if paper.pm_is_std else "the paper's ± (a standard error)"
+            print(f"\n{WORSE_MARK}: worse than the paper's counterpart ({pairs}) by more than one standard error of the "
+                  f"difference, sqrt(SE_ours^2 + SE_paper^2), SE_paper = {pse}.")
+            if worse:
+                print("Worse by more than one SE: " + "; ".join(
+                    f"{d} {mt} {ours:.3f} vs {col} {p:.2f}" for d, mt, ours, col, p in worse) + ".")
+            else:
+                print("Worse by more than one SE: none.")
+        worse_all[fraction] = worse
+        for key, label, digits in (("err", f"test error rate (mean ± {what})", 3),
+                                   ("time", "mean training time in seconds (± " + what + ")", 2)):
+            print(f"\n### {title}, m = {fraction:.0%}: {label}\n")
+            print("| dataset | " + " | ".join(methods) + " |")
+            print("|---|" + "---|" * len(methods))
+            for d in present:
+                cells = ["not available" if mt in unavailable else
+                         (_cell(results[(d, fraction, mt)], key, spread, digits) if (d, fraction, mt) in results else "")
+                         for mt in methods]
+                print(f"| {d} | " + " | ".join(cells) + " |")
+        if paper and fraction in paper.time:
+            print(f"\nPaper average training time at m = {fraction:.0%} (R code, seconds, all datasets): " + ", ".join(
+                f"{c} {v:g} ± {pm:g}" for c, (v, pm) in zip(paper.columns, paper.time[fraction])) + ".")
+    if unavailable:
+        print("\nNot available in this agpc: " + "; ".join(f"{mt} ({why})" for mt, why in unavailable.items()) + ".")
+    return worse_all
+
+
+# -- figures --------------------------------------------------------------------------------------
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (with a note) when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no figure written.")
+        return None
+    return plt
+
+
+def plot_against_paper(results, datasets, fractions, methods, paper, filename):
+    """One panel per fraction: our mean test NLL (± SE) against the paper's counterpart, a point a dataset."""
+    plt = pyplot()
+    fractions = [f for f in fractions if f in paper.nll]
+    if plt is None or not fractions:
+        return
+    fig, axes = plt.subplots(1, len(fractions), figsize=(4.2 * len(fractions), 4), squeeze=False)
+    for ax, fraction in zip(axes[0], fractions):
+        for i, method in enumerate(methods):
+            col = paper.counterpart.get(method)
+            rows = [(paper.nll[fraction][d][col][0],) + mean_se(results[(d, fraction, method)].nll)[:2]
+                    for d in datasets if col is not None and d in paper.nll[fraction]
+                    and (d, fraction, method) in results and results[(d, fraction, method)].nll]
+            if rows:
+                x, y, se = np.array(rows).T
+                ax.errorbar(x, y, yerr=np.nan_to_num(se), fmt="os^vD<>"[i % 7], ms=4, label=method, capsize=2)
+        top = max([ax.get_xlim()[1], ax.get_ylim()[1]])
+        ax.plot([0, top], [0, top], "k:", lw=0.8)
+        ax.set(title=f"m = {fraction:.0%}", xlabel=f"{paper.name}: counterpart's NLL", ylabel="agpc test NLL")
+    axes[0][0].legend(fontsize=7)
+    save_figure(fig, filename)
+
+
+def save_figure(fig, filename):
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / filename
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    print(f"Figure: benchmarks/results/{filename}")
+    return path
+
+
+def finish(t0, limiter):
+    from _machine import load_line
+
+    print(f"\nTotal wall time: {time.perf_counter() - t0:.0f} s.")
+    print(load_line(), flush=True)
+    del limiter
+    sys.stdout.flush()

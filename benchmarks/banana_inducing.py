@@ -1,0 +1,156 @@
+"""Seed 000 Fig. 2: decision boundaries and learned inducing points on banana for a growing m.
+
+Protocol (Hernandez-Lobato & Hernandez-Lobato, AISTATS 2016, sec. 4.2: "the setting of the previous
+section" on the two-dimensional Banana data, inducing points initialised at random from the training set,
+m from 4 to 128), as run here:
+
+* data: ``../shared/data/banana.npz`` (5300 rows, read by path), else ``agpc.datasets.make_banana(5300,
+  random_state=0)``; one random 90/10 split (``--split``, default 0, ``numpy.random.default_rng(split)``),
+  features standardised with the training part's mean and std (the figures are in those units);
+* for every m in ``--m`` (default 4,8,16,32,64,128) and method in ``--methods`` (default gfitc,ep,sep,svi;
+  adf, vi-jj, vi-taylor may be added): ``agpc.GPClassifier(method=M, n_inducing=m, max_iter=250,
+  inducing="random", random_state=split)``, so every method starts from the same random training rows;
+  a method this agpc does not know is reported as "not available";
+* one PNG per method, ``benchmarks/results/banana_inducing_<method>.png``: a panel per m with the training
+  points (blue: first class, red: second), the decision boundary p(y | x) = 0.5 (black line) and the learned
+  inducing points (black dots);
+* table: test error and test NLL (natural log) of each fit on the 10% test part, and the fit time.
+
+    PYTHONPATH=. python benchmarks/banana_inducing.py --blas-threads 1
+    PYTHONPATH=. python benchmarks/banana_inducing.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import DEFAULT_DATA_DIR  # noqa: E402
+from _protocol import (  # noqa: E402
+    agpc_model, finish, fit_scored, load_npz, parse_list, split_methods, start, pyplot, save_figure,
+    split_indices, standardise,
+)
+
+METHODS = ("gfitc", "ep", "sep", "svi")
+OPTIONAL = ("adf", "vi-jj", "vi-taylor")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke test: m = 4,8, 5 iterations, coarse grid")
+    p.add_argument("--m", default=None, help="numbers of inducing points (default 4,8,16,32,64,128)")
+    p.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS + OPTIONAL)}")
+    p.add_argument("--max-iter", type=int, default=None, help="agpc max_iter (default 250; quick 5)")
+    p.add_argument("--split", type=int, default=0, help="which random 90/10 split (default 0)")
+    p.add_argument("--grid", type=int, default=None, help="points per axis of the probability grid (default 200)")
+    p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="folder with banana.npz (default ../shared/data)")
+    p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads (quick: 1)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.m = args.m or "4,8"
+        args.max_iter = args.max_iter or 5
+        args.grid = args.grid or 40
+        args.blas_threads = 1 if args.blas_threads is None else args.blas_threads
+    args.m = parse_list(args.m or "4,8,16,32,64,128", convert=int)
+    args.methods = parse_list(args.methods or ",".join(METHODS), METHODS + OPTIONAL, "method")
+    args.max_iter = 250 if args.max_iter is None else args.max_iter
+    args.grid = args.grid or 200
+    return args
+
+
+def load_banana(data_dir):
+    path = Path(data_dir) / "banana.npz"
+    if path.is_file():
+        X, y, _ = load_npz(data_dir, "banana")
+        return X, y, str(path)
+    from agpc.datasets import make_banana
+
+    X, y = make_banana(5300, random_state=0)
+    return X, y, "agpc.datasets.make_banana(5300, random_state=0) (banana.npz not found)"
+
+
+def draw(plt, method, fits, X_train, y_train, grid):
+    """One figure: a panel per m with data, the p = 0.5 contour and the inducing points."""
+    cols = min(3, len(fits))
+    rows = math.ceil(len(fits) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.4 * rows), squeeze=False)
+    lo, hi = X_train.min(axis=0) - 0.3, X_train.max(axis=0) + 0.3
+    g0, g1 = np.meshgrid(np.linspace(lo[0], hi[0], grid), np.linspace(lo[1], hi[1], grid))
+    cells = np.column_stack([g0.ravel(), g1.ravel()])
+    classes = np.unique(y_train)
+    for ax, (m, model, err, nll) in zip(axes.ravel(), fits):
+        for c, colour in zip(classes, ("tab:blue", "tab:red")):
+            pts = X_train[y_train == c]
+            ax.scatter(pts[:, 0], pts[:, 1], s=1.5, c=colour, alpha=0.35, linewidths=0)
+        if model is not None:
+            p = np.asarray(model.predict_proba(cells))[:, 1].reshape(g0.shape)
+            ax.contour(g0, g1, p, levels=[0.5], colors="k", linewidths=1.2)
+            Z = np.asarray(model.inducing_points_).reshape(-1, 2)
+            ax.scatter(Z[:, 0], Z[:, 1], s=14, c="k", zorder=3)
+        ax.set(xlim=(lo[0], hi[0]), ylim=(lo[1], hi[1]), xticks=[], yticks=[],
+               title=f"m = {m}" + (f": error {err:.3f}, NLL {nll:.3f}" if model is not None else ": failed"))
+        ax.title.set_fontsize(8)
+    for ax in axes.ravel()[len(fits):]:
+        ax.axis("off")
+    fig.suptitle(f"banana, {method}: decision boundary p = 0.5 and learned inducing points", fontsize=10)
+    return fig
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    limiter, t0 = start("Banana: decision boundary and inducing points against m (seed 000 Fig. 2)", args.blas_threads, argv)
+    X, y, source = load_banana(args.data_dir)
+    train, test = split_indices(X.shape[0], args.split, 0.1)
+    X_train, X_test = standardise(X[train], X[test])
+    y_train, y_test = y[train], y[test]
+    print(f"\nData: {source}; split {args.split}: {len(train)} training / {len(test)} test rows, standardised on the "
+          f"training part; max_iter = {args.max_iter}; initial inducing points: random training rows (same for "
+          f"every method).\n", flush=True)
+    _, unavailable = split_methods(args.methods, 2)
+    plt = pyplot()
+    scores = {}
+    for method in args.methods:
+        if method in unavailable:
+            continue
+        fits = []
+        for m in args.m:
+            model = agpc_model(method, m, args.split, args.max_iter, "random")
+            try:
+                nll, err, elapsed = fit_scored(model, X_train, y_train, X_test, y_test)
+            except Exception as exc:  # noqa: BLE001
+                print(f"<!-- {method} m={m} failed: {type(exc).__name__}: {exc} -->", flush=True)
+                fits.append((m, None, math.nan, math.nan))
+                continue
+            scores[(method, m)] = (err, nll, elapsed)
+            fits.append((m, model, err, nll))
+            print(f"<!-- {method} m={m}: error {err:.4f}, NLL {nll:.4f}, {elapsed:.1f} s -->", flush=True)
+        if plt is not None:
+            save_figure(draw(plt, method, fits, X_train, y_train, args.grid),
+                        f"banana_inducing_{method}{'_quick' if args.quick else ''}.png")
+    print("\n### Banana, test error / test NLL (fit seconds) against m\n")
+    print("| m | " + " | ".join(args.methods) + " |")
+    print("|---:|" + "---|" * len(args.methods))
+    for m in args.m:
+        cells = []
+        for method in args.methods:
+            if method in unavailable:
+                cells.append("not available")
+            elif (method, m) in scores:
+                err, nll, elapsed = scores[(method, m)]
+                cells.append(f"{err:.3f} / {nll:.3f} ({elapsed:.1f} s)")
+            else:
+                cells.append("failed")
+        print(f"| {m} | " + " | ".join(cells) + " |")
+    if unavailable:
+        print("\nNot available in this agpc: " + "; ".join(f"{mt} ({why})" for mt, why in unavailable.items()) + ".")
+    finish(t0, limiter)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

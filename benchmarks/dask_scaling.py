@@ -1,0 +1,299 @@
+"""Distributed training on a LocalCluster (issue 6): seconds per epoch, rows per second, peak memory per worker,
+strong scaling and the Dask overhead against the NumPy path.
+
+Data: ``agpc.datasets.make_airline_like`` (8 features, Bayes error ~15%) written once to a zarr store
+(``--store``), opened with ``dask.array.from_zarr`` in chunks of ``--chunk-rows`` rows and *not* persisted: each
+pass reads the chunks from disk, as a data set larger than the cluster's memory would be read.
+
+1. Scale (``--rows``, default 1e6 and 1e7; m = 200), a fresh 2-worker LocalCluster (one thread each) per cell:
+   * SEP minibatch (200 rows): ``GPClassifier(method="sep", batch_size=200, max_time=--budget)``; rows per second
+     = minibatch steps x 200 / training seconds; seconds per epoch = n / rows per second (an epoch of 10^7 rows
+     takes longer than the budget, so it is extrapolated from the measured rate, and said so).
+   * EP batch: ``GPClassifier(method="ep", batch_size=None, max_time=--budget)``; seconds per pass (= per
+     epoch). The first 10 passes are the warm-up sweeps (sites only, no gradient); passes with the gradient
+     are timed separately when the budget reaches them.
+   * Peak memory per worker: the workers' resident set size (psutil, through ``client.run``) sampled every
+     0.5 s during the fit; the largest sample of any worker, and the workers' RSS before the fit.
+2. Strong scaling at ``--scaling-rows`` (default 1e6): seconds per warm-up EP pass with 1 and 2 workers, and the
+   NumPy path on the same rows in memory in this process with one BLAS thread (the Dask overhead at 1 worker).
+
+    python benchmarks/dask_scaling.py --blas-threads 1                 # the full table (~1 hour here)
+    python benchmarks/dask_scaling.py --quick                          # smoke run, well under a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import limit_blas, load_line, print_machine  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=float, nargs="+", default=[1e6, 1e7], help="training rows per scale cell")
+    p.add_argument("--scaling-rows", type=float, default=1e6, help="rows of the strong-scaling cells")
+    p.add_argument("--inducing", type=int, default=200)
+    p.add_argument("--chunk-rows", type=int, default=250_000, help="rows per dask chunk (one task each)")
+    p.add_argument("--budget", type=float, default=240.0, help="seconds of training per cell")
+    p.add_argument("--scaling-passes", type=int, default=3, help="EP passes timed per strong-scaling cell")
+    p.add_argument("--store", default="/tmp/agpc-dask-scaling", help="folder of the zarr store (created if missing)")
+    p.add_argument("--methods", nargs="+", default=["sep", "ep"], choices=["sep", "ep"])
+    p.add_argument("--skip-scaling", action="store_true", help="only the scale table")
+    p.add_argument("--only-scaling", action="store_true", help="only the strong-scaling table")
+    p.add_argument("--blas-threads", type=int, default=1, help="BLAS threads of the NumPy cell (workers use 1)")
+    p.add_argument("--quick", action="store_true", help="tiny smoke setting")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rows, args.scaling_rows, args.inducing, args.chunk_rows = [20_000], 20_000, 20, 5_000
+        args.budget, args.scaling_passes = 4.0, 2
+        args.store = os.path.join(args.store + "-quick")
+    args.rows = [int(r) for r in args.rows]
+    args.scaling_rows = int(args.scaling_rows)
+    return args
+
+
+def open_data(args, n):
+    """The first n rows of the store (written on first use, a chunk at a time) as dask arrays."""
+    import dask.array as da
+    import zarr
+
+    from agpc.datasets import make_airline_like
+
+    need = max(max(args.rows), args.scaling_rows)
+    folder = os.path.join(args.store, f"chunks-{args.chunk_rows}")  # stored chunks = dask chunks: no rechunking
+    store = os.path.join(folder, "data.zarr")
+    if os.path.exists(store) and zarr.open_group(store, mode="r")["X"].shape[0] < need:
+        import shutil
+
+        shutil.rmtree(folder)
+    if not os.path.exists(store):
+        t0 = time.perf_counter()
+        make_airline_like(need, random_state=0, path=folder, format="zarr", chunk_size=args.chunk_rows)
+        print(f"(wrote {need:,} rows to {store} in {time.perf_counter() - t0:.0f} s)\n", flush=True)
+    root = zarr.open_group(store, mode="r")
+    return da.from_zarr(root["X"])[:n], da.from_zarr(root["y"])[:n]
+
+
+class StepClock:
+    """Times every step the training loop takes (wraps ``Trainer.step`` for the benchmark's duration)."""
+
+    def __init__(self):
+        from agpc.inference import training
+
+        self.training = training
+        self.real = training.Trainer.step
+        self.times = []
+        clock = self
+
+        self.started = None  # time.time() of the first step
+
+        def step(trainer, *a, **k):
+            if clock.started is None:
+                clock.started = time.time()
+            t0 = time.perf_counter()
+            out = clock.real(trainer, *a, **k)
+            if out[0]:
+                clock.times.append(time.perf_counter() - t0)
+            return out
+
+        training.Trainer.step = step
+
+    def close(self):
+        self.training.Trainer.step = self.real
+
+
+class WorkerMemory:
+    """Peak resident set size of each worker, sampled every ``every`` seconds in a thread."""
+
+    def __init__(self, client, every=0.5):
+        self.client, self.every = client, every
+        self.samples = []  # (time.time(), {worker: rss})
+        self.before = self.sample()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def sample(self):
+        import psutil
+
+        return self.client.run(lambda: psutil.Process().memory_info().rss)
+
+    def _run(self):
+        while not self._stop.wait(self.every):
+            try:
+                self.samples.append((time.time(), self.sample()))
+            except Exception:  # the cluster closing under the sampler
+                return
+
+    def stop(self, since):
+        """(peak RSS of any worker over the whole fit, the same from ``since`` on, RSS before the fit)."""
+        self._stop.set()
+        self._thread.join()
+
+        def peak(samples):
+            return max((max(rss.values()) for _, rss in samples), default=float("nan"))
+
+        training = [(t, rss) for t, rss in self.samples if since is not None and t >= since]
+        return peak(self.samples), peak(training), max(self.before.values())
+
+
+def local_cluster(workers):
+    """The cluster ``fit`` starts when given none (agpc's worker settings), with no memory limit: no spilling or
+    pausing, the benchmark measures what the fit needs."""
+    from distributed import Client
+
+    from agpc.inference.dask_engine import local_cluster as agpc_local_cluster
+
+    cluster = agpc_local_cluster(workers, memory_limit=0)
+    return cluster, Client(cluster)
+
+
+def scale_cell(args, method, n):
+    from agpc import GPClassifier
+
+    X, y = open_data(args, n)
+    cluster, client = local_cluster(2)
+    clock = StepClock()
+    try:
+        client.run(lambda: __import__("agpc.inference.ep"))  # imports counted in the baseline, not the peak
+        memory = WorkerMemory(client)
+        batch = 200 if method == "sep" else None
+        t0 = time.perf_counter()
+        GPClassifier(method=method, n_inducing=args.inducing, batch_size=batch, max_iter=1000,
+                             max_time=args.budget, random_state=0, client=client).fit(X, y)
+        wall = time.perf_counter() - t0
+        peak, training_peak, before = memory.stop(clock.started)
+    finally:
+        clock.close()
+        client.close()
+        cluster.close()
+    steps = clock.times
+    row = {"method": method, "n": n, "wall": wall, "train": sum(steps), "steps": len(steps), "peak": peak,
+           "training_peak": training_peak, "before": before}
+    if method == "sep":
+        row["rows_per_s"] = 200 * len(steps) / sum(steps)
+        row["epoch_s"] = n / row["rows_per_s"]
+    else:
+        warm, graded = steps[:10], steps[10:]
+        row["pass_s"] = statistics.median(warm)
+        row["grad_pass_s"] = statistics.median(graded) if graded else float("nan")
+        row["rows_per_s"] = n / row["pass_s"]
+        row["epoch_s"] = row["pass_s"]
+    return row
+
+
+def ep_pass_seconds(args, workers):
+    """Median seconds of the first ``--scaling-passes`` warm-up EP passes; workers=0: the NumPy path."""
+    from agpc import GPClassifier
+
+    X, y = open_data(args, args.scaling_rows)
+    params = dict(method="ep", n_inducing=args.inducing, batch_size=None, max_iter=1, random_state=0)
+    clock = StepClock()
+    try:
+        if workers == 0:
+            Xn, yn = X.compute(scheduler="threads"), y.compute(scheduler="threads")
+            GPClassifier(**params, max_time=0.01).fit(Xn[:2000], yn[:2000])  # warm the imports
+            clock.times.clear()
+            _fit_passes(GPClassifier, params, args, Xn, yn, clock)
+        else:
+            cluster, client = local_cluster(workers)
+            try:
+                X = client.persist(X)  # strong scaling: the passes, not the disk
+                _fit_passes(GPClassifier, dict(params, client=client), args, X, y, clock)
+            finally:
+                client.close()
+                cluster.close()
+    finally:
+        clock.close()
+    return statistics.median(clock.times)
+
+
+def _fit_passes(GPClassifier, params, args, X, y, clock):
+    """Fit until ``--scaling-passes`` passes have been timed (the first 10 are warm-up passes)."""
+    from agpc.inference import training
+
+    real = training.Trainer.step
+    count = {"n": 0}
+
+    def limited(trainer, *a, **k):
+        count["n"] += 1
+        if count["n"] > args.scaling_passes:
+            raise _Enough
+        return real(trainer, *a, **k)
+
+    training.Trainer.step = limited
+    try:
+        GPClassifier(**params).fit(X, y)
+    except _Enough:
+        pass
+    finally:
+        training.Trainer.step = real
+
+
+class _Enough(Exception):
+    pass
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import distributed  # noqa: F401 (BLAS pools are loaded by now; the limit must see them)
+
+    import agpc  # noqa: F401
+
+    # The driver computes the minibatch steps and the m x m algebra: one BLAS thread, like each worker
+    # (the nanny starts workers with OMP/OPENBLAS/MKL_NUM_THREADS=1); a spinning second thread on a loaded
+    # 2-core machine made a 200 x 200 Cholesky take 0.3 s.
+    limiter = limit_blas(args.blas_threads)  # noqa: F841 (kept alive for the run)
+    print_machine("Distributed training on a 2-worker LocalCluster (issue 6)", argv)
+    mb = 1024.0 ** 2
+    print(f"m = {args.inducing}, chunks of {args.chunk_rows:,} rows read from zarr each pass, {args.budget:.0f} s of "
+          "training per cell, fresh cluster per cell.\n")
+    print("| method | rows | steps timed | rows / s | s / epoch | s / EP pass with gradient | worker RSS before | "
+          "peak worker RSS, whole fit | peak worker RSS, training steps | fit wall s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for method in [] if args.only_scaling else args.methods:
+        for n in args.rows:
+            r = scale_cell(args, method, n)
+            rows.append(r)
+            extrapolated = " (extrapolated)" if method == "sep" and r["steps"] * 200 < n else ""
+            grad = f"{r['grad_pass_s']:.1f}" if method == "ep" and np.isfinite(r["grad_pass_s"]) else "-"
+            print(f"| {method} {'minibatch 200' if method == 'sep' else 'batch'} | {n:,} | {r['steps']} | "
+                  f"{r['rows_per_s']:,.0f} | {r['epoch_s']:,.1f}{extrapolated} | {grad} | {r['before'] / mb:.0f} MB | "
+                  f"{r['peak'] / mb:.0f} MB | {r['training_peak'] / mb:.0f} MB | {r['wall']:.0f} |", flush=True)
+    print()
+    for method in args.methods:
+        cells = sorted((r for r in rows if r["method"] == method), key=lambda r: r["n"])
+        if len(cells) > 1:
+            a, b = cells[0], cells[-1]
+            for key, what in (("peak", "whole fit"), ("training_peak", "training steps")):
+                growth = (b[key] - a[key]) / a[key]
+                print(f"- {method}, {what}: peak worker RSS {a[key] / mb:.0f} MB at {a['n']:,} rows -> "
+                      f"{b[key] / mb:.0f} MB at {b['n']:,} rows: {100 * growth:+.0f}% "
+                      f"({'flat within 20%' if abs(growth) <= 0.2 else 'NOT flat'})")
+    if not args.skip_scaling:
+        n = args.scaling_rows
+        print(f"\nStrong scaling, batch EP at {n:,} rows (X persisted on the workers), median of "
+              f"{args.scaling_passes} warm-up passes:\n")
+        numpy_s = ep_pass_seconds(args, 0)
+        one = ep_pass_seconds(args, 1)
+        two = ep_pass_seconds(args, 2)
+        print("| path | s / pass | vs NumPy | speed-up vs 1 worker |")
+        print("|---|---|---|---|")
+        print(f"| NumPy, this process, {args.blas_threads} BLAS thread(s) | {numpy_s:.2f} | 1.00 | - |")
+        print(f"| Dask, 1 worker | {one:.2f} | {one / numpy_s:.2f} (overhead {100 * (one / numpy_s - 1):+.0f}%) | 1.00 |")
+        print(f"| Dask, 2 workers | {two:.2f} | {two / numpy_s:.2f} | {one / two:.2f} |")
+    print("\n" + load_line())
+
+
+if __name__ == "__main__":
+    main()
