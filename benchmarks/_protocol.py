@@ -111,6 +111,24 @@ def parse_list(text, allowed=None, kind="item", convert=str):
 
 # -- methods --------------------------------------------------------------------------------------
 
+def resolve_table_options(args, *, datasets, methods, allowed_methods, fractions, quick_dataset, quick_fraction):
+    """Fill the table scripts' options left unset: ``--quick`` (one split of ``quick_dataset``, m =
+    ``quick_fraction``, 5 iterations, 1 BLAS thread), then the papers' protocol (all ``datasets``, 20 splits,
+    m = ``fractions``, 250 iterations); parse the comma lists."""
+    if args.quick:
+        args.datasets = args.datasets or quick_dataset
+        args.splits = args.splits or 1
+        args.fractions = args.fractions or quick_fraction
+        args.max_iter = args.max_iter or 5
+        args.blas_threads = 1 if args.blas_threads is None else args.blas_threads
+    args.datasets = parse_list(args.datasets or ",".join(datasets), datasets, "dataset")
+    args.methods = parse_list(args.methods or ",".join(methods), allowed_methods, "method")
+    args.splits = args.splits or 20
+    args.fractions = parse_list(args.fractions or fractions, convert=float)
+    args.max_iter = 250 if args.max_iter is None else args.max_iter
+    return args
+
+
 def method_available(method, n_classes=2):
     """None if ``agpc.GPClassifier(method=method)`` fits data with ``n_classes`` classes, else the reason
     (e.g. "gfitc" not written yet, or a binary-only method on multiclass data). Other errors: available."""

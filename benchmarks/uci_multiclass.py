@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import DEFAULT_DATA_DIR  # noqa: E402
 from _protocol import (  # noqa: E402
-    Paper, agpc_model, finish, load_npz, parse_list, split_methods, start, plot_against_paper,
+    Paper, agpc_model, finish, load_npz, resolve_table_options, split_methods, start, plot_against_paper,
     print_accuracy_tables, run_grid, split_indices, standardised_splits,
 )
 
@@ -110,18 +110,8 @@ def parse_args(argv=None):
     p.add_argument("--figure", default=None, help="PNG name in benchmarks/results (default uci_multiclass_nll.png; quick uci_multiclass_nll_quick.png)")
     p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads (quick: 1)")
     args = p.parse_args(argv)
-    if args.quick:
-        args.datasets = args.datasets or "wine"
-        args.splits = args.splits or 1
-        args.fractions = args.fractions or "0.1"
-        args.max_iter = args.max_iter or 5
-        args.blas_threads = 1 if args.blas_threads is None else args.blas_threads
-    args.datasets = parse_list(args.datasets or ",".join(DATASETS), DATASETS, "dataset")
-    args.methods = parse_list(args.methods or ",".join(METHODS), METHODS + OPTIONAL, "method")
-    args.splits = args.splits or 20
-    args.fractions = parse_list(args.fractions or "0.05,0.1,0.2", convert=float)
-    args.max_iter = 250 if args.max_iter is None else args.max_iter
-    return args
+    return resolve_table_options(args, datasets=DATASETS, methods=METHODS, allowed_methods=METHODS + OPTIONAL,
+                                 fractions="0.05,0.1,0.2", quick_dataset="wine", quick_fraction="0.1")
 
 
 def protocol_split(name, X, y, split):
