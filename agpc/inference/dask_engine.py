@@ -173,7 +173,7 @@ class DaskEngine:
         return site_precision, site_shift
 
     @staticmethod
-    def release_sites(path, record):
+    def release_sites(record):
         """Remove the site files of earlier checkpoints (once the checkpoint naming ``record`` is in place)."""
         import os
         import shutil

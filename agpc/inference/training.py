@@ -494,7 +494,7 @@ def _write_checkpoint(trainer, rng, order, best, path, fingerprint):
         "elapsed": time.perf_counter() - trainer.t0,
     })
     if store is not None and s["nu"] is not None:
-        trainer.engine.release_sites(path, sites[0])
+        trainer.engine.release_sites(sites[0])
 
 
 def _restore(trainer, rng, path, fingerprint, has_validation):
