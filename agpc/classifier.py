@@ -139,6 +139,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         uninterrupted run. Early stopping's best state is not kept across a resume. On a dask array, batch
         EP's sites are written by the workers into ``<checkpoint_path>.sites/`` (a directory they must share
         with the driver), one file a chunk.
+    site_directory : path or None
+        Batch EP on a dask.array: keep the sites (two floats a row) in files under this directory, a file
+        a chunk, instead of in the workers' memory. Worker memory then stays flat as the rows grow, at the
+        cost of reading and writing 16 bytes a row each pass; a lost worker's chunks restart from the last
+        pass's files. The driver and every worker must reach the directory (across hosts: a shared file
+        system). A subdirectory is made for the fit and removed at its end.
 
     Attributes
     ----------
@@ -177,6 +183,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         client=None,
         checkpoint_path=None,
         checkpoint_every=None,
+        site_directory=None,
     ):
         self.method = method
         self.n_inducing = n_inducing
@@ -202,6 +209,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.client = client
         self.checkpoint_path = checkpoint_path
         self.checkpoint_every = checkpoint_every
+        self.site_directory = site_directory
 
     # -- validation ------------------------------------------------------------------------------
 
@@ -576,7 +584,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if y.ndim != 1 or y.shape[0] != X.shape[0]:
             raise ValueError(f"X has {X.shape[0]} rows but y has shape {tuple(y.shape)}: y must be 1-D and match")
         y = y.rechunk((X.chunks[0],))
-        owned = None
+        owned = engine = None
         client = self.client
         if client is None:
             from distributed import Client, get_client
@@ -607,7 +615,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if batch_size is not None and batch_size < n:  # minibatches: chunks come to the driver in turn
                 X, y_pm, engine = ChunkedRows(X, client), ChunkedRows(y_pm, client), None
             else:
-                engine = DaskEngine(client, X.chunks[0])
+                engine = DaskEngine(client, X.chunks[0], site_directory=self.site_directory)
             t0 = time.perf_counter()
             self.likelihood_ = "probit"
             result = training.train(
@@ -619,6 +627,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 resume=bool(resume),
             )
         finally:
+            if engine is not None:
+                engine.close()
             if owned is not None:
                 cluster = owned.cluster
                 owned.close()

@@ -12,6 +12,8 @@ pass reads the chunks from disk, as a data set larger than the cluster's memory 
    * EP batch: ``GPClassifier(method="ep", batch_size=None, max_time=--budget)``; seconds per pass (= per
      epoch). The first 10 passes are the warm-up sweeps (sites only, no gradient); passes with the gradient
      are timed separately when the budget reaches them.
+   * EP batch with its sites in files (``--methods ep-files``): the same with ``site_directory`` (a folder in
+     ``--store``): each chunk's task reads its sites from a file and writes the new ones.
    * Peak memory per worker: the workers' resident set size (psutil, through ``client.run``) sampled every
      0.5 s during the fit; the largest sample of any worker, and the workers' RSS before the fit.
 2. Strong scaling at ``--scaling-rows`` (default 1e6): seconds per warm-up EP pass with 1 and 2 workers, and the
@@ -46,7 +48,7 @@ def parse_args(argv=None):
     p.add_argument("--budget", type=float, default=240.0, help="seconds of training per cell")
     p.add_argument("--scaling-passes", type=int, default=3, help="EP passes timed per strong-scaling cell")
     p.add_argument("--store", default="/tmp/agpc-dask-scaling", help="folder of the zarr store (created if missing)")
-    p.add_argument("--methods", nargs="+", default=["sep", "ep"], choices=["sep", "ep"])
+    p.add_argument("--methods", nargs="+", default=["sep", "ep"], choices=["sep", "ep", "ep-files"])
     p.add_argument("--skip-scaling", action="store_true", help="only the scale table")
     p.add_argument("--only-scaling", action="store_true", help="only the strong-scaling table")
     p.add_argument("--blas-threads", type=int, default=1, help="BLAS threads of the NumPy cell (workers use 1)")
@@ -56,6 +58,8 @@ def parse_args(argv=None):
         args.rows, args.scaling_rows, args.inducing, args.chunk_rows = [20_000], 20_000, 20, 5_000
         args.budget, args.scaling_passes = 4.0, 2
         args.store = os.path.join(args.store + "-quick")
+        if "ep" in args.methods and "ep-files" not in args.methods:
+            args.methods = [*args.methods, "ep-files"]
     args.rows = [int(r) for r in args.rows]
     args.scaling_rows = int(args.scaling_rows)
     return args
@@ -167,9 +171,10 @@ def scale_cell(args, method, n):
         client.run(lambda: __import__("agpc.inference.ep"))  # imports counted in the baseline, not the peak
         memory = WorkerMemory(client)
         batch = 200 if method == "sep" else None
+        sites = os.path.join(args.store, "sites") if method == "ep-files" else None
         t0 = time.perf_counter()
-        GPClassifier(method=method, n_inducing=args.inducing, batch_size=batch, max_iter=1000,
-                             max_time=args.budget, random_state=0, client=client).fit(X, y)
+        GPClassifier(method=method.split("-")[0], n_inducing=args.inducing, batch_size=batch, max_iter=1000,
+                     max_time=args.budget, random_state=0, client=client, site_directory=sites).fit(X, y)
         wall = time.perf_counter() - t0
         peak, training_peak, before = memory.stop(clock.started)
     finally:
@@ -191,12 +196,13 @@ def scale_cell(args, method, n):
     return row
 
 
-def ep_pass_seconds(args, workers):
+def ep_pass_seconds(args, workers, in_files=False):
     """Median seconds of the first ``--scaling-passes`` warm-up EP passes; workers=0: the NumPy path."""
     from agpc import GPClassifier
 
     X, y = open_data(args, args.scaling_rows)
-    params = dict(method="ep", n_inducing=args.inducing, batch_size=None, max_iter=1, random_state=0)
+    params = dict(method="ep", n_inducing=args.inducing, batch_size=None, max_iter=1, random_state=0,
+                  site_directory=os.path.join(args.store, "sites") if in_files else None)
     clock = StepClock()
     try:
         if workers == 0:
@@ -243,6 +249,9 @@ class _Enough(Exception):
     pass
 
 
+LABELS = {"sep": "SEP minibatch 200", "ep": "EP batch, sites in memory", "ep-files": "EP batch, sites in files"}
+
+
 def main(argv=None):
     args = parse_args(argv)
     import distributed  # noqa: F401 (BLAS pools are loaded by now; the limit must see them)
@@ -266,8 +275,8 @@ def main(argv=None):
             r = scale_cell(args, method, n)
             rows.append(r)
             extrapolated = " (extrapolated)" if method == "sep" and r["steps"] * 200 < n else ""
-            grad = f"{r['grad_pass_s']:.1f}" if method == "ep" and np.isfinite(r["grad_pass_s"]) else "-"
-            print(f"| {method} {'minibatch 200' if method == 'sep' else 'batch'} | {n:,} | {r['steps']} | "
+            grad = f"{r['grad_pass_s']:.1f}" if method != "sep" and np.isfinite(r["grad_pass_s"]) else "-"
+            print(f"| {LABELS[method]} | {n:,} | {r['steps']} | "
                   f"{r['rows_per_s']:,.0f} | {r['epoch_s']:,.1f}{extrapolated} | {grad} | {r['before'] / mb:.0f} MB | "
                   f"{r['peak'] / mb:.0f} MB | {r['training_peak'] / mb:.0f} MB | {r['wall']:.0f} |", flush=True)
     print()
@@ -287,10 +296,13 @@ def main(argv=None):
         numpy_s = ep_pass_seconds(args, 0)
         one = ep_pass_seconds(args, 1)
         two = ep_pass_seconds(args, 2)
+        one_files = ep_pass_seconds(args, 1, in_files=True)
         print("| path | s / pass | vs NumPy | speed-up vs 1 worker |")
         print("|---|---|---|---|")
         print(f"| NumPy, this process, {args.blas_threads} BLAS thread(s) | {numpy_s:.2f} | 1.00 | - |")
-        print(f"| Dask, 1 worker | {one:.2f} | {one / numpy_s:.2f} (overhead {100 * (one / numpy_s - 1):+.0f}%) | 1.00 |")
+        for label, seconds in (("Dask, 1 worker", one), ("Dask, 1 worker, sites in files", one_files)):
+            print(f"| {label} | {seconds:.2f} | {seconds / numpy_s:.2f} (overhead "
+                  f"{100 * (seconds / numpy_s - 1):+.0f}%) | {one / seconds:.2f} |")
         print(f"| Dask, 2 workers | {two:.2f} | {two / numpy_s:.2f} | {one / two:.2f} |")
     print("\n" + load_line())
 

@@ -44,6 +44,37 @@ def test_dask_fit_equals_numpy_fit(client, data, method):
     np.testing.assert_array_equal(model.predict(da.from_array(X_test, chunks=(30, 2))).compute(), ref.predict(X_test))
 
 
+def test_ep_sites_in_files_give_the_same_model(client, data, monkeypatch, tmp_path):
+    """``site_directory``: batch EP's sites live in files, a file a chunk, written and read by the chunks'
+    tasks. Same numbers as the NumPy path; at most three passes' files exist at a time (the state, the
+    state to go back to, the pass being written); none are left after the fit."""
+    import os
+
+    from agpc.inference import dask_engine
+
+    X, y, X_test = data
+    generations = []
+    real = dask_engine._tree
+
+    def spy(client_, futures, combine):
+        out = real(client_, futures, combine)
+        out.result()
+        (root,) = os.listdir(tmp_path)
+        generations.append({g: len(os.listdir(tmp_path / root / g)) for g in os.listdir(tmp_path / root)})
+        return out
+
+    monkeypatch.setattr(dask_engine, "_tree", spy)
+    ref = GPClassifier(method="ep", n_inducing=10, max_iter=15, random_state=0).fit(X, y)
+    model = GPClassifier(method="ep", n_inducing=10, max_iter=15, random_state=0, client=client,
+                         site_directory=tmp_path).fit(da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200))
+    np.testing.assert_allclose(model.history_["log_marginal_likelihood"], ref.history_["log_marginal_likelihood"],
+                               rtol=1e-8)
+    np.testing.assert_allclose(model.predict_proba(X_test), ref.predict_proba(X_test), rtol=1e-8, atol=1e-12)
+    assert max(len(g) for g in generations) == 3 and "pass-24" in generations[-1]  # 25 sweeps written
+    assert {count for g in generations for count in g.values()} == {3}  # a file a chunk
+    assert os.listdir(tmp_path) == []
+
+
 def test_ep_sites_stay_on_the_workers(client, data, monkeypatch):
     """EP's per-row sites are dask arrays persisted on the workers; the driver gathers only the chunks'
     reduced (O(m^2)) results: nothing of n rows comes back during fit."""
@@ -134,13 +165,14 @@ def _kill_a_worker_during_pass(monkeypatch, client, at_pass):
     return calls
 
 
-@pytest.mark.parametrize("method", ["ep", "sep"])
-def test_a_worker_lost_mid_fit_gives_the_same_model(client, data, monkeypatch, method):
+@pytest.mark.parametrize("method, in_files", [("ep", False), ("sep", False), ("ep", True)])
+def test_a_worker_lost_mid_fit_gives_the_same_model(client, data, monkeypatch, tmp_path, method, in_files):
     """A worker process killed in the middle of a pass: the fit completes (the nanny restarts the worker, the
-    scheduler recomputes the lost chunks and persisted sites from their lineage) and the model equals an
-    undisturbed run's."""
+    scheduler recomputes the lost chunks and persisted sites from their lineage, or with ``site_directory``
+    from the last pass's files) and the model equals an undisturbed run's."""
     X, y, X_test = data
-    params = dict(method=method, n_inducing=10, max_iter=8, random_state=0, client=client)
+    params = dict(method=method, n_inducing=10, max_iter=8, random_state=0, client=client,
+                  site_directory=tmp_path if in_files else None)
     Xd, yd = da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200)
     undisturbed = GPClassifier(**params).fit(Xd, yd)
     calls = _kill_a_worker_during_pass(monkeypatch, client, at_pass=10)  # EP: 2 passes a step, SEP: 1
@@ -153,10 +185,13 @@ def test_a_worker_lost_mid_fit_gives_the_same_model(client, data, monkeypatch, m
     np.testing.assert_allclose(disturbed.predict_proba(X_test), undisturbed.predict_proba(X_test), rtol=1e-12)
 
 
-@pytest.mark.parametrize("method, batch_size, stop_at", [("ep", None, 9), ("sep", 50, 17)])
-def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path, method, batch_size, stop_at):
+@pytest.mark.parametrize("method, batch_size, stop_at, in_files", [("ep", None, 9, False), ("sep", 50, 17, False),
+                                                                    ("ep", None, 9, True)])
+def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path, method, batch_size, stop_at,
+                                            in_files):
     """Interrupt + resume=True on a dask array ends at the uninterrupted model. Batch EP's sites are written
-    by the workers one file a chunk beside the checkpoint (never gathered); earlier checkpoints' files go."""
+    by the workers one file a chunk beside the checkpoint (never gathered); earlier checkpoints' files go.
+    With ``site_directory`` the same, and the interrupted fit's pass files are gone too."""
     import os
 
     from test_checkpoint import interrupted_then_resumed
@@ -164,7 +199,7 @@ def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path,
     X, y, X_test = data
     Xd, yd = da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200)
     params = dict(method=method, n_inducing=10, max_iter=3 if batch_size is None else 2, batch_size=batch_size,
-                  random_state=0, client=client)
+                  random_state=0, client=client, site_directory=tmp_path / "sites" if in_files else None)
     reference = GPClassifier(**params).fit(Xd, yd)
     path = tmp_path / "run.ckpt"
     resumed = interrupted_then_resumed(monkeypatch, params, path, stop_at, Xd, yd)
@@ -174,6 +209,8 @@ def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path,
     np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"],
                                reference.history_["log_marginal_likelihood"], rtol=1e-12)
     np.testing.assert_allclose(resumed.predict_proba(X_test), reference.predict_proba(X_test), rtol=1e-12)
+    if in_files:
+        assert os.listdir(tmp_path / "sites") == []
     if method == "ep":
         with pytest.raises(ValueError, match="same chunking"):
             GPClassifier(**params, checkpoint_path=path).fit(

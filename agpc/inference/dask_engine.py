@@ -105,16 +105,61 @@ class ChunkedRows:
         return block[(slice(None),) + tuple(rest)] if rest else block
 
 
+class _SiteGeneration:
+    """One generation of site files (a file a chunk, in one directory); the directory is removed when no
+    array reading it is left (the arrays hold this object, see ``DaskEngine._file_sites``)."""
+
+    def __init__(self, directory):
+        import shutil
+        import weakref
+
+        self.directory = directory
+        weakref.finalize(self, shutil.rmtree, directory, True)
+
+
+def _sweep_to_files(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, damping, path):
+    """A chunk's sweep whose (damped) sites go to the file ``path``; returns only the small results."""
+    from .. import io
+
+    out = ep._sweep(kernel, Z, X, y, site_precision, site_shift, cavity, want_grad=want_grad, block_rows=block_rows,
+                    damping=damping)
+    io.save_site_chunk(path, out["site_precision"], out["site_shift"])
+    return ep.without_rows(out)
+
+
 class DaskEngine:
     """The engine ``training.Trainer`` calls for rows held in a dask.array (binary model).
 
     ``client``: a ``distributed.Client``. The data must be chunked along rows only; sites follow the rows'
-    chunks. Every pass submits one task per chunk and a tree of additions.
+    chunks. Every pass submits one task per chunk for the sums, one per chunk for the sweep (which also
+    damps the sites and measures their change), and two trees of additions: two round trips.
+
+    ``site_directory``: None keeps batch EP's sites (two floats a row) persisted in the workers' memory.
+    A directory that the driver and every worker can reach (on one machine: any; across hosts: a shared
+    file system) keeps them there instead, a file a chunk: each chunk's task reads its old sites and writes
+    the new ones, so worker memory does not grow with the number of rows, and a lost worker's chunks are
+    recomputed from the files of the last pass. ``close()`` removes what the engine wrote there.
     """
 
-    def __init__(self, client, row_chunks):
+    def __init__(self, client, row_chunks, site_directory=None):
+        import itertools
+        import os
+        import tempfile
+
         self.client = client
         self.row_chunks = tuple(int(c) for c in row_chunks)
+        self.site_root = None
+        if site_directory is not None:
+            os.makedirs(site_directory, exist_ok=True)
+            self.site_root = tempfile.mkdtemp(prefix="agpc-sites-", dir=os.fspath(site_directory))
+        self._generations = itertools.count()
+
+    def close(self):
+        """Remove the site files (the fit is over: the model does not need its sites)."""
+        import shutil
+
+        if self.site_root is not None:
+            shutil.rmtree(self.site_root, ignore_errors=True)
 
     # -- what Trainer needs besides the passes ---------------------------------------------------------
 
@@ -124,19 +169,44 @@ class DaskEngine:
     def zero_sites(self, n, Z):
         import dask.array as da
 
-        return self.settle(da.zeros((n,), chunks=(self.row_chunks,), dtype=Z.dtype))
+        zeros = da.zeros((n,), chunks=(self.row_chunks,), dtype=Z.dtype)
+        if self.site_root is None:
+            return self.client.persist(zeros)
+        return zeros  # no lineage to speak of: computed where it is needed
 
-    def settle(self, sites):
-        """Persist a (damped) site array on the workers so that the next round reads it, not its recipe."""
-        return self.client.persist(sites)
+    def _new_generation(self):
+        import os
+
+        directory = os.path.join(self.site_root, f"pass-{next(self._generations)}")
+        os.makedirs(directory)
+        return _SiteGeneration(directory), [os.path.join(directory, f"chunk-{k}.npz")
+                                            for k in range(len(self.row_chunks))]
+
+    def _file_sites(self, files, dtype, generation=None):
+        """(site_precision, site_shift) as dask arrays read from ``files`` a chunk at a time when a task
+        needs them (one read per chunk serves both); ``generation`` is kept alive by the arrays."""
+        import dask
+        import dask.array as da
+
+        from .. import io
+
+        loads = [dask.delayed(io.load_site_chunk, pure=True)(f, r) for f, r in zip(files, self.row_chunks)]
+        arrays = tuple(
+            da.concatenate([da.from_delayed(dask.delayed(operator.getitem, pure=True)(pair, i), shape=(r,),
+                                            dtype=dtype) for pair, r in zip(loads, self.row_chunks)])
+            for i in (0, 1)
+        )
+        for a in arrays:
+            a.agpc_site_files = generation
+        return arrays
 
     # -- checkpoints: the sites stay on the workers, each writes its chunks beside the checkpoint -------
 
     def store_sites(self, path, step, site_precision, site_shift):
         """Write the sites one file a chunk into ``<path>.sites/step-<step>/`` (by the workers: they and the
-        driver must share that directory) and read them back from there, so that from now on a lost
-        chunk is recomputed from its file, not from every pass since the start. Returns the sites and what
-        the checkpoint records of them."""
+        driver must share that directory). Sites in memory are read back from there, so that from now on a
+        lost chunk is recomputed from its file, not from every pass since the start. Returns the sites and
+        what the checkpoint records of them."""
         import os
 
         import dask
@@ -150,14 +220,15 @@ class DaskEngine:
         self.client.compute([dask.delayed(io.save_site_chunk)(f, nb, mb) for f, nb, mb in zip(files, nus, mus)],
                             sync=True)
         record = {"site_files": files, "rows": list(self.row_chunks)}
+        if self.site_root is not None:  # already in files of their own, which the checkpoint's clean-up leaves
+            return site_precision, site_shift, record
         return (*self.load_sites(record, site_precision.dtype), record)
 
     def load_sites(self, record, dtype):
-        """Sites from the files of ``store_sites``, persisted on the workers."""
-        import operator
-
+        """Sites from the files of ``store_sites``: persisted on the workers, or with a site directory
+        copied into a generation of its own there (the checkpoint's files may be removed while they are
+        still the state to go back to)."""
         import dask
-        import dask.array as da
 
         from .. import io
 
@@ -166,11 +237,14 @@ class DaskEngine:
                 f"the checkpoint's sites were written for row chunks {record['rows']}; this data has chunks "
                 f"{list(self.row_chunks)}: resume with the same chunking"
             )
-        loads = [dask.delayed(io.load_site_chunk)(f, r) for f, r in zip(record["site_files"], self.row_chunks)]
-        parts = [[da.from_delayed(dask.delayed(operator.getitem)(pair, i), shape=(r,), dtype=dtype)
-                  for pair, r in zip(loads, self.row_chunks)] for i in (0, 1)]
-        site_precision, site_shift = self.client.persist([da.concatenate(parts[0]), da.concatenate(parts[1])])
-        return site_precision, site_shift
+        sites = self._file_sites(record["site_files"], dtype)
+        if self.site_root is None:
+            return tuple(self.client.persist(list(sites)))
+        generation, files = self._new_generation()
+        _, _, nus, mus = self._blocks(None, None, *sites)
+        self.client.compute([dask.delayed(io.save_site_chunk)(f, nb, mb) for f, nb, mb in zip(files, nus, mus)],
+                            sync=True)
+        return self._file_sites(files, dtype, generation)
 
     @staticmethod
     def release_sites(record):
@@ -200,38 +274,44 @@ class DaskEngine:
             out.append([p[0] for p in parts] if a.ndim == 2 else list(parts))
         return out
 
-    def _sweep(self, kernel, Z, X, y, site_precision, site_shift, post, *, want_grad, block_rows, want_sums, want_sites):
+    def _sweep(self, kernel, Z, X, y, site_precision, site_shift, post, *, want_grad, block_rows, want_sums, want_sites,
+               damping=None):
         """One task a chunk running ``ep._sweep``; returns the tree-reduced small results, with the new
-        sites (``want_sites``) as dask arrays persisted on the workers."""
+        (damped) sites (``want_sites``) as dask arrays: persisted on the workers, or read from the files
+        the tasks wrote."""
         import dask
         import dask.array as da
 
         client = self.client
+        options = dict(want_grad=want_grad, block_rows=block_rows)
         Xs, ys, nus, mus = self._blocks(X, y, site_precision, site_shift)
-        tasks = [
-            dask.delayed(ep._sweep)(kernel, Z, Xb, yb, nb, mb, post, want_grad=want_grad, block_rows=block_rows,
-                                    want_sums=want_sums, want_sites=want_sites)
-            for Xb, yb, nb, mb in zip(Xs, ys, nus, mus)
-        ]
+        to_files = want_sites and self.site_root is not None
+        if to_files:
+            generation, files = self._new_generation()
+            tasks = [dask.delayed(_sweep_to_files)(kernel, Z, Xb, yb, nb, mb, post, damping=damping, path=f, **options)
+                     for Xb, yb, nb, mb, f in zip(Xs, ys, nus, mus, files)]
+        else:
+            tasks = [dask.delayed(ep._sweep)(kernel, Z, Xb, yb, nb, mb, post, want_sums=want_sums,
+                                             want_sites=want_sites, damping=damping, **options)
+                     for Xb, yb, nb, mb in zip(Xs, ys, nus, mus)]
         futures = client.compute(tasks)
-        small = [client.submit(ep.without_rows, f) for f in futures]
+        small = futures if to_files else [client.submit(ep.without_rows, f) for f in futures]
         reduced = _tree(client, small, ep.add_sweeps).result()
-        if want_sites:
-            dtype = Z.dtype
-
-            def rows(name, kind):
-                return da.concatenate([
-                    da.from_delayed(client.submit(operator.getitem, f, name), shape=(r,), dtype=kind)
+        if to_files:
+            reduced["site_precision"], reduced["site_shift"] = self._file_sites(files, Z.dtype, generation)
+        elif want_sites:
+            def rows(name):
+                return client.persist(da.concatenate([
+                    da.from_delayed(client.submit(operator.getitem, f, name), shape=(r,), dtype=Z.dtype)
                     for f, r in zip(futures, self.row_chunks)
-                ])
+                ]))
 
-            reduced["site_precision"] = self.settle(rows("site_precision", dtype))
-            reduced["site_shift"] = self.settle(rows("site_shift", dtype))
-            reduced["valid"] = rows("valid", bool)
+            reduced["site_precision"] = rows("site_precision")
+            reduced["site_shift"] = rows("site_shift")
         return reduced
 
     def evaluate(self, kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None,
-                 want_sites=True):
+                 want_sites=True, damping=None):
         """``ep.evaluate`` with the two per-row stages run chunk by chunk on the workers."""
         import dask
 
@@ -244,7 +324,7 @@ class DaskEngine:
         S, c_tilde = _tree(client, sums, _add_sums).result()
         post = ep.posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad,
-                            block_rows=block_rows, want_sums=False, want_sites=want_sites)
+                            block_rows=block_rows, want_sums=False, want_sites=want_sites, damping=damping)
         return ep.finish_evaluate(kernel, Z, post, sweep, want_grad)
 
     def evaluate_factor(self, kernel, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None,

@@ -324,16 +324,42 @@ def _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows
     return S, c_tilde, kept
 
 
+def write_block_sites(out, lo, hi, block, old_precision, old_shift, damping):
+    """Write a block's new sites into the sweep's per-row output; with ``damping`` (rho, seed 000 eq. 25)
+    the damped rho * new + (1 - rho) * old, and the block's largest |change| and |old value| go into
+    ``out["site_change"]`` (reduced by maximum, see ``relative_site_change``). Damping here, block by block,
+    means an undamped n-vector is never held next to the old and the new sites."""
+    xp = array_namespace(old_precision)
+    new_precision, new_shift = block.site_precision, block.site_shift
+    if damping is not None:
+        new_precision = damping * new_precision + (1.0 - damping) * old_precision
+        new_shift = damping * new_shift + (1.0 - damping) * old_shift
+        change = xp.stack([xp.max(xp.abs(new_precision - old_precision)), xp.max(xp.abs(old_precision)),
+                           xp.max(xp.abs(new_shift - old_shift)), xp.max(xp.abs(old_shift))])
+        out["site_change"] = change if out.get("site_change") is None else xp.maximum(out["site_change"], change)
+    index = (slice(lo, hi),) + (...,) * (old_precision.ndim > 1)
+    out["site_precision"][index] = new_precision
+    out["site_shift"][index] = new_shift
+    out["valid"][index] = block.valid
+
+
+def relative_site_change(change):
+    """max|new - old| / (1 + max|old|) of the precisions plus the same of the shifts, from the maxima
+    ``write_block_sites`` kept (the measure batch training stops on)."""
+    return float(change[0]) / (1.0 + float(change[1])) + float(change[2]) / (1.0 + float(change[3]))
+
+
 def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, At=None, want_sums=False,
-           want_sites=True):
+           want_sites=True, damping=None):
     """``block_pass`` over all rows in blocks; the per-row results written into preallocated n-vectors
     (no per-block pieces joined at the end: that would hold them twice), the sums added.
     ``At``: the blocks' kept (A^T, Knm) from ``_whitened_sums``, or None to recompute them.
-    ``want_sites=False`` keeps no per-row output at all (a final log Z_q pass needs only the sums)."""
+    ``want_sites=False`` keeps no per-row output at all (a final log Z_q pass needs only the sums);
+    ``damping``: the per-row output is the damped sites (``write_block_sites``)."""
     xp = array_namespace(Z)
     n = X.shape[0]
     out = {"terms": None, "site_precision": None, "site_shift": None, "valid": None, "n_invalid": 0,
-           "sums": None, "dKmm_data": None, "grads": None}
+           "sums": None, "dKmm_data": None, "grads": None, "site_change": None}
     if want_sites:
         device = array_device(Z)
         out["site_precision"] = xp.empty((n,), dtype=Z.dtype, device=device)
@@ -349,9 +375,7 @@ def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, bl
             want_sums=want_sums,
         )
         if want_sites:
-            out["site_precision"][lo:hi] = res.site_precision
-            out["site_shift"][lo:hi] = res.site_shift
-            out["valid"][lo:hi] = res.valid
+            write_block_sites(out, lo, hi, res, site_precision[lo:hi], site_shift[lo:hi], damping)
         invalid = xp.sum(xp.astype(~res.valid, xp.int64))
         n_invalid = invalid if n_invalid is None else n_invalid + invalid
         accumulate(out, res, want_sums=want_sums, want_grad=want_grad)
@@ -359,11 +383,13 @@ def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, bl
     return out
 
 
-def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, want_sites=True):
+def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, want_sites=True,
+             damping=None):
     """Batch EP: one pass over the data at fixed (kernel, Z, sites), q rebuilt exactly from all sites.
 
-    Returns a dict: ``log_z`` (0-d, log Z_q of eq. 26), ``site_precision``/``site_shift`` (undamped EP
-    updates), ``valid`` (mask), ``grads`` (dict of gradients of eq. 4, incl. "Z") and ``posterior``.
+    Returns a dict: ``log_z`` (0-d, log Z_q of eq. 26), ``site_precision``/``site_shift`` (the EP
+    updates; damped by ``damping`` when given, with ``site_change`` the maxima of ``write_block_sites``),
+    ``valid`` (mask), ``grads`` (dict of gradients of eq. 4, incl. "Z") and ``posterior``.
     Rows are processed in blocks of ``block_rows`` so that n x m temporaries stay bounded.
     ``n_invalid`` counts the rows whose cavity was unusable; ``want_sites=False`` returns no per-row
     output (``site_precision``, ``site_shift`` and ``valid`` are None), so a final pass holds no n-vector.
@@ -377,7 +403,7 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     S, c_tilde, At = _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows, True)
     post = posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
     sweep = _sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad, block_rows=block_rows, At=At,
-                   want_sites=want_sites)
+                   want_sites=want_sites, damping=damping)
     return finish_evaluate(kernel, Z, post, sweep, want_grad)
 
 
@@ -389,6 +415,7 @@ def finish_evaluate(kernel, Z, post, sweep, want_grad):
         "site_precision": sweep["site_precision"],
         "site_shift": sweep["site_shift"],
         "valid": sweep["valid"],
+        "site_change": sweep.get("site_change"),
         "posterior": post,
         "grads": None,
     }
@@ -426,9 +453,12 @@ def without_rows(sweep):
 
 
 def add_sweeps(a, b):
-    """Two chunks' sweep results added (sums, terms, adjoints, counts); per-row outputs are dropped: they
-    stay with their chunk."""
-    return {k: (None if k in _PER_ROW_KEYS else tree_add(a[k], b[k])) for k in a}
+    """Two chunks' sweep results added (sums, terms, adjoints, counts; the site-change maxima by maximum);
+    per-row outputs are dropped: they stay with their chunk."""
+    out = {k: (None if k in _PER_ROW_KEYS else tree_add(a[k], b[k])) for k in a}
+    if a.get("site_change") is not None:
+        out["site_change"] = array_namespace(a["site_change"]).maximum(a["site_change"], b["site_change"])
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -223,11 +223,11 @@ def _block_rows(block_rows, Z):
 
 
 def _sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, block_rows, want_sums=False,
-           want_sites=True):
+           want_sites=True, damping=None):
     xp = array_namespace(Z)
     C, n = n_classes(Z), X.shape[0]
     out = {"terms": None, "site_precision": None, "site_shift": None, "valid": None, "n_invalid": 0,
-           "sums": None, "dKmm_data": None, "grads": None}
+           "sums": None, "dKmm_data": None, "grads": None, "site_change": None}
     if want_sites:
         device = array_device(Z)
         out["site_precision"] = xp.empty((n, 2 * C), dtype=Z.dtype, device=device)
@@ -238,9 +238,7 @@ def _sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, bl
         res = block_pass(kernels, X_block, y_block, site_precision[lo:hi, ...], site_shift[lo:hi, ...], Z, posts,
                          want_grad=want_grad, want_sums=want_sums)
         if want_sites:
-            out["site_precision"][lo:hi, ...] = res.site_precision
-            out["site_shift"][lo:hi, ...] = res.site_shift
-            out["valid"][lo:hi, ...] = res.valid
+            ep.write_block_sites(out, lo, hi, res, site_precision[lo:hi, ...], site_shift[lo:hi, ...], damping)
         invalid = xp.sum(xp.astype(~res.valid, xp.int64))
         n_invalid = invalid if n_invalid is None else n_invalid + invalid
         ep.accumulate(out, res, want_sums=want_sums, want_grad=want_grad)
@@ -264,18 +262,18 @@ def _with_prior_grads(kernels, Z, posts, sweep, scale=1.0):
 
 
 def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None,
-             want_sites=True):
+             want_sites=True, damping=None):
     """Batch multiclass EP: one pass at fixed (kernels, Z, sites), q_c rebuilt exactly from all sites.
 
-    Returns the same dict as ``ep.evaluate``: ``log_z`` (seed 001 eq. 9), undamped ``site_precision`` /
-    ``site_shift`` (n, 2C), ``valid`` (n, C), ``n_invalid``, ``grads`` (eq. 10) and ``posterior`` (a
-    tuple of per-class ``ep.Posterior``)."""
+    Returns the same dict as ``ep.evaluate``: ``log_z`` (seed 001 eq. 9), ``site_precision`` /
+    ``site_shift`` (n, 2C; damped by ``damping`` when given, with ``site_change``), ``valid`` (n, C),
+    ``n_invalid``, ``grads`` (eq. 10) and ``posterior`` (a tuple of per-class ``ep.Posterior``)."""
     C = n_classes(Z)
     L_K, L_K_inv = _priors(kernels, Z, jitter)
     S, c_tilde = _class_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows)
     posts = tuple(ep.posterior_from_sums(L_K[c], S[c], c_tilde[c], L_K_inv=L_K_inv[c]) for c in range(C))
     sweep = _sweep(kernels, Z, X, y, site_precision, site_shift, posts, want_grad=want_grad, block_rows=block_rows,
-                   want_sites=want_sites)
+                   want_sites=want_sites, damping=damping)
     log_z = sweep["terms"]
     for post in posts:
         log_z = log_z + ep._log_normaliser_gain(post)
@@ -284,6 +282,7 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
         "site_precision": sweep["site_precision"],
         "site_shift": sweep["site_shift"],
         "valid": sweep["valid"],
+        "site_change": sweep["site_change"],
         "n_invalid": sweep["n_invalid"],
         "posterior": posts,
         "grads": _with_prior_grads(kernels, Z, posts, sweep) if want_grad else None,

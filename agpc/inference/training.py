@@ -154,8 +154,9 @@ class Trainer:
         kernel, Z = state["kernel"], state["Z"]
         try:
             if not self.minibatch and self.per_row_sites:
+                # the sweep damps the sites itself (seed 000 eq. 25), block by block
                 result = self.engine.evaluate(kernel, Z, X, y, state["nu"], state["mu"], jitter=self.jitter,
-                                     want_grad=stepping, block_rows=self.block_rows)
+                                              want_grad=stepping, block_rows=self.block_rows, damping=self.damping)
             else:
                 result = self.engine.evaluate_factor(
                     kernel, Z, row_slice(X, lo, hi), row_slice(y, lo, hi), state["factor"], method=self.method,
@@ -191,14 +192,9 @@ class Trainer:
         self.n_steps += 1
         rho = self.damping
         change = 0.0
-        if self.per_row_sites and not self.minibatch:
-            settle = getattr(self.engine, "settle", None)  # a distributed engine persists the damped sites
-            new_nu = rho * result["site_precision"] + (1.0 - rho) * state["nu"]
-            new_mu = rho * result["site_shift"] + (1.0 - rho) * state["mu"]
-            if settle is not None:
-                new_nu, new_mu = settle(new_nu), settle(new_mu)
-            change = _relative_change(new_nu, state["nu"], xp) + _relative_change(new_mu, state["mu"], xp)
-            state["nu"], state["mu"] = new_nu, new_mu
+        if self.per_row_sites and not self.minibatch:  # the sites came back damped by rho
+            change = ep.relative_site_change(result["site_change"])
+            state["nu"], state["mu"] = result["site_precision"], result["site_shift"]
         elif self.per_row_sites:  # minibatch EP: swap the rows' old sites for the damped new ones
             # In place: the site store is the one n-sized thing minibatch EP holds (2 floats a row);
             # a copy per step would double it. The rows' old values are kept to undo the step.
