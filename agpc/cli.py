@@ -351,9 +351,12 @@ def fit(args):
     if classes.shape[0] < 2:
         raise UsageError(f"{args.data}: every label is {classes[0].item()!r}: a classifier needs two classes or more")
     X_train, y_train, X_val, y_val = _split(X, y, args.validation_fraction, args.random_state)
+    if args.site_directory is not None and not args.scheduler:
+        raise UsageError("--site-directory keeps batch EP's sites in files on a dask cluster: it needs --scheduler")
     model = GPClassifier(
         method=args.method, n_inducing=args.inducing, batch_size=args.batch_size, backend=args.backend,
         max_iter=args.max_iter, max_time=args.max_time, random_state=args.random_state, verbose=not args.quiet,
+        site_directory=args.site_directory,
     )
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
     print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, classes "
@@ -632,6 +635,8 @@ def _fit_parser(sub):
                    "default) or a CUDA GPU (cupy)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="train on the dask cluster whose scheduler is at ADDRESS "
                    "(e.g. tcp://host:8786); batch ep / sep / adf only")
+    p.add_argument("--site-directory", metavar="DIR", help="with --scheduler, batch ep: keep the sites (16 bytes a "
+                   "row) in files under DIR, which every worker must reach, instead of in the workers' memory")
     p.add_argument("--max-iter", type=int, default=250, metavar="N",
                    help="iterations (epochs with minibatches; default 250)")
     p.add_argument("--max-time", type=float, metavar="S", help="stop cleanly after about S seconds of training")

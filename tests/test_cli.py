@@ -122,17 +122,22 @@ def test_validation_fraction_and_string_labels_of_three_classes(tmp_path, capsys
     np.testing.assert_allclose(values[:, :3].sum(axis=1), 1.0, rtol=1e-9)
 
 
-def test_fit_on_a_dask_scheduler_equals_the_local_fit(tmp_path, banana):
+@pytest.mark.parametrize("in_files", [False, True])
+def test_fit_on_a_dask_scheduler_equals_the_local_fit(tmp_path, banana, in_files):
     distributed = pytest.importorskip("distributed")
     data, _ = write_npz(tmp_path / "d.npz", *banana)
     model, out = tmp_path / "m.agpc", tmp_path / "p.csv"
     settings = ["--inducing", "10", "--max-iter", "2", "--quiet"]
+    if in_files:  # batch EP's sites in files there during the fit; nothing left after it
+        settings += ["--site-directory", str(tmp_path / "sites")]
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cluster:
         argv = ["fit", str(data), *settings, "--scheduler", cluster.scheduler_address, "--out", str(model)]
         assert main(argv) == 0
     assert main(["predict", str(model), str(data), "--out", str(out)]) == 0
     local = GPClassifier(n_inducing=10, max_iter=2, random_state=0).fit(*banana)
     np.testing.assert_allclose(read_predictions(out)[1], local.predict_proba(banana[0]), rtol=1e-8, atol=1e-12)
+    if in_files:
+        assert list((tmp_path / "sites").iterdir()) == []
 
 
 # -- bad input: one line, exit status 2, nothing written -----------------------------------------------
@@ -164,6 +169,7 @@ BAD_INPUTS = {  # argv templates of commands that must fail cleanly (files from 
     "empty CSV": FIT + "{tmp}/empty.csv --target label",
     "npy target by name": FIT + "{tmp}/three.npy --target label",
     "npz without X": FIT + "{tmp}/plain.npz",
+    "site directory without a cluster": FIT + "{tmp}/ok.csv --target label --site-directory {tmp}",
     "more inducing points than rows": FIT + "{tmp}/ok.csv --target label --inducing 999",
     "output directory missing": FIT + "{tmp}/ok.csv --target label --out {tmp}/no/m.agpc",
     "missing model": PREDICT + "{tmp}/nope.agpc {tmp}/ok.csv --target label",
