@@ -52,6 +52,23 @@ def _tree(client, futures, combine):
     return futures[0]
 
 
+def _compute_windowed(client, tasks):
+    """``client.compute(tasks)`` a few at a time: at most twice the cluster's threads in flight, the next
+    submitted as one finishes. All at once, the workers read chunks (from zarr, from site files) far ahead
+    of the tasks that use them and hold them meanwhile: measured at 4 x 10^6 rows in 250,000-row chunks,
+    six 16 MB chunks of X held per worker, growing with the number of chunks."""
+    from distributed import wait
+
+    window = max(2, 2 * sum(client.nthreads().values()))
+    futures = []
+    for task in tasks:
+        running = [f for f in futures if not f.done()]
+        if len(running) >= window:
+            wait(running, return_when="FIRST_COMPLETED")
+        futures.append(client.compute(task))
+    return futures
+
+
 def _add_sums(a, b):
     return (a[0] + b[0], a[1] + b[1])
 
@@ -217,8 +234,8 @@ class DaskEngine:
         os.makedirs(directory, exist_ok=True)
         files = [os.path.join(directory, f"chunk-{k}.npz") for k in range(len(self.row_chunks))]
         _, _, nus, mus = self._blocks(None, None, site_precision, site_shift)
-        self.client.compute([dask.delayed(io.save_site_chunk)(f, nb, mb) for f, nb, mb in zip(files, nus, mus)],
-                            sync=True)
+        self.client.gather(_compute_windowed(
+            self.client, [dask.delayed(io.save_site_chunk)(f, nb, mb) for f, nb, mb in zip(files, nus, mus)]))
         record = {"site_files": files, "rows": list(self.row_chunks)}
         if self.site_root is not None:  # already in files of their own, which the checkpoint's clean-up leaves
             return site_precision, site_shift, record
@@ -242,8 +259,8 @@ class DaskEngine:
             return tuple(self.client.persist(list(sites)))
         generation, files = self._new_generation()
         _, _, nus, mus = self._blocks(None, None, *sites)
-        self.client.compute([dask.delayed(io.save_site_chunk)(f, nb, mb) for f, nb, mb in zip(files, nus, mus)],
-                            sync=True)
+        self.client.gather(_compute_windowed(
+            self.client, [dask.delayed(io.save_site_chunk)(f, nb, mb) for f, nb, mb in zip(files, nus, mus)]))
         return self._file_sites(files, dtype, generation)
 
     @staticmethod
@@ -294,7 +311,7 @@ class DaskEngine:
             tasks = [dask.delayed(ep._sweep)(kernel, Z, Xb, yb, nb, mb, post, want_sums=want_sums,
                                              want_sites=want_sites, damping=damping, **options)
                      for Xb, yb, nb, mb in zip(Xs, ys, nus, mus)]
-        futures = client.compute(tasks)
+        futures = _compute_windowed(client, tasks)
         small = futures if to_files else [client.submit(ep.without_rows, f) for f in futures]
         reduced = _tree(client, small, ep.add_sweeps).result()
         if to_files:
@@ -319,8 +336,8 @@ class DaskEngine:
         L_K = ep.prior_cholesky(kernel, Z, jitter)
         L_K_inv = ep._triangular_inverse(L_K)
         Xs, nus, mus = self._blocks(X, site_precision, site_shift)
-        sums = client.compute([dask.delayed(_chunk_sums)(kernel, Z, Xb, nb, mb, L_K_inv, block_rows)
-                               for Xb, nb, mb in zip(Xs, nus, mus)])
+        sums = _compute_windowed(client, [dask.delayed(_chunk_sums)(kernel, Z, Xb, nb, mb, L_K_inv, block_rows)
+                                          for Xb, nb, mb in zip(Xs, nus, mus)])
         S, c_tilde = _tree(client, sums, _add_sums).result()
         post = ep.posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad,
