@@ -226,16 +226,10 @@ class DaskEngine:
         what the checkpoint records of them."""
         import os
 
-        import dask
-
-        from .. import io
-
         directory = os.path.join(os.path.abspath(os.fspath(path)) + ".sites", f"step-{int(step)}")
         os.makedirs(directory, exist_ok=True)
         files = [os.path.join(directory, f"chunk-{k}.npz") for k in range(len(self.row_chunks))]
-        _, _, nus, mus = self._blocks(None, None, site_precision, site_shift)
-        self.client.gather(_compute_windowed(
-            self.client, [dask.delayed(io.save_site_chunk)(f, nb, mb) for f, nb, mb in zip(files, nus, mus)]))
+        self._write_files(files, site_precision, site_shift)
         record = {"site_files": files, "rows": list(self.row_chunks)}
         if self.site_root is not None:  # already in files of their own, which the checkpoint's clean-up leaves
             return site_precision, site_shift, record
@@ -245,10 +239,6 @@ class DaskEngine:
         """Sites from the files of ``store_sites``: persisted on the workers, or with a site directory
         copied into a generation of its own there (the checkpoint's files may be removed while they are
         still the state to go back to)."""
-        import dask
-
-        from .. import io
-
         if [int(r) for r in record["rows"]] != list(self.row_chunks):
             raise ValueError(
                 f"the checkpoint's sites were written for row chunks {record['rows']}; this data has chunks "
@@ -258,10 +248,18 @@ class DaskEngine:
         if self.site_root is None:
             return tuple(self.client.persist(list(sites)))
         generation, files = self._new_generation()
-        _, _, nus, mus = self._blocks(None, None, *sites)
+        self._write_files(files, *sites)
+        return self._file_sites(files, dtype, generation)
+
+    def _write_files(self, files, site_precision, site_shift):
+        """Each chunk's sites written by a worker into its file (``io.save_site_chunk``, atomic)."""
+        import dask
+
+        from .. import io
+
+        _, _, nus, mus = self._blocks(None, None, site_precision, site_shift)
         self.client.gather(_compute_windowed(
             self.client, [dask.delayed(io.save_site_chunk)(f, nb, mb) for f, nb, mb in zip(files, nus, mus)]))
-        return self._file_sites(files, dtype, generation)
 
     @staticmethod
     def release_sites(record):

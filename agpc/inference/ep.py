@@ -455,9 +455,9 @@ def without_rows(sweep):
 def add_sweeps(a, b):
     """Two chunks' sweep results added (sums, terms, adjoints, counts; the site-change maxima by maximum);
     per-row outputs are dropped: they stay with their chunk."""
-    out = {k: (None if k in _PER_ROW_KEYS else tree_add(a[k], b[k])) for k in a}
-    if a.get("site_change") is not None:
-        out["site_change"] = array_namespace(a["site_change"]).maximum(a["site_change"], b["site_change"])
+    out = {k: (None if k in _PER_ROW_KEYS else tree_add(a[k], b[k])) for k in a if k != "site_change"}
+    change = a.get("site_change")
+    out["site_change"] = None if change is None else array_namespace(change).maximum(change, b["site_change"])
     return out
 
 
