@@ -458,10 +458,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"checkpoint_every must be a positive integer, got {self.checkpoint_every!r}")
         if B.is_dask_array(X) and self.method == "gfitc":
             raise ValueError(_GFITC_BATCH_ONLY.format(what="fit on a dask array"))
-        if B.is_dask_array(X):
-            return self._fit_dask(X, y, groups, resume)
         if self.method not in training.METHODS and (self.checkpoint_path is not None or resume):
             raise ValueError(f"checkpoints are written by the EP methods (ep, sep, adf), not by method={self.method!r}")
+        if B.is_dask_array(X):
+            if validation_data is not None:
+                raise ValueError("validation_data is not supported for fit on a dask array (yet): score a held-out "
+                                 "part with predict_proba after fit")
+            return self._fit_dask(X, y, groups, resume)
         if self.method not in training.METHODS and (validation_data is not None or self.n_iter_no_change is not None):
             raise ValueError(
                 f"validation_data and n_iter_no_change are supported by the EP methods (ep, sep, adf), "
@@ -575,8 +578,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
         from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
 
-        if self.method not in training.METHODS:
-            raise ValueError(f"fit on a dask array trains method 'ep', 'sep' or 'adf', not {self.method!r}")
+        if self.method not in (*training.METHODS, "svi"):
+            raise ValueError(f"fit on a dask array trains method 'ep', 'sep', 'adf' or 'svi' (minibatches), not "
+                             f"{self.method!r}: the other variational methods need every row at each step")
         if X.ndim != 2:
             raise ValueError(f"Expected 2D array, got {X.ndim}D array instead")
         X = da.asarray(X).astype(np.float64).rechunk({1: -1})  # chunks by rows only
@@ -612,11 +616,17 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 sample = np.asarray(X[rows].compute(), dtype=np.float64)
             kernel, Z = self._initial_model(sample, m, rng)
             batch_size = self._batch_size_for(n)
-            if batch_size is not None and batch_size < n:  # minibatches: chunks come to the driver in turn
-                X, y_pm, engine = ChunkedRows(X, client), ChunkedRows(y_pm, client), None
+            minibatch = batch_size is not None and batch_size < n
+            if minibatch:  # minibatches: chunks come to the driver in turn
+                X, y_pm = ChunkedRows(X, client), ChunkedRows(y_pm, client)
+            elif self.method == "svi":
+                raise ValueError("svi on a dask array trains on minibatches (batch_size below the number of rows): "
+                                 "a full-batch step would bring every row to the driver")
             else:
                 engine = DaskEngine(client, X.chunks[0], site_directory=self.site_directory)
             t0 = time.perf_counter()
+            if self.method == "svi":  # a step per minibatch on the driver, chunks visited as for SEP
+                return self._fit_variational(X, y_pm, kernel, Z, classes, groups, batch_size, rng, t0)
             self.likelihood_ = "probit"
             result = training.train(
                 X, y_pm, kernel, Z, method=self.method, batch_size=batch_size, jitter=float(self.jitter),

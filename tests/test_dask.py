@@ -104,19 +104,27 @@ def test_ep_sites_stay_on_the_workers(client, data, monkeypatch):
 def test_dask_input_errors_are_clear(client, data):
     X, y, _ = data
     Xd = da.from_array(X, chunks=(200, 2))
-    with pytest.raises(ValueError, match="ep', 'sep' or 'adf'"):
-        GPClassifier(method="svi", client=client).fit(Xd, da.from_array(y, chunks=200))
+    yd = da.from_array(y, chunks=200)
+    with pytest.raises(ValueError, match="'ep', 'sep', 'adf' or 'svi'"):
+        GPClassifier(method="vi-jj", client=client).fit(Xd, yd)
+    with pytest.raises(ValueError, match="svi on a dask array trains on minibatches"):
+        GPClassifier(method="svi", batch_size=None, client=client).fit(Xd, yd)
+    with pytest.raises(ValueError, match="validation_data is not supported"):
+        GPClassifier(client=client).fit(Xd, yd, validation_data=(X[:10], y[:10]))
+    with pytest.raises(ValueError, match="checkpoints are written by the EP methods"):
+        GPClassifier(method="svi", batch_size=50, checkpoint_path="x.ckpt", client=client).fit(Xd, yd)
     bad = X.copy()
     bad[7, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         GPClassifier(client=client).fit(da.from_array(bad, chunks=(200, 2)), da.from_array(y, chunks=200))
 
 
-@pytest.mark.parametrize("method", ["sep", "ep"])
+@pytest.mark.parametrize("method", ["sep", "ep", "svi"])
 def test_minibatch_on_dask_samples_chunks_like_data_on_disk(client, data, method, tmp_path):
     """Minibatch mode samples chunks: minibatches lie inside the dask chunks, an epoch visits the chunks in
     random order (each moved to the driver once). Same seed, same chunks: the same model as the
-    single-machine path reading the rows from a zarr array chunked alike."""
+    single-machine path reading the rows from a zarr array chunked alike (SVI included: on disk it reads a
+    minibatch at a time too)."""
     zarr = pytest.importorskip("zarr")
     X, y, X_test = data
     params = dict(method=method, n_inducing=10, batch_size=50, max_iter=3, random_state=0)

@@ -338,15 +338,7 @@ def train(
     )
     has_params = bool(trainer.names)
     if minibatch:
-        # Data on disk or on a cluster: minibatches lie inside the stored chunks of rows, and an epoch
-        # visits the chunks in random order and the minibatches of each chunk in random order, so that
-        # each chunk is read once an epoch (in memory: one chunk, the whole data).
-        chunks = row_chunk_bounds(X) if out_of_core else [(0, n)]
-        batches, chunk_batches = [], []
-        for start, stop in chunks:
-            first = len(batches)
-            batches += [(lo, min(stop, lo + int(batch_size))) for lo in range(start, stop, int(batch_size))]
-            chunk_batches.append(range(first, len(batches)))
+        batches, chunk_batches = minibatch_layout(X, batch_size, out_of_core)
         total_steps = max_iter * len(batches)
     else:
         batches = [(0, n)]
@@ -450,6 +442,21 @@ def train(
         stopped_by_time=stopped_by_time,
         early_stopped=early_stopped,
     )
+
+
+def minibatch_layout(X, batch_size, out_of_core):
+    """(batches, chunk_batches): the minibatches as row ranges, and for each stored chunk the range of its
+    minibatches. Data on disk or on a cluster: minibatches lie inside the stored chunks of rows, and an
+    epoch (``_epoch_order``) visits the chunks in random order and the minibatches of each chunk in random
+    order, so that each chunk is read once an epoch (in memory: one chunk, the whole data)."""
+    n = X.shape[0]
+    chunks = row_chunk_bounds(X) if out_of_core else [(0, n)]
+    batches, chunk_batches = [], []
+    for start, stop in chunks:
+        first = len(batches)
+        batches += [(lo, min(stop, lo + int(batch_size))) for lo in range(start, stop, int(batch_size))]
+        chunk_batches.append(range(first, len(batches)))
+    return batches, chunk_batches
 
 
 def _epoch_order(rng, chunk_batches, shuffle):

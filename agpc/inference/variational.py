@@ -382,9 +382,9 @@ def train_svi(X, y, kernel, Z, *, likelihood="probit", n_quadrature=20, batch_si
     robust-max baseline of seed 001 sec. 3 (``multiclass_vi``): mean (C, m), chol (C, m, m), same loop."""
     import time
 
-    from ..backend import asarray_like, host_rng
+    from ..backend import asarray_like, host_rng, is_out_of_core
     from ..optim import OPTIMIZERS
-    from .training import _parameter_names
+    from .training import _epoch_order, _parameter_names, minibatch_layout
 
     from ..kernels import ClassKernels
 
@@ -409,7 +409,13 @@ def train_svi(X, y, kernel, Z, *, likelihood="probit", n_quadrature=20, batch_si
     chol = _prior_cholesky(kernel, Z, jitter)  # q(u) starts at the prior
     minibatch = batch_size is not None and batch_size < n
     rng = host_rng(random_state)
-    if minibatch:
+    out_of_core = is_out_of_core(X) or is_out_of_core(y)
+    chunk_batches = None
+    if minibatch and out_of_core:
+        # rows on disk or on a cluster stay there: minibatches are read one at a time, inside the stored
+        # chunks, the chunks visited in random order (as the EP methods' loop does)
+        batches, chunk_batches = minibatch_layout(X, batch_size, True)
+    elif minibatch:
         order = asarray_like(rng.permutation(n), xp, device=device)
         X = xp.take(read_rows(X, 0, n, Z), order, axis=0)
         y = xp.take(read_rows(y, 0, n, Z), order, axis=0)
@@ -422,10 +428,17 @@ def train_svi(X, y, kernel, Z, *, likelihood="probit", n_quadrature=20, batch_si
     step = 0
     for epoch in range(max_iter):
         estimates = []
-        visit = rng.permutation(len(batches)) if minibatch else [0]
+        if chunk_batches is not None:
+            visit = _epoch_order(rng, chunk_batches, True)
+        else:
+            visit = rng.permutation(len(batches)) if minibatch else [0]
         for b in visit:
             lo, hi = batches[b]
-            elbo, grads = elbo_fn(kernel, Z, X[lo:hi, ...], y[lo:hi], mean, chol, n_quadrature=n_quadrature,
+            if chunk_batches is not None:
+                X_batch, y_batch = read_rows(X, lo, hi, Z), read_rows(y, lo, hi, Z)
+            else:
+                X_batch, y_batch = X[lo:hi, ...], y[lo:hi]
+            elbo, grads = elbo_fn(kernel, Z, X_batch, y_batch, mean, chol, n_quadrature=n_quadrature,
                                   jitter=jitter, n_total=n, block_rows=block_rows)
             estimates.append(float(elbo))
             # q(u) = N(mean, chol chol^T) stays the model, but its steps are taken in whitened coordinates
