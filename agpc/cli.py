@@ -31,7 +31,8 @@ import numpy as np
 
 __all__ = ["main", "load_data", "UsageError"]
 
-BENCH_SCRIPTS = ("uci_binary.py", "uci_multiclass.py", "banana_inducing.py", "airline.py", "time_curves.py")
+BENCH_SCRIPTS = ("uci_binary.py", "uci_iterations.py", "uci_multiclass.py", "banana_inducing.py", "airline.py",
+                 "time_curves.py")
 _PARQUET_HINT = "reading Parquet needs pyarrow: pip install pyarrow (or pip install 'agpc[parquet]')"
 _FORMATS = {".csv": "CSV", ".tsv": "CSV", ".parquet": "Parquet", ".pq": "Parquet", ".npy": "npy",
             ".npz": "npz", ".zarr": "zarr"}

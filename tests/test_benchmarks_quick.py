@@ -26,6 +26,7 @@ def _runs(tmp_dir):
     return {
         "uci_binary": ["uci_binary.py", "--quick", "--methods", binary],
         "uci_binary_generated": ["uci_binary.py", "--quick", "--methods", "ep,svi", "--data-dir", str(tmp_dir / "none")],
+        "uci_iterations": ["uci_iterations.py", "--quick"],
         "uci_binary_ep": ["uci_binary_ep.py", "--quick", "--splits", "1", "--max-iter", "3", "--datasets", "crabs"],
         "uci_multiclass": ["uci_multiclass.py", "--quick", "--methods", few],
         "banana_inducing": ["banana_inducing.py", "--quick", "--methods", few],
@@ -35,7 +36,7 @@ def _runs(tmp_dir):
         "dask_scaling": ["dask_scaling.py", "--quick", "--store", str(tmp_dir / "dask")],
     }
 
-NEEDS_DATA = ("uci_binary_ep", "airline", "airline_3class")  # presets of real data only
+NEEDS_DATA = ("uci_iterations", "uci_binary_ep", "airline", "airline_3class")  # presets of real data only
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,8 @@ def outputs(tmp_path_factory):
     return results
 
 
-@pytest.mark.parametrize("name", ["uci_binary", "uci_binary_generated", "uci_binary_ep", "uci_multiclass",
+@pytest.mark.parametrize("name", ["uci_binary", "uci_binary_generated", "uci_iterations", "uci_binary_ep",
+                                  "uci_multiclass",
                                   "banana_inducing", "time_curves", "airline", "airline_3class", "dask_scaling"])
 def test_quick_run_prints_a_table(outputs, name):
     if name not in outputs:

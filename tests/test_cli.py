@@ -259,7 +259,7 @@ def test_bench_runs_the_scripts_present_and_collects_tables_and_pngs(tmp_path, m
     assert "### Fake benchmark" in results and "| quick | True |" in results and "some prose" not in results
     assert "![fake.png](fake.png)" in results and (out / "fake.png").read_bytes()[:8] == PNG_SIGNATURE
     assert "exit status 3" in results
-    for missing in ("uci_multiclass.py", "banana_inducing.py", "time_curves.py"):
+    for missing in ("uci_iterations.py", "uci_multiclass.py", "banana_inducing.py", "time_curves.py"):
         assert f"## benchmarks/{missing}\n\nSkipped: not in this checkout." in results
     assert "skipped benchmarks/time_curves.py" in capsys.readouterr().out
 
