@@ -12,11 +12,11 @@ __all__ = ["Rprop", "Adadelta", "Adam", "OPTIMIZERS"]
 
 
 class Rprop:
-    """Per-parameter adaptive steps of seed 000 (Appendix A.6, batch mode).
+    """Per-parameter adaptive steps after seed 000 (Appendix A.6, batch mode).
 
     Each entry moves by its own step size in the direction of its gradient's sign; the step grows by
-    2% while the sign stays the same and halves when it flips. Sign-based, so it needs no learning
-    rate matched to the scale of the gradient (which grows with n).
+    2% while the sign stays the same and halves when it flips. The seed multiplies the gradient by such
+    a rate; sign-based, this needs no first rate matched to the scale of the gradient (which grows with n).
     """
 
     def __init__(self, initial_steps, increase=1.02, decrease=0.5):
