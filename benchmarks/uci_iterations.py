@@ -39,7 +39,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import DEFAULT_DATA_DIR  # noqa: E402
 from _protocol import (  # noqa: E402
-    finish, fmt, mean_se, parse_list, pyplot, save_figure, split_indices, standardised_splits, start, test_scores,
+    finish, fmt, load_npz, mean_se, parse_list, pyplot, save_figure, split_indices, standardised_splits, start,
+    test_scores,
 )
 from uci_binary import DATASETS as BINARY_DATASETS, PAPER as BINARY_PAPER, make_model  # noqa: E402
 from uci_multiclass import (  # noqa: E402
@@ -102,8 +103,7 @@ def _load(data_dir, name, test_fraction):
         if not path.is_file():
             print(f"{name}: {path} not found, skipped.")
             return None
-        with np.load(path, allow_pickle=False) as f:
-            X, y = np.asarray(f["X"], dtype=np.float64), np.asarray(f["y"])
+        X, y, _ = load_npz(data_dir, name)
         return standardised_splits(X, y, lambda s, n=X.shape[0]: split_indices(n, s, test_fraction)), X.shape[0]
     data = load_multiclass(data_dir, name)
     if data is None:
