@@ -409,32 +409,24 @@ def train_svi(X, y, kernel, Z, *, likelihood="probit", n_quadrature=20, batch_si
     chol = _prior_cholesky(kernel, Z, jitter)  # q(u) starts at the prior
     minibatch = batch_size is not None and batch_size < n
     rng = host_rng(random_state)
-    out_of_core = is_out_of_core(X) or is_out_of_core(y)
-    chunk_batches = None
-    if minibatch and out_of_core:
-        # rows on disk or on a cluster stay there: minibatches are read one at a time, inside the stored
-        # chunks, the chunks visited in random order (as the EP methods' loop does)
-        batches, chunk_batches = minibatch_layout(X, batch_size, True)
-    elif minibatch:
+    # rows on disk or on a cluster stay there: minibatches are read one at a time, inside the stored chunks,
+    # the chunks visited in random order (as the EP methods' loop does); in memory the rows are shuffled once
+    streamed = minibatch and (is_out_of_core(X) or is_out_of_core(y))
+    if minibatch and not streamed:
         order = asarray_like(rng.permutation(n), xp, device=device)
         X = xp.take(read_rows(X, 0, n, Z), order, axis=0)
         y = xp.take(read_rows(y, 0, n, Z), order, axis=0)
-        batches = [(lo, min(n, lo + int(batch_size))) for lo in range(0, n, int(batch_size))]
-    else:
-        batches = [(0, n)]
+    batches, chunk_batches = minibatch_layout(X, batch_size, streamed) if minibatch else ([(0, n)], None)
     history = {"log_marginal_likelihood": [], "time": []}
     t0 = time.perf_counter()
     stopped_by_time = False
     step = 0
     for epoch in range(max_iter):
         estimates = []
-        if chunk_batches is not None:
-            visit = _epoch_order(rng, chunk_batches, True)
-        else:
-            visit = rng.permutation(len(batches)) if minibatch else [0]
+        visit = _epoch_order(rng, chunk_batches, True) if minibatch else [0]
         for b in visit:
             lo, hi = batches[b]
-            if chunk_batches is not None:
+            if streamed:
                 X_batch, y_batch = read_rows(X, lo, hi, Z), read_rows(y, lo, hi, Z)
             else:
                 X_batch, y_batch = X[lo:hi, ...], y[lo:hi]
