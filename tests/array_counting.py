@@ -187,7 +187,8 @@ class Tally:
             if not counts[kind]:
                 continue
             lines.append(f"-- {kind}: {counts[kind]}")
-            lines.append("   by operation: " + ", ".join(f"{name} {n}" for name, n in self.by_operation(kind).most_common(top)))
+            top_operations = self.by_operation(kind).most_common(top)
+            lines.append("   by operation: " + ", ".join(f"{name} {n}" for name, n in top_operations))
             for site, n in self.by_site(kind, skip=skip).most_common(top):
                 lines.append(f"   {n:5d}  {site}")
         return "\n".join(lines)
