@@ -507,7 +507,7 @@ class CountingArray:
         self._array[_unwrap(key)] = _unwrap(value)
 
     def __iter__(self):
-        iter(self._array)  # let the base refuse what it refuses (a 0-d array)
+        iter(self._array)  # let the base refuse what it refuses (array_api_strict: any iteration)
         return (self[i, ...] for i in range(self.shape[0]))
 
     def to_device(self, device, /, stream=None):
