@@ -13,6 +13,7 @@ point) but never a cross-covariance, so ``K(Z, Z)`` and ``K(X, Z)`` do not see i
 from __future__ import annotations
 
 import math
+from functools import cached_property
 
 from .backend import array_device, array_namespace, asarray_like, host_array
 
@@ -81,15 +82,17 @@ class Stationary:
             raise ValueError(f"kernel has {ls.shape[0]} lengthscales but the data have {d} features")
         return self.with_params(out)
 
-    @property
+    # A kernel's parameters never change in place (``with_params`` makes a new kernel), so their
+    # constrained values are computed once per kernel, not once per use (one operation each on a device).
+    @cached_property
     def lengthscales(self):
         return array_namespace(self.params["log_lengthscales"]).exp(self.params["log_lengthscales"])
 
-    @property
+    @cached_property
     def amplitude(self):
         return array_namespace(self.params["log_amplitude"]).exp(self.params["log_amplitude"])
 
-    @property
+    @cached_property
     def noise(self):
         return array_namespace(self.params["log_noise"]).exp(self.params["log_noise"])
 

@@ -275,14 +275,24 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
     """
     xp = array_namespace(Z)
     marg = marginals(kernel, X, Z, post, A=A, Knm=Knm)
-    if site_precision is None:
-        site_precision = site_shift = xp.zeros_like(marg.d)
-    nu, mu = site_precision, site_shift
-    valid, one_minus, v, a = cavity(nu, mu, marg.d, marg.e, marg.prior_var)
+    own_sites = site_precision is not None
+    if own_sites:
+        nu, mu = site_precision, site_shift
+        valid, one_minus, v, a = cavity(nu, mu, marg.d, marg.e, marg.prior_var)
+    else:  # the cavity is ``post``: nothing to remove (the same as ``cavity`` with zero sites, fewer operations)
+        nu = mu = 0.0
+        valid = marg.d <= (1.0 + _PRIOR_SLACK) * marg.prior_var + _CAVITY_EPS
+        one_minus, v, a = 1.0, marg.d, marg.e
     b = 1.0 + marg.s + v
     log_zi, alpha, gamma = probit_tilted(y, a, b)
-    new_nu, new_mu = moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
-    terms = xp.where(valid, log_zi + removal_terms(nu, mu, marg.d, marg.e, one_minus), 0.0)
+    if own_sites:
+        new_nu, new_mu = moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
+        terms = xp.where(valid, log_zi + removal_terms(nu, mu, marg.d, marg.e, one_minus), 0.0)
+    else:
+        denom = 1.0 - v * gamma
+        new_nu = xp.where(valid, gamma / denom, 0.0)
+        new_mu = xp.where(valid, (alpha + a * gamma) / denom, 0.0)
+        terms = xp.where(valid, log_zi, 0.0)
     invalid = xp.astype(~valid, marg.d.dtype)
     if weights is not None:
         terms = terms * weights
@@ -295,14 +305,14 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
         if weights is not None:
             alpha = alpha * weights
         kappa = alpha * a / b  # -2 d log Z_i / d b
-        coef_g = adjoint_coefficient(alpha, kappa, nu, mu, marg.e, one_minus)
+        coef_g = adjoint_coefficient(alpha, kappa, nu, mu, marg.e, one_minus) if own_sites else -kappa
         dKmm_data, grads, upsilon_t = data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g,
                                                    want_upsilon=want_sums)
     sums = None
     if want_sums:  # the rows' share of the likelihood factor (for tied / minibatch updates), in u-space
         if upsilon_t is None:
             upsilon_t = solve_triangular(post.L_K, marg.A, lower=True, trans=True)
-        change_nu, change_mu = new_nu - nu, new_mu - mu
+        change_nu, change_mu = (new_nu - nu, new_mu - mu) if own_sites else (new_nu, new_mu)
         if weights is not None:
             change_nu, change_mu = change_nu * weights, change_mu * weights
         sums = ((upsilon_t * change_nu[None, :]) @ upsilon_t.mT, upsilon_t @ change_mu)
