@@ -14,13 +14,14 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_dat
 
 from . import backend as B
 from .inducing import initial_inducing_points
-from .inference import ep, gfitc, multiclass_ep, multiclass_vi, training, variational
+from .inference import ep, multiclass_ep, multiclass_vi, training
 from .kernels import RBF, ClassKernels, Stationary
 
 __all__ = ["GPClassifier"]
 
-_METHODS = training.METHODS + variational.VI_METHODS + ("gfitc",)
+_METHODS = training.ALL_METHODS
 _QUADRATIC_METHODS = ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
+_BATCH_ONLY_METHODS = _QUADRATIC_METHODS + ("gfitc",)  # every step needs all the rows
 _MULTICLASS_METHODS = training.METHODS + ("svi", "gfitc")
 _GFITC_BATCH_ONLY = (
     "method='gfitc' is batch-only, so {what} is not supported: GFITC runs EP over all n sites to convergence "
@@ -458,18 +459,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"checkpoint_every must be a positive integer, got {self.checkpoint_every!r}")
         if B.is_dask_array(X) and self.method == "gfitc":
             raise ValueError(_GFITC_BATCH_ONLY.format(what="fit on a dask array"))
-        if self.method not in training.METHODS and (self.checkpoint_path is not None or resume):
-            raise ValueError(f"checkpoints are written by the EP methods (ep, sep, adf), not by method={self.method!r}")
         if B.is_dask_array(X):
             if validation_data is not None:
                 raise ValueError("validation_data is not supported for fit on a dask array (yet): score a held-out "
                                  "part with predict_proba after fit")
             return self._fit_dask(X, y, groups, resume)
-        if self.method not in training.METHODS and (validation_data is not None or self.n_iter_no_change is not None):
-            raise ValueError(
-                f"validation_data and n_iter_no_change are supported by the EP methods (ep, sep, adf), "
-                f"not by method={self.method!r}"
-            )
         self.__dict__.pop("_trainer", None)
         Xc, y_pm, classes, sample, xp, device = self._inputs(X, y, reset=True)
         n = Xc.shape[0]
@@ -490,49 +484,31 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 B.asarray_like(X_val, xp, device=device, dtype=xp.float64),
                 B.asarray_like(_encode_labels(y_val, classes), xp, device=device, dtype=xp.float64),
             )
-        batch_size = self._batch_size_for(n)
         t0 = time.perf_counter()
-        if self.method == "gfitc":  # batch always ("auto" included): EP to convergence between steps
-            self.likelihood_ = "probit"
-            result = gfitc.train_gfitc(
-                Xc, y_pm, kernel, Z, jitter=float(self.jitter), max_iter=int(self.max_iter),
-                damping=0.5 if self.damping is None else float(self.damping), optimize=groups,
-                tol_ep=float(self.tol), max_time=self.max_time,
-            )
-            return self._fitted_from(result, classes, t0)
-        if self.method not in training.METHODS:
-            return self._fit_variational(Xc, y_pm, kernel, Z, classes, groups, batch_size, rng, t0)
-        self.likelihood_ = "probit"
-        result = training.train(
-            Xc,
-            y_pm,
-            kernel,
-            Z,
-            method=self.method,
-            batch_size=batch_size,
-            jitter=float(self.jitter),
-            max_iter=int(self.max_iter),
-            damping=None if self.damping is None else float(self.damping),
-            optimize=groups,
-            optimizer=self.optimizer,
-            learning_rate=self.learning_rate,
-            tol=float(self.tol),
-            max_time=self.max_time,
-            random_state=rng,
-            shuffle=bool(self.shuffle),
-            validation=validation,
-            eval_every=self.eval_every,
-            n_iter_no_change=self.n_iter_no_change,
-            progress=bool(self.verbose),
-            checkpoint_path=self.checkpoint_path,
-            checkpoint_every=self.checkpoint_every,
-            resume=bool(resume),
-        )
+        result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
+                             validation=validation)
         return self._fitted_from(result, classes, t0)
+
+    def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None):
+        """The one training loop (``training.train``) with this estimator's settings for its method."""
+        if self.method == "svi":
+            self.likelihood_ = "robust-max" if len(classes) > 2 else (self.likelihood or "probit")
+        else:
+            self.likelihood_ = "logistic" if self.method in _QUADRATIC_METHODS else "probit"
+        return training.train(
+            X, y, kernel, Z, method=self.method, batch_size=batch_size, jitter=float(self.jitter),
+            max_iter=int(self.max_iter), damping=None if self.damping is None else float(self.damping),
+            optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate, tol=float(self.tol),
+            max_time=self.max_time, random_state=rng, shuffle=bool(self.shuffle), validation=validation,
+            eval_every=self.eval_every, n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose),
+            engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
+            resume=bool(resume), likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
+            n_quadrature=int(self.n_quadrature),
+        )
 
     def _batch_size_for(self, n):
         if self.batch_size == "auto":
-            return None if n <= _FULL_BATCH_MAX_ROWS else 200
+            return None if n <= _FULL_BATCH_MAX_ROWS or self.method in _BATCH_ONLY_METHODS else 200
         return self.batch_size
 
     def _fitted_from(self, result, classes, t0):
@@ -542,29 +518,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter)
         self.stopped_by_time_ = result.stopped_by_time
         self.early_stopped_ = result.early_stopped
-        return self
-
-    def _fit_variational(self, Xc, y_pm, kernel, Z, classes, groups, batch_size, rng, t0):
-        if self.method == "svi":
-            self.likelihood_ = "robust-max" if len(classes) > 2 else (self.likelihood or "probit")
-            result = variational.train_svi(
-                Xc, y_pm, kernel, Z, likelihood=self.likelihood_, n_quadrature=int(self.n_quadrature),
-                batch_size=batch_size, max_iter=int(self.max_iter), optimize=groups, optimizer=self.optimizer,
-                learning_rate=self.learning_rate, jitter=float(self.jitter), max_time=self.max_time,
-                random_state=rng,
-            )
-        else:
-            self.likelihood_ = "logistic"
-            result = variational.train_quadratic(
-                Xc, y_pm, kernel, Z, method=self.method, optimize=groups, max_iter=int(self.max_iter),
-                jitter=float(self.jitter), max_time=self.max_time,
-            )
-        self.fit_time_ = time.perf_counter() - t0
-        self.classes_ = classes
-        self._set_fitted(result["kernel"], result["Z"], result["posterior"], result["log_z"], result["history"],
-                         result["n_iter"])
-        self.stopped_by_time_ = result["stopped_by_time"]
-        self.early_stopped_ = False
         return self
 
     def _fit_dask(self, X, y, groups, resume):
@@ -625,17 +578,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             else:
                 engine = DaskEngine(client, X.chunks[0], site_directory=self.site_directory)
             t0 = time.perf_counter()
-            if self.method == "svi":  # a step per minibatch on the driver, chunks visited as for SEP
-                return self._fit_variational(X, y_pm, kernel, Z, classes, groups, batch_size, rng, t0)
-            self.likelihood_ = "probit"
-            result = training.train(
-                X, y_pm, kernel, Z, method=self.method, batch_size=batch_size, jitter=float(self.jitter),
-                max_iter=int(self.max_iter), damping=None if self.damping is None else float(self.damping),
-                optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate, tol=float(self.tol),
-                max_time=self.max_time, random_state=rng, shuffle=bool(self.shuffle), progress=bool(self.verbose),
-                engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
-                resume=bool(resume),
-            )
+            # SVI: a step per minibatch on the driver, chunks visited as for SEP
+            result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, engine=engine)
         finally:
             if engine is not None:
                 engine.close()
