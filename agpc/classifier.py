@@ -62,7 +62,8 @@ def _is_foreign_array(X):
 
 
 class GPClassifier(ClassifierMixin, BaseEstimator):
-    """Gaussian process classifier with inducing points, trained by expectation propagation (EP, SEP, ADF).
+    """Gaussian process classifier with inducing points: EP, SEP, ADF, GFITC, SVI, vi-JJ and vi-Taylor, all
+    trained by one loop (validation, early stopping, checkpoints and resume for every method).
 
     Binary classification with a probit likelihood and an inducing-point (FITC-style) prior whose
     inducing values are not marginalised (Hernandez-Lobato & Hernandez-Lobato, AISTATS 2016). Training
@@ -134,8 +135,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         one, else a ``LocalCluster`` with one single-threaded worker process per core, started and closed
         by ``fit``.
     checkpoint_path, checkpoint_every : path and int, or None
-        EP / SEP / ADF: every ``checkpoint_every`` steps, write the whole training state (hyper-parameters,
-        inducing points, sites or factor, optimiser state, step, RNG state, history) to ``checkpoint_path``,
+        Every method: every ``checkpoint_every`` steps, write the whole training state (hyper-parameters,
+        inducing points, sites, factor or q(u), optimiser state, step, RNG state, history) to ``checkpoint_path``,
         atomically. ``fit(X, y, resume=True)`` continues from it and ends at the same model as an
         uninterrupted run. Early stopping's best state is not kept across a resume. On a dask array, batch
         EP's sites are written by the workers into ``<checkpoint_path>.sites/`` (a directory they must share
@@ -153,7 +154,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     kernel_ : Stationary, the learned kernel
     inducing_points_ : array (m, d), the learned inducing points
     log_marginal_likelihood_ : float, log Z_q at the end of training
-    history_ : dict of lists, per iteration: "log_marginal_likelihood", "time", "n_invalid_sites", "damping"
+    history_ : dict of lists, per iteration (batch) or epoch (minibatch), the same keys for every method:
+        "log_marginal_likelihood", "time", "n_invalid_sites", "damping" (NaN where the method has none),
+        "n_steps"; with validation data "validation_step", "validation_nll", "validation_error"
     n_iter_ : int
     n_features_in_ : int
     """
