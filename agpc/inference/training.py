@@ -20,6 +20,7 @@ from ..backend import (CholeskyError, array_device, array_namespace, asarray_lik
                        row_chunk_bounds, row_slice)
 from ..kernels import ClassKernels
 from ..optim import OPTIMIZERS, Rprop
+from ..threads import with_blas_threads
 from . import ep, multiclass_ep
 
 __all__ = ["train", "Trainer", "TrainResult", "METHODS"]
@@ -97,6 +98,15 @@ def _step(optimizer, names, kernel, Z, grads):
     return kernel.with_params(params), Z
 
 
+def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
+    """The shape of a call's work for the BLAS thread rule (``agpc.threads``): a minibatch step's rows
+    lo:hi, or a pass over all rows of X, or (no X) the m x m algebra alone."""
+    Z = trainer.state["Z"]
+    m = Z.shape[-2]
+    rows = m if X is None else (hi - lo) if (trainer.minibatch and hi is not None) else X.shape[0]
+    return {"rows": rows, "m": m, "n_features": Z.shape[-1], "block_rows": trainer.block_rows}
+
+
 class Trainer:
     """The state of a training run and one step of it; ``train`` and ``partial_fit`` drive it.
 
@@ -146,6 +156,7 @@ class Trainer:
 
     # -- one step --------------------------------------------------------------------------------
 
+    @with_blas_threads(_work)
     def step(self, X, y, lo, hi, *, stepping):
         """Evaluate rows lo:hi of (X, y) (all of them for batch EP), update, maybe step.
 
@@ -232,6 +243,7 @@ class Trainer:
         self.history["damping"].append(self.damping)
         self._pending = []
 
+    @with_blas_threads(_work)
     def rebuild_factor(self, X, y):
         """Minibatch EP: recompute the product of all sites at the current hyper-parameters.
 
@@ -245,6 +257,7 @@ class Trainer:
 
     # -- the end ---------------------------------------------------------------------------------
 
+    @with_blas_threads(_work)
     def posterior(self, X=None, y=None):
         """q at the current state (for EP: rebuilt exactly from all sites, one pass over X) and its log Z_q."""
         s = self.state
