@@ -447,7 +447,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """The BLAS thread scope (``agpc.threads.blas_threads``) for a fit on ``X``, shaped by the work of its
         main phase: minibatch steps, or batch passes over all rows."""
         threads.check_blas_threads(self.blas_threads)
-        shape = getattr(X, "shape", None) or np.shape(X)
+        shape = getattr(X, "shape", None)
+        if shape is None:  # lists and array-likes (the scope only needs the shape; X is validated inside)
+            try:
+                shape = np.asarray(X).shape
+            except (TypeError, ValueError):
+                shape = ()
         n = int(shape[0]) if len(shape) else 1
         d = int(shape[1]) if len(shape) > 1 else 1
         m = len(self.inducing) if not isinstance(self.inducing, str) else self.n_inducing
