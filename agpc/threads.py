@@ -39,8 +39,8 @@ library's thread count when it ends, also on an exception. The count is process-
 so two fits running at once in two Python threads share it.
 
 Cost: ``threadpoolctl.threadpool_limits`` inspects the loaded libraries on every call (measured 0.85 ms a
-call here), more than a tenth of a minibatch step; a ``ThreadpoolController`` built once and its
-``limit(...)`` cost 10 us. So the controller is built once and rebuilt only when Python modules have been
+call on the idle 2-core machine, several ms when it is loaded), more than a tenth of a minibatch step; a
+``ThreadpoolController`` built once and its ``limit(...)`` cost 10-30 us (``benchmarks/threads.py``). So the controller is built once and rebuilt only when Python modules have been
 imported since (which may have loaded another BLAS), and only at an outermost scope.
 
 Dask worker tasks use ``task_blas_threads``: the same rule, within the worker's own budget, its BLAS thread
@@ -252,17 +252,17 @@ def _scope(rows, m, n_features, block_rows, threads, in_task):
         budget = None
         if not outermost:  # the outermost scope decided whose choice wins; choose again for this shape
             mode, count, budget = _stack[0]
-            if mode == "policy":
+            if mode == "rule":
                 count = _rule(rows, m, n_features, block_rows, budget)
         elif in_task:  # a Dask worker's budget: the largest BLAS thread count its libraries have
             budget = max([lib.num_threads for lib in _libraries(refresh=True).lib_controllers], default=1)
-            mode, count = "policy", _rule(rows, m, n_features, block_rows, budget)
+            mode, count = "rule", _rule(rows, m, n_features, block_rows, budget)
         elif threads is not None:
             mode, count = "explicit", threads
         elif caller_set_blas_threads():
             mode, count = "caller", None
         else:
-            mode, count = "policy", _rule(rows, m, n_features, block_rows, None)
+            mode, count = "rule", _rule(rows, m, n_features, block_rows, None)
         _stack.append((mode, count, budget))
         try:
             if count is None:

@@ -242,6 +242,22 @@ def _enter_and_read(blas):
         return count, blas.num_threads
 
 
+def test_dask_task_follows_the_rule_within_its_worker_budget(machine, monkeypatch):
+    """In a worker, the BLAS count it was started with is its budget (dask's nanny sets OPENBLAS_NUM_THREADS
+    and friends to one thread per worker thread): a task never goes above it, and below it follows the rule.
+    The variables there are the worker's configuration, not a caller's limit: the rule still applies."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "8")
+    monkeypatch.setattr(machine, "num_threads", 8)
+    with threads.task_blas_threads(10**6, 200, n_features=8) as count:  # a large chunk: the whole budget
+        assert count == 8 and machine.num_threads == 8
+    with threads.task_blas_threads(200, 200, n_features=8) as count:  # a small one: one thread
+        assert count == 1 and machine.num_threads == 1
+    assert machine.num_threads == 8
+    monkeypatch.setattr(machine, "num_threads", 1)  # dask's default: one BLAS thread per worker thread
+    with threads.task_blas_threads(10**6, 200, n_features=8) as count:
+        assert count == 1
+
+
 def test_controller_is_built_once_not_per_step(monkeypatch):
     """threadpool_limits would inspect the loaded libraries at every step (~1 ms here); the module builds a
     ThreadpoolController at most once per fit (when modules were imported since the last)."""
