@@ -25,6 +25,7 @@ import numpy as np
 from ..backend import (CholeskyError, array_device, array_namespace, asarray_like, cholesky_with_jitter, host_rng,
                        is_out_of_core, read_rows, row_chunk_bounds, row_slice, to_numpy)
 from ..kernels import ClassKernels
+from ..threads import with_blas_threads
 from .engines import ALL_METHODS, EP_METHODS, make_engine
 
 __all__ = ["train", "Trainer", "TrainResult", "METHODS", "ALL_METHODS", "minibatch_layout"]
@@ -49,6 +50,15 @@ class TrainResult:
     stopped_by_time: bool = False
     early_stopped: bool = False
     state: dict = field(default_factory=dict)  # the engine's final state (SVI: "mean", "chol"; vi-*: "xi")
+
+
+def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
+    """The shape of a call's work for the BLAS thread rule (``agpc.threads``): a minibatch step's rows
+    lo:hi, or a pass over all rows of X, or (no X) the m x m algebra alone."""
+    Z = trainer.state["Z"]
+    m = Z.shape[-2]
+    rows = m if X is None else (hi - lo) if (trainer.minibatch and hi is not None) else X.shape[0]
+    return {"rows": rows, "m": m, "n_features": Z.shape[-1], "block_rows": trainer.engine.block_rows}
 
 
 class Trainer:
@@ -92,6 +102,7 @@ class Trainer:
     def n_total(self, value):
         self.engine.n_total = value
 
+    @with_blas_threads(_work)
     def step(self, X, y, lo, hi, *, stepping, weights=None):
         """Evaluate rows lo:hi of (X, y) (all of them in batch mode), commit the update, maybe step the
         hyper-parameters. ``weights``: per-row weights of the rows (a padded minibatch: 0 on the padding),
@@ -162,11 +173,13 @@ class Trainer:
         h["n_steps"].append(self.n_steps)
         self._pending = []
 
+    @with_blas_threads(_work)
     def rebuild_factor(self, X, y):
         """Minibatch EP: the exact product of all sites at the current hyper-parameters (``EPEngine``)."""
         self.n_rebuilds += 1
         self.engine.rebuild_factor(X, y)
 
+    @with_blas_threads(_work)
     def posterior(self, X=None, y=None):
         """q at the current state and its log Z (the engine's final pass, or the history's last estimate)."""
         post, log_z = self.engine.posterior(X, y)
