@@ -27,8 +27,10 @@ Whose choice wins (``blas_threads``), outermost scope first:
 
 1. An explicit count (``GPClassifier(blas_threads=k)``) is used for everything inside the scope.
 2. Otherwise, a limit the caller already set is left alone: an environment variable that sets the BLAS
-   thread count (``THREAD_ENVIRONMENT``, read by the library when it loaded) or a BLAS library whose
-   current thread count differs from its default (e.g. an enclosing ``threadpoolctl.threadpool_limits(1)``).
+   thread count (``THREAD_ENVIRONMENT``) set when agpc was imported (the library read it when it loaded;
+   one set later changes nothing in a loaded library, and dask's LocalCluster sets them in the driver's
+   environment for its workers, so they are read once, at import), or a BLAS library whose current thread
+   count differs from its default (e.g. an enclosing ``threadpoolctl.threadpool_limits(1)``).
    A library's default is its thread count the first time agpc looked at it (when ``agpc`` was imported,
    or when the library was loaded, if later): a limit set at run time *before* importing agpc cannot be
    told from a default, and neither can a limit equal to the default; pass ``blas_threads`` then.
@@ -218,10 +220,14 @@ def _libraries(refresh):
     return _controller
 
 
+# The thread variables set when agpc was imported, i.e. when the BLAS libraries it uses had loaded and read them.
+_environment_at_import = {name: os.environ[name] for name in THREAD_ENVIRONMENT if os.environ.get(name)}
+
+
 def caller_set_blas_threads():
     """True when the caller has set the BLAS thread count: an environment variable of ``THREAD_ENVIRONMENT``
-    is set, or a BLAS library runs with a count other than its default."""
-    if any(os.environ.get(name) for name in THREAD_ENVIRONMENT):
+    was set when agpc was imported, or a BLAS library runs with a count other than its default."""
+    if _environment_at_import:
         return True
     return any(lib.num_threads != _defaults.get(lib.filepath, lib.num_threads)
                for lib in _libraries(refresh=True).lib_controllers)
