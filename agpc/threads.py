@@ -78,8 +78,10 @@ __all__ = [
 ]
 
 # Fewer rows than this many per inducing point between two factorisations: the m x m algebra dominates.
-# Measured at m = 200 (issue 14; benchmarks/threads.py): a SEP step of 200, 1,000 or 4,000 rows ran 3.5x,
-# 3.4x and 1.9x slower with two threads than with one, while a batch pass of 10^5 rows gained with two.
+# Measured at m = 200 on the 2-core machine: a SEP step of 200, 1,000 or 4,000 rows ran 6.0x, 3.4x and 1.9x
+# slower with two threads than with one (48 / 8.0, 58 / 17, 121 / 63 ms), while a batch pass of 10^5 rows
+# took 0.94 s with two and 1.2 s with one (the machine idle; other jobs ran during part of the step
+# measurements, which widens the gap but does not close it: 1.9x at 4,000 rows is the trend).
 ROWS_PER_INDUCING = 20
 # m x m algebra is threaded only for large m: SEP steps (200 rows) measured at m = 500 took 85 ms with one
 # thread and 142 ms with two; at m = 1000, 560 ms and 496 ms. m^3 / 2^28 gives 1 thread at m = 500 and 3 at
