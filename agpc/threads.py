@@ -27,8 +27,10 @@ Whose choice wins (``blas_threads``), outermost scope first:
 
 1. An explicit count (``GPClassifier(blas_threads=k)``) is used for everything inside the scope.
 2. Otherwise, a limit the caller already set is left alone: an environment variable that sets the BLAS
-   thread count (``THREAD_ENVIRONMENT``, read by the library when it loaded) or a BLAS library whose
-   current thread count differs from its default (e.g. an enclosing ``threadpoolctl.threadpool_limits(1)``).
+   thread count (``THREAD_ENVIRONMENT``) set when agpc was imported (the library read it when it loaded;
+   one set later changes nothing in a loaded library, and dask's LocalCluster sets them in the driver's
+   environment for its workers, so they are read once, at import), or a BLAS library whose current thread
+   count differs from its default (e.g. an enclosing ``threadpoolctl.threadpool_limits(1)``).
    A library's default is its thread count the first time agpc looked at it (when ``agpc`` was imported,
    or when the library was loaded, if later): a limit set at run time *before* importing agpc cannot be
    told from a default, and neither can a limit equal to the default; pass ``blas_threads`` then.
@@ -76,8 +78,10 @@ __all__ = [
 ]
 
 # Fewer rows than this many per inducing point between two factorisations: the m x m algebra dominates.
-# Measured at m = 200 (issue 14; benchmarks/threads.py): a SEP step of 200, 1,000 or 4,000 rows ran 3.5x,
-# 3.4x and 1.9x slower with two threads than with one, while a batch pass of 10^5 rows gained with two.
+# Measured at m = 200 on the 2-core machine: a SEP step of 200, 1,000 or 4,000 rows ran 6.0x, 3.4x and 1.9x
+# slower with two threads than with one (48 / 8.0, 58 / 17, 121 / 63 ms), while a batch pass of 10^5 rows
+# took 0.94 s with two and 1.2 s with one (the machine idle; other jobs ran during part of the step
+# measurements, which widens the gap but does not close it: 1.9x at 4,000 rows is the trend).
 ROWS_PER_INDUCING = 20
 # m x m algebra is threaded only for large m: SEP steps (200 rows) measured at m = 500 took 85 ms with one
 # thread and 142 ms with two; at m = 1000, 560 ms and 496 ms. m^3 / 2^28 gives 1 thread at m = 500 and 3 at
@@ -218,10 +222,14 @@ def _libraries(refresh):
     return _controller
 
 
+# The thread variables set when agpc was imported, i.e. when the BLAS libraries it uses had loaded and read them.
+_environment_at_import = {name: os.environ[name] for name in THREAD_ENVIRONMENT if os.environ.get(name)}
+
+
 def caller_set_blas_threads():
     """True when the caller has set the BLAS thread count: an environment variable of ``THREAD_ENVIRONMENT``
-    is set, or a BLAS library runs with a count other than its default."""
-    if any(os.environ.get(name) for name in THREAD_ENVIRONMENT):
+    was set when agpc was imported, or a BLAS library runs with a count other than its default."""
+    if _environment_at_import:
         return True
     return any(lib.num_threads != _defaults.get(lib.filepath, lib.num_threads)
                for lib in _libraries(refresh=True).lib_controllers)
