@@ -104,11 +104,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     learning_rate : float or None
         For "adadelta" (default 1.0) and "adam" (default 0.01).
     max_time : float or None
-        Seconds for the whole ``fit``: input checks, the initialisation of the inducing
-        points (k-means, ``init_time_``), the steps and the final pass that rebuilds q from all sites.
-        No step is started that its measured length plus the final pass (measured: one exact rebuild of
-        the site product, about two passes over the rows for EP) would carry past it; the model is
-        usable. The same for every method (one training loop).
+        Seconds for the whole ``fit``: input checks, the initialisation of the inducing points (k-means,
+        ``init_time_``), the steps and the final pass. No step is started that its measured length would
+        carry past it (in batch mode, plus the final pass that rebuilds q from all rows: about one more
+        step). In minibatch mode the final exact pass over all rows (minibatch EP's rebuild of q from every
+        site, SVI's bound on all rows) is made only when its measured cost fits in what is left; otherwise
+        the model keeps the running q that training used. The same for every method (one training loop).
     shuffle : bool, default=True
         Visit minibatches in a new random order each epoch (and reorder in-memory rows once).
     eval_every : int or None

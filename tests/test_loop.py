@@ -163,3 +163,27 @@ def test_multiclass_svi_bound_takes_row_weights():
     assert float(value) == pytest.approx(float(ref_value), rel=1e-12)
     for name in ref_grads:
         np.testing.assert_allclose(grads[name], ref_grads[name], rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def test_time_budget_keeps_room_for_the_final_pass_in_batch_mode_only(monkeypatch):
+    """max_time bounds the whole fit: no step starts that its measured length (and, in batch mode, the final
+    pass of about one step) would carry past the deadline; minibatch mode makes its exact final pass over all
+    rows only when its measured cost fits, and never when it has not been measured (SVI's bound)."""
+    clock = {"now": 100.0}
+    monkeypatch.setattr(training.time, "perf_counter", lambda: clock["now"])
+    batch = training._TimeBudget(10.0, started=100.0, batch=True)
+    minibatch = training._TimeBudget(10.0, started=100.0, batch=False)
+    assert not batch.exhausted(False) and not minibatch.exhausted(False)  # nothing measured yet
+    for budget in (batch, minibatch):
+        clock["now"] = 100.0
+        with budget.timing("step"):
+            clock["now"] += 3.0  # a step of 3 s, ending at 103
+    assert not batch.exhausted(False)  # 103 + 3 (step) + 3 (final pass) <= 110
+    clock["now"] = 105.0
+    assert batch.exhausted(False) and not minibatch.exhausted(False)  # 105 + 3 + 3 > 110, 105 + 3 <= 110
+    assert not minibatch.final_pass_fits()  # no rebuild measured
+    minibatch.seconds["rebuild"] = 2.5
+    assert minibatch.exhausted(True) and not minibatch.exhausted(False)  # 105 + 3 + 2.5 (a rebuild due) > 110
+    assert minibatch.final_pass_fits()  # 105 + 2 x 2.5 <= 110
+    clock["now"] = 106.0
+    assert not minibatch.final_pass_fits()  # 106 + 5 > 110

@@ -180,9 +180,10 @@ class Trainer:
         self.engine.rebuild_factor(X, y)
 
     @with_blas_threads(_work)
-    def posterior(self, X=None, y=None):
-        """q at the current state and its log Z (the engine's final pass, or the history's last estimate)."""
-        post, log_z = self.engine.posterior(X, y)
+    def posterior(self, X=None, y=None, want_log_z=True):
+        """q at the current state and its log Z (the engine's final pass, or the history's last estimate;
+        ``want_log_z=False``: no pass over the rows where the engine can do without one)."""
+        post, log_z = self.engine.posterior(X, y, want_log_z=want_log_z)
         if log_z is None:
             values = self.history["log_marginal_likelihood"]
             log_z = values[-1] if values else float("nan")
@@ -320,8 +321,7 @@ def train(
     if resume:
         order, best = _restore(trainer, rng, checkpoint_path, fingerprint, validation is not None)
     converged = stopped_by_time = early_stopped = False
-    budget = _TimeBudget(max_time, time.perf_counter() if started is None else started,
-                         final_pass=trainer.per_row_sites or not minibatch, n_batches=len(batches))
+    budget = _TimeBudget(max_time, time.perf_counter() if started is None else started, batch=not minibatch)
     if resume:  # the budget covers the interrupted run's training time too
         budget.spent_before(time.perf_counter() - trainer.t0)
     if max_time is not None and minibatch and trainer.per_row_sites:
@@ -385,7 +385,10 @@ def train(
         bar.close()
     if minibatch:  # an epoch cut short (batch mode records its iterations as they end)
         trainer.record()
-    posterior, final_log_z = trainer.posterior(X, y)
+    # Minibatch mode under a time budget: the exact final pass over all rows (minibatch EP's rebuild of q
+    # from every site, SVI's bound on all rows) only if it fits; otherwise q is the running one, as during
+    # training, and log Z the last epoch's estimate.
+    posterior, final_log_z = trainer.posterior(X, y, want_log_z=not minibatch or budget.final_pass_fits())
     state = dict(engine.state)
     if permutation is not None and trainer.per_row_sites:  # back to the caller's row order
         inverse = xp.argsort(permutation)
@@ -433,15 +436,15 @@ def _jitter_needed(kernel, Z, jitter):
 
 class _TimeBudget:
     """``max_time`` for the whole fit: measures how long a step and an exact rebuild of the site product
-    take, and says when the next step (with a rebuild when one is due) plus the final pass would no longer
-    fit. The final pass rebuilds q from all rows (EP, and SEP / ADF in batch mode): it costs about one
-    rebuild of the site product plus a sweep without gradient, estimated as twice a measured rebuild
-    (minibatch EP: before the first one, a rebuild of the first rows, scaled), or as one batch step."""
+    take, and says when the next step (with a rebuild when one is due) would no longer fit. Batch mode keeps
+    room for its final pass (about one step: q rebuilt from all rows). Minibatch mode keeps none: its final
+    pass over all rows (minibatch EP's exact rebuild, SVI's bound on all rows) is made only when it fits
+    (``final_pass_fits``; estimated as twice a measured rebuild, before the first one a rebuild of the first
+    rows scaled to all), and q otherwise stays the running one, which training itself used."""
 
-    def __init__(self, max_time, started, *, final_pass, n_batches):
+    def __init__(self, max_time, started, *, batch):
         self.deadline = None if max_time is None else started + float(max_time)
-        self.final_pass = final_pass
-        self.n_batches = n_batches
+        self.batch = batch
         self.seconds = {"step": None, "rebuild": None}
 
     def measure_rebuild(self, trainer, X, y, rows=8192):
@@ -471,13 +474,14 @@ class _TimeBudget:
             return False
         step, rebuild = self.seconds["step"], self.seconds["rebuild"]
         upcoming = (step or 0.0) + ((rebuild or 0.0) if rebuild_due else 0.0)
-        final = 0.0
-        if self.final_pass:
-            if rebuild is not None:
-                final = 2.0 * rebuild
-            elif step is not None and self.n_batches == 1:
-                final = step
+        final = (step or 0.0) if self.batch else 0.0
         return time.perf_counter() + upcoming + final > self.deadline
+
+    def final_pass_fits(self):
+        if self.deadline is None:
+            return True
+        rebuild = self.seconds["rebuild"]
+        return rebuild is not None and time.perf_counter() + 2.0 * rebuild <= self.deadline
 
 
 def minibatch_layout(X, batch_size, out_of_core):
