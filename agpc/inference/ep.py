@@ -45,6 +45,7 @@ __all__ = [
     "posterior_from_sums",
     "block_pass",
     "evaluate",
+    "sweep_rows",
     "predict_latent",
 ]
 
@@ -349,38 +350,49 @@ def relative_site_change(change):
     return float(change[0]) / (1.0 + float(change[1])) + float(change[2]) / (1.0 + float(change[3]))
 
 
-def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, At=None, want_sums=False,
-           want_sites=True, damping=None):
-    """``block_pass`` over all rows in blocks; the per-row results written into preallocated n-vectors
-    (no per-block pieces joined at the end: that would hold them twice), the sums added.
-    ``At``: the blocks' kept (A^T, Knm) from ``_whitened_sums``, or None to recompute them.
-    ``want_sites=False`` keeps no per-row output at all (a final log Z_q pass needs only the sums);
-    ``damping``: the per-row output is the damped sites (``write_block_sites``)."""
-    xp = array_namespace(Z)
+def sweep_rows(X, y, site_precision, site_shift, block_step, *, block_rows, like, want_grad, want_sums=False,
+               want_sites=True, damping=None, valid_columns=None):
+    """The one EP sweep, for binary EP, multiclass EP and GFITC: ``block_step(index, X rows, y rows, the rows'
+    site_precision, the rows' site_shift)`` (a ``BlockResult``) over all rows in the blocks of ``data_blocks``;
+    the per-row results written into preallocated arrays (no per-block pieces joined at the end: that would
+    hold them twice), damped when ``damping`` is given (``write_block_sites``), and the reductions added.
+    ``want_sites=False`` keeps no per-row output at all (a final log Z pass needs only the sums).
+    ``valid_columns``: the validity mask's columns per row (multiclass: one per class), None for one a row."""
+    xp = array_namespace(like)
     n = X.shape[0]
     out = {"terms": None, "site_precision": None, "site_shift": None, "valid": None, "n_invalid": 0,
            "sums": None, "dKmm_data": None, "grads": None, "site_change": None}
     if want_sites:
-        device = array_device(Z)
-        out["site_precision"] = xp.empty((n,), dtype=Z.dtype, device=device)
-        out["site_shift"] = xp.empty((n,), dtype=Z.dtype, device=device)
-        out["valid"] = xp.empty((n,), dtype=xp.bool, device=device)
-
+        device = array_device(like)
+        out["site_precision"] = xp.empty(site_precision.shape, dtype=like.dtype, device=device)
+        out["site_shift"] = xp.empty(site_shift.shape, dtype=like.dtype, device=device)
+        out["valid"] = xp.empty((n,) if valid_columns is None else (n, valid_columns), dtype=xp.bool, device=device)
     n_invalid = None
-    for index, (lo, hi, X_block, y_block) in enumerate(data_blocks(X, y, block_rows, Z)):
-        kept = At[index] if At else None
-        res = block_pass(
-            kernel, X_block, y_block, site_precision[lo:hi], site_shift[lo:hi],
-            Z, cavity, want_grad=want_grad, At=None if kept is None else kept[0], Knm=None if kept is None else kept[1],
-            want_sums=want_sums,
-        )
+    for index, (lo, hi, X_block, y_block) in enumerate(data_blocks(X, y, block_rows, like)):
+        rows = (slice(lo, hi),) + (...,) * (site_precision.ndim > 1)
+        old_precision, old_shift = site_precision[rows], site_shift[rows]
+        res = block_step(index, X_block, y_block, old_precision, old_shift)
         if want_sites:
-            write_block_sites(out, lo, hi, res, site_precision[lo:hi], site_shift[lo:hi], damping)
+            write_block_sites(out, lo, hi, res, old_precision, old_shift, damping)
         invalid = xp.sum(xp.astype(~res.valid, xp.int64))
         n_invalid = invalid if n_invalid is None else n_invalid + invalid
         accumulate(out, res, want_sums=want_sums, want_grad=want_grad)
     out["n_invalid"] = int(n_invalid)
     return out
+
+
+def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, At=None, want_sums=False,
+           want_sites=True, damping=None):
+    """Binary EP's sweep: ``block_pass`` over all rows (``sweep_rows``). ``At``: the blocks' kept (A^T, Knm)
+    from ``_whitened_sums``, or None to recompute them."""
+    def block_step(index, X_block, y_block, nu, mu):
+        kept = At[index] if At else None
+        return block_pass(kernel, X_block, y_block, nu, mu, Z, cavity, want_grad=want_grad,
+                          At=None if kept is None else kept[0], Knm=None if kept is None else kept[1],
+                          want_sums=want_sums)
+
+    return sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z,
+                      want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping)
 
 
 def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, want_sites=True,
