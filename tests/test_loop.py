@@ -163,3 +163,29 @@ def test_multiclass_svi_bound_takes_row_weights():
     assert float(value) == pytest.approx(float(ref_value), rel=1e-12)
     for name in ref_grads:
         np.testing.assert_allclose(grads[name], ref_grads[name], rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def test_a_step_takes_row_weights_padding_weighs_nothing():
+    """SVI's step on a minibatch padded with rows of weight 0 moves q(u), the kernel and Z exactly as the step
+    on the minibatch alone; the engines whose passes do not apply weights yet refuse them."""
+    from agpc.kernels import RBF
+
+    X, y = _binary(60)
+    y = y.astype(float)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    Z = X[:5].copy()
+    padded_X = np.concatenate([X[:20], X[40:50]])
+    padded_y = np.concatenate([y[:20], y[40:50]])
+    weights = np.r_[np.ones(20), np.zeros(10)]
+    plain = training.Trainer(kernel, Z, method="svi", n_total=60, minibatch=True)
+    padded = training.Trainer(kernel, Z, method="svi", n_total=60, minibatch=True)
+    for _ in range(2):
+        _, _, log_z = plain.step(X, y, 0, 20, stepping=True)
+        _, _, padded_log_z = padded.step(padded_X, padded_y, 0, 30, stepping=True, weights=weights)
+        assert padded_log_z == pytest.approx(log_z, rel=1e-12)
+    for key in ("Z", "mean", "chol"):
+        np.testing.assert_allclose(padded.state[key], plain.state[key], rtol=1e-12, atol=1e-14, err_msg=key)
+    for method in ("sep", "vi-jj", "gfitc"):
+        trainer = training.Trainer(kernel, Z, method=method, n_total=60, minibatch=method == "sep")
+        with pytest.raises(ValueError, match="per-row weights"):
+            trainer.step(X, y, 0, 60, stepping=True, weights=np.ones(60))

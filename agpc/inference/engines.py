@@ -153,6 +153,12 @@ class _Engine:
     def has_params(self):
         return bool(self.names)
 
+    def _refuse_weights(self, weights):
+        """Per-row weights are taken by the engines whose passes apply them (SVI); elsewhere one clear error
+        rather than weights silently ignored."""
+        if weights is not None:
+            raise ValueError(f"{type(self).__name__} does not take per-row weights (yet): its passes do not apply them")
+
     def snapshot(self):
         snap = {"state": dict(self.state), "damping": self.damping, "undo": None,
                 "optimizer": self.optimizer.snapshot() if self.optimizer is not None else None}
@@ -232,6 +238,7 @@ class EPEngine(_Engine):
         self.needs_rebuild = False
 
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
+        self._refuse_weights(weights)
         state = self.state
         kernel, Z = state["kernel"], state["Z"]
         if not self.minibatch and self.per_row_sites:
@@ -387,6 +394,7 @@ class GFITCEngine(_Engine):
         self.sweeps = 0  # since the last hyper-parameter step
 
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
+        self._refuse_weights(weights)
         s = self.state
         hyper = stepping and self.settled
         out = gfitc.evaluate(s["kernel"], s["Z"], X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=hyper,
@@ -487,8 +495,10 @@ class SVIEngine(_Engine):
 
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
         like = self.state["Z"]
-        elbo, grads = self._bound(read_rows(X, lo, hi, like), read_rows(y, lo, hi, like), want_grad=True,
-                                  n_total=self.n_total, weights=weights)
+        if (lo, hi) != (0, X.shape[0]):  # a minibatch: read (from disk, a cluster) and held whole
+            X, y = read_rows(X, lo, hi, like), read_rows(y, lo, hi, like)
+        # (all rows: the bound reads them a block at a time)
+        elbo, grads = self._bound(X, y, want_grad=True, n_total=self.n_total, weights=weights)
         return elbo, grads
 
     def apply(self, grads, lo, hi, *, stepping):
@@ -554,6 +564,7 @@ class QuadraticEngine(_Engine):
                                            block_rows=self.block_rows, **options)
 
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
+        self._refuse_weights(weights)
         s = self.state
         kernel, Z, xi = s["kernel"], s["Z"], s["xi"]
         labels = read_rows(y, 0, y.shape[0], Z)
