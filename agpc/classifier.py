@@ -13,6 +13,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
 from . import backend as B
+from . import threads
 from .inducing import initial_inducing_points
 from .inference import engines, ep, multiclass_ep, multiclass_vi, training
 from .kernels import RBF, ClassKernels, Stationary
@@ -103,7 +104,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     learning_rate : float or None
         For "adadelta" (default 1.0) and "adam" (default 0.01).
     max_time : float or None
-        Stop cleanly at the end of the step that crosses this many seconds; the model is usable.
+        Seconds for the whole ``fit``: input checks, the initialisation of the inducing
+        points (k-means, ``init_time_``), the steps and the final pass that rebuilds q from all sites.
+        No step is started that its measured length plus the final pass (measured: one exact rebuild of
+        the site product, about two passes over the rows for EP) would carry past it; the model is
+        usable. The same for every method (one training loop).
     shuffle : bool, default=True
         Visit minibatches in a new random order each epoch (and reorder in-memory rows once).
     eval_every : int or None
@@ -147,6 +152,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         cost of reading and writing 16 bytes a row each pass; a lost worker's chunks restart from the last
         pass's files. The driver and every worker must reach the directory (across hosts: a shared file
         system). A subdirectory is made for the fit and removed at its end.
+    blas_threads : int or None, default=None
+        Threads of the BLAS library (OpenBLAS, MKL, ...) during ``fit``, ``partial_fit`` and prediction.
+        ``None``: chosen for the work at hand (``agpc.threads``): one thread for minibatch steps, whose
+        small m x m operations a multi-threaded BLAS slows down (46 ms a step with two threads against
+        9.9 ms with one, m = 200 on 2 cores), the free cores for batch passes over large row blocks; and a
+        limit the caller already set (an environment variable such as ``OPENBLAS_NUM_THREADS``, or an
+        enclosing ``threadpoolctl.threadpool_limits``) is left alone. An integer: that many threads for
+        everything. Either way no environment variable is set and the caller's setting is restored
+        afterwards. On a dask array, the workers' tasks follow the same rule within each worker's budget.
 
     Attributes
     ----------
@@ -159,6 +173,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "n_steps"; with validation data "validation_step", "validation_nll", "validation_error"
     n_iter_ : int
     n_features_in_ : int
+    fit_time_ : float, seconds of the whole ``fit`` (what ``max_time`` bounds)
+    init_time_ : float, of which choosing the initial inducing points (k-means) took this many seconds
+    stopped_by_time_ : bool, training stopped because of ``max_time``
     """
 
     def __init__(
@@ -188,6 +205,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         checkpoint_path=None,
         checkpoint_every=None,
         site_directory=None,
+        blas_threads=None,
     ):
         self.method = method
         self.n_inducing = n_inducing
@@ -214,6 +232,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.checkpoint_path = checkpoint_path
         self.checkpoint_every = checkpoint_every
         self.site_directory = site_directory
+        self.blas_threads = blas_threads
 
     # -- validation ------------------------------------------------------------------------------
 
@@ -248,6 +267,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"method={self.method!r} is built on the logistic likelihood; use likelihood='logistic' or None")
         if self.method in training.METHODS + ("gfitc",) and self.likelihood == "logistic":
             raise ValueError(f"method={self.method!r} uses the probit likelihood (closed-form EP updates)")
+        threads.check_blas_threads(self.blas_threads)
         if not isinstance(self.n_quadrature, numbers.Integral) or self.n_quadrature < 1:
             raise ValueError(f"n_quadrature must be a positive integer, got {self.n_quadrature!r}")
         if self.kernel is not None and not isinstance(self.kernel, Stationary):
@@ -434,6 +454,26 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.history_ = history
         self.n_iter_ = n_iter
 
+    def _blas_scope(self, X):
+        """The BLAS thread scope (``agpc.threads.blas_threads``) for a fit on ``X``, shaped by the work of its
+        main phase: minibatch steps, or batch passes over all rows."""
+        threads.check_blas_threads(self.blas_threads)
+        shape = getattr(X, "shape", None)
+        if shape is None:  # lists and array-likes (the scope only needs the shape; X is validated inside)
+            try:
+                shape = np.asarray(X).shape
+            except (TypeError, ValueError):
+                shape = ()
+        n = int(shape[0]) if len(shape) else 1
+        d = int(shape[1]) if len(shape) > 1 else 1
+        m = len(self.inducing) if not isinstance(self.inducing, str) else self.n_inducing
+        if not isinstance(m, numbers.Integral) or m < 1:
+            m = 1  # a bad n_inducing is refused inside the scope, by _check_params
+        batch_size = self._batch_size_for(n) if self.method != "gfitc" else None
+        valid = isinstance(batch_size, numbers.Integral) and batch_size >= 1  # (else refused inside the scope)
+        rows = min(n, int(batch_size)) if valid else n
+        return threads.blas_threads(rows, m, n_features=d, threads=self.blas_threads)
+
     def fit(self, X, y, validation_data=None, resume=False):
         """Fit the classifier.
 
@@ -453,6 +493,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         -------
         self
         """
+        started = time.perf_counter()  # max_time covers the whole fit, from here
+        with self._blas_scope(X):
+            return self._fit(X, y, validation_data, resume, started)
+
+    def _fit(self, X, y, validation_data, resume, started):
         groups, _ = self._check_params()
         if (self.checkpoint_every is not None or resume) and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path")
@@ -472,7 +517,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         n = Xc.shape[0]
         m = self._n_inducing_for(n)
         rng = B.host_rng(self.random_state)
+        init_started = time.perf_counter()
         kernel, Z = self._initial_model(sample, m, rng, len(classes))
+        self.init_time_ = time.perf_counter() - init_started
         validation = None
         if validation_data is not None:
             X_val, y_val = validation_data
@@ -487,12 +534,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 B.asarray_like(X_val, xp, device=device, dtype=xp.float64),
                 B.asarray_like(_encode_labels(y_val, classes), xp, device=device, dtype=xp.float64),
             )
-        t0 = time.perf_counter()
+        t0 = started
         result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
-                             validation=validation)
+                             validation=validation, started=started)
         return self._fitted_from(result, classes, t0)
 
-    def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None):
+    def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
+               started=None):
         """The one training loop (``training.train``) with this estimator's settings for its method."""
         if self.method == "svi":
             self.likelihood_ = "robust-max" if len(classes) > 2 else (self.likelihood or "probit")
@@ -506,7 +554,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             eval_every=self.eval_every, n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose),
             engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
             resume=bool(resume), likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
-            n_quadrature=int(self.n_quadrature),
+            n_quadrature=int(self.n_quadrature), started=started,
         )
 
     def _batch_size_for(self, n):
@@ -614,6 +662,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         this batch), the kernel and the inducing points (from this batch). ``n_total`` is the number of
         rows the model stands for (SEP's cavity q / f^(1/n)); by default the rows seen so far.
         """
+        with self._blas_scope(X):
+            return self._partial_fit(X, y, classes, n_total)
+
+    def _partial_fit(self, X, y, classes, n_total):
         groups, _ = self._check_params()
         first = not hasattr(self, "_trainer")
         Xc, y_pm, classes, sample, xp, device = self._inputs(
@@ -678,9 +730,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return len(self.classes_) > 2
 
     def _latent(self, Xc):
-        if self._multiclass:
-            return multiclass_ep.predict_latent(self.kernel_, self.inducing_points_, self.posterior_, Xc)
-        return ep.predict_latent(self.kernel_, self.inducing_points_, self.posterior_, Xc)
+        Z = self.inducing_points_
+        with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=self.blas_threads):
+            if self._multiclass:
+                return multiclass_ep.predict_latent(self.kernel_, Z, self.posterior_, Xc)
+            return ep.predict_latent(self.kernel_, Z, self.posterior_, Xc)
 
     def predict_latent(self, X):
         """Mean and variance of the latent f at X (seed 000 eq. 36): each of shape (n_samples,) for a

@@ -34,6 +34,7 @@ def _runs(tmp_dir):
         "airline": ["airline.py", "--quick", "--blas-threads", "1"],
         "airline_3class": ["airline.py", "--quick", "--classes", "3", "--blas-threads", "1"],
         "dask_scaling": ["dask_scaling.py", "--quick", "--store", str(tmp_dir / "dask")],
+        "threads": ["threads.py", "--quick"],
     }
 
 NEEDS_DATA = ("uci_iterations", "uci_binary_ep", "airline", "airline_3class")  # presets of real data only
@@ -64,7 +65,8 @@ def outputs(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["uci_binary", "uci_binary_generated", "uci_iterations", "uci_binary_ep",
                                   "uci_multiclass",
-                                  "banana_inducing", "time_curves", "airline", "airline_3class", "dask_scaling"])
+                                  "banana_inducing", "time_curves", "airline", "airline_3class", "dask_scaling",
+                                  "threads"])
 def test_quick_run_prints_a_table(outputs, name):
     if name not in outputs:
         pytest.skip(f"{DATA} is absent and {name} has no generated fallback")

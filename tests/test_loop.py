@@ -167,7 +167,7 @@ def test_multiclass_svi_bound_takes_row_weights():
 
 def test_a_step_takes_row_weights_padding_weighs_nothing():
     """SVI's step on a minibatch padded with rows of weight 0 moves q(u), the kernel and Z exactly as the step
-    on the minibatch alone; the engines whose passes do not apply weights yet refuse them."""
+    on the minibatch alone; the batch passes, which do not apply weights, refuse them."""
     from agpc.kernels import RBF
 
     X, y = _binary(60)
@@ -185,7 +185,7 @@ def test_a_step_takes_row_weights_padding_weighs_nothing():
         assert padded_log_z == pytest.approx(log_z, rel=1e-12)
     for key in ("Z", "mean", "chol"):
         np.testing.assert_allclose(padded.state[key], plain.state[key], rtol=1e-12, atol=1e-14, err_msg=key)
-    for method in ("sep", "vi-jj", "gfitc"):
-        trainer = training.Trainer(kernel, Z, method=method, n_total=60, minibatch=method == "sep")
+    for method in ("ep", "vi-jj", "gfitc"):  # batch passes (EP / SEP / ADF minibatches take weights)
+        trainer = training.Trainer(kernel, Z, method=method, n_total=60, minibatch=False)
         with pytest.raises(ValueError, match="per-row weights"):
             trainer.step(X, y, 0, 60, stepping=True, weights=np.ones(60))

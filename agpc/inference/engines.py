@@ -18,9 +18,12 @@ early stopping, checkpoints) for all of them:
 
 The protocol (what the loop calls):
 
-  ``evaluate(X, y, lo, hi, stepping=, weights=)`` -> (log Z estimate as a 0-d array or float, work): may raise
-      ``CholeskyError``; changes nothing.
-  ``apply(work, lo, hi, stepping=)`` -> ``Outcome``: commits the step.
+  ``evaluate(X, y, lo, hi, stepping=, weights=)`` -> (summary, work): ``summary`` is log Z (a float or 0-d
+      array), or a 1-D device array whose first entry is log Z and whose others ``apply`` needs on the host;
+      the loop brings it to the host in one transfer (a failed factorisation may show as NaN there, or raise
+      ``CholeskyError``); changes nothing.
+  ``apply(work, lo, hi, stepping=, scalars=)`` -> ``Outcome``: commits the step; ``scalars`` is the summary on
+      the host (a NumPy vector).
   ``snapshot()`` / ``restore(snapshot)`` / ``shrink()``: the guard's revert-and-halve (``shrink`` returns
       False when the engine has nothing to halve, so a repeat would fail the same way).
   ``keep()`` / ``put_back(kept)``: early stopping's best state.
@@ -103,7 +106,12 @@ def make_optimizer(optimizer, learning_rate, kernel, Z, names, minibatch):
 
 
 def relative_change(new, old, xp):
-    return float(xp.max(xp.abs(new - old))) / (1.0 + float(xp.max(xp.abs(old))))
+    return float(relative_change_on_device(new, old, xp))
+
+
+def relative_change_on_device(new, old, xp):
+    """max|new - old| / (1 + max|old|) as a 0-d array (left on the device)."""
+    return xp.max(xp.abs(new - old)) / (1.0 + xp.max(xp.abs(old)))
 
 
 def hyper_step(optimizer, names, kernel, Z, grads):
@@ -238,22 +246,39 @@ class EPEngine(_Engine):
         self.needs_rebuild = False
 
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
-        self._refuse_weights(weights)
-        state = self.state
+        """The pass over the rows (unchecked factorisations: a failure is a NaN log Z_q) and the summary the
+        loop brings to the host: log Z_q, the failed cavities, and in batch mode the change measure."""
+        xp, state = self.xp, self.state
         kernel, Z = state["kernel"], state["Z"]
-        if not self.minibatch and self.per_row_sites:
+        batch_ep = not self.minibatch and self.per_row_sites
+        if batch_ep:
+            self._refuse_weights(weights)  # (a batch pass has no padding; its sweep does not take weights)
             # the sweep damps the sites itself (seed 000 eq. 25), block by block
             result = self.passes.evaluate(kernel, Z, X, y, state["nu"], state["mu"], jitter=self.jitter,
-                                          want_grad=stepping, block_rows=self.block_rows, damping=self.damping)
+                                          want_grad=stepping, block_rows=self.block_rows, damping=self.damping,
+                                          checked=False)
         else:
             result = self.passes.evaluate_factor(
                 kernel, Z, row_slice(X, lo, hi), row_slice(y, lo, hi), state["factor"], method=self.method,
                 n_total=self.n_total,
                 site_precision=state["nu"][lo:hi] if self.per_row_sites else None,
                 site_shift=state["mu"][lo:hi] if self.per_row_sites else None,
-                jitter=self.jitter, want_grad=stepping, block_rows=self.block_rows,
+                jitter=self.jitter, want_grad=stepping, block_rows=self.block_rows, weights=weights, checked=False,
             )
-        return result["log_z"], result
+        parts = [result["log_z"], result["n_invalid"]]
+        new_factor = None
+        if not self.per_row_sites:  # SEP / ADF: the rows' share (rows / n) of the factor is replaced by their sites
+            share = (hi - lo if weights is None else xp.sum(weights)) / self.n_total
+            new_factor = state["factor"].combine(1.0 - self.damping * share, result["site_delta"], self.damping)
+            if not self.minibatch:  # batch SEP / ADF stop on the factor's change
+                old = state["factor"]
+                parts += [relative_change_on_device(new_factor.precision, old.precision, xp),
+                          relative_change_on_device(new_factor.shift, old.shift, xp)]
+        elif batch_ep:
+            parts += [result["site_change"][k] for k in range(4)]
+        like = Z
+        summary = xp.stack([xp.asarray(v, dtype=like.dtype, device=array_device(like)) for v in parts])
+        return summary, (result, new_factor)
 
     def restore(self, snap):
         undo = snap["undo"]
@@ -263,13 +288,15 @@ class EPEngine(_Engine):
             snap["state"]["mu"][lo:hi] = old_mu
         super().restore(snap)
 
-    def apply(self, result, lo, hi, *, stepping):
+    def apply(self, work, lo, hi, *, stepping, scalars=None):
         xp, state = self.xp, self.state
+        result, new_factor = work
         kernel, Z = state["kernel"], state["Z"]
         rho = self.damping
+        n_invalid = float(scalars[1])
         change = 0.0
         if self.per_row_sites and not self.minibatch:  # the sites came back damped by rho
-            change = ep.relative_site_change(result["site_change"])
+            change = ep.relative_site_change(scalars[2:6])
             state["nu"], state["mu"] = result["site_precision"], result["site_shift"]
         elif self.per_row_sites:  # minibatch EP: swap the rows' old sites for the damped new ones
             # In place: the site store is the one n-sized thing minibatch EP holds (2 floats a row);
@@ -282,20 +309,16 @@ class EPEngine(_Engine):
             # A row's old site is swapped out along its current projection, but the factor holds it along
             # the projection of its last visit: the residue grows as the hyper-parameters move, and shows
             # as cavities that are no longer proper. Many of them: rebuild the factor exactly (one pass).
-            if result["n_invalid"] > _REBUILD_INVALID_FRACTION * (hi - lo):
+            if n_invalid > _REBUILD_INVALID_FRACTION * (hi - lo):
                 self.needs_rebuild = True
-            delta = result["new_sites"].combine(1.0, result["old_sites"], -1.0)
-            state["factor"] = state["factor"].combine(1.0, delta, rho)
-        else:  # SEP / ADF: the rows' share (rows / n) of the factor is replaced by their new sites
-            share = (hi - lo) / self.n_total
-            old = state["factor"]
-            state["factor"] = old.combine(1.0 - rho * share, result["new_sites"], rho)
-            change = relative_change(state["factor"].precision, old.precision, xp) + relative_change(
-                state["factor"].shift, old.shift, xp
-            )
+            state["factor"] = state["factor"].combine(1.0, result["site_delta"], rho)
+        else:  # SEP / ADF: the factor built in ``evaluate``
+            if not self.minibatch:
+                change = float(scalars[2]) + float(scalars[3])
+            state["factor"] = new_factor
         if stepping:
             state["kernel"], state["Z"] = hyper_step(self.optimizer, self.names, kernel, Z, result["grads"])
-        return Outcome(change=change, stepped=stepping, record=True, n_invalid=result["n_invalid"])
+        return Outcome(change=change, stepped=stepping, record=True, n_invalid=n_invalid)
 
     def rebuild_factor(self, X, y):
         """Minibatch EP: recompute the product of all sites at the current hyper-parameters.
@@ -410,7 +433,7 @@ class GFITCEngine(_Engine):
         super().restore(snap)
         self.settled, self.sweeps = snap["sweeps"]
 
-    def apply(self, work, lo, hi, *, stepping):
+    def apply(self, work, lo, hi, *, stepping, scalars=None):
         out, hyper = work
         s = self.state
         if hyper:
@@ -501,7 +524,7 @@ class SVIEngine(_Engine):
         elbo, grads = self._bound(X, y, want_grad=True, n_total=self.n_total, weights=weights)
         return elbo, grads
 
-    def apply(self, grads, lo, hi, *, stepping):
+    def apply(self, grads, lo, hi, *, stepping, scalars=None):
         s = self.state
         s["kernel"], s["Z"], s["mean"], s["chol"] = variational.whitened_step(
             self.optimizer, self.names, s["kernel"], s["Z"], s["mean"], s["chol"], grads, jitter=self.jitter)
@@ -597,7 +620,7 @@ class QuadraticEngine(_Engine):
         value = self._bound(kernel, Z, X, labels, xi, want_grad=False)["value"]
         return value, (kernel, Z, xi)
 
-    def apply(self, work, lo, hi, *, stepping):
+    def apply(self, work, lo, hi, *, stepping, scalars=None):
         s = self.state
         old_xi = s["xi"]
         s["kernel"], s["Z"], s["xi"] = work

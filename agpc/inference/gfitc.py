@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..backend import array_namespace
+from ..backend import array_device, array_namespace
 from ..kernels import ClassKernels
 from ..likelihoods import probit_tilted
 from . import ep, multiclass_ep
@@ -60,7 +60,7 @@ def _site_on_g(tau, nu, s):
 def fitc_marginals(kernel, X, Z, post, tau, nu, At=None, Knm=None):
     """The marginals of f_i under q (module docstring), from the rows' total sites (tau, nu) on f_i."""
     xp = array_namespace(X)
-    g = ep.marginals(kernel, X, Z, post, At=At, Knm=Knm)
+    g = ep.marginals(kernel, X, Z, post, A=None if At is None else At.mT, Knm=Knm)
     w, r, one_plus = _site_on_g(tau, nu, g.s)
     mean = (g.e + g.s * nu) / one_plus
     var = (g.s + g.d / one_plus) / one_plus
@@ -83,7 +83,7 @@ def _fitc_adjoint(kernel, X, Z, post, fm):
     (added by the callers, as for EP). O(n m^2), no n x n matrix."""
     b = fm.shift - fm.precision * fm.g.e
     diag_G = 0.5 * (b * b - fm.precision + fm.precision * fm.precision * fm.g.d)
-    return ep.data_adjoint(kernel, X, Z, post, fm.g, b, -2.0 * diag_G, -fm.precision)
+    return ep.data_adjoint(kernel, X, Z, post, fm.g, b, -2.0 * diag_G, -fm.precision)[:2]
 
 
 # -- the likelihoods: cavity on f, tilted moments, new site ----------------------------------------
@@ -192,13 +192,13 @@ def _block_pass(model, X, y, tau, nu, posts, projections, *, want_grad):
     for fm in fms:
         log_z_terms = log_z_terms + xp.sum(fm.log_normaliser)
     if not want_grad:
-        return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, None, {})
+        return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, None, None, {})
     adjoints = [_fitc_adjoint(k, X, Zc, post, fm) for (k, Zc), post, fm in zip(model.parts, posts, fms)]
     if not model.multiclass:
-        return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, adjoints[0][0], adjoints[0][1])
+        return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, None, adjoints[0][0], adjoints[0][1])
     grads = {f"{c}:{name}": value for c, (_, g) in enumerate(adjoints) for name, value in g.items() if name != "Z"}
     grads["Z"] = xp.stack([g["Z"] for _, g in adjoints])
-    return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, tuple(d for d, _ in adjoints), grads)
+    return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, None, tuple(d for d, _ in adjoints), grads)
 
 
 def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None):
@@ -212,13 +212,22 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     textbook full-GP EP on the dense FITC prior). Returns the dict of ``ep.evaluate``."""
     model = _Model(kernel, Z)
     posts, kept = _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows)
-
-    def block_step(index, X_block, y_block, tau, nu):
-        return _block_pass(model, X_block, y_block, tau, nu, posts, kept[index] if kept else None, want_grad=want_grad)
-
-    sweep = ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=model.block_rows(block_rows),
-                          like=model.parts[0][1], want_grad=want_grad,
-                          valid_columns=len(model.parts) if model.multiclass else None)
+    xp = array_namespace(Z)
+    n = X.shape[0]
+    out = {"terms": None, "sums": None, "dKmm_data": None, "grads": None}
+    device = array_device(Z)
+    new_tau = xp.empty(site_precision.shape, dtype=Z.dtype, device=device)
+    new_nu = xp.empty(site_precision.shape, dtype=Z.dtype, device=device)
+    valid = xp.empty((n, len(model.parts)) if model.multiclass else (n,), dtype=xp.bool, device=device)
+    blocks = ep.data_blocks(X, y, model.block_rows(block_rows), model.parts[0][1])
+    for index, (lo, hi, X_block, y_block) in enumerate(blocks):
+        rows = _rows(site_precision, lo, hi)
+        res = _block_pass(model, X_block, y_block, site_precision[rows], site_shift[rows], posts,
+                          kept[index] if kept else None, want_grad=want_grad)
+        new_tau[rows], new_nu[rows], valid[_rows(valid, lo, hi)] = res.site_precision, res.site_shift, res.valid
+        ep.accumulate(out, res, want_sums=False, want_grad=want_grad)
+    sweep = dict(out, site_precision=new_tau, site_shift=new_nu, valid=valid,
+                 n_invalid=int(xp.sum(xp.astype(~valid, xp.int64))))
     if not model.multiclass:
         return ep.finish_evaluate(kernel, Z, posts[0], sweep, want_grad)
     log_z = sweep["terms"]

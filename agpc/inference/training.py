@@ -16,10 +16,16 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..backend import (CholeskyError, array_device, array_namespace, asarray_like, host_rng, is_out_of_core, read_rows,
-                       row_chunk_bounds)
+import numpy as np
+
+from ..backend import (CholeskyError, array_device, array_namespace, asarray_like, cholesky_with_jitter, host_rng,
+                       is_out_of_core, read_rows, row_chunk_bounds, row_slice, to_numpy)
+from ..kernels import ClassKernels
+from ..threads import with_blas_threads
 from .engines import ALL_METHODS, EP_METHODS, make_engine
 
 __all__ = ["train", "Trainer", "TrainResult", "METHODS", "ALL_METHODS", "minibatch_layout"]
@@ -46,13 +52,23 @@ class TrainResult:
     state: dict = field(default_factory=dict)  # the engine's final state (SVI: "mean", "chol"; vi-*: "xi")
 
 
+def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
+    """The shape of a call's work for the BLAS thread rule (``agpc.threads``): a minibatch step's rows
+    lo:hi, or a pass over all rows of X, or (no X) the m x m algebra alone."""
+    Z = trainer.state["Z"]
+    m = Z.shape[-2]
+    rows = m if X is None else (hi - lo) if (trainer.minibatch and hi is not None) else X.shape[0]
+    return {"rows": rows, "m": m, "n_features": Z.shape[-1], "block_rows": trainer.engine.block_rows}
+
+
 class Trainer:
     """The state of a training run and one guarded step of it; ``train`` and ``partial_fit`` drive it.
 
     ``method`` picks the engine (``engines.make_engine``, which takes the method's options); ``engine`` is
     where the EP methods' passes run (a ``dask_engine.DaskEngine`` for rows on a cluster). A step evaluates
     the rows it is given at the current state and commits the engine's update. A non-finite log Z or a
-    failed Cholesky puts back the state before the last good step and halves damping and step sizes.
+    failed Cholesky puts back the state before the last good step and halves damping and step sizes (or, when
+    the inducing points' prior covariance no longer factorises, raises the jitter once with a warning).
     """
 
     def __init__(self, kernel, Z, *, method, n_total, minibatch, engine=None, **options):
@@ -86,38 +102,61 @@ class Trainer:
     def n_total(self, value):
         self.engine.n_total = value
 
+    @with_blas_threads(_work)
     def step(self, X, y, lo, hi, *, stepping, weights=None):
         """Evaluate rows lo:hi of (X, y) (all of them in batch mode), commit the update, maybe step the
         hyper-parameters. ``weights``: one weight per row of lo:hi (a padded minibatch: 0 on the padding),
-        for the engines whose passes apply them (SVI; the others refuse them).
+        for the engines whose passes apply them (SVI, minibatch EP / SEP / ADF; the others refuse them).
 
-        Returns (took the step, relative change of the sites / factor / xi or None, log Z estimate)."""
+        Returns (took the step, relative change of the sites / factor / xi or None, log Z estimate).
+
+        One device-to-host transfer a step: the engine's ``evaluate`` gives log Z, or a small vector whose
+        first entry is log Z and whose others are what its ``apply`` needs on the host (the EP family: the
+        count of failed cavities, the site change in batch mode); a failed Cholesky arrives as a NaN in it."""
         try:
-            log_z, work = self.engine.evaluate(X, y, lo, hi, stepping=stepping, weights=weights)
-            log_z = float(log_z)
-        except CholeskyError:
-            log_z = float("nan")
+            summary, work = self.engine.evaluate(X, y, lo, hi, stepping=stepping, weights=weights)
+            scalars = _host_scalars(summary)
+        except CholeskyError:  # engines that check their factorisations on the host raise instead
+            scalars = np.array([math.nan])
+        log_z = float(scalars[0])
         if not math.isfinite(log_z):
-            self.failures += 1
-            if self.good is None or self.failures > _MAX_FAILURES:
-                raise FloatingPointError(
-                    f"{self.method} diverged: log Z is not finite and halving the damping and step sizes did not "
-                    f"help (after {self.failures} attempts); try a smaller damping or standardised inputs"
-                )
-            self.engine.restore(self.good)
-            if not self.engine.shrink():
-                raise FloatingPointError(
-                    f"{self.method} diverged: log Z is not finite, and the method has no damping or step size to "
-                    "halve; try standardised inputs or a larger jitter"
-                )
+            self._recover()
             return False, float("inf"), log_z
         self.failures = 0
         self.good = self.engine.snapshot()  # what a revert puts back
-        self.last = self.engine.apply(work, lo, hi, stepping=stepping)
+        self.last = self.engine.apply(work, lo, hi, stepping=stepping, scalars=scalars)
         self.n_steps += 1
         self.n_updates += int(self.last.stepped)
         self._pending.append((log_z, self.last.n_invalid))
         return True, self.last.change, log_z
+
+    def _recover(self):
+        """The guard's path, after a step whose log Z was not finite: if the prior covariance of the inducing
+        points no longer factorises at the configured jitter, raise the jitter (with a warning saying by how
+        much) and try again; otherwise put back the state before the last good step and halve the damping
+        and the step sizes."""
+        self.failures += 1
+        if self.good is None or self.failures > _MAX_FAILURES:
+            raise FloatingPointError(
+                f"{self.method} diverged: log Z is not finite and halving the damping and step sizes did not "
+                f"help (after {self.failures} attempts); try a smaller damping or standardised inputs"
+            )
+        engine = self.engine
+        needed = _jitter_needed(engine.state["kernel"], engine.state["Z"], engine.jitter)
+        if needed > engine.jitter:
+            warnings.warn(
+                f"the inducing points' prior covariance is not positive definite with jitter {engine.jitter:.1e}; "
+                f"continuing with jitter {needed:.1e} (inducing points too close together?)",
+                RuntimeWarning, stacklevel=3,
+            )
+            engine.jitter = needed
+            return
+        engine.restore(self.good)
+        if not engine.shrink():
+            raise FloatingPointError(
+                f"{self.method} diverged: log Z is not finite, and the method has no damping or step size to "
+                "halve; try standardised inputs or a larger jitter"
+            )
 
     def record(self):
         """Close a history entry: minibatch mode, the mean log Z estimate of the steps since the last one (an
@@ -134,11 +173,13 @@ class Trainer:
         h["n_steps"].append(self.n_steps)
         self._pending = []
 
+    @with_blas_threads(_work)
     def rebuild_factor(self, X, y):
         """Minibatch EP: the exact product of all sites at the current hyper-parameters (``EPEngine``)."""
         self.n_rebuilds += 1
         self.engine.rebuild_factor(X, y)
 
+    @with_blas_threads(_work)
     def posterior(self, X=None, y=None):
         """q at the current state and its log Z (the engine's final pass, or the history's last estimate)."""
         post, log_z = self.engine.posterior(X, y)
@@ -182,6 +223,7 @@ def train(
     likelihood=None,
     n_quadrature=20,
     max_ep_sweeps=100,
+    started=None,
 ):
     """Fit ``method`` (one of ``ALL_METHODS``): the likelihood approximation and the hyper-parameters; see the
     module docstring.
@@ -191,8 +233,11 @@ def train(
     optimise, batch steps run until the largest relative change of the sites (factor, xi) is below ``tol``
     (at most ``max_iter`` of them). GFITC's sites have settled before each hyper-parameter step when that
     change is below ``tol`` (or after ``max_ep_sweeps`` sweeps), and once more at the end. ``max_time``
-    (seconds) stops at the end of the step that crosses it. ``shuffle=False`` visits minibatches in storage
-    order (a stream). ``likelihood`` and ``n_quadrature``: SVI's (binary: "probit" or "logistic").
+    (seconds) bounds the whole call from ``started`` (a ``time.perf_counter()`` reading; default: the start of
+    this call; ``GPClassifier.fit`` passes its own start, so that input checks and the initialisation of the
+    inducing points count): no step is started that the measured length of a step, plus the final pass that
+    rebuilds q from all sites (EP; measured from the exact rebuilds of the site product or the steps), would
+    carry past it. ``shuffle=False`` visits minibatches in storage order (a stream). ``likelihood`` and ``n_quadrature``: SVI's (binary: "probit" or "logistic").
 
     ``validation=(X_val, y_val)`` (labels as the engine takes them: {-1, +1}, or class indices) is scored every
     ``eval_every`` steps (default: every iteration in batch mode, every epoch in minibatch mode) into
@@ -275,20 +320,31 @@ def train(
     if resume:
         order, best = _restore(trainer, rng, checkpoint_path, fingerprint, validation is not None)
     converged = stopped_by_time = early_stopped = False
+    budget = _TimeBudget(max_time, time.perf_counter() if started is None else started,
+                         final_pass=trainer.per_row_sites or not minibatch, n_batches=len(batches))
+    if resume:  # the budget covers the interrupted run's training time too
+        budget.spent_before(time.perf_counter() - trainer.t0)
+    if max_time is not None and minibatch and trainer.per_row_sites:
+        budget.measure_rebuild(trainer, X, y)
     while not finished():
+        rebuild_due = (not order and minibatch and trainer.per_row_sites and trainer.n_steps > 0) or (
+            bool(order) and trainer.needs_rebuild)
+        if budget.exhausted(rebuild_due):
+            stopped_by_time = True
+            break
         if not order:
             order = _epoch_order(rng, chunk_batches, shuffle) if minibatch else [0]
             if bar is None or minibatch:
                 if bar is not None:
                     bar.close()
                 bar = new_bar()
-            if minibatch and trainer.per_row_sites and trainer.n_steps > 0:
+        if rebuild_due:
+            with budget.timing("rebuild"):
                 trainer.rebuild_factor(X, y)
-        elif trainer.needs_rebuild:
-            trainer.rebuild_factor(X, y)
         lo, hi = batches[order[0]]
         stepping = has_params and (minibatch or (trainer.n_steps >= warmup and trainer.n_updates < max_iter))
-        took, change, log_z = trainer.step(X, y, lo, hi, stepping=stepping)
+        with budget.timing("step"):
+            took, change, log_z = trainer.step(X, y, lo, hi, stepping=stepping)
         if not took:
             continue
         order.pop(0)
@@ -325,9 +381,6 @@ def train(
         if not has_params and not minibatch and change is not None and change < tol:
             converged = True
             break
-        if max_time is not None and time.perf_counter() - trainer.t0 >= max_time:
-            stopped_by_time = True
-            break
     if bar is not None:
         bar.close()
     if minibatch:  # an epoch cut short (batch mode records its iterations as they end)
@@ -353,6 +406,78 @@ def train(
         early_stopped=early_stopped,
         state=state,
     )
+
+
+def _host_scalars(summary):
+    """A step's scalars as a NumPy vector, brought to the host in one transfer (log Z first)."""
+    if isinstance(summary, (int, float)):
+        return np.array([float(summary)])
+    return np.reshape(np.asarray(to_numpy(summary), dtype=np.float64), (-1,))
+
+
+def _jitter_needed(kernel, Z, jitter):
+    """The jitter with which the prior covariance of the inducing points factorises: ``jitter`` itself
+    when it does, a larger value found by ``backend.cholesky``'s escalation otherwise (host-side checks:
+    run only on the guard's path). Raises CholeskyError when no jitter helps."""
+    multiclass = isinstance(kernel, ClassKernels)
+    kernels = kernel.kernels if multiclass else (kernel,)
+    Zs = [Z[c, ...] for c in range(Z.shape[0])] if multiclass else [Z]
+    needed = jitter
+    for k, Zc in zip(kernels, Zs):
+        xp = array_namespace(Zc)
+        Kmm = k.K(Zc) + jitter * xp.eye(Zc.shape[0], dtype=Zc.dtype, device=array_device(Zc))
+        _, added = cholesky_with_jitter(Kmm, what="Kmm (covariance of the inducing points)")
+        needed = max(needed, jitter + added)
+    return needed
+
+
+class _TimeBudget:
+    """``max_time`` for the whole fit: measures how long a step and an exact rebuild of the site product
+    take, and says when the next step (with a rebuild when one is due) plus the final pass would no longer
+    fit. The final pass rebuilds q from all rows (EP, and SEP / ADF in batch mode): it costs about one
+    rebuild of the site product plus a sweep without gradient, estimated as twice a measured rebuild
+    (minibatch EP: before the first one, a rebuild of the first rows, scaled), or as one batch step."""
+
+    def __init__(self, max_time, started, *, final_pass, n_batches):
+        self.deadline = None if max_time is None else started + float(max_time)
+        self.final_pass = final_pass
+        self.n_batches = n_batches
+        self.seconds = {"step": None, "rebuild": None}
+
+    def measure_rebuild(self, trainer, X, y, rows=8192):
+        """Minibatch EP before its first exact rebuild: time one on the first ``rows`` rows and scale it to
+        all of them."""
+        n = X.shape[0]
+        rows = min(n, rows)
+        engine = trainer.engine
+        s = engine.state
+        t = time.perf_counter()
+        engine.passes.exact_factor(s["kernel"], s["Z"], row_slice(X, 0, rows), s["nu"][:rows], s["mu"][:rows],
+                                   jitter=engine.jitter, block_rows=engine.block_rows, y=row_slice(y, 0, rows))
+        self.seconds["rebuild"] = (time.perf_counter() - t) * n / rows
+
+    def spent_before(self, seconds):
+        if self.deadline is not None:
+            self.deadline -= seconds
+
+    @contextmanager
+    def timing(self, what):
+        t = time.perf_counter()
+        yield
+        self.seconds[what] = time.perf_counter() - t
+
+    def exhausted(self, rebuild_due):
+        if self.deadline is None:
+            return False
+        step, rebuild = self.seconds["step"], self.seconds["rebuild"]
+        upcoming = (step or 0.0) + ((rebuild or 0.0) if rebuild_due else 0.0)
+        final = 0.0
+        if self.final_pass:
+            if rebuild is not None:
+                final = 2.0 * rebuild
+            elif step is not None and self.n_batches == 1:
+                final = step
+        return time.perf_counter() + upcoming + final > self.deadline
 
 
 def minibatch_layout(X, batch_size, out_of_core):

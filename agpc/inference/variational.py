@@ -90,11 +90,13 @@ def inverse_lower(L):
     return ep._triangular_inverse(L)
 
 
-def prior_cholesky(kernel, Z, jitter):
-    """chol(K_mm + jitter I), stacked over classes for a multiclass model's (C, m, d) inducing points."""
+def prior_cholesky(kernel, Z, jitter, *, checked=True):
+    """chol(K_mm + jitter I), stacked over classes for a multiclass model's (C, m, d) inducing points.
+    ``checked=False``: as ``ep.prior_cholesky`` (training steps: a failure is NaN, no host synchronisation)."""
     if Z.ndim == 3:
-        return array_namespace(Z).stack([ep.prior_cholesky(kernel[c], Z[c, ...], jitter) for c in range(Z.shape[0])])
-    return ep.prior_cholesky(kernel, Z, jitter)
+        return array_namespace(Z).stack([ep.prior_cholesky(kernel[c], Z[c, ...], jitter, checked=checked)
+                                         for c in range(Z.shape[0])])
+    return ep.prior_cholesky(kernel, Z, jitter, checked=checked)
 
 
 class _SVITerms:
@@ -109,7 +111,8 @@ class _SVITerms:
     def __init__(self, kernel, Z, mean, chol, jitter):
         xp = array_namespace(Z)
         self.xp, self.kernel, self.Z, self.chol = xp, kernel, Z, chol
-        L_K = ep.prior_cholesky(kernel, Z, jitter)
+        # unchecked: a failed factorisation makes the bound NaN, which the training loop's guard handles
+        L_K = ep.prior_cholesky(kernel, Z, jitter, checked=False)
         L_K_inv = inverse_lower(L_K)
         self.K_inv = L_K_inv.mT @ L_K_inv
         self.p = self.K_inv @ mean
@@ -202,7 +205,8 @@ def whitened_step(optimizer, names, kernel, Z, mean, chol, grads, *, jitter):
     K, the whitened ones are not (a preconditioner, O(m^3) a step). Written for a leading class axis too:
     mean[..., None] is an (m, 1) or (C, m, 1) column. Returns the new (kernel, Z, mean, chol)."""
     xp = array_namespace(Z)
-    L_K = prior_cholesky(kernel, Z, jitter)
+    # the factorisation the step's bound already made at these hyper-parameters: it did not fail
+    L_K = prior_cholesky(kernel, Z, jitter, checked=False)
     L_K_inv = inverse_lower(L_K)
     params = dict(kernel.params)
     params.update(Z=Z, mean=(L_K_inv @ mean[..., None])[..., 0], chol=L_K_inv @ chol)
@@ -271,7 +275,7 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
     nu = 2.0 * w
     L_K = ep.prior_cholesky(kernel, Z, jitter)
     L_K_inv = inverse_lower(L_K)
-    S, c_tilde, _ = ep._whitened_sums(kernel, Z, X, nu, shift, L_K_inv, block_rows, False)
+    S, c_tilde, _ = ep._whitened_sums(kernel, Z, X, nu, shift, L_K, block_rows, False)
     post = ep.posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
     beta = post.beta
     B_inv_w = post.L_C_inv @ L_K_inv  # B^-1 = B_inv_w^T B_inv_w
