@@ -439,7 +439,7 @@ class GFITCEngine(_Engine):
         if hyper:
             s["kernel"], s["Z"] = hyper_step(self.optimizer, self.names, s["kernel"], s["Z"], out["grads"])
             self.settled, self.sweeps = False, 0
-            return Outcome(change=None, stepped=True, record=True, n_invalid=out["n_invalid"])
+            return Outcome(change=None, stepped=True, record=True, n_invalid=int(out["n_invalid"]))
         rho, xp = self.damping, self.xp
         new_tau = rho * out["site_precision"] + (1.0 - rho) * s["nu"]
         new_nu = rho * out["site_shift"] + (1.0 - rho) * s["mu"]
@@ -448,7 +448,7 @@ class GFITCEngine(_Engine):
         self.sweeps += 1
         self.settled = change < self.tol_ep or self.sweeps >= self.max_sweeps
         # with nothing to learn every sweep is an iteration; otherwise the steps on the hyper-parameters are
-        return Outcome(change=change, stepped=False, record=not self.has_params, n_invalid=out["n_invalid"])
+        return Outcome(change=change, stepped=False, record=not self.has_params, n_invalid=int(out["n_invalid"]))
 
     def posterior(self, X, y, want_log_z=True):
         s = self.state
