@@ -162,8 +162,8 @@ class _Engine:
         return bool(self.names)
 
     def _refuse_weights(self, weights):
-        """Per-row weights are taken by the engines whose passes apply them (SVI); elsewhere one clear error
-        rather than weights silently ignored."""
+        """Per-row weights are taken where the passes apply them (SVI, and EP / SEP / ADF on minibatches);
+        elsewhere (the batch passes) one clear error rather than weights silently ignored."""
         if weights is not None:
             raise ValueError(f"{type(self).__name__} does not take per-row weights (yet): its passes do not apply them")
 
