@@ -58,7 +58,9 @@ def test_every_method_resumes_to_the_uninterrupted_model(tmp_path, monkeypatch, 
 @pytest.mark.parametrize("method", ["sep", "svi", "gfitc"])
 def test_multiclass_resumes_to_the_uninterrupted_model(tmp_path, monkeypatch, method):
     X, y = _three_classes()
-    params = dict(method=method, n_inducing=5, max_iter=8 if method == "svi" else 3, random_state=0, tol=1e-3)
+    # (multiclass parallel EP converges slowly: GFITC's sites settle to a looser tol, to keep the test short)
+    params = dict(method=method, n_inducing=5, max_iter=8 if method == "svi" else 3, random_state=0,
+                  tol=1e-2 if method == "gfitc" else 1e-3)
     reference = GPClassifier(**params).fit(X, y)
     resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", 5, X, y)
     np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"], reference.history_["log_marginal_likelihood"],
