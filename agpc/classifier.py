@@ -15,13 +15,13 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_dat
 from . import backend as B
 from . import threads
 from .inducing import initial_inducing_points
-from .inference import ep, multiclass_ep, multiclass_vi, training
+from .inference import engines, ep, multiclass_ep, multiclass_vi, training
 from .kernels import RBF, ClassKernels, Stationary
 
 __all__ = ["GPClassifier"]
 
 _METHODS = training.ALL_METHODS
-_QUADRATIC_METHODS = ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
+_QUADRATIC_METHODS = engines.QUADRATIC_METHODS
 _BATCH_ONLY_METHODS = _QUADRATIC_METHODS + ("gfitc",)  # every step needs all the rows
 _MULTICLASS_METHODS = training.METHODS + ("svi", "gfitc")
 _GFITC_BATCH_ONLY = (

@@ -161,6 +161,12 @@ class _Engine:
     def has_params(self):
         return bool(self.names)
 
+    def _refuse_weights(self, weights):
+        """Per-row weights are taken where the passes apply them (SVI, and EP / SEP / ADF on minibatches);
+        elsewhere (the batch passes) one clear error rather than weights silently ignored."""
+        if weights is not None:
+            raise ValueError(f"{type(self).__name__} does not take per-row weights (yet): its passes do not apply them")
+
     def snapshot(self):
         snap = {"state": dict(self.state), "damping": self.damping, "undo": None,
                 "optimizer": self.optimizer.snapshot() if self.optimizer is not None else None}
@@ -246,6 +252,7 @@ class EPEngine(_Engine):
         kernel, Z = state["kernel"], state["Z"]
         batch_ep = not self.minibatch and self.per_row_sites
         if batch_ep:
+            self._refuse_weights(weights)  # (a batch pass has no padding; its sweep does not take weights)
             # the sweep damps the sites itself (seed 000 eq. 25), block by block
             result = self.passes.evaluate(kernel, Z, X, y, state["nu"], state["mu"], jitter=self.jitter,
                                           want_grad=stepping, block_rows=self.block_rows, damping=self.damping,
@@ -410,6 +417,7 @@ class GFITCEngine(_Engine):
         self.sweeps = 0  # since the last hyper-parameter step
 
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
+        self._refuse_weights(weights)
         s = self.state
         hyper = stepping and self.settled
         out = gfitc.evaluate(s["kernel"], s["Z"], X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=hyper,
@@ -431,7 +439,7 @@ class GFITCEngine(_Engine):
         if hyper:
             s["kernel"], s["Z"] = hyper_step(self.optimizer, self.names, s["kernel"], s["Z"], out["grads"])
             self.settled, self.sweeps = False, 0
-            return Outcome(change=None, stepped=True, record=True, n_invalid=out["n_invalid"])
+            return Outcome(change=None, stepped=True, record=True, n_invalid=int(out["n_invalid"]))
         rho, xp = self.damping, self.xp
         new_tau = rho * out["site_precision"] + (1.0 - rho) * s["nu"]
         new_nu = rho * out["site_shift"] + (1.0 - rho) * s["mu"]
@@ -440,7 +448,7 @@ class GFITCEngine(_Engine):
         self.sweeps += 1
         self.settled = change < self.tol_ep or self.sweeps >= self.max_sweeps
         # with nothing to learn every sweep is an iteration; otherwise the steps on the hyper-parameters are
-        return Outcome(change=change, stepped=False, record=not self.has_params, n_invalid=out["n_invalid"])
+        return Outcome(change=change, stepped=False, record=not self.has_params, n_invalid=int(out["n_invalid"]))
 
     def posterior(self, X, y, want_log_z=True):
         s = self.state
@@ -510,8 +518,10 @@ class SVIEngine(_Engine):
 
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
         like = self.state["Z"]
-        elbo, grads = self._bound(read_rows(X, lo, hi, like), read_rows(y, lo, hi, like), want_grad=True,
-                                  n_total=self.n_total, weights=weights)
+        if (lo, hi) != (0, X.shape[0]):  # a minibatch: read (from disk, a cluster) and held whole
+            X, y = read_rows(X, lo, hi, like), read_rows(y, lo, hi, like)
+        # (all rows: the bound reads them a block at a time)
+        elbo, grads = self._bound(X, y, want_grad=True, n_total=self.n_total, weights=weights)
         return elbo, grads
 
     def apply(self, grads, lo, hi, *, stepping, scalars=None):
@@ -577,6 +587,7 @@ class QuadraticEngine(_Engine):
                                            block_rows=self.block_rows, **options)
 
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
+        self._refuse_weights(weights)
         s = self.state
         kernel, Z, xi = s["kernel"], s["Z"], s["xi"]
         labels = read_rows(y, 0, y.shape[0], Z)

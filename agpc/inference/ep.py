@@ -46,6 +46,7 @@ __all__ = [
     "posterior_from_sums",
     "block_pass",
     "evaluate",
+    "sweep_rows",
     "predict_latent",
 ]
 
@@ -418,39 +419,55 @@ def relative_site_change(change):
     return float(change[0]) / (1.0 + float(change[1])) + float(change[2]) / (1.0 + float(change[3]))
 
 
-def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, projections=None,
-           want_sums=False, want_sites=True, damping=None, weights=None):
-    """``block_pass`` over all rows in blocks; the per-row results written into preallocated n-vectors
-    (no per-block pieces joined at the end: that would hold them twice), the sums added.
-    ``projections``: the blocks' kept (A, Knm) from ``_whitened_sums``, or None to recompute them.
-    ``site_precision`` None: the rows have no sites of their own (SEP / ADF).
-    ``want_sites=False`` keeps no per-row output at all (a final log Z_q pass needs only the sums);
-    ``damping``: the per-row output is the damped sites (``write_block_sites``). ``n_invalid`` stays on the
-    device (0-d): the caller fetches it with log Z_q in one transfer."""
-    xp = array_namespace(Z)
+def sweep_rows(X, y, site_precision, site_shift, block_step, *, block_rows, like, want_grad, want_sums=False,
+               want_sites=True, damping=None, valid_columns=None):
+    """The one EP sweep, for binary EP, multiclass EP and GFITC: ``block_step(index, lo, hi, X rows, y rows,
+    the rows' site_precision, the rows' site_shift)`` (a ``BlockResult``) over all rows in the blocks of
+    ``data_blocks``; the per-row results written into preallocated arrays (no per-block pieces joined at the
+    end: that would hold them twice), damped when ``damping`` is given (``write_block_sites``), and the
+    reductions added. ``site_precision`` None: the rows have no sites of their own (SEP / ADF; the blocks get
+    None). ``want_sites=False`` keeps no per-row output at all (a final log Z pass needs only the sums).
+    ``valid_columns``: the validity mask's columns a row (multiclass: one per class), None for one a row.
+    ``n_invalid`` stays on the device (0-d): a block step that does not count its own is counted here."""
+    xp = array_namespace(like)
     n = X.shape[0]
     out = {"terms": None, "site_precision": None, "site_shift": None, "valid": None, "n_invalid": None,
            "sums": None, "dKmm_data": None, "grads": None, "site_change": None}
-    if want_sites:
-        device = array_device(Z)
-        out["site_precision"] = xp.empty((n,), dtype=Z.dtype, device=device)
-        out["site_shift"] = xp.empty((n,), dtype=Z.dtype, device=device)
-        out["valid"] = xp.empty((n,), dtype=xp.bool, device=device)
     zero_sites_given = site_precision is None
     if zero_sites_given and want_sites:
-        site_precision = site_shift = zero_sites(n, Z)
-    for index, (lo, hi, X_block, y_block) in enumerate(data_blocks(X, y, block_rows, Z)):
-        kept = projections[index] if projections else (None, None)
-        rows_precision = None if zero_sites_given else site_precision[lo:hi]
-        rows_shift = None if zero_sites_given else site_shift[lo:hi]
-        res = block_pass(
-            kernel, X_block, y_block, rows_precision, rows_shift, Z, cavity, want_grad=want_grad,
-            A=kept[0], Knm=kept[1], want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
-        )
+        site_precision = site_shift = zero_sites(n, like)
+    if want_sites:
+        device = array_device(like)
+        out["site_precision"] = xp.empty(site_precision.shape, dtype=like.dtype, device=device)
+        out["site_shift"] = xp.empty(site_shift.shape, dtype=like.dtype, device=device)
+        out["valid"] = xp.empty((n,) if valid_columns is None else (n, valid_columns), dtype=xp.bool, device=device)
+    for index, (lo, hi, X_block, y_block) in enumerate(data_blocks(X, y, block_rows, like)):
+        rows = None if site_precision is None else (slice(lo, hi),) + (...,) * (site_precision.ndim > 1)
+        old_precision = None if zero_sites_given else site_precision[rows]
+        old_shift = None if zero_sites_given else site_shift[rows]
+        res = block_step(index, lo, hi, X_block, y_block, old_precision, old_shift)
         if want_sites:
-            write_block_sites(out, lo, hi, res, site_precision[lo:hi], site_shift[lo:hi], damping)
+            write_block_sites(out, lo, hi, res, site_precision[rows], site_shift[rows], damping)
+        if getattr(res, "n_invalid", None) is None:  # (added by ``accumulate`` where the block counts its own)
+            invalid = xp.sum(xp.astype(~res.valid, xp.int64))
+            out["n_invalid"] = invalid if out["n_invalid"] is None else out["n_invalid"] + invalid
         accumulate(out, res, want_sums=want_sums, want_grad=want_grad)
     return out
+
+
+def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, projections=None,
+           want_sums=False, want_sites=True, damping=None, weights=None):
+    """Binary EP's sweep: ``block_pass`` over all rows (``sweep_rows``). ``projections``: the blocks' kept
+    (A, Knm) from ``_whitened_sums``, or None to recompute them. ``site_precision`` None: the rows have no
+    sites of their own (SEP / ADF). ``weights``: per row, as ``block_pass`` takes them."""
+    def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
+        kept = projections[index] if projections else (None, None)
+        return block_pass(kernel, X_block, y_block, rows_precision, rows_shift, Z, cavity, want_grad=want_grad,
+                          A=kept[0], Knm=kept[1], want_sums=want_sums,
+                          weights=None if weights is None else weights[lo:hi])
+
+    return sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z,
+                      want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping)
 
 
 def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, want_sites=True,

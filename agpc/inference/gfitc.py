@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..backend import array_device, array_namespace
+from ..backend import array_namespace
 from ..kernels import ClassKernels
 from ..likelihoods import probit_tilted
 from . import ep, multiclass_ep
@@ -212,22 +212,13 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     textbook full-GP EP on the dense FITC prior). Returns the dict of ``ep.evaluate``."""
     model = _Model(kernel, Z)
     posts, kept = _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows)
-    xp = array_namespace(Z)
-    n = X.shape[0]
-    out = {"terms": None, "sums": None, "dKmm_data": None, "grads": None}
-    device = array_device(Z)
-    new_tau = xp.empty(site_precision.shape, dtype=Z.dtype, device=device)
-    new_nu = xp.empty(site_precision.shape, dtype=Z.dtype, device=device)
-    valid = xp.empty((n, len(model.parts)) if model.multiclass else (n,), dtype=xp.bool, device=device)
-    blocks = ep.data_blocks(X, y, model.block_rows(block_rows), model.parts[0][1])
-    for index, (lo, hi, X_block, y_block) in enumerate(blocks):
-        rows = _rows(site_precision, lo, hi)
-        res = _block_pass(model, X_block, y_block, site_precision[rows], site_shift[rows], posts,
-                          kept[index] if kept else None, want_grad=want_grad)
-        new_tau[rows], new_nu[rows], valid[_rows(valid, lo, hi)] = res.site_precision, res.site_shift, res.valid
-        ep.accumulate(out, res, want_sums=False, want_grad=want_grad)
-    sweep = dict(out, site_precision=new_tau, site_shift=new_nu, valid=valid,
-                 n_invalid=int(xp.sum(xp.astype(~valid, xp.int64))))
+
+    def block_step(index, lo, hi, X_block, y_block, tau, nu):
+        return _block_pass(model, X_block, y_block, tau, nu, posts, kept[index] if kept else None, want_grad=want_grad)
+
+    sweep = ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=model.block_rows(block_rows),
+                          like=model.parts[0][1], want_grad=want_grad,
+                          valid_columns=len(model.parts) if model.multiclass else None)
     if not model.multiclass:
         return ep.finish_evaluate(kernel, Z, posts[0], sweep, want_grad)
     log_z = sweep["terms"]

@@ -224,26 +224,14 @@ def _block_rows(block_rows, Z):
 
 def _sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, block_rows, want_sums=False,
            want_sites=True, damping=None):
-    xp = array_namespace(Z)
-    C, n = n_classes(Z), X.shape[0]
-    out = {"terms": None, "site_precision": None, "site_shift": None, "valid": None, "n_invalid": 0,
-           "sums": None, "dKmm_data": None, "grads": None, "site_change": None}
-    if want_sites:
-        device = array_device(Z)
-        out["site_precision"] = xp.empty((n, 2 * C), dtype=Z.dtype, device=device)
-        out["site_shift"] = xp.empty((n, 2 * C), dtype=Z.dtype, device=device)
-        out["valid"] = xp.empty((n, C), dtype=xp.bool, device=device)
-    n_invalid = None
-    for lo, hi, X_block, y_block in ep.data_blocks(X, y, _block_rows(block_rows, Z), Z[0, ...]):
-        res = block_pass(kernels, X_block, y_block, site_precision[lo:hi, ...], site_shift[lo:hi, ...], Z, posts,
-                         want_grad=want_grad, want_sums=want_sums)
-        if want_sites:
-            ep.write_block_sites(out, lo, hi, res, site_precision[lo:hi, ...], site_shift[lo:hi, ...], damping)
-        invalid = xp.sum(xp.astype(~res.valid, xp.int64))
-        n_invalid = invalid if n_invalid is None else n_invalid + invalid
-        ep.accumulate(out, res, want_sums=want_sums, want_grad=want_grad)
-    out["n_invalid"] = int(n_invalid)
-    return out
+    """Multiclass EP's sweep: ``block_pass`` over all rows (``ep.sweep_rows``), a validity column per class."""
+    def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
+        return block_pass(kernels, X_block, y_block, rows_precision, rows_shift, Z, posts, want_grad=want_grad,
+                          want_sums=want_sums)
+
+    return ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=_block_rows(block_rows, Z),
+                         like=Z[0, ...], want_grad=want_grad, want_sums=want_sums, want_sites=want_sites,
+                         damping=damping, valid_columns=n_classes(Z))
 
 
 def _with_prior_grads(kernels, Z, posts, sweep, scale=1.0):

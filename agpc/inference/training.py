@@ -105,8 +105,8 @@ class Trainer:
     @with_blas_threads(_work)
     def step(self, X, y, lo, hi, *, stepping, weights=None):
         """Evaluate rows lo:hi of (X, y) (all of them in batch mode), commit the update, maybe step the
-        hyper-parameters. ``weights``: per-row weights of the rows (a padded minibatch: 0 on the padding),
-        for the engines that take them.
+        hyper-parameters. ``weights``: one weight per row of lo:hi (a padded minibatch: 0 on the padding),
+        for the engines whose passes apply them (SVI, minibatch EP / SEP / ADF; the others refuse them).
 
         Returns (took the step, relative change of the sites / factor / xi or None, log Z estimate).
 
