@@ -31,6 +31,8 @@ __all__ = [
     "resolve_backend",
     "solve_triangular",
     "cholesky",
+    "cholesky_or_nan",
+    "cholesky_with_jitter",
     "log_ndtr",
     "ndtr",
     "log_normal_pdf",
@@ -205,8 +207,11 @@ def solve_triangular(L, B, *, lower=True, trans=False):
         import cupyx.scipy.linalg
 
         return cupyx.scipy.linalg.solve_triangular(L, B, lower=lower, trans=1 if trans else 0)
-    # Generic fallback: a dense solve. O(m^3 + m^2 k) like the triangular one, only slower.
+    # Generic fallback: a dense solve. O(m^3 + m^2 k) like the triangular one, only slower. A vector
+    # right-hand side goes in as one column (the standard's solve broadcasts 1-D x2 ambiguously).
     A = L.mT if trans else L
+    if B.ndim == 1:
+        return xp.linalg.solve(A, B[:, None])[:, 0]
     return xp.linalg.solve(A, B)
 
 
@@ -222,16 +227,32 @@ def _cholesky_once(A, xp):
     return L
 
 
+def cholesky_or_nan(A):
+    """Lower Cholesky factor of A with no check and no host synchronisation: where the factorisation
+    fails the result is NaN (CuPy returns NaN itself; NumPy and others raise, which is turned into a
+    NaN matrix here), so a failure travels on to the one scalar a training step brings to the host."""
+    xp = array_namespace(A)
+    try:
+        return xp.linalg.cholesky(A)
+    except Exception:  # NumPy/strict raise LinAlgError; other libraries other types
+        return xp.full(A.shape, math.nan, dtype=A.dtype, device=array_device(A))
+
+
 def cholesky(A, *, what="matrix", max_tries=6):
     """Lower Cholesky factor of a symmetric positive definite matrix.
 
     On failure, adds ``jitter * mean(diag(A))`` to the diagonal with jitter 1e-10, 1e-9, ... and tries
     again; after ``max_tries`` raises :class:`CholeskyError` naming ``what`` and the jitter tried.
     """
+    return cholesky_with_jitter(A, what=what, max_tries=max_tries)[0]
+
+
+def cholesky_with_jitter(A, *, what="matrix", max_tries=6):
+    """``cholesky`` that also returns the jitter it had to add to the diagonal (0.0 when none)."""
     xp = array_namespace(A)
     L = _cholesky_once(A, xp)
     if L is not None:
-        return L
+        return L, 0.0
     if not bool(xp.all(xp.isfinite(A))):
         raise CholeskyError(f"Cholesky of {what} failed: the matrix contains NaN or inf")
     m = A.shape[0]
@@ -244,7 +265,7 @@ def cholesky(A, *, what="matrix", max_tries=6):
         tried.append(jitter)
         L = _cholesky_once(A + jitter * eye, xp)
         if L is not None:
-            return L
+            return L, jitter
     raise CholeskyError(
         f"Cholesky of {what} ({m}x{m}) failed: not positive definite even with jitter "
         f"{', '.join(f'{j:.1e}' for j in tried)} added to the diagonal"

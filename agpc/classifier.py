@@ -101,7 +101,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     learning_rate : float or None
         For "adadelta" (default 1.0) and "adam" (default 0.01).
     max_time : float or None
-        Stop cleanly at the end of the step that crosses this many seconds; the model is usable.
+        Seconds for the whole ``fit`` (EP / SEP / ADF): input checks, the initialisation of the inducing
+        points (k-means, ``init_time_``), the steps and the final pass that rebuilds q from all sites.
+        No step is started that its measured length plus the final pass (measured: one exact rebuild of
+        the site product, about two passes over the rows for EP) would carry past it; the model is
+        usable. For the other methods the budget is checked after each step or iteration of their own
+        loop and the initialisation is outside it.
     shuffle : bool, default=True
         Visit minibatches in a new random order each epoch (and reorder in-memory rows once).
     eval_every : int or None
@@ -155,6 +160,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     history_ : dict of lists, per iteration: "log_marginal_likelihood", "time", "n_invalid_sites", "damping"
     n_iter_ : int
     n_features_in_ : int
+    fit_time_ : float, seconds of the whole ``fit`` (what ``max_time`` bounds)
+    init_time_ : float, of which choosing the initial inducing points (k-means) took this many seconds
+    stopped_by_time_ : bool, training stopped because of ``max_time``
     """
 
     def __init__(
@@ -449,6 +457,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         -------
         self
         """
+        started = time.perf_counter()  # max_time covers the whole fit, from here
         groups, _ = self._check_params()
         if (self.checkpoint_every is not None or resume) and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path")
@@ -475,7 +484,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         n = Xc.shape[0]
         m = self._n_inducing_for(n)
         rng = B.host_rng(self.random_state)
+        init_started = time.perf_counter()
         kernel, Z = self._initial_model(sample, m, rng, len(classes))
+        self.init_time_ = time.perf_counter() - init_started
         validation = None
         if validation_data is not None:
             X_val, y_val = validation_data
@@ -491,7 +502,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 B.asarray_like(_encode_labels(y_val, classes), xp, device=device, dtype=xp.float64),
             )
         batch_size = self._batch_size_for(n)
-        t0 = time.perf_counter()
+        t0 = started
         if self.method == "gfitc":  # batch always ("auto" included): EP to convergence between steps
             self.likelihood_ = "probit"
             result = gfitc.train_gfitc(
@@ -527,6 +538,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             checkpoint_path=self.checkpoint_path,
             checkpoint_every=self.checkpoint_every,
             resume=bool(resume),
+            started=started,
         )
         return self._fitted_from(result, classes, t0)
 

@@ -13,6 +13,7 @@ point) but never a cross-covariance, so ``K(Z, Z)`` and ``K(X, Z)`` do not see i
 from __future__ import annotations
 
 import math
+from functools import cached_property
 
 from .backend import array_device, array_namespace, asarray_like, host_array
 
@@ -81,15 +82,17 @@ class Stationary:
             raise ValueError(f"kernel has {ls.shape[0]} lengthscales but the data have {d} features")
         return self.with_params(out)
 
-    @property
+    # A kernel's parameters never change in place (``with_params`` makes a new kernel), so their
+    # constrained values are computed once per kernel, not once per use (one operation each on a device).
+    @cached_property
     def lengthscales(self):
         return array_namespace(self.params["log_lengthscales"]).exp(self.params["log_lengthscales"])
 
-    @property
+    @cached_property
     def amplitude(self):
         return array_namespace(self.params["log_amplitude"]).exp(self.params["log_amplitude"])
 
-    @property
+    @cached_property
     def noise(self):
         return array_namespace(self.params["log_noise"]).exp(self.params["log_noise"])
 
@@ -120,11 +123,17 @@ class Stationary:
         return X / self.lengthscales
 
     def _r2(self, Xs, Zs):
+        """Squared distances from one matrix product: |x|^2 + |z|^2 - 2 x.z, with both sets centred on the
+        mean of Zs first, so that a large common offset (x + 1e7) does not cancel catastrophically. The
+        round-off that can still make an entry slightly negative is cut with ``maximum``, not ``clip``
+        (array-api-compat's clip copies to the host on CuPy)."""
         xp = array_namespace(Xs, Zs)
-        x2 = xp.sum(Xs * Xs, axis=1)
-        z2 = xp.sum(Zs * Zs, axis=1)
-        r2 = x2[:, None] + z2[None, :] - 2.0 * (Xs @ Zs.mT)
-        return xp.clip(r2, min=0.0)
+        centre = xp.mean(Zs, axis=0)
+        Xc = Xs - centre
+        Zc = Xc if Zs is Xs else Zs - centre
+        x2 = xp.vecdot(Xc, Xc, axis=-1)
+        z2 = x2 if Zc is Xc else xp.vecdot(Zc, Zc, axis=-1)
+        return xp.maximum(x2[:, None] + z2[None, :] - 2.0 * (Xc @ Zc.mT), 0.0)
 
     def K(self, X, Z=None):
         """Cross-covariance K(X, Z) (no noise term), shape (n, m); ``Z=None`` means K(X, X) without noise."""
@@ -148,6 +157,10 @@ class Stationary:
         r2_nm = sum_j (xs_nj - zs_mj)^2 with xs = x / l, so d r2 / d log l_j = -2 (xs_nj - zs_mj)^2.
         """
         xp = array_namespace(G, Xs, Zs)
+        # Every term is a function of xs_n - zs_m: centring both on the mean of Zs changes nothing but the
+        # round-off (the expanded squares would cancel catastrophically for inputs far from the origin).
+        centre = xp.mean(Zs, axis=0)
+        Xs, Zs = Xs - centre, (Xs - centre if Zs is Xs else Zs - centre)
         row = xp.sum(G, axis=1)  # (n,)
         col = xp.sum(G, axis=0)  # (m,)
         GZ = G @ Zs  # (n, d)

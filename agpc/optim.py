@@ -67,17 +67,20 @@ class Adadelta:
         self.mean_sq_step = {}
 
     def step(self, params, grads):
+        # Written for few array operations (each one is a kernel launch on a GPU): no zero state is built
+        # when there is none yet, and the ratio of the two root-mean-squares takes one square root.
         out = {}
+        rho, eps = self.rho, self.eps
         for name, value in params.items():
             xp = array_namespace(value)
             g = grads[name]
-            msg = self.mean_sq_grad.get(name, xp.zeros_like(value))
-            msd = self.mean_sq_step.get(name, xp.zeros_like(value))
-            msg = self.rho * msg + (1.0 - self.rho) * g * g
-            delta = xp.sqrt(msd + self.eps) / xp.sqrt(msg + self.eps) * g
+            msg, msd = self.mean_sq_grad.get(name), self.mean_sq_step.get(name)
+            msg = (1.0 - rho) * (g * g) if msg is None else rho * msg + (1.0 - rho) * (g * g)
+            delta = g * xp.sqrt((eps if msd is None else msd + eps) / (msg + eps))
             self.mean_sq_grad[name] = msg
-            self.mean_sq_step[name] = self.rho * msd + (1.0 - self.rho) * delta * delta
-            out[name] = value + self.learning_rate * delta
+            self.mean_sq_step[name] = (1.0 - rho) * (delta * delta) if msd is None else (
+                rho * msd + (1.0 - rho) * (delta * delta))
+            out[name] = value + (delta if self.learning_rate == 1.0 else self.learning_rate * delta)
         return out
 
     def scale_steps(self, factor):
@@ -109,12 +112,14 @@ class Adam:
         for name, value in params.items():
             xp = array_namespace(value)
             g = grads[name]
-            m = self.beta1 * self.m.get(name, xp.zeros_like(value)) + (1.0 - self.beta1) * g
-            v = self.beta2 * self.v.get(name, xp.zeros_like(value)) + (1.0 - self.beta2) * g * g
+            m, v = self.m.get(name), self.v.get(name)
+            m = (1.0 - self.beta1) * g if m is None else self.beta1 * m + (1.0 - self.beta1) * g
+            v = (1.0 - self.beta2) * (g * g) if v is None else self.beta2 * v + (1.0 - self.beta2) * (g * g)
             self.m[name], self.v[name] = m, v
-            m_hat = m / (1.0 - self.beta1**self.t)
-            v_hat = v / (1.0 - self.beta2**self.t)
-            out[name] = value + self.learning_rate * m_hat / (xp.sqrt(v_hat) + self.eps)
+            # bias corrections folded into host scalars: lr m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps)
+            rate = self.learning_rate / (1.0 - self.beta1**self.t)
+            v_scale = 1.0 / (1.0 - self.beta2**self.t)
+            out[name] = value + rate * m / (xp.sqrt(v_scale * v) + self.eps)
         return out
 
     def scale_steps(self, factor):

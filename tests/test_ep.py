@@ -7,7 +7,7 @@ from agpc import GPClassifier
 from agpc.datasets import banana_bayes_error, banana_posterior, make_banana
 from agpc.inference import ep, training
 from agpc.kernels import RBF, Matern52
-from conftest import check_parameter_gradients, to_xp
+from conftest import check_parameter_gradients, to_np, to_xp
 from reference_full_gp_ep import full_gp_ep, full_gp_predict
 
 JITTER = 1e-6
@@ -200,3 +200,53 @@ def test_minibatch_ep_rebuilds_the_site_product_when_cavities_fail(monkeypatch):
     training.train(X, y, kernel, X[:6].copy(), method="ep", batch_size=50, max_iter=2, jitter=JITTER, random_state=0)
     # one rebuild at the start of epoch 2 (after 4 steps) and one forced after the third step
     assert rebuilt == [3, 4]
+
+
+@pytest.mark.parametrize("method", ["ep", "sep", "adf"])
+def test_padding_rows_with_weight_zero_change_nothing(method, xp_device):
+    """A minibatch padded to a fixed size (issue 14: the step takes per-row weights, padding weight 0) gives
+    the same log Z_q estimate, gradient and site change as the rows alone."""
+    xp, device = xp_device
+    X_np, y_np = _toy(60)
+    X, y = to_xp(X_np, xp, device), to_xp(y_np, xp, device)
+    kernel = RBF(lengthscales=[0.9, 1.2], amplitude=1.3, noise=0.02).for_inputs(X)
+    Z = to_xp(X_np[:6] + 0.05, xp, device)
+    rng = np.random.default_rng(3)
+    nu_np, mu_np = rng.uniform(0.0, 0.3, 60), rng.normal(0.0, 0.2, 60)
+    factor = ep.exact_factor(kernel, Z, X, to_xp(nu_np, xp, device), to_xp(mu_np, xp, device), jitter=JITTER)
+    rows, padding = np.arange(10, 30), np.arange(40, 52)  # 20 real rows, 12 rows of padding
+
+    def run(index, weights):
+        take = lambda a: to_xp(np.asarray(a)[index], xp, device)  # noqa: E731
+        return ep.evaluate_factor(
+            kernel, Z, take(X_np), take(y_np), factor, method=method, n_total=60,
+            site_precision=take(nu_np) if method == "ep" else None, site_shift=take(mu_np) if method == "ep" else None,
+            jitter=JITTER, weights=None if weights is None else to_xp(weights, xp, device),
+        )
+
+    alone = run(rows, None)
+    padded = run(np.concatenate([rows, padding]), np.concatenate([np.ones(20), np.zeros(12)]))
+    np.testing.assert_allclose(float(padded["log_z"]), float(alone["log_z"]), rtol=1e-12)
+    for name, value in alone["grads"].items():
+        np.testing.assert_allclose(to_np(padded["grads"][name]), to_np(value), rtol=1e-10, atol=1e-12, err_msg=name)
+    np.testing.assert_allclose(to_np(padded["site_delta"].precision), to_np(alone["site_delta"].precision),
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(to_np(padded["site_delta"].shift), to_np(alone["site_delta"].shift), rtol=1e-10,
+                               atol=1e-12)
+
+
+def test_inputs_far_from_the_origin_do_not_cancel():
+    """The RBF's squared distances come from one matrix product; centred on the mean of Z they stay
+    accurate for features with a large offset against their spread (x + 1e7 used to fail its Cholesky)."""
+    X, y = _toy(80)
+    Z = X[:8] + 0.05
+    nu, mu = np.full(80, 0.2), 0.1 * y
+    kernel = RBF(lengthscales=[0.7, 1.1], amplitude=1.4, noise=0.01)
+    offset = 1e7
+    near = ep.evaluate(kernel.for_inputs(X), Z, X, y, nu, mu, jitter=JITTER)
+    far = ep.evaluate(kernel.for_inputs(X), Z + offset, X + offset, y, nu, mu, jitter=JITTER)
+    np.testing.assert_allclose(float(far["log_z"]), float(near["log_z"]), rtol=1e-7)
+    for name in ("log_lengthscales", "log_amplitude", "Z"):
+        np.testing.assert_allclose(far["grads"][name], near["grads"][name], rtol=1e-5, atol=1e-6, err_msg=name)
+    model = GPClassifier(n_inducing=8, max_iter=20, random_state=0).fit(X + offset, y)
+    assert np.all(np.isfinite(model.predict_proba(X + offset)))

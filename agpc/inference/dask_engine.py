@@ -73,8 +73,8 @@ def _add_sums(a, b):
     return (a[0] + b[0], a[1] + b[1])
 
 
-def _chunk_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows):
-    S, c_tilde, _ = ep._whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows, False)
+def _chunk_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows):
+    S, c_tilde, _ = ep._whitened_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows, False)
     return S, c_tilde
 
 
@@ -326,26 +326,27 @@ class DaskEngine:
         return reduced
 
     def evaluate(self, kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None,
-                 want_sites=True, damping=None):
+                 want_sites=True, damping=None, checked=True):
         """``ep.evaluate`` with the two per-row stages run chunk by chunk on the workers."""
         import dask
 
         client = self.client
-        L_K = ep.prior_cholesky(kernel, Z, jitter)
-        L_K_inv = ep._triangular_inverse(L_K)
+        L_K = ep.prior_cholesky(kernel, Z, jitter, checked=checked)
         Xs, nus, mus = self._blocks(X, site_precision, site_shift)
-        sums = _compute_windowed(client, [dask.delayed(_chunk_sums)(kernel, Z, Xb, nb, mb, L_K_inv, block_rows)
+        sums = _compute_windowed(client, [dask.delayed(_chunk_sums)(kernel, Z, Xb, nb, mb, L_K, block_rows)
                                           for Xb, nb, mb in zip(Xs, nus, mus)])
         S, c_tilde = _tree(client, sums, _add_sums).result()
-        post = ep.posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
+        post = ep.posterior_from_sums(L_K, S, c_tilde, checked=checked)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad,
                             block_rows=block_rows, want_sums=False, want_sites=want_sites, damping=damping)
         return ep.finish_evaluate(kernel, Z, post, sweep, want_grad)
 
     def evaluate_factor(self, kernel, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None,
-                        jitter, want_grad=True, block_rows=None):
+                        jitter, want_grad=True, block_rows=None, weights=None, checked=True):
         """``ep.evaluate_factor`` (SEP / ADF in batch mode) with the sweep run chunk by chunk."""
-        prep = ep.factor_cavity(kernel, Z, factor, method=method, n_total=n_total, jitter=jitter)
+        if weights is not None:
+            raise NotImplementedError("per-row weights are not supported on dask arrays")
+        prep = ep.factor_cavity(kernel, Z, factor, method=method, n_total=n_total, jitter=jitter, checked=checked)
         if method != "ep":
             site_precision = site_shift = self.zero_sites(X.shape[0], Z)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,

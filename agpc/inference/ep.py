@@ -27,6 +27,7 @@ from ..backend import (
     array_device,
     array_namespace,
     cholesky,
+    cholesky_or_nan,
     is_out_of_core,
     read_rows,
     solve_triangular,
@@ -60,60 +61,79 @@ def _triangular_inverse(L):
     return solve_triangular(L, eye, lower=True)
 
 
-@dataclass
 class Posterior:
     """q(u) in factored form: L_K = chol(Kmm + jitter I), L_C = chol(I + A diag(nu) A^T), h = L_C^-1 A mu.
 
-    The inverses of the two m x m triangular factors are kept: applying them to n x m blocks is a
-    matrix product, several times faster than a triangular solve with n right-hand sides (trsm) on
-    common BLAS builds and on GPUs, at O(m^3) once per pass.
+    Training applies the two triangular factors by solves (one triangular solve costs about a matrix
+    product and needs no O(m^3) inverse first). Explicit inverses (``L_K_inv``, ``L_C_inv``) are formed on
+    first use only, for callers that apply them to many blocks of rows (prediction) or that pass them in.
     """
 
-    L_K: object
-    L_C: object
-    h: object
-    L_K_inv: object = None
-    L_C_inv: object = None
+    def __init__(self, L_K, L_C, h, L_K_inv=None, L_C_inv=None):
+        self.L_K, self.L_C, self.h = L_K, L_C, h
+        self._L_K_inv, self._L_C_inv = L_K_inv, L_C_inv
 
-    def __post_init__(self):
-        if self.L_K_inv is None:
-            self.L_K_inv = _triangular_inverse(self.L_K)
-        if self.L_C_inv is None:
-            self.L_C_inv = _triangular_inverse(self.L_C)
+    @property
+    def L_K_inv(self):
+        if self._L_K_inv is None:
+            self._L_K_inv = _triangular_inverse(self.L_K)
+        return self._L_K_inv
+
+    @property
+    def L_C_inv(self):
+        if self._L_C_inv is None:
+            self._L_C_inv = _triangular_inverse(self.L_C)
+        return self._L_C_inv
 
     @cached_property
     def whitened_mean(self):
         """C^-1 c~ = L_C^-T h: k_i^T B^-1 c = (L_K^-1 k_i)^T whitened_mean."""
-        return self.L_C_inv.mT @ self.h
+        return solve_triangular(self.L_C, self.h, lower=True, trans=True)
 
     @cached_property
     def C_inv(self):
         """C^-1 = L_C^-T L_C^-1 (m x m): k_i^T B^-1 k_j = (L_K^-1 k_i)^T C^-1 (L_K^-1 k_j)."""
-        return self.L_C_inv.mT @ self.L_C_inv
+        return solve_triangular(self.L_C, self.L_C_inv, lower=True, trans=True)
 
     @cached_property
     def beta(self):
         """beta = B^-1 c = L_K^-T L_C^-T h (m,): the predictive mean is k_*^T beta (seed 000 eq. 36)."""
-        return self.L_K_inv.mT @ self.whitened_mean
+        return solve_triangular(self.L_K, self.whitened_mean, lower=True, trans=True)
+
+    @cached_property
+    def log_normaliser_gain(self):
+        """g(theta) - g(theta_prior) for q = prior x factor: 0.5 c^T B^-1 c + 0.5 log|K| - 0.5 log|B|
+        (0-d; NaN when a Cholesky factor failed, which is how a failure reaches the training loop)."""
+        xp = array_namespace(self.h)
+        return 0.5 * xp.vecdot(self.h, self.h) - xp.sum(xp.log(xp.linalg.diagonal(self.L_C)))
 
     def mean_and_cov(self):
         """Mean K B^-1 c and covariance K B^-1 K of q(u) (seed 000 eqs. 12-13), for inspection."""
         W = self.L_C_inv @ self.L_K.mT  # Sigma = W^T W
-        return self.L_K @ (self.L_C_inv.mT @ self.h), W.mT @ W
+        return self.L_K @ self.whitened_mean, W.mT @ W
 
 
-def prior_cholesky(kernel, Z, jitter):
-    """L_K = chol(K(Z, Z) + jitter I)."""
+def prior_cholesky(kernel, Z, jitter, *, checked=True):
+    """L_K = chol(K(Z, Z) + jitter I). ``checked=False`` (training steps): no host synchronisation and no
+    jitter escalation; a failed factorisation gives NaN, which reaches log Z_q and the loop's guard."""
     xp = array_namespace(Z)
     m = Z.shape[0]
     Kmm = kernel.K(Z) + jitter * xp.eye(m, dtype=Z.dtype, device=array_device(Z))
+    if not checked:
+        return cholesky_or_nan(Kmm)
     return cholesky(Kmm, what="Kmm (covariance of the inducing points)")
 
 
 def project(kernel, X, Z, L_K_inv):
-    """A^T = Knm L_K^-T (n x m, row i = L_K^-1 k_i) and Knm."""
+    """A^T = Knm L_K^-T (n x m, row i = L_K^-1 k_i) and Knm, given the explicit inverse of L_K."""
     Knm = kernel.K(X, Z)
     return Knm @ L_K_inv.mT, Knm
+
+
+def whiten(kernel, X, Z, L_K):
+    """A = L_K^-1 K(Z, X) (m x n: column i is L_K^-1 k_i, one triangular solve) and Knm = K(X, Z)."""
+    Knm = kernel.K(X, Z)
+    return solve_triangular(L_K, Knm.mT, lower=True), Knm
 
 
 def site_sums(At, site_precision, site_shift):
@@ -121,14 +141,22 @@ def site_sums(At, site_precision, site_shift):
     return (At * site_precision[:, None]).mT @ At, site_shift @ At
 
 
-def posterior_from_sums(L_K, S, c_tilde, L_K_inv=None):
-    """Factor C = I + S and whiten c~: the global O(m^3) step after the reduction."""
+def whitened_site_sums(A, site_precision, site_shift):
+    """The block's share of C - I = A diag(nu) A^T and of c~ = A mu, for A = L_K^-1 Knm^T (m x n)."""
+    return (A * site_precision[None, :]) @ A.mT, A @ site_shift
+
+
+def posterior_from_sums(L_K, S, c_tilde, L_K_inv=None, *, checked=True):
+    """Factor C = I + S and whiten c~: the global O(m^3) step after the reduction. ``checked``: as in
+    ``prior_cholesky``."""
     xp = array_namespace(S)
     m = S.shape[0]
     C = xp.eye(m, dtype=S.dtype, device=array_device(S)) + S
-    L_C = cholesky(C, what="C = I + A diag(site_precision) A^T (posterior precision)")
-    L_C_inv = _triangular_inverse(L_C)
-    return Posterior(L_K=L_K, L_C=L_C, h=L_C_inv @ c_tilde, L_K_inv=L_K_inv, L_C_inv=L_C_inv)
+    if checked:
+        L_C = cholesky(C, what="C = I + A diag(site_precision) A^T (posterior precision)")
+    else:
+        L_C = cholesky_or_nan(C)
+    return Posterior(L_K=L_K, L_C=L_C, h=solve_triangular(L_C, c_tilde, lower=True), L_K_inv=L_K_inv)
 
 
 @dataclass
@@ -138,31 +166,34 @@ class BlockResult:
     site_precision: object  # undamped EP update nu_hat (invalid sites keep the old value)
     site_shift: object
     valid: object  # bool mask: cavity variance positive
-    log_z_terms: object  # 0-d: sum of the rows' log Z_q terms
+    log_z_terms: object  # 0-d: sum of the rows' (weighted) log Z_q terms
+    n_invalid: object  # 0-d: rows (of positive weight) whose cavity was unusable
     dKmm_data: object  # (m, m) adjoint contribution of the rows' log Z_i
     grads: dict  # kernel gradient of the rows' log Z_i through Knm and Kdiag (incl. "Z")
-    sums: tuple = None  # whitened (S_new, c_new, S_old, c_old) of the rows' new and old sites
+    sums: tuple = None  # (P, r): the change of the rows' sites (new - old, weighted) as a u-space factor
 
 
 @dataclass
 class Marginals:
-    """q's marginal along each row's upsilon_i (seed 000 eqs. 14-16) and what it was computed from."""
+    """q's marginal along each row's upsilon_i (seed 000 eqs. 14-16) and what it was computed from.
+    Blocks are held as columns (m x b): the triangular solves then take the rows as right-hand sides."""
 
-    At: object  # (b, m): rows L_K^-1 k_i
+    A: object  # (m, b): columns L_K^-1 k_i
     Knm: object  # (b, m)
-    P: object  # (b, m): rows C^-1 L_K^-1 k_i, so B^-1 k_i = L_K^-T P_i
+    Q: object  # (m, b): columns L_C^-1 L_K^-1 k_i, so d_i = |Q_i|^2 and B^-1 k_i = L_K^-T L_C^-T Q_i
     d: object  # k_i^T B^-1 k_i = upsilon_i^T Sigma upsilon_i
     e: object  # k_i^T B^-1 c = upsilon_i^T mean
     prior_var: object  # upsilon_i^T K upsilon_i, the prior variance of g_i
     s: object  # FITC conditional variance K_ii - k_i^T K^-1 k_i (eq. 16), latent noise included
 
 
-def marginals(kernel, X, Z, post, At=None, Knm=None):
-    if At is None:
-        At, Knm = project(kernel, X, Z, post.L_K_inv)
-    P = At @ post.C_inv
-    prior_var = _row_dot(At, At)
-    return Marginals(At, Knm, P, _row_dot(At, P), At @ post.whitened_mean, prior_var, kernel.Kdiag(X) - prior_var)
+def marginals(kernel, X, Z, post, A=None, Knm=None):
+    xp = array_namespace(Z)
+    if A is None:
+        A, Knm = whiten(kernel, X, Z, post.L_K)
+    Q = solve_triangular(post.L_C, A, lower=True)
+    prior_var = xp.vecdot(A, A, axis=-2)
+    return Marginals(A, Knm, Q, xp.vecdot(Q, Q, axis=-2), post.h @ Q, prior_var, kernel.Kdiag(X) - prior_var)
 
 
 def cavity(site_precision, site_shift, d, e, prior_var):
@@ -204,7 +235,7 @@ def adjoint_coefficient(alpha, kappa, site_precision, site_shift, e, one_minus):
     return (alpha * (site_precision * e - site_shift) - kappa) / one_minus
 
 
-def data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g):
+def data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g, *, want_upsilon=False):
     """The data part of the gradient of eq. 4, sum_i d log Z_i / d xi with the cavity q^\\i(u) fixed.
 
     log Z_i depends on the cavity of g_i = upsilon_i^T u through a = k^T K^-1 m^\\i and b = (noise) + K_ii -
@@ -214,52 +245,90 @@ def data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g):
     sites a row has along upsilon_i). Adjoints:
         dKnm_i = alpha_i beta + coef_g_i g_i + kappa_i upsilon_i,   dKdiag_i = -kappa_i / 2,
         dKmm = -U^T (dKnm + diag(dKdiag) U)   (U rows upsilon_i: K enters through K^-1 k and s).
-    In factored form g_i = L_K^-T P_i and upsilon_i = L_K^-T At_i, so with W = diag(coef_g) P +
-    diag(kappa) At: dKnm = W L_K^-1 + alpha beta^T and
-    dKmm = -L_K^-T [At^T (W + diag(dKdiag) At) L_K^-1 + (At^T alpha) beta^T]: three GEMMs a block.
-    Returns (dKmm_data, kernel gradients through Knm and Kdiag incl. "Z")."""
-    At = marg.At
+    In factored form g_i = L_K^-T L_C^-T Q_i and upsilon_i = L_K^-T A_i, so
+        dKnm^T - beta alpha^T = L_K^-T [L_C^-T Q diag(coef_g) + A diag(kappa)]:
+    two triangular solves, the second one also giving U^T (its right-hand sides stacked), and one product
+    for dKmm. Returns (dKmm_data, kernel gradients through Knm and Kdiag incl. "Z", U^T or None)."""
+    xp = array_namespace(Z)
+    A, b = marg.A, marg.A.shape[1]
     dKdiag = -0.5 * kappa
-    beta = post.beta
-    W = coef_g[:, None] * marg.P + kappa[:, None] * At
-    dKnm = W @ post.L_K_inv + alpha[:, None] * beta[None, :]
-    inner = (At.mT @ (W + dKdiag[:, None] * At)) @ post.L_K_inv + (At.mT @ alpha)[:, None] * beta[None, :]
-    return -(post.L_K_inv.mT @ inner), kernel.grads(None, dKnm, dKdiag, X, Z, Knm=marg.Knm)
+    inner = solve_triangular(post.L_C, marg.Q * coef_g[None, :], lower=True, trans=True) + A * kappa[None, :]
+    solved = solve_triangular(post.L_K, xp.concat([inner, A], axis=1), lower=True, trans=True)
+    upsilon_t = solved[:, b:]
+    dKnm_t = solved[:, :b] + post.beta[:, None] * alpha[None, :]
+    dKmm_data = -(upsilon_t @ (dKnm_t + upsilon_t * dKdiag[None, :]).mT)
+    grads = kernel.grads(None, dKnm_t.mT, dKdiag, X, Z, Knm=marg.Knm)
+    return dKmm_data, grads, (upsilon_t if want_upsilon else None)
 
 
-def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad=True, At=None, Knm=None, want_sums=False):
+def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=None, want_grad=True, A=None, Knm=None,
+               want_sums=False):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows.
 
     Seed 000: cavity (eqs. 14-15), tilted moments and new site (eqs. 17-23), log Z_q terms (eq. 26, in
     the one-dimensional form g(theta^i) - g(theta) along upsilon_i), and the data part of the gradient
     of eq. 4: sum_i d log Z_i / d xi with the cavity q^\\i(u) held fixed.
+    ``site_precision`` / ``site_shift`` None: the rows have no site of their own in ``post`` (SEP / ADF:
+    ``post`` is already the cavity). ``weights`` (b,): each row's log Z_i, gradient and site change is
+    multiplied by its weight (0 for the padding of a minibatch). ``want_sums``: the change of the rows'
+    sites, weighted, as a u-space factor: sum_i w_i (new_i - old_i) upsilon_i upsilon_i^T (and the shifts).
     """
-    xp = array_namespace(X)
-    nu, mu = site_precision, site_shift
-    marg = marginals(kernel, X, Z, post, At=At, Knm=Knm)
-    valid, one_minus, v, a = cavity(nu, mu, marg.d, marg.e, marg.prior_var)
+    xp = array_namespace(Z)
+    marg = marginals(kernel, X, Z, post, A=A, Knm=Knm)
+    own_sites = site_precision is not None
+    if own_sites:
+        nu, mu = site_precision, site_shift
+        valid, one_minus, v, a = cavity(nu, mu, marg.d, marg.e, marg.prior_var)
+    else:  # the cavity is ``post``: nothing to remove (the same as ``cavity`` with zero sites, fewer operations)
+        nu = mu = 0.0
+        valid = marg.d <= (1.0 + _PRIOR_SLACK) * marg.prior_var + _CAVITY_EPS
+        one_minus, v, a = 1.0, marg.d, marg.e
     b = 1.0 + marg.s + v
     log_zi, alpha, gamma = probit_tilted(y, a, b)
-    new_nu, new_mu = moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
-    terms = log_zi + removal_terms(nu, mu, marg.d, marg.e, one_minus)
-    log_z_terms = xp.sum(xp.where(valid, terms, 0.0))
+    if own_sites:
+        new_nu, new_mu = moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
+        terms = xp.where(valid, log_zi + removal_terms(nu, mu, marg.d, marg.e, one_minus), 0.0)
+    else:
+        denom = 1.0 - v * gamma
+        new_nu = xp.where(valid, gamma / denom, 0.0)
+        new_mu = xp.where(valid, (alpha + a * gamma) / denom, 0.0)
+        terms = xp.where(valid, log_zi, 0.0)
+    invalid = xp.astype(~valid, marg.d.dtype)
+    if weights is not None:
+        terms = terms * weights
+        invalid = invalid * xp.astype(weights > 0, marg.d.dtype)
+    log_z_terms = xp.sum(terms)
+    n_invalid = xp.sum(invalid)
+    dKmm_data, grads, upsilon_t = None, {}, None
+    if want_grad:
+        alpha = xp.where(valid, alpha, 0.0)
+        if weights is not None:
+            alpha = alpha * weights
+        kappa = alpha * a / b  # -2 d log Z_i / d b
+        coef_g = adjoint_coefficient(alpha, kappa, nu, mu, marg.e, one_minus) if own_sites else -kappa
+        dKmm_data, grads, upsilon_t = data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g,
+                                                   want_upsilon=want_sums)
     sums = None
-    if want_sums:  # the rows' share of the likelihood factor, before and after (for tied / minibatch updates)
-        sums = site_sums(marg.At, new_nu, new_mu) + site_sums(marg.At, nu, mu)
-    if not want_grad:
-        return BlockResult(new_nu, new_mu, valid, log_z_terms, None, {}, sums)
-    alpha = xp.where(valid, alpha, xp.zeros_like(alpha))
-    kappa = alpha * a / b  # -2 d log Z_i / d b
-    coef_g = adjoint_coefficient(alpha, kappa, nu, mu, marg.e, one_minus)
-    dKmm_data, grads = data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g)
-    return BlockResult(new_nu, new_mu, valid, log_z_terms, dKmm_data, grads, sums)
+    if want_sums:  # the rows' share of the likelihood factor (for tied / minibatch updates), in u-space
+        if upsilon_t is None:
+            upsilon_t = solve_triangular(post.L_K, marg.A, lower=True, trans=True)
+        change_nu, change_mu = (new_nu - nu, new_mu - mu) if own_sites else (new_nu, new_mu)
+        if weights is not None:
+            change_nu, change_mu = change_nu * weights, change_mu * weights
+        sums = ((upsilon_t * change_nu[None, :]) @ upsilon_t.mT, upsilon_t @ change_mu)
+    return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads, sums)
 
 
 def _prior_adjoint(post):
-    """-0.5 M of seed 000 eqs. 34-35: M = K^-1 - K^-1 Sigma K^-1 - K^-1 m m^T K^-1 = K^-1 - B^-1 - beta beta^T."""
-    W = post.L_C_inv @ post.L_K_inv  # B^-1 = W^T W
+    """-0.5 M of seed 000 eqs. 34-35: M = K^-1 - K^-1 Sigma K^-1 - K^-1 m m^T K^-1 = K^-1 - B^-1 - beta beta^T,
+    with K^-1 - B^-1 = L_K^-T (I - C^-1) L_K^-1 (two triangular solves; I - C^-1 is symmetric)."""
+    xp = array_namespace(post.h)
+    m = post.h.shape[0]
+    inner = xp.eye(m, dtype=post.h.dtype, device=array_device(post.h)) - post.C_inv
+    half = solve_triangular(post.L_K, inner, lower=True, trans=True)  # L_K^-T (I - C^-1)
+    sandwich = solve_triangular(post.L_K, half.mT, lower=True, trans=True)
     beta = post.beta
-    return -0.5 * (post.L_K_inv.mT @ post.L_K_inv - W.mT @ W - beta[:, None] * beta[None, :])
+    return -0.5 * sandwich + 0.5 * (beta[:, None] * beta[None, :])
 
 
 _BLOCK_ELEMENTS = 1 << 21  # default block: ~16 MB of float64 per n x m temporary
@@ -307,20 +376,20 @@ def _row_dot(A, B):
     return array_namespace(A, B).linalg.vecdot(A, B, axis=-1)
 
 
-def _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows, keep_projection):
+def _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows, keep_projection):
     """S = A diag(nu) A^T and c~ = A mu over all rows (the reduction); with ``keep_projection`` and
-    while they fit the cache budget, also every block's (A^T, Knm) for the sweep to reuse."""
+    while they fit the cache budget, also every block's (A, Knm) for the sweep to reuse."""
     n, m = X.shape[0], Z.shape[0]
     keep = keep_projection and n * m * 2 <= _CACHE_ELEMENTS
     S = c_tilde = None
     kept = [] if keep else None
     for lo, hi, X_block, _ in data_blocks(X, None, block_rows, Z):
-        At, Knm = project(kernel, X_block, Z, L_K_inv)
-        S_b, c_b = site_sums(At, site_precision[lo:hi], site_shift[lo:hi])
+        A, Knm = whiten(kernel, X_block, Z, L_K)
+        S_b, c_b = whitened_site_sums(A, site_precision[lo:hi], site_shift[lo:hi])
         S = S_b if S is None else S + S_b
         c_tilde = c_b if c_tilde is None else c_tilde + c_b
         if keep:
-            kept.append((At, Knm))
+            kept.append((A, Knm))
     return S, c_tilde, kept
 
 
@@ -349,61 +418,63 @@ def relative_site_change(change):
     return float(change[0]) / (1.0 + float(change[1])) + float(change[2]) / (1.0 + float(change[3]))
 
 
-def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, At=None, want_sums=False,
-           want_sites=True, damping=None):
+def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, projections=None,
+           want_sums=False, want_sites=True, damping=None, weights=None):
     """``block_pass`` over all rows in blocks; the per-row results written into preallocated n-vectors
     (no per-block pieces joined at the end: that would hold them twice), the sums added.
-    ``At``: the blocks' kept (A^T, Knm) from ``_whitened_sums``, or None to recompute them.
+    ``projections``: the blocks' kept (A, Knm) from ``_whitened_sums``, or None to recompute them.
+    ``site_precision`` None: the rows have no sites of their own (SEP / ADF).
     ``want_sites=False`` keeps no per-row output at all (a final log Z_q pass needs only the sums);
-    ``damping``: the per-row output is the damped sites (``write_block_sites``)."""
+    ``damping``: the per-row output is the damped sites (``write_block_sites``). ``n_invalid`` stays on the
+    device (0-d): the caller fetches it with log Z_q in one transfer."""
     xp = array_namespace(Z)
     n = X.shape[0]
-    out = {"terms": None, "site_precision": None, "site_shift": None, "valid": None, "n_invalid": 0,
+    out = {"terms": None, "site_precision": None, "site_shift": None, "valid": None, "n_invalid": None,
            "sums": None, "dKmm_data": None, "grads": None, "site_change": None}
     if want_sites:
         device = array_device(Z)
         out["site_precision"] = xp.empty((n,), dtype=Z.dtype, device=device)
         out["site_shift"] = xp.empty((n,), dtype=Z.dtype, device=device)
         out["valid"] = xp.empty((n,), dtype=xp.bool, device=device)
-
-    n_invalid = None
+    zero_sites_given = site_precision is None
+    if zero_sites_given and want_sites:
+        site_precision = site_shift = zero_sites(n, Z)
     for index, (lo, hi, X_block, y_block) in enumerate(data_blocks(X, y, block_rows, Z)):
-        kept = At[index] if At else None
+        kept = projections[index] if projections else (None, None)
+        rows_precision = None if zero_sites_given else site_precision[lo:hi]
+        rows_shift = None if zero_sites_given else site_shift[lo:hi]
         res = block_pass(
-            kernel, X_block, y_block, site_precision[lo:hi], site_shift[lo:hi],
-            Z, cavity, want_grad=want_grad, At=None if kept is None else kept[0], Knm=None if kept is None else kept[1],
-            want_sums=want_sums,
+            kernel, X_block, y_block, rows_precision, rows_shift, Z, cavity, want_grad=want_grad,
+            A=kept[0], Knm=kept[1], want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
         )
         if want_sites:
             write_block_sites(out, lo, hi, res, site_precision[lo:hi], site_shift[lo:hi], damping)
-        invalid = xp.sum(xp.astype(~res.valid, xp.int64))
-        n_invalid = invalid if n_invalid is None else n_invalid + invalid
         accumulate(out, res, want_sums=want_sums, want_grad=want_grad)
-    out["n_invalid"] = int(n_invalid)
     return out
 
 
 def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, want_sites=True,
-             damping=None):
+             damping=None, checked=True):
     """Batch EP: one pass over the data at fixed (kernel, Z, sites), q rebuilt exactly from all sites.
 
     Returns a dict: ``log_z`` (0-d, log Z_q of eq. 26), ``site_precision``/``site_shift`` (the EP
     updates; damped by ``damping`` when given, with ``site_change`` the maxima of ``write_block_sites``),
     ``valid`` (mask), ``grads`` (dict of gradients of eq. 4, incl. "Z") and ``posterior``.
     Rows are processed in blocks of ``block_rows`` so that n x m temporaries stay bounded.
-    ``n_invalid`` counts the rows whose cavity was unusable; ``want_sites=False`` returns no per-row
+    ``n_invalid`` (0-d) counts the rows whose cavity was unusable; ``want_sites=False`` returns no per-row
     output (``site_precision``, ``site_shift`` and ``valid`` are None), so a final pass holds no n-vector.
+    ``checked=False`` (the training loop): Cholesky failures give a NaN log Z_q instead of an exception
+    and no host synchronisation (see ``prior_cholesky``).
 
     The three stages -- per-row-block sums (``_whitened_sums``), the driver's q (``posterior_from_sums``),
     the per-row-block sweep (``_sweep``) and the driver's ``finish_evaluate`` -- are what the distributed
     engine runs, the two per-row stages once per chunk of rows on the workers.
     """
-    L_K = prior_cholesky(kernel, Z, jitter)
-    L_K_inv = _triangular_inverse(L_K)
-    S, c_tilde, At = _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows, True)
-    post = posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
-    sweep = _sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad, block_rows=block_rows, At=At,
-                   want_sites=want_sites, damping=damping)
+    L_K = prior_cholesky(kernel, Z, jitter, checked=checked)
+    S, c_tilde, kept = _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows, True)
+    post = posterior_from_sums(L_K, S, c_tilde, checked=checked)
+    sweep = _sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad, block_rows=block_rows,
+                   projections=kept, want_sites=want_sites, damping=damping)
     return finish_evaluate(kernel, Z, post, sweep, want_grad)
 
 
@@ -411,7 +482,7 @@ def finish_evaluate(kernel, Z, post, sweep, want_grad):
     """log Z_q and the full gradient from q and the (reduced) sweep."""
     out = {
         "n_invalid": sweep["n_invalid"],
-        "log_z": _log_normaliser_gain(post) + sweep["terms"],
+        "log_z": post.log_normaliser_gain + sweep["terms"],
         "site_precision": sweep["site_precision"],
         "site_shift": sweep["site_shift"],
         "valid": sweep["valid"],
@@ -438,7 +509,9 @@ def tree_add(x, y):
 
 def accumulate(out, block, *, want_sums, want_grad):
     """Add one block's reductions (log Z terms, sums, adjoints, gradients) into a sweep's running totals."""
-    for key, value, wanted in (("terms", block.log_z_terms, True), ("sums", block.sums, want_sums),
+    n_invalid = getattr(block, "n_invalid", None)  # (the multiclass pass counts its own)
+    for key, value, wanted in (("terms", block.log_z_terms, True), ("n_invalid", n_invalid, n_invalid is not None),
+                               ("sums", block.sums, want_sums),
                                ("dKmm_data", block.dKmm_data, want_grad), ("grads", block.grads, want_grad)):
         if wanted:
             out[key] = value if out[key] is None else tree_add(out[key], value)
@@ -483,11 +556,18 @@ class Factor:
 
     def whitened(self, L_K):
         """S = L_K^T P L_K and c~ = L_K^T r, the form posterior_from_sums takes."""
-        return L_K.mT @ self.precision @ L_K, L_K.mT @ self.shift
+        return L_K.mT @ (self.precision @ L_K), self.shift @ L_K
 
     @classmethod
     def from_whitened(cls, S, c_tilde, L_K_inv):
         return cls(L_K_inv.mT @ S @ L_K_inv, L_K_inv.mT @ c_tilde)
+
+    @classmethod
+    def unwhitened(cls, S, c_tilde, L_K):
+        """The factor whose ``whitened(L_K)`` is (S, c~): P = L_K^-T S L_K^-1 by two triangular solves."""
+        half = solve_triangular(L_K, S, lower=True, trans=True)
+        return cls(solve_triangular(L_K, half.mT, lower=True, trans=True),
+                   solve_triangular(L_K, c_tilde, lower=True, trans=True))
 
     def combine(self, keep, other, weight):
         """keep * self + weight * other, in natural parameters."""
@@ -495,9 +575,8 @@ class Factor:
 
 
 def _log_normaliser_gain(post):
-    """g(theta) - g(theta_prior) for q = prior x factor: 0.5 c^T B^-1 c + 0.5 log|K| - 0.5 log|B|."""
-    xp = array_namespace(post.h)
-    return 0.5 * xp.sum(post.h * post.h) - xp.sum(xp.log(xp.linalg.diagonal(post.L_C)))
+    """g(theta) - g(theta_prior) for q = prior x factor (see ``Posterior.log_normaliser_gain``)."""
+    return post.log_normaliser_gain
 
 
 CAVITY_KINDS = ("ep", "sep", "adf")
@@ -505,7 +584,7 @@ CAVITY_KINDS = ("ep", "sep", "adf")
 
 def evaluate_factor(
     kernel, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None, jitter,
-    want_grad=True, block_rows=None,
+    want_grad=True, block_rows=None, weights=None, checked=True,
 ):
     """One pass over rows X (all the data, or a minibatch) with q = prior x ``factor``.
 
@@ -513,50 +592,50 @@ def evaluate_factor(
       "ep"  q / site_i: each row's own site, (site_precision, site_shift) along its current upsilon_i;
       "sep" q / factor^(1/n_total): one cavity for every row;
       "adf" q itself.
-    Returns a dict: ``log_z`` (estimate of log Z_q: the rows' terms scaled by n_total / rows), ``grads``
-    (eq. 4 with the data part scaled likewise: the stochastic gradient of eq. 6), ``site_precision`` /
-    ``site_shift`` (undamped updates of the rows' sites), ``new_sites`` and ``old_sites`` (the rows'
-    sites as u-space Factors), ``valid`` and ``posterior`` (q). Stages: ``factor_cavity`` (driver),
-    ``_sweep`` (per row block; per chunk on workers), ``finish_factor`` (driver).
+    Returns a dict: ``log_z`` (estimate of log Z_q: the rows' terms scaled by n_total / rows, the rows
+    counted by their ``weights`` when given), ``grads`` (eq. 4 with the data part scaled likewise: the
+    stochastic gradient of eq. 6), ``site_precision`` / ``site_shift`` (undamped updates of the rows'
+    sites; "ep" only), ``site_delta`` (the change of the rows' sites, new - old, as a u-space Factor),
+    ``valid``, ``n_invalid`` (0-d) and ``posterior`` (q). ``checked``: as in ``evaluate``. Stages:
+    ``factor_cavity`` (driver), ``_sweep`` (per row block; per chunk on workers), ``finish_factor`` (driver).
     """
-    prep = factor_cavity(kernel, Z, factor, method=method, n_total=n_total, jitter=jitter)
-    if method != "ep":  # the cavity already excludes the factor: the rows' own "old site" is nothing
-        site_precision = site_shift = zero_sites(X.shape[0], Z)
+    prep = factor_cavity(kernel, Z, factor, method=method, n_total=n_total, jitter=jitter, checked=checked)
+    if method != "ep":  # the cavity already excludes the factor: the rows have no site of their own
+        site_precision = site_shift = None
     sweep = _sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
-                   block_rows=block_rows, want_sums=True)
-    return finish_factor(kernel, Z, prep, sweep, n_total / X.shape[0], want_grad)
+                   block_rows=block_rows, want_sums=True, want_sites=method == "ep", weights=weights)
+    n_rows = X.shape[0] if weights is None else array_namespace(Z).sum(weights)
+    return finish_factor(kernel, Z, prep, sweep, n_total / n_rows, want_grad)
 
 
-def factor_cavity(kernel, Z, factor, *, method, n_total, jitter):
+def factor_cavity(kernel, Z, factor, *, method, n_total, jitter, checked=True):
     """q = prior x factor, the cavity every row's update starts from, and log Z_q's global part."""
     if method not in CAVITY_KINDS:
         raise ValueError(f"unknown EP variant {method!r}")
-    L_K = prior_cholesky(kernel, Z, jitter)
-    L_K_inv = _triangular_inverse(L_K)
+    L_K = prior_cholesky(kernel, Z, jitter, checked=checked)
     S, c_tilde = factor.whitened(L_K)
-    q = posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
-    log_z = _log_normaliser_gain(q)
+    q = posterior_from_sums(L_K, S, c_tilde, checked=checked)
+    log_z = q.log_normaliser_gain
     if method == "sep":
         # SEP's log Z_q: g(q) - g(prior) + sum_i log Z_i + n (g(cavity) - g(q))
         keep = 1.0 - 1.0 / n_total
-        cavity = posterior_from_sums(L_K, keep * S, keep * c_tilde, L_K_inv=L_K_inv)
-        log_z = log_z + n_total * (_log_normaliser_gain(cavity) - _log_normaliser_gain(q))
+        cavity = posterior_from_sums(L_K, keep * S, keep * c_tilde, checked=checked)
+        log_z = log_z + n_total * (cavity.log_normaliser_gain - q.log_normaliser_gain)
     else:
         cavity = q
-    return {"q": q, "cavity": cavity, "log_z": log_z, "L_K_inv": L_K_inv}
+    return {"q": q, "cavity": cavity, "log_z": log_z}
 
 
 def finish_factor(kernel, Z, prep, sweep, scale, want_grad):
     """The factor pass's results from the (reduced) sweep; ``scale`` = n_total / rows."""
-    sums, q, L_K_inv = sweep["sums"], prep["q"], prep["L_K_inv"]
+    q = prep["q"]
     out = {
         "log_z": prep["log_z"] + scale * sweep["terms"],
         "site_precision": sweep["site_precision"],
         "site_shift": sweep["site_shift"],
         "valid": sweep["valid"],
         "n_invalid": sweep["n_invalid"],
-        "new_sites": Factor.from_whitened(sums[0], sums[1], L_K_inv),
-        "old_sites": Factor.from_whitened(sums[2], sums[3], L_K_inv),
+        "site_delta": Factor(*sweep["sums"]),
         "posterior": q,
         "grads": None,
     }
@@ -570,16 +649,15 @@ def exact_factor(kernel, Z, X, site_precision, site_shift, *, jitter, block_rows
     """The product of all EP sites at the current hyper-parameters, as a u-space Factor (one pass).
     ``y`` is not needed (a binary site does not depend on the label's position); it is accepted so that
     the multiclass engine, whose sites do, has the same signature."""
-    L_K_inv = _triangular_inverse(prior_cholesky(kernel, Z, jitter))
-    S, c_tilde, _ = _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K_inv, block_rows, False)
-    return Factor.from_whitened(S, c_tilde, L_K_inv)
+    L_K = prior_cholesky(kernel, Z, jitter)
+    S, c_tilde, _ = _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows, False)
+    return Factor.unwhitened(S, c_tilde, L_K)
 
 
 def posterior_from_factor(kernel, Z, factor, *, jitter):
     L_K = prior_cholesky(kernel, Z, jitter)
-    L_K_inv = _triangular_inverse(L_K)
     S, c_tilde = factor.whitened(L_K)
-    return posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
+    return posterior_from_sums(L_K, S, c_tilde)
 
 
 def predict_latent(kernel, Z, post, X, block_rows=None):

@@ -63,7 +63,7 @@ def _site_on_g(tau, nu, s):
 def fitc_marginals(kernel, X, Z, post, tau, nu, At=None, Knm=None):
     """The marginals of f_i under q (module docstring), from the rows' total sites (tau, nu) on f_i."""
     xp = array_namespace(X)
-    g = ep.marginals(kernel, X, Z, post, At=At, Knm=Knm)
+    g = ep.marginals(kernel, X, Z, post, A=None if At is None else At.mT, Knm=Knm)
     w, r, one_plus = _site_on_g(tau, nu, g.s)
     mean = (g.e + g.s * nu) / one_plus
     var = (g.s + g.d / one_plus) / one_plus
@@ -86,7 +86,7 @@ def _fitc_adjoint(kernel, X, Z, post, fm):
     (added by the callers, as for EP). O(n m^2), no n x n matrix."""
     b = fm.shift - fm.precision * fm.g.e
     diag_G = 0.5 * (b * b - fm.precision + fm.precision * fm.precision * fm.g.d)
-    return ep.data_adjoint(kernel, X, Z, post, fm.g, b, -2.0 * diag_G, -fm.precision)
+    return ep.data_adjoint(kernel, X, Z, post, fm.g, b, -2.0 * diag_G, -fm.precision)[:2]
 
 
 # -- the likelihoods: cavity on f, tilted moments, new site ----------------------------------------
@@ -195,13 +195,13 @@ def _block_pass(model, X, y, tau, nu, posts, projections, *, want_grad):
     for fm in fms:
         log_z_terms = log_z_terms + xp.sum(fm.log_normaliser)
     if not want_grad:
-        return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, None, {})
+        return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, None, None, {})
     adjoints = [_fitc_adjoint(k, X, Zc, post, fm) for (k, Zc), post, fm in zip(model.parts, posts, fms)]
     if not model.multiclass:
-        return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, adjoints[0][0], adjoints[0][1])
+        return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, None, adjoints[0][0], adjoints[0][1])
     grads = {f"{c}:{name}": value for c, (_, g) in enumerate(adjoints) for name, value in g.items() if name != "Z"}
     grads["Z"] = xp.stack([g["Z"] for _, g in adjoints])
-    return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, tuple(d for d, _ in adjoints), grads)
+    return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, None, tuple(d for d, _ in adjoints), grads)
 
 
 def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None):

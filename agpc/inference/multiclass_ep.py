@@ -161,8 +161,8 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
         tot_new = site_totals(new_nu, new_mu, onehot)
         tot_old = site_totals(site_precision, site_shift, onehot)
         sums = tuple(
-            ep.site_sums(margs[c].At, tot_new[0][:, c], tot_new[1][:, c])
-            + ep.site_sums(margs[c].At, tot_old[0][:, c], tot_old[1][:, c])
+            ep.whitened_site_sums(margs[c].A, tot_new[0][:, c], tot_new[1][:, c])
+            + ep.whitened_site_sums(margs[c].A, tot_old[0][:, c], tot_old[1][:, c])
             for c in range(C)
         )
     out_valid = valid | onehot
@@ -185,8 +185,8 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     coef_c = per_class(coef_k, coef_y)
     dKmm, grads, Z_grads = [], {}, []
     for c in range(C):
-        dKmm_c, g = ep.data_adjoint(kernels[c], X, Z[c, ...], posts[c], margs[c], alpha_c[:, c], kappa_c[:, c],
-                                    coef_c[:, c])
+        dKmm_c, g, _ = ep.data_adjoint(kernels[c], X, Z[c, ...], posts[c], margs[c], alpha_c[:, c], kappa_c[:, c],
+                                       coef_c[:, c])
         dKmm.append(dKmm_c)
         Z_grads.append(g.pop("Z"))
         grads.update({f"{c}:{name}": value for name, value in g.items()})
@@ -262,12 +262,14 @@ def _with_prior_grads(kernels, Z, posts, sweep, scale=1.0):
 
 
 def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None,
-             want_sites=True, damping=None):
+             want_sites=True, damping=None, checked=True):
     """Batch multiclass EP: one pass at fixed (kernels, Z, sites), q_c rebuilt exactly from all sites.
 
     Returns the same dict as ``ep.evaluate``: ``log_z`` (seed 001 eq. 9), ``site_precision`` /
     ``site_shift`` (n, 2C; damped by ``damping`` when given, with ``site_change``), ``valid`` (n, C),
-    ``n_invalid``, ``grads`` (eq. 10) and ``posterior`` (a tuple of per-class ``ep.Posterior``)."""
+    ``n_invalid``, ``grads`` (eq. 10) and ``posterior`` (a tuple of per-class ``ep.Posterior``).
+    ``checked`` is accepted for the training loop's sake; the multiclass passes always check their
+    factorisations (they escalate jitter on the host)."""
     C = n_classes(Z)
     L_K, L_K_inv = _priors(kernels, Z, jitter)
     S, c_tilde = _class_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows)
@@ -290,10 +292,13 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
 
 
 def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None, jitter,
-                    want_grad=True, block_rows=None):
+                    want_grad=True, block_rows=None, weights=None, checked=True):
     """One pass over rows X (all, or a minibatch) with q_c = prior_c x factor_c; the cavity as in
     ``ep.evaluate_factor``: "ep" removes each pair's own parts, "sep" removes factor_c^(1/n_total) from
-    every class (one tied factor per class, seed 001 sec. 2.3.1), "adf" removes nothing."""
+    every class (one tied factor per class, seed 001 sec. 2.3.1), "adf" removes nothing. ``checked``: as in
+    ``evaluate``; per-row ``weights`` are not supported by the multiclass pass yet."""
+    if weights is not None:
+        raise NotImplementedError("per-row weights are not supported by the multiclass EP pass")
     if method not in ep.CAVITY_KINDS:
         raise ValueError(f"unknown EP variant {method!r}")
     C = n_classes(Z)
@@ -319,14 +324,17 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
     sweep = _sweep(kernels, Z, X, y, site_precision, site_shift, tuple(cavities), want_grad=want_grad,
                    block_rows=block_rows, want_sums=True)
     sums = sweep["sums"]
+    new_sites = MultiFactor(tuple(ep.Factor.from_whitened(sums[c][0], sums[c][1], L_K_inv[c]) for c in range(C)))
+    old_sites = MultiFactor(tuple(ep.Factor.from_whitened(sums[c][2], sums[c][3], L_K_inv[c]) for c in range(C)))
     return {
         "log_z": log_z + scale * sweep["terms"],
         "site_precision": sweep["site_precision"],
         "site_shift": sweep["site_shift"],
         "valid": sweep["valid"],
         "n_invalid": sweep["n_invalid"],
-        "new_sites": MultiFactor(tuple(ep.Factor.from_whitened(sums[c][0], sums[c][1], L_K_inv[c]) for c in range(C))),
-        "old_sites": MultiFactor(tuple(ep.Factor.from_whitened(sums[c][2], sums[c][3], L_K_inv[c]) for c in range(C))),
+        "new_sites": new_sites,
+        "old_sites": old_sites,
+        "site_delta": new_sites.combine(1.0, old_sites, -1.0),
         "posterior": tuple(qs),
         "grads": _with_prior_grads(kernels, Z, tuple(qs), sweep, scale) if want_grad else None,
     }

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..backend import (CholeskyError, array_device, array_namespace, asarray_like, host_rng, is_out_of_core, read_rows,
-                       row_chunk_bounds, row_slice)
+from ..backend import (CholeskyError, array_device, array_namespace, asarray_like, cholesky_with_jitter, host_rng, is_out_of_core,
+                       read_rows, row_chunk_bounds, row_slice, to_numpy)
 from ..kernels import ClassKernels
 from ..optim import OPTIMIZERS, Rprop
 from . import ep, multiclass_ep
@@ -85,7 +87,23 @@ def _make_optimizer(optimizer, learning_rate, kernel, Z, names, minibatch):
 
 
 def _relative_change(new, old, xp):
-    return float(xp.max(xp.abs(new - old))) / (1.0 + float(xp.max(xp.abs(old))))
+    """max|new - old| / (1 + max|old|), left on the device (0-d)."""
+    return xp.max(xp.abs(new - old)) / (1.0 + xp.max(xp.abs(old)))
+
+
+def _jitter_needed(engine, kernel, Z, jitter):
+    """The jitter with which the prior covariance of the inducing points factorises: ``jitter`` itself
+    when it does, a larger value found by ``backend.cholesky``'s escalation otherwise (host-side checks:
+    run only on the guard's path). Raises CholeskyError when no jitter helps."""
+    kernels = kernel.kernels if isinstance(kernel, ClassKernels) else (kernel,)
+    Zs = [Z[c, ...] for c in range(Z.shape[0])] if isinstance(kernel, ClassKernels) else [Z]
+    needed = jitter
+    for k, Zc in zip(kernels, Zs):
+        xp = array_namespace(Zc)
+        Kmm = k.K(Zc) + jitter * xp.eye(Zc.shape[0], dtype=Zc.dtype, device=array_device(Zc))
+        _, added = cholesky_with_jitter(Kmm, what="Kmm (covariance of the inducing points)")
+        needed = max(needed, jitter + added)
+    return needed
 
 
 def _step(optimizer, names, kernel, Z, grads):
@@ -146,54 +164,53 @@ class Trainer:
 
     # -- one step --------------------------------------------------------------------------------
 
-    def step(self, X, y, lo, hi, *, stepping):
+    def step(self, X, y, lo, hi, *, stepping, weights=None):
         """Evaluate rows lo:hi of (X, y) (all of them for batch EP), update, maybe step.
+
+        ``weights`` (rows lo:hi): per-row weights of the rows' log Z_i, gradients and site changes (0 for
+        the padding of a minibatch). One device-to-host transfer a step: log Z_q with the count of failed
+        cavities (and, in batch mode, the site change) in one small vector; a failed Cholesky arrives there
+        as a NaN log Z_q, and only then is anything else examined (``_recover``).
 
         Returns (took_step, relative change of the sites or factor, log Z_q estimate)."""
         xp, state = self.xp, self.state
         kernel, Z = state["kernel"], state["Z"]
+        batch_ep = not self.minibatch and self.per_row_sites
         try:
-            if not self.minibatch and self.per_row_sites:
+            if batch_ep:
                 # the sweep damps the sites itself (seed 000 eq. 25), block by block
                 result = self.engine.evaluate(kernel, Z, X, y, state["nu"], state["mu"], jitter=self.jitter,
-                                              want_grad=stepping, block_rows=self.block_rows, damping=self.damping)
+                                              want_grad=stepping, block_rows=self.block_rows, damping=self.damping,
+                                              checked=False)
             else:
                 result = self.engine.evaluate_factor(
                     kernel, Z, row_slice(X, lo, hi), row_slice(y, lo, hi), state["factor"], method=self.method,
                     n_total=self.n_total,
                     site_precision=state["nu"][lo:hi] if self.per_row_sites else None,
                     site_shift=state["mu"][lo:hi] if self.per_row_sites else None,
-                    jitter=self.jitter, want_grad=stepping, block_rows=self.block_rows,
+                    jitter=self.jitter, want_grad=stepping, block_rows=self.block_rows, weights=weights,
+                    checked=False,
                 )
-            log_z = float(result["log_z"])
-        except CholeskyError:
-            log_z = float("nan")
+        except CholeskyError:  # engines that check their factorisations on the host (multiclass) raise instead
+            self._recover(X, y)
+            return False, float("inf"), float("nan")
+        rho = self.damping
+        new_factor = None
+        if not self.per_row_sites:  # SEP / ADF: the rows' share (rows / n) of the factor is replaced by their sites
+            share = (hi - lo if weights is None else xp.sum(weights)) / self.n_total
+            new_factor = state["factor"].combine(1.0 - rho * share, result["site_delta"], rho)
+        summary = self._host_summary(result, new_factor)
+        log_z, n_invalid = float(summary[0]), float(summary[1])
         if not math.isfinite(log_z):
-            self.failures += 1
-            if self.good is None or self.failures > 30:
-                raise FloatingPointError(
-                    "EP diverged: log Z_q is not finite and halving the damping and step sizes did not help "
-                    f"(after {self.failures} attempts); try a smaller damping or standardised inputs"
-                )
-            saved, opt_state, self.damping, undo = self.good
-            if undo is not None:  # minibatch EP updated the rows' sites in place: write the old ones back
-                lo_, hi_, old_nu, old_mu = undo
-                saved["nu"][lo_:hi_] = old_nu
-                saved["mu"][lo_:hi_] = old_mu
-            self.state = dict(saved)
-            if self.optimizer is not None:
-                self.optimizer.restore(opt_state)
-                self.optimizer.scale_steps(0.5)
-            self.damping *= 0.5
+            self._recover(X, y)
             return False, float("inf"), log_z
         self.failures = 0
         # (state, optimiser, damping, undo of an in-place site update): what a revert puts back
         self.good = [dict(state), self.optimizer.snapshot() if self.optimizer is not None else None, self.damping, None]
         self.n_steps += 1
-        rho = self.damping
         change = 0.0
-        if self.per_row_sites and not self.minibatch:  # the sites came back damped by rho
-            change = ep.relative_site_change(result["site_change"])
+        if batch_ep:  # the sites came back damped by rho
+            change = ep.relative_site_change(summary[2:6])
             state["nu"], state["mu"] = result["site_precision"], result["site_shift"]
         elif self.per_row_sites:  # minibatch EP: swap the rows' old sites for the damped new ones
             # In place: the site store is the one n-sized thing minibatch EP holds (2 floats a row);
@@ -206,21 +223,62 @@ class Trainer:
             # A row's old site is swapped out along its current projection, but the factor holds it along
             # the projection of its last visit: the residue grows as the hyper-parameters move, and shows
             # as cavities that are no longer proper. Many of them: rebuild the factor exactly (one pass).
-            if result["n_invalid"] > _REBUILD_INVALID_FRACTION * (hi - lo):
+            if n_invalid > _REBUILD_INVALID_FRACTION * (hi - lo):
                 self.needs_rebuild = True
-            delta = result["new_sites"].combine(1.0, result["old_sites"], -1.0)
-            state["factor"] = state["factor"].combine(1.0, delta, rho)
-        else:  # SEP / ADF: the rows' share (rows / n) of the factor is replaced by their new sites
-            share = (hi - lo) / self.n_total
-            old = state["factor"]
-            state["factor"] = old.combine(1.0 - rho * share, result["new_sites"], rho)
-            change = _relative_change(state["factor"].precision, old.precision, xp) + _relative_change(
-                state["factor"].shift, old.shift, xp
-            )
-        self._pending.append((log_z, result["n_invalid"]))
+            state["factor"] = state["factor"].combine(1.0, result["site_delta"], rho)
+        else:
+            if not self.minibatch:
+                change = float(summary[2]) + float(summary[3])
+            state["factor"] = new_factor
+        self._pending.append((log_z, n_invalid))
         if stepping:
             state["kernel"], state["Z"] = _step(self.optimizer, self.names, kernel, Z, result["grads"])
         return True, change, log_z
+
+    def _host_summary(self, result, new_factor):
+        """The step's scalars in one transfer: log Z_q, failed cavities, and what batch mode stops on."""
+        xp = self.xp
+        like = self.state["Z"]
+        parts = [result["log_z"], result["n_invalid"]]
+        if not self.minibatch and self.per_row_sites:
+            parts += [result["site_change"][k] for k in range(4)]
+        elif not self.minibatch:
+            old = self.state["factor"]
+            parts += [_relative_change(new_factor.precision, old.precision, xp),
+                      _relative_change(new_factor.shift, old.shift, xp)]
+        values = [xp.asarray(v, dtype=like.dtype, device=array_device(like)) for v in parts]
+        return to_numpy(xp.stack(values))
+
+    def _recover(self, X, y):
+        """The guard's path, after a step whose log Z_q was not finite: if the prior covariance of the
+        inducing points no longer factorises at the configured jitter, raise the jitter (once, with a
+        warning) and try again; otherwise put back the state before the last good step and halve the
+        damping and the step sizes."""
+        self.failures += 1
+        if self.good is None or self.failures > 30:
+            raise FloatingPointError(
+                "EP diverged: log Z_q is not finite and halving the damping and step sizes did not help "
+                f"(after {self.failures} attempts); try a smaller damping or standardised inputs"
+            )
+        needed = _jitter_needed(self.engine, self.state["kernel"], self.state["Z"], self.jitter)
+        if needed > self.jitter:
+            warnings.warn(
+                f"the inducing points' prior covariance is not positive definite with jitter {self.jitter:.1e}; "
+                f"continuing with jitter {needed:.1e} (inducing points too close together?)",
+                RuntimeWarning, stacklevel=3,
+            )
+            self.jitter = needed
+            return
+        saved, opt_state, self.damping, undo = self.good
+        if undo is not None:  # minibatch EP updated the rows' sites in place: write the old ones back
+            lo_, hi_, old_nu, old_mu = undo
+            saved["nu"][lo_:hi_] = old_nu
+            saved["mu"][lo_:hi_] = old_mu
+        self.state = dict(saved)
+        if self.optimizer is not None:
+            self.optimizer.restore(opt_state)
+            self.optimizer.scale_steps(0.5)
+        self.damping *= 0.5
 
     def record(self):
         """Close a history entry: the mean log Z_q estimate of the steps since the last one."""
@@ -293,13 +351,18 @@ def train(
     checkpoint_path=None,
     checkpoint_every=None,
     resume=False,
+    started=None,
 ):
     """Fit the likelihood approximation and the hyper-parameters; see the module docstring.
 
     ``damping`` defaults to 0.5 in batch mode and 0.99 in minibatch mode (seed 000 sec. A.4). With
     nothing to optimise, batch sweeps run until the largest relative change of the sites (or factor) is
-    below ``tol``. ``max_time`` (seconds) stops at the end of the step that crosses it. ``shuffle=False``
-    visits minibatches in storage order (a stream).
+    below ``tol``. ``max_time`` (seconds) bounds the whole call from ``started`` (a ``time.perf_counter()``
+    reading; default: the start of this call; ``GPClassifier.fit`` passes its own start, so that input
+    checks and the initialisation of the inducing points count): no step is started that the measured
+    length of a step, plus the final pass that rebuilds q from all sites (EP; measured from the exact
+    rebuilds of the site product or the steps), would carry past it. ``shuffle=False`` visits minibatches
+    in storage order (a stream).
 
     ``validation=(X_val, y_val)`` (labels in {-1, +1}) is scored every ``eval_every`` steps (default: every
     iteration in batch mode, every epoch in minibatch mode) into ``history`` ("validation_step",
@@ -367,20 +430,31 @@ def train(
     if resume:
         order, best = _restore(trainer, rng, checkpoint_path, fingerprint, validation is not None)
     converged = stopped_by_time = early_stopped = False
+    budget = _TimeBudget(max_time, time.perf_counter() if started is None else started,
+                         final_pass=trainer.per_row_sites or not minibatch, n_batches=len(batches))
+    if resume:  # the budget covers the interrupted run's training time too
+        budget.spent_before(time.perf_counter() - trainer.t0)
+    if max_time is not None and minibatch and trainer.per_row_sites:
+        budget.measure_rebuild(trainer, X, y)
     while trainer.n_steps < total_steps:
+        rebuild_due = (not order and minibatch and trainer.per_row_sites and trainer.n_steps > 0) or (
+            bool(order) and trainer.needs_rebuild)
+        if budget.exhausted(rebuild_due):
+            stopped_by_time = True
+            break
         if not order:
             order = _epoch_order(rng, chunk_batches, shuffle) if minibatch else [0]
             if bar is None or minibatch:
                 if bar is not None:
                     bar.close()
                 bar = new_bar()
-            if minibatch and trainer.per_row_sites and trainer.n_steps > 0:
+        if rebuild_due:
+            with budget.timing("rebuild"):
                 trainer.rebuild_factor(X, y)
-        elif trainer.needs_rebuild:
-            trainer.rebuild_factor(X, y)
         lo, hi = batches[order[0]]
         stepping = has_params and (minibatch or trainer.n_steps >= n_warmup)
-        took, change, log_z = trainer.step(X, y, lo, hi, stepping=stepping)
+        with budget.timing("step"):
+            took, change, log_z = trainer.step(X, y, lo, hi, stepping=stepping)
         if not took:
             continue
         order.pop(0)
@@ -416,9 +490,6 @@ def train(
         if not has_params and not minibatch and change < tol:
             converged = True
             break
-        if max_time is not None and time.perf_counter() - trainer.t0 >= max_time:
-            stopped_by_time = True
-            break
     if bar is not None:
         bar.close()
     trainer.record()
@@ -442,6 +513,54 @@ def train(
         stopped_by_time=stopped_by_time,
         early_stopped=early_stopped,
     )
+
+
+class _TimeBudget:
+    """``max_time`` for the whole fit: measures how long a step and an exact rebuild of the site product
+    take, and says when the next step (with a rebuild when one is due) plus the final pass would no longer
+    fit. The final pass rebuilds q from all rows (EP, and SEP / ADF in batch mode): it costs about one
+    rebuild of the site product plus a sweep without gradient, estimated as twice a measured rebuild
+    (minibatch EP: before the first one, a rebuild of the first rows, scaled), or as one batch step."""
+
+    def __init__(self, max_time, started, *, final_pass, n_batches):
+        self.deadline = None if max_time is None else started + float(max_time)
+        self.final_pass = final_pass
+        self.n_batches = n_batches
+        self.seconds = {"step": None, "rebuild": None}
+
+    def measure_rebuild(self, trainer, X, y, rows=8192):
+        """Minibatch EP before its first exact rebuild: time one on the first ``rows`` rows and scale it to
+        all of them (the final pass is twice that)."""
+        n = X.shape[0]
+        rows = min(n, rows)
+        s = trainer.state
+        t = time.perf_counter()
+        trainer.engine.exact_factor(s["kernel"], s["Z"], row_slice(X, 0, rows), s["nu"][:rows], s["mu"][:rows],
+                                    jitter=trainer.jitter, block_rows=trainer.block_rows, y=row_slice(y, 0, rows))
+        self.seconds["rebuild"] = (time.perf_counter() - t) * n / rows
+
+    def spent_before(self, seconds):
+        if self.deadline is not None:
+            self.deadline -= seconds
+
+    @contextmanager
+    def timing(self, what):
+        t = time.perf_counter()
+        yield
+        self.seconds[what] = time.perf_counter() - t
+
+    def exhausted(self, rebuild_due):
+        if self.deadline is None:
+            return False
+        step, rebuild = self.seconds["step"], self.seconds["rebuild"]
+        upcoming = (step or 0.0) + ((rebuild or 0.0) if rebuild_due else 0.0)
+        final = 0.0
+        if self.final_pass:
+            if rebuild is not None:
+                final = 2.0 * rebuild
+            elif step is not None and self.n_batches == 1:
+                final = step
+        return time.perf_counter() + upcoming + final > self.deadline
 
 
 def minibatch_layout(X, batch_size, out_of_core):

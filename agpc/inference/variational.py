@@ -226,7 +226,7 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
     nu = 2.0 * w
     L_K = ep.prior_cholesky(kernel, Z, jitter)
     L_K_inv = _inverse_lower(L_K)
-    S, c_tilde, _ = ep._whitened_sums(kernel, Z, X, nu, shift, L_K_inv, block_rows, False)
+    S, c_tilde, _ = ep._whitened_sums(kernel, Z, X, nu, shift, L_K, block_rows, False)
     post = ep.posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
     beta = post.beta
     B_inv_w = post.L_C_inv @ L_K_inv  # B^-1 = B_inv_w^T B_inv_w

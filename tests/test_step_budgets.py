@@ -1,0 +1,224 @@
+"""What one training step costs: array operations, O(m^3) operations and host synchronisations.
+
+One step of each method runs on ``array_counting.CountingNamespace`` over array_api_strict's non-default
+device (a stand-in for a GPU: an array that strays to the host device fails there), and its counts are
+held to the budgets below. A count above its budget fails with the call sites to look at.
+
+The problem is small and fixed: m = 24 inducing points, minibatches and EP row blocks of 30 rows, d = 3,
+n = 90. The row size differs from m so that (30 x m) @ (m x m) products count as ``rows_m2``, not as
+O(m^3). Every step is counted after one warm-up step (the optimisers create their state on the first).
+
+Run this file as a script (``PYTHONPATH=. python tests/test_step_budgets.py``) to print each step's
+counts with its top operations and call sites.
+"""
+
+import contextlib
+
+import array_api_strict
+import numpy as np
+import pytest
+from array_counting import CountingNamespace, check_budget
+
+from agpc import optim
+from agpc.backend import to_numpy
+from agpc.inference import ep, training, variational
+from agpc.kernels import RBF
+
+# ---------------------------------------------------------------------------------------------------
+# THE BUDGETS: the most of each kind that one step may cost (lowered as the algebra got leaner; never raised to
+# make a test pass). When the counting test was written (before the lean EP algebra) a SEP step cost 479
+# operations, 18 O(m^3) operations and 18 host synchronisations (6 of them from xp.clip), batch EP 14 O(m^3)
+# and 16 synchronisations per pass.
+#   op              array operations, with agpc.backend's standard-only log Phi (``GENERIC_FALLBACKS``)
+#                   counted as the one operation it is on NumPy and CuPy
+#   m3              O(m^3) operations: factorisations, inverses (solves with >= m right-hand sides),
+#                   products whose three dimensions are >= m
+#   rows_m2         O(rows m^2) products and solves: (30 x m) @ (m x m) and the like
+#   host            device-to-host conversions (float, bool, int, .item(), __array__, ...)
+#   data_dependent  data-dependent shapes: boolean masks (xp.clip on CuPy makes two), nonzero, unique_*
+#   syncs           host + data_dependent: what stalls a GPU
+#   upload          arrays made from host data during the step
+# Rows: one minibatch step (Trainer.step) of SEP / EP / ADF; one SVI step of train_svi; "batch_ep" one
+# ep.evaluate pass with its gradient over three row blocks and the one float(log Z_q) the loop reads;
+# "batch_ep_step" one batch EP iteration of the training loop (Trainer.step: that pass, the site-change
+# test, the Rprop step). The counts do not depend on m or the batch size, only on the number of row blocks.
+STEP_BUDGETS = {
+    "sep":           {"op": 377, "m3": 10, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "ep":            {"op": 406, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "adf":           {"op": 352, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "svi":           {"op": 414, "m3": 16, "rows_m2": 4, "host": 5, "data_dependent": 0, "syncs": 5, "upload": 1},
+    "batch_ep":      {"op": 769, "m3": 9, "rows_m2": 15, "host": 5, "data_dependent": 0, "syncs": 5, "upload": 0},
+    "batch_ep_step": {"op": 821, "m3": 9, "rows_m2": 15, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+}
+# ---------------------------------------------------------------------------------------------------
+
+GENERIC_FALLBACKS = ("_log_ndtr_generic",)  # agpc.backend's standard-only special functions
+N_INDUCING, ROWS, N_FEATURES, N_ROWS = 24, 30, 3, 90
+JITTER = 1e-6
+DEVICE = array_api_strict.Device("device1")
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(N_ROWS, N_FEATURES))
+    y = np.sign(X @ np.array([1.0, -0.5, 0.3]) + 0.3 * rng.normal(size=N_ROWS))
+    return X, y
+
+
+def _problem(xp):
+    """(X, y, kernel, Z) in namespace ``xp`` on the stand-in device."""
+    X_host, y_host = _data()
+    X = xp.asarray(X_host, device=DEVICE)
+    y = xp.asarray(y_host, device=DEVICE)
+    kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=0.01).for_inputs(X)
+    return X, y, kernel, X[:N_INDUCING, ...]
+
+
+def _counting_namespace():
+    return CountingNamespace(array_api_strict, m=N_INDUCING, rows=(ROWS,))
+
+
+def _window(xp):
+    """Count on a counting namespace; on any other, do nothing."""
+    return xp.counting() if isinstance(xp, CountingNamespace) else contextlib.nullcontext()
+
+
+def minibatch_step(xp, method):
+    """One minibatch step of SEP / EP / ADF (``Trainer.step`` with a hyper-parameter step), after one
+    warm-up step. Returns (tally or None, log Z_q estimate, inducing points after the step)."""
+    X, y, kernel, Z = _problem(xp)
+    trainer = training.Trainer(kernel, Z, method=method, n_total=N_ROWS, minibatch=True, jitter=JITTER)
+    trainer.step(X, y, 0, ROWS, stepping=True)
+    with _window(xp) as tally:
+        _, _, log_z = trainer.step(X, y, ROWS, 2 * ROWS, stepping=True)
+    return tally, log_z, trainer.state["Z"]
+
+
+def batch_ep_iteration(xp):
+    """One batch EP pass with its gradient (``ep.evaluate``) over three row blocks, damped as training
+    damps it, from the sites of one earlier pass, and the one log Z_q the loop reads from it."""
+    X, y, kernel, Z = _problem(xp)
+    sites = ep.evaluate(kernel, Z, X, y, ep.zero_sites(N_ROWS, Z), ep.zero_sites(N_ROWS, Z), jitter=JITTER,
+                        block_rows=ROWS, damping=0.5)
+    with _window(xp) as tally:
+        result = ep.evaluate(kernel, Z, X, y, sites["site_precision"], sites["site_shift"], jitter=JITTER,
+                             want_grad=True, block_rows=ROWS, damping=0.5)
+        log_z = float(result["log_z"])
+    return tally, log_z, result["grads"]["Z"]
+
+
+def batch_ep_step(xp):
+    """One batch EP iteration of the training loop (``Trainer.step`` in batch mode, row blocks of 30,
+    Rprop), after one warm-up iteration: ``ep.evaluate`` plus the loop's own reads and the step."""
+    X, y, kernel, Z = _problem(xp)
+    trainer = training.Trainer(kernel, Z, method="ep", n_total=N_ROWS, minibatch=False, jitter=JITTER,
+                               block_rows=ROWS)
+    trainer.step(X, y, 0, N_ROWS, stepping=True)
+    with _window(xp) as tally:
+        _, _, log_z = trainer.step(X, y, 0, N_ROWS, stepping=True)
+    return tally, log_z, trainer.state["Z"]
+
+
+def svi_step(xp, monkeypatch):
+    """One SVI step of ``train_svi`` (minibatches of 30, Adam): counted from the end of the first Adam
+    step to the end of the second, one whole turn of the loop. Returns (tally or None, final log Z, Z)."""
+    X, y, kernel, Z = _problem(xp)
+    original = optim.Adam.step
+    tallies = []
+
+    def step_and_mark(self, params, grads):
+        out = original(self, params, grads)
+        tallies.append(xp.stop())
+        if len(tallies) == 1:
+            xp.start()
+        return out
+
+    if isinstance(xp, CountingNamespace):
+        monkeypatch.setattr(optim.Adam, "step", step_and_mark)
+    fit = variational.train_svi(X, y, kernel, Z, batch_size=ROWS, max_iter=1, random_state=0, jitter=JITTER)
+    return (tallies[1] if tallies else None), fit["log_z"], fit["Z"]
+
+
+def _budget_counts(tally):
+    return tally.folded(GENERIC_FALLBACKS).counts()
+
+
+def _check(tally, method):
+    check_budget(tally.folded(GENERIC_FALLBACKS), STEP_BUDGETS[method], label=f"one {method} step")
+
+
+def _assert_same_as_plain_strict(counted, plain):
+    """The counting namespace changes nothing: bit for bit the numbers of plain array_api_strict."""
+    _, log_z, Z = counted
+    _, log_z_plain, Z_plain = plain
+    assert log_z == log_z_plain and np.isfinite(log_z)
+    np.testing.assert_array_equal(to_numpy(Z), to_numpy(Z_plain))
+
+
+@pytest.mark.parametrize("method", ["sep", "ep", "adf"])
+def test_minibatch_step_is_within_budget(method):
+    counted = minibatch_step(_counting_namespace(), method)
+    _assert_same_as_plain_strict(counted, minibatch_step(array_api_strict, method))
+    _check(counted[0], method)
+
+
+def test_svi_step_is_within_budget(monkeypatch):
+    counted = svi_step(_counting_namespace(), monkeypatch)
+    _assert_same_as_plain_strict(counted, svi_step(array_api_strict, monkeypatch))
+    _check(counted[0], "svi")
+
+
+def test_batch_ep_iteration_is_within_budget():
+    counted = batch_ep_iteration(_counting_namespace())
+    _assert_same_as_plain_strict(counted, batch_ep_iteration(array_api_strict))
+    _check(counted[0], "batch_ep")
+
+
+def test_batch_ep_training_step_is_within_budget():
+    counted = batch_ep_step(_counting_namespace())
+    _assert_same_as_plain_strict(counted, batch_ep_step(array_api_strict))
+    _check(counted[0], "batch_ep_step")
+
+
+def test_one_extra_float_in_a_step_breaks_the_host_budget(monkeypatch):
+    """The counting cannot silently stop working: one more float() of a device scalar inside agpc's step
+    (here in the kernel's Kdiag) is counted where it happens, and a budget at the step's own count fails."""
+    xp = _counting_namespace()
+    tally, _, _ = minibatch_step(xp, "sep")
+    original, counted_calls = RBF.Kdiag, []
+
+    def kdiag_with_a_float(self, X):
+        float(self.amplitude)  # the extra host round trip
+        if xp.tally is not None:
+            counted_calls.append(1)
+        return original(self, X)
+
+    monkeypatch.setattr(RBF, "Kdiag", kdiag_with_a_float)
+    patched, _, _ = minibatch_step(xp, "sep")
+    assert len(counted_calls) >= 1
+    assert patched.count("host") == tally.count("host") + len(counted_calls)
+    assert patched.by_site("host")[_site_of(kdiag_with_a_float, "float(self.amplitude)")] == len(counted_calls)
+    check_budget(tally, {"host": tally.count("host")})
+    with pytest.raises(AssertionError, match=r"host \d+ > \d+"):
+        check_budget(patched, {"host": tally.count("host")}, label="one sep step")
+
+
+def _site_of(function, text):
+    """"tests/test_step_budgets.py:LINE name" of the line of ``function`` that contains ``text``."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(function)
+    offset = next(i for i, line in enumerate(lines) if text in line)
+    return f"tests/test_step_budgets.py:{first + offset} {function.__name__}"
+
+
+if __name__ == "__main__":
+    monkeypatch = pytest.MonkeyPatch()
+    runs = {method: minibatch_step(_counting_namespace(), method)[0] for method in ("sep", "ep", "adf")}
+    runs["svi"] = svi_step(_counting_namespace(), monkeypatch)[0]
+    runs["batch_ep"] = batch_ep_iteration(_counting_namespace())[0]
+    runs["batch_ep_step"] = batch_ep_step(_counting_namespace())[0]
+    monkeypatch.undo()
+    for method, tally in runs.items():
+        print(f"== {method}: {_budget_counts(tally)}")
+        print(tally.folded(GENERIC_FALLBACKS).report(top=10))
