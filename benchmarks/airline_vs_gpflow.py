@@ -248,7 +248,9 @@ def run_agpc(method, budget, data, Z, threads=None):
         row.update(setup_seconds=clock.first_start - t0, train_seconds=train, ms_per_step=1e3 * train / clock.steps,
                    final_seconds=t_end - clock.last_end)
     else:
-        row["note"] = f"no step counted: none of {[h[2] for h in STEP_HOOKS]} was called (hooked: {clock.hooked})"
+        # max_time bounds the whole fit: a budget that cannot hold one step and the final pass takes none
+        row["note"] = (f"no step counted through {clock.hooked}: the fit took none within max_time, or the "
+                       f"library's per-step function changed (STEP_HOOKS)")
     return row
 
 
