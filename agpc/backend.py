@@ -360,6 +360,12 @@ def gauss_hermite(n, xp, *, dtype=None, device=None):
     if n < 1:
         raise ValueError(f"Gauss-Hermite needs at least one node, got {n}")
     dtype = xp.float64 if dtype is None else dtype
+    # Computed once per (n, namespace, dtype, device): a training step asks for the same nodes every time, and
+    # building them is an upload and an eigendecomposition.
+    key = (n, getattr(xp, "__name__", id(xp)), str(dtype), str(device))
+    cached = _GAUSS_HERMITE_CACHE.get(key)
+    if cached is not None and cached[0] is xp:
+        return cached[1]
     offdiag = [math.sqrt(k / 2.0) for k in range(1, n)]
     rows = [[0.0] * n for _ in range(n)]
     for k, value in enumerate(offdiag):
@@ -368,4 +374,8 @@ def gauss_hermite(n, xp, *, dtype=None, device=None):
     jacobi = xp.asarray(rows, dtype=dtype, device=device)
     nodes, vectors = xp.linalg.eigh(jacobi)
     weights = math.sqrt(math.pi) * vectors[0, :] ** 2
+    _GAUSS_HERMITE_CACHE[key] = (xp, (nodes, weights))
     return nodes, weights
+
+
+_GAUSS_HERMITE_CACHE = {}

@@ -13,14 +13,16 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
 from . import backend as B
+from . import threads
 from .inducing import initial_inducing_points
-from .inference import ep, gfitc, multiclass_ep, multiclass_vi, training, variational
+from .inference import ep, multiclass_ep, multiclass_vi, training
 from .kernels import RBF, ClassKernels, Stationary
 
 __all__ = ["GPClassifier"]
 
-_METHODS = training.METHODS + variational.VI_METHODS + ("gfitc",)
+_METHODS = training.ALL_METHODS
 _QUADRATIC_METHODS = ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
+_BATCH_ONLY_METHODS = _QUADRATIC_METHODS + ("gfitc",)  # every step needs all the rows
 _MULTICLASS_METHODS = training.METHODS + ("svi", "gfitc")
 _GFITC_BATCH_ONLY = (
     "method='gfitc' is batch-only, so {what} is not supported: GFITC runs EP over all n sites to convergence "
@@ -61,7 +63,8 @@ def _is_foreign_array(X):
 
 
 class GPClassifier(ClassifierMixin, BaseEstimator):
-    """Gaussian process classifier with inducing points, trained by expectation propagation (EP, SEP, ADF).
+    """Gaussian process classifier with inducing points: EP, SEP, ADF, GFITC, SVI, vi-JJ and vi-Taylor, all
+    trained by one loop (validation, early stopping, checkpoints and resume for every method).
 
     Binary classification with a probit likelihood and an inducing-point (FITC-style) prior whose
     inducing values are not marginalised (Hernandez-Lobato & Hernandez-Lobato, AISTATS 2016). Training
@@ -101,12 +104,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     learning_rate : float or None
         For "adadelta" (default 1.0) and "adam" (default 0.01).
     max_time : float or None
-        Seconds for the whole ``fit`` (EP / SEP / ADF): input checks, the initialisation of the inducing
+        Seconds for the whole ``fit``: input checks, the initialisation of the inducing
         points (k-means, ``init_time_``), the steps and the final pass that rebuilds q from all sites.
         No step is started that its measured length plus the final pass (measured: one exact rebuild of
         the site product, about two passes over the rows for EP) would carry past it; the model is
-        usable. For the other methods the budget is checked after each step or iteration of their own
-        loop and the initialisation is outside it.
+        usable. The same for every method (one training loop).
     shuffle : bool, default=True
         Visit minibatches in a new random order each epoch (and reorder in-memory rows once).
     eval_every : int or None
@@ -138,8 +140,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         one, else a ``LocalCluster`` with one single-threaded worker process per core, started and closed
         by ``fit``.
     checkpoint_path, checkpoint_every : path and int, or None
-        EP / SEP / ADF: every ``checkpoint_every`` steps, write the whole training state (hyper-parameters,
-        inducing points, sites or factor, optimiser state, step, RNG state, history) to ``checkpoint_path``,
+        Every method: every ``checkpoint_every`` steps, write the whole training state (hyper-parameters,
+        inducing points, sites, factor or q(u), optimiser state, step, RNG state, history) to ``checkpoint_path``,
         atomically. ``fit(X, y, resume=True)`` continues from it and ends at the same model as an
         uninterrupted run. Early stopping's best state is not kept across a resume. On a dask array, batch
         EP's sites are written by the workers into ``<checkpoint_path>.sites/`` (a directory they must share
@@ -150,6 +152,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         cost of reading and writing 16 bytes a row each pass; a lost worker's chunks restart from the last
         pass's files. The driver and every worker must reach the directory (across hosts: a shared file
         system). A subdirectory is made for the fit and removed at its end.
+    blas_threads : int or None, default=None
+        Threads of the BLAS library (OpenBLAS, MKL, ...) during ``fit``, ``partial_fit`` and prediction.
+        ``None``: chosen for the work at hand (``agpc.threads``): one thread for minibatch steps, whose
+        small m x m operations a multi-threaded BLAS slows down (46 ms a step with two threads against
+        9.9 ms with one, m = 200 on 2 cores), the free cores for batch passes over large row blocks; and a
+        limit the caller already set (an environment variable such as ``OPENBLAS_NUM_THREADS``, or an
+        enclosing ``threadpoolctl.threadpool_limits``) is left alone. An integer: that many threads for
+        everything. Either way no environment variable is set and the caller's setting is restored
+        afterwards. On a dask array, the workers' tasks follow the same rule within each worker's budget.
 
     Attributes
     ----------
@@ -157,7 +168,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     kernel_ : Stationary, the learned kernel
     inducing_points_ : array (m, d), the learned inducing points
     log_marginal_likelihood_ : float, log Z_q at the end of training
-    history_ : dict of lists, per iteration: "log_marginal_likelihood", "time", "n_invalid_sites", "damping"
+    history_ : dict of lists, per iteration (batch) or epoch (minibatch), the same keys for every method:
+        "log_marginal_likelihood", "time", "n_invalid_sites", "damping" (NaN where the method has none),
+        "n_steps"; with validation data "validation_step", "validation_nll", "validation_error"
     n_iter_ : int
     n_features_in_ : int
     fit_time_ : float, seconds of the whole ``fit`` (what ``max_time`` bounds)
@@ -192,6 +205,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         checkpoint_path=None,
         checkpoint_every=None,
         site_directory=None,
+        blas_threads=None,
     ):
         self.method = method
         self.n_inducing = n_inducing
@@ -218,6 +232,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.checkpoint_path = checkpoint_path
         self.checkpoint_every = checkpoint_every
         self.site_directory = site_directory
+        self.blas_threads = blas_threads
 
     # -- validation ------------------------------------------------------------------------------
 
@@ -252,6 +267,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"method={self.method!r} is built on the logistic likelihood; use likelihood='logistic' or None")
         if self.method in training.METHODS + ("gfitc",) and self.likelihood == "logistic":
             raise ValueError(f"method={self.method!r} uses the probit likelihood (closed-form EP updates)")
+        threads.check_blas_threads(self.blas_threads)
         if not isinstance(self.n_quadrature, numbers.Integral) or self.n_quadrature < 1:
             raise ValueError(f"n_quadrature must be a positive integer, got {self.n_quadrature!r}")
         if self.kernel is not None and not isinstance(self.kernel, Stationary):
@@ -438,6 +454,26 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.history_ = history
         self.n_iter_ = n_iter
 
+    def _blas_scope(self, X):
+        """The BLAS thread scope (``agpc.threads.blas_threads``) for a fit on ``X``, shaped by the work of its
+        main phase: minibatch steps, or batch passes over all rows."""
+        threads.check_blas_threads(self.blas_threads)
+        shape = getattr(X, "shape", None)
+        if shape is None:  # lists and array-likes (the scope only needs the shape; X is validated inside)
+            try:
+                shape = np.asarray(X).shape
+            except (TypeError, ValueError):
+                shape = ()
+        n = int(shape[0]) if len(shape) else 1
+        d = int(shape[1]) if len(shape) > 1 else 1
+        m = len(self.inducing) if not isinstance(self.inducing, str) else self.n_inducing
+        if not isinstance(m, numbers.Integral) or m < 1:
+            m = 1  # a bad n_inducing is refused inside the scope, by _check_params
+        batch_size = self._batch_size_for(n) if self.method != "gfitc" else None
+        valid = isinstance(batch_size, numbers.Integral) and batch_size >= 1  # (else refused inside the scope)
+        rows = min(n, int(batch_size)) if valid else n
+        return threads.blas_threads(rows, m, n_features=d, threads=self.blas_threads)
+
     def fit(self, X, y, validation_data=None, resume=False):
         """Fit the classifier.
 
@@ -458,6 +494,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self
         """
         started = time.perf_counter()  # max_time covers the whole fit, from here
+        with self._blas_scope(X):
+            return self._fit(X, y, validation_data, resume, started)
+
+    def _fit(self, X, y, validation_data, resume, started):
         groups, _ = self._check_params()
         if (self.checkpoint_every is not None or resume) and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path")
@@ -467,18 +507,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"checkpoint_every must be a positive integer, got {self.checkpoint_every!r}")
         if B.is_dask_array(X) and self.method == "gfitc":
             raise ValueError(_GFITC_BATCH_ONLY.format(what="fit on a dask array"))
-        if self.method not in training.METHODS and (self.checkpoint_path is not None or resume):
-            raise ValueError(f"checkpoints are written by the EP methods (ep, sep, adf), not by method={self.method!r}")
         if B.is_dask_array(X):
             if validation_data is not None:
                 raise ValueError("validation_data is not supported for fit on a dask array (yet): score a held-out "
                                  "part with predict_proba after fit")
             return self._fit_dask(X, y, groups, resume)
-        if self.method not in training.METHODS and (validation_data is not None or self.n_iter_no_change is not None):
-            raise ValueError(
-                f"validation_data and n_iter_no_change are supported by the EP methods (ep, sep, adf), "
-                f"not by method={self.method!r}"
-            )
         self.__dict__.pop("_trainer", None)
         Xc, y_pm, classes, sample, xp, device = self._inputs(X, y, reset=True)
         n = Xc.shape[0]
@@ -501,50 +534,32 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 B.asarray_like(X_val, xp, device=device, dtype=xp.float64),
                 B.asarray_like(_encode_labels(y_val, classes), xp, device=device, dtype=xp.float64),
             )
-        batch_size = self._batch_size_for(n)
         t0 = started
-        if self.method == "gfitc":  # batch always ("auto" included): EP to convergence between steps
-            self.likelihood_ = "probit"
-            result = gfitc.train_gfitc(
-                Xc, y_pm, kernel, Z, jitter=float(self.jitter), max_iter=int(self.max_iter),
-                damping=0.5 if self.damping is None else float(self.damping), optimize=groups,
-                tol_ep=float(self.tol), max_time=self.max_time,
-            )
-            return self._fitted_from(result, classes, t0)
-        if self.method not in training.METHODS:
-            return self._fit_variational(Xc, y_pm, kernel, Z, classes, groups, batch_size, rng, t0)
-        self.likelihood_ = "probit"
-        result = training.train(
-            Xc,
-            y_pm,
-            kernel,
-            Z,
-            method=self.method,
-            batch_size=batch_size,
-            jitter=float(self.jitter),
-            max_iter=int(self.max_iter),
-            damping=None if self.damping is None else float(self.damping),
-            optimize=groups,
-            optimizer=self.optimizer,
-            learning_rate=self.learning_rate,
-            tol=float(self.tol),
-            max_time=self.max_time,
-            random_state=rng,
-            shuffle=bool(self.shuffle),
-            validation=validation,
-            eval_every=self.eval_every,
-            n_iter_no_change=self.n_iter_no_change,
-            progress=bool(self.verbose),
-            checkpoint_path=self.checkpoint_path,
-            checkpoint_every=self.checkpoint_every,
-            resume=bool(resume),
-            started=started,
-        )
+        result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
+                             validation=validation, started=started)
         return self._fitted_from(result, classes, t0)
+
+    def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
+               started=None):
+        """The one training loop (``training.train``) with this estimator's settings for its method."""
+        if self.method == "svi":
+            self.likelihood_ = "robust-max" if len(classes) > 2 else (self.likelihood or "probit")
+        else:
+            self.likelihood_ = "logistic" if self.method in _QUADRATIC_METHODS else "probit"
+        return training.train(
+            X, y, kernel, Z, method=self.method, batch_size=batch_size, jitter=float(self.jitter),
+            max_iter=int(self.max_iter), damping=None if self.damping is None else float(self.damping),
+            optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate, tol=float(self.tol),
+            max_time=self.max_time, random_state=rng, shuffle=bool(self.shuffle), validation=validation,
+            eval_every=self.eval_every, n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose),
+            engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
+            resume=bool(resume), likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
+            n_quadrature=int(self.n_quadrature), started=started,
+        )
 
     def _batch_size_for(self, n):
         if self.batch_size == "auto":
-            return None if n <= _FULL_BATCH_MAX_ROWS else 200
+            return None if n <= _FULL_BATCH_MAX_ROWS or self.method in _BATCH_ONLY_METHODS else 200
         return self.batch_size
 
     def _fitted_from(self, result, classes, t0):
@@ -554,29 +569,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter)
         self.stopped_by_time_ = result.stopped_by_time
         self.early_stopped_ = result.early_stopped
-        return self
-
-    def _fit_variational(self, Xc, y_pm, kernel, Z, classes, groups, batch_size, rng, t0):
-        if self.method == "svi":
-            self.likelihood_ = "robust-max" if len(classes) > 2 else (self.likelihood or "probit")
-            result = variational.train_svi(
-                Xc, y_pm, kernel, Z, likelihood=self.likelihood_, n_quadrature=int(self.n_quadrature),
-                batch_size=batch_size, max_iter=int(self.max_iter), optimize=groups, optimizer=self.optimizer,
-                learning_rate=self.learning_rate, jitter=float(self.jitter), max_time=self.max_time,
-                random_state=rng,
-            )
-        else:
-            self.likelihood_ = "logistic"
-            result = variational.train_quadratic(
-                Xc, y_pm, kernel, Z, method=self.method, optimize=groups, max_iter=int(self.max_iter),
-                jitter=float(self.jitter), max_time=self.max_time,
-            )
-        self.fit_time_ = time.perf_counter() - t0
-        self.classes_ = classes
-        self._set_fitted(result["kernel"], result["Z"], result["posterior"], result["log_z"], result["history"],
-                         result["n_iter"])
-        self.stopped_by_time_ = result["stopped_by_time"]
-        self.early_stopped_ = False
         return self
 
     def _fit_dask(self, X, y, groups, resume):
@@ -637,17 +629,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             else:
                 engine = DaskEngine(client, X.chunks[0], site_directory=self.site_directory)
             t0 = time.perf_counter()
-            if self.method == "svi":  # a step per minibatch on the driver, chunks visited as for SEP
-                return self._fit_variational(X, y_pm, kernel, Z, classes, groups, batch_size, rng, t0)
-            self.likelihood_ = "probit"
-            result = training.train(
-                X, y_pm, kernel, Z, method=self.method, batch_size=batch_size, jitter=float(self.jitter),
-                max_iter=int(self.max_iter), damping=None if self.damping is None else float(self.damping),
-                optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate, tol=float(self.tol),
-                max_time=self.max_time, random_state=rng, shuffle=bool(self.shuffle), progress=bool(self.verbose),
-                engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
-                resume=bool(resume),
-            )
+            # SVI: a step per minibatch on the driver, chunks visited as for SEP
+            result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, engine=engine)
         finally:
             if engine is not None:
                 engine.close()
@@ -679,6 +662,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         this batch), the kernel and the inducing points (from this batch). ``n_total`` is the number of
         rows the model stands for (SEP's cavity q / f^(1/n)); by default the rows seen so far.
         """
+        with self._blas_scope(X):
+            return self._partial_fit(X, y, classes, n_total)
+
+    def _partial_fit(self, X, y, classes, n_total):
         groups, _ = self._check_params()
         first = not hasattr(self, "_trainer")
         Xc, y_pm, classes, sample, xp, device = self._inputs(
@@ -743,9 +730,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return len(self.classes_) > 2
 
     def _latent(self, Xc):
-        if self._multiclass:
-            return multiclass_ep.predict_latent(self.kernel_, self.inducing_points_, self.posterior_, Xc)
-        return ep.predict_latent(self.kernel_, self.inducing_points_, self.posterior_, Xc)
+        Z = self.inducing_points_
+        with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=self.blas_threads):
+            if self._multiclass:
+                return multiclass_ep.predict_latent(self.kernel_, Z, self.posterior_, Xc)
+            return ep.predict_latent(self.kernel_, Z, self.posterior_, Xc)
 
     def predict_latent(self, X):
         """Mean and variance of the latent f at X (seed 000 eq. 36): each of shape (n_samples,) for a

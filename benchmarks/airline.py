@@ -28,11 +28,8 @@ count) with the time spent scoring the test set removed. The GP runs use
 ``fit(X, y, validation_data=(X_test, y_test), eval_every=K, max_time=budget)``; ``history_`` records the
 validation step but times only once per epoch (9,000+ steps), so this script wraps
 ``agpc.inference.training._validation_scores`` to note, at each scoring, the clock and the scoring's own
-duration (the scores themselves are the library's, unchanged). SVI has no validation hook: the script wraps
-the bound its loop evaluates once a step (``variational.svi_elbo``, ``multiclass_vi.svi_elbo_multiclass``
-with 3 classes), which receives the current q(u) = N(mean, chol chol^T); at a scheduled step the wrapper
-turns that q into the library's posterior (``variational.posterior_from_gaussian``, as ``train_svi`` does at
-the end) and scores it with ``predict_proba`` of a copy of the classifier being fitted. Scores are taken at
+duration (the scores themselves are the library's, unchanged); every method, SVI included, is
+scored through it (one training loop for all). Scores are taken at
 roughly log-spaced step counts, scoring time removed from the clock. For minibatch EP a mid-epoch score
 uses the running site product (what training itself uses); the fitted model's final posterior is rebuilt
 exactly from all sites, and its test scores are reported separately ("final model"; for SVI the final q).
@@ -180,7 +177,7 @@ class Recorder:
 
 
 class ValidationRecorder(Recorder):
-    """EP / SEP: ``training._validation_scores``, called after every step (eval_every=1)."""
+    """``training._validation_scores``, called after every step (eval_every=1)."""
 
     def wrap(self, original):
         def wrapped(trainer, X, y, validation):
@@ -191,62 +188,19 @@ class ValidationRecorder(Recorder):
         return wrapped
 
 
-class SVIRecorder(Recorder):
-    """SVI: the minibatch bound ``train_svi`` evaluates before each step, which receives the current q(u)."""
-
-    def __init__(self, module, name, steps, every, score_state):
-        super().__init__(module, name, steps, every)
-        self.score_state = score_state
-
-    def wrap(self, original):
-        def wrapped(kernel, Z, X, y, mean, chol, **kw):
-            if kw.get("want_grad", True):  # a step's bound (not the final full-data one), at the state after n_steps
-                self.score(time.perf_counter(), self.n_steps, lambda: self.score_state(kernel, Z, mean, chol))
-                self.n_steps += 1
-            return original(kernel, Z, X, y, mean, chol, **kw)
-
-        return wrapped
-
-
-def state_scorer(clf, X_test, y_test):
-    """Test scores of q(u) = N(mean, chol chol^T) by ``predict_proba`` of a copy of ``clf`` (being fitted) whose
-    posterior is that q, built as ``train_svi`` builds its result (per class for a multiclass model)."""
-    import copy
-
-    from agpc.inference.variational import posterior_from_gaussian
-
-    def score(kernel, Z, mean, chol):
-        jitter = float(clf.jitter)
-        if Z.ndim == 3:
-            post = tuple(posterior_from_gaussian(kernel[c], Z[c, ...], mean[c, ...], chol[c, ...], jitter=jitter)
-                         for c in range(Z.shape[0]))
-        else:
-            post = posterior_from_gaussian(kernel, Z, mean, chol, jitter=jitter)
-        model = copy.copy(clf)
-        model.classes_ = np.arange(Z.shape[0] if Z.ndim == 3 else 2)
-        model._set_fitted(kernel, Z, post, None, {}, 0)
-        return scores_from_proba(model.predict_proba(X_test), y_test)
-
-    return score
-
-
 # -- runs ------------------------------------------------------------------------------------------
 
 def run_gp(method, X_train, y_train, X_test, y_test, args):
     from agpc import GPClassifier
-    from agpc.inference import multiclass_vi, training, variational
+    from agpc.inference import training
 
     steps_per_epoch = -(-X_train.shape[0] // 200)
     early, late = schedule(steps_per_epoch, args.quick)
     clf = GPClassifier(method=method, n_inducing=200, batch_size=200, max_iter=10_000, max_time=args.budget,
                        random_state=args.seed)
-    if method == "svi":
-        module, name = (variational, "svi_elbo") if args.classes == 2 else (multiclass_vi, "svi_elbo_multiclass")
-        rec, fit_kw = SVIRecorder(module, name, early, late, state_scorer(clf, X_test, y_test)), {}
-    else:
-        clf.set_params(eval_every=1)
-        rec = ValidationRecorder(training, "_validation_scores", early, late)
-        fit_kw = {"validation_data": (X_test, y_test)}
+    clf.set_params(eval_every=1)
+    rec = ValidationRecorder(training, "_validation_scores", early, late)
+    fit_kw = {"validation_data": (X_test, y_test)}
     with rec:
         t0 = time.perf_counter()
         clf.fit(X_train, y_train, **fit_kw)

@@ -42,8 +42,9 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=3, help="timings per configuration, median reported (default 3)")
     p.add_argument("--max-config-seconds", type=float, default=150.0,
                    help="fewer repeats when repeats x first timing would exceed this (default 150)")
-    p.add_argument("--block-bytes", type=float, default=400e6,
-                   help="block_rows = min(n, block_bytes // (8 m)): an n x m float64 block stays under this (default 400e6)")
+    p.add_argument("--block-bytes", type=float, default=0,
+                   help="block_rows = min(n, block_bytes // (8 m)): an n x m float64 block stays under this; "
+                        "0 (default): the library's default blocks (block_rows=None)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--blas-threads", type=int, default=None,
                    help="limit BLAS/OpenMP threads with threadpoolctl; 0 leaves them as configured "
@@ -75,7 +76,7 @@ def n_repeats(first, args):
 
 
 class ProjectionCounter:
-    """Counts calls of ``ep.project`` (the n x m kernel block and its whitening) during one evaluate.
+    """Counts calls of ``ep.whiten`` (the n x m kernel block and its whitening) during one evaluate.
 
     Installed on the module at run time, nothing in the library is changed: one call a block means
     the gradient pass reused the projections of the first pass, two calls a block mean it recomputed them.
@@ -84,13 +85,13 @@ class ProjectionCounter:
     def __init__(self, ep):
         self.ep = ep
         self.calls = 0
-        self.original = getattr(ep, "project", None)
+        self.original = getattr(ep, "whiten", None)
         if self.original is not None:
             def counted(*a, **k):
                 self.calls += 1
                 return self.original(*a, **k)
 
-            ep.project = counted
+            ep.whiten = counted
 
     def label(self, n_blocks):
         if self.original is None:
@@ -107,7 +108,7 @@ def time_iteration(ep, kernel, Z, X, y, nu, mu, block_rows, args, counter=None):
 
     def once():
         t0 = time.perf_counter()
-        out = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=1e-6, want_grad=True, block_rows=block_rows)
+        out = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=1e-6, want_grad=True, block_rows=block_rows, checked=False)
         float(out["log_z"])  # synchronise (a no-op on NumPy)
         return time.perf_counter() - t0, out
 
@@ -158,6 +159,37 @@ def time_products(kernel, Z, X, block_rows, reps, min_seconds=0.02):
     return list(syrk), list(gemm)
 
 
+def step_counts(n_blocks):
+    """Array operations, O(m^3) operations and host conversions of one ``ep.evaluate`` with its gradient over
+    ``n_blocks`` row blocks, counted on the counting namespace of tests/array_counting.py (over
+    array_api_strict) on a small problem with the same number of blocks: the counts depend on the number of
+    blocks only, not on n or m (tests/test_step_budgets.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    try:
+        import array_api_strict
+        from array_counting import CountingNamespace
+    except ImportError:
+        return None
+    from agpc.inference import ep
+
+    rows, m, d = 30, 24, 3
+    xp = CountingNamespace(array_api_strict, m=m, rows=(rows,))
+    rng = np.random.default_rng(0)
+    X = xp.asarray(rng.normal(size=(rows * n_blocks, d)))
+    y = xp.asarray(np.sign(rng.normal(size=rows * n_blocks)))
+    import agpc
+
+    kernel = agpc.RBF(lengthscales=[1.0] * d, amplitude=1.0, noise=1e-3).for_inputs(X)
+    nu = xp.asarray(rng.uniform(0.0, 0.5, size=rows * n_blocks))
+    mu = xp.asarray(rng.normal(0.0, 0.3, size=rows * n_blocks))
+    Z = X[:m, ...]
+    xp.start()
+    out = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=1e-6, want_grad=True, block_rows=rows, checked=False)
+    float(out["log_z"])
+    counts = xp.stop().folded(("_log_ndtr_generic",)).counts()
+    return counts["op"], counts["m3"], counts["host"] + counts["data_dependent"]
+
+
 def main(argv=None):
     args = parse_args(argv)
     import agpc  # loads scipy's BLAS too: --blas-threads and the machine facts must see every pool
@@ -167,16 +199,20 @@ def main(argv=None):
 
     print_machine("Time of one full EP iteration (agpc.inference.ep.evaluate, want_grad=True)")
     d = args.dim
-    print(f"d = {d}, float64, jitter 1e-6, block_rows = min(n, {int(args.block_bytes):,} // (8 m)); "
+    blocks_text = (f"block_rows = min(n, {int(args.block_bytes):,} // (8 m))" if args.block_bytes
+                   else "the library's default blocks")
+    print(f"d = {d}, float64, jitter 1e-6, {blocks_text}; "
           f"times are medians of up to {args.repeats} runs (fewer when {args.repeats} x the first run would exceed "
-          f"{args.max_config_seconds:.0f} s). projection: 'cached' when evaluate called ep.project once per block "
-          f"(the gradient pass reused A^T = Knm L_K^-T and Knm from the first pass), 'recomputed' when twice "
+          f"{args.max_config_seconds:.0f} s). projection: 'cached' when evaluate called ep.whiten once per block "
+          f"(the gradient pass reused A = L_K^-1 Knm^T and Knm from the first pass), 'recomputed' when twice "
           f"(counted at run time). "
           f"syrk = Knm.T @ Knm (n m^2 flops), gemm = Knm.T @ W with W a copy (2 n m^2 flops), both summed over the "
-          f"same row blocks. Target: iteration / syrk <= {TARGET_RATIO:g}.\n")
+          f"same row blocks. Target: iteration / syrk <= {TARGET_RATIO:g}. ops / m^3 ops / host syncs: of one "
+          f"iteration as the training loop runs it (unchecked factorisations, one log Z read), counted on a "
+          f"small problem with the same number of blocks (they depend on nothing else).\n")
     print("| n | m | blocks x rows | projection | runs | iteration s | Knm.T@Knm s | iteration / Knm.T@Knm "
-          "| Knm.T@W s | iteration / gemm | target <= 8 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+          "| Knm.T@W s | iteration / gemm | target <= 8 | ops / m^3 ops / host syncs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     counter = ProjectionCounter(ep)
     rows = []
     t_start = time.perf_counter()
@@ -190,17 +226,21 @@ def main(argv=None):
             if m > n:
                 continue
             Z = X[rng.choice(n, size=m, replace=False)].copy()
-            block_rows = int(min(n, args.block_bytes // (8 * m)))
-            n_blocks = -(-n // block_rows)
+            block_rows = int(min(n, args.block_bytes // (8 * m))) if args.block_bytes else None
+            n_blocks = len(ep.row_blocks(n, block_rows, m))
+            rows_per_block = ep.row_blocks(n, block_rows, m)[0][1]
             it_times = time_iteration(ep, kernel, Z, X, y, nu, mu, block_rows, args, counter)
             reps = max(len(it_times), 3)
-            syrk, gemm = time_products(kernel, Z, X, block_rows, reps)
+            syrk, gemm = time_products(kernel, Z, X, rows_per_block, reps)
             t_it, t_syrk, t_gemm = statistics.median(it_times), statistics.median(syrk), statistics.median(gemm)
             ratio = t_it / t_syrk
             rows.append((n, m, ratio))
-            print(f"| {n:,} | {m} | {n_blocks} x {block_rows:,} | {counter.label(n_blocks)} "
+            projection = counter.label(n_blocks)
+            counts = step_counts(n_blocks) if n_blocks <= 200 else None
+            counts_text = "n/a" if counts is None else " / ".join(str(c) for c in counts)
+            print(f"| {n:,} | {m} | {n_blocks} x {rows_per_block:,} | {projection} "
                   f"| {len(it_times)} | {t_it:.3f} | {t_syrk:.4f} | {ratio:.1f} | {t_gemm:.4f} | {t_it / t_gemm:.1f} "
-                  f"| {'yes' if ratio <= TARGET_RATIO else 'no'} |", flush=True)
+                  f"| {'yes' if ratio <= TARGET_RATIO else 'no'} | {counts_text} |", flush=True)
         del X, y, nu, mu, kernel
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
     met = sum(r <= TARGET_RATIO for _, _, r in rows)

@@ -128,8 +128,6 @@ def test_dask_input_errors_are_clear(client, data):
         GPClassifier(method="svi", batch_size=None, client=client).fit(Xd, yd)
     with pytest.raises(ValueError, match="validation_data is not supported"):
         GPClassifier(client=client).fit(Xd, yd, validation_data=(X[:10], y[:10]))
-    with pytest.raises(ValueError, match="checkpoints are written by the EP methods"):
-        GPClassifier(method="svi", batch_size=50, checkpoint_path="x.ckpt", client=client).fit(Xd, yd)
     bad = X.copy()
     bad[7, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):

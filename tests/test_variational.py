@@ -202,3 +202,32 @@ def test_likelihood_choices_are_checked():
         GPClassifier(method="vi-jj", likelihood="probit", n_inducing=5).fit(X, y)
     with pytest.raises(ValueError, match="uses the probit likelihood"):
         GPClassifier(method="ep", likelihood="logistic", n_inducing=5).fit(X, y)
+
+
+def test_svi_elbo_weights_padding_and_gradients(xp_device):
+    """Per-row weights: a minibatch padded with rows of weight 0 gives the bound and gradients of the
+    minibatch without them (scaled to n_total by the rows it stands for), and with any weights every
+    gradient matches finite differences of the weighted bound."""
+    xp, device = xp_device
+    X_np, y_np, Z_np, mean_np, chol_np = _problem()
+    X, y, Z = to_xp(X_np, xp, device), to_xp(y_np, xp, device), to_xp(Z_np, xp, device)
+    mean, chol = to_xp(mean_np, xp, device), to_xp(chol_np, xp, device)
+    kernel = RBF(lengthscales=[0.9, 1.2], amplitude=1.5, noise=0.05).for_inputs(X)
+    padding = np.r_[np.ones(30), np.zeros(10)]
+    value, grads = V.svi_elbo(kernel, Z, X, y, mean, chol, n_total=100, weights=to_xp(padding, xp, device))
+    ref_value, ref_grads = V.svi_elbo(kernel, Z, X[:30, ...], y[:30], mean, chol, n_total=100)
+    np.testing.assert_allclose(float(value), float(ref_value), rtol=1e-12)
+    for name in ref_grads:
+        np.testing.assert_allclose(to_np(grads[name]), to_np(ref_grads[name]), rtol=1e-10, atol=1e-12, err_msg=name)
+
+    weights = to_xp(np.random.default_rng(3).uniform(0.2, 2.0, size=40), xp, device)
+
+    def elbo(k=kernel, ZZ=Z, mu=mean, L=chol):
+        return float(V.svi_elbo(k, ZZ, X, y, mu, L, n_total=100, weights=weights, want_grad=False)[0])
+
+    _, grads = V.svi_elbo(kernel, Z, X, y, mean, chol, n_total=100, weights=weights)
+    check_parameter_gradients(kernel, grads, Z, lambda k, ZZ: elbo(k=k, ZZ=ZZ), xp, device, rtol=1e-6, atol=1e-6)
+    numeric = central_differences(lambda v: elbo(mu=to_xp(v, xp, device)), mean_np)
+    np.testing.assert_allclose(to_np(grads["mean"]), numeric, rtol=1e-6, atol=1e-6)
+    numeric = central_differences(lambda v: elbo(L=to_xp(np.tril(v), xp, device)), chol_np)
+    np.testing.assert_allclose(to_np(grads["chol"]), np.tril(numeric), rtol=1e-6, atol=1e-6)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import operator
 
+from ..threads import task_blas_threads
 from . import ep
 
 __all__ = ["ChunkedRows", "DaskEngine", "WORKER_ENVIRON", "local_cluster"]
@@ -73,9 +74,21 @@ def _add_sums(a, b):
     return (a[0] + b[0], a[1] + b[1])
 
 
+def _task_threads(Z, X, block_rows):
+    """A chunk's task runs under the BLAS thread rule for its rows, within its worker's budget."""
+    return task_blas_threads(X.shape[0], Z.shape[-2], n_features=Z.shape[-1], block_rows=block_rows)
+
+
 def _chunk_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows):
-    S, c_tilde, _ = ep._whitened_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows, False)
+    with _task_threads(Z, X, block_rows):
+        S, c_tilde, _ = ep._whitened_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows, False)
     return S, c_tilde
+
+
+def _chunk_sweep(kernel, Z, X, *args, **kwargs):
+    """``ep._sweep`` on one chunk of rows (a task)."""
+    with _task_threads(Z, X, kwargs.get("block_rows")):
+        return ep._sweep(kernel, Z, X, *args, **kwargs)
 
 
 class ChunkedRows:
@@ -138,8 +151,8 @@ def _sweep_to_files(kernel, Z, X, y, site_precision, site_shift, cavity, *, want
     """A chunk's sweep whose (damped) sites go to the file ``path``; returns only the small results."""
     from .. import io
 
-    out = ep._sweep(kernel, Z, X, y, site_precision, site_shift, cavity, want_grad=want_grad, block_rows=block_rows,
-                    damping=damping)
+    out = _chunk_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, want_grad=want_grad, block_rows=block_rows,
+                       damping=damping)
     io.save_site_chunk(path, out["site_precision"], out["site_shift"])
     return ep.without_rows(out)
 
@@ -306,7 +319,7 @@ class DaskEngine:
             tasks = [dask.delayed(_sweep_to_files)(kernel, Z, Xb, yb, nb, mb, post, damping=damping, path=f, **options)
                      for Xb, yb, nb, mb, f in zip(Xs, ys, nus, mus, files)]
         else:
-            tasks = [dask.delayed(ep._sweep)(kernel, Z, Xb, yb, nb, mb, post, want_sums=want_sums,
+            tasks = [dask.delayed(_chunk_sweep)(kernel, Z, Xb, yb, nb, mb, post, want_sums=want_sums,
                                              want_sites=want_sites, damping=damping, **options)
                      for Xb, yb, nb, mb in zip(Xs, ys, nus, mus)]
         futures = _compute_windowed(client, tasks)

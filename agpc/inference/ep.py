@@ -335,7 +335,7 @@ _BLOCK_ELEMENTS = 1 << 21  # default block: ~16 MB of float64 per n x m temporar
 _CACHE_ELEMENTS = 1 << 26  # keep the projections of all blocks between the two passes up to ~512 MB
 
 
-def _row_blocks(n, block_rows, m=None):
+def row_blocks(n, block_rows, m=None):
     """Row ranges. By default blocks of ~16 MB per n x m temporary: the allocator then reuses the same
     memory block after block (fresh 100+ MB temporaries cost more in page faults than in arithmetic) and
     the working set stays in cache."""
@@ -349,13 +349,13 @@ _IO_ROWS = 65536  # rows read at a time from data on disk: one read, then comput
 
 
 def data_blocks(X, y, block_rows, like):
-    """(lo, hi, X rows, y rows or None) over all rows, in the compute blocks of ``_row_blocks``.
+    """(lo, hi, X rows, y rows or None) over all rows, in the compute blocks of ``row_blocks``.
 
     Data on disk are read ``_IO_ROWS`` rows at a time (a zarr chunk is decoded once, not once per compute
     block) and the compute blocks sliced from what was read, so the n x m temporaries stay ~16 MB while
     the reads stay large."""
     n, m = X.shape[0], like.shape[0]
-    blocks = _row_blocks(n, block_rows, m)
+    blocks = row_blocks(n, block_rows, m)
     if not (is_out_of_core(X) or (y is not None and is_out_of_core(y))):
         for lo, hi in blocks:
             yield lo, hi, read_rows(X, lo, hi, like), (None if y is None else read_rows(y, lo, hi, like))

@@ -5,7 +5,8 @@ The inducing values are marginalised: f ~ N(0, K_fitc), K_fitc = Q + diag(Kdiag 
 K = Kmm + jitter I. EP puts one Gaussian site t_i(f_i) = exp(-tau_i f_i^2 / 2 + nu_i f_i) on each latent
 value (multiclass: a pair site per wrong class k, factorised over f_{i y_i} and f_ik as in
 ``multiclass_ep``), runs to convergence, and only then takes one step on the hyper-parameters (kernel and
-inducing points) along the gradient of log Z_EP; repeated. Batch only: every step needs all n sites
+inducing points) along the gradient of log Z_EP; repeated (``engines.GFITCEngine``: one sweep a step,
+driven by the one training loop). Batch only: every step needs all n sites
 converged, and log Z_EP is not a sum over rows (seed 000 sec. 3).
 
 O(n m^2) by Woodbury, through the inducing values. Write f_i = g_i + eps_i with g_i = upsilon_i^T u,
@@ -28,18 +29,14 @@ Predictions need only q(u): f_* = g_* + eps_*, mean k_*^T B^-1 c, variance Kdiag
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass
 
-from ..backend import CholeskyError, array_device, array_namespace
+from ..backend import array_device, array_namespace
 from ..kernels import ClassKernels
 from ..likelihoods import probit_tilted
-from ..optim import Rprop
 from . import ep, multiclass_ep
-from .training import TrainResult, _initial_steps, _parameter_names, _relative_change, _step
 
-__all__ = ["evaluate", "run_ep", "train_gfitc", "zero_sites"]
+__all__ = ["evaluate", "zero_sites"]
 
 
 @dataclass
@@ -243,92 +240,3 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
 def zero_sites(n, Z):
     """All sites uniform: (n,) for a binary model (Z of shape (m, d)), (n, 2C) for a multiclass one."""
     return multiclass_ep.zero_sites(n, Z) if len(Z.shape) == 3 else ep.zero_sites(n, Z)
-
-
-# -- the training loop ------------------------------------------------------------------------------
-
-def run_ep(kernel, Z, X, y, site_precision, site_shift, *, jitter, damping=0.5, tol_ep=1e-4, max_sweeps=100,
-           block_rows=None):
-    """Parallel damped EP (seed 000 eq. 25 damping) at fixed hyper-parameters until the largest site change,
-    relative to the largest site, is below ``tol_ep``, or ``max_sweeps`` sweeps.
-    Returns (site_precision, site_shift, sweeps, converged); a non-finite log Z_EP raises FloatingPointError."""
-    xp = array_namespace(Z)
-    tau, nu = site_precision, site_shift
-    for sweep in range(1, max_sweeps + 1):
-        out = evaluate(kernel, Z, X, y, tau, nu, jitter=jitter, want_grad=False, block_rows=block_rows)
-        if not math.isfinite(float(out["log_z"])):
-            raise FloatingPointError("GFITC: log Z_EP is not finite during EP")
-        new_tau = damping * out["site_precision"] + (1.0 - damping) * tau
-        new_nu = damping * out["site_shift"] + (1.0 - damping) * nu
-        change = _relative_change(new_tau, tau, xp) + _relative_change(new_nu, nu, xp)
-        tau, nu = new_tau, new_nu
-        if change < tol_ep:
-            return tau, nu, sweep, True
-    return tau, nu, max_sweeps, False
-
-
-def train_gfitc(X, y, kernel, Z, *, jitter=1e-6, max_iter=250, damping=0.5, optimize=("kernel", "inducing"),
-                tol_ep=1e-4, max_ep_iter=100, max_time=None, block_rows=None, site_precision=None, site_shift=None,
-                callback=None):
-    """GFITC training: EP to convergence (``run_ep``), then one Rprop step (seed 000 App. A.6 adaptive
-    steps, ``optim.Rprop``) on log Z_EP for the kernel parameters and the inducing points; ``max_iter`` steps,
-    EP warm-started from the previous sites. With nothing to optimise, one EP run of at most
-    max(max_iter, max_ep_iter) sweeps. Guard rails as ``training.Trainer``: a non-finite log Z_EP or a
-    failed Cholesky puts back the last good state and halves the damping and the step sizes.
-    ``max_time`` (seconds) stops after the iteration that crosses it. Returns a ``training.TrainResult``
-    (sites on f_i, in the caller's row order; ``factor`` None); the posterior is converged at the returned
-    hyper-parameters."""
-    xp = array_namespace(Z)
-    if site_precision is None:
-        site_precision, site_shift = zero_sites(X.shape[0], Z), zero_sites(X.shape[0], Z)
-    names = _parameter_names(kernel, tuple(optimize))
-    optimizer = Rprop(initial_steps=_initial_steps(kernel, Z, names)) if names else None
-    if not names:
-        max_ep_iter = max(int(max_iter), int(max_ep_iter))
-    state = {"kernel": kernel, "Z": Z, "tau": site_precision, "nu": site_shift}
-    history = {"log_marginal_likelihood": [], "time": [], "ep_sweeps": [], "damping": []}
-    t0 = time.perf_counter()
-    good, failures, n_steps, out = None, 0, 0, None
-    converged = stopped_by_time = False
-    while True:
-        try:
-            tau, nu, sweeps, converged = run_ep(
-                state["kernel"], state["Z"], X, y, state["tau"], state["nu"], jitter=jitter, damping=damping,
-                tol_ep=tol_ep, max_sweeps=max_ep_iter, block_rows=block_rows)
-            out = evaluate(state["kernel"], state["Z"], X, y, tau, nu, jitter=jitter,
-                           want_grad=bool(names) and n_steps < max_iter, block_rows=block_rows)
-            log_z = float(out["log_z"])
-        except (CholeskyError, FloatingPointError):
-            log_z = float("nan")
-        if not math.isfinite(log_z):
-            failures += 1
-            if good is None or failures > 30:
-                raise FloatingPointError(
-                    "GFITC diverged: log Z_EP is not finite and halving the damping and step sizes did not help "
-                    f"(after {failures} attempts); try a smaller damping or standardised inputs")
-            state, n_steps = dict(good[0]), good[2]
-            optimizer.restore(good[1])
-            optimizer.scale_steps(0.5)
-            damping *= 0.5
-            continue
-        failures = 0
-        state["tau"], state["nu"] = tau, nu
-        history["log_marginal_likelihood"].append(log_z)
-        history["time"].append(time.perf_counter() - t0)
-        history["ep_sweeps"].append(sweeps)
-        history["damping"].append(damping)
-        if callback is not None:
-            callback(n_steps, log_z)
-        if not names or n_steps >= max_iter:
-            break
-        if max_time is not None and time.perf_counter() - t0 >= max_time:
-            stopped_by_time = True
-            break
-        good = (dict(state), optimizer.snapshot(), n_steps)
-        state["kernel"], state["Z"] = _step(optimizer, names, state["kernel"], state["Z"], out["grads"])
-        n_steps += 1
-    return TrainResult(
-        kernel=state["kernel"], Z=state["Z"], posterior=out["posterior"], log_z=log_z, n_iter=n_steps,
-        site_precision=state["tau"], site_shift=state["nu"], history=history,
-        converged=converged and not names, stopped_by_time=stopped_by_time,
-    )

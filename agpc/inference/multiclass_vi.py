@@ -16,7 +16,7 @@ import math
 
 from ..backend import array_device, array_namespace, gauss_hermite, log_ndtr, log_normal_pdf
 from . import ep
-from .variational import _SVITerms
+from .variational import _SVITerms, data_scale
 
 __all__ = ["EPSILON", "argmax_probability", "robust_max_expected", "svi_elbo_multiclass", "predictive_log_proba"]
 
@@ -69,21 +69,25 @@ def robust_max_expected(y, mean, var, n_quadrature=20, epsilon=EPSILON):
 
 
 def svi_elbo_multiclass(kernels, Z, X, y, mean, chol, *, n_quadrature=20, jitter=1e-6, n_total=None, want_grad=True,
-                        block_rows=None, epsilon=EPSILON):
+                        block_rows=None, epsilon=EPSILON, weights=None):
     """Seed 001 eq. 15 on rows X (all, or a minibatch scaled to n_total), q(u_c) = N(mean[c], chol[c] chol[c]^T).
+    ``weights``: per-row weights as in ``variational.svi_elbo``.
 
     ``Z`` (C, m, d), ``mean`` (C, m), ``chol`` (C, m, m), ``y`` class indices as floats. Returns (elbo,
     grads) with "<class>:<name>" kernel gradients and stacked "Z", "mean", "chol"."""
     xp = array_namespace(Z)
     C = Z.shape[0]
-    scale = 1.0 if n_total is None else n_total / X.shape[0]
+    scale = data_scale(X, n_total, weights)
     terms = [_SVITerms(kernels[c], Z[c, ...], mean[c, ...], chol[c, ...], jitter) for c in range(C)]
     expected_total = None
-    for _, _, Xb, yb in ep.data_blocks(X, y, block_rows, Z[0, ...]):
+    for lo, hi, Xb, yb in ep.data_blocks(X, y, block_rows, Z[0, ...]):
         pairs = [t.marginals(Xb) for t in terms]
         f_mean = xp.stack([p[0] for p in pairs], axis=1)
         f_var = xp.stack([p[1] for p in pairs], axis=1)
         expected, g_m, g_v = robust_max_expected(yb, f_mean, f_var, n_quadrature, epsilon)
+        if weights is not None:
+            w = weights[lo:hi]
+            expected, g_m, g_v = w * expected, w[:, None] * g_m, w[:, None] * g_v
         total = xp.sum(expected)
         expected_total = total if expected_total is None else expected_total + total
         if want_grad:

@@ -21,11 +21,18 @@ from __future__ import annotations
 
 import math
 
-from ..backend import array_device, array_namespace, gauss_hermite, log_ndtr, log_normal_pdf, read_rows
+from ..backend import array_device, array_namespace, gauss_hermite, log_ndtr, log_normal_pdf
 from . import ep
 
 __all__ = [
     "LIKELIHOODS",
+    "VI_METHODS",
+    "data_scale",
+    "whitened_step",
+    "initial_xi",
+    "posterior_of",
+    "prior_cholesky",
+    "inverse_lower",
     "log_likelihood",
     "expected_log_likelihood",
     "svi_elbo",
@@ -76,18 +83,20 @@ def expected_log_likelihood(y, mean, var, likelihood, n_quadrature=20):
     return expected, d_mean, d_sd / (2.0 * sd)
 
 
-def _inverse_lower(L):
+def inverse_lower(L):
     """Inverse of a lower-triangular matrix, or of each one in a (C, m, m) stack."""
     if L.ndim == 3:
         return array_namespace(L).stack([ep._triangular_inverse(L[c, ...]) for c in range(L.shape[0])])
     return ep._triangular_inverse(L)
 
 
-def _prior_cholesky(kernel, Z, jitter):
-    """chol(K_mm + jitter I), stacked over classes for a multiclass model's (C, m, d) inducing points."""
+def prior_cholesky(kernel, Z, jitter, *, checked=True):
+    """chol(K_mm + jitter I), stacked over classes for a multiclass model's (C, m, d) inducing points.
+    ``checked=False``: as ``ep.prior_cholesky`` (training steps: a failure is NaN, no host synchronisation)."""
     if Z.ndim == 3:
-        return array_namespace(Z).stack([ep.prior_cholesky(kernel[c], Z[c, ...], jitter) for c in range(Z.shape[0])])
-    return ep.prior_cholesky(kernel, Z, jitter)
+        return array_namespace(Z).stack([ep.prior_cholesky(kernel[c], Z[c, ...], jitter, checked=checked)
+                                         for c in range(Z.shape[0])])
+    return ep.prior_cholesky(kernel, Z, jitter, checked=checked)
 
 
 class _SVITerms:
@@ -102,8 +111,9 @@ class _SVITerms:
     def __init__(self, kernel, Z, mean, chol, jitter):
         xp = array_namespace(Z)
         self.xp, self.kernel, self.Z, self.chol = xp, kernel, Z, chol
-        L_K = ep.prior_cholesky(kernel, Z, jitter)
-        L_K_inv = _inverse_lower(L_K)
+        # unchecked: a failed factorisation makes the bound NaN, which the training loop's guard handles
+        L_K = ep.prior_cholesky(kernel, Z, jitter, checked=False)
+        L_K_inv = inverse_lower(L_K)
         self.K_inv = L_K_inv.mT @ L_K_inv
         self.p = self.K_inv @ mean
         self.W = self.K_inv @ (chol @ chol.mT)
@@ -142,7 +152,7 @@ class _SVITerms:
         dKmm = scale * (self.dKmm + VtGV - W @ VtGV - VtGV @ W.mT) - 0.5 * (K_inv - W @ K_inv - p[:, None] * p[None, :])
         prior = self.kernel.grads(dKmm, None, None, None, self.Z)
         out = {k: scale * self.grads[k] + prior[k] for k in self.grads}
-        chol_inv = _inverse_lower(self.chol)
+        chol_inv = inverse_lower(self.chol)
         d_sigma = scale * VtGV - 0.5 * K_inv + 0.5 * (chol_inv.mT @ chol_inv)
         out["mean"] = scale * self.d_mean - p
         out["chol"] = xp.tril((d_sigma + d_sigma.mT) @ self.chol)
@@ -150,25 +160,64 @@ class _SVITerms:
 
 
 def svi_elbo(kernel, Z, X, y, mean, chol, *, likelihood="probit", n_quadrature=20, jitter=1e-6, n_total=None,
-             want_grad=True, block_rows=None):
+             want_grad=True, block_rows=None, weights=None):
     """Seed 003 eq. 11 for q(u) = N(mean, chol chol^T), on rows X (all, or a minibatch scaled to n_total).
 
+    ``weights`` (per row, or None for all ones) multiply each row's expected log-likelihood and so its
+    adjoints; the rows then stand for sum(weights) rows when scaled to ``n_total`` (a padded minibatch gives
+    its padding weight 0 and is the minibatch without it).
     Returns (elbo, grads) with grads for every kernel parameter, "Z", "mean" and "chol" (lower triangle);
     the adjoints are in ``_SVITerms``.
     """
     xp = array_namespace(Z)
-    scale = 1.0 if n_total is None else n_total / X.shape[0]
+    scale = data_scale(X, n_total, weights)
     terms = _SVITerms(kernel, Z, mean, chol, jitter)
     expected_total = None
-    for _, _, Xb, yb in ep.data_blocks(X, y, block_rows, Z):
+    for lo, hi, Xb, yb in ep.data_blocks(X, y, block_rows, Z):
         f_mean, f_var = terms.marginals(Xb)
         expected, g_m, g_v = expected_log_likelihood(yb, f_mean, f_var, likelihood, n_quadrature)
+        if weights is not None:
+            w = weights[lo:hi]
+            expected, g_m, g_v = w * expected, w * g_m, w * g_v
         total = xp.sum(expected)
         expected_total = total if expected_total is None else expected_total + total
         if want_grad:
             terms.add_adjoints(g_m, g_v)
     elbo = scale * expected_total - terms.kl
     return elbo, (terms.gradients(scale) if want_grad else None)
+
+
+def data_scale(X, n_total, weights):
+    """n_total / (rows the minibatch stands for): 1 for all the data (``n_total`` None); with ``weights``
+    the rows stand for sum(weights) (a 0-d array: no trip to the host)."""
+    if n_total is None:
+        return 1.0
+    if weights is None:
+        return n_total / X.shape[0]
+    return n_total / array_namespace(weights).sum(weights)
+
+
+def whitened_step(optimizer, names, kernel, Z, mean, chol, grads, *, jitter):
+    """One ascent step of (kernel, Z, mean, chol) on the gradients of eq. 11.
+
+    q(u) = N(mean, chol chol^T) stays the model, but its steps are taken in whitened coordinates
+    (mean = L_K m_w, chol = L_K L_w at the current kernel): the raw coordinates are as badly conditioned as
+    K, the whitened ones are not (a preconditioner, O(m^3) a step). Written for a leading class axis too:
+    mean[..., None] is an (m, 1) or (C, m, 1) column. Returns the new (kernel, Z, mean, chol)."""
+    xp = array_namespace(Z)
+    # the factorisation the step's bound already made at these hyper-parameters: it did not fail
+    L_K = prior_cholesky(kernel, Z, jitter, checked=False)
+    L_K_inv = inverse_lower(L_K)
+    params = dict(kernel.params)
+    params.update(Z=Z, mean=(L_K_inv @ mean[..., None])[..., 0], chol=L_K_inv @ chol)
+    grads = dict(grads)
+    grads["mean"] = (L_K.mT @ grads["mean"][..., None])[..., 0]
+    grads["chol"] = xp.tril(L_K.mT @ grads["chol"])
+    params.update(optimizer.step({k: params[k] for k in names}, {k: grads[k] for k in names}))
+    mean = (L_K @ params.pop("mean")[..., None])[..., 0]
+    chol = L_K @ params.pop("chol")
+    Z = params.pop("Z")
+    return kernel.with_params(params), Z, mean, chol
 
 
 # --------------------------------------------------------------------------------------------------
@@ -225,7 +274,7 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
     w, shift, const = _quadratic_sites(y, xi, kind)
     nu = 2.0 * w
     L_K = ep.prior_cholesky(kernel, Z, jitter)
-    L_K_inv = _inverse_lower(L_K)
+    L_K_inv = inverse_lower(L_K)
     S, c_tilde, _ = ep._whitened_sums(kernel, Z, X, nu, shift, L_K, block_rows, False)
     post = ep.posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
     beta = post.beta
@@ -287,190 +336,31 @@ def posterior_from_gaussian(kernel, Z, mean, chol, *, jitter):
     from ..backend import cholesky
 
     L_K = ep.prior_cholesky(kernel, Z, jitter)
-    chol_inv = _inverse_lower(chol)
+    chol_inv = inverse_lower(chol)
     R = chol_inv @ L_K
     C = R.mT @ R
     L_C = cholesky(C, what="C of the variational posterior")
-    L_C_inv = _inverse_lower(L_C)
+    L_C_inv = inverse_lower(L_C)
     c_tilde = L_K.mT @ (chol_inv.mT @ (chol_inv @ mean))
     return ep.Posterior(L_K=L_K, L_C=L_C, h=L_C_inv @ c_tilde, L_C_inv=L_C_inv)
-
-
-# --------------------------------------------------------------------------------------------------
-# training
 
 
 VI_METHODS = ("svi", "vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
 
 
-def train_quadratic(X, y, kernel, Z, *, method, optimize=("kernel", "inducing"), max_iter=50, n_upd=3, maxfun=5,
-                    jitter=1e-6, max_time=None, block_rows=None, callback=None):
-    """vi-JJ, vi-JJ-hybrid, vi-JJ-full and vi-Taylor (seed 003 Alg. 1 and sec. 4).
-
-    Each outer iteration: stage 1, ``n_upd`` analytic updates of (q, xi) by eqs. 12-13 / 17-18 and 15
-    (not for vi-JJ-full); stage 2, L-BFGS-B (scipy) with at most ``maxfun`` evaluations on the kernel
-    parameters and inducing points (and on xi for -hybrid and -full), xi otherwise fixed. No learning rate.
-    """
-    import time
-
-    from ..optim import lbfgsb_ascent
-    from .training import _parameter_names
-
-    kind = "taylor" if method == "vi-taylor" else "jj"
+def initial_xi(kernel, Z, X, kind, block_rows=None):
+    """xi at q = prior (m_i = 0, S_i = K_ii): where vi-JJ / vi-Taylor start (seed 003 Alg. 1)."""
     xp = array_namespace(Z)
-    device = array_device(Z)
-    n = X.shape[0]
-    yx = read_rows(y, 0, n, Z)
-    names = _parameter_names(kernel, tuple(optimize))
-    joint_xi = method in ("vi-jj-hybrid", "vi-jj-full")
-    # start from q = prior: m_i = 0, S_i = K_ii
     prior_var = xp.concat([kernel.Kdiag(Xb) for _, _, Xb, _ in ep.data_blocks(X, None, block_rows, Z)])
-    xi = update_xi(xp.zeros((n,), dtype=Z.dtype, device=device), prior_var, kind)
-    history = {"log_marginal_likelihood": [], "time": []}
-    t0 = time.perf_counter()
-    stopped_by_time = False
-
-    def split(params):
-        params = dict(params)
-        xi_new = params.pop("xi", xi)
-        Z_new = params.pop("Z", Z)
-        return kernel.with_params({**kernel.params, **params}), Z_new, xi_new
-
-    def value_and_grads(params):
-        k2, Z2, xi2 = split(params)
-        res = quadratic_bound(k2, Z2, X, yx, xi2, kind=kind, jitter=jitter, want_xi_grad=joint_xi, block_rows=block_rows)
-        grads = dict(res["grads"])
-        if joint_xi:
-            grads["xi"] = res["xi_grad"]
-        return res["value"], grads
-
-    for it in range(max_iter):
-        if method != "vi-jj-full":
-            for _ in range(n_upd):
-                out = quadratic_bound(kernel, Z, X, yx, xi, kind=kind, jitter=jitter, want_grad=False, block_rows=block_rows)
-                xi = update_xi(out["mean"], out["var"], kind)
-        variables = {k: (Z if k == "Z" else kernel.params[k]) for k in names}
-        if joint_xi:
-            variables["xi"] = xi
-        if variables:
-            kernel, Z, xi = split(lbfgsb_ascent(variables, value_and_grads, maxfun))
-        value = float(quadratic_bound(kernel, Z, X, yx, xi, kind=kind, jitter=jitter, want_grad=False,
-                                      block_rows=block_rows)["value"])
-        history["log_marginal_likelihood"].append(value)
-        history["time"].append(time.perf_counter() - t0)
-        if callback is not None:
-            callback(it + 1, value)
-        if max_time is not None and time.perf_counter() - t0 >= max_time:
-            stopped_by_time = True
-            break
-    final = quadratic_bound(kernel, Z, X, yx, xi, kind=kind, jitter=jitter, want_grad=False, block_rows=block_rows)
-    return {
-        "kernel": kernel, "Z": Z, "posterior": final["posterior"], "log_z": float(final["value"]),
-        "history": history, "n_iter": len(history["log_marginal_likelihood"]), "stopped_by_time": stopped_by_time,
-    }
+    return update_xi(xp.zeros((X.shape[0],), dtype=Z.dtype, device=array_device(Z)), prior_var, kind)
 
 
-def train_svi(X, y, kernel, Z, *, likelihood="probit", n_quadrature=20, batch_size=None, max_iter=250,
-              optimize=("kernel", "inducing"), optimizer=None, learning_rate=None, jitter=1e-6, max_time=None,
-              random_state=None, block_rows=None, callback=None):
-    """SVI (seed 003 sec. 3.2): ascend eq. 11 in (mean, chol, kernel, Z) with Adam (default, learning rate
-    0.01) or Adadelta (the paper's choice, with a learning rate found by grid search); minibatches scale the
-    data term by n / |M| (``max_iter`` then counts epochs). Adadelta at its default rate 1.0 can diverge
-    in full-batch mode; Adam at 0.01 was steady on every problem in the tests.
-
-    With ``kernel`` a ``ClassKernels`` and Z of shape (C, m, d) (y: class indices) this is the multiclass
-    robust-max baseline of seed 001 sec. 3 (``multiclass_vi``): mean (C, m), chol (C, m, m), same loop."""
-    import time
-
-    from ..backend import asarray_like, host_rng, is_out_of_core
-    from ..optim import OPTIMIZERS
-    from .training import _epoch_order, _parameter_names, minibatch_layout
-
-    from ..kernels import ClassKernels
-
-    xp = array_namespace(Z)
-    device = array_device(Z)
-    n = X.shape[0]
-    multiclass = isinstance(kernel, ClassKernels)
-    if multiclass:
-        from .multiclass_vi import svi_elbo_multiclass
-
-        def elbo_fn(kernel, Z, X, y, mean, chol, **kw):
-            return svi_elbo_multiclass(kernel, Z, X, y, mean, chol, **kw)
-    else:
-        def elbo_fn(kernel, Z, X, y, mean, chol, **kw):
-            return svi_elbo(kernel, Z, X, y, mean, chol, likelihood=likelihood, **kw)
-    names = _parameter_names(kernel, tuple(optimize)) + ["mean", "chol"]
-    name = optimizer or "adam"
-    if name not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {name!r} for svi: use 'adadelta' or 'adam'")
-    opt = OPTIMIZERS[name]() if learning_rate is None else OPTIMIZERS[name](learning_rate=learning_rate)
-    mean = xp.zeros(Z.shape[:-1], dtype=Z.dtype, device=device)
-    chol = _prior_cholesky(kernel, Z, jitter)  # q(u) starts at the prior
-    minibatch = batch_size is not None and batch_size < n
-    rng = host_rng(random_state)
-    # rows on disk or on a cluster stay there: minibatches are read one at a time, inside the stored chunks,
-    # the chunks visited in random order (as the EP methods' loop does); in memory the rows are shuffled once
-    streamed = minibatch and (is_out_of_core(X) or is_out_of_core(y))
-    if minibatch and not streamed:
-        order = asarray_like(rng.permutation(n), xp, device=device)
-        X = xp.take(read_rows(X, 0, n, Z), order, axis=0)
-        y = xp.take(read_rows(y, 0, n, Z), order, axis=0)
-    batches, chunk_batches = minibatch_layout(X, batch_size, streamed) if minibatch else ([(0, n)], None)
-    history = {"log_marginal_likelihood": [], "time": []}
-    t0 = time.perf_counter()
-    stopped_by_time = False
-    step = 0
-    for epoch in range(max_iter):
-        estimates = []
-        visit = _epoch_order(rng, chunk_batches, True) if minibatch else [0]
-        for b in visit:
-            lo, hi = batches[b]
-            if streamed:
-                X_batch, y_batch = read_rows(X, lo, hi, Z), read_rows(y, lo, hi, Z)
-            else:
-                X_batch, y_batch = X[lo:hi, ...], y[lo:hi]
-            elbo, grads = elbo_fn(kernel, Z, X_batch, y_batch, mean, chol, n_quadrature=n_quadrature,
-                                  jitter=jitter, n_total=n, block_rows=block_rows)
-            estimates.append(float(elbo))
-            # q(u) = N(mean, chol chol^T) stays the model, but its steps are taken in whitened coordinates
-            # (mean = L_K m_w, chol = L_K L_w at the current kernel): the raw coordinates are as badly
-            # conditioned as K, the whitened ones are not (a preconditioner, O(m^3) a step).
-            # (Written for a leading class axis too: mean[..., None] is an (m, 1) or (C, m, 1) column.)
-            L_K = _prior_cholesky(kernel, Z, jitter)
-            L_K_inv = _inverse_lower(L_K)
-            params = dict(kernel.params)
-            params.update(Z=Z, mean=(L_K_inv @ mean[..., None])[..., 0], chol=L_K_inv @ chol)
-            grads = dict(grads)
-            grads["mean"] = (L_K.mT @ grads["mean"][..., None])[..., 0]
-            grads["chol"] = xp.tril(L_K.mT @ grads["chol"])
-            params.update(opt.step({k: params[k] for k in names}, grads))
-            mean = (L_K @ params.pop("mean")[..., None])[..., 0]
-            chol = L_K @ params.pop("chol")
-            Z = params.pop("Z")
-            kernel = kernel.with_params(params)
-            step += 1
-            if max_time is not None and time.perf_counter() - t0 >= max_time:
-                stopped_by_time = True
-                break
-        history["log_marginal_likelihood"].append(sum(estimates) / len(estimates))
-        history["time"].append(time.perf_counter() - t0)
-        if callback is not None:
-            callback(epoch + 1, history["log_marginal_likelihood"][-1])
-        if stopped_by_time:
-            break
-    if multiclass:
-        posterior = tuple(posterior_from_gaussian(kernel[c], Z[c, ...], mean[c, ...], chol[c, ...], jitter=jitter)
-                          for c in range(Z.shape[0]))
-    else:
-        posterior = posterior_from_gaussian(kernel, Z, mean, chol, jitter=jitter)
-    final, _ = elbo_fn(kernel, Z, X, y, mean, chol, n_quadrature=n_quadrature, jitter=jitter, want_grad=False,
-                       block_rows=block_rows)
-    return {
-        "kernel": kernel, "Z": Z, "posterior": posterior, "log_z": float(final), "history": history,
-        "n_iter": len(history["log_marginal_likelihood"]), "stopped_by_time": stopped_by_time,
-        "mean": mean, "chol": chol,
-    }
+def posterior_of(kernel, Z, mean, chol, *, jitter):
+    """``posterior_from_gaussian`` for one GP, or per class (a tuple) for Z of shape (C, m, d)."""
+    if Z.ndim == 3:
+        return tuple(posterior_from_gaussian(kernel[c], Z[c, ...], mean[c, ...], chol[c, ...], jitter=jitter)
+                     for c in range(Z.shape[0]))
+    return posterior_from_gaussian(kernel, Z, mean, chol, jitter=jitter)
 
 
 def predictive_log_proba(mean, var, likelihood, n_quadrature=20):

@@ -1,0 +1,319 @@
+"""How many BLAS threads agpc uses for the work it is about to do, and a scope that applies it.
+
+Why: a minibatch step is a few hundred small operations on m x m matrices (m ~ 200) and n x m blocks of a
+few hundred rows. A multi-threaded BLAS loses on such shapes: every call wakes, synchronises and parks its
+threads, and a thread that spins meanwhile takes the core the Python thread needs. Measured on the 2-core
+development machine (issue 14): 46 ms per SEP step at m = 200 with OpenBLAS's default of 2 threads, 9.9 ms
+with one. A batch EP pass, on the contrary, is dominated by products of n x m blocks of ~10^4 rows, which
+threads speed up. And on a machine whose cores are busy with other processes, a multi-threaded call waits
+for a thread that is not running: measured here, a batch EP pass at n = 10^5, m = 200 took 0.94 s with two
+threads and 1.2 s with one on an idle machine, but 7-18 s with two and 1.8-2.6 s with one while other jobs
+held the cores.
+
+The rule (``choose_blas_threads``), per BLAS call of the work at hand:
+
+* Work dominated by m x m algebra (fewer than ``ROWS_PER_INDUCING`` x m rows between two factorisations of q,
+  as in a minibatch step): one thread, unless m is so large that the factorisations themselves are worth
+  threading (one thread per ``FACTOR_FLOPS_PER_THREAD`` of m^3).
+* Work dominated by n x m products (a batch pass): one thread per ``GEMM_FLOPS_PER_THREAD`` of one block's
+  product, rows x m x (m + d): all the cores for the library's default blocks at m >= 50.
+* Never more threads than the cores this process may use (affinity and cgroup quota) less the cores other
+  processes kept busy since agpc last looked (``/proc/stat``, Linux; elsewhere nothing is subtracted).
+
+Classes do not enter: the multiclass model runs the binary algebra class by class, so each BLAS call has
+the binary shape.
+
+Whose choice wins (``blas_threads``), outermost scope first:
+
+1. An explicit count (``GPClassifier(blas_threads=k)``) is used for everything inside the scope.
+2. Otherwise, a limit the caller already set is left alone: an environment variable that sets the BLAS
+   thread count (``THREAD_ENVIRONMENT``, read by the library when it loaded) or a BLAS library whose
+   current thread count differs from its default (e.g. an enclosing ``threadpoolctl.threadpool_limits(1)``).
+   A library's default is its thread count the first time agpc looked at it (when ``agpc`` was imported,
+   or when the library was loaded, if later): a limit set at run time *before* importing agpc cannot be
+   told from a default, and neither can a limit equal to the default; pass ``blas_threads`` then.
+3. Otherwise the rule above, for each scope's own shape (a fit's steps, its final pass, a prediction).
+
+The scope sets no environment variable, changes only BLAS pools (``user_api="blas"``), and puts back every
+library's thread count when it ends, also on an exception. The count is process-wide (OpenBLAS's pool is),
+so two fits running at once in two Python threads share it.
+
+Cost: ``threadpoolctl.threadpool_limits`` inspects the loaded libraries on every call (measured 0.85 ms a
+call on the idle 2-core machine, several ms when it is loaded), more than a tenth of a minibatch step; a
+``ThreadpoolController`` built once and its ``limit(...)`` cost 10-30 us (``benchmarks/threads.py``). So the controller is built once and rebuilt only when Python modules have been
+imported since (which may have loaded another BLAS), and only at an outermost scope.
+
+Dask worker tasks use ``task_blas_threads``: the same rule, within the worker's own budget, its BLAS thread
+count as the worker was started (dask's nanny sets one BLAS thread per worker thread unless configured).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import numbers
+import os
+import sys
+import threading
+import time
+
+import scipy.linalg  # noqa: F401  (loads scipy's own BLAS, so that the controller sees it from the start)
+
+__all__ = [
+    "FACTOR_FLOPS_PER_THREAD",
+    "GEMM_FLOPS_PER_THREAD",
+    "ROWS_PER_INDUCING",
+    "THREAD_ENVIRONMENT",
+    "available_cores",
+    "blas_threads",
+    "busy_cores_elsewhere",
+    "caller_set_blas_threads",
+    "check_blas_threads",
+    "choose_blas_threads",
+    "task_blas_threads",
+    "with_blas_threads",
+]
+
+# Fewer rows than this many per inducing point between two factorisations: the m x m algebra dominates.
+# Measured at m = 200 (issue 14; benchmarks/threads.py): a SEP step of 200, 1,000 or 4,000 rows ran 3.5x,
+# 3.4x and 1.9x slower with two threads than with one, while a batch pass of 10^5 rows gained with two.
+ROWS_PER_INDUCING = 20
+# m x m algebra is threaded only for large m: SEP steps (200 rows) measured at m = 500 took 85 ms with one
+# thread and 142 ms with two; at m = 1000, 560 ms and 496 ms. m^3 / 2^28 gives 1 thread at m = 500 and 3 at
+# m = 1000.
+FACTOR_FLOPS_PER_THREAD = 1 << 28
+# n x m blocks: a thread per ~4 Mflop of one block's product (~0.1 ms of one core), so that the library's
+# default blocks (2^21 elements, ~10^4 rows at m = 200) keep 64 cores busy.
+GEMM_FLOPS_PER_THREAD = 1 << 22
+# Variables through which a caller sets the BLAS thread count before the library loads (OpenBLAS reads the
+# first three, MKL MKL_NUM_THREADS and OMP_NUM_THREADS, BLIS BLIS_NUM_THREADS, Accelerate the last).
+THREAD_ENVIRONMENT = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                      "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+
+
+def check_blas_threads(value, name="blas_threads"):
+    """``value`` if it is None (automatic) or a positive integer, else a ValueError naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be None (automatic) or a positive integer, got {value!r}")
+    return int(value)
+
+
+def _cgroup_cores():
+    """Cores allowed by a cgroup v2 CPU quota (a container's --cpus), or None when there is none."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    return max(1, math.ceil(int(quota) / int(period)))
+
+
+def available_cores():
+    """Cores this process may run on: its CPU affinity, capped by a cgroup CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cores()
+    return max(1, min(cores, quota) if quota else cores)
+
+
+class _CpuMeter:
+    """Cores kept busy by other processes between two looks: the busy time of the cores this process may
+    run on (their lines of /proc/stat) less this process's own CPU time (all its threads), over the wall
+    time between the looks."""
+
+    def __init__(self):
+        self.last = self._sample()
+        self.estimate = None
+
+    @staticmethod
+    def _sample():
+        try:
+            allowed = {f"cpu{k}" for k in os.sched_getaffinity(0)}
+            with open("/proc/stat") as f:
+                lines = [line.split() for line in f if line.startswith("cpu") and not line.startswith("cpu ")]
+        except (OSError, AttributeError):
+            return None
+        busy = 0
+        for fields in lines:
+            if fields[0] in allowed:
+                values = [int(v) for v in fields[1:]]
+                busy += sum(values) - values[3] - (values[4] if len(values) > 4 else 0)  # all but idle, iowait
+        own = os.times()
+        return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), own.user + own.system
+
+    def busy_elsewhere(self, min_interval=0.05):
+        now = self._sample()
+        if now is None or self.last is None:
+            return 0.0
+        if now[0] - self.last[0] < min_interval:  # too short to say (the clock ticks at 100 Hz)
+            if self.estimate is not None:  # the last look's answer still stands
+                return self.estimate
+            time.sleep(min_interval - (now[0] - self.last[0]))  # the first look: wait a little, once
+            now = self._sample()
+        wall = now[0] - self.last[0]
+        others = (now[1] - self.last[1]) - (now[2] - self.last[2])
+        self.last = now
+        self.estimate = max(0.0, others / wall)
+        return self.estimate
+
+
+_meter = _CpuMeter()
+
+
+def busy_cores_elsewhere():
+    """Cores other processes kept busy (on average) since the last call (Linux; 0 elsewhere)."""
+    return _meter.busy_elsewhere()
+
+
+def _free_cores(budget=None):
+    """The cores to use at most now: ``available_cores()`` (or ``budget``) less those busy elsewhere."""
+    cores = available_cores() if budget is None else min(budget, available_cores())
+    return max(1, round(cores - busy_cores_elsewhere()))
+
+
+def choose_blas_threads(rows, m, *, n_features=0, block_rows=None, cores=None):
+    """BLAS threads for work on ``rows`` rows against m inducing points (see the module docstring).
+
+    ``rows``: rows between two factorisations of q (a minibatch step: the minibatch; a batch pass: all n).
+    ``block_rows``: rows in one n x m block (default ``rows``). ``n_features``: input dimension d.
+    ``cores``: cores to use at most (default ``available_cores()`` less ``busy_cores_elsewhere()``, the
+    latter looked at only when more than one thread would be chosen)."""
+    rows, m = max(1, int(rows)), max(1, int(m))
+    block_rows = rows if block_rows is None else max(1, min(rows, int(block_rows)))
+    if rows < ROWS_PER_INDUCING * m:
+        wanted = m ** 3 // FACTOR_FLOPS_PER_THREAD
+    else:
+        wanted = block_rows * m * (m + int(n_features)) // GEMM_FLOPS_PER_THREAD
+    wanted = max(1, int(wanted))
+    if wanted == 1:
+        return 1
+    return max(1, min(wanted, int(_free_cores() if cores is None else cores)))
+
+
+# -- the BLAS libraries and what their defaults were -----------------------------------------------------
+
+_controller = None
+_modules_seen = -1
+_defaults = {}  # library file -> its thread count when agpc first saw it
+
+
+def _libraries(refresh):
+    """The BLAS libraries' controllers (a cached ``ThreadpoolController``, rebuilt when ``refresh`` and
+    modules were imported since it was built); records each new library's default thread count."""
+    global _controller, _modules_seen
+    if _controller is None or (refresh and len(sys.modules) != _modules_seen):
+        from threadpoolctl import ThreadpoolController
+
+        _modules_seen = len(sys.modules)
+        _controller = ThreadpoolController().select(user_api="blas")
+        for lib in _controller.lib_controllers:
+            _defaults.setdefault(lib.filepath, lib.num_threads)
+    return _controller
+
+
+def caller_set_blas_threads():
+    """True when the caller has set the BLAS thread count: an environment variable of ``THREAD_ENVIRONMENT``
+    is set, or a BLAS library runs with a count other than its default."""
+    if any(os.environ.get(name) for name in THREAD_ENVIRONMENT):
+        return True
+    return any(lib.num_threads != _defaults.get(lib.filepath, lib.num_threads)
+               for lib in _libraries(refresh=True).lib_controllers)
+
+
+# The BLAS thread count is process-wide, so one Python thread at a time owns it: the thread whose scope is
+# outermost. Its scopes set and restore the count, last in first out; scopes that other threads open
+# meanwhile (e.g. dask's threaded scheduler predicting blocks in parallel) change nothing, so that no
+# restore can put back a count another scope set.
+_lock = threading.Lock()
+_owner = None  # the thread identifier of the outermost scope's thread
+_stack = []  # the owner's open scopes: (mode, count, budget: the most cores the rule may use, None: the free ones)
+
+
+@contextlib.contextmanager
+def _scope(rows, m, n_features, block_rows, threads, in_task):
+    global _owner
+    me = threading.get_ident()
+    with _lock:
+        outermost = _owner is None
+        if outermost:
+            _owner = me
+        mine = _owner == me
+    if not mine:
+        yield None
+        return
+    try:
+        budget = None
+        if not outermost:  # the outermost scope decided whose choice wins; choose again for this shape
+            mode, count, budget = _stack[0]
+            if mode == "rule":
+                count = _rule(rows, m, n_features, block_rows, budget)
+        elif in_task:  # a Dask worker's budget: the largest BLAS thread count its libraries have
+            budget = max([lib.num_threads for lib in _libraries(refresh=True).lib_controllers], default=1)
+            mode, count = "rule", _rule(rows, m, n_features, block_rows, budget)
+        elif threads is not None:
+            mode, count = "explicit", threads
+        elif caller_set_blas_threads():
+            mode, count = "caller", None
+        else:
+            mode, count = "rule", _rule(rows, m, n_features, block_rows, None)
+        _stack.append((mode, count, budget))
+        try:
+            if count is None:
+                yield None
+            else:
+                with _libraries(refresh=outermost).limit(limits=count, user_api="blas"):
+                    yield count
+        finally:
+            _stack.pop()
+    finally:
+        if outermost:
+            with _lock:
+                _owner = None
+
+
+def _rule(rows, m, n_features, block_rows, budget):
+    """``choose_blas_threads`` within ``budget`` cores (None: the free ones), less those busy elsewhere."""
+    count = choose_blas_threads(rows, m, n_features=n_features, block_rows=block_rows, cores=budget)
+    if budget is not None and count > 1:  # the busy cores are looked at only when they could matter
+        count = min(count, _free_cores(budget))
+    return count
+
+
+def blas_threads(rows, m, *, n_features=0, block_rows=None, threads=None):
+    """A context manager running its body with the BLAS thread count for this work (``choose_blas_threads``
+    with the same arguments); yields the count set, or None when nothing was changed (the caller's setting
+    is left alone, or another Python thread's scope holds the count). ``threads``: an explicit count.
+
+    Nested scopes keep the outermost one's decision of whose choice wins (explicit, the caller's, or the
+    rule) and, under the rule, choose again for their own shape. See the module docstring."""
+    return _scope(rows, m, n_features, block_rows, check_blas_threads(threads), in_task=False)
+
+
+def task_blas_threads(rows, m, *, n_features=0, block_rows=None):
+    """``blas_threads`` inside a Dask worker's task: the rule within the worker's budget, the largest BLAS
+    thread count its libraries have (environment variables there are the worker's configuration, which
+    dask's nanny sets to one thread per worker thread unless told otherwise, not a caller's limit to leave
+    alone). A task run in the driver's own scope (a synchronous scheduler) follows the driver's scope."""
+    return _scope(rows, m, n_features, block_rows, None, in_task=True)
+
+
+def with_blas_threads(work):
+    """Decorator: run the function inside ``blas_threads(**work(*args, **kwargs))``, ``work`` giving the
+    shape of what the call will do (``rows``, ``m`` and optionally ``n_features``, ``block_rows``)."""
+    def decorate(function):
+        @functools.wraps(function)
+        def scoped(*args, **kwargs):
+            with blas_threads(**work(*args, **kwargs)):
+                return function(*args, **kwargs)
+        return scoped
+    return decorate
+
+
+_libraries(refresh=True)  # the first look, at import: each library's default is what it has now

@@ -1,0 +1,222 @@
+"""The BLAS thread rule (agpc.threads) against fixed thread counts, in one run.
+
+1. ms per SEP minibatch step (``training.Trainer.step``, m = 200, minibatch 200, stepping on all
+   hyper-parameters) on synthetic airline-like data (``agpc.datasets.make_airline_like``, 8 features):
+   with 1 thread, with every core, and with nothing set (the rule chooses). Fixed counts are set the way a
+   user sets them, ``GPClassifier(blas_threads=k)``, i.e. an explicit ``agpc.threads.blas_threads`` scope.
+2. Seconds per batch EP pass (``agpc.inference.ep.evaluate`` with the gradient, the library's default
+   blocks) at n = 10^5 and 10^6, m = 200: the same three settings; "rule" is the scope ``Trainer.step``
+   opens around a batch pass, with nothing set.
+3. What a scope costs: ``threadpoolctl.threadpool_limits`` (inspects the loaded libraries every call), a
+   cached ``ThreadpoolController.limit``, and agpc's scope outermost and nested.
+
+Settings are interleaved round by round (1, all, rule, 1, all, rule, ...) and medians reported, so that
+a change in what else the machine runs touches every setting alike; the cores other processes kept busy
+during the run (``agpc.threads.busy_cores_elsewhere``) are printed, since they decide what threads cost.
+
+    PYTHONPATH=. python benchmarks/threads.py            # the table (~5-10 minutes on 2 cores)
+    PYTHONPATH=. python benchmarks/threads.py --quick    # smoke test (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import load_line, print_machine  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny smoke-test setting")
+    p.add_argument("--m", type=int, default=200, help="inducing points (default 200)")
+    p.add_argument("--batch", type=int, default=200, help="minibatch rows (default 200)")
+    p.add_argument("--steps", type=int, default=100, help="SEP steps timed per round (default 100)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of SEP settings (default 5)")
+    p.add_argument("--ns", default="100000,1000000", help="batch EP pass sizes (default 100000,1000000)")
+    p.add_argument("--pass-rounds", type=int, default=3, help="rounds of batch settings (default 3; 2 at n >= 10^6)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.m, args.steps, args.rounds, args.ns, args.pass_rounds = 20, 5, 1, "2000", 1
+    args.ns = [int(float(v)) for v in args.ns.split(",")]
+    return args
+
+
+def settings(threads):
+    """(label, explicit count or None for the rule): 1 thread, every core, the rule."""
+    cores = threads.available_cores()
+    fixed = [1] if cores == 1 else [1, cores]
+    return [(f"{k} thread{'s' if k > 1 else ''} (blas_threads={k})", k) for k in fixed] + [("nothing set (rule)", None)]
+
+
+def current_counts(controller):
+    return tuple(lib.num_threads for lib in controller.lib_controllers)
+
+
+def sep_steps(args, threads, training, controller):
+    from agpc import RBF, datasets
+
+    n = max(20 * args.batch, 20000)
+    X, y = datasets.make_airline_like(n, random_state=0)
+    y = np.where(y > 0, 1.0, -1.0)
+    rng = np.random.default_rng(0)
+    Z = X[rng.choice(n, size=args.m, replace=False)].copy()
+    kernel = RBF(lengthscales=[float(np.sqrt(X.shape[1]))] * X.shape[1], amplitude=1.0, noise=1e-3)
+    trainer = training.Trainer(kernel, Z, method="sep", n_total=n, minibatch=True)
+    n_batches = n // args.batch
+    position = [0]
+    seen = {}
+
+    def run(label, explicit):
+        scope = threads.blas_threads(args.batch, args.m, n_features=X.shape[1], threads=explicit) if explicit else None
+        if scope is not None:
+            scope.__enter__()
+        try:
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                lo = (position[0] % n_batches) * args.batch
+                position[0] += 1
+                trainer.step(X, y, lo, lo + args.batch, stepping=True)
+            elapsed = (time.perf_counter() - t0) / args.steps * 1e3
+        finally:
+            if scope is not None:
+                scope.__exit__(None, None, None)
+        return elapsed
+
+    # what the BLAS ran with inside each step: read by a wrapper of the step's evaluation (on the module,
+    # where the step looks it up; put back at the end)
+    ep = sys.modules["agpc.inference.ep"]
+    original = ep.evaluate_factor
+    current_label = [None]
+
+    def recording(*a, **k):
+        seen.setdefault(current_label[0], set()).add(current_counts(controller))
+        return original(*a, **k)
+
+    ep.evaluate_factor = recording
+    try:
+        run("warm-up", 1)
+        times = {}
+        for _ in range(args.rounds):
+            for label, explicit in settings(threads):
+                current_label[0] = label
+                times.setdefault(label, []).append(run(label, explicit))
+    finally:
+        ep.evaluate_factor = original
+    return times, seen
+
+
+def batch_passes(args, threads, ep, controller, n):
+    from agpc import RBF, datasets
+
+    X, y = datasets.make_airline_like(n, random_state=1)
+    y = np.where(y > 0, 1.0, -1.0)
+    rng = np.random.default_rng(1)
+    Z = X[rng.choice(n, size=args.m, replace=False)].copy()
+    kernel = RBF(lengthscales=[float(np.sqrt(X.shape[1]))] * X.shape[1], amplitude=1.0, noise=1e-3)
+    nu = rng.uniform(0.0, 0.5, size=n)
+    mu = rng.normal(0.0, 0.3, size=n)
+    rounds = args.pass_rounds if n < 10**6 else min(args.pass_rounds, 2)
+    times, seen = {}, {}
+    for _ in range(rounds):
+        for label, explicit in settings(threads):
+            with threads.blas_threads(n, args.m, n_features=X.shape[1], threads=explicit):
+                seen.setdefault(label, set()).add(current_counts(controller))
+                t0 = time.perf_counter()
+                out = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=1e-6, want_grad=True)
+                float(out["log_z"])
+                times.setdefault(label, []).append(time.perf_counter() - t0)
+            del out
+    return times, seen
+
+
+def scope_costs(threads):
+    from threadpoolctl import ThreadpoolController, threadpool_limits
+
+    def per_call(fn, calls):
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) / calls * 1e6
+
+    def limits():
+        with threadpool_limits(limits=1, user_api="blas"):
+            pass
+
+    controller = ThreadpoolController().select(user_api="blas")
+
+    def cached():
+        with controller.limit(limits=1, user_api="blas"):
+            pass
+
+    def scope():
+        with threads.blas_threads(200, 200):
+            pass
+
+    rows = [("threadpoolctl.threadpool_limits(1)", per_call(limits, 200)),
+            ("cached ThreadpoolController.limit(1)", per_call(cached, 2000)),
+            ("agpc.threads.blas_threads, outermost (checks the caller's setting)", per_call(scope, 2000))]
+    with threads.blas_threads(10**6, 200):
+        rows.append(("agpc.threads.blas_threads, nested in a fit's scope", per_call(scope, 2000)))
+    return rows
+
+
+def ms(values):
+    return statistics.median(values)
+
+
+def print_table(times, seen, unit, runs, digits):
+    """One row a setting: median, every run, the BLAS thread counts seen, and the ratio to the best."""
+    best = min(ms(v) for v in times.values())
+    print(f"| setting | {unit} | {runs} | BLAS threads (per library) | / best |")
+    print("|---|---|---|---|---|")
+    for label, values in times.items():
+        print(f"| {label} | {ms(values):.{digits}f} | {', '.join(f'{v:.{digits - 1}f}' for v in values)} | "
+              f"{sorted(seen.get(label, []))} | {ms(values) / best:.2f} |", flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from threadpoolctl import ThreadpoolController
+
+    from agpc import threads
+    from agpc.inference import ep, training
+
+    print_machine("BLAS threads: the rule (agpc.threads) against fixed counts")
+    controller = ThreadpoolController().select(user_api="blas")
+    print(f"Cores available to this process: {threads.available_cores()}; BLAS libraries at start "
+          f"(threads): {[lib.num_threads for lib in controller.lib_controllers]}; caller set a count: "
+          f"{threads.caller_set_blas_threads()}")
+    busy_start = threads.busy_cores_elsewhere()
+    t_start = time.perf_counter()
+
+    print(f"\n### SEP minibatch step: m = {args.m}, minibatch {args.batch}, d = 8, "
+          f"{args.rounds} rounds x {args.steps} steps per setting, interleaved\n")
+    times, seen = sep_steps(args, threads, training, controller)
+    print_table(times, seen, "ms / step (median of rounds)", "rounds (ms)", 2)
+    print(f"\nCores busy elsewhere during the SEP rounds: {threads.busy_cores_elsewhere():.2f}")
+
+    for n in args.ns:
+        print(f"\n### Batch EP pass (ep.evaluate with the gradient, default blocks): n = {n:,}, m = {args.m}\n")
+        times, seen = batch_passes(args, threads, ep, controller, n)
+        print_table(times, seen, "s / pass (median)", "runs (s)", 3)
+        print(f"\nCores busy elsewhere during these passes: {threads.busy_cores_elsewhere():.2f}")
+
+    print("\n### What a scope costs (us per enter + exit)\n")
+    print("| scope | us / call |")
+    print("|---|---|")
+    for label, us in scope_costs(threads):
+        print(f"| {label} | {us:.1f} |")
+    print(f"\nCores busy elsewhere: {busy_start:.2f} at the start (since import). Total {time.perf_counter() - t_start:.0f} s. "
+          f"{load_line()}")
+
+
+if __name__ == "__main__":
+    main()

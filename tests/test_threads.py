@@ -1,0 +1,313 @@
+"""The BLAS thread rule (agpc.threads): what it chooses, whose choice wins, and that it cleans up.
+
+Most tests run against a fake BLAS library (``FakeBlas``) on a mocked machine, so that they check the
+choices for a 64-core machine on any machine and never depend on the real BLAS's state; a few check the
+real libraries (restored after a fit, an enclosing ``threadpool_limits`` detected).
+"""
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from agpc import GPClassifier, threads
+from agpc.datasets import make_banana
+from agpc.inference import ep
+
+CORES = 64
+
+
+class FakeBlas:
+    """One BLAS library as threadpoolctl's controllers show it: a thread count, set and read."""
+
+    filepath = "/fake/libopenblas.so"
+    user_api = "blas"
+
+    def __init__(self, default):
+        self.num_threads = default
+        self.set_calls = []
+
+    def set_num_threads(self, count):
+        self.set_calls.append(count)
+        self.num_threads = count
+
+
+class FakeController:
+    """What ``agpc.threads`` uses of a ``threadpoolctl.ThreadpoolController``: its libraries and ``limit``,
+    which sets every library's count and puts the old one back at the end (as threadpoolctl does)."""
+
+    def __init__(self, libraries):
+        self.lib_controllers = libraries
+
+    def limit(self, *, limits, user_api):
+        assert user_api == "blas"
+        controller = self
+
+        class Limiter:
+            def __enter__(self):
+                self.before = [lib.num_threads for lib in controller.lib_controllers]
+                for lib in controller.lib_controllers:
+                    lib.set_num_threads(limits)
+                return self
+
+            def __exit__(self, *exc):
+                for lib, count in zip(controller.lib_controllers, self.before):
+                    lib.set_num_threads(count)
+
+        return Limiter()
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """A 64-core machine, idle, with one BLAS library at its default of 64 threads and no thread variable
+    in the environment."""
+    blas = FakeBlas(CORES)
+    controller = FakeController([blas])
+    monkeypatch.setattr(threads, "_libraries", lambda refresh: controller)
+    monkeypatch.setattr(threads, "available_cores", lambda: CORES)
+    monkeypatch.setattr(threads, "busy_cores_elsewhere", lambda: 0.0)
+    monkeypatch.setitem(threads._defaults, blas.filepath, CORES)
+    for name in threads.THREAD_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    return blas
+
+
+def _record_threads(monkeypatch, blas, name):
+    """Wrap ``ep.<name>`` (what a training step calls) to record the library's count at each call."""
+    seen = []
+    original = getattr(ep, name)
+
+    def recording(*args, **kwargs):
+        seen.append(blas.num_threads)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(ep, name, recording)
+    return seen
+
+
+def _data(n=400):
+    X, y = make_banana(n, random_state=0)
+    return X, y
+
+
+# -- the rule -------------------------------------------------------------------------------------------
+
+
+def test_minibatch_step_on_64_cores_uses_one_thread(machine):
+    """A SEP step of 200 rows at m = 200 is m x m work: one thread, whatever the cores."""
+    assert threads.choose_blas_threads(200, 200, n_features=8) == 1
+    with threads.blas_threads(200, 200, n_features=8) as count:
+        assert count == 1 and machine.num_threads == 1
+    assert machine.num_threads == CORES
+
+
+def test_large_batch_pass_on_64_cores_uses_every_core(machine):
+    """A batch EP pass over 10^6 rows, m = 200, in the library's default blocks (2^21 elements): all cores."""
+    block_rows = (1 << 21) // 200
+    assert threads.choose_blas_threads(10**6, 200, n_features=8, block_rows=block_rows) == CORES
+    with threads.blas_threads(10**6, 200, n_features=8, block_rows=block_rows) as count:
+        assert count == CORES and machine.num_threads == CORES
+
+
+def test_rule_never_exceeds_free_cores(machine, monkeypatch):
+    """Cores busy with other processes are not asked for: a threaded call would wait for them."""
+    monkeypatch.setattr(threads, "busy_cores_elsewhere", lambda: CORES - 3.2)
+    assert threads.choose_blas_threads(10**6, 200, n_features=8) == 3
+    monkeypatch.setattr(threads, "busy_cores_elsewhere", lambda: float(CORES))
+    assert threads.choose_blas_threads(10**6, 200, n_features=8) == 1
+
+
+def test_rule_grows_with_the_work(machine):
+    """More rows per block, or a larger m, never means fewer threads; large m threads even a minibatch."""
+    by_rows = [threads.choose_blas_threads(10**6, 200, block_rows=b) for b in (1000, 4000, 16000, 64000)]
+    assert by_rows == sorted(by_rows) and by_rows[0] < by_rows[-1]
+    by_m = [threads.choose_blas_threads(200, m) for m in (100, 500, 1000, 2000, 4000)]
+    assert by_m == sorted(by_m) and by_m[0] == 1 and by_m[-1] > 1
+
+
+def test_busy_cores_elsewhere_is_a_number_of_cores():
+    busy = threads.busy_cores_elsewhere()
+    assert 0.0 <= busy <= os.cpu_count() + 0.5  # (a tick of rounding at most)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_bad_blas_threads_is_refused(bad):
+    X, y = _data(50)
+    with pytest.raises(ValueError, match="blas_threads"):
+        GPClassifier(n_inducing=5, max_iter=1, blas_threads=bad).fit(X, y)
+
+
+def test_blas_threads_is_a_parameter():
+    assert GPClassifier().get_params()["blas_threads"] is None
+    assert GPClassifier(blas_threads=3).get_params()["blas_threads"] == 3
+
+
+# -- in a fit -------------------------------------------------------------------------------------------
+
+
+def test_fit_chooses_per_phase_on_64_cores(machine, monkeypatch):
+    """Minibatch SEP: every step at one thread. Batch EP over enough rows: its passes on all the cores.
+    Afterwards the library is back at its default."""
+    X, y = _data(400)
+    steps = _record_threads(monkeypatch, machine, "evaluate_factor")
+    GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=2, random_state=0).fit(X, y)
+    assert steps and set(steps) == {1}
+    assert machine.num_threads == CORES
+    monkeypatch.setattr(threads, "GEMM_FLOPS_PER_THREAD", 1)  # 400 rows x 10 inducing points count as large
+    passes = _record_threads(monkeypatch, machine, "evaluate")
+    GPClassifier(method="ep", n_inducing=10, batch_size=None, max_iter=3, random_state=0).fit(X, y)
+    assert passes and set(passes) == {CORES}
+    assert machine.num_threads == CORES
+
+
+def test_caller_setting_restored_after_an_exception(machine, monkeypatch):
+    def failing(*args, **kwargs):
+        assert machine.num_threads == 1  # the step ran under the rule...
+        raise RuntimeError("a step failed")
+
+    monkeypatch.setattr(ep, "evaluate_factor", failing)
+    X, y = _data(200)
+    with pytest.raises(RuntimeError, match="a step failed"):
+        GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=1, random_state=0).fit(X, y)
+    assert machine.num_threads == CORES  # ...and the caller's count came back
+
+
+def test_explicit_parameter_is_used_everywhere(machine, monkeypatch):
+    X, y = _data(200)
+    steps = _record_threads(monkeypatch, machine, "evaluate_factor")
+    GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=1, blas_threads=7, random_state=0).fit(X, y)
+    assert steps and set(steps) == {7}
+    assert machine.num_threads == CORES
+
+
+def test_enclosing_limit_is_left_alone(machine, monkeypatch):
+    """A count other than the library's default is the caller's choice: no step changes it."""
+    X, y = _data(200)
+    steps = _record_threads(monkeypatch, machine, "evaluate_factor")
+    with FakeController([machine]).limit(limits=5, user_api="blas"):
+        GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=1, random_state=0).fit(X, y)
+        assert machine.num_threads == 5
+    assert steps and set(steps) == {5}
+    assert machine.set_calls == [5, CORES]  # the caller's own limit and its end: agpc set nothing
+
+
+def test_environment_variable_is_left_alone(machine, monkeypatch):
+    """OPENBLAS_NUM_THREADS (read by the library when it loaded) is the caller's choice too."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "64")
+    X, y = _data(200)
+    steps = _record_threads(monkeypatch, machine, "evaluate_factor")
+    GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=1, random_state=0).fit(X, y)
+    assert steps and set(steps) == {CORES}
+    assert machine.set_calls == []
+
+
+def test_no_environment_variable_is_changed(machine, monkeypatch):
+    X, y = _data(200)
+    before = dict(os.environ)
+    during = []
+    original = ep.evaluate_factor
+    monkeypatch.setattr(ep, "evaluate_factor", lambda *a, **k: during.append(dict(os.environ)) or original(*a, **k))
+    model = GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=1, random_state=0).fit(X, y)
+    model.predict_proba(X)
+    assert during and all(env == before for env in during)
+    assert dict(os.environ) == before
+
+
+def test_prediction_uses_the_rule(machine, monkeypatch):
+    X, y = _data(200)
+    model = GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=1, random_state=0).fit(X, y)
+    monkeypatch.setattr(threads, "GEMM_FLOPS_PER_THREAD", 1)
+    seen = _record_threads(monkeypatch, machine, "predict_latent")
+    model.predict_proba(X)
+    assert seen == [CORES]
+    assert machine.num_threads == CORES
+
+
+def test_scope_in_another_python_thread_changes_nothing(machine):
+    """The count is process-wide: while one thread's scope holds it, another thread's scope leaves it."""
+    results = []
+    with threads.blas_threads(200, 200) as count:
+        assert count == 1
+        other = threading.Thread(target=lambda: results.append(_enter_and_read(machine)))
+        other.start()
+        other.join()
+        assert machine.num_threads == 1
+    assert results == [(None, 1)]
+    assert machine.num_threads == CORES
+
+
+def _enter_and_read(blas):
+    with threads.blas_threads(10**6, 200) as count:
+        return count, blas.num_threads
+
+
+def test_dask_task_follows_the_rule_within_its_worker_budget(machine, monkeypatch):
+    """In a worker, the BLAS count it was started with is its budget (dask's nanny sets OPENBLAS_NUM_THREADS
+    and friends to one thread per worker thread): a task never goes above it, and below it follows the rule.
+    The variables there are the worker's configuration, not a caller's limit: the rule still applies."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "8")
+    monkeypatch.setattr(machine, "num_threads", 8)
+    with threads.task_blas_threads(10**6, 200, n_features=8) as count:  # a large chunk: the whole budget
+        assert count == 8 and machine.num_threads == 8
+    with threads.task_blas_threads(200, 200, n_features=8) as count:  # a small one: one thread
+        assert count == 1 and machine.num_threads == 1
+    assert machine.num_threads == 8
+    monkeypatch.setattr(machine, "num_threads", 1)  # dask's default: one BLAS thread per worker thread
+    with threads.task_blas_threads(10**6, 200, n_features=8) as count:
+        assert count == 1
+
+
+def test_controller_is_built_once_not_per_step(monkeypatch):
+    """threadpool_limits would inspect the loaded libraries at every step (~1 ms here); the module builds a
+    ThreadpoolController at most once per fit (when modules were imported since the last)."""
+    import threadpoolctl
+
+    built = []
+    original = threadpoolctl.ThreadpoolController
+
+    class Counting(original):
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(threadpoolctl, "ThreadpoolController", Counting)
+    for name in threads.THREAD_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    X, y = _data(400)
+    model = GPClassifier(method="sep", n_inducing=10, batch_size=20, max_iter=2, random_state=0).fit(X, y)
+    assert model.n_iter_ == 2  # 40 steps
+    assert len(built) <= 1
+
+
+# -- the real libraries ---------------------------------------------------------------------------------
+
+
+def _real_counts():
+    from threadpoolctl import threadpool_info
+
+    return [(i["filepath"], i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas"]
+
+
+def test_real_libraries_restored_after_fit():
+    X, y = _data(400)
+    before = _real_counts()
+    GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=1, random_state=0).fit(X, y)
+    GPClassifier(method="ep", n_inducing=10, batch_size=None, max_iter=2, random_state=0).fit(X, y)
+    assert _real_counts() == before
+
+
+def test_real_enclosing_threadpool_limits_detected():
+    from threadpoolctl import threadpool_limits
+
+    if any(os.environ.get(name) for name in threads.THREAD_ENVIRONMENT):
+        pytest.skip("a BLAS thread variable is set: every count is the caller's already")
+    defaults = {path: count for path, count in _real_counts()}
+    if not defaults or all(count == 1 for count in defaults.values()):
+        pytest.skip("the BLAS runs one thread by default here: a limit of 1 cannot be told from it")
+    assert not threads.caller_set_blas_threads()
+    with threadpool_limits(limits=1, user_api="blas"):
+        assert threads.caller_set_blas_threads()
+        with threads.blas_threads(10**6, 200) as count:
+            assert count is None
+            assert all(c == 1 for _, c in _real_counts())
