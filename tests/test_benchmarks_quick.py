@@ -33,11 +33,14 @@ def _runs(tmp_dir):
         "time_curves": ["time_curves.py", "--quick", "--methods", few],
         "airline": ["airline.py", "--quick", "--blas-threads", "1"],
         "airline_3class": ["airline.py", "--quick", "--classes", "3", "--blas-threads", "1"],
+        "airline_vs_gpflow": ["airline_vs_gpflow.py", "--quick", "--thread-table", "--out",
+                              str(tmp_dir / "airline_vs_gpflow_quick.json")],
         "dask_scaling": ["dask_scaling.py", "--quick", "--store", str(tmp_dir / "dask")],
         "threads": ["threads.py", "--quick"],
     }
 
-NEEDS_DATA = ("uci_iterations", "uci_binary_ep", "airline", "airline_3class")  # presets of real data only
+# presets of real data only
+NEEDS_DATA = ("uci_iterations", "uci_binary_ep", "airline", "airline_3class", "airline_vs_gpflow")
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +68,8 @@ def outputs(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["uci_binary", "uci_binary_generated", "uci_iterations", "uci_binary_ep",
                                   "uci_multiclass",
-                                  "banana_inducing", "time_curves", "airline", "airline_3class", "dask_scaling",
-                                  "threads"])
+                                  "banana_inducing", "time_curves", "airline", "airline_3class", "airline_vs_gpflow",
+                                  "dask_scaling", "threads"])
 def test_quick_run_prints_a_table(outputs, name):
     if name not in outputs:
         pytest.skip(f"{DATA} is absent and {name} has no generated fallback")

@@ -1,0 +1,486 @@
+"""agpc SEP, EP and SVI against GPflow SVGP on the real airline split, side by side in one run (issue 14, Figures).
+
+Split (the peers' README, ``../shared/peers/README.md``): ``../shared/data/airline2008.npz``, label
+arr_delay > 0, ``numpy.random.default_rng(0).permutation(n)``, its first 10,000 rows the test set and the rest
+the training set (in the permutation's order), features standardised with the training part's mean and
+standard deviation. When the peer's data folder exists the script checks that its test rows are ours, bit for bit.
+
+agpc rows: ``GPClassifier(method=M, n_inducing=200, batch_size=200, max_time=budget, random_state=0)`` for M in
+``--methods`` (default sep, ep, svi), every other parameter at its default, run in this process with nothing
+set in the environment and no thread limit (as a user runs it; the header warns if a ``*_NUM_THREADS``
+variable is set). GPflow rows: the peer harness ``../shared/peers/gpflow_svgp.py`` (ARD RBF, probit, whitened
+full-covariance q(u), Adam 0.01, float64, ``--threads`` = the CPU count), run as a separate process in its own
+virtual environment (``~/.cache/agpc-peers/gpflow``): agpc never imports TensorFlow. Without that environment
+the script prints the command that builds it and the error, and still runs the agpc rows.
+
+Initial inducing inputs (``--inducing``, default "peer"): both libraries start from the same Z, the k-means
+centres the harness computes once (scikit-learn KMeans on all training rows, n_init 1, seed 0) and caches in
+its data folder as ``Z_kmeans_m200_seed0.npy``; GPClassifier takes them as ``inducing=Z``. So training time
+compares training with training, and the initialisation is reported on its own: for GPflow its ``init_s``
+(k-means, or loading the cache), for agpc the set-up before its first step (input checks, default kernel,
+the one shuffle of the rows) and, once a run, agpc's own k-means (``agpc.inducing.initial_inducing_points``:
+Lloyd on 20,000 random rows) timed alone. With no cached Z yet, the GPflow run of the first budget makes it
+before the agpc rows; with no peer at all, or ``--inducing kmeans``, agpc uses its own k-means inside ``fit``.
+The kernels start at each library's default (agpc: lengthscale_j = std(X_j) sqrt(d); GPflow: 1).
+
+Columns. steps: minibatch steps taken; ms / step: training seconds / steps. agpc: training seconds run from
+the start of its first step to the end of its last, as counted by a wrapper around the library's per-step
+function (``STEP_HOOKS``; EP's exact factor rebuild once an epoch falls inside, being part of training);
+"final pass" is what ``fit`` does after the last step (EP: q rebuilt from every row's sites; SVI: the bound on
+all rows; SEP: nothing of size n), outside ``max_time`` today. GPflow: the harness's ``train_s`` (training
+seconds, test scoring excluded; the first step's graph tracing included) and ``sec_per_step``. The harness
+checks its time cap only at the end of an epoch (10,241 steps here, about a minute), so the script hands it
+its own minibatches in its own order ``--peer-chunk`` steps at a time (``common.batch_schedule`` wrapped; a
+scoring, excluded from the clock, after each chunk): the cap then holds to within a chunk. ``--peer-chunk 0``
+runs the harness unmodified. Test NLL: mean of -log p(y | x) over the 10,000 test rows (agpc:
+``predict_proba``; GPflow: Phi(y mu / sqrt(1 + var))); error: the fraction misclassified.
+
+Targets (issue 14), printed next to the figures: agpc SEP ms / step at most GPflow's in the same run; test
+NLL after 60 s of training at most GPflow's; after 15 s at most 0.625. ``--thread-table``: ms per SEP step
+with 1 and 2 BLAS threads (``threadpoolctl.threadpool_limits`` around ``fit``, inside this process) and with
+nothing set, one after another in one run. The machine may be shared: the load average is printed at the start
+and end, and GPflow's harness reports the cores other processes used; compare ratios within a run.
+
+    PYTHONPATH=. python benchmarks/airline_vs_gpflow.py --thread-table   # about 30 minutes
+    PYTHONPATH=. python benchmarks/airline_vs_gpflow.py --quick --thread-table   # 10,000 rows, no peer: < 30 s
+
+Writes ``benchmarks/results/airline_vs_gpflow[_quick].json`` (every row, the targets, the machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import DEFAULT_DATA_DIR, PROJECT_ROOT, load_line  # noqa: E402
+from _protocol import RESULTS_DIR, parse_list, standardise, start, test_scores  # noqa: E402
+from airline import labels_from_delay  # noqa: E402
+
+PEERS_DIR = PROJECT_ROOT / ".." / "shared" / "peers"
+PEER_HOME = Path.home() / ".cache" / "agpc-peers"
+N_TEST = 10_000
+M = 200
+BATCH = 200
+SEED = 0
+TARGET_NLL_15S = 0.625
+METHODS = ("sep", "ep", "svi")
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+# (module, class or None, function, accept(args, kwargs, result)): the library's function called once per
+# minibatch step, and which calls are steps. EP / SEP / ADF: Trainer.step returns (took, change, log_z), took
+# False for a reverted step (since the one loop, every method's step); SVI before the one loop: svi_elbo with
+# gradients (its call without them is the final bound on all rows). Only the outermost hooked call counts, so
+# the svi_elbo inside a Trainer.step is not a second step.
+STEP_HOOKS = (
+    ("agpc.inference.training", "Trainer", "step", lambda args, kwargs, out: bool(out[0])),
+    ("agpc.inference.variational", None, "svi_elbo", lambda args, kwargs, out: kwargs.get("want_grad", True)),
+)
+
+# Run by the peer's Python: the harness as it is, but handed its minibatches `chunk` steps at a time, so that
+# its time cap (checked after each "epoch") holds to within a chunk. Same minibatches, same order.
+PEER_DRIVER = """
+import os, runpy, sys
+harness, chunk = sys.argv[1], int(sys.argv[2])
+sys.argv = [harness] + sys.argv[3:]
+sys.path.insert(0, os.path.dirname(harness))
+import common
+if chunk > 0:
+    whole_epochs = common.batch_schedule
+    def batch_schedule(n, batch, seed):
+        for epoch in whole_epochs(n, batch, seed):
+            for i in range(0, len(epoch), chunk):
+                yield epoch[i:i + chunk]
+    common.batch_schedule = batch_schedule
+runpy.run_path(harness, run_name="__main__")
+"""
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: 10,000 training rows, 3 s budgets, 1 s thread-table fits, no peer")
+    p.add_argument("--budgets", default=None, help="comma-separated max_time values in seconds (default 15,60,240)")
+    p.add_argument("--methods", default=",".join(METHODS), help="agpc methods (default sep,ep,svi)")
+    p.add_argument("--data", default=str(DEFAULT_DATA_DIR / "airline2008.npz"), help="path of airline2008.npz")
+    p.add_argument("--n-train", type=int, default=None,
+                   help="use the first this many training rows (default all; quick: 10000)")
+    p.add_argument("--inducing", choices=("peer", "kmeans"), default=None,
+                   help="agpc's initial Z: the peer's cached k-means centres (default) or agpc's own k-means "
+                        "(default with --quick)")
+    p.add_argument("--no-peer", action="store_true", help="skip the GPflow rows (implied by --quick)")
+    p.add_argument("--peer-python", default=str(PEER_HOME / "gpflow" / "bin" / "python"))
+    p.add_argument("--peer-data", default=str(PEER_HOME / "airline_real"),
+                   help="the harness's data folder, written by make_airline_real.py")
+    p.add_argument("--peer-threads", type=int, default=os.cpu_count() or 1,
+                   help="GPflow's --threads (default: the CPU count)")
+    p.add_argument("--peer-chunk", type=int, default=500,
+                   help="steps handed to the harness per 'epoch' so its time cap is checked that often "
+                        "(default 500; 0: the harness unmodified, capped only at real epoch ends)")
+    p.add_argument("--thread-table", action="store_true",
+                   help="also time SEP steps with 1 and 2 BLAS threads and with nothing set")
+    p.add_argument("--thread-budget", type=float, default=None,
+                   help="max_time of each thread-table fit (default 20; quick: 1)")
+    p.add_argument("--out", default=None,
+                   help="JSON results path (default benchmarks/results/airline_vs_gpflow[_quick].json)")
+    args = p.parse_args(argv)
+    q = args.quick
+    args.budgets = parse_list(args.budgets or ("3" if q else "15,60,240"), convert=float)
+    args.methods = parse_list(args.methods, METHODS, "method")
+    args.n_train = args.n_train if args.n_train is not None else (10_000 if q else None)
+    args.inducing = args.inducing or ("kmeans" if q else "peer")
+    args.no_peer = args.no_peer or q
+    args.thread_budget = args.thread_budget if args.thread_budget is not None else (1.0 if q else 20.0)
+    args.out = Path(args.out or RESULTS_DIR / f"airline_vs_gpflow{'_quick' if q else ''}.json")
+    return args
+
+
+# -- data ------------------------------------------------------------------------------------------
+
+def load_split(path, n_train=None):
+    """(X_train, y_train, X_test, y_test, n rows) of the peers' airline split; labels 1 = delayed."""
+    with np.load(path, allow_pickle=False) as f:
+        X = np.asarray(f["X"], dtype=np.float64)
+        y = labels_from_delay(np.asarray(f["arr_delay"]), 2, 0.0)
+    order = np.random.default_rng(SEED).permutation(X.shape[0])
+    test, train = order[:N_TEST], order[N_TEST:]
+    if n_train is not None:
+        train = train[:n_train]  # the first rows of the permuted training part
+    X_train, X_test = standardise(X[train], X[test])
+    return X_train, y[train], X_test, y[test], X.shape[0]
+
+
+def same_test_rows(peer_data, X_test, y_test):
+    """'identical' when the peer's data folder holds our test rows and labels, else why not."""
+    folder = Path(peer_data)
+    try:
+        peer_X = np.load(folder / "X_test.npy")
+        peer_y = np.load(folder / "y_test.npy")
+    except OSError as exc:
+        return f"not checked ({exc})"
+    if peer_X.shape == X_test.shape and np.array_equal(peer_X, X_test) and np.array_equal(peer_y > 0, y_test == 1):
+        return "identical"
+    return "DIFFERENT: the GPflow rows are not on this split"
+
+
+def peer_z(args):
+    """agpc's initial Z: the peer's cached k-means centres with ``--inducing peer`` once the harness has written
+    them; else None (agpc's own k-means inside ``fit``)."""
+    path = Path(args.peer_data) / f"Z_kmeans_m{M}_seed{SEED}.npy"
+    return np.load(path) if args.inducing == "peer" and path.is_file() else None
+
+
+# -- agpc ------------------------------------------------------------------------------------------
+
+class StepClock:
+    """Counts the steps of a fit through ``STEP_HOOKS`` and notes when the first began and the last ended."""
+
+    def __init__(self):
+        self.steps, self.first_start, self.last_end, self.hooked = 0, None, None, []
+        self.depth = 0  # hooked calls under way
+
+    def _wrap(self, original, accept):
+        def counted(*args, **kwargs):
+            t = time.perf_counter()
+            self.depth += 1
+            try:
+                out = original(*args, **kwargs)
+            finally:
+                self.depth -= 1
+            if self.depth == 0 and accept(args, kwargs, out):
+                self.steps += 1
+                self.first_start = t if self.first_start is None else self.first_start
+                self.last_end = time.perf_counter()
+            return out
+
+        return counted
+
+    @contextlib.contextmanager
+    def counting(self):
+        undo = []
+        for module_name, class_name, name, accept in STEP_HOOKS:
+            try:
+                owner = importlib.import_module(module_name)
+                owner = getattr(owner, class_name) if class_name else owner
+                original = getattr(owner, name)
+            except (ImportError, AttributeError):
+                continue
+            setattr(owner, name, self._wrap(original, accept))
+            undo.append((owner, name, original))
+            self.hooked.append(f"{module_name}.{class_name + '.' if class_name else ''}{name}")
+        try:
+            yield self
+        finally:
+            for owner, name, original in undo:
+                setattr(owner, name, original)
+
+
+def run_agpc(method, budget, data, Z, threads=None, **params):
+    """One fit and its test scores: a dict of the table's columns. ``threads``: BLAS limit around the fit
+    (None: nothing set); ``params``: more GPClassifier parameters."""
+    import agpc
+
+    X_train, y_train, X_test, y_test = data
+    model = agpc.GPClassifier(method=method, n_inducing=M, batch_size=BATCH, max_time=budget, random_state=SEED,
+                              inducing="kmeans" if Z is None else Z, **params)
+    clock = StepClock()
+    limits = contextlib.nullcontext()
+    if threads is not None:
+        from threadpoolctl import threadpool_limits
+
+        limits = threadpool_limits(limits=threads, user_api="blas")
+    with warnings.catch_warnings(), limits, clock.counting():
+        warnings.simplefilter("ignore")
+        blas_threads = blas_thread_counts()
+        t0 = time.perf_counter()
+        model.fit(X_train, y_train)
+        t_end = time.perf_counter()
+    nll, err = test_scores(model, X_test, y_test)
+    row = {"library": "agpc", "method": method, "budget": budget, "steps": clock.steps, "nll": nll, "error": err,
+           "fit_seconds": t_end - t0, "threads": threads, "blas_pool_threads": blas_threads,
+           "inducing": "agpc k-means" if Z is None else "peer Z"}
+    if clock.steps:
+        train = clock.last_end - clock.first_start
+        row.update(setup_seconds=clock.first_start - t0, train_seconds=train, ms_per_step=1e3 * train / clock.steps,
+                   final_seconds=t_end - clock.last_end)
+    else:
+        # max_time bounds the whole fit: a budget that cannot hold one step and the final pass takes none
+        row["note"] = (f"no step counted through {clock.hooked}: the fit took none within max_time, or the "
+                       f"library's per-step function changed (STEP_HOOKS)")
+    return row
+
+
+def blas_thread_counts():
+    """The thread counts of the loaded BLAS pools, as threadpoolctl reports them now."""
+    from threadpoolctl import threadpool_info
+
+    return sorted({info["num_threads"] for info in threadpool_info() if info.get("user_api") == "blas"})
+
+
+def time_agpc_kmeans(X_train):
+    import agpc.inducing
+
+    t0 = time.perf_counter()
+    agpc.inducing.initial_inducing_points(X_train, M, "kmeans", random_state=SEED)
+    return time.perf_counter() - t0
+
+
+# -- GPflow ----------------------------------------------------------------------------------------
+
+def peer_build_commands(peer_python, peer_data):
+    venv = Path(peer_python).parent.parent
+    peers = PEERS_DIR.resolve()
+    return (f"python3 -m venv {venv} && {peer_python} -m pip install -r {peers / 'requirements-gpflow.txt'}\n"
+            f"    {peer_python} {peers / 'make_airline_real.py'} {peer_data}")
+
+
+def peer_missing(args):
+    """None when the harness can run, else the reason (printed with the commands that build what is missing)."""
+    if not (PEERS_DIR / "gpflow_svgp.py").is_file():
+        return f"the harness {PEERS_DIR / 'gpflow_svgp.py'} is absent"
+    if not Path(args.peer_python).is_file():
+        return f"no peer Python at {args.peer_python} (the virtual environment is not built)"
+    probe = subprocess.run([args.peer_python, "-c", "import gpflow, tensorflow"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"`import gpflow, tensorflow` fails in {args.peer_python}: {probe.stderr.strip()[-600:]}"
+    if not (Path(args.peer_data) / "X_train.npy").is_file():
+        return f"the peer's data folder {args.peer_data} is not written"
+    return None
+
+
+def run_peer(args, budget):
+    """GPflow SVGP for ``budget`` training seconds through the harness: a dict of the table's columns."""
+    harness = str((PEERS_DIR / "gpflow_svgp.py").resolve())
+    cmd = [args.peer_python, "-c", PEER_DRIVER, harness, str(args.peer_chunk), args.peer_data,
+           "--m", str(M), "--batch", str(BATCH), "--time-cap", f"{budget:g}", "--threads", str(args.peer_threads),
+           "--seed", str(SEED), "--epochs", str(10**6 if args.peer_chunk > 0 else 1000),
+           "--label", f"budget {budget:g}"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(PEERS_DIR))
+    wall = time.perf_counter() - t0
+    records = []
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                records.append(json.loads(line))
+    summary = next((r for r in records if r.get("summary")), None)
+    row = {"library": "GPflow", "method": "svgp", "budget": budget, "process_seconds": wall}
+    if proc.returncode != 0 or summary is None:
+        row["note"] = f"harness exited with {proc.returncode}: {proc.stderr.strip()[-800:]}"
+        return row
+    row.update(steps=summary["steps"], train_seconds=summary["train_s"], ms_per_step=1e3 * summary["sec_per_step"],
+               nll=summary["final_test_nll"], error=summary["final_test_err"], setup_seconds=summary["init_s"],
+               Z_sha=summary["Z_sha"], other_cores=summary.get("other_cores_avg"), stopped_by=summary["stopped_by"],
+               versions=summary["versions"], threads=summary["threads"])
+    errors = [r for r in records if "error" in r]
+    if errors:
+        row["note"] = errors[0]["error"]
+    return row
+
+
+# -- report ----------------------------------------------------------------------------------------
+
+def fmt(value, spec):
+    return "–" if value is None else format(value, spec)
+
+
+def print_budget_table(rows, budget):
+    print(f"\n### Budget {budget:g} s\n")
+    print("| run | Z | set-up / init (s) | training (s) | steps | ms / step | final pass (s) | fit wall (s) "
+          "| test NLL | test error |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if r["library"] == "agpc":
+            name = f"agpc {r['method'].upper()}, nothing set"
+        else:
+            version, threads = r.get("versions", {}).get("gpflow", "?"), r.get("threads", "?")
+            name = f"GPflow {version} SVGP, Adam 0.01, float64, {threads} threads"
+        wall = r.get("fit_seconds", r.get("process_seconds"))
+        z = r.get("inducing", "peer Z (its cache)" if r["library"] == "GPflow" else "")
+        print(f"| {name} | {z} | {fmt(r.get('setup_seconds'), '.1f')} | {fmt(r.get('train_seconds'), '.1f')} "
+              f"| {fmt(r.get('steps'), ',')} | {fmt(r.get('ms_per_step'), '.2f')} "
+              f"| {fmt(r.get('final_seconds'), '.1f')} "
+              f"| {fmt(wall, '.1f')} | {fmt(r.get('nll'), '.4f')} | {fmt(r.get('error'), '.4f')} |")
+    for r in rows:
+        if r.get("note"):
+            print(f"- {r['library']} {r['method']}: {r['note']}")
+    peer = next((r for r in rows if r["library"] == "GPflow" and "nll" in r), None)
+    if peer is not None:
+        print(f"- GPflow: stopped by {peer['stopped_by']}; other processes used "
+              f"{fmt(peer['other_cores'], '.2f')} cores "
+              f"on average during its run; wall of the process (TensorFlow import, data, scoring) "
+              f"{peer['process_seconds']:.0f} s.")
+
+
+def targets(rows_by_budget):
+    """(text, met or None) lines for the issue's three targets."""
+    out = []
+    for budget, rows in rows_by_budget.items():
+        sep = next((r for r in rows if r["method"] == "sep" and "ms_per_step" in r), None)
+        peer = next((r for r in rows if r["library"] == "GPflow" and "ms_per_step" in r), None)
+        if sep and peer:
+            ok = sep["ms_per_step"] <= peer["ms_per_step"]
+            out.append((f"budget {budget:g} s: agpc SEP {sep['ms_per_step']:.2f} ms / step vs GPflow "
+                        f"{peer['ms_per_step']:.2f} (ratio {sep['ms_per_step'] / peer['ms_per_step']:.2f}; "
+                        f"target <= 1)", ok))
+        if budget == 60 and peer is not None and "nll" in peer:
+            for r in rows:
+                if r["library"] == "agpc" and "nll" in r:
+                    out.append((f"60 s: agpc {r['method'].upper()} test NLL {r['nll']:.4f} vs GPflow {peer['nll']:.4f} "
+                                f"(target: at most GPflow's)", r["nll"] <= peer["nll"]))
+        if budget == 15:
+            for r in rows:
+                if r["library"] == "agpc" and "nll" in r:
+                    out.append((f"15 s: agpc {r['method'].upper()} test NLL {r['nll']:.4f} (target <= "
+                                f"{TARGET_NLL_15S})", r["nll"] <= TARGET_NLL_15S))
+    return out
+
+
+def thread_table(args, data, Z):
+    """ms per SEP step with nothing set, 1 and 2 BLAS threads (threadpoolctl inside this process) and, where
+    GPClassifier takes ``blas_threads``, with 1 and 2 passed there: agpc's thread rule leaves a caller's limit
+    alone only when it differs from the BLAS default, so threadpool_limits(2) on 2 cores is 'nothing set'."""
+    import agpc
+
+    print(f"\n### Thread policy: ms per SEP step (max_time {args.thread_budget:g} s a fit, one after another)\n")
+    print("| BLAS threads | threadpoolctl reports before fit | steps | ms / step | test NLL |")
+    print("|---|---|---:|---:|---:|")
+    settings = [(None, {}), (1, {}), (2, {})]
+    if "blas_threads" in agpc.GPClassifier().get_params():
+        settings += [(None, {"blas_threads": 1}), (None, {"blas_threads": 2})]
+    rows = []
+    for threads, params in settings:
+        row = run_agpc("sep", args.thread_budget, data, Z, threads=threads, **params)
+        row.update(params)
+        rows.append(row)
+        label = (f"GPClassifier(blas_threads={params['blas_threads']})" if params else
+                 "nothing set" if threads is None else f"{threads} (threadpool_limits)")
+        print(f"| {label} | {row['blas_pool_threads']} | {fmt(row['steps'], ',')} "
+              f"| {fmt(row.get('ms_per_step'), '.2f')} "
+              f"| {row['nll']:.4f} |", flush=True)
+    return rows
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    start("agpc against GPflow SVGP on the airline split (issue 14)", None, argv)
+    env = ", ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("OPENBLAS_")) or "none"
+    thread_vars = [f"{k}={os.environ[k]}" for k in THREAD_VARIABLES if k in os.environ]
+    print(f"- OPENBLAS_* variables: {env}")
+    print(f"- BLAS threads threadpoolctl reports before any fit: {blas_thread_counts()}")
+    print(f"- thread-count variables: {', '.join(thread_vars) if thread_vars else 'none set (as a user runs it)'}")
+    if thread_vars:
+        print("- WARNING: a thread count is set in the environment: the agpc rows are not 'nothing set'.")
+    path = Path(args.data)
+    if not path.exists():
+        print(f"\nData file {path} not found: this benchmark needs ../shared/data/airline2008.npz; skipping.")
+        return
+    t0 = time.perf_counter()
+    X_train, y_train, X_test, y_test, n_all = load_split(path, args.n_train)
+    data = (X_train, y_train, X_test, y_test)
+    print(f"\nData: {path}: {n_all:,} rows; training {X_train.shape[0]:,}, test {X_test.shape[0]:,} (permutation "
+          f"seed {SEED}, first {N_TEST:,} test); delayed rate train / test {y_train.mean():.4f} / {y_test.mean():.4f}; "
+          f"loaded in {time.perf_counter() - t0:.1f} s. Steps per epoch: {-(-X_train.shape[0] // BATCH):,}.")
+    kmeans_seconds = time_agpc_kmeans(X_train)
+    print(f"agpc's own k-means (initial_inducing_points, m = {M}, 20,000-row subsample), timed alone: "
+          f"{kmeans_seconds:.2f} s.")
+
+    why_no_peer = "--quick / --no-peer" if args.no_peer else peer_missing(args)
+    if why_no_peer and not args.no_peer:
+        print(f"\nGPflow rows skipped: {why_no_peer}.\nBuild the peer's environment and data folder with:\n"
+              f"    {peer_build_commands(args.peer_python, args.peer_data)}")
+    elif not why_no_peer:
+        print(f"GPflow harness: {PEERS_DIR.resolve() / 'gpflow_svgp.py'} in {args.peer_python}; data folder "
+              f"{args.peer_data}: test rows {same_test_rows(args.peer_data, X_test, y_test)} to ours; time cap "
+              f"checked every {args.peer_chunk or 'epoch of'} steps.")
+    start_z = "the peer's cached k-means Z" if args.inducing == "peer" else "its own k-means"
+    print(f"Budgets {', '.join(f'{b:g}' for b in args.budgets)} s; agpc methods {', '.join(args.methods)}; "
+          f"agpc starts from {start_z}.", flush=True)
+
+    rows_by_budget = {}
+    for budget in args.budgets:
+        rows = []
+        if not why_no_peer:
+            rows.append(run_peer(args, budget))
+            print(f"<!-- GPflow {budget:g} s done: {rows[-1].get('nll', rows[-1].get('note'))} -->", flush=True)
+        Z = peer_z(args)
+        for method in args.methods:
+            rows.append(run_agpc(method, budget, data, Z))
+            print(f"<!-- agpc {method} {budget:g} s done: {rows[-1]['nll']:.4f} -->", flush=True)
+        rows_by_budget[budget] = rows
+        print_budget_table(rows, budget)
+
+    met = targets(rows_by_budget)
+    print("\n### Targets (issue 14)\n")
+    for text, ok in met:
+        print(f"- {'met' if ok else 'NOT met'}: {text}")
+    if not met:
+        print("- none applies to this run (they need the GPflow rows and budgets of 15 and 60 s)")
+
+    threads = []
+    if args.thread_table:
+        threads = thread_table(args, data, peer_z(args))
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "argv": sys.argv if argv is None else argv, "agpc_kmeans_seconds": kmeans_seconds,
+        "rows": [r for rows in rows_by_budget.values() for r in rows], "thread_table": threads,
+        "targets": [{"text": t, "met": ok} for t, ok in met], "loadavg_end": os.getloadavg(),
+    }, indent=1, default=str))
+    print(f"\nResults: {args.out}")
+    print(f"Total run {time.perf_counter() - t0:.0f} s. {load_line()}")
+
+
+if __name__ == "__main__":
+    main()
