@@ -250,3 +250,20 @@ def test_inputs_far_from_the_origin_do_not_cancel():
         np.testing.assert_allclose(far["grads"][name], near["grads"][name], rtol=1e-5, atol=1e-6, err_msg=name)
     model = GPClassifier(n_inducing=8, max_iter=20, random_state=0).fit(X + offset, y)
     assert np.all(np.isfinite(model.predict_proba(X + offset)))
+
+
+@pytest.mark.parametrize("method", ["sep", "ep"])
+def test_a_failed_factorisation_raises_the_jitter_on_the_guards_path(method):
+    """Training steps factorise without checks (no host synchronisation): a failed Cholesky of Kmm arrives as
+    a NaN log Z_q, and only then does the guard look, find the jitter with which Kmm factorises, say so in a
+    warning, and go on with it (duplicated inducing points and jitter 0 here)."""
+    X, y = _toy(60)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    Z = np.concatenate([X[:4], X[:4]])
+    trainer = training.Trainer(kernel, Z, method=method, n_total=60, minibatch=True, jitter=0.0)
+    with pytest.warns(RuntimeWarning, match="not positive definite with jitter 0.0e\\+00; continuing with jitter"):
+        took, _, log_z = trainer.step(X, y, 0, 20, stepping=True)
+    assert not took and np.isnan(log_z)
+    assert trainer.engine.jitter > 0.0
+    took, _, log_z = trainer.step(X, y, 0, 20, stepping=True)
+    assert took and np.isfinite(log_z)

@@ -136,14 +136,9 @@ class Trainer:
         much) and try again; otherwise put back the state before the last good step and halve the damping
         and the step sizes."""
         self.failures += 1
-        if self.good is None or self.failures > _MAX_FAILURES:
-            raise FloatingPointError(
-                f"{self.method} diverged: log Z is not finite and halving the damping and step sizes did not "
-                f"help (after {self.failures} attempts); try a smaller damping or standardised inputs"
-            )
         engine = self.engine
         needed = _jitter_needed(engine.state["kernel"], engine.state["Z"], engine.jitter)
-        if needed > engine.jitter:
+        if needed > engine.jitter and self.failures <= _MAX_FAILURES:
             warnings.warn(
                 f"the inducing points' prior covariance is not positive definite with jitter {engine.jitter:.1e}; "
                 f"continuing with jitter {needed:.1e} (inducing points too close together?)",
@@ -151,6 +146,11 @@ class Trainer:
             )
             engine.jitter = needed
             return
+        if self.good is None or self.failures > _MAX_FAILURES:
+            raise FloatingPointError(
+                f"{self.method} diverged: log Z is not finite and halving the damping and step sizes did not "
+                f"help (after {self.failures} attempts); try a smaller damping or standardised inputs"
+            )
         engine.restore(self.good)
         if not engine.shrink():
             raise FloatingPointError(
