@@ -38,6 +38,7 @@ __all__ = [
     "log_normal_pdf",
     "gauss_hermite",
     "to_numpy",
+    "to_host_vector",
     "asarray_like",
     "host_rng",
     "host_array",
@@ -109,6 +110,12 @@ def to_numpy(x):
         # array_api_strict refuses to hand arrays on its non-default devices to NumPy; move first.
         x = x.to_device(xp.Device("CPU_DEVICE"))
     return np.asarray(x)
+
+
+def to_host_vector(x):
+    """A small array of any supported library as a flat NumPy float64 vector: one device-to-host transfer
+    (what a training step brings to the host)."""
+    return np.reshape(np.asarray(to_numpy(x), dtype=np.float64), (-1,))
 
 
 def asarray_like(x, xp, device=None, dtype=None):

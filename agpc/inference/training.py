@@ -20,10 +20,8 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ..backend import (CholeskyError, array_device, array_namespace, asarray_like, cholesky_with_jitter, host_rng,
-                       is_out_of_core, read_rows, row_chunk_bounds, row_slice, to_numpy)
+                       is_out_of_core, read_rows, row_chunk_bounds, row_slice, to_host_vector)
 from ..kernels import ClassKernels
 from ..threads import with_blas_threads
 from .engines import ALL_METHODS, EP_METHODS, make_engine
@@ -117,7 +115,7 @@ class Trainer:
             summary, work = self.engine.evaluate(X, y, lo, hi, stepping=stepping, weights=weights)
             scalars = _host_scalars(summary)
         except CholeskyError:  # engines that check their factorisations on the host raise instead
-            scalars = np.array([math.nan])
+            scalars = [math.nan]
         log_z = float(scalars[0])
         if not math.isfinite(log_z):
             self._recover()
@@ -412,10 +410,10 @@ def train(
 
 
 def _host_scalars(summary):
-    """A step's scalars as a NumPy vector, brought to the host in one transfer (log Z first)."""
+    """A step's scalars as Python floats, brought to the host in one transfer (log Z first)."""
     if isinstance(summary, (int, float)):
-        return np.array([float(summary)])
-    return np.reshape(np.asarray(to_numpy(summary), dtype=np.float64), (-1,))
+        return [float(summary)]
+    return [float(v) for v in to_host_vector(summary)]
 
 
 def _jitter_needed(kernel, Z, jitter):
