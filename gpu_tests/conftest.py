@@ -1,5 +1,9 @@
-"""CuPy tests: the same checks as tests/ on a CUDA device. Skipped cleanly where CuPy or CUDA is absent."""
+"""The GPU tests run everywhere: on CuPy where a CUDA device is present, and otherwise on array_api_strict's
+non-default device as a stand-in (an array that strays to the host device, or any operation outside the
+array API standard, fails there as it would on a GPU). Only the tests that need CUDA itself are skipped on
+the stand-in (they carry the ``cuda`` marker)."""
 
+import numpy as np
 import pytest
 
 
@@ -12,9 +16,45 @@ def _cuda_available():
         return False
 
 
+CUDA = _cuda_available()
+
+
+class Device:
+    """Where the tests compute: ``xp`` (the namespace), ``put`` (a NumPy array onto the device), ``name``."""
+
+    def __init__(self):
+        if CUDA:
+            import array_api_compat.cupy as xp
+
+            self.xp, self.device, self.name = xp, None, "cupy"
+        else:
+            import array_api_strict as xp
+
+            self.xp, self.device, self.name = xp, xp.Device("device1"), "array_api_strict device1 (stand-in)"
+
+    def put(self, value):
+        return self.xp.asarray(np.asarray(value), device=self.device)
+
+    def on_device(self, array):
+        from agpc.backend import array_device, array_namespace
+
+        return array_namespace(array).__name__ == self.xp.__name__ and (
+            self.device is None or array_device(array) == self.device)
+
+
+@pytest.fixture
+def gpu():
+    return Device()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs CuPy with a CUDA device (skipped on the stand-in)")
+
+
 def pytest_collection_modifyitems(config, items):
-    if _cuda_available():
+    if CUDA:
         return
-    skip = pytest.mark.skip(reason="CuPy with a CUDA device is not available on this machine")
+    skip = pytest.mark.skip(reason="needs CuPy with a CUDA device; the other GPU tests ran on the stand-in")
     for item in items:
-        item.add_marker(skip)
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
