@@ -5,11 +5,17 @@
     agpc demo                                            train and evaluate on built-in data, plot the banana fit
     agpc bench [--quick] [--out DIR]                     run the source checkout's benchmark scripts
 
-DATA is a CSV (header row), Parquet, ``.npy``, ``.npz`` file or a zarr store. A problem with the input (a
-missing file, an unknown format, a missing column, non-numeric features, one class, a file that is not an
-agpc model, ...) is reported as one line ``agpc: error: ...`` on stderr with exit status 2; every output is
-written to a temporary file beside its target and renamed, so a failure leaves nothing half-written.
-Set ``AGPC_TRACEBACK=1`` to see the traceback behind such a line.
+DATA is a CSV (header row), Parquet, ``.npy``, ``.npz`` file or a zarr store. ``fit`` on a file with column
+names (CSV, Parquet) records them as the model's ``feature_names_in_``; ``predict`` then takes those columns
+from a file with column names by name, in the model's order, whatever else the file holds.
+
+Every failure is one line on stderr. A problem with the input (a missing file, an unknown format, a missing
+column, an empty cell, non-numeric features, one class, a file that is not an agpc model, a bad option, ...) is
+``agpc: error: ...`` with exit status 2; anything else is an internal error, ``agpc: internal error: ...`` with
+exit status 1 (``--debug``, or ``AGPC_TRACEBACK=1``, shows the traceback instead); an interrupt exits with 130.
+Warnings are collected while a command runs and printed as ``agpc: warning: ...`` lines on stderr once it
+ends: after its output, or before its error line, which is always the last line. Every output is written to a
+temporary file beside its target and renamed, so a failure leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -681,23 +688,107 @@ def _bench_parser(sub):
     p.set_defaults(func=bench)
 
 
+_EPILOG = """\
+Exit status: 0 success; 2 bad input (a missing or unreadable file, a missing column, a bad option, data the
+model cannot use), as one line 'agpc: error: ...' on stderr; 1 an internal error, as one line 'agpc: internal
+error: ...' (--debug, or AGPC_TRACEBACK=1, prints the traceback instead); 130 interrupted.
+Warnings (the library's and the command's own) are collected while the command runs and printed once it ends,
+one line 'agpc: warning: ...' each on stderr: after the command's output, or, when it fails, just before its
+error line, which is always the last line.
+"""
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are a UsageError, so that they reach the one-line report of ``main`` (argparse
+    itself prints the whole usage text and exits)."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _version():
+    """The installed distribution's version; the package's own ``__version__`` when it runs from a source
+    tree that is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agpc")
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
 def _parser():
-    parser = argparse.ArgumentParser(prog="agpc", description="Scalable Gaussian process classification")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _ArgumentParser(prog="agpc", description="Scalable Gaussian process classification", epilog=_EPILOG,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"agpc {_version()}")
+    parser.add_argument("--debug", action="store_true", help="on an error, print the traceback instead of one line")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_fit_parser, _predict_parser, _demo_parser, _bench_parser):
         add(sub)
+    for command in sub.choices.values():  # 'agpc fit ... --debug' as well as 'agpc --debug fit ...'
+        command.epilog = _EPILOG
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="on an error, print the traceback instead of one line")
     return parser
 
 
+# Bad input: the user's data, options or files (OSError: a path that is missing, unreadable, a directory, a
+# full disk). A ValueError is the library's report of bad input (its CholeskyError is one too). Everything
+# else is a bug or a failure of agpc itself, reported as an internal error.
+_BAD_INPUT = (UsageError, ValueError, OSError)
+
+
+def _report(exc):
+    """(exit status, the one line for stderr) for an exception that ended a command."""
+    if isinstance(exc, KeyboardInterrupt):
+        return 130, "agpc: interrupted"
+    missing = exc.name.split(".")[0] if isinstance(exc, ModuleNotFoundError) and exc.name else None
+    if missing and missing != "agpc":  # an optional package that is not installed
+        return 2, f"agpc: error: this needs the package {missing!r}, which is not installed ({_message(exc)})"
+    if isinstance(exc, _BAD_INPUT):
+        return 2, f"agpc: error: {_message(exc)}"
+    detail = _message(exc)
+    return 1, (f"agpc: internal error: {type(exc).__name__}" + (f": {detail}" if detail else "")
+               + " (run again with --debug for the traceback)")
+
+
+def _warning_lines(caught):
+    """One line per distinct warning, in the order first seen."""
+    lines = {}
+    for item in caught:
+        kind = "" if issubclass(item.category, UserWarning) else f"{item.category.__name__}: "
+        lines.setdefault(f"agpc: warning: {kind}{_one_line(item.message)}", None)
+    return list(lines)
+
+
 def main(argv=None):
-    args = _parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (UsageError, ValueError, OSError, ImportError) as exc:
-        if os.environ.get("AGPC_TRACEBACK"):
-            raise
-        print(f"agpc: error: {_message(exc)}", file=sys.stderr)
-        return 2
+    """Run one command; returns its exit status. Every exception ends as one line on stderr, after the
+    warnings the command raised (see _EPILOG)."""
+    debug = bool(os.environ.get("AGPC_TRACEBACK"))
+    status = failure = None
+    with warnings.catch_warnings(record=True) as caught:
+        # deprecations speak to programmers, not to the user of the command
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        try:
+            args = _parser().parse_args(argv)
+            debug = debug or args.debug
+            status = args.func(args)
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 -- the one place failures are classified
+            failure = exc
+    sys.stdout.flush()  # the warnings come after the output
+    for line in _warning_lines(caught):
+        print(line, file=sys.stderr)
+    if failure is None:
+        return status
+    if debug:
+        raise failure
+    status, line = _report(failure)
+    print(line, file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

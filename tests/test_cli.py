@@ -1,16 +1,19 @@
 """The ``agpc`` command: fit / predict round trips (CSV, npz, npy, Parquet, zarr, a dask cluster) give the
 estimator's own predictions; every bad input is one ``agpc: error:`` line with exit status 2 and leaves no
-file behind; the demo writes a PNG; ``bench`` collects the scripts' tables and PNGs."""
+file behind, every other exception one ``agpc: internal error:`` line with exit status 1 (``--debug``: the
+traceback); warnings are one line each, after the output and before the error line; the demo writes a PNG;
+``bench`` collects the scripts' tables and PNGs."""
 
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from agpc import GPClassifier, cli
+from agpc import CholeskyError, GPClassifier, cli
 from agpc.cli import main
 from agpc.datasets import make_banana
 
@@ -217,14 +220,197 @@ def test_parquet_without_pyarrow_names_the_package(tmp_path, monkeypatch, capsys
     assert "pip install pyarrow" in err
 
 
+def subprocess_env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
 def test_python_dash_m_reports_a_bad_model_in_one_line(tmp_path):
     (tmp_path / "x.agpc").write_text("not a model")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = subprocess_env()
     run = subprocess.run([sys.executable, "-m", "agpc", "predict", str(tmp_path / "x.agpc"), str(tmp_path / "x.agpc"),
                           "--out", str(tmp_path / "p.csv")], capture_output=True, text=True, env=env, timeout=120)
     assert_one_line_error(run.returncode, run.stderr)
     assert "is not an agpc model file" in run.stderr
     assert not (tmp_path / "p.csv").exists()
+
+
+# -- the top level: every exception is one line; exit 2 bad input, 1 internal, 130 interrupted ----------
+
+def failing_fit(exc):
+    def fit(self, X, y, **kwargs):
+        raise exc
+    return fit
+
+
+def fit_argv(tmp, data):
+    return ["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(tmp / "m.agpc")]
+
+
+@pytest.mark.parametrize("exc", [ValueError("the library refused it"), PermissionError(13, "Permission denied", "x.csv"),
+                                 IsADirectoryError(21, "Is a directory", "out"), OSError(28, "No space left on device"),
+                                 CholeskyError("not positive definite")], ids=lambda e: type(e).__name__)
+def test_bad_input_exceptions_from_the_library_are_exit_2(tmp_path, banana, monkeypatch, capsys, exc):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    monkeypatch.setattr(GPClassifier, "fit", failing_fit(exc))
+    status = main(fit_argv(tmp_path, data))
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "internal error" not in err and not (tmp_path / "m.agpc").exists()
+
+
+@pytest.mark.parametrize("exc", [FloatingPointError("ep diverged"), AttributeError("'NoneType' has no attribute 'L_C'"),
+                                 TypeError("unsupported operand"), MemoryError(), RuntimeError("boom")],
+                         ids=lambda e: type(e).__name__)
+def test_internal_errors_are_one_line_exit_1_naming_debug(tmp_path, banana, monkeypatch, capsys, exc):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    monkeypatch.setattr(GPClassifier, "fit", failing_fit(exc))
+    status = main(fit_argv(tmp_path, data))
+    err = capsys.readouterr().err
+    assert status == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"agpc: internal error: {type(exc).__name__}"), err
+    assert str(exc) in lines[0] and "--debug" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "m.agpc").exists()
+
+
+@pytest.mark.parametrize("where", ["before", "after", "env"])
+def test_debug_reraises_with_the_traceback(tmp_path, banana, monkeypatch, capsys, where):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    monkeypatch.setattr(GPClassifier, "fit", failing_fit(FloatingPointError("ep diverged")))
+    argv = fit_argv(tmp_path, data)
+    argv = {"before": ["--debug"] + argv, "after": argv + ["--debug"], "env": argv}[where]
+    if where == "env":
+        monkeypatch.setenv("AGPC_TRACEBACK", "1")
+    with pytest.raises(FloatingPointError, match="ep diverged"):
+        main(argv)
+    assert "agpc: internal error" not in capsys.readouterr().err
+
+
+def test_an_interrupt_is_one_line_exit_130(tmp_path, banana, monkeypatch, capsys):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    monkeypatch.setattr(GPClassifier, "fit", failing_fit(KeyboardInterrupt()))
+    assert main(fit_argv(tmp_path, data)) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["agpc: interrupted"]
+
+
+def test_a_missing_optional_package_is_exit_2_naming_it(tmp_path, banana, monkeypatch, capsys):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    monkeypatch.setattr(GPClassifier, "fit", failing_fit(ModuleNotFoundError("No module named 'cupy'", name="cupy")))
+    status = main(fit_argv(tmp_path, data))
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "'cupy'" in err
+
+
+@pytest.mark.parametrize("argv", [[], ["fit"], ["frobnicate"], ["fit", "d.csv", "--out", "m", "--inducing", "many"],
+                                  ["predict", "--latent"], ["--no-such-option"]])
+def test_argument_errors_are_one_line_exit_2(argv, capsys):
+    status = main(argv)
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "--help" in err
+
+
+def test_version_comes_from_the_installed_metadata(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"agpc {version('agpc')}"
+
+
+def test_version_falls_back_to_the_package_attribute(monkeypatch):
+    import importlib.metadata
+
+    import agpc
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert cli._version() == agpc.__version__
+
+
+def test_help_documents_exit_statuses_and_warnings(capsys):
+    with pytest.raises(SystemExit):
+        main(["predict", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "130 interrupted" in text and "2 bad input" in text and "1 an internal error" in text
+    assert "agpc: warning:" in text and "always the last line" in text
+
+
+def warning_fit(real_fit, message):
+    def fit(self, X, y, **kwargs):
+        warnings.warn(message, UserWarning)
+        warnings.warn(message, UserWarning)  # from another line: shown once all the same
+        warnings.warn("overflow somewhere\nin two lines", RuntimeWarning)
+        return real_fit(self, X, y, **kwargs)
+    return fit
+
+
+def test_warnings_are_one_line_each_after_the_output(tmp_path, banana, monkeypatch, capsys):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    monkeypatch.setattr(GPClassifier, "fit", warning_fit(GPClassifier.fit, "jitter raised to 1e-4"))
+    assert main(fit_argv(tmp_path, data)) == 0
+    out, err = capsys.readouterr()
+    assert "wrote" in out
+    assert err.strip().splitlines() == ["agpc: warning: jitter raised to 1e-4",
+                                        "agpc: warning: RuntimeWarning: overflow somewhere in two lines"]
+
+
+def test_warnings_come_before_the_error_line_which_is_last(tmp_path, banana, monkeypatch, capsys):
+    data = write_csv(tmp_path / "d.csv", *banana)
+
+    def fit(self, X, y, **kwargs):
+        warnings.warn("inducing points too close together", UserWarning)
+        raise FloatingPointError("ep diverged")
+
+    monkeypatch.setattr(GPClassifier, "fit", fit)
+    assert main(fit_argv(tmp_path, data)) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == "agpc: warning: inducing points too close together"
+    assert len(lines) == 2 and lines[1].startswith("agpc: internal error: FloatingPointError: ep diverged")
+
+
+INJECTED = """import sys, warnings
+import agpc.classifier
+real_fit = agpc.classifier.GPClassifier.fit
+def fit(self, X, y, **kwargs):
+    warnings.warn("a warning from the library", UserWarning)
+    if {fail}:
+        raise TypeError("a bug")
+    return real_fit(self, X, y, **kwargs)
+agpc.classifier.GPClassifier.fit = fit
+from agpc.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_in_a_terminal_the_warning_follows_the_output_and_the_error_is_last(tmp_path, banana, fail):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    run = subprocess.run([sys.executable, "-c", INJECTED.format(fail=fail), *fit_argv(tmp_path, data)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env(), timeout=120)
+    lines = run.stdout.strip().splitlines()
+    if fail:
+        assert run.returncode == 1 and "Traceback" not in run.stdout
+        assert lines[-2:] == ["agpc: warning: a warning from the library",
+                              "agpc: internal error: TypeError: a bug (run again with --debug for the traceback)"]
+    else:
+        assert run.returncode == 0
+        assert lines[-2].startswith("wrote ") and lines[-1] == "agpc: warning: a warning from the library"
+
+
+def test_python_dash_m_version_and_debug_traceback(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "agpc", "--version"], capture_output=True, text=True,
+                         env=subprocess_env(), timeout=120)
+    assert run.returncode == 0 and run.stdout.startswith("agpc ")
+    (tmp_path / "x.agpc").write_text("not a model")
+    argv = ["predict", str(tmp_path / "x.agpc"), str(tmp_path / "x.agpc"), "--out", str(tmp_path / "p.csv"), "--debug"]
+    run = subprocess.run([sys.executable, "-m", "agpc", *argv], capture_output=True, text=True, env=subprocess_env(),
+                         timeout=120)
+    assert run.returncode == 1 and "Traceback" in run.stderr and "UsageError" in run.stderr
 
 
 # -- demo and bench ------------------------------------------------------------------------------------
@@ -238,6 +424,7 @@ def test_demo_writes_a_png(tmp_path, capsys):
 
 
 FAKE_BENCHMARK = """import sys
+import warnings
 from pathlib import Path
 out = Path(__file__).parent / "results"
 out.mkdir(exist_ok=True)
