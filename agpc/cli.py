@@ -33,10 +33,11 @@ import time
 import warnings
 import zipfile
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["main", "load_data", "UsageError"]
+__all__ = ["main", "load_data", "Data", "UsageError"]
 
 BENCH_SCRIPTS = ("uci_binary.py", "uci_iterations.py", "uci_multiclass.py", "banana_inducing.py", "airline.py",
                  "time_curves.py")
@@ -109,18 +110,34 @@ def _format_of(path):
     return kind
 
 
-def load_data(path, target=None, *, labels_required=False):
-    """(X, y) from a data file. ``target`` names the label column (CSV, Parquet; a column index also works,
-    and is the only way for .npy and a zarr array) or the label array (.npz, zarr group: default ``y`` when
-    ``labels_required``). Without a target, y is None. X is 2-D and numeric (a zarr group's X stays on
-    disk); labels are numbers when they all read as numbers (integers when whole), else strings."""
+class Data(NamedTuple):
+    """What :func:`load_data` read: the features ``X`` (2-D, numeric), the labels ``y`` (None without a
+    target) and the features' column names, in the order of X's columns (None for a file without names:
+    .npy, .npz, a zarr store)."""
+
+    X: Any
+    y: Any
+    feature_names: list | None
+
+
+def load_data(path, target=None, *, labels_required=False, features=None):
+    """Data(X, y, feature_names) from a data file. ``target`` names the label column (CSV, Parquet; a column
+    index also works, and is the only way for .npy and a zarr array) or the label array (.npz, zarr group:
+    default ``y`` when ``labels_required``). Without a target, y is None. X is 2-D and numeric (a zarr
+    group's X stays on disk); labels are numbers when they all read as numbers (integers when whole), else
+    strings; an empty cell in a column that is used is an error naming its row and column.
+
+    ``features`` (a model's ``feature_names_in_``) selects the feature columns of a file with column names
+    (CSV, Parquet) by name, in that order; the file's other columns are ignored, and a missing one is an
+    error naming it. A file without names ignores ``features``: its columns are features by position."""
     path = Path(path)
     kind = _format_of(path)
     if target is None and labels_required and kind in ("CSV", "Parquet", "npy"):
         raise UsageError(f"{path}: give --target, the label column (a name or a column index)")
     reader = {"CSV": _read_csv, "Parquet": _read_parquet, "npy": _read_npy, "npz": _read_npz, "zarr": _read_zarr}[kind]
+    by_name = {"features": features} if kind in ("CSV", "Parquet") else {}
     try:
-        X, y = reader(path, target, labels_required)
+        X, y, names = reader(path, target, labels_required, **by_name)
     except (UsageError, ImportError):
         raise
     except (ValueError, OSError, EOFError, KeyError, TypeError, zipfile.BadZipFile, csv.Error) as exc:
@@ -128,7 +145,7 @@ def load_data(path, target=None, *, labels_required=False):
     _check_features(X, path)
     if y is not None and y.shape[0] != X.shape[0]:
         raise UsageError(f"{path}: {X.shape[0]} rows of features but {y.shape[0]} labels")
-    return X, y
+    return Data(X, y, names)
 
 
 def _check_features(X, path):
@@ -190,39 +207,100 @@ def _column_index(names, target, path):
     raise UsageError(f"{path}: no column {target!r} (columns: {_preview(names)})")
 
 
-def _from_columns(names, columns, target, path):
-    """Numeric features from every column but the target, labels from the target (None without one)."""
+def _empty_cells(values, *, nan_is_empty):
+    """Which entries of a column hold no value: an empty (or blank) string, None (a Parquet null), and
+    for labels NaN too (a feature's NaN is reported as such by _check_features)."""
+    values = np.asarray(values)
+    if values.dtype.kind in "OUS":
+        return np.array([v is None or (isinstance(v, (str, bytes)) and not v.strip())
+                         or (nan_is_empty and isinstance(v, float) and v != v) for v in values.tolist()], dtype=bool)
+    if nan_is_empty and values.dtype.kind == "f":
+        return np.isnan(values)
+    return np.zeros(values.shape, dtype=bool)
+
+
+def _check_filled(values, name, path, row_of, *, label):
+    empty = np.flatnonzero(_empty_cells(values, nan_is_empty=label))
+    if empty.size:
+        more = f" (and {empty.size - 1} more rows)" if empty.size > 1 else ""
+        what = "label" if label else "feature"
+        raise UsageError(f"{path}: {row_of(int(empty[0]))}, {what} column {name!r}: empty cell{more}; fill in or "
+                         f"drop rows with missing values first")
+
+
+def _feature_columns(names, target_index, features, path):
+    """The positions of the feature columns: every column but the target, or, given ``features`` (the
+    model's feature names), those columns by name in that order."""
+    if features is None:
+        chosen = [i for i in range(len(names)) if i != target_index]
+        if not chosen:
+            raise UsageError(f"{path}: no feature columns besides the target")
+        unnamed = [i + 1 for i in chosen if not names[i]]
+        if unnamed:
+            raise UsageError(f"{path}: column {unnamed[0]} has no name in the header: feature columns need names")
+        wanted = [names[i] for i in chosen]
+    else:
+        missing = [name for name in features if name not in names]
+        if missing:
+            raise UsageError(f"{path}: no column {_preview([repr(name) for name in missing], 5)}, which the model was trained on (it needs "
+                             f"{_preview(features, 8)}; the file has {_preview(names, 8)})")
+        if target_index is not None and names[target_index] in features:
+            raise UsageError(f"{path}: the --target column {names[target_index]!r} is one of the model's features")
+        chosen = [names.index(name) for name in features]
+        wanted = list(features)
+    repeated = sorted({name for name in wanted if names.count(name) > 1})
+    if repeated:
+        raise UsageError(f"{path}: the header names column {repeated[0]!r} {names.count(repeated[0])} times: "
+                         f"a feature column needs a name of its own")
+    return chosen
+
+
+def _from_columns(names, columns, target, path, features=None, row_of=None):
+    """Features and labels from named columns (CSV, Parquet); ``features`` selects and orders the feature
+    columns by name (see load_data). ``row_of(i)`` says where data row i is in the file, for error messages."""
+    row_of = row_of or (lambda i: f"data row {i + 1}")
     index = None if target is None else _column_index(names, target, path)
-    features = [(name, col) for i, (name, col) in enumerate(zip(names, columns)) if i != index]
-    if not features:
-        raise UsageError(f"{path}: no feature columns besides the target")
-    X = np.column_stack([_numeric(col, name, path) for name, col in features])
-    return X, (None if index is None else _labels(columns[index]))
+    chosen = _feature_columns(names, index, features, path)
+    for i in chosen:
+        _check_filled(columns[i], names[i], path, row_of, label=False)
+    X = np.column_stack([_numeric(columns[i], names[i], path) for i in chosen])
+    if index is None:
+        return Data(X, None, [names[i] for i in chosen])
+    _check_filled(columns[index], names[index], path, row_of, label=True)
+    return Data(X, _labels(columns[index]), [names[i] for i in chosen])
 
 
 def _from_matrix(data, target, path):
-    """A 2-D array whose target (if any) is a column index."""
+    """A 2-D array whose target (if any) is a column index; its columns have no names."""
     if target is None:
-        return data, None
+        return Data(data, None, None)
     data = np.asarray(data[...])
     if data.ndim != 2:
         raise UsageError(f"{path}: a label column needs a 2-D array (rows x columns), got shape {data.shape}")
-    return _from_columns([str(i) for i in range(data.shape[1])], list(data.T), target, path)
+    X, y, _ = _from_columns([str(i) for i in range(data.shape[1])], list(data.T), target, path)
+    return Data(X, y, None)
 
 
-def _read_csv(path, target, labels_required):
-    with open(path, newline="", encoding="utf-8") as fh:
-        rows = list(csv.reader(fh, delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
+def _read_csv(path, target, labels_required, features=None):
+    # utf-8-sig: spreadsheet programs start a UTF-8 CSV with a byte order mark, which is not part of the
+    # first column's name
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        reader = csv.reader(fh, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+        rows = [(reader.line_num, [cell.strip() for cell in row]) for row in reader]
     if not rows:
         raise UsageError(f"{path}: the file is empty (a header row is needed)")
-    names = [name.strip() for name in rows[0]]
-    body = [(line, row) for line, row in enumerate(rows[1:], start=2) if row]
+    names = rows[0][1]
+    if all(_is_number(name) for name in names):
+        warnings.warn(f"{path}: the header row ({_preview(names, 4)}) looks like data: agpc reads the first row of "
+                      f"a CSV file as the column names", UserWarning)
+    body = [(line, row) for line, row in rows[1:] if any(row)]
     if not body:
         raise UsageError(f"{path}: no data rows below the header")
     for line, row in body:
         if len(row) != len(names):
             raise UsageError(f"{path}: line {line} has {len(row)} fields but the header has {len(names)}")
-    return _from_columns(names, [np.asarray(col) for col in zip(*(row for _, row in body))], target, path)
+    columns = [np.asarray(col) for col in zip(*(row for _, row in body))]
+    return _from_columns(names, columns, target, path, features, row_of=lambda i: f"line {body[i][0]}")
 
 
 def _parquet_columns(path):
@@ -242,9 +320,9 @@ def _parquet_columns(path):
     return [str(c) for c in frame.columns], [frame[c].to_numpy() for c in frame.columns]
 
 
-def _read_parquet(path, target, labels_required):
+def _read_parquet(path, target, labels_required, features=None):
     names, columns = _parquet_columns(path)
-    return _from_columns(names, columns, target, path)
+    return _from_columns(names, columns, target, path, features)
 
 
 def _read_npy(path, target, labels_required):
@@ -259,9 +337,9 @@ def _from_arrays(arrays, target, labels_required, path):
     X = arrays["X"]
     name = target if target is not None else ("y" if labels_required else None)
     if name is None:
-        return X, None
+        return Data(X, None, None)
     if name in arrays and name != "X":
-        return X, _labels(np.asarray(arrays[name][...]))
+        return Data(X, _labels(np.asarray(arrays[name][...])), None)
     if target is not None and re.fullmatch(r"-?\d+", target):
         return _from_matrix(X, target, path)
     raise UsageError(f"{path}: no label array {name!r} (arrays: {_preview(sorted(arrays))}); name it with --target")
@@ -349,12 +427,21 @@ def _fit_on_cluster(model, X, y, address):
             model.set_params(client=None)
 
 
+def _record_feature_names(model, names):
+    """Give the model the column names of the file it was fitted on, as ``feature_names_in_``: the attribute
+    scikit-learn's ``fit`` sets from a DataFrame's columns (an object array of str). The CLI reads tables
+    without pandas and fits on a NumPy array, so it sets the names itself, after fit (and after the scores,
+    which predict on the same unnamed array); 'agpc predict' then takes the feature columns by these names."""
+    if names is not None:
+        model.feature_names_in_ = np.asarray(names, dtype=object)
+
+
 def fit(args):
     from .classifier import GPClassifier
     from .io import save_model
 
     _check_writable(args.out)
-    X, y = load_data(args.data, args.target, labels_required=True)
+    X, y, names = load_data(args.data, args.target, labels_required=True)
     classes = np.unique(y)
     if classes.shape[0] < 2:
         raise UsageError(f"{args.data}: every label is {classes[0].item()!r}: a classifier needs two classes or more")
@@ -381,6 +468,7 @@ def fit(args):
         _print_scores("validation", _scores(model.predict_proba(X_val), y_val, model.classes_), len(y_val))
     stopped = ", stopped by --max-time" if getattr(model, "stopped_by_time_", False) else ""
     print(f"fit time:    {seconds:.2f} s ({model.n_iter_} iterations{stopped})")
+    _record_feature_names(model, names)
     save_model(model, args.out)
     print(f"wrote {args.out}")
     return 0
@@ -416,20 +504,44 @@ def _latent_columns(model, X):
     return columns
 
 
+def _feature_names(model):
+    names = getattr(model, "feature_names_in_", None)
+    return None if names is None else [str(name) for name in names]
+
+
+@contextlib.contextmanager
+def _columns_already_matched():
+    """Predict on a NumPy array whose columns 'agpc predict' has already put in the model's order by name
+    (or, for a file without names, has warned about): scikit-learn's warning that the array has no feature
+    names says nothing more."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="X does not have valid feature names", category=UserWarning)
+        yield
+
+
 def predict(args):
     _check_writable(args.out)
     model = _load_model(args.model)
-    X, y = load_data(args.data, args.target)
+    wanted = _feature_names(model)
+    X, y, names = load_data(args.data, args.target, features=wanted)
     _check_feature_count(X, model, args.data, args.target)
-    proba = np.asarray(model.predict_proba(X))
-    scores = None if y is None else _scores(proba, y, model.classes_)  # unknown labels fail before writing
-    columns = {f"p_{c}": proba[:, i] for i, c in enumerate(model.classes_)}
-    if args.latent:
-        columns.update(_latent_columns(model, X))
+    with _columns_already_matched():
+        proba = np.asarray(model.predict_proba(X))
+        scores = None if y is None else _scores(proba, y, model.classes_)  # unknown labels fail before writing
+        columns = {f"p_{c}": proba[:, i] for i, c in enumerate(model.classes_)}
+        if args.latent:
+            columns.update(_latent_columns(model, X))
     _write_csv(args.out, columns)
     print(f"wrote {args.out}: {proba.shape[0]} rows, columns {', '.join(columns)}")
     if scores is not None:
         _print_scores("scores", scores, len(y))
+    # said once the predictions are written (a failure before is its own one line)
+    if wanted is None:
+        warnings.warn(f"the model has no feature names (it was fitted on a file without column names, or saved by "
+                      f"an older agpc): the columns of {args.data} were taken by position, unchecked", UserWarning)
+    elif names is None:
+        warnings.warn(f"{args.data} has no column names: its columns were taken by position as the model's features "
+                      f"{_preview(wanted, 8)}, unchecked", UserWarning)
     return 0
 
 
