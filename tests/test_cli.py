@@ -518,6 +518,24 @@ def test_an_interrupt_is_one_line_exit_130(tmp_path, banana, monkeypatch, capsys
     assert capsys.readouterr().err.strip().splitlines() == ["agpc: interrupted"]
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
+def test_ctrl_c_during_fit_is_one_line_exit_130_and_writes_nothing(tmp_path, banana):
+    import signal
+    import time
+
+    data = write_csv(tmp_path / "d.csv", *banana)
+    argv = ["fit", str(data), "--target", "label", "--inducing", "10", "--max-iter", "100000000", "--max-time", "300",
+            "--quiet", "--out", str(tmp_path / "m.agpc")]  # optimising hyperparameters: no convergence stop
+    with subprocess.Popen([sys.executable, "-m", "agpc", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=subprocess_env()) as proc:
+        assert proc.stdout.readline().startswith("agpc fit:")  # the data are read; training starts
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip().splitlines() == ["agpc: interrupted"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv"]
+
+
 def test_a_missing_optional_package_is_exit_2_naming_it(tmp_path, banana, monkeypatch, capsys):
     data = write_csv(tmp_path / "d.csv", *banana)
     monkeypatch.setattr(GPClassifier, "fit", failing_fit(ModuleNotFoundError("No module named 'cupy'", name="cupy")))
