@@ -242,8 +242,8 @@ def _feature_columns(names, target_index, features, path):
     else:
         missing = [name for name in features if name not in names]
         if missing:
-            raise UsageError(f"{path}: no column {_preview([repr(name) for name in missing], 5)}, which the model was trained on (it needs "
-                             f"{_preview(features, 8)}; the file has {_preview(names, 8)})")
+            raise UsageError(f"{path}: no column {_preview([repr(name) for name in missing], 5)}, which the model was "
+                             f"trained on (it needs {_preview(features, 8)}; the file has {_preview(names, 8)})")
         if target_index is not None and names[target_index] in features:
             raise UsageError(f"{path}: the --target column {names[target_index]!r} is one of the model's features")
         chosen = [names.index(name) for name in features]

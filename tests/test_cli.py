@@ -388,7 +388,8 @@ def test_swapped_columns_give_the_unswapped_predictions_and_scores(tmp_path, ban
     predict_with(named_model)
     printed = []
     for data in (straight, swapped):
-        assert main(["predict", "m.agpc", str(data), "--target", "label", "--out", str(tmp_path / f"{data.stem}.out")]) == 0
+        out = tmp_path / f"{data.stem}.out"
+        assert main(["predict", "m.agpc", str(data), "--target", "label", "--out", str(out)]) == 0
         printed.append(capsys.readouterr().out.splitlines()[-1])
     np.testing.assert_array_equal(read_predictions(tmp_path / "straight.out")[1],
                                   read_predictions(tmp_path / "swapped.out")[1])
@@ -471,7 +472,8 @@ def fit_argv(tmp, data):
     return ["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(tmp / "m.agpc")]
 
 
-@pytest.mark.parametrize("exc", [ValueError("the library refused it"), PermissionError(13, "Permission denied", "x.csv"),
+@pytest.mark.parametrize("exc", [ValueError("the library refused it"),
+                                 PermissionError(13, "Permission denied", "x.csv"),
                                  IsADirectoryError(21, "Is a directory", "out"), OSError(28, "No space left on device"),
                                  CholeskyError("not positive definite")], ids=lambda e: type(e).__name__)
 def test_bad_input_exceptions_from_the_library_are_exit_2(tmp_path, banana, monkeypatch, capsys, exc):
