@@ -743,7 +743,8 @@ def _fit_parser(sub):
 
     p = sub.add_parser("fit", help="train a classifier on a data file and save the model",
                        description="Train a GPClassifier on DATA and write the model (an .agpc file).")
-    p.add_argument("data", metavar="DATA", help="a .csv (header row), .parquet, .npy, .npz file or a zarr store")
+    p.add_argument("data", metavar="DATA", help="a .csv (header row), .parquet, .npy, .npz file or a zarr store; "
+                   "the column names of a CSV or Parquet file become the model's feature names")
     p.add_argument("--target", metavar="COL", help="the label column: a name or an integer index (.npy: an index); "
                    ".npz / zarr group: the array of labels (default y, features in X)")
     p.add_argument("--method", choices=_METHODS, default="ep", help="inference method (default ep)")
@@ -773,7 +774,9 @@ def _predict_parser(sub):
     p = sub.add_parser("predict", help="class probabilities for a data file, as CSV",
                        description="Write one probability column per class (p_<class>) for every row of DATA.")
     p.add_argument("model", metavar="MODEL", help="a model written by 'agpc fit' (or GPClassifier.save)")
-    p.add_argument("data", metavar="DATA", help="a .csv, .parquet, .npy, .npz file or a zarr store (features as at fit)")
+    p.add_argument("data", metavar="DATA", help="a .csv, .parquet, .npy, .npz file or a zarr store: from a CSV or "
+                   "Parquet file the model's feature columns are taken by name (other columns, the label's too, are "
+                   "ignored); from a file without column names, by position")
     p.add_argument("--target", metavar="COL", help="a label column (or .npz / zarr array) to drop from the features "
                    "and score against: then error and NLL are printed")
     p.add_argument("--latent", action="store_true", help="also write the latent mean and variance (per class "
