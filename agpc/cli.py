@@ -172,13 +172,27 @@ def _labels(values):
     return values
 
 
-def _numeric(values, name, path):
+def _numeric(values, name, path, row_of=None):
     values = np.asarray(values)
     try:
         return values.astype(np.float64)
     except (ValueError, TypeError):
-        bad = next(v for v in values.tolist() if not _is_number(v))
-        raise UsageError(f"{path}: feature column {name!r} is not numeric (value {bad!r}); features must be numbers") from None
+        row, bad = next((i, v) for i, v in enumerate(values.tolist()) if not _is_number(v))
+        where = f"{row_of(row)}, " if row_of else ""
+        hint = ("fill in or drop rows with missing values first" if _looks_missing(bad)
+                else "features must be numbers")
+        raise UsageError(f"{path}: {where}feature column {name!r} is not numeric (value {bad!r}); {hint}") from None
+
+
+# Text that marks a missing value in tables written by other programs (among the strings pandas.read_csv reads
+# as missing by default). As a feature it is not a number (an error); as a label it would be a class of its
+# own, which agpc says in a warning rather than refusing: a class may well be called "None".
+_MISSING_TEXT = frozenset({"na", "n/a", "#n/a", "<na>", "null", "none", "nil", "missing", "?"})
+_NAN_TEXT = frozenset({"nan", "-nan", "+nan"})  # read as a float NaN: never a label, never a feature
+
+
+def _looks_missing(value):
+    return isinstance(value, str) and value.strip().lower() in _MISSING_TEXT | _NAN_TEXT
 
 
 def _is_number(value):
@@ -207,25 +221,41 @@ def _column_index(names, target, path):
     raise UsageError(f"{path}: no column {target!r} (columns: {_preview(names)})")
 
 
-def _empty_cells(values, *, nan_is_empty):
-    """Which entries of a column hold no value: an empty (or blank) string, None (a Parquet null), and
-    for labels NaN too (a feature's NaN is reported as such by _check_features)."""
+def _empty_cells(values):
+    """Which entries of a column hold no value: an empty (or blank) string, None (a Parquet null), NaN (a
+    number, or its text)."""
     values = np.asarray(values)
     if values.dtype.kind in "OUS":
-        return np.array([v is None or (isinstance(v, (str, bytes)) and not v.strip())
-                         or (nan_is_empty and isinstance(v, float) and v != v) for v in values.tolist()], dtype=bool)
-    if nan_is_empty and values.dtype.kind == "f":
+        return np.array([v is None or (isinstance(v, float) and v != v)
+                         or (isinstance(v, (str, bytes)) and (not v.strip() or str(v).strip().lower() in _NAN_TEXT))
+                         for v in values.tolist()], dtype=bool)
+    if values.dtype.kind in "fc":
         return np.isnan(values)
     return np.zeros(values.shape, dtype=bool)
 
 
-def _check_filled(values, name, path, row_of, *, label):
-    empty = np.flatnonzero(_empty_cells(values, nan_is_empty=label))
+def _check_filled(values, name, path, row_of, what):
+    empty = np.flatnonzero(_empty_cells(values))
     if empty.size:
+        first = np.asarray(values).tolist()[empty[0]]
+        cell = ("a null" if first is None else "an empty cell" if isinstance(first, (str, bytes)) and not first.strip()
+                else repr(first))
         more = f" (and {empty.size - 1} more rows)" if empty.size > 1 else ""
-        what = "label" if label else "feature"
-        raise UsageError(f"{path}: {row_of(int(empty[0]))}, {what} column {name!r}: empty cell{more}; fill in or "
-                         f"drop rows with missing values first")
+        raise UsageError(f"{path}: {row_of(int(empty[0]))}, {what} column {name!r}: missing value, {cell}{more}; "
+                         f"fill in or drop rows with missing values first")
+
+
+def _label_column(values, name, path, row_of):
+    """Labels from a column (see _labels); a missing one is an error naming its row, text that often marks
+    a missing value is a warning."""
+    _check_filled(values, name, path, row_of, "label")
+    labels = _labels(values)
+    if labels.dtype.kind == "U":
+        marked = sorted({v for v in labels.tolist() if _looks_missing(v)})
+        if marked:
+            warnings.warn(f"{path}: label column {name!r} holds {_preview([repr(v) for v in marked], 4)}, taken as a "
+                          f"class of its own; if that marks a missing label, drop those rows", UserWarning)
+    return labels
 
 
 def _feature_columns(names, target_index, features, path):
@@ -262,12 +292,10 @@ def _from_columns(names, columns, target, path, features=None, row_of=None):
     index = None if target is None else _column_index(names, target, path)
     chosen = _feature_columns(names, index, features, path)
     for i in chosen:
-        _check_filled(columns[i], names[i], path, row_of, label=False)
-    X = np.column_stack([_numeric(columns[i], names[i], path) for i in chosen])
-    if index is None:
-        return Data(X, None, [names[i] for i in chosen])
-    _check_filled(columns[index], names[index], path, row_of, label=True)
-    return Data(X, _labels(columns[index]), [names[i] for i in chosen])
+        _check_filled(columns[i], names[i], path, row_of, "feature")
+    X = np.column_stack([_numeric(columns[i], names[i], path, row_of) for i in chosen])
+    labels = None if index is None else _label_column(columns[index], names[index], path, row_of)
+    return Data(X, labels, [names[i] for i in chosen])
 
 
 def _from_matrix(data, target, path):
@@ -339,7 +367,7 @@ def _from_arrays(arrays, target, labels_required, path):
     if name is None:
         return Data(X, None, None)
     if name in arrays and name != "X":
-        return Data(X, _labels(np.asarray(arrays[name][...])), None)
+        return Data(X, _label_column(np.asarray(arrays[name][...]), name, path, lambda i: f"data row {i + 1}"), None)
     if target is not None and re.fullmatch(r"-?\d+", target):
         return _from_matrix(X, target, path)
     raise UsageError(f"{path}: no label array {name!r} (arrays: {_preview(sorted(arrays))}); name it with --target")

@@ -269,8 +269,42 @@ def test_an_empty_cell_is_one_error_naming_file_line_and_column(tmp_path, banana
     status = main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")])
     err = capsys.readouterr().err
     assert_one_line_error(status, err)
-    assert f"holes.csv: line 7, {what} column '{column}': empty cell (and 1 more rows)" in err
+    assert f"holes.csv: line 7, {what} column '{column}': missing value, an empty cell (and 1 more rows)" in err
     assert not (tmp_path / "m.agpc").exists()
+
+
+@pytest.mark.parametrize("label, feature, message", [
+    ("nan", "0.5", "line 4, label column 'label': missing value, 'nan'"),
+    ("1", "NaN", "line 4, feature column 'x1': missing value, 'NaN'"),
+    ("1", "NA", "line 4, feature column 'x1' is not numeric (value 'NA'); fill in or drop rows with missing values"),
+    ("1", "high", "line 4, feature column 'x1' is not numeric (value 'high'); features must be numbers"),
+])
+def test_missing_value_markers_are_errors_naming_the_line(tmp_path, capsys, label, feature, message):
+    data = tmp_path / "d.csv"
+    data.write_text(f"x1,x2,label\n0.1,0.2,1\n0.3,0.4,-1\n{feature},0.6,{label}\n0.7,0.8,1\n")
+    status = main(["fit", str(data), "--target", "label", "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert message in err
+
+
+def test_a_label_that_often_marks_a_missing_value_is_warned_about(tmp_path, banana):
+    X, y = banana
+    labels = np.where(y > 0, "yes", "no").astype(object)
+    labels[[3, 8]] = "N/A"
+    data = write_csv(tmp_path / "d.csv", X, labels)
+    with pytest.warns(UserWarning, match=r"label column 'label' holds 'N/A', taken as a class of its own"):
+        _, y_read, _ = cli.load_data(data, "label")
+    assert sorted(set(y_read.tolist())) == ["N/A", "no", "yes"]
+
+
+def test_a_nan_label_in_an_npz_is_an_error_naming_the_row(tmp_path, banana, capsys):
+    X, y = banana
+    np.savez(tmp_path / "d.npz", X=X, y=np.where(np.arange(len(y)) == 7, np.nan, y.astype(float)))
+    status = main(["fit", str(tmp_path / "d.npz"), "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "data row 8, label column 'y': missing value, nan" in err
 
 
 def test_a_null_label_in_parquet_is_an_error_not_a_class(tmp_path, banana, capsys):
@@ -283,7 +317,7 @@ def test_a_null_label_in_parquet_is_an_error_not_a_class(tmp_path, banana, capsy
     status = main(["fit", str(tmp_path / "d.parquet"), "--target", "cls", "--out", str(tmp_path / "m.agpc")])
     err = capsys.readouterr().err
     assert_one_line_error(status, err)
-    assert "data row 5, label column 'cls': empty cell" in err
+    assert "data row 5, label column 'cls': missing value, a null" in err
 
 
 def test_a_header_of_numbers_is_warned_about(tmp_path, banana):
