@@ -14,6 +14,7 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_dat
 
 from . import backend as B
 from . import threads
+from . import validation as V
 from .inducing import initial_inducing_points
 from .inference import engines, ep, multiclass_ep, multiclass_vi, training
 from .kernels import RBF, ClassKernels, Stationary
@@ -179,6 +180,37 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     stopped_by_time_ : bool, training stopped because of ``max_time``
     """
 
+    # Every parameter and what it may be (``agpc.validation``): checked at the start of fit / partial_fit;
+    # any one constraint of a list accepts. Cross-parameter rules follow in ``_check_params``.
+    _parameter_constraints = {
+        "method": [V.Options(*_METHODS)],
+        "n_inducing": [V.Interval(numbers.Integral, 1, None, "left")],
+        "kernel": [V.NONE, V.InstanceOf(Stationary, description="an agpc kernel (e.g. agpc.RBF)")],
+        "backend": [V.NONE, V.Options("auto", "numpy", "cupy", ignore_case=True), V.ArrayNamespace()],
+        "max_iter": [V.Interval(numbers.Integral, 0, None, "left")],
+        "damping": [V.NONE, V.Interval(numbers.Real, 0, 1, "right")],
+        "batch_size": [V.NONE, V.Options("auto"), V.Interval(numbers.Integral, 1, None, "left")],
+        "optimizer": [V.NONE, V.Options("rprop", "adadelta", "adam")],
+        "learning_rate": [V.NONE, V.Interval(numbers.Real, 0, None, "neither")],
+        "max_time": [V.NONE, V.Interval(numbers.Real, 0, None, "neither")],
+        "shuffle": [V.Boolean()],
+        "eval_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
+        "n_iter_no_change": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
+        "inducing": [V.Options("kmeans", "random"), V.ArrayLike()],
+        "likelihood": [V.NONE, V.Options("probit", "logistic")],
+        "n_quadrature": [V.Interval(numbers.Integral, 1, None, "left")],
+        "optimize": [V.NONE, V.Boolean(), V.Subset(*_OPTIMIZE_GROUPS)],
+        "jitter": [V.Interval(numbers.Real, 0, None, "left")],
+        "tol": [V.Interval(numbers.Real, 0, None, "left")],
+        "random_state": [V.NONE, V.RandomState()],
+        "verbose": [V.Boolean(), V.Interval(numbers.Integral, 0, None, "left")],
+        "client": [V.NONE, V.HasMethods("compute", "submit", description="a distributed.Client")],
+        "checkpoint_path": [V.NONE, V.PATH],
+        "checkpoint_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
+        "site_directory": [V.NONE, V.PATH],
+        "blas_threads": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
+    }
+
     def __init__(
         self,
         method="ep",
@@ -238,50 +270,23 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     # -- validation ------------------------------------------------------------------------------
 
     def _check_params(self):
-        if self.method not in _METHODS:
-            raise ValueError(f"unknown method {self.method!r}: available methods are {list(_METHODS)}")
-        if not isinstance(self.n_inducing, numbers.Integral) or self.n_inducing < 1:
-            raise ValueError(f"n_inducing must be a positive integer, got {self.n_inducing!r}")
-        if not isinstance(self.max_iter, numbers.Integral) or self.max_iter < 0:
-            raise ValueError(f"max_iter must be a non-negative integer, got {self.max_iter!r}")
-        if self.damping is not None and not (isinstance(self.damping, numbers.Real) and 0.0 < self.damping <= 1.0):
-            raise ValueError(f"damping must be in (0, 1] or None, got {self.damping!r}")
-        if not (self.batch_size is None or self.batch_size == "auto" or (
-            isinstance(self.batch_size, numbers.Integral) and self.batch_size >= 1
-        )):
-            raise ValueError(f"batch_size must be 'auto', None or a positive integer, got {self.batch_size!r}")
+        V.validate_params(self.get_params(deep=False), self._parameter_constraints, type(self).__name__)
+        if self.checkpoint_every is not None and self.checkpoint_path is None:
+            raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
         if self.method == "gfitc" and not (self.batch_size is None or self.batch_size == "auto"):
             raise ValueError(_GFITC_BATCH_ONLY.format(what=f"batch_size={self.batch_size!r}"))
         if self.method == "gfitc" and self.optimizer not in (None, "rprop"):
             raise ValueError(f"method='gfitc' steps with the batch adaptive steps ('rprop'), not {self.optimizer!r}")
-        if self.optimizer not in (None, "rprop", "adadelta", "adam"):
-            raise ValueError(f"unknown optimizer {self.optimizer!r}: use None, 'rprop', 'adadelta' or 'adam'")
-        if self.learning_rate is not None and not (isinstance(self.learning_rate, numbers.Real) and self.learning_rate > 0):
-            raise ValueError(f"learning_rate must be a positive number, got {self.learning_rate!r}")
-        if self.max_time is not None and not (isinstance(self.max_time, numbers.Real) and self.max_time > 0):
-            raise ValueError(f"max_time must be a positive number of seconds, got {self.max_time!r}")
-        if not (isinstance(self.jitter, numbers.Real) and self.jitter >= 0 and math.isfinite(self.jitter)):
-            raise ValueError(f"jitter must be a non-negative number, got {self.jitter!r}")
-        if self.likelihood not in (None, "probit", "logistic"):
-            raise ValueError(f"unknown likelihood {self.likelihood!r}: use None, 'probit' or 'logistic'")
         if self.method in _QUADRATIC_METHODS and self.likelihood == "probit":
             raise ValueError(f"method={self.method!r} is built on the logistic likelihood; use likelihood='logistic' or None")
         if self.method in training.METHODS + ("gfitc",) and self.likelihood == "logistic":
             raise ValueError(f"method={self.method!r} uses the probit likelihood (closed-form EP updates)")
-        threads.check_blas_threads(self.blas_threads)
-        if not isinstance(self.n_quadrature, numbers.Integral) or self.n_quadrature < 1:
-            raise ValueError(f"n_quadrature must be a positive integer, got {self.n_quadrature!r}")
-        if self.kernel is not None and not isinstance(self.kernel, Stationary):
-            raise ValueError(f"kernel must be an agpc kernel (e.g. agpc.RBF), got {type(self.kernel).__name__}")
         if self.optimize is True:
             groups = _OPTIMIZE_GROUPS
         elif self.optimize is False or self.optimize is None:
             groups = ()
         else:
             groups = tuple([self.optimize] if isinstance(self.optimize, str) else self.optimize)
-            unknown = [g for g in groups if g not in _OPTIMIZE_GROUPS]
-            if unknown:
-                raise ValueError(f"optimize names unknown groups {unknown}: use True, False or a subset of {_OPTIMIZE_GROUPS}")
         return groups, B.resolve_backend(self.backend)
 
     def _validate_X(self, X, *, reset):
@@ -457,8 +462,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _blas_scope(self, X):
         """The BLAS thread scope (``agpc.threads.blas_threads``) for a fit on ``X``, shaped by the work of its
-        main phase: minibatch steps, or batch passes over all rows."""
-        threads.check_blas_threads(self.blas_threads)
+        main phase: minibatch steps, or batch passes over all rows (the parameters are checked already)."""
         shape = getattr(X, "shape", None)
         if shape is None:  # lists and array-likes (the scope only needs the shape; X is validated inside)
             try:
@@ -467,12 +471,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 shape = ()
         n = int(shape[0]) if len(shape) else 1
         d = int(shape[1]) if len(shape) > 1 else 1
-        m = len(self.inducing) if not isinstance(self.inducing, str) else self.n_inducing
-        if not isinstance(m, numbers.Integral) or m < 1:
-            m = 1  # a bad n_inducing is refused inside the scope, by _check_params
+        m = max(1, len(self.inducing)) if not isinstance(self.inducing, str) else self.n_inducing
         batch_size = self._batch_size_for(n) if self.method != "gfitc" else None
-        valid = isinstance(batch_size, numbers.Integral) and batch_size >= 1  # (else refused inside the scope)
-        rows = min(n, int(batch_size)) if valid else n
+        rows = n if batch_size is None else min(n, int(batch_size))
         return threads.blas_threads(rows, m, n_features=d, threads=self.blas_threads)
 
     def fit(self, X, y, validation_data=None, resume=False):
@@ -495,17 +496,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self
         """
         started = time.perf_counter()  # max_time covers the whole fit, from here
+        self._check_params()  # before anything reads them (the BLAS scope reads n_inducing and batch_size)
         with self._blas_scope(X):
             return self._fit(X, y, validation_data, resume, started)
 
     def _fit(self, X, y, validation_data, resume, started):
         groups, _ = self._check_params()
-        if (self.checkpoint_every is not None or resume) and self.checkpoint_path is None:
-            raise ValueError("checkpoint_every and resume=True need checkpoint_path")
-        if self.checkpoint_every is not None and not (
-            isinstance(self.checkpoint_every, numbers.Integral) and self.checkpoint_every >= 1
-        ):
-            raise ValueError(f"checkpoint_every must be a positive integer, got {self.checkpoint_every!r}")
+        if resume and self.checkpoint_path is None:
+            raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
         if B.is_dask_array(X) and self.method == "gfitc":
             raise ValueError(_GFITC_BATCH_ONLY.format(what="fit on a dask array"))
         if B.is_dask_array(X):
@@ -663,6 +661,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         this batch), the kernel and the inducing points (from this batch). ``n_total`` is the number of
         rows the model stands for (SEP's cavity q / f^(1/n)); by default the rows seen so far.
         """
+        self._check_params()
         with self._blas_scope(X):
             return self._partial_fit(X, y, classes, n_total)
 
