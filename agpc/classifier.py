@@ -497,7 +497,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """
         started = time.perf_counter()  # max_time covers the whole fit, from here
         self._check_params()  # before anything reads them (the BLAS scope reads n_inducing and batch_size)
-        with self._blas_scope(X):
+        with self._blas_scope(X), B.jitter_report("GPClassifier.fit"):
             return self._fit(X, y, validation_data, resume, started)
 
     def _fit(self, X, y, validation_data, resume, started):
@@ -662,7 +662,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         rows the model stands for (SEP's cavity q / f^(1/n)); by default the rows seen so far.
         """
         self._check_params()
-        with self._blas_scope(X):
+        with self._blas_scope(X), B.jitter_report("GPClassifier.partial_fit"):
             return self._partial_fit(X, y, classes, n_total)
 
     def _partial_fit(self, X, y, classes, n_total):
@@ -731,7 +731,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _latent(self, Xc):
         Z = self.inducing_points_
-        with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=self.blas_threads):
+        with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=self.blas_threads), \
+                B.jitter_report("GPClassifier prediction", stacklevel=5):  # (called by the public predict_*)
             if self._multiclass:
                 return multiclass_ep.predict_latent(self.kernel_, Z, self.posterior_, Xc)
             return ep.predict_latent(self.kernel_, Z, self.posterior_, Xc)
