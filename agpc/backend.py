@@ -11,7 +11,9 @@ conforming library.
 from __future__ import annotations
 
 import contextvars
+import importlib
 import math
+import types
 import warnings
 from contextlib import contextmanager
 
@@ -28,6 +30,7 @@ from array_api_compat import (
 __all__ = [
     "CholeskyError",
     "JitterWarning",
+    "ModulesByName",
     "jitter_report",
     "note_jitter",
     "is_dask_array",
@@ -110,6 +113,27 @@ def jitter_report(task, stacklevel=4):
 
 # --------------------------------------------------------------------------------------------------
 # namespaces
+
+
+class ModulesByName:
+    """Pickling (and ``copy.deepcopy``) for objects that keep modules as attributes (an array namespace, the
+    module of an engine's passes): modules do not pickle, so they travel by their import name and are
+    imported again on unpickling (``array_api_compat.numpy`` comes back as the same module object)."""
+
+    def __getstate__(self):
+        return {k: (_ModuleName(v.__name__) if isinstance(v, types.ModuleType) else v) for k, v in vars(self).items()}
+
+    def __setstate__(self, state):
+        self.__dict__.update({k: (importlib.import_module(v.name) if isinstance(v, _ModuleName) else v)
+                              for k, v in state.items()})
+
+
+class _ModuleName:
+    """A module in a pickle: its import name."""
+
+    def __init__(self, name):
+        self.name = name
+
 
 
 def resolve_backend(backend):

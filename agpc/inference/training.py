@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..backend import (CholeskyError, array_device, array_namespace, asarray_like, cholesky_with_jitter, host_rng,
+from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, cholesky_with_jitter, host_rng,
                        is_out_of_core, note_jitter, read_rows, row_chunk_bounds, row_slice, to_host_vector)
 from ..kernels import ClassKernels
 from ..threads import with_blas_threads
@@ -58,7 +58,7 @@ def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
     return {"rows": rows, "m": m, "n_features": Z.shape[-1], "block_rows": trainer.engine.block_rows}
 
 
-class Trainer:
+class Trainer(ModulesByName):
     """The state of a training run and one guarded step of it; ``train`` and ``partial_fit`` drive it.
 
     ``method`` picks the engine (``engines.make_engine``, which takes the method's options); ``engine`` is
