@@ -324,11 +324,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(y.shape)}")
             if y.shape[0] != n_rows:
                 raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
-            found = np.unique(np.concatenate([np.unique(np.asarray(y[lo:lo + _CHUNK])) for lo in range(0, n_rows, _CHUNK)]))
+            found = np.unique(np.concatenate([np.unique(V.check_labels(y[lo:lo + _CHUNK], offset=lo))
+                                              for lo in range(0, n_rows, _CHUNK)]))
             return self._check_classes(found, classes), None
         if y is None:
             raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
-        y_host = B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y)
+        y_host = V.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else y)
         if y_host.ndim == 2 and y_host.shape[1] == 1:
             y_host = column_or_1d(y_host, warn=True)  # warns, as scikit-learn estimators do
         if y_host.ndim != 1:
@@ -421,7 +422,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(y.shape)}")
         if y.shape[0] != n_rows:
             raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
-        classes = self._check_classes(np.sort(B.to_numpy(yx.unique_values(y))), classes)
+        distinct = V.check_labels(B.to_numpy(yx.unique_values(y)), what="y (its distinct values)")
+        classes = self._check_classes(np.sort(distinct), classes)
+
         def is_class(c):
             return yx.astype(y == yx.asarray(classes[c], dtype=y.dtype, device=B.array_device(y)), yx.float64)
 
@@ -519,24 +522,38 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         init_started = time.perf_counter()
         kernel, Z = self._initial_model(sample, m, rng, len(classes))
         self.init_time_ = time.perf_counter() - init_started
-        validation = None
-        if validation_data is not None:
-            X_val, y_val = validation_data
-            X_val, _ = self._validate_X(X_val, reset=False) if _is_foreign_array(X_val) else (
-                validate_data(self, X_val, reset=False, dtype=np.float64, ensure_all_finite=True), None
-            )
-            y_val = B.to_numpy(y_val) if B.is_array_api_obj(y_val) else np.asarray(y_val)
-            unknown = np.setdiff1d(np.unique(y_val), classes)
-            if unknown.size:
-                raise ValueError(f"validation labels {list(unknown)} are not among the training classes {list(classes)}")
-            validation = (
-                B.asarray_like(X_val, xp, device=device, dtype=xp.float64),
-                B.asarray_like(_encode_labels(y_val, classes), xp, device=device, dtype=xp.float64),
-            )
+        validation = None if validation_data is None else self._validation_set(validation_data, classes, xp, device)
         t0 = started
         result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
                              validation=validation, started=started)
         return self._fitted_from(result, classes, t0)
+
+    def _validation_set(self, validation_data, classes, xp, device):
+        """``validation_data`` checked as the training data are (features: count, finiteness, shape; labels:
+        1-D, one per row, no missing ones, among the training classes), every error naming validation_data;
+        returned as the loop takes it (compute namespace, labels encoded)."""
+        if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
+            raise ValueError(f"validation_data must be a pair (X_val, y_val), got {type(validation_data).__name__}"
+                             + (f" of length {len(validation_data)}" if isinstance(validation_data, (tuple, list)) else ""))
+        X_val, y_val = validation_data
+        try:
+            X_val, _ = self._validate_X(X_val, reset=False)
+        except ValueError as error:  # the same message as for training data, saying which data it is about
+            raise ValueError(f"validation_data: X_val: {error}") from error
+        labels = V.check_labels(B.to_numpy(y_val) if B.is_array_api_obj(y_val) else y_val,
+                                what="validation_data: y_val")
+        if labels.ndim != 1 or labels.shape[0] != X_val.shape[0]:
+            raise ValueError(f"validation_data: X_val has {X_val.shape[0]} rows but y_val has shape "
+                             f"{labels.shape}: y_val must be 1-D with one label per row")
+        unknown = np.setdiff1d(np.unique(labels), classes) if labels.dtype.kind == classes.dtype.kind or (
+            labels.dtype.kind in "biuf" and classes.dtype.kind in "biuf") else np.unique(labels)
+        if unknown.size:
+            raise ValueError(f"validation_data: y_val has labels {unknown.tolist()} that are not among the training "
+                             f"classes {classes.tolist()}")
+        return (
+            B.asarray_like(X_val, xp, device=device, dtype=xp.float64),
+            B.asarray_like(_encode_labels(labels, classes), xp, device=device, dtype=xp.float64),
+        )
 
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
                started=None):
@@ -604,7 +621,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             finite, labels = client.compute([da.isfinite(X).all(), da.unique(y)], sync=True)
             if not bool(finite):
                 raise ValueError("Input X contains NaN or infinity")
-            classes = self._check_classes(np.unique(np.asarray(labels)))
+            classes = self._check_classes(np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
             if len(classes) > 2:
                 raise ValueError("fit on a dask array trains the binary model; multiclass data need in-memory arrays")
             y_pm = y.map_blocks(_encode_labels, classes, dtype=np.float64)

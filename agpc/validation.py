@@ -1,4 +1,4 @@
-"""Checks of what users pass in: the estimator's parameters, against a declarative table.
+"""Checks of what users pass in: the estimator's parameters (against a declarative table) and class labels.
 
 Each parameter has a list of constraints (``Interval``, ``Options``, ``InstanceOf``, ...); a value is
 accepted when any one of them accepts it, and refused with one ValueError that names the parameter, shows
@@ -30,6 +30,7 @@ __all__ = [
     "Subset",
     "RandomState",
     "validate_params",
+    "check_labels",
 ]
 
 
@@ -211,3 +212,64 @@ def _short_repr(value, limit=80):
         return f"{type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}"
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- labels ---------------------------------------------------------------------------------------
+
+_SHOWN_ROWS = 5
+
+
+def _rows_text(rows, offset):
+    rows = [int(r) + offset for r in rows]
+    shown = ", ".join(str(r) for r in rows[:_SHOWN_ROWS])
+    more = f", ... ({len(rows)} in all)" if len(rows) > _SHOWN_ROWS else ""
+    return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"
+
+
+def _label_kind(value):
+    """The kind of one label in an object array: "str", "number", "None", "NaN", or its type's name."""
+    if value is None:
+        return "None"
+    if isinstance(value, (str, bytes)):
+        return "str"
+    if isinstance(value, (numbers.Real, np.bool_)):  # bools, ints and floats order among themselves
+        return "NaN" if isinstance(value, numbers.Real) and value != value else "number"
+    return type(value).__name__
+
+
+def check_labels(y, what="y", offset=0):
+    """Class labels (1-D, on the host) that a classifier can take, else one ValueError naming ``what``, the
+    problem and the rows (counted from ``offset``): no missing labels (None, NaN), no empty or blank strings
+    (an empty cell in a file is a missing value, not a class), and one kind of label, strings or numbers
+    (mixed, they have no order: ``np.unique`` fails, and a list of them would silently become strings).
+    Returns y as a NumPy array."""
+    mixed_container = isinstance(y, (list, tuple))
+    values = np.asarray(y)
+    if values.dtype == object or mixed_container:
+        objects = np.asarray(y, dtype=object).ravel()
+        kinds = {}
+        for row, value in enumerate(objects):
+            kinds.setdefault(_label_kind(value), []).append(row)
+        for missing in ("None", "NaN"):
+            if missing in kinds:
+                raise ValueError(f"{what} has missing labels ({missing}) at {_rows_text(kinds[missing], offset)}: "
+                                 "drop those rows or give them a class")
+        if len(kinds) > 1:
+            found = ", ".join(f"{kind} at row {rows[0] + offset}" for kind, rows in kinds.items())
+            raise ValueError(f"{what} mixes kinds of labels ({found}): use one kind for every label, e.g. all "
+                             "strings or all integers")
+        blank = [row for row, value in enumerate(objects) if isinstance(value, (str, bytes)) and not value.strip()]
+    elif values.dtype.kind == "f":
+        nan = np.flatnonzero(np.isnan(values))
+        if nan.size:
+            raise ValueError(f"{what} has missing labels (NaN) at {_rows_text(nan, offset)}: drop those rows or "
+                             "give them a class")
+        blank = []
+    elif values.dtype.kind in "US":
+        blank = np.flatnonzero(np.char.strip(values) == ("" if values.dtype.kind == "U" else b""))
+    else:
+        blank = []
+    if len(blank):
+        raise ValueError(f"{what} has empty labels at {_rows_text(blank, offset)}: an empty cell is a missing "
+                         "label, not a class; drop those rows or give them a class")
+    return values

@@ -131,3 +131,79 @@ def test_the_table_pickles_with_the_estimator():
     """The constraints are class data: an estimator with them pickles (GridSearchCV, joblib)."""
     model = pickle.loads(pickle.dumps(GPClassifier(tol=1e-3)))
     assert model.get_params()["tol"] == 1e-3
+
+
+# -- labels ---------------------------------------------------------------------------------------
+
+def _labels_with(y, bad, row=7, dtype=object):
+    labels = np.where(y > 0, "yes", "no").astype(dtype)
+    labels[row] = bad
+    return labels
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda y: np.array([1 if v > 0 else "no" for v in y], dtype=object), r"y mixes kinds of labels \(.*number.*str"),
+        (lambda y: [1 if v > 0 else "no" for v in y], r"y mixes kinds of labels \(.*number.*str"),
+        (lambda y: _labels_with(y, None), r"y has missing labels \(None\) at row 7:"),
+        (lambda y: _labels_with(y, float("nan")), r"y has missing labels \(NaN\) at row 7:"),
+        (lambda y: np.where(np.arange(len(y)) == 7, np.nan, y), r"y has missing labels \(NaN\) at row 7:"),
+        (lambda y: _labels_with(y, "", dtype=str), r"y has empty labels at row 7: an empty cell"),
+        (lambda y: _labels_with(y, "  "), r"y has empty labels at row 7: an empty cell"),
+    ],
+    ids=["mixed-object-array", "mixed-list", "none", "nan-in-objects", "nan-in-floats", "empty-string", "blank"],
+)
+def test_bad_labels_are_refused_naming_the_problem(data, make, message):
+    X, y = data
+    with pytest.raises(ValueError, match=message):
+        GPClassifier(n_inducing=3, max_iter=1).fit(X, make(y))
+
+
+def test_missing_labels_on_disk_name_the_row_in_the_file(data, tmp_path):
+    """Labels on disk are checked a chunk at a time, rows counted from the start of the file."""
+    X, y = data
+    labels = np.where(np.arange(len(y)) == 31, np.nan, y)
+    np.save(tmp_path / "y.npy", labels)
+    np.save(tmp_path / "X.npy", X)
+    X_mm, y_mm = np.load(tmp_path / "X.npy", mmap_mode="r"), np.load(tmp_path / "y.npy", mmap_mode="r")
+    with pytest.raises(ValueError, match=r"y has missing labels \(NaN\) at row 31:"):
+        GPClassifier(n_inducing=3, max_iter=1).fit(X_mm, y_mm)
+
+
+def test_many_bad_rows_are_counted_not_all_listed():
+    labels = np.array(["a", "b"] * 10 + [""] * 12)
+    with pytest.raises(ValueError, match=r"rows 20, 21, 22, 23, 24, \.\.\. \(12 in all\)"):
+        V.check_labels(labels)
+
+
+def test_good_labels_pass_unchanged():
+    for labels in (np.array([0, 1, 1]), np.array(["a", "b", "a"]), np.array([True, False, True]),
+                   np.array(["a", "b"], dtype=object), [1, 2.5, 1]):
+        np.testing.assert_array_equal(V.check_labels(labels), np.asarray(labels))
+
+
+# -- validation data ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda X, y: (X[:10], y[:9]), r"validation_data: X_val has 10 rows but y_val has shape \(9,\)"),
+        (lambda X, y: (X[:10, :1], y[:10]), r"validation_data: X_val: X has 1 features, but GPClassifier is "
+                                            r"expecting 2"),
+        (lambda X, y: (np.where(np.arange(10)[:, None] == 2, np.inf, X[:10]), y[:10]),
+         r"validation_data: X_val: Input X contains infinity"),
+        (lambda X, y: (X[:10, 0], y[:10]), r"validation_data: X_val: Expected 2D array"),
+        (lambda X, y: (X[:10], np.where(np.arange(10) == 4, 7, y[:10])),
+         r"validation_data: y_val has labels \[7\] that are not among the training classes \[-1, 1\]"),
+        (lambda X, y: (X[:10], np.array(["a"] * 10)), r"validation_data: y_val has labels \['a'\] that are not"),
+        (lambda X, y: (X[:10], np.where(np.arange(10) == 4, np.nan, y[:10])),
+         r"validation_data: y_val has missing labels \(NaN\) at row 4"),
+        (lambda X, y: (X[:10],), r"validation_data must be a pair \(X_val, y_val\), got tuple of length 1"),
+    ],
+    ids=["length", "features", "inf", "1d", "unknown-label", "other-kind-of-label", "nan-label", "not-a-pair"],
+)
+def test_validation_data_is_checked_like_training_data(data, make, message):
+    X, y = data
+    with pytest.raises(ValueError, match=message):
+        GPClassifier(n_inducing=3, max_iter=1).fit(X, y, validation_data=make(X, y))
