@@ -354,7 +354,7 @@ def cholesky_with_jitter(A, *, what="matrix", max_tries=6, report=True):
         L = _cholesky_once(A + jitter * eye, xp)
         if L is not None:
             if report:
-                note_jitter(f"{what} (added to its diagonal)", 0.0, jitter)
+                note_jitter(f"{what}: extra jitter in its factorisation", 0.0, jitter)
             return L, jitter
     raise CholeskyError(
         f"Cholesky of {what} ({m}x{m}) failed: not positive definite even with jitter "

@@ -276,6 +276,6 @@ def test_a_fit_that_raised_the_jitter_warns_once_saying_from_what_to_what(method
     assert len(jitter_warnings) == 1 and issubclass(JitterWarning, UserWarning)
     message = str(jitter_warnings[0].message)
     assert message.startswith("GPClassifier.fit: jitter had to be raised")
-    assert "Kmm (covariance of the inducing points) from 0.0e+00 to " in message
+    assert "Kmm (covariance of the inducing points): the model's jitter from 0.0e+00 to " in message
     assert jitter_warnings[0].filename == __file__  # it points at the caller's line
     assert np.all(np.isfinite(model.predict_proba(X)))

@@ -140,7 +140,7 @@ class Trainer(ModulesByName):
         engine = self.engine
         needed = _jitter_needed(engine.state["kernel"], engine.state["Z"], engine.jitter)
         if needed > engine.jitter and self.failures <= _MAX_FAILURES:
-            note_jitter("Kmm (covariance of the inducing points)", engine.jitter, needed)
+            note_jitter("Kmm (covariance of the inducing points): the model's jitter", engine.jitter, needed)
             engine.jitter = needed
             self.jitter_raises += 1
             return
