@@ -130,7 +130,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     optimize : True, False or a tuple of "kernel" / "inducing"
         What to learn; the rest stays fixed. ``False`` runs EP to convergence on fixed hyper-parameters.
     jitter : float, default=1e-6
-        Added to the diagonal of K(Z, Z).
+        Added to the diagonal of K(Z, Z). When a factorisation needs more (inducing points that coincide,
+        features on very different scales), the jitter is raised and the fit (or prediction) ends with one
+        ``agpc.JitterWarning`` (a UserWarning) saying which jitter went from what to what.
     tol : float, default=1e-6
         With ``optimize=False``, stop when the largest relative site change falls below ``tol``.
     random_state : int, Generator or None
