@@ -133,14 +133,23 @@ class ArrayNamespace:
 
 
 class ArrayLike:
-    """An array (anything with a ``shape``) or a nested list / tuple of numbers; its shape and values are
-    checked where the data it must match are known."""
+    """A matrix with at least one row: an array (anything with a ``shape``) or a nested list / tuple of
+    numbers. Its column count and values are checked where the data it must match are known."""
 
     def accepts(self, value):
-        return hasattr(value, "shape") or (isinstance(value, (list, tuple)) and len(value) > 0)
+        if hasattr(value, "shape"):
+            shape = tuple(value.shape)
+        elif isinstance(value, (list, tuple)):
+            try:
+                shape = np.shape(value)
+            except ValueError:  # ragged
+                return False
+        else:
+            return False
+        return len(shape) == 2 and shape[0] >= 1
 
     def __str__(self):
-        return "an array of shape (m, n_features)"
+        return "an array of shape (m, n_features) with m >= 1"
 
 
 class HasMethods:
