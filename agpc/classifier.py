@@ -344,7 +344,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def _check_classes(self, found, classes=None):
         """The model's classes: those found in y, or the ``classes`` given (which must cover y); two of them."""
         if classes is not None:
-            classes = np.unique(np.asarray(classes))
+            classes = np.unique(V.check_labels(classes, what="classes"))
             unknown = np.setdiff1d(found, classes)
             if unknown.size:
                 raise ValueError(f"y contains labels {list(unknown)} not in classes {list(classes)}")

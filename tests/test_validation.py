@@ -208,3 +208,9 @@ def test_validation_data_is_checked_like_training_data(data, make, message):
     X, y = data
     with pytest.raises(ValueError, match=message):
         GPClassifier(n_inducing=3, max_iter=1).fit(X, y, validation_data=make(X, y))
+
+
+def test_partial_fit_checks_the_classes_it_is_given(data):
+    X, y = data
+    with pytest.raises(ValueError, match=r"classes has missing labels \(None\) at row 2"):
+        GPClassifier(method="sep", n_inducing=3).partial_fit(X, y, classes=np.array([-1, 1, None], dtype=object))
