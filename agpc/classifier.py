@@ -180,6 +180,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     fit_time_ : float, seconds of the whole ``fit`` (what ``max_time`` bounds)
     init_time_ : float, of which choosing the initial inducing points (k-means) took this many seconds
     stopped_by_time_ : bool, training stopped because of ``max_time``
+    jitter_ : float, the jitter on the diagonal of K(Z, Z) of the fitted model: ``jitter``, or what training had
+        to raise it to (a ``JitterWarning`` says so)
     """
 
     # Every parameter and what it may be (``agpc.validation``): checked at the start of fit / partial_fit;
@@ -457,7 +459,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return ClassKernels([kernel] * n_classes), xp.stack([Z] * n_classes)
         return kernel, Z
 
-    def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter):
+    def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter):
+        self.jitter_ = jitter
         self.kernel_ = kernel
         self.inducing_points_ = Z
         self.posterior_ = posterior
@@ -584,7 +587,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Fitted attributes from a ``training.TrainResult``."""
         self.fit_time_ = time.perf_counter() - t0
         self.classes_ = classes
-        self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter)
+        self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter,
+                         result.jitter)
         self.stopped_by_time_ = result.stopped_by_time
         self.early_stopped_ = result.early_stopped
         return self
@@ -713,7 +717,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         post, log_z = trainer.posterior()
         state = trainer.state
         self.likelihood_ = "probit"
-        self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps)
+        self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
+                         trainer.engine.jitter)
         return self
 
     @staticmethod

@@ -278,4 +278,5 @@ def test_a_fit_that_raised_the_jitter_warns_once_saying_from_what_to_what(method
     assert message.startswith("GPClassifier.fit: jitter had to be raised")
     assert "Kmm (covariance of the inducing points): the model's jitter from 0.0e+00 to " in message
     assert jitter_warnings[0].filename == __file__  # it points at the caller's line
+    assert f"the model's jitter from 0.0e+00 to {model.jitter_:.1e}" in message  # the jitter the model kept
     assert np.all(np.isfinite(model.predict_proba(X)))

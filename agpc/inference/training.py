@@ -47,6 +47,7 @@ class TrainResult:
     stopped_by_time: bool = False
     early_stopped: bool = False
     state: dict = field(default_factory=dict)  # the engine's final state (SVI: "mean", "chol"; vi-*: "xi")
+    jitter: float = None  # on the diagonal of Kmm at the end: the configured one, or what the guard raised it to
 
 
 def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
@@ -424,6 +425,7 @@ def train(
         stopped_by_time=stopped_by_time,
         early_stopped=early_stopped,
         state=state,
+        jitter=engine.jitter,
     )
 
 
