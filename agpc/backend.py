@@ -135,7 +135,6 @@ class _ModuleName:
         self.name = name
 
 
-
 def resolve_backend(backend):
     """Turn ``backend`` into an array namespace.
 

@@ -19,8 +19,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, cholesky_with_jitter, host_rng,
-                       is_out_of_core, note_jitter, read_rows, row_chunk_bounds, row_slice, to_host_vector)
+from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, cholesky_with_jitter,
+                       host_rng, is_out_of_core, note_jitter, read_rows, row_chunk_bounds, row_slice, to_host_vector)
 from ..kernels import ClassKernels
 from ..threads import with_blas_threads
 from .engines import ALL_METHODS, EP_METHODS, make_engine
@@ -65,8 +65,9 @@ class Trainer(ModulesByName):
     ``method`` picks the engine (``engines.make_engine``, which takes the method's options); ``engine`` is
     where the EP methods' passes run (a ``dask_engine.DaskEngine`` for rows on a cluster). A step evaluates
     the rows it is given at the current state and commits the engine's update. A non-finite log Z or a
-    failed Cholesky puts back the state before the last good step and halves damping and step sizes (or, when
-    the inducing points' prior covariance no longer factorises, raises the jitter once with a warning).
+    failed Cholesky puts back the state before the last good step and halves damping and step sizes, again
+    on each failure in a row (or, when the inducing points' prior covariance no longer factorises, raises the
+    jitter, reported as a ``JitterWarning``). Trainers pickle (``partial_fit`` models keep one).
     """
 
     def __init__(self, kernel, Z, *, method, n_total, minibatch, engine=None, **options):
