@@ -10,7 +10,12 @@ conforming library.
 
 from __future__ import annotations
 
+import contextvars
+import importlib
 import math
+import types
+import warnings
+from contextlib import contextmanager
 
 import numpy as np
 from array_api_compat import (
@@ -24,6 +29,10 @@ from array_api_compat import (
 
 __all__ = [
     "CholeskyError",
+    "JitterWarning",
+    "ModulesByName",
+    "jitter_report",
+    "note_jitter",
     "is_dask_array",
     "row_chunk_bounds",
     "array_namespace",
@@ -52,8 +61,78 @@ class CholeskyError(np.linalg.LinAlgError):
     """A Cholesky factorisation failed even after adding jitter to the diagonal."""
 
 
+class JitterWarning(UserWarning):
+    """A matrix had to be regularised with more jitter than configured for its Cholesky factorisation to
+    succeed: the model is (slightly) not the one asked for. Filter it with
+    ``warnings.simplefilter("ignore", agpc.JitterWarning)`` or make it an error to refuse such fits."""
+
+
+# The jitter raises of the current ``jitter_report`` scope (None outside one): (what, from, to) triples.
+_JITTER_RAISES = contextvars.ContextVar("agpc_jitter_raises", default=None)
+
+
+def note_jitter(what, before, after):
+    """Report that the jitter on the diagonal of ``what`` had to go from ``before`` to ``after``: collected
+    by the enclosing ``jitter_report`` (one warning for a whole fit), or a ``JitterWarning`` now."""
+    raises = _JITTER_RAISES.get()
+    if raises is None:
+        warnings.warn(f"jitter raised: {what} from {before:.1e} to {after:.1e}", JitterWarning, stacklevel=3)
+    else:
+        raises.append((what, float(before), float(after)))
+
+
+@contextmanager
+def jitter_report(task, stacklevel=4):
+    """Collect the jitter raises (``note_jitter``) inside, and after it one ``JitterWarning`` for ``task``
+    (e.g. "fit") saying, for each matrix, from what to what the jitter went and how often. Nested scopes
+    report into the outermost one; no warning when the body raises (the error says more). ``stacklevel``
+    as for ``warnings.warn``, counted from the ``with`` statement's frame plus one (the default points at
+    the caller of the function holding the ``with``)."""
+    if _JITTER_RAISES.get() is not None:
+        yield
+        return
+    raises = []
+    token = _JITTER_RAISES.set(raises)
+    try:
+        yield
+    finally:
+        _JITTER_RAISES.reset(token)
+    if raises:
+        by_matrix = {}
+        for what, before, after in raises:
+            low, high, count = by_matrix.get(what, (before, after, 0))
+            by_matrix[what] = (min(low, before), max(high, after), count + 1)
+        parts = [f"{what} from {low:.1e} to {high:.1e} ({count} time{'s' if count > 1 else ''})"
+                 for what, (low, high, count) in by_matrix.items()]
+        warnings.warn(
+            f"{task}: jitter had to be raised for the Cholesky factorisations to succeed: " + "; ".join(parts)
+            + " (inducing points too close together, or features on very different scales?)",
+            JitterWarning, stacklevel=stacklevel,
+        )
+
+
 # --------------------------------------------------------------------------------------------------
 # namespaces
+
+
+class ModulesByName:
+    """Pickling (and ``copy.deepcopy``) for objects that keep modules as attributes (an array namespace, the
+    module of an engine's passes): modules do not pickle, so they travel by their import name and are
+    imported again on unpickling (``array_api_compat.numpy`` comes back as the same module object)."""
+
+    def __getstate__(self):
+        return {k: (_ModuleName(v.__name__) if isinstance(v, types.ModuleType) else v) for k, v in vars(self).items()}
+
+    def __setstate__(self, state):
+        self.__dict__.update({k: (importlib.import_module(v.name) if isinstance(v, _ModuleName) else v)
+                              for k, v in state.items()})
+
+
+class _ModuleName:
+    """A module in a pickle: its import name."""
+
+    def __init__(self, name):
+        self.name = name
 
 
 def resolve_backend(backend):
@@ -254,8 +333,9 @@ def cholesky(A, *, what="matrix", max_tries=6):
     return cholesky_with_jitter(A, what=what, max_tries=max_tries)[0]
 
 
-def cholesky_with_jitter(A, *, what="matrix", max_tries=6):
-    """``cholesky`` that also returns the jitter it had to add to the diagonal (0.0 when none)."""
+def cholesky_with_jitter(A, *, what="matrix", max_tries=6, report=True):
+    """``cholesky`` that also returns the jitter it had to add to the diagonal (0.0 when none). An added
+    jitter is reported (``note_jitter``) unless ``report=False`` (a caller that only probes for it)."""
     xp = array_namespace(A)
     L = _cholesky_once(A, xp)
     if L is not None:
@@ -272,6 +352,8 @@ def cholesky_with_jitter(A, *, what="matrix", max_tries=6):
         tried.append(jitter)
         L = _cholesky_once(A + jitter * eye, xp)
         if L is not None:
+            if report:
+                note_jitter(f"{what}: extra jitter in its factorisation", 0.0, jitter)
             return L, jitter
     raise CholeskyError(
         f"Cholesky of {what} ({m}x{m}) failed: not positive definite even with jitter "

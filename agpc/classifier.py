@@ -14,6 +14,7 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_dat
 
 from . import backend as B
 from . import threads
+from . import validation as V
 from .inducing import initial_inducing_points
 from .inference import engines, ep, multiclass_ep, multiclass_vi, training
 from .kernels import RBF, ClassKernels, Stationary
@@ -129,7 +130,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     optimize : True, False or a tuple of "kernel" / "inducing"
         What to learn; the rest stays fixed. ``False`` runs EP to convergence on fixed hyper-parameters.
     jitter : float, default=1e-6
-        Added to the diagonal of K(Z, Z).
+        Added to the diagonal of K(Z, Z). When a factorisation needs more (inducing points that coincide,
+        features on very different scales), the jitter is raised and the fit (or prediction) ends with one
+        ``agpc.JitterWarning`` (a UserWarning) saying which jitter went from what to what.
     tol : float, default=1e-6
         With ``optimize=False``, stop when the largest relative site change falls below ``tol``.
     random_state : int, Generator or None
@@ -177,7 +180,40 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     fit_time_ : float, seconds of the whole ``fit`` (what ``max_time`` bounds)
     init_time_ : float, of which choosing the initial inducing points (k-means) took this many seconds
     stopped_by_time_ : bool, training stopped because of ``max_time``
+    jitter_ : float, the jitter on the diagonal of K(Z, Z) of the fitted model: ``jitter``, or what training had
+        to raise it to (a ``JitterWarning`` says so)
     """
+
+    # Every parameter and what it may be (``agpc.validation``): checked at the start of fit / partial_fit;
+    # any one constraint of a list accepts. Cross-parameter rules follow in ``_check_params``.
+    _parameter_constraints = {
+        "method": [V.Options(*_METHODS)],
+        "n_inducing": [V.Interval(numbers.Integral, 1, None, "left")],
+        "kernel": [V.NONE, V.InstanceOf(Stationary, description="an agpc kernel (e.g. agpc.RBF)")],
+        "backend": [V.NONE, V.Options("auto", "numpy", "cupy", ignore_case=True), V.ArrayNamespace()],
+        "max_iter": [V.Interval(numbers.Integral, 0, None, "left")],
+        "damping": [V.NONE, V.Interval(numbers.Real, 0, 1, "right")],
+        "batch_size": [V.NONE, V.Options("auto"), V.Interval(numbers.Integral, 1, None, "left")],
+        "optimizer": [V.NONE, V.Options("rprop", "adadelta", "adam")],
+        "learning_rate": [V.NONE, V.Interval(numbers.Real, 0, None, "neither")],
+        "max_time": [V.NONE, V.Interval(numbers.Real, 0, None, "neither")],
+        "shuffle": [V.Boolean()],
+        "eval_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
+        "n_iter_no_change": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
+        "inducing": [V.Options("kmeans", "random"), V.ArrayLike()],
+        "likelihood": [V.NONE, V.Options("probit", "logistic")],
+        "n_quadrature": [V.Interval(numbers.Integral, 1, None, "left")],
+        "optimize": [V.NONE, V.Boolean(), V.Subset(*_OPTIMIZE_GROUPS)],
+        "jitter": [V.Interval(numbers.Real, 0, None, "left")],
+        "tol": [V.Interval(numbers.Real, 0, None, "left")],
+        "random_state": [V.NONE, V.RandomState()],
+        "verbose": [V.Boolean(), V.Interval(numbers.Integral, 0, None, "left")],
+        "client": [V.NONE, V.HasMethods("compute", "submit", description="a distributed.Client")],
+        "checkpoint_path": [V.NONE, V.PATH],
+        "checkpoint_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
+        "site_directory": [V.NONE, V.PATH],
+        "blas_threads": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
+    }
 
     def __init__(
         self,
@@ -238,50 +274,23 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     # -- validation ------------------------------------------------------------------------------
 
     def _check_params(self):
-        if self.method not in _METHODS:
-            raise ValueError(f"unknown method {self.method!r}: available methods are {list(_METHODS)}")
-        if not isinstance(self.n_inducing, numbers.Integral) or self.n_inducing < 1:
-            raise ValueError(f"n_inducing must be a positive integer, got {self.n_inducing!r}")
-        if not isinstance(self.max_iter, numbers.Integral) or self.max_iter < 0:
-            raise ValueError(f"max_iter must be a non-negative integer, got {self.max_iter!r}")
-        if self.damping is not None and not (isinstance(self.damping, numbers.Real) and 0.0 < self.damping <= 1.0):
-            raise ValueError(f"damping must be in (0, 1] or None, got {self.damping!r}")
-        if not (self.batch_size is None or self.batch_size == "auto" or (
-            isinstance(self.batch_size, numbers.Integral) and self.batch_size >= 1
-        )):
-            raise ValueError(f"batch_size must be 'auto', None or a positive integer, got {self.batch_size!r}")
+        V.validate_params(self.get_params(deep=False), self._parameter_constraints, type(self).__name__)
+        if self.checkpoint_every is not None and self.checkpoint_path is None:
+            raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
         if self.method == "gfitc" and not (self.batch_size is None or self.batch_size == "auto"):
             raise ValueError(_GFITC_BATCH_ONLY.format(what=f"batch_size={self.batch_size!r}"))
         if self.method == "gfitc" and self.optimizer not in (None, "rprop"):
             raise ValueError(f"method='gfitc' steps with the batch adaptive steps ('rprop'), not {self.optimizer!r}")
-        if self.optimizer not in (None, "rprop", "adadelta", "adam"):
-            raise ValueError(f"unknown optimizer {self.optimizer!r}: use None, 'rprop', 'adadelta' or 'adam'")
-        if self.learning_rate is not None and not (isinstance(self.learning_rate, numbers.Real) and self.learning_rate > 0):
-            raise ValueError(f"learning_rate must be a positive number, got {self.learning_rate!r}")
-        if self.max_time is not None and not (isinstance(self.max_time, numbers.Real) and self.max_time > 0):
-            raise ValueError(f"max_time must be a positive number of seconds, got {self.max_time!r}")
-        if not (isinstance(self.jitter, numbers.Real) and self.jitter >= 0 and math.isfinite(self.jitter)):
-            raise ValueError(f"jitter must be a non-negative number, got {self.jitter!r}")
-        if self.likelihood not in (None, "probit", "logistic"):
-            raise ValueError(f"unknown likelihood {self.likelihood!r}: use None, 'probit' or 'logistic'")
         if self.method in _QUADRATIC_METHODS and self.likelihood == "probit":
             raise ValueError(f"method={self.method!r} is built on the logistic likelihood; use likelihood='logistic' or None")
         if self.method in training.METHODS + ("gfitc",) and self.likelihood == "logistic":
             raise ValueError(f"method={self.method!r} uses the probit likelihood (closed-form EP updates)")
-        threads.check_blas_threads(self.blas_threads)
-        if not isinstance(self.n_quadrature, numbers.Integral) or self.n_quadrature < 1:
-            raise ValueError(f"n_quadrature must be a positive integer, got {self.n_quadrature!r}")
-        if self.kernel is not None and not isinstance(self.kernel, Stationary):
-            raise ValueError(f"kernel must be an agpc kernel (e.g. agpc.RBF), got {type(self.kernel).__name__}")
         if self.optimize is True:
             groups = _OPTIMIZE_GROUPS
         elif self.optimize is False or self.optimize is None:
             groups = ()
         else:
             groups = tuple([self.optimize] if isinstance(self.optimize, str) else self.optimize)
-            unknown = [g for g in groups if g not in _OPTIMIZE_GROUPS]
-            if unknown:
-                raise ValueError(f"optimize names unknown groups {unknown}: use True, False or a subset of {_OPTIMIZE_GROUPS}")
         return groups, B.resolve_backend(self.backend)
 
     def _validate_X(self, X, *, reset):
@@ -319,11 +328,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(y.shape)}")
             if y.shape[0] != n_rows:
                 raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
-            found = np.unique(np.concatenate([np.unique(np.asarray(y[lo:lo + _CHUNK])) for lo in range(0, n_rows, _CHUNK)]))
+            found = np.unique(np.concatenate([np.unique(V.check_labels(y[lo:lo + _CHUNK], offset=lo))
+                                              for lo in range(0, n_rows, _CHUNK)]))
             return self._check_classes(found, classes), None
         if y is None:
             raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
-        y_host = B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y)
+        y_host = V.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else y)
         if y_host.ndim == 2 and y_host.shape[1] == 1:
             y_host = column_or_1d(y_host, warn=True)  # warns, as scikit-learn estimators do
         if y_host.ndim != 1:
@@ -336,7 +346,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def _check_classes(self, found, classes=None):
         """The model's classes: those found in y, or the ``classes`` given (which must cover y); two of them."""
         if classes is not None:
-            classes = np.unique(np.asarray(classes))
+            classes = np.unique(V.check_labels(classes, what="classes"))
             unknown = np.setdiff1d(found, classes)
             if unknown.size:
                 raise ValueError(f"y contains labels {list(unknown)} not in classes {list(classes)}")
@@ -416,7 +426,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(y.shape)}")
         if y.shape[0] != n_rows:
             raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
-        classes = self._check_classes(np.sort(B.to_numpy(yx.unique_values(y))), classes)
+        distinct = V.check_labels(B.to_numpy(yx.unique_values(y)), what="y (its distinct values)")
+        classes = self._check_classes(np.sort(distinct), classes)
+
         def is_class(c):
             return yx.astype(y == yx.asarray(classes[c], dtype=y.dtype, device=B.array_device(y)), yx.float64)
 
@@ -447,7 +459,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return ClassKernels([kernel] * n_classes), xp.stack([Z] * n_classes)
         return kernel, Z
 
-    def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter):
+    def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter):
+        self.jitter_ = jitter
         self.kernel_ = kernel
         self.inducing_points_ = Z
         self.posterior_ = posterior
@@ -457,8 +470,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _blas_scope(self, X):
         """The BLAS thread scope (``agpc.threads.blas_threads``) for a fit on ``X``, shaped by the work of its
-        main phase: minibatch steps, or batch passes over all rows."""
-        threads.check_blas_threads(self.blas_threads)
+        main phase: minibatch steps, or batch passes over all rows (the parameters are checked already)."""
         shape = getattr(X, "shape", None)
         if shape is None:  # lists and array-likes (the scope only needs the shape; X is validated inside)
             try:
@@ -467,12 +479,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 shape = ()
         n = int(shape[0]) if len(shape) else 1
         d = int(shape[1]) if len(shape) > 1 else 1
-        m = len(self.inducing) if not isinstance(self.inducing, str) else self.n_inducing
-        if not isinstance(m, numbers.Integral) or m < 1:
-            m = 1  # a bad n_inducing is refused inside the scope, by _check_params
+        m = max(1, len(self.inducing)) if not isinstance(self.inducing, str) else self.n_inducing
         batch_size = self._batch_size_for(n) if self.method != "gfitc" else None
-        valid = isinstance(batch_size, numbers.Integral) and batch_size >= 1  # (else refused inside the scope)
-        rows = min(n, int(batch_size)) if valid else n
+        rows = n if batch_size is None else min(n, int(batch_size))
         return threads.blas_threads(rows, m, n_features=d, threads=self.blas_threads)
 
     def fit(self, X, y, validation_data=None, resume=False):
@@ -495,17 +504,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self
         """
         started = time.perf_counter()  # max_time covers the whole fit, from here
-        with self._blas_scope(X):
+        self._check_params()  # before anything reads them (the BLAS scope reads n_inducing and batch_size)
+        with self._blas_scope(X), B.jitter_report("GPClassifier.fit"):
             return self._fit(X, y, validation_data, resume, started)
 
     def _fit(self, X, y, validation_data, resume, started):
         groups, _ = self._check_params()
-        if (self.checkpoint_every is not None or resume) and self.checkpoint_path is None:
-            raise ValueError("checkpoint_every and resume=True need checkpoint_path")
-        if self.checkpoint_every is not None and not (
-            isinstance(self.checkpoint_every, numbers.Integral) and self.checkpoint_every >= 1
-        ):
-            raise ValueError(f"checkpoint_every must be a positive integer, got {self.checkpoint_every!r}")
+        if resume and self.checkpoint_path is None:
+            raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
         if B.is_dask_array(X) and self.method == "gfitc":
             raise ValueError(_GFITC_BATCH_ONLY.format(what="fit on a dask array"))
         if B.is_dask_array(X):
@@ -521,24 +527,38 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         init_started = time.perf_counter()
         kernel, Z = self._initial_model(sample, m, rng, len(classes))
         self.init_time_ = time.perf_counter() - init_started
-        validation = None
-        if validation_data is not None:
-            X_val, y_val = validation_data
-            X_val, _ = self._validate_X(X_val, reset=False) if _is_foreign_array(X_val) else (
-                validate_data(self, X_val, reset=False, dtype=np.float64, ensure_all_finite=True), None
-            )
-            y_val = B.to_numpy(y_val) if B.is_array_api_obj(y_val) else np.asarray(y_val)
-            unknown = np.setdiff1d(np.unique(y_val), classes)
-            if unknown.size:
-                raise ValueError(f"validation labels {list(unknown)} are not among the training classes {list(classes)}")
-            validation = (
-                B.asarray_like(X_val, xp, device=device, dtype=xp.float64),
-                B.asarray_like(_encode_labels(y_val, classes), xp, device=device, dtype=xp.float64),
-            )
+        validation = None if validation_data is None else self._validation_set(validation_data, classes, xp, device)
         t0 = started
         result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
                              validation=validation, started=started)
         return self._fitted_from(result, classes, t0)
+
+    def _validation_set(self, validation_data, classes, xp, device):
+        """``validation_data`` checked as the training data are (features: count, finiteness, shape; labels:
+        1-D, one per row, no missing ones, among the training classes), every error naming validation_data;
+        returned as the loop takes it (compute namespace, labels encoded)."""
+        if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
+            raise ValueError(f"validation_data must be a pair (X_val, y_val), got {type(validation_data).__name__}"
+                             + (f" of length {len(validation_data)}" if isinstance(validation_data, (tuple, list)) else ""))
+        X_val, y_val = validation_data
+        try:
+            X_val, _ = self._validate_X(X_val, reset=False)
+        except ValueError as error:  # the same message as for training data, saying which data it is about
+            raise ValueError(f"validation_data: X_val: {error}") from error
+        labels = V.check_labels(B.to_numpy(y_val) if B.is_array_api_obj(y_val) else y_val,
+                                what="validation_data: y_val")
+        if labels.ndim != 1 or labels.shape[0] != X_val.shape[0]:
+            raise ValueError(f"validation_data: X_val has {X_val.shape[0]} rows but y_val has shape "
+                             f"{labels.shape}: y_val must be 1-D with one label per row")
+        unknown = np.setdiff1d(np.unique(labels), classes) if labels.dtype.kind == classes.dtype.kind or (
+            labels.dtype.kind in "biuf" and classes.dtype.kind in "biuf") else np.unique(labels)
+        if unknown.size:
+            raise ValueError(f"validation_data: y_val has labels {unknown.tolist()} that are not among the training "
+                             f"classes {classes.tolist()}")
+        return (
+            B.asarray_like(X_val, xp, device=device, dtype=xp.float64),
+            B.asarray_like(_encode_labels(labels, classes), xp, device=device, dtype=xp.float64),
+        )
 
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
                started=None):
@@ -567,7 +587,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Fitted attributes from a ``training.TrainResult``."""
         self.fit_time_ = time.perf_counter() - t0
         self.classes_ = classes
-        self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter)
+        self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter,
+                         result.jitter)
         self.stopped_by_time_ = result.stopped_by_time
         self.early_stopped_ = result.early_stopped
         return self
@@ -606,7 +627,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             finite, labels = client.compute([da.isfinite(X).all(), da.unique(y)], sync=True)
             if not bool(finite):
                 raise ValueError("Input X contains NaN or infinity")
-            classes = self._check_classes(np.unique(np.asarray(labels)))
+            classes = self._check_classes(np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
             if len(classes) > 2:
                 raise ValueError("fit on a dask array trains the binary model; multiclass data need in-memory arrays")
             y_pm = y.map_blocks(_encode_labels, classes, dtype=np.float64)
@@ -663,7 +684,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         this batch), the kernel and the inducing points (from this batch). ``n_total`` is the number of
         rows the model stands for (SEP's cavity q / f^(1/n)); by default the rows seen so far.
         """
-        with self._blas_scope(X):
+        self._check_params()
+        with self._blas_scope(X), B.jitter_report("GPClassifier.partial_fit"):
             return self._partial_fit(X, y, classes, n_total)
 
     def _partial_fit(self, X, y, classes, n_total):
@@ -695,7 +717,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         post, log_z = trainer.posterior()
         state = trainer.state
         self.likelihood_ = "probit"
-        self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps)
+        self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
+                         trainer.engine.jitter)
         return self
 
     @staticmethod
@@ -732,7 +755,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _latent(self, Xc):
         Z = self.inducing_points_
-        with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=self.blas_threads):
+        with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=self.blas_threads), \
+                B.jitter_report("GPClassifier prediction", stacklevel=5):  # (called by the public predict_*)
             if self._multiclass:
                 return multiclass_ep.predict_latent(self.kernel_, Z, self.posterior_, Xc)
             return ep.predict_latent(self.kernel_, Z, self.posterior_, Xc)

@@ -705,7 +705,14 @@ def posterior_from_factor(kernel, Z, factor, *, jitter):
 
 
 def predict_latent(kernel, Z, post, X, block_rows=None):
-    """Mean and variance of f(x) under q (seed 000 eq. 36), variance including the latent noise."""
+    """Mean and variance of f(x) under q (seed 000 eq. 36), variance including the latent noise.
+
+    s_* = (K_** - K_*u K_uu^-1 K_u*) + K_*u K_uu^-1 Sigma K_uu^-1 K_u* (seed 000 eq. 36): the first term is
+    the variance of p(f_* | u), a Schur complement of the joint prior covariance, and never negative; it is
+    computed as a difference, which with nearly coincident inducing points and little jitter (an
+    ill-conditioned K_uu) can come out below zero by rounding: clamped at 0 there, so that the variance and
+    the probabilities built on it stay defined (the JitterWarning of such a fit says the factorisation was
+    near its limit)."""
     xp = array_namespace(Z)
     beta = post.beta
     means, variances = [], []
@@ -713,7 +720,7 @@ def predict_latent(kernel, Z, post, X, block_rows=None):
         At, Knm = project(kernel, X_block, Z, post.L_K_inv)
         Qt = At @ post.L_C_inv.mT
         means.append(Knm @ beta)
-        variances.append(kernel.Kdiag(X_block) - _row_dot(At, At) + _row_dot(Qt, Qt))
+        variances.append(xp.maximum(kernel.Kdiag(X_block) - _row_dot(At, At), 0.0) + _row_dot(Qt, Qt))
     if len(means) == 1:
         return means[0], variances[0]
     return xp.concat(means), xp.concat(variances)

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..backend import (CholeskyError, array_device, array_namespace, asarray_like, cholesky_with_jitter, host_rng,
-                       is_out_of_core, read_rows, row_chunk_bounds, row_slice, to_host_vector)
+from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, cholesky_with_jitter,
+                       host_rng, is_out_of_core, note_jitter, read_rows, row_chunk_bounds, row_slice, to_host_vector)
 from ..kernels import ClassKernels
 from ..threads import with_blas_threads
 from .engines import ALL_METHODS, EP_METHODS, make_engine
@@ -48,6 +47,7 @@ class TrainResult:
     stopped_by_time: bool = False
     early_stopped: bool = False
     state: dict = field(default_factory=dict)  # the engine's final state (SVI: "mean", "chol"; vi-*: "xi")
+    jitter: float = None  # on the diagonal of Kmm at the end: the configured one, or what the guard raised it to
 
 
 def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
@@ -59,14 +59,15 @@ def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
     return {"rows": rows, "m": m, "n_features": Z.shape[-1], "block_rows": trainer.engine.block_rows}
 
 
-class Trainer:
+class Trainer(ModulesByName):
     """The state of a training run and one guarded step of it; ``train`` and ``partial_fit`` drive it.
 
     ``method`` picks the engine (``engines.make_engine``, which takes the method's options); ``engine`` is
     where the EP methods' passes run (a ``dask_engine.DaskEngine`` for rows on a cluster). A step evaluates
     the rows it is given at the current state and commits the engine's update. A non-finite log Z or a
-    failed Cholesky puts back the state before the last good step and halves damping and step sizes (or, when
-    the inducing points' prior covariance no longer factorises, raises the jitter once with a warning).
+    failed Cholesky puts back the state before the last good step and halves damping and step sizes, again
+    on each failure in a row (or, when the inducing points' prior covariance no longer factorises, raises the
+    jitter, reported as a ``JitterWarning``). Trainers pickle (``partial_fit`` models keep one).
     """
 
     def __init__(self, kernel, Z, *, method, n_total, minibatch, engine=None, **options):
@@ -78,7 +79,9 @@ class Trainer:
         self.t0 = time.perf_counter()
         self.good = None
         self.n_rebuilds = 0
-        self.failures = 0
+        self.failures = 0  # failed steps since the last good one, and what the guard did about them:
+        self.halvings = 0  # reverts that halved damping and step sizes
+        self.jitter_raises = 0  # raises of the jitter of Kmm
         self.n_steps = 0  # steps taken (failed ones not counted)
         self.n_updates = 0  # of them, steps that moved the hyper-parameters
         self.last = None  # the last step's ``engines.Outcome``
@@ -120,7 +123,7 @@ class Trainer:
         if not math.isfinite(log_z):
             self._recover()
             return False, float("inf"), log_z
-        self.failures = 0
+        self.failures = self.halvings = self.jitter_raises = 0
         self.good = self.engine.snapshot()  # what a revert puts back
         self.last = self.engine.apply(work, lo, hi, stepping=stepping, scalars=scalars)
         self.n_steps += 1
@@ -130,31 +133,48 @@ class Trainer:
 
     def _recover(self):
         """The guard's path, after a step whose log Z was not finite: if the prior covariance of the inducing
-        points no longer factorises at the configured jitter, raise the jitter (with a warning saying by how
-        much) and try again; otherwise put back the state before the last good step and halve the damping
-        and the step sizes."""
+        points no longer factorises at the configured jitter, raise the jitter (reported by
+        ``backend.note_jitter``: one ``JitterWarning`` a fit, saying from what to what) and try again;
+        otherwise put back the state before the last good step and halve the damping and the step sizes.
+        Gives up with a FloatingPointError that says what was tried: after ``_MAX_FAILURES`` failures in a row,
+        or at once when there is no good state to go back to (the very first step) or nothing to halve."""
         self.failures += 1
         engine = self.engine
         needed = _jitter_needed(engine.state["kernel"], engine.state["Z"], engine.jitter)
         if needed > engine.jitter and self.failures <= _MAX_FAILURES:
-            warnings.warn(
-                f"the inducing points' prior covariance is not positive definite with jitter {engine.jitter:.1e}; "
-                f"continuing with jitter {needed:.1e} (inducing points too close together?)",
-                RuntimeWarning, stacklevel=3,
-            )
+            note_jitter("Kmm (covariance of the inducing points): the model's jitter", engine.jitter, needed)
             engine.jitter = needed
+            self.jitter_raises += 1
             return
-        if self.good is None or self.failures > _MAX_FAILURES:
+        tried = self._tried()
+        if self.good is None:
             raise FloatingPointError(
-                f"{self.method} diverged: log Z is not finite and halving the damping and step sizes did not "
-                f"help (after {self.failures} attempts); try a smaller damping or standardised inputs"
+                f"{self.method} diverged: log Z is not finite at the first step (of this run or since its resume), "
+                f"before any good state to go back to ({tried}); try standardised inputs, a larger jitter or fewer inducing points"
             )
-        engine.restore(self.good)
-        if not engine.shrink():
+        if self.failures > _MAX_FAILURES:
             raise FloatingPointError(
-                f"{self.method} diverged: log Z is not finite, and the method has no damping or step size to "
-                "halve; try standardised inputs or a larger jitter"
+                f"{self.method} diverged: log Z is not finite and stayed so after {self.failures} failed steps in "
+                f"a row ({tried}); try a smaller damping or learning rate, or standardised inputs"
             )
+        engine.restore(self.good)  # (which puts back the good step's damping and step sizes too)
+        # Halvings compound over failures in a row: the k-th retry runs at 2^-k of the good step's damping and
+        # step sizes (halving only once after each revert would retry the same step with the same settings).
+        for _ in range(self.halvings + 1):
+            if not engine.shrink():
+                raise FloatingPointError(
+                    f"{self.method} diverged: log Z is not finite, and the method has no damping or step size to "
+                    f"halve ({tried}); try standardised inputs or a larger jitter"
+                )
+        self.halvings += 1
+
+    def _tried(self):
+        """What the guard did since the last good step, for the divergence message."""
+        what = [f"damping and step sizes halved {self.halvings} time{'s' if self.halvings != 1 else ''}"
+                if self.halvings else "nothing halved"]
+        what.append(f"jitter raised {self.jitter_raises} time{'s' if self.jitter_raises != 1 else ''} to "
+                    f"{self.engine.jitter:.1e}" if self.jitter_raises else f"jitter {self.engine.jitter:.1e}")
+        return ", ".join(what)
 
     def record(self):
         """Close a history entry: minibatch mode, the mean log Z estimate of the steps since the last one (an
@@ -406,6 +426,7 @@ def train(
         stopped_by_time=stopped_by_time,
         early_stopped=early_stopped,
         state=state,
+        jitter=engine.jitter,
     )
 
 
@@ -427,7 +448,7 @@ def _jitter_needed(kernel, Z, jitter):
     for k, Zc in zip(kernels, Zs):
         xp = array_namespace(Zc)
         Kmm = k.K(Zc) + jitter * xp.eye(Zc.shape[0], dtype=Zc.dtype, device=array_device(Zc))
-        _, added = cholesky_with_jitter(Kmm, what="Kmm (covariance of the inducing points)")
+        _, added = cholesky_with_jitter(Kmm, what="Kmm (covariance of the inducing points)", report=False)
         needed = max(needed, jitter + added)
     return needed
 

@@ -321,10 +321,15 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
 
 
 def update_xi(mean, var, kind):
-    """Optimal xi under q: JJ xi^2 = m^2 + S (seed 003 eq. 15), Taylor xi = m (sec. 4.2)."""
+    """Optimal xi under q: JJ xi^2 = m^2 + S (seed 003 eq. 15), Taylor xi = m (sec. 4.2).
+
+    S is the variance of q(f_i) (seed 003 eq. 10: K_ii - q_ii plus a positive semi-definite term), so xi^2 =
+    E_q f_i^2 >= 0; in floating point, with nearly coincident inducing points and no jitter, K_ii - q_ii can
+    come out a rounding error below zero, and S with it: clamped at 0 (then xi = |m|; lambda is even and
+    1/8 at 0) rather than a NaN from the square root of a negative number."""
     xp = array_namespace(mean)
     if kind == "jj":
-        return xp.sqrt(mean * mean + var)
+        return xp.sqrt(mean * mean + xp.maximum(var, 0.0))
     return mean
 
 
