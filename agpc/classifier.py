@@ -573,7 +573,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         else:
             self.likelihood_ = "logistic" if self.method in _QUADRATIC_METHODS else "probit"
         return training.train(
-            X, y, kernel, Z, method=self.method, batch_size=batch_size, jitter=float(self.jitter),
+            X, y, kernel, Z, method=self.method, batch_size=batch_size, jitter=self._jitter_for(Z),
             max_iter=int(self.max_iter), damping=None if self.damping is None else float(self.damping),
             optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate, tol=float(self.tol),
             max_time=self.max_time, random_state=rng, shuffle=bool(self.shuffle), validation=validation,
@@ -582,6 +582,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             resume=bool(resume), likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
             n_quadrature=int(self.n_quadrature), started=started,
         )
+
+    def _jitter_for(self, Z):
+        """``jitter``, raised to ``backend.jitter_floor`` for the model's type and number of inducing points
+        (a change only for float32, where 1e-6 is below what round-off lets a Cholesky factor resolve)."""
+        return max(float(self.jitter), B.jitter_floor(Z))
 
     def _batch_size_for(self, n):
         if self.batch_size == "auto":
@@ -705,7 +710,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self._rows_seen = 0
             self._trainer = training.Trainer(
                 kernel, Z, method=self.method, n_total=n_total or rows, minibatch=True,
-                jitter=float(self.jitter), damping=None if self.damping is None else float(self.damping),
+                jitter=self._jitter_for(Z), damping=None if self.damping is None else float(self.damping),
                 optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate,
             )
         trainer = self._trainer

@@ -200,13 +200,14 @@ def load_model(path, backend="numpy"):
     model.kernel_ = kernel
     model.inducing_points_ = Zx
     L_C, h = to(arrays["posterior_L_C"]), to(arrays["posterior_h"])
+    jitter = max(float(model.jitter), B.jitter_floor(Zx))  # as the fit factorised Kmm (float32: a floor)
     if multiclass:
         model.posterior_ = tuple(
-            Posterior(L_K=prior_cholesky(kernel[c], Zx[c, ...], float(model.jitter)), L_C=L_C[c, ...], h=h[c, ...])
+            Posterior(L_K=prior_cholesky(kernel[c], Zx[c, ...], jitter), L_C=L_C[c, ...], h=h[c, ...])
             for c in range(n_classes)
         )
     else:
-        model.posterior_ = Posterior(L_K=prior_cholesky(kernel, Zx, float(model.jitter)), L_C=L_C, h=h)
+        model.posterior_ = Posterior(L_K=prior_cholesky(kernel, Zx, jitter), L_C=L_C, h=h)
     model.classes_ = arrays["classes"]
     model.n_features_in_ = int(d)
     model.log_marginal_likelihood_ = float(header.get("log_marginal_likelihood", float("nan")))

@@ -29,6 +29,7 @@ from ..backend import (
     cholesky,
     cholesky_or_nan,
     is_out_of_core,
+    machine_epsilon,
     read_rows,
     solve_triangular,
 )
@@ -54,6 +55,18 @@ __all__ = [
 # skipped for the round: its old parameters are kept and it adds nothing to log Z_q or the gradient.
 _CAVITY_EPS = 1e-10
 _PRIOR_SLACK = 1e-6  # relative round-off allowed when comparing a cavity variance with the prior's
+# Both are float64 settings, far above float64's round-off (eps = 2.2e-16) but below float32's (1.2e-7): in a
+# narrower type neither may fall below this many round-offs of the type (``cavity_tolerances``).
+_CAVITY_ROUNDOFFS = 100.0
+
+
+def cavity_tolerances(x):
+    """(threshold on 1 - nu d, relative slack against the prior variance) for arrays of ``x``'s type: the
+    float64 settings above, or 100 eps of the type where that is larger (float32: 1.2e-5 both). 1 - nu d and
+    the variances d, prior_var are sums of m products, each carrying a few eps of relative round-off; a test
+    finer than that marks sites invalid at random. Host floats: no array operation."""
+    roundoff = _CAVITY_ROUNDOFFS * machine_epsilon(x)
+    return max(_CAVITY_EPS, roundoff), max(_PRIOR_SLACK, roundoff)
 
 
 def _triangular_inverse(L):
@@ -226,11 +239,12 @@ def cavity(site_precision, site_shift, d, e, prior_var):
     whenever q and the sites agree; they fail when a site stored in a u-space factor (minibatch EP) was
     computed under older hyper-parameters."""
     xp = array_namespace(d)
+    threshold, slack = cavity_tolerances(d)
     nu, mu = site_precision, site_shift
     one_minus = 1.0 - nu * d
-    valid = one_minus > _CAVITY_EPS
+    valid = one_minus > threshold
     one_minus = xp.where(valid, one_minus, 1.0)
-    valid = valid & (d <= (1.0 + _PRIOR_SLACK) * prior_var * one_minus + _CAVITY_EPS)
+    valid = valid & (d <= (1.0 + slack) * prior_var * one_minus + threshold)
     v = d / one_minus  # cavity variance of g_i
     a = (e - mu * d) / one_minus  # cavity mean of g_i: v (e/d - mu), without dividing by d
     return valid, one_minus, v, a
@@ -306,7 +320,8 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
         valid, one_minus, v, a = cavity(nu, mu, marg.d, marg.e, marg.prior_var)
     else:  # the cavity is ``post``: nothing to remove (the same as ``cavity`` with zero sites, fewer operations)
         nu = mu = 0.0
-        valid = marg.d <= (1.0 + _PRIOR_SLACK) * marg.prior_var + _CAVITY_EPS
+        threshold, slack = cavity_tolerances(marg.d)
+        valid = marg.d <= (1.0 + slack) * marg.prior_var + threshold
         one_minus, v, a = 1.0, marg.d, marg.e
     b = 1.0 + marg.s + v
     log_zi, alpha, gamma = probit_tilted(y, a, b)
