@@ -639,7 +639,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             classes = self._check_classes(np.unique(np.asarray(labels)))
             if len(classes) > 2:
                 raise ValueError("fit on a dask array trains the binary model; multiclass data need in-memory arrays")
-            y_pm = y.map_blocks(lambda block: _encode_labels(block, classes).astype(X.dtype), dtype=X.dtype)
+            y_pm = y.map_blocks(_encode_labels, classes, dtype=np.float64).astype(X.dtype)
             self.n_features_in_ = X.shape[1]
             n = X.shape[0]
             m = self._n_inducing_for(n)

@@ -82,9 +82,10 @@ def test_multiclass_sep_float32_test_nll_matches_float64():
 
 
 def _arrays(value, seen=None):
-    """Every array reachable from a fitted model's attributes (objects, dicts, tuples, lists)."""
+    """Every array reachable from a fitted model's attributes (objects, dicts, tuples, lists; not modules,
+    such as the array namespace an engine holds)."""
     seen = set() if seen is None else seen
-    if id(value) in seen or isinstance(value, (str, bytes, int, float, bool, type(None))):
+    if id(value) in seen or isinstance(value, (str, bytes, int, float, bool, type(None), type(math))):
         return
     seen.add(id(value))
     if hasattr(value, "dtype") and hasattr(value, "shape"):
@@ -102,10 +103,12 @@ def _arrays(value, seen=None):
         yield from _arrays(item, seen)
 
 
-@pytest.mark.parametrize("method", ["sep", "ep", "svi"])
-def test_every_array_of_a_fitted_float32_model_is_float32(method):
-    X, y, X_test, _ = _data("banana", n=600)
-    model = GPClassifier(method=method, n_inducing=10, batch_size=100, max_iter=3, random_state=0,
+@pytest.mark.parametrize("method,classes", [("sep", 2), ("ep", 2), ("adf", 2), ("svi", 2), ("gfitc", 2),
+                                            ("vi-jj", 2), ("vi-taylor", 2), ("sep", 3), ("svi", 3)])
+def test_every_array_of_a_fitted_float32_model_is_float32(method, classes):
+    X, y, X_test, _ = _data("banana", n=600, classes=classes)
+    batch_size = 100 if method in ("sep", "ep", "adf", "svi") else None  # the others are batch-only
+    model = GPClassifier(method=method, n_inducing=10, batch_size=batch_size, max_iter=3, random_state=0,
                          dtype="float32").fit(X, y)
     model.predict_proba(X_test[:5])  # fills the posterior's cached inverses too
     found = [a for a in _arrays({k: v for k, v in vars(model).items() if k not in ("classes_",)})]
@@ -296,3 +299,14 @@ def test_svi_bound_in_float32_with_many_crowded_inducing_points():
         values[dtype] = float(value)
     assert math.isfinite(values[np.float32])
     assert abs(values[np.float32] - values[np.float64]) < 1e-4 * abs(values[np.float64])
+
+
+def test_partial_fit_keeps_its_training_state_in_float32():
+    """A stream's model keeps its trainer (engine state, optimiser state) between calls: all float32."""
+    X, y, _, _ = _data("banana", n=600)
+    model = GPClassifier(method="sep", n_inducing=10, random_state=0, dtype="float32")
+    for lo in range(0, 300, 100):
+        model.partial_fit(X[lo:lo + 100], y[lo:lo + 100], classes=[-1, 1])
+    found = list(_arrays(vars(model)["_trainer"]))
+    assert len(found) >= 10  # kernel, Z, the tied factor, q, the optimiser's running averages
+    assert {str(a.dtype) for a in found} == {"float32"}
