@@ -310,3 +310,15 @@ def test_partial_fit_keeps_its_training_state_in_float32():
     found = list(_arrays(vars(model)["_trainer"]))
     assert len(found) >= 10  # kernel, Z, the tied factor, q, the optimiser's running averages
     assert {str(a.dtype) for a in found} == {"float32"}
+
+
+def test_cli_fit_with_dtype_float32_writes_a_float32_model(tmp_path):
+    from agpc.cli import main
+
+    X, y, _, _ = _data("banana", n=400)
+    np.save(tmp_path / "X.npy", np.column_stack([X, y]))
+    model = tmp_path / "m.agpc"
+    assert main(["fit", str(tmp_path / "X.npy"), "--target", "2", "--inducing", "8", "--max-iter", "3",
+                 "--dtype", "float32", "--quiet", "--out", str(model)]) == 0
+    loaded = GPClassifier.load(model)
+    assert loaded.dtype == "float32" and loaded.inducing_points_.dtype == np.float32
