@@ -232,12 +232,13 @@ def test_svi_gradient_in_float32_matches_finite_differences():
 # -- SEP's log Z: no n-fold cancellation -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n_total", [10**3, 10**5])
+@pytest.mark.parametrize("n_total", [20, 50, 10**3, 10**5])
 def test_sep_log_z_in_float32_keeps_its_digits_for_large_n(n_total):
     """log Z_SEP holds n (g(cavity) - g(q)), a difference of two nearly equal log normalisers times n (seed 000
     eq. 26 with SEP's one cavity): computed as that difference, float32 loses n eps |g(q)| (for n = 1e5, whole
     nats; 223 of 21867 here before the rearrangement of ``ep.sep_cavity_gap``). The same
-    factor in float64 and in float32 must give log Z within a few eps^(1/2) of its size, whatever n."""
+    factor in float64 and in float32 must give log Z to the same relative accuracy whatever n (n = 20 takes the
+    direct form, the others the rearranged one)."""
     X, y = _toy(200)
     Z = X[:20] + np.float32(0.1)
     results = {}
@@ -252,7 +253,9 @@ def test_sep_log_z_in_float32_keeps_its_digits_for_large_n(n_total):
         results[dtype] = float(ep.evaluate_factor(kernel, Zd, Xd, yd, factor, method="sep", n_total=n_total,
                                                   jitter=1e-4, want_grad=False)["log_z"])
     assert math.isfinite(results[np.float64])
-    assert abs(results[np.float32] - results[np.float64]) < 10 * math.sqrt(EPS32) * abs(results[np.float64])
+    # 1000 eps relative: log Z adds sums over m inducing points and 200 rows scaled by n / 200, each a few eps
+    # per term (measured: 1e-7 to 1.3e-5 relative at these n); the direct form was off by 1e-2 at n = 1e5.
+    assert abs(results[np.float32] - results[np.float64]) < 1000 * EPS32 * abs(results[np.float64])
 
 
 def test_sep_cavity_gap_equals_the_direct_difference_in_float64():

@@ -673,6 +673,14 @@ def evaluate_factor(
 # n (g(cavity) - g(q)) taken as that difference loses n eps of |g| to cancellation: nothing for float64 below
 # n = 4.5e9 (the direct form, two cached scalars, is kept there), whole nats for float32 at n = 1e5.
 _SEP_DIRECT_MAX_LOSS = 1e-6
+_SEP_SERIES_TERMS = 4  # tr(M), ..., tr(M^4) of ``sep_cavity_gap``: one m x m product
+
+
+def _sep_series_is_exact(n_total, eps):
+    """Whether the truncated series of ``sep_cavity_gap`` is within round-off of the whole sum: its remainder,
+    at most m / (10 n^4 (1 - 1/n)), against m eps (float32: n >= 31; below that the direct form loses at most
+    31 eps of |g|)."""
+    return 10.0 * n_total**_SEP_SERIES_TERMS * (1.0 - 1.0 / n_total) * eps >= 1.0
 
 
 def sep_cavity_gap(q, cavity, S, n_total):
@@ -684,30 +692,33 @@ def sep_cavity_gap(q, cavity, S, n_total):
     C_q = I + S, C_c = I + k S, c~_c = k c~ with k = 1 - 1/n, and g = c~^T C^-1 c~ / 2 - log|C| / 2. With
     C_c^-1 - C_q^-1 = C_c^-1 (S / n) C_q^-1 and k^2 - 1 = -(2 - 1/n) / n:
         n (quadratic parts) = [ (C_c^-1 c~)^T S (C_q^-1 c~) - (2 - 1/n) c~^T C_c^-1 c~ ] / 2,
-    O(1) terms, no factor n left; and with R = L_q^-1 S L_q^-T (eigenvalues r_j in [0, 1)),
-    |C_c| / |C_q| = |I - R / n|, so
-        n (log-determinant parts) = -(n / 2) sum_j log1p(-r_j / n),
-    each r_j known to eps absolutely: an error of m eps in all, whatever n. Costs two triangular solves with m
-    right-hand sides and one symmetric eigenvalue problem (m x m), so it is used only where the direct form
-    loses digits (``_SEP_DIRECT_MAX_LOSS``)."""
+    O(1) terms, no factor n left. With M = I - C_q^-1 = C_q^-1 S (symmetric, eigenvalues r_j in [0, 1), each
+    known to eps absolutely), |C_c| / |C_q| = |I - M / n|, so
+        n (log-determinant parts) = -(n / 2) log|I - M / n| = (1 / 2) sum_k tr(M^k) / (k n^(k-1)),
+    whose terms fall by 1/n each: four terms (tr M, |M|_F^2, and from the one product M M, tr(M^3) and |M^2|_F^2)
+    leave at most m / (10 n^4) out, below round-off where this is used (``_sep_series_is_exact``). No factor
+    n multiplies a rounded quantity: the error is a few m eps whatever n. C_q^-1 is the one the gradient's
+    prior adjoint uses (cached on q); the rest is one m x m product and O(m^2) sums."""
     xp = array_namespace(S)
     keep = 1.0 - 1.0 / n_total
     cavity_solved = cavity.whitened_mean / keep  # C_c^-1 c~ (the cavity's whitened mean is C_c^-1 (k c~))
     quadratic = 0.5 * (xp.vecdot(cavity_solved, S @ q.whitened_mean)
                        - (2.0 - 1.0 / n_total) * xp.vecdot(cavity.h, cavity.h) / keep**2)
-    half = solve_triangular(q.L_C, S, lower=True)  # L_q^-1 S
-    R = solve_triangular(q.L_C, half.mT, lower=True)  # L_q^-1 S L_q^-T (S symmetric)
-    try:
-        r = xp.linalg.eigvalsh(0.5 * (R + R.mT))
-    except Exception:  # a failed factorisation upstream (NaN): NaN travels on to the loop's guard, as elsewhere
-        return quadratic * math.nan
-    return quadratic - 0.5 * n_total * xp.sum(xp.log1p(-r / n_total))
+    m = S.shape[0]
+    M = xp.eye(m, dtype=S.dtype, device=array_device(S)) - q.C_inv
+    M2 = M @ M
+    traces = (xp.sum(xp.linalg.diagonal(M)), xp.sum(M * M), xp.sum(M2 * M), xp.sum(M2 * M2))
+    log_det = traces[0]
+    for k in range(1, _SEP_SERIES_TERMS):
+        log_det = log_det + traces[k] / ((k + 1) * float(n_total) ** k)
+    return quadratic + 0.5 * log_det
 
 
 def sep_cavity_term(q, cavity, S, n_total):
     """n (g(cavity) - g(q)) of SEP's log Z: the difference itself where the type keeps its digits, else
     ``sep_cavity_gap``."""
-    if n_total * machine_epsilon(S) <= _SEP_DIRECT_MAX_LOSS:
+    eps = machine_epsilon(S)
+    if n_total * eps <= _SEP_DIRECT_MAX_LOSS or not _sep_series_is_exact(n_total, eps):
         return n_total * (cavity.log_normaliser_gain - q.log_normaliser_gain)
     return sep_cavity_gap(q, cavity, S, n_total)
 
