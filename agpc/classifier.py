@@ -440,10 +440,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if y.shape[0] != n_rows:
             raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
         classes = self._check_classes(np.sort(B.to_numpy(yx.unique_values(y))), classes)
+        dtype = getattr(yx, self._dtype_name())
+
         def is_class(c):
             return yx.astype(y == yx.asarray(classes[c], dtype=y.dtype, device=B.array_device(y)), dtype)
-
-        dtype = getattr(yx, self._dtype_name())
 
         if len(classes) == 2:
             encoded = 2.0 * is_class(1) - 1.0
