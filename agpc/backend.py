@@ -42,6 +42,8 @@ __all__ = [
     "cholesky",
     "cholesky_or_nan",
     "cholesky_with_jitter",
+    "machine_epsilon",
+    "jitter_floor",
     "log_ndtr",
     "ndtr",
     "log_normal_pdf",
@@ -324,11 +326,36 @@ def cholesky_or_nan(A):
         return xp.full(A.shape, math.nan, dtype=A.dtype, device=array_device(A))
 
 
+def machine_epsilon(x):
+    """The spacing of ``x``'s floating type at 1 (2.2e-16 for float64, 1.2e-7 for float32), a host float: the
+    unit in which round-off tolerances are set (``finfo`` is metadata, no array operation)."""
+    return float(array_namespace(x).finfo(x.dtype).eps)
+
+
+_JITTER_FLOOR_ROUNDOFFS = 100.0  # per inducing point; see jitter_floor
+
+
+def jitter_floor(Z):
+    """The smallest jitter (added to the diagonal of Kmm, in units of the kernel amplitude) a model with
+    inducing points ``Z`` ((m, d), or (C, m, d)) is given: 100 m eps of Z's type. A Cholesky factorisation
+    of an m x m matrix has a backward error of order m eps ||A|| (Golub & Van Loan, Matrix Computations,
+    Thm. 4.2.6, 4th ed.) and ||Kmm|| grows to m amplitude when inducing points crowd together, so a smallest
+    eigenvalue below about m eps times that leaves the factor to round-off. float64: 2e-12 at m = 100, far
+    below any jitter set in practice (1e-6 by default), so nothing changes; float32: 1.2e-3 at m = 100. Measured
+    on banana at m = 100 in float32 with the default 1e-6: SEP and EP fits hit a Kmm that does not factorise
+    again and again (the guard raised the jitter eight times, 1e-6 to 3.2e-6, with a warning each), and SVI
+    diverged at jitter up to 1e-4."""
+    m = Z.shape[-2]
+    return _JITTER_FLOOR_ROUNDOFFS * m * machine_epsilon(Z)
+
+
 def cholesky(A, *, what="matrix", max_tries=6):
     """Lower Cholesky factor of a symmetric positive definite matrix.
 
     On failure, adds ``jitter * mean(diag(A))`` to the diagonal with jitter 1e-10, 1e-9, ... and tries
-    again; after ``max_tries`` raises :class:`CholeskyError` naming ``what`` and the jitter tried.
+    again; after ``max_tries`` raises :class:`CholeskyError` naming ``what`` and the jitter tried. The
+    ladder starts no lower than ten round-offs of A's type (10 eps: 1.2e-6 for float32, where a relative
+    1e-10 would not change the diagonal at all; float64's 1e-10 is above 10 eps, so its ladder is as before).
     """
     return cholesky_with_jitter(A, what=what, max_tries=max_tries)[0]
 
@@ -347,8 +374,9 @@ def cholesky_with_jitter(A, *, what="matrix", max_tries=6, report=True):
     scale = scale if scale > 0 else 1.0
     eye = xp.eye(m, dtype=A.dtype, device=array_device(A))
     tried = []
+    first = max(1e-10, 10.0 * machine_epsilon(A))
     for k in range(max_tries):
-        jitter = scale * 10.0 ** (k - 10)
+        jitter = scale * 10.0 ** (k + math.log10(first))
         tried.append(jitter)
         L = _cholesky_once(A + jitter * eye, xp)
         if L is not None:

@@ -33,6 +33,7 @@ _GFITC_BATCH_ONLY = (
 _FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above
 _CHUNK = 65536  # rows read at a time from data on disk
 _INIT_SAMPLE = 20000  # rows read from data on disk to initialise the kernel and the inducing points
+_DTYPES = ("float64", "float32")  # the floating types a model computes in (``dtype``)
 
 
 def _encode_labels(y, classes):
@@ -129,6 +130,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         predictive uses its own 64, see ``multiclass_ep.PREDICTIVE_NODES``).
     optimize : True, False or a tuple of "kernel" / "inducing"
         What to learn; the rest stays fixed. ``False`` runs EP to convergence on fixed hyper-parameters.
+    dtype : {"float64", "float32"}, default="float64"
+        The floating type of every array the model computes with and holds (data converted once on the way
+        in; kernels, sites, posterior, optimiser state, predictions). float32 halves memory and is many times
+        faster on consumer GPUs; fitted models differ from float64 ones by round-off (test NLL within 0.005
+        on the benchmark data sets, ``tests/test_float32.py``).
     jitter : float, default=1e-6
         Added to the diagonal of K(Z, Z). When a factorisation needs more (inducing points that coincide,
         features on very different scales), the jitter is raised and the fit (or prediction) ends with one
@@ -213,6 +219,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "checkpoint_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "site_directory": [V.NONE, V.PATH],
         "blas_threads": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
+        "dtype": [V.FloatingType(*_DTYPES)],
     }
 
     def __init__(
@@ -243,6 +250,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         checkpoint_every=None,
         site_directory=None,
         blas_threads=None,
+        dtype="float64",
     ):
         self.method = method
         self.n_inducing = n_inducing
@@ -270,6 +278,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.checkpoint_every = checkpoint_every
         self.site_directory = site_directory
         self.blas_threads = blas_threads
+        self.dtype = dtype
 
     # -- validation ------------------------------------------------------------------------------
 
@@ -293,8 +302,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             groups = tuple([self.optimize] if isinstance(self.optimize, str) else self.optimize)
         return groups, B.resolve_backend(self.backend)
 
+    def _dtype_name(self):
+        """``dtype`` spelled as one of ``_DTYPES`` (checked by the parameter table; NumPy spellings such as
+        np.float32 or "f4" are accepted)."""
+        name = V.FloatingType.name_of(self.dtype)
+        if name not in _DTYPES:
+            raise ValueError(f"dtype must be 'float64' or 'float32', got {self.dtype!r}")
+        return name
+
     def _validate_X(self, X, *, reset):
-        """Returns (X as an array of the input's namespace, float64, checked; input namespace or None)."""
+        """Returns (X as an array of the input's namespace in ``dtype``, checked; input namespace or None)."""
         if _is_foreign_array(X):
             xp = B.array_namespace(X)
             if X.ndim != 2:
@@ -305,9 +322,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required")
             if not xp.isdtype(X.dtype, ("real floating", "integral", "bool")):
                 raise ValueError(f"X must be real-valued, got dtype {X.dtype}")
-            X = xp.astype(X, xp.float64)
+            X = xp.astype(X, getattr(xp, self._dtype_name()))
             if not bool(xp.all(xp.isfinite(X))):
-                raise ValueError("Input X contains NaN or infinity")
+                raise ValueError(f"Input X contains NaN or infinity (or values too large for {self._dtype_name()})")
             if reset:
                 self.n_features_in_ = X.shape[1]
             elif X.shape[1] != self.n_features_in_:
@@ -316,7 +333,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                     f"{self.n_features_in_} features as input"
                 )
             return X, xp
-        X = validate_data(self, X, reset=reset, dtype=np.float64, ensure_all_finite=True)
+        X = validate_data(self, X, reset=reset, dtype=self._dtype_name(), ensure_all_finite=True)
         return X, None
 
     # -- fitting ---------------------------------------------------------------------------------
@@ -374,7 +391,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if n < 1:
             raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required")
         for lo in range(0, n, _CHUNK):
-            block = np.asarray(X[lo:lo + _CHUNK], dtype=np.float64)
+            block = np.asarray(X[lo:lo + _CHUNK], dtype=self._dtype_name())
             if not np.all(np.isfinite(block)):
                 raise ValueError(f"Input X contains NaN or infinity (rows {lo}..{lo + block.shape[0] - 1})")
         if reset:
@@ -392,30 +409,32 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self._validate_out_of_core(X, reset=reset)
             classes, _ = self._prepare_targets(y, X.shape[0], classes)
             xp = target_xp or B.resolve_backend("numpy")
-            like = xp.zeros((1,), dtype=xp.float64)
+            dtype = getattr(xp, self._dtype_name())
+            like = xp.zeros((1,), dtype=dtype)
             rng = B.host_rng(self.random_state)
             n = X.shape[0]
             rows = np.sort(rng.choice(n, size=min(n, _INIT_SAMPLE), replace=False))
             try:
-                sample = np.asarray(X[rows], dtype=np.float64)
+                sample = np.asarray(X[rows])
             except (IndexError, TypeError):  # array-likes without integer-array indexing (zarr: oindex)
-                sample = np.asarray(X.oindex[rows, :], dtype=np.float64)
-            return X, _Labels(y, classes), classes, B.asarray_like(sample, xp, dtype=xp.float64), xp, B.array_device(like)
+                sample = np.asarray(X.oindex[rows, :])
+            return X, _Labels(y, classes), classes, B.asarray_like(sample, xp, dtype=dtype), xp, B.array_device(like)
         foreign = _is_foreign_array(X)
         if foreign:
             X, in_xp = self._validate_X(X, reset=reset)
         else:
-            X = validate_data(self, X, reset=reset, dtype=np.float64, ensure_all_finite=True)
+            X = validate_data(self, X, reset=reset, dtype=self._dtype_name(), ensure_all_finite=True)
             in_xp = None
         xp = target_xp or in_xp or B.resolve_backend("numpy")
+        dtype = getattr(xp, self._dtype_name())
         device = B.array_device(X) if (in_xp is not None and target_xp is None) else None
-        Xc = B.asarray_like(X, xp, device=device, dtype=xp.float64)
+        Xc = B.asarray_like(X, xp, device=device, dtype=dtype)
         device = B.array_device(Xc)
         if _is_foreign_array(y):  # labels on a device stay there: only the (at most two) classes come back
             y_pm, classes = self._device_targets(y, X.shape[0], classes, xp, device)
         else:
             classes, y_host = self._prepare_targets(y, X.shape[0], classes)
-            y_pm = B.asarray_like(_encode_labels(y_host, classes), xp, device=device, dtype=xp.float64)
+            y_pm = B.asarray_like(_encode_labels(y_host, classes), xp, device=device, dtype=dtype)
         return Xc, y_pm, classes, Xc, xp, device
 
     def _device_targets(self, y, n_rows, classes, xp, device):
@@ -428,9 +447,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
         distinct = V.check_labels(B.to_numpy(yx.unique_values(y)), what="y (its distinct values)")
         classes = self._check_classes(np.sort(distinct), classes)
+        dtype = getattr(yx, self._dtype_name())
 
         def is_class(c):
-            return yx.astype(y == yx.asarray(classes[c], dtype=y.dtype, device=B.array_device(y)), yx.float64)
+            return yx.astype(y == yx.asarray(classes[c], dtype=y.dtype, device=B.array_device(y)), dtype)
 
         if len(classes) == 2:
             encoded = 2.0 * is_class(1) - 1.0
@@ -438,7 +458,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             encoded = is_class(1)
             for c in range(2, len(classes)):
                 encoded = encoded + float(c) * is_class(c)
-        return B.asarray_like(encoded, xp, device=device, dtype=xp.float64), classes
+        return B.asarray_like(encoded, xp, device=device, dtype=getattr(xp, self._dtype_name())), classes
 
     def _n_inducing_for(self, n):
         explicit = not isinstance(self.inducing, str)
@@ -556,8 +576,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"validation_data: y_val has labels {unknown.tolist()} that are not among the training "
                              f"classes {classes.tolist()}")
         return (
-            B.asarray_like(X_val, xp, device=device, dtype=xp.float64),
-            B.asarray_like(_encode_labels(labels, classes), xp, device=device, dtype=xp.float64),
+            B.asarray_like(X_val, xp, device=device, dtype=getattr(xp, self._dtype_name())),
+            B.asarray_like(_encode_labels(labels, classes), xp, device=device, dtype=getattr(xp, self._dtype_name())),
         )
 
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
@@ -568,7 +588,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         else:
             self.likelihood_ = "logistic" if self.method in _QUADRATIC_METHODS else "probit"
         return training.train(
-            X, y, kernel, Z, method=self.method, batch_size=batch_size, jitter=float(self.jitter),
+            X, y, kernel, Z, method=self.method, batch_size=batch_size, jitter=self._jitter_for(Z),
             max_iter=int(self.max_iter), damping=None if self.damping is None else float(self.damping),
             optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate, tol=float(self.tol),
             max_time=self.max_time, random_state=rng, shuffle=bool(self.shuffle), validation=validation,
@@ -577,6 +597,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             resume=bool(resume), likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
             n_quadrature=int(self.n_quadrature), started=started,
         )
+
+    def _jitter_for(self, Z):
+        """``jitter``, raised to ``backend.jitter_floor`` for the model's type and number of inducing points
+        (a change only for float32, where 1e-6 is below what round-off lets a Cholesky factor resolve)."""
+        return max(float(self.jitter), B.jitter_floor(Z))
 
     def _batch_size_for(self, n):
         if self.batch_size == "auto":
@@ -609,7 +634,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                              f"{self.method!r}: the other variational methods need every row at each step")
         if X.ndim != 2:
             raise ValueError(f"Expected 2D array, got {X.ndim}D array instead")
-        X = da.asarray(X).astype(np.float64).rechunk({1: -1})  # chunks by rows only
+        X = da.asarray(X).astype(self._dtype_name()).rechunk({1: -1})  # chunks by rows only
         y = da.asarray(y)
         if y.ndim != 1 or y.shape[0] != X.shape[0]:
             raise ValueError(f"X has {X.shape[0]} rows but y has shape {tuple(y.shape)}: y must be 1-D and match")
@@ -630,16 +655,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             classes = self._check_classes(np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
             if len(classes) > 2:
                 raise ValueError("fit on a dask array trains the binary model; multiclass data need in-memory arrays")
-            y_pm = y.map_blocks(_encode_labels, classes, dtype=np.float64)
+            y_pm = y.map_blocks(_encode_labels, classes, dtype=np.float64).astype(X.dtype)
             self.n_features_in_ = X.shape[1]
             n = X.shape[0]
             m = self._n_inducing_for(n)
             rng = B.host_rng(self.random_state)
             if n <= _INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
-                sample = np.asarray(X.compute(), dtype=np.float64)
+                sample = np.asarray(X.compute())
             else:
                 rows = np.sort(rng.choice(n, size=_INIT_SAMPLE, replace=False))
-                sample = np.asarray(X[rows].compute(), dtype=np.float64)
+                sample = np.asarray(X[rows].compute())
             kernel, Z = self._initial_model(sample, m, rng)
             batch_size = self._batch_size_for(n)
             minibatch = batch_size is not None and batch_size < n
@@ -672,7 +697,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         X = X.rechunk({1: -1})
         if columns is None:
             return X.map_blocks(bound, drop_axis=1, dtype=np.asarray(self.classes_).dtype)
-        return X.map_blocks(bound, chunks=(X.chunks[0], (columns,)), dtype=np.float64)
+        return X.map_blocks(bound, chunks=(X.chunks[0], (columns,)), dtype=np.dtype(self._dtype_name()))
 
     @available_if(lambda self: self.method in ("sep", "adf"))
     def partial_fit(self, X, y, classes=None, n_total=None):
@@ -702,7 +727,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self._rows_seen = 0
             self._trainer = training.Trainer(
                 kernel, Z, method=self.method, n_total=n_total or rows, minibatch=True,
-                jitter=float(self.jitter), damping=None if self.damping is None else float(self.damping),
+                jitter=self._jitter_for(Z), damping=None if self.damping is None else float(self.damping),
                 optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate,
             )
         trainer = self._trainer
@@ -738,7 +763,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return X, None, None
         X, in_xp = self._validate_X(X, reset=False)
         xp = B.array_namespace(self.inducing_points_)
-        Xc = B.asarray_like(X, xp, device=B.array_device(self.inducing_points_), dtype=xp.float64)
+        # the fitted model's own type (a model loaded from a file keeps the type it was saved in)
+        Xc = B.asarray_like(X, xp, device=B.array_device(self.inducing_points_), dtype=self.inducing_points_.dtype)
         return Xc, in_xp, (B.array_device(X) if in_xp is not None else None)
 
     @staticmethod

@@ -479,7 +479,7 @@ def fit(args):
     model = GPClassifier(
         method=args.method, n_inducing=args.inducing, batch_size=args.batch_size, backend=args.backend,
         max_iter=args.max_iter, max_time=args.max_time, random_state=args.random_state, verbose=not args.quiet,
-        site_directory=args.site_directory,
+        site_directory=args.site_directory, dtype=args.dtype,
     )
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
     print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, classes "
@@ -782,6 +782,9 @@ def _fit_parser(sub):
                         "20,000 rows, else 200)")
     p.add_argument("--backend", choices=["numpy", "cupy"], default="numpy", help="compute on the CPU (numpy, "
                    "default) or a CUDA GPU (cupy)")
+    p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
+                   help="the floating type the model computes in (default float64; float32 is many times faster on "
+                        "consumer GPUs)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="train on the dask cluster whose scheduler is at ADDRESS "
                    "(e.g. tcp://host:8786); batch ep / sep / adf only")
     p.add_argument("--site-directory", metavar="DIR", help="with --scheduler, batch ep: keep the sites (16 bytes a "

@@ -175,20 +175,24 @@ def load_model(path, backend="numpy"):
         raise _refuse(path, "a classifier needs at least two classes")
 
     xp = B.resolve_backend(backend)
-    to = lambda a: B.asarray_like(a, xp, dtype=xp.float64)  # noqa: E731
-    params = {name: to(arrays[f"kernel_{name}"]) for name in header["kernel_params"]}
+    params = {k: v for k, v in header.get("params", {}).items() if k in GPClassifier._get_param_names()}
+    # The model computes in the type it was fitted in, which is the type of its stored arrays (files written
+    # before ``dtype`` existed hold float64, and load as float64).
+    dtype_name = "float32" if np.asarray(Z).dtype == np.float32 else "float64"
+    params["dtype"] = dtype_name
+    to = lambda a: B.asarray_like(a, xp, dtype=getattr(xp, dtype_name))  # noqa: E731
+    params_arrays = {name: to(arrays[f"kernel_{name}"]) for name in header["kernel_params"]}
     if multiclass:
         try:
             kernel = ClassKernels(
-                kernel_from_spec(spec, {name.split(":", 1)[1]: value for name, value in params.items()
+                kernel_from_spec(spec, {name.split(":", 1)[1]: value for name, value in params_arrays.items()
                                         if name.startswith(f"{c}:")})
                 for c, spec in enumerate(header["kernel"])
             )
         except (KeyError, IndexError, TypeError) as exc:
             raise _refuse(path, f"the per-class kernel parameters are incomplete ({exc})") from None
     else:
-        kernel = kernel_from_spec(header["kernel"], params)
-    params = {k: v for k, v in header.get("params", {}).items() if k in GPClassifier._get_param_names()}
+        kernel = kernel_from_spec(header["kernel"], params_arrays)
     if isinstance(params.get("optimize"), list):
         params["optimize"] = tuple(params["optimize"])
     model = GPClassifier(**params)
@@ -196,13 +200,14 @@ def load_model(path, backend="numpy"):
     model.kernel_ = kernel
     model.inducing_points_ = Zx
     L_C, h = to(arrays["posterior_L_C"]), to(arrays["posterior_h"])
+    jitter = max(float(model.jitter), B.jitter_floor(Zx))  # as the fit factorised Kmm (float32: a floor)
     if multiclass:
         model.posterior_ = tuple(
-            Posterior(L_K=prior_cholesky(kernel[c], Zx[c, ...], float(model.jitter)), L_C=L_C[c, ...], h=h[c, ...])
+            Posterior(L_K=prior_cholesky(kernel[c], Zx[c, ...], jitter), L_C=L_C[c, ...], h=h[c, ...])
             for c in range(n_classes)
         )
     else:
-        model.posterior_ = Posterior(L_K=prior_cholesky(kernel, Zx, float(model.jitter)), L_C=L_C, h=h)
+        model.posterior_ = Posterior(L_K=prior_cholesky(kernel, Zx, jitter), L_C=L_C, h=h)
     model.classes_ = arrays["classes"]
     model.n_features_in_ = int(d)
     model.log_marginal_likelihood_ = float(header.get("log_marginal_likelihood", float("nan")))

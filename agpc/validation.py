@@ -29,6 +29,7 @@ __all__ = [
     "HasMethods",
     "Subset",
     "RandomState",
+    "FloatingType",
     "validate_params",
     "check_labels",
 ]
@@ -195,6 +196,29 @@ class RandomState:
         return "a seed (an int in [0, 2**32 - 1]), a numpy.random.Generator or RandomState"
 
 
+class FloatingType:
+    """One of the floating types ``names`` (e.g. "float64", "float32"), or a NumPy spelling of one
+    (``numpy.float32``, ``numpy.dtype("f4")``, "f4")."""
+
+    def __init__(self, *names):
+        self.names = names
+
+    def accepts(self, value):
+        return self.name_of(value) in self.names
+
+    @staticmethod
+    def name_of(value):
+        if value is None or _is_bool(value):
+            return None
+        try:
+            return np.dtype(value).name
+        except TypeError:
+            return None
+
+    def __str__(self):
+        return " or ".join(repr(n) for n in self.names) + " (or a NumPy spelling of one)"
+
+
 NONE = _NoneValue()
 PATH = InstanceOf(str, os.PathLike, description="a path (str or os.PathLike)")
 
@@ -217,7 +241,7 @@ def validate_params(params, constraints, owner):
 
 def _short_repr(value, limit=80):
     """The value as the message shows it: its repr, cut short for large objects (an array's type and shape)."""
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
+    if hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, type):  # (np.int32 has both)
         return f"{type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}"
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -302,7 +302,7 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
         if method == "sep":
             keep = 1.0 - 1.0 / n_total
             cav = ep.posterior_from_sums(L_K[c], keep * S, keep * c_tilde, L_K_inv=L_K_inv[c])
-            log_z = log_z + n_total * (ep._log_normaliser_gain(cav) - gain_q)
+            log_z = log_z + ep.sep_cavity_term(q, cav, S, n_total)
         else:
             cav = q
         qs.append(q)
