@@ -383,9 +383,12 @@ class CountingNamespace:
         return self._wrap(function(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()}))
 
     def _on_host(self, array, dtype=None, copy=None):
-        """A NumPy copy of a base array (array_api_strict hands only its CPU device's arrays to NumPy)."""
+        """A NumPy copy of a base array (array_api_strict hands only its CPU device's arrays to NumPy; CuPy
+        refuses implicit conversion, its ``get`` is the copy)."""
         if self._is_strict and array.device != self.host_device:
             array = array.to_device(self.host_device)
+        elif not isinstance(array, np.ndarray) and hasattr(array, "get"):
+            array = array.get()
         out = np.asarray(array, dtype=dtype)
         return out.copy() if copy else out
 
