@@ -65,10 +65,14 @@ def parse_args(argv=None):
     p.add_argument("--max-step-seconds", type=float, default=20.0,
                    help="skip a configuration whose first step took longer than this (default 20)")
     p.add_argument("--no-counts", action="store_true", help="skip the counted step (ops, syncs)")
-    p.add_argument("--blas-threads", type=int, default=0,
-                   help="limit BLAS threads with threadpoolctl; 0 leaves them as configured (default)")
+    p.add_argument("--blas-threads", type=int, default=None,
+                   help="limit BLAS threads with threadpoolctl; 0 leaves them as configured (default 0, but 1 with "
+                        "--quick: on a small shared machine a multi-threaded BLAS stalls on small products whenever "
+                        "another process holds a core)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.quick and args.blas_threads is None:
+        args.blas_threads = 1
     if args.quick:
         args.ms = args.ms or "20,50"
         args.batches = args.batches or "60,150"
