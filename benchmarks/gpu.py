@@ -134,12 +134,17 @@ class Step:
         from agpc.inference import training
         from agpc.kernels import RBF
 
+        from agpc import backend
+
         X, y, Z = (xp.asarray(a) for a in problem)
         kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=1e-3).for_inputs(X)
         minibatch = method != "batch-ep"
         self.X, self.y, self.batch, self.minibatch = X, y, batch, minibatch
+        # the estimator's jitter: 1e-6, raised to the floor for Z's type where the library has one (float32)
+        floor = getattr(backend, "jitter_floor", None)
+        jitter = max(JITTER, floor(Z)) if floor is not None else JITTER
         self.trainer = training.Trainer(kernel, Z, method="ep" if method == "batch-ep" else method,
-                                        n_total=X.shape[0], minibatch=minibatch, jitter=JITTER)
+                                        n_total=X.shape[0], minibatch=minibatch, jitter=jitter)
         self.calls = 0
         # warm-up: the optimiser's state, compiled kernels on a GPU; a step the training loop's guard refused
         # (it raises the jitter or halves the steps and the next one goes on) is not one to time
