@@ -216,10 +216,9 @@ def _class_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_row
 
 
 def _block_rows(block_rows, Z):
-    """Blocks hold C sets of n x m temporaries: C times fewer rows than the binary default."""
-    if block_rows:
-        return block_rows
-    return max(256, ep._BLOCK_ELEMENTS // max(1, Z.shape[1] * n_classes(Z)))
+    """Blocks hold C sets of n x m temporaries: C times fewer rows than the binary default
+    (``ep.default_block_rows`` of the stacked Z)."""
+    return block_rows or ep.default_block_rows(Z)
 
 
 def _sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, block_rows, want_sums=False,
