@@ -356,7 +356,7 @@ def block_memory_advice(what):
             advice = "use fewer inducing points, or keep X on the host (a NumPy array: it then moves a block at a time)"
         else:
             where = f"with row blocks of {rows} rows"
-            advice = (f"lower the block size: GPClassifier(block_rows={max(1, rows // 4)}) (or block_rows= of "
+            advice = (f"lower the block size: GPClassifier(block_rows={max(1, rows // 4)}) (block_rows= for "
                       f"agpc.inference.training.train), or free memory on the device")
         raise BlockMemoryError(f"{what} ran out of memory {where}: {advice} ({type(error).__name__}: {error})") from error
     finally:
