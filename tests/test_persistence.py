@@ -218,3 +218,191 @@ def test_parquet_needs_a_pyarrow_that_does_not_unpickle(tmp_path, monkeypatch):
     monkeypatch.setattr(pa, "__version__", "14.0.0")
     with pytest.raises(ImportError, match="14.0.1"):
         untrusted.read_parquet_columns(tmp_path / "any.parquet")
+
+
+# -- model files: versions, feature names, schema, no paths ---------------------------------------------------
+
+from agpc import GPClassifier  # noqa: E402
+from agpc import io as agpc_io  # noqa: E402
+from agpc.datasets import make_banana  # noqa: E402
+
+FIXTURES = os.path.join(HERE, "data", "model_v1")
+
+
+@pytest.mark.parametrize("name", ["binary_banana", "multiclass_iris"])
+def test_version_1_files_load_and_predict_as_when_they_were_saved(name):
+    model = GPClassifier.load(os.path.join(FIXTURES, f"{name}.npz"))
+    expected = np.load(os.path.join(FIXTURES, f"{name}_expected.npz"))
+    np.testing.assert_array_equal(model.classes_, expected["classes"])
+    np.testing.assert_allclose(model.predict_proba(expected["X"]), expected["proba"], rtol=1e-12, atol=1e-15)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A small binary model saved by this agpc, and its header and arrays as written."""
+    X, y = make_banana(120, random_state=3)
+    path = tmp_path_factory.mktemp("model") / "banana.agpc"
+    GPClassifier(n_inducing=5, max_iter=3, random_state=0).fit(X, y).save(path)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    header = json.loads(str(arrays.pop(agpc_io._HEADER)))
+    return path, header, arrays
+
+
+def rewrite(saved, tmp_path, header=None, arrays=None, raw_header=None):
+    """A copy of the saved model with header fields and arrays replaced (None values remove them)."""
+    _, base_header, base_arrays = saved
+    new_header = dict(base_header, **(header or {}))
+    new_arrays = dict(base_arrays, **(arrays or {}))
+    new_arrays = {k: v for k, v in new_arrays.items() if v is not None}
+    new_header = {k: v for k, v in new_header.items() if v is not None}
+    path = tmp_path / "crafted.agpc"
+    with open(path, "wb") as fh:  # a file object: np.savez would add ".npz" to the name
+        np.savez(fh, **new_arrays, **{agpc_io._HEADER: np.asarray(raw_header or json.dumps(new_header))})
+    return path
+
+
+def test_a_newer_format_version_is_refused_naming_both_versions(saved, tmp_path):
+    path = rewrite(saved, tmp_path, header={"version": agpc_io.VERSION + 1})
+    with pytest.raises(ValueError, match=f"version {agpc_io.VERSION + 1}.*versions 1 to {agpc_io.VERSION}") as info:
+        GPClassifier.load(path)
+    assert str(path) in str(info.value)
+
+
+def test_files_choose_no_path_we_write_to(saved, tmp_path):
+    target = tmp_path / "chosen-by-the-file"
+    params = dict(saved[1]["params"], checkpoint_path=str(target), checkpoint_every=1, site_directory=str(target))
+    model = GPClassifier.load(rewrite(saved, tmp_path, header={"params": params}))
+    assert model.get_params()["checkpoint_path"] is None
+    assert model.get_params()["checkpoint_every"] is None and model.get_params()["site_directory"] is None
+    X, y = make_banana(60, random_state=4)
+    model.set_params(max_iter=1).fit(X, y)
+    assert not target.exists()
+
+
+def test_a_saved_checkpoint_path_is_not_restored(tmp_path):
+    X, y = make_banana(60, random_state=4)
+    model = GPClassifier(n_inducing=4, max_iter=2, checkpoint_path=tmp_path / "run.ckpt", checkpoint_every=1)
+    model.fit(X, y).save(tmp_path / "m.agpc")
+    loaded = GPClassifier.load(tmp_path / "m.agpc")
+    assert loaded.checkpoint_path is None and loaded.checkpoint_every is None
+    assert loaded.get_params()["n_inducing"] == 4
+
+
+def upper_triangular(L):
+    L = L.copy()
+    L[0, -1] = 0.5
+    return L
+
+
+def negative_diagonal(L):
+    L = L.copy()
+    L[1, 1] = -L[1, 1]
+    return L
+
+
+CORRUPTIONS = {
+    # name: (header changes, array changes (functions of the saved arrays), words the message must hold)
+    "L_C not triangular": ({}, {"posterior_L_C": lambda a: upper_triangular(a["posterior_L_C"])},
+                           ["posterior_L_C", "lower triangular"]),
+    "L_C negative diagonal": ({}, {"posterior_L_C": lambda a: negative_diagonal(a["posterior_L_C"])},
+                              ["posterior_L_C", "positive"]),
+    "L_C NaN": ({}, {"posterior_L_C": lambda a: a["posterior_L_C"] * np.nan}, ["posterior_L_C", "NaN"]),
+    "duplicated classes": ({}, {"classes": lambda a: np.array([1, 1])}, ["classes", "twice"]),
+    "classes 2-D": ({}, {"classes": lambda a: a["classes"][None, :]}, ["classes"]),
+    "object classes": ({}, {"classes": lambda a: np.array([1, 2], dtype=object)}, ["classes", "object"]),
+    "inducing shape": ({}, {"inducing_points": lambda a: a["inducing_points"][:, :1]}, ["inducing_points", "shape"]),
+    "integer h": ({}, {"posterior_h": lambda a: a["posterior_h"].astype(np.int64)}, ["posterior_h", "dtype"]),
+    "missing kernel array": ({}, {"kernel_log_amplitude": lambda a: None}, ["kernel_log_amplitude", "missing"]),
+    "lengthscale shape": ({}, {"kernel_log_lengthscales": lambda a: np.zeros(7)}, ["kernel_log_lengthscales"]),
+    "extra array": ({}, {"payload": lambda a: np.zeros(3)}, ["unexpected", "payload"]),
+    "params not a mapping": ({"params": [1, 2]}, {}, ["params"]),
+    "unknown method": ({"params": {"method": "nope"}}, {}, ["params", "nope"]),
+    "params value a mapping": ({"params": {"n_inducing": {"a": 1}}}, {}, ["params.n_inducing"]),
+    "jitter a string": ({"params": {"jitter": "big"}}, {}, ["params", "jitter"]),
+    "unknown kernel": ({"kernel": {"type": "Evil"}}, {}, ["kernel", "Evil"]),
+    "kernel_params short": ({"kernel_params": ["log_amplitude"]}, {}, ["kernel_params"]),
+    "kernel_params not a list": ({"kernel_params": 3}, {}, ["kernel_params"]),
+    "n_features_in a string": ({"n_features_in": "2"}, {}, ["n_features_in"]),
+    "n_iter negative": ({"n_iter": -1}, {}, ["n_iter"]),
+    "unknown likelihood": ({"likelihood": "robust-max"}, {}, ["likelihood"]),
+    "history of strings": ({"history": {"log_marginal_likelihood": ["x"]}}, {}, ["history"]),
+    "feature names too few": ({"feature_names_in": ["a"]}, {}, ["feature_names_in"]),
+    "feature names repeated": ({"feature_names_in": ["a", "a"]}, {}, ["feature_names_in"]),
+    "another estimator": ({"estimator": "Pipeline"}, {}, ["estimator"]),
+    "version a string": ({"version": "1"}, {}, ["version"]),
+    "another format": ({"format": "agpc-checkpoint"}, {}, ["format"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CORRUPTIONS))
+def test_every_field_is_checked_and_refused_in_one_value_error(saved, tmp_path, case):
+    header, changes, words = CORRUPTIONS[case]
+    if "params" in header and isinstance(header["params"], dict):
+        header = dict(header, params=dict(saved[1]["params"], **header["params"]))
+    path = rewrite(saved, tmp_path, header=header, arrays={k: f(saved[2]) for k, f in changes.items()})
+    with pytest.raises(ValueError) as info:
+        GPClassifier.load(path)
+    message = str(info.value)
+    assert str(path) in message and "not a valid agpc model file" in message
+    for word in words:
+        assert word in message, message
+
+
+@pytest.mark.parametrize("raw, words", [("{not json", ["header", "JSON"]), ("[" * 100_000, ["header"]),
+                                        ('"a string"', ["format"])])
+def test_a_header_that_is_not_a_json_object_is_refused(saved, tmp_path, raw, words):
+    path = rewrite(saved, tmp_path, raw_header=raw)
+    with pytest.raises(ValueError) as info:
+        GPClassifier.load(path)
+    assert all(word in str(info.value) for word in words), str(info.value)
+
+
+def test_a_member_declaring_petabytes_is_one_value_error(saved, tmp_path):
+    path = rewrite(saved, tmp_path)
+    write_npy_header(tmp_path / "posterior_h.npy", (2 ** 40, 2 ** 13))
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("payload.npy", (tmp_path / "posterior_h.npy").read_bytes())
+    with pytest.raises(ValueError, match="'payload' declares shape") as info:
+        GPClassifier.load(path)
+    assert str(path) in str(info.value)
+
+
+# -- feature names -------------------------------------------------------------------------------------------
+
+def _frames():
+    """DataFrame libraries scikit-learn takes feature names from, those installed (pyarrow: a test dependency)."""
+    makers = []
+    try:
+        import pyarrow as pa
+
+        makers.append(("pyarrow", lambda columns: pa.table(columns)))
+    except ImportError:
+        pass
+    try:
+        import pandas as pd
+
+        makers.append(("pandas", lambda columns: pd.DataFrame(columns)))
+    except ImportError:
+        pass
+    return makers
+
+
+@pytest.mark.parametrize("library, frame", _frames() or [pytest.param(None, None, marks=pytest.mark.skip(
+    reason="neither pyarrow nor pandas is installed"))])
+def test_feature_names_survive_save_and_load_and_reordered_columns_are_refused(tmp_path, library, frame):
+    X, y = make_banana(120, random_state=3)
+    columns = {"width": X[:, 0], "height": X[:, 1]}
+    model = GPClassifier(n_inducing=5, max_iter=3, random_state=0).fit(frame(columns), y)
+    model.save(tmp_path / "m.agpc")
+    loaded = GPClassifier.load(tmp_path / "m.agpc")
+    assert list(loaded.feature_names_in_) == ["width", "height"] and loaded.n_features_in_ == 2
+    np.testing.assert_array_equal(loaded.predict_proba(frame(columns)), model.predict_proba(frame(columns)))
+    with pytest.raises(ValueError, match="feature names"):
+        loaded.predict_proba(frame({"height": X[:, 1], "width": X[:, 0]}))
+    with pytest.raises(ValueError, match="feature names"):
+        loaded.predict_proba(frame({"w": X[:, 0], "h": X[:, 1]}))
+
+
+def test_a_model_fitted_on_an_array_has_no_feature_names_after_load(saved):
+    assert not hasattr(GPClassifier.load(saved[0]), "feature_names_in_")
