@@ -506,6 +506,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             isinstance(self.checkpoint_every, numbers.Integral) and self.checkpoint_every >= 1
         ):
             raise ValueError(f"checkpoint_every must be a positive integer, got {self.checkpoint_every!r}")
+        if self.checkpoint_every is not None:  # before any work: a bad path must not cost the fit
+            from .io import check_checkpoint_path
+
+            check_checkpoint_path(self.checkpoint_path)
         if B.is_dask_array(X) and self.method == "gfitc":
             raise ValueError(_GFITC_BATCH_ONLY.format(what="fit on a dask array"))
         if B.is_dask_array(X):
@@ -536,12 +540,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 B.asarray_like(_encode_labels(y_val, classes), xp, device=device, dtype=xp.float64),
             )
         t0 = started
+        data_hash = None
+        if self.checkpoint_path is not None:  # the run's fingerprint holds the data's: resume on them only
+            stride = training.fingerprint_stride(n)
+            data_hash = training.data_fingerprint(n, Xc.shape[1], Xc[0:n:stride, :], y_pm[0:n:stride], classes)
         result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
-                             validation=validation, started=started)
+                             validation=validation, started=started, data_hash=data_hash)
         return self._fitted_from(result, classes, t0)
 
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
-               started=None):
+               started=None, data_hash=None):
         """The one training loop (``training.train``) with this estimator's settings for its method."""
         if self.method == "svi":
             self.likelihood_ = "robust-max" if len(classes) > 2 else (self.likelihood or "probit")
@@ -554,7 +562,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             max_time=self.max_time, random_state=rng, shuffle=bool(self.shuffle), validation=validation,
             eval_every=self.eval_every, n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose),
             engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
-            resume=bool(resume), likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
+            resume=bool(resume), data_hash=data_hash, likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
             n_quadrature=int(self.n_quadrature), started=started,
         )
 
@@ -603,10 +611,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             except ValueError:  # no client yet: a local cluster for this fit
                 client = owned = Client(local_cluster(os.cpu_count() or 1))
         try:
-            finite, labels = client.compute([da.isfinite(X).all(), da.unique(y)], sync=True)
+            stride = training.fingerprint_stride(X.shape[0])
+            sampled = [X[::stride], y[::stride]] if self.checkpoint_path is not None else []  # same pass
+            finite, labels, *sample_rows = client.compute([da.isfinite(X).all(), da.unique(y), *sampled], sync=True)
             if not bool(finite):
                 raise ValueError("Input X contains NaN or infinity")
             classes = self._check_classes(np.unique(np.asarray(labels)))
+            data_hash = None if not sample_rows else training.data_fingerprint(
+                X.shape[0], X.shape[1], sample_rows[0], _encode_labels(np.asarray(sample_rows[1]), classes), classes)
             if len(classes) > 2:
                 raise ValueError("fit on a dask array trains the binary model; multiclass data need in-memory arrays")
             y_pm = y.map_blocks(_encode_labels, classes, dtype=np.float64)
@@ -631,7 +643,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 engine = DaskEngine(client, X.chunks[0], site_directory=self.site_directory)
             t0 = time.perf_counter()
             # SVI: a step per minibatch on the driver, chunks visited as for SEP
-            result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, engine=engine)
+            result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, engine=engine,
+                                 data_hash=data_hash)
         finally:
             if engine is not None:
                 engine.close()

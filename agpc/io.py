@@ -25,8 +25,8 @@ FORMAT = "agpc-model"
 VERSION = 2
 _HEADER = "__agpc_header__"
 
-__all__ = ["save_model", "load_model", "save_checkpoint", "load_checkpoint", "save_site_chunk", "load_site_chunk",
-           "FORMAT", "VERSION"]
+__all__ = ["save_model", "load_model", "save_checkpoint", "load_checkpoint", "check_checkpoint_path",
+           "save_site_chunk", "load_site_chunk", "FORMAT", "VERSION", "CHECKPOINT_VERSION", "NOT_RESTORED"]
 
 
 def _json_params(params):
@@ -93,6 +93,9 @@ def _atomic_savez(path, arrays):
     try:
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, **arrays)
+            # on disk before the rename: otherwise a power cut can leave the new name on empty blocks
+            fh.flush()
+            os.fsync(fh.fileno())
         # mkstemp creates the file readable by its owner only; a saved model gets the permissions any new
         # file would (0666 less the umask), so that others can load it where the umask allows
         os.chmod(tmp, 0o666 & ~_umask())
@@ -101,6 +104,24 @@ def _atomic_savez(path, arrays):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory):
+    """Make the rename itself durable, where the OS lets a directory be opened and synced (not Windows)."""
+    flags = getattr(os, "O_DIRECTORY", None)
+    if flags is None:
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY | flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems (network, FUSE) refuse fsync on a directory: the rename stands
+        pass
+    finally:
+        os.close(fd)
 
 
 def _umask():
@@ -384,50 +405,84 @@ def _encode(value, arrays):
     raise TypeError(f"cannot store a {type(value).__name__} in a checkpoint")
 
 
-def _decode(node, arrays, convert):
-    if not isinstance(node, dict):
+def _decode(node, arrays, convert, where="state"):
+    """The tree ``_encode`` wrote, checked as it is rebuilt: every node one of the shapes ``_encode`` writes,
+    every array named exists; a failure is a ValueError naming the node (``where``)."""
+    if node is None or isinstance(node, (bool, int, float, str)):
         return node
-    if "dict" in node:
-        return {k: _decode(v, arrays, convert) for k, v in node["dict"].items()}
-    if "list" in node:
-        return [_decode(v, arrays, convert) for v in node["list"]]
-    if "tuple" in node:
-        return tuple(_decode(v, arrays, convert) for v in node["tuple"])
-    if "array" in node:
-        return convert(arrays[node["array"]])
-    raise ValueError("unknown node")
+    if not isinstance(node, dict) or len(node) != 1:
+        raise ValueError(f"{where}: not a node of a checkpoint tree")
+    (kind, value), = node.items()
+    if kind == "dict" and isinstance(value, dict):
+        return {k: _decode(v, arrays, convert, f"{where}.{k}") for k, v in value.items()}
+    if kind in ("list", "tuple") and isinstance(value, list):
+        items = [_decode(v, arrays, convert, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if kind == "list" else tuple(items)
+    if kind == "array" and isinstance(value, str) and value in arrays:
+        values = arrays[value]
+        if values.dtype.kind == "f" and bool(np.any(np.isnan(values))):
+            raise ValueError(f"{where}: holds NaN (a checkpoint is written from an accepted step only)")
+        return convert(values)
+    raise ValueError(f"{where}: not a node of a checkpoint tree ({kind!r})")
+
+
+# 1: the first checkpoints. 2: the run's fingerprint holds a hash of the training data (``training``).
+CHECKPOINT_VERSION = 2
 
 
 def save_checkpoint(path, state):
     """Write a training state (nested dicts / lists / tuples of numbers, strings and arrays) atomically."""
     arrays = {}
     tree = _encode(state, arrays)
-    arrays[_HEADER] = np.asarray(json.dumps({"format": CHECKPOINT_FORMAT, "version": VERSION, "state": tree}))
+    arrays[_HEADER] = np.asarray(json.dumps({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
+                                             "state": tree}))
     _atomic_savez(path, arrays)
 
 
 def load_checkpoint(path, convert):
     """Read a checkpoint written by ``save_checkpoint``; ``convert`` turns each stored NumPy array into the
-    training's array type. A truncated or foreign file is refused with a ValueError."""
+    training's array type. The file is read as a model file is (``untrusted.read_npz``: headers first, no
+    object arrays) and its tree checked node by node; what the state must hold is checked by the training
+    loop (``training._restore``). A truncated, foreign or inconsistent file is one ValueError naming the
+    file and the field."""
     def refuse(why):
         return ValueError(f"{os.fspath(path)} is not a valid agpc checkpoint: {why}")
 
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            header = json.loads(str(archive[_HEADER]))
-            arrays = {name: archive[name] for name in archive.files if name != _HEADER}
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, json.JSONDecodeError) as exc:
-        raise refuse(f"cannot be read ({type(exc).__name__}: {exc})") from None
+    header, arrays = _read_archive(path, refuse)
+    if isinstance(header, dict) and header.get("format") == CHECKPOINT_FORMAT and header.get("version") == 1:
+        raise refuse("version: written by an older agpc (checkpoint version 1, without a fingerprint of the data); "
+                     f"this agpc resumes from version {CHECKPOINT_VERSION}: start the fit again")
     if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT:
-        raise refuse("the header does not name the agpc checkpoint format")
-    if header.get("version") != VERSION:
-        raise refuse(f"format version {header.get('version')!r}; this agpc reads version {VERSION}")
+        raise refuse(f"format: the header does not name the {CHECKPOINT_FORMAT} format")
+    version = header.get("version")
+    if version != CHECKPOINT_VERSION:
+        raise refuse(f"version: the file has checkpoint version {version!r}; this agpc reads version "
+                     f"{CHECKPOINT_VERSION}")
     try:
-        return _decode(header["state"], arrays, convert)
-    except (KeyError, ValueError, TypeError) as exc:
-        raise refuse(f"inconsistent contents ({exc})") from None
+        state = _decode(header.get("state"), arrays, convert)
+    except RecursionError:
+        raise refuse("state: nested too deeply") from None
+    except ValueError as exc:
+        raise refuse(str(exc)) from None
+    if not isinstance(state, dict):
+        raise refuse("state: not a mapping")
+    return state
+
+
+def check_checkpoint_path(path):
+    """Fail before any training if a checkpoint cannot be written at ``path``: a directory, no such
+    directory, or a directory this process cannot write to (a file is created there and removed)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"checkpoint_path {path} is a directory: name a file in it")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ValueError(f"checkpoint_path {path}: no directory {directory} to write it in")
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise ValueError(f"checkpoint_path {path}: cannot write in {directory} ({exc.strerror})") from None
 
 
 # -- EP sites of a fit on a dask array: one file a chunk, written and read by the workers ---------------
@@ -439,12 +494,23 @@ def save_site_chunk(path, site_precision, site_shift):
 
 
 def load_site_chunk(path, rows):
-    """(site_precision, site_shift) of one chunk, checked to hold ``rows`` sites."""
+    """(site_precision, site_shift) of one chunk, checked to hold ``rows`` finite sites (read as every file
+    here is: ``untrusted.read_npz``)."""
+    def refuse(why):
+        return ValueError(f"{os.fspath(path)} is not a valid agpc site file: {why}")
+
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            nu, mu = archive["site_precision"], archive["site_shift"]
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
-        raise ValueError(f"{os.fspath(path)} is not a valid agpc site file: {type(exc).__name__}: {exc}") from None
-    if nu.shape != (rows,) or mu.shape != (rows,):
-        raise ValueError(f"{os.fspath(path)} holds {nu.shape[0]} sites; the chunk has {rows} rows")
-    return nu, mu
+        arrays = read_npz(path)
+    except RefusedFile as exc:
+        raise refuse(exc.reason) from None
+    except OSError as exc:
+        raise refuse(f"{type(exc).__name__}: {exc}") from None
+    for name in ("site_precision", "site_shift"):
+        values = arrays.get(name)
+        if values is None:
+            raise refuse(f"{name}: missing")
+        if values.dtype.kind != "f" or values.shape != (rows,):
+            raise refuse(f"{name}: {values.dtype} of shape {values.shape}; the chunk has {rows} rows")
+        if not np.all(np.isfinite(values)):
+            raise refuse(f"{name}: holds NaN or inf")
+    return arrays["site_precision"], arrays["site_shift"]
