@@ -184,6 +184,9 @@ def _is_number(value):
 # Parameters that name where training writes: a file never chooses them (loaded as None, the defaults). A
 # model that re-fits after loading, or its clone, writes where its user says, not where the file said.
 NOT_RESTORED = ("checkpoint_path", "checkpoint_every", "site_directory", "client")
+# Gauss-Hermite nodes for SVI's binary logistic predictions (20 by default): more than this from a file is
+# a way to make prediction take gigabytes, not a model
+MAX_QUADRATURE = 1000
 
 
 def _checked_params(stored, refuse):
@@ -209,10 +212,13 @@ def _checked_params(stored, refuse):
         # the backend named at training (e.g. cupy) need not exist where the model is loaded: load_model's
         # ``backend`` places the arrays; every other parameter is checked as fit checks it
         GPClassifier(**dict(params, backend="numpy"))._check_params()
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:  # TypeError: a value of a type the check did not foresee
         raise refuse(f"params: {exc}") from None
     if not (isinstance(model.jitter, (int, float)) and math.isfinite(model.jitter) and model.jitter >= 0):
         raise refuse(f"params.jitter: {model.jitter!r} is not a non-negative number")
+    if model.n_quadrature > MAX_QUADRATURE:  # prediction builds an n_quadrature^2 matrix for its nodes
+        raise refuse(f"params.n_quadrature: {model.n_quadrature} nodes, a model file may ask for {MAX_QUADRATURE} "
+                     "at most")
     return model
 
 

@@ -320,6 +320,7 @@ CORRUPTIONS = {
     "unknown method": ({"params": {"method": "nope"}}, {}, ["params", "nope"]),
     "params value a mapping": ({"params": {"n_inducing": {"a": 1}}}, {}, ["params.n_inducing"]),
     "jitter a string": ({"params": {"jitter": "big"}}, {}, ["params", "jitter"]),
+    "quadrature in the billions": ({"params": {"n_quadrature": 10 ** 9}}, {}, ["params.n_quadrature"]),
     "unknown kernel": ({"kernel": {"type": "Evil"}}, {}, ["kernel", "Evil"]),
     "kernel_params short": ({"kernel_params": ["log_amplitude"]}, {}, ["kernel_params"]),
     "kernel_params not a list": ({"kernel_params": 3}, {}, ["kernel_params"]),
@@ -406,3 +407,64 @@ def test_feature_names_survive_save_and_load_and_reordered_columns_are_refused(t
 
 def test_a_model_fitted_on_an_array_has_no_feature_names_after_load(saved):
     assert not hasattr(GPClassifier.load(saved[0]), "feature_names_in_")
+
+
+def test_the_payload_of_these_tests_is_armed(tmp_path):
+    """The hostile files above are hostile: reading them the unsafe way runs the payload."""
+    marker = tmp_path / "ran"
+    np.save(tmp_path / "hostile.npy", np.array([Payload(marker)], dtype=object), allow_pickle=True)
+    np.load(tmp_path / "hostile.npy", allow_pickle=True)
+    assert marker.exists()
+
+
+# -- random corruptions (hypothesis): a ValueError naming the file, or a model that predicts probabilities ---
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=10,
+)
+
+
+def assert_refused_or_sound(path):
+    X_query = make_banana(10, random_state=9)[0]
+    try:
+        model = GPClassifier.load(path)
+    except ValueError as exc:
+        assert str(path) in str(exc)
+        return
+    proba = model.predict_proba(X_query)
+    assert np.all(np.isfinite(proba)) and np.allclose(proba.sum(axis=1), 1.0)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(["format", "version", "estimator", "params", "kernel", "kernel_params",
+                              "n_features_in", "log_marginal_likelihood", "n_iter", "likelihood", "history",
+                              "feature_names_in", "params.method", "params.jitter", "params.n_quadrature",
+                              "params.blas_threads", "params.optimize", "params.checkpoint_path"]),
+       value=JSON_VALUES)
+def test_random_header_values_are_refused_or_harmless(saved, tmp_path, field, value):
+    header = dict(saved[1])
+    if field.startswith("params."):
+        header["params"] = dict(header["params"], **{field.split(".", 1)[1]: value})
+    else:
+        header[field] = value
+    path = rewrite(saved, tmp_path, raw_header=json.dumps(header))
+    assert_refused_or_sound(path)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_byte_damage_is_refused_or_harmless(saved, tmp_path, data):
+    raw = bytearray(saved[0].read_bytes())
+    if data.draw(st.booleans(), label="truncate"):
+        raw = raw[: data.draw(st.integers(0, len(raw) - 1), label="length")]
+    else:
+        for _ in range(data.draw(st.integers(1, 8), label="flips")):
+            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    path = tmp_path / "damaged.agpc"
+    path.write_bytes(bytes(raw))
+    assert_refused_or_sound(path)
