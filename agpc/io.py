@@ -1,9 +1,14 @@
 """Saving and loading models as data: one ``.npz`` holding arrays and a JSON header, never serialised Python objects.
 
-Loading never executes code: ``numpy.load(..., allow_pickle=False)`` reads only plain arrays (object arrays are refused), and the
-header is JSON. A file that is not an agpc model, or whose contents are inconsistent, is refused with a
-``ValueError`` that says what is wrong. Saving writes to a temporary file beside the target and renames
-it, so a crash never leaves a half-written model where a good one was.
+Loading never executes code and never trusts what it reads: every member's npy header is checked before any
+data are read (``untrusted.read_npz``: no object arrays, no declared size beyond the bytes held), the header
+is JSON, and every field is checked against the format's schema (types, shapes, finiteness, a lower
+triangular L_C with a positive diagonal, unique classes, known kernels, the estimator's own parameters). A
+file that fails is one ``ValueError`` naming the file and the field. A model file carries a format version:
+every earlier version keeps loading (tests/data/model_v1), a newer one is refused naming both. Parameters that
+name where training writes (``NOT_RESTORED``) are never restored from a file. Saving writes to a temporary
+file beside the target, flushes it to disk and renames it, so a crash never leaves a half-written model where
+a good one was.
 """
 
 from __future__ import annotations
