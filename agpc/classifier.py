@@ -562,8 +562,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             max_time=self.max_time, random_state=rng, shuffle=bool(self.shuffle), validation=validation,
             eval_every=self.eval_every, n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose),
             engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
-            resume=bool(resume), data_hash=data_hash, likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
-            n_quadrature=int(self.n_quadrature), started=started,
+            resume=bool(resume), likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
+            n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash,
         )
 
     def _batch_size_for(self, n):

@@ -66,7 +66,8 @@ def test_npy_header_declaring_a_huge_shape_is_one_value_error(tmp_path, capsys):
     with pytest.raises(ValueError, match="declares shape") as info:
         untrusted.read_npy(path)
     assert str(path) in str(info.value) and "64 bytes" in str(info.value)
-    assert_refused_in_one_line(fit_cli(path, tmp_path, "--target", "0"), capsys.readouterr().err, path, ["declares shape"])
+    status = fit_cli(path, tmp_path, "--target", "0")
+    assert_refused_in_one_line(status, capsys.readouterr().err, path, ["declares shape"])
 
 
 def test_npy_of_a_structured_dtype_is_refused(tmp_path):
