@@ -184,6 +184,14 @@ CHECKPOINT_CORRUPTIONS = {
     "object array": (_set_array(lambda s: _engine(s)["Z"], np.array([object()], dtype=object)), ["object"]),
     "unknown node": (lambda s, a: s.update(n_updates={"code": "os.system"}), ["n_updates", "not a node"]),
     "dangling array": (lambda s, a: s.update(elapsed={"array": "array_999"}), ["elapsed", "not a node"]),
+    "damping out of range": (lambda s, a: _engine(s).update(damping=190), ["engine.damping"]),
+    "kernel parameter missing": (lambda s, a: _engine(s)["kernel"]["dict"].pop("log_noise"), ["engine.kernel"]),
+    "optimizer garbage": (lambda s, a: _engine(s).update(optimizer={"list": [1]}), ["engine.optimizer"]),
+    "unknown engine entry": (lambda s, a: _engine(s).update(payload=1), ["engine.payload"]),
+    # a fit on a dask array records where its workers wrote the sites: a file may not point them elsewhere
+    "site files elsewhere": (lambda s, a: _engine(s).update(nu={"dict": {"site_files": {"list": ["/etc/passwd"]},
+                                                                           "rows": {"list": [150]}}}),
+                             ["engine.nu", "/etc/passwd"]),
 }
 
 
@@ -217,3 +225,36 @@ def test_saves_are_flushed_to_disk_before_the_rename(tmp_path, monkeypatch):
     assert kinds[:2] == ["fsync", "replace"]  # the file's data before its name
     if os.name == "posix":
         assert kinds == ["fsync", "replace", "fsync"] and events[2][1] in (True, None)  # then the directory
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+JSON_NODES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats(allow_nan=True) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["dict", "list", "tuple", "array", "x"]),
+                                                                inner, max_size=2),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(["n_steps", "n_updates", "history", "pending", "rng", "order", "best", "elapsed",
+                              "engine", "engine.Z", "engine.kernel", "engine.nu", "engine.optimizer",
+                              "engine.damping"]),
+       value=JSON_NODES)
+def test_random_checkpoint_fields_are_refused_or_resume(good_checkpoint, tmp_path, field, value):
+    def change(state, arrays):
+        if field.startswith("engine."):
+            _engine(state)[field.split(".", 1)[1]] = value
+        else:
+            state[field] = value
+
+    params, X, y = _craft(good_checkpoint, tmp_path, change_state=change)
+    try:
+        model = GPClassifier(**params).fit(X, y, resume=True)
+    except ValueError as exc:
+        assert str(params["checkpoint_path"]) in str(exc)
+        return
+    proba = model.predict_proba(X)
+    assert np.all(np.isfinite(proba)) and np.allclose(proba.sum(axis=1), 1.0)

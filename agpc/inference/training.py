@@ -582,6 +582,121 @@ def _check_state(saved, fingerprint, refuse):
         raise refuse("best: not the early-stopping record (nll, reference, since)")
 
 
+def _is_array(value):
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _check_float_array(value, shape, where, refuse):
+    if not _is_array(value) or not array_namespace(value).isdtype(value.dtype, "real floating"):
+        raise refuse(f"{where}: a {type(value).__name__}, expected a floating-point array")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise refuse(f"{where}: shape {tuple(value.shape)}, this run's is {tuple(shape)}")
+
+
+def _check_layout(fresh, saved, where, param_shapes, refuse):
+    """``saved`` (an optimiser's snapshot from a file) laid out as ``fresh`` (this run's): the same containers,
+    numbers where numbers are, arrays of the parameter's shape under a parameter's name."""
+    if fresh is None or isinstance(fresh, bool):
+        if saved is not fresh and not (isinstance(fresh, bool) and isinstance(saved, bool)):
+            raise refuse(f"{where}: expected {fresh!r}")
+    elif isinstance(fresh, (int, float)):
+        if isinstance(saved, bool) or not isinstance(saved, type(fresh) if isinstance(fresh, int) else (int, float)) \
+                or not math.isfinite(saved):
+            raise refuse(f"{where}: expected a finite {type(fresh).__name__}")
+    elif isinstance(fresh, (tuple, list)):
+        if not isinstance(saved, (tuple, list)) or len(saved) != len(fresh):
+            raise refuse(f"{where}: expected {len(fresh)} entries")
+        for i, (f, v) in enumerate(zip(fresh, saved)):
+            _check_layout(f, v, f"{where}[{i}]", param_shapes, refuse)
+    elif isinstance(fresh, dict):
+        if not isinstance(saved, dict) or not set(saved) <= set(param_shapes):
+            raise refuse(f"{where}: expected a mapping of this run's parameters {sorted(param_shapes)}")
+        for name, value in saved.items():
+            shape = tuple(fresh[name].shape) if name in fresh and _is_array(fresh[name]) else param_shapes[name]
+            _check_float_array(value, shape, f"{where}.{name}", refuse)
+    elif _is_array(fresh):
+        _check_float_array(saved, fresh.shape, where, refuse)
+
+
+def _check_site_record(record, path, refuse):
+    """Sites written by the workers (``DaskEngine.store_sites``): the files must be the ones such a checkpoint
+    writes beside itself, ``<checkpoint>.sites/step-<k>/chunk-<i>.npz``: a file does not choose what we read."""
+    import os
+    import re
+
+    if not (isinstance(record, dict) and set(record) == {"site_files", "rows"} and isinstance(record["rows"], list)
+            and all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in record["rows"])
+            and isinstance(record["site_files"], list) and len(record["site_files"]) == len(record["rows"])):
+        raise refuse("engine.nu: not a record of site files (site_files, rows)")
+    root = os.path.abspath(os.fspath(path)) + ".sites"
+    for i, name in enumerate(record["site_files"]):
+        if not (isinstance(name, str) and re.fullmatch(r"step-\d+", os.path.basename(os.path.dirname(name)))
+                and os.path.dirname(os.path.dirname(name)) == root and os.path.basename(name) == f"chunk-{i}.npz"):
+            raise refuse(f"engine.nu: site file {name!r} is not in {root}")
+
+
+def _check_engine(saved, engine, fingerprint, path, refuse):
+    """The engine's part of a checkpoint against this run's freshly built engine: the same kernel parameters
+    and arrays of the same shapes, the optimiser's snapshot laid out as this run's, per-row sites of n rows."""
+    fresh = engine.state
+    if not isinstance(saved, dict):
+        raise refuse("engine: not a mapping")
+    params = fresh["kernel"].params
+    kernel = saved.get("kernel")
+    if not isinstance(kernel, dict) or set(kernel) != set(params):
+        raise refuse(f"engine.kernel: expected the parameters {sorted(params)}")
+    for name, value in kernel.items():
+        _check_float_array(value, params[name].shape, f"engine.kernel.{name}", refuse)
+    damping = saved.get("damping")
+    if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not (
+        (engine.has_damping and 0 < damping <= 1) or (not engine.has_damping and math.isnan(damping))
+    ):
+        raise refuse(f"engine.damping: {damping!r}, expected " + ("a number in (0, 1]" if engine.has_damping else "NaN"))
+    # what an optimiser steps: kernel parameters, Z, and for SVI q(u) itself (mean, chol)
+    shapes = {name: tuple(value.shape) for name, value in params.items()}
+    shapes.update({name: tuple(value.shape) for name, value in fresh.items() if _is_array(value)})
+    _check_layout(engine.optimizer.snapshot() if engine.optimizer is not None else None, saved.get("optimizer"),
+                  "engine.optimizer", shapes, refuse)
+    n = fingerprint["n"]
+    for key, value in saved.items():
+        where = f"engine.{key}"
+        if key in ("kernel", "damping", "optimizer"):
+            continue
+        if key not in fresh and key not in ("needs_rebuild", "settled", "sweeps"):
+            raise refuse(f"{where}: not part of this run's state")
+        if key in ("needs_rebuild", "settled"):
+            if not isinstance(value, bool):
+                raise refuse(f"{where}: not a boolean")
+        elif key == "sweeps":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise refuse(f"{where}: not a count")
+        elif key == "nu" and isinstance(value, dict):
+            _check_site_record(value, path, refuse)
+        elif key == "factor":
+            _check_factor(value, fresh["Z"], where, refuse)
+        elif _is_array(fresh[key]) and not (key == "mu" and isinstance(saved.get("nu"), dict)):
+            _check_float_array(value, fresh[key].shape, where, refuse)
+        elif value is not None:  # begun empty (vi-*'s xi): one value a row
+            _check_float_array(value, None, where, refuse)
+            if value.ndim < 1 or value.shape[0] != n:
+                raise refuse(f"{where}: shape {tuple(value.shape)}, expected {n} rows")
+
+
+def _check_factor(saved, Z, where, refuse):
+    """(precision (m, m), shift (m,)) of a tied factor, or one such pair a class (Z of shape (C, m, d))."""
+    if saved is None:
+        return
+    m = Z.shape[-2]
+    pairs = saved if isinstance(saved, list) else [saved]
+    if (len(Z.shape) == 3) != isinstance(saved, list) or (isinstance(saved, list) and len(saved) != Z.shape[0]):
+        raise refuse(f"{where}: not one factor {'a class' if len(Z.shape) == 3 else ''}".rstrip())
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise refuse(f"{where}[{i}]: not a (precision, shift) pair")
+        _check_float_array(pair[0], (m, m), f"{where}[{i}].precision", refuse)
+        _check_float_array(pair[1], (m,), f"{where}[{i}].shift", refuse)
+
+
 def _array_shapes(state):
     """{key: shape} of the arrays of an engine's state (kernel parameters as "kernel.<name>")."""
     shapes = {f"kernel.{k}": tuple(v.shape) for k, v in state["kernel"].params.items()}
@@ -615,6 +730,7 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
             f"checkpoint {path} was written by a different training run ({written_for}); this run is {fingerprint}"
         )
     _check_state(saved, fingerprint, refuse)
+    _check_engine(saved["engine"], trainer.engine, fingerprint, path, refuse)
     fresh = _array_shapes(trainer.engine.state)
     try:
         rng.bit_generator.state = saved["rng"]
