@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import tokenize
 import zipfile
 
 import numpy as np
@@ -73,10 +74,11 @@ def _npy_header(fh, path, name, available):
         else:  # 3.0 differs only by UTF-8 field names, i.e. structured dtypes, which are refused anyway
             raise RefusedFile(path, f"{_what(name)} is in npy format version {version[0]}.{version[1]}; "
                                     "versions 1.0 and 2.0 are read")
-    except (ValueError, EOFError) as exc:
+    # numpy parses the header as a Python literal: a damaged one can also raise from its tokenizer
+    except (ValueError, EOFError, SyntaxError, tokenize.TokenError) as exc:
         if isinstance(exc, RefusedFile):
             raise
-        raise RefusedFile(path, f"{_what(name)} has no valid npy header ({exc})") from None
+        raise RefusedFile(path, f"{_what(name)} has no valid npy header ({type(exc).__name__})") from None
     check_dtype(dtype, path, name)
     declared = math.prod(shape) * dtype.itemsize  # Python integers: no overflow however large the shape
     held = available - (fh.tell() - start)
@@ -185,22 +187,39 @@ def _check_zarr_document(document, path, file):
 
 
 def check_zarr_store(path):
-    """Check every metadata document of a zarr store on disk, before zarr reads any of them."""
+    """Check every metadata document of a zarr store on disk, before zarr reads any of them. Groups are
+    walked; an array's directory is not listed (its chunks can be millions of files)."""
     root = os.fspath(path)
-    for directory, _, files in os.walk(root):
-        for file in files:
-            if file not in _ZARR_METADATA:
-                continue
+    seen = set()
+
+    def visit(directory):
+        real = os.path.realpath(directory)  # zarr follows symbolic links, and so does this walk, once
+        if real in seen:
+            return
+        seen.add(real)
+        is_array = False
+        for file in _ZARR_METADATA:
             where = os.path.join(directory, file)
+            if not os.path.isfile(where):
+                continue
+            relative = os.path.relpath(where, root)
             if os.path.getsize(where) > _MAX_METADATA_BYTES:
-                raise RefusedFile(path, f"{os.path.relpath(where, root)} is {os.path.getsize(where):,} bytes, "
-                                        "too large for zarr metadata")
+                raise RefusedFile(path, f"{relative} is {os.path.getsize(where):,} bytes, too large for zarr metadata")
             try:
                 with open(where, encoding="utf-8") as fh:
                     document = json.load(fh)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise RefusedFile(path, f"{os.path.relpath(where, root)} is not JSON ({exc})") from None
-            _check_zarr_document(document, path, os.path.relpath(where, root))
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+                raise RefusedFile(path, f"{relative} is not JSON ({type(exc).__name__})") from None
+            _check_zarr_document(document, path, relative)
+            is_array |= file == ".zarray" or (isinstance(document, dict) and document.get("node_type") == "array")
+        if is_array:
+            return
+        with os.scandir(directory) as entries:
+            children = [entry.path for entry in entries if entry.is_dir()]
+        for child in children:
+            visit(child)
+
+    visit(root)
 
 
 class ZarrRows:

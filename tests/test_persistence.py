@@ -469,3 +469,28 @@ def test_random_byte_damage_is_refused_or_harmless(saved, tmp_path, data):
     path = tmp_path / "damaged.agpc"
     path.write_bytes(bytes(raw))
     assert_refused_or_sound(path)
+
+
+def test_a_hostile_zarr_array_behind_a_symbolic_link_is_refused(tmp_path):
+    pytest.importorskip("zarr")
+    marker = tmp_path / "ran"
+    hostile_zarr(tmp_path / "elsewhere.zarr", marker, {"id": "pickle", "protocol": 5})
+    store = tmp_path / "linked.zarr"
+    store.mkdir()
+    (store / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
+    os.symlink(tmp_path / "elsewhere.zarr" / "y", store / "y")
+    write_zarr2_array(store, "X", (3, 2), "<f8", None, np.arange(6.0).tobytes())
+    with pytest.raises(ValueError, match="pickle codec"):
+        untrusted.open_zarr(store)
+    assert not marker.exists()
+
+
+def test_an_npy_header_that_breaks_numpys_parser_is_one_value_error(tmp_path):
+    """numpy parses the header as a Python literal; an unclosed brace escapes it as tokenize.TokenError."""
+    header = b"{'descr': '<f8', 'shape': (3,"
+    header += b" " * (63 - (10 + len(header)) % 64) + b"\n"
+    path = tmp_path / "broken.npy"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\0" * 24)
+    with pytest.raises(ValueError, match="no valid npy header") as info:
+        untrusted.read_npy(path)
+    assert str(path) in str(info.value)
