@@ -20,11 +20,13 @@ Every refusal is a :class:`RefusedFile` (a ``ValueError``) whose message names t
 from __future__ import annotations
 
 import json
+import lzma
 import math
 import os
 import re
 import tokenize
 import zipfile
+import zlib
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -136,34 +138,43 @@ def read_npz(path):
 
 # -- zarr ----------------------------------------------------------------------------------------------
 
-_ZARR_METADATA = (".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json")
+# .zattrs (user attributes) is not read: zarr decodes nothing with it, and its keys are anybody's
+_ZARR_METADATA = (".zarray", ".zgroup", ".zmetadata", "zarr.json")
 _STRING_CODECS = ("vlen-utf8", "vlen-bytes")
 
 
-def _codec_ids(node):
-    """Every codec id / name in a zarr metadata document, at any depth (sharding nests codecs)."""
+def _metadata_dicts(node):
+    """Every mapping in a zarr metadata document, at any depth (sharding nests codecs, consolidated metadata
+    holds every array's document), user attributes left out."""
     if isinstance(node, dict):
+        yield node
         for key, value in node.items():
-            if key in ("id", "name") and isinstance(value, str):
-                yield value
-            else:
-                yield from _codec_ids(value)
+            if key != "attributes" and not key.endswith(".zattrs"):
+                yield from _metadata_dicts(value)
     elif isinstance(node, list):
         for value in node:
-            yield from _codec_ids(value)
+            yield from _metadata_dicts(value)
+
+
+def _codec_ids(node):
+    """Every codec id / name in a metadata document."""
+    for mapping in _metadata_dicts(node):
+        for key in ("id", "name"):
+            if isinstance(mapping.get(key), str):
+                yield mapping[key]
 
 
 def _object_dtypes(node):
-    """The v2 array descriptions (dicts with a "dtype") at any depth of a metadata document (consolidated
-    metadata holds every array's)."""
-    if isinstance(node, dict):
-        if "dtype" in node and "zarr_format" in node:
-            yield node
-        for value in node.values():
-            yield from _object_dtypes(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _object_dtypes(value)
+    """The v2 array documents (a "dtype" beside "zarr_format") of a metadata document."""
+    return [mapping for mapping in _metadata_dicts(node) if "dtype" in mapping and "zarr_format" in mapping]
+
+
+def _chunk_shapes(node):
+    """Every chunk shape a metadata document declares (v2 "chunks", v3 and sharding "chunk_shape")."""
+    for mapping in _metadata_dicts(node):
+        for key in ("chunks", "chunk_shape"):
+            if key in mapping:
+                yield mapping[key]
 
 
 def _is_object_dtype(dtype):
@@ -175,12 +186,16 @@ def _is_object_dtype(dtype):
 
 
 def _check_zarr_document(document, path, file):
+    for shape in _chunk_shapes(document):
+        if not (isinstance(shape, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                                for v in shape)):
+            raise RefusedFile(path, f"{file} declares chunks of shape {shape!r}: not positive integers")
     for codec in _codec_ids(document):
         if "pickle" in codec.lower():
             raise RefusedFile(path, f"{file} uses the pickle codec ({codec!r}), which runs code when read: refused")
     for array in _object_dtypes(document):
         if _is_object_dtype(array["dtype"]):
-            codecs = [c for c in _codec_ids({"filters": array.get("filters"), "compressor": array.get("compressor")})]
+            codecs = list(_codec_ids({"filters": array.get("filters"), "compressor": array.get("compressor")}))
             if not any(c in _STRING_CODECS for c in codecs):
                 raise RefusedFile(path, f"{file} declares an array of dtype object (codecs {codecs}): only numbers, "
                                         "booleans and strings are read")
@@ -238,8 +253,8 @@ class ZarrRows:
     def _read(self, reader, key):
         try:
             return reader[key]
-        # what zarr and numcodecs raise on a chunk they cannot decode (numcodecs: RuntimeError)
-        except (RuntimeError, ValueError, TypeError, OSError, EOFError) as exc:
+        # what zarr and its codecs raise on a chunk they cannot decode (numcodecs' blosc / zstd: RuntimeError)
+        except (RuntimeError, ValueError, TypeError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
             raise RefusedFile(self._path, f"{_what(self._name)} cannot be read ({type(exc).__name__}: "
                                           f"{' '.join(str(exc).split())})") from None
 

@@ -494,3 +494,18 @@ def test_an_npy_header_that_breaks_numpys_parser_is_one_value_error(tmp_path):
     with pytest.raises(ValueError, match="no valid npy header") as info:
         untrusted.read_npy(path)
     assert str(path) in str(info.value)
+
+
+def test_zarr_metadata_with_empty_chunks_is_refused_and_user_attributes_are_not_metadata(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    store = tmp_path / "d.zarr"
+    group = zarr.open_group(str(store), mode="w")
+    array = group.create_array("X", shape=(4, 2), chunks=(2, 2), dtype="f8")
+    array[...] = np.ones((4, 2))
+    array.attrs["codec"] = {"name": "pickle-rick", "chunks": "many"}  # a user's attribute names nothing
+    np.testing.assert_array_equal(np.asarray(untrusted.open_zarr(store)["X"]), np.ones((4, 2)))
+    document = json.loads((store / "X" / "zarr.json").read_text())
+    document["chunk_grid"]["configuration"]["chunk_shape"] = [0, 2]  # zarr divides by it
+    (store / "X" / "zarr.json").write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="chunks of shape"):
+        untrusted.open_zarr(store)
