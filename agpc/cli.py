@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .io import sync_directory
 from .untrusted import RefusedFile, open_zarr, read_npy, read_npz, read_parquet_columns
 
 __all__ = ["main", "load_data", "UsageError"]
@@ -66,7 +67,10 @@ def _atomic(path, mode="w"):
         text = {} if "b" in mode else {"newline": "", "encoding": "utf-8"}
         with open(tmp, mode.replace("w", "x"), **text) as fh:
             yield fh
+            fh.flush()
+            os.fsync(fh.fileno())  # on disk before the rename, as every save of agpc.io
         os.replace(tmp, path)
+        sync_directory(path.absolute().parent)
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -31,7 +31,8 @@ VERSION = 2
 _HEADER = "__agpc_header__"
 
 __all__ = ["save_model", "load_model", "save_checkpoint", "load_checkpoint", "check_checkpoint_path",
-           "save_site_chunk", "load_site_chunk", "FORMAT", "VERSION", "CHECKPOINT_VERSION", "NOT_RESTORED"]
+           "sync_directory", "save_site_chunk", "load_site_chunk", "FORMAT", "VERSION", "CHECKPOINT_VERSION",
+           "NOT_RESTORED"]
 
 
 def _json_params(params):
@@ -109,10 +110,10 @@ def _atomic_savez(path, arrays):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    _fsync_directory(directory)
+    sync_directory(directory)
 
 
-def _fsync_directory(directory):
+def sync_directory(directory):
     """Make the rename itself durable, where the OS lets a directory be opened and synced (not Windows)."""
     flags = getattr(os, "O_DIRECTORY", None)
     if flags is None:

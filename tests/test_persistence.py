@@ -509,3 +509,15 @@ def test_zarr_metadata_with_empty_chunks_is_refused_and_user_attributes_are_not_
     (store / "X" / "zarr.json").write_text(json.dumps(document))
     with pytest.raises(ValueError, match="chunks of shape"):
         untrusted.open_zarr(store)
+
+
+def test_cli_outputs_are_flushed_to_disk_before_the_rename(tmp_path, monkeypatch, capsys):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
+    data = tmp_path / "x.npy"
+    np.save(data, make_banana(5, random_state=0)[0])
+    model = os.path.join(FIXTURES, "binary_banana.npz")
+    assert main(["predict", model, str(data), "--out", str(tmp_path / "p.csv")]) == 0
+    assert events[:2] == ["fsync", "replace"] and (tmp_path / "p.csv").exists()
