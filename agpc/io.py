@@ -22,7 +22,7 @@ import zipfile
 import numpy as np
 
 from . import backend as B
-from .untrusted import RefusedFile, read_npz
+from .untrusted import RefusedFile, describe, read_npz
 
 FORMAT = "agpc-model"
 # 1: the first format. 2: adds "feature_names_in" (the columns a DataFrame had at fit). A file of a version
@@ -143,7 +143,7 @@ def _umask():
 
 
 def _refuse(path, why):
-    return ValueError(f"{os.fspath(path)!s} is not a valid agpc model file: {why}")
+    return ValueError(f"{describe(path)} is not a valid agpc model file: {why}")
 
 
 def _read_archive(path, refuse):
@@ -458,7 +458,7 @@ def load_checkpoint(path, convert):
     loop (``training._restore``). A truncated, foreign or inconsistent file is one ValueError naming the
     file and the field."""
     def refuse(why):
-        return ValueError(f"{os.fspath(path)} is not a valid agpc checkpoint: {why}")
+        return ValueError(f"{describe(path)} is not a valid agpc checkpoint: {why}")
 
     header, arrays = _read_archive(path, refuse)
     if isinstance(header, dict) and header.get("format") == CHECKPOINT_FORMAT and header.get("version") == 1:

@@ -31,7 +31,7 @@ import zlib
 import numpy as np
 from numpy.lib import format as npy_format
 
-__all__ = ["RefusedFile", "read_npy", "read_npz", "open_zarr", "read_parquet_columns", "MIN_PYARROW"]
+__all__ = ["RefusedFile", "describe", "read_npy", "read_npz", "open_zarr", "read_parquet_columns", "MIN_PYARROW"]
 
 # dtypes a data or model file may hold: booleans, integers, floats, strings (labels, the model's header)
 _PLAIN_KINDS = "biufUS"
@@ -45,9 +45,22 @@ class RefusedFile(ValueError):
     """A file that is refused before (or instead of) reading its data; ``reason`` without the path."""
 
     def __init__(self, path, reason):
-        self.path = os.fspath(path)
+        self.path = describe(path)
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
+
+
+def describe(source):
+    """A path as text; an open file by its name (``GPClassifier.load`` takes file objects, as numpy.load does)."""
+    if hasattr(source, "read"):
+        return str(getattr(source, "name", f"<{type(source).__name__}>"))
+    return os.fspath(source)
+
+
+def _size(source):
+    if hasattr(source, "read"):
+        return source.seek(0, os.SEEK_END)  # zipfile seeks where it needs
+    return os.path.getsize(source)
 
 
 def _what(name):
@@ -118,7 +131,7 @@ def _member_size(info, archive_size, path):
 def read_npz(path):
     """{name: array} of an ``.npz`` archive: every member's header is checked before any member is read."""
     try:
-        archive_size = os.path.getsize(path)
+        archive_size = _size(path)
         with zipfile.ZipFile(path) as archive:
             members = [info for info in archive.infolist() if info.filename.endswith(".npy")]
             for info in members:

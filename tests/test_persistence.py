@@ -521,3 +521,17 @@ def test_cli_outputs_are_flushed_to_disk_before_the_rename(tmp_path, monkeypatch
     model = os.path.join(FIXTURES, "binary_banana.npz")
     assert main(["predict", model, str(data), "--out", str(tmp_path / "p.csv")]) == 0
     assert events[:2] == ["fsync", "replace"] and (tmp_path / "p.csv").exists()
+
+
+def test_a_model_loads_from_an_open_file_as_from_its_path(saved):
+    import io
+
+    path = saved[0]
+    with open(path, "rb") as fh:
+        from_file = GPClassifier.load(fh)
+    from_bytes = GPClassifier.load(io.BytesIO(path.read_bytes()))
+    X_query = make_banana(10, random_state=9)[0]
+    np.testing.assert_array_equal(from_file.predict_proba(X_query), GPClassifier.load(path).predict_proba(X_query))
+    np.testing.assert_array_equal(from_bytes.predict_proba(X_query), from_file.predict_proba(X_query))
+    with pytest.raises(ValueError, match="BytesIO.*not a valid agpc model file"):
+        GPClassifier.load(io.BytesIO(b"PK\x03\x04 damaged"))
