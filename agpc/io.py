@@ -162,8 +162,9 @@ def _read_archive(path, refuse):
         raise refuse(f"header: a {header.dtype} array of shape {header.shape}, not a JSON string")
     try:
         return json.loads(str(header)), arrays
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise refuse(f"header: not JSON ({type(exc).__name__})") from None
+    # ValueError: also an integer of more digits than Python converts (4300); RecursionError: deep nesting
+    except (ValueError, RecursionError) as exc:
+        raise refuse(f"header: not JSON agpc reads ({type(exc).__name__})") from None
 
 
 def _check_version(header, refuse, what):

@@ -352,6 +352,7 @@ def test_every_field_is_checked_and_refused_in_one_value_error(saved, tmp_path, 
 
 
 @pytest.mark.parametrize("raw, words", [("{not json", ["header", "JSON"]), ("[" * 100_000, ["header"]),
+                                        ('{"version": ' + "1" * 5000 + "}", ["header"]),
                                         ('"a string"', ["format"])])
 def test_a_header_that_is_not_a_json_object_is_refused(saved, tmp_path, raw, words):
     path = rewrite(saved, tmp_path, raw_header=raw)
