@@ -358,7 +358,8 @@ def block_memory_advice(what):
             where = f"with row blocks of {rows} rows"
             advice = (f"lower the block size: GPClassifier(block_rows={max(1, rows // 4)}) (block_rows= for "
                       f"agpc.inference.training.train), or free memory on the device")
-        raise BlockMemoryError(f"{what} ran out of memory {where}: {advice} ({type(error).__name__}: {error})") from error
+        raise BlockMemoryError(
+            f"{what} ran out of memory {where}: {advice} ({type(error).__name__}: {error})") from error
     finally:
         _BLOCK_ROWS_IN_USE.reset(token)
 

@@ -21,8 +21,10 @@ class OutOfMemoryError(MemoryError):
 
 
 def _free_bytes(monkeypatch, free):
-    """Make every namespace report ``free`` bytes of free device memory."""
+    """Make every namespace report ``free`` bytes of free device memory, and every pass ask for it (however few
+    its rows: the passes of these tests are small)."""
     monkeypatch.setattr(B, "device_free_bytes", lambda namespace, device=None: free)
+    monkeypatch.setattr(ep, "_SMALL_PASS_BYTES", 0)
 
 
 def _data(n, d, seed=0):
@@ -52,6 +54,20 @@ def test_float32_rows_take_half_the_bytes(monkeypatch):
     per_row = ep.block_bytes_per_row(40, 5, 8)
     _free_bytes(monkeypatch, 1000 * per_row)
     assert ep.default_block_rows(xp.astype(Z, xp.float32)) == 2 * ep.default_block_rows(Z)
+
+
+def test_a_small_pass_does_not_ask_the_device(monkeypatch):
+    """A minibatch step's pass (its temporaries below ``_SMALL_PASS_BYTES``) is one block with no query of the
+    device: no driver call a step."""
+    def refuse(namespace, device=None):
+        raise AssertionError("the device was asked for its free memory")
+
+    monkeypatch.setattr(B, "device_free_bytes", refuse)
+    Z = xp.asarray(np.random.default_rng(7).normal(size=(200, 8)))
+    rows = ep._SMALL_PASS_BYTES // ep.block_bytes_per_row(200, 8, 8)
+    assert ep.default_block_rows(Z, rows) == ep.default_block_rows(Z, 200) == max(1024, ep._BLOCK_ELEMENTS // 200)
+    with pytest.raises(AssertionError, match="asked for its free memory"):
+        ep.default_block_rows(Z, rows + 1)
 
 
 def test_passes_walk_the_blocks_that_fit(monkeypatch):

@@ -405,16 +405,25 @@ def _itemsize(Z):
     return array_namespace(Z).finfo(Z.dtype).bits // 8
 
 
-def default_block_rows(Z):
+# A pass whose temporaries for all its rows come to less than this does not ask the device for its free memory
+# (a minibatch step: no driver call a step, nothing on the host between the kernels of a captured step).
+_SMALL_PASS_BYTES = 1 << 26
+
+
+def default_block_rows(Z, n=None):
     """Rows of a block when the caller gives none, for inducing points Z ((m, d), or (C, m, d) for C classes):
     ~16 MB per n x m temporary (``_BLOCK_ELEMENTS`` / (m C), at least 1024 rows, 256 for several classes; the
     allocator then reuses the same memory block after block), and no more than the rows whose temporaries
     (``block_bytes_per_row``) fit in ``backend.DEVICE_MEMORY_FRACTION`` of the device's free memory (a GPU;
-    on the host nothing changes)."""
+    on the host nothing changes). ``n``: the rows of the pass, when known; a pass of ``n`` rows whose
+    temporaries total less than 64 MB is one block without a query of the device."""
     classes = Z.shape[0] if Z.ndim == 3 else 1
     m, d = Z.shape[-2], Z.shape[-1]
     rows = max(1024 if classes == 1 else 256, _BLOCK_ELEMENTS // max(1, m * classes))
-    fit = rows_within_memory(block_bytes_per_row(m, d, _itemsize(Z), classes), array_namespace(Z), array_device(Z))
+    per_row = block_bytes_per_row(m, d, _itemsize(Z), classes)
+    if n is not None and n * per_row <= _SMALL_PASS_BYTES:
+        return rows
+    fit = rows_within_memory(per_row, array_namespace(Z), array_device(Z))
     return rows if fit is None else min(rows, fit)
 
 
@@ -444,13 +453,13 @@ _IO_ROWS = 65536  # rows read at a time from data on disk: one read, then comput
 
 def data_blocks(X, y, block_rows, like):
     """(lo, hi, X rows, y rows or None) over all rows, in blocks of ``block_rows`` rows (None:
-    ``default_block_rows(like)``), each moved to ``like``'s namespace and device as it comes.
+    ``default_block_rows(like, n)``), each moved to ``like``'s namespace and device as it comes.
 
     Data on disk, and host arrays streamed to a device (``backend.HostRows``), are read ``_IO_ROWS`` rows at a
     time onto the host (a zarr chunk is decoded once, not once per compute block) and only the compute
     blocks sliced from what was read go to the device, so the device holds one block of rows at a time."""
     n = X.shape[0]
-    block_rows = block_rows or default_block_rows(like)
+    block_rows = block_rows or default_block_rows(like, n)
     blocks = row_blocks(n, block_rows)
     note_block_rows(blocks[0][1] - blocks[0][0] if blocks else block_rows)
     if not (is_out_of_core(X) or (y is not None and is_out_of_core(y))):
@@ -587,7 +596,7 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     the per-row-block sweep (``_sweep``) and the driver's ``finish_evaluate`` -- are what the distributed
     engine runs, the two per-row stages once per chunk of rows on the workers.
     """
-    block_rows = block_rows or default_block_rows(Z)  # once: the sweep reuses the sums' blocks' projections
+    block_rows = block_rows or default_block_rows(Z, X.shape[0])  # once: the sweep reuses the sums' projections
     L_K = prior_cholesky(kernel, Z, jitter, checked=checked)
     S, c_tilde, kept = _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows, True)
     post = posterior_from_sums(L_K, S, c_tilde, checked=checked)

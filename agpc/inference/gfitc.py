@@ -141,8 +141,8 @@ class _Model:
         else:
             self.parts = [(kernel, Z)]
 
-    def block_rows(self, block_rows):
-        return block_rows or ep.default_block_rows(self.Z)
+    def block_rows(self, block_rows, n):
+        return block_rows or ep.default_block_rows(self.Z, n)
 
     def totals(self, tau, nu, y):
         """Per class, the rows' total site on f_ic."""
@@ -211,7 +211,7 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     the form of seed 000 eq. 26 over (u, f), equal to R&W eq. 3.65 with K = K_fitc (tested against the
     textbook full-GP EP on the dense FITC prior). Returns the dict of ``ep.evaluate``."""
     model = _Model(kernel, Z)
-    block_rows = model.block_rows(block_rows)  # once: the sweep reuses the first stage's blocks' projections
+    block_rows = model.block_rows(block_rows, X.shape[0])  # once: the sweep reuses the first stage's projections
     posts, kept = _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows)
 
     def block_step(index, lo, hi, X_block, y_block, tau, nu):
