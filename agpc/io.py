@@ -17,6 +17,7 @@ import json
 import math
 import os
 import tempfile
+import warnings
 import zipfile
 
 import numpy as np
@@ -292,7 +293,8 @@ def _kernel_specs(header, n_classes, refuse):
     if multiclass != isinstance(specs, list) or (multiclass and len(specs) != n_classes):
         raise refuse("kernel: the description does not match the number of classes")
     for spec in specs if multiclass else [specs]:
-        if not (isinstance(spec, dict) and set(spec) == {"type"} and spec["type"] in KERNELS):
+        if not (isinstance(spec, dict) and set(spec) == {"type"} and isinstance(spec["type"], str)
+                and spec["type"] in KERNELS):
             raise refuse(f"kernel: {spec!r} is not a known kernel (one of {sorted(KERNELS)})")
     return specs
 
@@ -405,7 +407,21 @@ def load_model(path, backend="numpy"):
     model.n_iter_ = header.get("n_iter", 0)
     model.likelihood_ = likelihood
     model.history_ = {k: list(v) for k, v in header.get("history", {}).items()}
+    _check_predicts(model, Z[0] if multiclass else Z, refuse)
     return model
+
+
+def _check_predicts(model, probe, refuse):
+    """Every field may pass its own check and the whole still not predict (finite values so large that the
+    predictive's arithmetic overflows): the model must give finite probabilities summing to one at its own
+    inducing points, taken as inputs (m rows: cheap), or the file is refused."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (this probe's own warnings, e.g. feature names, are not the user's)
+        with np.errstate(all="ignore"):
+            proba = B.to_numpy(model.predict_proba(np.asarray(probe, dtype=np.float64)))
+    if not (np.all(np.isfinite(proba)) and np.allclose(proba.sum(axis=1), 1.0, atol=1e-4)):
+        raise refuse("posterior_h, posterior_L_C: the model they describe does not give probabilities "
+                     "(non-finite at its own inducing points)")
 
 
 # -- training checkpoints: a nested tree of plain values and arrays ------------------------------------
