@@ -27,9 +27,9 @@ def _problem(gpu):
 
 
 def _mock_free(monkeypatch, gpu, free):
-    """The device reports ``free`` bytes, and every pass asks (these passes are below ``ep._SMALL_PASS_BYTES``)."""
+    """The device reports ``free`` bytes, and every pass asks (these passes are below ``ep.SMALL_PASS_BYTES``)."""
     monkeypatch.setattr(B, "device_free_bytes", lambda namespace, device=None: free if namespace is gpu.xp else None)
-    monkeypatch.setattr(ep, "_SMALL_PASS_BYTES", 0)
+    monkeypatch.setattr(ep, "SMALL_PASS_BYTES", 0)
 
 
 def _train(X, y, kernel, Z):

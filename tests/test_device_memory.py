@@ -24,7 +24,7 @@ def _free_bytes(monkeypatch, free):
     """Make every namespace report ``free`` bytes of free device memory, and every pass ask for it (however few
     its rows: the passes of these tests are small)."""
     monkeypatch.setattr(B, "device_free_bytes", lambda namespace, device=None: free)
-    monkeypatch.setattr(ep, "_SMALL_PASS_BYTES", 0)
+    monkeypatch.setattr(ep, "SMALL_PASS_BYTES", 0)
 
 
 def _data(n, d, seed=0):
@@ -38,7 +38,7 @@ def test_default_block_rows_is_what_fits_in_half_the_free_memory(monkeypatch, m,
     rng = np.random.default_rng(1)
     Z = xp.asarray(rng.normal(size=(classes, m, d)) if classes > 1 else rng.normal(size=(m, d)))
     today = ep.default_block_rows(Z)  # NumPy: no limit from the device, the 16 MB rule
-    assert today == max(1024 if classes == 1 else 256, ep._BLOCK_ELEMENTS // (m * classes))
+    assert today == max(1024 if classes == 1 else 256, ep.BLOCK_ELEMENTS // (m * classes))
     per_row = 8 * (classes * ep.BLOCK_MATRICES * m + ep.BLOCK_FEATURE_COPIES * d + ep.BLOCK_VECTORS)
     assert ep.block_bytes_per_row(m, d, 8, classes) == per_row
     for free in (10 * per_row, 300 * per_row + 7, 10**12):
@@ -57,15 +57,15 @@ def test_float32_rows_take_half_the_bytes(monkeypatch):
 
 
 def test_a_small_pass_does_not_ask_the_device(monkeypatch):
-    """A minibatch step's pass (its temporaries below ``_SMALL_PASS_BYTES``) is one block with no query of the
+    """A minibatch step's pass (its temporaries below ``SMALL_PASS_BYTES``) is one block with no query of the
     device: no driver call a step."""
     def refuse(namespace, device=None):
         raise AssertionError("the device was asked for its free memory")
 
     monkeypatch.setattr(B, "device_free_bytes", refuse)
     Z = xp.asarray(np.random.default_rng(7).normal(size=(200, 8)))
-    rows = ep._SMALL_PASS_BYTES // ep.block_bytes_per_row(200, 8, 8)
-    assert ep.default_block_rows(Z, rows) == ep.default_block_rows(Z, 200) == max(1024, ep._BLOCK_ELEMENTS // 200)
+    rows = ep.SMALL_PASS_BYTES // ep.block_bytes_per_row(200, 8, 8)
+    assert ep.default_block_rows(Z, rows) == ep.default_block_rows(Z, 200) == max(1024, ep.BLOCK_ELEMENTS // 200)
     with pytest.raises(AssertionError, match="asked for its free memory"):
         ep.default_block_rows(Z, rows + 1)
 
@@ -113,7 +113,7 @@ def _peak_per_row(run, rows_small, rows_large):
 @pytest.mark.parametrize("m, d", [(30, 2), (60, 40)])
 def test_bytes_per_row_bound_the_measured_peak_of_every_pass(monkeypatch, m, d):
     """The count of ``ep.BLOCK_MATRICES`` & co. is an upper bound of what the passes really hold per row."""
-    monkeypatch.setattr(ep, "_CACHE_ELEMENTS", 0)  # the sweep's cache of projections is O(n), not per block
+    monkeypatch.setattr(ep, "CACHE_ELEMENTS", 0)  # the sweep's cache of projections is O(n), not per block
     n = 1800
     rng = np.random.default_rng(4)
     X, y = _data(n, d)

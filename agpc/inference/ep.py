@@ -377,8 +377,8 @@ def _prior_adjoint(post):
     return -0.5 * sandwich + 0.5 * (beta[:, None] * beta[None, :])
 
 
-_BLOCK_ELEMENTS = 1 << 21  # default block: ~16 MB of float64 per n x m temporary
-_CACHE_ELEMENTS = 1 << 26  # keep the projections of all blocks between the two passes up to ~512 MB
+BLOCK_ELEMENTS = 1 << 21  # default block: ~16 MB of float64 per n x m temporary
+CACHE_ELEMENTS = 1 << 26  # keep the projections of all blocks between the two passes up to ~512 MB
 
 # Memory of a pass over a block of b rows, per row, in elements of the model's type: BLOCK_MATRICES n x m arrays
 # per class, BLOCK_FEATURE_COPIES copies of the rows (n x d) and BLOCK_VECTORS n-vectors alive at once at the peak.
@@ -407,21 +407,21 @@ def _itemsize(Z):
 
 # A pass whose temporaries for all its rows come to less than this does not ask the device for its free memory
 # (a minibatch step: no driver call a step, nothing on the host between the kernels of a captured step).
-_SMALL_PASS_BYTES = 1 << 26
+SMALL_PASS_BYTES = 1 << 26
 
 
 def default_block_rows(Z, n=None):
     """Rows of a block when the caller gives none, for inducing points Z ((m, d), or (C, m, d) for C classes):
-    ~16 MB per n x m temporary (``_BLOCK_ELEMENTS`` / (m C), at least 1024 rows, 256 for several classes; the
+    ~16 MB per n x m temporary (``BLOCK_ELEMENTS`` / (m C), at least 1024 rows, 256 for several classes; the
     allocator then reuses the same memory block after block), and no more than the rows whose temporaries
     (``block_bytes_per_row``) fit in ``backend.DEVICE_MEMORY_FRACTION`` of the device's free memory (a GPU;
     on the host nothing changes). ``n``: the rows of the pass, when known; a pass of ``n`` rows whose
     temporaries total less than 64 MB is one block without a query of the device."""
     classes = Z.shape[0] if Z.ndim == 3 else 1
     m, d = Z.shape[-2], Z.shape[-1]
-    rows = max(1024 if classes == 1 else 256, _BLOCK_ELEMENTS // max(1, m * classes))
+    rows = max(1024 if classes == 1 else 256, BLOCK_ELEMENTS // max(1, m * classes))
     per_row = block_bytes_per_row(m, d, _itemsize(Z), classes)
-    if n is not None and n * per_row <= _SMALL_PASS_BYTES:
+    if n is not None and n * per_row <= SMALL_PASS_BYTES:
         return rows
     fit = rows_within_memory(per_row, array_namespace(Z), array_device(Z))
     return rows if fit is None else min(rows, fit)
@@ -429,10 +429,10 @@ def default_block_rows(Z, n=None):
 
 def projections_fit(n, Z, classes=1):
     """Whether every block's projections (A and Knm: 2 n m elements a class) may be kept between a pass's two
-    stages: within ``_CACHE_ELEMENTS`` and, on a device, within half of the memory share the blocks may use
+    stages: within ``CACHE_ELEMENTS`` and, on a device, within half of the memory share the blocks may use
     (the blocks, sized before the cache filled, keep the rest)."""
     m = Z.shape[-2]
-    if 2 * classes * n * m > _CACHE_ELEMENTS:
+    if 2 * classes * n * m > CACHE_ELEMENTS:
         return False
     fit = rows_within_memory(2 * classes * m * _itemsize(Z), array_namespace(Z), array_device(Z))
     return fit is None or n <= fit // 2
@@ -443,7 +443,7 @@ def row_blocks(n, block_rows, m=None):
     memory block after block (fresh 100+ MB temporaries cost more in page faults than in arithmetic) and
     the working set stays in cache."""
     if not block_rows:
-        block_rows = n if m is None else max(1024, _BLOCK_ELEMENTS // max(1, m))
+        block_rows = n if m is None else max(1024, BLOCK_ELEMENTS // max(1, m))
     step = max(1, int(block_rows))
     return [(start, min(n, start + step)) for start in range(0, n, step)]
 
