@@ -56,6 +56,13 @@ __all__ = [
     "is_out_of_core",
     "read_rows",
     "row_slice",
+    "HostRows",
+    "DEVICE_MEMORY_FRACTION",
+    "device_free_bytes",
+    "rows_within_memory",
+    "BlockMemoryError",
+    "note_block_rows",
+    "block_memory_advice",
 ]
 
 
@@ -258,6 +265,103 @@ def read_rows(X, lo, hi, like):
         block = np.asarray(block)
     xp = array_namespace(like)
     return asarray_like(block, xp, device=array_device(like), dtype=like.dtype)
+
+
+class HostRows:
+    """Rows of an in-memory host (NumPy) array that stay on the host and reach the compute device a block at
+    a time: X larger than the device's memory. It looks like data on disk to the passes and the training loop
+    (``is_out_of_core``: shape, dtype, row slices that return NumPy arrays), so it takes their one block-reading
+    path (``ep.data_blocks``); it has no stored chunks (minibatches are laid over all rows)."""
+
+    def __init__(self, array):
+        self.array = array
+        self.shape = tuple(array.shape)
+        self.dtype = array.dtype
+        self.ndim = array.ndim
+
+    def __getitem__(self, index):
+        return self.array[index]
+
+
+# --------------------------------------------------------------------------------------------------
+# device memory
+
+# Share of the device's free memory a pass's row blocks (and its cached projections) may take: the rest is
+# headroom for what the count of a block's temporaries (``ep.block_bytes_per_row``, measured on NumPy) does not
+# see -- a library's own workspaces (cuBLAS, cuSOLVER), copies it makes that NumPy does not, the allocator's
+# rounding of block sizes -- and for other users of the device.
+DEVICE_MEMORY_FRACTION = 0.5
+
+
+class BlockMemoryError(MemoryError):
+    """A pass over row blocks ran out of (device) memory: the message names the pass, the rows a block had
+    and how to lower it (``GPClassifier(block_rows=...)``). The library's own error is its ``__cause__``."""
+
+
+def device_free_bytes(xp, device=None):
+    """Bytes that arrays of namespace ``xp`` can still get on ``device``; None when the device sets no limit
+    of its own (NumPy and other host libraries: the operating system's memory, not counted here).
+
+    CuPy: the free memory of the device (``cupy.cuda.runtime.memGetInfo``) plus the bytes CuPy's default
+    memory pool holds but does not use (reused before the pool asks the device for more); under a pool
+    limit (``MemoryPool.set_limit``), no more than what the limit leaves."""
+    if not is_cupy_namespace(xp):
+        return None
+    import cupy
+
+    with cupy.cuda.Device(device if isinstance(device, int) else getattr(device, "id", None)):
+        free, _total = cupy.cuda.runtime.memGetInfo()
+        pool = cupy.get_default_memory_pool()
+        available = int(free) + int(pool.free_bytes())
+        limit = int(pool.get_limit())
+        if limit:
+            available = min(available, limit - int(pool.used_bytes()))
+    return max(0, available)
+
+
+def rows_within_memory(bytes_per_row, xp, device=None, fraction=DEVICE_MEMORY_FRACTION):
+    """The most rows whose ``bytes_per_row`` fit in ``fraction`` of the free memory of ``device``
+    (``device_free_bytes``), at least 1; None when the device sets no limit."""
+    free = device_free_bytes(xp, device)
+    if free is None:
+        return None
+    return max(1, int(fraction * free) // max(1, int(bytes_per_row)))
+
+
+# The rows of the blocks the innermost pass over row blocks cut (``note_block_rows``), for the message of an
+# enclosing ``block_memory_advice``.
+_BLOCK_ROWS_IN_USE = contextvars.ContextVar("agpc_block_rows_in_use", default=None)
+
+
+def note_block_rows(rows):
+    """Say that a pass now walks row blocks of ``rows`` rows (read by ``block_memory_advice``)."""
+    _BLOCK_ROWS_IN_USE.set(int(rows))
+
+
+@contextmanager
+def block_memory_advice(what):
+    """Running out of memory inside (CuPy's ``cupy.cuda.memory.OutOfMemoryError`` is a ``MemoryError``, as is
+    the host's) becomes one ``BlockMemoryError`` naming ``what`` (the pass), the rows of the blocks it was
+    walking and how to lower them. A MemoryError, not a ValueError: nothing about the input is wrong, the
+    same call fits with smaller blocks or on a larger device, and code that catches MemoryError still does."""
+    token = _BLOCK_ROWS_IN_USE.set(None)
+    try:
+        yield
+    except BlockMemoryError:
+        raise
+    except MemoryError as error:
+        rows = _BLOCK_ROWS_IN_USE.get()
+        if rows is None:
+            where = "before its first block of rows (the m x m algebra, or the data moved to the device at once)"
+            advice = "use fewer inducing points, or keep X on the host (a NumPy array: it then moves a block at a time)"
+        else:
+            where = f"with row blocks of {rows} rows"
+            advice = (f"lower the block size: GPClassifier(block_rows={max(1, rows // 4)}) (block_rows= for "
+                      f"agpc.inference.training.train), or free memory on the device")
+        raise BlockMemoryError(
+            f"{what} ran out of memory {where}: {advice} ({type(error).__name__}: {error})") from error
+    finally:
+        _BLOCK_ROWS_IN_USE.reset(token)
 
 
 def host_array(values, dtype=np.float64):

@@ -135,6 +135,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         in; kernels, sites, posterior, optimiser state, predictions). float32 halves memory and is many times
         faster on consumer GPUs; fitted models differ from float64 ones by round-off (test NLL within 0.005
         on the benchmark data sets, ``tests/test_float32.py``).
+    block_rows : int or None, default=None
+        Rows per block of the passes over all rows (batch EP, GFITC, multiclass, the variational methods, the
+        final pass, prediction): their n x m temporaries are a block's. ``None``: about 16 MB per n x m
+        temporary, and on a GPU no more than fit in half of the device's free memory at the pass's bytes per
+        row (``agpc.inference.ep.default_block_rows``). Lower it when a fit or a prediction stops with
+        ``agpc.backend.BlockMemoryError`` (a MemoryError naming the block rows it ran out of memory with). On a
+        GPU, training data on the host (NumPy) larger than that half of free memory stay on the host and move to
+        the device a block at a time (as data on disk do: minibatches are then visited in random order
+        rather than the rows reordered).
     jitter : float, default=1e-6
         Added to the diagonal of K(Z, Z). When a factorisation needs more (inducing points that coincide,
         features on very different scales), the jitter is raised and the fit (or prediction) ends with one
@@ -223,6 +232,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "site_directory": [V.NONE, V.PATH],
         "blas_threads": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "dtype": [V.FloatingType(*_DTYPES)],
+        "block_rows": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
     }
 
     def __init__(
@@ -254,6 +264,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         site_directory=None,
         blas_threads=None,
         dtype="float64",
+        block_rows=None,
     ):
         self.method = method
         self.n_inducing = n_inducing
@@ -282,6 +293,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.site_directory = site_directory
         self.blas_threads = blas_threads
         self.dtype = dtype
+        self.block_rows = block_rows
 
     # -- validation ------------------------------------------------------------------------------
 
@@ -414,14 +426,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             xp = target_xp or B.resolve_backend("numpy")
             dtype = getattr(xp, self._dtype_name())
             like = xp.zeros((1,), dtype=dtype)
-            rng = B.host_rng(self.random_state)
-            n = X.shape[0]
-            rows = np.sort(rng.choice(n, size=min(n, _INIT_SAMPLE), replace=False))
-            try:
-                sample = np.asarray(X[rows])
-            except (IndexError, TypeError):  # array-likes without integer-array indexing (zarr: oindex)
-                sample = np.asarray(X.oindex[rows, :])
-            return X, _Labels(y, classes), classes, B.asarray_like(sample, xp, dtype=dtype), xp, B.array_device(like)
+            sample = self._initial_sample(X, xp, dtype)
+            return X, _Labels(y, classes), classes, sample, xp, B.array_device(like)
         foreign = _is_foreign_array(X)
         if foreign:
             X, in_xp = self._validate_X(X, reset=reset)
@@ -431,6 +437,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         xp = target_xp or in_xp or B.resolve_backend("numpy")
         dtype = getattr(xp, self._dtype_name())
         device = B.array_device(X) if (in_xp is not None and target_xp is None) else None
+        if in_xp is None and self._stays_on_host(X, xp, device):  # moved a block at a time, as data on disk
+            classes, y_host = self._prepare_targets(y, X.shape[0], classes)
+            X = B.HostRows(X)
+            device = B.array_device(xp.zeros((1,), dtype=dtype, device=device))
+            return X, _encode_labels(y_host, classes), classes, self._initial_sample(X, xp, dtype), xp, device
         Xc = B.asarray_like(X, xp, device=device, dtype=dtype)
         device = B.array_device(Xc)
         if _is_foreign_array(y):  # labels on a device stay there: only the (at most two) classes come back
@@ -439,6 +450,28 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             classes, y_host = self._prepare_targets(y, X.shape[0], classes)
             y_pm = B.asarray_like(_encode_labels(y_host, classes), xp, device=device, dtype=dtype)
         return Xc, y_pm, classes, Xc, xp, device
+
+    def _initial_sample(self, X, xp, dtype):
+        """At most ``_INIT_SAMPLE`` rows of data read a block at a time, drawn at random (sorted: one pass), in
+        the compute namespace: what the kernel and the inducing points are initialised from."""
+        n = X.shape[0]
+        if n <= _INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
+            return B.asarray_like(np.asarray(X[0:n]), xp, dtype=dtype)
+        rng = B.host_rng(self.random_state)
+        rows = np.sort(rng.choice(n, size=_INIT_SAMPLE, replace=False))
+        try:
+            sample = np.asarray(X[rows])
+        except (IndexError, TypeError):  # array-likes without integer-array indexing (zarr: oindex)
+            sample = np.asarray(X.oindex[rows, :])
+        return B.asarray_like(sample, xp, dtype=dtype)
+
+    @staticmethod
+    def _stays_on_host(X, xp, device):
+        """Host data (a NumPy array, already in the model's type) too large for ``DEVICE_MEMORY_FRACTION`` of the
+        compute device's free memory: kept on the host and moved a block at a time (``backend.HostRows``).
+        Never on the host itself (``device_free_bytes`` None)."""
+        fit = B.rows_within_memory(X.shape[1] * X.dtype.itemsize, xp, device)
+        return fit is not None and X.shape[0] > fit
 
     def _device_targets(self, y, n_rows, classes, xp, device):
         """Numeric labels held by an array-API library: checked and encoded (``_encode_labels``) on their
@@ -606,7 +639,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             eval_every=self.eval_every, n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose),
             engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
             resume=bool(resume), likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
-            n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash,
+            n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash, block_rows=self.block_rows,
         )
 
     def _jitter_for(self, Z):
@@ -779,8 +812,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return X, None, None
         X, in_xp = self._validate_X(X, reset=False)
         xp = B.array_namespace(self.inducing_points_)
+        device = B.array_device(self.inducing_points_)
+        if in_xp is None and self._stays_on_host(X, xp, device):  # predicted a block at a time, as data on disk
+            return B.HostRows(X), None, None
         # the fitted model's own type (a model loaded from a file keeps the type it was saved in)
-        Xc = B.asarray_like(X, xp, device=B.array_device(self.inducing_points_), dtype=self.inducing_points_.dtype)
+        Xc = B.asarray_like(X, xp, device=device, dtype=self.inducing_points_.dtype)
         return Xc, in_xp, (B.array_device(X) if in_xp is not None else None)
 
     @staticmethod
@@ -798,10 +834,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def _latent(self, Xc):
         Z = self.inducing_points_
         with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=self.blas_threads), \
-                B.jitter_report("GPClassifier prediction", stacklevel=5):  # (called by the public predict_*)
+                B.jitter_report("GPClassifier prediction", stacklevel=5), \
+                B.block_memory_advice("GPClassifier prediction"):  # (called by the public predict_*)
+            block_rows = getattr(self, "block_rows", None)  # (None in models pickled before it existed)
             if self._multiclass:
-                return multiclass_ep.predict_latent(self.kernel_, Z, self.posterior_, Xc)
-            return ep.predict_latent(self.kernel_, Z, self.posterior_, Xc)
+                return multiclass_ep.predict_latent(self.kernel_, Z, self.posterior_, Xc, block_rows=block_rows)
+            return ep.predict_latent(self.kernel_, Z, self.posterior_, Xc, block_rows=block_rows)
 
     def predict_latent(self, X):
         """Mean and variance of the latent f at X (seed 000 eq. 36): each of shape (n_samples,) for a

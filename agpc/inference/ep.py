@@ -31,7 +31,10 @@ from ..backend import (
     cholesky_or_nan,
     is_out_of_core,
     machine_epsilon,
+    note_block_rows,
     read_rows,
+    row_slice,
+    rows_within_memory,
     solve_triangular,
 )
 from ..likelihoods import probit_tilted
@@ -374,8 +377,65 @@ def _prior_adjoint(post):
     return -0.5 * sandwich + 0.5 * (beta[:, None] * beta[None, :])
 
 
-_BLOCK_ELEMENTS = 1 << 21  # default block: ~16 MB of float64 per n x m temporary
-_CACHE_ELEMENTS = 1 << 26  # keep the projections of all blocks between the two passes up to ~512 MB
+BLOCK_ELEMENTS = 1 << 21  # default block: ~16 MB of float64 per n x m temporary
+CACHE_ELEMENTS = 1 << 26  # keep the projections of all blocks between the two passes up to ~512 MB
+
+# Memory of a pass over a block of b rows, per row, in elements of the model's type: BLOCK_MATRICES n x m arrays
+# per class, BLOCK_FEATURE_COPIES copies of the rows (n x d) and BLOCK_VECTORS n-vectors alive at once at the peak.
+# Counted from ``block_pass`` with gradients, the heaviest pass: Knm, A and Q (``marginals``), then in
+# ``data_adjoint`` the weighted Q, its solve and ``inner``, the stacked right-hand sides and their solve (two
+# each), dKnm and the transients of the products after it; the kernel's ``_r2`` / ``_distance_grads`` hold the
+# scaled, centred rows and their products with G; the cavities, moments and adjoint coefficients are vectors.
+# Checked against tracemalloc's peak on NumPy per added row (tests/test_device_memory.py): 11 m + 6 d + 16
+# measured for binary EP / SEP / GFITC, less for the variational passes (SVI 5 m, vi-JJ 8 m) and per class
+# for multiclass EP (6 m: its classes' adjoints come one after the other).
+BLOCK_MATRICES = 12
+BLOCK_FEATURE_COPIES = 6
+BLOCK_VECTORS = 32
+
+
+def block_bytes_per_row(m, d, itemsize, classes=1):
+    """Bytes a pass's temporaries take per row of a block (see ``BLOCK_MATRICES``): m inducing points, d
+    features, ``itemsize`` bytes an element, ``classes`` latent functions (multiclass: one set of n x m
+    temporaries each)."""
+    return int(itemsize) * (classes * BLOCK_MATRICES * int(m) + BLOCK_FEATURE_COPIES * int(d) + BLOCK_VECTORS)
+
+
+def _itemsize(Z):
+    return array_namespace(Z).finfo(Z.dtype).bits // 8
+
+
+# A pass whose temporaries for all its rows come to less than this does not ask the device for its free memory
+# (a minibatch step: no driver call a step, nothing on the host between the kernels of a captured step).
+SMALL_PASS_BYTES = 1 << 26
+
+
+def default_block_rows(Z, n=None):
+    """Rows of a block when the caller gives none, for inducing points Z ((m, d), or (C, m, d) for C classes):
+    ~16 MB per n x m temporary (``BLOCK_ELEMENTS`` / (m C), at least 1024 rows, 256 for several classes; the
+    allocator then reuses the same memory block after block), and no more than the rows whose temporaries
+    (``block_bytes_per_row``) fit in ``backend.DEVICE_MEMORY_FRACTION`` of the device's free memory (a GPU;
+    on the host nothing changes). ``n``: the rows of the pass, when known; a pass of ``n`` rows whose
+    temporaries total less than 64 MB is one block without a query of the device."""
+    classes = Z.shape[0] if Z.ndim == 3 else 1
+    m, d = Z.shape[-2], Z.shape[-1]
+    rows = max(1024 if classes == 1 else 256, BLOCK_ELEMENTS // max(1, m * classes))
+    per_row = block_bytes_per_row(m, d, _itemsize(Z), classes)
+    if n is not None and n * per_row <= SMALL_PASS_BYTES:
+        return rows
+    fit = rows_within_memory(per_row, array_namespace(Z), array_device(Z))
+    return rows if fit is None else min(rows, fit)
+
+
+def projections_fit(n, Z, classes=1):
+    """Whether every block's projections (A and Knm: 2 n m elements a class) may be kept between a pass's two
+    stages: within ``CACHE_ELEMENTS`` and, on a device, within half of the memory share the blocks may use
+    (the blocks, sized before the cache filled, keep the rest)."""
+    m = Z.shape[-2]
+    if 2 * classes * n * m > CACHE_ELEMENTS:
+        return False
+    fit = rows_within_memory(2 * classes * m * _itemsize(Z), array_namespace(Z), array_device(Z))
+    return fit is None or n <= fit // 2
 
 
 def row_blocks(n, block_rows, m=None):
@@ -383,7 +443,7 @@ def row_blocks(n, block_rows, m=None):
     memory block after block (fresh 100+ MB temporaries cost more in page faults than in arithmetic) and
     the working set stays in cache."""
     if not block_rows:
-        block_rows = n if m is None else max(1024, _BLOCK_ELEMENTS // max(1, m))
+        block_rows = n if m is None else max(1024, BLOCK_ELEMENTS // max(1, m))
     step = max(1, int(block_rows))
     return [(start, min(n, start + step)) for start in range(0, n, step)]
 
@@ -392,13 +452,16 @@ _IO_ROWS = 65536  # rows read at a time from data on disk: one read, then comput
 
 
 def data_blocks(X, y, block_rows, like):
-    """(lo, hi, X rows, y rows or None) over all rows, in the compute blocks of ``row_blocks``.
+    """(lo, hi, X rows, y rows or None) over all rows, in blocks of ``block_rows`` rows (None:
+    ``default_block_rows(like, n)``), each moved to ``like``'s namespace and device as it comes.
 
-    Data on disk are read ``_IO_ROWS`` rows at a time (a zarr chunk is decoded once, not once per compute
-    block) and the compute blocks sliced from what was read, so the n x m temporaries stay ~16 MB while
-    the reads stay large."""
-    n, m = X.shape[0], like.shape[0]
-    blocks = row_blocks(n, block_rows, m)
+    Data on disk, and host arrays streamed to a device (``backend.HostRows``), are read ``_IO_ROWS`` rows at a
+    time onto the host (a zarr chunk is decoded once, not once per compute block) and only the compute
+    blocks sliced from what was read go to the device, so the device holds one block of rows at a time."""
+    n = X.shape[0]
+    block_rows = block_rows or default_block_rows(like, n)
+    blocks = row_blocks(n, block_rows)
+    note_block_rows(blocks[0][1] - blocks[0][0] if blocks else block_rows)
     if not (is_out_of_core(X) or (y is not None and is_out_of_core(y))):
         for lo, hi in blocks:
             yield lo, hi, read_rows(X, lo, hi, like), (None if y is None else read_rows(y, lo, hi, like))
@@ -407,11 +470,13 @@ def data_blocks(X, y, block_rows, like):
     io_rows = max(step, _IO_ROWS)
     for io_lo in range(0, n, io_rows):
         io_hi = min(n, io_lo + io_rows)
-        X_io = read_rows(X, io_lo, io_hi, like)
-        y_io = None if y is None else read_rows(y, io_lo, io_hi, like)
+        # one read each, as stored (NumPy for data on disk or on the host; labels on the device stay there)
+        X_io = row_slice(X, io_lo, io_hi)
+        y_io = None if y is None else row_slice(y, io_lo, io_hi)
         for lo in range(io_lo, io_hi, step):
             hi = min(io_hi, lo + step)
-            yield lo, hi, X_io[lo - io_lo:hi - io_lo, ...], (None if y_io is None else y_io[lo - io_lo:hi - io_lo])
+            yield (lo, hi, read_rows(X_io, lo - io_lo, hi - io_lo, like),
+                   None if y_io is None else read_rows(y_io, lo - io_lo, hi - io_lo, like))
 
 
 def _row_dot(A, B):
@@ -422,8 +487,7 @@ def _row_dot(A, B):
 def _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows, keep_projection):
     """S = A diag(nu) A^T and c~ = A mu over all rows (the reduction); with ``keep_projection`` and
     while they fit the cache budget, also every block's (A, Knm) for the sweep to reuse."""
-    n, m = X.shape[0], Z.shape[0]
-    keep = keep_projection and n * m * 2 <= _CACHE_ELEMENTS
+    keep = keep_projection and projections_fit(X.shape[0], Z)
     S = c_tilde = None
     kept = [] if keep else None
     L_K_inv = None
@@ -532,6 +596,7 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     the per-row-block sweep (``_sweep``) and the driver's ``finish_evaluate`` -- are what the distributed
     engine runs, the two per-row stages once per chunk of rows on the workers.
     """
+    block_rows = block_rows or default_block_rows(Z, X.shape[0])  # once: the sweep reuses the sums' projections
     L_K = prior_cholesky(kernel, Z, jitter, checked=checked)
     S, c_tilde, kept = _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows, True)
     post = posterior_from_sums(L_K, S, c_tilde, checked=checked)

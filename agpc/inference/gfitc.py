@@ -141,8 +141,8 @@ class _Model:
         else:
             self.parts = [(kernel, Z)]
 
-    def block_rows(self, block_rows):
-        return multiclass_ep._block_rows(block_rows, self.Z) if self.multiclass else block_rows
+    def block_rows(self, block_rows, n):
+        return block_rows or ep.default_block_rows(self.Z, n)
 
     def totals(self, tau, nu, y):
         """Per class, the rows' total site on f_ic."""
@@ -161,10 +161,10 @@ def _posteriors(model, X, y, tau, nu, jitter, block_rows):
     class for the sweep to reuse while they fit ep's cache budget."""
     L_K = [ep.prior_cholesky(k, Zc, jitter) for k, Zc in model.parts]
     L_K_inv = [ep._triangular_inverse(L) for L in L_K]
-    C, n, m = len(model.parts), X.shape[0], model.parts[0][1].shape[0]
-    keep = 2 * C * n * m <= ep._CACHE_ELEMENTS
+    C, n = len(model.parts), X.shape[0]
+    keep = ep.projections_fit(n, model.parts[0][1], classes=C)
     S, c_tilde, kept = [None] * C, [None] * C, []
-    for lo, hi, X_block, y_block in ep.data_blocks(X, y, model.block_rows(block_rows), model.parts[0][1]):
+    for lo, hi, X_block, y_block in ep.data_blocks(X, y, block_rows, model.parts[0][1]):
         totals = model.totals(tau[_rows(tau, lo, hi)], nu[_rows(nu, lo, hi)], y_block)
         projections = []
         for c, ((k, Zc), (tau_c, nu_c)) in enumerate(zip(model.parts, totals)):
@@ -211,12 +211,13 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     the form of seed 000 eq. 26 over (u, f), equal to R&W eq. 3.65 with K = K_fitc (tested against the
     textbook full-GP EP on the dense FITC prior). Returns the dict of ``ep.evaluate``."""
     model = _Model(kernel, Z)
+    block_rows = model.block_rows(block_rows, X.shape[0])  # once: the sweep reuses the first stage's projections
     posts, kept = _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows)
 
     def block_step(index, lo, hi, X_block, y_block, tau, nu):
         return _block_pass(model, X_block, y_block, tau, nu, posts, kept[index] if kept else None, want_grad=want_grad)
 
-    sweep = ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=model.block_rows(block_rows),
+    sweep = ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows,
                           like=model.parts[0][1], want_grad=want_grad,
                           valid_columns=len(model.parts) if model.multiclass else None)
     if not model.multiclass:

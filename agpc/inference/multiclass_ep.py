@@ -205,7 +205,7 @@ def _class_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_row
     """Per class S_c = A_c diag(nu_tot) A_c^T and c~_c = A_c mu_tot over all rows."""
     C = n_classes(Z)
     S, c_tilde = [None] * C, [None] * C
-    for lo, hi, X_block, y_block in ep.data_blocks(X, y, _block_rows(block_rows, Z), Z[0, ...]):
+    for lo, hi, X_block, y_block in ep.data_blocks(X, y, _block_rows(block_rows, Z, X.shape[0]), Z[0, ...]):
         nu, mu = site_totals(site_precision[lo:hi, ...], site_shift[lo:hi, ...], _onehot(y_block, C))
         for c in range(C):
             At, _ = ep.project(kernels[c], X_block, Z[c, ...], L_K_inv[c])
@@ -215,11 +215,10 @@ def _class_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_row
     return S, c_tilde
 
 
-def _block_rows(block_rows, Z):
-    """Blocks hold C sets of n x m temporaries: C times fewer rows than the binary default."""
-    if block_rows:
-        return block_rows
-    return max(256, ep._BLOCK_ELEMENTS // max(1, Z.shape[1] * n_classes(Z)))
+def _block_rows(block_rows, Z, n=None):
+    """Blocks hold C sets of n x m temporaries: C times fewer rows than the binary default
+    (``ep.default_block_rows`` of the stacked Z; ``n`` the pass's rows)."""
+    return block_rows or ep.default_block_rows(Z, n)
 
 
 def _sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, block_rows, want_sums=False,
@@ -229,9 +228,9 @@ def _sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, bl
         return block_pass(kernels, X_block, y_block, rows_precision, rows_shift, Z, posts, want_grad=want_grad,
                           want_sums=want_sums)
 
-    return ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=_block_rows(block_rows, Z),
-                         like=Z[0, ...], want_grad=want_grad, want_sums=want_sums, want_sites=want_sites,
-                         damping=damping, valid_columns=n_classes(Z))
+    return ep.sweep_rows(X, y, site_precision, site_shift, block_step,
+                         block_rows=_block_rows(block_rows, Z, X.shape[0]), like=Z[0, ...], want_grad=want_grad,
+                         want_sums=want_sums, want_sites=want_sites, damping=damping, valid_columns=n_classes(Z))
 
 
 def _with_prior_grads(kernels, Z, posts, sweep, scale=1.0):

@@ -20,8 +20,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, cholesky_with_jitter,
-                       host_rng, is_out_of_core, note_jitter, read_rows, row_chunk_bounds, row_slice, to_host_vector)
+from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, block_memory_advice,
+                       cholesky_with_jitter, host_rng, is_out_of_core, note_jitter, read_rows, row_chunk_bounds, row_slice, to_host_vector)
 from ..kernels import ClassKernels
 from ..threads import with_blas_threads
 from .engines import ALL_METHODS, EP_METHODS, make_engine
@@ -117,8 +117,9 @@ class Trainer(ModulesByName):
         first entry is log Z and whose others are what its ``apply`` needs on the host (the EP family: the
         count of failed cavities, the site change in batch mode); a failed Cholesky arrives as a NaN in it."""
         try:
-            summary, work = self.engine.evaluate(X, y, lo, hi, stepping=stepping, weights=weights)
-            scalars = _host_scalars(summary)
+            with block_memory_advice(f"the {self.method} training step"):
+                summary, work = self.engine.evaluate(X, y, lo, hi, stepping=stepping, weights=weights)
+                scalars = _host_scalars(summary)
         except CholeskyError:  # engines that check their factorisations on the host raise instead
             scalars = [math.nan]
         log_z = float(scalars[0])
@@ -127,7 +128,8 @@ class Trainer(ModulesByName):
             return False, float("inf"), log_z
         self.failures = self.halvings = self.jitter_raises = 0
         self.good = self.engine.snapshot()  # what a revert puts back
-        self.last = self.engine.apply(work, lo, hi, stepping=stepping, scalars=scalars)
+        with block_memory_advice(f"the {self.method} training step"):
+            self.last = self.engine.apply(work, lo, hi, stepping=stepping, scalars=scalars)
         self.n_steps += 1
         self.n_updates += int(self.last.stepped)
         self._pending.append((log_z, self.last.n_invalid))
@@ -197,13 +199,15 @@ class Trainer(ModulesByName):
     def rebuild_factor(self, X, y):
         """Minibatch EP: the exact product of all sites at the current hyper-parameters (``EPEngine``)."""
         self.n_rebuilds += 1
-        self.engine.rebuild_factor(X, y)
+        with block_memory_advice(f"{self.method}'s exact rebuild of the site product"):
+            self.engine.rebuild_factor(X, y)
 
     @with_blas_threads(_work)
     def posterior(self, X=None, y=None, want_log_z=True):
         """q at the current state and its log Z (the engine's final pass, or the history's last estimate;
         ``want_log_z=False``: no pass over the rows where the engine can do without one)."""
-        post, log_z = self.engine.posterior(X, y, want_log_z=want_log_z)
+        with block_memory_advice(f"{self.method}'s final pass over all rows"):
+            post, log_z = self.engine.posterior(X, y, want_log_z=want_log_z)
         if log_z is None:
             values = self.history["log_marginal_likelihood"]
             log_z = values[-1] if values else float("nan")
@@ -781,6 +785,7 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
 def _validation_scores(trainer, X, y, validation):
     """Test NLL and error of the current state on (X_val, y_val) (labels as the engine takes them)."""
     X_val, y_val = validation
-    post, _ = trainer.engine.posterior(X, y, want_log_z=False)
-    y_val = read_rows(y_val, 0, y_val.shape[0], trainer.state["Z"])
-    return trainer.engine.validation_scores(post, X_val, y_val)
+    with block_memory_advice(f"{trainer.method}'s scoring of the validation data"):
+        post, _ = trainer.engine.posterior(X, y, want_log_z=False)
+        y_val = read_rows(y_val, 0, y_val.shape[0], trainer.state["Z"])
+        return trainer.engine.validation_scores(post, X_val, y_val)

@@ -1,0 +1,234 @@
+"""Row blocks sized to the device's free memory, host data streamed to the device, and running out of memory
+as one clear error (issue 17 item 5). No GPU here: the free-memory query and the allocation failure are mocked
+(``backend.device_free_bytes``; a MemoryError subclass standing for CuPy's OutOfMemoryError)."""
+
+import sys
+import tracemalloc
+import types
+
+import array_api_compat.numpy as xp
+import numpy as np
+import pytest
+
+import agpc.backend as B
+from agpc import GPClassifier, kernels
+from agpc.inference import ep, gfitc, multiclass_ep, variational
+from agpc.kernels import RBF, ClassKernels
+
+
+class OutOfMemoryError(MemoryError):
+    """Stands for ``cupy.cuda.memory.OutOfMemoryError`` (a MemoryError subclass in CuPy)."""
+
+
+def _free_bytes(monkeypatch, free):
+    """Make every namespace report ``free`` bytes of free device memory, and every pass ask for it (however few
+    its rows: the passes of these tests are small)."""
+    monkeypatch.setattr(B, "device_free_bytes", lambda namespace, device=None: free)
+    monkeypatch.setattr(ep, "SMALL_PASS_BYTES", 0)
+
+
+def _data(n, d, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    return X, np.where(X[:, 0] * X[:, -1] > 0, 1.0, -1.0)
+
+
+@pytest.mark.parametrize("m, d, classes", [(20, 3, 1), (50, 10, 1), (30, 4, 3)])
+def test_default_block_rows_is_what_fits_in_half_the_free_memory(monkeypatch, m, d, classes):
+    rng = np.random.default_rng(1)
+    Z = xp.asarray(rng.normal(size=(classes, m, d)) if classes > 1 else rng.normal(size=(m, d)))
+    today = ep.default_block_rows(Z)  # NumPy: no limit from the device, the 16 MB rule
+    assert today == max(1024 if classes == 1 else 256, ep.BLOCK_ELEMENTS // (m * classes))
+    per_row = 8 * (classes * ep.BLOCK_MATRICES * m + ep.BLOCK_FEATURE_COPIES * d + ep.BLOCK_VECTORS)
+    assert ep.block_bytes_per_row(m, d, 8, classes) == per_row
+    for free in (10 * per_row, 300 * per_row + 7, 10**12):
+        _free_bytes(monkeypatch, free)
+        expected = min(today, int(B.DEVICE_MEMORY_FRACTION * free) // per_row)
+        assert ep.default_block_rows(Z) == expected
+    _free_bytes(monkeypatch, 0)
+    assert ep.default_block_rows(Z) == 1  # never an empty block
+
+
+def test_float32_rows_take_half_the_bytes(monkeypatch):
+    Z = xp.asarray(np.random.default_rng(2).normal(size=(40, 5)))
+    per_row = ep.block_bytes_per_row(40, 5, 8)
+    _free_bytes(monkeypatch, 1000 * per_row)
+    assert ep.default_block_rows(xp.astype(Z, xp.float32)) == 2 * ep.default_block_rows(Z)
+
+
+def test_a_small_pass_does_not_ask_the_device(monkeypatch):
+    """A minibatch step's pass (its temporaries below ``SMALL_PASS_BYTES``) is one block with no query of the
+    device: no driver call a step."""
+    def refuse(namespace, device=None):
+        raise AssertionError("the device was asked for its free memory")
+
+    monkeypatch.setattr(B, "device_free_bytes", refuse)
+    Z = xp.asarray(np.random.default_rng(7).normal(size=(200, 8)))
+    rows = ep.SMALL_PASS_BYTES // ep.block_bytes_per_row(200, 8, 8)
+    assert ep.default_block_rows(Z, rows) == ep.default_block_rows(Z, 200) == max(1024, ep.BLOCK_ELEMENTS // 200)
+    with pytest.raises(AssertionError, match="asked for its free memory"):
+        ep.default_block_rows(Z, rows + 1)
+
+
+def test_passes_walk_the_blocks_that_fit(monkeypatch):
+    """A mocked free memory reaches the pass: its blocks are the rows that fit, and the result is the one-block one."""
+    X, y = _data(600, 2)
+    Z = xp.asarray(X[:15])
+    k = RBF([1.0, 1.0]).for_inputs(Z)
+    nu = xp.asarray(np.full(600, 0.2))
+    mu = xp.asarray(np.random.default_rng(3).normal(size=600) * 0.1)
+    whole = ep.evaluate(k, Z, xp.asarray(X), xp.asarray(y), nu, mu, jitter=1e-6)
+    per_row = ep.block_bytes_per_row(15, 2, 8)
+    _free_bytes(monkeypatch, 2 * 97 * per_row)
+    seen = []
+    original = ep.block_pass
+
+    def counting(kernel, X_block, *args, **kwargs):
+        seen.append(X_block.shape[0])
+        return original(kernel, X_block, *args, **kwargs)
+
+    monkeypatch.setattr(ep, "block_pass", counting)
+    blocked = ep.evaluate(k, Z, xp.asarray(X), xp.asarray(y), nu, mu, jitter=1e-6)
+    assert seen[0] == 97 and sum(seen) == 600
+    np.testing.assert_allclose(float(blocked["log_z"]), float(whole["log_z"]), rtol=1e-12)
+    for name in whole["grads"]:
+        np.testing.assert_allclose(np.asarray(blocked["grads"][name]), np.asarray(whole["grads"][name]), rtol=1e-9,
+                                   atol=1e-12)
+
+
+def _peak_per_row(run, rows_small, rows_large):
+    """tracemalloc's peak growth per added row of a block (NumPy's allocations are traced): the difference of
+    two block sizes, so that the m x m algebra, the same for both, drops out."""
+    peaks = []
+    for rows in (rows_small, rows_large):
+        run(rows)  # warm caches (Gauss-Hermite nodes, ...)
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        run(rows)
+        peaks.append(tracemalloc.get_traced_memory()[1] - base)
+        tracemalloc.stop()
+    return (peaks[1] - peaks[0]) / (rows_large - rows_small)
+
+
+@pytest.mark.parametrize("m, d", [(30, 2), (60, 40)])
+def test_bytes_per_row_bound_the_measured_peak_of_every_pass(monkeypatch, m, d):
+    """The count of ``ep.BLOCK_MATRICES`` & co. is an upper bound of what the passes really hold per row."""
+    monkeypatch.setattr(ep, "CACHE_ELEMENTS", 0)  # the sweep's cache of projections is O(n), not per block
+    n = 1800
+    rng = np.random.default_rng(4)
+    X, y = _data(n, d)
+    X, y = xp.asarray(X), xp.asarray(y)
+    Z = X[:m]
+    k = RBF([float(np.sqrt(d))] * d).for_inputs(Z)
+    nu = xp.asarray(rng.uniform(0.0, 0.5, size=n))
+    mu = xp.asarray(rng.normal(size=n) * 0.1)
+    C = 3
+    labels = xp.asarray(rng.integers(0, C, size=n).astype(float))
+    Zc, kc = xp.stack([Z] * C), ClassKernels([k] * C)
+    sites_c = multiclass_ep.zero_sites(n, Zc) + 0.05
+    xi = variational.initial_xi(k, Z, X, "jj")
+    passes = {
+        "ep": (1, lambda b: ep.evaluate(k, Z, X, y, nu, mu, jitter=1e-6, block_rows=b, want_sites=False)),
+        "sep": (1, lambda b: ep.evaluate_factor(k, Z, X, y, ep.uniform_factor(Z), method="sep", n_total=n,
+                                               jitter=1e-6, block_rows=b)),
+        "gfitc": (1, lambda b: gfitc.evaluate(k, Z, X, y, nu, mu, jitter=1e-6, block_rows=b)),
+        "svi": (1, lambda b: variational.svi_elbo(k, Z, X, y, xp.zeros(m), 0.5 * xp.eye(m), block_rows=b)),
+        "vi-jj": (1, lambda b: variational.quadratic_bound(k, Z, X, y, xi, kind="jj", block_rows=b)),
+        "multiclass ep": (C, lambda b: multiclass_ep.evaluate(kc, Zc, X, labels, sites_c, sites_c, jitter=1e-6,
+                                                               block_rows=b, want_sites=False)),
+    }
+    for name, (classes, run) in passes.items():
+        measured = _peak_per_row(run, 300, 900)
+        assert 0 < measured <= ep.block_bytes_per_row(m, d, 8, classes), name
+
+
+def test_device_free_bytes_of_cupy_is_device_free_plus_pool_free(monkeypatch):
+    """The CuPy branch's arithmetic, on a stand-in ``cupy`` module (no GPU here)."""
+    class Pool:
+        limit = 0
+
+        def free_bytes(self):
+            return 300
+
+        def used_bytes(self):
+            return 5000
+
+        def get_limit(self):
+            return self.limit
+
+    class Device:
+        def __init__(self, device_id=None):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    pool = Pool()
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(Device=Device, runtime=types.SimpleNamespace(memGetInfo=lambda: (7000, 16000)))
+    cupy.get_default_memory_pool = lambda: pool
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    cupy_namespace = types.ModuleType("array_api_compat.cupy")  # what array-api-compat's is_cupy_namespace checks
+    assert B.device_free_bytes(cupy_namespace) == 7000 + 300
+    pool.limit = 6000  # a pool limit leaves limit - used
+    assert B.device_free_bytes(cupy_namespace) == 6000 - 5000
+    assert B.device_free_bytes(xp) is None
+    assert B.rows_within_memory(10, xp) is None
+
+
+def test_host_data_too_large_for_the_device_stream_and_fit_the_same_model(monkeypatch):
+    import array_api_strict as strict
+
+    X, y = _data(1500, 2, seed=5)
+    options = dict(n_inducing=15, max_iter=4, random_state=0, backend=strict, block_rows=400)
+    in_memory = GPClassifier(**options).fit(X, y)
+    # X is 1500 x 2 float64 = 24,000 bytes: fits in half of 10^6 bytes, not in half of 40,000
+    monkeypatch.setattr(B, "device_free_bytes", lambda namespace, device=None: 40_000 if namespace is strict else None)
+    model = GPClassifier(**options)
+    assert isinstance(model._inputs(X, y, reset=True)[0], B.HostRows)
+    moved = []
+    original = B.asarray_like
+
+    def watching(x, namespace, device=None, dtype=None):
+        if isinstance(x, np.ndarray) and namespace is strict and x.ndim == 2 and x.shape[1] == 2:
+            moved.append(x.shape[0])
+        return original(x, namespace, device=device, dtype=dtype)
+
+    monkeypatch.setattr(B, "asarray_like", watching)
+    model.fit(X, y)
+    # the initialisation's sample of rows first (every row of data this small, as in memory), then a block at a time
+    assert moved[0] == 1500 and 1 < len(moved) and max(moved[1:]) <= 400
+    np.testing.assert_allclose(model.log_marginal_likelihood_, in_memory.log_marginal_likelihood_, rtol=1e-12)
+    np.testing.assert_allclose(model.predict_proba(X), in_memory.predict_proba(X), rtol=1e-10, atol=1e-12)
+
+
+def _failing_above(monkeypatch, rows):
+    """K(X, Z) of more than ``rows`` rows fails as a device allocation would."""
+    original = kernels.Stationary.K
+
+    def K(self, X, Z=None):
+        if Z is not None and X.shape[0] > rows:
+            raise OutOfMemoryError(f"out of memory to allocate {X.shape[0] * Z.shape[0] * 8} bytes")
+        return original(self, X, Z)
+
+    monkeypatch.setattr(kernels.Stationary, "K", K)
+
+
+@pytest.mark.parametrize("method", ["ep", "gfitc", "vi-jj"])
+def test_running_out_of_memory_is_one_error_naming_the_block_rows(monkeypatch, method):
+    X, y = _data(1200, 2, seed=6)
+    options = dict(method=method, n_inducing=10, max_iter=2, random_state=0)
+    _failing_above(monkeypatch, 500)
+    with pytest.raises(B.BlockMemoryError) as caught:
+        GPClassifier(**options).fit(X, y)
+    message = str(caught.value)
+    assert isinstance(caught.value, MemoryError) and isinstance(caught.value.__cause__, OutOfMemoryError)
+    assert method in message and "row blocks of 1200 rows" in message and f"block_rows={1200 // 4}" in message
+    model = GPClassifier(block_rows=1200 // 4, **options).fit(X, y)  # the advice works
+    assert np.isfinite(model.log_marginal_likelihood_)
+    model.set_params(block_rows=None)
+    with pytest.raises(B.BlockMemoryError, match="prediction ran out of memory with row blocks of 1200 rows"):
+        model.predict_proba(X)
