@@ -66,6 +66,7 @@ CASES = {
     "site_directory": ([None, "/tmp"], [1, False]),
     "blas_threads": ([None, 1], [0, -1, 1.0, True, "2"]),
     "dtype": (["float64", "float32", np.float32], ["float16", "double precision", None, 32, np.int32, True]),
+    "step_replay": ([False, True, np.bool_(True)], [1, 0, "yes", None]),
 }
 
 
