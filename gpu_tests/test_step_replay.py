@@ -144,6 +144,38 @@ def test_off_cupy_the_step_runs_eagerly_and_says_why(gpu):
     assert took and np.isfinite(log_z) and lines == lines[:1]
 
 
+def _three_classes(put, n_rows):
+    from agpc.kernels import ClassKernels
+
+    rng = np.random.default_rng(2)
+    X_host = rng.normal(size=(n_rows, N_FEATURES))
+    y_host = np.argmax(X_host @ rng.normal(size=(N_FEATURES, 3)), axis=1).astype(float)
+    X, y = put(X_host), put(y_host)
+    kernels = ClassKernels([RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=0.01).for_inputs(X)] * 3)
+    Z = put(np.stack([X_host[:N_INDUCING] + 0.1 * c for c in range(3)]))
+    return X, y, kernels, Z
+
+
+def test_multiclass_svi_takes_the_buffer_path_and_multiclass_ep_says_why_not(put):
+    """Multiclass SVI (q(u) per class): the buffer path gives the eager steps exactly. The multiclass EP pass
+    takes no row weights, so its steps cannot be padded: they run as the engine's own, and the line says so."""
+    n_rows = 3 * BATCH
+    X, y, kernels, Z = _three_classes(put, n_rows)
+    eager, buffered = _trainer("svi", kernels, Z, n_rows), _trainer("svi", kernels, Z, n_rows)
+    buffered.replayed = replay.ReplayedEvaluation(buffered.engine, BATCH, capture=False)
+    for lo, hi in _batches(n_rows) * 2:
+        assert buffered.step(X, y, lo, hi, stepping=True) == eager.step(X, y, lo, hi, stepping=True)
+    expected = _state_arrays(eager)
+    for key, value in _state_arrays(buffered).items():
+        np.testing.assert_array_equal(value, expected[key], err_msg=key)
+    lines = []
+    sep = _trainer("sep", kernels, Z, n_rows)
+    sep.replayed = replay.ReplayedEvaluation(sep.engine, BATCH, report=lines.append)
+    assert lines == ["step: eager (the multiclass EP pass takes no row weights)"] and sep.replayed.buffers is None
+    took, _, log_z = sep.step(X, y, 0, BATCH, stepping=True)
+    assert took and np.isfinite(log_z)
+
+
 def _cupy_stand_in(captures):
     """A module with the parts of CuPy's stream API that ``ReplayedEvaluation`` calls, for the capture-refused
     path on the CPU: streams and events order nothing (NumPy is synchronous); ``captures`` records whether a

@@ -236,16 +236,22 @@ class ReplayedEvaluation:
         import cupy
 
         pool = cupy.cuda.MemoryPool()
-        try:
-            with cupy.cuda.using_allocator(pool.malloc):
+        refused = None
+        with cupy.cuda.using_allocator(pool.malloc):
+            try:
                 stream.begin_capture()
                 try:
                     outputs = self._evaluate_on_buffers(stepping)
-                finally:
-                    graph = stream.end_capture()
-        except Exception as exc:  # CuPy refuses e.g. cuSOLVER's factorisations during capture
+                except Exception as exc:  # CuPy refuses e.g. cuSOLVER's factorisations during capture
+                    refused = exc
+                # ended whatever happened (a stream left capturing would refuse all later work); ending an
+                # invalidated capture raises too, but the first refusal is the one that says why
+                graph = stream.end_capture()
+            except Exception as exc:
+                refused = refused or exc
+        if refused is not None:
             self.graph = None
-            self.mode = f"eager (capture failed: {type(exc).__name__}: {exc})"
+            self.mode = f"eager (capture failed: {type(refused).__name__}: {refused})"
             self._announce()
             return False
         self.graph = (key, graph, stream, pool, outputs)
