@@ -132,6 +132,32 @@ def test_padded_last_minibatch_weighs_nothing(put, method):
             np.testing.assert_array_equal(value, exact[key], err_msg=key)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_the_captured_closure_makes_no_host_synchronisation(gpu, method):
+    """What a graph would capture (the engine's evaluation on the buffers) converts nothing to the host, makes no
+    data-dependent shape and uploads nothing; filling the buffers (a padded minibatch here) neither; the whole
+    buffered step keeps the one synchronisation of every step (its summary). Counted on the device namespace."""
+    counting = gpu.counting()
+    X, y, kernel, Z = _problem(lambda value: gpu.put_counted(counting, value), 90)
+    trainer = _trainer(method, kernel, Z, 90)
+    trainer.replayed = replay.ReplayedEvaluation(trainer.engine, BATCH, capture=False)
+    for lo, hi in _batches(90)[:2]:  # warm-up: the optimiser's state exists
+        trainer.step(X, y, lo, hi, stepping=True)
+    tallies = {}
+    with counting.counting() as tallies["fill"]:
+        trainer.replayed.fill_buffers(X, y, 80, 90)
+    with counting.counting() as tallies["closure"]:
+        trainer.replayed.evaluate_buffers(True)
+    with counting.counting() as tallies["step"]:
+        took, _, _ = trainer.step(X, y, 80, 90, stepping=True)
+    assert took
+    for part, tally in tallies.items():
+        counts = tally.counts()
+        assert counts["op"] > 0, f"{part}: the counting namespace saw no operation"
+        assert counts["syncs"] == (1 if part == "step" else 0) and counts["upload"] == 0, (
+            f"{part}: {counts}\n{tally.report(top=5)}")
+
+
 def test_off_cupy_the_step_runs_eagerly_and_says_why(gpu):
     X, y, kernel, Z = _problem(gpu.put, 3 * BATCH)
     lines = []
@@ -229,7 +255,7 @@ def test_a_capture_that_cupy_refuses_falls_back_to_eager_steps_and_says_why(monk
 
     captures = []
     monkeypatch.setitem(sys.modules, "cupy", _cupy_stand_in(captures))
-    monkeypatch.setattr(replay, "_cuda_namespace", lambda xp: None)  # as if CuPy with a device
+    monkeypatch.setattr(replay, "no_capture_reason", lambda xp: None)  # as if CuPy with a device
     X, y, kernel, Z = _problem(xp.asarray, 3 * BATCH)
     reference, trainer = _trainer("sep", kernel, Z, 3 * BATCH), _trainer("sep", kernel, Z, 3 * BATCH)
     lines = []

@@ -38,7 +38,7 @@ __all__ = ["ReplayedEvaluation", "GRAPH_REPLAY"]
 GRAPH_REPLAY = "CUDA graph replay"
 
 
-def _cuda_namespace(xp):
+def no_capture_reason(xp):
     """The reason a graph cannot be captured on namespace ``xp``, or None when it can (CuPy with a device)."""
     if "cupy" not in xp.__name__:
         return f"not CuPy (namespace {xp.__name__})"
@@ -79,7 +79,7 @@ class ReplayedEvaluation:
         self.xp = engine.xp
         self.report = report
         self.unsupported = _unsupported(engine)
-        reason = self.unsupported or (None if capture else "capture turned off") or _cuda_namespace(self.xp)
+        reason = self.unsupported or (None if capture else "capture turned off") or no_capture_reason(self.xp)
         self.mode = None if reason is None else f"eager ({reason})"  # decided at the first capture otherwise
         self.buffers = None if self.unsupported else self._make_buffers()
         self.rows = None  # the real rows of the minibatch in the buffers (the weights' ones)
@@ -108,7 +108,7 @@ class ReplayedEvaluation:
             buffers["q"] = (xp.asarray(state["mean"], copy=True), xp.asarray(state["chol"], copy=True))
         return buffers
 
-    def _fill(self, X, y, lo, hi):
+    def fill_buffers(self, X, y, lo, hi):
         """Copy the minibatch rows lo:hi and the engine's current state into the buffers, in place."""
         engine, buffers, state = self.engine, self.buffers, self.engine.state
         rows = hi - lo
@@ -153,7 +153,7 @@ class ReplayedEvaluation:
             state["mean"], state["chol"] = buffers["q"]
         return state
 
-    def _evaluate_on_buffers(self, stepping):
+    def evaluate_buffers(self, stepping):
         """The engine's ``evaluate`` on the buffers: the closure a graph captures. The engine reads its state and
         damping from attributes; they point at the buffers for the call and are put back after it."""
         engine, buffers = self.engine, self.buffers
@@ -200,8 +200,8 @@ class ReplayedEvaluation:
             if replayed is not None:
                 summary, work = replayed
                 return summary, self._real_rows(work, rows, copy=True)
-        self._fill(X, y, lo, hi)
-        summary, work = self._evaluate_on_buffers(stepping)
+        self.fill_buffers(X, y, lo, hi)
+        summary, work = self.evaluate_buffers(stepping)
         return summary, self._real_rows(work, rows, copy=False)
 
     def _replay(self, X, y, lo, hi, stepping):
@@ -217,7 +217,7 @@ class ReplayedEvaluation:
         stream = self.graph[2] if self.graph is not None else cupy.cuda.Stream(non_blocking=True)
         stream.wait_event(caller.record())  # the state the last ``apply`` wrote, on the caller's stream
         with stream:
-            self._fill(X, y, lo, hi)
+            self.fill_buffers(X, y, lo, hi)
             if self.graph is None or self.graph[0] != key:
                 if not self._capture(key, stream, stepping):
                     caller.wait_event(stream.record())
@@ -230,7 +230,7 @@ class ReplayedEvaluation:
         return outputs
 
     def _capture(self, key, stream, stepping):
-        """Capture ``_evaluate_on_buffers`` on ``stream``; its memory comes from a pool of its own, kept with the
+        """Capture ``evaluate_buffers`` on ``stream``; its memory comes from a pool of its own, kept with the
         graph (a block the graph freed and reused during capture must never be handed to other arrays, which the
         next launch would overwrite). False, with ``mode`` saying why, when CuPy cannot capture the step."""
         import cupy
@@ -241,7 +241,7 @@ class ReplayedEvaluation:
             try:
                 stream.begin_capture()
                 try:
-                    outputs = self._evaluate_on_buffers(stepping)
+                    outputs = self.evaluate_buffers(stepping)
                 except Exception as exc:  # CuPy refuses e.g. cuSOLVER's factorisations during capture
                     refused = exc
                 # ended whatever happened (a stream left capturing would refuse all later work); ending an
