@@ -158,6 +158,50 @@ def test_the_captured_closure_makes_no_host_synchronisation(gpu, method):
             f"{part}: {counts}\n{tally.report(top=5)}")
 
 
+def _poisoned(state, xp):
+    """``state`` with every array, the kernel's parameters and the factor's too, replaced by NaNs."""
+    from agpc.inference import ep
+
+    nan = lambda a: xp.full_like(a, float("nan"))  # noqa: E731
+    out = {key: nan(value) if hasattr(value, "shape") else value for key, value in state.items()}
+    out["kernel"] = state["kernel"].with_params({k: nan(v) for k, v in state["kernel"].params.items()})
+    if state.get("factor") is not None:
+        out["factor"] = ep.Factor(nan(state["factor"].precision), nan(state["factor"].shift))
+    return out
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_closure_reads_everything_that_changes_from_the_buffers(put, method):
+    """What a graph must not freeze: once the buffers are filled, the closure's result depends on them alone.
+    The engine's own state and damping (what a Python closure would have captured) turned to NaN change
+    nothing; what the buffers hold does (SEP / ADF's ``evaluate`` damps the factor by the damping buffer)."""
+    n_rows = 90
+    X, y, kernel, Z = _problem(put, n_rows)
+    trainer = _trainer(method, kernel, Z, n_rows)
+    replayed = replay.ReplayedEvaluation(trainer.engine, BATCH, capture=False)
+    trainer.replayed = replayed
+    for lo, hi in _batches(n_rows)[:2]:
+        trainer.step(X, y, lo, hi, stepping=True)
+    engine, xp = trainer.engine, trainer.xp
+    replayed.fill_buffers(X, y, 80, 90)
+    gradients = lambda work: work if method == "svi" else work[0]["grads"]  # noqa: E731 (SVI's work is them)
+    summary, work = replayed.evaluate_buffers(True)
+    reference, reference_grads = B.to_numpy(summary), {k: B.to_numpy(g) for k, g in gradients(work).items()}
+    state, damping = engine.state, engine.damping
+    engine.state, engine.damping = _poisoned(state, xp), float("nan")
+    summary, poisoned_work = replayed.evaluate_buffers(True)
+    engine.state, engine.damping = state, damping
+    np.testing.assert_array_equal(B.to_numpy(summary), reference)
+    assert np.all(np.isfinite(reference))
+    for name, grad in gradients(poisoned_work).items():
+        np.testing.assert_array_equal(B.to_numpy(grad), reference_grads[name], err_msg=name)
+    if method in ("sep", "adf"):  # the updated factor (work[1]) moves with the damping buffer
+        new_factor = B.to_numpy(work[1].precision)
+        replayed.buffers["damping"][...] = 0.5 * damping
+        _, halved = replayed.evaluate_buffers(True)
+        assert not np.allclose(B.to_numpy(halved[1].precision), new_factor)
+
+
 def test_off_cupy_the_step_runs_eagerly_and_says_why(gpu):
     X, y, kernel, Z = _problem(gpu.put, 3 * BATCH)
     lines = []
