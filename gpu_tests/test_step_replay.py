@@ -246,10 +246,10 @@ def test_multiclass_svi_takes_the_buffer_path_and_multiclass_ep_says_why_not(put
     assert took and np.isfinite(log_z)
 
 
-def _cupy_stand_in(captures):
-    """A module with the parts of CuPy's stream API that ``ReplayedEvaluation`` calls, for the capture-refused
-    path on the CPU: streams and events order nothing (NumPy is synchronous); ``captures`` records whether a
-    stream is capturing."""
+def _cupy_stand_in(captures, launch=None):
+    """A module with the parts of CuPy's stream API that ``ReplayedEvaluation`` calls, for its graph paths on
+    the CPU: streams and events order nothing (NumPy is synchronous); ``captures`` records whether a stream is
+    capturing; a captured graph's ``launch`` calls ``launch()``."""
     class Stream:
         def __init__(self, non_blocking=False):
             self.non_blocking = non_blocking
@@ -271,7 +271,7 @@ def _cupy_stand_in(captures):
 
         def end_capture(self):
             captures.append(False)
-            return object()
+            return types.SimpleNamespace(launch=lambda stream=None: launch())
 
     class MemoryPool:
         def malloc(self, size):
@@ -313,12 +313,73 @@ def test_a_capture_that_cupy_refuses_falls_back_to_eager_steps_and_says_why(monk
         return evaluate(*args, **kwargs)
 
     monkeypatch.setattr(trainer.engine, "evaluate", refusing_while_captured)
-    for lo, hi in _batches(3 * BATCH) * 2:
+    for step, (lo, hi) in enumerate(_batches(3 * BATCH) * 2):
         assert trainer.step(X, y, lo, hi, stepping=True) == reference.step(X, y, lo, hi, stepping=True)
+        if step == 0:
+            assert captures == [] and trainer.replayed.mode is None  # the first step compiles: no capture
     assert captures == [True, False]  # one capture tried, never again
     assert lines == ["step: eager (capture failed: NotImplementedError: cuSOLVER potrf is not supported during "
                      "stream capture)"]
     assert trainer.replayed.mode == lines[0][len("step: "):]
+
+
+def _overwrite(value, seen):
+    """NaN into every float array reachable from ``value`` (dicts, tuples, objects' attributes): what the next
+    launch of a graph does to the memory of its outputs."""
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "f":
+            value[...] = np.nan
+    elif isinstance(value, dict):
+        for item in value.values():
+            _overwrite(item, seen)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _overwrite(item, seen)
+    elif hasattr(value, "__dict__"):
+        _overwrite(vars(value), seen)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_graph_path_copies_what_apply_keeps_out_of_the_graphs_memory(monkeypatch, method):
+    """The replay path on the CPU, with a stand-in graph whose launch evaluates the closure again after
+    overwriting the previous outputs with NaN (the memory a graph rewrites at every launch): 10 steps (90 rows:
+    padded last minibatches) equal the eager buffer path's, so nothing ``apply`` keeps (SEP's new factor, the gradients the optimiser reads, EP's new
+    sites) still points into the graph's memory; one capture, keyed on jitter, n_total and stepping; the
+    verbose line says "step: CUDA graph replay"."""
+    import array_api_compat.numpy as xp
+
+    captures, launches = [], []
+    X, y, kernel, Z = _problem(xp.asarray, 90)
+    reference, trainer = _trainer(method, kernel, Z, 90), _trainer(method, kernel, Z, 90)
+    lines = []
+
+    def launch():
+        key, graph, stream, pool, outputs = trainer.replayed.graph
+        _overwrite(outputs, set())
+        trainer.replayed.graph = (key, graph, stream, pool, trainer.replayed.evaluate_buffers(key[0]))
+        launches.append(key)
+
+    monkeypatch.setitem(sys.modules, "cupy", _cupy_stand_in(captures, launch))
+    monkeypatch.setattr(replay, "no_capture_reason", lambda xp: None)  # as if CuPy with a device
+    trainer.replayed = replay.ReplayedEvaluation(trainer.engine, BATCH, report=lines.append)
+    reference.replayed = replay.ReplayedEvaluation(reference.engine, BATCH, capture=False)  # same padded shapes
+    batches = _batches(90)
+    for step in range(N_STEPS):
+        lo, hi = batches[step % len(batches)]
+        assert trainer.step(X, y, lo, hi, stepping=True) == reference.step(X, y, lo, hi, stepping=True), step
+    assert lines == ["step: CUDA graph replay"] and trainer.replayed.mode == replay.GRAPH_REPLAY
+    assert captures == [True, False] and len(launches) == N_STEPS - 1  # captured at step 2, launched from then on
+    expected = _state_arrays(reference)
+    for key, value in _state_arrays(trainer).items():
+        np.testing.assert_array_equal(value, expected[key], err_msg=key)
+    trainer.engine.jitter *= 10  # (the guard raises it): a graph with the old jitter frozen in must not run
+    reference.engine.jitter *= 10
+    lo, hi = batches[0]
+    assert trainer.step(X, y, lo, hi, stepping=True) == reference.step(X, y, lo, hi, stepping=True)
+    assert captures == [True, False, True, False]
 
 
 def test_the_estimator_turns_replay_on_only_when_asked_and_prints_the_choice(capsys):

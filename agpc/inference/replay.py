@@ -70,7 +70,8 @@ class ReplayedEvaluation:
     """``engine.evaluate`` for minibatches of at most ``batch_size`` rows, through device buffers at fixed shapes;
     on CuPy with CUDA (and ``capture``), captured once into a CUDA graph and replayed at every later step.
 
-    ``mode``: ``GRAPH_REPLAY``, or "eager (reason)" once the choice is made (at the first step: capture may fail);
+    ``mode``: ``GRAPH_REPLAY``, or "eager (reason)" once the choice is made (at the capture, the second step: the
+    first runs eagerly to compile what it launches; capture may fail);
     ``report(line)`` is called once with "step: <mode>" (the estimator prints it with ``verbose``)."""
 
     def __init__(self, engine, batch_size, *, capture=True, report=None):
@@ -84,6 +85,7 @@ class ReplayedEvaluation:
         self.buffers = None if self.unsupported else self._make_buffers()
         self.rows = None  # the real rows of the minibatch in the buffers (the weights' ones)
         self.graph = None  # (key, graph, stream, private memory pool, captured outputs)
+        self.warmed_up = False  # an eager step has run (compiled the kernels): capture may follow
         if self.mode is not None:
             self._announce()
 
@@ -195,13 +197,16 @@ class ReplayedEvaluation:
         rows = hi - lo
         if rows > self.batch_size:
             raise ValueError(f"a minibatch of {rows} rows does not fit the replayed step's {self.batch_size}")
-        if self.mode is None or self.mode == GRAPH_REPLAY:
+        # The first step runs eagerly even where a graph will be captured: it compiles every kernel the step
+        # launches and sets up the CUDA libraries' handles and workspaces, none of which belongs in a graph.
+        if self.mode == GRAPH_REPLAY or (self.mode is None and self.warmed_up):
             replayed = self._replay(X, y, lo, hi, stepping)
             if replayed is not None:
                 summary, work = replayed
                 return summary, self._real_rows(work, rows, copy=True)
         self.fill_buffers(X, y, lo, hi)
         summary, work = self.evaluate_buffers(stepping)
+        self.warmed_up = True
         return summary, self._real_rows(work, rows, copy=False)
 
     def _replay(self, X, y, lo, hi, stepping):
@@ -222,12 +227,11 @@ class ReplayedEvaluation:
                 if not self._capture(key, stream, stepping):
                     caller.wait_event(stream.record())
                     return None
-            _, graph, _, _, outputs = self.graph
-            graph.launch(stream=stream)
+            self.graph[1].launch(stream=stream)
         # the caller's stream reads the outputs (the summary's transfer, the copies ``apply`` takes) after the
         # launch; the next launch waits for that stream again, so the summary needs no copy of its own
         caller.wait_event(stream.record())
-        return outputs
+        return self.graph[4]
 
     def _capture(self, key, stream, stepping):
         """Capture ``evaluate_buffers`` on ``stream``; its memory comes from a pool of its own, kept with the
