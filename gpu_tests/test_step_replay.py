@@ -346,9 +346,10 @@ def _overwrite(value, seen):
 def test_the_graph_path_copies_what_apply_keeps_out_of_the_graphs_memory(monkeypatch, method):
     """The replay path on the CPU, with a stand-in graph whose launch evaluates the closure again after
     overwriting the previous outputs with NaN (the memory a graph rewrites at every launch): 10 steps (90 rows:
-    padded last minibatches) equal the eager buffer path's, so nothing ``apply`` keeps (SEP's new factor, the gradients the optimiser reads, EP's new
-    sites) still points into the graph's memory; one capture, keyed on jitter, n_total and stepping; the
-    verbose line says "step: CUDA graph replay"."""
+    padded last minibatches) equal the eager buffer path's, and a state kept at step 4 (SEP / ADF's factor is
+    an output of ``evaluate``) is still intact six launches later, so nothing ``apply`` keeps points into the
+    graph's memory; one capture, and another when the jitter (frozen into a graph) is raised; the verbose line
+    says "step: CUDA graph replay"."""
     import array_api_compat.numpy as xp
 
     captures, launches = [], []
@@ -370,11 +371,18 @@ def test_the_graph_path_copies_what_apply_keeps_out_of_the_graphs_memory(monkeyp
     for step in range(N_STEPS):
         lo, hi = batches[step % len(batches)]
         assert trainer.step(X, y, lo, hi, stepping=True) == reference.step(X, y, lo, hi, stepping=True), step
+        if step == 3:  # a state held across later steps (early stopping's best, the guard's last good one)
+            kept, reference_kept = trainer.engine.keep(), reference.engine.keep()
     assert lines == ["step: CUDA graph replay"] and trainer.replayed.mode == replay.GRAPH_REPLAY
     assert captures == [True, False] and len(launches) == N_STEPS - 1  # captured at step 2, launched from then on
     expected = _state_arrays(reference)
     for key, value in _state_arrays(trainer).items():
         np.testing.assert_array_equal(value, expected[key], err_msg=key)
+    trainer.engine.put_back(kept)  # six launches later: still the state it was
+    reference.engine.put_back(reference_kept)
+    expected = _state_arrays(reference)
+    for key, value in _state_arrays(trainer).items():
+        np.testing.assert_array_equal(value, expected[key], err_msg=f"kept {key}")
     trainer.engine.jitter *= 10  # (the guard raises it): a graph with the old jitter frozen in must not run
     reference.engine.jitter *= 10
     lo, hi = batches[0]
