@@ -149,7 +149,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Minibatch SEP / EP / ADF / SVI: run each step's evaluation at fixed shapes from device buffers (the last
         minibatch padded with rows of weight 0), captured once into a CUDA graph and replayed on CuPy with a
         CUDA device, eagerly elsewhere or where capture fails (``agpc.inference.replay``); with ``verbose``,
-        one line on stderr says which ("step: CUDA graph replay" or "step: eager (reason)"). Off by default
+        one line on stderr says which ("step: CUDA graph replay" or "step: eager (reason)"). ``fit`` only
+        (``partial_fit`` steps on whatever rows it is given, eagerly). Off by default
         until a GPU run of ``gpu_tests/test_step_replay.py`` is recorded in docs/results.md.
     client : distributed.Client or None
         For ``fit`` on a dask.array: the cluster to train on. ``None``: the current client if there is
