@@ -29,21 +29,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))  # array_counting.CountingNamespace, shared with the tests
 from _machine import print_machine  # noqa: E402
+from gpu import GENERIC_FALLBACKS, JITTER, N_FEATURES, NO_GPU  # noqa: E402 (benchmarks/gpu.py: one counting rule)
 
 METHODS = ("sep", "ep", "adf", "svi")
-NO_GPU = "no GPU on this machine"
-GENERIC_FALLBACKS = ("_log_ndtr_generic",)  # counted as the one operation log Phi is on NumPy and CuPy
-N_FEATURES = 8
-JITTER = 1e-6
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke-test setting (m = 20, batch = 60, sep and svi)")
-    p.add_argument("--ms", default=None, help="comma-separated m values (default 100,500)")
-    p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 200,1000)")
-    p.add_argument("--repeats", type=int, default=20, help="GPU timing repeats")
-    return p.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke-test setting (m = 20, batch = 60, sep and svi)")
+    parser.add_argument("--ms", default="100,500", help="comma-separated m values")
+    parser.add_argument("--batches", default="200,1000", help="comma-separated batch sizes")
+    parser.add_argument("--repeats", type=int, default=20, help="GPU timing repeats")
+    return parser.parse_args(argv)
 
 
 def make_trainer(put, method, m, batch, replayed, capture):
@@ -112,8 +109,8 @@ def gpu_times(method, m, batch, repeats):
 
 def main(argv=None):
     args = parse_args(argv)
-    ms = [20] if args.quick else [int(v) for v in (args.ms or "100,500").split(",")]
-    batches = [60] if args.quick else [int(v) for v in (args.batches or "200,1000").split(",")]
+    ms = [20] if args.quick else [int(v) for v in args.ms.split(",")]
+    batches = [60] if args.quick else [int(v) for v in args.batches.split(",")]
     methods = ("sep", "svi") if args.quick else METHODS
     print_machine("The replayed minibatch step: operations left outside the graph (benchmarks/replay.py)", argv)
     print("| method | m | batch | eager ops | buffered ops | in the graph | outside | syncs | GPU ms eager | GPU ms replayed |")
