@@ -400,6 +400,8 @@ def test_the_estimator_turns_replay_on_only_when_asked_and_prints_the_choice(cap
     assert "step: eager (not CuPy (namespace array_api_compat.numpy))" in capsys.readouterr().err
     reference = GPClassifier(**options).fit(X, y)
     np.testing.assert_allclose(model.predict_proba(X), reference.predict_proba(X), rtol=1e-12)
+    GPClassifier(**dict(options, batch_size=None), step_replay=True, verbose=True).fit(X, y)
+    assert "step: eager (not a minibatch step)" in capsys.readouterr().err  # batch steps have no fixed-shape form
     with pytest.raises(ValueError, match="step_replay"):
         GPClassifier(step_replay="yes").fit(X, y)
 
