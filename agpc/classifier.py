@@ -138,7 +138,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     jitter : float, default=1e-6
         Added to the diagonal of K(Z, Z). When a factorisation needs more (inducing points that coincide,
         features on very different scales), the jitter is raised and the fit (or prediction) ends with one
-        ``agpc.JitterWarning`` (a UserWarning) saying which jitter went from what to what.
+        ``agpc.JitterWarning`` (a UserWarning) saying which jitter went from what to what. It is never below
+        100 m eps of ``dtype`` (``agpc.backend.jitter_floor``: 1.8e-12 at m = 100 in float64, far below the
+        default; 1.2e-3 in float32), under which a factorisation of K(Z, Z) is left to round-off; that floor is
+        a rule, not a rescue, and is not warned about. ``jitter_`` is the jitter the fitted model used.
     tol : float, default=1e-6
         With ``optimize=False``, stop when the largest relative site change falls below ``tol``.
     random_state : int, Generator or None
@@ -542,6 +545,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         groups, _ = self._check_params()
         if resume and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
+        if self.checkpoint_every is not None:  # before any work: a bad path must not cost the fit
+            from .io import check_checkpoint_path
+
+            check_checkpoint_path(self.checkpoint_path)
         if B.is_dask_array(X) and self.method == "gfitc":
             raise ValueError(_GFITC_BATCH_ONLY.format(what="fit on a dask array"))
         if B.is_dask_array(X):
@@ -559,8 +566,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.init_time_ = time.perf_counter() - init_started
         validation = None if validation_data is None else self._validation_set(validation_data, classes, xp, device)
         t0 = started
+        data_hash = None
+        if self.checkpoint_path is not None:  # the run's fingerprint holds the data's: resume on them only
+            stride = training.fingerprint_stride(n)
+            data_hash = training.data_fingerprint(n, Xc.shape[1], Xc[0:n:stride, :], y_pm[0:n:stride], classes)
         result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
-                             validation=validation, started=started)
+                             validation=validation, started=started, data_hash=data_hash)
         return self._fitted_from(result, classes, t0)
 
     def _validation_set(self, validation_data, classes, xp, device):
@@ -591,7 +602,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         )
 
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
-               started=None):
+               started=None, data_hash=None):
         """The one training loop (``training.train``) with this estimator's settings for its method."""
         if self.method == "svi":
             self.likelihood_ = "robust-max" if len(classes) > 2 else (self.likelihood or "probit")
@@ -605,7 +616,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             eval_every=self.eval_every, n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose),
             engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
             resume=bool(resume), likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
-            n_quadrature=int(self.n_quadrature), started=started, step_replay=bool(self.step_replay),
+            n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash,
+            step_replay=bool(self.step_replay),
         )
 
     def _jitter_for(self, Z):
@@ -659,10 +671,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             except ValueError:  # no client yet: a local cluster for this fit
                 client = owned = Client(local_cluster(os.cpu_count() or 1))
         try:
-            finite, labels = client.compute([da.isfinite(X).all(), da.unique(y)], sync=True)
+            stride = training.fingerprint_stride(X.shape[0])
+            sampled = [X[::stride], y[::stride]] if self.checkpoint_path is not None else []  # same pass
+            finite, labels, *sample_rows = client.compute([da.isfinite(X).all(), da.unique(y), *sampled], sync=True)
             if not bool(finite):
                 raise ValueError("Input X contains NaN or infinity")
             classes = self._check_classes(np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
+            data_hash = None if not sample_rows else training.data_fingerprint(
+                X.shape[0], X.shape[1], sample_rows[0], _encode_labels(np.asarray(sample_rows[1]), classes), classes)
             if len(classes) > 2:
                 raise ValueError("fit on a dask array trains the binary model; multiclass data need in-memory arrays")
             y_pm = y.map_blocks(_encode_labels, classes, dtype=np.float64).astype(X.dtype)
@@ -687,7 +703,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 engine = DaskEngine(client, X.chunks[0], site_directory=self.site_directory)
             t0 = time.perf_counter()
             # SVI: a step per minibatch on the driver, chunks visited as for SEP
-            result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, engine=engine)
+            result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, engine=engine,
+                                 data_hash=data_hash)
         finally:
             if engine is not None:
                 engine.close()

@@ -37,11 +37,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .io import sync_directory
+from .untrusted import RefusedFile, open_zarr, read_npy, read_npz, read_parquet_columns
+
 __all__ = ["main", "load_data", "Data", "UsageError"]
 
 BENCH_SCRIPTS = ("uci_binary.py", "uci_iterations.py", "uci_multiclass.py", "banana_inducing.py", "airline.py",
                  "time_curves.py")
-_PARQUET_HINT = "reading Parquet needs pyarrow: pip install pyarrow (or pip install 'agpc[parquet]')"
+_PARQUET_HINT = "reading Parquet needs pyarrow >= 14.0.1: pip install pyarrow (or pip install 'agpc[parquet]')"
 _FORMATS = {".csv": "CSV", ".tsv": "CSV", ".parquet": "Parquet", ".pq": "Parquet", ".npy": "npy",
             ".npz": "npz", ".zarr": "zarr"}
 
@@ -72,7 +75,10 @@ def _atomic(path, mode="w"):
         text = {} if "b" in mode else {"newline": "", "encoding": "utf-8"}
         with open(tmp, mode.replace("w", "x"), **text) as fh:
             yield fh
+            fh.flush()
+            os.fsync(fh.fileno())  # on disk before the rename, as every save of agpc.io
         os.replace(tmp, path)
+        sync_directory(path.absolute().parent)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -138,7 +144,7 @@ def load_data(path, target=None, *, labels_required=False, features=None):
     by_name = {"features": features} if kind in ("CSV", "Parquet") else {}
     try:
         X, y, names = reader(path, target, labels_required, **by_name)
-    except (UsageError, ImportError):
+    except (UsageError, ImportError, RefusedFile):  # RefusedFile: one line that names the file already
         raise
     except (ValueError, OSError, EOFError, KeyError, TypeError, zipfile.BadZipFile, csv.Error) as exc:
         raise UsageError(f"cannot read {path} as {kind}: {_message(exc)}") from None
@@ -333,19 +339,10 @@ def _read_csv(path, target, labels_required, features=None):
 
 def _parquet_columns(path):
     try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        pq = None
-    if pq is not None:
-        table = pq.read_table(path)
-        return list(table.column_names), [column.to_numpy() for column in table.columns]
-    try:
-        import pandas as pd
-
-        frame = pd.read_parquet(path)
+        import pyarrow.parquet  # noqa: F401  (pandas reads Parquet with pyarrow too: without it no safe reader)
     except ImportError:
         raise UsageError(_PARQUET_HINT) from None
-    return [str(c) for c in frame.columns], [frame[c].to_numpy() for c in frame.columns]
+    return read_parquet_columns(path)
 
 
 def _read_parquet(path, target, labels_required, features=None):
@@ -354,7 +351,7 @@ def _read_parquet(path, target, labels_required, features=None):
 
 
 def _read_npy(path, target, labels_required):
-    return _from_matrix(np.load(path, allow_pickle=False), target, path)
+    return _from_matrix(read_npy(path), target, path)
 
 
 def _from_arrays(arrays, target, labels_required, path):
@@ -374,21 +371,17 @@ def _from_arrays(arrays, target, labels_required, path):
 
 
 def _read_npz(path, target, labels_required):
-    with np.load(path, allow_pickle=False) as archive:
-        if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise UsageError(f"{path}: not an npz archive")
-        arrays = {name: archive[name] for name in archive.files}
-    return _from_arrays(arrays, target, labels_required, path)
+    return _from_arrays(read_npz(path), target, labels_required, path)
 
 
 def _read_zarr(path, target, labels_required):
     try:
-        import zarr
+        import zarr  # noqa: F401
     except ImportError:
         raise UsageError("reading a zarr store needs zarr: pip install zarr (or pip install 'agpc[zarr]')") from None
-    node = zarr.open(str(path), mode="r")
-    if isinstance(node, zarr.Group):
-        return _from_arrays({name: node[name] for name in node.array_keys()}, target, labels_required, path)
+    node = open_zarr(path)  # metadata checked (no pickle codec, no object dtype) before zarr reads it
+    if isinstance(node, dict):
+        return _from_arrays(node, target, labels_required, path)
     if target is None and labels_required:
         raise UsageError(f"{path}: a zarr array has no label array: give --target, the label column index")
     return _from_matrix(node, target, path)

@@ -59,9 +59,13 @@ def _floor(requirement):
 
 
 def _floors():
-    """{package: floor} over pyproject.toml; a package named twice must have one floor (checked here)."""
+    """{package: floor} over pyproject.toml; a package named twice must have one floor (checked here).
+    Requirements for another Python (a marker false here, e.g. zarr 2.18 for Python 3.10) are not this
+    interpreter's floors and are left out."""
     floors = {}
     for where, requirement in _pyproject_requirements():
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue
         name, floor = requirement.name.lower(), _floor(requirement)
         assert floors.get(name, floor) == floor, f"{name} has two floors in pyproject.toml ({where}: {floor})"
         floors[name] = floor
@@ -72,7 +76,7 @@ def _environment_floors():
     """{package: floor} of environment.yml, the commented GPU line included (conda names)."""
     floors = {}
     for line in (ROOT / "environment.yml").read_text().splitlines():
-        match = re.match(r"^\s*#?\s*-\s+([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*>=\s*([0-9.]+)\s*$", line)
+        match = re.match(r"^\s*#?\s*-\s+([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*>=\s*([0-9.]+)\s*(#.*)?$", line)
         if match:
             floors[match.group(1).lower()] = Version(match.group(3))
     return floors
