@@ -157,6 +157,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Seeds the inducing-point initialisation.
     verbose : bool
         Show a progress bar (tqdm) with log Z_q and, with validation data, the validation NLL.
+    step_replay : bool, default=False
+        Minibatch SEP / EP / ADF / SVI: run each step's evaluation at fixed shapes from device buffers (the last
+        minibatch padded with rows of weight 0), captured once into a CUDA graph and replayed on CuPy with a
+        CUDA device, eagerly elsewhere or where capture fails (``agpc.inference.replay``); with ``verbose``,
+        one line on stderr says which ("step: CUDA graph replay" or "step: eager (reason)"). ``fit`` only
+        (``partial_fit`` steps on whatever rows it is given, eagerly). Off by default
+        until a GPU run of ``gpu_tests/test_step_replay.py`` is recorded in docs/results.md.
     client : distributed.Client or None
         For ``fit`` on a dask.array: the cluster to train on. ``None``: the current client if there is
         one, else a ``LocalCluster`` with one single-threaded worker process per core, started and closed
@@ -233,6 +240,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "blas_threads": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "dtype": [V.FloatingType(*_DTYPES)],
         "block_rows": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
+        "step_replay": [V.Boolean()],
     }
 
     def __init__(
@@ -265,6 +273,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         blas_threads=None,
         dtype="float64",
         block_rows=None,
+        step_replay=False,
     ):
         self.method = method
         self.n_inducing = n_inducing
@@ -294,6 +303,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.blas_threads = blas_threads
         self.dtype = dtype
         self.block_rows = block_rows
+        self.step_replay = step_replay
 
     # -- validation ------------------------------------------------------------------------------
 
@@ -640,6 +650,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
             resume=bool(resume), likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
             n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash, block_rows=self.block_rows,
+            step_replay=bool(self.step_replay),
         )
 
     def _jitter_for(self, Z):
