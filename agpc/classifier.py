@@ -723,7 +723,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Only the tied-factor methods ("sep", "adf") can learn from a stream, so the method exists only for
         them: EP keeps a site for every row and needs to see the rows again. The first call sets the classes (from ``classes`` or from
         this batch), the kernel and the inducing points (from this batch). ``n_total`` is the number of
-        rows the model stands for (SEP's cavity q / f^(1/n)); by default the rows seen so far.
+        rows the model stands for (SEP's cavity q / f^(1/n)), a positive integer at least this batch's rows;
+        by default the rows seen so far. It may be below the rows seen: a data set streamed for several
+        epochs stands for its own size.
         """
         self._check_params()
         with self._blas_scope(X), B.jitter_report("GPClassifier.partial_fit"):
@@ -736,6 +738,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             X, y, reset=first, classes=classes if first else self.classes_
         )
         rows = Xc.shape[0]
+        self._check_n_total(n_total, rows)
         if first:
             self.classes_ = classes
             rng = B.host_rng(self.random_state)
@@ -761,6 +764,17 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
                          trainer.engine.jitter)
         return self
+
+    @staticmethod
+    def _check_n_total(n_total, rows):
+        """``n_total`` is a count of rows that includes this batch's (SEP replaces a share rows / n_total of its
+        tied factor a step: 0, a negative, a fraction or NaN have no meaning there). It may be below the rows
+        seen so far: a stream of a fixed data set visited for several epochs stands for that data set."""
+        if n_total is None:
+            return
+        if isinstance(n_total, bool) or not isinstance(n_total, numbers.Integral) or n_total < rows:
+            raise ValueError(f"n_total must be a positive integer at least the {rows} rows of this batch (the number "
+                             f"of rows the model stands for), got {n_total!r}")
 
     @staticmethod
     def _default_kernel(X):

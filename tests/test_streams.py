@@ -120,3 +120,25 @@ def test_a_stream_model_survives_pickle_and_goes_on_learning_the_same(method, n_
         restored.partial_fit(X[lo:lo + 50], y[lo:lo + 50])
     np.testing.assert_array_equal(restored.predict_proba(X), model.predict_proba(X))
     assert restored.n_iter_ == model.n_iter_ == 3
+
+
+def _stream(n=300, seed=5):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    return X, (X[:, 0] + 0.3 * rng.normal(size=n) > 0).astype(int)
+
+
+@pytest.mark.parametrize("n_total", [0, -5, 2.5, float("nan"), True, 49, "300"])
+def test_partial_fit_refuses_an_n_total_that_is_not_a_count_of_at_least_the_batch(n_total):
+    """n_total is the number of rows the model stands for, this batch's included: one ValueError naming it,
+    on the first call and on a later one, and the model is left as it was."""
+    X, y = _stream()
+    model = GPClassifier(method="sep", n_inducing=5, random_state=0)
+    with pytest.raises(ValueError, match="n_total must be a positive integer at least the 50 rows"):
+        model.partial_fit(X[:50], y[:50], n_total=n_total)
+    model.partial_fit(X[:50], y[:50], n_total=300)
+    before = model.predict_proba(X)
+    with pytest.raises(ValueError, match="n_total"):
+        model.partial_fit(X[50:100], y[50:100], n_total=n_total)
+    np.testing.assert_array_equal(model.predict_proba(X), before)
+    assert model.n_iter_ == 1
