@@ -34,6 +34,7 @@ _FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, miniba
 _CHUNK = 65536  # rows read at a time from data on disk
 _INIT_SAMPLE = 20000  # rows read from data on disk to initialise the kernel and the inducing points
 _DTYPES = ("float64", "float32")  # the floating types a model computes in (``dtype``)
+_ROWS_SEEN = "n_rows_seen"  # partial_fit's history entry: the rows the stream has brought so far
 
 
 def _encode_labels(y, classes):
@@ -533,6 +534,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.log_marginal_likelihood_ = log_z
         self.history_ = history
         self.n_iter_ = n_iter
+        self._fitted_structure = self._structure()  # what partial_fit may continue (``_check_continuable``)
 
     def _blas_scope(self, X):
         """The BLAS thread scope (``agpc.threads.blas_threads``) for a fit on ``X``, shaped by the work of its
@@ -605,7 +607,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             data_hash = training.data_fingerprint(n, Xc.shape[1], Xc[0:n:stride, :], y_pm[0:n:stride], classes)
         result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
                              validation=validation, started=started, data_hash=data_hash)
-        return self._fitted_from(result, classes, t0)
+        return self._fitted_from(result, classes, t0, n)
 
     def _validation_set(self, validation_data, classes, xp, device):
         """``validation_data`` checked as the training data are (features: count, finiteness, shape; labels:
@@ -663,8 +665,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return None if n <= _FULL_BATCH_MAX_ROWS or self.method in _BATCH_ONLY_METHODS else 200
         return self.batch_size
 
-    def _fitted_from(self, result, classes, t0):
-        """Fitted attributes from a ``training.TrainResult``."""
+    def _fitted_from(self, result, classes, t0, n_rows):
+        """Fitted attributes from a ``training.TrainResult`` of a fit on ``n_rows`` rows."""
+        self._rows_seen = n_rows  # the rows the model stands for, should partial_fit continue it
         self.fit_time_ = time.perf_counter() - t0
         self.classes_ = classes
         self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter,
@@ -745,7 +748,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 cluster = owned.cluster
                 owned.close()
                 cluster.close()
-        return self._fitted_from(result, classes, t0)
+        return self._fitted_from(result, classes, t0, n)
 
     def _lazy(self, method, X, columns):
         """A prediction on a dask.array: the same method chunk by chunk, lazily (a dask array back)."""
@@ -766,8 +769,21 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
         Only the tied-factor methods ("sep", "adf") can learn from a stream, so the method exists only for
         them: EP keeps a site for every row and needs to see the rows again. The first call sets the classes (from ``classes`` or from
-        this batch), the kernel and the inducing points (from this batch). ``n_total`` is the number of
-        rows the model stands for (SEP's cavity q / f^(1/n)); by default the rows seen so far.
+        this batch), the kernel and the inducing points (from this batch).
+
+        On a fitted model (by ``partial_fit``, ``fit`` or ``load``) it continues, as scikit-learn's
+        ``partial_fit`` does: from q, the kernel, the inducing points and the step count (``n_iter_`` goes
+        on). A model fitted by ``fit`` or loaded from a file starts a new stream trainer from its fitted
+        state: SEP's tied factor read back from q, the optimiser's moments (Adam, Adadelta) fresh, as a model
+        file does not hold them, and damping as configured (a stream model saved and loaded thus continues
+        a little differently from the one kept in memory). A file of a model fitted by ``fit`` does not
+        hold its number of rows: the first call after loading it asks for ``n_total``. Refused with one ValueError, the model left as it was:
+        a model of another method (per-row EP, GFITC, SVI, vi-*), ``classes`` other than ``classes_``, and
+        ``method``, ``dtype``, ``n_inducing``, ``kernel`` or ``likelihood`` changed since the fit (call
+        ``fit`` to start again). ``n_total`` is the number of
+        rows the model stands for (SEP's cavity q / f^(1/n)), a positive integer at least this batch's rows;
+        by default the rows seen so far. It may be below the rows seen: a data set streamed for several
+        epochs stands for its own size.
         """
         self._check_params()
         with self._blas_scope(X), B.jitter_report("GPClassifier.partial_fit"):
@@ -775,21 +791,23 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _partial_fit(self, X, y, classes, n_total):
         groups, _ = self._check_params()
-        first = not hasattr(self, "_trainer")
+        live = hasattr(self, "_trainer")
+        fitted = live or hasattr(self, "posterior_")
+        if fitted:  # before any change to the model: a refused call leaves it as it was
+            self._check_continuable(classes)
         Xc, y_pm, classes, sample, xp, device = self._inputs(
-            X, y, reset=first, classes=classes if first else self.classes_
+            X, y, reset=not fitted, classes=self.classes_ if fitted else classes
         )
         rows = Xc.shape[0]
-        if first:
+        self._check_n_total(n_total, rows)
+        if not fitted:
             self.classes_ = classes
             rng = B.host_rng(self.random_state)
             kernel, Z = self._initial_model(sample, self._n_inducing_for(rows), rng, len(classes))
             self._rows_seen = 0
-            self._trainer = training.Trainer(
-                kernel, Z, method=self.method, n_total=n_total or rows, minibatch=True,
-                jitter=self._jitter_for(Z), damping=None if self.damping is None else float(self.damping),
-                optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate,
-            )
+            self._trainer = self._stream_trainer(kernel, Z, n_total or rows, groups, self._jitter_for(Z))
+        elif not live:
+            self._trainer, self._rows_seen = self._trainer_from_fitted(groups, n_total, rows)
         trainer = self._trainer
         self._rows_seen += rows
         trainer.n_total = n_total or self._rows_seen
@@ -799,12 +817,88 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if took:
                 break
         trainer.record()
+        # the count travels with the history (into model files too): a loaded stream model goes on from it
+        trainer.history.setdefault(_ROWS_SEEN, []).append(float(self._rows_seen))
         post, log_z = trainer.posterior()
         state = trainer.state
         self.likelihood_ = "probit"
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
                          trainer.engine.jitter)
         return self
+
+    def _stream_trainer(self, kernel, Z, n_total, groups, jitter):
+        return training.Trainer(
+            kernel, Z, method=self.method, n_total=n_total, minibatch=True, jitter=jitter,
+            damping=None if self.damping is None else float(self.damping), optimize=groups,
+            optimizer=self.optimizer, learning_rate=self.learning_rate,
+        )
+
+    def _structure(self):
+        """The parameters that fix what a fitted model is (its method, type, size, kernel and likelihood):
+        partial_fit continues a model only while they stay as it was fitted with."""
+        return {"method": self.method, "dtype": self._dtype_name(), "n_inducing": self.n_inducing,
+                "kernel": None if self.kernel is None else repr(self.kernel), "likelihood": self.likelihood}
+
+    def _check_continuable(self, classes):
+        """partial_fit on a fitted model continues it: refused (one ValueError) when the model is not one a
+        stream can continue, or when ``classes`` or the structural parameters changed since it was fitted."""
+        fitted_with = getattr(self, "_fitted_structure", None) or self._structure()
+        if fitted_with["method"] not in ("sep", "adf"):
+            raise ValueError(
+                f"partial_fit cannot continue this model: it was fitted with method={fitted_with['method']!r}, and "
+                f"only the tied-factor methods ('sep', 'adf') learn from a stream; call fit to start again"
+            )
+        if classes is not None:
+            given = np.unique(V.check_labels(classes, what="classes"))
+            if given.shape != self.classes_.shape or not np.array_equal(given, self.classes_):
+                raise ValueError(f"classes={given.tolist()} differs from the classes this model was fitted with "
+                                 f"({self.classes_.tolist()}); call fit to start again with other classes")
+        now = self._structure()
+        changed = [f"{name} {fitted_with[name]!r} -> {now[name]!r}" for name in now if now[name] != fitted_with[name]]
+        if changed:
+            raise ValueError(f"partial_fit cannot continue this model: {', '.join(changed)} since it was fitted; "
+                             "call fit to start again with the new parameters")
+
+    def _trainer_from_fitted(self, groups, n_total, rows):
+        """A stream trainer at the fitted state of a model without one (fitted by ``fit``, or loaded): kernel_,
+        inducing_points_, SEP's tied factor read back from posterior_ (``ep.Factor.from_posterior``; per class
+        for a multiclass model), the fitted jitter, and the step count and history going on. Returns (trainer,
+        rows seen before this batch). The optimiser's moments and a damping the divergence guard had lowered
+        are not part of a fitted model: they start as configured."""
+        # fit records its rows on the model, partial_fit in the history (which a model file holds)
+        rows_seen = getattr(self, "_rows_seen", None)
+        if rows_seen is None and self.history_.get(_ROWS_SEEN):
+            rows_seen = int(self.history_[_ROWS_SEEN][-1])
+        if rows_seen is None and n_total is None:
+            raise ValueError(
+                "partial_fit continues this model (loaded from a file of a model fitted by fit), which does not "
+                "record how many rows it was trained on: pass n_total, the number of rows it stands for with this "
+                "batch"
+            )
+        trainer = self._stream_trainer(self.kernel_, self.inducing_points_, n_total or rows_seen + rows,
+                                       groups, float(self.jitter_))
+        multiclass = isinstance(self.posterior_, tuple)
+        trainer.state["factor"] = (multiclass_ep.factor_from_posteriors(self.posterior_) if multiclass
+                                   else ep.Factor.from_posterior(self.posterior_))
+        trainer.n_steps = int(self.n_iter_)
+        history = {name: list(values) for name, values in self.history_.items()}
+        for name in training.HISTORY_KEYS:
+            history.setdefault(name, [])
+        trainer.history = history
+        if history["time"]:
+            trainer.t0 -= history["time"][-1]
+        return trainer, (rows_seen if rows_seen is not None else n_total - rows)
+
+    @staticmethod
+    def _check_n_total(n_total, rows):
+        """``n_total`` is a count of rows that includes this batch's (SEP replaces a share rows / n_total of its
+        tied factor a step: 0, a negative, a fraction or NaN have no meaning there). It may be below the rows
+        seen so far: a stream of a fixed data set visited for several epochs stands for that data set."""
+        if n_total is None:
+            return
+        if isinstance(n_total, bool) or not isinstance(n_total, numbers.Integral) or n_total < rows:
+            raise ValueError(f"n_total must be a positive integer at least the {rows} rows of this batch (the number "
+                             f"of rows the model stands for), got {n_total!r}")
 
     @staticmethod
     def _default_kernel(X):
@@ -937,7 +1031,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Load a model saved by :meth:`save`; arrays go to ``backend`` (default NumPy)."""
         from .io import load_model
 
-        return load_model(path, backend=backend)
+        model = load_model(path, backend=backend)
+        model._fitted_structure = model._structure()  # the file's parameters are those it was fitted with
+        return model
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

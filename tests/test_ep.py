@@ -268,3 +268,21 @@ def test_a_failed_factorisation_raises_the_jitter_on_the_guards_path(method):
     assert trainer.engine.jitter > 0.0
     took, _, log_z = trainer.step(X, y, 0, 20, stepping=True)
     assert took and np.isfinite(log_z)
+
+
+def test_a_factor_read_back_from_its_posterior_is_the_same_factor():
+    """Factor.from_posterior inverts posterior_from_factor (q = prior x f, C = I + L_K^T P L_K): the factor it
+    reads back from q is the one q was built from (a fitted model's q becomes SEP's tied factor again),
+    including an indefinite one, as SEP's factor may be."""
+    rng = np.random.default_rng(4)
+    X, _ = _toy()
+    Z = X[:6] + 0.05
+    kernel = RBF(lengthscales=[1.1, 0.9], amplitude=1.3, noise=1e-3).for_inputs(X)
+    G = rng.normal(size=(6, 6))
+    for precision in (G @ G.T, 0.5 * (G + G.T) * 0.05):
+        factor = ep.Factor(precision, rng.normal(size=6))
+        post = ep.posterior_from_factor(kernel, Z, factor, jitter=JITTER)
+        back = ep.Factor.from_posterior(post)
+        scale = np.abs(precision).max()
+        np.testing.assert_allclose(back.precision, precision, rtol=0, atol=1e-9 * scale)
+        np.testing.assert_allclose(back.shift, factor.shift, rtol=1e-9, atol=1e-9 * np.abs(factor.shift).max())

@@ -120,3 +120,115 @@ def test_a_stream_model_survives_pickle_and_goes_on_learning_the_same(method, n_
         restored.partial_fit(X[lo:lo + 50], y[lo:lo + 50])
     np.testing.assert_array_equal(restored.predict_proba(X), model.predict_proba(X))
     assert restored.n_iter_ == model.n_iter_ == 3
+
+
+def _stream(n=300, seed=5):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    return X, (X[:, 0] + 0.3 * rng.normal(size=n) > 0).astype(int)
+
+
+@pytest.mark.parametrize("n_total", [0, -5, 2.5, float("nan"), True, 49, "300"])
+def test_partial_fit_refuses_an_n_total_that_is_not_a_count_of_at_least_the_batch(n_total):
+    """n_total is the number of rows the model stands for, this batch's included: one ValueError naming it,
+    on the first call and on a later one, and the model is left as it was."""
+    X, y = _stream()
+    model = GPClassifier(method="sep", n_inducing=5, random_state=0)
+    with pytest.raises(ValueError, match="n_total must be a positive integer at least the 50 rows"):
+        model.partial_fit(X[:50], y[:50], n_total=n_total)
+    model.partial_fit(X[:50], y[:50], n_total=300)
+    before = model.predict_proba(X)
+    with pytest.raises(ValueError, match="n_total"):
+        model.partial_fit(X[50:100], y[50:100], n_total=n_total)
+    np.testing.assert_array_equal(model.predict_proba(X), before)
+    assert model.n_iter_ == 1
+
+
+def _three_classes(X):
+    return (X[:, 0] > 0).astype(int) + (X[:, 1] > 0.5).astype(int)
+
+
+@pytest.mark.parametrize("method, n_classes", [("sep", 2), ("adf", 2), ("sep", 3)])
+def test_partial_fit_after_load_continues_the_saved_stream(tmp_path, method, n_classes):
+    """A stream model saved and loaded goes on from where it was (the step count, the rows seen, q), as does
+    the same model in memory once its trainer is rebuilt from its fitted state (the optimiser's moments are not
+    in a model file, so both start them fresh): the two continuations are the same model. Before, the loaded
+    one started again from this one batch (n_iter_ back to 1)."""
+    import copy
+
+    X, y = _stream()
+    if n_classes == 3:
+        y = _three_classes(X)
+    model = GPClassifier(method=method, n_inducing=6, random_state=0)
+    for lo in range(0, 200, 50):
+        model.partial_fit(X[lo:lo + 50], y[lo:lo + 50], classes=list(range(n_classes)))
+    model.save(tmp_path / "stream.agpc")
+    loaded = GPClassifier.load(tmp_path / "stream.agpc")
+    rebuilt = copy.deepcopy(model)
+    del rebuilt._trainer  # as after a load: the fitted state only
+    for continued in (model, loaded, rebuilt):
+        continued.partial_fit(X[200:250], y[200:250])
+        continued.partial_fit(X[250:300], y[250:300])
+    assert loaded.n_iter_ == rebuilt.n_iter_ == model.n_iter_ == 6
+    assert loaded.history_["n_rows_seen"][-1] == rebuilt.history_["n_rows_seen"][-1] == 300
+    assert len(loaded.history_["log_marginal_likelihood"]) == 6
+    np.testing.assert_allclose(loaded.predict_proba(X), rebuilt.predict_proba(X), rtol=1e-10, atol=1e-12)
+    # the live trainer kept its optimiser's moments; the continuations differ by those only, not by a restart
+    restarted = GPClassifier(method=method, n_inducing=6, random_state=0).partial_fit(
+        X[200:250], y[200:250], classes=list(range(n_classes))).partial_fit(X[250:300], y[250:300])
+    gap = np.abs(loaded.predict_proba(X) - model.predict_proba(X)).max()
+    assert gap < np.abs(restarted.predict_proba(X) - model.predict_proba(X)).max()
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_partial_fit_after_fit_starts_from_the_fitted_posterior(tmp_path, n_classes):
+    """The first partial_fit step after fit (in memory, or after a load) starts at the fitted q: with a
+    vanishing damping and no hyper-parameter step it moves nothing (probabilities stay the fitted ones) and the
+    step count goes on. In memory the fit's rows are counted; a model file does not hold them, so after a load
+    n_total is asked for, in one ValueError naming it."""
+    X, y = _stream()
+    if n_classes == 3:
+        y = _three_classes(X)
+    model = GPClassifier(method="sep", n_inducing=6, max_iter=5, random_state=0).fit(X[:250], y[:250])
+    fitted, steps = model.predict_proba(X), model.n_iter_
+    model.save(tmp_path / "fitted.agpc")
+    loaded = GPClassifier.load(tmp_path / "fitted.agpc")
+    with pytest.raises(ValueError, match="pass n_total"):
+        loaded.partial_fit(X[250:], y[250:])
+    for continued, n_total in ((model, None), (loaded, 300)):
+        continued.set_params(damping=1e-12, optimize=False)
+        continued.partial_fit(X[250:], y[250:], n_total=n_total)
+        assert continued.n_iter_ == steps + 1
+        assert continued.history_["n_rows_seen"][-1] == 300
+        np.testing.assert_allclose(continued.predict_proba(X), fitted, rtol=0, atol=1e-9)  # a step of size 1e-12
+
+
+def test_partial_fit_cannot_continue_a_model_fitted_by_a_method_without_a_stream():
+    """A per-row-site EP model (or any other method's) set to 'sep' afterwards: one ValueError, no restart."""
+    X, y = _stream()
+    model = GPClassifier(method="ep", n_inducing=6, max_iter=3, random_state=0).fit(X, y)
+    fitted = model.predict_proba(X)
+    model.set_params(method="sep")
+    with pytest.raises(ValueError, match="cannot continue this model: it was fitted with method='ep'"):
+        model.partial_fit(X[:50], y[:50], n_total=300)
+    np.testing.assert_array_equal(model.predict_proba(X), fitted)
+
+
+@pytest.mark.parametrize("change", [dict(method="adf"), dict(dtype="float32"), dict(n_inducing=4),
+                                    dict(kernel=RBF(lengthscales=[1.0, 1.0])), dict(likelihood="probit")])
+def test_partial_fit_refuses_changed_structure_and_classes(change):
+    """Classes or structural parameters changed between partial_fit calls were ignored silently: now one
+    ValueError naming what changed, telling to call fit; the model is left as it was."""
+    X, y = _stream()
+    model = GPClassifier(method="sep", n_inducing=6, random_state=0).partial_fit(X[:50], y[:50], classes=[0, 1])
+    before = model.predict_proba(X)
+    with pytest.raises(ValueError, match=r"classes=\[5, 6\] differs from .*\[0, 1\]"):
+        model.partial_fit(X[50:100], y[50:100], classes=[5, 6])
+    np.testing.assert_array_equal(model.predict_proba(X), before)
+    model.partial_fit(X[50:100], y[50:100], classes=[1, 0])  # the same classes, in another order
+    posterior = model.posterior_
+    name = next(iter(change))
+    model.set_params(**change)
+    with pytest.raises(ValueError, match=f"cannot continue this model: {name} .* call fit to start again"):
+        model.partial_fit(X[100:150], y[100:150])
+    assert model.posterior_ is posterior and model.n_iter_ == 2

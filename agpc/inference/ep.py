@@ -696,6 +696,16 @@ class Factor:
         return cls(solve_triangular(L_K, half.mT, lower=True, trans=True),
                    solve_triangular(L_K, c_tilde, lower=True, trans=True))
 
+    @classmethod
+    def from_posterior(cls, post):
+        """The factor f of q = prior x f, read back from q's factored form (``posterior_from_sums``: L_C L_C^T
+        = C = I + S and h = L_C^-1 c~, so S = L_C L_C^T - I and c~ = L_C h), unwhitened by q's own L_K: the
+        ``posterior_from_factor`` of the result at q's kernel, Z and jitter is q again. This is how a fitted
+        model's q becomes SEP's tied factor again (seed 002: q = prior x f^n)."""
+        xp = array_namespace(post.L_C)
+        eye = xp.eye(post.L_C.shape[0], dtype=post.L_C.dtype, device=array_device(post.L_C))
+        return cls.unwhitened(post.L_C @ post.L_C.mT - eye, post.L_C @ post.h, post.L_K)
+
     def combine(self, keep, other, weight):
         """keep * self + weight * other, in natural parameters."""
         return Factor(keep * self.precision + weight * other.precision, keep * self.shift + weight * other.shift)

@@ -112,6 +112,11 @@ def uniform_factor(Z):
     return MultiFactor.uniform(Z)
 
 
+def factor_from_posteriors(posts):
+    """One class's factor from each class's q (``ep.Factor.from_posterior``)."""
+    return MultiFactor(tuple(ep.Factor.from_posterior(post) for post in posts))
+
+
 # -- one block of rows ------------------------------------------------------------------------------
 
 @dataclass
