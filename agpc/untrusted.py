@@ -143,7 +143,10 @@ def read_npz(path):
                 with archive.open(info) as fh:
                     arrays[info.filename[:-4]] = npy_format.read_array(fh, allow_pickle=False)
             return arrays
-    except (zipfile.BadZipFile, EOFError, ValueError) as exc:
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise  # about the path, not the contents: the caller reports these as they are
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as exc:
+        # (OSError: a damaged archive can send zipfile seeking before the start of the file, EINVAL)
         if isinstance(exc, RefusedFile):
             raise
         raise RefusedFile(path, f"not a readable npz archive ({type(exc).__name__}: {exc})") from None
