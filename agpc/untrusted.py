@@ -335,6 +335,12 @@ def read_parquet_columns(path):
         schema = pq.read_schema(path)
     except (pa.ArrowException, OSError) as exc:
         raise RefusedFile(path, f"not a readable Parquet file ({' '.join(str(exc).split())})") from None
+    # pyarrow reads a file whose columns share a name only through its internals' error (FieldRef ... in
+    # __fragment_index): a column is known by its name, so a name used twice is refused first, in one line
+    repeated = sorted({name for name in schema.names if schema.names.count(name) > 1})
+    if repeated:
+        counts = ", ".join(f"{name!r} ({schema.names.count(name)} times)" for name in repeated)
+        raise RefusedFile(path, f"the file names more than one column {counts}: every column needs a name of its own")
     refused = [f"{field.name} ({field.type})" for field in schema if not _plain_column_type(pa, field)]
     if refused:
         raise RefusedFile(path, f"columns of types agpc does not read (numbers, booleans and strings only): "

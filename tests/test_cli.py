@@ -320,6 +320,18 @@ def test_a_null_label_in_parquet_is_an_error_not_a_class(tmp_path, banana, capsy
     assert "data row 5, label column 'cls': missing value, a null" in err
 
 
+def test_parquet_columns_sharing_a_name_are_one_line_naming_them(tmp_path, banana, capsys):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    X, y = banana
+    pq.write_table(pa.table([X[:, 0], X[:, 1], y], names=["a", "a", "cls"]), tmp_path / "d.parquet")
+    status = main(["fit", str(tmp_path / "d.parquet"), "--target", "cls", "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "names more than one column 'a' (2 times)" in err and "__fragment_index" not in err
+
+
 def test_a_header_of_numbers_is_warned_about(tmp_path, banana):
     data = write_table(tmp_path / "d.csv", {"1.5": banana[0][:, 0], "2": banana[0][:, 1], "3": banana[1]})
     with pytest.warns(UserWarning, match="looks like data"):
