@@ -333,6 +333,12 @@ def _read_csv(path, target, labels_required, features=None):
     for line, row in body:
         if len(row) != len(names):
             raise UsageError(f"{path}: line {line} has {len(row)} fields but the header has {len(names)}")
+        # NumPy's strings drop trailing NUL bytes ("2\x00" would read as 2): a NUL is never part of a number or
+        # a label written as text, so a cell holding one is refused rather than silently cut
+        nul = next((i for i, cell in enumerate(row) if "\x00" in cell), None)
+        if nul is not None:
+            raise UsageError(f"{path}: line {line}, column {names[nul]!r}: the cell {row[nul]!r} holds a NUL byte "
+                             "(a binary file, or one damaged in transfer?)")
     columns = [np.asarray(col) for col in zip(*(row for _, row in body))]
     return _from_columns(names, columns, target, path, features, row_of=lambda i: f"line {body[i][0]}")
 

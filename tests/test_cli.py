@@ -320,6 +320,20 @@ def test_a_null_label_in_parquet_is_an_error_not_a_class(tmp_path, banana, capsy
     assert "data row 5, label column 'cls': missing value, a null" in err
 
 
+@pytest.mark.parametrize("cell", ["2\x00", "\x002", "2\x005"])
+def test_a_nul_byte_in_a_csv_cell_is_an_error_naming_line_and_column(tmp_path, banana, capsys, cell):
+    X, y = banana
+    data = write_csv(tmp_path / "d.csv", X, y, names=("a", "b", "label"))
+    lines = data.read_text().splitlines()
+    lines[3] = lines[3].split(",", 1)[0] + f",{cell}," + lines[3].rsplit(",", 1)[1]
+    data.write_text("\n".join(lines) + "\n")
+    status = main(["fit", str(data), "--target", "label", "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "line 4, column 'b'" in err and "NUL byte" in err
+    assert not (tmp_path / "m.agpc").exists()
+
+
 def test_parquet_columns_sharing_a_name_are_one_line_naming_them(tmp_path, banana, capsys):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
