@@ -84,13 +84,20 @@ def _atomic(path, mode="w"):
             tmp.unlink()
 
 
-def _check_writable(path):
-    """Fail before any long computation if ``path`` cannot be written (no such directory, a directory)."""
+def _check_writable(path, inputs=()):
+    """Fail before any long computation if ``path`` cannot be written (no such directory, a directory) or is
+    one of the command's ``inputs`` (the rename would replace the model or the data with the output)."""
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"cannot write {path}: it is a directory")
     if not path.absolute().parent.is_dir():
         raise UsageError(f"cannot write {path}: no directory {path.absolute().parent}")
+    for given in inputs:
+        # samefile sees hard links too; realpath also covers an input that does not exist (yet an error later)
+        if os.path.realpath(path) == os.path.realpath(given) or (
+            path.exists() and Path(given).exists() and os.path.samefile(path, given)
+        ):
+            raise UsageError(f"--out {path} is the input file {given}: the output would replace it; write elsewhere")
 
 
 def _write_csv(path, columns):
@@ -467,7 +474,7 @@ def fit(args):
     from .classifier import GPClassifier
     from .io import save_model
 
-    _check_writable(args.out)
+    _check_writable(args.out, [args.data])
     X, y, names = load_data(args.data, args.target, labels_required=True)
     classes = np.unique(y)
     if classes.shape[0] < 2:
@@ -547,7 +554,7 @@ def _columns_already_matched():
 
 
 def predict(args):
-    _check_writable(args.out)
+    _check_writable(args.out, [args.model, args.data])
     model = _load_model(args.model)
     wanted = _feature_names(model)
     X, y, names = load_data(args.data, args.target, features=wanted)

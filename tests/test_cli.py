@@ -201,6 +201,30 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, model_file, b
     assert {p.name for p in tmp_path.rglob("*")} == before
 
 
+@pytest.mark.parametrize("command", ["fit", "predict onto the model", "predict onto the data", "hard link"])
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tmp_path, model_file, banana, capsys, command):
+    X, y = banana
+    data = write_csv(tmp_path / "d.csv", X, y)
+    model = tmp_path / "m.agpc"
+    model.write_bytes(model_file.read_bytes())
+    argv, target = {
+        "fit": (["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(data)], data),
+        "predict onto the model": (["predict", str(model), str(data), "--target", "label", "--out", str(model)], model),
+        "predict onto the data": (["predict", str(model), str(data), "--target", "label", "--out",
+                                   str(tmp_path / "." / "d.csv")], data),
+        "hard link": (["predict", str(model), str(data), "--target", "label", "--out", str(tmp_path / "link.agpc")],
+                      model),
+    }[command]
+    if command == "hard link":
+        os.link(model, tmp_path / "link.agpc")
+    before = target.read_bytes()
+    status = main(argv)
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "is the input file" in err
+    assert target.read_bytes() == before
+
+
 def test_failed_predict_leaves_an_existing_output_untouched(tmp_path, model_file, banana, capsys):
     X, y = banana
     data = write_csv(tmp_path / "cats.csv", X, np.where(y > 0, "cat", "dog"))
