@@ -377,10 +377,23 @@ def _from_arrays(arrays, target, labels_required, path):
     if name is None:
         return Data(X, None, None)
     if name in arrays and name != "X":
-        return Data(X, _label_column(np.asarray(arrays[name][...]), name, path, lambda i: f"data row {i + 1}"), None)
+        labels = _label_array(arrays[name], name, path)
+        return Data(X, _label_column(labels, name, path, lambda i: f"data row {i + 1}"), None)
     if target is not None and re.fullmatch(r"-?\d+", target):
         return _from_matrix(X, target, path)
     raise UsageError(f"{path}: no label array {name!r} (arrays: {_preview(sorted(arrays))}); name it with --target")
+
+
+def _label_array(values, name, path):
+    """A label array as 1-D: one column (n, 1) is taken as its n labels, as the estimator takes it
+    (scikit-learn's column_or_1d); any other shape is refused from its declared shape, before reading."""
+    shape = tuple(values.shape)
+    if len(shape) == 2 and shape[1] == 1:
+        return np.asarray(values[...]).reshape(-1)
+    if len(shape) != 1:
+        raise UsageError(f"{path}: label array {name!r} has shape {shape}: labels are one per row, a 1-D array "
+                         "(or a single column)")
+    return np.asarray(values[...])
 
 
 def _read_npz(path, target, labels_required):

@@ -331,6 +331,25 @@ def test_a_nan_label_in_an_npz_is_an_error_naming_the_row(tmp_path, banana, caps
     assert "data row 8, label column 'y': missing value, nan" in err
 
 
+@pytest.mark.parametrize("name", ["npz", "zarr"])
+def test_a_column_of_labels_is_taken_as_1d_and_other_2d_labels_are_refused(tmp_path, banana, reference, capsys,
+                                                                           name):
+    X, y = banana
+    writer = {"npz": write_npz, "zarr": write_zarr}[name]
+    column, target = writer(tmp_path / f"column.{name}", X, y.reshape(-1, 1))
+    wide, _ = writer(tmp_path / f"wide.{name}", X, np.column_stack([y, y]))
+    assert main(["fit", str(column), *target, *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")]) == 0
+    assert main(["predict", str(tmp_path / "m.agpc"), str(column), *target, "--out", str(tmp_path / "p.csv")]) == 0
+    np.testing.assert_allclose(read_predictions(tmp_path / "p.csv")[1], reference.predict_proba(X), rtol=1e-12,
+                               atol=1e-15)
+    capsys.readouterr()
+    status = main(["fit", str(wide), *target, *FIT_OPTIONS, "--out", str(tmp_path / "w.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert f"has shape ({len(y)}, 2)" in err
+    assert not (tmp_path / "w.agpc").exists()
+
+
 def test_a_null_label_in_parquet_is_an_error_not_a_class(tmp_path, banana, capsys):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
