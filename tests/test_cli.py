@@ -259,6 +259,36 @@ def test_python_dash_m_reports_a_bad_model_in_one_line(tmp_path):
     assert not (tmp_path / "p.csv").exists()
 
 
+@pytest.mark.parametrize("lines_read", [0, 1])
+@pytest.mark.parametrize("command", ["fit", "predict"])
+def test_a_reader_that_stops_early_neither_fails_the_command_nor_loses_its_output(tmp_path, banana, model_file,
+                                                                                   command, lines_read):
+    """agpc fit ... | head -1: the reader leaving is not a failure of the command (it ended in exit 2,
+    'Broken pipe', and fit wrote no model); its files are written and it exits 0."""
+    data = write_csv(tmp_path / "d.csv", *banana)
+    out = tmp_path / ("m.agpc" if command == "fit" else "p.csv")
+    argv = (["fit", str(data), "--target", "label", *FIT_OPTIONS] if command == "fit"
+            else ["predict", str(model_file), str(data), "--target", "label"])
+    with subprocess.Popen([sys.executable, "-m", "agpc", *argv, "--out", str(out)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=subprocess_env()) as proc:
+        for _ in range(lines_read):
+            assert proc.stdout.readline().startswith(b"agpc fit:" if command == "fit" else b"wrote ")
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        status = proc.wait(timeout=120)
+    assert status == 0, err
+    assert "error" not in err and "Broken pipe" not in err, err
+    if command == "fit":
+        fitted = GPClassifier.load(out)
+        assert list(fitted.feature_names_in_) == ["x1", "x2"]
+        with warnings.catch_warnings():  # the model knows its columns' names, the array has none
+            warnings.filterwarnings("ignore", message="X does not have valid feature names")
+            np.testing.assert_array_equal(fitted.predict_proba(banana[0]),
+                                          GPClassifier.load(model_file).predict_proba(banana[0]))
+    else:
+        assert read_predictions(out)[1].shape == (len(banana[1]), 2)
+
+
 # -- CSV cells and column names --------------------------------------------------------------------------
 
 def write_table(path, columns):
