@@ -13,6 +13,7 @@ a good one was.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -54,7 +55,7 @@ def _json_params(params):
 
 
 def save_model(model, path):
-    """Write a fitted GPClassifier to ``path`` (the name is kept as given)."""
+    """Write a fitted GPClassifier to ``path`` (the name is kept as given) or to a binary file object."""
     from sklearn.utils.validation import check_is_fitted
 
     check_is_fitted(model, "posterior_")
@@ -94,8 +95,18 @@ def save_model(model, path):
 
 
 def _atomic_savez(path, arrays):
-    """Write an npz beside ``path`` and rename it over ``path``: a crash leaves the old file untouched."""
+    """Write an npz beside ``path`` and rename it over ``path``: a crash leaves the old file untouched. A
+    binary file object (``load`` reads them, as numpy.load does) is written in place: it has no name to
+    rename over; its owner decides what a half-written file means."""
+    if hasattr(path, "write"):
+        if isinstance(path, io.TextIOBase):
+            raise ValueError(f"cannot save to {describe(path)}: it is open in text mode; a model file is binary "
+                             "(open it with mode 'wb')")
+        np.savez(path, **arrays)
+        return
     path = os.fspath(path)
+    if os.path.isdir(path):  # before the temporary file: it would be created beside the directory
+        raise ValueError(f"cannot save to {path}: it is a directory; name a file in it")
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".agpc-", suffix=".tmp", dir=directory)
     try:

@@ -538,6 +538,30 @@ def test_a_model_loads_from_an_open_file_as_from_its_path(saved):
         GPClassifier.load(io.BytesIO(b"PK\x03\x04 damaged"))
 
 
+def test_a_model_saves_to_a_binary_file_object_and_not_to_a_directory(saved, tmp_path):
+    import io
+
+    model = GPClassifier.load(saved[0])
+    buffer = io.BytesIO()
+    model.save(buffer)
+    buffer.seek(0)
+    X_query = make_banana(10, random_state=9)[0]
+    np.testing.assert_array_equal(GPClassifier.load(buffer).predict_proba(X_query), model.predict_proba(X_query))
+    with open(tmp_path / "m.agpc", "wb") as fh:
+        model.save(fh)
+    np.testing.assert_array_equal(GPClassifier.load(tmp_path / "m.agpc").predict_proba(X_query),
+                                  model.predict_proba(X_query))
+    with open(tmp_path / "t.agpc", "w") as fh, pytest.raises(ValueError, match="text mode"):
+        model.save(fh)
+    directory = tmp_path / "models"
+    directory.mkdir()
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(ValueError, match="is a directory") as info:
+        model.save(directory)
+    assert str(directory) in str(info.value)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no temporary file left beside it
+
+
 def test_a_model_whose_jitter_was_raised_predicts_the_same_after_load(tmp_path, monkeypatch):
     """The guard may raise the jitter of K(Z, Z) during fit (duplicated inducing points, jitter 0): the model
     file keeps the jitter the fit ended with, so the loaded model factorises K(Z, Z) as the fitted one did."""
