@@ -128,16 +128,26 @@ def _member_size(info, archive_size, path):
     return info.file_size
 
 
-def read_npz(path):
-    """{name: array} of an ``.npz`` archive: every member's header is checked before any member is read."""
+def read_npz(path, names=None, check=None):
+    """{name: array} of an ``.npz`` archive: every member's header is checked before any member is read.
+    ``names``: read only these members (their headers, and every other member's, are checked all the same).
+    ``check({name: (shape, dtype)})``, called with what every member declares before any data is inflated,
+    lets a reader that knows the file's schema refuse a member larger than the schema allows (a zip bomb
+    whose declared size the archive can hold, up to deflate's ratio)."""
     try:
         archive_size = _size(path)
         with zipfile.ZipFile(path) as archive:
             members = [info for info in archive.infolist() if info.filename.endswith(".npy")]
+            declared = {}
             for info in members:
                 size = _member_size(info, archive_size, path)
                 with archive.open(info) as fh:
-                    _npy_header(fh, path, info.filename[:-4], size)
+                    shape, _, dtype = _npy_header(fh, path, info.filename[:-4], size)
+                declared[info.filename[:-4]] = (shape, dtype)
+            if check is not None:
+                check(declared)
+            if names is not None:
+                members = [info for info in members if info.filename[:-4] in names]
             arrays = {}
             for info in members:
                 with archive.open(info) as fh:

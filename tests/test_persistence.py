@@ -371,6 +371,51 @@ def test_a_member_declaring_petabytes_is_one_value_error(saved, tmp_path):
     assert str(path) in str(info.value)
 
 
+@pytest.fixture
+def members_read(monkeypatch):
+    """The names of the zip members whose data NumPy reads (inflates)."""
+    read, real = [], npy_format.read_array
+
+    def recording(fh, *args, **kwargs):
+        read.append(os.path.basename(getattr(fh, "name", "?")))
+        return real(fh, *args, **kwargs)
+
+    monkeypatch.setattr(npy_format, "read_array", recording)
+    return read
+
+
+def test_a_member_larger_than_the_schema_allows_is_refused_before_it_is_inflated(saved, tmp_path, members_read):
+    """A zip bomb: 3 MB of inducing points deflated to a few kB, which the archive's size allows, but the
+    header (d features) and posterior_h (m inducing points) allow m x d values."""
+    import io
+
+    path = rewrite(saved, tmp_path, arrays={"inducing_points": None})
+    m, d = saved[2]["inducing_points"].shape
+    buffer = io.BytesIO()
+    npy_format.write_array(buffer, np.zeros((200_000, d)))
+    with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("inducing_points.npy", buffer.getvalue())
+    expected = rf"'inducing_points.npy' declares shape \(200000, {d}\).* {m * d} values"
+    with pytest.raises(ValueError, match=expected) as info:
+        GPClassifier.load(path)
+    assert str(path) in str(info.value)
+    assert "inducing_points.npy" not in members_read
+
+
+def test_a_header_larger_than_a_header_is_refused_before_it_is_read(saved, monkeypatch, members_read):
+    monkeypatch.setattr(agpc_io, "MAX_HEADER_BYTES", 256)
+    with pytest.raises(ValueError, match="'__agpc_header__.npy' declares a header of .* 256 at most"):
+        GPClassifier.load(saved[0])
+    assert members_read == []
+
+
+def test_long_class_labels_are_refused_before_they_are_read(saved, tmp_path, members_read):
+    path = rewrite(saved, tmp_path, arrays={"classes": np.asarray(["a" * 2000, "b"])})
+    with pytest.raises(ValueError, match="'classes.npy' declares labels of 8,000 bytes"):
+        GPClassifier.load(path)
+    assert "classes.npy" not in members_read
+
+
 # -- feature names -------------------------------------------------------------------------------------------
 
 def _frames():
