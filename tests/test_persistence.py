@@ -193,6 +193,58 @@ def test_zarr_string_labels_are_read(tmp_path):
     np.testing.assert_array_equal(np.asarray(arrays["X"]), np.ones((3, 1)))
 
 
+def forged_zarr(root, X_shape, y_shape, X_chunks, y_chunks):
+    """A zarr 2 group whose metadata declare shapes its (absent) chunks do not fill: a few hundred bytes."""
+    os.makedirs(root, exist_ok=True)
+    (root / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
+    for name, shape, chunks, dtype in (("X", X_shape, X_chunks, "<f8"), ("y", y_shape, y_chunks, "<i8")):
+        os.makedirs(root / name)
+        (root / name / ".zarray").write_text(json.dumps({
+            "zarr_format": 2, "shape": list(shape), "chunks": list(chunks), "dtype": dtype, "compressor": None,
+            "fill_value": 0, "filters": None, "order": "C"}))
+    return root
+
+
+@pytest.mark.parametrize("X_shape, y_shape, name", [((100, 10 ** 9), (100,), "X"), ((100, 2), (10 ** 11,), "y")])
+def test_zarr_declaring_more_than_memory_without_its_chunks_is_refused(tmp_path, capsys, X_shape, y_shape, name):
+    """It was a MemoryError (745 GiB), exit 1; just under the memory it would be allocated and filled."""
+    pytest.importorskip("zarr")
+    store = forged_zarr(tmp_path / "forged.zarr", X_shape, y_shape, (100, 1000), (1000,))
+    with pytest.raises(ValueError, match=f"array '{name}' declares shape .* but stores 0 of its"):
+        untrusted.open_zarr(store)
+    assert_refused_in_one_line(fit_cli(store, tmp_path), capsys.readouterr().err, store, ["stores 0 of its"])
+    assert not (tmp_path / "m.agpc").exists()
+
+
+def test_zarr_arrays_read_whole_must_fit_in_memory(tmp_path, capsys, monkeypatch):
+    zarr = pytest.importorskip("zarr")
+    store = tmp_path / "d.zarr"
+    group = zarr.open_group(str(store), mode="w")
+    X = np.random.default_rng(0).normal(size=(300, 2))
+    group.create_array("X", data=X, chunks=(50, 2))
+    group.create_array("y", data=(X[:, 0] > 0).astype(np.int64), chunks=(50,))
+    monkeypatch.setattr(untrusted, "available_memory", lambda: 2000)  # the labels take 2,400 bytes
+    assert_refused_in_one_line(fit_cli(store, tmp_path), capsys.readouterr().err, store,
+                               ["array 'y' of shape (300,) takes 2,400 bytes in memory, more than the 2,000"])
+
+
+def test_zarr_chunks_left_out_as_fill_values_are_read(tmp_path):
+    """zarr 3 does not write a chunk equal to the fill value (sorted labels: a block of 0s): an honest store
+    that does not hold every chunk reads as its fill value, whatever the memory."""
+    zarr = pytest.importorskip("zarr")
+    store = tmp_path / "sorted.zarr"
+    group = zarr.open_group(str(store), mode="w")
+    X = np.random.default_rng(0).normal(size=(200, 2))
+    y = np.repeat([0, 1], 100)
+    group.create_array("X", data=X, chunks=(50, 2))
+    group.create_array("y", data=y, chunks=(50,), fill_value=0)
+    stored = [p for p in (store / "y").rglob("*") if p.is_file() and p.name != "zarr.json"]
+    assert len(stored) < 4  # the test's premise: the chunks of 0s are not stored
+    arrays = untrusted.open_zarr(store)
+    np.testing.assert_array_equal(arrays["y"][...], y)
+    np.testing.assert_array_equal(np.asarray(arrays["X"]), X)
+
+
 # -- Parquet ----------------------------------------------------------------------------------------------
 
 def test_parquet_extension_columns_are_refused_from_the_schema(tmp_path, capsys):
