@@ -358,8 +358,8 @@ def _check_declared_sizes(path, header, declared):
     each kernel array at most d numbers. A compressed member that inflates beyond that (a zip bomb) is
     refused naming it; a header or posterior_h that does not fit the schema is left to the field checks that
     follow the reading (which name the field), as long as it is small."""
-    if not isinstance(header, dict):
-        return
+    # a file of another format or a newer version is refused as such, not for arrays this version lacks
+    _check_version(header, lambda why: RefusedFile(path, why), FORMAT)
     d, specs = header.get("n_features_in"), header.get("kernel")
     if not (_is_int(d) and d >= 1) or "posterior_h" not in declared:
         return

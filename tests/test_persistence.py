@@ -315,8 +315,9 @@ def rewrite(saved, tmp_path, header=None, arrays=None, raw_header=None):
     return path
 
 
-def test_a_newer_format_version_is_refused_naming_both_versions(saved, tmp_path):
-    path = rewrite(saved, tmp_path, header={"version": agpc_io.VERSION + 1})
+@pytest.mark.parametrize("new_array", [None, np.zeros(3)])
+def test_a_newer_format_version_is_refused_naming_both_versions(saved, tmp_path, new_array):
+    path = rewrite(saved, tmp_path, header={"version": agpc_io.VERSION + 1}, arrays={"a_later_field": new_array})
     with pytest.raises(ValueError, match=f"version {agpc_io.VERSION + 1}.*versions 1 to {agpc_io.VERSION}") as info:
         GPClassifier.load(path)
     assert str(path) in str(info.value)
