@@ -15,7 +15,10 @@ column, an empty cell, non-numeric features, one class, a file that is not an ag
 exit status 1 (``--debug``, or ``AGPC_TRACEBACK=1``, shows the traceback instead); an interrupt exits with 130.
 Warnings are collected while a command runs and printed as ``agpc: warning: ...`` lines on stderr once it
 ends: after its output, or before its error line, which is always the last line. Every output is written to a
-temporary file beside its target and renamed, so a failure leaves nothing half-written.
+temporary file beside its target and renamed, so a failure leaves nothing half-written. A command's results are
+its files, written before its summary is printed; a reader that stops reading standard output early
+(``agpc fit ... | head -1``) does not stop the command: the rest of the summary is dropped, the files are
+written, and the exit status is the command's own (0), not an error.
 """
 
 from __future__ import annotations
@@ -84,13 +87,20 @@ def _atomic(path, mode="w"):
             tmp.unlink()
 
 
-def _check_writable(path):
-    """Fail before any long computation if ``path`` cannot be written (no such directory, a directory)."""
+def _check_writable(path, inputs=()):
+    """Fail before any long computation if ``path`` cannot be written (no such directory, a directory) or is
+    one of the command's ``inputs`` (the rename would replace the model or the data with the output)."""
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"cannot write {path}: it is a directory")
     if not path.absolute().parent.is_dir():
         raise UsageError(f"cannot write {path}: no directory {path.absolute().parent}")
+    for given in inputs:
+        # samefile sees hard links too; realpath also covers an input that does not exist (yet an error later)
+        if os.path.realpath(path) == os.path.realpath(given) or (
+            path.exists() and Path(given).exists() and os.path.samefile(path, given)
+        ):
+            raise UsageError(f"--out {path} is the input file {given}: the output would replace it; write elsewhere")
 
 
 def _write_csv(path, columns):
@@ -333,6 +343,12 @@ def _read_csv(path, target, labels_required, features=None):
     for line, row in body:
         if len(row) != len(names):
             raise UsageError(f"{path}: line {line} has {len(row)} fields but the header has {len(names)}")
+        # NumPy's strings drop trailing NUL bytes ("2\x00" would read as 2): a NUL is never part of a number or
+        # a label written as text, so a cell holding one is refused rather than silently cut
+        nul = next((i for i, cell in enumerate(row) if "\x00" in cell), None)
+        if nul is not None:
+            raise UsageError(f"{path}: line {line}, column {names[nul]!r}: the cell {row[nul]!r} holds a NUL byte "
+                             "(a binary file, or one damaged in transfer?)")
     columns = [np.asarray(col) for col in zip(*(row for _, row in body))]
     return _from_columns(names, columns, target, path, features, row_of=lambda i: f"line {body[i][0]}")
 
@@ -364,10 +380,23 @@ def _from_arrays(arrays, target, labels_required, path):
     if name is None:
         return Data(X, None, None)
     if name in arrays and name != "X":
-        return Data(X, _label_column(np.asarray(arrays[name][...]), name, path, lambda i: f"data row {i + 1}"), None)
+        labels = _label_array(arrays[name], name, path)
+        return Data(X, _label_column(labels, name, path, lambda i: f"data row {i + 1}"), None)
     if target is not None and re.fullmatch(r"-?\d+", target):
         return _from_matrix(X, target, path)
     raise UsageError(f"{path}: no label array {name!r} (arrays: {_preview(sorted(arrays))}); name it with --target")
+
+
+def _label_array(values, name, path):
+    """A label array as 1-D: one column (n, 1) is taken as its n labels, as the estimator takes it
+    (scikit-learn's column_or_1d); any other shape is refused from its declared shape, before reading."""
+    shape = tuple(values.shape)
+    if len(shape) == 2 and shape[1] == 1:
+        return np.asarray(values[...]).reshape(-1)
+    if len(shape) != 1:
+        raise UsageError(f"{path}: label array {name!r} has shape {shape}: labels are one per row, a 1-D array "
+                         "(or a single column)")
+    return np.asarray(values[...])
 
 
 def _read_npz(path, target, labels_required):
@@ -461,7 +490,7 @@ def fit(args):
     from .classifier import GPClassifier
     from .io import save_model
 
-    _check_writable(args.out)
+    _check_writable(args.out, [args.data])
     X, y, names = load_data(args.data, args.target, labels_required=True)
     classes = np.unique(y)
     if classes.shape[0] < 2:
@@ -484,13 +513,17 @@ def fit(args):
     else:
         model.fit(X_train, y_train)
     seconds = time.perf_counter() - t0
-    _print_scores("train", _scores(model.predict_proba(X_train), y_train, model.classes_), len(y_train))
+    scores = [("train", _scores(model.predict_proba(X_train), y_train, model.classes_), len(y_train))]
     if X_val is not None:
-        _print_scores("validation", _scores(model.predict_proba(X_val), y_val, model.classes_), len(y_val))
+        scores.append(("validation", _scores(model.predict_proba(X_val), y_val, model.classes_), len(y_val)))
+    _record_feature_names(model, names)
+    # the model is written before the summary is printed: the summary is for whoever reads it, the model is
+    # the command's result, and must not depend on the reader of standard output (agpc fit ... | head -1)
+    save_model(model, args.out)
+    for what, values, rows in scores:
+        _print_scores(what, values, rows)
     stopped = ", stopped by --max-time" if getattr(model, "stopped_by_time_", False) else ""
     print(f"fit time:    {seconds:.2f} s ({model.n_iter_} iterations{stopped})")
-    _record_feature_names(model, names)
-    save_model(model, args.out)
     print(f"wrote {args.out}")
     return 0
 
@@ -541,7 +574,7 @@ def _columns_already_matched():
 
 
 def predict(args):
-    _check_writable(args.out)
+    _check_writable(args.out, [args.model, args.data])
     model = _load_model(args.model)
     wanted = _feature_names(model)
     X, y, names = load_data(args.data, args.target, features=wanted)
@@ -830,7 +863,8 @@ def _bench_parser(sub):
 _EPILOG = """\
 Exit status: 0 success; 2 bad input (a missing or unreadable file, a missing column, a bad option, data the
 model cannot use), as one line 'agpc: error: ...' on stderr; 1 an internal error, as one line 'agpc: internal
-error: ...' (--debug, or AGPC_TRACEBACK=1, prints the traceback instead); 130 interrupted.
+error: ...' (--debug, or AGPC_TRACEBACK=1, prints the traceback instead); 130 interrupted. A reader that
+closes standard output early (agpc fit ... | head -1) is not an error: the output files are still written.
 Warnings (the library's and the command's own) are collected while the command runs and printed once it ends,
 one line 'agpc: warning: ...' each on stderr: after the command's output, or, when it fails, just before its
 error line, which is always the last line.
@@ -894,6 +928,47 @@ def _report(exc):
                + " (run again with --debug for the traceback)")
 
 
+class _OutputReaderMayLeave:
+    """Standard output whose reader may stop reading (``agpc fit ... | head -1``). A command's results are
+    files; what it prints is a summary for the reader. When the reader has gone (a write or flush raises
+    BrokenPipeError: Python ignores SIGPIPE), the rest of the summary is dropped and the command goes on to
+    its end and its own exit status: the reader leaving is not a failure of the command. As Python's
+    documentation advises (signal module, "Note on SIGPIPE"), the descriptor is pointed at os.devnull, so
+    that the text still buffered does not fail again when Python flushes standard output at exit."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _reader_gone(self):
+        try:
+            fd = self._stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            fd = None
+        if fd is not None:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, fd)
+            finally:
+                os.close(devnull)
+        self._stream = open(os.devnull, "w")  # kept open: the command may still print
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._reader_gone()
+            return len(text)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_gone()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def _warning_lines(caught):
     """One line per distinct warning, in the order first seen."""
     lines = {}
@@ -907,6 +982,14 @@ def main(argv=None):
     """Run one command; returns its exit status. Every exception ends as one line on stderr, after the
     warnings the command raised (see _EPILOG)."""
     debug = bool(os.environ.get("AGPC_TRACEBACK"))
+    stdout, sys.stdout = sys.stdout, _OutputReaderMayLeave(sys.stdout)
+    try:
+        return _run_command(argv, debug)
+    finally:
+        sys.stdout = stdout
+
+
+def _run_command(argv, debug):
     status = failure = None
     with warnings.catch_warnings(record=True) as caught:
         # deprecations speak to programmers, not to the user of the command

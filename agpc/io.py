@@ -1,18 +1,20 @@
 """Saving and loading models as data: one ``.npz`` holding arrays and a JSON header, never serialised Python objects.
 
-Loading never executes code and never trusts what it reads: every member's npy header is checked before any
-data are read (``untrusted.read_npz``: no object arrays, no declared size beyond the bytes held), the header
-is JSON, and every field is checked against the format's schema (types, shapes, finiteness, a lower
-triangular L_C with a positive diagonal, unique classes, known kernels, the estimator's own parameters). A
-file that fails is one ``ValueError`` naming the file and the field. A model file carries a format version:
-every earlier version keeps loading (tests/data/model_v1), a newer one is refused naming both. Parameters that
-name where training writes (``NOT_RESTORED``) are never restored from a file. Saving writes to a temporary
-file beside the target, flushes it to disk and renames it, so a crash never leaves a half-written model where
-a good one was.
+Loading never executes code and never trusts what it reads: every member's npy header is checked before any data
+are read (``untrusted.read_npz``: no object arrays, no declared size beyond the bytes held, nor beyond what the
+header and the schema allow: a zip bomb is refused before it is inflated), the header is JSON, and every field is
+checked against the format's schema (types, shapes, finiteness, a lower triangular L_C with a positive diagonal,
+unique classes, known kernels, the estimator's own parameters). A file that fails is one ``ValueError`` naming
+the file and the field. A model file carries a format version: every earlier version keeps loading
+(tests/data/model_v1), a newer one is refused naming both. Parameters that name where training writes
+(``NOT_RESTORED``) are never restored from a file. Saving writes to a temporary file beside the target, flushes
+it to disk and renames it, so a crash never leaves a half-written model where a good one was.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import math
 import os
@@ -54,7 +56,7 @@ def _json_params(params):
 
 
 def save_model(model, path):
-    """Write a fitted GPClassifier to ``path`` (the name is kept as given)."""
+    """Write a fitted GPClassifier to ``path`` (the name is kept as given) or to a binary file object."""
     from sklearn.utils.validation import check_is_fitted
 
     check_is_fitted(model, "posterior_")
@@ -94,8 +96,18 @@ def save_model(model, path):
 
 
 def _atomic_savez(path, arrays):
-    """Write an npz beside ``path`` and rename it over ``path``: a crash leaves the old file untouched."""
+    """Write an npz beside ``path`` and rename it over ``path``: a crash leaves the old file untouched. A
+    binary file object (``load`` reads them, as numpy.load does) is written in place: it has no name to
+    rename over; its owner decides what a half-written file means."""
+    if hasattr(path, "write"):
+        if isinstance(path, io.TextIOBase):
+            raise ValueError(f"cannot save to {describe(path)}: it is open in text mode; a model file is binary "
+                             "(open it with mode 'wb')")
+        np.savez(path, **arrays)
+        return
     path = os.fspath(path)
+    if os.path.isdir(path):  # before the temporary file: it would be created beside the directory
+        raise ValueError(f"cannot save to {path}: it is a directory; name a file in it")
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".agpc-", suffix=".tmp", dir=directory)
     try:
@@ -148,25 +160,43 @@ def _refuse(path, why):
     return ValueError(f"{describe(path)} is not a valid agpc model file: {why}")
 
 
-def _read_archive(path, refuse):
+# The JSON header of a model or a checkpoint: its estimator parameters, kernel description and fit history (a
+# few numbers an iteration) take kilobytes; 64 MiB of text (NumPy stores it 4 bytes a character) is no header
+MAX_HEADER_BYTES = 1 << 26
+# a class label is a number or a short name: a longer string in a model file is a way to take memory
+MAX_LABEL_BYTES = 4096
+
+
+def _read_archive(path, refuse, check_declared=None):
     """(header dict, {name: array}) of an archive written here: every member's npy header is checked before
-    anything is read (untrusted.read_npz: no object arrays, no declared size beyond the bytes held)."""
+    anything is read (untrusted.read_npz: no object arrays, no declared size beyond the bytes held); the JSON
+    header is read first, within MAX_HEADER_BYTES, then ``check_declared(header, {name: (shape, dtype)})``
+    may refuse (as a RefusedFile) members that the header's schema does not allow, before they are inflated."""
+    def check_header(declared):
+        if _HEADER not in declared:
+            raise RefusedFile(path, "no agpc header (written by another program?)")
+        shape, dtype = declared[_HEADER]
+        if shape != () or dtype.kind != "U":
+            raise RefusedFile(path, f"header: a {dtype} array of shape {shape}, not a JSON string")
+        if dtype.itemsize > MAX_HEADER_BYTES:
+            raise RefusedFile(path, f"member {_HEADER + '.npy'!r} declares a header of {dtype.itemsize:,} bytes; a "
+                                    f"header takes {MAX_HEADER_BYTES:,} at most")
+
     try:
-        arrays = read_npz(path)
+        text = read_npz(path, names=[_HEADER], check=check_header)[_HEADER]
+        try:
+            header = json.loads(str(text))
+        # ValueError: also an integer of more digits than Python converts (4300); RecursionError: deep nesting
+        except (ValueError, RecursionError) as exc:
+            raise refuse(f"header: not JSON agpc reads ({type(exc).__name__})") from None
+        checked = None if check_declared is None else (lambda declared: check_declared(header, declared))
+        arrays = read_npz(path, check=checked)
     except RefusedFile as exc:
         raise refuse(exc.reason) from None
     except IsADirectoryError:
         raise refuse("it is a directory") from None
-    header = arrays.pop(_HEADER, None)
-    if header is None:
-        raise refuse("no agpc header (written by another program?)")
-    if header.ndim != 0 or header.dtype.kind != "U":
-        raise refuse(f"header: a {header.dtype} array of shape {header.shape}, not a JSON string")
-    try:
-        return json.loads(str(header)), arrays
-    # ValueError: also an integer of more digits than Python converts (4300); RecursionError: deep nesting
-    except (ValueError, RecursionError) as exc:
-        raise refuse(f"header: not JSON agpc reads ({type(exc).__name__})") from None
+    arrays.pop(_HEADER)
+    return header, arrays
 
 
 def _check_version(header, refuse, what):
@@ -321,6 +351,41 @@ def _kernel_arrays(header, arrays, n_classes, d, refuse):
     return params
 
 
+def _check_declared_sizes(path, header, declared):
+    """Before any array is inflated: no member larger than the schema lets the header and ``posterior_h``
+    (m floats a class: the smallest array that fixes m) declare. The header gives the features d and the
+    classes C (one kernel a class for more than two); then inducing points are (C,) m x d, L_C (C,) m x m,
+    each kernel array at most d numbers. A compressed member that inflates beyond that (a zip bomb) is
+    refused naming it; a header or posterior_h that does not fit the schema is left to the field checks that
+    follow the reading (which name the field), as long as it is small."""
+    # a file of another format or a newer version is refused as such, not for arrays this version lacks
+    _check_version(header, lambda why: RefusedFile(path, why), FORMAT)
+    d, specs = header.get("n_features_in"), header.get("kernel")
+    if not (_is_int(d) and d >= 1) or "posterior_h" not in declared:
+        return
+    n_classes = len(specs) if isinstance(specs, list) else 2
+    lead = (n_classes,) if n_classes > 2 else ()
+    h_shape = declared["posterior_h"][0]
+    if len(h_shape) != len(lead) + 1 or h_shape[:-1] != lead:
+        raise RefusedFile(path, f"posterior_h: shape {h_shape}, expected {lead + (-1,)} (-1: the inducing points) for "
+                                f"{n_classes} classes")
+    m = h_shape[-1]
+    allowed = {"posterior_h": lead + (m,), "classes": (n_classes,), "inducing_points": lead + (m, d),
+               "posterior_L_C": lead + (m, m)}
+    for name, (shape, dtype) in declared.items():
+        if name == _HEADER:
+            continue
+        if name not in allowed and not name.startswith("kernel_"):
+            raise RefusedFile(path, f"unexpected arrays {[name]}")
+        most = math.prod(allowed.get(name, (d,)))
+        if math.prod(shape) > most:
+            raise RefusedFile(path, f"member {name + '.npy'!r} declares shape {shape} of {dtype}, more than the "
+                                    f"{most:,} values the model's header and posterior_h allow")
+        if name == "classes" and dtype.itemsize > MAX_LABEL_BYTES:
+            raise RefusedFile(path, f"member 'classes.npy' declares labels of {dtype.itemsize:,} bytes each ({dtype}); "
+                                    f"a label takes {MAX_LABEL_BYTES:,} at most")
+
+
 def load_model(path, backend="numpy"):
     """Read a model written by :func:`save_model` (format version 1 or later up to ``VERSION``); arrays are
     placed in ``backend``'s namespace. Everything read is checked against the format's schema first; a file
@@ -330,7 +395,7 @@ def load_model(path, backend="numpy"):
     from .kernels import ClassKernels, kernel_from_spec
 
     refuse = lambda why: _refuse(path, why)  # noqa: E731
-    header, arrays = _read_archive(path, refuse)
+    header, arrays = _read_archive(path, refuse, functools.partial(_check_declared_sizes, path))
     version = _check_version(header, refuse, FORMAT)
     if header.get("estimator") != GPClassifier.__name__:
         raise refuse(f"estimator: {header.get('estimator')!r}, this agpc loads {GPClassifier.__name__}")

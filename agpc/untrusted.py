@@ -10,7 +10,9 @@ decide how much memory is taken. Every reader here looks at what a file declares
 - zarr: every metadata document of the store is checked before zarr opens it: no pickle codec, no object
   dtype other than the variable-length strings (``vlen-utf8`` / ``vlen-bytes``) zarr uses for labels.
   Arrays stay on disk; reading a chunk that cannot be decoded is one ``ValueError`` naming the store and
-  the array (zarr 3 raises from inside its asyncio loop otherwise, with a traceback of thirty lines).
+  the array (zarr 3 raises from inside its asyncio loop otherwise, with a traceback of thirty lines). An
+  array declaring more bytes than the memory available without storing every chunk is refused (missing
+  chunks are fill values made up in memory), and an array read whole must fit in the memory available.
 - Parquet: needs pyarrow >= 14.0.1 (14.0.0 and older unpickle extension types, CVE-2023-47248); the schema
   is read first, and only numeric, boolean and string columns are read (no extension types).
 
@@ -128,16 +130,26 @@ def _member_size(info, archive_size, path):
     return info.file_size
 
 
-def read_npz(path):
-    """{name: array} of an ``.npz`` archive: every member's header is checked before any member is read."""
+def read_npz(path, names=None, check=None):
+    """{name: array} of an ``.npz`` archive: every member's header is checked before any member is read.
+    ``names``: read only these members (their headers, and every other member's, are checked all the same).
+    ``check({name: (shape, dtype)})``, called with what every member declares before any data is inflated,
+    lets a reader that knows the file's schema refuse a member larger than the schema allows (a zip bomb
+    whose declared size the archive can hold, up to deflate's ratio)."""
     try:
         archive_size = _size(path)
         with zipfile.ZipFile(path) as archive:
             members = [info for info in archive.infolist() if info.filename.endswith(".npy")]
+            declared = {}
             for info in members:
                 size = _member_size(info, archive_size, path)
                 with archive.open(info) as fh:
-                    _npy_header(fh, path, info.filename[:-4], size)
+                    shape, _, dtype = _npy_header(fh, path, info.filename[:-4], size)
+                declared[info.filename[:-4]] = (shape, dtype)
+            if check is not None:
+                check(declared)
+            if names is not None:
+                members = [info for info in members if info.filename[:-4] in names]
             arrays = {}
             for info in members:
                 with archive.open(info) as fh:
@@ -253,15 +265,60 @@ def check_zarr_store(path):
     visit(root)
 
 
+def available_memory():
+    """Bytes of memory this process could take now (Linux: MemAvailable), or None where it is unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _stored_chunk_files(directory):
+    """How many chunk (or shard) files an array's directory holds: every file under it but metadata."""
+    return sum(1 for _, _, files in os.walk(directory) for file in files
+               if file not in _ZARR_METADATA and file != ".zattrs")
+
+
 class ZarrRows:
     """A zarr array as agpc reads it (shape, dtype, chunks, slicing, ``oindex``): a chunk that cannot be
-    decoded is one ``ValueError`` naming the store and the array instead of zarr's asyncio traceback."""
+    decoded is one ``ValueError`` naming the store and the array instead of zarr's asyncio traceback.
 
-    def __init__(self, array, path, name):
+    A chunk missing from the store reads as the array's fill value: a few hundred bytes of metadata can
+    declare terabytes of fill. Missing chunks are not refused as such (zarr 3 does not write a chunk equal to
+    the fill value: a block of labels that are all 0 is missing from an honest store), but memory is: an
+    array that declares more bytes than the memory available and does not store every chunk is refused when
+    opened (what it stores does not fill what it declares: a forged shape; its chunks are counted only then,
+    a walk of its directory), and any array read whole must fit in the memory available."""
+
+    def __init__(self, array, path, name, directory):
         self._array, self._path, self._name = array, os.fspath(path), name
         if array.dtype.kind != "T":  # numpy's variable-length strings: zarr 3's labels, checked in the metadata
             check_dtype(array.dtype, path, name)
         self.shape, self.dtype, self.chunks, self.ndim = array.shape, array.dtype, array.chunks, array.ndim
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize  # Python integers: no overflow
+        memory = available_memory()
+        if memory is not None and self.nbytes > memory:
+            grid = getattr(array, "shards", None) or self.chunks  # a sharded array stores one file a shard
+            total = math.prod(-(-size // chunk) for size, chunk in zip(self.shape, grid))
+            stored = _stored_chunk_files(directory)
+            if stored < total:
+                raise RefusedFile(path, f"{_what(name)} declares shape {self.shape} of {self.dtype} "
+                                        f"({self.nbytes:,} bytes, more than the {memory:,} bytes of memory available) "
+                                        f"but stores {stored:,} of its {total:,} chunks: the rest would be fill values "
+                                        "made up in memory (a forged shape?)")
+
+    def _check_fits_in_memory(self):
+        memory = available_memory()
+        if memory is not None and self.nbytes > memory:
+            raise RefusedFile(self._path, f"{_what(self._name)} of shape {self.shape} takes {self.nbytes:,} bytes in "
+                                          f"memory, more than the {memory:,} bytes available")
 
     def __len__(self):
         return self.shape[0]
@@ -275,6 +332,9 @@ class ZarrRows:
                                           f"{' '.join(str(exc).split())})") from None
 
     def __getitem__(self, key):
+        # the whole array must fit in memory; blocks of rows are sized by their reader
+        if key is Ellipsis or (isinstance(key, slice) and key == slice(None)):
+            self._check_fits_in_memory()
         return self._read(self._array, key)
 
     def __array__(self, dtype=None, copy=None):
@@ -300,13 +360,13 @@ def open_zarr(path):
     try:
         node = zarr.open(os.fspath(path), mode="r")
         if isinstance(node, zarr.Group):
-            return {name: ZarrRows(node[name], path, name) for name in node.array_keys()}
+            return {name: ZarrRows(node[name], path, name, os.path.join(path, name)) for name in node.array_keys()}
     except (ValueError, TypeError, KeyError, OSError) as exc:
         if isinstance(exc, RefusedFile):
             raise
         raise RefusedFile(path, f"not a readable zarr store ({type(exc).__name__}: {' '.join(str(exc).split())})") \
             from None
-    return ZarrRows(node, path, None)
+    return ZarrRows(node, path, None, path)
 
 
 # -- Parquet -------------------------------------------------------------------------------------------
@@ -338,6 +398,12 @@ def read_parquet_columns(path):
         schema = pq.read_schema(path)
     except (pa.ArrowException, OSError) as exc:
         raise RefusedFile(path, f"not a readable Parquet file ({' '.join(str(exc).split())})") from None
+    # pyarrow reads a file whose columns share a name only through its internals' error (FieldRef ... in
+    # __fragment_index): a column is known by its name, so a name used twice is refused first, in one line
+    repeated = sorted({name for name in schema.names if schema.names.count(name) > 1})
+    if repeated:
+        counts = ", ".join(f"{name!r} ({schema.names.count(name)} times)" for name in repeated)
+        raise RefusedFile(path, f"the file names more than one column {counts}: every column needs a name of its own")
     refused = [f"{field.name} ({field.type})" for field in schema if not _plain_column_type(pa, field)]
     if refused:
         raise RefusedFile(path, f"columns of types agpc does not read (numbers, booleans and strings only): "

@@ -201,6 +201,30 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, model_file, b
     assert {p.name for p in tmp_path.rglob("*")} == before
 
 
+@pytest.mark.parametrize("command", ["fit", "predict onto the model", "predict onto the data", "hard link"])
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tmp_path, model_file, banana, capsys, command):
+    X, y = banana
+    data = write_csv(tmp_path / "d.csv", X, y)
+    model = tmp_path / "m.agpc"
+    model.write_bytes(model_file.read_bytes())
+    argv, target = {
+        "fit": (["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(data)], data),
+        "predict onto the model": (["predict", str(model), str(data), "--target", "label", "--out", str(model)], model),
+        "predict onto the data": (["predict", str(model), str(data), "--target", "label", "--out",
+                                   str(tmp_path / "." / "d.csv")], data),
+        "hard link": (["predict", str(model), str(data), "--target", "label", "--out", str(tmp_path / "link.agpc")],
+                      model),
+    }[command]
+    if command == "hard link":
+        os.link(model, tmp_path / "link.agpc")
+    before = target.read_bytes()
+    status = main(argv)
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "is the input file" in err
+    assert target.read_bytes() == before
+
+
 def test_failed_predict_leaves_an_existing_output_untouched(tmp_path, model_file, banana, capsys):
     X, y = banana
     data = write_csv(tmp_path / "cats.csv", X, np.where(y > 0, "cat", "dog"))
@@ -233,6 +257,36 @@ def test_python_dash_m_reports_a_bad_model_in_one_line(tmp_path):
     assert_one_line_error(run.returncode, run.stderr)
     assert "is not an agpc model file" in run.stderr
     assert not (tmp_path / "p.csv").exists()
+
+
+@pytest.mark.parametrize("lines_read", [0, 1])
+@pytest.mark.parametrize("command", ["fit", "predict"])
+def test_a_reader_that_stops_early_neither_fails_the_command_nor_loses_its_output(tmp_path, banana, model_file,
+                                                                                   command, lines_read):
+    """agpc fit ... | head -1: the reader leaving is not a failure of the command (it ended in exit 2,
+    'Broken pipe', and fit wrote no model); its files are written and it exits 0."""
+    data = write_csv(tmp_path / "d.csv", *banana)
+    out = tmp_path / ("m.agpc" if command == "fit" else "p.csv")
+    argv = (["fit", str(data), "--target", "label", *FIT_OPTIONS] if command == "fit"
+            else ["predict", str(model_file), str(data), "--target", "label"])
+    with subprocess.Popen([sys.executable, "-m", "agpc", *argv, "--out", str(out)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=subprocess_env()) as proc:
+        for _ in range(lines_read):
+            assert proc.stdout.readline().startswith(b"agpc fit:" if command == "fit" else b"wrote ")
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        status = proc.wait(timeout=120)
+    assert status == 0, err
+    assert "error" not in err and "Broken pipe" not in err, err
+    if command == "fit":
+        fitted = GPClassifier.load(out)
+        assert list(fitted.feature_names_in_) == ["x1", "x2"]
+        with warnings.catch_warnings():  # the model knows its columns' names, the array has none
+            warnings.filterwarnings("ignore", message="X does not have valid feature names")
+            np.testing.assert_array_equal(fitted.predict_proba(banana[0]),
+                                          GPClassifier.load(model_file).predict_proba(banana[0]))
+    else:
+        assert read_predictions(out)[1].shape == (len(banana[1]), 2)
 
 
 # -- CSV cells and column names --------------------------------------------------------------------------
@@ -307,6 +361,25 @@ def test_a_nan_label_in_an_npz_is_an_error_naming_the_row(tmp_path, banana, caps
     assert "data row 8, label column 'y': missing value, nan" in err
 
 
+@pytest.mark.parametrize("name", ["npz", "zarr"])
+def test_a_column_of_labels_is_taken_as_1d_and_other_2d_labels_are_refused(tmp_path, banana, reference, capsys,
+                                                                           name):
+    X, y = banana
+    writer = {"npz": write_npz, "zarr": write_zarr}[name]
+    column, target = writer(tmp_path / f"column.{name}", X, y.reshape(-1, 1))
+    wide, _ = writer(tmp_path / f"wide.{name}", X, np.column_stack([y, y]))
+    assert main(["fit", str(column), *target, *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")]) == 0
+    assert main(["predict", str(tmp_path / "m.agpc"), str(column), *target, "--out", str(tmp_path / "p.csv")]) == 0
+    np.testing.assert_allclose(read_predictions(tmp_path / "p.csv")[1], reference.predict_proba(X), rtol=1e-12,
+                               atol=1e-15)
+    capsys.readouterr()
+    status = main(["fit", str(wide), *target, *FIT_OPTIONS, "--out", str(tmp_path / "w.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert f"has shape ({len(y)}, 2)" in err
+    assert not (tmp_path / "w.agpc").exists()
+
+
 def test_a_null_label_in_parquet_is_an_error_not_a_class(tmp_path, banana, capsys):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
@@ -318,6 +391,32 @@ def test_a_null_label_in_parquet_is_an_error_not_a_class(tmp_path, banana, capsy
     err = capsys.readouterr().err
     assert_one_line_error(status, err)
     assert "data row 5, label column 'cls': missing value, a null" in err
+
+
+@pytest.mark.parametrize("cell", ["2\x00", "\x002", "2\x005"])
+def test_a_nul_byte_in_a_csv_cell_is_an_error_naming_line_and_column(tmp_path, banana, capsys, cell):
+    X, y = banana
+    data = write_csv(tmp_path / "d.csv", X, y, names=("a", "b", "label"))
+    lines = data.read_text().splitlines()
+    lines[3] = lines[3].split(",", 1)[0] + f",{cell}," + lines[3].rsplit(",", 1)[1]
+    data.write_text("\n".join(lines) + "\n")
+    status = main(["fit", str(data), "--target", "label", "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "line 4, column 'b'" in err and "NUL byte" in err
+    assert not (tmp_path / "m.agpc").exists()
+
+
+def test_parquet_columns_sharing_a_name_are_one_line_naming_them(tmp_path, banana, capsys):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    X, y = banana
+    pq.write_table(pa.table([X[:, 0], X[:, 1], y], names=["a", "a", "cls"]), tmp_path / "d.parquet")
+    status = main(["fit", str(tmp_path / "d.parquet"), "--target", "cls", "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "names more than one column 'a' (2 times)" in err and "__fragment_index" not in err
 
 
 def test_a_header_of_numbers_is_warned_about(tmp_path, banana):

@@ -193,6 +193,58 @@ def test_zarr_string_labels_are_read(tmp_path):
     np.testing.assert_array_equal(np.asarray(arrays["X"]), np.ones((3, 1)))
 
 
+def forged_zarr(root, X_shape, y_shape, X_chunks, y_chunks):
+    """A zarr 2 group whose metadata declare shapes its (absent) chunks do not fill: a few hundred bytes."""
+    os.makedirs(root, exist_ok=True)
+    (root / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
+    for name, shape, chunks, dtype in (("X", X_shape, X_chunks, "<f8"), ("y", y_shape, y_chunks, "<i8")):
+        os.makedirs(root / name)
+        (root / name / ".zarray").write_text(json.dumps({
+            "zarr_format": 2, "shape": list(shape), "chunks": list(chunks), "dtype": dtype, "compressor": None,
+            "fill_value": 0, "filters": None, "order": "C"}))
+    return root
+
+
+@pytest.mark.parametrize("X_shape, y_shape, name", [((100, 10 ** 9), (100,), "X"), ((100, 2), (10 ** 11,), "y")])
+def test_zarr_declaring_more_than_memory_without_its_chunks_is_refused(tmp_path, capsys, X_shape, y_shape, name):
+    """It was a MemoryError (745 GiB), exit 1; just under the memory it would be allocated and filled."""
+    pytest.importorskip("zarr")
+    store = forged_zarr(tmp_path / "forged.zarr", X_shape, y_shape, (100, 1000), (1000,))
+    with pytest.raises(ValueError, match=f"array '{name}' declares shape .* but stores 0 of its"):
+        untrusted.open_zarr(store)
+    assert_refused_in_one_line(fit_cli(store, tmp_path), capsys.readouterr().err, store, ["stores 0 of its"])
+    assert not (tmp_path / "m.agpc").exists()
+
+
+def test_zarr_arrays_read_whole_must_fit_in_memory(tmp_path, capsys, monkeypatch):
+    zarr = pytest.importorskip("zarr")
+    store = tmp_path / "d.zarr"
+    group = zarr.open_group(str(store), mode="w")
+    X = np.random.default_rng(0).normal(size=(300, 2))
+    group.create_array("X", data=X, chunks=(50, 2))
+    group.create_array("y", data=(X[:, 0] > 0).astype(np.int64), chunks=(50,))
+    monkeypatch.setattr(untrusted, "available_memory", lambda: 2000)  # the labels take 2,400 bytes
+    assert_refused_in_one_line(fit_cli(store, tmp_path), capsys.readouterr().err, store,
+                               ["array 'y' of shape (300,) takes 2,400 bytes in memory, more than the 2,000"])
+
+
+def test_zarr_chunks_left_out_as_fill_values_are_read(tmp_path):
+    """zarr 3 does not write a chunk equal to the fill value (sorted labels: a block of 0s): an honest store
+    that does not hold every chunk reads as its fill value, whatever the memory."""
+    zarr = pytest.importorskip("zarr")
+    store = tmp_path / "sorted.zarr"
+    group = zarr.open_group(str(store), mode="w")
+    X = np.random.default_rng(0).normal(size=(200, 2))
+    y = np.repeat([0, 1], 100)
+    group.create_array("X", data=X, chunks=(50, 2))
+    group.create_array("y", data=y, chunks=(50,), fill_value=0)
+    stored = [p for p in (store / "y").rglob("*") if p.is_file() and p.name != "zarr.json"]
+    assert len(stored) < 4  # the test's premise: the chunks of 0s are not stored
+    arrays = untrusted.open_zarr(store)
+    np.testing.assert_array_equal(arrays["y"][...], y)
+    np.testing.assert_array_equal(np.asarray(arrays["X"]), X)
+
+
 # -- Parquet ----------------------------------------------------------------------------------------------
 
 def test_parquet_extension_columns_are_refused_from_the_schema(tmp_path, capsys):
@@ -263,8 +315,9 @@ def rewrite(saved, tmp_path, header=None, arrays=None, raw_header=None):
     return path
 
 
-def test_a_newer_format_version_is_refused_naming_both_versions(saved, tmp_path):
-    path = rewrite(saved, tmp_path, header={"version": agpc_io.VERSION + 1})
+@pytest.mark.parametrize("new_array", [None, np.zeros(3)])
+def test_a_newer_format_version_is_refused_naming_both_versions(saved, tmp_path, new_array):
+    path = rewrite(saved, tmp_path, header={"version": agpc_io.VERSION + 1}, arrays={"a_later_field": new_array})
     with pytest.raises(ValueError, match=f"version {agpc_io.VERSION + 1}.*versions 1 to {agpc_io.VERSION}") as info:
         GPClassifier.load(path)
     assert str(path) in str(info.value)
@@ -369,6 +422,51 @@ def test_a_member_declaring_petabytes_is_one_value_error(saved, tmp_path):
     with pytest.raises(ValueError, match="'payload' declares shape") as info:
         GPClassifier.load(path)
     assert str(path) in str(info.value)
+
+
+@pytest.fixture
+def members_read(monkeypatch):
+    """The names of the zip members whose data NumPy reads (inflates)."""
+    read, real = [], npy_format.read_array
+
+    def recording(fh, *args, **kwargs):
+        read.append(os.path.basename(getattr(fh, "name", "?")))
+        return real(fh, *args, **kwargs)
+
+    monkeypatch.setattr(npy_format, "read_array", recording)
+    return read
+
+
+def test_a_member_larger_than_the_schema_allows_is_refused_before_it_is_inflated(saved, tmp_path, members_read):
+    """A zip bomb: 3 MB of inducing points deflated to a few kB, which the archive's size allows, but the
+    header (d features) and posterior_h (m inducing points) allow m x d values."""
+    import io
+
+    path = rewrite(saved, tmp_path, arrays={"inducing_points": None})
+    m, d = saved[2]["inducing_points"].shape
+    buffer = io.BytesIO()
+    npy_format.write_array(buffer, np.zeros((200_000, d)))
+    with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("inducing_points.npy", buffer.getvalue())
+    expected = rf"'inducing_points.npy' declares shape \(200000, {d}\).* {m * d} values"
+    with pytest.raises(ValueError, match=expected) as info:
+        GPClassifier.load(path)
+    assert str(path) in str(info.value)
+    assert "inducing_points.npy" not in members_read
+
+
+def test_a_header_larger_than_a_header_is_refused_before_it_is_read(saved, monkeypatch, members_read):
+    monkeypatch.setattr(agpc_io, "MAX_HEADER_BYTES", 256)
+    with pytest.raises(ValueError, match="'__agpc_header__.npy' declares a header of .* 256 at most"):
+        GPClassifier.load(saved[0])
+    assert members_read == []
+
+
+def test_long_class_labels_are_refused_before_they_are_read(saved, tmp_path, members_read):
+    path = rewrite(saved, tmp_path, arrays={"classes": np.asarray(["a" * 2000, "b"])})
+    with pytest.raises(ValueError, match="'classes.npy' declares labels of 8,000 bytes"):
+        GPClassifier.load(path)
+    assert "classes.npy" not in members_read
 
 
 # -- feature names -------------------------------------------------------------------------------------------
@@ -536,6 +634,30 @@ def test_a_model_loads_from_an_open_file_as_from_its_path(saved):
     np.testing.assert_array_equal(from_bytes.predict_proba(X_query), from_file.predict_proba(X_query))
     with pytest.raises(ValueError, match="BytesIO.*not a valid agpc model file"):
         GPClassifier.load(io.BytesIO(b"PK\x03\x04 damaged"))
+
+
+def test_a_model_saves_to_a_binary_file_object_and_not_to_a_directory(saved, tmp_path):
+    import io
+
+    model = GPClassifier.load(saved[0])
+    buffer = io.BytesIO()
+    model.save(buffer)
+    buffer.seek(0)
+    X_query = make_banana(10, random_state=9)[0]
+    np.testing.assert_array_equal(GPClassifier.load(buffer).predict_proba(X_query), model.predict_proba(X_query))
+    with open(tmp_path / "m.agpc", "wb") as fh:
+        model.save(fh)
+    np.testing.assert_array_equal(GPClassifier.load(tmp_path / "m.agpc").predict_proba(X_query),
+                                  model.predict_proba(X_query))
+    with open(tmp_path / "t.agpc", "w") as fh, pytest.raises(ValueError, match="text mode"):
+        model.save(fh)
+    directory = tmp_path / "models"
+    directory.mkdir()
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(ValueError, match="is a directory") as info:
+        model.save(directory)
+    assert str(directory) in str(info.value)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no temporary file left beside it
 
 
 def test_a_model_whose_jitter_was_raised_predicts_the_same_after_load(tmp_path, monkeypatch):
