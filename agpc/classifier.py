@@ -1021,14 +1021,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     # -- persistence -----------------------------------------------------------------------------
 
     def save(self, path):
-        """Save the fitted model as data (npz + JSON, plain data only). See :mod:`agpc.io`."""
+        """Save the fitted model as data (npz + JSON, plain data only) to ``path``, a file name (written
+        atomically) or a binary file object. See :mod:`agpc.io`."""
         from .io import save_model
 
         save_model(self, path)
 
     @classmethod
     def load(cls, path, backend="numpy"):
-        """Load a model saved by :meth:`save`; arrays go to ``backend`` (default NumPy)."""
+        """Load a model saved by :meth:`save` from a file name or a binary file object; arrays go to
+        ``backend`` (default NumPy). Every field is checked (:mod:`agpc.io`); a file is never executed."""
         from .io import load_model
 
         model = load_model(path, backend=backend)
