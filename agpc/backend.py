@@ -332,6 +332,17 @@ def machine_epsilon(x):
     return float(array_namespace(x).finfo(x.dtype).eps)
 
 
+def scaled_std(X, *, axis, keepdims=False):
+    """``xp.std(X, axis=axis)`` computed without overflow or underflow: X divided by its largest |x| along
+    ``axis`` first, so the squares lie in [0, 1] (``xp.std`` of X * 1e-300 underflows to 0, of X * 1e154
+    overflows to inf). On X's device, no host copy; 0 for a constant or all-zero slice."""
+    xp = array_namespace(X)
+    magnitude = xp.max(xp.abs(X), axis=axis, keepdims=True)
+    magnitude = xp.where(magnitude > 0, magnitude, xp.ones_like(magnitude))
+    std = xp.std(X / magnitude, axis=axis, keepdims=True) * magnitude
+    return std if keepdims else xp.squeeze(std, axis=axis)
+
+
 _JITTER_FLOOR_ROUNDOFFS = 100.0  # per inducing point; see jitter_floor
 
 

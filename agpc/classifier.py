@@ -313,6 +313,21 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"dtype must be 'float64' or 'float32', got {self.dtype!r}")
         return name
 
+    def _check_conversion_keeps_spread(self, X, what="X"):
+        """Before X (any array-API array, in its own type) is converted to ``dtype`` for a fit: refuse a
+        narrower type that would erase a column's variation (``validation.check_precision_keeps_spread``;
+        float32 of x + 1e7 fitted a chance-level model, exit 0, no warning). A type that holds X exactly is
+        not checked (float64, float32 input in float32)."""
+        xp = B.array_namespace(X)
+        target = self._dtype_name()
+        bits = xp.finfo(getattr(xp, target)).bits
+        if xp.isdtype(X.dtype, "real floating"):
+            wider = xp.finfo(X.dtype).bits > bits
+        else:  # integers of as many bits as the target's have more digits than its significand
+            wider = xp.isdtype(X.dtype, "integral") and xp.iinfo(X.dtype).bits >= bits
+        if wider:
+            V.check_precision_keeps_spread(xp.astype(X, xp.float64), target, what=what)
+
     def _validate_X(self, X, *, reset):
         """Returns (X as an array of the input's namespace in ``dtype``, checked; input namespace or None)."""
         if _is_foreign_array(X):
@@ -325,6 +340,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required")
             if not xp.isdtype(X.dtype, ("real floating", "integral", "bool")):
                 raise ValueError(f"X must be real-valued, got dtype {X.dtype}")
+            if reset:
+                self._check_conversion_keeps_spread(X)
             X = xp.astype(X, getattr(xp, self._dtype_name()))
             if not bool(xp.all(xp.isfinite(X))):
                 raise ValueError(f"Input X contains NaN or infinity (or values too large for {self._dtype_name()})")
@@ -421,10 +438,20 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 sample = np.asarray(X[rows])
             except (IndexError, TypeError):  # array-likes without integer-array indexing (zarr: oindex)
                 sample = np.asarray(X.oindex[rows, :])
+            if reset:
+                self._check_conversion_keeps_spread(sample, what="X (a sample of its rows)")
             return X, _Labels(y, classes), classes, B.asarray_like(sample, xp, dtype=dtype), xp, B.array_device(like)
         foreign = _is_foreign_array(X)
         if foreign:
             X, in_xp = self._validate_X(X, reset=reset)
+        elif reset and self._dtype_name() != "float64":
+            # checked in the input's own type (float64 for lists and integers) before the conversion
+            X = validate_data(self, X, reset=reset, dtype=["float64", self._dtype_name()], ensure_all_finite=True)
+            if X.size and np.max(np.abs(X)) > np.finfo(self._dtype_name()).max:  # the cast would make inf
+                raise ValueError(f"Input X contains NaN or infinity (or values too large for {self._dtype_name()})")
+            self._check_conversion_keeps_spread(X)
+            X = X.astype(self._dtype_name())
+            in_xp = None
         else:
             X = validate_data(self, X, reset=reset, dtype=self._dtype_name(), ensure_all_finite=True)
             in_xp = None
@@ -764,11 +791,24 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     @staticmethod
     def _default_kernel(X):
-        xp = B.array_namespace(X)
+        """RBF with lengthscales sqrt(d) times each column's standard deviation (1 for a constant column).
+        The deviations are taken without overflow or underflow (``validation.column_scales``), so that the
+        lengthscales follow features on any scale (X * 1e-300 or X * 1e154 in float64): ``xp.std`` gave 0 or
+        inf there, a chance-level model or an error about infinite lengthscales."""
         d = X.shape[1]
-        std = B.to_numpy(xp.std(X, axis=0)) if X.shape[0] > 1 else np.ones(d)
+        std, _ = V.column_scales(X)
         std = np.where(std > 0, std, 1.0)
-        return RBF(lengthscales=list(std * math.sqrt(d)), amplitude=1.0, noise=1e-3)
+        lengthscales = std * math.sqrt(d)
+        limits = B.array_namespace(X).finfo(X.dtype)
+        tiny, huge = float(limits.smallest_normal), float(limits.max)
+        if not np.all((lengthscales >= tiny) & (lengthscales <= huge)):
+            bad = np.flatnonzero(~((lengthscales >= tiny) & (lengthscales <= huge)))
+            raise ValueError(
+                f"features {bad.tolist()} have standard deviations {std[bad].tolist()}: the default kernel's "
+                f"lengthscales (sqrt(d) = {math.sqrt(d):.3g} times them) are not representable in {X.dtype}; "
+                "standardise the features (e.g. sklearn's StandardScaler)"
+            )
+        return RBF(lengthscales=list(lengthscales), amplitude=1.0, noise=1e-3)
 
     # -- prediction ------------------------------------------------------------------------------
 
