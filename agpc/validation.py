@@ -325,9 +325,10 @@ def column_scales(X):
     vectors, computed in X's own precision without overflow or underflow (``backend.scaled_std``). A column of
     zeros has spread 0 and magnitude 0."""
     xp = array_namespace(X)
-    magnitude = to_numpy(xp.max(xp.abs(X), axis=0)).astype(np.float64)
-    spread = to_numpy(scaled_std(X, axis=0)).astype(np.float64) if X.shape[0] > 1 else np.zeros_like(magnitude)
-    return spread, magnitude
+    magnitude = xp.max(xp.abs(X), axis=0)
+    spread = scaled_std(X, axis=0) if X.shape[0] > 1 else xp.zeros_like(magnitude)
+    both = to_numpy(xp.stack([spread, magnitude])).astype(np.float64)  # one copy to the host (a device sync)
+    return both[0], both[1]
 
 
 def check_precision_keeps_spread(X, dtype_name, what="X"):
