@@ -126,6 +126,28 @@ def test_resume_on_other_data_of_the_same_shape_is_refused(tmp_path):
     GPClassifier(**params).fit(X, y, resume=True)  # the same data resume
 
 
+@pytest.mark.parametrize("method", ["ep", "svi"])
+def test_resume_in_another_dtype_says_so_not_other_data(tmp_path, method):
+    X, y = make_banana(200, random_state=2)
+    path = tmp_path / "run.ckpt"
+    params = dict(method=method, n_inducing=5, max_iter=3, random_state=0, checkpoint_path=path, checkpoint_every=2)
+    GPClassifier(**params).fit(X, y)
+    with pytest.raises(ValueError) as error:
+        GPClassifier(**params, dtype="float32").fit(X, y, resume=True)
+    message = str(error.value)
+    assert "computing in float64" in message and "computes in float32" in message and "dtype='float64'" in message
+    assert "different training data" not in message
+
+
+def test_a_different_run_names_what_differs(tmp_path):
+    X, y = make_banana(200, random_state=2)
+    path = tmp_path / "run.ckpt"
+    params = dict(n_inducing=5, max_iter=3, random_state=0, checkpoint_path=path, checkpoint_every=2)
+    GPClassifier(**params).fit(X, y)
+    with pytest.raises(ValueError, match=r"differing in Z_shape\b"):
+        GPClassifier(**dict(params, n_inducing=6)).fit(X, y, resume=True)
+
+
 def test_fingerprint_reads_at_most_a_thousand_strided_rows():
     stride = training.fingerprint_stride(123_457)
     assert len(range(0, 123_457, stride)) <= training.FINGERPRINT_ROWS

@@ -725,6 +725,11 @@ def _array_shapes(state):
     return shapes
 
 
+def _dtype_text(dtype):
+    """A floating type by its name ("float32"), whichever library's dtype object it is."""
+    return str(dtype).rsplit(".", 1)[-1]
+
+
 def _restore(trainer, rng, path, fingerprint, has_validation):
     """Put a checkpoint's state into a freshly built trainer; returns (order, best). Everything read is
     checked first: a field of the wrong type or shape is one ValueError naming the file and the field."""
@@ -739,6 +744,16 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
     xp, device = trainer.xp, array_device(trainer.state["Z"])
     saved = load_checkpoint(path, lambda a: asarray_like(a, xp, device=device))
     written_for = saved.get("fingerprint")
+    # The data's hash is of its rows in the run's type, so a resume in another dtype would read as other data:
+    # said first, by the type the checkpoint's arrays are in.
+    saved_Z = saved["engine"].get("Z") if isinstance(saved.get("engine"), dict) else None
+    run_dtype = trainer.state["Z"].dtype
+    if _is_array(saved_Z) and saved_Z.dtype != run_dtype:
+        raise ValueError(
+            f"checkpoint {path} was written by a fit computing in {_dtype_text(saved_Z.dtype)}, but this fit "
+            f"computes in {_dtype_text(run_dtype)}: resume with dtype='{_dtype_text(saved_Z.dtype)}', or fit "
+            "afresh without resume"
+        )
     if isinstance(written_for, dict) and written_for != fingerprint and (
         {k: v for k, v in written_for.items() if k != "data"} == {k: v for k, v in fingerprint.items() if k != "data"}
     ):
@@ -747,8 +762,11 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
             f"but other rows or labels (data fingerprint {written_for.get('data')}, this data {fingerprint['data']})"
         )
     if written_for != fingerprint:
+        differs = sorted(set(written_for) | set(fingerprint)) if not isinstance(written_for, dict) else sorted(
+            key for key in set(written_for) | set(fingerprint) if written_for.get(key) != fingerprint.get(key))
         raise ValueError(
-            f"checkpoint {path} was written by a different training run ({written_for}); this run is {fingerprint}"
+            f"checkpoint {path} was written by a different training run (differing in {', '.join(differs)}: "
+            f"{written_for}); this run is {fingerprint}"
         )
     _check_state(saved, fingerprint, refuse)
     _check_engine(saved["engine"], trainer.engine, fingerprint, path, refuse)
