@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+import warnings
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
@@ -566,6 +567,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             from .io import check_checkpoint_path
 
             check_checkpoint_path(self.checkpoint_path)
+        elif self.checkpoint_path is not None:  # a path alone writes nothing: said before the work, not after
+            warnings.warn(f"checkpoint_path={str(self.checkpoint_path)!r} is set without checkpoint_every: no "
+                          "checkpoint will be written (set checkpoint_every, a number of steps)", UserWarning,
+                          stacklevel=3)
         if B.is_dask_array(X) and self.method == "gfitc":
             raise ValueError(_GFITC_BATCH_ONLY.format(what="fit on a dask array"))
         if B.is_dask_array(X):
@@ -589,7 +594,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             data_hash = training.data_fingerprint(n, Xc.shape[1], Xc[0:n:stride, :], y_pm[0:n:stride], classes)
         result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
                              validation=validation, started=started, data_hash=data_hash)
-        return self._fitted_from(result, classes, t0)
+        return self._fitted_from(result, classes, t0, resumed=bool(resume))
 
     def _validation_set(self, validation_data, classes, xp, device):
         """``validation_data`` checked as the training data are (features: count, finiteness, shape; labels:
@@ -646,7 +651,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return None if n <= _FULL_BATCH_MAX_ROWS or self.method in _BATCH_ONLY_METHODS else 200
         return self.batch_size
 
-    def _fitted_from(self, result, classes, t0):
+    def _fitted_from(self, result, classes, t0, resumed=False):
         """Fitted attributes from a ``training.TrainResult``."""
         self.fit_time_ = time.perf_counter() - t0
         self.classes_ = classes
@@ -654,6 +659,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                          result.jitter)
         self.stopped_by_time_ = result.stopped_by_time
         self.early_stopped_ = result.early_stopped
+        if self.checkpoint_every is not None and result.checkpoints_written == 0 and not resumed:
+            # (a resumed fit that ends before its next checkpoint leaves the one it resumed from)
+            warnings.warn(f"no checkpoint was written to {str(self.checkpoint_path)!r}: the fit ended before its "
+                          f"first checkpoint (checkpoint_every={self.checkpoint_every} steps is more than it took)", UserWarning, stacklevel=4)
         return self
 
     def _fit_dask(self, X, y, groups, resume):
@@ -728,7 +737,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 cluster = owned.cluster
                 owned.close()
                 cluster.close()
-        return self._fitted_from(result, classes, t0)
+        return self._fitted_from(result, classes, t0, resumed=bool(resume))
 
     def _lazy(self, method, X, columns):
         """A prediction on a dask.array: the same method chunk by chunk, lazily (a dask array back)."""

@@ -148,6 +148,31 @@ def test_a_different_run_names_what_differs(tmp_path):
         GPClassifier(**dict(params, n_inducing=6)).fit(X, y, resume=True)
 
 
+def test_a_path_without_checkpoint_every_warns_before_the_fit(tmp_path, monkeypatch):
+    X, y = make_banana(100, random_state=1)
+    _no_step(monkeypatch)  # the warning comes before any training step
+    model = GPClassifier(n_inducing=5, max_iter=2, checkpoint_path=tmp_path / "run.ckpt")
+    with pytest.warns(UserWarning, match="without checkpoint_every: no checkpoint will be written"):
+        with pytest.raises(AssertionError, match="training started"):
+            model.fit(X, y)
+
+
+def test_checkpoint_every_beyond_the_fit_warns_that_none_was_written(tmp_path):
+    X, y = make_banana(100, random_state=1)
+    path = tmp_path / "run.ckpt"
+    with pytest.warns(UserWarning, match="no checkpoint was written"):
+        GPClassifier(n_inducing=5, max_iter=2, checkpoint_path=path, checkpoint_every=10_000).fit(X, y)
+    assert not path.exists()
+
+
+def test_no_warning_when_a_checkpoint_was_written(tmp_path, recwarn):
+    X, y = make_banana(100, random_state=1)
+    path = tmp_path / "run.ckpt"
+    GPClassifier(n_inducing=5, max_iter=2, checkpoint_path=path, checkpoint_every=1).fit(X, y)
+    assert path.exists()
+    assert not [w for w in recwarn if "checkpoint" in str(w.message)]
+
+
 def test_fingerprint_reads_at_most_a_thousand_strided_rows():
     stride = training.fingerprint_stride(123_457)
     assert len(range(0, 123_457, stride)) <= training.FINGERPRINT_ROWS

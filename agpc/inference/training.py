@@ -50,6 +50,7 @@ class TrainResult:
     early_stopped: bool = False
     state: dict = field(default_factory=dict)  # the engine's final state (SVI: "mean", "chol"; vi-*: "xi")
     jitter: float = None  # on the diagonal of Kmm at the end: the configured one, or what the guard raised it to
+    checkpoints_written: int = 0  # by this run (0 when checkpoint_every exceeds its steps: the caller says so)
 
 
 def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
@@ -339,6 +340,7 @@ def train(
             return tqdm(total=len(batches), unit="batch", desc=f"agpc {method} epoch {epoch}/{max_iter}")
         return tqdm(total=max_iter + warmup, unit="iter", desc=f"agpc {method}")
     order = []
+    checkpoints_written = 0
     fingerprint = {"n": int(n), "method": method, "n_batches": len(batches), "Z_shape": [int(v) for v in Z.shape],
                    "per_row_sites": engine.per_row_sites, "params": list(engine.names), "data": data_hash}
     if resume:
@@ -399,6 +401,7 @@ def train(
             bar.set_postfix(postfix, refresh=False)
         if checkpoint_every and trainer.n_steps % int(checkpoint_every) == 0:
             _write_checkpoint(trainer, rng, order, best, checkpoint_path, fingerprint)
+            checkpoints_written += 1
         if early_stopped:
             break
         if not has_params and not minibatch and change is not None and change < tol:
@@ -430,6 +433,7 @@ def train(
         converged=converged,
         stopped_by_time=stopped_by_time,
         early_stopped=early_stopped,
+        checkpoints_written=checkpoints_written,
         state=state,
         jitter=engine.jitter,
     )
