@@ -84,6 +84,25 @@ def note_jitter(what, before, after):
 
 
 @contextmanager
+def jitter_raises_within():
+    """The jitter raises (``note_jitter``: (what, from, to) triples) made inside, as a list, for a caller that
+    must know them (the jitter a final factor was built with); they are passed on to the enclosing
+    ``jitter_report`` on exit, or, outside one, warned about as ``note_jitter`` does."""
+    outer = _JITTER_RAISES.get()
+    raises = []
+    token = _JITTER_RAISES.set(raises)
+    try:
+        yield raises
+    finally:
+        _JITTER_RAISES.reset(token)
+        if outer is not None:
+            outer.extend(raises)
+        else:
+            for what, before, after in raises:
+                warnings.warn(f"jitter raised: {what} from {before:.1e} to {after:.1e}", JitterWarning, stacklevel=3)
+
+
+@contextmanager
 def jitter_report(task, stacklevel=4):
     """Collect the jitter raises (``note_jitter``) inside, and after it one ``JitterWarning`` for ``task``
     (e.g. "fit") saying, for each matrix, from what to what the jitter went and how often. Nested scopes

@@ -21,10 +21,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, cholesky_with_jitter,
-                       host_rng, is_out_of_core, note_jitter, read_rows, row_chunk_bounds, row_slice, to_host_vector)
+                       host_rng, is_out_of_core, jitter_raises_within, note_jitter, read_rows, row_chunk_bounds, row_slice, to_host_vector)
 from ..kernels import ClassKernels
 from ..threads import with_blas_threads
 from .engines import ALL_METHODS, EP_METHODS, make_engine
+from .ep import PRIOR_FACTOR_NAME
 
 __all__ = ["train", "Trainer", "TrainResult", "METHODS", "ALL_METHODS", "minibatch_layout", "data_fingerprint",
            "fingerprint_stride", "FINGERPRINT_ROWS"]
@@ -145,7 +146,7 @@ class Trainer(ModulesByName):
         engine = self.engine
         needed = _jitter_needed(engine.state["kernel"], engine.state["Z"], engine.jitter)
         if needed > engine.jitter and self.failures <= _MAX_FAILURES:
-            note_jitter("Kmm (covariance of the inducing points): the model's jitter", engine.jitter, needed)
+            note_jitter(f"{PRIOR_FACTOR_NAME}: the model's jitter", engine.jitter, needed)
             engine.jitter = needed
             self.jitter_raises += 1
             return
@@ -414,7 +415,12 @@ def train(
     # Minibatch mode under a time budget: the exact final pass over all rows (minibatch EP's rebuild of q
     # from every site, SVI's bound on all rows) only if it fits; otherwise q is the running one, as during
     # training, and log Z the last epoch's estimate.
-    posterior, final_log_z = trainer.posterior(X, y, want_log_z=not minibatch or budget.final_pass_fits())
+    # The final model's prior factor may need more jitter than the engine's (vi-* and GFITC factor Kmm with
+    # ``backend.cholesky``, which adds to the diagonal itself): jitter_ must be what that factor was built with,
+    # or a saved model re-factorises at the smaller jitter and warns again on load.
+    with jitter_raises_within() as raises:
+        posterior, final_log_z = trainer.posterior(X, y, want_log_z=not minibatch or budget.final_pass_fits())
+    extra = max((after for what, before, after in raises if what.startswith(PRIOR_FACTOR_NAME) and before == 0.0), default=0.0)
     state = dict(engine.state)
     if permutation is not None and trainer.per_row_sites:  # back to the caller's row order
         inverse = xp.argsort(permutation)
@@ -435,7 +441,7 @@ def train(
         early_stopped=early_stopped,
         checkpoints_written=checkpoints_written,
         state=state,
-        jitter=engine.jitter,
+        jitter=engine.jitter + extra,
     )
 
 
@@ -457,7 +463,7 @@ def _jitter_needed(kernel, Z, jitter):
     for k, Zc in zip(kernels, Zs):
         xp = array_namespace(Zc)
         Kmm = k.K(Zc) + jitter * xp.eye(Zc.shape[0], dtype=Zc.dtype, device=array_device(Zc))
-        _, added = cholesky_with_jitter(Kmm, what="Kmm (covariance of the inducing points)", report=False)
+        _, added = cholesky_with_jitter(Kmm, what=PRIOR_FACTOR_NAME, report=False)
         needed = max(needed, jitter + added)
     return needed
 
