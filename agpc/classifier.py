@@ -844,7 +844,32 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "posterior_")
         return len(self.classes_) > 2
 
+    # A stationary kernel's profile is exactly 0 beyond this many lengthscales (RBF: exp(-r^2 / 2) underflows past
+    # r = 39; Matern 5/2: past r ~ 330).
+    _KERNEL_REACH = 1e3
+
+    def _within_reach(self, Xc):
+        """Xc with each coordinate held within ``_KERNEL_REACH`` lengthscales of the inducing points' range. The
+        kernel at a point beyond that is 0 to every inducing point, and still is at the clamped point, so the
+        predictions do not change; the squared distances of the far point itself overflowed (X * 1e300:
+        "overflow encountered in vecdot")."""
+        Z = self.inducing_points_
+        kernels = [self.kernel_[c] for c in range(Z.shape[0])] if Z.ndim == 3 else [self.kernel_]
+        if not all(isinstance(kernel, Stationary) for kernel in kernels):
+            return Xc
+        xp = B.array_namespace(Xc)
+        reach_limit = float(xp.finfo(Xc.dtype).max) / (4.0 * self._KERNEL_REACH)  # reach + |Z| stays finite
+        lower = upper = None
+        for c, kernel in enumerate(kernels):
+            Zc = Z[c, ...] if Z.ndim == 3 else Z
+            reach = self._KERNEL_REACH * xp.minimum(kernel.lengthscales, reach_limit)
+            low, high = xp.min(Zc, axis=0) - reach, xp.max(Zc, axis=0) + reach
+            lower = low if lower is None else xp.minimum(lower, low)
+            upper = high if upper is None else xp.maximum(upper, high)
+        return xp.minimum(xp.maximum(Xc, lower), upper)
+
     def _latent(self, Xc):
+        Xc = self._within_reach(Xc)
         Z = self.inducing_points_
         with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=self.blas_threads), \
                 B.jitter_report("GPClassifier prediction", stacklevel=5):  # (called by the public predict_*)

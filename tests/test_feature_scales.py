@@ -108,3 +108,21 @@ def test_ep_fits_features_on_extreme_scales_as_on_unit_ones(dtype, scale):
     scaled = _small(dtype=dtype).fit(X * scale, y).score(X * scale, y)
     assert unit > 0.9
     assert abs(scaled - unit) <= 0.02
+
+
+@pytest.mark.parametrize("method", ["ep", "svi", "vi-jj", "gfitc"])
+def test_prediction_far_beyond_the_data_is_the_prior_without_overflow(method):
+    """At X * 1e300 every kernel value is 0: the prediction is the prior's (latent mean 0), and the squared
+    distances of such points, which overflowed ("overflow encountered in vecdot"), are not formed. Points
+    within reach of the inducing points predict exactly as before."""
+    from agpc.inference import ep
+
+    X, y = _data()
+    model = _small(method=method).fit(X, y)
+    mean, variance = model.predict_latent(X * 1e300)  # a RuntimeWarning here fails the test (pyproject)
+    np.testing.assert_array_equal(mean, 0.0)
+    np.testing.assert_allclose(variance, float(model.kernel_.amplitude) + float(model.kernel_.noise), rtol=1e-12)
+    within = model.predict_latent(X)
+    direct = ep.predict_latent(model.kernel_, model.inducing_points_, model.posterior_, X)
+    np.testing.assert_array_equal(within[0], direct[0])
+    np.testing.assert_array_equal(within[1], direct[1])
