@@ -227,6 +227,13 @@ CHECKPOINT_CORRUPTIONS = {
     "kernel parameter of another shape": (
         _set_array(lambda s: _engine(s)["kernel"]["dict"]["log_amplitude"], np.zeros(4)),
         ["engine.kernel.log_amplitude", "shape"]),
+    # the log of a lengthscale whose exp overflows ("overflow encountered in exp") or underflows to 0
+    "log-lengthscale 800": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_lengthscales"],
+                                       np.array([800.0, 800.0])), ["engine.kernel.log_lengthscales", "logs of"]),
+    "log-lengthscale -800": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_lengthscales"],
+                                        np.array([-800.0, 0.0])), ["engine.kernel.log_lengthscales", "logs of"]),
+    "log-amplitude inf": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_amplitude"], np.array(np.inf)),
+                          ["engine.kernel.log_amplitude"]),
     "NaN in the sites": (_set_array(lambda s: _engine(s)["Z"], np.full((5, 2), np.nan)), ["Z", "NaN"]),
     "object array": (_set_array(lambda s: _engine(s)["Z"], np.array([object()], dtype=object)), ["object"]),
     "unknown node": (lambda s, a: s.update(n_updates={"code": "os.system"}), ["n_updates", "not a node"]),
