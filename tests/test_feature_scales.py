@@ -100,7 +100,7 @@ def test_default_kernel_kmeans_and_first_steps_follow_the_scale_of_the_features(
     np.testing.assert_allclose(steps_scaled / scale, steps_unit, rtol=rtol)
 
 
-@pytest.mark.parametrize("dtype, scale", [("float64", 1e-300), ("float32", 1e-30), ("float64", 1e154),
+@pytest.mark.parametrize("dtype, scale", [("float64", 1e-300), ("float32", 1e-30), ("float64", 1e154), ("float64", 1e300),
                                           ("float32", 1e20)])
 def test_ep_fits_features_on_extreme_scales_as_on_unit_ones(dtype, scale):
     X, y = _data()
