@@ -855,8 +855,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "overflow encountered in vecdot")."""
         Z = self.inducing_points_
         kernels = [self.kernel_[c] for c in range(Z.shape[0])] if Z.ndim == 3 else [self.kernel_]
-        if not all(isinstance(kernel, Stationary) for kernel in kernels):
-            return Xc
+        if B.is_out_of_core(Xc) or not all(isinstance(kernel, Stationary) for kernel in kernels):
+            return Xc  # (rows on disk are predicted a block at a time, as they are read: not held here)
         xp = B.array_namespace(Xc)
         reach_limit = float(xp.finfo(Xc.dtype).max) / (4.0 * self._KERNEL_REACH)  # reach + |Z| stays finite
         lower = upper = None
