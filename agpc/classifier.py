@@ -567,7 +567,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             from .io import check_checkpoint_path
 
             check_checkpoint_path(self.checkpoint_path)
-        elif self.checkpoint_path is not None:  # a path alone writes nothing: said before the work, not after
+        elif self.checkpoint_path is not None and not resume:  # a path alone writes nothing (a resume reads it)
             warnings.warn(f"checkpoint_path={str(self.checkpoint_path)!r} is set without checkpoint_every: no "
                           "checkpoint will be written (set checkpoint_every, a number of steps)", UserWarning,
                           stacklevel=3)
