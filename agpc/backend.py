@@ -91,6 +91,25 @@ def note_jitter(what, before, after):
 
 
 @contextmanager
+def jitter_raises_within():
+    """The jitter raises (``note_jitter``: (what, from, to) triples) made inside, as a list, for a caller that
+    must know them (the jitter a final factor was built with); they are passed on to the enclosing
+    ``jitter_report`` on exit, or, outside one, warned about as ``note_jitter`` does."""
+    outer = _JITTER_RAISES.get()
+    raises = []
+    token = _JITTER_RAISES.set(raises)
+    try:
+        yield raises
+    finally:
+        _JITTER_RAISES.reset(token)
+        if outer is not None:
+            outer.extend(raises)
+        else:
+            for what, before, after in raises:
+                warnings.warn(f"jitter raised: {what} from {before:.1e} to {after:.1e}", JitterWarning, stacklevel=3)
+
+
+@contextmanager
 def jitter_report(task, stacklevel=4):
     """Collect the jitter raises (``note_jitter``) inside, and after it one ``JitterWarning`` for ``task``
     (e.g. "fit") saying, for each matrix, from what to what the jitter went and how often. Nested scopes
@@ -434,6 +453,17 @@ def machine_epsilon(x):
     """The spacing of ``x``'s floating type at 1 (2.2e-16 for float64, 1.2e-7 for float32), a host float: the
     unit in which round-off tolerances are set (``finfo`` is metadata, no array operation)."""
     return float(array_namespace(x).finfo(x.dtype).eps)
+
+
+def scaled_std(X, *, axis, keepdims=False):
+    """``xp.std(X, axis=axis)`` computed without overflow or underflow: X divided by its largest |x| along
+    ``axis`` first, so the squares lie in [0, 1] (``xp.std`` of X * 1e-300 underflows to 0, of X * 1e154
+    overflows to inf). On X's device, no host copy; 0 for a constant or all-zero slice."""
+    xp = array_namespace(X)
+    magnitude = xp.max(xp.abs(X), axis=axis, keepdims=True)
+    magnitude = xp.where(magnitude > 0, magnitude, xp.ones_like(magnitude))
+    std = xp.std(X / magnitude, axis=axis, keepdims=True) * magnitude
+    return std if keepdims else xp.squeeze(std, axis=axis)
 
 
 _JITTER_FLOOR_ROUNDOFFS = 100.0  # per inducing point; see jitter_floor

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+import warnings
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
@@ -336,6 +337,21 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"dtype must be 'float64' or 'float32', got {self.dtype!r}")
         return name
 
+    def _check_conversion_keeps_spread(self, X, what="X"):
+        """Before X (any array-API array, in its own type) is converted to ``dtype`` for a fit: refuse a
+        narrower type that would erase a column's variation (``validation.check_precision_keeps_spread``;
+        float32 of x + 1e7 fitted a chance-level model, exit 0, no warning). A type that holds X exactly is
+        not checked (float64, float32 input in float32)."""
+        xp = B.array_namespace(X)
+        target = self._dtype_name()
+        bits = xp.finfo(getattr(xp, target)).bits
+        if xp.isdtype(X.dtype, "real floating"):
+            wider = xp.finfo(X.dtype).bits > bits
+        else:  # integers of as many bits as the target's have more digits than its significand
+            wider = xp.isdtype(X.dtype, "integral") and xp.iinfo(X.dtype).bits >= bits
+        if wider:
+            V.check_precision_keeps_spread(xp.astype(X, xp.float64), target, what=what)
+
     def _validate_X(self, X, *, reset):
         """Returns (X as an array of the input's namespace in ``dtype``, checked; input namespace or None)."""
         if _is_foreign_array(X):
@@ -348,6 +364,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required")
             if not xp.isdtype(X.dtype, ("real floating", "integral", "bool")):
                 raise ValueError(f"X must be real-valued, got dtype {X.dtype}")
+            if reset:
+                self._check_conversion_keeps_spread(X)
             X = xp.astype(X, getattr(xp, self._dtype_name()))
             if not bool(xp.all(xp.isfinite(X))):
                 raise ValueError(f"Input X contains NaN or infinity (or values too large for {self._dtype_name()})")
@@ -437,11 +455,19 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             xp = target_xp or B.resolve_backend("numpy")
             dtype = getattr(xp, self._dtype_name())
             like = xp.zeros((1,), dtype=dtype)
-            sample = self._initial_sample(X, xp, dtype)
+            sample = self._initial_sample(X, xp, dtype, check_spread=reset)
             return X, _Labels(y, classes), classes, sample, xp, B.array_device(like)
         foreign = _is_foreign_array(X)
         if foreign:
             X, in_xp = self._validate_X(X, reset=reset)
+        elif reset and self._dtype_name() != "float64":
+            # checked in the input's own type (float64 for lists and integers) before the conversion
+            X = validate_data(self, X, reset=reset, dtype=["float64", self._dtype_name()], ensure_all_finite=True)
+            if X.size and np.max(np.abs(X)) > np.finfo(self._dtype_name()).max:  # the cast would make inf
+                raise ValueError(f"Input X contains NaN or infinity (or values too large for {self._dtype_name()})")
+            self._check_conversion_keeps_spread(X)
+            X = X.astype(self._dtype_name())
+            in_xp = None
         else:
             X = validate_data(self, X, reset=reset, dtype=self._dtype_name(), ensure_all_finite=True)
             in_xp = None
@@ -462,18 +488,22 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             y_pm = B.asarray_like(_encode_labels(y_host, classes), xp, device=device, dtype=dtype)
         return Xc, y_pm, classes, Xc, xp, device
 
-    def _initial_sample(self, X, xp, dtype):
+    def _initial_sample(self, X, xp, dtype, check_spread=False):
         """At most ``_INIT_SAMPLE`` rows of data read a block at a time, drawn at random (sorted: one pass), in
-        the compute namespace: what the kernel and the inducing points are initialised from."""
+        the compute namespace: what the kernel and the inducing points are initialised from. ``check_spread``:
+        the sample, in the file's own type, is checked to keep its columns' spread in ``dtype`` first."""
         n = X.shape[0]
         if n <= _INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
-            return B.asarray_like(np.asarray(X[0:n]), xp, dtype=dtype)
-        rng = B.host_rng(self.random_state)
-        rows = np.sort(rng.choice(n, size=_INIT_SAMPLE, replace=False))
-        try:
-            sample = np.asarray(X[rows])
-        except (IndexError, TypeError):  # array-likes without integer-array indexing (zarr: oindex)
-            sample = np.asarray(X.oindex[rows, :])
+            sample = np.asarray(X[0:n])
+        else:
+            rng = B.host_rng(self.random_state)
+            rows = np.sort(rng.choice(n, size=_INIT_SAMPLE, replace=False))
+            try:
+                sample = np.asarray(X[rows])
+            except (IndexError, TypeError):  # array-likes without integer-array indexing (zarr: oindex)
+                sample = np.asarray(X.oindex[rows, :])
+        if check_spread:
+            self._check_conversion_keeps_spread(sample, what="X (a sample of its rows)")
         return B.asarray_like(sample, xp, dtype=dtype)
 
     @staticmethod
@@ -584,6 +614,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             from .io import check_checkpoint_path
 
             check_checkpoint_path(self.checkpoint_path)
+        elif self.checkpoint_path is not None and not resume:  # a path alone writes nothing (a resume reads it)
+            warnings.warn(f"checkpoint_path={str(self.checkpoint_path)!r} is set without checkpoint_every: no "
+                          "checkpoint will be written (set checkpoint_every, a number of steps)", UserWarning,
+                          stacklevel=3)
         if B.is_dask_array(X) and self.method == "gfitc":
             raise ValueError(_GFITC_BATCH_ONLY.format(what="fit on a dask array"))
         if B.is_dask_array(X):
@@ -607,7 +641,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             data_hash = training.data_fingerprint(n, Xc.shape[1], Xc[0:n:stride, :], y_pm[0:n:stride], classes)
         result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
                              validation=validation, started=started, data_hash=data_hash)
-        return self._fitted_from(result, classes, t0, n)
+        return self._fitted_from(result, classes, t0, n, resumed=bool(resume))
 
     def _validation_set(self, validation_data, classes, xp, device):
         """``validation_data`` checked as the training data are (features: count, finiteness, shape; labels:
@@ -665,7 +699,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return None if n <= _FULL_BATCH_MAX_ROWS or self.method in _BATCH_ONLY_METHODS else 200
         return self.batch_size
 
-    def _fitted_from(self, result, classes, t0, n_rows):
+    def _fitted_from(self, result, classes, t0, n_rows, resumed=False):
         """Fitted attributes from a ``training.TrainResult`` of a fit on ``n_rows`` rows."""
         self._rows_seen = n_rows  # the rows the model stands for, should partial_fit continue it
         self.fit_time_ = time.perf_counter() - t0
@@ -674,6 +708,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                          result.jitter)
         self.stopped_by_time_ = result.stopped_by_time
         self.early_stopped_ = result.early_stopped
+        if self.checkpoint_every is not None and result.checkpoints_written == 0 and not resumed:
+            # (a resumed fit that ends before its next checkpoint leaves the one it resumed from)
+            warnings.warn(f"no checkpoint was written to {str(self.checkpoint_path)!r}: the fit ended before its "
+                          f"first checkpoint (checkpoint_every={self.checkpoint_every} steps is more than it took)", UserWarning, stacklevel=4)
         return self
 
     def _fit_dask(self, X, y, groups, resume):
@@ -748,7 +786,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 cluster = owned.cluster
                 owned.close()
                 cluster.close()
-        return self._fitted_from(result, classes, t0, n)
+        return self._fitted_from(result, classes, t0, n, resumed=bool(resume))
 
     def _lazy(self, method, X, columns):
         """A prediction on a dask.array: the same method chunk by chunk, lazily (a dask array back)."""
@@ -902,11 +940,24 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     @staticmethod
     def _default_kernel(X):
-        xp = B.array_namespace(X)
+        """RBF with lengthscales sqrt(d) times each column's standard deviation (1 for a constant column).
+        The deviations are taken without overflow or underflow (``validation.column_scales``), so that the
+        lengthscales follow features on any scale (X * 1e-300 or X * 1e154 in float64): ``xp.std`` gave 0 or
+        inf there, a chance-level model or an error about infinite lengthscales."""
         d = X.shape[1]
-        std = B.to_numpy(xp.std(X, axis=0)) if X.shape[0] > 1 else np.ones(d)
+        std, _ = V.column_scales(X)
         std = np.where(std > 0, std, 1.0)
-        return RBF(lengthscales=list(std * math.sqrt(d)), amplitude=1.0, noise=1e-3)
+        lengthscales = std * math.sqrt(d)
+        limits = B.array_namespace(X).finfo(X.dtype)
+        tiny, huge = float(limits.smallest_normal), float(limits.max)
+        if not np.all((lengthscales >= tiny) & (lengthscales <= huge)):
+            bad = np.flatnonzero(~((lengthscales >= tiny) & (lengthscales <= huge)))
+            raise ValueError(
+                f"features {bad.tolist()} have standard deviations {std[bad].tolist()}: the default kernel's "
+                f"lengthscales (sqrt(d) = {math.sqrt(d):.3g} times them) are not representable in {X.dtype}; "
+                "standardise the features (e.g. sklearn's StandardScaler)"
+            )
+        return RBF(lengthscales=list(lengthscales), amplitude=1.0, noise=1e-3)
 
     # -- prediction ------------------------------------------------------------------------------
 
@@ -936,7 +987,32 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "posterior_")
         return len(self.classes_) > 2
 
+    # A stationary kernel's profile is exactly 0 beyond this many lengthscales (RBF: exp(-r^2 / 2) underflows past
+    # r = 39; Matern 5/2: past r ~ 330).
+    _KERNEL_REACH = 1e3
+
+    def _within_reach(self, Xc):
+        """Xc with each coordinate held within ``_KERNEL_REACH`` lengthscales of the inducing points' range. The
+        kernel at a point beyond that is 0 to every inducing point, and still is at the clamped point, so the
+        predictions do not change; the squared distances of the far point itself overflowed (X * 1e300:
+        "overflow encountered in vecdot")."""
+        Z = self.inducing_points_
+        kernels = [self.kernel_[c] for c in range(Z.shape[0])] if Z.ndim == 3 else [self.kernel_]
+        if B.is_out_of_core(Xc) or not all(isinstance(kernel, Stationary) for kernel in kernels):
+            return Xc  # (rows on disk are predicted a block at a time, as they are read: not held here)
+        xp = B.array_namespace(Xc)
+        reach_limit = float(xp.finfo(Xc.dtype).max) / (4.0 * self._KERNEL_REACH)  # reach + |Z| stays finite
+        lower = upper = None
+        for c, kernel in enumerate(kernels):
+            Zc = Z[c, ...] if Z.ndim == 3 else Z
+            reach = self._KERNEL_REACH * xp.minimum(kernel.lengthscales, reach_limit)
+            low, high = xp.min(Zc, axis=0) - reach, xp.max(Zc, axis=0) + reach
+            lower = low if lower is None else xp.minimum(lower, low)
+            upper = high if upper is None else xp.maximum(upper, high)
+        return xp.minimum(xp.maximum(Xc, lower), upper)
+
     def _latent(self, Xc):
+        Xc = self._within_reach(Xc)
         Z = self.inducing_points_
         with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=self.blas_threads), \
                 B.jitter_report("GPClassifier prediction", stacklevel=5), \

@@ -33,6 +33,11 @@ def kmeans(X, n_clusters, *, random_state=None, n_iter=25, max_rows=20000):
         rows = asarray_like(rng.choice(n, size=max_rows, replace=False), xp, device=device)
         X = xp.take(X, rows, axis=0)
         n = max_rows
+    # Clustered in units of the largest |x| (one scalar: the clusters are those of X): the squared distances of
+    # features on extreme scales (X * 1e-300, X * 1e154) would underflow to 0 or overflow to inf.
+    scale = xp.max(xp.abs(X))
+    scale = xp.where(scale > 0, scale, xp.ones_like(scale))
+    X = X / scale
     start = asarray_like(rng.choice(n, size=n_clusters, replace=False), xp, device=device)
     centres = xp.take(X, start, axis=0)
     cluster_ids = xp.arange(n_clusters, device=device)
@@ -42,7 +47,7 @@ def kmeans(X, n_clusters, *, random_state=None, n_iter=25, max_rows=20000):
         counts = xp.sum(onehot, axis=0)
         sums = onehot.mT @ X
         centres = xp.where(counts[:, None] > 0, sums / xp.maximum(counts, 1.0)[:, None], centres)
-    return centres
+    return centres * scale
 
 
 def initial_inducing_points(X, n_inducing, method="kmeans", *, random_state=None):

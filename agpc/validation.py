@@ -19,6 +19,8 @@ import os
 
 import numpy as np
 
+from .backend import array_namespace, scaled_std, to_numpy
+
 __all__ = [
     "Interval",
     "Options",
@@ -32,6 +34,8 @@ __all__ = [
     "FloatingType",
     "validate_params",
     "check_labels",
+    "column_scales",
+    "check_precision_keeps_spread",
 ]
 
 
@@ -306,3 +310,39 @@ def check_labels(y, what="y", offset=0):
         raise ValueError(f"{what} has empty labels at {_rows_text(blank, offset)}: an empty cell is a missing "
                          "label, not a class; drop those rows or give them a class")
     return values
+
+
+# -- features -------------------------------------------------------------------------------------
+
+# A column survives conversion to a floating type when its spread is at least this many units of that type's
+# resolution at the column's magnitude (eps * max|x|): below it, the kernel's distances are round-off (x + 1e7
+# in float32, whose spacing at 1e7 is 1: train error 0.42 where the centred data give 0.01).
+_SPREAD_RESOLUTIONS = 2.0 ** 10
+
+
+def column_scales(X):
+    """Per column of X ((n, d), any array-API namespace): (standard deviation, max |x|) as NumPy float64
+    vectors, computed in X's own precision without overflow or underflow (``backend.scaled_std``). A column of
+    zeros has spread 0 and magnitude 0."""
+    xp = array_namespace(X)
+    magnitude = xp.max(xp.abs(X), axis=0)
+    spread = scaled_std(X, axis=0) if X.shape[0] > 1 else xp.zeros_like(magnitude)
+    both = to_numpy(xp.stack([spread, magnitude])).astype(np.float64)  # one copy to the host (a device sync)
+    return both[0], both[1]
+
+
+def check_precision_keeps_spread(X, dtype_name, what="X"):
+    """Refuse (one ValueError) to convert X to the floating type ``dtype_name`` when that would erase the
+    variation of some column: a spread below ``_SPREAD_RESOLUTIONS`` eps * max|x| of the target type.
+    Constant columns (spread 0) lose nothing and pass. X is in its own (wider) type: compare before converting."""
+    spread, magnitude = column_scales(X)
+    eps = float(np.finfo(dtype_name).eps)
+    lost = np.flatnonzero((spread > 0) & (spread < _SPREAD_RESOLUTIONS * eps * magnitude))
+    if lost.size:
+        shown = "; ".join(f"column {j}: spread {spread[j]:.3g} at magnitude {magnitude[j]:.3g}" for j in lost[:5])
+        more = f" ({lost.size} columns in all)" if lost.size > 5 else ""
+        raise ValueError(
+            f"{what} in {dtype_name} would lose the variation of its features ({shown}{more}): {dtype_name} resolves "
+            f"{eps:.2g} of a value's magnitude, so these columns' values would differ only by round-off; centre or "
+            f"standardise the features (e.g. sklearn's StandardScaler) or use dtype='float64'"
+        )

@@ -126,6 +126,53 @@ def test_resume_on_other_data_of_the_same_shape_is_refused(tmp_path):
     GPClassifier(**params).fit(X, y, resume=True)  # the same data resume
 
 
+@pytest.mark.parametrize("method", ["ep", "svi"])
+def test_resume_in_another_dtype_says_so_not_other_data(tmp_path, method):
+    X, y = make_banana(200, random_state=2)
+    path = tmp_path / "run.ckpt"
+    params = dict(method=method, n_inducing=5, max_iter=3, random_state=0, checkpoint_path=path, checkpoint_every=2)
+    GPClassifier(**params).fit(X, y)
+    with pytest.raises(ValueError) as error:
+        GPClassifier(**params, dtype="float32").fit(X, y, resume=True)
+    message = str(error.value)
+    assert "computing in float64" in message and "computes in float32" in message and "dtype='float64'" in message
+    assert "different training data" not in message
+
+
+def test_a_different_run_names_what_differs(tmp_path):
+    X, y = make_banana(200, random_state=2)
+    path = tmp_path / "run.ckpt"
+    params = dict(n_inducing=5, max_iter=3, random_state=0, checkpoint_path=path, checkpoint_every=2)
+    GPClassifier(**params).fit(X, y)
+    with pytest.raises(ValueError, match=r"differing in Z_shape\b"):
+        GPClassifier(**dict(params, n_inducing=6)).fit(X, y, resume=True)
+
+
+def test_a_path_without_checkpoint_every_warns_before_the_fit(tmp_path, monkeypatch):
+    X, y = make_banana(100, random_state=1)
+    _no_step(monkeypatch)  # the warning comes before any training step
+    model = GPClassifier(n_inducing=5, max_iter=2, checkpoint_path=tmp_path / "run.ckpt")
+    with pytest.warns(UserWarning, match="without checkpoint_every: no checkpoint will be written"):
+        with pytest.raises(AssertionError, match="training started"):
+            model.fit(X, y)
+
+
+def test_checkpoint_every_beyond_the_fit_warns_that_none_was_written(tmp_path):
+    X, y = make_banana(100, random_state=1)
+    path = tmp_path / "run.ckpt"
+    with pytest.warns(UserWarning, match="no checkpoint was written"):
+        GPClassifier(n_inducing=5, max_iter=2, checkpoint_path=path, checkpoint_every=10_000).fit(X, y)
+    assert not path.exists()
+
+
+def test_no_warning_when_a_checkpoint_was_written(tmp_path, recwarn):
+    X, y = make_banana(100, random_state=1)
+    path = tmp_path / "run.ckpt"
+    GPClassifier(n_inducing=5, max_iter=2, checkpoint_path=path, checkpoint_every=1).fit(X, y)
+    assert path.exists()
+    assert not [w for w in recwarn if "checkpoint" in str(w.message)]
+
+
 def test_fingerprint_reads_at_most_a_thousand_strided_rows():
     stride = training.fingerprint_stride(123_457)
     assert len(range(0, 123_457, stride)) <= training.FINGERPRINT_ROWS
@@ -180,6 +227,13 @@ CHECKPOINT_CORRUPTIONS = {
     "kernel parameter of another shape": (
         _set_array(lambda s: _engine(s)["kernel"]["dict"]["log_amplitude"], np.zeros(4)),
         ["engine.kernel.log_amplitude", "shape"]),
+    # the log of a lengthscale whose exp overflows ("overflow encountered in exp") or underflows to 0
+    "log-lengthscale 800": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_lengthscales"],
+                                       np.array([800.0, 800.0])), ["engine.kernel.log_lengthscales", "logs of"]),
+    "log-lengthscale -800": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_lengthscales"],
+                                        np.array([-800.0, 0.0])), ["engine.kernel.log_lengthscales", "logs of"]),
+    "log-amplitude inf": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_amplitude"], np.array(np.inf)),
+                          ["engine.kernel.log_amplitude"]),
     "NaN in the sites": (_set_array(lambda s: _engine(s)["Z"], np.full((5, 2), np.nan)), ["Z", "NaN"]),
     "object array": (_set_array(lambda s: _engine(s)["Z"], np.array([object()], dtype=object)), ["object"]),
     "unknown node": (lambda s, a: s.update(n_updates={"code": "os.system"}), ["n_updates", "not a node"]),

@@ -325,3 +325,17 @@ def test_cli_fit_with_dtype_float32_writes_a_float32_model(tmp_path):
                  "--dtype", "float32", "--quiet", "--out", str(model)]) == 0
     loaded = GPClassifier.load(model)
     assert loaded.dtype == "float32" and loaded.inducing_points_.dtype == np.float32
+
+
+def test_cli_fit_in_float32_refuses_features_it_cannot_resolve(tmp_path, capsys):
+    """x + 1e7 in float32 (spacing 1 at 1e7): one error line naming the columns, exit 2, no model written."""
+    from agpc.cli import main
+
+    X, y, _, _ = _data("banana", n=400)
+    np.save(tmp_path / "X.npy", np.column_stack([X + 1e7, y]))
+    model = tmp_path / "m.agpc"
+    assert main(["fit", str(tmp_path / "X.npy"), "--target", "2", "--inducing", "8", "--max-iter", "3",
+                 "--dtype", "float32", "--quiet", "--out", str(model)]) == 2
+    error = capsys.readouterr().err
+    assert "agpc: error:" in error and "column 0" in error and "dtype='float64'" in error
+    assert not model.exists()

@@ -283,3 +283,37 @@ def test_a_fit_that_raised_the_jitter_warns_once_saying_from_what_to_what(method
     assert jitter_warnings[0].filename == __file__  # it points at the caller's line
     assert f"the model's jitter from 0.0e+00 to {model.jitter_:.1e}" in message  # the jitter the model kept
     assert np.all(np.isfinite(model.predict_proba(X)))
+
+
+@pytest.mark.parametrize("method", ["ep", "sep", "svi", "vi-jj", "vi-taylor", "gfitc"])
+def test_jitter_is_the_one_the_final_prior_factor_was_built_with(method, monkeypatch, tmp_path):
+    """Duplicated inducing points with jitter 0, every method: ``jitter_`` is the jitter on the diagonal of
+    the fitted model's factor of Kmm (vi-* and GFITC factor Kmm with ``backend.cholesky``, which adds its own
+    jitter: jitter_ said 0 where the factor had 1e-2), and a saved model loads and predicts the same without
+    raising it again."""
+    import warnings
+
+    X, y = _binary(80)
+    Z = np.concatenate([X[:4], X[:4]])
+    monkeypatch.setattr(agpc_backend, "jitter_floor", lambda Z: 0.0)
+    model = GPClassifier(method=method, inducing=Z, jitter=0.0, max_iter=3, batch_size=None, random_state=0,
+                         kernel=RBF(lengthscales=[1.0, 1.0], amplitude=1e8))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(X, y)
+    assert [w for w in caught if issubclass(w.category, JitterWarning)]  # the case: the jitter was raised
+    L_K = model.posterior_.L_K
+    Kmm = model.kernel_.K(model.inducing_points_)
+    amplitude = float(model.kernel_.amplitude)
+    # L_K L_K^T = Kmm + jitter_ I, up to the round-off of a factorisation (m eps ||Kmm||, ||Kmm|| <= m amplitude)
+    m = Kmm.shape[0]
+    tolerance = 10 * m * m * np.finfo(np.float64).eps * amplitude
+    np.testing.assert_allclose(L_K @ L_K.T, Kmm + model.jitter_ * np.eye(m), rtol=0, atol=tolerance)
+    probabilities = model.predict_proba(X)
+    model.save(tmp_path / "model.agpc")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = GPClassifier.load(tmp_path / "model.agpc")
+        np.testing.assert_array_equal(loaded.predict_proba(X), probabilities)
+    assert not [w for w in caught if issubclass(w.category, JitterWarning)]
+    assert loaded.jitter_ == model.jitter_

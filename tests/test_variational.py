@@ -261,3 +261,25 @@ def test_vi_jj_with_duplicated_inducing_points_and_no_jitter_fits_and_predicts()
     proba = model.predict_proba(X)
     assert np.all(np.isfinite(proba))
     np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
+
+
+def test_logistic_predictive_log_proba_keeps_tails_that_underflow_in_probability():
+    """With a large amplitude (1e8) the latent mean is ~1e4 and sigma(-f) underflows at every node: the log of
+    the summed probabilities was -inf with "divide by zero encountered in log". Reference: SciPy's log_expit
+    and logsumexp with the Gauss-Hermite weights (an independent log-space evaluation of the same sum)."""
+    from scipy.special import log_expit, logsumexp
+
+    from agpc.backend import gauss_hermite
+    from agpc.inference.variational import predictive_log_proba
+
+    mean = np.array([-1e4, -50.0, 0.3, 50.0, 1e4])
+    var = np.array([1e8, 1.0, 2.0, 1.0, 1.0])
+    log_pos, log_neg = predictive_log_proba(mean, var, "logistic", n_quadrature=20)
+    nodes, weights = (np.asarray(a) for a in gauss_hermite(20, np, dtype=np.float64))
+    f = mean[:, None] + np.sqrt(2.0 * var)[:, None] * nodes[None, :]
+    b = np.broadcast_to(weights / np.sqrt(np.pi), f.shape)
+    # near log 1 = 0 the error is absolute: the weights sum to 1 up to a few eps, summed in another order
+    near_zero = 8 * np.finfo(np.float64).eps
+    np.testing.assert_allclose(log_pos, logsumexp(log_expit(f), b=b, axis=1), rtol=1e-12, atol=near_zero)
+    np.testing.assert_allclose(log_neg, logsumexp(log_expit(-f), b=b, axis=1), rtol=1e-12, atol=near_zero)
+    assert np.all(np.isfinite(log_pos)) and np.all(np.isfinite(log_neg))

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..backend import ModulesByName, array_device, array_namespace, read_rows, row_slice
+from ..backend import ModulesByName, array_device, array_namespace, read_rows, row_slice, scaled_std
 from ..kernels import ClassKernels
 from ..optim import OPTIMIZERS, Rprop, lbfgsb_ascent
 from . import ep, gfitc, multiclass_ep, multiclass_vi, variational
@@ -82,7 +82,7 @@ def initial_steps(kernel, Z, names):
         if name == "Z":
             # per input dimension (and per class for a multiclass model's (C, m, d) inducing points)
             if Z.shape[-2] > 1:
-                spread = xp.std(Z, axis=-2, keepdims=True)
+                spread = scaled_std(Z, axis=-2, keepdims=True)  # xp.std of Z * 1e-300 is 0, of Z * 1e154 inf
             else:
                 spread = xp.ones_like(Z)
             spread = xp.where(spread > 0, spread, xp.ones_like(spread))

@@ -46,6 +46,7 @@ __all__ = [
     "posterior_from_factor",
     "Posterior",
     "prior_cholesky",
+    "PRIOR_FACTOR_NAME",
     "project",
     "site_sums",
     "posterior_from_sums",
@@ -154,6 +155,10 @@ def left_solve(L, B, *, trans=False, L_inv=None):
     return solve_triangular(L, B, lower=True, trans=trans)
 
 
+# How jitter reports name the prior covariance of the inducing points (``training`` looks for it).
+PRIOR_FACTOR_NAME = "Kmm (covariance of the inducing points)"
+
+
 def prior_cholesky(kernel, Z, jitter, *, checked=True):
     """L_K = chol(K(Z, Z) + jitter I). ``checked=False`` (training steps): no host synchronisation and no
     jitter escalation; a failed factorisation gives NaN, which reaches log Z_q and the loop's guard."""
@@ -162,7 +167,7 @@ def prior_cholesky(kernel, Z, jitter, *, checked=True):
     Kmm = kernel.K(Z) + jitter * xp.eye(m, dtype=Z.dtype, device=array_device(Z))
     if not checked:
         return cholesky_or_nan(Kmm)
-    return cholesky(Kmm, what="Kmm (covariance of the inducing points)")
+    return cholesky(Kmm, what=PRIOR_FACTOR_NAME)
 
 
 def project(kernel, X, Z, L_K_inv):

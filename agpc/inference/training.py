@@ -22,10 +22,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, block_memory_advice,
-                       cholesky_with_jitter, host_rng, is_out_of_core, note_jitter, read_rows, row_chunk_bounds, row_slice, to_host_vector)
+                       cholesky_with_jitter, host_rng, is_out_of_core, jitter_raises_within, note_jitter, read_rows,
+                       row_chunk_bounds, row_slice, to_host_vector)
 from ..kernels import ClassKernels
 from ..threads import with_blas_threads
 from .engines import ALL_METHODS, EP_METHODS, make_engine
+from .ep import PRIOR_FACTOR_NAME
 from .replay import ReplayedEvaluation
 
 __all__ = ["train", "Trainer", "TrainResult", "METHODS", "ALL_METHODS", "minibatch_layout", "data_fingerprint",
@@ -52,6 +54,7 @@ class TrainResult:
     early_stopped: bool = False
     state: dict = field(default_factory=dict)  # the engine's final state (SVI: "mean", "chol"; vi-*: "xi")
     jitter: float = None  # on the diagonal of Kmm at the end: the configured one, or what the guard raised it to
+    checkpoints_written: int = 0  # by this run (0 when checkpoint_every exceeds its steps: the caller says so)
 
 
 def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
@@ -150,7 +153,7 @@ class Trainer(ModulesByName):
         engine = self.engine
         needed = _jitter_needed(engine.state["kernel"], engine.state["Z"], engine.jitter)
         if needed > engine.jitter and self.failures <= _MAX_FAILURES:
-            note_jitter("Kmm (covariance of the inducing points): the model's jitter", engine.jitter, needed)
+            note_jitter(f"{PRIOR_FACTOR_NAME}: the model's jitter", engine.jitter, needed)
             engine.jitter = needed
             self.jitter_raises += 1
             return
@@ -359,6 +362,7 @@ def train(
             return tqdm(total=len(batches), unit="batch", desc=f"agpc {method} epoch {epoch}/{max_iter}")
         return tqdm(total=max_iter + warmup, unit="iter", desc=f"agpc {method}")
     order = []
+    checkpoints_written = 0
     fingerprint = {"n": int(n), "method": method, "n_batches": len(batches), "Z_shape": [int(v) for v in Z.shape],
                    "per_row_sites": engine.per_row_sites, "params": list(engine.names), "data": data_hash}
     if resume:
@@ -419,6 +423,7 @@ def train(
             bar.set_postfix(postfix, refresh=False)
         if checkpoint_every and trainer.n_steps % int(checkpoint_every) == 0:
             _write_checkpoint(trainer, rng, order, best, checkpoint_path, fingerprint)
+            checkpoints_written += 1
         if early_stopped:
             break
         if not has_params and not minibatch and change is not None and change < tol:
@@ -431,7 +436,12 @@ def train(
     # Minibatch mode under a time budget: the exact final pass over all rows (minibatch EP's rebuild of q
     # from every site, SVI's bound on all rows) only if it fits; otherwise q is the running one, as during
     # training, and log Z the last epoch's estimate.
-    posterior, final_log_z = trainer.posterior(X, y, want_log_z=not minibatch or budget.final_pass_fits())
+    # The final model's prior factor may need more jitter than the engine's (vi-* and GFITC factor Kmm with
+    # ``backend.cholesky``, which adds to the diagonal itself): jitter_ must be what that factor was built with,
+    # or a saved model re-factorises at the smaller jitter and warns again on load.
+    with jitter_raises_within() as raises:
+        posterior, final_log_z = trainer.posterior(X, y, want_log_z=not minibatch or budget.final_pass_fits())
+    extra = max((after for what, before, after in raises if what.startswith(PRIOR_FACTOR_NAME) and before == 0.0), default=0.0)
     state = dict(engine.state)
     if permutation is not None and trainer.per_row_sites:  # back to the caller's row order
         inverse = xp.argsort(permutation)
@@ -450,8 +460,9 @@ def train(
         converged=converged,
         stopped_by_time=stopped_by_time,
         early_stopped=early_stopped,
+        checkpoints_written=checkpoints_written,
         state=state,
-        jitter=engine.jitter,
+        jitter=engine.jitter + extra,
     )
 
 
@@ -473,7 +484,7 @@ def _jitter_needed(kernel, Z, jitter):
     for k, Zc in zip(kernels, Zs):
         xp = array_namespace(Zc)
         Kmm = k.K(Zc) + jitter * xp.eye(Zc.shape[0], dtype=Zc.dtype, device=array_device(Zc))
-        _, added = cholesky_with_jitter(Kmm, what="Kmm (covariance of the inducing points)", report=False)
+        _, added = cholesky_with_jitter(Kmm, what=PRIOR_FACTOR_NAME, report=False)
         needed = max(needed, jitter + added)
     return needed
 
@@ -634,6 +645,20 @@ def _check_float_array(value, shape, where, refuse):
         raise refuse(f"{where}: shape {tuple(value.shape)}, this run's is {tuple(shape)}")
 
 
+def _check_log_parameter(value, fresh, where, refuse):
+    """A kernel parameter is the log of a positive number: its exp must be a positive finite number of the run's
+    type (log-lengthscale 800 gave "overflow encountered in exp" and infinite lengthscales); a log-noise may be
+    -inf (no noise)."""
+    xp = array_namespace(fresh)
+    limit = math.log(float(xp.finfo(fresh.dtype).max))
+    low = math.log(float(xp.finfo(fresh.dtype).smallest_normal))
+    host = to_host_vector(value)
+    allowed_none = where.endswith("log_noise")
+    if not all((low <= v <= limit) or (allowed_none and v == -math.inf) for v in host.tolist()):
+        raise refuse(f"{where}: {host.tolist()} are not logs of positive finite numbers in {_dtype_text(fresh.dtype)} "
+                     f"(between {low:.1f} and {limit:.1f}" + (", or -inf for none)" if allowed_none else ")"))
+
+
 def _check_layout(fresh, saved, where, param_shapes, refuse):
     """``saved`` (an optimiser's snapshot from a file) laid out as ``fresh`` (this run's): the same containers,
     numbers where numbers are, arrays of the parameter's shape under a parameter's name."""
@@ -688,6 +713,7 @@ def _check_engine(saved, engine, fingerprint, path, refuse):
         raise refuse(f"engine.kernel: expected the parameters {sorted(params)}")
     for name, value in kernel.items():
         _check_float_array(value, params[name].shape, f"engine.kernel.{name}", refuse)
+        _check_log_parameter(value, params[name], f"engine.kernel.{name}", refuse)
     damping = saved.get("damping")
     if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not (
         (engine.has_damping and 0 < damping <= 1) or (not engine.has_damping and math.isnan(damping))
@@ -745,6 +771,11 @@ def _array_shapes(state):
     return shapes
 
 
+def _dtype_text(dtype):
+    """A floating type by its name ("float32"), whichever library's dtype object it is."""
+    return str(dtype).rsplit(".", 1)[-1]
+
+
 def _restore(trainer, rng, path, fingerprint, has_validation):
     """Put a checkpoint's state into a freshly built trainer; returns (order, best). Everything read is
     checked first: a field of the wrong type or shape is one ValueError naming the file and the field."""
@@ -759,6 +790,16 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
     xp, device = trainer.xp, array_device(trainer.state["Z"])
     saved = load_checkpoint(path, lambda a: asarray_like(a, xp, device=device))
     written_for = saved.get("fingerprint")
+    # The data's hash is of its rows in the run's type, so a resume in another dtype would read as other data:
+    # said first, by the type the checkpoint's arrays are in.
+    saved_Z = saved["engine"].get("Z") if isinstance(saved.get("engine"), dict) else None
+    run_dtype = trainer.state["Z"].dtype
+    if _is_array(saved_Z) and saved_Z.dtype != run_dtype:
+        raise ValueError(
+            f"checkpoint {path} was written by a fit computing in {_dtype_text(saved_Z.dtype)}, but this fit "
+            f"computes in {_dtype_text(run_dtype)}: resume with dtype='{_dtype_text(saved_Z.dtype)}', or fit "
+            "afresh without resume"
+        )
     if isinstance(written_for, dict) and written_for != fingerprint and (
         {k: v for k, v in written_for.items() if k != "data"} == {k: v for k, v in fingerprint.items() if k != "data"}
     ):
@@ -767,8 +808,11 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
             f"but other rows or labels (data fingerprint {written_for.get('data')}, this data {fingerprint['data']})"
         )
     if written_for != fingerprint:
+        differs = sorted(set(written_for) | set(fingerprint)) if not isinstance(written_for, dict) else sorted(
+            key for key in set(written_for) | set(fingerprint) if written_for.get(key) != fingerprint.get(key))
         raise ValueError(
-            f"checkpoint {path} was written by a different training run ({written_for}); this run is {fingerprint}"
+            f"checkpoint {path} was written by a different training run (differing in {', '.join(differs)}: "
+            f"{written_for}); this run is {fingerprint}"
         )
     _check_state(saved, fingerprint, refuse)
     _check_engine(saved["engine"], trainer.engine, fingerprint, path, refuse)

@@ -393,7 +393,14 @@ def predictive_log_proba(mean, var, likelihood, n_quadrature=20):
         raise ValueError(f"unknown likelihood {likelihood!r}: use one of {LIKELIHOODS}")
     nodes, weights = gauss_hermite(n_quadrature, xp, dtype=mean.dtype, device=array_device(mean))
     f = mean[:, None] + math.sqrt(2.0) * xp.sqrt(var)[:, None] * nodes[None, :]
-    weights = weights / math.sqrt(math.pi)
-    p_pos = xp.sum(_sigmoid(f, xp) * weights[None, :], axis=1)
-    p_neg = xp.sum(_sigmoid(-f, xp) * weights[None, :], axis=1)  # not 1 - p_pos: keeps the small tail exact
-    return xp.log(p_pos), xp.log(p_neg)
+    log_weights = xp.log(weights / math.sqrt(math.pi))[None, :]
+
+    def log_expectation(log_sigmoid):
+        # log sum_k w_k sigma(+-f_k) by log-sum-exp: with a large amplitude every sigma(-f_k) underflows to 0
+        # and the log of the sum was -inf ("divide by zero encountered in log"); each sign is taken on its own,
+        # not as 1 - p, which keeps the small tail exact
+        terms = log_sigmoid + log_weights
+        top = xp.max(terms, axis=1)
+        return top + xp.log(xp.sum(xp.exp(terms - top[:, None]), axis=1))
+
+    return log_expectation(-_softplus(-f, xp)), log_expectation(-_softplus(f, xp))

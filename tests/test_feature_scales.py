@@ -1,0 +1,128 @@
+"""Features on awkward scales: a narrower dtype that would erase a column's variation is refused before the
+conversion, and the default kernel, k-means and Rprop's first steps follow features on extreme scales
+(their standard deviations are taken without overflow or underflow)."""
+
+import array_api_strict
+import numpy as np
+import pytest
+
+from agpc import GPClassifier
+from agpc.backend import scaled_std
+from agpc.inducing import kmeans
+from agpc.inference.engines import initial_steps
+from agpc.kernels import RBF
+from agpc.validation import column_scales
+
+
+def _data(n=150):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, 2))
+    return X, X[:, 0] > 0
+
+
+def _small(**kw):
+    return GPClassifier(n_inducing=8, max_iter=5, random_state=0, **kw)
+
+
+@pytest.mark.parametrize("as_input", [
+    lambda X: X, lambda X: X.tolist(), lambda X: array_api_strict.asarray(X),
+], ids=["numpy", "list", "array-api-strict"])
+def test_float32_refuses_features_whose_spread_it_cannot_resolve(as_input):
+    X, y = _data()
+    X = X + 1e7  # float32's spacing at 1e7 is 1: the columns' spread of 1 would be round-off
+    with pytest.raises(ValueError) as error:
+        _small(dtype="float32").fit(as_input(X), y)
+    message = str(error.value)
+    assert "column 0" in message and "column 1" in message and "1e+07" in message
+    assert "standardise" in message and "dtype='float64'" in message
+
+
+def test_float32_refuses_on_disk_features_from_a_sample_of_rows(tmp_path):
+    X, y = _data()
+    on_disk = np.lib.format.open_memmap(tmp_path / "X.npy", mode="w+", dtype=np.float64, shape=X.shape)
+    on_disk[:] = X + 1e7
+    on_disk.flush()
+    with pytest.raises(ValueError, match="lose the variation"):
+        _small(dtype="float32").fit(np.load(tmp_path / "X.npy", mmap_mode="r"), y)
+
+
+def test_float32_names_only_the_columns_it_cannot_resolve():
+    X, y = _data()
+    X = np.column_stack([X, np.full(X.shape[0], 1e7), X[:, 1] + 1e9])  # a constant column loses nothing
+    with pytest.raises(ValueError) as error:
+        _small(dtype="float32").fit(X, y)
+    assert "column 3" in str(error.value)
+    assert "column 0" not in str(error.value) and "column 2" not in str(error.value)
+
+
+def test_float32_fits_centred_features_and_float64_fits_the_offset_ones():
+    X, y = _data()
+    centred = _small(dtype="float32").fit(X, y).score(X, y)
+    offset = _small(dtype="float64").fit(X + 1e7, y).score(X + 1e7, y)
+    assert centred > 0.9 and offset > 0.9
+
+
+def test_float32_refuses_values_too_large_for_it_without_a_runtime_warning():
+    X, y = _data()
+    with pytest.raises(ValueError, match="too large for float32"):
+        _small(dtype="float32").fit(X * 1e39, y)
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-20, 1e154, 1e300])
+def test_scaled_std_is_the_standard_deviation_without_overflow_or_underflow(scale):
+    X, _ = _data()
+    expected = np.std(X, axis=0) * scale  # std(s X) = s std(X), with std(X) computed on unit-scale data
+    np.testing.assert_allclose(scaled_std(X * scale, axis=0), expected, rtol=1e-12)
+    spread, magnitude = column_scales(X * scale)
+    np.testing.assert_allclose(spread, expected, rtol=1e-12)
+    np.testing.assert_allclose(magnitude, np.max(np.abs(X), axis=0) * scale, rtol=1e-15)
+
+
+def test_scaled_std_of_a_constant_or_zero_column_is_zero():
+    X = np.column_stack([np.zeros(5), np.full(5, 3.0)])
+    np.testing.assert_array_equal(scaled_std(X, axis=0), [0.0, 0.0])
+
+
+@pytest.mark.parametrize("dtype, scale", [("float64", 1e-300), ("float32", 1e-30), ("float32", 1e-20),
+                                          ("float64", 1e154), ("float32", 1e20)])
+def test_default_kernel_kmeans_and_first_steps_follow_the_scale_of_the_features(dtype, scale):
+    X, _ = _data()
+    unit = X.astype(dtype)
+    scaled = (X * scale).astype(dtype)
+    rtol = 1e3 * float(np.finfo(dtype).eps)
+    kernel_unit, kernel_scaled = GPClassifier._default_kernel(unit), GPClassifier._default_kernel(scaled)
+    np.testing.assert_allclose(np.exp(kernel_scaled.params["log_lengthscales"]) / scale,
+                               np.exp(kernel_unit.params["log_lengthscales"]), rtol=rtol)
+    Z_unit, Z_scaled = kmeans(unit, 8, random_state=0), kmeans(scaled, 8, random_state=0)
+    np.testing.assert_allclose(Z_scaled / scale, Z_unit, rtol=rtol, atol=rtol)
+    steps_unit = initial_steps(RBF().for_inputs(unit), Z_unit, ["Z"])["Z"]
+    steps_scaled = initial_steps(RBF().for_inputs(scaled), Z_scaled, ["Z"])["Z"]
+    np.testing.assert_allclose(steps_scaled / scale, steps_unit, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype, scale", [("float64", 1e-300), ("float32", 1e-30), ("float64", 1e154), ("float64", 1e300),
+                                          ("float32", 1e20)])
+def test_ep_fits_features_on_extreme_scales_as_on_unit_ones(dtype, scale):
+    X, y = _data()
+    unit = _small(dtype=dtype).fit(X, y).score(X, y)
+    scaled = _small(dtype=dtype).fit(X * scale, y).score(X * scale, y)
+    assert unit > 0.9
+    assert abs(scaled - unit) <= 0.02
+
+
+@pytest.mark.parametrize("method", ["ep", "svi", "vi-jj", "gfitc"])
+def test_prediction_far_beyond_the_data_is_the_prior_without_overflow(method):
+    """At X * 1e300 every kernel value is 0: the prediction is the prior's (latent mean 0), and the squared
+    distances of such points, which overflowed ("overflow encountered in vecdot"), are not formed. Points
+    within reach of the inducing points predict exactly as before."""
+    from agpc.inference import ep
+
+    X, y = _data()
+    model = _small(method=method).fit(X, y)
+    mean, variance = model.predict_latent(X * 1e300)  # a RuntimeWarning here fails the test (pyproject)
+    np.testing.assert_array_equal(mean, 0.0)
+    np.testing.assert_allclose(variance, float(model.kernel_.amplitude) + float(model.kernel_.noise), rtol=1e-12)
+    within = model.predict_latent(X)
+    direct = ep.predict_latent(model.kernel_, model.inducing_points_, model.posterior_, X)
+    np.testing.assert_array_equal(within[0], direct[0])
+    np.testing.assert_array_equal(within[1], direct[1])
