@@ -821,9 +821,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         ``fit`` to start again). ``n_total`` is the number of
         rows the model stands for (SEP's cavity q / f^(1/n)), a positive integer at least this batch's rows;
         by default the rows seen so far. It may be below the rows seen: a data set streamed for several
-        epochs stands for its own size.
+        epochs stands for its own size. ``checkpoint_path`` / ``checkpoint_every`` do not apply (a stream model
+        is saved with :meth:`save`, or pickled, between calls): set, they are warned about once.
         """
         self._check_params()
+        if (self.checkpoint_path is not None or self.checkpoint_every is not None) and not hasattr(self, "_trainer"):
+            warnings.warn("partial_fit writes no checkpoints (checkpoint_path / checkpoint_every apply to fit); save "
+                          "a stream model with save() or pickle it between calls", UserWarning, stacklevel=2)
         with self._blas_scope(X), B.jitter_report("GPClassifier.partial_fit"):
             return self._partial_fit(X, y, classes, n_total)
 

@@ -232,3 +232,19 @@ def test_partial_fit_refuses_changed_structure_and_classes(change):
     with pytest.raises(ValueError, match=f"cannot continue this model: {name} .* call fit to start again"):
         model.partial_fit(X[100:150], y[100:150])
     assert model.posterior_ is posterior and model.n_iter_ == 2
+
+
+def test_partial_fit_says_once_that_it_writes_no_checkpoints(tmp_path):
+    """checkpoint_path / checkpoint_every apply to fit; partial_fit set with them warns at its first call
+    (not at every minibatch) and writes nothing there."""
+    import warnings
+
+    X, y = make_banana(120, random_state=0)
+    model = GPClassifier(method="sep", n_inducing=5, random_state=0, checkpoint_path=tmp_path / "ckpt.npz",
+                         checkpoint_every=1)
+    with pytest.warns(UserWarning, match="partial_fit writes no checkpoints"):
+        model.partial_fit(X[:60], y[:60], classes=np.unique(y))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        model.partial_fit(X[60:], y[60:])
+    assert not (tmp_path / "ckpt.npz").exists()
