@@ -140,6 +140,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         For ``fit`` on a dask.array: the cluster to train on. ``None``: the current client if there is
         one, else a ``LocalCluster`` with one single-threaded worker process per core, started and closed
         by ``fit``.
+    local_steps : int or None
+        Minibatch training on a dask.array is data-parallel (``agpc.inference.data_parallel``): each worker
+        takes this many minibatch steps per round on the chunks it holds, the driver combines (SEP: one tied
+        factor per chunk, Li et al. 2015 sec. 4; EP: each chunk keeps its sites; SVI: averaged steps).
+        ``None``: ``data_parallel.DEFAULT_LOCAL_STEPS``, or 0 when ``checkpoint_path`` is set. ``0``: the
+        minibatch steps run on the driver, the chunks brought to it in turn: one worker's worth of speed,
+        but the very model of a single-process fit on the same chunks (same seed), and checkpoints.
     checkpoint_path, checkpoint_every : path and int, or None
         Every method: every ``checkpoint_every`` steps, write the whole training state (hyper-parameters,
         inducing points, sites, factor or q(u), optimiser state, step, RNG state, history) to ``checkpoint_path``,
@@ -203,6 +210,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         random_state=None,
         verbose=False,
         client=None,
+        local_steps=None,
         checkpoint_path=None,
         checkpoint_every=None,
         site_directory=None,
@@ -230,6 +238,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.random_state = random_state
         self.verbose = verbose
         self.client = client
+        self.local_steps = local_steps
         self.checkpoint_path = checkpoint_path
         self.checkpoint_every = checkpoint_every
         self.site_directory = site_directory
@@ -582,6 +591,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         import dask.array as da
 
         from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
+        from .inference.data_parallel import DEFAULT_LOCAL_STEPS, DataParallel, RowsOnWorkers
 
         if self.method not in (*training.METHODS, "svi"):
             raise ValueError(f"fit on a dask array trains method 'ep', 'sep', 'adf' or 'svi' (minibatches), not "
@@ -622,7 +632,20 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             kernel, Z = self._initial_model(sample, m, rng)
             batch_size = self._batch_size_for(n)
             minibatch = batch_size is not None and batch_size < n
-            if minibatch:  # minibatches: chunks come to the driver in turn
+            local_steps = self.local_steps
+            if local_steps is None:
+                local_steps = 0 if self.checkpoint_path is not None else DEFAULT_LOCAL_STEPS
+            if not (isinstance(local_steps, numbers.Integral) and local_steps >= 0):
+                raise ValueError(f"local_steps must be None or a non-negative integer, got {local_steps!r}")
+            if minibatch and local_steps > 0:  # data-parallel rounds: the rows stay on the workers
+                if self.checkpoint_path is not None:
+                    raise ValueError("checkpoints of data-parallel training are not supported yet: "
+                                     "set local_steps=0 to step on the driver")
+                engine = DataParallel(client, X, y_pm, batch_size=batch_size, local_steps=local_steps,
+                                      seed=int(rng.integers(2**62)), site_directory=self.site_directory)
+                X, y_pm = RowsOnWorkers(X.shape, X.dtype), RowsOnWorkers(y_pm.shape, y_pm.dtype)
+                batch_size = engine.rows_per_round
+            elif minibatch:  # minibatches: chunks come to the driver in turn
                 X, y_pm = ChunkedRows(X, client), ChunkedRows(y_pm, client)
             elif self.method == "svi":
                 raise ValueError("svi on a dask array trains on minibatches (batch_size below the number of rows): "
