@@ -44,6 +44,7 @@ history, the progress bar and the guard are the single-process ones. A round see
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import shutil
@@ -155,7 +156,8 @@ def step_shard(spec, segments, data):
     through ``Trainer.step``, starting from the driver's state. ``data``: per chunk of the segments, its
     rows (X, y) as arrays. Returns the state the shard ends at (parameters, optimiser, per-chunk factors,
     EP's site files) and the steps' log Z estimates; no rows."""
-    method, options = spec["method"], spec["options"]
+    # (a copy: an optimiser object given in the options is this shard's own, also in a threaded cluster)
+    method, options = spec["method"], copy.deepcopy(spec["options"])
     trainer = Trainer(spec["kernel"], spec["Z"], method=method, n_total=spec["n_total"], minibatch=True, **options)
     engine = trainer.engine
     engine.state.update(spec["state"])
