@@ -13,6 +13,7 @@ distributed = pytest.importorskip("distributed")
 from agpc import GPClassifier  # noqa: E402
 from agpc.datasets import make_banana  # noqa: E402
 from agpc.inference import data_parallel, ep  # noqa: E402
+from agpc.inference.dask_engine import local_cluster  # noqa: E402
 from agpc.inference.engines import make_engine  # noqa: E402
 from agpc.kernels import RBF  # noqa: E402
 
@@ -30,10 +31,10 @@ def client():
 
 @contextlib.contextmanager
 def _process_cluster():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
-    with distributed.Client(cluster) as c:
+    """Two single-threaded worker processes, as ``GPClassifier`` starts them (a cluster per test that kills
+    a worker: the nanny's restart is not waited for)."""
+    with local_cluster(2) as cluster, distributed.Client(cluster) as c:
         yield c
-    cluster.close()
 
 
 def _nll(model, X, y):
