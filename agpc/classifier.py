@@ -518,10 +518,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if B.is_dask_array(X) and self.method == "gfitc":
             raise ValueError(_GFITC_BATCH_ONLY.format(what="fit on a dask array"))
         if B.is_dask_array(X):
-            if validation_data is not None:
-                raise ValueError("validation_data is not supported for fit on a dask array (yet): score a held-out "
-                                 "part with predict_proba after fit")
-            return self._fit_dask(X, y, groups, resume)
+            return self._fit_dask(X, y, groups, resume, validation_data)
         self.__dict__.pop("_trainer", None)
         Xc, y_pm, classes, sample, xp, device = self._inputs(X, y, reset=True)
         n = Xc.shape[0]
@@ -530,24 +527,28 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         init_started = time.perf_counter()
         kernel, Z = self._initial_model(sample, m, rng, len(classes))
         self.init_time_ = time.perf_counter() - init_started
-        validation = None
-        if validation_data is not None:
-            X_val, y_val = validation_data
-            X_val, _ = self._validate_X(X_val, reset=False) if _is_foreign_array(X_val) else (
-                validate_data(self, X_val, reset=False, dtype=np.float64, ensure_all_finite=True), None
-            )
-            y_val = B.to_numpy(y_val) if B.is_array_api_obj(y_val) else np.asarray(y_val)
-            unknown = np.setdiff1d(np.unique(y_val), classes)
-            if unknown.size:
-                raise ValueError(f"validation labels {list(unknown)} are not among the training classes {list(classes)}")
-            validation = (
-                B.asarray_like(X_val, xp, device=device, dtype=xp.float64),
-                B.asarray_like(_encode_labels(y_val, classes), xp, device=device, dtype=xp.float64),
-            )
+        validation = self._validation_arrays(validation_data, classes, xp, device)
         t0 = started
         result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
                              validation=validation, started=started)
         return self._fitted_from(result, classes, t0)
+
+    def _validation_arrays(self, validation_data, classes, xp, device):
+        """(X_val, y_val) checked and in the model's namespace, labels encoded; None without validation data."""
+        if validation_data is None:
+            return None
+        X_val, y_val = validation_data
+        X_val, _ = self._validate_X(X_val, reset=False) if _is_foreign_array(X_val) else (
+            validate_data(self, X_val, reset=False, dtype=np.float64, ensure_all_finite=True), None
+        )
+        y_val = B.to_numpy(y_val) if B.is_array_api_obj(y_val) else np.asarray(y_val)
+        unknown = np.setdiff1d(np.unique(y_val), classes)
+        if unknown.size:
+            raise ValueError(f"validation labels {list(unknown)} are not among the training classes {list(classes)}")
+        return (
+            B.asarray_like(X_val, xp, device=device, dtype=xp.float64),
+            B.asarray_like(_encode_labels(y_val, classes), xp, device=device, dtype=xp.float64),
+        )
 
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
                started=None):
@@ -581,7 +582,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.early_stopped_ = result.early_stopped
         return self
 
-    def _fit_dask(self, X, y, groups, resume):
+    def _fit_dask(self, X, y, groups, resume, validation_data=None):
         """EP / SEP / ADF on a dask.array of rows. Batch: one task per chunk each pass (``DaskEngine``), EP's
         sites persisted on the workers. Minibatch: chunks visited in random order, one at a time on the
         driver (``ChunkedRows``). X is not persisted here: persist it first if it fits in the workers'
@@ -617,8 +618,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if not bool(finite):
                 raise ValueError("Input X contains NaN or infinity")
             classes = self._check_classes(np.unique(np.asarray(labels)))
-            if len(classes) > 2:
-                raise ValueError("fit on a dask array trains the binary model; multiclass data need in-memory arrays")
             y_pm = y.map_blocks(_encode_labels, classes, dtype=np.float64)
             self.n_features_in_ = X.shape[1]
             n = X.shape[0]
@@ -629,7 +628,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             else:
                 rows = np.sort(rng.choice(n, size=_INIT_SAMPLE, replace=False))
                 sample = np.asarray(X[rows].compute(), dtype=np.float64)
-            kernel, Z = self._initial_model(sample, m, rng)
+            kernel, Z = self._initial_model(sample, m, rng, len(classes))
+            if validation_data is not None:  # scored on the driver: brought there whole (keep it small)
+                validation_data = tuple(client.compute(list(validation_data), sync=True)
+                                        if any(B.is_dask_array(v) for v in validation_data) else validation_data)
+            validation = self._validation_arrays(validation_data, classes, B.array_namespace(Z), None)
             batch_size = self._batch_size_for(n)
             minibatch = batch_size is not None and batch_size < n
             local_steps = self.local_steps
@@ -637,6 +640,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 local_steps = 0 if self.checkpoint_path is not None else DEFAULT_LOCAL_STEPS
             if not (isinstance(local_steps, numbers.Integral) and local_steps >= 0):
                 raise ValueError(f"local_steps must be None or a non-negative integer, got {local_steps!r}")
+            if len(classes) > 2 and not (minibatch and local_steps > 0):
+                raise ValueError("multiclass data on a dask array train data-parallel on minibatches (batch_size "
+                                 "below the number of rows, local_steps > 0); batch passes and the driver's "
+                                 "minibatch steps need in-memory arrays")
             if minibatch and local_steps > 0:  # data-parallel rounds: the rows stay on the workers
                 if self.checkpoint_path is not None:
                     raise ValueError("checkpoints of data-parallel training are not supported yet: "
@@ -654,7 +661,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 engine = DaskEngine(client, X.chunks[0], site_directory=self.site_directory)
             t0 = time.perf_counter()
             # SVI: a step per minibatch on the driver, chunks visited as for SEP
-            result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, engine=engine)
+            result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, validation=validation,
+                                 engine=engine)
         finally:
             if engine is not None:
                 engine.close()

@@ -126,8 +126,6 @@ def test_dask_input_errors_are_clear(client, data):
         GPClassifier(method="vi-jj", client=client).fit(Xd, yd)
     with pytest.raises(ValueError, match="svi on a dask array trains on minibatches"):
         GPClassifier(method="svi", batch_size=None, client=client).fit(Xd, yd)
-    with pytest.raises(ValueError, match="validation_data is not supported"):
-        GPClassifier(client=client).fit(Xd, yd, validation_data=(X[:10], y[:10]))
     bad = X.copy()
     bad[7, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):

@@ -55,7 +55,8 @@ from dataclasses import dataclass, field
 
 from .. import io
 from ..backend import array_device, array_namespace, asarray_like, host_rng
-from . import ep
+from ..kernels import ClassKernels
+from . import ep, multiclass_ep
 from .engines import Outcome, make_engine
 from .training import Trainer
 
@@ -192,7 +193,7 @@ def step_shard(spec, segments, data):
                 # A new visit: the chunk's site product exactly, at the current hyper-parameters (a row's
                 # site is swapped out along its current projection, but the factor holds it along that of
                 # its last visit: the single-process loop rebuilds once an epoch for the same reason).
-                _rebuild_chunk_factor(engine, X_chunk, site_precision, site_shift, total)
+                _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, total)
                 total = engine.others.combine(1.0, engine.state["factor"], 1.0)
         for j in range(first, first + count):
             rows = order[j * batch_size:(j + 1) * batch_size]
@@ -212,7 +213,7 @@ def step_shard(spec, segments, data):
                 site_precision[index] = engine.state["nu"]
                 site_shift[index] = engine.state["mu"]
                 if engine.needs_rebuild:  # many cavities failed: the chunk's site product, exactly
-                    _rebuild_chunk_factor(engine, X_chunk, site_precision, site_shift, None)
+                    _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, None)
         if tied:
             factors[chunk] = engine.state["factor"]
             total = engine.others.combine(1.0, factors[chunk], 1.0)
@@ -227,14 +228,17 @@ def step_shard(spec, segments, data):
             "log_z": log_z, "n_invalid": n_invalid, "seconds": time.perf_counter() - started}
 
 
-def _rebuild_chunk_factor(engine, X_chunk, site_precision, site_shift, total):
-    """EP: the chunk's factor recomputed exactly from its sites (``ep.exact_factor``) at the engine's state;
-    ``total`` given: the others' product is set from it first (the chunk's old factor taken out)."""
+def _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, total):
+    """EP: the chunk's factor recomputed exactly from its sites (the passes' ``exact_factor``) at the
+    engine's state; ``total`` given: the others' product is set from it first (the chunk's old factor out)."""
     if total is not None:
         engine.others = total.combine(1.0, engine.state["factor"], -1.0)
     s = engine.state
-    s["factor"] = ep.exact_factor(s["kernel"], s["Z"], X_chunk, site_precision, site_shift, jitter=engine.jitter,
-                                  block_rows=engine.block_rows)
+    xp, like = array_namespace(s["Z"]), s["Z"]
+    X_rows = asarray_like(X_chunk, xp, device=array_device(like), dtype=like.dtype)
+    y_rows = asarray_like(y_chunk, xp, device=array_device(like), dtype=like.dtype)
+    s["factor"] = engine.passes.exact_factor(s["kernel"], s["Z"], X_rows, site_precision, site_shift,
+                                             jitter=engine.jitter, block_rows=engine.block_rows, y=y_rows)
     engine.needs_rebuild = False
 
 
@@ -285,11 +289,14 @@ class DataParallel:
     def __call__(self, method, kernel, Z, *, n_total, minibatch, **options):
         if method not in ("ep", "sep", "adf", "svi"):
             raise ValueError(f"data-parallel training runs 'ep', 'sep', 'adf' or 'svi', not {method!r}")
+        if method == "ep" and isinstance(kernel, ClassKernels):
+            raise ValueError("data-parallel multiclass training runs 'sep', 'adf' or 'svi' (multiclass EP's "
+                             "per-row sites are not kept per chunk yet)")
         if options.pop("site_precision", None) is not None or options.pop("site_shift", None) is not None:
             raise ValueError("data-parallel EP starts from zero sites")
         if method == "ep":
             # the engines hold the sites of the minibatch they step, not n of them (an empty start)
-            options["site_precision"] = options["site_shift"] = ep.zero_sites(0, Z)
+            options["site_precision"] = options["site_shift"] = _passes_of(kernel).zero_sites(0, Z)
             directory = self.site_directory if self.site_directory is not None else tempfile.gettempdir()
             os.makedirs(directory, exist_ok=True)
             self.site_root = tempfile.mkdtemp(prefix="agpc-dp-sites-", dir=os.fspath(directory))
@@ -319,14 +326,15 @@ class _RoundEngine:
         self.template = make_engine(method, kernel, Z, n_total=n_total, minibatch=True, **options)
         self.tied = method != "svi"
         n_chunks = len(plan.chunk_rows)
-        self.factors = {c: ep.uniform_factor(Z) for c in range(n_chunks)} if self.tied else {}
+        passes = self.template.passes if self.tied else None
+        self.factors = {c: passes.uniform_factor(Z) for c in range(n_chunks)} if self.tied else {}
         self.visits = {c: 0 for c in range(n_chunks)}
         self.cursors = [_Cursor() for _ in plan.shards]
         self.generation = 0
         self.site_files = {}
         if method == "ep":  # zero sites, a file a chunk (written here: the driver makes no rows, only zeros)
             for c, rows in enumerate(plan.chunk_rows):
-                zeros = ep.zero_sites(rows, Z)
+                zeros = passes.zero_sites(rows, Z)
                 self.site_files[c] = _site_path(plan.site_root, c, "initial")
                 io.save_site_chunk(self.site_files[c], zeros, zeros)
         self.loaded = {}  # chunk -> (futures of X, y) on the worker of the shard stepping it
@@ -471,6 +479,11 @@ class _RoundEngine:
         raise NotImplementedError("checkpoints of data-parallel training are not supported yet")
 
 
+def _passes_of(kernel):
+    """The EP passes of a model: binary (``ep``) or multiclass (``multiclass_ep``, a ``ClassKernels``)."""
+    return multiclass_ep if isinstance(kernel, ClassKernels) else ep
+
+
 def _sum_factors(factors):
     factors = list(factors)
     total = factors[0]
@@ -488,6 +501,8 @@ def _nbytes(tree):
         return sum(_nbytes(v) for v in tree)
     if isinstance(tree, ep.Factor):
         return _nbytes((tree.precision, tree.shift))
+    if isinstance(tree, multiclass_ep.MultiFactor):
+        return _nbytes(tree.factors)
     if hasattr(tree, "params") and isinstance(tree.params, dict):  # a kernel
         return _nbytes(tree.params)
     return int(getattr(tree, "nbytes", 8))
