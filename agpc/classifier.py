@@ -583,9 +583,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return self
 
     def _fit_dask(self, X, y, groups, resume, validation_data=None):
-        """EP / SEP / ADF on a dask.array of rows. Batch: one task per chunk each pass (``DaskEngine``), EP's
-        sites persisted on the workers. Minibatch: chunks visited in random order, one at a time on the
-        driver (``ChunkedRows``). X is not persisted here: persist it first if it fits in the workers'
+        """EP / SEP / ADF / SVI on a dask.array of rows. Batch: one task per chunk each pass (``DaskEngine``), EP's
+        sites persisted on the workers. Minibatch: data-parallel rounds (``data_parallel.DataParallel``), or with
+        ``local_steps=0`` chunks visited in random order, one at a time on the driver (``ChunkedRows``). X is not persisted here: persist it first if it fits in the workers'
         memory (faster passes); otherwise each pass reads it from where it lives (e.g. zarr)."""
         import os
 

@@ -10,11 +10,11 @@ dask arrays chunked like the rows and persisted on the workers: they are never g
 The engine plugs into ``training.Trainer`` (``engine=``), so damping, the guard rails, validation and early
 stopping are the single-machine ones.
 
-Minibatch training samples chunks: ``ChunkedRows`` hands the training loop one chunk of rows at a time, and
-the loop lays its minibatches inside chunks and visits the chunks in random order (``backend.row_chunk_bounds``),
-so an epoch moves each chunk to the driver once. The minibatch steps themselves run on the driver: each is a
-small sequential O(|M| m^2 + m^3) computation that depends on the previous one, and a round trip to a worker
-per step would cost more than the step.
+Minibatch training is data-parallel by default (``data_parallel``: rounds of several steps on each worker).
+With ``local_steps=0`` it samples chunks on the driver instead: ``ChunkedRows`` hands the training loop one
+chunk of rows at a time, and the loop lays its minibatches inside chunks and visits the chunks in random order
+(``backend.row_chunk_bounds``), so an epoch moves each chunk to the driver once, and the minibatch steps run
+there, one after another (a round trip to a worker per step would cost more than the step).
 """
 
 from __future__ import annotations
