@@ -186,8 +186,10 @@ def step_shard(spec, segments, data):
             engine.state["factor"] = factors[chunk]
             engine.others = total.combine(1.0, factors[chunk], -1.0)
             engine.factor_rows = n_chunk
-        if engine.per_row_sites:
-            sites = io.load_site_chunk(spec["site_files"][chunk], n_chunk)
+        if engine.per_row_sites:  # the chunk's sites: from its file, or zero before its first visit
+            path = spec["site_files"][chunk]
+            sites = io.load_site_chunk(path, n_chunk) if path is not None else (
+                engine.passes.zero_sites(n_chunk, Z), engine.passes.zero_sites(n_chunk, Z))
             site_precision, site_shift = (asarray_like(s, xp, device=device, dtype=Z.dtype) for s in sites)
             if first == 0 and visit > 0:
                 # A new visit: the chunk's site product exactly, at the current hyper-parameters (a row's
@@ -331,12 +333,8 @@ class _RoundEngine:
         self.visits = {c: 0 for c in range(n_chunks)}
         self.cursors = [_Cursor() for _ in plan.shards]
         self.generation = 0
-        self.site_files = {}
-        if method == "ep":  # zero sites, a file a chunk (written here: the driver makes no rows, only zeros)
-            for c, rows in enumerate(plan.chunk_rows):
-                zeros = passes.zero_sites(rows, Z)
-                self.site_files[c] = _site_path(plan.site_root, c, "initial")
-                io.save_site_chunk(self.site_files[c], zeros, zeros)
+        # EP: each chunk's site file, written by the worker that stepped it last (None: zero sites, no file yet)
+        self.site_files = {c: None for c in range(n_chunks)} if method == "ep" else {}
         self.loaded = {}  # chunk -> (futures of X, y) on the worker of the shard stepping it
 
     # -- what the loop reads ---------------------------------------------------------------------------
@@ -439,7 +437,7 @@ class _RoundEngine:
             old = self.site_files
             self.site_files = work["site_files"]
             for c, path in old.items():
-                if path != self.site_files[c]:
+                if path is not None and path != self.site_files[c]:
                     os.remove(path)
         return Outcome(change=None, stepped=stepping, record=True, n_invalid=int(work["n_invalid"]))
 

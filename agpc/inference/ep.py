@@ -670,17 +670,17 @@ def factor_cavity(kernel, Z, factor, *, method, n_total, jitter, checked=True, o
         raise ValueError(f"unknown EP variant {method!r}")
     L_K = prior_cholesky(kernel, Z, jitter, checked=checked)
     S, c_tilde = factor.whitened(L_K)
-    if others is None:
-        S_rest = c_rest = 0.0
-        q = posterior_from_sums(L_K, S, c_tilde, checked=checked)
-    else:
-        S_rest, c_rest = others.whitened(L_K)
-        q = posterior_from_sums(L_K, S_rest + S, c_rest + c_tilde, checked=checked)
+    rest = None if others is None else others.whitened(L_K)
+
+    def with_rest(S_part, c_part):  # (no operation at all when the factor is all the data's)
+        return (S_part, c_part) if rest is None else (rest[0] + S_part, rest[1] + c_part)
+
+    q = posterior_from_sums(L_K, *with_rest(S, c_tilde), checked=checked)
     log_z = q.log_normaliser_gain
     if method == "sep":
         # SEP's log Z_q: g(q) - g(prior) + sum_i log Z_i + n (g(cavity) - g(q))
         keep = 1.0 - 1.0 / (n_total if factor_rows is None else factor_rows)
-        cavity = posterior_from_sums(L_K, S_rest + keep * S, c_rest + keep * c_tilde, checked=checked)
+        cavity = posterior_from_sums(L_K, *with_rest(keep * S, keep * c_tilde), checked=checked)
         log_z = log_z + n_total * (cavity.log_normaliser_gain - q.log_normaliser_gain)
     else:
         cavity = q

@@ -279,6 +279,11 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
     }
 
 
+def _with_rest(rest, S, c_tilde):
+    """Distributed SEP: the other shards' whitened sums added (none, and no operation, without them)."""
+    return (S, c_tilde) if rest is None else (rest[0] + S, rest[1] + c_tilde)
+
+
 def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None, jitter,
                     want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None):
     """One pass over rows X (all, or a minibatch) with q_c = prior_c x factor_c; the cavity as in
@@ -298,13 +303,13 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
     qs, cavities, log_z = [], [], 0.0
     for c in range(C):
         S, c_tilde = factor.factors[c].whitened(L_K[c])
-        S_rest, c_rest = (0.0, 0.0) if others is None else others.factors[c].whitened(L_K[c])
-        q = ep.posterior_from_sums(L_K[c], S_rest + S, c_rest + c_tilde, L_K_inv=L_K_inv[c])
+        rest = None if others is None else others.factors[c].whitened(L_K[c])
+        q = ep.posterior_from_sums(L_K[c], *_with_rest(rest, S, c_tilde), L_K_inv=L_K_inv[c])
         gain_q = ep._log_normaliser_gain(q)
         log_z = log_z + gain_q
         if method == "sep":
             keep = 1.0 - 1.0 / (n_total if factor_rows is None else factor_rows)
-            cav = ep.posterior_from_sums(L_K[c], S_rest + keep * S, c_rest + keep * c_tilde, L_K_inv=L_K_inv[c])
+            cav = ep.posterior_from_sums(L_K[c], *_with_rest(rest, keep * S, keep * c_tilde), L_K_inv=L_K_inv[c])
             log_z = log_z + n_total * (ep._log_normaliser_gain(cav) - gain_q)
         else:
             cav = q
