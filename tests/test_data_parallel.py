@@ -297,3 +297,45 @@ def test_multiclass_sep_on_a_dask_array_ends_near_the_single_process_fit(client)
         GPClassifier(method="ep", batch_size=50, client=client).fit(Xd, yd)
     with pytest.raises(ValueError, match="multiclass data on a dask array train data-parallel on minibatches"):
         GPClassifier(method="sep", batch_size=None, client=client).fit(Xd, yd)
+
+
+def test_a_reverted_step_in_a_shard_keeps_eps_sites_consistent(monkeypatch, tmp_path):
+    """EP in a shard's round holds the sites of the minibatch it steps; when the guard reverts (a NaN log Z
+    on the third step), the step before is undone in the chunk's sites too: the round ends where the
+    single-process loop does on the same minibatches (its sites in the chunk's own row order)."""
+    from agpc.inference import training
+
+    X, y = make_banana(120, random_state=6)
+    y = y.astype(float)
+    kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
+    Z = X[:6] + 0.05
+    options = dict(jitter=JITTER, optimize=("kernel", "inducing"), block_rows=None, damping=None, optimizer=None,
+                   learning_rate=None, site_precision=np.zeros(0), site_shift=np.zeros(0))
+    real, calls = ep.evaluate_factor, {"n": 0}
+
+    def third_fails(*args, **kwargs):
+        calls["n"] += 1
+        out = real(*args, **kwargs)
+        return dict(out, log_z=out["log_z"] * np.nan) if calls["n"] == 3 else out
+
+    monkeypatch.setattr(ep, "evaluate_factor", third_fails)
+    template = make_engine("ep", kernel, Z, n_total=120, minibatch=True, **options)
+    spec = {"method": "ep", "options": options, "kernel": kernel, "Z": Z, "n_total": 120, "seed": 5, "batch_size": 40,
+            "optimizer": template.optimizer.snapshot(), "damping": template.damping, "total": ep.uniform_factor(Z),
+            "state": {}, "factors": {0: ep.uniform_factor(Z)}, "site_files": {0: None},
+            "site_directory": str(tmp_path), "generation": 1}
+    out = data_parallel.step_shard(spec, [(0, 0, 0, 3)], {0: (X, y)})
+    calls["n"] = 0
+    order = data_parallel.chunk_permutation(5, 0, 0, 120)
+    alone = training.Trainer(kernel, Z, method="ep", n_total=120, minibatch=True,
+                             **{k: v for k, v in options.items() if not k.startswith("site")})
+    steps = [(0, 40), (40, 80), (80, 120)]
+    while steps:
+        if alone.step(X[order], y[order], *steps[0], stepping=True)[0]:
+            steps.pop(0)
+    assert calls["n"] == 4  # three steps and the one retried
+    nu, mu = np.load(out["site_files"][0])["site_precision"], np.load(out["site_files"][0])["site_shift"]
+    np.testing.assert_allclose(nu[order], alone.state["nu"], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(mu[order], alone.state["mu"], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(out["factors"][0].precision, alone.state["factor"].precision, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(out["Z"], alone.state["Z"], rtol=1e-12)

@@ -175,7 +175,7 @@ def step_shard(spec, segments, data):
     tied = method != "svi"
     factors = dict(spec["factors"])
     total = spec["total"]
-    site_files = {}
+    site_files, sites_now = {}, {}  # EP: per chunk, the file this task wrote and the sites it left
     batch_size = spec["batch_size"]
     log_z, n_invalid = [], 0.0
     for chunk, visit, first, count in segments:
@@ -186,10 +186,14 @@ def step_shard(spec, segments, data):
             engine.state["factor"] = factors[chunk]
             engine.others = total.combine(1.0, factors[chunk], -1.0)
             engine.factor_rows = n_chunk
-        if engine.per_row_sites:  # the chunk's sites: from its file, or zero before its first visit
+        if engine.per_row_sites:  # the chunk's sites: as this task left them, from its file, or zero
             path = spec["site_files"][chunk]
-            sites = io.load_site_chunk(path, n_chunk) if path is not None else (
-                engine.passes.zero_sites(n_chunk, Z), engine.passes.zero_sites(n_chunk, Z))
+            if chunk in sites_now:  # (a shard of one chunk whose round crosses into the chunk's next visit)
+                sites = sites_now[chunk]
+            elif path is not None:
+                sites = io.load_site_chunk(path, n_chunk)
+            else:
+                sites = (engine.passes.zero_sites(n_chunk, Z), engine.passes.zero_sites(n_chunk, Z))
             site_precision, site_shift = (asarray_like(s, xp, device=device, dtype=Z.dtype) for s in sites)
             if first == 0 and visit > 0:
                 # A new visit: the chunk's site product exactly, at the current hyper-parameters (a row's
@@ -197,21 +201,28 @@ def step_shard(spec, segments, data):
                 # its last visit: the single-process loop rebuilds once an epoch for the same reason).
                 _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, total)
                 total = engine.others.combine(1.0, engine.state["factor"], 1.0)
+        # The guard's revert goes back to before the last good step; on this segment's first step that is
+        # its start (not the previous chunk's state).
+        trainer.good = engine.snapshot()
+        previous = None  # EP: (rows, sites) of the last step taken; a revert undoes its sites in place
         for j in range(first, first + count):
             rows = order[j * batch_size:(j + 1) * batch_size]
             X_batch = asarray_like(X_chunk[rows], xp, device=device, dtype=Z.dtype)
             y_batch = asarray_like(y_chunk[rows], xp, device=device, dtype=Z.dtype)
-            if engine.per_row_sites:  # the minibatch's own sites, in the order of its rows
-                index = asarray_like(rows, xp, device=device)
-                engine.state["nu"] = xp.take(site_precision, index, axis=0)
-                engine.state["mu"] = xp.take(site_shift, index, axis=0)
+            index = asarray_like(rows, xp, device=device) if engine.per_row_sites else None
             while True:  # a step the guard reverted is taken again (as ``training.train`` does)
+                if engine.per_row_sites:  # the minibatch's own sites, in the order of its rows
+                    engine.state["nu"] = xp.take(site_precision, index, axis=0)
+                    engine.state["mu"] = xp.take(site_shift, index, axis=0)
                 took, _, value = trainer.step(X_batch, y_batch, 0, X_batch.shape[0], stepping=engine.has_params)
                 if took:
                     break
+                if previous is not None:  # the revert undid the previous step's sites too
+                    site_precision[previous[0]], site_shift[previous[0]] = previous[1], previous[2]
             log_z.append(value)
             n_invalid += float(trainer.last.n_invalid)
             if engine.per_row_sites:
+                previous = (index, engine.state["nu"], engine.state["mu"])
                 site_precision[index] = engine.state["nu"]
                 site_shift[index] = engine.state["mu"]
                 if engine.needs_rebuild:  # many cavities failed: the chunk's site product, exactly
@@ -222,7 +233,7 @@ def step_shard(spec, segments, data):
         if engine.per_row_sites:
             path = _site_path(spec["site_directory"], chunk, spec["generation"])
             io.save_site_chunk(path, site_precision, site_shift)
-            site_files[chunk] = path
+            site_files[chunk], sites_now[chunk] = path, (site_precision, site_shift)
     state = {k: engine.state[k] for k in spec["state"]}
     return {"kernel": engine.state["kernel"], "Z": engine.state["Z"], "state": state,
             "optimizer": engine.optimizer.snapshot() if engine.optimizer is not None else None,
