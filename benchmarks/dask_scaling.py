@@ -6,9 +6,10 @@ Data: ``agpc.datasets.make_airline_like`` (8 features, Bayes error ~15%) written
 pass reads the chunks from disk, as a data set larger than the cluster's memory would be read.
 
 1. Scale (``--rows``, default 1e6 and 1e7; m = 200), a fresh 2-worker LocalCluster (one thread each) per cell:
-   * SEP minibatch (200 rows): ``GPClassifier(method="sep", batch_size=200, max_time=--budget)``; rows per second
-     = minibatch steps x 200 / training seconds; seconds per epoch = n / rows per second (an epoch of 10^7 rows
-     takes longer than the budget, so it is extrapolated from the measured rate, and said so).
+   * SEP (and ``--methods svi``) minibatch (200 rows): ``GPClassifier(method="sep", batch_size=200,
+     max_time=--budget)``, data-parallel rounds at the library's default local steps; rows per second = rows the
+     shards stepped on / training seconds; seconds per epoch = n / rows per second (an epoch of 10^7 rows takes
+     longer than the budget, so it is extrapolated from the measured rate, and said so).
    * EP batch: ``GPClassifier(method="ep", batch_size=None, max_time=--budget)``; seconds per pass (= per
      epoch). The first 10 passes are the warm-up sweeps (sites only, no gradient); passes with the gradient
      are timed separately when the budget reaches them.
@@ -58,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--budget", type=float, default=240.0, help="seconds of training per cell")
     p.add_argument("--scaling-passes", type=int, default=3, help="EP passes timed per strong-scaling cell")
     p.add_argument("--store", default="/tmp/agpc-dask-scaling", help="folder of the zarr store (created if missing)")
-    p.add_argument("--methods", nargs="+", default=["sep", "ep"], choices=["sep", "ep", "ep-files"])
+    p.add_argument("--methods", nargs="+", default=["sep", "ep"], choices=["sep", "svi", "ep", "ep-files"])
     p.add_argument("--skip-scaling", action="store_true", help="no strong-scaling table")
     p.add_argument("--only-scaling", action="store_true", help="only the strong-scaling table")
     p.add_argument("--only-minibatch", action="store_true", help="only the data-parallel minibatch table")
@@ -218,7 +219,7 @@ def scale_cell(args, method, n):
     try:
         client.run(lambda: __import__("agpc.inference.ep"))  # imports counted in the baseline, not the peak
         memory = WorkerMemory(client)
-        batch = 200 if method == "sep" else None
+        batch = 200 if method in MINIBATCH else None
         sites = os.path.join(args.store, "sites") if method == "ep-files" else None
         t0 = time.perf_counter()
         GPClassifier(method=method.split("-")[0], n_inducing=args.inducing, batch_size=batch, max_iter=1000,
@@ -233,7 +234,7 @@ def scale_cell(args, method, n):
     steps = clock.times
     row = {"method": method, "n": n, "wall": wall, "train": sum(steps), "steps": len(steps), "peak": peak,
            "training_peak": training_peak, "before": before}
-    if method == "sep":  # data-parallel rounds (the default on a dask array): a step is a round
+    if method in MINIBATCH:  # data-parallel rounds (the default on a dask array): a step is a round
         row["rows_seen"] = rows_of_rounds(plans.plans[-1])
         row["rows_per_s"] = row["rows_seen"] / sum(steps)
         row["epoch_s"] = n / row["rows_per_s"]
@@ -299,7 +300,9 @@ class _Enough(Exception):
     pass
 
 
-LABELS = {"sep": "SEP minibatch 200, data-parallel", "ep": "EP batch, sites in memory",
+MINIBATCH = ("sep", "svi")  # section 1's minibatch methods (200 rows a step, data-parallel rounds)
+LABELS = {"sep": "SEP minibatch 200, data-parallel", "svi": "SVI minibatch 200, data-parallel",
+          "ep": "EP batch, sites in memory",
           "ep-files": "EP batch, sites in files"}
 
 MB_BATCH = 200  # rows of a minibatch step in section 3
@@ -462,8 +465,8 @@ def scale_table(args):
         for n in args.rows:
             r = scale_cell(args, method, n)
             rows.append(r)
-            extrapolated = " (extrapolated)" if method == "sep" and r["rows_seen"] < n else ""
-            grad = f"{r['grad_pass_s']:.1f}" if method != "sep" and np.isfinite(r["grad_pass_s"]) else "-"
+            extrapolated = " (extrapolated)" if method in MINIBATCH and r["rows_seen"] < n else ""
+            grad = f"{r['grad_pass_s']:.1f}" if method not in MINIBATCH and np.isfinite(r["grad_pass_s"]) else "-"
             print(f"| {LABELS[method]} | {n:,} | {r['steps']} | "
                   f"{r['rows_per_s']:,.0f} | {r['epoch_s']:,.1f}{extrapolated} | {grad} | {r['before'] / mb:.0f} MB | "
                   f"{r['peak'] / mb:.0f} MB | {r['training_peak'] / mb:.0f} MB | {r['wall']:.0f} |", flush=True)
