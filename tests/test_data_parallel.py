@@ -339,3 +339,15 @@ def test_a_reverted_step_in_a_shard_keeps_eps_sites_consistent(monkeypatch, tmp_
     np.testing.assert_allclose(mu[order], alone.state["mu"], rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(out["factors"][0].precision, alone.state["factor"].precision, rtol=1e-10, atol=1e-13)
     np.testing.assert_allclose(out["Z"], alone.state["Z"], rtol=1e-12)
+
+
+def test_shards_follow_persisted_chunks(client):
+    """X persisted on the workers: each shard is the chunks one worker holds, and its tasks are pinned to that
+    worker (the rows do not move)."""
+    X, y = make_banana(800, random_state=7)
+    Xd = client.persist(da.from_array(X, chunks=(100, 2)))
+    plan = data_parallel.DataParallel(client, Xd, da.from_array(y.astype(float), chunks=100), batch_size=50)
+    holders = client.who_has(distributed.futures_of(Xd))
+    for worker, chunks in zip(plan.shard_workers, plan.shards):
+        assert chunks and all(worker in holders[(Xd.name, c, 0)] for c in chunks)
+    assert sorted(c for chunks in plan.shards for c in chunks) == list(range(8))

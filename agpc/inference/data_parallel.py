@@ -241,6 +241,23 @@ def step_shard(spec, segments, data):
             "log_z": log_z, "n_invalid": n_invalid, "seconds": time.perf_counter() - started}
 
 
+def _chunk_holders(client, X, n_chunks):
+    """The worker holding each row chunk of X when X is persisted on the cluster (one key a chunk, under one
+    name, indexed by chunk), else None: shards then follow the data instead of moving it."""
+    from distributed import futures_of, wait
+
+    futures = futures_of(X)
+    names = {f.key[0] for f in futures if isinstance(f.key, tuple)}
+    if len(futures) != n_chunks or len(names) != 1:
+        return None
+    wait(futures)
+    holders = [None] * n_chunks
+    for key, addresses in client.who_has(futures).items():
+        if 0 <= key[1] < n_chunks and addresses:
+            holders[key[1]] = sorted(addresses)[0]
+    return None if None in holders else holders
+
+
 def _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, total):
     """EP: the chunk's factor recomputed exactly from its sites (the passes' ``exact_factor``) at the
     engine's state; ``total`` given: the others' product is set from it first (the chunk's old factor out)."""
@@ -262,7 +279,8 @@ class DataParallel:
     engine takes them, chunked alike) stay on the cluster.
 
     ``batch_size``: rows of a minibatch step; ``local_steps``: steps a shard takes per round; ``n_shards``:
-    default the number of workers. ``seed``: keys the chunks' random streams. ``site_directory`` (EP): where
+    default one per worker (X persisted on the cluster: one per worker holding chunks, of its chunks; else
+    chunk c in shard c mod the number of workers). ``seed``: keys the chunks' random streams. ``site_directory`` (EP): where
     the chunks' sites are kept, a file a chunk, reachable by the driver and every worker (default: a
     temporary directory on this machine: enough for a LocalCluster); ``close()`` removes them.
     """
@@ -281,8 +299,13 @@ class DataParallel:
         bounds = row_chunk_bounds(X)
         self.chunk_rows = [hi - lo for lo, hi in bounds]
         workers = sorted(client.nthreads())  # (asks the scheduler: scheduler_info() may be a stale copy)
-        self.shards = shard_chunks(len(bounds), n_shards or max(1, len(workers)))
-        self.shard_workers = [workers[k % len(workers)] if workers else None for k in range(len(self.shards))]
+        holders = _chunk_holders(client, X, len(bounds)) if n_shards is None else None
+        if holders is not None:  # X persisted: a shard per worker holding chunks, of the chunks it holds
+            self.shard_workers = sorted(set(holders))
+            self.shards = [[c for c, w in enumerate(holders) if w == worker] for worker in self.shard_workers]
+        else:  # X read where it lives (zarr, ...): each shard's chunks read by the worker it is pinned to
+            self.shards = shard_chunks(len(bounds), n_shards or max(1, len(workers)))
+            self.shard_workers = [workers[k % len(workers)] if workers else None for k in range(len(self.shards))]
         shard_rows = [sum(self.chunk_rows[c] for c in chunks) for chunks in self.shards]
         self.shard_weights = [r / sum(shard_rows) for r in shard_rows]
         self.site_directory = site_directory
