@@ -5,10 +5,10 @@ loaders are in :mod:`agpc.datasets`.
 """
 
 from . import datasets
-from .backend import CholeskyError
+from .backend import CholeskyError, JitterWarning
 from .classifier import GPClassifier
 from .kernels import RBF, Matern52
 
 __version__ = "0.1.0"
 
-__all__ = ["GPClassifier", "RBF", "Matern52", "CholeskyError", "datasets", "__version__"]
+__all__ = ["GPClassifier", "RBF", "Matern52", "CholeskyError", "JitterWarning", "datasets", "__version__"]

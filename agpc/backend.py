@@ -10,7 +10,12 @@ conforming library.
 
 from __future__ import annotations
 
+import contextvars
+import importlib
 import math
+import types
+import warnings
+from contextlib import contextmanager
 
 import numpy as np
 from array_api_compat import (
@@ -24,6 +29,10 @@ from array_api_compat import (
 
 __all__ = [
     "CholeskyError",
+    "JitterWarning",
+    "ModulesByName",
+    "jitter_report",
+    "note_jitter",
     "is_dask_array",
     "row_chunk_bounds",
     "array_namespace",
@@ -33,6 +42,8 @@ __all__ = [
     "cholesky",
     "cholesky_or_nan",
     "cholesky_with_jitter",
+    "machine_epsilon",
+    "jitter_floor",
     "log_ndtr",
     "ndtr",
     "log_normal_pdf",
@@ -52,8 +63,78 @@ class CholeskyError(np.linalg.LinAlgError):
     """A Cholesky factorisation failed even after adding jitter to the diagonal."""
 
 
+class JitterWarning(UserWarning):
+    """A matrix had to be regularised with more jitter than configured for its Cholesky factorisation to
+    succeed: the model is (slightly) not the one asked for. Filter it with
+    ``warnings.simplefilter("ignore", agpc.JitterWarning)`` or make it an error to refuse such fits."""
+
+
+# The jitter raises of the current ``jitter_report`` scope (None outside one): (what, from, to) triples.
+_JITTER_RAISES = contextvars.ContextVar("agpc_jitter_raises", default=None)
+
+
+def note_jitter(what, before, after):
+    """Report that the jitter on the diagonal of ``what`` had to go from ``before`` to ``after``: collected
+    by the enclosing ``jitter_report`` (one warning for a whole fit), or a ``JitterWarning`` now."""
+    raises = _JITTER_RAISES.get()
+    if raises is None:
+        warnings.warn(f"jitter raised: {what} from {before:.1e} to {after:.1e}", JitterWarning, stacklevel=3)
+    else:
+        raises.append((what, float(before), float(after)))
+
+
+@contextmanager
+def jitter_report(task, stacklevel=4):
+    """Collect the jitter raises (``note_jitter``) inside, and after it one ``JitterWarning`` for ``task``
+    (e.g. "fit") saying, for each matrix, from what to what the jitter went and how often. Nested scopes
+    report into the outermost one; no warning when the body raises (the error says more). ``stacklevel``
+    as for ``warnings.warn``, counted from the ``with`` statement's frame plus one (the default points at
+    the caller of the function holding the ``with``)."""
+    if _JITTER_RAISES.get() is not None:
+        yield
+        return
+    raises = []
+    token = _JITTER_RAISES.set(raises)
+    try:
+        yield
+    finally:
+        _JITTER_RAISES.reset(token)
+    if raises:
+        by_matrix = {}
+        for what, before, after in raises:
+            low, high, count = by_matrix.get(what, (before, after, 0))
+            by_matrix[what] = (min(low, before), max(high, after), count + 1)
+        parts = [f"{what} from {low:.1e} to {high:.1e} ({count} time{'s' if count > 1 else ''})"
+                 for what, (low, high, count) in by_matrix.items()]
+        warnings.warn(
+            f"{task}: jitter had to be raised for the Cholesky factorisations to succeed: " + "; ".join(parts)
+            + " (inducing points too close together, or features on very different scales?)",
+            JitterWarning, stacklevel=stacklevel,
+        )
+
+
 # --------------------------------------------------------------------------------------------------
 # namespaces
+
+
+class ModulesByName:
+    """Pickling (and ``copy.deepcopy``) for objects that keep modules as attributes (an array namespace, the
+    module of an engine's passes): modules do not pickle, so they travel by their import name and are
+    imported again on unpickling (``array_api_compat.numpy`` comes back as the same module object)."""
+
+    def __getstate__(self):
+        return {k: (_ModuleName(v.__name__) if isinstance(v, types.ModuleType) else v) for k, v in vars(self).items()}
+
+    def __setstate__(self, state):
+        self.__dict__.update({k: (importlib.import_module(v.name) if isinstance(v, _ModuleName) else v)
+                              for k, v in state.items()})
+
+
+class _ModuleName:
+    """A module in a pickle: its import name."""
+
+    def __init__(self, name):
+        self.name = name
 
 
 def resolve_backend(backend):
@@ -245,17 +326,43 @@ def cholesky_or_nan(A):
         return xp.full(A.shape, math.nan, dtype=A.dtype, device=array_device(A))
 
 
+def machine_epsilon(x):
+    """The spacing of ``x``'s floating type at 1 (2.2e-16 for float64, 1.2e-7 for float32), a host float: the
+    unit in which round-off tolerances are set (``finfo`` is metadata, no array operation)."""
+    return float(array_namespace(x).finfo(x.dtype).eps)
+
+
+_JITTER_FLOOR_ROUNDOFFS = 100.0  # per inducing point; see jitter_floor
+
+
+def jitter_floor(Z):
+    """The smallest jitter (added to the diagonal of Kmm, in units of the kernel amplitude) a model with
+    inducing points ``Z`` ((m, d), or (C, m, d)) is given: 100 m eps of Z's type. A Cholesky factorisation
+    of an m x m matrix has a backward error of order m eps ||A|| (Golub & Van Loan, Matrix Computations,
+    Thm. 4.2.6, 4th ed.) and ||Kmm|| grows to m amplitude when inducing points crowd together, so a smallest
+    eigenvalue below about m eps times that leaves the factor to round-off. float64: 2e-12 at m = 100, far
+    below any jitter set in practice (1e-6 by default), so nothing changes; float32: 1.2e-3 at m = 100. Measured
+    on banana at m = 100 in float32 with the default 1e-6: SEP and EP fits hit a Kmm that does not factorise
+    again and again (the guard raised the jitter eight times, 1e-6 to 3.2e-6, with a warning each), and SVI
+    diverged at jitter up to 1e-4."""
+    m = Z.shape[-2]
+    return _JITTER_FLOOR_ROUNDOFFS * m * machine_epsilon(Z)
+
+
 def cholesky(A, *, what="matrix", max_tries=6):
     """Lower Cholesky factor of a symmetric positive definite matrix.
 
     On failure, adds ``jitter * mean(diag(A))`` to the diagonal with jitter 1e-10, 1e-9, ... and tries
-    again; after ``max_tries`` raises :class:`CholeskyError` naming ``what`` and the jitter tried.
+    again; after ``max_tries`` raises :class:`CholeskyError` naming ``what`` and the jitter tried. The
+    ladder starts no lower than ten round-offs of A's type (10 eps: 1.2e-6 for float32, where a relative
+    1e-10 would not change the diagonal at all; float64's 1e-10 is above 10 eps, so its ladder is as before).
     """
     return cholesky_with_jitter(A, what=what, max_tries=max_tries)[0]
 
 
-def cholesky_with_jitter(A, *, what="matrix", max_tries=6):
-    """``cholesky`` that also returns the jitter it had to add to the diagonal (0.0 when none)."""
+def cholesky_with_jitter(A, *, what="matrix", max_tries=6, report=True):
+    """``cholesky`` that also returns the jitter it had to add to the diagonal (0.0 when none). An added
+    jitter is reported (``note_jitter``) unless ``report=False`` (a caller that only probes for it)."""
     xp = array_namespace(A)
     L = _cholesky_once(A, xp)
     if L is not None:
@@ -267,11 +374,14 @@ def cholesky_with_jitter(A, *, what="matrix", max_tries=6):
     scale = scale if scale > 0 else 1.0
     eye = xp.eye(m, dtype=A.dtype, device=array_device(A))
     tried = []
+    first = max(1e-10, 10.0 * machine_epsilon(A))
     for k in range(max_tries):
-        jitter = scale * 10.0 ** (k - 10)
+        jitter = scale * 10.0 ** (k + math.log10(first))
         tried.append(jitter)
         L = _cholesky_once(A + jitter * eye, xp)
         if L is not None:
+            if report:
+                note_jitter(f"{what}: extra jitter in its factorisation", 0.0, jitter)
             return L, jitter
     raise CholeskyError(
         f"Cholesky of {what} ({m}x{m}) failed: not positive definite even with jitter "

@@ -14,6 +14,7 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_dat
 
 from . import backend as B
 from . import threads
+from . import validation as V
 from .inducing import initial_inducing_points
 from .inference import engines, ep, multiclass_ep, multiclass_vi, training
 from .kernels import RBF, ClassKernels, Stationary
@@ -32,6 +33,7 @@ _GFITC_BATCH_ONLY = (
 _FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above
 _CHUNK = 65536  # rows read at a time from data on disk
 _INIT_SAMPLE = 20000  # rows read from data on disk to initialise the kernel and the inducing points
+_DTYPES = ("float64", "float32")  # the floating types a model computes in (``dtype``)
 
 
 def _encode_labels(y, classes):
@@ -128,8 +130,18 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         predictive uses its own 64, see ``multiclass_ep.PREDICTIVE_NODES``).
     optimize : True, False or a tuple of "kernel" / "inducing"
         What to learn; the rest stays fixed. ``False`` runs EP to convergence on fixed hyper-parameters.
+    dtype : {"float64", "float32"}, default="float64"
+        The floating type of every array the model computes with and holds (data converted once on the way
+        in; kernels, sites, posterior, optimiser state, predictions). float32 halves memory and is many times
+        faster on consumer GPUs; fitted models differ from float64 ones by round-off (test NLL within 0.005
+        on the benchmark data sets, ``tests/test_float32.py``).
     jitter : float, default=1e-6
-        Added to the diagonal of K(Z, Z).
+        Added to the diagonal of K(Z, Z). When a factorisation needs more (inducing points that coincide,
+        features on very different scales), the jitter is raised and the fit (or prediction) ends with one
+        ``agpc.JitterWarning`` (a UserWarning) saying which jitter went from what to what. It is never below
+        100 m eps of ``dtype`` (``agpc.backend.jitter_floor``: 1.8e-12 at m = 100 in float64, far below the
+        default; 1.2e-3 in float32), under which a factorisation of K(Z, Z) is left to round-off; that floor is
+        a rule, not a rescue, and is not warned about. ``jitter_`` is the jitter the fitted model used.
     tol : float, default=1e-6
         With ``optimize=False``, stop when the largest relative site change falls below ``tol``.
     random_state : int, Generator or None
@@ -184,7 +196,42 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     fit_time_ : float, seconds of the whole ``fit`` (what ``max_time`` bounds)
     init_time_ : float, of which choosing the initial inducing points (k-means) took this many seconds
     stopped_by_time_ : bool, training stopped because of ``max_time``
+    jitter_ : float, the jitter on the diagonal of K(Z, Z) of the fitted model: ``jitter``, or what training had
+        to raise it to (a ``JitterWarning`` says so)
     """
+
+    # Every parameter and what it may be (``agpc.validation``): checked at the start of fit / partial_fit;
+    # any one constraint of a list accepts. Cross-parameter rules follow in ``_check_params``.
+    _parameter_constraints = {
+        "method": [V.Options(*_METHODS)],
+        "n_inducing": [V.Interval(numbers.Integral, 1, None, "left")],
+        "kernel": [V.NONE, V.InstanceOf(Stationary, description="an agpc kernel (e.g. agpc.RBF)")],
+        "backend": [V.NONE, V.Options("auto", "numpy", "cupy", ignore_case=True), V.ArrayNamespace()],
+        "max_iter": [V.Interval(numbers.Integral, 0, None, "left")],
+        "damping": [V.NONE, V.Interval(numbers.Real, 0, 1, "right")],
+        "batch_size": [V.NONE, V.Options("auto"), V.Interval(numbers.Integral, 1, None, "left")],
+        "optimizer": [V.NONE, V.Options("rprop", "adadelta", "adam")],
+        "learning_rate": [V.NONE, V.Interval(numbers.Real, 0, None, "neither")],
+        "max_time": [V.NONE, V.Interval(numbers.Real, 0, None, "neither")],
+        "shuffle": [V.Boolean()],
+        "eval_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
+        "n_iter_no_change": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
+        "inducing": [V.Options("kmeans", "random"), V.ArrayLike()],
+        "likelihood": [V.NONE, V.Options("probit", "logistic")],
+        "n_quadrature": [V.Interval(numbers.Integral, 1, None, "left")],
+        "optimize": [V.NONE, V.Boolean(), V.Subset(*_OPTIMIZE_GROUPS)],
+        "jitter": [V.Interval(numbers.Real, 0, None, "left")],
+        "tol": [V.Interval(numbers.Real, 0, None, "left")],
+        "random_state": [V.NONE, V.RandomState()],
+        "verbose": [V.Boolean(), V.Interval(numbers.Integral, 0, None, "left")],
+        "client": [V.NONE, V.HasMethods("compute", "submit", description="a distributed.Client")],
+        "local_steps": [V.NONE, V.Interval(numbers.Integral, 0, None, "left")],
+        "checkpoint_path": [V.NONE, V.PATH],
+        "checkpoint_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
+        "site_directory": [V.NONE, V.PATH],
+        "blas_threads": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
+        "dtype": [V.FloatingType(*_DTYPES)],
+    }
 
     def __init__(
         self,
@@ -215,6 +262,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         checkpoint_every=None,
         site_directory=None,
         blas_threads=None,
+        dtype="float64",
     ):
         self.method = method
         self.n_inducing = n_inducing
@@ -243,58 +291,40 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.checkpoint_every = checkpoint_every
         self.site_directory = site_directory
         self.blas_threads = blas_threads
+        self.dtype = dtype
 
     # -- validation ------------------------------------------------------------------------------
 
     def _check_params(self):
-        if self.method not in _METHODS:
-            raise ValueError(f"unknown method {self.method!r}: available methods are {list(_METHODS)}")
-        if not isinstance(self.n_inducing, numbers.Integral) or self.n_inducing < 1:
-            raise ValueError(f"n_inducing must be a positive integer, got {self.n_inducing!r}")
-        if not isinstance(self.max_iter, numbers.Integral) or self.max_iter < 0:
-            raise ValueError(f"max_iter must be a non-negative integer, got {self.max_iter!r}")
-        if self.damping is not None and not (isinstance(self.damping, numbers.Real) and 0.0 < self.damping <= 1.0):
-            raise ValueError(f"damping must be in (0, 1] or None, got {self.damping!r}")
-        if not (self.batch_size is None or self.batch_size == "auto" or (
-            isinstance(self.batch_size, numbers.Integral) and self.batch_size >= 1
-        )):
-            raise ValueError(f"batch_size must be 'auto', None or a positive integer, got {self.batch_size!r}")
+        V.validate_params(self.get_params(deep=False), self._parameter_constraints, type(self).__name__)
+        if self.checkpoint_every is not None and self.checkpoint_path is None:
+            raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
         if self.method == "gfitc" and not (self.batch_size is None or self.batch_size == "auto"):
             raise ValueError(_GFITC_BATCH_ONLY.format(what=f"batch_size={self.batch_size!r}"))
         if self.method == "gfitc" and self.optimizer not in (None, "rprop"):
             raise ValueError(f"method='gfitc' steps with the batch adaptive steps ('rprop'), not {self.optimizer!r}")
-        if self.optimizer not in (None, "rprop", "adadelta", "adam"):
-            raise ValueError(f"unknown optimizer {self.optimizer!r}: use None, 'rprop', 'adadelta' or 'adam'")
-        if self.learning_rate is not None and not (isinstance(self.learning_rate, numbers.Real) and self.learning_rate > 0):
-            raise ValueError(f"learning_rate must be a positive number, got {self.learning_rate!r}")
-        if self.max_time is not None and not (isinstance(self.max_time, numbers.Real) and self.max_time > 0):
-            raise ValueError(f"max_time must be a positive number of seconds, got {self.max_time!r}")
-        if not (isinstance(self.jitter, numbers.Real) and self.jitter >= 0 and math.isfinite(self.jitter)):
-            raise ValueError(f"jitter must be a non-negative number, got {self.jitter!r}")
-        if self.likelihood not in (None, "probit", "logistic"):
-            raise ValueError(f"unknown likelihood {self.likelihood!r}: use None, 'probit' or 'logistic'")
         if self.method in _QUADRATIC_METHODS and self.likelihood == "probit":
             raise ValueError(f"method={self.method!r} is built on the logistic likelihood; use likelihood='logistic' or None")
         if self.method in training.METHODS + ("gfitc",) and self.likelihood == "logistic":
             raise ValueError(f"method={self.method!r} uses the probit likelihood (closed-form EP updates)")
-        threads.check_blas_threads(self.blas_threads)
-        if not isinstance(self.n_quadrature, numbers.Integral) or self.n_quadrature < 1:
-            raise ValueError(f"n_quadrature must be a positive integer, got {self.n_quadrature!r}")
-        if self.kernel is not None and not isinstance(self.kernel, Stationary):
-            raise ValueError(f"kernel must be an agpc kernel (e.g. agpc.RBF), got {type(self.kernel).__name__}")
         if self.optimize is True:
             groups = _OPTIMIZE_GROUPS
         elif self.optimize is False or self.optimize is None:
             groups = ()
         else:
             groups = tuple([self.optimize] if isinstance(self.optimize, str) else self.optimize)
-            unknown = [g for g in groups if g not in _OPTIMIZE_GROUPS]
-            if unknown:
-                raise ValueError(f"optimize names unknown groups {unknown}: use True, False or a subset of {_OPTIMIZE_GROUPS}")
         return groups, B.resolve_backend(self.backend)
 
+    def _dtype_name(self):
+        """``dtype`` spelled as one of ``_DTYPES`` (checked by the parameter table; NumPy spellings such as
+        np.float32 or "f4" are accepted)."""
+        name = V.FloatingType.name_of(self.dtype)
+        if name not in _DTYPES:
+            raise ValueError(f"dtype must be 'float64' or 'float32', got {self.dtype!r}")
+        return name
+
     def _validate_X(self, X, *, reset):
-        """Returns (X as an array of the input's namespace, float64, checked; input namespace or None)."""
+        """Returns (X as an array of the input's namespace in ``dtype``, checked; input namespace or None)."""
         if _is_foreign_array(X):
             xp = B.array_namespace(X)
             if X.ndim != 2:
@@ -305,9 +335,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required")
             if not xp.isdtype(X.dtype, ("real floating", "integral", "bool")):
                 raise ValueError(f"X must be real-valued, got dtype {X.dtype}")
-            X = xp.astype(X, xp.float64)
+            X = xp.astype(X, getattr(xp, self._dtype_name()))
             if not bool(xp.all(xp.isfinite(X))):
-                raise ValueError("Input X contains NaN or infinity")
+                raise ValueError(f"Input X contains NaN or infinity (or values too large for {self._dtype_name()})")
             if reset:
                 self.n_features_in_ = X.shape[1]
             elif X.shape[1] != self.n_features_in_:
@@ -316,7 +346,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                     f"{self.n_features_in_} features as input"
                 )
             return X, xp
-        X = validate_data(self, X, reset=reset, dtype=np.float64, ensure_all_finite=True)
+        X = validate_data(self, X, reset=reset, dtype=self._dtype_name(), ensure_all_finite=True)
         return X, None
 
     # -- fitting ---------------------------------------------------------------------------------
@@ -328,11 +358,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(y.shape)}")
             if y.shape[0] != n_rows:
                 raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
-            found = np.unique(np.concatenate([np.unique(np.asarray(y[lo:lo + _CHUNK])) for lo in range(0, n_rows, _CHUNK)]))
+            found = np.unique(np.concatenate([np.unique(V.check_labels(y[lo:lo + _CHUNK], offset=lo))
+                                              for lo in range(0, n_rows, _CHUNK)]))
             return self._check_classes(found, classes), None
         if y is None:
             raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
-        y_host = B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y)
+        y_host = V.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else y)
         if y_host.ndim == 2 and y_host.shape[1] == 1:
             y_host = column_or_1d(y_host, warn=True)  # warns, as scikit-learn estimators do
         if y_host.ndim != 1:
@@ -345,7 +376,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def _check_classes(self, found, classes=None):
         """The model's classes: those found in y, or the ``classes`` given (which must cover y); two of them."""
         if classes is not None:
-            classes = np.unique(np.asarray(classes))
+            classes = np.unique(V.check_labels(classes, what="classes"))
             unknown = np.setdiff1d(found, classes)
             if unknown.size:
                 raise ValueError(f"y contains labels {list(unknown)} not in classes {list(classes)}")
@@ -373,7 +404,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if n < 1:
             raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required")
         for lo in range(0, n, _CHUNK):
-            block = np.asarray(X[lo:lo + _CHUNK], dtype=np.float64)
+            block = np.asarray(X[lo:lo + _CHUNK], dtype=self._dtype_name())
             if not np.all(np.isfinite(block)):
                 raise ValueError(f"Input X contains NaN or infinity (rows {lo}..{lo + block.shape[0] - 1})")
         if reset:
@@ -391,30 +422,32 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self._validate_out_of_core(X, reset=reset)
             classes, _ = self._prepare_targets(y, X.shape[0], classes)
             xp = target_xp or B.resolve_backend("numpy")
-            like = xp.zeros((1,), dtype=xp.float64)
+            dtype = getattr(xp, self._dtype_name())
+            like = xp.zeros((1,), dtype=dtype)
             rng = B.host_rng(self.random_state)
             n = X.shape[0]
             rows = np.sort(rng.choice(n, size=min(n, _INIT_SAMPLE), replace=False))
             try:
-                sample = np.asarray(X[rows], dtype=np.float64)
+                sample = np.asarray(X[rows])
             except (IndexError, TypeError):  # array-likes without integer-array indexing (zarr: oindex)
-                sample = np.asarray(X.oindex[rows, :], dtype=np.float64)
-            return X, _Labels(y, classes), classes, B.asarray_like(sample, xp, dtype=xp.float64), xp, B.array_device(like)
+                sample = np.asarray(X.oindex[rows, :])
+            return X, _Labels(y, classes), classes, B.asarray_like(sample, xp, dtype=dtype), xp, B.array_device(like)
         foreign = _is_foreign_array(X)
         if foreign:
             X, in_xp = self._validate_X(X, reset=reset)
         else:
-            X = validate_data(self, X, reset=reset, dtype=np.float64, ensure_all_finite=True)
+            X = validate_data(self, X, reset=reset, dtype=self._dtype_name(), ensure_all_finite=True)
             in_xp = None
         xp = target_xp or in_xp or B.resolve_backend("numpy")
+        dtype = getattr(xp, self._dtype_name())
         device = B.array_device(X) if (in_xp is not None and target_xp is None) else None
-        Xc = B.asarray_like(X, xp, device=device, dtype=xp.float64)
+        Xc = B.asarray_like(X, xp, device=device, dtype=dtype)
         device = B.array_device(Xc)
         if _is_foreign_array(y):  # labels on a device stay there: only the (at most two) classes come back
             y_pm, classes = self._device_targets(y, X.shape[0], classes, xp, device)
         else:
             classes, y_host = self._prepare_targets(y, X.shape[0], classes)
-            y_pm = B.asarray_like(_encode_labels(y_host, classes), xp, device=device, dtype=xp.float64)
+            y_pm = B.asarray_like(_encode_labels(y_host, classes), xp, device=device, dtype=dtype)
         return Xc, y_pm, classes, Xc, xp, device
 
     def _device_targets(self, y, n_rows, classes, xp, device):
@@ -425,9 +458,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(y.shape)}")
         if y.shape[0] != n_rows:
             raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
-        classes = self._check_classes(np.sort(B.to_numpy(yx.unique_values(y))), classes)
+        distinct = V.check_labels(B.to_numpy(yx.unique_values(y)), what="y (its distinct values)")
+        classes = self._check_classes(np.sort(distinct), classes)
+        dtype = getattr(yx, self._dtype_name())
+
         def is_class(c):
-            return yx.astype(y == yx.asarray(classes[c], dtype=y.dtype, device=B.array_device(y)), yx.float64)
+            return yx.astype(y == yx.asarray(classes[c], dtype=y.dtype, device=B.array_device(y)), dtype)
 
         if len(classes) == 2:
             encoded = 2.0 * is_class(1) - 1.0
@@ -435,7 +471,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             encoded = is_class(1)
             for c in range(2, len(classes)):
                 encoded = encoded + float(c) * is_class(c)
-        return B.asarray_like(encoded, xp, device=device, dtype=xp.float64), classes
+        return B.asarray_like(encoded, xp, device=device, dtype=getattr(xp, self._dtype_name())), classes
 
     def _n_inducing_for(self, n):
         explicit = not isinstance(self.inducing, str)
@@ -456,7 +492,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return ClassKernels([kernel] * n_classes), xp.stack([Z] * n_classes)
         return kernel, Z
 
-    def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter):
+    def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter):
+        self.jitter_ = jitter
         self.kernel_ = kernel
         self.inducing_points_ = Z
         self.posterior_ = posterior
@@ -466,8 +503,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _blas_scope(self, X):
         """The BLAS thread scope (``agpc.threads.blas_threads``) for a fit on ``X``, shaped by the work of its
-        main phase: minibatch steps, or batch passes over all rows."""
-        threads.check_blas_threads(self.blas_threads)
+        main phase: minibatch steps, or batch passes over all rows (the parameters are checked already)."""
         shape = getattr(X, "shape", None)
         if shape is None:  # lists and array-likes (the scope only needs the shape; X is validated inside)
             try:
@@ -476,12 +512,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 shape = ()
         n = int(shape[0]) if len(shape) else 1
         d = int(shape[1]) if len(shape) > 1 else 1
-        m = len(self.inducing) if not isinstance(self.inducing, str) else self.n_inducing
-        if not isinstance(m, numbers.Integral) or m < 1:
-            m = 1  # a bad n_inducing is refused inside the scope, by _check_params
+        m = max(1, len(self.inducing)) if not isinstance(self.inducing, str) else self.n_inducing
         batch_size = self._batch_size_for(n) if self.method != "gfitc" else None
-        valid = isinstance(batch_size, numbers.Integral) and batch_size >= 1  # (else refused inside the scope)
-        rows = min(n, int(batch_size)) if valid else n
+        rows = n if batch_size is None else min(n, int(batch_size))
         return threads.blas_threads(rows, m, n_features=d, threads=self.blas_threads)
 
     def fit(self, X, y, validation_data=None, resume=False):
@@ -504,17 +537,18 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self
         """
         started = time.perf_counter()  # max_time covers the whole fit, from here
-        with self._blas_scope(X):
+        self._check_params()  # before anything reads them (the BLAS scope reads n_inducing and batch_size)
+        with self._blas_scope(X), B.jitter_report("GPClassifier.fit"):
             return self._fit(X, y, validation_data, resume, started)
 
     def _fit(self, X, y, validation_data, resume, started):
         groups, _ = self._check_params()
-        if (self.checkpoint_every is not None or resume) and self.checkpoint_path is None:
-            raise ValueError("checkpoint_every and resume=True need checkpoint_path")
-        if self.checkpoint_every is not None and not (
-            isinstance(self.checkpoint_every, numbers.Integral) and self.checkpoint_every >= 1
-        ):
-            raise ValueError(f"checkpoint_every must be a positive integer, got {self.checkpoint_every!r}")
+        if resume and self.checkpoint_path is None:
+            raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
+        if self.checkpoint_every is not None:  # before any work: a bad path must not cost the fit
+            from .io import check_checkpoint_path
+
+            check_checkpoint_path(self.checkpoint_path)
         if B.is_dask_array(X) and self.method == "gfitc":
             raise ValueError(_GFITC_BATCH_ONLY.format(what="fit on a dask array"))
         if B.is_dask_array(X):
@@ -527,46 +561,65 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         init_started = time.perf_counter()
         kernel, Z = self._initial_model(sample, m, rng, len(classes))
         self.init_time_ = time.perf_counter() - init_started
-        validation = self._validation_arrays(validation_data, classes, xp, device)
+        validation = None if validation_data is None else self._validation_set(validation_data, classes, xp, device)
         t0 = started
+        data_hash = None
+        if self.checkpoint_path is not None:  # the run's fingerprint holds the data's: resume on them only
+            stride = training.fingerprint_stride(n)
+            data_hash = training.data_fingerprint(n, Xc.shape[1], Xc[0:n:stride, :], y_pm[0:n:stride], classes)
         result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
-                             validation=validation, started=started)
+                             validation=validation, started=started, data_hash=data_hash)
         return self._fitted_from(result, classes, t0)
 
-    def _validation_arrays(self, validation_data, classes, xp, device):
-        """(X_val, y_val) checked and in the model's namespace, labels encoded; None without validation data."""
-        if validation_data is None:
-            return None
+    def _validation_set(self, validation_data, classes, xp, device):
+        """``validation_data`` checked as the training data are (features: count, finiteness, shape; labels:
+        1-D, one per row, no missing ones, among the training classes), every error naming validation_data;
+        returned as the loop takes it (compute namespace, labels encoded)."""
+        if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
+            raise ValueError(f"validation_data must be a pair (X_val, y_val), got {type(validation_data).__name__}"
+                             + (f" of length {len(validation_data)}" if isinstance(validation_data, (tuple, list)) else ""))
         X_val, y_val = validation_data
-        X_val, _ = self._validate_X(X_val, reset=False) if _is_foreign_array(X_val) else (
-            validate_data(self, X_val, reset=False, dtype=np.float64, ensure_all_finite=True), None
-        )
-        y_val = B.to_numpy(y_val) if B.is_array_api_obj(y_val) else np.asarray(y_val)
-        unknown = np.setdiff1d(np.unique(y_val), classes)
+        try:
+            X_val, _ = self._validate_X(X_val, reset=False)
+        except ValueError as error:  # the same message as for training data, saying which data it is about
+            raise ValueError(f"validation_data: X_val: {error}") from error
+        labels = V.check_labels(B.to_numpy(y_val) if B.is_array_api_obj(y_val) else y_val,
+                                what="validation_data: y_val")
+        if labels.ndim != 1 or labels.shape[0] != X_val.shape[0]:
+            raise ValueError(f"validation_data: X_val has {X_val.shape[0]} rows but y_val has shape "
+                             f"{labels.shape}: y_val must be 1-D with one label per row")
+        unknown = np.setdiff1d(np.unique(labels), classes) if labels.dtype.kind == classes.dtype.kind or (
+            labels.dtype.kind in "biuf" and classes.dtype.kind in "biuf") else np.unique(labels)
         if unknown.size:
-            raise ValueError(f"validation labels {list(unknown)} are not among the training classes {list(classes)}")
+            raise ValueError(f"validation_data: y_val has labels {unknown.tolist()} that are not among the training "
+                             f"classes {classes.tolist()}")
         return (
-            B.asarray_like(X_val, xp, device=device, dtype=xp.float64),
-            B.asarray_like(_encode_labels(y_val, classes), xp, device=device, dtype=xp.float64),
+            B.asarray_like(X_val, xp, device=device, dtype=getattr(xp, self._dtype_name())),
+            B.asarray_like(_encode_labels(labels, classes), xp, device=device, dtype=getattr(xp, self._dtype_name())),
         )
 
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
-               started=None):
+               started=None, data_hash=None):
         """The one training loop (``training.train``) with this estimator's settings for its method."""
         if self.method == "svi":
             self.likelihood_ = "robust-max" if len(classes) > 2 else (self.likelihood or "probit")
         else:
             self.likelihood_ = "logistic" if self.method in _QUADRATIC_METHODS else "probit"
         return training.train(
-            X, y, kernel, Z, method=self.method, batch_size=batch_size, jitter=float(self.jitter),
+            X, y, kernel, Z, method=self.method, batch_size=batch_size, jitter=self._jitter_for(Z),
             max_iter=int(self.max_iter), damping=None if self.damping is None else float(self.damping),
             optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate, tol=float(self.tol),
             max_time=self.max_time, random_state=rng, shuffle=bool(self.shuffle), validation=validation,
             eval_every=self.eval_every, n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose),
             engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
             resume=bool(resume), likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
-            n_quadrature=int(self.n_quadrature), started=started,
+            n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash,
         )
+
+    def _jitter_for(self, Z):
+        """``jitter``, raised to ``backend.jitter_floor`` for the model's type and number of inducing points
+        (a change only for float32, where 1e-6 is below what round-off lets a Cholesky factor resolve)."""
+        return max(float(self.jitter), B.jitter_floor(Z))
 
     def _batch_size_for(self, n):
         if self.batch_size == "auto":
@@ -577,7 +630,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Fitted attributes from a ``training.TrainResult``."""
         self.fit_time_ = time.perf_counter() - t0
         self.classes_ = classes
-        self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter)
+        self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter,
+                         result.jitter)
         self.stopped_by_time_ = result.stopped_by_time
         self.early_stopped_ = result.early_stopped
         return self
@@ -599,7 +653,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                              f"{self.method!r}: the other variational methods need every row at each step")
         if X.ndim != 2:
             raise ValueError(f"Expected 2D array, got {X.ndim}D array instead")
-        X = da.asarray(X).astype(np.float64).rechunk({1: -1})  # chunks by rows only
+        X = da.asarray(X).astype(self._dtype_name()).rechunk({1: -1})  # chunks by rows only
         y = da.asarray(y)
         if y.ndim != 1 or y.shape[0] != X.shape[0]:
             raise ValueError(f"X has {X.shape[0]} rows but y has shape {tuple(y.shape)}: y must be 1-D and match")
@@ -614,32 +668,35 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             except ValueError:  # no client yet: a local cluster for this fit
                 client = owned = Client(local_cluster(os.cpu_count() or 1))
         try:
-            finite, labels = client.compute([da.isfinite(X).all(), da.unique(y)], sync=True)
+            stride = training.fingerprint_stride(X.shape[0])
+            sampled = [X[::stride], y[::stride]] if self.checkpoint_path is not None else []  # same pass
+            finite, labels, *sample_rows = client.compute([da.isfinite(X).all(), da.unique(y), *sampled], sync=True)
             if not bool(finite):
                 raise ValueError("Input X contains NaN or infinity")
-            classes = self._check_classes(np.unique(np.asarray(labels)))
-            y_pm = y.map_blocks(_encode_labels, classes, dtype=np.float64)
+            classes = self._check_classes(np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
+            data_hash = None if not sample_rows else training.data_fingerprint(
+                X.shape[0], X.shape[1], sample_rows[0], _encode_labels(np.asarray(sample_rows[1]), classes), classes)
+            y_pm = y.map_blocks(_encode_labels, classes, dtype=np.float64).astype(X.dtype)
             self.n_features_in_ = X.shape[1]
             n = X.shape[0]
             m = self._n_inducing_for(n)
             rng = B.host_rng(self.random_state)
             if n <= _INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
-                sample = np.asarray(X.compute(), dtype=np.float64)
+                sample = np.asarray(X.compute())
             else:
                 rows = np.sort(rng.choice(n, size=_INIT_SAMPLE, replace=False))
-                sample = np.asarray(X[rows].compute(), dtype=np.float64)
+                sample = np.asarray(X[rows].compute())
             kernel, Z = self._initial_model(sample, m, rng, len(classes))
             if validation_data is not None:  # scored on the driver: brought there whole (keep it small)
                 validation_data = tuple(client.compute(list(validation_data), sync=True)
                                         if any(B.is_dask_array(v) for v in validation_data) else validation_data)
-            validation = self._validation_arrays(validation_data, classes, B.array_namespace(Z), None)
+            validation = None if validation_data is None else self._validation_set(
+                validation_data, classes, B.array_namespace(Z), None)
             batch_size = self._batch_size_for(n)
             minibatch = batch_size is not None and batch_size < n
             local_steps = self.local_steps
             if local_steps is None:
                 local_steps = 0 if self.checkpoint_path is not None else DEFAULT_LOCAL_STEPS
-            if not (isinstance(local_steps, numbers.Integral) and local_steps >= 0):
-                raise ValueError(f"local_steps must be None or a non-negative integer, got {local_steps!r}")
             if len(classes) > 2 and not (minibatch and local_steps > 0):
                 raise ValueError("multiclass data on a dask array train data-parallel on minibatches (batch_size "
                                  "below the number of rows, local_steps > 0); batch passes and the driver's "
@@ -662,7 +719,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             t0 = time.perf_counter()
             # SVI: a step per minibatch on the driver, chunks visited as for SEP
             result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, validation=validation,
-                                 engine=engine)
+                                 engine=engine, data_hash=data_hash)
         finally:
             if engine is not None:
                 engine.close()
@@ -682,7 +739,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         X = X.rechunk({1: -1})
         if columns is None:
             return X.map_blocks(bound, drop_axis=1, dtype=np.asarray(self.classes_).dtype)
-        return X.map_blocks(bound, chunks=(X.chunks[0], (columns,)), dtype=np.float64)
+        return X.map_blocks(bound, chunks=(X.chunks[0], (columns,)), dtype=np.dtype(self._dtype_name()))
 
     @available_if(lambda self: self.method in ("sep", "adf"))
     def partial_fit(self, X, y, classes=None, n_total=None):
@@ -694,7 +751,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         this batch), the kernel and the inducing points (from this batch). ``n_total`` is the number of
         rows the model stands for (SEP's cavity q / f^(1/n)); by default the rows seen so far.
         """
-        with self._blas_scope(X):
+        self._check_params()
+        with self._blas_scope(X), B.jitter_report("GPClassifier.partial_fit"):
             return self._partial_fit(X, y, classes, n_total)
 
     def _partial_fit(self, X, y, classes, n_total):
@@ -711,7 +769,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self._rows_seen = 0
             self._trainer = training.Trainer(
                 kernel, Z, method=self.method, n_total=n_total or rows, minibatch=True,
-                jitter=float(self.jitter), damping=None if self.damping is None else float(self.damping),
+                jitter=self._jitter_for(Z), damping=None if self.damping is None else float(self.damping),
                 optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate,
             )
         trainer = self._trainer
@@ -726,7 +784,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         post, log_z = trainer.posterior()
         state = trainer.state
         self.likelihood_ = "probit"
-        self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps)
+        self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
+                         trainer.engine.jitter)
         return self
 
     @staticmethod
@@ -746,7 +805,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return X, None, None
         X, in_xp = self._validate_X(X, reset=False)
         xp = B.array_namespace(self.inducing_points_)
-        Xc = B.asarray_like(X, xp, device=B.array_device(self.inducing_points_), dtype=xp.float64)
+        # the fitted model's own type (a model loaded from a file keeps the type it was saved in)
+        Xc = B.asarray_like(X, xp, device=B.array_device(self.inducing_points_), dtype=self.inducing_points_.dtype)
         return Xc, in_xp, (B.array_device(X) if in_xp is not None else None)
 
     @staticmethod
@@ -763,7 +823,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _latent(self, Xc):
         Z = self.inducing_points_
-        with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=self.blas_threads):
+        with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=self.blas_threads), \
+                B.jitter_report("GPClassifier prediction", stacklevel=5):  # (called by the public predict_*)
             if self._multiclass:
                 return multiclass_ep.predict_latent(self.kernel_, Z, self.posterior_, Xc)
             return ep.predict_latent(self.kernel_, Z, self.posterior_, Xc)

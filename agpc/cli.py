@@ -5,11 +5,17 @@
     agpc demo                                            train and evaluate on built-in data, plot the banana fit
     agpc bench [--quick] [--out DIR]                     run the source checkout's benchmark scripts
 
-DATA is a CSV (header row), Parquet, ``.npy``, ``.npz`` file or a zarr store. A problem with the input (a
-missing file, an unknown format, a missing column, non-numeric features, one class, a file that is not an
-agpc model, ...) is reported as one line ``agpc: error: ...`` on stderr with exit status 2; every output is
-written to a temporary file beside its target and renamed, so a failure leaves nothing half-written.
-Set ``AGPC_TRACEBACK=1`` to see the traceback behind such a line.
+DATA is a CSV (header row), Parquet, ``.npy``, ``.npz`` file or a zarr store. ``fit`` on a file with column
+names (CSV, Parquet) records them as the model's ``feature_names_in_``; ``predict`` then takes those columns
+from a file with column names by name, in the model's order, whatever else the file holds.
+
+Every failure is one line on stderr. A problem with the input (a missing file, an unknown format, a missing
+column, an empty cell, non-numeric features, one class, a file that is not an agpc model, a bad option, ...) is
+``agpc: error: ...`` with exit status 2; anything else is an internal error, ``agpc: internal error: ...`` with
+exit status 1 (``--debug``, or ``AGPC_TRACEBACK=1``, shows the traceback instead); an interrupt exits with 130.
+Warnings are collected while a command runs and printed as ``agpc: warning: ...`` lines on stderr once it
+ends: after its output, or before its error line, which is always the last line. Every output is written to a
+temporary file beside its target and renamed, so a failure leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -24,16 +30,21 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 import zipfile
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["main", "load_data", "UsageError"]
+from .io import sync_directory
+from .untrusted import RefusedFile, open_zarr, read_npy, read_npz, read_parquet_columns
+
+__all__ = ["main", "load_data", "Data", "UsageError"]
 
 BENCH_SCRIPTS = ("uci_binary.py", "uci_iterations.py", "uci_multiclass.py", "banana_inducing.py", "airline.py",
                  "time_curves.py")
-_PARQUET_HINT = "reading Parquet needs pyarrow: pip install pyarrow (or pip install 'agpc[parquet]')"
+_PARQUET_HINT = "reading Parquet needs pyarrow >= 14.0.1: pip install pyarrow (or pip install 'agpc[parquet]')"
 _FORMATS = {".csv": "CSV", ".tsv": "CSV", ".parquet": "Parquet", ".pq": "Parquet", ".npy": "npy",
             ".npz": "npz", ".zarr": "zarr"}
 
@@ -64,7 +75,10 @@ def _atomic(path, mode="w"):
         text = {} if "b" in mode else {"newline": "", "encoding": "utf-8"}
         with open(tmp, mode.replace("w", "x"), **text) as fh:
             yield fh
+            fh.flush()
+            os.fsync(fh.fileno())  # on disk before the rename, as every save of agpc.io
         os.replace(tmp, path)
+        sync_directory(path.absolute().parent)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -102,26 +116,42 @@ def _format_of(path):
     return kind
 
 
-def load_data(path, target=None, *, labels_required=False):
-    """(X, y) from a data file. ``target`` names the label column (CSV, Parquet; a column index also works,
-    and is the only way for .npy and a zarr array) or the label array (.npz, zarr group: default ``y`` when
-    ``labels_required``). Without a target, y is None. X is 2-D and numeric (a zarr group's X stays on
-    disk); labels are numbers when they all read as numbers (integers when whole), else strings."""
+class Data(NamedTuple):
+    """What :func:`load_data` read: the features ``X`` (2-D, numeric), the labels ``y`` (None without a
+    target) and the features' column names, in the order of X's columns (None for a file without names:
+    .npy, .npz, a zarr store)."""
+
+    X: Any
+    y: Any
+    feature_names: list | None
+
+
+def load_data(path, target=None, *, labels_required=False, features=None):
+    """Data(X, y, feature_names) from a data file. ``target`` names the label column (CSV, Parquet; a column
+    index also works, and is the only way for .npy and a zarr array) or the label array (.npz, zarr group:
+    default ``y`` when ``labels_required``). Without a target, y is None. X is 2-D and numeric (a zarr
+    group's X stays on disk); labels are numbers when they all read as numbers (integers when whole), else
+    strings; an empty cell in a column that is used is an error naming its row and column.
+
+    ``features`` (a model's ``feature_names_in_``) selects the feature columns of a file with column names
+    (CSV, Parquet) by name, in that order; the file's other columns are ignored, and a missing one is an
+    error naming it. A file without names ignores ``features``: its columns are features by position."""
     path = Path(path)
     kind = _format_of(path)
     if target is None and labels_required and kind in ("CSV", "Parquet", "npy"):
         raise UsageError(f"{path}: give --target, the label column (a name or a column index)")
     reader = {"CSV": _read_csv, "Parquet": _read_parquet, "npy": _read_npy, "npz": _read_npz, "zarr": _read_zarr}[kind]
+    by_name = {"features": features} if kind in ("CSV", "Parquet") else {}
     try:
-        X, y = reader(path, target, labels_required)
-    except (UsageError, ImportError):
+        X, y, names = reader(path, target, labels_required, **by_name)
+    except (UsageError, ImportError, RefusedFile):  # RefusedFile: one line that names the file already
         raise
     except (ValueError, OSError, EOFError, KeyError, TypeError, zipfile.BadZipFile, csv.Error) as exc:
         raise UsageError(f"cannot read {path} as {kind}: {_message(exc)}") from None
     _check_features(X, path)
     if y is not None and y.shape[0] != X.shape[0]:
         raise UsageError(f"{path}: {X.shape[0]} rows of features but {y.shape[0]} labels")
-    return X, y
+    return Data(X, y, names)
 
 
 def _check_features(X, path):
@@ -148,13 +178,27 @@ def _labels(values):
     return values
 
 
-def _numeric(values, name, path):
+def _numeric(values, name, path, row_of=None):
     values = np.asarray(values)
     try:
         return values.astype(np.float64)
     except (ValueError, TypeError):
-        bad = next(v for v in values.tolist() if not _is_number(v))
-        raise UsageError(f"{path}: feature column {name!r} is not numeric (value {bad!r}); features must be numbers") from None
+        row, bad = next((i, v) for i, v in enumerate(values.tolist()) if not _is_number(v))
+        where = f"{row_of(row)}, " if row_of else ""
+        hint = ("fill in or drop rows with missing values first" if _looks_missing(bad)
+                else "features must be numbers")
+        raise UsageError(f"{path}: {where}feature column {name!r} is not numeric (value {bad!r}); {hint}") from None
+
+
+# Text that marks a missing value in tables written by other programs (among the strings pandas.read_csv reads
+# as missing by default). As a feature it is not a number (an error); as a label it would be a class of its
+# own, which agpc says in a warning rather than refusing: a class may well be called "None".
+_MISSING_TEXT = frozenset({"na", "n/a", "#n/a", "<na>", "null", "none", "nil", "missing", "?"})
+_NAN_TEXT = frozenset({"nan", "-nan", "+nan"})  # read as a float NaN: never a label, never a feature
+
+
+def _looks_missing(value):
+    return isinstance(value, str) and value.strip().lower() in _MISSING_TEXT | _NAN_TEXT
 
 
 def _is_number(value):
@@ -183,65 +227,131 @@ def _column_index(names, target, path):
     raise UsageError(f"{path}: no column {target!r} (columns: {_preview(names)})")
 
 
-def _from_columns(names, columns, target, path):
-    """Numeric features from every column but the target, labels from the target (None without one)."""
+def _empty_cells(values):
+    """Which entries of a column hold no value: an empty (or blank) string, None (a Parquet null), NaN (a
+    number, or its text)."""
+    values = np.asarray(values)
+    if values.dtype.kind in "OUS":
+        return np.array([v is None or (isinstance(v, float) and v != v)
+                         or (isinstance(v, (str, bytes)) and (not v.strip() or str(v).strip().lower() in _NAN_TEXT))
+                         for v in values.tolist()], dtype=bool)
+    if values.dtype.kind in "fc":
+        return np.isnan(values)
+    return np.zeros(values.shape, dtype=bool)
+
+
+def _check_filled(values, name, path, row_of, what):
+    empty = np.flatnonzero(_empty_cells(values))
+    if empty.size:
+        first = np.asarray(values).tolist()[empty[0]]
+        cell = ("a null" if first is None else "an empty cell" if isinstance(first, (str, bytes)) and not first.strip()
+                else repr(first))
+        more = f" (and {empty.size - 1} more rows)" if empty.size > 1 else ""
+        raise UsageError(f"{path}: {row_of(int(empty[0]))}, {what} column {name!r}: missing value, {cell}{more}; "
+                         f"fill in or drop rows with missing values first")
+
+
+def _label_column(values, name, path, row_of):
+    """Labels from a column (see _labels); a missing one is an error naming its row, text that often marks
+    a missing value is a warning."""
+    _check_filled(values, name, path, row_of, "label")
+    labels = _labels(values)
+    if labels.dtype.kind == "U":
+        marked = sorted({v for v in labels.tolist() if _looks_missing(v)})
+        if marked:
+            warnings.warn(f"{path}: label column {name!r} holds {_preview([repr(v) for v in marked], 4)}, taken as a "
+                          f"class of its own; if that marks a missing label, drop those rows", UserWarning)
+    return labels
+
+
+def _feature_columns(names, target_index, features, path):
+    """The positions of the feature columns: every column but the target, or, given ``features`` (the
+    model's feature names), those columns by name in that order."""
+    if features is None:
+        chosen = [i for i in range(len(names)) if i != target_index]
+        if not chosen:
+            raise UsageError(f"{path}: no feature columns besides the target")
+        unnamed = [i + 1 for i in chosen if not names[i]]
+        if unnamed:
+            raise UsageError(f"{path}: column {unnamed[0]} has no name in the header: feature columns need names")
+        wanted = [names[i] for i in chosen]
+    else:
+        missing = [name for name in features if name not in names]
+        if missing:
+            raise UsageError(f"{path}: no column {_preview([repr(name) for name in missing], 5)}, which the model was "
+                             f"trained on (it needs {_preview(features, 8)}; the file has {_preview(names, 8)})")
+        if target_index is not None and names[target_index] in features:
+            raise UsageError(f"{path}: the --target column {names[target_index]!r} is one of the model's features")
+        chosen = [names.index(name) for name in features]
+        wanted = list(features)
+    repeated = sorted({name for name in wanted if names.count(name) > 1})
+    if repeated:
+        raise UsageError(f"{path}: the header names column {repeated[0]!r} {names.count(repeated[0])} times: "
+                         f"a feature column needs a name of its own")
+    return chosen
+
+
+def _from_columns(names, columns, target, path, features=None, row_of=None):
+    """Features and labels from named columns (CSV, Parquet); ``features`` selects and orders the feature
+    columns by name (see load_data). ``row_of(i)`` says where data row i is in the file, for error messages."""
+    row_of = row_of or (lambda i: f"data row {i + 1}")
     index = None if target is None else _column_index(names, target, path)
-    features = [(name, col) for i, (name, col) in enumerate(zip(names, columns)) if i != index]
-    if not features:
-        raise UsageError(f"{path}: no feature columns besides the target")
-    X = np.column_stack([_numeric(col, name, path) for name, col in features])
-    return X, (None if index is None else _labels(columns[index]))
+    chosen = _feature_columns(names, index, features, path)
+    for i in chosen:
+        _check_filled(columns[i], names[i], path, row_of, "feature")
+    X = np.column_stack([_numeric(columns[i], names[i], path, row_of) for i in chosen])
+    labels = None if index is None else _label_column(columns[index], names[index], path, row_of)
+    return Data(X, labels, [names[i] for i in chosen])
 
 
 def _from_matrix(data, target, path):
-    """A 2-D array whose target (if any) is a column index."""
+    """A 2-D array whose target (if any) is a column index; its columns have no names."""
     if target is None:
-        return data, None
+        return Data(data, None, None)
     data = np.asarray(data[...])
     if data.ndim != 2:
         raise UsageError(f"{path}: a label column needs a 2-D array (rows x columns), got shape {data.shape}")
-    return _from_columns([str(i) for i in range(data.shape[1])], list(data.T), target, path)
+    X, y, _ = _from_columns([str(i) for i in range(data.shape[1])], list(data.T), target, path)
+    return Data(X, y, None)
 
 
-def _read_csv(path, target, labels_required):
-    with open(path, newline="", encoding="utf-8") as fh:
-        rows = list(csv.reader(fh, delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
+def _read_csv(path, target, labels_required, features=None):
+    # utf-8-sig: spreadsheet programs start a UTF-8 CSV with a byte order mark, which is not part of the
+    # first column's name
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        reader = csv.reader(fh, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+        rows = [(reader.line_num, [cell.strip() for cell in row]) for row in reader]
     if not rows:
         raise UsageError(f"{path}: the file is empty (a header row is needed)")
-    names = [name.strip() for name in rows[0]]
-    body = [(line, row) for line, row in enumerate(rows[1:], start=2) if row]
+    names = rows[0][1]
+    if all(_is_number(name) for name in names):
+        warnings.warn(f"{path}: the header row ({_preview(names, 4)}) looks like data: agpc reads the first row of "
+                      f"a CSV file as the column names", UserWarning)
+    body = [(line, row) for line, row in rows[1:] if any(row)]
     if not body:
         raise UsageError(f"{path}: no data rows below the header")
     for line, row in body:
         if len(row) != len(names):
             raise UsageError(f"{path}: line {line} has {len(row)} fields but the header has {len(names)}")
-    return _from_columns(names, [np.asarray(col) for col in zip(*(row for _, row in body))], target, path)
+    columns = [np.asarray(col) for col in zip(*(row for _, row in body))]
+    return _from_columns(names, columns, target, path, features, row_of=lambda i: f"line {body[i][0]}")
 
 
 def _parquet_columns(path):
     try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        pq = None
-    if pq is not None:
-        table = pq.read_table(path)
-        return list(table.column_names), [column.to_numpy() for column in table.columns]
-    try:
-        import pandas as pd
-
-        frame = pd.read_parquet(path)
+        import pyarrow.parquet  # noqa: F401  (pandas reads Parquet with pyarrow too: without it no safe reader)
     except ImportError:
         raise UsageError(_PARQUET_HINT) from None
-    return [str(c) for c in frame.columns], [frame[c].to_numpy() for c in frame.columns]
+    return read_parquet_columns(path)
 
 
-def _read_parquet(path, target, labels_required):
+def _read_parquet(path, target, labels_required, features=None):
     names, columns = _parquet_columns(path)
-    return _from_columns(names, columns, target, path)
+    return _from_columns(names, columns, target, path, features)
 
 
 def _read_npy(path, target, labels_required):
-    return _from_matrix(np.load(path, allow_pickle=False), target, path)
+    return _from_matrix(read_npy(path), target, path)
 
 
 def _from_arrays(arrays, target, labels_required, path):
@@ -252,30 +362,26 @@ def _from_arrays(arrays, target, labels_required, path):
     X = arrays["X"]
     name = target if target is not None else ("y" if labels_required else None)
     if name is None:
-        return X, None
+        return Data(X, None, None)
     if name in arrays and name != "X":
-        return X, _labels(np.asarray(arrays[name][...]))
+        return Data(X, _label_column(np.asarray(arrays[name][...]), name, path, lambda i: f"data row {i + 1}"), None)
     if target is not None and re.fullmatch(r"-?\d+", target):
         return _from_matrix(X, target, path)
     raise UsageError(f"{path}: no label array {name!r} (arrays: {_preview(sorted(arrays))}); name it with --target")
 
 
 def _read_npz(path, target, labels_required):
-    with np.load(path, allow_pickle=False) as archive:
-        if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise UsageError(f"{path}: not an npz archive")
-        arrays = {name: archive[name] for name in archive.files}
-    return _from_arrays(arrays, target, labels_required, path)
+    return _from_arrays(read_npz(path), target, labels_required, path)
 
 
 def _read_zarr(path, target, labels_required):
     try:
-        import zarr
+        import zarr  # noqa: F401
     except ImportError:
         raise UsageError("reading a zarr store needs zarr: pip install zarr (or pip install 'agpc[zarr]')") from None
-    node = zarr.open(str(path), mode="r")
-    if isinstance(node, zarr.Group):
-        return _from_arrays({name: node[name] for name in node.array_keys()}, target, labels_required, path)
+    node = open_zarr(path)  # metadata checked (no pickle codec, no object dtype) before zarr reads it
+    if isinstance(node, dict):
+        return _from_arrays(node, target, labels_required, path)
     if target is None and labels_required:
         raise UsageError(f"{path}: a zarr array has no label array: give --target, the label column index")
     return _from_matrix(node, target, path)
@@ -342,12 +448,21 @@ def _fit_on_cluster(model, X, y, address):
             model.set_params(client=None)
 
 
+def _record_feature_names(model, names):
+    """Give the model the column names of the file it was fitted on, as ``feature_names_in_``: the attribute
+    scikit-learn's ``fit`` sets from a DataFrame's columns (an object array of str). The CLI reads tables
+    without pandas and fits on a NumPy array, so it sets the names itself, after fit (and after the scores,
+    which predict on the same unnamed array); 'agpc predict' then takes the feature columns by these names."""
+    if names is not None:
+        model.feature_names_in_ = np.asarray(names, dtype=object)
+
+
 def fit(args):
     from .classifier import GPClassifier
     from .io import save_model
 
     _check_writable(args.out)
-    X, y = load_data(args.data, args.target, labels_required=True)
+    X, y, names = load_data(args.data, args.target, labels_required=True)
     classes = np.unique(y)
     if classes.shape[0] < 2:
         raise UsageError(f"{args.data}: every label is {classes[0].item()!r}: a classifier needs two classes or more")
@@ -357,7 +472,7 @@ def fit(args):
     model = GPClassifier(
         method=args.method, n_inducing=args.inducing, batch_size=args.batch_size, backend=args.backend,
         max_iter=args.max_iter, max_time=args.max_time, random_state=args.random_state, verbose=not args.quiet,
-        site_directory=args.site_directory,
+        site_directory=args.site_directory, dtype=args.dtype,
     )
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
     print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, classes "
@@ -374,6 +489,7 @@ def fit(args):
         _print_scores("validation", _scores(model.predict_proba(X_val), y_val, model.classes_), len(y_val))
     stopped = ", stopped by --max-time" if getattr(model, "stopped_by_time_", False) else ""
     print(f"fit time:    {seconds:.2f} s ({model.n_iter_} iterations{stopped})")
+    _record_feature_names(model, names)
     save_model(model, args.out)
     print(f"wrote {args.out}")
     return 0
@@ -409,20 +525,44 @@ def _latent_columns(model, X):
     return columns
 
 
+def _feature_names(model):
+    names = getattr(model, "feature_names_in_", None)
+    return None if names is None else [str(name) for name in names]
+
+
+@contextlib.contextmanager
+def _columns_already_matched():
+    """Predict on a NumPy array whose columns 'agpc predict' has already put in the model's order by name
+    (or, for a file without names, has warned about): scikit-learn's warning that the array has no feature
+    names says nothing more."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="X does not have valid feature names", category=UserWarning)
+        yield
+
+
 def predict(args):
     _check_writable(args.out)
     model = _load_model(args.model)
-    X, y = load_data(args.data, args.target)
+    wanted = _feature_names(model)
+    X, y, names = load_data(args.data, args.target, features=wanted)
     _check_feature_count(X, model, args.data, args.target)
-    proba = np.asarray(model.predict_proba(X))
-    scores = None if y is None else _scores(proba, y, model.classes_)  # unknown labels fail before writing
-    columns = {f"p_{c}": proba[:, i] for i, c in enumerate(model.classes_)}
-    if args.latent:
-        columns.update(_latent_columns(model, X))
+    with _columns_already_matched():
+        proba = np.asarray(model.predict_proba(X))
+        scores = None if y is None else _scores(proba, y, model.classes_)  # unknown labels fail before writing
+        columns = {f"p_{c}": proba[:, i] for i, c in enumerate(model.classes_)}
+        if args.latent:
+            columns.update(_latent_columns(model, X))
     _write_csv(args.out, columns)
     print(f"wrote {args.out}: {proba.shape[0]} rows, columns {', '.join(columns)}")
     if scores is not None:
         _print_scores("scores", scores, len(y))
+    # said once the predictions are written (a failure before is its own one line)
+    if wanted is None:
+        warnings.warn(f"the model has no feature names (it was fitted on a file without column names, or saved by "
+                      f"an older agpc): the columns of {args.data} were taken by position, unchecked", UserWarning)
+    elif names is None:
+        warnings.warn(f"{args.data} has no column names: its columns were taken by position as the model's features "
+                      f"{_preview(wanted, 8)}, unchecked", UserWarning)
     return 0
 
 
@@ -624,7 +764,8 @@ def _fit_parser(sub):
 
     p = sub.add_parser("fit", help="train a classifier on a data file and save the model",
                        description="Train a GPClassifier on DATA and write the model (an .agpc file).")
-    p.add_argument("data", metavar="DATA", help="a .csv (header row), .parquet, .npy, .npz file or a zarr store")
+    p.add_argument("data", metavar="DATA", help="a .csv (header row), .parquet, .npy, .npz file or a zarr store; "
+                   "the column names of a CSV or Parquet file become the model's feature names")
     p.add_argument("--target", metavar="COL", help="the label column: a name or an integer index (.npy: an index); "
                    ".npz / zarr group: the array of labels (default y, features in X)")
     p.add_argument("--method", choices=_METHODS, default="ep", help="inference method (default ep)")
@@ -634,6 +775,9 @@ def _fit_parser(sub):
                         "20,000 rows, else 200)")
     p.add_argument("--backend", choices=["numpy", "cupy"], default="numpy", help="compute on the CPU (numpy, "
                    "default) or a CUDA GPU (cupy)")
+    p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
+                   help="the floating type the model computes in (default float64; float32 is many times faster on "
+                        "consumer GPUs)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="train on the dask cluster whose scheduler is at ADDRESS "
                    "(e.g. tcp://host:8786); batch ep / sep / adf only")
     p.add_argument("--site-directory", metavar="DIR", help="with --scheduler, batch ep: keep the sites (16 bytes a "
@@ -654,7 +798,9 @@ def _predict_parser(sub):
     p = sub.add_parser("predict", help="class probabilities for a data file, as CSV",
                        description="Write one probability column per class (p_<class>) for every row of DATA.")
     p.add_argument("model", metavar="MODEL", help="a model written by 'agpc fit' (or GPClassifier.save)")
-    p.add_argument("data", metavar="DATA", help="a .csv, .parquet, .npy, .npz file or a zarr store (features as at fit)")
+    p.add_argument("data", metavar="DATA", help="a .csv, .parquet, .npy, .npz file or a zarr store: from a CSV or "
+                   "Parquet file the model's feature columns are taken by name (other columns, the label's too, are "
+                   "ignored); from a file without column names, by position")
     p.add_argument("--target", metavar="COL", help="a label column (or .npz / zarr array) to drop from the features "
                    "and score against: then error and NLL are printed")
     p.add_argument("--latent", action="store_true", help="also write the latent mean and variance (per class "
@@ -681,23 +827,107 @@ def _bench_parser(sub):
     p.set_defaults(func=bench)
 
 
+_EPILOG = """\
+Exit status: 0 success; 2 bad input (a missing or unreadable file, a missing column, a bad option, data the
+model cannot use), as one line 'agpc: error: ...' on stderr; 1 an internal error, as one line 'agpc: internal
+error: ...' (--debug, or AGPC_TRACEBACK=1, prints the traceback instead); 130 interrupted.
+Warnings (the library's and the command's own) are collected while the command runs and printed once it ends,
+one line 'agpc: warning: ...' each on stderr: after the command's output, or, when it fails, just before its
+error line, which is always the last line.
+"""
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are a UsageError, so that they reach the one-line report of ``main`` (argparse
+    itself prints the whole usage text and exits)."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _version():
+    """The installed distribution's version; the package's own ``__version__`` when it runs from a source
+    tree that is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agpc")
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
 def _parser():
-    parser = argparse.ArgumentParser(prog="agpc", description="Scalable Gaussian process classification")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _ArgumentParser(prog="agpc", description="Scalable Gaussian process classification", epilog=_EPILOG,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"agpc {_version()}")
+    parser.add_argument("--debug", action="store_true", help="on an error, print the traceback instead of one line")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_fit_parser, _predict_parser, _demo_parser, _bench_parser):
         add(sub)
+    for command in sub.choices.values():  # 'agpc fit ... --debug' as well as 'agpc --debug fit ...'
+        command.epilog = _EPILOG
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="on an error, print the traceback instead of one line")
     return parser
 
 
+# Bad input: the user's data, options or files (OSError: a path that is missing, unreadable, a directory, a
+# full disk). A ValueError is the library's report of bad input (its CholeskyError is one too). Everything
+# else is a bug or a failure of agpc itself, reported as an internal error.
+_BAD_INPUT = (UsageError, ValueError, OSError)
+
+
+def _report(exc):
+    """(exit status, the one line for stderr) for an exception that ended a command."""
+    if isinstance(exc, KeyboardInterrupt):
+        return 130, "agpc: interrupted"
+    missing = exc.name.split(".")[0] if isinstance(exc, ModuleNotFoundError) and exc.name else None
+    if missing and missing != "agpc":  # an optional package that is not installed
+        return 2, f"agpc: error: this needs the package {missing!r}, which is not installed ({_message(exc)})"
+    if isinstance(exc, _BAD_INPUT):
+        return 2, f"agpc: error: {_message(exc)}"
+    detail = _message(exc)
+    return 1, (f"agpc: internal error: {type(exc).__name__}" + (f": {detail}" if detail else "")
+               + " (run again with --debug for the traceback)")
+
+
+def _warning_lines(caught):
+    """One line per distinct warning, in the order first seen."""
+    lines = {}
+    for item in caught:
+        kind = "" if issubclass(item.category, UserWarning) else f"{item.category.__name__}: "
+        lines.setdefault(f"agpc: warning: {kind}{_one_line(item.message)}", None)
+    return list(lines)
+
+
 def main(argv=None):
-    args = _parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (UsageError, ValueError, OSError, ImportError) as exc:
-        if os.environ.get("AGPC_TRACEBACK"):
-            raise
-        print(f"agpc: error: {_message(exc)}", file=sys.stderr)
-        return 2
+    """Run one command; returns its exit status. Every exception ends as one line on stderr, after the
+    warnings the command raised (see _EPILOG)."""
+    debug = bool(os.environ.get("AGPC_TRACEBACK"))
+    status = failure = None
+    with warnings.catch_warnings(record=True) as caught:
+        # deprecations speak to programmers, not to the user of the command
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        try:
+            args = _parser().parse_args(argv)
+            debug = debug or args.debug
+            status = args.func(args)
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 -- the one place failures are classified
+            failure = exc
+    sys.stdout.flush()  # the warnings come after the output
+    for line in _warning_lines(caught):
+        print(line, file=sys.stderr)
+    if failure is None:
+        return status
+    if debug:
+        raise failure
+    status, line = _report(failure)
+    print(line, file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

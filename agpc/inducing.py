@@ -15,7 +15,9 @@ __all__ = ["initial_inducing_points", "kmeans"]
 def _sq_distances(X, C):
     xp = array_namespace(X, C)
     d2 = xp.sum(X * X, axis=1)[:, None] + xp.sum(C * C, axis=1)[None, :] - 2.0 * (X @ C.mT)
-    return xp.clip(d2, min=0.0)
+    # maximum, not clip: array-api-compat's clip for CuPy is a host copy and two boolean masks (a sync per k-means
+    # iteration); maximum is one elementwise kernel
+    return xp.maximum(d2, 0.0)
 
 
 def kmeans(X, n_clusters, *, random_state=None, n_iter=25, max_rows=20000):

@@ -1,28 +1,39 @@
 """Saving and loading models as data: one ``.npz`` holding arrays and a JSON header, never serialised Python objects.
 
-Loading never executes code: ``numpy.load(..., allow_pickle=False)`` reads only plain arrays (object arrays are refused), and the
-header is JSON. A file that is not an agpc model, or whose contents are inconsistent, is refused with a
-``ValueError`` that says what is wrong. Saving writes to a temporary file beside the target and renames
-it, so a crash never leaves a half-written model where a good one was.
+Loading never executes code and never trusts what it reads: every member's npy header is checked before any
+data are read (``untrusted.read_npz``: no object arrays, no declared size beyond the bytes held), the header
+is JSON, and every field is checked against the format's schema (types, shapes, finiteness, a lower
+triangular L_C with a positive diagonal, unique classes, known kernels, the estimator's own parameters). A
+file that fails is one ``ValueError`` naming the file and the field. A model file carries a format version:
+every earlier version keeps loading (tests/data/model_v1), a newer one is refused naming both. Parameters that
+name where training writes (``NOT_RESTORED``) are never restored from a file. Saving writes to a temporary
+file beside the target, flushes it to disk and renames it, so a crash never leaves a half-written model where
+a good one was.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
+import warnings
 import zipfile
 
 import numpy as np
 
 from . import backend as B
+from .untrusted import RefusedFile, describe, read_npz
 
 FORMAT = "agpc-model"
-VERSION = 1
+# 1: the first format. 2: adds "feature_names_in" (the columns a DataFrame had at fit). A file of a version
+# above VERSION is refused, naming both; every earlier version keeps loading (tests/data/model_v1).
+VERSION = 2
 _HEADER = "__agpc_header__"
 
-__all__ = ["save_model", "load_model", "save_checkpoint", "load_checkpoint", "save_site_chunk", "load_site_chunk",
-           "FORMAT", "VERSION"]
+__all__ = ["save_model", "load_model", "save_checkpoint", "load_checkpoint", "check_checkpoint_path",
+           "sync_directory", "save_site_chunk", "load_site_chunk", "FORMAT", "VERSION", "CHECKPOINT_VERSION",
+           "NOT_RESTORED"]
 
 
 def _json_params(params):
@@ -70,8 +81,11 @@ def save_model(model, path):
         "kernel": [k.spec() for k in kernels] if kernels else model.kernel_.spec(),
         "kernel_params": sorted(model.kernel_.params),
         "n_features_in": int(model.n_features_in_),
+        "feature_names_in": ([str(v) for v in model.feature_names_in_] if hasattr(model, "feature_names_in_")
+                             else None),
         "log_marginal_likelihood": float(model.log_marginal_likelihood_),
         "n_iter": int(model.n_iter_),
+        "fitted_jitter": float(getattr(model, "jitter_", model.jitter)),
         "likelihood": model.likelihood_,
         "history": {k: [float(v) for v in values] for k, values in model.history_.items()},
     }
@@ -87,6 +101,9 @@ def _atomic_savez(path, arrays):
     try:
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, **arrays)
+            # on disk before the rename: otherwise a power cut can leave the new name on empty blocks
+            fh.flush()
+            os.fsync(fh.fileno())
         # mkstemp creates the file readable by its owner only; a saved model gets the permissions any new
         # file would (0666 less the umask), so that others can load it where the umask allows
         os.chmod(tmp, 0o666 & ~_umask())
@@ -95,6 +112,24 @@ def _atomic_savez(path, arrays):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    sync_directory(directory)
+
+
+def sync_directory(directory):
+    """Make the rename itself durable, where the OS lets a directory be opened and synced (not Windows)."""
+    flags = getattr(os, "O_DIRECTORY", None)
+    if flags is None:
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY | flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems (network, FUSE) refuse fsync on a directory: the rename stands
+        pass
+    finally:
+        os.close(fd)
 
 
 def _umask():
@@ -110,108 +145,283 @@ def _umask():
 
 
 def _refuse(path, why):
-    return ValueError(f"{path!s} is not a valid agpc model file: {why}")
+    return ValueError(f"{describe(path)} is not a valid agpc model file: {why}")
+
+
+def _read_archive(path, refuse):
+    """(header dict, {name: array}) of an archive written here: every member's npy header is checked before
+    anything is read (untrusted.read_npz: no object arrays, no declared size beyond the bytes held)."""
+    try:
+        arrays = read_npz(path)
+    except RefusedFile as exc:
+        raise refuse(exc.reason) from None
+    except IsADirectoryError:
+        raise refuse("it is a directory") from None
+    header = arrays.pop(_HEADER, None)
+    if header is None:
+        raise refuse("no agpc header (written by another program?)")
+    if header.ndim != 0 or header.dtype.kind != "U":
+        raise refuse(f"header: a {header.dtype} array of shape {header.shape}, not a JSON string")
+    try:
+        return json.loads(str(header)), arrays
+    # ValueError: also an integer of more digits than Python converts (4300); RecursionError: deep nesting
+    except (ValueError, RecursionError) as exc:
+        raise refuse(f"header: not JSON agpc reads ({type(exc).__name__})") from None
+
+
+def _check_version(header, refuse, what):
+    """The header names this format, in a version this agpc reads (1, the first, up to VERSION)."""
+    if not isinstance(header, dict) or header.get("format") != what:
+        raise refuse(f"format: the header does not name the {what} format")
+    version = header.get("version")
+    if not _is_int(version) or version < 1:
+        raise refuse(f"version: {version!r} is not a format version")
+    if version > VERSION:
+        raise refuse(f"version: the file has format version {version}, written by a newer agpc; this agpc reads "
+                     f"versions 1 to {VERSION}: upgrade agpc to read it")
+    return version
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# Parameters that name where training writes: a file never chooses them (loaded as None, the defaults). A
+# model that re-fits after loading, or its clone, writes where its user says, not where the file said.
+NOT_RESTORED = ("checkpoint_path", "checkpoint_every", "site_directory", "client")
+# Gauss-Hermite nodes for SVI's binary logistic predictions (20 by default): more than this from a file is
+# a way to make prediction take gigabytes, not a model
+MAX_QUADRATURE = 1000
+
+
+def _checked_params(stored, refuse):
+    """The estimator parameters of a model file: the estimator's own (unknown names, e.g. from an older agpc
+    that had a parameter this one has not, are dropped: they cannot matter to this agpc), plain JSON values,
+    no paths; then checked by the estimator's own validation."""
+    from .classifier import GPClassifier
+
+    if not isinstance(stored, dict):
+        raise refuse("params: not a mapping of parameter names to values")
+    known = GPClassifier().get_params(deep=False)
+    params = {}
+    for name, value in stored.items():
+        if name not in known or name in NOT_RESTORED or name == "kernel":
+            continue
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = tuple(value)  # optimize=("kernel", ...): JSON has lists only
+        elif not (value is None or isinstance(value, (bool, int, float, str))):
+            raise refuse(f"params.{name}: a {type(value).__name__}, not a plain value")
+        params[name] = value
+    model = GPClassifier(**params)
+    try:
+        # the backend named at training (e.g. cupy) need not exist where the model is loaded: load_model's
+        # ``backend`` places the arrays; every other parameter is checked as fit checks it
+        GPClassifier(**dict(params, backend="numpy"))._check_params()
+    except (ValueError, TypeError) as exc:  # TypeError: a value of a type the check did not foresee
+        raise refuse(f"params: {exc}") from None
+    if not (isinstance(model.jitter, (int, float)) and math.isfinite(model.jitter) and model.jitter >= 0):
+        raise refuse(f"params.jitter: {model.jitter!r} is not a non-negative number")
+    if model.n_quadrature > MAX_QUADRATURE:  # prediction builds an n_quadrature^2 matrix for its nodes
+        raise refuse(f"params.n_quadrature: {model.n_quadrature} nodes, a model file may ask for {MAX_QUADRATURE} "
+                     "at most")
+    return model
+
+
+def _float_array(arrays, name, shape, refuse, allow_neg_inf=False):
+    values = arrays[name]
+    if values.dtype.kind != "f":
+        raise refuse(f"{name}: dtype {values.dtype}, not floating point")
+    if values.shape != shape:
+        raise refuse(f"{name}: shape {values.shape}, expected {shape}")
+    bad = np.isnan(values) | np.isposinf(values)
+    if not allow_neg_inf:
+        bad |= np.isneginf(values)
+    if np.any(bad):
+        raise refuse(f"{name}: holds NaN or inf")
+    return values
+
+
+def _check_factor(L_C, refuse):
+    """L_C = chol(I + A diag(nu) A^T) (seed 000 eq. 35's factor): lower triangular with a positive diagonal."""
+    if np.any(np.triu(L_C, k=1) != 0):
+        raise refuse("posterior_L_C: not lower triangular")
+    if np.any(np.diagonal(L_C, axis1=-2, axis2=-1) <= 0):
+        raise refuse("posterior_L_C: a diagonal entry is not positive (not a Cholesky factor)")
+
+
+def _check_classes(classes, refuse):
+    if classes.ndim != 1 or classes.dtype.kind not in "biufU":
+        raise refuse(f"classes: a {classes.dtype} array of shape {classes.shape}, expected a 1-D array of labels")
+    if classes.dtype.kind == "f" and not np.all(np.isfinite(classes)):
+        raise refuse("classes: holds NaN or inf")
+    if np.unique(classes).shape[0] != classes.shape[0]:
+        raise refuse("classes: a class is listed twice")
+    if classes.shape[0] < 2:
+        raise refuse("classes: a classifier needs at least two classes")
+
+
+def _check_header_fields(header, refuse, version):
+    d = header.get("n_features_in")
+    if not _is_int(d) or d < 1:
+        raise refuse(f"n_features_in: {d!r} is not a positive integer")
+    if not _is_int(header.get("n_iter", 0)) or header.get("n_iter", 0) < 0:
+        raise refuse(f"n_iter: {header.get('n_iter')!r} is not a non-negative integer")
+    if not _is_number(header.get("log_marginal_likelihood", float("nan"))):
+        raise refuse("log_marginal_likelihood: not a number")
+    history = header.get("history", {})
+    if not isinstance(history, dict) or not all(
+        isinstance(values, list) and all(_is_number(v) for v in values) for values in history.values()
+    ):
+        raise refuse("history: not a mapping of names to lists of numbers")
+    names = header.get("feature_names_in") if version >= 2 else None
+    if names is not None and not (isinstance(names, list) and len(names) == d and all(isinstance(v, str) for v in names)
+                                  and len(set(names)) == d):
+        raise refuse(f"feature_names_in: expected {d} distinct column names")
+    return d, names
+
+
+def _kernel_specs(header, n_classes, refuse):
+    """The kernel description: one {"type": ...} (binary) or one per class (multiclass), of known kernels."""
+    from .kernels import KERNELS
+
+    specs = header.get("kernel")
+    multiclass = n_classes > 2
+    if multiclass != isinstance(specs, list) or (multiclass and len(specs) != n_classes):
+        raise refuse("kernel: the description does not match the number of classes")
+    for spec in specs if multiclass else [specs]:
+        if not (isinstance(spec, dict) and set(spec) == {"type"} and isinstance(spec["type"], str)
+                and spec["type"] in KERNELS):
+            raise refuse(f"kernel: {spec!r} is not a known kernel (one of {sorted(KERNELS)})")
+    return specs
+
+
+def _kernel_arrays(header, arrays, n_classes, d, refuse):
+    """{name: array} of the kernel parameters: exactly the names the kernels need, each of its shape."""
+    from .kernels import PARAM_NAMES
+
+    prefixes = [f"{c}:" for c in range(n_classes)] if n_classes > 2 else [""]
+    expected = sorted(prefix + name for prefix in prefixes for name in PARAM_NAMES)
+    stored = header.get("kernel_params")
+    if not (isinstance(stored, list) and all(isinstance(v, str) for v in stored) and sorted(stored) == expected):
+        raise refuse(f"kernel_params: expected {expected}, got {header.get('kernel_params')!r}")
+    params = {}
+    for name in expected:
+        key = f"kernel_{name}"
+        if key not in arrays:
+            raise refuse(f"{key}: missing")
+        if name.endswith("log_lengthscales"):
+            shape = arrays[key].shape if arrays[key].shape in ((1,), (d,)) else (d,)
+        else:
+            shape = ()
+        params[name] = _float_array(arrays, key, shape, refuse, allow_neg_inf=name.endswith("log_noise"))
+    return params
 
 
 def load_model(path, backend="numpy"):
-    """Read a model written by :func:`save_model`; arrays are placed in ``backend``'s namespace."""
+    """Read a model written by :func:`save_model` (format version 1 or later up to ``VERSION``); arrays are
+    placed in ``backend``'s namespace. Everything read is checked against the format's schema first; a file
+    that does not satisfy it is one ``ValueError`` naming the file and the field."""
     from .classifier import GPClassifier
     from .inference.ep import Posterior, prior_cholesky
     from .kernels import ClassKernels, kernel_from_spec
 
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise _refuse(path, f"cannot be read as an npz archive ({exc})") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise _refuse(path, "it holds a bare array, not an agpc archive")
-    with archive:
-        try:
-            names = set(archive.files)
-            if _HEADER not in names:
-                raise _refuse(path, "no agpc header (written by another program?)")
-            header = json.loads(str(archive[_HEADER]))
-            arrays = {name: archive[name] for name in names if name != _HEADER}
-        except ValueError as exc:
-            if "not a valid agpc" in str(exc):
-                raise
-            raise _refuse(path, f"unreadable contents ({exc})") from None
-        except (OSError, zipfile.BadZipFile, EOFError, json.JSONDecodeError) as exc:
-            raise _refuse(path, f"unreadable contents ({exc})") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise _refuse(path, "the header does not name the agpc model format")
-    if header.get("version") != VERSION:
-        raise _refuse(path, f"format version {header.get('version')!r}; this agpc reads version {VERSION}")
-    required = ["inducing_points", "posterior_L_C", "posterior_h", "classes"]
-    required += [f"kernel_{name}" for name in header.get("kernel_params", [])]
-    missing = [name for name in required if name not in arrays]
-    if missing:
-        raise _refuse(path, f"missing arrays {missing}")
-    Z = arrays["inducing_points"]
-    n_classes = arrays["classes"].shape[0] if arrays["classes"].ndim == 1 else -1
+    refuse = lambda why: _refuse(path, why)  # noqa: E731
+    header, arrays = _read_archive(path, refuse)
+    version = _check_version(header, refuse, FORMAT)
+    if header.get("estimator") != GPClassifier.__name__:
+        raise refuse(f"estimator: {header.get('estimator')!r}, this agpc loads {GPClassifier.__name__}")
+    model = _checked_params(header.get("params", {}), refuse)
+    d, feature_names = _check_header_fields(header, refuse, version)
+    for name in ("inducing_points", "posterior_L_C", "posterior_h", "classes"):
+        if name not in arrays:
+            raise refuse(f"{name}: missing")
+    classes = arrays["classes"]
+    _check_classes(classes, refuse)
+    n_classes = classes.shape[0]
     multiclass = n_classes > 2
     lead = (n_classes,) if multiclass else ()
-    m = Z.shape[-2] if Z.ndim >= 2 else -1
-    d = header.get("n_features_in")
-    if (Z.shape != lead + (m, d) or arrays["posterior_L_C"].shape != lead + (m, m)
-            or arrays["posterior_h"].shape != lead + (m,)):
-        raise _refuse(path, "array shapes are inconsistent with each other")
-    if multiclass != isinstance(header.get("kernel"), list) or (multiclass and len(header["kernel"]) != n_classes):
-        raise _refuse(path, "the kernel description does not match the number of classes")
-    for name in required:
-        if name == "classes":
-            continue
-        values = np.asarray(arrays[name])
-        if values.dtype.kind != "f":
-            raise _refuse(path, f"array {name} is not floating point")
-        bad = np.isnan(values) | np.isposinf(values)
-        if not name.endswith("log_noise"):  # log noise may be -inf (no noise); nothing else may
-            bad |= np.isneginf(values)
-        if np.any(bad):
-            raise _refuse(path, f"array {name} holds NaN or inf")
-    if n_classes < 2:
-        raise _refuse(path, "a classifier needs at least two classes")
+    Z = arrays["inducing_points"]
+    m = Z.shape[-2] if Z.ndim == len(lead) + 2 and Z.shape[-2] >= 1 else 1
+    Z = _float_array(arrays, "inducing_points", lead + (m, d), refuse)
+    L_C = _float_array(arrays, "posterior_L_C", lead + (m, m), refuse)
+    _check_factor(L_C, refuse)
+    h = _float_array(arrays, "posterior_h", lead + (m,), refuse)
+    specs = _kernel_specs(header, n_classes, refuse)
+    kernel_arrays = _kernel_arrays(header, arrays, n_classes, d, refuse)
+    unexpected = sorted(set(arrays) - {"inducing_points", "posterior_L_C", "posterior_h", "classes"}
+                        - {f"kernel_{name}" for name in kernel_arrays})
+    if unexpected:
+        raise refuse(f"unexpected arrays {unexpected}")
+    likelihood = header.get("likelihood", "probit")
+    if likelihood not in (("probit", "robust-max") if multiclass else ("probit", "logistic")):
+        raise refuse(f"likelihood: {likelihood!r} is not a likelihood of a {'multiclass' if multiclass else 'binary'} "
+                     "model")
 
     xp = B.resolve_backend(backend)
-    to = lambda a: B.asarray_like(a, xp, dtype=xp.float64)  # noqa: E731
-    params = {name: to(arrays[f"kernel_{name}"]) for name in header["kernel_params"]}
+    # The model computes in the type it was fitted in, which is the type of its stored arrays (files written
+    # before ``dtype`` existed hold float64, and load as float64).
+    dtype_name = "float32" if Z.dtype == np.float32 else "float64"
+    model.set_params(dtype=dtype_name)
+    to = lambda a: B.asarray_like(a, xp, dtype=getattr(xp, dtype_name))  # noqa: E731
+    params = {name: to(value) for name, value in kernel_arrays.items()}
     if multiclass:
-        try:
-            kernel = ClassKernels(
-                kernel_from_spec(spec, {name.split(":", 1)[1]: value for name, value in params.items()
-                                        if name.startswith(f"{c}:")})
-                for c, spec in enumerate(header["kernel"])
-            )
-        except (KeyError, IndexError, TypeError) as exc:
-            raise _refuse(path, f"the per-class kernel parameters are incomplete ({exc})") from None
-    else:
-        kernel = kernel_from_spec(header["kernel"], params)
-    params = {k: v for k, v in header.get("params", {}).items() if k in GPClassifier._get_param_names()}
-    if isinstance(params.get("optimize"), list):
-        params["optimize"] = tuple(params["optimize"])
-    model = GPClassifier(**params)
-    Zx = to(Z)
-    model.kernel_ = kernel
-    model.inducing_points_ = Zx
-    L_C, h = to(arrays["posterior_L_C"]), to(arrays["posterior_h"])
-    if multiclass:
-        model.posterior_ = tuple(
-            Posterior(L_K=prior_cholesky(kernel[c], Zx[c, ...], float(model.jitter)), L_C=L_C[c, ...], h=h[c, ...])
-            for c in range(n_classes)
+        kernel = ClassKernels(
+            kernel_from_spec(spec, {name.split(":", 1)[1]: value for name, value in params.items()
+                                    if name.startswith(f"{c}:")})
+            for c, spec in enumerate(specs)
         )
     else:
-        model.posterior_ = Posterior(L_K=prior_cholesky(kernel, Zx, float(model.jitter)), L_C=L_C, h=h)
-    model.classes_ = arrays["classes"]
-    model.n_features_in_ = int(d)
+        kernel = kernel_from_spec(specs, params)
+    Zx, L_C, h = to(Z), to(L_C), to(h)
+    # K(Z, Z) is factorised with the jitter the fit ended with (the guard may have raised it; files of format
+    # version 1 do not hold it: the jitter parameter, raised to the type's floor as the fit did)
+    jitter = header.get("fitted_jitter")
+    if jitter is None:
+        jitter = max(float(model.jitter), B.jitter_floor(Zx))
+    elif not (_is_number(jitter) and math.isfinite(jitter) and jitter >= 0):
+        raise refuse(f"fitted_jitter: {jitter!r} is not a non-negative number")
+    try:
+        if multiclass:
+            posterior = tuple(
+                Posterior(L_K=prior_cholesky(kernel[c], Zx[c, ...], jitter), L_C=L_C[c, ...],
+                          h=h[c, ...])
+                for c in range(n_classes)
+            )
+        else:
+            posterior = Posterior(L_K=prior_cholesky(kernel, Zx, jitter), L_C=L_C, h=h)
+    except B.CholeskyError as exc:
+        raise refuse(f"inducing_points: with the kernel they give no covariance matrix ({exc})") from None
+    model.kernel_ = kernel
+    model.inducing_points_ = Zx
+    model.posterior_ = posterior
+    model.classes_ = classes
+    model.n_features_in_ = d
+    model.jitter_ = float(jitter)
+    if feature_names is not None:
+        model.feature_names_in_ = np.asarray(feature_names, dtype=object)  # as scikit-learn stores them
     model.log_marginal_likelihood_ = float(header.get("log_marginal_likelihood", float("nan")))
-    model.n_iter_ = int(header.get("n_iter", 0))
-    model.likelihood_ = header.get("likelihood", "probit")
-    if model.likelihood_ not in ("probit", "logistic", "robust-max"):
-        raise _refuse(path, f"unknown likelihood {model.likelihood_!r}")
+    model.n_iter_ = header.get("n_iter", 0)
+    model.likelihood_ = likelihood
     model.history_ = {k: list(v) for k, v in header.get("history", {}).items()}
+    _check_predicts(model, Z[0] if multiclass else Z, refuse)
     return model
+
+
+def _check_predicts(model, probe, refuse):
+    """Every field may pass its own check and the whole still not predict (finite values so large that the
+    predictive's arithmetic overflows): the model must give finite probabilities summing to one at its own
+    inducing points, taken as inputs (m rows: cheap), or the file is refused."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (this probe's own warnings, e.g. feature names, are not the user's)
+        with np.errstate(all="ignore"):
+            proba = B.to_numpy(model.predict_proba(np.asarray(probe, dtype=np.float64)))
+    if not (np.all(np.isfinite(proba)) and np.allclose(proba.sum(axis=1), 1.0, atol=1e-4)):
+        raise refuse("posterior_h, posterior_L_C: the model they describe does not give probabilities "
+                     "(non-finite at its own inducing points)")
 
 
 # -- training checkpoints: a nested tree of plain values and arrays ------------------------------------
@@ -237,50 +447,84 @@ def _encode(value, arrays):
     raise TypeError(f"cannot store a {type(value).__name__} in a checkpoint")
 
 
-def _decode(node, arrays, convert):
-    if not isinstance(node, dict):
+def _decode(node, arrays, convert, where="state"):
+    """The tree ``_encode`` wrote, checked as it is rebuilt: every node one of the shapes ``_encode`` writes,
+    every array named exists; a failure is a ValueError naming the node (``where``)."""
+    if node is None or isinstance(node, (bool, int, float, str)):
         return node
-    if "dict" in node:
-        return {k: _decode(v, arrays, convert) for k, v in node["dict"].items()}
-    if "list" in node:
-        return [_decode(v, arrays, convert) for v in node["list"]]
-    if "tuple" in node:
-        return tuple(_decode(v, arrays, convert) for v in node["tuple"])
-    if "array" in node:
-        return convert(arrays[node["array"]])
-    raise ValueError("unknown node")
+    if not isinstance(node, dict) or len(node) != 1:
+        raise ValueError(f"{where}: not a node of a checkpoint tree")
+    (kind, value), = node.items()
+    if kind == "dict" and isinstance(value, dict):
+        return {k: _decode(v, arrays, convert, f"{where}.{k}") for k, v in value.items()}
+    if kind in ("list", "tuple") and isinstance(value, list):
+        items = [_decode(v, arrays, convert, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if kind == "list" else tuple(items)
+    if kind == "array" and isinstance(value, str) and value in arrays:
+        values = arrays[value]
+        if values.dtype.kind == "f" and bool(np.any(np.isnan(values))):
+            raise ValueError(f"{where}: holds NaN (a checkpoint is written from an accepted step only)")
+        return convert(values)
+    raise ValueError(f"{where}: not a node of a checkpoint tree ({kind!r})")
+
+
+# 1: the first checkpoints. 2: the run's fingerprint holds a hash of the training data (``training``).
+CHECKPOINT_VERSION = 2
 
 
 def save_checkpoint(path, state):
     """Write a training state (nested dicts / lists / tuples of numbers, strings and arrays) atomically."""
     arrays = {}
     tree = _encode(state, arrays)
-    arrays[_HEADER] = np.asarray(json.dumps({"format": CHECKPOINT_FORMAT, "version": VERSION, "state": tree}))
+    arrays[_HEADER] = np.asarray(json.dumps({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
+                                             "state": tree}))
     _atomic_savez(path, arrays)
 
 
 def load_checkpoint(path, convert):
     """Read a checkpoint written by ``save_checkpoint``; ``convert`` turns each stored NumPy array into the
-    training's array type. A truncated or foreign file is refused with a ValueError."""
+    training's array type. The file is read as a model file is (``untrusted.read_npz``: headers first, no
+    object arrays) and its tree checked node by node; what the state must hold is checked by the training
+    loop (``training._restore``). A truncated, foreign or inconsistent file is one ValueError naming the
+    file and the field."""
     def refuse(why):
-        return ValueError(f"{os.fspath(path)} is not a valid agpc checkpoint: {why}")
+        return ValueError(f"{describe(path)} is not a valid agpc checkpoint: {why}")
 
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            header = json.loads(str(archive[_HEADER]))
-            arrays = {name: archive[name] for name in archive.files if name != _HEADER}
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, json.JSONDecodeError) as exc:
-        raise refuse(f"cannot be read ({type(exc).__name__}: {exc})") from None
+    header, arrays = _read_archive(path, refuse)
+    if isinstance(header, dict) and header.get("format") == CHECKPOINT_FORMAT and header.get("version") == 1:
+        raise refuse("version: written by an older agpc (checkpoint version 1, without a fingerprint of the data); "
+                     f"this agpc resumes from version {CHECKPOINT_VERSION}: start the fit again")
     if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT:
-        raise refuse("the header does not name the agpc checkpoint format")
-    if header.get("version") != VERSION:
-        raise refuse(f"format version {header.get('version')!r}; this agpc reads version {VERSION}")
+        raise refuse(f"format: the header does not name the {CHECKPOINT_FORMAT} format")
+    version = header.get("version")
+    if version != CHECKPOINT_VERSION:
+        raise refuse(f"version: the file has checkpoint version {version!r}; this agpc reads version "
+                     f"{CHECKPOINT_VERSION}")
     try:
-        return _decode(header["state"], arrays, convert)
-    except (KeyError, ValueError, TypeError) as exc:
-        raise refuse(f"inconsistent contents ({exc})") from None
+        state = _decode(header.get("state"), arrays, convert)
+    except RecursionError:
+        raise refuse("state: nested too deeply") from None
+    except ValueError as exc:
+        raise refuse(str(exc)) from None
+    if not isinstance(state, dict):
+        raise refuse("state: not a mapping")
+    return state
+
+
+def check_checkpoint_path(path):
+    """Fail before any training if a checkpoint cannot be written at ``path``: a directory, no such
+    directory, or a directory this process cannot write to (a file is created there and removed)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"checkpoint_path {path} is a directory: name a file in it")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ValueError(f"checkpoint_path {path}: no directory {directory} to write it in")
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise ValueError(f"checkpoint_path {path}: cannot write in {directory} ({exc.strerror})") from None
 
 
 # -- EP sites of a fit on a dask array: one file a chunk, written and read by the workers ---------------
@@ -292,12 +536,23 @@ def save_site_chunk(path, site_precision, site_shift):
 
 
 def load_site_chunk(path, rows):
-    """(site_precision, site_shift) of one chunk, checked to hold ``rows`` sites."""
+    """(site_precision, site_shift) of one chunk, checked to hold ``rows`` finite sites (read as every file
+    here is: ``untrusted.read_npz``)."""
+    def refuse(why):
+        return ValueError(f"{os.fspath(path)} is not a valid agpc site file: {why}")
+
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            nu, mu = archive["site_precision"], archive["site_shift"]
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
-        raise ValueError(f"{os.fspath(path)} is not a valid agpc site file: {type(exc).__name__}: {exc}") from None
-    if nu.shape != (rows,) or mu.shape != (rows,):
-        raise ValueError(f"{os.fspath(path)} holds {nu.shape[0]} sites; the chunk has {rows} rows")
-    return nu, mu
+        arrays = read_npz(path)
+    except RefusedFile as exc:
+        raise refuse(exc.reason) from None
+    except OSError as exc:
+        raise refuse(f"{type(exc).__name__}: {exc}") from None
+    for name in ("site_precision", "site_shift"):
+        values = arrays.get(name)
+        if values is None:
+            raise refuse(f"{name}: missing")
+        if values.dtype.kind != "f" or values.shape != (rows,):
+            raise refuse(f"{name}: {values.dtype} of shape {values.shape}; the chunk has {rows} rows")
+        if not np.all(np.isfinite(values)):
+            raise refuse(f"{name}: holds NaN or inf")
+    return arrays["site_precision"], arrays["site_shift"]

@@ -131,9 +131,16 @@ class Stationary:
         centre = xp.mean(Zs, axis=0)
         Xc = Xs - centre
         Zc = Xc if Zs is Xs else Zs - centre
-        x2 = xp.vecdot(Xc, Xc, axis=-1)
-        z2 = x2 if Zc is Xc else xp.vecdot(Zc, Zc, axis=-1)
-        return xp.maximum(x2[:, None] + z2[None, :] - 2.0 * (Xc @ Zc.mT), 0.0)
+        gram = Xc @ Zc.mT
+        if Zc is Xc:
+            # K(Z, Z): the norms taken from the Gram matrix's own diagonal make r^2_jj = 0 exactly and keep
+            # r^2 consistent with one rounded Gram matrix (float32: Kmm's diagonal was 1 - 1e-4 at
+            # lengthscales of 0.1 standard deviations, where |z|^2 ~ 10^3 and eps |z|^2 ~ 10^-4).
+            x2 = z2 = xp.linalg.diagonal(gram)
+        else:
+            x2 = xp.vecdot(Xc, Xc, axis=-1)
+            z2 = xp.vecdot(Zc, Zc, axis=-1)
+        return xp.maximum(x2[:, None] + z2[None, :] - 2.0 * gram, 0.0)
 
     def K(self, X, Z=None):
         """Cross-covariance K(X, Z) (no noise term), shape (n, m); ``Z=None`` means K(X, X) without noise."""

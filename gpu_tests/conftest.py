@@ -3,8 +3,17 @@ non-default device as a stand-in (an array that strays to the host device, or an
 array API standard, fails there as it would on a GPU). Only the tests that need CUDA itself are skipped on
 the stand-in (they carry the ``cuda`` marker)."""
 
+import pathlib
+import sys
+
 import numpy as np
 import pytest
+
+# tests/array_counting.py (the counting namespace) is shared with the CPU tests; pytest puts tests/ on the
+# path only when it collects tests/ too
+_TESTS = str(pathlib.Path(__file__).resolve().parents[1] / "tests")
+if _TESTS not in sys.path:
+    sys.path.append(_TESTS)
 
 
 def _cuda_available():
@@ -35,9 +44,24 @@ class Device:
     def put(self, value):
         return self.xp.asarray(np.asarray(value), device=self.device)
 
+    def counting(self, **options):
+        """A ``CountingNamespace`` over this device's namespace (``options``: its ``m``, ``rows``, ...): every
+        array operation, host conversion and data-dependent shape of what runs on it is recorded."""
+        from array_counting import CountingNamespace
+
+        return CountingNamespace(self.xp, **options)
+
+    def put_counted(self, namespace, value):
+        """A NumPy array onto this device as an array of the counting ``namespace``."""
+        return namespace.asarray(np.asarray(value), device=self.device)
+
     def on_device(self, array):
+        from array_counting import CountingArray
+
         from agpc.backend import array_device, array_namespace
 
+        if isinstance(array, CountingArray):
+            return self.device is None or array.device == self.device
         return array_namespace(array).__name__ == self.xp.__name__ and (
             self.device is None or array_device(array) == self.device)
 

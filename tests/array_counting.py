@@ -25,7 +25,8 @@ call is recorded as events of these kinds, each with the Python call stack it ca
                     ``solve_triangular``.
 ``host``            a device-to-host conversion: ``__float__``, ``__bool__``, ``__int__``, ``__index__``,
                     ``__complex__``, ``__format__``, ``.item()``, ``__array__``, ``__dlpack__``, and
-                    ``to_device`` to the host device.
+                    ``to_device`` to the host device. The event's ``shapes`` hold the converted array's
+                    shape: what the transfer moves (an n-sized array leaving the device shows there).
 ``data_dependent``  an output shape that depends on the data (a host synchronisation on a GPU):
                     boolean-mask indexing and assignment, ``nonzero``, ``unique_*``, ``repeat`` with an
                     array of repeats; and, with ``cupy_syncs=True`` (the default), the two boolean-mask
@@ -314,8 +315,9 @@ class CountingNamespace:
         if name == "asarray" and args and not _has_array(args[0]):
             events.append(Event("upload", name, frames, shapes))
 
-    def _host(self, name):
-        self._record("host", name)
+    def _host(self, name, array):
+        """A device-to-host conversion of ``array`` (its shape recorded: what a transfer moves)."""
+        self._record("host", name, (tuple(array.shape),))
 
     def _size_kind(self, dims):
         """The kind of a product with these dimensions: rows_m2 when some are row sizes and the others
@@ -381,9 +383,12 @@ class CountingNamespace:
         return self._wrap(function(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()}))
 
     def _on_host(self, array, dtype=None, copy=None):
-        """A NumPy copy of a base array (array_api_strict hands only its CPU device's arrays to NumPy)."""
+        """A NumPy copy of a base array (array_api_strict hands only its CPU device's arrays to NumPy; CuPy
+        refuses implicit conversion, its ``get`` is the copy)."""
         if self._is_strict and array.device != self.host_device:
             array = array.to_device(self.host_device)
+        elif not isinstance(array, np.ndarray) and hasattr(array, "get"):
+            array = array.get()
         out = np.asarray(array, dtype=dtype)
         return out.copy() if copy else out
 
@@ -512,47 +517,47 @@ class CountingArray:
 
     def to_device(self, device, /, stream=None):
         if device == self._namespace.host_device:
-            self._namespace._host("to_device")
+            self._namespace._host("to_device", self)
         kwargs = {} if stream is None else {"stream": stream}
         return self._op("to_device", device, **kwargs)
 
     # -- conversions to the host -----------------------------------------------------------------
 
     def __float__(self):
-        self._namespace._host("__float__")
+        self._namespace._host("__float__", self)
         return float(self._array)
 
     def __int__(self):
-        self._namespace._host("__int__")
+        self._namespace._host("__int__", self)
         return int(self._array)
 
     def __bool__(self):
-        self._namespace._host("__bool__")
+        self._namespace._host("__bool__", self)
         return bool(self._array)
 
     def __index__(self):
-        self._namespace._host("__index__")
+        self._namespace._host("__index__", self)
         return operator.index(self._array)
 
     def __complex__(self):
-        self._namespace._host("__complex__")
+        self._namespace._host("__complex__", self)
         return complex(self._array)
 
     def __format__(self, spec):
-        self._namespace._host("__format__")
+        self._namespace._host("__format__", self)
         return format(self._namespace._on_host(self._array), spec)
 
     def item(self):
         """Not in the standard: counted, then done by the base (array_api_strict has no ``item``)."""
-        self._namespace._host("item")
+        self._namespace._host("item", self)
         return self._array.item()
 
     def __array__(self, dtype=None, copy=None):
-        self._namespace._host("__array__")
+        self._namespace._host("__array__", self)
         return self._namespace._on_host(self._array, dtype=dtype, copy=copy)
 
     def __dlpack__(self, **kwargs):
-        self._namespace._host("__dlpack__")
+        self._namespace._host("__dlpack__", self)
         return self._array.__dlpack__(**kwargs)
 
 

@@ -37,6 +37,7 @@ def _runs(tmp_dir):
                               str(tmp_dir / "airline_vs_gpflow_quick.json")],
         "dask_scaling": ["dask_scaling.py", "--quick", "--store", str(tmp_dir / "dask")],
         "threads": ["threads.py", "--quick"],
+        "gpu": ["gpu.py", "--quick"],
     }
 
 # presets of real data only
@@ -69,7 +70,7 @@ def outputs(tmp_path_factory):
 @pytest.mark.parametrize("name", ["uci_binary", "uci_binary_generated", "uci_iterations", "uci_binary_ep",
                                   "uci_multiclass",
                                   "banana_inducing", "time_curves", "airline", "airline_3class", "airline_vs_gpflow",
-                                  "dask_scaling", "threads"])
+                                  "dask_scaling", "threads", "gpu"])
 def test_quick_run_prints_a_table(outputs, name):
     if name not in outputs:
         pytest.skip(f"{DATA} is absent and {name} has no generated fallback")

@@ -1,6 +1,8 @@
 """Checkpoints: an interrupted and resumed fit ends at the uninterrupted model; a bad file is refused and a
 crash while writing leaves the previous checkpoint intact."""
 
+import copy
+import json
 import os
 
 import numpy as np
@@ -84,3 +86,175 @@ def test_truncated_checkpoint_is_refused_and_a_crash_while_writing_keeps_the_pre
         GPClassifier(**dict(params, n_inducing=7)).fit(X, y, resume=True)
     with pytest.raises(ValueError, match="need checkpoint_path"):
         GPClassifier(n_inducing=6, checkpoint_every=3).fit(X, y)
+
+
+# -- checked before the fit, tied to the data, validated field by field, flushed before the rename ---------
+
+from agpc import io as agpc_io  # noqa: E402
+
+
+def _no_step(monkeypatch):
+    def step(self, *args, **kwargs):
+        raise AssertionError("training started before the checkpoint path was checked")
+
+    monkeypatch.setattr(training.Trainer, "step", step)
+
+
+@pytest.mark.parametrize("where, message", [("directory", "is a directory"), ("missing/run.ckpt", "no directory")])
+def test_checkpoint_path_is_checked_before_any_work(tmp_path, monkeypatch, where, message):
+    X, y = make_banana(100, random_state=1)
+    (tmp_path / "directory").mkdir()
+    _no_step(monkeypatch)
+    # checkpoint_every far beyond the steps of the fit: no checkpoint would ever be written, the path is
+    # checked all the same
+    model = GPClassifier(n_inducing=5, max_iter=2, checkpoint_path=tmp_path / where, checkpoint_every=10_000)
+    with pytest.raises(ValueError, match=message):
+        model.fit(X, y)
+
+
+def test_resume_on_other_data_of_the_same_shape_is_refused(tmp_path):
+    X, y = make_banana(200, random_state=2)
+    path = tmp_path / "run.ckpt"
+    params = dict(n_inducing=5, max_iter=3, random_state=0, checkpoint_path=path, checkpoint_every=2)
+    GPClassifier(**params).fit(X, y)
+    other = X.copy()
+    other[10] += 1.0  # one sampled row differs (stride 1 here: every row is in the fingerprint)
+    with pytest.raises(ValueError, match="different training data"):
+        GPClassifier(**params).fit(other, y, resume=True)
+    with pytest.raises(ValueError, match="different training data"):
+        GPClassifier(**params).fit(X, -y, resume=True)
+    GPClassifier(**params).fit(X, y, resume=True)  # the same data resume
+
+
+def test_fingerprint_reads_at_most_a_thousand_strided_rows():
+    stride = training.fingerprint_stride(123_457)
+    assert len(range(0, 123_457, stride)) <= training.FINGERPRINT_ROWS
+    assert len(range(0, 999, training.fingerprint_stride(999))) == 999
+
+
+@pytest.fixture(scope="module")
+def good_checkpoint(tmp_path_factory):
+    X, y = make_banana(150, random_state=7)
+    path = tmp_path_factory.mktemp("ckpt") / "run.ckpt"
+    params = dict(n_inducing=5, max_iter=3, random_state=0, checkpoint_path=path, checkpoint_every=2)
+    GPClassifier(**params).fit(X, y)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    header = json.loads(str(arrays.pop(agpc_io._HEADER)))
+    return params, X, y, header, arrays
+
+
+def _craft(good_checkpoint, tmp_path, change_state=None, change_arrays=None, header_change=None):
+    params, X, y, header, arrays = good_checkpoint
+    header = copy.deepcopy(header)
+    arrays = dict(arrays)
+    if change_state:
+        change_state(header["state"]["dict"], arrays)
+    if change_arrays:
+        change_arrays(header["state"]["dict"], arrays)
+    header.update(header_change or {})
+    path = tmp_path / "crafted.ckpt"
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays, **{agpc_io._HEADER: np.asarray(json.dumps(header))})
+    return dict(params, checkpoint_path=path), X, y
+
+
+def _engine(state):
+    return state["engine"]["dict"]
+
+
+def _set_array(name_of, value):
+    def change(state, arrays):
+        arrays[name_of(state)["array"]] = value
+    return change
+
+
+CHECKPOINT_CORRUPTIONS = {
+    "n_steps a string": (lambda s, a: s.update(n_steps="x"), ["n_steps"]),
+    "n_steps negative": (lambda s, a: s.update(n_steps=-3), ["n_steps"]),
+    "order out of range": (lambda s, a: s.update(order=[10 ** 6]), ["order"]),
+    "history not lists": (lambda s, a: s.update(history={"dict": {"time": 3}}), ["history"]),
+    "rng garbage": (lambda s, a: s.update(rng={"dict": {"bit_generator": "nope"}}), ["rng"]),
+    "engine missing Z": (lambda s, a: _engine(s).pop("Z"), ["engine", "Z"]),
+    "Z of another shape": (_set_array(lambda s: _engine(s)["Z"], np.zeros((3, 2))), ["engine.Z", "shape"]),
+    "kernel parameter of another shape": (
+        _set_array(lambda s: _engine(s)["kernel"]["dict"]["log_amplitude"], np.zeros(4)),
+        ["engine.kernel.log_amplitude", "shape"]),
+    "NaN in the sites": (_set_array(lambda s: _engine(s)["Z"], np.full((5, 2), np.nan)), ["Z", "NaN"]),
+    "object array": (_set_array(lambda s: _engine(s)["Z"], np.array([object()], dtype=object)), ["object"]),
+    "unknown node": (lambda s, a: s.update(n_updates={"code": "os.system"}), ["n_updates", "not a node"]),
+    "dangling array": (lambda s, a: s.update(elapsed={"array": "array_999"}), ["elapsed", "not a node"]),
+    "damping out of range": (lambda s, a: _engine(s).update(damping=190), ["engine.damping"]),
+    "kernel parameter missing": (lambda s, a: _engine(s)["kernel"]["dict"].pop("log_noise"), ["engine.kernel"]),
+    "optimizer garbage": (lambda s, a: _engine(s).update(optimizer={"list": [1]}), ["engine.optimizer"]),
+    "unknown engine entry": (lambda s, a: _engine(s).update(payload=1), ["engine.payload"]),
+    # a fit on a dask array records where its workers wrote the sites: a file may not point them elsewhere
+    "site files elsewhere": (lambda s, a: _engine(s).update(nu={"dict": {"site_files": {"list": ["/etc/passwd"]},
+                                                                           "rows": {"list": [150]}}}),
+                             ["engine.nu", "/etc/passwd"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CHECKPOINT_CORRUPTIONS))
+def test_a_crafted_checkpoint_is_one_value_error_naming_the_field(good_checkpoint, tmp_path, case):
+    change, words = CHECKPOINT_CORRUPTIONS[case]
+    params, X, y = _craft(good_checkpoint, tmp_path, change_state=change)
+    with pytest.raises(ValueError) as info:
+        GPClassifier(**params).fit(X, y, resume=True)
+    message = str(info.value)
+    assert str(params["checkpoint_path"]) in message and "not a valid agpc checkpoint" in message, message
+    for word in words:
+        assert word in message, message
+
+
+def test_a_checkpoint_of_version_1_is_refused_with_what_to_do(good_checkpoint, tmp_path):
+    params, X, y = _craft(good_checkpoint, tmp_path, header_change={"version": 1})
+    with pytest.raises(ValueError, match="older agpc.*start the fit again"):
+        GPClassifier(**params).fit(X, y, resume=True)
+
+
+def test_saves_are_flushed_to_disk_before_the_rename(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.path.isdir(f"/proc/self/fd/{fd}")
+                                                                 if os.path.exists("/proc/self/fd") else None)),
+                                                 real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", None)), real_replace(a, b))[1])
+    agpc_io.save_checkpoint(tmp_path / "state.ckpt", {"step": 1, "Z": np.zeros((2, 2))})
+    kinds = [kind for kind, _ in events]
+    assert kinds[:2] == ["fsync", "replace"]  # the file's data before its name
+    if os.name == "posix":
+        assert kinds == ["fsync", "replace", "fsync"] and events[2][1] in (True, None)  # then the directory
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+JSON_NODES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats(allow_nan=True) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["dict", "list", "tuple", "array", "x"]),
+                                                                inner, max_size=2),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(["n_steps", "n_updates", "history", "pending", "rng", "order", "best", "elapsed",
+                              "engine", "engine.Z", "engine.kernel", "engine.nu", "engine.optimizer",
+                              "engine.damping"]),
+       value=JSON_NODES)
+def test_random_checkpoint_fields_are_refused_or_resume(good_checkpoint, tmp_path, field, value):
+    def change(state, arrays):
+        if field.startswith("engine."):
+            _engine(state)[field.split(".", 1)[1]] = value
+        else:
+            state[field] = value
+
+    params, X, y = _craft(good_checkpoint, tmp_path, change_state=change)
+    try:
+        model = GPClassifier(**params).fit(X, y, resume=True)
+    except ValueError as exc:
+        assert str(params["checkpoint_path"]) in str(exc)
+        return
+    proba = model.predict_proba(X)
+    assert np.all(np.isfinite(proba)) and np.allclose(proba.sum(axis=1), 1.0)

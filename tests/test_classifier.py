@@ -104,13 +104,13 @@ def test_bad_input_raises_a_clear_value_error(banana, make, message):
     "params, message",
     [
         ({"n_inducing": 500}, r"n_inducing=500 exceeds the number of training rows \(200\)"),
-        ({"method": "laplace"}, "unknown method 'laplace'"),
-        ({"backend": "tensorflow"}, "unknown backend 'tensorflow'"),
-        ({"damping": 0.0}, "damping must be in"),
-        ({"optimize": ("kernel", "noise")}, "optimize names unknown groups"),
-        ({"inducing": "grid"}, "unknown inducing-point initialisation 'grid'"),
+        ({"method": "laplace"}, "method must be one of 'ep', .*, got 'laplace'"),
+        ({"backend": "tensorflow"}, "backend must be .*, got 'tensorflow'"),
+        ({"damping": 0.0}, r"damping must be None or a finite number in \(0, 1\], got 0.0"),
+        ({"optimize": ("kernel", "noise")}, r"optimize must be .*, got \('kernel', 'noise'\)"),
+        ({"inducing": "grid"}, "inducing must be one of 'kmeans', 'random' or an array .*, got 'grid'"),
         ({"inducing": np.zeros((4, 3))}, r"inducing points must have shape \(m, 2\)"),
-        ({"kernel": "rbf"}, "kernel must be an agpc kernel"),
+        ({"kernel": "rbf"}, "kernel must be None or an agpc kernel"),
     ],
 )
 def test_bad_parameters_raise_a_clear_value_error(banana, params, message):
@@ -164,7 +164,7 @@ def test_load_refuses_foreign_and_corrupt_files(fitted, tmp_path):
     liar = tmp_path / "liar.agpc"
     with open(liar, "wb") as fh:
         np.savez(fh, **arrays)
-    with pytest.raises(ValueError, match="inconsistent"):
+    with pytest.raises(ValueError, match="inducing_points: shape"):  # the field that disagrees is named
         GPClassifier.load(liar)
     # a pickled object array is never unpickled
     pickled = tmp_path / "pickled.agpc"

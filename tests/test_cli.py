@@ -1,16 +1,20 @@
 """The ``agpc`` command: fit / predict round trips (CSV, npz, npy, Parquet, zarr, a dask cluster) give the
 estimator's own predictions; every bad input is one ``agpc: error:`` line with exit status 2 and leaves no
-file behind; the demo writes a PNG; ``bench`` collects the scripts' tables and PNGs."""
+file behind, every other exception one ``agpc: internal error:`` line with exit status 1 (``--debug``: the
+traceback); warnings are one line each, after the output and before the error line; the demo writes a PNG;
+``bench`` collects the scripts' tables and PNGs."""
 
+import csv
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from agpc import GPClassifier, cli
+from agpc import CholeskyError, GPClassifier, cli
 from agpc.cli import main
 from agpc.datasets import make_banana
 
@@ -217,14 +221,475 @@ def test_parquet_without_pyarrow_names_the_package(tmp_path, monkeypatch, capsys
     assert "pip install pyarrow" in err
 
 
+def subprocess_env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
 def test_python_dash_m_reports_a_bad_model_in_one_line(tmp_path):
     (tmp_path / "x.agpc").write_text("not a model")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = subprocess_env()
     run = subprocess.run([sys.executable, "-m", "agpc", "predict", str(tmp_path / "x.agpc"), str(tmp_path / "x.agpc"),
                           "--out", str(tmp_path / "p.csv")], capture_output=True, text=True, env=env, timeout=120)
     assert_one_line_error(run.returncode, run.stderr)
     assert "is not an agpc model file" in run.stderr
     assert not (tmp_path / "p.csv").exists()
+
+
+# -- CSV cells and column names --------------------------------------------------------------------------
+
+def write_table(path, columns):
+    """A CSV of named columns (values written as given)."""
+    names = list(columns)
+    with open(path, "w") as fh:
+        fh.write(",".join(names) + "\n")
+        for row in zip(*(np.asarray(columns[n]).tolist() for n in names)):
+            fh.write(",".join(repr(v) if isinstance(v, float) else str(v) for v in row) + "\n")
+    return path
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column_name(tmp_path, banana):
+    data = write_csv(tmp_path / "bom.csv", *banana)
+    data.write_bytes(b"\xef\xbb\xbf" + data.read_bytes())  # as spreadsheet programs write UTF-8
+    X, y, names = cli.load_data(data, "label")
+    assert names == ["x1", "x2"]
+    np.testing.assert_array_equal(X, banana[0])
+    assert cli.load_data(data, "x1").feature_names == ["x2", "label"]
+
+
+@pytest.mark.parametrize("cell, column, what", [(2, "label", "label"), (0, "x1", "feature"), (1, "x2", "feature")])
+def test_an_empty_cell_is_one_error_naming_file_line_and_column(tmp_path, banana, capsys, cell, column, what):
+    X, y = banana
+    data = write_csv(tmp_path / "holes.csv", X, y)
+    lines = data.read_text().splitlines()
+    fields = lines[6].split(",")
+    fields[cell] = "  "  # blank: as empty as ''
+    lines[6] = ",".join(fields)
+    lines[9] = ",".join("" if i == cell else f for i, f in enumerate(lines[9].split(",")))
+    data.write_text("\n".join(lines) + "\n")
+    status = main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert f"holes.csv: line 7, {what} column '{column}': missing value, an empty cell (and 1 more rows)" in err
+    assert not (tmp_path / "m.agpc").exists()
+
+
+@pytest.mark.parametrize("label, feature, message", [
+    ("nan", "0.5", "line 4, label column 'label': missing value, 'nan'"),
+    ("1", "NaN", "line 4, feature column 'x1': missing value, 'NaN'"),
+    ("1", "NA", "line 4, feature column 'x1' is not numeric (value 'NA'); fill in or drop rows with missing values"),
+    ("1", "high", "line 4, feature column 'x1' is not numeric (value 'high'); features must be numbers"),
+])
+def test_missing_value_markers_are_errors_naming_the_line(tmp_path, capsys, label, feature, message):
+    data = tmp_path / "d.csv"
+    data.write_text(f"x1,x2,label\n0.1,0.2,1\n0.3,0.4,-1\n{feature},0.6,{label}\n0.7,0.8,1\n")
+    status = main(["fit", str(data), "--target", "label", "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert message in err
+
+
+def test_a_label_that_often_marks_a_missing_value_is_warned_about(tmp_path, banana):
+    X, y = banana
+    labels = np.where(y > 0, "yes", "no").astype(object)
+    labels[[3, 8]] = "N/A"
+    data = write_csv(tmp_path / "d.csv", X, labels)
+    with pytest.warns(UserWarning, match=r"label column 'label' holds 'N/A', taken as a class of its own"):
+        _, y_read, _ = cli.load_data(data, "label")
+    assert sorted(set(y_read.tolist())) == ["N/A", "no", "yes"]
+
+
+def test_a_nan_label_in_an_npz_is_an_error_naming_the_row(tmp_path, banana, capsys):
+    X, y = banana
+    np.savez(tmp_path / "d.npz", X=X, y=np.where(np.arange(len(y)) == 7, np.nan, y.astype(float)))
+    status = main(["fit", str(tmp_path / "d.npz"), "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "data row 8, label column 'y': missing value, nan" in err
+
+
+def test_a_null_label_in_parquet_is_an_error_not_a_class(tmp_path, banana, capsys):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    X, y = banana
+    labels = [None if i == 4 else ("cat" if v > 0 else "dog") for i, v in enumerate(y)]
+    pq.write_table(pa.table({"a": X[:, 0], "b": X[:, 1], "cls": labels}), tmp_path / "d.parquet")
+    status = main(["fit", str(tmp_path / "d.parquet"), "--target", "cls", "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "data row 5, label column 'cls': missing value, a null" in err
+
+
+def test_a_header_of_numbers_is_warned_about(tmp_path, banana):
+    data = write_table(tmp_path / "d.csv", {"1.5": banana[0][:, 0], "2": banana[0][:, 1], "3": banana[1]})
+    with pytest.warns(UserWarning, match="looks like data"):
+        assert cli.load_data(data, "3").feature_names == ["1.5", "2"]
+
+
+@pytest.mark.parametrize("header, message", [("x1,x1,label", "names column 'x1' 2 times"),
+                                             ("x1,,label", "column 2 has no name")])
+def test_feature_columns_need_names_of_their_own(tmp_path, banana, capsys, header, message):
+    data = write_csv(tmp_path / "d.csv", *banana, names=header.split(","))
+    status = main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert message in err
+
+
+@pytest.fixture(scope="module")
+def named_model(tmp_path_factory, banana):
+    """The model 'agpc fit' trains on a CSV with the header x1, x2, label (caught before it is saved: the
+    model file keeps feature names once the persist branch of issue 15 is merged)."""
+    import agpc.io
+
+    tmp = tmp_path_factory.mktemp("named")
+    data = write_csv(tmp / "train.csv", *banana)
+    saved = []
+    real_save = agpc.io.save_model
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(agpc.io, "save_model", lambda model, path: (saved.append(model), real_save(model, path)))
+        assert main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(tmp / "m.agpc")]) == 0
+    return saved[0]
+
+
+def test_fit_records_the_header_as_feature_names(named_model, reference, banana):
+    assert list(named_model.feature_names_in_) == ["x1", "x2"]
+    assert named_model.feature_names_in_.dtype == object  # as scikit-learn's fit on a DataFrame sets it
+    with pytest.warns(UserWarning, match="X does not have valid feature names"):  # scikit-learn's, on NumPy input
+        proba = named_model.predict_proba(banana[0])
+    np.testing.assert_array_equal(proba, reference.predict_proba(banana[0]))
+
+
+def test_fit_on_parquet_records_its_column_names(tmp_path, banana, monkeypatch):
+    import agpc.io
+
+    data, target = write_parquet(tmp_path / "d.parquet", *banana)
+    saved = []
+    monkeypatch.setattr(agpc.io, "save_model", lambda model, path: saved.append(model))
+    assert main(["fit", str(data), *target, *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")]) == 0
+    assert list(saved[0].feature_names_in_) == ["a", "b"]
+
+
+def test_fit_on_a_file_without_names_records_none(tmp_path, banana, monkeypatch):
+    import agpc.io
+
+    data, target = write_npy(tmp_path / "d.npy", *banana)
+    saved = []
+    monkeypatch.setattr(agpc.io, "save_model", lambda model, path: saved.append(model))
+    assert main(["fit", str(data), *target, *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")]) == 0
+    assert not hasattr(saved[0], "feature_names_in_")
+
+
+@pytest.fixture
+def predict_with(monkeypatch):
+    """'agpc predict' with the given in-memory model in place of the one read from MODEL."""
+    def use(model):
+        monkeypatch.setattr(cli, "_load_model", lambda path: model)
+    return use
+
+
+SHUFFLED = {  # the training columns in another order, with the label and an extra text column among them
+    "label first, x2 before x1": lambda X, y: {"label": y, "x2": X[:, 1], "id": [f"r{i}" for i in range(len(y))],
+                                               "x1": X[:, 0]},
+    "the training file itself": lambda X, y: {"x1": X[:, 0], "x2": X[:, 1], "label": y},
+    "string labels and a comment": lambda X, y: {"note": ["a, b" if v > 0 else "c" for v in y], "x2": X[:, 1],
+                                                 "x1": X[:, 0], "kind": np.where(y > 0, "cat", "dog")},
+}
+
+
+@pytest.mark.parametrize("layout", list(SHUFFLED))
+def test_predict_takes_the_models_columns_by_name(tmp_path, banana, named_model, reference, predict_with, capsys,
+                                                  layout):
+    X, y = banana
+    data = tmp_path / "shuffled.csv"
+    columns = SHUFFLED[layout](X, y)
+    with open(data, "w", newline="") as fh:  # csv quoting for the comment column
+        writer = csv.writer(fh)
+        writer.writerow(list(columns))
+        writer.writerows(zip(*(np.asarray(c).tolist() for c in columns.values())))
+    predict_with(named_model)
+    out = tmp_path / "p.csv"
+    assert main(["predict", "m.agpc", str(data), "--out", str(out)]) == 0
+    assert capsys.readouterr().err == ""  # no warning: the columns were matched by name
+    np.testing.assert_allclose(read_predictions(out)[1], reference.predict_proba(X), rtol=1e-12, atol=1e-15)
+
+
+def test_swapped_columns_give_the_unswapped_predictions_and_scores(tmp_path, banana, named_model, predict_with,
+                                                                  capsys):
+    X, y = banana
+    straight = write_table(tmp_path / "straight.csv", {"x1": X[:, 0], "x2": X[:, 1], "label": y})
+    swapped = write_table(tmp_path / "swapped.csv", {"x2": X[:, 1], "label": y, "x1": X[:, 0]})
+    predict_with(named_model)
+    printed = []
+    for data in (straight, swapped):
+        out = tmp_path / f"{data.stem}.out"
+        assert main(["predict", "m.agpc", str(data), "--target", "label", "--out", str(out)]) == 0
+        printed.append(capsys.readouterr().out.splitlines()[-1])
+    np.testing.assert_array_equal(read_predictions(tmp_path / "straight.out")[1],
+                                  read_predictions(tmp_path / "swapped.out")[1])
+    assert printed[0] == printed[1] and "error" in printed[0]
+
+
+def test_predict_on_parquet_takes_the_columns_by_name(tmp_path, banana, reference, predict_with):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    X, y = banana
+    pq.write_table(pa.table({"b": X[:, 1], "cls": y, "a": X[:, 0]}), tmp_path / "d.parquet")
+    model = GPClassifier(**SETTINGS).fit(X, y)
+    cli._record_feature_names(model, ["a", "b"])
+    predict_with(model)
+    assert main(["predict", "m.agpc", str(tmp_path / "d.parquet"), "--out", str(tmp_path / "p.csv")]) == 0
+    np.testing.assert_allclose(read_predictions(tmp_path / "p.csv")[1], reference.predict_proba(X), rtol=1e-12,
+                               atol=1e-15)
+
+
+@pytest.mark.parametrize("columns, target, message", [
+    (("x1", "label"), [], "no column 'x2', which the model was trained on (it needs x1, x2; the file has x1, label)"),
+    (("x2", "x1", "label"), ["--target", "x1"], "the --target column 'x1' is one of the model's features"),
+    (("x1", "x2", "x2"), [], "names column 'x2' 2 times"),
+])
+def test_predict_column_problems_are_one_line(tmp_path, banana, named_model, predict_with, capsys, columns, target,
+                                              message):
+    X, y = banana
+    data = write_csv(tmp_path / "d.csv", np.column_stack([X, X[:, :1]])[:, :len(columns) - 1], y, names=columns)
+    predict_with(named_model)
+    status = main(["predict", "m.agpc", str(data), *target, "--out", str(tmp_path / "p.csv")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert message in err and not (tmp_path / "p.csv").exists()
+
+
+def test_a_file_without_names_is_taken_by_position_with_a_warning(tmp_path, banana, named_model, reference,
+                                                                  predict_with, capsys):
+    data, _ = write_npz(tmp_path / "d.npz", *banana)
+    predict_with(named_model)
+    assert main(["predict", "m.agpc", str(data), "--out", str(tmp_path / "p.csv")]) == 0
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines() == [f"agpc: warning: {data} has no column names: its columns were taken by "
+                                        "position as the model's features x1, x2, unchecked"]
+    np.testing.assert_allclose(read_predictions(tmp_path / "p.csv")[1], reference.predict_proba(banana[0]),
+                               rtol=1e-12, atol=1e-15)
+
+
+def test_a_model_without_names_takes_columns_by_position_with_a_warning(tmp_path, banana, model_file, capsys):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    assert main(["predict", str(model_file), str(data), "--target", "label", "--out", str(tmp_path / "p.csv")]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("agpc: warning: the model has no feature names")
+
+
+def test_fit_then_predict_through_the_model_file_matches_columns_by_name(tmp_path, banana, reference, capsys):
+    from agpc.io import load_model
+
+    X, y = banana
+    data = write_csv(tmp_path / "train.csv", X, y)
+    swapped = write_table(tmp_path / "swapped.csv", {"label": y, "x2": X[:, 1], "x1": X[:, 0]})
+    model, out = tmp_path / "m.agpc", tmp_path / "p.csv"
+    assert main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(model)]) == 0
+    if not hasattr(load_model(model), "feature_names_in_"):
+        pytest.xfail("model files keep feature names once the persist branch of issue 15 is merged")
+    assert main(["predict", str(model), str(swapped), "--out", str(out)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    np.testing.assert_allclose(read_predictions(out)[1], reference.predict_proba(X), rtol=1e-12, atol=1e-15)
+
+
+# -- the top level: every exception is one line; exit 2 bad input, 1 internal, 130 interrupted ----------
+
+def failing_fit(exc):
+    def fit(self, X, y, **kwargs):
+        raise exc
+    return fit
+
+
+def fit_argv(tmp, data):
+    return ["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(tmp / "m.agpc")]
+
+
+@pytest.mark.parametrize("exc", [ValueError("the library refused it"),
+                                 PermissionError(13, "Permission denied", "x.csv"),
+                                 IsADirectoryError(21, "Is a directory", "out"), OSError(28, "No space left on device"),
+                                 CholeskyError("not positive definite")], ids=lambda e: type(e).__name__)
+def test_bad_input_exceptions_from_the_library_are_exit_2(tmp_path, banana, monkeypatch, capsys, exc):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    monkeypatch.setattr(GPClassifier, "fit", failing_fit(exc))
+    status = main(fit_argv(tmp_path, data))
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "internal error" not in err and not (tmp_path / "m.agpc").exists()
+
+
+@pytest.mark.parametrize("exc", [FloatingPointError("ep diverged"), AttributeError("'NoneType' has no attribute 'L_C'"),
+                                 TypeError("unsupported operand"), MemoryError(), RuntimeError("boom")],
+                         ids=lambda e: type(e).__name__)
+def test_internal_errors_are_one_line_exit_1_naming_debug(tmp_path, banana, monkeypatch, capsys, exc):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    monkeypatch.setattr(GPClassifier, "fit", failing_fit(exc))
+    status = main(fit_argv(tmp_path, data))
+    err = capsys.readouterr().err
+    assert status == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"agpc: internal error: {type(exc).__name__}"), err
+    assert str(exc) in lines[0] and "--debug" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "m.agpc").exists()
+
+
+@pytest.mark.parametrize("where", ["before", "after", "env"])
+def test_debug_reraises_with_the_traceback(tmp_path, banana, monkeypatch, capsys, where):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    monkeypatch.setattr(GPClassifier, "fit", failing_fit(FloatingPointError("ep diverged")))
+    argv = fit_argv(tmp_path, data)
+    argv = {"before": ["--debug"] + argv, "after": argv + ["--debug"], "env": argv}[where]
+    if where == "env":
+        monkeypatch.setenv("AGPC_TRACEBACK", "1")
+    with pytest.raises(FloatingPointError, match="ep diverged"):
+        main(argv)
+    assert "agpc: internal error" not in capsys.readouterr().err
+
+
+def test_an_interrupt_is_one_line_exit_130(tmp_path, banana, monkeypatch, capsys):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    monkeypatch.setattr(GPClassifier, "fit", failing_fit(KeyboardInterrupt()))
+    assert main(fit_argv(tmp_path, data)) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["agpc: interrupted"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
+def test_ctrl_c_during_fit_is_one_line_exit_130_and_writes_nothing(tmp_path, banana):
+    import signal
+    import time
+
+    data = write_csv(tmp_path / "d.csv", *banana)
+    argv = ["fit", str(data), "--target", "label", "--inducing", "10", "--max-iter", "100000000", "--max-time", "300",
+            "--quiet", "--out", str(tmp_path / "m.agpc")]  # optimising hyperparameters: no convergence stop
+    with subprocess.Popen([sys.executable, "-m", "agpc", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=subprocess_env()) as proc:
+        assert proc.stdout.readline().startswith("agpc fit:")  # the data are read; training starts
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip().splitlines() == ["agpc: interrupted"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv"]
+
+
+def test_a_missing_optional_package_is_exit_2_naming_it(tmp_path, banana, monkeypatch, capsys):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    monkeypatch.setattr(GPClassifier, "fit", failing_fit(ModuleNotFoundError("No module named 'cupy'", name="cupy")))
+    status = main(fit_argv(tmp_path, data))
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "'cupy'" in err
+
+
+@pytest.mark.parametrize("argv", [[], ["fit"], ["frobnicate"], ["fit", "d.csv", "--out", "m", "--inducing", "many"],
+                                  ["predict", "--latent"], ["--no-such-option"]])
+def test_argument_errors_are_one_line_exit_2(argv, capsys):
+    status = main(argv)
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "--help" in err
+
+
+def test_version_comes_from_the_installed_metadata(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"agpc {version('agpc')}"
+
+
+def test_version_falls_back_to_the_package_attribute(monkeypatch):
+    import importlib.metadata
+
+    import agpc
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert cli._version() == agpc.__version__
+
+
+def test_help_documents_exit_statuses_and_warnings(capsys):
+    with pytest.raises(SystemExit):
+        main(["predict", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "130 interrupted" in text and "2 bad input" in text and "1 an internal error" in text
+    assert "agpc: warning:" in text and "always the last line" in text
+
+
+def warning_fit(real_fit, message):
+    def fit(self, X, y, **kwargs):
+        warnings.warn(message, UserWarning)
+        warnings.warn(message, UserWarning)  # from another line: shown once all the same
+        warnings.warn("overflow somewhere\nin two lines", RuntimeWarning)
+        return real_fit(self, X, y, **kwargs)
+    return fit
+
+
+def test_warnings_are_one_line_each_after_the_output(tmp_path, banana, monkeypatch, capsys):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    monkeypatch.setattr(GPClassifier, "fit", warning_fit(GPClassifier.fit, "jitter raised to 1e-4"))
+    assert main(fit_argv(tmp_path, data)) == 0
+    out, err = capsys.readouterr()
+    assert "wrote" in out
+    assert err.strip().splitlines() == ["agpc: warning: jitter raised to 1e-4",
+                                        "agpc: warning: RuntimeWarning: overflow somewhere in two lines"]
+
+
+def test_warnings_come_before_the_error_line_which_is_last(tmp_path, banana, monkeypatch, capsys):
+    data = write_csv(tmp_path / "d.csv", *banana)
+
+    def fit(self, X, y, **kwargs):
+        warnings.warn("inducing points too close together", UserWarning)
+        raise FloatingPointError("ep diverged")
+
+    monkeypatch.setattr(GPClassifier, "fit", fit)
+    assert main(fit_argv(tmp_path, data)) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == "agpc: warning: inducing points too close together"
+    assert len(lines) == 2 and lines[1].startswith("agpc: internal error: FloatingPointError: ep diverged")
+
+
+INJECTED = """import sys, warnings
+import agpc.classifier
+real_fit = agpc.classifier.GPClassifier.fit
+def fit(self, X, y, **kwargs):
+    warnings.warn("a warning from the library", UserWarning)
+    if {fail}:
+        raise TypeError("a bug")
+    return real_fit(self, X, y, **kwargs)
+agpc.classifier.GPClassifier.fit = fit
+from agpc.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_in_a_terminal_the_warning_follows_the_output_and_the_error_is_last(tmp_path, banana, fail):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    run = subprocess.run([sys.executable, "-c", INJECTED.format(fail=fail), *fit_argv(tmp_path, data)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env(), timeout=120)
+    lines = run.stdout.strip().splitlines()
+    if fail:
+        assert run.returncode == 1 and "Traceback" not in run.stdout
+        assert lines[-2:] == ["agpc: warning: a warning from the library",
+                              "agpc: internal error: TypeError: a bug (run again with --debug for the traceback)"]
+    else:
+        assert run.returncode == 0
+        assert lines[-2].startswith("wrote ") and lines[-1] == "agpc: warning: a warning from the library"
+
+
+def test_python_dash_m_version_and_debug_traceback(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "agpc", "--version"], capture_output=True, text=True,
+                         env=subprocess_env(), timeout=120)
+    assert run.returncode == 0 and run.stdout.startswith("agpc ")
+    (tmp_path / "x.agpc").write_text("not a model")
+    argv = ["predict", str(tmp_path / "x.agpc"), str(tmp_path / "x.agpc"), "--out", str(tmp_path / "p.csv"), "--debug"]
+    run = subprocess.run([sys.executable, "-m", "agpc", *argv], capture_output=True, text=True, env=subprocess_env(),
+                         timeout=120)
+    assert run.returncode == 1 and "Traceback" in run.stderr and "UsageError" in run.stderr
 
 
 # -- demo and bench ------------------------------------------------------------------------------------
@@ -238,6 +703,7 @@ def test_demo_writes_a_png(tmp_path, capsys):
 
 
 FAKE_BENCHMARK = """import sys
+import warnings
 from pathlib import Path
 out = Path(__file__).parent / "results"
 out.mkdir(exist_ok=True)

@@ -238,3 +238,6 @@ def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path,
         with pytest.raises(ValueError, match="same chunking"):
             GPClassifier(**params, checkpoint_path=path).fit(
                 da.from_array(X, chunks=(300, 2)), da.from_array(y, chunks=300), resume=True)
+        with pytest.raises(ValueError, match="different training data"):  # same shape, other rows
+            GPClassifier(**params, checkpoint_path=path).fit(
+                da.from_array(X[::-1], chunks=(200, 2)), da.from_array(y[::-1], chunks=200), resume=True)

@@ -242,7 +242,7 @@ def test_a_worker_lost_mid_fit_gives_the_same_model(banana, monkeypatch, method)
 def test_data_parallel_settings_are_checked(client, banana):
     X, y, _, _ = banana
     Xd, yd = da.from_array(X[:400], chunks=(100, 2)), da.from_array(y[:400], chunks=100)
-    with pytest.raises(ValueError, match="local_steps must be None or a non-negative integer"):
+    with pytest.raises(ValueError, match="local_steps must be None or an int in \\[0, inf\\)"):
         GPClassifier(method="sep", batch_size=50, local_steps=-1, client=client).fit(Xd, yd)
     with pytest.raises(ValueError, match="checkpoints of data-parallel training are not supported yet"):
         GPClassifier(method="sep", batch_size=50, local_steps=2, checkpoint_path="x.ckpt", client=client).fit(Xd, yd)

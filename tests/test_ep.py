@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from agpc import GPClassifier
+from agpc import GPClassifier, JitterWarning
 from agpc.datasets import banana_bayes_error, banana_posterior, make_banana
 from agpc.inference import ep, training
 from agpc.kernels import RBF, Matern52
@@ -261,7 +261,8 @@ def test_a_failed_factorisation_raises_the_jitter_on_the_guards_path(method):
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
     Z = np.concatenate([X[:4], X[:4]])
     trainer = training.Trainer(kernel, Z, method=method, n_total=60, minibatch=True, jitter=0.0)
-    with pytest.warns(RuntimeWarning, match="not positive definite with jitter 0.0e\\+00; continuing with jitter"):
+    message = r"jitter raised: Kmm \(covariance of the inducing points\): the model's jitter from 0.0e\+00 to "
+    with pytest.warns(JitterWarning, match=message):
         took, _, log_z = trainer.step(X, y, 0, 20, stepping=True)
     assert not took and np.isnan(log_z)
     assert trainer.engine.jitter > 0.0

@@ -4,7 +4,8 @@ checkpoints and resume, time budget and guard rails, whatever the engine (issue 
 import numpy as np
 import pytest
 
-from agpc import GPClassifier
+from agpc import RBF, CholeskyError, GPClassifier, JitterWarning
+from agpc import backend as agpc_backend
 from agpc.datasets import make_banana
 from agpc.inference import engines, multiclass_vi, training
 from test_checkpoint import interrupted_then_resumed
@@ -215,3 +216,70 @@ def test_a_step_takes_row_weights_padding_weighs_nothing():
         trainer = training.Trainer(kernel, Z, method=method, n_total=60, minibatch=False)
         with pytest.raises(ValueError, match="per-row weights"):
             trainer.step(X, y, 0, 60, stepping=True, weights=np.ones(60))
+
+
+def _failing_from_now_on(trainer):
+    """Every later evaluation fails as a failed Cholesky does (the guard's path), whatever the state."""
+    def evaluate(*args, **kwargs):
+        raise CholeskyError("forced failure")
+
+    trainer.engine.evaluate = evaluate
+
+
+def test_the_divergence_message_says_what_was_tried_after_a_good_step():
+    """After a good step the guard reverts and halves damping and step sizes on each failure; when it gives
+    up, the message counts the halvings it really made (checked against the damping it left)."""
+    X, y = _binary(60)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    trainer = training.Trainer(kernel, X[:5].copy(), method="sep", n_total=60, minibatch=True, jitter=1e-6)
+    took, _, _ = trainer.step(X, y, 0, 20, stepping=True)
+    assert took
+    damping = trainer.damping
+    _failing_from_now_on(trainer)
+    with pytest.raises(FloatingPointError) as error:
+        for _ in range(100):
+            trainer.step(X, y, 0, 20, stepping=True)
+    halvings = round(np.log2(damping / trainer.damping))
+    assert halvings > 0
+    message = str(error.value)
+    assert f"after {trainer.failures} failed steps in a row" in message
+    assert f"damping and step sizes halved {halvings} times" in message and "jitter 1.0e-06" in message
+
+
+def test_the_divergence_message_at_the_first_step_says_nothing_was_halved():
+    """A failure before any good step has no state to go back to: the guard stops at once and does not claim
+    a halving it never made (it used to say "halving did not help (after 1 attempts)")."""
+    X, y = _binary(60)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    trainer = training.Trainer(kernel, X[:5].copy(), method="ep", n_total=60, minibatch=False, jitter=1e-6)
+    damping = trainer.damping
+    _failing_from_now_on(trainer)
+    with pytest.raises(FloatingPointError, match=r"ep diverged: log Z is not finite at the first step .*"
+                                                 r"\(nothing halved, jitter 1.0e-06\)"):
+        trainer.step(X, y, 0, 60, stepping=False)
+    assert trainer.damping == damping
+
+
+@pytest.mark.parametrize("method", ["ep", "sep"])
+def test_a_fit_that_raised_the_jitter_warns_once_saying_from_what_to_what(method, monkeypatch):
+    """Duplicated inducing points with jitter 0: the guard raises the jitter of Kmm, and further
+    factorisations may escalate their own; the fit ends with one JitterWarning (a UserWarning, so users can
+    filter it) naming Kmm and the jitter it went to, the one the fitted model kept."""
+    import warnings
+
+    X, y = _binary(80)
+    Z = np.concatenate([X[:4], X[:4]])
+    # the dtype's jitter floor (100 m eps) makes this Kmm factorise: without it, it is the guard's case
+    monkeypatch.setattr(agpc_backend, "jitter_floor", lambda Z: 0.0)
+    model = GPClassifier(method=method, inducing=Z, jitter=0.0, max_iter=3, batch_size=None, random_state=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(X, y)
+    jitter_warnings = [w for w in caught if issubclass(w.category, JitterWarning)]
+    assert len(jitter_warnings) == 1 and issubclass(JitterWarning, UserWarning)
+    message = str(jitter_warnings[0].message)
+    assert message.startswith("GPClassifier.fit: jitter had to be raised")
+    assert "Kmm (covariance of the inducing points): the model's jitter from 0.0e+00 to " in message
+    assert jitter_warnings[0].filename == __file__  # it points at the caller's line
+    assert f"the model's jitter from 0.0e+00 to {model.jitter_:.1e}" in message  # the jitter the model kept
+    assert np.all(np.isfinite(model.predict_proba(X)))

@@ -86,3 +86,37 @@ def test_verbose_shows_a_progress_bar(capsys):
     GPClassifier(n_inducing=8, max_iter=5, verbose=True).fit(X, y)
     err = capsys.readouterr().err
     assert "agpc ep" in err and "log_Zq" in err
+
+
+def _joblib_round_trip(model):
+    import io
+
+    import joblib
+
+    buffer = io.BytesIO()
+    joblib.dump(model, buffer)
+    buffer.seek(0)
+    return joblib.load(buffer)
+
+
+@pytest.mark.parametrize("method, n_classes", [("sep", 2), ("adf", 2), ("sep", 3)])
+@pytest.mark.parametrize("round_trip", ["pickle", "joblib", "deepcopy"])
+def test_a_stream_model_survives_pickle_and_goes_on_learning_the_same(method, n_classes, round_trip):
+    """A model trained by partial_fit keeps its trainer (engine state, optimiser, the module of its passes):
+    it pickles, joblib-dumps and deep-copies, and partial_fit after the round trip gives exactly the model
+    that partial_fit without it gives."""
+    import copy
+    import pickle
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(150, 2))
+    y = (X[:, 0] > 0).astype(int) + (n_classes == 3) * (X[:, 1] > 0.5).astype(int)
+    copies = {"pickle": lambda m: pickle.loads(pickle.dumps(m)), "joblib": _joblib_round_trip,
+              "deepcopy": copy.deepcopy}
+    model = GPClassifier(method=method, n_inducing=5, random_state=0).partial_fit(X[:50], y[:50])
+    restored = copies[round_trip](model)
+    for lo in (50, 100):
+        model.partial_fit(X[lo:lo + 50], y[lo:lo + 50])
+        restored.partial_fit(X[lo:lo + 50], y[lo:lo + 50])
+    np.testing.assert_array_equal(restored.predict_proba(X), model.predict_proba(X))
+    assert restored.n_iter_ == model.n_iter_ == 3

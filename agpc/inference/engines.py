@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..backend import array_device, array_namespace, read_rows, row_slice
+from ..backend import ModulesByName, array_device, array_namespace, read_rows, row_slice
 from ..kernels import ClassKernels
 from ..optim import OPTIMIZERS, Rprop, lbfgsb_ascent
 from . import ep, gfitc, multiclass_ep, multiclass_vi, variational
@@ -137,8 +137,9 @@ def _factor_from_arrays(saved):
     return None if saved is None else ep.Factor(*saved)
 
 
-class _Engine:
-    """What every engine shares: the state dict, the optimiser, the guard's snapshots."""
+class _Engine(ModulesByName):
+    """What every engine shares: the state dict, the optimiser, the guard's snapshots. Engines pickle (a
+    model trained by ``partial_fit`` holds one): their namespace and passes modules travel by name."""
 
     per_row_sites = False  # the state holds a site per row ("nu", "mu", in the loop's row order)
     uses_warmup = False  # batch mode: the loop's warm-up sweeps (no hyper-parameter step) apply

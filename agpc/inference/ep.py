@@ -19,6 +19,7 @@ Everything here is written against the array API: the functions take arrays and 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -29,6 +30,7 @@ from ..backend import (
     cholesky,
     cholesky_or_nan,
     is_out_of_core,
+    machine_epsilon,
     read_rows,
     solve_triangular,
 )
@@ -48,12 +50,26 @@ __all__ = [
     "evaluate",
     "sweep_rows",
     "predict_latent",
+    "sep_cavity_gap",
+    "sep_cavity_term",
 ]
 
 # A site whose cavity variance v_i = d_i / (1 - nu_i d_i) is not positive (1 - nu_i d_i below this) is
 # skipped for the round: its old parameters are kept and it adds nothing to log Z_q or the gradient.
 _CAVITY_EPS = 1e-10
 _PRIOR_SLACK = 1e-6  # relative round-off allowed when comparing a cavity variance with the prior's
+# Both are float64 settings, far above float64's round-off (eps = 2.2e-16) but below float32's (1.2e-7): in a
+# narrower type neither may fall below this many round-offs of the type (``cavity_tolerances``).
+_CAVITY_ROUNDOFFS = 100.0
+
+
+def cavity_tolerances(x):
+    """(threshold on 1 - nu d, relative slack against the prior variance) for arrays of ``x``'s type: the
+    float64 settings above, or 100 eps of the type where that is larger (float32: 1.2e-5 both). 1 - nu d and
+    the variances d, prior_var are sums of m products, each carrying a few eps of relative round-off; a test
+    finer than that marks sites invalid at random. Host floats: no array operation."""
+    roundoff = _CAVITY_ROUNDOFFS * machine_epsilon(x)
+    return max(_CAVITY_EPS, roundoff), max(_PRIOR_SLACK, roundoff)
 
 
 def _triangular_inverse(L):
@@ -226,11 +242,12 @@ def cavity(site_precision, site_shift, d, e, prior_var):
     whenever q and the sites agree; they fail when a site stored in a u-space factor (minibatch EP) was
     computed under older hyper-parameters."""
     xp = array_namespace(d)
+    threshold, slack = cavity_tolerances(d)
     nu, mu = site_precision, site_shift
     one_minus = 1.0 - nu * d
-    valid = one_minus > _CAVITY_EPS
+    valid = one_minus > threshold
     one_minus = xp.where(valid, one_minus, 1.0)
-    valid = valid & (d <= (1.0 + _PRIOR_SLACK) * prior_var * one_minus + _CAVITY_EPS)
+    valid = valid & (d <= (1.0 + slack) * prior_var * one_minus + threshold)
     v = d / one_minus  # cavity variance of g_i
     a = (e - mu * d) / one_minus  # cavity mean of g_i: v (e/d - mu), without dividing by d
     return valid, one_minus, v, a
@@ -306,7 +323,8 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
         valid, one_minus, v, a = cavity(nu, mu, marg.d, marg.e, marg.prior_var)
     else:  # the cavity is ``post``: nothing to remove (the same as ``cavity`` with zero sites, fewer operations)
         nu = mu = 0.0
-        valid = marg.d <= (1.0 + _PRIOR_SLACK) * marg.prior_var + _CAVITY_EPS
+        threshold, slack = cavity_tolerances(marg.d)
+        valid = marg.d <= (1.0 + slack) * marg.prior_var + threshold
         one_minus, v, a = 1.0, marg.d, marg.e
     b = 1.0 + marg.s + v
     log_zi, alpha, gamma = probit_tilted(y, a, b)
@@ -657,6 +675,59 @@ def evaluate_factor(
     return finish_factor(kernel, Z, prep, sweep, n_total / n_rows, want_grad)
 
 
+# n (g(cavity) - g(q)) taken as that difference loses n eps of |g| to cancellation: nothing for float64 below
+# n = 4.5e9 (the direct form, two cached scalars, is kept there), whole nats for float32 at n = 1e5.
+_SEP_DIRECT_MAX_LOSS = 1e-6
+_SEP_SERIES_TERMS = 4  # tr(M), ..., tr(M^4) of ``sep_cavity_gap``: one m x m product
+
+
+def _sep_series_is_exact(n_total, eps):
+    """Whether the truncated series of ``sep_cavity_gap`` is within round-off of the whole sum: its remainder,
+    at most m / (10 n^4 (1 - 1/n)), against m eps (float32: n >= 31; below that the direct form loses at most
+    31 eps of |g|)."""
+    return 10.0 * n_total**_SEP_SERIES_TERMS * (1.0 - 1.0 / n_total) * eps >= 1.0
+
+
+def sep_cavity_gap(q, cavity, S, n_total):
+    """n (g(cavity) - g(q)) of SEP's log Z without the difference of two nearly equal log normalisers.
+
+    SEP's log Z is EP's (seed 000 eq. 26, log Z_q = g(q) - g(prior) + sum_i [log Z_i + g(q^-i) - g(q)]) with
+    every cavity the same, q^-i = q / f^(1/n) for the tied factor f (Li, Hernandez-Lobato & Turner 2015;
+    seed 002 sec. 4), so the n per-row terms g(q^-i) - g(q) become one, times n. In whitened form
+    C_q = I + S, C_c = I + k S, c~_c = k c~ with k = 1 - 1/n, and g = c~^T C^-1 c~ / 2 - log|C| / 2. With
+    C_c^-1 - C_q^-1 = C_c^-1 (S / n) C_q^-1 and k^2 - 1 = -(2 - 1/n) / n:
+        n (quadratic parts) = [ (C_c^-1 c~)^T S (C_q^-1 c~) - (2 - 1/n) c~^T C_c^-1 c~ ] / 2,
+    O(1) terms, no factor n left. With M = I - C_q^-1 = C_q^-1 S (symmetric, eigenvalues r_j in [0, 1), each
+    known to eps absolutely), |C_c| / |C_q| = |I - M / n|, so
+        n (log-determinant parts) = -(n / 2) log|I - M / n| = (1 / 2) sum_k tr(M^k) / (k n^(k-1)),
+    whose terms fall by 1/n each: four terms (tr M, |M|_F^2, and from the one product M M, tr(M^3) and |M^2|_F^2)
+    leave at most m / (10 n^4) out, below round-off where this is used (``_sep_series_is_exact``). No factor
+    n multiplies a rounded quantity: the error is a few m eps whatever n. C_q^-1 is the one the gradient's
+    prior adjoint uses (cached on q); the rest is one m x m product and O(m^2) sums."""
+    xp = array_namespace(S)
+    keep = 1.0 - 1.0 / n_total
+    cavity_solved = cavity.whitened_mean / keep  # C_c^-1 c~ (the cavity's whitened mean is C_c^-1 (k c~))
+    quadratic = 0.5 * (xp.vecdot(cavity_solved, S @ q.whitened_mean)
+                       - (2.0 - 1.0 / n_total) * xp.vecdot(cavity.h, cavity.h) / keep**2)
+    m = S.shape[0]
+    M = xp.eye(m, dtype=S.dtype, device=array_device(S)) - q.C_inv
+    M2 = M @ M
+    traces = (xp.sum(xp.linalg.diagonal(M)), xp.sum(M * M), xp.sum(M2 * M), xp.sum(M2 * M2))
+    log_det = traces[0]
+    for k in range(1, _SEP_SERIES_TERMS):
+        log_det = log_det + traces[k] / ((k + 1) * float(n_total) ** k)
+    return quadratic + 0.5 * log_det
+
+
+def sep_cavity_term(q, cavity, S, n_total):
+    """n (g(cavity) - g(q)) of SEP's log Z: the difference itself where the type keeps its digits, else
+    ``sep_cavity_gap``."""
+    eps = machine_epsilon(S)
+    if n_total * eps <= _SEP_DIRECT_MAX_LOSS or not _sep_series_is_exact(n_total, eps):
+        return n_total * (cavity.log_normaliser_gain - q.log_normaliser_gain)
+    return sep_cavity_gap(q, cavity, S, n_total)
+
+
 def factor_cavity(kernel, Z, factor, *, method, n_total, jitter, checked=True, others=None, factor_rows=None):
     """q = prior x factor, the cavity every row's update starts from, and log Z_q's global part.
 
@@ -681,7 +752,11 @@ def factor_cavity(kernel, Z, factor, *, method, n_total, jitter, checked=True, o
         # SEP's log Z_q: g(q) - g(prior) + sum_i log Z_i + n (g(cavity) - g(q))
         keep = 1.0 - 1.0 / (n_total if factor_rows is None else factor_rows)
         cavity = posterior_from_sums(L_K, *with_rest(keep * S, keep * c_tilde), checked=checked)
-        log_z = log_z + n_total * (cavity.log_normaliser_gain - q.log_normaliser_gain)
+        if rest is None and factor_rows is None:
+            log_z = log_z + sep_cavity_term(q, cavity, S, n_total)
+        else:  # a shard's cavity: the direct difference (``sep_cavity_gap`` assumes one tied factor); in float64
+            # its cancellation, n eps |g|, stays below 1e-6 nats up to n = 4.5e9 (see _SEP_DIRECT_MAX_LOSS)
+            log_z = log_z + n_total * (cavity.log_normaliser_gain - q.log_normaliser_gain)
     else:
         cavity = q
     return {"q": q, "cavity": cavity, "log_z": log_z}
@@ -722,7 +797,14 @@ def posterior_from_factor(kernel, Z, factor, *, jitter):
 
 
 def predict_latent(kernel, Z, post, X, block_rows=None):
-    """Mean and variance of f(x) under q (seed 000 eq. 36), variance including the latent noise."""
+    """Mean and variance of f(x) under q (seed 000 eq. 36), variance including the latent noise.
+
+    s_* = (K_** - K_*u K_uu^-1 K_u*) + K_*u K_uu^-1 Sigma K_uu^-1 K_u* (seed 000 eq. 36): the first term is
+    the variance of p(f_* | u), a Schur complement of the joint prior covariance, and never negative; it is
+    computed as a difference, which with nearly coincident inducing points and little jitter (an
+    ill-conditioned K_uu) can come out below zero by rounding: clamped at 0 there, so that the variance and
+    the probabilities built on it stay defined (the JitterWarning of such a fit says the factorisation was
+    near its limit)."""
     xp = array_namespace(Z)
     beta = post.beta
     means, variances = [], []
@@ -730,7 +812,7 @@ def predict_latent(kernel, Z, post, X, block_rows=None):
         At, Knm = project(kernel, X_block, Z, post.L_K_inv)
         Qt = At @ post.L_C_inv.mT
         means.append(Knm @ beta)
-        variances.append(kernel.Kdiag(X_block) - _row_dot(At, At) + _row_dot(Qt, Qt))
+        variances.append(xp.maximum(kernel.Kdiag(X_block) - _row_dot(At, At), 0.0) + _row_dot(Qt, Qt))
     if len(means) == 1:
         return means[0], variances[0]
     return xp.concat(means), xp.concat(variances)

@@ -196,8 +196,8 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
 
 # -- passes over the data ---------------------------------------------------------------------------
 
-def _priors(kernels, Z, jitter):
-    L_K = [ep.prior_cholesky(kernels[c], Z[c, ...], jitter) for c in range(n_classes(Z))]
+def _priors(kernels, Z, jitter, checked=True):
+    L_K = [ep.prior_cholesky(kernels[c], Z[c, ...], jitter, checked=checked) for c in range(n_classes(Z))]
     return L_K, [ep._triangular_inverse(L) for L in L_K]
 
 
@@ -256,12 +256,13 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
     Returns the same dict as ``ep.evaluate``: ``log_z`` (seed 001 eq. 9), ``site_precision`` /
     ``site_shift`` (n, 2C; damped by ``damping`` when given, with ``site_change``), ``valid`` (n, C),
     ``n_invalid``, ``grads`` (eq. 10) and ``posterior`` (a tuple of per-class ``ep.Posterior``).
-    ``checked`` is accepted for the training loop's sake; the multiclass passes always check their
-    factorisations (they escalate jitter on the host)."""
+    ``checked``: as in ``ep.evaluate`` (False in training steps: a failed factorisation is NaN, which reaches
+    log Z_q and the loop's guard, with no host synchronisation; True escalates jitter on the host)."""
     C = n_classes(Z)
-    L_K, L_K_inv = _priors(kernels, Z, jitter)
+    L_K, L_K_inv = _priors(kernels, Z, jitter, checked)
     S, c_tilde = _class_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows)
-    posts = tuple(ep.posterior_from_sums(L_K[c], S[c], c_tilde[c], L_K_inv=L_K_inv[c]) for c in range(C))
+    posts = tuple(ep.posterior_from_sums(L_K[c], S[c], c_tilde[c], L_K_inv=L_K_inv[c], checked=checked)
+                  for c in range(C))
     sweep = _sweep(kernels, Z, X, y, site_precision, site_shift, posts, want_grad=want_grad, block_rows=block_rows,
                    want_sites=want_sites, damping=damping)
     log_z = sweep["terms"]
@@ -299,18 +300,22 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
     C = n_classes(Z)
     n_rows = X.shape[0]
     scale = n_total / n_rows
-    L_K, L_K_inv = _priors(kernels, Z, jitter)
+    L_K, L_K_inv = _priors(kernels, Z, jitter, checked)
     qs, cavities, log_z = [], [], 0.0
     for c in range(C):
         S, c_tilde = factor.factors[c].whitened(L_K[c])
         rest = None if others is None else others.factors[c].whitened(L_K[c])
-        q = ep.posterior_from_sums(L_K[c], *_with_rest(rest, S, c_tilde), L_K_inv=L_K_inv[c])
+        q = ep.posterior_from_sums(L_K[c], *_with_rest(rest, S, c_tilde), L_K_inv=L_K_inv[c], checked=checked)
         gain_q = ep._log_normaliser_gain(q)
         log_z = log_z + gain_q
         if method == "sep":
             keep = 1.0 - 1.0 / (n_total if factor_rows is None else factor_rows)
-            cav = ep.posterior_from_sums(L_K[c], *_with_rest(rest, keep * S, keep * c_tilde), L_K_inv=L_K_inv[c])
-            log_z = log_z + n_total * (ep._log_normaliser_gain(cav) - gain_q)
+            cav = ep.posterior_from_sums(L_K[c], *_with_rest(rest, keep * S, keep * c_tilde), L_K_inv=L_K_inv[c],
+                                         checked=checked)
+            if rest is None and factor_rows is None:
+                log_z = log_z + ep.sep_cavity_term(q, cav, S, n_total)
+            else:  # a shard's cavity: the direct difference, as in ``ep.factor_cavity``
+                log_z = log_z + n_total * (ep._log_normaliser_gain(cav) - gain_q)
         else:
             cav = q
         qs.append(q)

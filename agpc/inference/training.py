@@ -14,19 +14,20 @@ minibatch, the data part of the gradient scaled by n / |M|; ``max_iter`` then co
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..backend import (CholeskyError, array_device, array_namespace, asarray_like, cholesky_with_jitter, host_rng,
-                       is_out_of_core, read_rows, row_chunk_bounds, row_slice, to_host_vector)
+from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, cholesky_with_jitter,
+                       host_rng, is_out_of_core, note_jitter, read_rows, row_chunk_bounds, row_slice, to_host_vector)
 from ..kernels import ClassKernels
 from ..threads import with_blas_threads
 from .engines import ALL_METHODS, EP_METHODS, make_engine
 
-__all__ = ["train", "Trainer", "TrainResult", "METHODS", "ALL_METHODS", "minibatch_layout"]
+__all__ = ["train", "Trainer", "TrainResult", "METHODS", "ALL_METHODS", "minibatch_layout", "data_fingerprint",
+           "fingerprint_stride", "FINGERPRINT_ROWS"]
 
 METHODS = EP_METHODS  # the methods that learn from a stream (``partial_fit``) and run on a cluster: EP, SEP, ADF
 HISTORY_KEYS = ("log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps")
@@ -48,6 +49,7 @@ class TrainResult:
     stopped_by_time: bool = False
     early_stopped: bool = False
     state: dict = field(default_factory=dict)  # the engine's final state (SVI: "mean", "chol"; vi-*: "xi")
+    jitter: float = None  # on the diagonal of Kmm at the end: the configured one, or what the guard raised it to
 
 
 def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
@@ -59,15 +61,16 @@ def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
     return {"rows": rows, "m": m, "n_features": Z.shape[-1], "block_rows": trainer.engine.block_rows}
 
 
-class Trainer:
+class Trainer(ModulesByName):
     """The state of a training run and one guarded step of it; ``train`` and ``partial_fit`` drive it.
 
     ``method`` picks the engine (``engines.make_engine``, which takes the method's options); ``engine`` is
     where the EP methods' passes run (a ``dask_engine.DaskEngine`` for rows on a cluster), or a callable
     that builds the engine in ``make_engine``'s place (data-parallel rounds: ``data_parallel.DataParallel``). A step evaluates
     the rows it is given at the current state and commits the engine's update. A non-finite log Z or a
-    failed Cholesky puts back the state before the last good step and halves damping and step sizes (or, when
-    the inducing points' prior covariance no longer factorises, raises the jitter once with a warning).
+    failed Cholesky puts back the state before the last good step and halves damping and step sizes, again
+    on each failure in a row (or, when the inducing points' prior covariance no longer factorises, raises the
+    jitter, reported as a ``JitterWarning``). Trainers pickle (``partial_fit`` models keep one).
     """
 
     def __init__(self, kernel, Z, *, method, n_total, minibatch, engine=None, **options):
@@ -83,7 +86,9 @@ class Trainer:
         self.t0 = time.perf_counter()
         self.good = None
         self.n_rebuilds = 0
-        self.failures = 0
+        self.failures = 0  # failed steps since the last good one, and what the guard did about them:
+        self.halvings = 0  # reverts that halved damping and step sizes
+        self.jitter_raises = 0  # raises of the jitter of Kmm
         self.n_steps = 0  # steps taken (failed ones not counted)
         self.n_updates = 0  # of them, steps that moved the hyper-parameters
         self.last = None  # the last step's ``engines.Outcome``
@@ -125,7 +130,7 @@ class Trainer:
         if not math.isfinite(log_z):
             self._recover()
             return False, float("inf"), log_z
-        self.failures = 0
+        self.failures = self.halvings = self.jitter_raises = 0
         self.good = self.engine.snapshot()  # what a revert puts back
         self.last = self.engine.apply(work, lo, hi, stepping=stepping, scalars=scalars)
         self.n_steps += 1
@@ -135,31 +140,48 @@ class Trainer:
 
     def _recover(self):
         """The guard's path, after a step whose log Z was not finite: if the prior covariance of the inducing
-        points no longer factorises at the configured jitter, raise the jitter (with a warning saying by how
-        much) and try again; otherwise put back the state before the last good step and halve the damping
-        and the step sizes."""
+        points no longer factorises at the configured jitter, raise the jitter (reported by
+        ``backend.note_jitter``: one ``JitterWarning`` a fit, saying from what to what) and try again;
+        otherwise put back the state before the last good step and halve the damping and the step sizes.
+        Gives up with a FloatingPointError that says what was tried: after ``_MAX_FAILURES`` failures in a row,
+        or at once when there is no good state to go back to (the very first step) or nothing to halve."""
         self.failures += 1
         engine = self.engine
         needed = _jitter_needed(engine.state["kernel"], engine.state["Z"], engine.jitter)
         if needed > engine.jitter and self.failures <= _MAX_FAILURES:
-            warnings.warn(
-                f"the inducing points' prior covariance is not positive definite with jitter {engine.jitter:.1e}; "
-                f"continuing with jitter {needed:.1e} (inducing points too close together?)",
-                RuntimeWarning, stacklevel=3,
-            )
+            note_jitter("Kmm (covariance of the inducing points): the model's jitter", engine.jitter, needed)
             engine.jitter = needed
+            self.jitter_raises += 1
             return
-        if self.good is None or self.failures > _MAX_FAILURES:
+        tried = self._tried()
+        if self.good is None:
             raise FloatingPointError(
-                f"{self.method} diverged: log Z is not finite and halving the damping and step sizes did not "
-                f"help (after {self.failures} attempts); try a smaller damping or standardised inputs"
+                f"{self.method} diverged: log Z is not finite at the first step (of this run or since its resume), "
+                f"before any good state to go back to ({tried}); try standardised inputs, a larger jitter or fewer inducing points"
             )
-        engine.restore(self.good)
-        if not engine.shrink():
+        if self.failures > _MAX_FAILURES:
             raise FloatingPointError(
-                f"{self.method} diverged: log Z is not finite, and the method has no damping or step size to "
-                "halve; try standardised inputs or a larger jitter"
+                f"{self.method} diverged: log Z is not finite and stayed so after {self.failures} failed steps in "
+                f"a row ({tried}); try a smaller damping or learning rate, or standardised inputs"
             )
+        engine.restore(self.good)  # (which puts back the good step's damping and step sizes too)
+        # Halvings compound over failures in a row: the k-th retry runs at 2^-k of the good step's damping and
+        # step sizes (halving only once after each revert would retry the same step with the same settings).
+        for _ in range(self.halvings + 1):
+            if not engine.shrink():
+                raise FloatingPointError(
+                    f"{self.method} diverged: log Z is not finite, and the method has no damping or step size to "
+                    f"halve ({tried}); try standardised inputs or a larger jitter"
+                )
+        self.halvings += 1
+
+    def _tried(self):
+        """What the guard did since the last good step, for the divergence message."""
+        what = [f"damping and step sizes halved {self.halvings} time{'s' if self.halvings != 1 else ''}"
+                if self.halvings else "nothing halved"]
+        what.append(f"jitter raised {self.jitter_raises} time{'s' if self.jitter_raises != 1 else ''} to "
+                    f"{self.engine.jitter:.1e}" if self.jitter_raises else f"jitter {self.engine.jitter:.1e}")
+        return ", ".join(what)
 
     def record(self):
         """Close a history entry: minibatch mode, the mean log Z estimate of the steps since the last one (an
@@ -224,6 +246,7 @@ def train(
     checkpoint_path=None,
     checkpoint_every=None,
     resume=False,
+    data_hash=None,
     likelihood=None,
     n_quadrature=20,
     max_ep_sweeps=100,
@@ -252,6 +275,8 @@ def train(
     ``checkpoint_path`` with ``checkpoint_every`` (steps) writes the whole training state there (atomically:
     a crash while writing leaves the previous checkpoint as it was); ``resume=True`` starts from it, and a
     run that is interrupted and resumed ends at the same model as one that is not (same seed, same data).
+    ``data_hash`` (``data_fingerprint`` of X and y) goes into the run's fingerprint: a resume on other data
+    is refused.
     """
     # Compute where the model lives (Z); X and y may be in memory or on disk (read a block at a time).
     xp = array_namespace(Z)
@@ -320,7 +345,7 @@ def train(
         return tqdm(total=max_iter + warmup, unit="iter", desc=f"agpc {method}")
     order = []
     fingerprint = {"n": int(n), "method": method, "n_batches": len(batches), "Z_shape": [int(v) for v in Z.shape],
-                   "per_row_sites": engine.per_row_sites, "params": list(engine.names)}
+                   "per_row_sites": engine.per_row_sites, "params": list(engine.names), "data": data_hash}
     if resume:
         order, best = _restore(trainer, rng, checkpoint_path, fingerprint, validation is not None)
     converged = stopped_by_time = early_stopped = False
@@ -411,6 +436,7 @@ def train(
         stopped_by_time=stopped_by_time,
         early_stopped=early_stopped,
         state=state,
+        jitter=engine.jitter,
     )
 
 
@@ -432,7 +458,7 @@ def _jitter_needed(kernel, Z, jitter):
     for k, Zc in zip(kernels, Zs):
         xp = array_namespace(Zc)
         Kmm = k.K(Zc) + jitter * xp.eye(Zc.shape[0], dtype=Zc.dtype, device=array_device(Zc))
-        _, added = cholesky_with_jitter(Kmm, what="Kmm (covariance of the inducing points)")
+        _, added = cholesky_with_jitter(Kmm, what="Kmm (covariance of the inducing points)", report=False)
         needed = max(needed, jitter + added)
     return needed
 
@@ -515,6 +541,25 @@ def _epoch_order(rng, chunk_batches, shuffle):
     return order
 
 
+FINGERPRINT_ROWS = 1000
+
+
+def fingerprint_stride(n):
+    """The stride of the rows a data fingerprint reads: at most ``FINGERPRINT_ROWS`` rows, spread over all n
+    (fixed positions, so an array on disk or on a cluster is read at those rows only)."""
+    return max(1, -(-int(n) // FINGERPRINT_ROWS))
+
+
+def data_fingerprint(n, d, rows, labels, classes):
+    """A hash of the training data for a checkpoint's run fingerprint: n, d, the classes and the rows and
+    (encoded) labels at ``fingerprint_stride`` positions. Resuming on other data of the same shape would
+    silently mix two fits; this catches it (a change only between the sampled rows goes unseen)."""
+    digest = hashlib.sha256(f"{int(n)} {int(d)} {[str(c) for c in classes]}".encode())
+    for values in (rows, labels):
+        digest.update(to_host_vector(values).tobytes())
+    return digest.hexdigest()[:32]
+
+
 def _write_checkpoint(trainer, rng, order, best, path, fingerprint):
     """Everything the loop needs to go on exactly as if it had not stopped."""
     from ..io import save_checkpoint
@@ -533,25 +578,203 @@ def _write_checkpoint(trainer, rng, order, best, path, fingerprint):
         written(engine_state)
 
 
+# The training state a checkpoint holds, beside the engine's own: the type of each entry.
+_CHECKPOINT_FIELDS = {"fingerprint": dict, "engine": dict, "n_steps": int, "n_updates": int, "history": dict,
+                      "pending": list, "rng": dict, "order": list, "best": dict, "elapsed": (int, float)}
+
+
+def _check_state(saved, fingerprint, refuse):
+    """The loop's part of a checkpoint, field by field (the engine's part is checked as it is restored)."""
+    for name, kind in _CHECKPOINT_FIELDS.items():
+        if name not in saved:
+            raise refuse(f"{name}: missing")
+        if not isinstance(saved[name], kind) or isinstance(saved[name], bool):
+            raise refuse(f"{name}: a {type(saved[name]).__name__}, expected {getattr(kind, '__name__', 'a number')}")
+    for name in ("n_steps", "n_updates"):
+        if saved[name] < 0:
+            raise refuse(f"{name}: negative")
+    if not (math.isfinite(saved["elapsed"]) and saved["elapsed"] >= 0):
+        raise refuse("elapsed: not a non-negative number of seconds")
+    if not all(isinstance(values, list) for values in saved["history"].values()):
+        raise refuse("history: not a mapping of names to lists")
+    if not all(isinstance(p, list) for p in saved["pending"]):
+        raise refuse("pending: not a list of lists")
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < fingerprint["n_batches"]
+               for i in saved["order"]):
+        raise refuse(f"order: not a list of minibatch indices below {fingerprint['n_batches']}")
+    best = saved["best"]
+    if not (isinstance(best.get("nll"), (int, float)) and isinstance(best.get("reference"), (int, float))
+            and isinstance(best.get("since"), int)):
+        raise refuse("best: not the early-stopping record (nll, reference, since)")
+
+
+def _is_array(value):
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _check_float_array(value, shape, where, refuse):
+    if not _is_array(value) or not array_namespace(value).isdtype(value.dtype, "real floating"):
+        raise refuse(f"{where}: a {type(value).__name__}, expected a floating-point array")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise refuse(f"{where}: shape {tuple(value.shape)}, this run's is {tuple(shape)}")
+
+
+def _check_layout(fresh, saved, where, param_shapes, refuse):
+    """``saved`` (an optimiser's snapshot from a file) laid out as ``fresh`` (this run's): the same containers,
+    numbers where numbers are, arrays of the parameter's shape under a parameter's name."""
+    if fresh is None or isinstance(fresh, bool):
+        if saved is not fresh and not (isinstance(fresh, bool) and isinstance(saved, bool)):
+            raise refuse(f"{where}: expected {fresh!r}")
+    elif isinstance(fresh, (int, float)):
+        if isinstance(saved, bool) or not isinstance(saved, type(fresh) if isinstance(fresh, int) else (int, float)) \
+                or not math.isfinite(saved):
+            raise refuse(f"{where}: expected a finite {type(fresh).__name__}")
+    elif isinstance(fresh, (tuple, list)):
+        if not isinstance(saved, (tuple, list)) or len(saved) != len(fresh):
+            raise refuse(f"{where}: expected {len(fresh)} entries")
+        for i, (f, v) in enumerate(zip(fresh, saved)):
+            _check_layout(f, v, f"{where}[{i}]", param_shapes, refuse)
+    elif isinstance(fresh, dict):
+        if not isinstance(saved, dict) or not set(saved) <= set(param_shapes):
+            raise refuse(f"{where}: expected a mapping of this run's parameters {sorted(param_shapes)}")
+        for name, value in saved.items():
+            shape = tuple(fresh[name].shape) if name in fresh and _is_array(fresh[name]) else param_shapes[name]
+            _check_float_array(value, shape, f"{where}.{name}", refuse)
+    elif _is_array(fresh):
+        _check_float_array(saved, fresh.shape, where, refuse)
+
+
+def _check_site_record(record, path, refuse):
+    """Sites written by the workers (``DaskEngine.store_sites``): the files must be the ones such a checkpoint
+    writes beside itself, ``<checkpoint>.sites/step-<k>/chunk-<i>.npz``: a file does not choose what we read."""
+    import os
+    import re
+
+    if not (isinstance(record, dict) and set(record) == {"site_files", "rows"} and isinstance(record["rows"], list)
+            and all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in record["rows"])
+            and isinstance(record["site_files"], list) and len(record["site_files"]) == len(record["rows"])):
+        raise refuse("engine.nu: not a record of site files (site_files, rows)")
+    root = os.path.abspath(os.fspath(path)) + ".sites"
+    for i, name in enumerate(record["site_files"]):
+        if not (isinstance(name, str) and re.fullmatch(r"step-\d+", os.path.basename(os.path.dirname(name)))
+                and os.path.dirname(os.path.dirname(name)) == root and os.path.basename(name) == f"chunk-{i}.npz"):
+            raise refuse(f"engine.nu: site file {name!r} is not in {root}")
+
+
+def _check_engine(saved, engine, fingerprint, path, refuse):
+    """The engine's part of a checkpoint against this run's freshly built engine: the same kernel parameters
+    and arrays of the same shapes, the optimiser's snapshot laid out as this run's, per-row sites of n rows."""
+    fresh = engine.state
+    if not isinstance(saved, dict):
+        raise refuse("engine: not a mapping")
+    params = fresh["kernel"].params
+    kernel = saved.get("kernel")
+    if not isinstance(kernel, dict) or set(kernel) != set(params):
+        raise refuse(f"engine.kernel: expected the parameters {sorted(params)}")
+    for name, value in kernel.items():
+        _check_float_array(value, params[name].shape, f"engine.kernel.{name}", refuse)
+    damping = saved.get("damping")
+    if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not (
+        (engine.has_damping and 0 < damping <= 1) or (not engine.has_damping and math.isnan(damping))
+    ):
+        raise refuse(f"engine.damping: {damping!r}, expected " + ("a number in (0, 1]" if engine.has_damping else "NaN"))
+    # what an optimiser steps: kernel parameters, Z, and for SVI q(u) itself (mean, chol)
+    shapes = {name: tuple(value.shape) for name, value in params.items()}
+    shapes.update({name: tuple(value.shape) for name, value in fresh.items() if _is_array(value)})
+    _check_layout(engine.optimizer.snapshot() if engine.optimizer is not None else None, saved.get("optimizer"),
+                  "engine.optimizer", shapes, refuse)
+    n = fingerprint["n"]
+    for key, value in saved.items():
+        where = f"engine.{key}"
+        if key in ("kernel", "damping", "optimizer"):
+            continue
+        if key not in fresh and key not in ("needs_rebuild", "settled", "sweeps"):
+            raise refuse(f"{where}: not part of this run's state")
+        if key in ("needs_rebuild", "settled"):
+            if not isinstance(value, bool):
+                raise refuse(f"{where}: not a boolean")
+        elif key == "sweeps":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise refuse(f"{where}: not a count")
+        elif key == "nu" and isinstance(value, dict):
+            _check_site_record(value, path, refuse)
+        elif key == "factor":
+            _check_factor(value, fresh["Z"], where, refuse)
+        elif _is_array(fresh[key]) and not (key == "mu" and isinstance(saved.get("nu"), dict)):
+            _check_float_array(value, fresh[key].shape, where, refuse)
+        elif value is not None:  # begun empty (vi-*'s xi): one value a row
+            _check_float_array(value, None, where, refuse)
+            if value.ndim < 1 or value.shape[0] != n:
+                raise refuse(f"{where}: shape {tuple(value.shape)}, expected {n} rows")
+
+
+def _check_factor(saved, Z, where, refuse):
+    """(precision (m, m), shift (m,)) of a tied factor, or one such pair a class (Z of shape (C, m, d))."""
+    if saved is None:
+        return
+    m = Z.shape[-2]
+    pairs = saved if isinstance(saved, list) else [saved]
+    if (len(Z.shape) == 3) != isinstance(saved, list) or (isinstance(saved, list) and len(saved) != Z.shape[0]):
+        raise refuse(f"{where}: not one factor {'a class' if len(Z.shape) == 3 else ''}".rstrip())
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise refuse(f"{where}[{i}]: not a (precision, shift) pair")
+        _check_float_array(pair[0], (m, m), f"{where}[{i}].precision", refuse)
+        _check_float_array(pair[1], (m,), f"{where}[{i}].shift", refuse)
+
+
+def _array_shapes(state):
+    """{key: shape} of the arrays of an engine's state (kernel parameters as "kernel.<name>")."""
+    shapes = {f"kernel.{k}": tuple(v.shape) for k, v in state["kernel"].params.items()}
+    shapes.update({k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape") and hasattr(v, "dtype")})
+    return shapes
+
+
 def _restore(trainer, rng, path, fingerprint, has_validation):
-    """Put a checkpoint's state into a freshly built trainer; returns (order, best)."""
+    """Put a checkpoint's state into a freshly built trainer; returns (order, best). Everything read is
+    checked first: a field of the wrong type or shape is one ValueError naming the file and the field."""
     from ..io import load_checkpoint
 
     if path is None:
         raise ValueError("resume=True needs checkpoint_path")
+
+    def refuse(why):
+        return ValueError(f"{path} is not a valid agpc checkpoint: {why}")
+
     xp, device = trainer.xp, array_device(trainer.state["Z"])
     saved = load_checkpoint(path, lambda a: asarray_like(a, xp, device=device))
-    if saved.get("fingerprint") != fingerprint:
+    written_for = saved.get("fingerprint")
+    if isinstance(written_for, dict) and written_for != fingerprint and (
+        {k: v for k, v in written_for.items() if k != "data"} == {k: v for k, v in fingerprint.items() if k != "data"}
+    ):
         raise ValueError(
-            f"checkpoint {path} was written by a different training run ({saved.get('fingerprint')}); this run is "
-            f"{fingerprint}"
+            f"checkpoint {path} was written for different training data: the same number of rows and features, "
+            f"but other rows or labels (data fingerprint {written_for.get('data')}, this data {fingerprint['data']})"
         )
-    trainer.engine.restore_checkpoint(saved["engine"], path)
+    if written_for != fingerprint:
+        raise ValueError(
+            f"checkpoint {path} was written by a different training run ({written_for}); this run is {fingerprint}"
+        )
+    _check_state(saved, fingerprint, refuse)
+    _check_engine(saved["engine"], trainer.engine, fingerprint, path, refuse)
+    fresh = _array_shapes(trainer.engine.state)
+    try:
+        rng.bit_generator.state = saved["rng"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise refuse(f"rng: not the state of this run's generator ({type(exc).__name__}: {exc})") from None
+    try:
+        trainer.engine.restore_checkpoint(saved["engine"], path)
+    # what restoring raises on a missing entry or a value of the wrong kind: the field is named
+    except (KeyError, TypeError, IndexError) as exc:  # (a ValueError here says what is wrong already)
+        raise refuse(f"engine: {type(exc).__name__}: {exc}") from None
+    restored = _array_shapes(trainer.engine.state)
+    for key, shape in fresh.items():
+        if restored.get(key) != shape:
+            raise refuse(f"engine.{key}: shape {restored.get(key)}, this run's is {shape}")
     trainer.n_steps = saved["n_steps"]
     trainer.n_updates = saved["n_updates"]
     trainer.history = saved["history"]
     trainer._pending = [tuple(p) for p in saved["pending"]]
-    rng.bit_generator.state = saved["rng"]
     trainer.t0 = time.perf_counter() - saved["elapsed"]
     trainer.good = None
     best = dict(saved["best"], state=None)

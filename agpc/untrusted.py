@@ -1,0 +1,346 @@
+"""Reading arrays from files that may be hostile: npy, npz, zarr stores and Parquet.
+
+A data file or a model file comes from anywhere, so reading one must never run code nor let a few bytes
+decide how much memory is taken. Every reader here looks at what a file declares before reading any data:
+
+- npy / npz: the array header (``numpy.lib.format``) is read first. Object dtypes (which only pickle can
+  fill) are refused, never ``allow_pickle``; the bytes the header's shape and dtype declare are compared
+  with the bytes the file (or the zip member) holds, so a header declaring petabytes is one ``ValueError``,
+  not a ``MemoryError``.
+- zarr: every metadata document of the store is checked before zarr opens it: no pickle codec, no object
+  dtype other than the variable-length strings (``vlen-utf8`` / ``vlen-bytes``) zarr uses for labels.
+  Arrays stay on disk; reading a chunk that cannot be decoded is one ``ValueError`` naming the store and
+  the array (zarr 3 raises from inside its asyncio loop otherwise, with a traceback of thirty lines).
+- Parquet: needs pyarrow >= 14.0.1 (14.0.0 and older unpickle extension types, CVE-2023-47248); the schema
+  is read first, and only numeric, boolean and string columns are read (no extension types).
+
+Every refusal is a :class:`RefusedFile` (a ``ValueError``) whose message names the file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import math
+import os
+import re
+import tokenize
+import zipfile
+import zlib
+
+import numpy as np
+from numpy.lib import format as npy_format
+
+__all__ = ["RefusedFile", "describe", "read_npy", "read_npz", "open_zarr", "read_parquet_columns", "MIN_PYARROW"]
+
+# dtypes a data or model file may hold: booleans, integers, floats, strings (labels, the model's header)
+_PLAIN_KINDS = "biufUS"
+# deflate, the compression numpy's savez_compressed uses, expands at most about 1032 to 1
+_DEFLATE_MAX_RATIO = 1032
+_MAX_METADATA_BYTES = 1 << 20  # a zarr metadata document is a few hundred bytes; more is not metadata
+MIN_PYARROW = (14, 0, 1)
+
+
+class RefusedFile(ValueError):
+    """A file that is refused before (or instead of) reading its data; ``reason`` without the path."""
+
+    def __init__(self, path, reason):
+        self.path = describe(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+def describe(source):
+    """A path as text; an open file by its name (``GPClassifier.load`` takes file objects, as numpy.load does)."""
+    if hasattr(source, "read"):
+        return str(getattr(source, "name", f"<{type(source).__name__}>"))
+    return os.fspath(source)
+
+
+def _size(source):
+    if hasattr(source, "read"):
+        return source.seek(0, os.SEEK_END)  # zipfile seeks where it needs
+    return os.path.getsize(source)
+
+
+def _what(name):
+    return "the array" if name is None else f"array {name!r}"
+
+
+def check_dtype(dtype, path, name=None):
+    """Refuse dtypes that need pickle (object) or that no agpc file holds (structured, datetime, complex)."""
+    dtype = np.dtype(dtype)
+    if dtype.hasobject:
+        raise RefusedFile(path, f"{_what(name)} has dtype object (Python objects, which only pickle can read): "
+                                "refused, store numbers or strings")
+    if dtype.kind not in _PLAIN_KINDS or dtype.fields is not None:
+        raise RefusedFile(path, f"{_what(name)} has dtype {dtype}: only numbers, booleans and strings are read")
+
+
+def _npy_header(fh, path, name, available):
+    """(shape, fortran_order, dtype) from an npy header, checked against the ``available`` bytes of the file."""
+    start = fh.tell()
+    try:
+        version = npy_format.read_magic(fh)
+        if version == (1, 0):
+            shape, fortran_order, dtype = npy_format.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, fortran_order, dtype = npy_format.read_array_header_2_0(fh)
+        else:  # 3.0 differs only by UTF-8 field names, i.e. structured dtypes, which are refused anyway
+            raise RefusedFile(path, f"{_what(name)} is in npy format version {version[0]}.{version[1]}; "
+                                    "versions 1.0 and 2.0 are read")
+    # numpy parses the header as a Python literal: a damaged one can also raise from its tokenizer
+    except (ValueError, EOFError, SyntaxError, tokenize.TokenError) as exc:
+        if isinstance(exc, RefusedFile):
+            raise
+        raise RefusedFile(path, f"{_what(name)} has no valid npy header ({type(exc).__name__})") from None
+    check_dtype(dtype, path, name)
+    declared = math.prod(shape) * dtype.itemsize  # Python integers: no overflow however large the shape
+    held = available - (fh.tell() - start)
+    if declared > held:
+        raise RefusedFile(path, f"{_what(name)} declares shape {shape} of {dtype} ({declared:,} bytes) but the file "
+                                f"holds {max(held, 0):,} bytes after its header (truncated or forged)")
+    return shape, fortran_order, dtype
+
+
+def read_npy(path):
+    """The array of an ``.npy`` file, its header checked first (see the module docstring)."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        _npy_header(fh, path, None, size)
+        fh.seek(0)
+        try:
+            return npy_format.read_array(fh, allow_pickle=False)
+        except (ValueError, EOFError) as exc:
+            raise RefusedFile(path, f"unreadable array ({exc})") from None
+
+
+def _member_size(info, archive_size, path):
+    """The uncompressed size a zip member declares, refused when no honest archive of this size has it."""
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise RefusedFile(path, f"member {info.filename!r} uses zip compression method {info.compress_type}; "
+                                "numpy writes stored or deflated members")
+    if info.compress_size > archive_size or (
+        info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size
+    ) or info.file_size > _DEFLATE_MAX_RATIO * info.compress_size + 1024:
+        raise RefusedFile(path, f"member {info.filename!r} declares {info.file_size:,} bytes from "
+                                f"{info.compress_size:,} stored ones (forged sizes)")
+    return info.file_size
+
+
+def read_npz(path):
+    """{name: array} of an ``.npz`` archive: every member's header is checked before any member is read."""
+    try:
+        archive_size = _size(path)
+        with zipfile.ZipFile(path) as archive:
+            members = [info for info in archive.infolist() if info.filename.endswith(".npy")]
+            for info in members:
+                size = _member_size(info, archive_size, path)
+                with archive.open(info) as fh:
+                    _npy_header(fh, path, info.filename[:-4], size)
+            arrays = {}
+            for info in members:
+                with archive.open(info) as fh:
+                    arrays[info.filename[:-4]] = npy_format.read_array(fh, allow_pickle=False)
+            return arrays
+    except (zipfile.BadZipFile, EOFError, ValueError) as exc:
+        if isinstance(exc, RefusedFile):
+            raise
+        raise RefusedFile(path, f"not a readable npz archive ({type(exc).__name__}: {exc})") from None
+
+
+# -- zarr ----------------------------------------------------------------------------------------------
+
+# .zattrs (user attributes) is not read: zarr decodes nothing with it, and its keys are anybody's
+_ZARR_METADATA = (".zarray", ".zgroup", ".zmetadata", "zarr.json")
+_STRING_CODECS = ("vlen-utf8", "vlen-bytes")
+
+
+def _metadata_dicts(node):
+    """Every mapping in a zarr metadata document, at any depth (sharding nests codecs, consolidated metadata
+    holds every array's document), user attributes left out."""
+    if isinstance(node, dict):
+        yield node
+        for key, value in node.items():
+            if key != "attributes" and not key.endswith(".zattrs"):
+                yield from _metadata_dicts(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _metadata_dicts(value)
+
+
+def _codec_ids(node):
+    """Every codec id / name in a metadata document."""
+    for mapping in _metadata_dicts(node):
+        for key in ("id", "name"):
+            if isinstance(mapping.get(key), str):
+                yield mapping[key]
+
+
+def _object_dtypes(node):
+    """The v2 array documents (a "dtype" beside "zarr_format") of a metadata document."""
+    return [mapping for mapping in _metadata_dicts(node) if "dtype" in mapping and "zarr_format" in mapping]
+
+
+def _chunk_shapes(node):
+    """Every chunk shape a metadata document declares (v2 "chunks", v3 and sharding "chunk_shape")."""
+    for mapping in _metadata_dicts(node):
+        for key in ("chunks", "chunk_shape"):
+            if key in mapping:
+                yield mapping[key]
+
+
+def _is_object_dtype(dtype):
+    if isinstance(dtype, str):
+        return dtype.lstrip("|<>=") == "O"
+    if isinstance(dtype, list):  # structured: [[field, dtype(, shape)], ...]
+        return any(isinstance(f, list) and len(f) > 1 and _is_object_dtype(f[1]) for f in dtype)
+    return False
+
+
+def _check_zarr_document(document, path, file):
+    for shape in _chunk_shapes(document):
+        if not (isinstance(shape, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                                for v in shape)):
+            raise RefusedFile(path, f"{file} declares chunks of shape {shape!r}: not positive integers")
+    for codec in _codec_ids(document):
+        if "pickle" in codec.lower():
+            raise RefusedFile(path, f"{file} uses the pickle codec ({codec!r}), which runs code when read: refused")
+    for array in _object_dtypes(document):
+        if _is_object_dtype(array["dtype"]):
+            codecs = list(_codec_ids({"filters": array.get("filters"), "compressor": array.get("compressor")}))
+            if not any(c in _STRING_CODECS for c in codecs):
+                raise RefusedFile(path, f"{file} declares an array of dtype object (codecs {codecs}): only numbers, "
+                                        "booleans and strings are read")
+
+
+def check_zarr_store(path):
+    """Check every metadata document of a zarr store on disk, before zarr reads any of them. Groups are
+    walked; an array's directory is not listed (its chunks can be millions of files)."""
+    root = os.fspath(path)
+    seen = set()
+
+    def visit(directory):
+        real = os.path.realpath(directory)  # zarr follows symbolic links, and so does this walk, once
+        if real in seen:
+            return
+        seen.add(real)
+        is_array = False
+        for file in _ZARR_METADATA:
+            where = os.path.join(directory, file)
+            if not os.path.isfile(where):
+                continue
+            relative = os.path.relpath(where, root)
+            if os.path.getsize(where) > _MAX_METADATA_BYTES:
+                raise RefusedFile(path, f"{relative} is {os.path.getsize(where):,} bytes, too large for zarr metadata")
+            try:
+                with open(where, encoding="utf-8") as fh:
+                    document = json.load(fh)
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+                raise RefusedFile(path, f"{relative} is not JSON ({type(exc).__name__})") from None
+            _check_zarr_document(document, path, relative)
+            is_array |= file == ".zarray" or (isinstance(document, dict) and document.get("node_type") == "array")
+        if is_array:
+            return
+        with os.scandir(directory) as entries:
+            children = [entry.path for entry in entries if entry.is_dir()]
+        for child in children:
+            visit(child)
+
+    visit(root)
+
+
+class ZarrRows:
+    """A zarr array as agpc reads it (shape, dtype, chunks, slicing, ``oindex``): a chunk that cannot be
+    decoded is one ``ValueError`` naming the store and the array instead of zarr's asyncio traceback."""
+
+    def __init__(self, array, path, name):
+        self._array, self._path, self._name = array, os.fspath(path), name
+        if array.dtype.kind != "T":  # numpy's variable-length strings: zarr 3's labels, checked in the metadata
+            check_dtype(array.dtype, path, name)
+        self.shape, self.dtype, self.chunks, self.ndim = array.shape, array.dtype, array.chunks, array.ndim
+
+    def __len__(self):
+        return self.shape[0]
+
+    def _read(self, reader, key):
+        try:
+            return reader[key]
+        # what zarr and its codecs raise on a chunk they cannot decode (numcodecs' blosc / zstd: RuntimeError)
+        except (RuntimeError, ValueError, TypeError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
+            raise RefusedFile(self._path, f"{_what(self._name)} cannot be read ({type(exc).__name__}: "
+                                          f"{' '.join(str(exc).split())})") from None
+
+    def __getitem__(self, key):
+        return self._read(self._array, key)
+
+    def __array__(self, dtype=None, copy=None):
+        values = np.asarray(self[...])
+        return values if dtype is None else values.astype(dtype)
+
+    @property
+    def oindex(self):
+        outer = self
+
+        class _Outer:
+            def __getitem__(self, key):
+                return outer._read(outer._array.oindex, key)
+
+        return _Outer()
+
+
+def open_zarr(path):
+    """A zarr store, its metadata checked first: ``{name: ZarrRows}`` for a group, a ``ZarrRows`` for an array."""
+    import zarr
+
+    check_zarr_store(path)
+    try:
+        node = zarr.open(os.fspath(path), mode="r")
+        if isinstance(node, zarr.Group):
+            return {name: ZarrRows(node[name], path, name) for name in node.array_keys()}
+    except (ValueError, TypeError, KeyError, OSError) as exc:
+        if isinstance(exc, RefusedFile):
+            raise
+        raise RefusedFile(path, f"not a readable zarr store ({type(exc).__name__}: {' '.join(str(exc).split())})") \
+            from None
+    return ZarrRows(node, path, None)
+
+
+# -- Parquet -------------------------------------------------------------------------------------------
+
+def _version_tuple(text):
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(v or 0) for v in match.groups()) if match else (0, 0, 0)
+
+
+def _plain_column_type(pa, field):
+    kind = field.type
+    if isinstance(kind, pa.ExtensionType) or (field.metadata and b"ARROW:extension:name" in field.metadata):
+        return False
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+            or pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind))
+
+
+def read_parquet_columns(path):
+    """(column names, columns as NumPy arrays) of a Parquet file; the schema is checked before any data."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if _version_tuple(pa.__version__) < MIN_PYARROW:
+        raise ImportError(f"reading Parquet needs pyarrow >= {'.'.join(map(str, MIN_PYARROW))} (older versions can run "
+                          f"code from a Parquet file); this is pyarrow {pa.__version__}: pip install -U pyarrow")
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise RefusedFile(path, f"not a readable Parquet file ({' '.join(str(exc).split())})") from None
+    refused = [f"{field.name} ({field.type})" for field in schema if not _plain_column_type(pa, field)]
+    if refused:
+        raise RefusedFile(path, f"columns of types agpc does not read (numbers, booleans and strings only): "
+                                f"{', '.join(refused)}")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise RefusedFile(path, f"not a readable Parquet file ({' '.join(str(exc).split())})") from None
+    return list(table.column_names), [column.to_numpy() for column in table.columns]

@@ -1,0 +1,308 @@
+"""Checks of what users pass in: the estimator's parameters (against a declarative table) and class labels.
+
+Each parameter has a list of constraints (``Interval``, ``Options``, ``InstanceOf``, ...); a value is
+accepted when any one of them accepts it, and refused with one ValueError that names the parameter, shows
+the value and says what is allowed. This is scikit-learn's ``_parameter_constraints`` idea, written here
+because ``sklearn.utils._param_validation`` is private; the table lives next to the estimator
+(``GPClassifier._parameter_constraints``) so that a new parameter is one more entry.
+
+Booleans are never taken for numbers (``True`` is not an ``int`` here, unlike in Python), and numbers
+must be finite unless an interval reaches infinity on purpose (``tol=nan`` is refused: every comparison
+with NaN is false, so it would silently switch a test off).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+
+import numpy as np
+
+__all__ = [
+    "Interval",
+    "Options",
+    "InstanceOf",
+    "Boolean",
+    "ArrayNamespace",
+    "ArrayLike",
+    "HasMethods",
+    "Subset",
+    "RandomState",
+    "FloatingType",
+    "validate_params",
+    "check_labels",
+]
+
+
+def _is_bool(value):
+    return isinstance(value, (bool, np.bool_))
+
+
+class Interval:
+    """A number of ``kind`` (``numbers.Integral`` or ``numbers.Real``) between ``left`` and ``right``
+    (``None``: unbounded), closed on the sides ``closed`` names ("left", "right", "both" or "neither").
+    Real values must be finite (not NaN, not infinite)."""
+
+    def __init__(self, kind, left, right, closed):
+        if kind not in (numbers.Integral, numbers.Real):
+            raise TypeError(f"Interval kind must be numbers.Integral or numbers.Real, got {kind!r}")
+        if closed not in ("left", "right", "both", "neither"):
+            raise ValueError(f"closed must be 'left', 'right', 'both' or 'neither', got {closed!r}")
+        self.kind, self.left, self.right, self.closed = kind, left, right, closed
+
+    def accepts(self, value):
+        if _is_bool(value) or not isinstance(value, self.kind):
+            return False
+        if not math.isfinite(float(value)):
+            return False
+        if self.left is not None:
+            if value < self.left or (value == self.left and self.closed not in ("left", "both")):
+                return False
+        if self.right is not None:
+            if value > self.right or (value == self.right and self.closed not in ("right", "both")):
+                return False
+        return True
+
+    def __str__(self):
+        what = "an int" if self.kind is numbers.Integral else "a finite number"
+        lo = "-inf" if self.left is None else f"{self.left:g}"
+        hi = "inf" if self.right is None else f"{self.right:g}"
+        lb = "[" if self.left is not None and self.closed in ("left", "both") else "("
+        rb = "]" if self.right is not None and self.closed in ("right", "both") else ")"
+        return f"{what} in {lb}{lo}, {hi}{rb}"
+
+
+class Options:
+    """One of the given values (strings, or None); ``ignore_case`` compares strings in lower case."""
+
+    def __init__(self, *values, ignore_case=False):
+        self.values = values
+        self.ignore_case = ignore_case
+
+    def accepts(self, value):
+        if not isinstance(value, str):
+            return False  # (an array compared with == would be ambiguous; a number is never an option here)
+        if self.ignore_case:
+            return value.lower() in [v.lower() for v in self.values]
+        return value in self.values
+
+    def __str__(self):
+        return "one of " + ", ".join(repr(v) for v in self.values)
+
+
+class InstanceOf:
+    """An instance of one of ``types`` (``description`` says what it is in the error message)."""
+
+    def __init__(self, *types, description=None):
+        self.types = types
+        self.description = description or " or ".join(t.__name__ for t in types)
+
+    def accepts(self, value):
+        return isinstance(value, self.types) and not (_is_bool(value) and bool not in self.types)
+
+    def __str__(self):
+        return self.description
+
+
+class _NoneValue:
+    def accepts(self, value):
+        return value is None
+
+    def __str__(self):
+        return "None"
+
+
+class Boolean:
+    """True or False (a Python or NumPy bool; not 0 / 1)."""
+
+    def accepts(self, value):
+        return _is_bool(value)
+
+    def __str__(self):
+        return "a bool"
+
+
+class ArrayNamespace:
+    """An array-API namespace module (``array_api_strict``, ``array_api_compat.numpy``, ...)."""
+
+    def accepts(self, value):
+        return not isinstance(value, str) and all(hasattr(value, a) for a in ("asarray", "linalg", "float64"))
+
+    def __str__(self):
+        return "an array namespace module"
+
+
+class ArrayLike:
+    """A matrix with at least one row: an array (anything with a ``shape``) or a nested list / tuple of
+    numbers. Its column count and values are checked where the data it must match are known."""
+
+    def accepts(self, value):
+        if hasattr(value, "shape"):
+            shape = tuple(value.shape)
+        elif isinstance(value, (list, tuple)):
+            try:
+                shape = np.shape(value)
+            except ValueError:  # ragged
+                return False
+        else:
+            return False
+        return len(shape) == 2 and shape[0] >= 1
+
+    def __str__(self):
+        return "an array of shape (m, n_features) with m >= 1"
+
+
+class HasMethods:
+    """An object with the given methods (duck typing, e.g. a ``distributed.Client``)."""
+
+    def __init__(self, *methods, description=None):
+        self.methods = methods
+        self.description = description or "an object with methods " + ", ".join(methods)
+
+    def accepts(self, value):
+        return all(callable(getattr(value, m, None)) for m in self.methods)
+
+    def __str__(self):
+        return self.description
+
+
+class Subset:
+    """A string among ``values`` or a non-empty tuple / list of distinct ones."""
+
+    def __init__(self, *values):
+        self.values = values
+
+    def accepts(self, value):
+        if isinstance(value, str):
+            return value in self.values
+        if not isinstance(value, (tuple, list)) or not value:
+            return False
+        return all(isinstance(v, str) and v in self.values for v in value) and len(set(value)) == len(value)
+
+    def __str__(self):
+        return f"a name or a tuple of distinct names among {self.values}"
+
+
+class RandomState:
+    """A seed (an int in [0, 2**32)), a ``numpy.random.Generator`` or ``RandomState``."""
+
+    _SEED = Interval(numbers.Integral, 0, 2**32 - 1, "both")
+
+    def accepts(self, value):
+        return self._SEED.accepts(value) or isinstance(value, (np.random.Generator, np.random.RandomState))
+
+    def __str__(self):
+        return "a seed (an int in [0, 2**32 - 1]), a numpy.random.Generator or RandomState"
+
+
+class FloatingType:
+    """One of the floating types ``names`` (e.g. "float64", "float32"), or a NumPy spelling of one
+    (``numpy.float32``, ``numpy.dtype("f4")``, "f4")."""
+
+    def __init__(self, *names):
+        self.names = names
+
+    def accepts(self, value):
+        return self.name_of(value) in self.names
+
+    @staticmethod
+    def name_of(value):
+        if value is None or _is_bool(value):
+            return None
+        try:
+            return np.dtype(value).name
+        except TypeError:
+            return None
+
+    def __str__(self):
+        return " or ".join(repr(n) for n in self.names) + " (or a NumPy spelling of one)"
+
+
+NONE = _NoneValue()
+PATH = InstanceOf(str, os.PathLike, description="a path (str or os.PathLike)")
+
+
+def validate_params(params, constraints, owner):
+    """Check every entry of ``params`` (a dict name -> value) that ``constraints`` names (name -> list of
+    constraints, any of which may accept the value); the first refused value raises a ValueError naming
+    ``owner``'s parameter, its value and what is allowed. (That the table covers every parameter is
+    checked by the tests, not here: a subclass's extra parameter is its own business.)"""
+    for name, value in params.items():
+        allowed = constraints.get(name)
+        if allowed is None:
+            continue
+        if any(c.accepts(value) for c in allowed):
+            continue
+        options = [str(c) for c in allowed]
+        text = options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
+        raise ValueError(f"{owner}: {name} must be {text}, got {_short_repr(value)}")
+
+
+def _short_repr(value, limit=80):
+    """The value as the message shows it: its repr, cut short for large objects (an array's type and shape)."""
+    if hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, type):  # (np.int32 has both)
+        return f"{type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- labels ---------------------------------------------------------------------------------------
+
+_SHOWN_ROWS = 5
+
+
+def _rows_text(rows, offset):
+    rows = [int(r) + offset for r in rows]
+    shown = ", ".join(str(r) for r in rows[:_SHOWN_ROWS])
+    more = f", ... ({len(rows)} in all)" if len(rows) > _SHOWN_ROWS else ""
+    return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"
+
+
+def _label_kind(value):
+    """The kind of one label in an object array: "str", "number", "None", "NaN", or its type's name."""
+    if value is None:
+        return "None"
+    if isinstance(value, (str, bytes)):
+        return "str"
+    if isinstance(value, (numbers.Real, np.bool_)):  # bools, ints and floats order among themselves
+        return "NaN" if isinstance(value, numbers.Real) and value != value else "number"
+    return type(value).__name__
+
+
+def check_labels(y, what="y", offset=0):
+    """Class labels (1-D, on the host) that a classifier can take, else one ValueError naming ``what``, the
+    problem and the rows (counted from ``offset``): no missing labels (None, NaN), no empty or blank strings
+    (an empty cell in a file is a missing value, not a class), and one kind of label, strings or numbers
+    (mixed, they have no order: ``np.unique`` fails, and a list of them would silently become strings).
+    Returns y as a NumPy array."""
+    mixed_container = isinstance(y, (list, tuple))
+    values = np.asarray(y)
+    if values.dtype == object or mixed_container:
+        objects = np.asarray(y, dtype=object).ravel()
+        kinds = {}
+        for row, value in enumerate(objects):
+            kinds.setdefault(_label_kind(value), []).append(row)
+        for missing in ("None", "NaN"):
+            if missing in kinds:
+                raise ValueError(f"{what} has missing labels ({missing}) at {_rows_text(kinds[missing], offset)}: "
+                                 "drop those rows or give them a class")
+        if len(kinds) > 1:
+            found = ", ".join(f"{kind} at row {rows[0] + offset}" for kind, rows in kinds.items())
+            raise ValueError(f"{what} mixes kinds of labels ({found}): use one kind for every label, e.g. all "
+                             "strings or all integers")
+        blank = [row for row, value in enumerate(objects) if isinstance(value, (str, bytes)) and not value.strip()]
+    elif values.dtype.kind == "f":
+        nan = np.flatnonzero(np.isnan(values))
+        if nan.size:
+            raise ValueError(f"{what} has missing labels (NaN) at {_rows_text(nan, offset)}: drop those rows or "
+                             "give them a class")
+        blank = []
+    elif values.dtype.kind in "US":
+        blank = np.flatnonzero(np.char.strip(values) == ("" if values.dtype.kind == "U" else b""))
+    else:
+        blank = []
+    if len(blank):
+        raise ValueError(f"{what} has empty labels at {_rows_text(blank, offset)}: an empty cell is a missing "
+                         "label, not a class; drop those rows or give them a class")
+    return values

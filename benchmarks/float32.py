@@ -1,0 +1,91 @@
+"""float32 against float64 (issue 17 item 6): test NLL and time per training step, on the CPU.
+
+For each data set (banana, airline-like; generated, no files needed) and method, one GPClassifier is fitted
+in each type and scored on a held-out half. Two float64 columns: with its default jitter (1e-6), as a user
+gets it, and with float32's jitter (``agpc.backend.jitter_floor``), so that the NLL difference of the last
+column is round-off alone. Time per step: from the fit's history (``time`` and ``n_steps`` at each record, an
+epoch or a batch iteration), the least disturbed record's time divided by its steps.
+
+    python benchmarks/float32.py            # n = 20000, m = 100, batch 200
+    python benchmarks/float32.py --quick    # seconds, for a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import load_line, print_machine  # noqa: E402
+
+from agpc import GPClassifier  # noqa: E402
+from agpc.backend import jitter_floor  # noqa: E402
+from agpc.datasets import make_airline_like, make_banana  # noqa: E402
+
+SETTINGS = {
+    "sep": dict(method="sep", batch_size=200),
+    "ep (minibatch)": dict(method="ep", batch_size=200),
+    "ep (batch)": dict(method="ep", batch_size=None),
+    "svi": dict(method="svi", batch_size=200),
+}
+
+
+def data(name, n):
+    if name == "banana":
+        X, y = make_banana(2 * n, random_state=0)
+    else:
+        X, y = make_airline_like(2 * n, random_state=0)
+        X = (X - X.mean(axis=0)) / X.std(axis=0)
+    return X[:n], y[:n], X[n:], y[n:]
+
+
+def fit_and_score(settings, X, y, X_test, y_test, *, m, max_iter, dtype, jitter):
+    started = time.perf_counter()
+    model = GPClassifier(n_inducing=m, max_iter=max_iter, random_state=0, dtype=dtype, jitter=jitter,
+                         blas_threads=1, **settings).fit(X, y)
+    elapsed = time.perf_counter() - started
+    proba = np.asarray(model.predict_proba(X_test), dtype=np.float64)
+    nll = float(-np.mean(np.log(proba[np.arange(len(y_test)), np.searchsorted(model.classes_, y_test)])))
+    # time per step from the training history (one record an epoch, or an iteration in batch mode): the least
+    # disturbed record's time over its steps (the machine is shared: other processes only ever add time)
+    times, steps = np.asarray(model.history_["time"]), np.asarray(model.history_["n_steps"])
+    per_step = np.diff(times) / np.maximum(np.diff(steps), 1)
+    ms = 1e3 * (float(np.min(per_step)) if per_step.size else elapsed / max(1, int(steps[-1])))
+    return nll, ms, int(steps[-1])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--n", type=int, default=20000, help="training rows (as many test rows)")
+    parser.add_argument("--m", type=int, default=100)
+    parser.add_argument("--epochs", type=int, default=5, help="max_iter: epochs (minibatch) or iterations (batch)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.n, args.m, args.epochs = 1000, 20, 2
+    print_machine("float32 against float64: test NLL and time per step (CPU, one BLAS thread)")
+    jitter32 = jitter_floor(np.zeros((args.m, 1), dtype=np.float32))
+    print(f"n = {args.n} training and {args.n} test rows, m = {args.m}, batch 200, max_iter = {args.epochs}; "
+          f"float32 jitter {jitter32:.2e} (100 m eps).\n")
+    print("| data | method | NLL float64 (jitter 1e-6) | NLL float64 (float32's jitter) | NLL float32 | "
+          "NLL float32 - float64 (same jitter) | ms/step float64 | ms/step float32 | speed-up |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in ("banana", "airline-like"):
+        X, y, X_test, y_test = data(name, args.n)
+        for label, settings in SETTINGS.items():
+            kw = dict(m=args.m, max_iter=args.epochs)
+            default64, _, _ = fit_and_score(settings, X, y, X_test, y_test, dtype="float64", jitter=1e-6, **kw)
+            nll64, ms64, _ = fit_and_score(settings, X, y, X_test, y_test, dtype="float64", jitter=jitter32, **kw)
+            nll32, ms32, _ = fit_and_score(settings, X, y, X_test, y_test, dtype="float32", jitter=jitter32, **kw)
+            print(f"| {name} | {label} | {default64:.4f} | {nll64:.4f} | {nll32:.4f} | {nll32 - nll64:+.1e} | "
+                  f"{ms64:.2f} | {ms32:.2f} | {ms64 / ms32:.2f}x |", flush=True)
+    print()
+    print(load_line())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""One training step, ready for a GPU: time per step on NumPy (and on CuPy where CUDA is present), the step
+divided by one GEMM of shape (batch x m)(m x m), rows per second, and the step's array operations (on a GPU:
+kernel launches) and host synchronisations.
+
+Steps (``agpc.inference.training.Trainer.step``, each after one warm-up step, so the optimiser's state exists):
+- ``sep`` / ``ep`` / ``svi``: one minibatch step (the pass over ``batch`` rows, the gradient, the site or
+  factor update and the Adadelta / Adam step), on n = 2 x batch rows, alternating the two minibatches;
+- ``batch-ep``: one batch EP iteration over n = ``batch`` rows (the pass that rebuilds q from the sites, the
+  sweep, the gradient, the Rprop step).
+
+Columns:
+- NumPy ms / step: median of ``--repeats`` steps; GEMM ms: one ``(batch x m) @ (m x m)`` in the same dtype on
+  the same BLAS threads; step / GEMM: their ratio (what the step costs in units of its dominant product);
+  NumPy rows / s: batch / step.
+- ops, syncs: one step counted through ``CountingNamespace`` (tests/array_counting.py, imported from tests/
+  by path: the benchmark and the tests share one counter) over ``array_api_compat.numpy``: every array
+  operation is a kernel launch on a GPU, every host conversion or data-dependent shape a synchronisation
+  (syncs = host conversions + data-dependent shapes; the step's own summary transfer is one).
+- GPU ms / step, GPU step / GEMM, GPU rows / s and speed-up over NumPy: ``cupyx.profiler.benchmark`` (GPU
+  time, median) of the same step on ``array_api_compat.cupy``, where CuPy and a CUDA device are present;
+  otherwise the table says "no GPU on this machine".
+- dtype: float64, and float32 where ``GPClassifier`` takes a ``dtype`` parameter (``--dtypes``); on a branch
+  without it the float32 rows say "n/a".
+
+Synthetic data: X standard Gaussian (n x d), labels +-1 from a smooth function, Z = m standard Gaussian points,
+RBF kernel (lengthscales 1, amplitude 1, noise 1e-3), d = 8.
+
+    PYTHONPATH=. python benchmarks/gpu.py              # m = 100, 200, 500, 1000 x batch = 200, 1000, 10000
+    PYTHONPATH=. python benchmarks/gpu.py --quick      # smoke test (m = 20, 50; batch = 60, 150)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))  # array_counting.CountingNamespace, shared with the tests
+from _machine import limit_blas, load_line, print_machine  # noqa: E402
+
+METHODS = ("sep", "ep", "svi", "batch-ep")
+NO_GPU = "no GPU on this machine"
+# agpc.backend's standard-only special functions: the counting namespace is not NumPy to agpc.backend, so log Phi
+# takes its generic series there; it is counted as the one operation it is on NumPy and CuPy (as
+# tests/test_step_budgets.py counts it)
+GENERIC_FALLBACKS = ("_log_ndtr_generic",)
+N_FEATURES = 8  # in 8 dimensions m <= 1000 Gaussian inducing points keep K(Z, Z) well conditioned at lengthscale 1
+JITTER = 1e-6
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke-test setting (m = 20, 50; batch = 60, 150; 2 repeats)")
+    p.add_argument("--ms", default=None, help="comma-separated m values (default 100,200,500,1000)")
+    p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 200,1000,10000)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {','.join(METHODS)}")
+    p.add_argument("--dtypes", default="float64,float32", help="comma-separated: float64, float32")
+    p.add_argument("--repeats", type=int, default=5, help="timed steps per configuration, median (default 5)")
+    p.add_argument("--max-step-seconds", type=float, default=20.0,
+                   help="skip a configuration whose first step took longer than this (default 20)")
+    p.add_argument("--no-counts", action="store_true", help="skip the counted step (ops, syncs)")
+    p.add_argument("--blas-threads", type=int, default=None,
+                   help="limit BLAS threads with threadpoolctl; 0 leaves them as configured (default 0, but 1 with "
+                        "--quick: on a small shared machine a multi-threaded BLAS stalls on small products whenever "
+                        "another process holds a core)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.quick and args.blas_threads is None:
+        args.blas_threads = 1
+    if args.quick:
+        args.ms = args.ms or "20,50"
+        args.batches = args.batches or "60,150"
+        args.repeats = min(args.repeats, 2)
+    args.ms = [int(float(v)) for v in (args.ms or "100,200,500,1000").split(",")]
+    args.batches = [int(float(v)) for v in (args.batches or "200,1000,10000").split(",")]
+    args.methods = [v.strip() for v in args.methods.split(",") if v.strip()]
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        p.error(f"unknown methods {unknown}: use {','.join(METHODS)}")
+    args.dtypes = [v.strip() for v in args.dtypes.split(",") if v.strip()]
+    if not set(args.dtypes) <= {"float64", "float32"}:
+        p.error("--dtypes takes float64 and float32")
+    return args
+
+
+# -- what this branch and this machine have -----------------------------------------------------------------
+
+def dtype_support():
+    """{dtype name: None if it can run, else why not}. float32 needs GPClassifier's ``dtype`` parameter."""
+    from agpc import GPClassifier
+
+    takes_dtype = "dtype" in GPClassifier().get_params()
+    return {"float64": None,
+            "float32": None if takes_dtype else "GPClassifier has no dtype parameter on this branch"}
+
+
+def gpu_namespace():
+    """(array_api_compat.cupy, None) where CuPy and a CUDA device are present, else (None, why not)."""
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return None, "CuPy sees no CUDA device"
+        import array_api_compat.cupy as xp
+
+        return xp, None
+    except Exception as exc:  # ImportError, or a CUDA runtime error
+        return None, f"CuPy unavailable: {type(exc).__name__}: {exc}"
+
+
+# -- one configuration --------------------------------------------------------------------------------------
+
+def make_problem(m, batch, method, dtype, seed):
+    """Host arrays (X, y, Z) for ``method`` at (m, batch) in ``dtype``."""
+    rng = np.random.default_rng(seed)
+    n = batch if method == "batch-ep" else 2 * batch
+    X = rng.standard_normal((n, N_FEATURES))
+    f = np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1] * X[:, 2] - 0.3 * X[:, 3] ** 2 + 0.3 * X[:, 4:].sum(axis=1)
+    y = np.where(f + 0.1 * rng.standard_normal(n) > 0, 1.0, -1.0)
+    Z = rng.standard_normal((m, N_FEATURES))
+    return X.astype(dtype), y.astype(dtype), Z.astype(dtype)
+
+
+class Step:
+    """A warmed-up trainer for one configuration in namespace ``xp``; calling it takes one step."""
+
+    def __init__(self, xp, problem, method, batch):
+        from agpc.inference import training
+        from agpc.kernels import RBF
+
+        from agpc import backend
+
+        X, y, Z = (xp.asarray(a) for a in problem)
+        kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=1e-3).for_inputs(X)
+        minibatch = method != "batch-ep"
+        self.X, self.y, self.batch, self.minibatch = X, y, batch, minibatch
+        # the estimator's jitter: 1e-6, raised to the floor for Z's type where the library has one (float32)
+        floor = getattr(backend, "jitter_floor", None)
+        jitter = max(JITTER, floor(Z)) if floor is not None else JITTER
+        self.trainer = training.Trainer(kernel, Z, method="ep" if method == "batch-ep" else method,
+                                        n_total=X.shape[0], minibatch=minibatch, jitter=jitter)
+        self.calls = 0
+        # warm-up: the optimiser's state, compiled kernels on a GPU; a step the training loop's guard refused
+        # (it raises the jitter or halves the steps and the next one goes on) is not one to time
+        for _ in range(3):
+            if self.take():
+                break
+        else:
+            raise FloatingPointError("three warm-up steps failed on the benchmark data")
+
+    def take(self):
+        """One step; True when the guard took it (a finite log Z)."""
+        lo = (self.calls % 2) * self.batch if self.minibatch else 0
+        self.calls += 1
+        took, _, log_z = self.trainer.step(self.X, self.y, lo, lo + self.batch, stepping=True)
+        return took and np.isfinite(log_z)
+
+    def __call__(self):
+        if not self.take():
+            raise FloatingPointError(f"a timed {self.trainer.method} step failed (the guard refused it)")
+
+
+def time_numpy(step, repeats, max_seconds):
+    """Seconds per step (median), or None when the first step exceeded ``max_seconds``."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+        if times[0] > max_seconds:
+            return None
+    return statistics.median(times)
+
+
+def time_gemm(m, batch, dtype, rounds=5, min_seconds=0.02):
+    """Seconds of one (batch x m) @ (m x m) product on NumPy: the median over ``rounds`` of the mean of a loop of
+    at least ``min_seconds`` (a shared machine perturbs single timings)."""
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((batch, m)).astype(dtype)
+    B = rng.standard_normal((m, m)).astype(dtype)
+    A @ B
+    means = []
+    for _ in range(rounds):
+        loops, elapsed = 0, 0.0
+        t0 = time.perf_counter()
+        while elapsed < min_seconds:
+            A @ B
+            loops += 1
+            elapsed = time.perf_counter() - t0
+        means.append(elapsed / loops)
+    return statistics.median(means)
+
+
+def count_step(problem, method, batch):
+    """(array operations, host synchronisations) of one step, counted on array_api_compat.numpy."""
+    import array_api_compat.numpy as base
+    from array_counting import CountingNamespace
+
+    namespace = CountingNamespace(base)
+    step = Step(namespace, problem, method, batch)
+    with namespace.counting() as tally:
+        step()
+    counts = tally.folded(GENERIC_FALLBACKS).counts()
+    return counts["op"], counts["syncs"]
+
+
+def time_gpu(xp, problem, method, batch, dtype, repeats):
+    """(GPU seconds per step, GPU seconds of the GEMM), medians of ``cupyx.profiler.benchmark``."""
+    import cupy
+    from cupyx.profiler import benchmark
+
+    step = Step(xp, problem, method, batch)
+    step_times = benchmark(step, n_repeat=repeats, n_warmup=1).gpu_times[0]
+    m = problem[2].shape[0]
+    A = cupy.random.standard_normal((batch, m)).astype(dtype)
+    B = cupy.random.standard_normal((m, m)).astype(dtype)
+    gemm_times = benchmark(lambda: A @ B, n_repeat=max(repeats, 10), n_warmup=2).gpu_times[0]
+    return float(np.median(step_times)), float(np.median(gemm_times))
+
+
+# -- the table ----------------------------------------------------------------------------------------------
+
+def _ms(seconds):
+    return f"{1e3 * seconds:.3g}"
+
+
+def _rate(rows, seconds):
+    return f"{rows / seconds:,.0f}"
+
+
+def run(args):
+    gpu_xp, no_gpu_reason = gpu_namespace()
+    dtypes = dtype_support()
+    header = ["method", "m", "batch", "dtype", "NumPy ms/step", "GEMM ms", "step/GEMM", "NumPy rows/s", "ops",
+              "syncs"]
+    header += ["GPU ms/step", "GPU step/GEMM", "GPU rows/s", "GPU speed-up"] if gpu_xp is not None else ["GPU"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for method in args.methods:
+        for m in args.ms:
+            for batch in args.batches:
+                for dtype in args.dtypes:
+                    cells = [method, str(m), str(batch), dtype]
+                    if dtypes[dtype] is not None:
+                        print("| " + " | ".join(cells + ["n/a"] * (len(header) - len(cells))) + " |", flush=True)
+                        continue
+                    try:
+                        cells += config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype)
+                    except Exception as exc:  # a dtype the branch takes but cannot run yet: say so, go on
+                        if dtype == "float64":
+                            raise
+                        cells += [f"n/a ({type(exc).__name__}: {exc})"[:120]] + ["n/a"] * (len(header) - 5)
+                    print("| " + " | ".join(cells) + " |", flush=True)
+    if gpu_xp is None:
+        print(f"\nGPU columns: {NO_GPU} ({no_gpu_reason}).")
+    for dtype in args.dtypes:
+        if dtypes[dtype] is not None:
+            print(f"\n{dtype} rows n/a: {dtypes[dtype]}.")
+
+
+def config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype):
+    import array_api_compat.numpy as np_xp
+
+    problem = make_problem(m, batch, method, dtype, args.seed)
+    step_seconds = time_numpy(Step(np_xp, problem, method, batch), args.repeats, args.max_step_seconds)
+    if step_seconds is None:
+        return [f"skipped (first step > {args.max_step_seconds:g} s)"] + ["-"] * (9 if gpu_xp is not None else 6)
+    gemm_seconds = time_gemm(m, batch, dtype)
+    cells = [_ms(step_seconds), _ms(gemm_seconds), f"{step_seconds / gemm_seconds:.1f}", _rate(batch, step_seconds)]
+    cells += ["-", "-"] if args.no_counts else [str(v) for v in count_step(problem, method, batch)]
+    if gpu_xp is None:
+        return cells + [NO_GPU]
+    gpu_step, gpu_gemm = time_gpu(gpu_xp, problem, method, batch, dtype, args.repeats)
+    return cells + [_ms(gpu_step), f"{gpu_step / gpu_gemm:.1f}", _rate(batch, gpu_step),
+                    f"{step_seconds / gpu_step:.1f}x"]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    limiter = limit_blas(args.blas_threads)  # noqa: F841 (kept alive for the run)
+    print_machine("One training step on NumPy and on a GPU (benchmarks/gpu.py)", argv)
+    run(args)
+    print(f"\n{load_line()}")
+
+
+if __name__ == "__main__":
+    main()

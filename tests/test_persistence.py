@@ -1,0 +1,564 @@
+"""Files agpc reads are not trusted: hostile data files (npy, npz, zarr, Parquet) are refused before any data is
+read, with one ValueError naming the file and the problem, and no payload runs; model files keep the feature
+names, carry a format version, are validated field by field, and choose no path we write to; checkpoints are
+validated the same way and tied to the data they were written for."""
+
+import json
+import os
+import pickle
+import warnings
+import zipfile
+
+import numpy as np
+import pytest
+from numpy.lib import format as npy_format
+
+from agpc import untrusted
+from agpc.cli import main
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Payload:
+    """Unpickling this creates the file ``marker``: a file that can run code would leave it behind."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def assert_refused_in_one_line(status, err, path, words):
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("agpc: error:"), err
+    assert str(path) in lines[0]
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def fit_cli(data, tmp_path, *target):
+    return main(["fit", str(data), *target, "--quiet", "--max-iter", "1", "--out", str(tmp_path / "m.agpc")])
+
+
+# -- npy / npz --------------------------------------------------------------------------------------
+
+def test_object_npy_is_refused_without_unpickling(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    path = tmp_path / "hostile.npy"
+    np.save(path, np.array([[Payload(marker), 1.0]], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="dtype object") as info:
+        untrusted.read_npy(path)
+    assert str(path) in str(info.value)
+    assert_refused_in_one_line(fit_cli(path, tmp_path, "--target", "1"), capsys.readouterr().err, path, ["object"])
+    assert not marker.exists()
+
+
+def write_npy_header(path, shape, descr="<f8", data=b"\0" * 64):
+    with open(path, "wb") as fh:
+        npy_format.write_array_header_1_0(fh, {"descr": descr, "fortran_order": False, "shape": shape})
+        fh.write(data)
+
+
+def test_npy_header_declaring_a_huge_shape_is_one_value_error(tmp_path, capsys):
+    path = tmp_path / "huge.npy"
+    write_npy_header(path, (2 ** 40, 2 ** 13))  # 8 bytes each: 71 PiB declared, 64 bytes held
+    with pytest.raises(ValueError, match="declares shape") as info:
+        untrusted.read_npy(path)
+    assert str(path) in str(info.value) and "64 bytes" in str(info.value)
+    status = fit_cli(path, tmp_path, "--target", "0")
+    assert_refused_in_one_line(status, capsys.readouterr().err, path, ["declares shape"])
+
+
+def test_npy_of_a_structured_dtype_is_refused(tmp_path):
+    path = tmp_path / "structured.npy"
+    np.save(path, np.zeros(3, dtype=[("a", "<f8"), ("b", "<i4")]))
+    with pytest.raises(ValueError, match="only numbers, booleans and strings"):
+        untrusted.read_npy(path)
+
+
+def test_npz_members_are_all_checked_before_any_is_read(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    path = tmp_path / "hostile.npz"
+    np.savez(path, X=np.ones((4, 2)), y=np.array([Payload(marker)] * 4, dtype=object))
+    with pytest.raises(ValueError, match="array 'y' has dtype object"):
+        untrusted.read_npz(path)
+    assert_refused_in_one_line(fit_cli(path, tmp_path), capsys.readouterr().err, path, ["'y'", "object"])
+    assert not marker.exists()
+
+    huge = tmp_path / "huge.npz"
+    write_npy_header(tmp_path / "X.npy", (2 ** 50,))
+    with zipfile.ZipFile(huge, "w") as archive:  # stored: the member's size is what it holds
+        archive.write(tmp_path / "X.npy", "X.npy")
+    with pytest.raises(ValueError, match="array 'X' declares shape"):
+        untrusted.read_npz(huge)
+
+
+def test_npz_member_with_a_forged_uncompressed_size_is_refused(tmp_path):
+    path = tmp_path / "forged.npz"
+    np.savez_compressed(path, X=np.ones((50, 2)))
+    raw = bytearray(path.read_bytes())
+    # the central directory's uncompressed size (offset 24 in its entry) claims 2 GiB for a few hundred bytes
+    central = raw.rindex(b"PK\x01\x02")
+    raw[central + 24:central + 28] = (2 ** 31).to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="forged sizes") as info:
+        untrusted.read_npz(path)
+    assert str(path) in str(info.value)
+
+
+def test_plain_npy_and_npz_read_as_numpy_does(tmp_path):
+    X = np.arange(12.0).reshape(6, 2)
+    labels = np.array(["a", "b"] * 3)
+    np.save(tmp_path / "X.npy", X)
+    np.savez_compressed(tmp_path / "d.npz", X=X, y=labels)
+    np.testing.assert_array_equal(untrusted.read_npy(tmp_path / "X.npy"), X)
+    arrays = untrusted.read_npz(tmp_path / "d.npz")
+    np.testing.assert_array_equal(arrays["X"], X)
+    np.testing.assert_array_equal(arrays["y"], labels)
+
+
+# -- zarr ---------------------------------------------------------------------------------------------
+
+def write_zarr2_array(root, name, shape, dtype, filters, chunk):
+    """A zarr 2-format array written by hand (any installed zarr can read this layout; none needs to write it)."""
+    os.makedirs(root / name, exist_ok=True)
+    meta = {"zarr_format": 2, "shape": list(shape), "chunks": list(shape), "dtype": dtype, "compressor": None,
+            "fill_value": None, "filters": filters, "order": "C"}
+    (root / name / ".zarray").write_text(json.dumps(meta))
+    (root / name / ".".join("0" * len(shape))).write_bytes(chunk)
+
+
+def hostile_zarr(root, marker, codec):
+    os.makedirs(root, exist_ok=True)
+    (root / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
+    write_zarr2_array(root, "X", (3, 2), "<f8", None, np.arange(6.0).tobytes())
+    labels = np.array([Payload(marker), 1, 2], dtype=object)
+    write_zarr2_array(root, "y", (3,), "|O", [codec], pickle.dumps(labels))
+    return root
+
+
+@pytest.mark.parametrize("codec, problem", [({"id": "pickle", "protocol": 5}, "pickle codec"),
+                                            ({"id": "json2", "encoding": "utf-8"}, "dtype object")])
+def test_zarr_with_pickled_or_object_arrays_is_refused_before_zarr_reads_it(tmp_path, capsys, codec, problem):
+    pytest.importorskip("zarr")
+    marker = tmp_path / "ran"
+    store = hostile_zarr(tmp_path / "hostile.zarr", marker, codec)
+    with pytest.raises(ValueError, match=problem):
+        untrusted.open_zarr(store)
+    assert_refused_in_one_line(fit_cli(store, tmp_path), capsys.readouterr().err, store, [problem])
+    model = os.path.join(HERE, "data", "model_v1", "binary_banana.npz")
+    status = main(["predict", model, str(store), "--target", "y", "--out", str(tmp_path / "p.csv")])
+    assert_refused_in_one_line(status, capsys.readouterr().err, store, [problem])
+    assert not marker.exists() and not (tmp_path / "p.csv").exists()
+
+
+def test_zarr_pickle_codec_written_by_zarr_itself_is_refused(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    numcodecs = pytest.importorskip("numcodecs")
+    marker = tmp_path / "ran"
+    store = tmp_path / "written.zarr"
+    try:  # zarr 2 writes object arrays with the pickle codec; zarr 3 warns that it does not, then refuses
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            array = zarr.open(str(store), mode="w", shape=(2,), dtype=object, object_codec=numcodecs.Pickle())
+            array[...] = np.array([Payload(marker), 1], dtype=object)
+    except (TypeError, ValueError, NotImplementedError):
+        pytest.skip(f"zarr {zarr.__version__} does not write arrays with the pickle codec")
+    with pytest.raises(ValueError, match="pickle codec"):
+        untrusted.open_zarr(store)
+
+
+def test_zarr_chunk_that_cannot_be_decoded_is_one_line(tmp_path, capsys):
+    zarr = pytest.importorskip("zarr")
+    store = tmp_path / "corrupt.zarr"
+    group = zarr.open_group(str(store), mode="w")
+    X = np.random.default_rng(0).normal(size=(40, 2))
+    group.create_array("X", shape=X.shape, chunks=(20, 2), dtype="f8")[...] = X
+    group.create_array("y", shape=(40,), chunks=(20,), dtype="i8")[...] = (X[:, 0] > 0).astype(int)
+    chunks = sorted(p for p in (store / "X").rglob("*") if p.is_file() and not p.name.startswith((".", "zarr.json")))
+    chunks[-1].write_bytes(b"not a compressed chunk")
+    status = fit_cli(store, tmp_path)
+    assert_refused_in_one_line(status, capsys.readouterr().err, store, ["array 'X' cannot be read"])
+
+
+def test_zarr_string_labels_are_read(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    store = tmp_path / "labels.zarr"
+    group = zarr.open_group(str(store), mode="w")
+    group.create_array("X", shape=(3, 1), dtype="f8")[...] = np.ones((3, 1))
+    group.create_array("y", shape=(3,), dtype=str)[...] = np.array(["a", "b", "a"])
+    arrays = untrusted.open_zarr(store)
+    assert [str(v) for v in arrays["y"][...]] == ["a", "b", "a"]
+    np.testing.assert_array_equal(np.asarray(arrays["X"]), np.ones((3, 1)))
+
+
+# -- Parquet ----------------------------------------------------------------------------------------------
+
+def test_parquet_extension_columns_are_refused_from_the_schema(tmp_path, capsys):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    marker = tmp_path / "ran"
+    # the extension type pyarrow < 14.0.1 unpickled from a file's schema (CVE-2023-47248), spelled by hand
+    field = pa.field("label", pa.binary(), metadata={b"ARROW:extension:name": b"arrow.py_extension_type",
+                                                      b"ARROW:extension:metadata": pickle.dumps(Payload(marker))})
+    table = pa.table({"x": pa.array([0.0, 1.0]), "label": pa.array([b"a", b"b"], pa.binary())},
+                     schema=pa.schema([pa.field("x", pa.float64()), field]))
+    path = tmp_path / "hostile.parquet"
+    pq.write_table(table, path)
+    with pytest.raises(ValueError, match="label") as info:
+        untrusted.read_parquet_columns(path)
+    assert str(path) in str(info.value)
+    assert_refused_in_one_line(fit_cli(path, tmp_path, "--target", "label"), capsys.readouterr().err, path,
+                               ["label", "numbers, booleans and strings"])
+    assert not marker.exists()
+
+
+def test_parquet_needs_a_pyarrow_that_does_not_unpickle(tmp_path, monkeypatch):
+    pa = pytest.importorskip("pyarrow")
+    monkeypatch.setattr(pa, "__version__", "14.0.0")
+    with pytest.raises(ImportError, match="14.0.1"):
+        untrusted.read_parquet_columns(tmp_path / "any.parquet")
+
+
+# -- model files: versions, feature names, schema, no paths ---------------------------------------------------
+
+from agpc import GPClassifier  # noqa: E402
+from agpc import io as agpc_io  # noqa: E402
+from agpc.datasets import make_banana  # noqa: E402
+
+FIXTURES = os.path.join(HERE, "data", "model_v1")
+
+
+@pytest.mark.parametrize("name", ["binary_banana", "multiclass_iris"])
+def test_version_1_files_load_and_predict_as_when_they_were_saved(name):
+    model = GPClassifier.load(os.path.join(FIXTURES, f"{name}.npz"))
+    expected = np.load(os.path.join(FIXTURES, f"{name}_expected.npz"))
+    np.testing.assert_array_equal(model.classes_, expected["classes"])
+    np.testing.assert_allclose(model.predict_proba(expected["X"]), expected["proba"], rtol=1e-12, atol=1e-15)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A small binary model saved by this agpc, and its header and arrays as written."""
+    X, y = make_banana(120, random_state=3)
+    path = tmp_path_factory.mktemp("model") / "banana.agpc"
+    GPClassifier(n_inducing=5, max_iter=3, random_state=0).fit(X, y).save(path)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    header = json.loads(str(arrays.pop(agpc_io._HEADER)))
+    return path, header, arrays
+
+
+def rewrite(saved, tmp_path, header=None, arrays=None, raw_header=None):
+    """A copy of the saved model with header fields and arrays replaced (None values remove them)."""
+    _, base_header, base_arrays = saved
+    new_header = dict(base_header, **(header or {}))
+    new_arrays = dict(base_arrays, **(arrays or {}))
+    new_arrays = {k: v for k, v in new_arrays.items() if v is not None}
+    new_header = {k: v for k, v in new_header.items() if v is not None}
+    path = tmp_path / "crafted.agpc"
+    with open(path, "wb") as fh:  # a file object: np.savez would add ".npz" to the name
+        np.savez(fh, **new_arrays, **{agpc_io._HEADER: np.asarray(raw_header or json.dumps(new_header))})
+    return path
+
+
+def test_a_newer_format_version_is_refused_naming_both_versions(saved, tmp_path):
+    path = rewrite(saved, tmp_path, header={"version": agpc_io.VERSION + 1})
+    with pytest.raises(ValueError, match=f"version {agpc_io.VERSION + 1}.*versions 1 to {agpc_io.VERSION}") as info:
+        GPClassifier.load(path)
+    assert str(path) in str(info.value)
+
+
+def test_files_choose_no_path_we_write_to(saved, tmp_path):
+    target = tmp_path / "chosen-by-the-file"
+    params = dict(saved[1]["params"], checkpoint_path=str(target), checkpoint_every=1, site_directory=str(target))
+    model = GPClassifier.load(rewrite(saved, tmp_path, header={"params": params}))
+    assert model.get_params()["checkpoint_path"] is None
+    assert model.get_params()["checkpoint_every"] is None and model.get_params()["site_directory"] is None
+    X, y = make_banana(60, random_state=4)
+    model.set_params(max_iter=1).fit(X, y)
+    assert not target.exists()
+
+
+def test_a_saved_checkpoint_path_is_not_restored(tmp_path):
+    X, y = make_banana(60, random_state=4)
+    model = GPClassifier(n_inducing=4, max_iter=2, checkpoint_path=tmp_path / "run.ckpt", checkpoint_every=1)
+    model.fit(X, y).save(tmp_path / "m.agpc")
+    loaded = GPClassifier.load(tmp_path / "m.agpc")
+    assert loaded.checkpoint_path is None and loaded.checkpoint_every is None
+    assert loaded.get_params()["n_inducing"] == 4
+
+
+def upper_triangular(L):
+    L = L.copy()
+    L[0, -1] = 0.5
+    return L
+
+
+def negative_diagonal(L):
+    L = L.copy()
+    L[1, 1] = -L[1, 1]
+    return L
+
+
+CORRUPTIONS = {
+    # name: (header changes, array changes (functions of the saved arrays), words the message must hold)
+    "L_C not triangular": ({}, {"posterior_L_C": lambda a: upper_triangular(a["posterior_L_C"])},
+                           ["posterior_L_C", "lower triangular"]),
+    "L_C negative diagonal": ({}, {"posterior_L_C": lambda a: negative_diagonal(a["posterior_L_C"])},
+                              ["posterior_L_C", "positive"]),
+    "L_C NaN": ({}, {"posterior_L_C": lambda a: a["posterior_L_C"] * np.nan}, ["posterior_L_C", "NaN"]),
+    "duplicated classes": ({}, {"classes": lambda a: np.array([1, 1])}, ["classes", "twice"]),
+    "classes 2-D": ({}, {"classes": lambda a: a["classes"][None, :]}, ["classes"]),
+    "object classes": ({}, {"classes": lambda a: np.array([1, 2], dtype=object)}, ["classes", "object"]),
+    "inducing shape": ({}, {"inducing_points": lambda a: a["inducing_points"][:, :1]}, ["inducing_points", "shape"]),
+    "integer h": ({}, {"posterior_h": lambda a: a["posterior_h"].astype(np.int64)}, ["posterior_h", "dtype"]),
+    "missing kernel array": ({}, {"kernel_log_amplitude": lambda a: None}, ["kernel_log_amplitude", "missing"]),
+    "lengthscale shape": ({}, {"kernel_log_lengthscales": lambda a: np.zeros(7)}, ["kernel_log_lengthscales"]),
+    "extra array": ({}, {"payload": lambda a: np.zeros(3)}, ["unexpected", "payload"]),
+    "params not a mapping": ({"params": [1, 2]}, {}, ["params"]),
+    "unknown method": ({"params": {"method": "nope"}}, {}, ["params", "nope"]),
+    "params value a mapping": ({"params": {"n_inducing": {"a": 1}}}, {}, ["params.n_inducing"]),
+    "jitter a string": ({"params": {"jitter": "big"}}, {}, ["params", "jitter"]),
+    "quadrature in the billions": ({"params": {"n_quadrature": 10 ** 9}}, {}, ["params.n_quadrature"]),
+    "unknown kernel": ({"kernel": {"type": "Evil"}}, {}, ["kernel", "Evil"]),
+    "kernel_params short": ({"kernel_params": ["log_amplitude"]}, {}, ["kernel_params"]),
+    "kernel_params not a list": ({"kernel_params": 3}, {}, ["kernel_params"]),
+    "n_features_in a string": ({"n_features_in": "2"}, {}, ["n_features_in"]),
+    "n_iter negative": ({"n_iter": -1}, {}, ["n_iter"]),
+    "unknown likelihood": ({"likelihood": "robust-max"}, {}, ["likelihood"]),
+    "history of strings": ({"history": {"log_marginal_likelihood": ["x"]}}, {}, ["history"]),
+    "feature names too few": ({"feature_names_in": ["a"]}, {}, ["feature_names_in"]),
+    "feature names repeated": ({"feature_names_in": ["a", "a"]}, {}, ["feature_names_in"]),
+    "another estimator": ({"estimator": "Pipeline"}, {}, ["estimator"]),
+    "version a string": ({"version": "1"}, {}, ["version"]),
+    "another format": ({"format": "agpc-checkpoint"}, {}, ["format"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CORRUPTIONS))
+def test_every_field_is_checked_and_refused_in_one_value_error(saved, tmp_path, case):
+    header, changes, words = CORRUPTIONS[case]
+    if "params" in header and isinstance(header["params"], dict):
+        header = dict(header, params=dict(saved[1]["params"], **header["params"]))
+    path = rewrite(saved, tmp_path, header=header, arrays={k: f(saved[2]) for k, f in changes.items()})
+    with pytest.raises(ValueError) as info:
+        GPClassifier.load(path)
+    message = str(info.value)
+    assert str(path) in message and "not a valid agpc model file" in message
+    for word in words:
+        assert word in message, message
+
+
+@pytest.mark.parametrize("raw, words", [("{not json", ["header", "JSON"]), ("[" * 100_000, ["header"]),
+                                        ('{"version": ' + "1" * 5000 + "}", ["header"]),
+                                        ('"a string"', ["format"])])
+def test_a_header_that_is_not_a_json_object_is_refused(saved, tmp_path, raw, words):
+    path = rewrite(saved, tmp_path, raw_header=raw)
+    with pytest.raises(ValueError) as info:
+        GPClassifier.load(path)
+    assert all(word in str(info.value) for word in words), str(info.value)
+
+
+def test_a_member_declaring_petabytes_is_one_value_error(saved, tmp_path):
+    path = rewrite(saved, tmp_path)
+    write_npy_header(tmp_path / "posterior_h.npy", (2 ** 40, 2 ** 13))
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("payload.npy", (tmp_path / "posterior_h.npy").read_bytes())
+    with pytest.raises(ValueError, match="'payload' declares shape") as info:
+        GPClassifier.load(path)
+    assert str(path) in str(info.value)
+
+
+# -- feature names -------------------------------------------------------------------------------------------
+
+def _frames():
+    """DataFrame libraries scikit-learn takes feature names from, those installed (pyarrow: a test dependency)."""
+    makers = []
+    try:
+        import pyarrow as pa
+
+        makers.append(("pyarrow", lambda columns: pa.table(columns)))
+    except ImportError:
+        pass
+    try:
+        import pandas as pd
+
+        makers.append(("pandas", lambda columns: pd.DataFrame(columns)))
+    except ImportError:
+        pass
+    return makers
+
+
+@pytest.mark.parametrize("library, frame", _frames() or [pytest.param(None, None, marks=pytest.mark.skip(
+    reason="neither pyarrow nor pandas is installed"))])
+def test_feature_names_survive_save_and_load_and_reordered_columns_are_refused(tmp_path, library, frame):
+    X, y = make_banana(120, random_state=3)
+    columns = {"width": X[:, 0], "height": X[:, 1]}
+    model = GPClassifier(n_inducing=5, max_iter=3, random_state=0).fit(frame(columns), y)
+    model.save(tmp_path / "m.agpc")
+    loaded = GPClassifier.load(tmp_path / "m.agpc")
+    assert list(loaded.feature_names_in_) == ["width", "height"] and loaded.n_features_in_ == 2
+    np.testing.assert_array_equal(loaded.predict_proba(frame(columns)), model.predict_proba(frame(columns)))
+    with pytest.raises(ValueError, match="feature names"):
+        loaded.predict_proba(frame({"height": X[:, 1], "width": X[:, 0]}))
+    with pytest.raises(ValueError, match="feature names"):
+        loaded.predict_proba(frame({"w": X[:, 0], "h": X[:, 1]}))
+
+
+def test_a_model_fitted_on_an_array_has_no_feature_names_after_load(saved):
+    assert not hasattr(GPClassifier.load(saved[0]), "feature_names_in_")
+
+
+def test_the_payload_of_these_tests_is_armed(tmp_path):
+    """The hostile files above are hostile: reading them the unsafe way runs the payload."""
+    marker = tmp_path / "ran"
+    np.save(tmp_path / "hostile.npy", np.array([Payload(marker)], dtype=object), allow_pickle=True)
+    np.load(tmp_path / "hostile.npy", allow_pickle=True)
+    assert marker.exists()
+
+
+# -- random corruptions (hypothesis): a ValueError naming the file, or a model that predicts probabilities ---
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=10,
+)
+
+
+def assert_refused_or_sound(path):
+    X_query = make_banana(10, random_state=9)[0]
+    try:
+        model = GPClassifier.load(path)
+    except ValueError as exc:
+        assert str(path) in str(exc)
+        return
+    proba = model.predict_proba(X_query)
+    assert np.all(np.isfinite(proba)) and np.allclose(proba.sum(axis=1), 1.0)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(["format", "version", "estimator", "params", "kernel", "kernel_params",
+                              "n_features_in", "log_marginal_likelihood", "n_iter", "likelihood", "history",
+                              "feature_names_in", "params.method", "params.jitter", "params.n_quadrature",
+                              "params.blas_threads", "params.optimize", "params.checkpoint_path"]),
+       value=JSON_VALUES)
+def test_random_header_values_are_refused_or_harmless(saved, tmp_path, field, value):
+    header = dict(saved[1])
+    if field.startswith("params."):
+        header["params"] = dict(header["params"], **{field.split(".", 1)[1]: value})
+    else:
+        header[field] = value
+    path = rewrite(saved, tmp_path, raw_header=json.dumps(header))
+    assert_refused_or_sound(path)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_byte_damage_is_refused_or_harmless(saved, tmp_path, data):
+    raw = bytearray(saved[0].read_bytes())
+    if data.draw(st.booleans(), label="truncate"):
+        raw = raw[: data.draw(st.integers(0, len(raw) - 1), label="length")]
+    else:
+        for _ in range(data.draw(st.integers(1, 8), label="flips")):
+            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    path = tmp_path / "damaged.agpc"
+    path.write_bytes(bytes(raw))
+    assert_refused_or_sound(path)
+
+
+def test_a_hostile_zarr_array_behind_a_symbolic_link_is_refused(tmp_path):
+    pytest.importorskip("zarr")
+    marker = tmp_path / "ran"
+    hostile_zarr(tmp_path / "elsewhere.zarr", marker, {"id": "pickle", "protocol": 5})
+    store = tmp_path / "linked.zarr"
+    store.mkdir()
+    (store / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
+    os.symlink(tmp_path / "elsewhere.zarr" / "y", store / "y")
+    write_zarr2_array(store, "X", (3, 2), "<f8", None, np.arange(6.0).tobytes())
+    with pytest.raises(ValueError, match="pickle codec"):
+        untrusted.open_zarr(store)
+    assert not marker.exists()
+
+
+def test_an_npy_header_that_breaks_numpys_parser_is_one_value_error(tmp_path):
+    """numpy parses the header as a Python literal; an unclosed brace escapes it as tokenize.TokenError."""
+    header = b"{'descr': '<f8', 'shape': (3,"
+    header += b" " * (63 - (10 + len(header)) % 64) + b"\n"
+    path = tmp_path / "broken.npy"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\0" * 24)
+    with pytest.raises(ValueError, match="no valid npy header") as info:
+        untrusted.read_npy(path)
+    assert str(path) in str(info.value)
+
+
+def test_zarr_metadata_with_empty_chunks_is_refused_and_user_attributes_are_not_metadata(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    store = tmp_path / "d.zarr"
+    group = zarr.open_group(str(store), mode="w")
+    array = group.create_array("X", shape=(4, 2), chunks=(2, 2), dtype="f8")
+    array[...] = np.ones((4, 2))
+    array.attrs["codec"] = {"name": "pickle-rick", "chunks": "many"}  # a user's attribute names nothing
+    np.testing.assert_array_equal(np.asarray(untrusted.open_zarr(store)["X"]), np.ones((4, 2)))
+    document = json.loads((store / "X" / "zarr.json").read_text())
+    document["chunk_grid"]["configuration"]["chunk_shape"] = [0, 2]  # zarr divides by it
+    (store / "X" / "zarr.json").write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="chunks of shape"):
+        untrusted.open_zarr(store)
+
+
+def test_cli_outputs_are_flushed_to_disk_before_the_rename(tmp_path, monkeypatch, capsys):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
+    data = tmp_path / "x.npy"
+    np.save(data, make_banana(5, random_state=0)[0])
+    model = os.path.join(FIXTURES, "binary_banana.npz")
+    assert main(["predict", model, str(data), "--out", str(tmp_path / "p.csv")]) == 0
+    assert events[:2] == ["fsync", "replace"] and (tmp_path / "p.csv").exists()
+
+
+def test_a_model_loads_from_an_open_file_as_from_its_path(saved):
+    import io
+
+    path = saved[0]
+    with open(path, "rb") as fh:
+        from_file = GPClassifier.load(fh)
+    from_bytes = GPClassifier.load(io.BytesIO(path.read_bytes()))
+    X_query = make_banana(10, random_state=9)[0]
+    np.testing.assert_array_equal(from_file.predict_proba(X_query), GPClassifier.load(path).predict_proba(X_query))
+    np.testing.assert_array_equal(from_bytes.predict_proba(X_query), from_file.predict_proba(X_query))
+    with pytest.raises(ValueError, match="BytesIO.*not a valid agpc model file"):
+        GPClassifier.load(io.BytesIO(b"PK\x03\x04 damaged"))
+
+
+def test_a_model_whose_jitter_was_raised_predicts_the_same_after_load(tmp_path, monkeypatch):
+    """The guard may raise the jitter of K(Z, Z) during fit (duplicated inducing points, jitter 0): the model
+    file keeps the jitter the fit ended with, so the loaded model factorises K(Z, Z) as the fitted one did."""
+    import warnings
+
+    from agpc import JitterWarning
+    from agpc.datasets import make_banana
+
+    from agpc import backend
+
+    X, y = make_banana(80, random_state=0)
+    Z = np.concatenate([X[:4], X[:4]])
+    # the dtype's jitter floor (100 m eps) makes this Kmm factorise: without it, it is the guard's case
+    monkeypatch.setattr(backend, "jitter_floor", lambda Z: 0.0)
+    model = GPClassifier(method="ep", inducing=Z, jitter=0.0, max_iter=3, batch_size=None, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", JitterWarning)
+        model.fit(X, y)
+        assert model.jitter_ > model.jitter  # the case this test is about
+        model.save(tmp_path / "raised.npz")
+        loaded = GPClassifier.load(tmp_path / "raised.npz")
+        expected, got = model.predict_proba(X), loaded.predict_proba(X)
+    assert loaded.jitter_ == model.jitter_
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)

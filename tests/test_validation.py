@@ -1,0 +1,217 @@
+"""Input checks: every parameter of GPClassifier against its table (``agpc.validation``), labels,
+validation data."""
+
+import math
+import numbers
+import pickle
+
+import numpy as np
+import pytest
+
+from agpc import RBF, GPClassifier
+from agpc import validation as V
+from agpc.datasets import make_banana
+
+
+@pytest.fixture(scope="module")
+def data():
+    X, y = make_banana(40, random_state=1)
+    return X, y
+
+
+class _FakeClient:
+    """Accepted as ``client`` (it has the methods a distributed.Client has); unused on in-memory data."""
+
+    def compute(self, *args, **kwargs):
+        raise AssertionError("not used for in-memory data")
+
+    def submit(self, *args, **kwargs):
+        raise AssertionError("not used for in-memory data")
+
+
+class _NotAnything:
+    """A value of a type no parameter takes."""
+
+
+# parameter -> (values that pass, values that are refused). Every parameter of GPClassifier is here
+# (test_every_parameter_has_a_rule_and_a_case), so that a new parameter needs a rule and a test.
+CASES = {
+    "method": (["ep", "sep"], ["laplace", "EP", 1, None]),
+    "n_inducing": ([3, np.int64(4)], [0, -1, 2.0, True, "5", None]),
+    "kernel": ([None, RBF(lengthscales=1.0)], ["rbf", RBF]),
+    "backend": (["auto", "numpy", "NumPy", None], ["tensorflow", 1, _NotAnything()]),
+    "max_iter": ([0, 2], [-1, 2.5, True, float("inf"), None]),
+    "damping": ([None, 0.5, 1, 1.0], [0, 0.0, 1.5, -0.1, float("nan"), True, "0.5"]),
+    "batch_size": (["auto", None, 10], [0, -5, 10.0, True, "all"]),
+    "optimizer": ([None, "adam"], ["sgd", 1]),
+    "learning_rate": ([None, 0.1, 1], [0, -1.0, float("nan"), float("inf"), True, "0.1"]),
+    "max_time": ([None, 60, 1e3], [0, -1, float("nan"), float("inf"), False]),
+    "shuffle": ([True, False, np.bool_(True)], [1, 0, "yes", None]),
+    "eval_every": ([None, 1, 3], [0, -1, 1.5, True, float("nan")]),
+    "n_iter_no_change": ([None, 1, 5], [0, -2, 2.0, False]),
+    "inducing": (["kmeans", "random", np.zeros((3, 2)), [[0.0, 0.0], [1.0, 1.0]]],
+                 ["grid", 3, None, np.zeros((0, 2)), np.zeros(3), [[0.0], [1.0, 1.0]]]),
+    "likelihood": ([None, "probit"], ["cauchy", 1]),
+    "n_quadrature": ([1, 20], [0, 20.0, True, None]),
+    "optimize": ([True, False, None, "kernel", ("kernel", "inducing"), ["inducing"]],
+                 [("kernel", "noise"), (), ("kernel", "kernel"), 1, "noise"]),
+    "jitter": ([0, 0.0, 1e-6], [-1e-6, float("nan"), float("inf"), True, "1e-6", None]),
+    "tol": ([0.0, 1e-3, 1], [-1.0, float("nan"), float("inf"), True, None]),
+    "random_state": ([None, 0, 2**32 - 1, np.random.default_rng(0), np.random.RandomState(0)],
+                     [-1, 2**32, 1.5, True, "0"]),
+    "verbose": ([False, 0], [-1, 0.5, "yes", None]),
+    "client": ([None, _FakeClient()], ["tcp://localhost:8786", 1]),
+    "checkpoint_path": ([None], [1, True]),
+    "checkpoint_every": ([None], [0, -1, 1.5, True]),
+    "site_directory": ([None, "/tmp"], [1, False]),
+    "blas_threads": ([None, 1], [0, -1, 1.0, True, "2"]),
+    "dtype": (["float64", "float32", np.float32], ["float16", "double precision", None, 32, np.int32, True]),
+}
+
+
+def test_every_parameter_has_a_rule_and_a_case():
+    params = set(GPClassifier().get_params(deep=False))
+    assert set(GPClassifier._parameter_constraints) == params
+    assert set(CASES) == params
+
+
+def _good(name):
+    return [pytest.param(name, v, id=f"{name}={v!r}"[:60]) for v in CASES[name][0]]
+
+
+def _bad(name):
+    return [pytest.param(name, v, id=f"{name}={v!r}"[:60]) for v in CASES[name][1]]
+
+
+@pytest.mark.parametrize("name, value", [p for name in CASES for p in _good(name)])
+def test_a_good_value_is_accepted(data, name, value):
+    X, y = data
+    params = {"n_inducing": 3, "max_iter": 1, "batch_size": None, "random_state": 0, name: value}
+    if name == "method" and value == "sep":
+        params["batch_size"] = 20
+    model = GPClassifier(**params).fit(X, y)
+    assert np.all(np.isfinite(model.predict_proba(X[:5])))
+
+
+@pytest.mark.parametrize("name, value", [p for name in CASES for p in _bad(name)])
+def test_a_bad_value_is_refused_naming_the_parameter(data, name, value):
+    X, y = data
+    model = GPClassifier(**{"n_inducing": 3, "max_iter": 1, name: value})
+    with pytest.raises(ValueError, match=rf"GPClassifier: {name} must be .*, got "):
+        model.fit(X, y)
+    assert not hasattr(model, "classes_")  # refused before any work
+
+
+@pytest.mark.parametrize("name, value", [("eval_every", 0), ("tol", math.nan)])
+def test_partial_fit_checks_the_table_too(data, name, value):
+    X, y = data
+    with pytest.raises(ValueError, match=rf"GPClassifier: {name} must be"):
+        GPClassifier(method="sep", n_inducing=3, **{name: value}).partial_fit(X, y)
+
+
+def test_the_message_shows_an_array_by_its_shape_not_its_values():
+    constraints = {"weights": [V.NONE]}
+    with pytest.raises(ValueError, match=r"weights must be None, got ndarray of shape \(1000, 3\) and dtype float64"):
+        V.validate_params({"weights": np.zeros((1000, 3))}, constraints, "Owner")
+
+
+@pytest.mark.parametrize(
+    "constraint, inside, outside",
+    [
+        (V.Interval(numbers.Real, 0, 1, "neither"), [0.5], [0, 1, math.nan]),
+        (V.Interval(numbers.Real, 0, 1, "both"), [0, 1, 0.5], [-0.1, 1.1]),
+        (V.Interval(numbers.Integral, None, 3, "right"), [-100, 3], [4, 2.0, True]),
+        (V.Interval(numbers.Real, None, None, "neither"), [-1e300, 0], [math.inf, -math.inf]),
+    ],
+)
+def test_interval_bounds_and_types(constraint, inside, outside):
+    assert all(constraint.accepts(v) for v in inside)
+    assert not any(constraint.accepts(v) for v in outside)
+
+
+def test_the_table_pickles_with_the_estimator():
+    """The constraints are class data: an estimator with them pickles (GridSearchCV, joblib)."""
+    model = pickle.loads(pickle.dumps(GPClassifier(tol=1e-3)))
+    assert model.get_params()["tol"] == 1e-3
+
+
+# -- labels ---------------------------------------------------------------------------------------
+
+def _labels_with(y, bad, row=7, dtype=object):
+    labels = np.where(y > 0, "yes", "no").astype(dtype)
+    labels[row] = bad
+    return labels
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda y: np.array([1 if v > 0 else "no" for v in y], dtype=object), r"y mixes kinds of labels \(.*number.*str"),
+        (lambda y: [1 if v > 0 else "no" for v in y], r"y mixes kinds of labels \(.*number.*str"),
+        (lambda y: _labels_with(y, None), r"y has missing labels \(None\) at row 7:"),
+        (lambda y: _labels_with(y, float("nan")), r"y has missing labels \(NaN\) at row 7:"),
+        (lambda y: np.where(np.arange(len(y)) == 7, np.nan, y), r"y has missing labels \(NaN\) at row 7:"),
+        (lambda y: _labels_with(y, "", dtype=str), r"y has empty labels at row 7: an empty cell"),
+        (lambda y: _labels_with(y, "  "), r"y has empty labels at row 7: an empty cell"),
+    ],
+    ids=["mixed-object-array", "mixed-list", "none", "nan-in-objects", "nan-in-floats", "empty-string", "blank"],
+)
+def test_bad_labels_are_refused_naming_the_problem(data, make, message):
+    X, y = data
+    with pytest.raises(ValueError, match=message):
+        GPClassifier(n_inducing=3, max_iter=1).fit(X, make(y))
+
+
+def test_missing_labels_on_disk_name_the_row_in_the_file(data, tmp_path):
+    """Labels on disk are checked a chunk at a time, rows counted from the start of the file."""
+    X, y = data
+    labels = np.where(np.arange(len(y)) == 31, np.nan, y)
+    np.save(tmp_path / "y.npy", labels)
+    np.save(tmp_path / "X.npy", X)
+    X_mm, y_mm = np.load(tmp_path / "X.npy", mmap_mode="r"), np.load(tmp_path / "y.npy", mmap_mode="r")
+    with pytest.raises(ValueError, match=r"y has missing labels \(NaN\) at row 31:"):
+        GPClassifier(n_inducing=3, max_iter=1).fit(X_mm, y_mm)
+
+
+def test_many_bad_rows_are_counted_not_all_listed():
+    labels = np.array(["a", "b"] * 10 + [""] * 12)
+    with pytest.raises(ValueError, match=r"rows 20, 21, 22, 23, 24, \.\.\. \(12 in all\)"):
+        V.check_labels(labels)
+
+
+def test_good_labels_pass_unchanged():
+    for labels in (np.array([0, 1, 1]), np.array(["a", "b", "a"]), np.array([True, False, True]),
+                   np.array(["a", "b"], dtype=object), [1, 2.5, 1]):
+        np.testing.assert_array_equal(V.check_labels(labels), np.asarray(labels))
+
+
+# -- validation data ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda X, y: (X[:10], y[:9]), r"validation_data: X_val has 10 rows but y_val has shape \(9,\)"),
+        (lambda X, y: (X[:10, :1], y[:10]), r"validation_data: X_val: X has 1 features, but GPClassifier is "
+                                            r"expecting 2"),
+        (lambda X, y: (np.where(np.arange(10)[:, None] == 2, np.inf, X[:10]), y[:10]),
+         r"validation_data: X_val: Input X contains infinity"),
+        (lambda X, y: (X[:10, 0], y[:10]), r"validation_data: X_val: Expected 2D array"),
+        (lambda X, y: (X[:10], np.where(np.arange(10) == 4, 7, y[:10])),
+         r"validation_data: y_val has labels \[7\] that are not among the training classes \[-1, 1\]"),
+        (lambda X, y: (X[:10], np.array(["a"] * 10)), r"validation_data: y_val has labels \['a'\] that are not"),
+        (lambda X, y: (X[:10], np.where(np.arange(10) == 4, np.nan, y[:10])),
+         r"validation_data: y_val has missing labels \(NaN\) at row 4"),
+        (lambda X, y: (X[:10],), r"validation_data must be a pair \(X_val, y_val\), got tuple of length 1"),
+    ],
+    ids=["length", "features", "inf", "1d", "unknown-label", "other-kind-of-label", "nan-label", "not-a-pair"],
+)
+def test_validation_data_is_checked_like_training_data(data, make, message):
+    X, y = data
+    with pytest.raises(ValueError, match=message):
+        GPClassifier(n_inducing=3, max_iter=1).fit(X, y, validation_data=make(X, y))
+
+
+def test_partial_fit_checks_the_classes_it_is_given(data):
+    X, y = data
+    with pytest.raises(ValueError, match=r"classes has missing labels \(None\) at row 2"):
+        GPClassifier(method="sep", n_inducing=3).partial_fit(X, y, classes=np.array([-1, 1, None], dtype=object))
