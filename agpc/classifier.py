@@ -156,7 +156,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Minibatch training on a dask.array is data-parallel (``agpc.inference.data_parallel``): each worker
         takes this many minibatch steps per round on the chunks it holds, the driver combines (SEP: one tied
         factor per chunk, Li et al. 2015 sec. 4; EP: each chunk keeps its sites; SVI: averaged steps).
-        ``None``: ``data_parallel.DEFAULT_LOCAL_STEPS``, or 0 when ``checkpoint_path`` is set. ``0``: the
+        ``None``: ``data_parallel.DEFAULT_LOCAL_STEPS`` (64), or 0 when ``checkpoint_path`` is set. ``0``: the
         minibatch steps run on the driver, the chunks brought to it in turn: one worker's worth of speed,
         but the very model of a single-process fit on the same chunks (same seed), and checkpoints.
     checkpoint_path, checkpoint_every : path and int, or None
