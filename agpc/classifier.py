@@ -170,6 +170,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         For ``fit`` on a dask.array: the cluster to train on. ``None``: the current client if there is
         one, else a ``LocalCluster`` with one single-threaded worker process per core, started and closed
         by ``fit``.
+    local_steps : int or None
+        Minibatch training on a dask.array is data-parallel (``agpc.inference.data_parallel``): each worker
+        takes this many minibatch steps per round on the chunks it holds, the driver combines (SEP: one tied
+        factor per chunk, Li et al. 2015 sec. 4; EP: each chunk keeps its sites; SVI: averaged steps).
+        ``None``: ``data_parallel.DEFAULT_LOCAL_STEPS`` (64), or 0 when ``checkpoint_path`` is set. ``0``: the
+        minibatch steps run on the driver, the chunks brought to it in turn: one worker's worth of speed,
+        but the very model of a single-process fit on the same chunks (same seed), and checkpoints.
     checkpoint_path, checkpoint_every : path and int, or None
         Every method: every ``checkpoint_every`` steps, write the whole training state (hyper-parameters,
         inducing points, sites, factor or q(u), optimiser state, step, RNG state, history) to ``checkpoint_path``,
@@ -236,6 +243,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "random_state": [V.NONE, V.RandomState()],
         "verbose": [V.Boolean(), V.Interval(numbers.Integral, 0, None, "left")],
         "client": [V.NONE, V.HasMethods("compute", "submit", description="a distributed.Client")],
+        "local_steps": [V.NONE, V.Interval(numbers.Integral, 0, None, "left")],
         "checkpoint_path": [V.NONE, V.PATH],
         "checkpoint_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "site_directory": [V.NONE, V.PATH],
@@ -269,6 +277,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         random_state=None,
         verbose=False,
         client=None,
+        local_steps=None,
         checkpoint_path=None,
         checkpoint_every=None,
         site_directory=None,
@@ -299,6 +308,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.random_state = random_state
         self.verbose = verbose
         self.client = client
+        self.local_steps = local_steps
         self.checkpoint_path = checkpoint_path
         self.checkpoint_every = checkpoint_every
         self.site_directory = site_directory
@@ -621,10 +631,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if B.is_dask_array(X) and self.method == "gfitc":
             raise ValueError(_GFITC_BATCH_ONLY.format(what="fit on a dask array"))
         if B.is_dask_array(X):
-            if validation_data is not None:
-                raise ValueError("validation_data is not supported for fit on a dask array (yet): score a held-out "
-                                 "part with predict_proba after fit")
-            return self._fit_dask(X, y, groups, resume)
+            return self._fit_dask(X, y, groups, resume, validation_data)
         self.__dict__.pop("_trainer", None)
         Xc, y_pm, classes, sample, xp, device = self._inputs(X, y, reset=True)
         n = Xc.shape[0]
@@ -714,16 +721,17 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                           f"first checkpoint (checkpoint_every={self.checkpoint_every} steps is more than it took)", UserWarning, stacklevel=4)
         return self
 
-    def _fit_dask(self, X, y, groups, resume):
-        """EP / SEP / ADF on a dask.array of rows. Batch: one task per chunk each pass (``DaskEngine``), EP's
-        sites persisted on the workers. Minibatch: chunks visited in random order, one at a time on the
-        driver (``ChunkedRows``). X is not persisted here: persist it first if it fits in the workers'
+    def _fit_dask(self, X, y, groups, resume, validation_data=None):
+        """EP / SEP / ADF / SVI on a dask.array of rows. Batch: one task per chunk each pass (``DaskEngine``), EP's
+        sites persisted on the workers. Minibatch: data-parallel rounds (``data_parallel.DataParallel``), or with
+        ``local_steps=0`` chunks visited in random order, one at a time on the driver (``ChunkedRows``). X is not persisted here: persist it first if it fits in the workers'
         memory (faster passes); otherwise each pass reads it from where it lives (e.g. zarr)."""
         import os
 
         import dask.array as da
 
         from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
+        from .inference.data_parallel import DEFAULT_LOCAL_STEPS, DataParallel, RowsOnWorkers
 
         if self.method not in (*training.METHODS, "svi"):
             raise ValueError(f"fit on a dask array trains method 'ep', 'sep', 'adf' or 'svi' (minibatches), not "
@@ -753,8 +761,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             classes = self._check_classes(np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
             data_hash = None if not sample_rows else training.data_fingerprint(
                 X.shape[0], X.shape[1], sample_rows[0], _encode_labels(np.asarray(sample_rows[1]), classes), classes)
-            if len(classes) > 2:
-                raise ValueError("fit on a dask array trains the binary model; multiclass data need in-memory arrays")
             y_pm = y.map_blocks(_encode_labels, classes, dtype=np.float64).astype(X.dtype)
             self.n_features_in_ = X.shape[1]
             n = X.shape[0]
@@ -765,10 +771,30 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             else:
                 rows = np.sort(rng.choice(n, size=_INIT_SAMPLE, replace=False))
                 sample = np.asarray(X[rows].compute())
-            kernel, Z = self._initial_model(sample, m, rng)
+            kernel, Z = self._initial_model(sample, m, rng, len(classes))
+            if validation_data is not None:  # scored on the driver: brought there whole (keep it small)
+                validation_data = tuple(client.compute(list(validation_data), sync=True)
+                                        if any(B.is_dask_array(v) for v in validation_data) else validation_data)
+            validation = None if validation_data is None else self._validation_set(
+                validation_data, classes, B.array_namespace(Z), None)
             batch_size = self._batch_size_for(n)
             minibatch = batch_size is not None and batch_size < n
-            if minibatch:  # minibatches: chunks come to the driver in turn
+            local_steps = self.local_steps
+            if local_steps is None:
+                local_steps = 0 if self.checkpoint_path is not None else DEFAULT_LOCAL_STEPS
+            if len(classes) > 2 and not (minibatch and local_steps > 0):
+                raise ValueError("multiclass data on a dask array train data-parallel on minibatches (batch_size "
+                                 "below the number of rows, local_steps > 0); batch passes and the driver's "
+                                 "minibatch steps need in-memory arrays")
+            if minibatch and local_steps > 0:  # data-parallel rounds: the rows stay on the workers
+                if self.checkpoint_path is not None:
+                    raise ValueError("checkpoints of data-parallel training are not supported yet: "
+                                     "set local_steps=0 to step on the driver")
+                engine = DataParallel(client, X, y_pm, batch_size=batch_size, local_steps=local_steps,
+                                      seed=int(rng.integers(2**62)), site_directory=self.site_directory)
+                X, y_pm = RowsOnWorkers(X.shape, X.dtype), RowsOnWorkers(y_pm.shape, y_pm.dtype)
+                batch_size = engine.rows_per_round
+            elif minibatch:  # minibatches: chunks come to the driver in turn
                 X, y_pm = ChunkedRows(X, client), ChunkedRows(y_pm, client)
             elif self.method == "svi":
                 raise ValueError("svi on a dask array trains on minibatches (batch_size below the number of rows): "
@@ -777,8 +803,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 engine = DaskEngine(client, X.chunks[0], site_directory=self.site_directory)
             t0 = time.perf_counter()
             # SVI: a step per minibatch on the driver, chunks visited as for SEP
-            result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, engine=engine,
-                                 data_hash=data_hash)
+            result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, validation=validation,
+                                 engine=engine, data_hash=data_hash)
         finally:
             if engine is not None:
                 engine.close()

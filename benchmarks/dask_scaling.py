@@ -6,9 +6,10 @@ Data: ``agpc.datasets.make_airline_like`` (8 features, Bayes error ~15%) written
 pass reads the chunks from disk, as a data set larger than the cluster's memory would be read.
 
 1. Scale (``--rows``, default 1e6 and 1e7; m = 200), a fresh 2-worker LocalCluster (one thread each) per cell:
-   * SEP minibatch (200 rows): ``GPClassifier(method="sep", batch_size=200, max_time=--budget)``; rows per second
-     = minibatch steps x 200 / training seconds; seconds per epoch = n / rows per second (an epoch of 10^7 rows
-     takes longer than the budget, so it is extrapolated from the measured rate, and said so).
+   * SEP (and ``--methods svi``) minibatch (200 rows): ``GPClassifier(method="sep", batch_size=200,
+     max_time=--budget)``, data-parallel rounds at the library's default local steps; rows per second = rows the
+     shards stepped on / training seconds; seconds per epoch = n / rows per second (an epoch of 10^7 rows takes
+     longer than the budget, so it is extrapolated from the measured rate, and said so).
    * EP batch: ``GPClassifier(method="ep", batch_size=None, max_time=--budget)``; seconds per pass (= per
      epoch). The first 10 passes are the warm-up sweeps (sites only, no gradient); passes with the gradient
      are timed separately when the budget reaches them.
@@ -18,9 +19,19 @@ pass reads the chunks from disk, as a data set larger than the cluster's memory 
      0.5 s during the fit; the largest sample of any worker, and the workers' RSS before the fit.
 2. Strong scaling at ``--scaling-rows`` (default 1e6): seconds per warm-up EP pass with 1 and 2 workers, and the
    NumPy path on the same rows in memory in this process with one BLAS thread (the Dask overhead at 1 worker).
+3. Data-parallel minibatch training (issue 18, ``agpc.inference.data_parallel``) at ``--mb-rows`` (default 1e6):
+   one epoch (every cell sees the same rows) of minibatch SEP, EP and SVI (200 rows a step) in one process (the
+   rows in memory, one BLAS thread), on 1 worker and on 2 workers (a fresh cluster each, the rows read from zarr
+   by the workers), the 2-worker cells at each of ``--local-steps`` steps per round. Rows per second (rows seen /
+   seconds of the training loop's steps: minibatch steps in one process, rounds on a cluster), the test NLL after
+   the epoch on ``--test-rows`` held-out rows, and per round: bytes sent to and received from the shards (what
+   travels: m x m factors and parameter vectors), the driver's round seconds, the slowest task's seconds and
+   their difference (the round's overhead: scheduling, transfers, combining). A projection to 16 and 64 workers
+   closes it (the model is printed with it).
 
-    python benchmarks/dask_scaling.py --blas-threads 1                 # the full table (~1 hour here)
-    python benchmarks/dask_scaling.py --quick                          # smoke run, well under a minute
+    python benchmarks/dask_scaling.py --blas-threads 1                 # the full table (~1.5 hours here)
+    python benchmarks/dask_scaling.py --only-minibatch                 # section 3 alone (~25 min here)
+    python benchmarks/dask_scaling.py --quick                          # smoke run, about a minute
 """
 
 from __future__ import annotations
@@ -48,20 +59,31 @@ def parse_args(argv=None):
     p.add_argument("--budget", type=float, default=240.0, help="seconds of training per cell")
     p.add_argument("--scaling-passes", type=int, default=3, help="EP passes timed per strong-scaling cell")
     p.add_argument("--store", default="/tmp/agpc-dask-scaling", help="folder of the zarr store (created if missing)")
-    p.add_argument("--methods", nargs="+", default=["sep", "ep"], choices=["sep", "ep", "ep-files"])
-    p.add_argument("--skip-scaling", action="store_true", help="only the scale table")
+    p.add_argument("--methods", nargs="+", default=["sep", "ep"], choices=["sep", "svi", "ep", "ep-files"])
+    p.add_argument("--skip-scaling", action="store_true", help="no strong-scaling table")
     p.add_argument("--only-scaling", action="store_true", help="only the strong-scaling table")
+    p.add_argument("--only-minibatch", action="store_true", help="only the data-parallel minibatch table")
+    p.add_argument("--skip-minibatch", action="store_true", help="no data-parallel minibatch table")
+    p.add_argument("--mb-rows", type=float, default=1e6, help="rows of the data-parallel minibatch cells (one epoch)")
+    p.add_argument("--mb-methods", nargs="+", default=["sep", "ep", "svi"], choices=["sep", "ep", "svi"])
+    p.add_argument("--local-steps", type=int, nargs="+", default=[1, 4, 16, 64],
+                   help="local steps per round of the 2-worker cells (the 1-worker cell uses the library default)")
+    p.add_argument("--test-rows", type=int, default=100_000, help="held-out rows for the test NLL")
     p.add_argument("--blas-threads", type=int, default=1, help="BLAS threads of the NumPy cell (workers use 1)")
     p.add_argument("--quick", action="store_true", help="tiny smoke setting")
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.scaling_rows, args.inducing, args.chunk_rows = [20_000], 20_000, 20, 5_000
         args.budget, args.scaling_passes = 4.0, 2
+        args.mb_rows, args.local_steps, args.test_rows, args.mb_methods = 20_000, [4], 2_000, ["sep"]
         args.store = os.path.join(args.store + "-quick")
         if "ep" in args.methods and "ep-files" not in args.methods:
             args.methods = [*args.methods, "ep-files"]
     args.rows = [int(r) for r in args.rows]
     args.scaling_rows = int(args.scaling_rows)
+    args.mb_rows = int(args.mb_rows)
+    if args.only_minibatch:
+        args.methods, args.skip_scaling = [], True
     return args
 
 
@@ -72,7 +94,7 @@ def open_data(args, n):
 
     from agpc.datasets import make_airline_like
 
-    need = max(max(args.rows), args.scaling_rows)
+    need = max(max(args.rows), args.scaling_rows, args.mb_rows)
     folder = os.path.join(args.store, f"chunks-{args.chunk_rows}")  # stored chunks = dask chunks: no rechunking
     store = os.path.join(folder, "data.zarr")
     if os.path.exists(store) and zarr.open_group(store, mode="r")["X"].shape[0] < need:
@@ -113,6 +135,32 @@ class StepClock:
 
     def close(self):
         self.training.Trainer.step = self.real
+
+
+class RoundPlans:
+    """The ``data_parallel.DataParallel`` objects the fits make (each keeps its rounds' costs)."""
+
+    def __init__(self):
+        from agpc.inference import data_parallel
+
+        self.module = data_parallel
+        self.real = data_parallel.DataParallel.__init__
+        self.plans = []
+        real, plans = self.real, self.plans
+
+        def init(plan, *a, **k):
+            real(plan, *a, **k)
+            plans.append(plan)
+
+        data_parallel.DataParallel.__init__ = init
+
+    def close(self):
+        self.module.DataParallel.__init__ = self.real
+
+
+def rows_of_rounds(plan):
+    """Rows the shards stepped on in all rounds of a fit."""
+    return sum(r["steps"] for r in plan.rounds) * len(plan.shards) * plan.batch_size
 
 
 class WorkerMemory:
@@ -167,10 +215,11 @@ def scale_cell(args, method, n):
     X, y = open_data(args, n)
     cluster, client = local_cluster(2)
     clock = StepClock()
+    plans = RoundPlans()
     try:
         client.run(lambda: __import__("agpc.inference.ep"))  # imports counted in the baseline, not the peak
         memory = WorkerMemory(client)
-        batch = 200 if method == "sep" else None
+        batch = 200 if method in MINIBATCH else None
         sites = os.path.join(args.store, "sites") if method == "ep-files" else None
         t0 = time.perf_counter()
         GPClassifier(method=method.split("-")[0], n_inducing=args.inducing, batch_size=batch, max_iter=1000,
@@ -179,13 +228,15 @@ def scale_cell(args, method, n):
         peak, training_peak, before = memory.stop(clock.started)
     finally:
         clock.close()
+        plans.close()
         client.close()
         cluster.close()
     steps = clock.times
     row = {"method": method, "n": n, "wall": wall, "train": sum(steps), "steps": len(steps), "peak": peak,
            "training_peak": training_peak, "before": before}
-    if method == "sep":
-        row["rows_per_s"] = 200 * len(steps) / sum(steps)
+    if method in MINIBATCH:  # data-parallel rounds (the default on a dask array): a step is a round
+        row["rows_seen"] = rows_of_rounds(plans.plans[-1])
+        row["rows_per_s"] = row["rows_seen"] / sum(steps)
         row["epoch_s"] = n / row["rows_per_s"]
     else:
         warm, graded = steps[:10], steps[10:]
@@ -249,7 +300,137 @@ class _Enough(Exception):
     pass
 
 
-LABELS = {"sep": "SEP minibatch 200", "ep": "EP batch, sites in memory", "ep-files": "EP batch, sites in files"}
+MINIBATCH = ("sep", "svi")  # section 1's minibatch methods (200 rows a step, data-parallel rounds)
+LABELS = {"sep": "SEP minibatch 200, data-parallel", "svi": "SVI minibatch 200, data-parallel",
+          "ep": "EP batch, sites in memory",
+          "ep-files": "EP batch, sites in files"}
+
+MB_BATCH = 200  # rows of a minibatch step in section 3
+
+
+def test_rows(args):
+    """Held-out rows from the same generator (another seed), in memory."""
+    from agpc.datasets import make_airline_like
+
+    return make_airline_like(args.test_rows, random_state=1)
+
+
+def test_nll(model, X_test, y_test):
+    proba = model.predict_proba(X_test)
+    column = np.searchsorted(model.classes_, y_test)
+    return float(-np.mean(np.log(proba[np.arange(len(y_test)), column])))
+
+
+def minibatch_cell(args, method, workers, local_steps, X_test, y_test):
+    """One epoch of minibatch ``method``: workers=0 in this process (rows in memory), else data-parallel on a
+    fresh cluster of ``workers`` (rows read from zarr by the workers)."""
+    from agpc import GPClassifier
+
+    n = args.mb_rows
+    X, y = open_data(args, n)
+    if X.chunks[0][0] > args.chunk_rows:  # (--quick: the store's 65,536-row chunks would be one shard)
+        X, y = X.rechunk({0: args.chunk_rows}), y.rechunk({0: args.chunk_rows})
+    params = dict(method=method, n_inducing=args.inducing, batch_size=MB_BATCH, max_iter=1, random_state=0)
+    clock, plans = StepClock(), RoundPlans()
+    row = {"method": method, "workers": workers, "local_steps": local_steps}
+    try:
+        if workers == 0:
+            Xn, yn = X.compute(scheduler="threads"), y.compute(scheduler="threads")
+            model = GPClassifier(**params).fit(Xn, yn)
+            row["rows_seen"] = n
+        else:
+            cluster, client = local_cluster(workers)
+            try:
+                client.run(lambda: __import__("agpc.inference.data_parallel"))
+                memory = WorkerMemory(client)
+                model = GPClassifier(**params, client=client, local_steps=local_steps).fit(X, y)
+                row["peak"] = memory.stop(clock.started)[1]
+            finally:
+                client.close()
+                cluster.close()
+            plan = plans.plans[-1]
+            rounds = plan.rounds[1:] or plan.rounds  # (the first round also reads the chunks)
+            row["rows_seen"] = rows_of_rounds(plan)
+            row["round_s"] = statistics.median(r["seconds"] for r in rounds)
+            row["task_s"] = statistics.median(r["task_seconds"] for r in rounds)
+            row["overhead_s"] = statistics.median(r["seconds"] - r["task_seconds"] for r in rounds)
+            row["sent"] = statistics.median(r["bytes_sent"] for r in rounds)
+            row["received"] = statistics.median(r["bytes_received"] for r in rounds)
+            row["shards"] = len(plan.shards)
+            row["rounds"] = len(plan.rounds)
+    finally:
+        clock.close()
+        plans.close()
+    row["train_s"] = sum(clock.times)
+    row["rows_per_s"] = row["rows_seen"] / row["train_s"]
+    row["nll"] = test_nll(model, X_test, y_test)
+    return row
+
+
+# Assumed for the projection: the driver's link (10 Gb/s) carries every shard's bytes of a round in turn.
+LINK_BYTES_PER_S = 1.25e9
+
+
+def minibatch_section(args):
+    from agpc.inference.data_parallel import DEFAULT_LOCAL_STEPS
+
+    X_test, y_test = test_rows(args)
+    n = args.mb_rows
+    print(f"\nData-parallel minibatch training (issue 18): {n:,} airline-like rows (one epoch per cell, chunks of "
+          f"{args.chunk_rows:,} rows), m = {args.inducing}, {MB_BATCH} rows a step, test NLL on {args.test_rows:,} "
+          f"held-out rows. Library default: {DEFAULT_LOCAL_STEPS} local steps per round.\n")
+    print("| method | where | local steps | rows seen | rows / s | vs one process | vs 1 worker | test NLL | "
+          "NLL - one process | round ms | slowest task ms | overhead ms | KB sent / round | KB back / round | "
+          "peak worker RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    cells = []
+    for method in args.mb_methods:
+        plan = [(0, None), (1, DEFAULT_LOCAL_STEPS)] + [(2, steps) for steps in args.local_steps]
+        base = {}
+        for workers, steps in plan:
+            r = minibatch_cell(args, method, workers, steps, X_test, y_test)
+            cells.append(r)
+            if workers < 2:
+                base[workers] = r
+            one = base[0]
+            where = "one process" if workers == 0 else f"{workers} worker{'s' if workers > 1 else ''}"
+            vs_one_worker = f"{r['rows_per_s'] / base[1]['rows_per_s']:.2f}" if workers > 1 and 1 in base else "-"
+
+            def ms(key):
+                return f"{1000 * r[key]:.1f}" if key in r else "-"
+
+            def kb(key):
+                return f"{r[key] / 1024:.0f}" if key in r else "-"
+
+            peak = f"{r['peak'] / 1024 ** 2:.0f}" if "peak" in r else "-"
+            print(f"| {method} | {where} | {steps or '-'} | {r['rows_seen']:,} | {r['rows_per_s']:,.0f} | "
+                  f"{r['rows_per_s'] / one['rows_per_s']:.2f} | {vs_one_worker} | {r['nll']:.4f} | "
+                  f"{r['nll'] - one['nll']:+.4f} | {ms('round_s')} | {ms('task_s')} | {ms('overhead_s')} | "
+                  f"{kb('sent')} | {kb('received')} | {peak} |", flush=True)
+    print("\nProjection to more workers (one core each; a model, not a measurement): a round takes the slowest "
+          "task's seconds at 2 workers (a shard's work does not depend on the number of shards) plus an "
+          "overhead growing linearly in the workers through the 1- and 2-worker overheads measured above "
+          "(the driver submits, gathers and combines every shard's factors in turn), plus every shard's bytes "
+          f"over a {8 * LINK_BYTES_PER_S / 1e9:.0f} Gb/s link to the driver. Rows per second = workers x local "
+          f"steps x {MB_BATCH} / round seconds.\n")
+    print("| method | local steps | workers | round ms (projected) | rows / s (projected) | x one process |")
+    print("|---|---|---|---|---|---|")
+    for method in args.mb_methods:
+        mine = [r for r in cells if r["method"] == method]
+        one_process = next(r for r in mine if r["workers"] == 0)
+        one = next((r for r in mine if r["workers"] == 1), None)
+        for two in (r for r in mine if r["workers"] == 2):
+            if one is None:
+                continue
+            per_worker = two["overhead_s"] - one["overhead_s"]
+            bytes_per_shard = (two["sent"] + two["received"]) / two["shards"]
+            for workers in (16, 64):
+                seconds = (two["task_s"] + one["overhead_s"] + (workers - 1) * max(per_worker, 0.0)
+                           + workers * bytes_per_shard / LINK_BYTES_PER_S)
+                rate = workers * two["local_steps"] * MB_BATCH / seconds
+                print(f"| {method} | {two['local_steps']} | {workers} | {1000 * seconds:.0f} | {rate:,.0f} | "
+                      f"{rate / one_process['rows_per_s']:.1f} |")
+    return cells
 
 
 def main(argv=None):
@@ -262,7 +443,17 @@ def main(argv=None):
     # (the nanny starts workers with OMP/OPENBLAS/MKL_NUM_THREADS=1); a spinning second thread on a loaded
     # 2-core machine made a 200 x 200 Cholesky take 0.3 s.
     limiter = limit_blas(args.blas_threads)  # noqa: F841 (kept alive for the run)
-    print_machine("Distributed training on a 2-worker LocalCluster (issue 6)", argv)
+    print_machine("Distributed training on a LocalCluster (issues 6 and 18)", argv)
+    if args.methods and not args.only_scaling:
+        scale_table(args)
+    if not args.skip_scaling:
+        strong_scaling(args)
+    if not (args.only_scaling or args.skip_minibatch):
+        minibatch_section(args)
+    print("\n" + load_line())
+
+
+def scale_table(args):
     mb = 1024.0 ** 2
     print(f"m = {args.inducing}, chunks of {args.chunk_rows:,} rows read from zarr each pass, {args.budget:.0f} s of "
           "training per cell, fresh cluster per cell.\n")
@@ -270,12 +461,12 @@ def main(argv=None):
           "peak worker RSS, whole fit | peak worker RSS, training steps | fit wall s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
-    for method in [] if args.only_scaling else args.methods:
+    for method in args.methods:
         for n in args.rows:
             r = scale_cell(args, method, n)
             rows.append(r)
-            extrapolated = " (extrapolated)" if method == "sep" and r["steps"] * 200 < n else ""
-            grad = f"{r['grad_pass_s']:.1f}" if method != "sep" and np.isfinite(r["grad_pass_s"]) else "-"
+            extrapolated = " (extrapolated)" if method in MINIBATCH and r["rows_seen"] < n else ""
+            grad = f"{r['grad_pass_s']:.1f}" if method not in MINIBATCH and np.isfinite(r["grad_pass_s"]) else "-"
             print(f"| {LABELS[method]} | {n:,} | {r['steps']} | "
                   f"{r['rows_per_s']:,.0f} | {r['epoch_s']:,.1f}{extrapolated} | {grad} | {r['before'] / mb:.0f} MB | "
                   f"{r['peak'] / mb:.0f} MB | {r['training_peak'] / mb:.0f} MB | {r['wall']:.0f} |", flush=True)
@@ -289,22 +480,23 @@ def main(argv=None):
                 print(f"- {method}, {what}: peak worker RSS {a[key] / mb:.0f} MB at {a['n']:,} rows -> "
                       f"{b[key] / mb:.0f} MB at {b['n']:,} rows: {100 * growth:+.0f}% "
                       f"({'flat within 20%' if abs(growth) <= 0.2 else 'NOT flat'})")
-    if not args.skip_scaling:
-        n = args.scaling_rows
-        print(f"\nStrong scaling, batch EP at {n:,} rows (X persisted on the workers), median of "
-              f"{args.scaling_passes} warm-up passes:\n")
-        numpy_s = ep_pass_seconds(args, 0)
-        one = ep_pass_seconds(args, 1)
-        two = ep_pass_seconds(args, 2)
-        one_files = ep_pass_seconds(args, 1, in_files=True)
-        print("| path | s / pass | vs NumPy | speed-up vs 1 worker |")
-        print("|---|---|---|---|")
-        print(f"| NumPy, this process, {args.blas_threads} BLAS thread(s) | {numpy_s:.2f} | 1.00 | - |")
-        for label, seconds in (("Dask, 1 worker", one), ("Dask, 1 worker, sites in files", one_files)):
-            print(f"| {label} | {seconds:.2f} | {seconds / numpy_s:.2f} (overhead "
-                  f"{100 * (seconds / numpy_s - 1):+.0f}%) | {one / seconds:.2f} |")
-        print(f"| Dask, 2 workers | {two:.2f} | {two / numpy_s:.2f} | {one / two:.2f} |")
-    print("\n" + load_line())
+
+
+def strong_scaling(args):
+    n = args.scaling_rows
+    print(f"\nStrong scaling, batch EP at {n:,} rows (X persisted on the workers), median of "
+          f"{args.scaling_passes} warm-up passes:\n")
+    numpy_s = ep_pass_seconds(args, 0)
+    one = ep_pass_seconds(args, 1)
+    two = ep_pass_seconds(args, 2)
+    one_files = ep_pass_seconds(args, 1, in_files=True)
+    print("| path | s / pass | vs NumPy | speed-up vs 1 worker |")
+    print("|---|---|---|---|")
+    print(f"| NumPy, this process, {args.blas_threads} BLAS thread(s) | {numpy_s:.2f} | 1.00 | - |")
+    for label, seconds in (("Dask, 1 worker", one), ("Dask, 1 worker, sites in files", one_files)):
+        print(f"| {label} | {seconds:.2f} | {seconds / numpy_s:.2f} (overhead "
+              f"{100 * (seconds / numpy_s - 1):+.0f}%) | {one / seconds:.2f} |")
+    print(f"| Dask, 2 workers | {two:.2f} | {two / numpy_s:.2f} | {one / two:.2f} |")
 
 
 if __name__ == "__main__":

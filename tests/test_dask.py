@@ -126,8 +126,6 @@ def test_dask_input_errors_are_clear(client, data):
         GPClassifier(method="vi-jj", client=client).fit(Xd, yd)
     with pytest.raises(ValueError, match="svi on a dask array trains on minibatches"):
         GPClassifier(method="svi", batch_size=None, client=client).fit(Xd, yd)
-    with pytest.raises(ValueError, match="validation_data is not supported"):
-        GPClassifier(client=client).fit(Xd, yd, validation_data=(X[:10], y[:10]))
     bad = X.copy()
     bad[7, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):
@@ -136,10 +134,10 @@ def test_dask_input_errors_are_clear(client, data):
 
 @pytest.mark.parametrize("method", ["sep", "ep", "svi"])
 def test_minibatch_on_dask_samples_chunks_like_data_on_disk(client, data, method, tmp_path):
-    """Minibatch mode samples chunks: minibatches lie inside the dask chunks, an epoch visits the chunks in
-    random order (each moved to the driver once). Same seed, same chunks: the same model as the
-    single-machine path reading the rows from a zarr array chunked alike (SVI included: on disk it reads a
-    minibatch at a time too)."""
+    """``local_steps=0``: minibatch steps on the driver, which samples chunks: minibatches lie inside the dask
+    chunks, an epoch visits the chunks in random order (each moved to the driver once). Same seed, same
+    chunks: the same model as the single-machine path reading the rows from a zarr array chunked alike (SVI
+    included: on disk it reads a minibatch at a time too)."""
     zarr = pytest.importorskip("zarr")
     X, y, X_test = data
     params = dict(method=method, n_inducing=10, batch_size=50, max_iter=3, random_state=0)
@@ -147,7 +145,8 @@ def test_minibatch_on_dask_samples_chunks_like_data_on_disk(client, data, method
     yz = zarr.open(str(tmp_path / "y.zarr"), mode="w", shape=y.shape, chunks=(200,), dtype=y.dtype)
     Xz[:], yz[:] = X, y
     ref = GPClassifier(**params).fit(Xz, yz)
-    model = GPClassifier(**params, client=client).fit(da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200))
+    model = GPClassifier(**params, client=client, local_steps=0).fit(da.from_array(X, chunks=(200, 2)),
+                                                                      da.from_array(y, chunks=200))
     np.testing.assert_allclose(model.history_["log_marginal_likelihood"], ref.history_["log_marginal_likelihood"],
                                rtol=1e-10)
     np.testing.assert_allclose(model.predict_proba(X_test), ref.predict_proba(X_test), rtol=1e-10, atol=1e-14)
@@ -222,7 +221,8 @@ def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path,
     X, y, X_test = data
     Xd, yd = da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200)
     params = dict(method=method, n_inducing=10, max_iter=3 if batch_size is None else 2, batch_size=batch_size,
-                  random_state=0, client=client, site_directory=tmp_path / "sites" if in_files else None)
+                  random_state=0, client=client, site_directory=tmp_path / "sites" if in_files else None,
+                  local_steps=0)  # (minibatches: checkpoints are those of the steps on the driver)
     reference = GPClassifier(**params).fit(Xd, yd)
     path = tmp_path / "run.ckpt"
     resumed = interrupted_then_resumed(monkeypatch, params, path, stop_at, Xd, yd)

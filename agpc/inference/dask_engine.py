@@ -10,11 +10,11 @@ dask arrays chunked like the rows and persisted on the workers: they are never g
 The engine plugs into ``training.Trainer`` (``engine=``), so damping, the guard rails, validation and early
 stopping are the single-machine ones.
 
-Minibatch training samples chunks: ``ChunkedRows`` hands the training loop one chunk of rows at a time, and
-the loop lays its minibatches inside chunks and visits the chunks in random order (``backend.row_chunk_bounds``),
-so an epoch moves each chunk to the driver once. The minibatch steps themselves run on the driver: each is a
-small sequential O(|M| m^2 + m^3) computation that depends on the previous one, and a round trip to a worker
-per step would cost more than the step.
+Minibatch training is data-parallel by default (``data_parallel``: rounds of several steps on each worker).
+With ``local_steps=0`` it samples chunks on the driver instead: ``ChunkedRows`` hands the training loop one
+chunk of rows at a time, and the loop lays its minibatches inside chunks and visits the chunks in random order
+(``backend.row_chunk_bounds``), so an epoch moves each chunk to the driver once, and the minibatch steps run
+there, one after another (a round trip to a worker per step would cost more than the step).
 """
 
 from __future__ import annotations
@@ -31,8 +31,11 @@ __all__ = ["ChunkedRows", "DaskEngine", "WORKER_ENVIRON", "local_cluster"]
 # mmap threshold, so every block temporary above 128 KiB is a fresh mmap whose pages fault in again each
 # block. A 64 MiB mmap threshold puts the ~16 MB block temporaries back on the heap: measured at 400,000 rows,
 # m = 200, one worker, the tasks' compute time of a batch EP pass fell from 14.5 s to 12.8 s (NumPy in
-# process: 11-12 s).
-WORKER_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": 64 * 1024 * 1024}
+# process: 11-12 s). The nanny's trim threshold (64 KiB) then gives the top of the heap back to the system
+# at almost every free, and the m x m temporaries of a minibatch step fault their pages in again: a SEP step
+# (m = 200, 200 rows) took 7.1-7.4 ms with it and 5.3-5.7 ms with a 64 MiB trim threshold, as without either
+# setting (issue 18; the heap then keeps at most 64 MiB it no longer uses).
+WORKER_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": 64 * 1024 * 1024, "MALLOC_TRIM_THRESHOLD_": 64 * 1024 * 1024}
 
 
 def local_cluster(n_workers, **kwargs):

@@ -245,6 +245,11 @@ class EPEngine(_Engine):
         factor = self.passes.uniform_factor(Z) if (minibatch or not self.per_row_sites) else None
         self.state.update(nu=site_precision, mu=site_shift, factor=factor)
         self.needs_rebuild = False
+        # Distributed SEP / minibatch EP (``data_parallel``): the factor is one shard's, standing for
+        # ``factor_rows`` rows, and q = prior x (others + factor) (``ep.factor_cavity``). Set by whoever
+        # steps the shard; None: the factor is all the data's.
+        self.others = None
+        self.factor_rows = None
 
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
         """The pass over the rows (unchecked factorisations: a failure is a NaN log Z_q) and the summary the
@@ -259,17 +264,20 @@ class EPEngine(_Engine):
                                           want_grad=stepping, block_rows=self.block_rows, damping=self.damping,
                                           checked=False)
         else:
+            shard = {} if self.factor_rows is None else {"others": self.others, "factor_rows": self.factor_rows}
             result = self.passes.evaluate_factor(
                 kernel, Z, row_slice(X, lo, hi), row_slice(y, lo, hi), state["factor"], method=self.method,
                 n_total=self.n_total,
                 site_precision=state["nu"][lo:hi] if self.per_row_sites else None,
                 site_shift=state["mu"][lo:hi] if self.per_row_sites else None,
                 jitter=self.jitter, want_grad=stepping, block_rows=self.block_rows, weights=weights, checked=False,
+                **shard,
             )
         parts = [result["log_z"], result["n_invalid"]]
         new_factor = None
         if not self.per_row_sites:  # SEP / ADF: the rows' share (rows / n) of the factor is replaced by their sites
-            share = (hi - lo if weights is None else xp.sum(weights)) / self.n_total
+            factor_rows = self.n_total if self.factor_rows is None else self.factor_rows
+            share = (hi - lo if weights is None else xp.sum(weights)) / factor_rows
             new_factor = state["factor"].combine(1.0 - self.damping * share, result["site_delta"], self.damping)
             if not self.minibatch:  # batch SEP / ADF stop on the factor's change
                 old = state["factor"]

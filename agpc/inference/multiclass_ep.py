@@ -284,12 +284,19 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
     }
 
 
+def _with_rest(rest, S, c_tilde):
+    """Distributed SEP: the other shards' whitened sums added (none, and no operation, without them)."""
+    return (S, c_tilde) if rest is None else (rest[0] + S, rest[1] + c_tilde)
+
+
 def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None, jitter,
-                    want_grad=True, block_rows=None, weights=None, checked=True):
+                    want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None):
     """One pass over rows X (all, or a minibatch) with q_c = prior_c x factor_c; the cavity as in
     ``ep.evaluate_factor``: "ep" removes each pair's own parts, "sep" removes factor_c^(1/n_total) from
     every class (one tied factor per class, seed 001 sec. 2.3.1), "adf" removes nothing. ``checked``: as in
-    ``evaluate``; per-row ``weights`` are not supported by the multiclass pass yet."""
+    ``evaluate``; per-row ``weights`` are not supported by the multiclass pass yet. ``others`` /
+    ``factor_rows``: distributed SEP's shard, per class as in ``ep.factor_cavity``: q_c = prior_c x
+    (others_c + factor_c), the SEP cavity removes factor_c^(1/factor_rows)."""
     if weights is not None:
         raise NotImplementedError("per-row weights are not supported by the multiclass EP pass")
     if method not in ep.CAVITY_KINDS:
@@ -301,13 +308,18 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
     qs, cavities, log_z = [], [], 0.0
     for c in range(C):
         S, c_tilde = factor.factors[c].whitened(L_K[c])
-        q = ep.posterior_from_sums(L_K[c], S, c_tilde, L_K_inv=L_K_inv[c], checked=checked)
+        rest = None if others is None else others.factors[c].whitened(L_K[c])
+        q = ep.posterior_from_sums(L_K[c], *_with_rest(rest, S, c_tilde), L_K_inv=L_K_inv[c], checked=checked)
         gain_q = ep._log_normaliser_gain(q)
         log_z = log_z + gain_q
         if method == "sep":
-            keep = 1.0 - 1.0 / n_total
-            cav = ep.posterior_from_sums(L_K[c], keep * S, keep * c_tilde, L_K_inv=L_K_inv[c], checked=checked)
-            log_z = log_z + ep.sep_cavity_term(q, cav, S, n_total)
+            keep = 1.0 - 1.0 / (n_total if factor_rows is None else factor_rows)
+            cav = ep.posterior_from_sums(L_K[c], *_with_rest(rest, keep * S, keep * c_tilde), L_K_inv=L_K_inv[c],
+                                         checked=checked)
+            if rest is None and factor_rows is None:
+                log_z = log_z + ep.sep_cavity_term(q, cav, S, n_total)
+            else:  # a shard's cavity: the direct difference, as in ``ep.factor_cavity``
+                log_z = log_z + n_total * (ep._log_normaliser_gain(cav) - gain_q)
         else:
             cav = q
         qs.append(q)

@@ -70,7 +70,8 @@ class Trainer(ModulesByName):
     """The state of a training run and one guarded step of it; ``train`` and ``partial_fit`` drive it.
 
     ``method`` picks the engine (``engines.make_engine``, which takes the method's options); ``engine`` is
-    where the EP methods' passes run (a ``dask_engine.DaskEngine`` for rows on a cluster). A step evaluates
+    where the EP methods' passes run (a ``dask_engine.DaskEngine`` for rows on a cluster), or a callable
+    that builds the engine in ``make_engine``'s place (data-parallel rounds: ``data_parallel.DataParallel``). A step evaluates
     the rows it is given at the current state and commits the engine's update. A non-finite log Z or a
     failed Cholesky puts back the state before the last good step and halves damping and step sizes, again
     on each failure in a row (or, when the inducing points' prior covariance no longer factorises, raises the
@@ -78,7 +79,11 @@ class Trainer(ModulesByName):
     """
 
     def __init__(self, kernel, Z, *, method, n_total, minibatch, engine=None, **options):
-        self.engine = make_engine(method, kernel, Z, n_total=n_total, minibatch=minibatch, passes=engine, **options)
+        if callable(engine):  # a factory with ``make_engine``'s signature (``data_parallel.DataParallel``)
+            self.engine = engine(method, kernel, Z, n_total=n_total, minibatch=minibatch, **options)
+        else:
+            self.engine = make_engine(method, kernel, Z, n_total=n_total, minibatch=minibatch, passes=engine,
+                                      **options)
         self.xp = array_namespace(Z)
         self.method = method
         self.minibatch = minibatch

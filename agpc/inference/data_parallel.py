@@ -1,0 +1,545 @@
+"""Data-parallel stochastic training on a dask.array: minibatch SEP, EP and SVI in rounds (issue 18).
+
+The rows stay where they are. They are cut into *shards*, fixed groups of stored chunks, one shard per
+worker at the start of the fit. A *round* is one task per shard: the task runs ``local_steps`` minibatch
+steps of the method's own engine (``engines.make_engine``, stepped through ``training.Trainer.step``: the
+same step, guard included, as the single-process fit) on minibatches drawn from its shard's chunks,
+against the global state the driver sent, and returns the state it ends at. The driver combines:
+
+* SEP: distributed SEP (Li, Hernandez-Lobato & Turner 2015, sec. 4), one tied factor per chunk of rows,
+  F_c = f_c^(n_c), and q = prior x prod_c F_c. A row of chunk c has the cavity q / F_c^(1 / n_c), and a
+  step on a minibatch M of chunk c replaces the share |M| / n_c of F_c by the minibatch's sites
+  (``ep.factor_cavity``'s ``others`` / ``factor_rows``). A chunk is stepped by one shard only, so the
+  driver simply takes each chunk's new F_c; the global factor is their sum (natural parameters add).
+* EP: each chunk owns its rows' sites (two floats a row, in a file a chunk, written and read by the task
+  that steps the chunk: they never travel) and the running product of its sites, F_c, which travels as
+  SEP's does; q = prior x prod_c F_c.
+* SVI: q(u) = N(mean, chol chol^T) is a parameter like the others.
+* Parameters (kernel, inducing points, SVI's mean and chol) and the optimiser's state: the average of the
+  shards' end-of-round values, weighted by the rows each shard holds. Every shard's engine steps on the
+  full-data estimate of the gradient (the n / |M| scaling of seed 000 eq. 6), so with one local step and
+  a step linear in the gradient this is one step on sum_k (n_k / n) g_k: the row-weighted average of the
+  shards' stochastic gradients, that is the sum of their shares of the gradient (the data part of shard
+  k's share is its own rows' log Z_i gradient; the prior part is split by rows). With Adadelta / Adam it
+  is the row-weighted average of the shards' steps.
+
+What travels in a round: to each shard the kernel's parameters, Z, the optimiser's state, the global
+factor and the factors of the chunks it will step (m x m each; SVI: mean and chol); back the same.
+Never rows. A chunk's rows are read by the worker the shard is pinned to, kept in its memory while the
+shard is stepping that chunk, and released when it moves on (worker memory does not grow with n).
+
+Per-chunk state kept by the driver: the factor F_c and its random stream, keyed by chunk: the order of a
+chunk's rows for its v-th visit is a permutation drawn from ``default_rng([seed, 0, chunk, v])``, and a
+shard's order of visiting its chunks from ``default_rng([seed, 1, shard, epoch])``. The driver knows
+which minibatches each shard steps in a round before it starts, so when a worker is lost, the scheduler
+runs its shard's task on another worker with the same inputs: the same model. "The same" means equal to
+rounding: on one machine, bit for bit (the tests compare to 1e-12); across machines, within what their
+BLAS libraries' different summation orders give.
+
+The rounds are the training loop's steps: ``DataParallel`` is an engine factory for ``training.train``
+(``engine=``), so the schedule of epochs (``max_iter`` counts passes over the rows), ``max_time``, the
+history, the progress bar and the guard are the single-process ones. A round sees
+``n_shards * local_steps * batch_size`` rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from .. import io
+from ..backend import array_device, array_namespace, asarray_like, host_rng
+from ..kernels import ClassKernels
+from . import ep, multiclass_ep
+from .engines import Outcome, make_engine
+from .training import Trainer
+
+__all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "shard_chunks", "chunk_permutation",
+           "weighted_average"]
+
+# Minibatch steps a shard takes per round, chosen from benchmarks/dask_scaling.py section 3 (docs/results.md,
+# issue 18): 10^6 airline-like rows, m = 200, 200 rows a step, 2 workers on 2 cores. A round costs 13-25 ms
+# beyond its steps (~7 ms each), so few steps waste the workers: SEP 8,842 / 17,933 rows/s at 1 / 4 steps under
+# load, 41,186 at 16 and 50,723 at 64 on a quiet machine (one process: 33,456); EP 34,035 at 16, 45,934 at 64.
+# The test NLL after one epoch stayed within 0.005 of one process's at every count (SEP -0.004 to -0.002,
+# EP +0.003 to +0.004, SVI -0.003 to -0.002), so the largest count measured.
+DEFAULT_LOCAL_STEPS = 64
+
+
+class RowsOnWorkers:
+    """What the training loop sees of rows that stay on the workers: how many there are, not their values
+    (it lays its rounds over them; the rounds themselves read the rows on the workers)."""
+
+    def __init__(self, shape, dtype):
+        self.shape = tuple(int(s) for s in shape)
+        self.ndim = len(self.shape)
+        self.dtype = dtype
+
+    def __getitem__(self, index):
+        raise TypeError("the rows of a data-parallel fit stay on the workers: they are not read on the driver")
+
+
+def shard_chunks(n_chunks, n_shards):
+    """The chunks of each shard: chunk c in shard c mod n_shards (neighbouring chunks, often rows stored
+    close in time or space, land in different shards)."""
+    n_shards = max(1, min(int(n_shards), int(n_chunks)))
+    return [list(range(k, n_chunks, n_shards)) for k in range(n_shards)]
+
+
+@functools.lru_cache(maxsize=16)
+def chunk_permutation(seed, chunk, visit, n_rows):
+    """The order of a chunk's rows in its ``visit``-th visit (keyed by chunk and visit, not by worker).
+    Kept for the next rounds of the same visit (drawing it costs ~4 ms at 250,000 rows: a short round's
+    worth); the caller must not write into it."""
+    return host_rng([int(seed), 0, int(chunk), int(visit)]).permutation(int(n_rows))
+
+
+def _shard_chunk_order(seed, shard, epoch, chunks):
+    order = host_rng([int(seed), 1, int(shard), int(epoch)]).permutation(len(chunks))
+    return [chunks[int(i)] for i in order]
+
+
+def weighted_average(values, weights):
+    """sum_k weights[k] * values[k] over parallel trees (dicts, tuples, lists) of arrays and floats; ints,
+    bools and None are taken from the first tree (counts such as Adam's t agree across shards that took
+    the same number of steps)."""
+    first = values[0]
+    if first is None or isinstance(first, (bool, int, str)):
+        return first
+    if isinstance(first, dict):
+        return {k: weighted_average([v[k] for v in values], weights) for k in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(weighted_average(list(parts), weights) for parts in zip(*values))
+    if isinstance(first, float) and all(v == first for v in values):  # (no rounding drift of equal settings)
+        return first
+    total = weights[0] * first
+    for w, v in zip(weights[1:], values[1:]):
+        total = total + w * v
+    return total
+
+
+@dataclass
+class _Cursor:
+    """Where a shard is in its schedule: the chunk visits left in its current pass over its chunks, and the
+    first minibatch of the current visit not yet stepped."""
+
+    epoch: int = 0
+    order: list = field(default_factory=list)  # chunks still to visit in this pass, the current one first
+    position: int = 0
+
+
+def _plan(cursor, shard, chunks, visits, seed, chunk_rows, batch_size, steps):
+    """The segments (chunk, visit, first minibatch, count) of a shard's next ``steps`` steps, and the cursor
+    and visit counts after them (new objects: nothing is committed until the round is)."""
+    cursor = _Cursor(cursor.epoch, list(cursor.order), cursor.position)
+    visits = dict(visits)
+    segments = []
+    while steps > 0:
+        if not cursor.order:
+            cursor.order = _shard_chunk_order(seed, shard, cursor.epoch, chunks)
+            cursor.epoch += 1
+        chunk = cursor.order[0]
+        n_batches = math.ceil(chunk_rows[chunk] / batch_size)
+        count = min(steps, n_batches - cursor.position)
+        segments.append((chunk, visits[chunk], cursor.position, count))
+        steps -= count
+        cursor.position += count
+        if cursor.position == n_batches:  # the visit is over: the next one draws a new order of the rows
+            visits[chunk] += 1
+            cursor.order.pop(0)
+            cursor.position = 0
+    return segments, cursor, visits
+
+
+def _site_path(directory, chunk, generation):
+    return os.path.join(directory, f"chunk-{chunk}-{generation}.npz")
+
+
+def step_shard(spec, segments, data):
+    """A round of one shard (a task on a worker): ``spec["steps"]`` minibatch steps of the method's engine
+    through ``Trainer.step``, starting from the driver's state. ``data``: per chunk of the segments, its
+    rows (X, y) as arrays. Returns the state the shard ends at (parameters, optimiser, per-chunk factors,
+    EP's site files) and the steps' log Z estimates; no rows."""
+    # (a copy: an optimiser object given in the options is this shard's own, also in a threaded cluster)
+    started = time.perf_counter()
+    method, options = spec["method"], copy.deepcopy(spec["options"])
+    trainer = Trainer(spec["kernel"], spec["Z"], method=method, n_total=spec["n_total"], minibatch=True, **options)
+    engine = trainer.engine
+    engine.state.update(spec["state"])
+    if engine.optimizer is not None:
+        engine.optimizer.restore(spec["optimizer"])
+    engine.damping = spec["damping"]
+    Z = engine.state["Z"]
+    xp, device = array_namespace(Z), array_device(Z)
+    tied = method != "svi"
+    factors = dict(spec["factors"])
+    total = spec["total"]
+    site_files, sites_now = {}, {}  # EP: per chunk, the file this task wrote and the sites it left
+    batch_size = spec["batch_size"]
+    log_z, n_invalid = [], 0.0
+    for chunk, visit, first, count in segments:
+        X_chunk, y_chunk = data[chunk]
+        n_chunk = X_chunk.shape[0]
+        order = chunk_permutation(spec["seed"], chunk, visit, n_chunk)
+        if tied:  # this chunk's factor is the one the steps update; the others' product stays as sent
+            engine.state["factor"] = factors[chunk]
+            engine.others = total.combine(1.0, factors[chunk], -1.0)
+            engine.factor_rows = n_chunk
+        if engine.per_row_sites:  # the chunk's sites: as this task left them, from its file, or zero
+            path = spec["site_files"][chunk]
+            if chunk in sites_now:  # (a shard of one chunk whose round crosses into the chunk's next visit)
+                sites = sites_now[chunk]
+            elif path is not None:
+                sites = io.load_site_chunk(path, n_chunk)
+            else:
+                sites = (engine.passes.zero_sites(n_chunk, Z), engine.passes.zero_sites(n_chunk, Z))
+            site_precision, site_shift = (asarray_like(s, xp, device=device, dtype=Z.dtype) for s in sites)
+            if first == 0 and visit > 0:
+                # A new visit: the chunk's site product exactly, at the current hyper-parameters (a row's
+                # site is swapped out along its current projection, but the factor holds it along that of
+                # its last visit: the single-process loop rebuilds once an epoch for the same reason).
+                _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, total)
+                total = engine.others.combine(1.0, engine.state["factor"], 1.0)
+        # The guard's revert goes back to before the last good step; on this segment's first step that is
+        # its start (not the previous chunk's state).
+        trainer.good = engine.snapshot()
+        previous = None  # EP: (rows, sites) of the last step taken; a revert undoes its sites in place
+        for j in range(first, first + count):
+            rows = order[j * batch_size:(j + 1) * batch_size]
+            X_batch = asarray_like(X_chunk[rows], xp, device=device, dtype=Z.dtype)
+            y_batch = asarray_like(y_chunk[rows], xp, device=device, dtype=Z.dtype)
+            index = asarray_like(rows, xp, device=device) if engine.per_row_sites else None
+            while True:  # a step the guard reverted is taken again (as ``training.train`` does)
+                if engine.per_row_sites:  # the minibatch's own sites, in the order of its rows
+                    engine.state["nu"] = xp.take(site_precision, index, axis=0)
+                    engine.state["mu"] = xp.take(site_shift, index, axis=0)
+                took, _, value = trainer.step(X_batch, y_batch, 0, X_batch.shape[0], stepping=engine.has_params)
+                if took:
+                    break
+                if previous is not None:  # the revert undid the previous step's sites too
+                    site_precision[previous[0]], site_shift[previous[0]] = previous[1], previous[2]
+            log_z.append(value)
+            n_invalid += float(trainer.last.n_invalid)
+            if engine.per_row_sites:
+                previous = (index, engine.state["nu"], engine.state["mu"])
+                site_precision[index] = engine.state["nu"]
+                site_shift[index] = engine.state["mu"]
+                if engine.needs_rebuild:  # many cavities failed: the chunk's site product, exactly
+                    _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, None)
+        if tied:
+            factors[chunk] = engine.state["factor"]
+            total = engine.others.combine(1.0, factors[chunk], 1.0)
+        if engine.per_row_sites:
+            path = _site_path(spec["site_directory"], chunk, spec["generation"])
+            io.save_site_chunk(path, site_precision, site_shift)
+            site_files[chunk], sites_now[chunk] = path, (site_precision, site_shift)
+    state = {k: engine.state[k] for k in spec["state"]}
+    return {"kernel": engine.state["kernel"], "Z": engine.state["Z"], "state": state,
+            "optimizer": engine.optimizer.snapshot() if engine.optimizer is not None else None,
+            "damping": engine.damping, "factors": {c: factors[c] for c in factors}, "site_files": site_files,
+            "log_z": log_z, "n_invalid": n_invalid, "seconds": time.perf_counter() - started}
+
+
+def _chunk_holders(client, X, n_chunks):
+    """The worker holding each row chunk of X when X is persisted on the cluster (one key a chunk, under one
+    name, indexed by chunk), else None: shards then follow the data instead of moving it."""
+    from distributed import futures_of, wait
+
+    futures = futures_of(X)
+    names = {f.key[0] for f in futures if isinstance(f.key, tuple)}
+    if len(futures) != n_chunks or len(names) != 1:
+        return None
+    wait(futures)
+    holders = [None] * n_chunks
+    for key, addresses in client.who_has(futures).items():
+        if 0 <= key[1] < n_chunks and addresses:
+            holders[key[1]] = sorted(addresses)[0]
+    return None if None in holders else holders
+
+
+def _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, total):
+    """EP: the chunk's factor recomputed exactly from its sites (the passes' ``exact_factor``) at the
+    engine's state; ``total`` given: the others' product is set from it first (the chunk's old factor out)."""
+    if total is not None:
+        engine.others = total.combine(1.0, engine.state["factor"], -1.0)
+    s = engine.state
+    xp, like = array_namespace(s["Z"]), s["Z"]
+    X_rows = asarray_like(X_chunk, xp, device=array_device(like), dtype=like.dtype)
+    y_rows = asarray_like(y_chunk, xp, device=array_device(like), dtype=like.dtype)
+    s["factor"] = engine.passes.exact_factor(s["kernel"], s["Z"], X_rows, site_precision, site_shift,
+                                             jitter=engine.jitter, block_rows=engine.block_rows, y=y_rows)
+    engine.needs_rebuild = False
+
+
+class DataParallel:
+    """Data-parallel stochastic training of rows in a dask.array (module docstring), as the engine factory
+    ``training.train`` takes (``engine=``): ``train(RowsOnWorkers(X.shape, dtype), ..., batch_size=
+    dp.rows_per_round, engine=dp)``. ``X`` (rows chunked, one column chunk) and ``y`` (labels as the
+    engine takes them, chunked alike) stay on the cluster.
+
+    ``batch_size``: rows of a minibatch step; ``local_steps``: steps a shard takes per round; ``n_shards``:
+    default one per worker (X persisted on the cluster: one per worker holding chunks, of its chunks; else
+    chunk c in shard c mod the number of workers). ``seed``: keys the chunks' random streams. ``site_directory`` (EP): where
+    the chunks' sites are kept, a file a chunk, reachable by the driver and every worker (default: a
+    temporary directory on this machine: enough for a LocalCluster); ``close()`` removes them.
+    """
+
+    def __init__(self, client, X, y, *, batch_size, local_steps=DEFAULT_LOCAL_STEPS, n_shards=None, seed=0,
+                 site_directory=None):
+        from ..backend import row_chunk_bounds
+
+        if int(local_steps) < 1:
+            raise ValueError(f"local_steps must be a positive integer, got {local_steps!r}")
+        self.client = client
+        self.X, self.y = X, y
+        self.batch_size = int(batch_size)
+        self.local_steps = int(local_steps)
+        self.seed = int(seed)
+        bounds = row_chunk_bounds(X)
+        self.chunk_rows = [hi - lo for lo, hi in bounds]
+        workers = sorted(client.nthreads())  # (asks the scheduler: scheduler_info() may be a stale copy)
+        holders = _chunk_holders(client, X, len(bounds)) if n_shards is None else None
+        if holders is not None:  # X persisted: a shard per worker holding chunks, of the chunks it holds
+            self.shard_workers = sorted(set(holders))
+            self.shards = [[c for c, w in enumerate(holders) if w == worker] for worker in self.shard_workers]
+        else:  # X read where it lives (zarr, ...): each shard's chunks read by the worker it is pinned to
+            self.shards = shard_chunks(len(bounds), n_shards or max(1, len(workers)))
+            self.shard_workers = [workers[k % len(workers)] if workers else None for k in range(len(self.shards))]
+        shard_rows = [sum(self.chunk_rows[c] for c in chunks) for chunks in self.shards]
+        self.shard_weights = [r / sum(shard_rows) for r in shard_rows]
+        self.site_directory = site_directory
+        self.site_root = None
+        # per round: seconds on the driver, the slowest task's seconds, bytes sent and received, steps a shard
+        self.rounds = []
+
+    @property
+    def rows_per_round(self):
+        return len(self.shards) * self.local_steps * self.batch_size
+
+    def close(self):
+        """Remove EP's site files."""
+        if self.site_root is not None:
+            shutil.rmtree(self.site_root, ignore_errors=True)
+
+    def __call__(self, method, kernel, Z, *, n_total, minibatch, **options):
+        if method not in ("ep", "sep", "adf", "svi"):
+            raise ValueError(f"data-parallel training runs 'ep', 'sep', 'adf' or 'svi', not {method!r}")
+        if method == "ep" and isinstance(kernel, ClassKernels):
+            raise ValueError("data-parallel multiclass training runs 'sep', 'adf' or 'svi' (multiclass EP's "
+                             "per-row sites are not kept per chunk yet)")
+        if options.pop("site_precision", None) is not None or options.pop("site_shift", None) is not None:
+            raise ValueError("data-parallel EP starts from zero sites")
+        if method == "ep":
+            # the engines hold the sites of the minibatch they step, not n of them (an empty start)
+            options["site_precision"] = options["site_shift"] = _passes_of(kernel).zero_sites(0, Z)
+            directory = self.site_directory if self.site_directory is not None else tempfile.gettempdir()
+            os.makedirs(directory, exist_ok=True)
+            self.site_root = tempfile.mkdtemp(prefix="agpc-dp-sites-", dir=os.fspath(directory))
+        return _RoundEngine(self, method, kernel, Z, n_total=n_total, options=options)
+
+    def chunk_data(self, chunk, worker):
+        """(X, y) of one chunk as futures, read on ``worker`` (or another if it is gone)."""
+        X_chunk, y_chunk = self.X.blocks[chunk], self.y.blocks[chunk]
+        return tuple(self.client.compute([X_chunk, y_chunk], workers=None if worker is None else [worker],
+                                         allow_other_workers=True))
+
+
+class _RoundEngine:
+    """The engine protocol (``engines``) with a round as its step; the global state lives in a driver-side
+    engine of the method (``template``: the same class the shards step), which also gives q, validation
+    scores and the guard's revert-and-halve."""
+
+    per_row_sites = False  # (EP's sites stay with their chunks; the loop has nothing to rebuild)
+    uses_warmup = False
+    settled = True
+    needs_rebuild = False
+
+    def __init__(self, plan, method, kernel, Z, *, n_total, options):
+        self.plan = plan
+        self.method = method
+        self.options = options
+        self.template = make_engine(method, kernel, Z, n_total=n_total, minibatch=True, **options)
+        self.tied = method != "svi"
+        n_chunks = len(plan.chunk_rows)
+        passes = self.template.passes if self.tied else None
+        self.factors = {c: passes.uniform_factor(Z) for c in range(n_chunks)} if self.tied else {}
+        self.visits = {c: 0 for c in range(n_chunks)}
+        self.cursors = [_Cursor() for _ in plan.shards]
+        self.generation = 0
+        # EP: each chunk's site file, written by the worker that stepped it last (None: zero sites, no file yet)
+        self.site_files = {c: None for c in range(n_chunks)} if method == "ep" else {}
+        self.loaded = {}  # chunk -> (futures of X, y) on the worker of the shard stepping it
+
+    # -- what the loop reads ---------------------------------------------------------------------------
+    state = property(lambda self: self.template.state, lambda self, v: setattr(self.template, "state", v))
+    damping = property(lambda self: self.template.damping)
+    names = property(lambda self: self.template.names)
+    optimizer = property(lambda self: self.template.optimizer)
+    has_params = property(lambda self: self.template.has_params)
+    block_rows = property(lambda self: self.template.block_rows)
+    n_total = property(lambda self: self.template.n_total)
+
+    @property
+    def jitter(self):
+        return self.template.jitter
+
+    @jitter.setter
+    def jitter(self, value):
+        self.template.jitter = value
+
+    # -- a round ---------------------------------------------------------------------------------------
+    def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
+        """Run one round (nothing committed): each shard steps ceil(rows / (shards x batch)) times, at most
+        ``local_steps``. Returns the mean of the steps' log Z estimates and the combined state."""
+        if weights is not None:
+            raise ValueError("data-parallel rounds lay their own minibatches: no row weights")
+        plan, client = self.plan, self.plan.client
+        steps = max(1, min(plan.local_steps, math.ceil((hi - lo) / (len(plan.shards) * plan.batch_size))))
+        s = self.template.state
+        spec = {"method": self.method, "options": self.options, "kernel": s["kernel"], "Z": s["Z"],
+                "n_total": self.template.n_total, "seed": plan.seed, "batch_size": plan.batch_size,
+                "optimizer": self.template.optimizer.snapshot() if self.template.optimizer is not None else None,
+                "damping": self.template.damping, "total": s.get("factor"),
+                "state": {k: s[k] for k in ("mean", "chol") if k in s},
+                "site_directory": plan.site_root, "generation": self.generation + 1}
+        plans, futures, needed, sent = [], [], {}, 0
+        started = time.perf_counter()
+        for k, chunks in enumerate(plan.shards):
+            segments, cursor, visits = _plan(self.cursors[k], k, chunks, self.visits, plan.seed, plan.chunk_rows,
+                                             plan.batch_size, steps)
+            plans.append((cursor, visits, segments))
+            used = sorted({c for c, *_ in segments})
+            for c in used:
+                needed[c] = self.loaded.get(c) or plan.chunk_data(c, plan.shard_workers[k])
+            shard_spec = dict(spec, factors={c: self.factors[c] for c in used} if self.tied else {},
+                              site_files={c: self.site_files[c] for c in used} if self.site_files else {})
+            sent += _nbytes(shard_spec)
+            futures.append(client.submit(step_shard, shard_spec, segments, {c: needed[c] for c in used},
+                                         workers=None if plan.shard_workers[k] is None else [plan.shard_workers[k]],
+                                         allow_other_workers=True, pure=False))
+        self.loaded = needed  # the chunks no shard steps now are released (their futures dropped)
+        results = client.gather(futures)
+        received = sum(_nbytes(r) for r in results)
+        combined = self._combine(results)
+        combined["plans"] = plans
+        plan.rounds.append({"seconds": time.perf_counter() - started, "bytes_sent": sent,
+                            "bytes_received": received, "steps": steps,
+                            "task_seconds": max(r["seconds"] for r in results)})
+        values = [v for r in results for v in r["log_z"]]
+        return sum(values) / len(values), combined
+
+    def _combine(self, results):
+        weights = self.plan.shard_weights
+        template = self.template
+        names = [k for k in template.names if k not in ("Z", "mean", "chol")]
+        kernel = results[0]["kernel"]
+        params = dict(kernel.params)
+        params.update(weighted_average([{k: r["kernel"].params[k] for k in names} for r in results], weights))
+        out = {"kernel": kernel.with_params(params),
+               "Z": weighted_average([r["Z"] for r in results], weights) if "Z" in template.names else results[0]["Z"],
+               "state": weighted_average([r["state"] for r in results], weights),
+               "optimizer": weighted_average([r["optimizer"] for r in results], weights),
+               "damping": weighted_average([r["damping"] for r in results], weights),
+               "n_invalid": sum(r["n_invalid"] for r in results)}
+        if self.tied:
+            factors = dict(self.factors)
+            for r in results:
+                factors.update(r["factors"])
+            out["factors"] = factors
+            out["total"] = _sum_factors(factors.values())
+        out["site_files"] = dict(self.site_files)
+        for r in results:
+            out["site_files"].update(r["site_files"])
+        return out
+
+    def apply(self, work, lo, hi, *, stepping, scalars=None):
+        template = self.template
+        template.state["kernel"], template.state["Z"] = work["kernel"], work["Z"]
+        template.state.update(work["state"])
+        if template.optimizer is not None:
+            template.optimizer.restore(work["optimizer"])
+        template.damping = work["damping"]
+        if self.tied:
+            self.factors = work["factors"]
+            template.state["factor"] = work["total"]
+        for k, (cursor, visits, segments) in enumerate(work["plans"]):
+            self.cursors[k] = cursor
+            self.visits.update({c: visits[c] for c in self.plan.shards[k]})
+        if self.site_files:
+            self.generation += 1
+            old = self.site_files
+            self.site_files = work["site_files"]
+            for c, path in old.items():
+                if path is not None and path != self.site_files[c]:
+                    os.remove(path)
+        return Outcome(change=None, stepped=stepping, record=True, n_invalid=int(work["n_invalid"]))
+
+    # -- the guard, early stopping, q --------------------------------------------------------------------
+    def snapshot(self):
+        return {"template": self.template.snapshot(), "factors": dict(self.factors), "visits": dict(self.visits),
+                "cursors": [_Cursor(c.epoch, list(c.order), c.position) for c in self.cursors]}
+
+    def restore(self, snap):
+        if self.site_files:
+            raise FloatingPointError("data-parallel EP cannot go back a round: its sites were already replaced")
+        self.template.restore(snap["template"])
+        self.factors, self.visits = dict(snap["factors"]), dict(snap["visits"])
+        self.cursors = list(snap["cursors"])
+
+    def shrink(self):
+        return self.template.shrink()
+
+    def keep(self):
+        return {"state": self.template.keep(), "factors": dict(self.factors)}
+
+    def put_back(self, kept):
+        self.template.put_back(kept["state"])
+        self.factors = dict(kept["factors"])
+
+    def posterior(self, X, y, want_log_z=True):
+        post, _ = self.template.posterior(None, None, want_log_z=False)
+        return post, None
+
+    def validation_scores(self, post, X_val, y_val):
+        return self.template.validation_scores(post, X_val, y_val)
+
+    def checkpoint_state(self, path, step):
+        raise NotImplementedError("checkpoints of data-parallel training are not supported yet")
+
+    def restore_checkpoint(self, saved, path):
+        raise NotImplementedError("checkpoints of data-parallel training are not supported yet")
+
+
+def _passes_of(kernel):
+    """The EP passes of a model: binary (``ep``) or multiclass (``multiclass_ep``, a ``ClassKernels``)."""
+    return multiclass_ep if isinstance(kernel, ClassKernels) else ep
+
+
+def _sum_factors(factors):
+    factors = list(factors)
+    total = factors[0]
+    for f in factors[1:]:
+        total = total.combine(1.0, f, 1.0)
+    return total
+
+
+def _nbytes(tree):
+    """Bytes of the arrays in a round's message (factors, parameters, optimiser state: what travels; the
+    pickled envelope around them is small beside them)."""
+    if isinstance(tree, dict):
+        return sum(_nbytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(_nbytes(v) for v in tree)
+    if isinstance(tree, ep.Factor):
+        return _nbytes((tree.precision, tree.shift))
+    if isinstance(tree, multiclass_ep.MultiFactor):
+        return _nbytes(tree.factors)
+    if hasattr(tree, "params") and isinstance(tree.params, dict):  # a kernel
+        return _nbytes(tree.params)
+    return int(getattr(tree, "nbytes", 8))

@@ -1,0 +1,353 @@
+"""Data-parallel minibatch SEP, EP and SVI on a dask.array (issue 18; ``agpc.inference.data_parallel``)."""
+
+import contextlib
+import os
+import signal
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+
+from agpc import GPClassifier  # noqa: E402
+from agpc.datasets import make_banana  # noqa: E402
+from agpc.inference import data_parallel, ep  # noqa: E402
+from agpc.inference.dask_engine import local_cluster  # noqa: E402
+from agpc.inference.engines import make_engine  # noqa: E402
+from agpc.kernels import RBF  # noqa: E402
+
+JITTER = 1e-6
+
+
+@pytest.fixture(scope="module")
+def client():
+    """Two workers in this process (threads): fast to start; the tests that need processes make their own."""
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None)
+    with distributed.Client(cluster) as c:
+        yield c
+    cluster.close()
+
+
+@contextlib.contextmanager
+def _process_cluster():
+    """Two single-threaded worker processes, as ``GPClassifier`` starts them (a cluster per test that kills
+    a worker: the nanny's restart is not waited for)."""
+    with local_cluster(2) as cluster, distributed.Client(cluster) as c:
+        yield c
+
+
+def _nll(model, X, y):
+    proba = model.predict_proba(X)
+    return float(-np.mean(np.log(proba[np.arange(len(y)), np.searchsorted(model.classes_, y)])))
+
+
+def test_a_chunk_factor_cavity_is_seps_when_the_factors_are_in_proportion():
+    """Distributed SEP (Li et al. 2015 sec. 4): with chunk factors F_c = (n_c / n) F, the cavity of a chunk's
+    row, q / F_c^(1 / n_c), is SEP's q / F^(1 / n), so a chunk's pass (its factor, the others' product,
+    ``factor_rows`` = n_c) gives SEP's log Z_q estimate, gradient and site change on the same rows."""
+    rng = np.random.default_rng(0)
+    X, y = make_banana(90, random_state=3)
+    y = y.astype(float)
+    kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
+    Z = X[:6] + 0.05
+    nu, mu = rng.uniform(0.0, 0.3, 90), rng.normal(0.0, 0.2, 90)
+    F = ep.exact_factor(kernel, Z, X, nu, mu, jitter=JITTER)
+    rows = np.arange(30, 60)  # the chunk of rows 30:60 (n_c = 30)
+    F_chunk = ep.Factor(F.precision * (30 / 90), F.shift * (30 / 90))
+    others = F.combine(1.0, F_chunk, -1.0)
+    common = dict(method="sep", n_total=90, jitter=JITTER)
+    sep = ep.evaluate_factor(kernel, Z, X[rows], y[rows], F, **common)
+    shard = ep.evaluate_factor(kernel, Z, X[rows], y[rows], F_chunk, others=others, factor_rows=30, **common)
+    np.testing.assert_allclose(float(shard["log_z"]), float(sep["log_z"]), rtol=1e-10)
+    for name, value in sep["grads"].items():
+        np.testing.assert_allclose(shard["grads"][name], value, rtol=1e-8, atol=1e-10, err_msg=name)
+    np.testing.assert_allclose(shard["site_delta"].precision, sep["site_delta"].precision, rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(shard["site_delta"].shift, sep["site_delta"].shift, rtol=1e-8, atol=1e-12)
+
+
+class _GradientAscent:
+    """theta + rate * gradient: a step linear in the gradient, so that a round's combination of the shards'
+    steps can be checked against the combination of their gradients."""
+
+    def __init__(self, rate):
+        self.rate = rate
+
+    def step(self, params, grads):
+        return {k: v + self.rate * grads[k] for k, v in params.items()}
+
+    def scale_steps(self, factor):
+        self.rate *= factor
+
+    def snapshot(self):
+        return self.rate
+
+    def restore(self, rate):
+        self.rate = rate
+
+
+def _one_round(client, X, y, chunks, method, kernel, Z, seed, **options):
+    plan = data_parallel.DataParallel(client, da.from_array(X, chunks=(chunks, 2)), da.from_array(y, chunks=(chunks,)),
+                                      batch_size=40, local_steps=1, seed=seed)
+    engine = plan(method, kernel, Z, n_total=X.shape[0], minibatch=True, jitter=JITTER, optimize=("kernel", "inducing"),
+                  block_rows=None, **options)
+    _, work = engine.evaluate(None, None, 0, plan.rows_per_round, stepping=True)
+    engine.apply(work, 0, plan.rows_per_round, stepping=True)
+    plan.close()
+    return plan, engine
+
+
+def _first_minibatch(seed, shard, shard_chunks, starts, sizes):
+    """By hand, from the documented keys of the streams: the shard's first chunk and its first 40 rows."""
+    first = shard_chunks[int(np.random.default_rng([seed, 1, shard, 0]).permutation(len(shard_chunks))[0])]
+    order = np.random.default_rng([seed, 0, first, 0]).permutation(sizes[first])
+    return first, starts[first] + order[:40]
+
+
+def test_one_sep_round_steps_on_the_row_weighted_sum_of_the_shards_gradients(client):
+    """One round, one local step per shard, a step linear in the gradient: the parameters move by
+    rate x sum_k (n_k / n) g_k, g_k shard k's full-data gradient estimate on its minibatch (the sum of the
+    shards' shares of the gradient); each shard's first chunk gets its factor rho x (the minibatch's sites),
+    the other chunks keep theirs, and q's factor is their sum."""
+    X, y = make_banana(600, random_state=4)
+    y = y.astype(float)
+    sizes, starts = [200, 150, 150, 100], [0, 200, 350, 500]  # shards {0, 2} (350 rows) and {1, 3} (250 rows)
+    kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
+    Z = X[:6] + 0.05
+    plan, engine = _one_round(client, X, y, tuple(sizes), "sep", kernel, Z, seed=7,
+                              optimizer=_GradientAscent(1e-4), damping=0.99)
+    uniform = ep.uniform_factor(Z)
+    expected = {k: np.asarray(v, dtype=float).copy() for k, v in kernel.params.items()}
+    expected["Z"] = Z.copy()
+    factors = {}
+    for shard, (shard_chunks, rows) in enumerate([([0, 2], 350), ([1, 3], 250)]):
+        chunk, batch = _first_minibatch(7, shard, shard_chunks, starts, sizes)
+        out = ep.evaluate_factor(kernel, Z, X[batch], y[batch], uniform, method="sep", n_total=600, jitter=JITTER,
+                                 others=uniform, factor_rows=sizes[chunk])
+        for name in expected:
+            expected[name] = expected[name] + 1e-4 * (rows / 600) * np.asarray(out["grads"][name])
+        factors[chunk] = out["site_delta"].combine(0.99, uniform, 0.0)
+    state = engine.state
+    for name, value in state["kernel"].params.items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-10, atol=1e-13, err_msg=name)
+    np.testing.assert_allclose(state["Z"], expected["Z"], rtol=1e-10, atol=1e-13)
+    for chunk in range(4):
+        want = factors.get(chunk, uniform)
+        np.testing.assert_allclose(engine.factors[chunk].precision, want.precision, rtol=1e-10, atol=1e-13)
+    total = factors[min(factors)].combine(1.0, factors[max(factors)], 1.0)
+    np.testing.assert_allclose(state["factor"].precision, total.precision, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(state["factor"].shift, total.shift, rtol=1e-10, atol=1e-13)
+
+
+def test_one_svi_round_is_the_row_weighted_average_of_the_shards_steps(client):
+    """SVI, Adam: after one round q(u) (mean, chol), the kernel and Z are the row-weighted average of what
+    one single-process step of each shard's minibatch gives (the steps themselves by ``make_engine``)."""
+    X, y = make_banana(600, random_state=4)
+    y = y.astype(float)
+    sizes, starts = [200, 150, 150, 100], [0, 200, 350, 500]
+    kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
+    Z = X[:6] + 0.05
+    plan, engine = _one_round(client, X, y, tuple(sizes), "svi", kernel, Z, seed=3, optimizer=None,
+                              learning_rate=None, likelihood="probit", n_quadrature=20)
+    ends, weights = [], []
+    for shard, (shard_chunks, rows) in enumerate([([0, 2], 350), ([1, 3], 250)]):
+        _, batch = _first_minibatch(3, shard, shard_chunks, starts, sizes)
+        alone = make_engine("svi", kernel, Z, n_total=600, minibatch=True, jitter=JITTER)
+        summary, work = alone.evaluate(X[batch], y[batch], 0, 40, stepping=True)
+        alone.apply(work, 0, 40, stepping=True)
+        ends.append(alone.state)
+        weights.append(rows / 600)
+    state = engine.state
+    for name in ("mean", "chol", "Z"):
+        want = weights[0] * ends[0][name] + weights[1] * ends[1][name]
+        np.testing.assert_allclose(state[name], want, rtol=1e-10, atol=1e-13, err_msg=name)
+    for name, value in state["kernel"].params.items():
+        want = weights[0] * ends[0]["kernel"].params[name] + weights[1] * ends[1]["kernel"].params[name]
+        np.testing.assert_allclose(value, want, rtol=1e-10, atol=1e-13, err_msg=name)
+
+
+def test_what_a_round_moves_does_not_grow_with_the_rows(client):
+    """Only m x m factors and parameter vectors travel: four times the rows in as many chunks, the same
+    bytes each way."""
+    costs = []
+    for n in (400, 1600):
+        X, y = make_banana(n, random_state=5)
+        y = y.astype(float)
+        kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
+        plan, _ = _one_round(client, X, y, n // 4, "sep", kernel, X[:6] + 0.05, seed=1, optimizer=None,
+                             learning_rate=None, damping=None)
+        costs.append((plan.rounds[0]["bytes_sent"], plan.rounds[0]["bytes_received"]))
+    assert costs[0] == costs[1]
+
+
+@pytest.fixture(scope="module")
+def banana():
+    X, y = make_banana(2000, random_state=1)
+    X_test, y_test = make_banana(2000, random_state=2)
+    return X, y, X_test, y_test
+
+
+@pytest.mark.parametrize("method, n, epochs, tolerance", [("sep", 2000, 4, 0.005), ("ep", 2000, 4, 0.005),
+                                                           ("svi", 1000, 30, 0.01)])
+def test_a_data_parallel_fit_ends_near_the_single_process_fit(client, banana, method, n, epochs, tolerance):
+    """Two shards, four local steps a round, the same rows seen: the test NLL within ``tolerance`` of the
+    single-process fit's. SEP and EP: 0.005 nats, issue 18's target (the single-process fits of three seeds
+    spread over 0.002 here). SVI: Adam's constant steps leave more noise, the single-process fits of three
+    seeds spread over 0.008 at 30 epochs, so 0.01 is the closest claim this size can test; and averaging
+    the shards' steps moves q(u) about half as far per row seen as one process does, so early on it lags
+    (measured when the test was written: 0.007-0.012 behind after 15 epochs, level from 30 on)."""
+    X, y, X_test, y_test = banana
+    X, y = X[:n], y[:n]
+    params = dict(method=method, n_inducing=15, batch_size=50, max_iter=epochs, random_state=0)
+    single = GPClassifier(**params).fit(X, y)
+    parallel = GPClassifier(**params, client=client, local_steps=4).fit(da.from_array(X, chunks=(n // 8, 2)),
+                                                                         da.from_array(y, chunks=n // 8))
+    assert abs(_nll(parallel, X_test, y_test) - _nll(single, X_test, y_test)) < tolerance
+    # max_iter epochs of rounds of 2 shards x 4 steps x 50 rows
+    assert parallel.history_["n_steps"][-1] == epochs * -(-n // (2 * 4 * 50))
+
+
+@pytest.mark.parametrize("method", ["sep", "ep"])
+def test_a_worker_lost_mid_fit_gives_the_same_model(banana, monkeypatch, method):
+    """A worker process killed during a round: its shard's task runs again on the other worker with the same
+    inputs (the driver's state, the chunk's keyed streams; EP: the chunk's site file of the last round) and
+    the fit ends at the undisturbed model, to rounding (1e-12)."""
+    X, y, X_test, _ = banana
+    X, y = X[:800], y[:800]
+    with _process_cluster() as client:
+        params = dict(method=method, n_inducing=10, batch_size=50, max_iter=2, random_state=0, client=client,
+                      local_steps=2)
+        Xd, yd = da.from_array(X, chunks=(100, 2)), da.from_array(y, chunks=100)
+        undisturbed = GPClassifier(**params).fit(Xd, yd)
+        real, calls = client.gather, {"n": 0, "killed": None}
+
+        def gather(futures, *args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 3 and isinstance(futures, list) and calls["killed"] is None:
+                address = sorted(client.scheduler_info()["workers"])[0]
+                pid = client.run(os.getpid, workers=[address])[address]
+                os.kill(pid, signal.SIGKILL)
+                calls["killed"] = address
+            return real(futures, *args, **kwargs)
+
+        monkeypatch.setattr(client, "gather", gather)
+        disturbed = GPClassifier(**params).fit(Xd, yd)
+    assert calls["killed"] is not None
+    np.testing.assert_allclose(disturbed.history_["log_marginal_likelihood"],
+                               undisturbed.history_["log_marginal_likelihood"], rtol=1e-12)
+    np.testing.assert_allclose(disturbed.inducing_points_, undisturbed.inducing_points_, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(disturbed.predict_proba(X_test), undisturbed.predict_proba(X_test), rtol=1e-12)
+
+
+def test_data_parallel_settings_are_checked(client, banana):
+    X, y, _, _ = banana
+    Xd, yd = da.from_array(X[:400], chunks=(100, 2)), da.from_array(y[:400], chunks=100)
+    with pytest.raises(ValueError, match="local_steps must be None or an int in \\[0, inf\\)"):
+        GPClassifier(method="sep", batch_size=50, local_steps=-1, client=client).fit(Xd, yd)
+    with pytest.raises(ValueError, match="checkpoints of data-parallel training are not supported yet"):
+        GPClassifier(method="sep", batch_size=50, local_steps=2, checkpoint_path="x.ckpt", client=client).fit(Xd, yd)
+
+
+def test_ep_site_files_are_removed_after_the_fit(client, banana, tmp_path):
+    X, y, _, _ = banana
+    Xd, yd = da.from_array(X[:400], chunks=(100, 2)), da.from_array(y[:400], chunks=100)
+    GPClassifier(method="ep", n_inducing=8, batch_size=50, max_iter=1, local_steps=2, client=client,
+                 site_directory=tmp_path, random_state=0).fit(Xd, yd)
+    assert os.listdir(tmp_path) == []
+
+
+def test_validation_data_on_a_dask_array(client, banana):
+    """``validation_data`` (in memory or a dask array, brought to the driver) on a dask fit: batch EP's
+    validation history equals the in-memory fit's; data-parallel SEP scores once an epoch and stops early."""
+    X, y, X_test, y_test = banana
+    X, y = X[:600], y[:600]
+    validation = (X_test[:300], y_test[:300])
+    params = dict(method="ep", n_inducing=8, max_iter=3, random_state=0)
+    ref = GPClassifier(**params).fit(X, y, validation_data=validation)
+    model = GPClassifier(**params, client=client).fit(da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200),
+                                                      validation_data=tuple(da.from_array(v) for v in validation))
+    for key in ("validation_step", "validation_nll", "validation_error"):
+        np.testing.assert_allclose(model.history_[key], ref.history_[key], rtol=1e-8, err_msg=key)
+    stopped = GPClassifier(method="sep", n_inducing=8, batch_size=50, max_iter=40, local_steps=2, tol=0.5,
+                           n_iter_no_change=2, random_state=0, client=client).fit(
+        da.from_array(X, chunks=(150, 2)), da.from_array(y, chunks=150), validation_data=validation)
+    assert stopped.early_stopped_ and len(stopped.history_["validation_nll"]) == 3  # tol 0.5: no improvement counts
+
+
+def _three_classes(n, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    scores = np.stack([X[:, 0], X[:, 1], -X[:, 0] - X[:, 1]], axis=1) + 0.5 * rng.normal(size=(n, 3))
+    return X, np.argmax(scores, axis=1)
+
+
+def test_multiclass_sep_on_a_dask_array_ends_near_the_single_process_fit(client):
+    """Multiclass SEP (one tied factor per class and chunk), two shards: the test NLL within 0.02 nats of the
+    single-process fit's after the same rows (the single-process fits of three seeds spread over 0.03 here,
+    4 epochs of 1,200 rows); multiclass EP is refused with a clear message."""
+    X, y = _three_classes(1200, 0)
+    X_test, y_test = _three_classes(2000, 1)
+    params = dict(method="sep", n_inducing=8, batch_size=50, max_iter=4, random_state=0)
+    single = GPClassifier(**params).fit(X, y)
+    Xd, yd = da.from_array(X, chunks=(150, 2)), da.from_array(y, chunks=150)
+    parallel = GPClassifier(**params, client=client, local_steps=4).fit(Xd, yd)
+    assert parallel.predict_proba(X_test).shape == (2000, 3)
+    assert abs(_nll(parallel, X_test, y_test) - _nll(single, X_test, y_test)) < 0.02
+    with pytest.raises(ValueError, match="data-parallel multiclass training runs 'sep', 'adf' or 'svi'"):
+        GPClassifier(method="ep", batch_size=50, client=client).fit(Xd, yd)
+    with pytest.raises(ValueError, match="multiclass data on a dask array train data-parallel on minibatches"):
+        GPClassifier(method="sep", batch_size=None, client=client).fit(Xd, yd)
+
+
+def test_a_reverted_step_in_a_shard_keeps_eps_sites_consistent(monkeypatch, tmp_path):
+    """EP in a shard's round holds the sites of the minibatch it steps; when the guard reverts (a NaN log Z
+    on the third step), the step before is undone in the chunk's sites too: the round ends where the
+    single-process loop does on the same minibatches (its sites in the chunk's own row order)."""
+    from agpc.inference import training
+
+    X, y = make_banana(120, random_state=6)
+    y = y.astype(float)
+    kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
+    Z = X[:6] + 0.05
+    options = dict(jitter=JITTER, optimize=("kernel", "inducing"), block_rows=None, damping=None, optimizer=None,
+                   learning_rate=None, site_precision=np.zeros(0), site_shift=np.zeros(0))
+    real, calls = ep.evaluate_factor, {"n": 0}
+
+    def third_fails(*args, **kwargs):
+        calls["n"] += 1
+        out = real(*args, **kwargs)
+        return dict(out, log_z=out["log_z"] * np.nan) if calls["n"] == 3 else out
+
+    monkeypatch.setattr(ep, "evaluate_factor", third_fails)
+    template = make_engine("ep", kernel, Z, n_total=120, minibatch=True, **options)
+    spec = {"method": "ep", "options": options, "kernel": kernel, "Z": Z, "n_total": 120, "seed": 5, "batch_size": 40,
+            "optimizer": template.optimizer.snapshot(), "damping": template.damping, "total": ep.uniform_factor(Z),
+            "state": {}, "factors": {0: ep.uniform_factor(Z)}, "site_files": {0: None},
+            "site_directory": str(tmp_path), "generation": 1}
+    out = data_parallel.step_shard(spec, [(0, 0, 0, 3)], {0: (X, y)})
+    calls["n"] = 0
+    order = data_parallel.chunk_permutation(5, 0, 0, 120)
+    alone = training.Trainer(kernel, Z, method="ep", n_total=120, minibatch=True,
+                             **{k: v for k, v in options.items() if not k.startswith("site")})
+    steps = [(0, 40), (40, 80), (80, 120)]
+    while steps:
+        if alone.step(X[order], y[order], *steps[0], stepping=True)[0]:
+            steps.pop(0)
+    assert calls["n"] == 4  # three steps and the one retried
+    nu, mu = np.load(out["site_files"][0])["site_precision"], np.load(out["site_files"][0])["site_shift"]
+    np.testing.assert_allclose(nu[order], alone.state["nu"], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(mu[order], alone.state["mu"], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(out["factors"][0].precision, alone.state["factor"].precision, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(out["Z"], alone.state["Z"], rtol=1e-12)
+
+
+def test_shards_follow_persisted_chunks(client):
+    """X persisted on the workers: each shard is the chunks one worker holds, and its tasks are pinned to that
+    worker (the rows do not move)."""
+    X, y = make_banana(800, random_state=7)
+    Xd = client.persist(da.from_array(X, chunks=(100, 2)))
+    plan = data_parallel.DataParallel(client, Xd, da.from_array(y.astype(float), chunks=100), batch_size=50)
+    holders = client.who_has(distributed.futures_of(Xd))
+    for worker, chunks in zip(plan.shard_workers, plan.shards):
+        assert chunks and all(worker in holders[(Xd.name, c, 0)] for c in chunks)
+    assert sorted(c for chunks in plan.shards for c in chunks) == list(range(8))
