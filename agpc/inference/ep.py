@@ -56,6 +56,7 @@ __all__ = [
     "predict_latent",
     "sep_cavity_gap",
     "sep_cavity_term",
+    "row_dot",
 ]
 
 # A site whose cavity variance v_i = d_i / (1 - nu_i d_i) is not positive (1 - nu_i d_i below this) is
@@ -484,7 +485,7 @@ def data_blocks(X, y, block_rows, like):
                    None if y_io is None else read_rows(y_io, lo - io_lo, hi - io_lo, like))
 
 
-def _row_dot(A, B):
+def row_dot(A, B):
     """Row-wise dot products of two (n, m) blocks, without an n x m temporary."""
     return array_namespace(A, B).linalg.vecdot(A, B, axis=-1)
 
@@ -716,11 +717,6 @@ class Factor:
         return Factor(keep * self.precision + weight * other.precision, keep * self.shift + weight * other.shift)
 
 
-def _log_normaliser_gain(post):
-    """g(theta) - g(theta_prior) for q = prior x factor (see ``Posterior.log_normaliser_gain``)."""
-    return post.log_normaliser_gain
-
-
 CAVITY_KINDS = ("ep", "sep", "adf")
 
 
@@ -892,7 +888,7 @@ def predict_latent(kernel, Z, post, X, block_rows=None):
         At, Knm = project(kernel, X_block, Z, post.L_K_inv)
         Qt = At @ post.L_C_inv.mT
         means.append(Knm @ beta)
-        variances.append(xp.maximum(kernel.Kdiag(X_block) - _row_dot(At, At), 0.0) + _row_dot(Qt, Qt))
+        variances.append(xp.maximum(kernel.Kdiag(X_block) - row_dot(At, At), 0.0) + row_dot(Qt, Qt))
     if len(means) == 1:
         return means[0], variances[0]
     return xp.concat(means), xp.concat(variances)

@@ -169,7 +169,7 @@ def _posteriors(model, X, y, tau, nu, jitter, block_rows):
         projections = []
         for c, ((k, Zc), (tau_c, nu_c)) in enumerate(zip(model.parts, totals)):
             At, Knm = ep.project(k, X_block, Zc, L_K_inv[c])
-            w, r, _ = _site_on_g(tau_c, nu_c, k.Kdiag(X_block) - ep._row_dot(At, At))
+            w, r, _ = _site_on_g(tau_c, nu_c, k.Kdiag(X_block) - ep.row_dot(At, At))
             S_b, c_b = ep.site_sums(At, w, r)
             S[c] = S_b if S[c] is None else S[c] + S_b
             c_tilde[c] = c_b if c_tilde[c] is None else c_tilde[c] + c_b
@@ -224,7 +224,7 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
         return ep.finish_evaluate(kernel, Z, posts[0], sweep, want_grad)
     log_z = sweep["terms"]
     for post in posts:
-        log_z = log_z + ep._log_normaliser_gain(post)
+        log_z = log_z + post.log_normaliser_gain
     grads = multiclass_ep._with_prior_grads(kernel, Z, posts, sweep) if want_grad else None
     return dict(sweep, log_z=log_z, posterior=tuple(posts), grads=grads)
 

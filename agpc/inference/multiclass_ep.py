@@ -271,7 +271,7 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
                    want_sites=want_sites, damping=damping)
     log_z = sweep["terms"]
     for post in posts:
-        log_z = log_z + ep._log_normaliser_gain(post)
+        log_z = log_z + post.log_normaliser_gain
     return {
         "log_z": log_z,
         "site_precision": sweep["site_precision"],
@@ -310,7 +310,7 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
         S, c_tilde = factor.factors[c].whitened(L_K[c])
         rest = None if others is None else others.factors[c].whitened(L_K[c])
         q = ep.posterior_from_sums(L_K[c], *_with_rest(rest, S, c_tilde), L_K_inv=L_K_inv[c], checked=checked)
-        gain_q = ep._log_normaliser_gain(q)
+        gain_q = q.log_normaliser_gain
         log_z = log_z + gain_q
         if method == "sep":
             keep = 1.0 - 1.0 / (n_total if factor_rows is None else factor_rows)
@@ -319,7 +319,7 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
             if rest is None and factor_rows is None:
                 log_z = log_z + ep.sep_cavity_term(q, cav, S, n_total)
             else:  # a shard's cavity: the direct difference, as in ``ep.factor_cavity``
-                log_z = log_z + n_total * (ep._log_normaliser_gain(cav) - gain_q)
+                log_z = log_z + n_total * (cav.log_normaliser_gain - gain_q)
         else:
             cav = q
         qs.append(q)

@@ -142,9 +142,9 @@ class _SVITerms:
         if self.whitened_chol is not None:  # see __init__: rows a_i = L_K^-1 k_i and their image under L_K^-1 chol
             whitened = Knm @ self.L_K_inv.mT
             spread = whitened @ self.whitened_chol
-            return Knm @ self.p, self.kernel.Kdiag(Xb) - ep._row_dot(whitened, whitened) + ep._row_dot(spread, spread)
+            return Knm @ self.p, self.kernel.Kdiag(Xb) - ep.row_dot(whitened, whitened) + ep.row_dot(spread, spread)
         VL = V @ self.chol
-        return Knm @ self.p, self.kernel.Kdiag(Xb) - ep._row_dot(Knm, V) + ep._row_dot(VL, VL)
+        return Knm @ self.p, self.kernel.Kdiag(Xb) - ep.row_dot(Knm, V) + ep.row_dot(VL, VL)
 
     def add_adjoints(self, g_m, g_v):
         """Accumulate the adjoints of the last ``marginals`` block."""
@@ -296,7 +296,7 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
     B_inv = B_inv_w.mT @ B_inv_w
     M = beta[:, None] * beta[None, :] + B_inv
     K_inv = L_K_inv.mT @ L_K_inv
-    value = ep._log_normaliser_gain(post) + xp.sum(const)
+    value = post.log_normaliser_gain + xp.sum(const)
     means, variances = [], []
     grads = None
     dKmm = 0.5 * (K_inv - M) if want_grad else None
@@ -305,9 +305,9 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
         Knm = kernel.K(Xb, Z)
         At = Knm @ L_K_inv.mT
         Qt = At @ post.L_C_inv.mT
-        d = ep._row_dot(Qt, Qt)
+        d = ep.row_dot(Qt, Qt)
         e = Knm @ beta
-        s = kernel.Kdiag(Xb) - ep._row_dot(At, At)
+        s = kernel.Kdiag(Xb) - ep.row_dot(At, At)
         wb, nub, shiftb = w[lo:hi], nu[lo:hi], shift[lo:hi]
         value = value - xp.sum(wb * s)
         means.append(e)
