@@ -18,6 +18,7 @@ from agpc import GPClassifier
 from agpc import backend as B
 from agpc.inference import replay, training
 from agpc.kernels import RBF
+from .test_sync_free_step import step_problem
 
 N_FEATURES, N_INDUCING, BATCH, N_STEPS = 3, 12, 40, 10
 JITTER = 1e-6
@@ -25,12 +26,7 @@ METHODS = ("sep", "ep", "adf", "svi")
 
 
 def _problem(put, n_rows):
-    rng = np.random.default_rng(0)
-    X_host = rng.normal(size=(n_rows, N_FEATURES))
-    y_host = np.sign(X_host @ np.array([1.0, -0.5, 0.3]) + 0.3 * rng.normal(size=n_rows))
-    X, y = put(X_host), put(y_host)
-    kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=0.01).for_inputs(X)
-    return X, y, kernel, X[:N_INDUCING, ...]
+    return step_problem(put, n_rows, N_INDUCING)
 
 
 def _trainer(method, kernel, Z, n_rows):

@@ -26,19 +26,21 @@ JITTER = 1e-6
 METHODS = ("sep", "ep", "adf", "svi")
 
 
-def _problem(put):
+def step_problem(put, n_rows=N_ROWS, n_inducing=N_INDUCING):
+    """(X, y, kernel, Z) of a small seeded problem placed by ``put``: the minibatch steps of these tests and
+    of test_step_replay run on it."""
     rng = np.random.default_rng(0)
-    X_host = rng.normal(size=(N_ROWS, N_FEATURES))
-    y_host = np.sign(X_host @ np.array([1.0, -0.5, 0.3]) + 0.3 * rng.normal(size=N_ROWS))
+    X_host = rng.normal(size=(n_rows, N_FEATURES))
+    y_host = np.sign(X_host @ np.array([1.0, -0.5, 0.3]) + 0.3 * rng.normal(size=n_rows))
     X, y = put(X_host), put(y_host)
     kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=0.01).for_inputs(X)
-    return X, y, kernel, X[:N_INDUCING, ...]
+    return X, y, kernel, X[:n_inducing, ...]
 
 
 def warmed_up_trainer(put, method):
     """A minibatch trainer after one full step on rows 0:BATCH (the optimiser's state exists, every kernel
     the step launches has been compiled). Returns (trainer, X, y)."""
-    X, y, kernel, Z = _problem(put)
+    X, y, kernel, Z = step_problem(put)
     trainer = training.Trainer(kernel, Z, method=method, n_total=N_ROWS, minibatch=True, jitter=JITTER)
     trainer.step(X, y, 0, BATCH, stepping=True)
     return trainer, X, y

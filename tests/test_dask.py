@@ -201,6 +201,12 @@ def test_a_worker_lost_mid_fit_gives_the_same_model(own_client, data, monkeypatc
     calls = _kill_a_worker_during_pass(monkeypatch, client, at_pass=10)  # EP: 2 passes a step, SEP: 1
     disturbed = GPClassifier(**params).fit(Xd, yd)
     assert calls["killed"] is not None
+    assert_same_model(disturbed, undisturbed, X_test)
+
+
+def assert_same_model(disturbed, undisturbed, X_test):
+    """A fit a lost worker disturbed ends at the undisturbed model: the same curve, inducing points and
+    predictions, to round-off (the chunks' tasks re-run elsewhere on the same data and streams)."""
     np.testing.assert_allclose(disturbed.history_["log_marginal_likelihood"],
                                undisturbed.history_["log_marginal_likelihood"], rtol=1e-12)
     np.testing.assert_allclose(disturbed.inducing_points_, undisturbed.inducing_points_, rtol=1e-12, atol=1e-14)
