@@ -16,9 +16,11 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_dat
 from . import backend as B
 from . import threads
 from . import validation as V
+from .checkpoints import check_checkpoint_path
 from .inducing import initial_inducing_points
 from .inference import engines, ep, multiclass_ep, multiclass_vi, training
 from .kernels import RBF, ClassKernels, Stationary
+from .model_file import FittedState, read_model_file, write_model_file
 
 __all__ = ["GPClassifier"]
 
@@ -621,8 +623,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if resume and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
         if self.checkpoint_every is not None:  # before any work: a bad path must not cost the fit
-            from .io import check_checkpoint_path
-
             check_checkpoint_path(self.checkpoint_path)
         elif self.checkpoint_path is not None and not resume:  # a path alone writes nothing (a resume reads it)
             warnings.warn(f"checkpoint_path={str(self.checkpoint_path)!r} is set without checkpoint_every: no "
@@ -1125,23 +1125,51 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return float(np.mean(predicted == y))
 
     # -- persistence -----------------------------------------------------------------------------
+    # A model file (agpc.model_file) holds the parameters and the fitted state; these public methods are all
+    # the format uses of the estimator (agpc.persistence.save_model / load_model are the documented entry points).
+
+    def check_params(self):
+        """Refuse (one ValueError naming the parameter) parameters that ``fit`` would refuse, without fitting:
+        the parameter table (``agpc.validation``) and the rules between parameters."""
+        self._check_params()
+
+    def fitted_state(self):
+        """What the fitted model is beyond its parameters: an ``agpc.model_file.FittedState`` (what
+        prediction needs, and what the fit reported). Raises NotFittedError before ``fit``."""
+        check_is_fitted(self, "posterior_")
+        return FittedState(
+            kernel=self.kernel_, inducing_points=self.inducing_points_, posterior=self.posterior_,
+            classes=self.classes_, n_features_in=self.n_features_in_,
+            feature_names_in=getattr(self, "feature_names_in_", None),
+            log_marginal_likelihood=self.log_marginal_likelihood_, n_iter=self.n_iter_,
+            jitter=getattr(self, "jitter_", self.jitter), likelihood=self.likelihood_, history=self.history_,
+        )
+
+    def set_fitted_state(self, state):
+        """Make this estimator the fitted model ``state`` describes (a ``FittedState`` of a model with these
+        parameters: they are taken as those it was fitted with). Returns self."""
+        self.classes_ = state.classes
+        self.n_features_in_ = state.n_features_in
+        if state.feature_names_in is not None:
+            self.feature_names_in_ = state.feature_names_in
+        else:
+            self.__dict__.pop("feature_names_in_", None)
+        self.likelihood_ = state.likelihood
+        self._set_fitted(state.kernel, state.inducing_points, state.posterior, state.log_marginal_likelihood,
+                         state.history, state.n_iter, state.jitter)
+        return self
 
     def save(self, path):
         """Save the fitted model as data (npz + JSON, plain data only) to ``path``, a file name (written
-        atomically) or a binary file object. See :mod:`agpc.io`."""
-        from .io import save_model
-
-        save_model(self, path)
+        atomically) or a binary file object. See :mod:`agpc.model_file`; ``agpc.save_model`` is the same."""
+        write_model_file(path, self)
 
     @classmethod
     def load(cls, path, backend="numpy"):
         """Load a model saved by :meth:`save` from a file name or a binary file object; arrays go to
-        ``backend`` (default NumPy). Every field is checked (:mod:`agpc.io`); a file is never executed."""
-        from .io import load_model
-
-        model = load_model(path, backend=backend)
-        model._fitted_structure = model._structure()  # the file's parameters are those it was fitted with
-        return model
+        ``backend`` (default NumPy). Every field is checked (:mod:`agpc.model_file`); a file is never executed.
+        ``agpc.load_model`` is the same."""
+        return read_model_file(path, cls, backend=backend)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

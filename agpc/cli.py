@@ -40,7 +40,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .io import sync_directory
+from . import backend as B
+from . import persistence
+from .checkpoints import sync_directory
+from .classifier import GPClassifier
+from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
 from .untrusted import RefusedFile, open_zarr, read_npy, read_npz, read_parquet_columns
 
 __all__ = ["main", "load_data", "Data", "UsageError"]
@@ -79,7 +83,7 @@ def _atomic(path, mode="w"):
         with open(tmp, mode.replace("w", "x"), **text) as fh:
             yield fh
             fh.flush()
-            os.fsync(fh.fileno())  # on disk before the rename, as every save of agpc.io
+            os.fsync(fh.fileno())  # on disk before the rename, as every save of agpc.checkpoints
         os.replace(tmp, path)
         sync_directory(path.absolute().parent)
     finally:
@@ -487,9 +491,6 @@ def _record_feature_names(model, names):
 
 
 def fit(args):
-    from .classifier import GPClassifier
-    from .io import save_model
-
     _check_writable(args.out, [args.data])
     X, y, names = load_data(args.data, args.target, labels_required=True)
     classes = np.unique(y)
@@ -519,7 +520,7 @@ def fit(args):
     _record_feature_names(model, names)
     # the model is written before the summary is printed: the summary is for whoever reads it, the model is
     # the command's result, and must not depend on the reader of standard output (agpc fit ... | head -1)
-    save_model(model, args.out)
+    persistence.save_model(model, args.out)
     for what, values, rows in scores:
         _print_scores(what, values, rows)
     stopped = ", stopped by --max-time" if getattr(model, "stopped_by_time_", False) else ""
@@ -531,13 +532,11 @@ def fit(args):
 # -- agpc predict --------------------------------------------------------------------------------------
 
 def _load_model(path):
-    from .io import load_model
-
     if not Path(path).is_file():
         raise UsageError(f"{path}: no such model file")
     if not zipfile.is_zipfile(path):
         raise UsageError(f"{path} is not an agpc model file (those are npz archives written by 'agpc fit')")
-    return load_model(path)
+    return persistence.load_model(path)
 
 
 def _check_feature_count(X, model, path, target):
@@ -620,8 +619,6 @@ def _plot_banana(model, X, y, path):
         from matplotlib.figure import Figure
     except ImportError:
         raise UsageError("the demo's plot needs matplotlib: pip install matplotlib") from None
-    from . import backend as B
-
     lo, hi = X.min(axis=0) - 0.5, X.max(axis=0) + 0.5
     g0, g1 = np.meshgrid(np.linspace(lo[0], hi[0], 120), np.linspace(lo[1], hi[1], 120))
     p = np.asarray(model.predict_proba(np.column_stack([g0.ravel(), g1.ravel()])))[:, 1].reshape(g0.shape)
@@ -642,9 +639,6 @@ def _plot_banana(model, X, y, path):
 
 
 def demo(args):
-    from .classifier import GPClassifier
-    from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
-
     _check_writable(args.plot)
     print("agpc demo: binary EP with inducing points (seed 000), NumPy backend")
     print(f"| {'data':<28} | {'n':>6} | {'m':>4} | {'error':>6} | {'NLL':>6} | {'fit s':>7} | note")

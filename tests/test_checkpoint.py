@@ -90,7 +90,7 @@ def test_truncated_checkpoint_is_refused_and_a_crash_while_writing_keeps_the_pre
 
 # -- checked before the fit, tied to the data, validated field by field, flushed before the rename ---------
 
-from agpc import io as agpc_io  # noqa: E402
+from agpc import checkpoints  # noqa: E402
 
 
 def _no_step(monkeypatch):
@@ -187,7 +187,7 @@ def good_checkpoint(tmp_path_factory):
     GPClassifier(**params).fit(X, y)
     with np.load(path, allow_pickle=False) as archive:
         arrays = {name: archive[name] for name in archive.files}
-    header = json.loads(str(arrays.pop(agpc_io._HEADER)))
+    header = json.loads(str(arrays.pop(checkpoints.HEADER_KEY)))
     return params, X, y, header, arrays
 
 
@@ -202,7 +202,7 @@ def _craft(good_checkpoint, tmp_path, change_state=None, change_arrays=None, hea
     header.update(header_change or {})
     path = tmp_path / "crafted.ckpt"
     with open(path, "wb") as fh:
-        np.savez(fh, **arrays, **{agpc_io._HEADER: np.asarray(json.dumps(header))})
+        np.savez(fh, **arrays, **{checkpoints.HEADER_KEY: np.asarray(json.dumps(header))})
     return dict(params, checkpoint_path=path), X, y
 
 
@@ -274,7 +274,7 @@ def test_saves_are_flushed_to_disk_before_the_rename(tmp_path, monkeypatch):
                                                                  if os.path.exists("/proc/self/fd") else None)),
                                                  real_fsync(fd))[1])
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", None)), real_replace(a, b))[1])
-    agpc_io.save_checkpoint(tmp_path / "state.ckpt", {"step": 1, "Z": np.zeros((2, 2))})
+    checkpoints.save_checkpoint(tmp_path / "state.ckpt", {"step": 1, "Z": np.zeros((2, 2))})
     kinds = [kind for kind, _ in events]
     assert kinds[:2] == ["fsync", "replace"]  # the file's data before its name
     if os.name == "posix":

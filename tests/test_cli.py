@@ -439,14 +439,14 @@ def test_feature_columns_need_names_of_their_own(tmp_path, banana, capsys, heade
 def named_model(tmp_path_factory, banana):
     """The model 'agpc fit' trains on a CSV with the header x1, x2, label (caught before it is saved: the
     model file keeps feature names once the persist branch of issue 15 is merged)."""
-    import agpc.io
+    import agpc.persistence
 
     tmp = tmp_path_factory.mktemp("named")
     data = write_csv(tmp / "train.csv", *banana)
     saved = []
-    real_save = agpc.io.save_model
+    real_save = agpc.persistence.save_model
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(agpc.io, "save_model", lambda model, path: (saved.append(model), real_save(model, path)))
+        patch.setattr(agpc.persistence, "save_model", lambda model, path: (saved.append(model), real_save(model, path)))
         assert main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(tmp / "m.agpc")]) == 0
     return saved[0]
 
@@ -460,21 +460,21 @@ def test_fit_records_the_header_as_feature_names(named_model, reference, banana)
 
 
 def test_fit_on_parquet_records_its_column_names(tmp_path, banana, monkeypatch):
-    import agpc.io
+    import agpc.persistence
 
     data, target = write_parquet(tmp_path / "d.parquet", *banana)
     saved = []
-    monkeypatch.setattr(agpc.io, "save_model", lambda model, path: saved.append(model))
+    monkeypatch.setattr(agpc.persistence, "save_model", lambda model, path: saved.append(model))
     assert main(["fit", str(data), *target, *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")]) == 0
     assert list(saved[0].feature_names_in_) == ["a", "b"]
 
 
 def test_fit_on_a_file_without_names_records_none(tmp_path, banana, monkeypatch):
-    import agpc.io
+    import agpc.persistence
 
     data, target = write_npy(tmp_path / "d.npy", *banana)
     saved = []
-    monkeypatch.setattr(agpc.io, "save_model", lambda model, path: saved.append(model))
+    monkeypatch.setattr(agpc.persistence, "save_model", lambda model, path: saved.append(model))
     assert main(["fit", str(data), *target, *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")]) == 0
     assert not hasattr(saved[0], "feature_names_in_")
 
@@ -579,7 +579,7 @@ def test_a_model_without_names_takes_columns_by_position_with_a_warning(tmp_path
 
 
 def test_fit_then_predict_through_the_model_file_matches_columns_by_name(tmp_path, banana, reference, capsys):
-    from agpc.io import load_model
+    from agpc import load_model
 
     X, y = banana
     data = write_csv(tmp_path / "train.csv", X, y)

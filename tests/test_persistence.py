@@ -276,8 +276,9 @@ def test_parquet_needs_a_pyarrow_that_does_not_unpickle(tmp_path, monkeypatch):
 # -- model files: versions, feature names, schema, no paths ---------------------------------------------------
 
 from agpc import GPClassifier  # noqa: E402
-from agpc import io as agpc_io  # noqa: E402
+from agpc import checkpoints, model_file  # noqa: E402
 from agpc.datasets import make_banana  # noqa: E402
+from sklearn.exceptions import NotFittedError  # noqa: E402
 
 FIXTURES = os.path.join(HERE, "data", "model_v1")
 
@@ -298,7 +299,7 @@ def saved(tmp_path_factory):
     GPClassifier(n_inducing=5, max_iter=3, random_state=0).fit(X, y).save(path)
     with np.load(path, allow_pickle=False) as archive:
         arrays = {name: archive[name] for name in archive.files}
-    header = json.loads(str(arrays.pop(agpc_io._HEADER)))
+    header = json.loads(str(arrays.pop(checkpoints.HEADER_KEY)))
     return path, header, arrays
 
 
@@ -311,14 +312,15 @@ def rewrite(saved, tmp_path, header=None, arrays=None, raw_header=None):
     new_header = {k: v for k, v in new_header.items() if v is not None}
     path = tmp_path / "crafted.agpc"
     with open(path, "wb") as fh:  # a file object: np.savez would add ".npz" to the name
-        np.savez(fh, **new_arrays, **{agpc_io._HEADER: np.asarray(raw_header or json.dumps(new_header))})
+        np.savez(fh, **new_arrays, **{checkpoints.HEADER_KEY: np.asarray(raw_header or json.dumps(new_header))})
     return path
 
 
 @pytest.mark.parametrize("new_array", [None, np.zeros(3)])
 def test_a_newer_format_version_is_refused_naming_both_versions(saved, tmp_path, new_array):
-    path = rewrite(saved, tmp_path, header={"version": agpc_io.VERSION + 1}, arrays={"a_later_field": new_array})
-    with pytest.raises(ValueError, match=f"version {agpc_io.VERSION + 1}.*versions 1 to {agpc_io.VERSION}") as info:
+    path = rewrite(saved, tmp_path, header={"version": model_file.VERSION + 1}, arrays={"a_later_field": new_array})
+    newer = model_file.VERSION + 1
+    with pytest.raises(ValueError, match=f"version {newer}.*versions 1 to {model_file.VERSION}") as info:
         GPClassifier.load(path)
     assert str(path) in str(info.value)
 
@@ -456,7 +458,7 @@ def test_a_member_larger_than_the_schema_allows_is_refused_before_it_is_inflated
 
 
 def test_a_header_larger_than_a_header_is_refused_before_it_is_read(saved, monkeypatch, members_read):
-    monkeypatch.setattr(agpc_io, "MAX_HEADER_BYTES", 256)
+    monkeypatch.setattr(checkpoints, "MAX_HEADER_BYTES", 256)
     with pytest.raises(ValueError, match="'__agpc_header__.npy' declares a header of .* 256 at most"):
         GPClassifier.load(saved[0])
     assert members_read == []
@@ -684,3 +686,69 @@ def test_a_model_whose_jitter_was_raised_predicts_the_same_after_load(tmp_path, 
         expected, got = model.predict_proba(X), loaded.predict_proba(X)
     assert loaded.jitter_ == model.jitter_
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
+
+
+# -- the entry points: agpc.save_model / load_model, the estimator's fitted state, agpc.io deprecated ------------
+
+import importlib  # noqa: E402
+
+import agpc  # noqa: E402
+import agpc.io  # noqa: E402  (importing the module does not warn: each moved name does, when it is used)
+
+
+def test_save_model_and_load_model_are_the_estimators_save_and_load(saved, tmp_path):
+    model = GPClassifier.load(saved[0])
+    X_query = make_banana(10, random_state=9)[0]
+    agpc.save_model(model, tmp_path / "entry.agpc")
+    loaded = agpc.load_model(tmp_path / "entry.agpc")
+    assert type(loaded) is GPClassifier
+    np.testing.assert_array_equal(loaded.predict_proba(X_query), model.predict_proba(X_query))
+    with np.load(tmp_path / "entry.agpc") as written_by_entry, np.load(saved[0]) as written_by_save:
+        # the same file as GPClassifier.save wrote (header and arrays; the zip's time stamps aside)
+        assert sorted(written_by_entry.files) == sorted(written_by_save.files)
+        for name in written_by_save.files:
+            np.testing.assert_array_equal(written_by_entry[name], written_by_save[name])
+    with pytest.raises(NotFittedError):
+        agpc.save_model(GPClassifier(), tmp_path / "unfitted.agpc")
+    assert not (tmp_path / "unfitted.agpc").exists()
+
+
+@pytest.mark.parametrize("name", ["binary_banana", "multiclass_iris"])
+def test_load_model_reads_version_1_files_as_the_estimator_does(name):
+    expected = np.load(os.path.join(FIXTURES, f"{name}_expected.npz"))
+    model = agpc.load_model(os.path.join(FIXTURES, f"{name}.npz"))
+    np.testing.assert_allclose(model.predict_proba(expected["X"]), expected["proba"], rtol=1e-12, atol=1e-15)
+
+
+def test_a_fitted_state_makes_an_unfitted_estimator_the_fitted_model(saved):
+    """fitted_state / set_fitted_state are all the model file takes from and gives to the estimator: a new
+    estimator with the same parameters given the state is the model."""
+    model = GPClassifier.load(saved[0])
+    copy = GPClassifier(**model.get_params()).set_fitted_state(model.fitted_state())
+    X_query = make_banana(10, random_state=9)[0]
+    np.testing.assert_array_equal(copy.predict_proba(X_query), model.predict_proba(X_query))
+    for name in ("classes_", "n_features_in_", "jitter_", "likelihood_", "n_iter_", "history_"):
+        np.testing.assert_array_equal(getattr(copy, name), getattr(model, name))
+    with pytest.raises(NotFittedError):
+        GPClassifier().fitted_state()
+
+
+def test_check_params_refuses_what_fit_refuses():
+    GPClassifier(method="ep", likelihood="probit").check_params()
+    with pytest.raises(ValueError, match="probit"):
+        GPClassifier(method="ep", likelihood="logistic").check_params()
+    with pytest.raises(ValueError, match="n_inducing"):
+        GPClassifier(n_inducing=0).check_params()
+
+
+def test_agpc_io_names_still_work_with_a_deprecation_warning_naming_the_new_place():
+    for old, (module, new) in agpc.io.MOVED.items():
+        with pytest.warns(DeprecationWarning, match=rf"agpc\.io\.{old} is deprecated: it moved to "
+                                                    rf"{module.__name__}\.{new}\b"):
+            value = getattr(agpc.io, old)
+        assert value is getattr(importlib.import_module(module.__name__), new)
+    with pytest.warns(DeprecationWarning, match=r"moved to agpc\.persistence\.load_model"):
+        from agpc.io import load_model  # noqa: PLC0415 (the statement users wrote is what is tested)
+    assert load_model is agpc.load_model
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        agpc.io.not_a_name  # noqa: B018

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import operator
 
+from .. import checkpoints
 from ..threads import task_blas_threads
 from . import ep
 
@@ -152,11 +153,9 @@ class _SiteGeneration:
 
 def _sweep_to_files(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, damping, path):
     """A chunk's sweep whose (damped) sites go to the file ``path``; returns only the small results."""
-    from .. import io
-
     out = _chunk_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, want_grad=want_grad, block_rows=block_rows,
                        damping=damping)
-    io.save_site_chunk(path, out["site_precision"], out["site_shift"])
+    checkpoints.save_site_chunk(path, out["site_precision"], out["site_shift"])
     return ep.without_rows(out)
 
 
@@ -221,9 +220,7 @@ class DaskEngine:
         import dask
         import dask.array as da
 
-        from .. import io
-
-        loads = [dask.delayed(io.load_site_chunk, pure=True)(f, r) for f, r in zip(files, self.row_chunks)]
+        loads = [dask.delayed(checkpoints.load_site_chunk, pure=True)(f, r) for f, r in zip(files, self.row_chunks)]
         arrays = tuple(
             da.concatenate([da.from_delayed(dask.delayed(operator.getitem, pure=True)(pair, i), shape=(r,),
                                             dtype=dtype) for pair, r in zip(loads, self.row_chunks)])
@@ -268,14 +265,12 @@ class DaskEngine:
         return self._file_sites(files, dtype, generation)
 
     def _write_files(self, files, site_precision, site_shift):
-        """Each chunk's sites written by a worker into its file (``io.save_site_chunk``, atomic)."""
+        """Each chunk's sites written by a worker into its file (``checkpoints.save_site_chunk``, atomic)."""
         import dask
-
-        from .. import io
 
         _, _, nus, mus = self._blocks(None, None, site_precision, site_shift)
         self.client.gather(_compute_windowed(
-            self.client, [dask.delayed(io.save_site_chunk)(f, nb, mb) for f, nb, mb in zip(files, nus, mus)]))
+            self.client, [dask.delayed(checkpoints.save_site_chunk)(f, nb, mb) for f, nb, mb in zip(files, nus, mus)]))
 
     @staticmethod
     def release_sites(record):

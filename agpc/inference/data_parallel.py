@@ -53,7 +53,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from .. import io
+from .. import checkpoints
 from ..backend import array_device, array_namespace, asarray_like, host_rng
 from ..kernels import ClassKernels
 from . import ep, multiclass_ep
@@ -196,7 +196,7 @@ def step_shard(spec, segments, data):
             if chunk in sites_now:  # (a shard of one chunk whose round crosses into the chunk's next visit)
                 sites = sites_now[chunk]
             elif path is not None:
-                sites = io.load_site_chunk(path, n_chunk)
+                sites = checkpoints.load_site_chunk(path, n_chunk)
             else:
                 sites = (engine.passes.zero_sites(n_chunk, Z), engine.passes.zero_sites(n_chunk, Z))
             site_precision, site_shift = (asarray_like(s, xp, device=device, dtype=Z.dtype) for s in sites)
@@ -237,7 +237,7 @@ def step_shard(spec, segments, data):
             total = engine.others.combine(1.0, factors[chunk], 1.0)
         if engine.per_row_sites:
             path = _site_path(spec["site_directory"], chunk, spec["generation"])
-            io.save_site_chunk(path, site_precision, site_shift)
+            checkpoints.save_site_chunk(path, site_precision, site_shift)
             site_files[chunk], sites_now[chunk] = path, (site_precision, site_shift)
     state = {k: engine.state[k] for k in spec["state"]}
     return {"kernel": engine.state["kernel"], "Z": engine.state["Z"], "state": state,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, block_memory_advice,
                        cholesky_with_jitter, host_rng, is_out_of_core, jitter_raises_within, note_jitter, read_rows,
                        row_chunk_bounds, row_slice, to_host_vector)
+from ..checkpoints import load_checkpoint, save_checkpoint
 from ..kernels import ClassKernels
 from ..threads import with_blas_threads
 from .engines import ALL_METHODS, EP_METHODS, make_engine
@@ -593,8 +594,6 @@ def data_fingerprint(n, d, rows, labels, classes):
 
 def _write_checkpoint(trainer, rng, order, best, path, fingerprint):
     """Everything the loop needs to go on exactly as if it had not stopped."""
-    from ..io import save_checkpoint
-
     engine_state = trainer.engine.checkpoint_state(path, trainer.n_steps)
     save_checkpoint(path, {
         "fingerprint": fingerprint, "engine": engine_state,
@@ -784,8 +783,6 @@ def _dtype_text(dtype):
 def _restore(trainer, rng, path, fingerprint, has_validation):
     """Put a checkpoint's state into a freshly built trainer; returns (order, best). Everything read is
     checked first: a field of the wrong type or shape is one ValueError naming the file and the field."""
-    from ..io import load_checkpoint
-
     if path is None:
         raise ValueError("resume=True needs checkpoint_path")
 

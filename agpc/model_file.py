@@ -1,0 +1,411 @@
+"""The model file format: a fitted estimator as data, one ``.npz`` holding arrays and a JSON header, never
+serialised Python objects.
+
+This is the format and its schema, below the estimator: ``GPClassifier.save`` / ``load`` write and read
+through it, and ``agpc.persistence`` (``save_model`` / ``load_model``, the documented entry points) is built
+on it. It knows the estimator only through public methods: scikit-learn's ``get_params`` / ``set_params``,
+``check_params()`` (refuses what ``fit`` would refuse), ``fitted_state()`` / ``set_fitted_state(state)``
+(a :class:`FittedState`: everything a fitted model is beyond its parameters) and ``predict_proba``.
+
+Loading never executes code and never trusts what it reads: every member's npy header is checked before any
+data are read (``checkpoints.read_archive``: no object arrays, no declared size beyond the bytes held, nor
+beyond what the header and the schema allow: a zip bomb is refused before it is inflated), the header is
+JSON, and every field is checked against the format's schema (types, shapes, finiteness, a lower triangular
+L_C with a positive diagonal, unique classes, known kernels, the estimator's own parameters). A file that
+fails is one ``ValueError`` naming the file and the field. A model file carries a format version: every
+earlier version keeps loading (tests/data/model_v1), a newer one is refused naming both. Parameters that name
+where training writes (``NOT_RESTORED``) are never restored from a file. Saving is atomic
+(``checkpoints.atomic_savez``): a crash never leaves a half-written model where a good one was.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import backend as B
+from .checkpoints import HEADER_KEY, atomic_savez, read_archive
+from .inference.ep import Posterior, prior_cholesky
+from .kernels import KERNELS, PARAM_NAMES, ClassKernels, kernel_from_spec
+from .untrusted import RefusedFile, describe
+
+FORMAT = "agpc-model"
+# 1: the first format. 2: adds "feature_names_in" (the columns a DataFrame had at fit). A file of a version
+# above VERSION is refused, naming both; every earlier version keeps loading (tests/data/model_v1).
+VERSION = 2
+
+__all__ = ["FORMAT", "VERSION", "NOT_RESTORED", "MAX_LABEL_BYTES", "MAX_QUADRATURE", "FittedState",
+           "write_model_file", "read_model_file"]
+
+# a class label is a number or a short name: a longer string in a model file is a way to take memory
+MAX_LABEL_BYTES = 4096
+# Parameters that name where training writes: a file never chooses them (loaded as None, the defaults). A
+# model that re-fits after loading, or its clone, writes where its user says, not where the file said.
+NOT_RESTORED = ("checkpoint_path", "checkpoint_every", "site_directory", "client")
+# Gauss-Hermite nodes for SVI's binary logistic predictions (20 by default): more than this from a file is
+# a way to make prediction take gigabytes, not a model
+MAX_QUADRATURE = 1000
+
+
+@dataclass
+class FittedState:
+    """What a fitted model is beyond its parameters (``get_params``): what prediction needs, and what the fit
+    reported. Arrays are in the model's namespace (``GPClassifier.fitted_state`` / ``set_fitted_state``).
+
+    A multiclass model (more than two classes) has one latent function a class (Villacampa-Calvo &
+    Hernandez-Lobato, 2017): ``kernel`` is a ``ClassKernels``, ``inducing_points`` is (C, m, d) and
+    ``posterior`` a tuple of C ``Posterior``; a binary model has one kernel, (m, d) points, one ``Posterior``.
+    """
+
+    kernel: Any  # a kernel of agpc.kernels, or a ClassKernels (one a class)
+    inducing_points: Any
+    posterior: Any  # agpc.inference.ep.Posterior, or a tuple of them (one a class)
+    classes: np.ndarray  # the labels, in the order of the columns of predict_proba
+    n_features_in: int
+    feature_names_in: Any  # the column names seen at fit (an array of str), or None
+    log_marginal_likelihood: float
+    n_iter: int
+    jitter: float  # on the diagonal of K(Z, Z) at the end of the fit
+    likelihood: str  # "probit", "logistic" or "robust-max"
+    history: dict  # name -> list of numbers, one an evaluation
+
+
+# -- writing -----------------------------------------------------------------------------------------
+
+def _json_params(params):
+    """get_params() values that JSON can hold; a kernel is described by the kernel fields instead."""
+    out = {}
+    for key, value in params.items():
+        if key == "kernel":
+            continue
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            out[key] = value
+        elif isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value):
+            out[key] = list(value)
+        elif isinstance(value, (np.integer, np.floating)):
+            out[key] = value.item()
+        # arrays (inducing=array), generators (random_state) and namespaces are not model parameters
+        # needed to predict; they are dropped and the loaded estimator gets the defaults
+    return out
+
+
+def write_model_file(path, model):
+    """Write a fitted estimator to ``path`` (the name is kept as given, written atomically) or to a binary file
+    object: its class name, its parameters (``get_params``: those JSON holds) and its ``fitted_state()``."""
+    state = model.fitted_state()
+    # A multiclass model has one posterior and one kernel per class: stacked (C, m, m) / (C, m) arrays
+    # and kernel parameters named "<class>:<name>".
+    posts = state.posterior if isinstance(state.posterior, tuple) else None
+    classes = np.asarray(state.classes)
+    if classes.dtype.kind not in "biufU":
+        classes = classes.astype(str)
+    arrays = {
+        "inducing_points": B.to_numpy(state.inducing_points),
+        "posterior_L_C": np.stack([B.to_numpy(p.L_C) for p in posts]) if posts else B.to_numpy(state.posterior.L_C),
+        "posterior_h": np.stack([B.to_numpy(p.h) for p in posts]) if posts else B.to_numpy(state.posterior.h),
+        "classes": classes,
+    }
+    for name, value in state.kernel.params.items():
+        arrays[f"kernel_{name}"] = B.to_numpy(value)
+    kernels = getattr(state.kernel, "kernels", None)
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        "estimator": type(model).__name__,
+        "params": _json_params(model.get_params(deep=False)),
+        "kernel": [k.spec() for k in kernels] if kernels else state.kernel.spec(),
+        "kernel_params": sorted(state.kernel.params),
+        "n_features_in": int(state.n_features_in),
+        "feature_names_in": (None if state.feature_names_in is None else [str(v) for v in state.feature_names_in]),
+        "log_marginal_likelihood": float(state.log_marginal_likelihood),
+        "n_iter": int(state.n_iter),
+        "fitted_jitter": float(state.jitter),
+        "likelihood": state.likelihood,
+        "history": {k: [float(v) for v in values] for k, values in state.history.items()},
+    }
+    arrays[HEADER_KEY] = np.asarray(json.dumps(header))
+    atomic_savez(path, arrays)
+
+
+# -- reading: every field checked against the schema ------------------------------------------------
+
+def _refuse(path, why):
+    return ValueError(f"{describe(path)} is not a valid agpc model file: {why}")
+
+
+def _check_version(header, refuse, what):
+    """The header names this format, in a version this agpc reads (1, the first, up to VERSION)."""
+    if not isinstance(header, dict) or header.get("format") != what:
+        raise refuse(f"format: the header does not name the {what} format")
+    version = header.get("version")
+    if not _is_int(version) or version < 1:
+        raise refuse(f"version: {version!r} is not a format version")
+    if version > VERSION:
+        raise refuse(f"version: the file has format version {version}, written by a newer agpc; this agpc reads "
+                     f"versions 1 to {VERSION}: upgrade agpc to read it")
+    return version
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _checked_params(stored, estimator, refuse):
+    """The estimator parameters of a model file: the estimator's own (unknown names, e.g. from an older agpc
+    that had a parameter this one has not, are dropped: they cannot matter to this agpc), plain JSON values,
+    no paths; then checked by the estimator's own validation."""
+    if not isinstance(stored, dict):
+        raise refuse("params: not a mapping of parameter names to values")
+    known = estimator().get_params(deep=False)
+    params = {}
+    for name, value in stored.items():
+        if name not in known or name in NOT_RESTORED or name == "kernel":
+            continue
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = tuple(value)  # optimize=("kernel", ...): JSON has lists only
+        elif not (value is None or isinstance(value, (bool, int, float, str))):
+            raise refuse(f"params.{name}: a {type(value).__name__}, not a plain value")
+        params[name] = value
+    model = estimator(**params)
+    try:
+        # the backend named at training (e.g. cupy) need not exist where the model is loaded: read_model_file's
+        # ``backend`` places the arrays; every other parameter is checked as fit checks it
+        estimator(**dict(params, backend="numpy")).check_params()
+    except (ValueError, TypeError) as exc:  # TypeError: a value of a type the check did not foresee
+        raise refuse(f"params: {exc}") from None
+    if not (isinstance(model.jitter, (int, float)) and math.isfinite(model.jitter) and model.jitter >= 0):
+        raise refuse(f"params.jitter: {model.jitter!r} is not a non-negative number")
+    if model.n_quadrature > MAX_QUADRATURE:  # prediction builds an n_quadrature^2 matrix for its nodes
+        raise refuse(f"params.n_quadrature: {model.n_quadrature} nodes, a model file may ask for {MAX_QUADRATURE} "
+                     "at most")
+    return model
+
+
+def _float_array(arrays, name, shape, refuse, allow_neg_inf=False):
+    values = arrays[name]
+    if values.dtype.kind != "f":
+        raise refuse(f"{name}: dtype {values.dtype}, not floating point")
+    if values.shape != shape:
+        raise refuse(f"{name}: shape {values.shape}, expected {shape}")
+    bad = np.isnan(values) | np.isposinf(values)
+    if not allow_neg_inf:
+        bad |= np.isneginf(values)
+    if np.any(bad):
+        raise refuse(f"{name}: holds NaN or inf")
+    return values
+
+
+def _check_factor(L_C, refuse):
+    """L_C = chol(I + A diag(nu) A^T) (seed 000 eq. 35's factor): lower triangular with a positive diagonal."""
+    if np.any(np.triu(L_C, k=1) != 0):
+        raise refuse("posterior_L_C: not lower triangular")
+    if np.any(np.diagonal(L_C, axis1=-2, axis2=-1) <= 0):
+        raise refuse("posterior_L_C: a diagonal entry is not positive (not a Cholesky factor)")
+
+
+def _check_classes(classes, refuse):
+    if classes.ndim != 1 or classes.dtype.kind not in "biufU":
+        raise refuse(f"classes: a {classes.dtype} array of shape {classes.shape}, expected a 1-D array of labels")
+    if classes.dtype.kind == "f" and not np.all(np.isfinite(classes)):
+        raise refuse("classes: holds NaN or inf")
+    if np.unique(classes).shape[0] != classes.shape[0]:
+        raise refuse("classes: a class is listed twice")
+    if classes.shape[0] < 2:
+        raise refuse("classes: a classifier needs at least two classes")
+
+
+def _check_header_fields(header, refuse, version):
+    d = header.get("n_features_in")
+    if not _is_int(d) or d < 1:
+        raise refuse(f"n_features_in: {d!r} is not a positive integer")
+    if not _is_int(header.get("n_iter", 0)) or header.get("n_iter", 0) < 0:
+        raise refuse(f"n_iter: {header.get('n_iter')!r} is not a non-negative integer")
+    if not _is_number(header.get("log_marginal_likelihood", float("nan"))):
+        raise refuse("log_marginal_likelihood: not a number")
+    history = header.get("history", {})
+    if not isinstance(history, dict) or not all(
+        isinstance(values, list) and all(_is_number(v) for v in values) for values in history.values()
+    ):
+        raise refuse("history: not a mapping of names to lists of numbers")
+    names = header.get("feature_names_in") if version >= 2 else None
+    if names is not None and not (isinstance(names, list) and len(names) == d and all(isinstance(v, str) for v in names)
+                                  and len(set(names)) == d):
+        raise refuse(f"feature_names_in: expected {d} distinct column names")
+    return d, names
+
+
+def _kernel_specs(header, n_classes, refuse):
+    """The kernel description: one {"type": ...} (binary) or one per class (multiclass), of known kernels."""
+    specs = header.get("kernel")
+    multiclass = n_classes > 2
+    if multiclass != isinstance(specs, list) or (multiclass and len(specs) != n_classes):
+        raise refuse("kernel: the description does not match the number of classes")
+    for spec in specs if multiclass else [specs]:
+        if not (isinstance(spec, dict) and set(spec) == {"type"} and isinstance(spec["type"], str)
+                and spec["type"] in KERNELS):
+            raise refuse(f"kernel: {spec!r} is not a known kernel (one of {sorted(KERNELS)})")
+    return specs
+
+
+def _kernel_arrays(header, arrays, n_classes, d, refuse):
+    """{name: array} of the kernel parameters: exactly the names the kernels need, each of its shape."""
+    prefixes = [f"{c}:" for c in range(n_classes)] if n_classes > 2 else [""]
+    expected = sorted(prefix + name for prefix in prefixes for name in PARAM_NAMES)
+    stored = header.get("kernel_params")
+    if not (isinstance(stored, list) and all(isinstance(v, str) for v in stored) and sorted(stored) == expected):
+        raise refuse(f"kernel_params: expected {expected}, got {header.get('kernel_params')!r}")
+    params = {}
+    for name in expected:
+        key = f"kernel_{name}"
+        if key not in arrays:
+            raise refuse(f"{key}: missing")
+        if name.endswith("log_lengthscales"):
+            shape = arrays[key].shape if arrays[key].shape in ((1,), (d,)) else (d,)
+        else:
+            shape = ()
+        params[name] = _float_array(arrays, key, shape, refuse, allow_neg_inf=name.endswith("log_noise"))
+    return params
+
+
+def _kernel_from_file(specs, params, multiclass):
+    """The kernel (binary) or the ClassKernels (multiclass) of checked specs and parameter arrays."""
+    if multiclass:
+        return ClassKernels(
+            kernel_from_spec(spec, {name.split(":", 1)[1]: value for name, value in params.items()
+                                    if name.startswith(f"{c}:")})
+            for c, spec in enumerate(specs)
+        )
+    return kernel_from_spec(specs, params)
+
+
+def _check_declared_sizes(path, header, declared):
+    """Before any array is inflated: no member larger than the schema lets the header and ``posterior_h``
+    (m floats a class: the smallest array that fixes m) declare. The header gives the features d and the
+    classes C (one kernel a class for more than two); then inducing points are (C,) m x d, L_C (C,) m x m,
+    each kernel array at most d numbers. A compressed member that inflates beyond that (a zip bomb) is
+    refused naming it; a header or posterior_h that does not fit the schema is left to the field checks that
+    follow the reading (which name the field), as long as it is small."""
+    # a file of another format or a newer version is refused as such, not for arrays this version lacks
+    _check_version(header, lambda why: RefusedFile(path, why), FORMAT)
+    d, specs = header.get("n_features_in"), header.get("kernel")
+    if not (_is_int(d) and d >= 1) or "posterior_h" not in declared:
+        return
+    n_classes = len(specs) if isinstance(specs, list) else 2
+    lead = (n_classes,) if n_classes > 2 else ()
+    h_shape = declared["posterior_h"][0]
+    if len(h_shape) != len(lead) + 1 or h_shape[:-1] != lead:
+        raise RefusedFile(path, f"posterior_h: shape {h_shape}, expected {lead + (-1,)} (-1: the inducing points) for "
+                                f"{n_classes} classes")
+    m = h_shape[-1]
+    allowed = {"posterior_h": lead + (m,), "classes": (n_classes,), "inducing_points": lead + (m, d),
+               "posterior_L_C": lead + (m, m)}
+    for name, (shape, dtype) in declared.items():
+        if name == HEADER_KEY:
+            continue
+        if name not in allowed and not name.startswith("kernel_"):
+            raise RefusedFile(path, f"unexpected arrays {[name]}")
+        most = math.prod(allowed.get(name, (d,)))
+        if math.prod(shape) > most:
+            raise RefusedFile(path, f"member {name + '.npy'!r} declares shape {shape} of {dtype}, more than the "
+                                    f"{most:,} values the model's header and posterior_h allow")
+        if name == "classes" and dtype.itemsize > MAX_LABEL_BYTES:
+            raise RefusedFile(path, f"member 'classes.npy' declares labels of {dtype.itemsize:,} bytes each ({dtype}); "
+                                    f"a label takes {MAX_LABEL_BYTES:,} at most")
+
+
+def read_model_file(path, estimator, backend="numpy"):
+    """A fitted ``estimator`` (a class: the file must name it) read from a model file written by
+    :func:`write_model_file` (format version 1 or later up to ``VERSION``); arrays are placed in ``backend``'s
+    namespace. Everything read is checked against the format's schema first; a file that does not satisfy
+    it is one ``ValueError`` naming the file and the field."""
+    refuse = functools.partial(_refuse, path)
+    header, arrays = read_archive(path, refuse, functools.partial(_check_declared_sizes, path))
+    version = _check_version(header, refuse, FORMAT)
+    if header.get("estimator") != estimator.__name__:
+        raise refuse(f"estimator: {header.get('estimator')!r}, this agpc loads {estimator.__name__}")
+    model = _checked_params(header.get("params", {}), estimator, refuse)
+    d, feature_names = _check_header_fields(header, refuse, version)
+    for name in ("inducing_points", "posterior_L_C", "posterior_h", "classes"):
+        if name not in arrays:
+            raise refuse(f"{name}: missing")
+    classes = arrays["classes"]
+    _check_classes(classes, refuse)
+    n_classes = classes.shape[0]
+    multiclass = n_classes > 2
+    lead = (n_classes,) if multiclass else ()
+    Z = arrays["inducing_points"]
+    m = Z.shape[-2] if Z.ndim == len(lead) + 2 and Z.shape[-2] >= 1 else 1
+    Z = _float_array(arrays, "inducing_points", lead + (m, d), refuse)
+    L_C = _float_array(arrays, "posterior_L_C", lead + (m, m), refuse)
+    _check_factor(L_C, refuse)
+    h = _float_array(arrays, "posterior_h", lead + (m,), refuse)
+    specs = _kernel_specs(header, n_classes, refuse)
+    kernel_arrays = _kernel_arrays(header, arrays, n_classes, d, refuse)
+    unexpected = sorted(set(arrays) - {"inducing_points", "posterior_L_C", "posterior_h", "classes"}
+                        - {f"kernel_{name}" for name in kernel_arrays})
+    if unexpected:
+        raise refuse(f"unexpected arrays {unexpected}")
+    likelihood = header.get("likelihood", "probit")
+    if likelihood not in (("probit", "robust-max") if multiclass else ("probit", "logistic")):
+        raise refuse(f"likelihood: {likelihood!r} is not a likelihood of a {'multiclass' if multiclass else 'binary'} "
+                     "model")
+
+    xp = B.resolve_backend(backend)
+    # The model computes in the type it was fitted in, which is the type of its stored arrays (files written
+    # before ``dtype`` existed hold float64, and load as float64).
+    dtype_name = "float32" if Z.dtype == np.float32 else "float64"
+    model.set_params(dtype=dtype_name)
+    to = lambda a: B.asarray_like(a, xp, dtype=getattr(xp, dtype_name))  # noqa: E731
+    kernel = _kernel_from_file(specs, {name: to(value) for name, value in kernel_arrays.items()}, multiclass)
+    Zx, L_C, h = to(Z), to(L_C), to(h)
+    # K(Z, Z) is factorised with the jitter the fit ended with (the guard may have raised it; files of format
+    # version 1 do not hold it: the jitter parameter, raised to the type's floor as the fit did)
+    jitter = header.get("fitted_jitter")
+    if jitter is None:
+        jitter = max(float(model.jitter), B.jitter_floor(Zx))
+    elif not (_is_number(jitter) and math.isfinite(jitter) and jitter >= 0):
+        raise refuse(f"fitted_jitter: {jitter!r} is not a non-negative number")
+    try:
+        if multiclass:
+            posterior = tuple(
+                Posterior(L_K=prior_cholesky(kernel[c], Zx[c, ...], jitter), L_C=L_C[c, ...],
+                          h=h[c, ...])
+                for c in range(n_classes)
+            )
+        else:
+            posterior = Posterior(L_K=prior_cholesky(kernel, Zx, jitter), L_C=L_C, h=h)
+    except B.CholeskyError as exc:
+        raise refuse(f"inducing_points: with the kernel they give no covariance matrix ({exc})") from None
+    model.set_fitted_state(FittedState(
+        kernel=kernel, inducing_points=Zx, posterior=posterior, classes=classes, n_features_in=d,
+        # as scikit-learn stores them
+        feature_names_in=None if feature_names is None else np.asarray(feature_names, dtype=object),
+        log_marginal_likelihood=float(header.get("log_marginal_likelihood", float("nan"))),
+        n_iter=header.get("n_iter", 0), jitter=float(jitter), likelihood=likelihood,
+        history={k: list(v) for k, v in header.get("history", {}).items()},
+    ))
+    _check_predicts(model, Z[0] if multiclass else Z, refuse)
+    return model
+
+
+def _check_predicts(model, probe, refuse):
+    """Every field may pass its own check and the whole still not predict (finite values so large that the
+    predictive's arithmetic overflows): the model must give finite probabilities summing to one at its own
+    inducing points, taken as inputs (m rows: cheap), or the file is refused."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (this probe's own warnings, e.g. feature names, are not the user's)
+        with np.errstate(all="ignore"):
+            proba = B.to_numpy(model.predict_proba(np.asarray(probe, dtype=np.float64)))
+    if not (np.all(np.isfinite(proba)) and np.allclose(proba.sum(axis=1), 1.0, atol=1e-4)):
+        raise refuse("posterior_h, posterior_L_C: the model they describe does not give probabilities "
+                     "(non-finite at its own inducing points)")
