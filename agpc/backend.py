@@ -18,6 +18,8 @@ import warnings
 from contextlib import contextmanager
 
 import numpy as np
+import scipy.linalg
+import scipy.special
 from array_api_compat import (
     array_namespace,
     device as array_device,
@@ -26,6 +28,7 @@ from array_api_compat import (
     is_dask_array,
     is_numpy_namespace,
 )
+from array_api_compat import numpy as compat_numpy
 
 __all__ = [
     "CholeskyError",
@@ -39,6 +42,7 @@ __all__ = [
     "array_device",
     "resolve_backend",
     "solve_triangular",
+    "lower_triangular_inverse",
     "cholesky",
     "cholesky_or_nan",
     "cholesky_with_jitter",
@@ -175,9 +179,7 @@ def resolve_backend(backend):
     if isinstance(backend, str):
         name = backend.lower()
         if name == "numpy":
-            import array_api_compat.numpy as xp
-
-            return xp
+            return compat_numpy
         if name == "cupy":
             try:
                 import cupy  # noqa: F401
@@ -409,8 +411,6 @@ def solve_triangular(L, B, *, lower=True, trans=False):
     """Solve ``op(L) X = B`` with ``L`` triangular; ``op`` is the transpose when ``trans``."""
     xp = array_namespace(L, B)
     if is_numpy_namespace(xp):
-        import scipy.linalg
-
         return scipy.linalg.solve_triangular(
             L, B, lower=lower, trans=1 if trans else 0, check_finite=False
         )
@@ -424,6 +424,16 @@ def solve_triangular(L, B, *, lower=True, trans=False):
     if B.ndim == 1:
         return xp.linalg.solve(A, B[:, None])[:, 0]
     return xp.linalg.solve(A, B)
+
+
+def lower_triangular_inverse(L):
+    """L^-1 of a lower-triangular L (m, m), or of each L[c] of a stack (C, m, m), by a triangular solve
+    against the identity."""
+    xp = array_namespace(L)
+    if L.ndim == 3:
+        return xp.stack([lower_triangular_inverse(L[c, ...]) for c in range(L.shape[0])])
+    eye = xp.eye(L.shape[0], dtype=L.dtype, device=array_device(L))
+    return solve_triangular(L, eye, lower=True)
 
 
 def _cholesky_once(A, xp):
@@ -572,8 +582,6 @@ def log_ndtr(z):
     """log Phi(z), the log of the standard normal CDF, accurate in both tails."""
     xp = array_namespace(z)
     if is_numpy_namespace(xp):
-        import scipy.special
-
         return scipy.special.log_ndtr(z)
     if is_cupy_namespace(xp):
         import cupyx.scipy.special
@@ -586,8 +594,6 @@ def ndtr(z):
     """Phi(z), the standard normal CDF."""
     xp = array_namespace(z)
     if is_numpy_namespace(xp):
-        import scipy.special
-
         return scipy.special.ndtr(z)
     if is_cupy_namespace(xp):
         import cupyx.scipy.special

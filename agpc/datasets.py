@@ -9,8 +9,11 @@ a model comes to it.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
+import sklearn.datasets
+from scipy.special import ndtr
 
 __all__ = [
     "airline_like_bayes_error",
@@ -92,9 +95,7 @@ def split_standardised(X, y, train_fraction=0.9, random_state=0):
 
 def load_breast_cancer():
     """scikit-learn's bundled Wisconsin diagnostic breast cancer data (569 x 30), labels 0/1."""
-    from sklearn.datasets import load_breast_cancer as _load
-
-    data = _load()
+    data = sklearn.datasets.load_breast_cancer()
     return data.data, data.target
 
 
@@ -154,8 +155,6 @@ def _airline_latent(X):
 
 def airline_like_posterior(X):
     """Exact p(y = +1 | x) of ``make_airline_like``: Phi(f(x) / noise)."""
-    from scipy.special import ndtr
-
     return ndtr(_airline_latent(np.asarray(X, dtype=np.float64)) / _AIRLINE_NOISE)
 
 
@@ -184,8 +183,6 @@ def make_airline_like(n_samples, *, random_state=None, path=None, format="npy", 
     (``format="zarr"``), a chunk of ``chunk_size`` rows at a time, and returns the arrays opened from disk
     (read-only memmaps, or zarr arrays). The rows depend only on ``n_samples`` and ``random_state``.
     """
-    import os
-
     if n_samples < 1:
         raise ValueError(f"n_samples must be positive, got {n_samples}")
     if format not in ("npy", "zarr"):

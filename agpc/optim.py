@@ -6,7 +6,10 @@ All optimisers *ascend* (they maximise log Z_q or an ELBO).
 
 from __future__ import annotations
 
-from .backend import array_namespace
+import numpy as np
+import scipy.optimize
+
+from .backend import array_device, array_namespace, asarray_like, to_numpy
 
 __all__ = ["Rprop", "Adadelta", "Adam", "OPTIMIZERS"]
 
@@ -144,11 +147,6 @@ def lbfgsb_ascent(params, value_and_grads, maxfun):
     ``value_and_grads(dict) -> (value, dict of gradients)``. Returns the new dict (the old one if the
     optimiser produced non-finite values).
     """
-    import numpy as np
-    import scipy.optimize
-
-    from .backend import array_device, array_namespace, asarray_like, to_numpy
-
     names = list(params)
     shapes = [tuple(params[k].shape) for k in names]
     sizes = [int(np.prod(s)) if s else 1 for s in shapes]

@@ -61,6 +61,7 @@ import threading
 import time
 
 import scipy.linalg  # noqa: F401  (loads scipy's own BLAS, so that the controller sees it from the start)
+from threadpoolctl import ThreadpoolController
 
 __all__ = [
     "FACTOR_FLOPS_PER_THREAD",
@@ -213,8 +214,6 @@ def _libraries(refresh):
     modules were imported since it was built); records each new library's default thread count."""
     global _controller, _modules_seen
     if _controller is None or (refresh and len(sys.modules) != _modules_seen):
-        from threadpoolctl import ThreadpoolController
-
         _modules_seen = len(sys.modules)
         _controller = ThreadpoolController().select(user_api="blas")
         for lib in _controller.lib_controllers:

@@ -27,7 +27,7 @@ Time axis: wall-clock seconds from the call of ``fit`` (so set-up, k-means initi
 count) with the time spent scoring the test set removed. The GP runs use
 ``fit(X, y, validation_data=(X_test, y_test), eval_every=K, max_time=budget)``; ``history_`` records the
 validation step but times only once per epoch (9,000+ steps), so this script wraps
-``agpc.inference.training._validation_scores`` to note, at each scoring, the clock and the scoring's own
+``agpc.inference.training.validation_scores`` to note, at each scoring, the clock and the scoring's own
 duration (the scores themselves are the library's, unchanged); every method, SVI included, is
 scored through it (one training loop for all). Scores are taken at
 roughly log-spaced step counts, scoring time removed from the clock. For minibatch EP a mid-epoch score
@@ -177,7 +177,7 @@ class Recorder:
 
 
 class ValidationRecorder(Recorder):
-    """``training._validation_scores``, called after every step (eval_every=1)."""
+    """``training.validation_scores``, called after every step (eval_every=1)."""
 
     def wrap(self, original):
         def wrapped(trainer, X, y, validation):
@@ -199,7 +199,7 @@ def run_gp(method, X_train, y_train, X_test, y_test, args):
     clf = GPClassifier(method=method, n_inducing=200, batch_size=200, max_iter=10_000, max_time=args.budget,
                        random_state=args.seed)
     clf.set_params(eval_every=1)
-    rec = ValidationRecorder(training, "_validation_scores", early, late)
+    rec = ValidationRecorder(training, "validation_scores", early, late)
     fit_kw = {"validation_data": (X_test, y_test)}
     with rec:
         t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """Batch EP / SEP / ADF over a dask.array of rows: the distributed scheme of seed 000 sec. 2.3 (Fig. 1 right).
 
 The driver holds the O(m^2) state (kernel, Z, q or the tied factor); each chunk of rows is one task that runs
-the *same* per-row-block functions the single-machine path runs (``ep._whitened_sums`` and ``ep._sweep``):
+the *same* per-row-block functions the single-machine path runs (``ep.site_sums_over_rows`` and ``ep.binary_sweep``):
 kernel blocks, site updates, partial sums of S and c~, gradient adjoints and log Z terms. The chunks' small
 results are added on the workers in a tree (``ep.add_sweeps``) and only the sum comes to the driver, which
 factorises, steps the hyper-parameters and sends (kernel, Z, q) with the next round of tasks. EP's sites are
@@ -19,9 +19,15 @@ there, one after another (a round trip to a worker per step would cost more than
 
 from __future__ import annotations
 
+import itertools
 import operator
+import os
+import shutil
+import tempfile
+import weakref
 
 from .. import checkpoints
+from ..backend import array_namespace, row_chunk_bounds
 from ..threads import task_blas_threads
 from . import ep
 
@@ -85,14 +91,14 @@ def _task_threads(Z, X, block_rows):
 
 def _chunk_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows):
     with _task_threads(Z, X, block_rows):
-        S, c_tilde, _ = ep._whitened_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows, False)
+        S, c_tilde, _ = ep.site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, False)
     return S, c_tilde
 
 
 def _chunk_sweep(kernel, Z, X, *args, **kwargs):
-    """``ep._sweep`` on one chunk of rows (a task)."""
+    """``ep.binary_sweep`` on one chunk of rows (a task)."""
     with _task_threads(Z, X, kwargs.get("block_rows")):
-        return ep._sweep(kernel, Z, X, *args, **kwargs)
+        return ep.binary_sweep(kernel, Z, X, *args, **kwargs)
 
 
 class ChunkedRows:
@@ -104,8 +110,6 @@ class ChunkedRows:
     """
 
     def __init__(self, array, client):
-        from ..backend import row_chunk_bounds
-
         self.array = array
         self.client = client
         self.shape = tuple(array.shape)
@@ -122,8 +126,6 @@ class ChunkedRows:
         return self._kept[1]
 
     def __getitem__(self, index):
-        from ..backend import array_namespace
-
         rows = index[0] if isinstance(index, tuple) else index
         if not isinstance(rows, slice) or rows.step not in (None, 1):
             raise TypeError("ChunkedRows reads contiguous row slices only")
@@ -144,9 +146,6 @@ class _SiteGeneration:
     array reading it is left (the arrays hold this object, see ``DaskEngine._file_sites``)."""
 
     def __init__(self, directory):
-        import shutil
-        import weakref
-
         self.directory = directory
         weakref.finalize(self, shutil.rmtree, directory, True)
 
@@ -174,10 +173,6 @@ class DaskEngine:
     """
 
     def __init__(self, client, row_chunks, site_directory=None):
-        import itertools
-        import os
-        import tempfile
-
         self.client = client
         self.row_chunks = tuple(int(c) for c in row_chunks)
         self.site_root = None
@@ -188,8 +183,6 @@ class DaskEngine:
 
     def close(self):
         """Remove the site files (the fit is over: the model does not need its sites)."""
-        import shutil
-
         if self.site_root is not None:
             shutil.rmtree(self.site_root, ignore_errors=True)
 
@@ -207,8 +200,6 @@ class DaskEngine:
         return zeros  # no lineage to speak of: computed where it is needed
 
     def _new_generation(self):
-        import os
-
         directory = os.path.join(self.site_root, f"pass-{next(self._generations)}")
         os.makedirs(directory)
         return _SiteGeneration(directory), [os.path.join(directory, f"chunk-{k}.npz")
@@ -237,8 +228,6 @@ class DaskEngine:
         driver must share that directory). Sites in memory are read back from there, so that from now on a
         lost chunk is recomputed from its file, not from every pass since the start. Returns the sites and
         what the checkpoint records of them."""
-        import os
-
         directory = os.path.join(os.path.abspath(os.fspath(path)) + ".sites", f"step-{int(step)}")
         os.makedirs(directory, exist_ok=True)
         files = [os.path.join(directory, f"chunk-{k}.npz") for k in range(len(self.row_chunks))]
@@ -275,9 +264,6 @@ class DaskEngine:
     @staticmethod
     def release_sites(record):
         """Remove the site files of earlier checkpoints (once the checkpoint naming ``record`` is in place)."""
-        import os
-        import shutil
-
         keep = os.path.dirname(record["site_files"][0])
         parent = os.path.dirname(keep)
         for name in os.listdir(parent):
@@ -302,7 +288,7 @@ class DaskEngine:
 
     def _sweep(self, kernel, Z, X, y, site_precision, site_shift, post, *, want_grad, block_rows, want_sums, want_sites,
                damping=None):
-        """One task a chunk running ``ep._sweep``; returns the tree-reduced small results, with the new
+        """One task a chunk running ``ep.binary_sweep``; returns the tree-reduced small results, with the new
         (damped) sites (``want_sites``) as dask arrays: persisted on the workers, or read from the files
         the tasks wrote."""
         import dask

@@ -54,7 +54,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import checkpoints
-from ..backend import array_device, array_namespace, asarray_like, host_rng
+from ..backend import array_device, array_namespace, asarray_like, host_rng, row_chunk_bounds
 from ..kernels import ClassKernels
 from . import ep, multiclass_ep
 from .engines import Outcome, make_engine
@@ -292,8 +292,6 @@ class DataParallel:
 
     def __init__(self, client, X, y, *, batch_size, local_steps=DEFAULT_LOCAL_STEPS, n_shards=None, seed=0,
                  site_directory=None):
-        from ..backend import row_chunk_bounds
-
         if int(local_steps) < 1:
             raise ValueError(f"local_steps must be a positive integer, got {local_steps!r}")
         self.client = client

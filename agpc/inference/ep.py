@@ -30,6 +30,7 @@ from ..backend import (
     cholesky,
     cholesky_or_nan,
     is_out_of_core,
+    lower_triangular_inverse,
     machine_epsilon,
     note_block_rows,
     read_rows,
@@ -37,7 +38,7 @@ from ..backend import (
     rows_within_memory,
     solve_triangular,
 )
-from ..likelihoods import probit_tilted
+from ..likelihoods import probit_predictive_log, probit_tilted
 
 __all__ = [
     "Factor",
@@ -53,6 +54,9 @@ __all__ = [
     "block_pass",
     "evaluate",
     "sweep_rows",
+    "binary_sweep",
+    "site_sums_over_rows",
+    "prior_kmm_adjoint",
     "predict_latent",
     "sep_cavity_gap",
     "sep_cavity_term",
@@ -77,12 +81,6 @@ def cavity_tolerances(x):
     return max(_CAVITY_EPS, roundoff), max(_PRIOR_SLACK, roundoff)
 
 
-def _triangular_inverse(L):
-    xp = array_namespace(L)
-    eye = xp.eye(L.shape[0], dtype=L.dtype, device=array_device(L))
-    return solve_triangular(L, eye, lower=True)
-
-
 class Posterior:
     """q(u) in factored form: L_K = chol(Kmm + jitter I), L_C = chol(I + A diag(nu) A^T), h = L_C^-1 A mu.
 
@@ -98,13 +96,13 @@ class Posterior:
     @property
     def L_K_inv(self):
         if self._L_K_inv is None:
-            self._L_K_inv = _triangular_inverse(self.L_K)
+            self._L_K_inv = lower_triangular_inverse(self.L_K)
         return self._L_K_inv
 
     @property
     def L_C_inv(self):
         if self._L_C_inv is None:
-            self._L_C_inv = _triangular_inverse(self.L_C)
+            self._L_C_inv = lower_triangular_inverse(self.L_C)
         return self._L_C_inv
 
     @cached_property
@@ -151,7 +149,7 @@ def left_solve(L, B, *, trans=False, L_inv=None):
     """L^-1 B (``trans``: L^-T B) for lower-triangular L: a triangular solve, or, for many right-hand sides,
     a product with L's explicit inverse (``L_inv`` when given, else formed here)."""
     if _uses_inverse(L, B):
-        inv = _triangular_inverse(L) if L_inv is None else L_inv
+        inv = lower_triangular_inverse(L) if L_inv is None else L_inv
         return (inv.mT if trans else inv) @ B
     return solve_triangular(L, B, lower=True, trans=trans)
 
@@ -371,7 +369,7 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
     return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads, sums)
 
 
-def _prior_adjoint(post):
+def prior_kmm_adjoint(post):
     """-0.5 M of seed 000 eqs. 34-35: M = K^-1 - K^-1 Sigma K^-1 - K^-1 m m^T K^-1 = K^-1 - B^-1 - beta beta^T,
     with K^-1 - B^-1 = L_K^-T (I - C^-1) L_K^-1 (two triangular solves; I - C^-1 is symmetric)."""
     xp = array_namespace(post.h)
@@ -490,7 +488,7 @@ def row_dot(A, B):
     return array_namespace(A, B).linalg.vecdot(A, B, axis=-1)
 
 
-def _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows, keep_projection):
+def site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, keep_projection):
     """S = A diag(nu) A^T and c~ = A mu over all rows (the reduction); with ``keep_projection`` and
     while they fit the cache budget, also every block's (A, Knm) for the sweep to reuse."""
     keep = keep_projection and projections_fit(X.shape[0], Z)
@@ -499,7 +497,7 @@ def _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows, ke
     L_K_inv = None
     for lo, hi, X_block, _ in data_blocks(X, None, block_rows, Z):
         if L_K_inv is None and _uses_inverse(L_K, n_columns=X_block.shape[0]):
-            L_K_inv = _triangular_inverse(L_K)
+            L_K_inv = lower_triangular_inverse(L_K)
         A, Knm = whiten(kernel, X_block, Z, L_K, L_K_inv)
         S_b, c_b = whitened_site_sums(A, site_precision[lo:hi], site_shift[lo:hi])
         S = S_b if S is None else S + S_b
@@ -570,10 +568,10 @@ def sweep_rows(X, y, site_precision, site_shift, block_step, *, block_rows, like
     return out
 
 
-def _sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, projections=None,
-           want_sums=False, want_sites=True, damping=None, weights=None):
+def binary_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, projections=None,
+                 want_sums=False, want_sites=True, damping=None, weights=None):
     """Binary EP's sweep: ``block_pass`` over all rows (``sweep_rows``). ``projections``: the blocks' kept
-    (A, Knm) from ``_whitened_sums``, or None to recompute them. ``site_precision`` None: the rows have no
+    (A, Knm) from ``site_sums_over_rows``, or None to recompute them. ``site_precision`` None: the rows have no
     sites of their own (SEP / ADF). ``weights``: per row, as ``block_pass`` takes them."""
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         kept = projections[index] if projections else (None, None)
@@ -598,16 +596,16 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     ``checked=False`` (the training loop): Cholesky failures give a NaN log Z_q instead of an exception
     and no host synchronisation (see ``prior_cholesky``).
 
-    The three stages -- per-row-block sums (``_whitened_sums``), the driver's q (``posterior_from_sums``),
-    the per-row-block sweep (``_sweep``) and the driver's ``finish_evaluate`` -- are what the distributed
+    The three stages -- per-row-block sums (``site_sums_over_rows``), the driver's q (``posterior_from_sums``),
+    the per-row-block sweep (``binary_sweep``) and the driver's ``finish_evaluate`` -- are what the distributed
     engine runs, the two per-row stages once per chunk of rows on the workers.
     """
     block_rows = block_rows or default_block_rows(Z, X.shape[0])  # once: the sweep reuses the sums' projections
     L_K = prior_cholesky(kernel, Z, jitter, checked=checked)
-    S, c_tilde, kept = _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows, True)
+    S, c_tilde, kept = site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, True)
     post = posterior_from_sums(L_K, S, c_tilde, checked=checked)
-    sweep = _sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad, block_rows=block_rows,
-                   projections=kept, want_sites=want_sites, damping=damping)
+    sweep = binary_sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad,
+                         block_rows=block_rows, projections=kept, want_sites=want_sites, damping=damping)
     return finish_evaluate(kernel, Z, post, sweep, want_grad)
 
 
@@ -624,7 +622,7 @@ def finish_evaluate(kernel, Z, post, sweep, want_grad):
         "grads": None,
     }
     if want_grad:
-        prior_grads = kernel.grads(_prior_adjoint(post) + sweep["dKmm_data"], None, None, None, Z)
+        prior_grads = kernel.grads(prior_kmm_adjoint(post) + sweep["dKmm_data"], None, None, None, Z)
         out["grads"] = {k: sweep["grads"][k] + prior_grads[k] for k in sweep["grads"]}
     return out
 
@@ -735,7 +733,7 @@ def evaluate_factor(
     stochastic gradient of eq. 6), ``site_precision`` / ``site_shift`` (undamped updates of the rows'
     sites; "ep" only), ``site_delta`` (the change of the rows' sites, new - old, as a u-space Factor),
     ``valid``, ``n_invalid`` (0-d) and ``posterior`` (q). ``checked``: as in ``evaluate``. Stages:
-    ``factor_cavity`` (driver), ``_sweep`` (per row block; per chunk on workers), ``finish_factor`` (driver).
+    ``factor_cavity`` (driver), ``binary_sweep`` (per row block; per chunk on workers), ``finish_factor`` (driver).
 
     ``others`` / ``factor_rows``: distributed SEP (Li, Hernandez-Lobato & Turner 2015, sec. 4), one tied
     factor per shard of the data, q = prior x (others + factor): ``factor`` is the shard's (it stands for
@@ -745,8 +743,8 @@ def evaluate_factor(
                          others=others, factor_rows=factor_rows)
     if method != "ep":  # the cavity already excludes the factor: the rows have no site of their own
         site_precision = site_shift = None
-    sweep = _sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
-                   block_rows=block_rows, want_sums=True, want_sites=method == "ep", weights=weights)
+    sweep = binary_sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
+                         block_rows=block_rows, want_sums=True, want_sites=method == "ep", weights=weights)
     n_rows = X.shape[0] if weights is None else array_namespace(Z).sum(weights)
     return finish_factor(kernel, Z, prep, sweep, n_total / n_rows, want_grad)
 
@@ -852,7 +850,7 @@ def finish_factor(kernel, Z, prep, sweep, scale, want_grad):
         "grads": None,
     }
     if want_grad:
-        prior_grads = kernel.grads(_prior_adjoint(q) + scale * sweep["dKmm_data"], None, None, None, Z)
+        prior_grads = kernel.grads(prior_kmm_adjoint(q) + scale * sweep["dKmm_data"], None, None, None, Z)
         out["grads"] = {k: scale * sweep["grads"][k] + prior_grads[k] for k in sweep["grads"]}
     return out
 
@@ -862,7 +860,7 @@ def exact_factor(kernel, Z, X, site_precision, site_shift, *, jitter, block_rows
     ``y`` is not needed (a binary site does not depend on the label's position); it is accepted so that
     the multiclass engine, whose sites do, has the same signature."""
     L_K = prior_cholesky(kernel, Z, jitter)
-    S, c_tilde, _ = _whitened_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows, False)
+    S, c_tilde, _ = site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, False)
     return Factor.unwhitened(S, c_tilde, L_K)
 
 
@@ -909,8 +907,6 @@ def uniform_factor(Z):
 
 def validation_scores(kernel, Z, post, X_val, y_val):
     """Test NLL and error of q on (X_val, y_val in {-1, +1}) (seed 000 eq. 37)."""
-    from ..likelihoods import probit_predictive_log
-
     xp = array_namespace(Z)
     mean, var = predict_latent(kernel, Z, post, X_val)
     log_pos, log_neg = probit_predictive_log(mean, var)

@@ -2,26 +2,26 @@
 and, with one GP per class, of seed 001 sec. 3.
 
 The inducing values are marginalised: f ~ N(0, K_fitc), K_fitc = Q + diag(Kdiag - diag Q), Q = Knm K^-1 Kmn,
-K = Kmm + jitter I. EP puts one Gaussian site t_i(f_i) = exp(-tau_i f_i^2 / 2 + nu_i f_i) on each latent
-value (multiclass: a pair site per wrong class k, factorised over f_{i y_i} and f_ik as in
-``multiclass_ep``), runs to convergence, and only then takes one step on the hyper-parameters (kernel and
-inducing points) along the gradient of log Z_EP; repeated (``engines.GFITCEngine``: one sweep a step,
-driven by the one training loop). Batch only: every step needs all n sites
-converged, and log Z_EP is not a sum over rows (seed 000 sec. 3).
+K = Kmm + jitter I. EP puts one Gaussian site t_i(f_i) = exp(-nu_i f_i^2 / 2 + mu_i f_i) on each latent
+value, nu_i its precision and mu_i its shift as in ``ep`` (Rasmussen & Williams 2006 write tau~ and nu~)
+(multiclass: a pair site per wrong class k, factorised over f_{i y_i} and f_ik as in ``multiclass_ep``), runs
+to convergence, and only then takes one step on the hyper-parameters (kernel and inducing points) along the
+gradient of log Z_EP; repeated (``engines.GFITCEngine``: one sweep a step, driven by the one training loop).
+Batch only: every step needs all n sites converged, and log Z_EP is not a sum over rows (seed 000 sec. 3).
 
 O(n m^2) by Woodbury, through the inducing values. Write f_i = g_i + eps_i with g_i = upsilon_i^T u,
 u ~ N(0, K), eps_i ~ N(0, s_i) independent, s_i = Kdiag_i - k_i^T K^-1 k_i (the FITC conditional, seed 000
 eq. 1). Integrating f_i out of N(f_i | g_i, s_i) t_i(f_i) leaves a factor on g_i of the binary EP form
 (seed 000 eq. 2), with
 
-    precision w_i = tau_i / (1 + s_i tau_i),   shift r_i = nu_i / (1 + s_i tau_i),
-    log normaliser  -log(1 + s_i tau_i) / 2 + s_i nu_i^2 / (2 (1 + s_i tau_i)),
+    precision w_i = nu_i / (1 + s_i nu_i),   shift r_i = mu_i / (1 + s_i nu_i),
+    log normaliser  -log(1 + s_i nu_i) / 2 + s_i mu_i^2 / (2 (1 + s_i nu_i)),
 
 so q(u) is an ``ep.Posterior`` built from (w, r): B = K + Knm^T diag(w) Knm = K + Kmn D^-1 Knm, where
-D = diag(s) + diag(1/tau) and D^-1 = diag(w) (finite when tau_i = 0). With e_i = k_i^T B^-1 c and
+D = diag(s) + diag(1/nu) and D^-1 = diag(w) (finite when nu_i = 0). With e_i = k_i^T B^-1 c and
 d_i = k_i^T B^-1 k_i (q's mean and variance of g_i), the marginal of f_i under q is
 
-    mean_i = (e_i + s_i nu_i) / (1 + s_i tau_i),   var_i = (s_i + d_i / (1 + s_i tau_i)) / (1 + s_i tau_i).
+    mean_i = (e_i + s_i mu_i) / (1 + s_i nu_i),   var_i = (s_i + d_i / (1 + s_i nu_i)) / (1 + s_i nu_i).
 
 Predictions need only q(u): f_* = g_* + eps_*, mean k_*^T B^-1 c, variance Kdiag_* - Q_** + k_*^T B^-1 k_*
 (``ep.predict_latent``), probit link for binary, seed 001 eq. 11 quadrature for multiclass.
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..backend import array_namespace
+from ..backend import array_namespace, lower_triangular_inverse
 from ..kernels import ClassKernels
 from ..likelihoods import probit_tilted
 from . import ep, multiclass_ep
@@ -44,27 +44,27 @@ class FitcMarginals:
     """q's marginal of f_i for one class (and what it was computed from)."""
 
     g: object  # ep.Marginals: q(u) along upsilon_i (e, d), the FITC variance s, the projections
-    precision: object  # w_i = tau_i / (1 + s_i tau_i): the site as a factor on g_i
-    shift: object  # r_i = nu_i / (1 + s_i tau_i)
+    precision: object  # w_i = nu_i / (1 + s_i nu_i): the site as a factor on g_i
+    shift: object  # r_i = mu_i / (1 + s_i nu_i)
     mean: object  # E_q f_i
     var: object  # Var_q f_i
     log_normaliser: object  # log of int N(f_i | g_i, s_i) t_i(f_i) df_i beyond its g_i-dependent part
 
 
-def _site_on_g(tau, nu, s):
-    """(w, r, 1 + s tau): the site t_i(f_i) seen through the FITC conditional N(f_i | g_i, s_i)."""
-    one_plus = 1.0 + s * tau
-    return tau / one_plus, nu / one_plus, one_plus
+def _site_on_g(site_precision, site_shift, s):
+    """(w, r, 1 + s nu): the site t_i(f_i) seen through the FITC conditional N(f_i | g_i, s_i)."""
+    one_plus = 1.0 + s * site_precision
+    return site_precision / one_plus, site_shift / one_plus, one_plus
 
 
-def fitc_marginals(kernel, X, Z, post, tau, nu, At=None, Knm=None):
-    """The marginals of f_i under q (module docstring), from the rows' total sites (tau, nu) on f_i."""
+def fitc_marginals(kernel, X, Z, post, site_precision, site_shift, At=None, Knm=None):
+    """The marginals of f_i under q (module docstring), from the rows' total sites on f_i (precision, shift)."""
     xp = array_namespace(X)
     g = ep.marginals(kernel, X, Z, post, A=None if At is None else At.mT, Knm=Knm)
-    w, r, one_plus = _site_on_g(tau, nu, g.s)
-    mean = (g.e + g.s * nu) / one_plus
+    w, r, one_plus = _site_on_g(site_precision, site_shift, g.s)
+    mean = (g.e + g.s * site_shift) / one_plus
     var = (g.s + g.d / one_plus) / one_plus
-    log_normaliser = -0.5 * xp.log(one_plus) + 0.5 * g.s * nu * r
+    log_normaliser = -0.5 * xp.log(one_plus) + 0.5 * g.s * site_shift * r
     return FitcMarginals(g, w, r, mean, var, log_normaliser)
 
 
@@ -79,7 +79,7 @@ def _fitc_adjoint(kernel, X, Z, post, fm):
     (U^T b = beta = B^-1 c, Kmn diag(w) Knm = B - K)
         dKnm = b beta^T - diag(w) Knm B^-1 - 2 diag(diag G) U,
         dKmm = (K^-1 - B^-1 - beta beta^T) / 2 + U^T diag(diag G) U,
-    which is ``ep.data_adjoint`` with alpha = b, kappa = -2 diag G, coef_g = -w, plus ``ep._prior_adjoint``
+    which is ``ep.data_adjoint`` with alpha = b, kappa = -2 diag G, coef_g = -w, plus ``ep.prior_kmm_adjoint``
     (added by the callers, as for EP). O(n m^2), no n x n matrix."""
     b = fm.shift - fm.precision * fm.g.e
     diag_G = 0.5 * (b * b - fm.precision + fm.precision * fm.precision * fm.g.d)
@@ -88,43 +88,45 @@ def _fitc_adjoint(kernel, X, Z, post, fm):
 
 # -- the likelihoods: cavity on f, tilted moments, new site ----------------------------------------
 
-def _probit_update(y, tau, nu, fms):
+def _probit_update(y, site_precision, site_shift, fms):
     """Binary: cavity of f_i (R&W eq. 3.56), probit tilted moments (eq. 3.58), new site (eq. 3.59).
-    Returns (new tau, new nu, valid, the sites' log Z_EP terms log Z_i + g(cavity) - g(q) along f_i, zero
+    Returns (new precisions, new shifts, valid, the sites' log Z_EP terms log Z_i + g(cavity) - g(q) along f_i, zero
     where the cavity is unusable: that site keeps its parameters for the round, as in ``ep``)."""
-    xp = array_namespace(tau)
+    xp = array_namespace(site_precision)
     (fm,) = fms
-    valid, one_minus, v, a = ep.cavity(tau, nu, fm.var, fm.mean, fm.g.prior_var + fm.g.s)
+    valid, one_minus, v, a = ep.cavity(site_precision, site_shift, fm.var, fm.mean, fm.g.prior_var + fm.g.s)
     log_zi, alpha, gamma = probit_tilted(y, a, 1.0 + v)
-    new_tau, new_nu = ep.moment_matched_site(valid, tau, nu, a, v, alpha, gamma)
-    terms = log_zi + ep.removal_terms(tau, nu, fm.var, fm.mean, one_minus)
-    return new_tau, new_nu, valid, xp.where(valid, terms, 0.0)
+    new_precision, new_shift = ep.moment_matched_site(valid, site_precision, site_shift, a, v, alpha, gamma)
+    terms = log_zi + ep.removal_terms(site_precision, site_shift, fm.var, fm.mean, one_minus)
+    return new_precision, new_shift, valid, xp.where(valid, terms, 0.0)
 
 
-def _pair_update(y, tau, nu, fms):
+def _pair_update(y, site_precision, site_shift, fms):
     """Multiclass: one site per wrong class k on (f_{i y_i}, f_ik), factorised over the two classes
     (``multiclass_ep`` storage: column k the class-k part, column C + k the class-y_i part); each part is
     removed from its own class's marginal of f. On f the likelihood of seed 001 eq. 1 is exactly the product
     of Theta(f_y - f_k) (the latent noise is in Kdiag); against the two cavities each factor integrates to
     the probit of seed 001 eq. 6 with variance v_y + v_k, and the tilted moments are ``multiclass_ep``'s."""
-    xp = array_namespace(tau)
+    xp = array_namespace(site_precision)
     C = len(fms)
-    onehot = multiclass_ep._onehot(y, C)
+    onehot = multiclass_ep.one_hot_labels(y, C)
     mean = xp.stack([fm.mean for fm in fms], axis=1)
     var = xp.stack([fm.var for fm in fms], axis=1)
     prior_var = xp.stack([fm.g.prior_var + fm.g.s for fm in fms], axis=1)
-    mean_y, var_y, prior_var_y = (multiclass_ep._true_class(v, onehot) for v in (mean, var, prior_var))
-    tau_k, tau_y, nu_k, nu_y = tau[:, :C], tau[:, C:], nu[:, :C], nu[:, C:]
-    valid_k, om_k, v_k, a_k = ep.cavity(tau_k, nu_k, var, mean, prior_var)
-    valid_y, om_y, v_y, a_y = ep.cavity(tau_y, nu_y, var_y, mean_y, prior_var_y)
+    mean_y, var_y, prior_var_y = (multiclass_ep.true_class_values(v, onehot) for v in (mean, var, prior_var))
+    precision_k, precision_y = site_precision[:, :C], site_precision[:, C:]
+    shift_k, shift_y = site_shift[:, :C], site_shift[:, C:]
+    valid_k, om_k, v_k, a_k = ep.cavity(precision_k, shift_k, var, mean, prior_var)
+    valid_y, om_y, v_y, a_y = ep.cavity(precision_y, shift_y, var_y, mean_y, prior_var_y)
     valid = ~onehot & valid_k & valid_y
     log_zp, alpha, gamma = probit_tilted(xp.ones_like(a_k), a_y - a_k, v_y + v_k)
-    new_tau_y, new_nu_y = ep.moment_matched_site(valid, tau_y, nu_y, a_y, v_y, alpha, gamma)
-    new_tau_k, new_nu_k = ep.moment_matched_site(valid, tau_k, nu_k, a_k, v_k, -alpha, gamma)
-    terms = log_zp + ep.removal_terms(tau_y, nu_y, var_y, mean_y, om_y) + ep.removal_terms(tau_k, nu_k, var, mean, om_k)
+    new_precision_y, new_shift_y = ep.moment_matched_site(valid, precision_y, shift_y, a_y, v_y, alpha, gamma)
+    new_precision_k, new_shift_k = ep.moment_matched_site(valid, precision_k, shift_k, a_k, v_k, -alpha, gamma)
+    terms = (log_zp + ep.removal_terms(precision_y, shift_y, var_y, mean_y, om_y)
+             + ep.removal_terms(precision_k, shift_k, var, mean, om_k))
     # (valid is True in the label's own column, which holds no pair)
-    return (xp.concat([new_tau_k, new_tau_y], axis=1), xp.concat([new_nu_k, new_nu_y], axis=1), valid | onehot,
-            xp.where(valid, terms, 0.0))
+    return (xp.concat([new_precision_k, new_precision_y], axis=1), xp.concat([new_shift_k, new_shift_y], axis=1),
+            valid | onehot, xp.where(valid, terms, 0.0))
 
 
 # -- one model, binary or one GP per class ----------------------------------------------------------
@@ -144,32 +146,34 @@ class _Model:
     def block_rows(self, block_rows, n):
         return block_rows or ep.default_block_rows(self.Z, n)
 
-    def totals(self, tau, nu, y):
+    def totals(self, site_precision, site_shift, y):
         """Per class, the rows' total site on f_ic."""
         if not self.multiclass:
-            return [(tau, nu)]
-        tau_c, nu_c = multiclass_ep.site_totals(tau, nu, multiclass_ep._onehot(y, len(self.parts)))
-        return [(tau_c[:, c], nu_c[:, c]) for c in range(len(self.parts))]
+            return [(site_precision, site_shift)]
+        onehot = multiclass_ep.one_hot_labels(y, len(self.parts))
+        precision_c, shift_c = multiclass_ep.site_totals(site_precision, site_shift, onehot)
+        return [(precision_c[:, c], shift_c[:, c]) for c in range(len(self.parts))]
 
 
 def _rows(a, lo, hi):
     return (slice(lo, hi),) + (slice(None),) * (len(a.shape) - 1)
 
 
-def _posteriors(model, X, y, tau, nu, jitter, block_rows):
+def _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows):
     """q(u_c) for every class from the sites (one pass), and every block's projections (A^T, Knm) per
     class for the sweep to reuse while they fit ep's cache budget."""
     L_K = [ep.prior_cholesky(k, Zc, jitter) for k, Zc in model.parts]
-    L_K_inv = [ep._triangular_inverse(L) for L in L_K]
+    L_K_inv = [lower_triangular_inverse(L) for L in L_K]
     C, n = len(model.parts), X.shape[0]
     keep = ep.projections_fit(n, model.parts[0][1], classes=C)
     S, c_tilde, kept = [None] * C, [None] * C, []
     for lo, hi, X_block, y_block in ep.data_blocks(X, y, block_rows, model.parts[0][1]):
-        totals = model.totals(tau[_rows(tau, lo, hi)], nu[_rows(nu, lo, hi)], y_block)
+        rows = _rows(site_precision, lo, hi)
+        totals = model.totals(site_precision[rows], site_shift[rows], y_block)
         projections = []
-        for c, ((k, Zc), (tau_c, nu_c)) in enumerate(zip(model.parts, totals)):
+        for c, ((k, Zc), (precision_c, shift_c)) in enumerate(zip(model.parts, totals)):
             At, Knm = ep.project(k, X_block, Zc, L_K_inv[c])
-            w, r, _ = _site_on_g(tau_c, nu_c, k.Kdiag(X_block) - ep.row_dot(At, At))
+            w, r, _ = _site_on_g(precision_c, shift_c, k.Kdiag(X_block) - ep.row_dot(At, At))
             S_b, c_b = ep.site_sums(At, w, r)
             S[c] = S_b if S[c] is None else S[c] + S_b
             c_tilde[c] = c_b if c_tilde[c] is None else c_tilde[c] + c_b
@@ -180,25 +184,26 @@ def _posteriors(model, X, y, tau, nu, jitter, block_rows):
     return posts, (kept if keep else None)
 
 
-def _block_pass(model, X, y, tau, nu, posts, projections, *, want_grad):
+def _block_pass(model, X, y, site_precision, site_shift, posts, projections, *, want_grad):
     xp = array_namespace(X)
     fms = [
-        fitc_marginals(k, X, Zc, post, tau_c, nu_c, *(projections[c] if projections else (None, None)))
-        for c, ((k, Zc), post, (tau_c, nu_c)) in enumerate(zip(model.parts, posts, model.totals(tau, nu, y)))
+        fitc_marginals(k, X, Zc, post, precision_c, shift_c, *(projections[c] if projections else (None, None)))
+        for c, ((k, Zc), post, (precision_c, shift_c))
+        in enumerate(zip(model.parts, posts, model.totals(site_precision, site_shift, y)))
     ]
     update = _pair_update if model.multiclass else _probit_update
-    new_tau, new_nu, valid_out, terms = update(y, tau, nu, fms)
+    new_precision, new_shift, valid_out, terms = update(y, site_precision, site_shift, fms)
     log_z_terms = xp.sum(terms)
     for fm in fms:
         log_z_terms = log_z_terms + xp.sum(fm.log_normaliser)
     if not want_grad:
-        return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, None, None, {})
+        return ep.BlockResult(new_precision, new_shift, valid_out, log_z_terms, None, None, {})
     adjoints = [_fitc_adjoint(k, X, Zc, post, fm) for (k, Zc), post, fm in zip(model.parts, posts, fms)]
     if not model.multiclass:
-        return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, None, adjoints[0][0], adjoints[0][1])
+        return ep.BlockResult(new_precision, new_shift, valid_out, log_z_terms, None, adjoints[0][0], adjoints[0][1])
     grads = {f"{c}:{name}": value for c, (_, g) in enumerate(adjoints) for name, value in g.items() if name != "Z"}
     grads["Z"] = xp.stack([g["Z"] for _, g in adjoints])
-    return ep.BlockResult(new_tau, new_nu, valid_out, log_z_terms, None, tuple(d for d, _ in adjoints), grads)
+    return ep.BlockResult(new_precision, new_shift, valid_out, log_z_terms, None, tuple(d for d, _ in adjoints), grads)
 
 
 def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None):
@@ -214,8 +219,9 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     block_rows = model.block_rows(block_rows, X.shape[0])  # once: the sweep reuses the first stage's projections
     posts, kept = _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows)
 
-    def block_step(index, lo, hi, X_block, y_block, tau, nu):
-        return _block_pass(model, X_block, y_block, tau, nu, posts, kept[index] if kept else None, want_grad=want_grad)
+    def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
+        return _block_pass(model, X_block, y_block, rows_precision, rows_shift, posts, kept[index] if kept else None,
+                           want_grad=want_grad)
 
     sweep = ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows,
                           like=model.parts[0][1], want_grad=want_grad,
@@ -225,7 +231,7 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     log_z = sweep["terms"]
     for post in posts:
         log_z = log_z + post.log_normaliser_gain
-    grads = multiclass_ep._with_prior_grads(kernel, Z, posts, sweep) if want_grad else None
+    grads = multiclass_ep.add_prior_gradients(kernel, Z, posts, sweep) if want_grad else None
     return dict(sweep, log_z=log_z, posterior=tuple(posts), grads=grads)
 
 

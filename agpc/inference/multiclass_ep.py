@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..backend import array_device, array_namespace, gauss_hermite, log_ndtr
+from ..backend import array_device, array_namespace, gauss_hermite, log_ndtr, lower_triangular_inverse
 from ..likelihoods import probit_tilted
 from . import ep
 
@@ -49,6 +49,9 @@ __all__ = [
     "zero_sites",
     "uniform_factor",
     "validation_scores",
+    "one_hot_labels",
+    "true_class_values",
+    "add_prior_gradients",
 ]
 
 
@@ -61,14 +64,14 @@ def zero_sites(n, Z):
     return xp.zeros((n, 2 * n_classes(Z)), dtype=Z.dtype, device=array_device(Z))
 
 
-def _onehot(y, C):
+def one_hot_labels(y, C):
     """(b, C) bool: column c is True where the row's label is class c."""
     xp = array_namespace(y)
     classes = xp.arange(C, dtype=y.dtype, device=array_device(y))
     return y[:, None] == classes[None, :]
 
 
-def _true_class(values, onehot):
+def true_class_values(values, onehot):
     """(b, 1): each row's value in its own label's column."""
     xp = array_namespace(values)
     return xp.sum(xp.where(onehot, values, 0.0), axis=1, keepdims=True)
@@ -134,7 +137,7 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows, all classes."""
     xp = array_namespace(X)
     C = n_classes(Z)
-    onehot = _onehot(y, C)
+    onehot = one_hot_labels(y, C)
     wrong = ~onehot
     margs = [ep.marginals(kernels[c], X, Z[c, ...], posts[c]) for c in range(C)]
     d = xp.stack([mg.d for mg in margs], axis=1)
@@ -143,7 +146,7 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     s = xp.stack([mg.s for mg in margs], axis=1)
     nu_k, nu_y = site_precision[:, :C], site_precision[:, C:]
     mu_k, mu_y = site_shift[:, :C], site_shift[:, C:]
-    d_y, e_y, pv_y, s_y = (_true_class(v, onehot) for v in (d, e, prior_var, s))
+    d_y, e_y, pv_y, s_y = (true_class_values(v, onehot) for v in (d, e, prior_var, s))
 
     # Each pair's cavity removes only its own part from each of its two classes (parallel EP).
     valid_k, om_k, v_k, a_k = ep.cavity(nu_k, mu_k, d, e, prior_var)
@@ -203,7 +206,7 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
 
 def _priors(kernels, Z, jitter, checked=True):
     L_K = [ep.prior_cholesky(kernels[c], Z[c, ...], jitter, checked=checked) for c in range(n_classes(Z))]
-    return L_K, [ep._triangular_inverse(L) for L in L_K]
+    return L_K, [lower_triangular_inverse(L) for L in L_K]
 
 
 def _class_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows):
@@ -211,7 +214,7 @@ def _class_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_row
     C = n_classes(Z)
     S, c_tilde = [None] * C, [None] * C
     for lo, hi, X_block, y_block in ep.data_blocks(X, y, _block_rows(block_rows, Z, X.shape[0]), Z[0, ...]):
-        nu, mu = site_totals(site_precision[lo:hi, ...], site_shift[lo:hi, ...], _onehot(y_block, C))
+        nu, mu = site_totals(site_precision[lo:hi, ...], site_shift[lo:hi, ...], one_hot_labels(y_block, C))
         for c in range(C):
             At, _ = ep.project(kernels[c], X_block, Z[c, ...], L_K_inv[c])
             S_b, c_b = ep.site_sums(At, nu[:, c], mu[:, c])
@@ -238,13 +241,13 @@ def _sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, bl
                          want_sums=want_sums, want_sites=want_sites, damping=damping, valid_columns=n_classes(Z))
 
 
-def _with_prior_grads(kernels, Z, posts, sweep, scale=1.0):
+def add_prior_gradients(kernels, Z, posts, sweep, scale=1.0):
     """Data gradients (scaled by n / rows for a minibatch, eq. 6) plus each class's prior part of eq. 4."""
     xp = array_namespace(Z)
     grads = {k: scale * v for k, v in sweep["grads"].items()}
     Z_grads = []
     for c in range(n_classes(Z)):
-        prior = kernels[c].grads(ep._prior_adjoint(posts[c]) + scale * sweep["dKmm_data"][c], None, None, None,
+        prior = kernels[c].grads(ep.prior_kmm_adjoint(posts[c]) + scale * sweep["dKmm_data"][c], None, None, None,
                                  Z[c, ...])
         Z_grads.append(prior.pop("Z"))
         for name, value in prior.items():
@@ -280,7 +283,7 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
         "site_change": sweep["site_change"],
         "n_invalid": sweep["n_invalid"],
         "posterior": posts,
-        "grads": _with_prior_grads(kernels, Z, posts, sweep) if want_grad else None,
+        "grads": add_prior_gradients(kernels, Z, posts, sweep) if want_grad else None,
     }
 
 
@@ -341,7 +344,7 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
         "old_sites": old_sites,
         "site_delta": new_sites.combine(1.0, old_sites, -1.0),
         "posterior": tuple(qs),
-        "grads": _with_prior_grads(kernels, Z, tuple(qs), sweep, scale) if want_grad else None,
+        "grads": add_prior_gradients(kernels, Z, tuple(qs), sweep, scale) if want_grad else None,
     }
 
 
@@ -408,7 +411,7 @@ def validation_scores(kernels, Z, posts, X_val, y_val, n_quadrature=PREDICTIVE_N
     xp = array_namespace(Z)
     mean, var = predict_latent(kernels, Z, posts, X_val)
     log_p = predictive_log_proba(mean, var, n_quadrature)
-    onehot = _onehot(y_val, Z.shape[0])
+    onehot = one_hot_labels(y_val, Z.shape[0])
     nll = -xp.mean(xp.sum(xp.where(onehot, log_p, 0.0), axis=1))
     predicted = xp.argmax(log_p, axis=1)
     error = xp.mean(xp.astype(xp.astype(predicted, y_val.dtype) != y_val, y_val.dtype))

@@ -7,7 +7,7 @@ one GP per class with q(u_c) = N(mean_c, chol_c chol_c^T), and the bound of eq. 
 
 where E_q log p(y_i | f_i) = log(eps / (C-1)) + (log(1 - eps) - log(eps / (C-1))) S_i and S_i = p(y_i is the
 argmax) under the independent Gaussian marginals of f_i: the one-dimensional integral of seed 001 eq. 11,
-by Gauss-Hermite. Each class's KL and data adjoints are the binary SVI ones (``variational._SVITerms``).
+by Gauss-Hermite. Each class's KL and data adjoints are the binary SVI ones (``variational.SVIBoundTerms``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import math
 
 from ..backend import array_device, array_namespace, gauss_hermite, log_ndtr, log_normal_pdf
 from . import ep
-from .variational import _SVITerms, data_scale
+from .multiclass_ep import predictive_log_proba as argmax_log_proba
+from .variational import SVIBoundTerms, data_scale
 
 __all__ = ["EPSILON", "argmax_probability", "robust_max_expected", "svi_elbo_multiclass", "predictive_log_proba"]
 
@@ -78,7 +79,7 @@ def svi_elbo_multiclass(kernels, Z, X, y, mean, chol, *, n_quadrature=20, jitter
     xp = array_namespace(Z)
     C = Z.shape[0]
     scale = data_scale(X, n_total, weights)
-    terms = [_SVITerms(kernels[c], Z[c, ...], mean[c, ...], chol[c, ...], jitter) for c in range(C)]
+    terms = [SVIBoundTerms(kernels[c], Z[c, ...], mean[c, ...], chol[c, ...], jitter) for c in range(C)]
     expected_total = None
     for lo, hi, Xb, yb in ep.data_blocks(X, y, block_rows, Z[0, ...]):
         pairs = [t.marginals(Xb) for t in terms]
@@ -113,8 +114,6 @@ def svi_elbo_multiclass(kernels, Z, X, y, mean, chol, *, n_quadrature=20, jitter
 def predictive_log_proba(mean, var, epsilon=EPSILON):
     """log p(y = k | x) under the robust max: (1 - eps) S_k + eps / (C - 1) (1 - S_k), with S_k the
     probability that f_k is the largest (``multiclass_ep.predictive_log_proba``)."""
-    from .multiclass_ep import predictive_log_proba as argmax_log_proba
-
     xp = array_namespace(mean)
     C = mean.shape[1]
     S = xp.exp(argmax_log_proba(mean, var))

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import re
 import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
 
 from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, block_memory_advice,
                        cholesky_with_jitter, host_rng, is_out_of_core, jitter_raises_within, note_jitter, read_rows,
@@ -356,8 +360,6 @@ def train(
         for key in ("validation_step", "validation_nll", "validation_error"):
             trainer.history[key] = []
     bar = None
-    if progress:
-        from tqdm.auto import tqdm
 
     def new_bar():
         # batch mode: one bar over the iterations; minibatch mode: one bar per epoch
@@ -408,7 +410,7 @@ def train(
             callback(trainer.n_steps, log_z)
         postfix = {"log_Zq": f"{log_z:.4g}"}
         if validation is not None and ((trainer.n_steps % eval_every == 0) if eval_every else recorded):
-            nll, error = _validation_scores(trainer, X, y, validation)
+            nll, error = validation_scores(trainer, X, y, validation)
             h = trainer.history
             h["validation_step"].append(trainer.n_steps)
             h["validation_nll"].append(nll)
@@ -691,9 +693,6 @@ def _check_layout(fresh, saved, where, param_shapes, refuse):
 def _check_site_record(record, path, refuse):
     """Sites written by the workers (``DaskEngine.store_sites``): the files must be the ones such a checkpoint
     writes beside itself, ``<checkpoint>.sites/step-<k>/chunk-<i>.npz``: a file does not choose what we read."""
-    import os
-    import re
-
     if not (isinstance(record, dict) and set(record) == {"site_files", "rows"} and isinstance(record["rows"], list)
             and all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in record["rows"])
             and isinstance(record["site_files"], list) and len(record["site_files"]) == len(record["rows"])):
@@ -844,8 +843,9 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
     return list(saved["order"]), best
 
 
-def _validation_scores(trainer, X, y, validation):
-    """Test NLL and error of the current state on (X_val, y_val) (labels as the engine takes them)."""
+def validation_scores(trainer, X, y, validation):
+    """Test NLL and error of the current state on (X_val, y_val) (labels as the engine takes them): what
+    ``train`` records at each validation step (benchmarks/airline.py wraps it to time the scoring)."""
     X_val, y_val = validation
     with block_memory_advice(f"{trainer.method}'s scoring of the validation data"):
         post, _ = trainer.engine.posterior(X, y, want_log_z=False)

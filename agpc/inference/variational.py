@@ -20,8 +20,10 @@ whose bracket is the log-normaliser gain of that posterior. Gradients come as ad
 from __future__ import annotations
 
 import math
+import warnings
 
-from ..backend import array_device, array_namespace, gauss_hermite, log_ndtr, log_normal_pdf, machine_epsilon
+from ..backend import (array_device, array_namespace, cholesky, gauss_hermite, log_ndtr, log_normal_pdf,
+                       lower_triangular_inverse, machine_epsilon)
 from . import ep
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "posterior_of",
     "prior_cholesky",
     "inverse_lower",
+    "SVIBoundTerms",
     "log_likelihood",
     "expected_log_likelihood",
     "svi_elbo",
@@ -84,10 +87,10 @@ def expected_log_likelihood(y, mean, var, likelihood, n_quadrature=20):
 
 
 def inverse_lower(L):
-    """Inverse of a lower-triangular matrix, or of each one in a (C, m, m) stack."""
-    if L.ndim == 3:
-        return array_namespace(L).stack([ep._triangular_inverse(L[c, ...]) for c in range(L.shape[0])])
-    return ep._triangular_inverse(L)
+    """Deprecated: ``agpc.backend.lower_triangular_inverse`` (the same, for one matrix or a stack)."""
+    warnings.warn("agpc.inference.variational.inverse_lower is deprecated: use "
+                  "agpc.backend.lower_triangular_inverse", DeprecationWarning, stacklevel=2)
+    return lower_triangular_inverse(L)
 
 
 def prior_cholesky(kernel, Z, jitter, *, checked=True):
@@ -102,7 +105,7 @@ def prior_cholesky(kernel, Z, jitter, *, checked=True):
 _WHITENED_VARIANCE_EPS = 1e-10  # types with a coarser round-off (float32) take the whitened marginal variance
 
 
-class _SVITerms:
+class SVIBoundTerms:
     """One GP's share of the SVI bound: q(u) = N(mean, chol chol^T) against p(u) = N(0, K) and the data
     adjoints of its marginals. Adjoints (v_i = K^-1 k_i, p = K^-1 mean, W = K^-1 Sigma; g_m, g_v the
     derivatives of the expected log-likelihood in m_i = k_i^T p and S_i = K_ii - k_i^T v_i + v_i^T Sigma v_i):
@@ -116,7 +119,7 @@ class _SVITerms:
         self.xp, self.kernel, self.Z, self.chol = xp, kernel, Z, chol
         # unchecked: a failed factorisation makes the bound NaN, which the training loop's guard handles
         L_K = ep.prior_cholesky(kernel, Z, jitter, checked=False)
-        L_K_inv = inverse_lower(L_K)
+        L_K_inv = lower_triangular_inverse(L_K)
         self.K_inv = L_K_inv.mT @ L_K_inv
         # The marginal variance K_ii - k^T K^-1 k + k^T K^-1 Sigma K^-1 k cancels two terms of the size of the
         # amplitude down to the latent noise. Through the explicit K^-1 each carries eps kappa(K) of error
@@ -166,7 +169,7 @@ class _SVITerms:
         dKmm = scale * (self.dKmm + VtGV - W @ VtGV - VtGV @ W.mT) - 0.5 * (K_inv - W @ K_inv - p[:, None] * p[None, :])
         prior = self.kernel.grads(dKmm, None, None, None, self.Z)
         out = {k: scale * self.grads[k] + prior[k] for k in self.grads}
-        chol_inv = inverse_lower(self.chol)
+        chol_inv = lower_triangular_inverse(self.chol)
         d_sigma = scale * VtGV - 0.5 * K_inv + 0.5 * (chol_inv.mT @ chol_inv)
         out["mean"] = scale * self.d_mean - p
         out["chol"] = xp.tril((d_sigma + d_sigma.mT) @ self.chol)
@@ -181,11 +184,11 @@ def svi_elbo(kernel, Z, X, y, mean, chol, *, likelihood="probit", n_quadrature=2
     adjoints; the rows then stand for sum(weights) rows when scaled to ``n_total`` (a padded minibatch gives
     its padding weight 0 and is the minibatch without it).
     Returns (elbo, grads) with grads for every kernel parameter, "Z", "mean" and "chol" (lower triangle);
-    the adjoints are in ``_SVITerms``.
+    the adjoints are in ``SVIBoundTerms``.
     """
     xp = array_namespace(Z)
     scale = data_scale(X, n_total, weights)
-    terms = _SVITerms(kernel, Z, mean, chol, jitter)
+    terms = SVIBoundTerms(kernel, Z, mean, chol, jitter)
     expected_total = None
     for lo, hi, Xb, yb in ep.data_blocks(X, y, block_rows, Z):
         f_mean, f_var = terms.marginals(Xb)
@@ -221,7 +224,7 @@ def whitened_step(optimizer, names, kernel, Z, mean, chol, grads, *, jitter):
     xp = array_namespace(Z)
     # the factorisation the step's bound already made at these hyper-parameters: it did not fail
     L_K = prior_cholesky(kernel, Z, jitter, checked=False)
-    L_K_inv = inverse_lower(L_K)
+    L_K_inv = lower_triangular_inverse(L_K)
     params = dict(kernel.params)
     params.update(Z=Z, mean=(L_K_inv @ mean[..., None])[..., 0], chol=L_K_inv @ chol)
     grads = dict(grads)
@@ -288,8 +291,8 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
     w, shift, const = _quadratic_sites(y, xi, kind)
     nu = 2.0 * w
     L_K = ep.prior_cholesky(kernel, Z, jitter)
-    L_K_inv = inverse_lower(L_K)
-    S, c_tilde, _ = ep._whitened_sums(kernel, Z, X, nu, shift, L_K, block_rows, False)
+    L_K_inv = lower_triangular_inverse(L_K)
+    S, c_tilde, _ = ep.site_sums_over_rows(kernel, Z, X, nu, shift, L_K, block_rows, False)
     post = ep.posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
     beta = post.beta
     B_inv_w = post.L_C_inv @ L_K_inv  # B^-1 = B_inv_w^T B_inv_w
@@ -352,14 +355,12 @@ def posterior_from_gaussian(kernel, Z, mean, chol, *, jitter):
 
     B = K Sigma^-1 K, so C = L_K^-1 B L_K^-T = (chol^-1 L_K)^T (chol^-1 L_K), and h = L_C^-1 L_K^T Sigma^-1 mean.
     """
-    from ..backend import cholesky
-
     L_K = ep.prior_cholesky(kernel, Z, jitter)
-    chol_inv = inverse_lower(chol)
+    chol_inv = lower_triangular_inverse(chol)
     R = chol_inv @ L_K
     C = R.mT @ R
     L_C = cholesky(C, what="C of the variational posterior")
-    L_C_inv = inverse_lower(L_C)
+    L_C_inv = lower_triangular_inverse(L_C)
     c_tilde = L_K.mT @ (chol_inv.mT @ (chol_inv @ mean))
     return ep.Posterior(L_K=L_K, L_C=L_C, h=L_C_inv @ c_tilde, L_C_inv=L_C_inv)
 
