@@ -842,7 +842,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         file does not hold them, and damping as configured (a stream model saved and loaded thus continues
         a little differently from the one kept in memory). A file of a model fitted by ``fit`` does not
         hold its number of rows: the first call after loading it asks for ``n_total``. Refused with one ValueError, the model left as it was:
-        a model of another method (per-row EP, GFITC, SVI, vi-*), ``classes`` other than ``classes_``, and
+        a model of another method (per-row EP, GFITC, SVI, ``vi-*``), ``classes`` other than ``classes_``, and
         ``method``, ``dtype``, ``n_inducing``, ``kernel`` or ``likelihood`` changed since the fit (call
         ``fit`` to start again). ``n_total`` is the number of
         rows the model stands for (SEP's cavity q / f^(1/n)), a positive integer at least this batch's rows;

@@ -16,7 +16,7 @@ early stopping, checkpoints) for all of them:
   ``QuadraticEngine`` vi-JJ / vi-JJ-hybrid / vi-JJ-full / vi-Taylor (seed 003 Alg. 1): one step is one outer
                       iteration, the analytic (q, xi) updates and one L-BFGS-B round.
 
-The protocol (what the loop calls):
+The protocol (what the loop calls)::
 
   ``evaluate(X, y, lo, hi, stepping=, weights=)`` -> (summary, work): ``summary`` is log Z (a float or 0-d
       array), or a 1-D device array whose first entry is log Z and whose others ``apply`` needs on the host;

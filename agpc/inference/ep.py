@@ -724,10 +724,12 @@ def evaluate_factor(
 ):
     """One pass over rows X (all the data, or a minibatch) with q = prior x ``factor``.
 
-    The three methods differ only in the cavity (seed 002):
+    The three methods differ only in the cavity (seed 002)::
+
       "ep"  q / site_i: each row's own site, (site_precision, site_shift) along its current upsilon_i;
       "sep" q / factor^(1/n_total): one cavity for every row;
       "adf" q itself.
+
     Returns a dict: ``log_z`` (estimate of log Z_q: the rows' terms scaled by n_total / rows, the rows
     counted by their ``weights`` when given), ``grads`` (eq. 4 with the data part scaled likewise: the
     stochastic gradient of eq. 6), ``site_precision`` / ``site_shift`` (undamped updates of the rows'
@@ -769,11 +771,15 @@ def sep_cavity_gap(q, cavity, S, n_total):
     every cavity the same, q^-i = q / f^(1/n) for the tied factor f (Li, Hernandez-Lobato & Turner 2015;
     seed 002 sec. 4), so the n per-row terms g(q^-i) - g(q) become one, times n. In whitened form
     C_q = I + S, C_c = I + k S, c~_c = k c~ with k = 1 - 1/n, and g = c~^T C^-1 c~ / 2 - log|C| / 2. With
-    C_c^-1 - C_q^-1 = C_c^-1 (S / n) C_q^-1 and k^2 - 1 = -(2 - 1/n) / n:
+    C_c^-1 - C_q^-1 = C_c^-1 (S / n) C_q^-1 and k^2 - 1 = -(2 - 1/n) / n::
+
         n (quadratic parts) = [ (C_c^-1 c~)^T S (C_q^-1 c~) - (2 - 1/n) c~^T C_c^-1 c~ ] / 2,
+
     O(1) terms, no factor n left. With M = I - C_q^-1 = C_q^-1 S (symmetric, eigenvalues r_j in [0, 1), each
-    known to eps absolutely), |C_c| / |C_q| = |I - M / n|, so
+    known to eps absolutely), |C_c| / |C_q| = |I - M / n|, so::
+
         n (log-determinant parts) = -(n / 2) log|I - M / n| = (1 / 2) sum_k tr(M^k) / (k n^(k-1)),
+
     whose terms fall by 1/n each: four terms (tr M, |M|_F^2, and from the one product M M, tr(M^3) and |M^2|_F^2)
     leave at most m / (10 n^4) out, below round-off where this is used (``_sep_series_is_exact``). No factor
     n multiplies a rounded quantity: the error is a few m eps whatever n. C_q^-1 is the one the gradient's

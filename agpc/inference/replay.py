@@ -4,7 +4,7 @@ On a GPU a minibatch step is a few hundred small kernels, each launched from Pyt
 launch overhead, not arithmetic. A CUDA graph records the launches of one ``evaluate`` (``engines``: the pass
 over the minibatch and the gradient, device work only, ending in the step's summary) and replays them with one
 ``graph.launch()``. A graph reads and writes the memory it was captured with, so everything that differs from
-one step to the next must sit in *device buffers updated in place*, never in Python values frozen at capture:
+one step to the next must sit in *device buffers updated in place*, never in Python values frozen at capture::
 
   the minibatch    rows, labels, and per-row weights: every minibatch is padded to the batch size (the last one
                    is shorter) with rows of weight 0, which change nothing (``ep.block_pass``,

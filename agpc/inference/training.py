@@ -7,7 +7,7 @@ time budget, the history, validation and early stopping, checkpoints and resume,
 
 Batch mode: one step on all rows, repeated (EP / SEP / ADF: one parallel damped update of all sites, then
 one step on the hyper-parameters, after ``n_warmup`` sweeps without; GFITC: damped EP sweeps, and a step on
-the hyper-parameters whenever the sites have settled; SVI: one gradient step; vi-*: one outer iteration).
+the hyper-parameters whenever the sites have settled; SVI: one gradient step; ``vi-*``: one outer iteration).
 ``max_iter`` counts the steps on the hyper-parameters. Minibatch mode (seed 000 eq. 6): a step per
 minibatch, the data part of the gradient scaled by n / |M|; ``max_iter`` then counts epochs.
 """

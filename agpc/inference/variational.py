@@ -108,10 +108,12 @@ _WHITENED_VARIANCE_EPS = 1e-10  # types with a coarser round-off (float32) take 
 class SVIBoundTerms:
     """One GP's share of the SVI bound: q(u) = N(mean, chol chol^T) against p(u) = N(0, K) and the data
     adjoints of its marginals. Adjoints (v_i = K^-1 k_i, p = K^-1 mean, W = K^-1 Sigma; g_m, g_v the
-    derivatives of the expected log-likelihood in m_i = k_i^T p and S_i = K_ii - k_i^T v_i + v_i^T Sigma v_i):
+    derivatives of the expected log-likelihood in m_i = k_i^T p and S_i = K_ii - k_i^T v_i + v_i^T Sigma v_i)::
+
       dKnm_i = g_m p + 2 g_v (W v_i - v_i),   dKdiag_i = g_v,
       dKmm   = -(V^T g_m) p^T + V^T G V - W V^T G V - V^T G V W^T  (G = diag g_v)
                - 0.5 (K^-1 - K^-1 Sigma K^-1 - p p^T)              (from -KL).
+
     """
 
     def __init__(self, kernel, Z, mean, chol, jitter):
