@@ -18,7 +18,7 @@ from . import threads
 from . import validation as V
 from .inducing import initial_inducing_points
 from .inference import engines, ep, multiclass_ep, multiclass_vi, training
-from .kernels import RBF, ClassKernels, Stationary
+from .kernels import RBF, ClassKernels, Kernel, Stationary
 
 __all__ = ["GPClassifier"]
 
@@ -88,7 +88,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         convergence (largest relative site change below ``tol``) before each of ``max_iter`` steps; batch only.
     n_inducing : int, default=100
         Number m of inducing points; must not exceed the number of training rows.
-    kernel : Stationary or None
+    kernel : Kernel or None
         Kernel with initial hyper-parameters. ``None``: ARD RBF with lengthscale_j = std(X_j) sqrt(d),
         amplitude 1 and latent noise 1e-3.
     backend : "auto", "numpy", "cupy" or an array namespace
@@ -203,7 +203,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     Attributes
     ----------
     classes_ : ndarray of shape (2,)
-    kernel_ : Stationary, the learned kernel
+    kernel_ : Kernel, the learned kernel
     inducing_points_ : array (m, d), the learned inducing points
     log_marginal_likelihood_ : float, log Z_q at the end of training
     history_ : dict of lists, per iteration (batch) or epoch (minibatch), the same keys for every method:
@@ -223,7 +223,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     _parameter_constraints = {
         "method": [V.Options(*_METHODS)],
         "n_inducing": [V.Interval(numbers.Integral, 1, None, "left")],
-        "kernel": [V.NONE, V.InstanceOf(Stationary, description="an agpc kernel (e.g. agpc.RBF)")],
+        "kernel": [V.NONE, V.InstanceOf(Kernel, description="an agpc kernel (e.g. agpc.RBF)")],
         "backend": [V.NONE, V.Options("auto", "numpy", "cupy", ignore_case=True), V.ArrayNamespace()],
         "max_iter": [V.Interval(numbers.Integral, 0, None, "left")],
         "damping": [V.NONE, V.Interval(numbers.Real, 0, 1, "right")],

@@ -68,7 +68,8 @@ def parameter_names(kernel, optimize):
     """The hyper-parameters a fit moves: the kernel's (a latent noise fixed at 0 excluded) and "Z"."""
     names = []
     if "kernel" in optimize:
-        names += [k for k in kernel.params if not k.endswith("log_noise") or math.isfinite(float(kernel.params[k]))]
+        table = kernel.parameter_table()
+        names += [k for k in kernel.params if not table[k].may_be_zero or math.isfinite(float(kernel.params[k]))]
     if "inducing" in optimize:
         names.append("Z")
     return names
