@@ -129,7 +129,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         the logistic (default, and the only choice for the Jaakkola-Jordan bound).
     n_quadrature : int, default=20
         Gauss-Hermite nodes for SVI's expected log-likelihood and logistic predictions (the multiclass
-        predictive uses its own 64, see ``multiclass_ep.PREDICTIVE_NODES``).
+        predictive uses its own 64, see ``likelihoods.PREDICTIVE_NODES``).
     optimize : True, False or a tuple of "kernel" / "inducing"
         What to learn; the rest stays fixed. ``False`` runs EP to convergence on fixed hyper-parameters.
     dtype : {"float64", "float32"}, default="float64"

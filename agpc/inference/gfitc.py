@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from ..backend import array_namespace
 from ..kernels import ClassKernels
-from ..likelihoods import probit_tilted
+from ..likelihoods import PROBIT
 from . import ep, multiclass_ep
 
 __all__ = ["evaluate", "zero_sites"]
@@ -95,7 +95,7 @@ def _probit_update(y, tau, nu, fms):
     xp = array_namespace(tau)
     (fm,) = fms
     valid, one_minus, v, a = ep.cavity(tau, nu, fm.var, fm.mean, fm.g.prior_var + fm.g.s)
-    log_zi, alpha, gamma = probit_tilted(y, a, 1.0 + v)
+    log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, 1.0 + v)
     new_tau, new_nu = ep.moment_matched_site(valid, tau, nu, a, v, alpha, gamma)
     terms = log_zi + ep.removal_terms(tau, nu, fm.var, fm.mean, one_minus)
     return new_tau, new_nu, valid, xp.where(valid, terms, 0.0)
@@ -118,7 +118,7 @@ def _pair_update(y, tau, nu, fms):
     valid_k, om_k, v_k, a_k = ep.cavity(tau_k, nu_k, var, mean, prior_var)
     valid_y, om_y, v_y, a_y = ep.cavity(tau_y, nu_y, var_y, mean_y, prior_var_y)
     valid = ~onehot & valid_k & valid_y
-    log_zp, alpha, gamma = probit_tilted(xp.ones_like(a_k), a_y - a_k, v_y + v_k)
+    log_zp, alpha, gamma = PROBIT.tilted_moments(xp.ones_like(a_k), a_y - a_k, v_y + v_k)
     new_tau_y, new_nu_y = ep.moment_matched_site(valid, tau_y, nu_y, a_y, v_y, alpha, gamma)
     new_tau_k, new_nu_k = ep.moment_matched_site(valid, tau_k, nu_k, a_k, v_k, -alpha, gamma)
     terms = log_zp + ep.removal_terms(tau_y, nu_y, var_y, mean_y, om_y) + ep.removal_terms(tau_k, nu_k, var, mean, om_k)
