@@ -381,7 +381,8 @@ class Stationary(Kernel):
             d_log_l = d_log_l + g_l
             dZ = dZ + g_first + g_second
             if d_profile:
-                d_profile = {k: v + g for (k, v), g in zip(d_profile.items(), self.profile_grads(r2, dKmm * amp).values())}
+                profile = self.profile_grads(r2, dKmm * amp)
+                d_profile = {k: v + profile[k] for k, v in d_profile.items()}
         if dKnm is not None:
             Xs = self._scaled(X)
             if Knm is None:
@@ -492,7 +493,7 @@ class Combination(Kernel):
             if not isinstance(term, Kernel):
                 raise TypeError(f"{type(self).__name__} combines agpc kernels, got {term!r}")
             # (k1 + k2) + k3 is one sum of three terms: the same kernel, flat parameter keys
-            flat.extend(term.terms if type(term) is type(self) and not term.priors else [term])
+            flat.extend(term.terms if type(term) is type(self) and not term.priors_own else [term])
         if len(flat) < 2:
             raise ValueError(f"{type(self).__name__} needs at least two kernels")
         self.terms = tuple(term.without_noise() for term in flat)

@@ -4,12 +4,24 @@ Kdiag consistent with K, log prior gradients by finite differences, a fit throug
 save / load round trip with the same predictions, and the values and gradients on array_api_strict (default and
 a non-default device). A new kernel is tested by one more subclass of ``KernelContract``."""
 
+import json
+
+import array_api_strict
 import numpy as np
 import pytest
 
 import agpc
 from agpc import io as model_files
-from agpc.kernels import RBF, ClassKernels, Matern52, Product, RationalQuadratic, Sum, kernel_from_spec, log_prior_and_grads
+from agpc.kernels import (
+    RBF,
+    ClassKernels,
+    Matern52,
+    Product,
+    RationalQuadratic,
+    Sum,
+    kernel_from_spec,
+    log_prior_and_grads,
+)
 from agpc.priors import Gamma, LogNormal, prior_from_spec
 from conftest import central_differences, check_parameter_gradients, to_np, to_xp
 
@@ -153,6 +165,21 @@ class KernelContract:
         assert repr(loaded.kernel_) == repr(fitted)
         np.testing.assert_array_equal(loaded.predict_proba(X), proba)
 
+    @pytest.mark.parametrize("device", [None, array_api_strict.Device("device1")], ids=["default", "device1"])
+    def test_fit_on_array_api_strict_equals_numpy(self, device):
+        """The fit (priors included) in array_api_strict on its default and a non-default device: every fitted
+        parameter on the input's device, the same predictions as on NumPy."""
+        X, y = small_problem()
+        fit = lambda X_, y_: agpc.GPClassifier(kernel=self.make_kernel(priors=True), n_inducing=6,  # noqa: E731
+                                               max_iter=4, random_state=0).fit(X_, y_)
+        reference = fit(X, y).predict_proba(X)
+        Xs = array_api_strict.asarray(X, device=device)
+        model = fit(Xs, array_api_strict.asarray(y.astype(np.float64), device=device))
+        assert all(value.device == Xs.device for value in model.kernel_.params.values())
+        proba = model.predict_proba(Xs)
+        assert proba.device == Xs.device
+        np.testing.assert_allclose(to_np(proba), reference, rtol=1e-8, atol=1e-10)
+
 
 class TestRBF(KernelContract):
     def make_kernel(self, priors=False):
@@ -262,6 +289,31 @@ def test_untrusted_specs_are_refused(spec):
     """A spec names kernels and prior families of the fixed tables only, with exactly their fields and numbers."""
     with pytest.raises(ValueError):
         kernel_from_spec(spec, {})
+
+
+@pytest.mark.parametrize("kernel_field", [
+    {"type": "Sum", "terms": [{"type": "RBF"}, {"type": "builtins.eval"}]},
+    {"type": "Sum", "terms": [{"type": "RBF"}, {"type": "RBF"}],
+     "priors": {"noise": {"family": "numpy.load", "loc": 0.0, "scale": 1.0}}},
+    {"type": "Sum", "terms": [{"type": "RBF"}] * 3},  # a third term the file holds no arrays for
+])
+def test_model_file_with_a_crafted_kernel_is_refused(tmp_path, kernel_field):
+    X, y = small_problem()
+    model = agpc.GPClassifier(kernel=RBF() + RBF(), n_inducing=5, max_iter=1, random_state=0).fit(X, y)
+    path = tmp_path / "model.npz"
+    model_files.save_model(model, path)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    # the header: the one member holding a JSON text
+    (header_name,) = [name for name, value in arrays.items() if value.dtype.kind == "U"]
+    header = json.loads(str(arrays[header_name]))
+    header["kernel"] = kernel_field
+    arrays[header_name] = np.asarray(json.dumps(header))
+    crafted = tmp_path / "crafted.npz"
+    np.savez(crafted, **arrays)
+    with pytest.raises(ValueError, match="kernel") as info:
+        model_files.load_model(crafted)
+    assert str(crafted) in str(info.value)
 
 
 def test_deeply_nested_spec_is_refused():
