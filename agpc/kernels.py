@@ -634,7 +634,9 @@ def _template(spec, depth=0):
     checked = _checked_priors({p.key: p for p in cls.parameters},
                               {name: prior_from_spec(value) for name, value in priors.items()})
     if combination:
-        kernel = cls._from_parts([_template(term, depth + 1) for term in spec["terms"]],
+        # terms hold no noise of their own (``Combination``): a nested combination's is fixed at 0 like a
+        # stationary term's (a prior on it is refused, as at construction)
+        kernel = cls._from_parts([_template(term, depth + 1).without_noise() for term in spec["terms"]],
                                  {"log_noise": host_array(0.0)}, checked)
         if len(kernel.terms) < 2:
             raise ValueError(f"kernel specification {spec!r}: a {cls.name} has at least two terms")

@@ -240,6 +240,24 @@ class TestProduct(KernelContract):
         return matern52_reference([0.9, 1.1, 1.6], 1.2)(X, Z) * rbf_reference([2.0, 2.5, 3.0], 0.9)(X, Z)
 
 
+class TestNested(KernelContract):
+    """A product inside a sum: the inner combination's noise is fixed at 0, the outer one owns the noise."""
+
+    def make_kernel(self, priors=False):
+        inner = RBF([0.7, 1.3, 2.1], amplitude=1.1, priors={"lengthscales": Gamma(2.0, 1.5),
+                                                            "amplitude": Gamma(2.0, 2.0)} if priors else None) * \
+            RationalQuadratic([1.5, 0.8, 1.0], amplitude=0.4, alpha=2.5, priors={
+                "lengthscales": Gamma(3.0, 2.0), "amplitude": LogNormal(-1.0, 1.0), "alpha": Gamma(2.0, 0.5)}
+                if priors else None)
+        outer = Matern52([0.9, 1.1, 1.6], amplitude=0.8, priors={"lengthscales": LogNormal(0.3, 0.5),
+                                                                 "amplitude": Gamma(2.0, 2.0)} if priors else None)
+        return Sum(inner, outer, noise=self.noise, priors={"noise": Gamma(1.5, 4.0)} if priors else None)
+
+    def reference(self, X, Z):
+        return (rbf_reference([0.7, 1.3, 2.1], 1.1)(X, Z) * rational_quadratic_reference([1.5, 0.8, 1.0], 0.4, 2.5)(X, Z)
+                + matern52_reference([0.9, 1.1, 1.6], 0.8)(X, Z))
+
+
 # -- what is not per kernel ---------------------------------------------------------------------------
 
 def test_combinations_flatten_and_keep_one_noise():
