@@ -18,7 +18,7 @@ from . import threads
 from . import validation as V
 from .inducing import initial_inducing_points
 from .inference import engines, ep, multiclass_ep, multiclass_vi, training
-from .kernels import RBF, ClassKernels, Kernel, Stationary
+from .kernels import RBF, ClassKernels, Kernel
 
 __all__ = ["GPClassifier"]
 
@@ -1028,14 +1028,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "overflow encountered in vecdot")."""
         Z = self.inducing_points_
         kernels = [self.kernel_[c] for c in range(Z.shape[0])] if Z.ndim == 3 else [self.kernel_]
-        if B.is_out_of_core(Xc) or not all(isinstance(kernel, Stationary) for kernel in kernels):
+        if B.is_out_of_core(Xc) or any(kernel.reach_lengthscales is None for kernel in kernels):
             return Xc  # (rows on disk are predicted a block at a time, as they are read: not held here)
         xp = B.array_namespace(Xc)
         reach_limit = float(xp.finfo(Xc.dtype).max) / (4.0 * self._KERNEL_REACH)  # reach + |Z| stays finite
         lower = upper = None
         for c, kernel in enumerate(kernels):
             Zc = Z[c, ...] if Z.ndim == 3 else Z
-            reach = self._KERNEL_REACH * xp.minimum(kernel.lengthscales, reach_limit)
+            reach = self._KERNEL_REACH * xp.minimum(kernel.reach_lengthscales, reach_limit)
             low, high = xp.min(Zc, axis=0) - reach, xp.max(Zc, axis=0) + reach
             lower = low if lower is None else xp.minimum(lower, low)
             upper = high if upper is None else xp.maximum(upper, high)

@@ -174,6 +174,12 @@ class Kernel:
             return NotImplemented
         return Product(self, other)
 
+    @property
+    def reach_lengthscales(self):
+        """Per input dimension, a length beyond which (times GPClassifier's ``_KERNEL_REACH`` of 1e3) the kernel
+        is exactly 0, or None when it has no such reach (a heavy tail). Predictions clamp far inputs to it."""
+        return None
+
     def without_noise(self):
         """This kernel with its latent noise fixed at 0 (a term of a sum or product: the combination owns the
         noise). A prior on a term's noise is refused: put it on the combination's."""
@@ -213,6 +219,7 @@ class Stationary(Kernel):
     """
 
     name = "Stationary"
+    finite_reach = True
     profile_parameters = ()  # parameters of kappa itself (a rational quadratic's alpha)
     parameters = (
         Parameter("lengthscales", shape=PER_DIMENSION),
@@ -221,6 +228,9 @@ class Stationary(Kernel):
     )
 
     def __init__(self, lengthscales=1.0, amplitude=1.0, noise=0.0, priors=None, **profile_values):
+        unknown = sorted(set(profile_values) - {p.name for p in self.profile_parameters})
+        if unknown:
+            raise TypeError(f"{self.name} has no parameter {unknown[0]!r}")
         values = {"lengthscales": lengthscales, "amplitude": amplitude, "noise": noise, **profile_values}
         # Built on the host from Python numbers; moved to the data's namespace by ``for_inputs``.
         self.params = {p.key: _checked_value(p, values[p.name]) for p in self.parameters}
@@ -276,6 +286,12 @@ class Stationary(Kernel):
             for p in self.parameters
         )
         return f"{self.name}({values}{self._repr_priors()})"
+
+    @property
+    def reach_lengthscales(self):
+        # RBF and Matern 5/2 profiles underflow to 0 within 1e3 lengthscales; a profile that does not (the rational
+        # quadratic's decays as a power of r) says so with ``finite_reach = False``
+        return self.lengthscales if self.finite_reach else None
 
     # -- the radial profile (subclasses) ---------------------------------------------------------
 
@@ -443,6 +459,7 @@ class RationalQuadratic(Stationary):
     """
 
     name = "RationalQuadratic"
+    finite_reach = False  # (1 + r^2 / (2 alpha))^(-alpha) is 1e-3 at r = 1e3 for alpha = 1/2
     profile_parameters = (Parameter("alpha"),)
     parameters = Stationary.parameters + profile_parameters
 
@@ -544,6 +561,17 @@ class Combination(Kernel):
     def __repr__(self):
         return (f"{self.name}({', '.join(repr(term) for term in self.terms)}, "
                 f"noise={float(to_numpy(self.noise)):.6g}{self._repr_priors()})")
+
+    @property
+    def reach_lengthscales(self):
+        """The longest of the terms' reaches per dimension: beyond it every term, so the combination, is 0."""
+        reaches = [term.reach_lengthscales for term in self.terms]
+        if any(reach is None for reach in reaches):
+            return None
+        longest = reaches[0]
+        for reach in reaches[1:]:
+            longest = array_namespace(longest).maximum(longest, reach)
+        return longest
 
     def _combine(self, values):
         raise NotImplementedError

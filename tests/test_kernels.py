@@ -158,6 +158,8 @@ class KernelContract:
         assert any(not np.allclose(fitted.params[k], start[k]) for k in start), "no hyper-parameter moved"
         proba = model.predict_proba(X)
         assert np.all(np.isfinite(proba))
+        if fitted.reach_lengthscales is not None:  # far inputs are clamped to the kernel's reach: no overflow
+            np.testing.assert_allclose(model.predict_proba(X[:2] * 1e300).sum(axis=1), 1.0)
         path = tmp_path / "model.npz"
         model_files.save_model(model, path)
         loaded = model_files.load_model(path)
@@ -277,6 +279,8 @@ def test_kernel_rejects_bad_parameters_and_shapes():
         RBF(noise=-1.0)
     with pytest.raises(ValueError, match="alpha"):
         RationalQuadratic(alpha=float("inf"))
+    with pytest.raises(TypeError, match="RBF has no parameter 'alpha'"):
+        RBF(alpha=2.0)
     with pytest.raises(ValueError, match="3 lengthscales but the data have 2 features"):
         RBF(lengthscales=[1.0, 1.0, 1.0]).for_inputs(np.zeros((4, 2)))
     with pytest.raises(ValueError, match="unknown kernel"):
