@@ -256,7 +256,8 @@ class TestNested(KernelContract):
         return Sum(inner, outer, noise=self.noise, priors={"noise": Gamma(1.5, 4.0)} if priors else None)
 
     def reference(self, X, Z):
-        product = rbf_reference([0.7, 1.3, 2.1], 1.1)(X, Z) * rational_quadratic_reference([1.5, 0.8, 1.0], 0.4, 2.5)(X, Z)
+        rq = rational_quadratic_reference([1.5, 0.8, 1.0], 0.4, 2.5)
+        product = rbf_reference([0.7, 1.3, 2.1], 1.1)(X, Z) * rq(X, Z)
         return product + matern52_reference([0.9, 1.1, 1.6], 0.8)(X, Z)
 
 
