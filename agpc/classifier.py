@@ -19,7 +19,7 @@ from . import validation as V
 from .checkpoints import check_checkpoint_path
 from .inducing import initial_inducing_points
 from .inference import engines, ep, multiclass_ep, multiclass_vi, training
-from .kernels import RBF, ClassKernels, Stationary
+from .kernels import RBF, ClassKernels, Kernel
 from .model_file import FittedState, read_model_file, write_model_file
 
 __all__ = ["GPClassifier"]
@@ -90,7 +90,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         convergence (largest relative site change below ``tol``) before each of ``max_iter`` steps; batch only.
     n_inducing : int, default=100
         Number m of inducing points; must not exceed the number of training rows.
-    kernel : Stationary or None
+    kernel : Kernel or None
         Kernel with initial hyper-parameters. ``None``: ARD RBF with lengthscale_j = std(X_j) sqrt(d),
         amplitude 1 and latent noise 1e-3.
     backend : "auto", "numpy", "cupy" or an array namespace
@@ -131,7 +131,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         the logistic (default, and the only choice for the Jaakkola-Jordan bound).
     n_quadrature : int, default=20
         Gauss-Hermite nodes for SVI's expected log-likelihood and logistic predictions (the multiclass
-        predictive uses its own 64, see ``multiclass_ep.PREDICTIVE_NODES``).
+        predictive uses its own 64, see ``likelihoods.PREDICTIVE_NODES``).
     optimize : True, False or a tuple of "kernel" / "inducing"
         What to learn; the rest stays fixed. ``False`` runs EP to convergence on fixed hyper-parameters.
     dtype : {"float64", "float32"}, default="float64"
@@ -205,7 +205,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     Attributes
     ----------
     classes_ : ndarray of shape (2,)
-    kernel_ : Stationary, the learned kernel
+    kernel_ : Kernel, the learned kernel
     inducing_points_ : array (m, d), the learned inducing points
     log_marginal_likelihood_ : float, log Z_q at the end of training
     history_ : dict of lists, per iteration (batch) or epoch (minibatch), the same keys for every method:
@@ -225,7 +225,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     _parameter_constraints = {
         "method": [V.Options(*_METHODS)],
         "n_inducing": [V.Interval(numbers.Integral, 1, None, "left")],
-        "kernel": [V.NONE, V.InstanceOf(Stationary, description="an agpc kernel (e.g. agpc.RBF)")],
+        "kernel": [V.NONE, V.InstanceOf(Kernel, description="an agpc kernel (e.g. agpc.RBF)")],
         "backend": [V.NONE, V.Options("auto", "numpy", "cupy", ignore_case=True), V.ArrayNamespace()],
         "max_iter": [V.Interval(numbers.Integral, 0, None, "left")],
         "damping": [V.NONE, V.Interval(numbers.Real, 0, 1, "right")],
@@ -1028,14 +1028,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "overflow encountered in vecdot")."""
         Z = self.inducing_points_
         kernels = [self.kernel_[c] for c in range(Z.shape[0])] if Z.ndim == 3 else [self.kernel_]
-        if B.is_out_of_core(Xc) or not all(isinstance(kernel, Stationary) for kernel in kernels):
+        if B.is_out_of_core(Xc) or any(kernel.reach_lengthscales is None for kernel in kernels):
             return Xc  # (rows on disk are predicted a block at a time, as they are read: not held here)
         xp = B.array_namespace(Xc)
         reach_limit = float(xp.finfo(Xc.dtype).max) / (4.0 * self._KERNEL_REACH)  # reach + |Z| stays finite
         lower = upper = None
         for c, kernel in enumerate(kernels):
             Zc = Z[c, ...] if Z.ndim == 3 else Z
-            reach = self._KERNEL_REACH * xp.minimum(kernel.lengthscales, reach_limit)
+            reach = self._KERNEL_REACH * xp.minimum(kernel.reach_lengthscales, reach_limit)
             low, high = xp.min(Zc, axis=0) - reach, xp.max(Zc, axis=0) + reach
             lower = low if lower is None else xp.minimum(lower, low)
             upper = high if upper is None else xp.maximum(upper, high)

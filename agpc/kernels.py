@@ -5,29 +5,206 @@ uses -- dL/dKmm (m x m), dL/dKnm (n x m) and dL/dKdiag (n) -- and the kernel tur
 for its own parameters and for the inducing inputs Z (GPy's ``update_gradients_full`` idea). A new
 kernel therefore needs no change to any inference code.
 
-Parameters are stored unconstrained (logs). ``amplitude`` is the signal variance, ``noise`` the variance
-of additive latent noise at the data points: it enters ``Kdiag`` (the prior variance of f at a data
-point) but never a cross-covariance, so ``K(Z, Z)`` and ``K(X, Z)`` do not see it (DESIGN.md).
+Every kernel class declares its parameters in a table (``parameters``: one :class:`Parameter` each, with
+its name, its transform, its shape rule and, per kernel instance, an optional prior). Parameters are
+stored unconstrained under ``"<transform>_<name>"`` (``log_lengthscales``: values are exp of the stored
+logs). The gradients, the model files, the checkpoints' checks, the optimisers' parameter names and the
+multiclass ``ClassKernels`` read that table; nothing else lists parameter names.
+
+``amplitude`` is the signal variance, ``noise`` the variance of additive latent noise at the data points:
+it enters ``Kdiag`` (the prior variance of f at a data point) but never a cross-covariance, so ``K(Z, Z)``
+and ``K(X, Z)`` do not see it (DESIGN.md). A sum or product of kernels (``k1 + k2``, ``k1 * k2``) therefore
+has ONE noise parameter, its own: its terms' covariances are combined, then the noise is added once.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from dataclasses import dataclass, replace
 from functools import cached_property
 
-from .backend import array_device, array_namespace, asarray_like, host_array
+from .backend import array_device, array_namespace, asarray_like, host_array, to_numpy
+from .priors import Prior, prior_from_spec
 
-__all__ = ["Stationary", "RBF", "Matern52", "KERNELS", "kernel_from_spec"]
+__all__ = [
+    "Parameter",
+    "Kernel",
+    "Stationary",
+    "RBF",
+    "Matern52",
+    "RationalQuadratic",
+    "Sum",
+    "Product",
+    "ClassKernels",
+    "KERNELS",
+    "kernel_from_spec",
+    "spec_parameter_table",
+    "log_prior_and_grads",
+]
 
-PARAM_NAMES = ("log_lengthscales", "log_amplitude", "log_noise")
+SCALAR = "scalar"
+PER_DIMENSION = "per_dimension"  # one value per input dimension (ARD); a single value broadcasts at first use
+LOG = "log"  # stored u = log(value), value = exp(u); the only transform so far (every parameter is positive)
 
 
-class Stationary:
+@dataclass(frozen=True)
+class Parameter:
+    """One row of a kernel's parameter table.
+
+    name : the constrained quantity ("lengthscales"); stored unconstrained under ``key`` ("log_lengthscales").
+    transform : how it is stored: ``"log"`` (positive values; the optimisers move the log).
+    shape : ``"scalar"`` or ``"per_dimension"`` (one per input feature).
+    may_be_zero : a value of exactly 0 is allowed, stored as -inf, and is then fixed (the latent noise: 0 means
+        no noise, not a parameter to learn).
+    prior : a :class:`agpc.priors.Prior` on the constrained value, or None (set per kernel, not per class).
+    """
+
+    name: str
+    transform: str = LOG
+    shape: str = SCALAR
+    may_be_zero: bool = False
+    prior: Prior | None = None
+
+    @property
+    def key(self):
+        return f"{self.transform}_{self.name}"
+
+    def stored(self, value):
+        """The unconstrained value of a positive ``value`` (a Python float)."""
+        return math.log(value) if value > 0 else -math.inf
+
+    def value(self, stored):
+        """The constrained value of a stored array."""
+        return array_namespace(stored).exp(stored)
+
+    def log_prior_and_grad(self, stored):
+        """log p_u(u) = log p(theta) + log |d theta / d u| summed over the entries, and its gradient w.r.t. u
+        (theta = exp(u): the Jacobian term is u, and d/du = theta p'(theta) / p(theta) + 1; agpc.priors says
+        why the Jacobian is included)."""
+        xp = array_namespace(stored)
+        theta = self.value(stored)
+        log_density = xp.sum(self.prior.log_density(theta) + stored)
+        return log_density, theta * self.prior.dlog_density(theta) + 1.0
+
+
+def _checked_value(parameter, value):
+    """A user's initial value of ``parameter``: a list of positive finite floats (per dimension) or a float."""
+    values = value if parameter.shape == PER_DIMENSION and hasattr(value, "__len__") else [value]
+    try:
+        values = [float(v) for v in values]
+    except (TypeError, ValueError):
+        values = []
+    ok = (lambda v: math.isfinite(v) and v >= 0) if parameter.may_be_zero else (lambda v: math.isfinite(v) and v > 0)
+    if not values or not all(ok(v) for v in values):
+        kind = "non-negative" if parameter.may_be_zero else "positive"
+        raise ValueError(f"{parameter.name} must be {kind} and finite, got {value!r}")
+    if parameter.shape == PER_DIMENSION:
+        return host_array([parameter.stored(v) for v in values])
+    return host_array(parameter.stored(values[0]))
+
+
+def _checked_priors(table, priors):
+    """{key: Prior} from a user's {name: Prior} (names of the kernel's parameter table)."""
+    by_name = {p.name: p.key for p in table.values()}
+    out = {}
+    for name, prior in (priors or {}).items():
+        key = by_name.get(name)
+        if key is None:
+            raise ValueError(f"prior on {name!r}: not a parameter of this kernel (its parameters: {sorted(by_name)})")
+        if not isinstance(prior, Prior):
+            raise TypeError(f"prior on {name!r}: {prior!r} is not an agpc.priors.Prior (e.g. agpc.priors.Gamma)")
+        out[key] = prior
+    return out
+
+
+def log_prior_and_grads(kernel):
+    """(sum of the log prior densities of ``kernel``'s parameters, {key: gradient w.r.t. the stored value})
+    over the parameters that carry a prior; (None, {}) when none does, so that a kernel without priors adds
+    nothing to any objective (not even an operation). Works for ``Kernel`` and ``ClassKernels``."""
+    total, grads = None, {}
+    for key, parameter in kernel.parameter_table().items():
+        if parameter.prior is None:
+            continue
+        value, grad = parameter.log_prior_and_grad(kernel.params[key])
+        total = value if total is None else total + value
+        grads[key] = grad
+    return total, grads
+
+
+class Kernel:
+    """Base of every kernel: the parameter table, priors, ``with_params`` and the ``+`` / ``*`` operators.
+
+    A subclass sets ``name`` and ``parameters`` and defines ``K``, ``Kdiag``, ``grads``, ``for_inputs`` and
+    ``spec``. ``params`` maps each parameter's key to its stored (unconstrained) array; ``priors`` maps keys
+    to priors. Kernels are immutable: ``with_params`` makes a new one.
+    """
+
+    name = "Kernel"
+    parameters = ()
+
+    def parameter_table(self):
+        """{key: Parameter} of this kernel's parameters, each with its prior (or None)."""
+        return {p.key: replace(p, prior=self.priors.get(p.key)) for p in self.parameters}
+
+    def with_params(self, params):
+        kernel = type(self).__new__(type(self))
+        kernel.params = dict(params)
+        kernel.priors = self.priors
+        return kernel
+
+    @cached_property
+    def noise(self):
+        return array_namespace(self.params["log_noise"]).exp(self.params["log_noise"])
+
+    def _prior_spec(self):
+        """{"priors": {name: prior spec}} when a parameter has a prior (files of kernels without priors keep
+        the spec they always had)."""
+        names = {p.key: p.name for p in self.parameters}
+        own = {names[key]: prior.spec() for key, prior in self.priors.items() if key in names}
+        return {"priors": own} if own else {}
+
+    def __add__(self, other):
+        if not isinstance(other, Kernel):
+            return NotImplemented
+        return Sum(self, other)
+
+    def __mul__(self, other):
+        if not isinstance(other, Kernel):
+            return NotImplemented
+        return Product(self, other)
+
+    @property
+    def reach_lengthscales(self):
+        """Per input dimension, a length beyond which (times GPClassifier's ``_KERNEL_REACH`` of 1e3) the kernel
+        is exactly 0, or None when it has no such reach (a heavy tail). Predictions clamp far inputs to it."""
+        return None
+
+    def without_noise(self):
+        """This kernel with its latent noise fixed at 0 (a term of a sum or product: the combination owns the
+        noise). A prior on a term's noise is refused: put it on the combination's."""
+        if "log_noise" in self.priors:
+            raise ValueError(f"{self.name}: a prior on the noise of a term of a sum or product; the combination "
+                             "has one noise parameter, set the prior there")
+        params = dict(self.params)
+        noise = params["log_noise"]
+        params["log_noise"] = asarray_like(host_array(-math.inf), array_namespace(noise), device=array_device(noise),
+                                           dtype=noise.dtype)
+        return self.with_params(params)
+
+    def _repr_priors(self):
+        names = {p.key: p.name for p in self.parameters}
+        own = {names[key]: prior for key, prior in self.priors.items() if key in names}
+        return f", priors={own!r}" if own else ""
+
+
+class Stationary(Kernel):
     """Base of stationary kernels k(x, z) = amplitude * kappa(r^2), r^2 = sum_j ((x_j - z_j)/l_j)^2.
 
-    A subclass defines only ``kappa(r2)`` and ``dkappa_dr2(r2)``; the base owns the parameters, the
-    scaled distances and the chain rule to lengthscales and inputs (one matrix product of O(n m d) for
-    all d lengthscales, no n x m x d temporary).
+    A subclass defines only ``kappa(r2)`` and ``dkappa_dr2(r2)`` (and, for a profile with parameters of its
+    own, ``profile_parameters`` and ``profile_grads``); the base owns the parameters, the scaled distances and
+    the chain rule to lengthscales and inputs (one matrix product of O(n m d) for all d lengthscales, no
+    n x m x d temporary).
 
     Parameters
     ----------
@@ -37,49 +214,55 @@ class Stationary:
         Signal variance.
     noise : float
         Variance of additive latent noise at the data points (0 for none).
+    priors : dict or None
+        {parameter name: agpc.priors.Prior}, e.g. ``{"lengthscales": Gamma(2.0, 1.0)}``; None: no prior.
     """
 
     name = "Stationary"
+    finite_reach = True
+    profile_parameters = ()  # parameters of kappa itself (a rational quadratic's alpha)
+    parameters = (
+        Parameter("lengthscales", shape=PER_DIMENSION),
+        Parameter("amplitude"),
+        Parameter("noise", may_be_zero=True),
+    )
 
-    def __init__(self, lengthscales=1.0, amplitude=1.0, noise=0.0):
-        ls = [float(v) for v in (lengthscales if hasattr(lengthscales, "__len__") else [lengthscales])]
-        amplitude, noise = float(amplitude), float(noise)
-        if not ls or not all(math.isfinite(v) and v > 0 for v in ls):
-            raise ValueError(f"lengthscales must be positive and finite, got {lengthscales!r}")
-        if not (math.isfinite(amplitude) and amplitude > 0):
-            raise ValueError(f"amplitude must be a positive finite variance, got {amplitude!r}")
-        if not (math.isfinite(noise) and noise >= 0):
-            raise ValueError(f"noise must be a non-negative finite variance, got {noise!r}")
+    def __init__(self, lengthscales=1.0, amplitude=1.0, noise=0.0, priors=None, **profile_values):
+        unknown = sorted(set(profile_values) - {p.name for p in self.profile_parameters})
+        if unknown:
+            raise TypeError(f"{self.name} has no parameter {unknown[0]!r}")
+        values = {"lengthscales": lengthscales, "amplitude": amplitude, "noise": noise, **profile_values}
         # Built on the host from Python numbers; moved to the data's namespace by ``for_inputs``.
-        self.params = {
-            "log_lengthscales": host_array([math.log(v) for v in ls]),
-            "log_amplitude": host_array(math.log(amplitude)),
-            "log_noise": host_array(math.log(noise) if noise > 0 else -math.inf),  # -inf: no noise, gradient 0
-        }
+        self.params = {p.key: _checked_value(p, values[p.name]) for p in self.parameters}
+        self.priors = _checked_priors({p.key: p for p in self.parameters}, priors)
+        if "log_noise" in self.priors and not noise > 0:
+            raise ValueError("a prior on the noise needs a positive initial noise (a noise of 0 is fixed, not learned)")
 
     # -- parameters ------------------------------------------------------------------------------
 
     @classmethod
     def from_params(cls, params):
-        """A kernel holding the given unconstrained parameters (arrays of any namespace)."""
+        """A kernel holding the given unconstrained parameters (arrays of any namespace), without priors."""
         kernel = cls.__new__(cls)
         kernel.params = dict(params)
+        kernel.priors = {}
         return kernel
 
-    def with_params(self, params):
-        return type(self).from_params(params)
-
     def for_inputs(self, X):
-        """This kernel with its parameters in X's namespace and device, lengthscales broadcast to X's width."""
+        """This kernel with its parameters in X's namespace and device, per-dimension parameters broadcast to X's
+        width."""
         xp = array_namespace(X)
         device = array_device(X)
         d = X.shape[1]
         out = {k: asarray_like(v, xp, device=device, dtype=X.dtype) for k, v in self.params.items()}
-        ls = out["log_lengthscales"]
-        if ls.shape[0] == 1 and d != 1:
-            out["log_lengthscales"] = xp.broadcast_to(ls, (d,)) + xp.zeros((d,), dtype=X.dtype, device=device)
-        elif ls.shape[0] != d:
-            raise ValueError(f"kernel has {ls.shape[0]} lengthscales but the data have {d} features")
+        for parameter in self.parameters:
+            if parameter.shape != PER_DIMENSION:
+                continue
+            value = out[parameter.key]
+            if value.shape[0] == 1 and d != 1:
+                out[parameter.key] = xp.broadcast_to(value, (d,)) + xp.zeros((d,), dtype=X.dtype, device=device)
+            elif value.shape[0] != d:
+                raise ValueError(f"kernel has {value.shape[0]} {parameter.name} but the data have {d} features")
         return self.with_params(out)
 
     # A kernel's parameters never change in place (``with_params`` makes a new kernel), so their
@@ -92,22 +275,23 @@ class Stationary:
     def amplitude(self):
         return array_namespace(self.params["log_amplitude"]).exp(self.params["log_amplitude"])
 
-    @cached_property
-    def noise(self):
-        return array_namespace(self.params["log_noise"]).exp(self.params["log_noise"])
-
     def spec(self):
-        """JSON-able description (type name); the parameter arrays are saved beside it."""
-        return {"type": self.name}
+        """JSON-able description (type name, priors if any); the parameter arrays are saved beside it."""
+        return {"type": self.name, **self._prior_spec()}
 
     def __repr__(self):
-        from .backend import to_numpy
-
-        ls = to_numpy(self.lengthscales)
-        return (
-            f"{self.name}(lengthscales={[float(v) for v in ls]!r}, "
-            f"amplitude={float(to_numpy(self.amplitude)):.6g}, noise={float(to_numpy(self.noise)):.6g})"
+        values = ", ".join(
+            f"{p.name}={[float(v) for v in to_numpy(p.value(self.params[p.key]))]!r}" if p.shape == PER_DIMENSION
+            else f"{p.name}={float(to_numpy(p.value(self.params[p.key]))):.6g}"
+            for p in self.parameters
         )
+        return f"{self.name}({values}{self._repr_priors()})"
+
+    @property
+    def reach_lengthscales(self):
+        # RBF and Matern 5/2 profiles underflow to 0 within 1e3 lengthscales; a profile that does not (the rational
+        # quadratic's decays as a power of r) says so with ``finite_reach = False``
+        return self.lengthscales if self.finite_reach else None
 
     # -- the radial profile (subclasses) ---------------------------------------------------------
 
@@ -116,6 +300,10 @@ class Stationary:
 
     def dkappa_dr2(self, r2):
         raise NotImplementedError
+
+    def profile_grads(self, r2, weight):
+        """{key: sum(weight * d kappa(r2) / d stored value)} for each of ``profile_parameters``."""
+        return {}
 
     # -- values ----------------------------------------------------------------------------------
 
@@ -200,6 +388,7 @@ class Stationary:
         dZ = xp.zeros(Z.shape, dtype=Z.dtype, device=array_device(Z))
         d_log_amp = zero
         d_log_noise = zero
+        d_profile = {p.key: zero for p in self.profile_parameters}  # empty (no operation) for RBF and Matern52
         if dKmm is not None:
             r2 = self._r2(Zs, Zs)
             d_log_amp = d_log_amp + xp.sum(dKmm * (amp * self.kappa(r2)))
@@ -207,6 +396,9 @@ class Stationary:
             g_l, g_first, g_second = self._distance_grads(G, Zs, Zs)
             d_log_l = d_log_l + g_l
             dZ = dZ + g_first + g_second
+            if d_profile:
+                profile = self.profile_grads(r2, dKmm * amp)
+                d_profile = {k: v + profile[k] for k, v in d_profile.items()}
         if dKnm is not None:
             Xs = self._scaled(X)
             if Knm is None:
@@ -216,11 +408,15 @@ class Stationary:
             g_l, _, g_Z = self._distance_grads(G, Xs, Zs)
             d_log_l = d_log_l + g_l
             dZ = dZ + g_Z
+            if d_profile:
+                profile = self.profile_grads(self._r2(Xs, Zs), dKnm * amp)
+                d_profile = {k: v + profile[k] for k, v in d_profile.items()}
         if dKdiag is not None:
             total = xp.sum(dKdiag)
             d_log_amp = d_log_amp + total * amp
             d_log_noise = d_log_noise + total * self.noise
-        return {"log_lengthscales": d_log_l, "log_amplitude": d_log_amp, "log_noise": d_log_noise, "Z": dZ}
+        return {"log_lengthscales": d_log_l, "log_amplitude": d_log_amp, "log_noise": d_log_noise, **d_profile,
+                "Z": dZ}
 
 
 class RBF(Stationary):
@@ -255,25 +451,258 @@ class Matern52(Stationary):
         return -(5.0 / 6.0) * (1.0 + math.sqrt(5.0) * r) * xp.exp(-math.sqrt(5.0) * r)
 
 
-KERNELS = {cls.name: cls for cls in (RBF, Matern52)}
+class RationalQuadratic(Stationary):
+    """ARD rational quadratic: kappa = (1 + r^2 / (2 alpha))^(-alpha) (Rasmussen & Williams (2006), eq. 4.19),
+    a scale mixture of RBF kernels; alpha -> infinity gives the RBF.
+
+    Parameters are those of :class:`Stationary` and ``alpha`` (positive, default 1).
+    """
+
+    name = "RationalQuadratic"
+    finite_reach = False  # (1 + r^2 / (2 alpha))^(-alpha) is 1e-3 at r = 1e3 for alpha = 1/2
+    profile_parameters = (Parameter("alpha"),)
+    parameters = Stationary.parameters + profile_parameters
+
+    def __init__(self, lengthscales=1.0, amplitude=1.0, noise=0.0, alpha=1.0, priors=None):
+        super().__init__(lengthscales, amplitude, noise, priors, alpha=alpha)
+
+    @cached_property
+    def alpha(self):
+        return array_namespace(self.params["log_alpha"]).exp(self.params["log_alpha"])
+
+    def _log_base(self, r2):
+        """log(1 + r^2 / (2 alpha)), by log1p (exact for the small r^2 of near points)."""
+        return array_namespace(r2).log1p(r2 / (2.0 * self.alpha))
+
+    def kappa(self, r2):
+        return array_namespace(r2).exp(-self.alpha * self._log_base(r2))
+
+    def dkappa_dr2(self, r2):
+        return -0.5 * array_namespace(r2).exp(-(self.alpha + 1.0) * self._log_base(r2))
+
+    def profile_grads(self, r2, weight):
+        # log kappa = -alpha log b, b = 1 + r^2 / (2 alpha): d log kappa / d log alpha
+        #   = alpha (-log b + r^2 / (2 alpha b)) = -alpha log b + r^2 / (2 b)
+        xp = array_namespace(r2)
+        log_base = self._log_base(r2)
+        kappa = xp.exp(-self.alpha * log_base)
+        d_log_kappa = -self.alpha * log_base + r2 / (2.0 * xp.exp(log_base))
+        return {"log_alpha": xp.sum(weight * kappa * d_log_kappa)}
+
+
+class Combination(Kernel):
+    """Base of :class:`Sum` and :class:`Product`: the terms' covariances combined, plus ONE latent noise.
+
+    The noise enters Kdiag only (the module docstring), so a term's own noise would be a second parameter for
+    the same variance; the terms are held with their noise fixed at 0 and the combination owns the noise,
+    initialised (``noise=None``) at the sum of the terms' noises. Parameter keys are the terms' keys prefixed
+    with their position (``"0.log_lengthscales"``) and ``"log_noise"``.
+    """
+
+    name = "Combination"
+    parameters = (Parameter("noise", may_be_zero=True),)
+
+    def __init__(self, *terms, noise=None, priors=None):
+        if noise is None:
+            noise = sum(float(to_numpy(term.noise)) for term in terms if isinstance(term, Kernel))
+        flat = []
+        for term in terms:
+            if not isinstance(term, Kernel):
+                raise TypeError(f"{type(self).__name__} combines agpc kernels, got {term!r}")
+            # (k1 + k2) + k3 is one sum of three terms: the same kernel, flat parameter keys
+            flat.extend(term.terms if type(term) is type(self) and not term.priors_own else [term])
+        if len(flat) < 2:
+            raise ValueError(f"{type(self).__name__} needs at least two kernels")
+        self.terms = tuple(term.without_noise() for term in flat)
+        self.own = {"log_noise": _checked_value(self.parameters[0], noise)}
+        self.priors_own = _checked_priors({"log_noise": self.parameters[0]}, priors)
+        if self.priors_own and not noise > 0:
+            raise ValueError("a prior on the noise needs a positive initial noise (a noise of 0 is fixed, not learned)")
+
+    @classmethod
+    def _from_parts(cls, terms, own, priors_own):
+        kernel = cls.__new__(cls)
+        kernel.terms, kernel.own, kernel.priors_own = tuple(terms), dict(own), dict(priors_own)
+        return kernel
+
+    @cached_property
+    def params(self):
+        params = {f"{i}.{key}": value for i, term in enumerate(self.terms) for key, value in term.params.items()
+                  if key != "log_noise"}
+        params.update(self.own)
+        return params
+
+    @property
+    def priors(self):
+        priors = {f"{i}.{key}": p for i, term in enumerate(self.terms) for key, p in term.priors.items()}
+        priors.update(self.priors_own)
+        return priors
+
+    def parameter_table(self):
+        table = {f"{i}.{key}": p for i, term in enumerate(self.terms) for key, p in term.parameter_table().items()
+                 if key != "log_noise"}
+        table["log_noise"] = replace(self.parameters[0], prior=self.priors_own.get("log_noise"))
+        return table
+
+    def with_params(self, params):
+        terms = [term.with_params({**term.params, **{key: params[f"{i}.{key}"] for key in term.params
+                                                     if key != "log_noise"}})
+                 for i, term in enumerate(self.terms)]
+        return self._from_parts(terms, {"log_noise": params["log_noise"]}, self.priors_own)
+
+    def for_inputs(self, X):
+        xp = array_namespace(X)
+        own = {k: asarray_like(v, xp, device=array_device(X), dtype=X.dtype) for k, v in self.own.items()}
+        return self._from_parts([term.for_inputs(X) for term in self.terms], own, self.priors_own)
+
+    def spec(self):
+        return {"type": self.name, "terms": [term.spec() for term in self.terms], **self._prior_spec()}
+
+    def __repr__(self):
+        return (f"{self.name}({', '.join(repr(term) for term in self.terms)}, "
+                f"noise={float(to_numpy(self.noise)):.6g}{self._repr_priors()})")
+
+    @property
+    def reach_lengthscales(self):
+        """The longest of the terms' reaches per dimension: beyond it every term, so the combination, is 0."""
+        reaches = [term.reach_lengthscales for term in self.terms]
+        if any(reach is None for reach in reaches):
+            return None
+        longest = reaches[0]
+        for reach in reaches[1:]:
+            longest = array_namespace(longest).maximum(longest, reach)
+        return longest
+
+    def _combine(self, values):
+        raise NotImplementedError
+
+    def K(self, X, Z=None):
+        """The terms' K(X, Z) combined (no noise term)."""
+        return self._combine([term.K(X, Z) for term in self.terms])
+
+    def Kdiag(self, X):
+        """The terms' prior variances combined, plus the one latent noise."""
+        return self._combine([term.Kdiag(X) for term in self.terms]) + self.noise
+
+    def _term_adjoints(self, dKmm, dKnm, dKdiag, X, Z):
+        """Per term, the adjoints of L w.r.t. that term's three matrices."""
+        raise NotImplementedError
+
+    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None):
+        """The terms' gradients (chain rule through the combination), prefixed; the noise's from Kdiag."""
+        xp = array_namespace(Z)
+        out = {}
+        dZ = None
+        for i, (term, adjoints) in enumerate(zip(self.terms, self._term_adjoints(dKmm, dKnm, dKdiag, X, Z))):
+            grads = term.grads(*adjoints, X, Z)
+            dZ = grads["Z"] if dZ is None else dZ + grads["Z"]
+            out.update({f"{i}.{key}": value for key, value in grads.items() if key not in ("Z", "log_noise")})
+        out["log_noise"] = (xp.sum(dKdiag) * self.noise if dKdiag is not None
+                            else xp.zeros((), dtype=Z.dtype, device=array_device(Z)))
+        out["Z"] = dZ
+        return out
+
+
+class Sum(Combination):
+    """k(x, z) = sum_i k_i(x, z), plus one latent noise at the data points (``k1 + k2``)."""
+
+    name = "Sum"
+
+    def _combine(self, values):
+        total = values[0]
+        for value in values[1:]:
+            total = total + value
+        return total
+
+    def _term_adjoints(self, dKmm, dKnm, dKdiag, X, Z):
+        return [(dKmm, dKnm, dKdiag)] * len(self.terms)  # dL/dK_i = dL/dK
+
+
+class Product(Combination):
+    """k(x, z) = prod_i k_i(x, z), plus one latent noise at the data points (``k1 * k2``)."""
+
+    name = "Product"
+
+    def _combine(self, values):
+        total = values[0]
+        for value in values[1:]:
+            total = total * value
+        return total
+
+    def _term_adjoints(self, dKmm, dKnm, dKdiag, X, Z):
+        # dL/dK_i = dL/dK * prod_{j != i} K_j (entry-wise), for each of the three matrices that has an adjoint
+        def others(adjoint, values):
+            if adjoint is None:
+                return [None] * len(self.terms)
+            return [adjoint * self._combine(values[:i] + values[i + 1:]) for i in range(len(values))]
+
+        mm = others(dKmm, [term.K(Z) for term in self.terms] if dKmm is not None else None)
+        nm = others(dKnm, [term.K(X, Z) for term in self.terms] if dKnm is not None else None)
+        diag = others(dKdiag, [term.Kdiag(X) for term in self.terms] if dKdiag is not None else None)
+        return list(zip(mm, nm, diag))
+
+
+KERNELS = {cls.name: cls for cls in (RBF, Matern52, RationalQuadratic, Sum, Product)}
+MAX_SPEC_DEPTH = 8  # a file's kernel description nests sums and products at most this deep
+
+
+def _template(spec, depth=0):
+    """A kernel of the structure and priors ``spec`` describes (parameter values are placeholders). Only names of
+    ``KERNELS`` and of agpc.priors.PRIOR_FAMILIES are accepted: a model file never names code."""
+    cls = KERNELS.get(spec.get("type")) if isinstance(spec, dict) and isinstance(spec.get("type"), str) else None
+    if cls is None or depth > MAX_SPEC_DEPTH:
+        raise ValueError(f"unknown kernel specification {spec!r}; known kernels: {sorted(KERNELS)}")
+    combination = issubclass(cls, Combination)
+    allowed = {"type", "priors"} | ({"terms"} if combination else set())
+    if not set(spec) <= allowed or (combination and not isinstance(spec.get("terms"), list)):
+        raise ValueError(f"kernel specification {spec!r}: expected the fields {sorted(allowed)}")
+    priors = spec.get("priors", {})
+    if not isinstance(priors, dict) or ("priors" in spec and not priors):
+        raise ValueError(f"kernel specification {spec!r}: priors must be a non-empty mapping of parameter names")
+    checked = _checked_priors({p.key: p for p in cls.parameters},
+                              {name: prior_from_spec(value) for name, value in priors.items()})
+    if combination:
+        # terms hold no noise of their own (``Combination``): a nested combination's is fixed at 0 like a
+        # stationary term's (a prior on it is refused, as at construction)
+        kernel = cls._from_parts([_template(term, depth + 1).without_noise() for term in spec["terms"]],
+                                 {"log_noise": host_array(0.0)}, checked)
+        if len(kernel.terms) < 2:
+            raise ValueError(f"kernel specification {spec!r}: a {cls.name} has at least two terms")
+        return kernel
+    kernel = cls()
+    kernel.priors = checked
+    return kernel
+
+
+def spec_parameter_table(spec):
+    """{key: Parameter} of the kernel ``spec`` describes (what a model file must hold for it)."""
+    return _template(spec).parameter_table()
 
 
 def kernel_from_spec(spec, params):
     """Rebuild a kernel from ``spec()`` and its parameter arrays (used by model loading)."""
-    try:
-        cls = KERNELS[spec["type"]]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown kernel specification {spec!r}; known kernels: {sorted(KERNELS)}") from None
-    missing = [name for name in PARAM_NAMES if name not in params]
+    template = _template(spec)
+    expected = set(template.parameter_table())
+    missing = sorted(expected - set(params))
     if missing:
         raise ValueError(f"kernel parameters missing: {missing}")
-    return cls.from_params({name: params[name] for name in PARAM_NAMES})
+    return template.with_params({key: params[key] for key in expected})
+
+
+def __getattr__(name):
+    # PARAM_NAMES (the one fixed parameter set) is replaced by each kernel's parameter table
+    if name == "PARAM_NAMES":
+        warnings.warn("agpc.kernels.PARAM_NAMES is deprecated: use kernel.parameter_table() (keys) or "
+                      "Stationary.parameters", DeprecationWarning, stacklevel=2)
+        return tuple(p.key for p in Stationary.parameters)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ClassKernels:
-    """One kernel per class (multiclass models: one latent GP per class, seed 001 sec. 2.1).
+    """One kernel per class (multiclass models: one latent GP per class, Villacampa-Calvo & Hernandez-Lobato
+    (2017), sec. 2.1).
 
-    ``params`` is one flat dict ("<class>:<name>" -> array) so that the optimisers, which step dicts
+    ``params`` is one flat dict ("<class>:<key>" -> array) so that the optimisers, which step dicts
     of arrays, need to know nothing about classes; ``kernels[c]`` is class c's own kernel.
     """
 
@@ -291,6 +720,13 @@ class ClassKernels:
     @property
     def params(self):
         return {f"{c}:{name}": value for c, k in enumerate(self.kernels) for name, value in k.params.items()}
+
+    @property
+    def priors(self):
+        return {f"{c}:{key}": p for c, k in enumerate(self.kernels) for key, p in k.priors.items()}
+
+    def parameter_table(self):
+        return {f"{c}:{key}": p for c, k in enumerate(self.kernels) for key, p in k.parameter_table().items()}
 
     def with_params(self, params):
         return ClassKernels(

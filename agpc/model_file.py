@@ -32,7 +32,7 @@ import numpy as np
 from . import backend as B
 from .checkpoints import HEADER_KEY, atomic_savez, read_archive
 from .inference.ep import Posterior, prior_cholesky
-from .kernels import KERNELS, PARAM_NAMES, ClassKernels, kernel_from_spec
+from .kernels import PER_DIMENSION, ClassKernels, kernel_from_spec, spec_parameter_table
 from .untrusted import RefusedFile, describe
 
 FORMAT = "agpc-model"
@@ -245,22 +245,27 @@ def _check_header_fields(header, refuse, version):
 
 
 def _kernel_specs(header, n_classes, refuse):
-    """The kernel description: one {"type": ...} (binary) or one per class (multiclass), of known kernels."""
+    """The kernel description: one kernel spec (binary) or one per class (multiclass), naming only kernels and
+    prior families of agpc's fixed tables (``kernels.spec_parameter_table`` checks them); returns the
+    {name: Parameter} table of the parameters the file must hold."""
     specs = header.get("kernel")
     multiclass = n_classes > 2
     if multiclass != isinstance(specs, list) or (multiclass and len(specs) != n_classes):
         raise refuse("kernel: the description does not match the number of classes")
-    for spec in specs if multiclass else [specs]:
-        if not (isinstance(spec, dict) and set(spec) == {"type"} and isinstance(spec["type"], str)
-                and spec["type"] in KERNELS):
-            raise refuse(f"kernel: {spec!r} is not a known kernel (one of {sorted(KERNELS)})")
-    return specs
+    table = {}
+    for c, spec in enumerate(specs if multiclass else [specs]):
+        try:
+            table.update({(f"{c}:" if multiclass else "") + key: parameter
+                          for key, parameter in spec_parameter_table(spec).items()})
+        except (ValueError, TypeError) as error:
+            raise refuse(f"kernel: {error}") from None
+    return specs, table
 
 
-def _kernel_arrays(header, arrays, n_classes, d, refuse):
-    """{name: array} of the kernel parameters: exactly the names the kernels need, each of its shape."""
-    prefixes = [f"{c}:" for c in range(n_classes)] if n_classes > 2 else [""]
-    expected = sorted(prefix + name for prefix in prefixes for name in PARAM_NAMES)
+def _kernel_arrays(header, arrays, table, d, refuse):
+    """{name: array} of the kernel parameters: exactly the names of the kernels' parameter ``table``, each of
+    its shape (a per-dimension parameter: one value or d)."""
+    expected = sorted(table)
     stored = header.get("kernel_params")
     if not (isinstance(stored, list) and all(isinstance(v, str) for v in stored) and sorted(stored) == expected):
         raise refuse(f"kernel_params: expected {expected}, got {header.get('kernel_params')!r}")
@@ -269,11 +274,11 @@ def _kernel_arrays(header, arrays, n_classes, d, refuse):
         key = f"kernel_{name}"
         if key not in arrays:
             raise refuse(f"{key}: missing")
-        if name.endswith("log_lengthscales"):
+        if table[name].shape == PER_DIMENSION:
             shape = arrays[key].shape if arrays[key].shape in ((1,), (d,)) else (d,)
         else:
             shape = ()
-        params[name] = _float_array(arrays, key, shape, refuse, allow_neg_inf=name.endswith("log_noise"))
+        params[name] = _float_array(arrays, key, shape, refuse, allow_neg_inf=table[name].may_be_zero)
     return params
 
 
@@ -349,8 +354,8 @@ def read_model_file(path, estimator, backend="numpy"):
     L_C = _float_array(arrays, "posterior_L_C", lead + (m, m), refuse)
     _check_factor(L_C, refuse)
     h = _float_array(arrays, "posterior_h", lead + (m,), refuse)
-    specs = _kernel_specs(header, n_classes, refuse)
-    kernel_arrays = _kernel_arrays(header, arrays, n_classes, d, refuse)
+    specs, kernel_table = _kernel_specs(header, n_classes, refuse)
+    kernel_arrays = _kernel_arrays(header, arrays, kernel_table, d, refuse)
     unexpected = sorted(set(arrays) - {"inducing_points", "posterior_L_C", "posterior_h", "classes"}
                         - {f"kernel_{name}" for name in kernel_arrays})
     if unexpected:

@@ -1,53 +1,274 @@
-"""Kernel gradients against central finite differences, for every parameter and every entry of Z."""
+"""Every kernel runs one shared contract (GPyTorch's ``base_kernel_test_case`` idea): values against a direct
+computation, gradients w.r.t. every parameter of its table and every entry of Z by central finite differences,
+Kdiag consistent with K, log prior gradients by finite differences, a fit through GPClassifier(kernel=...), a
+save / load round trip with the same predictions, and the values and gradients on array_api_strict (default and
+a non-default device). A new kernel is tested by one more subclass of ``KernelContract``."""
 
+import json
+
+import array_api_strict
 import numpy as np
 import pytest
 
-from agpc.kernels import RBF, Matern52, kernel_from_spec
-from conftest import check_parameter_gradients, to_xp
+import agpc
+from agpc import io as model_files
+from agpc.kernels import (
+    RBF,
+    ClassKernels,
+    Matern52,
+    Product,
+    RationalQuadratic,
+    Sum,
+    kernel_from_spec,
+    log_prior_and_grads,
+)
+from agpc.priors import Gamma, LogNormal, prior_from_spec
+from conftest import central_differences, check_parameter_gradients, to_np, to_xp
 
-KERNELS = [RBF, Matern52]
+D = 3
 
 
-def _objective(kernel, X, Z, W_mm, W_nm, w_diag, xp):
+def squared_distances(X, Z, lengthscales):
+    """r^2 by the definition, pair by pair (no expansion of the square)."""
+    diff = (X[:, None, :] - Z[None, :, :]) / np.asarray(lengthscales)
+    return np.sum(diff * diff, axis=-1)
+
+
+def rbf_reference(lengthscales, amplitude):
+    return lambda X, Z: amplitude * np.exp(-0.5 * squared_distances(X, Z, lengthscales))
+
+
+def matern52_reference(lengthscales, amplitude):
+    def k(X, Z):
+        r = np.sqrt(squared_distances(X, Z, lengthscales))
+        return amplitude * (1 + np.sqrt(5) * r + 5 * r**2 / 3) * np.exp(-np.sqrt(5) * r)
+    return k
+
+
+def rational_quadratic_reference(lengthscales, amplitude, alpha):
+    # Rasmussen & Williams (2006), eq. 4.19, as written there
+    return lambda X, Z: amplitude * (1 + squared_distances(X, Z, lengthscales) / (2 * alpha)) ** (-alpha)
+
+
+def objective(kernel, X, Z, W_mm, W_nm, w_diag, xp):
     """A scalar L = <W_mm, K(Z,Z)> + <W_nm, K(X,Z)> + <w, Kdiag(X)>, so dL/dK* = W*."""
-    return float(
-        xp.sum(W_mm * kernel.K(Z)) + xp.sum(W_nm * kernel.K(X, Z)) + xp.sum(w_diag * kernel.Kdiag(X))
-    )
+    return float(xp.sum(W_mm * kernel.K(Z)) + xp.sum(W_nm * kernel.K(X, Z)) + xp.sum(w_diag * kernel.Kdiag(X)))
 
 
-@pytest.mark.parametrize("kernel_cls", KERNELS)
-def test_kernel_grads_match_finite_differences(kernel_cls, xp_device):
-    xp, device = xp_device
-    rng = np.random.default_rng(3)
-    n, m, d = 9, 5, 3
-    X = to_xp(rng.normal(size=(n, d)), xp, device)
-    Z = to_xp(rng.normal(size=(m, d)), xp, device)
-    W_mm = to_xp(rng.normal(size=(m, m)), xp, device)  # deliberately not symmetric
-    W_nm = to_xp(rng.normal(size=(n, m)), xp, device)
-    w_diag = to_xp(rng.normal(size=n), xp, device)
-    kernel = kernel_cls(lengthscales=[0.7, 1.3, 2.1], amplitude=1.7, noise=0.2).for_inputs(X)
-    grads = kernel.grads(W_mm, W_nm, w_diag, X, Z)
-    check_parameter_gradients(
-        kernel, grads, Z, lambda k, ZZ: _objective(k, X, ZZ, W_mm, W_nm, w_diag, xp), xp, device, rtol=1e-6, atol=1e-7
-    )
-    assert grads["Z"].device == X.device
+def small_problem(seed=4):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(40, D))
+    y = np.where(X[:, 0] + 0.5 * np.sin(2 * X[:, 1]) + 0.3 * rng.normal(size=40) > 0, 1, 0)
+    return X, y
 
 
-@pytest.mark.parametrize("kernel_cls", KERNELS)
-def test_kernel_values(kernel_cls):
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(6, 2))
-    kernel = kernel_cls(lengthscales=[0.5, 2.0], amplitude=3.0, noise=0.25).for_inputs(X)
-    K = np.asarray(kernel.K(X))
-    np.testing.assert_allclose(K, K.T, atol=1e-14)
-    np.testing.assert_allclose(np.diag(K), 3.0, rtol=1e-12)  # no noise in cross-covariances
-    np.testing.assert_allclose(np.asarray(kernel.Kdiag(X)), 3.25, rtol=1e-12)  # noise at the data points
-    assert np.min(np.linalg.eigvalsh(K)) > -1e-10
-    # explicit formula for one pair
-    r = np.sqrt(np.sum(((X[0] - X[1]) / np.array([0.5, 2.0])) ** 2))
-    expected = np.exp(-0.5 * r**2) if kernel_cls is RBF else (1 + np.sqrt(5) * r + 5 * r**2 / 3) * np.exp(-np.sqrt(5) * r)
-    assert np.isclose(K[0, 1], 3.0 * expected, rtol=1e-12)
+class KernelContract:
+    """What every kernel must satisfy. A subclass gives ``make_kernel`` (with ``priors=True``: a prior on every
+    learnable parameter), ``reference`` (the noise-free covariance computed directly) and ``noise``."""
+
+    noise = 0.2
+
+    def make_kernel(self, priors=False):
+        raise NotImplementedError
+
+    def reference(self, X, Z):
+        raise NotImplementedError
+
+    def test_values_against_direct_computation(self):
+        rng = np.random.default_rng(0)
+        X, Z = rng.normal(size=(7, D)), rng.normal(size=(4, D))
+        kernel = self.make_kernel().for_inputs(X)
+        np.testing.assert_allclose(np.asarray(kernel.K(X, Z)), self.reference(X, Z), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(np.asarray(kernel.K(X)), self.reference(X, X), rtol=1e-12, atol=1e-14)
+
+    def test_diag_consistent_with_K(self, xp_device):
+        xp, device = xp_device
+        X = to_xp(np.random.default_rng(1).normal(size=(8, D)), xp, device)
+        kernel = self.make_kernel().for_inputs(X)
+        K, diag = kernel.K(X), kernel.Kdiag(X)
+        assert K.device == X.device and diag.device == X.device
+        K, diag = to_np(K), to_np(diag)
+        np.testing.assert_allclose(K, K.T, atol=1e-14)
+        # the latent noise enters Kdiag only, once for the whole kernel
+        np.testing.assert_allclose(diag, np.diag(K) + self.noise, rtol=1e-12)
+        assert np.min(np.linalg.eigvalsh(K)) > -1e-10
+
+    def test_gradients_by_finite_differences(self, xp_device):
+        xp, device = xp_device
+        rng = np.random.default_rng(3)
+        n, m = 9, 5
+        X = to_xp(rng.normal(size=(n, D)), xp, device)
+        Z = to_xp(rng.normal(size=(m, D)), xp, device)
+        W_mm = to_xp(rng.normal(size=(m, m)), xp, device)  # deliberately not symmetric
+        W_nm = to_xp(rng.normal(size=(n, m)), xp, device)
+        w_diag = to_xp(rng.normal(size=n), xp, device)
+        kernel = self.make_kernel().for_inputs(X)
+        grads = kernel.grads(W_mm, W_nm, w_diag, X, Z)
+        assert set(grads) == set(kernel.parameter_table()) | {"Z"}
+        check_parameter_gradients(kernel, grads, Z, lambda k, ZZ: objective(k, X, ZZ, W_mm, W_nm, w_diag, xp),
+                                  xp, device, rtol=1e-6, atol=1e-7)
+        assert grads["Z"].device == X.device
+        # any adjoint may be absent
+        only_mm = kernel.grads(W_mm, None, None, X, Z)
+        check_parameter_gradients(kernel, only_mm, Z, lambda k, ZZ: float(xp.sum(W_mm * k.K(ZZ))),
+                                  xp, device, rtol=1e-6, atol=1e-7)
+
+    def test_parameter_table_describes_params(self):
+        kernel = self.make_kernel().for_inputs(np.zeros((2, D)))
+        table = kernel.parameter_table()
+        assert list(table) == list(kernel.params)
+        for key, parameter in table.items():
+            assert key.endswith(parameter.key)
+            expected = (D,) if parameter.shape == "per_dimension" else ()
+            assert kernel.params[key].shape == expected
+        assert [key for key, p in table.items() if p.may_be_zero] == ["log_noise"]  # one noise, the kernel's
+
+    def test_log_prior_gradients_by_finite_differences(self):
+        kernel = self.make_kernel(priors=True).for_inputs(np.zeros((2, D)))
+        assert set(kernel.priors) == set(kernel.params)
+        value, grads = log_prior_and_grads(kernel)
+        assert set(grads) == set(kernel.params)
+        for key, stored in kernel.params.items():
+            numeric = central_differences(
+                lambda u: float(log_prior_and_grads(kernel.with_params({**kernel.params, key: u}))[0]), stored)
+            np.testing.assert_allclose(grads[key], numeric, rtol=1e-6, atol=1e-8, err_msg=key)
+        # the density of u = log theta: log p(theta) + u for each entry (agpc.priors), against scipy's densities
+        stats = pytest.importorskip("scipy.stats")
+        expected = 0.0
+        for key, parameter in kernel.parameter_table().items():
+            theta = np.exp(kernel.params[key])
+            prior = parameter.prior
+            dist = (stats.gamma(prior.shape, scale=1 / prior.rate) if prior.family == "Gamma"
+                    else stats.lognorm(prior.scale, scale=np.exp(prior.loc)))
+            expected += np.sum(dist.logpdf(theta) + np.log(theta))
+        np.testing.assert_allclose(float(value), expected, rtol=1e-12)
+
+    def test_without_priors_adds_nothing(self):
+        assert log_prior_and_grads(self.make_kernel()) == (None, {})
+
+    def test_fit_through_classifier_save_and_load(self, tmp_path):
+        X, y = small_problem()
+        model = agpc.GPClassifier(kernel=self.make_kernel(priors=True), n_inducing=6, max_iter=4, random_state=0)
+        model.fit(X, y)
+        fitted = model.kernel_
+        assert type(fitted) is type(self.make_kernel())
+        assert set(fitted.parameter_table()) == set(self.make_kernel().for_inputs(X).parameter_table())
+        assert fitted.priors.keys() == self.make_kernel(priors=True).priors.keys()
+        start = self.make_kernel().for_inputs(X).params
+        assert any(not np.allclose(fitted.params[k], start[k]) for k in start), "no hyper-parameter moved"
+        proba = model.predict_proba(X)
+        assert np.all(np.isfinite(proba))
+        if fitted.reach_lengthscales is not None:  # far inputs are clamped to the kernel's reach: no overflow
+            np.testing.assert_allclose(model.predict_proba(X[:2] * 1e300).sum(axis=1), 1.0)
+        path = tmp_path / "model.npz"
+        model_files.save_model(model, path)
+        loaded = model_files.load_model(path)
+        assert loaded.kernel_.spec() == fitted.spec()
+        assert repr(loaded.kernel_) == repr(fitted)
+        np.testing.assert_array_equal(loaded.predict_proba(X), proba)
+
+    @pytest.mark.parametrize("device", [None, array_api_strict.Device("device1")], ids=["default", "device1"])
+    def test_fit_on_array_api_strict_equals_numpy(self, device):
+        """The fit (priors included) in array_api_strict on its default and a non-default device: every fitted
+        parameter on the input's device, the same predictions as on NumPy."""
+        X, y = small_problem()
+        fit = lambda X_, y_: agpc.GPClassifier(kernel=self.make_kernel(priors=True), n_inducing=6,  # noqa: E731
+                                               max_iter=4, random_state=0).fit(X_, y_)
+        reference = fit(X, y).predict_proba(X)
+        Xs = array_api_strict.asarray(X, device=device)
+        model = fit(Xs, array_api_strict.asarray(y.astype(np.float64), device=device))
+        assert all(value.device == Xs.device for value in model.kernel_.params.values())
+        proba = model.predict_proba(Xs)
+        assert proba.device == Xs.device
+        np.testing.assert_allclose(to_np(proba), reference, rtol=1e-8, atol=1e-10)
+
+
+class TestRBF(KernelContract):
+    def make_kernel(self, priors=False):
+        return RBF([0.7, 1.3, 2.1], amplitude=1.7, noise=self.noise, priors={
+            "lengthscales": Gamma(2.0, 1.5), "amplitude": LogNormal(0.0, 1.0), "noise": Gamma(1.5, 4.0)} if priors
+            else None)
+
+    def reference(self, X, Z):
+        return rbf_reference([0.7, 1.3, 2.1], 1.7)(X, Z)
+
+
+class TestMatern52(KernelContract):
+    def make_kernel(self, priors=False):
+        return Matern52([0.9, 1.1, 1.6], amplitude=0.8, noise=self.noise, priors={
+            "lengthscales": LogNormal(0.3, 0.5), "amplitude": Gamma(2.0, 2.0), "noise": LogNormal(-2.0, 1.0)}
+            if priors else None)
+
+    def reference(self, X, Z):
+        return matern52_reference([0.9, 1.1, 1.6], 0.8)(X, Z)
+
+
+class TestRationalQuadratic(KernelContract):
+    def make_kernel(self, priors=False):
+        return RationalQuadratic([0.6, 1.2, 1.9], amplitude=1.3, noise=self.noise, alpha=0.7, priors={
+            "lengthscales": Gamma(3.0, 2.0), "amplitude": Gamma(2.0, 1.0), "noise": Gamma(1.5, 4.0),
+            "alpha": LogNormal(0.0, 2.0)} if priors else None)
+
+    def reference(self, X, Z):
+        return rational_quadratic_reference([0.6, 1.2, 1.9], 1.3, 0.7)(X, Z)
+
+
+class TestSum(KernelContract):
+    def make_kernel(self, priors=False):
+        first = RBF([0.7, 1.3, 2.1], amplitude=1.1, noise=0.05,
+                    priors={"lengthscales": Gamma(2.0, 1.5), "amplitude": Gamma(2.0, 2.0)} if priors else None)
+        second = RationalQuadratic([1.5, 0.8, 1.0], amplitude=0.4, noise=0.15, alpha=2.5,
+                                   priors={"lengthscales": Gamma(3.0, 2.0), "amplitude": LogNormal(-1.0, 1.0),
+                                           "alpha": Gamma(2.0, 0.5)} if priors else None)
+        if priors:  # the noise's prior belongs to the sum (its one noise parameter)
+            return Sum(first, second, noise=self.noise, priors={"noise": Gamma(1.5, 4.0)})
+        return first + second  # the terms' noises (0.05 + 0.15) become the sum's one noise
+
+    def reference(self, X, Z):
+        return rbf_reference([0.7, 1.3, 2.1], 1.1)(X, Z) + rational_quadratic_reference([1.5, 0.8, 1.0], 0.4, 2.5)(X, Z)
+
+
+class TestProduct(KernelContract):
+    def make_kernel(self, priors=False):
+        first = Matern52([0.9, 1.1, 1.6], amplitude=1.2, noise=self.noise,
+                         priors={"lengthscales": LogNormal(0.3, 0.5), "amplitude": Gamma(2.0, 2.0)} if priors else None)
+        second = RBF([2.0, 2.5, 3.0], amplitude=0.9,
+                     priors={"lengthscales": Gamma(4.0, 1.5), "amplitude": Gamma(2.0, 2.0)} if priors else None)
+        if priors:
+            return Product(first, second, noise=self.noise, priors={"noise": LogNormal(-2.0, 1.0)})
+        return first * second
+
+    def reference(self, X, Z):
+        return matern52_reference([0.9, 1.1, 1.6], 1.2)(X, Z) * rbf_reference([2.0, 2.5, 3.0], 0.9)(X, Z)
+
+
+class TestNested(KernelContract):
+    """A product inside a sum: the inner combination's noise is fixed at 0, the outer one owns the noise."""
+
+    def make_kernel(self, priors=False):
+        inner = RBF([0.7, 1.3, 2.1], amplitude=1.1, priors={"lengthscales": Gamma(2.0, 1.5),
+                                                            "amplitude": Gamma(2.0, 2.0)} if priors else None) * \
+            RationalQuadratic([1.5, 0.8, 1.0], amplitude=0.4, alpha=2.5, priors={
+                "lengthscales": Gamma(3.0, 2.0), "amplitude": LogNormal(-1.0, 1.0), "alpha": Gamma(2.0, 0.5)}
+                if priors else None)
+        outer = Matern52([0.9, 1.1, 1.6], amplitude=0.8, priors={"lengthscales": LogNormal(0.3, 0.5),
+                                                                 "amplitude": Gamma(2.0, 2.0)} if priors else None)
+        return Sum(inner, outer, noise=self.noise, priors={"noise": Gamma(1.5, 4.0)} if priors else None)
+
+    def reference(self, X, Z):
+        rq = rational_quadratic_reference([1.5, 0.8, 1.0], 0.4, 2.5)
+        product = rbf_reference([0.7, 1.3, 2.1], 1.1)(X, Z) * rq(X, Z)
+        return product + matern52_reference([0.9, 1.1, 1.6], 0.8)(X, Z)
+
+
+# -- what is not per kernel ---------------------------------------------------------------------------
+
+def test_combinations_flatten_and_keep_one_noise():
+    kernel = RBF(noise=0.1) + Matern52(noise=0.2) + RationalQuadratic()
+    assert isinstance(kernel, Sum) and len(kernel.terms) == 3
+    assert sorted(k for k in kernel.params if k.endswith("noise")) == ["log_noise"]
+    np.testing.assert_allclose(np.exp(kernel.params["log_noise"]), 0.3, rtol=1e-12)
+    assert isinstance(RBF() * RBF() + RBF(), Sum)
 
 
 def test_kernel_rejects_bad_parameters_and_shapes():
@@ -57,12 +278,123 @@ def test_kernel_rejects_bad_parameters_and_shapes():
         RBF(amplitude=0.0)
     with pytest.raises(ValueError, match="noise"):
         RBF(noise=-1.0)
+    with pytest.raises(ValueError, match="alpha"):
+        RationalQuadratic(alpha=float("inf"))
+    with pytest.raises(TypeError, match="RBF has no parameter 'alpha'"):
+        RBF(alpha=2.0)
     with pytest.raises(ValueError, match="3 lengthscales but the data have 2 features"):
         RBF(lengthscales=[1.0, 1.0, 1.0]).for_inputs(np.zeros((4, 2)))
     with pytest.raises(ValueError, match="unknown kernel"):
         kernel_from_spec({"type": "Nope"}, {})
+    with pytest.raises(ValueError, match="not a parameter of this kernel"):
+        RBF(priors={"alpha": Gamma(1.0, 1.0)})
+    with pytest.raises(TypeError, match="not an agpc.priors.Prior"):
+        RBF(priors={"lengthscales": (2.0, 1.0)})
+    with pytest.raises(ValueError, match="positive initial noise"):
+        RBF(priors={"noise": Gamma(1.0, 1.0)})
+    with pytest.raises(ValueError, match="prior on the noise of a term"):
+        RBF(noise=0.1, priors={"noise": Gamma(1.0, 1.0)}) + RBF()
+    with pytest.raises(ValueError, match="at least two"):
+        Sum(RBF())
+
+
+@pytest.mark.parametrize("spec", [
+    {"type": "agpc.kernels.RBF"},
+    {"type": "RBF", "priors": {"lengthscales": {"family": "os.system", "shape": 1.0, "rate": 1.0}}},
+    {"type": "RBF", "priors": {"lengthscales": {"family": "Gamma", "shape": -1.0, "rate": 1.0}}},
+    {"type": "RBF", "priors": {"lengthscales": {"family": "Gamma", "shape": 1.0}}},
+    {"type": "RBF", "priors": {"alpha": {"family": "Gamma", "shape": 1.0, "rate": 1.0}}},
+    {"type": "RBF", "terms": []},
+    {"type": "Sum", "terms": [{"type": "RBF"}]},
+    {"type": "Sum", "terms": "RBF"},
+])
+def test_untrusted_specs_are_refused(spec):
+    """A spec names kernels and prior families of the fixed tables only, with exactly their fields and numbers."""
+    with pytest.raises(ValueError):
+        kernel_from_spec(spec, {})
+
+
+@pytest.mark.parametrize("kernel_field", [
+    {"type": "Sum", "terms": [{"type": "RBF"}, {"type": "builtins.eval"}]},
+    {"type": "Sum", "terms": [{"type": "RBF"}, {"type": "RBF"}],
+     "priors": {"noise": {"family": "numpy.load", "loc": 0.0, "scale": 1.0}}},
+    {"type": "Sum", "terms": [{"type": "RBF"}] * 3},  # a third term the file holds no arrays for
+])
+def test_model_file_with_a_crafted_kernel_is_refused(tmp_path, kernel_field):
+    X, y = small_problem()
+    model = agpc.GPClassifier(kernel=RBF() + RBF(), n_inducing=5, max_iter=1, random_state=0).fit(X, y)
+    path = tmp_path / "model.npz"
+    model_files.save_model(model, path)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    # the header: the one member holding a JSON text
+    (header_name,) = [name for name, value in arrays.items() if value.dtype.kind == "U"]
+    header = json.loads(str(arrays[header_name]))
+    header["kernel"] = kernel_field
+    arrays[header_name] = np.asarray(json.dumps(header))
+    crafted = tmp_path / "crafted.npz"
+    np.savez(crafted, **arrays)
+    with pytest.raises(ValueError, match="kernel") as info:
+        model_files.load_model(crafted)
+    assert str(crafted) in str(info.value)
+
+
+def test_deeply_nested_spec_is_refused():
+    spec = {"type": "RBF"}
+    for _ in range(20):
+        spec = {"type": "Sum", "terms": [spec, {"type": "RBF"}]}
+    with pytest.raises(ValueError, match="unknown kernel specification"):
+        kernel_from_spec(spec, {})
+
+
+def test_prior_specs_round_trip():
+    for prior in (Gamma(2.0, 0.5), LogNormal(-1.0, 0.3)):
+        assert prior_from_spec(prior.spec()) == prior
+
+
+def test_class_kernels_prefix_the_table():
+    kernels = ClassKernels([RBF(priors={"amplitude": Gamma(2.0, 1.0)}), RBF() + Matern52()])
+    table = kernels.parameter_table()
+    assert list(table) == list(kernels.params)
+    assert table["0:log_amplitude"].prior == Gamma(2.0, 1.0)
+    assert "1:0.log_lengthscales" in table and table["1:log_noise"].may_be_zero
+    value, grads = log_prior_and_grads(kernels)
+    assert list(grads) == ["0:log_amplitude"]
 
 
 def test_scalar_lengthscale_broadcasts_to_ard():
     kernel = RBF(lengthscales=2.0).for_inputs(np.zeros((3, 4)))
     np.testing.assert_allclose(np.asarray(kernel.lengthscales), [2.0] * 4)
+
+
+def test_top_level_exports():
+    for name in ("RBF", "Matern52", "RationalQuadratic", "Sum", "Product"):
+        assert getattr(agpc, name) is getattr(agpc.kernels, name)
+
+
+@pytest.mark.parametrize("method,n_classes", [("ep", 2), ("sep", 2), ("svi", 2), ("vi-jj-full", 2), ("vi-taylor", 2),
+                                              ("gfitc", 3), ("ep", 3), ("svi", 3)])
+def test_priors_enter_the_climbed_objective(method, n_classes):
+    """log Z (or the ELBO) plus the log prior is what every method climbs: a prior 1e-3 wide (in log lengthscale)
+    holds the lengthscales at its mode, where the same fit without it moves them. (The prior's gradient itself is
+    FD-tested by the kernel contract; the objective is the sum, ``engines.with_log_prior``.)"""
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(60, 2))
+    noisy = X[:, 0] + 0.3 * rng.normal(size=60)
+    y = np.digitize(noisy, [-0.5, 0.5]) if n_classes == 3 else (noisy + 0.5 * np.sin(2 * X[:, 1]) > 0).astype(int)
+    mode = np.log(4.0)
+    moved = []
+    for priors in (None, {"lengthscales": LogNormal(mode, 1e-3)}):
+        model = agpc.GPClassifier(method=method, kernel=RBF([4.0, 4.0], noise=0.01, priors=priors), n_inducing=8,
+                                  max_iter=20, random_state=0).fit(X, y)
+        kernels = list(model.kernel_.kernels) if n_classes > 2 else [model.kernel_]
+        moved.append(max(float(np.max(np.abs(k.params["log_lengthscales"] - mode))) for k in kernels))
+        assert np.isfinite(model.log_marginal_likelihood_)
+    without, with_prior = moved
+    assert without > 0.03 and with_prior < 0.005, moved
+
+
+def test_param_names_is_deprecated_for_the_table():
+    with pytest.warns(DeprecationWarning, match="parameter_table"):
+        names = agpc.kernels.PARAM_NAMES
+    assert names == tuple(RBF().parameter_table())

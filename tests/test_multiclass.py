@@ -8,7 +8,7 @@ from scipy import integrate, stats
 
 from agpc import GPClassifier
 from agpc.inference import multiclass_ep, training
-from agpc.likelihoods import probit_tilted
+from agpc.likelihoods import PROBIT
 from agpc.kernels import RBF, ClassKernels, Matern52
 from conftest import check_parameter_gradients, to_np, to_xp
 
@@ -75,7 +75,7 @@ def test_pair_update_matches_brute_force_moments():
     var_y, var_k = moment(2, 0) / Z - mean_y**2, moment(0, 2) / Z - mean_k**2
 
     b = s_y + s_k + v_y + v_k
-    log_z, alpha, gamma = (float(v) for v in probit_tilted(np.array(1.0), np.array(a_y - a_k), np.array(b)))
+    log_z, alpha, gamma = (float(v) for v in PROBIT.tilted_moments(np.array(1.0), np.array(a_y - a_k), np.array(b)))
     assert math.exp(log_z) == pytest.approx(Z, rel=1e-9)
     assert a_y + v_y * alpha == pytest.approx(mean_y, rel=1e-8)
     assert a_k - v_k * alpha == pytest.approx(mean_k, rel=1e-8)

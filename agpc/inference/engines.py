@@ -38,12 +38,12 @@ import math
 from dataclasses import dataclass
 
 from ..backend import ModulesByName, array_device, array_namespace, read_rows, row_slice, scaled_std
-from ..kernels import ClassKernels
+from ..kernels import ClassKernels, log_prior_and_grads
 from ..optim import OPTIMIZERS, Rprop, lbfgsb_ascent
 from . import ep, gfitc, multiclass_ep, multiclass_vi, variational
 
 __all__ = ["Outcome", "EPEngine", "GFITCEngine", "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names",
-           "relative_change", "EP_METHODS", "QUADRATIC_METHODS", "ALL_METHODS"]
+           "relative_change", "with_log_prior", "EP_METHODS", "QUADRATIC_METHODS", "ALL_METHODS"]
 
 EP_METHODS = ("ep", "sep", "adf")
 QUADRATIC_METHODS = ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
@@ -68,7 +68,8 @@ def parameter_names(kernel, optimize):
     """The hyper-parameters a fit moves: the kernel's (a latent noise fixed at 0 excluded) and "Z"."""
     names = []
     if "kernel" in optimize:
-        names += [k for k in kernel.params if not k.endswith("log_noise") or math.isfinite(float(kernel.params[k]))]
+        table = kernel.parameter_table()
+        names += [k for k in kernel.params if not table[k].may_be_zero or math.isfinite(float(kernel.params[k]))]
     if "inducing" in optimize:
         names.append("Z")
     return names
@@ -114,8 +115,24 @@ def relative_change_on_device(new, old, xp):
     return xp.max(xp.abs(new - old)) / (1.0 + xp.max(xp.abs(old)))
 
 
+def with_log_prior(kernel, grads, value=None):
+    """(grads, value) of the objective the hyper-parameters climb: log Z (EP / SEP / ADF / GFITC) or the ELBO
+    (SVI, vi-*) plus the log prior density of the kernel's parameters (``agpc.priors``: the density of the stored
+    unconstrained values, Jacobian included), i.e. MAP instead of type-II maximum likelihood. Both come back
+    unchanged -- no operation -- for a kernel without priors. The model's reported log marginal likelihood stays
+    log Z (or the ELBO) alone: the prior is not evidence."""
+    log_prior, prior_grads = log_prior_and_grads(kernel)
+    if log_prior is None:
+        return grads, value
+    grads = dict(grads)
+    for key, gradient in prior_grads.items():
+        grads[key] = grads[key] + gradient
+    return grads, (None if value is None else value + log_prior)
+
+
 def hyper_step(optimizer, names, kernel, Z, grads):
-    """One ascent step of the named hyper-parameters (kernel parameters and "Z")."""
+    """One ascent step of the named hyper-parameters (kernel parameters and "Z") on log Z plus the log prior."""
+    grads, _ = with_log_prior(kernel, grads)
     params = dict(kernel.params)
     params["Z"] = Z
     updated = optimizer.step({k: params[k] for k in names}, {k: grads[k] for k in names})
@@ -535,6 +552,7 @@ class SVIEngine(_Engine):
 
     def apply(self, grads, lo, hi, *, stepping, scalars=None):
         s = self.state
+        grads, _ = with_log_prior(s["kernel"], grads)  # the ELBO plus the kernel's log prior
         s["kernel"], s["Z"], s["mean"], s["chol"] = variational.whitened_step(
             self.optimizer, self.names, s["kernel"], s["Z"], s["mean"], s["chol"], grads, jitter=self.jitter)
         return Outcome(change=None, stepped=True, record=True)
@@ -616,10 +634,10 @@ class QuadraticEngine(_Engine):
         def value_and_grads(params):
             kernel_at, Z_at, xi_at = split(params)
             res = self._bound(kernel_at, Z_at, X, labels, xi_at, want_xi_grad=self.joint_xi)
-            grads = dict(res["grads"])
+            grads, value = with_log_prior(kernel_at, res["grads"], res["value"])  # L-BFGS-B climbs bound + prior
             if self.joint_xi:
                 grads["xi"] = res["xi_grad"]
-            return res["value"], grads
+            return value, grads
 
         variables = {k: (Z if k == "Z" else kernel.params[k]) for k in self.names}
         if self.joint_xi:

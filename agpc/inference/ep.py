@@ -19,12 +19,10 @@ Everything here is written against the array API: the functions take arrays and 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
 
 from ..backend import (
-    CholeskyError,
     array_device,
     array_namespace,
     cholesky,
@@ -38,7 +36,7 @@ from ..backend import (
     rows_within_memory,
     solve_triangular,
 )
-from ..likelihoods import probit_predictive_log, probit_tilted
+from ..likelihoods import PROBIT
 
 __all__ = [
     "Factor",
@@ -334,7 +332,7 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
         valid = marg.d <= (1.0 + slack) * marg.prior_var + threshold
         one_minus, v, a = 1.0, marg.d, marg.e
     b = 1.0 + marg.s + v
-    log_zi, alpha, gamma = probit_tilted(y, a, b)
+    log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, b)
     if own_sites:
         new_nu, new_mu = moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
         terms = xp.where(valid, log_zi + removal_terms(nu, mu, marg.d, marg.e, one_minus), 0.0)
@@ -915,6 +913,6 @@ def validation_scores(kernel, Z, post, X_val, y_val):
     """Test NLL and error of q on (X_val, y_val in {-1, +1}) (seed 000 eq. 37)."""
     xp = array_namespace(Z)
     mean, var = predict_latent(kernel, Z, post, X_val)
-    log_pos, log_neg = probit_predictive_log(mean, var)
+    log_pos, log_neg = PROBIT.predictive_log_proba(mean, var)
     log_p = xp.where(y_val > 0, log_pos, log_neg)
     return float(-xp.mean(log_p)), float(xp.mean(xp.astype((mean > 0) != (y_val > 0), mean.dtype)))

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from ..backend import array_namespace, lower_triangular_inverse
 from ..kernels import ClassKernels
-from ..likelihoods import probit_tilted
+from ..likelihoods import PROBIT
 from . import ep, multiclass_ep
 
 __all__ = ["evaluate", "zero_sites"]
@@ -95,7 +95,7 @@ def _probit_update(y, site_precision, site_shift, fms):
     xp = array_namespace(site_precision)
     (fm,) = fms
     valid, one_minus, v, a = ep.cavity(site_precision, site_shift, fm.var, fm.mean, fm.g.prior_var + fm.g.s)
-    log_zi, alpha, gamma = probit_tilted(y, a, 1.0 + v)
+    log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, 1.0 + v)
     new_precision, new_shift = ep.moment_matched_site(valid, site_precision, site_shift, a, v, alpha, gamma)
     terms = log_zi + ep.removal_terms(site_precision, site_shift, fm.var, fm.mean, one_minus)
     return new_precision, new_shift, valid, xp.where(valid, terms, 0.0)
@@ -119,7 +119,7 @@ def _pair_update(y, site_precision, site_shift, fms):
     valid_k, om_k, v_k, a_k = ep.cavity(precision_k, shift_k, var, mean, prior_var)
     valid_y, om_y, v_y, a_y = ep.cavity(precision_y, shift_y, var_y, mean_y, prior_var_y)
     valid = ~onehot & valid_k & valid_y
-    log_zp, alpha, gamma = probit_tilted(xp.ones_like(a_k), a_y - a_k, v_y + v_k)
+    log_zp, alpha, gamma = PROBIT.tilted_moments(xp.ones_like(a_k), a_y - a_k, v_y + v_k)
     new_precision_y, new_shift_y = ep.moment_matched_site(valid, precision_y, shift_y, a_y, v_y, alpha, gamma)
     new_precision_k, new_shift_k = ep.moment_matched_site(valid, precision_k, shift_k, a_k, v_k, -alpha, gamma)
     terms = (log_zp + ep.removal_terms(precision_y, shift_y, var_y, mean_y, om_y)

@@ -651,15 +651,15 @@ def _check_float_array(value, shape, where, refuse):
         raise refuse(f"{where}: shape {tuple(value.shape)}, this run's is {tuple(shape)}")
 
 
-def _check_log_parameter(value, fresh, where, refuse):
-    """A kernel parameter is the log of a positive number: its exp must be a positive finite number of the run's
-    type (log-lengthscale 800 gave "overflow encountered in exp" and infinite lengthscales); a log-noise may be
-    -inf (no noise)."""
+def _check_log_parameter(value, fresh, where, may_be_zero, refuse):
+    """A kernel parameter is the log of a positive number (the kernel's parameter table: transform "log"): its
+    exp must be a positive finite number of the run's type (log-lengthscale 800 gave "overflow encountered in
+    exp" and infinite lengthscales); one that ``may_be_zero`` (the latent noise) may be -inf (none)."""
     xp = array_namespace(fresh)
     limit = math.log(float(xp.finfo(fresh.dtype).max))
     low = math.log(float(xp.finfo(fresh.dtype).smallest_normal))
     host = to_host_vector(value)
-    allowed_none = where.endswith("log_noise")
+    allowed_none = may_be_zero
     if not all((low <= v <= limit) or (allowed_none and v == -math.inf) for v in host.tolist()):
         raise refuse(f"{where}: {host.tolist()} are not logs of positive finite numbers in {_dtype_text(fresh.dtype)} "
                      f"(between {low:.1f} and {limit:.1f}" + (", or -inf for none)" if allowed_none else ")"))
@@ -711,12 +711,13 @@ def _check_engine(saved, engine, fingerprint, path, refuse):
     if not isinstance(saved, dict):
         raise refuse("engine: not a mapping")
     params = fresh["kernel"].params
+    table = fresh["kernel"].parameter_table()
     kernel = saved.get("kernel")
     if not isinstance(kernel, dict) or set(kernel) != set(params):
         raise refuse(f"engine.kernel: expected the parameters {sorted(params)}")
     for name, value in kernel.items():
         _check_float_array(value, params[name].shape, f"engine.kernel.{name}", refuse)
-        _check_log_parameter(value, params[name], f"engine.kernel.{name}", refuse)
+        _check_log_parameter(value, params[name], f"engine.kernel.{name}", table[name].may_be_zero, refuse)
     damping = saved.get("damping")
     if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not (
         (engine.has_damping and 0 < damping <= 1) or (not engine.has_damping and math.isnan(damping))

@@ -19,11 +19,11 @@ whose bracket is the log-normaliser gain of that posterior. Gradients come as ad
 
 from __future__ import annotations
 
-import math
 import warnings
 
-from ..backend import (array_device, array_namespace, cholesky, gauss_hermite, log_ndtr, log_normal_pdf,
-                       lower_triangular_inverse, machine_epsilon)
+from ..backend import array_device, array_namespace, cholesky, lower_triangular_inverse, machine_epsilon
+from ..likelihoods import LIKELIHOODS as LIKELIHOOD_OBJECTS
+from ..likelihoods import likelihood_by_name, sigmoid, softplus
 from . import ep
 
 __all__ = [
@@ -44,46 +44,18 @@ __all__ = [
     "posterior_from_gaussian",
 ]
 
-LIKELIHOODS = ("probit", "logistic")
-
-
-def _softplus(x, xp):
-    return xp.maximum(x, 0.0) + xp.log1p(xp.exp(-xp.abs(x)))
-
-
-def _sigmoid(x, xp):
-    e = xp.exp(-xp.abs(x))
-    return xp.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+LIKELIHOODS = tuple(name for name, lik in LIKELIHOOD_OBJECTS.items() if not lik.multiclass)  # the binary ones
 
 
 def log_likelihood(y, f, likelihood):
-    """log p(y | f) and its derivative in f, for y in {-1, +1}."""
-    xp = array_namespace(y, f)
-    t = y * f
-    if likelihood == "probit":
-        value = log_ndtr(t)
-        return value, y * xp.exp(log_normal_pdf(t) - value)
-    if likelihood == "logistic":
-        return -_softplus(-t, xp), y * _sigmoid(-t, xp)
-    raise ValueError(f"unknown likelihood {likelihood!r}: use one of {LIKELIHOODS}")
+    """log p(y | f) and its derivative in f, for y in {-1, +1} (``likelihood``: a name or a Likelihood)."""
+    return likelihood_by_name(likelihood, multiclass=False).log_density(y, f)
 
 
 def expected_log_likelihood(y, mean, var, likelihood, n_quadrature=20):
-    """E_{N(f | mean, var)} log p(y | f) by Gauss-Hermite, and its derivatives in mean and var.
-
-    With f_k = mean + sqrt(2 var) x_k: E = sum_k w_k / sqrt(pi) log p(y | f_k). The derivatives are those
-    of this quadrature sum (so that finite differences of the computed bound agree with them exactly).
-    """
-    xp = array_namespace(y, mean, var)
-    nodes, weights = gauss_hermite(n_quadrature, xp, dtype=mean.dtype, device=array_device(mean))
-    weights = weights / math.sqrt(math.pi)
-    sd = xp.sqrt(var)
-    f = mean[:, None] + math.sqrt(2.0) * sd[:, None] * nodes[None, :]
-    value, slope = log_likelihood(y[:, None], f, likelihood)
-    expected = xp.sum(value * weights[None, :], axis=1)
-    d_mean = xp.sum(slope * weights[None, :], axis=1)
-    d_sd = xp.sum(slope * (math.sqrt(2.0) * nodes * weights)[None, :], axis=1)
-    return expected, d_mean, d_sd / (2.0 * sd)
+    """E_{N(f | mean, var)} log p(y | f) by Gauss-Hermite, and its derivatives in mean and var
+    (``Likelihood.expected_log_density``)."""
+    return likelihood_by_name(likelihood, multiclass=False).expected_log_density(y, mean, var, n_quadrature)
 
 
 def inverse_lower(L):
@@ -268,13 +240,13 @@ def _quadratic_sites(y, xi, kind):
     xp = array_namespace(y, xi)
     if kind == "jj":
         w = jj_lambda(xi)
-        const = -_softplus(-xi, xp) - 0.5 * xi + w * xi * xi  # log sigma(xi) - xi/2 + lambda xi^2
+        const = -softplus(-xi, xp) - 0.5 * xi + w * xi * xi  # log sigma(xi) - xi/2 + lambda xi^2
         return w, 0.5 * y, const
     if kind == "taylor":
-        s = _sigmoid(y * xi, xp)
+        s = sigmoid(y * xi, xp)
         phi = y * (1.0 - s)  # d/df log sigma(y f) at xi
         psi = 0.5 * s * (1.0 - s)  # -(1/2) d^2/df^2 (y^2 = 1)
-        const = -_softplus(-y * xi, xp) - phi * xi - psi * xi * xi
+        const = -softplus(-y * xi, xp) - phi * xi - psi * xi * xi
         return psi, phi + 2.0 * psi * xi, const
     raise ValueError(f"unknown quadratic bound {kind!r}")
 
@@ -387,23 +359,5 @@ def posterior_of(kernel, Z, mean, chol, *, jitter):
 
 def predictive_log_proba(mean, var, likelihood, n_quadrature=20):
     """log p(y = +1 | x) and log p(y = -1 | x) for f ~ N(mean, var): closed form for probit, Gauss-Hermite
-    for logistic."""
-    xp = array_namespace(mean, var)
-    if likelihood == "probit":
-        z = mean / xp.sqrt(1.0 + var)
-        return log_ndtr(z), log_ndtr(-z)
-    if likelihood != "logistic":
-        raise ValueError(f"unknown likelihood {likelihood!r}: use one of {LIKELIHOODS}")
-    nodes, weights = gauss_hermite(n_quadrature, xp, dtype=mean.dtype, device=array_device(mean))
-    f = mean[:, None] + math.sqrt(2.0) * xp.sqrt(var)[:, None] * nodes[None, :]
-    log_weights = xp.log(weights / math.sqrt(math.pi))[None, :]
-
-    def log_expectation(log_sigmoid):
-        # log sum_k w_k sigma(+-f_k) by log-sum-exp: with a large amplitude every sigma(-f_k) underflows to 0
-        # and the log of the sum was -inf ("divide by zero encountered in log"); each sign is taken on its own,
-        # not as 1 - p, which keeps the small tail exact
-        terms = log_sigmoid + log_weights
-        top = xp.max(terms, axis=1)
-        return top + xp.log(xp.sum(xp.exp(terms - top[:, None]), axis=1))
-
-    return log_expectation(-_softplus(-f, xp)), log_expectation(-_softplus(f, xp))
+    for logistic (``Likelihood.predictive_log_proba``)."""
+    return likelihood_by_name(likelihood, multiclass=False).predictive_log_proba(mean, var, n_quadrature)

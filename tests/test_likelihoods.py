@@ -1,0 +1,119 @@
+"""Likelihood objects: every derivative against central finite differences, expectations against an independent
+quadrature (scipy.integrate.quad), predictives that are probabilities, on NumPy and array_api_strict."""
+
+import math
+
+import numpy as np
+import pytest
+
+from agpc import likelihoods as L
+from conftest import central_differences, to_np, to_xp
+
+BINARY = [L.PROBIT, L.LOGISTIC]
+
+
+def binary_case(xp, device):
+    rng = np.random.default_rng(0)
+    y = np.where(rng.random(6) < 0.5, -1.0, 1.0)
+    mean = rng.normal(scale=2.0, size=6)
+    var = rng.uniform(0.1, 3.0, size=6)
+    return y, mean, var, (to_xp(v, xp, device) for v in (y, mean, var))
+
+
+@pytest.mark.parametrize("likelihood", BINARY, ids=lambda lik: lik.name)
+def test_log_density_slope_and_expected_log_density_derivatives(likelihood, xp_device):
+    xp, device = xp_device
+    y, mean, var, (y_x, mean_x, var_x) = binary_case(xp, device)
+    value, slope = likelihood.log_density(y_x, mean_x)
+    numeric = central_differences(lambda f: to_np(xp.sum(likelihood.log_density(y_x, to_xp(f, xp, device))[0])), mean)
+    np.testing.assert_allclose(to_np(slope), numeric, rtol=1e-6, atol=1e-8)
+    expected, d_mean, d_var = likelihood.expected_log_density(y_x, mean_x, var_x, 20)
+    assert expected.device == mean_x.device
+    total = lambda m, v: float(xp.sum(likelihood.expected_log_density(  # noqa: E731
+        y_x, to_xp(m, xp, device), to_xp(v, xp, device), 20)[0]))
+    np.testing.assert_allclose(to_np(d_mean), central_differences(lambda m: total(m, var), mean), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(to_np(d_var), central_differences(lambda v: total(mean, v), var), rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("likelihood", BINARY, ids=lambda lik: lik.name)
+def test_expectations_against_adaptive_quadrature(likelihood):
+    integrate = pytest.importorskip("scipy.integrate")
+    y, mean, var, (y_x, mean_x, var_x) = binary_case(np, None)
+    expected = np.asarray(likelihood.expected_log_density(y_x, mean_x, var_x, 60)[0])
+    log_pos, _ = (np.asarray(v) for v in likelihood.predictive_log_proba(mean_x, var_x, 60))
+    for i in range(len(y)):
+        def density(f):
+            return math.exp(-0.5 * (f - mean[i]) ** 2 / var[i]) / math.sqrt(2 * math.pi * var[i])
+
+        def log_p(label, f):
+            return float(likelihood.log_density(np.array(label), np.array(f))[0])
+
+        reference = integrate.quad(lambda f: density(f) * log_p(y[i], f), -np.inf, np.inf)[0]
+        assert expected[i] == pytest.approx(reference, rel=1e-7, abs=1e-9)
+        positive = integrate.quad(lambda f: density(f) * math.exp(log_p(1.0, f)), -np.inf, np.inf)[0]
+        assert math.exp(log_pos[i]) == pytest.approx(positive, rel=1e-7, abs=1e-9)
+
+
+@pytest.mark.parametrize("likelihood", BINARY, ids=lambda lik: lik.name)
+def test_binary_predictive_is_a_distribution(likelihood, xp_device):
+    xp, device = xp_device
+    _, _, _, (_, mean_x, var_x) = binary_case(xp, device)
+    log_pos, log_neg = likelihood.predictive_log_proba(mean_x, var_x, 20)
+    np.testing.assert_allclose(np.exp(to_np(log_pos)) + np.exp(to_np(log_neg)), 1.0, rtol=1e-10)
+
+
+def test_probit_tilted_moments_are_derivatives_of_log_z(xp_device):
+    """alpha = d log Z / d mean, gamma = -d^2 log Z / d mean^2 (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 17)."""
+    xp, device = xp_device
+    y, mean, var, (y_x, mean_x, _) = binary_case(xp, device)
+    b = to_xp(1.0 + var, xp, device)
+    log_z, alpha, gamma = L.PROBIT.tilted_moments(y_x, mean_x, b)
+
+    def log_z_at(m):
+        return to_np(L.PROBIT.tilted_moments(y_x, to_xp(m, xp, device), b)[0])
+
+    def alpha_at(m):
+        return to_np(L.PROBIT.tilted_moments(y_x, to_xp(m, xp, device), b)[1])
+
+    h = 1e-6
+    np.testing.assert_allclose(to_np(alpha), (log_z_at(mean + h) - log_z_at(mean - h)) / (2 * h), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(to_np(gamma), -(alpha_at(mean + h) - alpha_at(mean - h)) / (2 * h), rtol=1e-5, atol=1e-8)
+
+
+def test_robust_max_expected_log_density_derivatives(xp_device):
+    xp, device = xp_device
+    rng = np.random.default_rng(2)
+    b, C = 5, 3
+    y = rng.integers(0, C, size=b).astype(float)
+    mean, var = rng.normal(size=(b, C)), rng.uniform(0.2, 2.0, size=(b, C))
+    lik = L.RobustMax(0.01)
+    y_x, mean_x, var_x = (to_xp(v, xp, device) for v in (y, mean, var))
+    expected, d_mean, d_var = lik.expected_log_density(y_x, mean_x, var_x, 20)
+    total = lambda m, v: float(xp.sum(lik.expected_log_density(  # noqa: E731
+        y_x, to_xp(m, xp, device), to_xp(v, xp, device), 20)[0]))
+    np.testing.assert_allclose(to_np(d_mean), central_differences(lambda m: total(m, var), mean), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(to_np(d_var), central_differences(lambda v: total(mean, v), var), rtol=1e-6, atol=1e-9)
+    probs = np.exp(to_np(lik.predictive_log_proba(mean_x, var_x)))
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-8)
+    assert np.all(probs >= 0.01 / (C - 1) * (1 - 1e-12))
+
+
+def test_likelihood_by_name():
+    assert L.likelihood_by_name("logistic") is L.LOGISTIC
+    assert L.likelihood_by_name(L.PROBIT, multiclass=False) is L.PROBIT
+    with pytest.raises(ValueError, match="unknown likelihood 'robust-max'"):
+        L.likelihood_by_name("robust-max", multiclass=False)
+    with pytest.raises(ValueError, match="unknown likelihood 'agpc.os'"):
+        L.likelihood_by_name("agpc.os")
+    with pytest.raises(ValueError, match="epsilon"):
+        L.RobustMax(1.5)
+
+
+def test_old_names_warn_and_agree():
+    mean, var = np.array([0.3, -1.0]), np.array([0.5, 2.0])
+    with pytest.warns(DeprecationWarning, match="PROBIT.predictive_log_proba"):
+        old = L.probit_predictive_log(mean, var)
+    np.testing.assert_array_equal(old, L.PROBIT.predictive_log_proba(mean, var))
+    with pytest.warns(DeprecationWarning, match="PROBIT.tilted_moments"):
+        old = L.probit_tilted(np.ones(2), mean, 1.0 + var)
+    np.testing.assert_array_equal(old, L.PROBIT.tilted_moments(np.ones(2), mean, 1.0 + var))
