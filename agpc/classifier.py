@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
+import os
 import time
 import warnings
 
@@ -18,13 +20,17 @@ from . import threads
 from . import validation as V
 from .checkpoints import check_checkpoint_path
 from .inducing import initial_inducing_points
-from .inference import engines, ep, multiclass_ep, multiclass_vi, training
+from .inference import engines, ep, multiclass_ep, multiclass_vi, training, variational
+from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
+from .inference.data_parallel import DEFAULT_LOCAL_STEPS, DataParallel, RowsOnWorkers
 from .kernels import RBF, ClassKernels, Kernel
 from .model_file import FittedState, read_model_file, write_model_file
 
 __all__ = ["GPClassifier"]
 
-_METHODS = training.ALL_METHODS
+METHODS = training.ALL_METHODS
+"""The names ``method`` takes."""
+_METHODS = METHODS
 _QUADRATIC_METHODS = engines.QUADRATIC_METHODS
 _BATCH_ONLY_METHODS = _QUADRATIC_METHODS + ("gfitc",)  # every step needs all the rows
 _MULTICLASS_METHODS = training.METHODS + ("svi", "gfitc")
@@ -726,12 +732,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         sites persisted on the workers. Minibatch: data-parallel rounds (``data_parallel.DataParallel``), or with
         ``local_steps=0`` chunks visited in random order, one at a time on the driver (``ChunkedRows``). X is not persisted here: persist it first if it fits in the workers'
         memory (faster passes); otherwise each pass reads it from where it lives (e.g. zarr)."""
-        import os
-
         import dask.array as da
-
-        from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
-        from .inference.data_parallel import DEFAULT_LOCAL_STEPS, DataParallel, RowsOnWorkers
 
         if self.method not in (*training.METHODS, "svi"):
             raise ValueError(f"fit on a dask array trains method 'ep', 'sep', 'adf' or 'svi' (minibatches), not "
@@ -816,8 +817,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _lazy(self, method, X, columns):
         """A prediction on a dask.array: the same method chunk by chunk, lazily (a dask array back)."""
-        import copy
-
         model = copy.copy(self)
         model.client = None  # the tasks carry the fitted model, not the connection to the cluster
         bound = getattr(model, method.__name__)
@@ -1064,15 +1063,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _log_proba_matrix(self, X):
         """(log p(classes_[c] | x) as an (n, C) array, input namespace, device)."""
-        from .inference.variational import predictive_log_proba
-
         Xc, in_xp, device = self._prepare(X)
         mean, var = self._latent(Xc)
         if self._multiclass and self.likelihood_ == "robust-max":  # the variational baseline's likelihood
             return multiclass_vi.predictive_log_proba(mean, var), in_xp, device
         if self._multiclass:  # seed 001 eq. 11 by one-dimensional quadrature
             return multiclass_ep.predictive_log_proba(mean, var), in_xp, device
-        log_pos, log_neg = predictive_log_proba(mean, var, self.likelihood_, self.n_quadrature)
+        log_pos, log_neg = variational.predictive_log_proba(mean, var, self.likelihood_, self.n_quadrature)
         return B.array_namespace(log_pos).stack([log_neg, log_pos], axis=1), in_xp, device
 
     def predict_log_proba(self, X):

@@ -35,15 +35,17 @@ import sys
 import time
 import warnings
 import zipfile
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import __version__
 from . import backend as B
 from . import persistence
 from .checkpoints import sync_directory
-from .classifier import GPClassifier
+from .classifier import METHODS, GPClassifier
 from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
 from .untrusted import RefusedFile, open_zarr, read_npy, read_npz, read_parquet_columns
 
@@ -787,15 +789,13 @@ def _fraction(text):
 
 
 def _fit_parser(sub):
-    from .classifier import _METHODS
-
     p = sub.add_parser("fit", help="train a classifier on a data file and save the model",
                        description="Train a GPClassifier on DATA and write the model (an .agpc file).")
     p.add_argument("data", metavar="DATA", help="a .csv (header row), .parquet, .npy, .npz file or a zarr store; "
                    "the column names of a CSV or Parquet file become the model's feature names")
     p.add_argument("--target", metavar="COL", help="the label column: a name or an integer index (.npy: an index); "
                    ".npz / zarr group: the array of labels (default y, features in X)")
-    p.add_argument("--method", choices=_METHODS, default="ep", help="inference method (default ep)")
+    p.add_argument("--method", choices=METHODS, default="ep", help="inference method (default ep)")
     p.add_argument("--inducing", type=int, default=100, metavar="M", help="number of inducing points (default 100)")
     p.add_argument("--batch-size", type=_batch_size, default="auto", metavar="B",
                    help="rows per minibatch: a number, 'none' (full batch) or 'auto' (default: full batch up to "
@@ -876,13 +876,9 @@ class _ArgumentParser(argparse.ArgumentParser):
 def _version():
     """The installed distribution's version; the package's own ``__version__`` when it runs from a source
     tree that is not installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("agpc")
     except PackageNotFoundError:
-        from . import __version__
-
         return __version__
 
 

@@ -52,12 +52,13 @@ LOG = "log"  # stored u = log(value), value = exp(u); the only transform so far 
 class Parameter:
     """One row of a kernel's parameter table.
 
-    name : the constrained quantity ("lengthscales"); stored unconstrained under ``key`` ("log_lengthscales").
-    transform : how it is stored: ``"log"`` (positive values; the optimisers move the log).
-    shape : ``"scalar"`` or ``"per_dimension"`` (one per input feature).
-    may_be_zero : a value of exactly 0 is allowed, stored as -inf, and is then fixed (the latent noise: 0 means
-        no noise, not a parameter to learn).
-    prior : a :class:`agpc.priors.Prior` on the constrained value, or None (set per kernel, not per class).
+    - ``name``: the constrained quantity ("lengthscales"); stored unconstrained under ``key``
+      ("log_lengthscales").
+    - ``transform``: how it is stored: ``"log"`` (positive values; the optimisers move the log).
+    - ``shape``: ``"scalar"`` or ``"per_dimension"`` (one per input feature).
+    - ``may_be_zero``: a value of exactly 0 is allowed, stored as -inf, and is then fixed (the latent noise: 0
+      means no noise, not a parameter to learn).
+    - ``prior``: a :class:`agpc.priors.Prior` on the constrained value, or None (set per kernel, not per class).
     """
 
     name: str

@@ -117,7 +117,7 @@ def relative_change_on_device(new, old, xp):
 
 def with_log_prior(kernel, grads, value=None):
     """(grads, value) of the objective the hyper-parameters climb: log Z (EP / SEP / ADF / GFITC) or the ELBO
-    (SVI, vi-*) plus the log prior density of the kernel's parameters (``agpc.priors``: the density of the stored
+    (SVI, ``vi-*``) plus the log prior density of the kernel's parameters (``agpc.priors``: the density of the stored
     unconstrained values, Jacobian included), i.e. MAP instead of type-II maximum likelihood. Both come back
     unchanged -- no operation -- for a kernel without priors. The model's reported log marginal likelihood stays
     log Z (or the ELBO) alone: the prior is not evidence."""
