@@ -608,7 +608,7 @@ def _run(name, model, X_train, y_train, X_test, y_test, extra=""):
     seconds = time.perf_counter() - t0
     error, nll = _scores(model.predict_proba(X_test), y_test, model.classes_)
     print(
-        f"| {name:<28} | {len(y_train):>6} | {model.inducing_points_.shape[0]:>4} | {error:>6.3f} | "
+        f"| {name:<29} | {len(y_train):>6} | {model.inducing_points_.shape[0]:>4} | {error:>6.3f} | "
         f"{nll:>6.3f} | {seconds:>7.2f} | {extra}"
     )
     return model
@@ -643,8 +643,8 @@ def _plot_banana(model, X, y, path):
 def demo(args):
     _check_writable(args.plot)
     print("agpc demo: binary EP with inducing points (seed 000), NumPy backend")
-    print(f"| {'data':<28} | {'n':>6} | {'m':>4} | {'error':>6} | {'NLL':>6} | {'fit s':>7} | note")
-    print(f"|{'-' * 30}|{'-' * 8}|{'-' * 6}|{'-' * 8}|{'-' * 8}|{'-' * 9}|------")
+    print(f"| {'data':<29} | {'n':>6} | {'m':>4} | {'error':>6} | {'NLL':>6} | {'fit s':>7} | note")
+    print(f"|{'-' * 31}|{'-' * 8}|{'-' * 6}|{'-' * 8}|{'-' * 8}|{'-' * 9}|------")
     X, y = make_banana(2000, random_state=0)
     Xt, yt = make_banana(10000, random_state=1)
     banana = _run(
