@@ -16,11 +16,12 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
 from . import backend as B
+from . import methods as M
 from . import threads
 from . import validation as V
 from .checkpoints import check_checkpoint_path
 from .inducing import initial_inducing_points
-from .inference import engines, ep, multiclass_ep, multiclass_vi, training, variational
+from .inference import ep, multiclass_ep, multiclass_vi, training, variational
 from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
 from .inference.data_parallel import DEFAULT_LOCAL_STEPS, DataParallel, RowsOnWorkers
 from .kernels import RBF, ClassKernels, Kernel
@@ -28,17 +29,6 @@ from .model_file import FittedState, read_model_file, write_model_file
 
 __all__ = ["GPClassifier"]
 
-METHODS = training.ALL_METHODS
-"""The names ``method`` takes."""
-_METHODS = METHODS
-_QUADRATIC_METHODS = engines.QUADRATIC_METHODS
-_BATCH_ONLY_METHODS = _QUADRATIC_METHODS + ("gfitc",)  # every step needs all the rows
-_MULTICLASS_METHODS = training.METHODS + ("svi", "gfitc")
-_GFITC_BATCH_ONLY = (
-    "method='gfitc' is batch-only, so {what} is not supported: GFITC runs EP over all n sites to convergence "
-    "(with the FITC prior's n x m factor of all rows) before every hyper-parameter step, and its log Z_EP is not "
-    "a sum over rows, so it has no minibatch, stream or per-chunk form (seed 000 sec. 3); method='ep' has them"
-)
 _FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above
 _CHUNK = 65536  # rows read at a time from data on disk
 _INIT_SAMPLE = 20000  # rows read from data on disk to initialise the kernel and the inducing points
@@ -229,7 +219,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     # Every parameter and what it may be (``agpc.validation``): checked at the start of fit / partial_fit;
     # any one constraint of a list accepts. Cross-parameter rules follow in ``_check_params``.
     _parameter_constraints = {
-        "method": [V.Options(*_METHODS)],
+        "method": [M.MethodName()],  # the registry (agpc.methods), read when the parameters are checked
         "n_inducing": [V.Interval(numbers.Integral, 1, None, "left")],
         "kernel": [V.NONE, V.InstanceOf(Kernel, description="an agpc kernel (e.g. agpc.RBF)")],
         "backend": [V.NONE, V.Options("auto", "numpy", "cupy", ignore_case=True), V.ArrayNamespace()],
@@ -243,7 +233,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "eval_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "n_iter_no_change": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "inducing": [V.Options("kmeans", "random"), V.ArrayLike()],
-        "likelihood": [V.NONE, V.Options("probit", "logistic")],
+        "likelihood": [V.NONE, M.RegisteredLikelihood()],  # which method takes which: ``_check_params``
         "n_quadrature": [V.Interval(numbers.Integral, 1, None, "left")],
         "optimize": [V.NONE, V.Boolean(), V.Subset(*_OPTIMIZE_GROUPS)],
         "jitter": [V.Interval(numbers.Real, 0, None, "left")],
@@ -331,14 +321,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         V.validate_params(self.get_params(deep=False), self._parameter_constraints, type(self).__name__)
         if self.checkpoint_every is not None and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
-        if self.method == "gfitc" and not (self.batch_size is None or self.batch_size == "auto"):
-            raise ValueError(_GFITC_BATCH_ONLY.format(what=f"batch_size={self.batch_size!r}"))
-        if self.method == "gfitc" and self.optimizer not in (None, "rprop"):
-            raise ValueError(f"method='gfitc' steps with the batch adaptive steps ('rprop'), not {self.optimizer!r}")
-        if self.method in _QUADRATIC_METHODS and self.likelihood == "probit":
-            raise ValueError(f"method={self.method!r} is built on the logistic likelihood; use likelihood='logistic' or None")
-        if self.method in training.METHODS + ("gfitc",) and self.likelihood == "logistic":
-            raise ValueError(f"method={self.method!r} uses the probit likelihood (closed-form EP updates)")
+        spec = M.get_method(self.method)
+        if spec.check_params is not None:  # the method's own rules between parameters
+            spec.check_params(self.get_params(deep=False))
+        if self.likelihood is not None and self.likelihood not in spec.likelihoods:
+            takes = " or ".join(repr(name) for name in spec.likelihoods)
+            raise ValueError(f"method={self.method!r} {spec.likelihood_reason or 'takes ' + takes}: likelihood must be "
+                             f"{takes} or None, got {self.likelihood!r}")
         if self.optimize is True:
             groups = _OPTIMIZE_GROUPS
         elif self.optimize is False or self.optimize is None:
@@ -433,15 +422,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         classes = found
         if classes.shape[0] < 2:
             raise ValueError(f"y has only one class ({classes[0]!r}): a classifier needs two classes to learn")
-        if classes.shape[0] > 2 and self.method not in _MULTICLASS_METHODS:
+        spec = M.get_method(self.method)
+        if classes.shape[0] > 2 and not spec.supports("multiclass"):
             raise ValueError(
                 f"y has {classes.shape[0]} classes but method={self.method!r} is binary only: the multiclass "
-                f"model is trained by {list(_MULTICLASS_METHODS)}"
+                f"model is trained by {list(M.methods_supporting('multiclass'))}"
             )
-        if classes.shape[0] > 2 and self.method == "svi" and self.likelihood is not None:
+        if classes.shape[0] > 2 and spec.multiclass_likelihood is not None and self.likelihood is not None:
             raise ValueError(
-                f"multiclass svi uses the robust-max likelihood (seed 001 eq. 13); leave likelihood=None, "
-                f"got {self.likelihood!r}"
+                f"multiclass {self.method} uses the {spec.multiclass_likelihood} likelihood (Villacampa-Calvo & "
+                f"Hernandez-Lobato 2017); leave likelihood=None, got {self.likelihood!r}"
             )
         return classes
 
@@ -596,7 +586,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         n = int(shape[0]) if len(shape) else 1
         d = int(shape[1]) if len(shape) > 1 else 1
         m = max(1, len(self.inducing)) if not isinstance(self.inducing, str) else self.n_inducing
-        batch_size = self._batch_size_for(n) if self.method != "gfitc" else None
+        batch_size = self._batch_size_for(n)  # (a batch-only method's explicit batch_size is refused already)
         rows = n if batch_size is None else min(n, int(batch_size))
         return threads.blas_threads(rows, m, n_features=d, threads=self.blas_threads)
 
@@ -634,8 +624,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             warnings.warn(f"checkpoint_path={str(self.checkpoint_path)!r} is set without checkpoint_every: no "
                           "checkpoint will be written (set checkpoint_every, a number of steps)", UserWarning,
                           stacklevel=3)
-        if B.is_dask_array(X) and self.method == "gfitc":
-            raise ValueError(_GFITC_BATCH_ONLY.format(what="fit on a dask array"))
         if B.is_dask_array(X):
             return self._fit_dask(X, y, groups, resume, validation_data)
         self.__dict__.pop("_trainer", None)
@@ -686,18 +674,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
                started=None, data_hash=None):
         """The one training loop (``training.train``) with this estimator's settings for its method."""
-        if self.method == "svi":
-            self.likelihood_ = "robust-max" if len(classes) > 2 else (self.likelihood or "probit")
-        else:
-            self.likelihood_ = "logistic" if self.method in _QUADRATIC_METHODS else "probit"
+        spec = M.get_method(self.method)
+        self.likelihood_ = spec.likelihood_for(self.likelihood, len(classes))
         return training.train(
-            X, y, kernel, Z, method=self.method, batch_size=batch_size, jitter=self._jitter_for(Z),
+            X, y, kernel, Z, method=spec.engine, batch_size=batch_size, jitter=self._jitter_for(Z),
             max_iter=int(self.max_iter), damping=None if self.damping is None else float(self.damping),
             optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate, tol=float(self.tol),
             max_time=self.max_time, random_state=rng, shuffle=bool(self.shuffle), validation=validation,
             eval_every=self.eval_every, n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose),
             engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
-            resume=bool(resume), likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
+            resume=bool(resume), likelihood=None if len(classes) > 2 else self.likelihood_,
             n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash, block_rows=self.block_rows,
             step_replay=bool(self.step_replay),
         )
@@ -709,7 +695,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _batch_size_for(self, n):
         if self.batch_size == "auto":
-            return None if n <= _FULL_BATCH_MAX_ROWS or self.method in _BATCH_ONLY_METHODS else 200
+            return None if n <= _FULL_BATCH_MAX_ROWS or not M.supports(self.method, "minibatch") else 200
         return self.batch_size
 
     def _fitted_from(self, result, classes, t0, n_rows, resumed=False):
@@ -734,9 +720,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         memory (faster passes); otherwise each pass reads it from where it lives (e.g. zarr)."""
         import dask.array as da
 
-        if self.method not in (*training.METHODS, "svi"):
-            raise ValueError(f"fit on a dask array trains method 'ep', 'sep', 'adf' or 'svi' (minibatches), not "
-                             f"{self.method!r}: the other variational methods need every row at each step")
+        spec = M.get_method(self.method)
+        if not spec.supports("dask"):
+            raise ValueError(spec.refusal("dask", f"fit on a dask array trains method {list(M.methods_supporting('dask'))}"
+                                                  f", not {self.method!r}: it needs every row at each step"))
         if X.ndim != 2:
             raise ValueError(f"Expected 2D array, got {X.ndim}D array instead")
         X = da.asarray(X).astype(self._dtype_name()).rechunk({1: -1})  # chunks by rows only
@@ -797,8 +784,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 batch_size = engine.rows_per_round
             elif minibatch:  # minibatches: chunks come to the driver in turn
                 X, y_pm = ChunkedRows(X, client), ChunkedRows(y_pm, client)
-            elif self.method == "svi":
-                raise ValueError("svi on a dask array trains on minibatches (batch_size below the number of rows): "
+            elif not spec.supports("dask_batch"):
+                raise ValueError(f"{self.method} on a dask array trains on minibatches (batch_size below the number of rows): "
                                  "a full-batch step would bring every row to the driver")
             else:
                 engine = DaskEngine(client, X.chunks[0], site_directory=self.site_directory)
@@ -825,7 +812,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return X.map_blocks(bound, drop_axis=1, dtype=np.asarray(self.classes_).dtype)
         return X.map_blocks(bound, chunks=(X.chunks[0], (columns,)), dtype=np.dtype(self._dtype_name()))
 
-    @available_if(lambda self: self.method in ("sep", "adf"))
+    @available_if(lambda self: M.supports(self.method, "partial_fit"))
     def partial_fit(self, X, y, classes=None, n_total=None):
         """Update the model with one more minibatch (a stream): one damped site update and one
         stochastic gradient step on these rows (seed 000 eq. 6).
@@ -888,14 +875,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         trainer.history.setdefault(_ROWS_SEEN, []).append(float(self._rows_seen))
         post, log_z = trainer.posterior()
         state = trainer.state
-        self.likelihood_ = "probit"
+        self.likelihood_ = M.get_method(self.method).likelihood_for(self.likelihood, len(self.classes_))
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
                          trainer.engine.jitter)
         return self
 
     def _stream_trainer(self, kernel, Z, n_total, groups, jitter):
         return training.Trainer(
-            kernel, Z, method=self.method, n_total=n_total, minibatch=True, jitter=jitter,
+            kernel, Z, method=M.get_method(self.method).engine, n_total=n_total, minibatch=True, jitter=jitter,
             damping=None if self.damping is None else float(self.damping), optimize=groups,
             optimizer=self.optimizer, learning_rate=self.learning_rate,
         )
@@ -910,10 +897,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """partial_fit on a fitted model continues it: refused (one ValueError) when the model is not one a
         stream can continue, or when ``classes`` or the structural parameters changed since it was fitted."""
         fitted_with = getattr(self, "_fitted_structure", None) or self._structure()
-        if fitted_with["method"] not in ("sep", "adf"):
+        if not M.supports(fitted_with["method"], "partial_fit"):
             raise ValueError(
                 f"partial_fit cannot continue this model: it was fitted with method={fitted_with['method']!r}, and "
-                f"only the tied-factor methods ('sep', 'adf') learn from a stream; call fit to start again"
+                f"only the methods {list(M.methods_supporting('partial_fit'))} learn from a stream; call fit to start "
+                "again"
             )
         if classes is not None:
             given = np.unique(V.check_labels(classes, what="classes"))
@@ -1170,6 +1158,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.classifier_tags.multi_class = self.method in _MULTICLASS_METHODS
+        tags.classifier_tags.multi_class = M.supports(self.method, "multiclass")
         tags.classifier_tags.poor_score = True
         return tags
+
+
+def __getattr__(name):
+    """``classifier.METHODS``, the method names before the registry: ``agpc.methods.method_names()`` now."""
+    if name == "METHODS":
+        warnings.warn("agpc.classifier.METHODS is deprecated: use agpc.methods.method_names()", DeprecationWarning,
+                      stacklevel=2)
+        return M.method_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
