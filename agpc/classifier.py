@@ -12,10 +12,10 @@ import warnings
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.metaestimators import available_if
-from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
+from sklearn.utils.validation import check_is_fitted
 
 from . import backend as B
+from . import inputs as I
 from . import methods as M
 from . import threads
 from . import validation as V
@@ -30,38 +30,10 @@ from .model_file import FittedState, read_model_file, write_model_file
 __all__ = ["GPClassifier"]
 
 _FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above
-_CHUNK = 65536  # rows read at a time from data on disk
-_INIT_SAMPLE = 20000  # rows read from data on disk to initialise the kernel and the inducing points
-_DTYPES = ("float64", "float32")  # the floating types a model computes in (``dtype``)
 _ROWS_SEEN = "n_rows_seen"  # partial_fit's history entry: the rows the stream has brought so far
 
 
-def _encode_labels(y, classes):
-    """Labels as the inference code takes them: +1 / -1 for two classes (+1 = classes[1]), else the
-    index into ``classes`` (floats, so they travel like the features)."""
-    if len(classes) == 2:
-        return np.where(y == classes[1], 1.0, -1.0)
-    return np.searchsorted(classes, y).astype(np.float64)
-
-
-class _Labels:
-    """Labels on disk (or anywhere sliceable) encoded by ``_encode_labels`` a block at a time."""
-
-    dtype = np.float64
-
-    def __init__(self, y, classes):
-        self.y = y
-        self.classes = classes
-        self.shape = (y.shape[0],)
-
-    def __getitem__(self, key):
-        return _encode_labels(np.asarray(self.y[key]), self.classes)
 _OPTIMIZE_GROUPS = ("kernel", "inducing")
-
-
-def _is_foreign_array(X):
-    """An array-API array of a library other than NumPy (CuPy, array_api_strict, ...)."""
-    return B.is_array_api_obj(X) and not isinstance(X, np.ndarray) and not B.is_numpy_namespace(B.array_namespace(X))
 
 
 class GPClassifier(ClassifierMixin, BaseEstimator):
@@ -246,7 +218,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "checkpoint_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "site_directory": [V.NONE, V.PATH],
         "blas_threads": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
-        "dtype": [V.FloatingType(*_DTYPES)],
+        "dtype": [V.FloatingType(*I.DTYPES)],
         "block_rows": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "step_replay": [V.Boolean()],
     }
@@ -336,214 +308,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             groups = tuple([self.optimize] if isinstance(self.optimize, str) else self.optimize)
         return groups, B.resolve_backend(self.backend)
 
-    def _dtype_name(self):
-        """``dtype`` spelled as one of ``_DTYPES`` (checked by the parameter table; NumPy spellings such as
-        np.float32 or "f4" are accepted)."""
-        name = V.FloatingType.name_of(self.dtype)
-        if name not in _DTYPES:
-            raise ValueError(f"dtype must be 'float64' or 'float32', got {self.dtype!r}")
-        return name
-
-    def _check_conversion_keeps_spread(self, X, what="X"):
-        """Before X (any array-API array, in its own type) is converted to ``dtype`` for a fit: refuse a
-        narrower type that would erase a column's variation (``validation.check_precision_keeps_spread``;
-        float32 of x + 1e7 fitted a chance-level model, exit 0, no warning). A type that holds X exactly is
-        not checked (float64, float32 input in float32)."""
-        xp = B.array_namespace(X)
-        target = self._dtype_name()
-        bits = xp.finfo(getattr(xp, target)).bits
-        if xp.isdtype(X.dtype, "real floating"):
-            wider = xp.finfo(X.dtype).bits > bits
-        else:  # integers of as many bits as the target's have more digits than its significand
-            wider = xp.isdtype(X.dtype, "integral") and xp.iinfo(X.dtype).bits >= bits
-        if wider:
-            V.check_precision_keeps_spread(xp.astype(X, xp.float64), target, what=what)
-
-    def _validate_X(self, X, *, reset):
-        """Returns (X as an array of the input's namespace in ``dtype``, checked; input namespace or None)."""
-        if _is_foreign_array(X):
-            xp = B.array_namespace(X)
-            if X.ndim != 2:
-                raise ValueError(
-                    f"Expected 2D array, got {X.ndim}D array instead: reshape your data to (n_samples, n_features)"
-                )
-            if X.shape[0] < 1:
-                raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required")
-            if not xp.isdtype(X.dtype, ("real floating", "integral", "bool")):
-                raise ValueError(f"X must be real-valued, got dtype {X.dtype}")
-            if reset:
-                self._check_conversion_keeps_spread(X)
-            X = xp.astype(X, getattr(xp, self._dtype_name()))
-            if not bool(xp.all(xp.isfinite(X))):
-                raise ValueError(f"Input X contains NaN or infinity (or values too large for {self._dtype_name()})")
-            if reset:
-                self.n_features_in_ = X.shape[1]
-            elif X.shape[1] != self.n_features_in_:
-                raise ValueError(
-                    f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
-                    f"{self.n_features_in_} features as input"
-                )
-            return X, xp
-        X = validate_data(self, X, reset=reset, dtype=self._dtype_name(), ensure_all_finite=True)
-        return X, None
-
     # -- fitting ---------------------------------------------------------------------------------
-
-    def _prepare_targets(self, y, n_rows, classes=None):
-        """Check y (host side) and return (classes, labels as a NumPy array); y may be on disk."""
-        if B.is_out_of_core(y):
-            if len(y.shape) != 1:
-                raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(y.shape)}")
-            if y.shape[0] != n_rows:
-                raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
-            found = np.unique(np.concatenate([np.unique(V.check_labels(y[lo:lo + _CHUNK], offset=lo))
-                                              for lo in range(0, n_rows, _CHUNK)]))
-            return self._check_classes(found, classes), None
-        if y is None:
-            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
-        y_host = V.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else y)
-        if y_host.ndim == 2 and y_host.shape[1] == 1:
-            y_host = column_or_1d(y_host, warn=True)  # warns, as scikit-learn estimators do
-        if y_host.ndim != 1:
-            raise ValueError(f"y must be 1-D (n_samples,), got shape {y_host.shape}")
-        if y_host.shape[0] != n_rows:
-            raise ValueError(f"X has {n_rows} rows but y has {y_host.shape[0]}: they must match")
-        check_classification_targets(y_host)
-        return self._check_classes(np.unique(y_host), classes), y_host
-
-    def _check_classes(self, found, classes=None):
-        """The model's classes: those found in y, or the ``classes`` given (which must cover y); two of them."""
-        if classes is not None:
-            classes = np.unique(V.check_labels(classes, what="classes"))
-            unknown = np.setdiff1d(found, classes)
-            if unknown.size:
-                raise ValueError(f"y contains labels {list(unknown)} not in classes {list(classes)}")
-            found = classes
-        classes = found
-        if classes.shape[0] < 2:
-            raise ValueError(f"y has only one class ({classes[0]!r}): a classifier needs two classes to learn")
-        spec = M.get_method(self.method)
-        if classes.shape[0] > 2 and not spec.supports("multiclass"):
-            raise ValueError(
-                f"y has {classes.shape[0]} classes but method={self.method!r} is binary only: the multiclass "
-                f"model is trained by {list(M.methods_supporting('multiclass'))}"
-            )
-        if classes.shape[0] > 2 and spec.multiclass_likelihood is not None and self.likelihood is not None:
-            raise ValueError(
-                f"multiclass {self.method} uses the {spec.multiclass_likelihood} likelihood (Villacampa-Calvo & "
-                f"Hernandez-Lobato 2017); leave likelihood=None, got {self.likelihood!r}"
-            )
-        return classes
-
-    def _validate_out_of_core(self, X, *, reset):
-        """Shape and finiteness of on-disk data, checked a chunk at a time (never all in memory)."""
-        if len(X.shape) != 2:
-            raise ValueError(f"Expected 2D array, got {len(X.shape)}D array instead")
-        n = X.shape[0]
-        if n < 1:
-            raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required")
-        for lo in range(0, n, _CHUNK):
-            block = np.asarray(X[lo:lo + _CHUNK], dtype=self._dtype_name())
-            if not np.all(np.isfinite(block)):
-                raise ValueError(f"Input X contains NaN or infinity (rows {lo}..{lo + block.shape[0] - 1})")
-        if reset:
-            self.n_features_in_ = X.shape[1]
-        elif X.shape[1] != self.n_features_in_:
-            raise ValueError(
-                f"X has {X.shape[1]} features, but {type(self).__name__} is expecting {self.n_features_in_} features as input"
-            )
-
-    def _inputs(self, X, y, *, reset, classes=None):
-        """Validated training data in the compute namespace: (X, y in {-1,+1}, classes, a sample of X
-        in memory for initialisation, compute namespace, device)."""
-        _, target_xp = self._check_params()
-        if B.is_out_of_core(X):
-            self._validate_out_of_core(X, reset=reset)
-            classes, _ = self._prepare_targets(y, X.shape[0], classes)
-            xp = target_xp or B.resolve_backend("numpy")
-            dtype = getattr(xp, self._dtype_name())
-            like = xp.zeros((1,), dtype=dtype)
-            sample = self._initial_sample(X, xp, dtype, check_spread=reset)
-            return X, _Labels(y, classes), classes, sample, xp, B.array_device(like)
-        foreign = _is_foreign_array(X)
-        if foreign:
-            X, in_xp = self._validate_X(X, reset=reset)
-        elif reset and self._dtype_name() != "float64":
-            # checked in the input's own type (float64 for lists and integers) before the conversion
-            X = validate_data(self, X, reset=reset, dtype=["float64", self._dtype_name()], ensure_all_finite=True)
-            if X.size and np.max(np.abs(X)) > np.finfo(self._dtype_name()).max:  # the cast would make inf
-                raise ValueError(f"Input X contains NaN or infinity (or values too large for {self._dtype_name()})")
-            self._check_conversion_keeps_spread(X)
-            X = X.astype(self._dtype_name())
-            in_xp = None
-        else:
-            X = validate_data(self, X, reset=reset, dtype=self._dtype_name(), ensure_all_finite=True)
-            in_xp = None
-        xp = target_xp or in_xp or B.resolve_backend("numpy")
-        dtype = getattr(xp, self._dtype_name())
-        device = B.array_device(X) if (in_xp is not None and target_xp is None) else None
-        if in_xp is None and self._stays_on_host(X, xp, device):  # moved a block at a time, as data on disk
-            classes, y_host = self._prepare_targets(y, X.shape[0], classes)
-            X = B.HostRows(X)
-            device = B.array_device(xp.zeros((1,), dtype=dtype, device=device))
-            return X, _encode_labels(y_host, classes), classes, self._initial_sample(X, xp, dtype), xp, device
-        Xc = B.asarray_like(X, xp, device=device, dtype=dtype)
-        device = B.array_device(Xc)
-        if _is_foreign_array(y):  # labels on a device stay there: only the (at most two) classes come back
-            y_pm, classes = self._device_targets(y, X.shape[0], classes, xp, device)
-        else:
-            classes, y_host = self._prepare_targets(y, X.shape[0], classes)
-            y_pm = B.asarray_like(_encode_labels(y_host, classes), xp, device=device, dtype=dtype)
-        return Xc, y_pm, classes, Xc, xp, device
-
-    def _initial_sample(self, X, xp, dtype, check_spread=False):
-        """At most ``_INIT_SAMPLE`` rows of data read a block at a time, drawn at random (sorted: one pass), in
-        the compute namespace: what the kernel and the inducing points are initialised from. ``check_spread``:
-        the sample, in the file's own type, is checked to keep its columns' spread in ``dtype`` first."""
-        n = X.shape[0]
-        if n <= _INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
-            sample = np.asarray(X[0:n])
-        else:
-            rng = B.host_rng(self.random_state)
-            rows = np.sort(rng.choice(n, size=_INIT_SAMPLE, replace=False))
-            try:
-                sample = np.asarray(X[rows])
-            except (IndexError, TypeError):  # array-likes without integer-array indexing (zarr: oindex)
-                sample = np.asarray(X.oindex[rows, :])
-        if check_spread:
-            self._check_conversion_keeps_spread(sample, what="X (a sample of its rows)")
-        return B.asarray_like(sample, xp, dtype=dtype)
-
-    @staticmethod
-    def _stays_on_host(X, xp, device):
-        """Host data (a NumPy array, already in the model's type) too large for ``DEVICE_MEMORY_FRACTION`` of the
-        compute device's free memory: kept on the host and moved a block at a time (``backend.HostRows``).
-        Never on the host itself (``device_free_bytes`` None)."""
-        fit = B.rows_within_memory(X.shape[1] * X.dtype.itemsize, xp, device)
-        return fit is not None and X.shape[0] > fit
-
-    def _device_targets(self, y, n_rows, classes, xp, device):
-        """Numeric labels held by an array-API library: checked and encoded (``_encode_labels``) on their
-        device, without a copy to the host."""
-        yx = B.array_namespace(y)
-        if y.ndim != 1:
-            raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(y.shape)}")
-        if y.shape[0] != n_rows:
-            raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
-        distinct = V.check_labels(B.to_numpy(yx.unique_values(y)), what="y (its distinct values)")
-        classes = self._check_classes(np.sort(distinct), classes)
-        dtype = getattr(yx, self._dtype_name())
-
-        def is_class(c):
-            return yx.astype(y == yx.asarray(classes[c], dtype=y.dtype, device=B.array_device(y)), dtype)
-
-        if len(classes) == 2:
-            encoded = 2.0 * is_class(1) - 1.0
-        else:
-            encoded = is_class(1)
-            for c in range(2, len(classes)):
-                encoded = encoded + float(c) * is_class(c)
-        return B.asarray_like(encoded, xp, device=device, dtype=getattr(xp, self._dtype_name())), classes
 
     def _n_inducing_for(self, n):
         explicit = not isinstance(self.inducing, str)
@@ -615,7 +380,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return self._fit(X, y, validation_data, resume, started)
 
     def _fit(self, X, y, validation_data, resume, started):
-        groups, _ = self._check_params()
+        groups, target_xp = self._check_params()
         if resume and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
         if self.checkpoint_every is not None:  # before any work: a bad path must not cost the fit
@@ -627,14 +392,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if B.is_dask_array(X):
             return self._fit_dask(X, y, groups, resume, validation_data)
         self.__dict__.pop("_trainer", None)
-        Xc, y_pm, classes, sample, xp, device = self._inputs(X, y, reset=True)
+        Xc, y_pm, classes, sample, xp, device = I.training_inputs(self, X, y, reset=True, target_xp=target_xp)
         n = Xc.shape[0]
         m = self._n_inducing_for(n)
         rng = B.host_rng(self.random_state)
         init_started = time.perf_counter()
         kernel, Z = self._initial_model(sample, m, rng, len(classes))
         self.init_time_ = time.perf_counter() - init_started
-        validation = None if validation_data is None else self._validation_set(validation_data, classes, xp, device)
+        validation = None if validation_data is None else I.validation_set(self, validation_data, classes, xp, device)
         t0 = started
         data_hash = None
         if self.checkpoint_path is not None:  # the run's fingerprint holds the data's: resume on them only
@@ -643,33 +408,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
                              validation=validation, started=started, data_hash=data_hash)
         return self._fitted_from(result, classes, t0, n, resumed=bool(resume))
-
-    def _validation_set(self, validation_data, classes, xp, device):
-        """``validation_data`` checked as the training data are (features: count, finiteness, shape; labels:
-        1-D, one per row, no missing ones, among the training classes), every error naming validation_data;
-        returned as the loop takes it (compute namespace, labels encoded)."""
-        if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
-            raise ValueError(f"validation_data must be a pair (X_val, y_val), got {type(validation_data).__name__}"
-                             + (f" of length {len(validation_data)}" if isinstance(validation_data, (tuple, list)) else ""))
-        X_val, y_val = validation_data
-        try:
-            X_val, _ = self._validate_X(X_val, reset=False)
-        except ValueError as error:  # the same message as for training data, saying which data it is about
-            raise ValueError(f"validation_data: X_val: {error}") from error
-        labels = V.check_labels(B.to_numpy(y_val) if B.is_array_api_obj(y_val) else y_val,
-                                what="validation_data: y_val")
-        if labels.ndim != 1 or labels.shape[0] != X_val.shape[0]:
-            raise ValueError(f"validation_data: X_val has {X_val.shape[0]} rows but y_val has shape "
-                             f"{labels.shape}: y_val must be 1-D with one label per row")
-        unknown = np.setdiff1d(np.unique(labels), classes) if labels.dtype.kind == classes.dtype.kind or (
-            labels.dtype.kind in "biuf" and classes.dtype.kind in "biuf") else np.unique(labels)
-        if unknown.size:
-            raise ValueError(f"validation_data: y_val has labels {unknown.tolist()} that are not among the training "
-                             f"classes {classes.tolist()}")
-        return (
-            B.asarray_like(X_val, xp, device=device, dtype=getattr(xp, self._dtype_name())),
-            B.asarray_like(_encode_labels(labels, classes), xp, device=device, dtype=getattr(xp, self._dtype_name())),
-        )
 
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
                started=None, data_hash=None):
@@ -726,7 +464,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                                                   f", not {self.method!r}: it needs every row at each step"))
         if X.ndim != 2:
             raise ValueError(f"Expected 2D array, got {X.ndim}D array instead")
-        X = da.asarray(X).astype(self._dtype_name()).rechunk({1: -1})  # chunks by rows only
+        X = da.asarray(X).astype(I.dtype_name(self.dtype)).rechunk({1: -1})  # chunks by rows only
         y = da.asarray(y)
         if y.ndim != 1 or y.shape[0] != X.shape[0]:
             raise ValueError(f"X has {X.shape[0]} rows but y has shape {tuple(y.shape)}: y must be 1-D and match")
@@ -746,24 +484,24 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             finite, labels, *sample_rows = client.compute([da.isfinite(X).all(), da.unique(y), *sampled], sync=True)
             if not bool(finite):
                 raise ValueError("Input X contains NaN or infinity")
-            classes = self._check_classes(np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
+            classes = I.check_classes(self, np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
             data_hash = None if not sample_rows else training.data_fingerprint(
-                X.shape[0], X.shape[1], sample_rows[0], _encode_labels(np.asarray(sample_rows[1]), classes), classes)
-            y_pm = y.map_blocks(_encode_labels, classes, dtype=np.float64).astype(X.dtype)
+                X.shape[0], X.shape[1], sample_rows[0], I.encode_labels(np.asarray(sample_rows[1]), classes), classes)
+            y_pm = y.map_blocks(I.encode_labels, classes, dtype=np.float64).astype(X.dtype)
             self.n_features_in_ = X.shape[1]
             n = X.shape[0]
             m = self._n_inducing_for(n)
             rng = B.host_rng(self.random_state)
-            if n <= _INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
+            if n <= I.INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
                 sample = np.asarray(X.compute())
             else:
-                rows = np.sort(rng.choice(n, size=_INIT_SAMPLE, replace=False))
+                rows = np.sort(rng.choice(n, size=I.INIT_SAMPLE, replace=False))
                 sample = np.asarray(X[rows].compute())
             kernel, Z = self._initial_model(sample, m, rng, len(classes))
             if validation_data is not None:  # scored on the driver: brought there whole (keep it small)
                 validation_data = tuple(client.compute(list(validation_data), sync=True)
                                         if any(B.is_dask_array(v) for v in validation_data) else validation_data)
-            validation = None if validation_data is None else self._validation_set(
+            validation = None if validation_data is None else I.validation_set(self, 
                 validation_data, classes, B.array_namespace(Z), None)
             batch_size = self._batch_size_for(n)
             minibatch = batch_size is not None and batch_size < n
@@ -810,7 +548,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         X = X.rechunk({1: -1})
         if columns is None:
             return X.map_blocks(bound, drop_axis=1, dtype=np.asarray(self.classes_).dtype)
-        return X.map_blocks(bound, chunks=(X.chunks[0], (columns,)), dtype=np.dtype(self._dtype_name()))
+        return X.map_blocks(bound, chunks=(X.chunks[0], (columns,)), dtype=np.dtype(I.dtype_name(self.dtype)))
 
     @available_if(lambda self: M.supports(self.method, "partial_fit"))
     def partial_fit(self, X, y, classes=None, n_total=None):
@@ -844,16 +582,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return self._partial_fit(X, y, classes, n_total)
 
     def _partial_fit(self, X, y, classes, n_total):
-        groups, _ = self._check_params()
+        groups, target_xp = self._check_params()
         live = hasattr(self, "_trainer")
         fitted = live or hasattr(self, "posterior_")
         if fitted:  # before any change to the model: a refused call leaves it as it was
             self._check_continuable(classes)
-        Xc, y_pm, classes, sample, xp, device = self._inputs(
-            X, y, reset=not fitted, classes=self.classes_ if fitted else classes
+        Xc, y_pm, classes, sample, xp, device = I.training_inputs(
+            self, X, y, reset=not fitted, target_xp=target_xp, classes=self.classes_ if fitted else classes
         )
         rows = Xc.shape[0]
-        self._check_n_total(n_total, rows)
+        I.check_n_total(n_total, rows)
         if not fitted:
             self.classes_ = classes
             rng = B.host_rng(self.random_state)
@@ -890,7 +628,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def _structure(self):
         """The parameters that fix what a fitted model is (its method, type, size, kernel and likelihood):
         partial_fit continues a model only while they stay as it was fitted with."""
-        return {"method": self.method, "dtype": self._dtype_name(), "n_inducing": self.n_inducing,
+        return {"method": self.method, "dtype": I.dtype_name(self.dtype), "n_inducing": self.n_inducing,
                 "kernel": None if self.kernel is None else repr(self.kernel), "likelihood": self.likelihood}
 
     def _check_continuable(self, classes):
@@ -945,17 +683,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return trainer, (rows_seen if rows_seen is not None else n_total - rows)
 
     @staticmethod
-    def _check_n_total(n_total, rows):
-        """``n_total`` is a count of rows that includes this batch's (SEP replaces a share rows / n_total of its
-        tied factor a step: 0, a negative, a fraction or NaN have no meaning there). It may be below the rows
-        seen so far: a stream of a fixed data set visited for several epochs stands for that data set."""
-        if n_total is None:
-            return
-        if isinstance(n_total, bool) or not isinstance(n_total, numbers.Integral) or n_total < rows:
-            raise ValueError(f"n_total must be a positive integer at least the {rows} rows of this batch (the number "
-                             f"of rows the model stands for), got {n_total!r}")
-
-    @staticmethod
     def _default_kernel(X):
         """RBF with lengthscales sqrt(d) times each column's standard deviation (1 for a constant column).
         The deviations are taken without overflow or underflow (``validation.column_scales``), so that the
@@ -981,12 +708,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def _prepare(self, X):
         check_is_fitted(self, "posterior_")
         if B.is_out_of_core(X):  # predicted a block at a time; results are NumPy arrays
-            self._validate_out_of_core(X, reset=False)
+            I.check_out_of_core(self, X, reset=False)
             return X, None, None
-        X, in_xp = self._validate_X(X, reset=False)
+        X, in_xp = I.check_features(self, X, reset=False)
         xp = B.array_namespace(self.inducing_points_)
         device = B.array_device(self.inducing_points_)
-        if in_xp is None and self._stays_on_host(X, xp, device):  # predicted a block at a time, as data on disk
+        if in_xp is None and I.stays_on_host(X, xp, device):  # predicted a block at a time, as data on disk
             return B.HostRows(X), None, None
         # the fitted model's own type (a model loaded from a file keeps the type it was saved in)
         Xc = B.asarray_like(X, xp, device=device, dtype=self.inducing_points_.dtype)
