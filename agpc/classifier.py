@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import numbers
 import os
@@ -17,11 +16,13 @@ from sklearn.utils.validation import check_is_fitted
 from . import backend as B
 from . import inputs as I
 from . import methods as M
+from . import prediction as P
+from . import streaming as S
 from . import threads
 from . import validation as V
 from .checkpoints import check_checkpoint_path
 from .inducing import initial_inducing_points
-from .inference import ep, multiclass_ep, multiclass_vi, training, variational
+from .inference import training
 from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
 from .inference.data_parallel import DEFAULT_LOCAL_STEPS, DataParallel, RowsOnWorkers
 from .kernels import RBF, ClassKernels, Kernel
@@ -30,7 +31,6 @@ from .model_file import FittedState, read_model_file, write_model_file
 __all__ = ["GPClassifier"]
 
 _FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above
-_ROWS_SEEN = "n_rows_seen"  # partial_fit's history entry: the rows the stream has brought so far
 
 
 _OPTIMIZE_GROUPS = ("kernel", "inducing")
@@ -337,7 +337,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.log_marginal_likelihood_ = log_z
         self.history_ = history
         self.n_iter_ = n_iter
-        self._fitted_structure = self._structure()  # what partial_fit may continue (``_check_continuable``)
+        self._fitted_structure = S.structure(self)  # what partial_fit may continue (``_check_continuable``)
 
     def _blas_scope(self, X):
         """The BLAS thread scope (``agpc.threads.blas_threads``) for a fit on ``X``, shaped by the work of its
@@ -540,16 +540,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 cluster.close()
         return self._fitted_from(result, classes, t0, n, resumed=bool(resume))
 
-    def _lazy(self, method, X, columns):
-        """A prediction on a dask.array: the same method chunk by chunk, lazily (a dask array back)."""
-        model = copy.copy(self)
-        model.client = None  # the tasks carry the fitted model, not the connection to the cluster
-        bound = getattr(model, method.__name__)
-        X = X.rechunk({1: -1})
-        if columns is None:
-            return X.map_blocks(bound, drop_axis=1, dtype=np.asarray(self.classes_).dtype)
-        return X.map_blocks(bound, chunks=(X.chunks[0], (columns,)), dtype=np.dtype(I.dtype_name(self.dtype)))
-
     @available_if(lambda self: M.supports(self.method, "partial_fit"))
     def partial_fit(self, X, y, classes=None, n_total=None):
         """Update the model with one more minibatch (a stream): one damped site update and one
@@ -586,7 +576,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         live = hasattr(self, "_trainer")
         fitted = live or hasattr(self, "posterior_")
         if fitted:  # before any change to the model: a refused call leaves it as it was
-            self._check_continuable(classes)
+            S.check_continuable(self, getattr(self, "_fitted_structure", None) or S.structure(self), classes)
         Xc, y_pm, classes, sample, xp, device = I.training_inputs(
             self, X, y, reset=not fitted, target_xp=target_xp, classes=self.classes_ if fitted else classes
         )
@@ -597,90 +587,19 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             rng = B.host_rng(self.random_state)
             kernel, Z = self._initial_model(sample, self._n_inducing_for(rows), rng, len(classes))
             self._rows_seen = 0
-            self._trainer = self._stream_trainer(kernel, Z, n_total or rows, groups, self._jitter_for(Z))
-        elif not live:
-            self._trainer, self._rows_seen = self._trainer_from_fitted(groups, n_total, rows)
+            self._trainer = S.stream_trainer(self, kernel, Z, n_total or rows, groups, self._jitter_for(Z))
+        elif not live:  # fit records its rows on the model, partial_fit in the history
+            self._trainer, self._rows_seen = S.trainer_from_fitted(self, groups, n_total, rows,
+                                                                   getattr(self, "_rows_seen", None))
         trainer = self._trainer
         self._rows_seen += rows
         trainer.n_total = n_total or self._rows_seen
-        took = False
-        for _ in range(31):  # a step that diverges is retried with halved damping and steps
-            took, _, _ = trainer.step(Xc, y_pm, 0, rows, stepping=bool(trainer.names))
-            if took:
-                break
-        trainer.record()
-        # the count travels with the history (into model files too): a loaded stream model goes on from it
-        trainer.history.setdefault(_ROWS_SEEN, []).append(float(self._rows_seen))
-        post, log_z = trainer.posterior()
+        post, log_z = S.step(trainer, Xc, y_pm, self._rows_seen)
         state = trainer.state
         self.likelihood_ = M.get_method(self.method).likelihood_for(self.likelihood, len(self.classes_))
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
                          trainer.engine.jitter)
         return self
-
-    def _stream_trainer(self, kernel, Z, n_total, groups, jitter):
-        return training.Trainer(
-            kernel, Z, method=M.get_method(self.method).engine, n_total=n_total, minibatch=True, jitter=jitter,
-            damping=None if self.damping is None else float(self.damping), optimize=groups,
-            optimizer=self.optimizer, learning_rate=self.learning_rate,
-        )
-
-    def _structure(self):
-        """The parameters that fix what a fitted model is (its method, type, size, kernel and likelihood):
-        partial_fit continues a model only while they stay as it was fitted with."""
-        return {"method": self.method, "dtype": I.dtype_name(self.dtype), "n_inducing": self.n_inducing,
-                "kernel": None if self.kernel is None else repr(self.kernel), "likelihood": self.likelihood}
-
-    def _check_continuable(self, classes):
-        """partial_fit on a fitted model continues it: refused (one ValueError) when the model is not one a
-        stream can continue, or when ``classes`` or the structural parameters changed since it was fitted."""
-        fitted_with = getattr(self, "_fitted_structure", None) or self._structure()
-        if not M.supports(fitted_with["method"], "partial_fit"):
-            raise ValueError(
-                f"partial_fit cannot continue this model: it was fitted with method={fitted_with['method']!r}, and "
-                f"only the methods {list(M.methods_supporting('partial_fit'))} learn from a stream; call fit to start "
-                "again"
-            )
-        if classes is not None:
-            given = np.unique(V.check_labels(classes, what="classes"))
-            if given.shape != self.classes_.shape or not np.array_equal(given, self.classes_):
-                raise ValueError(f"classes={given.tolist()} differs from the classes this model was fitted with "
-                                 f"({self.classes_.tolist()}); call fit to start again with other classes")
-        now = self._structure()
-        changed = [f"{name} {fitted_with[name]!r} -> {now[name]!r}" for name in now if now[name] != fitted_with[name]]
-        if changed:
-            raise ValueError(f"partial_fit cannot continue this model: {', '.join(changed)} since it was fitted; "
-                             "call fit to start again with the new parameters")
-
-    def _trainer_from_fitted(self, groups, n_total, rows):
-        """A stream trainer at the fitted state of a model without one (fitted by ``fit``, or loaded): kernel_,
-        inducing_points_, SEP's tied factor read back from posterior_ (``ep.Factor.from_posterior``; per class
-        for a multiclass model), the fitted jitter, and the step count and history going on. Returns (trainer,
-        rows seen before this batch). The optimiser's moments and a damping the divergence guard had lowered
-        are not part of a fitted model: they start as configured."""
-        # fit records its rows on the model, partial_fit in the history (which a model file holds)
-        rows_seen = getattr(self, "_rows_seen", None)
-        if rows_seen is None and self.history_.get(_ROWS_SEEN):
-            rows_seen = int(self.history_[_ROWS_SEEN][-1])
-        if rows_seen is None and n_total is None:
-            raise ValueError(
-                "partial_fit continues this model (loaded from a file of a model fitted by fit), which does not "
-                "record how many rows it was trained on: pass n_total, the number of rows it stands for with this "
-                "batch"
-            )
-        trainer = self._stream_trainer(self.kernel_, self.inducing_points_, n_total or rows_seen + rows,
-                                       groups, float(self.jitter_))
-        multiclass = isinstance(self.posterior_, tuple)
-        trainer.state["factor"] = (multiclass_ep.factor_from_posteriors(self.posterior_) if multiclass
-                                   else ep.Factor.from_posterior(self.posterior_))
-        trainer.n_steps = int(self.n_iter_)
-        history = {name: list(values) for name, values in self.history_.items()}
-        for name in training.HISTORY_KEYS:
-            history.setdefault(name, [])
-        trainer.history = history
-        if history["time"]:
-            trainer.t0 -= history["time"][-1]
-        return trainer, (rows_seen if rows_seen is not None else n_total - rows)
 
     @staticmethod
     def _default_kernel(X):
@@ -719,52 +638,17 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Xc = B.asarray_like(X, xp, device=device, dtype=self.inducing_points_.dtype)
         return Xc, in_xp, (B.array_device(X) if in_xp is not None else None)
 
-    @staticmethod
-    def _back(values, in_xp, device):
-        """Return results in the caller's array type."""
-        if in_xp is None:
-            return B.to_numpy(values)
-        return B.asarray_like(values, in_xp, device=device)
-
     @property
     def _multiclass(self):
         check_is_fitted(self, "posterior_")
         return len(self.classes_) > 2
 
-    # A stationary kernel's profile is exactly 0 beyond this many lengthscales (RBF: exp(-r^2 / 2) underflows past
-    # r = 39; Matern 5/2: past r ~ 330).
-    _KERNEL_REACH = 1e3
-
-    def _within_reach(self, Xc):
-        """Xc with each coordinate held within ``_KERNEL_REACH`` lengthscales of the inducing points' range. The
-        kernel at a point beyond that is 0 to every inducing point, and still is at the clamped point, so the
-        predictions do not change; the squared distances of the far point itself overflowed (X * 1e300:
-        "overflow encountered in vecdot")."""
-        Z = self.inducing_points_
-        kernels = [self.kernel_[c] for c in range(Z.shape[0])] if Z.ndim == 3 else [self.kernel_]
-        if B.is_out_of_core(Xc) or any(kernel.reach_lengthscales is None for kernel in kernels):
-            return Xc  # (rows on disk are predicted a block at a time, as they are read: not held here)
-        xp = B.array_namespace(Xc)
-        reach_limit = float(xp.finfo(Xc.dtype).max) / (4.0 * self._KERNEL_REACH)  # reach + |Z| stays finite
-        lower = upper = None
-        for c, kernel in enumerate(kernels):
-            Zc = Z[c, ...] if Z.ndim == 3 else Z
-            reach = self._KERNEL_REACH * xp.minimum(kernel.reach_lengthscales, reach_limit)
-            low, high = xp.min(Zc, axis=0) - reach, xp.max(Zc, axis=0) + reach
-            lower = low if lower is None else xp.minimum(lower, low)
-            upper = high if upper is None else xp.maximum(upper, high)
-        return xp.minimum(xp.maximum(Xc, lower), upper)
-
     def _latent(self, Xc):
-        Xc = self._within_reach(Xc)
-        Z = self.inducing_points_
-        with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=self.blas_threads), \
-                B.jitter_report("GPClassifier prediction", stacklevel=5), \
-                B.block_memory_advice("GPClassifier prediction"):  # (called by the public predict_*)
-            block_rows = getattr(self, "block_rows", None)  # (None in models pickled before it existed)
-            if self._multiclass:
-                return multiclass_ep.predict_latent(self.kernel_, Z, self.posterior_, Xc, block_rows=block_rows)
-            return ep.predict_latent(self.kernel_, Z, self.posterior_, Xc, block_rows=block_rows)
+        """The latent's mean and variance at checked rows (``agpc.prediction.latent``); a raised jitter is warned
+        about at the caller of the public ``predict_*`` that called this."""
+        with B.jitter_report("GPClassifier prediction", stacklevel=5):
+            return P.latent(self.kernel_, self.inducing_points_, self.posterior_, Xc, blas_threads=self.blas_threads,
+                            block_rows=getattr(self, "block_rows", None))  # (None in models pickled before it existed)
 
     def predict_latent(self, X):
         """Mean and variance of the latent f at X (seed 000 eq. 36): each of shape (n_samples,) for a
@@ -774,35 +658,30 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """
         Xc, in_xp, device = self._prepare(X)
         mean, var = self._latent(Xc)
-        return self._back(mean, in_xp, device), self._back(var, in_xp, device)
+        return P.to_caller(mean, in_xp, device), P.to_caller(var, in_xp, device)
 
     def _log_proba_matrix(self, X):
         """(log p(classes_[c] | x) as an (n, C) array, input namespace, device)."""
         Xc, in_xp, device = self._prepare(X)
         mean, var = self._latent(Xc)
-        if self._multiclass and self.likelihood_ == "robust-max":  # the variational baseline's likelihood
-            return multiclass_vi.predictive_log_proba(mean, var), in_xp, device
-        if self._multiclass:  # seed 001 eq. 11 by one-dimensional quadrature
-            return multiclass_ep.predictive_log_proba(mean, var), in_xp, device
-        log_pos, log_neg = variational.predictive_log_proba(mean, var, self.likelihood_, self.n_quadrature)
-        return B.array_namespace(log_pos).stack([log_neg, log_pos], axis=1), in_xp, device
+        return P.log_proba(mean, var, self.likelihood_, self.n_quadrature, self._multiclass), in_xp, device
 
     def predict_log_proba(self, X):
         """log p(y | x) for every class (seed 000 eq. 37; Gauss-Hermite for the logistic likelihood and for
         the multiclass model, seed 001 eq. 11), shape (n_samples, n_classes), columns in the order of
         ``classes_``. A dask.array in gives a dask.array out (lazy, chunk by chunk)."""
         if B.is_dask_array(X):
-            return self._lazy(self.predict_log_proba, X, len(self.classes_))
+            return P.lazy(self, "predict_log_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
         log_p, in_xp, device = self._log_proba_matrix(X)
-        return self._back(log_p, in_xp, device)
+        return P.to_caller(log_p, in_xp, device)
 
     def predict_proba(self, X):
         """p(y | x) for every class, shape (n_samples, n_classes), columns in the order of ``classes_``;
         rows sum to one. A dask.array in gives a dask.array out (lazy, chunk by chunk)."""
         if B.is_dask_array(X):
-            return self._lazy(self.predict_proba, X, len(self.classes_))
+            return P.lazy(self, "predict_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
         log_p, in_xp, device = self._log_proba_matrix(X)
-        return self._back(B.array_namespace(log_p).exp(log_p), in_xp, device)
+        return P.to_caller(B.array_namespace(log_p).exp(log_p), in_xp, device)
 
     def decision_function(self, X):
         """Binary: the predictive log-odds log p(classes_[1] | x) - log p(classes_[0] | x), shape
@@ -811,13 +690,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Multiclass: the log-probabilities, shape (n_samples, n_classes)."""
         log_p, in_xp, device = self._log_proba_matrix(X)
         if self._multiclass:
-            return self._back(log_p, in_xp, device)
-        return self._back(log_p[:, 1] - log_p[:, 0], in_xp, device)
+            return P.to_caller(log_p, in_xp, device)
+        return P.to_caller(log_p[:, 1] - log_p[:, 0], in_xp, device)
 
     def predict(self, X):
         """Most probable class label for each row (a lazy dask.array for a dask.array)."""
         if B.is_dask_array(X):
-            return self._lazy(self.predict, X, None)
+            return P.lazy(self, "predict", X, None, np.asarray(self.classes_).dtype)
         if self._multiclass:
             log_p, in_xp, device = self._log_proba_matrix(X)
             index = B.to_numpy(B.array_namespace(log_p).argmax(log_p, axis=1))
