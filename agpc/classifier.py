@@ -56,6 +56,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         (``max_iter`` outer iterations of 3 analytic updates and at most 5 evaluations), no learning rate.
         "gfitc": the generalised FITC baseline (Naish-Guzman & Holden 2008): EP on the FITC prior run to
         convergence (largest relative site change below ``tol``) before each of ``max_iter`` steps; batch only.
+        What each supports: ``agpc.methods`` (the registry, where further methods can be registered).
     n_inducing : int, default=100
         Number m of inducing points; must not exceed the number of training rows.
     kernel : Kernel or None

@@ -59,8 +59,8 @@ def stream_trainer(estimator, kernel, Z, n_total, groups, jitter):
 
 
 def trainer_from_fitted(estimator, groups, n_total, rows, rows_seen):
-    """A stream trainer at the fitted state of a model without one (fitted by ``fit``, or loaded): kernel_,
-    inducing_points_, SEP's tied factor read back from posterior_ (``ep.Factor.from_posterior``; per class
+    """A stream trainer at the fitted state of a model without one (fitted by ``fit``, or loaded): ``kernel_``,
+    ``inducing_points_``, SEP's tied factor read back from ``posterior_`` (``ep.Factor.from_posterior``; per class
     for a multiclass model), the fitted jitter, and the step count and history going on. ``rows_seen``: the rows
     ``fit`` recorded, or None. Returns (trainer, rows seen before this batch). The optimiser's moments and a
     damping the divergence guard had lowered are not part of a fitted model: they start as configured."""
