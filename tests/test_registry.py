@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agpc import GPClassifier
+from agpc import GPClassifier, classifier
 from agpc import methods as M
 from agpc.cli import main as cli_main
 from agpc.datasets import make_banana
@@ -131,3 +131,8 @@ def test_the_built_in_methods_are_the_engines():
     assert M.methods_supporting("partial_fit") == ("sep", "adf")
     assert M.methods_supporting("multiclass") == ("ep", "sep", "adf", "svi", "gfitc")
     assert all(M.get_method(name).engine == name for name in engines.ALL_METHODS)
+
+
+def test_classifier_methods_is_a_deprecated_alias_of_the_registry():
+    with pytest.warns(DeprecationWarning, match="method_names"):
+        assert classifier.METHODS == M.method_names()
