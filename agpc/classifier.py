@@ -415,8 +415,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """The one training loop (``training.train``) with this estimator's settings for its method."""
         spec = M.get_method(self.method)
         self.likelihood_ = spec.likelihood_for(self.likelihood, len(classes))
-        return training.train(
-            X, y, kernel, Z, method=spec.engine, batch_size=batch_size, jitter=self._jitter_for(Z),
+        settings = dict(
+            method=spec.engine, batch_size=batch_size, jitter=self._jitter_for(Z),
             max_iter=int(self.max_iter), damping=None if self.damping is None else float(self.damping),
             optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate, tol=float(self.tol),
             max_time=self.max_time, random_state=rng, shuffle=bool(self.shuffle), validation=validation,
@@ -426,6 +426,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash, block_rows=self.block_rows,
             step_replay=bool(self.step_replay),
         )
+        settings.update(spec.training_settings(self.get_params(deep=False), len(classes)))
+        return training.train(X, y, kernel, Z, **settings)
 
     def _jitter_for(self, Z):
         """``jitter``, raised to ``backend.jitter_floor`` for the model's type and number of inducing points

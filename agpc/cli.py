@@ -46,8 +46,8 @@ from . import backend as B
 from . import persistence
 from .checkpoints import sync_directory
 from .classifier import GPClassifier
-from .methods import method_names
 from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
+from .methods import method_names
 from .untrusted import RefusedFile, open_zarr, read_npy, read_npz, read_parquet_columns
 
 __all__ = ["main", "load_data", "Data", "UsageError"]

@@ -1,8 +1,9 @@
 """The method registry: what each ``GPClassifier(method=...)`` is and what it can do.
 
 A method is one ``Method`` record: its family, the likelihoods it takes (the first is the default), its
-capabilities (more than two classes, minibatches, dask arrays, ``partial_fit``, ...) and the engine of the one
-training loop (``agpc.inference.engines``) that trains it. Everything that used to branch on the method's name
+capabilities (more than two classes, minibatches, dask arrays, ``partial_fit``, ...), the engine of the one
+training loop (``agpc.inference.engines``) that trains it, and optionally rules of its own between parameters
+(``check_params``) and settings of its own for the training loop (``train_options``). Everything that used to branch on the method's name
 reads this table instead: the estimator's parameter checks (read when the parameters are checked, so a method
 registered later is accepted), ``fit``'s dispatch, whether ``partial_fit`` exists, the scikit-learn tags, the
 command line's ``--method`` choices and the support table in docs/methods.md, which ``python -m agpc.methods``
@@ -18,6 +19,7 @@ A new method built on an existing engine is one ``register_method`` call::
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from .inference.engines import ALL_METHODS as ENGINES
+from .inference.training import train
 
 __all__ = [
     "Method",
@@ -86,6 +89,10 @@ class Method:
         What the error says when a capability the method lacks is asked for (default: a generic sentence).
     check_params : callable or None
         Rules of its own between parameters: called with ``get_params()``, raises ValueError.
+    train_options : callable or None
+        The method's own settings of the training loop: called by ``fit`` with ``get_params()`` and the number of
+        classes, returns keyword arguments of ``agpc.inference.training.train`` (e.g. ``n_warmup``,
+        ``max_ep_sweeps``) that replace the estimator's.
     remarks : mapping of capability to str
         A note after "yes" in the support table (e.g. "binary").
     """
@@ -99,6 +106,7 @@ class Method:
     likelihood_reason: str = ""
     refusals: Mapping = field(default_factory=dict)
     check_params: Callable | None = None
+    train_options: Callable | None = None
     remarks: Mapping = field(default_factory=dict)
 
     def __post_init__(self):
@@ -128,6 +136,18 @@ class Method:
         if n_classes > 2 and self.multiclass_likelihood is not None:
             return self.multiclass_likelihood
         return likelihood or self.likelihoods[0]
+
+    def training_settings(self, params, n_classes):
+        """The method's own keyword arguments of ``training.train`` (``train_options``), checked: a name the
+        training loop does not take is one ValueError naming the method."""
+        if self.train_options is None:
+            return {}
+        settings = dict(self.train_options(params, n_classes))
+        unknown = sorted(set(settings) - set(inspect.signature(train).parameters) - {"method"})
+        if unknown or "method" in settings:
+            raise ValueError(f"method {self.name!r}: train_options returned {unknown or ['method']}, which are not "
+                             "settings of agpc.inference.training.train (the engine is Method.engine)")
+        return settings
 
     def refusal(self, capability, default):
         """The error message for ``capability``, which this method lacks."""

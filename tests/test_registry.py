@@ -136,3 +136,23 @@ def test_the_built_in_methods_are_the_engines():
 def test_classifier_methods_is_a_deprecated_alias_of_the_registry():
     with pytest.warns(DeprecationWarning, match="method_names"):
         assert classifier.METHODS == M.method_names()
+
+
+def test_a_method_sets_its_own_training_loop_settings():
+    """A method's ``train_options`` reach the training loop: batch EP without the 10 warm-up sweeps before its
+    first hyper-parameter step takes max_iter steps where EP takes max_iter + 10."""
+    no_warmup = M.Method("toy-ep-no-warmup", family="ep", engine="ep", capabilities={"minibatch"},
+                         train_options=lambda params, n_classes: {"n_warmup": 0})
+    bad = M.Method("toy-ep-bad", family="ep", engine="ep", train_options=lambda params, n_classes: {"warm": 0})
+    M.register_method(no_warmup)
+    M.register_method(bad)
+    try:
+        X, y = _data(60)
+        options = dict(n_inducing=5, max_iter=3, batch_size=None, random_state=0)
+        assert GPClassifier(method="ep", **options).fit(X, y).history_["n_steps"][-1] == 3 + 10
+        assert GPClassifier(method="toy-ep-no-warmup", **options).fit(X, y).history_["n_steps"][-1] == 3
+        with pytest.raises(ValueError, match=r"method 'toy-ep-bad': train_options returned \['warm'\]"):
+            GPClassifier(method="toy-ep-bad", **options).fit(X, y)
+    finally:
+        M.unregister_method(no_warmup.name)
+        M.unregister_method(bad.name)
