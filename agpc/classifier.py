@@ -463,8 +463,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
         spec = M.get_method(self.method)
         if not spec.supports("dask"):
-            raise ValueError(spec.refusal("dask", f"fit on a dask array trains method {list(M.methods_supporting('dask'))}"
-                                                  f", not {self.method!r}: it needs every row at each step"))
+            raise ValueError(spec.refusal("dask", f"fit on a dask array trains the methods "
+                                                  f"{list(M.methods_supporting('dask'))}, not {self.method!r}"))
         if X.ndim != 2:
             raise ValueError(f"Expected 2D array, got {X.ndim}D array instead")
         X = da.asarray(X).astype(I.dtype_name(self.dtype)).rechunk({1: -1})  # chunks by rows only

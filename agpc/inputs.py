@@ -172,9 +172,8 @@ def check_classes(estimator, found, classes=None):
         raise ValueError(f"y has {classes.shape[0]} classes but method={method.name!r} is binary only: the multiclass "
                          f"model is trained by {list(methods_supporting('multiclass'))}")
     if classes.shape[0] > 2 and method.multiclass_likelihood is not None and estimator.likelihood is not None:
-        raise ValueError(f"multiclass {method.name} uses the {method.multiclass_likelihood} likelihood "
-                         f"(Villacampa-Calvo & Hernandez-Lobato 2017); leave likelihood=None, got "
-                         f"{estimator.likelihood!r}")
+        raise ValueError(f"multiclass {method.name} uses the {method.multiclass_likelihood} likelihood; leave "
+                         f"likelihood=None, got {estimator.likelihood!r}")
     return classes
 
 

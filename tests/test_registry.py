@@ -156,3 +156,11 @@ def test_a_method_sets_its_own_training_loop_settings():
     finally:
         M.unregister_method(no_warmup.name)
         M.unregister_method(bad.name)
+
+
+def test_a_toy_method_without_dask_is_refused_on_a_dask_array_before_any_cluster(toy):
+    da = pytest.importorskip("dask.array")
+    X, y = _data(40)
+    with pytest.raises(ValueError, match=r"fit on a dask array trains the methods \['ep', 'sep', 'adf', 'svi'\], "
+                                         r"not 'toy-adf'"):
+        GPClassifier(method="toy-adf", n_inducing=4).fit(da.from_array(X, chunks=20), da.from_array(y, chunks=20))
