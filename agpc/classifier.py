@@ -504,8 +504,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if validation_data is not None:  # scored on the driver: brought there whole (keep it small)
                 validation_data = tuple(client.compute(list(validation_data), sync=True)
                                         if any(B.is_dask_array(v) for v in validation_data) else validation_data)
-            validation = None if validation_data is None else I.validation_set(self, 
-                validation_data, classes, B.array_namespace(Z), None)
+            validation = None if validation_data is None else I.validation_set(
+                self, validation_data, classes, B.array_namespace(Z), None)
             batch_size = self._batch_size_for(n)
             minibatch = batch_size is not None and batch_size < n
             local_steps = self.local_steps
