@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import numbers
 import os
@@ -12,15 +11,18 @@ import warnings
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.metaestimators import available_if
-from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
+from sklearn.utils.validation import check_is_fitted
 
 from . import backend as B
+from . import inputs as I
+from . import methods as M
+from . import prediction as P
+from . import streaming as S
 from . import threads
 from . import validation as V
 from .checkpoints import check_checkpoint_path
 from .inducing import initial_inducing_points
-from .inference import engines, ep, multiclass_ep, multiclass_vi, training, variational
+from .inference import training
 from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
 from .inference.data_parallel import DEFAULT_LOCAL_STEPS, DataParallel, RowsOnWorkers
 from .kernels import RBF, ClassKernels, Kernel
@@ -28,50 +30,10 @@ from .model_file import FittedState, read_model_file, write_model_file
 
 __all__ = ["GPClassifier"]
 
-METHODS = training.ALL_METHODS
-"""The names ``method`` takes."""
-_METHODS = METHODS
-_QUADRATIC_METHODS = engines.QUADRATIC_METHODS
-_BATCH_ONLY_METHODS = _QUADRATIC_METHODS + ("gfitc",)  # every step needs all the rows
-_MULTICLASS_METHODS = training.METHODS + ("svi", "gfitc")
-_GFITC_BATCH_ONLY = (
-    "method='gfitc' is batch-only, so {what} is not supported: GFITC runs EP over all n sites to convergence "
-    "(with the FITC prior's n x m factor of all rows) before every hyper-parameter step, and its log Z_EP is not "
-    "a sum over rows, so it has no minibatch, stream or per-chunk form (seed 000 sec. 3); method='ep' has them"
-)
 _FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above
-_CHUNK = 65536  # rows read at a time from data on disk
-_INIT_SAMPLE = 20000  # rows read from data on disk to initialise the kernel and the inducing points
-_DTYPES = ("float64", "float32")  # the floating types a model computes in (``dtype``)
-_ROWS_SEEN = "n_rows_seen"  # partial_fit's history entry: the rows the stream has brought so far
 
 
-def _encode_labels(y, classes):
-    """Labels as the inference code takes them: +1 / -1 for two classes (+1 = classes[1]), else the
-    index into ``classes`` (floats, so they travel like the features)."""
-    if len(classes) == 2:
-        return np.where(y == classes[1], 1.0, -1.0)
-    return np.searchsorted(classes, y).astype(np.float64)
-
-
-class _Labels:
-    """Labels on disk (or anywhere sliceable) encoded by ``_encode_labels`` a block at a time."""
-
-    dtype = np.float64
-
-    def __init__(self, y, classes):
-        self.y = y
-        self.classes = classes
-        self.shape = (y.shape[0],)
-
-    def __getitem__(self, key):
-        return _encode_labels(np.asarray(self.y[key]), self.classes)
 _OPTIMIZE_GROUPS = ("kernel", "inducing")
-
-
-def _is_foreign_array(X):
-    """An array-API array of a library other than NumPy (CuPy, array_api_strict, ...)."""
-    return B.is_array_api_obj(X) and not isinstance(X, np.ndarray) and not B.is_numpy_namespace(B.array_namespace(X))
 
 
 class GPClassifier(ClassifierMixin, BaseEstimator):
@@ -94,6 +56,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         (``max_iter`` outer iterations of 3 analytic updates and at most 5 evaluations), no learning rate.
         "gfitc": the generalised FITC baseline (Naish-Guzman & Holden 2008): EP on the FITC prior run to
         convergence (largest relative site change below ``tol``) before each of ``max_iter`` steps; batch only.
+        What each supports: ``agpc.methods`` (the registry, where further methods can be registered).
     n_inducing : int, default=100
         Number m of inducing points; must not exceed the number of training rows.
     kernel : Kernel or None
@@ -229,7 +192,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     # Every parameter and what it may be (``agpc.validation``): checked at the start of fit / partial_fit;
     # any one constraint of a list accepts. Cross-parameter rules follow in ``_check_params``.
     _parameter_constraints = {
-        "method": [V.Options(*_METHODS)],
+        "method": [M.MethodName()],  # the registry (agpc.methods), read when the parameters are checked
         "n_inducing": [V.Interval(numbers.Integral, 1, None, "left")],
         "kernel": [V.NONE, V.InstanceOf(Kernel, description="an agpc kernel (e.g. agpc.RBF)")],
         "backend": [V.NONE, V.Options("auto", "numpy", "cupy", ignore_case=True), V.ArrayNamespace()],
@@ -243,7 +206,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "eval_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "n_iter_no_change": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "inducing": [V.Options("kmeans", "random"), V.ArrayLike()],
-        "likelihood": [V.NONE, V.Options("probit", "logistic")],
+        "likelihood": [V.NONE, M.RegisteredLikelihood()],  # which method takes which: ``_check_params``
         "n_quadrature": [V.Interval(numbers.Integral, 1, None, "left")],
         "optimize": [V.NONE, V.Boolean(), V.Subset(*_OPTIMIZE_GROUPS)],
         "jitter": [V.Interval(numbers.Real, 0, None, "left")],
@@ -256,7 +219,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "checkpoint_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "site_directory": [V.NONE, V.PATH],
         "blas_threads": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
-        "dtype": [V.FloatingType(*_DTYPES)],
+        "dtype": [V.FloatingType(*I.DTYPES)],
         "block_rows": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "step_replay": [V.Boolean()],
     }
@@ -331,14 +294,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         V.validate_params(self.get_params(deep=False), self._parameter_constraints, type(self).__name__)
         if self.checkpoint_every is not None and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
-        if self.method == "gfitc" and not (self.batch_size is None or self.batch_size == "auto"):
-            raise ValueError(_GFITC_BATCH_ONLY.format(what=f"batch_size={self.batch_size!r}"))
-        if self.method == "gfitc" and self.optimizer not in (None, "rprop"):
-            raise ValueError(f"method='gfitc' steps with the batch adaptive steps ('rprop'), not {self.optimizer!r}")
-        if self.method in _QUADRATIC_METHODS and self.likelihood == "probit":
-            raise ValueError(f"method={self.method!r} is built on the logistic likelihood; use likelihood='logistic' or None")
-        if self.method in training.METHODS + ("gfitc",) and self.likelihood == "logistic":
-            raise ValueError(f"method={self.method!r} uses the probit likelihood (closed-form EP updates)")
+        spec = M.get_method(self.method)
+        if spec.check_params is not None:  # the method's own rules between parameters
+            spec.check_params(self.get_params(deep=False))
+        if self.likelihood is not None and self.likelihood not in spec.likelihoods:
+            takes = " or ".join(repr(name) for name in spec.likelihoods)
+            raise ValueError(f"method={self.method!r} {spec.likelihood_reason or 'takes ' + takes}: likelihood must be "
+                             f"{takes} or None, got {self.likelihood!r}")
         if self.optimize is True:
             groups = _OPTIMIZE_GROUPS
         elif self.optimize is False or self.optimize is None:
@@ -347,213 +309,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             groups = tuple([self.optimize] if isinstance(self.optimize, str) else self.optimize)
         return groups, B.resolve_backend(self.backend)
 
-    def _dtype_name(self):
-        """``dtype`` spelled as one of ``_DTYPES`` (checked by the parameter table; NumPy spellings such as
-        np.float32 or "f4" are accepted)."""
-        name = V.FloatingType.name_of(self.dtype)
-        if name not in _DTYPES:
-            raise ValueError(f"dtype must be 'float64' or 'float32', got {self.dtype!r}")
-        return name
-
-    def _check_conversion_keeps_spread(self, X, what="X"):
-        """Before X (any array-API array, in its own type) is converted to ``dtype`` for a fit: refuse a
-        narrower type that would erase a column's variation (``validation.check_precision_keeps_spread``;
-        float32 of x + 1e7 fitted a chance-level model, exit 0, no warning). A type that holds X exactly is
-        not checked (float64, float32 input in float32)."""
-        xp = B.array_namespace(X)
-        target = self._dtype_name()
-        bits = xp.finfo(getattr(xp, target)).bits
-        if xp.isdtype(X.dtype, "real floating"):
-            wider = xp.finfo(X.dtype).bits > bits
-        else:  # integers of as many bits as the target's have more digits than its significand
-            wider = xp.isdtype(X.dtype, "integral") and xp.iinfo(X.dtype).bits >= bits
-        if wider:
-            V.check_precision_keeps_spread(xp.astype(X, xp.float64), target, what=what)
-
-    def _validate_X(self, X, *, reset):
-        """Returns (X as an array of the input's namespace in ``dtype``, checked; input namespace or None)."""
-        if _is_foreign_array(X):
-            xp = B.array_namespace(X)
-            if X.ndim != 2:
-                raise ValueError(
-                    f"Expected 2D array, got {X.ndim}D array instead: reshape your data to (n_samples, n_features)"
-                )
-            if X.shape[0] < 1:
-                raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required")
-            if not xp.isdtype(X.dtype, ("real floating", "integral", "bool")):
-                raise ValueError(f"X must be real-valued, got dtype {X.dtype}")
-            if reset:
-                self._check_conversion_keeps_spread(X)
-            X = xp.astype(X, getattr(xp, self._dtype_name()))
-            if not bool(xp.all(xp.isfinite(X))):
-                raise ValueError(f"Input X contains NaN or infinity (or values too large for {self._dtype_name()})")
-            if reset:
-                self.n_features_in_ = X.shape[1]
-            elif X.shape[1] != self.n_features_in_:
-                raise ValueError(
-                    f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
-                    f"{self.n_features_in_} features as input"
-                )
-            return X, xp
-        X = validate_data(self, X, reset=reset, dtype=self._dtype_name(), ensure_all_finite=True)
-        return X, None
-
     # -- fitting ---------------------------------------------------------------------------------
-
-    def _prepare_targets(self, y, n_rows, classes=None):
-        """Check y (host side) and return (classes, labels as a NumPy array); y may be on disk."""
-        if B.is_out_of_core(y):
-            if len(y.shape) != 1:
-                raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(y.shape)}")
-            if y.shape[0] != n_rows:
-                raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
-            found = np.unique(np.concatenate([np.unique(V.check_labels(y[lo:lo + _CHUNK], offset=lo))
-                                              for lo in range(0, n_rows, _CHUNK)]))
-            return self._check_classes(found, classes), None
-        if y is None:
-            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
-        y_host = V.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else y)
-        if y_host.ndim == 2 and y_host.shape[1] == 1:
-            y_host = column_or_1d(y_host, warn=True)  # warns, as scikit-learn estimators do
-        if y_host.ndim != 1:
-            raise ValueError(f"y must be 1-D (n_samples,), got shape {y_host.shape}")
-        if y_host.shape[0] != n_rows:
-            raise ValueError(f"X has {n_rows} rows but y has {y_host.shape[0]}: they must match")
-        check_classification_targets(y_host)
-        return self._check_classes(np.unique(y_host), classes), y_host
-
-    def _check_classes(self, found, classes=None):
-        """The model's classes: those found in y, or the ``classes`` given (which must cover y); two of them."""
-        if classes is not None:
-            classes = np.unique(V.check_labels(classes, what="classes"))
-            unknown = np.setdiff1d(found, classes)
-            if unknown.size:
-                raise ValueError(f"y contains labels {list(unknown)} not in classes {list(classes)}")
-            found = classes
-        classes = found
-        if classes.shape[0] < 2:
-            raise ValueError(f"y has only one class ({classes[0]!r}): a classifier needs two classes to learn")
-        if classes.shape[0] > 2 and self.method not in _MULTICLASS_METHODS:
-            raise ValueError(
-                f"y has {classes.shape[0]} classes but method={self.method!r} is binary only: the multiclass "
-                f"model is trained by {list(_MULTICLASS_METHODS)}"
-            )
-        if classes.shape[0] > 2 and self.method == "svi" and self.likelihood is not None:
-            raise ValueError(
-                f"multiclass svi uses the robust-max likelihood (seed 001 eq. 13); leave likelihood=None, "
-                f"got {self.likelihood!r}"
-            )
-        return classes
-
-    def _validate_out_of_core(self, X, *, reset):
-        """Shape and finiteness of on-disk data, checked a chunk at a time (never all in memory)."""
-        if len(X.shape) != 2:
-            raise ValueError(f"Expected 2D array, got {len(X.shape)}D array instead")
-        n = X.shape[0]
-        if n < 1:
-            raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required")
-        for lo in range(0, n, _CHUNK):
-            block = np.asarray(X[lo:lo + _CHUNK], dtype=self._dtype_name())
-            if not np.all(np.isfinite(block)):
-                raise ValueError(f"Input X contains NaN or infinity (rows {lo}..{lo + block.shape[0] - 1})")
-        if reset:
-            self.n_features_in_ = X.shape[1]
-        elif X.shape[1] != self.n_features_in_:
-            raise ValueError(
-                f"X has {X.shape[1]} features, but {type(self).__name__} is expecting {self.n_features_in_} features as input"
-            )
-
-    def _inputs(self, X, y, *, reset, classes=None):
-        """Validated training data in the compute namespace: (X, y in {-1,+1}, classes, a sample of X
-        in memory for initialisation, compute namespace, device)."""
-        _, target_xp = self._check_params()
-        if B.is_out_of_core(X):
-            self._validate_out_of_core(X, reset=reset)
-            classes, _ = self._prepare_targets(y, X.shape[0], classes)
-            xp = target_xp or B.resolve_backend("numpy")
-            dtype = getattr(xp, self._dtype_name())
-            like = xp.zeros((1,), dtype=dtype)
-            sample = self._initial_sample(X, xp, dtype, check_spread=reset)
-            return X, _Labels(y, classes), classes, sample, xp, B.array_device(like)
-        foreign = _is_foreign_array(X)
-        if foreign:
-            X, in_xp = self._validate_X(X, reset=reset)
-        elif reset and self._dtype_name() != "float64":
-            # checked in the input's own type (float64 for lists and integers) before the conversion
-            X = validate_data(self, X, reset=reset, dtype=["float64", self._dtype_name()], ensure_all_finite=True)
-            if X.size and np.max(np.abs(X)) > np.finfo(self._dtype_name()).max:  # the cast would make inf
-                raise ValueError(f"Input X contains NaN or infinity (or values too large for {self._dtype_name()})")
-            self._check_conversion_keeps_spread(X)
-            X = X.astype(self._dtype_name())
-            in_xp = None
-        else:
-            X = validate_data(self, X, reset=reset, dtype=self._dtype_name(), ensure_all_finite=True)
-            in_xp = None
-        xp = target_xp or in_xp or B.resolve_backend("numpy")
-        dtype = getattr(xp, self._dtype_name())
-        device = B.array_device(X) if (in_xp is not None and target_xp is None) else None
-        if in_xp is None and self._stays_on_host(X, xp, device):  # moved a block at a time, as data on disk
-            classes, y_host = self._prepare_targets(y, X.shape[0], classes)
-            X = B.HostRows(X)
-            device = B.array_device(xp.zeros((1,), dtype=dtype, device=device))
-            return X, _encode_labels(y_host, classes), classes, self._initial_sample(X, xp, dtype), xp, device
-        Xc = B.asarray_like(X, xp, device=device, dtype=dtype)
-        device = B.array_device(Xc)
-        if _is_foreign_array(y):  # labels on a device stay there: only the (at most two) classes come back
-            y_pm, classes = self._device_targets(y, X.shape[0], classes, xp, device)
-        else:
-            classes, y_host = self._prepare_targets(y, X.shape[0], classes)
-            y_pm = B.asarray_like(_encode_labels(y_host, classes), xp, device=device, dtype=dtype)
-        return Xc, y_pm, classes, Xc, xp, device
-
-    def _initial_sample(self, X, xp, dtype, check_spread=False):
-        """At most ``_INIT_SAMPLE`` rows of data read a block at a time, drawn at random (sorted: one pass), in
-        the compute namespace: what the kernel and the inducing points are initialised from. ``check_spread``:
-        the sample, in the file's own type, is checked to keep its columns' spread in ``dtype`` first."""
-        n = X.shape[0]
-        if n <= _INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
-            sample = np.asarray(X[0:n])
-        else:
-            rng = B.host_rng(self.random_state)
-            rows = np.sort(rng.choice(n, size=_INIT_SAMPLE, replace=False))
-            try:
-                sample = np.asarray(X[rows])
-            except (IndexError, TypeError):  # array-likes without integer-array indexing (zarr: oindex)
-                sample = np.asarray(X.oindex[rows, :])
-        if check_spread:
-            self._check_conversion_keeps_spread(sample, what="X (a sample of its rows)")
-        return B.asarray_like(sample, xp, dtype=dtype)
-
-    @staticmethod
-    def _stays_on_host(X, xp, device):
-        """Host data (a NumPy array, already in the model's type) too large for ``DEVICE_MEMORY_FRACTION`` of the
-        compute device's free memory: kept on the host and moved a block at a time (``backend.HostRows``).
-        Never on the host itself (``device_free_bytes`` None)."""
-        fit = B.rows_within_memory(X.shape[1] * X.dtype.itemsize, xp, device)
-        return fit is not None and X.shape[0] > fit
-
-    def _device_targets(self, y, n_rows, classes, xp, device):
-        """Numeric labels held by an array-API library: checked and encoded (``_encode_labels``) on their
-        device, without a copy to the host."""
-        yx = B.array_namespace(y)
-        if y.ndim != 1:
-            raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(y.shape)}")
-        if y.shape[0] != n_rows:
-            raise ValueError(f"X has {n_rows} rows but y has {y.shape[0]}: they must match")
-        distinct = V.check_labels(B.to_numpy(yx.unique_values(y)), what="y (its distinct values)")
-        classes = self._check_classes(np.sort(distinct), classes)
-        dtype = getattr(yx, self._dtype_name())
-
-        def is_class(c):
-            return yx.astype(y == yx.asarray(classes[c], dtype=y.dtype, device=B.array_device(y)), dtype)
-
-        if len(classes) == 2:
-            encoded = 2.0 * is_class(1) - 1.0
-        else:
-            encoded = is_class(1)
-            for c in range(2, len(classes)):
-                encoded = encoded + float(c) * is_class(c)
-        return B.asarray_like(encoded, xp, device=device, dtype=getattr(xp, self._dtype_name())), classes
 
     def _n_inducing_for(self, n):
         explicit = not isinstance(self.inducing, str)
@@ -582,7 +338,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.log_marginal_likelihood_ = log_z
         self.history_ = history
         self.n_iter_ = n_iter
-        self._fitted_structure = self._structure()  # what partial_fit may continue (``_check_continuable``)
+        self._fitted_structure = S.structure(self)  # what partial_fit may continue (``_check_continuable``)
 
     def _blas_scope(self, X):
         """The BLAS thread scope (``agpc.threads.blas_threads``) for a fit on ``X``, shaped by the work of its
@@ -596,7 +352,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         n = int(shape[0]) if len(shape) else 1
         d = int(shape[1]) if len(shape) > 1 else 1
         m = max(1, len(self.inducing)) if not isinstance(self.inducing, str) else self.n_inducing
-        batch_size = self._batch_size_for(n) if self.method != "gfitc" else None
+        batch_size = self._batch_size_for(n)  # (a batch-only method's explicit batch_size is refused already)
         rows = n if batch_size is None else min(n, int(batch_size))
         return threads.blas_threads(rows, m, n_features=d, threads=self.blas_threads)
 
@@ -625,7 +381,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return self._fit(X, y, validation_data, resume, started)
 
     def _fit(self, X, y, validation_data, resume, started):
-        groups, _ = self._check_params()
+        groups, target_xp = self._check_params()
         if resume and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
         if self.checkpoint_every is not None:  # before any work: a bad path must not cost the fit
@@ -634,19 +390,17 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             warnings.warn(f"checkpoint_path={str(self.checkpoint_path)!r} is set without checkpoint_every: no "
                           "checkpoint will be written (set checkpoint_every, a number of steps)", UserWarning,
                           stacklevel=3)
-        if B.is_dask_array(X) and self.method == "gfitc":
-            raise ValueError(_GFITC_BATCH_ONLY.format(what="fit on a dask array"))
         if B.is_dask_array(X):
             return self._fit_dask(X, y, groups, resume, validation_data)
         self.__dict__.pop("_trainer", None)
-        Xc, y_pm, classes, sample, xp, device = self._inputs(X, y, reset=True)
+        Xc, y_pm, classes, sample, xp, device = I.training_inputs(self, X, y, reset=True, target_xp=target_xp)
         n = Xc.shape[0]
         m = self._n_inducing_for(n)
         rng = B.host_rng(self.random_state)
         init_started = time.perf_counter()
         kernel, Z = self._initial_model(sample, m, rng, len(classes))
         self.init_time_ = time.perf_counter() - init_started
-        validation = None if validation_data is None else self._validation_set(validation_data, classes, xp, device)
+        validation = None if validation_data is None else I.validation_set(self, validation_data, classes, xp, device)
         t0 = started
         data_hash = None
         if self.checkpoint_path is not None:  # the run's fingerprint holds the data's: resume on them only
@@ -656,51 +410,24 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                              validation=validation, started=started, data_hash=data_hash)
         return self._fitted_from(result, classes, t0, n, resumed=bool(resume))
 
-    def _validation_set(self, validation_data, classes, xp, device):
-        """``validation_data`` checked as the training data are (features: count, finiteness, shape; labels:
-        1-D, one per row, no missing ones, among the training classes), every error naming validation_data;
-        returned as the loop takes it (compute namespace, labels encoded)."""
-        if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
-            raise ValueError(f"validation_data must be a pair (X_val, y_val), got {type(validation_data).__name__}"
-                             + (f" of length {len(validation_data)}" if isinstance(validation_data, (tuple, list)) else ""))
-        X_val, y_val = validation_data
-        try:
-            X_val, _ = self._validate_X(X_val, reset=False)
-        except ValueError as error:  # the same message as for training data, saying which data it is about
-            raise ValueError(f"validation_data: X_val: {error}") from error
-        labels = V.check_labels(B.to_numpy(y_val) if B.is_array_api_obj(y_val) else y_val,
-                                what="validation_data: y_val")
-        if labels.ndim != 1 or labels.shape[0] != X_val.shape[0]:
-            raise ValueError(f"validation_data: X_val has {X_val.shape[0]} rows but y_val has shape "
-                             f"{labels.shape}: y_val must be 1-D with one label per row")
-        unknown = np.setdiff1d(np.unique(labels), classes) if labels.dtype.kind == classes.dtype.kind or (
-            labels.dtype.kind in "biuf" and classes.dtype.kind in "biuf") else np.unique(labels)
-        if unknown.size:
-            raise ValueError(f"validation_data: y_val has labels {unknown.tolist()} that are not among the training "
-                             f"classes {classes.tolist()}")
-        return (
-            B.asarray_like(X_val, xp, device=device, dtype=getattr(xp, self._dtype_name())),
-            B.asarray_like(_encode_labels(labels, classes), xp, device=device, dtype=getattr(xp, self._dtype_name())),
-        )
-
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
                started=None, data_hash=None):
         """The one training loop (``training.train``) with this estimator's settings for its method."""
-        if self.method == "svi":
-            self.likelihood_ = "robust-max" if len(classes) > 2 else (self.likelihood or "probit")
-        else:
-            self.likelihood_ = "logistic" if self.method in _QUADRATIC_METHODS else "probit"
-        return training.train(
-            X, y, kernel, Z, method=self.method, batch_size=batch_size, jitter=self._jitter_for(Z),
+        spec = M.get_method(self.method)
+        self.likelihood_ = spec.likelihood_for(self.likelihood, len(classes))
+        settings = dict(
+            method=spec.engine, batch_size=batch_size, jitter=self._jitter_for(Z),
             max_iter=int(self.max_iter), damping=None if self.damping is None else float(self.damping),
             optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate, tol=float(self.tol),
             max_time=self.max_time, random_state=rng, shuffle=bool(self.shuffle), validation=validation,
             eval_every=self.eval_every, n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose),
             engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
-            resume=bool(resume), likelihood=None if self.method != "svi" or len(classes) > 2 else self.likelihood_,
+            resume=bool(resume), likelihood=None if len(classes) > 2 else self.likelihood_,
             n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash, block_rows=self.block_rows,
             step_replay=bool(self.step_replay),
         )
+        settings.update(spec.training_settings(self.get_params(deep=False), len(classes)))
+        return training.train(X, y, kernel, Z, **settings)
 
     def _jitter_for(self, Z):
         """``jitter``, raised to ``backend.jitter_floor`` for the model's type and number of inducing points
@@ -709,7 +436,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _batch_size_for(self, n):
         if self.batch_size == "auto":
-            return None if n <= _FULL_BATCH_MAX_ROWS or self.method in _BATCH_ONLY_METHODS else 200
+            return None if n <= _FULL_BATCH_MAX_ROWS or not M.supports(self.method, "minibatch") else 200
         return self.batch_size
 
     def _fitted_from(self, result, classes, t0, n_rows, resumed=False):
@@ -734,12 +461,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         memory (faster passes); otherwise each pass reads it from where it lives (e.g. zarr)."""
         import dask.array as da
 
-        if self.method not in (*training.METHODS, "svi"):
-            raise ValueError(f"fit on a dask array trains method 'ep', 'sep', 'adf' or 'svi' (minibatches), not "
-                             f"{self.method!r}: the other variational methods need every row at each step")
+        spec = M.get_method(self.method)
+        if not spec.supports("dask"):
+            raise ValueError(spec.refusal("dask", f"fit on a dask array trains the methods "
+                                                  f"{list(M.methods_supporting('dask'))}, not {self.method!r}"))
         if X.ndim != 2:
             raise ValueError(f"Expected 2D array, got {X.ndim}D array instead")
-        X = da.asarray(X).astype(self._dtype_name()).rechunk({1: -1})  # chunks by rows only
+        X = da.asarray(X).astype(I.dtype_name(self.dtype)).rechunk({1: -1})  # chunks by rows only
         y = da.asarray(y)
         if y.ndim != 1 or y.shape[0] != X.shape[0]:
             raise ValueError(f"X has {X.shape[0]} rows but y has shape {tuple(y.shape)}: y must be 1-D and match")
@@ -759,25 +487,25 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             finite, labels, *sample_rows = client.compute([da.isfinite(X).all(), da.unique(y), *sampled], sync=True)
             if not bool(finite):
                 raise ValueError("Input X contains NaN or infinity")
-            classes = self._check_classes(np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
+            classes = I.check_classes(self, np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
             data_hash = None if not sample_rows else training.data_fingerprint(
-                X.shape[0], X.shape[1], sample_rows[0], _encode_labels(np.asarray(sample_rows[1]), classes), classes)
-            y_pm = y.map_blocks(_encode_labels, classes, dtype=np.float64).astype(X.dtype)
+                X.shape[0], X.shape[1], sample_rows[0], I.encode_labels(np.asarray(sample_rows[1]), classes), classes)
+            y_pm = y.map_blocks(I.encode_labels, classes, dtype=np.float64).astype(X.dtype)
             self.n_features_in_ = X.shape[1]
             n = X.shape[0]
             m = self._n_inducing_for(n)
             rng = B.host_rng(self.random_state)
-            if n <= _INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
+            if n <= I.INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
                 sample = np.asarray(X.compute())
             else:
-                rows = np.sort(rng.choice(n, size=_INIT_SAMPLE, replace=False))
+                rows = np.sort(rng.choice(n, size=I.INIT_SAMPLE, replace=False))
                 sample = np.asarray(X[rows].compute())
             kernel, Z = self._initial_model(sample, m, rng, len(classes))
             if validation_data is not None:  # scored on the driver: brought there whole (keep it small)
                 validation_data = tuple(client.compute(list(validation_data), sync=True)
                                         if any(B.is_dask_array(v) for v in validation_data) else validation_data)
-            validation = None if validation_data is None else self._validation_set(
-                validation_data, classes, B.array_namespace(Z), None)
+            validation = None if validation_data is None else I.validation_set(
+                self, validation_data, classes, B.array_namespace(Z), None)
             batch_size = self._batch_size_for(n)
             minibatch = batch_size is not None and batch_size < n
             local_steps = self.local_steps
@@ -797,8 +525,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 batch_size = engine.rows_per_round
             elif minibatch:  # minibatches: chunks come to the driver in turn
                 X, y_pm = ChunkedRows(X, client), ChunkedRows(y_pm, client)
-            elif self.method == "svi":
-                raise ValueError("svi on a dask array trains on minibatches (batch_size below the number of rows): "
+            elif not spec.supports("dask_batch"):
+                raise ValueError(f"{self.method} on a dask array trains on minibatches (batch_size below the number of rows): "
                                  "a full-batch step would bring every row to the driver")
             else:
                 engine = DaskEngine(client, X.chunks[0], site_directory=self.site_directory)
@@ -815,17 +543,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 cluster.close()
         return self._fitted_from(result, classes, t0, n, resumed=bool(resume))
 
-    def _lazy(self, method, X, columns):
-        """A prediction on a dask.array: the same method chunk by chunk, lazily (a dask array back)."""
-        model = copy.copy(self)
-        model.client = None  # the tasks carry the fitted model, not the connection to the cluster
-        bound = getattr(model, method.__name__)
-        X = X.rechunk({1: -1})
-        if columns is None:
-            return X.map_blocks(bound, drop_axis=1, dtype=np.asarray(self.classes_).dtype)
-        return X.map_blocks(bound, chunks=(X.chunks[0], (columns,)), dtype=np.dtype(self._dtype_name()))
-
-    @available_if(lambda self: self.method in ("sep", "adf"))
+    @available_if(lambda self: M.supports(self.method, "partial_fit"))
     def partial_fit(self, X, y, classes=None, n_total=None):
         """Update the model with one more minibatch (a stream): one damped site update and one
         stochastic gradient step on these rows (seed 000 eq. 6).
@@ -857,115 +575,34 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return self._partial_fit(X, y, classes, n_total)
 
     def _partial_fit(self, X, y, classes, n_total):
-        groups, _ = self._check_params()
+        groups, target_xp = self._check_params()
         live = hasattr(self, "_trainer")
         fitted = live or hasattr(self, "posterior_")
         if fitted:  # before any change to the model: a refused call leaves it as it was
-            self._check_continuable(classes)
-        Xc, y_pm, classes, sample, xp, device = self._inputs(
-            X, y, reset=not fitted, classes=self.classes_ if fitted else classes
+            S.check_continuable(self, getattr(self, "_fitted_structure", None) or S.structure(self), classes)
+        Xc, y_pm, classes, sample, xp, device = I.training_inputs(
+            self, X, y, reset=not fitted, target_xp=target_xp, classes=self.classes_ if fitted else classes
         )
         rows = Xc.shape[0]
-        self._check_n_total(n_total, rows)
+        I.check_n_total(n_total, rows)
         if not fitted:
             self.classes_ = classes
             rng = B.host_rng(self.random_state)
             kernel, Z = self._initial_model(sample, self._n_inducing_for(rows), rng, len(classes))
             self._rows_seen = 0
-            self._trainer = self._stream_trainer(kernel, Z, n_total or rows, groups, self._jitter_for(Z))
-        elif not live:
-            self._trainer, self._rows_seen = self._trainer_from_fitted(groups, n_total, rows)
+            self._trainer = S.stream_trainer(self, kernel, Z, n_total or rows, groups, self._jitter_for(Z))
+        elif not live:  # fit records its rows on the model, partial_fit in the history
+            self._trainer, self._rows_seen = S.trainer_from_fitted(self, groups, n_total, rows,
+                                                                   getattr(self, "_rows_seen", None))
         trainer = self._trainer
         self._rows_seen += rows
         trainer.n_total = n_total or self._rows_seen
-        took = False
-        for _ in range(31):  # a step that diverges is retried with halved damping and steps
-            took, _, _ = trainer.step(Xc, y_pm, 0, rows, stepping=bool(trainer.names))
-            if took:
-                break
-        trainer.record()
-        # the count travels with the history (into model files too): a loaded stream model goes on from it
-        trainer.history.setdefault(_ROWS_SEEN, []).append(float(self._rows_seen))
-        post, log_z = trainer.posterior()
+        post, log_z = S.step(trainer, Xc, y_pm, self._rows_seen)
         state = trainer.state
-        self.likelihood_ = "probit"
+        self.likelihood_ = M.get_method(self.method).likelihood_for(self.likelihood, len(self.classes_))
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
                          trainer.engine.jitter)
         return self
-
-    def _stream_trainer(self, kernel, Z, n_total, groups, jitter):
-        return training.Trainer(
-            kernel, Z, method=self.method, n_total=n_total, minibatch=True, jitter=jitter,
-            damping=None if self.damping is None else float(self.damping), optimize=groups,
-            optimizer=self.optimizer, learning_rate=self.learning_rate,
-        )
-
-    def _structure(self):
-        """The parameters that fix what a fitted model is (its method, type, size, kernel and likelihood):
-        partial_fit continues a model only while they stay as it was fitted with."""
-        return {"method": self.method, "dtype": self._dtype_name(), "n_inducing": self.n_inducing,
-                "kernel": None if self.kernel is None else repr(self.kernel), "likelihood": self.likelihood}
-
-    def _check_continuable(self, classes):
-        """partial_fit on a fitted model continues it: refused (one ValueError) when the model is not one a
-        stream can continue, or when ``classes`` or the structural parameters changed since it was fitted."""
-        fitted_with = getattr(self, "_fitted_structure", None) or self._structure()
-        if fitted_with["method"] not in ("sep", "adf"):
-            raise ValueError(
-                f"partial_fit cannot continue this model: it was fitted with method={fitted_with['method']!r}, and "
-                f"only the tied-factor methods ('sep', 'adf') learn from a stream; call fit to start again"
-            )
-        if classes is not None:
-            given = np.unique(V.check_labels(classes, what="classes"))
-            if given.shape != self.classes_.shape or not np.array_equal(given, self.classes_):
-                raise ValueError(f"classes={given.tolist()} differs from the classes this model was fitted with "
-                                 f"({self.classes_.tolist()}); call fit to start again with other classes")
-        now = self._structure()
-        changed = [f"{name} {fitted_with[name]!r} -> {now[name]!r}" for name in now if now[name] != fitted_with[name]]
-        if changed:
-            raise ValueError(f"partial_fit cannot continue this model: {', '.join(changed)} since it was fitted; "
-                             "call fit to start again with the new parameters")
-
-    def _trainer_from_fitted(self, groups, n_total, rows):
-        """A stream trainer at the fitted state of a model without one (fitted by ``fit``, or loaded): kernel_,
-        inducing_points_, SEP's tied factor read back from posterior_ (``ep.Factor.from_posterior``; per class
-        for a multiclass model), the fitted jitter, and the step count and history going on. Returns (trainer,
-        rows seen before this batch). The optimiser's moments and a damping the divergence guard had lowered
-        are not part of a fitted model: they start as configured."""
-        # fit records its rows on the model, partial_fit in the history (which a model file holds)
-        rows_seen = getattr(self, "_rows_seen", None)
-        if rows_seen is None and self.history_.get(_ROWS_SEEN):
-            rows_seen = int(self.history_[_ROWS_SEEN][-1])
-        if rows_seen is None and n_total is None:
-            raise ValueError(
-                "partial_fit continues this model (loaded from a file of a model fitted by fit), which does not "
-                "record how many rows it was trained on: pass n_total, the number of rows it stands for with this "
-                "batch"
-            )
-        trainer = self._stream_trainer(self.kernel_, self.inducing_points_, n_total or rows_seen + rows,
-                                       groups, float(self.jitter_))
-        multiclass = isinstance(self.posterior_, tuple)
-        trainer.state["factor"] = (multiclass_ep.factor_from_posteriors(self.posterior_) if multiclass
-                                   else ep.Factor.from_posterior(self.posterior_))
-        trainer.n_steps = int(self.n_iter_)
-        history = {name: list(values) for name, values in self.history_.items()}
-        for name in training.HISTORY_KEYS:
-            history.setdefault(name, [])
-        trainer.history = history
-        if history["time"]:
-            trainer.t0 -= history["time"][-1]
-        return trainer, (rows_seen if rows_seen is not None else n_total - rows)
-
-    @staticmethod
-    def _check_n_total(n_total, rows):
-        """``n_total`` is a count of rows that includes this batch's (SEP replaces a share rows / n_total of its
-        tied factor a step: 0, a negative, a fraction or NaN have no meaning there). It may be below the rows
-        seen so far: a stream of a fixed data set visited for several epochs stands for that data set."""
-        if n_total is None:
-            return
-        if isinstance(n_total, bool) or not isinstance(n_total, numbers.Integral) or n_total < rows:
-            raise ValueError(f"n_total must be a positive integer at least the {rows} rows of this batch (the number "
-                             f"of rows the model stands for), got {n_total!r}")
 
     @staticmethod
     def _default_kernel(X):
@@ -993,63 +630,28 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def _prepare(self, X):
         check_is_fitted(self, "posterior_")
         if B.is_out_of_core(X):  # predicted a block at a time; results are NumPy arrays
-            self._validate_out_of_core(X, reset=False)
+            I.check_out_of_core(self, X, reset=False)
             return X, None, None
-        X, in_xp = self._validate_X(X, reset=False)
+        X, in_xp = I.check_features(self, X, reset=False)
         xp = B.array_namespace(self.inducing_points_)
         device = B.array_device(self.inducing_points_)
-        if in_xp is None and self._stays_on_host(X, xp, device):  # predicted a block at a time, as data on disk
+        if in_xp is None and I.stays_on_host(X, xp, device):  # predicted a block at a time, as data on disk
             return B.HostRows(X), None, None
         # the fitted model's own type (a model loaded from a file keeps the type it was saved in)
         Xc = B.asarray_like(X, xp, device=device, dtype=self.inducing_points_.dtype)
         return Xc, in_xp, (B.array_device(X) if in_xp is not None else None)
-
-    @staticmethod
-    def _back(values, in_xp, device):
-        """Return results in the caller's array type."""
-        if in_xp is None:
-            return B.to_numpy(values)
-        return B.asarray_like(values, in_xp, device=device)
 
     @property
     def _multiclass(self):
         check_is_fitted(self, "posterior_")
         return len(self.classes_) > 2
 
-    # A stationary kernel's profile is exactly 0 beyond this many lengthscales (RBF: exp(-r^2 / 2) underflows past
-    # r = 39; Matern 5/2: past r ~ 330).
-    _KERNEL_REACH = 1e3
-
-    def _within_reach(self, Xc):
-        """Xc with each coordinate held within ``_KERNEL_REACH`` lengthscales of the inducing points' range. The
-        kernel at a point beyond that is 0 to every inducing point, and still is at the clamped point, so the
-        predictions do not change; the squared distances of the far point itself overflowed (X * 1e300:
-        "overflow encountered in vecdot")."""
-        Z = self.inducing_points_
-        kernels = [self.kernel_[c] for c in range(Z.shape[0])] if Z.ndim == 3 else [self.kernel_]
-        if B.is_out_of_core(Xc) or any(kernel.reach_lengthscales is None for kernel in kernels):
-            return Xc  # (rows on disk are predicted a block at a time, as they are read: not held here)
-        xp = B.array_namespace(Xc)
-        reach_limit = float(xp.finfo(Xc.dtype).max) / (4.0 * self._KERNEL_REACH)  # reach + |Z| stays finite
-        lower = upper = None
-        for c, kernel in enumerate(kernels):
-            Zc = Z[c, ...] if Z.ndim == 3 else Z
-            reach = self._KERNEL_REACH * xp.minimum(kernel.reach_lengthscales, reach_limit)
-            low, high = xp.min(Zc, axis=0) - reach, xp.max(Zc, axis=0) + reach
-            lower = low if lower is None else xp.minimum(lower, low)
-            upper = high if upper is None else xp.maximum(upper, high)
-        return xp.minimum(xp.maximum(Xc, lower), upper)
-
     def _latent(self, Xc):
-        Xc = self._within_reach(Xc)
-        Z = self.inducing_points_
-        with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=self.blas_threads), \
-                B.jitter_report("GPClassifier prediction", stacklevel=5), \
-                B.block_memory_advice("GPClassifier prediction"):  # (called by the public predict_*)
-            block_rows = getattr(self, "block_rows", None)  # (None in models pickled before it existed)
-            if self._multiclass:
-                return multiclass_ep.predict_latent(self.kernel_, Z, self.posterior_, Xc, block_rows=block_rows)
-            return ep.predict_latent(self.kernel_, Z, self.posterior_, Xc, block_rows=block_rows)
+        """The latent's mean and variance at checked rows (``agpc.prediction.latent``); a raised jitter is warned
+        about at the caller of the public ``predict_*`` that called this."""
+        with B.jitter_report("GPClassifier prediction", stacklevel=5):
+            return P.latent(self.kernel_, self.inducing_points_, self.posterior_, Xc, blas_threads=self.blas_threads,
+                            block_rows=getattr(self, "block_rows", None))  # (None in models pickled before it existed)
 
     def predict_latent(self, X):
         """Mean and variance of the latent f at X (seed 000 eq. 36): each of shape (n_samples,) for a
@@ -1059,35 +661,30 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """
         Xc, in_xp, device = self._prepare(X)
         mean, var = self._latent(Xc)
-        return self._back(mean, in_xp, device), self._back(var, in_xp, device)
+        return P.to_caller(mean, in_xp, device), P.to_caller(var, in_xp, device)
 
     def _log_proba_matrix(self, X):
         """(log p(classes_[c] | x) as an (n, C) array, input namespace, device)."""
         Xc, in_xp, device = self._prepare(X)
         mean, var = self._latent(Xc)
-        if self._multiclass and self.likelihood_ == "robust-max":  # the variational baseline's likelihood
-            return multiclass_vi.predictive_log_proba(mean, var), in_xp, device
-        if self._multiclass:  # seed 001 eq. 11 by one-dimensional quadrature
-            return multiclass_ep.predictive_log_proba(mean, var), in_xp, device
-        log_pos, log_neg = variational.predictive_log_proba(mean, var, self.likelihood_, self.n_quadrature)
-        return B.array_namespace(log_pos).stack([log_neg, log_pos], axis=1), in_xp, device
+        return P.log_proba(mean, var, self.likelihood_, self.n_quadrature, self._multiclass), in_xp, device
 
     def predict_log_proba(self, X):
         """log p(y | x) for every class (seed 000 eq. 37; Gauss-Hermite for the logistic likelihood and for
         the multiclass model, seed 001 eq. 11), shape (n_samples, n_classes), columns in the order of
         ``classes_``. A dask.array in gives a dask.array out (lazy, chunk by chunk)."""
         if B.is_dask_array(X):
-            return self._lazy(self.predict_log_proba, X, len(self.classes_))
+            return P.lazy(self, "predict_log_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
         log_p, in_xp, device = self._log_proba_matrix(X)
-        return self._back(log_p, in_xp, device)
+        return P.to_caller(log_p, in_xp, device)
 
     def predict_proba(self, X):
         """p(y | x) for every class, shape (n_samples, n_classes), columns in the order of ``classes_``;
         rows sum to one. A dask.array in gives a dask.array out (lazy, chunk by chunk)."""
         if B.is_dask_array(X):
-            return self._lazy(self.predict_proba, X, len(self.classes_))
+            return P.lazy(self, "predict_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
         log_p, in_xp, device = self._log_proba_matrix(X)
-        return self._back(B.array_namespace(log_p).exp(log_p), in_xp, device)
+        return P.to_caller(B.array_namespace(log_p).exp(log_p), in_xp, device)
 
     def decision_function(self, X):
         """Binary: the predictive log-odds log p(classes_[1] | x) - log p(classes_[0] | x), shape
@@ -1096,13 +693,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Multiclass: the log-probabilities, shape (n_samples, n_classes)."""
         log_p, in_xp, device = self._log_proba_matrix(X)
         if self._multiclass:
-            return self._back(log_p, in_xp, device)
-        return self._back(log_p[:, 1] - log_p[:, 0], in_xp, device)
+            return P.to_caller(log_p, in_xp, device)
+        return P.to_caller(log_p[:, 1] - log_p[:, 0], in_xp, device)
 
     def predict(self, X):
         """Most probable class label for each row (a lazy dask.array for a dask.array)."""
         if B.is_dask_array(X):
-            return self._lazy(self.predict, X, None)
+            return P.lazy(self, "predict", X, None, np.asarray(self.classes_).dtype)
         if self._multiclass:
             log_p, in_xp, device = self._log_proba_matrix(X)
             index = B.to_numpy(B.array_namespace(log_p).argmax(log_p, axis=1))
@@ -1170,6 +767,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.classifier_tags.multi_class = self.method in _MULTICLASS_METHODS
+        tags.classifier_tags.multi_class = M.supports(self.method, "multiclass")
         tags.classifier_tags.poor_score = True
         return tags
+
+
+def __getattr__(name):
+    """``classifier.METHODS``, the method names before the registry: ``agpc.methods.method_names()`` now."""
+    if name == "METHODS":
+        warnings.warn("agpc.classifier.METHODS is deprecated: use agpc.methods.method_names()", DeprecationWarning,
+                      stacklevel=2)
+        return M.method_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

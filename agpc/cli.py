@@ -45,8 +45,9 @@ from . import __version__
 from . import backend as B
 from . import persistence
 from .checkpoints import sync_directory
-from .classifier import METHODS, GPClassifier
+from .classifier import GPClassifier
 from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
+from .methods import method_names
 from .untrusted import RefusedFile, open_zarr, read_npy, read_npz, read_parquet_columns
 
 __all__ = ["main", "load_data", "Data", "UsageError"]
@@ -795,7 +796,7 @@ def _fit_parser(sub):
                    "the column names of a CSV or Parquet file become the model's feature names")
     p.add_argument("--target", metavar="COL", help="the label column: a name or an integer index (.npy: an index); "
                    ".npz / zarr group: the array of labels (default y, features in X)")
-    p.add_argument("--method", choices=METHODS, default="ep", help="inference method (default ep)")
+    p.add_argument("--method", choices=method_names(), default="ep", help="inference method (default ep)")
     p.add_argument("--inducing", type=int, default=100, metavar="M", help="number of inducing points (default 100)")
     p.add_argument("--batch-size", type=_batch_size, default="auto", metavar="B",
                    help="rows per minibatch: a number, 'none' (full batch) or 'auto' (default: full batch up to "

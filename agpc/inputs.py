@@ -1,0 +1,331 @@
+"""The estimator's input checks, written once for the four kinds of input, and the encoding of labels.
+
+The kinds of input: NumPy arrays and lists (checked by scikit-learn's ``validate_data``), a foreign array-API
+array (CuPy, array_api_strict, ...: checked in its own namespace and on its own device, never copied to the host),
+data on disk or anywhere sliceable (a NumPy memmap, a zarr array: checked a chunk at a time, never held whole) and,
+for ``fit``, dask arrays (whose checks run on the cluster, ``GPClassifier._fit_dask``, with the label checks here).
+Every check raises one ValueError naming the problem. The functions take the estimator for its parameters
+(``dtype``, ``method``, ``likelihood``, ``random_state``) and for what scikit-learn records on it
+(``n_features_in_``, ``feature_names_in_``).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, NamedTuple
+
+import numpy as np
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import column_or_1d, validate_data
+
+from . import backend as B
+from . import validation as V
+from .methods import get_method, methods_supporting
+
+__all__ = [
+    "CHUNK",
+    "INIT_SAMPLE",
+    "DTYPES",
+    "dtype_name",
+    "encode_labels",
+    "EncodedLabels",
+    "is_foreign_array",
+    "check_conversion_keeps_spread",
+    "check_features",
+    "check_out_of_core",
+    "check_classes",
+    "host_targets",
+    "device_targets",
+    "initial_sample",
+    "stays_on_host",
+    "TrainingInputs",
+    "training_inputs",
+    "validation_set",
+    "check_n_total",
+]
+
+CHUNK = 65536  # rows read at a time from data on disk
+INIT_SAMPLE = 20000  # rows read from data on disk to initialise the kernel and the inducing points
+DTYPES = ("float64", "float32")  # the floating types a model computes in (``dtype``)
+
+
+def dtype_name(dtype):
+    """``dtype`` spelled as one of ``DTYPES`` (checked by the parameter table; NumPy spellings such as
+    np.float32 or "f4" are accepted)."""
+    name = V.FloatingType.name_of(dtype)
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be 'float64' or 'float32', got {dtype!r}")
+    return name
+
+
+def encode_labels(y, classes):
+    """Labels as the inference code takes them: +1 / -1 for two classes (+1 = classes[1]), else the
+    index into ``classes`` (floats, so they travel like the features)."""
+    if len(classes) == 2:
+        return np.where(y == classes[1], 1.0, -1.0)
+    return np.searchsorted(classes, y).astype(np.float64)
+
+
+class EncodedLabels:
+    """Labels on disk (or anywhere sliceable) encoded by ``encode_labels`` a block at a time."""
+
+    dtype = np.float64
+
+    def __init__(self, y, classes):
+        self.y = y
+        self.classes = classes
+        self.shape = (y.shape[0],)
+
+    def __getitem__(self, key):
+        return encode_labels(np.asarray(self.y[key]), self.classes)
+
+
+def is_foreign_array(X):
+    """An array-API array of a library other than NumPy (CuPy, array_api_strict, ...)."""
+    return B.is_array_api_obj(X) and not isinstance(X, np.ndarray) and not B.is_numpy_namespace(B.array_namespace(X))
+
+
+def check_conversion_keeps_spread(X, dtype, what="X"):
+    """Before X (any array-API array, in its own type) is converted to ``dtype`` for a fit: refuse a
+    narrower type that would erase a column's variation (``validation.check_precision_keeps_spread``;
+    float32 of x + 1e7 fitted a chance-level model, exit 0, no warning). A type that holds X exactly is
+    not checked (float64, float32 input in float32)."""
+    xp = B.array_namespace(X)
+    target = dtype_name(dtype)
+    bits = xp.finfo(getattr(xp, target)).bits
+    if xp.isdtype(X.dtype, "real floating"):
+        wider = xp.finfo(X.dtype).bits > bits
+    else:  # integers of as many bits as the target's have more digits than its significand
+        wider = xp.isdtype(X.dtype, "integral") and xp.iinfo(X.dtype).bits >= bits
+    if wider:
+        V.check_precision_keeps_spread(xp.astype(X, xp.float64), target, what=what)
+
+
+def _check_feature_count(estimator, n_features, reset):
+    if reset:
+        estimator.n_features_in_ = n_features
+    elif n_features != estimator.n_features_in_:
+        raise ValueError(f"X has {n_features} features, but {type(estimator).__name__} is expecting "
+                         f"{estimator.n_features_in_} features as input")
+
+
+def _check_rows(shape):
+    if len(shape) != 2:
+        raise ValueError(f"Expected 2D array, got {len(shape)}D array instead: reshape your data to (n_samples, "
+                         "n_features)")
+    if shape[0] < 1:
+        raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required")
+
+
+def check_features(estimator, X, *, reset):
+    """Returns (X as an array of the input's namespace in the estimator's ``dtype``, checked; input namespace, or
+    None for NumPy arrays and lists). ``reset``: X is training data (its feature count is recorded, and a
+    narrower ``dtype`` is checked to keep its columns' spread)."""
+    target = dtype_name(estimator.dtype)
+    if is_foreign_array(X):
+        xp = B.array_namespace(X)
+        _check_rows(X.shape)
+        if not xp.isdtype(X.dtype, ("real floating", "integral", "bool")):
+            raise ValueError(f"X must be real-valued, got dtype {X.dtype}")
+        if reset:
+            check_conversion_keeps_spread(X, target)
+        X = xp.astype(X, getattr(xp, target))
+        if not bool(xp.all(xp.isfinite(X))):
+            raise ValueError(f"Input X contains NaN or infinity (or values too large for {target})")
+        _check_feature_count(estimator, X.shape[1], reset)
+        return X, xp
+    if reset and target != "float64":
+        # checked in the input's own type (float64 for lists and integers) before the conversion
+        X = validate_data(estimator, X, reset=reset, dtype=["float64", target], ensure_all_finite=True)
+        if X.size and np.max(np.abs(X)) > np.finfo(target).max:  # the cast would make inf
+            raise ValueError(f"Input X contains NaN or infinity (or values too large for {target})")
+        check_conversion_keeps_spread(X, target)
+        return X.astype(target), None
+    return validate_data(estimator, X, reset=reset, dtype=target, ensure_all_finite=True), None
+
+
+def check_out_of_core(estimator, X, *, reset):
+    """Shape and finiteness of on-disk data, checked a chunk at a time (never all in memory)."""
+    _check_rows(X.shape)
+    target = dtype_name(estimator.dtype)
+    for lo in range(0, X.shape[0], CHUNK):
+        block = np.asarray(X[lo:lo + CHUNK], dtype=target)
+        if not np.all(np.isfinite(block)):
+            raise ValueError(f"Input X contains NaN or infinity (rows {lo}..{lo + block.shape[0] - 1})")
+    _check_feature_count(estimator, X.shape[1], reset)
+
+
+def check_classes(estimator, found, classes=None):
+    """The model's classes: those ``found`` in y, or the ``classes`` given (which must cover y); at least two, and
+    more only for a method with a multiclass model (``agpc.methods``)."""
+    if classes is not None:
+        classes = np.unique(V.check_labels(classes, what="classes"))
+        unknown = np.setdiff1d(found, classes)
+        if unknown.size:
+            raise ValueError(f"y contains labels {list(unknown)} not in classes {list(classes)}")
+        found = classes
+    classes = found
+    if classes.shape[0] < 2:
+        raise ValueError(f"y has only one class ({classes[0]!r}): a classifier needs two classes to learn")
+    method = get_method(estimator.method)
+    if classes.shape[0] > 2 and not method.supports("multiclass"):
+        raise ValueError(f"y has {classes.shape[0]} classes but method={method.name!r} is binary only: the multiclass "
+                         f"model is trained by {list(methods_supporting('multiclass'))}")
+    if classes.shape[0] > 2 and method.multiclass_likelihood is not None and estimator.likelihood is not None:
+        raise ValueError(f"multiclass {method.name} uses the {method.multiclass_likelihood} likelihood; leave "
+                         f"likelihood=None, got {estimator.likelihood!r}")
+    return classes
+
+
+def _check_target_shape(shape, n_rows):
+    if len(shape) != 1:
+        raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(shape)}")
+    if shape[0] != n_rows:
+        raise ValueError(f"X has {n_rows} rows but y has {shape[0]}: they must match")
+
+
+def host_targets(estimator, y, n_rows, classes=None):
+    """Check y (host side) and return (classes, labels as a NumPy array, or None for labels on disk, which are
+    read a chunk at a time)."""
+    if B.is_out_of_core(y):
+        _check_target_shape(y.shape, n_rows)
+        found = np.unique(np.concatenate([np.unique(V.check_labels(y[lo:lo + CHUNK], offset=lo))
+                                          for lo in range(0, n_rows, CHUNK)]))
+        return check_classes(estimator, found, classes), None
+    if y is None:
+        raise ValueError(f"{type(estimator).__name__} requires y to be passed, but the target y is None")
+    y_host = V.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else y)
+    if y_host.ndim == 2 and y_host.shape[1] == 1:
+        y_host = column_or_1d(y_host, warn=True)  # warns, as scikit-learn estimators do
+    _check_target_shape(y_host.shape, n_rows)
+    check_classification_targets(y_host)
+    return check_classes(estimator, np.unique(y_host), classes), y_host
+
+
+def device_targets(estimator, y, n_rows, classes, xp, device):
+    """Numeric labels held by an array-API library: checked and encoded (as ``encode_labels`` does) on their
+    device, without a copy to the host. Returns (encoded labels in ``xp`` on ``device``, classes)."""
+    yx = B.array_namespace(y)
+    _check_target_shape(y.shape, n_rows)
+    distinct = V.check_labels(B.to_numpy(yx.unique_values(y)), what="y (its distinct values)")
+    classes = check_classes(estimator, np.sort(distinct), classes)
+    target = dtype_name(estimator.dtype)
+    dtype = getattr(yx, target)
+
+    def is_class(c):
+        return yx.astype(y == yx.asarray(classes[c], dtype=y.dtype, device=B.array_device(y)), dtype)
+
+    if len(classes) == 2:
+        encoded = 2.0 * is_class(1) - 1.0
+    else:
+        encoded = is_class(1)
+        for c in range(2, len(classes)):
+            encoded = encoded + float(c) * is_class(c)
+    return B.asarray_like(encoded, xp, device=device, dtype=getattr(xp, target)), classes
+
+
+def initial_sample(estimator, X, xp, dtype, check_spread=False):
+    """At most ``INIT_SAMPLE`` rows of data read a block at a time, drawn at random (sorted: one pass), in
+    the compute namespace: what the kernel and the inducing points are initialised from. ``check_spread``:
+    the sample, in the file's own type, is checked to keep its columns' spread in ``dtype`` first."""
+    n = X.shape[0]
+    if n <= INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
+        sample = np.asarray(X[0:n])
+    else:
+        rng = B.host_rng(estimator.random_state)
+        rows = np.sort(rng.choice(n, size=INIT_SAMPLE, replace=False))
+        try:
+            sample = np.asarray(X[rows])
+        except (IndexError, TypeError):  # array-likes without integer-array indexing (zarr: oindex)
+            sample = np.asarray(X.oindex[rows, :])
+    if check_spread:
+        check_conversion_keeps_spread(sample, estimator.dtype, what="X (a sample of its rows)")
+    return B.asarray_like(sample, xp, dtype=dtype)
+
+
+def stays_on_host(X, xp, device):
+    """Host data (a NumPy array, already in the model's type) too large for ``DEVICE_MEMORY_FRACTION`` of the
+    compute device's free memory: kept on the host and moved a block at a time (``backend.HostRows``).
+    Never on the host itself (``device_free_bytes`` None)."""
+    fit = B.rows_within_memory(X.shape[1] * X.dtype.itemsize, xp, device)
+    return fit is not None and X.shape[0] > fit
+
+
+class TrainingInputs(NamedTuple):
+    """Validated training data as the training loop takes them."""
+
+    X: Any  # rows in the compute namespace and dtype, or rows read a block at a time (on disk, HostRows)
+    y: Any  # labels encoded (``encode_labels``), likewise
+    classes: np.ndarray
+    sample: Any  # rows in memory that the kernel and the inducing points are initialised from
+    xp: Any  # the compute namespace
+    device: Any
+
+
+def training_inputs(estimator, X, y, *, reset, target_xp=None, classes=None):
+    """Validated training data in the compute namespace (``target_xp``, the estimator's ``backend``; None: the
+    input's own namespace and device, NumPy for lists), a ``TrainingInputs``."""
+    target = dtype_name(estimator.dtype)
+    if B.is_out_of_core(X):
+        check_out_of_core(estimator, X, reset=reset)
+        classes, _ = host_targets(estimator, y, X.shape[0], classes)
+        xp = target_xp or B.resolve_backend("numpy")
+        dtype = getattr(xp, target)
+        like = xp.zeros((1,), dtype=dtype)
+        sample = initial_sample(estimator, X, xp, dtype, check_spread=reset)
+        return TrainingInputs(X, EncodedLabels(y, classes), classes, sample, xp, B.array_device(like))
+    X, in_xp = check_features(estimator, X, reset=reset)
+    xp = target_xp or in_xp or B.resolve_backend("numpy")
+    dtype = getattr(xp, target)
+    device = B.array_device(X) if (in_xp is not None and target_xp is None) else None
+    if in_xp is None and stays_on_host(X, xp, device):  # moved a block at a time, as data on disk
+        classes, y_host = host_targets(estimator, y, X.shape[0], classes)
+        X = B.HostRows(X)
+        device = B.array_device(xp.zeros((1,), dtype=dtype, device=device))
+        return TrainingInputs(X, encode_labels(y_host, classes), classes, initial_sample(estimator, X, xp, dtype),
+                              xp, device)
+    Xc = B.asarray_like(X, xp, device=device, dtype=dtype)
+    device = B.array_device(Xc)
+    if is_foreign_array(y):  # labels on a device stay there: only the (at most two) classes come back
+        y_encoded, classes = device_targets(estimator, y, X.shape[0], classes, xp, device)
+    else:
+        classes, y_host = host_targets(estimator, y, X.shape[0], classes)
+        y_encoded = B.asarray_like(encode_labels(y_host, classes), xp, device=device, dtype=dtype)
+    return TrainingInputs(Xc, y_encoded, classes, Xc, xp, device)
+
+
+def validation_set(estimator, validation_data, classes, xp, device):
+    """``validation_data`` checked as the training data are (features: count, finiteness, shape; labels:
+    1-D, one per row, no missing ones, among the training classes), every error naming validation_data;
+    returned as the loop takes it (compute namespace, labels encoded)."""
+    if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
+        raise ValueError(f"validation_data must be a pair (X_val, y_val), got {type(validation_data).__name__}"
+                         + (f" of length {len(validation_data)}" if isinstance(validation_data, (tuple, list)) else ""))
+    X_val, y_val = validation_data
+    try:
+        X_val, _ = check_features(estimator, X_val, reset=False)
+    except ValueError as error:  # the same message as for training data, saying which data it is about
+        raise ValueError(f"validation_data: X_val: {error}") from error
+    labels = V.check_labels(B.to_numpy(y_val) if B.is_array_api_obj(y_val) else y_val, what="validation_data: y_val")
+    if labels.ndim != 1 or labels.shape[0] != X_val.shape[0]:
+        raise ValueError(f"validation_data: X_val has {X_val.shape[0]} rows but y_val has shape "
+                         f"{labels.shape}: y_val must be 1-D with one label per row")
+    unknown = np.setdiff1d(np.unique(labels), classes) if labels.dtype.kind == classes.dtype.kind or (
+        labels.dtype.kind in "biuf" and classes.dtype.kind in "biuf") else np.unique(labels)
+    if unknown.size:
+        raise ValueError(f"validation_data: y_val has labels {unknown.tolist()} that are not among the training "
+                         f"classes {classes.tolist()}")
+    dtype = getattr(xp, dtype_name(estimator.dtype))
+    return (B.asarray_like(X_val, xp, device=device, dtype=dtype),
+            B.asarray_like(encode_labels(labels, classes), xp, device=device, dtype=dtype))
+
+
+def check_n_total(n_total, rows):
+    """``n_total`` is a count of rows that includes this batch's (SEP replaces a share rows / n_total of its
+    tied factor a step: 0, a negative, a fraction or NaN have no meaning there). It may be below the rows
+    seen so far: a stream of a fixed data set visited for several epochs stands for that data set."""
+    if n_total is None:
+        return
+    if isinstance(n_total, bool) or not isinstance(n_total, numbers.Integral) or n_total < rows:
+        raise ValueError(f"n_total must be a positive integer at least the {rows} rows of this batch (the number "
+                         f"of rows the model stands for), got {n_total!r}")

@@ -1,0 +1,82 @@
+"""Prediction from a fitted model's state: the latent f at new rows and the class probabilities, for the binary and
+the multiclass model of every method, and lazily on dask arrays. ``GPClassifier``'s ``predict_*`` methods check
+the rows (``agpc.inputs``) and call these with the fitted kernel, inducing points and posterior."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from . import backend as B
+from . import threads
+from .inference import ep, multiclass_ep, multiclass_vi, variational
+
+__all__ = ["KERNEL_REACH", "within_reach", "latent", "log_proba", "to_caller", "lazy"]
+
+# A stationary kernel's profile is exactly 0 beyond this many lengthscales (RBF: exp(-r^2 / 2) underflows past
+# r = 39; Matern 5/2: past r ~ 330).
+KERNEL_REACH = 1e3
+
+
+def within_reach(kernel, Z, Xc):
+    """Xc with each coordinate held within ``KERNEL_REACH`` lengthscales of the inducing points' range. The
+    kernel at a point beyond that is 0 to every inducing point, and still is at the clamped point, so the
+    predictions do not change; the squared distances of the far point itself overflowed (X * 1e300:
+    "overflow encountered in vecdot")."""
+    kernels = [kernel[c] for c in range(Z.shape[0])] if Z.ndim == 3 else [kernel]
+    if B.is_out_of_core(Xc) or any(k.reach_lengthscales is None for k in kernels):
+        return Xc  # (rows on disk are predicted a block at a time, as they are read: not held here)
+    xp = B.array_namespace(Xc)
+    reach_limit = float(xp.finfo(Xc.dtype).max) / (4.0 * KERNEL_REACH)  # reach + |Z| stays finite
+    lower = upper = None
+    for c, k in enumerate(kernels):
+        Zc = Z[c, ...] if Z.ndim == 3 else Z
+        reach = KERNEL_REACH * xp.minimum(k.reach_lengthscales, reach_limit)
+        low, high = xp.min(Zc, axis=0) - reach, xp.max(Zc, axis=0) + reach
+        lower = low if lower is None else xp.minimum(lower, low)
+        upper = high if upper is None else xp.maximum(upper, high)
+    return xp.minimum(xp.maximum(Xc, lower), upper)
+
+
+def latent(kernel, Z, posterior, Xc, *, block_rows=None, blas_threads=None):
+    """Mean and variance of the latent f at the rows Xc (in the model's namespace and type, or read a block at a
+    time): per row for a binary model, (n, C) for a multiclass one (``Z`` of shape (C, m, d))."""
+    Xc = within_reach(kernel, Z, Xc)
+    with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=blas_threads), \
+            B.block_memory_advice("GPClassifier prediction"):
+        if Z.ndim == 3:
+            return multiclass_ep.predict_latent(kernel, Z, posterior, Xc, block_rows=block_rows)
+        return ep.predict_latent(kernel, Z, posterior, Xc, block_rows=block_rows)
+
+
+def log_proba(mean, var, likelihood, n_quadrature, multiclass):
+    """log p(class c | x) as an (n, C) array from the latent's mean and variance: Hernandez-Lobato &
+    Hernandez-Lobato (2016), eq. 37 for the binary probit, Gauss-Hermite for the logistic; the multiclass model's
+    (Villacampa-Calvo & Hernandez-Lobato 2017, eq. 11) by one-dimensional quadrature, or robust max."""
+    if multiclass and likelihood == "robust-max":  # the variational baseline's likelihood
+        return multiclass_vi.predictive_log_proba(mean, var)
+    if multiclass:
+        return multiclass_ep.predictive_log_proba(mean, var)
+    log_pos, log_neg = variational.predictive_log_proba(mean, var, likelihood, n_quadrature)
+    return B.array_namespace(log_pos).stack([log_neg, log_pos], axis=1)
+
+
+def to_caller(values, in_xp, device):
+    """Results in the caller's array type: NumPy for NumPy arrays, lists and data on disk (``in_xp`` None), else
+    the input's namespace and device."""
+    if in_xp is None:
+        return B.to_numpy(values)
+    return B.asarray_like(values, in_xp, device=device)
+
+
+def lazy(model, method_name, X, columns, dtype):
+    """A prediction on a dask.array: ``model``'s method ``method_name`` chunk by chunk, lazily (a dask array
+    back); ``columns`` None: one value a row (labels of ``dtype``), else that many columns of ``dtype``."""
+    model = copy.copy(model)
+    model.client = None  # the tasks carry the fitted model, not the connection to the cluster
+    bound = getattr(model, method_name)
+    X = X.rechunk({1: -1})
+    if columns is None:
+        return X.map_blocks(bound, drop_axis=1, dtype=dtype)
+    return X.map_blocks(bound, chunks=(X.chunks[0], (columns,)), dtype=dtype)

@@ -1,0 +1,101 @@
+"""``partial_fit``'s machinery: the stream trainer of a tied-factor method, built fresh or from a fitted model's
+state, one guarded step on a batch, and the rules for continuing a fitted model (``GPClassifier.partial_fit``).
+
+A stream step is one damped update of SEP's tied factor and one stochastic step on the hyper-parameters on the
+rows given (Hernandez-Lobato & Hernandez-Lobato 2016, eq. 6; the tied factor of Li, Hernandez-Lobato & Turner
+2015), by the same ``training.Trainer`` and divergence guard as ``fit``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import methods as M
+from . import validation as V
+from .inference import ep, multiclass_ep, training
+from .inputs import dtype_name
+
+__all__ = ["ROWS_SEEN", "structure", "check_continuable", "stream_trainer", "trainer_from_fitted", "step"]
+
+ROWS_SEEN = "n_rows_seen"  # the history entry of partial_fit: the rows the stream has brought so far
+_MAX_RETRIES = 31  # a step that diverges is retried with halved damping and steps, at most this many times
+
+
+def structure(estimator):
+    """The parameters that fix what a fitted model is (its method, type, size, kernel and likelihood):
+    partial_fit continues a model only while they stay as it was fitted with."""
+    return {"method": estimator.method, "dtype": dtype_name(estimator.dtype), "n_inducing": estimator.n_inducing,
+            "kernel": None if estimator.kernel is None else repr(estimator.kernel), "likelihood": estimator.likelihood}
+
+
+def check_continuable(estimator, fitted_with, classes):
+    """partial_fit on a model fitted with the parameters ``fitted_with`` (a ``structure``) continues it: refused
+    (one ValueError) when the model is not one a stream can continue, or when ``classes`` or the structural
+    parameters changed since it was fitted."""
+    if not M.supports(fitted_with["method"], "partial_fit"):
+        raise ValueError(
+            f"partial_fit cannot continue this model: it was fitted with method={fitted_with['method']!r}, and "
+            f"only the methods {list(M.methods_supporting('partial_fit'))} learn from a stream; call fit to start "
+            "again"
+        )
+    if classes is not None:
+        given = np.unique(V.check_labels(classes, what="classes"))
+        if given.shape != estimator.classes_.shape or not np.array_equal(given, estimator.classes_):
+            raise ValueError(f"classes={given.tolist()} differs from the classes this model was fitted with "
+                             f"({estimator.classes_.tolist()}); call fit to start again with other classes")
+    now = structure(estimator)
+    changed = [f"{name} {fitted_with[name]!r} -> {now[name]!r}" for name in now if now[name] != fitted_with[name]]
+    if changed:
+        raise ValueError(f"partial_fit cannot continue this model: {', '.join(changed)} since it was fitted; "
+                         "call fit to start again with the new parameters")
+
+
+def stream_trainer(estimator, kernel, Z, n_total, groups, jitter):
+    """A minibatch trainer of the estimator's method (its engine, ``agpc.methods``) at (kernel, Z)."""
+    return training.Trainer(
+        kernel, Z, method=M.get_method(estimator.method).engine, n_total=n_total, minibatch=True, jitter=jitter,
+        damping=None if estimator.damping is None else float(estimator.damping), optimize=groups,
+        optimizer=estimator.optimizer, learning_rate=estimator.learning_rate,
+    )
+
+
+def trainer_from_fitted(estimator, groups, n_total, rows, rows_seen):
+    """A stream trainer at the fitted state of a model without one (fitted by ``fit``, or loaded): ``kernel_``,
+    ``inducing_points_``, SEP's tied factor read back from ``posterior_`` (``ep.Factor.from_posterior``; per class
+    for a multiclass model), the fitted jitter, and the step count and history going on. ``rows_seen``: the rows
+    ``fit`` recorded, or None. Returns (trainer, rows seen before this batch). The optimiser's moments and a
+    damping the divergence guard had lowered are not part of a fitted model: they start as configured."""
+    if rows_seen is None and estimator.history_.get(ROWS_SEEN):  # partial_fit's count, which a model file holds
+        rows_seen = int(estimator.history_[ROWS_SEEN][-1])
+    if rows_seen is None and n_total is None:
+        raise ValueError(
+            "partial_fit continues this model (loaded from a file of a model fitted by fit), which does not "
+            "record how many rows it was trained on: pass n_total, the number of rows it stands for with this "
+            "batch"
+        )
+    trainer = stream_trainer(estimator, estimator.kernel_, estimator.inducing_points_, n_total or rows_seen + rows,
+                             groups, float(estimator.jitter_))
+    posterior = estimator.posterior_
+    trainer.state["factor"] = (multiclass_ep.factor_from_posteriors(posterior) if isinstance(posterior, tuple)
+                               else ep.Factor.from_posterior(posterior))
+    trainer.n_steps = int(estimator.n_iter_)
+    history = {name: list(values) for name, values in estimator.history_.items()}
+    for name in training.HISTORY_KEYS:
+        history.setdefault(name, [])
+    trainer.history = history
+    if history["time"]:
+        trainer.t0 -= history["time"][-1]
+    return trainer, (rows_seen if rows_seen is not None else n_total - rows)
+
+
+def step(trainer, X, y, rows_seen):
+    """One guarded stream step on the rows (X, y), recorded in the history with the count of rows seen (which
+    travels with the history into model files: a loaded stream model goes on from it). Returns (posterior,
+    log Z)."""
+    rows = X.shape[0]
+    for _ in range(_MAX_RETRIES):
+        took, _, _ = trainer.step(X, y, 0, rows, stepping=bool(trainer.names))
+        if took:
+            break
+    trainer.record()
+    trainer.history.setdefault(ROWS_SEEN, []).append(float(rows_seen))
+    return trainer.posterior()
