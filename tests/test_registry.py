@@ -88,7 +88,7 @@ def test_the_support_table_lists_a_toy_method(toy):
 
 def test_the_docs_table_is_the_registry():
     text = DOCS_PAGE.read_text(encoding="utf-8")
-    assert M.write_support_table(text) == text, "docs/methods.md's support table differs: run python -m agpc.methods"
+    assert M.write_support_table(text) == text, "docs/methods.md's support table differs: run python docs/support_table.py"
     for name in M.method_names():
         assert f"`{name}`" in text.split(M.TABLE_BEGIN)[1].split(M.TABLE_END)[0]
 
