@@ -734,9 +734,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         memory (faster passes); otherwise each pass reads it from where it lives (e.g. zarr)."""
         import dask.array as da
 
-        if self.method not in (*training.METHODS, "svi"):
-            raise ValueError(f"fit on a dask array trains method 'ep', 'sep', 'adf' or 'svi' (minibatches), not "
-                             f"{self.method!r}: the other variational methods need every row at each step")
+        DaskEngine.check_method(self.method, checkpoints=self.checkpoint_path is not None)
         if X.ndim != 2:
             raise ValueError(f"Expected 2D array, got {X.ndim}D array instead")
         X = da.asarray(X).astype(self._dtype_name()).rechunk({1: -1})  # chunks by rows only

@@ -122,8 +122,10 @@ def test_dask_input_errors_are_clear(client, data):
     X, y, _ = data
     Xd = da.from_array(X, chunks=(200, 2))
     yd = da.from_array(y, chunks=200)
-    with pytest.raises(ValueError, match="'ep', 'sep', 'adf' or 'svi'"):
-        GPClassifier(method="vi-jj", client=client).fit(Xd, yd)
+    with pytest.raises(ValueError, match="vi-jj-hybrid.*one xi per row with L-BFGS-B on the driver"):
+        GPClassifier(method="vi-jj-hybrid", client=client).fit(Xd, yd)
+    with pytest.raises(ValueError, match="checkpoints of 'vi-taylor' on a dask array are not supported yet"):
+        GPClassifier(method="vi-taylor", client=client, checkpoint_path="x.ckpt", checkpoint_every=1).fit(Xd, yd)
     with pytest.raises(ValueError, match="svi on a dask array trains on minibatches"):
         GPClassifier(method="svi", batch_size=None, client=client).fit(Xd, yd)
     bad = X.copy()
@@ -247,3 +249,46 @@ def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path,
         with pytest.raises(ValueError, match="different training data"):  # same shape, other rows
             GPClassifier(**params, checkpoint_path=path).fit(
                 da.from_array(X[::-1], chunks=(200, 2)), da.from_array(y[::-1], chunks=200), resume=True)
+
+
+@pytest.mark.parametrize("kind", ["jj", "taylor"])
+def test_quadratic_bound_on_chunks_equals_in_memory(client, data, kind):
+    """vi-JJ / vi-Taylor's bound (seed 003 eqs. 14, 19) with its two passes a task a chunk: the chunks' sums of
+    the quadratic terms give the in-memory value, gradients and q to 1e-10; m_i and S_i stay dask arrays."""
+    from agpc.inference import variational
+    from agpc.inference.dask_engine import DaskEngine
+    from agpc.kernels import RBF
+
+    X, y, _ = data
+    y = y.astype(float)
+    kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
+    Z = X[:8] + 0.05
+    xi = np.random.default_rng(0).uniform(0.1, 2.0, X.shape[0])
+    chunks = (250, 200, 150)
+    engine = DaskEngine(client, chunks)
+    on_chunks = engine.quadratic_bound(kernel, Z, da.from_array(X, chunks=(chunks, 2)), da.from_array(y, chunks=(chunks,)),
+                                       da.from_array(xi, chunks=(chunks,)), kind=kind, jitter=1e-6, block_rows=90)
+    in_memory = variational.quadratic_bound(kernel, Z, X, y, xi, kind=kind, jitter=1e-6)
+    np.testing.assert_allclose(float(on_chunks["value"]), float(in_memory["value"]), rtol=1e-10)
+    for name, value in in_memory["grads"].items():
+        np.testing.assert_allclose(on_chunks["grads"][name], value, rtol=1e-10, atol=1e-12, err_msg=name)
+    for name in ("mean", "var"):
+        assert isinstance(on_chunks[name], da.Array) and on_chunks[name].chunks == (chunks,)
+        np.testing.assert_allclose(on_chunks[name].compute(), in_memory[name], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(on_chunks["posterior"].h, in_memory["posterior"].h, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("method, optimize", [("vi-jj", ("kernel", "inducing")), ("vi-taylor", ("kernel", "inducing")),
+                                              ("vi-jj", False)])
+def test_vi_fit_on_a_dask_array_equals_the_in_memory_fit(client, data, method, optimize):
+    """vi-JJ and vi-Taylor on a dask array (xi on the workers, the driver stepping the kernel and Z with L-BFGS-B
+    on the summed bound): the in-memory fit's curve, inducing points and predictions to 1e-10 with the same seed.
+    With nothing to optimise, the stop on xi's change is the in-memory fit's too."""
+    X, y, X_test = data
+    params = dict(method=method, n_inducing=10, max_iter=3, random_state=0, optimize=optimize)
+    in_memory = GPClassifier(**params).fit(X, y)
+    on_dask = GPClassifier(**params, client=client).fit(da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200))
+    np.testing.assert_allclose(on_dask.history_["log_marginal_likelihood"],
+                               in_memory.history_["log_marginal_likelihood"], rtol=1e-10)
+    np.testing.assert_allclose(on_dask.inducing_points_, in_memory.inducing_points_, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(on_dask.predict_proba(X_test), in_memory.predict_proba(X_test), rtol=1e-10)

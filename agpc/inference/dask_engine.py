@@ -29,9 +29,15 @@ import weakref
 from .. import checkpoints
 from ..backend import array_namespace, row_chunk_bounds
 from ..threads import task_blas_threads
-from . import ep
+from . import ep, variational
+from .engines import CLUSTER_QUADRATIC_METHODS, EP_METHODS
 
-__all__ = ["ChunkedRows", "DaskEngine", "WORKER_ENVIRON", "local_cluster"]
+__all__ = ["ChunkedRows", "DaskEngine", "WORKER_ENVIRON", "local_cluster", "DASK_METHODS"]
+
+# What ``GPClassifier.fit`` trains on a dask.array: EP / SEP / ADF (batch passes here, or minibatch rounds in
+# ``data_parallel``), SVI (minibatch rounds), vi-JJ and vi-Taylor (batch passes here: the rows' sums of their
+# quadratic terms, xi kept on the workers).
+DASK_METHODS = EP_METHODS + ("svi",) + CLUSTER_QUADRATIC_METHODS
 
 
 # glibc in a dask worker: the nanny sets MALLOC_TRIM_THRESHOLD_, and setting it turns off glibc's adaptive
@@ -81,7 +87,7 @@ def _compute_windowed(client, tasks):
 
 
 def _add_sums(a, b):
-    return (a[0] + b[0], a[1] + b[1])
+    return tuple(x + y for x, y in zip(a, b))
 
 
 def _task_threads(Z, X, block_rows):
@@ -93,6 +99,26 @@ def _chunk_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows):
     with _task_threads(Z, X, block_rows):
         S, c_tilde, _ = ep.site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, False)
     return S, c_tilde
+
+
+def _chunk_quadratic_sums(kernel, Z, X, y, xi, kind, L_K, block_rows):
+    with _task_threads(Z, X, block_rows):
+        return variational.quadratic_site_sums(kernel, Z, X, y, xi, kind=kind, L_K=L_K, block_rows=block_rows)
+
+
+def _chunk_quadratic_terms(kernel, Z, X, y, xi, prep, kind, want_grad, block_rows):
+    with _task_threads(Z, X, block_rows):
+        return variational.quadratic_row_terms(kernel, Z, X, y, xi, prep, kind=kind, want_grad=want_grad,
+                                               block_rows=block_rows)
+
+
+def _chunk_initial_xi(kernel, Z, X, kind, block_rows):
+    with _task_threads(Z, X, block_rows):
+        return variational.initial_xi(kernel, Z, X, kind, block_rows)
+
+
+def _without_quadratic_rows(terms):
+    return {k: (None if k in variational.QUADRATIC_ROW_KEYS else v) for k, v in terms.items()}
 
 
 def _chunk_sweep(kernel, Z, X, *args, **kwargs):
@@ -292,7 +318,6 @@ class DaskEngine:
         (damped) sites (``want_sites``) as dask arrays: persisted on the workers, or read from the files
         the tasks wrote."""
         import dask
-        import dask.array as da
 
         client = self.client
         options = dict(want_grad=want_grad, block_rows=block_rows)
@@ -312,15 +337,20 @@ class DaskEngine:
         if to_files:
             reduced["site_precision"], reduced["site_shift"] = self._file_sites(files, Z.dtype, generation)
         elif want_sites:
-            def rows(name):
-                return client.persist(da.concatenate([
-                    da.from_delayed(client.submit(operator.getitem, f, name), shape=(r,), dtype=Z.dtype)
-                    for f, r in zip(futures, self.row_chunks)
-                ]))
-
-            reduced["site_precision"] = rows("site_precision")
-            reduced["site_shift"] = rows("site_shift")
+            reduced["site_precision"] = self._rows(futures, "site_precision", Z.dtype)
+            reduced["site_shift"] = self._rows(futures, "site_shift", Z.dtype)
         return reduced
+
+    def _rows(self, futures, name, dtype):
+        """A per-row output of the chunks' tasks (``futures``, one a chunk, each a dict) as a dask array
+        chunked like the rows, persisted where the tasks ran: it never comes to the driver."""
+        import dask.array as da
+
+        client = self.client
+        return client.persist(da.concatenate([
+            da.from_delayed(client.submit(operator.getitem, f, name), shape=(r,), dtype=dtype)
+            for f, r in zip(futures, self.row_chunks)
+        ]))
 
     def evaluate(self, kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None,
                  want_sites=True, damping=None, checked=True):
@@ -349,3 +379,65 @@ class DaskEngine:
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
                             block_rows=block_rows, want_sums=True, want_sites=False)
         return ep.finish_factor(kernel, Z, prep, sweep, n_total / X.shape[0], want_grad)
+
+    # -- vi-JJ / vi-Taylor: the two passes of ``variational.quadratic_bound``, a task a chunk each --------
+
+    @staticmethod
+    def check_method(method, checkpoints=False):
+        """One clear error for a method that does not train on a dask.array (``DASK_METHODS`` do), or whose
+        checkpoints (``checkpoints``: a checkpoint path is set) are not written from one."""
+        if method in CLUSTER_QUADRATIC_METHODS and checkpoints:
+            raise ValueError(f"checkpoints of {method!r} on a dask array are not supported yet (xi, one a row, "
+                             "stays on the workers): fit without checkpoint_path, or on an in-memory array")
+        if method in DASK_METHODS:
+            return
+        if method in ("vi-jj-hybrid", "vi-jj-full"):
+            raise ValueError(f"fit on a dask array does not train method {method!r}: it optimises one xi per row "
+                             "with L-BFGS-B on the driver, which would bring every row's xi there each step; "
+                             "use 'vi-jj' (xi by its closed-form update, kept on the workers) or an in-memory array")
+        raise ValueError(f"fit on a dask array trains method {', '.join(repr(m) for m in DASK_METHODS)}, not "
+                         f"{method!r}")
+
+    def quadratic_bound(self, kernel, Z, X, y, xi, *, kind, jitter, want_grad=True, want_xi_grad=False,
+                        block_rows=None):
+        """``variational.quadratic_bound`` with its two passes over the rows run a task a chunk: the chunks'
+        sums (S, c~, sum const_i), added in a tree, fix q on the driver; then the chunks' terms (value,
+        adjoints), added likewise. ``mean`` and ``var`` (per row) come back as dask arrays on the workers."""
+        import dask
+
+        if want_xi_grad:
+            raise ValueError("the gradient in xi (vi-jj-hybrid, vi-jj-full) is not computed on a dask array")
+        client = self.client
+        L_K = ep.prior_cholesky(kernel, Z, jitter)
+        Xs, ys, xis = self._blocks(X, y, xi)
+        sums = _compute_windowed(client, [dask.delayed(_chunk_quadratic_sums)(kernel, Z, Xb, yb, xb, kind, L_K,
+                                                                              block_rows)
+                                          for Xb, yb, xb in zip(Xs, ys, xis)])
+        S, c_tilde, const_sum = _tree(client, sums, _add_sums).result()
+        prep = variational.quadratic_posterior(L_K, S, c_tilde)
+        futures = _compute_windowed(client, [dask.delayed(_chunk_quadratic_terms)(kernel, Z, Xb, yb, xb, prep, kind,
+                                                                                  want_grad, block_rows)
+                                             for Xb, yb, xb in zip(Xs, ys, xis)])
+        small = [client.submit(_without_quadratic_rows, f) for f in futures]
+        terms = _tree(client, small, variational.add_quadratic_terms).result()
+        out = variational.finish_quadratic_bound(kernel, Z, prep, const_sum, terms, want_grad=want_grad)
+        out["mean"], out["var"] = (self._rows(futures, name, Z.dtype) for name in ("mean", "var"))
+        return out
+
+    def initial_xi(self, kernel, Z, X, kind, block_rows=None):
+        """``variational.initial_xi`` a chunk a task: xi (one a row) persisted on the workers."""
+        import dask
+        import dask.array as da
+
+        (Xs,) = self._blocks(X)
+        return self.client.persist(da.concatenate([
+            da.from_delayed(dask.delayed(_chunk_initial_xi)(kernel, Z, Xb, kind, block_rows), shape=(r,),
+                            dtype=Z.dtype)
+            for Xb, r in zip(Xs, self.row_chunks)
+        ]))
+
+    def update_xi(self, mean, var, kind):
+        """``variational.update_xi`` chunk by chunk on the workers (xi stays there, persisted)."""
+        import dask.array as da
+
+        return self.client.persist(da.map_blocks(variational.update_xi, mean, var, kind, dtype=mean.dtype))
