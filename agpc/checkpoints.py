@@ -249,9 +249,9 @@ def save_site_chunk(path, site_precision, site_shift):
     return int(np.asarray(site_precision).shape[0])
 
 
-def load_site_chunk(path, rows):
-    """(site_precision, site_shift) of one chunk, checked to hold ``rows`` finite sites (read as every file
-    here is: ``untrusted.read_npz``)."""
+def load_site_chunk(path, rows, columns=None):
+    """(site_precision, site_shift) of one chunk, checked to hold ``rows`` finite sites, ``columns`` a row
+    when given (multiclass EP: 2C), else one (read as every file here is: ``untrusted.read_npz``)."""
     def refuse(why):
         return ValueError(f"{os.fspath(path)} is not a valid agpc site file: {why}")
 
@@ -265,8 +265,9 @@ def load_site_chunk(path, rows):
         values = arrays.get(name)
         if values is None:
             raise refuse(f"{name}: missing")
-        if values.dtype.kind != "f" or values.shape != (rows,):
-            raise refuse(f"{name}: {values.dtype} of shape {values.shape}; the chunk has {rows} rows")
+        shape = (rows,) if columns is None else (rows, columns)
+        if values.dtype.kind != "f" or values.shape != shape:
+            raise refuse(f"{name}: {values.dtype} of shape {values.shape}; the chunk's sites have shape {shape}")
         if not np.all(np.isfinite(values)):
             raise refuse(f"{name}: holds NaN or inf")
     return arrays["site_precision"], arrays["site_shift"]

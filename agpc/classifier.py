@@ -781,10 +781,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             local_steps = self.local_steps
             if local_steps is None:
                 local_steps = 0 if self.checkpoint_path is not None else DEFAULT_LOCAL_STEPS
-            if len(classes) > 2 and not (minibatch and local_steps > 0):
-                raise ValueError("multiclass data on a dask array train data-parallel on minibatches (batch_size "
-                                 "below the number of rows, local_steps > 0); batch passes and the driver's "
-                                 "minibatch steps need in-memory arrays")
             if minibatch and local_steps > 0:  # data-parallel rounds: the rows stay on the workers
                 if self.checkpoint_path is not None:
                     raise ValueError("checkpoints of data-parallel training are not supported yet: "

@@ -282,7 +282,8 @@ def _three_classes(n, seed):
 def test_multiclass_sep_on_a_dask_array_ends_near_the_single_process_fit(client):
     """Multiclass SEP (one tied factor per class and chunk), two shards: the test NLL within 0.02 nats of the
     single-process fit's after the same rows (the single-process fits of three seeds spread over 0.03 here,
-    4 epochs of 1,200 rows); multiclass EP is refused with a clear message."""
+    4 epochs of 1,200 rows); data-parallel multiclass EP is refused with a clear message (batch passes of
+    multiclass EP on a dask array: tests/test_dask.py)."""
     X, y = _three_classes(1200, 0)
     X_test, y_test = _three_classes(2000, 1)
     params = dict(method="sep", n_inducing=8, batch_size=50, max_iter=4, random_state=0)
@@ -293,8 +294,6 @@ def test_multiclass_sep_on_a_dask_array_ends_near_the_single_process_fit(client)
     assert abs(_nll(parallel, X_test, y_test) - _nll(single, X_test, y_test)) < 0.02
     with pytest.raises(ValueError, match="data-parallel multiclass training runs 'sep', 'adf' or 'svi'"):
         GPClassifier(method="ep", batch_size=50, client=client).fit(Xd, yd)
-    with pytest.raises(ValueError, match="multiclass data on a dask array train data-parallel on minibatches"):
-        GPClassifier(method="sep", batch_size=None, client=client).fit(Xd, yd)
 
 
 def test_a_reverted_step_in_a_shard_keeps_eps_sites_consistent(monkeypatch, tmp_path):
