@@ -782,9 +782,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if local_steps is None:
                 local_steps = 0 if self.checkpoint_path is not None else DEFAULT_LOCAL_STEPS
             if minibatch and local_steps > 0:  # data-parallel rounds: the rows stay on the workers
-                if self.checkpoint_path is not None:
-                    raise ValueError("checkpoints of data-parallel training are not supported yet: "
-                                     "set local_steps=0 to step on the driver")
                 engine = DataParallel(client, X, y_pm, batch_size=batch_size, local_steps=local_steps,
                                       seed=int(rng.integers(2**62)), site_directory=self.site_directory)
                 X, y_pm = RowsOnWorkers(X.shape, X.dtype), RowsOnWorkers(y_pm.shape, y_pm.dtype)

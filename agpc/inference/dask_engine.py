@@ -275,8 +275,7 @@ class DaskEngine:
         driver must share that directory). Sites in memory are read back from there, so that from now on a
         lost chunk is recomputed from its file, not from every pass since the start. Returns the sites and
         what the checkpoint records of them."""
-        directory = os.path.join(os.path.abspath(os.fspath(path)) + ".sites", f"step-{int(step)}")
-        os.makedirs(directory, exist_ok=True)
+        directory = checkpoints.site_step_directory(path, step)
         files = [os.path.join(directory, f"chunk-{k}.npz") for k in range(len(self.row_chunks))]
         self._write_files(files, site_precision, site_shift)
         record = {"site_files": files, "rows": list(self.row_chunks)}
@@ -311,11 +310,7 @@ class DaskEngine:
     @staticmethod
     def release_sites(record):
         """Remove the site files of earlier checkpoints (once the checkpoint naming ``record`` is in place)."""
-        keep = os.path.dirname(record["site_files"][0])
-        parent = os.path.dirname(keep)
-        for name in os.listdir(parent):
-            if name.startswith("step-") and os.path.join(parent, name) != keep:
-                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        checkpoints.release_older_steps(os.path.dirname(record["site_files"][0]))
 
     def validation_scores(self, kernel, Z, post, X_val, y_val):
         return _model(Z).validation_scores(kernel, Z, post, X_val, y_val)

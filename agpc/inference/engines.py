@@ -43,8 +43,8 @@ from ..optim import OPTIMIZERS, Rprop, lbfgsb_ascent
 from . import ep, gfitc, multiclass_ep, multiclass_vi, variational
 
 __all__ = ["Outcome", "EPEngine", "GFITCEngine", "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names",
-           "relative_change", "with_log_prior", "EP_METHODS", "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS",
-           "ALL_METHODS"]
+           "relative_change", "with_log_prior", "factor_arrays", "factor_from_arrays", "EP_METHODS",
+           "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS", "ALL_METHODS"]
 
 EP_METHODS = ("ep", "sep", "adf")
 QUADRATIC_METHODS = ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
@@ -143,14 +143,17 @@ def hyper_step(optimizer, names, kernel, Z, grads):
     return kernel.with_params(params), Z
 
 
-def _factor_arrays(factor):
+def factor_arrays(factor):
+    """A u-space factor as a checkpoint stores it: (precision, shift), a list of such pairs for a multiclass
+    ``MultiFactor``, None for none."""
     if factor is None:
         return None
     parts = getattr(factor, "factors", None)
     return [(f.precision, f.shift) for f in parts] if parts is not None else (factor.precision, factor.shift)
 
 
-def _factor_from_arrays(saved):
+def factor_from_arrays(saved):
+    """The factor ``factor_arrays`` stored."""
     if isinstance(saved, list):
         return multiclass_ep.MultiFactor(tuple(ep.Factor(p, c) for p, c in saved))
     return None if saved is None else ep.Factor(*saved)
@@ -395,7 +398,7 @@ class EPEngine(_Engine):
         if store is not None and s["nu"] is not None:  # sites on a cluster: written by the workers, chunk by chunk
             s["nu"], s["mu"], record = store(path, step, s["nu"], s["mu"])
             sites = (record, None)
-        return dict(self._common_checkpoint(), nu=sites[0], mu=sites[1], factor=_factor_arrays(s["factor"]),
+        return dict(self._common_checkpoint(), nu=sites[0], mu=sites[1], factor=factor_arrays(s["factor"]),
                     needs_rebuild=self.needs_rebuild)
 
     def checkpoint_written(self, saved):
@@ -412,7 +415,7 @@ class EPEngine(_Engine):
             if load is None:
                 raise ValueError(f"checkpoint {path} was written by a fit on a dask array: resume it on a dask array")
             s["nu"], s["mu"] = load(saved["nu"], s["Z"].dtype)
-        s["factor"] = _factor_from_arrays(saved["factor"])
+        s["factor"] = factor_from_arrays(saved["factor"])
         self.needs_rebuild = bool(saved["needs_rebuild"])
 
 
