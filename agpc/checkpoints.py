@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -33,7 +34,7 @@ HEADER_KEY = "__agpc_header__"
 
 __all__ = ["HEADER_KEY", "MAX_HEADER_BYTES", "atomic_savez", "sync_directory", "process_umask", "read_archive",
            "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "load_checkpoint", "check_checkpoint_path",
-           "save_site_chunk", "load_site_chunk"]
+           "save_site_chunk", "load_site_chunk", "site_step_directory", "release_older_steps"]
 
 
 # -- atomic writes -----------------------------------------------------------------------------------
@@ -249,9 +250,9 @@ def save_site_chunk(path, site_precision, site_shift):
     return int(np.asarray(site_precision).shape[0])
 
 
-def load_site_chunk(path, rows):
-    """(site_precision, site_shift) of one chunk, checked to hold ``rows`` finite sites (read as every file
-    here is: ``untrusted.read_npz``)."""
+def load_site_chunk(path, rows, columns=None):
+    """(site_precision, site_shift) of one chunk, checked to hold ``rows`` finite sites, ``columns`` a row
+    when given (multiclass EP: 2C), else one (read as every file here is: ``untrusted.read_npz``)."""
     def refuse(why):
         return ValueError(f"{os.fspath(path)} is not a valid agpc site file: {why}")
 
@@ -265,8 +266,26 @@ def load_site_chunk(path, rows):
         values = arrays.get(name)
         if values is None:
             raise refuse(f"{name}: missing")
-        if values.dtype.kind != "f" or values.shape != (rows,):
-            raise refuse(f"{name}: {values.dtype} of shape {values.shape}; the chunk has {rows} rows")
+        shape = (rows,) if columns is None else (rows, columns)
+        if values.dtype.kind != "f" or values.shape != shape:
+            raise refuse(f"{name}: {values.dtype} of shape {values.shape}; the chunk's sites have shape {shape}")
         if not np.all(np.isfinite(values)):
             raise refuse(f"{name}: holds NaN or inf")
     return arrays["site_precision"], arrays["site_shift"]
+
+
+def site_step_directory(path, step):
+    """Where the site files of the checkpoint ``path`` written at ``step`` go: ``<path>.sites/step-<step>/``
+    (made if missing). The workers write there, so it must be on a filesystem they share with the driver."""
+    directory = os.path.join(os.path.abspath(os.fspath(path)) + ".sites", f"step-{int(step)}")
+    os.makedirs(directory, exist_ok=True)
+    return directory
+
+
+def release_older_steps(directory):
+    """Remove the site files of earlier checkpoints: every ``step-*`` beside ``directory`` but itself (once the
+    checkpoint naming ``directory`` is in place)."""
+    parent = os.path.dirname(directory)
+    for name in os.listdir(parent):
+        if name.startswith("step-") and os.path.join(parent, name) != directory:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)

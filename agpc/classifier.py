@@ -145,9 +145,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Minibatch training on a dask.array is data-parallel (``agpc.inference.data_parallel``): each worker
         takes this many minibatch steps per round on the chunks it holds, the driver combines (SEP: one tied
         factor per chunk, Li et al. 2015 sec. 4; EP: each chunk keeps its sites; SVI: averaged steps).
-        ``None``: ``data_parallel.DEFAULT_LOCAL_STEPS`` (64), or 0 when ``checkpoint_path`` is set. ``0``: the
-        minibatch steps run on the driver, the chunks brought to it in turn: one worker's worth of speed,
-        but the very model of a single-process fit on the same chunks (same seed), and checkpoints.
+        ``None``: ``data_parallel.DEFAULT_LOCAL_STEPS`` (64). Data-parallel rounds are checkpointed as any fit
+        (the rounds' record and, for EP, the chunks' site files). ``0``: the minibatch steps run on the driver,
+        the chunks brought to it in turn: one worker's worth of speed, but the very model of a single-process
+        fit on the same chunks (same seed); multiclass EP on minibatches needs it.
     checkpoint_path, checkpoint_every : path and int, or None
         Every method: every ``checkpoint_every`` steps, write the whole training state (hyper-parameters,
         inducing points, sites, factor or q(u), optimiser state, step, RNG state, history) to ``checkpoint_path``,
@@ -465,6 +466,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if not spec.supports("dask"):
             raise ValueError(spec.refusal("dask", f"fit on a dask array trains the methods "
                                                   f"{list(M.methods_supporting('dask'))}, not {self.method!r}"))
+        if self.checkpoint_path is not None and not spec.supports("dask_checkpoints"):
+            raise ValueError(spec.refusal("dask_checkpoints", f"checkpoints of {self.method!r} on a dask array are "
+                                                              "not supported: fit without checkpoint_path"))
         if X.ndim != 2:
             raise ValueError(f"Expected 2D array, got {X.ndim}D array instead")
         X = da.asarray(X).astype(I.dtype_name(self.dtype)).rechunk({1: -1})  # chunks by rows only
@@ -510,15 +514,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             minibatch = batch_size is not None and batch_size < n
             local_steps = self.local_steps
             if local_steps is None:
-                local_steps = 0 if self.checkpoint_path is not None else DEFAULT_LOCAL_STEPS
-            if len(classes) > 2 and not (minibatch and local_steps > 0):
-                raise ValueError("multiclass data on a dask array train data-parallel on minibatches (batch_size "
-                                 "below the number of rows, local_steps > 0); batch passes and the driver's "
-                                 "minibatch steps need in-memory arrays")
+                local_steps = DEFAULT_LOCAL_STEPS
             if minibatch and local_steps > 0:  # data-parallel rounds: the rows stay on the workers
-                if self.checkpoint_path is not None:
-                    raise ValueError("checkpoints of data-parallel training are not supported yet: "
-                                     "set local_steps=0 to step on the driver")
                 engine = DataParallel(client, X, y_pm, batch_size=batch_size, local_steps=local_steps,
                                       seed=int(rng.integers(2**62)), site_directory=self.site_directory)
                 X, y_pm = RowsOnWorkers(X.shape, X.dtype), RowsOnWorkers(y_pm.shape, y_pm.dtype)

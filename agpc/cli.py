@@ -807,7 +807,8 @@ def _fit_parser(sub):
                    help="the floating type the model computes in (default float64; float32 is many times faster on "
                         "consumer GPUs)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="train on the dask cluster whose scheduler is at ADDRESS "
-                   "(e.g. tcp://host:8786); batch ep / sep / adf only")
+                   "(e.g. tcp://host:8786); the methods that train on dask arrays are "
+                   "listed in docs/methods.md")
     p.add_argument("--site-directory", metavar="DIR", help="with --scheduler, batch ep: keep the sites (16 bytes a "
                    "row) in files under DIR, which every worker must reach, instead of in the workers' memory")
     p.add_argument("--max-iter", type=int, default=250, metavar="N",

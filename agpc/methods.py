@@ -53,6 +53,7 @@ CAPABILITIES = MappingProxyType({
     "partial_fit": "`partial_fit`",
     "dask": "dask",
     "dask_batch": None,  # batch passes on a dask array, one task per chunk (else: minibatches only)
+    "dask_checkpoints": None,  # checkpoints of a fit on a dask array
     "validation_data": "validation, early stopping",
     "checkpoints": "checkpoints",
 })
@@ -256,25 +257,33 @@ def _gfitc_params(params):
 
 _EVERYWHERE = {"out_of_core", "validation_data", "checkpoints"}
 _EP_PROBIT = "uses the probit likelihood (closed-form EP updates)"
-_DATA_PARALLEL_CHECKPOINTS = {"checkpoints": "dask: batch, or `local_steps=0`"}
+_ON_DASK = {"dask", "dask_checkpoints"}
+_VI_PER_ROW_XI = ("fit on a dask array does not train method {name!r}: it optimises one xi per row with L-BFGS-B on "
+                  "the driver, which would bring every row's xi there each step; use 'vi-jj' (xi by its closed-form "
+                  "update, kept on the workers) or an in-memory array")
 _BUILT_IN_METHODS = (
     Method("ep", family="ep", engine="ep", likelihood_reason=_EP_PROBIT,
-           capabilities={"multiclass", "minibatch", "dask", "dask_batch", *_EVERYWHERE},
-           remarks={"dask": "binary", **_DATA_PARALLEL_CHECKPOINTS}),
+           capabilities={"multiclass", "minibatch", "dask_batch", *_ON_DASK, *_EVERYWHERE},
+           remarks={"dask": "> 2 classes: batch, or `local_steps=0`"}),
     *(Method(name, family="ep", engine=name, likelihood_reason=_EP_PROBIT,
-             capabilities={"multiclass", "minibatch", "partial_fit", "dask", "dask_batch", *_EVERYWHERE},
-             remarks={"dask": "> 2 classes: data-parallel minibatches", **_DATA_PARALLEL_CHECKPOINTS})
+             capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", *_ON_DASK, *_EVERYWHERE})
       for name in ("sep", "adf")),
     Method("svi", family="variational", engine="svi", likelihoods=("probit", "logistic"),
-           multiclass_likelihood="robust-max", capabilities={"multiclass", "minibatch", "dask", *_EVERYWHERE},
-           remarks={"out_of_core": "a minibatch read at a time", "dask": "minibatches",
-                    "checkpoints": "dask: `local_steps=0`"}),
+           multiclass_likelihood="robust-max", capabilities={"multiclass", "minibatch", *_ON_DASK, *_EVERYWHERE},
+           remarks={"out_of_core": "a minibatch read at a time", "dask": "minibatches"}),
+    *(Method(name, family="quadratic", engine=name, likelihoods=("logistic",),
+             likelihood_reason="is built on the logistic likelihood",
+             capabilities={"dask", "dask_batch", *_EVERYWHERE},
+             refusals={"dask_checkpoints": f"checkpoints of {name!r} on a dask array are not supported yet (xi, one "
+                                           "a row, stays on the workers): fit without checkpoint_path, or on an "
+                                           "in-memory array"},
+             remarks={"minibatch": "batch only", "dask": "batch passes", "checkpoints": "not on dask"})
+      for name in ("vi-jj", "vi-taylor")),
     *(Method(name, family="quadratic", engine=name, likelihoods=("logistic",),
              likelihood_reason="is built on the logistic likelihood", capabilities=_EVERYWHERE,
-             refusals={"dask": f"fit on a dask array trains method 'ep', 'sep', 'adf' or 'svi' (minibatches), not "
-                               f"{name!r}: the other variational methods need every row at each step"},
+             refusals={"dask": _VI_PER_ROW_XI.format(name=name)},
              remarks={"minibatch": "batch only"})
-      for name in ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")),
+      for name in ("vi-jj-hybrid", "vi-jj-full")),
     Method("gfitc", family="gfitc", engine="gfitc", likelihood_reason=_EP_PROBIT,
            capabilities={"multiclass", *_EVERYWHERE}, check_params=_gfitc_params,
            refusals={"dask": _GFITC_BATCH_ONLY.format(what="fit on a dask array")},

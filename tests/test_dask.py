@@ -2,6 +2,7 @@
 the same per-chunk functions as the single-machine path, so the same numbers."""
 
 import contextlib
+import os
 
 import numpy as np
 import pytest
@@ -122,8 +123,10 @@ def test_dask_input_errors_are_clear(client, data):
     X, y, _ = data
     Xd = da.from_array(X, chunks=(200, 2))
     yd = da.from_array(y, chunks=200)
-    with pytest.raises(ValueError, match="'ep', 'sep', 'adf' or 'svi'"):
-        GPClassifier(method="vi-jj", client=client).fit(Xd, yd)
+    with pytest.raises(ValueError, match="vi-jj-hybrid.*one xi per row with L-BFGS-B on the driver"):
+        GPClassifier(method="vi-jj-hybrid", client=client).fit(Xd, yd)
+    with pytest.raises(ValueError, match="checkpoints of 'vi-taylor' on a dask array are not supported yet"):
+        GPClassifier(method="vi-taylor", client=client, checkpoint_path="x.ckpt", checkpoint_every=1).fit(Xd, yd)
     with pytest.raises(ValueError, match="svi on a dask array trains on minibatches"):
         GPClassifier(method="svi", batch_size=None, client=client).fit(Xd, yd)
     bad = X.copy()
@@ -247,3 +250,109 @@ def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path,
         with pytest.raises(ValueError, match="different training data"):  # same shape, other rows
             GPClassifier(**params, checkpoint_path=path).fit(
                 da.from_array(X[::-1], chunks=(200, 2)), da.from_array(y[::-1], chunks=200), resume=True)
+
+
+@pytest.mark.parametrize("kind", ["jj", "taylor"])
+def test_quadratic_bound_on_chunks_equals_in_memory(client, data, kind):
+    """vi-JJ / vi-Taylor's bound (seed 003 eqs. 14, 19) with its two passes a task a chunk: the chunks' sums of
+    the quadratic terms give the in-memory value, gradients and q to 1e-10; m_i and S_i stay dask arrays."""
+    from agpc.inference import variational
+    from agpc.inference.dask_engine import DaskEngine
+    from agpc.kernels import RBF
+
+    X, y, _ = data
+    y = y.astype(float)
+    kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
+    Z = X[:8] + 0.05
+    xi = np.random.default_rng(0).uniform(0.1, 2.0, X.shape[0])
+    chunks = (250, 200, 150)
+    engine = DaskEngine(client, chunks)
+    on_chunks = engine.quadratic_bound(kernel, Z, da.from_array(X, chunks=(chunks, 2)), da.from_array(y, chunks=(chunks,)),
+                                       da.from_array(xi, chunks=(chunks,)), kind=kind, jitter=1e-6, block_rows=90)
+    in_memory = variational.quadratic_bound(kernel, Z, X, y, xi, kind=kind, jitter=1e-6)
+    np.testing.assert_allclose(float(on_chunks["value"]), float(in_memory["value"]), rtol=1e-10)
+    for name, value in in_memory["grads"].items():
+        np.testing.assert_allclose(on_chunks["grads"][name], value, rtol=1e-10, atol=1e-12, err_msg=name)
+    for name in ("mean", "var"):
+        assert isinstance(on_chunks[name], da.Array) and on_chunks[name].chunks == (chunks,)
+        np.testing.assert_allclose(on_chunks[name].compute(), in_memory[name], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(on_chunks["posterior"].h, in_memory["posterior"].h, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("method, optimize", [("vi-jj", ("kernel", "inducing")), ("vi-taylor", ("kernel", "inducing")),
+                                              ("vi-jj", False)])
+def test_vi_fit_on_a_dask_array_equals_the_in_memory_fit(client, data, method, optimize):
+    """vi-JJ and vi-Taylor on a dask array (xi on the workers, the driver stepping the kernel and Z with L-BFGS-B
+    on the summed bound): the in-memory fit's curve, inducing points and predictions to 1e-10 with the same seed.
+    With nothing to optimise, the stop on xi's change is the in-memory fit's too."""
+    X, y, X_test = data
+    params = dict(method=method, n_inducing=10, max_iter=3, random_state=0, optimize=optimize)
+    in_memory = GPClassifier(**params).fit(X, y)
+    on_dask = GPClassifier(**params, client=client).fit(da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200))
+    np.testing.assert_allclose(on_dask.history_["log_marginal_likelihood"],
+                               in_memory.history_["log_marginal_likelihood"], rtol=1e-10)
+    np.testing.assert_allclose(on_dask.inducing_points_, in_memory.inducing_points_, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(on_dask.predict_proba(X_test), in_memory.predict_proba(X_test), rtol=1e-10)
+
+
+def _three_classes(n, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    scores = np.stack([X[:, 0], X[:, 1], -X[:, 0] - X[:, 1]], axis=1) + 0.5 * rng.normal(size=(n, 3))
+    return X, np.argmax(scores, axis=1)
+
+
+@pytest.mark.parametrize("method, in_files", [("ep", False), ("ep", True), ("sep", False), ("adf", False)])
+def test_multiclass_batch_passes_on_a_dask_array_equal_the_in_memory_fit(client, method, in_files, tmp_path):
+    """Multiclass EP / SEP / ADF (seed 001) in batch passes on a dask array: a task a chunk for the classes'
+    sums (``multiclass_ep.class_site_sums``) and for the sweep (``class_sweep``), added in a tree; EP's (n, 2C)
+    sites stay on the workers (in memory, or a file a chunk with ``site_directory``). The in-memory fit's
+    curve, inducing points and predictions to 1e-10 with the same seed."""
+    X, y = _three_classes(450, 0)
+    X_test, _ = _three_classes(100, 1)
+    params = dict(method=method, n_inducing=6, max_iter=3, random_state=0, batch_size=None)
+    in_memory = GPClassifier(**params).fit(X, y)
+    on_dask = GPClassifier(**params, client=client, site_directory=tmp_path / "sites" if in_files else None).fit(
+        da.from_array(X, chunks=(150, 2)), da.from_array(y, chunks=150))
+    np.testing.assert_allclose(on_dask.history_["log_marginal_likelihood"],
+                               in_memory.history_["log_marginal_likelihood"], rtol=1e-10)
+    np.testing.assert_allclose(on_dask.inducing_points_, in_memory.inducing_points_, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(on_dask.predict_proba(X_test), in_memory.predict_proba(X_test), rtol=1e-10,
+                               atol=1e-14)
+    if in_files:
+        assert os.listdir(tmp_path / "sites") == []
+
+
+@pytest.mark.parametrize("method", ["sep", "ep"])
+def test_multiclass_minibatch_on_the_driver_samples_chunks_like_data_on_disk(client, method, tmp_path):
+    """Multiclass minibatch SEP / EP with ``local_steps=0`` (steps on the driver, chunks brought there in
+    turn): the same model as the single-machine path reading the rows from a zarr array chunked alike."""
+    zarr = pytest.importorskip("zarr")
+    X, y = _three_classes(450, 0)
+    X_test, _ = _three_classes(100, 1)
+    params = dict(method=method, n_inducing=6, batch_size=50, max_iter=2, random_state=0)
+    Xz = zarr.open(str(tmp_path / "X.zarr"), mode="w", shape=X.shape, chunks=(150, 2), dtype="f8")
+    yz = zarr.open(str(tmp_path / "y.zarr"), mode="w", shape=y.shape, chunks=(150,), dtype=y.dtype)
+    Xz[:], yz[:] = X, y
+    ref = GPClassifier(**params).fit(Xz, yz)
+    model = GPClassifier(**params, client=client, local_steps=0).fit(da.from_array(X, chunks=(150, 2)),
+                                                                      da.from_array(y, chunks=150))
+    np.testing.assert_allclose(model.history_["log_marginal_likelihood"], ref.history_["log_marginal_likelihood"],
+                               rtol=1e-10)
+    np.testing.assert_allclose(model.predict_proba(X_test), ref.predict_proba(X_test), rtol=1e-10, atol=1e-14)
+
+
+def test_multiclass_ep_on_a_dask_array_resumes_from_a_checkpoint(client, monkeypatch, tmp_path):
+    """Multiclass batch EP's (n, 2C) sites written by the workers a file a chunk beside the checkpoint and read
+    back on resume: the uninterrupted model."""
+    from test_checkpoint import interrupted_then_resumed
+
+    X, y = _three_classes(450, 0)
+    Xd, yd = da.from_array(X, chunks=(150, 2)), da.from_array(y, chunks=150)
+    params = dict(method="ep", n_inducing=6, max_iter=3, random_state=0, batch_size=None, client=client)
+    reference = GPClassifier(**params).fit(Xd, yd)
+    resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", 9, Xd, yd)
+    assert os.listdir(str(tmp_path / "run.ckpt") + ".sites") == ["step-12"]
+    np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"],
+                               reference.history_["log_marginal_likelihood"], rtol=1e-12)
+    np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-12)

@@ -1,6 +1,7 @@
 """Data-parallel minibatch SEP, EP and SVI on a dask.array (issue 18; ``agpc.inference.data_parallel``)."""
 
 import contextlib
+import re
 import os
 import signal
 
@@ -242,8 +243,6 @@ def test_data_parallel_settings_are_checked(client, banana):
     Xd, yd = da.from_array(X[:400], chunks=(100, 2)), da.from_array(y[:400], chunks=100)
     with pytest.raises(ValueError, match="local_steps must be None or an int in \\[0, inf\\)"):
         GPClassifier(method="sep", batch_size=50, local_steps=-1, client=client).fit(Xd, yd)
-    with pytest.raises(ValueError, match="checkpoints of data-parallel training are not supported yet"):
-        GPClassifier(method="sep", batch_size=50, local_steps=2, checkpoint_path="x.ckpt", client=client).fit(Xd, yd)
 
 
 def test_ep_site_files_are_removed_after_the_fit(client, banana, tmp_path):
@@ -282,7 +281,8 @@ def _three_classes(n, seed):
 def test_multiclass_sep_on_a_dask_array_ends_near_the_single_process_fit(client):
     """Multiclass SEP (one tied factor per class and chunk), two shards: the test NLL within 0.02 nats of the
     single-process fit's after the same rows (the single-process fits of three seeds spread over 0.03 here,
-    4 epochs of 1,200 rows); multiclass EP is refused with a clear message."""
+    4 epochs of 1,200 rows); data-parallel multiclass EP is refused with a clear message (batch passes of
+    multiclass EP on a dask array: tests/test_dask.py)."""
     X, y = _three_classes(1200, 0)
     X_test, y_test = _three_classes(2000, 1)
     params = dict(method="sep", n_inducing=8, batch_size=50, max_iter=4, random_state=0)
@@ -293,8 +293,6 @@ def test_multiclass_sep_on_a_dask_array_ends_near_the_single_process_fit(client)
     assert abs(_nll(parallel, X_test, y_test) - _nll(single, X_test, y_test)) < 0.02
     with pytest.raises(ValueError, match="data-parallel multiclass training runs 'sep', 'adf' or 'svi'"):
         GPClassifier(method="ep", batch_size=50, client=client).fit(Xd, yd)
-    with pytest.raises(ValueError, match="multiclass data on a dask array train data-parallel on minibatches"):
-        GPClassifier(method="sep", batch_size=None, client=client).fit(Xd, yd)
 
 
 def test_a_reverted_step_in_a_shard_keeps_eps_sites_consistent(monkeypatch, tmp_path):
@@ -349,3 +347,71 @@ def test_shards_follow_persisted_chunks(client):
     for worker, chunks in zip(plan.shard_workers, plan.shards):
         assert chunks and all(worker in holders[(Xd.name, c, 0)] for c in chunks)
     assert sorted(c for chunks in plan.shards for c in chunks) == list(range(8))
+
+
+class _Interrupt(Exception):
+    pass
+
+
+@pytest.mark.parametrize("method", ["sep", "ep", "svi"])
+def test_data_parallel_fit_resumes_from_a_checkpoint(client, banana, monkeypatch, tmp_path, method):
+    """Checkpoints of data-parallel rounds (a round is a step of the loop): interrupted after round 7 (the last
+    checkpoint at round 4, every 4), resume=True ends at the uninterrupted model to 1e-12 (the same rounds
+    replayed from the same state: parameters, optimiser, each chunk's factor, visit count and the shards'
+    cursors; EP's site files copied beside the checkpoint, the files of earlier checkpoints removed). A resume
+    with other shards (another chunking, or another number of workers) is refused, naming them."""
+    from agpc.inference import training
+
+    X, y, X_test, _ = banana
+    Xd, yd = da.from_array(X[:800], chunks=(100, 2)), da.from_array(y[:800], chunks=100)
+    path = tmp_path / "run.ckpt"
+    params = dict(method=method, n_inducing=8, batch_size=50, max_iter=3, local_steps=2, random_state=0,
+                  client=client, site_directory=tmp_path / "sites")
+    reference = GPClassifier(**params).fit(Xd, yd)
+    real, rounds = training.Trainer.step, {"n": 0}
+
+    def step(self, *args, **kwargs):  # counts the driver's rounds (a shard's own steps run a Trainer too)
+        if hasattr(self.engine, "plan"):
+            rounds["n"] += 1
+            if rounds["n"] > 7:
+                raise _Interrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(training.Trainer, "step", step)
+    with pytest.raises(_Interrupt):
+        GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(Xd, yd)
+    monkeypatch.setattr(training.Trainer, "step", real)
+    if method == "ep":
+        assert os.listdir(str(path) + ".sites") == ["step-4"]
+    resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(Xd, yd, resume=True)
+    np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"],
+                               reference.history_["log_marginal_likelihood"], rtol=1e-12)
+    np.testing.assert_allclose(resumed.inducing_points_, reference.inducing_points_, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(resumed.predict_proba(X_test), reference.predict_proba(X_test), rtol=1e-12)
+    if method == "sep":  # the same rows in chunks of 200: shards [[0, 2], [1, 3]], not the checkpoint's
+        with pytest.raises(ValueError, match="shards \\(chunks per worker\\) \\[\\[0, 2, 4, 6\\], \\[1, 3, 5, 7\\]\\]"):
+            GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(
+                da.from_array(X[:800], chunks=(200, 2)), da.from_array(y[:800], chunks=200), resume=True)
+
+
+def test_a_data_parallel_checkpoint_record_is_checked_before_it_is_used(client, tmp_path):
+    """The rounds' record in a checkpoint is read from a file: a site file outside the checkpoint's own
+    directory, a cursor naming another shard's chunk or a factor of the wrong shape is one ValueError naming
+    the field, before anything is restored."""
+    X, y = make_banana(400, random_state=4)
+    plan = data_parallel.DataParallel(client, da.from_array(X, chunks=(100, 2)),
+                                      da.from_array(y.astype(float), chunks=100), batch_size=50, local_steps=1)
+    kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
+    engine = plan("ep", kernel, X[:6] + 0.05, n_total=400, minibatch=True, jitter=JITTER,
+                  optimize=("kernel", "inducing"), block_rows=None)
+    path = tmp_path / "run.ckpt"
+    saved = engine.checkpoint_state(path, 4)
+    record = saved["data_parallel"]
+    m_by_m = (np.eye(6), np.zeros(6))
+    bad = {"site_files": dict(record, site_files=[str(tmp_path / "elsewhere.npz")] + [None] * 3),
+           "cursors[0]": dict(record, cursors=[[0, [1], 0], [0, [], 0]]),
+           "factors[2]": dict(record, factors=[m_by_m, m_by_m, (np.eye(5), np.zeros(5)), m_by_m])}
+    for field, broken in bad.items():
+        with pytest.raises(ValueError, match=f"not a valid agpc checkpoint: engine.data_parallel.{re.escape(field)}"):
+            engine.restore_checkpoint(dict(saved, data_parallel=broken), path)
+    plan.close()

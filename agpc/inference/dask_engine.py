@@ -29,10 +29,9 @@ import weakref
 from .. import checkpoints
 from ..backend import array_namespace, row_chunk_bounds
 from ..threads import task_blas_threads
-from . import ep
+from . import ep, multiclass_ep, variational
 
 __all__ = ["ChunkedRows", "DaskEngine", "WORKER_ENVIRON", "local_cluster"]
-
 
 # glibc in a dask worker: the nanny sets MALLOC_TRIM_THRESHOLD_, and setting it turns off glibc's adaptive
 # mmap threshold, so every block temporary above 128 KiB is a fresh mmap whose pages fault in again each
@@ -80,8 +79,15 @@ def _compute_windowed(client, tasks):
     return futures
 
 
-def _add_sums(a, b):
-    return (a[0] + b[0], a[1] + b[1])
+def _model(Z):
+    """The passes of the model whose inducing points are ``Z``: binary (``ep``), or multiclass
+    (``multiclass_ep``: Z of shape (C, m, d), a ``ClassKernels``, sites (n, 2C))."""
+    return multiclass_ep if Z.ndim == 3 else ep
+
+
+def _site_shape(rows, Z):
+    """The shape of ``rows`` rows' sites: one a row (binary), 2C a row (multiclass, ``multiclass_ep``)."""
+    return (rows,) if Z.ndim == 2 else (rows, 2 * Z.shape[0])
 
 
 def _task_threads(Z, X, block_rows):
@@ -89,16 +95,41 @@ def _task_threads(Z, X, block_rows):
     return task_blas_threads(X.shape[0], Z.shape[-2], n_features=Z.shape[-1], block_rows=block_rows)
 
 
-def _chunk_sums(kernel, Z, X, site_precision, site_shift, L_K, block_rows):
+def _chunk_sums(kernel, Z, X, y, site_precision, site_shift, prior, block_rows):
+    """A chunk's sums of its sites (S, c~; per class for a multiclass model, whose ``prior`` is the classes'
+    L_K^-1, the binary model's L_K)."""
     with _task_threads(Z, X, block_rows):
-        S, c_tilde, _ = ep.site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, False)
+        if Z.ndim == 3:
+            return multiclass_ep.class_site_sums(kernel, Z, X, y, site_precision, site_shift, prior, block_rows)
+        S, c_tilde, _ = ep.site_sums_over_rows(kernel, Z, X, site_precision, site_shift, prior, block_rows, False)
     return S, c_tilde
 
 
+def _chunk_quadratic_sums(kernel, Z, X, y, xi, kind, L_K, block_rows):
+    with _task_threads(Z, X, block_rows):
+        return variational.quadratic_site_sums(kernel, Z, X, y, xi, kind=kind, L_K=L_K, block_rows=block_rows)
+
+
+def _chunk_quadratic_terms(kernel, Z, X, y, xi, prep, kind, want_grad, block_rows):
+    with _task_threads(Z, X, block_rows):
+        return variational.quadratic_row_terms(kernel, Z, X, y, xi, prep, kind=kind, want_grad=want_grad,
+                                               block_rows=block_rows)
+
+
+def _chunk_initial_xi(kernel, Z, X, kind, block_rows):
+    with _task_threads(Z, X, block_rows):
+        return variational.initial_xi(kernel, Z, X, kind, block_rows)
+
+
+def _without_quadratic_rows(terms):
+    return {k: (None if k in variational.QUADRATIC_ROW_KEYS else v) for k, v in terms.items()}
+
+
 def _chunk_sweep(kernel, Z, X, *args, **kwargs):
-    """``ep.binary_sweep`` on one chunk of rows (a task)."""
+    """``ep.binary_sweep`` (or ``multiclass_ep.class_sweep``) on one chunk of rows (a task)."""
+    sweep = multiclass_ep.class_sweep if Z.ndim == 3 else ep.binary_sweep
     with _task_threads(Z, X, kwargs.get("block_rows")):
-        return ep.binary_sweep(kernel, Z, X, *args, **kwargs)
+        return sweep(kernel, Z, X, *args, **kwargs)
 
 
 class ChunkedRows:
@@ -176,6 +207,7 @@ class DaskEngine:
         self.client = client
         self.row_chunks = tuple(int(c) for c in row_chunks)
         self.site_root = None
+        self.site_shape = ()  # of a row's sites beyond the row (multiclass: (2C,)), set by ``zero_sites``
         if site_directory is not None:
             os.makedirs(site_directory, exist_ok=True)
             self.site_root = tempfile.mkdtemp(prefix="agpc-sites-", dir=os.fspath(site_directory))
@@ -188,13 +220,20 @@ class DaskEngine:
 
     # -- what Trainer needs besides the passes ---------------------------------------------------------
 
-    uniform_factor = staticmethod(ep.uniform_factor)
-    posterior_from_factor = staticmethod(ep.posterior_from_factor)
+    @staticmethod
+    def uniform_factor(Z):
+        return _model(Z).uniform_factor(Z)
+
+    @staticmethod
+    def posterior_from_factor(kernel, Z, factor, *, jitter):
+        return _model(Z).posterior_from_factor(kernel, Z, factor, jitter=jitter)
 
     def zero_sites(self, n, Z):
         import dask.array as da
 
-        zeros = da.zeros((n,), chunks=(self.row_chunks,), dtype=Z.dtype)
+        shape = _site_shape(n, Z)
+        self.site_shape = shape[1:]  # (what site files of this model hold a row: read back by ``load_sites``)
+        zeros = da.zeros(shape, chunks=(self.row_chunks,) + shape[1:], dtype=Z.dtype)
         if self.site_root is None:
             return self.client.persist(zeros)
         return zeros  # no lineage to speak of: computed where it is needed
@@ -211,9 +250,10 @@ class DaskEngine:
         import dask
         import dask.array as da
 
-        loads = [dask.delayed(checkpoints.load_site_chunk, pure=True)(f, r) for f, r in zip(files, self.row_chunks)]
+        loads = [dask.delayed(checkpoints.load_site_chunk, pure=True)(f, r, *self.site_shape)
+                 for f, r in zip(files, self.row_chunks)]
         arrays = tuple(
-            da.concatenate([da.from_delayed(dask.delayed(operator.getitem, pure=True)(pair, i), shape=(r,),
+            da.concatenate([da.from_delayed(dask.delayed(operator.getitem, pure=True)(pair, i), shape=(r, *self.site_shape),
                                             dtype=dtype) for pair, r in zip(loads, self.row_chunks)])
             for i in (0, 1)
         )
@@ -228,8 +268,7 @@ class DaskEngine:
         driver must share that directory). Sites in memory are read back from there, so that from now on a
         lost chunk is recomputed from its file, not from every pass since the start. Returns the sites and
         what the checkpoint records of them."""
-        directory = os.path.join(os.path.abspath(os.fspath(path)) + ".sites", f"step-{int(step)}")
-        os.makedirs(directory, exist_ok=True)
+        directory = checkpoints.site_step_directory(path, step)
         files = [os.path.join(directory, f"chunk-{k}.npz") for k in range(len(self.row_chunks))]
         self._write_files(files, site_precision, site_shift)
         record = {"site_files": files, "rows": list(self.row_chunks)}
@@ -264,14 +303,10 @@ class DaskEngine:
     @staticmethod
     def release_sites(record):
         """Remove the site files of earlier checkpoints (once the checkpoint naming ``record`` is in place)."""
-        keep = os.path.dirname(record["site_files"][0])
-        parent = os.path.dirname(keep)
-        for name in os.listdir(parent):
-            if name.startswith("step-") and os.path.join(parent, name) != keep:
-                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        checkpoints.release_older_steps(os.path.dirname(record["site_files"][0]))
 
     def validation_scores(self, kernel, Z, post, X_val, y_val):
-        return ep.validation_scores(kernel, Z, post, X_val, y_val)
+        return _model(Z).validation_scores(kernel, Z, post, X_val, y_val)
 
     # -- passes ---------------------------------------------------------------------------------------
 
@@ -292,7 +327,6 @@ class DaskEngine:
         (damped) sites (``want_sites``) as dask arrays: persisted on the workers, or read from the files
         the tasks wrote."""
         import dask
-        import dask.array as da
 
         client = self.client
         options = dict(want_grad=want_grad, block_rows=block_rows)
@@ -312,40 +346,103 @@ class DaskEngine:
         if to_files:
             reduced["site_precision"], reduced["site_shift"] = self._file_sites(files, Z.dtype, generation)
         elif want_sites:
-            def rows(name):
-                return client.persist(da.concatenate([
-                    da.from_delayed(client.submit(operator.getitem, f, name), shape=(r,), dtype=Z.dtype)
-                    for f, r in zip(futures, self.row_chunks)
-                ]))
-
-            reduced["site_precision"] = rows("site_precision")
-            reduced["site_shift"] = rows("site_shift")
+            columns = _site_shape(0, Z)[1:]
+            reduced["site_precision"] = self._rows(futures, "site_precision", Z.dtype, columns)
+            reduced["site_shift"] = self._rows(futures, "site_shift", Z.dtype, columns)
         return reduced
+
+    def _rows(self, futures, name, dtype, columns=()):
+        """A per-row output of the chunks' tasks (``futures``, one a chunk, each a dict; ``columns`` the
+        shape of a row's) as a dask array chunked like the rows, persisted where the tasks ran: it never
+        comes to the driver."""
+        import dask.array as da
+
+        client = self.client
+        return client.persist(da.concatenate([
+            da.from_delayed(client.submit(operator.getitem, f, name), shape=(r, *columns), dtype=dtype)
+            for f, r in zip(futures, self.row_chunks)
+        ]))
 
     def evaluate(self, kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None,
                  want_sites=True, damping=None, checked=True):
-        """``ep.evaluate`` with the two per-row stages run chunk by chunk on the workers."""
+        """``ep.evaluate`` (``multiclass_ep.evaluate`` for a multiclass model) with the two per-row stages run
+        chunk by chunk on the workers."""
         import dask
 
         client = self.client
-        L_K = ep.prior_cholesky(kernel, Z, jitter, checked=checked)
-        Xs, nus, mus = self._blocks(X, site_precision, site_shift)
-        sums = _compute_windowed(client, [dask.delayed(_chunk_sums)(kernel, Z, Xb, nb, mb, L_K, block_rows)
-                                          for Xb, nb, mb in zip(Xs, nus, mus)])
-        S, c_tilde = _tree(client, sums, _add_sums).result()
-        post = ep.posterior_from_sums(L_K, S, c_tilde, checked=checked)
+        if Z.ndim == 3:  # per class: L_K for q, L_K^-1 for the chunks' projections
+            L_K, L_K_inv = multiclass_ep.prior_choleskys(kernel, Z, jitter, checked)
+            prior = L_K_inv
+        else:
+            L_K = prior = ep.prior_cholesky(kernel, Z, jitter, checked=checked)
+        Xs, ys, nus, mus = self._blocks(X, y, site_precision, site_shift)
+        sums = _compute_windowed(client, [dask.delayed(_chunk_sums)(kernel, Z, Xb, yb, nb, mb, prior, block_rows)
+                                          for Xb, yb, nb, mb in zip(Xs, ys, nus, mus)])
+        S, c_tilde = _tree(client, sums, ep.tree_add).result()
+        if Z.ndim == 3:
+            post = multiclass_ep.posteriors_from_sums(L_K, L_K_inv, S, c_tilde, checked=checked)
+        else:
+            post = ep.posterior_from_sums(L_K, S, c_tilde, checked=checked)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad,
                             block_rows=block_rows, want_sums=False, want_sites=want_sites, damping=damping)
-        return ep.finish_evaluate(kernel, Z, post, sweep, want_grad)
+        return _model(Z).finish_evaluate(kernel, Z, post, sweep, want_grad)
 
     def evaluate_factor(self, kernel, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None,
                         jitter, want_grad=True, block_rows=None, weights=None, checked=True):
-        """``ep.evaluate_factor`` (SEP / ADF in batch mode) with the sweep run chunk by chunk."""
+        """``ep.evaluate_factor`` (SEP / ADF in batch mode; ``multiclass_ep``'s for a multiclass model) with the
+        sweep run chunk by chunk."""
         if weights is not None:
             raise NotImplementedError("per-row weights are not supported on dask arrays")
-        prep = ep.factor_cavity(kernel, Z, factor, method=method, n_total=n_total, jitter=jitter, checked=checked)
+        model = _model(Z)
+        prep = model.factor_cavity(kernel, Z, factor, method=method, n_total=n_total, jitter=jitter, checked=checked)
         if method != "ep":
             site_precision = site_shift = self.zero_sites(X.shape[0], Z)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
                             block_rows=block_rows, want_sums=True, want_sites=False)
-        return ep.finish_factor(kernel, Z, prep, sweep, n_total / X.shape[0], want_grad)
+        return model.finish_factor(kernel, Z, prep, sweep, n_total / X.shape[0], want_grad)
+
+    # -- vi-JJ / vi-Taylor: the two passes of ``variational.quadratic_bound``, a task a chunk each --------
+
+    def quadratic_bound(self, kernel, Z, X, y, xi, *, kind, jitter, want_grad=True, want_xi_grad=False,
+                        block_rows=None):
+        """``variational.quadratic_bound`` with its two passes over the rows run a task a chunk: the chunks'
+        sums (S, c~, sum const_i), added in a tree, fix q on the driver; then the chunks' terms (value,
+        adjoints), added likewise. ``mean`` and ``var`` (per row) come back as dask arrays on the workers."""
+        import dask
+
+        if want_xi_grad:
+            raise ValueError("the gradient in xi (vi-jj-hybrid, vi-jj-full) is not computed on a dask array")
+        client = self.client
+        L_K = ep.prior_cholesky(kernel, Z, jitter)
+        Xs, ys, xis = self._blocks(X, y, xi)
+        sums = _compute_windowed(client, [dask.delayed(_chunk_quadratic_sums)(kernel, Z, Xb, yb, xb, kind, L_K,
+                                                                              block_rows)
+                                          for Xb, yb, xb in zip(Xs, ys, xis)])
+        S, c_tilde, const_sum = _tree(client, sums, ep.tree_add).result()
+        prep = variational.quadratic_posterior(L_K, S, c_tilde)
+        futures = _compute_windowed(client, [dask.delayed(_chunk_quadratic_terms)(kernel, Z, Xb, yb, xb, prep, kind,
+                                                                                  want_grad, block_rows)
+                                             for Xb, yb, xb in zip(Xs, ys, xis)])
+        small = [client.submit(_without_quadratic_rows, f) for f in futures]
+        terms = _tree(client, small, variational.add_quadratic_terms).result()
+        out = variational.finish_quadratic_bound(kernel, Z, prep, const_sum, terms, want_grad=want_grad)
+        out["mean"], out["var"] = (self._rows(futures, name, Z.dtype) for name in ("mean", "var"))
+        return out
+
+    def initial_xi(self, kernel, Z, X, kind, block_rows=None):
+        """``variational.initial_xi`` a chunk a task: xi (one a row) persisted on the workers."""
+        import dask
+        import dask.array as da
+
+        (Xs,) = self._blocks(X)
+        return self.client.persist(da.concatenate([
+            da.from_delayed(dask.delayed(_chunk_initial_xi)(kernel, Z, Xb, kind, block_rows), shape=(r,),
+                            dtype=Z.dtype)
+            for Xb, r in zip(Xs, self.row_chunks)
+        ]))
+
+    def update_xi(self, mean, var, kind):
+        """``variational.update_xi`` chunk by chunk on the workers (xi stays there, persisted)."""
+        import dask.array as da
+
+        return self.client.persist(da.map_blocks(variational.update_xi, mean, var, kind, dtype=mean.dtype))

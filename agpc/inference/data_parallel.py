@@ -48,6 +48,7 @@ import copy
 import functools
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -57,8 +58,8 @@ from .. import checkpoints
 from ..backend import array_device, array_namespace, asarray_like, host_rng, row_chunk_bounds
 from ..kernels import ClassKernels
 from . import ep, multiclass_ep
-from .engines import Outcome, make_engine
-from .training import Trainer
+from .engines import Outcome, factor_arrays, factor_from_arrays, make_engine
+from .training import Trainer, check_saved_factor
 
 __all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "shard_chunks", "chunk_permutation",
            "weighted_average"]
@@ -357,6 +358,7 @@ class _RoundEngine:
     uses_warmup = False
     settled = True
     needs_rebuild = False
+    checkpoint_extras = ("data_parallel",)  # the rounds' own record in a checkpoint (``restore_checkpoint`` checks it)
 
     def __init__(self, plan, method, kernel, Z, *, n_total, options):
         self.plan = plan
@@ -373,6 +375,7 @@ class _RoundEngine:
         # EP: each chunk's site file, written by the worker that stepped it last (None: zero sites, no file yet)
         self.site_files = {c: None for c in range(n_chunks)} if method == "ep" else {}
         self.loaded = {}  # chunk -> (futures of X, y) on the worker of the shard stepping it
+        self._checkpoint_directory = None  # EP: where the last checkpoint's site files went
 
     # -- what the loop reads ---------------------------------------------------------------------------
     state = property(lambda self: self.template.state, lambda self, v: setattr(self.template, "state", v))
@@ -382,6 +385,7 @@ class _RoundEngine:
     has_params = property(lambda self: self.template.has_params)
     block_rows = property(lambda self: self.template.block_rows)
     n_total = property(lambda self: self.template.n_total)
+    has_damping = property(lambda self: self.template.has_damping)
 
     @property
     def jitter(self):
@@ -507,11 +511,104 @@ class _RoundEngine:
     def validation_scores(self, post, X_val, y_val):
         return self.template.validation_scores(post, X_val, y_val)
 
+    # -- checkpoints ------------------------------------------------------------------------------------
     def checkpoint_state(self, path, step):
-        raise NotImplementedError("checkpoints of data-parallel training are not supported yet")
+        """The driver's engine's state (parameters, optimiser, q's factor or SVI's q(u)) and the rounds' own
+        record: the shards, each chunk's factor and visit count, each shard's cursor, and EP's site files,
+        copied beside the checkpoint into ``<path>.sites/step-<step>/`` (the driver reaches the site
+        directory: it removes the files there too)."""
+        saved = self.template.checkpoint_state(path, step)
+        n_chunks = len(self.plan.chunk_rows)
+        files = []
+        self._checkpoint_directory = None
+        if self.site_files:
+            self._checkpoint_directory = directory = checkpoints.site_step_directory(path, step)
+            for c in range(n_chunks):
+                files.append(None if self.site_files[c] is None else os.path.join(directory, f"chunk-{c}.npz"))
+                if files[-1] is not None:
+                    shutil.copyfile(self.site_files[c], files[-1])
+        saved["data_parallel"] = {
+            "shards": [list(chunks) for chunks in self.plan.shards],
+            "factors": [factor_arrays(self.factors[c]) for c in range(n_chunks)] if self.tied else [],
+            "visits": [int(self.visits[c]) for c in range(n_chunks)],
+            "cursors": [[int(c.epoch), [int(k) for k in c.order], int(c.position)] for c in self.cursors],
+            "site_files": files,
+        }
+        return saved
+
+    def checkpoint_written(self, saved):
+        """After the file is written: the site files of earlier checkpoints can go."""
+        if self._checkpoint_directory is not None:
+            checkpoints.release_older_steps(self._checkpoint_directory)
 
     def restore_checkpoint(self, saved, path):
-        raise NotImplementedError("checkpoints of data-parallel training are not supported yet")
+        """The state ``checkpoint_state`` wrote, its rounds' record checked field by field first (a file does
+        not choose what is read: EP's site files must be the checkpoint's own, beside it)."""
+        record = self._checked_record(saved.get("data_parallel"), path)
+        self.template.restore_checkpoint({k: v for k, v in saved.items() if k not in self.checkpoint_extras}, path)
+        if self.tied:
+            self.factors = {c: factor_from_arrays(f) for c, f in enumerate(record["factors"])}
+        self.visits = dict(enumerate(record["visits"]))
+        self.cursors = [_Cursor(epoch, list(order), position) for epoch, order, position in record["cursors"]]
+        self.loaded = {}
+        if self.site_files:  # copies of their own: the checkpoint's files stay what a later resume reads
+            self.generation = 0
+            for c, name in enumerate(record["site_files"]):
+                self.site_files[c] = None if name is None else _site_path(self.plan.site_root, c, 0)
+                if name is not None:
+                    shutil.copyfile(name, self.site_files[c])
+
+    def _checked_record(self, record, path):
+        plan = self.plan
+        n_chunks = len(plan.chunk_rows)
+
+        def refuse(why):
+            return ValueError(f"{path} is not a valid agpc checkpoint: engine.data_parallel.{why}")
+
+        def is_count(v):
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+        fields = {"shards", "factors", "visits", "cursors", "site_files"}
+        if not isinstance(record, dict) or set(record) != fields:
+            raise refuse(f"not the record of data-parallel rounds ({', '.join(sorted(fields))})")
+        shards = [list(chunks) for chunks in plan.shards]
+        if record["shards"] != shards:
+            raise ValueError(f"checkpoint {path} was written by a data-parallel fit with the shards (chunks per "
+                             f"worker) {record['shards']}; this fit has {shards}: resume with as many workers and "
+                             "the same chunking")
+        visits = record["visits"]
+        if not (isinstance(visits, list) and len(visits) == n_chunks and all(is_count(v) for v in visits)):
+            raise refuse(f"visits: not {n_chunks} counts")
+        cursors = record["cursors"]
+        if not (isinstance(cursors, list) and len(cursors) == len(shards)):
+            raise refuse(f"cursors: not {len(shards)} cursors")
+        for k, cursor in enumerate(cursors):
+            if not (isinstance(cursor, list) and len(cursor) == 3 and is_count(cursor[0]) and is_count(cursor[2])
+                    and isinstance(cursor[1], list) and all(is_count(c) and c in shards[k] for c in cursor[1])
+                    and len(set(cursor[1])) == len(cursor[1])
+                    and cursor[2] < (math.ceil(plan.chunk_rows[cursor[1][0]] / plan.batch_size) if cursor[1] else 1)):
+                raise refuse(f"cursors[{k}]: not [epoch, chunks of shard {k} left to visit, minibatch within the first]")
+        Z = self.template.state["Z"]
+        factors = record["factors"]
+        if not isinstance(factors, list) or len(factors) != (n_chunks if self.tied else 0):
+            raise refuse(f"factors: not one factor per chunk ({n_chunks})" if self.tied else "factors: not empty")
+        for c, factor in enumerate(factors):
+            if factor is None:
+                raise refuse(f"factors[{c}]: missing")
+            check_saved_factor(factor, Z, f"engine.data_parallel.factors[{c}]",
+                               lambda why: ValueError(f"{path} is not a valid agpc checkpoint: {why}"))
+        files = record["site_files"]
+        if not isinstance(files, list) or len(files) != (n_chunks if self.site_files else 0):
+            raise refuse("site_files: not one entry per chunk" if self.site_files else "site_files: not empty")
+        root = os.path.abspath(os.fspath(path)) + ".sites"
+        for c, name in enumerate(files):
+            if name is not None and not (
+                isinstance(name, str) and os.path.basename(name) == f"chunk-{c}.npz"
+                and re.fullmatch(r"step-\d+", os.path.basename(os.path.dirname(name)))
+                and os.path.dirname(os.path.dirname(name)) == root
+            ):
+                raise refuse(f"site_files[{c}]: {name!r} is not a site file of this checkpoint (in {root})")
+        return record
 
 
 def _passes_of(kernel):

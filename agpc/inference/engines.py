@@ -37,16 +37,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..backend import ModulesByName, array_device, array_namespace, read_rows, row_slice, scaled_std
+from ..backend import ModulesByName, array_device, array_namespace, is_dask_array, read_rows, row_slice, scaled_std
 from ..kernels import ClassKernels, log_prior_and_grads
 from ..optim import OPTIMIZERS, Rprop, lbfgsb_ascent
 from . import ep, gfitc, multiclass_ep, multiclass_vi, variational
 
 __all__ = ["Outcome", "EPEngine", "GFITCEngine", "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names",
-           "relative_change", "with_log_prior", "EP_METHODS", "QUADRATIC_METHODS", "ALL_METHODS"]
+           "relative_change", "with_log_prior", "factor_arrays", "factor_from_arrays", "EP_METHODS",
+           "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS", "ALL_METHODS"]
 
 EP_METHODS = ("ep", "sep", "adf")
 QUADRATIC_METHODS = ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
+CLUSTER_QUADRATIC_METHODS = ("vi-jj", "vi-taylor")  # xi stays per row on the workers; the driver steps the kernel
 ALL_METHODS = EP_METHODS + ("svi",) + QUADRATIC_METHODS + ("gfitc",)
 _REBUILD_INVALID_FRACTION = 0.05  # minibatch EP: rebuild the site product when more cavities than this fail
 _NOT_DAMPED = float("nan")  # history's "damping" for the methods that have none
@@ -141,14 +143,17 @@ def hyper_step(optimizer, names, kernel, Z, grads):
     return kernel.with_params(params), Z
 
 
-def _factor_arrays(factor):
+def factor_arrays(factor):
+    """A u-space factor as a checkpoint stores it: (precision, shift), a list of such pairs for a multiclass
+    ``MultiFactor``, None for none."""
     if factor is None:
         return None
     parts = getattr(factor, "factors", None)
     return [(f.precision, f.shift) for f in parts] if parts is not None else (factor.precision, factor.shift)
 
 
-def _factor_from_arrays(saved):
+def factor_from_arrays(saved):
+    """The factor ``factor_arrays`` stored."""
     if isinstance(saved, list):
         return multiclass_ep.MultiFactor(tuple(ep.Factor(p, c) for p, c in saved))
     return None if saved is None else ep.Factor(*saved)
@@ -393,7 +398,7 @@ class EPEngine(_Engine):
         if store is not None and s["nu"] is not None:  # sites on a cluster: written by the workers, chunk by chunk
             s["nu"], s["mu"], record = store(path, step, s["nu"], s["mu"])
             sites = (record, None)
-        return dict(self._common_checkpoint(), nu=sites[0], mu=sites[1], factor=_factor_arrays(s["factor"]),
+        return dict(self._common_checkpoint(), nu=sites[0], mu=sites[1], factor=factor_arrays(s["factor"]),
                     needs_rebuild=self.needs_rebuild)
 
     def checkpoint_written(self, saved):
@@ -410,7 +415,7 @@ class EPEngine(_Engine):
             if load is None:
                 raise ValueError(f"checkpoint {path} was written by a fit on a dask array: resume it on a dask array")
             s["nu"], s["mu"] = load(saved["nu"], s["Z"].dtype)
-        s["factor"] = _factor_from_arrays(saved["factor"])
+        s["factor"] = factor_from_arrays(saved["factor"])
         self.needs_rebuild = bool(saved["needs_rebuild"])
 
 
@@ -590,12 +595,19 @@ class QuadraticEngine(_Engine):
     One step is one outer iteration: stage 1, ``n_upd`` analytic updates of (q, xi) by eqs. 12-13 / 17-18 and
     15 (not for vi-JJ-full); stage 2, L-BFGS-B (scipy) with at most ``maxfun`` evaluations on the kernel
     parameters and inducing points (and on xi for -hybrid and -full), xi otherwise fixed. No learning rate,
-    so nothing for the guard to halve. The step's log Z is the bound after the round."""
+    so nothing for the guard to halve. The step's log Z is the bound after the round.
+
+    ``passes``: where the passes over the rows run: in memory (``variational``), or on a cluster (a
+    ``dask_engine.DaskEngine``: a task a chunk, xi kept on the workers beside its rows). On a cluster
+    only vi-JJ and vi-Taylor: -hybrid and -full hand one xi per row to the driver's L-BFGS-B."""
 
     def __init__(self, kernel, Z, *, method, n_total, jitter=1e-6, optimize=("kernel", "inducing"), n_upd=3,
-                 maxfun=5, block_rows=None):
+                 maxfun=5, block_rows=None, passes=None):
         if method not in QUADRATIC_METHODS:
             raise ValueError(f"unknown method {method!r}: use one of {QUADRATIC_METHODS}")
+        if passes is not None and method not in CLUSTER_QUADRATIC_METHODS:
+            raise ValueError(f"method {method!r} optimises one xi per row with L-BFGS-B on the driver: it does not "
+                             f"run its passes on a cluster; {CLUSTER_QUADRATIC_METHODS} do")
         super().__init__(kernel, Z, names=parameter_names(kernel, tuple(optimize)), optimizer=None, n_total=n_total,
                          minibatch=False, jitter=jitter, block_rows=block_rows)
         self.method = method
@@ -603,6 +615,7 @@ class QuadraticEngine(_Engine):
         self.joint_xi = method in ("vi-jj-hybrid", "vi-jj-full")
         self.n_upd = n_upd
         self.maxfun = maxfun
+        self.passes = variational if passes is None else passes
         self.state["xi"] = None  # set at the first step, from the rows (q = prior)
 
     @property
@@ -610,20 +623,25 @@ class QuadraticEngine(_Engine):
         return bool(self.names) or self.joint_xi
 
     def _bound(self, kernel, Z, X, y, xi, **options):
-        return variational.quadratic_bound(kernel, Z, X, y, xi, kind=self.kind, jitter=self.jitter,
+        return self.passes.quadratic_bound(kernel, Z, X, y, xi, kind=self.kind, jitter=self.jitter,
                                            block_rows=self.block_rows, **options)
+
+    def _labels(self, y):
+        """The labels as the passes take them: in memory, all of them on the compute device; on a cluster,
+        the dask array itself (its chunks stay with their rows)."""
+        return y if is_dask_array(y) else read_rows(y, 0, y.shape[0], self.state["Z"])
 
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
         self._refuse_weights(weights)
         s = self.state
         kernel, Z, xi = s["kernel"], s["Z"], s["xi"]
-        labels = read_rows(y, 0, y.shape[0], Z)
+        labels = self._labels(y)
         if xi is None:
-            xi = variational.initial_xi(kernel, Z, X, self.kind, self.block_rows)
+            xi = self.passes.initial_xi(kernel, Z, X, self.kind, self.block_rows)
         if self.method != "vi-jj-full":
             for _ in range(self.n_upd):
                 out = self._bound(kernel, Z, X, labels, xi, want_grad=False)
-                xi = variational.update_xi(out["mean"], out["var"], self.kind)
+                xi = self.passes.update_xi(out["mean"], out["var"], self.kind)
 
         def split(params):
             params = dict(params)
@@ -659,8 +677,8 @@ class QuadraticEngine(_Engine):
     def posterior(self, X, y, want_log_z=True):
         s = self.state
         if s["xi"] is None:
-            s["xi"] = variational.initial_xi(s["kernel"], s["Z"], X, self.kind, self.block_rows)
-        final = self._bound(s["kernel"], s["Z"], X, read_rows(y, 0, y.shape[0], s["Z"]), s["xi"], want_grad=False)
+            s["xi"] = self.passes.initial_xi(s["kernel"], s["Z"], X, self.kind, self.block_rows)
+        final = self._bound(s["kernel"], s["Z"], X, self._labels(y), s["xi"], want_grad=False)
         return final["posterior"], float(final["value"]) if want_log_z else None
 
     def validation_scores(self, post, X_val, y_val):
@@ -687,8 +705,9 @@ def make_engine(method, kernel, Z, *, n_total, minibatch, jitter=1e-6, damping=N
         return EPEngine(kernel, Z, method=method, n_total=n_total, minibatch=minibatch, jitter=jitter,
                         damping=damping, optimize=optimize, optimizer=optimizer, learning_rate=learning_rate,
                         block_rows=block_rows, site_precision=site_precision, site_shift=site_shift, passes=passes)
-    if passes is not None:
-        raise ValueError(f"method {method!r} does not run its passes on a cluster (engine=); only {EP_METHODS} do")
+    if passes is not None and method not in QUADRATIC_METHODS:
+        raise ValueError(f"method {method!r} does not run its passes on a cluster (engine=); only {EP_METHODS} "
+                         f"and {CLUSTER_QUADRATIC_METHODS} do")
     if method == "svi":
         return SVIEngine(kernel, Z, n_total=n_total, minibatch=minibatch, likelihood=likelihood or "probit",
                          n_quadrature=n_quadrature, jitter=jitter, optimize=optimize, optimizer=optimizer,
@@ -703,5 +722,5 @@ def make_engine(method, kernel, Z, *, n_total, minibatch, jitter=1e-6, damping=N
                            site_precision=site_precision, site_shift=site_shift)
     if method in QUADRATIC_METHODS:
         return QuadraticEngine(kernel, Z, method=method, n_total=n_total, jitter=jitter, optimize=optimize,
-                               block_rows=block_rows)
+                               block_rows=block_rows, passes=passes)
     raise ValueError(f"unknown method {method!r}: use one of {ALL_METHODS}")

@@ -51,6 +51,13 @@ __all__ = [
     "one_hot_labels",
     "true_class_values",
     "add_prior_gradients",
+    "prior_choleskys",
+    "class_site_sums",
+    "posteriors_from_sums",
+    "class_sweep",
+    "finish_evaluate",
+    "factor_cavity",
+    "finish_factor",
 ]
 
 
@@ -203,13 +210,15 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
 
 # -- passes over the data ---------------------------------------------------------------------------
 
-def _priors(kernels, Z, jitter, checked=True):
+def prior_choleskys(kernels, Z, jitter, checked=True):
+    """Per class chol(K_c + jitter I) and its inverse (lists); ``checked`` as in ``ep.prior_cholesky``."""
     L_K = [ep.prior_cholesky(kernels[c], Z[c, ...], jitter, checked=checked) for c in range(n_classes(Z))]
     return L_K, [lower_triangular_inverse(L) for L in L_K]
 
 
-def _class_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows):
-    """Per class S_c = A_c diag(nu_tot) A_c^T and c~_c = A_c mu_tot over all rows."""
+def class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows):
+    """Per class S_c = A_c diag(nu_tot) A_c^T and c~_c = A_c mu_tot over the rows (tuples, one entry a class):
+    they add over any split of the rows (a chunk of rows a task on a cluster)."""
     C = n_classes(Z)
     S, c_tilde = [None] * C, [None] * C
     for lo, hi, X_block, y_block in ep.data_blocks(X, y, _block_rows(block_rows, Z, X.shape[0]), Z[0, ...]):
@@ -219,7 +228,7 @@ def _class_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_row
             S_b, c_b = ep.site_sums(At, nu[:, c], mu[:, c])
             S[c] = S_b if S[c] is None else S[c] + S_b
             c_tilde[c] = c_b if c_tilde[c] is None else c_tilde[c] + c_b
-    return S, c_tilde
+    return tuple(S), tuple(c_tilde)
 
 
 def _block_rows(block_rows, Z, n=None):
@@ -228,9 +237,14 @@ def _block_rows(block_rows, Z, n=None):
     return block_rows or ep.default_block_rows(Z, n)
 
 
-def _sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, block_rows, want_sums=False,
-           want_sites=True, damping=None):
-    """Multiclass EP's sweep: ``block_pass`` over all rows (``ep.sweep_rows``), a validity column per class."""
+def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, block_rows, want_sums=False,
+                want_sites=True, damping=None):
+    """Multiclass EP's sweep: ``block_pass`` over all rows (``ep.sweep_rows``), a validity column per class.
+    Its reductions add over any split of the rows (``ep.add_sweeps``); ``site_precision`` None: zero sites
+    (SEP / ADF, whose rows have none of their own)."""
+    if site_precision is None:
+        site_precision = site_shift = zero_sites(X.shape[0], Z)
+
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         return block_pass(kernels, X_block, y_block, rows_precision, rows_shift, Z, posts, want_grad=want_grad,
                           want_sums=want_sums)
@@ -264,13 +278,23 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
     ``n_invalid``, ``grads`` (eq. 10) and ``posterior`` (a tuple of per-class ``ep.Posterior``).
     ``checked``: as in ``ep.evaluate`` (False in training steps: a failed factorisation is NaN, which reaches
     log Z_q and the loop's guard, with no host synchronisation; True escalates jitter on the host)."""
-    C = n_classes(Z)
-    L_K, L_K_inv = _priors(kernels, Z, jitter, checked)
-    S, c_tilde = _class_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows)
-    posts = tuple(ep.posterior_from_sums(L_K[c], S[c], c_tilde[c], L_K_inv=L_K_inv[c], checked=checked)
-                  for c in range(C))
-    sweep = _sweep(kernels, Z, X, y, site_precision, site_shift, posts, want_grad=want_grad, block_rows=block_rows,
-                   want_sites=want_sites, damping=damping)
+    L_K, L_K_inv = prior_choleskys(kernels, Z, jitter, checked)
+    S, c_tilde = class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows)
+    posts = posteriors_from_sums(L_K, L_K_inv, S, c_tilde, checked=checked)
+    sweep = class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, want_grad=want_grad,
+                        block_rows=block_rows, want_sites=want_sites, damping=damping)
+    return finish_evaluate(kernels, Z, posts, sweep, want_grad)
+
+
+def posteriors_from_sums(L_K, L_K_inv, S, c_tilde, *, checked=True):
+    """Each class's q from its sums (``class_site_sums``): a tuple of ``ep.Posterior``."""
+    return tuple(ep.posterior_from_sums(L_K[c], S[c], c_tilde[c], L_K_inv=L_K_inv[c], checked=checked)
+                 for c in range(len(L_K)))
+
+
+def finish_evaluate(kernels, Z, posts, sweep, want_grad):
+    """Batch multiclass EP's results from the classes' q and the (reduced) sweep: log Z_q of seed 001 eq. 9,
+    the gradient of eq. 10."""
     log_z = sweep["terms"]
     for post in posts:
         log_z = log_z + post.log_normaliser_gain
@@ -301,12 +325,22 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
     (others_c + factor_c), the SEP cavity removes factor_c^(1/factor_rows)."""
     if weights is not None:
         raise NotImplementedError("per-row weights are not supported by the multiclass EP pass")
+    prep = factor_cavity(kernels, Z, factor, method=method, n_total=n_total, jitter=jitter, checked=checked,
+                         others=others, factor_rows=factor_rows)
+    if method != "ep":
+        site_precision = site_shift = None  # (zero sites: the cavity already excludes the factor)
+    sweep = class_sweep(kernels, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
+                        block_rows=block_rows, want_sums=True)
+    return finish_factor(kernels, Z, prep, sweep, n_total / X.shape[0], want_grad)
+
+
+def factor_cavity(kernels, Z, factor, *, method, n_total, jitter, checked=True, others=None, factor_rows=None):
+    """Per class q_c = prior_c x factor_c and the cavity the rows' updates start from (a tuple each), log Z_q's
+    global part, and the classes' L_K^-1 (``ep.factor_cavity`` class by class; the driver's m x m work)."""
     if method not in ep.CAVITY_KINDS:
         raise ValueError(f"unknown EP variant {method!r}")
     C = n_classes(Z)
-    n_rows = X.shape[0]
-    scale = n_total / n_rows
-    L_K, L_K_inv = _priors(kernels, Z, jitter, checked)
+    L_K, L_K_inv = prior_choleskys(kernels, Z, jitter, checked)
     qs, cavities, log_z = [], [], 0.0
     for c in range(C):
         S, c_tilde = factor.factors[c].whitened(L_K[c])
@@ -326,15 +360,17 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
             cav = q
         qs.append(q)
         cavities.append(cav)
-    if method != "ep":
-        site_precision = site_shift = zero_sites(n_rows, Z)
-    sweep = _sweep(kernels, Z, X, y, site_precision, site_shift, tuple(cavities), want_grad=want_grad,
-                   block_rows=block_rows, want_sums=True)
-    sums = sweep["sums"]
+    return {"q": tuple(qs), "cavity": tuple(cavities), "log_z": log_z, "L_K_inv": L_K_inv}
+
+
+def finish_factor(kernels, Z, prep, sweep, scale, want_grad):
+    """The factor pass's results from ``factor_cavity`` and the (reduced) sweep; ``scale`` = n_total / rows."""
+    C = n_classes(Z)
+    sums, L_K_inv = sweep["sums"], prep["L_K_inv"]
     new_sites = MultiFactor(tuple(ep.Factor.from_whitened(sums[c][0], sums[c][1], L_K_inv[c]) for c in range(C)))
     old_sites = MultiFactor(tuple(ep.Factor.from_whitened(sums[c][2], sums[c][3], L_K_inv[c]) for c in range(C)))
     return {
-        "log_z": log_z + scale * sweep["terms"],
+        "log_z": prep["log_z"] + scale * sweep["terms"],
         "site_precision": sweep["site_precision"],
         "site_shift": sweep["site_shift"],
         "valid": sweep["valid"],
@@ -342,15 +378,15 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
         "new_sites": new_sites,
         "old_sites": old_sites,
         "site_delta": new_sites.combine(1.0, old_sites, -1.0),
-        "posterior": tuple(qs),
-        "grads": add_prior_gradients(kernels, Z, tuple(qs), sweep, scale) if want_grad else None,
+        "posterior": prep["q"],
+        "grads": add_prior_gradients(kernels, Z, prep["q"], sweep, scale) if want_grad else None,
     }
 
 
 def exact_factor(kernels, Z, X, site_precision, site_shift, *, jitter, block_rows=None, y):
     """The product of all sites at the current hyper-parameters, one u-space factor per class."""
-    _, L_K_inv = _priors(kernels, Z, jitter)
-    S, c_tilde = _class_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows)
+    _, L_K_inv = prior_choleskys(kernels, Z, jitter)
+    S, c_tilde = class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows)
     return MultiFactor(tuple(ep.Factor.from_whitened(S[c], c_tilde[c], L_K_inv[c]) for c in range(n_classes(Z))))
 
 

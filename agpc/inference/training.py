@@ -36,7 +36,7 @@ from .ep import PRIOR_FACTOR_NAME
 from .replay import ReplayedEvaluation
 
 __all__ = ["train", "Trainer", "TrainResult", "METHODS", "ALL_METHODS", "minibatch_layout", "data_fingerprint",
-           "fingerprint_stride", "FINGERPRINT_ROWS"]
+           "fingerprint_stride", "FINGERPRINT_ROWS", "check_saved_factor"]
 
 METHODS = EP_METHODS  # the methods that learn from a stream (``partial_fit``) and run on a cluster: EP, SEP, ADF
 HISTORY_KEYS = ("log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps")
@@ -733,6 +733,8 @@ def _check_engine(saved, engine, fingerprint, path, refuse):
         where = f"engine.{key}"
         if key in ("kernel", "damping", "optimizer"):
             continue
+        if key in getattr(engine, "checkpoint_extras", ()):  # the engine's own record: it checks it as it restores
+            continue
         if key not in fresh and key not in ("needs_rebuild", "settled", "sweeps"):
             raise refuse(f"{where}: not part of this run's state")
         if key in ("needs_rebuild", "settled"):
@@ -744,7 +746,7 @@ def _check_engine(saved, engine, fingerprint, path, refuse):
         elif key == "nu" and isinstance(value, dict):
             _check_site_record(value, path, refuse)
         elif key == "factor":
-            _check_factor(value, fresh["Z"], where, refuse)
+            check_saved_factor(value, fresh["Z"], where, refuse)
         elif _is_array(fresh[key]) and not (key == "mu" and isinstance(saved.get("nu"), dict)):
             _check_float_array(value, fresh[key].shape, where, refuse)
         elif value is not None:  # begun empty (vi-*'s xi): one value a row
@@ -753,7 +755,7 @@ def _check_engine(saved, engine, fingerprint, path, refuse):
                 raise refuse(f"{where}: shape {tuple(value.shape)}, expected {n} rows")
 
 
-def _check_factor(saved, Z, where, refuse):
+def check_saved_factor(saved, Z, where, refuse):
     """(precision (m, m), shift (m,)) of a tied factor, or one such pair a class (Z of shape (C, m, d))."""
     if saved is None:
         return

@@ -40,6 +40,12 @@ __all__ = [
     "expected_log_likelihood",
     "svi_elbo",
     "quadratic_bound",
+    "quadratic_site_sums",
+    "quadratic_posterior",
+    "quadratic_row_terms",
+    "add_quadratic_terms",
+    "finish_quadratic_bound",
+    "QUADRATIC_ROW_KEYS",
     "update_xi",
     "posterior_from_gaussian",
 ]
@@ -260,24 +266,57 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
     Kernel adjoints: with beta = B^-1 c and M = beta beta^T + B^-1, the gain 0.5 c^T B^-1 c + 0.5 log|K| -
     0.5 log|B| gives dKnm = mu beta^T - diag(nu) Knm M and dKmm = 0.5 (K^-1 - M); the term -sum w_i s_i
     gives dKdiag = -w, dKnm = 2 w_i v_i and dKmm = -V^T diag(w) V.
+
+    Two passes over the rows, each a sum over them (``quadratic_site_sums``, then ``quadratic_row_terms``),
+    joined by the m x m work of ``quadratic_posterior`` and ``finish_quadratic_bound``: a cluster runs the
+    passes a chunk of rows a task and adds the chunks' results (``dask_engine.DaskEngine.quadratic_bound``).
     """
+    L_K = ep.prior_cholesky(kernel, Z, jitter)
+    S, c_tilde, const_sum = quadratic_site_sums(kernel, Z, X, y, xi, kind=kind, L_K=L_K, block_rows=block_rows)
+    prep = quadratic_posterior(L_K, S, c_tilde)
+    terms = quadratic_row_terms(kernel, Z, X, y, xi, prep, kind=kind, want_grad=want_grad,
+                                want_xi_grad=want_xi_grad, block_rows=block_rows)
+    out = finish_quadratic_bound(kernel, Z, prep, const_sum, terms, want_grad=want_grad)
+    out.update({k: terms[k] for k in QUADRATIC_ROW_KEYS if terms[k] is not None})
+    return out
+
+
+QUADRATIC_ROW_KEYS = ("mean", "var", "xi_grad")  # the per-row outputs of ``quadratic_row_terms``
+
+
+def quadratic_site_sums(kernel, Z, X, y, xi, *, kind, L_K, block_rows=None):
+    """The rows' sums that fix the optimal q at xi (seed 003 eqs. 12-13 / 17-18): S = A diag(2 w) A^T and
+    c~ = A mu (as ``ep.site_sums_over_rows``: q has EP's form with sites (2 w_i, mu_i)), and sum_i const_i.
+    Each adds over any split of the rows."""
     xp = array_namespace(Z)
     w, shift, const = _quadratic_sites(y, xi, kind)
-    nu = 2.0 * w
-    L_K = ep.prior_cholesky(kernel, Z, jitter)
+    S, c_tilde, _ = ep.site_sums_over_rows(kernel, Z, X, 2.0 * w, shift, L_K, block_rows, False)
+    return S, c_tilde, xp.sum(const)
+
+
+def quadratic_posterior(L_K, S, c_tilde):
+    """The optimal q from the rows' sums (m x m work): the EP-form ``posterior`` and what the rows' terms
+    and the adjoints need of it (``L_K_inv``, ``K_inv``, ``M`` = beta beta^T + B^-1)."""
     L_K_inv = lower_triangular_inverse(L_K)
-    S, c_tilde, _ = ep.site_sums_over_rows(kernel, Z, X, nu, shift, L_K, block_rows, False)
     post = ep.posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
     beta = post.beta
     B_inv_w = post.L_C_inv @ L_K_inv  # B^-1 = B_inv_w^T B_inv_w
-    B_inv = B_inv_w.mT @ B_inv_w
-    M = beta[:, None] * beta[None, :] + B_inv
-    K_inv = L_K_inv.mT @ L_K_inv
-    value = post.log_normaliser_gain + xp.sum(const)
-    means, variances = [], []
-    grads = None
-    dKmm = 0.5 * (K_inv - M) if want_grad else None
-    xi_grad = []
+    M = beta[:, None] * beta[None, :] + B_inv_w.mT @ B_inv_w
+    return {"posterior": post, "L_K_inv": L_K_inv, "K_inv": L_K_inv.mT @ L_K_inv, "M": M}
+
+
+def quadratic_row_terms(kernel, Z, X, y, xi, prep, *, kind, want_grad=True, want_xi_grad=False, block_rows=None):
+    """The rows' part of the bound at the optimal q ``prep`` (``quadratic_posterior``): ``value`` = -sum_i w_i s_i,
+    the kernel adjoints' data part (``grads`` of the Knm and diagonal adjoints, ``dKmm`` = -V^T diag(w) V), which
+    add over any split of the rows; and per row (``QUADRATIC_ROW_KEYS``) m_i, S_i and the JJ xi gradient."""
+    xp = array_namespace(Z)
+    w, shift, _ = _quadratic_sites(y, xi, kind)
+    nu = 2.0 * w
+    post, L_K_inv, M = prep["posterior"], prep["L_K_inv"], prep["M"]
+    beta = post.beta
+    value = None
+    means, variances, xi_grad = [], [], []
+    grads = dKmm = None
     for lo, hi, Xb, _ in ep.data_blocks(X, None, block_rows, Z):
         Knm = kernel.K(Xb, Z)
         At = Knm @ L_K_inv.mT
@@ -286,7 +325,8 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
         e = Knm @ beta
         s = kernel.Kdiag(Xb) - ep.row_dot(At, At)
         wb, nub, shiftb = w[lo:hi], nu[lo:hi], shift[lo:hi]
-        value = value - xp.sum(wb * s)
+        block_value = -xp.sum(wb * s)
+        value = block_value if value is None else value + block_value
         means.append(e)
         variances.append(s + d)
         if want_xi_grad:  # JJ: d/dxi = lambda'(xi) (xi^2 - s - e^2 - d), zero at eq. 15
@@ -295,19 +335,32 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
         if want_grad:
             V = At @ L_K_inv
             dKnm = shiftb[:, None] * beta[None, :] - (Knm * nub[:, None]) @ M + 2.0 * wb[:, None] * V
-            dKmm = dKmm - V.mT @ (V * wb[:, None])
+            block_dKmm = -(V.mT @ (V * wb[:, None]))
+            dKmm = block_dKmm if dKmm is None else dKmm + block_dKmm
             block = kernel.grads(None, dKnm, -wb, Xb, Z, Knm=Knm)
             grads = block if grads is None else {k: grads[k] + block[k] for k in grads}
 
     def joined(parts):
-        return parts[0] if len(parts) == 1 else xp.concat(parts)
+        return None if not parts else parts[0] if len(parts) == 1 else xp.concat(parts)
 
-    out = {"value": value, "posterior": post, "mean": joined(means), "var": joined(variances), "grads": None}
+    return {"value": value, "grads": grads, "dKmm": dKmm, "mean": joined(means), "var": joined(variances),
+            "xi_grad": joined(xi_grad)}
+
+
+def add_quadratic_terms(a, b):
+    """Two chunks' ``quadratic_row_terms`` added (value and adjoints); the per-row outputs stay with their chunk."""
+    return {k: (None if k in QUADRATIC_ROW_KEYS else ep.tree_add(a[k], b[k])) for k in a}
+
+
+def finish_quadratic_bound(kernel, Z, prep, const_sum, terms, *, want_grad=True):
+    """The bound and its kernel gradients from the optimal q (``quadratic_posterior``), the rows' sum of
+    const_i and the rows' terms (``quadratic_row_terms``, summed over the rows): the gain, plus the prior's
+    part of the adjoints, dKmm = 0.5 (K^-1 - M)."""
+    post = prep["posterior"]
+    out = {"value": post.log_normaliser_gain + const_sum + terms["value"], "posterior": post, "grads": None}
     if want_grad:
-        prior = kernel.grads(dKmm, None, None, None, Z)
-        out["grads"] = {k: grads[k] + prior[k] for k in grads}
-    if want_xi_grad:
-        out["xi_grad"] = joined(xi_grad)
+        prior = kernel.grads(0.5 * (prep["K_inv"] - prep["M"]) + terms["dKmm"], None, None, None, Z)
+        out["grads"] = {k: terms["grads"][k] + prior[k] for k in terms["grads"]}
     return out
 
 
