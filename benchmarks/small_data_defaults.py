@@ -56,7 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--max-m", type=int, default=100, help="at most this many inducing points (default 100)")
     p.add_argument("--max-iter", type=int, default=None, help="agpc max_iter (default 250, the library's; quick 3)")
     p.add_argument("--test-fraction", type=float, default=0.10)
-    p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="folder with the .npz files (default ../shared/data)")
+    p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR),
+                   help="folder with the .npz files (default ../shared/data)")
     p.add_argument("--json", default=None, help="also write the per-split results to this JSON file")
     p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads (quick: 1)")
     args = p.parse_args(argv)
@@ -119,7 +120,7 @@ def verdict(after, before):
 
 def print_study(results, found, methods, fraction):
     counts = {}
-    print(f"\n### Test NLL before (kernel_prior=None) and after (kernel_prior=\"auto\"): mean ± SE over the splits\n")
+    print("\n### Test NLL before (kernel_prior=None) and after (kernel_prior=\"auto\"): mean ± SE over the splits\n")
     print("| dataset | n_train | d | classes | m | method | before | after | after - before | |")
     print("|---|---:|---:|---:|---:|---|---|---|---|---|")
     for name, (d, n_classes) in found.items():
@@ -157,9 +158,9 @@ def main(argv=None):
         X, y = np.asarray(data[0], dtype=np.float64), np.asarray(data[1])
         tasks[name] = standardised_splits(X, y, lambda split, n=X.shape[0]: split_indices(n, split, args.test_fraction))
         found[name] = (X.shape[1], len(np.unique(y)))
-    print(f"\n{args.splits} random {1 - args.test_fraction:.0%}/{args.test_fraction:.0%} splits; features standardised on "
-          f"the training part; m = max(4, round({args.fraction:g} n_train)) <= {args.max_m}; k-means initial inducing "
-          f"points; max_iter = {args.max_iter}. Not used: {', '.join(TEST_SETS)}.")
+    print(f"\n{args.splits} random {1 - args.test_fraction:.0%}/{args.test_fraction:.0%} splits; features "
+          f"standardised on the training part; m = max(4, round({args.fraction:g} n_train)) <= {args.max_m}; "
+          f"k-means initial inducing points; max_iter = {args.max_iter}. Not used: {', '.join(TEST_SETS)}.")
 
     def count(fraction, n_total, n_train):
         return max(4, min(args.max_m, n_train, int(round(fraction * n_train))))
