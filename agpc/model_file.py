@@ -40,8 +40,8 @@ FORMAT = "agpc-model"
 # above VERSION is refused, naming both; every earlier version keeps loading (tests/data/model_v1).
 VERSION = 2
 
-__all__ = ["FORMAT", "VERSION", "NOT_RESTORED", "VALUE_WHEN_ABSENT", "MAX_LABEL_BYTES", "MAX_QUADRATURE", "FittedState",
-           "write_model_file", "read_model_file"]
+__all__ = ["FORMAT", "VERSION", "NOT_RESTORED", "VALUE_WHEN_ABSENT", "MAX_LABEL_BYTES", "MAX_QUADRATURE",
+           "FittedState", "write_model_file", "read_model_file"]
 
 # a class label is a number or a short name: a longer string in a model file is a way to take memory
 MAX_LABEL_BYTES = 4096
