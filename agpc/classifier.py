@@ -25,7 +25,7 @@ from .inducing import initial_inducing_points
 from .inference import training
 from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
 from .inference.data_parallel import DEFAULT_LOCAL_STEPS, DataParallel, RowsOnWorkers
-from .kernels import RBF, ClassKernels, Kernel
+from .kernels import RBF, ClassKernels, Kernel, with_default_priors
 from .model_file import FittedState, read_model_file, write_model_file
 
 __all__ = ["GPClassifier"]
@@ -171,6 +171,21 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         enclosing ``threadpoolctl.threadpool_limits``) is left alone. An integer: that many threads for
         everything. Either way no environment variable is set and the caller's setting is restored
         afterwards. On a dask array, the workers' tasks follow the same rule within each worker's budget.
+    kernel_prior : "auto" or None, default="auto"
+        Weak priors on the kernel's hyper-parameters, so that every method that learns them climbs log Z (or the
+        ELBO) plus their log prior density (MAP) instead of log Z alone (type-II maximum likelihood, which
+        over-fits on a few hundred rows: docs/small_data_defaults.md). "auto": log lengthscale_j ~
+        Normal(log(sqrt(d) s_j), sd sqrt(3)) and log amplitude ~ Normal(0, sd sqrt(3)), nothing on the latent
+        noise; the same for every class of a multiclass model and every term of a sum or product kernel; a prior
+        the kernel's own parameters carry (``RBF(priors={...})``) is kept instead. ``s_j`` is the standard
+        deviation of feature j in the rows the kernel is initialised from (``fit``: all rows, or a sample of
+        a large set; ``partial_fit``: the first batch, so a stream and a fit on the same rows centre their
+        priors a little differently and end at slightly different models unless ``kernel_prior=None``): the classifier
+        does not standardise the inputs, so the prior is placed on the lengthscales in the units of the data the
+        kernel sees, centred where the default kernel starts (sqrt(d) s_j); on standardised features that is
+        the dimension-scaled prior of Hvarfner, Hellsten & Nardi (2024), and rescaling a feature rescales its
+        prior with it. ``None``: no priors but the kernel's own (type-II maximum likelihood, as before this
+        parameter existed).
 
     Attributes
     ----------
@@ -188,6 +203,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     stopped_by_time_ : bool, training stopped because of ``max_time``
     jitter_ : float, the jitter on the diagonal of K(Z, Z) of the fitted model: ``jitter``, or what training had
         to raise it to (a ``JitterWarning`` says so)
+    kernel_prior_ : "auto" or None, the ``kernel_prior`` the model was trained with (None for a model file written
+        before the parameter existed: those models were trained by maximum likelihood)
     """
 
     # Every parameter and what it may be (``agpc.validation``): checked at the start of fit / partial_fit;
@@ -223,6 +240,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "dtype": [V.FloatingType(*I.DTYPES)],
         "block_rows": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "step_replay": [V.Boolean()],
+        "kernel_prior": [V.NONE, V.Options("auto")],
     }
 
     def __init__(
@@ -257,6 +275,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         dtype="float64",
         block_rows=None,
         step_replay=False,
+        kernel_prior="auto",
     ):
         self.method = method
         self.n_inducing = n_inducing
@@ -288,6 +307,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.dtype = dtype
         self.block_rows = block_rows
         self.step_replay = step_replay
+        self.kernel_prior = kernel_prior
 
     # -- validation ------------------------------------------------------------------------------
 
@@ -324,6 +344,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Initial kernel and inducing points; with more than two classes, one copy of each per class
         (seed 001: one latent function per class, each with its own hyper-parameters and inducing points)."""
         kernel = self.kernel if self.kernel is not None else self._default_kernel(sample)
+        if self.kernel_prior == "auto":  # centred on the default kernel's lengthscales (docs/small_data_defaults.md)
+            kernel = with_default_priors(kernel, kernel if self.kernel is None else self._default_kernel(sample))
         kernel = kernel.for_inputs(sample)
         Z = initial_inducing_points(sample, m, self.inducing, random_state=rng)
         if n_classes > 2:
@@ -333,6 +355,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter):
         self.jitter_ = jitter
+        self.kernel_prior_ = self.kernel_prior
         self.kernel_ = kernel
         self.inducing_points_ = Z
         self.posterior_ = posterior

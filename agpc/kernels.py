@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from .backend import array_device, array_namespace, asarray_like, host_array, to_numpy
-from .priors import Prior, prior_from_spec
+from .priors import LogNormal, Prior, prior_from_spec
 
 __all__ = [
     "Parameter",
@@ -41,6 +41,8 @@ __all__ = [
     "kernel_from_spec",
     "spec_parameter_table",
     "log_prior_and_grads",
+    "DEFAULT_PRIOR_SCALE",
+    "with_default_priors",
 ]
 
 SCALAR = "scalar"
@@ -108,6 +110,7 @@ def _checked_value(parameter, value):
 def _checked_priors(table, priors):
     """{key: Prior} from a user's {name: Prior} (names of the kernel's parameter table)."""
     by_name = {p.name: p.key for p in table.values()}
+    shapes = {p.name: p.shape for p in table.values()}
     out = {}
     for name, prior in (priors or {}).items():
         key = by_name.get(name)
@@ -115,8 +118,22 @@ def _checked_priors(table, priors):
             raise ValueError(f"prior on {name!r}: not a parameter of this kernel (its parameters: {sorted(by_name)})")
         if not isinstance(prior, Prior):
             raise TypeError(f"prior on {name!r}: {prior!r} is not an agpc.priors.Prior (e.g. agpc.priors.Gamma)")
+        if prior.entries > 1 and shapes[name] != PER_DIMENSION:
+            raise ValueError(f"prior on {name!r}: {prior!r} lists {prior.entries} values, but {name} is one number")
         out[key] = prior
     return out
+
+
+def _check_prior_entries(kernel):
+    """A prior that lists one number per entry (``agpc.priors``: a LogNormal's per-feature loc) lists as many as
+    its parameter has entries (the data's features): one ValueError otherwise."""
+    for key, parameter in kernel.parameter_table().items():
+        entries = 1 if parameter.prior is None else parameter.prior.entries
+        size = kernel.params[key].shape[0] if kernel.params[key].ndim else 1
+        if entries > 1 and entries != size:
+            raise ValueError(f"the prior on {parameter.name} lists {entries} values, but the kernel has {size} "
+                             f"{parameter.name} (one per feature of the data)")
+    return kernel
 
 
 def log_prior_and_grads(kernel):
@@ -264,7 +281,7 @@ class Stationary(Kernel):
                 out[parameter.key] = xp.broadcast_to(value, (d,)) + xp.zeros((d,), dtype=X.dtype, device=device)
             elif value.shape[0] != d:
                 raise ValueError(f"kernel has {value.shape[0]} {parameter.name} but the data have {d} features")
-        return self.with_params(out)
+        return _check_prior_entries(self.with_params(out))
 
     # A kernel's parameters never change in place (``with_params`` makes a new kernel), so their
     # constrained values are computed once per kernel, not once per use (one operation each on a device).
@@ -687,7 +704,39 @@ def kernel_from_spec(spec, params):
     missing = sorted(expected - set(params))
     if missing:
         raise ValueError(f"kernel parameters missing: {missing}")
-    return template.with_params({key: params[key] for key in expected})
+    return _check_prior_entries(template.with_params({key: params[key] for key in expected}))
+
+
+DEFAULT_PRIOR_SCALE = math.sqrt(3.0)
+"""Standard deviation of the default priors on log lengthscale and log amplitude (``with_default_priors``)."""
+
+
+def with_default_priors(kernel, reference):
+    """``kernel`` with the default weak priors (GPClassifier's ``kernel_prior="auto"``) on every parameter that
+    has no prior of its own (the user's priors are kept: they win):
+
+    - each lengthscale: log l_j ~ Normal(log r_j, sd sqrt(3)), r_j the reference lengthscale of feature j,
+      i.e. of the kernel GPClassifier builds by default, sqrt(d) times the feature's standard deviation (the
+      dimension-scaled prior of Hvarfner, Hellsten & Nardi (2024), log l_j ~ Normal(mu_0 + log sqrt(d), sd
+      sqrt(3)), here with mu_0 = 0 on features measured in units of their standard deviation);
+    - the amplitude (signal variance): log amplitude ~ Normal(0, sd sqrt(3));
+    - nothing on the latent noise or on a profile's own parameters (a rational quadratic's alpha).
+
+    Every stationary term of a sum or product gets them; ``reference`` is a kernel with per-feature
+    ``log_lengthscales`` (host values). Why and what it does: docs/small_data_defaults.md."""
+    if isinstance(kernel, Combination):
+        terms = [with_default_priors(term, reference) for term in kernel.terms]
+        return kernel._from_parts(terms, kernel.own, kernel.priors_own)
+    names = {p.key for p in kernel.parameters}
+    defaults = {}
+    if "log_lengthscales" in names:
+        centres = to_numpy(reference.params["log_lengthscales"]).reshape(-1)
+        defaults["log_lengthscales"] = LogNormal([float(c) for c in centres], DEFAULT_PRIOR_SCALE)
+    if "log_amplitude" in names:
+        defaults["log_amplitude"] = LogNormal(0.0, DEFAULT_PRIOR_SCALE)
+    with_priors = kernel.with_params(kernel.params)
+    with_priors.priors = {**defaults, **kernel.priors}
+    return with_priors
 
 
 def __getattr__(name):

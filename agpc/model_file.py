@@ -40,14 +40,17 @@ FORMAT = "agpc-model"
 # above VERSION is refused, naming both; every earlier version keeps loading (tests/data/model_v1).
 VERSION = 2
 
-__all__ = ["FORMAT", "VERSION", "NOT_RESTORED", "MAX_LABEL_BYTES", "MAX_QUADRATURE", "FittedState",
-           "write_model_file", "read_model_file"]
+__all__ = ["FORMAT", "VERSION", "NOT_RESTORED", "VALUE_WHEN_ABSENT", "MAX_LABEL_BYTES", "MAX_QUADRATURE",
+           "FittedState", "write_model_file", "read_model_file"]
 
 # a class label is a number or a short name: a longer string in a model file is a way to take memory
 MAX_LABEL_BYTES = 4096
 # Parameters that name where training writes: a file never chooses them (loaded as None, the defaults). A
 # model that re-fits after loading, or its clone, writes where its user says, not where the file said.
 NOT_RESTORED = ("checkpoint_path", "checkpoint_every", "site_directory", "client")
+# Parameters added after models were first saved, and the value a file without them stands for: what those
+# models were trained with (before kernel_prior, every model was fitted by maximum likelihood: None).
+VALUE_WHEN_ABSENT = {"kernel_prior": None}
 # Gauss-Hermite nodes for SVI's binary logistic predictions (20 by default): more than this from a file is
 # a way to make prediction take gigabytes, not a model
 MAX_QUADRATURE = 1000
@@ -167,7 +170,7 @@ def _checked_params(stored, estimator, refuse):
     if not isinstance(stored, dict):
         raise refuse("params: not a mapping of parameter names to values")
     known = estimator().get_params(deep=False)
-    params = {}
+    params = {name: value for name, value in VALUE_WHEN_ABSENT.items() if name in known}
     for name, value in stored.items():
         if name not in known or name in NOT_RESTORED or name == "kernel":
             continue

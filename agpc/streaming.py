@@ -21,10 +21,11 @@ _MAX_RETRIES = 31  # a step that diverges is retried with halved damping and ste
 
 
 def structure(estimator):
-    """The parameters that fix what a fitted model is (its method, type, size, kernel and likelihood):
+    """The parameters that fix what a fitted model is (its method, type, size, kernel, likelihood and priors):
     partial_fit continues a model only while they stay as it was fitted with."""
     return {"method": estimator.method, "dtype": dtype_name(estimator.dtype), "n_inducing": estimator.n_inducing,
-            "kernel": None if estimator.kernel is None else repr(estimator.kernel), "likelihood": estimator.likelihood}
+            "kernel": None if estimator.kernel is None else repr(estimator.kernel), "likelihood": estimator.likelihood,
+            "kernel_prior": estimator.kernel_prior}
 
 
 def check_continuable(estimator, fitted_with, classes):

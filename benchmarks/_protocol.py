@@ -5,6 +5,8 @@ banana_inducing.py, time_curves.py, multiclass_sklearn.py).
 * ``standardise``: features scaled with the training part's mean and standard deviation;
 * ``test_scores``: test NLL (natural log, mean of -log p(true label)) and error rate;
 * ``method_available``: whether this agpc knows a method (``gfitc`` may be missing) for 2 or more classes;
+* ``ML_SUFFIX``: "ep-ml" is "ep" with ``kernel_prior=None`` (type-II maximum likelihood, the fits before the
+  default priors of docs/small_data_defaults.md): ``with_ml_twins`` adds it beside each method (before / after);
 * ``run_grid``: every (dataset, split, inducing fraction, method) fit, failures recorded, not fatal;
 * ``print_accuracy_tables``: per inducing fraction, NLL / error / time tables with a paper's numbers
   beside ours and a mark where ours is worse by more than one standard error of the difference.
@@ -129,6 +131,22 @@ def resolve_table_options(args, *, datasets, methods, allowed_methods, fractions
     return args
 
 
+ML_SUFFIX = "-ml"
+
+
+def base_method(method):
+    """The agpc method of a benchmark method name ("ep-ml" -> "ep")."""
+    return method[:-len(ML_SUFFIX)] if method.endswith(ML_SUFFIX) else method
+
+
+def with_ml_twins(methods, skip=()):
+    """Each agpc method M followed by M-ml (the same fit with kernel_prior=None); ``skip``: not agpc methods."""
+    out = []
+    for method in methods:
+        out += [method] if method in skip or method.endswith(ML_SUFFIX) else [method + ML_SUFFIX, method]
+    return out
+
+
 def method_available(method, n_classes=2):
     """None if ``agpc.GPClassifier(method=method)`` fits data with ``n_classes`` classes, else the reason
     (e.g. "gfitc" not written yet, or a binary-only method on multiclass data). Other errors: available."""
@@ -140,7 +158,7 @@ def method_available(method, n_classes=2):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            agpc.GPClassifier(method=method, n_inducing=2, max_iter=1, random_state=0).fit(X, y)
+            agpc.GPClassifier(method=base_method(method), n_inducing=2, max_iter=1, random_state=0).fit(X, y)
     except ValueError as exc:
         text = str(exc)
         if "unknown method" in text or "binary only" in text:
@@ -157,9 +175,13 @@ def split_methods(methods, n_classes, skip=()):
 
 
 def agpc_model(method, m, split, max_iter, inducing):
+    """GPClassifier of ``method`` at library defaults but m, max_iter, the seed and the initial inducing points;
+    an "-ml" method with kernel_prior=None."""
     import agpc
 
-    return agpc.GPClassifier(method=method, n_inducing=m, max_iter=max_iter, random_state=split, inducing=inducing)
+    prior = {"kernel_prior": None} if method.endswith(ML_SUFFIX) else {}
+    return agpc.GPClassifier(method=base_method(method), n_inducing=m, max_iter=max_iter, random_state=split,
+                             inducing=inducing, **prior)
 
 
 def import_numerics():
@@ -204,13 +226,16 @@ def fit_scored(model, X_train, y_train, X_test, y_test):
 def run_grid(tasks, n_splits, fractions, methods, make_model, inducing_count):
     """Fit every method on every split of every task at every inducing fraction.
 
+    ``n_splits``: a count (splits 0 .. n_splits - 1) or the split numbers themselves (e.g. range(100, 120)).
     tasks: name -> split(s) giving (X_train, y_train, X_test, y_test, n_total), already standardised.
     make_model(method, m, split): a fresh estimator. inducing_count(fraction, n_total, n_train): m.
     Returns {(name, fraction, method): Record}; failed fits are counted and reported, never fatal.
     """
     results = {}
+    splits = list(range(n_splits)) if isinstance(n_splits, int) else list(n_splits)
+    n_splits = len(splits)
     for name, split_fn in tasks.items():
-        for split in range(n_splits):
+        for index, split in enumerate(splits):
             X_train, y_train, X_test, y_test, n_total = split_fn(split)
             for fraction in fractions:
                 m = inducing_count(fraction, n_total, X_train.shape[0])
@@ -228,7 +253,7 @@ def run_grid(tasks, n_splits, fractions, methods, make_model, inducing_count):
                     rec.err.append(err)
                     rec.time.append(elapsed)
                     done.append(f"{method} {nll:.3f}/{elapsed:.1f}s")
-                print(f"<!-- {name} split {split + 1}/{n_splits} m={m} ({fraction:g}): {', '.join(done)} -->", flush=True)
+                print(f"<!-- {name} split {split} ({index + 1}/{n_splits}) m={m} ({fraction:g}): {', '.join(done)} -->", flush=True)
     return results
 
 
@@ -289,7 +314,7 @@ def print_accuracy_tables(results, datasets, fractions, methods, unavailable, pa
                     cells.append("")
                     continue
                 cell = _cell(rec, "nll", spread)
-                col = paper.counterpart.get(mt) if (paper and ref) else None
+                col = paper.counterpart.get(base_method(mt)) if (paper and ref) else None
                 if col is not None:
                     mean, se, _ = mean_se(rec.nll)
                     p_mean, p_pm = ref[col]
@@ -301,7 +326,8 @@ def print_accuracy_tables(results, datasets, fractions, methods, unavailable, pa
                 cells += [f"{v:.2f} ± {pm:.2f}" for v, pm in ref] if ref else [""] * len(paper_cols)
             print(f"| {d} | {some.n_train} | {some.m} | " + " | ".join(cells) + " |")
         if published:
-            pairs = ", ".join(f"{mt} ~ {paper.columns[c]}" for mt, c in paper.counterpart.items() if mt in methods)
+            pairs = ", ".join(f"{mt} ~ {paper.columns[paper.counterpart[base_method(mt)]]}" for mt in methods
+                              if base_method(mt) in paper.counterpart)
             pse = "± / sqrt(%d) (the paper's ± read as a standard deviation)" % paper.splits if paper.pm_is_std else "the paper's ± (a standard error)"
             print(f"\n{WORSE_MARK}: worse than the paper's counterpart ({pairs}) by more than one standard error of the "
                   f"difference, sqrt(SE_ours^2 + SE_paper^2), SE_paper = {pse}.")
@@ -353,7 +379,7 @@ def plot_against_paper(results, datasets, fractions, methods, paper, filename):
     fig, axes = plt.subplots(1, len(fractions), figsize=(4.2 * len(fractions), 4), squeeze=False)
     for ax, fraction in zip(axes[0], fractions):
         for i, method in enumerate(methods):
-            col = paper.counterpart.get(method)
+            col = paper.counterpart.get(base_method(method))
             rows = [(paper.nll[fraction][d][col][0],) + mean_se(results[(d, fraction, method)].nll)[:2]
                     for d in datasets if col is not None and d in paper.nll[fraction]
                     and (d, fraction, method) in results and results[(d, fraction, method)].nll]

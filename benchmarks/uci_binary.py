@@ -28,6 +28,13 @@ Beside ours: the paper's Table 1 (GFITC, SEP = the paper's EP with inducing poin
 by more than one standard error of the difference, sqrt(SE_ours^2 + (paper ± / sqrt(20))^2).
 Figure: benchmarks/results/uci_binary_nll.png (our NLL against the paper's, one panel per fraction).
 
+Before / after the default priors (docs/small_data_defaults.md): ``--kernel-prior both`` runs every agpc method
+M twice on the same splits, "M-ml" with ``kernel_prior=None`` (maximum likelihood, before) and "M" with the
+default ``"auto"`` (after), and ends with issue 19's check per dataset: before, after, the paper's counterpart
+± its SE, logistic regression, and whether each target holds (after <= paper + SE_paper where the paper's
+figure is not near chance; after - logreg and after - before, paired over the splits, at most one SE of the
+paired difference). ``--first-split 100`` draws splits 100, 101, ... (a second set of splits).
+
     PYTHONPATH=. python benchmarks/uci_binary.py --blas-threads 1                 # full protocol
     PYTHONPATH=. python benchmarks/uci_binary.py --quick                          # smoke test, seconds
     PYTHONPATH=. python benchmarks/uci_binary.py --fractions 0.25 --splits 5 --max-iter 100
@@ -45,8 +52,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import DEFAULT_DATA_DIR  # noqa: E402
 from _protocol import (  # noqa: E402
-    Paper, agpc_model, finish, load_npz, resolve_table_options, split_methods, start, plot_against_paper,
-    print_accuracy_tables, run_grid, split_indices, standardised_splits,
+    ML_SUFFIX, Paper, agpc_model, base_method, finish, load_npz, mean_se, resolve_table_options, split_methods,
+    start, plot_against_paper, print_accuracy_tables, run_grid, split_indices, standardised_splits, with_ml_twins,
 )
 
 DATASETS = ("banana", "pima", "australian", "breast", "crabs", "heart", "ionosphere", "sonar")
@@ -112,6 +119,10 @@ def parse_args(argv=None):
     p.add_argument("--figure", default=None, help="PNG name in benchmarks/results (default uci_binary_nll.png; quick uci_binary_nll_quick.png)")
     p.add_argument("--title", default="UCI binary classification, seed 000 Table 1 protocol")
     p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads (quick: 1)")
+    p.add_argument("--kernel-prior", choices=("auto", "none", "both"), default="auto",
+                   help="agpc's kernel_prior: the default 'auto', 'none' (maximum likelihood: methods named M-ml), or "
+                        "'both' (before / after on the same splits, and issue 19's check)")
+    p.add_argument("--first-split", type=int, default=0, help="number of the first split (default 0; e.g. 100)")
     args = p.parse_args(argv)
     # quick: crabs; generated banana (400 rows) when the data folder is absent
     return resolve_table_options(args, datasets=DATASETS, methods=METHODS, allowed_methods=METHODS + BASELINES,
@@ -167,11 +178,75 @@ def tasks(args):
     return found
 
 
+NEAR_CHANCE = 0.9  # a paper figure above this fraction of the class-prior entropy is "near chance"
+
+
+def print_prior_check(results, found, fractions, methods):
+    """Issue 19's targets per dataset for each method run before (M-ml) and after (M): paired over the splits."""
+    pairs = [m for m in methods if m + ML_SUFFIX in methods]
+    for fraction in fractions:
+        for method in pairs:
+            col = PAPER.counterpart.get(base_method(method))
+            print(f"\n### Issue 19 check, {method}, m = {fraction:.0%}: test NLL mean ± SE over the splits\n")
+            print("| dataset | before (ML) | after (auto) | paper " + PAPER.columns[col] + " ± SE | logreg | "
+                  "after <= paper + SE | after - logreg <= SE | after - before <= SE |")
+            print("|---|---|---|---|---|---|---|---|")
+            for name, split_fn in found.items():
+                before, after = (results.get((name, fraction, m)) for m in (method + ML_SUFFIX, method))
+                logreg = results.get((name, fraction, "logreg"))
+                if not before or not after or len(before.nll) != len(after.nll) or not after.nll:
+                    continue
+                a, b = np.asarray(after.nll), np.asarray(before.nll)
+                cells = [fmt_se(b), fmt_se(a)]
+                ref = PAPER.nll.get(fraction, {}).get(name)
+                if ref is not None:
+                    p_mean, p_pm = ref[col]
+                    p_se = PAPER.se(p_pm)
+                    y_train = split_fn(0)[1]
+                    share = np.bincount(np.searchsorted(np.unique(y_train), y_train)) / len(y_train)
+                    chance = float(-np.sum(share * np.log(share)))
+                    near = p_mean > NEAR_CHANCE * chance
+                    cells.append(f"{p_mean:.2f} ± {p_se:.3f}")
+                    verdict = "near chance" if near else yes_no(a.mean() <= p_mean + p_se)
+                else:
+                    cells.append("")
+                    verdict = ""
+                if logreg is not None and len(logreg.nll) == len(a):
+                    cells.append(fmt_se(np.asarray(logreg.nll)))
+                    logreg_check = paired_check(a, np.asarray(logreg.nll))
+                else:
+                    cells.append("")
+                    logreg_check = ""
+                print(f"| {name} | " + " | ".join(cells + [verdict, logreg_check, paired_check(a, b)]) + " |")
+            print("\nPaired checks: the mean over the splits of (after - other) against the standard error of that "
+                  f"difference; near chance: the paper's figure above {NEAR_CHANCE:g} x the class-prior entropy.")
+
+
+def fmt_se(values):
+    mean, se, _ = mean_se(values)
+    return f"{mean:.3f} ± {se:.3f}"
+
+
+def yes_no(ok):
+    return "yes" if ok else "**no**"
+
+
+def paired_check(after, other):
+    difference = after - other
+    mean, se, _ = mean_se(difference)
+    se = 0.0 if not np.isfinite(se) else se
+    return f"{yes_no(mean <= se)} ({mean:+.3f}, SE {se:.3f})"
+
+
 def main(argv=None):
     args = parse_args(argv)
     if any(m in BASELINES for m in args.methods):
         import sklearn.gaussian_process  # noqa: F401  (before the BLAS limit)
     limiter, t0 = start(args.title, args.blas_threads, argv)
+    if args.kernel_prior == "both":
+        args.methods = with_ml_twins(args.methods, skip=BASELINES)
+    elif args.kernel_prior == "none":
+        args.methods = [m if m in BASELINES else m + ML_SUFFIX for m in args.methods]
     methods, unavailable = split_methods(args.methods, 2, skip=BASELINES)
     found = tasks(args)
     print(f"\n{args.splits} random {1 - args.test_fraction:.0%}/{args.test_fraction:.0%} splits; features standardised "
@@ -181,9 +256,13 @@ def main(argv=None):
     def count(fraction, n_total, n_train):
         return max(1, min(n_train, int(round(fraction * (n_total if args.m_of == "all" else n_train)))))
 
-    results = run_grid(found, args.splits, args.fractions, methods,
+    splits = range(args.first_split, args.first_split + args.splits)
+    print(f"Splits {splits.start} to {splits.stop - 1}; kernel_prior: {args.kernel_prior}.")
+    results = run_grid(found, splits, args.fractions, methods,
                        lambda method, m, split: make_model(method, m, split, args), count)
     print_accuracy_tables(results, list(found), args.fractions, args.methods, unavailable, PAPER, "std", "UCI binary")
+    if args.kernel_prior == "both":
+        print_prior_check(results, found, args.fractions, methods)
     plot_against_paper(results, list(found), args.fractions, args.methods, PAPER,
                        args.figure or ("uci_binary_nll_quick.png" if args.quick else "uci_binary_nll.png"))
     if args.json:

@@ -2,8 +2,12 @@
 docs/results.md, now a preset of ``uci_binary.py`` (which has the protocol, the paper's numbers and all methods).
 
 Runs ``uci_binary.py --datasets pima,breast,sonar,ionosphere,australian,heart,crabs --methods
-ep,sklearn-gpc,logreg --fractions 0.25 --m-of train --inducing kmeans`` followed by the options given here,
-which override those defaults (``--inducing-fraction F`` is ``--fractions F``; ``agpc-ep`` is ``ep``).
+ep,sklearn-gpc,logreg --fractions 0.25 --m-of train --inducing kmeans --kernel-prior both`` followed by the
+options given here, which override those defaults (``--inducing-fraction F`` is ``--fractions F``; ``agpc-ep``
+is ``ep``). ``--kernel-prior both``: EP before (``ep-ml``, ``kernel_prior=None``) and after (``ep``, the default
+priors) on the same splits, with issue 19's check at the end (``--kernel-prior auto`` for the default alone).
+
+    PYTHONPATH=. python benchmarks/uci_binary_ep.py --methods ep,logreg --first-split 100   # seeds 100-119
 
     PYTHONPATH=. python benchmarks/uci_binary_ep.py --blas-threads 1
     PYTHONPATH=. python benchmarks/uci_binary_ep.py --quick
@@ -18,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import uci_binary  # noqa: E402
 
 PRESET = ["--datasets", "pima,breast,sonar,ionosphere,australian,heart,crabs", "--methods", "ep,sklearn-gpc,logreg",
-          "--fractions", "0.25", "--m-of", "train", "--inducing", "kmeans",
+          "--fractions", "0.25", "--m-of", "train", "--inducing", "kmeans", "--kernel-prior", "both",
           "--title", "UCI binary classification, seed 000 Table 1 protocol (EP against scikit-learn)"]
 
 

@@ -24,9 +24,12 @@ def _fixed_start(X):
 
 def test_partial_fit_over_memmap_chunks_equals_fit_on_the_same_stream(on_disk):
     """Chunks of 250 rows in storage order, one pass: partial_fit call by call and fit with
-    batch_size=250, shuffle=False, max_iter=1 epoch take the same steps and end at the same model."""
+    batch_size=250, shuffle=False, max_iter=1 epoch take the same steps and end at the same model. Without the
+    default priors: those are centred on the spread of the rows the kernel starts from, all rows for fit and the
+    first batch for the stream (test_kernel_prior_of_a_stream_is_centred_on_its_first_batch)."""
     X, _, X_mm, y_mm = on_disk
-    params = dict(method="sep", batch_size=250, shuffle=False, max_iter=1, random_state=0, **_fixed_start(X))
+    params = dict(method="sep", batch_size=250, shuffle=False, max_iter=1, random_state=0, kernel_prior=None,
+                  **_fixed_start(X))
     fitted = GPClassifier(**params).fit(X_mm, y_mm)
     streamed = GPClassifier(**params)
     for lo in range(0, X_mm.shape[0], 250):
@@ -35,6 +38,19 @@ def test_partial_fit_over_memmap_chunks_equals_fit_on_the_same_stream(on_disk):
     for name in fitted.kernel_.params:
         np.testing.assert_allclose(streamed.kernel_.params[name], fitted.kernel_.params[name], rtol=1e-12)
     np.testing.assert_allclose(streamed.predict_proba(X[:100]), fitted.predict_proba(X[:100]), rtol=1e-10, atol=1e-12)
+
+
+def test_kernel_prior_of_a_stream_is_centred_on_its_first_batch(on_disk):
+    """With kernel_prior="auto" the stream's lengthscale priors are centred at sqrt(d) times the spread of its
+    first batch, fit's at that of all the rows it starts from (here all 3,000)."""
+    X, _, X_mm, y_mm = on_disk
+    params = dict(method="sep", batch_size=250, shuffle=False, max_iter=1, random_state=0, **_fixed_start(X))
+    fitted = GPClassifier(**params).fit(X_mm, y_mm)
+    streamed = GPClassifier(**params).partial_fit(X_mm[:250], y_mm[:250], classes=[-1, 1], n_total=X_mm.shape[0])
+    d = X.shape[1]
+    for model, rows in ((fitted, X), (streamed, X[:250])):
+        prior = model.kernel_.priors["log_lengthscales"]
+        np.testing.assert_allclose(np.exp(np.asarray(prior.loc)), np.sqrt(d) * rows.std(axis=0), rtol=1e-12)
 
 
 def test_fit_on_memmap_equals_fit_in_memory(on_disk):

@@ -69,6 +69,7 @@ CASES = {
     "block_rows": ([None, 1, 4096], [0, -5, 100.0, True, "1024"]),
     "dtype": (["float64", "float32", np.float32], ["float16", "double precision", None, 32, np.int32, True]),
     "step_replay": ([False, True, np.bool_(True)], [1, 0, "yes", None]),
+    "kernel_prior": (["auto", None], ["none", "AUTO", "ml", True, 1.0]),
 }
 
 

@@ -1,0 +1,178 @@
+"""The study behind GPClassifier's default priors (``kernel_prior="auto"``, docs/small_data_defaults.md): test NLL
+before (``kernel_prior=None``, type-II maximum likelihood) and after (the default priors) on small data sets that
+are NOT the seven of Hernandez-Lobato & Hernandez-Lobato (2016) Table 1 (pima, australian, breast, crabs, heart,
+ionosphere, sonar): those are kept for the check that follows the choice (``uci_binary_ep.py``), never for the
+choice itself (issue 19).
+
+Sets (16): generated -- banana (400 rows, ``agpc.datasets.make_banana``), clf-300x10 and clf-1000x30
+(``sklearn.datasets.make_classification``), moons-300, circles-300; scikit-learn's bundled digits 3 v 8 and
+1 v 7, iris, wine; the multiclass sets of ``../shared/data`` -- glass, newthyroid, svmguide2, vehicle, vowel and
+1000-row samples of waveform and satellite (a set whose file is absent is skipped with a note).
+
+Protocol: random 90/10 splits (split s: ``numpy.random.default_rng(s)``), features standardised on the training
+part, m = max(4, round(``--fraction`` x n_train)) at most ``--max-m`` (per class for multiclass), k-means
+initial inducing points, ``GPClassifier(method=M, n_inducing=m, max_iter=--max-iter, random_state=split)`` at
+library defaults otherwise, "M-ml" the same with ``kernel_prior=None``. Per set and method: mean test NLL ± SE
+before and after, the paired difference (after - before) ± its SE over the splits, and "better" / "worse" when
+that difference is beyond one SE. The summary counts them per method.
+
+    PYTHONPATH=. python benchmarks/small_data_defaults.py --blas-threads 1                       # EP, 16 sets
+    PYTHONPATH=. python benchmarks/small_data_defaults.py --methods sep,svi --splits 5
+    PYTHONPATH=. python benchmarks/small_data_defaults.py --quick                                # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import DEFAULT_DATA_DIR  # noqa: E402
+from _protocol import (  # noqa: E402
+    ML_SUFFIX, agpc_model, finish, load_npz, mean_se, parse_list, run_grid, split_indices, split_methods,
+    standardised_splits, start, with_ml_twins,
+)
+
+GENERATED = ("banana", "clf-300x10", "clf-1000x30", "moons-300", "circles-300")
+BUNDLED = ("digits-3v8", "digits-1v7", "iris", "wine")
+SHARED = ("glass", "newthyroid", "svmguide2", "vehicle", "vowel", "waveform-1000", "satellite-1000")
+DATASETS = GENERATED + BUNDLED + SHARED
+TEST_SETS = ("pima", "australian", "breast", "crabs", "heart", "ionosphere", "sonar")  # never used here
+METHODS = ("ep", "sep", "adf", "svi")
+SAMPLE_SEED = 0  # the 1000-row samples of waveform and satellite
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke test: moons-300 and iris, 1 split, 3 iterations")
+    p.add_argument("--datasets", default=None, help=f"comma-separated subset of {','.join(DATASETS)} (default all)")
+    p.add_argument("--methods", default="ep", help=f"comma-separated subset of {','.join(METHODS)} (default ep)")
+    p.add_argument("--splits", type=int, default=None, help="random 90/10 splits (default 5; quick 1)")
+    p.add_argument("--fraction", type=float, default=0.25, help="m = fraction x n_train (default 0.25)")
+    p.add_argument("--max-m", type=int, default=100, help="at most this many inducing points (default 100)")
+    p.add_argument("--max-iter", type=int, default=None, help="agpc max_iter (default 250, the library's; quick 3)")
+    p.add_argument("--test-fraction", type=float, default=0.10)
+    p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR),
+                   help="folder with the .npz files (default ../shared/data)")
+    p.add_argument("--json", default=None, help="also write the per-split results to this JSON file")
+    p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads (quick: 1)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.datasets = args.datasets or "moons-300,iris"
+        args.splits = args.splits or 1
+        args.max_iter = args.max_iter or 3
+        args.blas_threads = 1 if args.blas_threads is None else args.blas_threads
+    args.datasets = parse_list(args.datasets or ",".join(DATASETS), DATASETS, "dataset")
+    args.methods = parse_list(args.methods, METHODS, "method")
+    args.splits = args.splits or 5
+    args.max_iter = 250 if args.max_iter is None else args.max_iter
+    return args
+
+
+def load(name, data_dir):
+    """(X, y) of a study set, or None when its file is absent."""
+    from sklearn import datasets as sk
+
+    if name == "banana":
+        from agpc.datasets import make_banana
+
+        return make_banana(400, random_state=0)
+    if name.startswith("clf-"):
+        n, d = (int(v) for v in name[4:].split("x"))
+        return sk.make_classification(n, d, n_informative=max(2, d // 3), n_redundant=d // 3, flip_y=0.05,
+                                      random_state=0)
+    if name == "moons-300":
+        return sk.make_moons(300, noise=0.3, random_state=0)
+    if name == "circles-300":
+        return sk.make_circles(300, noise=0.15, factor=0.5, random_state=0)
+    if name.startswith("digits-"):
+        a, b = (int(v) for v in name[7:].split("v"))
+        X, y = sk.load_digits(return_X_y=True)
+        keep = (y == a) | (y == b)
+        return X[keep].astype(np.float64), (y[keep] == b).astype(int)
+    if name in ("iris", "wine"):
+        X, y = (sk.load_iris if name == "iris" else sk.load_wine)(return_X_y=True)
+        return X, y
+    file = name.split("-")[0]
+    path = Path(data_dir) / f"{file}.npz"
+    if not path.is_file():
+        return None
+    X, y, _ = load_npz(data_dir, file)
+    if name.endswith("-1000"):
+        rows = np.sort(np.random.default_rng(SAMPLE_SEED).choice(X.shape[0], size=1000, replace=False))
+        X, y = X[rows], y[rows]
+    return X, y
+
+
+def verdict(after, before):
+    """(mean of after - before, its SE over the splits, "better" / "worse" / "") on paired splits (no verdict
+    from one split: it has no SE)."""
+    difference = np.asarray(after) - np.asarray(before)
+    mean, se, _ = mean_se(difference)
+    if not np.isfinite(se):
+        return mean, se, ""
+    return mean, se, "better" if mean < -se else ("worse" if mean > se else "")
+
+
+def print_study(results, found, methods, fraction):
+    counts = {}
+    print("\n### Test NLL before (kernel_prior=None) and after (kernel_prior=\"auto\"): mean ± SE over the splits\n")
+    print("| dataset | n_train | d | classes | m | method | before | after | after - before | |")
+    print("|---|---:|---:|---:|---:|---|---|---|---|---|")
+    for name, (d, n_classes) in found.items():
+        for method in methods:
+            before, after = results.get((name, fraction, method + ML_SUFFIX)), results.get((name, fraction, method))
+            if not before or not after or not after.nll or len(after.nll) != len(before.nll):
+                continue
+            mean, se, word = verdict(after.nll, before.nll)
+            counts.setdefault(method, {"better": 0, "worse": 0, "": 0, "sets": 0})
+            counts[method][word] += 1
+            counts[method]["sets"] += 1
+            cells = [f"{mean_se(v)[0]:.3f} ± {mean_se(v)[1]:.3f}" for v in (before.nll, after.nll)]
+            print(f"| {name} | {after.n_train} | {d} | {n_classes} | {after.m} | {method} | " + " | ".join(cells)
+                  + f" | {mean:+.3f} ± {se:.3f} | {word} |")
+    print("\nBetter / worse: the paired difference beyond one standard error of it.\n")
+    for method, c in counts.items():
+        print(f"- {method}: better on {c['better']} of {c['sets']} sets, worse on {c['worse']}, "
+              f"within one SE on {c['']}.")
+    return counts
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    limiter, t0 = start("Small-data defaults: kernel_prior=None against \"auto\" on sets other than the test sets",
+                        args.blas_threads, argv)
+    methods, unavailable = split_methods(with_ml_twins(args.methods), 3)
+    if unavailable:
+        print("Not available: " + "; ".join(f"{m} ({why})" for m, why in unavailable.items()))
+    tasks, found = {}, {}
+    for name in args.datasets:
+        data = load(name, args.data_dir)
+        if data is None:
+            print(f"{name}: not found under {args.data_dir}, skipped.")
+            continue
+        X, y = np.asarray(data[0], dtype=np.float64), np.asarray(data[1])
+        tasks[name] = standardised_splits(X, y, lambda split, n=X.shape[0]: split_indices(n, split, args.test_fraction))
+        found[name] = (X.shape[1], len(np.unique(y)))
+    print(f"\n{args.splits} random {1 - args.test_fraction:.0%}/{args.test_fraction:.0%} splits; features "
+          f"standardised on the training part; m = max(4, round({args.fraction:g} n_train)) <= {args.max_m}; "
+          f"k-means initial inducing points; max_iter = {args.max_iter}. Not used: {', '.join(TEST_SETS)}.")
+
+    def count(fraction, n_total, n_train):
+        return max(4, min(args.max_m, n_train, int(round(fraction * n_train))))
+
+    results = run_grid(tasks, args.splits, [args.fraction], methods,
+                       lambda method, m, split: agpc_model(method, m, split, args.max_iter, "kmeans"), count)
+    print_study(results, found, args.methods, args.fraction)
+    if args.json:
+        Path(args.json).write_text(json.dumps({f"{d}/{f}/{m}": vars(r) for (d, f, m), r in results.items()}, indent=1))
+    finish(t0, limiter)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
