@@ -157,8 +157,9 @@ def read_npz(path, names=None, check=None):
             return arrays
     except (FileNotFoundError, PermissionError, IsADirectoryError):
         raise  # about the path, not the contents: the caller reports these as they are
-    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as exc:
-        # (OSError: a damaged archive can send zipfile seeking before the start of the file, EINVAL)
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError, NotImplementedError) as exc:
+        # (OSError: a damaged archive can send zipfile seeking before the start of the file, EINVAL;
+        # NotImplementedError: a damaged byte can declare a zip version or compression zipfile does not read)
         if isinstance(exc, RefusedFile):
             raise
         raise RefusedFile(path, f"not a readable npz archive ({type(exc).__name__}: {exc})") from None

@@ -572,6 +572,20 @@ def test_random_byte_damage_is_refused_or_harmless(saved, tmp_path, data):
     assert_refused_or_sound(path)
 
 
+def test_a_zip_version_zipfile_does_not_read_is_refused(saved, tmp_path):
+    """A damaged byte in a central directory entry's "version needed to extract" made zipfile raise
+    NotImplementedError ("zip file version 6.4"), which escaped the reader (found by the test above)."""
+    raw = bytearray(saved[0].read_bytes())
+    entry = raw.find(b"PK\x01\x02")
+    assert entry >= 0, "no central directory entry in a model file"
+    raw[entry + 6] = 64  # the two bytes at offset 6: version needed to extract (6.4; zipfile reads up to 6.3)
+    path = tmp_path / "version.agpc"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="zip file version 6.4") as refused:
+        GPClassifier.load(path)
+    assert str(path) in str(refused.value)
+
+
 def test_a_hostile_zarr_array_behind_a_symbolic_link_is_refused(tmp_path):
     pytest.importorskip("zarr")
     marker = tmp_path / "ran"
