@@ -214,12 +214,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Normal(log(sqrt(d) s_j), sd sqrt(3)) and log amplitude ~ Normal(0, sd sqrt(3)), nothing on the latent
         noise; the same for every class of a multiclass model and every term of a sum or product kernel; a prior
         the kernel's own parameters carry (``RBF(priors={...})``) is kept instead. ``s_j`` is the standard
-        deviation of feature j in the training data (the rows the kernel is initialised from): the classifier
-        does not standardise the inputs, so the prior is placed on the lengthscales in the units of the data the
-        kernel sees, centred where the default kernel starts (sqrt(d) s_j); on standardised features that is
-        the dimension-scaled prior of Hvarfner, Hellsten & Nardi (2024), and rescaling a feature rescales its
-        prior with it. ``None``: no priors but the kernel's own (type-II maximum likelihood, as before this
-        parameter existed).
+        deviation of feature j in the rows the kernel is initialised from (``partial_fit``: the first batch):
+        the classifier does not standardise the inputs, so the prior is placed on the lengthscales in the units
+        of the data the kernel sees, centred where the default kernel starts (sqrt(d) s_j); on standardised
+        features that is the dimension-scaled prior of Hvarfner, Hellsten & Nardi (2024), and rescaling a
+        feature rescales its prior with it. ``None``: no priors but the kernel's own (type-II maximum
+        likelihood, as before this parameter existed).
 
     Attributes
     ----------
