@@ -180,12 +180,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         the kernel's own parameters carry (``RBF(priors={...})``) is kept instead. ``s_j`` is the standard
         deviation of feature j in the rows the kernel is initialised from (``fit``: all rows, or a sample of
         a large set; ``partial_fit``: the first batch, so a stream and a fit on the same rows centre their
-        priors a little differently and end at slightly different models unless ``kernel_prior=None``): the classifier
-        does not standardise the inputs, so the prior is placed on the lengthscales in the units of the data the
-        kernel sees, centred where the default kernel starts (sqrt(d) s_j); on standardised features that is
-        the dimension-scaled prior of Hvarfner, Hellsten & Nardi (2024), and rescaling a feature rescales its
-        prior with it. ``None``: no priors but the kernel's own (type-II maximum likelihood, as before this
-        parameter existed).
+        priors a little differently and end at slightly different models unless ``kernel_prior=None``): the
+        classifier does not standardise the inputs, so the prior is placed on the lengthscales in the units of
+        the data the kernel sees, centred where the default kernel starts (sqrt(d) s_j); on standardised
+        features that is the dimension-scaled prior of Hvarfner, Hellsten & Nardi (2024), and rescaling a
+        feature rescales its prior with it. ``None``: no priors but the kernel's own (type-II maximum
+        likelihood, as before this parameter existed).
 
     Attributes
     ----------

@@ -5,6 +5,7 @@ import pytest
 
 from agpc import RBF, GPClassifier
 from agpc.datasets import make_banana
+from agpc.priors import LogNormal
 
 
 @pytest.fixture(scope="module")
@@ -19,17 +20,19 @@ def on_disk(tmp_path_factory):
 
 
 def _fixed_start(X):
-    return dict(kernel=RBF(lengthscales=[0.8, 0.8], amplitude=2.0, noise=1e-3), inducing=X[:12].copy())
+    """The same start for fit and for a stream: kernel, inducing points and the kernel's priors (priors of its own,
+    which win over kernel_prior="auto"'s: those are centred from the rows the kernel starts from, all of them for
+    fit and the first batch for partial_fit, as the default kernel is)."""
+    priors = {"lengthscales": LogNormal(0.5, 1.5), "amplitude": LogNormal(0.0, 1.5)}
+    return dict(kernel=RBF(lengthscales=[0.8, 0.8], amplitude=2.0, noise=1e-3, priors=priors), inducing=X[:12].copy())
 
 
 def test_partial_fit_over_memmap_chunks_equals_fit_on_the_same_stream(on_disk):
     """Chunks of 250 rows in storage order, one pass: partial_fit call by call and fit with
-    batch_size=250, shuffle=False, max_iter=1 epoch take the same steps and end at the same model. Without the
-    default priors: those are centred on the spread of the rows the kernel starts from, all rows for fit and the
-    first batch for the stream (test_kernel_prior_of_a_stream_is_centred_on_its_first_batch)."""
+    batch_size=250, shuffle=False, max_iter=1 epoch take the same steps and end at the same model (with priors of
+    the kernel's own: see _fixed_start and test_kernel_prior_of_a_stream_is_centred_on_its_first_batch)."""
     X, _, X_mm, y_mm = on_disk
-    params = dict(method="sep", batch_size=250, shuffle=False, max_iter=1, random_state=0, kernel_prior=None,
-                  **_fixed_start(X))
+    params = dict(method="sep", batch_size=250, shuffle=False, max_iter=1, random_state=0, **_fixed_start(X))
     fitted = GPClassifier(**params).fit(X_mm, y_mm)
     streamed = GPClassifier(**params)
     for lo in range(0, X_mm.shape[0], 250):
@@ -44,7 +47,8 @@ def test_kernel_prior_of_a_stream_is_centred_on_its_first_batch(on_disk):
     """With kernel_prior="auto" the stream's lengthscale priors are centred at sqrt(d) times the spread of its
     first batch, fit's at that of all the rows it starts from (here all 3,000)."""
     X, _, X_mm, y_mm = on_disk
-    params = dict(method="sep", batch_size=250, shuffle=False, max_iter=1, random_state=0, **_fixed_start(X))
+    params = dict(method="sep", batch_size=250, shuffle=False, max_iter=1, random_state=0,
+                  kernel=RBF(lengthscales=[0.8, 0.8], amplitude=2.0, noise=1e-3), inducing=X[:12].copy())
     fitted = GPClassifier(**params).fit(X_mm, y_mm)
     streamed = GPClassifier(**params).partial_fit(X_mm[:250], y_mm[:250], classes=[-1, 1], n_total=X_mm.shape[0])
     d = X.shape[1]
