@@ -51,8 +51,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "ep": expectation propagation, two numbers stored per row. "sep": stochastic EP, one tied
         likelihood factor (m x m), memory O(m^2) whatever n. "adf": assumed density filtering (the
         cavity is q itself); cheapest, usually a little worse. "svi": the variational bound of Hensman
-        et al. (2015) by stochastic gradients (Adam at 0.01 by default; the paper tunes Adadelta's rate). "vi-jj", "vi-jj-hybrid",
-        "vi-jj-full", "vi-taylor": Izmailov & Kropotov (2017): analytic q, L-BFGS-B on the kernel
+        et al. (2015) by stochastic gradients (Adam at 0.01 by default; the paper tunes Adadelta's rate). "vi-jj",
+        "vi-jj-hybrid", "vi-jj-full", "vi-taylor": Izmailov & Kropotov (2017): analytic q, L-BFGS-B on the kernel
         (``max_iter`` outer iterations of 3 analytic updates and at most 5 evaluations), no learning rate.
         "gfitc": the generalised FITC baseline (Naish-Guzman & Holden 2008): EP on the FITC prior run to
         convergence (largest relative site change below ``tol``) before each of ``max_iter`` steps; batch only.
@@ -68,8 +68,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     max_iter : int, default=250
         Iterations of (EP sweep + hyper-parameter step). With ``optimize=False``, the most sweeps.
     damping : float in (0, 1] or None
-        EP damping (seed 000 eq. 25): new = damping * update + (1 - damping) * old. ``None``: 0.5 in
-        batch mode, 0.99 in minibatch mode, as the paper.
+        EP damping (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25): new = damping * update + (1 - damping) * old.
+        ``None``: 0.5 in batch mode, 0.99 in minibatch mode, as the paper.
     batch_size : "auto", None or int
         Rows per minibatch. "auto": the full batch for n <= 20,000, else 200. ``None``: full batch.
         In minibatch mode ``max_iter`` counts epochs and the hyper-parameters follow stochastic gradients.
@@ -342,7 +342,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _initial_model(self, sample, m, rng, n_classes=2):
         """Initial kernel and inducing points; with more than two classes, one copy of each per class
-        (seed 001: one latent function per class, each with its own hyper-parameters and inducing points)."""
+        (Villacampa-Calvo & Hernandez-Lobato (2017): one latent function per class, each with its own hyper-parameters
+        and inducing points)."""
         kernel = self.kernel if self.kernel is not None else self._default_kernel(sample)
         if self.kernel_prior == "auto":  # centred on the default kernel's lengthscales (docs/small_data_defaults.md)
             kernel = with_default_priors(kernel, kernel if self.kernel is None else self._default_kernel(sample))
@@ -481,8 +482,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def _fit_dask(self, X, y, groups, resume, validation_data=None):
         """EP / SEP / ADF / SVI on a dask.array of rows. Batch: one task per chunk each pass (``DaskEngine``), EP's
         sites persisted on the workers. Minibatch: data-parallel rounds (``data_parallel.DataParallel``), or with
-        ``local_steps=0`` chunks visited in random order, one at a time on the driver (``ChunkedRows``). X is not persisted here: persist it first if it fits in the workers'
-        memory (faster passes); otherwise each pass reads it from where it lives (e.g. zarr)."""
+        ``local_steps=0`` chunks visited in random order, one at a time on the driver (``ChunkedRows``). X is not
+        persisted here: persist it first if it fits in the workers' memory (faster passes); otherwise each pass reads it
+        from where it lives (e.g. zarr)."""
         import dask.array as da
 
         spec = M.get_method(self.method)
@@ -566,11 +568,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     @available_if(lambda self: M.supports(self.method, "partial_fit"))
     def partial_fit(self, X, y, classes=None, n_total=None):
         """Update the model with one more minibatch (a stream): one damped site update and one
-        stochastic gradient step on these rows (seed 000 eq. 6).
+        stochastic gradient step on these rows (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6).
 
         Only the tied-factor methods ("sep", "adf") can learn from a stream, so the method exists only for
-        them: EP keeps a site for every row and needs to see the rows again. The first call sets the classes (from ``classes`` or from
-        this batch), the kernel and the inducing points (from this batch).
+        them: EP keeps a site for every row and needs to see the rows again. The first call sets the classes (from
+        ``classes`` or from this batch), the kernel and the inducing points (from this batch).
 
         On a fitted model (by ``partial_fit``, ``fit`` or ``load``) it continues, as scikit-learn's
         ``partial_fit`` does: from q, the kernel, the inducing points and the step count (``n_iter_`` goes
@@ -578,10 +580,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         state: SEP's tied factor read back from q, the optimiser's moments (Adam, Adadelta) fresh, as a model
         file does not hold them, and damping as configured (a stream model saved and loaded thus continues
         a little differently from the one kept in memory). A file of a model fitted by ``fit`` does not
-        hold its number of rows: the first call after loading it asks for ``n_total``. Refused with one ValueError, the model left as it was:
-        a model of another method (per-row EP, GFITC, SVI, ``vi-*``), ``classes`` other than ``classes_``, and
-        ``method``, ``dtype``, ``n_inducing``, ``kernel`` or ``likelihood`` changed since the fit (call
-        ``fit`` to start again). ``n_total`` is the number of
+        hold its number of rows: the first call after loading it asks for ``n_total``. Refused with one ValueError, the
+        model left as it was: a model of another method (per-row EP, GFITC, SVI, ``vi-*``), ``classes`` other than
+        ``classes_``, and ``method``, ``dtype``, ``n_inducing``, ``kernel`` or ``likelihood`` changed since the fit
+        (call ``fit`` to start again). ``n_total`` is the number of
         rows the model stands for (SEP's cavity q / f^(1/n)), a positive integer at least this batch's rows;
         by default the rows seen so far. It may be below the rows seen: a data set streamed for several
         epochs stands for its own size. ``checkpoint_path`` / ``checkpoint_every`` do not apply (a stream model
@@ -674,8 +676,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                             block_rows=getattr(self, "block_rows", None))  # (None in models pickled before it existed)
 
     def predict_latent(self, X):
-        """Mean and variance of the latent f at X (seed 000 eq. 36): each of shape (n_samples,) for a
-        binary model, (n_samples, n_classes) for a multiclass one (column c: the GP of ``classes_[c]``).
+        """Mean and variance of the latent f at X (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 36): each of shape
+        (n_samples,) for a binary model, (n_samples, n_classes) for a multiclass one (column c: the GP of
+        ``classes_[c]``).
 
         The variance includes the kernel's latent noise (the model's f at a data point).
         """
@@ -690,9 +693,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return P.log_proba(mean, var, self.likelihood_, self.n_quadrature, self._multiclass), in_xp, device
 
     def predict_log_proba(self, X):
-        """log p(y | x) for every class (seed 000 eq. 37; Gauss-Hermite for the logistic likelihood and for
-        the multiclass model, seed 001 eq. 11), shape (n_samples, n_classes), columns in the order of
-        ``classes_``. A dask.array in gives a dask.array out (lazy, chunk by chunk)."""
+        """log p(y | x) for every class (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 37; Gauss-Hermite for the
+        logistic likelihood and for the multiclass model, Villacampa-Calvo & Hernandez-Lobato (2017), eq. 11), shape
+        (n_samples, n_classes), columns in the order of ``classes_``. A dask.array in gives a dask.array out (lazy,
+        chunk by chunk)."""
         if B.is_dask_array(X):
             return P.lazy(self, "predict_log_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
         log_p, in_xp, device = self._log_proba_matrix(X)

@@ -643,7 +643,7 @@ def _plot_banana(model, X, y, path):
 
 def demo(args):
     _check_writable(args.plot)
-    print("agpc demo: binary EP with inducing points (seed 000), NumPy backend")
+    print("agpc demo: binary EP with inducing points (Hernandez-Lobato & Hernandez-Lobato 2016), NumPy backend")
     print(f"| {'data':<29} | {'n':>6} | {'m':>4} | {'error':>6} | {'NLL':>6} | {'fit s':>7} | note")
     print(f"|{'-' * 31}|{'-' * 8}|{'-' * 6}|{'-' * 8}|{'-' * 8}|{'-' * 9}|------")
     X, y = make_banana(2000, random_state=0)

@@ -100,8 +100,8 @@ def load_breast_cancer():
 
 
 # --------------------------------------------------------------------------------------------------
-# A synthetic stand-in for the airline-delay task of seed 000 (sec. 4.6): 8 features shaped like the
-# real ones, a smooth non-linear latent function and probit label noise, generated in fixed blocks so
+# A synthetic stand-in for the airline-delay task of Hernandez-Lobato & Hernandez-Lobato (2016) (sec. 4.6): 8 features
+# shaped like the real ones, a smooth non-linear latent function and probit label noise, generated in fixed blocks so
 # that any number of rows can be written to disk while holding one block in memory.
 
 AIRLINE_FEATURES = (

@@ -209,7 +209,8 @@ def _float_array(arrays, name, shape, refuse, allow_neg_inf=False):
 
 
 def _check_factor(L_C, refuse):
-    """L_C = chol(I + A diag(nu) A^T) (seed 000 eq. 35's factor): lower triangular with a positive diagonal."""
+    """L_C = chol(I + A diag(nu) A^T) (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 35's factor): lower triangular
+    with a positive diagonal."""
     if np.any(np.triu(L_C, k=1) != 0):
         raise refuse("posterior_L_C: not lower triangular")
     if np.any(np.diagonal(L_C, axis1=-2, axis2=-1) <= 0):

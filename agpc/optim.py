@@ -15,7 +15,7 @@ __all__ = ["Rprop", "Adadelta", "Adam", "OPTIMIZERS"]
 
 
 class Rprop:
-    """Per-parameter adaptive steps after seed 000 (Appendix A.6, batch mode).
+    """Per-parameter adaptive steps after Hernandez-Lobato & Hernandez-Lobato (2016) (Appendix A.6, batch mode).
 
     Each entry moves by its own step size in the direction of its gradient's sign; the step grows by
     2% while the sign stays the same and halves when it flips. The seed multiplies the gradient by such
@@ -55,7 +55,8 @@ class Rprop:
 
 
 class Adadelta:
-    """Adadelta (Zeiler 2012), as seed 000 uses for stochastic gradients: rho 0.9, eps 1e-5.
+    """Adadelta (Zeiler 2012), as Hernandez-Lobato & Hernandez-Lobato (2016) uses for stochastic gradients: rho 0.9, eps
+    1e-5.
 
     Per entry: E[g^2] <- rho E[g^2] + (1 - rho) g^2;  delta = sqrt(E[dx^2] + eps) / sqrt(E[g^2] + eps) g;
     E[dx^2] <- rho E[dx^2] + (1 - rho) delta^2;  x <- x + learning_rate * delta  (ascent).
@@ -142,8 +143,8 @@ OPTIMIZERS = {"adadelta": Adadelta, "adam": Adam}
 def lbfgsb_ascent(params, value_and_grads, maxfun):
     """Maximise f over a dict of arrays with scipy's L-BFGS-B, at most ``maxfun`` evaluations.
 
-    For a handful of hyper-parameters (seed 003: maxfun = 5 per outer iteration). The optimiser runs on
-    the host: the arrays are flattened there and put back in their own namespace and device.
+    For a handful of hyper-parameters (Izmailov & Kropotov (2017): maxfun = 5 per outer iteration). The optimiser runs
+    on the host: the arrays are flattened there and put back in their own namespace and device.
     ``value_and_grads(dict) -> (value, dict of gradients)``. Returns the new dict (the old one if the
     optimiser produced non-finite values).
     """

@@ -1,4 +1,5 @@
-"""Seed 000 Fig. 2: decision boundaries and learned inducing points on banana for a growing m.
+"""Hernandez-Lobato & Hernandez-Lobato (2016), Fig. 2: decision boundaries and learned inducing points on banana for a
+growing m.
 
 Protocol (Hernandez-Lobato & Hernandez-Lobato, AISTATS 2016, sec. 4.2: "the setting of the previous
 section" on the two-dimensional Banana data, inducing points initialised at random from the training set,
@@ -103,7 +104,7 @@ def draw(plt, method, fits, X_train, y_train, grid):
 
 def main(argv=None):
     args = parse_args(argv)
-    limiter, t0 = start("Banana: decision boundary and inducing points against m (seed 000 Fig. 2)", args.blas_threads, argv)
+    limiter, t0 = start("Banana: decision boundary and inducing points against m (Hernandez-Lobato & Hernandez-Lobato (2016), Fig. 2)", args.blas_threads, argv)
     X, y, source = load_banana(args.data_dir)
     train, test = split_indices(X.shape[0], args.split, 0.1)
     X_train, X_test = standardise(X[train], X[test])

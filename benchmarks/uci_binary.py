@@ -1,4 +1,5 @@
-"""Seed 000 Table 1 protocol on the UCI binary datasets: every agpc method beside the published numbers.
+"""Hernandez-Lobato & Hernandez-Lobato (2016), Table 1 protocol on the UCI binary datasets: every agpc method beside the
+published numbers.
 
 Protocol (Hernandez-Lobato & Hernandez-Lobato, AISTATS 2016, sec. 4.1), as run here:
 
@@ -60,9 +61,9 @@ DATASETS = ("banana", "pima", "australian", "breast", "crabs", "heart", "ionosph
 METHODS = ("gfitc", "ep", "sep", "adf", "svi", "vi-jj", "vi-taylor")
 BASELINES = ("sklearn-gpc", "logreg")
 
-# Seed 000 (/work/shared/seeds/000_e1426393d1439e16.txt), Table 1: "Average negative test log likelihood for
-# each method and average training time in seconds", 20 splits, columns GFITC, SEP, SVI, each (mean, ±) as
-# printed. The m = 25% block is PAPER_M25 of uci_binary_ep.py's first version, moved here.
+# Hernandez-Lobato & Hernandez-Lobato (2016) (/work/shared/seeds/000_e1426393d1439e16.txt), Table 1: "Average negative
+# test log likelihood for each method and average training time in seconds", 20 splits, columns GFITC, SEP, SVI, each
+# (mean, ±) as printed. The m = 25% block is PAPER_M25 of uci_binary_ep.py's first version, moved here.
 PAPER_TABLE1 = {
     0.15: {
         "australian": ((0.68, 0.06), (0.69, 0.07), (0.63, 0.05)),
@@ -94,7 +95,7 @@ PAPER_TABLE1 = {
 }
 PAPER_TIME = {0.15: ((59, 4), (17, 1), (40, 2)), 0.25: ((133, 6), (37, 2), (65, 3)), 0.5: ((494, 29), (130, 5), (195, 10))}
 PAPER = Paper(
-    name="seed 000 Table 1", columns=("GFITC", "SEP", "SVI"), nll=PAPER_TABLE1, time=PAPER_TIME,
+    name="Hernandez-Lobato & Hernandez-Lobato (2016), Table 1", columns=("GFITC", "SEP", "SVI"), nll=PAPER_TABLE1, time=PAPER_TIME,
     counterpart={"gfitc": 0, "ep": 1, "sep": 1, "adf": 1, "svi": 2, "vi-jj": 2, "vi-taylor": 2},
     pm_is_std=True, splits=20,
 )
@@ -117,7 +118,7 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="folder with the .npz files (default ../shared/data)")
     p.add_argument("--json", default=None, help="also write the per-split results to this JSON file")
     p.add_argument("--figure", default=None, help="PNG name in benchmarks/results (default uci_binary_nll.png; quick uci_binary_nll_quick.png)")
-    p.add_argument("--title", default="UCI binary classification, seed 000 Table 1 protocol")
+    p.add_argument("--title", default="UCI binary classification, Hernandez-Lobato & Hernandez-Lobato (2016), Table 1 protocol")
     p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads (quick: 1)")
     p.add_argument("--kernel-prior", choices=("auto", "none", "both"), default="auto",
                    help="agpc's kernel_prior: the default 'auto', 'none' (maximum likelihood: methods named M-ml), or "

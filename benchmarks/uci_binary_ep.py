@@ -1,5 +1,6 @@
-"""Seed 000 Table 1 protocol, EP only, against scikit-learn: the settings of the first UCI binary run in
-docs/results.md, now a preset of ``uci_binary.py`` (which has the protocol, the paper's numbers and all methods).
+"""Hernandez-Lobato & Hernandez-Lobato (2016), Table 1 protocol, EP only, against scikit-learn: the settings of the
+first UCI binary run in docs/results.md, now a preset of ``uci_binary.py`` (which has the protocol, the paper's numbers
+and all methods).
 
 Runs ``uci_binary.py --datasets pima,breast,sonar,ionosphere,australian,heart,crabs --methods
 ep,sklearn-gpc,logreg --fractions 0.25 --m-of train --inducing kmeans --kernel-prior both`` followed by the
@@ -23,7 +24,7 @@ import uci_binary  # noqa: E402
 
 PRESET = ["--datasets", "pima,breast,sonar,ionosphere,australian,heart,crabs", "--methods", "ep,sklearn-gpc,logreg",
           "--fractions", "0.25", "--m-of", "train", "--inducing", "kmeans", "--kernel-prior", "both",
-          "--title", "UCI binary classification, seed 000 Table 1 protocol (EP against scikit-learn)"]
+          "--title", "UCI binary classification, Hernandez-Lobato & Hernandez-Lobato (2016), Table 1 protocol (EP against scikit-learn)"]
 
 
 def main(argv=None):

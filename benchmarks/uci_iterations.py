@@ -1,8 +1,9 @@
-"""Test NLL against the number of hyper-parameter steps, on the seed 000 Table 1 and seed 001 Table 2 datasets.
+"""Test NLL against the number of hyper-parameter steps, on the Hernandez-Lobato & Hernandez-Lobato (2016), Table 1 and
+Villacampa-Calvo & Hernandez-Lobato (2017), Table 2 datasets.
 
-Why this exists: on heart our methods end worse than seed 000 Table 1 (0.51 against 0.41 at m = 25%) while
-on crabs they need every one of the paper's 250 iterations. This script shows where the test NLL goes as
-the kernel and the inducing points are fitted longer, beside the two ends of that road:
+Why this exists: on heart our methods end worse than Hernandez-Lobato & Hernandez-Lobato (2016), Table 1 (0.51 against
+0.41 at m = 25%) while on crabs they need every one of the paper's 250 iterations. This script shows where the test NLL
+goes as the kernel and the inducing points are fitted longer, beside the two ends of that road:
 
 * ``M@k`` for k in ``--iters``: ``agpc.GPClassifier(method=M, max_iter=k)``, a fresh fit per k on the same
   split with the same initial inducing points (``random_state=split``); the methods are deterministic, so
@@ -19,8 +20,9 @@ likelihood estimate a training row (``log_marginal_likelihood_ / n_train``) and 
 the fitted kernel (over the classes' kernels for a multiclass set): a log Z that still climbs while the
 test NLL rises is the marginal likelihood over-fitting, not the approximation failing. Splits,
 standardisation and m are uci_binary.py's for the binary sets (m = fraction * n) and uci_multiclass.py's
-for the multiclass ones (seed 001's splits, m per class = fraction * n_train); the paper column is seed 000
-Table 1's SEP or seed 001 Table 2's EP at that fraction.
+for the multiclass ones (Villacampa-Calvo & Hernandez-Lobato (2017)'s splits, m per class = fraction * n_train); the
+paper column is Hernandez-Lobato & Hernandez-Lobato (2016), Table 1's SEP or Villacampa-Calvo & Hernandez-Lobato (2017),
+Table 2's EP at that fraction.
 
     PYTHONPATH=. python benchmarks/uci_iterations.py --blas-threads 1                  # heart, crabs, sonar
     PYTHONPATH=. python benchmarks/uci_iterations.py --quick                           # smoke test
@@ -176,7 +178,7 @@ def run(args):
 def print_tables(args, columns, results):
     print(f"\n### Test NLL against max_iter, {args.method}, m = {args.fraction:.0%} of n "
           f"(mean ± standard error over {args.splits} splits)\n")
-    head = columns + ["paper (seed 000 SEP / seed 001 EP)"]
+    head = columns + ["paper (Hernandez-Lobato & Hernandez-Lobato (2016) SEP / Villacampa-Calvo & Hernandez-Lobato (2017) EP)"]
     print("| dataset | " + " | ".join(head) + " |")
     print("|---|" + "---|" * len(head))
     for name, cells in results.items():
@@ -221,7 +223,7 @@ def main(argv=None):
     limiter, t0 = start("Test NLL against the number of hyper-parameter steps (uci_iterations.py)", args.blas_threads, argv)
     print(f"\n{args.splits} random {1 - args.test_fraction:.0%}/{args.test_fraction:.0%} splits (uci_binary.py's); "
           f"features standardised on the training part; m = round({args.fraction:g} * n) (multiclass: per class, "
-          f"round({args.fraction:g} * n_train), seed 001's splits); initial inducing points: random training rows; "
+          f"round({args.fraction:g} * n_train), Villacampa-Calvo & Hernandez-Lobato (2017)'s splits); initial inducing points: random training rows; "
           f"method {args.method}, max_iter in {args.iters}.")
     columns, results = run(args)
     print_tables(args, columns, results)

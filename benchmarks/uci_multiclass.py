@@ -1,4 +1,5 @@
-"""Seed 001 Table 2 protocol on the eight UCI multiclass datasets: agpc beside the published numbers.
+"""Villacampa-Calvo & Hernandez-Lobato (2017), Table 2 protocol on the eight UCI multiclass datasets: agpc beside the
+published numbers.
 
 Protocol (Villacampa-Calvo & Hernandez-Lobato, ICML 2017, sec. 4.1), as run here:
 
@@ -48,9 +49,9 @@ DATASETS = ("glass", "newthyroid", "satellite", "svmguide2", "vehicle", "vowel",
 METHODS = ("gfitc", "ep", "sep", "svi")
 OPTIONAL = ("adf",)
 
-# Seed 001 (/work/shared/seeds/001_ec672b2b4bb1cb05.txt), Table 2: average negative test log-likelihood,
-# 20 splits, columns GFITC, EP, SEP, VI, each (mean, ± as printed: a standard error). The text copy lost
-# the m of each block; they are 5%, 10%, 20% in the order printed (sec. 4.1; the times grow with m).
+# Villacampa-Calvo & Hernandez-Lobato (2017) (/work/shared/seeds/001_ec672b2b4bb1cb05.txt), Table 2: average negative
+# test log-likelihood, 20 splits, columns GFITC, EP, SEP, VI, each (mean, ± as printed: a standard error). The text copy
+# lost the m of each block; they are 5%, 10%, 20% in the order printed (sec. 4.1; the times grow with m).
 PAPER_TABLE2 = {
     0.05: {
         "glass": ((0.61, 0.05), (0.78, 0.06), (0.77, 0.07), (2.45, 0.14)),
@@ -89,7 +90,7 @@ PAPER_TIME = {  # "Avg. Time" rows, seconds, R code
     0.2: ((683, 17.3), (228, 0.78), (216, 2.88), (248, 0.66)),
 }
 PAPER = Paper(
-    name="seed 001 Table 2", columns=("GFITC", "EP", "SEP", "VI"), nll=PAPER_TABLE2, time=PAPER_TIME,
+    name="Villacampa-Calvo & Hernandez-Lobato (2017), Table 2", columns=("GFITC", "EP", "SEP", "VI"), nll=PAPER_TABLE2, time=PAPER_TIME,
     counterpart={"gfitc": 0, "ep": 1, "sep": 2, "adf": 2, "svi": 3}, pm_is_std=False, splits=20,
 )
 SPECIAL = {"satellite": "train 20% / test 80%", "waveform": "1000-row sample, train 30% / test 70%",
@@ -115,7 +116,8 @@ def parse_args(argv=None):
 
 
 def protocol_split(name, X, y, split):
-    """(train rows, test rows) of split ``split`` under seed 001's protocol for ``name``."""
+    """(train rows, test rows) of split ``split`` under Villacampa-Calvo & Hernandez-Lobato (2017)'s protocol for
+    ``name``."""
     if name == "satellite":
         return split_indices(X.shape[0], split, 0.8)
     if name == "waveform":
@@ -156,7 +158,7 @@ def tasks(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    limiter, t0 = start("UCI multiclass classification, seed 001 Table 2 protocol", args.blas_threads, argv)
+    limiter, t0 = start("UCI multiclass classification, Villacampa-Calvo & Hernandez-Lobato (2017), Table 2 protocol", args.blas_threads, argv)
     methods, unavailable = split_methods(args.methods, 3)
     found = tasks(args)
     print(f"\n{args.splits} random splits: 90/10 train/test except " + "; ".join(

@@ -117,8 +117,8 @@ def test_cupy_backend_on_numpy_input_returns_numpy():
 
 @pytest.mark.parametrize("method", ["ep", "sep", "svi"])
 def test_multiclass_fit_matches_numpy_on_the_device(gpu, method):
-    """The multiclass models (seed 001 EP / SEP and the robust-max SVI baseline) on the device: labels encoded
-    there, probabilities equal to NumPy's to 1e-8, every fitted array on the device."""
+    """The multiclass models (Villacampa-Calvo & Hernandez-Lobato (2017) EP / SEP and the robust-max SVI baseline) on
+    the device: labels encoded there, probabilities equal to NumPy's to 1e-8, every fitted array on the device."""
     rng = np.random.default_rng(0)
     X = rng.normal(size=(120, 3))
     y = np.argmax(X @ rng.normal(size=(3, 4)) + 0.3 * rng.normal(size=(120, 4)), axis=1)

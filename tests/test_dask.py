@@ -1,5 +1,5 @@
-"""Batch EP / SEP / ADF on a dask.array over a LocalCluster of two worker processes (seed 000 sec. 2.3):
-the same per-chunk functions as the single-machine path, so the same numbers."""
+"""Batch EP / SEP / ADF on a dask.array over a LocalCluster of two worker processes (Hernandez-Lobato & Hernandez-Lobato
+(2016), sec. 2.3): the same per-chunk functions as the single-machine path, so the same numbers."""
 
 import contextlib
 import os
@@ -254,8 +254,9 @@ def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path,
 
 @pytest.mark.parametrize("kind", ["jj", "taylor"])
 def test_quadratic_bound_on_chunks_equals_in_memory(client, data, kind):
-    """vi-JJ / vi-Taylor's bound (seed 003 eqs. 14, 19) with its two passes a task a chunk: the chunks' sums of
-    the quadratic terms give the in-memory value, gradients and q to 1e-10; m_i and S_i stay dask arrays."""
+    """vi-JJ / vi-Taylor's bound (Izmailov & Kropotov (2017), eqs. 14, 19) with its two passes a task a chunk: the
+    chunks' sums of the quadratic terms give the in-memory value, gradients and q to 1e-10; m_i and S_i stay dask
+    arrays."""
     from agpc.inference import variational
     from agpc.inference.dask_engine import DaskEngine
     from agpc.kernels import RBF
@@ -304,10 +305,10 @@ def _three_classes(n, seed):
 
 @pytest.mark.parametrize("method, in_files", [("ep", False), ("ep", True), ("sep", False), ("adf", False)])
 def test_multiclass_batch_passes_on_a_dask_array_equal_the_in_memory_fit(client, method, in_files, tmp_path):
-    """Multiclass EP / SEP / ADF (seed 001) in batch passes on a dask array: a task a chunk for the classes'
-    sums (``multiclass_ep.class_site_sums``) and for the sweep (``class_sweep``), added in a tree; EP's (n, 2C)
-    sites stay on the workers (in memory, or a file a chunk with ``site_directory``). The in-memory fit's
-    curve, inducing points and predictions to 1e-10 with the same seed."""
+    """Multiclass EP / SEP / ADF (Villacampa-Calvo & Hernandez-Lobato 2017) in batch passes on a dask array: a task a
+    chunk for the classes' sums (``multiclass_ep.class_site_sums``) and for the sweep (``class_sweep``), added in a
+    tree; EP's (n, 2C) sites stay on the workers (in memory, or a file a chunk with ``site_directory``). The in-memory
+    fit's curve, inducing points and predictions to 1e-10 with the same seed."""
     X, y = _three_classes(450, 0)
     X_test, _ = _three_classes(100, 1)
     params = dict(method=method, n_inducing=6, max_iter=3, random_state=0, batch_size=None)

@@ -26,8 +26,9 @@ def _log_z(kernel, Z, X, y, nu, mu):
 
 @pytest.mark.parametrize("kernel_cls", [RBF, Matern52])
 def test_log_z_gradient_matches_finite_differences_at_ep_fixed_point(kernel_cls, xp_device):
-    """Seed 000 eq. 4 / A.6: at convergence the gradient with the cavities fixed equals the derivative of
-    log Z_q with the sites held fixed -- checked against central differences for every parameter kind."""
+    """Hernandez-Lobato & Hernandez-Lobato (2016), eq. 4 / A.6: at convergence the gradient with the cavities fixed
+    equals the derivative of log Z_q with the sites held fixed -- checked against central differences for every
+    parameter kind."""
     xp, device = xp_device
     X_np, y_np = _toy()
     X, y = to_xp(X_np, xp, device), to_xp(y_np, xp, device)

@@ -188,7 +188,8 @@ def _check_kernel_and_Z(kernel, Z, grads, objective, scale):
 
 
 def test_batch_ep_gradient_in_float32_matches_finite_differences():
-    """Seed 000 eq. 4 at the EP fixed point (found in float64, the sites then rounded to float32)."""
+    """Hernandez-Lobato & Hernandez-Lobato (2016), eq. 4 at the EP fixed point (found in float64, the sites then rounded
+    to float32)."""
     X, y = _toy()
     Z = X[:7] + np.float32(0.1)
     kernel64 = RBF(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(X.astype(np.float64))
@@ -207,7 +208,7 @@ def test_batch_ep_gradient_in_float32_matches_finite_differences():
 
 
 def test_svi_gradient_in_float32_matches_finite_differences():
-    """Seed 003 eq. 11: kernel parameters, Z, the mean and the Cholesky factor of q(u)."""
+    """Izmailov & Kropotov (2017), eq. 11: kernel parameters, Z, the mean and the Cholesky factor of q(u)."""
     X, y = _toy()
     rng = np.random.default_rng(2)
     m = 6
@@ -234,9 +235,9 @@ def test_svi_gradient_in_float32_matches_finite_differences():
 
 @pytest.mark.parametrize("n_total", [20, 50, 10**3, 10**5])
 def test_sep_log_z_in_float32_keeps_its_digits_for_large_n(n_total):
-    """log Z_SEP holds n (g(cavity) - g(q)), a difference of two nearly equal log normalisers times n (seed 000
-    eq. 26 with SEP's one cavity): computed as that difference, float32 loses n eps |g(q)| (for n = 1e5, whole
-    nats; 223 of 21867 here before the rearrangement of ``ep.sep_cavity_gap``). The same
+    """log Z_SEP holds n (g(cavity) - g(q)), a difference of two nearly equal log normalisers times n (Hernandez-Lobato
+    & Hernandez-Lobato (2016), eq. 26 with SEP's one cavity): computed as that difference, float32 loses n eps |g(q)|
+    (for n = 1e5, whole nats; 223 of 21867 here before the rearrangement of ``ep.sep_cavity_gap``). The same
     factor in float64 and in float32 must give log Z to the same relative accuracy whatever n (n = 20 takes the
     direct form, the others the rearranged one)."""
     X, y = _toy(200)

@@ -1,4 +1,5 @@
-"""GFITC (method="gfitc"): EP on the FITC prior, the baseline of seeds 000 and 001.
+"""GFITC (method="gfitc"): EP on the FITC prior, the baseline of Hernandez-Lobato & Hernandez-Lobato (2016) and
+Villacampa-Calvo & Hernandez-Lobato (2017).
 
 Gradients against finite differences at an EP fixed point (binary and multiclass, NumPy and array_api_strict),
 the textbook full-GP EP on the dense FITC prior, learning on banana and wine against method="ep", save / load,
@@ -86,8 +87,8 @@ def test_binary_gradient_matches_finite_differences_at_ep_fixed_point(binary_fix
 
 @pytest.mark.parametrize("xp_device", ["numpy", "strict-device1"], indirect=True)  # as tests/test_multiclass.py
 def test_multiclass_gradient_matches_finite_differences_at_ep_fixed_point(multiclass_fixed_point, xp_device):
-    """One GP per class, pair sites factorised over the two classes (seed 001): each class's gradient is
-    its own FITC term with the rows' total sites."""
+    """One GP per class, pair sites factorised over the two classes (Villacampa-Calvo & Hernandez-Lobato 2017): each
+    class's gradient is its own FITC term with the rows' total sites."""
     _check_gradients(multiclass_fixed_point, _class_kernels, xp_device)
 
 
@@ -130,9 +131,9 @@ def test_equals_textbook_full_gp_ep_on_the_fitc_prior(inducing):
 
 
 def test_binary_fixed_point_is_method_ep_fixed_point(binary_fixed_point):
-    """With one site per row, f-space moment matching (GFITC) and u-space moment matching (seed 000) give the
-    same fixed point at fixed hyper-parameters: EP's site on g_i is GFITC's through the FITC conditional,
-    nu_ep = tau / (1 + s tau), mu_ep = nu / (1 + s tau), and log Z_q (eq. 26) equals log Z_EP. The
+    """With one site per row, f-space moment matching (GFITC) and u-space moment matching (Hernandez-Lobato &
+    Hernandez-Lobato 2016) give the same fixed point at fixed hyper-parameters: EP's site on g_i is GFITC's through the
+    FITC conditional, nu_ep = tau / (1 + s tau), mu_ep = nu / (1 + s tau), and log Z_q (eq. 26) equals log Z_EP. The
     methods differ in the schedule: GFITC converges EP before every hyper-parameter step."""
     X, y, Z, (tau, nu) = binary_fixed_point
     kernel = RBF(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(X)

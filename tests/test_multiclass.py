@@ -1,4 +1,5 @@
-"""Multiclass EP / SEP (seed 001): gradients, the likelihood approximation, the predictive, the estimator."""
+"""Multiclass EP / SEP (Villacampa-Calvo & Hernandez-Lobato 2017): gradients, the likelihood approximation, the
+predictive, the estimator."""
 
 import math
 
@@ -36,9 +37,9 @@ def _log_z(kernels, Z, X, y, nu, mu):
 
 @pytest.mark.parametrize("xp_device", ["numpy", "strict-device1"], indirect=True)
 def test_log_z_gradient_matches_finite_differences_at_ep_fixed_point(xp_device):
-    """Seed 001 eq. 10: at an EP fixed point the gradient with the cavities fixed equals the derivative of
-    log Z_q (eq. 9) with the sites held fixed -- every kernel parameter of every class and every entry of
-    every class's inducing points, against central differences."""
+    """Villacampa-Calvo & Hernandez-Lobato (2017), eq. 10: at an EP fixed point the gradient with the cavities fixed
+    equals the derivative of log Z_q (eq. 9) with the sites held fixed -- every kernel parameter of every class and
+    every entry of every class's inducing points, against central differences."""
     xp, device = xp_device
     X_np, y_np = _three_classes()
     X, y = to_xp(X_np, xp, device), to_xp(y_np.astype(float), xp, device)
@@ -58,9 +59,9 @@ def test_log_z_gradient_matches_finite_differences_at_ep_fixed_point(xp_device):
 
 
 def test_pair_update_matches_brute_force_moments():
-    """The tilted distribution of one factor (seed 001 eq. 6 for one wrong class k) times the factorised
-    cavity: its normaliser and the marginal means and variances of g_y and g_k, computed by 2-D numerical
-    integration, are what the site update matches (to quadrature accuracy)."""
+    """The tilted distribution of one factor (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 6 for one wrong class k)
+    times the factorised cavity: its normaliser and the marginal means and variances of g_y and g_k, computed by 2-D
+    numerical integration, are what the site update matches (to quadrature accuracy)."""
     a_y, v_y, a_k, v_k, s_y, s_k = 0.3, 0.7, 0.9, 1.4, 0.2, 0.35
     scale = math.sqrt(s_y + s_k)
 
@@ -84,9 +85,9 @@ def test_pair_update_matches_brute_force_moments():
 
 
 def test_product_of_probits_against_the_exact_likelihood():
-    """Seed 001 eq. 6 replaces p(f_y > f_k for all k) (eq. 3, a 1-D integral) by a product of probits
-    that ignores the correlation through the shared f_y. Slepian's inequality makes the product a lower
-    bound, exact for C = 2. Its gap on these 40 random cases with C = 3, 4 (measured: worst 0.149 in
+    """Villacampa-Calvo & Hernandez-Lobato (2017), eq. 6 replaces p(f_y > f_k for all k) (eq. 3, a 1-D integral) by a
+    product of probits that ignores the correlation through the shared f_y. Slepian's inequality makes the product a
+    lower bound, exact for C = 2. Its gap on these 40 random cases with C = 3, 4 (measured: worst 0.149 in
     probability at C = 4, median 0.010 / 0.032 at C = 3 / 4) is held to worst <= 0.16, median <= 0.04."""
     rng = np.random.default_rng(5)
     for C in (2, 3, 4):
@@ -112,9 +113,9 @@ def test_product_of_probits_against_the_exact_likelihood():
 
 
 def test_predictive_quadrature_against_monte_carlo(xp_device):
-    """Seed 001 eq. 11 by Gauss-Hermite: against 400,000 Monte Carlo draws of independent Gaussian f_c
-    (within 4 standard errors), and the raw quadrature (64 nodes) sums to one within 1e-7 before
-    normalising (measured 4.6e-9; variances differ up to tenfold here)."""
+    """Villacampa-Calvo & Hernandez-Lobato (2017), eq. 11 by Gauss-Hermite: against 400,000 Monte Carlo draws of
+    independent Gaussian f_c (within 4 standard errors), and the raw quadrature (64 nodes) sums to one within 1e-7
+    before normalising (measured 4.6e-9; variances differ up to tenfold here)."""
     xp, device = xp_device
     rng = np.random.default_rng(11)
     mean = rng.normal(size=(6, 4))
@@ -154,8 +155,8 @@ def _split(X, y, seed=0):
 def test_classifier_on_wine_string_labels_round_trip(tmp_path):
     """Any label values: strings in, the same strings out; probabilities sum to one; EP and SEP learn wine
     (36 test rows; measured NLL 0.209 / 0.195 and accuracy 0.944 / 0.944 for EP / SEP at 60 iterations:
-    held to NLL < 0.3, accuracy >= 0.9; seed 001 Table 2, averaged over 20 splits: EP 0.07); the fitted model
-    saves and loads to the same predictions."""
+    held to NLL < 0.3, accuracy >= 0.9; Villacampa-Calvo & Hernandez-Lobato (2017), Table 2, averaged over 20 splits: EP
+    0.07); the fitted model saves and loads to the same predictions."""
     from sklearn.datasets import load_wine
 
     X, y_index = load_wine(return_X_y=True)
@@ -214,9 +215,9 @@ def test_partial_fit_stream_with_classes_missing_from_the_first_batch():
 
 
 def test_multiclass_sep_is_close_to_ep():
-    """Seed 001 Table 2: SEP predicts about as well as EP. At the same fixed hyper-parameters (EP and SEP
-    run to their fixed points) the test NLL agrees within 0.02 (measured 0.413 / 0.409) and log Z_q within
-    15% (measured 11%: one tied factor per class averages sites that differ more than in the binary case,
+    """Villacampa-Calvo & Hernandez-Lobato (2017), Table 2: SEP predicts about as well as EP. At the same fixed
+    hyper-parameters (EP and SEP run to their fixed points) the test NLL agrees within 0.02 (measured 0.413 / 0.409) and
+    log Z_q within 15% (measured 11%: one tied factor per class averages sites that differ more than in the binary case,
     where the gap is 3%)."""
     X, y = _three_classes(n=300, seed=6)
     Xtr, ytr, Xte, yte = _split(X, y)
@@ -230,7 +231,8 @@ def test_multiclass_sep_is_close_to_ep():
     assert abs(log_z["sep"] - log_z["ep"]) < 0.15 * abs(log_z["ep"]), log_z
 
 
-# -- the variational baseline (seed 001 sec. 3, robust max) -------------------------------------------------
+# -- the variational baseline (Villacampa-Calvo & Hernandez-Lobato (2017), sec. 3, robust max)
+# -------------------------------------------------
 
 def test_argmax_probability_and_its_derivatives(xp_device):
     """S = p(f_y is the largest) by quadrature against Monte Carlo, and its derivatives in every class's
@@ -263,8 +265,8 @@ def test_argmax_probability_and_its_derivatives(xp_device):
 
 @pytest.mark.parametrize("xp_device", ["numpy", "strict-device1"], indirect=True)
 def test_robust_max_elbo_gradients_match_finite_differences(xp_device):
-    """Seed 001 eq. 15: the gradient for every class's mean, Cholesky factor, kernel parameters and
-    inducing points against central differences of the bound."""
+    """Villacampa-Calvo & Hernandez-Lobato (2017), eq. 15: the gradient for every class's mean, Cholesky factor, kernel
+    parameters and inducing points against central differences of the bound."""
     from agpc.inference import multiclass_vi
 
     xp, device = xp_device

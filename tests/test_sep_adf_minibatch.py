@@ -1,4 +1,5 @@
-"""SEP, ADF and minibatch training (seed 000 sec. 2.3, seed 002)."""
+"""SEP, ADF and minibatch training (Hernandez-Lobato & Hernandez-Lobato (2016), sec. 2.3, Hernandez-Lobato et al.
+(2015))."""
 
 import numpy as np
 import pytest
@@ -59,11 +60,11 @@ def _nll(model, X, y):
 
 
 def test_batch_sep_is_close_to_ep_and_adf_is_not_better(small_problem):
-    """Seed 002's table: SEP's test NLL is within a few hundredths of EP's, ADF's equal or worse.
+    """Hernandez-Lobato et al. (2015)'s table: SEP's test NLL is within a few hundredths of EP's, ADF's equal or worse.
 
     Stated tolerances, at EP's fitted hyper-parameters: test NLL within 0.02 (the spread between EP and
-    SEP in seed 002's table); ADF's test NLL no better than EP's minus 0.005. SEP's tied factor makes its
-    log Z_q a different approximation from EP's, not EP's value plus noise: we require the two within 5%
+    SEP in Hernandez-Lobato et al. (2015)'s table); ADF's test NLL no better than EP's minus 0.005. SEP's tied factor
+    makes its log Z_q a different approximation from EP's, not EP's value plus noise: we require the two within 5%
     of |log Z_q(EP)| (2.9% measured on this problem when the test was written: -125.8 against -129.5)."""
     X, y, X_test, y_test = small_problem
     fitted = GPClassifier(method="ep", n_inducing=15, max_iter=100, random_state=0).fit(X, y)

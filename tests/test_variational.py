@@ -1,4 +1,5 @@
-"""Variational methods (seed 003): gradients, bound relations, analytic optima, limits and quadrature."""
+"""Variational methods (Izmailov & Kropotov 2017): gradients, bound relations, analytic optima, limits and
+quadrature."""
 
 import numpy as np
 import pytest
@@ -63,7 +64,8 @@ def test_quadratic_bound_gradients_match_finite_differences(kind, xp_device):
 
 
 def _uncollapsed_bound(kernel, Z, X, y, xi, mean, Sigma, kind):
-    """J(mu, Sigma, xi) of seed 003 sec. 4 written out directly (NumPy): sum_i E_q[quadratic in f_i] - KL."""
+    """J(mu, Sigma, xi) of Izmailov & Kropotov (2017), sec. 4 written out directly (NumPy): sum_i E_q[quadratic in f_i]
+    - KL."""
     K = np.asarray(kernel.K(Z)) + JITTER * np.eye(len(Z))
     Knm = np.asarray(kernel.K(X, Z))
     Kinv = np.linalg.inv(K)
@@ -234,8 +236,8 @@ def test_svi_elbo_weights_padding_and_gradients(xp_device):
 
 
 def test_jj_xi_of_a_variance_a_rounding_error_below_zero_is_the_mean_not_nan():
-    """xi^2 = m^2 + S (seed 003 eq. 15) with S a variance: a slightly negative S from rounding is clamped at 0
-    (xi = |m|) instead of giving sqrt of a negative number."""
+    """xi^2 = m^2 + S (Izmailov & Kropotov (2017), eq. 15) with S a variance: a slightly negative S from rounding is
+    clamped at 0 (xi = |m|) instead of giving sqrt of a negative number."""
     mean = np.array([0.0, 0.3, -2.0, 1.0])
     var = np.array([-1e-12, -1e-9, 0.5, 0.0])
     xi = V.update_xi(mean, var, "jj")
@@ -247,8 +249,8 @@ def test_vi_jj_with_duplicated_inducing_points_and_no_jitter_fits_and_predicts()
     """Duplicated inducing points with jitter 0 (an ill-conditioned K_uu): vi-JJ's xi used to become NaN
     (sqrt of a variance rounded below zero), the step diverged with nothing to halve; and the predictive
     variance's Schur complement K_** - K_*u K_uu^-1 K_u* came out negative. Both are clamped where the
-    formulas allow (seed 003 eq. 15, seed 000 eq. 36): the fit ends, the variances are not negative and the
-    probabilities are finite and sum to one."""
+    formulas allow (Izmailov & Kropotov (2017), eq. 15, Hernandez-Lobato & Hernandez-Lobato (2016), eq. 36): the fit
+    ends, the variances are not negative and the probabilities are finite and sum to one."""
     X, y = make_banana(400, random_state=2)
     Z = np.concatenate([X[:4], X[:4]])
     import warnings

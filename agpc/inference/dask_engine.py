@@ -1,4 +1,5 @@
-"""Batch EP / SEP / ADF over a dask.array of rows: the distributed scheme of seed 000 sec. 2.3 (Fig. 1 right).
+"""Batch EP / SEP / ADF over a dask.array of rows: the distributed scheme of Hernandez-Lobato & Hernandez-Lobato (2016),
+sec. 2.3 (Fig. 1 right).
 
 The driver holds the O(m^2) state (kernel, Z, q or the tied factor); each chunk of rows is one task that runs
 the *same* per-row-block functions the single-machine path runs (``ep.site_sums_over_rows`` and ``ep.binary_sweep``):

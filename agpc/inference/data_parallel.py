@@ -17,9 +17,9 @@ against the global state the driver sent, and returns the state it ends at. The 
 * SVI: q(u) = N(mean, chol chol^T) is a parameter like the others.
 * Parameters (kernel, inducing points, SVI's mean and chol) and the optimiser's state: the average of the
   shards' end-of-round values, weighted by the rows each shard holds. Every shard's engine steps on the
-  full-data estimate of the gradient (the n / |M| scaling of seed 000 eq. 6), so with one local step and
-  a step linear in the gradient this is one step on sum_k (n_k / n) g_k: the row-weighted average of the
-  shards' stochastic gradients, that is the sum of their shares of the gradient (the data part of shard
+  full-data estimate of the gradient (the n / |M| scaling of Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6), so with
+  one local step and a step linear in the gradient this is one step on sum_k (n_k / n) g_k: the row-weighted average of
+  the shards' stochastic gradients, that is the sum of their shares of the gradient (the data part of shard
   k's share is its own rows' log Z_i gradient; the prior part is split by rows). With Adadelta / Adam it
   is the row-weighted average of the shards' steps.
 
@@ -286,8 +286,8 @@ class DataParallel:
 
     ``batch_size``: rows of a minibatch step; ``local_steps``: steps a shard takes per round; ``n_shards``:
     default one per worker (X persisted on the cluster: one per worker holding chunks, of its chunks; else
-    chunk c in shard c mod the number of workers). ``seed``: keys the chunks' random streams. ``site_directory`` (EP): where
-    the chunks' sites are kept, a file a chunk, reachable by the driver and every worker (default: a
+    chunk c in shard c mod the number of workers). ``seed``: keys the chunks' random streams. ``site_directory`` (EP):
+    where the chunks' sites are kept, a file a chunk, reachable by the driver and every worker (default: a
     temporary directory on this machine: enough for a LocalCluster); ``close()`` removes them.
     """
 

@@ -4,17 +4,19 @@ Every method is an engine with the same step protocol; ``training.Trainer`` hold
 the divergence guard, and ``training.train`` is the one loop (schedule, time budget, history, validation,
 early stopping, checkpoints) for all of them:
 
-  ``EPEngine``        EP / SEP / ADF, binary and multiclass, batch and minibatch (seed 000 sec. 2.3, seed 001,
-                      seed 002); its passes run in memory (``ep``, ``multiclass_ep``) or on a cluster
-                      (``dask_engine.DaskEngine``). One step: one damped site update of the rows given and,
-                      when stepping, one step on the hyper-parameters.
+  ``EPEngine``        EP / SEP / ADF, binary and multiclass, batch and minibatch (Hernandez-Lobato & Hernandez-Lobato
+                      (2016), sec. 2.3, Villacampa-Calvo & Hernandez-Lobato (2017), Hernandez-Lobato et al. (2015)); its
+                      passes run in memory (``ep``, ``multiclass_ep``) or on a cluster (``dask_engine.DaskEngine``). One
+                      step: one damped site update of the rows given and, when stepping, one step on the
+                      hyper-parameters.
   ``GFITCEngine``     GFITC (Naish-Guzman & Holden 2008): one step is one damped EP sweep at fixed
                       hyper-parameters; once the sites have settled, the next step is one step on the
-                      hyper-parameters along the gradient of log Z_EP at them (seed 000 sec. 3).
-  ``SVIEngine``       SVI (seed 003 sec. 3.2; seed 001 sec. 3 multiclass): one step is one stochastic
-                      gradient step of eq. 11 on the rows given.
-  ``QuadraticEngine`` vi-JJ / vi-JJ-hybrid / vi-JJ-full / vi-Taylor (seed 003 Alg. 1): one step is one outer
-                      iteration, the analytic (q, xi) updates and one L-BFGS-B round.
+                      hyper-parameters along the gradient of log Z_EP at them (Hernandez-Lobato & Hernandez-Lobato
+                      (2016), sec. 3).
+  ``SVIEngine``       SVI (Izmailov & Kropotov (2017), sec. 3.2; Villacampa-Calvo & Hernandez-Lobato (2017), sec. 3
+                      multiclass): one step is one stochastic gradient step of eq. 11 on the rows given.
+  ``QuadraticEngine`` vi-JJ / vi-JJ-hybrid / vi-JJ-full / vi-Taylor (Izmailov & Kropotov (2017), Alg. 1): one step is
+                      one outer iteration, the analytic (q, xi) updates and one L-BFGS-B round.
 
 The protocol (what the loop calls)::
 
@@ -281,7 +283,7 @@ class EPEngine(_Engine):
         batch_ep = not self.minibatch and self.per_row_sites
         if batch_ep:
             self._refuse_weights(weights)  # (a batch pass has no padding; its sweep does not take weights)
-            # the sweep damps the sites itself (seed 000 eq. 25), block by block
+            # the sweep damps the sites itself (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25), block by block
             result = self.passes.evaluate(kernel, Z, X, y, state["nu"], state["mu"], jitter=self.jitter,
                                           want_grad=stepping, block_rows=self.block_rows, damping=self.damping,
                                           checked=False)
@@ -422,12 +424,12 @@ class EPEngine(_Engine):
 # -- GFITC ------------------------------------------------------------------------------------------
 
 class GFITCEngine(_Engine):
-    """GFITC: EP on the FITC prior (``gfitc``), batch only. A step is one parallel damped EP sweep (seed 000
-    eq. 25 damping) at fixed hyper-parameters; the sites have settled when the largest site change,
-    relative to the largest site, falls below ``tol_ep`` or after ``max_sweeps`` sweeps. The next step
+    """GFITC: EP on the FITC prior (``gfitc``), batch only. A step is one parallel damped EP sweep (Hernandez-Lobato &
+    Hernandez-Lobato (2016), eq. 25 damping) at fixed hyper-parameters; the sites have settled when the largest site
+    change, relative to the largest site, falls below ``tol_ep`` or after ``max_sweeps`` sweeps. The next step
     that may move the hyper-parameters then evaluates log Z_EP and its gradient at the settled sites (valid
-    at an EP fixed point) and takes one Rprop step (seed 000 App. A.6), the sites kept as they are (EP
-    warm-starts from them). Binary or multiclass (``ClassKernels``, sites (n, 2C))."""
+    at an EP fixed point) and takes one Rprop step (Hernandez-Lobato & Hernandez-Lobato (2016), App. A.6), the sites
+    kept as they are (EP warm-starts from them). Binary or multiclass (``ClassKernels``, sites (n, 2C))."""
 
     per_row_sites = True
     has_damping = True
@@ -515,13 +517,14 @@ def _scores(log_p, truth):
 
 
 class SVIEngine(_Engine):
-    """SVI (seed 003 sec. 3.2): a step ascends eq. 11 in (mean, chol, kernel, Z) on the rows given, the data
-    term scaled by n / |M| in minibatch mode (``variational.whitened_step``), with Adam (default, learning
+    """SVI (Izmailov & Kropotov (2017), sec. 3.2): a step ascends eq. 11 in (mean, chol, kernel, Z) on the rows given,
+    the data term scaled by n / |M| in minibatch mode (``variational.whitened_step``), with Adam (default, learning
     rate 0.01) or Adadelta (the paper's choice, with a learning rate found by grid search). Adadelta at its
     default rate 1.0 can diverge in full-batch mode; Adam at 0.01 was steady on every problem in the tests.
 
     With ``kernel`` a ``ClassKernels`` and Z of shape (C, m, d) (y: class indices) this is the multiclass
-    robust-max baseline of seed 001 sec. 3 (``multiclass_vi``): mean (C, m), chol (C, m, m)."""
+    robust-max baseline of Villacampa-Calvo & Hernandez-Lobato (2017), sec. 3 (``multiclass_vi``): mean (C, m), chol (C,
+    m, m)."""
 
     def __init__(self, kernel, Z, *, n_total, minibatch, likelihood="probit", n_quadrature=20, jitter=1e-6,
                  optimize=("kernel", "inducing"), optimizer=None, learning_rate=None, block_rows=None):
@@ -590,7 +593,7 @@ class SVIEngine(_Engine):
 
 
 class QuadraticEngine(_Engine):
-    """vi-JJ, vi-JJ-hybrid, vi-JJ-full and vi-Taylor (seed 003 Alg. 1 and sec. 4), batch only.
+    """vi-JJ, vi-JJ-hybrid, vi-JJ-full and vi-Taylor (Izmailov & Kropotov (2017), Alg. 1 and sec. 4), batch only.
 
     One step is one outer iteration: stage 1, ``n_upd`` analytic updates of (q, xi) by eqs. 12-13 / 17-18 and
     15 (not for vi-JJ-full); stage 2, L-BFGS-B (scipy) with at most ``maxfun`` evaluations on the kernel

@@ -1,13 +1,14 @@
-"""Binary expectation propagation with inducing points (seed 000, sec. 2.2-2.3 and Appendix A).
+"""Binary expectation propagation with inducing points (Hernandez-Lobato & Hernandez-Lobato (2016), sec. 2.2-2.3 and
+Appendix A).
 
 Matrix-only formulation (DESIGN.md). Prior p(u) = N(0, K) on the m inducing values, K = Kmm + jitter I.
-Site i acts on g_i = upsilon_i^T u with upsilon_i = K^-1 k_i (seed 000 eq. 2) and is stored as two numbers,
-``site_precision`` nu_i and ``site_shift`` mu_i (precision times mean). With
+Site i acts on g_i = upsilon_i^T u with upsilon_i = K^-1 k_i (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 2) and is
+stored as two numbers, ``site_precision`` nu_i and ``site_shift`` mu_i (precision times mean). With
 
     B = K + Knm^T diag(nu) Knm,   c = Knm^T mu,
 
-q(u) = N(K B^-1 c, K B^-1 K) (seed 000 eqs. 12-13). For conditioning we never form B: with L_K = chol(K)
-and A = L_K^-1 Knm^T (m x n), B = L_K C L_K^T where C = I + A diag(nu) A^T, and c~ = L_K^-1 c = A mu.
+q(u) = N(K B^-1 c, K B^-1 K) (Hernandez-Lobato & Hernandez-Lobato (2016), eqs. 12-13). For conditioning we never form B:
+with L_K = chol(K) and A = L_K^-1 Knm^T (m x n), B = L_K C L_K^T where C = I + A diag(nu) A^T, and c~ = L_K^-1 c = A mu.
 C and c~ are sums over rows (the distributed reduction). Per datum EP needs only
 
     d_i = k_i^T B^-1 k_i,  e_i = k_i^T B^-1 c,  s_i = K_ii - k_i^T K^-1 k_i,
@@ -115,7 +116,8 @@ class Posterior:
 
     @cached_property
     def beta(self):
-        """beta = B^-1 c = L_K^-T L_C^-T h (m,): the predictive mean is k_*^T beta (seed 000 eq. 36)."""
+        """beta = B^-1 c = L_K^-T L_C^-T h (m,): the predictive mean is k_*^T beta (Hernandez-Lobato & Hernandez-Lobato
+        (2016), eq. 36)."""
         return solve_triangular(self.L_K, self.whitened_mean, lower=True, trans=True)
 
     @cached_property
@@ -126,7 +128,8 @@ class Posterior:
         return 0.5 * xp.vecdot(self.h, self.h) - xp.sum(xp.log(xp.linalg.diagonal(self.L_C)))
 
     def mean_and_cov(self):
-        """Mean K B^-1 c and covariance K B^-1 K of q(u) (seed 000 eqs. 12-13), for inspection."""
+        """Mean K B^-1 c and covariance K B^-1 K of q(u) (Hernandez-Lobato & Hernandez-Lobato (2016), eqs. 12-13), for
+        inspection."""
         W = self.L_C_inv @ self.L_K.mT  # Sigma = W^T W
         return self.L_K @ self.whitened_mean, W.mT @ W
 
@@ -218,8 +221,8 @@ class BlockResult:
 
 @dataclass
 class Marginals:
-    """q's marginal along each row's upsilon_i (seed 000 eqs. 14-16) and what it was computed from.
-    Blocks are held as columns (m x b): the triangular solves then take the rows as right-hand sides."""
+    """q's marginal along each row's upsilon_i (Hernandez-Lobato & Hernandez-Lobato (2016), eqs. 14-16) and what it was
+    computed from. Blocks are held as columns (m x b): the triangular solves then take the rows as right-hand sides."""
 
     A: object  # (m, b): columns L_K^-1 k_i
     Knm: object  # (b, m)
@@ -312,8 +315,8 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
                want_sums=False):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows.
 
-    Seed 000: cavity (eqs. 14-15), tilted moments and new site (eqs. 17-23), log Z_q terms (eq. 26, in
-    the one-dimensional form g(theta^i) - g(theta) along upsilon_i), and the data part of the gradient
+    Hernandez-Lobato & Hernandez-Lobato (2016): cavity (eqs. 14-15), tilted moments and new site (eqs. 17-23), log Z_q
+    terms (eq. 26, in the one-dimensional form g(theta^i) - g(theta) along upsilon_i), and the data part of the gradient
     of eq. 4: sum_i d log Z_i / d xi with the cavity q^\\i(u) held fixed.
     ``site_precision`` / ``site_shift`` None: the rows have no site of their own in ``post`` (SEP / ADF:
     ``post`` is already the cavity). ``weights`` (b,): each row's log Z_i, gradient and site change is
@@ -368,8 +371,9 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
 
 
 def prior_kmm_adjoint(post):
-    """-0.5 M of seed 000 eqs. 34-35: M = K^-1 - K^-1 Sigma K^-1 - K^-1 m m^T K^-1 = K^-1 - B^-1 - beta beta^T,
-    with K^-1 - B^-1 = L_K^-T (I - C^-1) L_K^-1 (two triangular solves; I - C^-1 is symmetric)."""
+    """-0.5 M of Hernandez-Lobato & Hernandez-Lobato (2016), eqs. 34-35: M = K^-1 - K^-1 Sigma K^-1 - K^-1 m m^T K^-1 =
+    K^-1 - B^-1 - beta beta^T, with K^-1 - B^-1 = L_K^-T (I - C^-1) L_K^-1 (two triangular solves; I - C^-1 is
+    symmetric)."""
     xp = array_namespace(post.h)
     m = post.h.shape[0]
     inner = xp.eye(m, dtype=post.h.dtype, device=array_device(post.h)) - post.C_inv
@@ -506,10 +510,10 @@ def site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_row
 
 
 def write_block_sites(out, lo, hi, block, old_precision, old_shift, damping):
-    """Write a block's new sites into the sweep's per-row output; with ``damping`` (rho, seed 000 eq. 25)
-    the damped rho * new + (1 - rho) * old, and the block's largest |change| and |old value| go into
-    ``out["site_change"]`` (reduced by maximum, see ``relative_site_change``). Damping here, block by block,
-    means an undamped n-vector is never held next to the old and the new sites."""
+    """Write a block's new sites into the sweep's per-row output; with ``damping`` (rho, Hernandez-Lobato &
+    Hernandez-Lobato (2016), eq. 25) the damped rho * new + (1 - rho) * old, and the block's largest |change| and |old
+    value| go into ``out["site_change"]`` (reduced by maximum, see ``relative_site_change``). Damping here, block by
+    block, means an undamped n-vector is never held next to the old and the new sites."""
     xp = array_namespace(old_precision)
     new_precision, new_shift = block.site_precision, block.site_shift
     if damping is not None:
@@ -664,8 +668,8 @@ def add_sweeps(a, b):
 
 
 # --------------------------------------------------------------------------------------------------
-# A likelihood factor held in u-space: SEP's tied factor (seed 002, seed 001 sec. 2.3.1), ADF's, and the
-# running product of EP's sites in minibatch mode.
+# A likelihood factor held in u-space: SEP's tied factor (Hernandez-Lobato et al. (2015), Villacampa-Calvo &
+# Hernandez-Lobato (2017), sec. 2.3.1), ADF's, and the running product of EP's sites in minibatch mode.
 
 
 @dataclass
@@ -703,7 +707,7 @@ class Factor:
         """The factor f of q = prior x f, read back from q's factored form (``posterior_from_sums``: L_C L_C^T
         = C = I + S and h = L_C^-1 c~, so S = L_C L_C^T - I and c~ = L_C h), unwhitened by q's own L_K: the
         ``posterior_from_factor`` of the result at q's kernel, Z and jitter is q again. This is how a fitted
-        model's q becomes SEP's tied factor again (seed 002: q = prior x f^n)."""
+        model's q becomes SEP's tied factor again (Hernandez-Lobato et al. (2015): q = prior x f^n)."""
         xp = array_namespace(post.L_C)
         eye = xp.eye(post.L_C.shape[0], dtype=post.L_C.dtype, device=array_device(post.L_C))
         return cls.unwhitened(post.L_C @ post.L_C.mT - eye, post.L_C @ post.h, post.L_K)
@@ -722,7 +726,7 @@ def evaluate_factor(
 ):
     """One pass over rows X (all the data, or a minibatch) with q = prior x ``factor``.
 
-    The three methods differ only in the cavity (seed 002)::
+    The three methods differ only in the cavity (Hernandez-Lobato et al. 2015)::
 
       "ep"  q / site_i: each row's own site, (site_precision, site_shift) along its current upsilon_i;
       "sep" q / factor^(1/n_total): one cavity for every row;
@@ -765,10 +769,10 @@ def _sep_series_is_exact(n_total, eps):
 def sep_cavity_gap(q, cavity, S, n_total):
     """n (g(cavity) - g(q)) of SEP's log Z without the difference of two nearly equal log normalisers.
 
-    SEP's log Z is EP's (seed 000 eq. 26, log Z_q = g(q) - g(prior) + sum_i [log Z_i + g(q^-i) - g(q)]) with
-    every cavity the same, q^-i = q / f^(1/n) for the tied factor f (Li, Hernandez-Lobato & Turner 2015;
-    seed 002 sec. 4), so the n per-row terms g(q^-i) - g(q) become one, times n. In whitened form
-    C_q = I + S, C_c = I + k S, c~_c = k c~ with k = 1 - 1/n, and g = c~^T C^-1 c~ / 2 - log|C| / 2. With
+    SEP's log Z is EP's (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 26, log Z_q = g(q) - g(prior) + sum_i [log Z_i
+    + g(q^-i) - g(q)]) with every cavity the same, q^-i = q / f^(1/n) for the tied factor f (Li, Hernandez-Lobato &
+    Turner 2015; Hernandez-Lobato et al. (2015), sec. 4), so the n per-row terms g(q^-i) - g(q) become one, times n. In
+    whitened form C_q = I + S, C_c = I + k S, c~_c = k c~ with k = 1 - 1/n, and g = c~^T C^-1 c~ / 2 - log|C| / 2. With
     C_c^-1 - C_q^-1 = C_c^-1 (S / n) C_q^-1 and k^2 - 1 = -(2 - 1/n) / n::
 
         n (quadratic parts) = [ (C_c^-1 c~)^T S (C_q^-1 c~) - (2 - 1/n) c~^T C_c^-1 c~ ] / 2,
@@ -875,11 +879,12 @@ def posterior_from_factor(kernel, Z, factor, *, jitter):
 
 
 def predict_latent(kernel, Z, post, X, block_rows=None):
-    """Mean and variance of f(x) under q (seed 000 eq. 36), variance including the latent noise.
+    """Mean and variance of f(x) under q (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 36), variance including the
+    latent noise.
 
-    s_* = (K_** - K_*u K_uu^-1 K_u*) + K_*u K_uu^-1 Sigma K_uu^-1 K_u* (seed 000 eq. 36): the first term is
-    the variance of p(f_* | u), a Schur complement of the joint prior covariance, and never negative; it is
-    computed as a difference, which with nearly coincident inducing points and little jitter (an
+    s_* = (K_** - K_*u K_uu^-1 K_u*) + K_*u K_uu^-1 Sigma K_uu^-1 K_u* (Hernandez-Lobato & Hernandez-Lobato (2016), eq.
+    36): the first term is the variance of p(f_* | u), a Schur complement of the joint prior covariance, and never
+    negative; it is computed as a difference, which with nearly coincident inducing points and little jitter (an
     ill-conditioned K_uu) can come out below zero by rounding: clamped at 0 there, so that the variance and
     the probabilities built on it stay defined (the JitterWarning of such a fit says the factorisation was
     near its limit)."""
@@ -910,7 +915,7 @@ def uniform_factor(Z):
 
 
 def validation_scores(kernel, Z, post, X_val, y_val):
-    """Test NLL and error of q on (X_val, y_val in {-1, +1}) (seed 000 eq. 37)."""
+    """Test NLL and error of q on (X_val, y_val in {-1, +1}) (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 37)."""
     xp = array_namespace(Z)
     mean, var = predict_latent(kernel, Z, post, X_val)
     log_pos, log_neg = PROBIT.predictive_log_proba(mean, var)

@@ -1,5 +1,5 @@
-"""Generalised FITC (GFITC; Naish-Guzman & Holden 2008): EP on the FITC prior, the baseline of seed 000 sec. 3
-and, with one GP per class, of seed 001 sec. 3.
+"""Generalised FITC (GFITC; Naish-Guzman & Holden 2008): EP on the FITC prior, the baseline of Hernandez-Lobato &
+Hernandez-Lobato (2016), sec. 3 and, with one GP per class, of Villacampa-Calvo & Hernandez-Lobato (2017), sec. 3.
 
 The inducing values are marginalised: f ~ N(0, K_fitc), K_fitc = Q + diag(Kdiag - diag Q), Q = Knm K^-1 Kmn,
 K = Kmm + jitter I. EP puts one Gaussian site t_i(f_i) = exp(-nu_i f_i^2 / 2 + mu_i f_i) on each latent
@@ -7,12 +7,13 @@ value, nu_i its precision and mu_i its shift as in ``ep`` (Rasmussen & Williams 
 (multiclass: a pair site per wrong class k, factorised over f_{i y_i} and f_ik as in ``multiclass_ep``), runs
 to convergence, and only then takes one step on the hyper-parameters (kernel and inducing points) along the
 gradient of log Z_EP; repeated (``engines.GFITCEngine``: one sweep a step, driven by the one training loop).
-Batch only: every step needs all n sites converged, and log Z_EP is not a sum over rows (seed 000 sec. 3).
+Batch only: every step needs all n sites converged, and log Z_EP is not a sum over rows (Hernandez-Lobato &
+Hernandez-Lobato (2016), sec. 3).
 
 O(n m^2) by Woodbury, through the inducing values. Write f_i = g_i + eps_i with g_i = upsilon_i^T u,
-u ~ N(0, K), eps_i ~ N(0, s_i) independent, s_i = Kdiag_i - k_i^T K^-1 k_i (the FITC conditional, seed 000
-eq. 1). Integrating f_i out of N(f_i | g_i, s_i) t_i(f_i) leaves a factor on g_i of the binary EP form
-(seed 000 eq. 2), with
+u ~ N(0, K), eps_i ~ N(0, s_i) independent, s_i = Kdiag_i - k_i^T K^-1 k_i (the FITC conditional, Hernandez-Lobato &
+Hernandez-Lobato (2016), eq. 1). Integrating f_i out of N(f_i | g_i, s_i) t_i(f_i) leaves a factor on g_i of the binary
+EP form (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 2), with
 
     precision w_i = nu_i / (1 + s_i nu_i),   shift r_i = mu_i / (1 + s_i nu_i),
     log normaliser  -log(1 + s_i nu_i) / 2 + s_i mu_i^2 / (2 (1 + s_i nu_i)),
@@ -24,7 +25,8 @@ d_i = k_i^T B^-1 k_i (q's mean and variance of g_i), the marginal of f_i under q
     mean_i = (e_i + s_i mu_i) / (1 + s_i nu_i),   var_i = (s_i + d_i / (1 + s_i nu_i)) / (1 + s_i nu_i).
 
 Predictions need only q(u): f_* = g_* + eps_*, mean k_*^T B^-1 c, variance Kdiag_* - Q_** + k_*^T B^-1 k_*
-(``ep.predict_latent``), probit link for binary, seed 001 eq. 11 quadrature for multiclass.
+(``ep.predict_latent``), probit link for binary, Villacampa-Calvo & Hernandez-Lobato (2017), eq. 11 quadrature for
+multiclass.
 """
 
 from __future__ import annotations
@@ -104,9 +106,10 @@ def _probit_update(y, site_precision, site_shift, fms):
 def _pair_update(y, site_precision, site_shift, fms):
     """Multiclass: one site per wrong class k on (f_{i y_i}, f_ik), factorised over the two classes
     (``multiclass_ep`` storage: column k the class-k part, column C + k the class-y_i part); each part is
-    removed from its own class's marginal of f. On f the likelihood of seed 001 eq. 1 is exactly the product
-    of Theta(f_y - f_k) (the latent noise is in Kdiag); against the two cavities each factor integrates to
-    the probit of seed 001 eq. 6 with variance v_y + v_k, and the tilted moments are ``multiclass_ep``'s."""
+    removed from its own class's marginal of f. On f the likelihood of Villacampa-Calvo & Hernandez-Lobato (2017), eq. 1
+    is exactly the product of Theta(f_y - f_k) (the latent noise is in Kdiag); against the two cavities each factor
+    integrates to the probit of Villacampa-Calvo & Hernandez-Lobato (2017), eq. 6 with variance v_y + v_k, and the
+    tilted moments are ``multiclass_ep``'s."""
     xp = array_namespace(site_precision)
     C = len(fms)
     onehot = multiclass_ep.one_hot_labels(y, C)
@@ -213,8 +216,8 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     ``ClassKernels``, Z (C, m, d), y class indices, sites (n, 2C) as in ``multiclass_ep``.
 
     log Z_EP = sum_c [g(q_c) - g(prior_c)] + sum_i log-normalisers + sum_sites [log Z_i + g(cav) - g(q)]:
-    the form of seed 000 eq. 26 over (u, f), equal to R&W eq. 3.65 with K = K_fitc (tested against the
-    textbook full-GP EP on the dense FITC prior). Returns the dict of ``ep.evaluate``."""
+    the form of Hernandez-Lobato & Hernandez-Lobato (2016), eq. 26 over (u, f), equal to R&W eq. 3.65 with K = K_fitc
+    (tested against the textbook full-GP EP on the dense FITC prior). Returns the dict of ``ep.evaluate``."""
     model = _Model(kernel, Z)
     block_rows = model.block_rows(block_rows, X.shape[0])  # once: the sweep reuses the first stage's projections
     posts, kept = _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows)

@@ -1,18 +1,18 @@
-"""Multiclass EP, SEP and ADF with inducing points (seed 001).
+"""Multiclass EP, SEP and ADF with inducing points (Villacampa-Calvo & Hernandez-Lobato 2017).
 
-Model (seed 001 sec. 2.1, Kim & Ghahramani 2006): one latent GP f_c per class c = 0..C-1, each with its own
-kernel and its own m inducing points Z_c and values u_c ~ N(0, K_c); the label is argmax_c f_c(x) where each
-f_c carries Gaussian latent noise (the kernel's ``noise``, in K_c(x, x)). With the FITC conditional
+Model (Villacampa-Calvo & Hernandez-Lobato (2017), sec. 2.1, Kim & Ghahramani 2006): one latent GP f_c per class c =
+0..C-1, each with its own kernel and its own m inducing points Z_c and values u_c ~ N(0, K_c); the label is argmax_c
+f_c(x) where each f_c carries Gaussian latent noise (the kernel's ``noise``, in K_c(x, x)). With the FITC conditional
 f_ic | u_c ~ N(m_ic, s_ic), m_ic = upsilon_ic^T u_c, upsilon_ic = K_c^-1 k_ic, s_ic = K_c(x_i, x_i) - k_ic^T
 K_c^-1 k_ic, the likelihood of row i is p(f_{y_i} > f_k for all k != y_i | u), approximated by the product
-of probits of seed 001 eq. 6:
+of probits of Villacampa-Calvo & Hernandez-Lobato (2017), eq. 6:
 
     prod_{k != y_i} Phi((m_{i y_i} - m_ik) / sqrt(s_{i y_i} + s_ik)).
 
 Each factor (i, k) depends on u only through the two scalars g_{i y_i} = upsilon_{i y_i}^T u_{y_i} and
 g_ik = upsilon_ik^T u_k. EP approximates it by a Gaussian site that factorises over the two classes (q is
-assumed to factorise over classes, seed 001 sec. 2.2): two one-dimensional sites, one along
-upsilon_{i y_i} in class y_i and one along upsilon_ik in class k, each stored as (precision, shift) like a
+assumed to factorise over classes, Villacampa-Calvo & Hernandez-Lobato (2017), sec. 2.2): two one-dimensional sites, one
+along upsilon_{i y_i} in class y_i and one along upsilon_ik in class k, each stored as (precision, shift) like a
 binary site - four numbers per (i, k). For each class, q_c is then exactly the binary model's posterior
 with a row's total site along upsilon_ic: the sum of its C - 1 "true class" parts if c = y_i, the one
 "wrong class" part of the pair (i, c) otherwise. So all the m x m algebra, the marginals, the cavities and
@@ -166,8 +166,8 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     new_nu = xp.concat([new_nu_k, new_nu_y], axis=1)
     new_mu = xp.concat([new_mu_k, new_mu_y], axis=1)
 
-    # log Z_q terms (seed 001 eq. 9 in the one-dimensional form of seed 000 eq. 26): log Z_ik plus
-    # g(cavity) - g(q) in each of the two classes the pair touches.
+    # log Z_q terms (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 9 in the one-dimensional form of Hernandez-Lobato &
+    # Hernandez-Lobato (2016), eq. 26): log Z_ik plus g(cavity) - g(q) in each of the two classes the pair touches.
     terms = log_zp + ep.removal_terms(nu_y, mu_y, d_y, e_y, om_y) + ep.removal_terms(nu_k, mu_k, d, e, om_k)
     log_z_terms = xp.sum(xp.where(valid, terms, 0.0))
     sums = None
@@ -183,8 +183,8 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     if not want_grad:
         return MultiBlockResult(new_nu, new_mu, out_valid, log_z_terms, None, {}, sums)
 
-    # Gradient (seed 001 eq. 10 with the cavities fixed): per class, the binary adjoints with the
-    # coefficients of every site the row has along upsilon_ic added up.
+    # Gradient (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 10 with the cavities fixed): per class, the binary
+    # adjoints with the coefficients of every site the row has along upsilon_ic added up.
     zero = xp.zeros_like(alpha)
     alpha = xp.where(valid, alpha, zero)
     kappa = alpha * diff / b  # -2 d log Z_ik / d b
@@ -273,9 +273,9 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
              want_sites=True, damping=None, checked=True):
     """Batch multiclass EP: one pass at fixed (kernels, Z, sites), q_c rebuilt exactly from all sites.
 
-    Returns the same dict as ``ep.evaluate``: ``log_z`` (seed 001 eq. 9), ``site_precision`` /
-    ``site_shift`` (n, 2C; damped by ``damping`` when given, with ``site_change``), ``valid`` (n, C),
-    ``n_invalid``, ``grads`` (eq. 10) and ``posterior`` (a tuple of per-class ``ep.Posterior``).
+    Returns the same dict as ``ep.evaluate``: ``log_z`` (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 9),
+    ``site_precision`` / ``site_shift`` (n, 2C; damped by ``damping`` when given, with ``site_change``), ``valid`` (n,
+    C), ``n_invalid``, ``grads`` (eq. 10) and ``posterior`` (a tuple of per-class ``ep.Posterior``).
     ``checked``: as in ``ep.evaluate`` (False in training steps: a failed factorisation is NaN, which reaches
     log Z_q and the loop's guard, with no host synchronisation; True escalates jitter on the host)."""
     L_K, L_K_inv = prior_choleskys(kernels, Z, jitter, checked)
@@ -293,8 +293,8 @@ def posteriors_from_sums(L_K, L_K_inv, S, c_tilde, *, checked=True):
 
 
 def finish_evaluate(kernels, Z, posts, sweep, want_grad):
-    """Batch multiclass EP's results from the classes' q and the (reduced) sweep: log Z_q of seed 001 eq. 9,
-    the gradient of eq. 10."""
+    """Batch multiclass EP's results from the classes' q and the (reduced) sweep: log Z_q of Villacampa-Calvo &
+    Hernandez-Lobato (2017), eq. 9, the gradient of eq. 10."""
     log_z = sweep["terms"]
     for post in posts:
         log_z = log_z + post.log_normaliser_gain
@@ -319,9 +319,9 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
                     want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None):
     """One pass over rows X (all, or a minibatch) with q_c = prior_c x factor_c; the cavity as in
     ``ep.evaluate_factor``: "ep" removes each pair's own parts, "sep" removes factor_c^(1/n_total) from
-    every class (one tied factor per class, seed 001 sec. 2.3.1), "adf" removes nothing. ``checked``: as in
-    ``evaluate``; per-row ``weights`` are not supported by the multiclass pass yet. ``others`` /
-    ``factor_rows``: distributed SEP's shard, per class as in ``ep.factor_cavity``: q_c = prior_c x
+    every class (one tied factor per class, Villacampa-Calvo & Hernandez-Lobato (2017), sec. 2.3.1), "adf" removes
+    nothing. ``checked``: as in ``evaluate``; per-row ``weights`` are not supported by the multiclass pass yet.
+    ``others`` / ``factor_rows``: distributed SEP's shard, per class as in ``ep.factor_cavity``: q_c = prior_c x
     (others_c + factor_c), the SEP cavity removes factor_c^(1/factor_rows)."""
     if weights is not None:
         raise NotImplementedError("per-row weights are not supported by the multiclass EP pass")

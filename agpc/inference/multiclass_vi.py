@@ -1,13 +1,15 @@
-"""The multiclass variational baseline of seed 001 sec. 3 (Hensman et al. 2015b): robust-max likelihood.
+"""The multiclass variational baseline of Villacampa-Calvo & Hernandez-Lobato (2017), sec. 3 (Hensman et al. 2015b):
+robust-max likelihood.
 
-p(y | f) = 1 - epsilon if y = argmax_c f_c, epsilon / (C - 1) otherwise (seed 001 eq. 13, epsilon = 1e-3),
-one GP per class with q(u_c) = N(mean_c, chol_c chol_c^T), and the bound of eq. 15
+p(y | f) = 1 - epsilon if y = argmax_c f_c, epsilon / (C - 1) otherwise (Villacampa-Calvo & Hernandez-Lobato (2017), eq.
+13, epsilon = 1e-3), one GP per class with q(u_c) = N(mean_c, chol_c chol_c^T), and the bound of eq. 15
 
     ELBO = sum_i E_q log p(y_i | f_i) - sum_c KL(q(u_c) || p(u_c)),
 
 where E_q log p(y_i | f_i) = log(eps / (C-1)) + (log(1 - eps) - log(eps / (C-1))) S_i and S_i = p(y_i is the
-argmax) under the independent Gaussian marginals of f_i: the one-dimensional integral of seed 001 eq. 11,
-by Gauss-Hermite. Each class's KL and data adjoints are the binary SVI ones (``variational.SVIBoundTerms``).
+argmax) under the independent Gaussian marginals of f_i: the one-dimensional integral of Villacampa-Calvo &
+Hernandez-Lobato (2017), eq. 11, by Gauss-Hermite. Each class's KL and data adjoints are the binary SVI ones
+(``variational.SVIBoundTerms``).
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ def _robust_max(epsilon):
 
 def svi_elbo_multiclass(kernels, Z, X, y, mean, chol, *, n_quadrature=20, jitter=1e-6, n_total=None, want_grad=True,
                         block_rows=None, epsilon=EPSILON, weights=None):
-    """Seed 001 eq. 15 on rows X (all, or a minibatch scaled to n_total), q(u_c) = N(mean[c], chol[c] chol[c]^T).
-    ``weights``: per-row weights as in ``variational.svi_elbo``.
+    """Villacampa-Calvo & Hernandez-Lobato (2017), eq. 15 on rows X (all, or a minibatch scaled to n_total), q(u_c) =
+    N(mean[c], chol[c] chol[c]^T). ``weights``: per-row weights as in ``variational.svi_elbo``.
 
     ``Z`` (C, m, d), ``mean`` (C, m), ``chol`` (C, m, m), ``y`` class indices as floats. Returns (elbo,
     grads) with "<class>:<name>" kernel gradients and stacked "Z", "mean", "chol"."""

@@ -1,4 +1,5 @@
-"""The one training loop, for every method (seed 000 sec. 2.3; seed 002; seed 003 Alg. 1).
+"""The one training loop, for every method (Hernandez-Lobato & Hernandez-Lobato (2016), sec. 2.3; Hernandez-Lobato et
+al. (2015); Izmailov & Kropotov (2017), Alg. 1).
 
 Every method is an engine (``engines``) with one step and no loop of its own; ``Trainer`` wraps an engine's
 steps in the divergence guard (a non-finite log Z or a failed Cholesky puts back the state before the last
@@ -8,8 +9,8 @@ time budget, the history, validation and early stopping, checkpoints and resume,
 Batch mode: one step on all rows, repeated (EP / SEP / ADF: one parallel damped update of all sites, then
 one step on the hyper-parameters, after ``n_warmup`` sweeps without; GFITC: damped EP sweeps, and a step on
 the hyper-parameters whenever the sites have settled; SVI: one gradient step; ``vi-*``: one outer iteration).
-``max_iter`` counts the steps on the hyper-parameters. Minibatch mode (seed 000 eq. 6): a step per
-minibatch, the data part of the gradient scaled by n / |M|; ``max_iter`` then counts epochs.
+``max_iter`` counts the steps on the hyper-parameters. Minibatch mode (Hernandez-Lobato & Hernandez-Lobato (2016), eq.
+6): a step per minibatch, the data part of the gradient scaled by n / |M|; ``max_iter`` then counts epochs.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ class Trainer(ModulesByName):
 
     ``method`` picks the engine (``engines.make_engine``, which takes the method's options); ``engine`` is
     where the EP methods' passes run (a ``dask_engine.DaskEngine`` for rows on a cluster), or a callable
-    that builds the engine in ``make_engine``'s place (data-parallel rounds: ``data_parallel.DataParallel``). A step evaluates
-    the rows it is given at the current state and commits the engine's update. A non-finite log Z or a
+    that builds the engine in ``make_engine``'s place (data-parallel rounds: ``data_parallel.DataParallel``). A step
+    evaluates the rows it is given at the current state and commits the engine's update. A non-finite log Z or a
     failed Cholesky puts back the state before the last good step and halves damping and step sizes, again
     on each failure in a row (or, when the inducing points' prior covariance no longer factorises, raises the
     jitter, reported as a ``JitterWarning``). Trainers pickle (``partial_fit`` models keep one).
@@ -272,16 +273,17 @@ def train(
     """Fit ``method`` (one of ``ALL_METHODS``): the likelihood approximation and the hyper-parameters; see the
     module docstring.
 
-    ``damping`` (EP family, GFITC) defaults to 0.5 in batch mode and 0.99 in minibatch mode (seed 000 sec.
-    A.4). ``n_warmup``: batch EP / SEP / ADF sweeps before the first hyper-parameter step. With nothing to
-    optimise, batch steps run until the largest relative change of the sites (factor, xi) is below ``tol``
-    (at most ``max_iter`` of them). GFITC's sites have settled before each hyper-parameter step when that
+    ``damping`` (EP family, GFITC) defaults to 0.5 in batch mode and 0.99 in minibatch mode (Hernandez-Lobato &
+    Hernandez-Lobato (2016), sec. A.4). ``n_warmup``: batch EP / SEP / ADF sweeps before the first hyper-parameter step.
+    With nothing to optimise, batch steps run until the largest relative change of the sites (factor, xi) is below
+    ``tol`` (at most ``max_iter`` of them). GFITC's sites have settled before each hyper-parameter step when that
     change is below ``tol`` (or after ``max_ep_sweeps`` sweeps), and once more at the end. ``max_time``
     (seconds) bounds the whole call from ``started`` (a ``time.perf_counter()`` reading; default: the start of
     this call; ``GPClassifier.fit`` passes its own start, so that input checks and the initialisation of the
     inducing points count): no step is started that the measured length of a step, plus the final pass that
     rebuilds q from all sites (EP; measured from the exact rebuilds of the site product or the steps), would
-    carry past it. ``shuffle=False`` visits minibatches in storage order (a stream). ``likelihood`` and ``n_quadrature``: SVI's (binary: "probit" or "logistic").
+    carry past it. ``shuffle=False`` visits minibatches in storage order (a stream). ``likelihood`` and
+    ``n_quadrature``: SVI's (binary: "probit" or "logistic").
 
     ``validation=(X_val, y_val)`` (labels as the engine takes them: {-1, +1}, or class indices) is scored every
     ``eval_every`` steps (default: every iteration in batch mode, every epoch in minibatch mode) into

@@ -1,13 +1,14 @@
-"""Variational inducing-point GP classification (seed 003; seed 000 sec. 3).
+"""Variational inducing-point GP classification (Izmailov & Kropotov (2017); Hernandez-Lobato & Hernandez-Lobato (2016),
+sec. 3).
 
-svi: the evidence lower bound of Hensman et al. (2015), seed 003 eq. 11,
+svi: the evidence lower bound of Hensman et al. (2015), Izmailov & Kropotov (2017), eq. 11,
 
     ELBO = sum_i E_{q(f_i)} log p(y_i | f_i) - KL(q(u) || p(u)),   q(u) = N(mu, L L^T),
 
 with the expectations by Gauss-Hermite quadrature, maximised over (mu, L, kernel, Z) by Adadelta/Adam.
 
-vi-JJ / vi-Taylor (seed 003 sec. 4): a quadratic lower bound (Jaakkola-Jordan) or expansion (Taylor) of
-log p(y_i | f_i) at xi_i makes the optimal q(u) analytic (eqs. 12-13, 17-18). That q has exactly the form
+vi-JJ / vi-Taylor (Izmailov & Kropotov (2017), sec. 4): a quadratic lower bound (Jaakkola-Jordan) or expansion (Taylor)
+of log p(y_i | f_i) at xi_i makes the optimal q(u) analytic (eqs. 12-13, 17-18). That q has exactly the form
 of an EP posterior with site precision nu_i = 2 w_i and site shift mu_i (w = lambda(xi), mu = y / 2 for JJ;
 w = psi(xi), mu = phi + 2 psi xi for Taylor), so it is built with ``ep.posterior_from_sums`` and the
 collapsed bound (eqs. 14, 19) is
@@ -158,7 +159,8 @@ class SVIBoundTerms:
 
 def svi_elbo(kernel, Z, X, y, mean, chol, *, likelihood="probit", n_quadrature=20, jitter=1e-6, n_total=None,
              want_grad=True, block_rows=None, weights=None):
-    """Seed 003 eq. 11 for q(u) = N(mean, chol chol^T), on rows X (all, or a minibatch scaled to n_total).
+    """Izmailov & Kropotov (2017), eq. 11 for q(u) = N(mean, chol chol^T), on rows X (all, or a minibatch scaled to
+    n_total).
 
     ``weights`` (per row, or None for all ones) multiply each row's expected log-likelihood and so its
     adjoints; the rows then stand for sum(weights) rows when scaled to ``n_total`` (a padded minibatch gives
@@ -242,7 +244,7 @@ def jj_lambda_prime(xi):
 
 
 def _quadratic_sites(y, xi, kind):
-    """(w, site shift, const) of the quadratic form in f_i at xi_i (seed 003 eqs. 12-18)."""
+    """(w, site shift, const) of the quadratic form in f_i at xi_i (Izmailov & Kropotov (2017), eqs. 12-18)."""
     xp = array_namespace(y, xi)
     if kind == "jj":
         w = jj_lambda(xi)
@@ -258,7 +260,7 @@ def _quadratic_sites(y, xi, kind):
 
 
 def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, want_xi_grad=False, block_rows=None):
-    """The collapsed bound of seed 003 eq. 14 (kind "jj") or eq. 19 (kind "taylor") at fixed xi.
+    """The collapsed bound of Izmailov & Kropotov (2017), eq. 14 (kind "jj") or eq. 19 (kind "taylor") at fixed xi.
 
     Returns a dict: ``value``, ``posterior`` (the analytic optimal q, eqs. 12-13 / 17-18, as an EP-form
     Posterior), ``mean``/``var`` of f at the rows (m_i, S_i of eq. 10 under that q), ``grads`` (kernel and
@@ -285,8 +287,8 @@ QUADRATIC_ROW_KEYS = ("mean", "var", "xi_grad")  # the per-row outputs of ``quad
 
 
 def quadratic_site_sums(kernel, Z, X, y, xi, *, kind, L_K, block_rows=None):
-    """The rows' sums that fix the optimal q at xi (seed 003 eqs. 12-13 / 17-18): S = A diag(2 w) A^T and
-    c~ = A mu (as ``ep.site_sums_over_rows``: q has EP's form with sites (2 w_i, mu_i)), and sum_i const_i.
+    """The rows' sums that fix the optimal q at xi (Izmailov & Kropotov (2017), eqs. 12-13 / 17-18): S = A diag(2 w) A^T
+    and c~ = A mu (as ``ep.site_sums_over_rows``: q has EP's form with sites (2 w_i, mu_i)), and sum_i const_i.
     Each adds over any split of the rows."""
     xp = array_namespace(Z)
     w, shift, const = _quadratic_sites(y, xi, kind)
@@ -365,10 +367,10 @@ def finish_quadratic_bound(kernel, Z, prep, const_sum, terms, *, want_grad=True)
 
 
 def update_xi(mean, var, kind):
-    """Optimal xi under q: JJ xi^2 = m^2 + S (seed 003 eq. 15), Taylor xi = m (sec. 4.2).
+    """Optimal xi under q: JJ xi^2 = m^2 + S (Izmailov & Kropotov (2017), eq. 15), Taylor xi = m (sec. 4.2).
 
-    S is the variance of q(f_i) (seed 003 eq. 10: K_ii - q_ii plus a positive semi-definite term), so xi^2 =
-    E_q f_i^2 >= 0; in floating point, with nearly coincident inducing points and no jitter, K_ii - q_ii can
+    S is the variance of q(f_i) (Izmailov & Kropotov (2017), eq. 10: K_ii - q_ii plus a positive semi-definite term), so
+    xi^2 = E_q f_i^2 >= 0; in floating point, with nearly coincident inducing points and no jitter, K_ii - q_ii can
     come out a rounding error below zero, and S with it: clamped at 0 (then xi = |m|; lambda is even and
     1/8 at 0) rather than a NaN from the square root of a negative number."""
     xp = array_namespace(mean)
@@ -396,7 +398,7 @@ VI_METHODS = ("svi", "vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
 
 
 def initial_xi(kernel, Z, X, kind, block_rows=None):
-    """xi at q = prior (m_i = 0, S_i = K_ii): where vi-JJ / vi-Taylor start (seed 003 Alg. 1)."""
+    """xi at q = prior (m_i = 0, S_i = K_ii): where vi-JJ / vi-Taylor start (Izmailov & Kropotov (2017), Alg. 1)."""
     xp = array_namespace(Z)
     prior_var = xp.concat([kernel.Kdiag(Xb) for _, _, Xb, _ in ep.data_blocks(X, None, block_rows, Z)])
     return update_xi(xp.zeros((X.shape[0],), dtype=Z.dtype, device=array_device(Z)), prior_var, kind)
