@@ -147,6 +147,23 @@ def with_ml_twins(methods, skip=()):
     return out
 
 
+def add_kernel_prior_option(parser):
+    """``--kernel-prior {auto,none,both}``: agpc's default priors, maximum likelihood (methods named M-ml), or both
+    on the same splits (before / after)."""
+    parser.add_argument("--kernel-prior", choices=("auto", "none", "both"), default="auto",
+                        help="agpc's kernel_prior: the default 'auto', 'none' (maximum likelihood: methods named "
+                             "M-ml), or 'both' (before / after on the same splits)")
+
+
+def methods_for_kernel_prior(methods, kernel_prior, skip=()):
+    """The benchmark's method names for ``--kernel-prior`` (``skip``: baselines, not agpc methods)."""
+    if kernel_prior == "both":
+        return with_ml_twins(methods, skip)
+    if kernel_prior == "none":
+        return [m if m in skip or m.endswith(ML_SUFFIX) else m + ML_SUFFIX for m in methods]
+    return list(methods)
+
+
 def method_available(method, n_classes=2):
     """None if ``agpc.GPClassifier(method=method)`` fits data with ``n_classes`` classes, else the reason
     (e.g. "gfitc" not written yet, or a binary-only method on multiclass data). Other errors: available."""

@@ -53,8 +53,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import DEFAULT_DATA_DIR  # noqa: E402
 from _protocol import (  # noqa: E402
-    ML_SUFFIX, Paper, agpc_model, base_method, finish, load_npz, mean_se, resolve_table_options, split_methods,
-    start, plot_against_paper, print_accuracy_tables, run_grid, split_indices, standardised_splits, with_ml_twins,
+    ML_SUFFIX, Paper, add_kernel_prior_option, agpc_model, base_method, finish, load_npz, mean_se,
+    methods_for_kernel_prior, resolve_table_options, split_methods, start, plot_against_paper, print_accuracy_tables,
+    run_grid, split_indices, standardised_splits,
 )
 
 DATASETS = ("banana", "pima", "australian", "breast", "crabs", "heart", "ionosphere", "sonar")
@@ -120,9 +121,7 @@ def parse_args(argv=None):
     p.add_argument("--figure", default=None, help="PNG name in benchmarks/results (default uci_binary_nll.png; quick uci_binary_nll_quick.png)")
     p.add_argument("--title", default="UCI binary classification, Hernandez-Lobato & Hernandez-Lobato (2016), Table 1 protocol")
     p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads (quick: 1)")
-    p.add_argument("--kernel-prior", choices=("auto", "none", "both"), default="auto",
-                   help="agpc's kernel_prior: the default 'auto', 'none' (maximum likelihood: methods named M-ml), or "
-                        "'both' (before / after on the same splits, and issue 19's check)")
+    add_kernel_prior_option(p)  # 'both': and issue 19's check at the end
     p.add_argument("--first-split", type=int, default=0, help="number of the first split (default 0; e.g. 100)")
     args = p.parse_args(argv)
     # quick: crabs; generated banana (400 rows) when the data folder is absent
@@ -244,10 +243,7 @@ def main(argv=None):
     if any(m in BASELINES for m in args.methods):
         import sklearn.gaussian_process  # noqa: F401  (before the BLAS limit)
     limiter, t0 = start(args.title, args.blas_threads, argv)
-    if args.kernel_prior == "both":
-        args.methods = with_ml_twins(args.methods, skip=BASELINES)
-    elif args.kernel_prior == "none":
-        args.methods = [m if m in BASELINES else m + ML_SUFFIX for m in args.methods]
+    args.methods = methods_for_kernel_prior(args.methods, args.kernel_prior, skip=BASELINES)
     methods, unavailable = split_methods(args.methods, 2, skip=BASELINES)
     found = tasks(args)
     print(f"\n{args.splits} random {1 - args.test_fraction:.0%}/{args.test_fraction:.0%} splits; features standardised "

@@ -27,6 +27,7 @@ sqrt(SE_ours^2 + SE_paper^2). Figure: benchmarks/results/uci_multiclass_nll.png.
 
     PYTHONPATH=. python benchmarks/uci_multiclass.py --blas-threads 1                 # full protocol
     PYTHONPATH=. python benchmarks/uci_multiclass.py --quick                          # smoke test, seconds
+    PYTHONPATH=. python benchmarks/uci_multiclass.py --kernel-prior both   # before (M-ml) / after the default priors
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import DEFAULT_DATA_DIR  # noqa: E402
 from _protocol import (  # noqa: E402
-    Paper, agpc_model, finish, load_npz, resolve_table_options, split_methods, start, plot_against_paper,
-    print_accuracy_tables, run_grid, split_indices, standardised_splits,
+    Paper, add_kernel_prior_option, agpc_model, finish, load_npz, methods_for_kernel_prior, resolve_table_options,
+    split_methods, start, plot_against_paper, print_accuracy_tables, run_grid, split_indices, standardised_splits,
 )
 
 DATASETS = ("glass", "newthyroid", "satellite", "svmguide2", "vehicle", "vowel", "waveform", "wine")
@@ -110,6 +111,7 @@ def parse_args(argv=None):
     p.add_argument("--json", default=None, help="also write the per-split results to this JSON file")
     p.add_argument("--figure", default=None, help="PNG name in benchmarks/results (default uci_multiclass_nll.png; quick uci_multiclass_nll_quick.png)")
     p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads (quick: 1)")
+    add_kernel_prior_option(p)
     args = p.parse_args(argv)
     return resolve_table_options(args, datasets=DATASETS, methods=METHODS, allowed_methods=METHODS + OPTIONAL,
                                  fractions="0.05,0.1,0.2", quick_dataset="wine", quick_fraction="0.1")
@@ -159,6 +161,7 @@ def tasks(args):
 def main(argv=None):
     args = parse_args(argv)
     limiter, t0 = start("UCI multiclass classification, Villacampa-Calvo & Hernandez-Lobato (2017), Table 2 protocol", args.blas_threads, argv)
+    args.methods = methods_for_kernel_prior(args.methods, args.kernel_prior)
     methods, unavailable = split_methods(args.methods, 3)
     found = tasks(args)
     print(f"\n{args.splits} random splits: 90/10 train/test except " + "; ".join(
