@@ -26,7 +26,7 @@ from .inference import training
 from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
 from .inference.data_parallel import DEFAULT_LOCAL_STEPS, DataParallel, RowsOnWorkers
 from .kernels import RBF, ClassKernels, Kernel, with_default_priors
-from .model_file import FittedState, read_model_file, write_model_file
+from .model_file import VALUE_WHEN_ABSENT, FittedState, read_model_file, write_model_file
 
 __all__ = ["GPClassifier"]
 
@@ -363,7 +363,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.log_marginal_likelihood_ = log_z
         self.history_ = history
         self.n_iter_ = n_iter
-        self._fitted_structure = S.structure(self)  # what partial_fit may continue (``_check_continuable``)
+        self._fitted_structure = S.structure(self)  # what partial_fit may continue (``streaming.check_continuable``)
 
     def _blas_scope(self, X):
         """The BLAS thread scope (``agpc.threads.blas_threads``) for a fit on ``X``, shaped by the work of its
@@ -480,7 +480,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return self
 
     def _fit_dask(self, X, y, groups, resume, validation_data=None):
-        """EP / SEP / ADF / SVI on a dask.array of rows. Batch: one task per chunk each pass (``DaskEngine``), EP's
+        """The methods that train on a dask array (``agpc.methods``: EP / SEP / ADF / SVI, vi-JJ and vi-Taylor in
+        batch passes) on a dask.array of rows. Batch: one task per chunk each pass (``DaskEngine``), EP's
         sites persisted on the workers. Minibatch: data-parallel rounds (``data_parallel.DataParallel``), or with
         ``local_steps=0`` chunks visited in random order, one at a time on the driver (``ChunkedRows``). X is not
         persisted here: persist it first if it fits in the workers' memory (faster passes); otherwise each pass reads it
@@ -496,6 +497,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                                                               "not supported: fit without checkpoint_path"))
         if X.ndim != 2:
             raise ValueError(f"Expected 2D array, got {X.ndim}D array instead")
+        batch_size = self._batch_size_for(X.shape[0])
+        if batch_size is not None and batch_size < X.shape[0] and not spec.supports("minibatch"):
+            # before any pass over the data (in memory the engine says the same when it is made)
+            raise ValueError(spec.refusal("minibatch", f"method {self.method!r} is batch-only: every step needs all "
+                                                       "the rows (batch_size=None)"))
         X = da.asarray(X).astype(I.dtype_name(self.dtype)).rechunk({1: -1})  # chunks by rows only
         y = da.asarray(y)
         if y.ndim != 1 or y.shape[0] != X.shape[0]:
@@ -582,7 +588,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         a little differently from the one kept in memory). A file of a model fitted by ``fit`` does not
         hold its number of rows: the first call after loading it asks for ``n_total``. Refused with one ValueError, the
         model left as it was: a model of another method (per-row EP, GFITC, SVI, ``vi-*``), ``classes`` other than
-        ``classes_``, and ``method``, ``dtype``, ``n_inducing``, ``kernel`` or ``likelihood`` changed since the fit
+        ``classes_``, and ``method``, ``dtype``, ``n_inducing``, ``kernel``, ``likelihood`` or ``kernel_prior`` changed since the fit
         (call ``fit`` to start again). ``n_total`` is the number of
         rows the model stands for (SEP's cavity q / f^(1/n)), a positive integer at least this batch's rows;
         by default the rows seen so far. It may be below the rows seen: a data set streamed for several
@@ -745,6 +751,19 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     # -- persistence -----------------------------------------------------------------------------
     # A model file (agpc.model_file) holds the parameters and the fitted state; these public methods are all
     # the format uses of the estimator (agpc.persistence.save_model / load_model are the documented entry points).
+
+    def __setstate__(self, state):
+        """Unpickling: a model pickled by an agpc without a parameter of ``model_file.VALUE_WHEN_ABSENT`` was
+        trained as that value says (kernel_prior: no priors), so it predicts, continues a stream and refits as it
+        would have."""
+        state = dict(state)
+        for name, value in VALUE_WHEN_ABSENT.items():
+            state.setdefault(name, value)
+            if "kernel_" in state:  # fitted
+                state.setdefault(name + "_", value)
+        if isinstance(state.get("_fitted_structure"), dict):
+            state["_fitted_structure"] = {**VALUE_WHEN_ABSENT, **state["_fitted_structure"]}
+        super().__setstate__(state)
 
     def check_params(self):
         """Refuse (one ValueError naming the parameter) parameters that ``fit`` would refuse, without fitting:

@@ -506,6 +506,7 @@ def fit(args):
         method=args.method, n_inducing=args.inducing, batch_size=args.batch_size, backend=args.backend,
         max_iter=args.max_iter, max_time=args.max_time, random_state=args.random_state, verbose=not args.quiet,
         site_directory=args.site_directory, dtype=args.dtype,
+        kernel_prior=None if args.kernel_prior == "none" else args.kernel_prior,
     )
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
     print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, classes "
@@ -798,6 +799,9 @@ def _fit_parser(sub):
                    ".npz / zarr group: the array of labels (default y, features in X)")
     p.add_argument("--method", choices=method_names(), default="ep", help="inference method (default ep)")
     p.add_argument("--inducing", type=int, default=100, metavar="M", help="number of inducing points (default 100)")
+    p.add_argument("--kernel-prior", choices=["auto", "none"], default="auto",
+                   help="'auto' (default): weak priors on the kernel's lengthscales and amplitude (MAP); 'none': "
+                        "type-II maximum likelihood (docs/small_data_defaults.md)")
     p.add_argument("--batch-size", type=_batch_size, default="auto", metavar="B",
                    help="rows per minibatch: a number, 'none' (full batch) or 'auto' (default: full batch up to "
                         "20,000 rows, else 200)")

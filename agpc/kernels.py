@@ -194,7 +194,7 @@ class Kernel:
 
     @property
     def reach_lengthscales(self):
-        """Per input dimension, a length beyond which (times GPClassifier's ``_KERNEL_REACH`` of 1e3) the kernel
+        """Per input dimension, a length beyond which (times ``agpc.prediction.KERNEL_REACH``, 1e3) the kernel
         is exactly 0, or None when it has no such reach (a heavy tail). Predictions clamp far inputs to it."""
         return None
 

@@ -169,8 +169,28 @@ def register_method(method, *, replace=False):
         raise ValueError(f"method {method.name!r} is built in and cannot be replaced")
     if method.name in _REGISTRY and not replace:
         raise ValueError(f"method {method.name!r} is registered already (pass replace=True to replace it)")
+    if method.name != method.engine:  # (a built-in method, named as its engine, is what that engine can do)
+        _check_within_engine(method)
     _REGISTRY[method.name] = method
     return method
+
+
+def _check_within_engine(method):
+    """A method can do at most what its engine does, which is what the built-in method of that name does: a
+    likelihood or capability beyond it would train one model and predict or save it as another."""
+    engine = _REGISTRY[method.engine]
+    likelihoods = sorted(set(method.likelihoods) - set(engine.likelihoods))
+    capabilities = sorted(method.capabilities - engine.capabilities)
+    if likelihoods or capabilities:
+        raise ValueError(f"method {method.name!r}: its engine {method.engine!r} does not train "
+                         f"{'likelihoods ' + str(likelihoods) if likelihoods else ''}"
+                         f"{' or ' if likelihoods and capabilities else ''}"
+                         f"{'capabilities ' + str(capabilities) if capabilities else ''}; it trains likelihoods "
+                         f"{list(engine.likelihoods)} with capabilities {sorted(engine.capabilities)}")
+    if "multiclass" in method.capabilities and method.multiclass_likelihood != engine.multiclass_likelihood:
+        raise ValueError(f"method {method.name!r}: its engine {method.engine!r} trains more than two classes with "
+                         f"the likelihood {engine.multiclass_likelihood or engine.likelihoods[0]!r}, not "
+                         f"{method.multiclass_likelihood!r}")
 
 
 def unregister_method(name):

@@ -36,9 +36,12 @@ from .kernels import PER_DIMENSION, ClassKernels, kernel_from_spec, spec_paramet
 from .untrusted import RefusedFile, describe
 
 FORMAT = "agpc-model"
-# 1: the first format. 2: adds "feature_names_in" (the columns a DataFrame had at fit). A file of a version
-# above VERSION is refused, naming both; every earlier version keeps loading (tests/data/model_v1).
-VERSION = 2
+# 1: the first format. 2: adds "feature_names_in" (the columns a DataFrame had at fit). 3: kernels of any
+# parameter table (rational quadratic, sums, products) whose parameters may carry priors, and the parameter
+# "kernel_prior" (the default priors): an agpc that reads version 2 would refuse such a kernel as unknown
+# rather than say the file is newer. A file of a version above VERSION is refused, naming both; every earlier
+# version keeps loading (tests/data/model_v1).
+VERSION = 3
 
 __all__ = ["FORMAT", "VERSION", "NOT_RESTORED", "VALUE_WHEN_ABSENT", "MAX_LABEL_BYTES", "MAX_QUADRATURE",
            "FittedState", "write_model_file", "read_model_file"]
@@ -375,7 +378,10 @@ def read_model_file(path, estimator, backend="numpy"):
     dtype_name = "float32" if Z.dtype == np.float32 else "float64"
     model.set_params(dtype=dtype_name)
     to = lambda a: B.asarray_like(a, xp, dtype=getattr(xp, dtype_name))  # noqa: E731
-    kernel = _kernel_from_file(specs, {name: to(value) for name, value in kernel_arrays.items()}, multiclass)
+    try:  # what only the kernel's own checks see (a prior listing another number of entries than features)
+        kernel = _kernel_from_file(specs, {name: to(value) for name, value in kernel_arrays.items()}, multiclass)
+    except (ValueError, TypeError) as exc:
+        raise refuse(f"kernel: {exc}") from None
     Zx, L_C, h = to(Z), to(L_C), to(h)
     # K(Z, Z) is factorised with the jitter the fit ended with (the guard may have raised it; files of format
     # version 1 do not hold it: the jitter parameter, raised to the type's floor as the fit did)

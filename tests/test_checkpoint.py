@@ -126,6 +126,39 @@ def test_resume_on_other_data_of_the_same_shape_is_refused(tmp_path):
     GPClassifier(**params).fit(X, y, resume=True)  # the same data resume
 
 
+def test_resume_under_other_priors_is_refused(tmp_path):
+    """The priors are part of the objective: a checkpoint of a MAP fit (kernel_prior="auto") does not continue as
+    maximum likelihood, nor the other way round."""
+    X, y = make_banana(200, random_state=2)
+    path = tmp_path / "run.ckpt"
+    params = dict(n_inducing=5, max_iter=3, random_state=0, checkpoint_path=path, checkpoint_every=2)
+    GPClassifier(**params).fit(X, y)
+    with pytest.raises(ValueError, match="priors"):
+        GPClassifier(**params, kernel_prior=None).fit(X, y, resume=True)
+    GPClassifier(**params).fit(X, y, resume=True)  # the same priors resume
+
+
+def test_a_checkpoint_from_before_priors_were_recorded_resumes_without_priors_only(tmp_path, monkeypatch):
+    """Checkpoints written before the priors joined the run's fingerprint were fits without priors: they
+    resume with kernel_prior=None and are refused under the default priors."""
+    X, y = make_banana(200, random_state=2)
+    path = tmp_path / "run.ckpt"
+    params = dict(n_inducing=5, max_iter=3, random_state=0, checkpoint_path=path, checkpoint_every=2,
+                  kernel_prior=None)
+    save = training.save_checkpoint
+
+    def save_as_before(path, state):  # the fingerprint as it was written then: no "priors"
+        state = {**state, "fingerprint": {k: v for k, v in state["fingerprint"].items() if k != "priors"}}
+        return save(path, state)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(training, "save_checkpoint", save_as_before)
+        GPClassifier(**params).fit(X, y)
+    with pytest.raises(ValueError, match="differing in priors"):
+        GPClassifier(**{**params, "kernel_prior": "auto"}).fit(X, y, resume=True)
+    GPClassifier(**params).fit(X, y, resume=True)
+
+
 @pytest.mark.parametrize("method", ["ep", "svi"])
 def test_resume_in_another_dtype_says_so_not_other_data(tmp_path, method):
     X, y = make_banana(200, random_state=2)

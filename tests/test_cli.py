@@ -469,6 +469,17 @@ def test_fit_on_parquet_records_its_column_names(tmp_path, banana, monkeypatch):
     assert list(saved[0].feature_names_in_) == ["a", "b"]
 
 
+@pytest.mark.parametrize("flag, expected", [([], "auto"), (["--kernel-prior", "none"], None)])
+def test_fit_takes_the_kernel_prior(tmp_path, banana, monkeypatch, flag, expected):
+    import agpc.persistence
+
+    data, target = write_npy(tmp_path / "d.npy", *banana)
+    saved = []
+    monkeypatch.setattr(agpc.persistence, "save_model", lambda model, path: saved.append(model))
+    assert main(["fit", str(data), *target, *FIT_OPTIONS, *flag, "--out", str(tmp_path / "m.agpc")]) == 0
+    assert saved[0].kernel_prior_ == expected
+
+
 def test_fit_on_a_file_without_names_records_none(tmp_path, banana, monkeypatch):
     import agpc.persistence
 

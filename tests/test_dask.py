@@ -127,6 +127,8 @@ def test_dask_input_errors_are_clear(client, data):
         GPClassifier(method="vi-jj-hybrid", client=client).fit(Xd, yd)
     with pytest.raises(ValueError, match="checkpoints of 'vi-taylor' on a dask array are not supported yet"):
         GPClassifier(method="vi-taylor", client=client, checkpoint_path="x.ckpt", checkpoint_every=1).fit(Xd, yd)
+    with pytest.raises(ValueError, match="method 'vi-jj' is batch-only"):  # not "data-parallel training runs ..."
+        GPClassifier(method="vi-jj", batch_size=100, client=client).fit(Xd, yd)
     with pytest.raises(ValueError, match="svi on a dask array trains on minibatches"):
         GPClassifier(method="svi", batch_size=None, client=client).fit(Xd, yd)
     bad = X.copy()

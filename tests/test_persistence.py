@@ -283,10 +283,14 @@ from sklearn.exceptions import NotFittedError  # noqa: E402
 FIXTURES = os.path.join(HERE, "data", "model_v1")
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("name", ["binary_banana", "multiclass_iris"])
-def test_version_1_files_load_and_predict_as_when_they_were_saved(name):
-    model = GPClassifier.load(os.path.join(FIXTURES, f"{name}.npz"))
-    expected = np.load(os.path.join(FIXTURES, f"{name}_expected.npz"))
+def test_earlier_versions_load_and_predict_as_when_they_were_saved(name, version):
+    """Files written by the agpc of each earlier format version (tests/data/model_vN/make_fixtures.py)."""
+    fixtures = os.path.join(HERE, "data", f"model_v{version}")
+    model = GPClassifier.load(os.path.join(fixtures, f"{name}.npz"))
+    assert model.kernel_prior_ is None  # trained before the default priors existed
+    expected = np.load(os.path.join(fixtures, f"{name}_expected.npz"))
     np.testing.assert_array_equal(model.classes_, expected["classes"])
     np.testing.assert_allclose(model.predict_proba(expected["X"]), expected["proba"], rtol=1e-12, atol=1e-15)
 
@@ -570,6 +574,17 @@ def test_random_byte_damage_is_refused_or_harmless(saved, tmp_path, data):
     path = tmp_path / "damaged.agpc"
     path.write_bytes(bytes(raw))
     assert_refused_or_sound(path)
+
+
+def test_a_prior_with_another_number_of_entries_than_features_is_refused_naming_the_file(saved, tmp_path):
+    """The kernel's own check of a per-feature prior (two features, three centres) comes back as the model
+    file's one error naming the file and the field, as every other field's does."""
+    kernel = json.loads(json.dumps(saved[1]["kernel"]))
+    kernel["priors"]["lengthscales"]["loc"] = [0.0, 0.1, 0.2]
+    path = rewrite(saved, tmp_path, header={"kernel": kernel})
+    with pytest.raises(ValueError, match="kernel: the prior on lengthscales lists 3 values") as refused:
+        GPClassifier.load(path)
+    assert str(path) in str(refused.value)
 
 
 def test_a_zip_version_zipfile_does_not_read_is_refused(saved, tmp_path):

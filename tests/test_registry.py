@@ -167,3 +167,20 @@ def test_a_toy_method_without_dask_is_refused_on_a_dask_array_before_any_cluster
     with pytest.raises(ValueError, match=re.escape(f"fit on a dask array trains the methods {list(on_dask)}, "
                                                    "not 'toy-adf'")):
         GPClassifier(method="toy-adf", n_inducing=4).fit(da.from_array(X, chunks=20), da.from_array(y, chunks=20))
+
+
+@pytest.mark.parametrize("record, message", [
+    (dict(name="jj-probit", family="quadratic", engine="vi-jj", likelihoods=("probit",)), r"likelihoods \['probit'\]"),
+    (dict(name="ep-logit", family="ep", engine="ep", likelihoods=("logistic",)), r"likelihoods \['logistic'\]"),
+    (dict(name="jj-multi", family="quadratic", engine="vi-jj", likelihoods=("logistic",),
+          capabilities={"multiclass"}), r"capabilities \['multiclass'\]"),
+    (dict(name="ep-stream", family="ep", engine="ep", capabilities={"partial_fit"}), r"capabilities \['partial_fit'\]"),
+    (dict(name="svi-multi", family="variational", engine="svi", capabilities={"multiclass"}),
+     "more than two classes with the likelihood 'robust-max'"),
+])
+def test_a_method_beyond_what_its_engine_trains_is_refused(record, message):
+    """Found by review: a method promising a likelihood or capability its engine lacks trained one model and
+    predicted (or saved) it as another, or failed deep inside a fit."""
+    with pytest.raises(ValueError, match=message):
+        M.register_method(M.Method(**record))
+    assert record["name"] not in M.method_names()

@@ -268,3 +268,22 @@ def test_partial_fit_says_once_that_it_writes_no_checkpoints(tmp_path):
         warnings.simplefilter("error", UserWarning)
         model.partial_fit(X[60:], y[60:])
     assert not (tmp_path / "ckpt.npz").exists()
+
+
+def test_a_stream_model_pickled_before_kernel_prior_existed_continues(on_disk):
+    """partial_fit's docstring suggests pickling a stream model between calls: one pickled by an agpc without
+    kernel_prior (no attribute, no entry in the fitted structure) was trained without priors and continues so."""
+    import pickle
+
+    X, _, X_mm, y_mm = on_disk
+    params = dict(method="sep", batch_size=250, random_state=0, kernel_prior=None, **_fixed_start(X))
+    model = GPClassifier(**params).partial_fit(X_mm[:250], y_mm[:250], classes=[-1, 1], n_total=1000)
+    reference = pickle.loads(pickle.dumps(model)).partial_fit(X_mm[250:500], y_mm[250:500])
+    state = model.__getstate__()
+    del state["kernel_prior"], state["kernel_prior_"]
+    del state["_fitted_structure"]["kernel_prior"]
+    old = GPClassifier.__new__(GPClassifier)
+    old.__setstate__(state)
+    assert old.kernel_prior is None and old.kernel_prior_ is None
+    old.partial_fit(X_mm[250:500], y_mm[250:500])
+    np.testing.assert_array_equal(old.predict_proba(X[:50]), reference.predict_proba(X[:50]))

@@ -331,7 +331,8 @@ class DataParallel:
             raise ValueError(f"data-parallel training runs 'ep', 'sep', 'adf' or 'svi', not {method!r}")
         if method == "ep" and isinstance(kernel, ClassKernels):
             raise ValueError("data-parallel multiclass training runs 'sep', 'adf' or 'svi' (multiclass EP's "
-                             "per-row sites are not kept per chunk yet)")
+                             "per-row sites are not kept per chunk yet): for multiclass EP on minibatches of a "
+                             "dask array pass local_steps=0 (steps on the driver), or train in batch passes")
         if options.pop("site_precision", None) is not None or options.pop("site_shift", None) is not None:
             raise ValueError("data-parallel EP starts from zero sites")
         if method == "ep":

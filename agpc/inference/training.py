@@ -374,7 +374,11 @@ def train(
     order = []
     checkpoints_written = 0
     fingerprint = {"n": int(n), "method": method, "n_batches": len(batches), "Z_shape": [int(v) for v in Z.shape],
-                   "per_row_sites": engine.per_row_sites, "params": list(engine.names), "data": data_hash}
+                   "per_row_sites": engine.per_row_sites, "params": list(engine.names), "data": data_hash,
+                   # the objective's priors: a resume under other priors (kernel_prior changed) would climb
+                   # another objective from the saved state
+                   "priors": {key: parameter.prior.spec() for key, parameter in kernel.parameter_table().items()
+                              if parameter.prior is not None}}
     if resume:
         order, best = _restore(trainer, rng, checkpoint_path, fingerprint, validation is not None)
     converged = stopped_by_time = early_stopped = False
@@ -796,6 +800,8 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
     xp, device = trainer.xp, array_device(trainer.state["Z"])
     saved = load_checkpoint(path, lambda a: asarray_like(a, xp, device=device))
     written_for = saved.get("fingerprint")
+    if isinstance(written_for, dict):  # a checkpoint from before priors were part of the fingerprint had none
+        written_for = {"priors": {}, **written_for}
     # The data's hash is of its rows in the run's type, so a resume in another dtype would read as other data:
     # said first, by the type the checkpoint's arrays are in.
     saved_Z = saved["engine"].get("Z") if isinstance(saved.get("engine"), dict) else None
@@ -806,8 +812,11 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
             f"computes in {_dtype_text(run_dtype)}: resume with dtype='{_dtype_text(saved_Z.dtype)}', or fit "
             "afresh without resume"
         )
-    if isinstance(written_for, dict) and written_for != fingerprint and (
-        {k: v for k, v in written_for.items() if k != "data"} == {k: v for k, v in fingerprint.items() if k != "data"}
+    # other data of the same shape (the default priors are centred on the data, so they may differ with it)
+    data_derived = ("data", "priors")
+    if isinstance(written_for, dict) and written_for.get("data") != fingerprint["data"] and (
+        {k: v for k, v in written_for.items() if k not in data_derived}
+        == {k: v for k, v in fingerprint.items() if k not in data_derived}
     ):
         raise ValueError(
             f"checkpoint {path} was written for different training data: the same number of rows and features, "
@@ -816,9 +825,12 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
     if written_for != fingerprint:
         differs = sorted(set(written_for) | set(fingerprint)) if not isinstance(written_for, dict) else sorted(
             key for key in set(written_for) | set(fingerprint) if written_for.get(key) != fingerprint.get(key))
+        hint = ("; a fit on a dask array with checkpoint_path stepped on the driver (local_steps=0) by default "
+                "before data-parallel rounds were checkpointed: pass local_steps=0 to resume such a checkpoint"
+                if differs == ["n_batches"] else "")
         raise ValueError(
             f"checkpoint {path} was written by a different training run (differing in {', '.join(differs)}: "
-            f"{written_for}); this run is {fingerprint}"
+            f"{written_for}); this run is {fingerprint}{hint}"
         )
     _check_state(saved, fingerprint, refuse)
     _check_engine(saved["engine"], trainer.engine, fingerprint, path, refuse)

@@ -23,20 +23,21 @@ from agpc.datasets import make_banana
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def main():
+def main(out=HERE):
+    """Write the fixtures into ``out`` (default: beside this script; tests/data/model_v2 reuses it)."""
     X, y = make_banana(200, random_state=0)
     binary = GPClassifier(n_inducing=6, max_iter=20, random_state=0).fit(X, y)
     X_query = make_banana(20, random_state=1)[0]
-    binary.save(os.path.join(HERE, "binary_banana.npz"))
-    np.savez(os.path.join(HERE, "binary_banana_expected.npz"), X=X_query, proba=binary.predict_proba(X_query),
+    binary.save(os.path.join(out, "binary_banana.npz"))
+    np.savez(os.path.join(out, "binary_banana_expected.npz"), X=X_query, proba=binary.predict_proba(X_query),
              classes=binary.classes_)
 
     iris = load_iris()
     X, y = iris.data, iris.target
     multiclass = GPClassifier(n_inducing=5, max_iter=20, random_state=0).fit(X, y)
     X_query = X[::10]
-    multiclass.save(os.path.join(HERE, "multiclass_iris.npz"))
-    np.savez(os.path.join(HERE, "multiclass_iris_expected.npz"), X=X_query, proba=multiclass.predict_proba(X_query),
+    multiclass.save(os.path.join(out, "multiclass_iris.npz"))
+    np.savez(os.path.join(out, "multiclass_iris_expected.npz"), X=X_query, proba=multiclass.predict_proba(X_query),
              classes=multiclass.classes_)
 
 
