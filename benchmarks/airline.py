@@ -37,8 +37,8 @@ exactly from all sites, and its test scores are reported separately ("final mode
 NLL is the mean of -log p(y_i | x_i) over the test rows, error the fraction whose most probable class is wrong.
 
     PYTHONPATH=. python benchmarks/airline.py                # about 30 minutes
-    PYTHONPATH=. python benchmarks/airline.py --classes 3    # the 3-class task of Villacampa-Calvo & Hernandez-Lobato
-    (2017) PYTHONPATH=. python benchmarks/airline.py --quick        # 10,000 training rows, 4 s a GP method: < 1 minute
+    PYTHONPATH=. python benchmarks/airline.py --classes 3    # the 3-class task of Villacampa-Calvo & Hernandez-Lobato (2017)
+    PYTHONPATH=. python benchmarks/airline.py --quick        # 10,000 training rows, 4 s a GP method: < 1 minute
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import DEFAULT_DATA_DIR, load_line, print_machine  # noqa: E402
+from _protocol import ML_SUFFIX, add_kernel_prior_option, base_method, methods_for_kernel_prior  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CLASS_NAMES = {2: ("not delayed", "delayed"), 3: ("early", "on time", "late")}
@@ -77,6 +78,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seeds the split, the shuffles and the inducing points")
     p.add_argument("--plot", default=None, help="PNG path (default benchmarks/results/airline[_3class][_quick].png)")
     p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS threads with threadpoolctl")
+    add_kernel_prior_option(p)  # 'both': M-ml (kernel_prior=None, the fits before the default priors) beside M
     args = p.parse_args(argv)
     q = args.quick
     args.budget = args.budget if args.budget is not None else (4.0 if q else 480.0)
@@ -84,7 +86,7 @@ def parse_args(argv=None):
     args.n_test = args.n_test if args.n_test is not None else (2000 if q else 10000)
     args.n_train = args.n_train if args.n_train is not None else (10000 if q else None)
     args.plot = args.plot or str(RESULTS_DIR / f"airline{'_3class' if args.classes == 3 else ''}{'_quick' if q else ''}.png")
-    args.methods = [m for m in args.methods.split(",") if m]
+    args.methods = methods_for_kernel_prior([m for m in args.methods.split(",") if m], args.kernel_prior)
     return args
 
 
@@ -197,8 +199,9 @@ def run_gp(method, X_train, y_train, X_test, y_test, args):
 
     steps_per_epoch = -(-X_train.shape[0] // 200)
     early, late = schedule(steps_per_epoch, args.quick)
-    clf = GPClassifier(method=method, n_inducing=200, batch_size=200, max_iter=10_000, max_time=args.budget,
-                       random_state=args.seed)
+    clf = GPClassifier(method=base_method(method), n_inducing=200, batch_size=200, max_iter=10_000,
+                       max_time=args.budget, random_state=args.seed,
+                       kernel_prior=None if method.endswith(ML_SUFFIX) else "auto")
     clf.set_params(eval_every=1)
     rec = ValidationRecorder(training, "validation_scores", early, late)
     fit_kw = {"validation_data": (X_test, y_test)}
