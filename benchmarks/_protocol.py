@@ -19,6 +19,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
+import json
 from pathlib import Path
 
 import numpy as np
@@ -292,6 +293,11 @@ class Paper:
 
     def se(self, pm):
         return pm / math.sqrt(self.splits) if self.pm_is_std else pm
+
+
+def write_results_json(path, results):
+    """``run_grid``'s results, one entry per (data set, fraction, method), as JSON at ``path`` (``--json``)."""
+    Path(path).write_text(json.dumps({f"{d}/{f}/{m}": vars(r) for (d, f, m), r in results.items()}, indent=1))
 
 
 def _cell(rec, key, spread, digits=3):

@@ -24,7 +24,6 @@ that difference is beyond one SE. The summary counts them per method.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import DEFAULT_DATA_DIR  # noqa: E402
 from _protocol import (  # noqa: E402
     ML_SUFFIX, agpc_model, finish, load_npz, mean_se, parse_list, run_grid, split_indices, split_methods,
-    standardised_splits, start, with_ml_twins,
+    standardised_splits, start, with_ml_twins, write_results_json,
 )
 
 GENERATED = ("banana", "clf-300x10", "clf-1000x30", "moons-300", "circles-300")
@@ -169,7 +168,7 @@ def main(argv=None):
                        lambda method, m, split: agpc_model(method, m, split, args.max_iter, "kmeans"), count)
     print_study(results, found, args.methods, args.fraction)
     if args.json:
-        Path(args.json).write_text(json.dumps({f"{d}/{f}/{m}": vars(r) for (d, f, m), r in results.items()}, indent=1))
+        write_results_json(args.json, results)
     finish(t0, limiter)
     return 0
 

@@ -33,7 +33,6 @@ sqrt(SE_ours^2 + SE_paper^2). Figure: benchmarks/results/uci_multiclass_nll.png.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from _machine import DEFAULT_DATA_DIR  # noqa: E402
 from _protocol import (  # noqa: E402
     Paper, add_kernel_prior_option, agpc_model, finish, load_npz, methods_for_kernel_prior, resolve_table_options,
     split_methods, start, plot_against_paper, print_accuracy_tables, run_grid, split_indices, standardised_splits,
+    write_results_json,
 )
 
 DATASETS = ("glass", "newthyroid", "satellite", "svmguide2", "vehicle", "vowel", "waveform", "wine")
@@ -178,7 +178,7 @@ def main(argv=None):
     plot_against_paper(results, list(found), args.fractions, args.methods, PAPER,
                        args.figure or ("uci_multiclass_nll_quick.png" if args.quick else "uci_multiclass_nll.png"))
     if args.json:
-        Path(args.json).write_text(json.dumps({f"{d}/{f}/{m}": vars(r) for (d, f, m), r in results.items()}, indent=1))
+        write_results_json(args.json, results)
     finish(t0, limiter)
     return 0
 

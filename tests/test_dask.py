@@ -143,15 +143,21 @@ def test_minibatch_on_dask_samples_chunks_like_data_on_disk(client, data, method
     chunks, an epoch visits the chunks in random order (each moved to the driver once). Same seed, same
     chunks: the same model as the single-machine path reading the rows from a zarr array chunked alike (SVI
     included: on disk it reads a minibatch at a time too)."""
-    zarr = pytest.importorskip("zarr")
     X, y, X_test = data
     params = dict(method=method, n_inducing=10, batch_size=50, max_iter=3, random_state=0)
-    Xz = zarr.open(str(tmp_path / "X.zarr"), mode="w", shape=X.shape, chunks=(200, 2), dtype="f8")
-    yz = zarr.open(str(tmp_path / "y.zarr"), mode="w", shape=y.shape, chunks=(200,), dtype=y.dtype)
+    _assert_driver_steps_equal_zarr_chunks(client, params, X, y, X_test, 200, tmp_path)
+
+
+def _assert_driver_steps_equal_zarr_chunks(client, params, X, y, X_test, chunk_rows, tmp_path):
+    """``local_steps=0`` on a dask array chunked by ``chunk_rows`` fits the same model as the single-machine
+    path on a zarr array chunked alike (same seed): the same curve and predictions to 1e-10."""
+    zarr = pytest.importorskip("zarr")
+    Xz = zarr.open(str(tmp_path / "X.zarr"), mode="w", shape=X.shape, chunks=(chunk_rows, X.shape[1]), dtype="f8")
+    yz = zarr.open(str(tmp_path / "y.zarr"), mode="w", shape=y.shape, chunks=(chunk_rows,), dtype=y.dtype)
     Xz[:], yz[:] = X, y
     ref = GPClassifier(**params).fit(Xz, yz)
-    model = GPClassifier(**params, client=client, local_steps=0).fit(da.from_array(X, chunks=(200, 2)),
-                                                                      da.from_array(y, chunks=200))
+    model = GPClassifier(**params, client=client, local_steps=0).fit(
+        da.from_array(X, chunks=(chunk_rows, X.shape[1])), da.from_array(y, chunks=chunk_rows))
     np.testing.assert_allclose(model.history_["log_marginal_likelihood"], ref.history_["log_marginal_likelihood"],
                                rtol=1e-10)
     np.testing.assert_allclose(model.predict_proba(X_test), ref.predict_proba(X_test), rtol=1e-10, atol=1e-14)
@@ -330,19 +336,10 @@ def test_multiclass_batch_passes_on_a_dask_array_equal_the_in_memory_fit(client,
 def test_multiclass_minibatch_on_the_driver_samples_chunks_like_data_on_disk(client, method, tmp_path):
     """Multiclass minibatch SEP / EP with ``local_steps=0`` (steps on the driver, chunks brought there in
     turn): the same model as the single-machine path reading the rows from a zarr array chunked alike."""
-    zarr = pytest.importorskip("zarr")
     X, y = _three_classes(450, 0)
     X_test, _ = _three_classes(100, 1)
     params = dict(method=method, n_inducing=6, batch_size=50, max_iter=2, random_state=0)
-    Xz = zarr.open(str(tmp_path / "X.zarr"), mode="w", shape=X.shape, chunks=(150, 2), dtype="f8")
-    yz = zarr.open(str(tmp_path / "y.zarr"), mode="w", shape=y.shape, chunks=(150,), dtype=y.dtype)
-    Xz[:], yz[:] = X, y
-    ref = GPClassifier(**params).fit(Xz, yz)
-    model = GPClassifier(**params, client=client, local_steps=0).fit(da.from_array(X, chunks=(150, 2)),
-                                                                      da.from_array(y, chunks=150))
-    np.testing.assert_allclose(model.history_["log_marginal_likelihood"], ref.history_["log_marginal_likelihood"],
-                               rtol=1e-10)
-    np.testing.assert_allclose(model.predict_proba(X_test), ref.predict_proba(X_test), rtol=1e-10, atol=1e-14)
+    _assert_driver_steps_equal_zarr_chunks(client, params, X, y, X_test, 150, tmp_path)
 
 
 def test_multiclass_ep_on_a_dask_array_resumes_from_a_checkpoint(client, monkeypatch, tmp_path):
