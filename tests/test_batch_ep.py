@@ -1,0 +1,246 @@
+"""Batch EP's iteration: the sweep that visits each block once (``ep.batch_sweep``) against the two-pass
+computation it replaced, its blocks on several threads, the sums it leaves for the next pass, and the
+kernel blocks it is built on."""
+
+import threading
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+from agpc import threads
+from agpc.inference import ep, training
+from agpc.inference.engines import EPEngine
+from agpc.kernels import RBF, Matern52
+from conftest import to_np, to_xp
+
+JITTER = 1e-6
+
+
+def _problem(xp=None, device=None, n=260, m=12, seed=3):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 3))
+    y = np.where(np.sin(2.0 * X[:, 0]) + X[:, 1] * X[:, 2] + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0)
+    nu, mu = rng.uniform(0.0, 0.6, n), rng.normal(0.0, 0.4, n)
+    Z = X[rng.choice(n, m, replace=False)] + 0.05
+    if xp is not None:
+        X, y, nu, mu, Z = (to_xp(v, xp, device) for v in (X, y, nu, mu, Z))
+    kernel = RBF(lengthscales=[0.9, 1.2, 0.7], amplitude=1.4, noise=0.02).for_inputs(X)
+    return kernel, Z, X, y, nu, mu
+
+
+def _two_pass(kernel, Z, X, y, nu, mu, *, block_rows, damping, want_grad=True):
+    """Batch EP as it was computed before the fused sweep, from the library's pieces that still compute it so:
+    q from the sums of all sites, then the minibatch step's ``block_pass`` (marginals, then ``data_adjoint``'s
+    solves) over every block with that q."""
+    L_K = ep.prior_cholesky(kernel, Z, JITTER)
+    S, c_tilde, _ = ep.site_sums_over_rows(kernel, Z, X, nu, mu, L_K, block_rows, False)
+    post = ep.posterior_from_sums(L_K, S, c_tilde)
+    sweep = ep.binary_sweep(kernel, Z, X, y, nu, mu, post, want_grad=want_grad, block_rows=block_rows,
+                            damping=damping)
+    return ep.finish_evaluate(kernel, Z, post, sweep, want_grad)
+
+
+def _assert_same(fused, reference, rtol=1e-11):
+    assert abs(float(fused["log_z"]) - float(reference["log_z"])) <= rtol * abs(float(reference["log_z"]))
+    for key in ("site_precision", "site_shift"):
+        np.testing.assert_allclose(to_np(fused[key]), to_np(reference[key]), rtol=rtol, atol=1e-13, err_msg=key)
+    np.testing.assert_array_equal(to_np(fused["valid"]), to_np(reference["valid"]))
+    assert float(fused["n_invalid"]) == float(reference["n_invalid"])
+    for name, value in reference["grads"].items():
+        scale = np.abs(to_np(value)).max()
+        np.testing.assert_allclose(to_np(fused["grads"][name]), to_np(value), rtol=rtol, atol=rtol * scale,
+                                   err_msg=name)
+
+
+# block_rows: one wide block and several (the explicit inverses and triangular products of the fused form; 130
+# and 260 rows > 4 m), and narrow blocks (triangular solves and data_adjoint's form, 30 rows < 4 m)
+@pytest.mark.parametrize("block_rows", [None, 130, 30])
+@pytest.mark.parametrize("damping", [None, 0.5])
+def test_fused_sweep_equals_the_two_pass_computation(xp_device, block_rows, damping):
+    xp, device = xp_device
+    kernel, Z, X, y, nu, mu = _problem(xp, device)
+    reference = _two_pass(kernel, Z, X, y, nu, mu, block_rows=block_rows, damping=damping)
+    for nonnegative in (False, True):  # the site precisions here are >= 0: both forms of the sums apply
+        fused = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=block_rows, damping=damping,
+                            nonnegative_sites=nonnegative)
+        _assert_same(fused, reference)
+        if damping is not None:
+            np.testing.assert_allclose(to_np(fused["site_change"]), to_np(reference["site_change"]), rtol=1e-11)
+
+
+def test_fused_sweep_with_invalid_cavities_and_no_gradient():
+    """Rows whose cavity is improper keep their sites and add nothing, as in the two-pass computation. (With q
+    built from the same sites a cavity is improper only beside a negative site: two copies of a row, sites +10
+    and -9.9, as in test_ep.)"""
+    kernel, Z, X, y, nu, mu = _problem()
+    X, nu = X.copy(), nu.copy()
+    X[1] = X[0]
+    nu[0], nu[1] = 10.0, -9.9
+    for want_grad in (True, False):
+        reference = _two_pass(kernel, Z, X, y, nu, mu, block_rows=130, damping=0.5, want_grad=want_grad)
+        fused = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=130, damping=0.5, want_grad=want_grad)
+        assert not to_np(fused["valid"])[0] and float(fused["n_invalid"]) >= 1
+        if want_grad:
+            _assert_same(fused, reference)
+        else:
+            assert fused["grads"] is None
+            assert abs(float(fused["log_z"]) - float(reference["log_z"])) <= 1e-11 * abs(float(reference["log_z"]))
+
+
+def test_a_negative_site_precision_is_summed_as_negative():
+    """The general form of the sums takes sites of either sign (``nonnegative_sites`` is not set for these)."""
+    kernel, Z, X, y, nu, mu = _problem()
+    nu = nu - 0.2
+    reference = _two_pass(kernel, Z, X, y, nu, mu, block_rows=None, damping=None)
+    _assert_same(ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER), reference)
+
+
+def test_blocks_on_several_threads_give_the_one_thread_results(monkeypatch):
+    """With a BLAS scope of several threads the blocks run on that many Python threads (each BLAS call on one);
+    the block results, and their sums in order, are the one-thread ones to round-off (the triangular products
+    are then matmuls, which release the interpreter lock)."""
+    kernel, Z, X, y, nu, mu = _problem(n=900)
+    with threadpool_limits(1):
+        one = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=100, damping=0.5, checked=False,
+                          nonnegative_sites=True)
+    seen = set()
+    block_pass = ep.batch_block_pass
+
+    def recording(*args, **kwargs):
+        seen.add(threading.get_ident())
+        return block_pass(*args, **kwargs)
+
+    monkeypatch.setattr(ep, "batch_block_pass", recording)
+    monkeypatch.setattr(threads, "pass_workers", lambda: 3)
+    many = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=100, damping=0.5, checked=False,
+                       nonnegative_sites=True)
+    assert len(seen) == 3 and threading.get_ident() not in seen
+    _assert_same(many, one, rtol=1e-12)
+
+
+def test_an_error_in_a_block_on_a_thread_reaches_the_caller(monkeypatch):
+    kernel, Z, X, y, nu, mu = _problem(n=900)
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        raise FloatingPointError("block")
+
+    monkeypatch.setattr(ep, "batch_block_pass", failing)
+    monkeypatch.setattr(threads, "pass_workers", lambda: 2)
+    with pytest.raises(FloatingPointError, match="block"):
+        ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=100)
+    assert len(calls) < 9  # the queued blocks were not started after the error
+
+
+def test_pass_threads_follow_the_blas_scope():
+    """One Python thread a BLAS thread the scope allows, at most one a block, and none for other libraries."""
+    Z = np.zeros((4, 2))
+    with threadpool_limits(1):
+        assert ep.block_workers(Z, 10) == 1
+    with threadpool_limits(2):
+        assert ep.block_workers(Z, 10) == 2
+        assert ep.block_workers(Z, 1) == 1
+        import array_api_strict
+
+        assert ep.block_workers(array_api_strict.asarray(Z), 10) == 1
+        rows, workers = ep.pass_layout(Z, 10**6)
+        assert workers == 2 and rows == -(-ep.default_block_rows(Z, 10**6) // 2)
+
+
+@pytest.mark.parametrize("block_rows", [None, 60])
+def test_sums_left_for_the_next_pass_give_its_q(block_rows, monkeypatch):
+    """want_next_sums: the sums of the damped new sites at this pass's kernel and Z; a pass given them
+    (site_sums) skips its visit for the sums and gives the pass that forms them again."""
+    kernel, Z, X, y, nu, mu = _problem()
+    first = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=block_rows, damping=0.5,
+                        want_next_sums=True, nonnegative_sites=True)
+    nu1, mu1 = first["site_precision"], first["site_shift"]
+    again = ep.evaluate(kernel, Z, X, y, nu1, mu1, jitter=JITTER, block_rows=block_rows, damping=0.5)
+    visits = []
+    sums_over_rows = ep.site_sums_over_rows
+    monkeypatch.setattr(ep, "site_sums_over_rows", lambda *a, **k: visits.append(1) or sums_over_rows(*a, **k))
+    reused = ep.evaluate(kernel, Z, X, y, nu1, mu1, jitter=JITTER, block_rows=block_rows, damping=0.5,
+                         site_sums=first["site_sums"])
+    assert not visits
+    _assert_same(reused, again, rtol=1e-10)
+
+
+def test_training_reuses_the_sums_only_while_the_hyperparameters_stay(monkeypatch):
+    """The warm-up sweeps (no step on the hyper-parameters) take the sums the sweep before them left; a pass after
+    a step forms them again. The fit is the one that forms them every pass."""
+    kernel, Z, X, y, _, _ = _problem()
+    options = dict(jitter=JITTER, max_iter=3, n_warmup=4, damping=0.5, block_rows=80)
+    visits = []
+    sums_over_rows = ep.site_sums_over_rows
+    monkeypatch.setattr(ep, "site_sums_over_rows", lambda *a, **k: visits.append(1) or sums_over_rows(*a, **k))
+    fit = training.train(X, y, kernel, Z, **options)
+    # steps: 4 warm-up sweeps (the first forms the sums, the next three take them), then 3 steps on the
+    # hyper-parameters (the first takes the last warm-up's sums, the next two follow a step); the final pass
+    assert len(visits) == 1 + 2 + 1
+    monkeypatch.setattr(EPEngine, "_binary_batch_options",
+                        lambda self, stepping: {"nonnegative_sites": self.sites_nonnegative})
+    plain = training.train(X, y, kernel, Z, **options)
+    assert abs(fit.log_z - plain.log_z) <= 1e-9 * abs(plain.log_z)
+    np.testing.assert_allclose(to_np(fit.site_precision), to_np(plain.site_precision), rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(to_np(fit.Z), to_np(plain.Z), rtol=1e-9, atol=1e-12)
+
+
+def test_sums_are_formed_again_after_the_jitter_was_raised():
+    kernel, Z, X, y, _, _ = _problem()
+    engine = training.make_engine("ep", kernel, Z, n_total=X.shape[0], minibatch=False, jitter=JITTER)
+    summary, work = engine.evaluate(X, y, 0, X.shape[0], stepping=False)
+    engine.apply(work, 0, X.shape[0], stepping=False, scalars=np.asarray(summary))
+    assert engine._binary_batch_options(False)["site_sums"] is not None
+    engine.jitter = 10 * JITTER
+    assert engine._binary_batch_options(False)["site_sums"] is None
+
+
+def test_sites_given_with_a_negative_precision_take_the_general_sums():
+    kernel, Z, X, y, nu, mu = _problem()
+    zero = training.make_engine("ep", kernel, Z, n_total=X.shape[0], minibatch=False)
+    assert zero.sites_nonnegative
+    given = training.make_engine("ep", kernel, Z, n_total=X.shape[0], minibatch=False, site_precision=nu,
+                                 site_shift=mu)
+    assert given.sites_nonnegative
+    negative = training.make_engine("ep", kernel, Z, n_total=X.shape[0], minibatch=False, site_precision=nu - 1.0,
+                                    site_shift=mu)
+    assert not negative.sites_nonnegative
+    assert negative._binary_batch_options(True)["nonnegative_sites"] is False
+
+
+def test_new_site_precisions_are_never_negative(monkeypatch):
+    """A new site's precision gamma / (1 - v gamma) is positive for the probit; where round-off would leave
+    gamma below 0 (deep in a tail) the precision is 0, so the training loop's sites stay nonnegative
+    (``nonnegative_sites``). Here gamma is made negative for some rows on purpose."""
+    kernel, Z, X, y, nu, mu = _problem()
+    moments = ep.PROBIT.tilted_moments
+
+    def tail_roundoff(y, a, b):
+        log_z, alpha, gamma = moments(y, a, b)
+        return log_z, alpha, np.where(np.arange(gamma.shape[0]) % 7 == 0, -1e-12, gamma)
+
+    monkeypatch.setattr(ep.PROBIT, "tilted_moments", tail_roundoff)
+    out = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER)
+    new = to_np(out["site_precision"])
+    assert np.all(new >= 0.0) and np.all(new[::7] == 0.0)
+
+
+@pytest.mark.parametrize("kernel_cls", [RBF, Matern52])
+def test_kernel_blocks_of_many_pairs_match_the_definition(kernel_cls, xp_device):
+    """Blocks of at least 2^16 pairs come from one product of augmented inputs (``kernels._augmented_pair``):
+    checked against the covariance computed from the differences x - z themselves, far from the origin too."""
+    xp, device = xp_device
+    rng = np.random.default_rng(0)
+    for offset in (0.0, 1e4):
+        X_np, Z_np = rng.normal(size=(700, 3)) + offset, rng.normal(size=(100, 3)) + offset
+        lengthscales, amplitude = np.array([0.7, 1.1, 2.0]), 1.7
+        kernel = kernel_cls(lengthscales=list(lengthscales), amplitude=amplitude).for_inputs(to_xp(X_np, xp, device))
+        r2 = (((X_np[:, None, :] - Z_np[None, :, :]) / lengthscales) ** 2).sum(-1)
+        r = np.sqrt(r2)
+        expected = amplitude * (np.exp(-0.5 * r2) if kernel_cls is RBF
+                                else (1 + np.sqrt(5) * r + 5 * r2 / 3) * np.exp(-np.sqrt(5) * r))
+        for K in (kernel.K(to_xp(X_np, xp, device), to_xp(Z_np, xp, device)),
+                  kernel.K(to_xp(Z_np, xp, device), to_xp(X_np, xp, device)).mT):
+            np.testing.assert_allclose(to_np(K), expected, rtol=1e-10, atol=1e-14)
