@@ -57,9 +57,12 @@ def _assert_same(fused, reference, rtol=1e-11):
 # and 260 rows > 4 m), and narrow blocks (triangular solves and data_adjoint's form, 30 rows < 4 m)
 @pytest.mark.parametrize("block_rows", [None, 130, 30])
 @pytest.mark.parametrize("damping", [None, 0.5])
-def test_fused_sweep_equals_the_two_pass_computation(xp_device, block_rows, damping):
+@pytest.mark.parametrize("kept", [True, False])
+def test_fused_sweep_equals_the_two_pass_computation(xp_device, block_rows, damping, kept, monkeypatch):
+    """``kept``: the blocks' A and kernel blocks are kept between the two visits, or the sweep forms them again."""
     xp, device = xp_device
     kernel, Z, X, y, nu, mu = _problem(xp, device)
+    monkeypatch.setattr(ep, "CACHE_ELEMENTS", (2 if kept else 0) * X.shape[0] * Z.shape[0])
     reference = _two_pass(kernel, Z, X, y, nu, mu, block_rows=block_rows, damping=damping)
     for nonnegative in (False, True):  # the site precisions here are >= 0: both forms of the sums apply
         fused = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=block_rows, damping=damping,
@@ -104,11 +107,15 @@ def test_blocks_on_several_threads_give_the_one_thread_results(monkeypatch):
     with threadpool_limits(1):
         one = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=100, damping=0.5, checked=False,
                           nonnegative_sites=True)
-    seen = set()
+    seen, calls = set(), []
     block_pass = ep.batch_block_pass
+    together = threading.Barrier(3, timeout=60)  # the first three blocks must run at once
 
     def recording(*args, **kwargs):
         seen.add(threading.get_ident())
+        calls.append(1)
+        if len(calls) <= 3:
+            together.wait()
         return block_pass(*args, **kwargs)
 
     monkeypatch.setattr(ep, "batch_block_pass", recording)
