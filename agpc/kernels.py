@@ -397,7 +397,7 @@ class Stationary(Kernel):
         """Chain rule through r^2 for a block whose adjoint w.r.t. r^2 is ``scale`` G (shape (n, m)).
 
         Returns (gradient w.r.t. log lengthscales (d,), gradient w.r.t. X (n, d) or None when not
-        ``want_first``, w.r.t. Z (m, d)). r2_nm = sum_j (xs_nj - zs_mj)^2 with xs = x / l, so
+        ``want_first``, w.r.t. Z (m, d), the column sums of scale G (m,)). r2_nm = sum_j (xs_nj - zs_mj)^2 with xs = x / l, so
         d r2 / d log l_j = -2 (xs_nj - zs_mj)^2. G is read by products with the inputs augmented by their
         squares and a column of ones (G's row or column sums come with them): once, G^T [xs, xs^2, 1], when the
         gradient w.r.t. X is not wanted, else G^T [xs, 1] and G [zs, 1].
@@ -429,7 +429,7 @@ class Stationary(Kernel):
         inv_l = 1.0 / self.lengthscales
         dX = 2.0 * (Xs * row[:, None] - GZ) * inv_l if want_first else None
         dZ = 2.0 * (Zs * col[:, None] - GtX) * inv_l
-        return d_log_l, dX, dZ
+        return d_log_l, dX, dZ, col
 
     def _dK_dr2(self, K, Xs, Zs):
         """dK/d(r^2) for a block whose values K are known (subclasses may use K to skip the distances)."""
@@ -455,7 +455,7 @@ class Stationary(Kernel):
             r2 = self._r2(Zs, Zs)
             d_log_amp = d_log_amp + xp.sum(dKmm * (amp * self.kappa(r2)))
             G = dKmm * (amp * self.dkappa_dr2(r2))
-            g_l, g_first, g_second = self._distance_grads(G, Zs, Zs)
+            g_l, g_first, g_second, _ = self._distance_grads(G, Zs, Zs)
             d_log_l = d_log_l + g_l
             dZ = dZ + g_first + g_second
             if d_profile:
@@ -466,11 +466,16 @@ class Stationary(Kernel):
             if Knm is None:
                 Knm = amp * self.kappa(self._r2(Xs, Zs))
             weighted = dKnm * Knm
-            d_log_amp = d_log_amp + xp.sum(weighted)
             if self._dK_dr2_per_K is not None:  # G = c dKnm K: the chain rule through r^2 is linear in G
-                g_l, _, g_Z = self._distance_grads(weighted, Xs, Zs, scale=self._dK_dr2_per_K, want_first=False)
+                c = self._dK_dr2_per_K
+                g_l, _, g_Z, col = self._distance_grads(weighted, Xs, Zs, scale=c, want_first=False)
+                # the amplitude's gradient, the sum of dKnm K: from G's column sums for a large block (one pass
+                # over it fewer), directly for a small one (one operation fewer)
+                many = _augments(Xs, Zs)
+                d_log_amp = d_log_amp + (xp.sum(col) / c if many else xp.sum(weighted))
             else:
-                g_l, _, g_Z = self._distance_grads(dKnm * self._dK_dr2(Knm, Xs, Zs), Xs, Zs, want_first=False)
+                d_log_amp = d_log_amp + xp.sum(weighted)
+                g_l, _, g_Z, _ = self._distance_grads(dKnm * self._dK_dr2(Knm, Xs, Zs), Xs, Zs, want_first=False)
             d_log_l = d_log_l + g_l
             dZ = dZ + g_Z
             if d_profile:

@@ -251,3 +251,22 @@ def test_kernel_blocks_of_many_pairs_match_the_definition(kernel_cls, xp_device)
         for K in (kernel.K(to_xp(X_np, xp, device), to_xp(Z_np, xp, device)),
                   kernel.K(to_xp(Z_np, xp, device), to_xp(X_np, xp, device)).mT):
             np.testing.assert_allclose(to_np(K), expected, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("kernel_cls", [RBF, Matern52])
+def test_gradients_of_a_block_of_many_pairs_match_finite_differences(kernel_cls):
+    """The chain rule for blocks of at least 2^16 pairs (r^2's adjoint read by one product; RBF's amplitude
+    gradient from its column sums) against central differences of sum(dKnm * K(X, Z)) + sum(dKdiag * Kdiag)."""
+    from conftest import check_parameter_gradients
+    import array_api_compat.numpy as xp
+
+    rng = np.random.default_rng(1)
+    X, Z = rng.normal(size=(700, 3)), rng.normal(size=(100, 3))
+    dKnm, dKdiag = rng.normal(size=(700, 100)), rng.normal(size=700)
+    kernel = kernel_cls(lengthscales=[0.7, 1.1, 2.0], amplitude=1.7, noise=0.1).for_inputs(X)
+
+    def objective(k, ZZ):
+        return float(np.sum(dKnm * np.asarray(k.K(X, ZZ))) + np.sum(dKdiag * np.asarray(k.Kdiag(X))))
+
+    grads = kernel.grads(None, dKnm, dKdiag, X, Z)
+    check_parameter_gradients(kernel, grads, Z, objective, xp, None, rtol=1e-6, atol=1e-5)
