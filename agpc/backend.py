@@ -47,6 +47,7 @@ __all__ = [
     "capped_exp",
     "add_outer",
     "scaled_columns",
+    "matmul",
     "scratch",
     "shares_host_threads",
     "lower_triangular_inverse",
@@ -503,6 +504,13 @@ def _triangular_matmul(T, B, trans, out):
         else:  # rows lo:hi of T reach B's rows :hi
             np.matmul(T[lo:hi, :hi], B[:hi], out=out[lo:hi])
     return out
+
+
+def matmul(a, b, *, out=None):
+    """a @ b, on NumPy written into ``out`` when given (``scratch``); elsewhere a new array."""
+    if out is not None and _host_float(a, b, out):
+        return np.matmul(a, b, out=out)
+    return a @ b
 
 
 def scaled_columns(A, w, *, out=None):

@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from .backend import array_device, array_namespace, asarray_like, capped_exp, host_array, to_numpy
+from .backend import array_device, array_namespace, asarray_like, capped_exp, host_array, matmul, to_numpy
 from .priors import LogNormal, Prior, prior_from_spec
 
 __all__ = [
@@ -378,11 +378,21 @@ class Stationary(Kernel):
             z2 = xp.vecdot(Zc, Zc, axis=-1)
         return xp.maximum(x2[:, None] + z2[None, :] - 2.0 * gram, 0.0)
 
-    def K(self, X, Z=None):
-        """Cross-covariance K(X, Z) (no noise term), shape (n, m); ``Z=None`` means K(X, X) without noise."""
+    def K(self, X, Z=None, *, out=None):
+        """Cross-covariance K(X, Z) (no noise term), shape (n, m); ``Z=None`` means K(X, X) without noise.
+        ``out``: an array of that shape the result may be written into (``backend.scratch``; kernels that form
+        a block in one product use it, the others ignore it: callers use the return value)."""
         Xs = self._scaled(X)
         Zs = Xs if Z is None else self._scaled(Z)
+        if _augments(Xs, Zs):
+            block = self._large_block(Xs, Zs, out)
+            if block is not None:
+                return block
         return self.amplitude * self.kappa(self._r2(Xs, Zs))
+
+    def _large_block(self, Xs, Zs, out):
+        """K of a block of many pairs formed in fewer passes than kappa(r^2) takes (RBF), or None."""
+        return None
 
     def Kdiag(self, X):
         """Prior variances of f at the data points, amplitude + noise, shape (n,)."""
@@ -435,12 +445,13 @@ class Stationary(Kernel):
         """dK/d(r^2) for a block whose values K are known (subclasses may use K to skip the distances)."""
         return self.amplitude * self.dkappa_dr2(self._r2(Xs, Zs))
 
-    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None):
+    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None, *, overwrite=False):
         """Gradients of L from its adjoints w.r.t. K(Z, Z), K(X, Z) and Kdiag(X).
 
         Any adjoint may be ``None``. Returns a dict with one entry per parameter in ``self.params``
         (same shapes) and ``"Z"`` (m, d). The adjoints are read entry-wise: dL = sum_jk dKmm_jk dKmm_jk,
         so a non-symmetric dKmm is fine. ``Knm``, if the caller already has K(X, Z), saves recomputing it.
+        ``overwrite``: dKnm may be overwritten (a batch pass's block: no n x m temporary for dKnm K).
         """
         xp = array_namespace(Z)
         amp = self.amplitude
@@ -465,8 +476,12 @@ class Stationary(Kernel):
             Xs = self._scaled(X)
             if Knm is None:
                 Knm = amp * self.kappa(self._r2(Xs, Zs))
-            weighted = dKnm * Knm
             if self._dK_dr2_per_K is not None:  # G = c dKnm K: the chain rule through r^2 is linear in G
+                if overwrite:
+                    dKnm *= Knm
+                    weighted = dKnm
+                else:
+                    weighted = dKnm * Knm
                 c = self._dK_dr2_per_K
                 g_l, _, g_Z, col = self._distance_grads(weighted, Xs, Zs, scale=c, want_first=False)
                 # the amplitude's gradient, the sum of dKnm K: from G's column sums for a large block (one pass
@@ -474,7 +489,7 @@ class Stationary(Kernel):
                 many = _augments(Xs, Zs)
                 d_log_amp = d_log_amp + (xp.sum(col) / c if many else xp.sum(weighted))
             else:
-                d_log_amp = d_log_amp + xp.sum(weighted)
+                d_log_amp = d_log_amp + xp.sum(dKnm * Knm)
                 g_l, _, g_Z, _ = self._distance_grads(dKnm * self._dK_dr2(Knm, Xs, Zs), Xs, Zs, want_first=False)
             d_log_l = d_log_l + g_l
             dZ = dZ + g_Z
@@ -504,19 +519,15 @@ class RBF(Stationary):
     def _dK_dr2(self, K, Xs, Zs):
         return -0.5 * K  # no distances, no exponentials: the block's values suffice
 
-    def K(self, X, Z=None):
+    def _large_block(self, Xs, Zs, out):
         """K(X, Z) = exp(log amplitude - r^2 / 2), the exponent from one product (``_augmented_pair``), capped at
-        log amplitude (r^2 >= 0, as ``_r2`` cuts it): one n x m array (on NumPy; three elsewhere) where r^2, its
-        scaling, the exponential and the amplitude made eight. Small blocks and K(X, X): as ``Stationary.K``."""
-        Xs = self._scaled(X)
-        Zs = Xs if Z is None else self._scaled(Z)
-        if not _augments(Xs, Zs):
-            return self.amplitude * self.kappa(self._r2(Xs, Zs))
+        log amplitude (r^2 >= 0, as ``_r2`` cuts it): one n x m array (on NumPy, written into ``out`` when given;
+        three elsewhere) where r^2, its scaling, the exponential and the amplitude made eight."""
         xp = array_namespace(Xs, Zs)
         centre = xp.mean(Zs, axis=0)
         log_amplitude = self.params["log_amplitude"]
         left, right = _augmented_pair(Xs - centre, Zs - centre, 1.0, -0.5, log_amplitude, 0.0)
-        return capped_exp(left @ right.mT, log_amplitude)
+        return capped_exp(matmul(left, right.mT, out=out), log_amplitude)
 
 
 class Matern52(Stationary):
@@ -661,8 +672,8 @@ class Combination(Kernel):
     def _combine(self, values):
         raise NotImplementedError
 
-    def K(self, X, Z=None):
-        """The terms' K(X, Z) combined (no noise term)."""
+    def K(self, X, Z=None, *, out=None):
+        """The terms' K(X, Z) combined (no noise term); ``out`` is not used (``Stationary.K``)."""
         return self._combine([term.K(X, Z) for term in self.terms])
 
     def Kdiag(self, X):
@@ -673,8 +684,9 @@ class Combination(Kernel):
         """Per term, the adjoints of L w.r.t. that term's three matrices."""
         raise NotImplementedError
 
-    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None):
-        """The terms' gradients (chain rule through the combination), prefixed; the noise's from Kdiag."""
+    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None, *, overwrite=False):
+        """The terms' gradients (chain rule through the combination), prefixed; the noise's from Kdiag. (The terms
+        get adjoints of their own: ``overwrite`` changes nothing here.)"""
         xp = array_namespace(Z)
         out = {}
         dZ = None

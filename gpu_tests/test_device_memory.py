@@ -68,10 +68,10 @@ def test_running_out_of_device_memory_names_the_block_rows(gpu, monkeypatch):
     rows = ep.default_block_rows(Z)
     original = kernels.Stationary.K
 
-    def K(self, A, B_=None):
-        if B_ is not None and A.shape[0] > rows // 2:
+    def K(self, A, B_=None, **options):
+        if B_ is not None and max(A.shape[0], B_.shape[0]) > rows // 2:  # (batch passes ask for K(Z, X))
             raise OutOfMemoryError("out of memory to allocate (mocked)")
-        return original(self, A, B_)
+        return original(self, A, B_, **options)
 
     monkeypatch.setattr(kernels.Stationary, "K", K)
     with pytest.raises(B.BlockMemoryError, match=f"ep training step ran out of memory with row blocks of {rows} rows"

@@ -103,9 +103,9 @@ def test_blocks_on_several_threads_give_the_one_thread_results(monkeypatch):
     """With a BLAS scope of several threads the blocks run on that many Python threads (each BLAS call on one);
     the block results, and their sums in order, are the one-thread ones to round-off (the triangular products
     are then matmuls, which release the interpreter lock)."""
-    kernel, Z, X, y, nu, mu = _problem(n=900)
-    with threadpool_limits(1):
-        one = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=100, damping=0.5, checked=False,
+    kernel, Z, X, y, nu, mu = _problem(n=1800)
+    with threadpool_limits(1):  # blocks of 200 rows, the rows 600-row blocks would have on three threads
+        one = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=200, damping=0.5, checked=False,
                           nonnegative_sites=True)
     seen, calls = set(), []
     block_pass = ep.batch_block_pass
@@ -120,9 +120,13 @@ def test_blocks_on_several_threads_give_the_one_thread_results(monkeypatch):
 
     monkeypatch.setattr(ep, "batch_block_pass", recording)
     monkeypatch.setattr(threads, "pass_workers", lambda: 3)
-    many = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=100, damping=0.5, checked=False,
+    products = []
+    multiply = ep.triangular_multiply
+    monkeypatch.setattr(ep, "triangular_multiply", lambda *a, **k: products.append(k["concurrent"]) or multiply(*a, **k))
+    many = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=600, damping=0.5, checked=False,
                        nonnegative_sites=True)
     assert len(seen) == 3 and threading.get_ident() not in seen
+    assert len(calls) == 9 and products and all(products)  # wide blocks: the lock-free triangular products
     _assert_same(many, one, rtol=1e-12)
 
 
@@ -154,6 +158,7 @@ def test_pass_threads_follow_the_blas_scope():
         assert ep.block_workers(array_api_strict.asarray(Z), 10) == 1
         rows, workers = ep.pass_layout(Z, 10**6)
         assert workers == 2 and rows == -(-ep.default_block_rows(Z, 10**6) // 2)
+        assert ep.pass_layout(Z, 10**6, 5000) == (2500, 2)  # the rows of a given block too
 
 
 @pytest.mark.parametrize("block_rows", [None, 60])

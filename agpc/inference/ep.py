@@ -532,19 +532,21 @@ def whitened_columns(kernel, X, Z, L_K, L_K_inv=None, *, keep_kernel=True):
 
 
 def site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, keep_projection, *,
-                        nonnegative=False):
+                        nonnegative=False, workers=None):
     """S = A diag(nu) A^T and c~ = A mu over all rows (the reduction); with ``keep_projection`` and
     while they fit the cache budget, also every block's (A, K(Z, X)) (both m x b) for ``batch_sweep`` to reuse.
     (Keeping A alone, the sweep forming K(Z, X) again, did not pay: at n = 10^5, m = 500 the kept arrays' fresh
     pages cost more than A's product saved.) ``nonnegative``: every site precision is known to be >= 0
-    (``whitened_site_sums``). Blocks run on the threads of ``pass_layout``; their sums are added in order."""
-    block_rows, workers = pass_layout(Z, X.shape[0], block_rows)
+    (``whitened_site_sums``). Blocks run on the threads of ``pass_layout`` (``workers`` given: ``block_rows`` is
+    already the layout's); their sums are added in order."""
+    if workers is None:
+        block_rows, workers = pass_layout(Z, X.shape[0], block_rows)
     keep = keep_projection and projections_fit(X.shape[0], Z)
     L_K_inv = lower_triangular_inverse(L_K) if _uses_inverse(L_K, n_columns=min(X.shape[0], block_rows)) else None
     scratch_arrays = BlockScratch(workers > 1)
 
     def block_sums(lo, hi, X_block):
-        Kmn = kernel.K(Z, X_block)
+        Kmn = kernel.K(Z, X_block, out=None if keep else scratch_arrays("K", (Z.shape[0], X_block.shape[0]), Z))
         if keep:
             A = left_solve(L_K, Kmn, L_inv=L_K_inv, concurrent=workers > 1)
         else:  # A in the kernel block's memory, or (threads) in the thread's own
@@ -670,12 +672,10 @@ def block_workers(like, block_count):
 
 
 def pass_layout(like, n, block_rows=None):
-    """(rows a block, Python threads) for a batch pass over n rows: ``block_rows`` as given, or the default block
-    (``default_block_rows``) shared among the threads, so that the blocks in flight at once hold about one
-    default block's temporaries."""
-    if block_rows:
-        return int(block_rows), block_workers(like, -(-n // int(block_rows)))
-    rows = default_block_rows(like, n)
+    """(rows a block, Python threads) for a batch pass over n rows: ``block_rows`` (default ``default_block_rows``)
+    shared among the threads, so that the blocks in flight at once hold about one such block's temporaries, as
+    ``block_rows`` means on one thread."""
+    rows = int(block_rows) if block_rows else default_block_rows(like, n)
     workers = block_workers(like, -(-n // rows))
     return (rows if workers == 1 else max(1, -(-rows // workers))), workers
 
@@ -747,7 +747,7 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     explicit = _uses_inverse(post.L_K, n_columns=X.shape[0]) if explicit is None else explicit
     L_K_inv, L_C_inv = (post.L_K_inv, post.L_C_inv) if explicit else (None, None)
     if A is None:  # A in the thread's array (the kernel block stays for the gradient), or in the kernel block's
-        Kmn = kernel.K(Z, X)
+        Kmn = kernel.K(Z, X, out=work("K", (Z.shape[0], X.shape[0]), Z))
         A = left_solve(post.L_K, Kmn, L_inv=L_K_inv, overwrite=True, concurrent=many,
                        out=work("A", Kmn.shape, Kmn) if (want_grad or many) else None)
     shape = A.shape
@@ -785,7 +785,7 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
         dKmn = left_solve(post.L_K, R, trans=True, L_inv=L_K_inv, overwrite=True, concurrent=many,
                           out=work("Q", shape, R) if many else None)
         dKmn = add_outer(dKmn, post.beta, alpha, concurrent=many, out=work("H", shape, A))
-        grads = kernel.grads(None, dKmn.mT, -0.5 * kappa, X, Z, Knm=Kmn.mT)
+        grads = kernel.grads(None, dKmn.mT, -0.5 * kappa, X, Z, Knm=Kmn.mT, overwrite=True)
     sums = whitened_site_sums(A, new_nu, new_mu, nonnegative=nonnegative) if want_sums else None
     return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads, sums)
 
@@ -799,14 +799,15 @@ def data_kmm_adjoint(post, inner, A_alpha):
 
 
 def batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, *, want_grad, block_rows, projections=None,
-                want_sites=True, damping=None, want_sums=False, nonnegative=False):
+                want_sites=True, damping=None, want_sums=False, nonnegative=False, workers=None):
     """Batch EP's sweep: ``batch_block_pass`` over all rows (``sweep_rows``: damping, the per-row outputs and
     the reductions; the blocks on the threads of ``pass_layout``), then the gradient's m x m part
     (``data_kmm_adjoint``). ``projections``: the blocks' kept (A, K(Z, X)) from ``site_sums_over_rows`` (with
     the same ``block_rows``), or None to compute them. Returns ``sweep_rows``' dict, with ``dKmm_data`` the
     data part of the adjoint of Kmm and, with ``want_sums``, ``sums`` the whitened sums of the undamped new
-    sites. ``nonnegative``: as ``batch_block_pass`` takes it."""
-    block_rows, workers = pass_layout(Z, X.shape[0], block_rows)
+    sites. ``nonnegative``: as ``batch_block_pass`` takes it. ``workers``: as ``site_sums_over_rows`` takes it."""
+    if workers is None:
+        block_rows, workers = pass_layout(Z, X.shape[0], block_rows)
     work = BlockScratch(workers > 1)
     explicit = _uses_inverse(post.L_K, n_columns=min(X.shape[0], block_rows))
     if explicit:  # what the blocks share, formed once, before any thread needs it (cached on first use)
@@ -855,18 +856,18 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     the per-row-block sweep (``batch_sweep``) and the driver's ``finish_evaluate`` -- are what the distributed
     engine runs, the two per-row stages once per chunk of rows on the workers.
     """
-    block_rows, _ = pass_layout(Z, X.shape[0], block_rows)  # once: the sweep reuses the sums' projections
+    block_rows, workers = pass_layout(Z, X.shape[0], block_rows)  # once: the sweep reuses the sums' projections
     L_K = prior_cholesky(kernel, Z, jitter, checked=checked)
     kept = None
     if site_sums is None:
         S, c_tilde, kept = site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, True,
-                                               nonnegative=nonnegative_sites)
+                                               nonnegative=nonnegative_sites, workers=workers)
     else:
         S, c_tilde = site_sums
     post = posterior_from_sums(L_K, S, c_tilde, checked=checked)
     sweep = batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad,
                         block_rows=block_rows, projections=kept, want_sites=want_sites, damping=damping,
-                        want_sums=want_next_sums, nonnegative=nonnegative_sites)
+                        want_sums=want_next_sums, nonnegative=nonnegative_sites, workers=workers)
     out = finish_evaluate(kernel, Z, post, sweep, want_grad)
     if want_next_sums:
         out["site_sums"] = next_site_sums(sweep["sums"], (S, c_tilde), damping)
