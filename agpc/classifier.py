@@ -110,7 +110,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         on the benchmark data sets, ``tests/test_float32.py``).
     block_rows : int or None, default=None
         Rows per block of the passes over all rows (batch EP, GFITC, multiclass, the variational methods, the
-        final pass, prediction): their n x m temporaries are a block's. ``None``: about 16 MB per n x m
+        final pass, prediction): their n x m temporaries are a block's (a batch EP pass on several threads
+        shares a block's rows among them). ``None``: about 16 MB per n x m
         temporary, and on a GPU no more than fit in half of the device's free memory at the pass's bytes per
         row (``agpc.inference.ep.default_block_rows``). Lower it when a fit or a prediction stops with
         ``agpc.backend.BlockMemoryError`` (a MemoryError naming the block rows it ran out of memory with). On a

@@ -407,10 +407,10 @@ class Stationary(Kernel):
         """Chain rule through r^2 for a block whose adjoint w.r.t. r^2 is ``scale`` G (shape (n, m)).
 
         Returns (gradient w.r.t. log lengthscales (d,), gradient w.r.t. X (n, d) or None when not
-        ``want_first``, w.r.t. Z (m, d), the column sums of scale G (m,)). r2_nm = sum_j (xs_nj - zs_mj)^2 with xs = x / l, so
-        d r2 / d log l_j = -2 (xs_nj - zs_mj)^2. G is read by products with the inputs augmented by their
-        squares and a column of ones (G's row or column sums come with them): once, G^T [xs, xs^2, 1], when the
-        gradient w.r.t. X is not wanted, else G^T [xs, 1] and G [zs, 1].
+        ``want_first``, w.r.t. Z (m, d), the column sums of scale G (m,)). r2_nm = sum_j (xs_nj - zs_mj)^2 with
+        xs = x / l, so d r2 / d log l_j = -2 (xs_nj - zs_mj)^2. G is read by products with the inputs augmented
+        by their squares and a column of ones (G's row or column sums come with them): once, G^T [xs, xs^2, 1],
+        when the gradient w.r.t. X is not wanted, else G^T [xs, 1] and G [zs, 1].
         """
         xp = array_namespace(G, Xs, Zs)
         # Every term is a function of xs_n - zs_m: centring both on the mean of Zs changes nothing but the

@@ -122,7 +122,8 @@ def test_blocks_on_several_threads_give_the_one_thread_results(monkeypatch):
     monkeypatch.setattr(threads, "pass_workers", lambda: 3)
     products = []
     multiply = ep.triangular_multiply
-    monkeypatch.setattr(ep, "triangular_multiply", lambda *a, **k: products.append(k["concurrent"]) or multiply(*a, **k))
+    monkeypatch.setattr(ep, "triangular_multiply",
+                        lambda *a, **k: products.append(k["concurrent"]) or multiply(*a, **k))
     many = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=600, damping=0.5, checked=False,
                        nonnegative_sites=True)
     assert len(seen) == 3 and threading.get_ident() not in seen

@@ -67,7 +67,6 @@ __all__ = [
     "batch_block_pass",
     "batch_sweep",
     "data_kmm_adjoint",
-    "whitened_columns",
     "next_site_sums",
     "pass_layout",
     "map_blocks",
@@ -523,14 +522,6 @@ def row_dot(A, B):
     return array_namespace(A, B).linalg.vecdot(A, B, axis=-1)
 
 
-def whitened_columns(kernel, X, Z, L_K, L_K_inv=None, *, keep_kernel=True):
-    """A = L_K^-1 K(Z, X) (m x b, column i is L_K^-1 k_i) and K(Z, X) for a block of rows, both held as columns
-    (``left_solve``: a triangular product with ``L_K_inv`` for many rows). ``keep_kernel=False``: A is
-    computed in the kernel block's memory and K(Z, X) is not returned (None)."""
-    Kmn = kernel.K(Z, X)
-    return left_solve(L_K, Kmn, L_inv=L_K_inv, overwrite=not keep_kernel), (Kmn if keep_kernel else None)
-
-
 def site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, keep_projection, *,
                         nonnegative=False, workers=None):
     """S = A diag(nu) A^T and c~ = A mu over all rows (the reduction); with ``keep_projection`` and
@@ -810,10 +801,10 @@ def batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, *, want_grad,
         block_rows, workers = pass_layout(Z, X.shape[0], block_rows)
     work = BlockScratch(workers > 1)
     explicit = _uses_inverse(post.L_K, n_columns=min(X.shape[0], block_rows))
-    if explicit:  # what the blocks share, formed once, before any thread needs it (cached on first use)
-        post.L_K_inv, post.L_C_inv  # noqa: B018
+    if explicit:  # what the blocks share, formed here once, before any thread needs it (q caches it on first use)
+        post.L_K_inv, post.L_C_inv
     if want_grad:
-        post.beta  # noqa: B018
+        post.beta
 
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         A, Kmn = projections[index] if projections else (None, None)
