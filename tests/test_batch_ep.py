@@ -191,7 +191,11 @@ def test_training_reuses_the_sums_only_while_the_hyperparameters_stay(monkeypatc
     fit = training.train(X, y, kernel, Z, **options)
     # steps: 4 warm-up sweeps (the first forms the sums, the next three take them), then 3 steps on the
     # hyper-parameters (the first takes the last warm-up's sums, the next two follow a step); the final pass
+    # (after a step)
     assert len(visits) == 1 + 2 + 1
+    visits.clear()
+    fixed = training.train(X, y, kernel, Z, **dict(options, optimize=()))  # nothing to learn: every pass
+    assert fixed.n_iter == 3 and len(visits) == 1  # after the first takes the sums the one before it left
     monkeypatch.setattr(EPEngine, "_binary_batch_options",
                         lambda self, stepping: {"nonnegative_sites": self.sites_nonnegative})
     plain = training.train(X, y, kernel, Z, **options)

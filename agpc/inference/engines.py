@@ -399,8 +399,10 @@ class EPEngine(_Engine):
         s = self.state
         kernel, Z = s["kernel"], s["Z"]
         if self.per_row_sites and X is not None and (want_log_z or not self.minibatch):
+            # batch mode: the sums of the sites when the last pass left them at this kernel and Z (one visit)
+            options = {} if self.minibatch else self._binary_batch_options(stepping=True)
             final = self.passes.evaluate(kernel, Z, X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
-                                         block_rows=self.block_rows, want_sites=False)
+                                         block_rows=self.block_rows, want_sites=False, **options)
             return final["posterior"], float(final["log_z"]) if want_log_z else None
         post = self.passes.posterior_from_factor(kernel, Z, s["factor"], jitter=self.jitter)
         if want_log_z and X is not None and not self.minibatch:
