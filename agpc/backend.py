@@ -11,6 +11,7 @@ conforming library.
 from __future__ import annotations
 
 import contextvars
+import ctypes
 import importlib
 import math
 import types
@@ -19,6 +20,8 @@ from contextlib import contextmanager
 
 import numpy as np
 import scipy.linalg
+import scipy.linalg.blas
+import scipy.linalg.cython_blas
 import scipy.special
 from array_api_compat import (
     array_namespace,
@@ -455,20 +458,45 @@ def scratch(shape, like):
     return None
 
 
-def triangular_multiply(T, B, *, trans=False, overwrite=False, out=None, concurrent=False):
+# SciPy's cython_blas (its BLAS for Cython code: Fortran interface, every argument by address) called through ctypes,
+# which releases the interpreter lock for the call: SciPy's Python wrappers (scipy.linalg.blas) hold it, so that one
+# thread's trmm would stall every other thread of a pass. The routine's address comes from the module's table of
+# C functions (``__pyx_capi__``), as Numba finds SciPy's LAPACK.
+_CYTHON_BLAS = {}
+
+
+def _cython_blas(name):
+    """The ctypes function of cython_blas routine ``name`` (its arguments: addresses), or None when unavailable."""
+    if name not in _CYTHON_BLAS:
+        try:
+            capsule = scipy.linalg.cython_blas.__pyx_capi__[name]
+            get_name = ctypes.pythonapi.PyCapsule_GetName
+            get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+            get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+            get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+            address = get_pointer(capsule, get_name(capsule))
+            arguments = {"trmm": 11, "ger": 9}[name[1:]]
+            _CYTHON_BLAS[name] = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * arguments))(address)
+        except (AttributeError, KeyError, ValueError, TypeError):
+            _CYTHON_BLAS[name] = None
+    return _CYTHON_BLAS[name]
+
+
+def _addresses(*values, kind):
+    """ctypes addresses of Fortran scalar arguments (kept alive by the returned objects)."""
+    holders = [(ctypes.c_int if kind == "int" else kind)(v) for v in values]
+    return holders, [ctypes.addressof(h) for h in holders]
+
+
+def triangular_multiply(T, B, *, trans=False, overwrite=False, out=None):
     """op(T) @ B for a lower-triangular T (m, m) and B (m, k); ``op`` is the transpose when ``trans``.
 
-    On NumPy a BLAS trmm: half the flops of a product with a full matrix, and for the tall-and-wide B of a
-    block of rows (k >> m) faster than gemm. ``overwrite``: B may be overwritten with the result (done in
-    place on NumPy when B is C-contiguous). ``out`` (from ``scratch``): where to write the result on NumPy.
-    Callers use the return value either way. ``concurrent``: other Python threads do array work beside this
-    call (a pass spread over threads): SciPy's trmm holds the interpreter lock while it runs, which would
-    stall them, so NumPy's matmul (which releases it) is used, on T's nonzero bands (``_triangular_matmul``);
-    ``out`` must then not be B."""
+    On NumPy a BLAS trmm in place (half the flops of a product with a full matrix, and for the tall-and-wide B
+    of a block of rows faster than gemm), through ``_cython_blas`` (the interpreter lock released: other threads
+    of a pass run meanwhile). ``overwrite``: B may be overwritten with the result (done in place when B is
+    C-contiguous); ``out`` (from ``scratch``): where to write the result. Callers use the return value."""
     xp = array_namespace(T, B)
     if is_numpy_namespace(xp) and B.ndim == 2 and _host_float(T, B):
-        if concurrent:
-            return _triangular_matmul(T, B, trans, out)
         if out is not None:
             np.copyto(out, B)
             target = out
@@ -476,34 +504,24 @@ def triangular_multiply(T, B, *, trans=False, overwrite=False, out=None, concurr
             target = B
         else:
             target = np.array(B, order="C")
-        trmm = scipy.linalg.blas.get_blas_funcs("trmm", (T, target))
-        # target.T is Fortran-ordered (k, m): target.T := target.T op(T)^T, i.e. target := op(T) target. T.T is
-        # Fortran-ordered too (upper triangular), so BLAS takes it without a copy.
-        trmm(1.0, T.T, target.T, side=1, lower=0, trans_a=1 if trans else 0, overwrite_b=1)
+        # target (C-ordered, m x k) is target^T in Fortran order (k x m): target^T := target^T op(T)^T. A C-ordered T
+        # is T^T (upper triangular) to Fortran, a Fortran-ordered one T itself (lower).
+        if not (T.flags.c_contiguous or T.flags.f_contiguous):
+            T = np.ascontiguousarray(T)
+        upper = T.flags.c_contiguous
+        routine = _cython_blas("strmm" if T.dtype == np.float32 else "dtrmm")
+        if routine is None:
+            trmm = scipy.linalg.blas.get_blas_funcs("trmm", (T, target))
+            trmm(1.0, T.T if upper else T, target.T, side=1, lower=0 if upper else 1,
+                 trans_a=int(trans == upper), overwrite_b=1)
+            return target
+        m, k = target.shape
+        ints, (rows, cols, lda, ldb) = _addresses(k, m, m, k, kind="int")
+        one, (alpha,) = _addresses(1.0, kind=np.ctypeslib.as_ctypes_type(T.dtype))
+        routine(b"R", b"U" if upper else b"L", b"N" if trans != upper else b"T", b"N", rows, cols, alpha,
+                T.ctypes.data, lda, target.ctypes.data, ldb)
         return target
     return (T.mT if trans else T) @ B
-
-
-# ``_triangular_matmul``: bands of about this many rows of T (2 to 8 bands)
-_TRIANGULAR_BAND_ROWS = 64
-
-
-def _triangular_matmul(T, B, trans, out):
-    """op(T) @ B by NumPy's matmul, which releases the interpreter lock, skipping most of T's zero triangle: T's
-    rows in k bands, band j multiplying only the rows of B its nonzero columns reach. (k + 1) / (2k) of the full
-    product's flops (k = 3: 0.67), at matmul's speed: measured on one thread at m = 200 and 500, 1.3 and 1.2 times a
-    symmetric product of B's shape, against 1.6-1.7 for the full matmul and 1.0 for trmm."""
-    m = T.shape[0]
-    if out is None:
-        out = np.empty((m,) + B.shape[1:], dtype=B.dtype)
-    bands = max(1, min(8, m // _TRIANGULAR_BAND_ROWS))
-    edges = [m * j // bands for j in range(bands + 1)]
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        if trans:  # rows lo:hi of T^T (upper triangular) reach B's rows lo:
-            np.matmul(T[lo:, lo:hi].T, B[lo:], out=out[lo:hi])
-        else:  # rows lo:hi of T reach B's rows :hi
-            np.matmul(T[lo:hi, :hi], B[:hi], out=out[lo:hi])
-    return out
 
 
 def matmul(a, b, *, out=None):
@@ -530,18 +548,23 @@ def capped_exp(E, cap):
     return xp.exp(xp.minimum(E, cap))
 
 
-def add_outer(M, u, v, *, concurrent=False, out=None):
+def add_outer(M, u, v):
     """M + u v^T for M (k, l), u (k,), v (l,). On NumPy in M's memory (M is overwritten; callers use the
-    return value): a BLAS rank-one update, or with ``concurrent`` (see ``triangular_multiply``) NumPy's outer
-    product written into ``out`` (from ``scratch``, not M) and added. Elsewhere a new array."""
+    return value): a BLAS rank-one update (through ``_cython_blas``: the interpreter lock released). Elsewhere a
+    new array."""
     xp = array_namespace(M, u, v)
     if (is_numpy_namespace(xp) and M.ndim == 2 and M.flags.c_contiguous and M.flags.writeable
             and _host_float(M, u, v)):
-        if concurrent:
-            M += np.multiply.outer(u, v, out=out)
+        u, v = np.ascontiguousarray(u), np.ascontiguousarray(v)
+        routine = _cython_blas("sger" if M.dtype == np.float32 else "dger")
+        if routine is None:
+            ger = scipy.linalg.blas.get_blas_funcs("ger", (M,))
+            ger(1.0, v, u, a=M.T, overwrite_a=1)  # M.T (Fortran-ordered) += v u^T
             return M
-        ger = scipy.linalg.blas.get_blas_funcs("ger", (M,))
-        ger(1.0, v, u, a=M.T, overwrite_a=1)  # M.T (Fortran-ordered) += v u^T
+        k, l = M.shape
+        ints, (rows, cols, step, ld) = _addresses(l, k, 1, l, kind="int")
+        one, (alpha,) = _addresses(1.0, kind=np.ctypeslib.as_ctypes_type(M.dtype))
+        routine(rows, cols, alpha, v.ctypes.data, step, u.ctypes.data, step, M.ctypes.data, ld)
         return M
     return M + u[:, None] * v[None, :]
 

@@ -101,8 +101,7 @@ def test_a_negative_site_precision_is_summed_as_negative():
 
 def test_blocks_on_several_threads_give_the_one_thread_results(monkeypatch):
     """With a BLAS scope of several threads the blocks run on that many Python threads (each BLAS call on one);
-    the block results, and their sums in order, are the one-thread ones to round-off (the triangular products
-    are then matmuls, which release the interpreter lock)."""
+    the block results, and their sums in order, are the one-thread ones."""
     kernel, Z, X, y, nu, mu = _problem(n=1800)
     with threadpool_limits(1):  # blocks of 200 rows, the rows 600-row blocks would have on three threads
         one = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=200, damping=0.5, checked=False,
@@ -120,15 +119,15 @@ def test_blocks_on_several_threads_give_the_one_thread_results(monkeypatch):
 
     monkeypatch.setattr(ep, "batch_block_pass", recording)
     monkeypatch.setattr(threads, "pass_workers", lambda: 3)
-    products = []
-    multiply = ep.triangular_multiply
-    monkeypatch.setattr(ep, "triangular_multiply",
-                        lambda *a, **k: products.append(k["concurrent"]) or multiply(*a, **k))
     many = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=600, damping=0.5, checked=False,
                        nonnegative_sites=True)
     assert len(seen) == 3 and threading.get_ident() not in seen
-    assert len(calls) == 9 and products and all(products)  # wide blocks: the lock-free triangular products
-    _assert_same(many, one, rtol=1e-12)
+    assert len(calls) == 9  # wide blocks of 200 rows: the explicit products
+    assert float(many["log_z"]) == float(one["log_z"])
+    for key in ("site_precision", "site_shift", "site_change"):
+        np.testing.assert_array_equal(many[key], one[key])
+    for name in one["grads"]:
+        np.testing.assert_array_equal(many["grads"][name], one["grads"][name])
 
 
 def test_an_error_in_a_block_on_a_thread_reaches_the_caller(monkeypatch):
@@ -280,3 +279,31 @@ def test_gradients_of_a_block_of_many_pairs_match_finite_differences(kernel_cls)
 
     grads = kernel.grads(None, dKnm, dKdiag, X, Z)
     check_parameter_gradients(kernel, grads, Z, objective, xp, None, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("through", ["cython_blas", "scipy.linalg.blas"])
+def test_triangular_products_and_rank_one_updates_in_place(dtype, through, monkeypatch):
+    """backend.triangular_multiply and add_outer against plain products, for C- and Fortran-ordered triangles,
+    in place, into a scratch array, and through SciPy's Python BLAS when cython_blas is not there."""
+    from agpc import backend
+
+    if through == "scipy.linalg.blas":
+        monkeypatch.setattr(backend, "_CYTHON_BLAS", {name: None for name in ("strmm", "dtrmm", "sger", "dger")})
+    rng = np.random.default_rng(2)
+    T = np.tril(rng.normal(size=(40, 40))).astype(dtype)
+    B = rng.normal(size=(40, 130)).astype(dtype)
+    tolerance = 1e-12 if dtype == np.float64 else 1e-4
+    for triangle in (T, np.asfortranarray(T)):
+        for trans in (False, True):
+            expected = (triangle.T if trans else triangle).astype(np.float64) @ B.astype(np.float64)
+            for options in ({}, {"overwrite": True}, {"out": backend.scratch(B.shape, B)}):
+                given = B.copy()
+                result = backend.triangular_multiply(triangle, given, trans=trans, **options)
+                np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)
+                assert (result is given) == bool(options.get("overwrite")) and result.dtype == dtype
+    u, v = rng.normal(size=40).astype(dtype), rng.normal(size=130).astype(dtype)
+    M = B.copy()
+    result = backend.add_outer(M, u, v)
+    assert result is M
+    np.testing.assert_allclose(result, B.astype(np.float64) + np.outer(u, v), rtol=tolerance, atol=tolerance)

@@ -163,13 +163,13 @@ def _uses_inverse(L, B=None, *, n_columns=None):
     return n_columns > _SOLVE_MAX_COLUMNS_PER_M * L.shape[0]
 
 
-def left_solve(L, B, *, trans=False, L_inv=None, overwrite=False, out=None, concurrent=False):
+def left_solve(L, B, *, trans=False, L_inv=None, overwrite=False, out=None):
     """L^-1 B (``trans``: L^-T B) for lower-triangular L: a triangular solve, or, for many right-hand sides,
-    a triangular product with L's explicit inverse (``L_inv`` when given, else formed here). ``overwrite``, ``out``
-    and ``concurrent`` as ``backend.triangular_multiply`` takes them (the caller uses the return value)."""
+    a triangular product with L's explicit inverse (``L_inv`` when given, else formed here). ``overwrite`` and
+    ``out`` as ``backend.triangular_multiply`` takes them (the caller uses the return value)."""
     if _uses_inverse(L, B):
         inv = lower_triangular_inverse(L) if L_inv is None else L_inv
-        return triangular_multiply(inv, B, trans=trans, overwrite=overwrite, out=out, concurrent=concurrent)
+        return triangular_multiply(inv, B, trans=trans, overwrite=overwrite, out=out)
     return solve_triangular(L, B, lower=True, trans=trans)
 
 
@@ -534,15 +534,11 @@ def site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_row
         block_rows, workers = pass_layout(Z, X.shape[0], block_rows)
     keep = keep_projection and projections_fit(X.shape[0], Z)
     L_K_inv = lower_triangular_inverse(L_K) if _uses_inverse(L_K, n_columns=min(X.shape[0], block_rows)) else None
-    scratch_arrays = BlockScratch(workers > 1)
+    scratch_arrays = BlockScratch()
 
     def block_sums(lo, hi, X_block):
         Kmn = kernel.K(Z, X_block, out=None if keep else scratch_arrays("K", (Z.shape[0], X_block.shape[0]), Z))
-        if keep:
-            A = left_solve(L_K, Kmn, L_inv=L_K_inv, concurrent=workers > 1)
-        else:  # A in the kernel block's memory, or (threads) in the thread's own
-            A = left_solve(L_K, Kmn, L_inv=L_K_inv, overwrite=True, concurrent=workers > 1,
-                           out=scratch_arrays("A", Kmn.shape, Kmn) if workers > 1 else None)
+        A = left_solve(L_K, Kmn, L_inv=L_K_inv, overwrite=not keep)  # (not kept: in the kernel block's memory)
         S_b, c_b = whitened_site_sums(A, site_precision[lo:hi], site_shift[lo:hi], nonnegative=nonnegative,
                                       overwrite=not keep, out=scratch_arrays("W", A.shape, A) if keep else None)
         return S_b, c_b, ((A, Kmn) if keep else None)
@@ -628,7 +624,7 @@ def sweep_rows(X, y, site_precision, site_shift, block_step, *, block_rows, like
 
 
 def map_blocks(function, arguments, workers):
-    """(arguments, function(*arguments)) for each tuple of ``arguments`` (an iterable: the blocks of a pass), in
+    """``(arguments, function(*arguments))`` for each tuple of ``arguments`` (an iterable: the blocks of a pass), in
     order. With ``workers`` > 1, that many calls run at once in Python threads, each BLAS call on one thread
     (``threads.one_blas_thread``), the next block read while they run; only NumPy arrays are spread so
     (``pass_workers``). The per-block results, and so every sum over blocks taken in order, are those of
@@ -674,10 +670,9 @@ def pass_layout(like, n, block_rows=None):
 class BlockScratch(threading.local):
     """A thread's n x m arrays for the blocks of a batch pass (``backend.scratch``: NumPy; none elsewhere), reused
     block after block: a fresh n x m temporary costs its page faults, about as much as a pass over it. One set a
-    thread; ``concurrent``: the pass runs on several threads (``backend.triangular_multiply``)."""
+    thread."""
 
-    def __init__(self, concurrent=False):
-        self.concurrent = concurrent
+    def __init__(self):
         self.arrays = {}
 
     def __call__(self, name, shape, like):
@@ -716,8 +711,10 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     17-23), the log Z_q terms (eq. 26) and the data part of the gradient (eq. 4, ``data_adjoint``).
 
     The gradient in factored form: with R = L_C^-T Q diag(coef_g) + A diag(kappa) the adjoint of K(Z, X) is
-    dKmn = L_K^-T R + beta alpha^T (``data_adjoint``), and with R' = R - A diag(kappa) / 2
+    dKmn = L_K^-T R + beta alpha^T (``data_adjoint``), and with R' = R - A diag(kappa) / 2::
+
         dKmm_data = -U^T (dKnm + diag(dKdiag) U) = -L_K^-T [A R'^T + (A alpha) w^T] L_K^-1,
+
     w = L_C^-T h (``Posterior.whitened_mean``): per block only the m x m product A R'^T and the m-vector
     A alpha, added over blocks; the two triangular products with L_K^-1 come once, after the sum
     (``data_kmm_adjoint``). So ``dKmm_data`` here is the pair (A R'^T, A alpha). That is for the wide blocks of a
@@ -734,15 +731,14 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     (Q and R are updated in place) and only the kernel block and the gradient's product with it are new."""
     xp = array_namespace(Z)
     work = BlockScratch() if work is None else work
-    many = work.concurrent  # (other threads run blocks beside this one: products that release the lock)
     explicit = _uses_inverse(post.L_K, n_columns=X.shape[0]) if explicit is None else explicit
     L_K_inv, L_C_inv = (post.L_K_inv, post.L_C_inv) if explicit else (None, None)
     if A is None:  # A in the thread's array (the kernel block stays for the gradient), or in the kernel block's
         Kmn = kernel.K(Z, X, out=work("K", (Z.shape[0], X.shape[0]), Z))
-        A = left_solve(post.L_K, Kmn, L_inv=L_K_inv, overwrite=True, concurrent=many,
-                       out=work("A", Kmn.shape, Kmn) if (want_grad or many) else None)
+        A = left_solve(post.L_K, Kmn, L_inv=L_K_inv, overwrite=True,
+                       out=work("A", Kmn.shape, Kmn) if want_grad else None)
     shape = A.shape
-    Q = left_solve(post.L_C, A, L_inv=L_C_inv, out=work("Q", shape, A), concurrent=many)
+    Q = left_solve(post.L_C, A, L_inv=L_C_inv, out=work("Q", shape, A))
     prior_var = column_dot(A, A)
     d = column_dot(Q, Q)
     e = post.h @ Q
@@ -766,16 +762,12 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
             return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads,
                                whitened_site_sums(A, new_nu, new_mu, nonnegative=nonnegative) if want_sums else None)
         Q *= coef_g[None, :]
-        # R'' = L_C^-T Q diag(coef_g): in Q's memory, or (threads) in a third array
-        R = left_solve(post.L_C, Q, trans=True, L_inv=L_C_inv, overwrite=True, concurrent=many,
-                       out=work("R", shape, Q) if many else None)
+        R = left_solve(post.L_C, Q, trans=True, L_inv=L_C_inv, overwrite=True)  # L_C^-T Q diag(coef_g), in Q
         half = scaled_columns(A, 0.5 * kappa, out=work("H", shape, A))
         R += half  # R'
         dKmm_data = (A @ R.mT, A @ alpha)
         R += half  # R
-        dKmn = left_solve(post.L_K, R, trans=True, L_inv=L_K_inv, overwrite=True, concurrent=many,
-                          out=work("Q", shape, R) if many else None)
-        dKmn = add_outer(dKmn, post.beta, alpha, concurrent=many, out=work("H", shape, A))
+        dKmn = add_outer(left_solve(post.L_K, R, trans=True, L_inv=L_K_inv, overwrite=True), post.beta, alpha)
         grads = kernel.grads(None, dKmn.mT, -0.5 * kappa, X, Z, Knm=Kmn.mT, overwrite=True)
     sums = whitened_site_sums(A, new_nu, new_mu, nonnegative=nonnegative) if want_sums else None
     return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads, sums)
@@ -799,7 +791,7 @@ def batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, *, want_grad,
     sites. ``nonnegative``: as ``batch_block_pass`` takes it. ``workers``: as ``site_sums_over_rows`` takes it."""
     if workers is None:
         block_rows, workers = pass_layout(Z, X.shape[0], block_rows)
-    work = BlockScratch(workers > 1)
+    work = BlockScratch()
     explicit = _uses_inverse(post.L_K, n_columns=min(X.shape[0], block_rows))
     if explicit:  # what the blocks share, formed here once, before any thread needs it (q caches it on first use)
         post.L_K_inv, post.L_C_inv
