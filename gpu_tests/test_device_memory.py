@@ -43,13 +43,13 @@ def test_batch_ep_streams_host_rows_in_the_blocks_that_fit(gpu, monkeypatch):
     rows = ep.default_block_rows(Z)
     assert rows == int(B.DEVICE_MEMORY_FRACTION * (2 * 70 * per_row + 5)) // per_row  # 70 rows
     seen = []
-    original = ep.block_pass
+    original = ep.batch_block_pass  # (the blocks of a batch EP pass)
 
     def watching(kernel, X_block, *args, **kwargs):
         seen.append((X_block.shape[0], gpu.on_device(X_block)))
         return original(kernel, X_block, *args, **kwargs)
 
-    monkeypatch.setattr(ep, "block_pass", watching)
+    monkeypatch.setattr(ep, "batch_block_pass", watching)
     on_device = _train(gpu.put(X), gpu.put(y), kernel, Z)
     device_blocks, seen[:] = list(seen), []
     streamed = _train(B.HostRows(X), y, kernel, Z)
