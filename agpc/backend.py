@@ -496,8 +496,13 @@ def _fortran_view(M):
 
 def _triangular_blas(name, L, B, trans, right, overwrite):
     """op(L) @ B / B @ op(L) (``name`` "trmm") or op(L)^-1 @ B / B @ op(L)^-1 ("trsm") for lower-triangular L
-    and a 2-D B, op the transpose when ``trans``, by one BLAS call; the result has B's memory order."""
+    and a 2-D B, op the transpose when ``trans``, by one BLAS call; the result has B's memory order. A vector
+    B (left side only): "trmv" / "trsv"."""
     a, a_transposed = _fortran_view(L)  # a holds L (lower) or L^T (upper)
+    if B.ndim == 1:
+        vector_name = {"trmm": "trmv", "trsm": "trsv"}[name]
+        return _routine("blas", vector_name, B.dtype)(a, B, lower=int(not a_transposed),
+                                                       trans=int(trans != a_transposed), overwrite_x=int(overwrite))
     b, b_transposed = _fortran_view(B)
     if b_transposed:  # b holds B^T: compute X^T, in which op(L) becomes op(L)^T on the other side
         trans, right = not trans, not right
@@ -510,7 +515,7 @@ def solve_triangular(L, B, *, lower=True, trans=False):
     """Solve ``op(L) X = B`` with ``L`` triangular; ``op`` is the transpose when ``trans``."""
     xp = array_namespace(L, B)
     if is_numpy_namespace(xp):
-        if lower and B.ndim == 2 and _fast(L, B):
+        if lower and _fast(L, B):
             return _triangular_blas("trsm", L, B, trans, False, False)
         return scipy.linalg.solve_triangular(
             L, B, lower=lower, trans=1 if trans else 0, check_finite=False
@@ -529,9 +534,10 @@ def solve_triangular(L, B, *, lower=True, trans=False):
 
 def triangular_matmul(L, B, *, trans=False, right=False, overwrite=False):
     """op(L) @ B, or B @ op(L) when ``right``, for a lower-triangular L (zeros above the diagonal) and a
-    matrix B; op is the transpose when ``trans``. The reference is a general matrix product; the NumPy fast
-    path one trmm (half the arithmetic). ``overwrite``: B is the caller's temporary, and may be overwritten."""
-    if B.ndim == 2 and _fast(L, B):
+    matrix B (or a vector, on the left); op is the transpose when ``trans``. The reference is a general matrix
+    product; the NumPy fast path one trmm (half the arithmetic). ``overwrite``: B is the caller's temporary,
+    and may be overwritten."""
+    if (B.ndim == 2 or not right) and _fast(L, B):
         return _triangular_blas("trmm", L, B, trans, right, overwrite)
     op = L.mT if trans else L
     return B @ op if right else op @ B

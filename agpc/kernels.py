@@ -391,12 +391,13 @@ class Stationary(Kernel):
         """dK/d(r^2) for a block whose values K are known (subclasses may use K to skip the distances)."""
         return self.amplitude * self.dkappa_dr2(self._r2(Xs, Zs))
 
-    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None):
+    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None, Kmm=None):
         """Gradients of L from its adjoints w.r.t. K(Z, Z), K(X, Z) and Kdiag(X).
 
         Any adjoint may be ``None``. Returns a dict with one entry per parameter in ``self.params``
         (same shapes) and ``"Z"`` (m, d). The adjoints are read entry-wise: dL = sum_jk dKmm_jk dKmm_jk,
-        so a non-symmetric dKmm is fine. ``Knm``, if the caller already has K(X, Z), saves recomputing it.
+        so a non-symmetric dKmm is fine. ``Knm`` / ``Kmm``, if the caller already has K(X, Z) / K(Z, Z),
+        save recomputing them.
         """
         xp = array_namespace(Z)
         amp = self.amplitude
@@ -408,14 +409,15 @@ class Stationary(Kernel):
         d_log_noise = zero
         d_profile = {p.key: zero for p in self.profile_parameters}  # empty (no operation) for RBF and Matern52
         if dKmm is not None:
-            r2 = self._r2(Zs, Zs)
-            d_log_amp = d_log_amp + xp.sum(dKmm * (amp * self.kappa(r2)))
-            G = dKmm * (amp * self.dkappa_dr2(r2))
+            if Kmm is None:
+                Kmm = amp * self.kappa(self._r2(Zs, Zs))
+            d_log_amp = d_log_amp + xp.sum(dKmm * Kmm)
+            G = dKmm * self._dK_dr2(Kmm, Zs, Zs)
             g_l, g_first, g_second = self._distance_grads(G, Zs, Zs)
             d_log_l = d_log_l + g_l
             dZ = dZ + g_first + g_second
             if d_profile:
-                profile = self.profile_grads(r2, dKmm * amp)
+                profile = self.profile_grads(self._r2(Zs, Zs), dKmm * amp)
                 d_profile = {k: v + profile[k] for k, v in d_profile.items()}
         if dKnm is not None:
             Xs = self._scaled(X)
@@ -606,8 +608,9 @@ class Combination(Kernel):
         """Per term, the adjoints of L w.r.t. that term's three matrices."""
         raise NotImplementedError
 
-    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None):
-        """The terms' gradients (chain rule through the combination), prefixed; the noise's from Kdiag."""
+    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None, Kmm=None):
+        """The terms' gradients (chain rule through the combination), prefixed; the noise's from Kdiag. (``Knm``
+        and ``Kmm``, the combination's, are not the terms': each term computes its own.)"""
         xp = array_namespace(Z)
         out = {}
         dZ = None

@@ -179,10 +179,11 @@ def left_solve(L, B, *, trans=False, L_inv=None, overwrite=False):
 PRIOR_FACTOR_NAME = "Kmm (covariance of the inducing points)"
 
 
-def prior_cholesky(kernel, Z, jitter, *, checked=True):
+def prior_cholesky(kernel, Z, jitter, *, checked=True, Kmm=None):
     """L_K = chol(K(Z, Z) + jitter I). ``checked=False`` (training steps): no host synchronisation and no
-    jitter escalation; a failed factorisation gives NaN, which reaches log Z_q and the loop's guard."""
-    Kmm = identity_plus(kernel.K(Z), identity=jitter)
+    jitter escalation; a failed factorisation gives NaN, which reaches log Z_q and the loop's guard. ``Kmm``:
+    K(Z, Z) when the caller has it (it is not changed)."""
+    Kmm = identity_plus(kernel.K(Z) if Kmm is None else Kmm, identity=jitter)
     if not checked:
         return cholesky_or_nan(Kmm)
     return cholesky(Kmm, what=PRIOR_FACTOR_NAME)
@@ -837,7 +838,8 @@ def factor_cavity(kernel, Z, factor, *, method, n_total, jitter, checked=True, o
     g(q) - g(prior) + n (g(cavity_k) - g(q)), the same formula as with one shard."""
     if method not in CAVITY_KINDS:
         raise ValueError(f"unknown EP variant {method!r}")
-    L_K = prior_cholesky(kernel, Z, jitter, checked=checked)
+    Kmm = kernel.K(Z)  # (kept for the gradient: ``finish_factor``)
+    L_K = prior_cholesky(kernel, Z, jitter, checked=checked, Kmm=Kmm)
     # q and the cavity share L_K: where inverses are preferred, one L_K^-1 for both
     L_K_inv = lower_triangular_inverse(L_K) if prefers_inverses(L_K) else None
     S, c_tilde = factor.whitened(L_K)
@@ -862,7 +864,7 @@ def factor_cavity(kernel, Z, factor, *, method, n_total, jitter, checked=True, o
             log_z = log_z + n_total * (cavity.log_normaliser_gain - q.log_normaliser_gain)
     else:
         cavity = q
-    return {"q": q, "cavity": cavity, "log_z": log_z}
+    return {"q": q, "cavity": cavity, "log_z": log_z, "Kmm": Kmm}
 
 
 def finish_factor(kernel, Z, prep, sweep, scale, want_grad):
@@ -879,7 +881,8 @@ def finish_factor(kernel, Z, prep, sweep, scale, want_grad):
         "grads": None,
     }
     if want_grad:
-        prior_grads = kernel.grads(prior_kmm_adjoint(q) + scale * sweep["dKmm_data"], None, None, None, Z)
+        prior_grads = kernel.grads(prior_kmm_adjoint(q) + scale * sweep["dKmm_data"], None, None, None, Z,
+                                   Kmm=prep.get("Kmm"))
         out["grads"] = {k: scale * sweep["grads"][k] + prior_grads[k] for k in sweep["grads"]}
     return out
 
