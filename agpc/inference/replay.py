@@ -10,7 +10,7 @@ one step to the next must sit in *device buffers updated in place*, never in Pyt
                    is shorter) with rows of weight 0, which change nothing (``ep.block_pass``,
                    ``variational.svi_elbo``: the padded step equals the step on the rows alone);
   the state        the kernel's parameters, Z, SEP / ADF / minibatch EP's likelihood factor and the minibatch's
-                   own sites (EP), SVI's q(u) (mean, chol): copied into buffers before each step;
+                   own sites (EP), SVI's whitened q (whitened_mean, whitened_chol): copied into buffers before each step;
   damping          read by SEP / ADF's factor update in ``evaluate``: a 0-d buffer (the guard halves it);
   the rest         jitter (raised by the guard) and n_total (``partial_fit``) enter ``evaluate`` as host numbers:
                    a change of either captures a new graph rather than replaying a stale one.
@@ -107,7 +107,8 @@ class ReplayedEvaluation:
             if self.engine.per_row_sites:
                 buffers["sites"] = (zeros((b,)), zeros((b,)))
         else:
-            buffers["q"] = (xp.asarray(state["mean"], copy=True), xp.asarray(state["chol"], copy=True))
+            buffers["q"] = (xp.asarray(state["whitened_mean"], copy=True),
+                            xp.asarray(state["whitened_chol"], copy=True))
         return buffers
 
     def fill_buffers(self, X, y, lo, hi):
@@ -138,8 +139,8 @@ class ReplayedEvaluation:
                 if rows < self.batch_size:
                     buffer[rows:] = 0.0
         if "q" in buffers:
-            buffers["q"][0][...] = state["mean"]
-            buffers["q"][1][...] = state["chol"]
+            buffers["q"][0][...] = state["whitened_mean"]
+            buffers["q"][1][...] = state["whitened_chol"]
 
     def _state_on_buffers(self):
         """The engine's state with every array a buffer. New objects each time: a kernel caches its constrained
@@ -152,7 +153,7 @@ class ReplayedEvaluation:
         if "sites" in buffers:
             state["nu"], state["mu"] = buffers["sites"]
         if "q" in buffers:
-            state["mean"], state["chol"] = buffers["q"]
+            state["whitened_mean"], state["whitened_chol"] = buffers["q"]
         return state
 
     def evaluate_buffers(self, stepping):

@@ -58,7 +58,7 @@ class TrainResult:
     converged: bool = False
     stopped_by_time: bool = False
     early_stopped: bool = False
-    state: dict = field(default_factory=dict)  # the engine's final state (SVI: "mean", "chol"; vi-*: "xi")
+    state: dict = field(default_factory=dict)  # the engine's final state (SVI: "whitened_mean", "whitened_chol"; vi-*: "xi")
     jitter: float = None  # on the diagonal of Kmm at the end: the configured one, or what the guard raised it to
     checkpoints_written: int = 0  # by this run (0 when checkpoint_every exceeds its steps: the caller says so)
 
@@ -729,9 +729,12 @@ def _check_engine(saved, engine, fingerprint, path, refuse):
         (engine.has_damping and 0 < damping <= 1) or (not engine.has_damping and math.isnan(damping))
     ):
         raise refuse(f"engine.damping: {damping!r}, expected " + ("a number in (0, 1]" if engine.has_damping else "NaN"))
-    # what an optimiser steps: kernel parameters, Z, and for SVI q(u) itself (mean, chol)
+    # what an optimiser steps: kernel parameters, Z, and for SVI q itself (whitened_mean, whitened_chol); a checkpoint
+    # of an older form may name an entry as it was named then (``legacy_checkpoint_keys``: the engine converts it)
+    legacy = getattr(engine, "legacy_checkpoint_keys", {})
     shapes = {name: tuple(value.shape) for name, value in params.items()}
     shapes.update({name: tuple(value.shape) for name, value in fresh.items() if _is_array(value)})
+    shapes.update({old: shapes[new] for old, new in legacy.items()})
     _check_layout(engine.optimizer.snapshot() if engine.optimizer is not None else None, saved.get("optimizer"),
                   "engine.optimizer", shapes, refuse)
     n = fingerprint["n"]
@@ -740,6 +743,11 @@ def _check_engine(saved, engine, fingerprint, path, refuse):
         if key in ("kernel", "damping", "optimizer"):
             continue
         if key in getattr(engine, "checkpoint_extras", ()):  # the engine's own record: it checks it as it restores
+            continue
+        if key in legacy:
+            if legacy[key] in saved:
+                raise refuse(f"{where}: {legacy[key]} is there as well (one form of the state, not both)")
+            _check_float_array(value, shapes[key], where, refuse)
             continue
         if key not in fresh and key not in ("needs_rebuild", "settled", "sweeps"):
             raise refuse(f"{where}: not part of this run's state")
@@ -802,6 +810,10 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
     written_for = saved.get("fingerprint")
     if isinstance(written_for, dict):  # a checkpoint from before priors were part of the fingerprint had none
         written_for = {"priors": {}, **written_for}
+        legacy = getattr(trainer.engine, "legacy_checkpoint_keys", {})
+        if legacy and isinstance(written_for.get("params"), list):  # the parameters by the names of an older form
+            written_for["params"] = [legacy.get(name, name) if isinstance(name, str) else name
+                                     for name in written_for["params"]]
     # The data's hash is of its rows in the run's type, so a resume in another dtype would read as other data:
     # said first, by the type the checkpoint's arrays are in.
     saved_Z = saved["engine"].get("Z") if isinstance(saved.get("engine"), dict) else None
