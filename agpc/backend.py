@@ -578,7 +578,7 @@ def identity_plus(S, scale=1.0, identity=1.0):
     """identity * I + scale * S for a square S (a new array)."""
     if _fast(S):
         out = S * scale if scale != 1.0 else S.copy()
-        out.ravel()[:: S.shape[0] + 1] += identity  # the diagonal of the new C-ordered array, in place
+        out.flat[:: S.shape[0] + 1] += identity  # the diagonal, in place, in either memory order
         return out
     xp = array_namespace(S)
     eye = xp.eye(S.shape[0], dtype=S.dtype, device=array_device(S))

@@ -126,8 +126,8 @@ class Posterior:
     @cached_property
     def C_inv(self):
         """C^-1 = L_C^-T L_C^-1 (m x m): k_i^T B^-1 k_j = (L_K^-1 k_i)^T C^-1 (L_K^-1 k_j)."""
-        if self._L_C_inv is not None:  # (formed already: one product with it)
-            return solve_triangular(self.L_C, self._L_C_inv, lower=True, trans=True)
+        if self._L_C_inv is not None:  # (formed already: one triangular product with it)
+            return triangular_matmul(self._L_C_inv, self._L_C_inv, trans=True)
         return cholesky_inverse(self.L_C)
 
     @cached_property
