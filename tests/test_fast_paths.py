@@ -3,12 +3,12 @@
 
 The bound. The fast path does the same arithmetic in another order: triangular solves become products with
 an explicit triangular inverse (trtri, then trmm), and general products triangular ones. A triangular inverse
-and a substitution each have a backward error of a few m eps (Higham, Accuracy and Stability of Numerical
-Algorithms, 2nd ed., secs. 8.1 and 14.2), so the two results differ by at most about m eps kappa(L) relatively,
-kappa(L) = kappa(K)^(1/2) for the Cholesky factor L of K (and kappa(L_C) for q's). The gradients are held to
-``ROUNDOFF_FACTOR * m * eps * kappa(L_K)`` of their largest entry, the factors' condition numbers computed
-on the problem; log Z, a sum of logs and squares whose terms carry that relative error, to 1e-10 absolute
-(the brief's bound; measured: 5e-13 at |log Z| ~ 900 on the airline-like step of benchmarks/step_cost.py).
+and a substitution each have a backward error of a few m eps (Higham (2002), secs. 8.1 and 14.2), so the two
+results differ by at most about m eps kappa(L) relatively, kappa(L) = kappa(K)^(1/2) for the Cholesky factor L
+of K (and kappa(L_C) for q's). The gradients are held to ``ROUNDOFF_FACTOR * m * eps * kappa(L_K)`` of their
+largest entry, the factors' condition numbers computed on the problem; log Z, a sum of logs and squares whose
+terms carry that relative error, to 1e-10 absolute (the brief's bound; measured: 5e-13 at |log Z| ~ 900 on the
+airline-like step of benchmarks/step_cost.py).
 """
 
 import numpy as np

@@ -6,7 +6,7 @@ svi: the evidence lower bound of Hensman et al. (2015), Izmailov & Kropotov (201
     ELBO = sum_i E_{q(f_i)} log p(y_i | f_i) - KL(q(u) || p(u)),
 
 with the expectations by Gauss-Hermite quadrature, maximised over (q, kernel, Z) by Adadelta/Adam. q(u) is
-held whitened, as GPflow's SVGP holds it (Hensman, Matthews & Ghahramani (2015), sec. 3.3): u = L_K v with
+held whitened, as GPflow's SVGP holds it (``whiten=True``): u = L_K v with
 L_K = chol(Kmm + jitter I), p(v) = N(0, I) and q(v) = N(m_w, L_w L_w^T), so q(u) = N(L_K m_w, L_K L_w L_w^T L_K^T)
 and KL(q(u) || p(u)) = KL(q(v) || N(0, I)).
 
