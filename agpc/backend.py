@@ -597,13 +597,15 @@ def _cholesky_once(A, xp):
     return L
 
 
-def cholesky_or_nan(A):
+def cholesky_or_nan(A, *, overwrite=False):
     """Lower Cholesky factor of A with no check and no host synchronisation: where the factorisation
     fails the result is NaN (CuPy returns NaN itself; NumPy and others raise, which is turned into a
-    NaN matrix here), so a failure travels on to the one scalar a training step brings to the host."""
+    NaN matrix here), so a failure travels on to the one scalar a training step brings to the host.
+    ``overwrite``: A is the caller's temporary (the NumPy fast path factorises it in place)."""
     if _fast(A):  # one potrf, on A's lower triangle as numpy.linalg.cholesky reads it, and no exception
         a, a_transposed = _fortran_view(A)
-        factor, info = _routine("lapack", "potrf", A.dtype)(a, lower=int(not a_transposed), clean=1)
+        factor, info = _routine("lapack", "potrf", A.dtype)(a, lower=int(not a_transposed), clean=1,
+                                                             overwrite_a=int(overwrite))
         if info != 0:
             return np.full(A.shape, math.nan, dtype=A.dtype)
         return factor.T if a_transposed else factor

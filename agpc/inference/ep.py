@@ -185,7 +185,7 @@ def prior_cholesky(kernel, Z, jitter, *, checked=True, Kmm=None):
     K(Z, Z) when the caller has it (it is not changed)."""
     Kmm = identity_plus(kernel.K(Z) if Kmm is None else Kmm, identity=jitter)
     if not checked:
-        return cholesky_or_nan(Kmm)
+        return cholesky_or_nan(Kmm, overwrite=True)
     return cholesky(Kmm, what=PRIOR_FACTOR_NAME)
 
 
@@ -222,7 +222,7 @@ def posterior_from_sums(L_K, S, c_tilde, L_K_inv=None, *, checked=True, scale=1.
     if checked:
         L_C = cholesky(C, what="C = I + A diag(site_precision) A^T (posterior precision)")
     else:
-        L_C = cholesky_or_nan(C)
+        L_C = cholesky_or_nan(C, overwrite=True)
     return Posterior(L_K=L_K, L_C=L_C, h=solve_triangular(L_C, c_tilde, lower=True), L_K_inv=L_K_inv)
 
 
