@@ -560,16 +560,18 @@ def lower_triangular_inverse(L):
 
 
 def cholesky_inverse(L):
-    """(L L^T)^-1 (m x m, symmetric) from the lower Cholesky factor L: L^-T L^-1 by two triangular solves
-    (NumPy: one potri, whose one triangle is mirrored)."""
+    """(L L^T)^-1 (m x m, symmetric) from the lower Cholesky factor L (zeros above the diagonal): L^-T L^-1 by
+    two triangular solves (NumPy: one potri, whose one triangle is mirrored)."""
     if _fast(L):
         a, a_transposed = _fortran_view(L)
         inverse, info = _routine("lapack", "potri", L.dtype)(a, lower=int(not a_transposed))
         if info > 0:
             return np.full(L.shape, math.nan, dtype=L.dtype)
-        triangle = inverse.T if a_transposed else inverse  # the lower triangle holds the inverse
-        full = np.tril(triangle)
-        full += np.tril(triangle, -1).T
+        # potri wrote the inverse's lower triangle over L's and left L's zeros above it: the matrix plus its
+        # transpose is the whole inverse with the diagonal counted twice
+        triangle = inverse.T if a_transposed else inverse
+        full = triangle + triangle.T
+        full.flat[:: L.shape[0] + 1] *= 0.5
         return full
     return solve_triangular(L, lower_triangular_inverse(L), lower=True, trans=True)
 

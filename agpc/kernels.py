@@ -343,10 +343,16 @@ class Stationary(Kernel):
             # r^2 consistent with one rounded Gram matrix (float32: Kmm's diagonal was 1 - 1e-4 at
             # lengthscales of 0.1 standard deviations, where |z|^2 ~ 10^3 and eps |z|^2 ~ 10^-4).
             x2 = z2 = xp.linalg.diagonal(gram)
+            r2 = -2.0 * gram  # (a new array: the norms are a view of gram's diagonal)
         else:
             x2 = xp.vecdot(Xc, Xc, axis=-1)
             z2 = xp.vecdot(Zc, Zc, axis=-1)
-        return xp.maximum(x2[:, None] + z2[None, :] - 2.0 * gram, 0.0)
+            r2 = gram
+            r2 *= -2.0
+        # in place: r2 is this function's own temporary (n x m temporaries fewer than the plain expression)
+        r2 += x2[:, None]
+        r2 += z2[None, :]
+        return xp.maximum(r2, 0.0)
 
     def K(self, X, Z=None):
         """Cross-covariance K(X, Z) (no noise term), shape (n, m); ``Z=None`` means K(X, X) without noise."""
