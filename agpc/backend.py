@@ -460,8 +460,11 @@ def counting_fast_calls():
 
 
 def _fast(*arrays):
-    """Whether these arrays take the NumPy fast paths: NumPy float32 / float64 arrays, fast paths on."""
-    return all(type(a) is np.ndarray and a.dtype in _FAST_DTYPES for a in arrays) and _FAST_PATHS.get()
+    """Whether these arrays take the NumPy fast paths: NumPy arrays of one type, float32 or float64, fast paths
+    on (mixed types take the reference, which promotes them)."""
+    dtype = arrays[0].dtype if type(arrays[0]) is np.ndarray else None
+    return (dtype in _FAST_DTYPES and all(type(a) is np.ndarray and a.dtype == dtype for a in arrays)
+            and _FAST_PATHS.get())
 
 
 def prefers_inverses(x):

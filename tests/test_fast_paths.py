@@ -154,3 +154,16 @@ def test_the_fast_path_does_not_write_into_its_operands():
     B.cholesky_inverse(L)
     np.testing.assert_array_equal(L, L_copy)
     np.testing.assert_array_equal(B_, B_copy)
+
+
+def test_operands_of_two_types_take_the_reference_path():
+    """float32 and float64 together are promoted as the reference promotes them (no BLAS call in the narrower
+    type)."""
+    L = np.tril(np.random.default_rng(4).normal(size=(5, 5))) + 3 * np.eye(5)
+    B_ = np.ones((5, 2), dtype=np.float32)
+    with B.counting_fast_calls() as calls:
+        out = B.triangular_matmul(L, B_)
+        solved = B.solve_triangular(L, B_)
+    assert sum(calls.values()) == 0
+    assert out.dtype == solved.dtype == np.float64
+    np.testing.assert_allclose(out, L @ B_.astype(np.float64), rtol=1e-14)
