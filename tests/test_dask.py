@@ -355,3 +355,30 @@ def test_multiclass_ep_on_a_dask_array_resumes_from_a_checkpoint(client, monkeyp
     np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"],
                                reference.history_["log_marginal_likelihood"], rtol=1e-12)
     np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-12)
+
+
+@pytest.mark.parametrize("batch_size", [pytest.param(None, id="max_time covers a batch fit on a dask array"),
+                                        pytest.param(100, id="max_time covers data-parallel rounds")])
+def test_max_time_on_a_dask_array_covers_the_whole_fit(client, data, monkeypatch, batch_size):
+    """Issue 25: ``max_time`` bounds the whole fit, from ``fit``'s start, on a dask array too (``_fit_dask`` passed
+    no start to the training loop, whose budget then began after the input checks and the initialisation of the
+    inducing points). A clock that jumps by 100 s inside that initialisation: with max_time=50 the fit stops
+    before its first step, and ``init_time_`` (not set on a dask array before) and ``fit_time_`` count the 100 s."""
+    import time
+
+    X, y, _ = data
+    real_clock, jump = time.perf_counter, {"seconds": 0.0}
+    monkeypatch.setattr(time, "perf_counter", lambda: real_clock() + jump["seconds"])
+    real_init = GPClassifier._initial_model
+
+    def slow_initialisation(self, *args, **kwargs):
+        out = real_init(self, *args, **kwargs)
+        jump["seconds"] += 100.0
+        return out
+
+    monkeypatch.setattr(GPClassifier, "_initial_model", slow_initialisation)
+    Xd, yd = da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200)
+    model = GPClassifier(method="sep", n_inducing=5, batch_size=batch_size, max_iter=20, max_time=50.0,
+                         random_state=0, client=client).fit(Xd, yd)
+    assert model.stopped_by_time_ and model.n_iter_ == 0
+    assert model.init_time_ >= 100.0 and model.fit_time_ >= 100.0
