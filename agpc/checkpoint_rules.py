@@ -11,9 +11,10 @@ rules are those of the states an engine can reach, not of a fresh run:
   noise stepped to exp(-752) underflows to 0 and stays a finite log), and such a checkpoint resumes. -inf is
   allowed only for a parameter that may be zero and is not learned (no latent noise: fixed, never stepped).
 - The engine's other entries, generically, by the freshly built engine's state: an array there must come back as
-  a floating array of the same shape and type, finite; an entry the engine began empty (vi-*'s xi) as one finite
-  row each of the n rows; the engine's lower-triangular factors (its ``triangular_state``, e.g. SVI's
-  ``chol``) zero above the diagonal. A new engine state key is checked by these rules with no change here.
+  a floating array of the same shape and type, finite; an entry the engine began empty (the ``vi-*`` methods'
+  xi) as finite values, one row each of the n rows; the engine's lower-triangular factors (its
+  ``triangular_state``, e.g. SVI's ``chol``) zero above the diagonal. A new engine state key is checked by these
+  rules with no change here.
 - The optimiser's snapshot laid out as this run's (the same containers; numbers where numbers are; arrays of the
   parameter's shape and the run's type under a parameter's name); its arrays may hold inf (Adam's second moment
   of an overflowing gradient), never NaN (refused for every array by ``agpc.checkpoints``).
@@ -217,7 +218,7 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
             _check_finite(value, where, refuse)
             if key in triangular:
                 _check_lower_triangular(value, where, refuse)
-        elif value is not None:  # begun empty (vi-*'s xi): one value a row
+        elif value is not None:  # begun empty (the vi-* methods' xi): one value a row
             _check_float_array(value, None, dtype, where, refuse)
             if value.ndim < 1 or value.shape[0] != n:
                 raise refuse(f"{where}: shape {tuple(value.shape)}, expected {n} rows")
