@@ -416,7 +416,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                           "checkpoint will be written (set checkpoint_every, a number of steps)", UserWarning,
                           stacklevel=3)
         if B.is_dask_array(X):
-            return self._fit_dask(X, y, groups, resume, validation_data)
+            return self._fit_dask(X, y, groups, resume, validation_data, started)
         self.__dict__.pop("_trainer", None)
         Xc, y_pm, classes, sample, xp, device = I.training_inputs(self, X, y, reset=True, target_xp=target_xp)
         n = Xc.shape[0]
@@ -479,7 +479,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                           f"first checkpoint (checkpoint_every={self.checkpoint_every} steps is more than it took)", UserWarning, stacklevel=4)
         return self
 
-    def _fit_dask(self, X, y, groups, resume, validation_data=None):
+    def _fit_dask(self, X, y, groups, resume, validation_data=None, started=None):
         """The methods that train on a dask array (``agpc.methods``: EP / SEP / ADF / SVI, vi-JJ and vi-Taylor in
         batch passes) on a dask.array of rows. Batch: one task per chunk each pass (``DaskEngine``), EP's
         sites persisted on the workers. Minibatch: data-parallel rounds (``data_parallel.DataParallel``), or with
@@ -535,7 +535,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             else:
                 rows = np.sort(rng.choice(n, size=I.INIT_SAMPLE, replace=False))
                 sample = np.asarray(X[rows].compute())
+            init_started = time.perf_counter()
             kernel, Z = self._initial_model(sample, m, rng, len(classes))
+            self.init_time_ = time.perf_counter() - init_started
             if validation_data is not None:  # scored on the driver: brought there whole (keep it small)
                 validation_data = tuple(client.compute(list(validation_data), sync=True)
                                         if any(B.is_dask_array(v) for v in validation_data) else validation_data)
@@ -558,10 +560,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                                  "a full-batch step would bring every row to the driver")
             else:
                 engine = DaskEngine(client, X.chunks[0], site_directory=self.site_directory)
-            t0 = time.perf_counter()
+            t0 = time.perf_counter() if started is None else started  # max_time and fit_time_: the whole fit
             # SVI: a step per minibatch on the driver, chunks visited as for SEP
             result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, validation=validation,
-                                 engine=engine, data_hash=data_hash)
+                                 engine=engine, started=t0, data_hash=data_hash)
         finally:
             if engine is not None:
                 engine.close()
