@@ -131,12 +131,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     verbose : bool
         Show a progress bar (tqdm) with log Z_q and, with validation data, the validation NLL.
     step_replay : bool, default=False
-        Minibatch SEP / EP / ADF / SVI: run each step's evaluation at fixed shapes from device buffers (the last
-        minibatch padded with rows of weight 0), captured once into a CUDA graph and replayed on CuPy with a
-        CUDA device, eagerly elsewhere or where capture fails (``agpc.inference.replay``); with ``verbose``,
-        one line on stderr says which ("step: CUDA graph replay" or "step: eager (reason)"). ``fit`` only
-        (``partial_fit`` steps on whatever rows it is given, eagerly). Off by default
-        until a GPU run of ``gpu_tests/test_step_replay.py`` is recorded in docs/results.md.
+        Deprecated, no effect; it will be removed. It asked for each minibatch step to be captured into a CUDA
+        graph and replayed, which CuPy cannot do for a step that calls cuBLAS or cuSOLVER (it refuses both during
+        stream capture), so every step ran eagerly anyway. ``True`` warns (FutureWarning) and fits as ``False``.
     client : distributed.Client or None
         For ``fit`` on a dask.array: the cluster to train on. ``None``: the current client if there is
         one, else a ``LocalCluster`` with one single-threaded worker process per core, started and closed
@@ -313,6 +310,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _check_params(self):
         V.validate_params(self.get_params(deep=False), self._parameter_constraints, type(self).__name__)
+        if self.step_replay:
+            warnings.warn("step_replay is deprecated and has no effect (it will be removed): CuPy refuses cuBLAS and "
+                          "cuSOLVER calls during CUDA-graph capture, so a training step cannot be replayed from a "
+                          "graph; every step runs eagerly", FutureWarning, stacklevel=3)
         if self.checkpoint_every is not None and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
         spec = M.get_method(self.method)
@@ -449,7 +450,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
             resume=bool(resume), likelihood=None if len(classes) > 2 else self.likelihood_,
             n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash, block_rows=self.block_rows,
-            step_replay=bool(self.step_replay),
         )
         settings.update(spec.training_settings(self.get_params(deep=False), len(classes)))
         return training.train(X, y, kernel, Z, **settings)
