@@ -22,7 +22,7 @@ from . import threads
 from . import validation as V
 from .checkpoints import check_checkpoint_path
 from .inducing import initial_inducing_points
-from .inference import training
+from .inference import ep, training
 from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
 from .inference.data_parallel import DEFAULT_LOCAL_STEPS, DataParallel, RowsOnWorkers
 from .kernels import RBF, ClassKernels, Kernel, with_default_priors
@@ -30,7 +30,13 @@ from .model_file import VALUE_WHEN_ABSENT, FittedState, read_model_file, write_m
 
 __all__ = ["GPClassifier"]
 
-_FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above
+_FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above (on a GPU: below)
+
+# What one binary minibatch step (SEP / EP / ADF / SVI) asks of a GPU, counted on NumPy (tests/step_cost.py;
+# docs/gpu.md): kernel launches for its first row block and for each further one, flops per row per m^2 and
+# elements moved per row per m. gpu_tests/test_gpu_batch.py holds them to a counted step.
+GPU_STEP_MODEL = {"launches": 430, "block_launches": 200, "flops_per_row_m2": 18.0, "elements_per_row_m": 90.0}
+_GPU_STEPS_PER_EPOCH = 8  # the GPU's minibatch is at most n / 8 rows: the hyper-parameters move 8 times an epoch
 
 
 _OPTIMIZE_GROUPS = ("kernel", "inducing")
@@ -71,7 +77,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         EP damping (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25): new = damping * update + (1 - damping) * old.
         ``None``: 0.5 in batch mode, 0.99 in minibatch mode, as the paper.
     batch_size : "auto", None or int
-        Rows per minibatch. "auto": the full batch for n <= 20,000, else 200. ``None``: full batch.
+        Rows per minibatch. "auto": the full batch for n <= 20,000, else 200 on the CPU; on a GPU, binary models take
+        the fewest rows whose arithmetic outweighs twice the launch overhead of the step's few hundred kernels, from
+        the device's throughput (docs/gpu.md: about 200,000 rows at m = 200 and 13,000 at m = 1,000 on an H100 in
+        float64), at most n / 8 and what fits in half the device's free memory, in one row block. ``None``: full
+        batch.
         In minibatch mode ``max_iter`` counts epochs and the hyper-parameters follow stochastic gradients.
     optimizer : None, "rprop", "adadelta" or "adam"
         Hyper-parameter steps. ``None``: the paper's per-parameter adaptive steps ("rprop") in batch mode,
@@ -202,6 +212,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         to raise it to (a ``JitterWarning`` says so)
     kernel_prior_ : "auto" or None, the ``kernel_prior`` the model was trained with (None for a model file written
         before the parameter existed: those models were trained by maximum likelihood)
+    tf32_ : bool, float32 matrix products of the fit ran in TF32 on the GPU (``CUPY_TF32=1``; an
+        ``agpc.backend.TF32Warning`` said so)
     """
 
     # Every parameter and what it may be (``agpc.validation``): checked at the start of fit / partial_fit;
@@ -310,10 +322,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _check_params(self):
         V.validate_params(self.get_params(deep=False), self._parameter_constraints, type(self).__name__)
-        if self.step_replay:
-            warnings.warn("step_replay is deprecated and has no effect (it will be removed): CuPy refuses cuBLAS and "
-                          "cuSOLVER calls during CUDA-graph capture, so a training step cannot be replayed from a "
-                          "graph; every step runs eagerly", FutureWarning, stacklevel=3)
         if self.checkpoint_every is not None and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
         spec = M.get_method(self.method)
@@ -403,6 +411,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """
         started = time.perf_counter()  # max_time covers the whole fit, from here
         self._check_params()  # before anything reads them (the BLAS scope reads n_inducing and batch_size)
+        self._warn_step_replay()
         with self._blas_scope(X), B.jitter_report("GPClassifier.fit"):
             return self._fit(X, y, validation_data, resume, started)
 
@@ -432,12 +441,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if self.checkpoint_path is not None:  # the run's fingerprint holds the data's: resume on them only
             stride = training.fingerprint_stride(n)
             data_hash = training.data_fingerprint(n, Xc.shape[1], Xc[0:n:stride, :], y_pm[0:n:stride], classes)
-        result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
-                             validation=validation, started=started, data_hash=data_hash)
+        self._note_tf32(xp)
+        batch_size = self._batch_size_for(n, xp, Z, len(classes))
+        result = self._train(Xc, y_pm, kernel, Z, classes, groups, batch_size, rng, resume,
+                             validation=validation, started=started, data_hash=data_hash,
+                             block_rows=self._gpu_block_rows(n, xp, batch_size))
         return self._fitted_from(result, classes, t0, n, resumed=bool(resume))
 
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
-               started=None, data_hash=None):
+               started=None, data_hash=None, block_rows=None):
         """The one training loop (``training.train``) with this estimator's settings for its method."""
         spec = M.get_method(self.method)
         self.likelihood_ = spec.likelihood_for(self.likelihood, len(classes))
@@ -449,7 +461,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             eval_every=self.eval_every, n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose),
             engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
             resume=bool(resume), likelihood=None if len(classes) > 2 else self.likelihood_,
-            n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash, block_rows=self.block_rows,
+            n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash,
+            block_rows=self.block_rows if block_rows is None else block_rows,
         )
         settings.update(spec.training_settings(self.get_params(deep=False), len(classes)))
         return training.train(X, y, kernel, Z, **settings)
@@ -459,10 +472,56 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         (a change only for float32, where 1e-6 is below what round-off lets a Cholesky factor resolve)."""
         return max(float(self.jitter), B.jitter_floor(Z))
 
-    def _batch_size_for(self, n):
+    def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
+        """Rows a step: ``batch_size``, or for "auto" the full batch up to 20,000 rows, else 200, or on a GPU
+        (``xp`` and the initial inducing points ``Z`` given, a binary model) ``_gpu_batch_rows``."""
         if self.batch_size == "auto":
-            return None if n <= _FULL_BATCH_MAX_ROWS or not M.supports(self.method, "minibatch") else 200
+            if n <= _FULL_BATCH_MAX_ROWS or not M.supports(self.method, "minibatch"):
+                return None
+            rows = self._gpu_batch_rows(n, xp, Z) if (xp is not None and Z is not None and n_classes == 2) else None
+            return 200 if rows is None else rows
         return self.batch_size
+
+    def _gpu_batch_rows(self, n, xp, Z):
+        """The GPU's minibatch for n rows (None off a GPU): ``backend.launch_bound_rows`` with ``GPU_STEP_MODEL``
+        and the device's throughput for the model's type, at most n / 8 rows and what fits in one row block
+        (``ep.block_bytes_per_row``) in ``backend.DEVICE_MEMORY_FRACTION`` of the free memory (docs/gpu.md)."""
+        throughput = B.device_throughput(xp, Z.dtype, B.array_device(Z))
+        if throughput is None:
+            return None
+        m, d, itemsize = Z.shape[-2], Z.shape[-1], xp.finfo(Z.dtype).bits // 8
+        largest = n // _GPU_STEPS_PER_EPOCH
+        fit = B.rows_within_memory(ep.block_bytes_per_row(m, d, itemsize), xp, B.array_device(Z))
+        if fit is not None:
+            largest = min(largest, fit)
+        return B.launch_bound_rows(
+            throughput, launches=GPU_STEP_MODEL["launches"], block_launches=GPU_STEP_MODEL["block_launches"],
+            block_rows=largest, flops_per_row=GPU_STEP_MODEL["flops_per_row_m2"] * m * m,
+            bytes_per_row=GPU_STEP_MODEL["elements_per_row_m"] * m * itemsize, largest=largest)
+
+    def _gpu_block_rows(self, n, xp, batch_size):
+        """Row blocks of a GPU minibatch chosen by "auto": the whole minibatch (it was sized to fit in memory), so
+        that a step launches its kernels once; None (the estimator's ``block_rows``) otherwise."""
+        if (self.batch_size != "auto" or self.block_rows is not None or batch_size is None
+                or B.device_throughput(xp, xp.float64) is None):
+            return None
+        return batch_size
+
+    def _warn_step_replay(self):
+        if self.step_replay:
+            warnings.warn("step_replay is deprecated and has no effect (it will be removed): CuPy refuses cuBLAS and "
+                          "cuSOLVER calls during CUDA-graph capture, so a training step cannot be replayed from a "
+                          "graph; every step runs eagerly", FutureWarning, stacklevel=3)
+
+    def _note_tf32(self, xp):
+        """``tf32_``: whether the float32 products of this fit run in TF32 (``backend.uses_tf32``), said once a fit
+        by a ``backend.TF32Warning``."""
+        self.tf32_ = B.uses_tf32(xp, I.dtype_name(self.dtype))
+        if self.tf32_:
+            warnings.warn("float32 products on the GPU run in TF32 (CUPY_TF32 is set): about 3 significant digits "
+                          "per product instead of 7, so this fit differs from NumPy's float32 by far more than "
+                          "round-off; unset CUPY_TF32 before CuPy's first float32 product for float32 accuracy",
+                          B.TF32Warning, stacklevel=4)
 
     def _fitted_from(self, result, classes, t0, n_rows, resumed=False):
         """Fitted attributes from a ``training.TrainResult`` of a fit on ``n_rows`` rows."""
@@ -596,6 +655,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         is saved with :meth:`save`, or pickled, between calls): set, they are warned about once.
         """
         self._check_params()
+        self._warn_step_replay()
         if (self.checkpoint_path is not None or self.checkpoint_every is not None) and not hasattr(self, "_trainer"):
             warnings.warn("partial_fit writes no checkpoints (checkpoint_path / checkpoint_every apply to fit); save "
                           "a stream model with save() or pickle it between calls", UserWarning, stacklevel=2)
@@ -613,6 +673,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         )
         rows = Xc.shape[0]
         I.check_n_total(n_total, rows)
+        if not live:
+            self._note_tf32(xp)
         if not fitted:
             self.classes_ = classes
             rng = B.host_rng(self.random_state)
