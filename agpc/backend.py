@@ -514,8 +514,10 @@ def device_throughput(xp, dtype, device=None):
         return None
     import cupy
 
-    device_id = cupy.cuda.runtime.getDevice() if device is None else getattr(device, "id", device)
-    props = cupy.cuda.runtime.getDeviceProperties(int(device_id))
+    device_id = getattr(device, "id", device)
+    if not isinstance(device_id, int):  # None (or anything but a CuPy device or an id): the current device
+        device_id = cupy.cuda.runtime.getDevice()
+    props = cupy.cuda.runtime.getDeviceProperties(device_id)
     lanes = _fp32_lanes_per_multiprocessor(int(props["major"]), int(props["minor"]))
     fp32 = 2.0 * lanes * int(props["multiProcessorCount"]) * 1e3 * float(props["clockRate"])
     ratio = float(props.get("singleToDoublePrecisionPerfRatio") or 1.0)
@@ -630,9 +632,14 @@ def factor_failure(L):
     factor's content. A positive finite diagonal is necessary, not sufficient: it is the check that needs no
     synchronisation; ``gpu_tests/run_on_gpu.sh`` records what a failed factorisation returns on a real GPU."""
     xp = array_namespace(L)
+    healthy = _healthy_diagonal(L, xp)
+    return xp.where(healthy, 0.0 * xp.astype(healthy, L.dtype), math.nan)  # (0.0 * 1.0: no upload of a 0.0)
+
+
+def _healthy_diagonal(L, xp):
+    """0-d bool: every diagonal entry of L positive and finite (NaN fails both comparisons)."""
     diag = xp.linalg.diagonal(L)
-    healthy = xp.all((diag > 0.0) & (diag < math.inf))  # NaN fails both comparisons
-    return xp.where(healthy, xp.asarray(0.0, dtype=L.dtype, device=array_device(L)), math.nan)
+    return xp.all((diag > 0.0) & (diag < math.inf))
 
 
 def _cholesky_once(A, xp):
@@ -640,33 +647,27 @@ def _cholesky_once(A, xp):
         L = xp.linalg.cholesky(A)
     except Exception:  # NumPy/strict raise LinAlgError; other libraries other types
         return None
-    # CuPy (and some others) return instead of raising: check the diagonal (two host reads: the checked path).
-    if not bool(factor_failure(L) == 0.0):
+    # CuPy (and some others) return instead of raising: check the diagonal (one host read: the checked path).
+    if not bool(_healthy_diagonal(L, xp)):
         return None
     return L
-
-
-def _raises_on_failed_cholesky(xp):
-    """NumPy (LAPACK potrf, ``info`` > 0 raises LinAlgError) and array_api_strict (NumPy underneath) raise when a
-    Cholesky factorisation fails, NaN input included; other libraries (CuPy: cuSOLVER without its ``devInfo``
-    read) may return a factor that is not one."""
-    return is_numpy_namespace(xp) or _is_strict(xp)
 
 
 def cholesky_or_nan(A):
     """Lower Cholesky factor of A with no check on the host and no host synchronisation: where the factorisation
     fails the result is NaN, so that a failure travels on to the one scalar a training step brings to the host.
-    NumPy and array_api_strict raise, which is turned into a NaN matrix here; a library that returns instead (CuPy)
-    has its factor checked on the device (``factor_failure``: a positive, finite diagonal) and made NaN where the
-    check fails (a few operations on the m diagonal entries, one on the factor)."""
+    NumPy (LAPACK's potrf, ``info`` > 0) and libraries built on it raise, which is turned into a NaN matrix here;
+    CuPy returns whatever cuSOLVER left (it reads ``devInfo`` only under ``cupyx.errstate(linalg="raise")``, a
+    synchronisation), so its factor is checked on the device (``factor_failure``: a positive, finite diagonal) and
+    made NaN where the check fails: a few operations on the m diagonal entries and one on the factor."""
     xp = array_namespace(A)
     try:
         L = xp.linalg.cholesky(A)
     except Exception:  # NumPy/strict raise LinAlgError; other libraries other types
         return xp.full(A.shape, math.nan, dtype=A.dtype, device=array_device(A))
-    if _raises_on_failed_cholesky(xp):
-        return L
-    return L + factor_failure(L)[..., None, None]
+    if is_cupy_namespace(xp):
+        return L + factor_failure(L)[..., None, None]
+    return L
 
 
 # The sum of products of two arrays along an axis, as one CuPy reduction kernel (``cupy.ReductionKernel``: the

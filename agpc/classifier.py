@@ -32,10 +32,12 @@ __all__ = ["GPClassifier"]
 
 _FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above (on a GPU: below)
 
-# What one binary minibatch step (SEP / EP / ADF / SVI) asks of a GPU, counted on NumPy (tests/step_cost.py;
-# docs/gpu.md): kernel launches for its first row block and for each further one, flops per row per m^2 and
-# elements moved per row per m. gpu_tests/test_gpu_batch.py holds them to a counted step.
-GPU_STEP_MODEL = {"launches": 430, "block_launches": 200, "flops_per_row_m2": 18.0, "elements_per_row_m": 90.0}
+# What one binary minibatch step asks of a GPU, counted on CuPy's paths (tests/step_cost.py; docs/gpu.md): kernel
+# launches for its first row block and for each further one, flops per row per m^2 and elements moved per row per m
+# (m >= 200). gpu_tests/test_gpu_batch.py holds them to a counted step of each method.
+_EP_STEP = {"launches": 440, "block_launches": 210, "flops_per_row_m2": 14.0, "elements_per_row_m": 110.0}
+GPU_STEP_MODEL = {"sep": _EP_STEP, "ep": _EP_STEP, "adf": _EP_STEP,
+                  "svi": {"launches": 420, "block_launches": 150, "flops_per_row_m2": 8.2, "elements_per_row_m": 62.0}}
 _GPU_STEPS_PER_EPOCH = 8  # the GPU's minibatch is at most n / 8 rows: the hyper-parameters move 8 times an epoch
 
 
@@ -79,7 +81,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     batch_size : "auto", None or int
         Rows per minibatch. "auto": the full batch for n <= 20,000, else 200 on the CPU; on a GPU, binary models take
         the fewest rows whose arithmetic outweighs twice the launch overhead of the step's few hundred kernels, from
-        the device's throughput (docs/gpu.md: about 200,000 rows at m = 200 and 13,000 at m = 1,000 on an H100 in
+        the device's throughput (docs/gpu.md: about 200,000 rows at m = 200 and 26,000 at m = 1,000 on an H100 in
         float64), at most n / 8 and what fits in half the device's free memory, in one row block. ``None``: full
         batch.
         In minibatch mode ``max_iter`` counts epochs and the hyper-parameters follow stochastic gradients.
@@ -494,10 +496,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         fit = B.rows_within_memory(ep.block_bytes_per_row(m, d, itemsize), xp, B.array_device(Z))
         if fit is not None:
             largest = min(largest, fit)
+        model = GPU_STEP_MODEL.get(self.method, _EP_STEP)
         return B.launch_bound_rows(
-            throughput, launches=GPU_STEP_MODEL["launches"], block_launches=GPU_STEP_MODEL["block_launches"],
-            block_rows=largest, flops_per_row=GPU_STEP_MODEL["flops_per_row_m2"] * m * m,
-            bytes_per_row=GPU_STEP_MODEL["elements_per_row_m"] * m * itemsize, largest=largest)
+            throughput, launches=model["launches"], block_launches=model["block_launches"], block_rows=largest,
+            flops_per_row=model["flops_per_row_m2"] * m * m, bytes_per_row=model["elements_per_row_m"] * m * itemsize,
+            largest=largest)
 
     def _gpu_block_rows(self, n, xp, batch_size):
         """Row blocks of a GPU minibatch chosen by "auto": the whole minibatch (it was sized to fit in memory), so

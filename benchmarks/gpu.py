@@ -31,6 +31,11 @@ RBF kernel (lengthscales 1, amplitude 1, noise 1e-3), d = 8.
 
     PYTHONPATH=. python benchmarks/gpu.py              # m = 100, 200, 500, 1000 x batch = 200, 1000, 10000
     PYTHONPATH=. python benchmarks/gpu.py --quick      # smoke test (m = 20, 50; batch = 60, 150)
+    PYTHONPATH=. python benchmarks/gpu.py --model      # docs/gpu.md's table: no timing, steps counted on CuPy's paths
+
+``--model`` counts one step of each configuration on a mocked CuPy (tests/cupy_mock.py: agpc's CuPy paths, every
+array operation one kernel launch) and prices it on an H100 SXM by docs/gpu.md's model (tests/step_cost.py), with
+the default row blocks (~16 MB per n x m temporary) and in one block (what ``batch_size="auto"`` does on a GPU).
 """
 
 from __future__ import annotations
@@ -74,7 +79,13 @@ def parse_args(argv=None):
                         "--quick: on a small shared machine a multi-threaded BLAS stalls on small products whenever "
                         "another process holds a core)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", action="store_true",
+                   help="print docs/gpu.md's model table (launches, bytes, H100 time; m = 200, 1000 x batch = 200, "
+                        "2000, 20000 unless --ms / --batches) instead of timing")
     args = p.parse_args(argv)
+    if args.model:
+        args.ms = args.ms or "200,1000"
+        args.batches = args.batches or "200,2000,20000"
     if args.quick and args.blas_threads is None:
         args.blas_threads = 1
     if args.quick:
@@ -307,9 +318,72 @@ def config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype):
                     f"{step_seconds / gpu_step:.1f}x", str(gpu_syncs)]
 
 
+def model_table(args):
+    """docs/gpu.md's table: each step counted on a mocked CuPy, priced on an H100 SXM."""
+    import pytest
+    from agpc.backend import DeviceThroughput
+    from agpc.inference import training
+    from agpc.kernels import RBF
+    from cupy_mock import MockCupy
+    from step_cost import step_cost
+
+    print("| method | m | batch | dtype | blocks | launches | GFLOP | MB moved | launch ms | device ms | model ms | "
+          "bound by |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for method in [m for m in args.methods if m != "batch-ep"]:
+        for m in args.ms:
+            for batch in args.batches:
+                for dtype in args.dtypes:
+                    for one_block in (False, True):
+                        with pytest.MonkeyPatch.context() as patch:
+                            mock = MockCupy(patch)
+                            X, y, Z = (mock.put(a) for a in make_problem(m, batch, method, dtype, args.seed))
+                            kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=1e-3).for_inputs(X)
+                            trainer = training.Trainer(kernel, Z, method=method, n_total=2 * batch, minibatch=True,
+                                                       jitter=max(JITTER, 100 * m * float(np.finfo(dtype).eps)),
+                                                       block_rows=batch if one_block else None)
+                            trainer.step(X, y, 0, batch, stepping=True)
+                            with mock.xp.counting() as tally:
+                                trainer.step(X, y, batch, 2 * batch, stepping=True)
+                        cost = step_cost(tally.folded(GENERIC_FALLBACKS), np.dtype(dtype).itemsize)
+                        h100 = DeviceThroughput("H100 SXM", 66.9e12 if dtype == "float32" else 33.5e12, 3.35e12)
+                        launch, device, step = cost.seconds(h100)
+                        blocks = "one" if one_block else "default"
+                        print(f"| {method} | {m} | {batch} | {dtype} | {blocks} | {cost.launches} | "
+                              f"{cost.flops / 1e9:.3g} | {cost.bytes / 1e6:.3g} | {_ms(launch)} | {_ms(device)} | "
+                              f"{_ms(step)} | {'launches' if launch >= device else 'arithmetic'} |", flush=True)
+    auto_batch_table()
+
+
+def auto_batch_table():
+    """The rows a step ``batch_size="auto"`` takes on three GPUs (device properties mocked), n = 10^8."""
+    import pytest
+    from agpc import GPClassifier
+    from cupy_mock import A100_PROPERTIES, H100_PROPERTIES, RTX4090_PROPERTIES, MockCupy
+
+    ms = (100, 200, 500, 1000)
+    print("\nbatch_size='auto' on a GPU (SEP / EP / ADF; n = 10^8 rows, 40 GiB free):\n")
+    print("| device | dtype | " + " | ".join(f"m = {m}" for m in ms) + " |")
+    print("|---|---|" + "---|" * len(ms))
+    for name, properties in (("H100 SXM", H100_PROPERTIES), ("A100 SXM", A100_PROPERTIES),
+                             ("RTX 4090", RTX4090_PROPERTIES)):
+        for dtype in ("float64", "float32"):
+            cells = []
+            for m in ms:
+                with pytest.MonkeyPatch.context() as patch:
+                    mock = MockCupy(patch, properties=properties)
+                    Z = mock.put(np.zeros((m, N_FEATURES)), dtype=dtype)
+                    cells.append(f"{GPClassifier(method='sep', dtype=dtype)._batch_size_for(10**8, mock.xp, Z):,}")
+            print(f"| {name} | {dtype} | " + " | ".join(cells) + " |")
+
+
 def main(argv=None):
     args = parse_args(argv)
     limiter = limit_blas(args.blas_threads)  # noqa: F841 (kept alive for the run)
+    if args.model:
+        print_machine("One training step on a GPU, modelled (benchmarks/gpu.py --model)", argv)
+        model_table(args)
+        return
     print_machine("One training step on NumPy and on a GPU (benchmarks/gpu.py)", argv)
     run(args)
     print(f"\n{load_line()}")

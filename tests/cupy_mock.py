@@ -22,8 +22,12 @@ gpu_tests/run_on_gpu.sh):
 - ``cupyx.scipy.linalg.solve_triangular``, ``cupyx.scipy.special.log_ndtr`` / ``ndtr``: SciPy's, one operation each;
 - ``cupyx.profiler.benchmark``: CuPy's signature; like CuPy it reads ``func.__name__`` when no ``name`` is given;
   times on the host;
-- ``cupy.asnumpy``, ``cupy.cuda.Stream`` / ``Event`` (``synchronize``), ``cupy.cuda.Device``,
-  ``cupy.get_default_memory_pool``.
+- stream capture: between ``Stream.begin_capture`` and ``end_capture`` a product, a triangular solve or a Cholesky
+  factorisation raises NotImplementedError("calling cuBLAS / cuSOLVER API during stream capture is currently
+  unsupported"), as CuPy 14's ``cublas.setStream`` / ``cusolver.setStream`` do; elementwise work is captured;
+- ``cupy.asnumpy``, ``cupy.asarray``, ``cupy.cuda.Stream`` / ``Event`` (``synchronize``), ``cupy.cuda.Device``,
+  ``cupy.cuda.get_current_stream``, ``cupy.get_default_memory_pool``, ``cupyx.errstate`` and
+  ``cupyx.allow_synchronize`` (both doing nothing).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import sys
 import time
 import types
+from contextlib import contextmanager
 
 import numpy as np
 import scipy.linalg
@@ -44,12 +49,18 @@ from array_counting import CountingArray, CountingNamespace, _unwrap
 
 from agpc import backend
 
-__all__ = ["MockCupy", "H100_PROPERTIES", "CUDARuntimeError"]
+__all__ = ["MockCupy", "H100_PROPERTIES", "A100_PROPERTIES", "RTX4090_PROPERTIES", "CUDARuntimeError"]
 
-# cupy.cuda.runtime.getDeviceProperties(0) of an H100 SXM (80 GB), the keys agpc reads
+# cupy.cuda.runtime.getDeviceProperties(0) of three devices, the keys agpc reads (clocks in kHz, bus width in bits)
 H100_PROPERTIES = {"name": b"NVIDIA H100 80GB HBM3", "major": 9, "minor": 0, "multiProcessorCount": 132,
                    "clockRate": 1980000, "memoryClockRate": 2619000, "memoryBusWidth": 5120,
                    "singleToDoublePrecisionPerfRatio": 2, "totalGlobalMem": 85_045_460_992}
+A100_PROPERTIES = {"name": b"NVIDIA A100-SXM4-80GB", "major": 8, "minor": 0, "multiProcessorCount": 108,
+                   "clockRate": 1410000, "memoryClockRate": 1593000, "memoryBusWidth": 5120,
+                   "singleToDoublePrecisionPerfRatio": 2, "totalGlobalMem": 85_100_000_000}
+RTX4090_PROPERTIES = {"name": b"NVIDIA GeForce RTX 4090", "major": 8, "minor": 9, "multiProcessorCount": 128,
+                      "clockRate": 2520000, "memoryClockRate": 10501000, "memoryBusWidth": 384,
+                      "singleToDoublePrecisionPerfRatio": 64, "totalGlobalMem": 25_300_000_000}
 
 
 class CUDARuntimeError(RuntimeError):
@@ -82,6 +93,7 @@ class MockCupy:
         self.free_bytes = free_bytes
         self.cholesky_result = cholesky_result
         self.synchronizations = 0  # Stream / Event / Device synchronize calls
+        self.capturing = False  # a Stream between begin_capture and end_capture
         self.library_calls = []  # (library, routine) of the mocked CUDA library calls
         # a new array class each time: array-api-compat caches its namespace lookups by class
         self.ndarray = type("ndarray", (CountingArray,), {"get": _get, "tolist": lambda a: a.get().tolist(),
@@ -113,6 +125,11 @@ class MockCupy:
         if what in self.fail:
             raise self.fail[what]
 
+    def _refuse_during_capture(self, library):
+        """CuPy 14's ``cublas.setStream`` / ``cusolver.setStream`` while the stream is capturing."""
+        if self.capturing:
+            raise NotImplementedError(f"calling {library} API during stream capture is currently unsupported")
+
     # -- the mocked libraries --------------------------------------------------------------------
 
     def _patch_linalg(self):
@@ -120,6 +137,7 @@ class MockCupy:
 
         def cholesky(A):
             mock._raise_if("cusolver")
+            mock._refuse_during_capture("cuSOLVER")
             mock.library_calls.append(("cusolver", "potrf"))
             a = np.asarray(_unwrap(A))
             if a.ndim > 2:
@@ -137,6 +155,7 @@ class MockCupy:
 
         def product(a, b):
             mock._raise_if("cublas")
+            mock._refuse_during_capture("cuBLAS")
             mock.library_calls.append(("cublas", "gemm"))
             return matmul(a, b)
 
@@ -179,6 +198,8 @@ class MockCupy:
 
         runtime.getDeviceCount = device_count
         runtime.getDevice = lambda: 0
+        runtime.runtimeGetVersion = lambda: 12090
+        runtime.driverGetVersion = lambda: 12090
         runtime.getDeviceProperties = device_properties
         def memory():
             mock._raise_if("runtime")
@@ -208,9 +229,26 @@ class MockCupy:
             def __exit__(self, *exc):
                 return False
 
+        class Graph:
+            def launch(self, stream=None):
+                return None
+
         class Stream(Synchronizing):
             def __init__(self, non_blocking=False):
                 self.non_blocking = non_blocking
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def begin_capture(self, mode=None):
+                mock.capturing = True
+
+            def end_capture(self):
+                mock.capturing = False
+                return Graph()
 
         class Event(Synchronizing):
             def record(self, stream=None):
@@ -231,6 +269,9 @@ class MockCupy:
         cupy.cuda = types.ModuleType("cupy.cuda")
         cupy.cuda.runtime, cupy.cuda.nvrtc = runtime, nvrtc
         cupy.cuda.Device, cupy.cuda.Stream, cupy.cuda.Event = Device, Stream, Event
+        current = Stream()
+        cupy.cuda.get_current_stream = lambda: current
+        cupy.asarray = lambda a, dtype=None: self.put(a.get() if hasattr(a, "get") else a, dtype=dtype)
         return cupy
 
     def _reduction_kernel_class(self):
@@ -269,6 +310,7 @@ class MockCupy:
 
         def solve_triangular(a, b, trans=0, lower=False, unit_diagonal=False, overwrite_b=False, check_finite=False):
             mock._raise_if("cublas")
+            mock._refuse_during_capture("cuBLAS")
             mock.library_calls.append(("cublas", "trsm"))
             return mock.xp._call("cupyx.scipy.linalg.solve_triangular",
                                  lambda A, B: scipy.linalg.solve_triangular(A, B, trans=trans, lower=lower,
@@ -296,6 +338,16 @@ class MockCupy:
             return Result(name, times, times)
 
         profiler.benchmark = benchmark
+
+        @contextmanager
+        def errstate(linalg=None):
+            yield  # (a failed factorisation raises only under linalg="raise" on a real GPU: probe_cupy.py asks)
+
+        @contextmanager
+        def allow_synchronize(allow):
+            yield  # (CuPy's raises DeviceSynchronized where it declares a synchronisation: probe_cupy.py asks)
+
+        cupyx.errstate, cupyx.allow_synchronize = errstate, allow_synchronize
         cupyx.scipy, scipy_.special, cupyx.profiler = scipy_, special, profiler
         scipy_.__path__ = []  # a package: its submodules are looked up (``_RefusedImport`` for a failing one)
         modules = {"cupyx": cupyx, "cupyx.scipy": scipy_, "cupyx.scipy.special": special, "cupyx.profiler": profiler}

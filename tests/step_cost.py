@@ -6,7 +6,8 @@ Every array operation is one kernel launch. Its arithmetic and memory traffic ar
 - ``matmul`` of (..., p, q) and (..., q, r): 2 p q r flops (times the batch), reading both operands and writing
   the (p, r) result;
 - ``linalg.solve`` of a (k, k) system with r right-hand sides: k^2 r flops, the triangular solve it stands for in
-  agpc's generic ``solve_triangular`` (cuBLAS trsm on CuPy); ``linalg.cholesky`` of (k, k): k^3 / 3;
+  agpc's generic ``solve_triangular`` (and ``cupyx.scipy.linalg.solve_triangular``, cuBLAS trsm, on the mocked CuPy);
+  ``linalg.cholesky`` of (k, k): k^3 / 3;
 - everything else (elementwise operations, reductions, indexing, ``vecdot``): one flop per element of its largest
   operand, reading every operand and writing an array the size of the largest one (a view, e.g. ``.mT`` or a slice,
   is counted as if it copied: an upper estimate).
@@ -22,6 +23,7 @@ import math
 __all__ = ["StepCost", "step_cost"]
 
 _MATMULS = frozenset(("matmul", "linalg.matmul", "__matmul__", "__rmatmul__", "__imatmul__"))
+_SOLVES = frozenset(("linalg.solve", "cupyx.scipy.linalg.solve_triangular"))  # (on CuPy: trsm)
 _FREE = frozenset((".mT", ".T"))  # views: a transposed operand is read by the next kernel, not copied
 
 
@@ -56,7 +58,7 @@ def _event_cost(event):
         p, q, r = a[-2], a[-1], b[-1]
         batch = max(_size(a[:-2]), _size(b[:-2]))
         return 2.0 * p * q * r * batch, batch * (p * q + q * r + p * r)
-    if event.name == "linalg.solve" and len(shapes) >= 2:
+    if event.name in _SOLVES and len(shapes) >= 2:
         k = shapes[0][-1]
         rhs = shapes[1][-1] if len(shapes[1]) >= 2 else 1
         return float(k * k * rhs), float(k * k + 2 * k * rhs)
