@@ -116,20 +116,24 @@ def failed_cholesky(cupy):
             _line(f"  - under cupyx.errstate(linalg='raise'): {type(exc).__name__}: {exc}")
 
 
+def _paths_to_the_host(cupy):
+    """{name: a call that synchronises with the device} for each path a step could take to the host."""
+    x = cupy.ones(())
+    return {"ndarray.get": lambda: x.get(), "float()": lambda: float(x), "bool()": lambda: bool(x),
+            "item()": lambda: x.item(), "tolist()": lambda: x.tolist(), "cupy.asnumpy": lambda: cupy.asnumpy(x),
+            "Stream.synchronize": lambda: cupy.cuda.get_current_stream().synchronize(),
+            "Event.synchronize": lambda: cupy.cuda.Event().synchronize(),
+            "Device.synchronize (a Cython method: not interceptable)": lambda: cupy.cuda.Device().synchronize()}
+
+
 @probe("cupyx.allow_synchronize(False): what it catches")
 def allow_synchronize(cupy):
     import cupyx
 
-    x = cupy.ones(())
-    paths = {"ndarray.get": lambda: x.get(), "float()": lambda: float(x), "bool()": lambda: bool(x),
-             "item()": lambda: x.item(), "tolist()": lambda: x.tolist(), "cupy.asnumpy": lambda: cupy.asnumpy(x),
-             "Stream.synchronize": lambda: cupy.cuda.get_current_stream().synchronize(),
-             "Event.synchronize": lambda: cupy.cuda.Event().synchronize(),
-             "Device.synchronize": lambda: cupy.cuda.Device().synchronize()}
     if not hasattr(cupyx, "allow_synchronize"):
         _line("- this CuPy has no cupyx.allow_synchronize")
         return
-    for name, call in paths.items():
+    for name, call in _paths_to_the_host(cupy).items():
         try:
             with cupyx.allow_synchronize(False):
                 call()
@@ -142,13 +146,7 @@ def allow_synchronize(cupy):
 def sync_counter(cupy):
     from cupy_syncs import counting_syncs
 
-    x = cupy.ones(())
-    paths = {"ndarray.get": lambda: x.get(), "float()": lambda: float(x), "bool()": lambda: bool(x),
-             "item()": lambda: x.item(), "tolist()": lambda: x.tolist(), "cupy.asnumpy": lambda: cupy.asnumpy(x),
-             "Stream.synchronize": lambda: cupy.cuda.get_current_stream().synchronize(),
-             "Event.synchronize": lambda: cupy.cuda.Event().synchronize(),
-             "Device.synchronize (not interceptable)": lambda: cupy.cuda.Device().synchronize()}
-    for name, call in paths.items():
+    for name, call in _paths_to_the_host(cupy).items():
         with counting_syncs(cupy) as syncs:
             call()
         _line(f"- {name}: counted {syncs.count}")

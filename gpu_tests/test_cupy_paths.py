@@ -11,6 +11,7 @@ timings) is re-checked by gpu_tests/run_on_gpu.sh.
 """
 
 import csv
+import warnings
 
 import numpy as np
 import pytest
@@ -21,19 +22,9 @@ from agpc import backend as B
 from agpc.cli import main
 from agpc.datasets import make_banana
 from agpc.inference import ep, training
-from agpc.kernels import RBF
+from gpu_tests.test_sync_free_step import BATCH, N_INDUCING, N_ROWS, step_problem
 
-N_ROWS, N_FEATURES, N_INDUCING, BATCH = 90, 3, 24, 30
 GENERIC_VECDOT_OPERATIONS = ("moveaxis", "conj", "broadcast_arrays")  # array-api-compat's vecdot on CuPy
-
-
-def _problem(put):
-    rng = np.random.default_rng(0)
-    X_host = rng.normal(size=(N_ROWS, N_FEATURES))
-    y_host = np.sign(X_host @ np.array([1.0, -0.5, 0.3]) + 0.3 * rng.normal(size=N_ROWS))
-    X, y = put(X_host), put(y_host)
-    kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=0.01).for_inputs(X)
-    return X, y, kernel, X[:N_INDUCING, ...]
 
 
 # -- a machine where CuPy cannot compute --------------------------------------------------------------------
@@ -56,9 +47,9 @@ def test_backend_cupy_without_a_usable_device_is_refused_before_any_work(monkeyp
     options, message = MISSING[case]
     mock = MockCupy(monkeypatch, **options)
     X, y = make_banana(60, random_state=0)
-    with mock.xp.counting() as tally, pytest.raises(B.DeviceUnavailableError, match=message) as refused:
+    with mock.xp.counting() as tally, pytest.raises(ValueError, match=message) as refused:
         GPClassifier(backend="cupy", n_inducing=5, max_iter=2).fit(X, y)
-    assert isinstance(refused.value, ValueError)
+    assert type(refused.value).__name__ == "DeviceUnavailableError"
     assert "agpc[gpu]" in str(refused.value) or "backend='numpy'" in str(refused.value)
     # the only device work before the refusal is the probe's own (a product, a factorisation, an addition)
     assert all(any(frame[2] in ("products", "factorisations", "elementwise") for frame in event.frames)
@@ -70,7 +61,7 @@ def test_cupy_input_on_a_machine_whose_cuda_libraries_fail_is_refused_first(monk
     X, y = make_banana(60, random_state=0)
     X_device, y_device = mock.put(X), mock.put(y)
     mock.fail["cublas"] = RuntimeError("CUBLAS_STATUS_NOT_INITIALIZED")
-    with pytest.raises(B.DeviceUnavailableError, match="cuBLAS"):
+    with pytest.raises(ValueError, match="cuBLAS"):
         GPClassifier(n_inducing=5, max_iter=2).fit(X_device, y_device)
 
 
@@ -162,7 +153,7 @@ def test_a_step_whose_prior_factorisation_fails_silently_on_cupy_is_refused_by_t
     partial factor), as cuSOLVER may: log Z would be finite and wrong; the device-side check makes it NaN, and the
     training loop's guard refuses the step (the state stays as it was)."""
     mock = MockCupy(monkeypatch)
-    X, y, kernel, Z = _problem(mock.put)
+    X, y, kernel, Z = step_problem(mock.put)
     trainer = training.Trainer(kernel, Z, method="sep", n_total=N_ROWS, minibatch=True, jitter=1e-6)
     trainer.step(X, y, 0, BATCH, stepping=True)
     Z_before = B.to_numpy(trainer.state["Z"])
@@ -174,10 +165,13 @@ def test_a_step_whose_prior_factorisation_fails_silently_on_cupy_is_refused_by_t
         return np.linalg.cholesky(a)
 
     mock.cholesky_result = garbage_for_kmm
-    with pytest.warns(B.JitterWarning, match="Kmm"):  # the guard's answer to a prior that does not factorise
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         took, _, log_z = trainer.step(X, y, BATCH, 2 * BATCH, stepping=True)
     assert not took and not np.isfinite(log_z)
     np.testing.assert_array_equal(B.to_numpy(trainer.state["Z"]), Z_before)
+    # the guard's answer to a prior that does not factorise: more jitter, said once
+    assert [str(w.message) for w in seen if issubclass(w.category, B.JitterWarning) and "Kmm" in str(w.message)]
 
 
 # -- row dot products --------------------------------------------------------------------------------------
@@ -217,7 +211,7 @@ def test_kernel_and_prediction_take_no_generic_vecdot_on_cupy(monkeypatch):
     """K(X, Z) (squared distances: row norms) and the predictive variances (row norms of two projections) on the
     mocked CuPy: no operation of array-api-compat's generic vecdot (moveaxis, broadcast, conj)."""
     mock = MockCupy(monkeypatch)
-    X, y, kernel, Z = _problem(mock.put)
+    X, y, kernel, Z = step_problem(mock.put)
     post = ep.posterior_from_sums(ep.prior_cholesky(kernel, Z, 1e-6),
                                   mock.put(0.1 * np.eye(N_INDUCING)), mock.put(np.ones(N_INDUCING)))
     with mock.xp.counting() as tally:
@@ -237,7 +231,7 @@ def test_float32_in_tf32_is_warned_about_and_recorded(monkeypatch, tf32):
         monkeypatch.setenv("CUPY_TF32", tf32)
     X, y = make_banana(80, random_state=0)
     options = dict(n_inducing=6, max_iter=2, random_state=0)
-    with pytest.warns(B.TF32Warning, match="TF32") if tf32 else _no_tf32_warning():
+    with pytest.warns(UserWarning, match="TF32") if tf32 else _no_tf32_warning():
         model = GPClassifier(dtype="float32", **options).fit(mock.put(X), mock.put(y))
     assert model.tf32_ is bool(tf32)
     with _no_tf32_warning():
@@ -250,11 +244,9 @@ def test_float32_in_tf32_is_warned_about_and_recorded(monkeypatch, tf32):
 
 class _no_tf32_warning:
     def __enter__(self):
-        import warnings
-
         self._catch = warnings.catch_warnings()
         self._catch.__enter__()
-        warnings.simplefilter("error", B.TF32Warning)
+        warnings.filterwarnings("error", message=".*TF32")
 
     def __exit__(self, *exc):
         return self._catch.__exit__(*exc)

@@ -106,14 +106,14 @@ class MockCupy:
                              "cupy.cuda.nvrtc": self.cupy.cuda.nvrtc, "cupy.linalg": self.cupy.linalg,
                              **self.cupyx, "array_api_compat.cupy": self.xp}.items():
             monkeypatch.setitem(sys.modules, name, module)
-        if "import" in self.fail:
-            monkeypatch.delitem(sys.modules, "cupyx.scipy.linalg", raising=False)  # ``import cupyx.scipy.linalg`` raises it, as a missing cuBLAS makes it do
+        if "import" in self.fail:  # ``import cupyx.scipy.linalg`` raises it, as a missing cuBLAS makes it do
+            monkeypatch.delitem(sys.modules, "cupyx.scipy.linalg", raising=False)
             monkeypatch.setattr(sys, "meta_path", [_RefusedImport("cupyx.scipy.linalg", self.fail["import"])]
                                 + sys.meta_path)
         monkeypatch.setattr(array_api_compat, "cupy", self.xp, raising=False)
         # agpc.backend's caches of what CuPy it met: each mock starts afresh
-        monkeypatch.setattr(backend, "_READY_DEVICES", set())
-        monkeypatch.setattr(backend, "_ROW_DOT_KERNEL", [])
+        monkeypatch.setattr(backend, "_READY_DEVICES", set(), raising=False)
+        monkeypatch.setattr(backend, "_ROW_DOT_KERNEL", [], raising=False)
 
     # -- arrays ----------------------------------------------------------------------------------
 

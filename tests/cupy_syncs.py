@@ -84,6 +84,8 @@ def counting_syncs(cupy):
     try:
         for dotted, name in SYNC_PATHS:
             owner = _owner(cupy, dotted)
+            if not hasattr(owner, name):  # (CuPy's ndarray has no __index__: int() of it goes through __int__)
+                continue
             original = getattr(owner, name)
             own = name in vars(owner)
             path = f"{'cupy.' + dotted if dotted else 'cupy'}.{name}"
