@@ -366,6 +366,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return kernel, Z
 
     def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter):
+        self.tf32_ = bool(getattr(self, "tf32_", False))  # (set by _note_tf32 before training; a loaded model: False)
         self.jitter_ = jitter
         self.kernel_prior_ = self.kernel_prior
         self.kernel_ = kernel
@@ -550,6 +551,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         from where it lives (e.g. zarr)."""
         import dask.array as da
 
+        self.tf32_ = False  # (the workers compute on NumPy)
         spec = M.get_method(self.method)
         if not spec.supports("dask"):
             raise ValueError(spec.refusal("dask", f"fit on a dask array trains the methods "
