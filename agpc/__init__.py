@@ -9,7 +9,7 @@ Fitted models are saved and loaded as data by :func:`save_model` and :func:`load
 """
 
 from . import datasets, priors
-from .backend import CholeskyError, JitterWarning
+from .backend import CholeskyError, DeviceUnavailableError, JitterWarning, TF32Warning
 from .classifier import GPClassifier
 from .kernels import RBF, Matern52, Product, RationalQuadratic, Sum
 from .persistence import load_model, save_model
@@ -25,6 +25,8 @@ __all__ = [
     "Product",
     "CholeskyError",
     "JitterWarning",
+    "DeviceUnavailableError",
+    "TF32Warning",
     "save_model",
     "load_model",
     "datasets",
