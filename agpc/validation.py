@@ -29,6 +29,7 @@ __all__ = [
     "ArrayNamespace",
     "ArrayLike",
     "HasMethods",
+    "Path",
     "Subset",
     "RandomState",
     "FloatingType",
@@ -223,8 +224,24 @@ class FloatingType:
         return " or ".join(repr(n) for n in self.names) + " (or a NumPy spelling of one)"
 
 
+class Path:
+    """A path to a file or a directory: a non-empty str or ``os.PathLike`` (the empty string names nothing:
+    ``open("")`` fails, and only after the work whose result was to be written there)."""
+
+    def accepts(self, value):
+        if not isinstance(value, (str, os.PathLike)):
+            return False
+        try:
+            return os.fspath(value) not in ("", b"")
+        except TypeError:  # an os.PathLike whose __fspath__ returns neither str nor bytes
+            return False
+
+    def __str__(self):
+        return "a path (a non-empty str or os.PathLike)"
+
+
 NONE = _NoneValue()
-PATH = InstanceOf(str, os.PathLike, description="a path (str or os.PathLike)")
+PATH = Path()
 
 
 def validate_params(params, constraints, owner):
