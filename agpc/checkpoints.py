@@ -53,12 +53,15 @@ __all__ = ["HEADER_KEY", "MAX_HEADER_BYTES", "MAX_EXPANSION", "UNCHECKED_BYTES",
 # refused whether or not it exists, and whether it is named or reached through a symbolic link.
 _SYSTEM_DIRECTORIES = ("/proc", "/sys", "/dev")
 # A temporary file is named after its target (a hash: the name stays short whatever the target's) and its
-# writer (host and process): ".agpc-<target>-<host>-<pid>-<n>.tmp". It is removed on every exit Python sees;
-# one left by a writer that was killed (SIGKILL, a power cut) is removed by the next save of the same target
-# on the same host once its process is gone, so that repeated kills do not pile them up.
-_TEMPORARY = re.compile(r"\.agpc-([0-9a-f]{10})-([0-9a-f]{4})-(\d+)-\d+\.tmp\Z")
+# writer (host and process): ".agpc-<target>-<host>-<pid>-<n>.tmp". It is removed on every exit Python sees.
+# One left by a writer that was killed (SIGKILL, a power cut) is removed by the next process that writes in
+# that directory on the same host, at its first write there, once the writer's process is gone: repeated kills
+# do not pile them up, and a directory of many files (a fit's site files) is listed once a process, not once a
+# file. A live writer's file, or another host's (a shared file system), is never touched.
+_TEMPORARY = re.compile(r"\.agpc-[0-9a-f]{10}-([0-9a-f]{4})-(\d+)-\d+\.tmp\Z")
 _temporary_numbers = itertools.count()
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:4]
+_cleaned_directories = set()  # where this process has removed the temporary files of killed writers
 
 
 def _system_directory_of(path):
@@ -133,8 +136,7 @@ def check_output_path(path, what=None, inputs=()):
 
 def _temporary_path(target):
     name = hashlib.sha256(os.path.basename(target).encode("utf-8", "surrogateescape")).hexdigest()[:10]
-    return os.path.join(os.path.dirname(target),
-                        f".agpc-{name}-{_HOST}-{os.getpid()}-{next(_temporary_numbers)}.tmp"), name
+    return os.path.join(os.path.dirname(target), f".agpc-{name}-{_HOST}-{os.getpid()}-{next(_temporary_numbers)}.tmp")
 
 
 def _process_is_gone(pid):
@@ -147,18 +149,20 @@ def _process_is_gone(pid):
     return False
 
 
-def _remove_stale_temporaries(directory, name):
-    """Remove the temporary files of target ``name`` (its hash) that writers on this host left when they were
-    killed: those whose process is gone. Only where a process can be asked whether it exists (POSIX)."""
-    if os.name != "posix":
+def _remove_stale_temporaries(directory):
+    """Once a process per directory: remove the temporary files that writers on this host left when they were
+    killed, those whose process is gone. Only where a process can be asked whether it exists (POSIX)."""
+    if os.name != "posix" or directory in _cleaned_directories:
         return
+    _cleaned_directories.add(directory)
     try:
-        entries = [entry.name for entry in os.scandir(directory) if entry.name.startswith(f".agpc-{name}-{_HOST}-")]
+        entries = [entry.name for entry in os.scandir(directory) if entry.name.startswith(".agpc-")]
     except OSError:
         return
     for entry in entries:
         match = _TEMPORARY.match(entry)
-        if match and int(match.group(3)) != os.getpid() and _process_is_gone(int(match.group(3))):
+        if match and match.group(1) == _HOST and int(match.group(2)) != os.getpid() and \
+                _process_is_gone(int(match.group(2))):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(directory, entry))
 
@@ -168,7 +172,7 @@ def check_writable(path, what=None, inputs=()):
     ``check_output_path``, then a temporary file is created beside the target and removed (a read-only
     directory or file system, no permission). Returns the target file."""
     target = check_output_path(path, what, inputs)
-    tmp, _ = _temporary_path(target)
+    tmp = _temporary_path(target)
     try:
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         os.unlink(tmp)
@@ -185,8 +189,8 @@ def atomic_write(path, mode="wb", what=None, inputs=()):
     a crash never leaves a half-written file where a good one was. Text modes write UTF-8 with newlines as
     given. The new file gets the permissions any new file would (0666 less the umask)."""
     target = check_output_path(path, what, inputs)
-    tmp, name = _temporary_path(target)
-    _remove_stale_temporaries(os.path.dirname(target), name)
+    tmp = _temporary_path(target)
+    _remove_stale_temporaries(os.path.dirname(target))
     text = {} if "b" in mode else {"newline": "", "encoding": "utf-8"}
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:

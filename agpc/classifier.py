@@ -155,7 +155,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         atomically. ``fit(X, y, resume=True)`` continues from it and ends at the same model as an
         uninterrupted run. Early stopping's best state is not kept across a resume. On a dask array, batch
         EP's sites are written by the workers into ``<checkpoint_path>.sites/`` (a directory they must share
-        with the driver), one file a chunk.
+        with the driver), one file a chunk. The path is checked when ``fit`` starts: writable, and a regular file
+        if it exists (not a device, a FIFO, a path under /proc, /sys or /dev, nor the file a memmap or zarr array
+        of the training data reads from); ``resume=True`` needs a checkpoint there.
     site_directory : path or None
         Batch EP on a dask.array: keep the sites (two floats a row) in files under this directory, a file
         a chunk, instead of in the workers' memory. Worker memory then stays flat as the rows grow, at the

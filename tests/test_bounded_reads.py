@@ -104,6 +104,17 @@ def test_a_60_mb_json_header_in_a_small_model_file_is_refused_before_it_is_read(
     assert members_read == []
 
 
+def test_a_model_whose_load_would_not_fit_in_memory_is_refused_from_its_declared_shapes(saved, monkeypatch,
+                                                                                       members_read):
+    from agpc import model_file
+
+    monkeypatch.setattr(model_file, "available_memory", lambda: 500, raising=False)  # 5 x 5 factors take 800
+    with pytest.raises(ValueError, match=r"posterior_h declares 5 inducing points: loading the model takes about 800 "
+                                         r"bytes, more than the 500 bytes of memory available"):
+        GPClassifier.load(saved[0])
+    assert set(members_read) <= {checkpoints.HEADER_KEY + ".npy"}  # no array inflated
+
+
 def test_an_honest_model_file_compressed_afterwards_still_loads(saved, tmp_path):
     path, header, arrays = saved
     compressed = write_model(tmp_path / "compressed.agpc", header, arrays, compressed=True)
