@@ -65,7 +65,10 @@ _cleaned_directories = set()  # where this process has removed the temporary fil
 
 
 def _system_directory_of(path):
-    """The system directory (``_SYSTEM_DIRECTORIES``) ``path`` is in, or None."""
+    """The system directory (``_SYSTEM_DIRECTORIES``) ``path`` is in, or None. /dev/shm is not one: it is a
+    file system of regular files in memory, where outputs are written on purpose."""
+    if path == "/dev/shm" or path.startswith("/dev/shm/"):
+        return None
     return next((root for root in _SYSTEM_DIRECTORIES if path == root or path.startswith(root + "/")), None)
 
 

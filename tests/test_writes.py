@@ -135,6 +135,17 @@ def test_a_symlink_to_a_regular_file_is_written_through_and_kept(tmp_path, fitte
     np.testing.assert_array_equal(GPClassifier.load(real).classes_, fitted.classes_)
 
 
+@pytest.mark.skipif(not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK), reason="no /dev/shm")
+def test_dev_shm_a_file_system_of_regular_files_is_written(fitted):
+    path = f"/dev/shm/agpc-test-{os.getpid()}.agpc"
+    try:
+        fitted.save(path)
+        assert GPClassifier.load(path).n_features_in_ == 2
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def test_checkpoint_path_naming_the_memmapped_training_file_is_refused_before_training(tmp_path, banana,
                                                                                          monkeypatch):
     X, y = banana
