@@ -684,10 +684,17 @@ def every_core_busy():
             burner.wait()
 
 
-def _sigint_ignored():
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # kept across exec, as a shell's background job has it
+# Run 'python -m agpc ARGS' from a process that first ignores SIGINT (kept across exec, as a shell's background
+# job has it) or closes its standard output (>&-); a wrapper that execs, rather than a preexec_fn, which is not
+# safe beside the threads a test process may have.
+EXEC_AGPC = """
+import os, signal, sys
+if sys.argv[1] == "sigint-ignored":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+elif sys.argv[1] == "stdout-closed":
+    os.close(1)
+os.execv(sys.executable, [sys.executable, "-m", "agpc", *sys.argv[2:]])
+"""
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
@@ -702,9 +709,9 @@ def test_ctrl_c_during_fit_is_one_line_exit_130_and_writes_nothing(tmp_path, ban
     data = write_csv(tmp_path / "d.csv", *banana)
     argv = ["fit", str(data), "--target", "label", "--inducing", "10", "--max-iter", "100000000", "--max-time", "300",
             "--quiet", "--out", str(tmp_path / "m.agpc")]  # optimising hyperparameters: no convergence stop
-    with subprocess.Popen([sys.executable, "-m", "agpc", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env=subprocess_env(),
-                          preexec_fn=_sigint_ignored if "ignored" in inherited else None) as proc:
+    how = "sigint-ignored" if "ignored" in inherited else "as-is"
+    with subprocess.Popen([sys.executable, "-c", EXEC_AGPC, how, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=subprocess_env()) as proc:
         assert proc.stdout.readline().startswith("agpc fit:")  # the data are read; training starts
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
@@ -749,8 +756,8 @@ def test_ctrl_c_while_the_command_loads_is_one_line_exit_130():
 def test_a_closed_standard_output_is_not_an_error(tmp_path, banana):
     """agpc fit ... >&- : the model is written, the summary dropped, exit 0 (was an AttributeError, exit 1)."""
     data = write_csv(tmp_path / "d.csv", *banana)
-    run = subprocess.run([sys.executable, "-m", "agpc", *fit_argv(tmp_path, data)], stderr=subprocess.PIPE,
-                         text=True, env=subprocess_env(), timeout=120, preexec_fn=lambda: os.close(1))
+    run = subprocess.run([sys.executable, "-c", EXEC_AGPC, "stdout-closed", *fit_argv(tmp_path, data)],
+                         stderr=subprocess.PIPE, text=True, env=subprocess_env(), timeout=120)
     assert run.returncode == 0 and run.stderr == "", run.stderr
     assert GPClassifier.load(tmp_path / "m.agpc").n_features_in_ == 2
 
