@@ -27,31 +27,6 @@ ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.en
 posix_only = pytest.mark.skipif(os.name != "posix", reason="FIFOs and /dev/zero are POSIX")
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """A small binary model saved by this agpc, and its header and arrays as written."""
-    X, y = make_banana(120, random_state=3)
-    path = tmp_path_factory.mktemp("model") / "banana.agpc"
-    GPClassifier(n_inducing=5, max_iter=3, random_state=0).fit(X, y).save(path)
-    with np.load(path, allow_pickle=False) as archive:
-        arrays = {name: archive[name] for name in archive.files}
-    header = json.loads(str(arrays.pop(checkpoints.HEADER_KEY)))
-    return path, header, arrays
-
-
-@pytest.fixture
-def members_read(monkeypatch):
-    """The names of the zip members whose data NumPy reads (inflates)."""
-    read, real = [], npy_format.read_array
-
-    def recording(fh, *args, **kwargs):
-        read.append(os.path.basename(getattr(fh, "name", "?")))
-        return real(fh, *args, **kwargs)
-
-    monkeypatch.setattr(npy_format, "read_array", recording)
-    return read
-
-
 def write_model(path, header, arrays, compressed=False):
     with open(path, "wb") as fh:  # (a file object: np.savez would add ".npz" to the name)
         (np.savez_compressed if compressed else np.savez)(

@@ -11,7 +11,6 @@ import pytest
 from agpc import GPClassifier
 from agpc.cli import _split, main
 from agpc.datasets import make_banana
-from agpc.inference import training
 from agpc.model_file import MAX_LABEL_BYTES
 
 FIT_OPTIONS = ["--inducing", "5", "--max-iter", "2", "--random-state", "0", "--quiet"]
@@ -123,18 +122,10 @@ def test_integers_beyond_64_bits_are_refused_naming_what_to_do(banana):
         GPClassifier(n_inducing=5, max_iter=2).fit(X, labels)
 
 
-def _no_training(monkeypatch):
-    def step(self, *args, **kwargs):
-        raise AssertionError("training started")
-
-    monkeypatch.setattr(training.Trainer, "step", step)
-
-
-def test_a_label_longer_than_a_model_file_holds_is_refused_at_fit(tmp_path, banana, monkeypatch, capsys):
+def test_a_label_longer_than_a_model_file_holds_is_refused_at_fit(tmp_path, banana, no_training, capsys):
     X, y = banana
     long = "x" * 5000  # 20,000 bytes as NumPy holds text
     labels = two_classes(y, "short", long)
-    _no_training(monkeypatch)
     with pytest.raises(ValueError, match="a label of 5,000 characters.*at most 1,024 characters"):
         GPClassifier(n_inducing=5, max_iter=2).fit(X, labels)
     data = write_csv(tmp_path / "d.csv", X, labels)

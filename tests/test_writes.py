@@ -19,7 +19,6 @@ import pytest
 from agpc import GPClassifier, checkpoints
 from agpc.cli import main
 from agpc.datasets import make_banana
-from agpc.inference import training
 
 ROOT = Path(__file__).resolve().parent.parent
 FIT_OPTIONS = ["--inducing", "5", "--max-iter", "2", "--random-state", "0", "--quiet"]
@@ -42,14 +41,6 @@ def banana():
 @pytest.fixture(scope="module")
 def fitted(banana):
     return GPClassifier(n_inducing=5, max_iter=2, random_state=0).fit(*banana)
-
-
-def no_training(monkeypatch):
-    """Training that fails the test if it starts: what is checked at the start must be checked before it."""
-    def step(self, *args, **kwargs):
-        raise AssertionError("training started")
-
-    monkeypatch.setattr(training.Trainer, "step", step)
 
 
 def one_error_line(status, err):
@@ -97,10 +88,9 @@ def make_target(tmp_path, kind):
 
 @posix_only
 @pytest.mark.parametrize("kind", list(TARGETS))
-def test_fit_out_refuses_a_target_that_is_not_a_regular_file(tmp_path, banana, monkeypatch, capsys, kind):
+def test_fit_out_refuses_a_target_that_is_not_a_regular_file(tmp_path, banana, no_training, capsys, kind):
     data = write_csv(tmp_path / "d.csv", *banana)
-    target, still_there = make_target(tmp_path, kind)
-    no_training(monkeypatch)  # refused at the start, not after the fit
+    target, still_there = make_target(tmp_path, kind)  # (no_training: refused at the start, not after the fit)
     status = main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", target])
     line = one_error_line(status, capsys.readouterr().err)
     assert "agpc writes only regular files" in line
@@ -111,13 +101,12 @@ def test_fit_out_refuses_a_target_that_is_not_a_regular_file(tmp_path, banana, m
 @pytest.mark.parametrize("kind", list(TARGETS))
 @pytest.mark.parametrize("write", ["save", "checkpoint", "site file"])
 def test_every_write_of_the_library_refuses_a_target_that_is_not_a_regular_file(tmp_path, fitted, banana,
-                                                                                  monkeypatch, kind, write):
+                                                                                  no_training, kind, write):
     target, still_there = make_target(tmp_path, kind)
     with pytest.raises(ValueError, match="agpc writes only regular files"):
         if write == "save":
             fitted.save(target)
         elif write == "checkpoint":
-            no_training(monkeypatch)
             GPClassifier(n_inducing=5, max_iter=2, checkpoint_path=target, checkpoint_every=1).fit(*banana)
         else:
             checkpoints.save_site_chunk(target, np.ones(3), np.zeros(3))
@@ -147,7 +136,7 @@ def test_dev_shm_a_file_system_of_regular_files_is_written(fitted):
 
 
 def test_checkpoint_path_naming_the_memmapped_training_file_is_refused_before_training(tmp_path, banana,
-                                                                                         monkeypatch):
+                                                                                         no_training):
     X, y = banana
     path = tmp_path / "X.dat"
     X_disk = np.memmap(path, dtype=np.float64, mode="w+", shape=X.shape)
@@ -155,22 +144,19 @@ def test_checkpoint_path_naming_the_memmapped_training_file_is_refused_before_tr
     X_disk.flush()
     before = path.read_bytes()
     X_disk = np.memmap(path, dtype=np.float64, mode="r", shape=X.shape)
-    no_training(monkeypatch)
     with pytest.raises(ValueError, match="is the input file"):
         GPClassifier(n_inducing=5, max_iter=2, checkpoint_path=path, checkpoint_every=1).fit(X_disk, y)
     assert path.read_bytes() == before
 
 
 @pytest.mark.parametrize("parameter", ["checkpoint_path", "site_directory"])
-def test_an_empty_path_is_refused_before_training(banana, monkeypatch, parameter):
-    no_training(monkeypatch)
+def test_an_empty_path_is_refused_before_training(banana, no_training, parameter):
     with pytest.raises(ValueError, match=rf"{parameter} must be None or a path \(a non-empty str"):
         GPClassifier(n_inducing=5, max_iter=2, checkpoint_every=1, **{"checkpoint_path": "x.ckpt",
                                                                      parameter: ""}).fit(*banana)
 
 
-def test_resume_with_no_checkpoint_yet_is_one_value_error_before_training(tmp_path, banana, monkeypatch):
-    no_training(monkeypatch)
+def test_resume_with_no_checkpoint_yet_is_one_value_error_before_training(tmp_path, banana, no_training):
     path = tmp_path / "run.ckpt"
     with pytest.raises(ValueError, match=r"resume=True: no checkpoint at .*run\.ckpt yet"):
         GPClassifier(n_inducing=5, max_iter=2, checkpoint_path=path, checkpoint_every=1).fit(*banana, resume=True)
