@@ -24,6 +24,8 @@ _PUBLIC = {
     "Product": "kernels",
     "CholeskyError": "backend",
     "JitterWarning": "backend",
+    "DeviceUnavailableError": "backend",
+    "TF32Warning": "backend",
     "save_model": "persistence",
     "load_model": "persistence",
     "datasets": None,

@@ -130,6 +130,7 @@ def check_features(estimator, X, *, reset):
     target = dtype_name(estimator.dtype)
     if is_foreign_array(X):
         xp = B.array_namespace(X)
+        B.check_device(xp)  # CuPy arrays on a machine whose CUDA libraries or driver cannot compute: said first
         _check_rows(X.shape)
         if not xp.isdtype(X.dtype, ("real floating", "integral", "bool")):
             raise ValueError(f"X must be real-valued, got dtype {X.dtype}")

@@ -590,6 +590,8 @@ def test_a_model_without_names_takes_columns_by_position_with_a_warning(tmp_path
 
 
 def test_fit_then_predict_through_the_model_file_matches_columns_by_name(tmp_path, banana, reference, capsys):
+    """The model file keeps the feature names, so predict takes the columns by name whatever their order (this was
+    an xfail until model files kept the names; issue 25: a stale xfail turns a regression into an expected failure)."""
     from agpc import load_model
 
     X, y = banana
@@ -597,8 +599,7 @@ def test_fit_then_predict_through_the_model_file_matches_columns_by_name(tmp_pat
     swapped = write_table(tmp_path / "swapped.csv", {"label": y, "x2": X[:, 1], "x1": X[:, 0]})
     model, out = tmp_path / "m.agpc", tmp_path / "p.csv"
     assert main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(model)]) == 0
-    if not hasattr(load_model(model), "feature_names_in_"):
-        pytest.xfail("model files keep feature names once the persist branch of issue 15 is merged")
+    assert list(load_model(model).feature_names_in_) == ["x1", "x2"]
     assert main(["predict", str(model), str(swapped), "--out", str(out)]) == 0
     assert "warning" not in capsys.readouterr().err
     np.testing.assert_allclose(read_predictions(out)[1], reference.predict_proba(X), rtol=1e-12, atol=1e-15)

@@ -398,6 +398,20 @@ def test_every_field_is_checked_and_refused_in_one_value_error(saved, tmp_path, 
         assert word in message, message
 
 
+def test_the_loaders_final_probe_refuses_a_model_that_does_not_predict(saved, tmp_path):
+    """Issue 25: the loader's last check (it predicts at the model's own inducing points) is what refuses a file
+    whose every field passes its own check but whose whole does not predict. Here posterior_L_C and posterior_h are
+    finite numbers of the right shape and type, a Cholesky factor with a positive diagonal: L_C = 1e-160 I and
+    h = 1e150. Then q's whitened mean L_C^-T h overflows, so every entry of beta = L_K^-T L_C^-T h is infinite or
+    NaN and so is the predictive mean (K(x, Z) > 0 for an RBF kernel), while the variance, through L_C^-1, is inf:
+    the probabilities are NaN at every input. Without the probe this file loaded as a model that answers NaN."""
+    m = saved[2]["posterior_h"].shape[0]
+    path = rewrite(saved, tmp_path, arrays={"posterior_L_C": 1e-160 * np.eye(m), "posterior_h": np.full(m, 1e150)})
+    with pytest.raises(ValueError, match="does not give probabilities") as info:
+        GPClassifier.load(path)
+    assert str(path) in str(info.value) and "not a valid agpc model file" in str(info.value)
+
+
 @pytest.mark.parametrize("raw, words", [("{not json", ["header", "JSON"]), ("[" * 100_000, ["header"]),
                                         ('{"version": ' + "1" * 5000 + "}", ["header"]),
                                         ('"a string"', ["format"])])

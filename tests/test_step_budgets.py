@@ -41,13 +41,17 @@ from agpc.kernels import RBF
 # ep.evaluate pass with its gradient over three row blocks and the one float(log Z_q) the loop reads;
 # "batch_ep_step" one batch EP iteration of the training loop (Trainer.step: that pass, the site-change
 # test, the Rprop step). The counts do not depend on m or the batch size, only on the number of row blocks.
+# Raised once, by what a feature costs, not to make a test pass: the latent noise's lower bound (issue 25,
+# ``optim.bounded_step``) is one operation a step (the clip) for Adadelta and Adam, four for Rprop (the clip and
+# the projection of the noise's gradient): sep / ep / adf 377 / 406 / 352 -> +1, batch_ep_step 821 -> +4 (SVI's
+# step had one operation to spare under its budget).
 STEP_BUDGETS = {
-    "sep":           {"op": 377, "m3": 10, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
-    "ep":            {"op": 406, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
-    "adf":           {"op": 352, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "sep":           {"op": 378, "m3": 10, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "ep":            {"op": 407, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "adf":           {"op": 353, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
     "svi":           {"op": 401, "m3": 16, "rows_m2": 4, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
     "batch_ep":      {"op": 769, "m3": 9, "rows_m2": 15, "host": 5, "data_dependent": 0, "syncs": 5, "upload": 0},
-    "batch_ep_step": {"op": 821, "m3": 9, "rows_m2": 15, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "batch_ep_step": {"op": 825, "m3": 9, "rows_m2": 15, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
 }
 # ---------------------------------------------------------------------------------------------------
 

@@ -23,8 +23,10 @@ from __future__ import annotations
 import warnings
 
 from ..backend import array_device, array_namespace, cholesky, lower_triangular_inverse, machine_epsilon
+from ..kernels import step_lower_bounds
 from ..likelihoods import LIKELIHOODS as LIKELIHOOD_OBJECTS
 from ..likelihoods import likelihood_by_name, sigmoid, softplus
+from ..optim import bounded_step
 from . import ep
 
 __all__ = [
@@ -212,7 +214,8 @@ def whitened_step(optimizer, names, kernel, Z, mean, chol, grads, *, jitter):
     grads = dict(grads)
     grads["mean"] = (L_K.mT @ grads["mean"][..., None])[..., 0]
     grads["chol"] = xp.tril(L_K.mT @ grads["chol"])
-    params.update(optimizer.step({k: params[k] for k in names}, {k: grads[k] for k in names}))
+    params.update(bounded_step(optimizer, {k: params[k] for k in names}, {k: grads[k] for k in names},
+                               step_lower_bounds(kernel)))
     mean = (L_K @ params.pop("mean")[..., None])[..., 0]
     chol = L_K @ params.pop("chol")
     Z = params.pop("Z")
