@@ -407,7 +407,7 @@ def test_the_loaders_final_probe_refuses_a_model_that_does_not_predict(saved, tm
     the probabilities are NaN at every input. Without the probe this file loaded as a model that answers NaN."""
     m = saved[2]["posterior_h"].shape[0]
     path = rewrite(saved, tmp_path, arrays={"posterior_L_C": 1e-160 * np.eye(m), "posterior_h": np.full(m, 1e150)})
-    with pytest.raises(ValueError, match="does not give probabilities") as info:
+    with pytest.raises(ValueError, match="posterior_h, posterior_L_C: the model they describe") as info:
         GPClassifier.load(path)
     assert str(path) in str(info.value) and "not a valid agpc model file" in str(info.value)
 
