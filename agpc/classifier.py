@@ -20,7 +20,7 @@ from . import prediction as P
 from . import streaming as S
 from . import threads
 from . import validation as V
-from .checkpoints import check_checkpoint_path
+from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
 from .inducing import initial_inducing_points
 from .inference import ep, training
 from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
@@ -164,7 +164,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         atomically. ``fit(X, y, resume=True)`` continues from it and ends at the same model as an
         uninterrupted run. Early stopping's best state is not kept across a resume. On a dask array, batch
         EP's sites are written by the workers into ``<checkpoint_path>.sites/`` (a directory they must share
-        with the driver), one file a chunk.
+        with the driver), one file a chunk. The path is checked when ``fit`` starts: writable, and a regular file
+        if it exists (not a device, a FIFO, a path under /proc, /sys or /dev, nor the file a memmap or zarr array
+        of the training data reads from); ``resume=True`` needs a checkpoint there.
     site_directory : path or None
         Batch EP on a dask.array: keep the sites (two floats a row) in files under this directory, a file
         a chunk, instead of in the workers' memory. Worker memory then stays flat as the rows grow, at the
@@ -414,6 +416,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """
         started = time.perf_counter()  # max_time covers the whole fit, from here
         self._check_params()  # before anything reads them (the BLAS scope reads n_inducing and batch_size)
+        I.check_known_shapes(X, y)  # (the BLAS scope counts the rows)
         self._warn_step_replay()
         with self._blas_scope(X), B.jitter_report("GPClassifier.fit"):
             return self._fit(X, y, validation_data, resume, started)
@@ -422,12 +425,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         groups, target_xp = self._check_params()
         if resume and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
+        if resume:
+            check_resume_path(self.checkpoint_path)
         if self.checkpoint_every is not None:  # before any work: a bad path must not cost the fit
-            check_checkpoint_path(self.checkpoint_path)
+            check_checkpoint_path(self.checkpoint_path, inputs=I.data_files(X, y))
         elif self.checkpoint_path is not None and not resume:  # a path alone writes nothing (a resume reads it)
             warnings.warn(f"checkpoint_path={str(self.checkpoint_path)!r} is set without checkpoint_every: no "
                           "checkpoint will be written (set checkpoint_every, a number of steps)", UserWarning,
                           stacklevel=3)
+        if self.site_directory is not None:
+            check_site_directory(self.site_directory)
         if B.is_dask_array(X):
             return self._fit_dask(X, y, groups, resume, validation_data, started)
         self.__dict__.pop("_trainer", None)

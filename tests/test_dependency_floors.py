@@ -35,7 +35,7 @@ NUMPY_2_ONLY_FUNCTIONS = ("vecdot", "matrix_transpose", "unique_values", "unique
                           "cumulative_prod", "trapezoid", "unstack", "bitwise_invert", "acos", "atan2")
 CUPY_FLOOR_FOR_MT = Version("14")
 FIRST_BUILT_FOR_NUMPY_2 = {"scipy": Version("1.13"), "matplotlib": Version("3.8.4"), "pyarrow": Version("16"),
-                           "scikit-learn": Version("1.4.2")}
+                           "scikit-learn": Version("1.4.2"), "pandas": Version("2.2.2")}
 CUPY_PACKAGES = ("cupy-cuda12x", "cupy-cuda13x")
 
 
