@@ -242,7 +242,7 @@ def scale_cell(args, method, n):
         row["epoch_s"] = n / row["rows_per_s"]
     else:
         warm, graded = steps[:10], steps[10:]
-        row["pass_s"] = statistics.median(warm)
+        row["pass_s"] = statistics.median(warm) if warm else float("nan")  # (no pass within a short budget)
         row["grad_pass_s"] = statistics.median(graded) if graded else float("nan")
         row["rows_per_s"] = n / row["pass_s"]
         row["epoch_s"] = row["pass_s"]
