@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from .backend import array_device, array_namespace, asarray_like, host_array, to_numpy
+from .backend import array_device, array_namespace, asarray_like, host_array, row_dot, to_numpy
 from .priors import LogNormal, Prior, prior_from_spec
 
 __all__ = [
@@ -41,6 +41,8 @@ __all__ = [
     "kernel_from_spec",
     "spec_parameter_table",
     "log_prior_and_grads",
+    "step_lower_bounds",
+    "LATENT_NOISE_FLOOR",
     "DEFAULT_PRIOR_SCALE",
     "with_default_priors",
 ]
@@ -48,6 +50,11 @@ __all__ = [
 SCALAR = "scalar"
 PER_DIMENSION = "per_dimension"  # one value per input dimension (ARD); a single value broadcasts at first use
 LOG = "log"  # stored u = log(value), value = exp(u); the only transform so far (every parameter is positive)
+
+LATENT_NOISE_FLOOR = 1e-6
+"""The least latent noise variance a fit steps to. Negligible beside the probit's (or the logistic's) own unit of
+noise on f, so it changes no fitted probability that a smaller noise would give by more than ~1e-6; GPflow bounds
+a Gaussian likelihood's variance below at the same 1e-6 (``gpflow.likelihoods.Gaussian``). docs/design.md, kernels."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,9 @@ class Parameter:
     - ``shape``: ``"scalar"`` or ``"per_dimension"`` (one per input feature).
     - ``may_be_zero``: a value of exactly 0 is allowed, stored as -inf, and is then fixed (the latent noise: 0
       means no noise, not a parameter to learn).
+    - ``lower``: the least value the optimisers step it to (``step_lower_bounds``), or None. The latent noise's is
+      ``LATENT_NOISE_FLOOR``: with no bound, batch EP's sign-based steps, which grow while the gradient keeps its
+      sign, drove a noise the data did not need to exp(-752), where it underflows to 0 and its gradient vanishes.
     - ``prior``: a :class:`agpc.priors.Prior` on the constrained value, or None (set per kernel, not per class).
     """
 
@@ -68,6 +78,7 @@ class Parameter:
     shape: str = SCALAR
     may_be_zero: bool = False
     prior: Prior | None = None
+    lower: float | None = None
 
     @property
     def key(self):
@@ -134,6 +145,14 @@ def _check_prior_entries(kernel):
             raise ValueError(f"the prior on {parameter.name} lists {entries} values, but the kernel has {size} "
                              f"{parameter.name} (one per feature of the data)")
     return kernel
+
+
+def step_lower_bounds(kernel):
+    """{key: the least stored value an optimiser may step the parameter to} over the parameters that have a lower
+    bound (``Parameter.lower``; the latent noise), for ``Kernel`` and ``ClassKernels`` alike: what
+    ``agpc.optim.bounded_step`` and ``lbfgsb_ascent`` take."""
+    return {key: parameter.stored(parameter.lower) for key, parameter in kernel.parameter_table().items()
+            if parameter.lower is not None}
 
 
 def log_prior_and_grads(kernel):
@@ -231,7 +250,9 @@ class Stationary(Kernel):
     amplitude : float
         Signal variance.
     noise : float
-        Variance of additive latent noise at the data points (0 for none).
+        Variance of additive latent noise at the data points (0 for none: fixed, not learned). A learned noise
+        stays at or above ``LATENT_NOISE_FLOOR`` (1e-6): a training step never takes it lower, and lifts a
+        smaller starting value to it.
     priors : dict or None
         {parameter name: agpc.priors.Prior}, e.g. ``{"lengthscales": Gamma(2.0, 1.0)}``; None: no prior.
     """
@@ -242,7 +263,7 @@ class Stationary(Kernel):
     parameters = (
         Parameter("lengthscales", shape=PER_DIMENSION),
         Parameter("amplitude"),
-        Parameter("noise", may_be_zero=True),
+        Parameter("noise", may_be_zero=True, lower=LATENT_NOISE_FLOOR),
     )
 
     def __init__(self, lengthscales=1.0, amplitude=1.0, noise=0.0, priors=None, **profile_values):
@@ -345,8 +366,8 @@ class Stationary(Kernel):
             x2 = z2 = xp.linalg.diagonal(gram)
             r2 = -2.0 * gram  # (a new array: the norms are a view of gram's diagonal)
         else:
-            x2 = xp.vecdot(Xc, Xc, axis=-1)
-            z2 = xp.vecdot(Zc, Zc, axis=-1)
+            x2 = row_dot(Xc, Xc)  # one fused reduction on every namespace (CuPy has no vecdot)
+            z2 = row_dot(Zc, Zc)
             r2 = gram
             r2 *= -2.0
         # in place: r2 is this function's own temporary (n x m temporaries fewer than the plain expression)
@@ -388,7 +409,7 @@ class Stationary(Kernel):
         col = xp.sum(G, axis=0)  # (m,)
         GZ = G @ Zs  # (n, d)
         GtX = G.mT @ Xs  # (m, d)
-        cross = xp.vecdot(Xs, GZ, axis=-2)  # sum_nm G_nm xs_nj zs_mj
+        cross = row_dot(Xs, GZ, axis=-2)  # sum_nm G_nm xs_nj zs_mj
         if same:
             both = row + col
             d_log_l = 4.0 * cross - 2.0 * (both @ (Zs * Zs))
@@ -534,7 +555,7 @@ class Combination(Kernel):
     """
 
     name = "Combination"
-    parameters = (Parameter("noise", may_be_zero=True),)
+    parameters = (Parameter("noise", may_be_zero=True, lower=LATENT_NOISE_FLOOR),)
 
     def __init__(self, *terms, noise=None, priors=None):
         if noise is None:

@@ -387,6 +387,7 @@ class _RoundEngine:
     block_rows = property(lambda self: self.template.block_rows)
     n_total = property(lambda self: self.template.n_total)
     has_damping = property(lambda self: self.template.has_damping)
+    triangular_state = property(lambda self: self.template.triangular_state)
 
     @property
     def jitter(self):

@@ -40,8 +40,8 @@ import math
 from dataclasses import dataclass
 
 from ..backend import ModulesByName, array_device, array_namespace, is_dask_array, read_rows, row_slice, scaled_std
-from ..kernels import ClassKernels, log_prior_and_grads
-from ..optim import OPTIMIZERS, Rprop, lbfgsb_ascent
+from ..kernels import ClassKernels, log_prior_and_grads, step_lower_bounds
+from ..optim import OPTIMIZERS, Rprop, bounded_step, lbfgsb_ascent
 from . import ep, gfitc, multiclass_ep, multiclass_vi, variational
 
 __all__ = ["Outcome", "EPEngine", "GFITCEngine", "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names",
@@ -135,11 +135,13 @@ def with_log_prior(kernel, grads, value=None):
 
 
 def hyper_step(optimizer, names, kernel, Z, grads):
-    """One ascent step of the named hyper-parameters (kernel parameters and "Z") on log Z plus the log prior."""
+    """One ascent step of the named hyper-parameters (kernel parameters and "Z") on log Z plus the log prior, the
+    latent noise held at or above its floor (``kernels.step_lower_bounds``)."""
     grads, _ = with_log_prior(kernel, grads)
     params = dict(kernel.params)
     params["Z"] = Z
-    updated = optimizer.step({k: params[k] for k in names}, {k: grads[k] for k in names})
+    updated = bounded_step(optimizer, {k: params[k] for k in names}, {k: grads[k] for k in names},
+                           step_lower_bounds(kernel))
     params.update(updated)
     Z = params.pop("Z")
     return kernel.with_params(params), Z
@@ -166,6 +168,7 @@ class _Engine(ModulesByName):
     model trained by ``partial_fit`` holds one): their namespace and passes modules travel by name."""
 
     per_row_sites = False  # the state holds a site per row ("nu", "mu", in the loop's row order)
+    triangular_state = ()  # state arrays that are lower-triangular factors (a resume checks them: checkpoint_rules)
     uses_warmup = False  # batch mode: the loop's warm-up sweeps (no hyper-parameter step) apply
     settled = True  # GFITC: False while the sites are not converged at the current hyper-parameters
     has_damping = False
@@ -534,6 +537,8 @@ class SVIEngine(_Engine):
     # checkpoint entries of the u-space form and the whitened entries they become (``restore_checkpoint``)
     legacy_checkpoint_keys = {"mean": "whitened_mean", "chol": "whitened_chol"}
 
+    triangular_state = ("whitened_chol",)  # q(v)'s covariance factor
+
     def __init__(self, kernel, Z, *, n_total, minibatch, likelihood="probit", n_quadrature=20, jitter=1e-6,
                  optimize=("kernel", "inducing"), optimizer=None, learning_rate=None, block_rows=None):
         name = optimizer or "adam"
@@ -693,7 +698,7 @@ class QuadraticEngine(_Engine):
         if self.joint_xi:
             variables["xi"] = xi
         if variables and stepping:
-            kernel, Z, xi = split(lbfgsb_ascent(variables, value_and_grads, self.maxfun))
+            kernel, Z, xi = split(lbfgsb_ascent(variables, value_and_grads, self.maxfun, step_lower_bounds(kernel)))
         value = self._bound(kernel, Z, X, labels, xi, want_grad=False)["value"]
         return value, (kernel, Z, xi)
 

@@ -29,14 +29,16 @@ from ..backend import (
     array_device,
     array_namespace,
     cholesky,
-    identity_plus,
     lower_triangular_inverse,
     prefers_inverses,
+    row_dot,
     solve_triangular,
     triangular_matmul,
 )
+from ..kernels import step_lower_bounds
 from ..likelihoods import LIKELIHOODS as LIKELIHOOD_OBJECTS
 from ..likelihoods import likelihood_by_name, sigmoid, softplus
+from ..optim import bounded_step
 from . import ep
 
 __all__ = [
@@ -122,7 +124,7 @@ class SVIBoundTerms:
         # L_K^-1 is applied four times a step (A, dKnm, and the Cholesky adjoint's two sides)
         self.L_K_inv = lower_triangular_inverse(self.L_K) if prefers_inverses(Z) else None
         diagonal = xp.linalg.diagonal(whitened_chol)
-        self.kl = 0.5 * (xp.sum(whitened_chol * whitened_chol) + xp.vecdot(whitened_mean, whitened_mean)
+        self.kl = 0.5 * (xp.sum(whitened_chol * whitened_chol) + row_dot(whitened_mean, whitened_mean)
                          - Z.shape[0] - 2.0 * xp.sum(xp.log(xp.abs(diagonal))))
         self.grads = self.L_adjoint = self.d_mean = self.d_chol = None
         self._block = None
@@ -137,8 +139,7 @@ class SVIBoundTerms:
         A = self._solve(Knm.mT, overwrite=False)  # (Knm is kept for the kernel's gradient)
         spread = triangular_matmul(self.chol, A, trans=True)  # L_w^T A
         self._block = (Xb, Knm, A, spread)
-        xp = self.xp
-        variance = self.kernel.Kdiag(Xb) - xp.vecdot(A, A, axis=-2) + xp.vecdot(spread, spread, axis=-2)
+        variance = self.kernel.Kdiag(Xb) - row_dot(A, A, axis=-2) + row_dot(spread, spread, axis=-2)
         return self.mean @ A, variance
 
     def add_adjoints(self, g_m, g_v):
@@ -224,7 +225,8 @@ def svi_step(optimizer, names, kernel, Z, whitened_mean, whitened_chol, grads):
     follows the kernel. Returns the new (kernel, Z, whitened_mean, whitened_chol)."""
     params = dict(kernel.params)
     params.update(Z=Z, whitened_mean=whitened_mean, whitened_chol=whitened_chol)
-    params.update(optimizer.step({k: params[k] for k in names}, {k: grads[k] for k in names}))
+    params.update(bounded_step(optimizer, {k: params[k] for k in names}, {k: grads[k] for k in names},
+                               step_lower_bounds(kernel)))
     whitened_mean, whitened_chol, Z = params.pop("whitened_mean"), params.pop("whitened_chol"), params.pop("Z")
     return kernel.with_params(params), Z, whitened_mean, whitened_chol
 
