@@ -354,24 +354,24 @@ def svi_checkpoint(tmp_path_factory):
 
 
 def _spoil_chol(state, arrays):
-    chol = arrays[_engine(state)["chol"]["array"]].copy()
+    chol = arrays[_engine(state)["whitened_chol"]["array"]].copy()
     chol[0, -1] = 0.5
-    arrays[_engine(state)["chol"]["array"]] = chol
+    arrays[_engine(state)["whitened_chol"]["array"]] = chol
 
 
 def _spoil_mean(state, arrays):
-    mean = arrays[_engine(state)["mean"]["array"]].copy()
+    mean = arrays[_engine(state)["whitened_mean"]["array"]].copy()
     mean[1] = -np.inf
-    arrays[_engine(state)["mean"]["array"]] = mean
+    arrays[_engine(state)["whitened_mean"]["array"]] = mean
 
 
 @pytest.mark.parametrize("change, words", [
-    pytest.param(_spoil_chol, ["engine.chol", "not lower triangular"], id="q(u)'s factor not lower triangular"),
-    pytest.param(_spoil_mean, ["engine.mean", "inf"], id="q(u)'s mean not finite"),
+    pytest.param(_spoil_chol, ["engine.whitened_chol", "not lower triangular"], id="q's factor not lower triangular"),
+    pytest.param(_spoil_mean, ["engine.whitened_mean", "inf"], id="q's mean not finite"),
 ])
 def test_the_engines_own_state_is_checked_by_the_generic_rules(svi_checkpoint, tmp_path, change, words):
     """An engine's state arrays are checked by the fresh engine's own (shape, type, finite) and by the factors it
-    declares lower triangular (``triangular_state``): SVI's q(u) here, with no rule written for its keys."""
+    declares lower triangular (``triangular_state``): SVI's whitened q here, with no rule written for its keys."""
     params, X, y = _craft(svi_checkpoint, tmp_path, change_state=change)
     with pytest.raises(ValueError, match="not a valid agpc checkpoint") as info:
         GPClassifier(**params).fit(X, y, resume=True)
