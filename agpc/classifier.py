@@ -35,9 +35,9 @@ _FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, miniba
 # What one binary minibatch step asks of a GPU, counted on CuPy's paths (tests/step_cost.py; docs/gpu.md): kernel
 # launches for its first row block and for each further one, flops per row per m^2 and elements moved per row per m
 # (m >= 200). gpu_tests/test_gpu_batch.py holds them to a counted step of each method.
-_EP_STEP = {"launches": 440, "block_launches": 210, "flops_per_row_m2": 14.0, "elements_per_row_m": 110.0}
+_EP_STEP = {"launches": 380, "block_launches": 175, "flops_per_row_m2": 13.7, "elements_per_row_m": 86.0}
 GPU_STEP_MODEL = {"sep": _EP_STEP, "ep": _EP_STEP, "adf": _EP_STEP,
-                  "svi": {"launches": 420, "block_launches": 150, "flops_per_row_m2": 8.2, "elements_per_row_m": 62.0}}
+                  "svi": {"launches": 320, "block_launches": 130, "flops_per_row_m2": 10.2, "elements_per_row_m": 68.0}}
 _GPU_STEPS_PER_EPOCH = 8  # the GPU's minibatch is at most n / 8 rows: the hyper-parameters move 8 times an epoch
 
 

@@ -56,7 +56,7 @@ class TrainResult:
     converged: bool = False
     stopped_by_time: bool = False
     early_stopped: bool = False
-    state: dict = field(default_factory=dict)  # the engine's final state (SVI: "mean", "chol"; vi-*: "xi")
+    state: dict = field(default_factory=dict)  # the engine's final state (SVI: "whitened_mean", "whitened_chol"; vi-*: "xi")
     jitter: float = None  # on the diagonal of Kmm at the end: the configured one, or what the guard raised it to
     checkpoints_written: int = 0  # by this run (0 when checkpoint_every exceeds its steps: the caller says so)
 
@@ -614,6 +614,10 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
     written_for = saved.get("fingerprint")
     if isinstance(written_for, dict):  # a checkpoint from before priors were part of the fingerprint had none
         written_for = {"priors": {}, **written_for}
+        legacy = getattr(trainer.engine, "legacy_checkpoint_keys", {})
+        if legacy and isinstance(written_for.get("params"), list):  # the parameters by the names of an older form
+            written_for["params"] = [legacy.get(name, name) if isinstance(name, str) else name
+                                     for name in written_for["params"]]
     # The data's hash is of its rows in the run's type, so a resume in another dtype would read as other data:
     # said first, by the type the checkpoint's arrays are in.
     saved_Z = saved["engine"].get("Z") if isinstance(saved.get("engine"), dict) else None
