@@ -130,6 +130,30 @@ def test_blocks_on_several_threads_give_the_one_thread_results(monkeypatch):
         np.testing.assert_array_equal(many["grads"][name], one["grads"][name])
 
 
+def test_the_threads_of_a_pass_keep_the_callers_fast_path_scope(monkeypatch):
+    """backend.reference_paths and counting_fast_calls hold on the pass's threads: the reference pass on three
+    threads calls no BLAS routine directly and equals the fast pass to round-off, whose calls are all counted."""
+    from agpc import backend
+
+    kernel, Z, X, y, nu, mu = _problem(n=1800)
+    monkeypatch.setattr(threads, "pass_workers", lambda: 3)
+    seen = set()
+    block_pass = ep.batch_block_pass
+    monkeypatch.setattr(ep, "batch_block_pass", lambda *a, **k: seen.add(threading.get_ident()) or block_pass(*a, **k))
+    options = dict(jitter=JITTER, block_rows=600, damping=0.5, checked=False, nonnegative_sites=True)
+    with backend.counting_fast_calls() as fast_calls:
+        fast = ep.evaluate(kernel, Z, X, y, nu, mu, **options)
+    with backend.reference_paths(), backend.counting_fast_calls() as reference_calls:
+        reference = ep.evaluate(kernel, Z, X, y, nu, mu, **options)
+    assert seen and threading.get_ident() not in seen  # every block on the pool's threads
+    assert sum(reference_calls.values()) == 0
+    # per block of 200 rows: A, Q, R and the adjoint of K(Z, X) by trmm, and the rank-one update; once per
+    # pass on the caller's thread: L_K's and L_C's factors and inverses, C^-1's products and the m x m adjoint's
+    blocks = 9
+    assert fast_calls["dtrmm"] >= 4 * blocks and fast_calls["dger"] == blocks
+    _assert_same(fast, reference, rtol=1e-9)
+
+
 def test_an_error_in_a_block_on_a_thread_reaches_the_caller(monkeypatch):
     kernel, Z, X, y, nu, mu = _problem(n=900)
     calls = []
@@ -281,29 +305,71 @@ def test_gradients_of_a_block_of_many_pairs_match_finite_differences(kernel_cls)
     check_parameter_gradients(kernel, grads, Z, objective, xp, None, rtol=1e-6, atol=1e-5)
 
 
+UNLOCKED_NAMES = ("strmm", "dtrmm", "strsm", "dtrsm", "sger", "dger")
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("through", ["cython_blas", "scipy.linalg.blas"])
 def test_triangular_products_and_rank_one_updates_in_place(dtype, through, monkeypatch):
-    """backend.triangular_multiply and add_outer against plain products, for C- and Fortran-ordered triangles,
-    in place, into a scratch array, and through SciPy's Python BLAS when cython_blas is not there."""
+    """backend.triangular_matmul and add_outer against plain products, for C- and Fortran-ordered triangles, on
+    either side, in place, into a scratch array, counted as BLAS calls, and through SciPy's Python BLAS (which
+    holds the interpreter lock) when cython_blas's routines are not there."""
+    import ctypes
+
     from agpc import backend
 
+    prefix = "d" if dtype == np.float64 else "s"
     if through == "scipy.linalg.blas":
-        monkeypatch.setattr(backend, "_CYTHON_BLAS", {name: None for name in ("strmm", "dtrmm", "sger", "dger")})
+        monkeypatch.setattr(backend, "_UNLOCKED_BLAS", {name: None for name in UNLOCKED_NAMES})
+    else:  # this SciPy has them, called as C functions (ctypes releases the interpreter lock for those)
+        for name in ("trmm", "trsm", "ger"):
+            routine = backend._unlocked_blas(prefix + name)
+            assert routine is not None and not type(routine)._flags_ & ctypes._FUNCFLAG_PYTHONAPI
     rng = np.random.default_rng(2)
     T = np.tril(rng.normal(size=(40, 40))).astype(dtype)
     B = rng.normal(size=(40, 130)).astype(dtype)
     tolerance = 1e-12 if dtype == np.float64 else 1e-4
     for triangle in (T, np.asfortranarray(T)):
         for trans in (False, True):
-            expected = (triangle.T if trans else triangle).astype(np.float64) @ B.astype(np.float64)
-            for options in ({}, {"overwrite": True}, {"out": backend.scratch(B.shape, B)}):
-                given = B.copy()
-                result = backend.triangular_multiply(triangle, given, trans=trans, **options)
-                np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)
-                assert (result is given) == bool(options.get("overwrite")) and result.dtype == dtype
+            op = (triangle.T if trans else triangle).astype(np.float64)
+            for right, operand in ((False, B), (True, np.asfortranarray(B.T)), (True, np.ascontiguousarray(B.T))):
+                expected = operand.astype(np.float64) @ op if right else op @ operand.astype(np.float64)
+                for options in ({}, {"overwrite": True}, {"out": np.empty_like(operand)}):
+                    given = operand.copy(order="A")
+                    with backend.counting_fast_calls() as calls:
+                        result = backend.triangular_matmul(triangle, given, trans=trans, right=right, **options)
+                    assert calls == {prefix + "trmm": 1}
+                    np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)
+                    assert np.shares_memory(result, given) == bool(options.get("overwrite"))
+                    assert "out" not in options or np.shares_memory(result, options["out"])
+                    assert result.dtype == dtype
+                    if not options:
+                        np.testing.assert_array_equal(given, operand)  # not written into
+            solved = backend.solve_triangular(triangle + 40 * np.eye(40, dtype=dtype), B, trans=trans)
+            np.testing.assert_allclose((op + 40 * np.eye(40)) @ solved, B, rtol=tolerance, atol=tolerance)
     u, v = rng.normal(size=40).astype(dtype), rng.normal(size=130).astype(dtype)
     M = B.copy()
-    result = backend.add_outer(M, u, v)
-    assert result is M
+    with backend.counting_fast_calls() as calls:
+        result = backend.add_outer(M, u, v)
+    assert result is M and calls == {prefix + "ger": 1}
     np.testing.assert_allclose(result, B.astype(np.float64) + np.outer(u, v), rtol=tolerance, atol=tolerance)
+
+
+def test_a_cython_blas_routine_absent_or_of_another_signature_is_not_called(monkeypatch):
+    """The routine's address is taken only from a capsule whose C signature (its name) is the one called; a
+    missing entry or another signature leaves SciPy's Python wrapper to do the work, with the same result."""
+    import scipy.linalg.cython_blas
+
+    from agpc import backend
+
+    table = scipy.linalg.cython_blas.__pyx_capi__
+    monkeypatch.setattr(backend, "_UNLOCKED_BLAS", {})
+    monkeypatch.setitem(table, "dtrmm", table["dger"])  # another signature under trmm's name
+    monkeypatch.delitem(table, "dger")  # and ger's entry gone
+    assert backend._unlocked_blas("dtrmm") is None and backend._unlocked_blas("dger") is None
+    assert backend._unlocked_blas("dtrsm") is not None
+    rng = np.random.default_rng(5)
+    T, B = np.tril(rng.normal(size=(30, 30))), rng.normal(size=(30, 70))
+    np.testing.assert_allclose(backend.triangular_matmul(T, B.copy(), overwrite=True), T @ B, rtol=1e-12, atol=1e-12)
+    u, v = rng.normal(size=30), rng.normal(size=70)
+    np.testing.assert_allclose(backend.add_outer(B.copy(), u, v), B + np.outer(u, v), rtol=1e-12, atol=1e-12)
