@@ -108,9 +108,9 @@ def _first_minibatch(seed, shard, shard_chunks, starts, sizes):
 
 def test_one_sep_round_steps_on_the_row_weighted_sum_of_the_shards_gradients(client):
     """One round, one local step per shard, a step linear in the gradient: the parameters move by
-    rate x sum_k (n_k / n) g_k, g_k shard k's full-data gradient estimate on its minibatch (the sum of the
-    shards' shares of the gradient); each shard's first chunk gets its factor rho x (the minibatch's sites),
-    the other chunks keep theirs, and q's factor is their sum."""
+    rate x sum_k (r_k / r) g_k, g_k shard k's full-data gradient estimate on its minibatch and r_k the rows it
+    stepped (40 each here: the average over the round's minibatches); each shard's first chunk gets its factor
+    rho x (the minibatch's sites), the other chunks keep theirs, and q's factor is their sum."""
     X, y = make_banana(600, random_state=4)
     y = y.astype(float)
     sizes, starts = [200, 150, 150, 100], [0, 200, 350, 500]  # shards {0, 2} (350 rows) and {1, 3} (250 rows)
@@ -122,12 +122,12 @@ def test_one_sep_round_steps_on_the_row_weighted_sum_of_the_shards_gradients(cli
     expected = {k: np.asarray(v, dtype=float).copy() for k, v in kernel.params.items()}
     expected["Z"] = Z.copy()
     factors = {}
-    for shard, (shard_chunks, rows) in enumerate([([0, 2], 350), ([1, 3], 250)]):
+    for shard, shard_chunks in enumerate([[0, 2], [1, 3]]):
         chunk, batch = _first_minibatch(7, shard, shard_chunks, starts, sizes)
         out = ep.evaluate_factor(kernel, Z, X[batch], y[batch], uniform, method="sep", n_total=600, jitter=JITTER,
                                  others=uniform, factor_rows=sizes[chunk])
         for name in expected:
-            expected[name] = expected[name] + 1e-4 * (rows / 600) * np.asarray(out["grads"][name])
+            expected[name] = expected[name] + 1e-4 * (40 / 80) * np.asarray(out["grads"][name])
         factors[chunk] = out["site_delta"].combine(0.99, uniform, 0.0)
     state = engine.state
     for name, value in state["kernel"].params.items():
@@ -142,8 +142,9 @@ def test_one_sep_round_steps_on_the_row_weighted_sum_of_the_shards_gradients(cli
 
 
 def test_one_svi_round_is_the_row_weighted_average_of_the_shards_steps(client):
-    """SVI, Adam: after one round q(u) (mean, chol), the kernel and Z are the row-weighted average of what
-    one single-process step of each shard's minibatch gives (the steps themselves by ``make_engine``)."""
+    """SVI, Adam: after one round q(u) (mean, chol), the kernel and Z are the average of what one single-process
+    step of each shard's minibatch gives (the steps themselves by ``make_engine``), weighted by the rows each
+    stepped: 40 and 40, although the shards hold 350 and 250 rows."""
     X, y = make_banana(600, random_state=4)
     y = y.astype(float)
     sizes, starts = [200, 150, 150, 100], [0, 200, 350, 500]
@@ -152,13 +153,13 @@ def test_one_svi_round_is_the_row_weighted_average_of_the_shards_steps(client):
     plan, engine = _one_round(client, X, y, tuple(sizes), "svi", kernel, Z, seed=3, optimizer=None,
                               learning_rate=None, likelihood="probit", n_quadrature=20)
     ends, weights = [], []
-    for shard, (shard_chunks, rows) in enumerate([([0, 2], 350), ([1, 3], 250)]):
+    for shard, shard_chunks in enumerate([[0, 2], [1, 3]]):
         _, batch = _first_minibatch(3, shard, shard_chunks, starts, sizes)
         alone = make_engine("svi", kernel, Z, n_total=600, minibatch=True, jitter=JITTER)
         summary, work = alone.evaluate(X[batch], y[batch], 0, 40, stepping=True)
         alone.apply(work, 0, 40, stepping=True)
         ends.append(alone.state)
-        weights.append(rows / 600)
+        weights.append(len(batch) / 80)
     state = engine.state
     for name in ("mean", "chol", "Z"):
         want = weights[0] * ends[0][name] + weights[1] * ends[1][name]
@@ -180,6 +181,67 @@ def test_what_a_round_moves_does_not_grow_with_the_rows(client):
                              learning_rate=None, damping=None)
         costs.append((plan.rounds[0]["bytes_sent"], plan.rounds[0]["bytes_received"]))
     assert costs[0] == costs[1]
+
+
+_BLAS_SEEN = []  # (in a worker process) the BLAS thread count at each minibatch step of a shard
+
+
+def _record_blas_threads_of_steps():
+    """In a worker: record the BLAS thread count while each step evaluates (inside the step's own scope)."""
+    from threadpoolctl import threadpool_info
+
+    from agpc.inference import training
+
+    real_init = training.Trainer.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        evaluate = self.engine.evaluate
+
+        def recorded(*a, **k):
+            _BLAS_SEEN.append(max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"))
+            return evaluate(*a, **k)
+
+        self.engine.evaluate = recorded
+
+    training.Trainer.__init__ = init
+
+
+def _blas_threads_seen():
+    from threadpoolctl import threadpool_info
+
+    return sorted(set(_BLAS_SEEN)), max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+
+def test_workers_of_a_users_own_cluster_keep_the_thread_rule_and_the_heap():
+    """A user's own LocalCluster, two worker processes started by dask's nanny with nothing of agpc's: the
+    nanny's MALLOC_TRIM_THRESHOLD_=65536 (distributed's default) and, as a user's configuration may have it,
+    OPENBLAS_NUM_THREADS=2. A shard's minibatch steps run at one BLAS thread (the rule, within the worker's
+    budget of 2) and the worker has its 2 again after the round; the steps' m x m temporaries stay on the heap.
+    Minor page faults a step, measured when the test was written: about 600 over a task of four steps (the heap
+    growing to its size once a task: the environment's thresholds come back after it), about 5,700 with the
+    nanny's setting left alone (each step maps its 320 KB matrices afresh)."""
+    import dask
+
+    X, y = make_banana(1600, random_state=8)
+    environ = {"MALLOC_TRIM_THRESHOLD_": 65536, "OPENBLAS_NUM_THREADS": 2, "OMP_NUM_THREADS": 2,
+               "MKL_NUM_THREADS": 2}
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None)
+    with cluster, distributed.Client(cluster) as client:
+        client.run(_record_blas_threads_of_steps)
+        plan = data_parallel.DataParallel(client, da.from_array(X, chunks=(400, 2)),
+                                          da.from_array(y.astype(float), chunks=400), batch_size=200, local_steps=4)
+        kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
+        engine = plan("sep", kernel, X[::8] + 0.01, n_total=1600, minibatch=True, jitter=JITTER,  # m = 200
+                      optimize=("kernel", "inducing"), block_rows=None)
+        _, work = engine.evaluate(None, None, 0, plan.rows_per_round, stepping=True)
+        engine.apply(work, 0, plan.rows_per_round, stepping=True)
+        seen = client.run(_blas_threads_seen)
+    assert [counts for counts, _ in seen.values()] == [[1], [1]]  # every step of both shards, one thread
+    assert [after for _, after in seen.values()] == [2, 2]
+    faults = [f / steps for f, steps in zip(plan.rounds[0]["page_faults"], plan.rounds[0]["steps"])]
+    assert max(faults) < 1500, faults
 
 
 @pytest.fixture(scope="module")

@@ -55,14 +55,15 @@ import time
 from dataclasses import dataclass, field
 
 from .. import checkpoints
-from ..backend import array_device, array_namespace, asarray_like, host_rng, row_chunk_bounds
+from ..backend import array_device, array_namespace, asarray_like, host_rng, is_dask_array, row_chunk_bounds
+from ..workers import minor_page_faults, task_scope
 from ..kernels import ClassKernels
 from . import ep, multiclass_ep
 from .engines import Outcome, factor_arrays, factor_from_arrays, make_engine
 from .training import Trainer, check_saved_factor
 
-__all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "shard_chunks", "chunk_permutation",
-           "weighted_average"]
+__all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "balanced_steps", "shard_chunks",
+           "chunk_permutation", "weighted_average", "prepare_worker", "refusal"]
 
 # Minibatch steps a shard takes per round, chosen from benchmarks/dask_scaling.py section 3 (docs/results.md,
 # issue 18): 10^6 airline-like rows, m = 200, 200 rows a step, 2 workers on 2 cores. A round costs 13-25 ms
@@ -101,18 +102,59 @@ def chunk_permutation(seed, chunk, visit, n_rows):
     return host_rng([int(seed), 0, int(chunk), int(visit)]).permutation(int(n_rows))
 
 
+def balanced_steps(total, speeds):
+    """``total`` steps shared out among shards: one each, the rest in proportion to ``speeds`` (largest
+    remainders first, ties to the lower shard), so that shards that step at these speeds end a round together."""
+    n = len(speeds)
+    extra = total - n
+    if extra <= 0:
+        return [1] * n if total >= n else [int(k < total) for k in range(n)]
+    whole = sum(speeds)
+    shares = [extra * (v / whole if whole > 0 else 1.0 / n) for v in speeds]
+    steps = [math.floor(x) for x in shares]
+    by_remainder = sorted(range(n), key=lambda k: (steps[k] - shares[k], k))
+    for k in by_remainder[:extra - sum(steps)]:
+        steps[k] += 1
+    return [1 + x for x in steps]
+
+
+def refusal(method, n_classes):
+    """Why the rounds cannot train ``method`` on ``n_classes`` classes (None: they can)."""
+    if method not in ("ep", "sep", "adf", "svi"):
+        return f"data-parallel training runs 'ep', 'sep', 'adf' or 'svi', not {method!r}"
+    if method == "ep" and n_classes > 2:
+        return ("data-parallel multiclass training runs 'sep', 'adf' or 'svi' (multiclass EP's per-row sites are "
+                "not kept per chunk yet)")
+    return None
+
+
+def prepare_worker():
+    """A task run once on each worker at the start of a data-parallel fit, while the driver reads its inputs and
+    places the inducing points: unpickling it imports this module (and the engines) there, which the first round
+    would otherwise wait for. Returns the worker's process id."""
+    return os.getpid()
+
+
+def _segment_rows(segments, chunk_rows, batch_size):
+    """Rows a shard's segments step (the last minibatch of a chunk may be short)."""
+    return sum(min(chunk_rows[c], (first + count) * batch_size) - first * batch_size
+               for c, _, first, count in segments)
+
+
 def _shard_chunk_order(seed, shard, epoch, chunks):
     order = host_rng([int(seed), 1, int(shard), int(epoch)]).permutation(len(chunks))
     return [chunks[int(i)] for i in order]
 
 
 def weighted_average(values, weights):
-    """sum_k weights[k] * values[k] over parallel trees (dicts, tuples, lists) of arrays and floats; ints,
-    bools and None are taken from the first tree (counts such as Adam's t agree across shards that took
-    the same number of steps)."""
+    """sum_k weights[k] * values[k] over parallel trees (dicts, tuples, lists) of arrays and floats; ints (counts
+    such as Adam's t, equal across shards that took the same number of steps) to the nearest integer; bools,
+    strings and None are taken from the first tree."""
     first = values[0]
-    if first is None or isinstance(first, (bool, int, str)):
+    if first is None or isinstance(first, (bool, str)):
         return first
+    if isinstance(first, int):
+        return first if all(v == first for v in values) else int(round(sum(w * v for w, v in zip(weights, values))))
     if isinstance(first, dict):
         return {k: weighted_average([v[k] for v in values], weights) for k in first}
     if isinstance(first, (tuple, list)):
@@ -166,9 +208,19 @@ def step_shard(spec, segments, data):
     """A round of one shard (a task on a worker): ``spec["steps"]`` minibatch steps of the method's engine
     through ``Trainer.step``, starting from the driver's state. ``data``: per chunk of the segments, its
     rows (X, y) as arrays. Returns the state the shard ends at (parameters, optimiser, per-chunk factors,
-    EP's site files) and the steps' log Z estimates; no rows."""
+    EP's site files) and the steps' log Z estimates; no rows. Runs under ``workers.task_scope`` (the BLAS thread
+    rule and the heap thresholds of a minibatch step, whatever the worker process was started with)."""
+    started, faults = time.perf_counter(), minor_page_faults()
+    Z = spec["Z"]
+    with task_scope(spec["batch_size"], Z.shape[-2], Z.shape[-1]):
+        out = _step_segments(spec, segments, data)
+    out["seconds"] = time.perf_counter() - started
+    out["page_faults"] = minor_page_faults() - faults
+    return out
+
+
+def _step_segments(spec, segments, data):
     # (a copy: an optimiser object given in the options is this shard's own, also in a threaded cluster)
-    started = time.perf_counter()
     method, options = spec["method"], copy.deepcopy(spec["options"])
     trainer = Trainer(spec["kernel"], spec["Z"], method=method, n_total=spec["n_total"], minibatch=True, **options)
     engine = trainer.engine
@@ -244,7 +296,7 @@ def step_shard(spec, segments, data):
     return {"kernel": engine.state["kernel"], "Z": engine.state["Z"], "state": state,
             "optimizer": engine.optimizer.snapshot() if engine.optimizer is not None else None,
             "damping": engine.damping, "factors": {c: factors[c] for c in factors}, "site_files": site_files,
-            "log_z": log_z, "n_invalid": n_invalid, "seconds": time.perf_counter() - started}
+            "log_z": log_z, "n_invalid": n_invalid}
 
 
 def _chunk_holders(client, X, n_chunks):
@@ -279,47 +331,77 @@ def _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, 
 
 
 class DataParallel:
-    """Data-parallel stochastic training of rows in a dask.array (module docstring), as the engine factory
-    ``training.train`` takes (``engine=``): ``train(RowsOnWorkers(X.shape, dtype), ..., batch_size=
-    dp.rows_per_round, engine=dp)``. ``X`` (rows chunked, one column chunk) and ``y`` (labels as the
-    engine takes them, chunked alike) stay on the cluster.
+    """Data-parallel stochastic training of rows that stay on the workers (module docstring), as the engine
+    factory ``training.train`` takes (``engine=``): ``train(RowsOnWorkers(X.shape, dtype), ..., batch_size=
+    dp.rows_per_round, engine=dp)``.
 
-    ``batch_size``: rows of a minibatch step; ``local_steps``: steps a shard takes per round; ``n_shards``:
-    default one per worker (X persisted on the cluster: one per worker holding chunks, of its chunks; else
-    chunk c in shard c mod the number of workers). ``seed``: keys the chunks' random streams. ``site_directory`` (EP):
-    where the chunks' sites are kept, a file a chunk, reachable by the driver and every worker (default: a
-    temporary directory on this machine: enough for a LocalCluster); ``close()`` removes them.
+    ``client``: a ``distributed.Client``, with ``X`` (rows chunked, one column chunk) and ``y`` (labels as the
+    engine takes them, chunked alike) dask arrays on its cluster; or a ``workers.LocalWorkers`` pool, with ``X``
+    and ``y`` ``workers.SharedRows`` that its processes map. The rounds are the same code on both.
+
+    ``batch_size``: rows of a minibatch step. ``local_steps``: an int, the steps every shard takes per round
+    (rounds reproducible: the same seed, the same model, also when a worker is lost); None (default): shards take
+    ``DEFAULT_LOCAL_STEPS`` a round on average, shared out in proportion to the speed each shard's worker showed
+    in the rounds before (``balanced_steps``), so that a round does not wait for a worker whose core is busy with
+    other work. ``n_shards``: default one per worker (X persisted on the cluster: one per worker holding chunks,
+    of its chunks; else chunk c in shard c mod the number of workers). ``seed``: keys the chunks' random streams.
+    ``site_directory`` (EP): where the chunks' sites are kept, a file a chunk, reachable by the driver and every
+    worker (default: a temporary directory on this machine: enough for a LocalCluster); ``close()`` removes them.
     """
 
-    def __init__(self, client, X, y, *, batch_size, local_steps=DEFAULT_LOCAL_STEPS, n_shards=None, seed=0,
-                 site_directory=None):
-        if int(local_steps) < 1:
-            raise ValueError(f"local_steps must be a positive integer, got {local_steps!r}")
+    def __init__(self, client, X, y, *, batch_size, local_steps=None, n_shards=None, seed=0, site_directory=None):
+        if local_steps is not None and int(local_steps) < 1:
+            raise ValueError(f"local_steps must be None or a positive integer, got {local_steps!r}")
         self.client = client
         self.X, self.y = X, y
         self.batch_size = int(batch_size)
-        self.local_steps = int(local_steps)
+        self.balanced = local_steps is None
+        self.local_steps = DEFAULT_LOCAL_STEPS if local_steps is None else int(local_steps)
         self.seed = int(seed)
         bounds = row_chunk_bounds(X)
         self.chunk_rows = [hi - lo for lo, hi in bounds]
         workers = sorted(client.nthreads())  # (asks the scheduler: scheduler_info() may be a stale copy)
-        holders = _chunk_holders(client, X, len(bounds)) if n_shards is None else None
+        holders = _chunk_holders(client, X, len(bounds)) if n_shards is None and is_dask_array(X) else None
         if holders is not None:  # X persisted: a shard per worker holding chunks, of the chunks it holds
             self.shard_workers = sorted(set(holders))
             self.shards = [[c for c, w in enumerate(holders) if w == worker] for worker in self.shard_workers]
-        else:  # X read where it lives (zarr, ...): each shard's chunks read by the worker it is pinned to
+        else:  # X read where it lives (zarr, a shared file, ...): each shard's chunks read by the worker it is pinned to
             self.shards = shard_chunks(len(bounds), n_shards or max(1, len(workers)))
             self.shard_workers = [workers[k % len(workers)] if workers else None for k in range(len(self.shards))]
-        shard_rows = [sum(self.chunk_rows[c] for c in chunks) for chunks in self.shards]
-        self.shard_weights = [r / sum(shard_rows) for r in shard_rows]
+        self.speeds = [None] * len(self.shards)  # steps a second each shard's tasks made (balanced rounds)
         self.site_directory = site_directory
         self.site_root = None
-        # per round: seconds on the driver, the slowest task's seconds, bytes sent and received, steps a shard
+        # per round: seconds on the driver, the slowest task's seconds, bytes sent and received, steps per shard,
+        # the tasks' seconds and minor page faults
         self.rounds = []
 
     @property
     def rows_per_round(self):
         return len(self.shards) * self.local_steps * self.batch_size
+
+    def steps_per_shard(self, total):
+        """The steps of each shard in a round of ``total`` steps: equal (``local_steps`` given), else
+        ``balanced_steps`` by the shards' measured speeds."""
+        if not self.balanced or None in self.speeds:
+            share, extra = divmod(total, len(self.shards))
+            return [share + (k < extra) for k in range(len(self.shards))]
+        return balanced_steps(total, self.speeds)
+
+    def measure(self, steps, results):
+        """Fold the round's tasks (their steps and seconds) into the shards' speeds (an average that halves the
+        weight of older rounds each round: a worker's share of a busy machine changes within seconds)."""
+        for k, (taken, result) in enumerate(zip(steps, results)):
+            speed = taken / max(result["seconds"], 1e-9)
+            self.speeds[k] = speed if self.speeds[k] is None else 0.5 * (self.speeds[k] + speed)
+
+    def chunk_data(self, chunk, worker):
+        """(X, y) of one chunk as the task takes them: futures of the chunk read on ``worker`` (or another if it is
+        gone), or for shared rows the blocks the worker maps itself."""
+        if not is_dask_array(self.X):
+            return self.X.block(chunk), self.y.block(chunk)
+        X_chunk, y_chunk = self.X.blocks[chunk], self.y.blocks[chunk]
+        return tuple(self.client.compute([X_chunk, y_chunk], workers=None if worker is None else [worker],
+                                         allow_other_workers=True))
 
     def close(self):
         """Remove EP's site files."""
@@ -327,12 +409,11 @@ class DataParallel:
             shutil.rmtree(self.site_root, ignore_errors=True)
 
     def __call__(self, method, kernel, Z, *, n_total, minibatch, **options):
-        if method not in ("ep", "sep", "adf", "svi"):
-            raise ValueError(f"data-parallel training runs 'ep', 'sep', 'adf' or 'svi', not {method!r}")
-        if method == "ep" and isinstance(kernel, ClassKernels):
-            raise ValueError("data-parallel multiclass training runs 'sep', 'adf' or 'svi' (multiclass EP's "
-                             "per-row sites are not kept per chunk yet): for multiclass EP on minibatches of a "
-                             "dask array pass local_steps=0 (steps on the driver), or train in batch passes")
+        refused = refusal(method, 3 if isinstance(kernel, ClassKernels) else 2)
+        if refused is not None:
+            remedy = ("for multiclass EP on minibatches of a dask array pass local_steps=0 (steps on the driver), "
+                      "or train in batch passes" if is_dask_array(self.X) else "train multiclass EP with n_jobs=1")
+            raise ValueError(f"{refused}: {remedy}" if method == "ep" else refused)
         if options.pop("site_precision", None) is not None or options.pop("site_shift", None) is not None:
             raise ValueError("data-parallel EP starts from zero sites")
         if method == "ep":
@@ -342,12 +423,6 @@ class DataParallel:
             os.makedirs(directory, exist_ok=True)
             self.site_root = tempfile.mkdtemp(prefix="agpc-dp-sites-", dir=os.fspath(directory))
         return _RoundEngine(self, method, kernel, Z, n_total=n_total, options=options)
-
-    def chunk_data(self, chunk, worker):
-        """(X, y) of one chunk as futures, read on ``worker`` (or another if it is gone)."""
-        X_chunk, y_chunk = self.X.blocks[chunk], self.y.blocks[chunk]
-        return tuple(self.client.compute([X_chunk, y_chunk], workers=None if worker is None else [worker],
-                                         allow_other_workers=True))
 
 
 class _RoundEngine:
@@ -398,12 +473,14 @@ class _RoundEngine:
 
     # -- a round ---------------------------------------------------------------------------------------
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
-        """Run one round (nothing committed): each shard steps ceil(rows / (shards x batch)) times, at most
-        ``local_steps``. Returns the mean of the steps' log Z estimates and the combined state."""
+        """Run one round (nothing committed): ceil(rows / (shards x batch)) steps a shard on average, at most
+        ``local_steps`` (``DataParallel.steps_per_shard`` shares them out). Returns the mean of the steps' log Z
+        estimates and the combined state."""
         if weights is not None:
             raise ValueError("data-parallel rounds lay their own minibatches: no row weights")
         plan, client = self.plan, self.plan.client
         steps = max(1, min(plan.local_steps, math.ceil((hi - lo) / (len(plan.shards) * plan.batch_size))))
+        allotted = plan.steps_per_shard(steps * len(plan.shards))
         s = self.template.state
         spec = {"method": self.method, "options": self.options, "kernel": s["kernel"], "Z": s["Z"],
                 "n_total": self.template.n_total, "seed": plan.seed, "batch_size": plan.batch_size,
@@ -415,7 +492,7 @@ class _RoundEngine:
         started = time.perf_counter()
         for k, chunks in enumerate(plan.shards):
             segments, cursor, visits = _plan(self.cursors[k], k, chunks, self.visits, plan.seed, plan.chunk_rows,
-                                             plan.batch_size, steps)
+                                             plan.batch_size, allotted[k])
             plans.append((cursor, visits, segments))
             used = sorted({c for c, *_ in segments})
             for c in used:
@@ -429,16 +506,22 @@ class _RoundEngine:
         self.loaded = needed  # the chunks no shard steps now are released (their futures dropped)
         results = client.gather(futures)
         received = sum(_nbytes(r) for r in results)
-        combined = self._combine(results)
+        rows = [_segment_rows(segments, plan.chunk_rows, plan.batch_size) for _, _, segments in plans]
+        combined = self._combine(results, rows)
         combined["plans"] = plans
+        plan.measure(allotted, results)
         plan.rounds.append({"seconds": time.perf_counter() - started, "bytes_sent": sent,
-                            "bytes_received": received, "steps": steps,
-                            "task_seconds": max(r["seconds"] for r in results)})
+                            "bytes_received": received, "steps": allotted,
+                            "task_seconds": [r["seconds"] for r in results],
+                            "page_faults": [r["page_faults"] for r in results]})
         values = [v for r in results for v in r["log_z"]]
         return sum(values) / len(values), combined
 
-    def _combine(self, results):
-        weights = self.plan.shard_weights
+    def _combine(self, results, rows):
+        """The shards' end states combined: parameters and the optimiser's state averaged with weights the rows
+        each shard stepped in the round (every minibatch of the round counts alike); each chunk's new factor, and
+        their sum."""
+        weights = [r / sum(rows) for r in rows]
         template = self.template
         names = [k for k in template.names if k not in ("Z", "mean", "chol")]
         kernel = results[0]["kernel"]
