@@ -29,9 +29,10 @@ every worker; ``fork`` copies a process whose other threads (BLAS pools, a dask 
 locks. A ``python -c`` child imports agpc and nothing of the caller's; it costs the import (about a second),
 which ``GPClassifier.fit`` overlaps with its own set-up (input checks, k-means).
 
-No orphan processes: a worker ignores SIGINT (Ctrl-C ends the driver, whose ``close`` ends the workers), and
-a thread in each worker ends it when its parent process is gone (the driver killed: its pipes close and the
-worker's parent changes), removing the shared rows' directory on its way out.
+No orphan processes: a worker ignores SIGINT (Ctrl-C ends the driver, whose ``close`` ends the workers: a stop
+message to an idle worker, SIGTERM to one whose task is no longer wanted), and a worker whose driver is gone (killed:
+its input closes without a stop, and a thread sees the worker's parent change) leaves, removing the shared rows'
+directory on its way out.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ import traceback
 import weakref
 from collections import deque
 
+import cloudpickle
 import numpy as np
 
 from . import threads
@@ -306,12 +308,22 @@ def resolve(value):
 # The program a worker runs: the driver's module search path first (so that it imports the same agpc), then
 # ``serve``. Nothing of the caller's main script is imported.
 # ``agpc`` itself is entered without running its ``__init__`` (the estimator, scikit-learn, the data sets: none
-# of which a task needs; measured under load, 1.3 s to import the inference modules against 3.2 s with it), and
-# the modules the pool was asked to preload are imported before the first task is read.
+# of which a task needs; measured under load, 1.3 s to import the inference modules against 3.2 s with it): a name
+# the package is asked for is its submodule, or else the whole ``__init__`` is run then. The modules the pool was
+# asked to preload are imported before the first task is read.
 _BOOT = """
 import importlib, importlib.util, pickle, sys
 sys.path[:], preload = pickle.load(sys.stdin.buffer)
-sys.modules.setdefault("agpc", importlib.util.module_from_spec(importlib.util.find_spec("agpc")))
+spec = importlib.util.find_spec("agpc")
+agpc = importlib.util.module_from_spec(spec)
+def complete(name):
+    if importlib.util.find_spec("agpc." + name) is not None:
+        return importlib.import_module("agpc." + name)
+    del agpc.__getattr__
+    spec.loader.exec_module(agpc)
+    return getattr(agpc, name)
+agpc.__getattr__ = complete
+sys.modules["agpc"] = agpc
 for name in preload:
     importlib.import_module(name)
 from agpc.workers import serve
@@ -322,14 +334,19 @@ STOP_SECONDS = 5.0  # how long ``close`` waits for a worker to leave before endi
 MAX_RESTARTS = 3  # workers that die while running tasks are started again at most this many times a pool
 
 
+def _remove_mapped_rows():
+    """The driver is gone without removing the shared rows: this worker, one of their last users, does."""
+    for path in list(_mappings):
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
 def _watch_parent(parent):
     """End this worker (removing the shared rows it mapped) when its parent process is gone."""
     def watch():
         while True:
             time.sleep(WATCH_SECONDS)
             if os.getppid() != parent:
-                for path in list(_mappings):
-                    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+                _remove_mapped_rows()
                 os._exit(1)
 
     threading.Thread(target=watch, name="agpc-parent-watch", daemon=True).start()
@@ -363,7 +380,8 @@ def _read_message(stream):
 
 def serve():
     """A worker's loop: read a pickled (function, args, kwargs) from stdin, run it, write ("done", value) or
-    ("failed", error) to the original stdout; ends at EOF. The process's own stdout goes to stderr."""
+    ("failed", error) to the original stdout; ends at an empty message (the driver's stop) or at EOF (the driver
+    is gone: the shared rows it mapped are removed). The process's own stdout goes to stderr."""
     global _in_local_worker
     _in_local_worker = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle: it ends the workers
@@ -373,7 +391,10 @@ def serve():
     _watch_parent(os.getppid())
     while True:
         data = _read_message(inbox)
-        if data is None:
+        if data is None:  # the input closed without a stop: the driver is gone (killed, crashed)
+            _remove_mapped_rows()
+            break
+        if not data:  # the driver's stop
             break
         try:
             function, args, kwargs = pickle.loads(data)
@@ -450,7 +471,8 @@ class LocalWorkers:
         else:
             name = self.names[self._next % len(self.names)]
             self._next += 1
-        task = _Task(name, pickle.dumps((function, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
+        # (cloudpickle: a kernel class or function the caller defined in their main script travels by value)
+        task = _Task(name, cloudpickle.dumps((function, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
         self._pending[name].append(task)
         self._send(task)
         return task
@@ -527,11 +549,13 @@ def _end_process(process):
 
 def _end_processes(processes, pending):
     """End every worker: one with a task under way (the pool closes after an interrupt, an error or
-    ``max_time``: the result is not wanted) at once (SIGTERM), the others by closing their input (they leave at
-    EOF); any still there after ``STOP_SECONDS`` is killed."""
+    ``max_time``: the result is not wanted) at once (SIGTERM), the others by a stop message; any still there after
+    ``STOP_SECONDS`` is killed."""
     for name, process in processes.items():
         if pending.get(name) and process.poll() is None:
             process.terminate()
+        with contextlib.suppress(OSError, ValueError):
+            _write_message(process.stdin, b"")  # stop
         with contextlib.suppress(OSError, ValueError):
             process.stdin.close()
     deadline = time.monotonic() + STOP_SECONDS

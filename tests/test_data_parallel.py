@@ -169,6 +169,85 @@ def test_one_svi_round_is_the_row_weighted_average_of_the_shards_steps(client):
         np.testing.assert_allclose(value, want, rtol=1e-10, atol=1e-13, err_msg=name)
 
 
+def test_balanced_steps_share_a_round_in_proportion_to_speed():
+    """A round's steps: one for every shard, the rest in proportion to the speeds (largest remainders first),
+    summing to the round's; equal speeds give equal shares."""
+    assert data_parallel.balanced_steps(128, [1.0, 1.0]) == [64, 64]
+    assert data_parallel.balanced_steps(128, [3.0, 1.0]) == [96, 32]
+    assert data_parallel.balanced_steps(8, [3.0, 1.0]) == [6, 2]  # 1 + 4.5 -> 5 (+1, ties to the lower), 1 + 1.5
+    assert data_parallel.balanced_steps(10, [100.0, 1.0, 1.0]) == [8, 1, 1]
+    assert data_parallel.balanced_steps(2, [5.0, 1.0]) == [1, 1]
+    for total, speeds in [(129, [2.0, 1.0, 0.5]), (7, [1.0, 2.0]), (64, [0.0, 0.0])]:
+        steps = data_parallel.balanced_steps(total, speeds)
+        assert sum(steps) == total and min(steps) >= 1
+
+
+_SLOWED = {"factor": 1.0, "results": []}  # (module state: the worker threads unpickle the function by reference)
+
+
+def _slowed_step_shard(spec, segments, data):
+    out = _REAL_STEP_SHARD(spec, segments, data)
+    shard = 1 if any(c % 2 for c, *_ in segments) else 0  # (shards [0, 2] and [1, 3])
+    out = dict(out, seconds=out["seconds"] * (_SLOWED["factor"] if shard == 1 else 1.0))
+    _SLOWED["results"].append((shard, segments, out))
+    return out
+
+
+_REAL_STEP_SHARD = data_parallel.step_shard
+
+
+def _slowed(monkeypatch, factor):
+    """``step_shard`` as the rounds submit it, its shards' results recorded, and shard 1 reporting ``factor``
+    times its seconds: a worker whose core is shared with other work."""
+    monkeypatch.setitem(_SLOWED, "factor", factor)
+    monkeypatch.setitem(_SLOWED, "results", [])
+    monkeypatch.setattr(data_parallel, "step_shard", _slowed_step_shard)
+    return _SLOWED["results"]
+
+
+def test_a_slow_worker_gets_fewer_steps_and_the_round_averages_by_rows_stepped(client, monkeypatch):
+    """Balanced rounds (local_steps=None): the second round shares its steps by the speeds the first showed, so
+    a worker three times slower gets about a quarter of them and the round does not wait for it; the round's
+    state (SVI: q(u), kernel, Z) is the average of the shards' end states weighted by the rows each stepped."""
+    X, y = make_banana(1200, random_state=4)
+    y = y.astype(float)
+    results = _slowed(monkeypatch, 3.0)
+    plan = data_parallel.DataParallel(client, da.from_array(X, chunks=(300, 2)), da.from_array(y, chunks=(300,)),
+                                      batch_size=20, seed=3)
+    kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
+    engine = plan("svi", kernel, X[:6] + 0.05, n_total=1200, minibatch=True, jitter=JITTER,
+                  optimize=("kernel", "inducing"), block_rows=None, optimizer=None, learning_rate=None,
+                  likelihood="probit", n_quadrature=20)
+    for _ in range(2):
+        _, work = engine.evaluate(None, None, 0, 16 * 2 * 20, stepping=True)  # 16 steps a shard on average
+        engine.apply(work, 0, 16 * 2 * 20, stepping=True)
+    assert plan.rounds[0]["steps"] == [16, 16]
+    fast, slow = plan.rounds[1]["steps"]
+    assert fast + slow == 32 and 6 <= slow <= 10, plan.rounds[1]["steps"]  # 1 + 30 / (1 + 3 x slowdown)
+    last = sorted(results[-2:], key=lambda r: r[0])
+    rows = [sum(min(300, (first + count) * 20) - first * 20 for _, _, first, count in segments)
+            for _, segments, _ in last]
+    assert rows == [20 * fast, 20 * slow]
+    for name in ("mean", "chol"):
+        want = sum(r / sum(rows) * out["state"][name] for r, (_, _, out) in zip(rows, last))
+        np.testing.assert_allclose(engine.state[name], want, rtol=1e-10, atol=1e-13, err_msg=name)
+    want = sum(r / sum(rows) * out["Z"] for r, (_, _, out) in zip(rows, last))
+    np.testing.assert_allclose(engine.state["Z"], want, rtol=1e-10, atol=1e-13)
+
+
+def test_rounds_of_a_fixed_local_steps_do_not_follow_speeds(client):
+    """``local_steps`` given: every shard takes that many steps each round whatever their speeds (the rounds,
+    and so the model, are reproducible); without it the steps follow the speeds."""
+    X, y = make_banana(800, random_state=4)
+    Xd, yd = da.from_array(X, chunks=(200, 2)), da.from_array(y.astype(float), chunks=200)
+    fixed = data_parallel.DataParallel(client, Xd, yd, batch_size=20, local_steps=4)
+    balanced = data_parallel.DataParallel(client, Xd, yd, batch_size=20)
+    for plan in (fixed, balanced):
+        assert plan.steps_per_shard(8) == [4, 4]  # (no speeds measured yet: equal shares)
+        plan.speeds = [3.0, 1.0]
+    assert fixed.steps_per_shard(8) == [4, 4] and balanced.steps_per_shard(8) == [6, 2]
+
+
 def test_what_a_round_moves_does_not_grow_with_the_rows(client):
     """Only m x m factors and parameter vectors travel: four times the rows in as many chunks, the same
     bytes each way."""
