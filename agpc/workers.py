@@ -405,7 +405,11 @@ def serve():
             data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as error:
             data = pickle.dumps(("failed", _portable(error)), protocol=pickle.HIGHEST_PROTOCOL)
-        _write_message(outbox, data)
+        try:
+            _write_message(outbox, data)
+        except OSError:  # (BrokenPipeError: nobody reads the results any more, the driver is gone)
+            _remove_mapped_rows()
+            break
 
 
 class WorkerLost(RuntimeError):

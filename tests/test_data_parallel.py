@@ -7,13 +7,14 @@ import signal
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_info
 
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 
 from agpc import GPClassifier  # noqa: E402
 from agpc.datasets import make_banana  # noqa: E402
-from agpc.inference import data_parallel, ep  # noqa: E402
+from agpc.inference import data_parallel, ep, training  # noqa: E402
 from agpc.inference.dask_engine import local_cluster  # noqa: E402
 from agpc.inference.engines import make_engine  # noqa: E402
 from agpc.kernels import RBF  # noqa: E402
@@ -267,10 +268,6 @@ _BLAS_SEEN = []  # (in a worker process) the BLAS thread count at each minibatch
 
 def _record_blas_threads_of_steps():
     """In a worker: record the BLAS thread count while each step evaluates (inside the step's own scope)."""
-    from threadpoolctl import threadpool_info
-
-    from agpc.inference import training
-
     real_init = training.Trainer.__init__
 
     def init(self, *args, **kwargs):
@@ -287,8 +284,6 @@ def _record_blas_threads_of_steps():
 
 
 def _blas_threads_seen():
-    from threadpoolctl import threadpool_info
-
     return sorted(set(_BLAS_SEEN)), max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
 
 
@@ -440,8 +435,6 @@ def test_a_reverted_step_in_a_shard_keeps_eps_sites_consistent(monkeypatch, tmp_
     """EP in a shard's round holds the sites of the minibatch it steps; when the guard reverts (a NaN log Z
     on the third step), the step before is undone in the chunk's sites too: the round ends where the
     single-process loop does on the same minibatches (its sites in the chunk's own row order)."""
-    from agpc.inference import training
-
     X, y = make_banana(120, random_state=6)
     y = y.astype(float)
     kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
@@ -494,21 +487,25 @@ class _Interrupt(Exception):
     pass
 
 
-@pytest.mark.parametrize("method", ["sep", "ep", "svi"])
-def test_data_parallel_fit_resumes_from_a_checkpoint(client, banana, monkeypatch, tmp_path, method):
+@pytest.mark.parametrize("method, where", [("sep", "dask"), ("ep", "dask"), ("svi", "dask"), ("sep", "n_jobs")])
+def test_data_parallel_fit_resumes_from_a_checkpoint(client, banana, monkeypatch, tmp_path, method, where):
     """Checkpoints of data-parallel rounds (a round is a step of the loop): interrupted after round 7 (the last
     checkpoint at round 4, every 4), resume=True ends at the uninterrupted model to 1e-12 (the same rounds
     replayed from the same state: parameters, optimiser, each chunk's factor, visit count and the shards'
-    cursors; EP's site files copied beside the checkpoint, the files of earlier checkpoints removed). A resume
-    with other shards (another chunking, or another number of workers) is refused, naming them."""
-    from agpc.inference import training
-
+    cursors; EP's site files copied beside the checkpoint, the files of earlier checkpoints removed). On a dask
+    cluster and in local worker processes (``n_jobs``: the rows shared again in the same shuffled order). A
+    resume with other shards (another chunking, or another number of workers) is refused, naming them."""
     X, y, X_test, _ = banana
-    Xd, yd = da.from_array(X[:800], chunks=(100, 2)), da.from_array(y[:800], chunks=100)
     path = tmp_path / "run.ckpt"
     params = dict(method=method, n_inducing=8, batch_size=50, max_iter=3, local_steps=2, random_state=0,
-                  client=client, site_directory=tmp_path / "sites")
-    reference = GPClassifier(**params).fit(Xd, yd)
+                  site_directory=tmp_path / "sites")
+    if where == "dask":
+        data = da.from_array(X[:800], chunks=(100, 2)), da.from_array(y[:800], chunks=100)
+        params["client"] = client
+    else:
+        data = X[:800], y[:800]
+        params["n_jobs"] = 2
+    reference = GPClassifier(**params).fit(*data)
     real, rounds = training.Trainer.step, {"n": 0}
 
     def step(self, *args, **kwargs):  # counts the driver's rounds (a shard's own steps run a Trainer too)
@@ -520,16 +517,16 @@ def test_data_parallel_fit_resumes_from_a_checkpoint(client, banana, monkeypatch
 
     monkeypatch.setattr(training.Trainer, "step", step)
     with pytest.raises(_Interrupt):
-        GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(Xd, yd)
+        GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(*data)
     monkeypatch.setattr(training.Trainer, "step", real)
     if method == "ep":
         assert os.listdir(str(path) + ".sites") == ["step-4"]
-    resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(Xd, yd, resume=True)
+    resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(*data, resume=True)
     np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"],
                                reference.history_["log_marginal_likelihood"], rtol=1e-12)
     np.testing.assert_allclose(resumed.inducing_points_, reference.inducing_points_, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(resumed.predict_proba(X_test), reference.predict_proba(X_test), rtol=1e-12)
-    if method == "sep":  # the same rows in chunks of 200: shards [[0, 2], [1, 3]], not the checkpoint's
+    if method == "sep" and where == "dask":  # the same rows in chunks of 200: shards [[0, 2], [1, 3]]
         with pytest.raises(ValueError, match="shards \\(chunks per worker\\) \\[\\[0, 2, 4, 6\\], \\[1, 3, 5, 7\\]\\]"):
             GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(
                 da.from_array(X[:800], chunks=(200, 2)), da.from_array(y[:800], chunks=200), resume=True)

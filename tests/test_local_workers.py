@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from joblib import parallel_config
+from sklearn.model_selection import cross_validate
 
 distributed = pytest.importorskip("distributed")
 psutil = pytest.importorskip("psutil")
@@ -184,37 +186,6 @@ def test_a_lost_local_worker_gives_the_same_model(banana, monkeypatch, pools):
     assert_same_model(disturbed, undisturbed, X_test)
 
 
-class _Interrupt(Exception):
-    pass
-
-
-def test_an_n_jobs_fit_resumes_from_a_checkpoint(banana, monkeypatch, tmp_path, pools):
-    """Interrupted after round 7 (a checkpoint every 4 rounds) and resumed: the uninterrupted model to 1e-12 (the
-    rows shared again in the same shuffled order, the rounds' record restored); the interrupted fit's workers and
-    rows are gone."""
-    X, y, X_test, _ = banana
-    path = tmp_path / "run.ckpt"
-    params = dict(method="sep", n_inducing=8, batch_size=50, max_iter=3, local_steps=2, random_state=0, n_jobs=2)
-    reference = GPClassifier(**params).fit(X[:800], y[:800])
-    real, rounds = training.Trainer.step, {"n": 0}
-
-    def step(self, *args, **kwargs):
-        rounds["n"] += 1
-        if rounds["n"] > 7:
-            raise _Interrupt
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(training.Trainer, "step", step)
-    with pytest.raises(_Interrupt):
-        GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X[:800], y[:800])
-    assert _gone(pools[-1].pids, 0)
-    monkeypatch.setattr(training.Trainer, "step", real)
-    resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X[:800], y[:800], resume=True)
-    np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"],
-                               reference.history_["log_marginal_likelihood"], rtol=1e-12)
-    np.testing.assert_allclose(resumed.predict_proba(X_test), reference.predict_proba(X_test), rtol=1e-12)
-
-
 # -- no process left behind ------------------------------------------------------------------------------
 
 def test_no_worker_is_left_after_an_error_or_max_time(banana, monkeypatch, pools):
@@ -320,9 +291,6 @@ def _n_jobs_used(X, y):
 def test_a_fit_inside_a_joblib_worker_runs_in_its_own_process(backend):
     """``cross_validate(..., n_jobs=2)`` (joblib, threads or loky's processes, as GridSearchCV runs its fits): each
     fit asked for ``n_jobs=2`` but runs in its own process, the cores being the outer parallelism's."""
-    from joblib import parallel_config
-    from sklearn.model_selection import cross_validate
-
     X, y = make_banana(600, random_state=3)
     model = GPClassifier(method="sep", n_inducing=5, batch_size=50, max_iter=1, n_jobs=2, random_state=0)
     with parallel_config(backend=backend):
@@ -340,8 +308,6 @@ def test_a_fit_inside_a_dask_task_runs_in_its_own_process():
 def test_n_jobs_means_what_it_means_in_scikit_learn(monkeypatch):
     """None: 1, or an enclosing ``joblib.parallel_config``'s n_jobs; -1 every core this process may use, -2 all
     but one (at least one)."""
-    from joblib import parallel_config
-
     monkeypatch.setattr(threads, "available_cores", lambda: 8)
     assert W.resolve_n_jobs(None) == (1, "n_jobs=None")
     with parallel_config(n_jobs=3):
