@@ -605,8 +605,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             except ValueError:  # no client yet: a local cluster for this fit
                 client = owned = Client(local_cluster(os.cpu_count() or 1))
         try:
-            # every worker imports agpc now, while this process checks the rows and places the inducing points
-            warming = [client.submit(prepare_worker, workers=[w], pure=False) for w in client.nthreads()]
             n = X.shape[0]
             rng = B.host_rng(self.random_state)
             # the initial sample (as the in-memory path: all rows up to INIT_SAMPLE, no draw: same seed, same model),
@@ -618,6 +616,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 [da.isfinite(X).all(), da.unique(y), X if rows is None else X[rows], *sampled], sync=True)
             if not bool(finite):
                 raise ValueError("Input X contains NaN or infinity")
+            # every worker imports agpc now, while this process places the inducing points (before the checks' pass,
+            # the pass would wait for the imports on single-threaded workers)
+            warming = [client.submit(prepare_worker, workers=[w], pure=False) for w in client.nthreads()]
             classes = I.check_classes(self, np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
             data_hash = None if not sample_rows else training.data_fingerprint(
                 n, X.shape[1], sample_rows[0], I.encode_labels(np.asarray(sample_rows[1]), classes), classes)
