@@ -1,10 +1,14 @@
-"""Data-parallel stochastic training on a dask.array: minibatch SEP, EP and SVI in rounds (issue 18).
+"""Data-parallel stochastic training: minibatch SEP, EP and SVI in rounds, on a dask cluster (issue 18) or in local
+worker processes (``GPClassifier(n_jobs=...)``, issue 24).
 
 The rows stay where they are. They are cut into *shards*, fixed groups of stored chunks, one shard per
-worker at the start of the fit. A *round* is one task per shard: the task runs ``local_steps`` minibatch
-steps of the method's own engine (``engines.make_engine``, stepped through ``training.Trainer.step``: the
-same step, guard included, as the single-process fit) on minibatches drawn from its shard's chunks,
-against the global state the driver sent, and returns the state it ends at. The driver combines:
+worker at the start of the fit. A *round* is one task per shard: the task runs minibatch steps of the method's own
+engine (``engines.make_engine``, stepped through ``training.Trainer.step``: the same step, guard included, as the
+single-process fit) on minibatches drawn from its shard's chunks, against the global state the driver sent, and
+returns the state it ends at. How many steps: ``local_steps`` each when it is given; by default
+``DEFAULT_LOCAL_STEPS`` a shard on average, shared out by ``balanced_steps`` in proportion to the speed (steps a
+second) each shard's tasks showed in the rounds before, so that a worker whose core other work shares takes fewer
+and the round does not wait for it. The driver combines:
 
 * SEP: distributed SEP (Li, Hernandez-Lobato & Turner 2015, sec. 4), one tied factor per chunk of rows,
   F_c = f_c^(n_c), and q = prior x prod_c F_c. A row of chunk c has the cavity q / F_c^(1 / n_c), and a
@@ -16,30 +20,32 @@ against the global state the driver sent, and returns the state it ends at. The 
   SEP's does; q = prior x prod_c F_c.
 * SVI: q(u) = N(mean, chol chol^T) is a parameter like the others.
 * Parameters (kernel, inducing points, SVI's mean and chol) and the optimiser's state: the average of the
-  shards' end-of-round values, weighted by the rows each shard holds. Every shard's engine steps on the
-  full-data estimate of the gradient (the n / |M| scaling of Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6), so with
-  one local step and a step linear in the gradient this is one step on sum_k (n_k / n) g_k: the row-weighted average of
-  the shards' stochastic gradients, that is the sum of their shares of the gradient (the data part of shard
-  k's share is its own rows' log Z_i gradient; the prior part is split by rows). With Adadelta / Adam it
-  is the row-weighted average of the shards' steps.
+  shards' end-of-round values, weighted by the rows each shard stepped in the round. Every shard's engine steps on
+  the full-data estimate of the gradient (the n / |M| scaling of Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6),
+  so with one local step and a step linear in the gradient this is one step on the average of the round's
+  minibatch gradients (every minibatch of the round counts alike). With Adadelta / Adam it is the rows-weighted
+  average of the shards' steps.
 
 What travels in a round: to each shard the kernel's parameters, Z, the optimiser's state, the global
 factor and the factors of the chunks it will step (m x m each; SVI: mean and chol); back the same.
-Never rows. A chunk's rows are read by the worker the shard is pinned to, kept in its memory while the
-shard is stepping that chunk, and released when it moves on (worker memory does not grow with n).
+Never rows. A chunk's rows are read by the worker the shard is pinned to (from the cluster's memory or store, or
+mapped from the local workers' shared file), kept while the shard is stepping that chunk, and released when it
+moves on (worker memory does not grow with n). Each task runs under ``workers.task_scope``: the BLAS thread rule
+and the heap thresholds a minibatch step needs, in any worker process.
 
 Per-chunk state kept by the driver: the factor F_c and its random stream, keyed by chunk: the order of a
 chunk's rows for its v-th visit is a permutation drawn from ``default_rng([seed, 0, chunk, v])``, and a
 shard's order of visiting its chunks from ``default_rng([seed, 1, shard, epoch])``. The driver knows
-which minibatches each shard steps in a round before it starts, so when a worker is lost, the scheduler
-runs its shard's task on another worker with the same inputs: the same model. "The same" means equal to
-rounding: on one machine, bit for bit (the tests compare to 1e-12); across machines, within what their
-BLAS libraries' different summation orders give.
+which minibatches each shard steps in a round before it starts, so when a worker is lost, the scheduler (or the
+local pool) runs its shard's task on another worker with the same inputs: the round's outcome is the same. With
+``local_steps`` given, so is the model: "the same" means equal to rounding: on one machine, bit for bit (the tests
+compare to 1e-12); across machines, within what their BLAS libraries' different summation orders give. With the
+default balanced rounds the steps of the rounds after it follow the timing (as every balanced fit's do).
 
 The rounds are the training loop's steps: ``DataParallel`` is an engine factory for ``training.train``
 (``engine=``), so the schedule of epochs (``max_iter`` counts passes over the rows), ``max_time``, the
 history, the progress bar and the guard are the single-process ones. A round sees
-``n_shards * local_steps * batch_size`` rows.
+``n_shards * local_steps * batch_size`` rows (``local_steps``: the average, ``DEFAULT_LOCAL_STEPS`` by default).
 """
 
 from __future__ import annotations
@@ -65,12 +71,12 @@ from .training import Trainer, check_saved_factor
 __all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "balanced_steps", "shard_chunks",
            "chunk_permutation", "weighted_average", "prepare_worker", "refusal"]
 
-# Minibatch steps a shard takes per round, chosen from benchmarks/dask_scaling.py section 3 (docs/results.md,
-# issue 18): 10^6 airline-like rows, m = 200, 200 rows a step, 2 workers on 2 cores. A round costs 13-25 ms
-# beyond its steps (~7 ms each), so few steps waste the workers: SEP 8,842 / 17,933 rows/s at 1 / 4 steps under
-# load, 41,186 at 16 and 50,723 at 64 on a quiet machine (one process: 33,456); EP 34,035 at 16, 45,934 at 64.
-# The test NLL after one epoch stayed within 0.005 of one process's at every count (SEP -0.004 to -0.002,
-# EP +0.003 to +0.004, SVI -0.003 to -0.002), so the largest count measured.
+# Minibatch steps a shard takes per round (on average, when the rounds are balanced), chosen from
+# benchmarks/dask_scaling.py section 3 (docs/results.md, issue 18): 10^6 airline-like rows, m = 200, 200 rows a step,
+# 2 workers on 2 cores. A round costs 13-25 ms beyond its steps (~7 ms each), so few steps waste the workers: SEP
+# 8,842 / 17,933 rows/s at 1 / 4 steps under load, 41,186 at 16 and 50,723 at 64 on a quiet machine (one process:
+# 33,456); EP 34,035 at 16, 45,934 at 64. The test NLL after one epoch stayed within 0.005 of one process's at every
+# count (SEP -0.004 to -0.002, EP +0.003 to +0.004, SVI -0.003 to -0.002), so the largest count measured.
 DEFAULT_LOCAL_STEPS = 64
 
 
