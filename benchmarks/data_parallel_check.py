@@ -15,7 +15,10 @@ random_state=0)``, nothing else set and nothing set in the environment. Cells:
 Columns: wall seconds of ``fit``; rows / s = training rows x epochs / fit seconds (the targets' measure); the phases
 of the fit (from hooks on the library: set-up before the inducing points, the inducing points (k-means), set-up
 after them until the first step or round, the first round, the rest of training, the end of the fit); rounds and
-their steps; test NLL on the held-out rows and its difference from the one-process fit. Targets (issue 24): 2
+their steps; the median round's overhead (its seconds on the driver less its slowest task's); CPU ms a step (one
+process: the training steps' own thread time; data-parallel: the workers' tasks' thread time over all their steps:
+less disturbed by other processes than wall time, so comparable under load); test NLL on the held-out rows and its
+difference from the one-process fit. Targets (issue 24): 2
 workers at least 1.4x one process's rows / s, NLL within 0.005. The "fixed cost" of a data-parallel fit is the time
 before its first round plus the first round's excess over the median round.
 
@@ -105,9 +108,9 @@ class Phases:
             return out
 
         def step(trainer, *args, **kwargs):
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.thread_time()
             out = real_step(trainer, *args, **kwargs)
-            phases.steps.append((t, time.perf_counter()))
+            phases.steps.append((t, time.perf_counter(), time.thread_time() - cpu))
             return out
 
         def plan_init(plan, *args, **kwargs):
@@ -128,12 +131,15 @@ class Phases:
         out = {"before_init": m["init_start"] - t0, "init": m["init_end"] - m["init_start"],
                "to_first_step": steps[0][0] - m["init_end"], "first_step": steps[0][1] - steps[0][0],
                "rest_of_training": steps[-1][1] - steps[0][1], "after_training": t_end - steps[-1][1],
-               "steps": len(steps)}
+               "steps": len(steps), "cpu_ms_per_step": 1e3 * sum(s[2] for s in steps) / len(steps)}
         if self.plans:
             rounds = self.plans[-1].rounds
             seconds = [r["seconds"] for r in rounds]
-            out.update(rounds=len(rounds), round_steps=[r["steps"] for r in rounds],
+            minibatches = sum(sum(r["steps"]) for r in rounds)
+            out.update(rounds=len(rounds), round_steps=[r["steps"] for r in rounds], steps=minibatches,
                        median_round=statistics.median(seconds),
+                       round_overhead=statistics.median(r["seconds"] - max(r["task_seconds"]) for r in rounds),
+                       cpu_ms_per_step=1e3 * sum(sum(r["task_cpu_seconds"]) for r in rounds) / minibatches,
                        fixed_cost=steps[0][0] - t0 + max(0.0, seconds[0] - statistics.median(seconds)))
         return out
 
@@ -197,8 +203,9 @@ def fmt(value, spec):
 
 def print_table(rows, one):
     print("| cell | fit s | rows / s | x one process | set-up s | k-means s | to first step s | first step / round s "
-          "| rest of training s | end s | rounds | steps a round (first, last) | fixed cost s | test NLL | NLL - one |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+          "| rest of training s | end s | rounds | steps a round (first, last) | round overhead ms | CPU ms a step "
+          "| fixed cost s | test NLL | NLL - one |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
         ratio = r["rows_per_second"] / one["rows_per_second"] if one else None
         steps = f"{r['round_steps'][0]}, {r['round_steps'][-1]}" if r.get("round_steps") else "-"
@@ -206,6 +213,7 @@ def print_table(rows, one):
         print(f"| {label} | {r['fit_seconds']:.2f} | {r['rows_per_second']:,.0f} | {fmt(ratio, '.2f')} "
               f"| {r['before_init']:.2f} | {r['init']:.2f} | {r['to_first_step']:.2f} | {r['first_step']:.3f} "
               f"| {r['rest_of_training']:.2f} | {r['after_training']:.2f} | {r.get('rounds', '-')} | {steps} "
+              f"| {fmt(r.get('round_overhead') and 1e3 * r['round_overhead'], '.1f')} | {r['cpu_ms_per_step']:.2f} "
               f"| {fmt(r.get('fixed_cost'), '.2f')} | {r['nll']:.4f} "
               f"| {fmt(r['nll'] - one['nll'] if one else None, '+.4f')} |")
 

@@ -471,16 +471,30 @@ def test_a_reverted_step_in_a_shard_keeps_eps_sites_consistent(monkeypatch, tmp_
     np.testing.assert_allclose(out["Z"], alone.state["Z"], rtol=1e-12)
 
 
-def test_shards_follow_persisted_chunks(client):
-    """X persisted on the workers: each shard is the chunks one worker holds, and its tasks are pinned to that
-    worker (the rows do not move)."""
+def test_shards_follow_persisted_chunks_and_share_them_out(client):
+    """X persisted on the workers: each worker's shard is its share of the chunks, those it holds first, and its
+    tasks are pinned to it. ``da.from_array(X).persist()`` puts every chunk on one worker (they all slice the
+    array's one original key): the chunks are shared out all the same, so that both workers train."""
     X, y = make_banana(800, random_state=7)
     Xd = client.persist(da.from_array(X, chunks=(100, 2)))
     plan = data_parallel.DataParallel(client, Xd, da.from_array(y.astype(float), chunks=100), batch_size=50)
     holders = client.who_has(distributed.futures_of(Xd))
-    for worker, chunks in zip(plan.shard_workers, plan.shards):
-        assert chunks and all(worker in holders[(Xd.name, c, 0)] for c in chunks)
+    assert len(plan.shards) == 2 and sorted(len(chunks) for chunks in plan.shards) == [4, 4]
     assert sorted(c for chunks in plan.shards for c in chunks) == list(range(8))
+    for worker, chunks in zip(plan.shard_workers, plan.shards):
+        held = [c for c in range(8) if worker in holders[(Xd.name, c, 0)]]
+        assert set(held[:4]) <= set(chunks)  # its own chunks first
+
+
+def test_shards_of_holders():
+    """Each worker's share (C // W, one more for the first C mod W, the larger shares to those holding more), its
+    own chunks first, the rest handed to those short of their share in chunk order."""
+    share = data_parallel.shards_of_holders
+    assert share(["a", "b", "a", "b"], ["a", "b"]) == ([[0, 2], [1, 3]], ["a", "b"])  # spread: as held
+    assert share(["a"] * 8, ["a", "b"]) == ([[0, 1, 2, 3], [4, 5, 6, 7]], ["a", "b"])  # on one worker
+    assert share(["b", "b", "b", "a", "b"], ["a", "b"]) == ([[3, 4], [0, 1, 2]], ["a", "b"])
+    assert share(["a", "a", "c"], ["a", "b", "c"]) == ([[0], [1], [2]], ["a", "b", "c"])
+    assert share(["a", "a"], ["a", "b", "c"]) == ([[0], [1]], ["a", "b"])  # fewer chunks than workers
 
 
 class _Interrupt(Exception):

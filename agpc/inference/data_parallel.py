@@ -68,7 +68,7 @@ from . import ep, multiclass_ep
 from .engines import Outcome, factor_arrays, factor_from_arrays, make_engine
 from .training import Trainer, check_saved_factor
 
-__all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "balanced_steps", "shard_chunks",
+__all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "balanced_steps", "shard_chunks", "shards_of_holders",
            "chunk_permutation", "weighted_average", "prepare_worker", "refusal"]
 
 # Minibatch steps a shard takes per round (on average, when the rounds are balanced), chosen from
@@ -91,6 +91,26 @@ class RowsOnWorkers:
 
     def __getitem__(self, index):
         raise TypeError("the rows of a data-parallel fit stay on the workers: they are not read on the driver")
+
+
+def shards_of_holders(holders, workers):
+    """(shards, their workers) for chunks held by ``holders`` (the worker holding each chunk) on ``workers``: every
+    worker gets its share of the chunks (C // W, the first C mod W one more), the chunks it holds first, and the
+    chunks left over go to the workers short of their share (their rows travel to that worker when it steps them).
+    Data persisted where it was spread follows its workers; data persisted on one worker (``da.from_array(X)
+    .persist()`` puts every chunk where the array's one original key lives) is shared out."""
+    workers = sorted(workers)
+    held = {w: [c for c, h in enumerate(holders) if h == w] for w in workers}
+    order = sorted(workers, key=lambda w: (-len(held[w]), w))  # (the larger shares to those holding more)
+    share = {w: len(holders) // len(workers) + (k < len(holders) % len(workers)) for k, w in enumerate(order)}
+    shards = {w: held[w][:share[w]] for w in workers}
+    left = sorted(c for w in workers for c in held[w][share[w]:]) + sorted(
+        c for c, h in enumerate(holders) if h not in held)
+    for w in workers:
+        while len(shards[w]) < share[w] and left:
+            shards[w].append(left.pop(0))
+    chosen = [w for w in workers if shards[w]]
+    return [sorted(shards[w]) for w in chosen], chosen
 
 
 def shard_chunks(n_chunks, n_shards):
@@ -216,11 +236,12 @@ def step_shard(spec, segments, data):
     rows (X, y) as arrays. Returns the state the shard ends at (parameters, optimiser, per-chunk factors,
     EP's site files) and the steps' log Z estimates; no rows. Runs under ``workers.task_scope`` (the BLAS thread
     rule and the heap thresholds of a minibatch step, whatever the worker process was started with)."""
-    started, faults = time.perf_counter(), minor_page_faults()
+    started, cpu, faults = time.perf_counter(), time.thread_time(), minor_page_faults()
     Z = spec["Z"]
     with task_scope(spec["batch_size"], Z.shape[-2], Z.shape[-1]):
         out = _step_segments(spec, segments, data)
     out["seconds"] = time.perf_counter() - started
+    out["cpu_seconds"] = time.thread_time() - cpu
     out["page_faults"] = minor_page_faults() - faults
     return out
 
@@ -349,8 +370,8 @@ class DataParallel:
     (rounds reproducible: the same seed, the same model, also when a worker is lost); None (default): shards take
     ``DEFAULT_LOCAL_STEPS`` a round on average, shared out in proportion to the speed each shard's worker showed
     in the rounds before (``balanced_steps``), so that a round does not wait for a worker whose core is busy with
-    other work. ``n_shards``: default one per worker (X persisted on the cluster: one per worker holding chunks,
-    of its chunks; else chunk c in shard c mod the number of workers). ``seed``: keys the chunks' random streams.
+    other work. ``n_shards``: default one per worker (X persisted on the cluster: ``shards_of_holders``, each
+    worker's share of the chunks, those it holds first; else chunk c in shard c mod the number of workers). ``seed``: keys the chunks' random streams.
     ``site_directory`` (EP): where the chunks' sites are kept, a file a chunk, reachable by the driver and every
     worker (default: a temporary directory on this machine: enough for a LocalCluster); ``close()`` removes them.
     """
@@ -368,17 +389,16 @@ class DataParallel:
         self.chunk_rows = [hi - lo for lo, hi in bounds]
         workers = sorted(client.nthreads())  # (asks the scheduler: scheduler_info() may be a stale copy)
         holders = _chunk_holders(client, X, len(bounds)) if n_shards is None and is_dask_array(X) else None
-        if holders is not None:  # X persisted: a shard per worker holding chunks, of the chunks it holds
-            self.shard_workers = sorted(set(holders))
-            self.shards = [[c for c, w in enumerate(holders) if w == worker] for worker in self.shard_workers]
+        if holders is not None:  # X persisted: a shard per worker, of the chunks it holds as far as they are its share
+            self.shards, self.shard_workers = shards_of_holders(holders, workers)
         else:  # X read where it lives (zarr, a shared file, ...): each shard's chunks read by the worker it is pinned to
             self.shards = shard_chunks(len(bounds), n_shards or max(1, len(workers)))
             self.shard_workers = [workers[k % len(workers)] if workers else None for k in range(len(self.shards))]
         self.speeds = [None] * len(self.shards)  # steps a second each shard's tasks made (balanced rounds)
         self.site_directory = site_directory
         self.site_root = None
-        # per round: seconds on the driver, the slowest task's seconds, bytes sent and received, steps per shard,
-        # the tasks' seconds and minor page faults
+        # per round: seconds on the driver, bytes sent and received, steps per shard, the tasks' seconds, their
+        # CPU seconds (the task's own thread) and minor page faults
         self.rounds = []
 
     @property
@@ -519,6 +539,7 @@ class _RoundEngine:
         plan.rounds.append({"seconds": time.perf_counter() - started, "bytes_sent": sent,
                             "bytes_received": received, "steps": allotted,
                             "task_seconds": [r["seconds"] for r in results],
+                            "task_cpu_seconds": [r["cpu_seconds"] for r in results],
                             "page_faults": [r["page_faults"] for r in results]})
         values = [v for r in results for v in r["log_z"]]
         return sum(values) / len(values), combined
