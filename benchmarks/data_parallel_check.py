@@ -6,7 +6,7 @@ random_state=0)``, nothing else set and nothing set in the environment. Cells:
 
 * ``one``: the fit in this process on the NumPy rows.
 * ``cluster``: the user's own ``LocalCluster(n_workers=2, threads_per_worker=1)`` (started before the clock, as a
-  user has it running; no dashboard, so that the check needs no free port), the rows wrapped as the user wraps them,
+  user has it running, and closed after the cell; no dashboard, so that the check needs no free port), the rows wrapped as the user wraps them,
   ``da.from_array(X, chunks=(25_000, d)).persist()`` (and the labels alike), and ``fit`` finding the cluster
   itself (no ``client=``): the data-parallel rounds at the library's defaults.
 * ``n_jobs``: ``GPClassifier(..., n_jobs=2)`` on the NumPy rows: the same rounds in two local worker processes
@@ -241,14 +241,14 @@ def main(argv=None):
           f"{f' (nice {args.busy_nice})' if args.busy else ''}; {args.repeats} run(s) a cell\n", flush=True)
 
     runs = {cell: [] for cell in args.cells}
-    with contextlib.ExitStack() as stack:
-        cluster_data = stack.enter_context(users_cluster(args, *data[:2])) if "cluster" in args.cells else None
-        for _ in range(args.repeats):
-            for cell in args.cells:
+    for _ in range(args.repeats):
+        for cell in args.cells:
+            # (the user's cluster exists only around its own cell: its scheduler's threads share this process)
+            with (users_cluster(args, *data[:2]) if cell == "cluster" else contextlib.nullcontext()) as cluster_data:
                 with busy(args.busy, args.busy_nice):
                     runs[cell].append(run_cell(cell, args, data, cluster_data))
-                print(f"<!-- {cell}: {runs[cell][-1]['fit_seconds']:.2f} s, NLL {runs[cell][-1]['nll']:.4f} -->",
-                      flush=True)
+            print(f"<!-- {cell}: {runs[cell][-1]['fit_seconds']:.2f} s, NLL {runs[cell][-1]['nll']:.4f} -->",
+                  flush=True)
     rows = [median_row(runs[cell]) for cell in args.cells]
     one = next((r for r in rows if r["cell"] == "one"), None)
     print(f"\n### One epoch, {args.train:,} rows ({'median of ' + str(args.repeats) + ' runs' if args.repeats > 1 else 'one run'})\n")
