@@ -219,7 +219,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     fit_time_ : float, seconds of the whole ``fit`` (what ``max_time`` bounds)
     init_time_ : float, of which choosing the initial inducing points (k-means) took this many seconds
     stopped_by_time_ : bool, training stopped because of ``max_time``
-    n_jobs_ : int, the processes the fit trained in (1: this one; more: worker processes, ``n_jobs``)
+    n_jobs_ : int, the processes a fit on in-memory data (or data on disk) trained in (1: this one; more: worker
+        processes, ``n_jobs``)
     jitter_ : float, the jitter on the diagonal of K(Z, Z) of the fitted model: ``jitter``, or what training had
         to raise it to (a ``JitterWarning`` says so)
     kernel_prior_ : "auto" or None, the ``kernel_prior`` the model was trained with (None for a model file written
@@ -252,7 +253,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "verbose": [V.Boolean(), V.Interval(numbers.Integral, 0, None, "left")],
         "client": [V.NONE, V.HasMethods("compute", "submit", description="a distributed.Client")],
         "local_steps": [V.NONE, V.Interval(numbers.Integral, 0, None, "left")],
-        "n_jobs": [V.NONE, V.Interval(numbers.Integral, None, -1, "right"), V.Interval(numbers.Integral, 1, None, "left")],
+        "n_jobs": [V.NONE, V.Interval(numbers.Integral, None, -1, "right"),
+                   V.Interval(numbers.Integral, 1, None, "left")],
         "checkpoint_path": [V.NONE, V.PATH],
         "checkpoint_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "site_directory": [V.NONE, V.PATH],

@@ -68,6 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=1, help="max_iter (default 1)")
     p.add_argument("--workers", type=int, default=2, help="cluster workers and n_jobs (default 2)")
     p.add_argument("--method", default="sep", choices=["sep", "ep", "adf", "svi"])
+    p.add_argument("--local-steps", type=int, default=None,
+                   help="local_steps of the data-parallel cells (default: the library's, balanced rounds)")
     p.add_argument("--cells", default=",".join(CELLS), help=f"which of {', '.join(CELLS)} (default all)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each cell, interleaved (the median is shown)")
     p.add_argument("--busy", type=int, default=0, help="extra CPU-bound processes during every cell (default 0)")
@@ -133,14 +135,22 @@ class Phases:
                "rest_of_training": steps[-1][1] - steps[0][1], "after_training": t_end - steps[-1][1],
                "steps": len(steps), "cpu_ms_per_step": 1e3 * sum(s[2] for s in steps) / len(steps)}
         if self.plans:
-            rounds = self.plans[-1].rounds
+            plan = self.plans[-1]
+            rounds = plan.rounds
             seconds = [r["seconds"] for r in rounds]
-            minibatches = sum(sum(r["steps"]) for r in rounds)
-            out.update(rounds=len(rounds), round_steps=[r["steps"] for r in rounds], steps=minibatches,
+            # (an agpc before balanced rounds recorded one step count and the slowest task's seconds a round)
+            per_shard = [r["steps"] if isinstance(r["steps"], list) else [r["steps"]] * len(plan.shards)
+                         for r in rounds]
+            slowest = [max(np.atleast_1d(r["task_seconds"])) for r in rounds]
+            minibatches = sum(sum(steps) for steps in per_shard)
+            out.update(rounds=len(rounds), round_steps=per_shard, steps=minibatches,
                        median_round=statistics.median(seconds),
-                       round_overhead=statistics.median(r["seconds"] - max(r["task_seconds"]) for r in rounds),
-                       cpu_ms_per_step=1e3 * sum(sum(r["task_cpu_seconds"]) for r in rounds) / minibatches,
+                       round_overhead=statistics.median(r - t for r, t in zip(seconds, slowest)),
                        fixed_cost=steps[0][0] - t0 + max(0.0, seconds[0] - statistics.median(seconds)))
+            if all("task_cpu_seconds" in r for r in rounds):
+                out["cpu_ms_per_step"] = 1e3 * sum(sum(r["task_cpu_seconds"]) for r in rounds) / minibatches
+            else:
+                out["cpu_ms_per_step"] = None
         return out
 
 
@@ -166,6 +176,8 @@ def run_cell(cell, args, data, cluster_data):
                   random_state=0)
     if cell == "n_jobs":
         params["n_jobs"] = args.workers
+    if cell != "one" and args.local_steps is not None:
+        params["local_steps"] = args.local_steps
     X, y = cluster_data if cell == "cluster" else (X_train, y_train)
     phases = Phases()
     with phases.hooked(), warnings.catch_warnings():
@@ -213,7 +225,7 @@ def print_table(rows, one):
         print(f"| {label} | {r['fit_seconds']:.2f} | {r['rows_per_second']:,.0f} | {fmt(ratio, '.2f')} "
               f"| {r['before_init']:.2f} | {r['init']:.2f} | {r['to_first_step']:.2f} | {r['first_step']:.3f} "
               f"| {r['rest_of_training']:.2f} | {r['after_training']:.2f} | {r.get('rounds', '-')} | {steps} "
-              f"| {fmt(r.get('round_overhead') and 1e3 * r['round_overhead'], '.1f')} | {r['cpu_ms_per_step']:.2f} "
+              f"| {fmt(r.get('round_overhead') and 1e3 * r['round_overhead'], '.1f')} | {fmt(r['cpu_ms_per_step'], '.2f')} "
               f"| {fmt(r.get('fixed_cost'), '.2f')} | {r['nll']:.4f} "
               f"| {fmt(r['nll'] - one['nll'] if one else None, '+.4f')} |")
 
@@ -237,7 +249,7 @@ def main(argv=None):
     print(f"- data: make_airline_like({args.rows:,}, random_state=0): {args.train:,} training rows, "
           f"{args.rows - args.train:,} test; {args.method.upper()}, m = {args.inducing}, minibatch {args.batch}, "
           f"{args.epochs} epoch(s); {args.workers} workers; chunks of {args.chunk_rows:,} rows; "
-          f"{args.busy} extra CPU-bound process(es) during the cells"
+          f"local_steps {args.local_steps}; {args.busy} extra CPU-bound process(es) during the cells"
           f"{f' (nice {args.busy_nice})' if args.busy else ''}; {args.repeats} run(s) a cell\n", flush=True)
 
     runs = {cell: [] for cell in args.cells}

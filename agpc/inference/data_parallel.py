@@ -68,7 +68,8 @@ from . import ep, multiclass_ep
 from .engines import Outcome, factor_arrays, factor_from_arrays, make_engine
 from .training import Trainer, check_saved_factor
 
-__all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "balanced_steps", "shard_chunks", "shards_of_holders",
+__all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "balanced_steps", "shard_chunks",
+           "shards_of_holders",
            "chunk_permutation", "weighted_average", "prepare_worker", "refusal"]
 
 # Minibatch steps a shard takes per round (on average, when the rounds are balanced), chosen from
@@ -371,9 +372,9 @@ class DataParallel:
     ``DEFAULT_LOCAL_STEPS`` a round on average, shared out in proportion to the speed each shard's worker showed
     in the rounds before (``balanced_steps``), so that a round does not wait for a worker whose core is busy with
     other work. ``n_shards``: default one per worker (X persisted on the cluster: ``shards_of_holders``, each
-    worker's share of the chunks, those it holds first; else chunk c in shard c mod the number of workers). ``seed``: keys the chunks' random streams.
-    ``site_directory`` (EP): where the chunks' sites are kept, a file a chunk, reachable by the driver and every
-    worker (default: a temporary directory on this machine: enough for a LocalCluster); ``close()`` removes them.
+    worker's share of the chunks, those it holds first; else chunk c in shard c mod the number of workers).
+    ``seed``: keys the chunks' random streams. ``site_directory`` (EP): where the chunks' sites are kept, a file a
+    chunk, reachable by the driver and every worker (default: a temporary directory on this machine: enough for a LocalCluster); ``close()`` removes them.
     """
 
     def __init__(self, client, X, y, *, batch_size, local_steps=None, n_shards=None, seed=0, site_directory=None):
@@ -391,7 +392,7 @@ class DataParallel:
         holders = _chunk_holders(client, X, len(bounds)) if n_shards is None and is_dask_array(X) else None
         if holders is not None:  # X persisted: a shard per worker, of the chunks it holds as far as they are its share
             self.shards, self.shard_workers = shards_of_holders(holders, workers)
-        else:  # X read where it lives (zarr, a shared file, ...): each shard's chunks read by the worker it is pinned to
+        else:  # X read where it lives (zarr, a shared file, ...): a shard's chunks read by the worker it is pinned to
             self.shards = shard_chunks(len(bounds), n_shards or max(1, len(workers)))
             self.shard_workers = [workers[k % len(workers)] if workers else None for k in range(len(self.shards))]
         self.speeds = [None] * len(self.shards)  # steps a second each shard's tasks made (balanced rounds)
