@@ -189,7 +189,8 @@ _SLOWED = {"factor": 1.0, "results": []}  # (module state: the worker threads un
 def _slowed_step_shard(spec, segments, data):
     out = _REAL_STEP_SHARD(spec, segments, data)
     shard = 1 if any(c % 2 for c, *_ in segments) else 0  # (shards [0, 2] and [1, 3])
-    out = dict(out, seconds=out["seconds"] * (_SLOWED["factor"] if shard == 1 else 1.0))
+    factor = _SLOWED["factor"] if shard == 1 else 1.0
+    out = dict(out, seconds=out["seconds"] * factor, step_seconds=out["step_seconds"] * factor)
     _SLOWED["results"].append((shard, segments, out))
     return out
 
@@ -208,11 +209,11 @@ def _slowed(monkeypatch, factor):
 
 def test_a_slow_worker_gets_fewer_steps_and_the_round_averages_by_rows_stepped(client, monkeypatch):
     """Balanced rounds (local_steps=None): the second round shares its steps by the speeds the first showed, so
-    a worker three times slower gets about a quarter of them and the round does not wait for it; the round's
+    a worker ten times slower gets about a tenth of them and the round does not wait for it; the round's
     state (SVI: q(u), kernel, Z) is the average of the shards' end states weighted by the rows each stepped."""
     X, y = make_banana(1200, random_state=4)
     y = y.astype(float)
-    results = _slowed(monkeypatch, 3.0)
+    results = _slowed(monkeypatch, 10.0)
     plan = data_parallel.DataParallel(client, da.from_array(X, chunks=(300, 2)), da.from_array(y, chunks=(300,)),
                                       batch_size=20, seed=3)
     kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
@@ -224,7 +225,9 @@ def test_a_slow_worker_gets_fewer_steps_and_the_round_averages_by_rows_stepped(c
         engine.apply(work, 0, 16 * 2 * 20, stepping=True)
     assert plan.rounds[0]["steps"] == [16, 16]
     fast, slow = plan.rounds[1]["steps"]
-    assert fast + slow == 32 and 6 <= slow <= 10, plan.rounds[1]["steps"]  # 1 + 30 / (1 + 3 x slowdown)
+    # 1 + 30 / 11 = 3.7 steps for the slow worker at equal real speeds; the machine's own noise may move the real
+    # speeds, not by a factor of two
+    assert fast + slow == 32 and slow <= 7, plan.rounds[1]["steps"]
     last = sorted(results[-2:], key=lambda r: r[0])
     rows = [sum(min(300, (first + count) * 20) - first * 20 for _, _, first, count in segments)
             for _, segments, _ in last]
@@ -287,7 +290,7 @@ def _blas_threads_seen():
     return sorted(set(_BLAS_SEEN)), max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
 
 
-def test_workers_of_a_users_own_cluster_keep_the_thread_rule_and_the_heap():
+def test_workers_of_a_users_own_cluster_keep_the_thread_rule_and_the_heap(monkeypatch):
     """A user's own LocalCluster, two worker processes started by dask's nanny with nothing of agpc's: the
     nanny's MALLOC_TRIM_THRESHOLD_=65536 (distributed's default) and, as a user's configuration may have it,
     OPENBLAS_NUM_THREADS=2. A shard's minibatch steps run at one BLAS thread (the rule, within the worker's
@@ -300,6 +303,8 @@ def test_workers_of_a_users_own_cluster_keep_the_thread_rule_and_the_heap():
     X, y = make_banana(1600, random_state=8)
     environ = {"MALLOC_TRIM_THRESHOLD_": 65536, "OPENBLAS_NUM_THREADS": 2, "OMP_NUM_THREADS": 2,
                "MKL_NUM_THREADS": 2}
+    for name, value in environ.items():  # (the nanny takes a variable this process has over its configuration,
+        monkeypatch.setenv(name, str(value))  # and an earlier LocalCluster of this process set them to its own)
     with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
         cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None)
     with cluster, distributed.Client(cluster) as client:

@@ -214,7 +214,7 @@ def test_no_worker_is_left_after_an_error_or_max_time(banana, monkeypatch, pools
 
 
 _DRIVER = textwrap.dedent("""
-    import sys
+    import signal
     from agpc import GPClassifier, workers
     from agpc.datasets import make_banana
     from agpc.inference import training
@@ -237,6 +237,9 @@ _DRIVER = textwrap.dedent("""
 
     training.Trainer.step, workers.LocalWorkers.__init__, workers.share_rows = step, init, share
     if __name__ == "__main__":
+        # Ctrl-C raises KeyboardInterrupt, as in a terminal (a shell starts background jobs with SIGINT ignored,
+        # and a child keeps that)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         X, y = make_banana(4000, random_state=0)
         GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=10**6, n_jobs=2, local_steps=2).fit(X, y)
 """)

@@ -264,6 +264,7 @@ def _step_segments(spec, segments, data):
     site_files, sites_now = {}, {}  # EP: per chunk, the file this task wrote and the sites it left
     batch_size = spec["batch_size"]
     log_z, n_invalid = [], 0.0
+    step_seconds = 0.0  # in the steps themselves (a task's set-up, the same whatever its steps, left out)
     for chunk, visit, first, count in segments:
         X_chunk, y_chunk = data[chunk]
         n_chunk = X_chunk.shape[0]
@@ -291,6 +292,7 @@ def _step_segments(spec, segments, data):
         # its start (not the previous chunk's state).
         trainer.good = engine.snapshot()
         previous = None  # EP: (rows, sites) of the last step taken; a revert undoes its sites in place
+        stepping_started = time.perf_counter()
         for j in range(first, first + count):
             rows = order[j * batch_size:(j + 1) * batch_size]
             X_batch = asarray_like(X_chunk[rows], xp, device=device, dtype=Z.dtype)
@@ -313,6 +315,7 @@ def _step_segments(spec, segments, data):
                 site_shift[index] = engine.state["mu"]
                 if engine.needs_rebuild:  # many cavities failed: the chunk's site product, exactly
                     _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, None)
+        step_seconds += time.perf_counter() - stepping_started
         if tied:
             factors[chunk] = engine.state["factor"]
             total = engine.others.combine(1.0, factors[chunk], 1.0)
@@ -324,7 +327,7 @@ def _step_segments(spec, segments, data):
     return {"kernel": engine.state["kernel"], "Z": engine.state["Z"], "state": state,
             "optimizer": engine.optimizer.snapshot() if engine.optimizer is not None else None,
             "damping": engine.damping, "factors": {c: factors[c] for c in factors}, "site_files": site_files,
-            "log_z": log_z, "n_invalid": n_invalid}
+            "log_z": log_z, "n_invalid": n_invalid, "step_seconds": step_seconds}
 
 
 def _chunk_holders(client, X, n_chunks):
@@ -415,10 +418,12 @@ class DataParallel:
         return balanced_steps(total, self.speeds)
 
     def measure(self, steps, results):
-        """Fold the round's tasks (their steps and seconds) into the shards' speeds (an average that halves the
-        weight of older rounds each round: a worker's share of a busy machine changes within seconds)."""
+        """Fold the round's tasks (their steps and the seconds of the steps themselves) into the shards' speeds (an
+        average that halves the weight of older rounds each round: a worker's share of a busy machine changes within
+        seconds). A task's set-up is left out: it costs a shard given few steps as much as one given many, and
+        counted in it would make the first look slower, and so be given fewer still."""
         for k, (taken, result) in enumerate(zip(steps, results)):
-            speed = taken / max(result["seconds"], 1e-9)
+            speed = taken / max(result["step_seconds"], 1e-9)
             self.speeds[k] = speed if self.speeds[k] is None else 0.5 * (self.speeds[k] + speed)
 
     def chunk_data(self, chunk, worker):
