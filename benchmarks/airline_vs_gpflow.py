@@ -78,7 +78,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import DEFAULT_DATA_DIR, PROJECT_ROOT, load_line  # noqa: E402
-from _protocol import RESULTS_DIR, parse_list, standardise, start, test_scores  # noqa: E402
+from _protocol import (RESULTS_DIR, cpu_bound, parse_list, standardise, start, test_scores,  # noqa: E402
+                       users_cluster)
 from airline import labels_from_delay  # noqa: E402
 
 PEERS_DIR = PROJECT_ROOT / ".." / "shared" / "peers"
@@ -451,25 +452,6 @@ def targets(rows_by_budget):
     return out
 
 
-@contextlib.contextmanager
-def users_cluster(args, X_train, y_train):
-    """A user's own LocalCluster (``--workers`` single-threaded workers) and the training rows on it, persisted:
-    the fit's data (set up before any clock; closed afterwards)."""
-    import dask.array as da
-    from distributed import Client, LocalCluster, wait
-
-    cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=None)
-    client = Client(cluster)
-    try:
-        X = da.from_array(X_train, chunks=(args.dask_chunk_rows, X_train.shape[1])).persist()
-        y = da.from_array(y_train, chunks=args.dask_chunk_rows).persist()
-        wait([X, y])
-        yield X, y
-    finally:
-        client.close()
-        cluster.close()
-
-
 def data_parallel_rows(args, budget, data, Z):
     """The data-parallel rows of a budget (``--data-parallel``): ``n_jobs`` and a user's own LocalCluster."""
     rows = []
@@ -477,24 +459,12 @@ def data_parallel_rows(args, budget, data, Z):
         if where == "n_jobs":
             row = run_agpc(args.dp_method, budget, data, Z, where="n_jobs", n_jobs=args.workers)
         else:
-            with users_cluster(args, data[0], data[1]) as fit_data:
+            with users_cluster(data[0], data[1], args.workers, args.dask_chunk_rows) as fit_data:
                 row = run_agpc(args.dp_method, budget, data, Z, where="cluster", fit_data=fit_data)
         row["workers"] = args.workers
         rows.append(row)
         print(f"<!-- agpc {args.dp_method} {where} {budget:g} s done: {row['nll']:.4f} -->", flush=True)
     return rows
-
-
-@contextlib.contextmanager
-def cpu_bound(n):
-    """``n`` extra CPU-bound processes (``while True: pass``) for the duration, ended by their handles."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
 
 
 def busy_table(args, data, Z):

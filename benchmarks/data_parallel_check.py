@@ -41,7 +41,6 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -51,7 +50,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import load_line, print_machine  # noqa: E402
-from _protocol import RESULTS_DIR, parse_list, test_scores  # noqa: E402
+from _protocol import RESULTS_DIR, cpu_bound, parse_list, test_scores, users_cluster  # noqa: E402
 
 CELLS = ("one", "cluster", "n_jobs")
 TARGET_RATIO = 1.4
@@ -154,19 +153,6 @@ class Phases:
         return out
 
 
-@contextlib.contextmanager
-def busy(n, nice):
-    """``n`` CPU-bound processes for the duration (ended by their handles afterwards)."""
-    hogs = [subprocess.Popen([sys.executable, "-c", f"import os; os.nice({nice})\nwhile True: pass"])
-            for _ in range(n)]
-    try:
-        yield hogs
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
-
-
 def run_cell(cell, args, data, cluster_data):
     """One fit of ``cell``: its row of the table."""
     from agpc import GPClassifier
@@ -189,24 +175,6 @@ def run_cell(cell, args, data, cluster_data):
     seconds = t_end - t0
     return {"cell": cell, "fit_seconds": seconds, "rows_per_second": len(y_train) * args.epochs / seconds,
             "nll": nll, "error": err, "n_jobs_used": getattr(model, "n_jobs_", None), **phases.summary(t0, t_end)}
-
-
-@contextlib.contextmanager
-def users_cluster(args, X_train, y_train):
-    """The user's own LocalCluster and their rows on it, persisted (set up before any clock starts)."""
-    import dask.array as da
-    from distributed import Client, LocalCluster, wait
-
-    cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=None)
-    client = Client(cluster)
-    try:
-        X = da.from_array(X_train, chunks=(args.chunk_rows, X_train.shape[1])).persist()
-        y = da.from_array(y_train, chunks=args.chunk_rows).persist()
-        wait([X, y])
-        yield X, y
-    finally:
-        client.close()
-        cluster.close()
 
 
 def fmt(value, spec):
@@ -256,8 +224,9 @@ def main(argv=None):
     for _ in range(args.repeats):
         for cell in args.cells:
             # (the user's cluster exists only around its own cell: its scheduler's threads share this process)
-            with (users_cluster(args, *data[:2]) if cell == "cluster" else contextlib.nullcontext()) as cluster_data:
-                with busy(args.busy, args.busy_nice):
+            with (users_cluster(*data[:2], args.workers, args.chunk_rows) if cell == "cluster"
+                  else contextlib.nullcontext()) as cluster_data:
+                with cpu_bound(args.busy, args.busy_nice):
                     runs[cell].append(run_cell(cell, args, data, cluster_data))
             print(f"<!-- {cell}: {runs[cell][-1]['fit_seconds']:.2f} s, NLL {runs[cell][-1]['nll']:.4f} -->",
                   flush=True)
@@ -286,7 +255,7 @@ def main(argv=None):
         print("|---:|---:|---:|---:|---:|---:|")
         for n in args.crossover:
             sized = (data[0][:n], data[1][:n], data[2], data[3])
-            with busy(args.busy, args.busy_nice):
+            with cpu_bound(args.busy, args.busy_nice):
                 pair = [run_cell(cell, args, sized, None) for cell in ("one", "n_jobs")]
             crossover.append({"rows": n, "one": pair[0], "n_jobs": pair[1]})
             print(f"| {n:,} | {pair[0]['fit_seconds']:.2f} | {pair[1]['fit_seconds']:.2f} "
