@@ -10,43 +10,37 @@ Fitted models are saved and loaded as data by :func:`save_model` and :func:`load
 
 import importlib
 
-from . import priors
-from .backend import CholeskyError, JitterWarning
-from .kernels import RBF, Matern52, Product, RationalQuadratic, Sum
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "GPClassifier",
-    "RBF",
-    "Matern52",
-    "RationalQuadratic",
-    "Sum",
-    "Product",
-    "CholeskyError",
-    "JitterWarning",
-    "save_model",
-    "load_model",
-    "datasets",
-    "priors",
-    "__version__",
-]
+# Each public name and the module that holds it (None: the name is a module), imported when it is first used
+# (PEP 562): ``import agpc`` loads nothing else, so that the ``agpc`` command runs its own code (``agpc.__main__``)
+# before NumPy, SciPy and scikit-learn are loaded, a second or two in which a Ctrl-C must be its one line too.
+_PUBLIC = {
+    "GPClassifier": "classifier",
+    "RBF": "kernels",
+    "Matern52": "kernels",
+    "RationalQuadratic": "kernels",
+    "Sum": "kernels",
+    "Product": "kernels",
+    "CholeskyError": "backend",
+    "JitterWarning": "backend",
+    "DeviceUnavailableError": "backend",
+    "TF32Warning": "backend",
+    "save_model": "persistence",
+    "load_model": "persistence",
+    "datasets": None,
+    "priors": None,
+}
 
-# Loaded when first asked for: the estimator and the data sets bring in scikit-learn, which a worker process that
-# only runs agpc's tasks (a dask worker's data-parallel rounds, ``n_jobs`` workers) does not use. Measured on the
-# 2-core machine under load: importing the inference modules took 1.3 s without them and 3.2 s with them, paid by
-# every worker process before its first task.
-_ON_FIRST_USE = {"GPClassifier": ("classifier", "GPClassifier"), "save_model": ("persistence", "save_model"),
-                 "load_model": ("persistence", "load_model"), "datasets": ("datasets", None)}
+__all__ = [*_PUBLIC, "__version__"]
 
 
 def __getattr__(name):
-    if name not in _ON_FIRST_USE:
-        raise AttributeError(f"module 'agpc' has no attribute {name!r}")
-    module, attribute = _ON_FIRST_USE[name]
-    loaded = importlib.import_module(f"{__name__}.{module}")
-    value = loaded if attribute is None else getattr(loaded, attribute)
-    globals()[name] = value
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f"{__name__}.{_PUBLIC[name] or name}")
+    value = module if _PUBLIC[name] is None else getattr(module, name)
+    globals()[name] = value  # looked up once
     return value
 
 

@@ -21,9 +21,9 @@ from . import streaming as S
 from . import threads
 from . import validation as V
 from . import workers as W
-from .checkpoints import check_checkpoint_path
+from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
 from .inducing import initial_inducing_points
-from .inference import training
+from .inference import ep, training
 from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
 from .inference.data_parallel import DataParallel, RowsOnWorkers, prepare_worker, refusal
 from .kernels import RBF, ClassKernels, Kernel, with_default_priors
@@ -31,7 +31,15 @@ from .model_file import VALUE_WHEN_ABSENT, FittedState, read_model_file, write_m
 
 __all__ = ["GPClassifier"]
 
-_FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above
+_FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above (on a GPU: below)
+
+# What one binary minibatch step asks of a GPU, counted on CuPy's paths (tests/step_cost.py; docs/gpu.md): kernel
+# launches for its first row block and for each further one, flops per row per m^2 and elements moved per row per m
+# (m >= 200). gpu_tests/test_gpu_batch.py holds them to a counted step of each method.
+_EP_STEP = {"launches": 380, "block_launches": 175, "flops_per_row_m2": 13.7, "elements_per_row_m": 86.0}
+GPU_STEP_MODEL = {"sep": _EP_STEP, "ep": _EP_STEP, "adf": _EP_STEP,
+                  "svi": {"launches": 320, "block_launches": 130, "flops_per_row_m2": 10.2, "elements_per_row_m": 68.0}}
+_GPU_STEPS_PER_EPOCH = 8  # the GPU's minibatch is at most n / 8 rows: the hyper-parameters move 8 times an epoch
 
 
 _OPTIMIZE_GROUPS = ("kernel", "inducing")
@@ -72,7 +80,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         EP damping (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25): new = damping * update + (1 - damping) * old.
         ``None``: 0.5 in batch mode, 0.99 in minibatch mode, as the paper.
     batch_size : "auto", None or int
-        Rows per minibatch. "auto": the full batch for n <= 20,000, else 200. ``None``: full batch.
+        Rows per minibatch. "auto": the full batch for n <= 20,000, else 200 on the CPU; on a GPU, binary models take
+        the fewest rows whose arithmetic outweighs twice the launch overhead of the step's few hundred kernels, from
+        the device's throughput (docs/gpu.md: about 200,000 rows at m = 200 and 26,000 at m = 1,000 on an H100 in
+        float64), at most n / 8 and what fits in half the device's free memory, in one row block. ``None``: full
+        batch.
         In minibatch mode ``max_iter`` counts epochs and the hyper-parameters follow stochastic gradients.
     optimizer : None, "rprop", "adadelta" or "adam"
         Hyper-parameter steps. ``None``: the paper's per-parameter adaptive steps ("rprop") in batch mode,
@@ -132,12 +144,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     verbose : bool
         Show a progress bar (tqdm) with log Z_q and, with validation data, the validation NLL.
     step_replay : bool, default=False
-        Minibatch SEP / EP / ADF / SVI: run each step's evaluation at fixed shapes from device buffers (the last
-        minibatch padded with rows of weight 0), captured once into a CUDA graph and replayed on CuPy with a
-        CUDA device, eagerly elsewhere or where capture fails (``agpc.inference.replay``); with ``verbose``,
-        one line on stderr says which ("step: CUDA graph replay" or "step: eager (reason)"). ``fit`` only
-        (``partial_fit`` steps on whatever rows it is given, eagerly). Off by default
-        until a GPU run of ``gpu_tests/test_step_replay.py`` is recorded in docs/results.md.
+        Deprecated, no effect; it will be removed. It asked for each minibatch step to be captured into a CUDA
+        graph and replayed, which CuPy cannot do for a step that calls cuBLAS or cuSOLVER (it refuses both during
+        stream capture), so every step ran eagerly anyway. ``True`` warns (FutureWarning) and fits as ``False``.
     client : distributed.Client or None
         For ``fit`` on a dask.array: the cluster to train on. ``None``: the current client if there is
         one, else a ``LocalCluster`` with one single-threaded worker process per core, started and closed
@@ -173,7 +182,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         atomically. ``fit(X, y, resume=True)`` continues from it and ends at the same model as an
         uninterrupted run. Early stopping's best state is not kept across a resume. On a dask array, batch
         EP's sites are written by the workers into ``<checkpoint_path>.sites/`` (a directory they must share
-        with the driver), one file a chunk.
+        with the driver), one file a chunk. The path is checked when ``fit`` starts: writable, and a regular file
+        if it exists (not a device, a FIFO, a path under /proc, /sys or /dev, nor the file a memmap or zarr array
+        of the training data reads from); ``resume=True`` needs a checkpoint there.
     site_directory : path or None
         Batch EP on a dask.array: keep the sites (two floats a row) in files under this directory, a file
         a chunk, instead of in the workers' memory. Worker memory then stays flat as the rows grow, at the
@@ -225,6 +236,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         to raise it to (a ``JitterWarning`` says so)
     kernel_prior_ : "auto" or None, the ``kernel_prior`` the model was trained with (None for a model file written
         before the parameter existed: those models were trained by maximum likelihood)
+    tf32_ : bool, float32 matrix products of the fit ran in TF32 on the GPU (``CUPY_TF32=1``; an
+        ``agpc.backend.TF32Warning`` said so)
     """
 
     # Every parameter and what it may be (``agpc.validation``): checked at the start of fit / partial_fit;
@@ -383,6 +396,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return kernel, Z
 
     def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter):
+        self.tf32_ = bool(getattr(self, "tf32_", False))  # (set by _note_tf32 before training; a loaded model: False)
         self.jitter_ = jitter
         self.kernel_prior_ = self.kernel_prior
         self.kernel_ = kernel
@@ -430,6 +444,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """
         started = time.perf_counter()  # max_time covers the whole fit, from here
         self._check_params()  # before anything reads them (the BLAS scope reads n_inducing and batch_size)
+        I.check_known_shapes(X, y)  # (the BLAS scope counts the rows)
+        self._warn_step_replay()
         with self._blas_scope(X), B.jitter_report("GPClassifier.fit"):
             return self._fit(X, y, validation_data, resume, started)
 
@@ -437,14 +453,18 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         groups, target_xp = self._check_params()
         if resume and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
+        if resume:
+            check_resume_path(self.checkpoint_path)
         if self.checkpoint_every is not None:  # before any work: a bad path must not cost the fit
-            check_checkpoint_path(self.checkpoint_path)
+            check_checkpoint_path(self.checkpoint_path, inputs=I.data_files(X, y))
         elif self.checkpoint_path is not None and not resume:  # a path alone writes nothing (a resume reads it)
             warnings.warn(f"checkpoint_path={str(self.checkpoint_path)!r} is set without checkpoint_every: no "
                           "checkpoint will be written (set checkpoint_every, a number of steps)", UserWarning,
                           stacklevel=3)
+        if self.site_directory is not None:
+            check_site_directory(self.site_directory)
         if B.is_dask_array(X):
-            return self._fit_dask(X, y, groups, resume, validation_data)
+            return self._fit_dask(X, y, groups, resume, validation_data, started)
         self.__dict__.pop("_trainer", None)
         Xc, y_pm, classes, sample, xp, device = I.training_inputs(self, X, y, reset=True, target_xp=target_xp)
         n = Xc.shape[0]
@@ -462,8 +482,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if self.checkpoint_path is not None:  # the run's fingerprint holds the data's: resume on them only
             stride = training.fingerprint_stride(n)
             data_hash = training.data_fingerprint(n, Xc.shape[1], Xc[0:n:stride, :], y_pm[0:n:stride], classes)
-        result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
-                             validation=validation, started=started, data_hash=data_hash)
+        self._note_tf32(xp)
+        batch_size = self._batch_size_for(n, xp, Z, len(classes))
+        result = self._train(Xc, y_pm, kernel, Z, classes, groups, batch_size, rng, resume,
+                             validation=validation, started=started, data_hash=data_hash,
+                             block_rows=self._gpu_block_rows(n, xp, batch_size))
         return self._fitted_from(result, classes, t0, n, resumed=bool(resume))
 
     def _n_jobs_for(self, xp, n, n_classes):
@@ -526,7 +549,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return self._fitted_from(result, classes, started, n, resumed=bool(resume))
 
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
-               started=None, data_hash=None):
+               started=None, data_hash=None, block_rows=None):
         """The one training loop (``training.train``) with this estimator's settings for its method."""
         spec = M.get_method(self.method)
         self.likelihood_ = spec.likelihood_for(self.likelihood, len(classes))
@@ -538,8 +561,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             eval_every=self.eval_every, n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose),
             engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
             resume=bool(resume), likelihood=None if len(classes) > 2 else self.likelihood_,
-            n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash, block_rows=self.block_rows,
-            step_replay=bool(self.step_replay),
+            n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash,
+            block_rows=self.block_rows if block_rows is None else block_rows,
         )
         settings.update(spec.training_settings(self.get_params(deep=False), len(classes)))
         return training.train(X, y, kernel, Z, **settings)
@@ -549,10 +572,57 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         (a change only for float32, where 1e-6 is below what round-off lets a Cholesky factor resolve)."""
         return max(float(self.jitter), B.jitter_floor(Z))
 
-    def _batch_size_for(self, n):
+    def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
+        """Rows a step: ``batch_size``, or for "auto" the full batch up to 20,000 rows, else 200, or on a GPU
+        (``xp`` and the initial inducing points ``Z`` given, a binary model) ``_gpu_batch_rows``."""
         if self.batch_size == "auto":
-            return None if n <= _FULL_BATCH_MAX_ROWS or not M.supports(self.method, "minibatch") else 200
+            if n <= _FULL_BATCH_MAX_ROWS or not M.supports(self.method, "minibatch"):
+                return None
+            rows = self._gpu_batch_rows(n, xp, Z) if (xp is not None and Z is not None and n_classes == 2) else None
+            return 200 if rows is None else rows
         return self.batch_size
+
+    def _gpu_batch_rows(self, n, xp, Z):
+        """The GPU's minibatch for n rows (None off a GPU): ``backend.launch_bound_rows`` with ``GPU_STEP_MODEL``
+        and the device's throughput for the model's type, at most n / 8 rows and what fits in one row block
+        (``ep.block_bytes_per_row``) in ``backend.DEVICE_MEMORY_FRACTION`` of the free memory (docs/gpu.md)."""
+        throughput = B.device_throughput(xp, Z.dtype, B.array_device(Z))
+        if throughput is None:
+            return None
+        m, d, itemsize = Z.shape[-2], Z.shape[-1], xp.finfo(Z.dtype).bits // 8
+        largest = n // _GPU_STEPS_PER_EPOCH
+        fit = B.rows_within_memory(ep.block_bytes_per_row(m, d, itemsize), xp, B.array_device(Z))
+        if fit is not None:
+            largest = min(largest, fit)
+        model = GPU_STEP_MODEL.get(self.method, _EP_STEP)
+        return B.launch_bound_rows(
+            throughput, launches=model["launches"], block_launches=model["block_launches"], block_rows=largest,
+            flops_per_row=model["flops_per_row_m2"] * m * m, bytes_per_row=model["elements_per_row_m"] * m * itemsize,
+            largest=largest)
+
+    def _gpu_block_rows(self, n, xp, batch_size):
+        """Row blocks of a GPU minibatch chosen by "auto": the whole minibatch (it was sized to fit in memory), so
+        that a step launches its kernels once; None (the estimator's ``block_rows``) otherwise."""
+        if (self.batch_size != "auto" or self.block_rows is not None or batch_size is None
+                or B.device_throughput(xp, xp.float64) is None):
+            return None
+        return batch_size
+
+    def _warn_step_replay(self):
+        if self.step_replay:
+            warnings.warn("step_replay is deprecated and has no effect (it will be removed): CuPy refuses cuBLAS and "
+                          "cuSOLVER calls during CUDA-graph capture, so a training step cannot be replayed from a "
+                          "graph; every step runs eagerly", FutureWarning, stacklevel=3)
+
+    def _note_tf32(self, xp):
+        """``tf32_``: whether the float32 products of this fit run in TF32 (``backend.uses_tf32``), said once a fit
+        by a ``backend.TF32Warning``."""
+        self.tf32_ = B.uses_tf32(xp, I.dtype_name(self.dtype))
+        if self.tf32_:
+            warnings.warn("float32 products on the GPU run in TF32 (CUPY_TF32 is set): about 3 significant digits "
+                          "per product instead of 7, so this fit differs from NumPy's float32 by far more than "
+                          "round-off; unset CUPY_TF32 before CuPy's first float32 product for float32 accuracy",
+                          B.TF32Warning, stacklevel=4)
 
     def _fitted_from(self, result, classes, t0, n_rows, resumed=False):
         """Fitted attributes from a ``training.TrainResult`` of a fit on ``n_rows`` rows."""
@@ -569,7 +639,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                           f"first checkpoint (checkpoint_every={self.checkpoint_every} steps is more than it took)", UserWarning, stacklevel=4)
         return self
 
-    def _fit_dask(self, X, y, groups, resume, validation_data=None):
+    def _fit_dask(self, X, y, groups, resume, validation_data=None, started=None):
         """The methods that train on a dask array (``agpc.methods``: EP / SEP / ADF / SVI, vi-JJ and vi-Taylor in
         batch passes) on a dask.array of rows. Batch: one task per chunk each pass (``DaskEngine``), EP's
         sites persisted on the workers. Minibatch: data-parallel rounds (``data_parallel.DataParallel``), or with
@@ -578,6 +648,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         from where it lives (e.g. zarr)."""
         import dask.array as da
 
+        self.tf32_ = False  # (the workers compute on NumPy)
         spec = M.get_method(self.method)
         if not spec.supports("dask"):
             raise ValueError(spec.refusal("dask", f"fit on a dask array trains the methods "
@@ -627,7 +698,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             y_pm = y.map_blocks(I.encode_labels, classes, dtype=np.float64).astype(X.dtype)
             self.n_features_in_ = X.shape[1]
             m = self._n_inducing_for(n)
+            init_started = time.perf_counter()
             kernel, Z = self._initial_model(np.asarray(sample), m, rng, len(classes))
+            self.init_time_ = time.perf_counter() - init_started
             if validation_data is not None:  # scored on the driver: brought there whole (keep it small)
                 validation_data = tuple(client.compute(list(validation_data), sync=True)
                                         if any(B.is_dask_array(v) for v in validation_data) else validation_data)
@@ -647,10 +720,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                                  "a full-batch step would bring every row to the driver")
             else:
                 engine = DaskEngine(client, X.chunks[0], site_directory=self.site_directory)
-            t0 = time.perf_counter()
+            t0 = time.perf_counter() if started is None else started  # max_time and fit_time_: the whole fit
             # SVI: a step per minibatch on the driver, chunks visited as for SEP
             result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, validation=validation,
-                                 engine=engine, data_hash=data_hash)
+                                 engine=engine, started=t0, data_hash=data_hash)
             del warming
         finally:
             if engine is not None:
@@ -686,6 +759,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         is saved with :meth:`save`, or pickled, between calls): set, they are warned about once.
         """
         self._check_params()
+        self._warn_step_replay()
         if (self.checkpoint_path is not None or self.checkpoint_every is not None) and not hasattr(self, "_trainer"):
             warnings.warn("partial_fit writes no checkpoints (checkpoint_path / checkpoint_every apply to fit); save "
                           "a stream model with save() or pickle it between calls", UserWarning, stacklevel=2)
@@ -703,6 +777,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         )
         rows = Xc.shape[0]
         I.check_n_total(n_total, rows)
+        if not live:
+            self._note_tf32(xp)
         if not fitted:
             self.classes_ = classes
             rng = B.host_rng(self.random_state)

@@ -11,7 +11,7 @@ import scipy.optimize
 
 from .backend import array_device, array_namespace, asarray_like, to_numpy
 
-__all__ = ["Rprop", "Adadelta", "Adam", "OPTIMIZERS"]
+__all__ = ["Rprop", "Adadelta", "Adam", "OPTIMIZERS", "bounded_step", "lbfgsb_ascent"]
 
 
 class Rprop:
@@ -21,6 +21,8 @@ class Rprop:
     2% while the sign stays the same and halves when it flips. The seed multiplies the gradient by such
     a rate; sign-based, this needs no first rate matched to the scale of the gradient (which grows with n).
     """
+
+    grows_steps = True  # a bounded entry held at its bound must not grow its step (``bounded_step``)
 
     def __init__(self, initial_steps, increase=1.02, decrease=0.5):
         self.steps = dict(initial_steps)
@@ -140,8 +142,31 @@ class Adam:
 OPTIMIZERS = {"adadelta": Adadelta, "adam": Adam}
 
 
-def lbfgsb_ascent(params, value_and_grads, maxfun):
-    """Maximise f over a dict of arrays with scipy's L-BFGS-B, at most ``maxfun`` evaluations.
+def bounded_step(optimizer, params, grads, lower):
+    """``optimizer.step(params, grads)`` with some entries bounded below (``lower``: {name: least value}): the
+    stepped value is raised to its bound. For an optimiser whose steps grow while a gradient keeps its sign
+    (``Rprop``: ``grows_steps``) this is a projected gradient step: where an entry is at or below its bound and its
+    gradient points further down, the gradient is taken as 0, so that its step does not grow while it is held (a
+    step grown so would throw the entry far up once the gradient turns). Adam's and Adadelta's steps do not grow
+    so: they need only the clip. Entries without a bound step as they would. (One array operation an entry for
+    the clip, three more for the projection: the step budgets of tests/test_step_budgets.py count them.)"""
+    bounded = [name for name in lower if name in params]
+    if not bounded:
+        return optimizer.step(params, grads)
+    if getattr(optimizer, "grows_steps", False):
+        grads = dict(grads)
+        for name in bounded:
+            xp = array_namespace(params[name])
+            grads[name] = xp.where(params[name] > lower[name], grads[name], xp.maximum(grads[name], 0.0))
+    out = optimizer.step(params, grads)
+    for name in bounded:
+        out[name] = array_namespace(out[name]).maximum(out[name], lower[name])
+    return out
+
+
+def lbfgsb_ascent(params, value_and_grads, maxfun, lower=None):
+    """Maximise f over a dict of arrays with scipy's L-BFGS-B, at most ``maxfun`` evaluations; ``lower``:
+    {name: least value} for the entries bounded below (L-BFGS-B's own bounds).
 
     For a handful of hyper-parameters (Izmailov & Kropotov (2017): maxfun = 5 per outer iteration). The optimiser runs
     on the host: the arrays are flattened there and put back in their own namespace and device.
@@ -168,7 +193,11 @@ def lbfgsb_ascent(params, value_and_grads, maxfun):
         return -float(value), -flat
 
     x0 = np.concatenate([np.ravel(to_numpy(params[k])) for k in names])
-    result = scipy.optimize.minimize(objective, x0, jac=True, method="L-BFGS-B", options={"maxfun": maxfun})
+    lower = lower or {}
+    bounds = None if not set(lower) & set(names) else [
+        (lower.get(name), None) for name, size in zip(names, sizes) for _ in range(size)]
+    result = scipy.optimize.minimize(objective, x0, jac=True, method="L-BFGS-B", bounds=bounds,
+                                     options={"maxfun": maxfun})
     if not np.all(np.isfinite(result.x)):
         return dict(params)
     return unflatten(result.x)

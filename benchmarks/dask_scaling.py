@@ -236,11 +236,13 @@ def scale_cell(args, method, n):
            "training_peak": training_peak, "before": before}
     if method in MINIBATCH:  # data-parallel rounds (the default on a dask array): a step is a round
         row["rows_seen"] = rows_of_rounds(plans.plans[-1])
-        row["rows_per_s"] = row["rows_seen"] / sum(steps)
+        # max_time bounds the whole fit (set-up included): on a loaded machine a short budget may end before a
+        # round, and the cell then has no rate to give
+        row["rows_per_s"] = row["rows_seen"] / sum(steps) if steps else float("nan")
         row["epoch_s"] = n / row["rows_per_s"]
     else:
         warm, graded = steps[:10], steps[10:]
-        row["pass_s"] = statistics.median(warm)
+        row["pass_s"] = statistics.median(warm) if warm else float("nan")  # (no pass within a short budget)
         row["grad_pass_s"] = statistics.median(graded) if graded else float("nan")
         row["rows_per_s"] = n / row["pass_s"]
         row["epoch_s"] = row["pass_s"]

@@ -100,12 +100,16 @@ def _caller_frames():
     return tuple(frames)
 
 
+_ANCHORS = ("agpc", "tests", "gpu_tests", "benchmarks")
+
+
 def _short_path(filename):
-    """agpc/inference/ep.py, tests/test_x.py, or the bare file name for anything else."""
+    """agpc/inference/ep.py, tests/test_x.py, or the bare file name for anything else: the path from the anchor
+    folder nearest the file, so that folders above the checkout do not count (a clone of the repository is a
+    folder named agpc: its tests/test_x.py is tests/test_x.py, not agpc/tests/test_x.py)."""
     parts = filename.replace(os.sep, "/").split("/")
-    for anchor in ("agpc", "tests", "gpu_tests", "benchmarks"):
-        if anchor in parts[:-1]:
-            at = len(parts) - 1 - parts[::-1].index(anchor)
+    for at in range(len(parts) - 2, -1, -1):
+        if parts[at] in _ANCHORS:
             return "/".join(parts[at:])
     return parts[-1]
 

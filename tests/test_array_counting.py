@@ -261,3 +261,35 @@ def test_nothing_is_recorded_outside_a_tally():
     assert xp.stop() is tally and tally.counts()["op"] == 1 and tally.count("host") == 1
     float(xp.sum(x))
     assert tally.count("op") == 1
+
+
+def _module_at(path, source):
+    """Import ``source`` as a module from the file ``path`` (its frames then carry that file name)."""
+    import importlib.util
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"probe_{abs(hash(str(path)))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_test_command_works_in_a_clone_folder_named_agpc(tmp_path):
+    """Issue 25, item 8: a clone of the repository is a folder named agpc, above the package's own agpc/ and above
+    tests/. Call sites are named from the anchor nearest the file (tests/..., agpc/...), whatever folders lie
+    above the checkout: two tests failed there when ``_short_path`` tried the anchor agpc before tests."""
+    clone = tmp_path / "work" / "agpc"
+    library = _module_at(clone / "agpc" / "inference" / "probe_library.py",
+                         "def log_phi(xp, x):\n    return xp.exp(x) + 1.0\n")
+    tests = _module_at(clone / "tests" / "test_probe.py",
+                       "def step(xp, x, library):\n    float(xp.sum(x))\n    return library.log_phi(xp, x)\n")
+    xp = CountingNamespace(array_api_strict)
+    x = xp.ones((3,))
+    with xp.counting() as tally:
+        tests.step(xp, x, library)
+    assert tally.by_site("host") == {"tests/test_probe.py:2 step": 1}
+    assert tally.by_site("op") == {"tests/test_probe.py:2 step": 1, "agpc/inference/probe_library.py:2 log_phi": 2}
+    # what the step budgets do: charge the library's operations to the test line that called it
+    charged = tally.by_site("op", skip=("agpc/inference/probe_library.py",))
+    assert charged == {"tests/test_probe.py:2 step": 1, "tests/test_probe.py:3 step": 2}

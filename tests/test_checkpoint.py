@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from agpc import GPClassifier
+from agpc import GPClassifier, checkpoints
 from agpc.datasets import make_banana
 from agpc.inference import training
 
@@ -31,14 +31,46 @@ def _interrupt_after(monkeypatch, steps):
     return lambda: monkeypatch.setattr(training.Trainer, "step", real)
 
 
+def _steps_taken(monkeypatch):
+    """The step count before each step a fit takes (failed steps, which the guard puts back, left out)."""
+    real = training.Trainer.step
+    taken = []
+
+    def step(self, *args, **kwargs):
+        before = self.n_steps
+        out = real(self, *args, **kwargs)
+        if out[0]:
+            taken.append(before)
+        return out
+
+    monkeypatch.setattr(training.Trainer, "step", step)
+    return taken, lambda: monkeypatch.setattr(training.Trainer, "step", real)
+
+
 def interrupted_then_resumed(monkeypatch, params, path, stop_at, X, y):
-    """Fit with checkpoints every 4 steps, interrupted after ``stop_at`` steps; then resume=True to the end."""
+    """(uninterrupted fit, resumed fit): a fit with checkpoints every 4 steps, interrupted after ``stop_at`` steps,
+    then resume=True to the end. It checks that the resume resumed (issue 25: a fit that ignored the checkpoint and
+    started again from scratch gave the same model under the same seed, and passed): the checkpoint holds the last
+    multiple of 4 steps before the interruption, with steps on the hyper-parameters among them (batch EP, SEP and
+    ADF: past the warm-up sweeps), and the resumed fit starts at that step and takes only the steps that remain.
+    The callers check that it ends at the uninterrupted model."""
+    taken, undo = _steps_taken(monkeypatch)
+    reference = GPClassifier(**params).fit(X, y)
+    undo()
     undo = _interrupt_after(monkeypatch, stop_at)
     with pytest.raises(Interrupt):
         GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y)
     undo()
-    assert os.path.exists(path)
-    return GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y, resume=True)
+    saved = checkpoints.load_checkpoint(path, np.asarray)
+    assert saved["n_steps"] == stop_at // 4 * 4 < len(taken), (saved["n_steps"], len(taken))
+    assert saved["n_updates"] >= 1, "interrupted before any step on the hyper-parameters: their state is not resumed"
+    resumed_steps, undo = _steps_taken(monkeypatch)
+    resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y, resume=True)
+    undo()
+    assert resumed_steps == list(range(saved["n_steps"], len(taken))), (
+        f"the resumed fit took steps {resumed_steps[:3]}...{resumed_steps[-1:]}, the checkpoint was written at step "
+        f"{saved['n_steps']} of {len(taken)}")
+    return reference, resumed
 
 
 @pytest.mark.parametrize("method, batch_size, max_iter, stop_at", [
@@ -49,8 +81,7 @@ def interrupted_then_resumed(monkeypatch, params, path, stop_at, X, y):
 def test_interrupted_and_resumed_fit_equals_uninterrupted(tmp_path, monkeypatch, method, batch_size, max_iter, stop_at):
     X, y = make_banana(600, random_state=5)
     params = dict(method=method, n_inducing=8, batch_size=batch_size, max_iter=max_iter, random_state=0)
-    reference = GPClassifier(**params).fit(X, y)
-    resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", stop_at, X, y)
+    reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", stop_at, X, y)
     np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"], reference.history_["log_marginal_likelihood"],
                                rtol=1e-12)
     np.testing.assert_allclose(resumed.inducing_points_, reference.inducing_points_, rtol=1e-12, atol=1e-14)
@@ -89,8 +120,6 @@ def test_truncated_checkpoint_is_refused_and_a_crash_while_writing_keeps_the_pre
 
 
 # -- checked before the fit, tied to the data, validated field by field, flushed before the rename ---------
-
-from agpc import checkpoints  # noqa: E402
 
 
 def _no_step(monkeypatch):
@@ -212,16 +241,21 @@ def test_fingerprint_reads_at_most_a_thousand_strided_rows():
     assert len(range(0, 999, training.fingerprint_stride(999))) == 999
 
 
-@pytest.fixture(scope="module")
-def good_checkpoint(tmp_path_factory):
+def _written_checkpoint(tmp_path_factory, **settings):
+    """(params, X, y, header, arrays) of the last checkpoint of a small fit (150 rows, m = 5, every 2 steps)."""
     X, y = make_banana(150, random_state=7)
     path = tmp_path_factory.mktemp("ckpt") / "run.ckpt"
-    params = dict(n_inducing=5, max_iter=3, random_state=0, checkpoint_path=path, checkpoint_every=2)
+    params = dict(n_inducing=5, random_state=0, checkpoint_path=path, checkpoint_every=2, **settings)
     GPClassifier(**params).fit(X, y)
     with np.load(path, allow_pickle=False) as archive:
         arrays = {name: archive[name] for name in archive.files}
     header = json.loads(str(arrays.pop(checkpoints.HEADER_KEY)))
     return params, X, y, header, arrays
+
+
+@pytest.fixture(scope="module")
+def good_checkpoint(tmp_path_factory):
+    return _written_checkpoint(tmp_path_factory, max_iter=3)  # batch EP: the last checkpoint at step 12 of 13
 
 
 def _craft(good_checkpoint, tmp_path, change_state=None, change_arrays=None, header_change=None):
@@ -260,13 +294,18 @@ CHECKPOINT_CORRUPTIONS = {
     "kernel parameter of another shape": (
         _set_array(lambda s: _engine(s)["kernel"]["dict"]["log_amplitude"], np.zeros(4)),
         ["engine.kernel.log_amplitude", "shape"]),
-    # the log of a lengthscale whose exp overflows ("overflow encountered in exp") or underflows to 0
-    "log-lengthscale 800": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_lengthscales"],
-                                       np.array([800.0, 800.0])), ["engine.kernel.log_lengthscales", "logs of"]),
-    "log-lengthscale -800": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_lengthscales"],
-                                        np.array([-800.0, 0.0])), ["engine.kernel.log_lengthscales", "logs of"]),
+    # a log-parameter may be any finite number (test_a_checkpoint_resumes_whenever_its_fit_could_go_on), never inf;
+    # -inf only for a latent noise fixed at 0, not for this run's learned one
     "log-amplitude inf": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_amplitude"], np.array(np.inf)),
-                          ["engine.kernel.log_amplitude"]),
+                          ["engine.kernel.log_amplitude", "not finite logs"]),
+    "log-lengthscale -inf": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_lengthscales"],
+                                        np.array([-np.inf, 0.0])), ["engine.kernel.log_lengthscales", "not finite"]),
+    "learned log-noise -inf": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_noise"], np.array(-np.inf)),
+                               ["engine.kernel.log_noise", "learned"]),
+    "kernel parameter in float32": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_amplitude"],
+                                               np.array(0.5, dtype=np.float32)),
+                                    ["engine.kernel.log_amplitude", "float32", "float64"]),
+    "inf in Z": (_set_array(lambda s: _engine(s)["Z"], np.full((5, 2), np.inf)), ["engine.Z", "inf"]),
     "NaN in the sites": (_set_array(lambda s: _engine(s)["Z"], np.full((5, 2), np.nan)), ["Z", "NaN"]),
     "object array": (_set_array(lambda s: _engine(s)["Z"], np.array([object()], dtype=object)), ["object"]),
     "unknown node": (lambda s, a: s.update(n_updates={"code": "os.system"}), ["n_updates", "not a node"]),
@@ -292,6 +331,54 @@ def test_a_crafted_checkpoint_is_one_value_error_naming_the_field(good_checkpoin
     assert str(params["checkpoint_path"]) in message and "not a valid agpc checkpoint" in message, message
     for word in words:
         assert word in message, message
+
+
+def test_a_checkpoint_resumes_whenever_its_fit_could_go_on(good_checkpoint, tmp_path):
+    """Issue 25, item 1: a checkpoint is checked by the states the engine can reach, where a log-parameter may be
+    any finite number. A long batch EP fit (banana, 800 rows, m = 20, 1,000 steps) stepped its latent noise's log to
+    -751.88, where exp underflows to 0, and its own checkpoint was refused. Now it resumes, and the bound on the
+    latent noise (``agpc.kernels.LATENT_NOISE_FLOOR``) lifts the noise back to the floor at its next step."""
+    from agpc.kernels import LATENT_NOISE_FLOOR
+
+    params, X, y = _craft(good_checkpoint, tmp_path, change_state=_set_array(
+        lambda s: _engine(s)["kernel"]["dict"]["log_noise"], np.array(-751.88)))
+    model = GPClassifier(**params).fit(X, y, resume=True)
+    assert float(model.kernel_.noise) == pytest.approx(LATENT_NOISE_FLOOR, rel=1e-12)
+    proba = model.predict_proba(X)
+    assert np.all(np.isfinite(proba)) and np.allclose(proba.sum(axis=1), 1.0)
+
+
+@pytest.fixture(scope="module")
+def svi_checkpoint(tmp_path_factory):
+    return _written_checkpoint(tmp_path_factory, method="svi", max_iter=5)  # the last checkpoint at step 4 of 5
+
+
+def _spoil_chol(state, arrays):
+    chol = arrays[_engine(state)["whitened_chol"]["array"]].copy()
+    chol[0, -1] = 0.5
+    arrays[_engine(state)["whitened_chol"]["array"]] = chol
+
+
+def _spoil_mean(state, arrays):
+    mean = arrays[_engine(state)["whitened_mean"]["array"]].copy()
+    mean[1] = -np.inf
+    arrays[_engine(state)["whitened_mean"]["array"]] = mean
+
+
+@pytest.mark.parametrize("change, words", [
+    pytest.param(_spoil_chol, ["engine.whitened_chol", "not lower triangular"], id="q's factor not lower triangular"),
+    pytest.param(_spoil_mean, ["engine.whitened_mean", "inf"], id="q's mean not finite"),
+])
+def test_the_engines_own_state_is_checked_by_the_generic_rules(svi_checkpoint, tmp_path, change, words):
+    """An engine's state arrays are checked by the fresh engine's own (shape, type, finite) and by the factors it
+    declares lower triangular (``triangular_state``): SVI's whitened q here, with no rule written for its keys."""
+    params, X, y = _craft(svi_checkpoint, tmp_path, change_state=change)
+    with pytest.raises(ValueError, match="not a valid agpc checkpoint") as info:
+        GPClassifier(**params).fit(X, y, resume=True)
+    for word in words:
+        assert word in str(info.value), str(info.value)
+    params, X, y = _craft(svi_checkpoint, tmp_path)  # the checkpoint as written resumes
+    GPClassifier(**params).fit(X, y, resume=True)
 
 
 def test_a_checkpoint_of_version_1_is_refused_with_what_to_do(good_checkpoint, tmp_path):
@@ -345,3 +432,53 @@ def test_random_checkpoint_fields_are_refused_or_resume(good_checkpoint, tmp_pat
         return
     proba = model.predict_proba(X)
     assert np.all(np.isfinite(proba)) and np.allclose(proba.sum(axis=1), 1.0)
+
+
+SVI_UNWHITENED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "svi_checkpoint_unwhitened")
+
+
+def _svi_fixture(tmp_path):
+    """The u-space SVI checkpoint (tests/data/svi_checkpoint_unwhitened/make_fixture.py), copied to tmp_path."""
+    import shutil
+
+    expected = np.load(os.path.join(SVI_UNWHITENED, "expected.npz"))
+    path = tmp_path / "svi.ckpt"
+    shutil.copy(os.path.join(SVI_UNWHITENED, "svi.ckpt"), path)
+    return expected, dict(json.loads(str(expected["params"])), checkpoint_path=path)
+
+
+def test_an_svi_checkpoint_of_the_u_space_form_resumes_to_its_model(tmp_path):
+    """A checkpoint written when SVI held q(u) = N(mean, chol chol^T) (the fixture's agpc) resumes: its q is
+    whitened at its kernel (L_w = L_K^-1 chol, m_w = L_K^-1 mean: exact), so the resumed model, which takes no
+    step (the checkpoint is the fit's last step), predicts what the old one did, to round-off."""
+    expected, params = _svi_fixture(tmp_path)
+    model = GPClassifier(**params).fit(expected["X"], expected["y"], resume=True)
+    mean, var = model.predict_latent(expected["X_query"])
+    np.testing.assert_allclose(mean, expected["latent_mean"], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(var, expected["latent_var"], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(model.predict_proba(expected["X_query"]), expected["proba"], rtol=1e-10, atol=1e-12)
+
+
+def test_an_svi_checkpoint_of_the_u_space_form_goes_on_training(tmp_path):
+    """Resumed with more epochs, the u-space checkpoint trains on from its state: its Adam moments (kept in
+    whitened coordinates then as now) carry over, its history goes on, and its bound keeps rising epoch after
+    epoch as it did before the checkpoint (measured: -138.6 at the checkpoint, then -131.0, -123.9, -117.9)."""
+    expected, params = _svi_fixture(tmp_path)
+    trainer_seen = {}
+    real = training.Trainer.step
+
+    def step(self, *args, **kwargs):
+        trainer_seen.setdefault("adam_t", self.engine.optimizer.t)
+        trainer_seen["keys"] = sorted(self.engine.optimizer.m)
+        return real(self, *args, **kwargs)
+
+    try:
+        training.Trainer.step = step
+        model = GPClassifier(**dict(params, max_iter=6)).fit(expected["X"], expected["y"], resume=True)
+    finally:
+        training.Trainer.step = real
+    assert trainer_seen["adam_t"] == 12  # the checkpoint's 12 Adam steps, then on
+    assert {"whitened_mean", "whitened_chol"} <= set(trainer_seen["keys"])
+    history = model.history_["log_marginal_likelihood"]
+    assert model.n_iter_ == 6 and len(history) == 6
+    assert np.all(np.diff(history) > 0), history

@@ -137,7 +137,8 @@ def _fit_within(params, Xd, yd):
 def test_a_worker_killed_mid_fit_on_a_command_line_cluster_gives_the_same_model(cluster, monkeypatch, method):
     """Data-parallel minibatch SEP / EP on a scheduler and two workers started from the command line. A fit
     undisturbed, then the same fit with one worker process SIGKILLed while its third round's tasks are in
-    flight (the round's ``gather``): its shard's task, and the chunks it had read, are computed again on the
+    flight (the round's ``gather``), a worker checked to hold one of them then (running it or holding its result:
+    issue 25, a kill of any live worker did not show that a task was lost): its shard's task, and the chunks it had read, are computed again on the
     other worker, which finishes the fit alone. Both fits end at the same model, to 1e-12 relative: the
     task re-run gets the same inputs (the driver's state, the chunk's keyed random streams, EP's site file of
     the last round) and runs on this machine's BLAS with one thread, so the same operations in the same order;
@@ -150,22 +151,36 @@ def test_a_worker_killed_mid_fit_on_a_command_line_cluster_gives_the_same_model(
     Xd, yd = da.from_array(X, chunks=(100, 2)), da.from_array(y, chunks=100)
     undisturbed = _fit_within(params, Xd, yd)
 
-    real, rounds = client.gather, {"n": 0, "killed": None}
+    real, rounds = client.gather, {"n": 0, "killed": None, "held": None}
 
     def gather(futures, *args, **kwargs):
         # a round's gather: the futures of its shards' tasks (``data_parallel.step_shard``), all submitted
         if isinstance(futures, list) and futures and all(str(f.key).startswith("step_shard") for f in futures):
             rounds["n"] += 1
             if rounds["n"] == 3:
-                victim = next(w for w in cl.workers if w.poll() is None)
+                # the victim is a worker that holds one of the round's tasks, running it or holding its result
+                # (nothing is gathered yet), so that its loss makes the round compute that task again elsewhere;
+                # a task may still wait for its chunks to load: polled until one is on a worker
+                keys, deadline, held = {f.key for f in futures}, time.monotonic() + FIT_TIMEOUT, {}
+                while not held and time.monotonic() < deadline:
+                    held = {address: "holding its result" for addresses in client.who_has(futures).values()
+                            for address in addresses}
+                    held.update({address: "running" for address, tasks in client.processing().items()
+                                 if keys & set(tasks)})
+                    time.sleep(0.01)
+                assert held, f"no worker took a task of round 3 within {FIT_TIMEOUT} s"
+                names = {address: info.get("name") for address, info in client.scheduler_info()["workers"].items()}
+                address = next(iter(held))
+                victim = next(w for k, w in enumerate(cl.workers) if names.get(address) == f"worker-{k}")
                 os.kill(victim.pid, signal.SIGKILL)
                 victim.wait(timeout=30)
-                rounds["killed"] = victim.pid
+                rounds["killed"], rounds["held"] = victim.pid, held[address]
         return real(futures, *args, **kwargs)
 
     monkeypatch.setattr(client, "gather", gather)
     disturbed = _fit_within(params, Xd, yd)
     assert rounds["killed"] is not None and rounds["n"] > 3  # killed mid-fit, and the fit went on
+    assert rounds["held"] in ("running", "holding its result")  # ...while it held a task of the round
     assert len(client.nthreads()) == 1  # the killed worker stayed dead: the rest ran on the other one
     assert_same_model(disturbed, undisturbed, X_test)
     np.testing.assert_array_equal(disturbed.history_["n_steps"], undisturbed.history_["n_steps"])

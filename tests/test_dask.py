@@ -224,8 +224,8 @@ def assert_same_model(disturbed, undisturbed, X_test):
     np.testing.assert_allclose(disturbed.predict_proba(X_test), undisturbed.predict_proba(X_test), rtol=1e-12)
 
 
-@pytest.mark.parametrize("method, batch_size, stop_at, in_files", [("ep", None, 9, False), ("sep", 50, 17, False),
-                                                                    ("ep", None, 9, True)])
+@pytest.mark.parametrize("method, batch_size, stop_at, in_files", [("ep", None, 12, False), ("sep", 50, 17, False),
+                                                                    ("ep", None, 12, True)])
 def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path, method, batch_size, stop_at,
                                             in_files):
     """Interrupt + resume=True on a dask array ends at the uninterrupted model. Batch EP's sites are written
@@ -240,9 +240,9 @@ def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path,
     params = dict(method=method, n_inducing=10, max_iter=3 if batch_size is None else 2, batch_size=batch_size,
                   random_state=0, client=client, site_directory=tmp_path / "sites" if in_files else None,
                   local_steps=0)  # (minibatches: checkpoints are those of the steps on the driver)
-    reference = GPClassifier(**params).fit(Xd, yd)
     path = tmp_path / "run.ckpt"
-    resumed = interrupted_then_resumed(monkeypatch, params, path, stop_at, Xd, yd)
+    # (batch EP: 13 steps, 10 of them warm-up sweeps: interrupted after step 12, past the warm-up)
+    reference, resumed = interrupted_then_resumed(monkeypatch, params, path, stop_at, Xd, yd)
     if method == "ep":  # 13 steps, checkpoints every 4: only the files of the last one (step 12) are kept
         assert os.listdir(str(path) + ".sites") == ["step-12"]
         assert len(os.listdir(str(path) + ".sites/step-12")) == 3
@@ -350,9 +350,35 @@ def test_multiclass_ep_on_a_dask_array_resumes_from_a_checkpoint(client, monkeyp
     X, y = _three_classes(450, 0)
     Xd, yd = da.from_array(X, chunks=(150, 2)), da.from_array(y, chunks=150)
     params = dict(method="ep", n_inducing=6, max_iter=3, random_state=0, batch_size=None, client=client)
-    reference = GPClassifier(**params).fit(Xd, yd)
-    resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", 9, Xd, yd)
+    reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", 12, Xd, yd)
     assert os.listdir(str(tmp_path / "run.ckpt") + ".sites") == ["step-12"]
     np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"],
                                reference.history_["log_marginal_likelihood"], rtol=1e-12)
     np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-12)
+
+
+@pytest.mark.parametrize("batch_size", [pytest.param(None, id="max_time covers a batch fit on a dask array"),
+                                        pytest.param(100, id="max_time covers data-parallel rounds")])
+def test_max_time_on_a_dask_array_covers_the_whole_fit(client, data, monkeypatch, batch_size):
+    """Issue 25: ``max_time`` bounds the whole fit, from ``fit``'s start, on a dask array too (``_fit_dask`` passed
+    no start to the training loop, whose budget then began after the input checks and the initialisation of the
+    inducing points). A clock that jumps by 100 s inside that initialisation: with max_time=50 the fit stops
+    before its first step, and ``init_time_`` (not set on a dask array before) and ``fit_time_`` count the 100 s."""
+    import time
+
+    X, y, _ = data
+    real_clock, jump = time.perf_counter, {"seconds": 0.0}
+    monkeypatch.setattr(time, "perf_counter", lambda: real_clock() + jump["seconds"])
+    real_init = GPClassifier._initial_model
+
+    def slow_initialisation(self, *args, **kwargs):
+        out = real_init(self, *args, **kwargs)
+        jump["seconds"] += 100.0
+        return out
+
+    monkeypatch.setattr(GPClassifier, "_initial_model", slow_initialisation)
+    Xd, yd = da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200)
+    model = GPClassifier(method="sep", n_inducing=5, batch_size=batch_size, max_iter=20, max_time=50.0,
+                         random_state=0, client=client).fit(Xd, yd)
+    assert model.stopped_by_time_ and model.n_iter_ == 0
+    assert model.init_time_ >= 100.0 and model.fit_time_ >= 100.0

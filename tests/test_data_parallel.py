@@ -162,7 +162,7 @@ def test_one_svi_round_is_the_row_weighted_average_of_the_shards_steps(client):
         ends.append(alone.state)
         weights.append(len(batch) / 80)
     state = engine.state
-    for name in ("mean", "chol", "Z"):
+    for name in ("whitened_mean", "whitened_chol", "Z"):
         want = weights[0] * ends[0][name] + weights[1] * ends[1][name]
         np.testing.assert_allclose(state[name], want, rtol=1e-10, atol=1e-13, err_msg=name)
     for name, value in state["kernel"].params.items():

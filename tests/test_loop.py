@@ -16,15 +16,16 @@ VALIDATION_KEYS = {"validation_step", "validation_nll", "validation_error"}
 # (method, batch_size, max_iter, step at which the first fit is interrupted): every method, batch and
 # minibatch where the method has both, with a checkpoint every 4 steps before the interruption
 EVERY_METHOD = [
-    ("adf", None, 4, 9),
-    ("sep", None, 4, 7),
+    ("adf", None, 4, 13),  # batch ADF / SEP: 10 warm-up sweeps, then 4 steps on the hyper-parameters: the
+    ("sep", None, 4, 13),  # checkpoint at step 12 holds two of them (the optimiser's state is resumed)
+    ("adf", 50, 2, 5),
     ("svi", None, 12, 9),
     ("svi", 50, 2, 5),
     ("vi-jj", None, 6, 5),
     ("vi-jj-hybrid", None, 6, 5),
     ("vi-jj-full", None, 6, 5),
     ("vi-taylor", None, 6, 5),
-    ("gfitc", None, 3, 9),
+    ("gfitc", None, 3, 21),  # GFITC's sites settle for 11 sweeps before its first step on the hyper-parameters
 ]
 
 
@@ -46,9 +47,8 @@ def test_every_method_resumes_to_the_uninterrupted_model(tmp_path, monkeypatch, 
     minibatch cases are in test_checkpoint.py)."""
     X, y = _binary()
     params = dict(method=method, n_inducing=6, batch_size=batch_size, max_iter=max_iter, random_state=0, tol=1e-3)
-    reference = GPClassifier(**params).fit(X, y)
+    reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", stop_at, X, y)
     assert reference.n_iter_ == len(reference.history_["log_marginal_likelihood"]) >= 1
-    resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", stop_at, X, y)
     for key in COMMON_KEYS - {"time"}:
         np.testing.assert_allclose(resumed.history_[key], reference.history_[key], rtol=1e-12, err_msg=key)
     np.testing.assert_allclose(resumed.inducing_points_, reference.inducing_points_, rtol=1e-12, atol=1e-14)
@@ -60,10 +60,12 @@ def test_every_method_resumes_to_the_uninterrupted_model(tmp_path, monkeypatch, 
 def test_multiclass_resumes_to_the_uninterrupted_model(tmp_path, monkeypatch, method):
     X, y = _three_classes()
     # (multiclass parallel EP converges slowly: GFITC's sites settle to a looser tol, to keep the test short)
-    params = dict(method=method, n_inducing=5, max_iter=8 if method == "svi" else 3, random_state=0,
+    # interrupted after two steps on the hyper-parameters: batch SEP's come after 10 warm-up sweeps (4 of them),
+    # GFITC's after its sites settle (15 sweeps here)
+    params = dict(method=method, n_inducing=5, max_iter={"svi": 8, "sep": 4}.get(method, 3), random_state=0,
                   tol=1e-2 if method == "gfitc" else 1e-3)
-    reference = GPClassifier(**params).fit(X, y)
-    resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", 5, X, y)
+    reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt",
+                                                  {"sep": 13, "gfitc": 21}.get(method, 5), X, y)
     np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"], reference.history_["log_marginal_likelihood"],
                                rtol=1e-12)
     np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-10, atol=1e-14)
@@ -105,6 +107,43 @@ def test_multiclass_validation_scores_are_the_models_own(method):
     proba = model.predict_proba(X_val)
     own_nll = -np.mean(np.log(proba[np.arange(len(y_val)), y_val]))
     assert own_nll == pytest.approx(model.history_["validation_nll"][-1], rel=1e-8)
+
+
+@pytest.mark.parametrize("method, noise, max_iter", [
+    # batch EP's sign-based steps grow while the gradient keeps its sign: 200 steps took a noise the data do not
+    # need from 1e-3 to exp(-19.4) (to exp(-752) at 1,000 steps on 800 rows), below the floor
+    pytest.param("ep", 1e-3, 200, id="the latent noise runs off under batch EP's steps"),
+    # a noise that starts below the floor is lifted to it by the first step of each optimiser
+    pytest.param("sep", 1e-9, 1, id="Rprop lifts a noise below the floor"),
+    pytest.param("svi", 1e-9, 1, id="Adam lifts a noise below the floor"),
+    pytest.param("vi-jj", 1e-9, 1, id="L-BFGS-B lifts a noise below the floor"),
+])
+def test_the_latent_noise_is_learned_at_or_above_its_floor(method, noise, max_iter):
+    """Issue 25, item 1: the latent noise is bounded below (``LATENT_NOISE_FLOOR``, docs/design.md) for every
+    optimiser, so that it cannot run off to where exp underflows (the checkpoints of such a fit were refused)."""
+    from agpc.kernels import LATENT_NOISE_FLOOR
+
+    X, y = _binary(100, seed=0)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=noise)
+    model = GPClassifier(method=method, kernel=kernel, n_inducing=5, max_iter=max_iter, random_state=0).fit(X, y)
+    assert float(model.kernel_.noise) >= LATENT_NOISE_FLOOR * (1 - 1e-12), float(model.kernel_.noise)
+    if noise > LATENT_NOISE_FLOOR:  # (the run-off cases: held at the floor, where the unbounded steps went below)
+        assert float(model.kernel_.noise) == pytest.approx(LATENT_NOISE_FLOOR, rel=1e-12)
+
+
+def test_a_bounded_entry_held_at_its_floor_neither_moves_nor_grows_its_step():
+    """``optim.bounded_step``: while the gradient pushes an entry below its bound, Rprop holds it there with its step
+    unchanged (a step grown meanwhile would throw it far up once the gradient turns); other entries step as before."""
+    from agpc.optim import Rprop, bounded_step
+
+    rprop = Rprop({"noise": np.array(0.5), "free": np.array(0.5)})
+    params = {"noise": np.array(-1.0), "free": np.array(0.0)}
+    for _ in range(5):
+        params = bounded_step(rprop, params, {"noise": np.array(-3.0), "free": np.array(-3.0)}, {"noise": -1.0})
+        assert float(params["noise"]) == -1.0
+    assert float(rprop.steps["noise"]) == 0.5 and float(rprop.steps["free"]) > 0.5
+    params = bounded_step(rprop, params, {"noise": np.array(2.0), "free": np.array(-3.0)}, {"noise": -1.0})
+    assert float(params["noise"]) == -0.5  # up by the step it had, once the gradient turns
 
 
 @pytest.mark.parametrize("method", ["ep", "sep", "svi", "vi-jj", "gfitc"])
@@ -210,7 +249,7 @@ def test_a_step_takes_row_weights_padding_weighs_nothing():
         _, _, log_z = plain.step(X, y, 0, 20, stepping=True)
         _, _, padded_log_z = padded.step(padded_X, padded_y, 0, 30, stepping=True, weights=weights)
         assert padded_log_z == pytest.approx(log_z, rel=1e-12)
-    for key in ("Z", "mean", "chol"):
+    for key in ("Z", "whitened_mean", "whitened_chol"):
         np.testing.assert_allclose(padded.state[key], plain.state[key], rtol=1e-12, atol=1e-14, err_msg=key)
     for method in ("ep", "vi-jj", "gfitc"):  # batch passes (EP / SEP / ADF minibatches take weights)
         trainer = training.Trainer(kernel, Z, method=method, n_total=60, minibatch=False)

@@ -295,18 +295,6 @@ def test_earlier_versions_load_and_predict_as_when_they_were_saved(name, version
     np.testing.assert_allclose(model.predict_proba(expected["X"]), expected["proba"], rtol=1e-12, atol=1e-15)
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """A small binary model saved by this agpc, and its header and arrays as written."""
-    X, y = make_banana(120, random_state=3)
-    path = tmp_path_factory.mktemp("model") / "banana.agpc"
-    GPClassifier(n_inducing=5, max_iter=3, random_state=0).fit(X, y).save(path)
-    with np.load(path, allow_pickle=False) as archive:
-        arrays = {name: archive[name] for name in archive.files}
-    header = json.loads(str(arrays.pop(checkpoints.HEADER_KEY)))
-    return path, header, arrays
-
-
 def rewrite(saved, tmp_path, header=None, arrays=None, raw_header=None):
     """A copy of the saved model with header fields and arrays replaced (None values remove them)."""
     _, base_header, base_arrays = saved
@@ -410,6 +398,20 @@ def test_every_field_is_checked_and_refused_in_one_value_error(saved, tmp_path, 
         assert word in message, message
 
 
+def test_the_loaders_final_probe_refuses_a_model_that_does_not_predict(saved, tmp_path):
+    """Issue 25: the loader's last check (it predicts at the model's own inducing points) is what refuses a file
+    whose every field passes its own check but whose whole does not predict. Here posterior_L_C and posterior_h are
+    finite numbers of the right shape and type, a Cholesky factor with a positive diagonal: L_C = 1e-160 I and
+    h = 1e150. Then q's whitened mean L_C^-T h overflows, so every entry of beta = L_K^-T L_C^-T h is infinite or
+    NaN and so is the predictive mean (K(x, Z) > 0 for an RBF kernel), while the variance, through L_C^-1, is inf:
+    the probabilities are NaN at every input. Without the probe this file loaded as a model that answers NaN."""
+    m = saved[2]["posterior_h"].shape[0]
+    path = rewrite(saved, tmp_path, arrays={"posterior_L_C": 1e-160 * np.eye(m), "posterior_h": np.full(m, 1e150)})
+    with pytest.raises(ValueError, match="posterior_h, posterior_L_C: the model they describe") as info:
+        GPClassifier.load(path)
+    assert str(path) in str(info.value) and "not a valid agpc model file" in str(info.value)
+
+
 @pytest.mark.parametrize("raw, words", [("{not json", ["header", "JSON"]), ("[" * 100_000, ["header"]),
                                         ('{"version": ' + "1" * 5000 + "}", ["header"]),
                                         ('"a string"', ["format"])])
@@ -428,19 +430,6 @@ def test_a_member_declaring_petabytes_is_one_value_error(saved, tmp_path):
     with pytest.raises(ValueError, match="'payload' declares shape") as info:
         GPClassifier.load(path)
     assert str(path) in str(info.value)
-
-
-@pytest.fixture
-def members_read(monkeypatch):
-    """The names of the zip members whose data NumPy reads (inflates)."""
-    read, real = [], npy_format.read_array
-
-    def recording(fh, *args, **kwargs):
-        read.append(os.path.basename(getattr(fh, "name", "?")))
-        return real(fh, *args, **kwargs)
-
-    monkeypatch.setattr(npy_format, "read_array", recording)
-    return read
 
 
 def test_a_member_larger_than_the_schema_allows_is_refused_before_it_is_inflated(saved, tmp_path, members_read):

@@ -160,6 +160,43 @@ def test_fit_chooses_per_phase_on_64_cores(machine, monkeypatch):
     assert machine.num_threads == CORES
 
 
+# rows of the work -> the count a fake rule gives it: each phase of a minibatch EP fit on 200 rows in minibatches
+# of 50 gets its own, and the scope around the fit (one row) another
+PHASE_ROWS = {"step": 50, "rebuild_factor": 200, "posterior": 200}
+FAKE_RULE = {50: 3, 200: 5, 1: 7}
+
+
+@pytest.mark.parametrize("phase", list(PHASE_ROWS), ids=lambda phase: f"the {phase} phase chooses its own threads")
+def test_each_phase_of_a_fit_chooses_its_own_thread_count(machine, monkeypatch, phase):
+    """Issue 25: a phase's thread scope (``Trainer.step``, ``rebuild_factor``, ``posterior``) chooses for its own
+    shape, not the enclosing scope's: the rule is replaced by one that gives each shape a count of its own (3 for a
+    minibatch of 50 rows, 5 for a pass over all 200, 7 for the enclosing scope), and the engine's work in each phase
+    must run at its phase's count. With the phase's scope removed it runs at the enclosing 7 (what
+    GPClassifier's own fit scope hid: there the fit's main phase and its steps have the same shape)."""
+    from agpc import RBF
+    from agpc.inference import engines, training
+
+    monkeypatch.setattr(threads, "choose_blas_threads", lambda rows, m, **_: FAKE_RULE[int(rows)])
+    engine_method = {"step": "evaluate", "rebuild_factor": "rebuild_factor", "posterior": "posterior"}[phase]
+    seen = []
+    original = getattr(engines.EPEngine, engine_method)
+
+    def recording(self, *args, **kwargs):
+        seen.append(machine.num_threads)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(engines.EPEngine, engine_method, recording)
+    X, y = _data(200)
+    y = np.where(y > 0, 1.0, -1.0)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=1e-3).for_inputs(X)
+    with threads.blas_threads(1, 10) as enclosing:
+        assert enclosing == 7 and machine.num_threads == 7
+        training.train(X, y, kernel, X[:10].copy(), method="ep", batch_size=PHASE_ROWS["step"], max_iter=2,
+                       random_state=0)
+    assert seen and set(seen) == {FAKE_RULE[PHASE_ROWS[phase]]}, (phase, seen)
+    assert machine.num_threads == CORES
+
+
 def test_caller_setting_restored_after_an_exception(machine, monkeypatch):
     def failing(*args, **kwargs):
         assert machine.num_threads == 1  # the step ran under the rule...

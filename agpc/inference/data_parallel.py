@@ -18,8 +18,8 @@ and the round does not wait for it. The driver combines:
 * EP: each chunk owns its rows' sites (two floats a row, in a file a chunk, written and read by the task
   that steps the chunk: they never travel) and the running product of its sites, F_c, which travels as
   SEP's does; q = prior x prod_c F_c.
-* SVI: q(u) = N(mean, chol chol^T) is a parameter like the others.
-* Parameters (kernel, inducing points, SVI's mean and chol) and the optimiser's state: the average of the
+* SVI: its whitened q(v) = N(whitened_mean, whitened_chol whitened_chol^T) is a parameter like the others.
+* Parameters (kernel, inducing points, SVI's whitened_mean and whitened_chol) and the optimiser's state: the average of the
   shards' end-of-round values, weighted by the rows each shard stepped in the round. Every shard's engine steps on
   the full-data estimate of the gradient (the n / |M| scaling of Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6),
   so with one local step and a step linear in the gradient this is one step on the average of the round's
@@ -27,7 +27,7 @@ and the round does not wait for it. The driver combines:
   average of the shards' steps.
 
 What travels in a round: to each shard the kernel's parameters, Z, the optimiser's state, the global
-factor and the factors of the chunks it will step (m x m each; SVI: mean and chol); back the same.
+factor and the factors of the chunks it will step (m x m each; SVI: whitened_mean and whitened_chol); back the same.
 Never rows. A chunk's rows are read by the worker the shard is pinned to (from the cluster's memory or store, or
 mapped from the local workers' shared file), kept while the shard is stepping that chunk, and released when it
 moves on (worker memory does not grow with n). Each task runs under ``workers.task_scope``: the BLAS thread rule
@@ -494,6 +494,7 @@ class _RoundEngine:
     block_rows = property(lambda self: self.template.block_rows)
     n_total = property(lambda self: self.template.n_total)
     has_damping = property(lambda self: self.template.has_damping)
+    triangular_state = property(lambda self: self.template.triangular_state)
 
     @property
     def jitter(self):
@@ -518,7 +519,7 @@ class _RoundEngine:
                 "n_total": self.template.n_total, "seed": plan.seed, "batch_size": plan.batch_size,
                 "optimizer": self.template.optimizer.snapshot() if self.template.optimizer is not None else None,
                 "damping": self.template.damping, "total": s.get("factor"),
-                "state": {k: s[k] for k in ("mean", "chol") if k in s},
+                "state": {k: s[k] for k in ("whitened_mean", "whitened_chol") if k in s},
                 "site_directory": plan.site_root, "generation": self.generation + 1}
         plans, futures, needed, sent = [], [], {}, 0
         started = time.perf_counter()
@@ -556,7 +557,7 @@ class _RoundEngine:
         their sum."""
         weights = [r / sum(rows) for r in rows]
         template = self.template
-        names = [k for k in template.names if k not in ("Z", "mean", "chol")]
+        names = [k for k in template.names if k not in ("Z", "whitened_mean", "whitened_chol")]
         kernel = results[0]["kernel"]
         params = dict(kernel.params)
         params.update(weighted_average([{k: r["kernel"].params[k] for k in names} for r in results], weights))

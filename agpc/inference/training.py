@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
-import re
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,12 +26,13 @@ from tqdm.auto import tqdm
 from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, block_memory_advice,
                        cholesky_with_jitter, host_rng, is_out_of_core, jitter_raises_within, note_jitter, read_rows,
                        row_chunk_bounds, row_slice, to_host_vector)
+from ..checkpoint_rules import (array_shapes, check_engine_state, check_loop_state, check_saved_factor, dtype_text,
+                                is_array)
 from ..checkpoints import load_checkpoint, save_checkpoint
 from ..kernels import ClassKernels
 from ..threads import with_blas_threads
 from .engines import ALL_METHODS, EP_METHODS, make_engine
 from .ep import PRIOR_FACTOR_NAME
-from .replay import ReplayedEvaluation
 
 __all__ = ["train", "Trainer", "TrainResult", "METHODS", "ALL_METHODS", "minibatch_layout", "data_fingerprint",
            "fingerprint_stride", "FINGERPRINT_ROWS", "check_saved_factor"]
@@ -58,7 +56,7 @@ class TrainResult:
     converged: bool = False
     stopped_by_time: bool = False
     early_stopped: bool = False
-    state: dict = field(default_factory=dict)  # the engine's final state (SVI: "mean", "chol"; vi-*: "xi")
+    state: dict = field(default_factory=dict)  # the engine's final state (SVI: "whitened_mean", "whitened_chol"; vi-*: "xi")
     jitter: float = None  # on the diagonal of Kmm at the end: the configured one, or what the guard raised it to
     checkpoints_written: int = 0  # by this run (0 when checkpoint_every exceeds its steps: the caller says so)
 
@@ -103,7 +101,6 @@ class Trainer(ModulesByName):
         self.n_steps = 0  # steps taken (failed ones not counted)
         self.n_updates = 0  # of them, steps that moved the hyper-parameters
         self.last = None  # the last step's ``engines.Outcome``
-        self.replayed = None  # a ``replay.ReplayedEvaluation`` standing for the engine's ``evaluate`` (step_replay)
         self._pending = []  # (log Z estimate, invalid rows) of the steps since the last record
 
     # the engine's state, seen from the loop and from ``partial_fit``
@@ -133,10 +130,9 @@ class Trainer(ModulesByName):
         One device-to-host transfer a step: the engine's ``evaluate`` gives log Z, or a small vector whose
         first entry is log Z and whose others are what its ``apply`` needs on the host (the EP family: the
         count of failed cavities, the site change in batch mode); a failed Cholesky arrives as a NaN in it."""
-        evaluate = self.engine.evaluate if self.replayed is None else self.replayed.evaluate
         try:
             with block_memory_advice(f"the {self.method} training step"):
-                summary, work = evaluate(X, y, lo, hi, stepping=stepping, weights=weights)
+                summary, work = self.engine.evaluate(X, y, lo, hi, stepping=stepping, weights=weights)
                 scalars = _host_scalars(summary)
         except CholeskyError:  # engines that check their factorisations on the host raise instead
             scalars = [math.nan]
@@ -268,7 +264,6 @@ def train(
     n_quadrature=20,
     max_ep_sweeps=100,
     started=None,
-    step_replay=False,
 ):
     """Fit ``method`` (one of ``ALL_METHODS``): the likelihood approximation and the hyper-parameters; see the
     module docstring.
@@ -296,11 +291,6 @@ def train(
     run that is interrupted and resumed ends at the same model as one that is not (same seed, same data).
     ``data_hash`` (``data_fingerprint`` of X and y) goes into the run's fingerprint: a resume on other data
     is refused.
-
-    ``step_replay=True`` (minibatch SEP / EP / ADF / SVI): each step's evaluation runs at fixed shapes from
-    device buffers, replayed from a CUDA graph on CuPy with a CUDA device, eagerly elsewhere
-    (``replay.ReplayedEvaluation``); with ``progress``, one line says which ("step: CUDA graph replay" or
-    "step: eager (reason)"). Off by default until a GPU run of its test is recorded in docs/results.md.
     """
     # Compute where the model lives (Z); X and y may be in memory or on disk (read a block at a time).
     xp = array_namespace(Z)
@@ -335,12 +325,6 @@ def train(
         raise ValueError(f"unknown method {method!r}: use one of {ALL_METHODS}")
     trainer = Trainer(kernel, Z, method=method, n_total=n, minibatch=minibatch, engine=engine, **options)
     engine = trainer.engine
-    if step_replay:
-        report = (lambda line: print(line, file=sys.stderr)) if progress else None  # noqa: E731
-        if minibatch:
-            trainer.replayed = ReplayedEvaluation(engine, batch_size, report=report)
-        elif report is not None:
-            report("step: eager (not a minibatch step)")
     has_params = engine.has_params
     warmup = n_warmup if (engine.uses_warmup and has_params and not minibatch) else 0
     if minibatch:
@@ -616,178 +600,6 @@ def _write_checkpoint(trainer, rng, order, best, path, fingerprint):
         written(engine_state)
 
 
-# The training state a checkpoint holds, beside the engine's own: the type of each entry.
-_CHECKPOINT_FIELDS = {"fingerprint": dict, "engine": dict, "n_steps": int, "n_updates": int, "history": dict,
-                      "pending": list, "rng": dict, "order": list, "best": dict, "elapsed": (int, float)}
-
-
-def _check_state(saved, fingerprint, refuse):
-    """The loop's part of a checkpoint, field by field (the engine's part is checked as it is restored)."""
-    for name, kind in _CHECKPOINT_FIELDS.items():
-        if name not in saved:
-            raise refuse(f"{name}: missing")
-        if not isinstance(saved[name], kind) or isinstance(saved[name], bool):
-            raise refuse(f"{name}: a {type(saved[name]).__name__}, expected {getattr(kind, '__name__', 'a number')}")
-    for name in ("n_steps", "n_updates"):
-        if saved[name] < 0:
-            raise refuse(f"{name}: negative")
-    if not (math.isfinite(saved["elapsed"]) and saved["elapsed"] >= 0):
-        raise refuse("elapsed: not a non-negative number of seconds")
-    if not all(isinstance(values, list) for values in saved["history"].values()):
-        raise refuse("history: not a mapping of names to lists")
-    if not all(isinstance(p, list) for p in saved["pending"]):
-        raise refuse("pending: not a list of lists")
-    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < fingerprint["n_batches"]
-               for i in saved["order"]):
-        raise refuse(f"order: not a list of minibatch indices below {fingerprint['n_batches']}")
-    best = saved["best"]
-    if not (isinstance(best.get("nll"), (int, float)) and isinstance(best.get("reference"), (int, float))
-            and isinstance(best.get("since"), int)):
-        raise refuse("best: not the early-stopping record (nll, reference, since)")
-
-
-def _is_array(value):
-    return hasattr(value, "shape") and hasattr(value, "dtype")
-
-
-def _check_float_array(value, shape, where, refuse):
-    if not _is_array(value) or not array_namespace(value).isdtype(value.dtype, "real floating"):
-        raise refuse(f"{where}: a {type(value).__name__}, expected a floating-point array")
-    if shape is not None and tuple(value.shape) != tuple(shape):
-        raise refuse(f"{where}: shape {tuple(value.shape)}, this run's is {tuple(shape)}")
-
-
-def _check_log_parameter(value, fresh, where, may_be_zero, refuse):
-    """A kernel parameter is the log of a positive number (the kernel's parameter table: transform "log"): its
-    exp must be a positive finite number of the run's type (log-lengthscale 800 gave "overflow encountered in
-    exp" and infinite lengthscales); one that ``may_be_zero`` (the latent noise) may be -inf (none)."""
-    xp = array_namespace(fresh)
-    limit = math.log(float(xp.finfo(fresh.dtype).max))
-    low = math.log(float(xp.finfo(fresh.dtype).smallest_normal))
-    host = to_host_vector(value)
-    allowed_none = may_be_zero
-    if not all((low <= v <= limit) or (allowed_none and v == -math.inf) for v in host.tolist()):
-        raise refuse(f"{where}: {host.tolist()} are not logs of positive finite numbers in {_dtype_text(fresh.dtype)} "
-                     f"(between {low:.1f} and {limit:.1f}" + (", or -inf for none)" if allowed_none else ")"))
-
-
-def _check_layout(fresh, saved, where, param_shapes, refuse):
-    """``saved`` (an optimiser's snapshot from a file) laid out as ``fresh`` (this run's): the same containers,
-    numbers where numbers are, arrays of the parameter's shape under a parameter's name."""
-    if fresh is None or isinstance(fresh, bool):
-        if saved is not fresh and not (isinstance(fresh, bool) and isinstance(saved, bool)):
-            raise refuse(f"{where}: expected {fresh!r}")
-    elif isinstance(fresh, (int, float)):
-        if isinstance(saved, bool) or not isinstance(saved, type(fresh) if isinstance(fresh, int) else (int, float)) \
-                or not math.isfinite(saved):
-            raise refuse(f"{where}: expected a finite {type(fresh).__name__}")
-    elif isinstance(fresh, (tuple, list)):
-        if not isinstance(saved, (tuple, list)) or len(saved) != len(fresh):
-            raise refuse(f"{where}: expected {len(fresh)} entries")
-        for i, (f, v) in enumerate(zip(fresh, saved)):
-            _check_layout(f, v, f"{where}[{i}]", param_shapes, refuse)
-    elif isinstance(fresh, dict):
-        if not isinstance(saved, dict) or not set(saved) <= set(param_shapes):
-            raise refuse(f"{where}: expected a mapping of this run's parameters {sorted(param_shapes)}")
-        for name, value in saved.items():
-            shape = tuple(fresh[name].shape) if name in fresh and _is_array(fresh[name]) else param_shapes[name]
-            _check_float_array(value, shape, f"{where}.{name}", refuse)
-    elif _is_array(fresh):
-        _check_float_array(saved, fresh.shape, where, refuse)
-
-
-def _check_site_record(record, path, refuse):
-    """Sites written by the workers (``DaskEngine.store_sites``): the files must be the ones such a checkpoint
-    writes beside itself, ``<checkpoint>.sites/step-<k>/chunk-<i>.npz``: a file does not choose what we read."""
-    if not (isinstance(record, dict) and set(record) == {"site_files", "rows"} and isinstance(record["rows"], list)
-            and all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in record["rows"])
-            and isinstance(record["site_files"], list) and len(record["site_files"]) == len(record["rows"])):
-        raise refuse("engine.nu: not a record of site files (site_files, rows)")
-    root = os.path.abspath(os.fspath(path)) + ".sites"
-    for i, name in enumerate(record["site_files"]):
-        if not (isinstance(name, str) and re.fullmatch(r"step-\d+", os.path.basename(os.path.dirname(name)))
-                and os.path.dirname(os.path.dirname(name)) == root and os.path.basename(name) == f"chunk-{i}.npz"):
-            raise refuse(f"engine.nu: site file {name!r} is not in {root}")
-
-
-def _check_engine(saved, engine, fingerprint, path, refuse):
-    """The engine's part of a checkpoint against this run's freshly built engine: the same kernel parameters
-    and arrays of the same shapes, the optimiser's snapshot laid out as this run's, per-row sites of n rows."""
-    fresh = engine.state
-    if not isinstance(saved, dict):
-        raise refuse("engine: not a mapping")
-    params = fresh["kernel"].params
-    table = fresh["kernel"].parameter_table()
-    kernel = saved.get("kernel")
-    if not isinstance(kernel, dict) or set(kernel) != set(params):
-        raise refuse(f"engine.kernel: expected the parameters {sorted(params)}")
-    for name, value in kernel.items():
-        _check_float_array(value, params[name].shape, f"engine.kernel.{name}", refuse)
-        _check_log_parameter(value, params[name], f"engine.kernel.{name}", table[name].may_be_zero, refuse)
-    damping = saved.get("damping")
-    if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not (
-        (engine.has_damping and 0 < damping <= 1) or (not engine.has_damping and math.isnan(damping))
-    ):
-        raise refuse(f"engine.damping: {damping!r}, expected " + ("a number in (0, 1]" if engine.has_damping else "NaN"))
-    # what an optimiser steps: kernel parameters, Z, and for SVI q(u) itself (mean, chol)
-    shapes = {name: tuple(value.shape) for name, value in params.items()}
-    shapes.update({name: tuple(value.shape) for name, value in fresh.items() if _is_array(value)})
-    _check_layout(engine.optimizer.snapshot() if engine.optimizer is not None else None, saved.get("optimizer"),
-                  "engine.optimizer", shapes, refuse)
-    n = fingerprint["n"]
-    for key, value in saved.items():
-        where = f"engine.{key}"
-        if key in ("kernel", "damping", "optimizer"):
-            continue
-        if key in getattr(engine, "checkpoint_extras", ()):  # the engine's own record: it checks it as it restores
-            continue
-        if key not in fresh and key not in ("needs_rebuild", "settled", "sweeps"):
-            raise refuse(f"{where}: not part of this run's state")
-        if key in ("needs_rebuild", "settled"):
-            if not isinstance(value, bool):
-                raise refuse(f"{where}: not a boolean")
-        elif key == "sweeps":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise refuse(f"{where}: not a count")
-        elif key == "nu" and isinstance(value, dict):
-            _check_site_record(value, path, refuse)
-        elif key == "factor":
-            check_saved_factor(value, fresh["Z"], where, refuse)
-        elif _is_array(fresh[key]) and not (key == "mu" and isinstance(saved.get("nu"), dict)):
-            _check_float_array(value, fresh[key].shape, where, refuse)
-        elif value is not None:  # begun empty (vi-*'s xi): one value a row
-            _check_float_array(value, None, where, refuse)
-            if value.ndim < 1 or value.shape[0] != n:
-                raise refuse(f"{where}: shape {tuple(value.shape)}, expected {n} rows")
-
-
-def check_saved_factor(saved, Z, where, refuse):
-    """(precision (m, m), shift (m,)) of a tied factor, or one such pair a class (Z of shape (C, m, d))."""
-    if saved is None:
-        return
-    m = Z.shape[-2]
-    pairs = saved if isinstance(saved, list) else [saved]
-    if (len(Z.shape) == 3) != isinstance(saved, list) or (isinstance(saved, list) and len(saved) != Z.shape[0]):
-        raise refuse(f"{where}: not one factor {'a class' if len(Z.shape) == 3 else ''}".rstrip())
-    for i, pair in enumerate(pairs):
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise refuse(f"{where}[{i}]: not a (precision, shift) pair")
-        _check_float_array(pair[0], (m, m), f"{where}[{i}].precision", refuse)
-        _check_float_array(pair[1], (m,), f"{where}[{i}].shift", refuse)
-
-
-def _array_shapes(state):
-    """{key: shape} of the arrays of an engine's state (kernel parameters as "kernel.<name>")."""
-    shapes = {f"kernel.{k}": tuple(v.shape) for k, v in state["kernel"].params.items()}
-    shapes.update({k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape") and hasattr(v, "dtype")})
-    return shapes
-
-
-def _dtype_text(dtype):
-    """A floating type by its name ("float32"), whichever library's dtype object it is."""
-    return str(dtype).rsplit(".", 1)[-1]
-
-
 def _restore(trainer, rng, path, fingerprint, has_validation):
     """Put a checkpoint's state into a freshly built trainer; returns (order, best). Everything read is
     checked first: a field of the wrong type or shape is one ValueError naming the file and the field."""
@@ -802,14 +614,18 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
     written_for = saved.get("fingerprint")
     if isinstance(written_for, dict):  # a checkpoint from before priors were part of the fingerprint had none
         written_for = {"priors": {}, **written_for}
+        legacy = getattr(trainer.engine, "legacy_checkpoint_keys", {})
+        if legacy and isinstance(written_for.get("params"), list):  # the parameters by the names of an older form
+            written_for["params"] = [legacy.get(name, name) if isinstance(name, str) else name
+                                     for name in written_for["params"]]
     # The data's hash is of its rows in the run's type, so a resume in another dtype would read as other data:
     # said first, by the type the checkpoint's arrays are in.
     saved_Z = saved["engine"].get("Z") if isinstance(saved.get("engine"), dict) else None
     run_dtype = trainer.state["Z"].dtype
-    if _is_array(saved_Z) and saved_Z.dtype != run_dtype:
+    if is_array(saved_Z) and saved_Z.dtype != run_dtype:
         raise ValueError(
-            f"checkpoint {path} was written by a fit computing in {_dtype_text(saved_Z.dtype)}, but this fit "
-            f"computes in {_dtype_text(run_dtype)}: resume with dtype='{_dtype_text(saved_Z.dtype)}', or fit "
+            f"checkpoint {path} was written by a fit computing in {dtype_text(saved_Z.dtype)}, but this fit "
+            f"computes in {dtype_text(run_dtype)}: resume with dtype='{dtype_text(saved_Z.dtype)}', or fit "
             "afresh without resume"
         )
     # other data of the same shape (the default priors are centred on the data, so they may differ with it)
@@ -832,9 +648,9 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
             f"checkpoint {path} was written by a different training run (differing in {', '.join(differs)}: "
             f"{written_for}); this run is {fingerprint}{hint}"
         )
-    _check_state(saved, fingerprint, refuse)
-    _check_engine(saved["engine"], trainer.engine, fingerprint, path, refuse)
-    fresh = _array_shapes(trainer.engine.state)
+    check_loop_state(saved, fingerprint, refuse)
+    check_engine_state(saved["engine"], trainer.engine, fingerprint, path, refuse)
+    fresh = array_shapes(trainer.engine.state)
     try:
         rng.bit_generator.state = saved["rng"]
     except (KeyError, TypeError, ValueError) as exc:
@@ -844,7 +660,7 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
     # what restoring raises on a missing entry or a value of the wrong kind: the field is named
     except (KeyError, TypeError, IndexError) as exc:  # (a ValueError here says what is wrong already)
         raise refuse(f"engine: {type(exc).__name__}: {exc}") from None
-    restored = _array_shapes(trainer.engine.state)
+    restored = array_shapes(trainer.engine.state)
     for key, shape in fresh.items():
         if restored.get(key) != shape:
             raise refuse(f"engine.{key}: shape {restored.get(key)}, this run's is {shape}")

@@ -1,0 +1,254 @@
+"""What a training checkpoint may hold: the rules by which a resume checks a checkpoint before it uses it.
+
+A checkpoint is accepted when it is a state the fit that wrote it could go on from, and refused otherwise with one
+ValueError naming the file and the field (``refuse(why)`` builds it; ``agpc.inference.training`` restores). The
+rules are those of the states an engine can reach, not of a fresh run:
+
+- The training loop's record (``check_loop_state``): step counts, history, the random generator's state, the
+  epoch's visiting order, the early-stopping record, each of its own type and range.
+- Kernel parameters (``check_engine_state``): the run's parameter table, each stored value (a log) an array of
+  the run's shape and floating type, and **any finite number**: a long fit may carry a log far from 0 (a latent
+  noise stepped to exp(-752) underflows to 0 and stays a finite log), and such a checkpoint resumes. -inf is
+  allowed only for a parameter that may be zero and is not learned (no latent noise: fixed, never stepped).
+- The engine's other entries, generically, by the freshly built engine's state: an array there must come back as
+  a floating array of the same shape and type, finite; an entry the engine began empty (the ``vi-*`` methods'
+  xi) as finite values, one row each of the n rows; the engine's lower-triangular factors (its
+  ``triangular_state``, e.g. SVI's ``whitened_chol``) zero above the diagonal. A new engine state key is checked by these
+  rules with no change here.
+- The optimiser's snapshot laid out as this run's (the same containers; numbers where numbers are; arrays of the
+  parameter's shape and the run's type under a parameter's name); its arrays may hold inf (Adam's second moment
+  of an overflowing gradient), never NaN (refused for every array by ``agpc.checkpoints``).
+- Entries that are no array of the state (flags, counts, EP's tied factor, the record of site files that a fit on
+  a dask array wrote beside the checkpoint) by their own rules below; an engine's own record
+  (``checkpoint_extras``) is checked by the engine as it restores it.
+
+Below training, beside ``agpc.checkpoints`` (which reads the file and its tree): it imports nothing of agpc but
+``backend``, and knows the engines only by the attributes they all have (``state``, ``optimizer``,
+``has_damping``, ``names``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+import numpy as np
+
+from .backend import array_namespace, to_numpy
+
+__all__ = ["check_loop_state", "check_engine_state", "check_saved_factor", "array_shapes", "dtype_text", "is_array",
+           "LOOP_FIELDS"]
+
+# The training loop's part of a checkpoint, beside the engine's own: the type of each entry.
+LOOP_FIELDS = {"fingerprint": dict, "engine": dict, "n_steps": int, "n_updates": int, "history": dict,
+               "pending": list, "rng": dict, "order": list, "best": dict, "elapsed": (int, float)}
+
+# Entries of an engine's checkpoint that are not arrays of its state: flags and counts (EP's minibatch rebuild,
+# GFITC's settled sites and sweep count).
+_FLAGS = ("needs_rebuild", "settled")
+_COUNTS = ("sweeps",)
+
+
+def is_array(value):
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def dtype_text(dtype):
+    """A floating type by its name ("float32"), whichever library's dtype object it is."""
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def array_shapes(state):
+    """{key: shape} of the arrays of an engine's state (kernel parameters as "kernel.<name>")."""
+    shapes = {f"kernel.{k}": tuple(v.shape) for k, v in state["kernel"].params.items()}
+    shapes.update({k: tuple(v.shape) for k, v in state.items() if is_array(v)})
+    return shapes
+
+
+def check_loop_state(saved, fingerprint, refuse):
+    """The loop's part of a checkpoint, field by field (the engine's part: ``check_engine_state``)."""
+    for name, kind in LOOP_FIELDS.items():
+        if name not in saved:
+            raise refuse(f"{name}: missing")
+        if not isinstance(saved[name], kind) or isinstance(saved[name], bool):
+            raise refuse(f"{name}: a {type(saved[name]).__name__}, expected {getattr(kind, '__name__', 'a number')}")
+    for name in ("n_steps", "n_updates"):
+        if saved[name] < 0:
+            raise refuse(f"{name}: negative")
+    if not (math.isfinite(saved["elapsed"]) and saved["elapsed"] >= 0):
+        raise refuse("elapsed: not a non-negative number of seconds")
+    if not all(isinstance(values, list) for values in saved["history"].values()):
+        raise refuse("history: not a mapping of names to lists")
+    if not all(isinstance(p, list) for p in saved["pending"]):
+        raise refuse("pending: not a list of lists")
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < fingerprint["n_batches"]
+               for i in saved["order"]):
+        raise refuse(f"order: not a list of minibatch indices below {fingerprint['n_batches']}")
+    best = saved["best"]
+    if not (isinstance(best.get("nll"), (int, float)) and isinstance(best.get("reference"), (int, float))
+            and isinstance(best.get("since"), int)):
+        raise refuse("best: not the early-stopping record (nll, reference, since)")
+
+
+def _check_float_array(value, shape, dtype, where, refuse):
+    """A floating array (of ``shape`` and ``dtype`` where given)."""
+    if not is_array(value) or not array_namespace(value).isdtype(value.dtype, "real floating"):
+        raise refuse(f"{where}: a {type(value).__name__}, expected a floating-point array")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise refuse(f"{where}: shape {tuple(value.shape)}, this run's is {tuple(shape)}")
+    if dtype is not None and value.dtype != dtype:
+        raise refuse(f"{where}: {dtype_text(value.dtype)}, this run computes in {dtype_text(dtype)}")
+
+
+def _check_finite(value, where, refuse):
+    if not np.all(np.isfinite(to_numpy(value))):
+        raise refuse(f"{where}: holds inf (the engine's state is finite after every step it keeps)")
+
+
+def _check_lower_triangular(value, where, refuse):
+    """Zero above the diagonal of each (..., k, k) matrix: the engine uses it as a Cholesky-type factor."""
+    host = to_numpy(value)
+    if host.ndim < 2 or host.shape[-1] != host.shape[-2] or np.any(np.triu(host, k=1) != 0):
+        raise refuse(f"{where}: not lower triangular")
+
+
+def _check_kernel_parameter(value, learned, may_be_zero, where, refuse):
+    """A stored (log) kernel parameter: any finite number (what the engine's steps can reach); -inf only where the
+    parameter may be zero and is not learned (no latent noise, fixed at 0)."""
+    host = np.reshape(to_numpy(value), (-1,)).tolist()
+    allowed_zero = may_be_zero and not learned
+    if not all(math.isfinite(v) or (allowed_zero and v == -math.inf) for v in host):
+        raise refuse(f"{where}: {host} are not finite logs" + (" (or -inf: fixed at 0)" if allowed_zero else
+                                                               (" (a learned parameter's log is finite)"
+                                                                if may_be_zero else "")))
+
+
+def _check_layout(fresh, saved, where, param_shapes, dtype, refuse):
+    """``saved`` (an optimiser's snapshot from a file) laid out as ``fresh`` (this run's): the same containers,
+    numbers where numbers are, arrays of the parameter's shape under a parameter's name."""
+    if fresh is None or isinstance(fresh, bool):
+        if saved is not fresh and not (isinstance(fresh, bool) and isinstance(saved, bool)):
+            raise refuse(f"{where}: expected {fresh!r}")
+    elif isinstance(fresh, (int, float)):
+        if isinstance(saved, bool) or not isinstance(saved, type(fresh) if isinstance(fresh, int) else (int, float)) \
+                or not math.isfinite(saved):
+            raise refuse(f"{where}: expected a finite {type(fresh).__name__}")
+    elif isinstance(fresh, (tuple, list)):
+        if not isinstance(saved, (tuple, list)) or len(saved) != len(fresh):
+            raise refuse(f"{where}: expected {len(fresh)} entries")
+        for i, (f, v) in enumerate(zip(fresh, saved)):
+            _check_layout(f, v, f"{where}[{i}]", param_shapes, dtype, refuse)
+    elif isinstance(fresh, dict):
+        if not isinstance(saved, dict) or not set(saved) <= set(param_shapes):
+            raise refuse(f"{where}: expected a mapping of this run's parameters {sorted(param_shapes)}")
+        for name, value in saved.items():
+            shape = tuple(fresh[name].shape) if name in fresh and is_array(fresh[name]) else param_shapes[name]
+            _check_float_array(value, shape, dtype, f"{where}.{name}", refuse)
+    elif is_array(fresh):
+        _check_float_array(saved, fresh.shape, dtype, where, refuse)
+
+
+def _check_site_record(record, path, refuse):
+    """Sites written by the workers (``DaskEngine.store_sites``): the files must be the ones such a checkpoint
+    writes beside itself, ``<checkpoint>.sites/step-<k>/chunk-<i>.npz``: a file does not choose what we read."""
+    if not (isinstance(record, dict) and set(record) == {"site_files", "rows"} and isinstance(record["rows"], list)
+            and all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in record["rows"])
+            and isinstance(record["site_files"], list) and len(record["site_files"]) == len(record["rows"])):
+        raise refuse("engine.nu: not a record of site files (site_files, rows)")
+    root = os.path.abspath(os.fspath(path)) + ".sites"
+    for i, name in enumerate(record["site_files"]):
+        if not (isinstance(name, str) and re.fullmatch(r"step-\d+", os.path.basename(os.path.dirname(name)))
+                and os.path.dirname(os.path.dirname(name)) == root and os.path.basename(name) == f"chunk-{i}.npz"):
+            raise refuse(f"engine.nu: site file {name!r} is not in {root}")
+
+
+def check_engine_state(saved, engine, fingerprint, path, refuse):
+    """The engine's part of a checkpoint against this run's freshly built ``engine`` (the module docstring's
+    rules): the same kernel parameters, arrays of the same shapes and type, finite, triangular where the engine
+    says so, the optimiser's snapshot laid out as this run's, per-row entries of n rows."""
+    fresh = engine.state
+    if not isinstance(saved, dict):
+        raise refuse("engine: not a mapping")
+    dtype = fresh["Z"].dtype
+    params = fresh["kernel"].params
+    table = fresh["kernel"].parameter_table()
+    learned = set(engine.names)
+    kernel = saved.get("kernel")
+    if not isinstance(kernel, dict) or set(kernel) != set(params):
+        raise refuse(f"engine.kernel: expected the parameters {sorted(params)}")
+    for name, value in kernel.items():
+        where = f"engine.kernel.{name}"
+        _check_float_array(value, params[name].shape, dtype, where, refuse)
+        _check_kernel_parameter(value, name in learned, table[name].may_be_zero, where, refuse)
+    damping = saved.get("damping")
+    if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not (
+        (engine.has_damping and 0 < damping <= 1) or (not engine.has_damping and math.isnan(damping))
+    ):
+        raise refuse(f"engine.damping: {damping!r}, expected " + ("a number in (0, 1]" if engine.has_damping else "NaN"))
+    # what an optimiser steps: kernel parameters, Z, and for SVI q itself (whitened_mean, whitened_chol); a checkpoint
+    # of an older form may name a state entry as it was named then (the engine's ``legacy_checkpoint_keys``, old name
+    # to new: the engine converts it as it restores)
+    legacy = getattr(engine, "legacy_checkpoint_keys", {})
+    shapes = {name: tuple(value.shape) for name, value in params.items()}
+    shapes.update({name: tuple(value.shape) for name, value in fresh.items() if is_array(value)})
+    shapes.update({old: shapes[new] for old, new in legacy.items()})
+    _check_layout(engine.optimizer.snapshot() if engine.optimizer is not None else None, saved.get("optimizer"),
+                  "engine.optimizer", shapes, dtype, refuse)
+    triangular = getattr(engine, "triangular_state", ())
+    n = fingerprint["n"]
+    for key, value in saved.items():
+        where = f"engine.{key}"
+        if key in ("kernel", "damping", "optimizer"):
+            continue
+        if key in getattr(engine, "checkpoint_extras", ()):  # the engine's own record: it checks it as it restores
+            continue
+        if key in legacy:  # an entry under its older name: checked by the rules of the entry it now is
+            if legacy[key] in saved:
+                raise refuse(f"{where}: {legacy[key]} is there as well (one form of the state, not both)")
+            _check_float_array(value, shapes[key], dtype, where, refuse)
+            _check_finite(value, where, refuse)
+            if legacy[key] in triangular:
+                _check_lower_triangular(value, where, refuse)
+            continue
+        if key not in fresh and key not in _FLAGS + _COUNTS:
+            raise refuse(f"{where}: not part of this run's state")
+        if key in _FLAGS:
+            if not isinstance(value, bool):
+                raise refuse(f"{where}: not a boolean")
+        elif key in _COUNTS:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise refuse(f"{where}: not a count")
+        elif key == "nu" and isinstance(value, dict):
+            _check_site_record(value, path, refuse)
+        elif key == "factor":
+            check_saved_factor(value, fresh["Z"], where, refuse)
+        elif key == "mu" and isinstance(saved.get("nu"), dict):
+            continue  # (sites in files: the record under "nu" stands for both)
+        elif is_array(fresh[key]):
+            _check_float_array(value, fresh[key].shape, dtype, where, refuse)
+            _check_finite(value, where, refuse)
+            if key in triangular:
+                _check_lower_triangular(value, where, refuse)
+        elif value is not None:  # begun empty (the vi-* methods' xi): one value a row
+            _check_float_array(value, None, dtype, where, refuse)
+            if value.ndim < 1 or value.shape[0] != n:
+                raise refuse(f"{where}: shape {tuple(value.shape)}, expected {n} rows")
+            _check_finite(value, where, refuse)
+
+
+def check_saved_factor(saved, Z, where, refuse):
+    """(precision (m, m), shift (m,)) of a tied factor, or one such pair a class (Z of shape (C, m, d)): floating
+    arrays of Z's type, finite."""
+    if saved is None:
+        return
+    m = Z.shape[-2]
+    pairs = saved if isinstance(saved, list) else [saved]
+    if (len(Z.shape) == 3) != isinstance(saved, list) or (isinstance(saved, list) and len(saved) != Z.shape[0]):
+        raise refuse(f"{where}: not one factor {'a class' if len(Z.shape) == 3 else ''}".rstrip())
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise refuse(f"{where}[{i}]: not a (precision, shift) pair")
+        for part, shape, value in (("precision", (m, m), pair[0]), ("shift", (m,), pair[1])):
+            _check_float_array(value, shape, Z.dtype, f"{where}[{i}].{part}", refuse)
+            _check_finite(value, f"{where}[{i}].{part}", refuse)
