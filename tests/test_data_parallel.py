@@ -232,7 +232,7 @@ def test_a_slow_worker_gets_fewer_steps_and_the_round_averages_by_rows_stepped(c
     rows = [sum(min(300, (first + count) * 20) - first * 20 for _, _, first, count in segments)
             for _, segments, _ in last]
     assert rows == [20 * fast, 20 * slow]
-    for name in ("mean", "chol"):
+    for name in ("whitened_mean", "whitened_chol"):
         want = sum(r / sum(rows) * out["state"][name] for r, (_, _, out) in zip(rows, last))
         np.testing.assert_allclose(engine.state[name], want, rtol=1e-10, atol=1e-13, err_msg=name)
     want = sum(r / sum(rows) * out["Z"] for r, (_, _, out) in zip(rows, last))
@@ -331,14 +331,16 @@ def banana():
 
 
 @pytest.mark.parametrize("method, n, epochs, tolerance", [("sep", 2000, 4, 0.005), ("ep", 2000, 4, 0.005),
-                                                           ("svi", 1000, 30, 0.01)])
+                                                           ("svi", 1000, 60, 0.01)])
 def test_a_data_parallel_fit_ends_near_the_single_process_fit(client, banana, method, n, epochs, tolerance):
     """Two shards, four local steps a round, the same rows seen: the test NLL within ``tolerance`` of the
     single-process fit's. SEP and EP: 0.005 nats, issue 18's target (the single-process fits of three seeds
     spread over 0.002 here). SVI: Adam's constant steps leave more noise, the single-process fits of three
     seeds spread over 0.008 at 30 epochs, so 0.01 is the closest claim this size can test; and averaging
     the shards' steps moves q(u) about half as far per row seen as one process does, so early on it lags
-    (measured when the test was written: 0.007-0.012 behind after 15 epochs, level from 30 on)."""
+    (measured when the test was written: 0.007-0.012 behind after 15 epochs, level from 30 on; with q stepped in
+    whitened coordinates the lag lasts longer: 0.002-0.017 behind at 30 epochs over seeds 0-2 of a 1,000-row banana,
+    0.000-0.002 at 60)."""
     X, y, X_test, y_test = banana
     X, y = X[:n], y[:n]
     params = dict(method=method, n_inducing=15, batch_size=50, max_iter=epochs, random_state=0)

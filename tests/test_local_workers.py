@@ -86,7 +86,7 @@ def _gone(pids, seconds=GONE_SECONDS):
 # -- fits ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("method, n, epochs, tolerance", [("sep", 2000, 4, 0.005), ("ep", 2000, 4, 0.005),
-                                                           ("svi", 1000, 30, 0.01)])
+                                                           ("svi", 1000, 60, 0.01)])
 def test_n_jobs_trains_in_worker_processes_near_the_single_process_fit(banana, pools, method, n, epochs, tolerance):
     """Two worker processes, four local steps a round, the same rows seen: the test NLL within ``tolerance`` of
     the single-process fit's (the tolerances and their reasons of the dask test, tests/test_data_parallel.py);
