@@ -83,6 +83,7 @@ __all__ = [
     "to_host_vector",
     "asarray_like",
     "host_rng",
+    "cluster_sums",
     "host_array",
     "is_out_of_core",
     "read_rows",
@@ -611,6 +612,22 @@ def host_rng(random_state):
     if isinstance(random_state, np.random.RandomState):
         return np.random.default_rng(random_state.randint(0, 2**31 - 1))
     return np.random.default_rng(random_state)
+
+
+def cluster_sums(labels, X, n_clusters):
+    """(sums, counts): the sum of the rows of X (n, d) of each cluster label in 0..n_clusters-1 (labels: n ints),
+    shape (n_clusters, d), and how many rows each has. NumPy: ``bincount`` a column at a time (O(n d)); elsewhere
+    a one-hot (n, n_clusters) matrix product, in standard operations (O(n k d), and an n x k temporary: at k-means's
+    20,000 rows and m = 200, 0.43 s of CPU over 25 iterations against 0.01 s)."""
+    xp = array_namespace(X)
+    if is_numpy_namespace(xp):
+        counts = np.bincount(labels, minlength=n_clusters).astype(X.dtype)
+        sums = np.stack([np.bincount(labels, weights=X[:, j], minlength=n_clusters) for j in range(X.shape[1])],
+                        axis=1).astype(X.dtype, copy=False)
+        return sums, counts
+    cluster_ids = xp.arange(n_clusters, device=array_device(X))
+    onehot = xp.astype(labels[:, None] == cluster_ids[None, :], X.dtype)
+    return onehot.mT @ X, xp.sum(onehot, axis=0)
 
 
 # --------------------------------------------------------------------------------------------------

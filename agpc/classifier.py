@@ -20,11 +20,12 @@ from . import prediction as P
 from . import streaming as S
 from . import threads
 from . import validation as V
+from . import workers as W
 from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
 from .inducing import initial_inducing_points
 from .inference import ep, training
 from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
-from .inference.data_parallel import DEFAULT_LOCAL_STEPS, DataParallel, RowsOnWorkers
+from .inference.data_parallel import DataParallel, RowsOnWorkers, prepare_worker, refusal
 from .kernels import RBF, ClassKernels, Kernel, with_default_priors
 from .model_file import VALUE_WHEN_ABSENT, FittedState, read_model_file, write_model_file
 
@@ -152,13 +153,30 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         one, else a ``LocalCluster`` with one single-threaded worker process per core, started and closed
         by ``fit``.
     local_steps : int or None
-        Minibatch training on a dask.array is data-parallel (``agpc.inference.data_parallel``): each worker
-        takes this many minibatch steps per round on the chunks it holds, the driver combines (SEP: one tied
-        factor per chunk, Li et al. 2015 sec. 4; EP: each chunk keeps its sites; SVI: averaged steps).
-        ``None``: ``data_parallel.DEFAULT_LOCAL_STEPS`` (64). Data-parallel rounds are checkpointed as any fit
-        (the rounds' record and, for EP, the chunks' site files). ``0``: the minibatch steps run on the driver,
-        the chunks brought to it in turn: one worker's worth of speed, but the very model of a single-process
-        fit on the same chunks (same seed); multiclass EP on minibatches needs it.
+        Minibatch training on a dask.array (and with ``n_jobs > 1``) is data-parallel
+        (``agpc.inference.data_parallel``): each worker takes minibatch steps on the chunks it holds in rounds,
+        the driver combines (SEP: one tied factor per chunk, Li et al. 2015 sec. 4; EP: each chunk keeps its sites;
+        SVI: averaged steps). An int: every worker takes this many steps a round, and the rounds are reproducible
+        (the same seed gives the same model, also when a worker is lost). ``None``: workers take
+        ``data_parallel.DEFAULT_LOCAL_STEPS`` (64) steps a round on average, shared out in proportion to the speed
+        each showed in the rounds before, so that a worker whose core is busy with other work does not hold the
+        round up; two fits with the same seed may then differ by the timing. Data-parallel rounds are checkpointed
+        as any fit (the rounds' record and, for EP, the chunks' site files). ``0`` (dask arrays): the minibatch
+        steps run on the driver, the chunks brought to it in turn: one worker's worth of speed, but the very model
+        of a single-process fit on the same chunks (same seed); multiclass EP on minibatches needs it.
+    n_jobs : int or None, default=None
+        Minibatch SEP / EP / ADF / SVI on in-memory NumPy data (or data on disk): train data-parallel in this many
+        worker processes on this machine, through the same rounds as on a dask cluster (``local_steps`` as
+        there; each worker steps a shard of the rows, SEP / ADF keep one tied factor per chunk of about 25,000
+        rows). The rows are written once, shuffled, into a file every worker maps read-only
+        (``agpc.workers.SharedRows``), not copied per worker. scikit-learn's meaning: ``None`` is 1 (or the
+        ``n_jobs`` of an enclosing ``joblib.parallel_config``), -1 every core this process may use, -2 all but
+        one. A data-parallel fit is a model of its own (per-chunk factors, averaged steps): the same seed gives
+        another model than ``n_jobs=1``, which is why the default stays 1. Inside a parallel worker (a
+        ``GridSearchCV(n_jobs=...)`` worker, a dask task) the fit runs in its own process (``n_jobs_`` says how
+        many it used). Batch fits and ``partial_fit`` run in this process (batch passes use the cores through BLAS
+        threads). Methods without data-parallel rounds (``agpc.methods``, capability "n_jobs") and multiclass EP
+        refuse ``n_jobs > 1``.
     checkpoint_path, checkpoint_every : path and int, or None
         Every method: every ``checkpoint_every`` steps, write the whole training state (hyper-parameters,
         inducing points, sites, factor or q(u), optimiser state, step, RNG state, history) to ``checkpoint_path``,
@@ -213,6 +231,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     fit_time_ : float, seconds of the whole ``fit`` (what ``max_time`` bounds)
     init_time_ : float, of which choosing the initial inducing points (k-means) took this many seconds
     stopped_by_time_ : bool, training stopped because of ``max_time``
+    n_jobs_ : int, the processes a fit on in-memory data (or data on disk) trained in (1: this one; more: worker
+        processes, ``n_jobs``)
     jitter_ : float, the jitter on the diagonal of K(Z, Z) of the fitted model: ``jitter``, or what training had
         to raise it to (a ``JitterWarning`` says so)
     kernel_prior_ : "auto" or None, the ``kernel_prior`` the model was trained with (None for a model file written
@@ -247,6 +267,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "verbose": [V.Boolean(), V.Interval(numbers.Integral, 0, None, "left")],
         "client": [V.NONE, V.HasMethods("compute", "submit", description="a distributed.Client")],
         "local_steps": [V.NONE, V.Interval(numbers.Integral, 0, None, "left")],
+        "n_jobs": [V.NONE, V.Interval(numbers.Integral, None, -1, "right"),
+                   V.Interval(numbers.Integral, 1, None, "left")],
         "checkpoint_path": [V.NONE, V.PATH],
         "checkpoint_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "site_directory": [V.NONE, V.PATH],
@@ -282,6 +304,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         verbose=False,
         client=None,
         local_steps=None,
+        n_jobs=None,
         checkpoint_path=None,
         checkpoint_every=None,
         site_directory=None,
@@ -314,6 +337,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.verbose = verbose
         self.client = client
         self.local_steps = local_steps
+        self.n_jobs = n_jobs
         self.checkpoint_path = checkpoint_path
         self.checkpoint_every = checkpoint_every
         self.site_directory = site_directory
@@ -330,6 +354,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if self.checkpoint_every is not None and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
         spec = M.get_method(self.method)
+        if self.n_jobs not in (None, 1) and not spec.supports("n_jobs"):
+            raise ValueError(spec.refusal("n_jobs", f"n_jobs > 1 trains the methods "
+                                                    f"{list(M.methods_supporting('n_jobs'))} in worker processes, not "
+                                                    f"{self.method!r}: use n_jobs=1"))
         if spec.check_params is not None:  # the method's own rules between parameters
             spec.check_params(self.get_params(deep=False))
         if self.likelihood is not None and self.likelihood not in spec.likelihoods:
@@ -442,6 +470,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Xc, y_pm, classes, sample, xp, device = I.training_inputs(self, X, y, reset=True, target_xp=target_xp)
         n = Xc.shape[0]
         m = self._n_inducing_for(n)
+        self.n_jobs_ = self._n_jobs_for(xp, n, len(classes))
+        if self.n_jobs_ > 1:
+            return self._fit_local_workers(Xc, y_pm, classes, sample, groups, resume, validation_data, started)
         rng = B.host_rng(self.random_state)
         init_started = time.perf_counter()
         kernel, Z = self._initial_model(sample, m, rng, len(classes))
@@ -458,6 +489,65 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                              validation=validation, started=started, data_hash=data_hash,
                              block_rows=self._gpu_block_rows(n, xp, batch_size))
         return self._fitted_from(result, classes, t0, n, resumed=bool(resume))
+
+    def _n_jobs_for(self, xp, n, n_classes):
+        """The processes a fit of n rows trains in (``n_jobs``): more than one only for minibatches of a method with
+        data-parallel rounds, on NumPy data; an ``n_jobs > 1`` the fit cannot use is refused when it was given, and
+        gives 1 when it came from an enclosing ``joblib.parallel_config``."""
+        count, _ = W.resolve_n_jobs(self.n_jobs)
+        batch_size = self._batch_size_for(n)
+        spec = M.get_method(self.method)  # (a method without rounds and n_jobs given: refused by _check_params)
+        if count == 1 or not spec.supports("n_jobs") or batch_size is None or batch_size >= n:
+            return 1  # (batch passes use the cores through BLAS threads)
+        why = None
+        if refusal(spec.engine, n_classes) is not None:
+            why = f"{refusal(spec.engine, n_classes)}: train multiclass {self.method!r} with n_jobs=1"
+        elif not B.is_numpy_namespace(xp):
+            why = (f"n_jobs > 1 trains NumPy data in worker processes on this machine, not {xp.__name__} arrays: "
+                   "use n_jobs=1 (or backend='numpy')")
+        if why is None:
+            return count
+        if self.n_jobs is not None:
+            raise ValueError(why)
+        return 1
+
+    def _fit_local_workers(self, X, y, classes, sample, groups, resume, validation_data, started):
+        """``_fit`` in ``n_jobs_`` local worker processes: the same data-parallel rounds as on a dask cluster
+        (``data_parallel.DataParallel`` on a ``workers.LocalWorkers`` pool), the rows written once, shuffled, into
+        ``workers.SharedRows`` the workers map. The workers start first and import agpc while this process places
+        the inducing points; every worker is ended, and the rows' file removed, however the fit ends."""
+        pool = W.LocalWorkers(self.n_jobs_, preload=("agpc.inference.data_parallel",))
+        shared = []
+        engine = None
+        try:
+            n = X.shape[0]
+            rng = B.host_rng(self.random_state)
+            init_started = time.perf_counter()
+            kernel, Z = self._initial_model(sample, self._n_inducing_for(n), rng, len(classes))
+            self.init_time_ = time.perf_counter() - init_started
+            xp = B.array_namespace(Z)
+            validation = None if validation_data is None else I.validation_set(self, validation_data, classes, xp,
+                                                                                 None)
+            data_hash = None
+            if self.checkpoint_path is not None:  # as ``_fit``'s, of the rows in the caller's order
+                stride = training.fingerprint_stride(n)
+                data_hash = training.data_fingerprint(n, X.shape[1], B.to_numpy(X[0:n:stride, :]),
+                                                      B.to_numpy(y[0:n:stride]), classes)
+            seed = int(rng.integers(2**62))
+            order = rng.permutation(n) if self.shuffle and not B.is_out_of_core(X) else None
+            shared = W.share_rows([X, y], _local_chunk_rows(n, self.n_jobs_), order=order, dtypes=[Z.dtype, Z.dtype])
+            engine = DataParallel(pool, *shared, batch_size=self._batch_size_for(n), local_steps=self.local_steps,
+                                  seed=seed, site_directory=self.site_directory)
+            rows = RowsOnWorkers(X.shape, Z.dtype), RowsOnWorkers((n,), Z.dtype)
+            result = self._train(*rows, kernel, Z, classes, groups, engine.rows_per_round, rng, resume,
+                                 validation=validation, engine=engine, started=started, data_hash=data_hash)
+        finally:
+            pool.close()
+            if engine is not None:
+                engine.close()
+            for rows_file in shared:
+                rows_file.close()
+        return self._fitted_from(result, classes, started, n, resumed=bool(resume))
 
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
                started=None, data_hash=None, block_rows=None):
@@ -589,26 +679,28 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             except ValueError:  # no client yet: a local cluster for this fit
                 client = owned = Client(local_cluster(os.cpu_count() or 1))
         try:
-            stride = training.fingerprint_stride(X.shape[0])
-            sampled = [X[::stride], y[::stride]] if self.checkpoint_path is not None else []  # same pass
-            finite, labels, *sample_rows = client.compute([da.isfinite(X).all(), da.unique(y), *sampled], sync=True)
+            n = X.shape[0]
+            rng = B.host_rng(self.random_state)
+            # the initial sample (as the in-memory path: all rows up to INIT_SAMPLE, no draw: same seed, same model),
+            # the checks and the fingerprint's rows in one pass over the chunks
+            rows = None if n <= I.INIT_SAMPLE else np.sort(rng.choice(n, size=I.INIT_SAMPLE, replace=False))
+            stride = training.fingerprint_stride(n)
+            sampled = [X[::stride], y[::stride]] if self.checkpoint_path is not None else []
+            finite, labels, sample, *sample_rows = client.compute(
+                [da.isfinite(X).all(), da.unique(y), X if rows is None else X[rows], *sampled], sync=True)
             if not bool(finite):
                 raise ValueError("Input X contains NaN or infinity")
+            # every worker imports agpc now, while this process places the inducing points (before the checks' pass,
+            # the pass would wait for the imports on single-threaded workers)
+            warming = [client.submit(prepare_worker, workers=[w], pure=False) for w in client.nthreads()]
             classes = I.check_classes(self, np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
             data_hash = None if not sample_rows else training.data_fingerprint(
-                X.shape[0], X.shape[1], sample_rows[0], I.encode_labels(np.asarray(sample_rows[1]), classes), classes)
+                n, X.shape[1], sample_rows[0], I.encode_labels(np.asarray(sample_rows[1]), classes), classes)
             y_pm = y.map_blocks(I.encode_labels, classes, dtype=np.float64).astype(X.dtype)
             self.n_features_in_ = X.shape[1]
-            n = X.shape[0]
             m = self._n_inducing_for(n)
-            rng = B.host_rng(self.random_state)
-            if n <= I.INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
-                sample = np.asarray(X.compute())
-            else:
-                rows = np.sort(rng.choice(n, size=I.INIT_SAMPLE, replace=False))
-                sample = np.asarray(X[rows].compute())
             init_started = time.perf_counter()
-            kernel, Z = self._initial_model(sample, m, rng, len(classes))
+            kernel, Z = self._initial_model(np.asarray(sample), m, rng, len(classes))
             self.init_time_ = time.perf_counter() - init_started
             if validation_data is not None:  # scored on the driver: brought there whole (keep it small)
                 validation_data = tuple(client.compute(list(validation_data), sync=True)
@@ -617,11 +709,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 self, validation_data, classes, B.array_namespace(Z), None)
             batch_size = self._batch_size_for(n)
             minibatch = batch_size is not None and batch_size < n
-            local_steps = self.local_steps
-            if local_steps is None:
-                local_steps = DEFAULT_LOCAL_STEPS
-            if minibatch and local_steps > 0:  # data-parallel rounds: the rows stay on the workers
-                engine = DataParallel(client, X, y_pm, batch_size=batch_size, local_steps=local_steps,
+            if minibatch and self.local_steps != 0:  # data-parallel rounds: the rows stay on the workers
+                engine = DataParallel(client, X, y_pm, batch_size=batch_size, local_steps=self.local_steps,
                                       seed=int(rng.integers(2**62)), site_directory=self.site_directory)
                 X, y_pm = RowsOnWorkers(X.shape, X.dtype), RowsOnWorkers(y_pm.shape, y_pm.dtype)
                 batch_size = engine.rows_per_round
@@ -636,6 +725,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             # SVI: a step per minibatch on the driver, chunks visited as for SEP
             result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, validation=validation,
                                  engine=engine, started=t0, data_hash=data_hash)
+            del warming
         finally:
             if engine is not None:
                 engine.close()
@@ -890,6 +980,19 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         tags.classifier_tags.multi_class = M.supports(self.method, "multiclass")
         tags.classifier_tags.poor_score = True
         return tags
+
+
+# Rows per chunk of a fit in local worker processes (``n_jobs``): the dask protocol's chunks (the 200,000-row check
+# wraps its rows in chunks of 25,000), each chunk one tied factor of SEP / ADF and the unit a shard visits.
+_LOCAL_CHUNK_ROWS = 25_000
+
+
+def _local_chunk_rows(n, n_workers):
+    """Chunk sizes of n rows for ``n_workers`` local workers: about ``_LOCAL_CHUNK_ROWS`` each, at least one a
+    worker, as equal as the rows allow."""
+    chunks = max(int(n_workers), round(n / _LOCAL_CHUNK_ROWS))
+    size, extra = divmod(n, chunks)
+    return [size + (k < extra) for k in range(chunks)]
 
 
 def __getattr__(name):

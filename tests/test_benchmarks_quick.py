@@ -36,6 +36,8 @@ def _runs(tmp_dir):
         "airline_vs_gpflow": ["airline_vs_gpflow.py", "--quick", "--thread-table", "--out",
                               str(tmp_dir / "airline_vs_gpflow_quick.json")],
         "dask_scaling": ["dask_scaling.py", "--quick", "--store", str(tmp_dir / "dask")],
+        "data_parallel_check": ["data_parallel_check.py", "--quick", "--crossover", "5000",
+                                "--out", str(tmp_dir / "data_parallel_check_quick.json")],
         "threads": ["threads.py", "--quick"],
         "gpu": ["gpu.py", "--quick"],
         "small_data_defaults": ["small_data_defaults.py", "--quick", "--methods", "ep,svi"],
@@ -72,7 +74,8 @@ def outputs(tmp_path_factory):
 @pytest.mark.parametrize("name", ["uci_binary", "uci_binary_generated", "uci_iterations", "uci_binary_ep",
                                   "uci_multiclass",
                                   "banana_inducing", "time_curves", "airline", "airline_3class", "airline_vs_gpflow",
-                                  "dask_scaling", "threads", "gpu", "small_data_defaults", "step_cost"])
+                                  "dask_scaling", "data_parallel_check", "threads", "gpu", "small_data_defaults",
+                                  "step_cost"])
 def test_quick_run_prints_a_table(outputs, name):
     if name not in outputs:
         pytest.skip(f"{DATA} is absent and {name} has no generated fallback")
