@@ -713,15 +713,17 @@ def _fortran_view(M):
 
 
 # SciPy's Python BLAS wrappers (scipy.linalg.blas, made by f2py) hold the interpreter lock for the whole call: their
-# signature files declare no ``threadsafe``, and a 2000 x 3000 trmm let another Python thread run not once in its
-# 150 ms. The blocks of a batch pass run on Python threads (``agpc.inference.ep.map_blocks``), so one thread's trmm
-# would stall the others. The same routines of SciPy's cython_blas (its BLAS for Cython code: Fortran interface,
-# every argument by address), called through ctypes, run with the lock released (ctypes releases it for every
-# foreign call). Their addresses come from the module's table of C functions (``__pyx_capi__``, as Numba finds
-# SciPy's LAPACK), whose capsule names spell each routine's C signature: a routine is used only when that signature
-# is the one called here; otherwise, or when the table lacks it, the f2py wrapper does the same work holding the
-# lock. NumPy's matmul, which also releases it, has no triangular product: a full or banded product of the
-# triangle costs 1.2-1.7 times trmm's work.
+# signature files declare no ``threadsafe``: during a 2000 x 3000 trmm of 190 ms another Python thread stood still for
+# 145 ms at a stretch (through ctypes, 8 ms: the interpreter's switch interval under load). The blocks of a batch pass
+# run on Python threads (``agpc.inference.ep.map_blocks``), so one thread's trmm would stall the others. The same
+# routines of SciPy's cython_blas (its BLAS for Cython code: Fortran interface, every argument by address), called
+# through ctypes as C functions (``CFUNCTYPE``: ctypes releases the lock for the call), run with the lock released.
+# Their addresses come from the module's table of C functions (``__pyx_capi__``, as Numba finds SciPy's LAPACK), whose
+# capsule names spell each routine's C signature: a routine is used only when that signature is the one called here;
+# otherwise, or when the table lacks it, the f2py wrapper does the same work holding the lock. NumPy's matmul also
+# releases it but has no triangular product. One batch EP iteration (n = 10^5, two threads; median ratios of
+# interleaved runs on a loaded machine) took, against this path, 1.13 (m = 200) and 1.27 (m = 500) times as long with
+# the f2py wrappers, 1.24 / 1.16 with NumPy matmuls over the triangle's bands and 1.25 / 1.39 with the whole triangle.
 _UNLOCKED_BLAS = {}
 _UNLOCKED_SIGNATURES = {  # each argument's C type: c char *, i int *, f the routine's float type *
     "trmm": "cccciiffifi",
@@ -787,6 +789,8 @@ def _triangular_blas(name, L, B, trans, right, overwrite):
     unlocked = _unlocked_blas(routine.typecode + name)
     if unlocked is None:
         out = routine(1.0, a, b, side=side, lower=lower, trans_a=trans_a, overwrite_b=int(overwrite))
+    elif b.size == 0:  # (BLAS refuses a leading dimension of 0)
+        out = np.array(b, order="F")
     else:
         out = b if overwrite and b.flags.writeable else np.array(b, order="F")  # (f2py's copy, when not overwrite)
         rows, cols = out.shape
@@ -877,7 +881,7 @@ def add_outer(M, u, v):
     """M + u v^T for M (k, l), u (k,), v (l,). On the NumPy fast path in M's memory (M is overwritten; callers
     use the return value): one BLAS rank-one update (ger), which releases the interpreter lock
     (``_unlocked_blas``). Elsewhere a new array."""
-    if _fast(M, u, v) and M.ndim == 2 and M.flags.c_contiguous and M.flags.writeable:
+    if _fast(M, u, v) and M.ndim == 2 and M.size and M.flags.c_contiguous and M.flags.writeable:
         u, v = np.ascontiguousarray(u), np.ascontiguousarray(v)
         ger = _routine("blas", "ger", M.dtype)
         unlocked = _unlocked_blas(ger.typecode + "ger")
