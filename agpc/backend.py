@@ -70,6 +70,7 @@ __all__ = [
     "prefers_inverses",
     "reference_paths",
     "counting_fast_calls",
+    "blas_releasing_the_lock",
     "cholesky",
     "cholesky_or_nan",
     "cholesky_with_jitter",
@@ -645,6 +646,7 @@ def cluster_sums(labels, X, n_clusters):
 _FAST_PATHS = contextvars.ContextVar("agpc_fast_paths", default=True)
 _FAST_CALLS = contextvars.ContextVar("agpc_fast_calls", default=None)
 _FAST_CALLS_LOCK = threading.Lock()
+_RELEASE_LOCK = contextvars.ContextVar("agpc_blas_releasing_the_lock", default=False)
 _FAST_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 _ROUTINES = {}
 
@@ -671,6 +673,19 @@ def counting_fast_calls():
         yield calls
     finally:
         _FAST_CALLS.reset(token)
+
+
+@contextmanager
+def blas_releasing_the_lock():
+    """Inside, the fast paths' 2-D triangular products and solves and their rank-one updates call BLAS with the
+    interpreter lock released (``_unlocked_blas``), for Python threads that share array work (the blocks of a pass:
+    ``agpc.inference.ep.map_blocks``). Outside, SciPy's Python wrappers, which hold the lock but cost a little less
+    (a SEP minibatch step at m = 200 took 2-3.5% longer through ctypes, interleaved)."""
+    token = _RELEASE_LOCK.set(True)
+    try:
+        yield
+    finally:
+        _RELEASE_LOCK.reset(token)
 
 
 def _fast(*arrays):
@@ -722,8 +737,10 @@ def _fortran_view(M):
 # capsule names spell each routine's C signature: a routine is used only when that signature is the one called here;
 # otherwise, or when the table lacks it, the f2py wrapper does the same work holding the lock. NumPy's matmul also
 # releases it but has no triangular product. One batch EP iteration (n = 10^5, two threads; median ratios of
-# interleaved runs on a loaded machine) took, against this path, 1.13 (m = 200) and 1.27 (m = 500) times as long with
-# the f2py wrappers, 1.24 / 1.16 with NumPy matmuls over the triangle's bands and 1.25 / 1.39 with the whole triangle.
+# interleaved runs, two runs on a loaded machine) took, against this path, 1.13-1.30 (m = 200) and 1.27-1.32 (m = 500)
+# times as long with the f2py wrappers, 1.24-1.30 / 1.16-1.24 with NumPy matmuls over the triangle's bands and
+# 1.25-1.42 / 1.39-1.51 with the whole triangle. Only the threads of a pass take this path
+# (``blas_releasing_the_lock``): on one thread the wrappers cost a little less.
 _UNLOCKED_BLAS = {}
 _UNLOCKED_SIGNATURES = {  # each argument's C type: c char *, i int *, f the routine's float type *
     "trmm": "cccciiffifi",
@@ -765,17 +782,22 @@ def _unlocked_blas(name):
     return _UNLOCKED_BLAS[name]
 
 
-def _by_address(*values, kind):
-    """(holders, addresses): ctypes objects of ``kind`` for Fortran scalar arguments and their addresses (the
-    holders keep them alive for the call)."""
-    holders = [kind(v) for v in values]
-    return holders, [ctypes.addressof(h) for h in holders]
+# alpha = 1 of the unlocked routines, by type (read-only, shared by every call and thread)
+_ONE = {np.dtype(np.float64): ctypes.c_double(1.0), np.dtype(np.float32): ctypes.c_float(1.0)}
+
+
+def _integer_addresses(*values):
+    """(holder, addresses): Fortran integer arguments in one ctypes array and their addresses (the holder keeps them
+    alive for the call)."""
+    holder = (ctypes.c_int * len(values))(*values)
+    start, size = ctypes.addressof(holder), ctypes.sizeof(ctypes.c_int)
+    return holder, [start + size * i for i in range(len(values))]
 
 
 def _triangular_blas(name, L, B, trans, right, overwrite):
     """op(L) @ B / B @ op(L) (``name`` "trmm") or op(L)^-1 @ B / B @ op(L)^-1 ("trsm") for lower-triangular L
-    and a 2-D B, op the transpose when ``trans``, by one BLAS call (with the interpreter lock released:
-    ``_unlocked_blas``); the result has B's memory order. A vector B (left side only): "trmv" / "trsv"."""
+    and a 2-D B, op the transpose when ``trans``, by one BLAS call (inside ``blas_releasing_the_lock``, with the
+    interpreter lock released); the result has B's memory order. A vector B (left side only): "trmv" / "trsv"."""
     a, a_transposed = _fortran_view(L)  # a holds L (lower) or L^T (upper)
     if B.ndim == 1:
         vector_name = {"trmm": "trmv", "trsm": "trsv"}[name]
@@ -786,7 +808,7 @@ def _triangular_blas(name, L, B, trans, right, overwrite):
         trans, right = not trans, not right
     side, lower, trans_a = int(right), int(not a_transposed), int(trans != a_transposed)
     routine = _routine("blas", name, B.dtype)
-    unlocked = _unlocked_blas(routine.typecode + name)
+    unlocked = _unlocked_blas(routine.typecode + name) if _RELEASE_LOCK.get() else None
     if unlocked is None:
         out = routine(1.0, a, b, side=side, lower=lower, trans_a=trans_a, overwrite_b=int(overwrite))
     elif b.size == 0:  # (BLAS refuses a leading dimension of 0)
@@ -794,10 +816,9 @@ def _triangular_blas(name, L, B, trans, right, overwrite):
     else:
         out = b if overwrite and b.flags.writeable else np.array(b, order="F")  # (f2py's copy, when not overwrite)
         rows, cols = out.shape
-        integers, (m, n, lda, ldb) = _by_address(rows, cols, a.shape[0], rows, kind=ctypes.c_int)
-        scalars, (alpha,) = _by_address(1.0, kind=np.ctypeslib.as_ctypes_type(B.dtype))
-        unlocked(b"R" if side else b"L", b"L" if lower else b"U", b"T" if trans_a else b"N", b"N", m, n, alpha,
-                 a.ctypes.data, lda, out.ctypes.data, ldb)
+        integers, (m, n, lda, ldb) = _integer_addresses(rows, cols, a.shape[0], rows)
+        unlocked(b"R" if side else b"L", b"L" if lower else b"U", b"T" if trans_a else b"N", b"N", m, n,
+                 ctypes.addressof(_ONE[B.dtype]), a.ctypes.data, lda, out.ctypes.data, ldb)
     return out.T if b_transposed else out
 
 
@@ -841,7 +862,7 @@ def triangular_matmul(L, B, *, trans=False, right=False, overwrite=False, out=No
     """op(L) @ B, or B @ op(L) when ``right``, for a lower-triangular L (zeros above the diagonal) and a
     matrix B (or a vector, on the left); op is the transpose when ``trans``. The reference is a general matrix
     product; the NumPy fast path one trmm (half the arithmetic, and for the tall-and-wide B of a block of rows
-    faster than gemm), which releases the interpreter lock (``_unlocked_blas``). ``overwrite``: B is the caller's
+    faster than gemm), which releases the interpreter lock inside ``blas_releasing_the_lock``. ``overwrite``: B is the caller's
     temporary, and may be overwritten; ``out`` (from ``scratch``, B's shape and memory order): where the fast
     path writes the result. Callers use the return value."""
     if (B.ndim == 2 or not right) and _fast(L, B):
@@ -879,19 +900,19 @@ def capped_exp(E, cap):
 
 def add_outer(M, u, v):
     """M + u v^T for M (k, l), u (k,), v (l,). On the NumPy fast path in M's memory (M is overwritten; callers
-    use the return value): one BLAS rank-one update (ger), which releases the interpreter lock
-    (``_unlocked_blas``). Elsewhere a new array."""
+    use the return value): one BLAS rank-one update (ger), which releases the interpreter lock inside
+    ``blas_releasing_the_lock``. Elsewhere a new array."""
     if _fast(M, u, v) and M.ndim == 2 and M.size and M.flags.c_contiguous and M.flags.writeable:
         u, v = np.ascontiguousarray(u), np.ascontiguousarray(v)
         ger = _routine("blas", "ger", M.dtype)
-        unlocked = _unlocked_blas(ger.typecode + "ger")
+        unlocked = _unlocked_blas(ger.typecode + "ger") if _RELEASE_LOCK.get() else None
         if unlocked is None:
             ger(1.0, v, u, a=M.T, overwrite_a=1)  # M.T (Fortran-ordered) += v u^T
             return M
         k, l = M.shape
-        integers, (rows, cols, step, ld) = _by_address(l, k, 1, l, kind=ctypes.c_int)
-        scalars, (alpha,) = _by_address(1.0, kind=np.ctypeslib.as_ctypes_type(M.dtype))
-        unlocked(rows, cols, alpha, v.ctypes.data, step, u.ctypes.data, step, M.ctypes.data, ld)
+        integers, (rows, cols, step, ld) = _integer_addresses(l, k, 1, l)
+        unlocked(rows, cols, ctypes.addressof(_ONE[M.dtype]), v.ctypes.data, step, u.ctypes.data, step, M.ctypes.data,
+                 ld)
         return M
     return M + u[:, None] * v[None, :]
 

@@ -325,6 +325,13 @@ def test_triangular_products_and_rank_one_updates_in_place(dtype, through, monke
         for name in ("trmm", "trsm", "ger"):
             routine = backend._unlocked_blas(prefix + name)
             assert routine is not None and not type(routine)._flags_ & ctypes._FUNCFLAG_PYTHONAPI
+    with backend.blas_releasing_the_lock():
+        _check_triangular_products_and_rank_one_updates(dtype, prefix)
+
+
+def _check_triangular_products_and_rank_one_updates(dtype, prefix):
+    from agpc import backend
+
     rng = np.random.default_rng(2)
     T = np.tril(rng.normal(size=(40, 40))).astype(dtype)
     B = rng.normal(size=(40, 130)).astype(dtype)
@@ -355,6 +362,31 @@ def test_triangular_products_and_rank_one_updates_in_place(dtype, through, monke
     np.testing.assert_allclose(result, B.astype(np.float64) + np.outer(u, v), rtol=tolerance, atol=tolerance)
 
 
+def test_only_the_threads_of_a_pass_call_blas_with_the_lock_released(monkeypatch):
+    """A batch pass on several threads takes cython_blas's routines (``backend.blas_releasing_the_lock``); a pass on
+    one thread and a minibatch step take SciPy's Python wrappers."""
+    from agpc import backend
+
+    used = []
+
+    def recorded(name):
+        routine = backend._unlocked_blas(name)
+        return lambda *arguments: used.append(name) or routine(*arguments)
+
+    monkeypatch.setattr(backend, "_UNLOCKED_BLAS", {name: recorded(name) for name in UNLOCKED_NAMES})
+    kernel, Z, X, y, nu, mu = _problem(n=1800)
+    options = dict(jitter=JITTER, block_rows=600, damping=0.5, checked=False, nonnegative_sites=True)
+    with threadpool_limits(1):
+        one = ep.evaluate(kernel, Z, X, y, nu, mu, **options)
+        trainer = training.Trainer(kernel, Z, method="sep", n_total=X.shape[0], minibatch=True, jitter=JITTER)
+        trainer.step(X, y, 0, 100, stepping=True)
+    assert not used
+    monkeypatch.setattr(threads, "pass_workers", lambda: 3)
+    many = ep.evaluate(kernel, Z, X, y, nu, mu, **options)
+    assert used.count("dtrmm") >= 4 * 9 and used.count("dger") == 9  # (nine blocks of 200 rows)
+    _assert_same(many, one, rtol=1e-12)
+
+
 def test_a_cython_blas_routine_absent_or_of_another_signature_is_not_called(monkeypatch):
     """The routine's address is taken only from a capsule whose C signature (its name) is the one called; a
     missing entry or another signature leaves SciPy's Python wrapper to do the work, with the same result."""
@@ -370,6 +402,9 @@ def test_a_cython_blas_routine_absent_or_of_another_signature_is_not_called(monk
     assert backend._unlocked_blas("dtrsm") is not None
     rng = np.random.default_rng(5)
     T, B = np.tril(rng.normal(size=(30, 30))), rng.normal(size=(30, 70))
-    np.testing.assert_allclose(backend.triangular_matmul(T, B.copy(), overwrite=True), T @ B, rtol=1e-12, atol=1e-12)
     u, v = rng.normal(size=30), rng.normal(size=70)
-    np.testing.assert_allclose(backend.add_outer(B.copy(), u, v), B + np.outer(u, v), rtol=1e-12, atol=1e-12)
+    with backend.blas_releasing_the_lock():
+        product = backend.triangular_matmul(T, B.copy(), overwrite=True)
+        updated = backend.add_outer(B.copy(), u, v)
+    np.testing.assert_allclose(product, T @ B, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(updated, B + np.outer(u, v), rtol=1e-12, atol=1e-12)

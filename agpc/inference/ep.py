@@ -32,6 +32,7 @@ from ..backend import (
     add_outer,
     array_device,
     array_namespace,
+    blas_releasing_the_lock,
     cholesky,
     cholesky_inverse,
     cholesky_or_nan,
@@ -639,15 +640,17 @@ def map_blocks(function, arguments, workers):
     """``(arguments, function(*arguments))`` for each tuple of ``arguments`` (an iterable: the blocks of a pass), in
     order. With ``workers`` > 1, that many calls run at once in Python threads, each BLAS call on one thread
     (``threads.one_blas_thread``), the next block read while they run; only NumPy arrays are spread so
-    (``pass_workers``). Each call runs in a copy of the caller's context, so that the backend's context
-    variables (``reference_paths``, ``counting_fast_calls``, the block rows in use) hold on the threads too. The
+    (``pass_workers``), their BLAS calls releasing the interpreter lock (``backend.blas_releasing_the_lock``). Each
+    call runs in a copy of the caller's context, so that the backend's context variables (``reference_paths``,
+    ``counting_fast_calls``, the block rows in use) hold on the threads too. The
     per-block results, and so every sum over blocks taken in order, are those of one thread."""
     if workers <= 1:
         for item in arguments:
             yield item, function(*item)
         return
     pending = deque()
-    with threads.one_blas_thread(), ThreadPoolExecutor(workers, thread_name_prefix="agpc-block") as pool:
+    with threads.one_blas_thread(), blas_releasing_the_lock(), \
+            ThreadPoolExecutor(workers, thread_name_prefix="agpc-block") as pool:
         try:
             for item in arguments:
                 pending.append((item, pool.submit(contextvars.copy_context().run, function, *item)))
