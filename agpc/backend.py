@@ -43,6 +43,7 @@ __all__ = [
     "resolve_backend",
     "solve_triangular",
     "lower_triangular_inverse",
+    "cholesky_inverse",
     "cholesky",
     "cholesky_or_nan",
     "cholesky_with_jitter",
@@ -434,6 +435,21 @@ def lower_triangular_inverse(L):
         return xp.stack([lower_triangular_inverse(L[c, ...]) for c in range(L.shape[0])])
     eye = xp.eye(L.shape[0], dtype=L.dtype, device=array_device(L))
     return solve_triangular(L, eye, lower=True)
+
+
+def cholesky_inverse(L):
+    """A^-1 from the lower Cholesky factor L of A (m, m): LAPACK's potri on NumPy (the triangular inverse and
+    L^-T L^-1 in one, about 2 m^3 / 3 flops against 7 m^3 / 3 for an inverse and a general product), else
+    L^-T L^-1 from ``lower_triangular_inverse``. Symmetric to the last bit."""
+    xp = array_namespace(L)
+    if is_numpy_namespace(xp):
+        inverse, info = scipy.linalg.lapack.dpotri(L, lower=1) if L.dtype == np.float64 else \
+            scipy.linalg.lapack.spotri(L, lower=1)
+        if info != 0:  # a zero (or NaN) on L's diagonal: the NaN a failed factorisation travels as
+            return np.full(L.shape, np.nan, dtype=L.dtype)
+        return inverse + np.tril(inverse, -1).T  # (potri fills the lower triangle; L's upper one is zero)
+    L_inv = lower_triangular_inverse(L)
+    return L_inv.mT @ L_inv
 
 
 def _cholesky_once(A, xp):

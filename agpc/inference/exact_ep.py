@@ -1,0 +1,138 @@
+"""Binary EP on the full GP: the model whose inducing points are the training rows, held fixed (the m = n limit of
+``ep``), at the cost full-GP EP should have.
+
+With Z = X the inducing values u are the latent values at the rows, so each site acts on u_i itself (upsilon_i = e_i,
+no projection) and q(u) = N(Sigma mu, Sigma), Sigma = (K^-1 + D)^-1, K = K(X, X) + jitter I, D = diag(nu), is
+parameterised as in Rasmussen & Williams (2006), sec. 3.6 (Alg. 3.5), through
+
+    B = I + D^1/2 K D^1/2 = L L^T,    V = L^-1 D^1/2 K,
+
+so that diag(Sigma) = diag(K) - colsum(V^2) and Sigma mu = K mu - V^T L^-1 D^1/2 K mu stay exact for site
+precisions of any size (none is divided by). One pass (the parallel damped update of every site of Hernandez-Lobato &
+Hernandez-Lobato (2016), eq. 25, with log Z_q and its gradient at the current hyper-parameters) costs one n x n
+Cholesky factor and one triangular solve with n right-hand sides; its gradient one more inverse from that factor
+(B^-1, for R = D^1/2 B^-1 D^1/2). ``ep.evaluate`` on Z = X does several n x n factorisations and solves a pass
+instead, its n x m algebra with m = n.
+
+The model is ``ep``'s with its sites along e_i instead of upsilon_i = K^-1 k_i: the two differ by O(jitter) (the
+latent at row i is u_i plus the kernel's latent noise, s_i = Kdiag_i - K_ii). The per-row EP algebra (cavities,
+moment matching, log Z_q's terms) is ``ep``'s, with d_i = Sigma_ii, e_i = (Sigma mu)_i and prior_var_i = K_ii.
+
+log Z_q (eq. 26) = g(q) - g(prior) + sum_i [log Z_i + g(cavity_i) - g(q) along u_i], with g(q) - g(prior) =
+mu^T Sigma mu / 2 - log|B| / 2. Its gradient with the cavities fixed (eq. 4; equal to the derivative of log Z_q at
+an EP fixed point) has the adjoint, with respect to K,
+
+    dK = (beta beta^T - R) / 2 + diag(kappa) / 2,   beta = K^-1 Sigma mu = mu - R K mu,  R = (K + D^-1)^-1,
+
+Rasmussen & Williams (2006), eq. 5.27's EP analogue (their b b^T - R), plus the latent noise's share through
+s_i (kappa_i = -2 d log Z_i / d b_i, as in ``ep.block_pass``), and dKdiag = -kappa / 2.
+
+Everything here is written against the array API (the training rows are held whole: an n x n model).
+"""
+
+from __future__ import annotations
+
+from ..backend import (
+    array_device,
+    array_namespace,
+    cholesky,
+    cholesky_inverse,
+    cholesky_or_nan,
+    read_rows,
+    solve_triangular,
+)
+from ..likelihoods import PROBIT
+from . import ep
+
+__all__ = ["evaluate", "posterior", "zero_sites", "uniform_factor", "validation_scores", "B_FACTOR_NAME"]
+
+B_FACTOR_NAME = "B = I + D^1/2 K D^1/2 (the full-GP EP posterior)"
+
+zero_sites = ep.zero_sites
+uniform_factor = ep.uniform_factor
+validation_scores = ep.validation_scores
+
+
+def _prior(kernel, Z, jitter):
+    """(K(Z, Z), K = K(Z, Z) + jitter I, the prior covariance of u) (Z: the training rows)."""
+    xp = array_namespace(Z)
+    K_rows = kernel.K(Z)
+    return K_rows, K_rows + jitter * xp.eye(Z.shape[0], dtype=Z.dtype, device=array_device(Z))
+
+
+def _rows(X, y, Z):
+    """The training rows (and labels) whole on Z's device: the model is n x n."""
+    n = X.shape[0]
+    if X.shape != Z.shape:
+        raise ValueError(f"exact EP needs the inducing points to be the {n} training rows: Z has shape "
+                         f"{tuple(Z.shape)}, X {tuple(X.shape)}")
+    return read_rows(X, 0, n, Z), (None if y is None else read_rows(y, 0, n, Z))
+
+
+def posterior(kernel, Z, site_precision, site_shift, *, jitter, checked=True):
+    """q(u) in ``ep.Posterior``'s factored form at the inducing points Z = X (for prediction, which is ``ep``'s):
+    L_K = chol(K), and with A = L_K^T (the projection of e_i, ``ep``'s L_K^-1 k_i), C = I + L_K^T D L_K and
+    c~ = L_K^T mu."""
+    xp = array_namespace(Z)
+    _, K = _prior(kernel, Z, jitter)
+    L_K = cholesky(K, what=ep.PRIOR_FACTOR_NAME) if checked else cholesky_or_nan(K)
+    root = xp.sqrt(site_precision)
+    W = root[:, None] * L_K  # C - I = W^T W
+    return ep.posterior_from_sums(L_K, W.mT @ W, site_shift @ L_K, checked=checked)
+
+
+def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, want_sites=True,
+             damping=None, checked=True):
+    """One parallel EP pass over all rows of the full GP at fixed (kernel, sites): ``ep.evaluate``'s contract with
+    Z = X (``block_rows`` is not used: the model is n x n). Returns a dict: ``log_z`` (0-d, eq. 26), the updated
+    ``site_precision`` / ``site_shift`` (damped by ``damping`` when given, with ``site_change`` the maxima
+    ``ep.relative_site_change`` reads), ``valid``, ``n_invalid`` (0-d), ``grads`` (eq. 4 with the cavities fixed,
+    the kernel's parameters only: the exact model's inducing points are the rows, never moved) and ``posterior`` (``ep.Posterior``, built only when
+    ``want_sites`` is False: the final pass; the training steps do not need it). Site precisions must be
+    non-negative (the probit's always are); ``checked=False``: a failed factorisation gives a NaN log Z_q and no
+    host synchronisation."""
+    xp = array_namespace(Z)
+    X, y = _rows(X, y, Z)
+    n = X.shape[0]
+    nu, mu = site_precision, site_shift
+    K_rows, K = _prior(kernel, Z, jitter)
+    prior_var = xp.linalg.diagonal(K)
+    noise_var = kernel.Kdiag(X) - xp.linalg.diagonal(K_rows)  # s_i: the latent noise (K(X, X) holds none of it)
+    root = xp.sqrt(nu)
+    eye = xp.eye(n, dtype=Z.dtype, device=array_device(Z))
+    scaled = root[:, None] * K  # D^1/2 K
+    L = cholesky(eye + scaled * root[None, :], what=B_FACTOR_NAME) if checked else cholesky_or_nan(
+        eye + scaled * root[None, :])
+    V = solve_triangular(L, scaled, lower=True)  # L^-1 D^1/2 K
+    K_mu = K @ mu
+    solved = solve_triangular(L, root * K_mu, lower=True)  # L^-1 D^1/2 K mu
+    mean = K_mu - V.mT @ solved  # Sigma mu
+    var = prior_var - xp.vecdot(V, V, axis=-2)  # diag(Sigma)
+    valid, one_minus, v, a = ep.cavity(nu, mu, var, mean, prior_var)
+    b = 1.0 + noise_var + v
+    log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, b)
+    new_nu, new_mu = ep.moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
+    terms = xp.where(valid, log_zi + ep.removal_terms(nu, mu, var, mean, one_minus), 0.0)
+    log_z = 0.5 * xp.vecdot(mu, mean) - xp.sum(xp.log(xp.linalg.diagonal(L))) + xp.sum(terms)
+    out = {"log_z": log_z, "n_invalid": xp.sum(xp.astype(~valid, Z.dtype)), "valid": None, "site_precision": None,
+           "site_shift": None, "site_change": None, "grads": None, "posterior": None}
+    if want_sites:
+        if damping is not None:  # eq. 25, and the maxima the batch loop's stopping measure reads
+            new_nu = damping * new_nu + (1.0 - damping) * nu
+            new_mu = damping * new_mu + (1.0 - damping) * mu
+            out["site_change"] = xp.stack([xp.max(xp.abs(new_nu - nu)), xp.max(xp.abs(nu)),
+                                           xp.max(xp.abs(new_mu - mu)), xp.max(xp.abs(mu))])
+        out.update(site_precision=new_nu, site_shift=new_mu, valid=valid)
+    else:
+        out["posterior"] = posterior(kernel, Z, nu, mu, jitter=jitter, checked=checked)
+    if want_grad:
+        alpha = xp.where(valid, alpha, 0.0)
+        kappa = alpha * a / b  # -2 d log Z_i / d b_i
+        R = root[:, None] * cholesky_inverse(L) * root[None, :]  # D^1/2 B^-1 D^1/2 = (K + D^-1)^-1
+        beta = mu - root * solve_triangular(L, solved, lower=True, trans=True)  # mu - R K mu = K^-1 Sigma mu
+        dK = 0.5 * (beta[:, None] * beta[None, :] - R + kappa[:, None] * eye)
+        # K(X, X) read as the cross-covariance of X with Z = X: its values are at hand (no distances again)
+        grads = kernel.grads(None, dK, -0.5 * kappa, X, Z, Knm=K_rows)
+        grads.pop("Z")  # (the Z side's share only: the exact model's inducing points are the rows, not learned)
+        out["grads"] = grads
+    return out
