@@ -36,7 +36,7 @@ from _protocol import (  # noqa: E402
     standardised_splits, start, with_ml_twins, write_results_json,
 )
 
-GENERATED = ("banana", "clf-300x10", "clf-1000x30", "moons-300", "circles-300")
+GENERATED = ("banana", "clf-300x10", "clf-1000x30", "moons-300", "circles-300", "clf-700x8", "clf-700x14")
 BUNDLED = ("digits-3v8", "digits-1v7", "iris", "wine")
 SHARED = ("glass", "newthyroid", "svmguide2", "vehicle", "vowel", "waveform-1000", "satellite-1000")
 DATASETS = GENERATED + BUNDLED + SHARED

@@ -33,7 +33,7 @@ Everything here is written against the array API (the training rows are held who
 from __future__ import annotations
 
 from ..backend import (
-    array_device,
+    add_to_diagonal,
     array_namespace,
     cholesky,
     cholesky_inverse,
@@ -55,9 +55,8 @@ validation_scores = ep.validation_scores
 
 def _prior(kernel, Z, jitter):
     """(K(Z, Z), K = K(Z, Z) + jitter I, the prior covariance of u) (Z: the training rows)."""
-    xp = array_namespace(Z)
     K_rows = kernel.K(Z)
-    return K_rows, K_rows + jitter * xp.eye(Z.shape[0], dtype=Z.dtype, device=array_device(Z))
+    return K_rows, add_to_diagonal(K_rows, jitter)
 
 
 def _rows(X, y, Z):
@@ -99,10 +98,9 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     prior_var = xp.linalg.diagonal(K)
     noise_var = kernel.Kdiag(X) - xp.linalg.diagonal(K_rows)  # s_i: the latent noise (K(X, X) holds none of it)
     root = xp.sqrt(nu)
-    eye = xp.eye(n, dtype=Z.dtype, device=array_device(Z))
     scaled = root[:, None] * K  # D^1/2 K
-    L = cholesky(eye + scaled * root[None, :], what=B_FACTOR_NAME) if checked else cholesky_or_nan(
-        eye + scaled * root[None, :])
+    B = add_to_diagonal(scaled * root[None, :], 1.0, overwrite=True)
+    L = cholesky(B, what=B_FACTOR_NAME) if checked else cholesky_or_nan(B)
     V = solve_triangular(L, scaled, lower=True)  # L^-1 D^1/2 K
     K_mu = K @ mu
     solved = solve_triangular(L, root * K_mu, lower=True)  # L^-1 D^1/2 K mu
@@ -128,9 +126,11 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     if want_grad:
         alpha = xp.where(valid, alpha, 0.0)
         kappa = alpha * a / b  # -2 d log Z_i / d b_i
-        R = root[:, None] * cholesky_inverse(L) * root[None, :]  # D^1/2 B^-1 D^1/2 = (K + D^-1)^-1
+        half_root = 0.5 * root
         beta = mu - root * solve_triangular(L, solved, lower=True, trans=True)  # mu - R K mu = K^-1 Sigma mu
-        dK = 0.5 * (beta[:, None] * beta[None, :] - R + kappa[:, None] * eye)
+        # (beta beta^T - R) / 2, R = D^1/2 B^-1 D^1/2 = (K + D^-1)^-1, and the noise's share on the diagonal
+        dK = add_to_diagonal((0.5 * beta)[:, None] * beta[None, :] - half_root[:, None] * cholesky_inverse(L)
+                             * root[None, :], 0.5 * kappa, overwrite=True)
         # K(X, X) read as the cross-covariance of X with Z = X: its values are at hand (no distances again)
         grads = kernel.grads(None, dK, -0.5 * kappa, X, Z, Knm=K_rows)
         grads.pop("Z")  # (the Z side's share only: the exact model's inducing points are the rows, not learned)
