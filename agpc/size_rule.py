@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 __all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "ModelSize", "model_size"]
 
-EXACT_MAX_ROWS = 500
+EXACT_MAX_ROWS = 400
 """The most training rows for which ``n_inducing="auto"`` takes the exact model (chosen in
 docs/small_data_defaults.md: its cost, O(n^3) a step, and its accuracy against the sparse model's)."""
 
