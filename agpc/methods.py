@@ -98,8 +98,8 @@ class Method:
     remarks : mapping of capability to str
         A note after "yes" in the support table (e.g. "binary").
     exact_passes : module or None
-        The passes that train the exact model (an inducing point at every training row, held there) of two classes
-        at full-GP cost, for the engine's ``passes=``: binary EP's ``agpc.inference.exact_ep``. None: the method
+        The passes that train the exact model (an inducing point at every training row, held there) at full-GP cost,
+        for the engine's ``passes=``: EP's ``agpc.inference.exact_ep`` (two classes or more). None: the method
         trains the exact model only by its inducing-point passes on m = n, so ``n_inducing="auto"`` gives it the
         sparse model at every size (``agpc.size_rule``).
     """
@@ -158,8 +158,8 @@ class Method:
         return settings
 
     def exact_passes_for(self, n_classes):
-        """The passes of the exact model of ``n_classes`` classes at full-GP cost, or None (binary only for now)."""
-        return self.exact_passes if n_classes == 2 else None
+        """The passes of the exact model of ``n_classes`` classes at full-GP cost, or None."""
+        return self.exact_passes
 
     def refusal(self, capability, default):
         """The error message for ``capability``, which this method lacks."""

@@ -127,3 +127,63 @@ def test_refuses_inducing_points_other_than_the_rows():
     kernel = RBF(lengthscales=[1.0, 1.0]).for_inputs(X)
     with pytest.raises(ValueError, match="inducing points to be the 20 training rows"):
         exact_ep.evaluate(kernel, X[:5], X, y, np.zeros(20), np.zeros(20), jitter=1e-6)
+
+
+def _three_classes(n=24, seed=2):
+    X, _ = _toy(n, seed)
+    score = X[:, 0] + np.sin(2 * X[:, 1])
+    return X, np.digitize(score, np.quantile(score, [1 / 3, 2 / 3])).astype(np.float64)
+
+
+def test_multiclass_is_the_limit_of_inducing_point_multiclass_ep_at_the_rows():
+    """Three classes, every class's inducing points the rows: the same pairs' updates, log Z_q (Villacampa-Calvo &
+    Hernandez-Lobato 2017, eq. 9), gradients (eq. 10) and predictions as ``multiclass_ep`` on Z = X."""
+    from agpc.inference import multiclass_ep
+    from agpc.kernels import ClassKernels
+
+    X, y = _three_classes()
+    kernels = ClassKernels([RBF(lengthscales=[0.6 + 0.2 * c, 1.1], amplitude=1.0 + 0.3 * c, noise=0.02).for_inputs(X)
+                            for c in range(3)])
+    Z = np.stack([X] * 3)
+    rng = np.random.default_rng(1)
+    nu = rng.uniform(0.0, 0.4, (24, 6))
+    mu = rng.normal(0.0, 0.3, (24, 6))
+    label = y.astype(int)
+    nu[np.arange(24), label] = mu[np.arange(24), label] = 0.0  # (the storage's unused entries)
+    nu[np.arange(24), 3 + label] = mu[np.arange(24), 3 + label] = 0.0
+    jitter = 1e-9
+    exact = exact_ep.evaluate(kernels, Z, X, y, nu, mu, jitter=jitter, damping=0.5)
+    inducing = multiclass_ep.evaluate(kernels, Z, X, y, nu, mu, jitter=jitter, damping=0.5)
+    assert abs(float(exact["log_z"]) - float(inducing["log_z"])) < 1e-6
+    np.testing.assert_allclose(exact["site_precision"], inducing["site_precision"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(exact["site_shift"], inducing["site_shift"], rtol=1e-5, atol=1e-7)
+    for name, value in exact["grads"].items():
+        np.testing.assert_allclose(value, inducing["grads"][name], rtol=1e-4, atol=1e-6, err_msg=name)
+    posts = exact_ep.evaluate(kernels, Z, X, y, nu, mu, jitter=jitter, want_grad=False, want_sites=False)["posterior"]
+    mean, var = multiclass_ep.predict_latent(kernels, Z, posts, X)
+    ref_mean, ref_var = multiclass_ep.predict_latent(kernels, Z, inducing["posterior"], X)
+    np.testing.assert_allclose(mean, ref_mean, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(var, ref_var, rtol=1e-5, atol=1e-7)
+
+
+def test_multiclass_gradient_matches_finite_differences_at_the_fixed_point(xp_device):
+    from agpc.kernels import ClassKernels
+
+    xp, device = xp_device
+    X_np, y_np = _three_classes(18)
+    X, y = to_xp(X_np, xp, device), to_xp(y_np, xp, device)
+    kernels = ClassKernels([RBF(lengthscales=[0.7, 1.2], amplitude=1.0 + 0.5 * c, noise=0.03).for_inputs(X)
+                            for c in range(3)])
+    Z = xp.stack([X] * 3)
+    fit = training.train(X, y, kernels, Z, engine=exact_ep, jitter=1e-6, max_iter=3000, optimize=(), tol=1e-13)
+    assert fit.converged
+    nu, mu = fit.site_precision, fit.site_shift
+    grads = exact_ep.evaluate(kernels, Z, X, y, nu, mu, jitter=1e-6)["grads"]
+
+    def log_z(k):
+        return float(exact_ep.evaluate(k, Z, X, y, nu, mu, jitter=1e-6, want_grad=False)["log_z"])
+
+    for name, value in kernels.params.items():
+        numeric = central_differences(
+            lambda p: log_z(kernels.with_params({**kernels.params, name: to_xp(p, xp, device)})), to_np(value))
+        np.testing.assert_allclose(to_np(grads[name]), numeric, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -68,8 +68,24 @@ def test_above_the_threshold_and_without_a_full_gp_pass_the_model_is_sparse(monk
     for method in ("sep", "svi"):  # no full-GP pass: sparse whatever the size
         assert GPClassifier(method=method, max_iter=3, random_state=0).fit(X, y).inducing_points_.shape == (8, 3)
     assert GPClassifier(batch_size=10, max_iter=1, random_state=0).fit(X, y).inducing_points_.shape == (8, 3)
-    X3, y3 = _data(45, classes=3)
+    X3, y3 = _data(45, classes=3)  # above the threshold, multiclass too
+    monkeypatch.setattr(size_rule, "EXACT_MAX_ROWS", 30)
     assert GPClassifier(max_iter=2, random_state=0).fit(X3, y3).inducing_points_.shape == (3, 8, 3)
+
+
+def test_small_multiclass_ep_is_the_exact_model_too(monkeypatch):
+    """Three classes, nothing set, a few rows: every class's inducing points are the rows, trained on exact_ep."""
+    from agpc.inference import multiclass_ep
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the exact model trains on agpc.inference.exact_ep")
+
+    monkeypatch.setattr(multiclass_ep, "evaluate", refuse)
+    X3, y3 = _data(45, classes=3)
+    model = GPClassifier(max_iter=3, random_state=0).fit(X3, y3)
+    Z = to_np(model.inducing_points_)
+    assert Z.shape == (3, 45, 3) and all(np.array_equal(Z[c], X3) for c in range(3))
+    assert model.predict_proba(X3).shape == (45, 3)
 
 
 def test_all_puts_the_points_at_the_rows_for_every_method():
