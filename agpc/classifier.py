@@ -58,8 +58,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "gfitc": the generalised FITC baseline (Naish-Guzman & Holden 2008): EP on the FITC prior run to
         convergence (largest relative site change below ``tol``) before each of ``max_iter`` steps; batch only.
         What each supports: ``agpc.methods`` (the registry, where further methods can be registered).
-    n_inducing : int, default=100
-        Number m of inducing points; must not exceed the number of training rows.
+    n_inducing : "auto", "all" or int, default="auto"
+        Number m of inducing points; must not exceed the number of training rows. "auto" sizes the model by the data
+        (``agpc.size_rule``, docs/small_data_defaults.md): up to 400 training rows, the exact model -- an inducing
+        point at every row, held there (the full GP), trained by EP's full-GP passes (``agpc.inference.exact_ep``:
+        one n x n factorisation a step) -- for binary ``method="ep"`` in batch mode; otherwise 100 inducing points
+        (or every row, when there are fewer) learned with the kernel, as before the rule (more rows, more than two
+        classes, every other method, minibatches, streams and dask arrays). "all": the exact model whatever the size
+        (at most 20,000 rows: it holds n x n matrices; multiclass EP trains it by the full-GP passes too, the other
+        methods by their own passes on m = n).
     kernel : Kernel or None
         Kernel with initial hyper-parameters. ``None``: ARD RBF with lengthscale_j = std(X_j) sqrt(d),
         amplitude 1 and latent noise 1e-3.
@@ -340,7 +347,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if explicit:
             size = size_rule.ModelSize(len(self.inducing), False)
         else:
-            size = size_rule.model_size(self.n_inducing, n, rows_known=rows_known,
+            size = size_rule.model_size(self.n_inducing, n, rows_known=rows_known, n_classes=n_classes,
                                         has_exact_pass=self._exact_passes(n, n_classes) is not None)
         if size.n_inducing > n:
             what = f"{size.n_inducing} initial inducing points" if explicit else f"n_inducing={size.n_inducing}"

@@ -2,10 +2,11 @@
 
 Up to ``EXACT_MAX_ROWS`` training rows the model is the exact one: an inducing point at every training row, held
 there (the full GP, the m = n limit of the inducing-point model). A method with a full-GP pass of its own (the
-registry's ``Method.exact_passes``: binary EP, ``agpc.inference.exact_ep``) trains it at full-GP EP's cost, one
-n x n factorisation a step. Above that, and for the methods without such a pass, ``SPARSE_INDUCING`` inducing
-points (or every row, when there are fewer), started by k-means and learned with the kernel, as every fit was
-before the rule. A fit on a dask array, or a stream (``partial_fit``), has no row count to size an exact model by:
+registry's ``Method.exact_passes``: EP, ``agpc.inference.exact_ep``) trains it at full-GP EP's cost, one n x n
+factorisation a step, in batch mode, for two classes. Above that, for more than two classes (whose exact model costs
+a factorisation a class and was not better on the study's multiclass sets), for the methods without such a pass (SEP,
+ADF, GFITC, SVI, the vi-* methods) and on minibatches, ``SPARSE_INDUCING`` inducing points (or every row, when there
+are fewer), started by k-means and learned with the kernel, as every fit was before the rule. A fit on a dask array, or a stream (``partial_fit``), has no row count to size an exact model by:
 it takes the sparse model. ``n_inducing="all"`` asks for the exact model whatever the size (up to ``ALL_MAX_ROWS``);
 an integer, for that many inducing points, as before.
 """
@@ -18,7 +19,8 @@ __all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "ModelSize", "mo
 
 EXACT_MAX_ROWS = 400
 """The most training rows for which ``n_inducing="auto"`` takes the exact model (chosen in
-docs/small_data_defaults.md: its cost, O(n^3) a step, and its accuracy against the sparse model's)."""
+docs/small_data_defaults.md: its cost, O(n^3) a step, against the 5 s a small fit may take on one core; on the
+study's sets it is as good as or better than the sparse model below it)."""
 
 SPARSE_INDUCING = 100
 """The inducing points of ``n_inducing="auto"`` above ``EXACT_MAX_ROWS`` (the default before the rule)."""
@@ -36,8 +38,9 @@ class ModelSize:
     at_rows: bool
 
 
-def model_size(n_inducing, n_rows, *, has_exact_pass, rows_known=True):
-    """The ``ModelSize`` of ``n_inducing`` ("auto", "all" or an integer) for ``n_rows`` training rows.
+def model_size(n_inducing, n_rows, *, has_exact_pass, rows_known=True, n_classes=2):
+    """The ``ModelSize`` of ``n_inducing`` ("auto", "all" or an integer) for ``n_rows`` training rows of
+    ``n_classes`` classes.
     ``has_exact_pass``: the method trains the exact model by a full-GP pass of its own (else "auto" is sparse at
     every size: its inducing-point passes on m = n would cost O(n^3) with a large constant every step).
     ``rows_known=False``: a stream or a dask array ("auto" is then the sparse model; "all" is refused)."""
@@ -50,7 +53,7 @@ def model_size(n_inducing, n_rows, *, has_exact_pass, rows_known=True):
                              "give a number of inducing points")
         return ModelSize(n_rows, True)
     if n_inducing == "auto":
-        if rows_known and has_exact_pass and n_rows <= EXACT_MAX_ROWS:
+        if rows_known and has_exact_pass and n_classes == 2 and n_rows <= EXACT_MAX_ROWS:
             return ModelSize(n_rows, True)
         return ModelSize(min(SPARSE_INDUCING, n_rows), False)
     return ModelSize(int(n_inducing), False)

@@ -18,19 +18,20 @@ def _data(n=40, seed=0, classes=2):
     return X, y
 
 
-@pytest.mark.parametrize("n_inducing,n_rows,exact,known,expected", [
-    ("auto", EXACT_MAX_ROWS, True, True, ModelSize(EXACT_MAX_ROWS, True)),  # up to the threshold: the exact model
-    ("auto", 60, True, True, ModelSize(60, True)),
-    ("auto", EXACT_MAX_ROWS + 1, True, True, ModelSize(SPARSE_INDUCING, False)),  # above it: the sparse model
-    ("auto", 300, False, True, ModelSize(SPARSE_INDUCING, False)),  # no full-GP pass: sparse at every size
-    ("auto", 50, False, True, ModelSize(50, False)),  # (never more inducing points than rows)
-    ("auto", 2_000_000, True, True, ModelSize(SPARSE_INDUCING, False)),  # airline: as before the rule
-    ("auto", 300, True, False, ModelSize(SPARSE_INDUCING, False)),  # a stream or a dask array
-    ("all", 900, False, True, ModelSize(900, True)),
-    (7, 300, True, True, ModelSize(7, False)),  # an integer: as before the rule
+@pytest.mark.parametrize("n_inducing,n_rows,exact,known,expected,classes", [
+    ("auto", EXACT_MAX_ROWS, True, True, ModelSize(EXACT_MAX_ROWS, True), 2),  # up to the threshold: the exact model
+    ("auto", 60, True, True, ModelSize(60, True), 2),
+    ("auto", EXACT_MAX_ROWS + 1, True, True, ModelSize(SPARSE_INDUCING, False), 2),  # above it: the sparse model
+    ("auto", 300, False, True, ModelSize(SPARSE_INDUCING, False), 2),  # no full-GP pass: sparse at every size
+    ("auto", 50, False, True, ModelSize(50, False), 2),  # (never more inducing points than rows)
+    ("auto", 2_000_000, True, True, ModelSize(SPARSE_INDUCING, False), 2),  # airline: as before the rule
+    ("auto", 300, True, False, ModelSize(SPARSE_INDUCING, False), 2),  # a stream or a dask array
+    ("auto", 150, True, True, ModelSize(SPARSE_INDUCING, False), 3),  # more than two classes: sparse
+    ("all", 900, False, True, ModelSize(900, True), 2),
+    (7, 300, True, True, ModelSize(7, False), 2),  # an integer: as before the rule
 ])
-def test_the_rule(n_inducing, n_rows, exact, known, expected):
-    assert model_size(n_inducing, n_rows, has_exact_pass=exact, rows_known=known) == expected
+def test_the_rule(n_inducing, n_rows, exact, known, expected, classes):
+    assert model_size(n_inducing, n_rows, has_exact_pass=exact, rows_known=known, n_classes=classes) == expected
 
 
 def test_all_is_refused_where_there_are_no_rows_to_put_points_at():
@@ -68,13 +69,12 @@ def test_above_the_threshold_and_without_a_full_gp_pass_the_model_is_sparse(monk
     for method in ("sep", "svi"):  # no full-GP pass: sparse whatever the size
         assert GPClassifier(method=method, max_iter=3, random_state=0).fit(X, y).inducing_points_.shape == (8, 3)
     assert GPClassifier(batch_size=10, max_iter=1, random_state=0).fit(X, y).inducing_points_.shape == (8, 3)
-    X3, y3 = _data(45, classes=3)  # above the threshold, multiclass too
-    monkeypatch.setattr(size_rule, "EXACT_MAX_ROWS", 30)
+    X3, y3 = _data(45, classes=3)  # more than two classes: sparse
     assert GPClassifier(max_iter=2, random_state=0).fit(X3, y3).inducing_points_.shape == (3, 8, 3)
 
 
-def test_small_multiclass_ep_is_the_exact_model_too(monkeypatch):
-    """Three classes, nothing set, a few rows: every class's inducing points are the rows, trained on exact_ep."""
+def test_multiclass_all_is_the_exact_model_by_the_full_gp_pass(monkeypatch):
+    """Three classes, n_inducing="all": every class's inducing points are the rows, trained on exact_ep."""
     from agpc.inference import multiclass_ep
 
     def refuse(*args, **kwargs):
@@ -82,7 +82,7 @@ def test_small_multiclass_ep_is_the_exact_model_too(monkeypatch):
 
     monkeypatch.setattr(multiclass_ep, "evaluate", refuse)
     X3, y3 = _data(45, classes=3)
-    model = GPClassifier(max_iter=3, random_state=0).fit(X3, y3)
+    model = GPClassifier(n_inducing="all", max_iter=3, random_state=0).fit(X3, y3)
     Z = to_np(model.inducing_points_)
     assert Z.shape == (3, 45, 3) and all(np.array_equal(Z[c], X3) for c in range(3))
     assert model.predict_proba(X3).shape == (45, 3)
