@@ -19,6 +19,15 @@ def _toy(n=30, seed=1, d=2):
     return X, y
 
 
+def _check_gradients(kernel, grads, log_z, xp, device):
+    """Every kernel parameter's entry of ``grads`` against central differences of ``log_z(kernel)``."""
+    for name, value in kernel.params.items():
+        numeric = central_differences(lambda p: log_z(kernel.with_params({**kernel.params, name: to_xp(p, xp, device)})),
+                                      to_np(value))
+        np.testing.assert_allclose(to_np(grads[name]), numeric, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert grads[name].device == value.device
+
+
 def test_equals_the_textbook_full_gp_ep():
     """No latent noise, K + jitter as the reference's prior: the reference's converged sites are a fixed point of the
     pass, its log Z_EP (R&W eq. 3.65) is the pass's log Z_q, and a classifier with the exact model predicts the
@@ -59,14 +68,8 @@ def test_gradient_matches_finite_differences_at_the_fixed_point(kernel_cls, xp_d
     grads = exact_ep.evaluate(kernel, X, X, y, nu, mu, jitter=1e-6)["grads"]
     assert "Z" not in grads  # the exact model's inducing points are its rows: nothing to learn there
 
-    def log_z(k):
-        return float(exact_ep.evaluate(k, X, X, y, nu, mu, jitter=1e-6, want_grad=False)["log_z"])
-
-    for name, value in kernel.params.items():
-        numeric = central_differences(lambda p: log_z(kernel.with_params({**kernel.params, name: to_xp(p, xp, device)})),
-                                      to_np(value))
-        np.testing.assert_allclose(to_np(grads[name]), numeric, rtol=1e-5, atol=1e-6, err_msg=name)
-        assert grads[name].device == X.device
+    _check_gradients(kernel, grads, lambda k: float(exact_ep.evaluate(k, X, X, y, nu, mu, jitter=1e-6,
+                                                                    want_grad=False)["log_z"]), xp, device)
 
 
 def test_is_the_limit_of_inducing_point_ep_at_the_rows():
@@ -180,10 +183,5 @@ def test_multiclass_gradient_matches_finite_differences_at_the_fixed_point(xp_de
     nu, mu = fit.site_precision, fit.site_shift
     grads = exact_ep.evaluate(kernels, Z, X, y, nu, mu, jitter=1e-6)["grads"]
 
-    def log_z(k):
-        return float(exact_ep.evaluate(k, Z, X, y, nu, mu, jitter=1e-6, want_grad=False)["log_z"])
-
-    for name, value in kernels.params.items():
-        numeric = central_differences(
-            lambda p: log_z(kernels.with_params({**kernels.params, name: to_xp(p, xp, device)})), to_np(value))
-        np.testing.assert_allclose(to_np(grads[name]), numeric, rtol=1e-5, atol=1e-6, err_msg=name)
+    _check_gradients(kernels, grads, lambda k: float(exact_ep.evaluate(k, Z, X, y, nu, mu, jitter=1e-6,
+                                                                      want_grad=False)["log_z"]), xp, device)
