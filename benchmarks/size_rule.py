@@ -131,7 +131,7 @@ def print_table(results, found, candidates, reference, test_sets):
     print("\n### Test NLL (mean ± SE over the splits), paired difference to " + reference
           + " (± SE of the paired difference), median fit seconds\n")
     print("| set | n_train | d | classes | candidate | test NLL | - " + reference + " | median fit s | median CPU s | "
-          "failed |")
+          "errors |")
     print("|---|---:|---:|---:|---|---|---|---:|---:|---:|")
     for name, (d, n_classes) in found.items():
         ref = results.get((name, 0.0, reference))

@@ -40,6 +40,7 @@ def _runs(tmp_dir):
         "gpu": ["gpu.py", "--quick"],
         "replay": ["replay.py", "--quick"],
         "small_data_defaults": ["small_data_defaults.py", "--quick", "--methods", "ep,svi"],
+        "size_rule": ["size_rule.py", "--quick"],
     }
 
 # presets of real data only
@@ -72,7 +73,7 @@ def outputs(tmp_path_factory):
 @pytest.mark.parametrize("name", ["uci_binary", "uci_binary_generated", "uci_iterations", "uci_binary_ep",
                                   "uci_multiclass",
                                   "banana_inducing", "time_curves", "airline", "airline_3class", "airline_vs_gpflow",
-                                  "dask_scaling", "threads", "gpu", "replay", "small_data_defaults"])
+                                  "dask_scaling", "threads", "gpu", "replay", "small_data_defaults", "size_rule"])
 def test_quick_run_prints_a_table(outputs, name):
     if name not in outputs:
         pytest.skip(f"{DATA} is absent and {name} has no generated fallback")
