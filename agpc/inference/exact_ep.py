@@ -27,6 +27,10 @@ an EP fixed point) has the adjoint, with respect to K,
 Rasmussen & Williams (2006), eq. 5.27's EP analogue (their b b^T - R), plus the latent noise's share through
 s_i (kappa_i = -2 d log Z_i / d b_i, as in ``ep.block_pass``), and dKdiag = -kappa / 2.
 
+More than two classes (Villacampa-Calvo & Hernandez-Lobato 2017): one such GP a class, each from its rows' total
+sites along e_i (``multiclass_ep.site_totals``), the pairs' updates ``multiclass_ep.pair_update``'s, log Z_q the sum of
+the classes' g(q_c) - g(prior_c) and the pairs' terms (eq. 9), the gradient class by class (eq. 10).
+
 Everything here is written against the array API (the training rows are held whole: an n x n model).
 """
 
