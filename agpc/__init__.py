@@ -8,26 +8,41 @@ Fitted models are saved and loaded as data by :func:`save_model` and :func:`load
 (:mod:`agpc.persistence`).
 """
 
-from . import datasets, priors
-from .backend import CholeskyError, JitterWarning
-from .classifier import GPClassifier
-from .kernels import RBF, Matern52, Product, RationalQuadratic, Sum
-from .persistence import load_model, save_model
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "GPClassifier",
-    "RBF",
-    "Matern52",
-    "RationalQuadratic",
-    "Sum",
-    "Product",
-    "CholeskyError",
-    "JitterWarning",
-    "save_model",
-    "load_model",
-    "datasets",
-    "priors",
-    "__version__",
-]
+# Each public name and the module that holds it (None: the name is a module), imported when it is first used
+# (PEP 562): ``import agpc`` loads nothing else, so that the ``agpc`` command runs its own code (``agpc.__main__``)
+# before NumPy, SciPy and scikit-learn are loaded, a second or two in which a Ctrl-C must be its one line too.
+_PUBLIC = {
+    "GPClassifier": "classifier",
+    "RBF": "kernels",
+    "Matern52": "kernels",
+    "RationalQuadratic": "kernels",
+    "Sum": "kernels",
+    "Product": "kernels",
+    "CholeskyError": "backend",
+    "JitterWarning": "backend",
+    "DeviceUnavailableError": "backend",
+    "TF32Warning": "backend",
+    "save_model": "persistence",
+    "load_model": "persistence",
+    "datasets": None,
+    "priors": None,
+}
+
+__all__ = [*_PUBLIC, "__version__"]
+
+
+def __getattr__(name):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f"{__name__}.{_PUBLIC[name] or name}")
+    value = module if _PUBLIC[name] is None else getattr(module, name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -13,15 +13,19 @@ from __future__ import annotations
 import contextvars
 import importlib
 import math
+import os
 import types
 import warnings
+from collections import Counter
 from contextlib import contextmanager
 
 import numpy as np
 import scipy.linalg
+import scipy.linalg.blas
+import scipy.linalg.lapack
 import scipy.special
+from array_api_compat import array_namespace as _compat_array_namespace
 from array_api_compat import (
-    array_namespace,
     device as array_device,
     is_array_api_obj,
     is_cupy_namespace,
@@ -32,6 +36,14 @@ from array_api_compat import numpy as compat_numpy
 
 __all__ = [
     "CholeskyError",
+    "DeviceUnavailableError",
+    "check_device",
+    "factor_failure",
+    "row_dot",
+    "TF32Warning",
+    "uses_tf32",
+    "DeviceThroughput",
+    "device_throughput",
     "JitterWarning",
     "ModulesByName",
     "jitter_report",
@@ -43,7 +55,12 @@ __all__ = [
     "resolve_backend",
     "solve_triangular",
     "lower_triangular_inverse",
+    "triangular_matmul",
     "cholesky_inverse",
+    "identity_plus",
+    "prefers_inverses",
+    "reference_paths",
+    "counting_fast_calls",
     "add_to_diagonal",
     "cholesky",
     "cholesky_or_nan",
@@ -58,6 +75,7 @@ __all__ = [
     "to_host_vector",
     "asarray_like",
     "host_rng",
+    "cluster_sums",
     "host_array",
     "is_out_of_core",
     "read_rows",
@@ -169,6 +187,83 @@ class _ModuleName:
         self.name = name
 
 
+class DeviceUnavailableError(ValueError):
+    """``backend="cupy"``, or CuPy arrays, on a machine where CuPy cannot compute: no CUDA device, a driver too old
+    for CuPy's CUDA runtime, or a CUDA library CuPy needs (cuBLAS, cuSOLVER, NVRTC) missing. A ValueError: the
+    request cannot be met on this machine; the message names what is missing."""
+
+
+# Devices (CuPy device ids) on which every probe of ``check_device`` passed: each is probed once a process.
+_READY_DEVICES = set()
+
+_INSTALL_HINT = ("pip install 'agpc[gpu]' for a CUDA 12 driver or 'agpc[gpu-cuda13]' for CUDA 13 (both bring the "
+                 "CUDA libraries; only the NVIDIA driver has to be on the machine), or conda env create -f "
+                 "environment-gpu.yml")
+
+
+def _probe_cuda_libraries(cupy):
+    """(what, callable) pairs: each runs the smallest piece of work that needs one library agpc calls through CuPy,
+    and raises if that library cannot be loaded or used."""
+
+    def wrappers():
+        importlib.import_module("cupyx.scipy.linalg")  # loads cuBLAS / cuSOLVER (ImportError when not found)
+        importlib.import_module("cupyx.scipy.special")
+
+    def elementwise():
+        cupy.cuda.nvrtc.getVersion()  # kernels CuPy has not compiled before need NVRTC, whatever its disk cache holds
+        return cupy.ones((2,), dtype=cupy.float64) + 1.0
+
+    def products():
+        a = cupy.ones((2, 2), dtype=cupy.float64)
+        return a @ a
+
+    def factorisations():
+        return cupy.linalg.cholesky(cupy.eye(2, dtype=cupy.float64))
+
+    return (("CuPy's SciPy routines (cupyx.scipy.linalg and cupyx.scipy.special)", wrappers),
+            ("NVRTC, which compiles CuPy's elementwise kernels", elementwise),
+            ("cuBLAS, for matrix products", products),
+            ("cuSOLVER, for Cholesky factorisations", factorisations))
+
+
+def check_device(xp=None):
+    """Refuse, before any work, a CuPy namespace (``xp``; ``None`` means CuPy itself) that cannot compute here:
+    raises ``DeviceUnavailableError`` naming what is missing (CuPy, a CUDA device, a driver new enough, a CUDA
+    library) and how to install it. Other namespaces pass untouched.
+
+    The probes are CuPy's own calls (``cupy.cuda.runtime.getDeviceCount``, then the smallest product, Cholesky
+    factorisation and elementwise kernel, one synchronisation), once a process for each device: ``import cupy``
+    succeeds without a driver, and a missing CUDA library shows only when a routine first needs it, which
+    would otherwise be in the middle of a fit."""
+    if xp is not None and not is_cupy_namespace(xp):
+        return
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a broken installation
+        raise DeviceUnavailableError(f"backend='cupy' needs CuPy, which cannot be imported "
+                                     f"({type(exc).__name__}: {exc}): {_INSTALL_HINT}") from exc
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+        device = int(cupy.cuda.runtime.getDevice()) if count > 0 else None
+    except Exception as exc:  # CUDARuntimeError: cudaErrorInsufficientDriver, cudaErrorNoDevice, ...
+        raise DeviceUnavailableError(f"CuPy finds no usable CUDA device ({type(exc).__name__}: {exc}): the NVIDIA "
+                                     f"driver is missing or older than CuPy's CUDA runtime; compute on the CPU "
+                                     f"with backend='numpy'") from exc
+    if count < 1:
+        raise DeviceUnavailableError("CuPy finds no CUDA device on this machine: compute on the CPU with "
+                                     "backend='numpy'")
+    if device in _READY_DEVICES:
+        return
+    for what, probe in _probe_cuda_libraries(cupy):
+        try:
+            probe()
+            cupy.cuda.Device(device).synchronize()  # errors of the probe's kernels surface here, not later
+        except Exception as exc:
+            raise DeviceUnavailableError(f"CuPy cannot use {what} on CUDA device {device} "
+                                         f"({type(exc).__name__}: {exc}): {_INSTALL_HINT}") from exc
+    _READY_DEVICES.add(device)
+
+
 def resolve_backend(backend):
     """Turn ``backend`` into an array namespace.
 
@@ -183,14 +278,9 @@ def resolve_backend(backend):
         if name == "numpy":
             return compat_numpy
         if name == "cupy":
-            try:
-                import cupy  # noqa: F401
-                import array_api_compat.cupy as xp
-            except Exception as exc:  # ImportError, or CUDA runtime missing
-                raise ValueError(
-                    "backend='cupy' needs CuPy and a CUDA device; install agpc[gpu] "
-                    f"(cupy could not be imported: {exc})"
-                ) from exc
+            check_device()  # a DeviceUnavailableError naming what is missing, before any work
+            import array_api_compat.cupy as xp
+
             return xp
         raise ValueError(
             f"unknown backend {backend!r}: use 'auto', 'numpy', 'cupy' or an array namespace module"
@@ -200,6 +290,14 @@ def resolve_backend(backend):
     raise ValueError(
         f"unknown backend {backend!r}: use 'auto', 'numpy', 'cupy' or an array namespace module"
     )
+
+
+def array_namespace(*arrays, **options):
+    """``array_api_compat.array_namespace``, answered at once for plain NumPy arrays (the common case, asked
+    a hundred times a training step)."""
+    if arrays and not options and all(type(x) is np.ndarray for x in arrays):
+        return compat_numpy
+    return _compat_array_namespace(*arrays, **options)
 
 
 def _is_strict(xp):
@@ -387,6 +485,109 @@ def block_memory_advice(what):
         _BLOCK_ROWS_IN_USE.reset(token)
 
 
+# -- what a GPU computes per second, and the minibatch that keeps it busy (docs/gpu.md has the model) --------------
+
+# Host time per array operation on CuPy: CuPy's Python dispatch plus CUDA's kernel launch, which the host pays for
+# every operation however little the kernel does. An assumption until a GPU run measures it
+# (gpu_tests/run_on_gpu.sh times a loop of one-element additions).
+LAUNCH_SECONDS = 10e-6
+
+
+class DeviceThroughput:
+    """Peak rates of one device for one floating type: ``flops`` (flop/s of the vector units), ``bytes`` (memory
+    bandwidth, bytes/s), and ``launch_seconds`` (host time per kernel, ``LAUNCH_SECONDS``)."""
+
+    def __init__(self, name, flops, bytes_per_second, launch_seconds=LAUNCH_SECONDS):
+        self.name, self.flops, self.bytes, self.launch_seconds = name, float(flops), float(bytes_per_second), \
+            float(launch_seconds)
+
+    def __repr__(self):
+        return (f"DeviceThroughput({self.name!r}: {self.flops / 1e12:.3g} Tflop/s, {self.bytes / 1e12:.3g} TB/s, "
+                f"{self.launch_seconds * 1e6:.3g} us a launch)")
+
+
+def _float_name(dtype):
+    """"float32" / "float64" for a dtype of NumPy or CuPy, a NumPy scalar type or a name."""
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype).rsplit(".", 1)[-1]
+
+
+def _fp32_lanes_per_multiprocessor(major, minor):
+    """FP32 units per streaming multiprocessor (NVIDIA's CUDA C++ Programming Guide, "Arithmetic Instructions"
+    throughput table): 64 up to compute capability 8.0 (V100, T4, A100), 128 from 8.6 on (RTX 30xx / 40xx, H100,
+    Blackwell)."""
+    return 64 if (major, minor) < (8, 6) else 128
+
+
+def device_throughput(xp, dtype, device=None):
+    """The ``DeviceThroughput`` of the CUDA device (``device``: a CuPy device or id; default the current one) for
+    ``dtype`` ("float32" or "float64"); None for a namespace that is not CuPy's.
+
+    From CuPy's ``cupy.cuda.runtime.getDeviceProperties``: FP32 rate = 2 flop (a fused multiply-add) x FP32 units
+    per multiprocessor x ``multiProcessorCount`` x ``clockRate``; FP64 rate = that / ``singleToDoublePrecisionPerfRatio``
+    (2 on A100 / H100, 64 on consumer GPUs); bandwidth = 2 (double data rate) x ``memoryClockRate`` x
+    ``memoryBusWidth`` / 8. An H100 SXM gives 67 Tflop/s FP32, 33 FP64 and 3.35 TB/s."""
+    if not is_cupy_namespace(xp):
+        return None
+    import cupy
+
+    device_id = getattr(device, "id", device)
+    if not isinstance(device_id, int):  # None (or anything but a CuPy device or an id): the current device
+        device_id = cupy.cuda.runtime.getDevice()
+    props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    lanes = _fp32_lanes_per_multiprocessor(int(props["major"]), int(props["minor"]))
+    fp32 = 2.0 * lanes * int(props["multiProcessorCount"]) * 1e3 * float(props["clockRate"])
+    ratio = float(props.get("singleToDoublePrecisionPerfRatio") or 1.0)
+    flops = fp32 if _float_name(dtype) == "float32" else fp32 / ratio
+    bandwidth = 2.0 * 1e3 * float(props["memoryClockRate"]) * int(props["memoryBusWidth"]) / 8.0
+    name = props.get("name", b"CUDA device")
+    return DeviceThroughput(name.decode() if isinstance(name, bytes) else str(name), flops, bandwidth)
+
+
+def launch_bound_rows(throughput, *, launches, block_launches, block_rows, flops_per_row, bytes_per_row, largest,
+                      ratio=2.0, smallest=200):
+    """The fewest rows a step must have so that its device work is at least ``ratio`` times the host time of its
+    launches (arithmetic, not launch overhead, sets the step's time), within [``smallest``, ``largest``].
+
+    A step of b rows launches ``launches`` kernels for its first row block and ``block_launches`` more for each
+    further block of ``block_rows`` rows (host time: launches x ``throughput.launch_seconds``); its device work
+    takes b x (``flops_per_row`` / flops + ``bytes_per_row`` / bandwidth) seconds (the model of docs/gpu.md).
+    Rows are ``smallest`` times a power of two; when no size up to ``largest`` reaches the ratio, ``largest`` (more
+    rows a step still spread the fixed launches over more rows)."""
+    per_row = flops_per_row / throughput.flops + bytes_per_row / throughput.bytes
+    largest = max(int(smallest), int(largest))
+    rows = int(smallest)
+    while rows < largest:
+        blocks = -(-rows // max(1, int(block_rows)))
+        launch_time = (launches + block_launches * (blocks - 1)) * throughput.launch_seconds
+        if rows * per_row >= ratio * launch_time:
+            return rows
+        rows *= 2
+    return largest
+
+
+class TF32Warning(UserWarning):
+    """float32 matrix products on the GPU run in TF32 (``CUPY_TF32=1``): inputs rounded to 10-bit mantissas
+    (relative error ~5e-4 instead of float32's 6e-8) in every product the fit makes, so results differ from
+    NumPy's float32 by far more than round-off. Unset ``CUPY_TF32`` before CuPy's first float32 product, or accept
+    it: ``warnings.simplefilter("ignore", agpc.TF32Warning)``; make it an error to refuse such fits. The fitted
+    model records it (``GPClassifier.tf32_``)."""
+
+
+def uses_tf32(xp, dtype):
+    """True when float32 products on namespace ``xp`` run in TF32: CuPy with the environment variable ``CUPY_TF32``
+    a positive integer, which CuPy reads at its first float32 product (``cupy._core.get_compute_type``) to let cuBLAS
+    use TF32 tensor cores (``CUBLAS_COMPUTE_32F_FAST_TF32``). float64 never does."""
+    if not is_cupy_namespace(xp) or _float_name(dtype) != "float32":
+        return False
+    try:
+        return int(os.environ.get("CUPY_TF32", "0")) > 0
+    except ValueError:  # CuPy's own int() of it would fail at the first float32 product
+        return False
+
+
 def host_array(values, dtype=np.float64):
     """A NumPy array on the host from Python numbers (parameters are born here, then moved)."""
     return np.asarray(values, dtype=dtype)
@@ -405,14 +606,122 @@ def host_rng(random_state):
     return np.random.default_rng(random_state)
 
 
+def cluster_sums(labels, X, n_clusters):
+    """(sums, counts): the sum of the rows of X (n, d) of each cluster label in 0..n_clusters-1 (labels: n ints),
+    shape (n_clusters, d), and how many rows each has. NumPy: ``bincount`` a column at a time (O(n d)); elsewhere
+    a one-hot (n, n_clusters) matrix product, in standard operations (O(n k d), and an n x k temporary: at k-means's
+    20,000 rows and m = 200, 0.43 s of CPU over 25 iterations against 0.01 s)."""
+    xp = array_namespace(X)
+    if is_numpy_namespace(xp):
+        counts = np.bincount(labels, minlength=n_clusters).astype(X.dtype)
+        sums = np.stack([np.bincount(labels, weights=X[:, j], minlength=n_clusters) for j in range(X.shape[1])],
+                        axis=1).astype(X.dtype, copy=False)
+        return sums, counts
+    cluster_ids = xp.arange(n_clusters, device=array_device(X))
+    onehot = xp.astype(labels[:, None] == cluster_ids[None, :], X.dtype)
+    return onehot.mT @ X, xp.sum(onehot, axis=0)
+
+
 # --------------------------------------------------------------------------------------------------
 # linear algebra
+#
+# Every operation below is written once against the array API standard (the reference, which runs on any
+# conforming library) and, where it pays, has a NumPy fast path that calls BLAS / LAPACK directly through
+# scipy.linalg.blas / lapack: no argument checks or copies of scipy.linalg's wrappers, triangular products
+# (trmm) where the standard has only general ones, and C-ordered arrays handed to Fortran routines as their
+# transposes (a C-ordered L is the Fortran-ordered L^T), so that no array changes memory order. The fast paths
+# give the reference's results to round-off; ``reference_paths()`` turns them off (tests, benchmarks).
+
+_FAST_PATHS = contextvars.ContextVar("agpc_fast_paths", default=True)
+_FAST_CALLS = contextvars.ContextVar("agpc_fast_calls", default=None)
+_FAST_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+_ROUTINES = {}
+
+
+@contextmanager
+def reference_paths():
+    """Inside, NumPy arrays take the array-API reference code of every operation that has a NumPy fast path
+    (for comparing the two, in tests and benchmarks)."""
+    token = _FAST_PATHS.set(False)
+    try:
+        yield
+    finally:
+        _FAST_PATHS.reset(token)
+
+
+@contextmanager
+def counting_fast_calls():
+    """Count the BLAS / LAPACK calls of the NumPy fast paths made inside: yields a ``Counter`` of routine
+    names ("dtrmm", "dpotrf", ...), filled as the calls are made."""
+    calls = Counter()
+    token = _FAST_CALLS.set(calls)
+    try:
+        yield calls
+    finally:
+        _FAST_CALLS.reset(token)
+
+
+def _fast(*arrays):
+    """Whether these arrays take the NumPy fast paths: NumPy arrays of one type, float32 or float64, fast paths
+    on (mixed types take the reference, which promotes them)."""
+    dtype = arrays[0].dtype if type(arrays[0]) is np.ndarray else None
+    return (dtype in _FAST_DTYPES and all(type(a) is np.ndarray and a.dtype == dtype for a in arrays)
+            and _FAST_PATHS.get())
+
+
+def prefers_inverses(x):
+    """Whether applying an explicit triangular inverse beats a triangular solve for arrays like ``x``: on the
+    NumPy fast path, where OpenBLAS's trsm runs at a third of trmm's speed on one thread (200 x 200 factor, 200
+    right-hand sides: 400 us against 150, and trtri takes 220), so that an inverse used twice has paid."""
+    return _fast(x)
+
+
+def _routine(kind, name, dtype):
+    """The BLAS ("blas") or LAPACK routine ``name`` ("trmm") for ``dtype``, counted when a count is on."""
+    key = (kind, name, dtype)
+    routine = _ROUTINES.get(key)
+    if routine is None:
+        getter = scipy.linalg.blas.get_blas_funcs if kind == "blas" else scipy.linalg.lapack.get_lapack_funcs
+        routine = _ROUTINES[key] = getter(name, dtype=dtype)
+    calls = _FAST_CALLS.get()
+    if calls is not None:
+        calls[routine.typecode + name] += 1
+    return routine
+
+
+def _fortran_view(M):
+    """(F-ordered array, whether it holds M^T): M itself when Fortran-ordered, else the Fortran view M.T of a
+    C-ordered M (else a Fortran copy)."""
+    if M.flags.f_contiguous:
+        return M, False
+    if M.flags.c_contiguous:
+        return M.T, True
+    return np.asfortranarray(M), False
+
+
+def _triangular_blas(name, L, B, trans, right, overwrite):
+    """op(L) @ B / B @ op(L) (``name`` "trmm") or op(L)^-1 @ B / B @ op(L)^-1 ("trsm") for lower-triangular L
+    and a 2-D B, op the transpose when ``trans``, by one BLAS call; the result has B's memory order. A vector
+    B (left side only): "trmv" / "trsv"."""
+    a, a_transposed = _fortran_view(L)  # a holds L (lower) or L^T (upper)
+    if B.ndim == 1:
+        vector_name = {"trmm": "trmv", "trsm": "trsv"}[name]
+        return _routine("blas", vector_name, B.dtype)(a, B, lower=int(not a_transposed),
+                                                       trans=int(trans != a_transposed), overwrite_x=int(overwrite))
+    b, b_transposed = _fortran_view(B)
+    if b_transposed:  # b holds B^T: compute X^T, in which op(L) becomes op(L)^T on the other side
+        trans, right = not trans, not right
+    out = _routine("blas", name, B.dtype)(1.0, a, b, side=int(right), lower=int(not a_transposed),
+                                          trans_a=int(trans != a_transposed), overwrite_b=int(overwrite))
+    return out.T if b_transposed else out
 
 
 def solve_triangular(L, B, *, lower=True, trans=False):
     """Solve ``op(L) X = B`` with ``L`` triangular; ``op`` is the transpose when ``trans``."""
     xp = array_namespace(L, B)
     if is_numpy_namespace(xp):
+        if lower and _fast(L, B):
+            return _triangular_blas("trsm", L, B, trans, False, False)
         return scipy.linalg.solve_triangular(
             L, B, lower=lower, trans=1 if trans else 0, check_finite=False
         )
@@ -428,42 +737,92 @@ def solve_triangular(L, B, *, lower=True, trans=False):
     return xp.linalg.solve(A, B)
 
 
+def triangular_matmul(L, B, *, trans=False, right=False, overwrite=False):
+    """op(L) @ B, or B @ op(L) when ``right``, for a lower-triangular L (zeros above the diagonal) and a
+    matrix B (or a vector, on the left); op is the transpose when ``trans``. The reference is a general matrix
+    product; the NumPy fast path one trmm (half the arithmetic). ``overwrite``: B is the caller's temporary,
+    and may be overwritten."""
+    if (B.ndim == 2 or not right) and _fast(L, B):
+        return _triangular_blas("trmm", L, B, trans, right, overwrite)
+    op = L.mT if trans else L
+    return B @ op if right else op @ B
+
+
 def lower_triangular_inverse(L):
-    """L^-1 of a lower-triangular L (m, m), or of each L[c] of a stack (C, m, m), by a triangular solve
-    against the identity."""
+    """L^-1 of a lower-triangular L (m, m) (zeros above the diagonal), or of each L[c] of a stack (C, m, m):
+    a triangular solve against the identity (NumPy: one trtri; a singular L gives NaN there)."""
     xp = array_namespace(L)
     if L.ndim == 3:
         return xp.stack([lower_triangular_inverse(L[c, ...]) for c in range(L.shape[0])])
+    if _fast(L):
+        a, a_transposed = _fortran_view(L)
+        inverse, info = _routine("lapack", "trtri", L.dtype)(a, lower=int(not a_transposed))
+        if info > 0:  # an exact zero on the diagonal (info < 0, an illegal argument, cannot happen here)
+            inverse = np.full(L.shape, math.nan, dtype=L.dtype)
+        return inverse.T if a_transposed else inverse
     eye = xp.eye(L.shape[0], dtype=L.dtype, device=array_device(L))
     return solve_triangular(L, eye, lower=True)
 
 
 def cholesky_inverse(L):
-    """A^-1 from the lower Cholesky factor L of A (m, m): LAPACK's potri on NumPy (the triangular inverse and
-    L^-T L^-1 in one, about 2 m^3 / 3 flops against 7 m^3 / 3 for an inverse and a general product), else
-    L^-T L^-1 from ``lower_triangular_inverse``. Symmetric to the last bit."""
-    xp = array_namespace(L)
-    if is_numpy_namespace(xp):
-        inverse, info = scipy.linalg.lapack.dpotri(L, lower=1) if L.dtype == np.float64 else \
-            scipy.linalg.lapack.spotri(L, lower=1)
-        if info != 0:  # a zero (or NaN) on L's diagonal: the NaN a failed factorisation travels as
-            return np.full(L.shape, np.nan, dtype=L.dtype)
-        return inverse + np.tril(inverse, -1).T  # (potri fills the lower triangle; L's upper one is zero)
-    L_inv = lower_triangular_inverse(L)
-    return L_inv.mT @ L_inv
+    """(L L^T)^-1 (m x m, symmetric) from the lower Cholesky factor L (zeros above the diagonal): L^-T L^-1 by
+    two triangular solves (NumPy: one potri, whose one triangle is mirrored)."""
+    if _fast(L):
+        a, a_transposed = _fortran_view(L)
+        inverse, info = _routine("lapack", "potri", L.dtype)(a, lower=int(not a_transposed))
+        if info > 0:
+            return np.full(L.shape, math.nan, dtype=L.dtype)
+        # potri wrote the inverse's lower triangle over L's and left L's zeros above it: the matrix plus its
+        # transpose is the whole inverse with the diagonal counted twice
+        triangle = inverse.T if a_transposed else inverse
+        full = triangle + triangle.T
+        full.flat[:: L.shape[0] + 1] *= 0.5
+        return full
+    return solve_triangular(L, lower_triangular_inverse(L), lower=True, trans=True)
+
+
+def identity_plus(S, scale=1.0, identity=1.0):
+    """identity * I + scale * S for a square S (a new array)."""
+    if scale == 1.0:
+        return add_to_diagonal(S, identity)
+    return add_to_diagonal(scale * S, identity, overwrite=True)
 
 
 def add_to_diagonal(A, values, *, overwrite=False):
     """A + diag(values) for a square A (``values`` a number or a vector): on NumPy a copy of A (or A itself, with
     ``overwrite``: a temporary the caller owns) with the diagonal added in place, one pass over A where the standard's
     ``A + values * eye`` makes three."""
-    xp = array_namespace(A)
-    if is_numpy_namespace(xp):
+    if _fast(A):
         out = A if overwrite else A.copy()
-        out.flat[:: A.shape[0] + 1] += values
+        out.flat[:: A.shape[0] + 1] += values  # the diagonal, in place, in either memory order
         return out
+    xp = array_namespace(A)
     eye = xp.eye(A.shape[0], dtype=A.dtype, device=array_device(A))
-    return A + (values[:, None] if getattr(values, "ndim", 0) == 1 else values) * eye
+    if getattr(values, "ndim", 0) == 1:
+        return A + values[:, None] * eye
+    return A + (eye if values == 1.0 else values * eye)
+
+
+def factor_failure(L):
+    """A 0-d array on L's device: 0.0 when every diagonal entry of the triangular factor ``L`` (m, m), or of every
+    factor of a stack (..., m, m), is positive and finite, NaN otherwise. No host synchronisation: added to a value
+    the caller reads anyway (a step's log Z), it leaves that value as it is (x + 0.0 == x) or makes it NaN.
+
+    A Cholesky factor of a positive definite matrix has a positive diagonal; a library that does not raise when the
+    factorisation fails leaves it otherwise: LAPACK's potrf stops at the first non-positive pivot and leaves that
+    pivot on the diagonal (``info`` > 0), NaN input gives NaN, and cuSOLVER's potrf (CuPy, which reads its
+    ``devInfo`` only under ``cupyx.errstate(linalg="raise")``, a synchronisation) documents nothing about a failed
+    factor's content. A positive finite diagonal is necessary, not sufficient: it is the check that needs no
+    synchronisation; ``gpu_tests/run_on_gpu.sh`` records what a failed factorisation returns on a real GPU."""
+    xp = array_namespace(L)
+    healthy = _healthy_diagonal(L, xp)
+    return xp.where(healthy, 0.0 * xp.astype(healthy, L.dtype), math.nan)  # (0.0 * 1.0: no upload of a 0.0)
+
+
+def _healthy_diagonal(L, xp):
+    """0-d bool: every diagonal entry of L positive and finite (NaN fails both comparisons)."""
+    diag = xp.linalg.diagonal(L)
+    return xp.all((diag > 0.0) & (diag < math.inf))
 
 
 def _cholesky_once(A, xp):
@@ -471,22 +830,62 @@ def _cholesky_once(A, xp):
         L = xp.linalg.cholesky(A)
     except Exception:  # NumPy/strict raise LinAlgError; other libraries other types
         return None
-    # CuPy (and some others) return NaN instead of raising: check the diagonal.
-    diag = xp.linalg.diagonal(L)
-    if not bool(xp.all(xp.isfinite(diag))) or not bool(xp.all(diag > 0)):
+    # CuPy (and some others) return instead of raising: check the diagonal (one host read: the checked path).
+    if not bool(_healthy_diagonal(L, xp)):
         return None
     return L
 
 
-def cholesky_or_nan(A):
-    """Lower Cholesky factor of A with no check and no host synchronisation: where the factorisation
-    fails the result is NaN (CuPy returns NaN itself; NumPy and others raise, which is turned into a
-    NaN matrix here), so a failure travels on to the one scalar a training step brings to the host."""
+def cholesky_or_nan(A, *, overwrite=False):
+    """Lower Cholesky factor of A with no check on the host and no host synchronisation: where the factorisation
+    fails the result is NaN, so that a failure travels on to the one scalar a training step brings to the host.
+    NumPy (LAPACK's potrf, ``info`` > 0) and libraries built on it raise, which is turned into a NaN matrix here;
+    CuPy returns whatever cuSOLVER left (it reads ``devInfo`` only under ``cupyx.errstate(linalg="raise")``, a
+    synchronisation), so its factor is checked on the device (``factor_failure``: a positive, finite diagonal) and
+    made NaN where the check fails: a few operations on the m diagonal entries and one on the factor.
+    ``overwrite``: A is the caller's temporary (the NumPy fast path factorises it in place)."""
+    if _fast(A):  # one potrf, on A's lower triangle as numpy.linalg.cholesky reads it, and no exception
+        a, a_transposed = _fortran_view(A)
+        factor, info = _routine("lapack", "potrf", A.dtype)(a, lower=int(not a_transposed), clean=1,
+                                                             overwrite_a=int(overwrite))
+        if info != 0:
+            return np.full(A.shape, math.nan, dtype=A.dtype)
+        return factor.T if a_transposed else factor
     xp = array_namespace(A)
     try:
-        return xp.linalg.cholesky(A)
+        L = xp.linalg.cholesky(A)
     except Exception:  # NumPy/strict raise LinAlgError; other libraries other types
         return xp.full(A.shape, math.nan, dtype=A.dtype, device=array_device(A))
+    if is_cupy_namespace(xp):
+        return L + factor_failure(L)[..., None, None]
+    return L
+
+
+# The sum of products of two arrays along an axis, as one CuPy reduction kernel (``cupy.ReductionKernel``: the
+# map, the sum and the write fused, nothing but the result written to memory); made on first use (import cupy only
+# where CuPy computes), compiled by CuPy once a dtype.
+_ROW_DOT_KERNEL = []
+
+
+def _cupy_row_dot_kernel(cupy):
+    if not _ROW_DOT_KERNEL:
+        _ROW_DOT_KERNEL.append(cupy.ReductionKernel("T x, T y", "T z", "x * y", "a + b", "z = a", "0",
+                                                    "agpc_row_dot"))
+    return _ROW_DOT_KERNEL[0]
+
+
+def row_dot(A, B, *, axis=-1):
+    """sum(A * B, axis=axis) for real arrays (broadcasting as ``vecdot``) in one fused reduction, with no temporary
+    the size of A: ``vecdot`` on NumPy (a generalised ufunc) and on other libraries, and on CuPy, which has no
+    ``vecdot`` (array-api-compat's stand-in moves the axis, copies both operands for ``conj`` and contiguity and runs
+    a batched (1 x m)(m x 1) product), one reduction kernel. Row norms of an (n, m) block: ``row_dot(A, A)``; column
+    norms of an (m, n) one: ``row_dot(A, A, axis=-2)``."""
+    xp = array_namespace(A, B)
+    if is_cupy_namespace(xp):
+        import cupy
+
+        return _cupy_row_dot_kernel(cupy)(A, B, axis=axis)
+    return xp.vecdot(A, B, axis=axis)
 
 
 def machine_epsilon(x):

@@ -13,7 +13,7 @@ rules are those of the states an engine can reach, not of a fresh run:
 - The engine's other entries, generically, by the freshly built engine's state: an array there must come back as
   a floating array of the same shape and type, finite; an entry the engine began empty (the ``vi-*`` methods'
   xi) as finite values, one row each of the n rows; the engine's lower-triangular factors (its
-  ``triangular_state``, e.g. SVI's ``chol``) zero above the diagonal. A new engine state key is checked by these
+  ``triangular_state``, e.g. SVI's ``whitened_chol``) zero above the diagonal. A new engine state key is checked by these
   rules with no change here.
 - The optimiser's snapshot laid out as this run's (the same containers; numbers where numbers are; arrays of the
   parameter's shape and the run's type under a parameter's name); its arrays may hold inf (Adam's second moment
@@ -186,9 +186,13 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
         (engine.has_damping and 0 < damping <= 1) or (not engine.has_damping and math.isnan(damping))
     ):
         raise refuse(f"engine.damping: {damping!r}, expected " + ("a number in (0, 1]" if engine.has_damping else "NaN"))
-    # what an optimiser steps: kernel parameters, Z, and for SVI q(u) itself
+    # what an optimiser steps: kernel parameters, Z, and for SVI q itself (whitened_mean, whitened_chol); a checkpoint
+    # of an older form may name a state entry as it was named then (the engine's ``legacy_checkpoint_keys``, old name
+    # to new: the engine converts it as it restores)
+    legacy = getattr(engine, "legacy_checkpoint_keys", {})
     shapes = {name: tuple(value.shape) for name, value in params.items()}
     shapes.update({name: tuple(value.shape) for name, value in fresh.items() if is_array(value)})
+    shapes.update({old: shapes[new] for old, new in legacy.items()})
     _check_layout(engine.optimizer.snapshot() if engine.optimizer is not None else None, saved.get("optimizer"),
                   "engine.optimizer", shapes, dtype, refuse)
     triangular = getattr(engine, "triangular_state", ())
@@ -198,6 +202,14 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
         if key in ("kernel", "damping", "optimizer"):
             continue
         if key in getattr(engine, "checkpoint_extras", ()):  # the engine's own record: it checks it as it restores
+            continue
+        if key in legacy:  # an entry under its older name: checked by the rules of the entry it now is
+            if legacy[key] in saved:
+                raise refuse(f"{where}: {legacy[key]} is there as well (one form of the state, not both)")
+            _check_float_array(value, shapes[key], dtype, where, refuse)
+            _check_finite(value, where, refuse)
+            if legacy[key] in triangular:
+                _check_lower_triangular(value, where, refuse)
             continue
         if key not in fresh and key not in _FLAGS + _COUNTS:
             raise refuse(f"{where}: not part of this run's state")

@@ -4,12 +4,15 @@ Below training (``agpc.inference.training`` writes and reads checkpoints here; t
 engines write their per-chunk EP site files here), so it imports nothing of agpc but ``backend`` and
 ``untrusted``. The model file format (``agpc.model_file``) is written and read with the same two helpers.
 
-An agpc file is an ``.npz``: arrays, plus one JSON string under ``HEADER_KEY`` saying what the file is. Writing
-(``atomic_savez``) goes to a temporary file beside the target, flushed to disk and renamed over it, so a crash
-never leaves a half-written file where a good one was. Reading (``read_archive``) never executes code and
-never trusts what it reads: every member's npy header is checked before any data are read
-(``untrusted.read_npz``: no object arrays, no declared size beyond the bytes held), and the JSON header is
-read first, within ``MAX_HEADER_BYTES``.
+An agpc file is an ``.npz``: arrays, plus one JSON string under ``HEADER_KEY`` saying what the file is. Every
+file agpc writes (model files, checkpoints, site files, the command line's outputs) goes through
+``atomic_write``: to a temporary file beside the target, flushed to disk and renamed over it, so a crash never
+leaves a half-written file where a good one was; and only to a regular file (``check_output_path``: an existing
+target that is a device, a FIFO or a path under /proc, /sys or /dev is refused, never replaced). Reading
+(``read_archive``) never executes code and never trusts what it reads: every member's npy header is checked
+before any data are read (``untrusted.read_npz``: no object arrays, no declared size beyond the bytes held, nor
+beyond ``MAX_EXPANSION`` times the file's size: agpc writes its files uncompressed), and the JSON header is read
+first, within ``MAX_HEADER_BYTES``.
 
 A checkpoint holds a nested tree of plain values and arrays (the training loop's state); its format carries
 a version, and a file of another version is refused naming both. A failure is one ``ValueError`` naming the
@@ -18,11 +21,16 @@ file and the field.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import io
+import itertools
 import json
 import os
+import re
 import shutil
-import tempfile
+import socket
+import stat
 
 import numpy as np
 
@@ -32,43 +40,188 @@ from .untrusted import RefusedFile, describe, read_npz
 # the name of the npz member holding a file's JSON header (what the file is, and everything not an array)
 HEADER_KEY = "__agpc_header__"
 
-__all__ = ["HEADER_KEY", "MAX_HEADER_BYTES", "atomic_savez", "sync_directory", "process_umask", "read_archive",
+__all__ = ["HEADER_KEY", "MAX_HEADER_BYTES", "MAX_EXPANSION", "UNCHECKED_BYTES", "atomic_write", "atomic_savez",
+           "check_output_path", "check_writable", "sync_directory", "process_umask", "read_archive",
            "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "load_checkpoint", "check_checkpoint_path",
-           "save_site_chunk", "load_site_chunk", "site_step_directory", "release_older_steps"]
+           "check_resume_path", "check_site_directory", "save_site_chunk", "load_site_chunk", "site_step_directory",
+           "release_older_steps"]
 
 
-# -- atomic writes -----------------------------------------------------------------------------------
+# -- writes: only to regular files, atomically -------------------------------------------------------
+
+# Where no output of agpc belongs: the kernel's files (/proc, /sys) and device nodes (/dev). A path there is
+# refused whether or not it exists, and whether it is named or reached through a symbolic link.
+_SYSTEM_DIRECTORIES = ("/proc", "/sys", "/dev")
+# A temporary file is named after its target (a hash: the name stays short whatever the target's) and its
+# writer (host and process): ".agpc-<target>-<host>-<pid>-<n>.tmp". It is removed on every exit Python sees.
+# One left by a writer that was killed (SIGKILL, a power cut) is removed by the next process that writes in
+# that directory on the same host, at its first write there, once the writer's process is gone: repeated kills
+# do not pile them up, and a directory of many files (a fit's site files) is listed once a process, not once a
+# file. A live writer's file, or another host's (a shared file system), is never touched.
+_TEMPORARY = re.compile(r"\.agpc-[0-9a-f]{10}-([0-9a-f]{4})-(\d+)-\d+\.tmp\Z")
+_temporary_numbers = itertools.count()
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:4]
+_cleaned_directories = set()  # where this process has removed the temporary files of killed writers
+
+
+def _system_directory_of(path):
+    """The system directory (``_SYSTEM_DIRECTORIES``) ``path`` is in, or None. /dev/shm is not one: it is a
+    file system of regular files in memory, where outputs are written on purpose."""
+    if path == "/dev/shm" or path.startswith("/dev/shm/"):
+        return None
+    return next((root for root in _SYSTEM_DIRECTORIES if path == root or path.startswith(root + "/")), None)
+
+
+def _kind_of_file(mode):
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _outside_system_directories(text, what):
+    """The real path of ``text``, refused (ValueError) when it, or any link on the way to it, is under one of
+    ``_SYSTEM_DIRECTORIES``."""
+    hop = os.path.abspath(text)
+    for _ in range(40):  # the kernel's own limit of links followed in one lookup
+        if _system_directory_of(hop):
+            raise ValueError(f"{what}: {hop} is under {_system_directory_of(hop)}; agpc writes only regular files")
+        if not os.path.islink(hop):
+            break
+        hop = os.path.abspath(os.path.join(os.path.dirname(hop), os.readlink(hop)))
+    target = os.path.realpath(text)
+    if _system_directory_of(target):
+        raise ValueError(f"{what}: it leads to {target}, under {_system_directory_of(target)}; agpc writes only "
+                         "regular files")
+    return target
+
+
+def check_output_path(path, what=None, inputs=()):
+    """The file an output named ``path`` is written to, checked before anything is written: agpc writes only
+    regular files, so an existing target must be a regular file or a symbolic link to one (which is
+    followed: the link stays, its target is replaced); device nodes, FIFOs, sockets, directories and any path
+    under /proc, /sys or /dev (named, or reached through a link) are refused, as is one of ``inputs`` (the
+    command's input files, the training data: the output would replace them). ``what`` names the output in
+    the message (default "cannot write <path>"). One ValueError."""
+    text = os.fspath(path)
+    what = what or f"cannot write {text}"
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if not text:
+        raise ValueError(f"{what}: an empty path names no file")
+    target = _outside_system_directories(text, what)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:  # e.g. a loop of links, a path through a regular file
+        raise ValueError(f"{what}: {exc.strerror}") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise ValueError(f"{what}: it is a directory; name a file in it")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise ValueError(f"{what}: it is {_kind_of_file(mode)}; agpc writes only regular files")
+    directory = os.path.dirname(target)
+    if not os.path.isdir(directory):
+        raise ValueError(f"{what}: no directory {directory} to write it in")
+    for given in inputs:
+        given = os.fspath(given)
+        if os.path.realpath(given) == target or (
+            mode is not None and os.path.exists(given) and os.path.samefile(given, target)  # hard links too
+        ):
+            raise ValueError(f"{what}: it is the input file {given}, which the output would replace; write "
+                             "elsewhere")
+        if os.path.isdir(given) and target.startswith(os.path.join(os.path.realpath(given), "")):
+            raise ValueError(f"{what}: it is inside the input {given} (a zarr store?); write elsewhere")
+    return target
+
+
+def _temporary_path(target):
+    name = hashlib.sha256(os.path.basename(target).encode("utf-8", "surrogateescape")).hexdigest()[:10]
+    return os.path.join(os.path.dirname(target), f".agpc-{name}-{_HOST}-{os.getpid()}-{next(_temporary_numbers)}.tmp")
+
+
+def _process_is_gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # (PermissionError: it exists, and is another user's)
+        return False
+    return False
+
+
+def _remove_stale_temporaries(directory):
+    """Once a process per directory: remove the temporary files that writers on this host left when they were
+    killed, those whose process is gone. Only where a process can be asked whether it exists (POSIX)."""
+    if os.name != "posix" or directory in _cleaned_directories:
+        return
+    _cleaned_directories.add(directory)
+    try:
+        entries = [entry.name for entry in os.scandir(directory) if entry.name.startswith(".agpc-")]
+    except OSError:
+        return
+    for entry in entries:
+        match = _TEMPORARY.match(entry)
+        if match and match.group(1) == _HOST and int(match.group(2)) != os.getpid() and \
+                _process_is_gone(int(match.group(2))):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, entry))
+
+
+def check_writable(path, what=None, inputs=()):
+    """Fail before any long computation if an output cannot be written at ``path``: the checks of
+    ``check_output_path``, then a temporary file is created beside the target and removed (a read-only
+    directory or file system, no permission). Returns the target file."""
+    target = check_output_path(path, what, inputs)
+    tmp = _temporary_path(target)
+    try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(tmp)
+    except OSError as exc:
+        raise ValueError(f"{what or f'cannot write {os.fspath(path)}'}: cannot write in {os.path.dirname(target)} "
+                         f"({exc.strerror})") from None
+    return target
+
+
+@contextlib.contextmanager
+def atomic_write(path, mode="wb", what=None, inputs=()):
+    """A file object on a temporary file beside ``path``'s target (``check_output_path``), flushed to disk and
+    renamed over the target when the block succeeds, removed when it does not (any exception, an interrupt):
+    a crash never leaves a half-written file where a good one was. Text modes write UTF-8 with newlines as
+    given. The new file gets the permissions any new file would (0666 less the umask)."""
+    target = check_output_path(path, what, inputs)
+    tmp = _temporary_path(target)
+    _remove_stale_temporaries(os.path.dirname(target))
+    text = {} if "b" in mode else {"newline": "", "encoding": "utf-8"}
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, mode.replace("x", "w"), **text) as fh:
+            yield fh
+            # on disk before the rename: otherwise a power cut can leave the new name on empty blocks
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:  # an interrupt too: no temporary is left behind on any exit Python sees
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    sync_directory(os.path.dirname(target))
+
 
 def atomic_savez(path, arrays):
-    """Write an npz beside ``path`` and rename it over ``path``: a crash leaves the old file untouched. A
-    binary file object (``load`` reads them, as numpy.load does) is written in place: it has no name to
-    rename over; its owner decides what a half-written file means."""
+    """Write an npz atomically (``atomic_write``): a crash leaves the old file untouched. A binary file object
+    (``load`` reads them, as numpy.load does) is written in place: it has no name to rename over; its owner
+    decides what a half-written file means."""
     if hasattr(path, "write"):
         if isinstance(path, io.TextIOBase):
             raise ValueError(f"cannot save to {describe(path)}: it is open in text mode; a model file is binary "
                              "(open it with mode 'wb')")
         np.savez(path, **arrays)
         return
-    path = os.fspath(path)
-    if os.path.isdir(path):  # before the temporary file: it would be created beside the directory
-        raise ValueError(f"cannot save to {path}: it is a directory; name a file in it")
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".agpc-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-            # on disk before the rename: otherwise a power cut can leave the new name on empty blocks
-            fh.flush()
-            os.fsync(fh.fileno())
-        # mkstemp creates the file readable by its owner only; a saved model gets the permissions any new
-        # file would (0666 less the umask), so that others can load it where the umask allows
-        os.chmod(tmp, 0o666 & ~process_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    sync_directory(directory)
+    with atomic_write(path, "wb", what=f"cannot save to {os.fspath(path)}") as fh:
+        np.savez(fh, **arrays)
 
 
 def sync_directory(directory):
@@ -105,6 +258,12 @@ def process_umask():
 # The JSON header of a model or a checkpoint: its estimator parameters, kernel description and fit history (a
 # few numbers an iteration) take kilobytes; 64 MiB of text (NumPy stores it 4 bytes a character) is no header
 MAX_HEADER_BYTES = 1 << 26
+# agpc writes its files uncompressed (np.savez), so what a file costs to read is bounded by its size: its arrays
+# may declare at most MAX_EXPANSION times the file's bytes (a file compressed afterwards, floats two to one),
+# or UNCHECKED_BYTES, below which nothing costs much. A 63 KB model file declaring a 60 MB header, or an m =
+# 3000 posterior of zeros in 92 KB (712 MB and 7 s to load), is refused before anything is inflated.
+MAX_EXPANSION = 4
+UNCHECKED_BYTES = 16 << 20
 
 
 def read_archive(path, refuse, check_declared=None):
@@ -123,14 +282,15 @@ def read_archive(path, refuse, check_declared=None):
                                     f"header takes {MAX_HEADER_BYTES:,} at most")
 
     try:
-        text = read_npz(path, names=[HEADER_KEY], check=check_header)[HEADER_KEY]
+        bound = (MAX_EXPANSION, UNCHECKED_BYTES)
+        text = read_npz(path, names=[HEADER_KEY], check=check_header, max_expansion=bound)[HEADER_KEY]
         try:
             header = json.loads(str(text))
         # ValueError: also an integer of more digits than Python converts (4300); RecursionError: deep nesting
         except (ValueError, RecursionError) as exc:
             raise refuse(f"header: not JSON agpc reads ({type(exc).__name__})") from None
         checked = None if check_declared is None else (lambda declared: check_declared(header, declared))
-        arrays = read_npz(path, check=checked)
+        arrays = read_npz(path, check=checked, max_expansion=bound)
     except RefusedFile as exc:
         raise refuse(exc.reason) from None
     except IsADirectoryError:
@@ -226,20 +386,34 @@ def load_checkpoint(path, convert):
     return state
 
 
-def check_checkpoint_path(path):
-    """Fail before any training if a checkpoint cannot be written at ``path``: a directory, no such
-    directory, or a directory this process cannot write to (a file is created there and removed)."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise ValueError(f"checkpoint_path {path} is a directory: name a file in it")
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise ValueError(f"checkpoint_path {path}: no directory {directory} to write it in")
-    try:
-        with tempfile.TemporaryFile(dir=directory):
-            pass
-    except OSError as exc:
-        raise ValueError(f"checkpoint_path {path}: cannot write in {directory} ({exc.strerror})") from None
+def check_checkpoint_path(path, inputs=()):
+    """Fail before any training if a checkpoint cannot be written at ``path`` (``check_writable``: an empty
+    path, a directory, no such directory, a device, a FIFO, a system path, a directory this process cannot
+    write to) or would replace one of ``inputs`` (the training data's files)."""
+    return check_writable(path, what=f"checkpoint_path {os.fspath(path)!s}", inputs=inputs)
+
+
+def check_site_directory(path):
+    """Fail before any training if the sites cannot be written under ``site_directory``: a path under /proc,
+    /sys or /dev, or an existing file that is not a directory, or a directory this process cannot write in (a
+    directory that does not exist yet is made by the fit)."""
+    what = f"site_directory {os.fspath(path)}"
+    directory = _outside_system_directories(os.fspath(path), what)
+    if os.path.exists(directory):
+        if not os.path.isdir(directory):
+            raise ValueError(f"{what}: not a directory")
+        check_writable(os.path.join(directory, "sites"), what=what)
+
+
+def check_resume_path(path):
+    """Fail before any training if ``resume=True`` has no checkpoint to read at ``path``: none written yet
+    (a fit with ``checkpoint_every`` writes one), or not a file."""
+    text = os.fspath(path)
+    if os.path.isdir(text):
+        raise ValueError(f"resume=True: checkpoint_path {text} is a directory, not a checkpoint file")
+    if not os.path.exists(text):
+        raise ValueError(f"resume=True: no checkpoint at {text} yet (a fit with checkpoint_every writes one); fit "
+                         "without resume=True to start")
 
 
 # -- EP sites of a fit on a dask array: one file a chunk, written and read by the workers ---------------
@@ -257,7 +431,7 @@ def load_site_chunk(path, rows, columns=None):
         return ValueError(f"{os.fspath(path)} is not a valid agpc site file: {why}")
 
     try:
-        arrays = read_npz(path)
+        arrays = read_npz(path, max_expansion=(MAX_EXPANSION, UNCHECKED_BYTES))
     except RefusedFile as exc:
         raise refuse(exc.reason) from None
     except OSError as exc:

@@ -21,17 +21,26 @@ from . import size_rule
 from . import streaming as S
 from . import threads
 from . import validation as V
-from .checkpoints import check_checkpoint_path
+from . import workers as W
+from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
 from .inducing import initial_inducing_points
-from .inference import training
+from .inference import ep, training
 from .inference.dask_engine import ChunkedRows, DaskEngine, local_cluster
-from .inference.data_parallel import DEFAULT_LOCAL_STEPS, DataParallel, RowsOnWorkers
+from .inference.data_parallel import DataParallel, RowsOnWorkers, prepare_worker, refusal
 from .kernels import RBF, ClassKernels, Kernel, with_default_priors
 from .model_file import VALUE_WHEN_ABSENT, FittedState, read_model_file, write_model_file
 
 __all__ = ["GPClassifier"]
 
-_FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above
+_FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, minibatches of 200 above (on a GPU: below)
+
+# What one binary minibatch step asks of a GPU, counted on CuPy's paths (tests/step_cost.py; docs/gpu.md): kernel
+# launches for its first row block and for each further one, flops per row per m^2 and elements moved per row per m
+# (m >= 200). gpu_tests/test_gpu_batch.py holds them to a counted step of each method.
+_EP_STEP = {"launches": 380, "block_launches": 175, "flops_per_row_m2": 13.7, "elements_per_row_m": 86.0}
+GPU_STEP_MODEL = {"sep": _EP_STEP, "ep": _EP_STEP, "adf": _EP_STEP,
+                  "svi": {"launches": 320, "block_launches": 130, "flops_per_row_m2": 10.2, "elements_per_row_m": 68.0}}
+_GPU_STEPS_PER_EPOCH = 8  # the GPU's minibatch is at most n / 8 rows: the hyper-parameters move 8 times an epoch
 
 
 _OPTIMIZE_GROUPS = ("kernel", "inducing")
@@ -79,7 +88,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         EP damping (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25): new = damping * update + (1 - damping) * old.
         ``None``: 0.5 in batch mode, 0.99 in minibatch mode, as the paper.
     batch_size : "auto", None or int
-        Rows per minibatch. "auto": the full batch for n <= 20,000, else 200. ``None``: full batch.
+        Rows per minibatch. "auto": the full batch for n <= 20,000, else 200 on the CPU; on a GPU, binary models take
+        the fewest rows whose arithmetic outweighs twice the launch overhead of the step's few hundred kernels, from
+        the device's throughput (docs/gpu.md: about 200,000 rows at m = 200 and 26,000 at m = 1,000 on an H100 in
+        float64), at most n / 8 and what fits in half the device's free memory, in one row block. ``None``: full
+        batch.
         In minibatch mode ``max_iter`` counts epochs and the hyper-parameters follow stochastic gradients.
     optimizer : None, "rprop", "adadelta" or "adam"
         Hyper-parameter steps. ``None``: the paper's per-parameter adaptive steps ("rprop") in batch mode,
@@ -139,31 +152,47 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     verbose : bool
         Show a progress bar (tqdm) with log Z_q and, with validation data, the validation NLL.
     step_replay : bool, default=False
-        Minibatch SEP / EP / ADF / SVI: run each step's evaluation at fixed shapes from device buffers (the last
-        minibatch padded with rows of weight 0), captured once into a CUDA graph and replayed on CuPy with a
-        CUDA device, eagerly elsewhere or where capture fails (``agpc.inference.replay``); with ``verbose``,
-        one line on stderr says which ("step: CUDA graph replay" or "step: eager (reason)"). ``fit`` only
-        (``partial_fit`` steps on whatever rows it is given, eagerly). Off by default
-        until a GPU run of ``gpu_tests/test_step_replay.py`` is recorded in docs/results.md.
+        Deprecated, no effect; it will be removed. It asked for each minibatch step to be captured into a CUDA
+        graph and replayed, which CuPy cannot do for a step that calls cuBLAS or cuSOLVER (it refuses both during
+        stream capture), so every step ran eagerly anyway. ``True`` warns (FutureWarning) and fits as ``False``.
     client : distributed.Client or None
         For ``fit`` on a dask.array: the cluster to train on. ``None``: the current client if there is
         one, else a ``LocalCluster`` with one single-threaded worker process per core, started and closed
         by ``fit``.
     local_steps : int or None
-        Minibatch training on a dask.array is data-parallel (``agpc.inference.data_parallel``): each worker
-        takes this many minibatch steps per round on the chunks it holds, the driver combines (SEP: one tied
-        factor per chunk, Li et al. 2015 sec. 4; EP: each chunk keeps its sites; SVI: averaged steps).
-        ``None``: ``data_parallel.DEFAULT_LOCAL_STEPS`` (64). Data-parallel rounds are checkpointed as any fit
-        (the rounds' record and, for EP, the chunks' site files). ``0``: the minibatch steps run on the driver,
-        the chunks brought to it in turn: one worker's worth of speed, but the very model of a single-process
-        fit on the same chunks (same seed); multiclass EP on minibatches needs it.
+        Minibatch training on a dask.array (and with ``n_jobs > 1``) is data-parallel
+        (``agpc.inference.data_parallel``): each worker takes minibatch steps on the chunks it holds in rounds,
+        the driver combines (SEP: one tied factor per chunk, Li et al. 2015 sec. 4; EP: each chunk keeps its sites;
+        SVI: averaged steps). An int: every worker takes this many steps a round, and the rounds are reproducible
+        (the same seed gives the same model, also when a worker is lost). ``None``: workers take
+        ``data_parallel.DEFAULT_LOCAL_STEPS`` (64) steps a round on average, shared out in proportion to the speed
+        each showed in the rounds before, so that a worker whose core is busy with other work does not hold the
+        round up; two fits with the same seed may then differ by the timing. Data-parallel rounds are checkpointed
+        as any fit (the rounds' record and, for EP, the chunks' site files). ``0`` (dask arrays): the minibatch
+        steps run on the driver, the chunks brought to it in turn: one worker's worth of speed, but the very model
+        of a single-process fit on the same chunks (same seed); multiclass EP on minibatches needs it.
+    n_jobs : int or None, default=None
+        Minibatch SEP / EP / ADF / SVI on in-memory NumPy data (or data on disk): train data-parallel in this many
+        worker processes on this machine, through the same rounds as on a dask cluster (``local_steps`` as
+        there; each worker steps a shard of the rows, SEP / ADF keep one tied factor per chunk of about 25,000
+        rows). The rows are written once, shuffled, into a file every worker maps read-only
+        (``agpc.workers.SharedRows``), not copied per worker. scikit-learn's meaning: ``None`` is 1 (or the
+        ``n_jobs`` of an enclosing ``joblib.parallel_config``), -1 every core this process may use, -2 all but
+        one. A data-parallel fit is a model of its own (per-chunk factors, averaged steps): the same seed gives
+        another model than ``n_jobs=1``, which is why the default stays 1. Inside a parallel worker (a
+        ``GridSearchCV(n_jobs=...)`` worker, a dask task) the fit runs in its own process (``n_jobs_`` says how
+        many it used). Batch fits and ``partial_fit`` run in this process (batch passes use the cores through BLAS
+        threads). Methods without data-parallel rounds (``agpc.methods``, capability "n_jobs") and multiclass EP
+        refuse ``n_jobs > 1``.
     checkpoint_path, checkpoint_every : path and int, or None
         Every method: every ``checkpoint_every`` steps, write the whole training state (hyper-parameters,
         inducing points, sites, factor or q(u), optimiser state, step, RNG state, history) to ``checkpoint_path``,
         atomically. ``fit(X, y, resume=True)`` continues from it and ends at the same model as an
         uninterrupted run. Early stopping's best state is not kept across a resume. On a dask array, batch
         EP's sites are written by the workers into ``<checkpoint_path>.sites/`` (a directory they must share
-        with the driver), one file a chunk.
+        with the driver), one file a chunk. The path is checked when ``fit`` starts: writable, and a regular file
+        if it exists (not a device, a FIFO, a path under /proc, /sys or /dev, nor the file a memmap or zarr array
+        of the training data reads from); ``resume=True`` needs a checkpoint there.
     site_directory : path or None
         Batch EP on a dask.array: keep the sites (two floats a row) in files under this directory, a file
         a chunk, instead of in the workers' memory. Worker memory then stays flat as the rows grow, at the
@@ -209,10 +238,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     fit_time_ : float, seconds of the whole ``fit`` (what ``max_time`` bounds)
     init_time_ : float, of which choosing the initial inducing points (k-means) took this many seconds
     stopped_by_time_ : bool, training stopped because of ``max_time``
+    n_jobs_ : int, the processes a fit on in-memory data (or data on disk) trained in (1: this one; more: worker
+        processes, ``n_jobs``)
     jitter_ : float, the jitter on the diagonal of K(Z, Z) of the fitted model: ``jitter``, or what training had
         to raise it to (a ``JitterWarning`` says so)
     kernel_prior_ : "auto" or None, the ``kernel_prior`` the model was trained with (None for a model file written
         before the parameter existed: those models were trained by maximum likelihood)
+    tf32_ : bool, float32 matrix products of the fit ran in TF32 on the GPU (``CUPY_TF32=1``; an
+        ``agpc.backend.TF32Warning`` said so)
     """
 
     # Every parameter and what it may be (``agpc.validation``): checked at the start of fit / partial_fit;
@@ -241,6 +274,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "verbose": [V.Boolean(), V.Interval(numbers.Integral, 0, None, "left")],
         "client": [V.NONE, V.HasMethods("compute", "submit", description="a distributed.Client")],
         "local_steps": [V.NONE, V.Interval(numbers.Integral, 0, None, "left")],
+        "n_jobs": [V.NONE, V.Interval(numbers.Integral, None, -1, "right"),
+                   V.Interval(numbers.Integral, 1, None, "left")],
         "checkpoint_path": [V.NONE, V.PATH],
         "checkpoint_every": [V.NONE, V.Interval(numbers.Integral, 1, None, "left")],
         "site_directory": [V.NONE, V.PATH],
@@ -276,6 +311,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         verbose=False,
         client=None,
         local_steps=None,
+        n_jobs=None,
         checkpoint_path=None,
         checkpoint_every=None,
         site_directory=None,
@@ -308,6 +344,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.verbose = verbose
         self.client = client
         self.local_steps = local_steps
+        self.n_jobs = n_jobs
         self.checkpoint_path = checkpoint_path
         self.checkpoint_every = checkpoint_every
         self.site_directory = site_directory
@@ -324,6 +361,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if self.checkpoint_every is not None and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
         spec = M.get_method(self.method)
+        if self.n_jobs not in (None, 1) and not spec.supports("n_jobs"):
+            raise ValueError(spec.refusal("n_jobs", f"n_jobs > 1 trains the methods "
+                                                    f"{list(M.methods_supporting('n_jobs'))} in worker processes, not "
+                                                    f"{self.method!r}: use n_jobs=1"))
         if spec.check_params is not None:  # the method's own rules between parameters
             spec.check_params(self.get_params(deep=False))
         if self.likelihood is not None and self.likelihood not in spec.likelihoods:
@@ -382,6 +423,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return kernel, Z
 
     def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter):
+        self.tf32_ = bool(getattr(self, "tf32_", False))  # (set by _note_tf32 before training; a loaded model: False)
         self.jitter_ = jitter
         self.kernel_prior_ = self.kernel_prior
         self.kernel_ = kernel
@@ -430,6 +472,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """
         started = time.perf_counter()  # max_time covers the whole fit, from here
         self._check_params()  # before anything reads them (the BLAS scope reads n_inducing and batch_size)
+        I.check_known_shapes(X, y)  # (the BLAS scope counts the rows)
+        self._warn_step_replay()
         with self._blas_scope(X), B.jitter_report("GPClassifier.fit"):
             return self._fit(X, y, validation_data, resume, started)
 
@@ -437,18 +481,25 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         groups, target_xp = self._check_params()
         if resume and self.checkpoint_path is None:
             raise ValueError("checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)")
+        if resume:
+            check_resume_path(self.checkpoint_path)
         if self.checkpoint_every is not None:  # before any work: a bad path must not cost the fit
-            check_checkpoint_path(self.checkpoint_path)
+            check_checkpoint_path(self.checkpoint_path, inputs=I.data_files(X, y))
         elif self.checkpoint_path is not None and not resume:  # a path alone writes nothing (a resume reads it)
             warnings.warn(f"checkpoint_path={str(self.checkpoint_path)!r} is set without checkpoint_every: no "
                           "checkpoint will be written (set checkpoint_every, a number of steps)", UserWarning,
                           stacklevel=3)
+        if self.site_directory is not None:
+            check_site_directory(self.site_directory)
         if B.is_dask_array(X):
             return self._fit_dask(X, y, groups, resume, validation_data, started)
         self.__dict__.pop("_trainer", None)
         Xc, y_pm, classes, sample, xp, device = I.training_inputs(self, X, y, reset=True, target_xp=target_xp)
         n = Xc.shape[0]
         size = self._model_size(n, len(classes), rows_known=not B.is_out_of_core(Xc))
+        self.n_jobs_ = self._n_jobs_for(xp, n, len(classes))
+        if self.n_jobs_ > 1:
+            return self._fit_local_workers(Xc, y_pm, classes, sample, groups, resume, validation_data, started)
         rng = B.host_rng(self.random_state)
         init_started = time.perf_counter()
         kernel, Z = self._initial_model(sample, size.n_inducing, rng, len(classes), rows=Xc if size.at_rows else None)
@@ -462,12 +513,74 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if self.checkpoint_path is not None:  # the run's fingerprint holds the data's: resume on them only
             stride = training.fingerprint_stride(n)
             data_hash = training.data_fingerprint(n, Xc.shape[1], Xc[0:n:stride, :], y_pm[0:n:stride], classes)
-        result = self._train(Xc, y_pm, kernel, Z, classes, groups, self._batch_size_for(n), rng, resume,
-                             validation=validation, started=started, data_hash=data_hash, engine=exact)
+        self._note_tf32(xp)
+        batch_size = self._batch_size_for(n, xp, Z, len(classes))
+        result = self._train(Xc, y_pm, kernel, Z, classes, groups, batch_size, rng, resume,
+                             validation=validation, started=started, data_hash=data_hash,
+                             block_rows=self._gpu_block_rows(n, xp, batch_size), engine=exact)
         return self._fitted_from(result, classes, t0, n, resumed=bool(resume))
 
+    def _n_jobs_for(self, xp, n, n_classes):
+        """The processes a fit of n rows trains in (``n_jobs``): more than one only for minibatches of a method with
+        data-parallel rounds, on NumPy data; an ``n_jobs > 1`` the fit cannot use is refused when it was given, and
+        gives 1 when it came from an enclosing ``joblib.parallel_config``."""
+        count, _ = W.resolve_n_jobs(self.n_jobs)
+        batch_size = self._batch_size_for(n)
+        spec = M.get_method(self.method)  # (a method without rounds and n_jobs given: refused by _check_params)
+        if count == 1 or not spec.supports("n_jobs") or batch_size is None or batch_size >= n:
+            return 1  # (batch passes use the cores through BLAS threads)
+        why = None
+        if refusal(spec.engine, n_classes) is not None:
+            why = f"{refusal(spec.engine, n_classes)}: train multiclass {self.method!r} with n_jobs=1"
+        elif not B.is_numpy_namespace(xp):
+            why = (f"n_jobs > 1 trains NumPy data in worker processes on this machine, not {xp.__name__} arrays: "
+                   "use n_jobs=1 (or backend='numpy')")
+        if why is None:
+            return count
+        if self.n_jobs is not None:
+            raise ValueError(why)
+        return 1
+
+    def _fit_local_workers(self, X, y, classes, sample, groups, resume, validation_data, started):
+        """``_fit`` in ``n_jobs_`` local worker processes: the same data-parallel rounds as on a dask cluster
+        (``data_parallel.DataParallel`` on a ``workers.LocalWorkers`` pool), the rows written once, shuffled, into
+        ``workers.SharedRows`` the workers map. The workers start first and import agpc while this process places
+        the inducing points; every worker is ended, and the rows' file removed, however the fit ends."""
+        pool = W.LocalWorkers(self.n_jobs_, preload=("agpc.inference.data_parallel",))
+        shared = []
+        engine = None
+        try:
+            n = X.shape[0]
+            rng = B.host_rng(self.random_state)
+            init_started = time.perf_counter()
+            kernel, Z = self._initial_model(sample, self._n_inducing_for(n), rng, len(classes))
+            self.init_time_ = time.perf_counter() - init_started
+            xp = B.array_namespace(Z)
+            validation = None if validation_data is None else I.validation_set(self, validation_data, classes, xp,
+                                                                                 None)
+            data_hash = None
+            if self.checkpoint_path is not None:  # as ``_fit``'s, of the rows in the caller's order
+                stride = training.fingerprint_stride(n)
+                data_hash = training.data_fingerprint(n, X.shape[1], B.to_numpy(X[0:n:stride, :]),
+                                                      B.to_numpy(y[0:n:stride]), classes)
+            seed = int(rng.integers(2**62))
+            order = rng.permutation(n) if self.shuffle and not B.is_out_of_core(X) else None
+            shared = W.share_rows([X, y], _local_chunk_rows(n, self.n_jobs_), order=order, dtypes=[Z.dtype, Z.dtype])
+            engine = DataParallel(pool, *shared, batch_size=self._batch_size_for(n), local_steps=self.local_steps,
+                                  seed=seed, site_directory=self.site_directory)
+            rows = RowsOnWorkers(X.shape, Z.dtype), RowsOnWorkers((n,), Z.dtype)
+            result = self._train(*rows, kernel, Z, classes, groups, engine.rows_per_round, rng, resume,
+                                 validation=validation, engine=engine, started=started, data_hash=data_hash)
+        finally:
+            pool.close()
+            if engine is not None:
+                engine.close()
+            for rows_file in shared:
+                rows_file.close()
+        return self._fitted_from(result, classes, started, n, resumed=bool(resume))
+
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
-               started=None, data_hash=None):
+               started=None, data_hash=None, block_rows=None):
         """The one training loop (``training.train``) with this estimator's settings for its method."""
         spec = M.get_method(self.method)
         self.likelihood_ = spec.likelihood_for(self.likelihood, len(classes))
@@ -479,8 +592,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             eval_every=self.eval_every, n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose),
             engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
             resume=bool(resume), likelihood=None if len(classes) > 2 else self.likelihood_,
-            n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash, block_rows=self.block_rows,
-            step_replay=bool(self.step_replay),
+            n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash,
+            block_rows=self.block_rows if block_rows is None else block_rows,
         )
         settings.update(spec.training_settings(self.get_params(deep=False), len(classes)))
         return training.train(X, y, kernel, Z, **settings)
@@ -490,10 +603,57 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         (a change only for float32, where 1e-6 is below what round-off lets a Cholesky factor resolve)."""
         return max(float(self.jitter), B.jitter_floor(Z))
 
-    def _batch_size_for(self, n):
+    def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
+        """Rows a step: ``batch_size``, or for "auto" the full batch up to 20,000 rows, else 200, or on a GPU
+        (``xp`` and the initial inducing points ``Z`` given, a binary model) ``_gpu_batch_rows``."""
         if self.batch_size == "auto":
-            return None if n <= _FULL_BATCH_MAX_ROWS or not M.supports(self.method, "minibatch") else 200
+            if n <= _FULL_BATCH_MAX_ROWS or not M.supports(self.method, "minibatch"):
+                return None
+            rows = self._gpu_batch_rows(n, xp, Z) if (xp is not None and Z is not None and n_classes == 2) else None
+            return 200 if rows is None else rows
         return self.batch_size
+
+    def _gpu_batch_rows(self, n, xp, Z):
+        """The GPU's minibatch for n rows (None off a GPU): ``backend.launch_bound_rows`` with ``GPU_STEP_MODEL``
+        and the device's throughput for the model's type, at most n / 8 rows and what fits in one row block
+        (``ep.block_bytes_per_row``) in ``backend.DEVICE_MEMORY_FRACTION`` of the free memory (docs/gpu.md)."""
+        throughput = B.device_throughput(xp, Z.dtype, B.array_device(Z))
+        if throughput is None:
+            return None
+        m, d, itemsize = Z.shape[-2], Z.shape[-1], xp.finfo(Z.dtype).bits // 8
+        largest = n // _GPU_STEPS_PER_EPOCH
+        fit = B.rows_within_memory(ep.block_bytes_per_row(m, d, itemsize), xp, B.array_device(Z))
+        if fit is not None:
+            largest = min(largest, fit)
+        model = GPU_STEP_MODEL.get(self.method, _EP_STEP)
+        return B.launch_bound_rows(
+            throughput, launches=model["launches"], block_launches=model["block_launches"], block_rows=largest,
+            flops_per_row=model["flops_per_row_m2"] * m * m, bytes_per_row=model["elements_per_row_m"] * m * itemsize,
+            largest=largest)
+
+    def _gpu_block_rows(self, n, xp, batch_size):
+        """Row blocks of a GPU minibatch chosen by "auto": the whole minibatch (it was sized to fit in memory), so
+        that a step launches its kernels once; None (the estimator's ``block_rows``) otherwise."""
+        if (self.batch_size != "auto" or self.block_rows is not None or batch_size is None
+                or B.device_throughput(xp, xp.float64) is None):
+            return None
+        return batch_size
+
+    def _warn_step_replay(self):
+        if self.step_replay:
+            warnings.warn("step_replay is deprecated and has no effect (it will be removed): CuPy refuses cuBLAS and "
+                          "cuSOLVER calls during CUDA-graph capture, so a training step cannot be replayed from a "
+                          "graph; every step runs eagerly", FutureWarning, stacklevel=3)
+
+    def _note_tf32(self, xp):
+        """``tf32_``: whether the float32 products of this fit run in TF32 (``backend.uses_tf32``), said once a fit
+        by a ``backend.TF32Warning``."""
+        self.tf32_ = B.uses_tf32(xp, I.dtype_name(self.dtype))
+        if self.tf32_:
+            warnings.warn("float32 products on the GPU run in TF32 (CUPY_TF32 is set): about 3 significant digits "
+                          "per product instead of 7, so this fit differs from NumPy's float32 by far more than "
+                          "round-off; unset CUPY_TF32 before CuPy's first float32 product for float32 accuracy",
+                          B.TF32Warning, stacklevel=4)
 
     def _fitted_from(self, result, classes, t0, n_rows, resumed=False):
         """Fitted attributes from a ``training.TrainResult`` of a fit on ``n_rows`` rows."""
@@ -519,6 +679,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         from where it lives (e.g. zarr)."""
         import dask.array as da
 
+        self.tf32_ = False  # (the workers compute on NumPy)
         spec = M.get_method(self.method)
         if not spec.supports("dask"):
             raise ValueError(spec.refusal("dask", f"fit on a dask array trains the methods "
@@ -548,26 +709,28 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             except ValueError:  # no client yet: a local cluster for this fit
                 client = owned = Client(local_cluster(os.cpu_count() or 1))
         try:
-            stride = training.fingerprint_stride(X.shape[0])
-            sampled = [X[::stride], y[::stride]] if self.checkpoint_path is not None else []  # same pass
-            finite, labels, *sample_rows = client.compute([da.isfinite(X).all(), da.unique(y), *sampled], sync=True)
+            n = X.shape[0]
+            rng = B.host_rng(self.random_state)
+            # the initial sample (as the in-memory path: all rows up to INIT_SAMPLE, no draw: same seed, same model),
+            # the checks and the fingerprint's rows in one pass over the chunks
+            rows = None if n <= I.INIT_SAMPLE else np.sort(rng.choice(n, size=I.INIT_SAMPLE, replace=False))
+            stride = training.fingerprint_stride(n)
+            sampled = [X[::stride], y[::stride]] if self.checkpoint_path is not None else []
+            finite, labels, sample, *sample_rows = client.compute(
+                [da.isfinite(X).all(), da.unique(y), X if rows is None else X[rows], *sampled], sync=True)
             if not bool(finite):
                 raise ValueError("Input X contains NaN or infinity")
+            # every worker imports agpc now, while this process places the inducing points (before the checks' pass,
+            # the pass would wait for the imports on single-threaded workers)
+            warming = [client.submit(prepare_worker, workers=[w], pure=False) for w in client.nthreads()]
             classes = I.check_classes(self, np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
             data_hash = None if not sample_rows else training.data_fingerprint(
-                X.shape[0], X.shape[1], sample_rows[0], I.encode_labels(np.asarray(sample_rows[1]), classes), classes)
+                n, X.shape[1], sample_rows[0], I.encode_labels(np.asarray(sample_rows[1]), classes), classes)
             y_pm = y.map_blocks(I.encode_labels, classes, dtype=np.float64).astype(X.dtype)
             self.n_features_in_ = X.shape[1]
-            n = X.shape[0]
             m = self._n_inducing_for(n, rows_known=False)
-            rng = B.host_rng(self.random_state)
-            if n <= I.INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
-                sample = np.asarray(X.compute())
-            else:
-                rows = np.sort(rng.choice(n, size=I.INIT_SAMPLE, replace=False))
-                sample = np.asarray(X[rows].compute())
             init_started = time.perf_counter()
-            kernel, Z = self._initial_model(sample, m, rng, len(classes))
+            kernel, Z = self._initial_model(np.asarray(sample), m, rng, len(classes))
             self.init_time_ = time.perf_counter() - init_started
             if validation_data is not None:  # scored on the driver: brought there whole (keep it small)
                 validation_data = tuple(client.compute(list(validation_data), sync=True)
@@ -576,11 +739,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 self, validation_data, classes, B.array_namespace(Z), None)
             batch_size = self._batch_size_for(n)
             minibatch = batch_size is not None and batch_size < n
-            local_steps = self.local_steps
-            if local_steps is None:
-                local_steps = DEFAULT_LOCAL_STEPS
-            if minibatch and local_steps > 0:  # data-parallel rounds: the rows stay on the workers
-                engine = DataParallel(client, X, y_pm, batch_size=batch_size, local_steps=local_steps,
+            if minibatch and self.local_steps != 0:  # data-parallel rounds: the rows stay on the workers
+                engine = DataParallel(client, X, y_pm, batch_size=batch_size, local_steps=self.local_steps,
                                       seed=int(rng.integers(2**62)), site_directory=self.site_directory)
                 X, y_pm = RowsOnWorkers(X.shape, X.dtype), RowsOnWorkers(y_pm.shape, y_pm.dtype)
                 batch_size = engine.rows_per_round
@@ -595,6 +755,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             # SVI: a step per minibatch on the driver, chunks visited as for SEP
             result = self._train(X, y_pm, kernel, Z, classes, groups, batch_size, rng, resume, validation=validation,
                                  engine=engine, started=t0, data_hash=data_hash)
+            del warming
         finally:
             if engine is not None:
                 engine.close()
@@ -629,6 +790,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         is saved with :meth:`save`, or pickled, between calls): set, they are warned about once.
         """
         self._check_params()
+        self._warn_step_replay()
         if (self.checkpoint_path is not None or self.checkpoint_every is not None) and not hasattr(self, "_trainer"):
             warnings.warn("partial_fit writes no checkpoints (checkpoint_path / checkpoint_every apply to fit); save "
                           "a stream model with save() or pickle it between calls", UserWarning, stacklevel=2)
@@ -646,6 +808,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         )
         rows = Xc.shape[0]
         I.check_n_total(n_total, rows)
+        if not live:
+            self._note_tf32(xp)
         if not fitted:
             self.classes_ = classes
             rng = B.host_rng(self.random_state)
@@ -846,6 +1010,19 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         tags.classifier_tags.multi_class = M.supports(self.method, "multiclass")
         tags.classifier_tags.poor_score = True
         return tags
+
+
+# Rows per chunk of a fit in local worker processes (``n_jobs``): the dask protocol's chunks (the 200,000-row check
+# wraps its rows in chunks of 25,000), each chunk one tied factor of SEP / ADF and the unit a shard visits.
+_LOCAL_CHUNK_ROWS = 25_000
+
+
+def _local_chunk_rows(n, n_workers):
+    """Chunk sizes of n rows for ``n_workers`` local workers: about ``_LOCAL_CHUNK_ROWS`` each, at least one a
+    worker, as equal as the rows allow."""
+    chunks = max(int(n_workers), round(n / _LOCAL_CHUNK_ROWS))
+    size, extra = divmod(n, chunks)
+    return [size + (k < extra) for k in range(chunks)]
 
 
 def __getattr__(name):

@@ -12,7 +12,8 @@ from a file with column names by name, in the model's order, whatever else the f
 Every failure is one line on stderr. A problem with the input (a missing file, an unknown format, a missing
 column, an empty cell, non-numeric features, one class, a file that is not an agpc model, a bad option, ...) is
 ``agpc: error: ...`` with exit status 2; anything else is an internal error, ``agpc: internal error: ...`` with
-exit status 1 (``--debug``, or ``AGPC_TRACEBACK=1``, shows the traceback instead); an interrupt exits with 130.
+exit status 1 (``--debug``, or ``AGPC_TRACEBACK=1``, shows the traceback instead of the line, with the same exit
+status); an interrupt (Ctrl-C, SIGINT, even in a background job that inherited it ignored) exits with 130.
 Warnings are collected while a command runs and printed as ``agpc: warning: ...`` lines on stderr once it
 ends: after its output, or before its error line, which is always the last line. Every output is written to a
 temporary file beside its target and renamed, so a failure leaves nothing half-written. A command's results are
@@ -30,9 +31,12 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+import traceback
 import warnings
 import zipfile
 from importlib.metadata import PackageNotFoundError, version
@@ -43,8 +47,7 @@ import numpy as np
 
 from . import __version__
 from . import backend as B
-from . import persistence
-from .checkpoints import sync_directory
+from . import checkpoints, persistence
 from .classifier import GPClassifier
 from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
 from .methods import method_names
@@ -75,45 +78,23 @@ def _message(exc):
 
 # -- writing outputs -----------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _atomic(path, mode="w"):
-    """A file object on a temporary file beside ``path``, renamed over ``path`` when the block succeeds and
-    removed when it fails: ``path`` is never half-written."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        text = {} if "b" in mode else {"newline": "", "encoding": "utf-8"}
-        with open(tmp, mode.replace("w", "x"), **text) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())  # on disk before the rename, as every save of agpc.checkpoints
-        os.replace(tmp, path)
-        sync_directory(path.absolute().parent)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def _check_writable(path, inputs=()):
-    """Fail before any long computation if ``path`` cannot be written (no such directory, a directory) or is
-    one of the command's ``inputs`` (the rename would replace the model or the data with the output)."""
-    path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"cannot write {path}: it is a directory")
-    if not path.absolute().parent.is_dir():
-        raise UsageError(f"cannot write {path}: no directory {path.absolute().parent}")
-    for given in inputs:
-        # samefile sees hard links too; realpath also covers an input that does not exist (yet an error later)
-        if os.path.realpath(path) == os.path.realpath(given) or (
-            path.exists() and Path(given).exists() and os.path.samefile(path, given)
-        ):
-            raise UsageError(f"--out {path} is the input file {given}: the output would replace it; write elsewhere")
+    """Fail before any long computation if ``path`` cannot be written (``checkpoints.check_writable``: no such
+    directory, a directory, a device, a FIFO, a path under /proc, /sys or /dev, a directory this process cannot
+    write in) or is one of the command's ``inputs`` (the rename would replace the model or the data)."""
+    if os.fspath(path) == "-":
+        raise UsageError("--out -: agpc writes its results to files, not to standard output; name a file "
+                         "(./- for a file named '-')")
+    try:
+        checkpoints.check_writable(path, inputs=inputs)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _write_csv(path, columns):
     """A header row of column names, then one row per sample at full float64 precision."""
     table = np.column_stack([np.asarray(values, dtype=np.float64) for values in columns.values()])
-    with _atomic(path) as fh:
+    with checkpoints.atomic_write(path, "w") as fh:
         csv.writer(fh, lineterminator="\n").writerow(list(columns))
         np.savetxt(fh, table, delimiter=",", fmt="%.17g")
 
@@ -183,16 +164,41 @@ def _check_features(X, path):
                          f"{column + 1}); fill or drop missing values first")
 
 
+# A label written as a whole number: digits, and at most a fraction of zeros ("3", "-7", "1.0", as programs that
+# write every number as a float do). No exponent: "1e999999999" would make a billion-digit integer.
+_WHOLE_NUMBER_TEXT = re.compile(r"[+-]?\d+(?:\.0*)?\Z")
+_INT64, _UINT64 = np.iinfo(np.int64), np.iinfo(np.uint64)
+
+
+def _exact_integers(numbers):
+    """Python integers as an int64 array, else uint64, else None (beyond both: kept as text by the caller)."""
+    low, high = min(numbers), max(numbers)
+    if _INT64.min <= low and high <= _INT64.max:
+        return np.array(numbers, dtype=np.int64)
+    if 0 <= low and high <= _UINT64.max:
+        return np.array(numbers, dtype=np.uint64)
+    return None
+
+
 def _labels(values):
+    """Labels exactly as written, never through float64 (which merges integers above 2^53): integers when
+    every label is a whole number (int64, or uint64 above it; beyond both, the text as written), the values
+    themselves for integer and boolean columns, and otherwise text: a label such as 0.5 names a class as
+    "0.5" does (a float column's labels as NumPy prints them)."""
     values = np.asarray(values)
-    if values.dtype.kind not in "biuf":
-        try:
-            values = values.astype(np.float64)
-        except (ValueError, TypeError):
-            return values.astype(str)
-    if values.dtype.kind == "f" and np.all(np.isfinite(values)) and np.all(values == np.round(values)):
-        return values.astype(np.int64)
-    return values
+    if values.dtype.kind in "biu":
+        return values
+    if values.dtype.kind == "f":
+        whole = np.all(np.isfinite(values)) and np.all(values == np.round(values))
+        if whole and np.all((values >= _INT64.min) & (values < 2.0 ** 63)):
+            return values.astype(np.int64)
+        return values.astype(str)
+    text = [v.decode() if isinstance(v, bytes) else str(v) for v in values.tolist()]
+    if text and all(_WHOLE_NUMBER_TEXT.match(v) for v in text):
+        integers = _exact_integers([int(v.split(".")[0]) for v in text])
+        if integers is not None:
+            return integers
+    return np.asarray(text, dtype=str)
 
 
 def _numeric(values, name, path, row_of=None):
@@ -360,17 +366,31 @@ def _read_csv(path, target, labels_required, features=None):
     return _from_columns(names, columns, target, path, features, row_of=lambda i: f"line {body[i][0]}")
 
 
-def _parquet_columns(path):
+def _parquet_columns(path, select=None):
     try:
         import pyarrow.parquet  # noqa: F401  (pandas reads Parquet with pyarrow too: without it no safe reader)
     except ImportError:
         raise UsageError(_PARQUET_HINT) from None
-    return read_parquet_columns(path)
+    return read_parquet_columns(path, select)
 
 
 def _read_parquet(path, target, labels_required, features=None):
-    names, columns = _parquet_columns(path)
-    return _from_columns(names, columns, target, path, features)
+    target_name = target
+
+    def used(names):
+        """With the model's feature names, only those columns and the target are read (the others, of any
+        type, are ignored, as a CSV's are); at fit, every column is a feature or the target."""
+        nonlocal target_name
+        if features is None:
+            return names
+        index = None if target is None else _column_index(names, target, path)
+        chosen = _feature_columns(names, index, features, path)  # a missing column: an error naming the file's
+        if index is not None:
+            target_name = names[index]  # (an index into the whole file, not into the columns read)
+        return [names[i] for i in chosen] + ([] if index is None else [target_name])
+
+    names, columns = _parquet_columns(path, used)
+    return _from_columns(names, columns, target_name, path, features)
 
 
 def _read_npy(path, target, labels_required):
@@ -460,7 +480,15 @@ def _split(X, y, fraction, seed):
     if not 1 <= n_val < n:
         raise UsageError(f"--validation-fraction {fraction} leaves {n_val} of {n} rows for validation")
     val = np.zeros(n, dtype=bool)
-    val[np.random.default_rng(seed).choice(n, size=n_val, replace=False)] = True
+    chosen = np.random.default_rng(seed).choice(n, size=n_val, replace=False)
+    val[chosen] = True
+    # a class whose every row was drawn for validation would be unknown to the model (and its validation rows
+    # unscorable): its first drawn row goes back to training, so that the model learns every class
+    for label in np.setdiff1d(np.unique(y), np.unique(y[~val])):
+        val[chosen[np.flatnonzero(y[chosen] == label)[0]]] = False
+    if not val.any():
+        raise UsageError(f"--validation-fraction {fraction} leaves no rows for validation once every class keeps a "
+                         "row for training; give a larger fraction")
     X = np.asarray(X[...])
     return X[~val], y[~val], X[val], y[val]
 
@@ -536,8 +564,12 @@ def fit(args):
 # -- agpc predict --------------------------------------------------------------------------------------
 
 def _load_model(path):
-    if not Path(path).is_file():
+    if Path(path).is_dir():
+        raise UsageError(f"{path} is a directory, not a model file (those are files written by 'agpc fit')")
+    if not Path(path).exists():
         raise UsageError(f"{path}: no such model file")
+    if not Path(path).is_file():
+        raise UsageError(f"{path} is not a regular file (a device, a FIFO?), not a model file")
     if not zipfile.is_zipfile(path):
         raise UsageError(f"{path} is not an agpc model file (those are npz archives written by 'agpc fit')")
     return persistence.load_model(path)
@@ -638,7 +670,7 @@ def _plot_banana(model, X, y, path):
     ax.scatter(Z[:, 0], Z[:, 1], marker="X", s=60, c="yellow", edgecolors="k", label=f"{Z.shape[0]} inducing points")
     ax.set(title="agpc demo: banana, EP with inducing points (black: p = 0.5)", xlabel="x1", ylabel="x2")
     ax.legend(loc="lower right", fontsize=8)
-    with _atomic(path, "wb") as fh:
+    with checkpoints.atomic_write(path, "wb") as fh:
         fig.savefig(fh, format="png", dpi=100)
 
 
@@ -730,7 +762,7 @@ def _run_benchmark(script, quick, out):
     pngs = _written_pngs(before, script.parent, output, root, started_ns)
     for png in pngs:
         shutil.copy2(png, out / png.name)
-    with _atomic(out / f"{script.stem}.log") as fh:
+    with checkpoints.atomic_write(out / f"{script.stem}.log", "w") as fh:
         fh.write(output)
     lines = [f"## benchmarks/{script.name}", "",
              f"`{shown}`: exit status {status}, {seconds:.0f} s; full output in `{script.stem}.log`.", ""]
@@ -760,7 +792,7 @@ def bench(args):
             failed.append(name)
     head = (f"# agpc bench{' --quick' if args.quick else ''}\n\n{time.strftime('%Y-%m-%d %H:%M')}: "
             f"the tables each benchmark script printed (headings one level down) and the PNGs it wrote.\n")
-    with _atomic(out / "results.md") as fh:
+    with checkpoints.atomic_write(out / "results.md", "w") as fh:
         fh.write("\n".join([head] + sections))
     print(f"agpc bench: wrote {out / 'results.md'}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
@@ -819,7 +851,8 @@ def _fit_parser(sub):
                    help="iterations (epochs with minibatches; default 250)")
     p.add_argument("--max-time", type=float, metavar="S", help="stop cleanly after about S seconds of training")
     p.add_argument("--validation-fraction", type=_fraction, metavar="F",
-                   help="hold out this fraction of the rows (at random) and report error and NLL on it")
+                   help="hold out this fraction of the rows (at random, keeping a row of every class for "
+                        "training) and report error and NLL on it")
     p.add_argument("--random-state", type=int, default=0, metavar="S",
                    help="seed of the inducing points and the validation split (default 0)")
     p.add_argument("--quiet", action="store_true", help="do not show the progress bar")
@@ -863,8 +896,10 @@ def _bench_parser(sub):
 _EPILOG = """\
 Exit status: 0 success; 2 bad input (a missing or unreadable file, a missing column, a bad option, data the
 model cannot use), as one line 'agpc: error: ...' on stderr; 1 an internal error, as one line 'agpc: internal
-error: ...' (--debug, or AGPC_TRACEBACK=1, prints the traceback instead); 130 interrupted. A reader that
-closes standard output early (agpc fit ... | head -1) is not an error: the output files are still written.
+error: ...' (--debug, or AGPC_TRACEBACK=1, prints the traceback instead, with the same exit status); 130
+interrupted (Ctrl-C, SIGINT). A reader that closes standard output early (agpc fit ... | head -1), or standard
+output closed from the start (>&-), is not an error: the output files are still written. Outputs are written
+only to regular files (not to a device, a FIFO, /proc, /sys or /dev), through a temporary file beside them.
 Warnings (the library's and the command's own) are collected while the command runs and printed once it ends,
 one line 'agpc: warning: ...' each on stderr: after the command's output, or, when it fails, just before its
 error line, which is always the last line.
@@ -974,15 +1009,52 @@ def _warning_lines(caught):
     return list(lines)
 
 
+@contextlib.contextmanager
+def _interrupts_raise():
+    """SIGINT raises KeyboardInterrupt while a command runs (in the main thread), whatever the process
+    inherited: a process started as a background job of a shell without job control (``agpc fit ... &`` in a
+    script, or a test runner started so) inherits SIGINT ignored, and Python then leaves it ignored, so the
+    documented interrupt (exit 130, nothing written) would do nothing until the fit ended. The handler the
+    caller had is put back afterwards (``main`` may run inside another program)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+def _stream_or_devnull(stream, fd):
+    """``stream`` (sys.stdout or sys.stderr), or, when the process started with that descriptor closed
+    (``agpc ... >&-``: Python then sets the stream to None), a sink: the descriptor is first pointed at
+    os.devnull, so that no file the command opens takes its number (a library printing there would write into
+    it), and what the command prints is dropped; its results are its files."""
+    if stream is not None:
+        return stream
+    try:
+        os.fstat(fd)
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        if devnull != fd:
+            os.dup2(devnull, fd)
+            os.close(devnull)
+    return open(os.devnull, "w")  # (lives as long as the command)
+
+
 def main(argv=None):
     """Run one command; returns its exit status. Every exception ends as one line on stderr, after the
     warnings the command raised (see _EPILOG)."""
     debug = bool(os.environ.get("AGPC_TRACEBACK"))
-    stdout, sys.stdout = sys.stdout, _OutputReaderMayLeave(sys.stdout)
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stderr = _stream_or_devnull(stderr, 2)
+    sys.stdout = _OutputReaderMayLeave(_stream_or_devnull(stdout, 1))
     try:
-        return _run_command(argv, debug)
+        with _interrupts_raise():
+            return _run_command(argv, debug)
     finally:
-        sys.stdout = stdout
+        sys.stdout, sys.stderr = stdout, stderr
 
 
 def _run_command(argv, debug):
@@ -1002,10 +1074,11 @@ def _run_command(argv, debug):
         print(line, file=sys.stderr)
     if failure is None:
         return status
-    if debug:
-        raise failure
     status, line = _report(failure)
-    print(line, file=sys.stderr)
+    if debug:  # the traceback instead of the one line; the exit status stays what the failure is
+        traceback.print_exception(type(failure), failure, failure.__traceback__, file=sys.stderr)
+    else:
+        print(line, file=sys.stderr)
     return status
 
 

@@ -7,17 +7,16 @@ drawn on the host (so a seed gives the same points on every backend).
 
 from __future__ import annotations
 
-from .backend import array_device, array_namespace, asarray_like, host_rng
+from .backend import array_device, array_namespace, asarray_like, cluster_sums, host_rng
 
 __all__ = ["initial_inducing_points", "kmeans"]
 
 
-def _sq_distances(X, C):
+def _nearest(X, C):
+    """Each row's nearest centre: argmin_c |c|^2 - 2 x.c, the squared distance less |x|^2, the same for every centre
+    of a row (so not computed: of the 20,000 x m passes of the distances, only the product and one sum remain)."""
     xp = array_namespace(X, C)
-    d2 = xp.sum(X * X, axis=1)[:, None] + xp.sum(C * C, axis=1)[None, :] - 2.0 * (X @ C.mT)
-    # maximum, not clip: array-api-compat's clip for CuPy is a host copy and two boolean masks (a sync per k-means
-    # iteration); maximum is one elementwise kernel
-    return xp.maximum(d2, 0.0)
+    return xp.argmin(xp.sum(C * C, axis=1)[None, :] - 2.0 * (X @ C.mT), axis=1)
 
 
 def kmeans(X, n_clusters, *, random_state=None, n_iter=25, max_rows=20000):
@@ -40,12 +39,8 @@ def kmeans(X, n_clusters, *, random_state=None, n_iter=25, max_rows=20000):
     X = X / scale
     start = asarray_like(rng.choice(n, size=n_clusters, replace=False), xp, device=device)
     centres = xp.take(X, start, axis=0)
-    cluster_ids = xp.arange(n_clusters, device=device)
     for _ in range(n_iter):
-        labels = xp.argmin(_sq_distances(X, centres), axis=1)
-        onehot = xp.astype(labels[:, None] == cluster_ids[None, :], X.dtype)
-        counts = xp.sum(onehot, axis=0)
-        sums = onehot.mT @ X
+        sums, counts = cluster_sums(_nearest(X, centres), X, n_clusters)
         centres = xp.where(counts[:, None] > 0, sums / xp.maximum(counts, 1.0)[:, None], centres)
     return centres * scale
 

@@ -11,7 +11,9 @@ Every check raises one ValueError naming the problem. The functions take the est
 
 from __future__ import annotations
 
+import math
 import numbers
+import os
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -21,6 +23,7 @@ from sklearn.utils.validation import column_or_1d, validate_data
 from . import backend as B
 from . import validation as V
 from .methods import get_method, methods_supporting
+from .model_file import MAX_LABEL_BYTES
 
 __all__ = [
     "CHUNK",
@@ -34,7 +37,10 @@ __all__ = [
     "check_features",
     "check_out_of_core",
     "check_classes",
+    "check_known_shapes",
+    "data_files",
     "host_targets",
+    "labels_on_disk",
     "device_targets",
     "initial_sample",
     "stays_on_host",
@@ -124,6 +130,7 @@ def check_features(estimator, X, *, reset):
     target = dtype_name(estimator.dtype)
     if is_foreign_array(X):
         xp = B.array_namespace(X)
+        B.check_device(xp)  # CuPy arrays on a machine whose CUDA libraries or driver cannot compute: said first
         _check_rows(X.shape)
         if not xp.isdtype(X.dtype, ("real floating", "integral", "bool")):
             raise ValueError(f"X must be real-valued, got dtype {X.dtype}")
@@ -155,9 +162,20 @@ def check_out_of_core(estimator, X, *, reset):
     _check_feature_count(estimator, X.shape[1], reset)
 
 
+def _check_label_length(classes):
+    """A model file holds each label in at most ``MAX_LABEL_BYTES`` (as NumPy stores text: 4 bytes a
+    character), and ``load`` refuses more: a fit whose model could not be loaded back is refused first."""
+    stored = classes if classes.dtype.kind in "biufU" else classes.astype(str)  # as the model file writes them
+    if stored.dtype.kind == "U" and stored.dtype.itemsize > MAX_LABEL_BYTES:
+        longest = max(stored.tolist(), key=len)
+        raise ValueError(f"y has a label of {len(longest):,} characters ({longest[:20]!r}...): a model file holds "
+                         f"labels of at most {MAX_LABEL_BYTES // 4:,} characters, so the fitted model could not be "
+                         "saved and loaded back; give the classes shorter names")
+
+
 def check_classes(estimator, found, classes=None):
     """The model's classes: those ``found`` in y, or the ``classes`` given (which must cover y); at least two, and
-    more only for a method with a multiclass model (``agpc.methods``)."""
+    more only for a method with a multiclass model (``agpc.methods``); each a label a model file can hold."""
     if classes is not None:
         classes = np.unique(V.check_labels(classes, what="classes"))
         unknown = np.setdiff1d(found, classes)
@@ -165,6 +183,7 @@ def check_classes(estimator, found, classes=None):
             raise ValueError(f"y contains labels {list(unknown)} not in classes {list(classes)}")
         found = classes
     classes = found
+    _check_label_length(classes)
     if classes.shape[0] < 2:
         raise ValueError(f"y has only one class ({classes[0]!r}): a classifier needs two classes to learn")
     method = get_method(estimator.method)
@@ -184,10 +203,17 @@ def _check_target_shape(shape, n_rows):
         raise ValueError(f"X has {n_rows} rows but y has {shape[0]}: they must match")
 
 
+def labels_on_disk(y):
+    """Labels read a chunk at a time (a memmap, a zarr array): ``backend.is_out_of_core``, but not an in-memory
+    column of a data-frame library (a pandas ``Categorical``, a polars or pyarrow array: they convert with
+    ``to_numpy``)."""
+    return B.is_out_of_core(y) and not hasattr(y, "to_numpy")
+
+
 def host_targets(estimator, y, n_rows, classes=None):
     """Check y (host side) and return (classes, labels as a NumPy array, or None for labels on disk, which are
     read a chunk at a time)."""
-    if B.is_out_of_core(y):
+    if labels_on_disk(y):
         _check_target_shape(y.shape, n_rows)
         found = np.unique(np.concatenate([np.unique(V.check_labels(y[lo:lo + CHUNK], offset=lo))
                                           for lo in range(0, n_rows, CHUNK)]))
@@ -200,6 +226,32 @@ def host_targets(estimator, y, n_rows, classes=None):
     _check_target_shape(y_host.shape, n_rows)
     check_classification_targets(y_host)
     return check_classes(estimator, np.unique(y_host), classes), y_host
+
+
+def check_known_shapes(X, y=None):
+    """A dask array whose chunk sizes are unknown (after boolean indexing, or read from a format that does not
+    record them) has NaN in its shape: the rows cannot be counted, split or matched with the labels. Refused in
+    one ValueError saying what dask offers (``compute_chunk_sizes``: one pass over the data)."""
+    for name, values in (("X", X), ("y", y)):
+        shape = getattr(values, "shape", None) if B.is_dask_array(values) else None
+        if shape is not None and any(isinstance(size, float) and math.isnan(size) for size in shape):
+            raise ValueError(f"{name} is a dask array of unknown chunk sizes (shape {tuple(shape)}, e.g. after boolean "
+                             f"indexing): call {name} = {name}.compute_chunk_sizes() first (one pass over the data)")
+
+
+def data_files(*arrays):
+    """The files (and zarr store directories) that arrays read a block at a time come from: NumPy memmaps, zarr
+    arrays. An output of the fit (a checkpoint) must not replace one of them."""
+    files = []
+    for values in arrays:
+        filename = getattr(values, "filename", None) if isinstance(values, np.memmap) else None
+        if filename:
+            files.append(os.fspath(filename))
+        store = getattr(values, "store", None)
+        root = getattr(store, "root", None) or getattr(store, "path", None)  # zarr 3 LocalStore / zarr 2 DirectoryStore
+        if isinstance(root, (str, os.PathLike)) and os.path.exists(root):
+            files.append(os.fspath(root))
+    return files
 
 
 def device_targets(estimator, y, n_rows, classes, xp, device):

@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from .backend import array_device, array_namespace, asarray_like, host_array, to_numpy
+from .backend import array_device, array_namespace, asarray_like, host_array, row_dot, to_numpy
 from .priors import LogNormal, Prior, prior_from_spec
 
 __all__ = [
@@ -364,10 +364,16 @@ class Stationary(Kernel):
             # r^2 consistent with one rounded Gram matrix (float32: Kmm's diagonal was 1 - 1e-4 at
             # lengthscales of 0.1 standard deviations, where |z|^2 ~ 10^3 and eps |z|^2 ~ 10^-4).
             x2 = z2 = xp.linalg.diagonal(gram)
+            r2 = -2.0 * gram  # (a new array: the norms are a view of gram's diagonal)
         else:
-            x2 = xp.vecdot(Xc, Xc, axis=-1)
-            z2 = xp.vecdot(Zc, Zc, axis=-1)
-        return xp.maximum(x2[:, None] + z2[None, :] - 2.0 * gram, 0.0)
+            x2 = row_dot(Xc, Xc)  # one fused reduction on every namespace (CuPy has no vecdot)
+            z2 = row_dot(Zc, Zc)
+            r2 = gram
+            r2 *= -2.0
+        # in place: r2 is this function's own temporary (n x m temporaries fewer than the plain expression)
+        r2 += x2[:, None]
+        r2 += z2[None, :]
+        return xp.maximum(r2, 0.0)
 
     def K(self, X, Z=None):
         """Cross-covariance K(X, Z) (no noise term), shape (n, m); ``Z=None`` means K(X, X) without noise."""
@@ -387,73 +393,83 @@ class Stationary(Kernel):
     def _distance_grads(self, G, Xs, Zs):
         """Chain rule through r^2 for a block whose adjoint w.r.t. r^2 is G (shape (n, m)).
 
-        Returns (gradient w.r.t. log lengthscales (d,), gradient w.r.t. X (n, d), w.r.t. Z (m, d)).
-        r2_nm = sum_j (xs_nj - zs_mj)^2 with xs = x / l, so d r2 / d log l_j = -2 (xs_nj - zs_mj)^2.
+        Returns (gradient w.r.t. log lengthscales (d,), gradient w.r.t. Z (m, d)), the latter through both
+        arguments when the block is K(Z, Z) (``Xs is Zs``); X is data (no gradient w.r.t. it).
+        r2_nm = sum_j (xs_nj - zs_mj)^2 with xs = x / l, so d r2 / d log l_j = -2 (xs_nj - zs_mj)^2, summed over
+        the block as row . xs_j^2 + col . zs_j^2 - 2 xs_j . (G zs)_j (row / col: G's row / column sums).
         """
         xp = array_namespace(G, Xs, Zs)
         # Every term is a function of xs_n - zs_m: centring both on the mean of Zs changes nothing but the
         # round-off (the expanded squares would cancel catastrophically for inputs far from the origin).
         centre = xp.mean(Zs, axis=0)
-        Xs, Zs = Xs - centre, (Xs - centre if Zs is Xs else Zs - centre)
+        same = Zs is Xs
+        Zs = Zs - centre
+        Xs = Zs if same else Xs - centre
         row = xp.sum(G, axis=1)  # (n,)
         col = xp.sum(G, axis=0)  # (m,)
         GZ = G @ Zs  # (n, d)
         GtX = G.mT @ Xs  # (m, d)
-        cross = xp.sum(Xs * GZ, axis=0)  # sum_nm G_nm xs_nj zs_mj
-        d_log_l = -2.0 * (
-            xp.sum((Xs * Xs) * row[:, None], axis=0) + xp.sum((Zs * Zs) * col[:, None], axis=0) - 2.0 * cross
-        )
-        inv_l = 1.0 / self.lengthscales
-        dX = 2.0 * (Xs * row[:, None] - GZ) * inv_l
-        dZ = 2.0 * (Zs * col[:, None] - GtX) * inv_l
-        return d_log_l, dX, dZ
+        cross = row_dot(Xs, GZ, axis=-2)  # sum_nm G_nm xs_nj zs_mj
+        if same:
+            both = row + col
+            d_log_l = 4.0 * cross - 2.0 * (both @ (Zs * Zs))
+            dZ = (Zs * both[:, None] - GZ - GtX) * (2.0 / self.lengthscales)  # through either argument
+        else:
+            d_log_l = 4.0 * cross - 2.0 * (row @ (Xs * Xs) + col @ (Zs * Zs))
+            dZ = (Zs * col[:, None] - GtX) * (2.0 / self.lengthscales)
+        return d_log_l, dZ
 
     def _dK_dr2(self, K, Xs, Zs):
         """dK/d(r^2) for a block whose values K are known (subclasses may use K to skip the distances)."""
         return self.amplitude * self.dkappa_dr2(self._r2(Xs, Zs))
 
-    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None):
+    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None, Kmm=None):
         """Gradients of L from its adjoints w.r.t. K(Z, Z), K(X, Z) and Kdiag(X).
 
         Any adjoint may be ``None``. Returns a dict with one entry per parameter in ``self.params``
         (same shapes) and ``"Z"`` (m, d). The adjoints are read entry-wise: dL = sum_jk dKmm_jk dKmm_jk,
-        so a non-symmetric dKmm is fine. ``Knm``, if the caller already has K(X, Z), saves recomputing it.
+        so a non-symmetric dKmm is fine. ``Knm`` / ``Kmm``, if the caller already has K(X, Z) / K(Z, Z),
+        save recomputing them.
         """
         xp = array_namespace(Z)
         amp = self.amplitude
         Zs = self._scaled(Z)
-        zero = xp.zeros((), dtype=Z.dtype, device=array_device(Z))
-        d_log_l = xp.zeros(Z.shape[1], dtype=Z.dtype, device=array_device(Z))
-        dZ = xp.zeros(Z.shape, dtype=Z.dtype, device=array_device(Z))
-        d_log_amp = zero
-        d_log_noise = zero
-        d_profile = {p.key: zero for p in self.profile_parameters}  # empty (no operation) for RBF and Matern52
+        # the sums start at the first term that has one (zeros only for a gradient no adjoint reaches)
+        d_log_l = dZ = d_log_amp = d_log_noise = None
+        d_profile = {p.key: None for p in self.profile_parameters}  # empty (no operation) for RBF and Matern52
+
+        def plus(total, term):
+            return term if total is None else total + term
+
         if dKmm is not None:
-            r2 = self._r2(Zs, Zs)
-            d_log_amp = d_log_amp + xp.sum(dKmm * (amp * self.kappa(r2)))
-            G = dKmm * (amp * self.dkappa_dr2(r2))
-            g_l, g_first, g_second = self._distance_grads(G, Zs, Zs)
-            d_log_l = d_log_l + g_l
-            dZ = dZ + g_first + g_second
+            if Kmm is None:
+                Kmm = amp * self.kappa(self._r2(Zs, Zs))
+            d_log_amp = xp.sum(dKmm * Kmm)
+            d_log_l, dZ = self._distance_grads(dKmm * self._dK_dr2(Kmm, Zs, Zs), Zs, Zs)
             if d_profile:
-                profile = self.profile_grads(r2, dKmm * amp)
-                d_profile = {k: v + profile[k] for k, v in d_profile.items()}
+                profile = self.profile_grads(self._r2(Zs, Zs), dKmm * amp)
+                d_profile = {k: plus(v, profile[k]) for k, v in d_profile.items()}
         if dKnm is not None:
             Xs = self._scaled(X)
             if Knm is None:
                 Knm = amp * self.kappa(self._r2(Xs, Zs))
-            d_log_amp = d_log_amp + xp.sum(dKnm * Knm)
-            G = dKnm * self._dK_dr2(Knm, Xs, Zs)
-            g_l, _, g_Z = self._distance_grads(G, Xs, Zs)
-            d_log_l = d_log_l + g_l
-            dZ = dZ + g_Z
+            d_log_amp = plus(d_log_amp, xp.sum(dKnm * Knm))
+            g_l, g_Z = self._distance_grads(dKnm * self._dK_dr2(Knm, Xs, Zs), Xs, Zs)
+            d_log_l, dZ = plus(d_log_l, g_l), plus(dZ, g_Z)
             if d_profile:
                 profile = self.profile_grads(self._r2(Xs, Zs), dKnm * amp)
-                d_profile = {k: v + profile[k] for k, v in d_profile.items()}
+                d_profile = {k: plus(v, profile[k]) for k, v in d_profile.items()}
         if dKdiag is not None:
             total = xp.sum(dKdiag)
-            d_log_amp = d_log_amp + total * amp
-            d_log_noise = d_log_noise + total * self.noise
+            d_log_amp = plus(d_log_amp, total * amp)
+            d_log_noise = total * self.noise
+        device = array_device(Z)
+        zero = xp.zeros((), dtype=Z.dtype, device=device)
+        d_log_l = xp.zeros(Z.shape[1], dtype=Z.dtype, device=device) if d_log_l is None else d_log_l
+        dZ = xp.zeros(Z.shape, dtype=Z.dtype, device=device) if dZ is None else dZ
+        d_log_amp = zero if d_log_amp is None else d_log_amp
+        d_log_noise = zero if d_log_noise is None else d_log_noise
+        d_profile = {k: zero if v is None else v for k, v in d_profile.items()}
         return {"log_lengthscales": d_log_l, "log_amplitude": d_log_amp, "log_noise": d_log_noise, **d_profile,
                 "Z": dZ}
 
@@ -627,8 +643,9 @@ class Combination(Kernel):
         """Per term, the adjoints of L w.r.t. that term's three matrices."""
         raise NotImplementedError
 
-    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None):
-        """The terms' gradients (chain rule through the combination), prefixed; the noise's from Kdiag."""
+    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None, Kmm=None):
+        """The terms' gradients (chain rule through the combination), prefixed; the noise's from Kdiag. (``Knm``
+        and ``Kmm``, the combination's, are not the terms': each term computes its own.)"""
         xp = array_namespace(Z)
         out = {}
         dZ = None

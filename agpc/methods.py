@@ -55,6 +55,7 @@ CAPABILITIES = MappingProxyType({
     "dask": "dask",
     "dask_batch": None,  # batch passes on a dask array, one task per chunk (else: minibatches only)
     "dask_checkpoints": None,  # checkpoints of a fit on a dask array
+    "n_jobs": "`n_jobs > 1`",  # data-parallel rounds in local worker processes (minibatches of in-memory data)
     "validation_data": "validation, early stopping",
     "checkpoints": "checkpoints",
 })
@@ -289,35 +290,43 @@ def _gfitc_params(params):
 _EVERYWHERE = {"out_of_core", "validation_data", "checkpoints"}
 _EP_PROBIT = "uses the probit likelihood (closed-form EP updates)"
 _ON_DASK = {"dask", "dask_checkpoints"}
+_NO_ROUNDS = ("method={name!r} has no data-parallel rounds, so n_jobs > 1 is not supported: {why}; 'sep', 'adf', "
+              "'ep' and 'svi' train minibatches in n_jobs worker processes")
 _VI_PER_ROW_XI = ("fit on a dask array does not train method {name!r}: it optimises one xi per row with L-BFGS-B on "
                   "the driver, which would bring every row's xi there each step; use 'vi-jj' (xi by its closed-form "
                   "update, kept on the workers) or an in-memory array")
 _BUILT_IN_METHODS = (
     Method("ep", family="ep", engine="ep", likelihood_reason=_EP_PROBIT,
-           capabilities={"multiclass", "minibatch", "dask_batch", *_ON_DASK, *_EVERYWHERE},
-           remarks={"dask": "> 2 classes: batch, or `local_steps=0`"}, exact_passes=exact_ep),
+           capabilities={"multiclass", "minibatch", "dask_batch", "n_jobs", *_ON_DASK, *_EVERYWHERE},
+           remarks={"dask": "> 2 classes: batch, or `local_steps=0`", "n_jobs": "binary"}, exact_passes=exact_ep),
     *(Method(name, family="ep", engine=name, likelihood_reason=_EP_PROBIT,
-             capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", *_ON_DASK, *_EVERYWHERE})
+             capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", "n_jobs", *_ON_DASK,
+                           *_EVERYWHERE})
       for name in ("sep", "adf")),
     Method("svi", family="variational", engine="svi", likelihoods=("probit", "logistic"),
-           multiclass_likelihood="robust-max", capabilities={"multiclass", "minibatch", *_ON_DASK, *_EVERYWHERE},
+           multiclass_likelihood="robust-max",
+           capabilities={"multiclass", "minibatch", "n_jobs", *_ON_DASK, *_EVERYWHERE},
            remarks={"out_of_core": "a minibatch read at a time", "dask": "minibatches"}),
     *(Method(name, family="quadratic", engine=name, likelihoods=("logistic",),
              likelihood_reason="is built on the logistic likelihood",
              capabilities={"dask", "dask_batch", *_EVERYWHERE},
              refusals={"dask_checkpoints": f"checkpoints of {name!r} on a dask array are not supported yet (xi, one "
                                            "a row, stays on the workers): fit without checkpoint_path, or on an "
-                                           "in-memory array"},
+                                           "in-memory array",
+                       "n_jobs": _NO_ROUNDS.format(name=name, why="it is batch-only (its analytic q needs every "
+                                                                     "row's xi each step)")},
              remarks={"minibatch": "batch only", "dask": "batch passes", "checkpoints": "not on dask"})
       for name in ("vi-jj", "vi-taylor")),
     *(Method(name, family="quadratic", engine=name, likelihoods=("logistic",),
              likelihood_reason="is built on the logistic likelihood", capabilities=_EVERYWHERE,
-             refusals={"dask": _VI_PER_ROW_XI.format(name=name)},
+             refusals={"dask": _VI_PER_ROW_XI.format(name=name),
+                       "n_jobs": _NO_ROUNDS.format(name=name, why="it is batch-only (L-BFGS-B on every row's xi)")},
              remarks={"minibatch": "batch only"})
       for name in ("vi-jj-hybrid", "vi-jj-full")),
     Method("gfitc", family="gfitc", engine="gfitc", likelihood_reason=_EP_PROBIT,
            capabilities={"multiclass", *_EVERYWHERE}, check_params=_gfitc_params,
-           refusals={"dask": _GFITC_BATCH_ONLY.format(what="fit on a dask array")},
+           refusals={"dask": _GFITC_BATCH_ONLY.format(what="fit on a dask array"),
+                     "n_jobs": _GFITC_BATCH_ONLY.format(what="n_jobs > 1")},
            remarks={"minibatch": "batch only"}),
 )
 for _method in _BUILT_IN_METHODS:

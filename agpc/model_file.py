@@ -33,7 +33,7 @@ from . import backend as B
 from .checkpoints import HEADER_KEY, atomic_savez, read_archive
 from .inference.ep import Posterior, prior_cholesky
 from .kernels import PER_DIMENSION, ClassKernels, kernel_from_spec, spec_parameter_table
-from .untrusted import RefusedFile, describe
+from .untrusted import RefusedFile, available_memory, describe
 
 FORMAT = "agpc-model"
 # 1: the first format. 2: adds "feature_names_in" (the columns a DataFrame had at fit). 3: kernels of any
@@ -319,6 +319,15 @@ def _check_declared_sizes(path, header, declared):
         raise RefusedFile(path, f"posterior_h: shape {h_shape}, expected {lead + (-1,)} (-1: the inducing points) for "
                                 f"{n_classes} classes")
     m = h_shape[-1]
+    # loading factorises K(Z, Z) + jitter I a class and predicts at the inducing points: a few m x m matrices a
+    # class beside the arrays read, which must fit in the memory available (the file's size bounds m already:
+    # checkpoints.MAX_EXPANSION)
+    needed = 4 * max(1, len(lead) and n_classes) * m * m * 8
+    memory = available_memory()
+    if memory is not None and needed > memory:
+        raise RefusedFile(path, f"posterior_h declares {m:,} inducing points{' a class' if lead else ''}: loading "
+                                f"the model takes about {needed:,} bytes, more than the {memory:,} bytes of memory "
+                                "available")
     allowed = {"posterior_h": lead + (m,), "classes": (n_classes,), "inducing_points": lead + (m, d),
                "posterior_L_C": lead + (m, m)}
     for name, (shape, dtype) in declared.items():
@@ -390,6 +399,8 @@ def read_model_file(path, estimator, backend="numpy"):
         jitter = max(float(model.jitter), B.jitter_floor(Zx))
     elif not (_is_number(jitter) and math.isfinite(jitter) and jitter >= 0):
         raise refuse(f"fitted_jitter: {jitter!r} is not a non-negative number")
+    else:
+        _check_fitted_jitter(jitter, model, kernel, Zx, multiclass, refuse)
     try:
         if multiclass:
             posterior = tuple(
@@ -413,14 +424,35 @@ def read_model_file(path, estimator, backend="numpy"):
     return model
 
 
+def _check_fitted_jitter(jitter, model, kernel, Z, multiclass, refuse):
+    """The jitter a fit ends with is its ``jitter`` parameter (at least the type's floor) plus what the guard
+    added, a few steps of at most 1e-5 of K(Z, Z)'s mean diagonal each: never more than the parameter plus
+    that diagonal. A larger one replaces the kernel's prior at the inducing points (1e300 makes a model that
+    predicts 0.5 everywhere), so no fit wrote it."""
+    kernels = [kernel[c] for c in range(Z.shape[0])] if multiclass else [kernel]
+    points = [Z[c, ...] for c in range(Z.shape[0])] if multiclass else [Z]
+    with np.errstate(all="ignore"):
+        scale = max(float(np.mean(np.diagonal(B.to_numpy(k.K(z))))) for k, z in zip(kernels, points))
+    most = float(model.jitter) + B.jitter_floor(Z) + scale
+    if not jitter <= most:
+        raise refuse(f"fitted_jitter: {jitter:.3g} is more than the jitter parameter ({float(model.jitter):.3g}) plus "
+                     f"the prior variance at the inducing points ({scale:.3g}): no fit raises it so far")
+
+
 def _check_predicts(model, probe, refuse):
     """Every field may pass its own check and the whole still not predict (finite values so large that the
-    predictive's arithmetic overflows): the model must give finite probabilities summing to one at its own
-    inducing points, taken as inputs (m rows: cheap), or the file is refused."""
+    predictive's arithmetic overflows, an L_C scaled by 1e-300 whose variances are infinite yet whose
+    probabilities are 0.5): the model must give finite latent means and variances, and finite probabilities
+    summing to one, at its own inducing points, taken as inputs (m rows: cheap), or the file is refused."""
+    rows = np.asarray(probe, dtype=np.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (this probe's own warnings, e.g. feature names, are not the user's)
         with np.errstate(all="ignore"):
-            proba = B.to_numpy(model.predict_proba(np.asarray(probe, dtype=np.float64)))
+            mean, var = (B.to_numpy(values) for values in model.predict_latent(rows))
+            proba = B.to_numpy(model.predict_proba(rows))
+    if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(var)) and np.all(var >= 0)):
+        raise refuse("posterior_h, posterior_L_C: the model they describe has no finite latent mean and variance at "
+                     "its own inducing points (values so large or small that its arithmetic overflows)")
     if not (np.all(np.isfinite(proba)) and np.allclose(proba.sum(axis=1), 1.0, atol=1e-4)):
         raise refuse("posterior_h, posterior_L_C: the model they describe does not give probabilities "
                      "(non-finite at its own inducing points)")

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
-
 from . import backend as B
 from . import threads
 from .inference import ep, multiclass_ep, multiclass_vi, variational

@@ -45,8 +45,9 @@ call on the idle 2-core machine, several ms when it is loaded), more than a tent
 ``ThreadpoolController`` built once and its ``limit(...)`` cost 10-30 us (``benchmarks/threads.py``). So the controller is built once and rebuilt only when Python modules have been
 imported since (which may have loaded another BLAS), and only at an outermost scope.
 
-Dask worker tasks use ``task_blas_threads``: the same rule, within the worker's own budget, its BLAS thread
-count as the worker was started (dask's nanny sets one BLAS thread per worker thread unless configured).
+Tasks in worker processes use ``task_blas_threads``: the same rule, within the worker's own budget, its BLAS thread
+count as the worker was started (dask's nanny sets one BLAS thread per worker thread unless configured) shared among
+the tasks it runs at once; a data-parallel shard's minibatch steps run under it in a worker of any cluster.
 """
 
 from __future__ import annotations
@@ -237,52 +238,92 @@ def caller_set_blas_threads():
 # The BLAS thread count is process-wide, so one Python thread at a time owns it: the thread whose scope is
 # outermost. Its scopes set and restore the count, last in first out; scopes that other threads open
 # meanwhile (e.g. dask's threaded scheduler predicting blocks in parallel) change nothing, so that no
-# restore can put back a count another scope set.
+# restore can put back a count another scope set. Tasks of a worker that runs several at once in threads are the
+# exception: while the owner is such a task, other tasks' scopes join it (``_task_users``), and the count the
+# first task set is put back only when the last task has left, so that no task runs on at the worker's own count.
 _lock = threading.Lock()
 _owner = None  # the thread identifier of the outermost scope's thread
+_owner_in_task = False  # whether the owner's outermost scope is a task's (``task_blas_threads``)
 _stack = []  # the owner's open scopes: (mode, count, budget: the most cores the rule may use, None: the free ones)
+_task_users = 0  # task scopes open in this process's threads while tasks own the count
+_task_limit = None  # (count, the open limit that set it for the tasks: closed when the last leaves)
+
+
+def _leave_task():
+    global _task_users, _task_limit
+    with _lock:
+        _task_users -= 1
+        if _task_users == 0 and _task_limit is not None:
+            _task_limit[1].close()  # (puts the count back)
+            _task_limit = None
+
+
+def _worker_threads():
+    """Tasks a dask worker runs at once (its threads), 1 outside a dask worker."""
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return 1
+    try:
+        return max(1, int(getattr(distributed.get_worker(), "nthreads", 1)))
+    except (ValueError, TypeError):
+        return 1
 
 
 @contextlib.contextmanager
 def _scope(rows, m, n_features, block_rows, threads, in_task):
-    global _owner
+    global _owner, _owner_in_task, _task_users, _task_limit
     me = threading.get_ident()
     with _lock:
         outermost = _owner is None
         if outermost:
-            _owner = me
+            _owner, _owner_in_task = me, in_task
         mine = _owner == me
-    if not mine:
-        yield None
-        return
+        task_user = in_task and (outermost or (not mine and _owner_in_task))
+        if task_user:
+            _task_users += 1
     try:
-        budget = None
-        if not outermost:  # the outermost scope decided whose choice wins; choose again for this shape
-            mode, count, budget = _stack[0]
-            if mode == "rule":
-                count = _rule(rows, m, n_features, block_rows, budget)
-        elif in_task:  # a Dask worker's budget: the largest BLAS thread count its libraries have
-            budget = max([lib.num_threads for lib in _libraries(refresh=True).lib_controllers], default=1)
-            mode, count = "rule", _rule(rows, m, n_features, block_rows, budget)
-        elif threads is not None:
-            mode, count = "explicit", threads
-        elif caller_set_blas_threads():
-            mode, count = "caller", None
-        else:
-            mode, count = "rule", _rule(rows, m, n_features, block_rows, None)
-        _stack.append((mode, count, budget))
+        if not mine:
+            yield None
+            return
         try:
-            if count is None:
-                yield None
+            budget = None
+            if not outermost:  # the outermost scope decided whose choice wins; choose again for this shape
+                mode, count, budget = _stack[0]
+                if mode == "rule":
+                    count = _rule(rows, m, n_features, block_rows, budget)
+            elif in_task:  # a Dask worker's budget: its BLAS threads shared among the tasks it runs at once
+                libraries = _libraries(refresh=True).lib_controllers
+                budget = max(1, max([lib.num_threads for lib in libraries], default=1) // _worker_threads())
+                mode = "rule"
+                with _lock:
+                    if _task_limit is None:  # (else tasks still running set it: theirs stands)
+                        count = _rule(rows, m, n_features, block_rows, budget)
+                        limit = contextlib.ExitStack()
+                        limit.enter_context(_libraries(refresh=False).limit(limits=count, user_api="blas"))
+                        _task_limit = (count, limit)
+                    count = _task_limit[0]
+            elif threads is not None:
+                mode, count = "explicit", threads
+            elif caller_set_blas_threads():
+                mode, count = "caller", None
             else:
-                with _libraries(refresh=outermost).limit(limits=count, user_api="blas"):
+                mode, count = "rule", _rule(rows, m, n_features, block_rows, None)
+            _stack.append((mode, count, budget))
+            try:
+                if count is None or (outermost and in_task):  # (a task's count is set: ``_task_limit``)
                     yield count
+                else:
+                    with _libraries(refresh=outermost).limit(limits=count, user_api="blas"):
+                        yield count
+            finally:
+                _stack.pop()
         finally:
-            _stack.pop()
+            if outermost:
+                with _lock:
+                    _owner = None
     finally:
-        if outermost:
-            with _lock:
-                _owner = None
+        if task_user:
+            _leave_task()
 
 
 def _rule(rows, m, n_features, block_rows, budget):
@@ -304,10 +345,12 @@ def blas_threads(rows, m, *, n_features=0, block_rows=None, threads=None):
 
 
 def task_blas_threads(rows, m, *, n_features=0, block_rows=None):
-    """``blas_threads`` inside a Dask worker's task: the rule within the worker's budget, the largest BLAS
-    thread count its libraries have (environment variables there are the worker's configuration, which
-    dask's nanny sets to one thread per worker thread unless told otherwise, not a caller's limit to leave
-    alone). A task run in the driver's own scope (a synchronous scheduler) follows the driver's scope."""
+    """``blas_threads`` inside a worker's task (a dask worker's, a local worker's): the rule within the worker's
+    budget, the largest BLAS thread count its libraries have shared among the tasks the worker runs at once (its
+    threads). Environment variables there are the worker's configuration (dask's nanny sets one thread, a user's
+    may set more), not a caller's limit to leave alone. Tasks that run at once in one worker's threads share the
+    count the first one set, which is put back when the last one ends. A task run in the driver's own scope (a
+    synchronous scheduler, a threaded cluster) follows the driver's scope."""
     return _scope(rows, m, n_features, block_rows, None, in_task=True)
 
 

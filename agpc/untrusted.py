@@ -21,11 +21,13 @@ Every refusal is a :class:`RefusedFile` (a ``ValueError``) whose message names t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import lzma
 import math
 import os
 import re
+import stat
 import tokenize
 import zipfile
 import zlib
@@ -33,13 +35,18 @@ import zlib
 import numpy as np
 from numpy.lib import format as npy_format
 
-__all__ = ["RefusedFile", "describe", "read_npy", "read_npz", "open_zarr", "read_parquet_columns", "MIN_PYARROW"]
+__all__ = ["RefusedFile", "describe", "check_regular_file", "read_npy", "read_npz", "open_zarr", "read_parquet_columns",
+           "available_memory", "MIN_PYARROW"]
 
 # dtypes a data or model file may hold: booleans, integers, floats, strings (labels, the model's header)
 _PLAIN_KINDS = "biufUS"
 # deflate, the compression numpy's savez_compressed uses, expands at most about 1032 to 1
 _DEFLATE_MAX_RATIO = 1032
 _MAX_METADATA_BYTES = 1 << 20  # a zarr metadata document is a few hundred bytes; more is not metadata
+# A zarr store may declare at most this many times the bytes of its chunks (above _DECLARED_UNCHECKED, below
+# which no store costs much to read): honest numbers compress a few to one, data of few distinct values tens.
+_MAX_DECLARED_PER_STORED = 1000
+_DECLARED_UNCHECKED = 256 << 20
 MIN_PYARROW = (14, 0, 1)
 
 
@@ -62,7 +69,20 @@ def describe(source):
 def _size(source):
     if hasattr(source, "read"):
         return source.seek(0, os.SEEK_END)  # zipfile seeks where it needs
+    check_regular_file(source)
     return os.path.getsize(source)
+
+
+def check_regular_file(path):
+    """Refuse a path that exists and is neither a regular file nor a directory (the caller says what a
+    directory is): a FIFO would block the read until a writer came, a device (/dev/zero) never end it. A
+    missing path is left to the caller's open."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise RefusedFile(path, "not a regular file (a FIFO, a device, a socket?): agpc reads files")
 
 
 def _what(name):
@@ -107,6 +127,7 @@ def _npy_header(fh, path, name, available):
 
 def read_npy(path):
     """The array of an ``.npy`` file, its header checked first (see the module docstring)."""
+    check_regular_file(path)
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         _npy_header(fh, path, None, size)
@@ -130,12 +151,14 @@ def _member_size(info, archive_size, path):
     return info.file_size
 
 
-def read_npz(path, names=None, check=None):
+def read_npz(path, names=None, check=None, max_expansion=None):
     """{name: array} of an ``.npz`` archive: every member's header is checked before any member is read.
     ``names``: read only these members (their headers, and every other member's, are checked all the same).
     ``check({name: (shape, dtype)})``, called with what every member declares before any data is inflated,
     lets a reader that knows the file's schema refuse a member larger than the schema allows (a zip bomb
-    whose declared size the archive can hold, up to deflate's ratio)."""
+    whose declared size the archive can hold, up to deflate's ratio). ``max_expansion`` (ratio, floor): the
+    members may declare at most ``ratio`` times the archive's bytes, or ``floor`` bytes (a format written
+    uncompressed: its cost to read is bounded by its size). The members read must fit in the memory available."""
     try:
         archive_size = _size(path)
         with zipfile.ZipFile(path) as archive:
@@ -146,10 +169,17 @@ def read_npz(path, names=None, check=None):
                 with archive.open(info) as fh:
                     shape, _, dtype = _npy_header(fh, path, info.filename[:-4], size)
                 declared[info.filename[:-4]] = (shape, dtype)
+            _check_declared_total(path, declared, archive_size, max_expansion)
             if check is not None:
                 check(declared)
             if names is not None:
                 members = [info for info in members if info.filename[:-4] in names]
+            wanted = sum(math.prod(declared[info.filename[:-4]][0]) * declared[info.filename[:-4]][1].itemsize
+                         for info in members)
+            memory = available_memory()
+            if memory is not None and wanted > memory:
+                raise RefusedFile(path, f"its arrays take {wanted:,} bytes in memory, more than the {memory:,} bytes "
+                                        "available")
             arrays = {}
             for info in members:
                 with archive.open(info) as fh:
@@ -163,6 +193,18 @@ def read_npz(path, names=None, check=None):
         if isinstance(exc, RefusedFile):
             raise
         raise RefusedFile(path, f"not a readable npz archive ({type(exc).__name__}: {exc})") from None
+
+
+def _check_declared_total(path, declared, archive_size, max_expansion):
+    if max_expansion is None:
+        return
+    ratio, floor = max_expansion
+    total = sum(math.prod(shape) * dtype.itemsize for shape, dtype in declared.values())
+    if total > max(ratio * archive_size, floor):
+        largest = max(declared, key=lambda name: math.prod(declared[name][0]) * declared[name][1].itemsize)
+        raise RefusedFile(path, f"its arrays declare {total:,} bytes ({largest + '.npy'!r} the most) in a file of "
+                                f"{archive_size:,} bytes: more than {ratio} times its size (this format is written "
+                                "uncompressed; a file that inflates so far is a way to take memory and time)")
 
 
 # -- zarr ----------------------------------------------------------------------------------------------
@@ -230,6 +272,28 @@ def _check_zarr_document(document, path, file):
                                         "booleans and strings are read")
 
 
+def _metadata_text(where, path, relative):
+    """The text of a zarr metadata file, which must be a regular file (a FIFO would block zarr's read until a
+    writer came, a link to /dev/zero fill memory) of at most ``_MAX_METADATA_BYTES``, read no further."""
+    try:
+        info = os.stat(where)
+    except OSError as exc:  # a dangling link, a loop of links
+        raise RefusedFile(path, f"{relative} cannot be read ({exc.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise RefusedFile(path, f"{relative} is not a regular file (a FIFO, a device, a directory?): zarr metadata is "
+                                "a small JSON file")
+    if info.st_size > _MAX_METADATA_BYTES:
+        raise RefusedFile(path, f"{relative} is {info.st_size:,} bytes, too large for zarr metadata")
+    with open(where, "rb") as fh:
+        data = fh.read(_MAX_METADATA_BYTES + 1)  # (a file that grew since it was looked at)
+    if len(data) > _MAX_METADATA_BYTES:
+        raise RefusedFile(path, f"{relative} is more than {_MAX_METADATA_BYTES:,} bytes, too large for zarr metadata")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RefusedFile(path, f"{relative} is not JSON (UnicodeDecodeError)") from None
+
+
 def check_zarr_store(path):
     """Check every metadata document of a zarr store on disk, before zarr reads any of them. Groups are
     walked; an array's directory is not listed (its chunks can be millions of files)."""
@@ -242,18 +306,18 @@ def check_zarr_store(path):
             return
         seen.add(real)
         is_array = False
-        for file in _ZARR_METADATA:
+        for file in (*_ZARR_METADATA, ".zattrs"):
             where = os.path.join(directory, file)
-            if not os.path.isfile(where):
+            if not os.path.lexists(where):
                 continue
-            relative = os.path.relpath(where, root)
-            if os.path.getsize(where) > _MAX_METADATA_BYTES:
-                raise RefusedFile(path, f"{relative} is {os.path.getsize(where):,} bytes, too large for zarr metadata")
+            text = _metadata_text(where, path, os.path.relpath(where, root))
+            if file == ".zattrs":  # read by zarr, not by agpc: only its kind and size matter
+                continue
             try:
-                with open(where, encoding="utf-8") as fh:
-                    document = json.load(fh)
-            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-                raise RefusedFile(path, f"{relative} is not JSON ({type(exc).__name__})") from None
+                document = json.loads(text)
+            except (ValueError, RecursionError) as exc:
+                raise RefusedFile(path, f"{os.path.relpath(where, root)} is not JSON ({type(exc).__name__})") from None
+            relative = os.path.relpath(where, root)
             _check_zarr_document(document, path, relative)
             is_array |= file == ".zarray" or (isinstance(document, dict) and document.get("node_type") == "array")
         if is_array:
@@ -361,13 +425,44 @@ def open_zarr(path):
     try:
         node = zarr.open(os.fspath(path), mode="r")
         if isinstance(node, zarr.Group):
-            return {name: ZarrRows(node[name], path, name, os.path.join(path, name)) for name in node.array_keys()}
+            arrays = {name: ZarrRows(node[name], path, name, os.path.join(path, name)) for name in node.array_keys()}
+        else:
+            arrays = ZarrRows(node, path, None, path)
     except (ValueError, TypeError, KeyError, OSError) as exc:
         if isinstance(exc, RefusedFile):
             raise
         raise RefusedFile(path, f"not a readable zarr store ({type(exc).__name__}: {' '.join(str(exc).split())})") \
             from None
-    return ZarrRows(node, path, None, path)
+    _check_declared_against_stored(path, arrays if isinstance(arrays, dict) else {None: arrays})
+    return arrays
+
+
+def _stored_bytes(directory):
+    """The bytes of every file under a store's directory but its metadata (chunks, shards)."""
+    total = 0
+    for folder, _, files in os.walk(directory):
+        for file in files:
+            if file not in _ZARR_METADATA and file != ".zattrs":
+                with contextlib.suppress(OSError):
+                    total += os.stat(os.path.join(folder, file)).st_size
+    return total
+
+
+def _check_declared_against_stored(path, arrays):
+    """The shapes a store declares must be backed by the bytes it stores: a store declaring more than
+    ``_MAX_DECLARED_PER_STORED`` times the bytes of its chunks (and more than ``_DECLARED_UNCHECKED``) is refused
+    before any data are read. Missing chunks (fill values) and chunks of constant values (which compress
+    thousands to one) are what a forged shape is made of; honest data, fill chunks of sorted labels included,
+    declare a few times what they store. Its chunk files are walked only then."""
+    declared = sum(array.nbytes for array in arrays.values())
+    if declared <= _DECLARED_UNCHECKED:
+        return
+    stored = _stored_bytes(os.fspath(path))
+    if declared > _MAX_DECLARED_PER_STORED * stored:
+        shapes = ", ".join(f"{_what(name)} {array.shape} of {array.dtype}" for name, array in arrays.items())
+        raise RefusedFile(path, f"declares {declared:,} bytes ({shapes}) but stores {stored:,} bytes of chunks: "
+                                f"more than {_MAX_DECLARED_PER_STORED} to 1, missing or constant chunks made up in "
+                                "memory (a forged shape?)")
 
 
 # -- Parquet -------------------------------------------------------------------------------------------
@@ -387,30 +482,36 @@ def _plain_column_type(pa, field):
             or pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind))
 
 
-def read_parquet_columns(path):
-    """(column names, columns as NumPy arrays) of a Parquet file; the schema is checked before any data."""
+def read_parquet_columns(path, select=None):
+    """(column names, columns as NumPy arrays) of a Parquet file; the schema is checked before any data.
+    ``select(names)``, given the schema's column names, returns the names of the columns to read: the others are
+    neither checked nor read (a column of another type that the reader does not use, e.g. a timestamp, is
+    ignored as a CSV's unused columns are)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if _version_tuple(pa.__version__) < MIN_PYARROW:
         raise ImportError(f"reading Parquet needs pyarrow >= {'.'.join(map(str, MIN_PYARROW))} (older versions can run "
                           f"code from a Parquet file); this is pyarrow {pa.__version__}: pip install -U pyarrow")
+    check_regular_file(path)
     try:
         schema = pq.read_schema(path)
     except (pa.ArrowException, OSError) as exc:
         raise RefusedFile(path, f"not a readable Parquet file ({' '.join(str(exc).split())})") from None
+    wanted = list(schema.names) if select is None else list(select(list(schema.names)))
     # pyarrow reads a file whose columns share a name only through its internals' error (FieldRef ... in
     # __fragment_index): a column is known by its name, so a name used twice is refused first, in one line
-    repeated = sorted({name for name in schema.names if schema.names.count(name) > 1})
+    repeated = sorted({name for name in wanted if schema.names.count(name) > 1})
     if repeated:
         counts = ", ".join(f"{name!r} ({schema.names.count(name)} times)" for name in repeated)
         raise RefusedFile(path, f"the file names more than one column {counts}: every column needs a name of its own")
-    refused = [f"{field.name} ({field.type})" for field in schema if not _plain_column_type(pa, field)]
+    refused = [f"{field.name} ({field.type})" for field in schema
+               if field.name in wanted and not _plain_column_type(pa, field)]
     if refused:
         raise RefusedFile(path, f"columns of types agpc does not read (numbers, booleans and strings only): "
                                 f"{', '.join(refused)}")
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(path, columns=wanted)
     except (pa.ArrowException, OSError) as exc:
         raise RefusedFile(path, f"not a readable Parquet file ({' '.join(str(exc).split())})") from None
     return list(table.column_names), [column.to_numpy() for column in table.columns]

@@ -29,6 +29,7 @@ __all__ = [
     "ArrayNamespace",
     "ArrayLike",
     "HasMethods",
+    "Path",
     "Subset",
     "RandomState",
     "FloatingType",
@@ -223,8 +224,24 @@ class FloatingType:
         return " or ".join(repr(n) for n in self.names) + " (or a NumPy spelling of one)"
 
 
+class Path:
+    """A path to a file or a directory: a non-empty str or ``os.PathLike`` (the empty string names nothing:
+    ``open("")`` fails, and only after the work whose result was to be written there)."""
+
+    def accepts(self, value):
+        if not isinstance(value, (str, os.PathLike)):
+            return False
+        try:
+            return os.fspath(value) not in ("", b"")
+        except TypeError:  # an os.PathLike whose __fspath__ returns neither str nor bytes
+            return False
+
+    def __str__(self):
+        return "a path (a non-empty str or os.PathLike)"
+
+
 NONE = _NoneValue()
-PATH = InstanceOf(str, os.PathLike, description="a path (str or os.PathLike)")
+PATH = Path()
 
 
 def validate_params(params, constraints, owner):
@@ -296,6 +313,8 @@ def check_labels(y, what="y", offset=0):
             raise ValueError(f"{what} mixes kinds of labels ({found}): use one kind for every label, e.g. all "
                              "strings or all integers")
         blank = [row for row, value in enumerate(objects) if isinstance(value, (str, bytes)) and not value.strip()]
+        if set(kinds) == {"number"}:
+            values = _numbers(objects, what).reshape(np.shape(y))
     elif values.dtype.kind == "f":
         nan = np.flatnonzero(np.isnan(values))
         if nan.size:
@@ -310,6 +329,22 @@ def check_labels(y, what="y", offset=0):
         raise ValueError(f"{what} has empty labels at {_rows_text(blank, offset)}: an empty cell is a missing "
                          "label, not a class; drop those rows or give them a class")
     return values
+
+
+def _numbers(objects, what):
+    """Labels that are all numbers, held as Python objects (an object array, a list), as the NumPy array of
+    their own type (int64, uint64, float64, bool): a model's classes are then numbers, which a model file
+    holds as such (an object array would be written as text and come back as strings). Integers beyond 64 bits
+    have no NumPy type: refused, as text they are taken as written."""
+    numbers_ = objects.tolist()
+    if not all(isinstance(v, numbers.Integral) and not _is_bool(v) for v in numbers_):
+        return np.asarray(numbers_)  # floats (and bools) as NumPy takes them
+    low, high = min(numbers_), max(numbers_)  # integers exactly: never through float64
+    for dtype in (np.int64, np.uint64):
+        if np.iinfo(dtype).min <= low and high <= np.iinfo(dtype).max:
+            return np.asarray(numbers_, dtype=dtype)
+    raise ValueError(f"{what} holds integers beyond 64 bits (e.g. {max(numbers_, key=abs)}): NumPy has no type for "
+                     "them; give the labels as strings")
 
 
 # -- features -------------------------------------------------------------------------------------

@@ -14,7 +14,9 @@ banana_inducing.py, time_curves.py, multiclass_sklearn.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import subprocess
 import sys
 import time
 import warnings
@@ -438,3 +440,39 @@ def finish(t0, limiter):
     print(load_line(), flush=True)
     del limiter
     sys.stdout.flush()
+
+
+# -- data-parallel set-ups (issue 24) -------------------------------------------------------------------
+
+@contextlib.contextmanager
+def users_cluster(X_train, y_train, workers, chunk_rows):
+    """A user's own ``LocalCluster(n_workers=workers, threads_per_worker=1)`` and the training rows on it as the
+    user wraps them, ``da.from_array(X, chunks=(chunk_rows, d)).persist()`` (and the labels alike): the fit's data.
+    Set up before any clock; closed afterwards. No dashboard (no free port needed), nothing else set."""
+    import dask.array as da
+    from distributed import Client, LocalCluster, wait
+
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=None)
+    client = Client(cluster)
+    try:
+        X = da.from_array(X_train, chunks=(chunk_rows, X_train.shape[1])).persist()
+        y = da.from_array(y_train, chunks=chunk_rows).persist()
+        wait([X, y])
+        yield X, y
+    finally:
+        client.close()
+        cluster.close()
+
+
+@contextlib.contextmanager
+def cpu_bound(n, nice=0):
+    """``n`` extra CPU-bound processes (``while True: pass`` at niceness ``nice``) for the duration, ended by their
+    handles afterwards: a machine shared with other work."""
+    hogs = [subprocess.Popen([sys.executable, "-c", f"import os; os.nice({int(nice)})\nwhile True: pass"])
+            for _ in range(n)]
+    try:
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()

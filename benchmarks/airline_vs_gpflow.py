@@ -29,19 +29,33 @@ function (``STEP_HOOKS``; EP's exact factor rebuild once an epoch falls inside, 
 "final pass" is what ``fit`` does after the last step (EP: q rebuilt from every row's sites; SVI: the bound on
 all rows; SEP: nothing of size n), outside ``max_time`` today. GPflow: the harness's ``train_s`` (training
 seconds, test scoring excluded; the first step's graph tracing included) and ``sec_per_step``. The harness
-checks its time cap only at the end of an epoch (10,241 steps here, about a minute), so the script hands it
-its own minibatches in its own order ``--peer-chunk`` steps at a time (``common.batch_schedule`` wrapped; a
-scoring, excluded from the clock, after each chunk): the cap then holds to within a chunk. ``--peer-chunk 0``
-runs the harness unmodified. Test NLL: mean of -log p(y | x) over the 10,000 test rows (agpc:
+checks its time cap only at the end of an epoch (10,241 steps here, about a minute), so the script asks it to
+treat every ``--peer-chunk`` steps as one (the harness's ``--round-steps``: the same minibatches in the same order,
+a scoring excluded from the clock after each): the cap then holds to within a chunk. ``--peer-chunk 0`` runs the
+harness with whole epochs. Test NLL: mean of -log p(y | x) over the 10,000 test rows (agpc:
 ``predict_proba``; GPflow: Phi(y mu / sqrt(1 + var))); error: the fraction misclassified.
 
+Data-parallel rows (issue 24; ``--data-parallel``, default both): agpc SEP (``--dp-method``) in two local worker
+processes (``GPClassifier(n_jobs=2)``, the workers' start inside the clock), and on a user's own
+``LocalCluster(n_workers=2, threads_per_worker=1)`` started before the clock with the training rows as
+``da.from_array(X, chunks=(25_000, d)).persist()`` and nothing set (``fit`` finds the cluster itself). Their
+"steps" are the minibatch steps of all workers (the rounds' record), their training seconds run from the first
+round's start to the last one's end; rows / s = steps x 200 / training seconds for every row, and "x SEP" is that
+against the one-process SEP row of the same budget. ``--busy N`` adds a table at ``--busy-budget`` seconds of SEP
+in one process and the two data-parallel rows, each run beside N extra CPU-bound processes (a machine shared with
+other work). GPflow runs at its default threads (``--peer-threads``, the CPU count) in every budget and also at one
+thread in the budgets of ``--peer-one-thread-budgets`` (default: the smallest), for its per-step time at one thread.
+
 Targets (issue 14), printed next to the figures: agpc SEP ms / step at most GPflow's in the same run; test
-NLL after 60 s of training at most GPflow's; after 15 s at most 0.625. ``--thread-table``: ms per SEP step
+NLL after 60 s of training at most GPflow's; after 15 s at most 0.625. Issue 24's: two workers at least 1.4x one
+process's rows / s and a 60-s NLL at most one process's; beside an extra CPU-bound process, at least one process's
+rows / s under the same load. ``--thread-table``: ms per SEP step
 with 1 and 2 BLAS threads (``threadpoolctl.threadpool_limits`` around ``fit``, inside this process) and with
 nothing set, one after another in one run. The machine may be shared: the load average is printed at the start
 and end, and GPflow's harness reports the cores other processes used; compare ratios within a run.
 
-    PYTHONPATH=. python benchmarks/airline_vs_gpflow.py --thread-table   # about 30 minutes
+    PYTHONPATH=. python benchmarks/airline_vs_gpflow.py --thread-table   # about 50 minutes
+    PYTHONPATH=. python benchmarks/airline_vs_gpflow.py --budgets 60 --methods sep --busy 1   # issue 24's rows
     PYTHONPATH=. python benchmarks/airline_vs_gpflow.py --quick --thread-table   # 10,000 rows, no peer: < 30 s
 
 Writes ``benchmarks/results/airline_vs_gpflow[_quick].json`` (every row, the targets, the machine).
@@ -64,7 +78,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import DEFAULT_DATA_DIR, PROJECT_ROOT, load_line  # noqa: E402
-from _protocol import RESULTS_DIR, parse_list, standardise, start, test_scores  # noqa: E402
+from _protocol import (RESULTS_DIR, cpu_bound, parse_list, standardise, start, test_scores,  # noqa: E402
+                       users_cluster)
 from airline import labels_from_delay  # noqa: E402
 
 PEERS_DIR = PROJECT_ROOT / ".." / "shared" / "peers"
@@ -74,6 +89,7 @@ M = 200
 BATCH = 200
 SEED = 0
 TARGET_NLL_15S = 0.625
+TARGET_DATA_PARALLEL = 1.4  # issue 24: two workers' rows / s against one process's
 METHODS = ("sep", "ep", "svi")
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -87,25 +103,6 @@ STEP_HOOKS = (
     ("agpc.inference.training", "Trainer", "step", lambda args, kwargs, out: bool(out[0])),
     ("agpc.inference.variational", None, "svi_elbo", lambda args, kwargs, out: kwargs.get("want_grad", True)),
 )
-
-# Run by the peer's Python: the harness as it is, but handed its minibatches `chunk` steps at a time, so that
-# its time cap (checked after each "epoch") holds to within a chunk. Same minibatches, same order.
-PEER_DRIVER = """
-import os, runpy, sys
-harness, chunk = sys.argv[1], int(sys.argv[2])
-sys.argv = [harness] + sys.argv[3:]
-sys.path.insert(0, os.path.dirname(harness))
-import common
-if chunk > 0:
-    whole_epochs = common.batch_schedule
-    def batch_schedule(n, batch, seed):
-        for epoch in whole_epochs(n, batch, seed):
-            for i in range(0, len(epoch), chunk):
-                yield epoch[i:i + chunk]
-    common.batch_schedule = batch_schedule
-runpy.run_path(harness, run_name="__main__")
-"""
-
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -121,13 +118,24 @@ def parse_args(argv=None):
                         "(default with --quick)")
     p.add_argument("--no-peer", action="store_true", help="skip the GPflow rows (implied by --quick)")
     p.add_argument("--peer-python", default=str(PEER_HOME / "gpflow" / "bin" / "python"))
+    p.add_argument("--peers-dir", default=str(PEERS_DIR), help="the peer harnesses' folder (default ../shared/peers)")
     p.add_argument("--peer-data", default=str(PEER_HOME / "airline_real"),
                    help="the harness's data folder, written by make_airline_real.py")
     p.add_argument("--peer-threads", type=int, default=os.cpu_count() or 1,
                    help="GPflow's --threads (default: the CPU count)")
     p.add_argument("--peer-chunk", type=int, default=500,
-                   help="steps handed to the harness per 'epoch' so its time cap is checked that often "
-                        "(default 500; 0: the harness unmodified, capped only at real epoch ends)")
+                   help="the harness's --round-steps: its time cap is checked every this many steps "
+                        "(default 500; 0: only at real epoch ends)")
+    p.add_argument("--peer-one-thread-budgets", default=None,
+                   help="budgets at which GPflow also runs with one thread (default: the smallest; 'none')")
+    p.add_argument("--data-parallel", default="n_jobs,cluster",
+                   help="data-parallel rows: n_jobs (local workers), cluster (a user's LocalCluster), none")
+    p.add_argument("--dp-method", default="sep", choices=METHODS, help="method of the data-parallel rows")
+    p.add_argument("--workers", type=int, default=2, help="workers of the data-parallel rows (default 2)")
+    p.add_argument("--dask-chunk-rows", type=int, default=25_000, help="rows per chunk of the cluster row's array")
+    p.add_argument("--busy", type=int, default=0,
+                   help="extra CPU-bound processes of the loaded table (default 0: no such table)")
+    p.add_argument("--busy-budget", type=float, default=None, help="budget of the loaded table (default 60; quick 3)")
     p.add_argument("--thread-table", action="store_true",
                    help="also time SEP steps with 1 and 2 BLAS threads and with nothing set")
     p.add_argument("--thread-budget", type=float, default=None,
@@ -142,6 +150,12 @@ def parse_args(argv=None):
     args.inducing = args.inducing or ("kmeans" if q else "peer")
     args.no_peer = args.no_peer or q
     args.thread_budget = args.thread_budget if args.thread_budget is not None else (1.0 if q else 20.0)
+    args.busy_budget = args.busy_budget if args.busy_budget is not None else (3.0 if q else 60.0)
+    one_thread = args.peer_one_thread_budgets
+    args.peer_one_thread_budgets = ([] if one_thread == "none" else [min(args.budgets)] if one_thread is None
+                                    else parse_list(one_thread, convert=float))
+    args.data_parallel = [] if args.data_parallel == "none" else parse_list(args.data_parallel, ("n_jobs", "cluster"),
+                                                                            "data-parallel row")
     args.out = Path(args.out or RESULTS_DIR / f"airline_vs_gpflow{'_quick' if q else ''}.json")
     return args
 
@@ -226,9 +240,28 @@ class StepClock:
                 setattr(owner, name, original)
 
 
-def run_agpc(method, budget, data, Z, threads=None, **params):
+@contextlib.contextmanager
+def data_parallel_plans():
+    """The ``DataParallel`` plans the fits inside make (their rounds' record: the steps each worker took)."""
+    from agpc.inference import data_parallel
+
+    plans, real = [], data_parallel.DataParallel.__init__
+
+    def init(plan, *args, **kwargs):
+        real(plan, *args, **kwargs)
+        plans.append(plan)
+
+    data_parallel.DataParallel.__init__ = init
+    try:
+        yield plans
+    finally:
+        data_parallel.DataParallel.__init__ = real
+
+
+def run_agpc(method, budget, data, Z, threads=None, where="one process", fit_data=None, **params):
     """One fit and its test scores: a dict of the table's columns. ``threads``: BLAS limit around the fit
-    (None: nothing set); ``params``: more GPClassifier parameters."""
+    (None: nothing set); ``where``: "one process", "n_jobs" or "cluster" (the fit on ``fit_data``, dask arrays on
+    the current client); ``params``: more GPClassifier parameters."""
     import agpc
 
     X_train, y_train, X_test, y_test = data
@@ -240,20 +273,24 @@ def run_agpc(method, budget, data, Z, threads=None, **params):
         from threadpoolctl import threadpool_limits
 
         limits = threadpool_limits(limits=threads, user_api="blas")
-    with warnings.catch_warnings(), limits, clock.counting():
+    with warnings.catch_warnings(), limits, clock.counting(), data_parallel_plans() as plans:
         warnings.simplefilter("ignore")
         blas_threads = blas_thread_counts()
         t0 = time.perf_counter()
-        model.fit(X_train, y_train)
+        model.fit(*(fit_data or (X_train, y_train)))
         t_end = time.perf_counter()
     nll, err = test_scores(model, X_test, y_test)
-    row = {"library": "agpc", "method": method, "budget": budget, "steps": clock.steps, "nll": nll, "error": err,
-           "fit_seconds": t_end - t0, "threads": threads, "blas_pool_threads": blas_threads,
-           "inducing": "agpc k-means" if Z is None else "peer Z"}
+    rounds = plans[-1].rounds if plans else None
+    steps = sum(sum(r["steps"]) for r in rounds) if rounds is not None else clock.steps
+    row = {"library": "agpc", "method": method, "budget": budget, "steps": steps, "nll": nll, "error": err,
+           "fit_seconds": t_end - t0, "threads": threads, "blas_pool_threads": blas_threads, "where": where,
+           "inducing": "agpc k-means" if Z is None else "peer Z", "n_jobs_used": getattr(model, "n_jobs_", None)}
+    if rounds is not None:
+        row["rounds"] = len(rounds)
     if clock.steps:
         train = clock.last_end - clock.first_start
-        row.update(setup_seconds=clock.first_start - t0, train_seconds=train, ms_per_step=1e3 * train / clock.steps,
-                   final_seconds=t_end - clock.last_end)
+        row.update(setup_seconds=clock.first_start - t0, train_seconds=train, ms_per_step=1e3 * train / steps,
+                   final_seconds=t_end - clock.last_end, rows_per_second=steps * BATCH / train)
     else:
         # max_time bounds the whole fit: a budget that cannot hold one step and the final pass takes none
         row["note"] = (f"no step counted through {clock.hooked}: the fit took none within max_time, or the "
@@ -278,17 +315,17 @@ def time_agpc_kmeans(X_train):
 
 # -- GPflow ----------------------------------------------------------------------------------------
 
-def peer_build_commands(peer_python, peer_data):
+def peer_build_commands(peer_python, peer_data, peers_dir=PEERS_DIR):
     venv = Path(peer_python).parent.parent
-    peers = PEERS_DIR.resolve()
+    peers = Path(peers_dir).resolve()
     return (f"python3 -m venv {venv} && {peer_python} -m pip install -r {peers / 'requirements-gpflow.txt'}\n"
             f"    {peer_python} {peers / 'make_airline_real.py'} {peer_data}")
 
 
 def peer_missing(args):
     """None when the harness can run, else the reason (printed with the commands that build what is missing)."""
-    if not (PEERS_DIR / "gpflow_svgp.py").is_file():
-        return f"the harness {PEERS_DIR / 'gpflow_svgp.py'} is absent"
+    if not (Path(args.peers_dir) / "gpflow_svgp.py").is_file():
+        return f"the harness {Path(args.peers_dir) / 'gpflow_svgp.py'} is absent"
     if not Path(args.peer_python).is_file():
         return f"no peer Python at {args.peer_python} (the virtual environment is not built)"
     probe = subprocess.run([args.peer_python, "-c", "import gpflow, tensorflow"], capture_output=True, text=True)
@@ -299,15 +336,17 @@ def peer_missing(args):
     return None
 
 
-def run_peer(args, budget):
-    """GPflow SVGP for ``budget`` training seconds through the harness: a dict of the table's columns."""
-    harness = str((PEERS_DIR / "gpflow_svgp.py").resolve())
-    cmd = [args.peer_python, "-c", PEER_DRIVER, harness, str(args.peer_chunk), args.peer_data,
-           "--m", str(M), "--batch", str(BATCH), "--time-cap", f"{budget:g}", "--threads", str(args.peer_threads),
+def run_peer(args, budget, threads=None):
+    """GPflow SVGP for ``budget`` training seconds through the harness, with ``threads`` (default
+    ``--peer-threads``): a dict of the table's columns."""
+    harness = str((Path(args.peers_dir) / "gpflow_svgp.py").resolve())
+    threads = args.peer_threads if threads is None else threads
+    cmd = [args.peer_python, harness, args.peer_data, "--round-steps", str(args.peer_chunk),
+           "--m", str(M), "--batch", str(BATCH), "--time-cap", f"{budget:g}", "--threads", str(threads),
            "--seed", str(SEED), "--epochs", str(10**6 if args.peer_chunk > 0 else 1000),
            "--label", f"budget {budget:g}"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(PEERS_DIR))
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(args.peers_dir))
     wall = time.perf_counter() - t0
     records = []
     for line in proc.stdout.splitlines():
@@ -320,6 +359,7 @@ def run_peer(args, budget):
         row["note"] = f"harness exited with {proc.returncode}: {proc.stderr.strip()[-800:]}"
         return row
     row.update(steps=summary["steps"], train_seconds=summary["train_s"], ms_per_step=1e3 * summary["sec_per_step"],
+               rows_per_second=BATCH / summary["sec_per_step"],
                nll=summary["final_test_nll"], error=summary["final_test_err"], setup_seconds=summary["init_s"],
                Z_sha=summary["Z_sha"], other_cores=summary.get("other_cores_avg"), stopped_by=summary["stopped_by"],
                versions=summary["versions"], threads=summary["threads"])
@@ -335,27 +375,40 @@ def fmt(value, spec):
     return "–" if value is None else format(value, spec)
 
 
+def row_name(r):
+    if r["library"] == "agpc":
+        where = r.get("where", "one process")
+        return {"one process": f"agpc {r['method'].upper()}, nothing set",
+                "n_jobs": f"agpc {r['method'].upper()}, n_jobs={r.get('workers', 2)}",
+                "cluster": f"agpc {r['method'].upper()}, user's LocalCluster ({r.get('workers', 2)} workers), "
+                           "nothing set"}[where]
+    version, threads = r.get("versions", {}).get("gpflow", "?"), r.get("threads", "?")
+    return f"GPflow {version} SVGP, Adam 0.01, float64, {threads} thread{'s' if threads != 1 else ''}"
+
+
 def print_budget_table(rows, budget):
     print(f"\n### Budget {budget:g} s\n")
-    print("| run | Z | set-up / init (s) | training (s) | steps | ms / step | final pass (s) | fit wall (s) "
-          "| test NLL | test error |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| run | Z | set-up / init (s) | training (s) | steps | ms / step | rows / s | x SEP | final pass (s) "
+          "| fit wall (s) | test NLL | test error |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    sep = next((r for r in rows if r["library"] == "agpc" and r["method"] == "sep"
+                and r.get("where", "one process") == "one process" and "rows_per_second" in r), None)
     for r in rows:
-        if r["library"] == "agpc":
-            name = f"agpc {r['method'].upper()}, nothing set"
-        else:
-            version, threads = r.get("versions", {}).get("gpflow", "?"), r.get("threads", "?")
-            name = f"GPflow {version} SVGP, Adam 0.01, float64, {threads} threads"
         wall = r.get("fit_seconds", r.get("process_seconds"))
         z = r.get("inducing", "peer Z (its cache)" if r["library"] == "GPflow" else "")
-        print(f"| {name} | {z} | {fmt(r.get('setup_seconds'), '.1f')} | {fmt(r.get('train_seconds'), '.1f')} "
-              f"| {fmt(r.get('steps'), ',')} | {fmt(r.get('ms_per_step'), '.2f')} "
-              f"| {fmt(r.get('final_seconds'), '.1f')} "
+        rate = r.get("rows_per_second")
+        ratio = rate / sep["rows_per_second"] if rate and sep else None
+        print(f"| {row_name(r)} | {z} | {fmt(r.get('setup_seconds'), '.1f')} | {fmt(r.get('train_seconds'), '.1f')} "
+              f"| {fmt(r.get('steps'), ',')} | {fmt(r.get('ms_per_step'), '.2f')} | {fmt(rate, ',.0f')} "
+              f"| {fmt(ratio, '.2f')} | {fmt(r.get('final_seconds'), '.1f')} "
               f"| {fmt(wall, '.1f')} | {fmt(r.get('nll'), '.4f')} | {fmt(r.get('error'), '.4f')} |")
     for r in rows:
         if r.get("note"):
             print(f"- {r['library']} {r['method']}: {r['note']}")
     peer = next((r for r in rows if r["library"] == "GPflow" and "nll" in r), None)
+    for r in rows:
+        if r.get("rounds"):
+            print(f"- {row_name(r)}: {r['rounds']} rounds, {r['steps']:,} minibatch steps of all workers.")
     if peer is not None:
         print(f"- GPflow: stopped by {peer['stopped_by']}; other processes used "
               f"{fmt(peer['other_cores'], '.2f')} cores "
@@ -364,10 +417,11 @@ def print_budget_table(rows, budget):
 
 
 def targets(rows_by_budget):
-    """(text, met or None) lines for the issue's three targets."""
+    """(text, met or None) lines for the targets of issues 14 and 24 that the rows of each budget speak to."""
     out = []
     for budget, rows in rows_by_budget.items():
-        sep = next((r for r in rows if r["method"] == "sep" and "ms_per_step" in r), None)
+        sep = next((r for r in rows if r["method"] == "sep" and "ms_per_step" in r
+                    and r.get("where", "one process") == "one process"), None)
         peer = next((r for r in rows if r["library"] == "GPflow" and "ms_per_step" in r), None)
         if sep and peer:
             ok = sep["ms_per_step"] <= peer["ms_per_step"]
@@ -376,15 +430,71 @@ def targets(rows_by_budget):
                         f"target <= 1)", ok))
         if budget == 60 and peer is not None and "nll" in peer:
             for r in rows:
-                if r["library"] == "agpc" and "nll" in r:
+                if r["library"] == "agpc" and "nll" in r and r.get("where", "one process") == "one process":
                     out.append((f"60 s: agpc {r['method'].upper()} test NLL {r['nll']:.4f} vs GPflow {peer['nll']:.4f} "
                                 f"(target: at most GPflow's)", r["nll"] <= peer["nll"]))
         if budget == 15:
             for r in rows:
-                if r["library"] == "agpc" and "nll" in r:
+                if r["library"] == "agpc" and "nll" in r and r.get("where", "one process") == "one process":
                     out.append((f"15 s: agpc {r['method'].upper()} test NLL {r['nll']:.4f} (target <= "
                                 f"{TARGET_NLL_15S})", r["nll"] <= TARGET_NLL_15S))
+        one = {r["method"]: r for r in rows if r["library"] == "agpc" and r.get("where") == "one process"}
+        for r in rows:
+            base = one.get(r["method"])
+            if r.get("where") in ("n_jobs", "cluster") and base and r.get("rows_per_second") and base.get(
+                    "rows_per_second"):
+                ratio = r["rows_per_second"] / base["rows_per_second"]
+                out.append((f"budget {budget:g} s: {row_name(r)} {ratio:.2f}x one process's rows / s (target >= "
+                            f"{TARGET_DATA_PARALLEL})", ratio >= TARGET_DATA_PARALLEL))
+                if budget == 60:
+                    out.append((f"60 s: {row_name(r)} test NLL {r['nll']:.4f} vs one process {base['nll']:.4f} "
+                                "(target: at most one process's)", r["nll"] <= base["nll"]))
     return out
+
+
+def data_parallel_rows(args, budget, data, Z):
+    """The data-parallel rows of a budget (``--data-parallel``): ``n_jobs`` and a user's own LocalCluster."""
+    rows = []
+    for where in args.data_parallel:
+        if where == "n_jobs":
+            row = run_agpc(args.dp_method, budget, data, Z, where="n_jobs", n_jobs=args.workers)
+        else:
+            with users_cluster(data[0], data[1], args.workers, args.dask_chunk_rows) as fit_data:
+                row = run_agpc(args.dp_method, budget, data, Z, where="cluster", fit_data=fit_data)
+        row["workers"] = args.workers
+        rows.append(row)
+        print(f"<!-- agpc {args.dp_method} {where} {budget:g} s done: {row['nll']:.4f} -->", flush=True)
+    return rows
+
+
+def busy_table(args, data, Z):
+    """SEP in one process and the data-parallel rows at ``--busy-budget``, each beside ``--busy`` extra CPU-bound
+    processes: does a busy core slow the rounds by its share of the CPU only?"""
+    budget = args.busy_budget
+    print(f"\n### Beside {args.busy} extra CPU-bound process(es): {args.dp_method.upper()} at {budget:g} s\n")
+    rows = []
+    with cpu_bound(args.busy):
+        rows.append(run_agpc(args.dp_method, budget, data, Z))
+    for where in args.data_parallel:
+        single = dict(args.__dict__, data_parallel=[where])
+        with cpu_bound(args.busy):
+            rows += data_parallel_rows(argparse.Namespace(**single), budget, data, Z)
+    print("| run | training (s) | steps | rows / s | x one process | test NLL |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ratio = r.get("rows_per_second", 0) / rows[0]["rows_per_second"] if rows[0].get("rows_per_second") else None
+        print(f"| {row_name(r)} | {fmt(r.get('train_seconds'), '.1f')} | {fmt(r.get('steps'), ',')} "
+              f"| {fmt(r.get('rows_per_second'), ',.0f')} | {fmt(ratio, '.2f')} | {r['nll']:.4f} |")
+    return rows
+
+
+def busy_targets(rows):
+    if not rows or not rows[0].get("rows_per_second"):
+        return []
+    base = rows[0]
+    return [(f"beside an extra CPU-bound process: {row_name(r)} {r['rows_per_second'] / base['rows_per_second']:.2f}x "
+             "one process's rows / s under the same load (target >= 1)",
+             r["rows_per_second"] >= base["rows_per_second"]) for r in rows[1:] if r.get("rows_per_second")]
 
 
 def thread_table(args, data, Z):
@@ -439,9 +549,9 @@ def main(argv=None):
     why_no_peer = "--quick / --no-peer" if args.no_peer else peer_missing(args)
     if why_no_peer and not args.no_peer:
         print(f"\nGPflow rows skipped: {why_no_peer}.\nBuild the peer's environment and data folder with:\n"
-              f"    {peer_build_commands(args.peer_python, args.peer_data)}")
+              f"    {peer_build_commands(args.peer_python, args.peer_data, args.peers_dir)}")
     elif not why_no_peer:
-        print(f"GPflow harness: {PEERS_DIR.resolve() / 'gpflow_svgp.py'} in {args.peer_python}; data folder "
+        print(f"GPflow harness: {Path(args.peers_dir).resolve() / 'gpflow_svgp.py'} in {args.peer_python}; data folder "
               f"{args.peer_data}: test rows {same_test_rows(args.peer_data, X_test, y_test)} to ours; time cap "
               f"checked every {args.peer_chunk or 'epoch of'} steps.")
     start_z = "the peer's cached k-means Z" if args.inducing == "peer" else "its own k-means"
@@ -452,21 +562,25 @@ def main(argv=None):
     for budget in args.budgets:
         rows = []
         if not why_no_peer:
-            rows.append(run_peer(args, budget))
-            print(f"<!-- GPflow {budget:g} s done: {rows[-1].get('nll', rows[-1].get('note'))} -->", flush=True)
+            for threads in [None] + ([1] if budget in args.peer_one_thread_budgets else []):
+                rows.append(run_peer(args, budget, threads))
+                print(f"<!-- GPflow {budget:g} s done: {rows[-1].get('nll', rows[-1].get('note'))} -->", flush=True)
         Z = peer_z(args)
         for method in args.methods:
             rows.append(run_agpc(method, budget, data, Z))
             print(f"<!-- agpc {method} {budget:g} s done: {rows[-1]['nll']:.4f} -->", flush=True)
+        rows += data_parallel_rows(args, budget, data, Z)
         rows_by_budget[budget] = rows
         print_budget_table(rows, budget)
 
-    met = targets(rows_by_budget)
-    print("\n### Targets (issue 14)\n")
+    busy_rows = busy_table(args, data, peer_z(args)) if args.busy else []
+
+    met = targets(rows_by_budget) + busy_targets(busy_rows)
+    print("\n### Targets (issues 14 and 24)\n")
     for text, ok in met:
         print(f"- {'met' if ok else 'NOT met'}: {text}")
     if not met:
-        print("- none applies to this run (they need the GPflow rows and budgets of 15 and 60 s)")
+        print("- none applies to this run (they need the GPflow rows, budgets of 15 and 60 s, or data-parallel rows)")
 
     threads = []
     if args.thread_table:
@@ -475,7 +589,7 @@ def main(argv=None):
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "argv": sys.argv if argv is None else argv, "agpc_kmeans_seconds": kmeans_seconds,
-        "rows": [r for rows in rows_by_budget.values() for r in rows], "thread_table": threads,
+        "rows": [r for rows in rows_by_budget.values() for r in rows], "thread_table": threads, "busy": busy_rows,
         "targets": [{"text": t, "met": ok} for t, ok in met], "loadavg_end": os.getloadavg(),
     }, indent=1, default=str))
     print(f"\nResults: {args.out}")

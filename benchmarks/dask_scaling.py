@@ -160,7 +160,7 @@ class RoundPlans:
 
 def rows_of_rounds(plan):
     """Rows the shards stepped on in all rounds of a fit."""
-    return sum(r["steps"] for r in plan.rounds) * len(plan.shards) * plan.batch_size
+    return sum(sum(r["steps"]) for r in plan.rounds) * plan.batch_size
 
 
 class WorkerMemory:
@@ -236,11 +236,13 @@ def scale_cell(args, method, n):
            "training_peak": training_peak, "before": before}
     if method in MINIBATCH:  # data-parallel rounds (the default on a dask array): a step is a round
         row["rows_seen"] = rows_of_rounds(plans.plans[-1])
-        row["rows_per_s"] = row["rows_seen"] / sum(steps)
+        # max_time bounds the whole fit (set-up included): on a loaded machine a short budget may end before a
+        # round, and the cell then has no rate to give
+        row["rows_per_s"] = row["rows_seen"] / sum(steps) if steps else float("nan")
         row["epoch_s"] = n / row["rows_per_s"]
     else:
         warm, graded = steps[:10], steps[10:]
-        row["pass_s"] = statistics.median(warm)
+        row["pass_s"] = statistics.median(warm) if warm else float("nan")  # (no pass within a short budget)
         row["grad_pass_s"] = statistics.median(graded) if graded else float("nan")
         row["rows_per_s"] = n / row["pass_s"]
         row["epoch_s"] = row["pass_s"]
@@ -352,8 +354,8 @@ def minibatch_cell(args, method, workers, local_steps, X_test, y_test):
             rounds = plan.rounds[1:] or plan.rounds  # (the first round also reads the chunks)
             row["rows_seen"] = rows_of_rounds(plan)
             row["round_s"] = statistics.median(r["seconds"] for r in rounds)
-            row["task_s"] = statistics.median(r["task_seconds"] for r in rounds)
-            row["overhead_s"] = statistics.median(r["seconds"] - r["task_seconds"] for r in rounds)
+            row["task_s"] = statistics.median(max(r["task_seconds"]) for r in rounds)  # the slowest task's
+            row["overhead_s"] = statistics.median(r["seconds"] - max(r["task_seconds"]) for r in rounds)
             row["sent"] = statistics.median(r["bytes_sent"] for r in rounds)
             row["received"] = statistics.median(r["bytes_received"] for r in rounds)
             row["shards"] = len(plan.shards)

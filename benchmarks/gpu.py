@@ -18,7 +18,11 @@ Columns:
   (syncs = host conversions + data-dependent shapes; the step's own summary transfer is one).
 - GPU ms / step, GPU step / GEMM, GPU rows / s and speed-up over NumPy: ``cupyx.profiler.benchmark`` (GPU
   time, median) of the same step on ``array_api_compat.cupy``, where CuPy and a CUDA device are present;
-  otherwise the table says "no GPU on this machine".
+  otherwise the table says "no GPU on this machine". GPU syncs: one step's synchronisations counted on CuPy's own
+  paths to the host (tests/cupy_syncs.py: ``ndarray.get``, ``float()``, ``asnumpy``, ``Stream.synchronize``, ...).
+- model ms (H100): the step's launches, flops and bytes (tests/step_cost.py, from the counted step) priced on an
+  H100 SXM by docs/gpu.md's model: the longer of launches x 10 us and flops / 33.5 Tflop/s (float64; 67 float32)
+  + bytes / 3.35 TB/s; "L" marks a step whose launches set its time.
 - dtype: float64, and float32 where ``GPClassifier`` takes a ``dtype`` parameter (``--dtypes``); on a branch
   without it the float32 rows say "n/a".
 
@@ -27,6 +31,11 @@ RBF kernel (lengthscales 1, amplitude 1, noise 1e-3), d = 8.
 
     PYTHONPATH=. python benchmarks/gpu.py              # m = 100, 200, 500, 1000 x batch = 200, 1000, 10000
     PYTHONPATH=. python benchmarks/gpu.py --quick      # smoke test (m = 20, 50; batch = 60, 150)
+    PYTHONPATH=. python benchmarks/gpu.py --model      # docs/gpu.md's table: no timing, steps counted on CuPy's paths
+
+``--model`` counts one step of each configuration on a mocked CuPy (tests/cupy_mock.py: agpc's CuPy paths, every
+array operation one kernel launch) and prices it on an H100 SXM by docs/gpu.md's model (tests/step_cost.py), with
+the default row blocks (~16 MB per n x m temporary) and in one block (what ``batch_size="auto"`` does on a GPU).
 """
 
 from __future__ import annotations
@@ -70,7 +79,13 @@ def parse_args(argv=None):
                         "--quick: on a small shared machine a multi-threaded BLAS stalls on small products whenever "
                         "another process holds a core)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", action="store_true",
+                   help="print docs/gpu.md's model table (launches, bytes, H100 time; m = 200, 1000 x batch = 200, "
+                        "2000, 20000 unless --ms / --batches) instead of timing")
     args = p.parse_args(argv)
+    if args.model:
+        args.ms = args.ms or "200,1000"
+        args.batches = args.batches or "200,2000,20000"
     if args.quick and args.blas_threads is None:
         args.blas_threads = 1
     if args.quick:
@@ -101,17 +116,17 @@ def dtype_support():
 
 
 def gpu_namespace():
-    """(array_api_compat.cupy, None) where CuPy and a CUDA device are present, else (None, why not)."""
+    """(array_api_compat.cupy, None) where CuPy can compute on a CUDA device (``agpc.backend.check_device``: a
+    device, a driver and the CUDA libraries), else (None, why not)."""
+    from agpc import backend
+
     try:
-        import cupy
+        backend.check_device()
+    except backend.DeviceUnavailableError as exc:
+        return None, str(exc)
+    import array_api_compat.cupy as xp
 
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return None, "CuPy sees no CUDA device"
-        import array_api_compat.cupy as xp
-
-        return xp, None
-    except Exception as exc:  # ImportError, or a CUDA runtime error
-        return None, f"CuPy unavailable: {type(exc).__name__}: {exc}"
+    return xp, None
 
 
 # -- one configuration --------------------------------------------------------------------------------------
@@ -198,30 +213,47 @@ def time_gemm(m, batch, dtype, rounds=5, min_seconds=0.02):
 
 
 def count_step(problem, method, batch):
-    """(array operations, host synchronisations) of one step, counted on array_api_compat.numpy."""
+    """(array operations, host synchronisations, ``step_cost.StepCost``) of one step, counted on
+    array_api_compat.numpy."""
     import array_api_compat.numpy as base
     from array_counting import CountingNamespace
+    from step_cost import step_cost
 
     namespace = CountingNamespace(base)
     step = Step(namespace, problem, method, batch)
     with namespace.counting() as tally:
         step()
-    counts = tally.folded(GENERIC_FALLBACKS).counts()
-    return counts["op"], counts["syncs"]
+    folded = tally.folded(GENERIC_FALLBACKS)
+    counts = folded.counts()
+    return counts["op"], counts["syncs"], step_cost(folded, problem[0].dtype.itemsize)
+
+
+def model_cell(cost, dtype):
+    """docs/gpu.md's model of the step's time on an H100 SXM, in ms ("L": its launches set it)."""
+    from agpc.backend import DeviceThroughput
+
+    h100 = DeviceThroughput("H100 SXM", 66.9e12 if dtype == "float32" else 33.5e12, 3.35e12)
+    launch, device, step = cost.seconds(h100)
+    return _ms(step) + (" L" if launch >= device else "")
 
 
 def time_gpu(xp, problem, method, batch, dtype, repeats):
-    """(GPU seconds per step, GPU seconds of the GEMM), medians of ``cupyx.profiler.benchmark``."""
+    """(GPU seconds per step, GPU seconds of the GEMM, synchronisations of one step), medians of
+    ``cupyx.profiler.benchmark`` (named: it reads a callable's ``__name__`` otherwise, which a ``Step`` has not)."""
     import cupy
+    from cupy_syncs import counting_syncs
     from cupyx.profiler import benchmark
 
     step = Step(xp, problem, method, batch)
-    step_times = benchmark(step, n_repeat=repeats, n_warmup=1).gpu_times[0]
+    step_times = benchmark(step, n_repeat=repeats, n_warmup=1, name=f"{method} step").gpu_times[0]
+    with counting_syncs(cupy) as syncs:
+        step()
     m = problem[2].shape[0]
-    A = cupy.random.standard_normal((batch, m)).astype(dtype)
-    B = cupy.random.standard_normal((m, m)).astype(dtype)
-    gemm_times = benchmark(lambda: A @ B, n_repeat=max(repeats, 10), n_warmup=2).gpu_times[0]
-    return float(np.median(step_times)), float(np.median(gemm_times))
+    rng = np.random.default_rng(1)
+    A = xp.asarray(rng.standard_normal((batch, m)).astype(dtype))
+    B = xp.asarray(rng.standard_normal((m, m)).astype(dtype))
+    gemm_times = benchmark(lambda: A @ B, n_repeat=max(repeats, 10), n_warmup=2, name="gemm").gpu_times[0]
+    return float(np.median(step_times)), float(np.median(gemm_times)), syncs.count
 
 
 # -- the table ----------------------------------------------------------------------------------------------
@@ -238,8 +270,9 @@ def run(args):
     gpu_xp, no_gpu_reason = gpu_namespace()
     dtypes = dtype_support()
     header = ["method", "m", "batch", "dtype", "NumPy ms/step", "GEMM ms", "step/GEMM", "NumPy rows/s", "ops",
-              "syncs"]
-    header += ["GPU ms/step", "GPU step/GEMM", "GPU rows/s", "GPU speed-up"] if gpu_xp is not None else ["GPU"]
+              "syncs", "model ms (H100)"]
+    header += (["GPU ms/step", "GPU step/GEMM", "GPU rows/s", "GPU speed-up", "GPU syncs"] if gpu_xp is not None
+               else ["GPU"])
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for method in args.methods:
@@ -270,20 +303,87 @@ def config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype):
     problem = make_problem(m, batch, method, dtype, args.seed)
     step_seconds = time_numpy(Step(np_xp, problem, method, batch), args.repeats, args.max_step_seconds)
     if step_seconds is None:
-        return [f"skipped (first step > {args.max_step_seconds:g} s)"] + ["-"] * (9 if gpu_xp is not None else 6)
+        return [f"skipped (first step > {args.max_step_seconds:g} s)"] + ["-"] * (11 if gpu_xp is not None else 7)
     gemm_seconds = time_gemm(m, batch, dtype)
     cells = [_ms(step_seconds), _ms(gemm_seconds), f"{step_seconds / gemm_seconds:.1f}", _rate(batch, step_seconds)]
-    cells += ["-", "-"] if args.no_counts else [str(v) for v in count_step(problem, method, batch)]
+    if args.no_counts:
+        cells += ["-", "-", "-"]
+    else:
+        ops, syncs, cost = count_step(problem, method, batch)
+        cells += [str(ops), str(syncs), model_cell(cost, dtype)]
     if gpu_xp is None:
         return cells + [NO_GPU]
-    gpu_step, gpu_gemm = time_gpu(gpu_xp, problem, method, batch, dtype, args.repeats)
+    gpu_step, gpu_gemm, gpu_syncs = time_gpu(gpu_xp, problem, method, batch, dtype, args.repeats)
     return cells + [_ms(gpu_step), f"{gpu_step / gpu_gemm:.1f}", _rate(batch, gpu_step),
-                    f"{step_seconds / gpu_step:.1f}x"]
+                    f"{step_seconds / gpu_step:.1f}x", str(gpu_syncs)]
+
+
+def model_table(args):
+    """docs/gpu.md's table: each step counted on a mocked CuPy, priced on an H100 SXM."""
+    import pytest
+    from agpc.backend import DeviceThroughput
+    from agpc.inference import training
+    from agpc.kernels import RBF
+    from cupy_mock import MockCupy
+    from step_cost import step_cost
+
+    print("| method | m | batch | dtype | blocks | launches | GFLOP | MB moved | launch ms | device ms | model ms | "
+          "bound by |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for method in [m for m in args.methods if m != "batch-ep"]:
+        for m in args.ms:
+            for batch in args.batches:
+                for dtype in args.dtypes:
+                    for one_block in (False, True):
+                        with pytest.MonkeyPatch.context() as patch:
+                            mock = MockCupy(patch)
+                            X, y, Z = (mock.put(a) for a in make_problem(m, batch, method, dtype, args.seed))
+                            kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=1e-3).for_inputs(X)
+                            trainer = training.Trainer(kernel, Z, method=method, n_total=2 * batch, minibatch=True,
+                                                       jitter=max(JITTER, 100 * m * float(np.finfo(dtype).eps)),
+                                                       block_rows=batch if one_block else None)
+                            trainer.step(X, y, 0, batch, stepping=True)
+                            with mock.xp.counting() as tally:
+                                trainer.step(X, y, batch, 2 * batch, stepping=True)
+                        cost = step_cost(tally.folded(GENERIC_FALLBACKS), np.dtype(dtype).itemsize)
+                        h100 = DeviceThroughput("H100 SXM", 66.9e12 if dtype == "float32" else 33.5e12, 3.35e12)
+                        launch, device, step = cost.seconds(h100)
+                        blocks = "one" if one_block else "default"
+                        print(f"| {method} | {m} | {batch} | {dtype} | {blocks} | {cost.launches} | "
+                              f"{cost.flops / 1e9:.3g} | {cost.bytes / 1e6:.3g} | {_ms(launch)} | {_ms(device)} | "
+                              f"{_ms(step)} | {'launches' if launch >= device else 'arithmetic'} |", flush=True)
+    auto_batch_table()
+
+
+def auto_batch_table():
+    """The rows a step ``batch_size="auto"`` takes on three GPUs (device properties mocked), n = 10^8."""
+    import pytest
+    from agpc import GPClassifier
+    from cupy_mock import A100_PROPERTIES, H100_PROPERTIES, RTX4090_PROPERTIES, MockCupy
+
+    ms = (100, 200, 500, 1000)
+    print("\nbatch_size='auto' on a GPU (SEP / EP / ADF; n = 10^8 rows, 40 GiB free):\n")
+    print("| device | dtype | " + " | ".join(f"m = {m}" for m in ms) + " |")
+    print("|---|---|" + "---|" * len(ms))
+    for name, properties in (("H100 SXM", H100_PROPERTIES), ("A100 SXM", A100_PROPERTIES),
+                             ("RTX 4090", RTX4090_PROPERTIES)):
+        for dtype in ("float64", "float32"):
+            cells = []
+            for m in ms:
+                with pytest.MonkeyPatch.context() as patch:
+                    mock = MockCupy(patch, properties=properties)
+                    Z = mock.put(np.zeros((m, N_FEATURES)), dtype=dtype)
+                    cells.append(f"{GPClassifier(method='sep', dtype=dtype)._batch_size_for(10**8, mock.xp, Z):,}")
+            print(f"| {name} | {dtype} | " + " | ".join(cells) + " |")
 
 
 def main(argv=None):
     args = parse_args(argv)
     limiter = limit_blas(args.blas_threads)  # noqa: F841 (kept alive for the run)
+    if args.model:
+        print_machine("One training step on a GPU, modelled (benchmarks/gpu.py --model)", argv)
+        model_table(args)
+        return
     print_machine("One training step on NumPy and on a GPU (benchmarks/gpu.py)", argv)
     run(args)
     print(f"\n{load_line()}")

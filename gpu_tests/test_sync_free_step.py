@@ -6,16 +6,20 @@ the engine's ``apply`` (the site / factor update and the optimiser's step, given
 
 - On any machine (the stand-in namespace; CuPy too): ``evaluate`` and ``apply`` make no host conversion and
   no data-dependent shape (counted by tests/array_counting.py), and the split step is ``Trainer.step``.
-- With CUDA: the same two halves run under ``cupyx.allow_synchronize(False)`` (CuPy raises
-  ``DeviceSynchronized`` on any synchronisation it makes), and ``evaluate`` is captured into a CUDA graph on
-  a non-blocking stream (a host transfer during ``Stream.begin_capture`` ... ``end_capture`` invalidates the
-  capture) whose launch gives the eager summary.
+- On CuPy (a real one with CUDA, the mocked one of tests/cupy_mock.py elsewhere): a whole ``Trainer.step`` makes
+  exactly one synchronisation, counted on CuPy's own paths to the host (tests/cupy_syncs.py: ``ndarray.get``,
+  ``float()``, ``bool()``, ``item()``, ``asnumpy``, ``Stream.synchronize``, ``Event.synchronize``); one ``float()``
+  more in the step fails the count. (``cupyx.allow_synchronize(False)``, deprecated since CuPy 10, raises only where
+  CuPy declares a synchronisation, in ``ndarray.get`` and ``Device.synchronize``: gpu_tests/run_on_gpu.sh records
+  what it catches; the count here does not depend on it.)
 """
 
 import contextlib
 
 import numpy as np
 import pytest
+from cupy_mock import MockCupy
+from cupy_syncs import SYNC_PATHS, counting_syncs
 
 from agpc import backend as B
 from agpc.inference import training
@@ -84,49 +88,91 @@ def test_step_halves_make_no_host_synchronisation(gpu, method):
     np.testing.assert_array_equal(B.to_numpy(trainer.state["Z"]), B.to_numpy(reference.state["Z"]))
 
 
-def _cupy_put():
+def _one_sync_per_step(cupy, trainer, X, y, steps=3):
+    """Take ``steps`` minibatch steps of ``trainer`` counting CuPy's synchronisations; fail unless each step made
+    exactly one (its summary's transfer). Returns the count."""
+    with counting_syncs(cupy) as syncs:
+        for k in range(steps):
+            lo = (k % 2 + 1) * BATCH
+            took, _, _ = trainer.step(X, y, lo, lo + BATCH, stepping=True)
+            assert took
+    assert syncs.count == steps, f"{syncs.count} synchronisations in {steps} steps:\n{syncs.report()}"
+    return syncs
+
+
+def test_the_counted_paths_are_the_ones_a_step_could_use():
+    counted = {f"{owner}.{name}" if owner else name for owner, name in SYNC_PATHS}
+    assert {"ndarray.get", "ndarray.__float__", "ndarray.__bool__", "ndarray.item", "asnumpy",
+            "cuda.Stream.synchronize", "cuda.Event.synchronize"} <= counted
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_step_on_cupy_makes_one_synchronisation(monkeypatch, method):
+    mock = MockCupy(monkeypatch)
+    trainer, X, y = warmed_up_trainer(mock.put, method)
+    syncs = _one_sync_per_step(mock.cupy, trainer, X, y)
+    assert {path for path, _ in syncs.events} == {"cupy.ndarray.get"}  # the summary, through backend.to_host_vector
+
+
+def test_one_float_more_in_a_step_fails_the_count(monkeypatch):
+    """The count's negative test: a ``float()`` of a device value injected into the step (here into the engine's
+    ``apply``, where a host read would stall the GPU) makes two synchronisations a step, and the check fails."""
+    mock = MockCupy(monkeypatch)
+    trainer, X, y = warmed_up_trainer(mock.put, "sep")
+    engine_apply = trainer.engine.apply
+
+    def apply_with_a_read(work, lo, hi, **options):
+        float(trainer.state["Z"][0, 0])
+        return engine_apply(work, lo, hi, **options)
+
+    monkeypatch.setattr(trainer.engine, "apply", apply_with_a_read)
+    with pytest.raises(AssertionError, match="6 synchronisations in 3 steps"):
+        _one_sync_per_step(mock.cupy, trainer, X, y)
+    with counting_syncs(mock.cupy) as syncs:
+        trainer.step(X, y, BATCH, 2 * BATCH, stepping=True)
+    assert "cupy.ndarray.__float__" in syncs.report()
+
+
+def test_counting_leaves_cupy_as_it_was(monkeypatch):
+    mock = MockCupy(monkeypatch)
+    before = {(owner, name): vars(getattr(mock.cupy, owner.split(".")[0]) if owner else mock.cupy).get(name)
+              for owner, name in SYNC_PATHS if "." not in owner}
+    x = mock.put(np.ones(3))
+    with counting_syncs(mock.cupy) as syncs:
+        x.get()
+        mock.cupy.asnumpy(x)
+        float(x[0, ...] if x.ndim > 1 else x[0])
+        mock.cupy.cuda.Stream().synchronize()
+        mock.cupy.cuda.Event().synchronize()
+    assert syncs.count == 5
+    after = {(owner, name): vars(getattr(mock.cupy, owner.split(".")[0]) if owner else mock.cupy).get(name)
+             for owner, name in SYNC_PATHS if "." not in owner}
+    assert before == after
+    with counting_syncs(mock.cupy) as none:
+        pass
+    x.get()
+    assert none.count == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("method", METHODS)
+def test_a_step_on_a_gpu_makes_one_synchronisation(method):
     import array_api_compat.cupy as xp
-
-    return lambda value: xp.asarray(np.asarray(value))
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("method", METHODS)
-def test_minibatch_step_runs_under_allow_synchronize_false(method):
-    import cupyx
-
-    if not hasattr(cupyx, "allow_synchronize"):  # deprecated since CuPy 10; the capture test below still runs
-        pytest.skip("this CuPy has no cupyx.allow_synchronize")
-    trainer, X, y = warmed_up_trainer(_cupy_put(), method)
-    scalars = split_step(trainer, X, y, BATCH, 2 * BATCH, around_device_work=lambda: cupyx.allow_synchronize(False))
-    reference, X_ref, y_ref = warmed_up_trainer(_cupy_put(), method)
-    _, _, log_z = reference.step(X_ref, y_ref, BATCH, 2 * BATCH, stepping=True)
-    np.testing.assert_allclose(scalars[0], log_z, rtol=1e-12)
-    np.testing.assert_allclose(B.to_numpy(trainer.state["Z"]), B.to_numpy(reference.state["Z"]), rtol=1e-12)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("method", METHODS)
-def test_minibatch_step_evaluation_is_captured_in_a_cuda_graph(method):
-    """``evaluate`` captured on a non-blocking stream: any host synchronisation in it (a transfer, a stream or
-    device synchronize, a data-dependent shape) raises or invalidates the capture; the replayed graph gives the
-    eager summary. CuPy refuses some CUDA library calls during capture (NotImplementedError naming the library,
-    e.g. cuSOLVER's factorisations): that is a limit of capture in CuPy, not a synchronisation, and is reported
-    as an expected failure naming the library."""
     import cupy
 
-    trainer, X, y = warmed_up_trainer(_cupy_put(), method)
-    eager, X_eager, y_eager = warmed_up_trainer(_cupy_put(), method)
-    eager_summary, _ = eager.engine.evaluate(X_eager, y_eager, BATCH, 2 * BATCH, stepping=True)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        stream.begin_capture()
-        try:
-            summary, _ = trainer.engine.evaluate(X, y, BATCH, 2 * BATCH, stepping=True)
-        except NotImplementedError as exc:
-            stream.end_capture()
-            pytest.xfail(f"CuPy cannot capture a library call of the step: {exc}")
-        graph = stream.end_capture()
-        graph.launch()
-    stream.synchronize()
-    np.testing.assert_allclose(B.to_host_vector(summary), B.to_host_vector(eager_summary), rtol=1e-12)
+    trainer, X, y = warmed_up_trainer(lambda value: xp.asarray(np.asarray(value)), method)
+    _one_sync_per_step(cupy, trainer, X, y)
+
+
+@pytest.mark.cuda
+def test_one_float_more_in_a_step_fails_the_count_on_a_gpu(monkeypatch):
+    import array_api_compat.cupy as xp
+    import cupy
+
+    trainer, X, y = warmed_up_trainer(lambda value: xp.asarray(np.asarray(value)), "sep")
+    engine_apply = trainer.engine.apply
+    monkeypatch.setattr(trainer.engine, "apply",
+                        lambda work, lo, hi, **options: (float(trainer.state["Z"][0, 0]),
+                                                         engine_apply(work, lo, hi, **options))[1])
+    with pytest.raises(AssertionError, match="synchronisations in 3 steps"):
+        _one_sync_per_step(cupy, trainer, X, y)

@@ -5,10 +5,13 @@ any conforming library (CuPy included). The "strict-device1" variant puts the da
 array_api_strict's non-default devices: every array the library creates must follow its input there.
 """
 
+import os
+
 import array_api_compat.numpy as np_xp
 import array_api_strict
 import numpy as np
 import pytest
+from numpy.lib import format as npy_format
 
 NAMESPACES = {
     "numpy": (np_xp, None),
@@ -54,3 +57,46 @@ def check_parameter_gradients(kernel, grads, Z, objective, xp, device, rtol, ato
         np.testing.assert_allclose(to_np(grads[name]), numeric, rtol=rtol, atol=atol, err_msg=name)
     numeric = central_differences(lambda z: objective(kernel, to_xp(z, xp, device)), to_np(Z))
     np.testing.assert_allclose(to_np(grads["Z"]), numeric, rtol=rtol, atol=atol, err_msg="Z")
+
+
+@pytest.fixture
+def members_read(monkeypatch):
+    """The names of the zip members whose data NumPy reads (inflates): a reader that refuses a file from what it
+    declares leaves this empty."""
+    read, real = [], npy_format.read_array
+
+    def recording(fh, *args, **kwargs):
+        read.append(os.path.basename(getattr(fh, "name", "?")))
+        return real(fh, *args, **kwargs)
+
+    monkeypatch.setattr(npy_format, "read_array", recording)
+    return read
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Training steps that fail the test: what is checked at the start of fit must be checked before them."""
+    from agpc.inference import training
+
+    def step(self, *args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(training.Trainer, "step", step)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A small binary model saved by this agpc, and its header and arrays as written (the model file tests
+    rewrite them into crafted files)."""
+    import json
+
+    from agpc import GPClassifier, checkpoints
+    from agpc.datasets import make_banana
+
+    X, y = make_banana(120, random_state=3)
+    path = tmp_path_factory.mktemp("model") / "banana.agpc"
+    GPClassifier(n_inducing=5, max_iter=3, random_state=0).fit(X, y).save(path)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    header = json.loads(str(arrays.pop(checkpoints.HEADER_KEY)))
+    return path, header, arrays

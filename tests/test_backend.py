@@ -103,3 +103,20 @@ def test_arrays_follow_their_device():
         assert out.device == device
     nodes, weights = B.gauss_hermite(4, array_api_strict, device=device)
     assert nodes.device == device and weights.device == device
+
+
+def test_cluster_sums_numpy_path_equals_the_one_hot_product():
+    """k-means's per-cluster sums and counts: NumPy's bincount path against the standard one-hot product
+    (array_api_strict, on a non-default device), a cluster left empty included."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(500, 3))
+    labels = rng.integers(0, 6, size=500)
+    labels[labels == 4] = 5  # cluster 4 empty
+    sums, counts = B.cluster_sums(labels, X, 7)
+    device = array_api_strict.Device("device1")
+    strict_sums, strict_counts = B.cluster_sums(array_api_strict.asarray(labels, device=device),
+                                                array_api_strict.asarray(X, device=device), 7)
+    assert strict_sums.device == device
+    np.testing.assert_allclose(sums, to_np(strict_sums), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(counts, to_np(strict_counts))
+    assert counts[4] == 0 and counts[6] == 0 and sums.shape == (7, 3) and sums.dtype == X.dtype

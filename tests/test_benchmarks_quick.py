@@ -36,10 +36,12 @@ def _runs(tmp_dir):
         "airline_vs_gpflow": ["airline_vs_gpflow.py", "--quick", "--thread-table", "--out",
                               str(tmp_dir / "airline_vs_gpflow_quick.json")],
         "dask_scaling": ["dask_scaling.py", "--quick", "--store", str(tmp_dir / "dask")],
+        "data_parallel_check": ["data_parallel_check.py", "--quick", "--crossover", "5000",
+                                "--out", str(tmp_dir / "data_parallel_check_quick.json")],
         "threads": ["threads.py", "--quick"],
         "gpu": ["gpu.py", "--quick"],
-        "replay": ["replay.py", "--quick"],
         "small_data_defaults": ["small_data_defaults.py", "--quick", "--methods", "ep,svi"],
+        "step_cost": ["step_cost.py", "--quick", "--counts"],
         "size_rule": ["size_rule.py", "--quick"],
     }
 
@@ -73,7 +75,8 @@ def outputs(tmp_path_factory):
 @pytest.mark.parametrize("name", ["uci_binary", "uci_binary_generated", "uci_iterations", "uci_binary_ep",
                                   "uci_multiclass",
                                   "banana_inducing", "time_curves", "airline", "airline_3class", "airline_vs_gpflow",
-                                  "dask_scaling", "threads", "gpu", "replay", "small_data_defaults", "size_rule"])
+                                  "dask_scaling", "data_parallel_check", "threads", "gpu", "small_data_defaults",
+                                  "step_cost", "size_rule"])
 def test_quick_run_prints_a_table(outputs, name):
     if name not in outputs:
         pytest.skip(f"{DATA} is absent and {name} has no generated fallback")

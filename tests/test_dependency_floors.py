@@ -17,6 +17,7 @@ import pathlib
 import re
 
 import pytest
+import yaml
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -34,7 +35,7 @@ NUMPY_2_ONLY_FUNCTIONS = ("vecdot", "matrix_transpose", "unique_values", "unique
                           "cumulative_prod", "trapezoid", "unstack", "bitwise_invert", "acos", "atan2")
 CUPY_FLOOR_FOR_MT = Version("14")
 FIRST_BUILT_FOR_NUMPY_2 = {"scipy": Version("1.13"), "matplotlib": Version("3.8.4"), "pyarrow": Version("16"),
-                           "scikit-learn": Version("1.4.2")}
+                           "scikit-learn": Version("1.4.2"), "pandas": Version("2.2.2")}
 CUPY_PACKAGES = ("cupy-cuda12x", "cupy-cuda13x")
 
 
@@ -73,13 +74,19 @@ def _floors():
 
 
 def _environment_floors():
-    """{package: floor} of environment.yml, the commented GPU line included (conda names)."""
+    """{package: floor} of environment.yml and environment-gpu.yml (conda names; commented lines do not count)."""
     floors = {}
-    for line in (ROOT / "environment.yml").read_text().splitlines():
-        match = re.match(r"^\s*#?\s*-\s+([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*>=\s*([0-9.]+)\s*(#.*)?$", line)
-        if match:
-            floors[match.group(1).lower()] = Version(match.group(3))
+    for name in ("environment.yml", "environment-gpu.yml"):
+        for line in (ROOT / name).read_text().splitlines():
+            match = re.match(r"^\s*-\s+([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*>=\s*([0-9.]+)\s*(#.*)?$", line)
+            if match:
+                floors[match.group(1).lower()] = Version(match.group(3))
     return floors
+
+
+def _conda_dependencies(name):
+    """The conda package lines of an environment file (pip's section left out), as written."""
+    return [entry for entry in yaml.safe_load((ROOT / name).read_text())["dependencies"] if isinstance(entry, str)]
 
 
 def _agpc_sources():
@@ -127,6 +134,25 @@ def test_compiled_dependencies_have_a_floor_that_imports_under_numpy_2(package):
     assert floors[package] >= FIRST_BUILT_FOR_NUMPY_2[package], (
         f"{package}>={floors[package]} was built against NumPy 1.x and does not import under numpy>=2; "
         f"the first release built against NumPy 2 is {FIRST_BUILT_FOR_NUMPY_2[package]}")
+
+
+def test_the_gpu_installs_bring_the_cuda_libraries():
+    """A machine with only the NVIDIA driver must run agpc[gpu]: cupy-cuda12x alone imports, but
+    ``import cupyx.scipy.linalg`` then fails to find libcublasLt and kernels fail to compile without NVRTC. CuPy's
+    ``[ctk]`` extra brings NVIDIA's CUDA library wheels (CuPy's install guide), and conda-forge's ``cupy`` package
+    (not ``cupy-core``) the conda builds of the same; both GPU extras and environment-gpu.yml say so, uncommented."""
+    extras = _pyproject()["project"]["optional-dependencies"]
+    for extra, package in (("gpu", "cupy-cuda12x"), ("gpu-cuda13", "cupy-cuda13x")):
+        (requirement,) = [Requirement(text) for text in extras[extra]]
+        assert requirement.name == package and "ctk" in requirement.extras, f"{extra}: {requirement}"
+    cpu, gpu = _conda_dependencies("environment.yml"), _conda_dependencies("environment-gpu.yml")
+    cupy = [entry for entry in gpu if re.match(r"cupy\b", entry)]
+    assert cupy == ["cupy>=14"], f"environment-gpu.yml must ask for conda-forge's cupy (with its CUDA libraries): {cupy}"
+    assert set(gpu) - set(cpu) == {"cupy>=14"} and set(cpu) <= set(gpu), "environment-gpu.yml = environment.yml + cupy"
+    assert not any("cupy" in entry for entry in cpu)
+    readme = (ROOT / "README.md").read_text()
+    for text in ("agpc[gpu]", "agpc[gpu-cuda13]", "environment-gpu.yml", "NVIDIA driver", "DeviceUnavailableError"):
+        assert text in readme, f"the README's GPU section must say {text!r}"
 
 
 def test_pyproject_and_environment_yml_agree():

@@ -249,7 +249,7 @@ def test_a_step_takes_row_weights_padding_weighs_nothing():
         _, _, log_z = plain.step(X, y, 0, 20, stepping=True)
         _, _, padded_log_z = padded.step(padded_X, padded_y, 0, 30, stepping=True, weights=weights)
         assert padded_log_z == pytest.approx(log_z, rel=1e-12)
-    for key in ("Z", "mean", "chol"):
+    for key in ("Z", "whitened_mean", "whitened_chol"):
         np.testing.assert_allclose(padded.state[key], plain.state[key], rtol=1e-12, atol=1e-14, err_msg=key)
     for method in ("ep", "vi-jj", "gfitc"):  # batch passes (EP / SEP / ADF minibatches take weights)
         trainer = training.Trainer(kernel, Z, method=method, n_total=60, minibatch=False)

@@ -27,7 +27,12 @@ from agpc.kernels import RBF
 # THE BUDGETS: the most of each kind that one step may cost (lowered as the algebra got leaner; never raised to
 # make a test pass). When the counting test was written (before the lean EP algebra) a SEP step cost 479
 # operations, 18 O(m^3) operations and 18 host synchronisations (6 of them from xp.clip), batch EP 14 O(m^3)
-# and 16 synchronisations per pass, SVI 442 operations, 13 synchronisations and an upload.
+# and 16 synchronisations per pass, SVI 442 operations, 13 synchronisations and an upload. Before the lean step
+# (whitened SVI, kernel gradients without the X part, K(Z, Z) computed once a step): SEP 377 operations and 10
+# O(m^3), EP 406 / 9, ADF 352 / 9, SVI 401 / 16 with 4 rows_m2. SVI's whitened q moved work from O(m^3) products
+# to O(rows m^2) ones (m3 16 -> 4, rows_m2 4 -> 6: the rows' products with L_w and L_K^-T, which the u-space form
+# had folded into m x m inverses); its budget for rows_m2 was raised with that change of algorithm, the two kinds
+# together halved (20 -> 10).
 #   op              array operations, with agpc.backend's standard-only log Phi (``GENERIC_FALLBACKS``)
 #                   counted as the one operation it is on NumPy and CuPy
 #   m3              O(m^3) operations: factorisations, inverses (solves with >= m right-hand sides),
@@ -41,15 +46,13 @@ from agpc.kernels import RBF
 # ep.evaluate pass with its gradient over three row blocks and the one float(log Z_q) the loop reads;
 # "batch_ep_step" one batch EP iteration of the training loop (Trainer.step: that pass, the site-change
 # test, the Rprop step). The counts do not depend on m or the batch size, only on the number of row blocks.
-# Raised once, by what a feature costs, not to make a test pass: the latent noise's lower bound (issue 25,
-# ``optim.bounded_step``) is one operation a step (the clip) for Adadelta and Adam, four for Rprop (the clip and
-# the projection of the noise's gradient): sep / ep / adf 377 / 406 / 352 -> +1, batch_ep_step 821 -> +4 (SVI's
-# step had one operation to spare under its budget).
+# The latent noise's lower bound (``optim.bounded_step``) costs one operation a step (the clip) for Adadelta and Adam
+# and four for Rprop (the clip and the projection of the noise's gradient); the minibatch rows include it.
 STEP_BUDGETS = {
-    "sep":           {"op": 378, "m3": 10, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
-    "ep":            {"op": 407, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
-    "adf":           {"op": 353, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
-    "svi":           {"op": 401, "m3": 16, "rows_m2": 4, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "sep":           {"op": 325, "m3": 10, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "ep":            {"op": 354, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "adf":           {"op": 300, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "svi":           {"op": 297, "m3": 4, "rows_m2": 6, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
     "batch_ep":      {"op": 769, "m3": 9, "rows_m2": 15, "host": 5, "data_dependent": 0, "syncs": 5, "upload": 0},
     "batch_ep_step": {"op": 825, "m3": 9, "rows_m2": 15, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
 }
@@ -133,6 +136,31 @@ def svi_step(xp, monkeypatch):
     return tally, log_z, trainer.state["Z"]
 
 
+# The NumPy fast path (agpc.backend: BLAS / LAPACK called directly) bypasses the namespace, so the counting
+# namespace above counts the reference path only. What the fast path calls is counted here: the BLAS / LAPACK
+# routines of one minibatch step on NumPy arrays (``backend.counting_fast_calls``), so that they cannot grow
+# unseen either. (Its other NumPy operations are the reference path's, counted above.)
+FAST_CALL_BUDGETS = {"sep": 20, "ep": 16, "adf": 16, "svi": 9}
+
+
+def numpy_step(method):
+    """One minibatch step of ``method`` on NumPy arrays after one warm-up step: (Counter of the fast path's
+    BLAS / LAPACK calls, log Z estimate)."""
+    from array_api_compat import numpy as np_xp
+
+    from agpc import backend
+
+    X_host, y_host = _data()
+    X, y = np_xp.asarray(X_host), np_xp.asarray(y_host)
+    kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=0.01).for_inputs(X)
+    trainer = training.Trainer(kernel, X[:N_INDUCING, ...], method=method, n_total=N_ROWS, minibatch=True,
+                               jitter=JITTER)
+    trainer.step(X, y, 0, ROWS, stepping=True)
+    with backend.counting_fast_calls() as calls:
+        _, _, log_z = trainer.step(X, y, ROWS, 2 * ROWS, stepping=True)
+    return calls, log_z
+
+
 def _budget_counts(tally):
     return tally.folded(GENERIC_FALLBACKS).counts()
 
@@ -154,6 +182,33 @@ def test_minibatch_step_is_within_budget(method):
     counted = minibatch_step(_counting_namespace(), method)
     _assert_same_as_plain_strict(counted, minibatch_step(array_api_strict, method))
     _check(counted[0], method)
+
+
+@pytest.mark.parametrize("method", ["sep", "ep", "adf", "svi"])
+def test_the_numpy_fast_path_of_a_step_is_within_budget(method):
+    calls, log_z = numpy_step(method)
+    assert np.isfinite(log_z)
+    total = sum(calls.values())
+    assert 0 < total <= FAST_CALL_BUDGETS[method], f"one {method} step on NumPy: {total} BLAS / LAPACK calls > " \
+        f"{FAST_CALL_BUDGETS[method]}: {dict(calls)}"
+
+
+def test_one_extra_blas_call_in_a_step_breaks_the_fast_path_budget(monkeypatch):
+    """The fast path's count cannot silently stop working: one more triangular inverse inside the step (here
+    in the kernel's Kdiag) is counted, and the step's own count as the budget fails."""
+    from agpc import backend
+
+    calls, _ = numpy_step("sep")
+    original = RBF.Kdiag
+
+    def kdiag_with_an_inverse(self, X):
+        backend.lower_triangular_inverse(np.eye(3))  # the extra LAPACK call
+        return original(self, X)
+
+    monkeypatch.setattr(RBF, "Kdiag", kdiag_with_an_inverse)
+    patched, _ = numpy_step("sep")
+    assert sum(patched.values()) > sum(calls.values())
+    assert patched["dtrtri"] > calls["dtrtri"]
 
 
 def test_svi_step_is_within_budget(monkeypatch):
@@ -216,3 +271,6 @@ if __name__ == "__main__":
     for method, tally in runs.items():
         print(f"== {method}: {_budget_counts(tally)}")
         print(tally.folded(GENERIC_FALLBACKS).report(top=10))
+    for method in FAST_CALL_BUDGETS:
+        calls, _ = numpy_step(method)
+        print(f"== {method} on NumPy: {sum(calls.values())} BLAS / LAPACK calls: {dict(sorted(calls.items()))}")

@@ -304,6 +304,52 @@ def test_dask_task_follows_the_rule_within_its_worker_budget(machine, monkeypatc
         assert count == 1
 
 
+def test_tasks_running_at_once_in_one_worker_keep_the_rule_until_the_last_ends(machine, monkeypatch):
+    """A worker that runs two tasks at once in two threads (``dask worker --nthreads 2``): the second task joins
+    the first's count (one thread for a minibatch step), and the worker's own count (8) comes back only when the
+    last task ends, not when the first does while the second still steps."""
+    monkeypatch.setattr(machine, "num_threads", 8)
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with threads.task_blas_threads(200, 200) as count:
+            seen["first"] = (count, machine.num_threads)
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second():
+        first_in.wait(10)
+        with threads.task_blas_threads(200, 200):
+            second_in.set()
+            first_out.wait(10)
+            seen["second, after the first ended"] = machine.num_threads
+
+    workers = [threading.Thread(target=first), threading.Thread(target=second)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(30)
+    assert seen == {"first": (1, 1), "second, after the first ended": 1}
+    assert machine.num_threads == 8
+
+
+def test_a_task_shares_the_workers_budget_with_the_tasks_it_runs_beside(machine, monkeypatch):
+    """In a dask worker of 4 threads whose BLAS has 8, a task's budget is 8 / 4 = 2 threads, even for a batch
+    pass that would take all 8: four such tasks at once use the 8 the worker was given."""
+    distributed = pytest.importorskip("distributed")
+
+    class Worker:
+        nthreads = 4
+
+    monkeypatch.setattr(distributed, "get_worker", lambda: Worker())
+    monkeypatch.setattr(machine, "num_threads", 8)
+    with threads.task_blas_threads(10**6, 200, n_features=8) as count:
+        assert count == 2 and machine.num_threads == 2
+    assert machine.num_threads == 8
+
+
 def test_controller_is_built_once_not_per_step(monkeypatch):
     """threadpool_limits would inspect the loaded libraries at every step (~1 ms here); the module builds a
     ThreadpoolController at most once per fit (when modules were imported since the last)."""

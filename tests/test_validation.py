@@ -65,6 +65,7 @@ CASES = {
     "checkpoint_every": ([None], [0, -1, 1.5, True]),
     "site_directory": ([None, "/tmp"], [1, False]),
     "local_steps": ([None, 0, 4], [-1, 1.5, True, "4"]),
+    "n_jobs": ([None, 1, 2, -1], [0, 1.5, True, "2", -1.0]),
     "blas_threads": ([None, 1], [0, -1, 1.0, True, "2"]),
     "block_rows": ([None, 1, 4096], [0, -5, 100.0, True, "1024"]),
     "dtype": (["float64", "float32", np.float32], ["float16", "double precision", None, 32, np.int32, True]),

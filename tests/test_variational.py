@@ -26,7 +26,7 @@ def _problem(n=40, m=6, seed=0):
 
 @pytest.mark.parametrize("likelihood", ["probit", "logistic"])
 def test_svi_elbo_gradients_match_finite_differences(likelihood, xp_device):
-    """Every gradient of eq. 11: kernel parameters, Z, the mean and the Cholesky factor of q(u)."""
+    """Every gradient of eq. 11: kernel parameters, Z (at fixed whitened q), the whitened mean and Cholesky factor."""
     xp, device = xp_device
     X_np, y_np, Z_np, mean_np, chol_np = _problem()
     X, y, Z = to_xp(X_np, xp, device), to_xp(y_np, xp, device), to_xp(Z_np, xp, device)
@@ -39,9 +39,9 @@ def test_svi_elbo_gradients_match_finite_differences(likelihood, xp_device):
     _, grads = V.svi_elbo(kernel, Z, X, y, mean, chol, likelihood=likelihood, n_total=100)
     check_parameter_gradients(kernel, grads, Z, lambda k, ZZ: elbo(k=k, ZZ=ZZ), xp, device, rtol=1e-6, atol=1e-6)
     numeric = central_differences(lambda v: elbo(mu=to_xp(v, xp, device)), mean_np)
-    np.testing.assert_allclose(to_np(grads["mean"]), numeric, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(to_np(grads["whitened_mean"]), numeric, rtol=1e-6, atol=1e-6)
     numeric = central_differences(lambda v: elbo(L=to_xp(np.tril(v), xp, device)), chol_np)
-    np.testing.assert_allclose(to_np(grads["chol"]), np.tril(numeric), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(to_np(grads["whitened_chol"]), np.tril(numeric), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["jj", "taylor"])
@@ -113,8 +113,8 @@ def test_jj_bound_lies_below_the_quadrature_elbo():
     for xi in (np.full(len(y), 0.5), np.abs(rng.normal(size=len(y))) * 2 + 0.1):
         out = V.quadratic_bound(kernel, Z, X, y, xi, kind="jj", want_grad=False)
         mean, Sigma = (np.asarray(a) for a in out["posterior"].mean_and_cov())
-        elbo, _ = V.svi_elbo(kernel, Z, X, y, mean, np.linalg.cholesky(Sigma), likelihood="logistic",
-                             n_quadrature=100, want_grad=False)
+        whitened = V.whitened_from_unwhitened(kernel, Z, mean, np.linalg.cholesky(Sigma), jitter=JITTER)
+        elbo, _ = V.svi_elbo(kernel, Z, X, y, *whitened, likelihood="logistic", n_quadrature=100, want_grad=False)
         assert float(out["value"]) <= float(elbo) + 1e-9
 
 
@@ -150,22 +150,20 @@ def test_svi_with_inducing_points_at_the_data_approaches_the_full_gp():
     tril = np.tril_indices(n)
 
     K = np.asarray(k.K(X)) + JITTER * np.eye(n)
-    L_K = np.linalg.cholesky(K)
 
-    def unpack(v):  # whitened coordinates: mean = L_K m_w, chol = L_K L_w (a fixed linear map: same optimum)
+    def unpack(v):  # q held whitened: (m_w, L_w)
         L_w = np.zeros((n, n))
         L_w[tril] = v[n:]
-        return L_K @ v[:n], L_K @ L_w
+        return v[:n], L_w
 
     def negative_elbo(v):
-        mu, L = unpack(v)
-        value, g = V.svi_elbo(k, X, X, y, mu, L, likelihood="probit", jitter=JITTER)
-        return -float(value), -np.concatenate([L_K.T @ g["mean"], np.tril(L_K.T @ g["chol"])[tril]])
+        value, g = V.svi_elbo(k, X, X, y, *unpack(v), likelihood="probit", jitter=JITTER)
+        return -float(value), -np.concatenate([g["whitened_mean"], g["whitened_chol"][tril]])
 
     start = np.concatenate([np.zeros(n), np.eye(n)[tril]])
     fit = scipy.optimize.minimize(negative_elbo, start, jac=True, method="L-BFGS-B",
                                   options={"maxiter": 20000, "maxfun": 40000, "gtol": 1e-10, "ftol": 1e-15})
-    posterior = V.posterior_from_gaussian(k, X, *unpack(fit.x), jitter=JITTER)
+    posterior = V.posterior_from_whitened(k, X, *unpack(fit.x), jitter=JITTER)
     X_test = np.linspace(-3.5, 3.5, 29)[:, None]
     mean_vi, var_vi = (np.asarray(a) for a in predict_latent(k, X, posterior, X_test))
     ref = full_gp_ep(K, y)
@@ -230,9 +228,9 @@ def test_svi_elbo_weights_padding_and_gradients(xp_device):
     _, grads = V.svi_elbo(kernel, Z, X, y, mean, chol, n_total=100, weights=weights)
     check_parameter_gradients(kernel, grads, Z, lambda k, ZZ: elbo(k=k, ZZ=ZZ), xp, device, rtol=1e-6, atol=1e-6)
     numeric = central_differences(lambda v: elbo(mu=to_xp(v, xp, device)), mean_np)
-    np.testing.assert_allclose(to_np(grads["mean"]), numeric, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(to_np(grads["whitened_mean"]), numeric, rtol=1e-6, atol=1e-6)
     numeric = central_differences(lambda v: elbo(L=to_xp(np.tril(v), xp, device)), chol_np)
-    np.testing.assert_allclose(to_np(grads["chol"]), np.tril(numeric), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(to_np(grads["whitened_chol"]), np.tril(numeric), rtol=1e-6, atol=1e-6)
 
 
 def test_jj_xi_of_a_variance_a_rounding_error_below_zero_is_the_mean_not_nan():

@@ -30,6 +30,7 @@ import weakref
 from .. import checkpoints
 from ..backend import array_namespace, row_chunk_bounds
 from ..threads import task_blas_threads
+from ..workers import HEAP_THRESHOLD
 from . import ep, multiclass_ep, variational
 
 __all__ = ["ChunkedRows", "DaskEngine", "WORKER_ENVIRON", "local_cluster"]
@@ -42,7 +43,7 @@ __all__ = ["ChunkedRows", "DaskEngine", "WORKER_ENVIRON", "local_cluster"]
 # at almost every free, and the m x m temporaries of a minibatch step fault their pages in again: a SEP step
 # (m = 200, 200 rows) took 7.1-7.4 ms with it and 5.3-5.7 ms with a 64 MiB trim threshold, as without either
 # setting (issue 18; the heap then keeps at most 64 MiB it no longer uses).
-WORKER_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": 64 * 1024 * 1024, "MALLOC_TRIM_THRESHOLD_": 64 * 1024 * 1024}
+WORKER_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": HEAP_THRESHOLD, "MALLOC_TRIM_THRESHOLD_": HEAP_THRESHOLD}
 
 
 def local_cluster(n_workers, **kwargs):

@@ -1,10 +1,14 @@
-"""Data-parallel stochastic training on a dask.array: minibatch SEP, EP and SVI in rounds (issue 18).
+"""Data-parallel stochastic training: minibatch SEP, EP and SVI in rounds, on a dask cluster (issue 18) or in local
+worker processes (``GPClassifier(n_jobs=...)``, issue 24).
 
 The rows stay where they are. They are cut into *shards*, fixed groups of stored chunks, one shard per
-worker at the start of the fit. A *round* is one task per shard: the task runs ``local_steps`` minibatch
-steps of the method's own engine (``engines.make_engine``, stepped through ``training.Trainer.step``: the
-same step, guard included, as the single-process fit) on minibatches drawn from its shard's chunks,
-against the global state the driver sent, and returns the state it ends at. The driver combines:
+worker at the start of the fit. A *round* is one task per shard: the task runs minibatch steps of the method's own
+engine (``engines.make_engine``, stepped through ``training.Trainer.step``: the same step, guard included, as the
+single-process fit) on minibatches drawn from its shard's chunks, against the global state the driver sent, and
+returns the state it ends at. How many steps: ``local_steps`` each when it is given; by default
+``DEFAULT_LOCAL_STEPS`` a shard on average, shared out by ``balanced_steps`` in proportion to the speed (steps a
+second) each shard's tasks showed in the rounds before, so that a worker whose core other work shares takes fewer
+and the round does not wait for it. The driver combines:
 
 * SEP: distributed SEP (Li, Hernandez-Lobato & Turner 2015, sec. 4), one tied factor per chunk of rows,
   F_c = f_c^(n_c), and q = prior x prod_c F_c. A row of chunk c has the cavity q / F_c^(1 / n_c), and a
@@ -14,32 +18,34 @@ against the global state the driver sent, and returns the state it ends at. The 
 * EP: each chunk owns its rows' sites (two floats a row, in a file a chunk, written and read by the task
   that steps the chunk: they never travel) and the running product of its sites, F_c, which travels as
   SEP's does; q = prior x prod_c F_c.
-* SVI: q(u) = N(mean, chol chol^T) is a parameter like the others.
-* Parameters (kernel, inducing points, SVI's mean and chol) and the optimiser's state: the average of the
-  shards' end-of-round values, weighted by the rows each shard holds. Every shard's engine steps on the
-  full-data estimate of the gradient (the n / |M| scaling of Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6), so with
-  one local step and a step linear in the gradient this is one step on sum_k (n_k / n) g_k: the row-weighted average of
-  the shards' stochastic gradients, that is the sum of their shares of the gradient (the data part of shard
-  k's share is its own rows' log Z_i gradient; the prior part is split by rows). With Adadelta / Adam it
-  is the row-weighted average of the shards' steps.
+* SVI: its whitened q(v) = N(whitened_mean, whitened_chol whitened_chol^T) is a parameter like the others.
+* Parameters (kernel, inducing points, SVI's whitened_mean and whitened_chol) and the optimiser's state: the average of the
+  shards' end-of-round values, weighted by the rows each shard stepped in the round. Every shard's engine steps on
+  the full-data estimate of the gradient (the n / |M| scaling of Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6),
+  so with one local step and a step linear in the gradient this is one step on the average of the round's
+  minibatch gradients (every minibatch of the round counts alike). With Adadelta / Adam it is the rows-weighted
+  average of the shards' steps.
 
 What travels in a round: to each shard the kernel's parameters, Z, the optimiser's state, the global
-factor and the factors of the chunks it will step (m x m each; SVI: mean and chol); back the same.
-Never rows. A chunk's rows are read by the worker the shard is pinned to, kept in its memory while the
-shard is stepping that chunk, and released when it moves on (worker memory does not grow with n).
+factor and the factors of the chunks it will step (m x m each; SVI: whitened_mean and whitened_chol); back the same.
+Never rows. A chunk's rows are read by the worker the shard is pinned to (from the cluster's memory or store, or
+mapped from the local workers' shared file), kept while the shard is stepping that chunk, and released when it
+moves on (worker memory does not grow with n). Each task runs under ``workers.task_scope``: the BLAS thread rule
+and the heap thresholds a minibatch step needs, in any worker process.
 
 Per-chunk state kept by the driver: the factor F_c and its random stream, keyed by chunk: the order of a
 chunk's rows for its v-th visit is a permutation drawn from ``default_rng([seed, 0, chunk, v])``, and a
 shard's order of visiting its chunks from ``default_rng([seed, 1, shard, epoch])``. The driver knows
-which minibatches each shard steps in a round before it starts, so when a worker is lost, the scheduler
-runs its shard's task on another worker with the same inputs: the same model. "The same" means equal to
-rounding: on one machine, bit for bit (the tests compare to 1e-12); across machines, within what their
-BLAS libraries' different summation orders give.
+which minibatches each shard steps in a round before it starts, so when a worker is lost, the scheduler (or the
+local pool) runs its shard's task on another worker with the same inputs: the round's outcome is the same. With
+``local_steps`` given, so is the model: "the same" means equal to rounding: on one machine, bit for bit (the tests
+compare to 1e-12); across machines, within what their BLAS libraries' different summation orders give. With the
+default balanced rounds the steps of the rounds after it follow the timing (as every balanced fit's do).
 
 The rounds are the training loop's steps: ``DataParallel`` is an engine factory for ``training.train``
 (``engine=``), so the schedule of epochs (``max_iter`` counts passes over the rows), ``max_time``, the
 history, the progress bar and the guard are the single-process ones. A round sees
-``n_shards * local_steps * batch_size`` rows.
+``n_shards * local_steps * batch_size`` rows (``local_steps``: the average, ``DEFAULT_LOCAL_STEPS`` by default).
 """
 
 from __future__ import annotations
@@ -55,21 +61,23 @@ import time
 from dataclasses import dataclass, field
 
 from .. import checkpoints
-from ..backend import array_device, array_namespace, asarray_like, host_rng, row_chunk_bounds
+from ..backend import array_device, array_namespace, asarray_like, host_rng, is_dask_array, row_chunk_bounds
+from ..workers import minor_page_faults, task_scope
 from ..kernels import ClassKernels
 from . import ep, multiclass_ep
 from .engines import Outcome, factor_arrays, factor_from_arrays, make_engine
 from .training import Trainer, check_saved_factor
 
-__all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "shard_chunks", "chunk_permutation",
-           "weighted_average"]
+__all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "balanced_steps", "shard_chunks",
+           "shards_of_holders",
+           "chunk_permutation", "weighted_average", "prepare_worker", "refusal"]
 
-# Minibatch steps a shard takes per round, chosen from benchmarks/dask_scaling.py section 3 (docs/results.md,
-# issue 18): 10^6 airline-like rows, m = 200, 200 rows a step, 2 workers on 2 cores. A round costs 13-25 ms
-# beyond its steps (~7 ms each), so few steps waste the workers: SEP 8,842 / 17,933 rows/s at 1 / 4 steps under
-# load, 41,186 at 16 and 50,723 at 64 on a quiet machine (one process: 33,456); EP 34,035 at 16, 45,934 at 64.
-# The test NLL after one epoch stayed within 0.005 of one process's at every count (SEP -0.004 to -0.002,
-# EP +0.003 to +0.004, SVI -0.003 to -0.002), so the largest count measured.
+# Minibatch steps a shard takes per round (on average, when the rounds are balanced), chosen from
+# benchmarks/dask_scaling.py section 3 (docs/results.md, issue 18): 10^6 airline-like rows, m = 200, 200 rows a step,
+# 2 workers on 2 cores. A round costs 13-25 ms beyond its steps (~7 ms each), so few steps waste the workers: SEP
+# 8,842 / 17,933 rows/s at 1 / 4 steps under load, 41,186 at 16 and 50,723 at 64 on a quiet machine (one process:
+# 33,456); EP 34,035 at 16, 45,934 at 64. The test NLL after one epoch stayed within 0.005 of one process's at every
+# count (SEP -0.004 to -0.002, EP +0.003 to +0.004, SVI -0.003 to -0.002), so the largest count measured.
 DEFAULT_LOCAL_STEPS = 64
 
 
@@ -84,6 +92,26 @@ class RowsOnWorkers:
 
     def __getitem__(self, index):
         raise TypeError("the rows of a data-parallel fit stay on the workers: they are not read on the driver")
+
+
+def shards_of_holders(holders, workers):
+    """(shards, their workers) for chunks held by ``holders`` (the worker holding each chunk) on ``workers``: every
+    worker gets its share of the chunks (C // W, the first C mod W one more), the chunks it holds first, and the
+    chunks left over go to the workers short of their share (their rows travel to that worker when it steps them).
+    Data persisted where it was spread follows its workers; data persisted on one worker (``da.from_array(X)
+    .persist()`` puts every chunk where the array's one original key lives) is shared out."""
+    workers = sorted(workers)
+    held = {w: [c for c, h in enumerate(holders) if h == w] for w in workers}
+    order = sorted(workers, key=lambda w: (-len(held[w]), w))  # (the larger shares to those holding more)
+    share = {w: len(holders) // len(workers) + (k < len(holders) % len(workers)) for k, w in enumerate(order)}
+    shards = {w: held[w][:share[w]] for w in workers}
+    left = sorted(c for w in workers for c in held[w][share[w]:]) + sorted(
+        c for c, h in enumerate(holders) if h not in held)
+    for w in workers:
+        while len(shards[w]) < share[w] and left:
+            shards[w].append(left.pop(0))
+    chosen = [w for w in workers if shards[w]]
+    return [sorted(shards[w]) for w in chosen], chosen
 
 
 def shard_chunks(n_chunks, n_shards):
@@ -101,18 +129,59 @@ def chunk_permutation(seed, chunk, visit, n_rows):
     return host_rng([int(seed), 0, int(chunk), int(visit)]).permutation(int(n_rows))
 
 
+def balanced_steps(total, speeds):
+    """``total`` steps shared out among shards: one each, the rest in proportion to ``speeds`` (largest
+    remainders first, ties to the lower shard), so that shards that step at these speeds end a round together."""
+    n = len(speeds)
+    extra = total - n
+    if extra <= 0:
+        return [1] * n if total >= n else [int(k < total) for k in range(n)]
+    whole = sum(speeds)
+    shares = [extra * (v / whole if whole > 0 else 1.0 / n) for v in speeds]
+    steps = [math.floor(x) for x in shares]
+    by_remainder = sorted(range(n), key=lambda k: (steps[k] - shares[k], k))
+    for k in by_remainder[:extra - sum(steps)]:
+        steps[k] += 1
+    return [1 + x for x in steps]
+
+
+def refusal(method, n_classes):
+    """Why the rounds cannot train ``method`` on ``n_classes`` classes (None: they can)."""
+    if method not in ("ep", "sep", "adf", "svi"):
+        return f"data-parallel training runs 'ep', 'sep', 'adf' or 'svi', not {method!r}"
+    if method == "ep" and n_classes > 2:
+        return ("data-parallel multiclass training runs 'sep', 'adf' or 'svi' (multiclass EP's per-row sites are "
+                "not kept per chunk yet)")
+    return None
+
+
+def prepare_worker():
+    """A task run once on each worker at the start of a data-parallel fit, while the driver reads its inputs and
+    places the inducing points: unpickling it imports this module (and the engines) there, which the first round
+    would otherwise wait for. Returns the worker's process id."""
+    return os.getpid()
+
+
+def _segment_rows(segments, chunk_rows, batch_size):
+    """Rows a shard's segments step (the last minibatch of a chunk may be short)."""
+    return sum(min(chunk_rows[c], (first + count) * batch_size) - first * batch_size
+               for c, _, first, count in segments)
+
+
 def _shard_chunk_order(seed, shard, epoch, chunks):
     order = host_rng([int(seed), 1, int(shard), int(epoch)]).permutation(len(chunks))
     return [chunks[int(i)] for i in order]
 
 
 def weighted_average(values, weights):
-    """sum_k weights[k] * values[k] over parallel trees (dicts, tuples, lists) of arrays and floats; ints,
-    bools and None are taken from the first tree (counts such as Adam's t agree across shards that took
-    the same number of steps)."""
+    """sum_k weights[k] * values[k] over parallel trees (dicts, tuples, lists) of arrays and floats; ints (counts
+    such as Adam's t, equal across shards that took the same number of steps) to the nearest integer; bools,
+    strings and None are taken from the first tree."""
     first = values[0]
-    if first is None or isinstance(first, (bool, int, str)):
+    if first is None or isinstance(first, (bool, str)):
         return first
+    if isinstance(first, int):
+        return first if all(v == first for v in values) else int(round(sum(w * v for w, v in zip(weights, values))))
     if isinstance(first, dict):
         return {k: weighted_average([v[k] for v in values], weights) for k in first}
     if isinstance(first, (tuple, list)):
@@ -166,9 +235,20 @@ def step_shard(spec, segments, data):
     """A round of one shard (a task on a worker): ``spec["steps"]`` minibatch steps of the method's engine
     through ``Trainer.step``, starting from the driver's state. ``data``: per chunk of the segments, its
     rows (X, y) as arrays. Returns the state the shard ends at (parameters, optimiser, per-chunk factors,
-    EP's site files) and the steps' log Z estimates; no rows."""
+    EP's site files) and the steps' log Z estimates; no rows. Runs under ``workers.task_scope`` (the BLAS thread
+    rule and the heap thresholds of a minibatch step, whatever the worker process was started with)."""
+    started, cpu, faults = time.perf_counter(), time.thread_time(), minor_page_faults()
+    Z = spec["Z"]
+    with task_scope(spec["batch_size"], Z.shape[-2], Z.shape[-1]):
+        out = _step_segments(spec, segments, data)
+    out["seconds"] = time.perf_counter() - started
+    out["cpu_seconds"] = time.thread_time() - cpu
+    out["page_faults"] = minor_page_faults() - faults
+    return out
+
+
+def _step_segments(spec, segments, data):
     # (a copy: an optimiser object given in the options is this shard's own, also in a threaded cluster)
-    started = time.perf_counter()
     method, options = spec["method"], copy.deepcopy(spec["options"])
     trainer = Trainer(spec["kernel"], spec["Z"], method=method, n_total=spec["n_total"], minibatch=True, **options)
     engine = trainer.engine
@@ -184,6 +264,7 @@ def step_shard(spec, segments, data):
     site_files, sites_now = {}, {}  # EP: per chunk, the file this task wrote and the sites it left
     batch_size = spec["batch_size"]
     log_z, n_invalid = [], 0.0
+    step_seconds = 0.0  # in the steps themselves (a task's set-up, the same whatever its steps, left out)
     for chunk, visit, first, count in segments:
         X_chunk, y_chunk = data[chunk]
         n_chunk = X_chunk.shape[0]
@@ -211,6 +292,7 @@ def step_shard(spec, segments, data):
         # its start (not the previous chunk's state).
         trainer.good = engine.snapshot()
         previous = None  # EP: (rows, sites) of the last step taken; a revert undoes its sites in place
+        stepping_started = time.perf_counter()
         for j in range(first, first + count):
             rows = order[j * batch_size:(j + 1) * batch_size]
             X_batch = asarray_like(X_chunk[rows], xp, device=device, dtype=Z.dtype)
@@ -233,6 +315,7 @@ def step_shard(spec, segments, data):
                 site_shift[index] = engine.state["mu"]
                 if engine.needs_rebuild:  # many cavities failed: the chunk's site product, exactly
                     _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, None)
+        step_seconds += time.perf_counter() - stepping_started
         if tied:
             factors[chunk] = engine.state["factor"]
             total = engine.others.combine(1.0, factors[chunk], 1.0)
@@ -244,7 +327,7 @@ def step_shard(spec, segments, data):
     return {"kernel": engine.state["kernel"], "Z": engine.state["Z"], "state": state,
             "optimizer": engine.optimizer.snapshot() if engine.optimizer is not None else None,
             "damping": engine.damping, "factors": {c: factors[c] for c in factors}, "site_files": site_files,
-            "log_z": log_z, "n_invalid": n_invalid, "seconds": time.perf_counter() - started}
+            "log_z": log_z, "n_invalid": n_invalid, "step_seconds": step_seconds}
 
 
 def _chunk_holders(client, X, n_chunks):
@@ -279,47 +362,78 @@ def _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, 
 
 
 class DataParallel:
-    """Data-parallel stochastic training of rows in a dask.array (module docstring), as the engine factory
-    ``training.train`` takes (``engine=``): ``train(RowsOnWorkers(X.shape, dtype), ..., batch_size=
-    dp.rows_per_round, engine=dp)``. ``X`` (rows chunked, one column chunk) and ``y`` (labels as the
-    engine takes them, chunked alike) stay on the cluster.
+    """Data-parallel stochastic training of rows that stay on the workers (module docstring), as the engine
+    factory ``training.train`` takes (``engine=``): ``train(RowsOnWorkers(X.shape, dtype), ..., batch_size=
+    dp.rows_per_round, engine=dp)``.
 
-    ``batch_size``: rows of a minibatch step; ``local_steps``: steps a shard takes per round; ``n_shards``:
-    default one per worker (X persisted on the cluster: one per worker holding chunks, of its chunks; else
-    chunk c in shard c mod the number of workers). ``seed``: keys the chunks' random streams. ``site_directory`` (EP):
-    where the chunks' sites are kept, a file a chunk, reachable by the driver and every worker (default: a
-    temporary directory on this machine: enough for a LocalCluster); ``close()`` removes them.
+    ``client``: a ``distributed.Client``, with ``X`` (rows chunked, one column chunk) and ``y`` (labels as the
+    engine takes them, chunked alike) dask arrays on its cluster; or a ``workers.LocalWorkers`` pool, with ``X``
+    and ``y`` ``workers.SharedRows`` that its processes map. The rounds are the same code on both.
+
+    ``batch_size``: rows of a minibatch step. ``local_steps``: an int, the steps every shard takes per round
+    (rounds reproducible: the same seed, the same model, also when a worker is lost); None (default): shards take
+    ``DEFAULT_LOCAL_STEPS`` a round on average, shared out in proportion to the speed each shard's worker showed
+    in the rounds before (``balanced_steps``), so that a round does not wait for a worker whose core is busy with
+    other work. ``n_shards``: default one per worker (X persisted on the cluster: ``shards_of_holders``, each
+    worker's share of the chunks, those it holds first; else chunk c in shard c mod the number of workers).
+    ``seed``: keys the chunks' random streams. ``site_directory`` (EP): where the chunks' sites are kept, a file a
+    chunk, reachable by the driver and every worker (default: a temporary directory on this machine: enough for a LocalCluster); ``close()`` removes them.
     """
 
-    def __init__(self, client, X, y, *, batch_size, local_steps=DEFAULT_LOCAL_STEPS, n_shards=None, seed=0,
-                 site_directory=None):
-        if int(local_steps) < 1:
-            raise ValueError(f"local_steps must be a positive integer, got {local_steps!r}")
+    def __init__(self, client, X, y, *, batch_size, local_steps=None, n_shards=None, seed=0, site_directory=None):
+        if local_steps is not None and int(local_steps) < 1:
+            raise ValueError(f"local_steps must be None or a positive integer, got {local_steps!r}")
         self.client = client
         self.X, self.y = X, y
         self.batch_size = int(batch_size)
-        self.local_steps = int(local_steps)
+        self.balanced = local_steps is None
+        self.local_steps = DEFAULT_LOCAL_STEPS if local_steps is None else int(local_steps)
         self.seed = int(seed)
         bounds = row_chunk_bounds(X)
         self.chunk_rows = [hi - lo for lo, hi in bounds]
         workers = sorted(client.nthreads())  # (asks the scheduler: scheduler_info() may be a stale copy)
-        holders = _chunk_holders(client, X, len(bounds)) if n_shards is None else None
-        if holders is not None:  # X persisted: a shard per worker holding chunks, of the chunks it holds
-            self.shard_workers = sorted(set(holders))
-            self.shards = [[c for c, w in enumerate(holders) if w == worker] for worker in self.shard_workers]
-        else:  # X read where it lives (zarr, ...): each shard's chunks read by the worker it is pinned to
+        holders = _chunk_holders(client, X, len(bounds)) if n_shards is None and is_dask_array(X) else None
+        if holders is not None:  # X persisted: a shard per worker, of the chunks it holds as far as they are its share
+            self.shards, self.shard_workers = shards_of_holders(holders, workers)
+        else:  # X read where it lives (zarr, a shared file, ...): a shard's chunks read by the worker it is pinned to
             self.shards = shard_chunks(len(bounds), n_shards or max(1, len(workers)))
             self.shard_workers = [workers[k % len(workers)] if workers else None for k in range(len(self.shards))]
-        shard_rows = [sum(self.chunk_rows[c] for c in chunks) for chunks in self.shards]
-        self.shard_weights = [r / sum(shard_rows) for r in shard_rows]
+        self.speeds = [None] * len(self.shards)  # steps a second each shard's tasks made (balanced rounds)
         self.site_directory = site_directory
         self.site_root = None
-        # per round: seconds on the driver, the slowest task's seconds, bytes sent and received, steps a shard
+        # per round: seconds on the driver, bytes sent and received, steps per shard, the tasks' seconds, their
+        # CPU seconds (the task's own thread) and minor page faults
         self.rounds = []
 
     @property
     def rows_per_round(self):
         return len(self.shards) * self.local_steps * self.batch_size
+
+    def steps_per_shard(self, total):
+        """The steps of each shard in a round of ``total`` steps: equal (``local_steps`` given), else
+        ``balanced_steps`` by the shards' measured speeds."""
+        if not self.balanced or None in self.speeds:
+            share, extra = divmod(total, len(self.shards))
+            return [share + (k < extra) for k in range(len(self.shards))]
+        return balanced_steps(total, self.speeds)
+
+    def measure(self, steps, results):
+        """Fold the round's tasks (their steps and the seconds of the steps themselves) into the shards' speeds (an
+        average that halves the weight of older rounds each round: a worker's share of a busy machine changes within
+        seconds). A task's set-up is left out: it costs a shard given few steps as much as one given many, and
+        counted in it would make the first look slower, and so be given fewer still."""
+        for k, (taken, result) in enumerate(zip(steps, results)):
+            speed = taken / max(result["step_seconds"], 1e-9)
+            self.speeds[k] = speed if self.speeds[k] is None else 0.5 * (self.speeds[k] + speed)
+
+    def chunk_data(self, chunk, worker):
+        """(X, y) of one chunk as the task takes them: futures of the chunk read on ``worker`` (or another if it is
+        gone), or for shared rows the blocks the worker maps itself."""
+        if not is_dask_array(self.X):
+            return self.X.block(chunk), self.y.block(chunk)
+        X_chunk, y_chunk = self.X.blocks[chunk], self.y.blocks[chunk]
+        return tuple(self.client.compute([X_chunk, y_chunk], workers=None if worker is None else [worker],
+                                         allow_other_workers=True))
 
     def close(self):
         """Remove EP's site files."""
@@ -327,12 +441,11 @@ class DataParallel:
             shutil.rmtree(self.site_root, ignore_errors=True)
 
     def __call__(self, method, kernel, Z, *, n_total, minibatch, **options):
-        if method not in ("ep", "sep", "adf", "svi"):
-            raise ValueError(f"data-parallel training runs 'ep', 'sep', 'adf' or 'svi', not {method!r}")
-        if method == "ep" and isinstance(kernel, ClassKernels):
-            raise ValueError("data-parallel multiclass training runs 'sep', 'adf' or 'svi' (multiclass EP's "
-                             "per-row sites are not kept per chunk yet): for multiclass EP on minibatches of a "
-                             "dask array pass local_steps=0 (steps on the driver), or train in batch passes")
+        refused = refusal(method, 3 if isinstance(kernel, ClassKernels) else 2)
+        if refused is not None:
+            remedy = ("for multiclass EP on minibatches of a dask array pass local_steps=0 (steps on the driver), "
+                      "or train in batch passes" if is_dask_array(self.X) else "train multiclass EP with n_jobs=1")
+            raise ValueError(f"{refused}: {remedy}" if method == "ep" else refused)
         if options.pop("site_precision", None) is not None or options.pop("site_shift", None) is not None:
             raise ValueError("data-parallel EP starts from zero sites")
         if method == "ep":
@@ -342,12 +455,6 @@ class DataParallel:
             os.makedirs(directory, exist_ok=True)
             self.site_root = tempfile.mkdtemp(prefix="agpc-dp-sites-", dir=os.fspath(directory))
         return _RoundEngine(self, method, kernel, Z, n_total=n_total, options=options)
-
-    def chunk_data(self, chunk, worker):
-        """(X, y) of one chunk as futures, read on ``worker`` (or another if it is gone)."""
-        X_chunk, y_chunk = self.X.blocks[chunk], self.y.blocks[chunk]
-        return tuple(self.client.compute([X_chunk, y_chunk], workers=None if worker is None else [worker],
-                                         allow_other_workers=True))
 
 
 class _RoundEngine:
@@ -399,24 +506,26 @@ class _RoundEngine:
 
     # -- a round ---------------------------------------------------------------------------------------
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
-        """Run one round (nothing committed): each shard steps ceil(rows / (shards x batch)) times, at most
-        ``local_steps``. Returns the mean of the steps' log Z estimates and the combined state."""
+        """Run one round (nothing committed): ceil(rows / (shards x batch)) steps a shard on average, at most
+        ``local_steps`` (``DataParallel.steps_per_shard`` shares them out). Returns the mean of the steps' log Z
+        estimates and the combined state."""
         if weights is not None:
             raise ValueError("data-parallel rounds lay their own minibatches: no row weights")
         plan, client = self.plan, self.plan.client
         steps = max(1, min(plan.local_steps, math.ceil((hi - lo) / (len(plan.shards) * plan.batch_size))))
+        allotted = plan.steps_per_shard(steps * len(plan.shards))
         s = self.template.state
         spec = {"method": self.method, "options": self.options, "kernel": s["kernel"], "Z": s["Z"],
                 "n_total": self.template.n_total, "seed": plan.seed, "batch_size": plan.batch_size,
                 "optimizer": self.template.optimizer.snapshot() if self.template.optimizer is not None else None,
                 "damping": self.template.damping, "total": s.get("factor"),
-                "state": {k: s[k] for k in ("mean", "chol") if k in s},
+                "state": {k: s[k] for k in ("whitened_mean", "whitened_chol") if k in s},
                 "site_directory": plan.site_root, "generation": self.generation + 1}
         plans, futures, needed, sent = [], [], {}, 0
         started = time.perf_counter()
         for k, chunks in enumerate(plan.shards):
             segments, cursor, visits = _plan(self.cursors[k], k, chunks, self.visits, plan.seed, plan.chunk_rows,
-                                             plan.batch_size, steps)
+                                             plan.batch_size, allotted[k])
             plans.append((cursor, visits, segments))
             used = sorted({c for c, *_ in segments})
             for c in used:
@@ -430,18 +539,25 @@ class _RoundEngine:
         self.loaded = needed  # the chunks no shard steps now are released (their futures dropped)
         results = client.gather(futures)
         received = sum(_nbytes(r) for r in results)
-        combined = self._combine(results)
+        rows = [_segment_rows(segments, plan.chunk_rows, plan.batch_size) for _, _, segments in plans]
+        combined = self._combine(results, rows)
         combined["plans"] = plans
+        plan.measure(allotted, results)
         plan.rounds.append({"seconds": time.perf_counter() - started, "bytes_sent": sent,
-                            "bytes_received": received, "steps": steps,
-                            "task_seconds": max(r["seconds"] for r in results)})
+                            "bytes_received": received, "steps": allotted,
+                            "task_seconds": [r["seconds"] for r in results],
+                            "task_cpu_seconds": [r["cpu_seconds"] for r in results],
+                            "page_faults": [r["page_faults"] for r in results]})
         values = [v for r in results for v in r["log_z"]]
         return sum(values) / len(values), combined
 
-    def _combine(self, results):
-        weights = self.plan.shard_weights
+    def _combine(self, results, rows):
+        """The shards' end states combined: parameters and the optimiser's state averaged with weights the rows
+        each shard stepped in the round (every minibatch of the round counts alike); each chunk's new factor, and
+        their sum."""
+        weights = [r / sum(rows) for r in rows]
         template = self.template
-        names = [k for k in template.names if k not in ("Z", "mean", "chol")]
+        names = [k for k in template.names if k not in ("Z", "whitened_mean", "whitened_chol")]
         kernel = results[0]["kernel"]
         params = dict(kernel.params)
         params.update(weighted_average([{k: r["kernel"].params[k] for k in names} for r in results], weights))

@@ -520,16 +520,24 @@ def _scores(log_p, truth):
 
 
 class SVIEngine(_Engine):
-    """SVI (Izmailov & Kropotov (2017), sec. 3.2): a step ascends eq. 11 in (mean, chol, kernel, Z) on the rows given,
-    the data term scaled by n / |M| in minibatch mode (``variational.whitened_step``), with Adam (default, learning
-    rate 0.01) or Adadelta (the paper's choice, with a learning rate found by grid search). Adadelta at its
+    """SVI (Izmailov & Kropotov (2017), sec. 3.2): a step ascends eq. 11 in (q, kernel, Z) on the rows given, the
+    data term scaled by n / |M| in minibatch mode (``variational.svi_step``), with Adam (default, learning rate 0.01)
+    or Adadelta (the paper's choice, with a learning rate found by grid search). q is held whitened, as GPflow's
+    SVGP holds it (``variational``): the state's ``whitened_mean`` and ``whitened_chol``. Adadelta at its
     default rate 1.0 can diverge in full-batch mode; Adam at 0.01 was steady on every problem in the tests.
 
     With ``kernel`` a ``ClassKernels`` and Z of shape (C, m, d) (y: class indices) this is the multiclass
-    robust-max baseline of Villacampa-Calvo & Hernandez-Lobato (2017), sec. 3 (``multiclass_vi``): mean (C, m), chol (C,
-    m, m)."""
+    robust-max baseline of Villacampa-Calvo & Hernandez-Lobato (2017), sec. 3 (``multiclass_vi``): whitened_mean (C,
+    m), whitened_chol (C, m, m).
 
-    triangular_state = ("chol",)  # q(u)'s covariance factor
+    Checkpoints of the u-space form (``mean``, ``chol``: agpc before q was held whitened) resume: their q is
+    whitened at their kernel (``variational.whitened_from_unwhitened``), and their optimiser state, which was
+    kept in the same whitened coordinates, is taken as it is."""
+
+    # checkpoint entries of the u-space form and the whitened entries they become (``restore_checkpoint``)
+    legacy_checkpoint_keys = {"mean": "whitened_mean", "chol": "whitened_chol"}
+
+    triangular_state = ("whitened_chol",)  # q(v)'s covariance factor
 
     def __init__(self, kernel, Z, *, n_total, minibatch, likelihood="probit", n_quadrature=20, jitter=1e-6,
                  optimize=("kernel", "inducing"), optimizer=None, learning_rate=None, block_rows=None):
@@ -537,23 +545,26 @@ class SVIEngine(_Engine):
         if name not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {name!r} for svi: use 'adadelta' or 'adam'")
         opt = OPTIMIZERS[name]() if learning_rate is None else OPTIMIZERS[name](learning_rate=learning_rate)
-        names = parameter_names(kernel, tuple(optimize)) + ["mean", "chol"]
+        names = parameter_names(kernel, tuple(optimize)) + ["whitened_mean", "whitened_chol"]
         super().__init__(kernel, Z, names=names, optimizer=opt, n_total=n_total, minibatch=minibatch, jitter=jitter,
                          block_rows=block_rows)
         self.multiclass = isinstance(kernel, ClassKernels)
         self.likelihood = "robust-max" if self.multiclass else likelihood
         self.n_quadrature = n_quadrature
-        mean = self.xp.zeros(Z.shape[:-1], dtype=Z.dtype, device=array_device(Z))
-        self.state.update(mean=mean, chol=variational.prior_cholesky(kernel, Z, jitter))  # q(u) = the prior
+        xp, device, m = self.xp, array_device(Z), Z.shape[-2]
+        identity = xp.eye(m, dtype=Z.dtype, device=device)
+        self.state.update(whitened_mean=xp.zeros(Z.shape[:-1], dtype=Z.dtype, device=device),  # q(v) = N(0, I):
+                          whitened_chol=identity if Z.ndim == 2 else xp.stack([identity] * Z.shape[0]))  # the prior
 
     def _bound(self, X, y, *, want_grad, n_total=None, weights=None):
         s = self.state
         options = dict(n_quadrature=self.n_quadrature, jitter=self.jitter, n_total=n_total, want_grad=want_grad,
                        block_rows=self.block_rows, weights=weights)
         if self.multiclass:
-            return multiclass_vi.svi_elbo_multiclass(s["kernel"], s["Z"], X, y, s["mean"], s["chol"], **options)
-        return variational.svi_elbo(s["kernel"], s["Z"], X, y, s["mean"], s["chol"], likelihood=self.likelihood,
-                                    **options)
+            return multiclass_vi.svi_elbo_multiclass(s["kernel"], s["Z"], X, y, s["whitened_mean"], s["whitened_chol"],
+                                                     **options)
+        return variational.svi_elbo(s["kernel"], s["Z"], X, y, s["whitened_mean"], s["whitened_chol"],
+                                    likelihood=self.likelihood, **options)
 
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
         like = self.state["Z"]
@@ -566,14 +577,14 @@ class SVIEngine(_Engine):
     def apply(self, grads, lo, hi, *, stepping, scalars=None):
         s = self.state
         grads, _ = with_log_prior(s["kernel"], grads)  # the ELBO plus the kernel's log prior
-        s["kernel"], s["Z"], s["mean"], s["chol"] = variational.whitened_step(
-            self.optimizer, self.names, s["kernel"], s["Z"], s["mean"], s["chol"], grads, jitter=self.jitter)
+        s["kernel"], s["Z"], s["whitened_mean"], s["whitened_chol"] = variational.svi_step(
+            self.optimizer, self.names, s["kernel"], s["Z"], s["whitened_mean"], s["whitened_chol"], grads)
         return Outcome(change=None, stepped=True, record=True)
 
     def posterior(self, X, y, want_log_z=True):
         """q(u) in EP form and, with ``want_log_z``, the bound on all rows (one pass)."""
         s = self.state
-        post = variational.posterior_of(s["kernel"], s["Z"], s["mean"], s["chol"], jitter=self.jitter)
+        post = variational.posterior_of(s["kernel"], s["Z"], s["whitened_mean"], s["whitened_chol"], jitter=self.jitter)
         if not want_log_z or X is None:
             return post, None
         value, _ = self._bound(X, y, want_grad=False)
@@ -590,11 +601,29 @@ class SVIEngine(_Engine):
         return _scores(xp.stack([log_neg, log_pos], axis=1), xp.astype(y_val > 0, y_val.dtype))
 
     def checkpoint_state(self, path, step):
-        return dict(self._common_checkpoint(), mean=self.state["mean"], chol=self.state["chol"])
+        return dict(self._common_checkpoint(), whitened_mean=self.state["whitened_mean"],
+                    whitened_chol=self.state["whitened_chol"])
 
     def restore_checkpoint(self, saved, path):
+        legacy = self.legacy_checkpoint_keys
+        if saved.get("optimizer") is not None:  # a u-space checkpoint's moments: already in whitened coordinates
+            saved = dict(saved, optimizer=_renamed_keys(saved["optimizer"], legacy))
         self._restore_common(saved)
-        self.state["mean"], self.state["chol"] = saved["mean"], saved["chol"]
+        s = self.state
+        if "mean" in saved:  # the u-space form: whitened at the checkpoint's kernel, Z and jitter
+            s["whitened_mean"], s["whitened_chol"] = variational.whitened_from_unwhitened(
+                s["kernel"], s["Z"], saved["mean"], saved["chol"], jitter=self.jitter)
+        else:
+            s["whitened_mean"], s["whitened_chol"] = saved["whitened_mean"], saved["whitened_chol"]
+
+
+def _renamed_keys(tree, names):
+    """``tree`` (an optimiser's snapshot: tuples, lists, dicts) with every dict key in ``names`` renamed."""
+    if isinstance(tree, dict):
+        return {names.get(k, k): _renamed_keys(v, names) for k, v in tree.items()}
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_renamed_keys(v, names) for v in tree)
+    return tree
 
 
 class QuadraticEngine(_Engine):

@@ -27,15 +27,20 @@ from ..backend import (
     array_device,
     array_namespace,
     cholesky,
+    cholesky_inverse,
     cholesky_or_nan,
+    identity_plus,
     is_out_of_core,
     lower_triangular_inverse,
     machine_epsilon,
     note_block_rows,
+    prefers_inverses,
     read_rows,
     row_slice,
+    row_dot as backend_row_dot,
     rows_within_memory,
     solve_triangular,
+    triangular_matmul,
 )
 from ..likelihoods import PROBIT
 
@@ -83,9 +88,9 @@ def cavity_tolerances(x):
 class Posterior:
     """q(u) in factored form: L_K = chol(Kmm + jitter I), L_C = chol(I + A diag(nu) A^T), h = L_C^-1 A mu.
 
-    Training applies the two triangular factors by solves (one triangular solve costs about a matrix
-    product and needs no O(m^3) inverse first). Explicit inverses (``L_K_inv``, ``L_C_inv``) are formed on
-    first use only, for callers that apply them to many blocks of rows (prediction) or that pass them in.
+    ``solve_K`` / ``solve_C`` apply the inverses of the two triangular factors: by triangular solves, or by
+    products with the explicit inverses (``L_K_inv``, ``L_C_inv``, formed on first use and cached) where that is
+    faster: many right-hand sides, or a library whose triangular solves are slow (``backend.prefers_inverses``).
     """
 
     def __init__(self, L_K, L_C, h, L_K_inv=None, L_C_inv=None):
@@ -104,6 +109,16 @@ class Posterior:
             self._L_C_inv = lower_triangular_inverse(self.L_C)
         return self._L_C_inv
 
+    def solve_K(self, B, *, trans=False, overwrite=False):
+        """L_K^-1 B (``trans``: L_K^-T B); ``overwrite``: B is the caller's temporary (``left_solve``)."""
+        return left_solve(self.L_K, B, trans=trans, L_inv=self.L_K_inv if _uses_inverse(self.L_K, B) else None,
+                          overwrite=overwrite)
+
+    def solve_C(self, B, *, trans=False, overwrite=False):
+        """L_C^-1 B (``trans``: L_C^-T B); ``overwrite`` as for ``solve_K``."""
+        return left_solve(self.L_C, B, trans=trans, L_inv=self.L_C_inv if _uses_inverse(self.L_C, B) else None,
+                          overwrite=overwrite)
+
     @cached_property
     def whitened_mean(self):
         """C^-1 c~ = L_C^-T h: k_i^T B^-1 c = (L_K^-1 k_i)^T whitened_mean."""
@@ -112,7 +127,9 @@ class Posterior:
     @cached_property
     def C_inv(self):
         """C^-1 = L_C^-T L_C^-1 (m x m): k_i^T B^-1 k_j = (L_K^-1 k_i)^T C^-1 (L_K^-1 k_j)."""
-        return solve_triangular(self.L_C, self.L_C_inv, lower=True, trans=True)
+        if self._L_C_inv is not None:  # (formed already: one triangular product with it)
+            return triangular_matmul(self._L_C_inv, self._L_C_inv, trans=True)
+        return cholesky_inverse(self.L_C)
 
     @cached_property
     def beta(self):
@@ -125,7 +142,7 @@ class Posterior:
         """g(theta) - g(theta_prior) for q = prior x factor: 0.5 c^T B^-1 c + 0.5 log|K| - 0.5 log|B|
         (0-d; NaN when a Cholesky factor failed, which is how a failure reaches the training loop)."""
         xp = array_namespace(self.h)
-        return 0.5 * xp.vecdot(self.h, self.h) - xp.sum(xp.log(xp.linalg.diagonal(self.L_C)))
+        return 0.5 * backend_row_dot(self.h, self.h) - xp.sum(xp.log(xp.linalg.diagonal(self.L_C)))
 
     def mean_and_cov(self):
         """Mean K B^-1 c and covariance K B^-1 K of q(u) (Hernandez-Lobato & Hernandez-Lobato (2016), eqs. 12-13), for
@@ -137,21 +154,25 @@ class Posterior:
 # Beyond this many right-hand sides per inducing point an explicit triangular inverse (O(m^3), once per pass,
 # cached on the Posterior) and matrix products beat triangular solves: BLAS trsm is far less optimised than
 # gemm, single- and multi-threaded (a batch EP pass at n = 10^5, m = 200 took 1.4 s with solves on one thread,
-# 2.1-3.0 s on two). Minibatch steps (a few hundred rows) stay with solves: no inverse to form.
+# 2.1-3.0 s on two). Elsewhere solves, except on a library that prefers inverses for any matrix of right-hand
+# sides (``backend.prefers_inverses``: NumPy, whose minibatch step applies each factor's inverse two to four times).
 _SOLVE_MAX_COLUMNS_PER_M = 4
 
 
 def _uses_inverse(L, B=None, *, n_columns=None):
+    if B is not None and B.ndim == 2 and prefers_inverses(B):
+        return True
     n_columns = (B.shape[1] if B.ndim == 2 else 1) if n_columns is None else n_columns
     return n_columns > _SOLVE_MAX_COLUMNS_PER_M * L.shape[0]
 
 
-def left_solve(L, B, *, trans=False, L_inv=None):
-    """L^-1 B (``trans``: L^-T B) for lower-triangular L: a triangular solve, or, for many right-hand sides,
-    a product with L's explicit inverse (``L_inv`` when given, else formed here)."""
+def left_solve(L, B, *, trans=False, L_inv=None, overwrite=False):
+    """L^-1 B (``trans``: L^-T B) for lower-triangular L: a triangular solve, or, where ``_uses_inverse``, a
+    product with L's explicit inverse (``L_inv`` when given, else formed here). ``overwrite``: B is the
+    caller's temporary (``backend.triangular_matmul``)."""
     if _uses_inverse(L, B):
         inv = lower_triangular_inverse(L) if L_inv is None else L_inv
-        return (inv.mT if trans else inv) @ B
+        return triangular_matmul(inv, B, trans=trans, overwrite=overwrite)
     return solve_triangular(L, B, lower=True, trans=trans)
 
 
@@ -159,14 +180,13 @@ def left_solve(L, B, *, trans=False, L_inv=None):
 PRIOR_FACTOR_NAME = "Kmm (covariance of the inducing points)"
 
 
-def prior_cholesky(kernel, Z, jitter, *, checked=True):
+def prior_cholesky(kernel, Z, jitter, *, checked=True, Kmm=None):
     """L_K = chol(K(Z, Z) + jitter I). ``checked=False`` (training steps): no host synchronisation and no
-    jitter escalation; a failed factorisation gives NaN, which reaches log Z_q and the loop's guard."""
-    xp = array_namespace(Z)
-    m = Z.shape[0]
-    Kmm = kernel.K(Z) + jitter * xp.eye(m, dtype=Z.dtype, device=array_device(Z))
+    jitter escalation; a failed factorisation gives NaN, which reaches log Z_q and the loop's guard. ``Kmm``:
+    K(Z, Z) when the caller has it (it is not changed)."""
+    Kmm = identity_plus(kernel.K(Z) if Kmm is None else Kmm, identity=jitter)
     if not checked:
-        return cholesky_or_nan(Kmm)
+        return cholesky_or_nan(Kmm, overwrite=True)
     return cholesky(Kmm, what=PRIOR_FACTOR_NAME)
 
 
@@ -179,6 +199,8 @@ def project(kernel, X, Z, L_K_inv):
 def whiten(kernel, X, Z, L_K, L_K_inv=None):
     """A = L_K^-1 K(Z, X) (m x n: column i is L_K^-1 k_i; ``left_solve``) and Knm = K(X, Z)."""
     Knm = kernel.K(X, Z)
+    if L_K_inv is None and _uses_inverse(L_K, Knm):
+        L_K_inv = lower_triangular_inverse(L_K)
     return left_solve(L_K, Knm.mT, L_inv=L_K_inv), Knm
 
 
@@ -192,16 +214,16 @@ def whitened_site_sums(A, site_precision, site_shift):
     return (A * site_precision[None, :]) @ A.mT, A @ site_shift
 
 
-def posterior_from_sums(L_K, S, c_tilde, L_K_inv=None, *, checked=True):
-    """Factor C = I + S and whiten c~: the global O(m^3) step after the reduction. ``checked``: as in
-    ``prior_cholesky``."""
-    xp = array_namespace(S)
-    m = S.shape[0]
-    C = xp.eye(m, dtype=S.dtype, device=array_device(S)) + S
+def posterior_from_sums(L_K, S, c_tilde, L_K_inv=None, *, checked=True, scale=1.0):
+    """Factor C = I + scale S and whiten scale c~: the global O(m^3) step after the reduction. ``checked``: as
+    in ``prior_cholesky``."""
+    C = identity_plus(S, scale)
+    if scale != 1.0:
+        c_tilde = scale * c_tilde
     if checked:
         L_C = cholesky(C, what="C = I + A diag(site_precision) A^T (posterior precision)")
     else:
-        L_C = cholesky_or_nan(C)
+        L_C = cholesky_or_nan(C, overwrite=True)
     return Posterior(L_K=L_K, L_C=L_C, h=solve_triangular(L_C, c_tilde, lower=True), L_K_inv=L_K_inv)
 
 
@@ -234,12 +256,13 @@ class Marginals:
 
 
 def marginals(kernel, X, Z, post, A=None, Knm=None):
-    xp = array_namespace(Z)
+    array_namespace(Z)
     if A is None:
-        A, Knm = whiten(kernel, X, Z, post.L_K, post.L_K_inv if _uses_inverse(post.L_K, n_columns=X.shape[0]) else None)
-    Q = left_solve(post.L_C, A, L_inv=post.L_C_inv if _uses_inverse(post.L_C, A) else None)
-    prior_var = xp.vecdot(A, A, axis=-2)
-    return Marginals(A, Knm, Q, xp.vecdot(Q, Q, axis=-2), post.h @ Q, prior_var, kernel.Kdiag(X) - prior_var)
+        Knm = kernel.K(X, Z)
+        A = post.solve_K(Knm.mT)
+    Q = post.solve_C(A)
+    prior_var = backend_row_dot(A, A, axis=-2)
+    return Marginals(A, Knm, Q, backend_row_dot(Q, Q, axis=-2), post.h @ Q, prior_var, kernel.Kdiag(X) - prior_var)
 
 
 def cavity(site_precision, site_shift, d, e, prior_var):
@@ -299,11 +322,8 @@ def data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g, *, want_upsilon
     xp = array_namespace(Z)
     A, b = marg.A, marg.A.shape[1]
     dKdiag = -0.5 * kappa
-    weighted_Q = marg.Q * coef_g[None, :]
-    many = _uses_inverse(post.L_C, weighted_Q)
-    inner = left_solve(post.L_C, weighted_Q, trans=True, L_inv=post.L_C_inv if many else None) + A * kappa[None, :]
-    stacked = xp.concat([inner, A], axis=1)
-    solved = left_solve(post.L_K, stacked, trans=True, L_inv=post.L_K_inv if _uses_inverse(post.L_K, stacked) else None)
+    inner = post.solve_C(marg.Q * coef_g[None, :], trans=True, overwrite=True) + A * kappa[None, :]
+    solved = post.solve_K(xp.concat([inner, A], axis=1), trans=True, overwrite=True)
     upsilon_t = solved[:, b:]
     dKnm_t = solved[:, :b] + post.beta[:, None] * alpha[None, :]
     dKmm_data = -(upsilon_t @ (dKnm_t + upsilon_t * dKdiag[None, :]).mT)
@@ -362,7 +382,7 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
     sums = None
     if want_sums:  # the rows' share of the likelihood factor (for tied / minibatch updates), in u-space
         if upsilon_t is None:
-            upsilon_t = solve_triangular(post.L_K, marg.A, lower=True, trans=True)
+            upsilon_t = post.solve_K(marg.A, trans=True)
         change_nu, change_mu = (new_nu - nu, new_mu - mu) if own_sites else (new_nu, new_mu)
         if weights is not None:
             change_nu, change_mu = change_nu * weights, change_mu * weights
@@ -374,13 +394,10 @@ def prior_kmm_adjoint(post):
     """-0.5 M of Hernandez-Lobato & Hernandez-Lobato (2016), eqs. 34-35: M = K^-1 - K^-1 Sigma K^-1 - K^-1 m m^T K^-1 =
     K^-1 - B^-1 - beta beta^T, with K^-1 - B^-1 = L_K^-T (I - C^-1) L_K^-1 (two triangular solves; I - C^-1 is
     symmetric)."""
-    xp = array_namespace(post.h)
-    m = post.h.shape[0]
-    inner = xp.eye(m, dtype=post.h.dtype, device=array_device(post.h)) - post.C_inv
-    half = solve_triangular(post.L_K, inner, lower=True, trans=True)  # L_K^-T (I - C^-1)
-    sandwich = solve_triangular(post.L_K, half.mT, lower=True, trans=True)
+    half = post.solve_K(identity_plus(post.C_inv, -1.0), trans=True, overwrite=True)  # L_K^-T (I - C^-1)
+    sandwich = post.solve_K(half.mT, trans=True, overwrite=True)
     beta = post.beta
-    return -0.5 * sandwich + 0.5 * (beta[:, None] * beta[None, :])
+    return 0.5 * (beta[:, None] * beta[None, :] - sandwich)
 
 
 BLOCK_ELEMENTS = 1 << 21  # default block: ~16 MB of float64 per n x m temporary
@@ -486,8 +503,9 @@ def data_blocks(X, y, block_rows, like):
 
 
 def row_dot(A, B):
-    """Row-wise dot products of two (n, m) blocks, without an n x m temporary."""
-    return array_namespace(A, B).linalg.vecdot(A, B, axis=-1)
+    """Row-wise dot products of two (n, m) blocks, without an n x m temporary (``backend.row_dot``: one fused
+    reduction on every namespace, CuPy's included)."""
+    return backend_row_dot(A, B)
 
 
 def site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, keep_projection):
@@ -688,8 +706,9 @@ class Factor:
         )
 
     def whitened(self, L_K):
-        """S = L_K^T P L_K and c~ = L_K^T r, the form posterior_from_sums takes."""
-        return L_K.mT @ (self.precision @ L_K), self.shift @ L_K
+        """S = L_K^T P L_K and c~ = L_K^T r, the form posterior_from_sums takes (two triangular products)."""
+        half = triangular_matmul(L_K, self.precision, right=True)  # P L_K
+        return triangular_matmul(L_K, half, trans=True, overwrite=True), self.shift @ L_K
 
     @classmethod
     def from_whitened(cls, S, c_tilde, L_K_inv):
@@ -789,8 +808,8 @@ def sep_cavity_gap(q, cavity, S, n_total):
     xp = array_namespace(S)
     keep = 1.0 - 1.0 / n_total
     cavity_solved = cavity.whitened_mean / keep  # C_c^-1 c~ (the cavity's whitened mean is C_c^-1 (k c~))
-    quadratic = 0.5 * (xp.vecdot(cavity_solved, S @ q.whitened_mean)
-                       - (2.0 - 1.0 / n_total) * xp.vecdot(cavity.h, cavity.h) / keep**2)
+    quadratic = 0.5 * (backend_row_dot(cavity_solved, S @ q.whitened_mean)
+                       - (2.0 - 1.0 / n_total) * backend_row_dot(cavity.h, cavity.h) / keep**2)
     m = S.shape[0]
     M = xp.eye(m, dtype=S.dtype, device=array_device(S)) - q.C_inv
     M2 = M @ M
@@ -821,19 +840,25 @@ def factor_cavity(kernel, Z, factor, *, method, n_total, jitter, checked=True, o
     g(q) - g(prior) + n (g(cavity_k) - g(q)), the same formula as with one shard."""
     if method not in CAVITY_KINDS:
         raise ValueError(f"unknown EP variant {method!r}")
-    L_K = prior_cholesky(kernel, Z, jitter, checked=checked)
+    Kmm = kernel.K(Z)  # (kept for the gradient: ``finish_factor``)
+    L_K = prior_cholesky(kernel, Z, jitter, checked=checked, Kmm=Kmm)
+    # q and the cavity share L_K: where inverses are preferred, one L_K^-1 for both
+    L_K_inv = lower_triangular_inverse(L_K) if prefers_inverses(L_K) else None
     S, c_tilde = factor.whitened(L_K)
     rest = None if others is None else others.whitened(L_K)
 
     def with_rest(S_part, c_part):  # (no operation at all when the factor is all the data's)
         return (S_part, c_part) if rest is None else (rest[0] + S_part, rest[1] + c_part)
 
-    q = posterior_from_sums(L_K, *with_rest(S, c_tilde), checked=checked)
+    q = posterior_from_sums(L_K, *with_rest(S, c_tilde), L_K_inv=L_K_inv, checked=checked)
     log_z = q.log_normaliser_gain
     if method == "sep":
         # SEP's log Z_q: g(q) - g(prior) + sum_i log Z_i + n (g(cavity) - g(q))
         keep = 1.0 - 1.0 / (n_total if factor_rows is None else factor_rows)
-        cavity = posterior_from_sums(L_K, *with_rest(keep * S, keep * c_tilde), checked=checked)
+        if rest is None:  # C = I + keep S, c~ scaled by keep, in one pass each
+            cavity = posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv, checked=checked, scale=keep)
+        else:
+            cavity = posterior_from_sums(L_K, *with_rest(keep * S, keep * c_tilde), L_K_inv=L_K_inv, checked=checked)
         if rest is None and factor_rows is None:
             log_z = log_z + sep_cavity_term(q, cavity, S, n_total)
         else:  # a shard's cavity: the direct difference (``sep_cavity_gap`` assumes one tied factor); in float64
@@ -841,7 +866,7 @@ def factor_cavity(kernel, Z, factor, *, method, n_total, jitter, checked=True, o
             log_z = log_z + n_total * (cavity.log_normaliser_gain - q.log_normaliser_gain)
     else:
         cavity = q
-    return {"q": q, "cavity": cavity, "log_z": log_z}
+    return {"q": q, "cavity": cavity, "log_z": log_z, "Kmm": Kmm}
 
 
 def finish_factor(kernel, Z, prep, sweep, scale, want_grad):
@@ -858,7 +883,8 @@ def finish_factor(kernel, Z, prep, sweep, scale, want_grad):
         "grads": None,
     }
     if want_grad:
-        prior_grads = kernel.grads(prior_kmm_adjoint(q) + scale * sweep["dKmm_data"], None, None, None, Z)
+        prior_grads = kernel.grads(prior_kmm_adjoint(q) + scale * sweep["dKmm_data"], None, None, None, Z,
+                                   Kmm=prep.get("Kmm"))
         out["grads"] = {k: scale * sweep["grads"][k] + prior_grads[k] for k in sweep["grads"]}
     return out
 

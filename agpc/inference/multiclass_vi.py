@@ -2,7 +2,8 @@
 robust-max likelihood.
 
 p(y | f) = 1 - epsilon if y = argmax_c f_c, epsilon / (C - 1) otherwise (Villacampa-Calvo & Hernandez-Lobato (2017), eq.
-13, epsilon = 1e-3), one GP per class with q(u_c) = N(mean_c, chol_c chol_c^T), and the bound of eq. 15
+13, epsilon = 1e-3), one GP per class with q(u_c) held whitened (``variational``: u_c = L_K,c v_c, q(v_c) =
+N(m_w,c, L_w,c L_w,c^T)), and the bound of eq. 15
 
     ELBO = sum_i E_q log p(y_i | f_i) - sum_c KL(q(u_c) || p(u_c)),
 
@@ -38,18 +39,20 @@ def _robust_max(epsilon):
     return ROBUST_MAX if epsilon == ROBUST_MAX.epsilon else RobustMax(epsilon)
 
 
-def svi_elbo_multiclass(kernels, Z, X, y, mean, chol, *, n_quadrature=20, jitter=1e-6, n_total=None, want_grad=True,
-                        block_rows=None, epsilon=EPSILON, weights=None):
-    """Villacampa-Calvo & Hernandez-Lobato (2017), eq. 15 on rows X (all, or a minibatch scaled to n_total), q(u_c) =
-    N(mean[c], chol[c] chol[c]^T). ``weights``: per-row weights as in ``variational.svi_elbo``.
+def svi_elbo_multiclass(kernels, Z, X, y, whitened_mean, whitened_chol, *, n_quadrature=20, jitter=1e-6, n_total=None,
+                        want_grad=True, block_rows=None, epsilon=EPSILON, weights=None):
+    """Villacampa-Calvo & Hernandez-Lobato (2017), eq. 15 on rows X (all, or a minibatch scaled to n_total), q(v_c) =
+    N(whitened_mean[c], whitened_chol[c] whitened_chol[c]^T). ``weights``: per-row weights as in
+    ``variational.svi_elbo``.
 
-    ``Z`` (C, m, d), ``mean`` (C, m), ``chol`` (C, m, m), ``y`` class indices as floats. Returns (elbo,
-    grads) with "<class>:<name>" kernel gradients and stacked "Z", "mean", "chol"."""
+    ``Z`` (C, m, d), ``whitened_mean`` (C, m), ``whitened_chol`` (C, m, m), ``y`` class indices as floats. Returns
+    (elbo, grads) with "<class>:<name>" kernel gradients and stacked "Z", "whitened_mean", "whitened_chol"."""
     xp = array_namespace(Z)
     C = Z.shape[0]
     likelihood = _robust_max(epsilon)
     scale = data_scale(X, n_total, weights)
-    terms = [SVIBoundTerms(kernels[c], Z[c, ...], mean[c, ...], chol[c, ...], jitter) for c in range(C)]
+    terms = [SVIBoundTerms(kernels[c], Z[c, ...], whitened_mean[c, ...], whitened_chol[c, ...], jitter)
+             for c in range(C)]
     expected_total = None
     for lo, hi, Xb, yb in ep.data_blocks(X, y, block_rows, Z[0, ...]):
         pairs = [t.marginals(Xb) for t in terms]
@@ -71,7 +74,7 @@ def svi_elbo_multiclass(kernels, Z, X, y, mean, chol, *, n_quadrature=20, jitter
     if not want_grad:
         return elbo, None
     grads = {}
-    stacked = {"Z": [], "mean": [], "chol": []}
+    stacked = {"Z": [], "whitened_mean": [], "whitened_chol": []}
     for c, t in enumerate(terms):
         g = t.gradients(scale)
         for key in stacked:

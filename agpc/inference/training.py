@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,7 +33,6 @@ from ..kernels import ClassKernels
 from ..threads import with_blas_threads
 from .engines import ALL_METHODS, EP_METHODS, make_engine
 from .ep import PRIOR_FACTOR_NAME
-from .replay import ReplayedEvaluation
 
 __all__ = ["train", "Trainer", "TrainResult", "METHODS", "ALL_METHODS", "minibatch_layout", "data_fingerprint",
            "fingerprint_stride", "FINGERPRINT_ROWS", "check_saved_factor"]
@@ -58,7 +56,7 @@ class TrainResult:
     converged: bool = False
     stopped_by_time: bool = False
     early_stopped: bool = False
-    state: dict = field(default_factory=dict)  # the engine's final state (SVI: "mean", "chol"; vi-*: "xi")
+    state: dict = field(default_factory=dict)  # the engine's final state (SVI: "whitened_mean", "whitened_chol"; vi-*: "xi")
     jitter: float = None  # on the diagonal of Kmm at the end: the configured one, or what the guard raised it to
     checkpoints_written: int = 0  # by this run (0 when checkpoint_every exceeds its steps: the caller says so)
 
@@ -103,7 +101,6 @@ class Trainer(ModulesByName):
         self.n_steps = 0  # steps taken (failed ones not counted)
         self.n_updates = 0  # of them, steps that moved the hyper-parameters
         self.last = None  # the last step's ``engines.Outcome``
-        self.replayed = None  # a ``replay.ReplayedEvaluation`` standing for the engine's ``evaluate`` (step_replay)
         self._pending = []  # (log Z estimate, invalid rows) of the steps since the last record
 
     # the engine's state, seen from the loop and from ``partial_fit``
@@ -133,10 +130,9 @@ class Trainer(ModulesByName):
         One device-to-host transfer a step: the engine's ``evaluate`` gives log Z, or a small vector whose
         first entry is log Z and whose others are what its ``apply`` needs on the host (the EP family: the
         count of failed cavities, the site change in batch mode); a failed Cholesky arrives as a NaN in it."""
-        evaluate = self.engine.evaluate if self.replayed is None else self.replayed.evaluate
         try:
             with block_memory_advice(f"the {self.method} training step"):
-                summary, work = evaluate(X, y, lo, hi, stepping=stepping, weights=weights)
+                summary, work = self.engine.evaluate(X, y, lo, hi, stepping=stepping, weights=weights)
                 scalars = _host_scalars(summary)
         except CholeskyError:  # engines that check their factorisations on the host raise instead
             scalars = [math.nan]
@@ -268,7 +264,6 @@ def train(
     n_quadrature=20,
     max_ep_sweeps=100,
     started=None,
-    step_replay=False,
 ):
     """Fit ``method`` (one of ``ALL_METHODS``): the likelihood approximation and the hyper-parameters; see the
     module docstring.
@@ -296,11 +291,6 @@ def train(
     run that is interrupted and resumed ends at the same model as one that is not (same seed, same data).
     ``data_hash`` (``data_fingerprint`` of X and y) goes into the run's fingerprint: a resume on other data
     is refused.
-
-    ``step_replay=True`` (minibatch SEP / EP / ADF / SVI): each step's evaluation runs at fixed shapes from
-    device buffers, replayed from a CUDA graph on CuPy with a CUDA device, eagerly elsewhere
-    (``replay.ReplayedEvaluation``); with ``progress``, one line says which ("step: CUDA graph replay" or
-    "step: eager (reason)"). Off by default until a GPU run of its test is recorded in docs/results.md.
     """
     # Compute where the model lives (Z); X and y may be in memory or on disk (read a block at a time).
     xp = array_namespace(Z)
@@ -335,12 +325,6 @@ def train(
         raise ValueError(f"unknown method {method!r}: use one of {ALL_METHODS}")
     trainer = Trainer(kernel, Z, method=method, n_total=n, minibatch=minibatch, engine=engine, **options)
     engine = trainer.engine
-    if step_replay:
-        report = (lambda line: print(line, file=sys.stderr)) if progress else None  # noqa: E731
-        if minibatch:
-            trainer.replayed = ReplayedEvaluation(engine, batch_size, report=report)
-        elif report is not None:
-            report("step: eager (not a minibatch step)")
     has_params = engine.has_params
     warmup = n_warmup if (engine.uses_warmup and has_params and not minibatch) else 0
     if minibatch:
@@ -630,6 +614,10 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
     written_for = saved.get("fingerprint")
     if isinstance(written_for, dict):  # a checkpoint from before priors were part of the fingerprint had none
         written_for = {"priors": {}, **written_for}
+        legacy = getattr(trainer.engine, "legacy_checkpoint_keys", {})
+        if legacy and isinstance(written_for.get("params"), list):  # the parameters by the names of an older form
+            written_for["params"] = [legacy.get(name, name) if isinstance(name, str) else name
+                                     for name in written_for["params"]]
     # The data's hash is of its rows in the run's type, so a resume in another dtype would read as other data:
     # said first, by the type the checkpoint's arrays are in.
     saved_Z = saved["engine"].get("Z") if isinstance(saved.get("engine"), dict) else None

@@ -3,9 +3,12 @@ sec. 3).
 
 svi: the evidence lower bound of Hensman et al. (2015), Izmailov & Kropotov (2017), eq. 11,
 
-    ELBO = sum_i E_{q(f_i)} log p(y_i | f_i) - KL(q(u) || p(u)),   q(u) = N(mu, L L^T),
+    ELBO = sum_i E_{q(f_i)} log p(y_i | f_i) - KL(q(u) || p(u)),
 
-with the expectations by Gauss-Hermite quadrature, maximised over (mu, L, kernel, Z) by Adadelta/Adam.
+with the expectations by Gauss-Hermite quadrature, maximised over (q, kernel, Z) by Adadelta/Adam. q(u) is
+held whitened, as GPflow's SVGP holds it (``whiten=True``): u = L_K v with
+L_K = chol(Kmm + jitter I), p(v) = N(0, I) and q(v) = N(m_w, L_w L_w^T), so q(u) = N(L_K m_w, L_K L_w L_w^T L_K^T)
+and KL(q(u) || p(u)) = KL(q(v) || N(0, I)).
 
 vi-JJ / vi-Taylor (Izmailov & Kropotov (2017), sec. 4): a quadratic lower bound (Jaakkola-Jordan) or expansion (Taylor)
 of log p(y_i | f_i) at xi_i makes the optimal q(u) analytic (eqs. 12-13, 17-18). That q has exactly the form
@@ -22,7 +25,16 @@ from __future__ import annotations
 
 import warnings
 
-from ..backend import array_device, array_namespace, cholesky, lower_triangular_inverse, machine_epsilon
+from ..backend import (
+    array_device,
+    array_namespace,
+    cholesky,
+    lower_triangular_inverse,
+    prefers_inverses,
+    row_dot,
+    solve_triangular,
+    triangular_matmul,
+)
 from ..kernels import step_lower_bounds
 from ..likelihoods import LIKELIHOODS as LIKELIHOOD_OBJECTS
 from ..likelihoods import likelihood_by_name, sigmoid, softplus
@@ -33,7 +45,8 @@ __all__ = [
     "LIKELIHOODS",
     "VI_METHODS",
     "data_scale",
-    "whitened_step",
+    "svi_step",
+    "whitened_from_unwhitened",
     "initial_xi",
     "posterior_of",
     "prior_cholesky",
@@ -51,6 +64,7 @@ __all__ = [
     "QUADRATIC_ROW_KEYS",
     "update_xi",
     "posterior_from_gaussian",
+    "posterior_from_whitened",
 ]
 
 LIKELIHOODS = tuple(name for name, lik in LIKELIHOOD_OBJECTS.items() if not lik.multiclass)  # the binary ones
@@ -83,96 +97,101 @@ def prior_cholesky(kernel, Z, jitter, *, checked=True):
     return ep.prior_cholesky(kernel, Z, jitter, checked=checked)
 
 
-_WHITENED_VARIANCE_EPS = 1e-10  # types with a coarser round-off (float32) take the whitened marginal variance
-
-
 class SVIBoundTerms:
-    """One GP's share of the SVI bound: q(u) = N(mean, chol chol^T) against p(u) = N(0, K) and the data
-    adjoints of its marginals. Adjoints (v_i = K^-1 k_i, p = K^-1 mean, W = K^-1 Sigma; g_m, g_v the
-    derivatives of the expected log-likelihood in m_i = k_i^T p and S_i = K_ii - k_i^T v_i + v_i^T Sigma v_i)::
+    """One GP's share of the SVI bound for the whitened q(v) = N(m_w, L_w L_w^T), u = L_K v (module docstring).
 
-      dKnm_i = g_m p + 2 g_v (W v_i - v_i),   dKdiag_i = g_v,
-      dKmm   = -(V^T g_m) p^T + V^T G V - W V^T G V - V^T G V W^T  (G = diag g_v)
-               - 0.5 (K^-1 - K^-1 Sigma K^-1 - p p^T)              (from -KL).
+    With A = L_K^-1 Knm^T (column i: a_i = L_K^-1 k_i) the marginal of f_i is N(a_i^T m_w, K_ii - |a_i|^2 +
+    |L_w^T a_i|^2) (latent noise included in K_ii), and KL = (|L_w|_F^2 + |m_w|^2 - m - 2 sum log|diag L_w|) / 2.
+    With g_m, g_v the derivatives of the rows' expected log-likelihoods in their means and variances
+    (G = diag g_v), the data term's adjoints are::
 
-    """
+      dA = m_w g_m^T + 2 (L_w L_w^T - I) A G,     d m_w = A g_m,     d L_w = 2 tril(A G A^T L_w),
+      dKnm^T = L_K^-T dA,   dKdiag = g_v,   dL_K = -tril(L_K^-T dA A^T)   (A = L_K^-1 Knm^T),
 
-    def __init__(self, kernel, Z, mean, chol, jitter):
+    and dL_K reaches Kmm through the Cholesky factorisation: dKmm = sym(L_K^-T Phi(L_K^T dL_K) L_K^-1), Phi the
+    lower triangle with its diagonal halved, sym(X) = (X + X^T) / 2 (Murray (2016), "Differentiation of the
+    Cholesky decomposition", eq. 10). The KL does not depend on the kernel (the whitening's point) and gives
+    d m_w = -m_w, d L_w = -(L_w - diag(1 / diag L_w)). The rows' adjoints add over blocks of rows: the block
+    sums of L_K^-T dA A^T, A g_m and A G A^T L_w are kept."""
+
+    def __init__(self, kernel, Z, whitened_mean, whitened_chol, jitter):
         xp = array_namespace(Z)
-        self.xp, self.kernel, self.Z, self.chol = xp, kernel, Z, chol
+        self.xp, self.kernel, self.Z = xp, kernel, Z
+        self.mean, self.chol = whitened_mean, whitened_chol
+        self.Kmm = kernel.K(Z)
         # unchecked: a failed factorisation makes the bound NaN, which the training loop's guard handles
-        L_K = ep.prior_cholesky(kernel, Z, jitter, checked=False)
-        L_K_inv = lower_triangular_inverse(L_K)
-        self.K_inv = L_K_inv.mT @ L_K_inv
-        # The marginal variance K_ii - k^T K^-1 k + k^T K^-1 Sigma K^-1 k cancels two terms of the size of the
-        # amplitude down to the latent noise. Through the explicit K^-1 each carries eps kappa(K) of error
-        # (float32, m = 100, jitter 1e-3: 1e-2, negative variances, a diverged fit); through a = L_K^-1 k,
-        # |a|^2 - |(L_K^-1 chol)^T a|^2, only eps kappa(L_K) = eps kappa(K)^(1/2). float64 keeps the products with
-        # K^-1 (its eps kappa(K) is ~1e-10 at jitter 1e-6, and its step is the budgeted one of test_step_budgets).
-        self.L_K_inv = L_K_inv
-        self.whitened_chol = L_K_inv @ chol if machine_epsilon(Z) > _WHITENED_VARIANCE_EPS else None
-        self.p = self.K_inv @ mean
-        self.W = self.K_inv @ (chol @ chol.mT)
-        self.kl = 0.5 * (
-            xp.sum(xp.linalg.diagonal(self.W)) + xp.sum(mean * self.p) - Z.shape[0]
-            + 2.0 * xp.sum(xp.log(xp.linalg.diagonal(L_K))) - 2.0 * xp.sum(xp.log(xp.abs(xp.linalg.diagonal(chol))))
-        )
-        self.grads = self.dKmm = self.d_mean = self.VtGV = None
+        self.L_K = ep.prior_cholesky(kernel, Z, jitter, checked=False, Kmm=self.Kmm)
+        # L_K^-1 is applied four times a step (A, dKnm, and the Cholesky adjoint's two sides)
+        self.L_K_inv = lower_triangular_inverse(self.L_K) if prefers_inverses(Z) else None
+        diagonal = xp.linalg.diagonal(whitened_chol)
+        self.kl = 0.5 * (xp.sum(whitened_chol * whitened_chol) + row_dot(whitened_mean, whitened_mean)
+                         - Z.shape[0] - 2.0 * xp.sum(xp.log(xp.abs(diagonal))))
+        self.grads = self.L_adjoint = self.d_mean = self.d_chol = None
         self._block = None
+
+    def _solve(self, B, trans=False, overwrite=True):
+        """L_K^-1 B (``trans``: L_K^-T B); ``overwrite``: B is the caller's temporary."""
+        return ep.left_solve(self.L_K, B, trans=trans, L_inv=self.L_K_inv, overwrite=overwrite)
 
     def marginals(self, Xb):
         """Mean and variance of f at the rows under q (latent noise included)."""
         Knm = self.kernel.K(Xb, self.Z)
-        V = Knm @ self.K_inv  # rows v_i
-        self._block = (Xb, Knm, V)
-        if self.whitened_chol is not None:  # see __init__: rows a_i = L_K^-1 k_i and their image under L_K^-1 chol
-            whitened = Knm @ self.L_K_inv.mT
-            spread = whitened @ self.whitened_chol
-            return Knm @ self.p, self.kernel.Kdiag(Xb) - ep.row_dot(whitened, whitened) + ep.row_dot(spread, spread)
-        VL = V @ self.chol
-        return Knm @ self.p, self.kernel.Kdiag(Xb) - ep.row_dot(Knm, V) + ep.row_dot(VL, VL)
+        A = self._solve(Knm.mT, overwrite=False)  # (Knm is kept for the kernel's gradient)
+        spread = triangular_matmul(self.chol, A, trans=True)  # L_w^T A
+        self._block = (Xb, Knm, A, spread)
+        variance = self.kernel.Kdiag(Xb) - row_dot(A, A, axis=-2) + row_dot(spread, spread, axis=-2)
+        return self.mean @ A, variance
 
     def add_adjoints(self, g_m, g_v):
         """Accumulate the adjoints of the last ``marginals`` block."""
-        Xb, Knm, V = self._block
-        p, W = self.p, self.W
-        dKnm = g_m[:, None] * p[None, :] + 2.0 * g_v[:, None] * (V @ W.mT - V)
-        block = self.kernel.grads(None, dKnm, g_v, Xb, self.Z, Knm=Knm)
-        self.grads = block if self.grads is None else {k: self.grads[k] + block[k] for k in block}
-        vtgv = V.mT @ (V * g_v[:, None])
-        vtgm = V.mT @ g_m
-        self.VtGV = vtgv if self.VtGV is None else self.VtGV + vtgv
-        self.d_mean = vtgm if self.d_mean is None else self.d_mean + vtgm
-        dKmm = -(vtgm[:, None] * p[None, :])
-        self.dKmm = dKmm if self.dKmm is None else self.dKmm + dKmm
+        Xb, Knm, A, spread = self._block
+        weighted = A * g_v[None, :]  # A G
+        d_A = self.mean[:, None] * g_m[None, :] + 2.0 * (triangular_matmul(self.chol, spread * g_v[None, :])
+                                                          - weighted)
+        dKnm_t = self._solve(d_A, trans=True)  # L_K^-T dA
+        block = self.kernel.grads(None, dKnm_t.mT, g_v, Xb, self.Z, Knm=Knm)
+        parts = (block, dKnm_t @ A.mT, A @ g_m, weighted @ spread.mT)  # the last: A G A^T L_w = (A G) (L_w^T A)^T
+        if self.grads is None:
+            self.grads, self.L_adjoint, self.d_mean, self.d_chol = parts
+        else:
+            self.grads = {k: self.grads[k] + block[k] for k in block}
+            self.L_adjoint, self.d_mean, self.d_chol = (self.L_adjoint + parts[1], self.d_mean + parts[2],
+                                                        self.d_chol + parts[3])
 
     def gradients(self, scale):
-        """Gradients of scale * (data term) - KL for every kernel parameter, "Z", "mean", "chol"."""
-        xp, K_inv, W, p, VtGV = self.xp, self.K_inv, self.W, self.p, self.VtGV
-        dKmm = scale * (self.dKmm + VtGV - W @ VtGV - VtGV @ W.mT) - 0.5 * (K_inv - W @ K_inv - p[:, None] * p[None, :])
-        prior = self.kernel.grads(dKmm, None, None, None, self.Z)
+        """Gradients of scale * (data term) - KL for every kernel parameter, "Z", "whitened_mean" and
+        "whitened_chol" (its lower triangle)."""
+        xp, L_K = self.xp, self.L_K
+        eye = xp.eye(L_K.shape[0], dtype=L_K.dtype, device=array_device(L_K))
+        # Cholesky adjoint (Murray 2016, eq. 10) of dL_K = -scale tril(L_K^-T dA A^T)
+        lower = xp.tril(triangular_matmul(L_K, xp.tril(self.L_adjoint), trans=True))  # L_K^T tril(.)
+        phi = lower - (0.5 * xp.linalg.diagonal(lower))[None, :] * eye
+        half = self._solve(phi, trans=True)  # L_K^-T Phi
+        sandwich = self._solve(half.mT, trans=True)  # (L_K^-T Phi L_K^-1)^T
+        dKmm = (-0.5 * scale) * (sandwich + sandwich.mT)
+        prior = self.kernel.grads(dKmm, None, None, None, self.Z, Kmm=self.Kmm)
         out = {k: scale * self.grads[k] + prior[k] for k in self.grads}
-        chol_inv = lower_triangular_inverse(self.chol)
-        d_sigma = scale * VtGV - 0.5 * K_inv + 0.5 * (chol_inv.mT @ chol_inv)
-        out["mean"] = scale * self.d_mean - p
-        out["chol"] = xp.tril((d_sigma + d_sigma.mT) @ self.chol)
+        chol = self.chol
+        out["whitened_mean"] = scale * self.d_mean - self.mean
+        out["whitened_chol"] = xp.tril((2.0 * scale) * self.d_chol - chol) + eye * (1.0 / xp.linalg.diagonal(chol))[None, :]
         return out
 
 
-def svi_elbo(kernel, Z, X, y, mean, chol, *, likelihood="probit", n_quadrature=20, jitter=1e-6, n_total=None,
-             want_grad=True, block_rows=None, weights=None):
-    """Izmailov & Kropotov (2017), eq. 11 for q(u) = N(mean, chol chol^T), on rows X (all, or a minibatch scaled to
-    n_total).
+def svi_elbo(kernel, Z, X, y, whitened_mean, whitened_chol, *, likelihood="probit", n_quadrature=20, jitter=1e-6,
+             n_total=None, want_grad=True, block_rows=None, weights=None):
+    """Izmailov & Kropotov (2017), eq. 11 for the whitened q(v) = N(whitened_mean, whitened_chol whitened_chol^T)
+    (module docstring), on rows X (all, or a minibatch scaled to n_total).
 
     ``weights`` (per row, or None for all ones) multiply each row's expected log-likelihood and so its
     adjoints; the rows then stand for sum(weights) rows when scaled to ``n_total`` (a padded minibatch gives
     its padding weight 0 and is the minibatch without it).
-    Returns (elbo, grads) with grads for every kernel parameter, "Z", "mean" and "chol" (lower triangle);
-    the adjoints are in ``SVIBoundTerms``.
+    Returns (elbo, grads) with grads for every kernel parameter, "Z", "whitened_mean" and "whitened_chol" (lower
+    triangle), each at fixed values of the others (the kernel's at fixed q(v): GPflow's); the adjoints are in
+    ``SVIBoundTerms``.
     """
     xp = array_namespace(Z)
     scale = data_scale(X, n_total, weights)
-    terms = SVIBoundTerms(kernel, Z, mean, chol, jitter)
+    terms = SVIBoundTerms(kernel, Z, whitened_mean, whitened_chol, jitter)
     expected_total = None
     for lo, hi, Xb, yb in ep.data_blocks(X, y, block_rows, Z):
         f_mean, f_var = terms.marginals(Xb)
@@ -198,28 +217,30 @@ def data_scale(X, n_total, weights):
     return n_total / array_namespace(weights).sum(weights)
 
 
-def whitened_step(optimizer, names, kernel, Z, mean, chol, grads, *, jitter):
-    """One ascent step of (kernel, Z, mean, chol) on the gradients of eq. 11.
+def svi_step(optimizer, names, kernel, Z, whitened_mean, whitened_chol, grads):
+    """One ascent step of (kernel, Z, whitened_mean, whitened_chol) on the gradients of eq. 11 (``svi_elbo``).
 
-    q(u) = N(mean, chol chol^T) stays the model, but its steps are taken in whitened coordinates
-    (mean = L_K m_w, chol = L_K L_w at the current kernel): the raw coordinates are as badly conditioned as
-    K, the whitened ones are not (a preconditioner, O(m^3) a step). Written for a leading class axis too:
-    mean[..., None] is an (m, 1) or (C, m, 1) column. Returns the new (kernel, Z, mean, chol)."""
-    xp = array_namespace(Z)
-    # the factorisation the step's bound already made at these hyper-parameters: it did not fail
-    L_K = prior_cholesky(kernel, Z, jitter, checked=False)
-    L_K_inv = lower_triangular_inverse(L_K)
+    The optimiser steps q in whitened coordinates, as GPflow's SVGP does: the raw coordinates of q(u) are as
+    badly conditioned as Kmm, the whitened ones are not. The kernel's step holds q(v) fixed, so q(u) = L_K q(v)
+    follows the kernel. Returns the new (kernel, Z, whitened_mean, whitened_chol)."""
     params = dict(kernel.params)
-    params.update(Z=Z, mean=(L_K_inv @ mean[..., None])[..., 0], chol=L_K_inv @ chol)
-    grads = dict(grads)
-    grads["mean"] = (L_K.mT @ grads["mean"][..., None])[..., 0]
-    grads["chol"] = xp.tril(L_K.mT @ grads["chol"])
+    params.update(Z=Z, whitened_mean=whitened_mean, whitened_chol=whitened_chol)
     params.update(bounded_step(optimizer, {k: params[k] for k in names}, {k: grads[k] for k in names},
                                step_lower_bounds(kernel)))
-    mean = (L_K @ params.pop("mean")[..., None])[..., 0]
-    chol = L_K @ params.pop("chol")
-    Z = params.pop("Z")
-    return kernel.with_params(params), Z, mean, chol
+    whitened_mean, whitened_chol, Z = params.pop("whitened_mean"), params.pop("whitened_chol"), params.pop("Z")
+    return kernel.with_params(params), Z, whitened_mean, whitened_chol
+
+
+def whitened_from_unwhitened(kernel, Z, mean, chol, *, jitter):
+    """(m_w, L_w) = (L_K^-1 mean, L_K^-1 chol) of q(u) = N(mean, chol chol^T) (per class for a (C, m, d) Z): how
+    a checkpoint of the u-space form, which agpc wrote before q was held whitened, resumes. Exact: L_K^-1 chol is
+    lower triangular, and its product with its transpose is L_K^-1 Sigma L_K^-T."""
+    L_K = prior_cholesky(kernel, Z, jitter)
+    if Z.ndim == 3:  # class by class
+        xp = array_namespace(Z)
+        return (xp.stack([solve_triangular(L_K[c, ...], mean[c, ...]) for c in range(Z.shape[0])]),
+                xp.stack([xp.tril(solve_triangular(L_K[c, ...], chol[c, ...])) for c in range(Z.shape[0])]))
+    return solve_triangular(L_K, mean), array_namespace(Z).tril(solve_triangular(L_K, chol))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -397,6 +418,15 @@ def posterior_from_gaussian(kernel, Z, mean, chol, *, jitter):
     return ep.Posterior(L_K=L_K, L_C=L_C, h=L_C_inv @ c_tilde, L_C_inv=L_C_inv)
 
 
+def posterior_from_whitened(kernel, Z, whitened_mean, whitened_chol, *, jitter):
+    """The whitened q(v) = N(m_w, L_w L_w^T), u = L_K v, in EP form (L_K, L_C, h): C = L_K^-1 B L_K^-T =
+    L_K^T Sigma^-1 L_K = (L_w L_w^T)^-1 and h = L_C^-1 c~ with c~ = L_K^T Sigma^-1 mean = C m_w, so h = L_C^T m_w."""
+    L_K = ep.prior_cholesky(kernel, Z, jitter)
+    chol_inv = lower_triangular_inverse(whitened_chol)
+    L_C = cholesky(chol_inv.mT @ chol_inv, what="C of the variational posterior")
+    return ep.Posterior(L_K=L_K, L_C=L_C, h=L_C.mT @ whitened_mean)
+
+
 VI_METHODS = ("svi", "vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
 
 
@@ -407,12 +437,12 @@ def initial_xi(kernel, Z, X, kind, block_rows=None):
     return update_xi(xp.zeros((X.shape[0],), dtype=Z.dtype, device=array_device(Z)), prior_var, kind)
 
 
-def posterior_of(kernel, Z, mean, chol, *, jitter):
-    """``posterior_from_gaussian`` for one GP, or per class (a tuple) for Z of shape (C, m, d)."""
+def posterior_of(kernel, Z, whitened_mean, whitened_chol, *, jitter):
+    """``posterior_from_whitened`` for one GP, or per class (a tuple) for Z of shape (C, m, d)."""
     if Z.ndim == 3:
-        return tuple(posterior_from_gaussian(kernel[c], Z[c, ...], mean[c, ...], chol[c, ...], jitter=jitter)
-                     for c in range(Z.shape[0]))
-    return posterior_from_gaussian(kernel, Z, mean, chol, jitter=jitter)
+        return tuple(posterior_from_whitened(kernel[c], Z[c, ...], whitened_mean[c, ...], whitened_chol[c, ...],
+                                             jitter=jitter) for c in range(Z.shape[0]))
+    return posterior_from_whitened(kernel, Z, whitened_mean, whitened_chol, jitter=jitter)
 
 
 def predictive_log_proba(mean, var, likelihood, n_quadrature=20):

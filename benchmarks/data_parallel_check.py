@@ -1,0 +1,272 @@
+"""The 200,000-row data-parallel check (issue 24): one SEP epoch in one process against 2 workers, as a user runs it.
+
+Protocol (the defaults): ``agpc.datasets.make_airline_like(210_000, random_state=0)``; the first 200,000 rows train
+and the rest test. One SEP epoch: ``GPClassifier(method="sep", n_inducing=200, batch_size=200, max_iter=1,
+random_state=0)``, nothing else set and nothing set in the environment. Cells:
+
+* ``one``: the fit in this process on the NumPy rows.
+* ``cluster``: the user's own ``LocalCluster(n_workers=2, threads_per_worker=1)`` (started before the clock, as a
+  user has it running, and closed after the cell; no dashboard, so that the check needs no free port), the rows wrapped as the user wraps them,
+  ``da.from_array(X, chunks=(25_000, d)).persist()`` (and the labels alike), and ``fit`` finding the cluster
+  itself (no ``client=``): the data-parallel rounds at the library's defaults.
+* ``n_jobs``: ``GPClassifier(..., n_jobs=2)`` on the NumPy rows: the same rounds in two local worker processes
+  (their start is inside the clock).
+
+Columns: wall seconds of ``fit``; rows / s = training rows x epochs / fit seconds (the targets' measure); the phases
+of the fit (from hooks on the library: set-up before the inducing points, the inducing points (k-means), set-up
+after them until the first step or round, the first round, the rest of training, the end of the fit); rounds and
+their steps; the median round's overhead (its seconds on the driver less its slowest task's); CPU ms a step (one
+process: the training steps' own thread time; data-parallel: the workers' tasks' thread time over all their steps:
+less disturbed by other processes than wall time, so comparable under load); test NLL on the held-out rows and its
+difference from the one-process fit. Targets (issue 24): 2
+workers at least 1.4x one process's rows / s, NLL within 0.005. The "fixed cost" of a data-parallel fit is the time
+before its first round plus the first round's excess over the median round.
+
+``--busy N`` runs N extra CPU-bound processes (``while True: pass``, at ``--busy-nice``) during every cell: a
+machine shared with other work. ``--crossover 25000,50000,...`` adds a table of one process against ``n_jobs=2`` at
+those training sizes (one epoch each, test rows as in the protocol): where local workers start to pay.
+
+    python benchmarks/data_parallel_check.py                         # the check (about a minute on 2 cores)
+    python benchmarks/data_parallel_check.py --busy 1                # the same with one core's worth of other work
+    python benchmarks/data_parallel_check.py --crossover 20000,50000,100000,200000 --cells one,n_jobs
+    python benchmarks/data_parallel_check.py --quick                 # smoke test, seconds
+
+Writes ``benchmarks/results/data_parallel_check[_quick].json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import load_line, print_machine  # noqa: E402
+from _protocol import RESULTS_DIR, cpu_bound, parse_list, test_scores, users_cluster  # noqa: E402
+
+CELLS = ("one", "cluster", "n_jobs")
+TARGET_RATIO = 1.4
+TARGET_NLL = 0.005
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=210_000, help="rows generated (default 210,000)")
+    p.add_argument("--train", type=int, default=200_000, help="the first this many train, the rest test")
+    p.add_argument("--chunk-rows", type=int, default=25_000, help="rows per dask chunk (default 25,000)")
+    p.add_argument("--inducing", type=int, default=200)
+    p.add_argument("--batch", type=int, default=200)
+    p.add_argument("--epochs", type=int, default=1, help="max_iter (default 1)")
+    p.add_argument("--workers", type=int, default=2, help="cluster workers and n_jobs (default 2)")
+    p.add_argument("--method", default="sep", choices=["sep", "ep", "adf", "svi"])
+    p.add_argument("--local-steps", type=int, default=None,
+                   help="local_steps of the data-parallel cells (default: the library's, balanced rounds)")
+    p.add_argument("--cells", default=",".join(CELLS), help=f"which of {', '.join(CELLS)} (default all)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each cell, interleaved (the median is shown)")
+    p.add_argument("--busy", type=int, default=0, help="extra CPU-bound processes during every cell (default 0)")
+    p.add_argument("--busy-nice", type=int, default=0, help="their niceness (default 0: normal priority)")
+    p.add_argument("--crossover", default=None, help="training sizes of a one-process against n_jobs table")
+    p.add_argument("--quick", action="store_true", help="smoke test: 22,000 rows, m = 20, chunks of 2,500")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/data_parallel_check[_quick].json)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rows, args.train, args.chunk_rows, args.inducing, args.batch = 22_000, 20_000, 2_500, 20, 100
+    args.cells = parse_list(args.cells, CELLS, "cell")
+    args.crossover = parse_list(args.crossover, convert=int) if args.crossover else []
+    args.out = Path(args.out or RESULTS_DIR / f"data_parallel_check{'_quick' if args.quick else ''}.json")
+    return args
+
+
+class Phases:
+    """Moments of a fit, from hooks on the library: k-means's start and end (``initial_inducing_points``), each
+    training step's or round's start and end (``Trainer.step`` of the driver), and the rounds' own record (the
+    ``DataParallel`` plan: steps of each shard, task seconds)."""
+
+    def __init__(self):
+        self.marks, self.steps, self.plans = {}, [], []
+
+    @contextlib.contextmanager
+    def hooked(self):
+        from agpc import classifier
+        from agpc.inference import data_parallel, training
+
+        real_init, real_step = classifier.initial_inducing_points, training.Trainer.step
+        real_plan = data_parallel.DataParallel.__init__
+        phases = self
+
+        def initial_model(*args, **kwargs):
+            phases.marks["init_start"] = time.perf_counter()
+            out = real_init(*args, **kwargs)
+            phases.marks["init_end"] = time.perf_counter()
+            return out
+
+        def step(trainer, *args, **kwargs):
+            t, cpu = time.perf_counter(), time.thread_time()
+            out = real_step(trainer, *args, **kwargs)
+            phases.steps.append((t, time.perf_counter(), time.thread_time() - cpu))
+            return out
+
+        def plan_init(plan, *args, **kwargs):
+            real_plan(plan, *args, **kwargs)
+            phases.plans.append(plan)
+
+        classifier.initial_inducing_points, training.Trainer.step = initial_model, step
+        data_parallel.DataParallel.__init__ = plan_init
+        try:
+            yield self
+        finally:
+            classifier.initial_inducing_points, training.Trainer.step = real_init, real_step
+            data_parallel.DataParallel.__init__ = real_plan
+
+    def summary(self, t0, t_end):
+        """Seconds of each phase of a fit that ran from t0 to t_end."""
+        m, steps = self.marks, self.steps
+        out = {"before_init": m["init_start"] - t0, "init": m["init_end"] - m["init_start"],
+               "to_first_step": steps[0][0] - m["init_end"], "first_step": steps[0][1] - steps[0][0],
+               "rest_of_training": steps[-1][1] - steps[0][1], "after_training": t_end - steps[-1][1],
+               "steps": len(steps), "cpu_ms_per_step": 1e3 * sum(s[2] for s in steps) / len(steps)}
+        if self.plans:
+            plan = self.plans[-1]
+            rounds = plan.rounds
+            seconds = [r["seconds"] for r in rounds]
+            # (an agpc before balanced rounds recorded one step count and the slowest task's seconds a round)
+            per_shard = [r["steps"] if isinstance(r["steps"], list) else [r["steps"]] * len(plan.shards)
+                         for r in rounds]
+            slowest = [max(np.atleast_1d(r["task_seconds"])) for r in rounds]
+            minibatches = sum(sum(steps) for steps in per_shard)
+            out.update(rounds=len(rounds), round_steps=per_shard, steps=minibatches,
+                       median_round=statistics.median(seconds),
+                       round_overhead=statistics.median(r - t for r, t in zip(seconds, slowest)),
+                       fixed_cost=steps[0][0] - t0 + max(0.0, seconds[0] - statistics.median(seconds)))
+            if all("task_cpu_seconds" in r for r in rounds):
+                out["cpu_ms_per_step"] = 1e3 * sum(sum(r["task_cpu_seconds"]) for r in rounds) / minibatches
+            else:
+                out["cpu_ms_per_step"] = None
+        return out
+
+
+def run_cell(cell, args, data, cluster_data):
+    """One fit of ``cell``: its row of the table."""
+    from agpc import GPClassifier
+
+    X_train, y_train, X_test, y_test = data
+    params = dict(method=args.method, n_inducing=args.inducing, batch_size=args.batch, max_iter=args.epochs,
+                  random_state=0)
+    if cell == "n_jobs":
+        params["n_jobs"] = args.workers
+    if cell != "one" and args.local_steps is not None:
+        params["local_steps"] = args.local_steps
+    X, y = cluster_data if cell == "cluster" else (X_train, y_train)
+    phases = Phases()
+    with phases.hooked(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        model = GPClassifier(**params).fit(X, y)
+        t_end = time.perf_counter()
+    nll, err = test_scores(model, X_test, y_test)
+    seconds = t_end - t0
+    return {"cell": cell, "fit_seconds": seconds, "rows_per_second": len(y_train) * args.epochs / seconds,
+            "nll": nll, "error": err, "n_jobs_used": getattr(model, "n_jobs_", None), **phases.summary(t0, t_end)}
+
+
+def fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(rows, one):
+    print("| cell | fit s | rows / s | x one process | set-up s | k-means s | to first step s | first step / round s "
+          "| rest of training s | end s | rounds | steps a round (first, last) | round overhead ms | CPU ms a step "
+          "| fixed cost s | test NLL | NLL - one |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ratio = r["rows_per_second"] / one["rows_per_second"] if one else None
+        steps = f"{r['round_steps'][0]}, {r['round_steps'][-1]}" if r.get("round_steps") else "-"
+        label = {"one": "one process", "cluster": "user's LocalCluster", "n_jobs": "n_jobs"}[r["cell"]]
+        print(f"| {label} | {r['fit_seconds']:.2f} | {r['rows_per_second']:,.0f} | {fmt(ratio, '.2f')} "
+              f"| {r['before_init']:.2f} | {r['init']:.2f} | {r['to_first_step']:.2f} | {r['first_step']:.3f} "
+              f"| {r['rest_of_training']:.2f} | {r['after_training']:.2f} | {r.get('rounds', '-')} | {steps} "
+              f"| {fmt(r.get('round_overhead') and 1e3 * r['round_overhead'], '.1f')} | {fmt(r['cpu_ms_per_step'], '.2f')} "
+              f"| {fmt(r.get('fixed_cost'), '.2f')} | {r['nll']:.4f} "
+              f"| {fmt(r['nll'] - one['nll'] if one else None, '+.4f')} |")
+
+
+def median_row(runs):
+    """The run of median fit seconds (its own figures, not a mix of runs)."""
+    ordered = sorted(runs, key=lambda r: r["fit_seconds"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    print_machine("The 200,000-row data-parallel check (issue 24)", argv)
+    from agpc.datasets import make_airline_like
+
+    thread_vars = [k for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ]
+    print(f"- thread-count variables: {', '.join(thread_vars) if thread_vars else 'none set (as a user runs it)'}")
+    t_start = time.perf_counter()
+    X, y = make_airline_like(args.rows, random_state=0)
+    data = (X[:args.train], y[:args.train], X[args.train:], y[args.train:])
+    print(f"- data: make_airline_like({args.rows:,}, random_state=0): {args.train:,} training rows, "
+          f"{args.rows - args.train:,} test; {args.method.upper()}, m = {args.inducing}, minibatch {args.batch}, "
+          f"{args.epochs} epoch(s); {args.workers} workers; chunks of {args.chunk_rows:,} rows; "
+          f"local_steps {args.local_steps}; {args.busy} extra CPU-bound process(es) during the cells"
+          f"{f' (nice {args.busy_nice})' if args.busy else ''}; {args.repeats} run(s) a cell\n", flush=True)
+
+    runs = {cell: [] for cell in args.cells}
+    for _ in range(args.repeats):
+        for cell in args.cells:
+            # (the user's cluster exists only around its own cell: its scheduler's threads share this process)
+            with (users_cluster(*data[:2], args.workers, args.chunk_rows) if cell == "cluster"
+                  else contextlib.nullcontext()) as cluster_data:
+                with cpu_bound(args.busy, args.busy_nice):
+                    runs[cell].append(run_cell(cell, args, data, cluster_data))
+            print(f"<!-- {cell}: {runs[cell][-1]['fit_seconds']:.2f} s, NLL {runs[cell][-1]['nll']:.4f} -->",
+                  flush=True)
+    rows = [median_row(runs[cell]) for cell in args.cells]
+    one = next((r for r in rows if r["cell"] == "one"), None)
+    print(f"\n### One epoch, {args.train:,} rows ({'median of ' + str(args.repeats) + ' runs' if args.repeats > 1 else 'one run'})\n")
+    print_table(rows, one)
+    if one:
+        print()
+        for r in rows:
+            if r["cell"] != "one":
+                ratio = r["rows_per_second"] / one["rows_per_second"]
+                print(f"- {'met' if ratio >= TARGET_RATIO else 'NOT met'}: {r['cell']} rows / s {ratio:.2f}x one "
+                      f"process (target >= {TARGET_RATIO})")
+                delta = r["nll"] - one["nll"]
+                print(f"- {'met' if abs(delta) <= TARGET_NLL else 'NOT met'}: {r['cell']} test NLL "
+                      f"{r['nll']:.4f} vs {one['nll']:.4f} ({delta:+.4f}; target within {TARGET_NLL})")
+    if args.repeats > 1:
+        print("\nEvery run (fit seconds): " + "; ".join(
+            f"{cell} " + ", ".join(f"{r['fit_seconds']:.2f}" for r in runs[cell]) for cell in args.cells))
+
+    crossover = []
+    if args.crossover:
+        print(f"\n### One process against n_jobs={args.workers}: one epoch at each size\n")
+        print("| training rows | one process s | n_jobs s | n_jobs / one (rows / s) | NLL one | NLL n_jobs |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for n in args.crossover:
+            sized = (data[0][:n], data[1][:n], data[2], data[3])
+            with cpu_bound(args.busy, args.busy_nice):
+                pair = [run_cell(cell, args, sized, None) for cell in ("one", "n_jobs")]
+            crossover.append({"rows": n, "one": pair[0], "n_jobs": pair[1]})
+            print(f"| {n:,} | {pair[0]['fit_seconds']:.2f} | {pair[1]['fit_seconds']:.2f} "
+                  f"| {pair[0]['fit_seconds'] / pair[1]['fit_seconds']:.2f} | {pair[0]['nll']:.4f} "
+                  f"| {pair[1]['nll']:.4f} |", flush=True)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"argv": sys.argv if argv is None else argv, "runs": runs, "crossover": crossover,
+                                    "loadavg_end": os.getloadavg()}, indent=1, default=str))
+    print(f"\nResults: {args.out}. Total {time.perf_counter() - t_start:.0f} s. {load_line()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""What one minibatch step of SEP, EP, ADF and SVI costs at m = 200, minibatch 200, on airline-like data: the NumPy
+fast path against the array-API reference path (``agpc.backend.reference_paths``), in one run.
+
+The problem: ``agpc.datasets.make_airline_like(n, random_state=0)`` (8 features), m inducing points drawn from
+its rows, the kernel ``GPClassifier`` starts from (ARD RBF, lengthscales sqrt(d) std, its default priors), and
+``training.Trainer`` minibatch steps on all hyper-parameters with each method's default optimiser and damping
+(what ``GPClassifier(method=M, n_inducing=200, batch_size=200)`` runs a step), BLAS threads as the library's
+rule chooses them (one, at this size). Every method's steps start after ``--warmup`` steps.
+
+Three measures:
+
+- time (default): per method, two trainers started alike, one stepping on the fast path and one on the
+  reference path, their steps interleaved one by one over the same minibatches; min and median ms a step and
+  the ratio of the two. A shared machine moves both alike, but a loaded one still spreads them: say so.
+  ``--baseline DIR``: a third trainer from another checkout's agpc (DIR/agpc, e.g. main's through ``git
+  worktree add``), imported beside this one as the package ``agpc_baseline`` (agpc imports itself relatively
+  only), its steps interleaved with the other two: before and after in one process.
+- ``--callgrind``: runs itself under ``valgrind --tool=callgrind`` (with ``OPENBLAS_NUM_THREADS=1``) and prints
+  instructions a step (Ir) per method and path: repeatable under any load. ``--source DIR`` measures the agpc
+  checkout in DIR instead (e.g. main's, through ``git worktree add``): before and after in two runs. Slow
+  (valgrind runs some 50 times slower): a few steps a method.
+- ``--counts``: the BLAS / LAPACK calls of the fast path a step (``agpc.backend.counting_fast_calls``).
+
+    PYTHONPATH=. python benchmarks/step_cost.py                     # timings, ~1 minute
+    PYTHONPATH=. python benchmarks/step_cost.py --baseline /tmp/agpc-main   # and main's step beside them
+    PYTHONPATH=. python benchmarks/step_cost.py --callgrind --steps 10
+    PYTHONPATH=. python benchmarks/step_cost.py --callgrind --source /tmp/agpc-main --steps 10
+    PYTHONPATH=. python benchmarks/step_cost.py --quick             # smoke test (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import PROJECT_ROOT, load_line, print_machine  # noqa: E402
+
+METHODS = ("sep", "ep", "adf", "svi")
+PATHS = ("fast", "reference")
+MARKER = "time_thread_time"  # the C function callgrind dumps before: agpc never calls time.thread_time
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated, of sep, ep, adf, svi")
+    p.add_argument("--m", type=int, default=200, help="inducing points (default 200)")
+    p.add_argument("--batch", type=int, default=200, help="minibatch rows (default 200)")
+    p.add_argument("--n", type=int, default=20_000, help="training rows (default 20,000)")
+    p.add_argument("--steps", type=int, default=200, help="steps timed per method and path (default 200)")
+    p.add_argument("--warmup", type=int, default=10, help="steps before the timed ones (default 10)")
+    p.add_argument("--callgrind", action="store_true", help="instructions a step under valgrind's callgrind")
+    p.add_argument("--source", default=None, help="with --callgrind: the agpc checkout to measure (default: this one)")
+    p.add_argument("--baseline", default=None, help="another checkout whose agpc is timed beside this one")
+    p.add_argument("--counts", action="store_true", help="BLAS / LAPACK calls of the fast path a step")
+    p.add_argument("--quick", action="store_true", help="tiny smoke-test setting")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # the process valgrind runs
+    args = p.parse_args(argv)
+    if args.quick:
+        args.m, args.batch, args.n, args.steps, args.warmup = 20, 30, 600, 6, 2
+    args.methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        p.error(f"unknown methods {unknown}: use {', '.join(METHODS)}")
+    return args
+
+
+def import_baseline(directory):
+    """DIR/agpc imported as the package ``agpc_baseline`` (a copy in a temporary folder on sys.path)."""
+    import importlib
+    import shutil
+
+    folder = tempfile.mkdtemp(prefix="agpc-baseline-")
+    shutil.copytree(Path(directory) / "agpc", Path(folder) / "agpc_baseline")
+    sys.path.insert(0, folder)
+    return importlib.import_module("agpc_baseline")
+
+
+def make_problem(args, package="agpc"):
+    """(X, y, one trainer factory) for the step described in the module docstring, with the agpc of
+    ``package`` ("agpc", or "agpc_baseline")."""
+    import importlib
+
+    from array_api_compat import numpy as xp
+
+    GPClassifier = importlib.import_module(f"{package}.classifier").GPClassifier
+    make_airline_like = importlib.import_module(f"{package}.datasets").make_airline_like
+    training = importlib.import_module(f"{package}.inference.training")
+    with_default_priors = importlib.import_module(f"{package}.kernels").with_default_priors
+
+    X, y = make_airline_like(args.n, random_state=0)
+    y = y.astype(np.float64)
+    rng = np.random.default_rng(0)
+    Z = X[rng.choice(args.n, args.m, replace=False)]
+    kernel = GPClassifier._default_kernel(X)
+    kernel = with_default_priors(kernel, kernel).for_inputs(xp.asarray(X))
+
+    def trainer(method):
+        return training.Trainer(kernel, xp.asarray(Z.copy()), method=method, n_total=args.n, minibatch=True,
+                                jitter=1e-6)
+
+    return X, y, trainer
+
+
+def path_scope(path):
+    """The scope a path's steps run in: the reference path inside ``backend.reference_paths()`` (absent from
+    an agpc without fast paths, whose one path is then reported as "fast")."""
+    if path != "reference":
+        return contextlib.nullcontext()
+    from agpc import backend
+
+    return backend.reference_paths()
+
+
+def available_paths():
+    from agpc import backend
+
+    return PATHS if hasattr(backend, "reference_paths") else PATHS[:1]
+
+
+def batches(args):
+    """The minibatches' (lo, hi), in order: consecutive rows (the data are i.i.d.), wrapping around."""
+    count = (args.n - args.batch) // args.batch + 1
+    return lambda k: ((k % count) * args.batch, (k % count) * args.batch + args.batch)
+
+
+def time_steps(args, X, y, trainer, baseline=None):
+    """{(method, path): [seconds a step]}, the paths' steps interleaved one by one (``baseline``: a trainer
+    factory of the baseline checkout, its steps a third path)."""
+    batch = batches(args)
+    paths = available_paths() + (("baseline",) if baseline else ())
+    out, reverted = {}, {}
+    for method in args.methods:
+        trainers = {path: (baseline if path == "baseline" else trainer)(method) for path in paths}
+        for k in range(args.warmup + args.steps):
+            lo, hi = batch(k)
+            for path in paths:
+                with path_scope(path):
+                    start = time.perf_counter()
+                    took, _, _ = trainers[path].step(X, y, lo, hi, stepping=True)
+                    elapsed = time.perf_counter() - start
+                if not took:  # the divergence guard reverted it (minibatch EP's factor can drift): counted, timed
+                    reverted[(method, path)] = reverted.get((method, path), 0) + 1
+                if k >= args.warmup:
+                    out.setdefault((method, path), []).append(elapsed)
+    return out, reverted
+
+
+def count_calls(args, X, y, trainer):
+    """{method: Counter of BLAS / LAPACK routines} of one fast-path step after the warm-up."""
+    from agpc import backend
+
+    batch = batch_of = batches(args)
+    out = {}
+    for method in args.methods:
+        t = trainer(method)
+        for k in range(args.warmup):
+            t.step(X, y, *batch_of(k), stepping=True)
+        with backend.counting_fast_calls() as calls:
+            t.step(X, y, *batch(args.warmup), stepping=True)
+        out[method] = calls
+    return out
+
+
+def child(args):
+    """Under valgrind: a marker (a dump) before and after each method's and path's steps."""
+    X, y, trainer = make_problem(args)
+    batch = batches(args)
+    order = []
+    for method in args.methods:
+        for path in available_paths():
+            t = trainer(method)
+            with path_scope(path):
+                for k in range(args.warmup):
+                    t.step(X, y, *batch(k), stepping=True)
+                time.thread_time()
+                for k in range(args.warmup, args.warmup + args.steps):
+                    t.step(X, y, *batch(k), stepping=True)
+                time.thread_time()
+            order.append(f"{method}:{path}")
+    print("ORDER " + " ".join(order), flush=True)
+
+
+def run_callgrind(args, argv):
+    """Run this script as ``--child`` under callgrind; {(method, path): instructions a step}."""
+    source = Path(args.source).resolve() if args.source else PROJECT_ROOT
+    with tempfile.TemporaryDirectory(prefix="agpc-callgrind-") as tmp:
+        out_file = os.path.join(tmp, "cg.out")
+        child_argv = [a for a in argv if a not in ("--callgrind",)]
+        if "--source" in child_argv:
+            i = child_argv.index("--source")
+            del child_argv[i:i + 2]
+        command = ["valgrind", "--tool=callgrind", f"--dump-before={MARKER}", f"--callgrind-out-file={out_file}",
+                   sys.executable, str(Path(__file__).resolve()), "--child"] + child_argv
+        env = dict(os.environ, PYTHONPATH=str(source), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"valgrind run failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        order = next(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("ORDER"))
+        dumps = sorted(glob.glob(out_file + ".*"), key=lambda f: int(f.rsplit(".", 1)[1]))
+        totals = []
+        for dump in dumps:
+            text = Path(dump).read_text()
+            totals.append(int(re.search(r"^(?:summary|totals): (\d+)", text, re.M).group(1)))
+    # dumps: [before the first marker, then between markers]; each phase is warm-up, marker, steps, marker
+    if len(totals) != 2 * len(order):
+        raise RuntimeError(f"expected {2 * len(order)} callgrind dumps, found {len(totals)}")
+    return {tuple(label.split(":")): totals[2 * i + 1] / args.steps for i, label in enumerate(order)}, source
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.child:
+        child(args)
+        return
+    print_machine("Cost of one minibatch step: NumPy fast path against the array-API reference path",
+                  ["benchmarks/step_cost.py"] + argv)
+    print(f"m = {args.m}, minibatch {args.batch}, n = {args.n:,} airline-like rows; {args.warmup} warm-up steps, "
+          f"then {args.steps} measured per method and path\n")
+    if args.callgrind:
+        per_step, source = run_callgrind(args, argv)
+        print(f"Instructions a step (callgrind Ir, OPENBLAS_NUM_THREADS=1), agpc from {source}:\n")
+        print("| method | fast path (M Ir) | reference path (M Ir) | reference / fast |")
+        print("|---|---|---|---|")
+        for method in args.methods:
+            fast, ref = per_step.get((method, "fast")), per_step.get((method, "reference"))
+            ratio = f"{ref / fast:.2f}" if fast and ref else "-"
+            print(f"| {method} | {fast / 1e6:.1f} | {'-' if ref is None else f'{ref / 1e6:.1f}'} | {ratio} |")
+        print()
+        return
+    X, y, trainer = make_problem(args)
+    baseline = None
+    if args.baseline:
+        import_baseline(args.baseline)
+        baseline = make_problem(args, "agpc_baseline")[2]
+        print(f"Baseline: the agpc of {Path(args.baseline).resolve()}, imported as agpc_baseline\n")
+    if args.counts:
+        calls = count_calls(args, X, y, trainer)
+        print("BLAS / LAPACK calls of the fast path in one step:\n")
+        print("| method | calls | by routine |")
+        print("|---|---|---|")
+        for method, counter in calls.items():
+            print(f"| {method} | {sum(counter.values())} | "
+                  f"{', '.join(f'{k} {v}' for k, v in sorted(counter.items()))} |")
+        print()
+    times, reverted = time_steps(args, X, y, trainer, baseline)
+    paths = [p for p in PATHS + ("baseline",) if (args.methods[0], p) in times]
+    print("ms a step (the paths' steps interleaved one by one; min / median; ratios of medians to the fast "
+          "path's):\n")
+    print("| method | " + " | ".join(f"{p} min / median" for p in paths) + " | "
+          + " | ".join(f"{p} / fast" for p in paths[1:]) + " |")
+    print("|---|" + "---|" * (2 * len(paths) - 1))
+    for method in args.methods:
+        fast = statistics.median(times[(method, "fast")])
+        cells = [f"{1e3 * min(times[(method, p)]):.2f} / {1e3 * statistics.median(times[(method, p)]):.2f}"
+                 for p in paths]
+        cells += [f"{statistics.median(times[(method, p)]) / fast:.2f}" for p in paths[1:]]
+        print(f"| {method} | " + " | ".join(cells) + " |")
+    print()
+    if reverted:
+        print("Steps the divergence guard reverted (timed all the same): "
+              + ", ".join(f"{method} {path} {count}" for (method, path), count in sorted(reverted.items())) + "\n")
+    print(load_line())
+
+
+if __name__ == "__main__":
+    main()

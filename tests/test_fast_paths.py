@@ -1,0 +1,169 @@
+"""The NumPy fast paths of agpc.backend (BLAS / LAPACK called directly) against the array-API reference code
+(``backend.reference_paths``): each primitive, and a whole minibatch step of SEP, EP, ADF and SVI.
+
+The bound. The fast path does the same arithmetic in another order: triangular solves become products with
+an explicit triangular inverse (trtri, then trmm), and general products triangular ones. A triangular inverse
+and a substitution each have a backward error of a few m eps (Higham (2002), secs. 8.1 and 14.2), so the two
+results differ by at most about m eps kappa(L) relatively, kappa(L) = kappa(K)^(1/2) for the Cholesky factor L
+of K (and kappa(L_C) for q's). The gradients are held to ``ROUNDOFF_FACTOR * m * eps * kappa(L_K)`` of their
+largest entry, the factors' condition numbers computed on the problem; log Z, a sum of logs and squares whose
+terms carry that relative error, to 1e-10 absolute (the brief's bound; measured: 5e-13 at |log Z| ~ 900 on the
+airline-like step of benchmarks/step_cost.py).
+"""
+
+import numpy as np
+import pytest
+from array_api_compat import numpy as xp
+
+from agpc import backend as B
+from agpc.inference import ep, variational
+from agpc.kernels import RBF
+
+ROUNDOFF_FACTOR = 10.0
+M, ROWS, N = 24, 30, 90
+JITTER = 1e-6
+
+
+def _problem(seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(N, 3))
+    y = np.sign(X @ np.array([1.0, -0.5, 0.3]) + 0.3 * rng.normal(size=N))
+    kernel = RBF(lengthscales=[1.0, 1.3, 0.8], amplitude=1.2, noise=0.01).for_inputs(xp.asarray(X))
+    return xp.asarray(X), xp.asarray(y), kernel, xp.asarray(X[:M] + 0.05)
+
+
+def _tolerance(kernel, Z):
+    """ROUNDOFF_FACTOR m eps kappa(L_K): the bound of the module docstring."""
+    K = np.asarray(kernel.K(Z)) + JITTER * np.eye(M)
+    return ROUNDOFF_FACTOR * M * np.finfo(np.float64).eps * np.sqrt(np.linalg.cond(K))
+
+
+def _assert_gradients_equal(fast, reference, tolerance):
+    assert set(fast) == set(reference)
+    for name in reference:
+        scale = np.max(np.abs(reference[name]))
+        np.testing.assert_allclose(fast[name], reference[name], rtol=0, atol=tolerance * scale, err_msg=name)
+
+
+def _a_tied_factor(kernel, Z, X, y):
+    """A SEP factor after one pass over the rows (a q unlike the prior, so that every term is exercised)."""
+    sites = ep.evaluate(kernel, Z, X, y, ep.zero_sites(N, Z), ep.zero_sites(N, Z), jitter=JITTER, want_grad=False)
+    return ep.exact_factor(kernel, Z, X, sites["site_precision"], sites["site_shift"], jitter=JITTER), sites
+
+
+@pytest.mark.parametrize("method", ["sep", "ep", "adf"])
+def test_a_minibatch_ep_step_on_the_fast_path_equals_the_reference(method):
+    X, y, kernel, Z = _problem()
+    factor, sites = _a_tied_factor(kernel, Z, X, y)
+    rows = slice(ROWS, 2 * ROWS)
+    own = dict(site_precision=sites["site_precision"][rows], site_shift=sites["site_shift"][rows]) if method == "ep" else {}
+
+    def step():
+        return ep.evaluate_factor(kernel, Z, X[rows], y[rows], factor, method=method, n_total=N, jitter=JITTER,
+                                  checked=False, **own)
+
+    with B.counting_fast_calls() as calls:
+        fast = step()
+    with B.reference_paths(), B.counting_fast_calls() as none:
+        reference = step()
+    assert sum(calls.values()) > 0 and sum(none.values()) == 0  # the two paths did run
+    assert abs(float(fast["log_z"]) - float(reference["log_z"])) <= 1e-10
+    tolerance = _tolerance(kernel, Z)
+    _assert_gradients_equal(fast["grads"], reference["grads"], tolerance)
+    for new, old in ((fast["site_delta"].precision, reference["site_delta"].precision),
+                     (fast["site_delta"].shift, reference["site_delta"].shift)):
+        np.testing.assert_allclose(new, old, rtol=0, atol=tolerance * np.max(np.abs(old)))
+
+
+def test_an_svi_step_on_the_fast_path_equals_the_reference():
+    X, y, kernel, Z = _problem()
+    rng = np.random.default_rng(1)
+    whitened_mean = 0.3 * rng.normal(size=M)
+    whitened_chol = np.tril(0.1 * rng.normal(size=(M, M))) + 0.7 * np.eye(M)
+
+    def step():
+        return variational.svi_elbo(kernel, Z, X[ROWS:2 * ROWS], y[ROWS:2 * ROWS], whitened_mean, whitened_chol,
+                                    n_total=N, jitter=JITTER)
+
+    fast_value, fast = step()
+    with B.reference_paths():
+        ref_value, reference = step()
+    assert abs(float(fast_value) - float(ref_value)) <= 1e-10
+    _assert_gradients_equal(fast, reference, _tolerance(kernel, Z))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_each_fast_primitive_equals_its_reference(dtype):
+    """C- and Fortran-ordered operands, both sides, transposed or not, vectors and matrices."""
+    rng = np.random.default_rng(2)
+    m = 9
+    A = rng.normal(size=(m, m))
+    K = (A @ A.T + m * np.eye(m)).astype(dtype)
+    eps = np.finfo(dtype).eps
+    tolerance = 100 * m * eps
+
+    def both(function, *args, blas=True, **kwargs):
+        with B.counting_fast_calls() as calls:
+            fast = function(*args, **kwargs)
+        with B.reference_paths():
+            reference = function(*args, **kwargs)
+        assert sum(calls.values()) >= int(blas), function.__name__  # it did take the fast path
+        assert fast.dtype == reference.dtype == dtype
+        np.testing.assert_allclose(fast, reference, rtol=0, atol=tolerance * np.max(np.abs(reference)),
+                                   err_msg=function.__name__)
+        return fast
+
+    asymmetric = K + np.triu(rng.normal(size=(m, m)), 1).astype(dtype)  # only the lower triangle is read
+    L = both(B.cholesky_or_nan, asymmetric)
+    assert L.flags.c_contiguous
+    for factor in (L, np.asfortranarray(L)):
+        both(B.lower_triangular_inverse, factor)
+        both(B.cholesky_inverse, factor)
+        for B_ in (rng.normal(size=(m, 4)).astype(dtype), np.asfortranarray(rng.normal(size=(m, 4))).astype(dtype),
+                   rng.normal(size=m).astype(dtype)):
+            for trans in (False, True):
+                both(B.triangular_matmul, factor, B_, trans=trans)
+                both(B.solve_triangular, factor, B_, trans=trans)
+                if B_.ndim == 2:
+                    both(B.triangular_matmul, factor, np.ascontiguousarray(B_.T), trans=trans, right=True)
+    for S in (K, np.asfortranarray(K[:, ::-1])):  # (a Fortran-ordered S: the diagonal written in place all the same)
+        both(B.identity_plus, S, 0.5, identity=2.0, blas=False)
+        both(B.identity_plus, S, blas=False)
+
+
+def test_a_failed_factorisation_on_the_fast_path_is_nan_not_an_exception():
+    """The divergence guard reads a failed Cholesky factor as NaN in log Z (one host sync a step, no raise)."""
+    bad = np.eye(4)
+    bad[2, 2] = -1.0
+    with B.counting_fast_calls() as calls:
+        L = B.cholesky_or_nan(bad)
+    assert calls["dpotrf"] == 1 and np.all(np.isnan(L))
+    assert np.all(np.isnan(B.lower_triangular_inverse(np.zeros((3, 3)))))
+
+
+def test_the_fast_path_does_not_write_into_its_operands():
+    rng = np.random.default_rng(3)
+    L = np.tril(rng.normal(size=(6, 6))) + 4 * np.eye(6)
+    B_ = rng.normal(size=(6, 5))
+    L_copy, B_copy = L.copy(), B_.copy()
+    for trans in (False, True):
+        B.triangular_matmul(L, B_, trans=trans)
+        B.triangular_matmul(L, B_.T, trans=trans, right=True)
+        B.solve_triangular(L, B_, trans=trans)
+    B.lower_triangular_inverse(L)
+    B.cholesky_inverse(L)
+    np.testing.assert_array_equal(L, L_copy)
+    np.testing.assert_array_equal(B_, B_copy)
+
+
+def test_operands_of_two_types_take_the_reference_path():
+    """float32 and float64 together are promoted as the reference promotes them (no BLAS call in the narrower
+    type)."""
+    L = np.tril(np.random.default_rng(4).normal(size=(5, 5))) + 3 * np.eye(5)
+    B_ = np.ones((5, 2), dtype=np.float32)
+    with B.counting_fast_calls() as calls:
+        out = B.triangular_matmul(L, B_)
+        solved = B.solve_triangular(L, B_)
+    assert sum(calls.values()) == 0
+    assert out.dtype == solved.dtype == np.float64
+    np.testing.assert_allclose(out, L @ B_.astype(np.float64), rtol=1e-14)

@@ -1,0 +1,168 @@
+"""Labels are taken exactly as written: integer labels of any size read from a CSV or Parquet file come back as
+the same integers (or, beyond 64 bits, as their text), never through float64; whatever ``fit`` accepts,
+``save`` writes and ``load`` reads back, with one limit (a label's length) checked at fit; a pandas
+Categorical is labels in memory; a rare class is never lost to the validation split of ``agpc fit``."""
+
+import os
+
+import numpy as np
+import pytest
+
+from agpc import GPClassifier
+from agpc.cli import _split, main
+from agpc.datasets import make_banana
+from agpc.model_file import MAX_LABEL_BYTES
+
+FIT_OPTIONS = ["--inducing", "5", "--max-iter", "2", "--random-state", "0", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def banana():
+    return make_banana(120, random_state=0)
+
+
+def write_csv(path, X, labels):
+    with open(path, "w") as fh:
+        fh.write("x1,x2,label\n")
+        for row, label in zip(X.tolist(), labels):
+            fh.write(f"{row[0]!r},{row[1]!r},{label}\n")
+    return path
+
+
+def two_classes(y, negative, positive):
+    return [positive if v > 0 else negative for v in np.asarray(y).tolist()]
+
+
+# Labels written as text, the classes a model must have after 'agpc fit' (values and NumPy kind)
+WRITTEN = {
+    "integers above 2^53": ("9007199254740992", "9007199254740993", [9007199254740992, 9007199254740993], "i"),
+    "integers above 2^63": ("9223372036854775809", "9223372036854775810",
+                            [9223372036854775809, 9223372036854775810], "u"),
+    "integers above 2^64": ("18446744073709551617", "18446744073709551618",
+                            ["18446744073709551617", "18446744073709551618"], "U"),
+    "float labels 0.5 / 1.5": ("0.5", "1.5", ["0.5", "1.5"], "U"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRITTEN))
+@pytest.mark.parametrize("file_format", ["csv", "parquet"])
+def test_labels_are_read_exactly_as_written(tmp_path, banana, capsys, case, file_format):
+    X, y = banana
+    negative, positive, classes, kind = WRITTEN[case]
+    labels = two_classes(y, negative, positive)
+    if file_format == "csv":
+        data = write_csv(tmp_path / "d.csv", X, labels)
+    else:
+        pa = pytest.importorskip("pyarrow")
+        import pyarrow.parquet as pq
+
+        data = tmp_path / "d.parquet"
+        pq.write_table(pa.table({"x1": X[:, 0], "x2": X[:, 1], "label": labels}), data)  # a string column
+    out = tmp_path / "m.agpc"
+    assert main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(out)]) == 0, capsys.readouterr().err
+    model = GPClassifier.load(out)
+    assert model.classes_.dtype.kind == kind
+    assert model.classes_.tolist() == classes
+    # and predict --target scores the same file against those classes
+    assert main(["predict", str(out), str(data), "--target", "label", "--out", str(tmp_path / "p.csv")]) == 0
+    with open(tmp_path / "p.csv") as fh:
+        assert fh.readline().strip() == ",".join(f"p_{c}" for c in classes)
+
+
+def test_parquet_integer_columns_above_2_63_keep_their_values(tmp_path, banana):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    X, y = banana
+    labels = np.where(y > 0, np.uint64(2**64 - 1), np.uint64(2**64 - 2))
+    data = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"x1": X[:, 0], "x2": X[:, 1], "label": pa.array(labels, type=pa.uint64())}), data)
+    assert main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")]) == 0
+    assert GPClassifier.load(tmp_path / "m.agpc").classes_.tolist() == [2**64 - 2, 2**64 - 1]
+
+
+def _categorical(y):
+    pd = pytest.importorskip("pandas")
+    return pd.Categorical(np.where(y > 0, "yes", "no"))
+
+
+# Labels the estimator takes, and the classes (values and NumPy kind) the fitted and the loaded model have
+ACCEPTED = {
+    "int64": (lambda y: np.where(y > 0, 2**62 + 1, 2**62), [2**62, 2**62 + 1], "i"),
+    "uint64 above 2^63": (lambda y: np.where(y > 0, np.uint64(2**63 + 1), np.uint64(2**63)), [2**63, 2**63 + 1],
+                          "u"),
+    "Python integers above 2^63 in an object array": (
+        lambda y: np.array([2**63 + 1 if v > 0 else 2**63 for v in y], dtype=object), [2**63, 2**63 + 1], "u"),
+    "Python integers in a list": (lambda y: [7 if v > 0 else 3 for v in y.tolist()], [3, 7], "i"),
+    "booleans": (lambda y: y > 0, [False, True], "b"),
+    "strings": (lambda y: np.where(y > 0, "yes", "no"), ["no", "yes"], "U"),
+    "strings of the longest length a model file holds": (
+        lambda y: np.where(y > 0, "a" * (MAX_LABEL_BYTES // 4), "b" * (MAX_LABEL_BYTES // 4)),
+        ["a" * (MAX_LABEL_BYTES // 4), "b" * (MAX_LABEL_BYTES // 4)], "U"),
+    "y as a pandas.Categorical": (_categorical, ["no", "yes"], "U"),
+}
+
+
+@pytest.mark.parametrize("case", list(ACCEPTED))
+def test_what_fit_accepts_save_writes_and_load_reads_back(tmp_path, banana, case):
+    X, y = banana
+    make, classes, kind = ACCEPTED[case]
+    model = GPClassifier(n_inducing=5, max_iter=2, random_state=0).fit(X, make(y))
+    assert np.asarray(model.classes_).tolist() == classes
+    model.save(tmp_path / "m.agpc")
+    loaded = GPClassifier.load(tmp_path / "m.agpc")
+    assert loaded.classes_.dtype.kind == kind and loaded.classes_.tolist() == classes
+    assert np.asarray(loaded.predict(X)).tolist() == np.asarray(model.predict(X)).tolist()
+
+
+def test_integers_beyond_64_bits_are_refused_naming_what_to_do(banana):
+    X, y = banana
+    labels = np.array([2**64 + 1 if v > 0 else 2**64 for v in y], dtype=object)
+    with pytest.raises(ValueError, match="integers beyond 64 bits.*give the labels as strings"):
+        GPClassifier(n_inducing=5, max_iter=2).fit(X, labels)
+
+
+def test_a_label_longer_than_a_model_file_holds_is_refused_at_fit(tmp_path, banana, no_training, capsys):
+    X, y = banana
+    long = "x" * 5000  # 20,000 bytes as NumPy holds text
+    labels = two_classes(y, "short", long)
+    with pytest.raises(ValueError, match="a label of 5,000 characters.*at most 1,024 characters"):
+        GPClassifier(n_inducing=5, max_iter=2).fit(X, labels)
+    data = write_csv(tmp_path / "d.csv", X, labels)
+    status = main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert status == 2 and "a label of 5,000 characters" in err
+    assert not (tmp_path / "m.agpc").exists()
+
+
+def test_float_labels_with_fractions_are_refused_by_the_estimator_as_scikit_learn_does(banana):
+    """Documented as intended (README, "Labels"): the estimator takes labels of any type that names classes,
+    but a float array with fractions is what a regression target looks like, refused as scikit-learn's
+    classifiers refuse it; 'agpc fit' reads such text as class names (see test_labels_are_read_exactly...)."""
+    X, y = banana
+    with pytest.raises(ValueError, match="Unknown label type: continuous"):
+        GPClassifier(n_inducing=5, max_iter=2).fit(X, np.where(y > 0, 1.5, 0.5))
+    model = GPClassifier(n_inducing=5, max_iter=2).fit(X, np.where(y > 0, "1.5", "0.5"))
+    assert model.classes_.tolist() == ["0.5", "1.5"]
+
+
+def test_a_rare_class_is_never_only_in_the_validation_split(tmp_path, banana, capsys):
+    X, y = banana
+    labels = np.where(y > 0, "a", "b").astype("<U4")
+    labels[17] = "rare"  # one row of a third class
+    seed = next(s for s in range(1000) if 17 in np.random.default_rng(s).choice(len(y), size=60, replace=False))
+    _, y_train, _, y_val = _split(X, labels, 0.5, seed)
+    assert "rare" in y_train.tolist() and sorted(set(y_val.tolist())) == ["a", "b"]
+    data = write_csv(tmp_path / "d.csv", X, labels.tolist())
+    status = main(["fit", str(data), "--target", "label", "--method", "sep", "--validation-fraction", "0.5",
+                   "--random-state", str(seed), "--inducing", "5", "--max-iter", "2", "--quiet", "--out",
+                   str(tmp_path / "m.agpc")])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert "validation:" in captured.out
+    assert GPClassifier.load(tmp_path / "m.agpc").classes_.tolist() == ["a", "b", "rare"]
+
+
+def test_the_readme_says_what_labels_may_be():
+    readme = open(os.path.join(os.path.dirname(__file__), os.pardir, "README.md")).read()
+    assert "Labels" in readme and "0.5" in readme and "continuous" in readme
