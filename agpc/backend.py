@@ -71,6 +71,7 @@ __all__ = [
     "reference_paths",
     "counting_fast_calls",
     "blas_releasing_the_lock",
+    "add_to_diagonal",
     "cholesky",
     "cholesky_or_nan",
     "cholesky_with_jitter",
@@ -952,13 +953,24 @@ def cholesky_inverse(L):
 
 def identity_plus(S, scale=1.0, identity=1.0):
     """identity * I + scale * S for a square S (a new array)."""
-    if _fast(S):
-        out = S * scale if scale != 1.0 else S.copy()
-        out.flat[:: S.shape[0] + 1] += identity  # the diagonal, in place, in either memory order
+    if scale == 1.0:
+        return add_to_diagonal(S, identity)
+    return add_to_diagonal(scale * S, identity, overwrite=True)
+
+
+def add_to_diagonal(A, values, *, overwrite=False):
+    """A + diag(values) for a square A (``values`` a number or a vector): on NumPy a copy of A (or A itself, with
+    ``overwrite``: a temporary the caller owns) with the diagonal added in place, one pass over A where the standard's
+    ``A + values * eye`` makes three."""
+    if _fast(A):
+        out = A if overwrite else A.copy()
+        out.flat[:: A.shape[0] + 1] += values  # the diagonal, in place, in either memory order
         return out
-    xp = array_namespace(S)
-    eye = xp.eye(S.shape[0], dtype=S.dtype, device=array_device(S))
-    return (eye if identity == 1.0 else identity * eye) + (S if scale == 1.0 else scale * S)
+    xp = array_namespace(A)
+    eye = xp.eye(A.shape[0], dtype=A.dtype, device=array_device(A))
+    if getattr(values, "ndim", 0) == 1:
+        return A + values[:, None] * eye
+    return A + (eye if values == 1.0 else values * eye)
 
 
 def factor_failure(L):

@@ -17,6 +17,7 @@ from . import backend as B
 from . import inputs as I
 from . import methods as M
 from . import prediction as P
+from . import size_rule
 from . import streaming as S
 from . import threads
 from . import validation as V
@@ -66,8 +67,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "gfitc": the generalised FITC baseline (Naish-Guzman & Holden 2008): EP on the FITC prior run to
         convergence (largest relative site change below ``tol``) before each of ``max_iter`` steps; batch only.
         What each supports: ``agpc.methods`` (the registry, where further methods can be registered).
-    n_inducing : int, default=100
-        Number m of inducing points; must not exceed the number of training rows.
+    n_inducing : "auto", "all" or int, default="auto"
+        Number m of inducing points; must not exceed the number of training rows. "auto" sizes the model by the data
+        (``agpc.size_rule``, docs/small_data_defaults.md): up to 400 training rows, the exact model -- an inducing
+        point at every row, held there (the full GP), trained by EP's full-GP passes (``agpc.inference.exact_ep``:
+        one n x n factorisation a step) -- for binary ``method="ep"`` in batch mode; otherwise 100 inducing points
+        (or every row, when there are fewer) learned with the kernel, as before the rule (more rows, more than two
+        classes, every other method, minibatches, streams and dask arrays). "all": the exact model whatever the size
+        (at most 20,000 rows: it holds n x n matrices; multiclass EP trains it by the full-GP passes too, the other
+        methods by their own passes on m = n).
     kernel : Kernel or None
         Kernel with initial hyper-parameters. ``None``: ARD RBF with lengthscale_j = std(X_j) sqrt(d),
         amplitude 1 and latent noise 1e-3.
@@ -245,7 +253,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     # any one constraint of a list accepts. Cross-parameter rules follow in ``_check_params``.
     _parameter_constraints = {
         "method": [M.MethodName()],  # the registry (agpc.methods), read when the parameters are checked
-        "n_inducing": [V.Interval(numbers.Integral, 1, None, "left")],
+        "n_inducing": [V.Options("auto", "all"), V.Interval(numbers.Integral, 1, None, "left")],
         "kernel": [V.NONE, V.InstanceOf(Kernel, description="an agpc kernel (e.g. agpc.RBF)")],
         "backend": [V.NONE, V.Options("auto", "numpy", "cupy", ignore_case=True), V.ArrayNamespace()],
         "max_iter": [V.Interval(numbers.Integral, 0, None, "left")],
@@ -282,7 +290,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def __init__(
         self,
         method="ep",
-        n_inducing=100,
+        n_inducing="auto",
         kernel=None,
         backend="auto",
         max_iter=250,
@@ -374,23 +382,42 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     # -- fitting ---------------------------------------------------------------------------------
 
-    def _n_inducing_for(self, n):
+    def _model_size(self, n, n_classes=2, rows_known=True):
+        """The inducing points of a fit on ``n`` rows (``agpc.size_rule``): how many, and whether they are the
+        training rows themselves, held there (the exact model). An array of initial points sets m itself."""
         explicit = not isinstance(self.inducing, str)
-        m = len(self.inducing) if explicit else self.n_inducing  # an array of points sets m itself
-        if m > n:
-            what = f"{m} initial inducing points" if explicit else f"n_inducing={m}"
+        if explicit:
+            size = size_rule.ModelSize(len(self.inducing), False)
+        else:
+            size = size_rule.model_size(self.n_inducing, n, rows_known=rows_known, n_classes=n_classes,
+                                        has_exact_pass=self._exact_passes(n, n_classes) is not None)
+        if size.n_inducing > n:
+            what = f"{size.n_inducing} initial inducing points" if explicit else f"n_inducing={size.n_inducing}"
             raise ValueError(f"{what} exceeds the number of training rows ({n}): use at most one inducing point per row")
-        return m
+        return size
 
-    def _initial_model(self, sample, m, rng, n_classes=2):
+    def _n_inducing_for(self, n, rows_known=True):
+        return self._model_size(n, rows_known=rows_known).n_inducing
+
+    def _exact_passes(self, n, n_classes):
+        """The method's full-GP passes for the exact model of ``n`` rows (``Method.exact_passes``), where its fit
+        runs batch passes over them; else None."""
+        if self._batch_size_for(n) is not None and self._batch_size_for(n) < n:
+            return None
+        return M.get_method(self.method).exact_passes_for(n_classes)
+
+    def _initial_model(self, sample, m, rng, n_classes=2, rows=None):
         """Initial kernel and inducing points; with more than two classes, one copy of each per class
         (Villacampa-Calvo & Hernandez-Lobato (2017): one latent function per class, each with its own hyper-parameters
-        and inducing points)."""
+        and inducing points). ``rows``: the training rows, to be the inducing points themselves (the exact model)."""
         kernel = self.kernel if self.kernel is not None else self._default_kernel(sample)
         if self.kernel_prior == "auto":  # centred on the default kernel's lengthscales (docs/small_data_defaults.md)
             kernel = with_default_priors(kernel, kernel if self.kernel is None else self._default_kernel(sample))
         kernel = kernel.for_inputs(sample)
-        Z = initial_inducing_points(sample, m, self.inducing, random_state=rng)
+        if rows is not None:
+            Z = B.array_namespace(rows).asarray(rows, copy=True)
+        else:
+            Z = initial_inducing_points(sample, m, self.inducing, random_state=rng)
         if n_classes > 2:
             xp = B.array_namespace(Z)
             return ClassKernels([kernel] * n_classes), xp.stack([Z] * n_classes)
@@ -419,7 +446,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 shape = ()
         n = int(shape[0]) if len(shape) else 1
         d = int(shape[1]) if len(shape) > 1 else 1
-        m = max(1, len(self.inducing)) if not isinstance(self.inducing, str) else self.n_inducing
+        m = max(1, len(self.inducing)) if not isinstance(self.inducing, str) else size_rule.model_size(
+            self.n_inducing, n, has_exact_pass=M.get_method(self.method).exact_passes is not None).n_inducing
         batch_size = self._batch_size_for(n)  # (a batch-only method's explicit batch_size is refused already)
         rows = n if batch_size is None else min(n, int(batch_size))
         return threads.blas_threads(rows, m, n_features=d, threads=self.blas_threads)
@@ -469,13 +497,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.__dict__.pop("_trainer", None)
         Xc, y_pm, classes, sample, xp, device = I.training_inputs(self, X, y, reset=True, target_xp=target_xp)
         n = Xc.shape[0]
-        m = self._n_inducing_for(n)
+        size = self._model_size(n, len(classes), rows_known=not B.is_out_of_core(Xc))
         self.n_jobs_ = self._n_jobs_for(xp, n, len(classes))
         if self.n_jobs_ > 1:
             return self._fit_local_workers(Xc, y_pm, classes, sample, groups, resume, validation_data, started)
         rng = B.host_rng(self.random_state)
         init_started = time.perf_counter()
-        kernel, Z = self._initial_model(sample, m, rng, len(classes))
+        kernel, Z = self._initial_model(sample, size.n_inducing, rng, len(classes), rows=Xc if size.at_rows else None)
+        exact = self._exact_passes(n, len(classes)) if size.at_rows else None
+        if size.at_rows:  # the exact model's inducing points are its rows: they stay there
+            groups = tuple(group for group in groups if group != "inducing")
         self.init_time_ = time.perf_counter() - init_started
         validation = None if validation_data is None else I.validation_set(self, validation_data, classes, xp, device)
         t0 = started
@@ -487,7 +518,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         batch_size = self._batch_size_for(n, xp, Z, len(classes))
         result = self._train(Xc, y_pm, kernel, Z, classes, groups, batch_size, rng, resume,
                              validation=validation, started=started, data_hash=data_hash,
-                             block_rows=self._gpu_block_rows(n, xp, batch_size))
+                             block_rows=self._gpu_block_rows(n, xp, batch_size), engine=exact)
         return self._fitted_from(result, classes, t0, n, resumed=bool(resume))
 
     def _n_jobs_for(self, xp, n, n_classes):
@@ -698,7 +729,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 n, X.shape[1], sample_rows[0], I.encode_labels(np.asarray(sample_rows[1]), classes), classes)
             y_pm = y.map_blocks(I.encode_labels, classes, dtype=np.float64).astype(X.dtype)
             self.n_features_in_ = X.shape[1]
-            m = self._n_inducing_for(n)
+            m = self._n_inducing_for(n, rows_known=False)
             init_started = time.perf_counter()
             kernel, Z = self._initial_model(np.asarray(sample), m, rng, len(classes))
             self.init_time_ = time.perf_counter() - init_started
@@ -783,7 +814,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if not fitted:
             self.classes_ = classes
             rng = B.host_rng(self.random_state)
-            kernel, Z = self._initial_model(sample, self._n_inducing_for(rows), rng, len(classes))
+            kernel, Z = self._initial_model(sample, self._n_inducing_for(rows, rows_known=False), rng, len(classes))
             self._rows_seen = 0
             self._trainer = S.stream_trainer(self, kernel, Z, n_total or rows, groups, self._jitter_for(Z))
         elif not live:  # fit records its rows on the model, partial_fit in the history

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from .inference import exact_ep
 from .inference.engines import ALL_METHODS as ENGINES
 from .inference.training import train
 
@@ -97,6 +98,11 @@ class Method:
         ``max_ep_sweeps``) that replace the estimator's.
     remarks : mapping of capability to str
         A note after "yes" in the support table (e.g. "binary").
+    exact_passes : module or None
+        The passes that train the exact model (an inducing point at every training row, held there) at full-GP cost,
+        for the engine's ``passes=``: EP's ``agpc.inference.exact_ep`` (two classes or more). None: the method
+        trains the exact model only by its inducing-point passes on m = n, so ``n_inducing="auto"`` gives it the
+        sparse model at every size (``agpc.size_rule``).
     """
 
     name: str
@@ -110,6 +116,7 @@ class Method:
     check_params: Callable | None = None
     train_options: Callable | None = None
     remarks: Mapping = field(default_factory=dict)
+    exact_passes: object = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -150,6 +157,10 @@ class Method:
             raise ValueError(f"method {self.name!r}: train_options returned {unknown or ['method']}, which are not "
                              "settings of agpc.inference.training.train (the engine is Method.engine)")
         return settings
+
+    def exact_passes_for(self, n_classes):
+        """The passes of the exact model of ``n_classes`` classes at full-GP cost, or None."""
+        return self.exact_passes
 
     def refusal(self, capability, default):
         """The error message for ``capability``, which this method lacks."""
@@ -287,7 +298,7 @@ _VI_PER_ROW_XI = ("fit on a dask array does not train method {name!r}: it optimi
 _BUILT_IN_METHODS = (
     Method("ep", family="ep", engine="ep", likelihood_reason=_EP_PROBIT,
            capabilities={"multiclass", "minibatch", "dask_batch", "n_jobs", *_ON_DASK, *_EVERYWHERE},
-           remarks={"dask": "> 2 classes: batch, or `local_steps=0`", "n_jobs": "binary"}),
+           remarks={"dask": "> 2 classes: batch, or `local_steps=0`", "n_jobs": "binary"}, exact_passes=exact_ep),
     *(Method(name, family="ep", engine=name, likelihood_reason=_EP_PROBIT,
              capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", "n_jobs", *_ON_DASK,
                            *_EVERYWHERE})

@@ -4,8 +4,9 @@ are NOT the seven of Hernandez-Lobato & Hernandez-Lobato (2016) Table 1 (pima, a
 ionosphere, sonar): those are kept for the check that follows the choice (``uci_binary_ep.py``), never for the
 choice itself (issue 19).
 
-Sets (16): generated -- banana (400 rows, ``agpc.datasets.make_banana``), clf-300x10 and clf-1000x30
-(``sklearn.datasets.make_classification``), moons-300, circles-300; scikit-learn's bundled digits 3 v 8 and
+Sets (18): generated -- banana (400 rows, ``agpc.datasets.make_banana``), clf-300x10, clf-1000x30, clf-700x8 and
+clf-700x14 (``sklearn.datasets.make_classification``; the last two added for the model's size, ``size_rule.py``),
+moons-300, circles-300; scikit-learn's bundled digits 3 v 8 and
 1 v 7, iris, wine; the multiclass sets of ``../shared/data`` -- glass, newthyroid, svmguide2, vehicle, vowel and
 1000-row samples of waveform and satellite (a set whose file is absent is skipped with a note).
 
@@ -36,7 +37,7 @@ from _protocol import (  # noqa: E402
     standardised_splits, start, with_ml_twins, write_results_json,
 )
 
-GENERATED = ("banana", "clf-300x10", "clf-1000x30", "moons-300", "circles-300")
+GENERATED = ("banana", "clf-300x10", "clf-1000x30", "moons-300", "circles-300", "clf-700x8", "clf-700x14")
 BUNDLED = ("digits-3v8", "digits-1v7", "iris", "wine")
 SHARED = ("glass", "newthyroid", "svmguide2", "vehicle", "vowel", "waveform-1000", "satellite-1000")
 DATASETS = GENERATED + BUNDLED + SHARED

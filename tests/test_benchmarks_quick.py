@@ -42,6 +42,7 @@ def _runs(tmp_dir):
         "gpu": ["gpu.py", "--quick"],
         "small_data_defaults": ["small_data_defaults.py", "--quick", "--methods", "ep,svi"],
         "step_cost": ["step_cost.py", "--quick", "--counts"],
+        "size_rule": ["size_rule.py", "--quick"],
     }
 
 # presets of real data only
@@ -75,7 +76,7 @@ def outputs(tmp_path_factory):
                                   "uci_multiclass",
                                   "banana_inducing", "time_curves", "airline", "airline_3class", "airline_vs_gpflow",
                                   "dask_scaling", "data_parallel_check", "threads", "gpu", "small_data_defaults",
-                                  "step_cost"])
+                                  "step_cost", "size_rule"])
 def test_quick_run_prints_a_table(outputs, name):
     if name not in outputs:
         pytest.skip(f"{DATA} is absent and {name} has no generated fallback")

@@ -49,6 +49,9 @@ __all__ = [
     "uniform_factor",
     "validation_scores",
     "one_hot_labels",
+    "pair_update",
+    "PairUpdate",
+    "site_totals",
     "true_class_values",
     "add_prior_gradients",
     "prior_choleskys",
@@ -139,17 +142,28 @@ class MultiBlockResult:
     sums: tuple = None  # per class (S_new, c_new, S_old, c_old), whitened
 
 
-def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad=True, want_sums=False):
-    """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows, all classes."""
-    xp = array_namespace(X)
-    C = n_classes(Z)
+@dataclass
+class PairUpdate:
+    """The pairs' EP update for a block of rows (``pair_update``), from each class's marginals along upsilon_ic."""
+
+    site_precision: object  # (b, 2C) undamped updates (invalid pairs keep the old values)
+    site_shift: object
+    valid: object  # (b, C), True in the label's own column
+    log_z_terms: object  # 0-d
+    alpha: object = None  # (b, C): d log Z / d (cavity mean) summed over the sites a row has in class c
+    kappa: object = None  # (b, C): -2 d log Z / d b, likewise
+    coef: object = None  # (b, C): the coefficient of g_ic (``ep.adjoint_coefficient``), likewise
+
+
+def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=True):
+    """Cavities, moment matching and log Z_q terms of every pair (i, k) of a block of rows, from each class's marginal
+    of q along upsilon_ic (``d``, ``e``, ``prior_var``, ``s``: (b, C), as ``ep.Marginals`` holds them), and with
+    ``want_grad`` the per-class coefficients of the gradient's data part (``ep.data_adjoint``; the full-GP pass of
+    ``exact_ep`` needs only ``kappa``)."""
+    xp = array_namespace(d)
+    C = d.shape[1]
     onehot = one_hot_labels(y, C)
     wrong = ~onehot
-    margs = [ep.marginals(kernels[c], X, Z[c, ...], posts[c]) for c in range(C)]
-    d = xp.stack([mg.d for mg in margs], axis=1)
-    e = xp.stack([mg.e for mg in margs], axis=1)
-    prior_var = xp.stack([mg.prior_var for mg in margs], axis=1)
-    s = xp.stack([mg.s for mg in margs], axis=1)
     nu_k, nu_y = site_precision[:, :C], site_precision[:, C:]
     mu_k, mu_y = site_shift[:, :C], site_shift[:, C:]
     d_y, e_y, pv_y, s_y = (true_class_values(v, onehot) for v in (d, e, prior_var, s))
@@ -170,18 +184,9 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     # Hernandez-Lobato (2016), eq. 26): log Z_ik plus g(cavity) - g(q) in each of the two classes the pair touches.
     terms = log_zp + ep.removal_terms(nu_y, mu_y, d_y, e_y, om_y) + ep.removal_terms(nu_k, mu_k, d, e, om_k)
     log_z_terms = xp.sum(xp.where(valid, terms, 0.0))
-    sums = None
-    if want_sums:
-        tot_new = site_totals(new_nu, new_mu, onehot)
-        tot_old = site_totals(site_precision, site_shift, onehot)
-        sums = tuple(
-            ep.whitened_site_sums(margs[c].A, tot_new[0][:, c], tot_new[1][:, c])
-            + ep.whitened_site_sums(margs[c].A, tot_old[0][:, c], tot_old[1][:, c])
-            for c in range(C)
-        )
     out_valid = valid | onehot
     if not want_grad:
-        return MultiBlockResult(new_nu, new_mu, out_valid, log_z_terms, None, {}, sums)
+        return PairUpdate(new_nu, new_mu, out_valid, log_z_terms)
 
     # Gradient (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 10 with the cavities fixed): per class, the binary
     # adjoints with the coefficients of every site the row has along upsilon_ic added up.
@@ -197,6 +202,33 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     alpha_c = per_class(-alpha, alpha)
     kappa_c = per_class(kappa, kappa)
     coef_c = per_class(coef_k, coef_y)
+    return PairUpdate(new_nu, new_mu, out_valid, log_z_terms, alpha_c, kappa_c, coef_c)
+
+
+def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad=True, want_sums=False):
+    """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows, all classes."""
+    xp = array_namespace(X)
+    C = n_classes(Z)
+    margs = [ep.marginals(kernels[c], X, Z[c, ...], posts[c]) for c in range(C)]
+    d = xp.stack([mg.d for mg in margs], axis=1)
+    e = xp.stack([mg.e for mg in margs], axis=1)
+    prior_var = xp.stack([mg.prior_var for mg in margs], axis=1)
+    s = xp.stack([mg.s for mg in margs], axis=1)
+    update = pair_update(y, site_precision, site_shift, d, e, prior_var, s, want_grad=want_grad)
+    new_nu, new_mu = update.site_precision, update.site_shift
+    sums = None
+    if want_sums:
+        onehot = one_hot_labels(y, C)
+        tot_new = site_totals(new_nu, new_mu, onehot)
+        tot_old = site_totals(site_precision, site_shift, onehot)
+        sums = tuple(
+            ep.whitened_site_sums(margs[c].A, tot_new[0][:, c], tot_new[1][:, c])
+            + ep.whitened_site_sums(margs[c].A, tot_old[0][:, c], tot_old[1][:, c])
+            for c in range(C)
+        )
+    if not want_grad:
+        return MultiBlockResult(new_nu, new_mu, update.valid, update.log_z_terms, None, {}, sums)
+    alpha_c, kappa_c, coef_c = update.alpha, update.kappa, update.coef
     dKmm, grads, Z_grads = [], {}, []
     for c in range(C):
         dKmm_c, g, _ = ep.data_adjoint(kernels[c], X, Z[c, ...], posts[c], margs[c], alpha_c[:, c], kappa_c[:, c],
@@ -205,7 +237,7 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
         Z_grads.append(g.pop("Z"))
         grads.update({f"{c}:{name}": value for name, value in g.items()})
     grads["Z"] = xp.stack(Z_grads)
-    return MultiBlockResult(new_nu, new_mu, out_valid, log_z_terms, tuple(dKmm), grads, sums)
+    return MultiBlockResult(new_nu, new_mu, update.valid, update.log_z_terms, tuple(dKmm), grads, sums)
 
 
 # -- passes over the data ---------------------------------------------------------------------------

@@ -1,0 +1,59 @@
+"""How ``GPClassifier(n_inducing="auto")``, the default, sizes the model by the data (docs/small_data_defaults.md).
+
+Up to ``EXACT_MAX_ROWS`` training rows the model is the exact one: an inducing point at every training row, held
+there (the full GP, the m = n limit of the inducing-point model). A method with a full-GP pass of its own (the
+registry's ``Method.exact_passes``: EP, ``agpc.inference.exact_ep``) trains it at full-GP EP's cost, one n x n
+factorisation a step, in batch mode, for two classes. Above that, for more than two classes (whose exact model costs
+a factorisation a class and was not better on the study's multiclass sets), for the methods without such a pass (SEP,
+ADF, GFITC, SVI, the vi-* methods) and on minibatches, ``SPARSE_INDUCING`` inducing points (or every row, when there
+are fewer), started by k-means and learned with the kernel, as every fit was before the rule. A fit on a dask array, or a stream (``partial_fit``), has no row count to size an exact model by:
+it takes the sparse model. ``n_inducing="all"`` asks for the exact model whatever the size (up to ``ALL_MAX_ROWS``);
+an integer, for that many inducing points, as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "ModelSize", "model_size"]
+
+EXACT_MAX_ROWS = 400
+"""The most training rows for which ``n_inducing="auto"`` takes the exact model (chosen in
+docs/small_data_defaults.md: its cost, O(n^3) a step, against the 5 s a small fit may take on one core; on the
+study's sets it is as good as or better than the sparse model below it)."""
+
+SPARSE_INDUCING = 100
+"""The inducing points of ``n_inducing="auto"`` above ``EXACT_MAX_ROWS`` (the default before the rule)."""
+
+ALL_MAX_ROWS = 20000
+"""The most rows ``n_inducing="all"`` takes: its model holds n x n matrices (3.2 GB in float64 here)."""
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """What a fit on ``n_rows`` rows trains: ``n_inducing`` points, at the training rows and held there
+    (``at_rows``: the exact model) or started by the estimator's ``inducing`` and learned as ``optimize`` says."""
+
+    n_inducing: int
+    at_rows: bool
+
+
+def model_size(n_inducing, n_rows, *, has_exact_pass, rows_known=True, n_classes=2):
+    """The ``ModelSize`` of ``n_inducing`` ("auto", "all" or an integer) for ``n_rows`` training rows of
+    ``n_classes`` classes.
+    ``has_exact_pass``: the method trains the exact model by a full-GP pass of its own (else "auto" is sparse at
+    every size: its inducing-point passes on m = n would cost O(n^3) with a large constant every step).
+    ``rows_known=False``: a stream or a dask array ("auto" is then the sparse model; "all" is refused)."""
+    if n_inducing == "all":
+        if not rows_known:
+            raise ValueError("n_inducing='all' puts an inducing point at every training row: it needs the rows whole "
+                             "(fit on an in-memory array), not a stream or a dask array")
+        if n_rows > ALL_MAX_ROWS:
+            raise ValueError(f"n_inducing='all' holds n x n matrices: {n_rows} rows is more than {ALL_MAX_ROWS}; "
+                             "give a number of inducing points")
+        return ModelSize(n_rows, True)
+    if n_inducing == "auto":
+        if rows_known and has_exact_pass and n_classes == 2 and n_rows <= EXACT_MAX_ROWS:
+            return ModelSize(n_rows, True)
+        return ModelSize(min(SPARSE_INDUCING, n_rows), False)
+    return ModelSize(int(n_inducing), False)

@@ -1,0 +1,209 @@
+"""The study behind ``GPClassifier(n_inducing="auto")`` (``agpc.size_rule``, docs/small_data_defaults.md): models of
+several sizes, nothing else set, against logistic regression, on random 90/10 splits.
+
+Candidates (``--candidates``): ``auto`` -- ``GPClassifier(random_state=split)``, nothing set (the default, whatever
+it is in this agpc); ``all`` -- ``n_inducing="all"``, the exact model (an inducing point at every row, held there);
+``mK`` -- ``n_inducing=K`` learned with the kernel (``m100``: the default before the rule); ``mK-fixed`` -- K inducing
+points held at their k-means start (``optimize="kernel"``); ``logreg`` -- scikit-learn's LogisticRegression at its
+defaults; a suffix ``-es`` (``all-es``): early stopping on 20% of the training rows held out (``HeldOutStopping``).
+Every fit is timed: seconds of ``fit`` on the wall clock, and the CPU seconds of the process for the fit and its
+scoring, which at one BLAS thread (``--blas-threads 1``, ``taskset -c 0``) is what a quiet core's wall clock shows
+while other processes load the machine.
+
+Sets (``--sets``): ``study`` -- the sets of ``small_data_defaults.py`` (generated, bundled, the multiclass sets of
+../shared/data), which choose the rule; ``test`` -- the seven of Hernandez-Lobato & Hernandez-Lobato (2016) Table 1
+(pima, australian, breast, crabs, heart, ionosphere, sonar), which check it; or a comma list of names of either.
+Per set and candidate: test NLL mean ± SE over the splits, the paired difference to the reference candidate
+(``--reference``, default logreg) ± its SE, and the median fit time. On the test sets also the paper's SEP
+figure ± SE (Table 1, m = 25%) and whether the two targets of issue 29 hold for each candidate.
+
+    PYTHONPATH=. taskset -c 0 python benchmarks/size_rule.py --sets test --candidates auto,logreg --blas-threads 1
+    PYTHONPATH=. taskset -c 0 python benchmarks/size_rule.py --sets test --candidates auto,logreg --first-split 100 \\
+        --blas-threads 1
+    PYTHONPATH=. python benchmarks/size_rule.py --sets study --candidates all,m100,m100-fixed,logreg --splits 5
+    PYTHONPATH=. python benchmarks/size_rule.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import small_data_defaults as study  # noqa: E402
+import uci_binary  # noqa: E402
+from _machine import DEFAULT_DATA_DIR  # noqa: E402
+from _protocol import (  # noqa: E402
+    finish, load_npz, mean_se, parse_list, run_grid, split_indices, standardised_splits, start, write_results_json,
+)
+
+TEST_SETS = study.TEST_SETS
+CANDIDATE = re.compile(r"^(auto|all|logreg|m(\d+)(-fixed)?)(-es)?$")
+HELD_OUT = 0.2  # "-es": the share of the training rows held out to stop on
+PATIENCE = 20  # "-es": n_iter_no_change
+
+
+class HeldOutStopping:
+    """``-es`` candidates: the estimator fitted on 80% of the training rows, scored every iteration on the other
+    20% (drawn at random, seeded by the split), stopped after ``PATIENCE`` iterations without a better held-out NLL
+    and kept at its best (``fit(validation_data=...)``, ``n_iter_no_change``)."""
+
+    def __init__(self, model, seed):
+        self.model, self.seed = model, seed
+
+    def fit(self, X, y):
+        order = np.random.default_rng(self.seed).permutation(len(y))
+        held = order[:int(round(HELD_OUT * len(y)))]
+        kept = order[len(held):]
+        self.model.set_params(n_iter_no_change=PATIENCE)
+        self.model.fit(X[kept], y[kept], validation_data=(X[held], y[held]))
+        self.classes_ = self.model.classes_
+        return self
+
+    def predict_proba(self, X):
+        return self.model.predict_proba(X)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke test: moons-300, 1 split, auto and logreg")
+    p.add_argument("--sets", default="test", help="'study', 'test' or a comma list of set names (default test)")
+    p.add_argument("--candidates", default="auto,logreg", help="comma list: auto, all, mK, mK-fixed, logreg")
+    p.add_argument("--reference", default="logreg", help="the candidate the paired differences are taken to")
+    p.add_argument("--splits", type=int, default=20, help="random 90/10 splits (default 20)")
+    p.add_argument("--first-split", type=int, default=0, help="number of the first split (default 0; e.g. 100)")
+    p.add_argument("--max-iter", type=int, default=None, help="agpc max_iter (default: the library's)")
+    p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="folder with the .npz files (default ../shared/data)")
+    p.add_argument("--json", default=None, help="also write the per-split results to this JSON file")
+    p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sets, args.candidates, args.splits, args.max_iter = "moons-300", "auto,logreg", 1, args.max_iter or 5
+        args.blas_threads = 1 if args.blas_threads is None else args.blas_threads
+    if args.sets == "study":
+        args.sets = list(study.DATASETS)
+    elif args.sets == "test":
+        args.sets = list(TEST_SETS)
+    else:
+        args.sets = parse_list(args.sets, study.DATASETS + TEST_SETS, "set")
+    args.candidates = parse_list(args.candidates)
+    bad = [c for c in args.candidates if not CANDIDATE.match(c)]
+    if bad:
+        raise SystemExit(f"unknown candidates {bad}: use auto, all, mK, mK-fixed, logreg")
+    return args
+
+
+def make_model(candidate, split, max_iter):
+    """A fresh estimator for ``candidate`` (see the module docstring)."""
+    if candidate == "logreg":
+        from sklearn.linear_model import LogisticRegression
+
+        return LogisticRegression(max_iter=1000)
+    import agpc
+
+    options = {"random_state": split}
+    if max_iter is not None:
+        options["max_iter"] = max_iter
+    match = CANDIDATE.match(candidate)
+    if match.group(4):
+        return HeldOutStopping(make_model(candidate[:-3], split, max_iter), split)
+    if match.group(1) == "all":
+        options["n_inducing"] = "all"
+    elif match.group(2):
+        options["n_inducing"] = int(match.group(2))
+        if match.group(3):
+            options["optimize"] = "kernel"
+    return agpc.GPClassifier(**options)
+
+
+def load(name, data_dir):
+    if name in TEST_SETS:
+        path = Path(data_dir) / f"{name}.npz"
+        return load_npz(data_dir, name)[:2] if path.is_file() else None
+    return study.load(name, data_dir)
+
+
+def print_table(results, found, candidates, reference, test_sets):
+    print("\n### Test NLL (mean ± SE over the splits), paired difference to " + reference
+          + " (± SE of the paired difference), median fit seconds\n")
+    print("| set | n_train | d | classes | candidate | test NLL | - " + reference + " | median fit s | median CPU s | "
+          "errors |")
+    print("|---|---:|---:|---:|---|---|---|---:|---:|---:|")
+    for name, (d, n_classes) in found.items():
+        ref = results.get((name, 0.0, reference))
+        for candidate in candidates:
+            rec = results.get((name, 0.0, candidate))
+            if rec is None or not rec.nll:
+                continue
+            mean, se, _ = mean_se(rec.nll)
+            cell = ""
+            if ref is not None and candidate != reference and len(ref.nll) == len(rec.nll):
+                diff, diff_se, _ = mean_se(np.asarray(rec.nll) - np.asarray(ref.nll))
+                cell = f"{diff:+.3f} ± {diff_se:.3f}"
+            print(f"| {name} | {rec.n_train} | {d} | {n_classes} | {candidate} | {mean:.3f} ± {se:.3f} | {cell} | "
+                  f"{np.median(rec.time):.2f} | {np.median(rec.cpu):.2f} | {len(rec.failures)} |")
+    checks = [n for n in found if n in test_sets]
+    if not checks:
+        return
+    paper = uci_binary.PAPER_TABLE1[0.25]
+    print("\n### Issue 29's targets on the test sets: test NLL <= paper SEP + SE (Table 1, m = 25%, ± / sqrt(20)), "
+          f"and - {reference} <= one SE of the paired difference\n")
+    print("| set | candidate | test NLL | paper SEP ± SE | <= paper + SE | - " + reference + " | <= SE | median fit s | "
+          "median CPU s |")
+    print("|---|---|---|---|---|---|---|---:|---:|")
+    for name in checks:
+        ref = results.get((name, 0.0, reference))
+        p_mean, p_pm = paper[name][1]
+        p_se = p_pm / np.sqrt(20)
+        y_train = found_labels[name]
+        share = np.bincount(np.searchsorted(np.unique(y_train), y_train)) / len(y_train)
+        near_chance = p_mean > uci_binary.NEAR_CHANCE * float(-np.sum(share * np.log(share)))
+        for candidate in candidates:
+            rec = results.get((name, 0.0, candidate))
+            if candidate == reference or rec is None or not rec.nll or ref is None or len(ref.nll) != len(rec.nll):
+                continue
+            mean, se, _ = mean_se(rec.nll)
+            diff, diff_se, _ = mean_se(np.asarray(rec.nll) - np.asarray(ref.nll))
+            paper_ok = "near chance" if near_chance else ("yes" if mean <= p_mean + p_se else "**no**")
+            print(f"| {name} | {candidate} | {mean:.3f} ± {se:.3f} | {p_mean:.2f} ± {p_se:.3f} | {paper_ok} | "
+                  f"{diff:+.3f} ± {diff_se:.3f} | {'yes' if diff <= diff_se else '**no**'} | "
+                  f"{np.median(rec.time):.2f} | {np.median(rec.cpu):.2f} |")
+
+
+found_labels = {}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import sklearn.linear_model  # noqa: F401  (before the BLAS limit)
+
+    limiter, t0 = start("Model size by the data: n_inducing candidates, nothing else set, against logistic regression",
+                        args.blas_threads, argv)
+    tasks, found = {}, {}
+    for name in args.sets:
+        data = load(name, args.data_dir)
+        if data is None:
+            print(f"{name}: not found under {args.data_dir}, skipped.")
+            continue
+        X, y = np.asarray(data[0], dtype=np.float64), np.asarray(data[1])
+        tasks[name] = standardised_splits(X, y, lambda split, n=X.shape[0]: split_indices(n, split, 0.1))
+        found[name] = (X.shape[1], len(np.unique(y)))
+        found_labels[name] = y
+    splits = range(args.first_split, args.first_split + args.splits)
+    print(f"\nSplits {splits.start} to {splits.stop - 1}, random 90/10, features standardised on the training part; "
+          f"candidates {', '.join(args.candidates)}; agpc max_iter {args.max_iter or 'the default'}.")
+    results = run_grid(tasks, splits, [0.0], args.candidates,
+                       lambda candidate, m, split: make_model(candidate, split, args.max_iter), lambda *_: 0)
+    print_table(results, found, args.candidates, args.reference, TEST_SETS)
+    if args.json:
+        write_results_json(args.json, results)
+    finish(t0, limiter)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

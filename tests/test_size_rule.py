@@ -1,0 +1,96 @@
+"""``n_inducing="auto"`` (the default) sizes the model by the data (``agpc.size_rule``, docs/small_data_defaults.md):
+the rule itself, and one tiny fit per branch of it."""
+
+import numpy as np
+import pytest
+
+from agpc import GPClassifier, size_rule
+from agpc.inference import ep
+from agpc.size_rule import ALL_MAX_ROWS, EXACT_MAX_ROWS, SPARSE_INDUCING, ModelSize, model_size
+from conftest import to_np
+
+
+def _data(n=40, seed=0, classes=2):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 3))
+    score = X[:, 0] + np.sin(2 * X[:, 1])
+    y = (score > 0).astype(int) if classes == 2 else np.digitize(score, np.quantile(score, [1 / 3, 2 / 3]))
+    return X, y
+
+
+@pytest.mark.parametrize("n_inducing,n_rows,exact,known,expected,classes", [
+    ("auto", EXACT_MAX_ROWS, True, True, ModelSize(EXACT_MAX_ROWS, True), 2),  # up to the threshold: the exact model
+    ("auto", 60, True, True, ModelSize(60, True), 2),
+    ("auto", EXACT_MAX_ROWS + 1, True, True, ModelSize(SPARSE_INDUCING, False), 2),  # above it: the sparse model
+    ("auto", 300, False, True, ModelSize(SPARSE_INDUCING, False), 2),  # no full-GP pass: sparse at every size
+    ("auto", 50, False, True, ModelSize(50, False), 2),  # (never more inducing points than rows)
+    ("auto", 2_000_000, True, True, ModelSize(SPARSE_INDUCING, False), 2),  # airline: as before the rule
+    ("auto", 300, True, False, ModelSize(SPARSE_INDUCING, False), 2),  # a stream or a dask array
+    ("auto", 150, True, True, ModelSize(SPARSE_INDUCING, False), 3),  # more than two classes: sparse
+    ("all", 900, False, True, ModelSize(900, True), 2),
+    (7, 300, True, True, ModelSize(7, False), 2),  # an integer: as before the rule
+])
+def test_the_rule(n_inducing, n_rows, exact, known, expected, classes):
+    assert model_size(n_inducing, n_rows, has_exact_pass=exact, rows_known=known, n_classes=classes) == expected
+
+
+def test_all_is_refused_where_there_are_no_rows_to_put_points_at():
+    with pytest.raises(ValueError, match="needs the rows whole"):
+        model_size("all", 100, has_exact_pass=True, rows_known=False)
+    with pytest.raises(ValueError, match=f"more than {ALL_MAX_ROWS}"):
+        model_size("all", ALL_MAX_ROWS + 1, has_exact_pass=True)
+
+
+def test_small_binary_ep_is_the_exact_model_by_its_full_gp_pass(monkeypatch):
+    """Nothing set, a few rows: the inducing points are the rows, held there; the kernel is learned; and the steps
+    run on ``exact_ep`` (inducing-point EP's pass is never called, except where it is asked for by an integer)."""
+    X, y = _data()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the exact model trains on agpc.inference.exact_ep")
+
+    monkeypatch.setattr(ep, "evaluate", refuse)
+    model = GPClassifier(max_iter=5, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(to_np(model.inducing_points_), X)
+    start = GPClassifier._default_kernel(X)
+    assert not np.allclose(to_np(model.kernel_.params["log_lengthscales"]), to_np(start.params["log_lengthscales"]))
+    assert model.predict_proba(X).shape == (40, 2)
+    with pytest.raises(AssertionError, match="exact_ep"):
+        GPClassifier(n_inducing=10, max_iter=5, random_state=0).fit(X, y)
+
+
+def test_above_the_threshold_and_without_a_full_gp_pass_the_model_is_sparse(monkeypatch):
+    monkeypatch.setattr(size_rule, "EXACT_MAX_ROWS", 30)
+    monkeypatch.setattr(size_rule, "SPARSE_INDUCING", 8)
+    X, y = _data()
+    model = GPClassifier(max_iter=3, random_state=0).fit(X, y)
+    assert model.inducing_points_.shape == (8, 3)
+    monkeypatch.setattr(size_rule, "EXACT_MAX_ROWS", 100)
+    for method in ("sep", "svi"):  # no full-GP pass: sparse whatever the size
+        assert GPClassifier(method=method, max_iter=3, random_state=0).fit(X, y).inducing_points_.shape == (8, 3)
+    assert GPClassifier(batch_size=10, max_iter=1, random_state=0).fit(X, y).inducing_points_.shape == (8, 3)
+    X3, y3 = _data(45, classes=3)  # more than two classes: sparse
+    assert GPClassifier(max_iter=2, random_state=0).fit(X3, y3).inducing_points_.shape == (3, 8, 3)
+
+
+def test_multiclass_all_is_the_exact_model_by_the_full_gp_pass(monkeypatch):
+    """Three classes, n_inducing="all": every class's inducing points are the rows, trained on exact_ep."""
+    from agpc.inference import multiclass_ep
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the exact model trains on agpc.inference.exact_ep")
+
+    monkeypatch.setattr(multiclass_ep, "evaluate", refuse)
+    X3, y3 = _data(45, classes=3)
+    model = GPClassifier(n_inducing="all", max_iter=3, random_state=0).fit(X3, y3)
+    Z = to_np(model.inducing_points_)
+    assert Z.shape == (3, 45, 3) and all(np.array_equal(Z[c], X3) for c in range(3))
+    assert model.predict_proba(X3).shape == (45, 3)
+
+
+def test_all_puts_the_points_at_the_rows_for_every_method():
+    X, y = _data(30)
+    model = GPClassifier(method="sep", n_inducing="all", max_iter=3, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(to_np(model.inducing_points_), X)  # held there: not learned
+    with pytest.raises(ValueError, match="needs the rows whole"):
+        GPClassifier(method="sep", n_inducing="all").partial_fit(X, y)
