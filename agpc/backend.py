@@ -11,9 +11,11 @@ conforming library.
 from __future__ import annotations
 
 import contextvars
+import ctypes
 import importlib
 import math
 import os
+import threading
 import types
 import warnings
 from collections import Counter
@@ -22,6 +24,7 @@ from contextlib import contextmanager
 import numpy as np
 import scipy.linalg
 import scipy.linalg.blas
+import scipy.linalg.cython_blas
 import scipy.linalg.lapack
 import scipy.special
 from array_api_compat import array_namespace as _compat_array_namespace
@@ -54,6 +57,12 @@ __all__ = [
     "array_device",
     "resolve_backend",
     "solve_triangular",
+    "capped_exp",
+    "add_outer",
+    "scaled_columns",
+    "matmul",
+    "scratch",
+    "shares_host_threads",
     "lower_triangular_inverse",
     "triangular_matmul",
     "cholesky_inverse",
@@ -61,6 +70,7 @@ __all__ = [
     "prefers_inverses",
     "reference_paths",
     "counting_fast_calls",
+    "blas_releasing_the_lock",
     "add_to_diagonal",
     "cholesky",
     "cholesky_or_nan",
@@ -626,14 +636,18 @@ def cluster_sums(labels, X, n_clusters):
 # linear algebra
 #
 # Every operation below is written once against the array API standard (the reference, which runs on any
-# conforming library) and, where it pays, has a NumPy fast path that calls BLAS / LAPACK directly through
-# scipy.linalg.blas / lapack: no argument checks or copies of scipy.linalg's wrappers, triangular products
-# (trmm) where the standard has only general ones, and C-ordered arrays handed to Fortran routines as their
-# transposes (a C-ordered L is the Fortran-ordered L^T), so that no array changes memory order. The fast paths
-# give the reference's results to round-off; ``reference_paths()`` turns them off (tests, benchmarks).
+# conforming library) and, where it pays, has a NumPy fast path: BLAS / LAPACK called directly through
+# scipy.linalg.blas / lapack (the 2-D triangular products and solves and the rank-one update through cython_blas,
+# which releases the interpreter lock: ``_unlocked_blas``), or results written into a caller's array (``out``,
+# ``scratch``). No argument checks or copies of scipy.linalg's wrappers, triangular products (trmm) where the
+# standard has only general ones, and C-ordered arrays handed to Fortran routines as their transposes (a C-ordered
+# L is the Fortran-ordered L^T), so that no array changes memory order. The fast paths give the reference's
+# results to round-off; ``reference_paths()`` turns them all off (tests, benchmarks).
 
 _FAST_PATHS = contextvars.ContextVar("agpc_fast_paths", default=True)
 _FAST_CALLS = contextvars.ContextVar("agpc_fast_calls", default=None)
+_FAST_CALLS_LOCK = threading.Lock()
+_RELEASE_LOCK = contextvars.ContextVar("agpc_blas_releasing_the_lock", default=False)
 _FAST_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 _ROUTINES = {}
 
@@ -641,7 +655,8 @@ _ROUTINES = {}
 @contextmanager
 def reference_paths():
     """Inside, NumPy arrays take the array-API reference code of every operation that has a NumPy fast path
-    (for comparing the two, in tests and benchmarks)."""
+    (for comparing the two, in tests and benchmarks). Like ``counting_fast_calls``, a context variable: threads
+    started inside see it when they run in a copy of the caller's context (``contextvars.copy_context``)."""
     token = _FAST_PATHS.set(False)
     try:
         yield
@@ -659,6 +674,19 @@ def counting_fast_calls():
         yield calls
     finally:
         _FAST_CALLS.reset(token)
+
+
+@contextmanager
+def blas_releasing_the_lock():
+    """Inside, the fast paths' 2-D triangular products and solves and their rank-one updates call BLAS with the
+    interpreter lock released (``_unlocked_blas``), for Python threads that share array work (the blocks of a pass:
+    ``agpc.inference.ep.map_blocks``). Outside, SciPy's Python wrappers, which hold the lock but cost a little less
+    (a SEP minibatch step at m = 200 took 2-3.5% longer through ctypes, interleaved)."""
+    token = _RELEASE_LOCK.set(True)
+    try:
+        yield
+    finally:
+        _RELEASE_LOCK.reset(token)
 
 
 def _fast(*arrays):
@@ -685,7 +713,8 @@ def _routine(kind, name, dtype):
         routine = _ROUTINES[key] = getter(name, dtype=dtype)
     calls = _FAST_CALLS.get()
     if calls is not None:
-        calls[routine.typecode + name] += 1
+        with _FAST_CALLS_LOCK:  # (the threads of a pass count into the caller's Counter)
+            calls[routine.typecode + name] += 1
     return routine
 
 
@@ -699,10 +728,77 @@ def _fortran_view(M):
     return np.asfortranarray(M), False
 
 
+# SciPy's Python BLAS wrappers (scipy.linalg.blas, made by f2py) hold the interpreter lock for the whole call: their
+# signature files declare no ``threadsafe``: during a 2000 x 3000 trmm of 190 ms another Python thread stood still for
+# 145 ms at a stretch (through ctypes, 8 ms: the interpreter's switch interval under load). The blocks of a batch pass
+# run on Python threads (``agpc.inference.ep.map_blocks``), so one thread's trmm would stall the others. The same
+# routines of SciPy's cython_blas (its BLAS for Cython code: Fortran interface, every argument by address), called
+# through ctypes as C functions (``CFUNCTYPE``: ctypes releases the lock for the call), run with the lock released.
+# Their addresses come from the module's table of C functions (``__pyx_capi__``, as Numba finds SciPy's LAPACK), whose
+# capsule names spell each routine's C signature: a routine is used only when that signature is the one called here;
+# otherwise, or when the table lacks it, the f2py wrapper does the same work holding the lock. NumPy's matmul also
+# releases it but has no triangular product. One batch EP iteration (n = 10^5, two threads; median ratios of
+# interleaved runs, two runs on a loaded machine) took, against this path, 1.13-1.30 (m = 200) and 1.27-1.32 (m = 500)
+# times as long with the f2py wrappers, 1.24-1.30 / 1.16-1.24 with NumPy matmuls over the triangle's bands and
+# 1.25-1.42 / 1.39-1.51 with the whole triangle. Only the threads of a pass take this path
+# (``blas_releasing_the_lock``): on one thread the wrappers cost a little less.
+_UNLOCKED_BLAS = {}
+_UNLOCKED_SIGNATURES = {  # each argument's C type: c char *, i int *, f the routine's float type *
+    "trmm": "cccciiffifi",
+    "trsm": "cccciiffifi",
+    "ger": "iiffififi",
+}
+
+
+def _capsule_signature(capsule, typecode):
+    """The argument kinds (``_UNLOCKED_SIGNATURES``' letters) of a cython_blas capsule's C signature, from its name
+    (``void (char *, int *, __pyx_t_..._d *, ...)``), or None when it names another kind of argument."""
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    name = get_name(capsule).decode()
+    if not (name.startswith("void (") and name.endswith(")")):
+        return None
+    kinds = {"char *": "c", "int *": "i", f"__pyx_t_5scipy_6linalg_11cython_blas_{typecode} *": "f"}
+    letters = [kinds.get(argument.strip()) for argument in name[len("void ("):-1].split(",")]
+    return None if None in letters else "".join(letters)
+
+
+def _unlocked_blas(name):
+    """The ctypes function of cython_blas routine ``name`` ("dtrmm"; arguments by address; the interpreter lock
+    released while it runs), or None when the table lacks it or its signature is not the expected one."""
+    if name not in _UNLOCKED_BLAS:
+        routine = None
+        try:
+            capsule = scipy.linalg.cython_blas.__pyx_capi__[name]
+            expected = _UNLOCKED_SIGNATURES[name[1:]]
+            if _capsule_signature(capsule, name[0]) == expected:
+                get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+                get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+                get_name = ctypes.pythonapi.PyCapsule_GetName
+                address = get_pointer(capsule, get_name(capsule))
+                routine = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(expected)))(address)
+        except (AttributeError, KeyError, ValueError, TypeError):
+            routine = None
+        _UNLOCKED_BLAS[name] = routine
+    return _UNLOCKED_BLAS[name]
+
+
+# alpha = 1 of the unlocked routines, by type (read-only, shared by every call and thread)
+_ONE = {np.dtype(np.float64): ctypes.c_double(1.0), np.dtype(np.float32): ctypes.c_float(1.0)}
+
+
+def _integer_addresses(*values):
+    """(holder, addresses): Fortran integer arguments in one ctypes array and their addresses (the holder keeps them
+    alive for the call)."""
+    holder = (ctypes.c_int * len(values))(*values)
+    start, size = ctypes.addressof(holder), ctypes.sizeof(ctypes.c_int)
+    return holder, [start + size * i for i in range(len(values))]
+
+
 def _triangular_blas(name, L, B, trans, right, overwrite):
     """op(L) @ B / B @ op(L) (``name`` "trmm") or op(L)^-1 @ B / B @ op(L)^-1 ("trsm") for lower-triangular L
-    and a 2-D B, op the transpose when ``trans``, by one BLAS call; the result has B's memory order. A vector
-    B (left side only): "trmv" / "trsv"."""
+    and a 2-D B, op the transpose when ``trans``, by one BLAS call (inside ``blas_releasing_the_lock``, with the
+    interpreter lock released); the result has B's memory order. A vector B (left side only): "trmv" / "trsv"."""
     a, a_transposed = _fortran_view(L)  # a holds L (lower) or L^T (upper)
     if B.ndim == 1:
         vector_name = {"trmm": "trmv", "trsm": "trsv"}[name]
@@ -711,8 +807,19 @@ def _triangular_blas(name, L, B, trans, right, overwrite):
     b, b_transposed = _fortran_view(B)
     if b_transposed:  # b holds B^T: compute X^T, in which op(L) becomes op(L)^T on the other side
         trans, right = not trans, not right
-    out = _routine("blas", name, B.dtype)(1.0, a, b, side=int(right), lower=int(not a_transposed),
-                                          trans_a=int(trans != a_transposed), overwrite_b=int(overwrite))
+    side, lower, trans_a = int(right), int(not a_transposed), int(trans != a_transposed)
+    routine = _routine("blas", name, B.dtype)
+    unlocked = _unlocked_blas(routine.typecode + name) if _RELEASE_LOCK.get() else None
+    if unlocked is None:
+        out = routine(1.0, a, b, side=side, lower=lower, trans_a=trans_a, overwrite_b=int(overwrite))
+    elif b.size == 0:  # (BLAS refuses a leading dimension of 0)
+        out = np.array(b, order="F")
+    else:
+        out = b if overwrite and b.flags.writeable else np.array(b, order="F")  # (f2py's copy, when not overwrite)
+        rows, cols = out.shape
+        integers, (m, n, lda, ldb) = _integer_addresses(rows, cols, a.shape[0], rows)
+        unlocked(b"R" if side else b"L", b"L" if lower else b"U", b"T" if trans_a else b"N", b"N", m, n,
+                 ctypes.addressof(_ONE[B.dtype]), a.ctypes.data, lda, out.ctypes.data, ldb)
     return out.T if b_transposed else out
 
 
@@ -737,15 +844,78 @@ def solve_triangular(L, B, *, lower=True, trans=False):
     return xp.linalg.solve(A, B)
 
 
-def triangular_matmul(L, B, *, trans=False, right=False, overwrite=False):
+def shares_host_threads(x):
+    """Whether Python threads can share array work on x's library: NumPy, whose operations (matmul, ufuncs,
+    einsum, and the BLAS calls below) release the interpreter lock. Other libraries run their own parallelism (a
+    GPU) or none."""
+    return isinstance(x, np.ndarray)
+
+
+def scratch(shape, like):
+    """An uninitialised array of ``like``'s type to pass as ``out`` to the functions below and reuse, on NumPy;
+    None elsewhere (they then return new arrays, the only way the standard has)."""
+    if isinstance(like, np.ndarray):
+        return np.empty(shape, dtype=like.dtype)
+    return None
+
+
+def triangular_matmul(L, B, *, trans=False, right=False, overwrite=False, out=None):
     """op(L) @ B, or B @ op(L) when ``right``, for a lower-triangular L (zeros above the diagonal) and a
     matrix B (or a vector, on the left); op is the transpose when ``trans``. The reference is a general matrix
-    product; the NumPy fast path one trmm (half the arithmetic). ``overwrite``: B is the caller's temporary,
-    and may be overwritten."""
+    product; the NumPy fast path one trmm (half the arithmetic, and for the tall-and-wide B of a block of rows
+    faster than gemm), which releases the interpreter lock inside ``blas_releasing_the_lock``. ``overwrite``: B is the caller's
+    temporary, and may be overwritten; ``out`` (from ``scratch``, B's shape and memory order): where the fast
+    path writes the result. Callers use the return value."""
     if (B.ndim == 2 or not right) and _fast(L, B):
+        if out is not None and _fast(B, out) and out.shape == B.shape:
+            np.copyto(out, B)
+            B, overwrite = out, True
         return _triangular_blas("trmm", L, B, trans, right, overwrite)
     op = L.mT if trans else L
     return B @ op if right else op @ B
+
+
+def matmul(a, b, *, out=None):
+    """a @ b, on the NumPy fast path written into ``out`` when given (``scratch``); elsewhere a new array."""
+    if out is not None and _fast(a, b, out):
+        return np.matmul(a, b, out=out)
+    return a @ b
+
+
+def scaled_columns(A, w, *, out=None):
+    """A diag(w) for A (m, k), w (k,): on the NumPy fast path written into ``out`` when given."""
+    if out is not None and _fast(A, w, out):
+        return np.multiply(A, w[None, :], out=out)
+    return A * w[None, :]
+
+
+def capped_exp(E, cap):
+    """exp(minimum(E, cap)); on the NumPy fast path in E's memory (E is overwritten: pass a temporary), elsewhere
+    new arrays. A kernel block's exponent is n x m: two fresh n x m arrays cost more than the arithmetic."""
+    if _fast(E) and E.flags.writeable:
+        np.minimum(E, cap, out=E)
+        return np.exp(E, out=E)
+    xp = array_namespace(E)
+    return xp.exp(xp.minimum(E, cap))
+
+
+def add_outer(M, u, v):
+    """M + u v^T for M (k, l), u (k,), v (l,). On the NumPy fast path in M's memory (M is overwritten; callers
+    use the return value): one BLAS rank-one update (ger), which releases the interpreter lock inside
+    ``blas_releasing_the_lock``. Elsewhere a new array."""
+    if _fast(M, u, v) and M.ndim == 2 and M.size and M.flags.c_contiguous and M.flags.writeable:
+        u, v = np.ascontiguousarray(u), np.ascontiguousarray(v)
+        ger = _routine("blas", "ger", M.dtype)
+        unlocked = _unlocked_blas(ger.typecode + "ger") if _RELEASE_LOCK.get() else None
+        if unlocked is None:
+            ger(1.0, v, u, a=M.T, overwrite_a=1)  # M.T (Fortran-ordered) += v u^T
+            return M
+        k, l = M.shape
+        integers, (rows, cols, step, ld) = _integer_addresses(l, k, 1, l)
+        unlocked(rows, cols, ctypes.addressof(_ONE[M.dtype]), v.ctypes.data, step, u.ctypes.data, step, M.ctypes.data,
+                 ld)
+        return M
+    return M + u[:, None] * v[None, :]
 
 
 def lower_triangular_inverse(L):
@@ -879,7 +1049,10 @@ def row_dot(A, B, *, axis=-1):
     the size of A: ``vecdot`` on NumPy (a generalised ufunc) and on other libraries, and on CuPy, which has no
     ``vecdot`` (array-api-compat's stand-in moves the axis, copies both operands for ``conj`` and contiguity and runs
     a batched (1 x m)(m x 1) product), one reduction kernel. Row norms of an (n, m) block: ``row_dot(A, A)``; column
-    norms of an (m, n) one: ``row_dot(A, A, axis=-2)``."""
+    norms of an (m, n) one: ``row_dot(A, A, axis=-2)``, on the NumPy fast path an einsum, which streams both arrays
+    once (NumPy's vecdot along the strided axis ran 2-2.6 times slower at m = 200-500)."""
+    if axis in (0, -2) and A.ndim == 2 and _fast(A, B) and A.shape == B.shape:
+        return np.einsum("ij,ij->j", A, B)
     xp = array_namespace(A, B)
     if is_cupy_namespace(xp):
         import cupy

@@ -37,9 +37,9 @@ _FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": full batch up to here, miniba
 # What one binary minibatch step asks of a GPU, counted on CuPy's paths (tests/step_cost.py; docs/gpu.md): kernel
 # launches for its first row block and for each further one, flops per row per m^2 and elements moved per row per m
 # (m >= 200). gpu_tests/test_gpu_batch.py holds them to a counted step of each method.
-_EP_STEP = {"launches": 380, "block_launches": 175, "flops_per_row_m2": 13.7, "elements_per_row_m": 86.0}
+_EP_STEP = {"launches": 380, "block_launches": 175, "flops_per_row_m2": 13.7, "elements_per_row_m": 64.0}
 GPU_STEP_MODEL = {"sep": _EP_STEP, "ep": _EP_STEP, "adf": _EP_STEP,
-                  "svi": {"launches": 320, "block_launches": 130, "flops_per_row_m2": 10.2, "elements_per_row_m": 68.0}}
+                  "svi": {"launches": 320, "block_launches": 130, "flops_per_row_m2": 10.2, "elements_per_row_m": 46.0}}
 _GPU_STEPS_PER_EPOCH = 8  # the GPU's minibatch is at most n / 8 rows: the hyper-parameters move 8 times an epoch
 
 
@@ -131,7 +131,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         on the benchmark data sets, ``tests/test_float32.py``).
     block_rows : int or None, default=None
         Rows per block of the passes over all rows (batch EP, GFITC, multiclass, the variational methods, the
-        final pass, prediction): their n x m temporaries are a block's. ``None``: about 16 MB per n x m
+        final pass, prediction): their n x m temporaries are a block's (a batch EP pass on several threads
+        shares a block's rows among them). ``None``: about 16 MB per n x m
         temporary, and on a GPU no more than fit in half of the device's free memory at the pass's bytes per
         row (``agpc.inference.ep.default_block_rows``). Lower it when a fit or a prediction stops with
         ``agpc.backend.BlockMemoryError`` (a MemoryError naming the block rows it ran out of memory with). On a

@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from .backend import array_device, array_namespace, asarray_like, host_array, row_dot, to_numpy
+from .backend import array_device, array_namespace, asarray_like, capped_exp, host_array, matmul, row_dot, to_numpy
 from .priors import LogNormal, Prior, prior_from_spec
 
 __all__ = [
@@ -235,6 +235,32 @@ class Kernel:
         return f", priors={own!r}" if own else ""
 
 
+# From this many entries (512 KB of float64) a cross-covariance block is formed from one product of augmented inputs
+# (``_augmented_pair``): below it (a minibatch step's blocks) the extra small operations cost more than the n x m
+# temporaries they save.
+_AUGMENTED_MIN_ELEMENTS = 1 << 16
+
+
+def _augments(Xs, Zs):
+    """Whether K(X, Z) is formed from augmented inputs: two different input sets with many pairs."""
+    return Zs is not Xs and Xs.shape[0] * Zs.shape[0] >= _AUGMENTED_MIN_ELEMENTS
+
+
+def _augmented_pair(Xc, Zc, cross, norm_scale, x_offset, z_offset):
+    """(left, right) with left @ right^T = cross x.z + norm_scale (|x|^2 + |z|^2) + x_offset + z_offset for every
+    pair of rows of Xc (n, d) and Zc (m, d): the inputs augmented by their scaled squared norms and a column of
+    ones. One (n, d + 2) x (d + 2, m) product writes the n x m result once, where the sum of a Gram matrix and
+    two broadcast norms made four n x m temporaries (a block pass at m = 200 spent more in them than in its
+    O(n m^2) products). The sum is the same as before, accumulated in another order: |x|^2 + |z|^2 - 2 x.z
+    loses eps (|x|^2 + |z|^2) either way, which centring the inputs keeps small (``_r2``)."""
+    xp = array_namespace(Xc, Zc)
+    ones_x = xp.ones((Xc.shape[0], 1), dtype=Xc.dtype, device=array_device(Xc))
+    ones_z = xp.ones((Zc.shape[0], 1), dtype=Zc.dtype, device=array_device(Zc))
+    x2 = norm_scale * row_dot(Xc, Xc) + x_offset
+    z2 = norm_scale * row_dot(Zc, Zc) + z_offset
+    return (xp.concat([cross * Xc, x2[:, None], ones_x], axis=1), xp.concat([Zc, ones_z, z2[:, None]], axis=1))
+
+
 class Stationary(Kernel):
     """Base of stationary kernels k(x, z) = amplitude * kappa(r^2), r^2 = sum_j ((x_j - z_j)/l_j)^2.
 
@@ -259,6 +285,7 @@ class Stationary(Kernel):
 
     name = "Stationary"
     finite_reach = True
+    _dK_dr2_per_K = None  # c when dK / d(r^2) = c K (RBF: -1/2): the gradient then needs no dK / d(r^2) block
     profile_parameters = ()  # parameters of kappa itself (a rational quadratic's alpha)
     parameters = (
         Parameter("lengthscales", shape=PER_DIMENSION),
@@ -357,6 +384,9 @@ class Stationary(Kernel):
         xp = array_namespace(Xs, Zs)
         centre = xp.mean(Zs, axis=0)
         Xc = Xs - centre
+        if _augments(Xs, Zs):
+            left, right = _augmented_pair(Xc, Zs - centre, -2.0, 1.0, 0.0, 0.0)
+            return xp.maximum(left @ right.mT, 0.0)
         Zc = Xc if Zs is Xs else Zs - centre
         gram = Xc @ Zc.mT
         if Zc is Xc:
@@ -375,11 +405,21 @@ class Stationary(Kernel):
         r2 += z2[None, :]
         return xp.maximum(r2, 0.0)
 
-    def K(self, X, Z=None):
-        """Cross-covariance K(X, Z) (no noise term), shape (n, m); ``Z=None`` means K(X, X) without noise."""
+    def K(self, X, Z=None, *, out=None):
+        """Cross-covariance K(X, Z) (no noise term), shape (n, m); ``Z=None`` means K(X, X) without noise.
+        ``out``: an array of that shape the result may be written into (``backend.scratch``; kernels that form
+        a block in one product use it, the others ignore it: callers use the return value)."""
         Xs = self._scaled(X)
         Zs = Xs if Z is None else self._scaled(Z)
+        if _augments(Xs, Zs):
+            block = self._large_block(Xs, Zs, out)
+            if block is not None:
+                return block
         return self.amplitude * self.kappa(self._r2(Xs, Zs))
+
+    def _large_block(self, Xs, Zs, out):
+        """K of a block of many pairs formed in fewer passes than kappa(r^2) takes (RBF), or None."""
+        return None
 
     def Kdiag(self, X):
         """Prior variances of f at the data points, amplitude + noise, shape (n,)."""
@@ -390,13 +430,15 @@ class Stationary(Kernel):
 
     # -- gradients -------------------------------------------------------------------------------
 
-    def _distance_grads(self, G, Xs, Zs):
-        """Chain rule through r^2 for a block whose adjoint w.r.t. r^2 is G (shape (n, m)).
+    def _distance_grads(self, G, Xs, Zs, scale=1.0):
+        """Chain rule through r^2 for a block whose adjoint w.r.t. r^2 is ``scale`` G (shape (n, m)).
 
-        Returns (gradient w.r.t. log lengthscales (d,), gradient w.r.t. Z (m, d)), the latter through both
-        arguments when the block is K(Z, Z) (``Xs is Zs``); X is data (no gradient w.r.t. it).
-        r2_nm = sum_j (xs_nj - zs_mj)^2 with xs = x / l, so d r2 / d log l_j = -2 (xs_nj - zs_mj)^2, summed over
-        the block as row . xs_j^2 + col . zs_j^2 - 2 xs_j . (G zs)_j (row / col: G's row / column sums).
+        Returns (gradient w.r.t. log lengthscales (d,), gradient w.r.t. Z (m, d), the column sums of G (m,)),
+        the gradient w.r.t. Z through both arguments when the block is K(Z, Z) (``Xs is Zs``); X is data (no
+        gradient w.r.t. it). r2_nm = sum_j (xs_nj - zs_mj)^2 with xs = x / l, so d r2 / d log l_j =
+        -2 (xs_nj - zs_mj)^2, summed over the block as row . xs_j^2 + col . zs_j^2 - 2 xs_j . (G zs)_j (row / col:
+        G's row / column sums). For K(X, Z) every term comes from one product, G^T [xs, xs^2, 1] (the inputs
+        augmented by their squares and a column of ones): G, n x m, is read once.
         """
         xp = array_namespace(G, Xs, Zs)
         # Every term is a function of xs_n - zs_m: centring both on the mean of Zs changes nothing but the
@@ -405,31 +447,55 @@ class Stationary(Kernel):
         same = Zs is Xs
         Zs = Zs - centre
         Xs = Zs if same else Xs - centre
-        row = xp.sum(G, axis=1)  # (n,)
-        col = xp.sum(G, axis=0)  # (m,)
-        GZ = G @ Zs  # (n, d)
-        GtX = G.mT @ Xs  # (m, d)
-        cross = row_dot(Xs, GZ, axis=-2)  # sum_nm G_nm xs_nj zs_mj
         if same:
+            row = xp.sum(G, axis=1)  # (m,)
+            col = xp.sum(G, axis=0)  # (m,)
+            GZ = G @ Zs  # (m, d)
+            GtX = G.mT @ Xs  # (m, d)
             both = row + col
-            d_log_l = 4.0 * cross - 2.0 * (both @ (Zs * Zs))
-            dZ = (Zs * both[:, None] - GZ - GtX) * (2.0 / self.lengthscales)  # through either argument
+            d_log_l = (4.0 * scale) * row_dot(Xs, GZ, axis=-2) - (2.0 * scale) * (both @ (Zs * Zs))
+            dZ = (Zs * both[:, None] - GZ - GtX) * ((2.0 * scale) / self.lengthscales)  # through either argument
+            return d_log_l, dZ, col
+        n, d = Xs.shape
+        ones = xp.ones((n, 1), dtype=Xs.dtype, device=array_device(Xs))
+        products = G.mT @ xp.concat([Xs, Xs * Xs, ones], axis=1)  # (m, 2 d + 1)
+        GtX, col = products[:, :d], products[:, 2 * d]  # G^T xs (m, d) and G's column sums (m,)
+        x2_row = xp.sum(products[:, d:2 * d], axis=0)  # sum_nm G_nm xs_nj^2
+        cross = row_dot(Zs, GtX, axis=-2)  # sum_nm G_nm xs_nj zs_mj
+        d_log_l = (4.0 * scale) * cross - (2.0 * scale) * (x2_row + col @ (Zs * Zs))
+        dZ = (Zs * col[:, None] - GtX) * ((2.0 * scale) / self.lengthscales)
+        return d_log_l, dZ, col
+
+    def _block_grads(self, dK, K, Xs, Zs, overwrite=False):
+        """(gradients w.r.t. log amplitude, log lengthscales and Z) of sum(dK * K) for a block K = K(X, Z) (or
+        K(Z, Z), ``Xs is Zs``) whose values are known. ``overwrite``: dK may be overwritten."""
+        xp = array_namespace(dK, K)
+        c = self._dK_dr2_per_K
+        if c is None:
+            d_log_l, dZ, _ = self._distance_grads(dK * self._dK_dr2(K, Xs, Zs), Xs, Zs)
+            return xp.sum(dK * K), d_log_l, dZ
+        # dK / d(r^2) = c K: r^2's adjoint is c dK K, and the amplitude's gradient, sum(dK K), the sum of its
+        # column sums (no block of dK / d(r^2), no second pass over the block)
+        if overwrite:
+            dK *= K
+            weighted = dK
         else:
-            d_log_l = 4.0 * cross - 2.0 * (row @ (Xs * Xs) + col @ (Zs * Zs))
-            dZ = (Zs * col[:, None] - GtX) * (2.0 / self.lengthscales)
-        return d_log_l, dZ
+            weighted = dK * K
+        d_log_l, dZ, col = self._distance_grads(weighted, Xs, Zs, scale=c)
+        return xp.sum(col), d_log_l, dZ
 
     def _dK_dr2(self, K, Xs, Zs):
         """dK/d(r^2) for a block whose values K are known (subclasses may use K to skip the distances)."""
         return self.amplitude * self.dkappa_dr2(self._r2(Xs, Zs))
 
-    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None, Kmm=None):
+    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None, Kmm=None, *, overwrite=False):
         """Gradients of L from its adjoints w.r.t. K(Z, Z), K(X, Z) and Kdiag(X).
 
         Any adjoint may be ``None``. Returns a dict with one entry per parameter in ``self.params``
         (same shapes) and ``"Z"`` (m, d). The adjoints are read entry-wise: dL = sum_jk dKmm_jk dKmm_jk,
         so a non-symmetric dKmm is fine. ``Knm`` / ``Kmm``, if the caller already has K(X, Z) / K(Z, Z),
-        save recomputing them.
+        save recomputing them. ``overwrite``: dKnm may be overwritten (a batch pass's block: no n x m temporary for
+        dKnm K).
         """
         xp = array_namespace(Z)
         amp = self.amplitude
@@ -444,8 +510,7 @@ class Stationary(Kernel):
         if dKmm is not None:
             if Kmm is None:
                 Kmm = amp * self.kappa(self._r2(Zs, Zs))
-            d_log_amp = xp.sum(dKmm * Kmm)
-            d_log_l, dZ = self._distance_grads(dKmm * self._dK_dr2(Kmm, Zs, Zs), Zs, Zs)
+            d_log_amp, d_log_l, dZ = self._block_grads(dKmm, Kmm, Zs, Zs)
             if d_profile:
                 profile = self.profile_grads(self._r2(Zs, Zs), dKmm * amp)
                 d_profile = {k: plus(v, profile[k]) for k, v in d_profile.items()}
@@ -453,9 +518,8 @@ class Stationary(Kernel):
             Xs = self._scaled(X)
             if Knm is None:
                 Knm = amp * self.kappa(self._r2(Xs, Zs))
-            d_log_amp = plus(d_log_amp, xp.sum(dKnm * Knm))
-            g_l, g_Z = self._distance_grads(dKnm * self._dK_dr2(Knm, Xs, Zs), Xs, Zs)
-            d_log_l, dZ = plus(d_log_l, g_l), plus(dZ, g_Z)
+            g_amp, g_l, g_Z = self._block_grads(dKnm, Knm, Xs, Zs, overwrite=overwrite)
+            d_log_amp, d_log_l, dZ = plus(d_log_amp, g_amp), plus(d_log_l, g_l), plus(dZ, g_Z)
             if d_profile:
                 profile = self.profile_grads(self._r2(Xs, Zs), dKnm * amp)
                 d_profile = {k: plus(v, profile[k]) for k, v in d_profile.items()}
@@ -478,6 +542,7 @@ class RBF(Stationary):
     """ARD squared exponential: kappa = exp(-r^2 / 2)."""
 
     name = "RBF"
+    _dK_dr2_per_K = -0.5
 
     def kappa(self, r2):
         return array_namespace(r2).exp(-0.5 * r2)
@@ -487,6 +552,16 @@ class RBF(Stationary):
 
     def _dK_dr2(self, K, Xs, Zs):
         return -0.5 * K  # no distances, no exponentials: the block's values suffice
+
+    def _large_block(self, Xs, Zs, out):
+        """K(X, Z) = exp(log amplitude - r^2 / 2), the exponent from one product (``_augmented_pair``), capped at
+        log amplitude (r^2 >= 0, as ``_r2`` cuts it): one n x m array (on NumPy, written into ``out`` when given;
+        three elsewhere) where r^2, its scaling, the exponential and the amplitude made eight."""
+        xp = array_namespace(Xs, Zs)
+        centre = xp.mean(Zs, axis=0)
+        log_amplitude = self.params["log_amplitude"]
+        left, right = _augmented_pair(Xs - centre, Zs - centre, 1.0, -0.5, log_amplitude, 0.0)
+        return capped_exp(matmul(left, right.mT, out=out), log_amplitude)
 
 
 class Matern52(Stationary):
@@ -631,8 +706,8 @@ class Combination(Kernel):
     def _combine(self, values):
         raise NotImplementedError
 
-    def K(self, X, Z=None):
-        """The terms' K(X, Z) combined (no noise term)."""
+    def K(self, X, Z=None, *, out=None):
+        """The terms' K(X, Z) combined (no noise term); ``out`` is not used (``Stationary.K``)."""
         return self._combine([term.K(X, Z) for term in self.terms])
 
     def Kdiag(self, X):
@@ -643,9 +718,10 @@ class Combination(Kernel):
         """Per term, the adjoints of L w.r.t. that term's three matrices."""
         raise NotImplementedError
 
-    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None, Kmm=None):
+    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None, Kmm=None, *, overwrite=False):
         """The terms' gradients (chain rule through the combination), prefixed; the noise's from Kdiag. (``Knm``
-        and ``Kmm``, the combination's, are not the terms': each term computes its own.)"""
+        and ``Kmm``, the combination's, are not the terms': each term computes its own; the terms get adjoints of
+        their own: ``overwrite`` changes nothing here.)"""
         xp = array_namespace(Z)
         out = {}
         dZ = None

@@ -77,6 +77,8 @@ __all__ = [
     "choose_blas_threads",
     "task_blas_threads",
     "with_blas_threads",
+    "pass_workers",
+    "one_blas_thread",
 ]
 
 # Fewer rows than this many per inducing point between two factorisations: the m x m algebra dominates.
@@ -367,3 +369,25 @@ def with_blas_threads(work):
 
 
 _libraries(refresh=True)  # the first look, at import: each library's default is what it has now
+
+
+# -- a pass over row blocks spread over Python threads --------------------------------------------------
+
+def pass_workers():
+    """Python threads a pass over row blocks may spread its blocks over: the BLAS thread count in force now, when
+    this thread holds agpc's BLAS scope or none is open (1 when another thread's scope holds the count). Each
+    thread then runs its blocks' BLAS calls on one thread (``one_blas_thread``): the elementwise work of the
+    blocks (the kernel's exponentials, the sites' updates, the gradient's products with the kernel block),
+    which a multi-threaded BLAS leaves on one core, is then spread too."""
+    with _lock:
+        owner = _owner
+    if owner is not None and owner != threading.get_ident():
+        return 1
+    return max([lib.num_threads for lib in _libraries(refresh=False).lib_controllers], default=1)
+
+
+@contextlib.contextmanager
+def one_blas_thread():
+    """Every BLAS library on one thread for the body, the counts put back after (see ``pass_workers``)."""
+    with _libraries(refresh=False).limit(limits=1, user_api="blas"):
+        yield

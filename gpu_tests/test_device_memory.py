@@ -43,13 +43,13 @@ def test_batch_ep_streams_host_rows_in_the_blocks_that_fit(gpu, monkeypatch):
     rows = ep.default_block_rows(Z)
     assert rows == int(B.DEVICE_MEMORY_FRACTION * (2 * 70 * per_row + 5)) // per_row  # 70 rows
     seen = []
-    original = ep.block_pass
+    original = ep.batch_block_pass  # (the blocks of a batch EP pass)
 
     def watching(kernel, X_block, *args, **kwargs):
         seen.append((X_block.shape[0], gpu.on_device(X_block)))
         return original(kernel, X_block, *args, **kwargs)
 
-    monkeypatch.setattr(ep, "block_pass", watching)
+    monkeypatch.setattr(ep, "batch_block_pass", watching)
     on_device = _train(gpu.put(X), gpu.put(y), kernel, Z)
     device_blocks, seen[:] = list(seen), []
     streamed = _train(B.HostRows(X), y, kernel, Z)
@@ -68,10 +68,10 @@ def test_running_out_of_device_memory_names_the_block_rows(gpu, monkeypatch):
     rows = ep.default_block_rows(Z)
     original = kernels.Stationary.K
 
-    def K(self, A, B_=None):
-        if B_ is not None and A.shape[0] > rows // 2:
+    def K(self, A, B_=None, **options):
+        if B_ is not None and max(A.shape[0], B_.shape[0]) > rows // 2:  # (batch passes ask for K(Z, X))
             raise OutOfMemoryError("out of memory to allocate (mocked)")
-        return original(self, A, B_)
+        return original(self, A, B_, **options)
 
     monkeypatch.setattr(kernels.Stationary, "K", K)
     with pytest.raises(B.BlockMemoryError, match=f"ep training step ran out of memory with row blocks of {rows} rows"

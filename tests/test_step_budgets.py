@@ -46,34 +46,43 @@ from agpc.kernels import RBF
 # ep.evaluate pass with its gradient over three row blocks and the one float(log Z_q) the loop reads;
 # "batch_ep_step" one batch EP iteration of the training loop (Trainer.step: that pass, the site-change
 # test, the Rprop step). The counts do not depend on m or the batch size, only on the number of row blocks.
+# Blocks of 30 rows are narrow (fewer than 4 rows per inducing point): the passes take triangular solves. A
+# batch pass's own blocks are wide (about 10^4 rows): "batch_ep_wide" is the same pass as "batch_ep" over three
+# blocks of 100 rows, which take the fused sweep's explicit inverses and triangular products (ep.batch_block_pass;
+# counted with 100 as the row size). It was added with that sweep (768 operations, 5 host reads). The merge of that
+# sweep with the lean step lowered every row to its count: the kernel's gradient reads a block of K(X, Z) by one
+# product with the inputs augmented (and RBF's takes dK K once, for the amplitude and for r^2's adjoint), the
+# checked Cholesky factorisations read the host once each instead of twice (batch EP passes: 5 -> 3 host reads).
 # The latent noise's lower bound (``optim.bounded_step``) costs one operation a step (the clip) for Adadelta and Adam
 # and four for Rprop (the clip and the projection of the noise's gradient); the minibatch rows include it.
 STEP_BUDGETS = {
-    "sep":           {"op": 325, "m3": 10, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
-    "ep":            {"op": 354, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
-    "adf":           {"op": 300, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
-    "svi":           {"op": 297, "m3": 4, "rows_m2": 6, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
-    "batch_ep":      {"op": 769, "m3": 9, "rows_m2": 15, "host": 5, "data_dependent": 0, "syncs": 5, "upload": 0},
-    "batch_ep_step": {"op": 825, "m3": 9, "rows_m2": 15, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "sep":           {"op": 323, "m3": 10, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "ep":            {"op": 352, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "adf":           {"op": 298, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "svi":           {"op": 295, "m3": 4, "rows_m2": 6, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "batch_ep":      {"op": 700, "m3": 9, "rows_m2": 15, "host": 3, "data_dependent": 0, "syncs": 3, "upload": 0},
+    "batch_ep_step": {"op": 759, "m3": 9, "rows_m2": 15, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "batch_ep_wide": {"op": 705, "m3": 10, "rows_m2": 18, "host": 3, "data_dependent": 0, "syncs": 3, "upload": 0},
 }
 # ---------------------------------------------------------------------------------------------------
 
 GENERIC_FALLBACKS = ("_log_ndtr_generic",)  # agpc.backend's standard-only special functions
 N_INDUCING, ROWS, N_FEATURES, N_ROWS = 24, 30, 3, 90
+WIDE_ROWS = 100  # a wide block: more than 4 rows per inducing point
 JITTER = 1e-6
 DEVICE = array_api_strict.Device("device1")
 
 
-def _data():
+def _data(n_rows=N_ROWS):
     rng = np.random.default_rng(0)
-    X = rng.normal(size=(N_ROWS, N_FEATURES))
-    y = np.sign(X @ np.array([1.0, -0.5, 0.3]) + 0.3 * rng.normal(size=N_ROWS))
+    X = rng.normal(size=(n_rows, N_FEATURES))
+    y = np.sign(X @ np.array([1.0, -0.5, 0.3]) + 0.3 * rng.normal(size=n_rows))
     return X, y
 
 
-def _problem(xp):
+def _problem(xp, n_rows=N_ROWS):
     """(X, y, kernel, Z) in namespace ``xp`` on the stand-in device."""
-    X_host, y_host = _data()
+    X_host, y_host = _data(n_rows)
     X = xp.asarray(X_host, device=DEVICE)
     y = xp.asarray(y_host, device=DEVICE)
     kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=0.01).for_inputs(X)
@@ -100,15 +109,15 @@ def minibatch_step(xp, method):
     return tally, log_z, trainer.state["Z"]
 
 
-def batch_ep_iteration(xp):
-    """One batch EP pass with its gradient (``ep.evaluate``) over three row blocks, damped as training
-    damps it, from the sites of one earlier pass, and the one log Z_q the loop reads from it."""
-    X, y, kernel, Z = _problem(xp)
-    sites = ep.evaluate(kernel, Z, X, y, ep.zero_sites(N_ROWS, Z), ep.zero_sites(N_ROWS, Z), jitter=JITTER,
-                        block_rows=ROWS, damping=0.5)
+def batch_ep_iteration(xp, rows=ROWS):
+    """One batch EP pass with its gradient (``ep.evaluate``) over three row blocks of ``rows`` rows, damped as
+    training damps it, from the sites of one earlier pass, and the one log Z_q the loop reads from it."""
+    X, y, kernel, Z = _problem(xp, 3 * rows)
+    sites = ep.evaluate(kernel, Z, X, y, ep.zero_sites(3 * rows, Z), ep.zero_sites(3 * rows, Z), jitter=JITTER,
+                        block_rows=rows, damping=0.5)
     with _window(xp) as tally:
         result = ep.evaluate(kernel, Z, X, y, sites["site_precision"], sites["site_shift"], jitter=JITTER,
-                             want_grad=True, block_rows=ROWS, damping=0.5)
+                             want_grad=True, block_rows=rows, damping=0.5)
         log_z = float(result["log_z"])
     return tally, log_z, result["grads"]["Z"]
 
@@ -223,6 +232,12 @@ def test_batch_ep_iteration_is_within_budget():
     _check(counted[0], "batch_ep")
 
 
+def test_batch_ep_iteration_over_wide_blocks_is_within_budget():
+    counted = batch_ep_iteration(CountingNamespace(array_api_strict, m=N_INDUCING, rows=(WIDE_ROWS,)), WIDE_ROWS)
+    _assert_same_as_plain_strict(counted, batch_ep_iteration(array_api_strict, WIDE_ROWS))
+    _check(counted[0], "batch_ep_wide")
+
+
 def test_batch_ep_training_step_is_within_budget():
     counted = batch_ep_step(_counting_namespace())
     _assert_same_as_plain_strict(counted, batch_ep_step(array_api_strict))
@@ -267,6 +282,8 @@ if __name__ == "__main__":
     runs["svi"] = svi_step(_counting_namespace(), monkeypatch)[0]
     runs["batch_ep"] = batch_ep_iteration(_counting_namespace())[0]
     runs["batch_ep_step"] = batch_ep_step(_counting_namespace())[0]
+    runs["batch_ep_wide"] = batch_ep_iteration(CountingNamespace(array_api_strict, m=N_INDUCING, rows=(WIDE_ROWS,)),
+                                               WIDE_ROWS)[0]
     monkeypatch.undo()
     for method, tally in runs.items():
         print(f"== {method}: {_budget_counts(tally)}")

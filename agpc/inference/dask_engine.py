@@ -2,7 +2,8 @@
 sec. 2.3 (Fig. 1 right).
 
 The driver holds the O(m^2) state (kernel, Z, q or the tied factor); each chunk of rows is one task that runs
-the *same* per-row-block functions the single-machine path runs (``ep.site_sums_over_rows`` and ``ep.binary_sweep``):
+the *same* per-row-block functions the single-machine path runs (``ep.site_sums_over_rows`` and ``ep.batch_sweep``,
+or ``ep.binary_sweep`` for SEP / ADF):
 kernel blocks, site updates, partial sums of S and c~, gradient adjoints and log Z terms. The chunks' small
 results are added on the workers in a tree (``ep.add_sweeps``) and only the sum comes to the driver, which
 factorises, steps the hyper-parameters and sends (kernel, Z, q) with the next round of tasks. EP's sites are
@@ -97,13 +98,14 @@ def _task_threads(Z, X, block_rows):
     return task_blas_threads(X.shape[0], Z.shape[-2], n_features=Z.shape[-1], block_rows=block_rows)
 
 
-def _chunk_sums(kernel, Z, X, y, site_precision, site_shift, prior, block_rows):
+def _chunk_sums(kernel, Z, X, y, site_precision, site_shift, prior, block_rows, nonnegative=False):
     """A chunk's sums of its sites (S, c~; per class for a multiclass model, whose ``prior`` is the classes'
-    L_K^-1, the binary model's L_K)."""
+    L_K^-1, the binary model's L_K). ``nonnegative``: as ``ep.site_sums_over_rows`` takes it (binary)."""
     with _task_threads(Z, X, block_rows):
         if Z.ndim == 3:
             return multiclass_ep.class_site_sums(kernel, Z, X, y, site_precision, site_shift, prior, block_rows)
-        S, c_tilde, _ = ep.site_sums_over_rows(kernel, Z, X, site_precision, site_shift, prior, block_rows, False)
+        S, c_tilde, _ = ep.site_sums_over_rows(kernel, Z, X, site_precision, site_shift, prior, block_rows, False,
+                                               nonnegative=nonnegative)
     return S, c_tilde
 
 
@@ -127,9 +129,10 @@ def _without_quadratic_rows(terms):
     return {k: (None if k in variational.QUADRATIC_ROW_KEYS else v) for k, v in terms.items()}
 
 
-def _chunk_sweep(kernel, Z, X, *args, **kwargs):
-    """``ep.binary_sweep`` (or ``multiclass_ep.class_sweep``) on one chunk of rows (a task)."""
-    sweep = multiclass_ep.class_sweep if Z.ndim == 3 else ep.binary_sweep
+def _chunk_sweep(kernel, Z, X, *args, batch=False, **kwargs):
+    """A sweep on one chunk of rows (a task): ``ep.batch_sweep`` for batch EP (``batch``), ``ep.binary_sweep``
+    for a cavity of SEP / ADF, ``multiclass_ep.class_sweep`` for either on a multiclass model."""
+    sweep = multiclass_ep.class_sweep if Z.ndim == 3 else ep.batch_sweep if batch else ep.binary_sweep
     with _task_threads(Z, X, kwargs.get("block_rows")):
         return sweep(kernel, Z, X, *args, **kwargs)
 
@@ -183,10 +186,10 @@ class _SiteGeneration:
         weakref.finalize(self, shutil.rmtree, directory, True)
 
 
-def _sweep_to_files(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, damping, path):
-    """A chunk's sweep whose (damped) sites go to the file ``path``; returns only the small results."""
-    out = _chunk_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, want_grad=want_grad, block_rows=block_rows,
-                       damping=damping)
+def _sweep_to_files(kernel, Z, X, y, site_precision, site_shift, cavity, *, path, **options):
+    """A chunk's sweep (``_chunk_sweep`` with ``options``) whose (damped) sites go to the file ``path``; returns only
+    the small results."""
+    out = _chunk_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, **options)
     checkpoints.save_site_chunk(path, out["site_precision"], out["site_shift"])
     return ep.without_rows(out)
 
@@ -324,23 +327,24 @@ class DaskEngine:
         return out
 
     def _sweep(self, kernel, Z, X, y, site_precision, site_shift, post, *, want_grad, block_rows, want_sums, want_sites,
-               damping=None):
-        """One task a chunk running ``ep.binary_sweep``; returns the tree-reduced small results, with the new
-        (damped) sites (``want_sites``) as dask arrays: persisted on the workers, or read from the files
-        the tasks wrote."""
+               batch, damping=None, nonnegative=False):
+        """One task a chunk running ``_chunk_sweep`` (``batch``: batch EP's sweep, which takes ``nonnegative`` for
+        a binary model); returns the tree-reduced small results, with the new (damped) sites (``want_sites``) as
+        dask arrays: persisted on the workers, or read from the files the tasks wrote."""
         import dask
 
         client = self.client
-        options = dict(want_grad=want_grad, block_rows=block_rows)
+        options = dict(want_grad=want_grad, block_rows=block_rows, batch=batch, want_sums=want_sums, damping=damping)
+        if batch and Z.ndim == 2:
+            options["nonnegative"] = nonnegative
         Xs, ys, nus, mus = self._blocks(X, y, site_precision, site_shift)
         to_files = want_sites and self.site_root is not None
         if to_files:
             generation, files = self._new_generation()
-            tasks = [dask.delayed(_sweep_to_files)(kernel, Z, Xb, yb, nb, mb, post, damping=damping, path=f, **options)
+            tasks = [dask.delayed(_sweep_to_files)(kernel, Z, Xb, yb, nb, mb, post, path=f, **options)
                      for Xb, yb, nb, mb, f in zip(Xs, ys, nus, mus, files)]
         else:
-            tasks = [dask.delayed(_chunk_sweep)(kernel, Z, Xb, yb, nb, mb, post, want_sums=want_sums,
-                                             want_sites=want_sites, damping=damping, **options)
+            tasks = [dask.delayed(_chunk_sweep)(kernel, Z, Xb, yb, nb, mb, post, want_sites=want_sites, **options)
                      for Xb, yb, nb, mb in zip(Xs, ys, nus, mus)]
         futures = _compute_windowed(client, tasks)
         small = futures if to_files else [client.submit(ep.without_rows, f) for f in futures]
@@ -366,28 +370,40 @@ class DaskEngine:
         ]))
 
     def evaluate(self, kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None,
-                 want_sites=True, damping=None, checked=True):
+                 want_sites=True, damping=None, checked=True, nonnegative_sites=False, site_sums=None,
+                 want_next_sums=False):
         """``ep.evaluate`` (``multiclass_ep.evaluate`` for a multiclass model) with the two per-row stages run
-        chunk by chunk on the workers."""
+        chunk by chunk on the workers (the second alone when ``site_sums`` are given). ``nonnegative_sites``,
+        ``site_sums`` and ``want_next_sums``: as ``ep.evaluate`` takes them (binary model only)."""
         import dask
 
+        if Z.ndim == 3 and (site_sums is not None or want_next_sums):
+            raise ValueError("site_sums and want_next_sums are for a binary model's passes")
         client = self.client
         if Z.ndim == 3:  # per class: L_K for q, L_K^-1 for the chunks' projections
             L_K, L_K_inv = multiclass_ep.prior_choleskys(kernel, Z, jitter, checked)
             prior = L_K_inv
         else:
             L_K = prior = ep.prior_cholesky(kernel, Z, jitter, checked=checked)
-        Xs, ys, nus, mus = self._blocks(X, y, site_precision, site_shift)
-        sums = _compute_windowed(client, [dask.delayed(_chunk_sums)(kernel, Z, Xb, yb, nb, mb, prior, block_rows)
-                                          for Xb, yb, nb, mb in zip(Xs, ys, nus, mus)])
-        S, c_tilde = _tree(client, sums, ep.tree_add).result()
+        if site_sums is None:
+            Xs, ys, nus, mus = self._blocks(X, y, site_precision, site_shift)
+            sums = _compute_windowed(client, [dask.delayed(_chunk_sums)(kernel, Z, Xb, yb, nb, mb, prior, block_rows,
+                                                                        nonnegative_sites)
+                                              for Xb, yb, nb, mb in zip(Xs, ys, nus, mus)])
+            S, c_tilde = _tree(client, sums, ep.tree_add).result()
+        else:
+            S, c_tilde = site_sums
         if Z.ndim == 3:
             post = multiclass_ep.posteriors_from_sums(L_K, L_K_inv, S, c_tilde, checked=checked)
         else:
             post = ep.posterior_from_sums(L_K, S, c_tilde, checked=checked)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad,
-                            block_rows=block_rows, want_sums=False, want_sites=want_sites, damping=damping)
-        return _model(Z).finish_evaluate(kernel, Z, post, sweep, want_grad)
+                            block_rows=block_rows, want_sums=want_next_sums, want_sites=want_sites, damping=damping,
+                            batch=True, nonnegative=nonnegative_sites)
+        out = _model(Z).finish_evaluate(kernel, Z, post, sweep, want_grad)
+        if want_next_sums:
+            out["site_sums"] = ep.next_site_sums(sweep["sums"], (S, c_tilde), damping)
+        return out
 
     def evaluate_factor(self, kernel, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None,
                         jitter, want_grad=True, block_rows=None, weights=None, checked=True):
@@ -400,7 +416,7 @@ class DaskEngine:
         if method != "ep":
             site_precision = site_shift = self.zero_sites(X.shape[0], Z)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
-                            block_rows=block_rows, want_sums=True, want_sites=False)
+                            block_rows=block_rows, want_sums=True, want_sites=False, batch=False)
         return model.finish_factor(kernel, Z, prep, sweep, n_total / X.shape[0], want_grad)
 
     # -- vi-JJ / vi-Taylor: the two passes of ``variational.quadratic_bound``, a task a chunk each --------

@@ -239,6 +239,15 @@ class _Engine(ModulesByName):
 
 # -- EP / SEP / ADF ---------------------------------------------------------------------------------
 
+def _known_nonnegative(site_precision):
+    """Whether every site precision is >= 0, looked at once (one host read) when sites come from outside; sites
+    on a cluster are not gathered for it (False: the passes then take the general form)."""
+    if site_precision is None or is_dask_array(site_precision):
+        return False
+    xp = array_namespace(site_precision)
+    return bool(xp.all(site_precision >= 0.0))
+
+
 class EPEngine(_Engine):
     """EP, SEP and ADF (``ep.evaluate_factor`` for how they differ): EP keeps two numbers a row, SEP and ADF
     one m x m factor. Batch EP rebuilds q exactly from all its sites at the current hyper-parameters each
@@ -263,6 +272,10 @@ class EPEngine(_Engine):
         self.damping = (0.99 if minibatch else 0.5) if damping is None else damping
         self.passes = passes or (multiclass_ep if isinstance(kernel, ClassKernels) else ep)
         self.per_row_sites = method == "ep"
+        # Batch EP (binary): whether every site precision is known to be >= 0, which lets a pass form its sums by
+        # symmetric products (``ep.evaluate``'s ``nonnegative_sites``). True from zero sites (the sweep keeps them
+        # so); given sites are looked at once.
+        self.sites_nonnegative = site_precision is None
         if self.per_row_sites and site_precision is None:
             site_precision = self.passes.zero_sites(n_total, Z)
             site_shift = self.passes.zero_sites(n_total, Z)
@@ -270,7 +283,11 @@ class EPEngine(_Engine):
             site_precision = xp.asarray(site_precision, copy=True)
             site_shift = xp.asarray(site_shift, copy=True)
         factor = self.passes.uniform_factor(Z) if (minibatch or not self.per_row_sites) else None
-        self.state.update(nu=site_precision, mu=site_shift, factor=factor)
+        # "site_sums": batch EP's (jitter, sums of the sites) at the current kernel and Z, from the last pass when
+        # it did not step the hyper-parameters (``ep.evaluate``'s ``want_next_sums``); None otherwise.
+        self.state.update(nu=site_precision, mu=site_shift, factor=factor, site_sums=None)
+        if not self.sites_nonnegative and self.per_row_sites:
+            self.sites_nonnegative = _known_nonnegative(site_precision)
         self.needs_rebuild = False
         # Distributed SEP / minibatch EP (``data_parallel``): the factor is one shard's, standing for
         # ``factor_rows`` rows, and q = prior x (others + factor) (``ep.factor_cavity``). Set by whoever
@@ -289,7 +306,7 @@ class EPEngine(_Engine):
             # the sweep damps the sites itself (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25), block by block
             result = self.passes.evaluate(kernel, Z, X, y, state["nu"], state["mu"], jitter=self.jitter,
                                           want_grad=stepping, block_rows=self.block_rows, damping=self.damping,
-                                          checked=False)
+                                          checked=False, **self._binary_batch_options(stepping))
         else:
             shard = {} if self.factor_rows is None else {"others": self.others, "factor_rows": self.factor_rows}
             result = self.passes.evaluate_factor(
@@ -316,6 +333,16 @@ class EPEngine(_Engine):
         summary = xp.stack([xp.asarray(v, dtype=like.dtype, device=array_device(like)) for v in parts])
         return summary, (result, new_factor)
 
+    def _binary_batch_options(self, stepping):
+        """What a binary batch pass takes besides the sites: whether they are known nonnegative, the sums of the
+        sites when the last pass left them at this kernel, Z and jitter, and whether to leave them for the next
+        pass (a pass that does not step the hyper-parameters). A multiclass pass takes none of these."""
+        if isinstance(self.state["kernel"], ClassKernels):
+            return {}
+        saved = self.state.get("site_sums")
+        return {"nonnegative_sites": self.sites_nonnegative, "want_next_sums": not stepping,
+                "site_sums": saved[1] if saved is not None and saved[0] == self.jitter else None}
+
     def restore(self, snap):
         undo = snap["undo"]
         if undo is not None:  # minibatch EP updated the rows' sites in place: write the old ones back
@@ -334,6 +361,8 @@ class EPEngine(_Engine):
         if self.per_row_sites and not self.minibatch:  # the sites came back damped by rho
             change = ep.relative_site_change(scalars[2:6])
             state["nu"], state["mu"] = result["site_precision"], result["site_shift"]
+            sums = result.get("site_sums")  # (the hyper-parameters stay: the next pass may start from them)
+            state["site_sums"] = None if (stepping or sums is None) else (self.jitter, sums)
         elif self.per_row_sites:  # minibatch EP: swap the rows' old sites for the damped new ones
             # In place: the site store is the one n-sized thing minibatch EP holds (2 floats a row);
             # a copy per step would double it. The rows' old values are kept to undo the step.
@@ -373,8 +402,10 @@ class EPEngine(_Engine):
         s = self.state
         kernel, Z = s["kernel"], s["Z"]
         if self.per_row_sites and X is not None and (want_log_z or not self.minibatch):
+            # batch mode: the sums of the sites when the last pass left them at this kernel and Z (one visit)
+            options = {} if self.minibatch else self._binary_batch_options(stepping=True)
             final = self.passes.evaluate(kernel, Z, X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
-                                         block_rows=self.block_rows, want_sites=False)
+                                         block_rows=self.block_rows, want_sites=False, **options)
             return final["posterior"], float(final["log_z"]) if want_log_z else None
         post = self.passes.posterior_from_factor(kernel, Z, s["factor"], jitter=self.jitter)
         if want_log_z and X is not None and not self.minibatch:
@@ -421,6 +452,8 @@ class EPEngine(_Engine):
                 raise ValueError(f"checkpoint {path} was written by a fit on a dask array: resume it on a dask array")
             s["nu"], s["mu"] = load(saved["nu"], s["Z"].dtype)
         s["factor"] = factor_from_arrays(saved["factor"])
+        s["site_sums"] = None
+        self.sites_nonnegative = self.per_row_sites and _known_nonnegative(s["nu"])
         self.needs_rebuild = bool(saved["needs_rebuild"])
 
 

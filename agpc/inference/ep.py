@@ -20,12 +20,19 @@ Everything here is written against the array API: the functions take arrays and 
 
 from __future__ import annotations
 
+import contextvars
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 
+from .. import threads
 from ..backend import (
+    add_outer,
     array_device,
     array_namespace,
+    blas_releasing_the_lock,
     cholesky,
     cholesky_inverse,
     cholesky_or_nan,
@@ -39,6 +46,9 @@ from ..backend import (
     row_slice,
     row_dot as backend_row_dot,
     rows_within_memory,
+    scaled_columns,
+    scratch,
+    shares_host_threads,
     solve_triangular,
     triangular_matmul,
 )
@@ -59,6 +69,13 @@ __all__ = [
     "evaluate",
     "sweep_rows",
     "binary_sweep",
+    "batch_block_pass",
+    "batch_sweep",
+    "data_kmm_adjoint",
+    "next_site_sums",
+    "pass_layout",
+    "map_blocks",
+    "BlockScratch",
     "site_sums_over_rows",
     "prior_kmm_adjoint",
     "predict_latent",
@@ -160,19 +177,23 @@ _SOLVE_MAX_COLUMNS_PER_M = 4
 
 
 def _uses_inverse(L, B=None, *, n_columns=None):
-    if B is not None and B.ndim == 2 and prefers_inverses(B):
+    """Whether L^-1 B is applied as a product with L's explicit inverse: for a matrix B (B None: ``n_columns``
+    right-hand sides, of L's kind) on a library that prefers inverses, or for more right-hand sides than
+    ``_SOLVE_MAX_COLUMNS_PER_M`` per row of L."""
+    if (B is None or B.ndim == 2) and prefers_inverses(L if B is None else B):
         return True
     n_columns = (B.shape[1] if B.ndim == 2 else 1) if n_columns is None else n_columns
     return n_columns > _SOLVE_MAX_COLUMNS_PER_M * L.shape[0]
 
 
-def left_solve(L, B, *, trans=False, L_inv=None, overwrite=False):
+def left_solve(L, B, *, trans=False, L_inv=None, overwrite=False, out=None):
     """L^-1 B (``trans``: L^-T B) for lower-triangular L: a triangular solve, or, where ``_uses_inverse``, a
     product with L's explicit inverse (``L_inv`` when given, else formed here). ``overwrite``: B is the
-    caller's temporary (``backend.triangular_matmul``)."""
+    caller's temporary; ``out``: where the product may be written (both as ``backend.triangular_matmul`` takes
+    them; the caller uses the return value)."""
     if _uses_inverse(L, B):
         inv = lower_triangular_inverse(L) if L_inv is None else L_inv
-        return triangular_matmul(inv, B, trans=trans, overwrite=overwrite)
+        return triangular_matmul(inv, B, trans=trans, overwrite=overwrite, out=out)
     return solve_triangular(L, B, lower=True, trans=trans)
 
 
@@ -196,22 +217,28 @@ def project(kernel, X, Z, L_K_inv):
     return Knm @ L_K_inv.mT, Knm
 
 
-def whiten(kernel, X, Z, L_K, L_K_inv=None):
-    """A = L_K^-1 K(Z, X) (m x n: column i is L_K^-1 k_i; ``left_solve``) and Knm = K(X, Z)."""
-    Knm = kernel.K(X, Z)
-    if L_K_inv is None and _uses_inverse(L_K, Knm):
-        L_K_inv = lower_triangular_inverse(L_K)
-    return left_solve(L_K, Knm.mT, L_inv=L_K_inv), Knm
-
-
 def site_sums(At, site_precision, site_shift):
     """The block's share of C - I = A diag(nu) A^T and of c~ = A mu (A^T = At is n x m)."""
     return (At * site_precision[:, None]).mT @ At, site_shift @ At
 
 
-def whitened_site_sums(A, site_precision, site_shift):
-    """The block's share of C - I = A diag(nu) A^T and of c~ = A mu, for A = L_K^-1 Knm^T (m x n)."""
-    return (A * site_precision[None, :]) @ A.mT, A @ site_shift
+def whitened_site_sums(A, site_precision, site_shift, *, nonnegative=False, overwrite=False, out=None):
+    """The block's share of C - I = A diag(nu) A^T and of c~ = A mu, for A = L_K^-1 Knm^T (m x n).
+
+    ``nonnegative``: every nu_i >= 0 is known, and C - I is formed as W W^T with W = A diag(sqrt nu), a symmetric
+    product (BLAS syrk on NumPy: half the flops of the general product). ``overwrite``: A may be overwritten;
+    ``out``: where the scaled copy of A may go (``backend.scratch``)."""
+    if not nonnegative:
+        return scaled_columns(A, site_precision, out=out) @ A.mT, A @ site_shift
+    xp = array_namespace(A)
+    c_tilde = A @ site_shift
+    root = xp.sqrt(site_precision)
+    if overwrite:
+        A *= root[None, :]
+        W = A
+    else:
+        W = scaled_columns(A, root, out=out)
+    return W @ W.mT, c_tilde
 
 
 def posterior_from_sums(L_K, S, c_tilde, L_K_inv=None, *, checked=True, scale=1.0):
@@ -508,22 +535,35 @@ def row_dot(A, B):
     return backend_row_dot(A, B)
 
 
-def site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, keep_projection):
+def site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, keep_projection, *,
+                        nonnegative=False, workers=None):
     """S = A diag(nu) A^T and c~ = A mu over all rows (the reduction); with ``keep_projection`` and
-    while they fit the cache budget, also every block's (A, Knm) for the sweep to reuse."""
+    while they fit the cache budget, also every block's (A, K(Z, X)) (both m x b) for ``batch_sweep`` to reuse.
+    (Keeping A alone, the sweep forming K(Z, X) again, did not pay: at n = 10^5, m = 500 the kept arrays' fresh
+    pages cost more than A's product saved.) ``nonnegative``: every site precision is known to be >= 0
+    (``whitened_site_sums``). Blocks run on the threads of ``pass_layout`` (``workers`` given: ``block_rows`` is
+    already the layout's); their sums are added in order."""
+    if workers is None:
+        block_rows, workers = pass_layout(Z, X.shape[0], block_rows)
     keep = keep_projection and projections_fit(X.shape[0], Z)
+    L_K_inv = lower_triangular_inverse(L_K) if _uses_inverse(L_K, n_columns=min(X.shape[0], block_rows)) else None
+    scratch_arrays = BlockScratch()
+
+    def block_sums(lo, hi, X_block):
+        Kmn = kernel.K(Z, X_block, out=None if keep else scratch_arrays("K", (Z.shape[0], X_block.shape[0]), Z))
+        A = left_solve(L_K, Kmn, L_inv=L_K_inv, overwrite=not keep)  # (not kept: in the kernel block's memory)
+        S_b, c_b = whitened_site_sums(A, site_precision[lo:hi], site_shift[lo:hi], nonnegative=nonnegative,
+                                      overwrite=not keep, out=scratch_arrays("W", A.shape, A) if keep else None)
+        return S_b, c_b, ((A, Kmn) if keep else None)
+
     S = c_tilde = None
     kept = [] if keep else None
-    L_K_inv = None
-    for lo, hi, X_block, _ in data_blocks(X, None, block_rows, Z):
-        if L_K_inv is None and _uses_inverse(L_K, n_columns=X_block.shape[0]):
-            L_K_inv = lower_triangular_inverse(L_K)
-        A, Knm = whiten(kernel, X_block, Z, L_K, L_K_inv)
-        S_b, c_b = whitened_site_sums(A, site_precision[lo:hi], site_shift[lo:hi])
+    blocks = ((lo, hi, X_block) for lo, hi, X_block, _ in data_blocks(X, None, block_rows, Z))
+    for _, (S_b, c_b, projection) in map_blocks(block_sums, blocks, workers):
         S = S_b if S is None else S + S_b
         c_tilde = c_b if c_tilde is None else c_tilde + c_b
         if keep:
-            kept.append((A, Knm))
+            kept.append(projection)
     return S, c_tilde, kept
 
 
@@ -553,7 +593,7 @@ def relative_site_change(change):
 
 
 def sweep_rows(X, y, site_precision, site_shift, block_step, *, block_rows, like, want_grad, want_sums=False,
-               want_sites=True, damping=None, valid_columns=None):
+               want_sites=True, damping=None, valid_columns=None, workers=1):
     """The one EP sweep, for binary EP, multiclass EP and GFITC: ``block_step(index, lo, hi, X rows, y rows,
     the rows' site_precision, the rows' site_shift)`` (a ``BlockResult``) over all rows in the blocks of
     ``data_blocks``; the per-row results written into preallocated arrays (no per-block pieces joined at the
@@ -561,7 +601,8 @@ def sweep_rows(X, y, site_precision, site_shift, block_step, *, block_rows, like
     reductions added. ``site_precision`` None: the rows have no sites of their own (SEP / ADF; the blocks get
     None). ``want_sites=False`` keeps no per-row output at all (a final log Z pass needs only the sums).
     ``valid_columns``: the validity mask's columns a row (multiclass: one per class), None for one a row.
-    ``n_invalid`` stays on the device (0-d): a block step that does not count its own is counted here."""
+    ``n_invalid`` stays on the device (0-d): a block step that does not count its own is counted here.
+    ``workers``: block steps run at once in Python threads (``map_blocks``); results are taken in order."""
     xp = array_namespace(like)
     n = X.shape[0]
     out = {"terms": None, "site_precision": None, "site_shift": None, "valid": None, "n_invalid": None,
@@ -574,12 +615,19 @@ def sweep_rows(X, y, site_precision, site_shift, block_step, *, block_rows, like
         out["site_precision"] = xp.empty(site_precision.shape, dtype=like.dtype, device=device)
         out["site_shift"] = xp.empty(site_shift.shape, dtype=like.dtype, device=device)
         out["valid"] = xp.empty((n,) if valid_columns is None else (n, valid_columns), dtype=xp.bool, device=device)
-    for index, (lo, hi, X_block, y_block) in enumerate(data_blocks(X, y, block_rows, like)):
-        rows = None if site_precision is None else (slice(lo, hi),) + (...,) * (site_precision.ndim > 1)
-        old_precision = None if zero_sites_given else site_precision[rows]
-        old_shift = None if zero_sites_given else site_shift[rows]
-        res = block_step(index, lo, hi, X_block, y_block, old_precision, old_shift)
+
+    def row_index(lo, hi):
+        return None if site_precision is None else (slice(lo, hi),) + (...,) * (site_precision.ndim > 1)
+
+    def steps():
+        for index, (lo, hi, X_block, y_block) in enumerate(data_blocks(X, y, block_rows, like)):
+            rows = row_index(lo, hi)
+            yield (index, lo, hi, X_block, y_block, None if zero_sites_given else site_precision[rows],
+                   None if zero_sites_given else site_shift[rows])
+
+    for (_, lo, hi, *_), res in map_blocks(block_step, steps(), workers):
         if want_sites:
+            rows = row_index(lo, hi)
             write_block_sites(out, lo, hi, res, site_precision[rows], site_shift[rows], damping)
         if getattr(res, "n_invalid", None) is None:  # (added by ``accumulate`` where the block counts its own)
             invalid = xp.sum(xp.astype(~res.valid, xp.int64))
@@ -588,23 +636,201 @@ def sweep_rows(X, y, site_precision, site_shift, block_step, *, block_rows, like
     return out
 
 
-def binary_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, projections=None,
-                 want_sums=False, want_sites=True, damping=None, weights=None):
-    """Binary EP's sweep: ``block_pass`` over all rows (``sweep_rows``). ``projections``: the blocks' kept
-    (A, Knm) from ``site_sums_over_rows``, or None to recompute them. ``site_precision`` None: the rows have no
-    sites of their own (SEP / ADF). ``weights``: per row, as ``block_pass`` takes them."""
+def map_blocks(function, arguments, workers):
+    """``(arguments, function(*arguments))`` for each tuple of ``arguments`` (an iterable: the blocks of a pass), in
+    order. With ``workers`` > 1, that many calls run at once in Python threads, each BLAS call on one thread
+    (``threads.one_blas_thread``), the next block read while they run; only NumPy arrays are spread so
+    (``pass_workers``), their BLAS calls releasing the interpreter lock (``backend.blas_releasing_the_lock``). Each
+    call runs in a copy of the caller's context, so that the backend's context variables (``reference_paths``,
+    ``counting_fast_calls``, the block rows in use) hold on the threads too. The
+    per-block results, and so every sum over blocks taken in order, are those of one thread."""
+    if workers <= 1:
+        for item in arguments:
+            yield item, function(*item)
+        return
+    pending = deque()
+    with threads.one_blas_thread(), blas_releasing_the_lock(), \
+            ThreadPoolExecutor(workers, thread_name_prefix="agpc-block") as pool:
+        try:
+            for item in arguments:
+                pending.append((item, pool.submit(contextvars.copy_context().run, function, *item)))
+                if len(pending) > workers:  # ``workers`` running and one more queued behind them
+                    item, future = pending.popleft()
+                    yield item, future.result()
+            while pending:
+                item, future = pending.popleft()
+                yield item, future.result()
+        finally:  # an error (or a consumer that stopped): queued blocks are not started
+            for _, future in pending:
+                future.cancel()
+
+
+def block_workers(like, block_count):
+    """Python threads a pass over ``block_count`` blocks of ``like``'s namespace runs its blocks on: the BLAS
+    threads the caller's scope allows (``threads.pass_workers``) for NumPy arrays, at most one a block; 1 for
+    other libraries (a GPU runs its own parallelism)."""
+    if block_count < 2 or not shares_host_threads(like):
+        return 1
+    return max(1, min(threads.pass_workers(), block_count))
+
+
+def pass_layout(like, n, block_rows=None):
+    """(rows a block, Python threads) for a batch pass over n rows: ``block_rows`` (default ``default_block_rows``)
+    shared among the threads, so that the blocks in flight at once hold about one such block's temporaries, as
+    ``block_rows`` means on one thread."""
+    rows = int(block_rows) if block_rows else default_block_rows(like, n)
+    workers = block_workers(like, -(-n // rows))
+    return (rows if workers == 1 else max(1, -(-rows // workers))), workers
+
+
+class BlockScratch(threading.local):
+    """A thread's n x m arrays for the blocks of a batch pass (``backend.scratch``: NumPy; none elsewhere), reused
+    block after block: a fresh n x m temporary costs its page faults, about as much as a pass over it. One set a
+    thread."""
+
+    def __init__(self):
+        self.arrays = {}
+
+    def __call__(self, name, shape, like):
+        array = self.arrays.get(name)
+        if array is None or tuple(array.shape) != tuple(shape):
+            array = self.arrays[name] = scratch(shape, like)
+        return array
+
+
+def binary_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, want_sums=False,
+                 want_sites=True, damping=None, weights=None):
+    """Binary EP's sweep for a cavity held as a u-space factor (minibatch EP, SEP, ADF): ``block_pass`` over all
+    rows (``sweep_rows``). ``site_precision`` None: the rows have no sites of their own (SEP / ADF).
+    ``weights``: per row, as ``block_pass`` takes them. Batch EP sweeps with ``batch_sweep``."""
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
-        kept = projections[index] if projections else (None, None)
         return block_pass(kernel, X_block, y_block, rows_precision, rows_shift, Z, cavity, want_grad=want_grad,
-                          A=kept[0], Knm=kept[1], want_sums=want_sums,
-                          weights=None if weights is None else weights[lo:hi])
+                          want_sums=want_sums, weights=None if weights is None else weights[lo:hi])
 
     return sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z,
                       want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping)
 
 
+# --------------------------------------------------------------------------------------------------
+# Batch EP: q rebuilt from all sites (one pass, ``site_sums_over_rows``), then one sweep that visits each block
+# of rows once for its marginals, new sites, log Z_q terms and gradient adjoints (``batch_block_pass``).
+
+
+def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad, want_sums=False, A=None,
+                     Kmn=None, nonnegative=False, work=None, explicit=None):
+    """Batch EP's visit of a block of rows whose sites are all in q (``post``, rebuilt from every site).
+
+    What ``block_pass`` computes for rows with sites of their own, in one pass over the block and with
+    fewer n x m operations: the kernel block K(Z, X) (m x b, or ``Kmn`` kept from ``site_sums_over_rows``
+    with its A), A = L_K^-1 K(Z, X), Q = L_C^-1 A, the marginals (Hernandez-Lobato & Hernandez-Lobato (2016),
+    eqs. 14-16: d = |Q_i|^2, e = h^T Q_i, k_i^T K^-1 k_i = |A_i|^2), cavities, moments and new sites (eqs.
+    17-23), the log Z_q terms (eq. 26) and the data part of the gradient (eq. 4, ``data_adjoint``).
+
+    The gradient in factored form: with R = L_C^-T Q diag(coef_g) + A diag(kappa) the adjoint of K(Z, X) is
+    dKmn = L_K^-T R + beta alpha^T (``data_adjoint``), and with R' = R - A diag(kappa) / 2::
+
+        dKmm_data = -U^T (dKnm + diag(dKdiag) U) = -L_K^-T [A R'^T + (A alpha) w^T] L_K^-1,
+
+    w = L_C^-T h (``Posterior.whitened_mean``): per block only the m x m product A R'^T and the m-vector
+    A alpha, added over blocks; the two triangular products with L_K^-1 come once, after the sum
+    (``data_kmm_adjoint``). So ``dKmm_data`` here is the pair (A R'^T, A alpha). That is for the wide blocks of a
+    batch pass, whose products go through the explicit inverses of L_K and L_C (``explicit``; default: where
+    ``_uses_inverse``, i.e. on NumPy, or for more than ``_SOLVE_MAX_COLUMNS_PER_M`` rows per inducing point).
+    Otherwise the blocks take triangular solves, and ``data_adjoint``'s form (one solve fewer per block), whose
+    ``dKmm_data`` is the m x m adjoint.
+
+    A new site precision is never negative (the probit's gamma and 1 - v gamma are positive; round-off deep in a
+    tail could leave it a hair below 0, which is cut to 0), so nonnegative sites stay so: ``nonnegative`` (the
+    rows' sites are all >= 0) lets ``want_sums`` form the sums of the new sites by a symmetric product.
+
+    ``want_sums``: the whitened sums of the new (undamped) sites, A diag(nu_new) A^T and A mu_new, at this
+    pass's hyper-parameters. ``work``: the thread's ``BlockScratch``; on NumPy the block's n x m arrays live there
+    (Q and R are updated in place) and only the kernel block and the gradient's product with it are new."""
+    xp = array_namespace(Z)
+    work = BlockScratch() if work is None else work
+    explicit = _uses_inverse(post.L_K, n_columns=X.shape[0]) if explicit is None else explicit
+    L_K_inv, L_C_inv = (post.L_K_inv, post.L_C_inv) if explicit else (None, None)
+    if A is None:  # A in the thread's array (the kernel block stays for the gradient), or in the kernel block's
+        Kmn = kernel.K(Z, X, out=work("K", (Z.shape[0], X.shape[0]), Z))
+        A = left_solve(post.L_K, Kmn, L_inv=L_K_inv, overwrite=True,
+                       out=work("A", Kmn.shape, Kmn) if want_grad else None)
+    shape = A.shape
+    Q = left_solve(post.L_C, A, L_inv=L_C_inv, out=work("Q", shape, A))
+    prior_var = backend_row_dot(A, A, axis=-2)
+    d = backend_row_dot(Q, Q, axis=-2)
+    e = post.h @ Q
+    nu, mu = site_precision, site_shift
+    valid, one_minus, v, a = cavity(nu, mu, d, e, prior_var)
+    total_var = 1.0 + (kernel.Kdiag(X) - prior_var) + v  # b_i of eq. 17: probit, FITC variance s_i, cavity
+    log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, total_var)
+    new_nu, new_mu = moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
+    new_nu = xp.where(valid, xp.maximum(new_nu, 0.0), nu)
+    terms = xp.where(valid, log_zi + removal_terms(nu, mu, d, e, one_minus), 0.0)
+    log_z_terms = xp.sum(terms)
+    n_invalid = xp.sum(xp.astype(~valid, d.dtype))
+    dKmm_data, grads = None, {}
+    if want_grad:
+        alpha = xp.where(valid, alpha, 0.0)
+        kappa = alpha * a / total_var  # -2 d log Z_i / d b
+        coef_g = adjoint_coefficient(alpha, kappa, nu, mu, e, one_minus)
+        if not explicit:
+            marg = Marginals(A, Kmn.mT, Q, d, e, prior_var, None)
+            dKmm_data, grads, _ = data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g)
+            return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads,
+                               whitened_site_sums(A, new_nu, new_mu, nonnegative=nonnegative) if want_sums else None)
+        Q *= coef_g[None, :]
+        R = left_solve(post.L_C, Q, trans=True, L_inv=L_C_inv, overwrite=True)  # L_C^-T Q diag(coef_g), in Q
+        half = scaled_columns(A, 0.5 * kappa, out=work("H", shape, A))
+        R += half  # R'
+        dKmm_data = (A @ R.mT, A @ alpha)
+        R += half  # R
+        dKmn = add_outer(left_solve(post.L_K, R, trans=True, L_inv=L_K_inv, overwrite=True), post.beta, alpha)
+        grads = kernel.grads(None, dKmn.mT, -0.5 * kappa, X, Z, Knm=Kmn.mT, overwrite=True)
+    sums = whitened_site_sums(A, new_nu, new_mu, nonnegative=nonnegative) if want_sums else None
+    return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads, sums)
+
+
+def data_kmm_adjoint(post, inner, A_alpha):
+    """dKmm_data = -L_K^-T [inner + (A alpha) w^T] L_K^-1 from the blocks' summed (A R'^T, A alpha) of
+    ``batch_block_pass`` (w = ``Posterior.whitened_mean``, so that (A alpha) w^T L_K^-1 = (A alpha) beta^T)."""
+    inside = inner + A_alpha[:, None] * post.whitened_mean[None, :]
+    half = post.solve_K(inside.mT, trans=True, overwrite=True)  # L_K^-T inside^T
+    return -post.solve_K(half.mT, trans=True, overwrite=True)
+
+
+def batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, *, want_grad, block_rows, projections=None,
+                want_sites=True, damping=None, want_sums=False, nonnegative=False, workers=None):
+    """Batch EP's sweep: ``batch_block_pass`` over all rows (``sweep_rows``: damping, the per-row outputs and
+    the reductions; the blocks on the threads of ``pass_layout``), then the gradient's m x m part
+    (``data_kmm_adjoint``). ``projections``: the blocks' kept (A, K(Z, X)) from ``site_sums_over_rows`` (with
+    the same ``block_rows``), or None to compute them. Returns ``sweep_rows``' dict, with ``dKmm_data`` the
+    data part of the adjoint of Kmm and, with ``want_sums``, ``sums`` the whitened sums of the undamped new
+    sites. ``nonnegative``: as ``batch_block_pass`` takes it. ``workers``: as ``site_sums_over_rows`` takes it."""
+    if workers is None:
+        block_rows, workers = pass_layout(Z, X.shape[0], block_rows)
+    work = BlockScratch()
+    explicit = _uses_inverse(post.L_K, n_columns=min(X.shape[0], block_rows))
+    if explicit:  # what the blocks share, formed here once, before any thread needs it (q caches it on first use)
+        post.L_K_inv, post.L_C_inv
+    if want_grad:
+        post.beta
+
+    def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
+        A, Kmn = projections[index] if projections else (None, None)
+        return batch_block_pass(kernel, X_block, y_block, rows_precision, rows_shift, Z, post, want_grad=want_grad,
+                                want_sums=want_sums, A=A, Kmn=Kmn, nonnegative=nonnegative, work=work,
+                                explicit=explicit)
+
+    out = sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z,
+                     want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping,
+                     workers=workers)
+    if want_grad and explicit:
+        out["dKmm_data"] = data_kmm_adjoint(post, *out["dKmm_data"])
+    return out
+
+
 def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, want_sites=True,
-             damping=None, checked=True):
+             damping=None, checked=True, nonnegative_sites=False, site_sums=None, want_next_sums=False):
     """Batch EP: one pass over the data at fixed (kernel, Z, sites), q rebuilt exactly from all sites.
 
     Returns a dict: ``log_z`` (0-d, log Z_q of eq. 26), ``site_precision``/``site_shift`` (the EP
@@ -614,19 +840,47 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     ``n_invalid`` (0-d) counts the rows whose cavity was unusable; ``want_sites=False`` returns no per-row
     output (``site_precision``, ``site_shift`` and ``valid`` are None), so a final pass holds no n-vector.
     ``checked=False`` (the training loop): Cholesky failures give a NaN log Z_q instead of an exception
-    and no host synchronisation (see ``prior_cholesky``).
+    and no host synchronisation (see ``prior_cholesky``). ``nonnegative_sites``: every site precision is known to
+    be >= 0, as the training loop's are (zero at the start, given ones checked, and the sweep keeps them so): S is
+    then formed by symmetric products (``whitened_site_sums``); it must not be set for other sites.
 
-    The three stages -- per-row-block sums (``site_sums_over_rows``), the driver's q (``posterior_from_sums``),
-    the per-row-block sweep (``binary_sweep``) and the driver's ``finish_evaluate`` -- are what the distributed
+    q needs the sums S, c~ of all sites before any row's update, so an iteration visits the rows twice: once for
+    the sums (``site_sums_over_rows``), once for everything else (``batch_sweep``). The sums of the *new* sites
+    come almost free with the second visit (``want_next_sums``: returned as ``site_sums``, damped as the sites
+    are), but they belong to this pass's kernel, Z and jitter: when the next pass runs at the same ones (no step
+    on the hyper-parameters in between: the warm-up sweeps, a fit with nothing to learn), passing them back as
+    ``site_sums`` skips its first visit and gives the same q. After a step on the hyper-parameters every A_i
+    has moved and the sums must be formed again.
+
+    The stages -- per-row-block sums (``site_sums_over_rows``), the driver's q (``posterior_from_sums``),
+    the per-row-block sweep (``batch_sweep``) and the driver's ``finish_evaluate`` -- are what the distributed
     engine runs, the two per-row stages once per chunk of rows on the workers.
     """
-    block_rows = block_rows or default_block_rows(Z, X.shape[0])  # once: the sweep reuses the sums' projections
+    block_rows, workers = pass_layout(Z, X.shape[0], block_rows)  # once: the sweep reuses the sums' projections
     L_K = prior_cholesky(kernel, Z, jitter, checked=checked)
-    S, c_tilde, kept = site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, True)
+    kept = None
+    if site_sums is None:
+        S, c_tilde, kept = site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, True,
+                                               nonnegative=nonnegative_sites, workers=workers)
+    else:
+        S, c_tilde = site_sums
     post = posterior_from_sums(L_K, S, c_tilde, checked=checked)
-    sweep = binary_sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad,
-                         block_rows=block_rows, projections=kept, want_sites=want_sites, damping=damping)
-    return finish_evaluate(kernel, Z, post, sweep, want_grad)
+    sweep = batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad,
+                        block_rows=block_rows, projections=kept, want_sites=want_sites, damping=damping,
+                        want_sums=want_next_sums, nonnegative=nonnegative_sites, workers=workers)
+    out = finish_evaluate(kernel, Z, post, sweep, want_grad)
+    if want_next_sums:
+        out["site_sums"] = next_site_sums(sweep["sums"], (S, c_tilde), damping)
+    return out
+
+
+def next_site_sums(new, old, damping):
+    """The sums of the damped new sites, rho new + (1 - rho) old (Hernandez-Lobato & Hernandez-Lobato (2016),
+    eq. 25), from the sweep's sums of the undamped new sites and the pass's own: the sums are linear in the
+    sites."""
+    if damping is None:
+        return new
+    return tuple(damping * n + (1.0 - damping) * o for n, o in zip(new, old))
 
 
 def finish_evaluate(kernel, Z, post, sweep, want_grad):

@@ -146,7 +146,7 @@ def _damped(out, new_nu, new_mu, nu, mu, valid, damping):
 
 
 def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, want_sites=True,
-             damping=None, checked=True):
+             damping=None, checked=True, nonnegative_sites=False, site_sums=None, want_next_sums=False):
     """One parallel EP pass over all rows of the full GP at fixed (kernel, sites): ``ep.evaluate``'s contract with
     Z = X (``block_rows`` is not used: the model is n x n), and ``multiclass_ep.evaluate``'s for a ``ClassKernels``
     with Z (C, n, d), one GP a class (Villacampa-Calvo & Hernandez-Lobato (2017): the pairs' updates are
@@ -156,7 +156,10 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     fixed, the kernel's parameters only: the exact model's inducing points are the rows, never moved) and
     ``posterior`` (``ep.Posterior``, a tuple of them a class; built only when ``want_sites`` is False: the final
     pass, the training steps do not need it). Site precisions must be non-negative (the probit's always are);
-    ``checked=False``: a failed factorisation gives a NaN log Z_q and no host synchronisation."""
+    ``checked=False``: a failed factorisation gives a NaN log Z_q and no host synchronisation.
+    ``nonnegative_sites``, ``site_sums``, ``want_next_sums``: ``ep.evaluate``'s, taken so that the batch EP engine
+    drives either pass, and not used: the full GP keeps no sums of its sites between passes (its one factorisation
+    is of K + diag(1 / site precision), new at every pass), so no ``site_sums`` come back."""
     if isinstance(kernel, ClassKernels):
         return _evaluate_classes(kernel, Z, X, y, site_precision, site_shift, jitter=jitter, want_grad=want_grad,
                                  want_sites=want_sites, damping=damping, checked=checked)
