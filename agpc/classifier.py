@@ -73,8 +73,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         point at every row, held there (the full GP), trained by EP's full-GP passes (``agpc.inference.exact_ep``:
         one n x n factorisation a step) -- for binary ``method="ep"`` in batch mode; otherwise 100 inducing points
         (or every row, when there are fewer) learned with the kernel, as before the rule (more rows, more than two
-        classes, every other method, minibatches, streams and dask arrays). "all": the exact model whatever the size
-        (at most 20,000 rows: it holds n x n matrices; multiclass EP trains it by the full-GP passes too, the other
+        classes, every other method, minibatches, streams, dask arrays and data on disk, which are read a chunk at a
+        time). "all": the exact model whatever the size (at most 5,000 rows in memory: it holds n x n matrices; multiclass EP trains it by the full-GP passes too, the other
         methods by their own passes on m = n).
     kernel : Kernel or None
         Kernel with initial hyper-parameters. ``None``: ARD RBF with lengthscale_j = std(X_j) sqrt(d),
@@ -390,7 +390,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             size = size_rule.ModelSize(len(self.inducing), False)
         else:
             size = size_rule.model_size(self.n_inducing, n, rows_known=rows_known, n_classes=n_classes,
-                                        has_exact_pass=self._exact_passes(n, n_classes) is not None)
+                                        has_exact_pass=self._exact_passes(n) is not None)
         if size.n_inducing > n:
             what = f"{size.n_inducing} initial inducing points" if explicit else f"n_inducing={size.n_inducing}"
             raise ValueError(f"{what} exceeds the number of training rows ({n}): use at most one inducing point per row")
@@ -399,12 +399,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def _n_inducing_for(self, n, rows_known=True):
         return self._model_size(n, rows_known=rows_known).n_inducing
 
-    def _exact_passes(self, n, n_classes):
-        """The method's full-GP passes for the exact model of ``n`` rows (``Method.exact_passes``), where its fit
-        runs batch passes over them; else None."""
+    def _exact_passes(self, n):
+        """The method's full-GP passes for the exact model of ``n`` rows (``Method.exact_passes``, any number of
+        classes), where its fit runs batch passes over them; else None."""
         if self._batch_size_for(n) is not None and self._batch_size_for(n) < n:
             return None
-        return M.get_method(self.method).exact_passes_for(n_classes)
+        return M.get_method(self.method).exact_passes
 
     def _initial_model(self, sample, m, rng, n_classes=2, rows=None):
         """Initial kernel and inducing points; with more than two classes, one copy of each per class
@@ -446,8 +446,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 shape = ()
         n = int(shape[0]) if len(shape) else 1
         d = int(shape[1]) if len(shape) > 1 else 1
+        # (the classes are not known before the labels are checked: sized as for two, the size rule's exact case)
         m = max(1, len(self.inducing)) if not isinstance(self.inducing, str) else size_rule.model_size(
-            self.n_inducing, n, has_exact_pass=M.get_method(self.method).exact_passes is not None).n_inducing
+            self.n_inducing, n, has_exact_pass=self._exact_passes(n) is not None).n_inducing
         batch_size = self._batch_size_for(n)  # (a batch-only method's explicit batch_size is refused already)
         rows = n if batch_size is None else min(n, int(batch_size))
         return threads.blas_threads(rows, m, n_features=d, threads=self.blas_threads)
@@ -498,15 +499,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Xc, y_pm, classes, sample, xp, device = I.training_inputs(self, X, y, reset=True, target_xp=target_xp)
         n = Xc.shape[0]
         size = self._model_size(n, len(classes), rows_known=not B.is_out_of_core(Xc))
+        if size.at_rows:  # the exact model's inducing points are its rows: they stay there
+            groups = tuple(group for group in groups if group != "inducing")
         self.n_jobs_ = self._n_jobs_for(xp, n, len(classes))
         if self.n_jobs_ > 1:
-            return self._fit_local_workers(Xc, y_pm, classes, sample, groups, resume, validation_data, started)
+            return self._fit_local_workers(Xc, y_pm, classes, sample, size, groups, resume, validation_data, started)
         rng = B.host_rng(self.random_state)
         init_started = time.perf_counter()
         kernel, Z = self._initial_model(sample, size.n_inducing, rng, len(classes), rows=Xc if size.at_rows else None)
-        exact = self._exact_passes(n, len(classes)) if size.at_rows else None
-        if size.at_rows:  # the exact model's inducing points are its rows: they stay there
-            groups = tuple(group for group in groups if group != "inducing")
+        exact = self._exact_passes(n) if size.at_rows else None
         self.init_time_ = time.perf_counter() - init_started
         validation = None if validation_data is None else I.validation_set(self, validation_data, classes, xp, device)
         t0 = started
@@ -542,7 +543,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(why)
         return 1
 
-    def _fit_local_workers(self, X, y, classes, sample, groups, resume, validation_data, started):
+    def _fit_local_workers(self, X, y, classes, sample, size, groups, resume, validation_data, started):
         """``_fit`` in ``n_jobs_`` local worker processes: the same data-parallel rounds as on a dask cluster
         (``data_parallel.DataParallel`` on a ``workers.LocalWorkers`` pool), the rows written once, shuffled, into
         ``workers.SharedRows`` the workers map. The workers start first and import agpc while this process places
@@ -554,7 +555,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             n = X.shape[0]
             rng = B.host_rng(self.random_state)
             init_started = time.perf_counter()
-            kernel, Z = self._initial_model(sample, self._n_inducing_for(n), rng, len(classes))
+            kernel, Z = self._initial_model(sample, size.n_inducing, rng, len(classes), rows=X if size.at_rows else None)
             self.init_time_ = time.perf_counter() - init_started
             xp = B.array_namespace(Z)
             validation = None if validation_data is None else I.validation_set(self, validation_data, classes, xp,

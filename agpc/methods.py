@@ -158,10 +158,6 @@ class Method:
                              "settings of agpc.inference.training.train (the engine is Method.engine)")
         return settings
 
-    def exact_passes_for(self, n_classes):
-        """The passes of the exact model of ``n_classes`` classes at full-GP cost, or None."""
-        return self.exact_passes
-
     def refusal(self, capability, default):
         """The error message for ``capability``, which this method lacks."""
         return self.refusals.get(capability, default)

@@ -6,8 +6,9 @@ registry's ``Method.exact_passes``: EP, ``agpc.inference.exact_ep``) trains it a
 factorisation a step, in batch mode, for two classes. Above that, for more than two classes (whose exact model costs
 a factorisation a class and was not better on the study's multiclass sets), for the methods without such a pass (SEP,
 ADF, GFITC, SVI, the vi-* methods) and on minibatches, ``SPARSE_INDUCING`` inducing points (or every row, when there
-are fewer), started by k-means and learned with the kernel, as every fit was before the rule. A fit on a dask array, or a stream (``partial_fit``), has no row count to size an exact model by:
-it takes the sparse model. ``n_inducing="all"`` asks for the exact model whatever the size (up to ``ALL_MAX_ROWS``);
+are fewer), started by k-means and learned with the kernel, as every fit was before the rule. A fit on a dask array,
+on data on disk (a memmap or zarr array, read a chunk at a time) or on a stream (``partial_fit``) does not hold the
+rows whole as the exact model needs: it takes the sparse model. ``n_inducing="all"`` asks for the exact model whatever the size (up to ``ALL_MAX_ROWS``);
 an integer, for that many inducing points, as before.
 """
 
@@ -25,8 +26,11 @@ study's sets it is as good as or better than the sparse model below it)."""
 SPARSE_INDUCING = 100
 """The inducing points of ``n_inducing="auto"`` above ``EXACT_MAX_ROWS`` (the default before the rule)."""
 
-ALL_MAX_ROWS = 20000
-"""The most rows ``n_inducing="all"`` takes: its model holds n x n matrices (3.2 GB in float64 here)."""
+ALL_MAX_ROWS = 5000
+"""The most rows ``n_inducing="all"`` takes. A full-GP EP step holds about eight n x n matrices at once (the kernel,
+its scaled copy, the factor and its solves, the inverse of the gradient) and costs a few n^3 flops: at 5,000 rows
+1.6 GB in float64 and a few seconds a step on two cores; at 20,000 it would be 26 GB and minutes a step, past this
+kind of machine. Larger data take inducing points."""
 
 
 @dataclass(frozen=True)
@@ -43,11 +47,12 @@ def model_size(n_inducing, n_rows, *, has_exact_pass, rows_known=True, n_classes
     ``n_classes`` classes.
     ``has_exact_pass``: the method trains the exact model by a full-GP pass of its own (else "auto" is sparse at
     every size: its inducing-point passes on m = n would cost O(n^3) with a large constant every step).
-    ``rows_known=False``: a stream or a dask array ("auto" is then the sparse model; "all" is refused)."""
+    ``rows_known=False``: a stream, a dask array or data on disk (read a chunk at a time; "auto" is then the sparse
+    model, "all" is refused)."""
     if n_inducing == "all":
         if not rows_known:
             raise ValueError("n_inducing='all' puts an inducing point at every training row: it needs the rows whole "
-                             "(fit on an in-memory array), not a stream or a dask array")
+                             "(fit on an in-memory array), not a stream, a dask array or data on disk")
         if n_rows > ALL_MAX_ROWS:
             raise ValueError(f"n_inducing='all' holds n x n matrices: {n_rows} rows is more than {ALL_MAX_ROWS}; "
                              "give a number of inducing points")

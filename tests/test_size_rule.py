@@ -94,3 +94,26 @@ def test_all_puts_the_points_at_the_rows_for_every_method():
     np.testing.assert_array_equal(to_np(model.inducing_points_), X)  # held there: not learned
     with pytest.raises(ValueError, match="needs the rows whole"):
         GPClassifier(method="sep", n_inducing="all").partial_fit(X, y)
+
+
+def test_a_sparse_checkpoint_does_not_resume_as_the_exact_model(tmp_path):
+    """A sparse fit with an inducing point a row (an integer n_inducing = n, the points held) matches the exact model's
+    run in every other field of the fingerprint; its Z is k-means' order of the rows, not the rows', and the full-GP
+    passes would pair row i with another row's point. The fingerprint names the passes: the resume is refused."""
+    X, y = _data(40)
+    path = tmp_path / "sparse.ckpt"
+    settings = dict(optimize=("kernel",), max_iter=2, random_state=0, checkpoint_path=path, checkpoint_every=1)
+    GPClassifier(n_inducing=40, **settings).fit(X, y)
+    with pytest.raises(ValueError, match="full_gp"):
+        GPClassifier(n_inducing="auto", **{**settings, "max_iter": 4}).fit(X, y, resume=True)
+    GPClassifier(n_inducing=40, **{**settings, "max_iter": 4}).fit(X, y, resume=True)  # its own run goes on
+
+
+def test_all_holds_the_points_at_the_rows_in_local_worker_processes():
+    """n_jobs=2 trains the model n_jobs=1 would: with n_inducing='all' the points are the rows, held there (the
+    workers' rounds do not learn them, and no k-means places n centres)."""
+    X, y = _data(60)
+    model = GPClassifier(method="sep", n_inducing="all", batch_size=20, n_jobs=2, max_iter=1, random_state=0)
+    model.fit(X, y)
+    assert model.n_jobs_ == 2
+    np.testing.assert_array_equal(to_np(model.inducing_points_), X)

@@ -32,6 +32,7 @@ from ..checkpoints import load_checkpoint, save_checkpoint
 from ..kernels import ClassKernels
 from ..threads import with_blas_threads
 from .engines import ALL_METHODS, EP_METHODS, make_engine
+from . import exact_ep
 from .ep import PRIOR_FACTOR_NAME
 
 __all__ = ["train", "Trainer", "TrainResult", "METHODS", "ALL_METHODS", "minibatch_layout", "data_fingerprint",
@@ -359,6 +360,9 @@ def train(
     checkpoints_written = 0
     fingerprint = {"n": int(n), "method": method, "n_batches": len(batches), "Z_shape": [int(v) for v in Z.shape],
                    "per_row_sites": engine.per_row_sites, "params": list(engine.names), "data": data_hash,
+                   # full-GP passes read Z as the rows themselves, site i as row i's: a sparse run's checkpoint whose
+                   # Z has n points (in another order) must not resume under them
+                   "full_gp": getattr(engine, "passes", None) is exact_ep,
                    # the objective's priors: a resume under other priors (kernel_prior changed) would climb
                    # another objective from the saved state
                    "priors": {key: parameter.prior.spec() for key, parameter in kernel.parameter_table().items()
@@ -613,7 +617,7 @@ def _restore(trainer, rng, path, fingerprint, has_validation):
     saved = load_checkpoint(path, lambda a: asarray_like(a, xp, device=device))
     written_for = saved.get("fingerprint")
     if isinstance(written_for, dict):  # a checkpoint from before priors were part of the fingerprint had none
-        written_for = {"priors": {}, **written_for}
+        written_for = {"priors": {}, "full_gp": False, **written_for}  # (nor the full GP's passes, which came later)
         legacy = getattr(trainer.engine, "legacy_checkpoint_keys", {})
         if legacy and isinstance(written_for.get("params"), list):  # the parameters by the names of an older form
             written_for["params"] = [legacy.get(name, name) if isinstance(name, str) else name
