@@ -817,6 +817,8 @@ def _triangular_blas(name, L, B, trans, right, overwrite):
     else:
         out = b if overwrite and b.flags.writeable else np.array(b, order="F")  # (f2py's copy, when not overwrite)
         rows, cols = out.shape
+        if a.shape != ((cols, cols) if side else (rows, rows)):  # (f2py checks this; raw BLAS would not)
+            raise ValueError(f"{name}: a triangle of shape {L.shape} does not fit an operand of shape {B.shape}")
         integers, (m, n, lda, ldb) = _integer_addresses(rows, cols, a.shape[0], rows)
         unlocked(b"R" if side else b"L", b"L" if lower else b"U", b"T" if trans_a else b"N", b"N", m, n,
                  ctypes.addressof(_ONE[B.dtype]), a.ctypes.data, lda, out.ctypes.data, ldb)
@@ -911,6 +913,8 @@ def add_outer(M, u, v):
             ger(1.0, v, u, a=M.T, overwrite_a=1)  # M.T (Fortran-ordered) += v u^T
             return M
         k, l = M.shape
+        if u.shape != (k,) or v.shape != (l,):  # (f2py checks this; raw BLAS would read past the vectors)
+            raise ValueError(f"add_outer: vectors of shapes {u.shape}, {v.shape} for a matrix of shape {M.shape}")
         integers, (rows, cols, step, ld) = _integer_addresses(l, k, 1, l)
         unlocked(rows, cols, ctypes.addressof(_ONE[M.dtype]), v.ctypes.data, step, u.ctypes.data, step, M.ctypes.data,
                  ld)

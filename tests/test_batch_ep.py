@@ -387,6 +387,21 @@ def test_only_the_threads_of_a_pass_call_blas_with_the_lock_released(monkeypatch
     _assert_same(many, one, rtol=1e-12)
 
 
+def test_the_lock_free_blas_refuses_operands_that_do_not_fit():
+    """cython_blas through ctypes checks no dimensions (SciPy's wrappers do): a triangle that does not fit its
+    operand, or vectors that do not fit the matrix of a rank-one update, is a ValueError before the call, never
+    a read past an array."""
+    from agpc import backend
+
+    triangle, operand = np.tril(np.ones((3, 3))), np.ones((4, 5))
+    with backend.blas_releasing_the_lock():
+        for right in (False, True):
+            with pytest.raises(ValueError, match="does not fit"):
+                backend.triangular_matmul(triangle, operand, right=right)
+        with pytest.raises(ValueError, match="add_outer"):
+            backend.add_outer(np.zeros((4, 5)), np.ones(4), np.ones(6))
+
+
 def test_a_cython_blas_routine_absent_or_of_another_signature_is_not_called(monkeypatch):
     """The routine's address is taken only from a capsule whose C signature (its name) is the one called; a
     missing entry or another signature leaves SciPy's Python wrapper to do the work, with the same result."""

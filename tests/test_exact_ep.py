@@ -125,6 +125,24 @@ def test_one_factorisation_a_pass_and_one_inverse_for_the_gradient(monkeypatch):
     assert calls == {"cholesky": 2, "solve_n": 1, "inverse": 0}  # B and K here; C in ep.posterior_from_sums
 
 
+def test_new_site_precisions_are_never_negative(monkeypatch):
+    """As the sparse batch pass's: where round-off deep in a tail would leave gamma just below 0, the new precision is
+    0, not a negative number whose square root the next pass would take (NaN, a reverted step)."""
+    X, y = _toy()
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.5)
+    moments = ep.PROBIT.tilted_moments
+
+    def tail_roundoff(y, a, b):
+        log_z, alpha, gamma = moments(y, a, b)
+        return log_z, alpha, np.where(np.arange(gamma.shape[0]) % 7 == 0, -1e-12, gamma)
+
+    monkeypatch.setattr(ep.PROBIT, "tilted_moments", tail_roundoff)
+    zeros = np.zeros(X.shape[0])
+    out = exact_ep.evaluate(kernel, X, X, y, zeros + 0.5, zeros, jitter=1e-6)
+    new = to_np(out["site_precision"])
+    assert np.all(new >= 0.0) and np.all(new[::7] == 0.0)
+
+
 def test_refuses_inducing_points_other_than_the_rows():
     X, y = _toy(20)
     kernel = RBF(lengthscales=[1.0, 1.0]).for_inputs(X)

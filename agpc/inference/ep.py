@@ -24,6 +24,7 @@ import contextvars
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -319,12 +320,17 @@ def removal_terms(site_precision, site_shift, d, e, one_minus):
     return (nu * e * e - 2.0 * mu * e + mu * mu * d) / (2.0 * one_minus) - 0.5 * xp.log(one_minus)
 
 
-def moment_matched_site(valid, site_precision, site_shift, a, v, alpha, gamma):
+def moment_matched_site(valid, site_precision, site_shift, a, v, alpha, gamma, *, nonnegative=False):
     """New site (eq. 23): the tilted marginal along upsilon_i (d log Z / da = alpha, -d^2 log Z / da^2 =
-    gamma) divided by the cavity N(a, v); an invalid cavity keeps the old site."""
+    gamma) divided by the cavity N(a, v); an invalid cavity keeps the old site. ``nonnegative``: a precision that
+    round-off deep in a tail left just below 0 is set to 0 (the probit's sites are never negative in exact
+    arithmetic; the batch passes that take square roots of the sites rely on it)."""
     xp = array_namespace(a)
     denom = 1.0 - v * gamma
-    return xp.where(valid, gamma / denom, site_precision), xp.where(valid, (alpha + a * gamma) / denom, site_shift)
+    precision = gamma / denom
+    if nonnegative:
+        precision = xp.maximum(precision, 0.0)
+    return xp.where(valid, precision, site_precision), xp.where(valid, (alpha + a * gamma) / denom, site_shift)
 
 
 def adjoint_coefficient(alpha, kappa, site_precision, site_shift, e, one_minus):
@@ -559,11 +565,12 @@ def site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_row
     S = c_tilde = None
     kept = [] if keep else None
     blocks = ((lo, hi, X_block) for lo, hi, X_block, _ in data_blocks(X, None, block_rows, Z))
-    for _, (S_b, c_b, projection) in map_blocks(block_sums, blocks, workers):
-        S = S_b if S is None else S + S_b
-        c_tilde = c_b if c_tilde is None else c_tilde + c_b
-        if keep:
-            kept.append(projection)
+    with closing(map_blocks(block_sums, blocks, workers)) as results:  # (ended on an error too: see map_blocks)
+        for _, (S_b, c_b, projection) in results:
+            S = S_b if S is None else S + S_b
+            c_tilde = c_b if c_tilde is None else c_tilde + c_b
+            if keep:
+                kept.append(projection)
     return S, c_tilde, kept
 
 
@@ -625,14 +632,15 @@ def sweep_rows(X, y, site_precision, site_shift, block_step, *, block_rows, like
             yield (index, lo, hi, X_block, y_block, None if zero_sites_given else site_precision[rows],
                    None if zero_sites_given else site_shift[rows])
 
-    for (_, lo, hi, *_), res in map_blocks(block_step, steps(), workers):
-        if want_sites:
-            rows = row_index(lo, hi)
-            write_block_sites(out, lo, hi, res, site_precision[rows], site_shift[rows], damping)
-        if getattr(res, "n_invalid", None) is None:  # (added by ``accumulate`` where the block counts its own)
-            invalid = xp.sum(xp.astype(~res.valid, xp.int64))
-            out["n_invalid"] = invalid if out["n_invalid"] is None else out["n_invalid"] + invalid
-        accumulate(out, res, want_sums=want_sums, want_grad=want_grad)
+    with closing(map_blocks(block_step, steps(), workers)) as results:  # (ended on an error too: see map_blocks)
+        for (_, lo, hi, *_), res in results:
+            if want_sites:
+                rows = row_index(lo, hi)
+                write_block_sites(out, lo, hi, res, site_precision[rows], site_shift[rows], damping)
+            if getattr(res, "n_invalid", None) is None:  # (added by ``accumulate`` where the block counts its own)
+                invalid = xp.sum(xp.astype(~res.valid, xp.int64))
+                out["n_invalid"] = invalid if out["n_invalid"] is None else out["n_invalid"] + invalid
+            accumulate(out, res, want_sums=want_sums, want_grad=want_grad)
     return out
 
 
@@ -643,7 +651,9 @@ def map_blocks(function, arguments, workers):
     (``pass_workers``), their BLAS calls releasing the interpreter lock (``backend.blas_releasing_the_lock``). Each
     call runs in a copy of the caller's context, so that the backend's context variables (``reference_paths``,
     ``counting_fast_calls``, the block rows in use) hold on the threads too. The
-    per-block results, and so every sum over blocks taken in order, are those of one thread."""
+    per-block results, and so every sum over blocks taken in order, are those of one thread. The thread pool, the
+    one-thread BLAS limit and the lock-free BLAS hold until the generator ends: a caller closes it
+    (``contextlib.closing``) so that they end with an error in its loop too, not when the traceback is freed."""
     if workers <= 1:
         for item in arguments:
             yield item, function(*item)
@@ -763,8 +773,7 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     valid, one_minus, v, a = cavity(nu, mu, d, e, prior_var)
     total_var = 1.0 + (kernel.Kdiag(X) - prior_var) + v  # b_i of eq. 17: probit, FITC variance s_i, cavity
     log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, total_var)
-    new_nu, new_mu = moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
-    new_nu = xp.where(valid, xp.maximum(new_nu, 0.0), nu)
+    new_nu, new_mu = moment_matched_site(valid, nu, mu, a, v, alpha, gamma, nonnegative=True)
     terms = xp.where(valid, log_zi + removal_terms(nu, mu, d, e, one_minus), 0.0)
     log_z_terms = xp.sum(terms)
     n_invalid = xp.sum(xp.astype(~valid, d.dtype))

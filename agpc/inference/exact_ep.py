@@ -158,8 +158,8 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     pass, the training steps do not need it). Site precisions must be non-negative (the probit's always are);
     ``checked=False``: a failed factorisation gives a NaN log Z_q and no host synchronisation.
     ``nonnegative_sites``, ``site_sums``, ``want_next_sums``: ``ep.evaluate``'s, taken so that the batch EP engine
-    drives either pass, and not used: the full GP keeps no sums of its sites between passes (its one factorisation
-    is of K + diag(1 / site precision), new at every pass), so no ``site_sums`` come back."""
+    drives either pass, and not used: the full GP keeps no sums of its sites between passes (its one factorisation,
+    of I + D^1/2 K D^1/2 with D the site precisions, is new at every pass), so no ``site_sums`` come back."""
     if isinstance(kernel, ClassKernels):
         return _evaluate_classes(kernel, Z, X, y, site_precision, site_shift, jitter=jitter, want_grad=want_grad,
                                  want_sites=want_sites, damping=damping, checked=checked)
@@ -170,7 +170,7 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     valid, one_minus, v, a = ep.cavity(nu, mu, marg.var, marg.mean, marg.prior_var)
     b = 1.0 + marg.noise_var + v
     log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, b)
-    new_nu, new_mu = ep.moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
+    new_nu, new_mu = ep.moment_matched_site(valid, nu, mu, a, v, alpha, gamma, nonnegative=True)  # (sqrt(nu) below)
     terms = xp.where(valid, log_zi + ep.removal_terms(nu, mu, marg.var, marg.mean, one_minus), 0.0)
     out = {"log_z": marg.log_normaliser_gain + xp.sum(terms), "n_invalid": xp.sum(xp.astype(~valid, Z.dtype)),
            "valid": None, "site_precision": None, "site_shift": None, "site_change": None, "grads": None,
