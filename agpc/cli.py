@@ -538,7 +538,7 @@ def fit(args):
     )
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
     print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, classes "
-          f"{_preview(classes.tolist(), 6)}; method {args.method}, {args.inducing} inducing points, on {where}",
+          f"{_preview(classes.tolist(), 6)}; method {args.method}, n_inducing {args.inducing}, on {where}",
           flush=True)
     t0 = time.perf_counter()
     if args.scheduler:
@@ -556,7 +556,7 @@ def fit(args):
     for what, values, rows in scores:
         _print_scores(what, values, rows)
     stopped = ", stopped by --max-time" if getattr(model, "stopped_by_time_", False) else ""
-    print(f"fit time:    {seconds:.2f} s ({model.n_iter_} iterations{stopped})")
+    print(f"fit time:    {seconds:.2f} s ({model.n_iter_} iterations{stopped}; {_model_size(model)})")
     print(f"wrote {args.out}")
     return 0
 
@@ -800,16 +800,33 @@ def bench(args):
 
 # -- the parser ----------------------------------------------------------------------------------------
 
-def _batch_size(text):
-    if text.lower() in ("auto", "none"):
-        return None if text.lower() == "none" else "auto"
+def _positive_or(words, text):
+    """``text`` as one of ``words`` (the keys: what each stands for) or a positive integer, for argparse."""
+    if text.lower() in words:
+        return words[text.lower()]
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected 'auto', 'none' or a positive integer, got {text!r}")
+        named = ", ".join(f"'{word}'" for word in words)
+        raise argparse.ArgumentTypeError(f"expected {named} or a positive integer, got {text!r}")
     return value
+
+
+def _batch_size(text):
+    return _positive_or({"auto": "auto", "none": None}, text)
+
+
+def _inducing(text):
+    """``--inducing``: ``GPClassifier``'s ``n_inducing`` as text ('auto', 'all' or a positive integer)."""
+    return _positive_or({"auto": "auto", "all": "all"}, text)
+
+
+def _model_size(model):
+    """The fitted model's size for the summary line: its inducing points (a class's, for more than two classes)."""
+    m = model.inducing_points_.shape[-2]
+    return f"{m} inducing point{'s' if m != 1 else ''}" + (" a class" if len(model.inducing_points_.shape) == 3 else "")
 
 
 def _fraction(text):
@@ -830,7 +847,9 @@ def _fit_parser(sub):
     p.add_argument("--target", metavar="COL", help="the label column: a name or an integer index (.npy: an index); "
                    ".npz / zarr group: the array of labels (default y, features in X)")
     p.add_argument("--method", choices=method_names(), default="ep", help="inference method (default ep)")
-    p.add_argument("--inducing", type=int, default=100, metavar="M", help="number of inducing points (default 100)")
+    p.add_argument("--inducing", type=_inducing, default="auto", metavar="M",
+                   help="'auto' (default: the exact model on small binary data, else 100 learned inducing points), "
+                        "'all' (the exact model) or a number of inducing points")
     p.add_argument("--kernel-prior", choices=["auto", "none"], default="auto",
                    help="'auto' (default): weak priors on the kernel's lengthscales and amplitude (MAP); 'none': "
                         "type-II maximum likelihood (docs/small_data_defaults.md)")

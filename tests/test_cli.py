@@ -12,11 +12,13 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pandas
 import pytest
 
-from agpc import CholeskyError, GPClassifier, cli
+from agpc import CholeskyError, GPClassifier, cli, load_model
 from agpc.cli import main
 from agpc.datasets import make_banana
+from agpc.size_rule import EXACT_MAX_ROWS
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = dict(n_inducing=10, max_iter=5, random_state=0)
@@ -770,6 +772,33 @@ def test_a_missing_optional_package_is_exit_2_naming_it(tmp_path, banana, monkey
     err = capsys.readouterr().err
     assert_one_line_error(status, err)
     assert "'cupy'" in err
+
+
+def test_inducing_defaults_to_the_size_rule_as_the_estimator_does(tmp_path, capsys):
+    """``--inducing`` is ``n_inducing``: 'auto' by default (the estimator's default: the exact model on 120 binary
+    rows, an inducing point a row), 'all' and a number as the estimator takes them; the summary line says the
+    model's size. Fails if the command keeps a fixed default of its own."""
+    assert 120 <= EXACT_MAX_ROWS  # (the rows below are the exact case of the rule)
+    X, y = make_banana(120, random_state=1)
+    data = write_csv(tmp_path / "train.csv", X, y)
+    expected = GPClassifier(max_iter=3, random_state=0).fit(X, y)
+    assert expected.inducing_points_.shape[0] == 120  # the size rule's exact model, as the estimator fits it
+    for choice, m in [(None, 120), ("all", 120), ("7", 7)]:
+        model = tmp_path / f"m-{choice}.agpc"
+        extra = [] if choice is None else ["--inducing", choice]
+        argv = ["fit", str(data), "--target", "label", "--max-iter", "3", "--random-state", "0", "--quiet", *extra,
+                "--out", str(model)]
+        assert main(argv) == 0
+        printed = capsys.readouterr().out
+        assert f"{m} inducing points)" in printed
+        fitted = load_model(model)
+        assert fitted.inducing_points_.shape[0] == m
+        if choice is None:  # the estimator's default fit, the same model
+            named = {"x1": X[:, 0], "x2": X[:, 1]}  # (the CLI's model has the CSV's column names)
+            np.testing.assert_allclose(fitted.predict_proba(pandas.DataFrame(named)), expected.predict_proba(X),
+                                       rtol=1e-10)
+    assert main(["fit", str(data), "--target", "label", "--inducing", "0", "--out", str(tmp_path / "z.agpc")]) == 2
+    assert "'auto', 'all' or a positive integer" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [[], ["fit"], ["frobnicate"], ["fit", "d.csv", "--out", "m", "--inducing", "many"],
