@@ -5,14 +5,24 @@ nothing): a Ctrl-C meanwhile ends the command as one during it does, with one li
 with Python's traceback.
 """
 
+import signal
 import sys
+import threading
 
+# As while a command runs (``agpc.cli``): SIGINT interrupts the loading too when the process inherited it ignored
+# (a background job of a script, a test runner started so), where Python would leave it ignored. Only the main
+# thread may set a handler; the caller's disposition is back once the command line is loaded.
+_previous = signal.signal(signal.SIGINT, signal.default_int_handler) if (
+    threading.current_thread() is threading.main_thread()) else None
 try:
     from .cli import main
 except KeyboardInterrupt:
     if sys.stderr is not None:
         sys.stderr.write("agpc: interrupted\n")
     sys.exit(130)
+finally:
+    if _previous is not None:
+        signal.signal(signal.SIGINT, _previous)
 
 __all__ = ["main"]
 
