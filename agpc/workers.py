@@ -305,8 +305,6 @@ def resolve(value):
 
 # -- local worker processes ------------------------------------------------------------------------------
 
-# The program a worker runs: the driver's module search path first (so that it imports the same agpc), then
-# ``serve``. Nothing of the caller's main script is imported.
 # The program a worker runs: the driver's module search path first (so that it imports the same agpc), then the
 # modules the pool was asked to preload (before the first task is read), then ``serve``. Nothing of the caller's
 # main script is imported, and nothing of scikit-learn (``agpc`` loads its estimator when first asked for it).
