@@ -727,8 +727,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             warming = [client.submit(prepare_worker, workers=[w], pure=False) for w in client.nthreads()]
             classes = I.check_classes(self, np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
             data_hash = None if not sample_rows else training.data_fingerprint(
-                n, X.shape[1], sample_rows[0], I.encode_labels(np.asarray(sample_rows[1]), classes), classes)
-            y_pm = y.map_blocks(I.encode_labels, classes, dtype=np.float64).astype(X.dtype)
+                n, X.shape[1], sample_rows[0], V.encode_labels(np.asarray(sample_rows[1]), classes), classes)
+            y_pm = y.map_blocks(V.encode_labels, classes, dtype=np.float64).astype(X.dtype)
             self.n_features_in_ = X.shape[1]
             m = self._n_inducing_for(n, rows_known=False)
             init_started = time.perf_counter()
