@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import math
 import os
 import re
@@ -155,10 +156,13 @@ def refusal(method, n_classes):
     return None
 
 
-def prepare_worker():
-    """A task run once on each worker at the start of a data-parallel fit, while the driver reads its inputs and
-    places the inducing points: unpickling it imports this module (and the engines) there, which the first round
-    would otherwise wait for. Returns the worker's process id."""
+def prepare_worker(modules=()):
+    """A task run once on each worker at the start of a data-parallel fit, while the driver places the inducing
+    points: unpickling it imports this module (and the engines) there, and it imports ``modules`` (those the
+    rounds' other tasks need: dask.array for chunks read through a dask graph), which the first round would
+    otherwise wait for. Returns the worker's process id."""
+    for name in modules:
+        importlib.import_module(name)
     return os.getpid()
 
 
