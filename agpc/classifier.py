@@ -730,8 +730,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError("Input X contains NaN or infinity")
             # every worker imports agpc now, while this process places the inducing points (before the checks' pass,
             # the pass would wait for the imports on single-threaded workers)
-            warming = [client.submit(prepare_worker, ("dask.array",), workers=[w], pure=False)
-                       for w in client.nthreads()]
+            # (rows persisted on the cluster: the rounds' tasks take their chunks as they are, and the labels are
+            # encoded once, below, by a task of this package's: the workers then need no dask.array)
+            warming = [client.submit(prepare_worker, () if blocks[0] is not None else ("dask.array",), workers=[w],
+                                     pure=False) for w in client.nthreads()]
             classes = I.check_classes(self, np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
             data_hash = None if not sample_rows else training.data_fingerprint(
                 n, X.shape[1], sample_rows[0], V.encode_labels(np.asarray(sample_rows[1]), classes), classes)
@@ -751,6 +753,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             batch_size = self._batch_size_for(n)
             minibatch = batch_size is not None and batch_size < n
             if minibatch and self.local_steps != 0:  # data-parallel rounds: the rows stay on the workers
+                if blocks[0] is not None:  # (X persisted: the labels too, encoded, n floats on the workers)
+                    y_pm = client.persist(y_pm)
                 engine = DataParallel(client, X, y_pm, batch_size=batch_size, local_steps=self.local_steps,
                                       seed=int(rng.integers(2**62)), site_directory=self.site_directory)
                 X, y_pm = RowsOnWorkers(X.shape, X.dtype), RowsOnWorkers(y_pm.shape, y_pm.dtype)
