@@ -30,7 +30,6 @@ __all__ = [
     "INIT_SAMPLE",
     "DTYPES",
     "dtype_name",
-    "encode_labels",
     "EncodedLabels",
     "is_foreign_array",
     "check_conversion_keeps_spread",
@@ -65,16 +64,8 @@ def dtype_name(dtype):
     return name
 
 
-def encode_labels(y, classes):
-    """Labels as the inference code takes them: +1 / -1 for two classes (+1 = classes[1]), else the
-    index into ``classes`` (floats, so they travel like the features)."""
-    if len(classes) == 2:
-        return np.where(y == classes[1], 1.0, -1.0)
-    return np.searchsorted(classes, y).astype(np.float64)
-
-
 class EncodedLabels:
-    """Labels on disk (or anywhere sliceable) encoded by ``encode_labels`` a block at a time."""
+    """Labels on disk (or anywhere sliceable) encoded by ``validation.encode_labels`` a block at a time."""
 
     dtype = np.float64
 
@@ -84,7 +75,7 @@ class EncodedLabels:
         self.shape = (y.shape[0],)
 
     def __getitem__(self, key):
-        return encode_labels(np.asarray(self.y[key]), self.classes)
+        return V.encode_labels(np.asarray(self.y[key]), self.classes)
 
 
 def is_foreign_array(X):
@@ -335,7 +326,7 @@ def training_inputs(estimator, X, y, *, reset, target_xp=None, classes=None):
         classes, y_host = host_targets(estimator, y, X.shape[0], classes)
         X = B.HostRows(X)
         device = B.array_device(xp.zeros((1,), dtype=dtype, device=device))
-        return TrainingInputs(X, encode_labels(y_host, classes), classes, initial_sample(estimator, X, xp, dtype),
+        return TrainingInputs(X, V.encode_labels(y_host, classes), classes, initial_sample(estimator, X, xp, dtype),
                               xp, device)
     Xc = B.asarray_like(X, xp, device=device, dtype=dtype)
     device = B.array_device(Xc)
@@ -343,7 +334,7 @@ def training_inputs(estimator, X, y, *, reset, target_xp=None, classes=None):
         y_encoded, classes = device_targets(estimator, y, X.shape[0], classes, xp, device)
     else:
         classes, y_host = host_targets(estimator, y, X.shape[0], classes)
-        y_encoded = B.asarray_like(encode_labels(y_host, classes), xp, device=device, dtype=dtype)
+        y_encoded = B.asarray_like(V.encode_labels(y_host, classes), xp, device=device, dtype=dtype)
     return TrainingInputs(Xc, y_encoded, classes, sample_rows(estimator, Xc), xp, device)
 
 
@@ -383,7 +374,7 @@ def validation_set(estimator, validation_data, classes, xp, device):
                          f"classes {classes.tolist()}")
     dtype = getattr(xp, dtype_name(estimator.dtype))
     return (B.asarray_like(X_val, xp, device=device, dtype=dtype),
-            B.asarray_like(encode_labels(labels, classes), xp, device=device, dtype=dtype))
+            B.asarray_like(V.encode_labels(labels, classes), xp, device=device, dtype=dtype))
 
 
 def check_n_total(n_total, rows):

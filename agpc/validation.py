@@ -35,6 +35,7 @@ __all__ = [
     "FloatingType",
     "validate_params",
     "check_labels",
+    "encode_labels",
     "column_scales",
     "check_precision_keeps_spread",
 ]
@@ -289,6 +290,16 @@ def _label_kind(value):
     if isinstance(value, (numbers.Real, np.bool_)):  # bools, ints and floats order among themselves
         return "NaN" if isinstance(value, numbers.Real) and value != value else "number"
     return type(value).__name__
+
+
+def encode_labels(y, classes):
+    """Labels as the inference code takes them: +1 / -1 for two classes (+1 = classes[1]), else the
+    index into ``classes`` (floats, so they travel like the features). Here rather than beside the input
+    checks (``inputs``, which imports scikit-learn): a dask fit encodes its labels in tasks on the workers, and a
+    task's function is imported there; this module costs a worker nothing the rounds do not import anyway."""
+    if len(classes) == 2:
+        return np.where(y == classes[1], 1.0, -1.0)
+    return np.searchsorted(classes, y).astype(np.float64)
 
 
 def check_labels(y, what="y", offset=0):

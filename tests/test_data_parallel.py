@@ -12,10 +12,11 @@ from threadpoolctl import threadpool_info
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 
-from agpc import GPClassifier  # noqa: E402
+from agpc import GPClassifier, classifier, inputs  # noqa: E402
+from agpc.backend import host_rng  # noqa: E402
 from agpc.datasets import make_banana  # noqa: E402
 from agpc.inference import data_parallel, ep, training  # noqa: E402
-from agpc.inference.dask_engine import local_cluster  # noqa: E402
+from agpc.inference.dask_engine import local_cluster, persisted_blocks  # noqa: E402
 from agpc.inference.engines import make_engine  # noqa: E402
 from agpc.kernels import RBF  # noqa: E402
 from test_dask import assert_same_model  # noqa: E402  (one statement of "the same model" for lost workers)
@@ -574,3 +575,86 @@ def test_a_data_parallel_checkpoint_record_is_checked_before_it_is_used(client, 
         with pytest.raises(ValueError, match=f"not a valid agpc checkpoint: engine.data_parallel.{re.escape(field)}"):
             engine.restore_checkpoint(dict(saved, data_parallel=broken), path)
     plan.close()
+
+
+_IMPORTED = "sorted(name for name in ('dask.array', 'sklearn') if name in __import__('sys').modules)"
+
+
+def test_a_users_cluster_reads_persisted_rows_with_nothing_to_import(monkeypatch):
+    """A user's own LocalCluster whose workers have imported nothing of agpc's, the rows persisted on it. The pass
+    before the inducing points are placed (the sample, the labels, the finiteness of every chunk) runs NumPy's own
+    functions on the chunks: when it is over the workers have imported neither dask.array (its graph of the same
+    checks imported it, ~0.25 s a worker with the driver waiting) nor scikit-learn; and after the fit they have
+    still not imported scikit-learn (the labels' encoding task imported it with ``agpc.inputs``: the first round
+    waited 0.7 s for it). (``eval``: a builtin, so that asking imports nothing of this module on the workers.)"""
+    X, y = make_banana(1200, random_state=5)
+    seen = []
+    real = classifier._persisted_inputs
+
+    def persisted_inputs(client, *args):
+        sample, labels, finite = real(client, *args)
+        distributed.wait(finite)
+        seen.append(client.run(eval, _IMPORTED))
+        return sample, labels, finite
+
+    monkeypatch.setattr(classifier, "_persisted_inputs", persisted_inputs)
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None)
+    with cluster, distributed.Client(cluster) as client:
+        Xd = client.persist(da.from_array(X, chunks=(300, 2)))
+        yd = client.persist(da.from_array(y, chunks=300))
+        GPClassifier(method="sep", n_inducing=10, batch_size=100, max_iter=1, local_steps=2).fit(Xd, yd)
+        after = client.run(eval, _IMPORTED)
+    assert len(seen) == 1 and list(seen[0].values()) == [[], []]
+    assert list(after.values()) == [[], []]
+
+
+def test_persisted_rows_give_the_sample_labels_and_checks_of_the_dask_array(client, monkeypatch):
+    """Rows persisted on the cluster (``dask_engine.persisted_blocks``: the array's graph is nothing but its
+    chunks' futures) are read without a dask.array graph: the same sampled rows and labels as X[rows] and
+    da.unique; a NaN in a row the sample skipped is still refused (once the inducing points are placed), and a
+    NaN in the sample before. An array with a task left to run on its chunks is not taken for persisted."""
+    X, y = make_banana(900, random_state=6)
+    Xd, yd = client.persist(da.from_array(X, chunks=(200, 2))), client.persist(da.from_array(y, chunks=200))
+    assert persisted_blocks(Xd + 1) is None and persisted_blocks(da.from_array(X, chunks=(200, 2))) is None
+    blocks = persisted_blocks(Xd), persisted_blocks(yd)
+    assert [b.key for b in blocks[0]] == [k[0] for k in Xd.__dask_keys__()]
+    rows = np.sort(np.random.default_rng(0).choice(900, size=150, replace=False))
+    sample, labels, finite = classifier._persisted_inputs(client, *blocks, [(k * 200, min(900, k * 200 + 200))
+                                                                             for k in range(5)], rows)
+    np.testing.assert_array_equal(sample, X[rows])
+    np.testing.assert_array_equal(labels, np.unique(y))
+    assert client.gather(finite) == [True] * 5
+    monkeypatch.setattr(inputs, "INIT_SAMPLE", 150)
+    placed = []
+    real = GPClassifier._initial_model
+    monkeypatch.setattr(GPClassifier, "_initial_model", lambda self, *a, **k: placed.append(1) or real(self, *a, **k))
+    fit_rows = np.sort(host_rng(0).choice(900, size=150, replace=False))  # (the fit's first draw, random_state=0)
+    for row, late in ((int(np.setdiff1d(np.arange(900), fit_rows)[0]), True), (int(fit_rows[0]), False)):
+        bad = X.copy()
+        bad[row, 1] = np.nan
+        placed.clear()
+        with pytest.raises(ValueError, match="NaN"):
+            GPClassifier(method="sep", n_inducing=10, batch_size=100, max_iter=1, local_steps=1, random_state=0,
+                         client=client).fit(client.persist(da.from_array(bad, chunks=(200, 2))), yd)
+        assert placed == ([1] if late else [])
+
+
+def test_rounds_on_persisted_rows_run_one_task_a_shard(client):
+    """Rows persisted on the cluster: a round's tasks take the chunks' own futures, so a round is one task a shard
+    and nothing else, also in the rounds that start a chunk (read through a dask graph, each chunk took a task that
+    copied its X and a chain of tasks for its labels, and dask.array imported on every worker)."""
+    X, y = make_banana(800, random_state=9)
+    Xd = client.persist(da.from_array(X, chunks=(200, 2)))
+    yd = client.persist(da.from_array(np.where(y == 1, 1.0, -1.0), chunks=200))
+    distributed.wait([Xd, yd])
+    plan = data_parallel.DataParallel(client, Xd, yd, batch_size=50, local_steps=2)
+    kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
+    engine = plan("sep", kernel, X[:6] + 0.05, n_total=800, minibatch=True, jitter=JITTER,
+                  optimize=("kernel", "inducing"), block_rows=None)
+    tasks = []
+    for _ in range(3):  # (chunks of 4 minibatches, 2 steps a round: a new chunk every other round)
+        with distributed.get_task_stream(client) as stream:
+            _, work = engine.evaluate(None, None, 0, plan.rows_per_round, stepping=True)
+        engine.apply(work, 0, plan.rows_per_round, stepping=True)
+        tasks.append(sorted(str(task["key"]).split("-")[0] for task in stream.data))
+    assert tasks == [["step_shard", "step_shard"]] * 3

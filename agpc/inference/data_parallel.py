@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import math
 import os
 import re
@@ -65,6 +66,7 @@ from ..backend import array_device, array_namespace, asarray_like, host_rng, is_
 from ..workers import minor_page_faults, task_scope
 from ..kernels import ClassKernels
 from . import ep, multiclass_ep
+from .dask_engine import persisted_blocks
 from .engines import Outcome, factor_arrays, factor_from_arrays, make_engine
 from .training import Trainer, check_saved_factor
 
@@ -155,10 +157,13 @@ def refusal(method, n_classes):
     return None
 
 
-def prepare_worker():
-    """A task run once on each worker at the start of a data-parallel fit, while the driver reads its inputs and
-    places the inducing points: unpickling it imports this module (and the engines) there, which the first round
-    would otherwise wait for. Returns the worker's process id."""
+def prepare_worker(modules=()):
+    """A task run once on each worker at the start of a data-parallel fit, while the driver places the inducing
+    points: unpickling it imports this module (and the engines) there, and it imports ``modules`` (those the
+    rounds' other tasks need: dask.array for chunks read through a dask graph), which the first round would
+    otherwise wait for. Returns the worker's process id."""
+    for name in modules:
+        importlib.import_module(name)
     return os.getpid()
 
 
@@ -399,6 +404,9 @@ class DataParallel:
             self.shards = shard_chunks(len(bounds), n_shards or max(1, len(workers)))
             self.shard_workers = [workers[k % len(workers)] if workers else None for k in range(len(self.shards))]
         self.speeds = [None] * len(self.shards)  # steps a second each shard's tasks made (balanced rounds)
+        # X and y persisted on the cluster: a task takes their chunks' futures as they are (no task to read them)
+        blocks = (persisted_blocks(X), persisted_blocks(y)) if is_dask_array(X) else (None, None)
+        self.persisted = None if None in blocks else list(zip(*blocks))
         self.site_directory = site_directory
         self.site_root = None
         # per round: seconds on the driver, bytes sent and received, steps per shard, the tasks' seconds, their
@@ -428,9 +436,12 @@ class DataParallel:
 
     def chunk_data(self, chunk, worker):
         """(X, y) of one chunk as the task takes them: futures of the chunk read on ``worker`` (or another if it is
-        gone), or for shared rows the blocks the worker maps itself."""
+        gone), the chunk's own futures for rows persisted on the cluster, or for shared rows the blocks the worker
+        maps itself."""
         if not is_dask_array(self.X):
             return self.X.block(chunk), self.y.block(chunk)
+        if self.persisted is not None:
+            return self.persisted[chunk]
         X_chunk, y_chunk = self.X.blocks[chunk], self.y.blocks[chunk]
         return tuple(self.client.compute([X_chunk, y_chunk], workers=None if worker is None else [worker],
                                          allow_other_workers=True))
