@@ -208,7 +208,7 @@ _READY_DEVICES = set()
 
 _INSTALL_HINT = ("pip install 'agpc[gpu]' for a CUDA 12 driver or 'agpc[gpu-cuda13]' for CUDA 13 (both bring the "
                  "CUDA libraries; only the NVIDIA driver has to be on the machine), or conda env create -f "
-                 "environment-gpu.yml")
+                 "gpu_tests/environment-gpu.yml")
 
 
 def _probe_cuda_libraries(cupy):

@@ -27,6 +27,7 @@ except ImportError:  # Python 3.10: pytest itself depends on tomli there
     import tomli as tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+GPU_ENVIRONMENT = "gpu_tests/environment-gpu.yml"  # (the top level holds one environment file: the GPU one sits beside run_on_gpu.sh)
 
 # NumPy / CuPy attributes of arrays or namespaces that appear only from these versions.
 NUMPY_2_ARRAY_ATTRIBUTES = (".mT",)
@@ -76,7 +77,7 @@ def _floors():
 def _environment_floors():
     """{package: floor} of environment.yml and environment-gpu.yml (conda names; commented lines do not count)."""
     floors = {}
-    for name in ("environment.yml", "environment-gpu.yml"):
+    for name in ("environment.yml", GPU_ENVIRONMENT):
         for line in (ROOT / name).read_text().splitlines():
             match = re.match(r"^\s*-\s+([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*>=\s*([0-9.]+)\s*(#.*)?$", line)
             if match:
@@ -145,13 +146,13 @@ def test_the_gpu_installs_bring_the_cuda_libraries():
     for extra, package in (("gpu", "cupy-cuda12x"), ("gpu-cuda13", "cupy-cuda13x")):
         (requirement,) = [Requirement(text) for text in extras[extra]]
         assert requirement.name == package and "ctk" in requirement.extras, f"{extra}: {requirement}"
-    cpu, gpu = _conda_dependencies("environment.yml"), _conda_dependencies("environment-gpu.yml")
+    cpu, gpu = _conda_dependencies("environment.yml"), _conda_dependencies(GPU_ENVIRONMENT)
     cupy = [entry for entry in gpu if re.match(r"cupy\b", entry)]
     assert cupy == ["cupy>=14"], f"environment-gpu.yml must ask for conda-forge's cupy (with its CUDA libraries): {cupy}"
     assert set(gpu) - set(cpu) == {"cupy>=14"} and set(cpu) <= set(gpu), "environment-gpu.yml = environment.yml + cupy"
     assert not any("cupy" in entry for entry in cpu)
     readme = (ROOT / "README.md").read_text()
-    for text in ("agpc[gpu]", "agpc[gpu-cuda13]", "environment-gpu.yml", "NVIDIA driver", "DeviceUnavailableError"):
+    for text in ("agpc[gpu]", "agpc[gpu-cuda13]", GPU_ENVIRONMENT, "NVIDIA driver", "DeviceUnavailableError"):
         assert text in readme, f"the README's GPU section must say {text!r}"
 
 
