@@ -42,7 +42,7 @@ import ctypes
 import multiprocessing
 import numbers
 import os
-import pickle  # (messages over the pipes of worker processes this module started, as multiprocessing and dask send them; never a file: files agpc reads go through agpc.untrusted)
+import pickle  # (only over the pipes of the worker processes started here; files go through agpc.untrusted)
 import platform
 import shutil
 import signal
