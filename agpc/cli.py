@@ -41,7 +41,6 @@ import warnings
 import zipfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -50,30 +49,18 @@ from . import backend as B
 from . import checkpoints, persistence
 from .classifier import GPClassifier
 from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
+from .likelihoods import negative_log_likelihood
 from .methods import method_names
-from .untrusted import RefusedFile, open_zarr, read_npy, read_npz, read_parquet_columns
+from .tables import exception_line, load_data, one_line, preview
 
-__all__ = ["main", "load_data", "Data", "UsageError"]
+__all__ = ["main", "UsageError"]
 
 BENCH_SCRIPTS = ("uci_binary.py", "uci_iterations.py", "uci_multiclass.py", "banana_inducing.py", "airline.py",
                  "time_curves.py")
-_PARQUET_HINT = "reading Parquet needs pyarrow >= 14.0.1: pip install pyarrow (or pip install 'agpc[parquet]')"
-_FORMATS = {".csv": "CSV", ".tsv": "CSV", ".parquet": "Parquet", ".pq": "Parquet", ".npy": "npy",
-            ".npz": "npz", ".zarr": "zarr"}
 
 
 class UsageError(Exception):
     """A problem with the user's input or files: reported as one line on stderr, exit status 2."""
-
-
-def _one_line(text):
-    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
-
-
-def _message(exc):
-    if isinstance(exc, OSError) and exc.strerror and exc.filename:
-        return f"{exc.filename}: {exc.strerror}"
-    return _one_line(exc)
 
 
 # -- writing outputs -----------------------------------------------------------------------------------
@@ -99,350 +86,6 @@ def _write_csv(path, columns):
         np.savetxt(fh, table, delimiter=",", fmt="%.17g")
 
 
-# -- reading data --------------------------------------------------------------------------------------
-
-def _format_of(path):
-    if not path.exists():
-        raise UsageError(f"{path}: no such file or directory")
-    kind = _FORMATS.get(path.suffix.lower())
-    if kind is None and path.is_dir():
-        kind = "zarr"
-    if kind is None:
-        raise UsageError(
-            f"{path}: unknown data format {path.suffix or '(no suffix)'!r}: use .csv, .parquet, .npy, .npz or a zarr store"
-        )
-    return kind
-
-
-class Data(NamedTuple):
-    """What :func:`load_data` read: the features ``X`` (2-D, numeric), the labels ``y`` (None without a
-    target) and the features' column names, in the order of X's columns (None for a file without names:
-    .npy, .npz, a zarr store)."""
-
-    X: Any
-    y: Any
-    feature_names: list | None
-
-
-def load_data(path, target=None, *, labels_required=False, features=None):
-    """Data(X, y, feature_names) from a data file. ``target`` names the label column (CSV, Parquet; a column
-    index also works, and is the only way for .npy and a zarr array) or the label array (.npz, zarr group:
-    default ``y`` when ``labels_required``). Without a target, y is None. X is 2-D and numeric (a zarr
-    group's X stays on disk); labels are numbers when they all read as numbers (integers when whole), else
-    strings; an empty cell in a column that is used is an error naming its row and column.
-
-    ``features`` (a model's ``feature_names_in_``) selects the feature columns of a file with column names
-    (CSV, Parquet) by name, in that order; the file's other columns are ignored, and a missing one is an
-    error naming it. A file without names ignores ``features``: its columns are features by position."""
-    path = Path(path)
-    kind = _format_of(path)
-    if target is None and labels_required and kind in ("CSV", "Parquet", "npy"):
-        raise UsageError(f"{path}: give --target, the label column (a name or a column index)")
-    reader = {"CSV": _read_csv, "Parquet": _read_parquet, "npy": _read_npy, "npz": _read_npz, "zarr": _read_zarr}[kind]
-    by_name = {"features": features} if kind in ("CSV", "Parquet") else {}
-    try:
-        X, y, names = reader(path, target, labels_required, **by_name)
-    except (UsageError, ImportError, RefusedFile):  # RefusedFile: one line that names the file already
-        raise
-    except (ValueError, OSError, EOFError, KeyError, TypeError, zipfile.BadZipFile, csv.Error) as exc:
-        raise UsageError(f"cannot read {path} as {kind}: {_message(exc)}") from None
-    _check_features(X, path)
-    if y is not None and y.shape[0] != X.shape[0]:
-        raise UsageError(f"{path}: {X.shape[0]} rows of features but {y.shape[0]} labels")
-    return Data(X, y, names)
-
-
-def _check_features(X, path):
-    """2-D and numeric; in memory, also finite (data on disk are checked a chunk at a time by fit / predict)."""
-    if len(X.shape) != 2 or X.shape[1] < 1 or X.shape[0] < 1:
-        raise UsageError(f"{path}: the features must be a 2-D table with rows and columns, got shape {tuple(X.shape)}")
-    if np.dtype(X.dtype).kind not in "biuf":
-        raise UsageError(f"{path}: the features are not numeric (dtype {X.dtype}); features must be numbers")
-    if isinstance(X, np.ndarray) and not np.all(np.isfinite(X)):
-        row, column = np.argwhere(~np.isfinite(X))[0]
-        raise UsageError(f"{path}: the features hold NaN or infinity (first at data row {row + 1}, feature column "
-                         f"{column + 1}); fill or drop missing values first")
-
-
-# A label written as a whole number: digits, and at most a fraction of zeros ("3", "-7", "1.0", as programs that
-# write every number as a float do). No exponent: "1e999999999" would make a billion-digit integer.
-_WHOLE_NUMBER_TEXT = re.compile(r"[+-]?\d+(?:\.0*)?\Z")
-_INT64, _UINT64 = np.iinfo(np.int64), np.iinfo(np.uint64)
-
-
-def _exact_integers(numbers):
-    """Python integers as an int64 array, else uint64, else None (beyond both: kept as text by the caller)."""
-    low, high = min(numbers), max(numbers)
-    if _INT64.min <= low and high <= _INT64.max:
-        return np.array(numbers, dtype=np.int64)
-    if 0 <= low and high <= _UINT64.max:
-        return np.array(numbers, dtype=np.uint64)
-    return None
-
-
-def _labels(values):
-    """Labels exactly as written, never through float64 (which merges integers above 2^53): integers when
-    every label is a whole number (int64, or uint64 above it; beyond both, the text as written), the values
-    themselves for integer and boolean columns, and otherwise text: a label such as 0.5 names a class as
-    "0.5" does (a float column's labels as NumPy prints them)."""
-    values = np.asarray(values)
-    if values.dtype.kind in "biu":
-        return values
-    if values.dtype.kind == "f":
-        whole = np.all(np.isfinite(values)) and np.all(values == np.round(values))
-        if whole and np.all((values >= _INT64.min) & (values < 2.0 ** 63)):
-            return values.astype(np.int64)
-        return values.astype(str)
-    text = [v.decode() if isinstance(v, bytes) else str(v) for v in values.tolist()]
-    if text and all(_WHOLE_NUMBER_TEXT.match(v) for v in text):
-        integers = _exact_integers([int(v.split(".")[0]) for v in text])
-        if integers is not None:
-            return integers
-    return np.asarray(text, dtype=str)
-
-
-def _numeric(values, name, path, row_of=None):
-    values = np.asarray(values)
-    try:
-        return values.astype(np.float64)
-    except (ValueError, TypeError):
-        row, bad = next((i, v) for i, v in enumerate(values.tolist()) if not _is_number(v))
-        where = f"{row_of(row)}, " if row_of else ""
-        hint = ("fill in or drop rows with missing values first" if _looks_missing(bad)
-                else "features must be numbers")
-        raise UsageError(f"{path}: {where}feature column {name!r} is not numeric (value {bad!r}); {hint}") from None
-
-
-# Text that marks a missing value in tables written by other programs (among the strings pandas.read_csv reads
-# as missing by default). As a feature it is not a number (an error); as a label it would be a class of its
-# own, which agpc says in a warning rather than refusing: a class may well be called "None".
-_MISSING_TEXT = frozenset({"na", "n/a", "#n/a", "<na>", "null", "none", "nil", "missing", "?"})
-_NAN_TEXT = frozenset({"nan", "-nan", "+nan"})  # read as a float NaN: never a label, never a feature
-
-
-def _looks_missing(value):
-    return isinstance(value, str) and value.strip().lower() in _MISSING_TEXT | _NAN_TEXT
-
-
-def _is_number(value):
-    try:
-        float(value)
-    except (ValueError, TypeError):
-        return False
-    return True
-
-
-def _preview(names, most=12):
-    shown = ", ".join(str(n) for n in names[:most])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > most else "")
-
-
-def _column_index(names, target, path):
-    """The position of the target column: by name first, then as an integer index (negative counts from the end)."""
-    if target in names:
-        return names.index(target)
-    try:
-        index = int(target)
-    except ValueError:
-        index = None
-    if index is not None and -len(names) <= index < len(names):
-        return index % len(names)
-    raise UsageError(f"{path}: no column {target!r} (columns: {_preview(names)})")
-
-
-def _empty_cells(values):
-    """Which entries of a column hold no value: an empty (or blank) string, None (a Parquet null), NaN (a
-    number, or its text)."""
-    values = np.asarray(values)
-    if values.dtype.kind in "OUS":
-        return np.array([v is None or (isinstance(v, float) and v != v)
-                         or (isinstance(v, (str, bytes)) and (not v.strip() or str(v).strip().lower() in _NAN_TEXT))
-                         for v in values.tolist()], dtype=bool)
-    if values.dtype.kind in "fc":
-        return np.isnan(values)
-    return np.zeros(values.shape, dtype=bool)
-
-
-def _check_filled(values, name, path, row_of, what):
-    empty = np.flatnonzero(_empty_cells(values))
-    if empty.size:
-        first = np.asarray(values).tolist()[empty[0]]
-        cell = ("a null" if first is None else "an empty cell" if isinstance(first, (str, bytes)) and not first.strip()
-                else repr(first))
-        more = f" (and {empty.size - 1} more rows)" if empty.size > 1 else ""
-        raise UsageError(f"{path}: {row_of(int(empty[0]))}, {what} column {name!r}: missing value, {cell}{more}; "
-                         f"fill in or drop rows with missing values first")
-
-
-def _label_column(values, name, path, row_of):
-    """Labels from a column (see _labels); a missing one is an error naming its row, text that often marks
-    a missing value is a warning."""
-    _check_filled(values, name, path, row_of, "label")
-    labels = _labels(values)
-    if labels.dtype.kind == "U":
-        marked = sorted({v for v in labels.tolist() if _looks_missing(v)})
-        if marked:
-            warnings.warn(f"{path}: label column {name!r} holds {_preview([repr(v) for v in marked], 4)}, taken as a "
-                          f"class of its own; if that marks a missing label, drop those rows", UserWarning)
-    return labels
-
-
-def _feature_columns(names, target_index, features, path):
-    """The positions of the feature columns: every column but the target, or, given ``features`` (the
-    model's feature names), those columns by name in that order."""
-    if features is None:
-        chosen = [i for i in range(len(names)) if i != target_index]
-        if not chosen:
-            raise UsageError(f"{path}: no feature columns besides the target")
-        unnamed = [i + 1 for i in chosen if not names[i]]
-        if unnamed:
-            raise UsageError(f"{path}: column {unnamed[0]} has no name in the header: feature columns need names")
-        wanted = [names[i] for i in chosen]
-    else:
-        missing = [name for name in features if name not in names]
-        if missing:
-            raise UsageError(f"{path}: no column {_preview([repr(name) for name in missing], 5)}, which the model was "
-                             f"trained on (it needs {_preview(features, 8)}; the file has {_preview(names, 8)})")
-        if target_index is not None and names[target_index] in features:
-            raise UsageError(f"{path}: the --target column {names[target_index]!r} is one of the model's features")
-        chosen = [names.index(name) for name in features]
-        wanted = list(features)
-    repeated = sorted({name for name in wanted if names.count(name) > 1})
-    if repeated:
-        raise UsageError(f"{path}: the header names column {repeated[0]!r} {names.count(repeated[0])} times: "
-                         f"a feature column needs a name of its own")
-    return chosen
-
-
-def _from_columns(names, columns, target, path, features=None, row_of=None):
-    """Features and labels from named columns (CSV, Parquet); ``features`` selects and orders the feature
-    columns by name (see load_data). ``row_of(i)`` says where data row i is in the file, for error messages."""
-    row_of = row_of or (lambda i: f"data row {i + 1}")
-    index = None if target is None else _column_index(names, target, path)
-    chosen = _feature_columns(names, index, features, path)
-    for i in chosen:
-        _check_filled(columns[i], names[i], path, row_of, "feature")
-    X = np.column_stack([_numeric(columns[i], names[i], path, row_of) for i in chosen])
-    labels = None if index is None else _label_column(columns[index], names[index], path, row_of)
-    return Data(X, labels, [names[i] for i in chosen])
-
-
-def _from_matrix(data, target, path):
-    """A 2-D array whose target (if any) is a column index; its columns have no names."""
-    if target is None:
-        return Data(data, None, None)
-    data = np.asarray(data[...])
-    if data.ndim != 2:
-        raise UsageError(f"{path}: a label column needs a 2-D array (rows x columns), got shape {data.shape}")
-    X, y, _ = _from_columns([str(i) for i in range(data.shape[1])], list(data.T), target, path)
-    return Data(X, y, None)
-
-
-def _read_csv(path, target, labels_required, features=None):
-    # utf-8-sig: spreadsheet programs start a UTF-8 CSV with a byte order mark, which is not part of the
-    # first column's name
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.reader(fh, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-        rows = [(reader.line_num, [cell.strip() for cell in row]) for row in reader]
-    if not rows:
-        raise UsageError(f"{path}: the file is empty (a header row is needed)")
-    names = rows[0][1]
-    if all(_is_number(name) for name in names):
-        warnings.warn(f"{path}: the header row ({_preview(names, 4)}) looks like data: agpc reads the first row of "
-                      f"a CSV file as the column names", UserWarning)
-    body = [(line, row) for line, row in rows[1:] if any(row)]
-    if not body:
-        raise UsageError(f"{path}: no data rows below the header")
-    for line, row in body:
-        if len(row) != len(names):
-            raise UsageError(f"{path}: line {line} has {len(row)} fields but the header has {len(names)}")
-        # NumPy's strings drop trailing NUL bytes ("2\x00" would read as 2): a NUL is never part of a number or
-        # a label written as text, so a cell holding one is refused rather than silently cut
-        nul = next((i for i, cell in enumerate(row) if "\x00" in cell), None)
-        if nul is not None:
-            raise UsageError(f"{path}: line {line}, column {names[nul]!r}: the cell {row[nul]!r} holds a NUL byte "
-                             "(a binary file, or one damaged in transfer?)")
-    columns = [np.asarray(col) for col in zip(*(row for _, row in body))]
-    return _from_columns(names, columns, target, path, features, row_of=lambda i: f"line {body[i][0]}")
-
-
-def _parquet_columns(path, select=None):
-    try:
-        import pyarrow.parquet  # noqa: F401  (pandas reads Parquet with pyarrow too: without it no safe reader)
-    except ImportError:
-        raise UsageError(_PARQUET_HINT) from None
-    return read_parquet_columns(path, select)
-
-
-def _read_parquet(path, target, labels_required, features=None):
-    target_name = target
-
-    def used(names):
-        """With the model's feature names, only those columns and the target are read (the others, of any
-        type, are ignored, as a CSV's are); at fit, every column is a feature or the target."""
-        nonlocal target_name
-        if features is None:
-            return names
-        index = None if target is None else _column_index(names, target, path)
-        chosen = _feature_columns(names, index, features, path)  # a missing column: an error naming the file's
-        if index is not None:
-            target_name = names[index]  # (an index into the whole file, not into the columns read)
-        return [names[i] for i in chosen] + ([] if index is None else [target_name])
-
-    names, columns = _parquet_columns(path, used)
-    return _from_columns(names, columns, target_name, path, features)
-
-
-def _read_npy(path, target, labels_required):
-    return _from_matrix(read_npy(path), target, path)
-
-
-def _from_arrays(arrays, target, labels_required, path):
-    """An npz archive or a zarr group: features in ``X``; labels in the array ``target`` names (default
-    ``y`` when labels are required), or in a column of X when ``target`` is a column index."""
-    if "X" not in arrays:
-        raise UsageError(f"{path}: no array named 'X' (arrays: {_preview(sorted(arrays))})")
-    X = arrays["X"]
-    name = target if target is not None else ("y" if labels_required else None)
-    if name is None:
-        return Data(X, None, None)
-    if name in arrays and name != "X":
-        labels = _label_array(arrays[name], name, path)
-        return Data(X, _label_column(labels, name, path, lambda i: f"data row {i + 1}"), None)
-    if target is not None and re.fullmatch(r"-?\d+", target):
-        return _from_matrix(X, target, path)
-    raise UsageError(f"{path}: no label array {name!r} (arrays: {_preview(sorted(arrays))}); name it with --target")
-
-
-def _label_array(values, name, path):
-    """A label array as 1-D: one column (n, 1) is taken as its n labels, as the estimator takes it
-    (scikit-learn's column_or_1d); any other shape is refused from its declared shape, before reading."""
-    shape = tuple(values.shape)
-    if len(shape) == 2 and shape[1] == 1:
-        return np.asarray(values[...]).reshape(-1)
-    if len(shape) != 1:
-        raise UsageError(f"{path}: label array {name!r} has shape {shape}: labels are one per row, a 1-D array "
-                         "(or a single column)")
-    return np.asarray(values[...])
-
-
-def _read_npz(path, target, labels_required):
-    return _from_arrays(read_npz(path), target, labels_required, path)
-
-
-def _read_zarr(path, target, labels_required):
-    try:
-        import zarr  # noqa: F401
-    except ImportError:
-        raise UsageError("reading a zarr store needs zarr: pip install zarr (or pip install 'agpc[zarr]')") from None
-    node = open_zarr(path)  # metadata checked (no pickle codec, no object dtype) before zarr reads it
-    if isinstance(node, dict):
-        return _from_arrays(node, target, labels_required, path)
-    if target is None and labels_required:
-        raise UsageError(f"{path}: a zarr array has no label array: give --target, the label column index")
-    return _from_matrix(node, target, path)
-
-
 # -- scores --------------------------------------------------------------------------------------------
 
 def _class_index(y, classes):
@@ -452,7 +95,7 @@ def _class_index(y, classes):
     index = [lookup.get(v) for v in labels]
     unknown = sorted({v for v, i in zip(labels, index) if i is None}, key=str)
     if unknown:
-        raise UsageError(f"labels {_preview(unknown, 5)} are not among the model's classes {_preview(list(lookup), 5)}")
+        raise UsageError(f"labels {preview(unknown, 5)} are not among the model's classes {preview(list(lookup), 5)}")
     return np.asarray(index, dtype=np.intp)
 
 
@@ -461,7 +104,7 @@ def _scores(proba, y, classes):
     proba = np.asarray(proba)
     index = _class_index(y, classes)
     error = float(np.mean(np.argmax(proba, axis=1) != index))
-    nll = float(-np.mean(np.log(np.clip(proba[np.arange(index.shape[0]), index], 1e-300, None))))
+    nll = float(negative_log_likelihood(np.log(np.clip(proba, 1e-300, None)), index))
     return error, nll
 
 
@@ -501,7 +144,7 @@ def _fit_on_cluster(model, X, y, address):
     try:
         client = Client(address, timeout="30s")
     except (OSError, TimeoutError, ValueError) as exc:
-        raise UsageError(f"cannot connect to the dask scheduler at {address}: {_message(exc)}") from None
+        raise UsageError(f"cannot connect to the dask scheduler at {address}: {exception_line(exc)}") from None
     with client:
         threads = max(1, sum(client.nthreads().values()))
         rows = max(1, math.ceil(X.shape[0] / threads))
@@ -538,7 +181,7 @@ def fit(args):
     )
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
     print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, classes "
-          f"{_preview(classes.tolist(), 6)}; method {args.method}, n_inducing {args.inducing}, on {where}",
+          f"{preview(classes.tolist(), 6)}; method {args.method}, n_inducing {args.inducing}, on {where}",
           flush=True)
     t0 = time.perf_counter()
     if args.scheduler:
@@ -630,7 +273,7 @@ def predict(args):
                       f"an older agpc): the columns of {args.data} were taken by position, unchecked", UserWarning)
     elif names is None:
         warnings.warn(f"{args.data} has no column names: its columns were taken by position as the model's features "
-                      f"{_preview(wanted, 8)}, unchecked", UserWarning)
+                      f"{preview(wanted, 8)}, unchecked", UserWarning)
     return 0
 
 
@@ -970,10 +613,10 @@ def _report(exc):
         return 130, "agpc: interrupted"
     missing = exc.name.split(".")[0] if isinstance(exc, ModuleNotFoundError) and exc.name else None
     if missing and missing != "agpc":  # an optional package that is not installed
-        return 2, f"agpc: error: this needs the package {missing!r}, which is not installed ({_message(exc)})"
+        return 2, f"agpc: error: this needs the package {missing!r}, which is not installed ({exception_line(exc)})"
     if isinstance(exc, _BAD_INPUT):
-        return 2, f"agpc: error: {_message(exc)}"
-    detail = _message(exc)
+        return 2, f"agpc: error: {exception_line(exc)}"
+    detail = exception_line(exc)
     return 1, (f"agpc: internal error: {type(exc).__name__}" + (f": {detail}" if detail else "")
                + " (run again with --debug for the traceback)")
 
@@ -1024,7 +667,7 @@ def _warning_lines(caught):
     lines = {}
     for item in caught:
         kind = "" if issubclass(item.category, UserWarning) else f"{item.category.__name__}: "
-        lines.setdefault(f"agpc: warning: {kind}{_one_line(item.message)}", None)
+        lines.setdefault(f"agpc: warning: {kind}{one_line(item.message)}", None)
     return list(lines)
 
 

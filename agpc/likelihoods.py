@@ -12,12 +12,12 @@
 Every expectation under a Gaussian goes through :class:`NormalQuadrature` (E_{N(f | m, s^2)} g(f) ~
 sum_k w_k g(m + sqrt(2) s x_k) with Gauss-Hermite nodes x_k and weights w_k / sqrt(pi)).
 ``LIKELIHOODS`` names them (model files and the estimator store the name, never code).
+:func:`negative_log_likelihood` is the test NLL that every score of agpc reports.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from functools import cached_property
 
 from .backend import array_device, array_namespace, gauss_hermite, log_ndtr, log_normal_pdf
@@ -34,6 +34,7 @@ __all__ = [
     "LIKELIHOODS",
     "likelihood_by_name",
     "argmax_log_proba",
+    "negative_log_likelihood",
     "softplus",
     "sigmoid",
     "PREDICTIVE_NODES",
@@ -77,6 +78,20 @@ def _log_sum_exp(terms, xp):
     """log sum_k exp(terms[..., k]) over the last axis, by its largest term."""
     top = xp.max(terms, axis=-1)
     return top + xp.log(xp.sum(xp.exp(terms - top[..., None]), axis=-1))
+
+
+def negative_log_likelihood(log_proba, class_index):
+    """The mean negative log predictive probability of the true classes, -(1/n) sum_i log p(y_i | x_i): the test
+    NLL that validation, early stopping and the ``agpc`` command report (scikit-learn's ``log_loss`` on the same
+    probabilities, without its clipping).
+
+    ``log_proba`` is (n, C), log p(class | x) in the order of the classes; ``class_index`` (n,) holds each row's
+    true class as an integer index into those columns. Returns a 0-d array of ``log_proba``'s namespace (the
+    caller takes ``float`` of it when it wants a number on the host)."""
+    xp = array_namespace(log_proba)
+    classes = xp.arange(log_proba.shape[1], dtype=class_index.dtype, device=array_device(class_index))
+    is_true_class = class_index[:, None] == classes[None, :]
+    return -xp.mean(xp.sum(xp.where(is_true_class, log_proba, 0.0), axis=1))
 
 
 class Likelihood:
@@ -286,17 +301,3 @@ def likelihood_by_name(name, *, multiclass=None):
     if likelihood is None or likelihood.name not in choices:
         raise ValueError(f"unknown likelihood {name!r}: use one of {choices}")
     return likelihood
-
-
-def probit_tilted(y, mean, variance):
-    """Deprecated: ``PROBIT.tilted_moments``."""
-    warnings.warn("agpc.likelihoods.probit_tilted is deprecated: use agpc.likelihoods.PROBIT.tilted_moments",
-                  DeprecationWarning, stacklevel=2)
-    return PROBIT.tilted_moments(y, mean, variance)
-
-
-def probit_predictive_log(mean, variance):
-    """Deprecated: ``PROBIT.predictive_log_proba``."""
-    warnings.warn("agpc.likelihoods.probit_predictive_log is deprecated: use "
-                  "agpc.likelihoods.PROBIT.predictive_log_proba", DeprecationWarning, stacklevel=2)
-    return PROBIT.predictive_log_proba(mean, variance)

@@ -19,19 +19,12 @@ from agpc import CholeskyError, GPClassifier, cli, load_model
 from agpc.cli import main
 from agpc.datasets import make_banana
 from agpc.size_rule import EXACT_MAX_ROWS
+from helpers import local_client, write_csv, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = dict(n_inducing=10, max_iter=5, random_state=0)
 FIT_OPTIONS = ["--inducing", "10", "--max-iter", "5", "--random-state", "0", "--quiet"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def write_csv(path, X, y, names=("x1", "x2", "label")):
-    with open(path, "w") as fh:
-        fh.write(",".join(names) + "\n")
-        for row, label in zip(X.tolist(), np.asarray(y).tolist()):
-            fh.write(",".join(repr(v) for v in row) + f",{label}\n")
-    return path
 
 
 def read_predictions(path):
@@ -130,14 +123,14 @@ def test_validation_fraction_and_string_labels_of_three_classes(tmp_path, capsys
 
 @pytest.mark.parametrize("in_files", [False, True])
 def test_fit_on_a_dask_scheduler_equals_the_local_fit(tmp_path, banana, in_files):
-    distributed = pytest.importorskip("distributed")
+    pytest.importorskip("distributed")
     data, _ = write_npz(tmp_path / "d.npz", *banana)
     model, out = tmp_path / "m.agpc", tmp_path / "p.csv"
     settings = ["--inducing", "10", "--max-iter", "2", "--quiet"]
     if in_files:  # batch EP's sites in files there during the fit; nothing left after it
         settings += ["--site-directory", str(tmp_path / "sites")]
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cluster:
-        argv = ["fit", str(data), *settings, "--scheduler", cluster.scheduler_address, "--out", str(model)]
+    with local_client(1, processes=False, threads_per_worker=2) as client:
+        argv = ["fit", str(data), *settings, "--scheduler", client.scheduler.address, "--out", str(model)]
         assert main(argv) == 0
     assert main(["predict", str(model), str(data), "--out", str(out)]) == 0
     local = GPClassifier(n_inducing=10, max_iter=2, random_state=0).fit(*banana)
@@ -292,150 +285,6 @@ def test_a_reader_that_stops_early_neither_fails_the_command_nor_loses_its_outpu
 
 
 # -- CSV cells and column names --------------------------------------------------------------------------
-
-def write_table(path, columns):
-    """A CSV of named columns (values written as given)."""
-    names = list(columns)
-    with open(path, "w") as fh:
-        fh.write(",".join(names) + "\n")
-        for row in zip(*(np.asarray(columns[n]).tolist() for n in names)):
-            fh.write(",".join(repr(v) if isinstance(v, float) else str(v) for v in row) + "\n")
-    return path
-
-
-def test_a_byte_order_mark_is_not_part_of_the_first_column_name(tmp_path, banana):
-    data = write_csv(tmp_path / "bom.csv", *banana)
-    data.write_bytes(b"\xef\xbb\xbf" + data.read_bytes())  # as spreadsheet programs write UTF-8
-    X, y, names = cli.load_data(data, "label")
-    assert names == ["x1", "x2"]
-    np.testing.assert_array_equal(X, banana[0])
-    assert cli.load_data(data, "x1").feature_names == ["x2", "label"]
-
-
-@pytest.mark.parametrize("cell, column, what", [(2, "label", "label"), (0, "x1", "feature"), (1, "x2", "feature")])
-def test_an_empty_cell_is_one_error_naming_file_line_and_column(tmp_path, banana, capsys, cell, column, what):
-    X, y = banana
-    data = write_csv(tmp_path / "holes.csv", X, y)
-    lines = data.read_text().splitlines()
-    fields = lines[6].split(",")
-    fields[cell] = "  "  # blank: as empty as ''
-    lines[6] = ",".join(fields)
-    lines[9] = ",".join("" if i == cell else f for i, f in enumerate(lines[9].split(",")))
-    data.write_text("\n".join(lines) + "\n")
-    status = main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")])
-    err = capsys.readouterr().err
-    assert_one_line_error(status, err)
-    assert f"holes.csv: line 7, {what} column '{column}': missing value, an empty cell (and 1 more rows)" in err
-    assert not (tmp_path / "m.agpc").exists()
-
-
-@pytest.mark.parametrize("label, feature, message", [
-    ("nan", "0.5", "line 4, label column 'label': missing value, 'nan'"),
-    ("1", "NaN", "line 4, feature column 'x1': missing value, 'NaN'"),
-    ("1", "NA", "line 4, feature column 'x1' is not numeric (value 'NA'); fill in or drop rows with missing values"),
-    ("1", "high", "line 4, feature column 'x1' is not numeric (value 'high'); features must be numbers"),
-])
-def test_missing_value_markers_are_errors_naming_the_line(tmp_path, capsys, label, feature, message):
-    data = tmp_path / "d.csv"
-    data.write_text(f"x1,x2,label\n0.1,0.2,1\n0.3,0.4,-1\n{feature},0.6,{label}\n0.7,0.8,1\n")
-    status = main(["fit", str(data), "--target", "label", "--out", str(tmp_path / "m.agpc")])
-    err = capsys.readouterr().err
-    assert_one_line_error(status, err)
-    assert message in err
-
-
-def test_a_label_that_often_marks_a_missing_value_is_warned_about(tmp_path, banana):
-    X, y = banana
-    labels = np.where(y > 0, "yes", "no").astype(object)
-    labels[[3, 8]] = "N/A"
-    data = write_csv(tmp_path / "d.csv", X, labels)
-    with pytest.warns(UserWarning, match=r"label column 'label' holds 'N/A', taken as a class of its own"):
-        _, y_read, _ = cli.load_data(data, "label")
-    assert sorted(set(y_read.tolist())) == ["N/A", "no", "yes"]
-
-
-def test_a_nan_label_in_an_npz_is_an_error_naming_the_row(tmp_path, banana, capsys):
-    X, y = banana
-    np.savez(tmp_path / "d.npz", X=X, y=np.where(np.arange(len(y)) == 7, np.nan, y.astype(float)))
-    status = main(["fit", str(tmp_path / "d.npz"), "--out", str(tmp_path / "m.agpc")])
-    err = capsys.readouterr().err
-    assert_one_line_error(status, err)
-    assert "data row 8, label column 'y': missing value, nan" in err
-
-
-@pytest.mark.parametrize("name", ["npz", "zarr"])
-def test_a_column_of_labels_is_taken_as_1d_and_other_2d_labels_are_refused(tmp_path, banana, reference, capsys,
-                                                                           name):
-    X, y = banana
-    writer = {"npz": write_npz, "zarr": write_zarr}[name]
-    column, target = writer(tmp_path / f"column.{name}", X, y.reshape(-1, 1))
-    wide, _ = writer(tmp_path / f"wide.{name}", X, np.column_stack([y, y]))
-    assert main(["fit", str(column), *target, *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")]) == 0
-    assert main(["predict", str(tmp_path / "m.agpc"), str(column), *target, "--out", str(tmp_path / "p.csv")]) == 0
-    np.testing.assert_allclose(read_predictions(tmp_path / "p.csv")[1], reference.predict_proba(X), rtol=1e-12,
-                               atol=1e-15)
-    capsys.readouterr()
-    status = main(["fit", str(wide), *target, *FIT_OPTIONS, "--out", str(tmp_path / "w.agpc")])
-    err = capsys.readouterr().err
-    assert_one_line_error(status, err)
-    assert f"has shape ({len(y)}, 2)" in err
-    assert not (tmp_path / "w.agpc").exists()
-
-
-def test_a_null_label_in_parquet_is_an_error_not_a_class(tmp_path, banana, capsys):
-    pa = pytest.importorskip("pyarrow")
-    import pyarrow.parquet as pq
-
-    X, y = banana
-    labels = [None if i == 4 else ("cat" if v > 0 else "dog") for i, v in enumerate(y)]
-    pq.write_table(pa.table({"a": X[:, 0], "b": X[:, 1], "cls": labels}), tmp_path / "d.parquet")
-    status = main(["fit", str(tmp_path / "d.parquet"), "--target", "cls", "--out", str(tmp_path / "m.agpc")])
-    err = capsys.readouterr().err
-    assert_one_line_error(status, err)
-    assert "data row 5, label column 'cls': missing value, a null" in err
-
-
-@pytest.mark.parametrize("cell", ["2\x00", "\x002", "2\x005"])
-def test_a_nul_byte_in_a_csv_cell_is_an_error_naming_line_and_column(tmp_path, banana, capsys, cell):
-    X, y = banana
-    data = write_csv(tmp_path / "d.csv", X, y, names=("a", "b", "label"))
-    lines = data.read_text().splitlines()
-    lines[3] = lines[3].split(",", 1)[0] + f",{cell}," + lines[3].rsplit(",", 1)[1]
-    data.write_text("\n".join(lines) + "\n")
-    status = main(["fit", str(data), "--target", "label", "--out", str(tmp_path / "m.agpc")])
-    err = capsys.readouterr().err
-    assert_one_line_error(status, err)
-    assert "line 4, column 'b'" in err and "NUL byte" in err
-    assert not (tmp_path / "m.agpc").exists()
-
-
-def test_parquet_columns_sharing_a_name_are_one_line_naming_them(tmp_path, banana, capsys):
-    pa = pytest.importorskip("pyarrow")
-    import pyarrow.parquet as pq
-
-    X, y = banana
-    pq.write_table(pa.table([X[:, 0], X[:, 1], y], names=["a", "a", "cls"]), tmp_path / "d.parquet")
-    status = main(["fit", str(tmp_path / "d.parquet"), "--target", "cls", "--out", str(tmp_path / "m.agpc")])
-    err = capsys.readouterr().err
-    assert_one_line_error(status, err)
-    assert "names more than one column 'a' (2 times)" in err and "__fragment_index" not in err
-
-
-def test_a_header_of_numbers_is_warned_about(tmp_path, banana):
-    data = write_table(tmp_path / "d.csv", {"1.5": banana[0][:, 0], "2": banana[0][:, 1], "3": banana[1]})
-    with pytest.warns(UserWarning, match="looks like data"):
-        assert cli.load_data(data, "3").feature_names == ["1.5", "2"]
-
-
-@pytest.mark.parametrize("header, message", [("x1,x1,label", "names column 'x1' 2 times"),
-                                             ("x1,,label", "column 2 has no name")])
-def test_feature_columns_need_names_of_their_own(tmp_path, banana, capsys, header, message):
-    data = write_csv(tmp_path / "d.csv", *banana, names=header.split(","))
-    status = main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")])
-    err = capsys.readouterr().err
-    assert_one_line_error(status, err)
-    assert message in err
-
 
 @pytest.fixture(scope="module")
 def named_model(tmp_path_factory, banana):

@@ -1,0 +1,86 @@
+"""Helpers shared by the test modules: toy data sets, "the same model" for a disturbed fit, the test NLL, CSV
+writers, a local dask cluster. Test modules import them by name (``from helpers import three_classes``), never
+from one another."""
+
+import contextlib
+
+import numpy as np
+from hypothesis import strategies as st
+
+from agpc.likelihoods import negative_log_likelihood
+
+
+# Any JSON value, nested a little: what a crafted model file's header may hold where agpc expects something else.
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=10,
+)
+
+
+def binary_toy(n=50, seed=1, d=2):
+    """n rows of d standard normal features; labels in {-1, +1} across the curved boundary
+    sin(2 x_1) + x_2 = 0, with noise of scale 0.3 on the score."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = np.where(np.sin(2 * X[:, 0]) + X[:, 1] + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0)
+    return X, y
+
+
+def three_classes(n=60, seed=0, *, d=2, boundaries="curved", noise=0.3, rng=None):
+    """n rows of d standard normal features and labels 0, 1, 2: the argmax of three scores plus normal noise of
+    scale ``noise``. "curved" scores (x_1, x_2 - x_1, sin(2 x_2)), "linear" ones (x_1, x_2, -x_1 - x_2). ``rng``
+    (a NumPy Generator, which then goes on to the caller's next draws) instead of ``seed``."""
+    rng = np.random.default_rng(seed) if rng is None else rng
+    X = rng.normal(size=(n, d))
+    if boundaries == "linear":
+        scores = np.stack([X[:, 0], X[:, 1], -X[:, 0] - X[:, 1]], axis=1)
+    else:
+        scores = np.stack([X[:, 0], -X[:, 0] + X[:, 1], np.sin(2 * X[:, 1])], axis=1)
+    return X, np.argmax(scores + noise * rng.normal(size=scores.shape), axis=1)
+
+
+def nll_of(model, X, y):
+    """The test NLL of a fitted classifier on (X, y), by the library's one NLL function, in float64 (whatever
+    the model's dtype)."""
+    proba = np.asarray(model.predict_proba(X), dtype=np.float64)
+    return float(negative_log_likelihood(np.log(proba), np.searchsorted(model.classes_, y)))
+
+
+def assert_same_model(disturbed, undisturbed, X_test):
+    """A fit a lost worker disturbed ends at the undisturbed model: the same curve, inducing points and
+    predictions, to round-off (the chunks' tasks re-run elsewhere on the same data and streams)."""
+    np.testing.assert_allclose(disturbed.history_["log_marginal_likelihood"],
+                               undisturbed.history_["log_marginal_likelihood"], rtol=1e-12)
+    np.testing.assert_allclose(disturbed.inducing_points_, undisturbed.inducing_points_, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(disturbed.predict_proba(X_test), undisturbed.predict_proba(X_test), rtol=1e-12)
+
+
+def write_csv(path, X, y, names=("x1", "x2", "label")):
+    """A CSV with a header row: the feature columns at full precision, then the labels as written."""
+    with open(path, "w") as fh:
+        fh.write(",".join(names) + "\n")
+        for row, label in zip(X.tolist(), np.asarray(y).tolist()):
+            fh.write(",".join(repr(v) for v in row) + f",{label}\n")
+    return path
+
+
+def write_table(path, columns):
+    """A CSV of named columns (values written as given)."""
+    names = list(columns)
+    with open(path, "w") as fh:
+        fh.write(",".join(names) + "\n")
+        for row in zip(*(np.asarray(columns[n]).tolist() for n in names)):
+            fh.write(",".join(repr(v) if isinstance(v, float) else str(v) for v in row) + "\n")
+    return path
+
+
+@contextlib.contextmanager
+def local_client(n_workers=2, processes=True, threads_per_worker=1, **options):
+    """A client of a new ``distributed.LocalCluster`` (no dashboard), both closed on leaving; its scheduler's
+    address is ``client.scheduler.address``."""
+    import distributed
+
+    with distributed.LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
+                                  dashboard_address=None, **options) as cluster, distributed.Client(cluster) as client:
+        yield client

@@ -1,0 +1,179 @@
+"""agpc.tables, the reader of data files behind the ``agpc`` command: what it reads (features, labels exactly as
+written, column names) and that every problem with a file is one TableError naming the file, row and column.
+The command's use of it (exit status 2, nothing written) is tested in test_cli.py."""
+
+import numpy as np
+import pytest
+
+from agpc.datasets import make_banana
+from agpc.tables import TableError, load_data
+from helpers import write_csv, write_table
+
+
+@pytest.fixture(scope="module")
+def banana():
+    return make_banana(60, random_state=0)
+
+
+def write_npz(path, X, y):
+    np.savez(path, X=X, y=y)
+    return path
+
+
+def write_zarr(path, X, y):
+    zarr = pytest.importorskip("zarr")
+    group = zarr.open_group(str(path), mode="w")
+    group.create_array("X", data=X, chunks=(20, 2))
+    group.create_array("y", data=y)
+    return path
+
+
+def test_every_format_reads_the_same_table(tmp_path, banana):
+    X, y = banana
+    np.save(tmp_path / "d.npy", np.column_stack([X, y]))
+    files = {"csv": (write_csv(tmp_path / "d.csv", X, y), "label"), "npz": (write_npz(tmp_path / "d.npz", X, y), None),
+             "npy": (tmp_path / "d.npy", "2")}
+    for kind, (path, target) in files.items():
+        X_read, y_read, names = load_data(path, target, labels_required=True)
+        np.testing.assert_array_equal(X_read, X, err_msg=kind)
+        np.testing.assert_array_equal(y_read, y.astype(np.int64), err_msg=kind)
+        assert y_read.dtype == np.int64, kind  # whole numbers are integers, never floats
+        assert names == (["x1", "x2"] if kind == "csv" else None)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column_name(tmp_path, banana):
+    data = write_csv(tmp_path / "bom.csv", *banana)
+    data.write_bytes(b"\xef\xbb\xbf" + data.read_bytes())  # as spreadsheet programs write UTF-8
+    X, y, names = load_data(data, "label")
+    assert names == ["x1", "x2"]
+    np.testing.assert_array_equal(X, banana[0])
+    assert load_data(data, "x1").feature_names == ["x2", "label"]
+
+
+def test_a_models_feature_names_select_the_columns_by_name(tmp_path, banana):
+    X, y = banana
+    data = write_table(tmp_path / "d.csv", {"label": y, "x2": X[:, 1], "note": ["a"] * len(y), "x1": X[:, 0]})
+    X_read, y_read, names = load_data(data, "label", features=["x1", "x2"])
+    np.testing.assert_array_equal(X_read, X)
+    assert names == ["x1", "x2"] and y_read.tolist() == y.astype(int).tolist()
+    with pytest.raises(TableError, match="no column 'x3', which the model was trained on"):
+        load_data(data, None, features=["x1", "x3"])
+
+
+@pytest.mark.parametrize("cell, column, what", [(2, "label", "label"), (0, "x1", "feature"), (1, "x2", "feature")])
+def test_an_empty_cell_is_one_error_naming_file_line_and_column(tmp_path, banana, cell, column, what):
+    X, y = banana
+    data = write_csv(tmp_path / "holes.csv", X, y)
+    lines = data.read_text().splitlines()
+    fields = lines[6].split(",")
+    fields[cell] = "  "  # blank: as empty as ''
+    lines[6] = ",".join(fields)
+    lines[9] = ",".join("" if i == cell else f for i, f in enumerate(lines[9].split(",")))
+    data.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TableError) as refused:
+        load_data(data, "label", labels_required=True)
+    assert f"holes.csv: line 7, {what} column '{column}': missing value, an empty cell (and 1 more rows)" in str(
+        refused.value)
+
+
+def test_a_label_that_often_marks_a_missing_value_is_warned_about(tmp_path, banana):
+    X, y = banana
+    labels = np.where(y > 0, "yes", "no").astype(object)
+    labels[[3, 8]] = "N/A"
+    data = write_csv(tmp_path / "d.csv", X, labels)
+    with pytest.warns(UserWarning, match=r"label column 'label' holds 'N/A', taken as a class of its own"):
+        _, y_read, _ = load_data(data, "label")
+    assert sorted(set(y_read.tolist())) == ["N/A", "no", "yes"]
+
+
+def test_a_nan_label_in_an_npz_is_an_error_naming_the_row(tmp_path, banana):
+    X, y = banana
+    np.savez(tmp_path / "d.npz", X=X, y=np.where(np.arange(len(y)) == 7, np.nan, y.astype(float)))
+    with pytest.raises(TableError, match="data row 8, label column 'y': missing value, nan"):
+        load_data(tmp_path / "d.npz", labels_required=True)
+
+
+@pytest.mark.parametrize("writer, suffix", [(write_npz, ".npz"), (write_zarr, ".zarr")], ids=["npz", "zarr"])
+def test_a_column_of_labels_is_taken_as_1d_and_other_2d_labels_are_refused(tmp_path, banana, writer, suffix):
+    X, y = banana
+    column = writer(tmp_path / f"column{suffix}", X, y.reshape(-1, 1))
+    wide = writer(tmp_path / f"wide{suffix}", X, np.column_stack([y, y]))
+    _, y_read, _ = load_data(column, labels_required=True)
+    assert y_read.tolist() == y.astype(int).tolist()
+    with pytest.raises(TableError, match=rf"label array 'y' has shape \({len(y)}, 2\)"):
+        load_data(wide, labels_required=True)
+
+
+def test_a_null_label_in_parquet_is_an_error_not_a_class(tmp_path, banana):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    X, y = banana
+    labels = [None if i == 4 else ("cat" if v > 0 else "dog") for i, v in enumerate(y)]
+    pq.write_table(pa.table({"a": X[:, 0], "b": X[:, 1], "cls": labels}), tmp_path / "d.parquet")
+    with pytest.raises(TableError, match="data row 5, label column 'cls': missing value, a null"):
+        load_data(tmp_path / "d.parquet", "cls", labels_required=True)
+
+
+@pytest.mark.parametrize("cell", ["2\x00", "\x002", "2\x005"])
+def test_a_nul_byte_in_a_csv_cell_is_an_error_naming_line_and_column(tmp_path, banana, cell):
+    X, y = banana
+    data = write_csv(tmp_path / "d.csv", X, y, names=("a", "b", "label"))
+    lines = data.read_text().splitlines()
+    lines[3] = lines[3].split(",", 1)[0] + f",{cell}," + lines[3].rsplit(",", 1)[1]
+    data.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TableError, match="line 4, column 'b'.*NUL byte"):
+        load_data(data, "label", labels_required=True)
+
+
+def test_parquet_columns_sharing_a_name_are_one_line_naming_them(tmp_path, banana):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    X, y = banana
+    pq.write_table(pa.table([X[:, 0], X[:, 1], y], names=["a", "a", "cls"]), tmp_path / "d.parquet")
+    with pytest.raises(ValueError) as refused:  # agpc.untrusted's refusal: one line naming the file
+        load_data(tmp_path / "d.parquet", "cls", labels_required=True)
+    message = str(refused.value)
+    assert "names more than one column 'a' (2 times)" in message and "__fragment_index" not in message
+    assert "\n" not in message
+
+
+def test_a_header_of_numbers_is_warned_about(tmp_path, banana):
+    data = write_table(tmp_path / "d.csv", {"1.5": banana[0][:, 0], "2": banana[0][:, 1], "3": banana[1]})
+    with pytest.warns(UserWarning, match="looks like data"):
+        assert load_data(data, "3").feature_names == ["1.5", "2"]
+
+
+@pytest.mark.parametrize("header, message", [("x1,x1,label", "names column 'x1' 2 times"),
+                                             ("x1,,label", "column 2 has no name")])
+def test_feature_columns_need_names_of_their_own(tmp_path, banana, header, message):
+    data = write_csv(tmp_path / "d.csv", *banana, names=header.split(","))
+    with pytest.raises(TableError, match=message):
+        load_data(data, "label", labels_required=True)
+
+
+def _csv_with(feature, label):
+    return f"x1,x2,label\n0.1,0.2,1\n0.3,0.4,-1\n{feature},0.6,{label}\n0.7,0.8,1\n"
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("d.txt", "1,2\n", "unknown data format '.txt'"),
+    ("empty.csv", "", "the file is empty"),
+    ("ragged.csv", "x1,x2,label\n1.0,2.0,0\n3.0,1\n", "line 3 has 2 fields but the header has 3"),
+    ("header.csv", "x1,x2,label\n", "no data rows below the header"),
+    ("d.csv", _csv_with("0.5", "nan"), "line 4, label column 'label': missing value, 'nan'"),
+    ("d.csv", _csv_with("NaN", "1"), "line 4, feature column 'x1': missing value, 'NaN'"),
+    ("d.csv", _csv_with("NA", "1"),
+     "line 4, feature column 'x1' is not numeric (value 'NA'); fill in or drop rows with missing values"),
+    ("d.csv", _csv_with("high", "1"), "line 4, feature column 'x1' is not numeric (value 'high'); features must be numbers"),
+])
+def test_a_file_that_cannot_be_read_is_one_error_naming_it(tmp_path, name, content, message):
+    """A file that is no table, or a missing value (or a marker of one) in a column that is used: one line naming
+    the file, and the line and column where there is one."""
+    (tmp_path / name).write_text(content)
+    with pytest.raises(TableError) as refused:
+        load_data(tmp_path / name, "label", labels_required=True)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    assert str(refused.value).startswith(str(tmp_path / name))
+    assert isinstance(refused.value, ValueError)  # the command reports it as bad input, exit status 2
