@@ -20,7 +20,6 @@ has ONE noise parameter, its own: its terms' covariances are combined, then the 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -851,15 +850,6 @@ def with_default_priors(kernel, reference):
     with_priors = kernel.with_params(kernel.params)
     with_priors.priors = {**defaults, **kernel.priors}
     return with_priors
-
-
-def __getattr__(name):
-    # PARAM_NAMES (the one fixed parameter set) is replaced by each kernel's parameter table
-    if name == "PARAM_NAMES":
-        warnings.warn("agpc.kernels.PARAM_NAMES is deprecated: use kernel.parameter_table() (keys) or "
-                      "Stationary.parameters", DeprecationWarning, stacklevel=2)
-        return tuple(p.key for p in Stationary.parameters)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ClassKernels:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import agpc
-from agpc import io as model_files
+from agpc import persistence as model_files
 from agpc.kernels import (
     RBF,
     ClassKernels,
@@ -392,9 +392,3 @@ def test_priors_enter_the_climbed_objective(method, n_classes):
         assert np.isfinite(model.log_marginal_likelihood_)
     without, with_prior = moved
     assert without > 0.03 and with_prior < 0.005, moved
-
-
-def test_param_names_is_deprecated_for_the_table():
-    with pytest.warns(DeprecationWarning, match="parameter_table"):
-        names = agpc.kernels.PARAM_NAMES
-    assert names == tuple(RBF().parameter_table())

@@ -109,11 +109,18 @@ def test_likelihood_by_name():
         L.RobustMax(1.5)
 
 
-def test_old_names_warn_and_agree():
-    mean, var = np.array([0.3, -1.0]), np.array([0.5, 2.0])
-    with pytest.warns(DeprecationWarning, match="PROBIT.predictive_log_proba"):
-        old = L.probit_predictive_log(mean, var)
-    np.testing.assert_array_equal(old, L.PROBIT.predictive_log_proba(mean, var))
-    with pytest.warns(DeprecationWarning, match="PROBIT.tilted_moments"):
-        old = L.probit_tilted(np.ones(2), mean, 1.0 + var)
-    np.testing.assert_array_equal(old, L.PROBIT.tilted_moments(np.ones(2), mean, 1.0 + var))
+@pytest.mark.parametrize("n_classes", [2, 4])
+def test_the_one_nll_is_scikit_learns_log_loss(n_classes, xp_device):
+    """``negative_log_likelihood`` (what validation, early stopping and the command report) against scikit-learn's
+    log_loss on the same probabilities, with the result in the input's namespace and on its device."""
+    from sklearn.metrics import log_loss
+
+    xp, device = xp_device
+    rng = np.random.default_rng(n_classes)
+    proba = rng.dirichlet(np.ones(n_classes), size=40)
+    truth = rng.integers(0, n_classes, size=40)
+    truth[:n_classes] = np.arange(n_classes)  # every class present, as log_loss infers the classes from the labels
+    log_proba = to_xp(np.log(proba), xp, device)
+    nll = L.negative_log_likelihood(log_proba, xp.asarray(truth, device=device))
+    assert nll.shape == () and nll.device == log_proba.device
+    assert float(nll) == pytest.approx(log_loss(truth, proba), rel=1e-12)

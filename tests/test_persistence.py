@@ -517,11 +517,7 @@ def test_the_payload_of_these_tests_is_armed(tmp_path):
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats(allow_nan=True) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
-    max_leaves=10,
-)
+from helpers import JSON_VALUES  # noqa: E402
 
 
 def assert_refused_or_sound(path):
@@ -706,12 +702,10 @@ def test_a_model_whose_jitter_was_raised_predicts_the_same_after_load(tmp_path, 
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
 
 
-# -- the entry points: agpc.save_model / load_model, the estimator's fitted state, agpc.io deprecated ------------
+# -- the entry points: agpc.save_model / load_model, the estimator's fitted state ---------------------------
 
-import importlib  # noqa: E402
 
 import agpc  # noqa: E402
-import agpc.io  # noqa: E402  (importing the module does not warn: each moved name does, when it is used)
 
 
 def test_save_model_and_load_model_are_the_estimators_save_and_load(saved, tmp_path):
@@ -758,15 +752,3 @@ def test_check_params_refuses_what_fit_refuses():
     with pytest.raises(ValueError, match="n_inducing"):
         GPClassifier(n_inducing=0).check_params()
 
-
-def test_agpc_io_names_still_work_with_a_deprecation_warning_naming_the_new_place():
-    for old, (module, new) in agpc.io.MOVED.items():
-        with pytest.warns(DeprecationWarning, match=rf"agpc\.io\.{old} is deprecated: it moved to "
-                                                    rf"{module.__name__}\.{new}\b"):
-            value = getattr(agpc.io, old)
-        assert value is getattr(importlib.import_module(module.__name__), new)
-    with pytest.warns(DeprecationWarning, match=r"moved to agpc\.persistence\.load_model"):
-        from agpc.io import load_model  # noqa: PLC0415 (the statement users wrote is what is tested)
-    assert load_model is agpc.load_model
-    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
-        agpc.io.not_a_name  # noqa: B018
