@@ -25,7 +25,7 @@ distributed = pytest.importorskip("distributed")
 from agpc import GPClassifier  # noqa: E402
 from agpc.datasets import make_banana  # noqa: E402
 from agpc.inference.dask_engine import WORKER_ENVIRON  # noqa: E402
-from test_dask import assert_same_model  # noqa: E402  (one statement of "the same model" for lost workers)
+from helpers import assert_same_model  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 START_TIMEOUT = 120  # seconds for the scheduler and the workers to come up (a loaded 2-core machine is slow)

@@ -123,8 +123,9 @@ def test_the_gpu_extras_cover_cuda_12_and_13():
     extras = _pyproject()["project"]["optional-dependencies"]
     assert [Requirement(text).name for text in extras["gpu"]] == ["cupy-cuda12x"]
     assert [Requirement(text).name for text in extras["gpu-cuda13"]] == ["cupy-cuda13x"]
-    readme = (ROOT / "README.md").read_text()
-    assert "agpc[gpu-cuda13]" in readme and "cupy-cuda13x" in readme, "README must document the CUDA 13 extra"
+    readme, install = (ROOT / "README.md").read_text(), (ROOT / "docs" / "install.md").read_text()
+    assert "agpc[gpu-cuda13]" in readme, "the README must name the CUDA 13 extra"
+    assert "agpc[gpu-cuda13]" in install and "cupy-cuda13x" in install, "docs/install.md must document the CUDA 13 extra"
 
 
 @pytest.mark.parametrize("package", sorted(FIRST_BUILT_FOR_NUMPY_2))
@@ -151,9 +152,12 @@ def test_the_gpu_installs_bring_the_cuda_libraries():
     assert cupy == ["cupy>=14"], f"environment-gpu.yml must ask for conda-forge's cupy (with its CUDA libraries): {cupy}"
     assert set(gpu) - set(cpu) == {"cupy>=14"} and set(cpu) <= set(gpu), "environment-gpu.yml = environment.yml + cupy"
     assert not any("cupy" in entry for entry in cpu)
-    readme = (ROOT / "README.md").read_text()
+    install = (ROOT / "docs" / "install.md").read_text()
     for text in ("agpc[gpu]", "agpc[gpu-cuda13]", GPU_ENVIRONMENT, "NVIDIA driver", "DeviceUnavailableError"):
-        assert text in readme, f"the README's GPU section must say {text!r}"
+        assert text in install, f"the GPU section of docs/install.md must say {text!r}"
+    readme = (ROOT / "README.md").read_text()
+    for text in ("agpc[gpu]", "agpc[gpu-cuda13]", GPU_ENVIRONMENT, "NVIDIA driver", "docs/install.md"):
+        assert text in readme, f"the README's install section must say {text!r}"
 
 
 def test_pyproject_and_environment_yml_agree():

@@ -7,6 +7,7 @@ blank line before it, a lone ``*``) or a Markdown link to a page that does not e
 warning listed.
 """
 
+import importlib.util
 import os
 import pathlib
 import shutil
@@ -62,3 +63,43 @@ def test_the_pages_are_in_the_build(built_docs):
                    for path in (ROOT / "docs").rglob("*.md") if "_build" not in path.parts)
     missing = [str(page) for page in pages if not (out / page).is_file()]
     assert pages and not missing, f"pages not built: {missing}"
+
+
+def _layers_script():
+    spec = importlib.util.spec_from_file_location("docs_layers", ROOT / "docs" / "layers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_and_design_notes_number_the_layers_as_the_contract_does():
+    """One numbering of the layers: the lists in the README and docs/design.md are the import-linter contracts of
+    pyproject.toml as ``python docs/layers.py`` writes them, and both pages hold the package's list."""
+    layers = _layers_script()
+    contracts = layers.contracts()
+    assert len(contracts["layers"]) >= 2 and "inference-layers" in contracts
+    for page in layers.PAGES:
+        text = page.read_text()
+        assert "<!-- begin layers: layers -->" in text, f"{page.name} has no list of the layers"
+        assert layers.rewritten(text, contracts) == text, f"{page.name}: run python docs/layers.py"
+        listed = layers.render(contracts["layers"])
+        assert listed in text and listed.startswith("1. `agpc.cli`")
+
+
+def test_the_layers_script_writes_a_changed_contract(tmp_path):
+    layers = _layers_script()
+    page = "intro\n<!-- begin layers: layers -->\nstale\n<!-- end layers: layers -->\nafter\n"
+    written = layers.rewritten(page, {"layers": [[["agpc.a", "agpc.b"]], [["agpc.c"], ["agpc.d"]]]})
+    assert written == ("intro\n<!-- begin layers: layers -->\n1. `agpc.a`, `agpc.b`\n2. `agpc.c` | `agpc.d`\n"
+                       "<!-- end layers: layers -->\nafter\n")
+    with pytest.raises(ValueError, match="no import-linter layers contract with id 'other'"):
+        layers.rewritten("<!-- begin layers: other -->\n<!-- end layers: other -->", {})
+
+
+def test_the_readme_is_a_front_door():
+    """At most ~120 lines, with the two commands .ci/run and users rely on."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 120
+    assert "```\npython -m pip install -e . && agpc demo\n```" in readme
+    assert ('<!-- test-command -->\n```\npython -m pip install -e ".[test]" && python -m pytest -q tests gpu_tests\n```'
+            in readme)

@@ -8,16 +8,10 @@ from agpc.datasets import banana_bayes_error, banana_posterior, make_banana
 from agpc.inference import ep, training
 from agpc.kernels import RBF, Matern52
 from conftest import check_parameter_gradients, to_np, to_xp
+from helpers import binary_toy
 from reference_full_gp_ep import full_gp_ep, full_gp_predict
 
 JITTER = 1e-6
-
-
-def _toy(n=50, seed=1):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, 2))
-    y = np.where(np.sin(2 * X[:, 0]) + X[:, 1] + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0)
-    return X, y
 
 
 def _log_z(kernel, Z, X, y, nu, mu):
@@ -30,7 +24,7 @@ def test_log_z_gradient_matches_finite_differences_at_ep_fixed_point(kernel_cls,
     equals the derivative of log Z_q with the sites held fixed -- checked against central differences for every
     parameter kind."""
     xp, device = xp_device
-    X_np, y_np = _toy()
+    X_np, y_np = binary_toy()
     X, y = to_xp(X_np, xp, device), to_xp(y_np, xp, device)
     Z = to_xp(X_np[:7] + 0.1, xp, device)
     kernel = kernel_cls(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(X)
@@ -89,7 +83,7 @@ def test_sites_with_improper_cavities_are_skipped():
     precision. Two copies of one row, one site at +10 and its twin at -9.9, leave q's precision along
     that direction small, so removing the +10 site gives a negative cavity variance: that site keeps
     its parameters for the round and adds nothing to log Z_q or the gradient; the others update."""
-    X, y = _toy(30)
+    X, y = binary_toy(30)
     X[1] = X[0]
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
     Z = X[2:7].copy()
@@ -106,7 +100,7 @@ def test_sites_with_improper_cavities_are_skipped():
 
 
 def test_blocked_pass_equals_single_pass():
-    X, y = _toy(37)
+    X, y = binary_toy(37)
     kernel = RBF(lengthscales=[0.8, 1.1], amplitude=1.2, noise=0.02).for_inputs(X)
     Z = X[:6].copy()
     rng = np.random.default_rng(0)
@@ -122,7 +116,7 @@ def test_blocked_pass_equals_single_pass():
 def test_non_finite_log_z_reverts_and_halves_damping_and_steps(monkeypatch):
     """The authors' guard rail: a NaN log Z_q (or a failed Cholesky) puts back the last good state and
     halves the damping and the step sizes; training then goes on."""
-    X, y = _toy(40)
+    X, y = binary_toy(40)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
     Z = X[:5].copy()
     real_evaluate = ep.evaluate
@@ -148,7 +142,7 @@ def test_non_finite_log_z_reverts_and_halves_damping_and_steps(monkeypatch):
 def test_minibatch_ep_revert_restores_sites_updated_in_place(monkeypatch):
     """Minibatch EP writes the visited rows' sites in place; a failed step must still put back exactly
     the state before the last good step (sites, kernel, Z), not leave that step's rows half-updated."""
-    X, y = _toy(60)
+    X, y = binary_toy(60)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
     trainer = training.Trainer(kernel, X[:5].copy(), method="ep", n_total=60, minibatch=True, jitter=JITTER)
     trainer.step(X, y, 0, 20, stepping=True)
@@ -177,7 +171,7 @@ def test_minibatch_ep_rebuilds_the_site_product_when_cavities_fail(monkeypatch):
     """Minibatch EP's running site product drifts from the exact one as the hyper-parameters move (a row's
     old site is swapped out along its current projection); when more than 5% of a minibatch's cavities are
     improper, the next step first rebuilds the product exactly (one pass), and otherwise it does not."""
-    X, y = _toy(200)
+    X, y = binary_toy(200)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
     rebuilt = []
     real_rebuild = training.Trainer.rebuild_factor
@@ -208,7 +202,7 @@ def test_padding_rows_with_weight_zero_change_nothing(method, xp_device):
     """A minibatch padded to a fixed size (issue 14: the step takes per-row weights, padding weight 0) gives
     the same log Z_q estimate, gradient and site change as the rows alone."""
     xp, device = xp_device
-    X_np, y_np = _toy(60)
+    X_np, y_np = binary_toy(60)
     X, y = to_xp(X_np, xp, device), to_xp(y_np, xp, device)
     kernel = RBF(lengthscales=[0.9, 1.2], amplitude=1.3, noise=0.02).for_inputs(X)
     Z = to_xp(X_np[:6] + 0.05, xp, device)
@@ -239,7 +233,7 @@ def test_padding_rows_with_weight_zero_change_nothing(method, xp_device):
 def test_inputs_far_from_the_origin_do_not_cancel():
     """The RBF's squared distances come from one matrix product; centred on the mean of Z they stay
     accurate for features with a large offset against their spread (x + 1e7 used to fail its Cholesky)."""
-    X, y = _toy(80)
+    X, y = binary_toy(80)
     Z = X[:8] + 0.05
     nu, mu = np.full(80, 0.2), 0.1 * y
     kernel = RBF(lengthscales=[0.7, 1.1], amplitude=1.4, noise=0.01)
@@ -258,7 +252,7 @@ def test_a_failed_factorisation_raises_the_jitter_on_the_guards_path(method):
     """Training steps factorise without checks (no host synchronisation): a failed Cholesky of Kmm arrives as
     a NaN log Z_q, and only then does the guard look, find the jitter with which Kmm factorises, say so in a
     warning, and go on with it (duplicated inducing points and jitter 0 here)."""
-    X, y = _toy(60)
+    X, y = binary_toy(60)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
     Z = np.concatenate([X[:4], X[:4]])
     trainer = training.Trainer(kernel, Z, method=method, n_total=60, minibatch=True, jitter=0.0)
@@ -276,7 +270,7 @@ def test_a_factor_read_back_from_its_posterior_is_the_same_factor():
     reads back from q is the one q was built from (a fitted model's q becomes SEP's tied factor again),
     including an indefinite one, as SEP's factor may be."""
     rng = np.random.default_rng(4)
-    X, _ = _toy()
+    X, _ = binary_toy()
     Z = X[:6] + 0.05
     kernel = RBF(lengthscales=[1.1, 0.9], amplitude=1.3, noise=1e-3).for_inputs(X)
     G = rng.normal(size=(6, 6))

@@ -9,14 +9,8 @@ from agpc import GPClassifier
 from agpc.inference import ep, exact_ep, training
 from agpc.kernels import RBF, Matern52
 from conftest import central_differences, to_np, to_xp
+from helpers import binary_toy
 from reference_full_gp_ep import full_gp_ep, full_gp_predict
-
-
-def _toy(n=30, seed=1, d=2):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, d))
-    y = np.where(np.sin(2 * X[:, 0]) + X[:, 1] + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0)
-    return X, y
 
 
 def _check_gradients(kernel, grads, log_z, xp, device):
@@ -69,7 +63,7 @@ def test_gradient_matches_finite_differences_at_the_fixed_point(kernel_cls, xp_d
     held: central differences for every kernel parameter, latent noise included; NumPy and array_api_strict on both
     devices."""
     xp, device = xp_device
-    X_np, y_np = _toy()
+    X_np, y_np = binary_toy(30)
     X, y = to_xp(X_np, xp, device), to_xp(y_np, xp, device)
     kernel = kernel_cls(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(X)
     fit = training.train(X, y, kernel, X, engine=exact_ep, jitter=1e-6, max_iter=3000, optimize=(), tol=1e-13)
@@ -85,7 +79,7 @@ def test_gradient_matches_finite_differences_at_the_fixed_point(kernel_cls, xp_d
 def test_is_the_limit_of_inducing_point_ep_at_the_rows():
     """On Z = X, ``ep.evaluate`` is the same model with sites along K^-1 k_i instead of e_i: at a small jitter the two
     passes give the same log Z_q, site updates, marginals and gradients, at sites that are not a fixed point."""
-    X, y = _toy(40, seed=3)
+    X, y = binary_toy(40, seed=3)
     kernel = RBF(lengthscales=[0.7, 1.1], amplitude=1.3, noise=0.02).for_inputs(X)
     rng = np.random.default_rng(0)
     nu, mu = rng.uniform(0.0, 0.8, 40), rng.normal(0.0, 0.5, 40)
@@ -106,7 +100,7 @@ def test_one_factorisation_a_pass_and_one_inverse_for_the_gradient(monkeypatch):
     """What full-GP EP should cost: a pass factorises B = I + D^1/2 K D^1/2 once (no K(Z, Z) factor, no m x m
     posterior from n x m sums), solves with it once for n right-hand sides, and the gradient adds one inverse from
     the same factor; a final pass builds q's inducing-point form for prediction (K's factor here, C's in ep.posterior_from_sums)."""
-    X, y = _toy(20)
+    X, y = binary_toy(20)
     kernel = RBF(lengthscales=[0.7, 1.1], amplitude=1.3, noise=0.02).for_inputs(X)
     nu, mu = np.full(20, 0.3), np.zeros(20)
     calls = {"cholesky": 0, "solve_n": 0, "inverse": 0}
@@ -134,7 +128,7 @@ def test_one_factorisation_a_pass_and_one_inverse_for_the_gradient(monkeypatch):
 def test_new_site_precisions_are_never_negative(monkeypatch):
     """As the sparse batch pass's: where round-off deep in a tail would leave gamma just below 0, the new precision is
     0, not a negative number whose square root the next pass would take (NaN, a reverted step)."""
-    X, y = _toy()
+    X, y = binary_toy(30)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.5)
     moments = ep.PROBIT.tilted_moments
 
@@ -150,14 +144,14 @@ def test_new_site_precisions_are_never_negative(monkeypatch):
 
 
 def test_refuses_inducing_points_other_than_the_rows():
-    X, y = _toy(20)
+    X, y = binary_toy(20)
     kernel = RBF(lengthscales=[1.0, 1.0]).for_inputs(X)
     with pytest.raises(ValueError, match="inducing points to be the 20 training rows"):
         exact_ep.evaluate(kernel, X[:5], X, y, np.zeros(20), np.zeros(20), jitter=1e-6)
 
 
-def _three_classes(n=24, seed=2):
-    X, _ = _toy(n, seed)
+def _three_quantile_classes(n=24, seed=2):
+    X, _ = binary_toy(n, seed)
     score = X[:, 0] + np.sin(2 * X[:, 1])
     return X, np.digitize(score, np.quantile(score, [1 / 3, 2 / 3])).astype(np.float64)
 
@@ -168,7 +162,7 @@ def test_multiclass_is_the_limit_of_inducing_point_multiclass_ep_at_the_rows():
     from agpc.inference import multiclass_ep
     from agpc.kernels import ClassKernels
 
-    X, y = _three_classes()
+    X, y = _three_quantile_classes()
     kernels = ClassKernels([RBF(lengthscales=[0.6 + 0.2 * c, 1.1], amplitude=1.0 + 0.3 * c, noise=0.02).for_inputs(X)
                             for c in range(3)])
     Z = np.stack([X] * 3)
@@ -193,7 +187,7 @@ def test_multiclass_gradient_matches_finite_differences_at_the_fixed_point(xp_de
     from agpc.kernels import ClassKernels
 
     xp, device = xp_device
-    X_np, y_np = _three_classes(18)
+    X_np, y_np = _three_quantile_classes(18)
     X, y = to_xp(X_np, xp, device), to_xp(y_np, xp, device)
     kernels = ClassKernels([RBF(lengthscales=[0.7, 1.2], amplitude=1.0 + 0.5 * c, noise=0.03).for_inputs(X)
                             for c in range(3)])

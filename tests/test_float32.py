@@ -25,6 +25,7 @@ from agpc.datasets import make_airline_like, make_banana
 from agpc.inference import ep, training
 from agpc.inference import variational as V
 from agpc.kernels import RBF
+from helpers import binary_toy, nll_of
 
 EPS32 = float(np.finfo(np.float32).eps)
 FD_STEP = EPS32 ** (1.0 / 3.0)
@@ -44,11 +45,6 @@ def _data(name, n=3000, classes=2):
         y = np.where(y > 0, np.where(X[:, 0] > np.median(X[y > 0, 0]), 2, 1), 0)
     half = n // 2
     return X[:half], y[:half], X[half:], y[half:]
-
-
-def _nll(model, X, y):
-    proba = np.asarray(model.predict_proba(X), dtype=np.float64)
-    return float(-np.mean(np.log(proba[np.arange(len(y)), np.searchsorted(model.classes_, y)])))
 
 
 SETTINGS = {
@@ -71,14 +67,14 @@ def test_float32_test_nll_matches_float64(data, setting):
     X, y, X_test, y_test = _data(data)
     wide, narrow = _pair(SETTINGS[setting], X, y)
     assert narrow.inducing_points_.dtype == np.float32 and wide.inducing_points_.dtype == np.float64
-    assert abs(_nll(narrow, X_test, y_test) - _nll(wide, X_test, y_test)) < NLL_TOLERANCE
+    assert abs(nll_of(narrow, X_test, y_test) - nll_of(wide, X_test, y_test)) < NLL_TOLERANCE
 
 
 def test_multiclass_sep_float32_test_nll_matches_float64():
     X, y, X_test, y_test = _data("banana", classes=3)
     wide, narrow = _pair(dict(method="sep", batch_size=200, max_iter=10), X, y)
     assert narrow.predict_proba(X_test).dtype == np.float32
-    assert abs(_nll(narrow, X_test, y_test) - _nll(wide, X_test, y_test)) < NLL_TOLERANCE
+    assert abs(nll_of(narrow, X_test, y_test) - nll_of(wide, X_test, y_test)) < NLL_TOLERANCE
 
 
 def _arrays(value, seen=None):
@@ -173,9 +169,7 @@ def _check(analytic, numeric, scale, what):
 
 
 def _toy(n=60, seed=1):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, 2))
-    y = np.where(np.sin(2 * X[:, 0]) + X[:, 1] + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0)
+    X, y = binary_toy(n, seed)
     return X.astype(np.float32), y.astype(np.float32)
 
 

@@ -12,20 +12,19 @@ import pytest
 from agpc import GPClassifier
 from agpc.backend import CholeskyError
 from agpc.datasets import make_banana
-from agpc.inference import ep, gfitc, training
+from agpc.inference import gfitc, training
 from agpc.kernels import RBF, ClassKernels, Matern52
 from conftest import check_parameter_gradients, to_np, to_xp
 from reference_full_gp_ep import full_gp_ep, full_gp_predict
-from test_ep import _toy as _binary  # the binary toy problem of the EP tests
+from helpers import binary_toy, nll_of, three_classes
 
 JITTER = 1e-6
 
 
 def _three_classes(n=30, seed=0):
     rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, 2))
-    scores = np.stack([X[:, 0], -X[:, 0] + X[:, 1], np.sin(2 * X[:, 1])], axis=1)
-    y = np.argmax(scores + 0.3 * rng.normal(size=scores.shape), axis=1).astype(float)
+    X, y = three_classes(n, rng=rng)
+    y = y.astype(float)
     Z = np.stack([X[rng.choice(n, 4, replace=False)] + 0.05 * c for c in range(3)])
     return X, y, Z
 
@@ -48,7 +47,7 @@ def _fixed_point(kernel, Z, X, y, tol_ep, damping=0.5):
 @pytest.fixture(scope="module")
 def binary_fixed_point():
     """EP converged on NumPy (the fixed point does not depend on the namespace; the test moves it)."""
-    X, y = _binary(40)
+    X, y = binary_toy(40)
     kernel = RBF(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(X)
     Z = X[:7] + 0.1
     return X, y, Z, _fixed_point(kernel, Z, X, y, 1e-13)
@@ -147,11 +146,6 @@ def test_binary_fixed_point_is_method_ep_fixed_point(binary_fixed_point):
     assert abs(fit.log_z - log_z) < 1e-9
 
 
-def _nll(model, X, y):
-    P = model.predict_proba(X)
-    return -np.mean(np.log(P[np.arange(len(y)), np.searchsorted(model.classes_, y)]))
-
-
 @pytest.fixture(scope="module")
 def banana():
     X, y = make_banana(400, random_state=0)
@@ -171,9 +165,9 @@ def test_banana_learns_as_well_as_ep(banana):
     assert model.n_iter_ == len(history) == 40  # one entry a step on the hyper-parameters
     assert np.all(np.diff(model.history_["n_steps"]) >= 2)  # each after its EP sweeps and its gradient pass
     assert history[-1] > history[0] + 20
-    assert _nll(model, X_test, y_test) < _nll(reference, X_test, y_test) + 0.02
+    assert nll_of(model, X_test, y_test) < nll_of(reference, X_test, y_test) + 0.02
     assert model.score(X_test, y_test) > reference.score(X_test, y_test) - 0.02
-    assert _nll(model, X_test, y_test) < _nll(LogisticRegression().fit(X, y), X_test, y_test) - 0.05
+    assert nll_of(model, X_test, y_test) < nll_of(LogisticRegression().fit(X, y), X_test, y_test) - 0.05
 
 
 def test_save_load_round_trip(banana, tmp_path):
@@ -203,7 +197,7 @@ def test_multiclass_wine_learns_as_well_as_ep_and_round_trips(tmp_path):
     assert isinstance(model.kernel_, ClassKernels) and tuple(model.inducing_points_.shape) == (3, 6, 13)
     P = model.predict_proba(Xte)
     np.testing.assert_allclose(P.sum(axis=1), 1.0, atol=1e-12)
-    assert _nll(model, Xte, yte) < _nll(reference, Xte, yte) + 0.05
+    assert nll_of(model, Xte, yte) < nll_of(reference, Xte, yte) + 0.05
     assert model.score(Xte, yte) >= 0.9
     path = tmp_path / "wine_gfitc.agpc"
     model.save(path)
@@ -231,7 +225,7 @@ def test_strict_device1_fit_equals_numpy_fit():
 def test_non_finite_log_z_reverts_and_halves_damping_and_steps(monkeypatch):
     """Guard rails as training.Trainer: a NaN log Z_EP (30th pass) or a failed Cholesky (45th) puts back the
     state before the last step and halves damping and step sizes; training goes on to max_iter steps."""
-    X, y = _binary(40)
+    X, y = binary_toy(40)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
     passes = []
     real = gfitc.evaluate
@@ -255,7 +249,7 @@ def test_batch_only_errors():
     convention for a method an estimator cannot offer)."""
     import dask.array as da
 
-    X, y = _binary(30)
+    X, y = binary_toy(30)
     with pytest.raises(ValueError, match="batch-only.*batch_size=10.*not a sum over rows"):
         GPClassifier(method="gfitc", n_inducing=5, batch_size=10).fit(X, y)
     assert not hasattr(GPClassifier(method="gfitc"), "partial_fit")

@@ -12,16 +12,9 @@ from agpc.inference import multiclass_ep, training
 from agpc.likelihoods import PROBIT
 from agpc.kernels import RBF, ClassKernels, Matern52
 from conftest import check_parameter_gradients, to_np, to_xp
+from helpers import nll_of, three_classes
 
 JITTER = 1e-6
-
-
-def _three_classes(n=60, seed=0, d=2):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, d))
-    scores = np.stack([X[:, 0], -X[:, 0] + X[:, 1], np.sin(2 * X[:, 1])], axis=1)
-    y = np.argmax(scores + 0.3 * rng.normal(size=scores.shape), axis=1)
-    return X, y
 
 
 def _kernels(X, kinds=(RBF, Matern52, RBF)):
@@ -41,7 +34,7 @@ def test_log_z_gradient_matches_finite_differences_at_ep_fixed_point(xp_device):
     equals the derivative of log Z_q (eq. 9) with the sites held fixed -- every kernel parameter of every class and
     every entry of every class's inducing points, against central differences."""
     xp, device = xp_device
-    X_np, y_np = _three_classes()
+    X_np, y_np = three_classes()
     X, y = to_xp(X_np, xp, device), to_xp(y_np.astype(float), xp, device)
     rng = np.random.default_rng(3)
     Z = to_xp(np.stack([X_np[rng.choice(60, 4, replace=False)] + 0.05 * c for c in range(3)]), xp, device)
@@ -172,7 +165,7 @@ def test_classifier_on_wine_string_labels_round_trip(tmp_path):
         predicted = clf.predict(Xte)
         assert set(predicted) <= set(names)
         np.testing.assert_array_equal(predicted, clf.classes_[np.argmax(P, axis=1)])
-        nll = -np.mean(np.log(P[np.arange(len(yte)), np.searchsorted(clf.classes_, yte)]))
+        nll = nll_of(clf, Xte, yte)
         assert nll < 0.3 and clf.score(Xte, yte) >= 0.9, (method, nll)
         mean, var = clf.predict_latent(Xte)
         assert mean.shape == var.shape == (len(yte), 3) and np.all(var > 0)
@@ -184,7 +177,7 @@ def test_classifier_on_wine_string_labels_round_trip(tmp_path):
 
 
 def test_binary_data_keeps_the_binary_model():
-    X, y = _three_classes()
+    X, y = three_classes()
     keep = y < 2
     clf = GPClassifier(n_inducing=5, max_iter=5, random_state=0).fit(X[keep], y[keep])
     assert not isinstance(clf.kernel_, ClassKernels) and clf.inducing_points_.ndim == 2
@@ -193,7 +186,7 @@ def test_binary_data_keeps_the_binary_model():
 @pytest.mark.parametrize("method", ["ep", "sep"])
 def test_a_class_absent_from_a_minibatch_does_not_break_training(method):
     """Rows stored sorted by class and visited in storage order: most minibatches hold one class only."""
-    X, y = _three_classes(n=300, seed=2)
+    X, y = three_classes(n=300, seed=2)
     order = np.argsort(y, kind="stable")
     X, y = X[order], y[order]
     clf = GPClassifier(method=method, n_inducing=8, batch_size=25, max_iter=4, shuffle=False, random_state=0)
@@ -204,7 +197,7 @@ def test_a_class_absent_from_a_minibatch_does_not_break_training(method):
 
 
 def test_partial_fit_stream_with_classes_missing_from_the_first_batch():
-    X, y = _three_classes(n=300, seed=4)
+    X, y = three_classes(n=300, seed=4)
     clf = GPClassifier(method="sep", n_inducing=8, random_state=0)
     first = y != 2
     clf.partial_fit(X[first][:50], y[first][:50], classes=[0, 1, 2], n_total=300)
@@ -219,13 +212,12 @@ def test_multiclass_sep_is_close_to_ep():
     hyper-parameters (EP and SEP run to their fixed points) the test NLL agrees within 0.02 (measured 0.413 / 0.409) and
     log Z_q within 15% (measured 11%: one tied factor per class averages sites that differ more than in the binary case,
     where the gap is 3%)."""
-    X, y = _three_classes(n=300, seed=6)
+    X, y = three_classes(n=300, seed=6)
     Xtr, ytr, Xte, yte = _split(X, y)
     nll, log_z = {}, {}
     for method in ("ep", "sep"):
         clf = GPClassifier(method=method, n_inducing=15, max_iter=300, optimize=False, random_state=0).fit(Xtr, ytr)
-        P = clf.predict_proba(Xte)
-        nll[method] = -np.mean(np.log(P[np.arange(len(yte)), yte]))
+        nll[method] = nll_of(clf, Xte, yte)
         log_z[method] = clf.log_marginal_likelihood_
     assert abs(nll["sep"] - nll["ep"]) < 0.02, nll
     assert abs(log_z["sep"] - log_z["ep"]) < 0.15 * abs(log_z["ep"]), log_z
@@ -270,7 +262,7 @@ def test_robust_max_elbo_gradients_match_finite_differences(xp_device):
     from agpc.inference import multiclass_vi
 
     xp, device = xp_device
-    X_np, y_np = _three_classes(n=30, seed=8)
+    X_np, y_np = three_classes(n=30, seed=8)
     X, y = to_xp(X_np, xp, device), to_xp(y_np.astype(float), xp, device)
     rng = np.random.default_rng(9)
     Z = to_xp(np.stack([X_np[rng.choice(30, 4, replace=False)] for _ in range(3)]), xp, device)
@@ -305,7 +297,7 @@ def test_multiclass_svi_classifier_learns_wine():
     P = clf.predict_proba(Xte)
     np.testing.assert_allclose(P.sum(axis=1), 1.0, atol=1e-12)
     assert P.min() >= 1e-3 / 2 * (1 - 1e-9)  # the robust max never predicts below epsilon / (C - 1)
-    nll = -np.mean(np.log(P[np.arange(len(yte)), yte]))
+    nll = nll_of(clf, Xte, yte)
     assert nll < 0.3 and clf.score(Xte, yte) >= 0.9, nll
     with pytest.raises(ValueError, match="robust-max"):
         GPClassifier(method="svi", likelihood="probit", n_inducing=5).fit(Xtr, ytr)

@@ -177,7 +177,7 @@ def _npy_array(raw):
     return np.load(io.BytesIO(raw), allow_pickle=False)
 
 
-from test_persistence import JSON_VALUES as _JSON_VALUES  # noqa: E402  (one strategy for JSON values)
+from helpers import JSON_VALUES  # noqa: E402
 
 
 @st.composite
@@ -227,7 +227,7 @@ def _corrupt(raw, kind, rng, draw_value):
 
 
 @settings(max_examples=150, **_SETTINGS)
-@given(which=st.sampled_from(["binary", "multiclass"]), corruption=_corruption(), value=_JSON_VALUES)
+@given(which=st.sampled_from(["binary", "multiclass"]), corruption=_corruption(), value=JSON_VALUES)
 def test_a_corrupted_model_file_loads_or_is_refused(saved_models, which, corruption, value):
     raw, X = saved_models[which].raw, saved_models[which].X
     kind, rng = corruption

@@ -9,6 +9,7 @@ from agpc.datasets import make_banana
 from agpc.inference import ep, training
 from agpc.kernels import RBF
 from conftest import to_np, to_xp
+from helpers import nll_of
 
 JITTER = 1e-6
 
@@ -54,11 +55,6 @@ def small_problem():
     return X, y, X_test, y_test
 
 
-def _nll(model, X, y):
-    proba = model.predict_proba(X)
-    return float(-np.mean(np.log(proba[np.arange(len(y)), np.searchsorted(model.classes_, y)])))
-
-
 def test_batch_sep_is_close_to_ep_and_adf_is_not_better(small_problem):
     """Hernandez-Lobato et al. (2015)'s table: SEP's test NLL is within a few hundredths of EP's, ADF's equal or worse.
 
@@ -74,7 +70,7 @@ def test_batch_sep_is_close_to_ep_and_adf_is_not_better(small_problem):
     for method in ("ep", "sep", "adf"):
         model = GPClassifier(method=method, kernel=fitted.kernel_, inducing=Z, optimize=False, max_iter=2000, tol=1e-9)
         model.fit(X, y)
-        nll[method] = _nll(model, X_test, y_test)
+        nll[method] = nll_of(model, X_test, y_test)
         log_z[method] = model.log_marginal_likelihood_
     assert abs(log_z["sep"] - log_z["ep"]) < 0.05 * abs(log_z["ep"]), log_z
     assert abs(nll["sep"] - nll["ep"]) < 0.02, nll

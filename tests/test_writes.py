@@ -19,18 +19,11 @@ import pytest
 from agpc import GPClassifier, checkpoints
 from agpc.cli import main
 from agpc.datasets import make_banana
+from helpers import write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 FIT_OPTIONS = ["--inducing", "5", "--max-iter", "2", "--random-state", "0", "--quiet"]
 posix_only = pytest.mark.skipif(os.name != "posix", reason="FIFOs, device nodes and /proc are POSIX")
-
-
-def write_csv(path, X, y):
-    with open(path, "w") as fh:
-        fh.write("x1,x2,label\n")
-        for row, label in zip(X.tolist(), np.asarray(y).tolist()):
-            fh.write(f"{row[0]!r},{row[1]!r},{label}\n")
-    return path
 
 
 @pytest.fixture(scope="module")
