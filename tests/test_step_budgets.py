@@ -226,22 +226,21 @@ def test_svi_step_is_within_budget(monkeypatch):
     _check(counted[0], "svi")
 
 
-def test_batch_ep_iteration_is_within_budget():
-    counted = batch_ep_iteration(_counting_namespace())
-    _assert_same_as_plain_strict(counted, batch_ep_iteration(array_api_strict))
-    _check(counted[0], "batch_ep")
+# budget -> (the counting namespace, the batch EP work counted in it)
+BATCH_EP_WORK = {
+    "batch_ep": (_counting_namespace, batch_ep_iteration),  # one iteration
+    "batch_ep_wide": (lambda: CountingNamespace(array_api_strict, m=N_INDUCING, rows=(WIDE_ROWS,)),  # wide blocks
+                      lambda xp: batch_ep_iteration(xp, WIDE_ROWS)),
+    "batch_ep_step": (_counting_namespace, batch_ep_step),  # one step of the training loop
+}
 
 
-def test_batch_ep_iteration_over_wide_blocks_is_within_budget():
-    counted = batch_ep_iteration(CountingNamespace(array_api_strict, m=N_INDUCING, rows=(WIDE_ROWS,)), WIDE_ROWS)
-    _assert_same_as_plain_strict(counted, batch_ep_iteration(array_api_strict, WIDE_ROWS))
-    _check(counted[0], "batch_ep_wide")
-
-
-def test_batch_ep_training_step_is_within_budget():
-    counted = batch_ep_step(_counting_namespace())
-    _assert_same_as_plain_strict(counted, batch_ep_step(array_api_strict))
-    _check(counted[0], "batch_ep_step")
+@pytest.mark.parametrize("budget", list(BATCH_EP_WORK))
+def test_batch_ep_is_within_budget(budget):
+    namespace, work = BATCH_EP_WORK[budget]
+    counted = work(namespace())
+    _assert_same_as_plain_strict(counted, work(array_api_strict))
+    _check(counted[0], budget)
 
 
 def test_one_extra_float_in_a_step_breaks_the_host_budget(monkeypatch):
