@@ -164,7 +164,7 @@ def test_partial_fit_refuses_an_n_total_that_is_not_a_count_of_at_least_the_batc
     assert model.n_iter_ == 1
 
 
-def _three_classes(X):
+def _classes_by_two_thresholds(X):
     return (X[:, 0] > 0).astype(int) + (X[:, 1] > 0.5).astype(int)
 
 
@@ -178,7 +178,7 @@ def test_partial_fit_after_load_continues_the_saved_stream(tmp_path, method, n_c
 
     X, y = _stream()
     if n_classes == 3:
-        y = _three_classes(X)
+        y = _classes_by_two_thresholds(X)
     model = GPClassifier(method=method, n_inducing=6, random_state=0)
     for lo in range(0, 200, 50):
         model.partial_fit(X[lo:lo + 50], y[lo:lo + 50], classes=list(range(n_classes)))
@@ -208,7 +208,7 @@ def test_partial_fit_after_fit_starts_from_the_fitted_posterior(tmp_path, n_clas
     n_total is asked for, in one ValueError naming it."""
     X, y = _stream()
     if n_classes == 3:
-        y = _three_classes(X)
+        y = _classes_by_two_thresholds(X)
     model = GPClassifier(method="sep", n_inducing=6, max_iter=5, random_state=0).fit(X[:250], y[:250])
     fitted, steps = model.predict_proba(X), model.n_iter_
     model.save(tmp_path / "fitted.agpc")
