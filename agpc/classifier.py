@@ -37,77 +37,60 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     """Gaussian process classifier with inducing points: EP, SEP, ADF, GFITC, SVI, vi-JJ and vi-Taylor, all
     trained by one loop (validation, early stopping, checkpoints and resume for every method).
 
-    Binary classification with a probit likelihood and an inducing-point (FITC-style) prior whose
-    inducing values are not marginalised (Hernandez-Lobato & Hernandez-Lobato, AISTATS 2016). Training
-    interleaves parallel damped EP sweeps with steps on the kernel hyper-parameters and the inducing
-    points; cost O(n m^2) a sweep, memory O(n m) in blocks plus two floats a row. More than two classes:
-    one latent function per class (docs/methods.md).
+    A probit likelihood and an inducing-point (FITC-style) prior whose inducing values are not marginalised
+    (Hernandez-Lobato & Hernandez-Lobato, AISTATS 2016); more than two classes: one latent function per class.
+    Training interleaves damped EP sweeps with steps on the kernel hyper-parameters and the inducing points; cost
+    O(n m^2) a sweep. The methods, what each supports and the data-parallel rounds: docs/methods.md.
 
     Parameters
     ----------
     method : {"ep", "sep", "adf", "svi", "vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor", "gfitc"}
-        "ep": expectation propagation, two numbers stored per row. "sep": stochastic EP, one tied likelihood
-        factor (m x m), memory O(m^2) whatever n. "adf": assumed density filtering; cheapest, usually a little
-        worse. "svi": the variational bound of Hensman et al. (2015) by stochastic gradients (Adam at 0.01 by
-        default). "vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor": Izmailov & Kropotov (2017), analytic q and
-        L-BFGS-B on the kernel. "gfitc": generalised FITC (Naish-Guzman & Holden 2008), batch only. What each
-        supports: ``agpc.methods`` (the registry, where further methods can be registered) and docs/methods.md.
+        "ep": expectation propagation, two numbers stored a row. "sep": stochastic EP, one tied factor (m x m).
+        "adf": assumed density filtering. "svi": the variational bound of Hensman et al. (2015). ``"vi-*"``: Izmailov &
+        Kropotov (2017), analytic q and L-BFGS-B on the kernel. "gfitc": generalised FITC (Naish-Guzman & Holden
+        2008), batch only. The registry, where further methods can be registered: ``agpc.methods``.
     n_inducing : "auto", "all" or int, default="auto"
-        Number m of inducing points, at most the number of training rows. "auto" sizes the model by the data
-        (``agpc.size_rule``, docs/small_data_defaults.md): up to 400 rows, binary batch ``method="ep"`` trains
-        the exact model (an inducing point at every row, held there: the full GP); otherwise 100 inducing points
-        (or every row, when there are fewer) learned with the kernel. "all": the exact model whatever the size
-        (at most 5,000 rows in memory).
+        Number m of inducing points, at most the number of rows. "auto" (``agpc.size_rule``,
+        docs/small_data_defaults.md): up to 400 rows, binary batch EP trains the exact model (the full GP: an
+        inducing point at every row, held there); otherwise 100 learned with the kernel. "all": the exact model.
     kernel : Kernel or None
-        Kernel with initial hyper-parameters. ``None``: ARD RBF with lengthscale_j = std(X_j) sqrt(d),
-        amplitude 1 and latent noise 1e-3.
+        Initial kernel. ``None``: ARD RBF, lengthscale_j = std(X_j) sqrt(d), amplitude 1, latent noise 1e-3.
     backend : "auto", "numpy", "cupy" or an array namespace
-        Where to compute. "auto": in the input's own namespace and device (NumPy for lists and NumPy arrays).
-        Results come back in the caller's array type.
+        Where to compute ("auto": the input's own namespace and device). Results come back in the caller's type.
     max_iter : int, default=250
-        Iterations of (EP sweep + hyper-parameter step); epochs in minibatch mode. With ``optimize=False``, the
-        most sweeps.
+        Iterations (EP sweep + hyper-parameter step); epochs in minibatch mode; with ``optimize=False``, sweeps.
     damping : float in (0, 1] or None
-        EP damping (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25): new = damping * update + (1 - damping)
-        * old. ``None``: 0.5 in batch mode, 0.99 in minibatch mode, as the paper.
+        EP damping (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25). ``None``: 0.5 batch, 0.99 minibatch.
     batch_size : "auto", None or int
-        Rows per minibatch. "auto": the full batch for n <= 20,000, else 200 on the CPU; on a GPU, binary models
-        take the rows that keep the device busy (``agpc.batch_size``, docs/gpu.md). ``None``: full batch.
+        Rows per minibatch. "auto": the full batch up to 20,000 rows, else 200 on the CPU and on a GPU the rows
+        that keep it busy (``agpc.batch_size``, docs/gpu.md). ``None``: full batch.
     optimizer : None, "rprop", "adadelta" or "adam"
-        Hyper-parameter steps. ``None``: the paper's per-parameter adaptive steps ("rprop") in batch mode,
-        Adadelta (rho 0.9, eps 1e-5) in minibatch mode.
+        Hyper-parameter steps. ``None``: "rprop" (the paper's) in batch mode, Adadelta in minibatch mode.
     learning_rate : float or None
         For "adadelta" (default 1.0) and "adam" (default 0.01).
     max_time : float or None
-        Seconds for the whole ``fit`` (input checks, the initial inducing points, the steps, the final pass). No
-        step is started that its measured length would carry past it; in minibatch mode the final pass over all
-        rows is made only when its measured cost fits in what is left.
+        Seconds for the whole ``fit``: no step (nor final pass) is started that its measured cost would carry past.
     shuffle : bool, default=True
         Visit minibatches in a new random order each epoch (and reorder in-memory rows once).
-    eval_every : int or None
-        With ``fit(..., validation_data=...)``: score every this many steps (default: every iteration in
-        batch mode, every epoch in minibatch mode).
-    n_iter_no_change : int or None
-        Early stopping: stop when the validation NLL has not improved by ``tol`` for this many evaluations,
-        keeping the best state.
+    eval_every, n_iter_no_change : int or None
+        With ``fit(..., validation_data=...)``: score every this many steps (default every iteration, or epoch);
+        stop when the validation NLL has not improved by ``tol`` for this many scores, keeping the best state.
     inducing : "kmeans", "random" or array of shape (m, d)
         Initial inducing points.
     likelihood : None, "probit" or "logistic"
-        The EP methods use the probit. "svi" takes either (default probit); the vi-* methods the logistic.
+        EP methods: probit; "svi": either (default probit); ``vi-*``: logistic.
     n_quadrature : int, default=20
         Gauss-Hermite nodes for SVI's expected log-likelihood and logistic predictions.
     optimize : True, False or a tuple of "kernel" / "inducing"
-        What to learn; the rest stays fixed. ``False`` runs EP to convergence on fixed hyper-parameters.
+        What to learn. ``False`` runs EP to convergence on fixed hyper-parameters.
     dtype : {"float64", "float32"}, default="float64"
-        The floating type of every array the model computes with and holds. float32 halves memory and is many
-        times faster on consumer GPUs (docs/gpu.md).
+        The floating type the model computes in and holds (float32: docs/gpu.md).
     block_rows : int or None, default=None
-        Rows per block of the passes over all rows and of prediction. ``None``: about 16 MB per n x m temporary
-        (on a GPU, at most half the free memory: ``agpc.inference.ep.default_block_rows``). Lower it when a fit
-        or a prediction stops with ``agpc.backend.BlockMemoryError``.
+        Rows per block of the passes over all rows and of prediction (``None``: about 16 MB per n x m temporary,
+        ``agpc.inference.ep.default_block_rows``); lower it after an ``agpc.backend.BlockMemoryError``.
     jitter : float, default=1e-6
-        Added to the diagonal of K(Z, Z), never below ``agpc.backend.jitter_floor``. When a factorisation needs
-        more, it is raised and one ``agpc.JitterWarning`` says so; ``jitter_`` is the jitter the model used.
+        Added to the diagonal of K(Z, Z), at least ``agpc.backend.jitter_floor``; raised when a factorisation needs
+        more (one ``agpc.JitterWarning``; ``jitter_`` is the one used).
     tol : float, default=1e-6
         With ``optimize=False``, stop when the largest relative site change falls below ``tol``.
     random_state : int, Generator or None
@@ -115,53 +98,38 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     verbose : bool
         Show a progress bar (tqdm) with log Z_q and, with validation data, the validation NLL.
     step_replay : bool, default=False
-        Deprecated, no effect; it will be removed (``True`` warns, FutureWarning, and fits as ``False``).
+        Deprecated, no effect (``True`` warns); it will be removed.
     client : distributed.Client or None
-        For ``fit`` on a dask.array: the cluster to train on. ``None``: the current client if there is one,
-        else a ``LocalCluster`` with one single-threaded worker process per core, started and closed by ``fit``.
+        For ``fit`` on a dask.array: the cluster. ``None``: the current client, else a ``LocalCluster`` for the fit.
     local_steps : int or None
-        Minibatch training on a dask.array (and with ``n_jobs > 1``) runs in data-parallel rounds
-        (docs/methods.md). An int: every worker takes this many steps a round (reproducible rounds). ``None``:
-        64 steps a round on average, shared out by the workers' speed. ``0`` (dask arrays): the steps run on the
-        driver, the chunks brought to it in turn.
+        Steps each worker takes a data-parallel round (docs/methods.md): an int, reproducible rounds; ``None``, 64
+        on average, shared out by speed; ``0`` (dask arrays), the steps on the driver, chunks brought to it in turn.
     n_jobs : int or None, default=None
-        Minibatch SEP / EP / ADF / SVI on in-memory NumPy data (or data on disk): train in this many local
-        worker processes by the same rounds (docs/methods.md). scikit-learn's meaning: ``None`` is 1 (or an
-        enclosing ``joblib.parallel_config``'s), -1 every core, -2 all but one. The same seed gives another
-        model than ``n_jobs=1``.
+        Minibatch SEP / EP / ADF / SVI on NumPy data or data on disk: train in this many local worker processes by
+        the same rounds (scikit-learn's meaning: ``None`` is 1, -1 every core). Another model than ``n_jobs=1``.
     checkpoint_path, checkpoint_every : path and int, or None
-        Every ``checkpoint_every`` steps, write the whole training state to ``checkpoint_path``, atomically;
-        ``fit(X, y, resume=True)`` continues from it to the model of an uninterrupted run (docs/methods.md).
+        Every ``checkpoint_every`` steps, write the training state to ``checkpoint_path``, atomically;
+        ``fit(X, y, resume=True)`` continues from it to the model of an uninterrupted run.
     site_directory : path or None
-        Batch EP on a dask.array: keep the sites in files under this directory, a file a chunk, instead of in
-        the workers' memory (every worker must reach it).
+        Batch EP on a dask.array: the sites in files under this directory (every worker must reach it).
     blas_threads : int or None, default=None
-        Threads of the BLAS library during ``fit``, ``partial_fit`` and prediction. ``None``: chosen for the
-        work at hand (``agpc.threads``: one for minibatch steps, the free cores for batch passes), and a limit
-        the caller set is left alone. The caller's setting is restored afterwards.
+        BLAS threads during ``fit``, ``partial_fit`` and prediction. ``None``: chosen for the work
+        (``agpc.threads``), a limit the caller set left alone.
     kernel_prior : "auto" or None, default="auto"
-        Weak priors on the kernel's hyper-parameters (MAP instead of type-II maximum likelihood, which
-        over-fits on a few hundred rows): log lengthscale_j ~ Normal(log(sqrt(d) s_j), sd sqrt(3)), log
-        amplitude ~ Normal(0, sd sqrt(3)), s_j the standard deviation of feature j (docs/small_data_defaults.md).
-        ``None``: no priors but the kernel's own.
+        "auto": weak priors on the kernel's log lengthscales (centred on the default kernel's) and log amplitude,
+        MAP instead of maximum likelihood (docs/small_data_defaults.md). ``None``: only the kernel's own priors.
 
     Attributes
     ----------
-    classes_ : ndarray of shape (n_classes,)
-    kernel_ : Kernel, the learned kernel
-    inducing_points_ : array (m, d), the learned inducing points
+    classes_, n_features_in_, n_iter_ : the classes, the number of features, the iterations (or epochs) trained
+    kernel_, inducing_points_ : the learned kernel and inducing points (m, d); ``(C, m, d)`` for C classes
     log_marginal_likelihood_ : float, log Z_q at the end of training
-    history_ : dict of lists, per iteration (batch) or epoch (minibatch), the same keys for every method:
-        "log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps"; with validation data
-        "validation_step", "validation_nll", "validation_error"
-    n_iter_ : int
-    n_features_in_ : int
-    fit_time_ : float, seconds of the whole ``fit`` (what ``max_time`` bounds)
-    init_time_ : float, of which choosing the initial inducing points took this many seconds
+    history_ : dict of lists, per iteration or epoch: "log_marginal_likelihood", "time", "n_invalid_sites",
+        "damping", "n_steps"; with validation data "validation_step", "validation_nll", "validation_error"
+    fit_time_, init_time_ : seconds of the whole ``fit``, and of the initial inducing points within it
     stopped_by_time_ : bool, training stopped because of ``max_time``
     n_jobs_ : int, the processes a fit on in-memory data (or data on disk) trained in
-    jitter_ : float, the jitter on the diagonal of K(Z, Z) of the fitted model
-    kernel_prior_ : "auto" or None, the ``kernel_prior`` the model was trained with
+    jitter_, kernel_prior_ : the jitter and the ``kernel_prior`` of the fitted model
     tf32_ : bool, float32 products of the fit ran in TF32 on the GPU (``agpc.backend.TF32Warning``)
     """
 
@@ -204,8 +172,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         del parameters["self"]
         vars(self).update(parameters)
 
-    # -- validation ------------------------------------------------------------------------------
-
     def _check_params(self):
         """Refuse parameters that ``fit`` would refuse (a deprecated one is warned about); returns (the groups
         ``optimize`` learns, the backend)."""
@@ -238,23 +204,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     # -- fitting ---------------------------------------------------------------------------------
 
     def fit(self, X, y, validation_data=None, resume=False):
-        """Fit the classifier.
+        """Fit the classifier on X (n_samples, n_features: NumPy, any array-API array, a dask.array trained on its
+        cluster, or data on disk read a block at a time, a memmap or zarr array) and y (n_samples labels).
 
-        Parameters
-        ----------
-        X : array of shape (n_samples, n_features)
-            NumPy, any array-API array, a dask.array (trained on its cluster), or data on disk read a block at a
-            time (a NumPy memmap, a zarr array): then neither X nor the labels are ever held in memory whole.
-        y : array of shape (n_samples,), labels of any type (two, or more for a multiclass method)
-        validation_data : (X_val, y_val) or None
-            Scored every ``eval_every`` steps into ``history_`` ("validation_nll", "validation_error");
-            with ``n_iter_no_change``, training stops early and keeps the best state.
-        resume : bool
-            Continue from ``checkpoint_path`` (written by an earlier ``fit`` of the same data and settings).
-
-        Returns
-        -------
-        self
+        ``validation_data``: (X_val, y_val), scored every ``eval_every`` steps into ``history_``
+        ("validation_nll", "validation_error"), and with ``n_iter_no_change`` for early stopping. ``resume``:
+        continue from ``checkpoint_path`` (written by an earlier ``fit`` of the same data and settings).
         """
         started = time.perf_counter()  # max_time covers the whole fit, from here
         groups, target_xp = self._check_params()  # before anything reads them (the BLAS scope reads the sizes)
@@ -263,20 +218,17 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return self._fit(X, y, groups, target_xp, validation_data, resume, started)
 
     def _fit(self, X, y, groups, target_xp, validation_data, resume, started):
-        """The one fit path, for rows of every kind and place (``agpc.placement``): the checks, the initial model,
-        validation data and the data's fingerprint, then the one training loop."""
+        """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop."""
         I.check_fit_paths(self, X, y, resume)
         self.__dict__.pop("_trainer", None)
         with placement.Placement(self, X) as place:
             inputs = place.training_inputs(X, y, target_xp)
             n, classes = inputs.X.shape[0], inputs.classes
-            rows_known = not (place.on_cluster or B.is_out_of_core(inputs.X))
-            size = size_rule.estimator_model_size(self, n, len(classes), rows_known=rows_known)
+            size = size_rule.estimator_model_size(self, n, len(classes), rows_known=not (
+                place.on_cluster or B.is_out_of_core(inputs.X)))
             if size.at_rows:  # the exact model's inducing points are its rows: they stay there
                 groups = tuple(group for group in groups if group != "inducing")
-            n_jobs = place.start(inputs)
-            if n_jobs is not None:
-                self.n_jobs_ = n_jobs
+            place.start(inputs)  # (n_jobs_: the processes rows in this process train in)
             rng = B.host_rng(self.random_state)
             init_started = time.perf_counter()
             kernel, Z = self._initial_model(inputs.sample, size.n_inducing, rng, len(classes),
@@ -297,9 +249,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return batch_rows.rows_per_step(self, n, xp, Z, n_classes)
 
     def _initial_model(self, sample, m, rng, n_classes=2, rows=None):
-        """Initial kernel and inducing points; with more than two classes, one copy of each per class
-        (Villacampa-Calvo & Hernandez-Lobato (2017): one latent function per class, each with its own hyper-parameters
-        and inducing points). ``rows``: the training rows, to be the inducing points themselves (the exact model)."""
+        """Initial kernel and inducing points (``rows``: the training rows, held as the exact model's); one of each a
+        class for more than two (Villacampa-Calvo & Hernandez-Lobato (2017): one latent function per class)."""
         kernel = self.kernel if self.kernel is not None else self._default_kernel(sample)
         if self.kernel_prior == "auto":  # centred on the default kernel's lengthscales (docs/small_data_defaults.md)
             kernel = with_default_priors(kernel, kernel if self.kernel is None else self._default_kernel(sample))
@@ -351,7 +302,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if self.checkpoint_every is not None and result.checkpoints_written == 0 and not resumed:
             # (a resumed fit that ends before its next checkpoint leaves the one it resumed from)
             warnings.warn(f"no checkpoint was written to {str(self.checkpoint_path)!r}: the fit ended before its "
-                          f"first checkpoint (checkpoint_every={self.checkpoint_every} steps is more than it took)", UserWarning, stacklevel=4)
+                          f"first checkpoint (checkpoint_every={self.checkpoint_every} steps is more than it took)",
+                          UserWarning, stacklevel=4)
         return self
 
     def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter):
@@ -369,18 +321,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     @available_if(lambda self: M.supports(self.method, "partial_fit"))
     def partial_fit(self, X, y, classes=None, n_total=None):
         """Update the model with one more minibatch (a stream): one damped site update and one stochastic gradient
-        step on these rows (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6). Only the tied-factor methods ("sep",
-        "adf") learn from a stream, so the method exists only for them.
-
-        The first call sets the classes (from ``classes`` or from this batch), the kernel and the inducing points
-        (from this batch). On a fitted model (by ``partial_fit``, ``fit`` or ``load``) it continues from q, the
-        kernel, the inducing points and the step count; a model fitted by ``fit`` or loaded starts a new stream
-        trainer from its fitted state (SEP's tied factor read back from q, the optimiser's moments fresh), and a
-        loaded file of a ``fit`` model asks for ``n_total`` on the first call. Refused with one ValueError, the
-        model left as it was: a model of another method, ``classes`` other than ``classes_``, and ``method``,
-        ``dtype``, ``n_inducing``, ``kernel``, ``likelihood`` or ``kernel_prior`` changed since the fit.
-        ``n_total``: the rows the model stands for (SEP's cavity q / f^(1/n)), at least this batch's; by default
-        the rows seen so far. ``checkpoint_path`` / ``checkpoint_every`` do not apply (warned about once).
+        step on these rows (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6); only for the tied-factor methods
+        ("sep", "adf"). The first call sets the classes (``classes`` or this batch's), the kernel and the inducing
+        points; a fitted or loaded model continues from its fitted state. Refused with one ValueError, the model left
+        as it was: another method's model, other ``classes``, or ``method``, ``dtype``, ``n_inducing``, ``kernel``,
+        ``likelihood`` or ``kernel_prior`` changed since the fit. ``n_total``: the rows the model stands for (SEP's
+        cavity q / f^(1/n)), at least this batch's (default: the rows seen so far; a loaded ``fit`` model needs it).
         """
         groups, target_xp = self._check_params()
         if (self.checkpoint_path is not None or self.checkpoint_every is not None) and not hasattr(self, "_trainer"):
@@ -424,18 +370,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     # -- prediction (``agpc.prediction``) ---------------------------------------------------------
 
     def predict_latent(self, X):
-        """Mean and variance of the latent f at X (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 36): each of shape
-        (n_samples,) for a binary model, (n_samples, n_classes) for a multiclass one (column c: the GP of
-        ``classes_[c]``). The variance includes the kernel's latent noise (the model's f at a data point)."""
+        """Mean and variance of the latent f at X, with the kernel's latent noise (Hernandez-Lobato &
+        Hernandez-Lobato (2016), eq. 36): each (n_samples,), or (n_samples, n_classes) for a multiclass model."""
         Xc, in_xp, device = P.checked_rows(self, X)
         mean, var = P.model_latent(self, Xc)
         return P.to_caller(mean, in_xp, device), P.to_caller(var, in_xp, device)
 
     def predict_log_proba(self, X):
-        """log p(y | x) for every class (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 37; Gauss-Hermite for the
-        logistic likelihood and for the multiclass model, Villacampa-Calvo & Hernandez-Lobato (2017), eq. 11), shape
-        (n_samples, n_classes), columns in the order of ``classes_``. A dask.array in gives a dask.array out (lazy,
-        chunk by chunk)."""
+        """log p(y | x) for every class (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 37; Villacampa-Calvo &
+        Hernandez-Lobato (2017), eq. 11), shape (n_samples, n_classes), columns in the order of ``classes_``. A
+        dask.array in gives a dask.array out (lazy, chunk by chunk)."""
         if B.is_dask_array(X):
             return P.lazy(self, "predict_log_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
         log_p, in_xp, device = P.log_proba_matrix(self, X)
@@ -450,10 +394,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return P.to_caller(B.array_namespace(log_p).exp(log_p), in_xp, device)
 
     def decision_function(self, X):
-        """Binary: the predictive log-odds log p(classes_[1] | x) - log p(classes_[0] | x), shape
-        (n_samples,); positive favours ``classes_[1]``. It ranks rows exactly as ``predict_proba`` does (the
-        latent mean alone does not, since the predictive variance differs from row to row).
-        Multiclass: the log-probabilities, shape (n_samples, n_classes)."""
+        """Binary: the predictive log-odds log p(classes_[1] | x) - log p(classes_[0] | x), shape (n_samples,),
+        which ranks rows as ``predict_proba`` does. Multiclass: the log-probabilities, (n_samples, n_classes)."""
         log_p, in_xp, device = P.log_proba_matrix(self, X)
         if len(self.classes_) > 2:
             return P.to_caller(log_p, in_xp, device)
@@ -471,10 +413,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             Xc, in_xp, device = P.checked_rows(self, X)
             mean, _ = P.model_latent(self, Xc)
             index = B.to_numpy(mean > 0).astype(np.intp)
-        labels = self.classes_[index]
-        if in_xp is None or labels.dtype.kind not in "biuf":
-            return labels
-        return B.asarray_like(labels, in_xp, device=device)
+        labels = self.classes_[index]  # (in the caller's array type where it holds them: numbers)
+        numeric = in_xp is not None and labels.dtype.kind in "biuf"
+        return B.asarray_like(labels, in_xp, device=device) if numeric else labels
 
     def score(self, X, y):
         """Mean accuracy on (X, y)."""
@@ -482,14 +423,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         y = B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y)
         return float(np.mean(predicted == y))
 
-    # -- persistence -----------------------------------------------------------------------------
-    # A model file (agpc.model_file) holds the parameters and the fitted state; these public methods are all
-    # the format uses of the estimator (agpc.persistence.save_model / load_model are the documented entry points).
+    # -- persistence: all that a model file (agpc.model_file) uses of the estimator ----------------
 
     def __setstate__(self, state):
         """Unpickling: a model pickled by an agpc without a parameter of ``model_file.VALUE_WHEN_ABSENT`` was
-        trained as that value says (kernel_prior: no priors), so it predicts, continues a stream and refits as it
-        would have."""
+        trained as that value says (kernel_prior: no priors), and is restored so."""
         state = dict(state)
         for name, value in VALUE_WHEN_ABSENT.items():
             state.setdefault(name, value)
@@ -500,8 +438,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         super().__setstate__(state)
 
     def check_params(self):
-        """Refuse (one ValueError naming the parameter) parameters that ``fit`` would refuse, without fitting:
-        the parameter table (``agpc.validation``) and the rules between parameters."""
+        """Refuse (one ValueError naming the parameter) parameters that ``fit`` would refuse, without fitting."""
         self._check_params()
 
     def fitted_state(self):
@@ -513,8 +450,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             classes=self.classes_, n_features_in=self.n_features_in_,
             feature_names_in=getattr(self, "feature_names_in_", None),
             log_marginal_likelihood=self.log_marginal_likelihood_, n_iter=self.n_iter_,
-            jitter=getattr(self, "jitter_", self.jitter), likelihood=self.likelihood_, history=self.history_,
-        )
+            jitter=getattr(self, "jitter_", self.jitter), likelihood=self.likelihood_, history=self.history_)
 
     def set_fitted_state(self, state):
         """Make this estimator the fitted model ``state`` describes (a ``FittedState`` of a model with these
@@ -537,9 +473,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     @classmethod
     def load(cls, path, backend="numpy"):
-        """Load a model saved by :meth:`save` from a file name or a binary file object; arrays go to
-        ``backend`` (default NumPy). Every field is checked (:mod:`agpc.model_file`); a file is never executed.
-        ``agpc.load_model`` is the same."""
+        """Load a model saved by :meth:`save` (a file name or a binary file object), its arrays in ``backend``.
+        Every field is checked (:mod:`agpc.model_file`); a file is never executed. ``agpc.load_model`` is the same."""
         return read_model_file(path, cls, backend=backend)
 
     def __sklearn_tags__(self):

@@ -6,7 +6,8 @@ The rows stay on the cluster. One pass over the chunks brings to this process wh
 the sampled rows (``inputs.sample_row_indices``, the rows a fit in memory samples), the distinct labels and, for a
 checkpointed fit, the fingerprint's rows. Rows persisted on the cluster are read by NumPy's own functions on their
 chunks (``persisted_inputs``); whether each chunk is finite is then checked while this process places the inducing
-points (``check_finite_chunks``)."""
+points (``check_finite_chunks``). X is not persisted here: persist it first if it fits in the workers' memory
+(faster passes); otherwise each pass reads it from where it lives (e.g. zarr)."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def training_inputs(estimator, X, y, given, client):
     else:
         finite, labels, sample, *fingerprinted = client.compute(
             [da.isfinite(X).all(), da.unique(y), given if rows is None else given[rows], *fingerprinted], sync=True)
-        I.check_conversion_keeps_spread(sample, target, what="X (a sample of its rows)")
+        I.check_conversion_keeps_spread(sample, target, what="X" if rows is None else "X (a sample of its rows)")
         sample = sample.astype(target)
     if not bool(finite):
         raise ValueError(f"Input X contains NaN or infinity (or values too large for {target})")

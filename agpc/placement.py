@@ -82,15 +82,15 @@ class Placement:
         return D.training_inputs(self.estimator, X, y, given, client)
 
     def start(self, inputs):
-        """Before the initial model: the processes rows in this process train in (``n_jobs_for``), those beyond
-        this one started now (they import agpc while this process places the inducing points). Returns their
-        number (None for a dask array: its workers are the cluster's)."""
+        """Before the initial model: the processes rows in this process train in (``n_jobs_for``, recorded as the
+        estimator's ``n_jobs_``; not for a dask array, whose workers are the cluster's), those beyond this one
+        started now (they import agpc while this process places the inducing points)."""
         if self.on_cluster:
-            return None
-        self.n_jobs = n_jobs_for(self.estimator, inputs.xp, inputs.X.shape[0], len(inputs.classes))
+            return
+        self.n_jobs = self.estimator.n_jobs_ = n_jobs_for(self.estimator, inputs.xp, inputs.X.shape[0],
+                                                          len(inputs.classes))
         if self.n_jobs > 1:
             self._pool = W.LocalWorkers(self.n_jobs, preload=("agpc.inference.data_parallel",))
-        return self.n_jobs
 
     def rows(self, inputs, Z, rng, exact=None):
         """The ``PlacedRows`` the loop trains on, once the initial inducing points ``Z`` are placed. ``rng``: the
@@ -111,7 +111,8 @@ class Placement:
         self._shared = W.share_rows([X, inputs.y], local_chunk_rows(n, self.n_jobs), order=order,
                                     dtypes=[Z.dtype, Z.dtype])
         self._engine = DataParallel(self._pool, *self._shared, batch_size=rows_per_step(estimator, n),
-                                    local_steps=estimator.local_steps, seed=seed, site_directory=estimator.site_directory)
+                                    local_steps=estimator.local_steps, seed=seed,
+                                    site_directory=estimator.site_directory)
         return PlacedRows(RowsOnWorkers(X.shape, Z.dtype), RowsOnWorkers((n,), Z.dtype), self._engine,
                           self._engine.rows_per_round, None)
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from .batch_size import rows_per_step
 from .methods import get_method
 
-__all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "ModelSize", "model_size", "estimator_model_size",
-           "exact_passes"]
+__all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "ModelSize", "model_size",
+           "estimator_model_size", "exact_passes"]
 
 EXACT_MAX_ROWS = 400
 """The most training rows for which ``n_inducing="auto"`` takes the exact model (chosen in
