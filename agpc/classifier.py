@@ -27,7 +27,7 @@ from .model_file import VALUE_WHEN_ABSENT, FittedState, read_model_file, write_m
 
 __all__ = ["GPClassifier"]
 
-_OPTIMIZE_GROUPS = ("kernel", "inducing")
+_OPTIMIZE_GROUPS = V.Subset("kernel", "inducing")  # what ``optimize`` may name
 _COUNT = V.Interval(numbers.Integral, 1, None, "left")
 _POSITIVE = V.Interval(numbers.Real, 0, None, "neither")
 _NON_NEGATIVE = V.Interval(numbers.Real, 0, None, "left")
@@ -149,7 +149,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "inducing": [V.Options("kmeans", "random"), V.ArrayLike()],
         "likelihood": [V.NONE, M.RegisteredLikelihood()],  # which method takes which: ``_check_params``
         "n_quadrature": [_COUNT],
-        "optimize": [V.NONE, V.Boolean(), V.Subset(*_OPTIMIZE_GROUPS)],
+        "optimize": [V.NONE, V.Boolean(), _OPTIMIZE_GROUPS],
         "jitter": [_NON_NEGATIVE], "tol": [_NON_NEGATIVE],
         "random_state": [V.NONE, V.RandomState()],
         "verbose": [V.Boolean(), V.Interval(numbers.Integral, 0, None, "left")],
@@ -189,17 +189,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             takes = " or ".join(repr(name) for name in spec.likelihoods)
             raise ValueError(f"method={self.method!r} {spec.likelihood_reason or 'takes ' + takes}: likelihood must be "
                              f"{takes} or None, got {self.likelihood!r}")
-        if self.optimize is True:
-            groups = _OPTIMIZE_GROUPS
-        elif self.optimize is False or self.optimize is None:
-            groups = ()
-        else:
-            groups = tuple([self.optimize] if isinstance(self.optimize, str) else self.optimize)
         if self.step_replay:
             warnings.warn("step_replay is deprecated and has no effect (it will be removed): CuPy refuses cuBLAS and "
                           "cuSOLVER calls during CUDA-graph capture, so a training step cannot be replayed from a "
                           "graph; every step runs eagerly", FutureWarning, stacklevel=3)
-        return groups, B.resolve_backend(self.backend)
+        return _OPTIMIZE_GROUPS.chosen(self.optimize), B.resolve_backend(self.backend)
 
     # -- fitting ---------------------------------------------------------------------------------
 
