@@ -101,7 +101,7 @@ def training_inputs(estimator, X, y, given, client):
     y_encoded = y.map_blocks(V.encode_labels, classes, dtype=np.float64).astype(X.dtype)
     sample = np.asarray(sample)
     return I.TrainingInputs(X, y_encoded, classes, sample, B.array_namespace(sample), None, client=client,
-                            blocks=blocks, pending=(finite_chunks, warming), fingerprint_rows=fingerprinted or None)
+                            blocks=blocks, pending=[finite_chunks, warming], fingerprint_rows=fingerprinted or None)
 
 
 def persisted_inputs(client, X_blocks, y_blocks, bounds, rows):
@@ -127,6 +127,6 @@ def persisted_inputs(client, X_blocks, y_blocks, bounds, rows):
 def check_finite_chunks(inputs):
     """The finiteness of every persisted chunk (``persisted_inputs``), checked while the inducing points were
     placed: refused as ``training_inputs`` refuses a non-finite sample."""
-    finite_chunks, _ = inputs.pending or ((), ())
+    finite_chunks, _ = inputs.pending
     if not all(inputs.client.gather(list(finite_chunks))):
         raise ValueError(f"Input X contains NaN or infinity (or values too large for {inputs.X.dtype})")

@@ -370,7 +370,7 @@ class TrainingInputs(NamedTuple):
     device: Any
     client: Any = None  # a dask array's: the distributed.Client its rows are on
     blocks: Any = None  # a dask array's persisted row chunks (futures of X's and y's; ``dask_engine.persisted_blocks``)
-    pending: tuple = ()  # a dask array's checks still running on the cluster, and the workers' warm-up
+    pending: Any = None  # a dask array's checks still running on the cluster, and the workers' warm-up (futures)
     fingerprint_rows: Any = None  # (rows, labels) of ``fingerprint_rows`` read with the checks; None: slice X, y
 
 

@@ -55,7 +55,7 @@ class Placement:
         self.on_cluster = B.is_dask_array(X)
         self.n_jobs = 1
         self._owned_client = self._pool = self._engine = None  # what this place started, ended by ``__exit__``
-        self._shared = []
+        self._shared, self._futures = [], []
 
     def __enter__(self):
         return self
@@ -67,6 +67,7 @@ class Placement:
             self._engine.close()
         for rows_file in self._shared:
             rows_file.close()
+        self._futures.clear()  # (released while their client is open)
         if self._owned_client is not None:
             cluster = self._owned_client.cluster
             self._owned_client.close()
@@ -79,7 +80,9 @@ class Placement:
             return I.training_inputs(self.estimator, X, y, reset=True, target_xp=target_xp)
         X, y, given = D.checked_arrays(self.estimator, X, y)
         client, self._owned_client = D.cluster_client(self.estimator.client)
-        return D.training_inputs(self.estimator, X, y, given, client)
+        inputs = D.training_inputs(self.estimator, X, y, given, client)
+        self._futures = inputs.pending
+        return inputs
 
     def start(self, inputs):
         """Before the initial model: the processes rows in this process train in (``n_jobs_for``, recorded as the
