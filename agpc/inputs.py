@@ -3,7 +3,7 @@
 The kinds of input: NumPy arrays and lists (checked by scikit-learn's ``validate_data``), a foreign array-API
 array (CuPy, array_api_strict, ...: checked in its own namespace and on its own device, never copied to the host),
 data on disk or anywhere sliceable (a NumPy memmap, a zarr array: checked a chunk at a time, never held whole) and,
-for ``fit``, dask arrays (whose checks run on the cluster, ``GPClassifier._fit_dask``, with the label checks here).
+for ``fit``, dask arrays (``agpc.dask_inputs``: the same checks, run on the cluster, and the same ``TrainingInputs``).
 Every check raises one ValueError naming the problem. The functions take the estimator for its parameters
 (``dtype``, ``method``, ``likelihood``, ``random_state``) and for what scikit-learn records on it
 (``n_features_in_``, ``feature_names_in_``).
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,6 +23,9 @@ from sklearn.utils.validation import column_or_1d, validate_data
 
 from . import backend as B
 from . import validation as V
+from .kernels import RBF
+from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
+from .inference.training import data_fingerprint, fingerprint_stride
 from .methods import get_method, methods_supporting
 from .model_file import MAX_LABEL_BYTES
 
@@ -29,20 +33,30 @@ __all__ = [
     "CHUNK",
     "INIT_SAMPLE",
     "DTYPES",
+    "NEEDS_CHECKPOINT_PATH",
     "dtype_name",
     "EncodedLabels",
     "is_foreign_array",
     "check_conversion_keeps_spread",
     "check_features",
+    "check_rows",
+    "check_feature_count",
+    "check_target_shape",
     "check_out_of_core",
     "check_classes",
     "check_known_shapes",
     "data_files",
+    "check_fit_paths",
     "host_targets",
     "labels_on_disk",
     "device_targets",
     "initial_sample",
+    "default_kernel",
+    "note_tf32",
+    "sample_row_indices",
     "sample_rows",
+    "fingerprint_rows",
+    "training_fingerprint",
     "stays_on_host",
     "TrainingInputs",
     "training_inputs",
@@ -53,6 +67,7 @@ __all__ = [
 CHUNK = 65536  # rows read at a time from data on disk
 INIT_SAMPLE = 20000  # rows read from data on disk to initialise the kernel and the inducing points
 DTYPES = ("float64", "float32")  # the floating types a model computes in (``dtype``)
+NEEDS_CHECKPOINT_PATH = "checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)"
 
 
 def dtype_name(dtype):
@@ -99,7 +114,7 @@ def check_conversion_keeps_spread(X, dtype, what="X"):
         V.check_precision_keeps_spread(xp.astype(X, xp.float64), target, what=what)
 
 
-def _check_feature_count(estimator, n_features, reset):
+def check_feature_count(estimator, n_features, reset):
     if reset:
         estimator.n_features_in_ = n_features
     elif n_features != estimator.n_features_in_:
@@ -107,7 +122,7 @@ def _check_feature_count(estimator, n_features, reset):
                          f"{estimator.n_features_in_} features as input")
 
 
-def _check_rows(shape):
+def check_rows(shape):
     if len(shape) != 2:
         raise ValueError(f"Expected 2D array, got {len(shape)}D array instead: reshape your data to (n_samples, "
                          "n_features)")
@@ -123,7 +138,7 @@ def check_features(estimator, X, *, reset):
     if is_foreign_array(X):
         xp = B.array_namespace(X)
         B.check_device(xp)  # CuPy arrays on a machine whose CUDA libraries or driver cannot compute: said first
-        _check_rows(X.shape)
+        check_rows(X.shape)
         if not xp.isdtype(X.dtype, ("real floating", "integral", "bool")):
             raise ValueError(f"X must be real-valued, got dtype {X.dtype}")
         if reset:
@@ -131,7 +146,7 @@ def check_features(estimator, X, *, reset):
         X = xp.astype(X, getattr(xp, target))
         if not bool(xp.all(xp.isfinite(X))):
             raise ValueError(f"Input X contains NaN or infinity (or values too large for {target})")
-        _check_feature_count(estimator, X.shape[1], reset)
+        check_feature_count(estimator, X.shape[1], reset)
         return X, xp
     if reset and target != "float64":
         # checked in the input's own type (float64 for lists and integers) before the conversion
@@ -145,13 +160,13 @@ def check_features(estimator, X, *, reset):
 
 def check_out_of_core(estimator, X, *, reset):
     """Shape and finiteness of on-disk data, checked a chunk at a time (never all in memory)."""
-    _check_rows(X.shape)
+    check_rows(X.shape)
     target = dtype_name(estimator.dtype)
     for lo in range(0, X.shape[0], CHUNK):
         block = np.asarray(X[lo:lo + CHUNK], dtype=target)
         if not np.all(np.isfinite(block)):
             raise ValueError(f"Input X contains NaN or infinity (rows {lo}..{lo + block.shape[0] - 1})")
-    _check_feature_count(estimator, X.shape[1], reset)
+    check_feature_count(estimator, X.shape[1], reset)
 
 
 def _check_label_length(classes):
@@ -188,7 +203,7 @@ def check_classes(estimator, found, classes=None):
     return classes
 
 
-def _check_target_shape(shape, n_rows):
+def check_target_shape(shape, n_rows):
     if len(shape) != 1:
         raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(shape)}")
     if shape[0] != n_rows:
@@ -206,7 +221,7 @@ def host_targets(estimator, y, n_rows, classes=None):
     """Check y (host side) and return (classes, labels as a NumPy array, or None for labels on disk, which are
     read a chunk at a time)."""
     if labels_on_disk(y):
-        _check_target_shape(y.shape, n_rows)
+        check_target_shape(y.shape, n_rows)
         found = np.unique(np.concatenate([np.unique(V.check_labels(y[lo:lo + CHUNK], offset=lo))
                                           for lo in range(0, n_rows, CHUNK)]))
         return check_classes(estimator, found, classes), None
@@ -215,7 +230,7 @@ def host_targets(estimator, y, n_rows, classes=None):
     y_host = V.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else y)
     if y_host.ndim == 2 and y_host.shape[1] == 1:
         y_host = column_or_1d(y_host, warn=True)  # warns, as scikit-learn estimators do
-    _check_target_shape(y_host.shape, n_rows)
+    check_target_shape(y_host.shape, n_rows)
     check_classification_targets(y_host)
     return check_classes(estimator, np.unique(y_host), classes), y_host
 
@@ -246,11 +261,29 @@ def data_files(*arrays):
     return files
 
 
+def check_fit_paths(estimator, X, y, resume, stacklevel=4):
+    """The paths a fit reads and writes, checked before any work (a bad path must not cost the fit): the
+    checkpoint to resume from, the checkpoint path (writable, not one of the training data's files) and the site
+    directory. A ``checkpoint_path`` that nothing will write or read is warned about (at ``stacklevel``)."""
+    if resume and estimator.checkpoint_path is None:
+        raise ValueError(NEEDS_CHECKPOINT_PATH)
+    if resume:
+        check_resume_path(estimator.checkpoint_path)
+    if estimator.checkpoint_every is not None:
+        check_checkpoint_path(estimator.checkpoint_path, inputs=data_files(X, y))
+    elif estimator.checkpoint_path is not None and not resume:  # a path alone writes nothing (a resume reads it)
+        warnings.warn(f"checkpoint_path={str(estimator.checkpoint_path)!r} is set without checkpoint_every: no "
+                      "checkpoint will be written (set checkpoint_every, a number of steps)", UserWarning,
+                      stacklevel=stacklevel)
+    if estimator.site_directory is not None:
+        check_site_directory(estimator.site_directory)
+
+
 def device_targets(estimator, y, n_rows, classes, xp, device):
     """Numeric labels held by an array-API library: checked and encoded (as ``encode_labels`` does) on their
     device, without a copy to the host. Returns (encoded labels in ``xp`` on ``device``, classes)."""
     yx = B.array_namespace(y)
-    _check_target_shape(y.shape, n_rows)
+    check_target_shape(y.shape, n_rows)
     distinct = V.check_labels(B.to_numpy(yx.unique_values(y)), what="y (its distinct values)")
     classes = check_classes(estimator, np.sort(distinct), classes)
     target = dtype_name(estimator.dtype)
@@ -272,12 +305,10 @@ def initial_sample(estimator, X, xp, dtype, check_spread=False):
     """At most ``INIT_SAMPLE`` rows of data read a block at a time, drawn at random (sorted: one pass), in
     the compute namespace: what the kernel and the inducing points are initialised from. ``check_spread``:
     the sample, in the file's own type, is checked to keep its columns' spread in ``dtype`` first."""
-    n = X.shape[0]
-    if n <= INIT_SAMPLE:  # as the in-memory path: all rows, no draw (same seed, same model)
-        sample = np.asarray(X[0:n])
+    rows = sample_row_indices(estimator, X.shape[0])
+    if rows is None:  # as the in-memory path: all rows, no draw (same seed, same model)
+        sample = np.asarray(X[0:X.shape[0]])
     else:
-        rng = B.host_rng(estimator.random_state)
-        rows = np.sort(rng.choice(n, size=INIT_SAMPLE, replace=False))
         try:
             sample = np.asarray(X[rows])
         except (IndexError, TypeError):  # array-likes without integer-array indexing (zarr: oindex)
@@ -285,6 +316,39 @@ def initial_sample(estimator, X, xp, dtype, check_spread=False):
     if check_spread:
         check_conversion_keeps_spread(sample, estimator.dtype, what="X (a sample of its rows)")
     return B.asarray_like(sample, xp, dtype=dtype)
+
+
+def default_kernel(X):
+    """The kernel ``GPClassifier(kernel=None)`` starts from on the rows X (the initial sample): RBF with
+    lengthscales sqrt(d) times each column's standard deviation (1 for a constant column), amplitude 1 and latent
+    noise 1e-3. The deviations are taken without overflow or underflow (``validation.column_scales``), so that the
+    lengthscales follow features on any scale (X * 1e-300 or X * 1e154 in float64: ``xp.std`` gave 0 or inf there,
+    a chance-level model or an error about infinite lengthscales)."""
+    d = X.shape[1]
+    std, _ = V.column_scales(X)
+    std = np.where(std > 0, std, 1.0)
+    lengthscales = std * math.sqrt(d)
+    limits = B.array_namespace(X).finfo(X.dtype)
+    tiny, huge = float(limits.smallest_normal), float(limits.max)
+    if not np.all((lengthscales >= tiny) & (lengthscales <= huge)):
+        bad = np.flatnonzero(~((lengthscales >= tiny) & (lengthscales <= huge)))
+        raise ValueError(
+            f"features {bad.tolist()} have standard deviations {std[bad].tolist()}: the default kernel's "
+            f"lengthscales (sqrt(d) = {math.sqrt(d):.3g} times them) are not representable in {X.dtype}; "
+            "standardise the features (e.g. sklearn's StandardScaler)"
+        )
+    return RBF(lengthscales=list(lengthscales), amplitude=1.0, noise=1e-3)
+
+
+def note_tf32(estimator, xp, stacklevel=4):
+    """``estimator.tf32_``: whether the float32 products of its fit run in TF32 (``backend.uses_tf32``), said once
+    a fit by a ``backend.TF32Warning`` (at ``stacklevel``)."""
+    estimator.tf32_ = B.uses_tf32(xp, dtype_name(estimator.dtype))
+    if estimator.tf32_:
+        warnings.warn("float32 products on the GPU run in TF32 (CUPY_TF32 is set): about 3 significant digits per "
+                      "product instead of 7, so this fit differs from NumPy's float32 by far more than round-off; "
+                      "unset CUPY_TF32 before CuPy's first float32 product for float32 accuracy", B.TF32Warning,
+                      stacklevel=stacklevel)
 
 
 def stays_on_host(X, xp, device):
@@ -304,6 +368,10 @@ class TrainingInputs(NamedTuple):
     sample: Any  # rows in memory that the kernel and the inducing points are initialised from
     xp: Any  # the compute namespace
     device: Any
+    client: Any = None  # a dask array's: the distributed.Client its rows are on
+    blocks: Any = None  # a dask array's persisted row chunks (futures of X's and y's; ``dask_engine.persisted_blocks``)
+    pending: Any = None  # a dask array's checks still running on the cluster, and the workers' warm-up (futures)
+    fingerprint_rows: Any = None  # (rows, labels) of ``fingerprint_rows`` read with the checks; None: slice X, y
 
 
 def training_inputs(estimator, X, y, *, reset, target_xp=None, classes=None):
@@ -343,21 +411,48 @@ def sample_rows(estimator, X):
     of them up to ``INIT_SAMPLE``, else that many drawn at random as ``initial_sample`` draws them from data on disk
     (the same rows, so a fit gives the same model from either). The default kernel's column scales over 2 million
     rows took a second of a fit's set-up; over the sample, a few milliseconds."""
-    n = X.shape[0]
-    if n <= INIT_SAMPLE:
+    rows = sample_row_indices(estimator, X.shape[0])
+    if rows is None:
         return X
     xp = B.array_namespace(X)
-    rows = np.sort(B.host_rng(estimator.random_state).choice(n, size=INIT_SAMPLE, replace=False))
     return xp.take(X, xp.asarray(rows, device=B.array_device(X)), axis=0)
 
 
-def validation_set(estimator, validation_data, classes, xp, device):
+def sample_row_indices(estimator, n):
+    """Which of n training rows the kernel and the inducing points are initialised from, wherever the rows are (in
+    memory, on disk, on a dask cluster): None for all of them (up to ``INIT_SAMPLE``: no draw, so the same seed
+    gives the same model), else ``INIT_SAMPLE`` rows drawn by a generator of their own from the estimator's
+    ``random_state`` (the training's generator is not advanced by it), sorted (one pass over data on disk)."""
+    if n <= INIT_SAMPLE:
+        return None
+    return np.sort(B.host_rng(estimator.random_state).choice(n, size=INIT_SAMPLE, replace=False))
+
+
+def fingerprint_rows(X, y):
+    """The rows and labels a checkpoint's data fingerprint reads (``training.fingerprint_stride``: at most a few
+    thousand, at fixed positions), sliced lazily from arrays of any kind (on disk and dask arrays too)."""
+    n = X.shape[0]
+    stride = fingerprint_stride(n)
+    return X[0:n:stride, :], y[0:n:stride]
+
+
+def training_fingerprint(inputs):
+    """The fingerprint of a fit's training data (``training.data_fingerprint``) for its checkpoints: resumed on
+    those data only. Of the rows in the caller's order, encoded labels in the model's type, wherever the rows are."""
+    rows, labels = inputs.fingerprint_rows or fingerprint_rows(inputs.X, inputs.y)
+    return data_fingerprint(inputs.X.shape[0], inputs.X.shape[1], rows, labels, inputs.classes)
+
+
+def validation_set(estimator, validation_data, classes, xp, device, client=None):
     """``validation_data`` checked as the training data are (features: count, finiteness, shape; labels:
     1-D, one per row, no missing ones, among the training classes), every error naming validation_data;
-    returned as the loop takes it (compute namespace, labels encoded)."""
+    returned as the loop takes it (compute namespace, labels encoded). Dask arrays are brought to this process
+    whole by ``client`` (they are scored here: keep them small)."""
     if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
         raise ValueError(f"validation_data must be a pair (X_val, y_val), got {type(validation_data).__name__}"
                          + (f" of length {len(validation_data)}" if isinstance(validation_data, (tuple, list)) else ""))
+    if client is not None and any(B.is_dask_array(values) for values in validation_data):
+        validation_data = client.compute(list(validation_data), sync=True)
     X_val, y_val = validation_data
     try:
         X_val, _ = check_features(estimator, X_val, reset=False)

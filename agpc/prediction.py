@@ -1,16 +1,21 @@
 """Prediction from a fitted model's state: the latent f at new rows and the class probabilities, for the binary and
 the multiclass model of every method, and lazily on dask arrays. ``GPClassifier``'s ``predict_*`` methods check
-the rows (``agpc.inputs``) and call these with the fitted kernel, inducing points and posterior."""
+the rows (``checked_rows``, by ``agpc.inputs``) and call these with the fitted kernel, inducing points and
+posterior."""
 
 from __future__ import annotations
 
 import copy
 
+from sklearn.utils.validation import check_is_fitted
+
 from . import backend as B
+from . import inputs as I
 from . import threads
 from .inference import ep, multiclass_ep, multiclass_vi, variational
 
-__all__ = ["KERNEL_REACH", "within_reach", "latent", "log_proba", "to_caller", "lazy"]
+__all__ = ["KERNEL_REACH", "within_reach", "checked_rows", "model_latent", "log_proba_matrix", "latent", "log_proba",
+           "to_caller", "lazy"]
 
 # A stationary kernel's profile is exactly 0 beyond this many lengthscales (RBF: exp(-r^2 / 2) underflows past
 # r = 39; Matern 5/2: past r ~ 330).
@@ -35,6 +40,39 @@ def within_reach(kernel, Z, Xc):
         lower = low if lower is None else xp.minimum(lower, low)
         upper = high if upper is None else xp.maximum(upper, high)
     return xp.minimum(xp.maximum(Xc, lower), upper)
+
+
+def checked_rows(model, X):
+    """(X checked for the fitted ``model``, in its namespace, type and device, or read a block at a time; the
+    input's namespace, or None for NumPy arrays, lists and data on disk; the input's device). Data on disk and host
+    rows too large for the device's free memory are predicted a block at a time; results are NumPy arrays."""
+    check_is_fitted(model, "posterior_")
+    if B.is_out_of_core(X):
+        I.check_out_of_core(model, X, reset=False)
+        return X, None, None
+    X, in_xp = I.check_features(model, X, reset=False)
+    xp = B.array_namespace(model.inducing_points_)
+    device = B.array_device(model.inducing_points_)
+    if in_xp is None and I.stays_on_host(X, xp, device):
+        return B.HostRows(X), None, None
+    # the fitted model's own type (a model loaded from a file keeps the type it was saved in)
+    Xc = B.asarray_like(X, xp, device=device, dtype=model.inducing_points_.dtype)
+    return Xc, in_xp, (B.array_device(X) if in_xp is not None else None)
+
+
+def model_latent(model, Xc):
+    """The latent's mean and variance at rows checked by ``checked_rows`` (``latent`` of the fitted state); a
+    raised jitter is warned about at the caller of the public ``predict_*`` that called this."""
+    with B.jitter_report("GPClassifier prediction", stacklevel=5):
+        return latent(model.kernel_, model.inducing_points_, model.posterior_, Xc, blas_threads=model.blas_threads,
+                      block_rows=getattr(model, "block_rows", None))  # (None in models pickled before it existed)
+
+
+def log_proba_matrix(model, X):
+    """(log p(classes_[c] | x) as an (n, C) array, the input's namespace, its device) of the fitted ``model``."""
+    Xc, in_xp, device = checked_rows(model, X)
+    mean, var = model_latent(model, Xc)
+    return log_proba(mean, var, model.likelihood_, model.n_quadrature, len(model.classes_) > 2), in_xp, device
 
 
 def latent(kernel, Z, posterior, Xc, *, block_rows=None, blas_threads=None):

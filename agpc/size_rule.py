@@ -16,7 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "ModelSize", "model_size"]
+from .batch_size import rows_per_step
+from .methods import get_method
+
+__all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "ModelSize", "model_size",
+           "estimator_model_size", "exact_passes"]
 
 EXACT_MAX_ROWS = 400
 """The most training rows for which ``n_inducing="auto"`` takes the exact model (chosen in
@@ -62,3 +66,29 @@ def model_size(n_inducing, n_rows, *, has_exact_pass, rows_known=True, n_classes
             return ModelSize(n_rows, True)
         return ModelSize(min(SPARSE_INDUCING, n_rows), False)
     return ModelSize(int(n_inducing), False)
+
+
+def exact_passes(estimator, n_rows):
+    """The full-GP passes of ``estimator``'s method for the exact model of ``n_rows`` rows (``Method.exact_passes``,
+    any number of classes), where its fit runs batch passes over them; else None."""
+    batch_size = rows_per_step(estimator, n_rows)
+    if batch_size is not None and batch_size < n_rows:
+        return None
+    return get_method(estimator.method).exact_passes
+
+
+def estimator_model_size(estimator, n_rows, n_classes=2, rows_known=True):
+    """The inducing points of ``estimator``'s fit on ``n_rows`` rows (``model_size`` of its ``n_inducing``): how
+    many, and whether they are the training rows themselves, held there (the exact model). An array of initial
+    points (``inducing``) sets m itself. More inducing points than rows are refused."""
+    explicit = not isinstance(estimator.inducing, str)
+    if explicit:
+        size = ModelSize(len(estimator.inducing), False)
+    else:
+        size = model_size(estimator.n_inducing, n_rows, rows_known=rows_known, n_classes=n_classes,
+                          has_exact_pass=exact_passes(estimator, n_rows) is not None)
+    if size.n_inducing > n_rows:
+        what = f"{size.n_inducing} initial inducing points" if explicit else f"n_inducing={size.n_inducing}"
+        raise ValueError(f"{what} exceeds the number of training rows ({n_rows}): use at most one inducing point per "
+                         "row")
+    return size

@@ -189,6 +189,14 @@ class Subset:
     def __str__(self):
         return f"a name or a tuple of distinct names among {self.values}"
 
+    def chosen(self, value):
+        """The names an accepted ``value`` chooses, as a tuple: True all of ``values``, False or None none."""
+        if value is True:
+            return self.values
+        if value is False or value is None:
+            return ()
+        return tuple([value] if isinstance(value, str) else value)
+
 
 class RandomState:
     """A seed (an int in [0, 2**32)), a ``numpy.random.Generator`` or ``RandomState``."""

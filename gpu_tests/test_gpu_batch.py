@@ -11,7 +11,7 @@ from step_cost import step_cost
 
 from agpc import GPClassifier
 from agpc import backend as B
-from agpc.classifier import GPU_STEP_MODEL
+from agpc.batch_size import GPU_STEP_MODEL
 from agpc.inference import training
 from agpc.kernels import RBF
 

@@ -209,3 +209,23 @@ def test_three_classes_with_a_binary_only_method_name_the_methods_that_can(banan
     X, y = banana
     with pytest.raises(ValueError, match="3 classes but method='vi-jj' is binary only.*'ep', 'sep', 'adf', 'svi'"):
         GPClassifier(method="vi-jj", n_inducing=5).fit(X, np.arange(len(y)) % 3)
+
+
+@pytest.mark.parametrize("where", ["memory", "disk", "partial_fit"])
+def test_the_parameters_are_checked_once_a_call(banana, monkeypatch, tmp_path, where):
+    """``fit`` (rows in memory or on disk) and ``partial_fit`` check the parameters once, before anything reads them:
+    the one fit path takes the checked values on, where fit and partial_fit each checked them twice."""
+    X, y = banana
+    real, calls = GPClassifier._check_params, []
+    monkeypatch.setattr(GPClassifier, "_check_params", lambda self: calls.append(1) or real(self))
+    model = GPClassifier(method="sep", n_inducing=5, max_iter=1, random_state=0)
+    if where == "partial_fit":
+        model.partial_fit(X[:50], y[:50], classes=np.unique(y))
+        model.partial_fit(X[50:100], y[50:100])
+        assert len(calls) == 2
+        return
+    if where == "disk":
+        np.save(tmp_path / "X.npy", X)
+        X = np.load(tmp_path / "X.npy", mmap_mode="r")
+    model.fit(X, y)
+    assert len(calls) == 1

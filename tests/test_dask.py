@@ -360,9 +360,9 @@ def test_multiclass_ep_on_a_dask_array_resumes_from_a_checkpoint(client, monkeyp
 @pytest.mark.parametrize("batch_size", [pytest.param(None, id="max_time covers a batch fit on a dask array"),
                                         pytest.param(100, id="max_time covers data-parallel rounds")])
 def test_max_time_on_a_dask_array_covers_the_whole_fit(client, data, monkeypatch, batch_size):
-    """Issue 25: ``max_time`` bounds the whole fit, from ``fit``'s start, on a dask array too (``_fit_dask`` passed
-    no start to the training loop, whose budget then began after the input checks and the initialisation of the
-    inducing points). A clock that jumps by 100 s inside that initialisation: with max_time=50 the fit stops
+    """Issue 25: ``max_time`` bounds the whole fit, from ``fit``'s start, on a dask array too (the dask path once
+    passed no start to the training loop, whose budget then began after the input checks and the initialisation of
+    the inducing points). A clock that jumps by 100 s inside that initialisation: with max_time=50 the fit stops
     before its first step, and ``init_time_`` (not set on a dask array before) and ``fit_time_`` count the 100 s."""
     import time
 
@@ -382,3 +382,58 @@ def test_max_time_on_a_dask_array_covers_the_whole_fit(client, data, monkeypatch
                          random_state=0, client=client).fit(Xd, yd)
     assert model.stopped_by_time_ and model.n_iter_ == 0
     assert model.init_time_ >= 100.0 and model.fit_time_ >= 100.0
+
+
+def _refusal(fit):
+    with pytest.raises(ValueError) as refused:
+        fit()
+    return str(refused.value)
+
+
+def test_a_dask_array_is_checked_as_an_array_api_array_is(client, data):
+    """The one fit path applies ``agpc.inputs``' checks to a dask array too (the dask path had checks of its own):
+    each bad input gets the very message it gets as an array_api_strict array (the checks of arrays that are not
+    NumPy's), raised before any training."""
+    xp = pytest.importorskip("array_api_strict")
+    X, y, _ = data
+    nan = X.copy()
+    nan[7, 1] = np.nan
+    cases = {"3-D X": (X[:, :, None], y), "no rows": (X[:0], y[:0]), "NaN": (nan, y), "y too short": (X, y[:-1]), "2-D y": (X, y[:, None]), "one class": (X, 0 * y),
+             "a label float32 cannot tell": (X + 1e7, y)}
+    for name, (bad_X, bad_y) in cases.items():
+        dtype = "float32" if name.startswith("a label float32") else "float64"
+        as_array_api = _refusal(lambda: GPClassifier(n_inducing=5, dtype=dtype).fit(xp.asarray(bad_X),
+                                                                                     xp.asarray(bad_y)))
+        chunks = (200,) + bad_X.shape[1:]
+        on_dask = _refusal(lambda: GPClassifier(n_inducing=5, dtype=dtype, client=client).fit(
+            da.from_array(bad_X, chunks=chunks), da.from_array(bad_y, chunks=(200,) + bad_y.shape[1:])))
+        assert on_dask == as_array_api, name
+    assert _refusal(lambda: GPClassifier(client=client).fit(da.from_array(X + 1j, chunks=(200, 2)), da.from_array(
+        y, chunks=200))) == "X must be real-valued, got dtype complex128"  # (array_api_strict names its own dtype)
+
+
+def test_a_sampled_initialisation_on_a_dask_array_equals_the_in_memory_fit(client, data, monkeypatch):
+    """More rows than ``inputs.INIT_SAMPLE``: the kernel and the inducing points start from a sample of the rows,
+    drawn by one function for every kind of input (``inputs.sample_row_indices``), so a dask fit is the in-memory
+    fit (the dask path drew the sample from the training's own generator, which k-means then went on with)."""
+    from agpc import inputs
+
+    monkeypatch.setattr(inputs, "INIT_SAMPLE", 150)
+    X, y, _ = data
+    ref = GPClassifier(n_inducing=10, max_iter=5, random_state=3).fit(X, y)
+    model = GPClassifier(n_inducing=10, max_iter=5, random_state=3, client=client).fit(
+        da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200))
+    np.testing.assert_allclose(model.inducing_points_, ref.inducing_points_, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(model.history_["log_marginal_likelihood"], ref.history_["log_marginal_likelihood"],
+                               rtol=1e-8)
+
+
+@pytest.mark.parametrize("batch_size", [None, 100])
+def test_the_parameters_of_a_dask_fit_are_checked_once(client, data, monkeypatch, batch_size):
+    """One fit path: a fit on a dask array (batch passes, data-parallel rounds) checks the parameters once."""
+    X, y, _ = data
+    real, calls = GPClassifier._check_params, []
+    monkeypatch.setattr(GPClassifier, "_check_params", lambda self: calls.append(1) or real(self))
+    GPClassifier(method="sep", n_inducing=5, max_iter=1, batch_size=batch_size, local_steps=1, random_state=0,
+                 client=client).fit(da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200))
+    assert len(calls) == 1

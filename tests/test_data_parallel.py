@@ -12,7 +12,7 @@ from threadpoolctl import threadpool_info
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 
-from agpc import GPClassifier, classifier, inputs  # noqa: E402
+from agpc import GPClassifier, dask_inputs, inputs  # noqa: E402
 from agpc.backend import host_rng  # noqa: E402
 from agpc.datasets import make_banana  # noqa: E402
 from agpc.inference import data_parallel, ep, training  # noqa: E402
@@ -589,7 +589,7 @@ def test_a_users_cluster_reads_persisted_rows_with_nothing_to_import(monkeypatch
     waited 0.7 s for it). (``eval``: a builtin, so that asking imports nothing of this module on the workers.)"""
     X, y = make_banana(1200, random_state=5)
     seen = []
-    real = classifier._persisted_inputs
+    real = dask_inputs.persisted_inputs
 
     def persisted_inputs(client, *args):
         sample, labels, finite = real(client, *args)
@@ -597,7 +597,7 @@ def test_a_users_cluster_reads_persisted_rows_with_nothing_to_import(monkeypatch
         seen.append(client.run(eval, _IMPORTED))
         return sample, labels, finite
 
-    monkeypatch.setattr(classifier, "_persisted_inputs", persisted_inputs)
+    monkeypatch.setattr(dask_inputs, "persisted_inputs", persisted_inputs)
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None)
     with cluster, distributed.Client(cluster) as client:
         Xd = client.persist(da.from_array(X, chunks=(300, 2)))
@@ -619,7 +619,7 @@ def test_persisted_rows_give_the_sample_labels_and_checks_of_the_dask_array(clie
     blocks = persisted_blocks(Xd), persisted_blocks(yd)
     assert [b.key for b in blocks[0]] == [k[0] for k in Xd.__dask_keys__()]
     rows = np.sort(np.random.default_rng(0).choice(900, size=150, replace=False))
-    sample, labels, finite = classifier._persisted_inputs(client, *blocks, [(k * 200, min(900, k * 200 + 200))
+    sample, labels, finite = dask_inputs.persisted_inputs(client, *blocks, [(k * 200, min(900, k * 200 + 200))
                                                                              for k in range(5)], rows)
     np.testing.assert_array_equal(sample, X[rows])
     np.testing.assert_array_equal(labels, np.unique(y))

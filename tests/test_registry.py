@@ -134,9 +134,10 @@ def test_the_built_in_methods_are_the_engines():
     assert all(M.get_method(name).engine == name for name in engines.ALL_METHODS)
 
 
-def test_classifier_methods_is_a_deprecated_alias_of_the_registry():
-    with pytest.warns(DeprecationWarning, match="method_names"):
-        assert classifier.METHODS == M.method_names()
+def test_the_deprecated_classifier_methods_alias_is_gone():
+    """``agpc.classifier.METHODS`` (the method names before the registry) has been removed after its deprecation:
+    ``agpc.methods.method_names()`` is the one list."""
+    assert not hasattr(classifier, "METHODS")
 
 
 def test_a_method_sets_its_own_training_loop_settings():

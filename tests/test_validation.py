@@ -220,3 +220,12 @@ def test_partial_fit_checks_the_classes_it_is_given(data):
     X, y = data
     with pytest.raises(ValueError, match=r"classes has missing labels \(None\) at row 2"):
         GPClassifier(method="sep", n_inducing=3).partial_fit(X, y, classes=np.array([-1, 1, None], dtype=object))
+
+
+def test_a_subset_parameter_names_what_it_chooses():
+    """``optimize``'s values and the groups they choose: True all, False and None none, a name or a tuple itself."""
+    groups = V.Subset("kernel", "inducing")
+    cases = [(True, ("kernel", "inducing")), (False, ()), (None, ()), ("kernel", ("kernel",)),
+             (("inducing", "kernel"), ("inducing", "kernel")), (["inducing"], ("inducing",))]
+    for value, names in cases:
+        assert groups.chosen(value) == names

@@ -1,0 +1,68 @@
+"""How many rows a training step takes: ``GPClassifier(batch_size=...)`` resolved for a fit (docs/gpu.md).
+
+``batch_size="auto"`` is the full batch up to ``FULL_BATCH_MAX_ROWS`` rows and minibatches of 200 above, on the
+CPU. On a GPU a binary model takes the fewest rows whose arithmetic outweighs twice the launch overhead of the
+step's few hundred kernels (``backend.launch_bound_rows`` with ``GPU_STEP_MODEL`` and the device's throughput), at
+most n / ``GPU_STEPS_PER_EPOCH`` and what fits in one row block in ``backend.DEVICE_MEMORY_FRACTION`` of the free
+memory; a step then computes that minibatch as one row block (``gpu_block_rows``).
+"""
+
+from __future__ import annotations
+
+from . import backend as B
+from .inference import ep
+from .methods import supports
+
+__all__ = ["FULL_BATCH_MAX_ROWS", "CPU_MINIBATCH", "GPU_STEP_MODEL", "GPU_STEPS_PER_EPOCH", "rows_per_step",
+           "gpu_batch_rows", "gpu_block_rows"]
+
+FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": the full batch up to here, minibatches above
+CPU_MINIBATCH = 200  # batch_size="auto" above FULL_BATCH_MAX_ROWS, off a GPU
+
+# What one binary minibatch step asks of a GPU, counted on CuPy's paths (tests/step_cost.py; docs/gpu.md): kernel
+# launches for its first row block and for each further one, flops per row per m^2 and elements moved per row per m
+# (m >= 200). gpu_tests/test_gpu_batch.py holds them to a counted step of each method.
+_EP_STEP = {"launches": 380, "block_launches": 175, "flops_per_row_m2": 13.7, "elements_per_row_m": 64.0}
+GPU_STEP_MODEL = {"sep": _EP_STEP, "ep": _EP_STEP, "adf": _EP_STEP,
+                  "svi": {"launches": 320, "block_launches": 130, "flops_per_row_m2": 10.2, "elements_per_row_m": 46.0}}
+GPU_STEPS_PER_EPOCH = 8  # the GPU's minibatch is at most n / 8 rows: the hyper-parameters move 8 times an epoch
+
+
+def rows_per_step(estimator, n, xp=None, Z=None, n_classes=2):
+    """Rows a step of ``estimator``'s fit on n rows (None: the full batch): its ``batch_size``, or for "auto" the
+    full batch up to ``FULL_BATCH_MAX_ROWS`` rows (and for a batch-only method), else ``CPU_MINIBATCH``, or on a
+    GPU (``xp`` and the initial inducing points ``Z`` given, a binary model) ``gpu_batch_rows``."""
+    if estimator.batch_size != "auto":
+        return estimator.batch_size
+    if n <= FULL_BATCH_MAX_ROWS or not supports(estimator.method, "minibatch"):
+        return None
+    rows = gpu_batch_rows(estimator.method, n, xp, Z) if (xp is not None and Z is not None and n_classes == 2) else None
+    return CPU_MINIBATCH if rows is None else rows
+
+
+def gpu_batch_rows(method, n, xp, Z):
+    """The GPU's minibatch for n rows (None off a GPU): ``backend.launch_bound_rows`` with ``GPU_STEP_MODEL``
+    and the device's throughput for the model's type, at most n / 8 rows and what fits in one row block
+    (``ep.block_bytes_per_row``) in ``backend.DEVICE_MEMORY_FRACTION`` of the free memory (docs/gpu.md)."""
+    throughput = B.device_throughput(xp, Z.dtype, B.array_device(Z))
+    if throughput is None:
+        return None
+    m, d, itemsize = Z.shape[-2], Z.shape[-1], xp.finfo(Z.dtype).bits // 8
+    largest = n // GPU_STEPS_PER_EPOCH
+    fit = B.rows_within_memory(ep.block_bytes_per_row(m, d, itemsize), xp, B.array_device(Z))
+    if fit is not None:
+        largest = min(largest, fit)
+    model = GPU_STEP_MODEL.get(method, _EP_STEP)
+    return B.launch_bound_rows(
+        throughput, launches=model["launches"], block_launches=model["block_launches"], block_rows=largest,
+        flops_per_row=model["flops_per_row_m2"] * m * m, bytes_per_row=model["elements_per_row_m"] * m * itemsize,
+        largest=largest)
+
+
+def gpu_block_rows(estimator, batch_size, xp):
+    """Row blocks of a GPU minibatch chosen by "auto": the whole minibatch (it was sized to fit in memory), so
+    that a step launches its kernels once; None (the estimator's ``block_rows``) otherwise."""
+    if (estimator.batch_size != "auto" or estimator.block_rows is not None or batch_size is None
+            or B.device_throughput(xp, xp.float64) is None):
+        return None
+    return batch_size

@@ -1,0 +1,189 @@
+"""Where the rows of one fit are while it trains, chosen once by ``GPClassifier.fit`` for every kind of input, and
+the clean-up of whatever was started to hold them (``Placement``, a context manager).
+
+The places: this process (arrays in memory, data on disk read a block at a time, host rows moved to a device a block
+at a time), passing the exact model's full-GP passes or nothing as the engine; worker processes on this machine
+(``n_jobs``: the rows written once, shuffled, into ``workers.SharedRows`` the workers map, trained by the
+data-parallel rounds of ``data_parallel.DataParallel``); and a dask cluster (batch passes of one task a chunk,
+``dask_engine.DaskEngine``; data-parallel rounds on the chunks where they are; or, with ``local_steps=0``, the
+chunks brought to this process in turn, ``dask_engine.ChunkedRows``). Each place gives the training loop the same
+(X, y, engine, batch_size, block_rows), and whatever it started (worker processes, the rows' files, an engine's
+state on the workers, a ``LocalCluster`` of its own) is ended however the fit ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import backend as B
+from . import dask_inputs as D
+from . import inputs as I
+from . import methods as M
+from . import size_rule, threads
+from . import workers as W
+from .batch_size import gpu_block_rows, rows_per_step
+from .inference.dask_engine import ChunkedRows, DaskEngine
+from .inference.data_parallel import DataParallel, RowsOnWorkers, refusal
+
+__all__ = ["LOCAL_CHUNK_ROWS", "PlacedRows", "Placement", "n_jobs_for", "local_chunk_rows", "blas_scope"]
+
+# Rows per chunk of a fit in local worker processes (``n_jobs``): the dask protocol's chunks (the 200,000-row check
+# wraps its rows in chunks of 25,000), each chunk one tied factor of SEP / ADF and the unit a shard visits.
+LOCAL_CHUNK_ROWS = 25_000
+
+
+class PlacedRows(NamedTuple):
+    """What the training loop takes of the rows in their place."""
+
+    X: Any  # the rows, or what the loop sees of rows that stay elsewhere (``RowsOnWorkers``, ``ChunkedRows``)
+    y: Any  # the encoded labels, likewise
+    engine: Any  # None (the method's own passes), the exact model's full-GP passes, or what trains rows elsewhere
+    batch_size: Any  # rows a step (None: the full batch), or a data-parallel round's
+    block_rows: Any  # rows a block of a pass (None: the estimator's ``block_rows``)
+
+
+class Placement:
+    """The place of one fit's rows (module docstring), for ``estimator`` and training data X. Used as a context
+    manager: ``training_inputs`` checks the rows (starting a ``LocalCluster`` for a dask array when there is no
+    client), ``start`` starts local worker processes before the initial model is placed, ``rows`` gives the loop
+    its rows after it; leaving the block ends all of them."""
+
+    def __init__(self, estimator, X):
+        self.estimator = estimator
+        self.on_cluster = B.is_dask_array(X)
+        self.n_jobs = 1
+        self._owned_client = self._pool = self._engine = None  # what this place started, ended by ``__exit__``
+        self._shared, self._futures = [], []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._pool is not None:
+            self._pool.close()
+        if self._engine is not None:
+            self._engine.close()
+        for rows_file in self._shared:
+            rows_file.close()
+        self._futures.clear()  # (released while their client is open)
+        if self._owned_client is not None:
+            cluster = self._owned_client.cluster
+            self._owned_client.close()
+            cluster.close()
+
+    def training_inputs(self, X, y, target_xp):
+        """The checked ``inputs.TrainingInputs`` of (X, y): ``inputs.training_inputs`` in this process,
+        ``dask_inputs.training_inputs`` on the cluster of a dask array (its checks before the cluster is sought)."""
+        if not self.on_cluster:
+            return I.training_inputs(self.estimator, X, y, reset=True, target_xp=target_xp)
+        X, y, given = D.checked_arrays(self.estimator, X, y)
+        client, self._owned_client = D.cluster_client(self.estimator.client)
+        inputs = D.training_inputs(self.estimator, X, y, given, client)
+        self._futures = inputs.pending
+        return inputs
+
+    def start(self, inputs):
+        """Before the initial model: the processes rows in this process train in (``n_jobs_for``, recorded as the
+        estimator's ``n_jobs_``; not for a dask array, whose workers are the cluster's), those beyond this one
+        started now (they import agpc while this process places the inducing points)."""
+        if self.on_cluster:
+            return
+        self.n_jobs = self.estimator.n_jobs_ = n_jobs_for(self.estimator, inputs.xp, inputs.X.shape[0],
+                                                          len(inputs.classes))
+        if self.n_jobs > 1:
+            self._pool = W.LocalWorkers(self.n_jobs, preload=("agpc.inference.data_parallel",))
+
+    def rows(self, inputs, Z, rng, exact=None):
+        """The ``PlacedRows`` the loop trains on, once the initial inducing points ``Z`` are placed. ``rng``: the
+        training's generator, which draws the seed of data-parallel rounds (and then the order of the rows shared
+        with local workers). ``exact``: the exact model's full-GP passes, the engine of rows in this process."""
+        n = inputs.X.shape[0]
+        if self.on_cluster:
+            return self._on_cluster(inputs, rng)
+        if self.n_jobs > 1:
+            return self._in_local_workers(inputs, Z, rng)
+        batch_size = rows_per_step(self.estimator, n, inputs.xp, Z, len(inputs.classes))
+        return PlacedRows(inputs.X, inputs.y, exact, batch_size, gpu_block_rows(self.estimator, batch_size, inputs.xp))
+
+    def _in_local_workers(self, inputs, Z, rng):
+        estimator, X, n = self.estimator, inputs.X, inputs.X.shape[0]
+        seed = int(rng.integers(2**62))
+        order = rng.permutation(n) if estimator.shuffle and not B.is_out_of_core(X) else None
+        self._shared = W.share_rows([X, inputs.y], local_chunk_rows(n, self.n_jobs), order=order,
+                                    dtypes=[Z.dtype, Z.dtype])
+        self._engine = DataParallel(self._pool, *self._shared, batch_size=rows_per_step(estimator, n),
+                                    local_steps=estimator.local_steps, seed=seed,
+                                    site_directory=estimator.site_directory)
+        return PlacedRows(RowsOnWorkers(X.shape, Z.dtype), RowsOnWorkers((n,), Z.dtype), self._engine,
+                          self._engine.rows_per_round, None)
+
+    def _on_cluster(self, inputs, rng):
+        D.check_finite_chunks(inputs)
+        estimator, client, X, y = self.estimator, inputs.client, inputs.X, inputs.y
+        batch_size = rows_per_step(estimator, X.shape[0])
+        minibatch = batch_size is not None and batch_size < X.shape[0]
+        if minibatch and estimator.local_steps != 0:  # data-parallel rounds: the rows stay on the workers
+            if inputs.blocks[0] is not None:  # (X persisted: the labels too, encoded, n floats on the workers)
+                y = client.persist(y)
+            self._engine = DataParallel(client, X, y, batch_size=batch_size, local_steps=estimator.local_steps,
+                                        seed=int(rng.integers(2**62)), site_directory=estimator.site_directory)
+            return PlacedRows(RowsOnWorkers(X.shape, X.dtype), RowsOnWorkers(y.shape, y.dtype), self._engine,
+                              self._engine.rows_per_round, None)
+        if minibatch:  # minibatches: chunks come to the driver in turn (SVI: a step per minibatch there)
+            return PlacedRows(ChunkedRows(X, client), ChunkedRows(y, client), None, batch_size, None)
+        if not M.supports(estimator.method, "dask_batch"):
+            raise ValueError(f"{estimator.method} on a dask array trains on minibatches (batch_size below the number "
+                             "of rows): a full-batch step would bring every row to the driver")
+        self._engine = DaskEngine(client, X.chunks[0], site_directory=estimator.site_directory)
+        return PlacedRows(X, y, self._engine, batch_size, None)
+
+
+def n_jobs_for(estimator, xp, n, n_classes):
+    """The processes a fit of n rows trains in (``n_jobs``): more than one only for minibatches of a method with
+    data-parallel rounds, on NumPy data; an ``n_jobs > 1`` the fit cannot use is refused when it was given, and
+    gives 1 when it came from an enclosing ``joblib.parallel_config``."""
+    count, _ = W.resolve_n_jobs(estimator.n_jobs)
+    batch_size = rows_per_step(estimator, n)
+    spec = M.get_method(estimator.method)  # (a method without rounds and n_jobs given: refused by the checks)
+    if count == 1 or not spec.supports("n_jobs") or batch_size is None or batch_size >= n:
+        return 1  # (batch passes use the cores through BLAS threads)
+    why = None
+    if refusal(spec.engine, n_classes) is not None:
+        why = f"{refusal(spec.engine, n_classes)}: train multiclass {estimator.method!r} with n_jobs=1"
+    elif not B.is_numpy_namespace(xp):
+        why = (f"n_jobs > 1 trains NumPy data in worker processes on this machine, not {xp.__name__} arrays: "
+               "use n_jobs=1 (or backend='numpy')")
+    if why is None:
+        return count
+    if estimator.n_jobs is not None:
+        raise ValueError(why)
+    return 1
+
+
+def local_chunk_rows(n, n_workers):
+    """Chunk sizes of n rows for ``n_workers`` local workers: about ``LOCAL_CHUNK_ROWS`` each, at least one a
+    worker, as equal as the rows allow."""
+    chunks = max(int(n_workers), round(n / LOCAL_CHUNK_ROWS))
+    size, extra = divmod(n, chunks)
+    return [size + (k < extra) for k in range(chunks)]
+
+
+def blas_scope(estimator, X):
+    """The BLAS thread scope (``agpc.threads.blas_threads``) for ``estimator``'s fit on ``X``, shaped by the work of
+    its main phase: minibatch steps, or batch passes over all rows (the parameters are checked already)."""
+    shape = getattr(X, "shape", None)
+    if shape is None:  # lists and array-likes (the scope only needs the shape; X is validated inside)
+        try:
+            shape = np.asarray(X).shape
+        except (TypeError, ValueError):
+            shape = ()
+    n = int(shape[0]) if len(shape) else 1
+    d = int(shape[1]) if len(shape) > 1 else 1
+    # (the classes are not known before the labels are checked: sized as for two, the size rule's exact case)
+    m = max(1, len(estimator.inducing)) if not isinstance(estimator.inducing, str) else size_rule.model_size(
+        estimator.n_inducing, n, has_exact_pass=size_rule.exact_passes(estimator, n) is not None).n_inducing
+    batch_size = rows_per_step(estimator, n)  # (a batch-only method's explicit batch_size is refused already)
+    rows = n if batch_size is None else min(n, int(batch_size))
+    return threads.blas_threads(rows, m, n_features=d, threads=estimator.blas_threads)
