@@ -1,7 +1,6 @@
 """Batch EP / SEP / ADF on a dask.array over a LocalCluster of two worker processes (Hernandez-Lobato & Hernandez-Lobato
 (2016), sec. 2.3): the same per-chunk functions as the single-machine path, so the same numbers."""
 
-import contextlib
 import os
 
 import numpy as np
@@ -12,19 +11,12 @@ distributed = pytest.importorskip("distributed")
 
 from agpc import GPClassifier  # noqa: E402
 from agpc.datasets import make_banana  # noqa: E402
-
-
-@contextlib.contextmanager
-def _two_worker_client():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
-    with distributed.Client(cluster) as c:
-        yield c
-    cluster.close()
+from helpers import assert_same_model, local_client, three_classes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def client():
-    with _two_worker_client() as c:
+    with local_client(2) as c:
         yield c
 
 
@@ -33,7 +25,7 @@ def own_client():
     """A 2-worker cluster for one test that kills a worker. On the shared cluster the test had to wait for the
     nanny's restart before the next test, and on a loaded machine the restarted worker sometimes took over 60 s
     to register (WorkerStartTimeoutError), failing a test whose fit had completed."""
-    with _two_worker_client() as c:
+    with local_client(2) as c:
         yield c
 
 
@@ -215,15 +207,6 @@ def test_a_worker_lost_mid_fit_gives_the_same_model(own_client, data, monkeypatc
     assert_same_model(disturbed, undisturbed, X_test)
 
 
-def assert_same_model(disturbed, undisturbed, X_test):
-    """A fit a lost worker disturbed ends at the undisturbed model: the same curve, inducing points and
-    predictions, to round-off (the chunks' tasks re-run elsewhere on the same data and streams)."""
-    np.testing.assert_allclose(disturbed.history_["log_marginal_likelihood"],
-                               undisturbed.history_["log_marginal_likelihood"], rtol=1e-12)
-    np.testing.assert_allclose(disturbed.inducing_points_, undisturbed.inducing_points_, rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(disturbed.predict_proba(X_test), undisturbed.predict_proba(X_test), rtol=1e-12)
-
-
 @pytest.mark.parametrize("method, batch_size, stop_at, in_files", [("ep", None, 12, False), ("sep", 50, 17, False),
                                                                     ("ep", None, 12, True)])
 def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path, method, batch_size, stop_at,
@@ -304,21 +287,14 @@ def test_vi_fit_on_a_dask_array_equals_the_in_memory_fit(client, data, method, o
     np.testing.assert_allclose(on_dask.predict_proba(X_test), in_memory.predict_proba(X_test), rtol=1e-10)
 
 
-def _three_classes(n, seed):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, 2))
-    scores = np.stack([X[:, 0], X[:, 1], -X[:, 0] - X[:, 1]], axis=1) + 0.5 * rng.normal(size=(n, 3))
-    return X, np.argmax(scores, axis=1)
-
-
 @pytest.mark.parametrize("method, in_files", [("ep", False), ("ep", True), ("sep", False), ("adf", False)])
 def test_multiclass_batch_passes_on_a_dask_array_equal_the_in_memory_fit(client, method, in_files, tmp_path):
     """Multiclass EP / SEP / ADF (Villacampa-Calvo & Hernandez-Lobato 2017) in batch passes on a dask array: a task a
     chunk for the classes' sums (``multiclass_ep.class_site_sums``) and for the sweep (``class_sweep``), added in a
     tree; EP's (n, 2C) sites stay on the workers (in memory, or a file a chunk with ``site_directory``). The in-memory
     fit's curve, inducing points and predictions to 1e-10 with the same seed."""
-    X, y = _three_classes(450, 0)
-    X_test, _ = _three_classes(100, 1)
+    X, y = three_classes(450, 0, boundaries="linear", noise=0.5)
+    X_test, _ = three_classes(100, 1, boundaries="linear", noise=0.5)
     params = dict(method=method, n_inducing=6, max_iter=3, random_state=0, batch_size=None)
     in_memory = GPClassifier(**params).fit(X, y)
     on_dask = GPClassifier(**params, client=client, site_directory=tmp_path / "sites" if in_files else None).fit(
@@ -336,8 +312,8 @@ def test_multiclass_batch_passes_on_a_dask_array_equal_the_in_memory_fit(client,
 def test_multiclass_minibatch_on_the_driver_samples_chunks_like_data_on_disk(client, method, tmp_path):
     """Multiclass minibatch SEP / EP with ``local_steps=0`` (steps on the driver, chunks brought there in
     turn): the same model as the single-machine path reading the rows from a zarr array chunked alike."""
-    X, y = _three_classes(450, 0)
-    X_test, _ = _three_classes(100, 1)
+    X, y = three_classes(450, 0, boundaries="linear", noise=0.5)
+    X_test, _ = three_classes(100, 1, boundaries="linear", noise=0.5)
     params = dict(method=method, n_inducing=6, batch_size=50, max_iter=2, random_state=0)
     _assert_driver_steps_equal_zarr_chunks(client, params, X, y, X_test, 150, tmp_path)
 
@@ -347,7 +323,7 @@ def test_multiclass_ep_on_a_dask_array_resumes_from_a_checkpoint(client, monkeyp
     back on resume: the uninterrupted model."""
     from test_checkpoint import interrupted_then_resumed
 
-    X, y = _three_classes(450, 0)
+    X, y = three_classes(450, 0, boundaries="linear", noise=0.5)
     Xd, yd = da.from_array(X, chunks=(150, 2)), da.from_array(y, chunks=150)
     params = dict(method="ep", n_inducing=6, max_iter=3, random_state=0, batch_size=None, client=client)
     reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", 12, Xd, yd)

@@ -27,22 +27,10 @@ from agpc import GPClassifier, threads  # noqa: E402
 from agpc import workers as W  # noqa: E402
 from agpc.datasets import make_banana  # noqa: E402
 from agpc.inference import training  # noqa: E402
-from test_dask import assert_same_model  # noqa: E402  (one statement of "the same model" for lost workers)
+from helpers import assert_same_model, local_client, nll_of, three_classes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GONE_SECONDS = 15  # how long a worker may take to leave after its driver ended (its watch looks every 0.2 s)
-
-
-def _nll(model, X, y):
-    proba = model.predict_proba(X)
-    return float(-np.mean(np.log(proba[np.arange(len(y)), np.searchsorted(model.classes_, y)])))
-
-
-def _three_classes(n, seed):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, 2))
-    scores = np.stack([X[:, 0], X[:, 1], -X[:, 0] - X[:, 1]], axis=1) + 0.5 * rng.normal(size=(n, 3))
-    return X, np.argmax(scores, axis=1)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +85,7 @@ def test_n_jobs_trains_in_worker_processes_near_the_single_process_fit(banana, p
     single = GPClassifier(**params).fit(X, y)
     parallel = GPClassifier(**params, n_jobs=2, local_steps=4).fit(X, y)
     assert single.n_jobs_ == 1 and parallel.n_jobs_ == 2
-    assert abs(_nll(parallel, X_test, y_test) - _nll(single, X_test, y_test)) < tolerance
+    assert abs(nll_of(parallel, X_test, y_test) - nll_of(single, X_test, y_test)) < tolerance
     assert parallel.history_["n_steps"][-1] == epochs * -(-n // (2 * 4 * 50))  # rounds of 2 shards x 4 x 50 rows
     assert len(pools) == 1 and _gone(pools[0].pids, 0)
 
@@ -106,13 +94,13 @@ def test_multiclass_sep_with_n_jobs_and_what_is_refused(pools):
     """Multiclass SEP in two worker processes ends near the single-process fit (within 0.02 nats, as on a dask
     cluster); multiclass EP, the batch-only methods and an array library other than NumPy are refused with one
     ValueError saying why, before any worker starts."""
-    X, y = _three_classes(1200, 0)
-    X_test, y_test = _three_classes(2000, 1)
+    X, y = three_classes(1200, 0, boundaries="linear", noise=0.5)
+    X_test, y_test = three_classes(2000, 1, boundaries="linear", noise=0.5)
     params = dict(method="sep", n_inducing=8, batch_size=50, max_iter=4, random_state=0)
     single = GPClassifier(**params).fit(X, y)
     parallel = GPClassifier(**params, n_jobs=2, local_steps=4).fit(X, y)
     assert parallel.n_jobs_ == 2 and parallel.predict_proba(X_test).shape == (2000, 3)
-    assert abs(_nll(parallel, X_test, y_test) - _nll(single, X_test, y_test)) < 0.02
+    assert abs(nll_of(parallel, X_test, y_test) - nll_of(single, X_test, y_test)) < 0.02
     started = len(pools)
     with pytest.raises(ValueError, match="data-parallel multiclass training runs 'sep', 'adf' or 'svi'.*n_jobs=1"):
         GPClassifier(method="ep", batch_size=50, n_jobs=2).fit(X, y)
@@ -303,8 +291,7 @@ def test_a_fit_inside_a_joblib_worker_runs_in_its_own_process(backend):
 
 def test_a_fit_inside_a_dask_task_runs_in_its_own_process():
     X, y = make_banana(600, random_state=3)
-    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None)
-    with cluster, distributed.Client(cluster) as client:
+    with local_client(1, processes=False) as client:
         assert client.submit(_n_jobs_used, X, y).result() == 1
 
 
