@@ -109,8 +109,8 @@ def persisted_inputs(client, X_blocks, y_blocks, bounds, rows):
     (``dask_engine.persisted_blocks``): X's rows ``rows`` (sorted; None: all of them), in order, and the distinct
     labels; and futures of whether each chunk of X is finite, left to run while this process places the inducing
     points. The tasks are NumPy's own functions on the chunks where they live: a worker imports nothing to run them,
-    where the dask.array graph of the same checks made every worker that had not run one import dask.array first
-    (about 0.25 s on the 2-core machine), with this process waiting."""
+    where the dask.array graph of the same checks made every worker that had not run one import dask.array first,
+    with this process waiting."""
     parts = []
     for (lo, hi), block in zip(bounds, X_blocks):
         local = None if rows is None else rows[(rows >= lo) & (rows < hi)] - lo

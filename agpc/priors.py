@@ -8,8 +8,8 @@ term added to the objective is therefore the log density of u,
 
 Jacobian included, as GPflow does for a prior on the constrained value (``Parameter.log_prior_density``).
 Why: the climbed objective is then a proper log density in the coordinates that move, so a MAP estimate is
-the mode of the posterior of u and does not depend on a coordinate the optimiser never sees; the Laplace or
-MCMC treatment issue 19 may add later needs exactly this density. (For a Gamma(shape a, rate b) prior on a
+the mode of the posterior of u and does not depend on a coordinate the optimiser never sees; a Laplace or
+MCMC treatment added later would need exactly this density. (For a Gamma(shape a, rate b) prior on a
 lengthscale the climbed mode is theta = a / b, not the density's own mode (a - 1) / b.)
 
 A prior is saved as ``{"family": name, <number>: value, ...}`` (``spec``) and rebuilt only from

@@ -2,13 +2,12 @@
 
 Why: a minibatch step is a few hundred small operations on m x m matrices (m ~ 200) and n x m blocks of a
 few hundred rows. A multi-threaded BLAS loses on such shapes: every call wakes, synchronises and parks its
-threads, and a thread that spins meanwhile takes the core the Python thread needs. Measured on the 2-core
-development machine (issue 14): 46 ms per SEP step at m = 200 with OpenBLAS's default of 2 threads, 9.9 ms
-with one. A batch EP pass, on the contrary, is dominated by products of n x m blocks of ~10^4 rows, which
-threads speed up. And on a machine whose cores are busy with other processes, a multi-threaded call waits
-for a thread that is not running: measured here, a batch EP pass at n = 10^5, m = 200 took 0.94 s with two
-threads and 1.2 s with one on an idle machine, but 7-18 s with two and 1.8-2.6 s with one while other jobs
-held the cores.
+threads, and a thread that spins meanwhile takes the core the Python thread needs: a SEP step at m = 200 runs
+several times faster with one thread than with OpenBLAS's default. A batch EP pass, on the contrary, is dominated
+by products of n x m blocks of ~10^4 rows, which threads speed up. And on a machine whose cores are busy with
+other processes, a multi-threaded call waits for a thread that is not running, so a pass that two threads speed
+up on an idle machine runs several times slower with them than with one while other jobs hold the cores
+(``benchmarks/threads.py`` measures both on the machine at hand).
 
 The rule (``choose_blas_threads``), per BLAS call of the work at hand:
 
@@ -40,9 +39,9 @@ The scope sets no environment variable, changes only BLAS pools (``user_api="bla
 library's thread count when it ends, also on an exception. The count is process-wide (OpenBLAS's pool is),
 so two fits running at once in two Python threads share it.
 
-Cost: ``threadpoolctl.threadpool_limits`` inspects the loaded libraries on every call (measured 0.85 ms a
-call on the idle 2-core machine, several ms when it is loaded), more than a tenth of a minibatch step; a
-``ThreadpoolController`` built once and its ``limit(...)`` cost 10-30 us (``benchmarks/threads.py``). So the controller is built once and rebuilt only when Python modules have been
+Cost: ``threadpoolctl.threadpool_limits`` inspects the loaded libraries on every call (about a millisecond, more
+on a loaded machine), more than a tenth of a minibatch step; a ``ThreadpoolController`` built once and its
+``limit(...)`` cost tens of microseconds (``benchmarks/threads.py``). So the controller is built once and rebuilt only when Python modules have been
 imported since (which may have loaded another BLAS), and only at an outermost scope.
 
 Tasks in worker processes use ``task_blas_threads``: the same rule, within the worker's own budget, its BLAS thread

@@ -9,10 +9,10 @@ Three things live here.
   (``threads.task_blas_threads``: one thread a step at m = 200), and glibc's heap thresholds. Why the latter:
   dask's nanny starts every worker with ``MALLOC_TRIM_THRESHOLD_=65536`` (distributed's default
   ``distributed.nanny.pre-spawn-environ``), and setting it turns off glibc's adaptive mmap threshold, so every
-  m x m temporary of a step (320 KB at m = 200) is a fresh mmap whose pages fault in again. Measured on the
-  2-core machine (SEP, m = 200, 200 rows a step, one BLAS thread, under load): 4,977 minor page faults and
-  18.5 ms of CPU a step with the nanny's setting, 8 faults and 12.1 ms with ``HEAP_THRESHOLD`` set by
-  ``mallopt`` inside the process, 1.5 faults and 11.8 ms with nothing set. The scope sets the thresholds only
+  m x m temporary of a step (320 KB at m = 200) is a fresh mmap whose pages fault in again: thousands of minor
+  page faults a SEP step at m = 200 with the nanny's setting against a handful with ``HEAP_THRESHOLD`` set by
+  ``mallopt`` inside the process, and half as much CPU again a step (measured by ``benchmarks/data_parallel_check.py``). The
+  scope sets the thresholds only
   when the process's environment lowered them, and puts the environment's values back at its end.
 * ``LocalWorkers``: worker processes on this machine, started for a fit and ended with it, each running one
   task at a time. They offer the part of ``distributed.Client`` the data-parallel rounds use (``submit``,
