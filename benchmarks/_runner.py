@@ -93,9 +93,10 @@ class Run:
     limiter: object
 
 
-def begin(title, args=None, argv=None, imports=()):
-    """Load the numerical libraries (and ``imports``) so that threadpoolctl sees every BLAS pool, limit BLAS to
-    ``args.blas_threads``, print the machine facts under ``title``: the run, for ``end``."""
+def begin(title, args=None, argv=None, imports=(), user_api=None):
+    """Load the numerical libraries (and ``imports``) so that threadpoolctl sees every BLAS pool, limit BLAS and
+    OpenMP (``user_api="blas"``: BLAS alone) to ``args.blas_threads``, print the machine facts under ``title``: the
+    run, for ``end``."""
     for module in ("scipy.linalg", "sklearn.linear_model", "agpc", *imports):
         importlib.import_module(module)
     threads = getattr(args, "blas_threads", None)
@@ -103,7 +104,7 @@ def begin(title, args=None, argv=None, imports=()):
     if threads:
         from threadpoolctl import threadpool_limits
 
-        limiter = threadpool_limits(limits=threads)
+        limiter = threadpool_limits(limits=threads, user_api=user_api)
     print(f"## {title}\n")
     print(f"Command: `{' '.join(['python'] + (list(argv) if argv is not None else sys.argv))}`\n")
     for line in machine_lines():

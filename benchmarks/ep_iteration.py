@@ -156,7 +156,6 @@ def step_counts(n_blocks):
         from array_counting import CountingNamespace
     except ImportError:
         return None
-    from agpc import threads
     from agpc.inference import ep
 
     rows, m, d = 100, 24, 3  # wide blocks (more than 4 rows per inducing point), as a batch pass's are

@@ -154,7 +154,7 @@ def main(argv=None):
         method, folder, max_time = args.child
         child(method, folder, float(max_time), args.child_tracemalloc, args.blas_threads)
         return
-    started = begin("Peak memory of out-of-core training (memmaps) against n", args, argv)
+    started = begin("Peak memory of out-of-core training (memmaps) against n", args, argv, user_api="blas")
     from agpc.datasets import make_airline_like
 
     use_tm = not args.no_tracemalloc
