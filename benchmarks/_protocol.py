@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from _runner import RESULTS_DIR, options, parse, parse_list, standardise, test_scores
+from _runner import RESULTS_DIR, end, options, parse, parse_list, standardise, test_scores
 
 WORSE_MARK = "†"
 
@@ -249,9 +249,12 @@ class Paper:
         return pm / math.sqrt(self.splits) if self.pm_is_std else pm
 
 
-def write_results_json(path, results):
-    """``run_grid``'s results, one entry per (data set, fraction, method), as JSON at ``path`` (``--json``)."""
-    Path(path).write_text(json.dumps({f"{d}/{f}/{m}": vars(r) for (d, f, m), r in results.items()}, indent=1))
+def finish_grid(started, json_path, results):
+    """``run_grid``'s results, one entry per (data set, fraction, method), as JSON at ``json_path`` (``--json``,
+    None: no file), then the runner's end."""
+    if json_path:
+        Path(json_path).write_text(json.dumps({f"{d}/{f}/{m}": vars(r) for (d, f, m), r in results.items()}, indent=1))
+    end(started)
 
 
 def _cell(rec, key, spread, digits=3):

@@ -127,10 +127,9 @@ class Step:
     """A warmed-up trainer for one configuration in namespace ``xp``; calling it takes one step."""
 
     def __init__(self, xp, problem, method, batch):
+        from agpc import backend
         from agpc.inference import training
         from agpc.kernels import RBF
-
-        from agpc import backend
 
         X, y, Z = (xp.asarray(a) for a in problem)
         kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=1e-3).for_inputs(X)
@@ -301,11 +300,12 @@ def config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype):
 def model_table(args):
     """docs/gpu.md's table: each step counted on a mocked CuPy, priced on an H100 SXM."""
     import pytest
+    from cupy_mock import MockCupy
+    from step_cost import step_cost
+
     from agpc.backend import DeviceThroughput
     from agpc.inference import training
     from agpc.kernels import RBF
-    from cupy_mock import MockCupy
-    from step_cost import step_cost
 
     table_header(["method", "m", "batch", "dtype", "blocks", "launches", "GFLOP", "MB moved", "launch ms", "device ms",
                   "model ms", "bound by"])
@@ -337,8 +337,9 @@ def model_table(args):
 def auto_batch_table():
     """The rows a step ``batch_size="auto"`` takes on three GPUs (device properties mocked), n = 10^8."""
     import pytest
-    from agpc import GPClassifier
     from cupy_mock import A100_PROPERTIES, H100_PROPERTIES, RTX4090_PROPERTIES, MockCupy
+
+    from agpc import GPClassifier
 
     ms = (100, 200, 500, 1000)
     print("\nbatch_size='auto' on a GPU (SEP / EP / ADF; n = 10^8 rows, 40 GiB free):\n")

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import small_data_defaults as study
 import uci_binary
-from _protocol import mean_se, run_grid, split_indices, standardised_splits, write_results_json
-from _runner import begin, end, header, load_npz, options, parse, parse_list, row
+from _protocol import finish_grid, mean_se, run_grid, split_indices, standardised_splits
+from _runner import begin, header, load_npz, options, parse, parse_list, row
 
 TEST_SETS = study.TEST_SETS
 CANDIDATE = re.compile(r"^(auto|all|logreg|m(\d+)(-fixed)?)(-es)?$")
@@ -178,9 +178,7 @@ def main(argv=None):
     results = run_grid(tasks, splits, [0.0], args.candidates,
                        lambda candidate, m, split: make_model(candidate, split, args.max_iter), lambda *_: 0)
     print_table(results, found, args.candidates, args.reference, TEST_SETS)
-    if args.json:
-        write_results_json(args.json, results)
-    end(started)
+    finish_grid(started, args.json, results)
     return 0
 
 

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 from _protocol import (
-    ML_SUFFIX, agpc_model, mean_se, run_grid, split_indices, split_methods, standardised_splits, with_ml_twins,
-    write_results_json,
+    ML_SUFFIX, agpc_model, finish_grid, mean_se, run_grid, split_indices, split_methods, standardised_splits,
+    with_ml_twins,
 )
-from _runner import begin, end, header, load_npz, options, parse, parse_list, row
+from _runner import begin, header, load_npz, options, parse, parse_list, row
 
 GENERATED = ("banana", "clf-300x10", "clf-1000x30", "moons-300", "circles-300", "clf-700x8", "clf-700x14")
 BUNDLED = ("digits-3v8", "digits-1v7", "iris", "wine")
@@ -153,9 +153,7 @@ def main(argv=None):
     results = run_grid(tasks, args.splits, [args.fraction], methods,
                        lambda method, m, split: agpc_model(method, m, split, args.max_iter, "kmeans"), count)
     print_study(results, found, args.methods, args.fraction)
-    if args.json:
-        write_results_json(args.json, results)
-    end(started)
+    finish_grid(started, args.json, results)
     return 0
 
 

@@ -53,11 +53,11 @@ from pathlib import Path
 
 import numpy as np
 from _protocol import (
-    ML_SUFFIX, Paper, agpc_model, base_method, mean_se, methods_for_kernel_prior, parse_table_options,
+    ML_SUFFIX, Paper, agpc_model, base_method, finish_grid, mean_se, methods_for_kernel_prior, parse_table_options,
     plot_against_paper, print_accuracy_tables, run_grid, split_indices, split_methods, standardised_splits,
-    table_options, write_results_json,
+    table_options,
 )
-from _runner import begin, end, load_npz
+from _runner import begin, load_npz
 
 DATASETS = ("banana", "pima", "australian", "breast", "crabs", "heart", "ionosphere", "sonar")
 METHODS = ("gfitc", "ep", "sep", "adf", "svi", "vi-jj", "vi-taylor")
@@ -258,9 +258,7 @@ def main(argv=None):
         print_prior_check(results, found, args.fractions, methods)
     plot_against_paper(results, list(found), args.fractions, args.methods, PAPER,
                        args.figure or ("uci_binary_nll_quick.png" if args.quick else "uci_binary_nll.png"))
-    if args.json:
-        write_results_json(args.json, results)
-    end(started)
+    finish_grid(started, args.json, results)
     return 0
 
 

@@ -39,9 +39,8 @@ import numpy as np
 from _protocol import fmt, mean_se, pyplot, save_figure, split_indices, standardised_splits
 from _runner import begin, end, header, load_npz, options, parse, parse_list, row, test_scores
 from uci_binary import DATASETS as BINARY_DATASETS, PAPER as BINARY_PAPER, make_model
-from uci_multiclass import (
-    DATASETS as MULTICLASS_DATASETS, PAPER as MULTICLASS_PAPER, load as load_multiclass, protocol_split,
-)
+from uci_multiclass import DATASETS as MULTICLASS_DATASETS, PAPER as MULTICLASS_PAPER, load as load_multiclass
+from uci_multiclass import protocol_split
 
 DATASETS = BINARY_DATASETS + MULTICLASS_DATASETS
 

@@ -49,8 +49,8 @@ from pathlib import Path
 
 import numpy as np
 from _protocol import (
-    Paper, agpc_model, methods_for_kernel_prior, parse_table_options, plot_against_paper, print_accuracy_tables,
-    run_grid, split_indices, split_methods, standardised_splits, table_options, write_results_json,
+    Paper, agpc_model, finish_grid, methods_for_kernel_prior, parse_table_options, plot_against_paper,
+    print_accuracy_tables, run_grid, split_indices, split_methods, standardised_splits, table_options,
 )
 from _runner import begin, end, header, load_npz, parse_list, row
 
@@ -228,11 +228,9 @@ def main(argv=None):
     print_accuracy_tables(results, list(found), args.fractions, args.methods, unavailable, PAPER, "se", "UCI multiclass")
     plot_against_paper(results, list(found), args.fractions, args.methods, PAPER,
                        args.figure or ("uci_multiclass_nll_quick.png" if args.quick else "uci_multiclass_nll.png"))
-    if args.json:
-        write_results_json(args.json, results)
     if args.timing:
         timing(args)
-    end(started)
+    finish_grid(started, args.json, results)
     return 0
 
 
