@@ -1,9 +1,8 @@
 """The papers' evaluation protocol, shared by the accuracy benchmarks (uci_binary.py, uci_multiclass.py,
-banana_inducing.py, time_curves.py, multiclass_sklearn.py).
+banana_inducing.py, time_curves.py, uci_iterations.py, small_data_defaults.py, size_rule.py).
 
 * ``split_indices``: random train/test split number ``split`` (``numpy.random.default_rng(split)``);
-* ``standardise``: features scaled with the training part's mean and standard deviation;
-* ``test_scores``: test NLL (natural log, mean of -log p(true label)) and error rate;
+* ``table_options`` / ``parse_table_options``: the papers' table scripts' options and their defaults;
 * ``method_available``: whether this agpc knows a method (``gfitc`` may be missing) for 2 or more classes;
 * ``ML_SUFFIX``: "ep-ml" is "ep" with ``kernel_prior=None`` (type-II maximum likelihood, the fits before the
   default priors of docs/small_data_defaults.md): ``with_ml_twins`` adds it beside each method (before / after);
@@ -14,29 +13,20 @@ banana_inducing.py, time_curves.py, multiclass_sklearn.py).
 
 from __future__ import annotations
 
-import contextlib
+import json
 import math
-import subprocess
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
-import json
 from pathlib import Path
 
 import numpy as np
+from _runner import RESULTS_DIR, end, options, parse, parse_list, standardise, test_scores
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 WORSE_MARK = "†"
 
 
 # -- data and splits ------------------------------------------------------------------------------
-
-def load_npz(data_dir, name):
-    """(X float64, y int codes, class names) of ``data_dir/name.npz`` (the shared data's format)."""
-    with np.load(Path(data_dir) / f"{name}.npz", allow_pickle=False) as f:
-        return np.asarray(f["X"], dtype=np.float64), np.asarray(f["y"]), np.asarray(f["classes"])
-
 
 def split_indices(n, split, test_fraction):
     """Random split number ``split``: (train rows, test rows), round((1 - test_fraction) n) for training."""
@@ -44,14 +34,6 @@ def split_indices(n, split, test_fraction):
     perm = rng.permutation(n)
     n_train = int(round((1.0 - test_fraction) * n))
     return perm[:n_train], perm[n_train:]
-
-
-def standardise(X_train, X_test):
-    """Both parts scaled by the training part's mean and standard deviation (constant columns: 1)."""
-    mean = X_train.mean(axis=0)
-    std = X_train.std(axis=0)
-    std = np.where(std > 0, std, 1.0)
-    return (X_train - mean) / std, (X_test - mean) / std
 
 
 def standardised_splits(X, y, splitter):
@@ -64,20 +46,6 @@ def standardised_splits(X, y, splitter):
         return X_train, y[train], X_test, y[test], X.shape[0]
 
     return split_fn
-
-
-def test_scores(model, X_test, y_test):
-    """(NLL, error rate) with the predict_proba columns ordered by model.classes_."""
-    proba = np.asarray(model.predict_proba(X_test), dtype=np.float64)
-    classes = np.asarray(model.classes_)
-    col = np.searchsorted(classes, y_test)
-    col = np.minimum(col, len(classes) - 1)
-    if not np.all(classes[col] == y_test):
-        raise ValueError("a test label is not among the classes seen in training")
-    p_true = proba[np.arange(len(y_test)), col]
-    nll = float(-np.mean(np.log(np.clip(p_true, 1e-300, None))))
-    err = float(np.mean(classes[np.argmax(proba, axis=1)] != y_test))
-    return nll, err
 
 
 # -- statistics and formatting --------------------------------------------------------------------
@@ -105,32 +73,38 @@ def worse_by_more_than_one_se(ours_mean, ours_se, paper_mean, paper_se):
     return ours_mean - paper_mean > se
 
 
-def parse_list(text, allowed=None, kind="item", convert=str):
-    values = [convert(s.strip().lower() if convert is str else s.strip()) for s in text.split(",") if s.strip()]
-    if allowed is not None:
-        bad = [v for v in values if v not in allowed]
-        if bad:
-            raise SystemExit(f"unknown {kind}(s) {bad}: choose from {list(allowed)}")
-    return values
-
-
 # -- methods --------------------------------------------------------------------------------------
 
-def resolve_table_options(args, *, datasets, methods, allowed_methods, fractions, quick_dataset, quick_fraction):
-    """Fill the table scripts' options left unset: ``--quick`` (one split of ``quick_dataset``, m =
-    ``quick_fraction``, 5 iterations, 1 BLAS thread), then the papers' protocol (all ``datasets``, 20 splits,
-    m = ``fractions``, 250 iterations); parse the comma lists."""
-    if args.quick:
-        args.datasets = args.datasets or quick_dataset
-        args.splits = args.splits or 1
-        args.fractions = args.fractions or quick_fraction
-        args.max_iter = args.max_iter or 5
-        args.blas_threads = 1 if args.blas_threads is None else args.blas_threads
-    args.datasets = parse_list(args.datasets or ",".join(datasets), datasets, "dataset")
-    args.methods = parse_list(args.methods or ",".join(methods), allowed_methods, "method")
-    args.splits = args.splits or 20
-    args.fractions = parse_list(args.fractions or fractions, convert=float)
-    args.max_iter = 250 if args.max_iter is None else args.max_iter
+def table_options(doc, quick, *, datasets, methods, fractions, splits):
+    """The options of the papers' table scripts (uci_binary.py, uci_multiclass.py) on the runner's: which
+    ``datasets`` and ``methods`` (of each, comma lists), how many ``splits``, the inducing ``fractions``,
+    ``--max-iter``, the initial inducing points, ``--kernel-prior`` and the outputs."""
+    p = options(doc, quick, data_dir=True)
+    p.add_argument("--datasets", default=None, help=f"comma-separated subset of {','.join(datasets)}")
+    p.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(methods)}")
+    p.add_argument("--splits", type=int, default=None, help=f"random splits (default 20; quick 1): {splits}")
+    p.add_argument("--fractions", default=None, help=f"m as fractions (default {fractions})")
+    p.add_argument("--max-iter", type=int, default=None, help="agpc max_iter (default 250 as the papers; quick 5)")
+    p.add_argument("--inducing", choices=("random", "kmeans"), default="random",
+                   help="initial inducing points (default random training rows, as the papers)")
+    p.add_argument("--json", default=None, help="also write the per-split results to this JSON file")
+    p.add_argument("--figure", default=None, help="PNG name in benchmarks/results")
+    p.add_argument("--kernel-prior", choices=("auto", "none", "both"), default="auto",
+                   help="agpc's kernel_prior: the default 'auto', 'none' (maximum likelihood: methods named "
+                        "M-ml), or 'both' (before / after on the same splits)")
+    return p
+
+
+def parse_table_options(p, argv, *, datasets, methods, allowed_methods, fractions, quick_dataset, quick_fraction):
+    """Parse ``table_options``: an option left unset takes ``--quick``'s value (one split of ``quick_dataset``, m =
+    ``quick_fraction``, 5 iterations, 1 BLAS thread) or the papers' protocol (all ``datasets``, 20 splits, m =
+    ``fractions``, 250 iterations); the comma lists parsed."""
+    args = parse(p, argv, full=dict(datasets=",".join(datasets), methods=",".join(methods), splits=20,
+                                    fractions=fractions, max_iter=250),
+                 quick=dict(datasets=quick_dataset, splits=1, fractions=quick_fraction, max_iter=5, blas_threads=1))
+    args.datasets = parse_list(args.datasets, datasets, "dataset")
+    args.methods = parse_list(args.methods, allowed_methods, "method")
+    args.fractions = parse_list(args.fractions, convert=float)
     return args
 
 
@@ -148,14 +122,6 @@ def with_ml_twins(methods, skip=()):
     for method in methods:
         out += [method] if method in skip or method.endswith(ML_SUFFIX) else [method + ML_SUFFIX, method]
     return out
-
-
-def add_kernel_prior_option(parser):
-    """``--kernel-prior {auto,none,both}``: agpc's default priors, maximum likelihood (methods named M-ml), or both
-    on the same splits (before / after)."""
-    parser.add_argument("--kernel-prior", choices=("auto", "none", "both"), default="auto",
-                        help="agpc's kernel_prior: the default 'auto', 'none' (maximum likelihood: methods named "
-                             "M-ml), or 'both' (before / after on the same splits)")
 
 
 def methods_for_kernel_prior(methods, kernel_prior, skip=()):
@@ -202,24 +168,6 @@ def agpc_model(method, m, split, max_iter, inducing):
     prior = {"kernel_prior": None} if method.endswith(ML_SUFFIX) else {}
     return agpc.GPClassifier(method=base_method(method), n_inducing=m, max_iter=max_iter, random_state=split,
                              inducing=inducing, **prior)
-
-
-def import_numerics():
-    """Load every BLAS user before threadpoolctl looks (it limits only pools already loaded)."""
-    import scipy.linalg  # noqa: F401
-    import sklearn.linear_model  # noqa: F401
-
-    import agpc  # noqa: F401
-
-
-def start(title, blas_threads, argv=None):
-    """Load the numerical libraries, limit BLAS threads, print the machine header: (limiter, start time)."""
-    from _machine import limit_blas, print_machine
-
-    import_numerics()
-    limiter = limit_blas(blas_threads)
-    print_machine(title, argv)
-    return limiter, time.perf_counter()
 
 
 @dataclass
@@ -301,9 +249,12 @@ class Paper:
         return pm / math.sqrt(self.splits) if self.pm_is_std else pm
 
 
-def write_results_json(path, results):
-    """``run_grid``'s results, one entry per (data set, fraction, method), as JSON at ``path`` (``--json``)."""
-    Path(path).write_text(json.dumps({f"{d}/{f}/{m}": vars(r) for (d, f, m), r in results.items()}, indent=1))
+def finish_grid(started, json_path, results):
+    """``run_grid``'s results, one entry per (data set, fraction, method), as JSON at ``json_path`` (``--json``,
+    None: no file), then the runner's end."""
+    if json_path:
+        Path(json_path).write_text(json.dumps({f"{d}/{f}/{m}": vars(r) for (d, f, m), r in results.items()}, indent=1))
+    end(started)
 
 
 def _cell(rec, key, spread, digits=3):
@@ -431,48 +382,3 @@ def save_figure(fig, filename):
     plt.close(fig)
     print(f"Figure: benchmarks/results/{filename}")
     return path
-
-
-def finish(t0, limiter):
-    from _machine import load_line
-
-    print(f"\nTotal wall time: {time.perf_counter() - t0:.0f} s.")
-    print(load_line(), flush=True)
-    del limiter
-    sys.stdout.flush()
-
-
-# -- data-parallel set-ups (issue 24) -------------------------------------------------------------------
-
-@contextlib.contextmanager
-def users_cluster(X_train, y_train, workers, chunk_rows):
-    """A user's own ``LocalCluster(n_workers=workers, threads_per_worker=1)`` and the training rows on it as the
-    user wraps them, ``da.from_array(X, chunks=(chunk_rows, d)).persist()`` (and the labels alike): the fit's data.
-    Set up before any clock; closed afterwards. No dashboard (no free port needed), nothing else set."""
-    import dask.array as da
-    from distributed import Client, LocalCluster, wait
-
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=None)
-    client = Client(cluster)
-    try:
-        X = da.from_array(X_train, chunks=(chunk_rows, X_train.shape[1])).persist()
-        y = da.from_array(y_train, chunks=chunk_rows).persist()
-        wait([X, y])
-        yield X, y
-    finally:
-        client.close()
-        cluster.close()
-
-
-@contextlib.contextmanager
-def cpu_bound(n, nice=0):
-    """``n`` extra CPU-bound processes (``while True: pass`` at niceness ``nice``) for the duration, ended by their
-    handles afterwards: a machine shared with other work."""
-    hogs = [subprocess.Popen([sys.executable, "-c", f"import os; os.nice({int(nice)})\nwhile True: pass"])
-            for _ in range(n)]
-    try:
-        yield hogs
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()

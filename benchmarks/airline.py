@@ -43,29 +43,23 @@ NLL is the mean of -log p(y_i | x_i) over the test rows, error the fraction whos
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from _protocol import ML_SUFFIX, base_method, methods_for_kernel_prior, pyplot
+from _runner import DEFAULT_DATA_DIR, RESULTS_DIR, begin, end, header, load_airline, options, parse, patched, row
+from _runner import show as fmt
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import DEFAULT_DATA_DIR, load_line, print_machine  # noqa: E402
-from _protocol import ML_SUFFIX, add_kernel_prior_option, base_method, methods_for_kernel_prior  # noqa: E402
-
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CLASS_NAMES = {2: ("not delayed", "delayed"), 3: ("early", "on time", "late")}
 CHECKPOINTS = (1, 3, 10, 30, 100, 300, 1000)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke test: 10,000 training rows, 2,000 test rows, 4 s a GP method")
+    p = options(__doc__, "10,000 training rows, 2,000 test rows, 4 s a GP method")
     p.add_argument("--data", default=str(DEFAULT_DATA_DIR / "airline2008.npz"), help="path of airline2008.npz")
-    p.add_argument("--budget", type=float, default=None,
-                   help="max_time (s) of each GP fit (default 480; quick: 4)")
+    p.add_argument("--budget", type=float, default=None, help="max_time (s) of each GP fit (default 480; quick: 4)")
     p.add_argument("--linear-budget", type=float, default=None,
                    help="training seconds for the SGD logistic regression (default 90; quick: 3)")
     p.add_argument("--n-test", type=int, default=None, help="test rows (default 10000; quick: 2000)")
@@ -77,15 +71,12 @@ def parse_args(argv=None):
                    help="T of the 3-class task (Villacampa-Calvo & Hernandez-Lobato (2017)'s text lost it; default 5)")
     p.add_argument("--seed", type=int, default=0, help="seeds the split, the shuffles and the inducing points")
     p.add_argument("--plot", default=None, help="PNG path (default benchmarks/results/airline[_3class][_quick].png)")
-    p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS threads with threadpoolctl")
-    add_kernel_prior_option(p)  # 'both': M-ml (kernel_prior=None, the fits before the default priors) beside M
-    args = p.parse_args(argv)
-    q = args.quick
-    args.budget = args.budget if args.budget is not None else (4.0 if q else 480.0)
-    args.linear_budget = args.linear_budget if args.linear_budget is not None else (3.0 if q else 90.0)
-    args.n_test = args.n_test if args.n_test is not None else (2000 if q else 10000)
-    args.n_train = args.n_train if args.n_train is not None else (10000 if q else None)
-    args.plot = args.plot or str(RESULTS_DIR / f"airline{'_3class' if args.classes == 3 else ''}{'_quick' if q else ''}.png")
+    p.add_argument("--kernel-prior", choices=("auto", "none", "both"), default="auto",
+                   help="agpc's kernel_prior: 'none' (maximum likelihood: methods named M-ml), or 'both'")
+    args = parse(p, argv, full=dict(budget=480.0, linear_budget=90.0, n_test=10000),
+                 quick=dict(budget=4.0, linear_budget=3.0, n_test=2000, n_train=10000))
+    args.plot = args.plot or str(RESULTS_DIR / f"airline{'_3class' if args.classes == 3 else ''}"
+                                               f"{'_quick' if args.quick else ''}.png")
     args.methods = methods_for_kernel_prior([m for m in args.methods.split(",") if m], args.kernel_prior)
     return args
 
@@ -93,14 +84,7 @@ def parse_args(argv=None):
 # -- data ------------------------------------------------------------------------------------------
 
 def load_split(args):
-    path = Path(args.data)
-    if not path.exists():
-        print(f"Data file {path} not found: this benchmark needs ../shared/data/airline2008.npz; skipping.")
-        sys.exit(0)
-    with np.load(path, allow_pickle=False) as f:
-        X = np.asarray(f["X"], dtype=np.float64)
-        y = labels_from_delay(np.asarray(f["arr_delay"]), args.classes, args.delay_minutes)
-        names = [str(v) for v in f["feature_names"]] if "feature_names" in f.files else None
+    X, y, names = load_airline(args.data, args.classes, args.delay_minutes)
     rng = np.random.default_rng(args.seed)
     n = X.shape[0]
     test = np.zeros(n, dtype=bool)
@@ -111,17 +95,7 @@ def load_split(args):
         X_train, y_train = X_train[keep], y_train[keep]
     mean, std = X_train.mean(axis=0), X_train.std(axis=0)
     std = np.where(std > 0, std, 1.0)
-    X_train = (X_train - mean) / std
-    X_test = (X_test - mean) / std
-    return X_train, y_train, X_test, y_test, n, names
-
-
-def labels_from_delay(arr_delay, n_classes, minutes):
-    """Class indices: 2 classes, arr_delay > 0 (1 = delayed); 3 classes, 0 early (< -minutes), 1 on time,
-    2 late (> minutes)."""
-    if n_classes == 2:
-        return (arr_delay > 0).astype(np.int8)
-    return np.where(arr_delay < -minutes, 0, np.where(arr_delay > minutes, 2, 1)).astype(np.int8)
+    return (X_train - mean) / std, y_train, (X_test - mean) / std, y_test, n, names
 
 
 def scores_from_proba(proba, y):
@@ -171,12 +145,13 @@ class Recorder:
         raise NotImplementedError
 
     def __enter__(self):
-        setattr(self.module, self.name, self.wrap(self.original))
+        self.patch = patched(self.module, self.name, self.wrap)
+        self.patch.__enter__()
         self.t_start = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
-        setattr(self.module, self.name, self.original)
+        self.patch.__exit__(*exc)
 
 
 class ValidationRecorder(Recorder):
@@ -295,16 +270,10 @@ def time_to_within(rows, rel=0.01):
     return None, final
 
 
-def fmt(v, spec):
-    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-
-
 def plot(curves, logreg, path, title, n_classes):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is None:
+        return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     colours = {"SEP": "tab:red", "EP": "tab:blue", "SVI": "tab:green", "linear (SGD)": "tab:gray"}
     for label, rows in curves.items():
@@ -343,14 +312,10 @@ def plot(curves, logreg, path, title, n_classes):
 
 def main(argv=None):
     args = parse_args(argv)
-    limiter = None
-    if args.blas_threads is not None:
-        from threadpoolctl import threadpool_limits
-
-        limiter = threadpool_limits(args.blas_threads, user_api="blas")
     C = args.classes
     figure = "Hernandez-Lobato & Hernandez-Lobato (2016), Fig. 4 bottom" if C == 2 else "Villacampa-Calvo & Hernandez-Lobato (2017), Fig. 5 bottom"
-    print_machine(f"Airline delays, {C} classes: test NLL / error against training time ({figure})", argv)
+    started = begin(f"Airline delays, {C} classes: test NLL / error against training time ({figure})", args, argv,
+                    user_api="blas")
     t0 = time.perf_counter()
     X_train, y_train, X_test, y_test, n_all, names = load_split(args)
     rates = "; ".join(f"{name} {np.mean(y_train == c):.4f} / {np.mean(y_test == c):.4f}"
@@ -388,8 +353,7 @@ def main(argv=None):
 
     print("\n### Test NLL and error at training-time checkpoints\n")
     print("Each cell: the last score taken at or before the checkpoint (time = training seconds at that score).\n")
-    print("| method | checkpoint (s) | time (s) | step | epochs | test NLL | test error |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    header(["method", "checkpoint (s)", "time (s)", "step", "epochs", "test NLL", "test error"], "lrrrrrr")
     spe = -(-X_train.shape[0] // 200)
     for label, rows in curves.items():
         if not rows:
@@ -402,20 +366,19 @@ def main(argv=None):
         if not picked or picked[-1][1][1] != rows[-1][1]:
             picked.append(("end", rows[-1]))
         for cname, r in picked:
-            print(f"| {label} | {cname} | {r[0]:.1f} | {r[1]:,} | {r[1] / spe:.3f} | {r[2]:.4f} | {r[3]:.4f} |")
+            row(label, cname, f"{r[0]:.1f}", f"{r[1]:,}", f"{r[1] / spe:.3f}", f"{r[2]:.4f}", f"{r[3]:.4f}")
     (lr_nll, lr_err), lr_seconds = logreg
-    print(f"| LogisticRegression (full data, lbfgs) | – | {lr_seconds:.1f} | – | – | {lr_nll:.4f} | {lr_err:.4f} |")
+    row("LogisticRegression (full data, lbfgs)", "–", f"{lr_seconds:.1f}", "–", "–", f"{lr_nll:.4f}", f"{lr_err:.4f}")
     for label in args.methods:
         info = infos[label.upper()]
-        print(f"| {label.upper()} final model | – | {info['train_seconds']:.1f} | {info['steps']:,} | "
-              f"{info['epochs']:.3f} | {info['final'][0]:.4f} | {info['final'][1]:.4f} |")
+        row(f"{label.upper()} final model", "–", f"{info['train_seconds']:.1f}", f"{info['steps']:,}",
+            f"{info['epochs']:.3f}", f"{info['final'][0]:.4f}", f"{info['final'][1]:.4f}")
 
-    print("\n### Seconds to reach within 1% of the final test NLL\n")
-    print("| method | final NLL (last score) | seconds to within 1% | training seconds run |")
-    print("|---|---:|---:|---:|")
+    header(["method", "final NLL (last score)", "seconds to within 1%", "training seconds run"], "lrrr",
+           "Seconds to reach within 1% of the final test NLL")
     for label, rows in curves.items():
         t, final = time_to_within(rows)
-        print(f"| {label} | {fmt(final, '.4f')} | {fmt(t, '.1f')} | {fmt(rows[-1][0] if rows else None, '.1f')} |")
+        row(label, fmt(final, ".4f"), fmt(t, ".1f"), fmt(rows[-1][0] if rows else None, ".1f"))
 
     print("\n### GP against the linear model\n")
     sgd_rows = curves.get("linear (SGD)", [])
@@ -439,9 +402,7 @@ def main(argv=None):
     plot(curves, logreg, args.plot, f"Airline delays 2008, {C} classes (m = 200{' per class' if C > 2 else ''}, "
                                      f"minibatch 200)", C)
     print(f"\nPlot: {args.plot}")
-    print(f"Total run {time.perf_counter() - t0:.0f} s. {load_line()}")
-    if limiter is not None:
-        limiter.unregister() if hasattr(limiter, "unregister") else None
+    end(started)
 
 
 if __name__ == "__main__":

@@ -84,12 +84,11 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import DEFAULT_DATA_DIR, PROJECT_ROOT, load_line  # noqa: E402
-from _protocol import (RESULTS_DIR, cpu_bound, parse_list, standardise, start, test_scores,  # noqa: E402
-                       users_cluster)
-from airline import labels_from_delay  # noqa: E402
+from _runner import (
+    DEFAULT_DATA_DIR, PROJECT_ROOT, begin, cpu_bound, data_parallel_plans, end, header, load_airline, options, parse,
+    parse_list, patched, row, standardise, test_scores, thread_variables, users_cluster, write_json,
+)
+from _runner import show as fmt
 
 PEERS_DIR = PROJECT_ROOT / ".." / "shared" / "peers"
 PEER_HOME = Path.home() / ".cache" / "agpc-peers"
@@ -103,8 +102,6 @@ TARGET_STEP_RATIO = {"sep": 0.8, "ep": 0.8, "adf": 0.8, "svi": 0.9}
 TARGET_REACH_SECONDS = 30  # the fastest default method reaches GPflow's 60-s NLL within this budget
 TARGET_NLL_MARGIN = 0.002  # ... and is at least this far below it at 60 s
 METHODS = ("sep", "ep", "svi")
-THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 # (module, class or None, function, accept(args, kwargs, result)): the library's function called once per
 # minibatch step, and which calls are steps. EP / SEP / ADF: Trainer.step returns (took, change, log_z), took
@@ -117,9 +114,8 @@ STEP_HOOKS = (
 )
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="smoke test: 10,000 training rows, 3 s budgets, 1 s thread-table fits, no peer")
+    p = options(__doc__, "10,000 training rows, 3 s budgets, 1 s thread-table fits, no peer", seeds="0",
+                out="airline_vs_gpflow")
     p.add_argument("--budgets", default=None, help="comma-separated max_time values in seconds (default 15,60,240)")
     p.add_argument("--methods", default=",".join(METHODS), help="agpc methods (default sep,ep,svi)")
     p.add_argument("--data", default=str(DEFAULT_DATA_DIR / "airline2008.npz"), help="path of airline2008.npz")
@@ -129,20 +125,15 @@ def parse_args(argv=None):
                    help="agpc's initial Z: the peer's cached k-means centres (default) or agpc's own k-means "
                         "(default with --quick)")
     p.add_argument("--no-peer", action="store_true", help="skip the GPflow rows (implied by --quick)")
-    p.add_argument("--seeds", default="0",
-                   help="comma-separated seeds: each budget runs once a seed (agpc's random_state, GPflow's --seed and "
-                        "its k-means Z of that seed); NLL targets use the median over seeds (issue 24: 0,1,2)")
-    p.add_argument("--peer-budgets", default=None,
-                   help="budgets at which GPflow runs (default: every budget; 'none')")
+    p.add_argument("--peer-budgets", default=None, help="budgets at which GPflow runs (default: every budget; 'none')")
     p.add_argument("--peer-python", default=str(PEER_HOME / "gpflow" / "bin" / "python"))
     p.add_argument("--peers-dir", default=str(PEERS_DIR), help="the peer harnesses' folder (default ../shared/peers)")
     p.add_argument("--peer-data", default=str(PEER_HOME / "airline_real"),
                    help="the harness's data folder, written by make_airline_real.py")
     p.add_argument("--peer-threads", type=int, default=os.cpu_count() or 1,
                    help="GPflow's --threads (default: the CPU count)")
-    p.add_argument("--peer-chunk", type=int, default=500,
-                   help="the harness's --round-steps: its time cap is checked every this many steps "
-                        "(default 500; 0: only at real epoch ends)")
+    p.add_argument("--peer-chunk", type=int, default=500, help="the harness's --round-steps: its time cap is checked "
+                   "every this many steps (default 500; 0: only at real epoch ends)")
     p.add_argument("--peer-one-thread-budgets", default=None,
                    help="budgets at which GPflow also runs with one thread (default: the smallest; 'none')")
     p.add_argument("--data-parallel", default="n_jobs,cluster",
@@ -150,33 +141,26 @@ def parse_args(argv=None):
     p.add_argument("--dp-method", default="sep", choices=METHODS, help="method of the data-parallel rows")
     p.add_argument("--workers", type=int, default=2, help="workers of the data-parallel rows (default 2)")
     p.add_argument("--dask-chunk-rows", type=int, default=25_000, help="rows per chunk of the cluster row's array")
-    p.add_argument("--busy", type=int, default=0,
-                   help="extra CPU-bound processes of the loaded table (default 0: no such table)")
+    p.add_argument("--busy", type=int, default=0, help="extra CPU-bound processes of the loaded table (default 0: none)")
     p.add_argument("--busy-budget", type=float, default=None, help="budget of the loaded table (default 60; quick 3)")
     p.add_argument("--thread-table", action="store_true",
                    help="also time SEP steps with 1 and 2 BLAS threads and with nothing set")
     p.add_argument("--thread-budget", type=float, default=None,
                    help="max_time of each thread-table fit (default 20; quick: 1)")
-    p.add_argument("--out", default=None,
-                   help="JSON results path (default benchmarks/results/airline_vs_gpflow[_quick].json)")
-    args = p.parse_args(argv)
-    q = args.quick
-    args.budgets = parse_list(args.budgets or ("3" if q else "15,60,240"), convert=float)
-    args.seeds = parse_list(args.seeds, convert=int)
+    args = parse(p, argv, full=dict(budgets="15,60,240", inducing="peer", thread_budget=20.0, busy_budget=60.0),
+                 quick=dict(budgets="3", n_train=10_000, inducing="kmeans", thread_budget=1.0, busy_budget=3.0))
+    args.budgets = parse_list(args.budgets, convert=float)
     args.peer_budgets = (list(args.budgets) if args.peer_budgets is None else [] if args.peer_budgets == "none"
                          else parse_list(args.peer_budgets, convert=float))
     args.methods = parse_list(args.methods, METHODS, "method")
-    args.n_train = args.n_train if args.n_train is not None else (10_000 if q else None)
-    args.inducing = args.inducing or ("kmeans" if q else "peer")
-    args.no_peer = args.no_peer or q
-    args.thread_budget = args.thread_budget if args.thread_budget is not None else (1.0 if q else 20.0)
-    args.busy_budget = args.busy_budget if args.busy_budget is not None else (3.0 if q else 60.0)
+    args.no_peer = args.no_peer or args.quick
+    if args.blas_threads:
+        p.error("--blas-threads: the agpc rows run as a user runs them, with nothing set (see --thread-table)")
     one_thread = args.peer_one_thread_budgets
     args.peer_one_thread_budgets = ([] if one_thread == "none" else [min(args.budgets)] if one_thread is None
                                     else parse_list(one_thread, convert=float))
     args.data_parallel = [] if args.data_parallel == "none" else parse_list(args.data_parallel, ("n_jobs", "cluster"),
                                                                             "data-parallel row")
-    args.out = Path(args.out or RESULTS_DIR / f"airline_vs_gpflow{'_quick' if q else ''}.json")
     return args
 
 
@@ -184,9 +168,7 @@ def parse_args(argv=None):
 
 def load_split(path, n_train=None):
     """(X_train, y_train, X_test, y_test, n rows) of the peers' airline split; labels 1 = delayed."""
-    with np.load(path, allow_pickle=False) as f:
-        X = np.asarray(f["X"], dtype=np.float64)
-        y = labels_from_delay(np.asarray(f["arr_delay"]), 2, 0.0)
+    X, y, _ = load_airline(path)
     order = np.random.default_rng(SEED).permutation(X.shape[0])
     test, train = order[:N_TEST], order[N_TEST:]
     if n_train is not None:
@@ -242,40 +224,16 @@ class StepClock:
 
     @contextlib.contextmanager
     def counting(self):
-        undo = []
-        for module_name, class_name, name, accept in STEP_HOOKS:
-            try:
-                owner = importlib.import_module(module_name)
-                owner = getattr(owner, class_name) if class_name else owner
-                original = getattr(owner, name)
-            except (ImportError, AttributeError):
-                continue
-            setattr(owner, name, self._wrap(original, accept))
-            undo.append((owner, name, original))
-            self.hooked.append(f"{module_name}.{class_name + '.' if class_name else ''}{name}")
-        try:
+        with contextlib.ExitStack() as hooks:
+            for module_name, class_name, name, accept in STEP_HOOKS:
+                try:
+                    owner = importlib.import_module(module_name)
+                    owner = getattr(owner, class_name) if class_name else owner
+                    hooks.enter_context(patched(owner, name, lambda original, a=accept: self._wrap(original, a)))
+                except (ImportError, AttributeError):
+                    continue
+                self.hooked.append(f"{module_name}.{class_name + '.' if class_name else ''}{name}")
             yield self
-        finally:
-            for owner, name, original in undo:
-                setattr(owner, name, original)
-
-
-@contextlib.contextmanager
-def data_parallel_plans():
-    """The ``DataParallel`` plans the fits inside make (their rounds' record: the steps each worker took)."""
-    from agpc.inference import data_parallel
-
-    plans, real = [], data_parallel.DataParallel.__init__
-
-    def init(plan, *args, **kwargs):
-        real(plan, *args, **kwargs)
-        plans.append(plan)
-
-    data_parallel.DataParallel.__init__ = init
-    try:
-        yield plans
-    finally:
-        data_parallel.DataParallel.__init__ = real
 
 
 def run_agpc(method, budget, data, Z, threads=None, where="one process", fit_data=None, seed=SEED, **params):
@@ -391,10 +349,6 @@ def run_peer(args, budget, threads=None, seed=SEED):
 
 # -- report ----------------------------------------------------------------------------------------
 
-def fmt(value, spec):
-    return "–" if value is None else format(value, spec)
-
-
 def row_name(r):
     if r["library"] == "agpc":
         where = r.get("where", "one process")
@@ -407,10 +361,9 @@ def row_name(r):
 
 
 def print_budget_table(rows, budget, seed=None):
-    print(f"\n### Budget {budget:g} s" + ("" if seed is None else f", seed {seed}") + "\n")
-    print("| run | Z | set-up / init (s) | training (s) | steps | ms / step | rows / s | x SEP | final pass (s) "
-          "| fit wall (s) | test NLL | test error |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    header(["run", "Z", "set-up / init (s)", "training (s)", "steps", "ms / step", "rows / s", "x SEP", "final pass (s)",
+            "fit wall (s)", "test NLL", "test error"], "llrrrrrrrrrr",
+           f"Budget {budget:g} s" + ("" if seed is None else f", seed {seed}"))
     sep = next((r for r in rows if r["library"] == "agpc" and r["method"] == "sep"
                 and r.get("where", "one process") == "one process" and "rows_per_second" in r), None)
     for r in rows:
@@ -418,10 +371,9 @@ def print_budget_table(rows, budget, seed=None):
         z = r.get("inducing", "peer Z (its cache)" if r["library"] == "GPflow" else "")
         rate = r.get("rows_per_second")
         ratio = rate / sep["rows_per_second"] if rate and sep else None
-        print(f"| {row_name(r)} | {z} | {fmt(r.get('setup_seconds'), '.1f')} | {fmt(r.get('train_seconds'), '.1f')} "
-              f"| {fmt(r.get('steps'), ',')} | {fmt(r.get('ms_per_step'), '.2f')} | {fmt(rate, ',.0f')} "
-              f"| {fmt(ratio, '.2f')} | {fmt(r.get('final_seconds'), '.1f')} "
-              f"| {fmt(wall, '.1f')} | {fmt(r.get('nll'), '.4f')} | {fmt(r.get('error'), '.4f')} |")
+        row(row_name(r), z, fmt(r.get("setup_seconds"), ".1f"), fmt(r.get("train_seconds"), ".1f"),
+            fmt(r.get("steps"), ","), fmt(r.get("ms_per_step"), ".2f"), fmt(rate, ",.0f"), fmt(ratio, ".2f"),
+            fmt(r.get("final_seconds"), ".1f"), fmt(wall, ".1f"), fmt(r.get("nll"), ".4f"), fmt(r.get("error"), ".4f"))
     for r in rows:
         if r.get("note"):
             print(f"- {r['library']} {r['method']}: {r['note']}")
@@ -454,10 +406,9 @@ def _peer(rows, threads=None):
 
 def median_table(rows_by_budget):
     """Each run's median over the seeds (test NLL, ms / step), a budget a column pair."""
-    print("\n### Medians over the seeds\n")
     budgets = list(rows_by_budget)
-    print("| run | " + " | ".join(f"{b:g} s: NLL | {b:g} s: ms / step" for b in budgets) + " |")
-    print("|---|" + "---:|---:|" * len(budgets))
+    header(["run", *(f"{b:g} s: {what}" for b in budgets for what in ("NLL", "ms / step"))],
+           "l" + "rr" * len(budgets), "Medians over the seeds")
     names = []
     for rows in rows_by_budget.values():
         for r in rows:
@@ -469,7 +420,7 @@ def median_table(rows_by_budget):
             mine = [r for r in rows_by_budget[b] if row_name(r) == name and r.get("where", "one process") == "one process"]
             cells += [fmt(_median(r.get("nll") for r in mine), ".4f"),
                       fmt(_median(r.get("ms_per_step") for r in mine), ".2f")]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        row(name, *cells)
 
 
 def targets(rows_by_budget):
@@ -545,7 +496,6 @@ def busy_table(args, data, Z):
     """SEP in one process and the data-parallel rows at ``--busy-budget``, each beside ``--busy`` extra CPU-bound
     processes: does a busy core slow the rounds by its share of the CPU only?"""
     budget = args.busy_budget
-    print(f"\n### Beside {args.busy} extra CPU-bound process(es): {args.dp_method.upper()} at {budget:g} s\n")
     rows = []
     with cpu_bound(args.busy):
         rows.append(run_agpc(args.dp_method, budget, data, Z))
@@ -553,12 +503,12 @@ def busy_table(args, data, Z):
         single = dict(args.__dict__, data_parallel=[where])
         with cpu_bound(args.busy):
             rows += data_parallel_rows(argparse.Namespace(**single), budget, data, Z)
-    print("| run | training (s) | steps | rows / s | x one process | test NLL |")
-    print("|---|---:|---:|---:|---:|---:|")
+    header(["run", "training (s)", "steps", "rows / s", "x one process", "test NLL"], "lrrrrr",
+           f"Beside {args.busy} extra CPU-bound process(es): {args.dp_method.upper()} at {budget:g} s")
     for r in rows:
         ratio = r.get("rows_per_second", 0) / rows[0]["rows_per_second"] if rows[0].get("rows_per_second") else None
-        print(f"| {row_name(r)} | {fmt(r.get('train_seconds'), '.1f')} | {fmt(r.get('steps'), ',')} "
-              f"| {fmt(r.get('rows_per_second'), ',.0f')} | {fmt(ratio, '.2f')} | {r['nll']:.4f} |")
+        row(row_name(r), fmt(r.get("train_seconds"), ".1f"), fmt(r.get("steps"), ","),
+            fmt(r.get("rows_per_second"), ",.0f"), fmt(ratio, ".2f"), f"{r['nll']:.4f}")
     return rows
 
 
@@ -577,39 +527,31 @@ def thread_table(args, data, Z):
     alone only when it differs from the BLAS default, so threadpool_limits(2) on 2 cores is 'nothing set'."""
     import agpc
 
-    print(f"\n### Thread policy: ms per SEP step (max_time {args.thread_budget:g} s a fit, one after another)\n")
-    print("| BLAS threads | threadpoolctl reports before fit | steps | ms / step | test NLL |")
-    print("|---|---|---:|---:|---:|")
+    header(["BLAS threads", "threadpoolctl reports before fit", "steps", "ms / step", "test NLL"], "llrrr",
+           f"Thread policy: ms per SEP step (max_time {args.thread_budget:g} s a fit, one after another)")
     settings = [(None, {}), (1, {}), (2, {})]
     if "blas_threads" in agpc.GPClassifier().get_params():
         settings += [(None, {"blas_threads": 1}), (None, {"blas_threads": 2})]
     rows = []
     for threads, params in settings:
-        row = run_agpc("sep", args.thread_budget, data, Z, threads=threads, **params)
-        row.update(params)
-        rows.append(row)
+        fit = run_agpc("sep", args.thread_budget, data, Z, threads=threads, **params)
+        fit.update(params)
+        rows.append(fit)
         label = (f"GPClassifier(blas_threads={params['blas_threads']})" if params else
                  "nothing set" if threads is None else f"{threads} (threadpool_limits)")
-        print(f"| {label} | {row['blas_pool_threads']} | {fmt(row['steps'], ',')} "
-              f"| {fmt(row.get('ms_per_step'), '.2f')} "
-              f"| {row['nll']:.4f} |", flush=True)
+        row(label, fit["blas_pool_threads"], fmt(fit["steps"], ","), fmt(fit.get("ms_per_step"), ".2f"),
+            f"{fit['nll']:.4f}")
     return rows
 
 
 def main(argv=None):
     args = parse_args(argv)
-    start("agpc against GPflow SVGP on the airline split", None, argv)
+    started = begin("agpc against GPflow SVGP on the airline split", args, argv)
     env = ", ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("OPENBLAS_")) or "none"
-    thread_vars = [f"{k}={os.environ[k]}" for k in THREAD_VARIABLES if k in os.environ]
     print(f"- OPENBLAS_* variables: {env}")
     print(f"- BLAS threads threadpoolctl reports before any fit: {blas_thread_counts()}")
-    print(f"- thread-count variables: {', '.join(thread_vars) if thread_vars else 'none set (as a user runs it)'}")
-    if thread_vars:
-        print("- WARNING: a thread count is set in the environment: the agpc rows are not 'nothing set'.")
+    print("\n".join(thread_variables()))
     path = Path(args.data)
-    if not path.exists():
-        print(f"\nData file {path} not found: this benchmark needs ../shared/data/airline2008.npz; skipping.")
-        return
     t0 = time.perf_counter()
     X_train, y_train, X_test, y_test, n_all = load_split(path, args.n_train)
     data = (X_train, y_train, X_test, y_test)
@@ -667,14 +609,10 @@ def main(argv=None):
     if args.thread_table:
         threads = thread_table(args, data, peer_z(args))
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "argv": sys.argv if argv is None else argv, "agpc_kmeans_seconds": kmeans_seconds,
-        "rows": [r for rows in rows_by_budget.values() for r in rows], "thread_table": threads, "busy": busy_rows,
-        "targets": [{"text": t, "met": ok} for t, ok in met], "loadavg_end": os.getloadavg(),
-    }, indent=1, default=str))
-    print(f"\nResults: {args.out}")
-    print(f"Total run {time.perf_counter() - t0:.0f} s. {load_line()}")
+    write_json(args.out, {"argv": sys.argv if argv is None else argv, "agpc_kmeans_seconds": kmeans_seconds,
+                          "rows": [r for rows in rows_by_budget.values() for r in rows], "thread_table": threads,
+                          "busy": busy_rows, "targets": [{"text": t, "met": ok} for t, ok in met]})
+    end(started)
 
 
 if __name__ == "__main__":

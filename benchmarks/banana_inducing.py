@@ -23,44 +23,29 @@ m from 4 to 128), as run here:
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import DEFAULT_DATA_DIR  # noqa: E402
-from _protocol import (  # noqa: E402
-    agpc_model, finish, fit_scored, load_npz, parse_list, split_methods, start, pyplot, save_figure,
-    split_indices, standardise,
-)
+from _protocol import agpc_model, fit_scored, pyplot, save_figure, split_indices, split_methods
+from _runner import begin, end, header, load_npz, options, parse, parse_list, row, standardise
 
 METHODS = ("gfitc", "ep", "sep", "svi")
 OPTIONAL = ("adf", "vi-jj", "vi-taylor")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke test: m = 4,8, 5 iterations, coarse grid")
+    p = options(__doc__, "m = 4,8, 5 iterations, coarse grid", data_dir=True)
     p.add_argument("--m", default=None, help="numbers of inducing points (default 4,8,16,32,64,128)")
-    p.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS + OPTIONAL)}")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS + OPTIONAL)}")
     p.add_argument("--max-iter", type=int, default=None, help="agpc max_iter (default 250; quick 5)")
     p.add_argument("--split", type=int, default=0, help="which random 90/10 split (default 0)")
     p.add_argument("--grid", type=int, default=None, help="points per axis of the probability grid (default 200)")
-    p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="folder with banana.npz (default ../shared/data)")
-    p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads (quick: 1)")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.m = args.m or "4,8"
-        args.max_iter = args.max_iter or 5
-        args.grid = args.grid or 40
-        args.blas_threads = 1 if args.blas_threads is None else args.blas_threads
-    args.m = parse_list(args.m or "4,8,16,32,64,128", convert=int)
-    args.methods = parse_list(args.methods or ",".join(METHODS), METHODS + OPTIONAL, "method")
-    args.max_iter = 250 if args.max_iter is None else args.max_iter
-    args.grid = args.grid or 200
+    args = parse(p, argv, full=dict(m="4,8,16,32,64,128", max_iter=250, grid=200),
+                 quick=dict(m="4,8", max_iter=5, grid=40, blas_threads=1))
+    args.m = parse_list(args.m, convert=int)
+    args.methods = parse_list(args.methods, METHODS + OPTIONAL, "method")
     return args
 
 
@@ -104,7 +89,8 @@ def draw(plt, method, fits, X_train, y_train, grid):
 
 def main(argv=None):
     args = parse_args(argv)
-    limiter, t0 = start("Banana: decision boundary and inducing points against m (Hernandez-Lobato & Hernandez-Lobato (2016), Fig. 2)", args.blas_threads, argv)
+    started = begin("Banana: decision boundary and inducing points against m (Hernandez-Lobato & Hernandez-Lobato (2016), "
+                    "Fig. 2)", args, argv)
     X, y, source = load_banana(args.data_dir)
     train, test = split_indices(X.shape[0], args.split, 0.1)
     X_train, X_test = standardise(X[train], X[test])
@@ -133,9 +119,7 @@ def main(argv=None):
         if plt is not None:
             save_figure(draw(plt, method, fits, X_train, y_train, args.grid),
                         f"banana_inducing_{method}{'_quick' if args.quick else ''}.png")
-    print("\n### Banana, test error / test NLL (fit seconds) against m\n")
-    print("| m | " + " | ".join(args.methods) + " |")
-    print("|---:|" + "---|" * len(args.methods))
+    header(["m", *args.methods], "r" + "l" * len(args.methods), "Banana, test error / test NLL (fit seconds) against m")
     for m in args.m:
         cells = []
         for method in args.methods:
@@ -146,10 +130,10 @@ def main(argv=None):
                 cells.append(f"{err:.3f} / {nll:.3f} ({elapsed:.1f} s)")
             else:
                 cells.append("failed")
-        print(f"| {m} | " + " | ".join(cells) + " |")
+        row(m, *cells)
     if unavailable:
         print("\nNot available in this agpc: " + "; ".join(f"{mt} ({why})" for mt, why in unavailable.items()) + ".")
-    finish(t0, limiter)
+    end(started)
     return 0
 
 

@@ -36,52 +36,48 @@ pass reads the chunks from disk, as a data set larger than the cluster's memory 
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import os
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
+import types
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import limit_blas, load_line, print_machine  # noqa: E402
+from _runner import begin, data_parallel_plans, end, header, options, parse, patched, row, test_scores
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=float, nargs="+", default=[1e6, 1e7], help="training rows per scale cell")
-    p.add_argument("--scaling-rows", type=float, default=1e6, help="rows of the strong-scaling cells")
-    p.add_argument("--inducing", type=int, default=200)
-    p.add_argument("--chunk-rows", type=int, default=250_000, help="rows per dask chunk (one task each)")
-    p.add_argument("--budget", type=float, default=240.0, help="seconds of training per cell")
-    p.add_argument("--scaling-passes", type=int, default=3, help="EP passes timed per strong-scaling cell")
+    p = options(__doc__, "20,000 rows, m = 20, chunks of 5,000, 4 s cells, one SEP data-parallel cell", blas_threads=1)
+    p.add_argument("--rows", type=float, nargs="+", default=None, help="training rows per scale cell (default 1e6 1e7)")
+    p.add_argument("--scaling-rows", type=float, default=None, help="rows of the strong-scaling cells (default 1e6)")
+    p.add_argument("--inducing", type=int, default=None, help="m (default 200)")
+    p.add_argument("--chunk-rows", type=int, default=None, help="rows per dask chunk, one task each (default 250,000)")
+    p.add_argument("--budget", type=float, default=None, help="seconds of training per cell (default 240)")
+    p.add_argument("--scaling-passes", type=int, default=None, help="EP passes timed per strong-scaling cell (default 3)")
     p.add_argument("--store", default="/tmp/agpc-dask-scaling", help="folder of the zarr store (created if missing)")
-    p.add_argument("--methods", nargs="+", default=["sep", "ep"], choices=["sep", "svi", "ep", "ep-files"])
+    p.add_argument("--methods", nargs="+", default=None, choices=["sep", "svi", "ep", "ep-files"],
+                   help="methods of the scale table (default sep ep; quick: and ep-files)")
     p.add_argument("--skip-scaling", action="store_true", help="no strong-scaling table")
     p.add_argument("--only-scaling", action="store_true", help="only the strong-scaling table")
     p.add_argument("--only-minibatch", action="store_true", help="only the data-parallel minibatch table")
     p.add_argument("--skip-minibatch", action="store_true", help="no data-parallel minibatch table")
-    p.add_argument("--mb-rows", type=float, default=1e6, help="rows of the data-parallel minibatch cells (one epoch)")
-    p.add_argument("--mb-methods", nargs="+", default=["sep", "ep", "svi"], choices=["sep", "ep", "svi"])
-    p.add_argument("--local-steps", type=int, nargs="+", default=[1, 4, 16, 64],
-                   help="local steps per round of the 2-worker cells (the 1-worker cell uses the library default)")
-    p.add_argument("--test-rows", type=int, default=100_000, help="held-out rows for the test NLL")
-    p.add_argument("--blas-threads", type=int, default=1, help="BLAS threads of the NumPy cell (workers use 1)")
-    p.add_argument("--quick", action="store_true", help="tiny smoke setting")
-    args = p.parse_args(argv)
+    p.add_argument("--mb-rows", type=float, default=None, help="rows of the data-parallel minibatch cells (one epoch)")
+    p.add_argument("--mb-methods", nargs="+", default=None, choices=["sep", "ep", "svi"],
+                   help="methods of the minibatch cells (default sep ep svi)")
+    p.add_argument("--local-steps", type=int, nargs="+", default=None,
+                   help="local steps per round of the 2-worker cells, default 1 4 16 64 (the 1-worker cell: the "
+                        "library default)")
+    p.add_argument("--test-rows", type=int, default=None, help="held-out rows for the test NLL (default 100,000)")
+    args = parse(p, argv, full=dict(rows=[1e6, 1e7], scaling_rows=1e6, inducing=200, chunk_rows=250_000, budget=240.0,
+                                    scaling_passes=3, methods=["sep", "ep"], mb_rows=1e6,
+                                    mb_methods=["sep", "ep", "svi"], local_steps=[1, 4, 16, 64], test_rows=100_000),
+                 quick=dict(rows=[20_000], scaling_rows=20_000, inducing=20, chunk_rows=5_000, budget=4.0,
+                            scaling_passes=2, methods=["sep", "ep", "ep-files"], mb_rows=20_000, local_steps=[4],
+                            test_rows=2_000, mb_methods=["sep"]))
     if args.quick:
-        args.rows, args.scaling_rows, args.inducing, args.chunk_rows = [20_000], 20_000, 20, 5_000
-        args.budget, args.scaling_passes = 4.0, 2
-        args.mb_rows, args.local_steps, args.test_rows, args.mb_methods = 20_000, [4], 2_000, ["sep"]
-        args.store = os.path.join(args.store + "-quick")
-        if "ep" in args.methods and "ep-files" not in args.methods:
-            args.methods = [*args.methods, "ep-files"]
-    args.rows = [int(r) for r in args.rows]
-    args.scaling_rows = int(args.scaling_rows)
-    args.mb_rows = int(args.mb_rows)
+        args.store += "-quick"
+    args.rows, args.scaling_rows, args.mb_rows = [int(r) for r in args.rows], int(args.scaling_rows), int(args.mb_rows)
     if args.only_minibatch:
         args.methods, args.skip_scaling = [], True
     return args
@@ -109,53 +105,28 @@ def open_data(args, n):
     return da.from_zarr(root["X"])[:n], da.from_zarr(root["y"])[:n]
 
 
-class StepClock:
-    """Times every step the training loop takes (wraps ``Trainer.step`` for the benchmark's duration)."""
+@contextlib.contextmanager
+def step_clock():
+    """Times every step the training loop takes (``Trainer.step`` wrapped): ``clock.times``, the seconds of each step
+    taken, and ``clock.started``, time.time() of the first."""
+    from agpc.inference import training
 
-    def __init__(self):
-        from agpc.inference import training
+    clock = types.SimpleNamespace(times=[], started=None)
 
-        self.training = training
-        self.real = training.Trainer.step
-        self.times = []
-        clock = self
-
-        self.started = None  # time.time() of the first step
-
+    def make(real):
         def step(trainer, *a, **k):
             if clock.started is None:
                 clock.started = time.time()
             t0 = time.perf_counter()
-            out = clock.real(trainer, *a, **k)
+            out = real(trainer, *a, **k)
             if out[0]:
                 clock.times.append(time.perf_counter() - t0)
             return out
 
-        training.Trainer.step = step
+        return step
 
-    def close(self):
-        self.training.Trainer.step = self.real
-
-
-class RoundPlans:
-    """The ``data_parallel.DataParallel`` objects the fits make (each keeps its rounds' costs)."""
-
-    def __init__(self):
-        from agpc.inference import data_parallel
-
-        self.module = data_parallel
-        self.real = data_parallel.DataParallel.__init__
-        self.plans = []
-        real, plans = self.real, self.plans
-
-        def init(plan, *a, **k):
-            real(plan, *a, **k)
-            plans.append(plan)
-
-        data_parallel.DataParallel.__init__ = init
-
-    def close(self):
-        self.module.DataParallel.__init__ = self.real
+    with patched(training.Trainer, "step", make):
+        yield clock
 
 
 def rows_of_rounds(plan):
@@ -214,28 +185,25 @@ def scale_cell(args, method, n):
 
     X, y = open_data(args, n)
     cluster, client = local_cluster(2)
-    clock = StepClock()
-    plans = RoundPlans()
     try:
-        client.run(lambda: __import__("agpc.inference.ep"))  # imports counted in the baseline, not the peak
-        memory = WorkerMemory(client)
-        batch = 200 if method in MINIBATCH else None
-        sites = os.path.join(args.store, "sites") if method == "ep-files" else None
-        t0 = time.perf_counter()
-        GPClassifier(method=method.split("-")[0], n_inducing=args.inducing, batch_size=batch, max_iter=1000,
-                     max_time=args.budget, random_state=0, client=client, site_directory=sites).fit(X, y)
-        wall = time.perf_counter() - t0
-        peak, training_peak, before = memory.stop(clock.started)
+        with step_clock() as clock, data_parallel_plans() as plans:
+            client.run(lambda: __import__("agpc.inference.ep"))  # imports counted in the baseline, not the peak
+            memory = WorkerMemory(client)
+            batch = 200 if method in MINIBATCH else None
+            sites = os.path.join(args.store, "sites") if method == "ep-files" else None
+            t0 = time.perf_counter()
+            GPClassifier(method=method.split("-")[0], n_inducing=args.inducing, batch_size=batch, max_iter=1000,
+                         max_time=args.budget, random_state=0, client=client, site_directory=sites).fit(X, y)
+            wall = time.perf_counter() - t0
+            peak, training_peak, before = memory.stop(clock.started)
     finally:
-        clock.close()
-        plans.close()
         client.close()
         cluster.close()
     steps = clock.times
     row = {"method": method, "n": n, "wall": wall, "train": sum(steps), "steps": len(steps), "peak": peak,
            "training_peak": training_peak, "before": before}
     if method in MINIBATCH:  # data-parallel rounds (the default on a dask array): a step is a round
-        row["rows_seen"] = rows_of_rounds(plans.plans[-1])
+        row["rows_seen"] = rows_of_rounds(plans[-1])
         # max_time bounds the whole fit (set-up included): on a loaded machine a short budget may end before a
         # round, and the cell then has no rate to give
         row["rows_per_s"] = row["rows_seen"] / sum(steps) if steps else float("nan")
@@ -256,46 +224,40 @@ def ep_pass_seconds(args, workers, in_files=False):
     X, y = open_data(args, args.scaling_rows)
     params = dict(method="ep", n_inducing=args.inducing, batch_size=None, max_iter=1, random_state=0,
                   site_directory=os.path.join(args.store, "sites") if in_files else None)
-    clock = StepClock()
-    try:
+    with step_clock() as clock:
         if workers == 0:
             Xn, yn = X.compute(scheduler="threads"), y.compute(scheduler="threads")
             GPClassifier(**params, max_time=0.01).fit(Xn[:2000], yn[:2000])  # warm the imports
             clock.times.clear()
-            _fit_passes(GPClassifier, params, args, Xn, yn, clock)
+            _fit_passes(GPClassifier, params, args, Xn, yn)
         else:
             cluster, client = local_cluster(workers)
             try:
                 X = client.persist(X)  # strong scaling: the passes, not the disk
-                _fit_passes(GPClassifier, dict(params, client=client), args, X, y, clock)
+                _fit_passes(GPClassifier, dict(params, client=client), args, X, y)
             finally:
                 client.close()
                 cluster.close()
-    finally:
-        clock.close()
     return statistics.median(clock.times)
 
 
-def _fit_passes(GPClassifier, params, args, X, y, clock):
+def _fit_passes(GPClassifier, params, args, X, y):
     """Fit until ``--scaling-passes`` passes have been timed (the first 10 are warm-up passes)."""
     from agpc.inference import training
 
-    real = training.Trainer.step
     count = {"n": 0}
 
-    def limited(trainer, *a, **k):
-        count["n"] += 1
-        if count["n"] > args.scaling_passes:
-            raise _Enough
-        return real(trainer, *a, **k)
+    def make(real):
+        def limited(trainer, *a, **k):
+            count["n"] += 1
+            if count["n"] > args.scaling_passes:
+                raise _Enough
+            return real(trainer, *a, **k)
 
-    training.Trainer.step = limited
-    try:
+        return limited
+
+    with patched(training.Trainer, "step", make), contextlib.suppress(_Enough):
         GPClassifier(**params).fit(X, y)
-    except _Enough:
-        pass
-    finally:
-        training.Trainer.step = real
 
 
 class _Enough(Exception):
@@ -317,12 +279,6 @@ def test_rows(args):
     return make_airline_like(args.test_rows, random_state=1)
 
 
-def test_nll(model, X_test, y_test):
-    proba = model.predict_proba(X_test)
-    column = np.searchsorted(model.classes_, y_test)
-    return float(-np.mean(np.log(proba[np.arange(len(y_test)), column])))
-
-
 def minibatch_cell(args, method, workers, local_steps, X_test, y_test):
     """One epoch of minibatch ``method``: workers=0 in this process (rows in memory), else data-parallel on a
     fresh cluster of ``workers`` (rows read from zarr by the workers)."""
@@ -333,9 +289,8 @@ def minibatch_cell(args, method, workers, local_steps, X_test, y_test):
     if X.chunks[0][0] > args.chunk_rows:  # (--quick: the store's 65,536-row chunks would be one shard)
         X, y = X.rechunk({0: args.chunk_rows}), y.rechunk({0: args.chunk_rows})
     params = dict(method=method, n_inducing=args.inducing, batch_size=MB_BATCH, max_iter=1, random_state=0)
-    clock, plans = StepClock(), RoundPlans()
     row = {"method": method, "workers": workers, "local_steps": local_steps}
-    try:
+    with step_clock() as clock, data_parallel_plans() as plans:
         if workers == 0:
             Xn, yn = X.compute(scheduler="threads"), y.compute(scheduler="threads")
             model = GPClassifier(**params).fit(Xn, yn)
@@ -350,7 +305,7 @@ def minibatch_cell(args, method, workers, local_steps, X_test, y_test):
             finally:
                 client.close()
                 cluster.close()
-            plan = plans.plans[-1]
+            plan = plans[-1]
             rounds = plan.rounds[1:] or plan.rounds  # (the first round also reads the chunks)
             row["rows_seen"] = rows_of_rounds(plan)
             row["round_s"] = statistics.median(r["seconds"] for r in rounds)
@@ -360,12 +315,9 @@ def minibatch_cell(args, method, workers, local_steps, X_test, y_test):
             row["received"] = statistics.median(r["bytes_received"] for r in rounds)
             row["shards"] = len(plan.shards)
             row["rounds"] = len(plan.rounds)
-    finally:
-        clock.close()
-        plans.close()
     row["train_s"] = sum(clock.times)
     row["rows_per_s"] = row["rows_seen"] / row["train_s"]
-    row["nll"] = test_nll(model, X_test, y_test)
+    row["nll"] = test_scores(model, X_test, y_test)[0]
     return row
 
 
@@ -381,10 +333,9 @@ def minibatch_section(args):
     print(f"\nData-parallel minibatch training (issue 18): {n:,} airline-like rows (one epoch per cell, chunks of "
           f"{args.chunk_rows:,} rows), m = {args.inducing}, {MB_BATCH} rows a step, test NLL on {args.test_rows:,} "
           f"held-out rows. Library default: {DEFAULT_LOCAL_STEPS} local steps per round.\n")
-    print("| method | where | local steps | rows seen | rows / s | vs one process | vs 1 worker | test NLL | "
-          "NLL - one process | round ms | slowest task ms | overhead ms | KB sent / round | KB back / round | "
-          "peak worker RSS MB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    header(["method", "where", "local steps", "rows seen", "rows / s", "vs one process", "vs 1 worker", "test NLL",
+            "NLL - one process", "round ms", "slowest task ms", "overhead ms", "KB sent / round", "KB back / round",
+            "peak worker RSS MB"])
     cells = []
     for method in args.mb_methods:
         plan = [(0, None), (1, DEFAULT_LOCAL_STEPS)] + [(2, steps) for steps in args.local_steps]
@@ -405,18 +356,17 @@ def minibatch_section(args):
                 return f"{r[key] / 1024:.0f}" if key in r else "-"
 
             peak = f"{r['peak'] / 1024 ** 2:.0f}" if "peak" in r else "-"
-            print(f"| {method} | {where} | {steps or '-'} | {r['rows_seen']:,} | {r['rows_per_s']:,.0f} | "
-                  f"{r['rows_per_s'] / one['rows_per_s']:.2f} | {vs_one_worker} | {r['nll']:.4f} | "
-                  f"{r['nll'] - one['nll']:+.4f} | {ms('round_s')} | {ms('task_s')} | {ms('overhead_s')} | "
-                  f"{kb('sent')} | {kb('received')} | {peak} |", flush=True)
+            row(method, where, steps or "-", f"{r['rows_seen']:,}", f"{r['rows_per_s']:,.0f}",
+                f"{r['rows_per_s'] / one['rows_per_s']:.2f}", vs_one_worker, f"{r['nll']:.4f}",
+                f"{r['nll'] - one['nll']:+.4f}", ms("round_s"), ms("task_s"), ms("overhead_s"), kb("sent"),
+                kb("received"), peak)
     print("\nProjection to more workers (one core each; a model, not a measurement): a round takes the slowest "
           "task's seconds at 2 workers (a shard's work does not depend on the number of shards) plus an "
           "overhead growing linearly in the workers through the 1- and 2-worker overheads measured above "
           "(the driver submits, gathers and combines every shard's factors in turn), plus every shard's bytes "
           f"over a {8 * LINK_BYTES_PER_S / 1e9:.0f} Gb/s link to the driver. Rows per second = workers x local "
           f"steps x {MB_BATCH} / round seconds.\n")
-    print("| method | local steps | workers | round ms (projected) | rows / s (projected) | x one process |")
-    print("|---|---|---|---|---|---|")
+    header(["method", "local steps", "workers", "round ms (projected)", "rows / s (projected)", "x one process"])
     for method in args.mb_methods:
         mine = [r for r in cells if r["method"] == method]
         one_process = next(r for r in mine if r["workers"] == 0)
@@ -430,38 +380,32 @@ def minibatch_section(args):
                 seconds = (two["task_s"] + one["overhead_s"] + (workers - 1) * max(per_worker, 0.0)
                            + workers * bytes_per_shard / LINK_BYTES_PER_S)
                 rate = workers * two["local_steps"] * MB_BATCH / seconds
-                print(f"| {method} | {two['local_steps']} | {workers} | {1000 * seconds:.0f} | {rate:,.0f} | "
-                      f"{rate / one_process['rows_per_s']:.1f} |")
+                row(method, two["local_steps"], workers, f"{1000 * seconds:.0f}", f"{rate:,.0f}",
+                    f"{rate / one_process['rows_per_s']:.1f}")
     return cells
 
 
 def main(argv=None):
     args = parse_args(argv)
-    import distributed  # noqa: F401 (BLAS pools are loaded by now; the limit must see them)
-
-    import agpc  # noqa: F401
-
     # The driver computes the minibatch steps and the m x m algebra: one BLAS thread, like each worker
     # (the nanny starts workers with OMP/OPENBLAS/MKL_NUM_THREADS=1); a spinning second thread on a loaded
     # 2-core machine made a 200 x 200 Cholesky take 0.3 s.
-    limiter = limit_blas(args.blas_threads)  # noqa: F841 (kept alive for the run)
-    print_machine("Distributed training on a LocalCluster (issues 6 and 18)", argv)
+    started = begin("Distributed training on a LocalCluster (issues 6 and 18)", args, argv, imports=("distributed",))
     if args.methods and not args.only_scaling:
         scale_table(args)
     if not args.skip_scaling:
         strong_scaling(args)
     if not (args.only_scaling or args.skip_minibatch):
         minibatch_section(args)
-    print("\n" + load_line())
+    end(started)
 
 
 def scale_table(args):
     mb = 1024.0 ** 2
     print(f"m = {args.inducing}, chunks of {args.chunk_rows:,} rows read from zarr each pass, {args.budget:.0f} s of "
           "training per cell, fresh cluster per cell.\n")
-    print("| method | rows | steps timed | rows / s | s / epoch | s / EP pass with gradient | worker RSS before | "
-          "peak worker RSS, whole fit | peak worker RSS, training steps | fit wall s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    header(["method", "rows", "steps timed", "rows / s", "s / epoch", "s / EP pass with gradient", "worker RSS before",
+            "peak worker RSS, whole fit", "peak worker RSS, training steps", "fit wall s"])
     rows = []
     for method in args.methods:
         for n in args.rows:
@@ -469,9 +413,9 @@ def scale_table(args):
             rows.append(r)
             extrapolated = " (extrapolated)" if method in MINIBATCH and r["rows_seen"] < n else ""
             grad = f"{r['grad_pass_s']:.1f}" if method not in MINIBATCH and np.isfinite(r["grad_pass_s"]) else "-"
-            print(f"| {LABELS[method]} | {n:,} | {r['steps']} | "
-                  f"{r['rows_per_s']:,.0f} | {r['epoch_s']:,.1f}{extrapolated} | {grad} | {r['before'] / mb:.0f} MB | "
-                  f"{r['peak'] / mb:.0f} MB | {r['training_peak'] / mb:.0f} MB | {r['wall']:.0f} |", flush=True)
+            row(LABELS[method], f"{n:,}", r["steps"], f"{r['rows_per_s']:,.0f}", f"{r['epoch_s']:,.1f}{extrapolated}",
+                grad, f"{r['before'] / mb:.0f} MB", f"{r['peak'] / mb:.0f} MB", f"{r['training_peak'] / mb:.0f} MB",
+                f"{r['wall']:.0f}")
     print()
     for method in args.methods:
         cells = sorted((r for r in rows if r["method"] == method), key=lambda r: r["n"])
@@ -492,13 +436,12 @@ def strong_scaling(args):
     one = ep_pass_seconds(args, 1)
     two = ep_pass_seconds(args, 2)
     one_files = ep_pass_seconds(args, 1, in_files=True)
-    print("| path | s / pass | vs NumPy | speed-up vs 1 worker |")
-    print("|---|---|---|---|")
-    print(f"| NumPy, this process, {args.blas_threads} BLAS thread(s) | {numpy_s:.2f} | 1.00 | - |")
+    header(["path", "s / pass", "vs NumPy", "speed-up vs 1 worker"])
+    row(f"NumPy, this process, {args.blas_threads} BLAS thread(s)", f"{numpy_s:.2f}", "1.00", "-")
     for label, seconds in (("Dask, 1 worker", one), ("Dask, 1 worker, sites in files", one_files)):
-        print(f"| {label} | {seconds:.2f} | {seconds / numpy_s:.2f} (overhead "
-              f"{100 * (seconds / numpy_s - 1):+.0f}%) | {one / seconds:.2f} |")
-    print(f"| Dask, 2 workers | {two:.2f} | {two / numpy_s:.2f} | {one / two:.2f} |")
+        row(label, f"{seconds:.2f}", f"{seconds / numpy_s:.2f} (overhead {100 * (seconds / numpy_s - 1):+.0f}%)",
+            f"{one / seconds:.2f}")
+    row("Dask, 2 workers", f"{two:.2f}", f"{two / numpy_s:.2f}", f"{one / two:.2f}")
 
 
 if __name__ == "__main__":

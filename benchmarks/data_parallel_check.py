@@ -36,21 +36,18 @@ Writes ``benchmarks/results/data_parallel_check[_quick].json``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-import os
 import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import load_line, print_machine  # noqa: E402
-from _protocol import RESULTS_DIR, cpu_bound, parse_list, test_scores, users_cluster  # noqa: E402
+from _runner import (
+    begin, cpu_bound, data_parallel_plans, end, header, options, parse, parse_list, patched, row, test_scores,
+    thread_variables, users_cluster, write_json,
+)
+from _runner import show as fmt
 
 CELLS = ("one", "cluster", "n_jobs")
 TARGET_RATIO = 1.4
@@ -58,12 +55,12 @@ TARGET_NLL = 0.005
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=210_000, help="rows generated (default 210,000)")
-    p.add_argument("--train", type=int, default=200_000, help="the first this many train, the rest test")
-    p.add_argument("--chunk-rows", type=int, default=25_000, help="rows per dask chunk (default 25,000)")
-    p.add_argument("--inducing", type=int, default=200)
-    p.add_argument("--batch", type=int, default=200)
+    p = options(__doc__, "22,000 rows, m = 20, chunks of 2,500, minibatch 100", out="data_parallel_check")
+    p.add_argument("--rows", type=int, default=None, help="rows generated (default 210,000)")
+    p.add_argument("--train", type=int, default=None, help="the first this many train, the rest test (default 200,000)")
+    p.add_argument("--chunk-rows", type=int, default=None, help="rows per dask chunk (default 25,000)")
+    p.add_argument("--inducing", type=int, default=None, help="m (default 200)")
+    p.add_argument("--batch", type=int, default=None, help="minibatch rows (default 200)")
     p.add_argument("--epochs", type=int, default=1, help="max_iter (default 1)")
     p.add_argument("--workers", type=int, default=2, help="cluster workers and n_jobs (default 2)")
     p.add_argument("--method", default="sep", choices=["sep", "ep", "adf", "svi"])
@@ -73,15 +70,11 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=1, help="runs of each cell, interleaved (the median is shown)")
     p.add_argument("--busy", type=int, default=0, help="extra CPU-bound processes during every cell (default 0)")
     p.add_argument("--busy-nice", type=int, default=0, help="their niceness (default 0: normal priority)")
-    p.add_argument("--crossover", default=None, help="training sizes of a one-process against n_jobs table")
-    p.add_argument("--quick", action="store_true", help="smoke test: 22,000 rows, m = 20, chunks of 2,500")
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/data_parallel_check[_quick].json)")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.rows, args.train, args.chunk_rows, args.inducing, args.batch = 22_000, 20_000, 2_500, 20, 100
+    p.add_argument("--crossover", default="", help="training sizes of a one-process against n_jobs table")
+    args = parse(p, argv, full=dict(rows=210_000, train=200_000, chunk_rows=25_000, inducing=200, batch=200),
+                 quick=dict(rows=22_000, train=20_000, chunk_rows=2_500, inducing=20, batch=100))
     args.cells = parse_list(args.cells, CELLS, "cell")
-    args.crossover = parse_list(args.crossover, convert=int) if args.crossover else []
-    args.out = Path(args.out or RESULTS_DIR / f"data_parallel_check{'_quick' if args.quick else ''}.json")
+    args.crossover = parse_list(args.crossover, convert=int)
     return args
 
 
@@ -96,35 +89,29 @@ class Phases:
     @contextlib.contextmanager
     def hooked(self):
         from agpc import classifier
-        from agpc.inference import data_parallel, training
+        from agpc.inference import training
 
-        real_init, real_step = classifier.initial_inducing_points, training.Trainer.step
-        real_plan = data_parallel.DataParallel.__init__
-        phases = self
+        def initial_model(real_init):
+            def init(*args, **kwargs):
+                self.marks["init_start"] = time.perf_counter()
+                out = real_init(*args, **kwargs)
+                self.marks["init_end"] = time.perf_counter()
+                return out
 
-        def initial_model(*args, **kwargs):
-            phases.marks["init_start"] = time.perf_counter()
-            out = real_init(*args, **kwargs)
-            phases.marks["init_end"] = time.perf_counter()
-            return out
+            return init
 
-        def step(trainer, *args, **kwargs):
-            t, cpu = time.perf_counter(), time.thread_time()
-            out = real_step(trainer, *args, **kwargs)
-            phases.steps.append((t, time.perf_counter(), time.thread_time() - cpu))
-            return out
+        def step(real_step):
+            def timed(trainer, *args, **kwargs):
+                t, cpu = time.perf_counter(), time.thread_time()
+                out = real_step(trainer, *args, **kwargs)
+                self.steps.append((t, time.perf_counter(), time.thread_time() - cpu))
+                return out
 
-        def plan_init(plan, *args, **kwargs):
-            real_plan(plan, *args, **kwargs)
-            phases.plans.append(plan)
+            return timed
 
-        classifier.initial_inducing_points, training.Trainer.step = initial_model, step
-        data_parallel.DataParallel.__init__ = plan_init
-        try:
+        with patched(classifier, "initial_inducing_points", initial_model), \
+                patched(training.Trainer, "step", step), data_parallel_plans() as self.plans:
             yield self
-        finally:
-            classifier.initial_inducing_points, training.Trainer.step = real_init, real_step
-            data_parallel.DataParallel.__init__ = real_plan
 
     def summary(self, t0, t_end):
         """Seconds of each phase of a fit that ran from t0 to t_end."""
@@ -177,25 +164,19 @@ def run_cell(cell, args, data, cluster_data):
             "nll": nll, "error": err, "n_jobs_used": getattr(model, "n_jobs_", None), **phases.summary(t0, t_end)}
 
 
-def fmt(value, spec):
-    return "-" if value is None else format(value, spec)
-
-
 def print_table(rows, one):
-    print("| cell | fit s | rows / s | x one process | set-up s | k-means s | to first step s | first step / round s "
-          "| rest of training s | end s | rounds | steps a round (first, last) | round overhead ms | CPU ms a step "
-          "| fixed cost s | test NLL | NLL - one |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    header(["cell", "fit s", "rows / s", "x one process", "set-up s", "k-means s", "to first step s",
+            "first step / round s", "rest of training s", "end s", "rounds", "steps a round (first, last)",
+            "round overhead ms", "CPU ms a step", "fixed cost s", "test NLL", "NLL - one"], "lrrrrrrrrrrlrrrrr")
     for r in rows:
         ratio = r["rows_per_second"] / one["rows_per_second"] if one else None
         steps = f"{r['round_steps'][0]}, {r['round_steps'][-1]}" if r.get("round_steps") else "-"
         label = {"one": "one process", "cluster": "user's LocalCluster", "n_jobs": "n_jobs"}[r["cell"]]
-        print(f"| {label} | {r['fit_seconds']:.2f} | {r['rows_per_second']:,.0f} | {fmt(ratio, '.2f')} "
-              f"| {r['before_init']:.2f} | {r['init']:.2f} | {r['to_first_step']:.2f} | {r['first_step']:.3f} "
-              f"| {r['rest_of_training']:.2f} | {r['after_training']:.2f} | {r.get('rounds', '-')} | {steps} "
-              f"| {fmt(r.get('round_overhead') and 1e3 * r['round_overhead'], '.1f')} | {fmt(r['cpu_ms_per_step'], '.2f')} "
-              f"| {fmt(r.get('fixed_cost'), '.2f')} | {r['nll']:.4f} "
-              f"| {fmt(r['nll'] - one['nll'] if one else None, '+.4f')} |")
+        row(label, f"{r['fit_seconds']:.2f}", f"{r['rows_per_second']:,.0f}", fmt(ratio, ".2f"), f"{r['before_init']:.2f}",
+            f"{r['init']:.2f}", f"{r['to_first_step']:.2f}", f"{r['first_step']:.3f}", f"{r['rest_of_training']:.2f}",
+            f"{r['after_training']:.2f}", r.get("rounds", "-"), steps,
+            fmt(r.get("round_overhead") and 1e3 * r["round_overhead"], ".1f"), fmt(r["cpu_ms_per_step"], ".2f"),
+            fmt(r.get("fixed_cost"), ".2f"), f"{r['nll']:.4f}", fmt(r["nll"] - one["nll"] if one else None, "+.4f"))
 
 
 def median_row(runs):
@@ -206,12 +187,10 @@ def median_row(runs):
 
 def main(argv=None):
     args = parse_args(argv)
-    print_machine("The 200,000-row data-parallel check (issue 24)", argv)
+    started = begin("The 200,000-row data-parallel check (issue 24)", args, argv)
     from agpc.datasets import make_airline_like
 
-    thread_vars = [k for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ]
-    print(f"- thread-count variables: {', '.join(thread_vars) if thread_vars else 'none set (as a user runs it)'}")
-    t_start = time.perf_counter()
+    print("\n".join(thread_variables()))
     X, y = make_airline_like(args.rows, random_state=0)
     data = (X[:args.train], y[:args.train], X[args.train:], y[args.train:])
     print(f"- data: make_airline_like({args.rows:,}, random_state=0): {args.train:,} training rows, "
@@ -250,22 +229,18 @@ def main(argv=None):
 
     crossover = []
     if args.crossover:
-        print(f"\n### One process against n_jobs={args.workers}: one epoch at each size\n")
-        print("| training rows | one process s | n_jobs s | n_jobs / one (rows / s) | NLL one | NLL n_jobs |")
-        print("|---:|---:|---:|---:|---:|---:|")
+        header(["training rows", "one process s", "n_jobs s", "n_jobs / one (rows / s)", "NLL one", "NLL n_jobs"],
+               "rrrrrr", f"One process against n_jobs={args.workers}: one epoch at each size")
         for n in args.crossover:
             sized = (data[0][:n], data[1][:n], data[2], data[3])
             with cpu_bound(args.busy, args.busy_nice):
                 pair = [run_cell(cell, args, sized, None) for cell in ("one", "n_jobs")]
             crossover.append({"rows": n, "one": pair[0], "n_jobs": pair[1]})
-            print(f"| {n:,} | {pair[0]['fit_seconds']:.2f} | {pair[1]['fit_seconds']:.2f} "
-                  f"| {pair[0]['fit_seconds'] / pair[1]['fit_seconds']:.2f} | {pair[0]['nll']:.4f} "
-                  f"| {pair[1]['nll']:.4f} |", flush=True)
+            row(f"{n:,}", f"{pair[0]['fit_seconds']:.2f}", f"{pair[1]['fit_seconds']:.2f}",
+                f"{pair[0]['fit_seconds'] / pair[1]['fit_seconds']:.2f}", f"{pair[0]['nll']:.4f}", f"{pair[1]['nll']:.4f}")
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"argv": sys.argv if argv is None else argv, "runs": runs, "crossover": crossover,
-                                    "loadavg_end": os.getloadavg()}, indent=1, default=str))
-    print(f"\nResults: {args.out}. Total {time.perf_counter() - t_start:.0f} s. {load_line()}")
+    write_json(args.out, {"argv": sys.argv if argv is None else argv, "runs": runs, "crossover": crossover})
+    end(started)
 
 
 if __name__ == "__main__":

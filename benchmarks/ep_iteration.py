@@ -42,7 +42,6 @@ of X, sites nu ~ U(0, 0.5), mu ~ N(0, 0.3^2), RBF(lengthscales 1, amplitude 1, n
 
 from __future__ import annotations
 
-import argparse
 import resource
 import statistics
 import sys
@@ -50,16 +49,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import limit_blas, load_line, print_machine  # noqa: E402
+from _runner import begin, end, header, numbers, options, parse, row
 
 TARGET_RATIO = 12.0
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny smoke-test setting (n = 2000, 20000; m = 20, 100)")
+    p = options(__doc__, "n = 2000, 20000; m = 20, 100; one BLAS thread")
     p.add_argument("--ns", default=None, help="comma-separated n values (default 10000,100000,1000000)")
     p.add_argument("--ms", default=None, help="comma-separated m values (default 50,200,500)")
     p.add_argument("-d", "--dim", type=int, default=8, help="input dimension d (default 8)")
@@ -73,18 +69,9 @@ def parse_args(argv=None):
     p.add_argument("--no-block-threads", action="store_true",
                    help="run a pass's row blocks on one Python thread, the BLAS threads of the rule going to BLAS "
                         "(default: as many Python threads as the rule's BLAS threads, each BLAS call on one)")
-    p.add_argument("--blas-threads", type=int, default=None,
-                   help="limit BLAS/OpenMP threads with threadpoolctl; 0 leaves them as configured "
-                        "(default 0, but 1 with --quick: on a small shared machine a multi-threaded BLAS "
-                        "stalls on small matrices whenever another process holds a core)")
-    args = p.parse_args(argv)
-    if args.quick and args.blas_threads is None:
-        args.blas_threads = 1
-    if args.quick:
-        args.ns = args.ns or "2000,20000"
-        args.ms = args.ms or "20,100"
-    args.ns = [int(float(v)) for v in (args.ns or "10000,100000,1000000").split(",")]
-    args.ms = [int(float(v)) for v in (args.ms or "50,200,500").split(",")]
+    args = parse(p, argv, full=dict(ns="10000,100000,1000000", ms="50,200,500"),
+                 quick=dict(ns="2000,20000", ms="20,100", blas_threads=1))
+    args.ns, args.ms = numbers(args.ns), numbers(args.ms)
     return args
 
 
@@ -163,13 +150,12 @@ def step_counts(n_blocks):
     ``n_blocks`` wide row blocks, counted on the counting namespace of tests/array_counting.py (over
     array_api_strict, one thread) on a small problem with the same number of blocks: the counts depend on the
     number of blocks only, not on n or m (tests/test_step_budgets.py)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' counter
     try:
         import array_api_strict
         from array_counting import CountingNamespace
     except ImportError:
         return None
-    from agpc import threads
     from agpc.inference import ep
 
     rows, m, d = 100, 24, 3  # wide blocks (more than 4 rows per inducing point), as a batch pass's are
@@ -193,15 +179,14 @@ def step_counts(n_blocks):
 
 def main(argv=None):
     args = parse_args(argv)
-    import agpc  # loads scipy's BLAS too: --blas-threads and the machine facts must see every pool
+    import agpc
     from agpc import threads
     from agpc.inference import ep
 
-    limiter = limit_blas(args.blas_threads)
     if args.no_block_threads:  # a pass on one Python thread, its threads to BLAS (the library before block threads)
         threads.pass_workers = lambda: 1
 
-    print_machine("Time of one full EP iteration (agpc.inference.ep.evaluate, want_grad=True)")
+    started = begin("Time of one full EP iteration (agpc.inference.ep.evaluate, want_grad=True)", args, argv)
     d = args.dim
     blocks_text = (f"block_rows = min(n, {int(args.block_bytes):,} // (8 m))" if args.block_bytes
                    else "the library's default blocks")
@@ -215,11 +200,10 @@ def main(argv=None):
           f"W a copy (2 n m^2 flops), both summed over the library's default row blocks. Target: iteration / syrk "
           f"<= {TARGET_RATIO:g}. ops / m^3 ops / host syncs: of one iteration as the training loop runs it, counted "
           f"on a small problem (m = 24) with the same number of wide blocks (they depend on nothing else).\n")
-    print(f"| n | m | blocks x rows (threads) | projection | runs | iteration s | Knm.T@Knm s | iteration / Knm.T@Knm "
-          f"| Knm.T@W s | iteration / gemm | target <= {TARGET_RATIO:g} | ops / m^3 ops / host syncs | BLAS threads |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    header(["n", "m", "blocks x rows (threads)", "projection", "runs", "iteration s", "Knm.T@Knm s",
+            "iteration / Knm.T@Knm", "Knm.T@W s", "iteration / gemm", f"target <= {TARGET_RATIO:g}",
+            "ops / m^3 ops / host syncs", "BLAS threads"])
     rows = []
-    t_start = time.perf_counter()
     for n in args.ns:
         rng = np.random.default_rng(args.seed)
         X, y = make_data(n, d, rng)
@@ -254,19 +238,16 @@ def main(argv=None):
             projection = "kept" if ep.projections_fit(n, Z) else "formed again"
             counts = step_counts(n_blocks) if n_blocks <= 200 else None
             counts_text = "n/a" if counts is None else " / ".join(str(c) for c in counts)
-            print(f"| {n:,} | {m} | {n_blocks} x {min(n, rows_per_block):,} ({workers}) | {projection} "
-                  f"| {len(iterations)} | {t_it:.3f} | {t_syrk:.4f} | {ratio:.1f} | {t_gemm:.4f} | {ratio_gemm:.1f} "
-                  f"| {'yes' if ratio <= TARGET_RATIO else 'no'} | {counts_text} | {chosen} |", flush=True)
+            row(f"{n:,}", m, f"{n_blocks} x {min(n, rows_per_block):,} ({workers})", projection, len(iterations),
+                f"{t_it:.3f}", f"{t_syrk:.4f}", f"{ratio:.1f}", f"{t_gemm:.4f}", f"{ratio_gemm:.1f}",
+                "yes" if ratio <= TARGET_RATIO else "no", counts_text, chosen)
             del products
         del X, y, nu, mu, kernel
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
     met = sum(r <= TARGET_RATIO for _, _, r in rows)
     print(f"\nTarget iteration / Knm.T@Knm <= {TARGET_RATIO:g} met in {met} of {len(rows)} configurations.")
-    print(f"Peak RSS (resource.getrusage, ru_maxrss): {peak_kb / 1024:.0f} MiB. "
-          f"Total wall time: {time.perf_counter() - t_start:.0f} s.", flush=True)
-    print(load_line(), flush=True)
-    del limiter
-    return 0
+    print(f"Peak RSS (resource.getrusage, ru_maxrss): {peak_kb / 1024:.0f} MiB.")
+    end(started)
 
 
 if __name__ == "__main__":

@@ -12,19 +12,14 @@ epoch or a batch iteration), the least disturbed record's time divided by its st
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
+from _runner import begin, end, header, options, parse, row
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import load_line, print_machine  # noqa: E402
-
-from agpc import GPClassifier  # noqa: E402
-from agpc.backend import jitter_floor  # noqa: E402
-from agpc.datasets import make_airline_like, make_banana  # noqa: E402
+from agpc import GPClassifier
+from agpc.backend import jitter_floor
+from agpc.datasets import make_airline_like, make_banana
 
 SETTINGS = {
     "sep": dict(method="sep", batch_size=200),
@@ -59,21 +54,17 @@ def fit_and_score(settings, X, y, X_test, y_test, *, m, max_iter, dtype, jitter)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--n", type=int, default=20000, help="training rows (as many test rows)")
-    parser.add_argument("--m", type=int, default=100)
-    parser.add_argument("--epochs", type=int, default=5, help="max_iter: epochs (minibatch) or iterations (batch)")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.n, args.m, args.epochs = 1000, 20, 2
-    print_machine("float32 against float64: test NLL and time per step (CPU, one BLAS thread)")
+    p = options(__doc__, "n = 1000, m = 20, 2 epochs")
+    p.add_argument("--n", type=int, default=None, help="training rows, as many test rows (default 20000)")
+    p.add_argument("--m", type=int, default=None, help="inducing points (default 100)")
+    p.add_argument("--epochs", type=int, default=None, help="max_iter: epochs (minibatch) or iterations (batch); default 5")
+    args = parse(p, argv, full=dict(n=20000, m=100, epochs=5), quick=dict(n=1000, m=20, epochs=2))
+    started = begin("float32 against float64: test NLL and time per step (CPU, one BLAS thread)", args, argv)
     jitter32 = jitter_floor(np.zeros((args.m, 1), dtype=np.float32))
     print(f"n = {args.n} training and {args.n} test rows, m = {args.m}, batch 200, max_iter = {args.epochs}; "
           f"float32 jitter {jitter32:.2e} (100 m eps).\n")
-    print("| data | method | NLL float64 (jitter 1e-6) | NLL float64 (float32's jitter) | NLL float32 | "
-          "NLL float32 - float64 (same jitter) | ms/step float64 | ms/step float32 | speed-up |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    header(["data", "method", "NLL float64 (jitter 1e-6)", "NLL float64 (float32's jitter)", "NLL float32",
+            "NLL float32 - float64 (same jitter)", "ms/step float64", "ms/step float32", "speed-up"])
     for name in ("banana", "airline-like"):
         X, y, X_test, y_test = data(name, args.n)
         for label, settings in SETTINGS.items():
@@ -81,10 +72,9 @@ def main(argv=None):
             default64, _, _ = fit_and_score(settings, X, y, X_test, y_test, dtype="float64", jitter=1e-6, **kw)
             nll64, ms64, _ = fit_and_score(settings, X, y, X_test, y_test, dtype="float64", jitter=jitter32, **kw)
             nll32, ms32, _ = fit_and_score(settings, X, y, X_test, y_test, dtype="float32", jitter=jitter32, **kw)
-            print(f"| {name} | {label} | {default64:.4f} | {nll64:.4f} | {nll32:.4f} | {nll32 - nll64:+.1e} | "
-                  f"{ms64:.2f} | {ms32:.2f} | {ms64 / ms32:.2f}x |", flush=True)
-    print()
-    print(load_line())
+            row(name, label, f"{default64:.4f}", f"{nll64:.4f}", f"{nll32:.4f}", f"{nll32 - nll64:+.1e}", f"{ms64:.2f}",
+                f"{ms32:.2f}", f"{ms64 / ms32:.2f}x")
+    end(started)
 
 
 if __name__ == "__main__":

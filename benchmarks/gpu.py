@@ -40,18 +40,16 @@ the default row blocks (~16 MB per n x m temporary) and in one block (what ``bat
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from _runner import begin, end, numbers, options, parse, parse_list, row
+from _runner import header as table_header
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))  # array_counting.CountingNamespace, shared with the tests
-from _machine import limit_blas, load_line, print_machine  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # array_counting, shared with the tests
 
 METHODS = ("sep", "ep", "svi", "batch-ep")
 NO_GPU = "no GPU on this machine"
@@ -64,43 +62,26 @@ JITTER = 1e-6
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke-test setting (m = 20, 50; batch = 60, 150; 2 repeats)")
+    p = options(__doc__, "m = 20, 50; batch = 60, 150; 2 repeats; one BLAS thread")
     p.add_argument("--ms", default=None, help="comma-separated m values (default 100,200,500,1000)")
     p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 200,1000,10000)")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {','.join(METHODS)}")
     p.add_argument("--dtypes", default="float64,float32", help="comma-separated: float64, float32")
-    p.add_argument("--repeats", type=int, default=5, help="timed steps per configuration, median (default 5)")
+    p.add_argument("--repeats", type=int, default=None, help="timed steps per configuration, median (default 5)")
     p.add_argument("--max-step-seconds", type=float, default=20.0,
                    help="skip a configuration whose first step took longer than this (default 20)")
     p.add_argument("--no-counts", action="store_true", help="skip the counted step (ops, syncs)")
-    p.add_argument("--blas-threads", type=int, default=None,
-                   help="limit BLAS threads with threadpoolctl; 0 leaves them as configured (default 0, but 1 with "
-                        "--quick: on a small shared machine a multi-threaded BLAS stalls on small products whenever "
-                        "another process holds a core)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", action="store_true",
                    help="print docs/gpu.md's model table (launches, bytes, H100 time; m = 200, 1000 x batch = 200, "
                         "2000, 20000 unless --ms / --batches) instead of timing")
-    args = p.parse_args(argv)
-    if args.model:
-        args.ms = args.ms or "200,1000"
-        args.batches = args.batches or "200,2000,20000"
-    if args.quick and args.blas_threads is None:
-        args.blas_threads = 1
-    if args.quick:
-        args.ms = args.ms or "20,50"
-        args.batches = args.batches or "60,150"
-        args.repeats = min(args.repeats, 2)
-    args.ms = [int(float(v)) for v in (args.ms or "100,200,500,1000").split(",")]
-    args.batches = [int(float(v)) for v in (args.batches or "200,1000,10000").split(",")]
-    args.methods = [v.strip() for v in args.methods.split(",") if v.strip()]
-    unknown = sorted(set(args.methods) - set(METHODS))
-    if unknown:
-        p.error(f"unknown methods {unknown}: use {','.join(METHODS)}")
-    args.dtypes = [v.strip() for v in args.dtypes.split(",") if v.strip()]
-    if not set(args.dtypes) <= {"float64", "float32"}:
-        p.error("--dtypes takes float64 and float32")
+    model = "--model" in (sys.argv[1:] if argv is None else argv)
+    args = parse(p, argv, full=dict(ms="200,1000" if model else "100,200,500,1000", repeats=5,
+                                    batches="200,2000,20000" if model else "200,1000,10000"),
+                 quick=dict(ms="20,50", batches="60,150", repeats=2, blas_threads=1))
+    args.ms, args.batches = numbers(args.ms), numbers(args.batches)
+    args.methods = parse_list(args.methods, METHODS, "method")
+    args.dtypes = parse_list(args.dtypes, ("float64", "float32"), "dtype")
     return args
 
 
@@ -146,10 +127,9 @@ class Step:
     """A warmed-up trainer for one configuration in namespace ``xp``; calling it takes one step."""
 
     def __init__(self, xp, problem, method, batch):
+        from agpc import backend
         from agpc.inference import training
         from agpc.kernels import RBF
-
-        from agpc import backend
 
         X, y, Z = (xp.asarray(a) for a in problem)
         kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=1e-3).for_inputs(X)
@@ -273,15 +253,14 @@ def run(args):
               "syncs", "model ms (H100)"]
     header += (["GPU ms/step", "GPU step/GEMM", "GPU rows/s", "GPU speed-up", "GPU syncs"] if gpu_xp is not None
                else ["GPU"])
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
+    table_header(header)
     for method in args.methods:
         for m in args.ms:
             for batch in args.batches:
                 for dtype in args.dtypes:
                     cells = [method, str(m), str(batch), dtype]
                     if dtypes[dtype] is not None:
-                        print("| " + " | ".join(cells + ["n/a"] * (len(header) - len(cells))) + " |", flush=True)
+                        row(*cells, *["n/a"] * (len(header) - len(cells)))
                         continue
                     try:
                         cells += config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype)
@@ -289,7 +268,7 @@ def run(args):
                         if dtype == "float64":
                             raise
                         cells += [f"n/a ({type(exc).__name__}: {exc})"[:120]] + ["n/a"] * (len(header) - 5)
-                    print("| " + " | ".join(cells) + " |", flush=True)
+                    row(*cells)
     if gpu_xp is None:
         print(f"\nGPU columns: {NO_GPU} ({no_gpu_reason}).")
     for dtype in args.dtypes:
@@ -321,15 +300,15 @@ def config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype):
 def model_table(args):
     """docs/gpu.md's table: each step counted on a mocked CuPy, priced on an H100 SXM."""
     import pytest
-    from agpc.backend import DeviceThroughput
-    from agpc.inference import training
-    from agpc.kernels import RBF
     from cupy_mock import MockCupy
     from step_cost import step_cost
 
-    print("| method | m | batch | dtype | blocks | launches | GFLOP | MB moved | launch ms | device ms | model ms | "
-          "bound by |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    from agpc.backend import DeviceThroughput
+    from agpc.inference import training
+    from agpc.kernels import RBF
+
+    table_header(["method", "m", "batch", "dtype", "blocks", "launches", "GFLOP", "MB moved", "launch ms", "device ms",
+                  "model ms", "bound by"])
     for method in [m for m in args.methods if m != "batch-ep"]:
         for m in args.ms:
             for batch in args.batches:
@@ -349,22 +328,22 @@ def model_table(args):
                         h100 = DeviceThroughput("H100 SXM", 66.9e12 if dtype == "float32" else 33.5e12, 3.35e12)
                         launch, device, step = cost.seconds(h100)
                         blocks = "one" if one_block else "default"
-                        print(f"| {method} | {m} | {batch} | {dtype} | {blocks} | {cost.launches} | "
-                              f"{cost.flops / 1e9:.3g} | {cost.bytes / 1e6:.3g} | {_ms(launch)} | {_ms(device)} | "
-                              f"{_ms(step)} | {'launches' if launch >= device else 'arithmetic'} |", flush=True)
+                        row(method, m, batch, dtype, blocks, cost.launches, f"{cost.flops / 1e9:.3g}",
+                            f"{cost.bytes / 1e6:.3g}", _ms(launch), _ms(device), _ms(step),
+                            "launches" if launch >= device else "arithmetic")
     auto_batch_table()
 
 
 def auto_batch_table():
     """The rows a step ``batch_size="auto"`` takes on three GPUs (device properties mocked), n = 10^8."""
     import pytest
-    from agpc import GPClassifier
     from cupy_mock import A100_PROPERTIES, H100_PROPERTIES, RTX4090_PROPERTIES, MockCupy
+
+    from agpc import GPClassifier
 
     ms = (100, 200, 500, 1000)
     print("\nbatch_size='auto' on a GPU (SEP / EP / ADF; n = 10^8 rows, 40 GiB free):\n")
-    print("| device | dtype | " + " | ".join(f"m = {m}" for m in ms) + " |")
-    print("|---|---|" + "---|" * len(ms))
+    table_header(["device", "dtype", *(f"m = {m}" for m in ms)])
     for name, properties in (("H100 SXM", H100_PROPERTIES), ("A100 SXM", A100_PROPERTIES),
                              ("RTX 4090", RTX4090_PROPERTIES)):
         for dtype in ("float64", "float32"):
@@ -374,19 +353,15 @@ def auto_batch_table():
                     mock = MockCupy(patch, properties=properties)
                     Z = mock.put(np.zeros((m, N_FEATURES)), dtype=dtype)
                     cells.append(f"{GPClassifier(method='sep', dtype=dtype)._batch_size_for(10**8, mock.xp, Z):,}")
-            print(f"| {name} | {dtype} | " + " | ".join(cells) + " |")
+            row(name, dtype, *cells)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    limiter = limit_blas(args.blas_threads)  # noqa: F841 (kept alive for the run)
-    if args.model:
-        print_machine("One training step on a GPU, modelled (benchmarks/gpu.py --model)", argv)
-        model_table(args)
-        return
-    print_machine("One training step on NumPy and on a GPU (benchmarks/gpu.py)", argv)
-    run(args)
-    print(f"\n{load_line()}")
+    title = "One training step on a GPU, modelled" if args.model else "One training step on NumPy and on a GPU"
+    started = begin(f"{title} (benchmarks/gpu.py)", args, argv)
+    model_table(args) if args.model else run(args)
+    end(started)
 
 
 if __name__ == "__main__":

@@ -38,33 +38,23 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import PROJECT_ROOT, load_line, print_machine  # noqa: E402
+from _runner import PROJECT_ROOT, begin, end, header, numbers, options, parse, row
 
 MB = 1024.0 * 1024.0
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke test: n = 1e4, 1e5, max_time 3 s")
+    p = options(__doc__, "n = 1e4, 1e5, max_time 3 s")
     p.add_argument("--ns", default=None, help="comma-separated n (default 1e5,1e6,1e7)")
     p.add_argument("--methods", default="sep,ep")
     p.add_argument("--max-time", type=float, default=None, help="max_time of each fit (default 60; quick: 3)")
     p.add_argument("--dir", default=None, help="parent folder for the data (default: a new folder under /tmp)")
-    p.add_argument("--blas-threads", type=int, default=None,
-                   help="limit BLAS threads (threadpoolctl) in the parent and the children")
     p.add_argument("--no-tracemalloc", action="store_true", help="children do not run tracemalloc")
     p.add_argument("--child", nargs=3, metavar=("METHOD", "FOLDER", "MAX_TIME"), help=argparse.SUPPRESS)
     p.add_argument("--child-tracemalloc", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.ns = args.ns or "1e4,1e5"
-        args.max_time = args.max_time if args.max_time is not None else 3.0
-    args.ns = [int(float(v)) for v in (args.ns or "1e5,1e6,1e7").split(",")]
-    args.max_time = args.max_time if args.max_time is not None else 60.0
-    args.methods = [m for m in args.methods.split(",") if m]
+    args = parse(p, argv, full=dict(ns="1e5,1e6,1e7", max_time=60.0), quick=dict(ns="1e4,1e5", max_time=3.0))
+    args.ns, args.methods = numbers(args.ns), [m for m in args.methods.split(",") if m]
     return args
 
 
@@ -164,11 +154,7 @@ def main(argv=None):
         method, folder, max_time = args.child
         child(method, folder, float(max_time), args.child_tracemalloc, args.blas_threads)
         return
-    if args.blas_threads is not None:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(args.blas_threads, user_api="blas")
-    print_machine("Peak memory of out-of-core training (memmaps) against n", argv)
+    started = begin("Peak memory of out-of-core training (memmaps) against n", args, argv, user_api="blas")
     from agpc.datasets import make_airline_like
 
     use_tm = not args.no_tracemalloc
@@ -177,7 +163,6 @@ def main(argv=None):
     print(f"Data folder: {root} (removed at the end). max_time {args.max_time:g} s, max_iter 1, m = 200, "
           f"minibatch 200; tracemalloc in the children: {'yes' if use_tm else 'no'}.\n", flush=True)
     results = {}
-    t_start = time.perf_counter()
     try:
         for n in args.ns:
             folder = os.path.join(root, f"n{n}")
@@ -203,15 +188,14 @@ def main(argv=None):
 
     print("\n### Peak memory above the baseline child (imports + open memmaps)\n")
     print("MB = 2^20 bytes. Growth columns: bytes per extra row from the previous n.\n")
-    print("| method | n | ru_maxrss (MB) | peak RssAnon (MB) | tracemalloc peak (MB) | RssFile at end (MB) "
-          "| ru_maxrss growth (B/row) | RssAnon growth (B/row) | tracemalloc growth (B/row) | fit (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    header(["method", "n", "ru_maxrss (MB)", "peak RssAnon (MB)", "tracemalloc peak (MB)", "RssFile at end (MB)",
+            "ru_maxrss growth (B/row)", "RssAnon growth (B/row)", "tracemalloc growth (B/row)", "fit (s)"], "lrrrrrrrrr")
     base_rows = {n: results.get(("baseline", n)) for n in args.ns}
     for n in args.ns:
         b = base_rows[n]
         if b:
-            print(f"| baseline (absolute) | {n:,} | {b['ru_maxrss'] / MB:.1f} | {b['peak_anon'] / MB:.1f} | "
-                  f"{b.get('tracemalloc_peak', 0) / MB:.1f} | {b['file_end'] / MB:.1f} | | | | |")
+            row("baseline (absolute)", f"{n:,}", f"{b['ru_maxrss'] / MB:.1f}", f"{b['peak_anon'] / MB:.1f}",
+                f"{b.get('tracemalloc_peak', 0) / MB:.1f}", f"{b['file_end'] / MB:.1f}", "", "", "", "")
     for method in args.methods:
         prev = None
         for n in args.ns:
@@ -227,10 +211,10 @@ def main(argv=None):
             if prev is not None:
                 dn = n - prev[0]
                 growth = [f"{(v[k] - prev[1][k]) / dn:.1f}" for k in ("rss", "anon", "tm")]
-            print(f"| {method} | {n:,} | {v['rss'] / MB:.1f} | {v['anon'] / MB:.1f} | {v['tm'] / MB:.1f} | "
-                  f"{r['file_end'] / MB:.1f} | {growth[0]} | {growth[1]} | {growth[2]} | {r['fit_seconds']:.1f} |")
+            row(method, f"{n:,}", f"{v['rss'] / MB:.1f}", f"{v['anon'] / MB:.1f}", f"{v['tm'] / MB:.1f}",
+                f"{r['file_end'] / MB:.1f}", *growth, f"{r['fit_seconds']:.1f}")
             prev = (n, v)
-    print(f"\nTotal run {time.perf_counter() - t_start:.0f} s. {load_line()}")
+    end(started)
 
 
 if __name__ == "__main__":

@@ -26,20 +26,15 @@ figure ± SE (Table 1, m = 25%) and whether the two targets of issue 29 hold for
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import small_data_defaults as study  # noqa: E402
-import uci_binary  # noqa: E402
-from _machine import DEFAULT_DATA_DIR  # noqa: E402
-from _protocol import (  # noqa: E402
-    finish, load_npz, mean_se, parse_list, run_grid, split_indices, standardised_splits, start, write_results_json,
-)
+import small_data_defaults as study
+import uci_binary
+from _protocol import finish_grid, mean_se, run_grid, split_indices, standardised_splits
+from _runner import begin, header, load_npz, options, parse, parse_list, row
 
 TEST_SETS = study.TEST_SETS
 CANDIDATE = re.compile(r"^(auto|all|logreg|m(\d+)(-fixed)?)(-es)?$")
@@ -69,27 +64,18 @@ class HeldOutStopping:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke test: moons-300, 1 split, auto and logreg")
-    p.add_argument("--sets", default="test", help="'study', 'test' or a comma list of set names (default test)")
-    p.add_argument("--candidates", default="auto,logreg", help="comma list: auto, all, mK, mK-fixed, logreg")
+    p = options(__doc__, "moons-300, 1 split, auto and logreg, 5 iterations", data_dir=True)
+    p.add_argument("--sets", default=None, help="'study', 'test' or a comma list of set names (default test)")
+    p.add_argument("--candidates", default=None, help="comma list: auto, all, mK, mK-fixed, logreg (default auto,logreg)")
     p.add_argument("--reference", default="logreg", help="the candidate the paired differences are taken to")
-    p.add_argument("--splits", type=int, default=20, help="random 90/10 splits (default 20)")
+    p.add_argument("--splits", type=int, default=None, help="random 90/10 splits (default 20)")
     p.add_argument("--first-split", type=int, default=0, help="number of the first split (default 0; e.g. 100)")
-    p.add_argument("--max-iter", type=int, default=None, help="agpc max_iter (default: the library's)")
-    p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="folder with the .npz files (default ../shared/data)")
+    p.add_argument("--max-iter", type=int, default=None, help="agpc max_iter (default: the library's; quick 5)")
     p.add_argument("--json", default=None, help="also write the per-split results to this JSON file")
-    p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.sets, args.candidates, args.splits, args.max_iter = "moons-300", "auto,logreg", 1, args.max_iter or 5
-        args.blas_threads = 1 if args.blas_threads is None else args.blas_threads
-    if args.sets == "study":
-        args.sets = list(study.DATASETS)
-    elif args.sets == "test":
-        args.sets = list(TEST_SETS)
-    else:
-        args.sets = parse_list(args.sets, study.DATASETS + TEST_SETS, "set")
+    args = parse(p, argv, full=dict(sets="test", candidates="auto,logreg", splits=20),
+                 quick=dict(sets="moons-300", candidates="auto,logreg", splits=1, max_iter=5, blas_threads=1))
+    named = {"study": list(study.DATASETS), "test": list(TEST_SETS)}
+    args.sets = named.get(args.sets) or parse_list(args.sets, study.DATASETS + TEST_SETS, "set")
     args.candidates = parse_list(args.candidates)
     bad = [c for c in args.candidates if not CANDIDATE.match(c)]
     if bad:
@@ -122,17 +108,14 @@ def make_model(candidate, split, max_iter):
 
 def load(name, data_dir):
     if name in TEST_SETS:
-        path = Path(data_dir) / f"{name}.npz"
-        return load_npz(data_dir, name)[:2] if path.is_file() else None
+        return load_npz(data_dir, name)[:2] if (Path(data_dir) / f"{name}.npz").is_file() else None
     return study.load(name, data_dir)
 
 
 def print_table(results, found, candidates, reference, test_sets):
-    print("\n### Test NLL (mean ± SE over the splits), paired difference to " + reference
-          + " (± SE of the paired difference), median fit seconds\n")
-    print("| set | n_train | d | classes | candidate | test NLL | - " + reference + " | median fit s | median CPU s | "
-          "errors |")
-    print("|---|---:|---:|---:|---|---|---|---:|---:|---:|")
+    header(["set", "n_train", "d", "classes", "candidate", "test NLL", f"- {reference}", "median fit s", "median CPU s",
+            "errors"], "lrrrlllrrr", f"Test NLL (mean ± SE over the splits), paired difference to {reference} (± SE of "
+           "the paired difference), median fit seconds")
     for name, (d, n_classes) in found.items():
         ref = results.get((name, 0.0, reference))
         for candidate in candidates:
@@ -144,17 +127,15 @@ def print_table(results, found, candidates, reference, test_sets):
             if ref is not None and candidate != reference and len(ref.nll) == len(rec.nll):
                 diff, diff_se, _ = mean_se(np.asarray(rec.nll) - np.asarray(ref.nll))
                 cell = f"{diff:+.3f} ± {diff_se:.3f}"
-            print(f"| {name} | {rec.n_train} | {d} | {n_classes} | {candidate} | {mean:.3f} ± {se:.3f} | {cell} | "
-                  f"{np.median(rec.time):.2f} | {np.median(rec.cpu):.2f} | {len(rec.failures)} |")
+            row(name, rec.n_train, d, n_classes, candidate, f"{mean:.3f} ± {se:.3f}", cell, f"{np.median(rec.time):.2f}",
+                f"{np.median(rec.cpu):.2f}", len(rec.failures))
     checks = [n for n in found if n in test_sets]
     if not checks:
         return
     paper = uci_binary.PAPER_TABLE1[0.25]
-    print("\n### Issue 29's targets on the test sets: test NLL <= paper SEP + SE (Table 1, m = 25%, ± / sqrt(20)), "
-          f"and - {reference} <= one SE of the paired difference\n")
-    print("| set | candidate | test NLL | paper SEP ± SE | <= paper + SE | - " + reference + " | <= SE | median fit s | "
-          "median CPU s |")
-    print("|---|---|---|---|---|---|---|---:|---:|")
+    header(["set", "candidate", "test NLL", "paper SEP ± SE", "<= paper + SE", f"- {reference}", "<= SE", "median fit s",
+            "median CPU s"], "lllllllrr", "Issue 29's targets on the test sets: test NLL <= paper SEP + SE (Table 1, "
+           f"m = 25%, ± / sqrt(20)), and - {reference} <= one SE of the paired difference")
     for name in checks:
         ref = results.get((name, 0.0, reference))
         p_mean, p_pm = paper[name][1]
@@ -169,9 +150,9 @@ def print_table(results, found, candidates, reference, test_sets):
             mean, se, _ = mean_se(rec.nll)
             diff, diff_se, _ = mean_se(np.asarray(rec.nll) - np.asarray(ref.nll))
             paper_ok = "near chance" if near_chance else ("yes" if mean <= p_mean + p_se else "**no**")
-            print(f"| {name} | {candidate} | {mean:.3f} ± {se:.3f} | {p_mean:.2f} ± {p_se:.3f} | {paper_ok} | "
-                  f"{diff:+.3f} ± {diff_se:.3f} | {'yes' if diff <= diff_se else '**no**'} | "
-                  f"{np.median(rec.time):.2f} | {np.median(rec.cpu):.2f} |")
+            row(name, candidate, f"{mean:.3f} ± {se:.3f}", f"{p_mean:.2f} ± {p_se:.3f}", paper_ok,
+                f"{diff:+.3f} ± {diff_se:.3f}", "yes" if diff <= diff_se else "**no**", f"{np.median(rec.time):.2f}",
+                f"{np.median(rec.cpu):.2f}")
 
 
 found_labels = {}
@@ -179,10 +160,8 @@ found_labels = {}
 
 def main(argv=None):
     args = parse_args(argv)
-    import sklearn.linear_model  # noqa: F401  (before the BLAS limit)
-
-    limiter, t0 = start("Model size by the data: n_inducing candidates, nothing else set, against logistic regression",
-                        args.blas_threads, argv)
+    started = begin("Model size by the data: n_inducing candidates, nothing else set, against logistic regression",
+                    args, argv)
     tasks, found = {}, {}
     for name in args.sets:
         data = load(name, args.data_dir)
@@ -199,9 +178,7 @@ def main(argv=None):
     results = run_grid(tasks, splits, [0.0], args.candidates,
                        lambda candidate, m, split: make_model(candidate, split, args.max_iter), lambda *_: 0)
     print_table(results, found, args.candidates, args.reference, TEST_SETS)
-    if args.json:
-        write_results_json(args.json, results)
-    finish(t0, limiter)
+    finish_grid(started, args.json, results)
     return 0
 
 

@@ -24,18 +24,15 @@ that difference is beyond one SE. The summary counts them per method.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import DEFAULT_DATA_DIR  # noqa: E402
-from _protocol import (  # noqa: E402
-    ML_SUFFIX, agpc_model, finish, load_npz, mean_se, parse_list, run_grid, split_indices, split_methods,
-    standardised_splits, start, with_ml_twins, write_results_json,
+from _protocol import (
+    ML_SUFFIX, agpc_model, finish_grid, mean_se, run_grid, split_indices, split_methods, standardised_splits,
+    with_ml_twins,
 )
+from _runner import begin, header, load_npz, options, parse, parse_list, row
 
 GENERATED = ("banana", "clf-300x10", "clf-1000x30", "moons-300", "circles-300", "clf-700x8", "clf-700x14")
 BUNDLED = ("digits-3v8", "digits-1v7", "iris", "wine")
@@ -47,8 +44,7 @@ SAMPLE_SEED = 0  # the 1000-row samples of waveform and satellite
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke test: moons-300 and iris, 1 split, 3 iterations")
+    p = options(__doc__, "moons-300 and iris, 1 split, 3 iterations", data_dir=True)
     p.add_argument("--datasets", default=None, help=f"comma-separated subset of {','.join(DATASETS)} (default all)")
     p.add_argument("--methods", default="ep", help=f"comma-separated subset of {','.join(METHODS)} (default ep)")
     p.add_argument("--splits", type=int, default=None, help="random 90/10 splits (default 5; quick 1)")
@@ -56,20 +52,11 @@ def parse_args(argv=None):
     p.add_argument("--max-m", type=int, default=100, help="at most this many inducing points (default 100)")
     p.add_argument("--max-iter", type=int, default=None, help="agpc max_iter (default 250, the library's; quick 3)")
     p.add_argument("--test-fraction", type=float, default=0.10)
-    p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR),
-                   help="folder with the .npz files (default ../shared/data)")
     p.add_argument("--json", default=None, help="also write the per-split results to this JSON file")
-    p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads (quick: 1)")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.datasets = args.datasets or "moons-300,iris"
-        args.splits = args.splits or 1
-        args.max_iter = args.max_iter or 3
-        args.blas_threads = 1 if args.blas_threads is None else args.blas_threads
-    args.datasets = parse_list(args.datasets or ",".join(DATASETS), DATASETS, "dataset")
+    args = parse(p, argv, full=dict(datasets=",".join(DATASETS), splits=5, max_iter=250),
+                 quick=dict(datasets="moons-300,iris", splits=1, max_iter=3, blas_threads=1))
+    args.datasets = parse_list(args.datasets, DATASETS, "dataset")
     args.methods = parse_list(args.methods, METHODS, "method")
-    args.splits = args.splits or 5
-    args.max_iter = 250 if args.max_iter is None else args.max_iter
     return args
 
 
@@ -120,9 +107,8 @@ def verdict(after, before):
 
 def print_study(results, found, methods, fraction):
     counts = {}
-    print("\n### Test NLL before (kernel_prior=None) and after (kernel_prior=\"auto\"): mean ± SE over the splits\n")
-    print("| dataset | n_train | d | classes | m | method | before | after | after - before | |")
-    print("|---|---:|---:|---:|---:|---|---|---|---|---|")
+    header(["dataset", "n_train", "d", "classes", "m", "method", "before", "after", "after - before", ""],
+           "lrrrrlllll", "Test NLL before (kernel_prior=None) and after (kernel_prior=\"auto\"): mean ± SE over the splits")
     for name, (d, n_classes) in found.items():
         for method in methods:
             before, after = results.get((name, fraction, method + ML_SUFFIX)), results.get((name, fraction, method))
@@ -133,8 +119,7 @@ def print_study(results, found, methods, fraction):
             counts[method][word] += 1
             counts[method]["sets"] += 1
             cells = [f"{mean_se(v)[0]:.3f} ± {mean_se(v)[1]:.3f}" for v in (before.nll, after.nll)]
-            print(f"| {name} | {after.n_train} | {d} | {n_classes} | {after.m} | {method} | " + " | ".join(cells)
-                  + f" | {mean:+.3f} ± {se:.3f} | {word} |")
+            row(name, after.n_train, d, n_classes, after.m, method, *cells, f"{mean:+.3f} ± {se:.3f}", word)
     print("\nBetter / worse: the paired difference beyond one standard error of it.\n")
     for method, c in counts.items():
         print(f"- {method}: better on {c['better']} of {c['sets']} sets, worse on {c['worse']}, "
@@ -144,8 +129,8 @@ def print_study(results, found, methods, fraction):
 
 def main(argv=None):
     args = parse_args(argv)
-    limiter, t0 = start("Small-data defaults: kernel_prior=None against \"auto\" on sets other than the test sets",
-                        args.blas_threads, argv)
+    started = begin("Small-data defaults: kernel_prior=None against \"auto\" on sets other than the test sets",
+                    args, argv)
     methods, unavailable = split_methods(with_ml_twins(args.methods), 3)
     if unavailable:
         print("Not available: " + "; ".join(f"{m} ({why})" for m, why in unavailable.items()))
@@ -168,9 +153,7 @@ def main(argv=None):
     results = run_grid(tasks, args.splits, [args.fraction], methods,
                        lambda method, m, split: agpc_model(method, m, split, args.max_iter, "kmeans"), count)
     print_study(results, found, args.methods, args.fraction)
-    if args.json:
-        write_results_json(args.json, results)
-    finish(t0, limiter)
+    finish_grid(started, args.json, results)
     return 0
 
 

@@ -43,9 +43,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import PROJECT_ROOT, load_line, print_machine  # noqa: E402
+from _runner import PROJECT_ROOT, begin, end, header, options, parse, parse_list, row
 
 METHODS = ("sep", "ep", "adf", "svi")
 PATHS = ("fast", "reference")
@@ -53,26 +51,21 @@ MARKER = "time_thread_time"  # the C function callgrind dumps before: agpc never
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = options(__doc__, "m = 20, minibatch 30, n = 600, 2 + 6 steps")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated, of sep, ep, adf, svi")
-    p.add_argument("--m", type=int, default=200, help="inducing points (default 200)")
-    p.add_argument("--batch", type=int, default=200, help="minibatch rows (default 200)")
-    p.add_argument("--n", type=int, default=20_000, help="training rows (default 20,000)")
-    p.add_argument("--steps", type=int, default=200, help="steps timed per method and path (default 200)")
-    p.add_argument("--warmup", type=int, default=10, help="steps before the timed ones (default 10)")
+    p.add_argument("--m", type=int, default=None, help="inducing points (default 200)")
+    p.add_argument("--batch", type=int, default=None, help="minibatch rows (default 200)")
+    p.add_argument("--n", type=int, default=None, help="training rows (default 20,000)")
+    p.add_argument("--steps", type=int, default=None, help="steps timed per method and path (default 200)")
+    p.add_argument("--warmup", type=int, default=None, help="steps before the timed ones (default 10)")
     p.add_argument("--callgrind", action="store_true", help="instructions a step under valgrind's callgrind")
     p.add_argument("--source", default=None, help="with --callgrind: the agpc checkout to measure (default: this one)")
     p.add_argument("--baseline", default=None, help="another checkout whose agpc is timed beside this one")
     p.add_argument("--counts", action="store_true", help="BLAS / LAPACK calls of the fast path a step")
-    p.add_argument("--quick", action="store_true", help="tiny smoke-test setting")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # the process valgrind runs
-    args = p.parse_args(argv)
-    if args.quick:
-        args.m, args.batch, args.n, args.steps, args.warmup = 20, 30, 600, 6, 2
-    args.methods = [m for m in args.methods.split(",") if m]
-    unknown = sorted(set(args.methods) - set(METHODS))
-    if unknown:
-        p.error(f"unknown methods {unknown}: use {', '.join(METHODS)}")
+    args = parse(p, argv, full=dict(m=200, batch=200, n=20_000, steps=200, warmup=10),
+                 quick=dict(m=20, batch=30, n=600, steps=6, warmup=2))
+    args.methods = parse_list(args.methods, METHODS, "method")
     return args
 
 
@@ -225,21 +218,19 @@ def main(argv=None):
     if args.child:
         child(args)
         return
-    print_machine("Cost of one minibatch step: NumPy fast path against the array-API reference path",
-                  ["benchmarks/step_cost.py"] + argv)
+    started = begin("Cost of one minibatch step: NumPy fast path against the array-API reference path", args,
+                    ["benchmarks/step_cost.py"] + argv)
     print(f"m = {args.m}, minibatch {args.batch}, n = {args.n:,} airline-like rows; {args.warmup} warm-up steps, "
           f"then {args.steps} measured per method and path\n")
     if args.callgrind:
         per_step, source = run_callgrind(args, argv)
         print(f"Instructions a step (callgrind Ir, OPENBLAS_NUM_THREADS=1), agpc from {source}:\n")
-        print("| method | fast path (M Ir) | reference path (M Ir) | reference / fast |")
-        print("|---|---|---|---|")
+        header(["method", "fast path (M Ir)", "reference path (M Ir)", "reference / fast"])
         for method in args.methods:
             fast, ref = per_step.get((method, "fast")), per_step.get((method, "reference"))
-            ratio = f"{ref / fast:.2f}" if fast and ref else "-"
-            print(f"| {method} | {fast / 1e6:.1f} | {'-' if ref is None else f'{ref / 1e6:.1f}'} | {ratio} |")
-        print()
-        return
+            row(method, f"{fast / 1e6:.1f}", "-" if ref is None else f"{ref / 1e6:.1f}",
+                f"{ref / fast:.2f}" if fast and ref else "-")
+        return end(started)
     X, y, trainer = make_problem(args)
     baseline = None
     if args.baseline:
@@ -249,30 +240,26 @@ def main(argv=None):
     if args.counts:
         calls = count_calls(args, X, y, trainer)
         print("BLAS / LAPACK calls of the fast path in one step:\n")
-        print("| method | calls | by routine |")
-        print("|---|---|---|")
+        header(["method", "calls", "by routine"])
         for method, counter in calls.items():
-            print(f"| {method} | {sum(counter.values())} | "
-                  f"{', '.join(f'{k} {v}' for k, v in sorted(counter.items()))} |")
+            row(method, sum(counter.values()), ", ".join(f"{k} {v}" for k, v in sorted(counter.items())))
         print()
     times, reverted = time_steps(args, X, y, trainer, baseline)
     paths = [p for p in PATHS + ("baseline",) if (args.methods[0], p) in times]
     print("ms a step (the paths' steps interleaved one by one; min / median; ratios of medians to the fast "
           "path's):\n")
-    print("| method | " + " | ".join(f"{p} min / median" for p in paths) + " | "
-          + " | ".join(f"{p} / fast" for p in paths[1:]) + " |")
-    print("|---|" + "---|" * (2 * len(paths) - 1))
+    header(["method", *(f"{p} min / median" for p in paths), *(f"{p} / fast" for p in paths[1:])])
     for method in args.methods:
         fast = statistics.median(times[(method, "fast")])
         cells = [f"{1e3 * min(times[(method, p)]):.2f} / {1e3 * statistics.median(times[(method, p)]):.2f}"
                  for p in paths]
         cells += [f"{statistics.median(times[(method, p)]) / fast:.2f}" for p in paths[1:]]
-        print(f"| {method} | " + " | ".join(cells) + " |")
+        row(method, *cells)
     print()
     if reverted:
         print("Steps the divergence guard reverted (timed all the same): "
               + ", ".join(f"{method} {path} {count}" for (method, path), count in sorted(reverted.items())) + "\n")
-    print(load_line())
+    end(started)
 
 
 if __name__ == "__main__":

@@ -20,31 +20,25 @@ during the run (``agpc.threads.busy_cores_elsewhere``) are printed, since they d
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import load_line, print_machine  # noqa: E402
+from _runner import begin, end, header, numbers, options, parse, patched, row
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny smoke-test setting")
-    p.add_argument("--m", type=int, default=200, help="inducing points (default 200)")
+    p = options(__doc__, "m = 20, 1 round of 5 steps, one pass at n = 2000")
+    p.add_argument("--m", type=int, default=None, help="inducing points (default 200)")
     p.add_argument("--batch", type=int, default=200, help="minibatch rows (default 200)")
-    p.add_argument("--steps", type=int, default=100, help="SEP steps timed per round (default 100)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds of SEP settings (default 5)")
-    p.add_argument("--ns", default="100000,1000000", help="batch EP pass sizes (default 100000,1000000)")
-    p.add_argument("--pass-rounds", type=int, default=3, help="rounds of batch settings (default 3; 2 at n >= 10^6)")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.m, args.steps, args.rounds, args.ns, args.pass_rounds = 20, 5, 1, "2000", 1
-    args.ns = [int(float(v)) for v in args.ns.split(",")]
+    p.add_argument("--steps", type=int, default=None, help="SEP steps timed per round (default 100)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds of SEP settings (default 5)")
+    p.add_argument("--ns", default=None, help="batch EP pass sizes (default 100000,1000000)")
+    p.add_argument("--pass-rounds", type=int, default=None, help="rounds of batch settings (default 3; 2 at n >= 10^6)")
+    args = parse(p, argv, full=dict(m=200, steps=100, rounds=5, ns="100000,1000000", pass_rounds=3),
+                 quick=dict(m=20, steps=5, rounds=1, ns="2000", pass_rounds=1))
+    args.ns = numbers(args.ns)
     return args
 
 
@@ -91,24 +85,22 @@ def sep_steps(args, threads, training, controller):
 
     # what the BLAS ran with inside each step: read by a wrapper of the step's evaluation (on the module,
     # where the step looks it up; put back at the end)
-    ep = sys.modules["agpc.inference.ep"]
-    original = ep.evaluate_factor
     current_label = [None]
 
-    def recording(*a, **k):
-        seen.setdefault(current_label[0], set()).add(current_counts(controller))
-        return original(*a, **k)
+    def recording(original):
+        def evaluate_factor(*a, **k):
+            seen.setdefault(current_label[0], set()).add(current_counts(controller))
+            return original(*a, **k)
 
-    ep.evaluate_factor = recording
-    try:
+        return evaluate_factor
+
+    with patched(sys.modules["agpc.inference.ep"], "evaluate_factor", recording):
         run("warm-up", 1)
         times = {}
         for _ in range(args.rounds):
             for label, explicit in settings(threads):
                 current_label[0] = label
                 times.setdefault(label, []).append(run(label, explicit))
-    finally:
-        ep.evaluate_factor = original
     return times, seen
 
 
@@ -175,11 +167,10 @@ def ms(values):
 def print_table(times, seen, unit, runs, digits):
     """One row a setting: median, every run, the BLAS thread counts seen, and the ratio to the best."""
     best = min(ms(v) for v in times.values())
-    print(f"| setting | {unit} | {runs} | BLAS threads (per library) | / best |")
-    print("|---|---|---|---|---|")
+    header(["setting", unit, runs, "BLAS threads (per library)", "/ best"])
     for label, values in times.items():
-        print(f"| {label} | {ms(values):.{digits}f} | {', '.join(f'{v:.{digits - 1}f}' for v in values)} | "
-              f"{sorted(seen.get(label, []))} | {ms(values) / best:.2f} |", flush=True)
+        row(label, f"{ms(values):.{digits}f}", ", ".join(f"{v:.{digits - 1}f}" for v in values),
+            sorted(seen.get(label, [])), f"{ms(values) / best:.2f}")
 
 
 def main(argv=None):
@@ -189,13 +180,12 @@ def main(argv=None):
     from agpc import threads
     from agpc.inference import ep, training
 
-    print_machine("BLAS threads: the rule (agpc.threads) against fixed counts")
+    started = begin("BLAS threads: the rule (agpc.threads) against fixed counts", args, argv)
     controller = ThreadpoolController().select(user_api="blas")
     print(f"Cores available to this process: {threads.available_cores()}; BLAS libraries at start "
           f"(threads): {[lib.num_threads for lib in controller.lib_controllers]}; caller set a count: "
           f"{threads.caller_set_blas_threads()}")
     busy_start = threads.busy_cores_elsewhere()
-    t_start = time.perf_counter()
 
     print(f"\n### SEP minibatch step: m = {args.m}, minibatch {args.batch}, d = 8, "
           f"{args.rounds} rounds x {args.steps} steps per setting, interleaved\n")
@@ -209,13 +199,11 @@ def main(argv=None):
         print_table(times, seen, "s / pass (median)", "runs (s)", 3)
         print(f"\nCores busy elsewhere during these passes: {threads.busy_cores_elsewhere():.2f}")
 
-    print("\n### What a scope costs (us per enter + exit)\n")
-    print("| scope | us / call |")
-    print("|---|---|")
+    header(["scope", "us / call"], title="What a scope costs (us per enter + exit)")
     for label, us in scope_costs(threads):
-        print(f"| {label} | {us:.1f} |")
-    print(f"\nCores busy elsewhere: {busy_start:.2f} at the start (since import). Total {time.perf_counter() - t_start:.0f} s. "
-          f"{load_line()}")
+        row(label, f"{us:.1f}")
+    print(f"\nCores busy elsewhere: {busy_start:.2f} at the start (since import).")
+    end(started)
 
 
 if __name__ == "__main__":

@@ -25,43 +25,28 @@ default banana: binary and mid-sized like Image; without the data folder banana 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import DEFAULT_DATA_DIR  # noqa: E402
-from _protocol import (  # noqa: E402
-    agpc_model, finish, fit_scored, load_npz, mean_se, split_methods, start, parse_list, pyplot,
-    save_figure, split_indices, standardise,
-)
+from _protocol import agpc_model, fit_scored, mean_se, pyplot, save_figure, split_indices, split_methods
+from _runner import begin, end, header, load_npz, options, parse, parse_list, row, standardise
 
 METHODS = ("gfitc", "ep", "sep", "svi")
 OPTIONAL = ("adf",)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke test: 1 split, m = 4,20, budgets 1,3")
+    p = options(__doc__, "1 split, m = 4,20, budgets 1,3", data_dir=True)
     p.add_argument("--dataset", default="banana", help="a dataset of the data folder (default banana)")
     p.add_argument("--m", default=None, help="numbers of inducing points (default 4,50,200)")
-    p.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS + OPTIONAL)}")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS + OPTIONAL)}")
     p.add_argument("--iters", default=None, help="iteration budgets (default 1,2,4,8,16,32,64,128,250)")
     p.add_argument("--splits", type=int, default=None, help="random 90/10 splits (default 100 as the paper)")
-    p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="folder with the .npz files (default ../shared/data)")
-    p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads (quick: 1)")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.m = args.m or "4,20"
-        args.iters = args.iters or "1,3"
-        args.splits = args.splits or 1
-        args.blas_threads = 1 if args.blas_threads is None else args.blas_threads
-    args.m = parse_list(args.m or "4,50,200", convert=int)
-    args.methods = parse_list(args.methods or ",".join(METHODS), METHODS + OPTIONAL, "method")
-    args.iters = parse_list(args.iters or "1,2,4,8,16,32,64,128,250", convert=int)
-    args.splits = args.splits or 100
+    args = parse(p, argv, full=dict(m="4,50,200", iters="1,2,4,8,16,32,64,128,250", splits=100),
+                 quick=dict(m="4,20", iters="1,3", splits=1, blas_threads=1))
+    args.m, args.iters = parse_list(args.m, convert=int), parse_list(args.iters, convert=int)
+    args.methods = parse_list(args.methods, METHODS + OPTIONAL, "method")
     return args
 
 
@@ -105,14 +90,13 @@ def run(args, X, y, methods):
 
 
 def print_table(args, out, methods, unavailable):
-    print(f"\n### {args.dataset}: test NLL (mean over {args.splits} splits) and mean fit seconds after k iterations\n")
-    print("| m | method | " + " | ".join(f"k = {k}" for k in args.iters) + " | test error at k = "
-          f"{args.iters[-1]} |")
-    print("|---:|---|" + "---|" * (len(args.iters) + 1))
+    header(["m", "method", *(f"k = {k}" for k in args.iters), f"test error at k = {args.iters[-1]}"],
+           "rl" + "l" * (len(args.iters) + 1),
+           f"{args.dataset}: test NLL (mean over {args.splits} splits) and mean fit seconds after k iterations")
     for m in args.m:
         for method in args.methods:
             if method in unavailable:
-                print(f"| {m} | {method} | " + " | ".join(["not available"] * (len(args.iters) + 1)) + " |")
+                row(m, method, *["not available"] * (len(args.iters) + 1))
                 continue
             cells = []
             for k in args.iters:
@@ -121,7 +105,7 @@ def print_table(args, out, methods, unavailable):
             err = out[(m, method, args.iters[-1])]["err"]
             mean, se, _ = mean_se(err)
             cells.append(f"{mean:.3f}" + (f" ± {se:.3f}" if np.isfinite(se) else ""))
-            print(f"| {m} | {method} | " + " | ".join(cells) + " |")
+            row(m, method, *cells)
     if unavailable:
         print("\nNot available in this agpc: " + "; ".join(f"{mt} ({why})" for mt, why in unavailable.items()) + ".")
 
@@ -150,12 +134,12 @@ def plot(args, out, methods):
 
 def main(argv=None):
     args = parse_args(argv)
-    limiter, t0 = start("Test NLL against training time (Hernandez-Lobato & Hernandez-Lobato (2016), Fig. 3 left style)", args.blas_threads, argv)
+    started = begin("Test NLL against training time (Hernandez-Lobato & Hernandez-Lobato (2016), Fig. 3 left style)",
+                    args, argv)
     data = load(args)
     if data is None:
         print(f"{args.dataset}.npz not found in {args.data_dir}: nothing to do.")
-        finish(t0, limiter)
-        return 0
+        return end(started)
     X, y, source = data
     n_classes = len(np.unique(y))
     methods, unavailable = split_methods(args.methods, n_classes)
@@ -165,7 +149,7 @@ def main(argv=None):
     out = run(args, X, y, methods)
     print_table(args, out, methods, unavailable)
     plot(args, out, methods)
-    finish(t0, limiter)
+    end(started)
     return 0
 
 

@@ -36,27 +36,28 @@ default ``"auto"`` (after), and ends with issue 19's check per dataset: before, 
 figure is not near chance; after - logreg and after - before, paired over the splits, at most one SE of the
 paired difference). ``--first-split 100`` draws splits 100, 101, ... (a second set of splits).
 
+``--preset ep-sklearn``: EP against scikit-learn, the settings of the first UCI binary run
+(``benchmarks/results/uci_binary_ep_full_gp_logreg.md``): ``--datasets pima,breast,sonar,ionosphere,australian,heart,crabs
+--methods ep,sklearn-gpc,logreg --fractions 0.25 --m-of train --inducing kmeans --kernel-prior both``, which the other
+options given override (its ``--quick``: crabs and heart, 2 splits, 20 iterations).
+
     PYTHONPATH=. python benchmarks/uci_binary.py --blas-threads 1                 # full protocol
     PYTHONPATH=. python benchmarks/uci_binary.py --quick                          # smoke test, seconds
-    PYTHONPATH=. python benchmarks/uci_binary.py --fractions 0.25 --splits 5 --max-iter 100
+    PYTHONPATH=. python benchmarks/uci_binary.py --preset ep-sklearn --methods ep,logreg --first-split 100
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import DEFAULT_DATA_DIR  # noqa: E402
-from _protocol import (  # noqa: E402
-    ML_SUFFIX, Paper, add_kernel_prior_option, agpc_model, base_method, finish, load_npz, mean_se,
-    methods_for_kernel_prior, resolve_table_options, split_methods, start, plot_against_paper, print_accuracy_tables,
-    run_grid, split_indices, standardised_splits,
+from _protocol import (
+    ML_SUFFIX, Paper, agpc_model, base_method, finish_grid, mean_se, methods_for_kernel_prior, parse_table_options,
+    plot_against_paper, print_accuracy_tables, run_grid, split_indices, split_methods, standardised_splits,
+    table_options,
 )
+from _runner import begin, load_npz
 
 DATASETS = ("banana", "pima", "australian", "breast", "crabs", "heart", "ionosphere", "sonar")
 METHODS = ("gfitc", "ep", "sep", "adf", "svi", "vi-jj", "vi-taylor")
@@ -102,32 +103,29 @@ PAPER = Paper(
 )
 
 
+PRESETS = {"ep-sklearn": dict(datasets="pima,breast,sonar,ionosphere,australian,heart,crabs",
+                             methods="ep,sklearn-gpc,logreg", fractions="0.25", m_of="train", inducing="kmeans",
+                             kernel_prior="both", title="UCI binary classification, Hernandez-Lobato & "
+                             "Hernandez-Lobato (2016), Table 1 protocol (EP against scikit-learn)")}
+PRESET_QUICK = {"ep-sklearn": dict(datasets="crabs,heart", max_iter=20, splits=2)}
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke test: crabs (no data folder: generated banana), 1 split, m = 15%%, 5 iterations")
-    p.add_argument("--datasets", default=None, help=f"comma-separated subset of {','.join(DATASETS)}")
-    p.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS + BASELINES)} "
-                   f"(default {','.join(METHODS)})")
-    p.add_argument("--splits", type=int, default=None, help="random 90/10 splits (default 20; quick 1)")
-    p.add_argument("--fractions", default=None, help="m as fractions (default 0.15,0.25,0.5; quick 0.15)")
+    p = table_options(__doc__, "crabs (no data folder: generated banana), 1 split, m = 15%, 5 iterations",
+                      datasets=DATASETS, methods=METHODS + BASELINES, fractions="0.15,0.25,0.5", splits="90/10")
     p.add_argument("--m-of", choices=("all", "train"), default="all",
                    help="m = fraction of all instances (the paper, default) or of the training rows")
-    p.add_argument("--max-iter", type=int, default=None, help="agpc max_iter (default 250 as the paper; quick 5)")
-    p.add_argument("--inducing", choices=("random", "kmeans"), default="random",
-                   help="initial inducing points (default random training rows, as the paper)")
     p.add_argument("--test-fraction", type=float, default=0.10)
-    p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="folder with the .npz files (default ../shared/data)")
-    p.add_argument("--json", default=None, help="also write the per-split results to this JSON file")
-    p.add_argument("--figure", default=None, help="PNG name in benchmarks/results (default uci_binary_nll.png; quick uci_binary_nll_quick.png)")
-    p.add_argument("--title", default="UCI binary classification, Hernandez-Lobato & Hernandez-Lobato (2016), Table 1 protocol")
-    p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads (quick: 1)")
-    add_kernel_prior_option(p)  # 'both': and issue 19's check at the end
+    p.add_argument("--title", default="UCI binary classification, Hernandez-Lobato & Hernandez-Lobato (2016), "
+                                      "Table 1 protocol")
     p.add_argument("--first-split", type=int, default=0, help="number of the first split (default 0; e.g. 100)")
-    args = p.parse_args(argv)
-    # quick: crabs; generated banana (400 rows) when the data folder is absent
-    return resolve_table_options(args, datasets=DATASETS, methods=METHODS, allowed_methods=METHODS + BASELINES,
-                                 fractions="0.15,0.25,0.5", quick_fraction="0.15",
-                                 quick_dataset="crabs" if Path(args.data_dir).is_dir() else "banana")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a named set of the options above")
+    known = p.parse_known_args(argv)[0]
+    if known.preset:  # the preset's settings as defaults, which the options given override
+        p.set_defaults(**{**PRESETS[known.preset], **(PRESET_QUICK[known.preset] if known.quick else {})})
+    return parse_table_options(p, argv, datasets=DATASETS, methods=METHODS, allowed_methods=METHODS + BASELINES,
+                               fractions="0.15,0.25,0.5", quick_fraction="0.15",
+                               quick_dataset=lambda a: "crabs" if Path(a.data_dir).is_dir() else "banana")
 
 
 class _SklearnGPC:
@@ -240,9 +238,7 @@ def paired_check(after, other):
 
 def main(argv=None):
     args = parse_args(argv)
-    if any(m in BASELINES for m in args.methods):
-        import sklearn.gaussian_process  # noqa: F401  (before the BLAS limit)
-    limiter, t0 = start(args.title, args.blas_threads, argv)
+    started = begin(args.title, args, argv, imports=("sklearn.gaussian_process",))
     args.methods = methods_for_kernel_prior(args.methods, args.kernel_prior, skip=BASELINES)
     methods, unavailable = split_methods(args.methods, 2, skip=BASELINES)
     found = tasks(args)
@@ -262,10 +258,7 @@ def main(argv=None):
         print_prior_check(results, found, args.fractions, methods)
     plot_against_paper(results, list(found), args.fractions, args.methods, PAPER,
                        args.figure or ("uci_binary_nll_quick.png" if args.quick else "uci_binary_nll.png"))
-    if args.json:
-        raw = {f"{d}/{f}/{m}": vars(r) for (d, f, m), r in results.items()}
-        Path(args.json).write_text(json.dumps(raw, indent=1))
-    finish(t0, limiter)
+    finish_grid(started, args.json, results)
     return 0
 
 

@@ -30,24 +30,17 @@ Table 2's EP at that fraction.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import DEFAULT_DATA_DIR  # noqa: E402
-from _protocol import (  # noqa: E402
-    finish, fmt, load_npz, mean_se, parse_list, pyplot, save_figure, split_indices, standardised_splits, start,
-    test_scores,
-)
-from uci_binary import DATASETS as BINARY_DATASETS, PAPER as BINARY_PAPER, make_model  # noqa: E402
-from uci_multiclass import (  # noqa: E402
-    DATASETS as MULTICLASS_DATASETS, PAPER as MULTICLASS_PAPER, load as load_multiclass, protocol_split,
-)
+from _protocol import fmt, mean_se, pyplot, save_figure, split_indices, standardised_splits
+from _runner import begin, end, header, load_npz, options, parse, parse_list, row, test_scores
+from uci_binary import DATASETS as BINARY_DATASETS, PAPER as BINARY_PAPER, make_model
+from uci_multiclass import DATASETS as MULTICLASS_DATASETS, PAPER as MULTICLASS_PAPER, load as load_multiclass
+from uci_multiclass import protocol_split
 
 DATASETS = BINARY_DATASETS + MULTICLASS_DATASETS
 
@@ -56,31 +49,24 @@ EP_METHODS = ("ep", "sep", "adf")  # the methods with validation_data / n_iter_n
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke test: crabs, 1 split, iterations 2,5")
-    p.add_argument("--datasets", default=None, help=f"comma-separated subset of {','.join(DATASETS)} (default heart,crabs,sonar)")
+    p = options(__doc__, "crabs, 1 split, iterations 2,5, no baselines", data_dir=True)
+    p.add_argument("--datasets", default=None,
+                   help=f"comma-separated subset of {','.join(DATASETS)} (default heart,crabs,sonar)")
     p.add_argument("--method", default="ep", choices=AGPC_METHODS)
     p.add_argument("--iters", default=None, help="comma-separated max_iter values (default 10,25,50,100,250)")
     p.add_argument("--splits", type=int, default=None, help="random 90/10 splits (default 20)")
     p.add_argument("--fraction", type=float, default=0.25, help="m = round(fraction * n) (default 0.25)")
     p.add_argument("--no-baselines", action="store_true", help="skip sklearn-gpc and logreg")
     p.add_argument("--test-fraction", type=float, default=0.10)
-    p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="folder with the .npz files (default ../shared/data)")
     p.add_argument("--json", default=None, help="also write the per-split results to this JSON file")
     p.add_argument("--figure", default=None, help="PNG name in benchmarks/results (default uci_iterations.png)")
-    p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads (quick: 1)")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.datasets = args.datasets or "crabs"
-        args.iters = args.iters or "2,5"
-        args.splits = args.splits or 1
-        args.blas_threads = 1 if args.blas_threads is None else args.blas_threads
-        args.no_baselines = True
-    args.datasets = parse_list(args.datasets or "heart,crabs,sonar", DATASETS, "dataset")
-    args.iters = sorted(set(parse_list(args.iters or "10,25,50,100,250", convert=int)))
+    args = parse(p, argv, full=dict(datasets="heart,crabs,sonar", iters="10,25,50,100,250", splits=20),
+                 quick=dict(datasets="crabs", iters="2,5", splits=1, blas_threads=1))
+    args.no_baselines = args.no_baselines or args.quick
+    args.datasets = parse_list(args.datasets, DATASETS, "dataset")
+    args.iters = sorted(set(parse_list(args.iters, convert=int)))
     if not args.iters or args.iters[0] < 1:
         raise SystemExit("--iters needs positive integers")
-    args.splits = args.splits or 20
     return args
 
 
@@ -179,20 +165,16 @@ def print_tables(args, columns, results):
     print(f"\n### Test NLL against max_iter, {args.method}, m = {args.fraction:.0%} of n "
           f"(mean ± standard error over {args.splits} splits)\n")
     head = columns + ["paper (Hernandez-Lobato & Hernandez-Lobato (2016) SEP / Villacampa-Calvo & Hernandez-Lobato (2017) EP)"]
-    print("| dataset | " + " | ".join(head) + " |")
-    print("|---|" + "---|" * len(head))
-    for name, cells in results.items():
-        row = [fmt(*mean_se(cells[c]["nll"])[:2]) for c in columns]
+    header(["dataset", *head])
+    for name, by_column in results.items():
         paper = _paper(name, args.fraction)
-        row.append("%s %.2f ± %.2f" % ((paper[0],) + paper[1]) if paper else "—")
-        print(f"| {name} | " + " | ".join(row) + " |")
+        cells = [fmt(*mean_se(by_column[c]["nll"])[:2]) for c in columns]
+        cells.append("%s %.2f ± %.2f" % ((paper[0],) + paper[1]) if paper else "—")
+        row(name, *cells)
     fitted = [c for c in columns if c not in ("sklearn-gpc", "logreg")]
-    print("\n### Log marginal likelihood estimate a training row (mean) / median fitted amplitude\n")
-    print("| dataset | " + " | ".join(fitted) + " |")
-    print("|---|" + "---|" * len(fitted))
+    header(["dataset", *fitted], title="Log marginal likelihood estimate a training row (mean) / median fitted amplitude")
     for name, cells in results.items():
-        row = [f"{np.mean(cells[c]['log_z']):.4f} / {np.median(cells[c]['amplitude']):.3g}" for c in fitted]
-        print(f"| {name} | " + " | ".join(row) + " |")
+        row(name, *(f"{np.mean(cells[c]['log_z']):.4f} / {np.median(cells[c]['amplitude']):.3g}" for c in fitted))
 
 
 def plot(args, columns, results):
@@ -218,9 +200,8 @@ def plot(args, columns, results):
 
 def main(argv=None):
     args = parse_args(argv)
-    if not args.no_baselines:
-        import sklearn.gaussian_process  # noqa: F401  (before the BLAS limit)
-    limiter, t0 = start("Test NLL against the number of hyper-parameter steps (uci_iterations.py)", args.blas_threads, argv)
+    started = begin("Test NLL against the number of hyper-parameter steps (uci_iterations.py)", args, argv,
+                    imports=("sklearn.gaussian_process",))
     print(f"\n{args.splits} random {1 - args.test_fraction:.0%}/{args.test_fraction:.0%} splits (uci_binary.py's); "
           f"features standardised on the training part; m = round({args.fraction:g} * n) (multiclass: per class, "
           f"round({args.fraction:g} * n_train), Villacampa-Calvo & Hernandez-Lobato (2017)'s splits); initial inducing points: random training rows; "
@@ -230,7 +211,7 @@ def main(argv=None):
     plot(args, columns, results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    finish(t0, limiter)
+    end(started)
     return 0
 
 

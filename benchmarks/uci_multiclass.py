@@ -25,30 +25,40 @@ ours: the paper's Table 2 (GFITC, EP, SEP, VI). A cell is marked † where ours 
 (gfitc ~ GFITC, ep ~ EP, sep and adf ~ SEP, svi ~ VI) by more than one standard error of the difference,
 sqrt(SE_ours^2 + SE_paper^2). Figure: benchmarks/results/uci_multiclass_nll.png.
 
+scikit-learn's bundled iris and digits (``--datasets iris,digits``; wine too without the data folder) and two
+baselines without inducing points, ``logreg-ovr`` (``LogisticRegression`` in a ``OneVsRestClassifier``) and
+``sklearn-gpc`` (``GaussianProcessClassifier``, Laplace, one-vs-rest, ``ConstantKernel() * RBF()`` isotropic: an ARD
+kernel on digits' 64 features is out of reach for it), run on the same splits (once a split, whatever the fraction).
+
+Cost table (``--timing``, ``--timing-only``): seconds per batch EP iteration (one ``multiclass_ep.evaluate`` with the
+gradient) on synthetic data with ``--timing-n`` rows for C in (3, 10) and m in ``--timing-ms``; the last column
+divides by C n m^2, roughly constant if the cost grows as C n m^2.
+
     PYTHONPATH=. python benchmarks/uci_multiclass.py --blas-threads 1                 # full protocol
+    PYTHONPATH=. python benchmarks/uci_multiclass.py --datasets wine,iris --splits 10 --inducing kmeans \
+        --methods ep,sep,svi,logreg-ovr,sklearn-gpc --timing             # scikit-learn's bundled sets
     PYTHONPATH=. python benchmarks/uci_multiclass.py --quick                          # smoke test, seconds
     PYTHONPATH=. python benchmarks/uci_multiclass.py --kernel-prior both   # before (M-ml) / after the default priors
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import DEFAULT_DATA_DIR  # noqa: E402
-from _protocol import (  # noqa: E402
-    Paper, add_kernel_prior_option, agpc_model, finish, load_npz, methods_for_kernel_prior, resolve_table_options,
-    split_methods, start, plot_against_paper, print_accuracy_tables, run_grid, split_indices, standardised_splits,
-    write_results_json,
+from _protocol import (
+    Paper, agpc_model, finish_grid, methods_for_kernel_prior, parse_table_options, plot_against_paper,
+    print_accuracy_tables, run_grid, split_indices, split_methods, standardised_splits, table_options,
 )
+from _runner import begin, end, header, load_npz, parse_list, row
 
 DATASETS = ("glass", "newthyroid", "satellite", "svmguide2", "vehicle", "vowel", "waveform", "wine")
 METHODS = ("gfitc", "ep", "sep", "svi")
 OPTIONAL = ("adf",)
+BUNDLED = ("iris", "digits")  # scikit-learn's, beside the paper's eight
+BASELINES = ("logreg-ovr", "sklearn-gpc")
 
 # Villacampa-Calvo & Hernandez-Lobato (2017) (/work/shared/seeds/001_ec672b2b4bb1cb05.txt), Table 2: average negative
 # test log-likelihood, 20 splits, columns GFITC, EP, SEP, VI, each (mean, ± as printed: a standard error). The text copy
@@ -99,22 +109,19 @@ SPECIAL = {"satellite": "train 20% / test 80%", "waveform": "1000-row sample, tr
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke test: wine, 1 split, m = 10%%, 5 iterations")
-    p.add_argument("--datasets", default=None, help=f"comma-separated subset of {','.join(DATASETS)}")
-    p.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS + OPTIONAL)}")
-    p.add_argument("--splits", type=int, default=None, help="random splits (default 20; quick 1)")
-    p.add_argument("--fractions", default=None, help="m per class as fractions of n_train (default 0.05,0.1,0.2)")
-    p.add_argument("--max-iter", type=int, default=None, help="agpc max_iter (default 250 as the paper; quick 5)")
-    p.add_argument("--inducing", choices=("random", "kmeans"), default="random")
-    p.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="folder with the .npz files (default ../shared/data)")
-    p.add_argument("--json", default=None, help="also write the per-split results to this JSON file")
-    p.add_argument("--figure", default=None, help="PNG name in benchmarks/results (default uci_multiclass_nll.png; quick uci_multiclass_nll_quick.png)")
-    p.add_argument("--blas-threads", type=int, default=None, help="limit BLAS/OpenMP threads (quick: 1)")
-    add_kernel_prior_option(p)
-    args = p.parse_args(argv)
-    return resolve_table_options(args, datasets=DATASETS, methods=METHODS, allowed_methods=METHODS + OPTIONAL,
-                                 fractions="0.05,0.1,0.2", quick_dataset="wine", quick_fraction="0.1")
+    p = table_options(__doc__, "wine, 1 split, m = 10%, 5 iterations", datasets=DATASETS + BUNDLED,
+                      methods=METHODS + OPTIONAL + BASELINES, fractions="0.05,0.1,0.2 of n_train, per class",
+                      splits="the paper's")
+    p.add_argument("--timing", action="store_true", help="also print the cost table (seconds per iteration vs C, m)")
+    p.add_argument("--timing-only", action="store_true", help="print only the cost table")
+    p.add_argument("--timing-n", type=int, default=None, help="rows of the cost table (default 2000; quick 500)")
+    p.add_argument("--timing-ms", default=None, help="m of the cost table (default 25,50,100,200; quick 20,40)")
+    args = parse_table_options(p, argv, datasets=DATASETS + BUNDLED, methods=METHODS,
+                               allowed_methods=METHODS + OPTIONAL + BASELINES, fractions="0.05,0.1,0.2",
+                               quick_dataset="wine", quick_fraction="0.1")
+    args.timing_n = args.timing_n or (500 if args.quick else 2000)
+    args.timing_ms = parse_list(args.timing_ms or ("20,40" if args.quick else "25,50,100,200"), convert=int)
+    return args
 
 
 def protocol_split(name, X, y, split):
@@ -138,11 +145,11 @@ def load(data_dir, name):
             keep = np.isin(y, [i for i, c in enumerate(classes) if str(c) in {"0", "1", "2", "3", "4", "5"}])
             X, y = X[keep], y[keep]
         return X, y
-    if name == "wine" and not data_dir.is_dir():
-        from sklearn.datasets import load_wine
+    if name in BUNDLED or (name == "wine" and not data_dir.is_dir()):
+        from sklearn import datasets
 
-        print("wine: data folder absent, using scikit-learn's bundled copy.")
-        return load_wine(return_X_y=True)
+        print(f"{name}: scikit-learn's bundled copy.")
+        return getattr(datasets, f"load_{name}")(return_X_y=True)
     print(f"{name}: {data_dir / (name + '.npz')} not found, skipped.")
     return None
 
@@ -158,11 +165,55 @@ def tasks(args):
     return found
 
 
+def make_model(method, m, split, args):
+    if method == "logreg-ovr":
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.multiclass import OneVsRestClassifier
+
+        return OneVsRestClassifier(LogisticRegression(max_iter=2000))
+    if method == "sklearn-gpc":
+        from sklearn.gaussian_process import GaussianProcessClassifier
+        from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+
+        return GaussianProcessClassifier(kernel=ConstantKernel() * RBF(), multi_class="one_vs_rest")
+    return agpc_model(method, m, split, args.max_iter, args.inducing)
+
+
+def timing(args):
+    """Seconds per batch EP iteration (sweep + gradient for every class) against C and m."""
+    from agpc.inference import multiclass_ep, training
+    from agpc.kernels import RBF, ClassKernels
+
+    rng = np.random.default_rng(0)
+    n, d = args.timing_n, 8
+    X = rng.normal(size=(n, d))
+    header(["C", "m", "s / iteration", "s / (C n m^2) x 1e9"], "rrrr",
+           f"Seconds per batch EP iteration (sweep + gradient), n = {n:,}, d = {d}")
+    for C in (3, 10):
+        y = rng.integers(C, size=n).astype(np.float64)
+        for m in args.timing_ms:
+            kernels = ClassKernels([RBF([2.0] * d, 1.0, 0.1).for_inputs(X)] * C)
+            Z = np.stack([X[rng.choice(n, m, replace=False)] for _ in range(C)])
+            fit = training.train(X, y, kernels, Z, max_iter=3, optimize=(), jitter=1e-6)  # sites away from zero
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                multiclass_ep.evaluate(kernels, Z, X, y, fit.site_precision, fit.site_shift, jitter=1e-6,
+                                       want_grad=True)
+                times.append(time.perf_counter() - t0)
+            best = float(np.median(times))
+            row(C, m, f"{best:.3f}", f"{best / (C * n * m * m) * 1e9:.2f}")
+
+
 def main(argv=None):
     args = parse_args(argv)
-    limiter, t0 = start("UCI multiclass classification, Villacampa-Calvo & Hernandez-Lobato (2017), Table 2 protocol", args.blas_threads, argv)
-    args.methods = methods_for_kernel_prior(args.methods, args.kernel_prior)
-    methods, unavailable = split_methods(args.methods, 3)
+    started = begin("UCI multiclass classification, Villacampa-Calvo & Hernandez-Lobato (2017), Table 2 protocol",
+                    args, argv, imports=("sklearn.gaussian_process",))
+    if args.timing_only:
+        timing(args)
+        return end(started)
+    args.methods = methods_for_kernel_prior(args.methods, args.kernel_prior, skip=BASELINES)
+    methods, unavailable = split_methods(args.methods, 3, skip=BASELINES)
     found = tasks(args)
     print(f"\n{args.splits} random splits: 90/10 train/test except " + "; ".join(
         f"{d}: {how}" for d, how in SPECIAL.items() if d in found) + ". Features standardised on the training part; "
@@ -173,13 +224,13 @@ def main(argv=None):
         return max(1, int(round(fraction * n_train)))
 
     results = run_grid(found, args.splits, args.fractions, methods,
-                       lambda method, m, split: agpc_model(method, m, split, args.max_iter, args.inducing), count)
+                       lambda method, m, split: make_model(method, m, split, args), count)
     print_accuracy_tables(results, list(found), args.fractions, args.methods, unavailable, PAPER, "se", "UCI multiclass")
     plot_against_paper(results, list(found), args.fractions, args.methods, PAPER,
                        args.figure or ("uci_multiclass_nll_quick.png" if args.quick else "uci_multiclass_nll.png"))
-    if args.json:
-        write_results_json(args.json, results)
-    finish(t0, limiter)
+    if args.timing:
+        timing(args)
+    finish_grid(started, args.json, results)
     return 0
 
 

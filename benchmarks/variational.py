@@ -14,18 +14,14 @@ Adam at its default. Prints a Markdown table and writes benchmarks/results/varia
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
+from _protocol import pyplot, save_figure
+from _runner import begin, end, header, options, parse, row, test_scores
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import load_line, print_machine  # noqa: E402
-
-from agpc import GPClassifier  # noqa: E402
-from agpc.datasets import split_standardised  # noqa: E402
+from agpc import GPClassifier
+from agpc.datasets import split_standardised
 
 METHODS = ["ep", "vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor", "svi-adam", "svi-adadelta"]
 
@@ -40,12 +36,6 @@ def load(name):
         data = load_digits()
         X, y = data.data, data.target % 2
     return split_standardised(X, y, train_fraction=0.8, random_state=0)
-
-
-def score(model, X, y):
-    proba = model.predict_proba(X)
-    p = np.clip(proba[np.arange(len(y)), np.searchsorted(model.classes_, y)], 1e-300, None)
-    return float(np.mean(model.classes_[np.argmax(proba, 1)] != y)), float(-np.mean(np.log(p)))
 
 
 def make(method, m, learning_rate=None):
@@ -65,25 +55,41 @@ def curve(method, m, data, budgets, learning_rate=None):
         t0 = time.perf_counter()
         model.set_params(max_time=budget).fit(X, y)
         used = time.perf_counter() - t0
-        error, nll = score(model, Xt, yt)
+        nll, error = test_scores(model, Xt, yt)
         points.append((used, error, nll))
     return points
 
 
+def plot(name, data, m, curves):
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for method, points in curves.items():
+        t = [p[0] for p in points]
+        axes[0].plot(t, [p[1] for p in points], marker="o", label=method)
+        axes[1].plot(t, [p[2] for p in points], marker="o", label=method)
+    for ax, label in zip(axes, ("test error", "test NLL")):
+        ax.set(xscale="log", xlabel="training time (s)", ylabel=label)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"{name}, n={len(data[1])}, d={data[0].shape[1]}, m={m}")
+    fig.tight_layout()
+    save_figure(fig, f"variational_{name}_m{m}.png")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--datasets", nargs="+", default=["breast", "digits"])
-    parser.add_argument("--inducing", nargs="+", type=int, default=[50, 100])
-    args = parser.parse_args(argv)
-    print_machine("Variational methods and EP: test error / NLL against training time")
-    budgets = [0.3, 1.0] if args.quick else [0.5, 1, 2, 4, 8, 16]
-    grid = [0.1, 0.3, 1.0] if args.quick else [0.03, 0.1, 0.3, 1.0, 3.0]
-    out_dir = Path(__file__).resolve().parent / "results"
-    out_dir.mkdir(exist_ok=True)
-    for name in (["breast"] if args.quick else args.datasets):
+    p = options(__doc__, "breast, m = 20, budgets 0.3 and 1 s, a learning-rate grid of 3")
+    p.add_argument("--datasets", nargs="+", default=["breast", "digits"])
+    p.add_argument("--inducing", nargs="+", type=int, default=[50, 100])
+    args = parse(p, argv, full=dict(budgets=[0.5, 1, 2, 4, 8, 16], grid=[0.03, 0.1, 0.3, 1.0, 3.0]),
+                 quick=dict(budgets=[0.3, 1.0], grid=[0.1, 0.3, 1.0], datasets=None, inducing=None))
+    if args.quick:
+        args.datasets, args.inducing = ["breast"], [20]
+    started = begin("Variational methods and EP: test error / NLL against training time", args, argv)
+    budgets, grid = args.budgets, args.grid
+    for name in args.datasets:
         data = load(name)
-        for m in ([20] if args.quick else args.inducing):
+        for m in args.inducing:
             print(f"\n### {name}: n_train={len(data[1])}, d={data[0].shape[1]}, m={m}\n", flush=True)
             # SVI's learning rate, as Izmailov & Kropotov (2017): a grid, the best final NLL at the largest budget
             best = None
@@ -93,38 +99,14 @@ def main(argv=None):
                     best = (lr, nll)
             lr = best[0] if best else grid[0]
             print(f"SVI Adadelta learning rate chosen from {grid}: {lr}\n")
-            print("| method | budget s | used s | test error | test NLL |")
-            print("|---|---|---|---|---|")
+            header(["method", "budget s", "used s", "test error", "test NLL"])
             curves = {}
             for method in METHODS:
-                points = curve(method, m, data, budgets, lr if method == "svi-adadelta" else None)
-                curves[method] = points
-                for budget, (used, error, nll) in zip(budgets, points):
-                    print(f"| {method} | {budget} | {used:.2f} | {error:.4f} | {nll:.4f} |", flush=True)
-            try:
-                import matplotlib
-
-                matplotlib.use("Agg")
-                import matplotlib.pyplot as plt
-
-                fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-                for method, points in curves.items():
-                    t = [p[0] for p in points]
-                    axes[0].plot(t, [p[1] for p in points], marker="o", label=method)
-                    axes[1].plot(t, [p[2] for p in points], marker="o", label=method)
-                for ax, label in zip(axes, ("test error", "test NLL")):
-                    ax.set_xscale("log")
-                    ax.set_xlabel("training time (s)")
-                    ax.set_ylabel(label)
-                axes[1].legend(fontsize=8)
-                fig.suptitle(f"{name}, n={len(data[1])}, d={data[0].shape[1]}, m={m}")
-                fig.tight_layout()
-                path = out_dir / f"variational_{name}_m{m}.png"
-                fig.savefig(path, dpi=100)
-                print(f"\nPlot: {path.relative_to(out_dir.parent.parent)}")
-            except ImportError:
-                print("\n(matplotlib not installed: no plot)")
-    print("\n" + load_line())
+                curves[method] = curve(method, m, data, budgets, lr if method == "svi-adadelta" else None)
+                for budget, (used, error, nll) in zip(budgets, curves[method]):
+                    row(method, budget, f"{used:.2f}", f"{error:.4f}", f"{nll:.4f}")
+            plot(name, data, m, curves)
+    end(started)
 
 
 if __name__ == "__main__":

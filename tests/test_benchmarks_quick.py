@@ -1,8 +1,9 @@
-"""Smoke tests of the paper-protocol benchmarks: each script's ``--quick`` setting runs to the end and prints
-a Markdown table. The scripts run concurrently as subprocesses (a few seconds each).
+"""Smoke tests of benchmarks/: every script's ``--quick`` setting runs to the end and prints the machine facts
+and a Markdown table, and every script goes through the one runner (benchmarks/_runner.py). The scripts run
+concurrently as subprocesses (seconds each).
 
-Without ``../shared/data`` the scripts fall back to generated banana (uci_binary, banana_inducing,
-time_curves) and scikit-learn's wine (uci_multiclass); a script that still finds nothing to run is skipped.
+Without ``../shared/data`` the scripts fall back to generated banana (uci_binary, banana_inducing, time_curves) and
+scikit-learn's wine (uci_multiclass); a script that still finds nothing to run is skipped.
 """
 
 from __future__ import annotations
@@ -17,36 +18,56 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 DATA = ROOT / ".." / "shared" / "data"
-TIMEOUT = 300
+TIMEOUT = 600
 
 
 def _runs(tmp_dir):
     binary = "gfitc,ep,sep,adf,svi,vi-jj,vi-taylor"
     few = "gfitc,ep,sep,svi"
     return {
-        "uci_binary": ["uci_binary.py", "--quick", "--methods", binary],
-        "uci_binary_generated": ["uci_binary.py", "--quick", "--methods", "ep,svi", "--data-dir", str(tmp_dir / "none")],
-        "uci_iterations": ["uci_iterations.py", "--quick"],
-        "uci_binary_ep": ["uci_binary_ep.py", "--quick", "--splits", "1", "--max-iter", "3", "--datasets", "crabs"],
-        "uci_multiclass": ["uci_multiclass.py", "--quick", "--methods", few],
-        "banana_inducing": ["banana_inducing.py", "--quick", "--methods", few],
-        "time_curves": ["time_curves.py", "--quick", "--methods", few],
-        "airline": ["airline.py", "--quick", "--blas-threads", "1"],
-        "airline_3class": ["airline.py", "--quick", "--classes", "3", "--blas-threads", "1"],
-        "airline_vs_gpflow": ["airline_vs_gpflow.py", "--quick", "--thread-table", "--out",
-                              str(tmp_dir / "airline_vs_gpflow_quick.json")],
-        "dask_scaling": ["dask_scaling.py", "--quick", "--store", str(tmp_dir / "dask")],
-        "data_parallel_check": ["data_parallel_check.py", "--quick", "--crossover", "5000",
-                                "--out", str(tmp_dir / "data_parallel_check_quick.json")],
-        "threads": ["threads.py", "--quick"],
-        "gpu": ["gpu.py", "--quick"],
-        "small_data_defaults": ["small_data_defaults.py", "--quick", "--methods", "ep,svi"],
-        "step_cost": ["step_cost.py", "--quick", "--counts"],
-        "size_rule": ["size_rule.py", "--quick"],
+        "uci_binary": ["uci_binary.py", "--methods", binary],
+        "uci_binary_generated": ["uci_binary.py", "--methods", "ep,svi", "--data-dir", str(tmp_dir / "none")],
+        "uci_binary_ep_sklearn": ["uci_binary.py", "--preset", "ep-sklearn", "--splits", "1", "--max-iter", "3",
+                                  "--datasets", "crabs"],
+        "uci_iterations": ["uci_iterations.py"],
+        "uci_multiclass": ["uci_multiclass.py", "--methods", few],
+        "uci_multiclass_bundled": ["uci_multiclass.py", "--datasets", "iris", "--methods", "ep,logreg-ovr,sklearn-gpc",
+                                   "--timing"],
+        "banana_inducing": ["banana_inducing.py", "--methods", few],
+        "time_curves": ["time_curves.py", "--methods", few],
+        "airline": ["airline.py", "--blas-threads", "1"],
+        "airline_3class": ["airline.py", "--classes", "3", "--blas-threads", "1"],
+        "airline_vs_gpflow": ["airline_vs_gpflow.py", "--thread-table", "--out", str(tmp_dir / "avg.json")],
+        "dask_scaling": ["dask_scaling.py", "--store", str(tmp_dir / "dask")],
+        "data_parallel_check": ["data_parallel_check.py", "--crossover", "5000", "--out", str(tmp_dir / "dp.json")],
+        "threads": ["threads.py"],
+        "gpu": ["gpu.py"],
+        "small_data_defaults": ["small_data_defaults.py", "--methods", "ep,svi"],
+        "step_cost": ["step_cost.py", "--counts"],
+        "size_rule": ["size_rule.py"],
+        "ep_iteration": ["ep_iteration.py"],
+        "float32": ["float32.py"],
+        "memory": ["memory.py", "--dir", str(tmp_dir)],
+        "variational": ["variational.py"],
     }
 
+
+NAMES = list(_runs(Path("/")))
 # presets of real data only
-NEEDS_DATA = ("uci_iterations", "uci_binary_ep", "airline", "airline_3class", "airline_vs_gpflow")
+NEEDS_DATA = ("uci_iterations", "uci_binary_ep_sklearn", "airline", "airline_3class", "airline_vs_gpflow")
+SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if not p.name.startswith("_"))
+
+
+def test_every_script_is_run_here():
+    assert sorted({argv[0] for argv in _runs(Path("/")).values()}) == SCRIPTS
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_goes_through_the_runner(script):
+    source = (BENCH / script).read_text()
+    assert "from _runner import" in source and "begin(" in source, script
+    assert "end(" in source or "finish_grid(" in source, script  # (_protocol.finish_grid ends with the runner's end)
+    assert "ArgumentParser(" not in source and "print_machine" not in source, script
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +79,8 @@ def outputs(tmp_path_factory):
     for name, argv in _runs(tmp_dir).items():
         if name in NEEDS_DATA and not DATA.is_dir():
             continue
-        procs[name] = subprocess.Popen([sys.executable, str(BENCH / argv[0])] + argv[1:], cwd=ROOT, env=env,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs[name] = subprocess.Popen([sys.executable, str(BENCH / argv[0]), "--quick"] + argv[1:], cwd=ROOT,
+                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = {}
     for name, proc in procs.items():
         try:
@@ -72,11 +93,7 @@ def outputs(tmp_path_factory):
     return results
 
 
-@pytest.mark.parametrize("name", ["uci_binary", "uci_binary_generated", "uci_iterations", "uci_binary_ep",
-                                  "uci_multiclass",
-                                  "banana_inducing", "time_curves", "airline", "airline_3class", "airline_vs_gpflow",
-                                  "dask_scaling", "data_parallel_check", "threads", "gpu", "small_data_defaults",
-                                  "step_cost", "size_rule"])
+@pytest.mark.parametrize("name", NAMES)
 def test_quick_run_prints_a_table(outputs, name):
     if name not in outputs:
         pytest.skip(f"{DATA} is absent and {name} has no generated fallback")
@@ -84,6 +101,7 @@ def test_quick_run_prints_a_table(outputs, name):
     assert code == 0, f"{name} exited with {code}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
     if "|---" not in out and not DATA.is_dir():
         pytest.skip(f"{DATA} is absent: {name} had nothing to run")
+    assert out.startswith("## ") and "- CPUs:" in out.split("|")[0], "the machine facts are not printed first"
     assert "|---" in out, f"{name} printed no Markdown table:\n{out[-3000:]}"
-    assert "- CPUs:" in out, "the machine header is missing"
+    assert "Total wall time" in out, "the runner's end is missing"
     assert "failed" not in out.split("Total wall time")[0].lower().replace("failed)", ""), out[-3000:]
