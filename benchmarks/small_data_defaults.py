@@ -1,7 +1,7 @@
 """The study behind GPClassifier's default priors (``kernel_prior="auto"``, docs/small_data_defaults.md): test NLL
 before (``kernel_prior=None``, type-II maximum likelihood) and after (the default priors) on small data sets that
 are NOT the seven of Hernandez-Lobato & Hernandez-Lobato (2016) Table 1 (pima, australian, breast, crabs, heart,
-ionosphere, sonar): those are kept for the check that follows the choice (``uci_binary_ep.py``), never for the
+ionosphere, sonar): those are kept for the check that follows the choice (``uci_binary.py --preset ep-sklearn``), never for the
 choice itself (issue 19).
 
 Sets (18): generated -- banana (400 rows, ``agpc.datasets.make_banana``), clf-300x10, clf-1000x30, clf-700x8 and
