@@ -24,7 +24,7 @@ rules are those of the states an engine can reach, not of a fresh run:
 
 Below training, beside ``agpc.checkpoints`` (which reads the file and its tree): it imports nothing of agpc but
 ``backend``, and knows the engines only by the attributes they all have (``state``, ``optimizer``,
-``has_damping``, ``names``).
+``has_damping``, ``names``, and the optional members of ``engines.Engine``).
 """
 
 from __future__ import annotations
@@ -189,19 +189,19 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
     # what an optimiser steps: kernel parameters, Z, and for SVI q itself (whitened_mean, whitened_chol); a checkpoint
     # of an older form may name a state entry as it was named then (the engine's ``legacy_checkpoint_keys``, old name
     # to new: the engine converts it as it restores)
-    legacy = getattr(engine, "legacy_checkpoint_keys", {})
+    legacy = engine.legacy_checkpoint_keys
     shapes = {name: tuple(value.shape) for name, value in params.items()}
     shapes.update({name: tuple(value.shape) for name, value in fresh.items() if is_array(value)})
     shapes.update({old: shapes[new] for old, new in legacy.items()})
     _check_layout(engine.optimizer.snapshot() if engine.optimizer is not None else None, saved.get("optimizer"),
                   "engine.optimizer", shapes, dtype, refuse)
-    triangular = getattr(engine, "triangular_state", ())
+    triangular = engine.triangular_state
     n = fingerprint["n"]
     for key, value in saved.items():
         where = f"engine.{key}"
         if key in ("kernel", "damping", "optimizer"):
             continue
-        if key in getattr(engine, "checkpoint_extras", ()):  # the engine's own record: it checks it as it restores
+        if key in engine.checkpoint_extras:  # the engine's own record: it checks it as it restores
             continue
         if key in legacy:  # an entry under its older name: checked by the rules of the entry it now is
             if legacy[key] in saved:
