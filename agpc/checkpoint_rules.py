@@ -18,9 +18,10 @@ rules are those of the states an engine can reach, not of a fresh run:
 - The optimiser's snapshot laid out as this run's (the same containers; numbers where numbers are; arrays of the
   parameter's shape and the run's type under a parameter's name); its arrays may hold inf (Adam's second moment
   of an overflowing gradient), never NaN (refused for every array by ``agpc.checkpoints``).
-- Entries that are no array of the state (flags, counts, EP's tied factor, the record of site files that a fit on
-  a dask array wrote beside the checkpoint) by their own rules below; an engine's own record
-  (``checkpoint_extras``) is checked by the engine as it restores it.
+- Entries that are no array of the state by the rule the engine names them under (its ``checkpoint_flags``,
+  ``checkpoint_counts``, ``checkpoint_factors``: EP's minibatch rebuild flag and tied factor, GFITC's settled flag
+  and sweep count), and the record of site files that a fit on a dask array wrote beside the checkpoint; an
+  engine's own record (``checkpoint_extras``) is checked by the engine as it restores it.
 
 Below training, beside ``agpc.checkpoints`` (which reads the file and its tree): it imports nothing of agpc but
 ``backend``, and knows the engines only by the attributes they all have (``state``, ``optimizer``,
@@ -43,11 +44,6 @@ __all__ = ["check_loop_state", "check_engine_state", "check_saved_factor", "arra
 # The training loop's part of a checkpoint, beside the engine's own: the type of each entry.
 LOOP_FIELDS = {"fingerprint": dict, "engine": dict, "n_steps": int, "n_updates": int, "history": dict,
                "pending": list, "rng": dict, "order": list, "best": dict, "elapsed": (int, float)}
-
-# Entries of an engine's checkpoint that are not arrays of its state: flags and counts (EP's minibatch rebuild,
-# GFITC's settled sites and sweep count).
-_FLAGS = ("needs_rebuild", "settled")
-_COUNTS = ("sweeps",)
 
 
 def is_array(value):
@@ -211,17 +207,17 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
             if legacy[key] in triangular:
                 _check_lower_triangular(value, where, refuse)
             continue
-        if key not in fresh and key not in _FLAGS + _COUNTS:
+        if key not in fresh and key not in engine.checkpoint_flags + engine.checkpoint_counts:
             raise refuse(f"{where}: not part of this run's state")
-        if key in _FLAGS:
+        if key in engine.checkpoint_flags:
             if not isinstance(value, bool):
                 raise refuse(f"{where}: not a boolean")
-        elif key in _COUNTS:
+        elif key in engine.checkpoint_counts:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise refuse(f"{where}: not a count")
         elif key == "nu" and isinstance(value, dict):
             _check_site_record(value, path, refuse)
-        elif key == "factor":
+        elif key in engine.checkpoint_factors:
             check_saved_factor(value, fresh["Z"], where, refuse)
         elif key == "mu" and isinstance(saved.get("nu"), dict):
             continue  # (sites in files: the record under "nu" stands for both)

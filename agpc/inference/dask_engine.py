@@ -43,7 +43,7 @@ __all__ = ["ChunkedRows", "DaskPasses", "DaskEngine", "WORKER_ENVIRON", "local_c
 # process: 11-12 s). The nanny's trim threshold (64 KiB) then gives the top of the heap back to the system
 # at almost every free, and the m x m temporaries of a minibatch step fault their pages in again: a SEP step
 # (m = 200, 200 rows) took 7.1-7.4 ms with it and 5.3-5.7 ms with a 64 MiB trim threshold, as without either
-# setting (issue 18; the heap then keeps at most 64 MiB it no longer uses).
+# setting (the heap then keeps at most 64 MiB it no longer uses).
 WORKER_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": HEAP_THRESHOLD, "MALLOC_TRIM_THRESHOLD_": HEAP_THRESHOLD}
 
 

@@ -30,7 +30,7 @@ import abc
 import math
 import operator
 from dataclasses import dataclass
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 
 from ..backend import ModulesByName, array_device, array_namespace, is_dask_array, read_rows, row_slice, scaled_std
 from ..kernels import ClassKernels, log_prior_and_grads, step_lower_bounds
@@ -232,6 +232,11 @@ class Engine(ModulesByName, abc.ABC):
     checkpoint_extras = ()  # entries of ``checkpoint_state`` the engine checks itself as it restores them
     name = None  # the method it trains (in messages)
     legacy_checkpoint_keys = MappingProxyType({})  # state entries of older checkpoints, old name -> new
+    # entries of ``checkpoint_state`` that are no array of the state, by the rule a resume checks them with
+    # (``checkpoint_rules``): flags, counts, tied factors
+    checkpoint_flags = ()
+    checkpoint_counts = ()
+    checkpoint_factors = ()
 
     @abc.abstractmethod
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
@@ -370,6 +375,9 @@ class EPEngine(Engine):
 
     uses_warmup = True
     has_damping = True
+    checkpoint_flags = ("needs_rebuild",)
+    checkpoint_factors = ("factor",)
+    sites_on_cluster = False
 
     def __init__(self, name, kernel, Z, *, n_total, minibatch, options, passes=None):
         if name not in EP_METHODS:
@@ -396,6 +404,9 @@ class EPEngine(Engine):
         self.state.update(nu=site_precision, mu=site_shift, factor=factor, site_sums=None)
         self.needs_rebuild = False
         self.full_gp = self.passes is exact_ep
+        # the passes of rows on a cluster (``dask_engine.DaskPasses``, an object: in memory they are modules) keep
+        # the sites on the workers, and write them beside a checkpoint themselves
+        self.sites_on_cluster = not isinstance(self.passes, ModuleType)
         # Distributed SEP / minibatch EP (``data_parallel``): the factor is one shard's, standing for
         # ``factor_rows`` rows, and q = prior x (others + factor) (``ep.factor_cavity``). Set by whoever
         # steps the shard; None: the factor is all the data's.
@@ -554,16 +565,15 @@ class EPEngine(Engine):
     def checkpoint_state(self, path, step):
         s = self.state
         sites = (s["nu"], s["mu"])
-        store = getattr(self.passes, "store_sites", None)
-        if store is not None and s["nu"] is not None:  # sites on a cluster: written by the workers, chunk by chunk
-            s["nu"], s["mu"], record = store(path, step, s["nu"], s["mu"])
+        if self.sites_on_cluster and s["nu"] is not None:  # written by the workers, chunk by chunk
+            s["nu"], s["mu"], record = self.passes.store_sites(path, step, s["nu"], s["mu"])
             sites = (record, None)
         return dict(self._common_checkpoint(), nu=sites[0], mu=sites[1], factor=factor_arrays(s["factor"]),
                     needs_rebuild=self.needs_rebuild)
 
     def checkpoint_written(self, saved):
         """After the file is written: the workers' copy of the sites' record can go."""
-        if getattr(self.passes, "store_sites", None) is not None and isinstance(saved["nu"], dict):
+        if self.sites_on_cluster and isinstance(saved["nu"], dict):
             self.passes.release_sites(saved["nu"])
 
     def restore_checkpoint(self, saved, path):
@@ -571,10 +581,9 @@ class EPEngine(Engine):
         s = self.state
         s["nu"], s["mu"] = saved["nu"], saved["mu"]
         if isinstance(saved["nu"], dict):  # sites written chunk by chunk by a fit on a dask array
-            load = getattr(self.passes, "load_sites", None)
-            if load is None:
+            if not self.sites_on_cluster:
                 raise ValueError(f"checkpoint {path} was written by a fit on a dask array: resume it on a dask array")
-            s["nu"], s["mu"] = load(saved["nu"], s["Z"].dtype)
+            s["nu"], s["mu"] = self.passes.load_sites(saved["nu"], s["Z"].dtype)
         s["factor"] = factor_from_arrays(saved["factor"])
         s["site_sums"] = None
         self.sites_nonnegative = self.per_row_sites and _known_nonnegative(s["nu"])
@@ -593,7 +602,8 @@ class GFITCEngine(Engine):
 
     per_row_sites = True
     has_damping = True
-
+    checkpoint_flags = ("settled",)
+    checkpoint_counts = ("sweeps",)
     max_sweeps = 100  # EP sweeps at most between two hyper-parameter steps
 
     def __init__(self, name, kernel, Z, *, n_total, minibatch, options, passes=None):
