@@ -191,8 +191,6 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
     shapes.update({old: shapes[new] for old, new in legacy.items()})
     _check_layout(engine.optimizer.snapshot() if engine.optimizer is not None else None, saved.get("optimizer"),
                   "engine.optimizer", shapes, dtype, refuse)
-    triangular = engine.triangular_state
-    n = fingerprint["n"]
     for key, value in saved.items():
         where = f"engine.{key}"
         if key in ("kernel", "damping", "optimizer"):
@@ -204,33 +202,41 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
                 raise refuse(f"{where}: {legacy[key]} is there as well (one form of the state, not both)")
             _check_float_array(value, shapes[key], dtype, where, refuse)
             _check_finite(value, where, refuse)
-            if legacy[key] in triangular:
+            if legacy[key] in engine.triangular_state:
                 _check_lower_triangular(value, where, refuse)
             continue
-        if key not in fresh and key not in engine.checkpoint_flags + engine.checkpoint_counts:
-            raise refuse(f"{where}: not part of this run's state")
-        if key in engine.checkpoint_flags:
-            if not isinstance(value, bool):
-                raise refuse(f"{where}: not a boolean")
-        elif key in engine.checkpoint_counts:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise refuse(f"{where}: not a count")
-        elif key == "nu" and isinstance(value, dict):
-            _check_site_record(value, path, refuse)
-        elif key in engine.checkpoint_factors:
-            check_saved_factor(value, fresh["Z"], where, refuse)
-        elif key == "mu" and isinstance(saved.get("nu"), dict):
-            continue  # (sites in files: the record under "nu" stands for both)
-        elif is_array(fresh[key]):
-            _check_float_array(value, fresh[key].shape, dtype, where, refuse)
-            _check_finite(value, where, refuse)
-            if key in triangular:
-                _check_lower_triangular(value, where, refuse)
-        elif value is not None:  # begun empty (the vi-* methods' xi): one value a row
-            _check_float_array(value, None, dtype, where, refuse)
-            if value.ndim < 1 or value.shape[0] != n:
-                raise refuse(f"{where}: shape {tuple(value.shape)}, expected {n} rows")
-            _check_finite(value, where, refuse)
+        _check_engine_entry(saved, key, engine, fingerprint["n"], path, refuse)
+
+
+def _check_engine_entry(saved, key, engine, n, path, refuse):
+    """One entry of the engine's part of a checkpoint under its name in this run's state (or the engine's flags,
+    counts and factors, or the record of site files), by ``check_engine_state``'s rules."""
+    fresh, value, where = engine.state, saved[key], f"engine.{key}"
+    dtype = fresh["Z"].dtype
+    if key not in fresh and key not in engine.checkpoint_flags + engine.checkpoint_counts:
+        raise refuse(f"{where}: not part of this run's state")
+    if key in engine.checkpoint_flags:
+        if not isinstance(value, bool):
+            raise refuse(f"{where}: not a boolean")
+    elif key in engine.checkpoint_counts:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise refuse(f"{where}: not a count")
+    elif key == "nu" and isinstance(value, dict):
+        _check_site_record(value, path, refuse)
+    elif key in engine.checkpoint_factors:
+        check_saved_factor(value, fresh["Z"], where, refuse)
+    elif key == "mu" and isinstance(saved.get("nu"), dict):
+        return  # (sites in files: the record under "nu" stands for both)
+    elif is_array(fresh[key]):
+        _check_float_array(value, fresh[key].shape, dtype, where, refuse)
+        _check_finite(value, where, refuse)
+        if key in engine.triangular_state:
+            _check_lower_triangular(value, where, refuse)
+    elif value is not None:  # begun empty (the vi-* methods' xi): one value a row
+        _check_float_array(value, None, dtype, where, refuse)
+        if value.ndim < 1 or value.shape[0] != n:
+            raise refuse(f"{where}: shape {tuple(value.shape)}, expected {n} rows")
+        _check_finite(value, where, refuse)
 
 
 def check_saved_factor(saved, Z, where, refuse):

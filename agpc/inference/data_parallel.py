@@ -400,9 +400,9 @@ def _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, 
 
 
 class DataParallel:
-    """Data-parallel stochastic training of rows that stay on the workers (module docstring), as the engine
-    factory ``training.train`` takes (``engine=``): ``train(RowsOnWorkers(X.shape, dtype), ..., batch_size=
-    dp.rows_per_round, engine=dp)``.
+    """Data-parallel stochastic training of rows that stay on the workers (module docstring): ``round_engine``
+    builds the engine ``training.train`` drives, ``train(RowsOnWorkers(X.shape, dtype), ..., dp.round_engine(...),
+    TrainSettings(batch_size=dp.rows_per_round, ...))``.
 
     ``client``: a ``distributed.Client``, with ``X`` (rows chunked, one column chunk) and ``y`` (labels as the
     engine takes them, chunked alike) dask arrays on its cluster; or a ``workers.LocalWorkers`` pool, with ``X``

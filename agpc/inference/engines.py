@@ -37,9 +37,10 @@ from ..kernels import ClassKernels, log_prior_and_grads, step_lower_bounds
 from ..optim import OPTIMIZERS, Rprop, bounded_step, lbfgsb_ascent
 from . import ep, exact_ep, gfitc, multiclass_ep, multiclass_vi, variational
 
-__all__ = ["Engine", "EngineOptions", "ENGINES", "Forwarded", "forwarding", "Outcome", "EPEngine", "GFITCEngine", "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names",
-           "relative_change", "with_log_prior", "factor_arrays", "factor_from_arrays", "EP_METHODS",
-           "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS", "ALL_METHODS"]
+__all__ = ["Engine", "EngineOptions", "ENGINES", "Forwarded", "forwarding", "Outcome", "EPEngine", "GFITCEngine",
+           "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names", "relative_change", "with_log_prior",
+           "factor_arrays", "factor_from_arrays", "EP_METHODS", "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS",
+           "ALL_METHODS"]
 
 EP_METHODS = ("ep", "sep", "adf")
 QUADRATIC_METHODS = ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
