@@ -18,13 +18,14 @@ rules are those of the states an engine can reach, not of a fresh run:
 - The optimiser's snapshot laid out as this run's (the same containers; numbers where numbers are; arrays of the
   parameter's shape and the run's type under a parameter's name); its arrays may hold inf (Adam's second moment
   of an overflowing gradient), never NaN (refused for every array by ``agpc.checkpoints``).
-- Entries that are no array of the state (flags, counts, EP's tied factor, the record of site files that a fit on
-  a dask array wrote beside the checkpoint) by their own rules below; an engine's own record
-  (``checkpoint_extras``) is checked by the engine as it restores it.
+- Entries that are no array of the state by the rule the engine names them under (its ``checkpoint_flags``,
+  ``checkpoint_counts``, ``checkpoint_factors``: EP's minibatch rebuild flag and tied factor, GFITC's settled flag
+  and sweep count), and the record of site files that a fit on a dask array wrote beside the checkpoint; an
+  engine's own record (``checkpoint_extras``) is checked by the engine as it restores it.
 
 Below training, beside ``agpc.checkpoints`` (which reads the file and its tree): it imports nothing of agpc but
 ``backend``, and knows the engines only by the attributes they all have (``state``, ``optimizer``,
-``has_damping``, ``names``).
+``has_damping``, ``names``, and the optional members of ``engines.Engine``).
 """
 
 from __future__ import annotations
@@ -43,11 +44,6 @@ __all__ = ["check_loop_state", "check_engine_state", "check_saved_factor", "arra
 # The training loop's part of a checkpoint, beside the engine's own: the type of each entry.
 LOOP_FIELDS = {"fingerprint": dict, "engine": dict, "n_steps": int, "n_updates": int, "history": dict,
                "pending": list, "rng": dict, "order": list, "best": dict, "elapsed": (int, float)}
-
-# Entries of an engine's checkpoint that are not arrays of its state: flags and counts (EP's minibatch rebuild,
-# GFITC's settled sites and sweep count).
-_FLAGS = ("needs_rebuild", "settled")
-_COUNTS = ("sweeps",)
 
 
 def is_array(value):
@@ -150,7 +146,7 @@ def _check_layout(fresh, saved, where, param_shapes, dtype, refuse):
 
 
 def _check_site_record(record, path, refuse):
-    """Sites written by the workers (``DaskEngine.store_sites``): the files must be the ones such a checkpoint
+    """Sites written by the workers (``DaskPasses.store_sites``): the files must be the ones such a checkpoint
     writes beside itself, ``<checkpoint>.sites/step-<k>/chunk-<i>.npz``: a file does not choose what we read."""
     if not (isinstance(record, dict) and set(record) == {"site_files", "rows"} and isinstance(record["rows"], list)
             and all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in record["rows"])
@@ -189,52 +185,58 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
     # what an optimiser steps: kernel parameters, Z, and for SVI q itself (whitened_mean, whitened_chol); a checkpoint
     # of an older form may name a state entry as it was named then (the engine's ``legacy_checkpoint_keys``, old name
     # to new: the engine converts it as it restores)
-    legacy = getattr(engine, "legacy_checkpoint_keys", {})
+    legacy = engine.legacy_checkpoint_keys
     shapes = {name: tuple(value.shape) for name, value in params.items()}
     shapes.update({name: tuple(value.shape) for name, value in fresh.items() if is_array(value)})
     shapes.update({old: shapes[new] for old, new in legacy.items()})
     _check_layout(engine.optimizer.snapshot() if engine.optimizer is not None else None, saved.get("optimizer"),
                   "engine.optimizer", shapes, dtype, refuse)
-    triangular = getattr(engine, "triangular_state", ())
-    n = fingerprint["n"]
     for key, value in saved.items():
         where = f"engine.{key}"
         if key in ("kernel", "damping", "optimizer"):
             continue
-        if key in getattr(engine, "checkpoint_extras", ()):  # the engine's own record: it checks it as it restores
+        if key in engine.checkpoint_extras:  # the engine's own record: it checks it as it restores
             continue
         if key in legacy:  # an entry under its older name: checked by the rules of the entry it now is
             if legacy[key] in saved:
                 raise refuse(f"{where}: {legacy[key]} is there as well (one form of the state, not both)")
             _check_float_array(value, shapes[key], dtype, where, refuse)
             _check_finite(value, where, refuse)
-            if legacy[key] in triangular:
+            if legacy[key] in engine.triangular_state:
                 _check_lower_triangular(value, where, refuse)
             continue
-        if key not in fresh and key not in _FLAGS + _COUNTS:
-            raise refuse(f"{where}: not part of this run's state")
-        if key in _FLAGS:
-            if not isinstance(value, bool):
-                raise refuse(f"{where}: not a boolean")
-        elif key in _COUNTS:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise refuse(f"{where}: not a count")
-        elif key == "nu" and isinstance(value, dict):
-            _check_site_record(value, path, refuse)
-        elif key == "factor":
-            check_saved_factor(value, fresh["Z"], where, refuse)
-        elif key == "mu" and isinstance(saved.get("nu"), dict):
-            continue  # (sites in files: the record under "nu" stands for both)
-        elif is_array(fresh[key]):
-            _check_float_array(value, fresh[key].shape, dtype, where, refuse)
-            _check_finite(value, where, refuse)
-            if key in triangular:
-                _check_lower_triangular(value, where, refuse)
-        elif value is not None:  # begun empty (the vi-* methods' xi): one value a row
-            _check_float_array(value, None, dtype, where, refuse)
-            if value.ndim < 1 or value.shape[0] != n:
-                raise refuse(f"{where}: shape {tuple(value.shape)}, expected {n} rows")
-            _check_finite(value, where, refuse)
+        _check_engine_entry(saved, key, engine, fingerprint["n"], path, refuse)
+
+
+def _check_engine_entry(saved, key, engine, n, path, refuse):
+    """One entry of the engine's part of a checkpoint under its name in this run's state (or the engine's flags,
+    counts and factors, or the record of site files), by ``check_engine_state``'s rules."""
+    fresh, value, where = engine.state, saved[key], f"engine.{key}"
+    dtype = fresh["Z"].dtype
+    if key not in fresh and key not in engine.checkpoint_flags + engine.checkpoint_counts:
+        raise refuse(f"{where}: not part of this run's state")
+    if key in engine.checkpoint_flags:
+        if not isinstance(value, bool):
+            raise refuse(f"{where}: not a boolean")
+    elif key in engine.checkpoint_counts:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise refuse(f"{where}: not a count")
+    elif key == "nu" and isinstance(value, dict):
+        _check_site_record(value, path, refuse)
+    elif key in engine.checkpoint_factors:
+        check_saved_factor(value, fresh["Z"], where, refuse)
+    elif key == "mu" and isinstance(saved.get("nu"), dict):
+        return  # (sites in files: the record under "nu" stands for both)
+    elif is_array(fresh[key]):
+        _check_float_array(value, fresh[key].shape, dtype, where, refuse)
+        _check_finite(value, where, refuse)
+        if key in engine.triangular_state:
+            _check_lower_triangular(value, where, refuse)
+    elif value is not None:  # begun empty (the vi-* methods' xi): one value a row
+        _check_float_array(value, None, dtype, where, refuse)
+        if value.ndim < 1 or value.shape[0] != n:
+            raise refuse(f"{where}: shape {tuple(value.shape)}, expected {n} rows")
+        _check_finite(value, where, refuse)
 
 
 def check_saved_factor(saved, Z, where, refuse):

@@ -22,6 +22,7 @@ from . import streaming as S
 from . import validation as V
 from .inducing import initial_inducing_points
 from .inference import training
+from .inference.data_parallel import DataParallel
 from .kernels import ClassKernels, Kernel, with_default_priors
 from .model_file import VALUE_WHEN_ABSENT, FittedState, read_model_file, write_model_file
 
@@ -262,22 +263,32 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
                started=None, data_hash=None, block_rows=None):
-        """The one training loop (``training.train``) with this estimator's settings for its method."""
+        """The one training loop (``training.train``) with this estimator's settings for its method: its engine
+        (``engine``: where the passes run, ``exact_ep`` or a ``DaskPasses``, or a ``DataParallel`` whose rounds
+        are the steps) and the loop's settings and hooks, built here and only here."""
         spec = M.get_method(self.method)
         self.likelihood_ = spec.likelihood_for(self.likelihood, len(classes))
-        settings = dict(
-            method=spec.engine, batch_size=batch_size, jitter=self._jitter_for(Z),
-            max_iter=int(self.max_iter), damping=None if self.damping is None else float(self.damping),
-            optimize=groups, optimizer=self.optimizer, learning_rate=self.learning_rate, tol=float(self.tol),
-            max_time=self.max_time, random_state=rng, shuffle=bool(self.shuffle), validation=validation,
-            eval_every=self.eval_every, n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose),
-            engine=engine, checkpoint_path=self.checkpoint_path, checkpoint_every=self.checkpoint_every,
-            resume=bool(resume), likelihood=None if len(classes) > 2 else self.likelihood_,
-            n_quadrature=int(self.n_quadrature), started=started, data_hash=data_hash,
-            block_rows=self.block_rows if block_rows is None else block_rows,
+        settings = training.TrainSettings(
+            batch_size=batch_size, max_iter=int(self.max_iter), tol=float(self.tol), max_time=self.max_time,
+            random_state=rng, shuffle=bool(self.shuffle), eval_every=self.eval_every,
+            n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose), checkpoint_path=self.checkpoint_path,
+            checkpoint_every=self.checkpoint_every, resume=bool(resume), started=started, data_hash=data_hash,
         )
-        settings.update(spec.training_settings(self.get_params(deep=False), len(classes)))
-        return training.train(X, y, kernel, Z, **settings)
+        options = training.EngineOptions(
+            jitter=self._jitter_for(Z), optimize=groups, block_rows=self.block_rows if block_rows is None else block_rows,
+            damping=None if self.damping is None else float(self.damping), optimizer=self.optimizer,
+            learning_rate=self.learning_rate, likelihood=None if len(classes) > 2 else self.likelihood_,
+            n_quadrature=int(self.n_quadrature), tol=float(self.tol),
+        )
+        settings, options = training.with_overrides(settings, options,
+                                                    spec.training_settings(self.get_params(deep=False), len(classes)))
+        n = X.shape[0]
+        if isinstance(engine, DataParallel):
+            built = engine.round_engine(spec.engine_factory, spec.engine_name, kernel, Z, n_total=n, options=options)
+        else:
+            built = spec.make_engine(kernel, Z, n_total=n, minibatch=settings.minibatch(n), options=options,
+                                     passes=engine)
+        return training.train(X, y, built, settings, training.standard_hooks(settings, validation))
 
     def _jitter_for(self, Z):
         """``jitter``, raised to ``backend.jitter_floor`` for the model's type and number of inducing points

@@ -2,8 +2,9 @@
 
 A method is one ``Method`` record: its family, the likelihoods it takes (the first is the default), its
 capabilities (more than two classes, minibatches, dask arrays, ``partial_fit``, ...), the engine of the one
-training loop (``agpc.inference.engines``) that trains it, and optionally rules of its own between parameters
-(``check_params``) and settings of its own for the training loop (``train_options``). Everything that used to branch on the method's name
+training loop (``agpc.inference.engines``) that trains it (a built-in one by name, or a factory of its own), and
+optionally rules of its own between parameters (``check_params``) and settings of its own for the training loop and
+its engine (``train_options``). Everything that used to branch on the method's name
 reads this table instead: the estimator's parameter checks (read when the parameters are checked, so a method
 registered later is accepted), ``fit``'s dispatch, whether ``partial_fit`` exists, the scikit-learn tags, the
 command line's ``--method`` choices and the support table in docs/methods.md, which ``python docs/support_table.py``
@@ -15,11 +16,13 @@ A new method built on an existing engine is one ``register_method`` call::
 
     register_method(Method("toy-adf", family="ep", engine="adf", likelihoods=("probit",),
                            capabilities={"minibatch", "out_of_core", "validation_data", "checkpoints"}))
+
+A method with an engine of its own passes its factory (an ``agpc.inference.engines.Engine`` subclass, or any callable
+with the signature of ``engines.ENGINES``' values) as ``engine``.
 """
 
 from __future__ import annotations
 
-import inspect
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,8 +30,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from .inference import exact_ep
-from .inference.engines import ALL_METHODS as ENGINES
-from .inference.training import train
+from .inference.engines import ENGINES
+from .inference.training import setting_names
 
 __all__ = [
     "Method",
@@ -77,8 +80,11 @@ class Method:
     family : str
         The kind of approximation ("ep", "variational", "quadratic", "gfitc", ...): methods of one family share a
         documentation page and their engine's machinery.
-    engine : str
-        The engine of the training loop that trains it, one of ``agpc.inference.engines.ALL_METHODS``.
+    engine : str or callable
+        The engine of the training loop that trains it: the name of a built-in one (of
+        ``agpc.inference.engines.ENGINES``), or a factory of its own, called as ``engine(name, kernel, Z, n_total=,
+        minibatch=, options=, passes=None)`` (``options``: an ``agpc.inference.engines.EngineOptions``) and returning
+        an ``agpc.inference.engines.Engine``.
     likelihoods : tuple of str
         The likelihoods ``likelihood=`` may name for it; the first is the default (``likelihood=None``).
     capabilities : set of str
@@ -93,9 +99,9 @@ class Method:
     check_params : callable or None
         Rules of its own between parameters: called with ``get_params()``, raises ValueError.
     train_options : callable or None
-        The method's own settings of the training loop: called by ``fit`` with ``get_params()`` and the number of
-        classes, returns keyword arguments of ``agpc.inference.training.train`` (e.g. ``n_warmup``,
-        ``max_ep_sweeps``) that replace the estimator's.
+        The method's own settings of the training loop and its engine: called by ``fit`` with ``get_params()`` and
+        the number of classes, returns values of fields of ``agpc.inference.training.TrainSettings`` or
+        ``agpc.inference.engines.EngineOptions`` (e.g. ``n_warmup``, ``damping``) that replace the estimator's.
     remarks : mapping of capability to str
         A note after "yes" in the support table (e.g. "binary").
     exact_passes : module or None
@@ -107,7 +113,7 @@ class Method:
 
     name: str
     family: str
-    engine: str
+    engine: str | Callable
     likelihoods: tuple = ("probit",)
     capabilities: frozenset = frozenset()
     multiclass_likelihood: str | None = None
@@ -121,8 +127,9 @@ class Method:
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"a method's name must be a non-empty string, got {self.name!r}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"method {self.name!r}: engine must be one of {list(ENGINES)}, got {self.engine!r}")
+        if not callable(self.engine) and self.engine not in ENGINES:
+            raise ValueError(f"method {self.name!r}: engine must be one of {list(ENGINES)} or an engine factory, got "
+                             f"{self.engine!r}")
         likelihoods = (self.likelihoods,) if isinstance(self.likelihoods, str) else tuple(self.likelihoods)
         if not likelihoods:
             raise ValueError(f"method {self.name!r}: it takes at least one likelihood")
@@ -146,16 +153,31 @@ class Method:
             return self.multiclass_likelihood
         return likelihood or self.likelihoods[0]
 
+    @property
+    def engine_name(self):
+        """The name its engine knows it by: the built-in engine's, or (an engine of its own) the method's."""
+        return self.engine if isinstance(self.engine, str) else self.name
+
+    @property
+    def engine_factory(self):
+        return ENGINES[self.engine] if isinstance(self.engine, str) else self.engine
+
+    def make_engine(self, kernel, Z, *, n_total, minibatch, options, passes=None):
+        """Its engine at (kernel, Z) for ``n_total`` rows (``options``: an ``engines.EngineOptions``; ``passes``:
+        where the passes run, for the engines that take it)."""
+        return self.engine_factory(self.engine_name, kernel, Z, n_total=n_total, minibatch=minibatch,
+                                   options=options, passes=passes)
+
     def training_settings(self, params, n_classes):
-        """The method's own keyword arguments of ``training.train`` (``train_options``), checked: a name the
-        training loop does not take is one ValueError naming the method."""
+        """The method's own settings of the training loop and its engine (``train_options``), checked: a name that
+        is neither is one ValueError naming the method."""
         if self.train_options is None:
             return {}
         settings = dict(self.train_options(params, n_classes))
-        unknown = sorted(set(settings) - set(inspect.signature(train).parameters) - {"method"})
-        if unknown or "method" in settings:
-            raise ValueError(f"method {self.name!r}: train_options returned {unknown or ['method']}, which are not "
-                             "settings of agpc.inference.training.train (the engine is Method.engine)")
+        unknown = sorted(set(settings) - setting_names())
+        if unknown:
+            raise ValueError(f"method {self.name!r}: train_options returned {unknown}, which are not settings of "
+                             "agpc.inference.training.TrainSettings or agpc.inference.engines.EngineOptions")
         return settings
 
     def refusal(self, capability, default):
@@ -177,7 +199,9 @@ def register_method(method, *, replace=False):
         raise ValueError(f"method {method.name!r} is built in and cannot be replaced")
     if method.name in _REGISTRY and not replace:
         raise ValueError(f"method {method.name!r} is registered already (pass replace=True to replace it)")
-    if method.name != method.engine:  # (a built-in method, named as its engine, is what that engine can do)
+    # (a built-in method, named as its engine, is what that engine can do; a method with an engine of its own says
+    # what it can do by its capabilities)
+    if isinstance(method.engine, str) and method.name != method.engine:
         _check_within_engine(method)
     _REGISTRY[method.name] = method
     return method

@@ -5,7 +5,7 @@ The places: this process (arrays in memory, data on disk read a block at a time,
 at a time), passing the exact model's full-GP passes or nothing as the engine; worker processes on this machine
 (``n_jobs``: the rows written once, shuffled, into ``workers.SharedRows`` the workers map, trained by the
 data-parallel rounds of ``data_parallel.DataParallel``); and a dask cluster (batch passes of one task a chunk,
-``dask_engine.DaskEngine``; data-parallel rounds on the chunks where they are; or, with ``local_steps=0``, the
+``dask_engine.DaskPasses``; data-parallel rounds on the chunks where they are; or, with ``local_steps=0``, the
 chunks brought to this process in turn, ``dask_engine.ChunkedRows``). Each place gives the training loop the same
 (X, y, engine, batch_size, block_rows), and whatever it started (worker processes, the rows' files, an engine's
 state on the workers, a ``LocalCluster`` of its own) is ended however the fit ends.
@@ -24,7 +24,7 @@ from . import methods as M
 from . import size_rule, threads
 from . import workers as W
 from .batch_size import gpu_block_rows, rows_per_step
-from .inference.dask_engine import ChunkedRows, DaskEngine
+from .inference.dask_engine import ChunkedRows, DaskPasses
 from .inference.data_parallel import DataParallel, RowsOnWorkers, refusal
 
 __all__ = ["LOCAL_CHUNK_ROWS", "PlacedRows", "Placement", "n_jobs_for", "local_chunk_rows", "blas_scope"]
@@ -136,7 +136,7 @@ class Placement:
         if not M.supports(estimator.method, "dask_batch"):
             raise ValueError(f"{estimator.method} on a dask array trains on minibatches (batch_size below the number "
                              "of rows): a full-batch step would bring every row to the driver")
-        self._engine = DaskEngine(client, X.chunks[0], site_directory=estimator.site_directory)
+        self._engine = DaskPasses(client, X.chunks[0], site_directory=estimator.site_directory)
         return PlacedRows(X, y, self._engine, batch_size, None)
 
 

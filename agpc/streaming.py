@@ -17,7 +17,6 @@ from .inputs import dtype_name
 __all__ = ["ROWS_SEEN", "structure", "check_continuable", "stream_trainer", "trainer_from_fitted", "step"]
 
 ROWS_SEEN = "n_rows_seen"  # the history entry of partial_fit: the rows the stream has brought so far
-_MAX_RETRIES = 31  # a step that diverges is retried with halved damping and steps, at most this many times
 
 
 def structure(estimator):
@@ -52,11 +51,12 @@ def check_continuable(estimator, fitted_with, classes):
 
 def stream_trainer(estimator, kernel, Z, n_total, groups, jitter):
     """A minibatch trainer of the estimator's method (its engine, ``agpc.methods``) at (kernel, Z)."""
-    return training.Trainer(
-        kernel, Z, method=M.get_method(estimator.method).engine, n_total=n_total, minibatch=True, jitter=jitter,
-        damping=None if estimator.damping is None else float(estimator.damping), optimize=groups,
+    options = training.EngineOptions(
+        jitter=jitter, optimize=groups, damping=None if estimator.damping is None else float(estimator.damping),
         optimizer=estimator.optimizer, learning_rate=estimator.learning_rate,
     )
+    engine = M.get_method(estimator.method).make_engine(kernel, Z, n_total=n_total, minibatch=True, options=options)
+    return training.Trainer(engine)
 
 
 def trainer_from_fitted(estimator, groups, n_total, rows, rows_seen):
@@ -92,11 +92,7 @@ def step(trainer, X, y, rows_seen):
     """One guarded stream step on the rows (X, y), recorded in the history with the count of rows seen (which
     travels with the history into model files: a loaded stream model goes on from it). Returns (posterior,
     log Z)."""
-    rows = X.shape[0]
-    for _ in range(_MAX_RETRIES):
-        took, _, _ = trainer.step(X, y, 0, rows, stepping=bool(trainer.names))
-        if took:
-            break
+    trainer.step_until_taken(X, y, 0, X.shape[0], stepping=bool(trainer.names))
     trainer.record()
     trainer.history.setdefault(ROWS_SEEN, []).append(float(rows_seen))
     return trainer.posterior()

@@ -155,7 +155,7 @@ class Recorder:
 
 
 class ValidationRecorder(Recorder):
-    """``training.validation_scores``, called after every step (eval_every=1)."""
+    """``training.Trainer.validation_scores``, called after every step (eval_every=1)."""
 
     def wrap(self, original):
         def wrapped(trainer, X, y, validation):
@@ -178,7 +178,7 @@ def run_gp(method, X_train, y_train, X_test, y_test, args):
                        max_time=args.budget, random_state=args.seed,
                        kernel_prior=None if method.endswith(ML_SUFFIX) else "auto")
     clf.set_params(eval_every=1)
-    rec = ValidationRecorder(training, "validation_scores", early, late)
+    rec = ValidationRecorder(training.Trainer, "validation_scores", early, late)
     fit_kw = {"validation_data": (X_test, y_test)}
     with rec:
         t0 = time.perf_counter()

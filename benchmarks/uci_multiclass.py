@@ -194,7 +194,7 @@ def timing(args):
         for m in args.timing_ms:
             kernels = ClassKernels([RBF([2.0] * d, 1.0, 0.1).for_inputs(X)] * C)
             Z = np.stack([X[rng.choice(n, m, replace=False)] for _ in range(C)])
-            fit = training.train(X, y, kernels, Z, max_iter=3, optimize=(), jitter=1e-6)  # sites away from zero
+            fit = training.fit(X, y, kernels, Z, max_iter=3, optimize=(), jitter=1e-6)  # sites away from zero
             times = []
             for _ in range(3):
                 t0 = time.perf_counter()

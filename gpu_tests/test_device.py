@@ -49,7 +49,7 @@ def test_ep_gradient_matches_finite_differences(gpu, kernel_cls):
     X, y = gpu.put(X_np), gpu.put(y_np)
     Z = gpu.put(X_np[:6] + 0.1)
     kernel = kernel_cls(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(X)
-    fit = training.train(X, y, kernel, Z, jitter=1e-6, max_iter=3000, optimize=(), tol=1e-13)
+    fit = training.fit(X, y, kernel, Z, jitter=1e-6, max_iter=3000, optimize=(), tol=1e-13)
     nu, mu = fit.site_precision, fit.site_shift
     grads = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=1e-6)["grads"]
     assert gpu.on_device(grads["Z"])

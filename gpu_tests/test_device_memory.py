@@ -33,7 +33,7 @@ def _mock_free(monkeypatch, gpu, free):
 
 
 def _train(X, y, kernel, Z):
-    return training.train(X, y, kernel, Z, method="ep", batch_size=None, max_iter=3, n_warmup=1)
+    return training.fit(X, y, kernel, Z, method="ep", batch_size=None, max_iter=3, n_warmup=1)
 
 
 def test_batch_ep_streams_host_rows_in_the_blocks_that_fit(gpu, monkeypatch):

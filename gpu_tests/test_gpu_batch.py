@@ -113,9 +113,9 @@ def test_a_gpu_fit_with_auto_batches_takes_the_chosen_minibatch_in_one_block(mon
     seen = []
     original = training.train
 
-    def recording(*args, **kwargs):
-        seen.append((kwargs["batch_size"], kwargs["block_rows"]))
-        return original(*args, **kwargs)
+    def recording(X, y, engine, settings, hooks):
+        seen.append((settings.batch_size, engine.block_rows))
+        return original(X, y, engine, settings, hooks)
 
     monkeypatch.setattr(training, "train", recording)
     model = GPClassifier(method="sep", n_inducing=5, max_iter=1, random_state=0).fit(mock.put(X), mock.put(y))

@@ -211,17 +211,17 @@ def test_training_reuses_the_sums_only_while_the_hyperparameters_stay(monkeypatc
     visits = []
     sums_over_rows = ep.site_sums_over_rows
     monkeypatch.setattr(ep, "site_sums_over_rows", lambda *a, **k: visits.append(1) or sums_over_rows(*a, **k))
-    fit = training.train(X, y, kernel, Z, **options)
+    fit = training.fit(X, y, kernel, Z, **options)
     # steps: 4 warm-up sweeps (the first forms the sums, the next three take them), then 3 steps on the
     # hyper-parameters (the first takes the last warm-up's sums, the next two follow a step); the final pass
     # (after a step)
     assert len(visits) == 1 + 2 + 1
     visits.clear()
-    fixed = training.train(X, y, kernel, Z, **dict(options, optimize=()))  # nothing to learn: every pass
+    fixed = training.fit(X, y, kernel, Z, **dict(options, optimize=()))  # nothing to learn: every pass
     assert fixed.n_iter == 3 and len(visits) == 1  # after the first takes the sums the one before it left
     monkeypatch.setattr(EPEngine, "_binary_batch_options",
                         lambda self, stepping: {"nonnegative_sites": self.sites_nonnegative})
-    plain = training.train(X, y, kernel, Z, **options)
+    plain = training.fit(X, y, kernel, Z, **options)
     assert abs(fit.log_z - plain.log_z) <= 1e-9 * abs(plain.log_z)
     np.testing.assert_allclose(to_np(fit.site_precision), to_np(plain.site_precision), rtol=1e-8, atol=1e-12)
     np.testing.assert_allclose(to_np(fit.Z), to_np(plain.Z), rtol=1e-9, atol=1e-12)

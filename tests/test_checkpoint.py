@@ -10,7 +10,7 @@ import pytest
 
 from agpc import GPClassifier, checkpoints
 from agpc.datasets import make_banana
-from agpc.inference import training
+from agpc.inference import checkpointing, training
 
 
 class Interrupt(Exception):
@@ -174,14 +174,14 @@ def test_a_checkpoint_from_before_priors_were_recorded_resumes_without_priors_on
     path = tmp_path / "run.ckpt"
     params = dict(n_inducing=5, max_iter=3, random_state=0, checkpoint_path=path, checkpoint_every=2,
                   kernel_prior=None)
-    save = training.save_checkpoint
+    save = checkpointing.save_checkpoint
 
     def save_as_before(path, state):  # the fingerprint as it was written then: no "priors"
         state = {**state, "fingerprint": {k: v for k, v in state["fingerprint"].items() if k != "priors"}}
         return save(path, state)
 
     with monkeypatch.context() as patched:
-        patched.setattr(training, "save_checkpoint", save_as_before)
+        patched.setattr(checkpointing, "save_checkpoint", save_as_before)
         GPClassifier(**params).fit(X, y)
     with pytest.raises(ValueError, match="differing in priors"):
         GPClassifier(**{**params, "kernel_prior": "auto"}).fit(X, y, resume=True)

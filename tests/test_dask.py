@@ -249,7 +249,7 @@ def test_quadratic_bound_on_chunks_equals_in_memory(client, data, kind):
     chunks' sums of the quadratic terms give the in-memory value, gradients and q to 1e-10; m_i and S_i stay dask
     arrays."""
     from agpc.inference import variational
-    from agpc.inference.dask_engine import DaskEngine
+    from agpc.inference.dask_engine import DaskPasses
     from agpc.kernels import RBF
 
     X, y, _ = data
@@ -258,7 +258,7 @@ def test_quadratic_bound_on_chunks_equals_in_memory(client, data, kind):
     Z = X[:8] + 0.05
     xi = np.random.default_rng(0).uniform(0.1, 2.0, X.shape[0])
     chunks = (250, 200, 150)
-    engine = DaskEngine(client, chunks)
+    engine = DaskPasses(client, chunks)
     on_chunks = engine.quadratic_bound(kernel, Z, da.from_array(X, chunks=(chunks, 2)), da.from_array(y, chunks=(chunks,)),
                                        da.from_array(xi, chunks=(chunks,)), kind=kind, jitter=1e-6, block_rows=90)
     in_memory = variational.quadratic_bound(kernel, Z, X, y, xi, kind=kind, jitter=1e-6)

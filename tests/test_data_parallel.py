@@ -17,7 +17,7 @@ from agpc.backend import host_rng  # noqa: E402
 from agpc.datasets import make_banana  # noqa: E402
 from agpc.inference import data_parallel, ep, training  # noqa: E402
 from agpc.inference.dask_engine import local_cluster, persisted_blocks  # noqa: E402
-from agpc.inference.engines import make_engine  # noqa: E402
+from agpc.inference.engines import EngineOptions, EPEngine, make_engine  # noqa: E402
 from agpc.kernels import RBF  # noqa: E402
 from test_dask import assert_same_model  # noqa: E402  (one statement of "the same model" for lost workers)
 
@@ -447,8 +447,7 @@ def test_a_reverted_step_in_a_shard_keeps_eps_sites_consistent(monkeypatch, tmp_
     y = y.astype(float)
     kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
     Z = X[:6] + 0.05
-    options = dict(jitter=JITTER, optimize=("kernel", "inducing"), block_rows=None, damping=None, optimizer=None,
-                   learning_rate=None, site_precision=np.zeros(0), site_shift=np.zeros(0))
+    options = EngineOptions(jitter=JITTER, optimize=("kernel", "inducing"), site_rows=0)
     real, calls = ep.evaluate_factor, {"n": 0}
 
     def third_fails(*args, **kwargs):
@@ -457,16 +456,15 @@ def test_a_reverted_step_in_a_shard_keeps_eps_sites_consistent(monkeypatch, tmp_
         return dict(out, log_z=out["log_z"] * np.nan) if calls["n"] == 3 else out
 
     monkeypatch.setattr(ep, "evaluate_factor", third_fails)
-    template = make_engine("ep", kernel, Z, n_total=120, minibatch=True, **options)
-    spec = {"method": "ep", "options": options, "kernel": kernel, "Z": Z, "n_total": 120, "seed": 5, "batch_size": 40,
+    template = EPEngine("ep", kernel, Z, n_total=120, minibatch=True, options=options)
+    spec = {"factory": EPEngine, "method": "ep", "options": options, "kernel": kernel, "Z": Z, "n_total": 120, "seed": 5, "batch_size": 40,
             "optimizer": template.optimizer.snapshot(), "damping": template.damping, "total": ep.uniform_factor(Z),
             "state": {}, "factors": {0: ep.uniform_factor(Z)}, "site_files": {0: None},
             "site_directory": str(tmp_path), "generation": 1}
     out = data_parallel.step_shard(spec, [(0, 0, 0, 3)], {0: (X, y)})
     calls["n"] = 0
     order = data_parallel.chunk_permutation(5, 0, 0, 120)
-    alone = training.Trainer(kernel, Z, method="ep", n_total=120, minibatch=True,
-                             **{k: v for k, v in options.items() if not k.startswith("site")})
+    alone = training.Trainer(kernel, Z, method="ep", n_total=120, minibatch=True, jitter=JITTER)
     steps = [(0, 40), (40, 80), (80, 120)]
     while steps:
         if alone.step(X[order], y[order], *steps[0], stepping=True)[0]:

@@ -28,7 +28,7 @@ def test_log_z_gradient_matches_finite_differences_at_ep_fixed_point(kernel_cls,
     X, y = to_xp(X_np, xp, device), to_xp(y_np, xp, device)
     Z = to_xp(X_np[:7] + 0.1, xp, device)
     kernel = kernel_cls(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(X)
-    fit = training.train(X, y, kernel, Z, jitter=JITTER, max_iter=3000, optimize=(), tol=1e-13)
+    fit = training.fit(X, y, kernel, Z, jitter=JITTER, max_iter=3000, optimize=(), tol=1e-13)
     assert fit.converged
     nu, mu = fit.site_precision, fit.site_shift
     grads = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER)["grads"]
@@ -132,7 +132,7 @@ def test_non_finite_log_z_reverts_and_halves_damping_and_steps(monkeypatch):
         return out
 
     monkeypatch.setattr(ep, "evaluate", flaky_evaluate)
-    fit = training.train(X, y, kernel, Z, jitter=JITTER, max_iter=30, damping=0.5)
+    fit = training.fit(X, y, kernel, Z, jitter=JITTER, max_iter=30, damping=0.5)
     damping = fit.history["damping"]
     assert damping[0] == 0.5 and damping[-1] == 0.125  # halved twice
     assert len(fit.history["log_marginal_likelihood"]) == fit.n_iter == 40  # 10 warm-up + 30, failures not counted
@@ -192,7 +192,7 @@ def test_minibatch_ep_rebuilds_the_site_product_when_cavities_fail(monkeypatch):
 
     with_failed_cavities.calls, with_failed_cavities.fail_at = 0, 2
     monkeypatch.setattr(ep, "evaluate_factor", with_failed_cavities)
-    training.train(X, y, kernel, X[:6].copy(), method="ep", batch_size=50, max_iter=2, jitter=JITTER, random_state=0)
+    training.fit(X, y, kernel, X[:6].copy(), method="ep", batch_size=50, max_iter=2, jitter=JITTER, random_state=0)
     # one rebuild at the start of epoch 2 (after 4 steps) and one forced after the third step
     assert rebuilt == [3, 4]
 

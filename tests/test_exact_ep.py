@@ -66,7 +66,7 @@ def test_gradient_matches_finite_differences_at_the_fixed_point(kernel_cls, xp_d
     X_np, y_np = binary_toy(30)
     X, y = to_xp(X_np, xp, device), to_xp(y_np, xp, device)
     kernel = kernel_cls(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(X)
-    fit = training.train(X, y, kernel, X, engine=exact_ep, jitter=1e-6, max_iter=3000, optimize=(), tol=1e-13)
+    fit = training.fit(X, y, kernel, X, passes=exact_ep, jitter=1e-6, max_iter=3000, optimize=(), tol=1e-13)
     assert fit.converged
     nu, mu = fit.site_precision, fit.site_shift
     grads = exact_ep.evaluate(kernel, X, X, y, nu, mu, jitter=1e-6)["grads"]
@@ -192,7 +192,7 @@ def test_multiclass_gradient_matches_finite_differences_at_the_fixed_point(xp_de
     kernels = ClassKernels([RBF(lengthscales=[0.7, 1.2], amplitude=1.0 + 0.5 * c, noise=0.03).for_inputs(X)
                             for c in range(3)])
     Z = xp.stack([X] * 3)
-    fit = training.train(X, y, kernels, Z, engine=exact_ep, jitter=1e-6, max_iter=3000, optimize=(), tol=1e-13)
+    fit = training.fit(X, y, kernels, Z, passes=exact_ep, jitter=1e-6, max_iter=3000, optimize=(), tol=1e-13)
     assert fit.converged
     nu, mu = fit.site_precision, fit.site_shift
     grads = exact_ep.evaluate(kernels, Z, X, y, nu, mu, jitter=1e-6)["grads"]

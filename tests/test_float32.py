@@ -188,7 +188,7 @@ def test_batch_ep_gradient_in_float32_matches_finite_differences():
     Z = X[:7] + np.float32(0.1)
     kernel64 = RBF(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(X.astype(np.float64))
     jitter = 1e-4
-    fit = training.train(X.astype(np.float64), y.astype(np.float64), kernel64, Z.astype(np.float64), jitter=jitter,
+    fit = training.fit(X.astype(np.float64), y.astype(np.float64), kernel64, Z.astype(np.float64), jitter=jitter,
                          max_iter=3000, optimize=(), tol=1e-12)
     nu, mu = fit.site_precision.astype(np.float32), fit.site_shift.astype(np.float32)
     kernel = RBF(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(X)

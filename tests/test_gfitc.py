@@ -38,7 +38,7 @@ def _class_kernels(X):
 
 def _fixed_point(kernel, Z, X, y, tol_ep, damping=0.5):
     """EP run to convergence at fixed hyper-parameters: the one loop with nothing to optimise."""
-    fit = training.train(X, y, kernel, Z, method="gfitc", jitter=JITTER, damping=damping, optimize=(), tol=tol_ep,
+    fit = training.fit(X, y, kernel, Z, method="gfitc", jitter=JITTER, damping=damping, optimize=(), tol=tol_ep,
                          max_iter=5000)
     assert fit.converged
     return fit.site_precision, fit.site_shift
@@ -107,7 +107,7 @@ def test_equals_textbook_full_gp_ep_on_the_fitc_prior(inducing):
     else:
         kernel, Z = RBF(lengthscales=[0.9], amplitude=2.0, noise=0.1), np.linspace(-2.5, 2.5, 6)[:, None]
     k = kernel.for_inputs(X)
-    fit = training.train(X, y, k, Z, method="gfitc", jitter=JITTER, max_iter=5000, optimize=(), tol=1e-13)
+    fit = training.fit(X, y, k, Z, method="gfitc", jitter=JITTER, max_iter=5000, optimize=(), tol=1e-13)
     assert fit.converged
 
     Kmm = k.K(Z) + JITTER * np.eye(Z.shape[0])
@@ -136,7 +136,7 @@ def test_binary_fixed_point_is_method_ep_fixed_point(binary_fixed_point):
     methods differ in the schedule: GFITC converges EP before every hyper-parameter step."""
     X, y, Z, (tau, nu) = binary_fixed_point
     kernel = RBF(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(X)
-    fit = training.train(X, y, kernel, Z, jitter=JITTER, max_iter=3000, optimize=(), tol=1e-13)
+    fit = training.fit(X, y, kernel, Z, jitter=JITTER, max_iter=3000, optimize=(), tol=1e-13)
     assert fit.converged
     s = kernel.Kdiag(X) - np.sum(kernel.K(X, Z) * np.linalg.solve(kernel.K(Z) + JITTER * np.eye(7), kernel.K(Z, X)).T,
                                  axis=1)
@@ -237,7 +237,7 @@ def test_non_finite_log_z_reverts_and_halves_damping_and_steps(monkeypatch):
         return dict(real(*args, **kwargs), log_z=float("nan")) if len(passes) == 30 else real(*args, **kwargs)
 
     monkeypatch.setattr(gfitc, "evaluate", failing_on_passes_30_and_45)
-    fit = training.train(X, y, kernel, X[:5].copy(), method="gfitc", jitter=JITTER, max_iter=8, tol=1e-4)
+    fit = training.fit(X, y, kernel, X[:5].copy(), method="gfitc", jitter=JITTER, max_iter=8, tol=1e-4)
     assert len(passes) > 45 and fit.n_iter == 8
     assert fit.history["damping"][0] == 0.5 and fit.history["damping"][-1] == 0.125  # halved twice
     assert np.all(np.isfinite(fit.history["log_marginal_likelihood"]))

@@ -1,5 +1,5 @@
 """The one training loop drives every method: the same history keys, validation and early stopping,
-checkpoints and resume, time budget and guard rails, whatever the engine (issue 14, part 1)."""
+checkpoints and resume, time budget and guard rails, whatever the engine."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import pytest
 from agpc import RBF, CholeskyError, GPClassifier, JitterWarning
 from agpc import backend as agpc_backend
 from agpc.datasets import make_banana
-from agpc.inference import engines, multiclass_vi, training
+from agpc.inference import engines, hooks, multiclass_vi, training
 from test_checkpoint import interrupted_then_resumed
 
 COMMON_KEYS = {"log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps"}
@@ -212,9 +212,9 @@ def test_time_budget_keeps_room_for_the_final_pass_in_batch_mode_only(monkeypatc
     pass of about one step) would carry past the deadline; minibatch mode makes its exact final pass over all
     rows only when its measured cost fits, and never when it has not been measured (SVI's bound)."""
     clock = {"now": 100.0}
-    monkeypatch.setattr(training.time, "perf_counter", lambda: clock["now"])
-    batch = training._TimeBudget(10.0, started=100.0, batch=True)
-    minibatch = training._TimeBudget(10.0, started=100.0, batch=False)
+    monkeypatch.setattr(hooks.time, "perf_counter", lambda: clock["now"])
+    batch = hooks.TimeBudget(10.0, started=100.0, batch=True)
+    minibatch = hooks.TimeBudget(10.0, started=100.0, batch=False)
     assert not batch.exhausted(False) and not minibatch.exhausted(False)  # nothing measured yet
     for budget in (batch, minibatch):
         clock["now"] = 100.0

@@ -39,7 +39,7 @@ def test_log_z_gradient_matches_finite_differences_at_ep_fixed_point(xp_device):
     rng = np.random.default_rng(3)
     Z = to_xp(np.stack([X_np[rng.choice(60, 4, replace=False)] + 0.05 * c for c in range(3)]), xp, device)
     kernels = _kernels(X)
-    fit = training.train(X, y, kernels, Z, jitter=JITTER, max_iter=4000, optimize=(), tol=1e-13)
+    fit = training.fit(X, y, kernels, Z, jitter=JITTER, max_iter=4000, optimize=(), tol=1e-13)
     assert fit.converged
     nu, mu = fit.site_precision, fit.site_shift
     assert tuple(nu.shape) == (60, 6)
@@ -131,9 +131,9 @@ def test_sep_with_one_row_equals_ep():
     y = np.array([1.0])
     kernels = ClassKernels([RBF([1.0, 1.0], 1.0, 0.1).for_inputs(X) for _ in range(2)])
     Z = np.stack([X, X + 0.2])
-    ep_fit = training.train(X, y, kernels, Z, method="ep", jitter=JITTER, max_iter=200, optimize=(), tol=1e-14,
+    ep_fit = training.fit(X, y, kernels, Z, method="ep", jitter=JITTER, max_iter=200, optimize=(), tol=1e-14,
                             damping=1.0)
-    sep_fit = training.train(X, y, kernels, Z, method="sep", jitter=JITTER, max_iter=200, optimize=(), tol=1e-14,
+    sep_fit = training.fit(X, y, kernels, Z, method="sep", jitter=JITTER, max_iter=200, optimize=(), tol=1e-14,
                              damping=1.0)
     assert sep_fit.log_z == pytest.approx(ep_fit.log_z, rel=1e-10)
 

@@ -160,6 +160,23 @@ def test_a_method_sets_its_own_training_loop_settings():
         M.unregister_method(bad.name)
 
 
+def test_a_method_sets_its_own_engine_options():
+    """``train_options`` also name options of the engine (``EngineOptions``): a method of EP that always damps by
+    0.25 trains the model EP trains with damping=0.25."""
+    damped = M.Method("toy-ep-damped", family="ep", engine="ep", train_options=lambda params, n_classes: {"damping": 0.25})
+    M.register_method(damped)
+    try:
+        X, y = _data(60)
+        options = dict(n_inducing=5, max_iter=3, batch_size=None, random_state=0)
+        own = GPClassifier(method="toy-ep-damped", **options).fit(X, y)
+        np.testing.assert_array_equal(own.history_["damping"], [0.25] * len(own.history_["damping"]))
+        reference = GPClassifier(method="ep", damping=0.25, **options).fit(X, y)
+        np.testing.assert_array_equal(own.predict_proba(X), reference.predict_proba(X))
+        assert not np.array_equal(own.predict_proba(X), GPClassifier(method="ep", **options).fit(X, y).predict_proba(X))
+    finally:
+        M.unregister_method(damped.name)
+
+
 def test_a_toy_method_without_dask_is_refused_on_a_dask_array_before_any_cluster(toy):
     da = pytest.importorskip("dask.array")
     X, y = _data(40)

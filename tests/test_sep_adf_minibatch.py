@@ -25,8 +25,8 @@ def test_sep_with_one_datum_equals_ep():
     kernel = RBF(lengthscales=[0.8, 1.2], amplitude=1.5, noise=0.1).for_inputs(X)
     Z = np.array([[0.0, 0.0], [1.0, 0.5], [-0.7, 0.2]])
     common = dict(jitter=JITTER, max_iter=500, optimize=(), tol=1e-14)
-    fit_ep = training.train(X, y, kernel, Z, method="ep", **common)
-    fit_sep = training.train(X, y, kernel, Z, method="sep", **common)
+    fit_ep = training.fit(X, y, kernel, Z, method="ep", **common)
+    fit_sep = training.fit(X, y, kernel, Z, method="sep", **common)
     assert fit_ep.converged and fit_sep.converged
     assert abs(fit_ep.log_z - fit_sep.log_z) < 1e-10
     for a, b in zip(_moments(fit_ep), _moments(fit_sep)):
@@ -41,8 +41,8 @@ def test_adf_equals_one_ep_sweep_from_the_prior(xp_device):
     kernel = RBF(lengthscales=[0.8, 0.8], amplitude=2.0, noise=0.01).for_inputs(X)
     Z = to_xp(X_np[:8], xp, device)
     common = dict(jitter=JITTER, max_iter=1, optimize=(), damping=1.0)
-    adf = training.train(X, y, kernel, Z, method="adf", **common)
-    sweep = training.train(X, y, kernel, Z, method="ep", **common)
+    adf = training.fit(X, y, kernel, Z, method="adf", **common)
+    sweep = training.fit(X, y, kernel, Z, method="ep", **common)
     assert sweep.n_iter == 1 and adf.n_iter == 1
     for a, b in zip(adf.posterior.mean_and_cov(), sweep.posterior.mean_and_cov()):
         np.testing.assert_allclose(to_np(a), to_np(b), rtol=1e-10, atol=1e-12)
@@ -99,7 +99,7 @@ def test_stochastic_gradient_is_unbiased(method):
     y = y.astype(float)
     kernel = RBF(lengthscales=[0.9, 0.8], amplitude=2.0, noise=0.01).for_inputs(X)
     Z = X[:6] + 0.05
-    fit = training.train(X, y, kernel, Z, method=method, max_iter=30, optimize=(), jitter=JITTER)
+    fit = training.fit(X, y, kernel, Z, method=method, max_iter=30, optimize=(), jitter=JITTER)
     factor = ep.exact_factor(kernel, Z, X, fit.site_precision, fit.site_shift, jitter=JITTER) if method == "ep" else fit.factor
     nu = fit.site_precision if method == "ep" else None
     mu = fit.site_shift if method == "ep" else None

@@ -191,7 +191,7 @@ def test_each_phase_of_a_fit_chooses_its_own_thread_count(machine, monkeypatch, 
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=1e-3).for_inputs(X)
     with threads.blas_threads(1, 10) as enclosing:
         assert enclosing == 7 and machine.num_threads == 7
-        training.train(X, y, kernel, X[:10].copy(), method="ep", batch_size=PHASE_ROWS["step"], max_iter=2,
+        training.fit(X, y, kernel, X[:10].copy(), method="ep", batch_size=PHASE_ROWS["step"], max_iter=2,
                        random_state=0)
     assert seen and set(seen) == {FAKE_RULE[PHASE_ROWS[phase]]}, (phase, seen)
     assert machine.num_threads == CORES

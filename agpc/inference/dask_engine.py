@@ -9,7 +9,7 @@ results are added on the workers in a tree (``ep.add_sweeps``) and only the sum 
 factorises, steps the hyper-parameters and sends (kernel, Z, q) with the next round of tasks. EP's sites are
 dask arrays chunked like the rows and persisted on the workers: they are never gathered to the driver.
 
-The engine plugs into ``training.Trainer`` (``engine=``), so damping, the guard rails, validation and early
+The passes plug into an engine (``passes=``), so damping, the guard rails, validation and early
 stopping are the single-machine ones.
 
 Minibatch training is data-parallel by default (``data_parallel``: rounds of several steps on each worker).
@@ -34,7 +34,7 @@ from ..threads import task_blas_threads
 from ..workers import HEAP_THRESHOLD
 from . import ep, multiclass_ep, variational
 
-__all__ = ["ChunkedRows", "DaskEngine", "WORKER_ENVIRON", "local_cluster", "persisted_blocks"]
+__all__ = ["ChunkedRows", "DaskPasses", "WORKER_ENVIRON", "local_cluster", "persisted_blocks"]
 
 # glibc in a dask worker: the nanny sets MALLOC_TRIM_THRESHOLD_, and setting it turns off glibc's adaptive
 # mmap threshold, so every block temporary above 128 KiB is a fresh mmap whose pages fault in again each
@@ -43,7 +43,7 @@ __all__ = ["ChunkedRows", "DaskEngine", "WORKER_ENVIRON", "local_cluster", "pers
 # process: 11-12 s). The nanny's trim threshold (64 KiB) then gives the top of the heap back to the system
 # at almost every free, and the m x m temporaries of a minibatch step fault their pages in again: a SEP step
 # (m = 200, 200 rows) took 7.1-7.4 ms with it and 5.3-5.7 ms with a 64 MiB trim threshold, as without either
-# setting (issue 18; the heap then keeps at most 64 MiB it no longer uses).
+# setting (the heap then keeps at most 64 MiB it no longer uses).
 WORKER_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": HEAP_THRESHOLD, "MALLOC_TRIM_THRESHOLD_": HEAP_THRESHOLD}
 
 
@@ -195,7 +195,7 @@ class ChunkedRows:
 
 class _SiteGeneration:
     """One generation of site files (a file a chunk, in one directory); the directory is removed when no
-    array reading it is left (the arrays hold this object, see ``DaskEngine._file_sites``)."""
+    array reading it is left (the arrays hold this object, see ``DaskPasses._file_sites``)."""
 
     def __init__(self, directory):
         self.directory = directory
@@ -210,8 +210,9 @@ def _sweep_to_files(kernel, Z, X, y, site_precision, site_shift, cavity, *, path
     return ep.without_rows(out)
 
 
-class DaskEngine:
-    """The engine ``training.Trainer`` calls for rows held in a dask.array (binary model).
+class DaskPasses:
+    """The passes over rows held in a dask.array, in the place of the ``ep`` / ``multiclass_ep`` / ``variational``
+    module: an engine (``engines.EPEngine``, ``engines.QuadraticEngine``) runs its passes through it.
 
     ``client``: a ``distributed.Client``. The data must be chunked along rows only; sites follow the rows'
     chunks. Every pass submits one task per chunk for the sums, one per chunk for the sweep (which also
@@ -480,3 +481,5 @@ class DaskEngine:
         import dask.array as da
 
         return self.client.persist(da.map_blocks(variational.update_xi, mean, var, kind, dtype=mean.dtype))
+
+

@@ -1,10 +1,10 @@
-"""Data-parallel stochastic training: minibatch SEP, EP and SVI in rounds, on a dask cluster (issue 18) or in local
-worker processes (``GPClassifier(n_jobs=...)``, issue 24).
+"""Data-parallel stochastic training: minibatch SEP, EP and SVI in rounds, on a dask cluster or in local worker
+processes (``GPClassifier(n_jobs=...)``).
 
 The rows stay where they are. They are cut into *shards*, fixed groups of stored chunks, one shard per
 worker at the start of the fit. A *round* is one task per shard: the task runs minibatch steps of the method's own
-engine (``engines.make_engine``, stepped through ``training.Trainer.step``: the same step, guard included, as the
-single-process fit) on minibatches drawn from its shard's chunks, against the global state the driver sent, and
+engine (built by the method's factory, stepped through ``training.Trainer.step_until_taken``: the same step, guard and
+retry rule included, as the single-process fit) on minibatches drawn from its shard's chunks, against the global state the driver sent, and
 returns the state it ends at. How many steps: ``local_steps`` each when it is given; by default
 ``DEFAULT_LOCAL_STEPS`` a shard on average, shared out by ``balanced_steps`` in proportion to the speed (steps a
 second) each shard's tasks showed in the rounds before, so that a worker whose core other work shares takes fewer
@@ -42,8 +42,8 @@ local pool) runs its shard's task on another worker with the same inputs: the ro
 compare to 1e-12); across machines, within what their BLAS libraries' different summation orders give. With the
 default balanced rounds the steps of the rounds after it follow the timing (as every balanced fit's do).
 
-The rounds are the training loop's steps: ``DataParallel`` is an engine factory for ``training.train``
-(``engine=``), so the schedule of epochs (``max_iter`` counts passes over the rows), ``max_time``, the
+The rounds are the training loop's steps: ``DataParallel.round_engine`` builds the engine ``training.train`` drives,
+whose step is a round, so the schedule of epochs (``max_iter`` counts passes over the rows), ``max_time``, the
 history, the progress bar and the guard are the single-process ones. A round sees
 ``n_shards * local_steps * batch_size`` rows (``local_steps``: the average, ``DEFAULT_LOCAL_STEPS`` by default).
 """
@@ -59,7 +59,7 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import checkpoints
 from ..backend import array_device, array_namespace, asarray_like, host_rng, is_dask_array, row_chunk_bounds
@@ -67,7 +67,7 @@ from ..workers import minor_page_faults, task_scope
 from ..kernels import ClassKernels
 from . import ep, multiclass_ep
 from .dask_engine import persisted_blocks
-from .engines import Outcome, factor_arrays, factor_from_arrays, make_engine
+from .engines import ENGINES, Engine, EngineOptions, Outcome, forwarding, factor_arrays, factor_from_arrays
 from .training import Trainer, check_saved_factor
 
 __all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "balanced_steps", "shard_chunks",
@@ -75,7 +75,7 @@ __all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "balanced_ste
            "chunk_permutation", "weighted_average", "prepare_worker", "refusal"]
 
 # Minibatch steps a shard takes per round (on average, when the rounds are balanced), chosen from
-# benchmarks/dask_scaling.py section 3 (docs/results.md, issue 18): 10^6 airline-like rows, m = 200, 200 rows a step,
+# benchmarks/dask_scaling.py section 3 (docs/results.md): 10^6 airline-like rows, m = 200, 200 rows a step,
 # 2 workers on 2 cores. A round costs 13-25 ms beyond its steps (~7 ms each), so few steps waste the workers: SEP
 # 8,842 / 17,933 rows/s at 1 / 4 steps under load, 41,186 at 16 and 50,723 at 64 on a quiet machine (one process:
 # 33,456); EP 34,035 at 16, 45,934 at 64. The test NLL after one epoch stayed within 0.005 of one process's at every
@@ -253,86 +253,119 @@ def step_shard(spec, segments, data):
 
 
 def _step_segments(spec, segments, data):
-    # (a copy: an optimiser object given in the options is this shard's own, also in a threaded cluster)
-    method, options = spec["method"], copy.deepcopy(spec["options"])
-    trainer = Trainer(spec["kernel"], spec["Z"], method=method, n_total=spec["n_total"], minibatch=True, **options)
-    engine = trainer.engine
-    engine.state.update(spec["state"])
-    if engine.optimizer is not None:
-        engine.optimizer.restore(spec["optimizer"])
-    engine.damping = spec["damping"]
-    Z = engine.state["Z"]
-    xp, device = array_namespace(Z), array_device(Z)
-    tied = method != "svi"
-    factors = dict(spec["factors"])
-    total = spec["total"]
-    site_files, sites_now = {}, {}  # EP: per chunk, the file this task wrote and the sites it left
-    batch_size = spec["batch_size"]
-    log_z, n_invalid = [], 0.0
-    step_seconds = 0.0  # in the steps themselves (a task's set-up, the same whatever its steps, left out)
+    """The steps of a shard's segments (``step_shard``) and the state it ends at."""
+    shard = _Shard(spec)
     for chunk, visit, first, count in segments:
         X_chunk, y_chunk = data[chunk]
-        n_chunk = X_chunk.shape[0]
-        order = chunk_permutation(spec["seed"], chunk, visit, n_chunk)
-        if tied:  # this chunk's factor is the one the steps update; the others' product stays as sent
-            engine.state["factor"] = factors[chunk]
-            engine.others = total.combine(1.0, factors[chunk], -1.0)
+        order = chunk_permutation(spec["seed"], chunk, visit, X_chunk.shape[0])
+        shard.enter(chunk, visit, first, X_chunk, y_chunk)
+        batch_size = spec["batch_size"]
+        stepping_started = time.perf_counter()
+        for j in range(first, first + count):
+            shard.step(X_chunk, y_chunk, order[j * batch_size:(j + 1) * batch_size])
+        shard.step_seconds += time.perf_counter() - stepping_started
+        shard.leave(chunk)
+    return shard.result()
+
+
+class _Shard:
+    """A shard's task: an engine of the method at the driver's state, stepped chunk by chunk."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        # (a copy: an optimiser object given in the options is this shard's own, also in a threaded cluster)
+        options = copy.deepcopy(spec["options"])
+        self.engine = engine = spec["factory"](spec["method"], spec["kernel"], spec["Z"], n_total=spec["n_total"],
+                                               minibatch=True, options=options)
+        self.trainer = Trainer(engine)
+        engine.state.update(spec["state"])
+        if engine.optimizer is not None:
+            engine.optimizer.restore(spec["optimizer"])
+        engine.damping = spec["damping"]
+        Z = engine.state["Z"]
+        self.xp, self.device, self.dtype = array_namespace(Z), array_device(Z), Z.dtype
+        self.tied = spec["method"] != "svi"
+        self.factors = dict(spec["factors"])
+        self.total = spec["total"]
+        self.site_files, self.sites_now = {}, {}  # EP: per chunk, the file this task wrote and the sites it left
+        self.log_z, self.n_invalid = [], 0.0
+        self.step_seconds = 0.0  # in the steps themselves (a task's set-up, the same whatever its steps, left out)
+        self.sites = self.previous = None
+
+    def enter(self, chunk, visit, first, X_chunk, y_chunk):
+        """Start a segment of the chunk: its factor and (EP) its sites."""
+        engine, n_chunk = self.engine, X_chunk.shape[0]
+        if self.tied:  # this chunk's factor is the one the steps update; the others' product stays as sent
+            engine.state["factor"] = self.factors[chunk]
+            engine.others = self.total.combine(1.0, self.factors[chunk], -1.0)
             engine.factor_rows = n_chunk
         if engine.per_row_sites:  # the chunk's sites: as this task left them, from its file, or zero
-            path = spec["site_files"][chunk]
-            if chunk in sites_now:  # (a shard of one chunk whose round crosses into the chunk's next visit)
-                sites = sites_now[chunk]
+            path, Z = self.spec["site_files"][chunk], engine.state["Z"]
+            if chunk in self.sites_now:  # (a shard of one chunk whose round crosses into the chunk's next visit)
+                sites = self.sites_now[chunk]
             elif path is not None:
                 sites = checkpoints.load_site_chunk(path, n_chunk)
             else:
                 sites = (engine.passes.zero_sites(n_chunk, Z), engine.passes.zero_sites(n_chunk, Z))
-            site_precision, site_shift = (asarray_like(s, xp, device=device, dtype=Z.dtype) for s in sites)
+            self.sites = [asarray_like(v, self.xp, device=self.device, dtype=self.dtype) for v in sites]
             if first == 0 and visit > 0:
                 # A new visit: the chunk's site product exactly, at the current hyper-parameters (a row's
                 # site is swapped out along its current projection, but the factor holds it along that of
                 # its last visit: the single-process loop rebuilds once an epoch for the same reason).
-                _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, total)
-                total = engine.others.combine(1.0, engine.state["factor"], 1.0)
+                _rebuild_chunk_factor(engine, X_chunk, y_chunk, *self.sites, self.total)
+                self.total = engine.others.combine(1.0, engine.state["factor"], 1.0)
         # The guard's revert goes back to before the last good step; on this segment's first step that is
         # its start (not the previous chunk's state).
-        trainer.good = engine.snapshot()
-        previous = None  # EP: (rows, sites) of the last step taken; a revert undoes its sites in place
-        stepping_started = time.perf_counter()
-        for j in range(first, first + count):
-            rows = order[j * batch_size:(j + 1) * batch_size]
-            X_batch = asarray_like(X_chunk[rows], xp, device=device, dtype=Z.dtype)
-            y_batch = asarray_like(y_chunk[rows], xp, device=device, dtype=Z.dtype)
-            index = asarray_like(rows, xp, device=device) if engine.per_row_sites else None
-            while True:  # a step the guard reverted is taken again (as ``training.train`` does)
-                if engine.per_row_sites:  # the minibatch's own sites, in the order of its rows
-                    engine.state["nu"] = xp.take(site_precision, index, axis=0)
-                    engine.state["mu"] = xp.take(site_shift, index, axis=0)
-                took, _, value = trainer.step(X_batch, y_batch, 0, X_batch.shape[0], stepping=engine.has_params)
-                if took:
-                    break
-                if previous is not None:  # the revert undid the previous step's sites too
-                    site_precision[previous[0]], site_shift[previous[0]] = previous[1], previous[2]
-            log_z.append(value)
-            n_invalid += float(trainer.last.n_invalid)
-            if engine.per_row_sites:
-                previous = (index, engine.state["nu"], engine.state["mu"])
-                site_precision[index] = engine.state["nu"]
-                site_shift[index] = engine.state["mu"]
-                if engine.needs_rebuild:  # many cavities failed: the chunk's site product, exactly
-                    _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, None)
-        step_seconds += time.perf_counter() - stepping_started
-        if tied:
-            factors[chunk] = engine.state["factor"]
-            total = engine.others.combine(1.0, factors[chunk], 1.0)
+        self.trainer.good = engine.snapshot()
+        self.previous = None  # EP: (rows, sites) of the last step taken; a revert undoes its sites in place
+
+    def step(self, X_chunk, y_chunk, rows):
+        """One minibatch step on the chunk's ``rows``, retried by the one retry rule."""
+        engine, xp = self.engine, self.xp
+        X_batch = asarray_like(X_chunk[rows], xp, device=self.device, dtype=self.dtype)
+        y_batch = asarray_like(y_chunk[rows], xp, device=self.device, dtype=self.dtype)
+        index = asarray_like(rows, xp, device=self.device) if engine.per_row_sites else None
+        self._take_sites(index)
+        _, value = self.trainer.step_until_taken(X_batch, y_batch, 0, X_batch.shape[0], stepping=engine.has_params,
+                                                 after_revert=lambda: self._take_sites(index, reverted=True))
+        self.log_z.append(value)
+        self.n_invalid += float(self.trainer.last.n_invalid)
         if engine.per_row_sites:
-            path = _site_path(spec["site_directory"], chunk, spec["generation"])
-            checkpoints.save_site_chunk(path, site_precision, site_shift)
-            site_files[chunk], sites_now[chunk] = path, (site_precision, site_shift)
-    state = {k: engine.state[k] for k in spec["state"]}
-    return {"kernel": engine.state["kernel"], "Z": engine.state["Z"], "state": state,
-            "optimizer": engine.optimizer.snapshot() if engine.optimizer is not None else None,
-            "damping": engine.damping, "factors": {c: factors[c] for c in factors}, "site_files": site_files,
-            "log_z": log_z, "n_invalid": n_invalid, "step_seconds": step_seconds}
+            site_precision, site_shift = self.sites
+            self.previous = (index, engine.state["nu"], engine.state["mu"])
+            site_precision[index] = engine.state["nu"]
+            site_shift[index] = engine.state["mu"]
+            if engine.needs_rebuild:  # many cavities failed: the chunk's site product, exactly
+                _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, None)
+
+    def _take_sites(self, index, reverted=False):
+        """EP: the minibatch's own sites, in the order of its rows; after a revert, which undid the previous
+        step's sites too, those are put back first."""
+        if self.engine.per_row_sites:
+            site_precision, site_shift = self.sites
+            if reverted and self.previous is not None:
+                site_precision[self.previous[0]], site_shift[self.previous[0]] = self.previous[1], self.previous[2]
+            self.engine.state["nu"] = self.xp.take(site_precision, index, axis=0)
+            self.engine.state["mu"] = self.xp.take(site_shift, index, axis=0)
+
+    def leave(self, chunk):
+        """End a segment: the chunk's new factor, (EP) its sites written to their file."""
+        engine = self.engine
+        if self.tied:
+            self.factors[chunk] = engine.state["factor"]
+            self.total = engine.others.combine(1.0, self.factors[chunk], 1.0)
+        if engine.per_row_sites:
+            path = _site_path(self.spec["site_directory"], chunk, self.spec["generation"])
+            checkpoints.save_site_chunk(path, *self.sites)
+            self.site_files[chunk], self.sites_now[chunk] = path, tuple(self.sites)
+
+    def result(self):
+        engine = self.engine
+        state = {k: engine.state[k] for k in self.spec["state"]}
+        return {"kernel": engine.state["kernel"], "Z": engine.state["Z"], "state": state,
+                "optimizer": engine.optimizer.snapshot() if engine.optimizer is not None else None,
+                "damping": engine.damping, "factors": dict(self.factors), "site_files": self.site_files,
+                "log_z": self.log_z, "n_invalid": self.n_invalid, "step_seconds": self.step_seconds}
 
 
 def _chunk_holders(client, X, n_chunks):
@@ -367,9 +400,9 @@ def _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, 
 
 
 class DataParallel:
-    """Data-parallel stochastic training of rows that stay on the workers (module docstring), as the engine
-    factory ``training.train`` takes (``engine=``): ``train(RowsOnWorkers(X.shape, dtype), ..., batch_size=
-    dp.rows_per_round, engine=dp)``.
+    """Data-parallel stochastic training of rows that stay on the workers (module docstring): ``round_engine``
+    builds the engine ``training.train`` drives, ``train(RowsOnWorkers(X.shape, dtype), ..., dp.round_engine(...),
+    TrainSettings(batch_size=dp.rows_per_round, ...))``.
 
     ``client``: a ``distributed.Client``, with ``X`` (rows chunked, one column chunk) and ``y`` (labels as the
     engine takes them, chunked alike) dask arrays on its cluster; or a ``workers.LocalWorkers`` pool, with ``X``
@@ -451,39 +484,49 @@ class DataParallel:
         if self.site_root is not None:
             shutil.rmtree(self.site_root, ignore_errors=True)
 
-    def __call__(self, method, kernel, Z, *, n_total, minibatch, **options):
+    def __call__(self, method, kernel, Z, *, n_total, minibatch=True, **options):
+        """``round_engine`` of the built-in engine of ``method``, its options by name (as ``engines.make_engine``)."""
+        if method not in ENGINES:
+            raise ValueError(f"unknown method {method!r}")
+        return self.round_engine(ENGINES[method], method, kernel, Z, n_total=n_total, options=EngineOptions(**options))
+
+    def round_engine(self, factory, method, kernel, Z, *, n_total, options):
+        """The engine ``training.train`` drives, whose step is a round of the shards' minibatch steps of the
+        engine ``factory(method, kernel, Z, n_total=, minibatch=True, options=)``."""
         refused = refusal(method, 3 if isinstance(kernel, ClassKernels) else 2)
         if refused is not None:
             remedy = ("for multiclass EP on minibatches of a dask array pass local_steps=0 (steps on the driver), "
                       "or train in batch passes" if is_dask_array(self.X) else "train multiclass EP with n_jobs=1")
             raise ValueError(f"{refused}: {remedy}" if method == "ep" else refused)
-        if options.pop("site_precision", None) is not None or options.pop("site_shift", None) is not None:
-            raise ValueError("data-parallel EP starts from zero sites")
         if method == "ep":
             # the engines hold the sites of the minibatch they step, not n of them (an empty start)
-            options["site_precision"] = options["site_shift"] = _passes_of(kernel).zero_sites(0, Z)
+            options = replace(options, site_rows=0)
             directory = self.site_directory if self.site_directory is not None else tempfile.gettempdir()
             os.makedirs(directory, exist_ok=True)
             self.site_root = tempfile.mkdtemp(prefix="agpc-dp-sites-", dir=os.fspath(directory))
-        return _RoundEngine(self, method, kernel, Z, n_total=n_total, options=options)
+        return _RoundEngine(self, factory, method, kernel, Z, n_total=n_total, options=options)
 
 
-class _RoundEngine:
-    """The engine protocol (``engines``) with a round as its step; the global state lives in a driver-side
+class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_params", "block_rows", "n_total",
+                              "has_damping", "triangular_state", "xp", "checkpoint_flags", "checkpoint_counts",
+                              "checkpoint_factors", settable=("state", "jitter")), Engine):
+    """The engine contract (``engines.Engine``) with a round as its step; the global state lives in a driver-side
     engine of the method (``template``: the same class the shards step), which also gives q, validation
-    scores and the guard's revert-and-halve."""
+    scores and the guard's revert-and-halve; what the loop reads of its state and settings is the template's."""
 
     per_row_sites = False  # (EP's sites stay with their chunks; the loop has nothing to rebuild)
     uses_warmup = False
     settled = True
     needs_rebuild = False
+    minibatch = True
     checkpoint_extras = ("data_parallel",)  # the rounds' own record in a checkpoint (``restore_checkpoint`` checks it)
 
-    def __init__(self, plan, method, kernel, Z, *, n_total, options):
+    def __init__(self, plan, factory, method, kernel, Z, *, n_total, options):
         self.plan = plan
-        self.method = method
+        self.factory = factory
+        self.method = self.name = method
         self.options = options
-        self.template = make_engine(method, kernel, Z, n_total=n_total, minibatch=True, **options)
+        self.template = factory(method, kernel, Z, n_total=n_total, minibatch=True, options=options)
         self.tied = method != "svi"
         n_chunks = len(plan.chunk_rows)
         passes = self.template.passes if self.tied else None
@@ -496,24 +539,6 @@ class _RoundEngine:
         self.loaded = {}  # chunk -> (futures of X, y) on the worker of the shard stepping it
         self._checkpoint_directory = None  # EP: where the last checkpoint's site files went
 
-    # -- what the loop reads ---------------------------------------------------------------------------
-    state = property(lambda self: self.template.state, lambda self, v: setattr(self.template, "state", v))
-    damping = property(lambda self: self.template.damping)
-    names = property(lambda self: self.template.names)
-    optimizer = property(lambda self: self.template.optimizer)
-    has_params = property(lambda self: self.template.has_params)
-    block_rows = property(lambda self: self.template.block_rows)
-    n_total = property(lambda self: self.template.n_total)
-    has_damping = property(lambda self: self.template.has_damping)
-    triangular_state = property(lambda self: self.template.triangular_state)
-
-    @property
-    def jitter(self):
-        return self.template.jitter
-
-    @jitter.setter
-    def jitter(self, value):
-        self.template.jitter = value
 
     # -- a round ---------------------------------------------------------------------------------------
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
@@ -526,7 +551,8 @@ class _RoundEngine:
         steps = max(1, min(plan.local_steps, math.ceil((hi - lo) / (len(plan.shards) * plan.batch_size))))
         allotted = plan.steps_per_shard(steps * len(plan.shards))
         s = self.template.state
-        spec = {"method": self.method, "options": self.options, "kernel": s["kernel"], "Z": s["Z"],
+        spec = {"factory": self.factory, "method": self.method, "options": self.options, "kernel": s["kernel"],
+                "Z": s["Z"],
                 "n_total": self.template.n_total, "seed": plan.seed, "batch_size": plan.batch_size,
                 "optimizer": self.template.optimizer.snapshot() if self.template.optimizer is not None else None,
                 "damping": self.template.damping, "total": s.get("factor"),

@@ -6,7 +6,7 @@ early stopping, checkpoints) for all of them:
 
   ``EPEngine``        EP / SEP / ADF, binary and multiclass, batch and minibatch (Hernandez-Lobato & Hernandez-Lobato
                       (2016), sec. 2.3, Villacampa-Calvo & Hernandez-Lobato (2017), Hernandez-Lobato et al. (2015)); its
-                      passes run in memory (``ep``, ``multiclass_ep``) or on a cluster (``dask_engine.DaskEngine``). One
+                      passes run in memory (``ep``, ``multiclass_ep``) or on a cluster (``dask_engine.DaskPasses``). One
                       step: one damped site update of the rows given and, when stepping, one step on the
                       hyper-parameters.
   ``GFITCEngine``     GFITC (Naish-Guzman & Holden 2008): one step is one damped EP sweep at fixed
@@ -18,35 +18,29 @@ early stopping, checkpoints) for all of them:
   ``QuadraticEngine`` vi-JJ / vi-JJ-hybrid / vi-JJ-full / vi-Taylor (Izmailov & Kropotov (2017), Alg. 1): one step is
                       one outer iteration, the analytic (q, xi) updates and one L-BFGS-B round.
 
-The protocol (what the loop calls)::
-
-  ``evaluate(X, y, lo, hi, stepping=, weights=)`` -> (summary, work): ``summary`` is log Z (a float or 0-d
-      array), or a 1-D device array whose first entry is log Z and whose others ``apply`` needs on the host;
-      the loop brings it to the host in one transfer (a failed factorisation may show as NaN there, or raise
-      ``CholeskyError``); changes nothing.
-  ``apply(work, lo, hi, stepping=, scalars=)`` -> ``Outcome``: commits the step; ``scalars`` is the summary on
-      the host (a NumPy vector).
-  ``snapshot()`` / ``restore(snapshot)`` / ``shrink()``: the guard's revert-and-halve (``shrink`` returns
-      False when the engine has nothing to halve, so a repeat would fail the same way).
-  ``keep()`` / ``put_back(kept)``: early stopping's best state.
-  ``posterior(X, y, want_log_z)``: q at the current state (and log Z at it, or None to use the history's).
-  ``validation_scores(posterior, X_val, y_val)``: NLL and error.
-  ``checkpoint_state(path, step)`` / ``restore_checkpoint(saved)``: the state, as plain data and arrays.
+The contract is ``Engine`` (an abstract base: the members the loop calls, with defaults for the optional ones);
+``ENGINES`` maps each built-in method's name to its engine class, which is its own factory: ``cls(name, kernel, Z,
+n_total=, minibatch=, options=EngineOptions(...), passes=None)``. ``agpc.methods`` carries the factory of every
+registered method (a method of one's own may bring its own engine).
 """
 
 from __future__ import annotations
 
+import abc
 import math
+import operator
 from dataclasses import dataclass
+from types import MappingProxyType, ModuleType
 
 from ..backend import ModulesByName, array_device, array_namespace, is_dask_array, read_rows, row_slice, scaled_std
 from ..kernels import ClassKernels, log_prior_and_grads, step_lower_bounds
 from ..optim import OPTIMIZERS, Rprop, bounded_step, lbfgsb_ascent
-from . import ep, gfitc, multiclass_ep, multiclass_vi, variational
+from . import ep, exact_ep, gfitc, multiclass_ep, multiclass_vi, variational
 
-__all__ = ["Outcome", "EPEngine", "GFITCEngine", "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names",
-           "relative_change", "with_log_prior", "factor_arrays", "factor_from_arrays", "EP_METHODS",
-           "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS", "ALL_METHODS"]
+__all__ = ["Engine", "EngineOptions", "ENGINES", "Forwarded", "forwarding", "Outcome", "EPEngine", "GFITCEngine",
+           "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names", "relative_change", "with_log_prior",
+           "factor_arrays", "factor_from_arrays", "EP_METHODS", "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS",
+           "ALL_METHODS"]
 
 EP_METHODS = ("ep", "sep", "adf")
 QUADRATIC_METHODS = ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
@@ -64,6 +58,36 @@ class Outcome:
     stepped: bool  # the hyper-parameters moved (counts toward ``max_iter`` in batch mode)
     record: bool  # batch mode: the step closes an iteration of the history
     n_invalid: int = 0  # rows whose cavity was unusable (EP family)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What an engine is built with besides (kernel, Z) and its rows: ``GPClassifier``'s parameters, gathered in one
+    place (``GPClassifier._train``). Every engine takes the same options and reads those its method has; a method's
+    own values replace the estimator's (``agpc.methods.Method.train_options``)."""
+
+    jitter: float = 1e-6  # on the diagonal of Kmm
+    optimize: tuple = ("kernel", "inducing")  # what the hyper-parameter steps move
+    block_rows: int | None = None  # rows a pass holds at once
+    damping: float | None = None  # EP family, GFITC (default 0.5 in batch mode, 0.99 in minibatch mode)
+    optimizer: object = None  # a name of ``optim.OPTIMIZERS`` or an optimiser
+    learning_rate: float | None = None
+    likelihood: str | None = None  # SVI's, binary: "probit" (default) or "logistic"
+    n_quadrature: int = 20  # SVI's Gauss-Hermite nodes
+    tol: float = 1e-6  # GFITC: the relative site change below which its sites have settled
+    site_rows: int | None = None  # EP: the rows it keeps sites for (default all; data-parallel rounds: none)
+
+
+def _refuse_passes(name, passes):
+    """An engine whose passes run in memory only: passes elsewhere are one clear error."""
+    if passes is not None:
+        raise ValueError(f"method {name!r} does not run its passes on a cluster (passes=); only {EP_METHODS} "
+                         f"and {CLUSTER_QUADRATIC_METHODS} do")
+
+
+def _refuse_minibatch(name, minibatch):
+    if minibatch:
+        raise ValueError(f"method {name!r} is batch-only: every step needs all the rows (batch_size=None)")
 
 
 # -- shared pieces ----------------------------------------------------------------------------------
@@ -163,17 +187,102 @@ def factor_from_arrays(saved):
     return None if saved is None else ep.Factor(*saved)
 
 
-class _Engine(ModulesByName):
-    """What every engine shares: the state dict, the optimiser, the guard's snapshots. Engines pickle (a
-    model trained by ``partial_fit`` holds one): their namespace and passes modules travel by name."""
+class Forwarded:
+    """A property that reads (and, ``settable``, writes) the attribute of the same name of an inner object: the
+    members a wrapper of an engine (``training.Trainer``, the data-parallel round engine) shows as its own."""
+
+    def __init__(self, inner, settable=False):
+        self.inner, self.settable = inner, settable
+
+    def __set_name__(self, owner, name):
+        self.name = name
+        self.read = operator.attrgetter(f"{self.inner}.{name}")
+        self.holder = operator.attrgetter(self.inner)
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else self.read(obj)
+
+    def __set__(self, obj, value):
+        if not self.settable:
+            raise AttributeError(f"{self.name} is read from the inner {self.inner}")
+        setattr(self.holder(obj), self.name, value)
+
+
+def forwarding(inner, *names, settable=()):
+    """A base class whose members ``names`` (and ``settable``, writable too) are those of the same name of the
+    object in the attribute ``inner``: how a wrapper of an engine shows the engine's members as its own."""
+    members = {name: Forwarded(inner, settable=name in settable) for name in (*settable, *names)}
+    return type(f"Forwarding{inner.title()}", (), members)
+
+
+class Engine(ModulesByName, abc.ABC):
+    """The contract between the training loop and a method: one step, and never a loop of its own (module
+    docstring). What the loop calls, besides the abstract methods: ``snapshot`` / ``restore`` / ``shrink`` (the
+    guard's revert-and-halve), ``keep`` / ``put_back`` (early stopping's best state), and the optional members
+    below, whose defaults say "nothing of the kind". The engine owns its state: its keys, its row order and its
+    final pass; the loop reads only ``state["kernel"]`` and ``state["Z"]``. Engines pickle (a model trained by
+    ``partial_fit`` holds one): their namespace and passes modules travel by name."""
 
     per_row_sites = False  # the state holds a site per row ("nu", "mu", in the loop's row order)
     triangular_state = ()  # state arrays that are lower-triangular factors (a resume checks them: checkpoint_rules)
     uses_warmup = False  # batch mode: the loop's warm-up sweeps (no hyper-parameter step) apply
     settled = True  # GFITC: False while the sites are not converged at the current hyper-parameters
     has_damping = False
+    needs_rebuild = False  # minibatch EP: the running site product has drifted; ``rebuild_factor`` before the next step
+    full_gp = False  # the passes read Z as the rows themselves (the exact model's): part of a checkpoint's fingerprint
+    checkpoint_extras = ()  # entries of ``checkpoint_state`` the engine checks itself as it restores them
+    name = None  # the method it trains (in messages)
+    legacy_checkpoint_keys = MappingProxyType({})  # state entries of older checkpoints, old name -> new
+    # entries of ``checkpoint_state`` that are no array of the state, by the rule a resume checks them with
+    # (``checkpoint_rules``): flags, counts, tied factors
+    checkpoint_flags = ()
+    checkpoint_counts = ()
+    checkpoint_factors = ()
+
+    @abc.abstractmethod
+    def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
+        """(summary, work) of a step on rows lo:hi, committing nothing: ``summary`` is log Z (a float or 0-d
+        array) or a 1-D device array whose first entry is log Z and whose others ``apply`` needs on the host; a
+        failed factorisation may show as NaN there, or raise ``CholeskyError``."""
+
+    @abc.abstractmethod
+    def apply(self, work, lo, hi, *, stepping, scalars=None):
+        """Commit the step ``evaluate`` prepared (``scalars``: its summary on the host); returns an ``Outcome``."""
+
+    @abc.abstractmethod
+    def posterior(self, X, y, want_log_z=True):
+        """(q at the current state, log Z at it or None for the history's): the final pass."""
+
+    @abc.abstractmethod
+    def validation_scores(self, post, X_val, y_val):
+        """(NLL, error) of q on validation rows."""
+
+    @abc.abstractmethod
+    def checkpoint_state(self, path, step):
+        """The state as plain data and arrays (``restore_checkpoint`` puts it back)."""
+
+    @abc.abstractmethod
+    def restore_checkpoint(self, saved, path):
+        """Put back what ``checkpoint_state`` wrote (checked by ``checkpoint_rules`` first)."""
+
+    def rebuild_factor(self, X, y):
+        """Recompute what ``needs_rebuild`` says has drifted (by default nothing does)."""
+
+    def time_rebuild(self, X, y, rows):
+        """Run the work of ``rebuild_factor`` on the first ``rows`` rows, committing nothing (the time budget
+        measures it); by default there is none."""
+
+    def checkpoint_written(self, saved):
+        """Called once the checkpoint holding ``saved`` (``checkpoint_state``'s) is on disk."""
+
+    def state_in_row_order(self, permutation):
+        """The state with its per-row entries in the caller's row order, the loop having visited the rows in
+        ``permutation``'s (None: in the caller's). By default the state has no per-row entries."""
+        return dict(self.state)
 
     def __init__(self, kernel, Z, *, names, optimizer, n_total, minibatch, jitter, block_rows):
+        """The parts every engine has: ``names`` (the hyper-parameters it moves) and their ``optimizer``, the rows
+        it stands for, batch or minibatch steps, the jitter of Kmm and the row blocks of its passes."""
         self.xp = array_namespace(Z)
         self.names = names
         self.optimizer = optimizer
@@ -237,6 +346,16 @@ class _Engine(ModulesByName):
             self.optimizer.restore(saved["optimizer"])
 
 
+def _sites_in_row_order(engine, permutation):
+    """An engine's state with its per-row sites ("nu", "mu") put back in the caller's row order."""
+    state = dict(engine.state)
+    if permutation is not None and engine.per_row_sites:
+        inverse = engine.xp.argsort(permutation)
+        state["nu"] = engine.xp.take(state["nu"], inverse, axis=0)
+        state["mu"] = engine.xp.take(state["mu"], inverse, axis=0)
+    return state
+
+
 # -- EP / SEP / ADF ---------------------------------------------------------------------------------
 
 def _known_nonnegative(site_precision):
@@ -248,52 +367,61 @@ def _known_nonnegative(site_precision):
     return bool(xp.all(site_precision >= 0.0))
 
 
-class EPEngine(_Engine):
+class EPEngine(Engine):
     """EP, SEP and ADF (``ep.evaluate_factor`` for how they differ): EP keeps two numbers a row, SEP and ADF
     one m x m factor. Batch EP rebuilds q exactly from all its sites at the current hyper-parameters each
     pass; minibatch EP keeps the product of its sites as a u-space factor and swaps a minibatch's old sites
     for their new ones. ``passes``: where the passes run (the binary ``ep`` or the multiclass
-    ``multiclass_ep`` module, or a ``dask_engine.DaskEngine`` for rows on a cluster)."""
+    ``multiclass_ep`` module, or a ``dask_engine.DaskPasses`` for rows on a cluster)."""
 
     uses_warmup = True
     has_damping = True
+    checkpoint_flags = ("needs_rebuild",)
+    checkpoint_factors = ("factor",)
+    sites_on_cluster = False
 
-    def __init__(self, kernel, Z, *, method, n_total, minibatch, jitter=1e-6, damping=None,
-                 optimize=("kernel", "inducing"), optimizer=None, learning_rate=None, block_rows=None,
-                 site_precision=None, site_shift=None, passes=None):
-        if method not in EP_METHODS:
-            raise ValueError(f"unknown method {method!r}: use one of {EP_METHODS}")
-        names = parameter_names(kernel, tuple(optimize))
-        super().__init__(kernel, Z, names=names,
-                         optimizer=make_optimizer(optimizer, learning_rate, kernel, Z, names, minibatch) if names else None,
-                         n_total=n_total, minibatch=minibatch, jitter=jitter, block_rows=block_rows)
-        xp = self.xp
-        self.method = method
-        self.damping = (0.99 if minibatch else 0.5) if damping is None else damping
+    def __init__(self, name, kernel, Z, *, n_total, minibatch, options, passes=None):
+        if name not in EP_METHODS:
+            raise ValueError(f"unknown method {name!r}: use one of {EP_METHODS}")
+        names = parameter_names(kernel, tuple(options.optimize))
+        optimizer = make_optimizer(options.optimizer, options.learning_rate, kernel, Z, names, minibatch)
+        super().__init__(kernel, Z, names=names, optimizer=optimizer if names else None, n_total=n_total,
+                         minibatch=minibatch, jitter=options.jitter, block_rows=options.block_rows)
+        self.method = self.name = name
+        self.damping = (0.99 if minibatch else 0.5) if options.damping is None else options.damping
         self.passes = passes or (multiclass_ep if isinstance(kernel, ClassKernels) else ep)
-        self.per_row_sites = method == "ep"
+        self.per_row_sites = name == "ep"
         # Batch EP (binary): whether every site precision is known to be >= 0, which lets a pass form its sums by
         # symmetric products (``ep.evaluate``'s ``nonnegative_sites``). True from zero sites (the sweep keeps them
-        # so); given sites are looked at once.
-        self.sites_nonnegative = site_precision is None
-        if self.per_row_sites and site_precision is None:
-            site_precision = self.passes.zero_sites(n_total, Z)
-            site_shift = self.passes.zero_sites(n_total, Z)
-        elif self.per_row_sites and minibatch:  # updated in place below: never write into the caller's arrays
-            site_precision = xp.asarray(site_precision, copy=True)
-            site_shift = xp.asarray(site_shift, copy=True)
+        # so; a checkpoint's are looked at once).
+        self.sites_nonnegative = True
+        site_precision = site_shift = None
+        if self.per_row_sites:
+            rows = n_total if options.site_rows is None else options.site_rows
+            site_precision, site_shift = self.passes.zero_sites(rows, Z), self.passes.zero_sites(rows, Z)
         factor = self.passes.uniform_factor(Z) if (minibatch or not self.per_row_sites) else None
         # "site_sums": batch EP's (jitter, sums of the sites) at the current kernel and Z, from the last pass when
         # it did not step the hyper-parameters (``ep.evaluate``'s ``want_next_sums``); None otherwise.
         self.state.update(nu=site_precision, mu=site_shift, factor=factor, site_sums=None)
-        if not self.sites_nonnegative and self.per_row_sites:
-            self.sites_nonnegative = _known_nonnegative(site_precision)
         self.needs_rebuild = False
+        self.full_gp = self.passes is exact_ep
+        # the passes of rows on a cluster (``dask_engine.DaskPasses``, an object: in memory they are modules) keep
+        # the sites on the workers, and write them beside a checkpoint themselves
+        self.sites_on_cluster = not isinstance(self.passes, ModuleType)
         # Distributed SEP / minibatch EP (``data_parallel``): the factor is one shard's, standing for
         # ``factor_rows`` rows, and q = prior x (others + factor) (``ep.factor_cavity``). Set by whoever
         # steps the shard; None: the factor is all the data's.
         self.others = None
         self.factor_rows = None
+
+    def start_from_sites(self, site_precision, site_shift):
+        """EP: start from the given sites (one a row) instead of zero ones; they are looked at once (whether
+        every precision is >= 0), and copied in minibatch mode, which updates them in place."""
+        if self.minibatch:  # never write into the caller's arrays
+            site_precision = self.xp.asarray(site_precision, copy=True)
+            site_shift = self.xp.asarray(site_shift, copy=True)
+        self.state.update(nu=site_precision, mu=site_shift)
+        self.sites_nonnegative = _known_nonnegative(site_precision)
 
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
         """The pass over the rows (unchecked factorisations: a failure is a NaN log Z_q) and the summary the
@@ -395,6 +523,14 @@ class EPEngine(_Engine):
         s["factor"] = self.passes.exact_factor(s["kernel"], s["Z"], X, s["nu"], s["mu"], jitter=self.jitter,
                                                block_rows=self.block_rows, y=y)
 
+    def time_rebuild(self, X, y, rows):
+        s = self.state
+        self.passes.exact_factor(s["kernel"], s["Z"], row_slice(X, 0, rows), s["nu"][:rows], s["mu"][:rows],
+                                 jitter=self.jitter, block_rows=self.block_rows, y=row_slice(y, 0, rows))
+
+    def state_in_row_order(self, permutation):
+        return _sites_in_row_order(self, permutation)
+
     def posterior(self, X, y, want_log_z=True):
         """q at the current state and its log Z_q. EP: rebuilt exactly from all sites (one pass over X), but
         minibatch EP scores validation data on its running site product. SEP / ADF: q from the factor, and
@@ -430,16 +566,15 @@ class EPEngine(_Engine):
     def checkpoint_state(self, path, step):
         s = self.state
         sites = (s["nu"], s["mu"])
-        store = getattr(self.passes, "store_sites", None)
-        if store is not None and s["nu"] is not None:  # sites on a cluster: written by the workers, chunk by chunk
-            s["nu"], s["mu"], record = store(path, step, s["nu"], s["mu"])
+        if self.sites_on_cluster and s["nu"] is not None:  # written by the workers, chunk by chunk
+            s["nu"], s["mu"], record = self.passes.store_sites(path, step, s["nu"], s["mu"])
             sites = (record, None)
         return dict(self._common_checkpoint(), nu=sites[0], mu=sites[1], factor=factor_arrays(s["factor"]),
                     needs_rebuild=self.needs_rebuild)
 
     def checkpoint_written(self, saved):
         """After the file is written: the workers' copy of the sites' record can go."""
-        if getattr(self.passes, "store_sites", None) is not None and isinstance(saved["nu"], dict):
+        if self.sites_on_cluster and isinstance(saved["nu"], dict):
             self.passes.release_sites(saved["nu"])
 
     def restore_checkpoint(self, saved, path):
@@ -447,10 +582,9 @@ class EPEngine(_Engine):
         s = self.state
         s["nu"], s["mu"] = saved["nu"], saved["mu"]
         if isinstance(saved["nu"], dict):  # sites written chunk by chunk by a fit on a dask array
-            load = getattr(self.passes, "load_sites", None)
-            if load is None:
+            if not self.sites_on_cluster:
                 raise ValueError(f"checkpoint {path} was written by a fit on a dask array: resume it on a dask array")
-            s["nu"], s["mu"] = load(saved["nu"], s["Z"].dtype)
+            s["nu"], s["mu"] = self.passes.load_sites(saved["nu"], s["Z"].dtype)
         s["factor"] = factor_from_arrays(saved["factor"])
         s["site_sums"] = None
         self.sites_nonnegative = self.per_row_sites and _known_nonnegative(s["nu"])
@@ -459,7 +593,7 @@ class EPEngine(_Engine):
 
 # -- GFITC ------------------------------------------------------------------------------------------
 
-class GFITCEngine(_Engine):
+class GFITCEngine(Engine):
     """GFITC: EP on the FITC prior (``gfitc``), batch only. A step is one parallel damped EP sweep (Hernandez-Lobato &
     Hernandez-Lobato (2016), eq. 25 damping) at fixed hyper-parameters; the sites have settled when the largest site
     change, relative to the largest site, falls below ``tol_ep`` or after ``max_sweeps`` sweeps. The next step
@@ -469,19 +603,23 @@ class GFITCEngine(_Engine):
 
     per_row_sites = True
     has_damping = True
+    checkpoint_flags = ("settled",)
+    checkpoint_counts = ("sweeps",)
+    max_sweeps = 100  # EP sweeps at most between two hyper-parameter steps
 
-    def __init__(self, kernel, Z, *, n_total, jitter=1e-6, damping=None, optimize=("kernel", "inducing"),
-                 tol_ep=1e-4, max_sweeps=100, block_rows=None, site_precision=None, site_shift=None):
-        names = parameter_names(kernel, tuple(optimize))
+    def __init__(self, name, kernel, Z, *, n_total, minibatch, options, passes=None):
+        _refuse_passes(name, passes)
+        _refuse_minibatch(name, minibatch)
+        if options.optimizer not in (None, "rprop"):
+            raise ValueError(f"method='gfitc' steps with the batch adaptive steps ('rprop'), not {options.optimizer!r}")
+        names = parameter_names(kernel, tuple(options.optimize))
         super().__init__(kernel, Z, names=names,
                          optimizer=Rprop(initial_steps=initial_steps(kernel, Z, names)) if names else None,
-                         n_total=n_total, minibatch=False, jitter=jitter, block_rows=block_rows)
-        self.damping = 0.5 if damping is None else damping
-        self.tol_ep = tol_ep
-        self.max_sweeps = int(max_sweeps)
-        if site_precision is None:
-            site_precision, site_shift = gfitc.zero_sites(n_total, Z), gfitc.zero_sites(n_total, Z)
-        self.state.update(nu=site_precision, mu=site_shift, factor=None)
+                         n_total=n_total, minibatch=False, jitter=options.jitter, block_rows=options.block_rows)
+        self.name = name
+        self.damping = 0.5 if options.damping is None else options.damping
+        self.tol_ep = options.tol
+        self.state.update(nu=gfitc.zero_sites(n_total, Z), mu=gfitc.zero_sites(n_total, Z), factor=None)
         self.settled = False
         self.sweeps = 0  # since the last hyper-parameter step
 
@@ -519,6 +657,9 @@ class GFITCEngine(_Engine):
         # with nothing to learn every sweep is an iteration; otherwise the steps on the hyper-parameters are
         return Outcome(change=change, stepped=False, record=not self.has_params, n_invalid=int(out["n_invalid"]))
 
+    def state_in_row_order(self, permutation):
+        return _sites_in_row_order(self, permutation)
+
     def posterior(self, X, y, want_log_z=True):
         s = self.state
         final = gfitc.evaluate(s["kernel"], s["Z"], X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
@@ -552,7 +693,7 @@ def _scores(log_p, truth):
     return float(nll), float(error)
 
 
-class SVIEngine(_Engine):
+class SVIEngine(Engine):
     """SVI (Izmailov & Kropotov (2017), sec. 3.2): a step ascends eq. 11 in (q, kernel, Z) on the rows given, the
     data term scaled by n / |M| in minibatch mode (``variational.svi_step``), with Adam (default, learning rate 0.01)
     or Adadelta (the paper's choice, with a learning rate found by grid search). q is held whitened, as GPflow's
@@ -572,18 +713,20 @@ class SVIEngine(_Engine):
 
     triangular_state = ("whitened_chol",)  # q(v)'s covariance factor
 
-    def __init__(self, kernel, Z, *, n_total, minibatch, likelihood="probit", n_quadrature=20, jitter=1e-6,
-                 optimize=("kernel", "inducing"), optimizer=None, learning_rate=None, block_rows=None):
-        name = optimizer or "adam"
-        if name not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {name!r} for svi: use 'adadelta' or 'adam'")
-        opt = OPTIMIZERS[name]() if learning_rate is None else OPTIMIZERS[name](learning_rate=learning_rate)
-        names = parameter_names(kernel, tuple(optimize)) + ["whitened_mean", "whitened_chol"]
-        super().__init__(kernel, Z, names=names, optimizer=opt, n_total=n_total, minibatch=minibatch, jitter=jitter,
-                         block_rows=block_rows)
+    def __init__(self, name, kernel, Z, *, n_total, minibatch, options, passes=None):
+        _refuse_passes(name, passes)
+        chosen = options.optimizer or "adam"
+        if chosen not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {chosen!r} for svi: use 'adadelta' or 'adam'")
+        rate = options.learning_rate
+        opt = OPTIMIZERS[chosen]() if rate is None else OPTIMIZERS[chosen](learning_rate=rate)
+        names = parameter_names(kernel, tuple(options.optimize)) + ["whitened_mean", "whitened_chol"]
+        super().__init__(kernel, Z, names=names, optimizer=opt, n_total=n_total, minibatch=minibatch,
+                         jitter=options.jitter, block_rows=options.block_rows)
+        self.name = name
         self.multiclass = isinstance(kernel, ClassKernels)
-        self.likelihood = "robust-max" if self.multiclass else likelihood
-        self.n_quadrature = n_quadrature
+        self.likelihood = "robust-max" if self.multiclass else (options.likelihood or "probit")
+        self.n_quadrature = options.n_quadrature
         xp, device, m = self.xp, array_device(Z), Z.shape[-2]
         identity = xp.eye(m, dtype=Z.dtype, device=device)
         self.state.update(whitened_mean=xp.zeros(Z.shape[:-1], dtype=Z.dtype, device=device),  # q(v) = N(0, I):
@@ -659,7 +802,7 @@ def _renamed_keys(tree, names):
     return tree
 
 
-class QuadraticEngine(_Engine):
+class QuadraticEngine(Engine):
     """vi-JJ, vi-JJ-hybrid, vi-JJ-full and vi-Taylor (Izmailov & Kropotov (2017), Alg. 1 and sec. 4), batch only.
 
     One step is one outer iteration: stage 1, ``n_upd`` analytic updates of (q, xi) by eqs. 12-13 / 17-18 and
@@ -668,23 +811,25 @@ class QuadraticEngine(_Engine):
     so nothing for the guard to halve. The step's log Z is the bound after the round.
 
     ``passes``: where the passes over the rows run: in memory (``variational``), or on a cluster (a
-    ``dask_engine.DaskEngine``: a task a chunk, xi kept on the workers beside its rows). On a cluster
+    ``dask_engine.DaskPasses``: a task a chunk, xi kept on the workers beside its rows). On a cluster
     only vi-JJ and vi-Taylor: -hybrid and -full hand one xi per row to the driver's L-BFGS-B."""
 
-    def __init__(self, kernel, Z, *, method, n_total, jitter=1e-6, optimize=("kernel", "inducing"), n_upd=3,
-                 maxfun=5, block_rows=None, passes=None):
+    n_upd = 3  # analytic (q, xi) updates of stage 1
+    maxfun = 5  # evaluations of stage 2's L-BFGS-B round
+
+    def __init__(self, name, kernel, Z, *, n_total, minibatch, options, passes=None):
+        method = name
         if method not in QUADRATIC_METHODS:
             raise ValueError(f"unknown method {method!r}: use one of {QUADRATIC_METHODS}")
+        _refuse_minibatch(method, minibatch)
         if passes is not None and method not in CLUSTER_QUADRATIC_METHODS:
             raise ValueError(f"method {method!r} optimises one xi per row with L-BFGS-B on the driver: it does not "
                              f"run its passes on a cluster; {CLUSTER_QUADRATIC_METHODS} do")
-        super().__init__(kernel, Z, names=parameter_names(kernel, tuple(optimize)), optimizer=None, n_total=n_total,
-                         minibatch=False, jitter=jitter, block_rows=block_rows)
-        self.method = method
+        super().__init__(kernel, Z, names=parameter_names(kernel, tuple(options.optimize)), optimizer=None,
+                         n_total=n_total, minibatch=False, jitter=options.jitter, block_rows=options.block_rows)
+        self.method = self.name = method
         self.kind = "taylor" if method == "vi-taylor" else "jj"
         self.joint_xi = method in ("vi-jj-hybrid", "vi-jj-full")
-        self.n_upd = n_upd
-        self.maxfun = maxfun
         self.passes = variational if passes is None else passes
         self.state["xi"] = None  # set at the first step, from the rows (q = prior)
 
@@ -766,31 +911,22 @@ class QuadraticEngine(_Engine):
         self.state["xi"] = saved["xi"]
 
 
-def make_engine(method, kernel, Z, *, n_total, minibatch, jitter=1e-6, damping=None, optimize=("kernel", "inducing"),
-                optimizer=None, learning_rate=None, block_rows=None, site_precision=None, site_shift=None,
-                passes=None, likelihood=None, n_quadrature=20, tol_ep=1e-4, max_ep_sweeps=100):
-    """The engine of ``method`` (one of ``ALL_METHODS``) at (kernel, Z); options the method does not take are
-    refused when set."""
-    if method in EP_METHODS:
-        return EPEngine(kernel, Z, method=method, n_total=n_total, minibatch=minibatch, jitter=jitter,
-                        damping=damping, optimize=optimize, optimizer=optimizer, learning_rate=learning_rate,
-                        block_rows=block_rows, site_precision=site_precision, site_shift=site_shift, passes=passes)
-    if passes is not None and method not in QUADRATIC_METHODS:
-        raise ValueError(f"method {method!r} does not run its passes on a cluster (engine=); only {EP_METHODS} "
-                         f"and {CLUSTER_QUADRATIC_METHODS} do")
-    if method == "svi":
-        return SVIEngine(kernel, Z, n_total=n_total, minibatch=minibatch, likelihood=likelihood or "probit",
-                         n_quadrature=n_quadrature, jitter=jitter, optimize=optimize, optimizer=optimizer,
-                         learning_rate=learning_rate, block_rows=block_rows)
-    if minibatch:
-        raise ValueError(f"method {method!r} is batch-only: every step needs all the rows (batch_size=None)")
-    if method == "gfitc":
-        if optimizer not in (None, "rprop"):
-            raise ValueError(f"method='gfitc' steps with the batch adaptive steps ('rprop'), not {optimizer!r}")
-        return GFITCEngine(kernel, Z, n_total=n_total, jitter=jitter, damping=damping, optimize=optimize,
-                           tol_ep=tol_ep, max_sweeps=max_ep_sweeps, block_rows=block_rows,
-                           site_precision=site_precision, site_shift=site_shift)
-    if method in QUADRATIC_METHODS:
-        return QuadraticEngine(kernel, Z, method=method, n_total=n_total, jitter=jitter, optimize=optimize,
-                               block_rows=block_rows, passes=passes)
-    raise ValueError(f"unknown method {method!r}: use one of {ALL_METHODS}")
+ENGINES = MappingProxyType({
+    **{name: EPEngine for name in EP_METHODS}, "svi": SVIEngine, **{name: QuadraticEngine for name in QUADRATIC_METHODS},
+    "gfitc": GFITCEngine,
+})
+"""The built-in engines by the name of the method they train: each is its own factory, called as
+``ENGINES[name](name, kernel, Z, n_total=, minibatch=, options=EngineOptions(...), passes=None)``."""
+
+
+def make_engine(method, kernel, Z, *, n_total, minibatch, passes=None, site_precision=None, site_shift=None,
+                **options):
+    """The built-in engine of ``method`` (one of ``ALL_METHODS``) at (kernel, Z), its options given by name (those
+    of ``EngineOptions``); EP may start from given sites (``EPEngine.start_from_sites``)."""
+    if method not in ENGINES:
+        raise ValueError(f"unknown method {method!r}: use one of {ALL_METHODS}")
+    engine = ENGINES[method](method, kernel, Z, n_total=n_total, minibatch=minibatch,
+                             options=EngineOptions(**options), passes=passes)
+    if site_precision is not None:
+        engine.start_from_sites(site_precision, site_shift)
+    return engine

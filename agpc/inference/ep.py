@@ -726,6 +726,36 @@ def binary_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_gr
 # of rows once for its marginals, new sites, log Z_q terms and gradient adjoints (``batch_block_pass``).
 
 
+def _kernel_block(kernel, X, Z, post, A, Kmn, work, L_K_inv, want_grad):
+    """(K(Z, X), A = L_K^-1 K(Z, X)) of a block, unless given: A in the thread's array (the kernel block stays for
+    the gradient), or in the kernel block's."""
+    if A is None:
+        Kmn = kernel.K(Z, X, out=work("K", (Z.shape[0], X.shape[0]), Z))
+        A = left_solve(post.L_K, Kmn, L_inv=L_K_inv, overwrite=True,
+                       out=work("A", Kmn.shape, Kmn) if want_grad else None)
+    return Kmn, A
+
+
+def _explicit_block_gradient(kernel, X, Z, post, A, Q, Kmn, alpha, kappa, coef_g, work):
+    """The data part of the gradient of a batch block, through the explicit inverses of L_K and L_C (the wide
+    blocks of a batch pass). With R = L_C^-T Q diag(coef_g) + A diag(kappa) the adjoint of K(Z, X) is
+    dKmn = L_K^-T R + beta alpha^T (``data_adjoint``), and with R' = R - A diag(kappa) / 2::
+
+        dKmm_data = -U^T (dKnm + diag(dKdiag) U) = -L_K^-T [A R'^T + (A alpha) w^T] L_K^-1,
+
+    w = L_C^-T h (``Posterior.whitened_mean``): per block only the m x m product A R'^T and the m-vector
+    A alpha, added over blocks; the two triangular products with L_K^-1 come once, after the sum
+    (``data_kmm_adjoint``). So ``dKmm_data`` here is the pair (A R'^T, A alpha). Q is overwritten."""
+    Q *= coef_g[None, :]
+    R = left_solve(post.L_C, Q, trans=True, L_inv=post.L_C_inv, overwrite=True)  # L_C^-T Q diag(coef_g), in Q
+    half = scaled_columns(A, 0.5 * kappa, out=work("H", A.shape, A))
+    R += half  # R'
+    dKmm_data = (A @ R.mT, A @ alpha)
+    R += half  # R
+    dKmn = add_outer(left_solve(post.L_K, R, trans=True, L_inv=post.L_K_inv, overwrite=True), post.beta, alpha)
+    return dKmm_data, kernel.grads(None, dKmn.mT, -0.5 * kappa, X, Z, Knm=Kmn.mT, overwrite=True)
+
+
 def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad, want_sums=False, A=None,
                      Kmn=None, nonnegative=False, work=None, explicit=None):
     """Batch EP's visit of a block of rows whose sites are all in q (``post``, rebuilt from every site).
@@ -734,20 +764,11 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     fewer n x m operations: the kernel block K(Z, X) (m x b, or ``Kmn`` kept from ``site_sums_over_rows``
     with its A), A = L_K^-1 K(Z, X), Q = L_C^-1 A, the marginals (Hernandez-Lobato & Hernandez-Lobato (2016),
     eqs. 14-16: d = |Q_i|^2, e = h^T Q_i, k_i^T K^-1 k_i = |A_i|^2), cavities, moments and new sites (eqs.
-    17-23), the log Z_q terms (eq. 26) and the data part of the gradient (eq. 4, ``data_adjoint``).
-
-    The gradient in factored form: with R = L_C^-T Q diag(coef_g) + A diag(kappa) the adjoint of K(Z, X) is
-    dKmn = L_K^-T R + beta alpha^T (``data_adjoint``), and with R' = R - A diag(kappa) / 2::
-
-        dKmm_data = -U^T (dKnm + diag(dKdiag) U) = -L_K^-T [A R'^T + (A alpha) w^T] L_K^-1,
-
-    w = L_C^-T h (``Posterior.whitened_mean``): per block only the m x m product A R'^T and the m-vector
-    A alpha, added over blocks; the two triangular products with L_K^-1 come once, after the sum
-    (``data_kmm_adjoint``). So ``dKmm_data`` here is the pair (A R'^T, A alpha). That is for the wide blocks of a
-    batch pass, whose products go through the explicit inverses of L_K and L_C (``explicit``; default: where
-    ``_uses_inverse``, i.e. on NumPy, or for more than ``_SOLVE_MAX_COLUMNS_PER_M`` rows per inducing point).
-    Otherwise the blocks take triangular solves, and ``data_adjoint``'s form (one solve fewer per block), whose
-    ``dKmm_data`` is the m x m adjoint.
+    17-23), the log Z_q terms (eq. 26) and the data part of the gradient (eq. 4, ``data_adjoint``; in factored
+    form through the explicit inverses of L_K and L_C, ``_explicit_block_gradient``, where ``explicit``: by
+    default where ``_uses_inverse``, i.e. on NumPy, or for more than ``_SOLVE_MAX_COLUMNS_PER_M`` rows per
+    inducing point; otherwise by triangular solves in ``data_adjoint``'s form, one solve fewer per block, whose
+    ``dKmm_data`` is the m x m adjoint).
 
     A new site precision is never negative (the probit's gamma and 1 - v gamma are positive; round-off deep in a
     tail could leave it a hair below 0, which is cut to 0), so nonnegative sites stay so: ``nonnegative`` (the
@@ -760,10 +781,7 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     work = BlockScratch() if work is None else work
     explicit = _uses_inverse(post.L_K, n_columns=X.shape[0]) if explicit is None else explicit
     L_K_inv, L_C_inv = (post.L_K_inv, post.L_C_inv) if explicit else (None, None)
-    if A is None:  # A in the thread's array (the kernel block stays for the gradient), or in the kernel block's
-        Kmn = kernel.K(Z, X, out=work("K", (Z.shape[0], X.shape[0]), Z))
-        A = left_solve(post.L_K, Kmn, L_inv=L_K_inv, overwrite=True,
-                       out=work("A", Kmn.shape, Kmn) if want_grad else None)
+    Kmn, A = _kernel_block(kernel, X, Z, post, A, Kmn, work, L_K_inv, want_grad)
     shape = A.shape
     Q = left_solve(post.L_C, A, L_inv=L_C_inv, out=work("Q", shape, A))
     prior_var = backend_row_dot(A, A, axis=-2)
@@ -787,14 +805,7 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
             dKmm_data, grads, _ = data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g)
             return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads,
                                whitened_site_sums(A, new_nu, new_mu, nonnegative=nonnegative) if want_sums else None)
-        Q *= coef_g[None, :]
-        R = left_solve(post.L_C, Q, trans=True, L_inv=L_C_inv, overwrite=True)  # L_C^-T Q diag(coef_g), in Q
-        half = scaled_columns(A, 0.5 * kappa, out=work("H", shape, A))
-        R += half  # R'
-        dKmm_data = (A @ R.mT, A @ alpha)
-        R += half  # R
-        dKmn = add_outer(left_solve(post.L_K, R, trans=True, L_inv=L_K_inv, overwrite=True), post.beta, alpha)
-        grads = kernel.grads(None, dKmn.mT, -0.5 * kappa, X, Z, Knm=Kmn.mT, overwrite=True)
+        dKmm_data, grads = _explicit_block_gradient(kernel, X, Z, post, A, Q, Kmn, alpha, kappa, coef_g, work)
     sums = whitened_site_sums(A, new_nu, new_mu, nonnegative=nonnegative) if want_sums else None
     return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads, sums)
 

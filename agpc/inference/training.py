@@ -3,8 +3,9 @@ al. (2015); Izmailov & Kropotov (2017), Alg. 1).
 
 Every method is an engine (``engines``) with one step and no loop of its own; ``Trainer`` wraps an engine's
 steps in the divergence guard (a non-finite log Z or a failed Cholesky puts back the state before the last
-good step and halves damping and step sizes), and ``train`` drives it: the batch or minibatch schedule, the
-time budget, the history, validation and early stopping, checkpoints and resume, the progress bar.
+good step and halves damping and step sizes), and ``train`` drives it: the batch or minibatch schedule and the
+history. The rest of a run are its hooks (``hooks``): the time budget, validation and early stopping, checkpoints
+and resume (``checkpointing``), the progress bar.
 
 Batch mode: one step on all rows, repeated (EP / SEP / ADF: one parallel damped update of all sites, then
 one step on the hyper-parameters, after ``n_warmup`` sweeps without; GFITC: damped EP sweeps, and a step on
@@ -15,32 +16,29 @@ the hyper-parameters whenever the sites have settled; SVI: one gradient step; ``
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from tqdm.auto import tqdm
-
 from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, block_memory_advice,
                        cholesky_with_jitter, host_rng, is_out_of_core, jitter_raises_within, note_jitter, read_rows,
-                       row_chunk_bounds, row_slice, to_host_vector)
-from ..checkpoint_rules import (array_shapes, check_engine_state, check_loop_state, check_saved_factor, dtype_text,
-                                is_array)
-from ..checkpoints import load_checkpoint, save_checkpoint
+                       row_chunk_bounds, to_host_vector)
+from ..checkpoint_rules import check_saved_factor
 from ..kernels import ClassKernels
 from ..threads import with_blas_threads
-from .engines import ALL_METHODS, EP_METHODS, make_engine
-from . import exact_ep
+from .checkpointing import FINGERPRINT_ROWS, data_fingerprint, fingerprint_stride
+from .engines import ALL_METHODS, Engine, EngineOptions, forwarding, make_engine
 from .ep import PRIOR_FACTOR_NAME
+from .hooks import standard_hooks
+from .settings import TrainSettings, setting_names, with_overrides
 
-__all__ = ["train", "Trainer", "TrainResult", "METHODS", "ALL_METHODS", "minibatch_layout", "data_fingerprint",
+__all__ = ["train", "fit", "Trainer", "TrainResult", "TrainSettings", "EngineOptions", "Run", "with_overrides",
+           "setting_names", "standard_hooks", "ALL_METHODS", "MAX_FAILURES", "minibatch_layout", "data_fingerprint",
            "fingerprint_stride", "FINGERPRINT_ROWS", "check_saved_factor"]
 
-METHODS = EP_METHODS  # the methods that learn from a stream (``partial_fit``) and run on a cluster: EP, SEP, ADF
 HISTORY_KEYS = ("log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps")
-_MAX_FAILURES = 30
+MAX_FAILURES = 30  # failed steps in a row after which the guard gives up
 
 
 @dataclass
@@ -71,27 +69,29 @@ def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
     return {"rows": rows, "m": m, "n_features": Z.shape[-1], "block_rows": trainer.engine.block_rows}
 
 
-class Trainer(ModulesByName):
+class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer", "per_row_sites", "needs_rebuild",
+                                         settable=("state", "n_total"))):
     """The state of a training run and one guarded step of it; ``train`` and ``partial_fit`` drive it.
 
-    ``method`` picks the engine (``engines.make_engine``, which takes the method's options); ``engine`` is
-    where the EP methods' passes run (a ``dask_engine.DaskEngine`` for rows on a cluster), or a callable
-    that builds the engine in ``make_engine``'s place (data-parallel rounds: ``data_parallel.DataParallel``). A step
-    evaluates the rows it is given at the current state and commits the engine's update. A non-finite log Z or a
-    failed Cholesky puts back the state before the last good step and halves damping and step sizes, again
-    on each failure in a row (or, when the inducing points' prior covariance no longer factorises, raises the
-    jitter, reported as a ``JitterWarning``). Trainers pickle (``partial_fit`` models keep one).
+    ``engine``: an ``engines.Engine``; or, for a built-in one, a kernel with ``Z`` and ``engines.make_engine``'s
+    keywords (``method=``, ``n_total=``, ``minibatch=``, options by name). ``minibatch``: the loop's schedule
+    (default: the engine's). A step evaluates the rows it is given at
+    the current state and commits the engine's update. A non-finite log Z or a failed Cholesky puts back the state
+    before the last good step and halves damping and step sizes, again on each failure in a row (or, when the
+    inducing points' prior covariance no longer factorises, raises the jitter, reported as a ``JitterWarning``);
+    ``step_until_taken`` retries until a step is taken. The engine's state and settings are seen as the trainer's
+    (``engines.forwarding``). Trainers pickle (``partial_fit`` models keep one).
     """
 
-    def __init__(self, kernel, Z, *, method, n_total, minibatch, engine=None, **options):
-        if callable(engine):  # a factory with ``make_engine``'s signature (``data_parallel.DataParallel``)
-            self.engine = engine(method, kernel, Z, n_total=n_total, minibatch=minibatch, **options)
-        else:
-            self.engine = make_engine(method, kernel, Z, n_total=n_total, minibatch=minibatch, passes=engine,
-                                      **options)
-        self.xp = array_namespace(Z)
-        self.method = method
-        self.minibatch = minibatch
+    def __init__(self, engine, Z=None, *, minibatch=None, **built_in):
+        if not isinstance(engine, Engine):  # (kernel, Z, method=..., ...): the built-in engine of that method
+            engine = make_engine(built_in.pop("method"), engine, Z, minibatch=minibatch, **built_in)
+        self.engine = engine
+        # the loop's schedule (the engine's own steps may be minibatch steps in a loop of batch steps: rounds of
+        # data-parallel minibatch steps on rows fewer than a round takes)
+        self.minibatch = engine.minibatch if minibatch is None else minibatch
+        self.xp = array_namespace(engine.state["Z"])
+        self.method = engine.name or type(engine).__name__
         self.history = {key: [] for key in HISTORY_KEYS}
         self.t0 = time.perf_counter()
         self.good = None
@@ -104,21 +104,18 @@ class Trainer(ModulesByName):
         self.last = None  # the last step's ``engines.Outcome``
         self._pending = []  # (log Z estimate, invalid rows) of the steps since the last record
 
-    # the engine's state, seen from the loop and from ``partial_fit``
-    state = property(lambda self: self.engine.state, lambda self, value: setattr(self.engine, "state", value))
-    damping = property(lambda self: self.engine.damping)
-    names = property(lambda self: self.engine.names)
-    optimizer = property(lambda self: self.engine.optimizer)
-    per_row_sites = property(lambda self: self.engine.per_row_sites)
-    needs_rebuild = property(lambda self: getattr(self.engine, "needs_rebuild", False))
 
-    @property
-    def n_total(self):
-        return self.engine.n_total
-
-    @n_total.setter
-    def n_total(self, value):
-        self.engine.n_total = value
+    def step_until_taken(self, X, y, lo, hi, *, stepping, weights=None, after_revert=None):
+        """``step`` again until one is taken (the one retry rule of every caller): each failure the guard has
+        reverted (``after_revert()`` is then called, for a caller that keeps state beside the engine's); the guard
+        gives up with a FloatingPointError after ``MAX_FAILURES`` failures in a row. Returns (change, log Z)."""
+        for _ in range(MAX_FAILURES + 1):
+            took, change, log_z = self.step(X, y, lo, hi, stepping=stepping, weights=weights)
+            if took:
+                return change, log_z
+            if after_revert is not None:
+                after_revert()
+        raise FloatingPointError(f"{self.method}: no step taken after {MAX_FAILURES + 1} attempts")
 
     @with_blas_threads(_work)
     def step(self, X, y, lo, hi, *, stepping, weights=None):
@@ -155,12 +152,12 @@ class Trainer(ModulesByName):
         points no longer factorises at the configured jitter, raise the jitter (reported by
         ``backend.note_jitter``: one ``JitterWarning`` a fit, saying from what to what) and try again;
         otherwise put back the state before the last good step and halve the damping and the step sizes.
-        Gives up with a FloatingPointError that says what was tried: after ``_MAX_FAILURES`` failures in a row,
+        Gives up with a FloatingPointError that says what was tried: after ``MAX_FAILURES`` failures in a row,
         or at once when there is no good state to go back to (the very first step) or nothing to halve."""
         self.failures += 1
         engine = self.engine
         needed = _jitter_needed(engine.state["kernel"], engine.state["Z"], engine.jitter)
-        if needed > engine.jitter and self.failures <= _MAX_FAILURES:
+        if needed > engine.jitter and self.failures <= MAX_FAILURES:
             note_jitter(f"{PRIOR_FACTOR_NAME}: the model's jitter", engine.jitter, needed)
             engine.jitter = needed
             self.jitter_raises += 1
@@ -171,7 +168,7 @@ class Trainer(ModulesByName):
                 f"{self.method} diverged: log Z is not finite at the first step (of this run or since its resume), "
                 f"before any good state to go back to ({tried}); try standardised inputs, a larger jitter or fewer inducing points"
             )
-        if self.failures > _MAX_FAILURES:
+        if self.failures > MAX_FAILURES:
             raise FloatingPointError(
                 f"{self.method} diverged: log Z is not finite and stayed so after {self.failures} failed steps in "
                 f"a row ({tried}); try a smaller damping or learning rate, or standardised inputs"
@@ -217,6 +214,15 @@ class Trainer(ModulesByName):
         with block_memory_advice(f"{self.method}'s exact rebuild of the site product"):
             self.engine.rebuild_factor(X, y)
 
+    def validation_scores(self, X, y, validation):
+        """Test NLL and error of the current state on ``validation`` = (X_val, y_val) (labels as the engine takes
+        them): what the validation hook records at each validation step."""
+        X_val, y_val = validation
+        with block_memory_advice(f"{self.method}'s scoring of the validation data"):
+            post, _ = self.engine.posterior(X, y, want_log_z=False)
+            y_val = read_rows(y_val, 0, y_val.shape[0], self.state["Z"])
+            return self.engine.validation_scores(post, X_val, y_val)
+
     @with_blas_threads(_work)
     def posterior(self, X=None, y=None, want_log_z=True):
         """q at the current state and its log Z (the engine's final pass, or the history's last estimate;
@@ -229,243 +235,151 @@ class Trainer(ModulesByName):
         return post, log_z
 
 
-def train(
-    X,
-    y,
-    kernel,
-    Z,
-    *,
-    method="ep",
-    batch_size=None,
-    jitter=1e-6,
-    max_iter=250,
-    damping=None,
-    optimize=("kernel", "inducing"),
-    optimizer=None,
-    learning_rate=None,
-    tol=1e-6,
-    max_time=None,
-    n_warmup=10,
-    block_rows=None,
-    random_state=None,
-    shuffle=True,
-    site_precision=None,
-    site_shift=None,
-    callback=None,
-    validation=None,
-    eval_every=None,
-    n_iter_no_change=None,
-    progress=False,
-    engine=None,
-    checkpoint_path=None,
-    checkpoint_every=None,
-    resume=False,
-    data_hash=None,
-    likelihood=None,
-    n_quadrature=20,
-    max_ep_sweeps=100,
-    started=None,
-):
-    """Fit ``method`` (one of ``ALL_METHODS``): the likelihood approximation and the hyper-parameters; see the
-    module docstring.
+@dataclass
+class Run:
+    """What the loop and its hooks share of a run in progress (rows in the order the loop visits them)."""
 
-    ``damping`` (EP family, GFITC) defaults to 0.5 in batch mode and 0.99 in minibatch mode (Hernandez-Lobato &
-    Hernandez-Lobato (2016), sec. A.4). ``n_warmup``: batch EP / SEP / ADF sweeps before the first hyper-parameter step.
-    With nothing to optimise, batch steps run until the largest relative change of the sites (factor, xi) is below
-    ``tol`` (at most ``max_iter`` of them). GFITC's sites have settled before each hyper-parameter step when that
-    change is below ``tol`` (or after ``max_ep_sweeps`` sweeps), and once more at the end. ``max_time``
-    (seconds) bounds the whole call from ``started`` (a ``time.perf_counter()`` reading; default: the start of
-    this call; ``GPClassifier.fit`` passes its own start, so that input checks and the initialisation of the
-    inducing points count): no step is started that the measured length of a step, plus the final pass that
-    rebuilds q from all sites (EP; measured from the exact rebuilds of the site product or the steps), would
-    carry past it. ``shuffle=False`` visits minibatches in storage order (a stream). ``likelihood`` and
-    ``n_quadrature``: SVI's (binary: "probit" or "logistic").
+    trainer: Trainer
+    X: object
+    y: object
+    rng: object
+    settings: TrainSettings
+    batches: list  # the minibatches as row ranges (batch mode: one, all rows)
+    chunk_batches: list  # for each stored chunk, the range of its minibatches
+    permutation: object = None  # the rows' order (None: the caller's)
+    warmup: int = 0
+    order: list = field(default_factory=list)  # the minibatches of this epoch still to step
+    best: dict = field(default_factory=lambda: {"nll": math.inf, "reference": math.inf, "state": None, "since": 0})
+    postfix: dict = field(default_factory=dict)  # what the progress bar shows beside log Z
+    resumed: bool = False
+    stopped_by_time: bool = False
+    early_stopped: bool = False
+    checkpoints_written: int = 0
 
-    ``validation=(X_val, y_val)`` (labels as the engine takes them: {-1, +1}, or class indices) is scored every
-    ``eval_every`` steps (default: every iteration in batch mode, every epoch in minibatch mode) into
-    ``history`` ("validation_step", "validation_nll", "validation_error"). With ``n_iter_no_change``, training
-    stops when the validation NLL has not improved by ``tol`` for that many evaluations, and the best state is
-    kept. ``progress=True`` shows a tqdm bar (one per epoch in minibatch mode) with log Z and the validation NLL.
+    @property
+    def minibatch(self):
+        return self.trainer.minibatch
 
-    ``checkpoint_path`` with ``checkpoint_every`` (steps) writes the whole training state there (atomically:
-    a crash while writing leaves the previous checkpoint as it was); ``resume=True`` starts from it, and a
-    run that is interrupted and resumed ends at the same model as one that is not (same seed, same data).
-    ``data_hash`` (``data_fingerprint`` of X and y) goes into the run's fingerprint: a resume on other data
-    is refused.
-    """
-    # Compute where the model lives (Z); X and y may be in memory or on disk (read a block at a time).
-    xp = array_namespace(Z)
-    n = X.shape[0]
-    device = array_device(Z)
+    def finished(self):
+        trainer, max_iter = self.trainer, self.settings.max_iter
+        if self.minibatch:
+            return trainer.n_steps >= max_iter * len(self.batches)
+        if trainer.engine.has_params:  # GFITC: and its sites settled at the last hyper-parameters
+            return trainer.n_updates >= max_iter and trainer.engine.settled
+        return trainer.n_steps >= max_iter
+
+
+def train(X, y, engine, settings, hooks=()):
+    """Fit ``engine`` (an ``engines.Engine`` built for these rows) to (X, y): the likelihood approximation and the
+    hyper-parameters, by the schedule of ``settings``; see the module docstring. ``hooks`` (``hooks.Hook``s, as
+    ``hooks.standard_hooks`` builds them): the time budget, validation and early stopping, checkpoints, the
+    progress bar. With nothing to optimise, batch steps run until the largest relative change of the sites
+    (factor, xi) is below ``settings.tol`` (at most ``max_iter`` of them). Returns a ``TrainResult``."""
+    run = _start(X, y, engine, settings, hooks)
+    trainer, minibatch = run.trainer, run.minibatch
+    converged = False
+    while not run.finished():
+        rebuild_due = (not run.order and minibatch and trainer.per_row_sites and trainer.n_steps > 0) or (
+            bool(run.order) and trainer.needs_rebuild)
+        if any(hook.before_step(run, rebuild_due) for hook in hooks):
+            break
+        if not run.order:
+            run.order = _epoch_order(run.rng, run.chunk_batches, settings.shuffle) if minibatch else [0]
+            for hook in hooks:
+                hook.new_epoch(run)
+        if rebuild_due:
+            with _timed(hooks, "rebuild"):
+                trainer.rebuild_factor(run.X, run.y)
+        lo, hi = run.batches[run.order[0]]
+        stepping = engine.has_params and (
+            minibatch or (trainer.n_steps >= run.warmup and trainer.n_updates < settings.max_iter))
+        with _timed(hooks, "step"):
+            change, log_z = trainer.step_until_taken(run.X, run.y, lo, hi, stepping=stepping)
+        run.order.pop(0)
+        recorded = (not run.order) if minibatch else trainer.last.record  # minibatch: once an epoch
+        if recorded:
+            trainer.record()
+        run.postfix = {}
+        for hook in hooks:
+            hook.after_step(run, log_z, recorded)
+        if run.early_stopped:
+            break
+        if not engine.has_params and not minibatch and change is not None and change < settings.tol:
+            converged = True
+            break
+    for hook in hooks:
+        hook.finish(run)
+    if minibatch:  # an epoch cut short (batch mode records its iterations as they end)
+        trainer.record()
+    return _result(run, converged, want_log_z=not minibatch or all(hook.final_pass_fits() for hook in hooks))
+
+
+def _start(X, y, engine, settings, hooks):
+    """The run: the rows in the order the loop visits them, the trainer, the minibatches; the hooks started."""
+    xp, n = array_namespace(engine.state["Z"]), X.shape[0]
     out_of_core = is_out_of_core(X) or is_out_of_core(y)
-    minibatch = batch_size is not None and batch_size < n
-    rng = host_rng(random_state)
+    minibatch = settings.minibatch(n)
+    rng = host_rng(settings.random_state)
     permutation = None
-    if minibatch and shuffle and not out_of_core:
+    if minibatch and settings.shuffle and not out_of_core:
         # Minibatches are contiguous slices of one random reordering of the rows (so that sites update by
         # slice, which the array API supports, and sorted data still give mixed minibatches); the order
         # in which the slices are visited is drawn again every epoch. Data on disk are not reordered
         # (that would read them all): their slices are visited in random order, so rows stored sorted
         # should be shuffled on disk first.
-        permutation = asarray_like(rng.permutation(n), xp, device=device)
+        permutation = asarray_like(rng.permutation(n), xp, device=array_device(engine.state["Z"]))
         X = xp.take(X, permutation, axis=0)
         y = xp.take(y, permutation, axis=0)
-        if site_precision is not None:
-            site_precision = xp.take(site_precision, permutation, axis=0)
-            site_shift = xp.take(site_shift, permutation, axis=0)
-    options = dict(jitter=jitter, optimize=optimize, block_rows=block_rows)
-    if method in EP_METHODS + ("gfitc",):
-        options.update(damping=damping, site_precision=site_precision, site_shift=site_shift)
-    if method in EP_METHODS + ("svi",):
-        options.update(optimizer=optimizer, learning_rate=learning_rate)
-    if method == "svi":
-        options.update(likelihood=likelihood, n_quadrature=n_quadrature)
-    if method == "gfitc":
-        options.update(optimizer=optimizer, tol_ep=tol, max_ep_sweeps=max_ep_sweeps)
-    if method not in ALL_METHODS:
-        raise ValueError(f"unknown method {method!r}: use one of {ALL_METHODS}")
-    trainer = Trainer(kernel, Z, method=method, n_total=n, minibatch=minibatch, engine=engine, **options)
-    engine = trainer.engine
-    has_params = engine.has_params
-    warmup = n_warmup if (engine.uses_warmup and has_params and not minibatch) else 0
-    if minibatch:
-        batches, chunk_batches = minibatch_layout(X, batch_size, out_of_core)
-    else:
-        batches = [(0, n)]
+    trainer = Trainer(engine, minibatch=minibatch)
+    warmup = settings.n_warmup if (engine.uses_warmup and engine.has_params and not minibatch) else 0
+    batches, chunk_batches = minibatch_layout(X, settings.batch_size, out_of_core) if minibatch else ([(0, n)], [])
+    run = Run(trainer, X, y, rng, settings, batches, chunk_batches, permutation=permutation, warmup=warmup)
+    for hook in hooks:
+        hook.start(run)
+    return run
 
-    def finished():
-        if minibatch:
-            return trainer.n_steps >= max_iter * len(batches)
-        if has_params:  # GFITC: and its sites settled at the last hyper-parameters
-            return trainer.n_updates >= max_iter and engine.settled
-        return trainer.n_steps >= max_iter
 
-    if eval_every is None and minibatch:
-        eval_every = len(batches)
-    best = {"nll": float("inf"), "reference": float("inf"), "state": None, "since": 0}
-    if validation is not None:
-        for key in ("validation_step", "validation_nll", "validation_error"):
-            trainer.history[key] = []
-    bar = None
+@contextmanager
+def _timed(hooks, what):
+    """Tell the hooks how long the block took (``what``: "step" or "rebuild")."""
+    t = time.perf_counter()
+    yield
+    seconds = time.perf_counter() - t
+    for hook in hooks:
+        hook.measured(what, seconds)
 
-    def new_bar():
-        # batch mode: one bar over the iterations; minibatch mode: one bar per epoch
-        if not progress:
-            return None
-        if minibatch:
-            epoch = trainer.n_steps // len(batches) + 1
-            return tqdm(total=len(batches), unit="batch", desc=f"agpc {method} epoch {epoch}/{max_iter}")
-        return tqdm(total=max_iter + warmup, unit="iter", desc=f"agpc {method}")
-    order = []
-    checkpoints_written = 0
-    fingerprint = {"n": int(n), "method": method, "n_batches": len(batches), "Z_shape": [int(v) for v in Z.shape],
-                   "per_row_sites": engine.per_row_sites, "params": list(engine.names), "data": data_hash,
-                   # full-GP passes read Z as the rows themselves, site i as row i's: a sparse run's checkpoint whose
-                   # Z has n points (in another order) must not resume under them
-                   "full_gp": getattr(engine, "passes", None) is exact_ep,
-                   # the objective's priors: a resume under other priors (kernel_prior changed) would climb
-                   # another objective from the saved state
-                   "priors": {key: parameter.prior.spec() for key, parameter in kernel.parameter_table().items()
-                              if parameter.prior is not None}}
-    if resume:
-        order, best = _restore(trainer, rng, checkpoint_path, fingerprint, validation is not None)
-    converged = stopped_by_time = early_stopped = False
-    budget = _TimeBudget(max_time, time.perf_counter() if started is None else started, batch=not minibatch)
-    if resume:  # the budget covers the interrupted run's training time too
-        budget.spent_before(time.perf_counter() - trainer.t0)
-    if max_time is not None and minibatch and trainer.per_row_sites:
-        budget.measure_rebuild(trainer, X, y)
-    while not finished():
-        rebuild_due = (not order and minibatch and trainer.per_row_sites and trainer.n_steps > 0) or (
-            bool(order) and trainer.needs_rebuild)
-        if budget.exhausted(rebuild_due):
-            stopped_by_time = True
-            break
-        if not order:
-            order = _epoch_order(rng, chunk_batches, shuffle) if minibatch else [0]
-            if bar is None or minibatch:
-                if bar is not None:
-                    bar.close()
-                bar = new_bar()
-        if rebuild_due:
-            with budget.timing("rebuild"):
-                trainer.rebuild_factor(X, y)
-        lo, hi = batches[order[0]]
-        stepping = has_params and (minibatch or (trainer.n_steps >= warmup and trainer.n_updates < max_iter))
-        with budget.timing("step"):
-            took, change, log_z = trainer.step(X, y, lo, hi, stepping=stepping)
-        if not took:
-            continue
-        order.pop(0)
-        recorded = (not order) if minibatch else trainer.last.record  # minibatch: once an epoch
-        if recorded:
-            trainer.record()
-        if callback is not None:
-            callback(trainer.n_steps, log_z)
-        postfix = {"log_Zq": f"{log_z:.4g}"}
-        if validation is not None and ((trainer.n_steps % eval_every == 0) if eval_every else recorded):
-            nll, error = validation_scores(trainer, X, y, validation)
-            h = trainer.history
-            h["validation_step"].append(trainer.n_steps)
-            h["validation_nll"].append(nll)
-            h["validation_error"].append(error)
-            postfix["val_nll"] = f"{nll:.4f}"
-            if nll < best["nll"]:  # keep the best state seen...
-                best.update(nll=nll, state=engine.keep() if n_iter_no_change is not None else None)
-            if nll < best["reference"] - tol:  # ...but count only improvements larger than tol
-                best.update(reference=nll, since=0)
-            else:
-                best["since"] += 1
-            if n_iter_no_change is not None and best["since"] >= n_iter_no_change:
-                if best["state"] is not None:  # (not kept across a resume: the current state stays)
-                    engine.put_back(best["state"])
-                early_stopped = True
-        if bar is not None and (minibatch or recorded):
-            bar.update(1)
-            bar.set_postfix(postfix, refresh=False)
-        if checkpoint_every and trainer.n_steps % int(checkpoint_every) == 0:
-            _write_checkpoint(trainer, rng, order, best, checkpoint_path, fingerprint)
-            checkpoints_written += 1
-        if early_stopped:
-            break
-        if not has_params and not minibatch and change is not None and change < tol:
-            converged = True
-            break
-    if bar is not None:
-        bar.close()
-    if minibatch:  # an epoch cut short (batch mode records its iterations as they end)
-        trainer.record()
-    # Minibatch mode under a time budget: the exact final pass over all rows (minibatch EP's rebuild of q
-    # from every site, SVI's bound on all rows) only if it fits; otherwise q is the running one, as during
-    # training, and log Z the last epoch's estimate.
+
+def _result(run, converged, want_log_z):
+    """The final pass (``want_log_z=False``: minibatch mode under a time budget whose exact pass over all rows
+    does not fit: q stays the running one, as during training, and log Z is the last epoch's estimate) and the
+    ``TrainResult``, the engine's state in the caller's row order."""
+    trainer, engine = run.trainer, run.trainer.engine
     # The final model's prior factor may need more jitter than the engine's (vi-* and GFITC factor Kmm with
     # ``backend.cholesky``, which adds to the diagonal itself): jitter_ must be what that factor was built with,
     # or a saved model re-factorises at the smaller jitter and warns again on load.
     with jitter_raises_within() as raises:
-        posterior, final_log_z = trainer.posterior(X, y, want_log_z=not minibatch or budget.final_pass_fits())
-    extra = max((after for what, before, after in raises if what.startswith(PRIOR_FACTOR_NAME) and before == 0.0), default=0.0)
-    state = dict(engine.state)
-    if permutation is not None and trainer.per_row_sites:  # back to the caller's row order
-        inverse = xp.argsort(permutation)
-        state["nu"] = xp.take(state["nu"], inverse, axis=0)
-        state["mu"] = xp.take(state["mu"], inverse, axis=0)
+        posterior, final_log_z = trainer.posterior(run.X, run.y, want_log_z=want_log_z)
+    extra = max((after for what, before, after in raises if what.startswith(PRIOR_FACTOR_NAME) and before == 0.0),
+                default=0.0)
+    state = engine.state_in_row_order(run.permutation)
     return TrainResult(
-        kernel=state["kernel"],
-        Z=state["Z"],
-        posterior=posterior,
-        log_z=final_log_z,
-        n_iter=len(trainer.history["log_marginal_likelihood"]),
-        site_precision=state.get("nu"),
-        site_shift=state.get("mu"),
-        factor=state.get("factor"),
-        history=trainer.history,
-        converged=converged,
-        stopped_by_time=stopped_by_time,
-        early_stopped=early_stopped,
-        checkpoints_written=checkpoints_written,
-        state=state,
-        jitter=engine.jitter + extra,
+        kernel=state["kernel"], Z=state["Z"], posterior=posterior, log_z=final_log_z,
+        n_iter=len(trainer.history["log_marginal_likelihood"]), site_precision=state.get("nu"),
+        site_shift=state.get("mu"), factor=state.get("factor"), history=trainer.history, converged=converged,
+        stopped_by_time=run.stopped_by_time, early_stopped=run.early_stopped,
+        checkpoints_written=run.checkpoints_written, state=state, jitter=engine.jitter + extra,
     )
+
+
+def fit(X, y, kernel, Z, *, method="ep", passes=None, validation=None, **settings):
+    """``train`` with the built-in engine of ``method`` (one of ``ALL_METHODS``) at (kernel, Z) and the standard
+    hooks: ``settings`` by name, the fields of ``TrainSettings`` and ``engines.EngineOptions`` (``tol`` is both);
+    ``passes``: where the engine's passes run (``exact_ep``, a ``dask_engine.DaskPasses``); ``validation``:
+    (X_val, y_val), labels as the engine takes them."""
+    loop, options = with_overrides(TrainSettings(), EngineOptions(), settings)
+    engine = make_engine(method, kernel, Z, n_total=X.shape[0], minibatch=loop.minibatch(X.shape[0]), passes=passes,
+                         **vars(options))
+    return train(X, y, engine, loop, standard_hooks(loop, validation))
 
 
 def _host_scalars(summary):
@@ -489,56 +403,6 @@ def _jitter_needed(kernel, Z, jitter):
         _, added = cholesky_with_jitter(Kmm, what=PRIOR_FACTOR_NAME, report=False)
         needed = max(needed, jitter + added)
     return needed
-
-
-class _TimeBudget:
-    """``max_time`` for the whole fit: measures how long a step and an exact rebuild of the site product
-    take, and says when the next step (with a rebuild when one is due) would no longer fit. Batch mode keeps
-    room for its final pass (about one step: q rebuilt from all rows). Minibatch mode keeps none: its final
-    pass over all rows (minibatch EP's exact rebuild, SVI's bound on all rows) is made only when it fits
-    (``final_pass_fits``; estimated as twice a measured rebuild, before the first one a rebuild of the first
-    rows scaled to all), and q otherwise stays the running one, which training itself used."""
-
-    def __init__(self, max_time, started, *, batch):
-        self.deadline = None if max_time is None else started + float(max_time)
-        self.batch = batch
-        self.seconds = {"step": None, "rebuild": None}
-
-    def measure_rebuild(self, trainer, X, y, rows=8192):
-        """Minibatch EP before its first exact rebuild: time one on the first ``rows`` rows and scale it to
-        all of them."""
-        n = X.shape[0]
-        rows = min(n, rows)
-        engine = trainer.engine
-        s = engine.state
-        t = time.perf_counter()
-        engine.passes.exact_factor(s["kernel"], s["Z"], row_slice(X, 0, rows), s["nu"][:rows], s["mu"][:rows],
-                                   jitter=engine.jitter, block_rows=engine.block_rows, y=row_slice(y, 0, rows))
-        self.seconds["rebuild"] = (time.perf_counter() - t) * n / rows
-
-    def spent_before(self, seconds):
-        if self.deadline is not None:
-            self.deadline -= seconds
-
-    @contextmanager
-    def timing(self, what):
-        t = time.perf_counter()
-        yield
-        self.seconds[what] = time.perf_counter() - t
-
-    def exhausted(self, rebuild_due):
-        if self.deadline is None:
-            return False
-        step, rebuild = self.seconds["step"], self.seconds["rebuild"]
-        upcoming = (step or 0.0) + ((rebuild or 0.0) if rebuild_due else 0.0)
-        final = (step or 0.0) if self.batch else 0.0
-        return time.perf_counter() + upcoming + final > self.deadline
-
-    def final_pass_fits(self):
-        if self.deadline is None:
-            return True
-        rebuild = self.seconds["rebuild"]
-        return rebuild is not None and time.perf_counter() + 2.0 * rebuild <= self.deadline
 
 
 def minibatch_layout(X, batch_size, out_of_core):
@@ -567,124 +431,3 @@ def _epoch_order(rng, chunk_batches, shuffle):
         batches = chunk_batches[int(chunk)]
         order += [batches[int(i)] for i in rng.permutation(len(batches))]
     return order
-
-
-FINGERPRINT_ROWS = 1000
-
-
-def fingerprint_stride(n):
-    """The stride of the rows a data fingerprint reads: at most ``FINGERPRINT_ROWS`` rows, spread over all n
-    (fixed positions, so an array on disk or on a cluster is read at those rows only)."""
-    return max(1, -(-int(n) // FINGERPRINT_ROWS))
-
-
-def data_fingerprint(n, d, rows, labels, classes):
-    """A hash of the training data for a checkpoint's run fingerprint: n, d, the classes and the rows and
-    (encoded) labels at ``fingerprint_stride`` positions. Resuming on other data of the same shape would
-    silently mix two fits; this catches it (a change only between the sampled rows goes unseen)."""
-    digest = hashlib.sha256(f"{int(n)} {int(d)} {[str(c) for c in classes]}".encode())
-    for values in (rows, labels):
-        digest.update(to_host_vector(values).tobytes())
-    return digest.hexdigest()[:32]
-
-
-def _write_checkpoint(trainer, rng, order, best, path, fingerprint):
-    """Everything the loop needs to go on exactly as if it had not stopped."""
-    engine_state = trainer.engine.checkpoint_state(path, trainer.n_steps)
-    save_checkpoint(path, {
-        "fingerprint": fingerprint, "engine": engine_state,
-        "n_steps": trainer.n_steps, "n_updates": trainer.n_updates, "history": trainer.history,
-        "pending": [list(p) for p in trainer._pending],
-        "rng": rng.bit_generator.state, "order": [int(i) for i in order],
-        "best": {k: v for k, v in best.items() if k != "state"},
-        "elapsed": time.perf_counter() - trainer.t0,
-    })
-    written = getattr(trainer.engine, "checkpoint_written", None)
-    if written is not None:
-        written(engine_state)
-
-
-def _restore(trainer, rng, path, fingerprint, has_validation):
-    """Put a checkpoint's state into a freshly built trainer; returns (order, best). Everything read is
-    checked first: a field of the wrong type or shape is one ValueError naming the file and the field."""
-    if path is None:
-        raise ValueError("resume=True needs checkpoint_path")
-
-    def refuse(why):
-        return ValueError(f"{path} is not a valid agpc checkpoint: {why}")
-
-    xp, device = trainer.xp, array_device(trainer.state["Z"])
-    saved = load_checkpoint(path, lambda a: asarray_like(a, xp, device=device))
-    written_for = saved.get("fingerprint")
-    if isinstance(written_for, dict):  # a checkpoint from before priors were part of the fingerprint had none
-        written_for = {"priors": {}, "full_gp": False, **written_for}  # (nor the full GP's passes, which came later)
-        legacy = getattr(trainer.engine, "legacy_checkpoint_keys", {})
-        if legacy and isinstance(written_for.get("params"), list):  # the parameters by the names of an older form
-            written_for["params"] = [legacy.get(name, name) if isinstance(name, str) else name
-                                     for name in written_for["params"]]
-    # The data's hash is of its rows in the run's type, so a resume in another dtype would read as other data:
-    # said first, by the type the checkpoint's arrays are in.
-    saved_Z = saved["engine"].get("Z") if isinstance(saved.get("engine"), dict) else None
-    run_dtype = trainer.state["Z"].dtype
-    if is_array(saved_Z) and saved_Z.dtype != run_dtype:
-        raise ValueError(
-            f"checkpoint {path} was written by a fit computing in {dtype_text(saved_Z.dtype)}, but this fit "
-            f"computes in {dtype_text(run_dtype)}: resume with dtype='{dtype_text(saved_Z.dtype)}', or fit "
-            "afresh without resume"
-        )
-    # other data of the same shape (the default priors are centred on the data, so they may differ with it)
-    data_derived = ("data", "priors")
-    if isinstance(written_for, dict) and written_for.get("data") != fingerprint["data"] and (
-        {k: v for k, v in written_for.items() if k not in data_derived}
-        == {k: v for k, v in fingerprint.items() if k not in data_derived}
-    ):
-        raise ValueError(
-            f"checkpoint {path} was written for different training data: the same number of rows and features, "
-            f"but other rows or labels (data fingerprint {written_for.get('data')}, this data {fingerprint['data']})"
-        )
-    if written_for != fingerprint:
-        differs = sorted(set(written_for) | set(fingerprint)) if not isinstance(written_for, dict) else sorted(
-            key for key in set(written_for) | set(fingerprint) if written_for.get(key) != fingerprint.get(key))
-        hint = ("; a fit on a dask array with checkpoint_path stepped on the driver (local_steps=0) by default "
-                "before data-parallel rounds were checkpointed: pass local_steps=0 to resume such a checkpoint"
-                if differs == ["n_batches"] else "")
-        raise ValueError(
-            f"checkpoint {path} was written by a different training run (differing in {', '.join(differs)}: "
-            f"{written_for}); this run is {fingerprint}{hint}"
-        )
-    check_loop_state(saved, fingerprint, refuse)
-    check_engine_state(saved["engine"], trainer.engine, fingerprint, path, refuse)
-    fresh = array_shapes(trainer.engine.state)
-    try:
-        rng.bit_generator.state = saved["rng"]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise refuse(f"rng: not the state of this run's generator ({type(exc).__name__}: {exc})") from None
-    try:
-        trainer.engine.restore_checkpoint(saved["engine"], path)
-    # what restoring raises on a missing entry or a value of the wrong kind: the field is named
-    except (KeyError, TypeError, IndexError) as exc:  # (a ValueError here says what is wrong already)
-        raise refuse(f"engine: {type(exc).__name__}: {exc}") from None
-    restored = array_shapes(trainer.engine.state)
-    for key, shape in fresh.items():
-        if restored.get(key) != shape:
-            raise refuse(f"engine.{key}: shape {restored.get(key)}, this run's is {shape}")
-    trainer.n_steps = saved["n_steps"]
-    trainer.n_updates = saved["n_updates"]
-    trainer.history = saved["history"]
-    trainer._pending = [tuple(p) for p in saved["pending"]]
-    trainer.t0 = time.perf_counter() - saved["elapsed"]
-    trainer.good = None
-    best = dict(saved["best"], state=None)
-    if has_validation and trainer.history.get("validation_nll") is None:
-        raise ValueError(f"checkpoint {path} has no validation history but this run has validation data")
-    return list(saved["order"]), best
-
-
-def validation_scores(trainer, X, y, validation):
-    """Test NLL and error of the current state on (X_val, y_val) (labels as the engine takes them): what
-    ``train`` records at each validation step (benchmarks/airline.py wraps it to time the scoring)."""
-    X_val, y_val = validation
-    with block_memory_advice(f"{trainer.method}'s scoring of the validation data"):
-        post, _ = trainer.engine.posterior(X, y, want_log_z=False)
-        y_val = read_rows(y_val, 0, y_val.shape[0], trainer.state["Z"])
-        return trainer.engine.validation_scores(post, X_val, y_val)

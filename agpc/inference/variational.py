@@ -23,7 +23,6 @@ whose bracket is the log-normaliser gain of that posterior. Gradients come as ad
 
 from __future__ import annotations
 
-import warnings
 
 from ..backend import (
     array_device,
@@ -50,7 +49,6 @@ __all__ = [
     "initial_xi",
     "posterior_of",
     "prior_cholesky",
-    "inverse_lower",
     "SVIBoundTerms",
     "log_likelihood",
     "expected_log_likelihood",
@@ -79,13 +77,6 @@ def expected_log_likelihood(y, mean, var, likelihood, n_quadrature=20):
     """E_{N(f | mean, var)} log p(y | f) by Gauss-Hermite, and its derivatives in mean and var
     (``Likelihood.expected_log_density``)."""
     return likelihood_by_name(likelihood, multiclass=False).expected_log_density(y, mean, var, n_quadrature)
-
-
-def inverse_lower(L):
-    """Deprecated: ``agpc.backend.lower_triangular_inverse`` (the same, for one matrix or a stack)."""
-    warnings.warn("agpc.inference.variational.inverse_lower is deprecated: use "
-                  "agpc.backend.lower_triangular_inverse", DeprecationWarning, stacklevel=2)
-    return lower_triangular_inverse(L)
 
 
 def prior_cholesky(kernel, Z, jitter, *, checked=True):
@@ -295,7 +286,7 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
 
     Two passes over the rows, each a sum over them (``quadratic_site_sums``, then ``quadratic_row_terms``),
     joined by the m x m work of ``quadratic_posterior`` and ``finish_quadratic_bound``: a cluster runs the
-    passes a chunk of rows a task and adds the chunks' results (``dask_engine.DaskEngine.quadratic_bound``).
+    passes a chunk of rows a task and adds the chunks' results (``dask_engine.DaskPasses.quadratic_bound``).
     """
     L_K = ep.prior_cholesky(kernel, Z, jitter)
     S, c_tilde, const_sum = quadratic_site_sums(kernel, Z, X, y, xi, kind=kind, L_K=L_K, block_rows=block_rows)

@@ -1,0 +1,128 @@
+"""The hooks of the training loop (``agpc.inference.hooks``), each on its own: validation with early stopping,
+checkpoints, the time budget, the progress bar; and the one retry rule (``Trainer.step_until_taken``)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from agpc import RBF, CholeskyError
+from agpc.datasets import make_banana
+from agpc.inference import hooks, training
+
+
+class _ScriptedTrainer:
+    """A trainer whose validation scores are given in advance, and whose engine's state is a step count."""
+
+    def __init__(self, nlls):
+        self.nlls = list(nlls)
+        self.n_steps = 0
+        self.history = {}
+        self.engine = SimpleNamespace(state={"step": 0}, keep=lambda: {"step": self.n_steps},
+                                      put_back=lambda kept: self.engine.state.update(kept))
+
+    def validation_scores(self, X, y, validation):
+        return self.nlls.pop(0), 0.5
+
+
+def _run(trainer, minibatch=False, n_batches=1):
+    return SimpleNamespace(trainer=trainer, X=None, y=None, minibatch=minibatch, batches=[None] * n_batches,
+                           best={"nll": np.inf, "reference": np.inf, "state": None, "since": 0}, postfix={},
+                           early_stopped=False, stopped_by_time=False, resumed=False, warmup=0,
+                           settings=SimpleNamespace(max_iter=2))
+
+
+def test_validation_stops_after_n_iter_no_change_evaluations_without_an_improvement_above_tol():
+    """Scores every eval_every steps into the history; an improvement of less than tol does not count, and after
+    n_iter_no_change evaluations without one the best state seen is put back."""
+    trainer = _ScriptedTrainer([1.0, 0.9, 0.895, 0.95, 0.96])
+    hook = hooks.Validation(("X_val", "y_val"), eval_every=2, n_iter_no_change=3, tol=0.01)
+    run = _run(trainer)
+    hook.start(run)
+    for step in range(1, 11):
+        trainer.n_steps = step
+        run.postfix = {}
+        hook.after_step(run, -1.0, recorded=True)
+        if run.early_stopped:
+            break
+    assert trainer.n_steps == 10 and run.early_stopped
+    assert trainer.history["validation_step"] == [2, 4, 6, 8, 10]
+    assert trainer.history["validation_nll"] == [1.0, 0.9, 0.895, 0.95, 0.96]
+    assert trainer.engine.state == {"step": 6}  # the best (0.895, though not better than 0.9 by tol)
+    assert run.postfix == {"val_nll": "0.9600"}
+
+
+def test_validation_without_eval_every_scores_each_epoch_in_minibatch_mode():
+    trainer = _ScriptedTrainer([1.0, 0.9])
+    hook = hooks.Validation(("X_val", "y_val"))
+    run = _run(trainer, minibatch=True, n_batches=4)
+    hook.start(run)
+    for step in range(1, 9):
+        trainer.n_steps = step
+        hook.after_step(run, -1.0, recorded=False)
+    assert trainer.history["validation_step"] == [4, 8] and not run.early_stopped
+
+
+def test_checkpoints_are_written_every_few_steps_and_a_resume_needs_a_path(monkeypatch, tmp_path):
+    X, y = make_banana(120, random_state=1)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    written = []
+    monkeypatch.setattr(hooks, "write_checkpoint",
+                        lambda trainer, rng, order, best, path, fingerprint: written.append((trainer.n_steps, path)))
+    fit = training.fit(X, y.astype(float) * 2 - 1, kernel, X[:5].copy(), method="sep", batch_size=40, max_iter=3,
+                       checkpoint_path=tmp_path / "run.ckpt", checkpoint_every=4, random_state=0)
+    assert [step for step, _ in written] == [4, 8] and fit.checkpoints_written == 2
+    engine = training.make_engine("sep", kernel, X[:5].copy(), n_total=120, minibatch=False)
+    with pytest.raises(ValueError, match="resume=True needs checkpoint_path"):
+        training.train(X, y, engine, training.TrainSettings(resume=True), [hooks.Checkpoints(None, resume=True)])
+
+
+def test_the_time_budget_stops_before_a_step_that_would_not_fit(monkeypatch):
+    clock = {"now": 100.0}
+    monkeypatch.setattr(hooks.time, "perf_counter", lambda: clock["now"])
+    budget = hooks.TimeBudget(10.0, started=100.0)
+    budget.measured("step", 4.0)
+    run = _run(None)
+    clock["now"] = 101.0
+    assert not budget.before_step(run, False) and not run.stopped_by_time  # 101 + 4 + 4 (final pass) <= 110
+    clock["now"] = 103.0
+    assert budget.before_step(run, False) and run.stopped_by_time
+
+
+def test_the_progress_bar_counts_an_epochs_minibatches_and_shows_the_validation_nll():
+    trainer = SimpleNamespace(n_steps=0, method="sep")
+    run = _run(trainer, minibatch=True, n_batches=3)
+    bar = hooks.Progress()
+    bar.new_epoch(run)
+    first = bar.bar
+    assert first.total == 3 and first.desc.startswith("agpc sep epoch 1/2")
+    for step in range(1, 3):
+        trainer.n_steps = step
+        run.postfix = {"val_nll": "0.5000"}
+        bar.after_step(run, -12.5, recorded=False)
+    assert first.n == 2 and first.postfix == "log_Zq=-12.5, val_nll=0.5000"
+    trainer.n_steps = 3
+    bar.new_epoch(run)  # a new bar for the next epoch
+    assert bar.bar is not first and bar.bar.desc.startswith("agpc sep epoch 2/2")
+    bar.finish(run)
+    assert bar.bar is None
+
+
+def test_step_until_taken_retries_until_the_guard_gives_up():
+    """The one retry rule: a failed step is retried (the caller told after each revert), at most until the guard
+    gives up after MAX_FAILURES failures in a row."""
+    X, y = make_banana(60, random_state=5)
+    y = y.astype(float) * 2 - 1
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    trainer = training.Trainer(kernel, X[:5].copy(), method="sep", n_total=60, minibatch=True, jitter=1e-6)
+    change, log_z = trainer.step_until_taken(X, y, 0, 20, stepping=True)
+    assert trainer.n_steps == 1 and np.isfinite(log_z)
+
+    def fail(*args, **kwargs):
+        raise CholeskyError("forced failure")
+
+    trainer.engine.evaluate = fail
+    reverts = []
+    with pytest.raises(FloatingPointError, match="after 31 failed steps in a row"):
+        trainer.step_until_taken(X, y, 0, 20, stepping=True, after_revert=lambda: reverts.append(1))
+    assert len(reverts) == training.MAX_FAILURES and trainer.n_steps == 1
