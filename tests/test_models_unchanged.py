@@ -61,7 +61,7 @@ def _cases():
     cases["default-exact"] = dict(max_iter=3), "binary"  # small data: the full-GP model of the size rule
     cases["partial_fit-sep"] = dict(method="sep", n_inducing=8, batch_size=40), "partial_fit"
     cases["dask-ep"] = dict(method="ep", n_inducing=8, max_iter=3), "dask"
-    cases["dask-sep-minibatch"] = dict(method="sep", n_inducing=8, max_iter=2, batch_size=40), "dask"
+    cases["dask-sep-minibatch"] = dict(method="sep", n_inducing=8, max_iter=2, batch_size=40, local_steps=2), "dask"
     cases["disk-sep-minibatch"] = dict(method="sep", n_inducing=8, max_iter=2, batch_size=40), "disk"
     cases["n_jobs-sep"] = dict(method="sep", n_inducing=8, max_iter=2, batch_size=40, n_jobs=2, local_steps=2), "binary"
     return cases
