@@ -11,66 +11,9 @@ import pytest
 from agpc import GPClassifier, checkpoints
 from agpc.datasets import make_banana
 from agpc.inference import checkpointing, training
+from helpers import interrupted_then_resumed
 
 
-class Interrupt(Exception):
-    pass
-
-
-def _interrupt_after(monkeypatch, steps):
-    real = training.Trainer.step
-    calls = {"n": 0}
-
-    def step(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] > steps:
-            raise Interrupt
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(training.Trainer, "step", step)
-    return lambda: monkeypatch.setattr(training.Trainer, "step", real)
-
-
-def _steps_taken(monkeypatch):
-    """The step count before each step a fit takes (failed steps, which the guard puts back, left out)."""
-    real = training.Trainer.step
-    taken = []
-
-    def step(self, *args, **kwargs):
-        before = self.n_steps
-        out = real(self, *args, **kwargs)
-        if out[0]:
-            taken.append(before)
-        return out
-
-    monkeypatch.setattr(training.Trainer, "step", step)
-    return taken, lambda: monkeypatch.setattr(training.Trainer, "step", real)
-
-
-def interrupted_then_resumed(monkeypatch, params, path, stop_at, X, y):
-    """(uninterrupted fit, resumed fit): a fit with checkpoints every 4 steps, interrupted after ``stop_at`` steps,
-    then resume=True to the end. It checks that the resume resumed (issue 25: a fit that ignored the checkpoint and
-    started again from scratch gave the same model under the same seed, and passed): the checkpoint holds the last
-    multiple of 4 steps before the interruption, with steps on the hyper-parameters among them (batch EP, SEP and
-    ADF: past the warm-up sweeps), and the resumed fit starts at that step and takes only the steps that remain.
-    The callers check that it ends at the uninterrupted model."""
-    taken, undo = _steps_taken(monkeypatch)
-    reference = GPClassifier(**params).fit(X, y)
-    undo()
-    undo = _interrupt_after(monkeypatch, stop_at)
-    with pytest.raises(Interrupt):
-        GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y)
-    undo()
-    saved = checkpoints.load_checkpoint(path, np.asarray)
-    assert saved["n_steps"] == stop_at // 4 * 4 < len(taken), (saved["n_steps"], len(taken))
-    assert saved["n_updates"] >= 1, "interrupted before any step on the hyper-parameters: their state is not resumed"
-    resumed_steps, undo = _steps_taken(monkeypatch)
-    resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y, resume=True)
-    undo()
-    assert resumed_steps == list(range(saved["n_steps"], len(taken))), (
-        f"the resumed fit took steps {resumed_steps[:3]}...{resumed_steps[-1:]}, the checkpoint was written at step "
-        f"{saved['n_steps']} of {len(taken)}")
-    return reference, resumed
 
 
 @pytest.mark.parametrize("method, batch_size, max_iter, stop_at", [

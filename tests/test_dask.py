@@ -11,7 +11,7 @@ distributed = pytest.importorskip("distributed")
 
 from agpc import GPClassifier  # noqa: E402
 from agpc.datasets import make_banana  # noqa: E402
-from helpers import assert_same_model, local_client, three_classes  # noqa: E402
+from helpers import assert_same_model, interrupted_then_resumed, local_client, three_classes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -216,8 +216,6 @@ def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path,
     With ``site_directory`` the same, and the interrupted fit's pass files are gone too."""
     import os
 
-    from test_checkpoint import interrupted_then_resumed
-
     X, y, X_test = data
     Xd, yd = da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200)
     params = dict(method=method, n_inducing=10, max_iter=3 if batch_size is None else 2, batch_size=batch_size,
@@ -321,7 +319,6 @@ def test_multiclass_minibatch_on_the_driver_samples_chunks_like_data_on_disk(cli
 def test_multiclass_ep_on_a_dask_array_resumes_from_a_checkpoint(client, monkeypatch, tmp_path):
     """Multiclass batch EP's (n, 2C) sites written by the workers a file a chunk beside the checkpoint and read
     back on resume: the uninterrupted model."""
-    from test_checkpoint import interrupted_then_resumed
 
     X, y = three_classes(450, 0, boundaries="linear", noise=0.5)
     Xd, yd = da.from_array(X, chunks=(150, 2)), da.from_array(y, chunks=150)

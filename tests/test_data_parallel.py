@@ -19,7 +19,7 @@ from agpc.inference import data_parallel, ep, training  # noqa: E402
 from agpc.inference.dask_engine import local_cluster, persisted_blocks  # noqa: E402
 from agpc.inference.engines import EngineOptions, EPEngine, make_engine  # noqa: E402
 from agpc.kernels import RBF  # noqa: E402
-from test_dask import assert_same_model  # noqa: E402  (one statement of "the same model" for lost workers)
+from helpers import assert_same_model, local_client, nll_of, three_classes  # noqa: E402
 
 JITTER = 1e-6
 
@@ -27,10 +27,8 @@ JITTER = 1e-6
 @pytest.fixture(scope="module")
 def client():
     """Two workers in this process (threads): fast to start; the tests that need processes make their own."""
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None)
-    with distributed.Client(cluster) as c:
+    with local_client(2, processes=False) as c:
         yield c
-    cluster.close()
 
 
 @contextlib.contextmanager
@@ -39,11 +37,6 @@ def _process_cluster():
     a worker: the nanny's restart is not waited for)."""
     with local_cluster(2) as cluster, distributed.Client(cluster) as c:
         yield c
-
-
-def _nll(model, X, y):
-    proba = model.predict_proba(X)
-    return float(-np.mean(np.log(proba[np.arange(len(y)), np.searchsorted(model.classes_, y)])))
 
 
 def test_a_chunk_factor_cavity_is_seps_when_the_factors_are_in_proportion():
@@ -348,7 +341,7 @@ def test_a_data_parallel_fit_ends_near_the_single_process_fit(client, banana, me
     single = GPClassifier(**params).fit(X, y)
     parallel = GPClassifier(**params, client=client, local_steps=4).fit(da.from_array(X, chunks=(n // 8, 2)),
                                                                          da.from_array(y, chunks=n // 8))
-    assert abs(_nll(parallel, X_test, y_test) - _nll(single, X_test, y_test)) < tolerance
+    assert abs(nll_of(parallel, X_test, y_test) - nll_of(single, X_test, y_test)) < tolerance
     # max_iter epochs of rounds of 2 shards x 4 steps x 50 rows
     assert parallel.history_["n_steps"][-1] == epochs * -(-n // (2 * 4 * 50))
 
@@ -415,26 +408,19 @@ def test_validation_data_on_a_dask_array(client, banana):
     assert stopped.early_stopped_ and len(stopped.history_["validation_nll"]) == 3  # tol 0.5: no improvement counts
 
 
-def _three_classes(n, seed):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, 2))
-    scores = np.stack([X[:, 0], X[:, 1], -X[:, 0] - X[:, 1]], axis=1) + 0.5 * rng.normal(size=(n, 3))
-    return X, np.argmax(scores, axis=1)
-
-
 def test_multiclass_sep_on_a_dask_array_ends_near_the_single_process_fit(client):
     """Multiclass SEP (one tied factor per class and chunk), two shards: the test NLL within 0.02 nats of the
     single-process fit's after the same rows (the single-process fits of three seeds spread over 0.03 here,
     4 epochs of 1,200 rows); data-parallel multiclass EP is refused with a clear message (batch passes of
     multiclass EP on a dask array: tests/test_dask.py)."""
-    X, y = _three_classes(1200, 0)
-    X_test, y_test = _three_classes(2000, 1)
+    X, y = three_classes(1200, 0, boundaries="linear", noise=0.5)
+    X_test, y_test = three_classes(2000, 1, boundaries="linear", noise=0.5)
     params = dict(method="sep", n_inducing=8, batch_size=50, max_iter=4, random_state=0)
     single = GPClassifier(**params).fit(X, y)
     Xd, yd = da.from_array(X, chunks=(150, 2)), da.from_array(y, chunks=150)
     parallel = GPClassifier(**params, client=client, local_steps=4).fit(Xd, yd)
     assert parallel.predict_proba(X_test).shape == (2000, 3)
-    assert abs(_nll(parallel, X_test, y_test) - _nll(single, X_test, y_test)) < 0.02
+    assert abs(nll_of(parallel, X_test, y_test) - nll_of(single, X_test, y_test)) < 0.02
     with pytest.raises(ValueError, match="data-parallel multiclass training runs 'sep', 'adf' or 'svi'"):
         GPClassifier(method="ep", batch_size=50, client=client).fit(Xd, yd)
 

@@ -8,7 +8,7 @@ from agpc import RBF, CholeskyError, GPClassifier, JitterWarning
 from agpc import backend as agpc_backend
 from agpc.datasets import make_banana
 from agpc.inference import engines, hooks, multiclass_vi, training
-from test_checkpoint import interrupted_then_resumed
+from helpers import interrupted_then_resumed, three_classes
 
 COMMON_KEYS = {"log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps"}
 VALIDATION_KEYS = {"validation_step", "validation_nll", "validation_error"}
@@ -33,13 +33,6 @@ def _binary(n=200, seed=5):
     return make_banana(n, random_state=seed)
 
 
-def _three_classes(n=150, seed=0):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, 2))
-    y = np.argmax(np.stack([X[:, 0], -X[:, 0] + X[:, 1], np.sin(2 * X[:, 1])], axis=1), axis=1)
-    return X, y
-
-
 @pytest.mark.parametrize("method, batch_size, max_iter, stop_at", EVERY_METHOD)
 def test_every_method_resumes_to_the_uninterrupted_model(tmp_path, monkeypatch, method, batch_size, max_iter, stop_at):
     """Interrupted after ``stop_at`` steps (a checkpoint every 4 steps), then resumed: the same history, the
@@ -58,7 +51,7 @@ def test_every_method_resumes_to_the_uninterrupted_model(tmp_path, monkeypatch, 
 
 @pytest.mark.parametrize("method", ["sep", "svi", "gfitc"])
 def test_multiclass_resumes_to_the_uninterrupted_model(tmp_path, monkeypatch, method):
-    X, y = _three_classes()
+    X, y = three_classes(150, 0, noise=0.0)
     # (multiclass parallel EP converges slowly: GFITC's sites settle to a looser tol, to keep the test short)
     # interrupted after two steps on the hyper-parameters: batch SEP's come after 10 warm-up sweeps (4 of them),
     # GFITC's after its sites settle (15 sweeps here)
@@ -99,8 +92,8 @@ def test_multiclass_validation_scores_are_the_models_own(method):
     """The last validation score is the fitted model's own NLL (GFITC on fixed hyper-parameters: scored
     after every sweep, the last one the sweep that converged; with steps on the hyper-parameters its sites
     settle again after the last scored step)."""
-    X, y = _three_classes()
-    X_val, y_val = _three_classes(90, seed=4)
+    X, y = three_classes(150, 0, noise=0.0)
+    X_val, y_val = three_classes(90, 4, noise=0.0)
     model = GPClassifier(method=method, n_inducing=5, max_iter=3, random_state=0, tol=1e-3,
                          optimize=method != "gfitc").fit(X, y, validation_data=(X_val, y_val))
     assert set(model.history_) == COMMON_KEYS | VALIDATION_KEYS
@@ -192,7 +185,7 @@ def test_multiclass_svi_bound_takes_row_weights():
     """Padding rows of weight 0 leave the multiclass bound and its gradients those of the rows without them."""
     from agpc.kernels import RBF, ClassKernels
 
-    X, y = _three_classes(40)
+    X, y = three_classes(40, 0, noise=0.0)
     y = y.astype(float)
     rng = np.random.default_rng(1)
     kernels = ClassKernels([RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)] * 3)

@@ -9,7 +9,7 @@ from agpc import GPClassifier
 from agpc import methods as M
 from agpc.datasets import make_banana
 from agpc.inference import engines, ep, variational
-from test_checkpoint import interrupted_then_resumed
+from helpers import interrupted_then_resumed
 
 
 class MeanAscent(engines.Engine):

@@ -34,6 +34,7 @@ from types import MappingProxyType, ModuleType
 
 from ..backend import ModulesByName, array_device, array_namespace, is_dask_array, read_rows, row_slice, scaled_std
 from ..kernels import ClassKernels, log_prior_and_grads, step_lower_bounds
+from ..likelihoods import negative_log_likelihood
 from ..optim import OPTIMIZERS, Rprop, bounded_step, lbfgsb_ascent
 from . import ep, exact_ep, gfitc, multiclass_ep, multiclass_vi, variational
 
@@ -687,10 +688,8 @@ class GFITCEngine(Engine):
 def _scores(log_p, truth):
     """NLL and error from log p(class | x) (n, C) and the true class index (n,)."""
     xp = array_namespace(log_p)
-    onehot = truth[:, None] == xp.arange(log_p.shape[1], dtype=truth.dtype)[None, :]
-    nll = -xp.mean(xp.sum(xp.where(onehot, log_p, 0.0), axis=1))
     error = xp.mean(xp.astype(xp.argmax(log_p, axis=1) != truth, log_p.dtype))
-    return float(nll), float(error)
+    return float(negative_log_likelihood(log_p, truth)), float(error)
 
 
 class SVIEngine(Engine):

@@ -53,7 +53,7 @@ from ..backend import (
     solve_triangular,
     triangular_matmul,
 )
-from ..likelihoods import PROBIT
+from ..likelihoods import PROBIT, negative_log_likelihood
 
 __all__ = [
     "Factor",
@@ -1219,5 +1219,5 @@ def validation_scores(kernel, Z, post, X_val, y_val):
     xp = array_namespace(Z)
     mean, var = predict_latent(kernel, Z, post, X_val)
     log_pos, log_neg = PROBIT.predictive_log_proba(mean, var)
-    log_p = xp.where(y_val > 0, log_pos, log_neg)
-    return float(-xp.mean(log_p)), float(xp.mean(xp.astype((mean > 0) != (y_val > 0), mean.dtype)))
+    nll = negative_log_likelihood(xp.stack([log_neg, log_pos], axis=1), xp.astype(y_val > 0, xp.int64))
+    return float(nll), float(xp.mean(xp.astype((mean > 0) != (y_val > 0), mean.dtype)))

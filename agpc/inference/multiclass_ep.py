@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..backend import array_device, array_namespace, lower_triangular_inverse
-from ..likelihoods import PREDICTIVE_NODES, PROBIT, argmax_log_proba
+from ..likelihoods import PREDICTIVE_NODES, PROBIT, argmax_log_proba, negative_log_likelihood
 from . import ep
 
 __all__ = [
@@ -447,8 +447,7 @@ def validation_scores(kernels, Z, posts, X_val, y_val, n_quadrature=PREDICTIVE_N
     xp = array_namespace(Z)
     mean, var = predict_latent(kernels, Z, posts, X_val)
     log_p = predictive_log_proba(mean, var, n_quadrature)
-    onehot = one_hot_labels(y_val, Z.shape[0])
-    nll = -xp.mean(xp.sum(xp.where(onehot, log_p, 0.0), axis=1))
+    nll = negative_log_likelihood(log_p, y_val)
     predicted = xp.argmax(log_p, axis=1)
     error = xp.mean(xp.astype(xp.astype(predicted, y_val.dtype) != y_val, y_val.dtype))
     return float(nll), float(error)
