@@ -22,7 +22,6 @@ from . import streaming as S
 from . import validation as V
 from .inducing import initial_inducing_points
 from .inference import training
-from .inference.data_parallel import DataParallel
 from .kernels import ClassKernels, Kernel, with_default_priors
 from .model_file import VALUE_WHEN_ABSENT, FittedState, read_model_file, write_model_file
 
@@ -234,9 +233,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             data_hash = None if self.checkpoint_path is None else I.training_fingerprint(inputs)
             I.note_tf32(self, inputs.xp)
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(self, n) if size.at_rows else None)
-            result = self._train(placed.X, placed.y, kernel, Z, classes, groups, placed.batch_size, rng, resume,
-                                 validation=validation, engine=placed.engine, started=started, data_hash=data_hash,
-                                 block_rows=placed.block_rows)
+            result = self._train(placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash)
         return self._fitted_from(result, classes, started, n, resumed=bool(resume))
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
@@ -261,34 +258,35 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     _default_kernel = staticmethod(I.default_kernel)  # the kernel ``kernel=None`` starts from
 
-    def _train(self, X, y, kernel, Z, classes, groups, batch_size, rng, resume, validation=None, engine=None,
-               started=None, data_hash=None, block_rows=None):
-        """The one training loop (``training.train``) with this estimator's settings for its method: its engine
-        (``engine``: where the passes run, ``exact_ep`` or a ``DaskPasses``, or a ``DataParallel`` whose rounds
-        are the steps) and the loop's settings and hooks, built here and only here."""
+    def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash):
+        """The one training loop (``training.train``) on the ``placement.PlacedRows`` with this estimator's
+        settings for its method: its engine (its passes where ``placed`` runs them, or ``placed.rounds``'s round
+        engine) and the loop's settings and hooks, built here and only here."""
         spec = M.get_method(self.method)
         self.likelihood_ = spec.likelihood_for(self.likelihood, len(classes))
         settings = training.TrainSettings(
-            batch_size=batch_size, max_iter=int(self.max_iter), tol=float(self.tol), max_time=self.max_time,
+            batch_size=placed.batch_size, max_iter=int(self.max_iter), tol=float(self.tol), max_time=self.max_time,
             random_state=rng, shuffle=bool(self.shuffle), eval_every=self.eval_every,
             n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose), checkpoint_path=self.checkpoint_path,
             checkpoint_every=self.checkpoint_every, resume=bool(resume), started=started, data_hash=data_hash,
         )
         options = training.EngineOptions(
-            jitter=self._jitter_for(Z), optimize=groups, block_rows=self.block_rows if block_rows is None else block_rows,
+            jitter=self._jitter_for(Z), optimize=groups,
+            block_rows=self.block_rows if placed.block_rows is None else placed.block_rows,
             damping=None if self.damping is None else float(self.damping), optimizer=self.optimizer,
             learning_rate=self.learning_rate, likelihood=None if len(classes) > 2 else self.likelihood_,
             n_quadrature=int(self.n_quadrature), tol=float(self.tol),
         )
         settings, options = training.with_overrides(settings, options,
                                                     spec.training_settings(self.get_params(deep=False), len(classes)))
-        n = X.shape[0]
-        if isinstance(engine, DataParallel):
-            built = engine.round_engine(spec.engine_factory, spec.engine_name, kernel, Z, n_total=n, options=options)
+        n = placed.X.shape[0]
+        if placed.rounds is not None:
+            built = placed.rounds.round_engine(spec.engine_factory, spec.engine_name, kernel, Z, n_total=n,
+                                               options=options)
         else:
             built = spec.make_engine(kernel, Z, n_total=n, minibatch=settings.minibatch(n), options=options,
-                                     passes=engine)
-        return training.train(X, y, built, settings, training.standard_hooks(settings, validation))
+                                     passes=placed.passes)
+        return training.train(placed.X, placed.y, built, settings, training.standard_hooks(settings, validation))
 
     def _jitter_for(self, Z):
         """``jitter``, raised to ``backend.jitter_floor`` for the model's type and number of inducing points
@@ -312,15 +310,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return self
 
     def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter):
-        self.tf32_ = bool(getattr(self, "tf32_", False))  # (set by inputs.note_tf32 before training; loaded: False)
-        self.jitter_ = jitter
-        self.kernel_prior_ = self.kernel_prior
-        self.kernel_ = kernel
-        self.inducing_points_ = Z
-        self.posterior_ = posterior
-        self.log_marginal_likelihood_ = log_z
-        self.history_ = history
-        self.n_iter_ = n_iter
+        vars(self).update(tf32_=bool(getattr(self, "tf32_", False)),  # (set by inputs.note_tf32; loaded: False)
+                          jitter_=jitter, kernel_prior_=self.kernel_prior, kernel_=kernel, inducing_points_=Z,
+                          posterior_=posterior, log_marginal_likelihood_=log_z, history_=history, n_iter_=n_iter)
         self._fitted_structure = S.structure(self)  # what partial_fit may continue (``streaming.check_continuable``)
 
     @available_if(lambda self: M.supports(self.method, "partial_fit"))

@@ -39,7 +39,8 @@ class PlacedRows(NamedTuple):
 
     X: Any  # the rows, or what the loop sees of rows that stay elsewhere (``RowsOnWorkers``, ``ChunkedRows``)
     y: Any  # the encoded labels, likewise
-    engine: Any  # None (the method's own passes), the exact model's full-GP passes, or what trains rows elsewhere
+    passes: Any  # where the engine's passes run: None (in this process), ``exact_ep`` (the exact model), ``DaskPasses``
+    rounds: Any  # a ``DataParallel`` whose rounds are the steps (rows on workers), or None
     batch_size: Any  # rows a step (None: the full batch), or a data-parallel round's
     block_rows: Any  # rows a block of a pass (None: the estimator's ``block_rows``)
 
@@ -54,7 +55,7 @@ class Placement:
         self.estimator = estimator
         self.on_cluster = B.is_dask_array(X)
         self.n_jobs = 1
-        self._owned_client = self._pool = self._engine = None  # what this place started, ended by ``__exit__``
+        self._owned_client = self._pool = self._runner = None  # what this place started, ended by ``__exit__``
         self._shared, self._futures = [], []
 
     def __enter__(self):
@@ -63,8 +64,8 @@ class Placement:
     def __exit__(self, *exc_info):
         if self._pool is not None:
             self._pool.close()
-        if self._engine is not None:
-            self._engine.close()
+        if self._runner is not None:  # (the DaskPasses or DataParallel this place made)
+            self._runner.close()
         for rows_file in self._shared:
             rows_file.close()
         self._futures.clear()  # (released while their client is open)
@@ -105,7 +106,8 @@ class Placement:
         if self.n_jobs > 1:
             return self._in_local_workers(inputs, Z, rng)
         batch_size = rows_per_step(self.estimator, n, inputs.xp, Z, len(inputs.classes))
-        return PlacedRows(inputs.X, inputs.y, exact, batch_size, gpu_block_rows(self.estimator, batch_size, inputs.xp))
+        return PlacedRows(inputs.X, inputs.y, exact, None, batch_size,
+                          gpu_block_rows(self.estimator, batch_size, inputs.xp))
 
     def _in_local_workers(self, inputs, Z, rng):
         estimator, X, n = self.estimator, inputs.X, inputs.X.shape[0]
@@ -113,11 +115,11 @@ class Placement:
         order = rng.permutation(n) if estimator.shuffle and not B.is_out_of_core(X) else None
         self._shared = W.share_rows([X, inputs.y], local_chunk_rows(n, self.n_jobs), order=order,
                                     dtypes=[Z.dtype, Z.dtype])
-        self._engine = DataParallel(self._pool, *self._shared, batch_size=rows_per_step(estimator, n),
-                                    local_steps=estimator.local_steps, seed=seed,
-                                    site_directory=estimator.site_directory)
-        return PlacedRows(RowsOnWorkers(X.shape, Z.dtype), RowsOnWorkers((n,), Z.dtype), self._engine,
-                          self._engine.rows_per_round, None)
+        self._runner = rounds = DataParallel(self._pool, *self._shared, batch_size=rows_per_step(estimator, n),
+                                             local_steps=estimator.local_steps, seed=seed,
+                                             site_directory=estimator.site_directory)
+        return PlacedRows(RowsOnWorkers(X.shape, Z.dtype), RowsOnWorkers((n,), Z.dtype), None, rounds,
+                          rounds.rows_per_round, None)
 
     def _on_cluster(self, inputs, rng):
         D.check_finite_chunks(inputs)
@@ -127,17 +129,17 @@ class Placement:
         if minibatch and estimator.local_steps != 0:  # data-parallel rounds: the rows stay on the workers
             if inputs.blocks[0] is not None:  # (X persisted: the labels too, encoded, n floats on the workers)
                 y = client.persist(y)
-            self._engine = DataParallel(client, X, y, batch_size=batch_size, local_steps=estimator.local_steps,
-                                        seed=int(rng.integers(2**62)), site_directory=estimator.site_directory)
-            return PlacedRows(RowsOnWorkers(X.shape, X.dtype), RowsOnWorkers(y.shape, y.dtype), self._engine,
-                              self._engine.rows_per_round, None)
+            self._runner = rounds = DataParallel(client, X, y, batch_size=batch_size, local_steps=estimator.local_steps,
+                                                 seed=int(rng.integers(2**62)), site_directory=estimator.site_directory)
+            return PlacedRows(RowsOnWorkers(X.shape, X.dtype), RowsOnWorkers(y.shape, y.dtype), None, rounds,
+                              rounds.rows_per_round, None)
         if minibatch:  # minibatches: chunks come to the driver in turn (SVI: a step per minibatch there)
-            return PlacedRows(ChunkedRows(X, client), ChunkedRows(y, client), None, batch_size, None)
+            return PlacedRows(ChunkedRows(X, client), ChunkedRows(y, client), None, None, batch_size, None)
         if not M.supports(estimator.method, "dask_batch"):
             raise ValueError(f"{estimator.method} on a dask array trains on minibatches (batch_size below the number "
                              "of rows): a full-batch step would bring every row to the driver")
-        self._engine = DaskPasses(client, X.chunks[0], site_directory=estimator.site_directory)
-        return PlacedRows(X, y, self._engine, batch_size, None)
+        self._runner = passes = DaskPasses(client, X.chunks[0], site_directory=estimator.site_directory)
+        return PlacedRows(X, y, passes, None, batch_size, None)
 
 
 def n_jobs_for(estimator, xp, n, n_classes):
