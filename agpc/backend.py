@@ -1184,28 +1184,28 @@ def _log_ndtr_generic(z, xp):
     return xp.where(x >= 0, math.log(0.5) + log_erfc_abs, xp.log1p(-0.5 * erfc_abs))
 
 
-def log_ndtr(z):
-    """log Phi(z), the log of the standard normal CDF, accurate in both tails."""
+def _special(name, z):
+    """SciPy's special function ``name`` at z on NumPy, CuPy's on CuPy, None on any other namespace."""
     xp = array_namespace(z)
     if is_numpy_namespace(xp):
-        return scipy.special.log_ndtr(z)
+        return getattr(scipy.special, name)(z)
     if is_cupy_namespace(xp):
         import cupyx.scipy.special
 
-        return cupyx.scipy.special.log_ndtr(z)
-    return _log_ndtr_generic(z, xp)
+        return getattr(cupyx.scipy.special, name)(z)
+    return None
+
+
+def log_ndtr(z):
+    """log Phi(z), the log of the standard normal CDF, accurate in both tails."""
+    value = _special("log_ndtr", z)
+    return _log_ndtr_generic(z, array_namespace(z)) if value is None else value
 
 
 def ndtr(z):
     """Phi(z), the standard normal CDF."""
-    xp = array_namespace(z)
-    if is_numpy_namespace(xp):
-        return scipy.special.ndtr(z)
-    if is_cupy_namespace(xp):
-        import cupyx.scipy.special
-
-        return cupyx.scipy.special.ndtr(z)
-    return xp.exp(log_ndtr(z))
+    value = _special("ndtr", z)
+    return array_namespace(z).exp(log_ndtr(z)) if value is None else value
 
 
 def log_normal_pdf(z):
