@@ -468,25 +468,11 @@ class CountingArray:
 
     # -- metadata (not operations) ---------------------------------------------------------------
 
-    @property
-    def shape(self):
-        return self._array.shape
-
-    @property
-    def dtype(self):
-        return self._array.dtype
-
-    @property
-    def ndim(self):
-        return self._array.ndim
-
-    @property
-    def size(self):
-        return self._array.size
-
-    @property
-    def device(self):
-        return self._array.device
+    shape = property(lambda self: self._array.shape)
+    dtype = property(lambda self: self._array.dtype)
+    ndim = property(lambda self: self._array.ndim)
+    size = property(lambda self: self._array.size)
+    device = property(lambda self: self._array.device)
 
     def __dlpack_device__(self):
         return self._array.__dlpack_device__()
