@@ -41,8 +41,8 @@ PLATEAU_RISE_PER_ROW = 1e-4
 """The exact model's training stops once its log Z (EP's marginal likelihood) has risen by less than
 ``PLATEAU_RISE_PER_ROW`` nats a training row over the last ``PLATEAU_STEPS`` hyper-parameter steps
 (``exact_plateau``; at most ``max_iter`` steps, as before). Chosen in docs/small_data_defaults.md: on the study's
-sets it stopped after 90-260 of the 260 passes (157 on average), at a test NLL 0.001 below where all of them end on
-average (no set worse by more than 0.0004 on average), and each pass it saves costs O(n^3)."""
+sets it stopped after 88-260 of the 260 passes (162 on average), at a test NLL 0.0007 ± 0.0005 below where all of
+them end (no set worse by more than 0.0004 on average), and each pass it saves costs O(n^3)."""
 
 
 def exact_plateau(n_rows):

@@ -62,9 +62,12 @@ __all__ = ["evaluate", "posterior", "zero_sites", "validation_scores", "Marginal
 B_FACTOR_NAME = "B = I + D^1/2 K D^1/2 (the full-GP EP posterior)"
 
 def _prior(kernel, Z, jitter):
-    """(K(Z, Z), K = K(Z, Z) + jitter I, the prior covariance of u) (Z: the training rows)."""
-    K_rows = kernel.K(Z)
-    return K_rows, add_to_diagonal(K_rows, jitter)
+    """K = K(Z, Z) + jitter I, the prior covariance of u (Z: the training rows), and K(Z, Z)'s diagonal; K is the
+    kernel's new array, the jitter added in place (``_gradients`` takes it off again)."""
+    K = kernel.K(Z)
+    xp = array_namespace(K)
+    diagonal = xp.asarray(xp.linalg.diagonal(K), copy=True)
+    return add_to_diagonal(K, jitter, overwrite=True), diagonal
 
 
 def _rows(X, y, Z):
@@ -81,7 +84,7 @@ def posterior(kernel, Z, site_precision, site_shift, *, jitter, checked=True):
     L_K = chol(K), and with A = L_K^T (the projection of e_i, ``ep``'s L_K^-1 k_i), C = I + L_K^T D L_K and
     c~ = L_K^T mu."""
     xp = array_namespace(Z)
-    _, K = _prior(kernel, Z, jitter)
+    K, _ = _prior(kernel, Z, jitter)
     L_K = cholesky(K, what=ep.PRIOR_FACTOR_NAME) if checked else cholesky_or_nan(K)
     root = xp.sqrt(site_precision)
     W = root[:, None] * L_K  # C - I = W^T W
@@ -93,7 +96,8 @@ class Marginals:
     """One GP's q(u) = N(Sigma mu, Sigma) over the rows, factored through B = I + D^1/2 K D^1/2 = L L^T, and its
     marginals: what a pass needs of it (``_marginals``)."""
 
-    K_rows: object  # K(X, X) (no jitter, no noise)
+    K: object  # K(X, X) + jitter I (no noise; ``_gradients`` takes the jitter off in place)
+    jitter: float
     L: object  # chol(B)
     B_inverse: object  # B^-1 (the pass's own array: the gradient scales it in place into R)
     root: object  # D^1/2
@@ -123,8 +127,8 @@ def _marginals(kernel, Z, X, site_precision, site_shift, *, jitter, checked):
     taken for those rows only: a triangular solve with as many right-hand sides as there are such rows."""
     xp = array_namespace(Z)
     nu, mu = site_precision, site_shift
-    K_rows, K = _prior(kernel, Z, jitter)
-    prior_var = xp.linalg.diagonal(K)
+    K, K_diagonal = _prior(kernel, Z, jitter)
+    prior_var = K_diagonal + jitter
     root = xp.sqrt(nu)
     B = add_to_diagonal(root[:, None] * K * root[None, :], 1.0, overwrite=True)
     L = cholesky(B, what=B_FACTOR_NAME) if checked else cholesky_or_nan(B, overwrite=True)
@@ -140,8 +144,8 @@ def _marginals(kernel, Z, X, site_precision, site_shift, *, jitter, checked):
         V = solve_triangular(L, root[:, None] * xp.take(K, rows, axis=1), lower=True)  # L^-1 D^1/2 k_i, those rows
         var[small] = xp.take(prior_var, rows) - xp.vecdot(V, V, axis=-2)
     mean = K_mu - K @ scaled
-    return Marginals(K_rows=K_rows, L=L, B_inverse=B_inverse, root=root, beta=mu - scaled, mean=mean, var=var,
-                     prior_var=prior_var, noise_var=kernel.Kdiag(X) - xp.linalg.diagonal(K_rows),
+    return Marginals(K=K, jitter=jitter, L=L, B_inverse=B_inverse, root=root, beta=mu - scaled, mean=mean, var=var,
+                     prior_var=prior_var, noise_var=kernel.Kdiag(X) - K_diagonal,
                      log_normaliser_gain=0.5 * xp.vecdot(mu, mean) - xp.sum(xp.log(xp.linalg.diagonal(L))))
 
 
@@ -155,9 +159,11 @@ def _gradients(kernel, Z, X, marg, kappa):
     dK *= (-0.5 * root)[:, None]
     dK *= root[None, :]
     dK = add_to_diagonal(add_outer(dK, 0.5 * marg.beta, marg.beta), 0.5 * kappa, overwrite=True)
-    marg.B_inverse = None  # (overwritten: R's multiple now)
-    # K(X, X) read as the cross-covariance of X with Z = X: its values are at hand (no distances again)
-    grads = kernel.grads(None, dK, -0.5 * kappa, X, Z, Knm=marg.K_rows, overwrite=True)
+    # K(X, X) read as the cross-covariance of X with Z = X: its values are at hand (no distances again), the jitter
+    # taken off in place (K's diagonal back to within an ulp of K(X, X)'s; a copy of K would be one more n x n array)
+    K_rows = add_to_diagonal(marg.K, -marg.jitter, overwrite=True)
+    marg.B_inverse = marg.K = None  # (overwritten)
+    grads = kernel.grads(None, dK, -0.5 * kappa, X, Z, Knm=K_rows, overwrite=True)
     grads.pop("Z")  # (the Z side's share only: the exact model's inducing points are the rows, not learned)
     return grads
 
