@@ -233,7 +233,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             data_hash = None if self.checkpoint_path is None else I.training_fingerprint(inputs)
             I.note_tf32(self, inputs.xp)
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(self, n) if size.at_rows else None)
-            result = self._train(placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash)
+            plateau = size_rule.exact_plateau(n) if size.at_rows else None  # (the sparse models run max_iter steps)
+            result = self._train(placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash,
+                                 plateau)
         return self._fitted_from(result, classes, started, n, resumed=bool(resume))
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
@@ -258,7 +260,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     _default_kernel = staticmethod(I.default_kernel)  # the kernel ``kernel=None`` starts from
 
-    def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash):
+    def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau=None):
         """The one training loop (``training.train``) on the ``placement.PlacedRows`` with this estimator's
         settings for its method: its engine (its passes where ``placed`` runs them, or ``placed.rounds``'s round
         engine) and the loop's settings and hooks, built here and only here."""
@@ -269,6 +271,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             random_state=rng, shuffle=bool(self.shuffle), eval_every=self.eval_every,
             n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose), checkpoint_path=self.checkpoint_path,
             checkpoint_every=self.checkpoint_every, resume=bool(resume), started=started, data_hash=data_hash,
+            plateau=plateau,
         )
         options = training.EngineOptions(
             jitter=self._jitter_for(Z), optimize=groups,

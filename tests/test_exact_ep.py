@@ -10,7 +10,7 @@ from agpc.inference import ep, exact_ep, training
 from agpc.kernels import RBF, Matern52
 from conftest import central_differences, to_np, to_xp
 from helpers import binary_toy
-from reference_full_gp_ep import full_gp_ep, full_gp_predict
+from reference_full_gp_ep import full_gp_ep, full_gp_predict, tilted_moments
 
 
 def _check_gradients(kernel, grads, log_z, xp, device):
@@ -96,14 +96,22 @@ def test_is_the_limit_of_inducing_point_ep_at_the_rows():
     np.testing.assert_allclose(var, ref_var, rtol=1e-5, atol=1e-7)
 
 
-def test_one_factorisation_a_pass_and_one_inverse_for_the_gradient(monkeypatch):
+def _site_share(kernel, X, nu, jitter):
+    """nu_i Sigma_ii = 1 - (B^-1)_ii of each row, by NumPy (the rows whose marginal needs a column of L^-1 D^1/2 K)."""
+    K = np.asarray(kernel.K(X)) + jitter * np.eye(len(nu))
+    root = np.sqrt(nu)
+    return 1.0 - np.diag(np.linalg.inv(np.eye(len(nu)) + root[:, None] * K * root[None, :]))
+
+
+def test_one_factorisation_and_one_inverse_a_pass(monkeypatch):
     """What full-GP EP should cost: a pass factorises B = I + D^1/2 K D^1/2 once (no K(Z, Z) factor, no m x m
-    posterior from n x m sums), solves with it once for n right-hand sides, and the gradient adds one inverse from
-    the same factor; a final pass builds q's inducing-point form for prediction (K's factor here, C's in ep.posterior_from_sums)."""
+    posterior from n x m sums) and inverts it from the same factor once, for the marginals and the gradient; it solves
+    with n right-hand sides never, only with one a row whose site holds a small share of its posterior precision (no
+    site yet: every row); a final pass builds q's inducing-point form for prediction (K's factor here, C's in
+    ep.posterior_from_sums)."""
     X, y = binary_toy(20)
     kernel = RBF(lengthscales=[0.7, 1.1], amplitude=1.3, noise=0.02).for_inputs(X)
-    nu, mu = np.full(20, 0.3), np.zeros(20)
-    calls = {"cholesky": 0, "solve_n": 0, "inverse": 0}
+    calls = {"cholesky": 0, "solve_columns": 0, "inverse": 0}
     for name, key in (("cholesky_or_nan", "cholesky"), ("cholesky", "cholesky"), ("cholesky_inverse", "inverse")):
         real = getattr(exact_ep, name)
         monkeypatch.setattr(exact_ep, name, lambda *a, _real=real, _key=key, **k: (calls.__setitem__(
@@ -111,18 +119,48 @@ def test_one_factorisation_a_pass_and_one_inverse_for_the_gradient(monkeypatch):
     real_solve = exact_ep.solve_triangular
 
     def counting_solve(L, B, **options):
-        calls["solve_n"] += int(B.ndim == 2)
+        calls["solve_columns"] += B.shape[1] if B.ndim == 2 else 0
         return real_solve(L, B, **options)
 
     monkeypatch.setattr(exact_ep, "solve_triangular", counting_solve)
+    nu, mu = np.full(20, 0.3), np.zeros(20)
+    nu[[3, 11]] = 0.0  # two rows without a site
+    assert np.sum(_site_share(kernel, X, nu, 1e-6) < exact_ep.SMALL_SITE_SHARE) == 2
     exact_ep.evaluate(kernel, X, X, y, nu, mu, jitter=1e-6, checked=False)
-    assert calls == {"cholesky": 1, "solve_n": 1, "inverse": 1}
-    calls.update(cholesky=0, solve_n=0, inverse=0)
+    assert calls == {"cholesky": 1, "solve_columns": 2, "inverse": 1}
+    calls.update(cholesky=0, solve_columns=0, inverse=0)
     exact_ep.evaluate(kernel, X, X, y, nu, mu, jitter=1e-6, want_grad=False)
-    assert calls == {"cholesky": 1, "solve_n": 1, "inverse": 0}
-    calls.update(cholesky=0, solve_n=0, inverse=0)
+    assert calls == {"cholesky": 1, "solve_columns": 2, "inverse": 1}
+    calls.update(cholesky=0, solve_columns=0, inverse=0)
     exact_ep.evaluate(kernel, X, X, y, nu, mu, jitter=1e-6, want_grad=False, want_sites=False)
-    assert calls == {"cholesky": 2, "solve_n": 1, "inverse": 0}  # B and K here; C in ep.posterior_from_sums
+    assert calls == {"cholesky": 2, "solve_columns": 2, "inverse": 1}  # B and K here; C in ep.posterior_from_sums
+    calls.update(cholesky=0, solve_columns=0, inverse=0)
+    exact_ep.evaluate(kernel, X, X, y, np.zeros(20), mu, jitter=1e-6)  # no site yet: Alg. 3.5's solve, every row
+    assert calls == {"cholesky": 1, "solve_columns": 20, "inverse": 1}
+
+
+def test_site_updates_equal_the_textbook_for_sites_of_every_size():
+    """The marginals read from B^-1 lose nothing where a site holds a tiny share of its row's precision (nu_i
+    Sigma_ii = 1 - (B^-1)_ii near 0, where (1 - (B^-1)_ii) / nu_i would cancel): one parallel, undamped update of
+    sites from 0 to 1e3 equals R&W's (eqs. 3.56-3.59) from Sigma = K - V^T V, V = L^-1 S^1/2 K (Alg. 3.5), in NumPy."""
+    X, y = binary_toy(30, seed=4)
+    kernel = RBF(lengthscales=[0.8, 1.2], amplitude=1.7, noise=0.0).for_inputs(X)
+    jitter = 1e-8
+    rng = np.random.default_rng(5)
+    tau = np.concatenate([[0.0, 1e-14, 1e-12, 1e-9, 1e-6, 1e-4, 1e3], rng.uniform(0.0, 2.0, 23)])
+    nu_tilde = rng.normal(0.0, 0.5, 30) * np.sqrt(tau)
+    K = np.asarray(kernel.K(X)) + jitter * np.eye(30)
+    root = np.sqrt(tau)
+    L = np.linalg.cholesky(np.eye(30) + root[:, None] * K * root[None, :])
+    V = np.linalg.solve(L, root[:, None] * K)
+    Sigma = K - V.T @ V
+    mean = Sigma @ nu_tilde
+    s2 = np.diag(Sigma)
+    tau_cav, nu_cav = 1.0 / s2 - tau, mean / s2 - nu_tilde
+    _, mu_hat, var_hat = tilted_moments(y, nu_cav / tau_cav, 1.0 / tau_cav)
+    out = exact_ep.evaluate(kernel, X, X, y, tau, nu_tilde, jitter=jitter, want_grad=False)
+    np.testing.assert_allclose(out["site_precision"], 1.0 / var_hat - tau_cav, rtol=1e-9, atol=1e-14)
+    np.testing.assert_allclose(out["site_shift"], mu_hat / var_hat - nu_cav, rtol=1e-9, atol=1e-14)
 
 
 def test_new_site_precisions_are_never_negative(monkeypatch):

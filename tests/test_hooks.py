@@ -1,5 +1,5 @@
 """The hooks of the training loop (``agpc.inference.hooks``), each on its own: validation with early stopping,
-checkpoints, the time budget, the progress bar; and the one retry rule (``Trainer.step_until_taken``)."""
+checkpoints, the time budget, the progress bar, the stop on a plateau of log Z; and the one retry rule (``Trainer.step_until_taken``)."""
 
 from types import SimpleNamespace
 
@@ -28,7 +28,7 @@ class _ScriptedTrainer:
 def _run(trainer, minibatch=False, n_batches=1):
     return SimpleNamespace(trainer=trainer, X=None, y=None, minibatch=minibatch, batches=[None] * n_batches,
                            best={"nll": np.inf, "reference": np.inf, "state": None, "since": 0}, postfix={},
-                           early_stopped=False, stopped_by_time=False, resumed=False, warmup=0,
+                           early_stopped=False, stopped_by_time=False, converged=False, resumed=False, warmup=0,
                            settings=SimpleNamespace(max_iter=2))
 
 
@@ -50,6 +50,31 @@ def test_validation_stops_after_n_iter_no_change_evaluations_without_an_improvem
     assert trainer.history["validation_nll"] == [1.0, 0.9, 0.895, 0.95, 0.96]
     assert trainer.engine.state == {"step": 6}  # the best (0.895, though not better than 0.9 by tol)
     assert run.postfix == {"val_nll": "0.9600"}
+
+
+@pytest.mark.parametrize("minibatch, has_params", [(False, True), (True, True), (False, False)])
+def test_plateau_stops_batch_steps_once_log_z_rose_less_than_its_rise_over_its_window(minibatch, has_params):
+    """Batch steps on the hyper-parameters: converged at the first step after the warm-up and a whole window where
+    log Z rose by less than ``rise`` over the last ``steps`` steps, never before; minibatch runs and runs with nothing
+    to learn (which stop on the change of their sites) are left alone."""
+    curve = [-100.0 + 10 * (1 - 0.5 ** k) for k in range(40)]  # rises by 10 / 2^(k+1) at step k + 1
+    trainer = SimpleNamespace(n_steps=0, history={"log_marginal_likelihood": []},
+                              engine=SimpleNamespace(has_params=has_params))
+    run = _run(trainer, minibatch=minibatch)
+    run.warmup = 3
+    hook = hooks.Plateau(steps=4, rise=0.05)
+    for value in curve:
+        trainer.n_steps += 1
+        trainer.history["log_marginal_likelihood"].append(value)
+        hook.after_step(run, value, recorded=True)
+        if run.converged:
+            break
+    if minibatch or not has_params:
+        assert not run.converged and trainer.n_steps == len(curve)
+        return
+    history = trainer.history["log_marginal_likelihood"]
+    assert history[-1] - history[-5] < 0.05 <= history[-2] - history[-6]  # the first window below the rise
+    assert trainer.n_steps > run.warmup + 4
 
 
 def test_validation_without_eval_every_scores_each_epoch_in_minibatch_mode():

@@ -59,6 +59,23 @@ def test_small_binary_ep_is_the_exact_model_by_its_full_gp_pass(monkeypatch):
         GPClassifier(n_inducing=10, max_iter=5, random_state=0).fit(X, y)
 
 
+def test_the_exact_model_stops_on_its_plateau():
+    """Nothing set, a few rows: the exact model's training stops at the first step where its log Z has risen by less
+    than ``exact_plateau``'s rise over its window of steps (never before), well before max_iter; a sparse model
+    (an integer n_inducing) runs its max_iter steps."""
+    X, y = _data(80)
+    model = GPClassifier(random_state=0).fit(X, y)
+    history = np.asarray(model.history_["log_marginal_likelihood"])
+    steps, rise = size_rule.exact_plateau(80)
+    warmup = 10
+    assert warmup + steps < model.n_iter_ < warmup + model.max_iter
+    rises = history[steps:] - history[:-steps]  # rises[i]: over the window that ends at step i + steps + 1
+    assert rises[-1] < rise
+    assert np.all(rises[warmup:-1] >= rise)
+    sparse = GPClassifier(n_inducing=10, max_iter=model.n_iter_, random_state=0).fit(X, y)
+    assert sparse.n_iter_ == warmup + model.n_iter_
+
+
 def test_above_the_threshold_and_without_a_full_gp_pass_the_model_is_sparse(monkeypatch):
     monkeypatch.setattr(size_rule, "EXACT_MAX_ROWS", 30)
     monkeypatch.setattr(size_rule, "SPARSE_INDUCING", 8)

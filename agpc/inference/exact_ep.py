@@ -5,14 +5,19 @@ With Z = X the inducing values u are the latent values at the rows, so each site
 no projection) and q(u) = N(Sigma mu, Sigma), Sigma = (K^-1 + D)^-1, K = K(X, X) + jitter I, D = diag(nu), is
 parameterised as in Rasmussen & Williams (2006), sec. 3.6 (Alg. 3.5), through
 
-    B = I + D^1/2 K D^1/2 = L L^T,    V = L^-1 D^1/2 K,
+    B = I + D^1/2 K D^1/2 = L L^T,    Sigma = D^-1/2 (I - B^-1) D^-1/2 = K - V^T V,   V = L^-1 D^1/2 K,
 
-so that diag(Sigma) = diag(K) - colsum(V^2) and Sigma mu = K mu - V^T L^-1 D^1/2 K mu stay exact for site
-precisions of any size (none is divided by). One pass (the parallel damped update of every site of Hernandez-Lobato &
-Hernandez-Lobato (2016), eq. 25, with log Z_q and its gradient at the current hyper-parameters) costs one n x n
-Cholesky factor and one triangular solve with n right-hand sides; its gradient one more inverse from that factor
-(B^-1, for R = D^1/2 B^-1 D^1/2). ``ep.evaluate`` on Z = X does several n x n factorisations and solves a pass
-instead, its n x m algebra with m = n.
+so that diag(Sigma)_i = (1 - (B^-1)_ii) / nu_i, and Sigma mu = K mu - K D^1/2 L^-T L^-1 D^1/2 K mu by two solves
+with one right-hand side. Where nu_i Sigma_ii = 1 - (B^-1)_ii is small (``SMALL_SITE_SHARE``: a site that holds
+little of its row's posterior precision, or none) the subtraction would cancel, and diag(Sigma)_i = K_ii - |v_i|^2
+(Alg. 3.5's form, exact for site precisions of any size) is taken for those rows. One pass (the parallel damped
+update of every site of Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25, with log Z_q and its gradient at the
+current hyper-parameters) therefore costs one n x n Cholesky factor and the inverse B^-1 from it (n^3 / 3 + 2 n^3 /
+3 flops), which serves both the marginals and the gradient (R = D^1/2 B^-1 D^1/2), and a triangular solve with one
+right-hand side a row of small share: none at a settled EP, every row at the first pass (no site yet). (Alg. 3.5's
+V for every row would be a solve with n right-hand sides, n^3 flops, besides the inverse the gradient needs: twice
+the arithmetic.) ``ep.evaluate`` on Z = X does several n x n factorisations and solves a pass instead, its n x m
+algebra with m = n.
 
 The model is ``ep``'s with its sites along e_i instead of upsilon_i = K^-1 k_i: the two differ by O(jitter) (the
 latent at row i is u_i plus the kernel's latent noise, s_i = Kdiag_i - K_ii). The per-row EP algebra (cavities,
@@ -39,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..backend import (
+    add_outer,
     add_to_diagonal,
     array_namespace,
     cholesky,
@@ -56,9 +62,12 @@ __all__ = ["evaluate", "posterior", "zero_sites", "validation_scores", "Marginal
 B_FACTOR_NAME = "B = I + D^1/2 K D^1/2 (the full-GP EP posterior)"
 
 def _prior(kernel, Z, jitter):
-    """(K(Z, Z), K = K(Z, Z) + jitter I, the prior covariance of u) (Z: the training rows)."""
-    K_rows = kernel.K(Z)
-    return K_rows, add_to_diagonal(K_rows, jitter)
+    """K = K(Z, Z) + jitter I, the prior covariance of u (Z: the training rows), and K(Z, Z)'s diagonal; K is the
+    kernel's new array, the jitter added in place (``_gradients`` takes it off again)."""
+    K = kernel.K(Z)
+    xp = array_namespace(K)
+    diagonal = xp.asarray(xp.linalg.diagonal(K), copy=True)
+    return add_to_diagonal(K, jitter, overwrite=True), diagonal
 
 
 def _rows(X, y, Z):
@@ -75,7 +84,7 @@ def posterior(kernel, Z, site_precision, site_shift, *, jitter, checked=True):
     L_K = chol(K), and with A = L_K^T (the projection of e_i, ``ep``'s L_K^-1 k_i), C = I + L_K^T D L_K and
     c~ = L_K^T mu."""
     xp = array_namespace(Z)
-    _, K = _prior(kernel, Z, jitter)
+    K, _ = _prior(kernel, Z, jitter)
     L_K = cholesky(K, what=ep.PRIOR_FACTOR_NAME) if checked else cholesky_or_nan(K)
     root = xp.sqrt(site_precision)
     W = root[:, None] * L_K  # C - I = W^T W
@@ -87,10 +96,12 @@ class Marginals:
     """One GP's q(u) = N(Sigma mu, Sigma) over the rows, factored through B = I + D^1/2 K D^1/2 = L L^T, and its
     marginals: what a pass needs of it (``_marginals``)."""
 
-    K_rows: object  # K(X, X) (no jitter, no noise)
+    K: object  # K(X, X) + jitter I (no noise; ``_gradients`` takes the jitter off in place)
+    jitter: float
     L: object  # chol(B)
+    B_inverse: object  # B^-1 (the pass's own array: the gradient scales it in place into R)
     root: object  # D^1/2
-    solved: object  # L^-1 D^1/2 K mu
+    beta: object  # K^-1 Sigma mu = mu - R K mu
     mean: object  # Sigma mu: e_i
     var: object  # diag(Sigma): d_i
     prior_var: object  # diag(K): the prior variance of u_i
@@ -98,37 +109,61 @@ class Marginals:
     log_normaliser_gain: object  # g(q) - g(prior) = mu^T Sigma mu / 2 - log|B| / 2
 
 
+SMALL_SITE_SHARE = 1e-2
+"""Below this share nu_i d_i = 1 - (B^-1)_ii of row i's posterior precision that its own site holds, d_i is taken
+from L^-1 D^1/2 k_i (``_marginals``) instead of (1 - (B^-1)_ii) / nu_i, whose subtraction would lose
+eps / (nu_i d_i) of it (at most 1e-14 relative here, against about 1e-16)."""
+
+
 def _marginals(kernel, Z, X, site_precision, site_shift, *, jitter, checked):
     """q's factor and marginals for one GP with sites (precision nu >= 0, shift mu) along e_i: one n x n Cholesky
-    factor and one triangular solve with n right-hand sides (Rasmussen & Williams (2006), Alg. 3.5's posterior)."""
+    factor L of B and the inverse B^-1 from it (Rasmussen & Williams (2006), Alg. 3.5's posterior, with the marginal
+    variances read from B^-1 instead of from V = L^-1 D^1/2 K, which takes a triangular solve with n right-hand
+    sides: a third more arithmetic and at a slower rate than the inverse, which the gradient needs anyway).
+
+    Sigma = (K^-1 + D)^-1 = D^-1/2 (I - B^-1) D^-1/2, so d_i = (1 - (B^-1)_ii) / nu_i, exact in exact arithmetic;
+    where nu_i d_i is small (a site that holds a small share of the row's posterior precision: a row far from the
+    boundary, or no site yet) that subtraction cancels, and d_i = K_ii - |L^-1 D^1/2 k_i|^2 (Alg. 3.5's form) is
+    taken for those rows only: a triangular solve with as many right-hand sides as there are such rows."""
     xp = array_namespace(Z)
     nu, mu = site_precision, site_shift
-    K_rows, K = _prior(kernel, Z, jitter)
-    prior_var = xp.linalg.diagonal(K)
+    K, K_diagonal = _prior(kernel, Z, jitter)
+    prior_var = K_diagonal + jitter
     root = xp.sqrt(nu)
-    scaled = root[:, None] * K  # D^1/2 K
-    B = add_to_diagonal(scaled * root[None, :], 1.0, overwrite=True)
-    L = cholesky(B, what=B_FACTOR_NAME) if checked else cholesky_or_nan(B)
-    V = solve_triangular(L, scaled, lower=True)  # L^-1 D^1/2 K
+    B = add_to_diagonal(root[:, None] * K * root[None, :], 1.0, overwrite=True)
+    L = cholesky(B, what=B_FACTOR_NAME) if checked else cholesky_or_nan(B, overwrite=True)
+    B_inverse = cholesky_inverse(L)
     K_mu = K @ mu
-    solved = solve_triangular(L, root * K_mu, lower=True)
-    mean = K_mu - V.mT @ solved
-    return Marginals(K_rows=K_rows, L=L, root=root, solved=solved, mean=mean,
-                     var=prior_var - xp.vecdot(V, V, axis=-2), prior_var=prior_var,
-                     noise_var=kernel.Kdiag(X) - xp.linalg.diagonal(K_rows),
+    solved = solve_triangular(L, root * K_mu, lower=True)  # L^-1 D^1/2 K mu
+    scaled = root * solve_triangular(L, solved, lower=True, trans=True)  # R K mu
+    site_share = 1.0 - xp.linalg.diagonal(B_inverse)  # nu_i d_i
+    small = site_share < SMALL_SITE_SHARE
+    var = site_share / xp.where(small, 1.0, nu)
+    rows = xp.nonzero(small)[0]
+    if rows.shape[0]:
+        V = solve_triangular(L, root[:, None] * xp.take(K, rows, axis=1), lower=True)  # L^-1 D^1/2 k_i, those rows
+        var[small] = xp.take(prior_var, rows) - xp.vecdot(V, V, axis=-2)
+    mean = K_mu - K @ scaled
+    return Marginals(K=K, jitter=jitter, L=L, B_inverse=B_inverse, root=root, beta=mu - scaled, mean=mean, var=var,
+                     prior_var=prior_var, noise_var=kernel.Kdiag(X) - K_diagonal,
                      log_normaliser_gain=0.5 * xp.vecdot(mu, mean) - xp.sum(xp.log(xp.linalg.diagonal(L))))
 
 
-def _gradients(kernel, Z, X, site_shift, marg, kappa):
+def _gradients(kernel, Z, X, marg, kappa):
     """The gradient of log Z_q (eq. 4, cavities fixed) for one GP: the adjoint of K is (beta beta^T - R) / 2 plus the
-    noise's share diag(kappa) / 2 (module docstring), one inverse from chol(B) (R) and O(n^2) besides; the latent
-    noise's through Kdiag, -kappa / 2. The kernel's parameters only (the rows are not learned)."""
+    noise's share diag(kappa) / 2 (module docstring), R = D^1/2 B^-1 D^1/2 from the pass's inverse (scaled in place,
+    and the outer product added in place) and O(n^2) besides; the latent noise's through Kdiag, -kappa / 2. The
+    kernel's parameters only (the rows are not learned)."""
     root = marg.root
-    beta = site_shift - root * solve_triangular(marg.L, marg.solved, lower=True, trans=True)  # mu - R K mu
-    dK = add_to_diagonal((0.5 * beta)[:, None] * beta[None, :] - (0.5 * root)[:, None] * cholesky_inverse(marg.L)
-                         * root[None, :], 0.5 * kappa, overwrite=True)
-    # K(X, X) read as the cross-covariance of X with Z = X: its values are at hand (no distances again)
-    grads = kernel.grads(None, dK, -0.5 * kappa, X, Z, Knm=marg.K_rows)
+    dK = marg.B_inverse
+    dK *= (-0.5 * root)[:, None]
+    dK *= root[None, :]
+    dK = add_to_diagonal(add_outer(dK, 0.5 * marg.beta, marg.beta), 0.5 * kappa, overwrite=True)
+    # K(X, X) read as the cross-covariance of X with Z = X: its values are at hand (no distances again), the jitter
+    # taken off in place (K's diagonal back to within an ulp of K(X, X)'s; a copy of K would be one more n x n array)
+    K_rows = add_to_diagonal(marg.K, -marg.jitter, overwrite=True)
+    marg.B_inverse = marg.K = None  # (overwritten)
+    grads = kernel.grads(None, dK, -0.5 * kappa, X, Z, Knm=K_rows, overwrite=True)
     grads.pop("Z")  # (the Z side's share only: the exact model's inducing points are the rows, not learned)
     return grads
 
@@ -181,7 +216,7 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
         out["posterior"] = posterior(kernel, Z, nu, mu, jitter=jitter, checked=checked)
     if want_grad:
         kappa = xp.where(valid, alpha, 0.0) * a / b  # -2 d log Z_i / d b_i
-        out["grads"] = _gradients(kernel, Z, X, mu, marg, kappa)
+        out["grads"] = _gradients(kernel, Z, X, marg, kappa)
     return out
 
 
@@ -215,7 +250,7 @@ def _evaluate_classes(kernels, Z, X, y, site_precision, site_shift, *, jitter, w
     if want_grad:
         grads = {}
         for c in range(C):
-            class_grads = _gradients(kernels[c], Z[c, ...], X, totals[1][:, c], margs[c], update.kappa[:, c])
+            class_grads = _gradients(kernels[c], Z[c, ...], X, margs[c], update.kappa[:, c])
             grads.update({f"{c}:{name}": value for name, value in class_grads.items()})
         out["grads"] = grads
     return out

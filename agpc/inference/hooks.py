@@ -1,6 +1,6 @@
 """The parts of a training run besides its steps, each a ``Hook`` the loop (``training.train``) calls at fixed
 points: the time budget (``TimeBudget``), validation with early stopping (``Validation``), checkpoints and resume
-(``Checkpoints``), the progress bar (``Progress``). ``standard_hooks`` builds those a run's settings ask for.
+(``Checkpoints``), the progress bar (``Progress``), the stop on a plateau of log Z (``Plateau``). ``standard_hooks`` builds those a run's settings ask for.
 
 A hook sees the run (``training.Run``: the trainer, the rows in the loop's order, the random generator, the
 epoch's remaining minibatches, the early-stopping record) and may stop it (``before_step``, or ``run.early_stopped``).
@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from .checkpointing import restore, run_fingerprint, write_checkpoint
 
-__all__ = ["Hook", "TimeBudget", "Validation", "Checkpoints", "Progress", "standard_hooks"]
+__all__ = ["Hook", "TimeBudget", "Validation", "Checkpoints", "Progress", "Plateau", "standard_hooks"]
 
 VALIDATION_KEYS = ("validation_step", "validation_nll", "validation_error")
 
@@ -190,11 +190,28 @@ class Progress(Hook):
             self.bar = None
 
 
+class Plateau(Hook):
+    """Batch mode with hyper-parameters to learn: the run has converged once log Z has risen by less than ``rise`` over
+    the last ``steps`` steps after the warm-up (``agpc.size_rule.exact_plateau``: the exact model's stop; the
+    sparse models run their ``max_iter`` steps)."""
+
+    def __init__(self, steps, rise):
+        self.steps, self.rise = int(steps), float(rise)
+
+    def after_step(self, run, log_z, recorded):
+        trainer = run.trainer
+        if run.minibatch or not trainer.engine.has_params or trainer.n_steps <= run.warmup + self.steps:
+            return
+        history = trainer.history["log_marginal_likelihood"]
+        if len(history) > self.steps and history[-1] - history[-1 - self.steps] < self.rise:
+            run.converged = True
+
+
 def standard_hooks(settings, validation=None):
     """The hooks ``settings`` (a ``training.TrainSettings``) ask for, in the order the loop calls them: validation
     (which starts first: a resume checks the checkpoint has its history), checkpoints (which write after the
     validation record is updated), the time budget (which starts after a resume: the time spent before counts),
-    the progress bar."""
+    the progress bar, the stop on a plateau."""
     hooks = []
     if validation is not None:
         hooks.append(Validation(validation, settings.eval_every, settings.n_iter_no_change, settings.tol))
@@ -205,4 +222,6 @@ def standard_hooks(settings, validation=None):
         hooks.append(TimeBudget(settings.max_time, settings.started))
     if settings.progress:
         hooks.append(Progress())
+    if settings.plateau is not None:
+        hooks.append(Plateau(*settings.plateau))
     return hooks

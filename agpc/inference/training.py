@@ -254,6 +254,7 @@ class Run:
     resumed: bool = False
     stopped_by_time: bool = False
     early_stopped: bool = False
+    converged: bool = False  # (a hook may say so: ``hooks.Plateau``)
     checkpoints_written: int = 0
 
     @property
@@ -277,7 +278,6 @@ def train(X, y, engine, settings, hooks=()):
     (factor, xi) is below ``settings.tol`` (at most ``max_iter`` of them). Returns a ``TrainResult``."""
     run = _start(X, y, engine, settings, hooks)
     trainer, minibatch = run.trainer, run.minibatch
-    converged = False
     while not run.finished():
         rebuild_due = (not run.order and minibatch and trainer.per_row_sites and trainer.n_steps > 0) or (
             bool(run.order) and trainer.needs_rebuild)
@@ -302,16 +302,16 @@ def train(X, y, engine, settings, hooks=()):
         run.postfix = {}
         for hook in hooks:
             hook.after_step(run, log_z, recorded)
-        if run.early_stopped:
+        if run.early_stopped or run.converged:
             break
         if not engine.has_params and not minibatch and change is not None and change < settings.tol:
-            converged = True
+            run.converged = True
             break
     for hook in hooks:
         hook.finish(run)
     if minibatch:  # an epoch cut short (batch mode records its iterations as they end)
         trainer.record()
-    return _result(run, converged, want_log_z=not minibatch or all(hook.final_pass_fits() for hook in hooks))
+    return _result(run, want_log_z=not minibatch or all(hook.final_pass_fits() for hook in hooks))
 
 
 def _start(X, y, engine, settings, hooks):
@@ -349,7 +349,7 @@ def _timed(hooks, what):
         hook.measured(what, seconds)
 
 
-def _result(run, converged, want_log_z):
+def _result(run, want_log_z):
     """The final pass (``want_log_z=False``: minibatch mode under a time budget whose exact pass over all rows
     does not fit: q stays the running one, as during training, and log Z is the last epoch's estimate) and the
     ``TrainResult``, the engine's state in the caller's row order."""
@@ -365,7 +365,7 @@ def _result(run, converged, want_log_z):
     return TrainResult(
         kernel=state["kernel"], Z=state["Z"], posterior=posterior, log_z=final_log_z,
         n_iter=len(trainer.history["log_marginal_likelihood"]), site_precision=state.get("nu"),
-        site_shift=state.get("mu"), factor=state.get("factor"), history=trainer.history, converged=converged,
+        site_shift=state.get("mu"), factor=state.get("factor"), history=trainer.history, converged=run.converged,
         stopped_by_time=run.stopped_by_time, early_stopped=run.early_stopped,
         checkpoints_written=run.checkpoints_written, state=state, jitter=engine.jitter + extra,
     )
