@@ -51,8 +51,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         2008), batch only. The registry, where further methods can be registered: ``agpc.methods``.
     n_inducing : "auto", "all" or int, default="auto"
         Number m of inducing points, at most the number of rows. "auto" (``agpc.size_rule``,
-        docs/small_data_defaults.md): up to 400 rows, binary batch EP trains the exact model (the full GP: an
-        inducing point at every row, held there); otherwise 100 learned with the kernel. "all": the exact model.
+        docs/small_data_defaults.md): up to 700 rows, binary batch EP trains the exact model (the full GP: an
+        inducing point at every row, held there), until log Z settles; otherwise 100 learned with the kernel.
+        "all": the exact model.
     kernel : Kernel or None
         Initial kernel. ``None``: ARD RBF, lengthscale_j = std(X_j) sqrt(d), amplitude 1, latent noise 1e-3.
     backend : "auto", "numpy", "cupy" or an array namespace
