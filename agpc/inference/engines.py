@@ -649,10 +649,11 @@ class GFITCEngine(Engine):
             self.settled, self.sweeps = False, 0
             return Outcome(change=None, stepped=True, record=True, n_invalid=int(out["n_invalid"]))
         rho, xp = self.damping, self.xp
-        new_tau = rho * out["site_precision"] + (1.0 - rho) * s["nu"]
-        new_nu = rho * out["site_shift"] + (1.0 - rho) * s["mu"]
-        change = relative_change(new_tau, s["nu"], xp) + relative_change(new_nu, s["mu"], xp)
-        s["nu"], s["mu"] = new_tau, new_nu
+        # (state "nu" / "mu": the site precision / shift, as in every EP engine)
+        site_precision = rho * out["site_precision"] + (1.0 - rho) * s["nu"]
+        site_shift = rho * out["site_shift"] + (1.0 - rho) * s["mu"]
+        change = relative_change(site_precision, s["nu"], xp) + relative_change(site_shift, s["mu"], xp)
+        s["nu"], s["mu"] = site_precision, site_shift
         self.sweeps += 1
         self.settled = change < self.tol_ep or self.sweeps >= self.max_sweeps
         # with nothing to learn every sweep is an iteration; otherwise the steps on the hyper-parameters are
