@@ -1,44 +1,7 @@
 """Airline delays (Hernandez-Lobato & Hernandez-Lobato (2016), sec. 4.6, Fig. 4 bottom; Villacampa-Calvo &
 Hernandez-Lobato (2017), sec. 4, last experiment): test NLL and error against training time.
 
-Data: ``../shared/data/airline2008.npz`` (X float32, 2,058,097 x 8). Labels from ``arr_delay``: binary
-(default) delayed = arr_delay > 0; ``--classes 3`` (Villacampa-Calvo & Hernandez-Lobato 2017) early = arr_delay < -T, on
-time = |arr_delay| <= T, late = arr_delay > T minutes. Villacampa-Calvo & Hernandez-Lobato (2017)'s text lost the number
-T: ``--delay-minutes`` sets it, default 5 (our choice, not the paper's). A seeded random 10,000 rows are the test set,
-the rest the training set; features are standardised with the training part's mean and standard deviation. Methods
-(``--methods``, default sep,ep,svi), minibatches of 200 rows, m = 200 inducing points (per class with 3 classes):
-
-* ``GPClassifier(method="sep", n_inducing=200, batch_size=200)`` (Adadelta steps, damping 0.99: the defaults;
-  with 3 classes the multiclass model of Villacampa-Calvo & Hernandez-Lobato (2017), product-of-probits likelihood, as
-  for EP);
-* ``GPClassifier(method="ep", n_inducing=200, batch_size=200)`` (minibatch EP: 2 floats per row, its
-  factor rebuilt exactly once an epoch);
-* ``GPClassifier(method="svi", n_inducing=200, batch_size=200)`` (its defaults: Adam, learning rate 0.01,
-  probit likelihood; with 3 classes the robust-max likelihood of Villacampa-Calvo & Hernandez-Lobato (2017), eq. 13);
-* linear logistic regression: scikit-learn ``SGDClassifier(loss="log_loss")`` fed the same minibatch size
-  with ``partial_fit`` (default "optimal" learning-rate schedule, alpha 1e-4). Binary: averaged SGD
-  (``average=True``: lower test NLL than plain SGD at every minibatch count we tried). 3 classes: one-vs-rest
-  (scikit-learn has no multinomial SGD), probabilities normalised over the classes, and *plain* SGD, because
-  averaging drifts on this task (100,000 rows, 2 epochs: test NLL 5.26 averaged vs 1.09 plain, 1.05
-  full-data; 300,000 rows, 3 epochs: about 12 averaged). As a reference
-  line the converged full-data ``LogisticRegression`` (lbfgs, no penalty to speak of: C = 1e6; multinomial
-  with 3 classes).
-
-Time axis: wall-clock seconds from the call of ``fit`` (so set-up, k-means initialisation and the row shuffle
-count) with the time spent scoring the test set removed. The GP runs use
-``fit(X, y, validation_data=(X_test, y_test), eval_every=K, max_time=budget)``; ``history_`` records the
-validation step but times only once per epoch (9,000+ steps), so this script wraps
-``agpc.inference.training.validation_scores`` to note, at each scoring, the clock and the scoring's own
-duration (the scores themselves are the library's, unchanged); every method, SVI included, is
-scored through it (one training loop for all). Scores are taken at
-roughly log-spaced step counts, scoring time removed from the clock. For minibatch EP a mid-epoch score
-uses the running site product (what training itself uses); the fitted model's final posterior is rebuilt
-exactly from all sites, and its test scores are reported separately ("final model"; for SVI the final q).
-NLL is the mean of -log p(y_i | x_i) over the test rows, error the fraction whose most probable class is wrong.
-
-    PYTHONPATH=. python benchmarks/airline.py                # about 30 minutes
-    PYTHONPATH=. python benchmarks/airline.py --classes 3    # the 3-class task of Villacampa-Calvo & Hernandez-Lobato (2017)
-    PYTHONPATH=. python benchmarks/airline.py --quick        # 10,000 training rows, 4 s a GP method: < 1 minute
+Protocol, options and commands: benchmarks/README.md, section "airline.py".
 """
 
 from __future__ import annotations
@@ -212,7 +175,7 @@ def run_sgd(X_train, y_train, X_test, y_test, args):
     steps_per_epoch = -(-n // 200)
     early, late = schedule(steps_per_epoch, args.quick)
     early = set(early)
-    clf = SGDClassifier(loss="log_loss", average=args.classes == 2, random_state=args.seed)  # (docstring)
+    clf = SGDClassifier(loss="log_loss", average=args.classes == 2, random_state=args.seed)  # (README: airline.py)
     classes = np.arange(args.classes)
     rows = []
     t_start = time.perf_counter()

@@ -1,37 +1,7 @@
 """Distributed training on a LocalCluster (issue 6): seconds per epoch, rows per second, peak memory per worker,
 strong scaling and the Dask overhead against the NumPy path.
 
-Data: ``agpc.datasets.make_airline_like`` (8 features, Bayes error ~15%) written once to a zarr store
-(``--store``), opened with ``dask.array.from_zarr`` in chunks of ``--chunk-rows`` rows and *not* persisted: each
-pass reads the chunks from disk, as a data set larger than the cluster's memory would be read.
-
-1. Scale (``--rows``, default 1e6 and 1e7; m = 200), a fresh 2-worker LocalCluster (one thread each) per cell:
-   * SEP (and ``--methods svi``) minibatch (200 rows): ``GPClassifier(method="sep", batch_size=200,
-     max_time=--budget)``, data-parallel rounds at the library's default local steps; rows per second = rows the
-     shards stepped on / training seconds; seconds per epoch = n / rows per second (an epoch of 10^7 rows takes
-     longer than the budget, so it is extrapolated from the measured rate, and said so).
-   * EP batch: ``GPClassifier(method="ep", batch_size=None, max_time=--budget)``; seconds per pass (= per
-     epoch). The first 10 passes are the warm-up sweeps (sites only, no gradient); passes with the gradient
-     are timed separately when the budget reaches them.
-   * EP batch with its sites in files (``--methods ep-files``): the same with ``site_directory`` (a folder in
-     ``--store``): each chunk's task reads its sites from a file and writes the new ones.
-   * Peak memory per worker: the workers' resident set size (psutil, through ``client.run``) sampled every
-     0.5 s during the fit; the largest sample of any worker, and the workers' RSS before the fit.
-2. Strong scaling at ``--scaling-rows`` (default 1e6): seconds per warm-up EP pass with 1 and 2 workers, and the
-   NumPy path on the same rows in memory in this process with one BLAS thread (the Dask overhead at 1 worker).
-3. Data-parallel minibatch training (issue 18, ``agpc.inference.data_parallel``) at ``--mb-rows`` (default 1e6):
-   one epoch (every cell sees the same rows) of minibatch SEP, EP and SVI (200 rows a step) in one process (the
-   rows in memory, one BLAS thread), on 1 worker and on 2 workers (a fresh cluster each, the rows read from zarr
-   by the workers), the 2-worker cells at each of ``--local-steps`` steps per round. Rows per second (rows seen /
-   seconds of the training loop's steps: minibatch steps in one process, rounds on a cluster), the test NLL after
-   the epoch on ``--test-rows`` held-out rows, and per round: bytes sent to and received from the shards (what
-   travels: m x m factors and parameter vectors), the driver's round seconds, the slowest task's seconds and
-   their difference (the round's overhead: scheduling, transfers, combining). A projection to 16 and 64 workers
-   closes it (the model is printed with it).
-
-    python benchmarks/dask_scaling.py --blas-threads 1                 # the full table (~1.5 hours here)
-    python benchmarks/dask_scaling.py --only-minibatch                 # section 3 alone (~25 min here)
-    python benchmarks/dask_scaling.py --quick                          # smoke run, about a minute
+Protocol, options and commands: benchmarks/README.md, section "dask_scaling.py".
 """
 
 from __future__ import annotations

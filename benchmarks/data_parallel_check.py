@@ -1,37 +1,6 @@
 """The 200,000-row data-parallel check (issue 24): one SEP epoch in one process against 2 workers, as a user runs it.
 
-Protocol (the defaults): ``agpc.datasets.make_airline_like(210_000, random_state=0)``; the first 200,000 rows train
-and the rest test. One SEP epoch: ``GPClassifier(method="sep", n_inducing=200, batch_size=200, max_iter=1,
-random_state=0)``, nothing else set and nothing set in the environment. Cells:
-
-* ``one``: the fit in this process on the NumPy rows.
-* ``cluster``: the user's own ``LocalCluster(n_workers=2, threads_per_worker=1)`` (started before the clock, as a
-  user has it running, and closed after the cell; no dashboard, so that the check needs no free port), the rows wrapped as the user wraps them,
-  ``da.from_array(X, chunks=(25_000, d)).persist()`` (and the labels alike), and ``fit`` finding the cluster
-  itself (no ``client=``): the data-parallel rounds at the library's defaults.
-* ``n_jobs``: ``GPClassifier(..., n_jobs=2)`` on the NumPy rows: the same rounds in two local worker processes
-  (their start is inside the clock).
-
-Columns: wall seconds of ``fit``; rows / s = training rows x epochs / fit seconds (the targets' measure); the phases
-of the fit (from hooks on the library: set-up before the inducing points, the inducing points (k-means), set-up
-after them until the first step or round, the first round, the rest of training, the end of the fit); rounds and
-their steps; the median round's overhead (its seconds on the driver less its slowest task's); CPU ms a step (one
-process: the training steps' own thread time; data-parallel: the workers' tasks' thread time over all their steps:
-less disturbed by other processes than wall time, so comparable under load); test NLL on the held-out rows and its
-difference from the one-process fit. Targets (issue 24): 2
-workers at least 1.4x one process's rows / s, NLL within 0.005. The "fixed cost" of a data-parallel fit is the time
-before its first round plus the first round's excess over the median round.
-
-``--busy N`` runs N extra CPU-bound processes (``while True: pass``, at ``--busy-nice``) during every cell: a
-machine shared with other work. ``--crossover 25000,50000,...`` adds a table of one process against ``n_jobs=2`` at
-those training sizes (one epoch each, test rows as in the protocol): where local workers start to pay.
-
-    python benchmarks/data_parallel_check.py                         # the check (about a minute on 2 cores)
-    python benchmarks/data_parallel_check.py --busy 1                # the same with one core's worth of other work
-    python benchmarks/data_parallel_check.py --crossover 20000,50000,100000,200000 --cells one,n_jobs
-    python benchmarks/data_parallel_check.py --quick                 # smoke test, seconds
-
-Writes ``benchmarks/results/data_parallel_check[_quick].json``.
+Protocol, options and commands: benchmarks/README.md, section "data_parallel_check.py".
 """
 
 from __future__ import annotations

@@ -2,40 +2,7 @@
 divided by one GEMM of shape (batch x m)(m x m), rows per second, and the step's array operations (on a GPU:
 kernel launches) and host synchronisations.
 
-Steps (``agpc.inference.training.Trainer.step``, each after one warm-up step, so the optimiser's state exists):
-- ``sep`` / ``ep`` / ``svi``: one minibatch step (the pass over ``batch`` rows, the gradient, the site or
-  factor update and the Adadelta / Adam step), on n = 2 x batch rows, alternating the two minibatches;
-- ``batch-ep``: one batch EP iteration over n = ``batch`` rows (the pass that rebuilds q from the sites, the
-  sweep, the gradient, the Rprop step).
-
-Columns:
-- NumPy ms / step: median of ``--repeats`` steps; GEMM ms: one ``(batch x m) @ (m x m)`` in the same dtype on
-  the same BLAS threads; step / GEMM: their ratio (what the step costs in units of its dominant product);
-  NumPy rows / s: batch / step.
-- ops, syncs: one step counted through ``CountingNamespace`` (tests/array_counting.py, imported from tests/
-  by path: the benchmark and the tests share one counter) over ``array_api_compat.numpy``: every array
-  operation is a kernel launch on a GPU, every host conversion or data-dependent shape a synchronisation
-  (syncs = host conversions + data-dependent shapes; the step's own summary transfer is one).
-- GPU ms / step, GPU step / GEMM, GPU rows / s and speed-up over NumPy: ``cupyx.profiler.benchmark`` (GPU
-  time, median) of the same step on ``array_api_compat.cupy``, where CuPy and a CUDA device are present;
-  otherwise the table says "no GPU on this machine". GPU syncs: one step's synchronisations counted on CuPy's own
-  paths to the host (tests/cupy_syncs.py: ``ndarray.get``, ``float()``, ``asnumpy``, ``Stream.synchronize``, ...).
-- model ms (H100): the step's launches, flops and bytes (tests/step_cost.py, from the counted step) priced on an
-  H100 SXM by docs/gpu.md's model: the longer of launches x 10 us and flops / 33.5 Tflop/s (float64; 67 float32)
-  + bytes / 3.35 TB/s; "L" marks a step whose launches set its time.
-- dtype: float64, and float32 where ``GPClassifier`` takes a ``dtype`` parameter (``--dtypes``); on a branch
-  without it the float32 rows say "n/a".
-
-Synthetic data: X standard Gaussian (n x d), labels +-1 from a smooth function, Z = m standard Gaussian points,
-RBF kernel (lengthscales 1, amplitude 1, noise 1e-3), d = 8.
-
-    PYTHONPATH=. python benchmarks/gpu.py              # m = 100, 200, 500, 1000 x batch = 200, 1000, 10000
-    PYTHONPATH=. python benchmarks/gpu.py --quick      # smoke test (m = 20, 50; batch = 60, 150)
-    PYTHONPATH=. python benchmarks/gpu.py --model      # docs/gpu.md's table: no timing, steps counted on CuPy's paths
-
-``--model`` counts one step of each configuration on a mocked CuPy (tests/cupy_mock.py: agpc's CuPy paths, every
-array operation one kernel launch) and prices it on an H100 SXM by docs/gpu.md's model (tests/step_cost.py), with
-the default row blocks (~16 MB per n x m temporary) and in one block (what ``batch_size="auto"`` does on a GPU).
+Protocol, options and commands: benchmarks/README.md, section "gpu.py".
 """
 
 from __future__ import annotations
