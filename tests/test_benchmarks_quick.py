@@ -37,7 +37,7 @@ def _runs(tmp_dir):
         "time_curves": ["time_curves.py", "--methods", few],
         "airline": ["airline.py", "--blas-threads", "1"],
         "airline_3class": ["airline.py", "--classes", "3", "--blas-threads", "1"],
-        "airline_vs_gpflow": ["airline_vs_gpflow.py", "--thread-table", "--out", str(tmp_dir / "avg.json")],
+        "airline_vs_gpflow": ["airline.py", "--vs-gpflow", "--thread-table", "--out", str(tmp_dir / "avg.json")],
         "dask_scaling": ["dask_scaling.py", "--store", str(tmp_dir / "dask")],
         "data_parallel_check": ["data_parallel_check.py", "--crossover", "5000", "--out", str(tmp_dir / "dp.json")],
         "threads": ["threads.py"],
