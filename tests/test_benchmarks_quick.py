@@ -39,7 +39,7 @@ def _runs(tmp_dir):
         "airline_3class": ["airline.py", "--classes", "3", "--blas-threads", "1"],
         "airline_vs_gpflow": ["airline.py", "--vs-gpflow", "--thread-table", "--out", str(tmp_dir / "avg.json")],
         "dask_scaling": ["dask_scaling.py", "--store", str(tmp_dir / "dask")],
-        "data_parallel_check": ["data_parallel_check.py", "--crossover", "5000", "--out", str(tmp_dir / "dp.json")],
+        "data_parallel_check": ["dask_scaling.py", "--check", "--crossover", "5000", "--out", str(tmp_dir / "dp.json")],
         "threads": ["threads.py"],
         "gpu": ["gpu.py"],
         "small_data_defaults": ["small_data_defaults.py", "--methods", "ep,svi"],
