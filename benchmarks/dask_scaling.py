@@ -502,22 +502,16 @@ class Phases:
                "rest_of_training": steps[-1][1] - steps[0][1], "after_training": t_end - steps[-1][1],
                "steps": len(steps), "cpu_ms_per_step": 1e3 * sum(s[2] for s in steps) / len(steps)}
         if self.plans:
-            plan = self.plans[-1]
-            rounds = plan.rounds
+            rounds = self.plans[-1].rounds
             seconds = [r["seconds"] for r in rounds]
-            # (an agpc before balanced rounds recorded one step count and the slowest task's seconds a round)
-            per_shard = [r["steps"] if isinstance(r["steps"], list) else [r["steps"]] * len(plan.shards)
-                         for r in rounds]
-            slowest = [max(np.atleast_1d(r["task_seconds"])) for r in rounds]
+            per_shard = [list(r["steps"]) for r in rounds]
+            slowest = [max(r["task_seconds"]) for r in rounds]
             minibatches = sum(sum(steps) for steps in per_shard)
             out.update(rounds=len(rounds), round_steps=per_shard, steps=minibatches,
                        median_round=statistics.median(seconds),
                        round_overhead=statistics.median(r - t for r, t in zip(seconds, slowest)),
                        fixed_cost=steps[0][0] - t0 + max(0.0, seconds[0] - statistics.median(seconds)))
-            if all("task_cpu_seconds" in r for r in rounds):
-                out["cpu_ms_per_step"] = 1e3 * sum(sum(r["task_cpu_seconds"]) for r in rounds) / minibatches
-            else:
-                out["cpu_ms_per_step"] = None
+            out["cpu_ms_per_step"] = 1e3 * sum(sum(r["task_cpu_seconds"]) for r in rounds) / minibatches
         return out
 
 

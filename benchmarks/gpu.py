@@ -37,7 +37,6 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=None, help="timed steps per configuration, median (default 5)")
     p.add_argument("--max-step-seconds", type=float, default=20.0,
                    help="skip a configuration whose first step took longer than this (default 20)")
-    p.add_argument("--no-counts", action="store_true", help="skip the counted step (ops, syncs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", action="store_true",
                    help="print docs/gpu.md's model table (launches, bytes, H100 time; m = 200, 1000 x batch = 200, "
@@ -53,15 +52,6 @@ def parse_args(argv=None):
 
 
 # -- what this branch and this machine have -----------------------------------------------------------------
-
-def dtype_support():
-    """{dtype name: None if it can run, else why not}. float32 needs GPClassifier's ``dtype`` parameter."""
-    from agpc import GPClassifier
-
-    takes_dtype = "dtype" in GPClassifier().get_params()
-    return {"float64": None,
-            "float32": None if takes_dtype else "GPClassifier has no dtype parameter on this branch"}
-
 
 def gpu_namespace():
     """(array_api_compat.cupy, None) where CuPy can compute on a CUDA device (``agpc.backend.check_device``: a
@@ -102,9 +92,7 @@ class Step:
         kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=1e-3).for_inputs(X)
         minibatch = method != "batch-ep"
         self.X, self.y, self.batch, self.minibatch = X, y, batch, minibatch
-        # the estimator's jitter: 1e-6, raised to the floor for Z's type where the library has one (float32)
-        floor = getattr(backend, "jitter_floor", None)
-        jitter = max(JITTER, floor(Z)) if floor is not None else JITTER
+        jitter = max(JITTER, backend.jitter_floor(Z))  # the estimator's: 1e-6, raised to the floor for Z's type
         self.trainer = training.Trainer(kernel, Z, method="ep" if method == "batch-ep" else method,
                                         n_total=X.shape[0], minibatch=minibatch, jitter=jitter)
         self.calls = 0
@@ -215,7 +203,6 @@ def _rate(rows, seconds):
 
 def run(args):
     gpu_xp, no_gpu_reason = gpu_namespace()
-    dtypes = dtype_support()
     header = ["method", "m", "batch", "dtype", "NumPy ms/step", "GEMM ms", "step/GEMM", "NumPy rows/s", "ops",
               "syncs", "model ms (H100)"]
     header += (["GPU ms/step", "GPU step/GEMM", "GPU rows/s", "GPU speed-up", "GPU syncs"] if gpu_xp is not None
@@ -226,9 +213,6 @@ def run(args):
             for batch in args.batches:
                 for dtype in args.dtypes:
                     cells = [method, str(m), str(batch), dtype]
-                    if dtypes[dtype] is not None:
-                        row(*cells, *["n/a"] * (len(header) - len(cells)))
-                        continue
                     try:
                         cells += config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype)
                     except Exception as exc:  # a dtype the branch takes but cannot run yet: say so, go on
@@ -238,9 +222,6 @@ def run(args):
                     row(*cells)
     if gpu_xp is None:
         print(f"\nGPU columns: {NO_GPU} ({no_gpu_reason}).")
-    for dtype in args.dtypes:
-        if dtypes[dtype] is not None:
-            print(f"\n{dtype} rows n/a: {dtypes[dtype]}.")
 
 
 def config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype):
@@ -252,11 +233,8 @@ def config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype):
         return [f"skipped (first step > {args.max_step_seconds:g} s)"] + ["-"] * (11 if gpu_xp is not None else 7)
     gemm_seconds = time_gemm(m, batch, dtype)
     cells = [_ms(step_seconds), _ms(gemm_seconds), f"{step_seconds / gemm_seconds:.1f}", _rate(batch, step_seconds)]
-    if args.no_counts:
-        cells += ["-", "-", "-"]
-    else:
-        ops, syncs, cost = count_step(problem, method, batch)
-        cells += [str(ops), str(syncs), model_cell(cost, dtype)]
+    ops, syncs, cost = count_step(problem, method, batch)
+    cells += [str(ops), str(syncs), model_cell(cost, dtype)]
     if gpu_xp is None:
         return cells + [NO_GPU]
     gpu_step, gpu_gemm, gpu_syncs = time_gpu(gpu_xp, problem, method, batch, dtype, args.repeats)

@@ -83,19 +83,12 @@ def make_problem(args, package="agpc"):
 
 
 def path_scope(path):
-    """The scope a path's steps run in: the reference path inside ``backend.reference_paths()`` (absent from
-    an agpc without fast paths, whose one path is then reported as "fast")."""
+    """The scope a path's steps run in: the reference path inside ``backend.reference_paths()``."""
     if path != "reference":
         return contextlib.nullcontext()
     from agpc import backend
 
     return backend.reference_paths()
-
-
-def available_paths():
-    from agpc import backend
-
-    return PATHS if hasattr(backend, "reference_paths") else PATHS[:1]
 
 
 def batches(args):
@@ -108,7 +101,7 @@ def time_steps(args, X, y, trainer, baseline=None):
     """{(method, path): [seconds a step]}, the paths' steps interleaved one by one (``baseline``: a trainer
     factory of the baseline checkout, its steps a third path)."""
     batch = batches(args)
-    paths = available_paths() + (("baseline",) if baseline else ())
+    paths = PATHS + (("baseline",) if baseline else ())
     out, reverted = {}, {}
     for method in args.methods:
         trainers = {path: (baseline if path == "baseline" else trainer)(method) for path in paths}
@@ -148,7 +141,7 @@ def child(args):
     batch = batches(args)
     order = []
     for method in args.methods:
-        for path in available_paths():
+        for path in PATHS:
             t = trainer(method)
             with path_scope(path):
                 for k in range(args.warmup):
