@@ -11,9 +11,9 @@ Three things live here.
   ``distributed.nanny.pre-spawn-environ``), and setting it turns off glibc's adaptive mmap threshold, so every
   m x m temporary of a step (320 KB at m = 200) is a fresh mmap whose pages fault in again: thousands of minor
   page faults a SEP step at m = 200 with the nanny's setting against a handful with ``HEAP_THRESHOLD`` set by
-  ``mallopt`` inside the process, and half as much CPU again a step (measured by ``benchmarks/data_parallel_check.py``). The
-  scope sets the thresholds only
-  when the process's environment lowered them, and puts the environment's values back at its end.
+  ``mallopt`` inside the process, and half as much CPU again a step (measured by
+  ``benchmarks/dask_scaling.py --check``). The scope sets the thresholds only when the process's environment
+  lowered them, and puts the environment's values back at its end.
 * ``LocalWorkers``: worker processes on this machine, started for a fit and ended with it, each running one
   task at a time. They offer the part of ``distributed.Client`` the data-parallel rounds use (``submit``,
   ``gather``, ``nthreads``), so the rounds are the same code on a cluster and here.

@@ -1,24 +1,7 @@
 """Hernandez-Lobato & Hernandez-Lobato (2016), Fig. 2: decision boundaries and learned inducing points on banana for a
 growing m.
 
-Protocol (Hernandez-Lobato & Hernandez-Lobato, AISTATS 2016, sec. 4.2: "the setting of the previous
-section" on the two-dimensional Banana data, inducing points initialised at random from the training set,
-m from 4 to 128), as run here:
-
-* data: ``../shared/data/banana.npz`` (5300 rows, read by path), else ``agpc.datasets.make_banana(5300,
-  random_state=0)``; one random 90/10 split (``--split``, default 0, ``numpy.random.default_rng(split)``),
-  features standardised with the training part's mean and std (the figures are in those units);
-* for every m in ``--m`` (default 4,8,16,32,64,128) and method in ``--methods`` (default gfitc,ep,sep,svi;
-  adf, vi-jj, vi-taylor may be added): ``agpc.GPClassifier(method=M, n_inducing=m, max_iter=250,
-  inducing="random", random_state=split)``, so every method starts from the same random training rows;
-  a method this agpc does not know is reported as "not available";
-* one PNG per method, ``benchmarks/results/banana_inducing_<method>.png``: a panel per m with the training
-  points (blue: first class, red: second), the decision boundary p(y | x) = 0.5 (black line) and the learned
-  inducing points (black dots);
-* table: test error and test NLL (natural log) of each fit on the 10% test part, and the fit time.
-
-    PYTHONPATH=. python benchmarks/banana_inducing.py --blas-threads 1
-    PYTHONPATH=. python benchmarks/banana_inducing.py --quick
+Protocol, options and commands: benchmarks/README.md, section "banana_inducing.py".
 """
 
 from __future__ import annotations

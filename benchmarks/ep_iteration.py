@@ -1,43 +1,6 @@
 """Seconds for one full EP iteration against one Knm^T Knm product of the same shape.
 
-One full iteration = one call of ``agpc.inference.ep.evaluate(kernel, Z, X, y, site_precision, site_shift,
-jitter=1e-6, want_grad=True, block_rows=B, damping=0.5, checked=False, nonnegative_sites=True)``, as the training
-loop makes it on a step of the hyper-parameters (engines.EPEngine in batch mode: damped sites, unchecked
-factorisations, sites known nonnegative): a first visit of the rows forms the sums of the sites, hence q; the
-second (``ep.batch_sweep``) forms each block's marginals, new sites, log Z terms and gradient adjoints at once.
-With room for them (ep.CACHE_ELEMENTS) the first visit keeps every block's A and K(Z, X) for the second.
-
-Why two visits and not one: q needs the sums S = A diag(nu) A^T of all sites at the *current* kernel and Z before
-any row can be updated, and the hyper-parameters move at every iteration, which moves every A_i = L_K^-1 k_i. The
-sweep can form the sums of its new sites (``want_next_sums``), but at the old hyper-parameters: the training
-loop uses them only when no step came in between (warm-up sweeps, fits with nothing to learn), where they give
-the same q. A single visit a step would change the results (it is minibatch EP's approximation); kept exact here.
-
-The arithmetic floor of an iteration, in units of Knm^T Knm (n m^2 flops, BLAS syrk): the first visit A = L_K^-1
-K(Z, X) (a triangular product, 1) and S (a symmetric product, 1); the second A again (1, or 0 when kept), Q =
-L_C^-1 A (1), L_C^-T Q diag(coef) (1), the m x m adjoint sum A R'^T (2: a general product; only its symmetric
-part is used but A R'^T itself is not symmetric) and dK(Z, X) = L_K^-T R (1): 8 (7 kept) of level-3 BLAS alone.
-On top come the kernel block, formed twice (an exponential and a product with d + 2 columns a visit), and about
-ten passes over n x m arrays (scalings and additions of the adjoint, the kernel gradient's product with K(Z, X)),
-memory-bound: on the 2-core development machine each cost 0.1-0.25 of a Knm^T Knm at m = 200, 2.5 times less at
-m = 500; about 3 units at m = 200. Hence the target of 12, and why the earlier goal of 8 is below the floor of an
-iteration that keeps today's results.
-
-Threads: the library's rule (agpc.threads) gives a batch pass all free cores as BLAS threads; the pass then runs
-its row blocks on that many Python threads, each BLAS call on one thread (ep.map_blocks), so that the
-elementwise work is spread too. ``--no-block-threads`` keeps one Python thread and gives the threads to BLAS
-(the library before this mode), for comparison.
-
-Reference, timed in the same run on the same kernel blocks: ``Kb.T @ Kb`` summed over the same row blocks
-(NumPy sends ``A.T @ A`` to BLAS syrk, n m^2 flops) and ``Kb.T @ W`` with W a copy of Kb (a plain gemm,
-2 n m^2 flops). The iteration's and the products' timings are interleaved, repeat by repeat. Target (issue 24):
-iteration / (Knm^T Knm) at most 12.
-
-Synthetic data: X standard Gaussian (n x d, float64), labels +-1 from a smooth function, Z = m random rows
-of X, sites nu ~ U(0, 0.5), mu ~ N(0, 0.3^2), RBF(lengthscales 1, amplitude 1, noise 1e-3).
-
-    PYTHONPATH=. python benchmarks/ep_iteration.py            # n = 1e4, 1e5, 1e6 x m = 50, 200, 500
-    PYTHONPATH=. python benchmarks/ep_iteration.py --quick    # smoke test
+Protocol, options and commands: benchmarks/README.md, section "ep_iteration.py".
 """
 
 from __future__ import annotations

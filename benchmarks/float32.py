@@ -1,13 +1,6 @@
 """float32 against float64 (issue 17 item 6): test NLL and time per training step, on the CPU.
 
-For each data set (banana, airline-like; generated, no files needed) and method, one GPClassifier is fitted
-in each type and scored on a held-out half. Two float64 columns: with its default jitter (1e-6), as a user
-gets it, and with float32's jitter (``agpc.backend.jitter_floor``), so that the NLL difference of the last
-column is round-off alone. Time per step: from the fit's history (``time`` and ``n_steps`` at each record, an
-epoch or a batch iteration), the least disturbed record's time divided by its steps.
-
-    python benchmarks/float32.py            # n = 20000, m = 100, batch 200
-    python benchmarks/float32.py --quick    # seconds, for a smoke test
+Protocol, options and commands: benchmarks/README.md, section "float32.py".
 """
 
 from __future__ import annotations

@@ -2,40 +2,7 @@
 divided by one GEMM of shape (batch x m)(m x m), rows per second, and the step's array operations (on a GPU:
 kernel launches) and host synchronisations.
 
-Steps (``agpc.inference.training.Trainer.step``, each after one warm-up step, so the optimiser's state exists):
-- ``sep`` / ``ep`` / ``svi``: one minibatch step (the pass over ``batch`` rows, the gradient, the site or
-  factor update and the Adadelta / Adam step), on n = 2 x batch rows, alternating the two minibatches;
-- ``batch-ep``: one batch EP iteration over n = ``batch`` rows (the pass that rebuilds q from the sites, the
-  sweep, the gradient, the Rprop step).
-
-Columns:
-- NumPy ms / step: median of ``--repeats`` steps; GEMM ms: one ``(batch x m) @ (m x m)`` in the same dtype on
-  the same BLAS threads; step / GEMM: their ratio (what the step costs in units of its dominant product);
-  NumPy rows / s: batch / step.
-- ops, syncs: one step counted through ``CountingNamespace`` (tests/array_counting.py, imported from tests/
-  by path: the benchmark and the tests share one counter) over ``array_api_compat.numpy``: every array
-  operation is a kernel launch on a GPU, every host conversion or data-dependent shape a synchronisation
-  (syncs = host conversions + data-dependent shapes; the step's own summary transfer is one).
-- GPU ms / step, GPU step / GEMM, GPU rows / s and speed-up over NumPy: ``cupyx.profiler.benchmark`` (GPU
-  time, median) of the same step on ``array_api_compat.cupy``, where CuPy and a CUDA device are present;
-  otherwise the table says "no GPU on this machine". GPU syncs: one step's synchronisations counted on CuPy's own
-  paths to the host (tests/cupy_syncs.py: ``ndarray.get``, ``float()``, ``asnumpy``, ``Stream.synchronize``, ...).
-- model ms (H100): the step's launches, flops and bytes (tests/step_cost.py, from the counted step) priced on an
-  H100 SXM by docs/gpu.md's model: the longer of launches x 10 us and flops / 33.5 Tflop/s (float64; 67 float32)
-  + bytes / 3.35 TB/s; "L" marks a step whose launches set its time.
-- dtype: float64, and float32 where ``GPClassifier`` takes a ``dtype`` parameter (``--dtypes``); on a branch
-  without it the float32 rows say "n/a".
-
-Synthetic data: X standard Gaussian (n x d), labels +-1 from a smooth function, Z = m standard Gaussian points,
-RBF kernel (lengthscales 1, amplitude 1, noise 1e-3), d = 8.
-
-    PYTHONPATH=. python benchmarks/gpu.py              # m = 100, 200, 500, 1000 x batch = 200, 1000, 10000
-    PYTHONPATH=. python benchmarks/gpu.py --quick      # smoke test (m = 20, 50; batch = 60, 150)
-    PYTHONPATH=. python benchmarks/gpu.py --model      # docs/gpu.md's table: no timing, steps counted on CuPy's paths
-
-``--model`` counts one step of each configuration on a mocked CuPy (tests/cupy_mock.py: agpc's CuPy paths, every
-array operation one kernel launch) and prices it on an H100 SXM by docs/gpu.md's model (tests/step_cost.py), with
-the default row blocks (~16 MB per n x m temporary) and in one block (what ``batch_size="auto"`` does on a GPU).
+Protocol, options and commands: benchmarks/README.md, section "gpu.py".
 """
 
 from __future__ import annotations
@@ -70,7 +37,6 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=None, help="timed steps per configuration, median (default 5)")
     p.add_argument("--max-step-seconds", type=float, default=20.0,
                    help="skip a configuration whose first step took longer than this (default 20)")
-    p.add_argument("--no-counts", action="store_true", help="skip the counted step (ops, syncs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", action="store_true",
                    help="print docs/gpu.md's model table (launches, bytes, H100 time; m = 200, 1000 x batch = 200, "
@@ -86,15 +52,6 @@ def parse_args(argv=None):
 
 
 # -- what this branch and this machine have -----------------------------------------------------------------
-
-def dtype_support():
-    """{dtype name: None if it can run, else why not}. float32 needs GPClassifier's ``dtype`` parameter."""
-    from agpc import GPClassifier
-
-    takes_dtype = "dtype" in GPClassifier().get_params()
-    return {"float64": None,
-            "float32": None if takes_dtype else "GPClassifier has no dtype parameter on this branch"}
-
 
 def gpu_namespace():
     """(array_api_compat.cupy, None) where CuPy can compute on a CUDA device (``agpc.backend.check_device``: a
@@ -135,9 +92,7 @@ class Step:
         kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=1e-3).for_inputs(X)
         minibatch = method != "batch-ep"
         self.X, self.y, self.batch, self.minibatch = X, y, batch, minibatch
-        # the estimator's jitter: 1e-6, raised to the floor for Z's type where the library has one (float32)
-        floor = getattr(backend, "jitter_floor", None)
-        jitter = max(JITTER, floor(Z)) if floor is not None else JITTER
+        jitter = max(JITTER, backend.jitter_floor(Z))  # the estimator's: 1e-6, raised to the floor for Z's type
         self.trainer = training.Trainer(kernel, Z, method="ep" if method == "batch-ep" else method,
                                         n_total=X.shape[0], minibatch=minibatch, jitter=jitter)
         self.calls = 0
@@ -248,7 +203,6 @@ def _rate(rows, seconds):
 
 def run(args):
     gpu_xp, no_gpu_reason = gpu_namespace()
-    dtypes = dtype_support()
     header = ["method", "m", "batch", "dtype", "NumPy ms/step", "GEMM ms", "step/GEMM", "NumPy rows/s", "ops",
               "syncs", "model ms (H100)"]
     header += (["GPU ms/step", "GPU step/GEMM", "GPU rows/s", "GPU speed-up", "GPU syncs"] if gpu_xp is not None
@@ -259,9 +213,6 @@ def run(args):
             for batch in args.batches:
                 for dtype in args.dtypes:
                     cells = [method, str(m), str(batch), dtype]
-                    if dtypes[dtype] is not None:
-                        row(*cells, *["n/a"] * (len(header) - len(cells)))
-                        continue
                     try:
                         cells += config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype)
                     except Exception as exc:  # a dtype the branch takes but cannot run yet: say so, go on
@@ -271,9 +222,6 @@ def run(args):
                     row(*cells)
     if gpu_xp is None:
         print(f"\nGPU columns: {NO_GPU} ({no_gpu_reason}).")
-    for dtype in args.dtypes:
-        if dtypes[dtype] is not None:
-            print(f"\n{dtype} rows n/a: {dtypes[dtype]}.")
 
 
 def config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype):
@@ -285,11 +233,8 @@ def config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype):
         return [f"skipped (first step > {args.max_step_seconds:g} s)"] + ["-"] * (11 if gpu_xp is not None else 7)
     gemm_seconds = time_gemm(m, batch, dtype)
     cells = [_ms(step_seconds), _ms(gemm_seconds), f"{step_seconds / gemm_seconds:.1f}", _rate(batch, step_seconds)]
-    if args.no_counts:
-        cells += ["-", "-", "-"]
-    else:
-        ops, syncs, cost = count_step(problem, method, batch)
-        cells += [str(ops), str(syncs), model_cell(cost, dtype)]
+    ops, syncs, cost = count_step(problem, method, batch)
+    cells += [str(ops), str(syncs), model_cell(cost, dtype)]
     if gpu_xp is None:
         return cells + [NO_GPU]
     gpu_step, gpu_gemm, gpu_syncs = time_gpu(gpu_xp, problem, method, batch, dtype, args.repeats)

@@ -1,29 +1,6 @@
 """Peak memory of training on data read from disk, at n = 1e5, 1e6, 1e7 rows (synthetic airline-like data).
 
-For each n, ``agpc.datasets.make_airline_like(n, random_state=0, path=folder)`` writes X.npy (float64, n x 8)
-and y.npy (int8) under a temporary folder (default /tmp; removed afterwards). Then, in a fresh Python
-subprocess per (method, n), the memmaps are opened and
-
-    GPClassifier(method=m, n_inducing=200, batch_size=200, max_iter=1, max_time=60, random_state=0).fit(X, y)
-
-runs for m in ("sep", "ep"). A baseline child imports numpy and agpc, opens the memmaps and stops there.
-
-Each child reports
-* ``ru_maxrss``: peak resident set (anonymous + file-backed pages) from getrusage(RUSAGE_SELF). Memmap pages
-  that training reads count as file-backed resident pages, so this number also grows with the data read;
-* ``peak RssAnon``: the largest private anonymous resident memory seen by a thread polling
-  /proc/self/status every 2 ms (a transient shorter than that can be missed);
-* ``tracemalloc peak``: the exact peak of memory allocated through Python's allocators, NumPy array data
-  included (NumPy reports its buffers to tracemalloc); it misses BLAS's own buffers, which do not depend on n.
-  tracemalloc slows Python-level code, so the children make fewer steps within max_time than they would
-  without it (memory per step does not depend on the step count);
-* RssAnon and RssFile at the end of fit.
-
-Growth per row between successive n is (value(n2) - value(n1)) / (n2 - n1), baseline subtracted (it cancels).
-Expectation (issue): SEP flat in n beyond the minibatch buffers; EP about 16 bytes a row (2 float64 sites).
-
-    PYTHONPATH=. python benchmarks/memory.py            # n = 1e5, 1e6, 1e7: about 10 minutes, 0.7 GB in /tmp
-    PYTHONPATH=. python benchmarks/memory.py --quick    # n = 1e4, 1e5, max_time 3
+Protocol, options and commands: benchmarks/README.md, section "memory.py".
 """
 
 from __future__ import annotations

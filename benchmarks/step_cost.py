@@ -1,31 +1,7 @@
 """What one minibatch step of SEP, EP, ADF and SVI costs at m = 200, minibatch 200, on airline-like data: the NumPy
 fast path against the array-API reference path (``agpc.backend.reference_paths``), in one run.
 
-The problem: ``agpc.datasets.make_airline_like(n, random_state=0)`` (8 features), m inducing points drawn from
-its rows, the kernel ``GPClassifier`` starts from (ARD RBF, lengthscales sqrt(d) std, its default priors), and
-``training.Trainer`` minibatch steps on all hyper-parameters with each method's default optimiser and damping
-(what ``GPClassifier(method=M, n_inducing=200, batch_size=200)`` runs a step), BLAS threads as the library's
-rule chooses them (one, at this size). Every method's steps start after ``--warmup`` steps.
-
-Three measures:
-
-- time (default): per method, two trainers started alike, one stepping on the fast path and one on the
-  reference path, their steps interleaved one by one over the same minibatches; min and median ms a step and
-  the ratio of the two. A shared machine moves both alike, but a loaded one still spreads them: say so.
-  ``--baseline DIR``: a third trainer from another checkout's agpc (DIR/agpc, e.g. main's through ``git
-  worktree add``), imported beside this one as the package ``agpc_baseline`` (agpc imports itself relatively
-  only), its steps interleaved with the other two: before and after in one process.
-- ``--callgrind``: runs itself under ``valgrind --tool=callgrind`` (with ``OPENBLAS_NUM_THREADS=1``) and prints
-  instructions a step (Ir) per method and path: repeatable under any load. ``--source DIR`` measures the agpc
-  checkout in DIR instead (e.g. main's, through ``git worktree add``): before and after in two runs. Slow
-  (valgrind runs some 50 times slower): a few steps a method.
-- ``--counts``: the BLAS / LAPACK calls of the fast path a step (``agpc.backend.counting_fast_calls``).
-
-    PYTHONPATH=. python benchmarks/step_cost.py                     # timings, ~1 minute
-    PYTHONPATH=. python benchmarks/step_cost.py --baseline /tmp/agpc-main   # and main's step beside them
-    PYTHONPATH=. python benchmarks/step_cost.py --callgrind --steps 10
-    PYTHONPATH=. python benchmarks/step_cost.py --callgrind --source /tmp/agpc-main --steps 10
-    PYTHONPATH=. python benchmarks/step_cost.py --quick             # smoke test (seconds)
+Protocol, options and commands: benchmarks/README.md, section "step_cost.py".
 """
 
 from __future__ import annotations
@@ -81,7 +57,7 @@ def import_baseline(directory):
 
 
 def make_problem(args, package="agpc"):
-    """(X, y, one trainer factory) for the step described in the module docstring, with the agpc of
+    """(X, y, one trainer factory) for the step described in benchmarks/README.md, with the agpc of
     ``package`` ("agpc", or "agpc_baseline")."""
     import importlib
 
@@ -107,19 +83,12 @@ def make_problem(args, package="agpc"):
 
 
 def path_scope(path):
-    """The scope a path's steps run in: the reference path inside ``backend.reference_paths()`` (absent from
-    an agpc without fast paths, whose one path is then reported as "fast")."""
+    """The scope a path's steps run in: the reference path inside ``backend.reference_paths()``."""
     if path != "reference":
         return contextlib.nullcontext()
     from agpc import backend
 
     return backend.reference_paths()
-
-
-def available_paths():
-    from agpc import backend
-
-    return PATHS if hasattr(backend, "reference_paths") else PATHS[:1]
 
 
 def batches(args):
@@ -132,7 +101,7 @@ def time_steps(args, X, y, trainer, baseline=None):
     """{(method, path): [seconds a step]}, the paths' steps interleaved one by one (``baseline``: a trainer
     factory of the baseline checkout, its steps a third path)."""
     batch = batches(args)
-    paths = available_paths() + (("baseline",) if baseline else ())
+    paths = PATHS + (("baseline",) if baseline else ())
     out, reverted = {}, {}
     for method in args.methods:
         trainers = {path: (baseline if path == "baseline" else trainer)(method) for path in paths}
@@ -172,7 +141,7 @@ def child(args):
     batch = batches(args)
     order = []
     for method in args.methods:
-        for path in available_paths():
+        for path in PATHS:
             t = trainer(method)
             with path_scope(path):
                 for k in range(args.warmup):

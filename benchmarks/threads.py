@@ -1,21 +1,6 @@
 """The BLAS thread rule (agpc.threads) against fixed thread counts, in one run.
 
-1. ms per SEP minibatch step (``training.Trainer.step``, m = 200, minibatch 200, stepping on all
-   hyper-parameters) on synthetic airline-like data (``agpc.datasets.make_airline_like``, 8 features):
-   with 1 thread, with every core, and with nothing set (the rule chooses). Fixed counts are set the way a
-   user sets them, ``GPClassifier(blas_threads=k)``, i.e. an explicit ``agpc.threads.blas_threads`` scope.
-2. Seconds per batch EP pass (``agpc.inference.ep.evaluate`` with the gradient, the library's default
-   blocks) at n = 10^5 and 10^6, m = 200: the same three settings; "rule" is the scope ``Trainer.step``
-   opens around a batch pass, with nothing set.
-3. What a scope costs: ``threadpoolctl.threadpool_limits`` (inspects the loaded libraries every call), a
-   cached ``ThreadpoolController.limit``, and agpc's scope outermost and nested.
-
-Settings are interleaved round by round (1, all, rule, 1, all, rule, ...) and medians reported, so that
-a change in what else the machine runs touches every setting alike; the cores other processes kept busy
-during the run (``agpc.threads.busy_cores_elsewhere``) are printed, since they decide what threads cost.
-
-    PYTHONPATH=. python benchmarks/threads.py            # the table (~5-10 minutes on 2 cores)
-    PYTHONPATH=. python benchmarks/threads.py --quick    # smoke test (seconds)
+Protocol, options and commands: benchmarks/README.md, section "threads.py".
 """
 
 from __future__ import annotations

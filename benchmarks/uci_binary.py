@@ -1,49 +1,7 @@
 """Hernandez-Lobato & Hernandez-Lobato (2016), Table 1 protocol on the UCI binary datasets: every agpc method beside the
 published numbers.
 
-Protocol (Hernandez-Lobato & Hernandez-Lobato, AISTATS 2016, sec. 4.1), as run here:
-
-* data: banana, pima, australian, breast, crabs, heart, ionosphere, sonar, read by path from
-  ``../shared/data/<name>.npz`` (never copied; a missing file is skipped with a note). Without the data
-  folder, banana is generated (``agpc.datasets.make_banana(5300, random_state=0)``; 400 rows with
-  ``--quick``) and the rest skipped;
-* ``--splits`` (default 20) random 90/10 train/test splits, split s drawn by ``numpy.random.default_rng(s)``;
-  features standardised with the training part's mean and standard deviation;
-* m = round(fraction * n) inducing points, n = all instances as in the paper ("15%, 25% and 50% of the total
-  number of instances"; ``--m-of train`` takes the fraction of the training rows instead), ``--fractions``
-  default 0.15,0.25,0.5;
-* initial inducing points drawn at random from the training rows, the same for every method on a split
-  (``inducing="random", random_state=split``; the paper: "chosen at random ..., the same for each method");
-  ``--inducing kmeans`` uses the library default instead;
-* methods (``--methods``, default all seven): ``agpc.GPClassifier(method=M, n_inducing=m, max_iter=250,
-  random_state=split)`` for M in gfitc, ep, sep, adf, svi, vi-jj, vi-taylor, all else at library defaults
-  (EP/SEP/ADF: batch, the paper's adaptive steps; svi: Adam 0.01, full batch; vi-*: L-BFGS-B). A method
-  this agpc does not know (``gfitc`` while it is being written) is reported as "not available". Optional
-  baselines without inducing points: ``sklearn-gpc`` (Laplace GPC, ConstantKernel * ARD RBF) and ``logreg``.
-
-Reported per dataset, fraction and method: test NLL (mean of -log p(true label), natural log) and test error
-as mean ± standard deviation over the splits (the paper's ± in Table 1 is read as a standard deviation: it
-is as large as a split-to-split spread, e.g. ionosphere .27 ± .20), and the mean training time (fit only).
-Beside ours: the paper's Table 1 (GFITC, SEP = the paper's EP with inducing points, SVI). A cell is marked
-† where ours is worse than its counterpart (gfitc ~ GFITC; ep, sep, adf ~ SEP; svi, vi-jj, vi-taylor ~ SVI)
-by more than one standard error of the difference, sqrt(SE_ours^2 + (paper ± / sqrt(20))^2).
-Figure: benchmarks/results/uci_binary_nll.png (our NLL against the paper's, one panel per fraction).
-
-Before / after the default priors (docs/small_data_defaults.md): ``--kernel-prior both`` runs every agpc method
-M twice on the same splits, "M-ml" with ``kernel_prior=None`` (maximum likelihood, before) and "M" with the
-default ``"auto"`` (after), and ends with issue 19's check per dataset: before, after, the paper's counterpart
-± its SE, logistic regression, and whether each target holds (after <= paper + SE_paper where the paper's
-figure is not near chance; after - logreg and after - before, paired over the splits, at most one SE of the
-paired difference). ``--first-split 100`` draws splits 100, 101, ... (a second set of splits).
-
-``--preset ep-sklearn``: EP against scikit-learn, the settings of the first UCI binary run
-(``benchmarks/results/uci_binary_ep_full_gp_logreg.md``): ``--datasets pima,breast,sonar,ionosphere,australian,heart,crabs
---methods ep,sklearn-gpc,logreg --fractions 0.25 --m-of train --inducing kmeans --kernel-prior both``, which the other
-options given override (its ``--quick``: crabs and heart, 2 splits, 20 iterations).
-
-    PYTHONPATH=. python benchmarks/uci_binary.py --blas-threads 1                 # full protocol
-    PYTHONPATH=. python benchmarks/uci_binary.py --quick                          # smoke test, seconds
-    PYTHONPATH=. python benchmarks/uci_binary.py --preset ep-sklearn --methods ep,logreg --first-split 100
+Protocol, options and commands: benchmarks/README.md, section "uci_binary.py".
 """
 
 from __future__ import annotations

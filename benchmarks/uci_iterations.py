@@ -1,31 +1,7 @@
 """Test NLL against the number of hyper-parameter steps, on the Hernandez-Lobato & Hernandez-Lobato (2016), Table 1 and
 Villacampa-Calvo & Hernandez-Lobato (2017), Table 2 datasets.
 
-Why this exists: on heart our methods end worse than Hernandez-Lobato & Hernandez-Lobato (2016), Table 1 (0.51 against
-0.41 at m = 25%) while on crabs they need every one of the paper's 250 iterations. This script shows where the test NLL
-goes as the kernel and the inducing points are fitted longer, beside the two ends of that road:
-
-* ``M@k`` for k in ``--iters``: ``agpc.GPClassifier(method=M, max_iter=k)``, a fresh fit per k on the same
-  split with the same initial inducing points (``random_state=split``); the methods are deterministic, so
-  the k-step fit is the first k steps of the longer one;
-* ``fixed``: the same model with ``optimize=False`` (``--iters``' largest k sweeps of EP on the initial
-  kernel and inducing points: no step at all);
-* ``M+early`` (EP methods): what a user can do about over-fitting -- ``max_iter`` = the largest k, trained on
-  80% of the training part with the other 20% as ``validation_data`` and ``n_iter_no_change=10`` (the
-  best state by validation NLL is kept);
-* ``sklearn-gpc`` (a full GP, Laplace, ML-II with an ARD kernel, L-BFGS-B to convergence) and ``logreg``.
-
-Reported per dataset: test NLL mean ± standard error over the splits, and per k the mean log marginal
-likelihood estimate a training row (``log_marginal_likelihood_ / n_train``) and the median amplitude of
-the fitted kernel (over the classes' kernels for a multiclass set): a log Z that still climbs while the
-test NLL rises is the marginal likelihood over-fitting, not the approximation failing. Splits,
-standardisation and m are uci_binary.py's for the binary sets (m = fraction * n) and uci_multiclass.py's
-for the multiclass ones (Villacampa-Calvo & Hernandez-Lobato (2017)'s splits, m per class = fraction * n_train); the
-paper column is Hernandez-Lobato & Hernandez-Lobato (2016), Table 1's SEP or Villacampa-Calvo & Hernandez-Lobato (2017),
-Table 2's EP at that fraction.
-
-    PYTHONPATH=. python benchmarks/uci_iterations.py --blas-threads 1                  # heart, crabs, sonar
-    PYTHONPATH=. python benchmarks/uci_iterations.py --quick                           # smoke test
+Protocol, options and commands: benchmarks/README.md, section "uci_iterations.py".
 """
 
 from __future__ import annotations

@@ -1,44 +1,7 @@
 """Villacampa-Calvo & Hernandez-Lobato (2017), Table 2 protocol on the eight UCI multiclass datasets: agpc beside the
 published numbers.
 
-Protocol (Villacampa-Calvo & Hernandez-Lobato, ICML 2017, sec. 4.1), as run here:
-
-* data: glass, newthyroid, satellite, svmguide2, vehicle, vowel, waveform, wine, read by path from
-  ``../shared/data/<name>.npz`` (never copied; a missing file is skipped with a note). Without the data
-  folder, wine is taken from scikit-learn's bundle (the same UCI wine) and the rest skipped;
-* ``--splits`` (default 20) random splits, split s drawn by ``numpy.random.default_rng(s)``: 90/10
-  train/test, except satellite 20/80 (train/test), waveform a random 1000-row sample (the first 1000 of the
-  split's permutation of the 5000 rows) split 30/70, and vowel restricted to its first 6 classes (labels
-  0-5: 540 rows) before the 90/10 split; features standardised with the training part's mean and std;
-* m = round(fraction * n_train) inducing points per class ("of the number of training instances"),
-  ``--fractions`` default 0.05,0.1,0.2; initial inducing points drawn at random from the training rows, the
-  same for every method on a split (``inducing="random", random_state=split``; ``--inducing kmeans``: the
-  library default);
-* methods (``--methods``, default gfitc,ep,sep,svi): ``agpc.GPClassifier(method=M, n_inducing=m,
-  max_iter=250, random_state=split)``; "svi" is the paper's VI (robust-max likelihood, Adam 0.01 full
-  batch here, L-BFGS in the paper). ``adf`` may be added. A method this agpc does not know or does not
-  train on more than two classes is reported as "not available".
-
-Reported per dataset, fraction and method: test NLL and error as mean ± standard error over the splits (the
-paper's ± in Table 2 is a standard error: e.g. satellite 0.31 ± 0.00), and the mean training time. Beside
-ours: the paper's Table 2 (GFITC, EP, SEP, VI). A cell is marked † where ours is worse than its counterpart
-(gfitc ~ GFITC, ep ~ EP, sep and adf ~ SEP, svi ~ VI) by more than one standard error of the difference,
-sqrt(SE_ours^2 + SE_paper^2). Figure: benchmarks/results/uci_multiclass_nll.png.
-
-scikit-learn's bundled iris and digits (``--datasets iris,digits``; wine too without the data folder) and two
-baselines without inducing points, ``logreg-ovr`` (``LogisticRegression`` in a ``OneVsRestClassifier``) and
-``sklearn-gpc`` (``GaussianProcessClassifier``, Laplace, one-vs-rest, ``ConstantKernel() * RBF()`` isotropic: an ARD
-kernel on digits' 64 features is out of reach for it), run on the same splits (once a split, whatever the fraction).
-
-Cost table (``--timing``, ``--timing-only``): seconds per batch EP iteration (one ``multiclass_ep.evaluate`` with the
-gradient) on synthetic data with ``--timing-n`` rows for C in (3, 10) and m in ``--timing-ms``; the last column
-divides by C n m^2, roughly constant if the cost grows as C n m^2.
-
-    PYTHONPATH=. python benchmarks/uci_multiclass.py --blas-threads 1                 # full protocol
-    PYTHONPATH=. python benchmarks/uci_multiclass.py --datasets wine,iris --splits 10 --inducing kmeans \
-        --methods ep,sep,svi,logreg-ovr,sklearn-gpc --timing             # scikit-learn's bundled sets
-    PYTHONPATH=. python benchmarks/uci_multiclass.py --quick                          # smoke test, seconds
-    PYTHONPATH=. python benchmarks/uci_multiclass.py --kernel-prior both   # before (M-ml) / after the default priors
+Protocol, options and commands: benchmarks/README.md, section "uci_multiclass.py".
 """
 
 from __future__ import annotations

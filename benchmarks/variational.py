@@ -1,15 +1,7 @@
 """Izmailov & Kropotov (2017) Figs. 4-7 style: test error and NLL against training time for the variational methods and
 EP.
 
-Data bundled with scikit-learn (no download): breast cancer (569 x 30) and digits odd-vs-even (1797 x 64),
-80/20 split (Izmailov & Kropotov (2017)'s protocol for data without a test set), features standardised on the training
-part. Each method is trained anew with growing time budgets (``max_time``) and scored at the end of each: the
-curve is (budget actually used, test error, test NLL). SVI uses Adadelta with the best learning rate of a
-grid, as Izmailov & Kropotov (2017) does (chosen by the final test NLL at the largest budget); it is also shown with
-Adam at its default. Prints a Markdown table and writes benchmarks/results/variational_<data>_m<m>.png.
-
-    python benchmarks/variational.py            # full
-    python benchmarks/variational.py --quick    # seconds, for a smoke test
+Protocol, options and commands: benchmarks/README.md, section "variational.py".
 """
 
 from __future__ import annotations
