@@ -17,7 +17,7 @@ approximation: within 1.9e-3 nats of the quadrature (mean in [-10, 10], var in [
 16% of the epistemic part where that is above 0.01.
 
 Multiclass models: ``total`` from ``predict_proba``. The multiclass EP model's label is the argmax of the latent
-(Villacampa-Calvo & Hernandez-Lobato (2017), eq. 3, its noise in the latent): H[y | f] = 0 and all of the
+(Villacampa-Calvo & Hernandez-Lobato (2017), eq. 1, its noise in the latent): H[y | f] = 0 and all of the
 uncertainty is epistemic. The robust max (multiclass SVI, their eq. 13): p(y | f) is 1 - eps for the argmax and
 eps / (C - 1) for each other class whatever f is, so E_f H[y | f] = -(1 - eps) log(1 - eps) - eps log(eps / (C - 1)),
 the same constant at every row.
