@@ -1,9 +1,7 @@
-"""Active learning by BALD (Houlsby et al. 2011) against random picks, on agpc's banana data set.
-
-Each round fits the default GPClassifier on the labelled rows and labels one more pool row: the one of largest
-``predict_uncertainty(...).epistemic`` (BALD), or one at random. Prints the test NLL and accuracy after each
-number of picks in ``report_at``, the mean over seeds. Run: python docs/examples/active_learning.py
-"""
+"""Active learning by BALD (Houlsby et al. 2011) against random picks, on agpc's banana data set: each round fits
+the default GPClassifier on the labelled rows and labels one more pool row, the one of largest
+``predict_uncertainty(...).epistemic`` (BALD) or one at random. Prints the test NLL and accuracy after each number
+of picks in ``report_at``, over seeds. Run: python docs/examples/active_learning.py [n_seeds]"""
 import sys
 
 import numpy as np
@@ -17,9 +15,8 @@ def run(strategy, seed, n_start=4, n_picks=40, n_pool=500, n_test=1000, max_iter
     """{picks: (test NLL, test accuracy)} of one run."""
     rng = np.random.default_rng(seed)
     X, y = make_banana(n_pool + n_test, random_state=seed)
-    pool, X_test, y_test = np.arange(n_pool), X[n_pool:], y[n_pool:]
+    pool, X_test, y_test, scores = np.arange(n_pool), X[n_pool:], y[n_pool:], {}
     labelled = [*rng.choice(pool[y[:n_pool] < 0], n_start // 2), *rng.choice(pool[y[:n_pool] > 0], n_start // 2)]
-    scores = {}
     for picks in range(n_picks + 1):
         model = GPClassifier(max_iter=max_iter, random_state=0).fit(X[labelled], y[labelled])
         if picks in report_at:
@@ -32,14 +29,13 @@ def run(strategy, seed, n_start=4, n_picks=40, n_pool=500, n_test=1000, max_iter
 
 def main(seeds=range(5), **options):
     results = {strategy: [run(strategy, seed, **options) for seed in seeds] for strategy in ("bald", "random")}
-    print("picks  strategy  test NLL (mean +- sd over seeds)  accuracy  seeds BALD's NLL is lower")
+    print("picks  strategy  test NLL (mean +- sd over seeds)  accuracy  seeds where BALD's NLL is lower")
     for picks in results["bald"][0]:
         nll = {s: np.array([r[picks][0] for r in runs]) for s, runs in results.items()}
-        for strategy, runs in results.items():
-            accuracy = np.mean([r[picks][1] for r in runs])
-            wins = f"{np.sum(nll['bald'] < nll['random'])}/{len(nll['bald'])}" if strategy == "bald" else ""
-            print(f"{picks:5d}  {strategy:8s}  {nll[strategy].mean():.3f} +- {nll[strategy].std():.3f}"
-                  f"{'':17s}{accuracy:.3f}     {wins}")
+        for s, runs in results.items():
+            wins = f"{np.sum(nll['bald'] < nll['random'])}/{len(seeds)}" if s == "bald" else ""
+            print(f"{picks:5d}  {s:8s}  {nll[s].mean():.3f} +- {nll[s].std():.3f}{'':17s}"
+                  f"{np.mean([r[picks][1] for r in runs]):.3f}     {wins}")
     return results
 
 
