@@ -19,6 +19,7 @@ from . import placement
 from . import prediction as P
 from . import size_rule
 from . import streaming as S
+from . import uncertainty as U
 from . import validation as V
 from .inducing import initial_inducing_points
 from .inference import training
@@ -127,10 +128,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     log_marginal_likelihood_ : float, log Z_q at the end of training
     history_ : dict of lists, per iteration or epoch: "log_marginal_likelihood", "time", "n_invalid_sites",
         "damping", "n_steps"; with validation data "validation_step", "validation_nll", "validation_error"
-    fit_time_, init_time_ : seconds of the whole ``fit``, and of the initial inducing points within it
-    stopped_by_time_ : bool, training stopped because of ``max_time``
-    n_jobs_ : int, the processes a fit on in-memory data (or data on disk) trained in
-    jitter_, kernel_prior_ : the jitter and the ``kernel_prior`` of the fitted model
+    fit_time_, init_time_, stopped_by_time_ : seconds of ``fit`` and of its initial inducing points; stopped by max_time
+    n_jobs_, jitter_, kernel_prior_ : the processes the fit trained in, its jitter and its ``kernel_prior``
     tf32_ : bool, float32 products of the fit ran in TF32 on the GPU (``agpc.backend.TF32Warning``)
     """
 
@@ -149,8 +148,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "shuffle": [V.Boolean()], "eval_every": [V.NONE, _COUNT], "n_iter_no_change": [V.NONE, _COUNT],
         "inducing": [V.Options("kmeans", "random"), V.ArrayLike()],
         "likelihood": [V.NONE, M.RegisteredLikelihood()],  # which method takes which: ``_check_params``
-        "n_quadrature": [_COUNT],
-        "optimize": [V.NONE, V.Boolean(), _OPTIMIZE_GROUPS],
+        "n_quadrature": [_COUNT], "optimize": [V.NONE, V.Boolean(), _OPTIMIZE_GROUPS],
         "jitter": [_NON_NEGATIVE], "tol": [_NON_NEGATIVE],
         "random_state": [V.NONE, V.RandomState()],
         "verbose": [V.Boolean(), V.Interval(numbers.Integral, 0, None, "left")],
@@ -379,8 +377,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def predict_log_proba(self, X):
         """log p(y | x) for every class (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 37; Villacampa-Calvo &
-        Hernandez-Lobato (2017), eq. 11), shape (n_samples, n_classes), columns in the order of ``classes_``. A
-        dask.array in gives a dask.array out (lazy, chunk by chunk)."""
+        Hernandez-Lobato (2017), eq. 11), (n_samples, n_classes) in the order of ``classes_``; dask.array: lazy."""
         if B.is_dask_array(X):
             return P.lazy(self, "predict_log_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
         log_p, in_xp, device = P.log_proba_matrix(self, X)
@@ -393,6 +390,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return P.lazy(self, "predict_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
         log_p, in_xp, device = P.log_proba_matrix(self, X)
         return P.to_caller(B.array_namespace(log_p).exp(log_p), in_xp, device)
+
+    def predict_uncertainty(self, X, method="quadrature"):
+        """Predictive entropy and its aleatoric and epistemic (BALD) parts per row, in nats: ``agpc.uncertainty``."""
+        return U.model_uncertainty(self, X, method)
 
     def decision_function(self, X):
         """Binary: the predictive log-odds log p(classes_[1] | x) - log p(classes_[0] | x), shape (n_samples,),
