@@ -244,6 +244,60 @@ def test_sparse_ep_weighted_gradient_matches_finite_differences(xp_device):
     np.testing.assert_allclose(to_np(grads["Z"]), z_numeric, rtol=1e-5, atol=1e-6)
 
 
+# -- SEP / ADF: the tied factor counts the rows by weight -------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["sep", "adf"])
+def test_batch_sep_adf_integer_weights_are_the_repeated_rows(method):
+    """Batch SEP / ADF: the factor stands for sum(w) rows and each row's sites count w_i times, which is what the rows
+    repeated w_i times give at every step (the copies' updates are the same): a whole fit that learns the kernel and
+    the inducing points, weights 0..3, equals the fit on the repeated rows to round-off (weight 0: the row removed)."""
+    X, y = binary_toy(40, seed=6)
+    counts = np.random.default_rng(1).integers(0, 4, size=40)
+    counts[:2] = [1, 2]
+    Z = X[:6].copy()
+    settings = dict(method=method, jitter=1e-6, max_iter=12, optimize=("kernel", "inducing"))
+    kernel = RBF(lengthscales=[0.9, 1.2], amplitude=1.4, noise=0.02).for_inputs(X)
+    weighted = training.fit(X, y, kernel, Z, sample_weight=counts.astype(float), **settings)
+    X_rep, y_rep = _repeated(X, y, counts)
+    repeated = training.fit(X_rep, y_rep, kernel, Z, **settings)
+    np.testing.assert_allclose(weighted.Z, repeated.Z, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(weighted.factor.precision, repeated.factor.precision, rtol=1e-8, atol=1e-10)
+    assert weighted.log_z == pytest.approx(repeated.log_z, rel=1e-10)
+
+
+@pytest.mark.parametrize("method", ["sep", "adf", "svi"])
+def test_minibatch_step_with_a_weight_zero_row(method):
+    """Minibatch SEP / ADF (and SVI): a weight-0 row contributes nothing to a step's factor, log Z estimate or
+    gradient, whatever it holds."""
+    X, y = binary_toy(40, seed=2)
+    w = np.random.default_rng(3).uniform(0.5, 2.0, size=40)
+    w[4] = 0.0
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    options = engines.EngineOptions(optimize=("kernel", "inducing"))
+
+    def step(X_rows, y_rows):
+        engine = engines.make_engine(method, kernel, X[:6].copy(), n_total=40, minibatch=True, **vars(options))
+        engine.take_sample_weight(w)
+        summary, work = engine.evaluate(X_rows, y_rows, 0, 10, stepping=True)
+        return engine, summary, work
+
+    X_other, y_other = X.copy(), y.copy()
+    X_other[4], y_other[4] = [4.0, -4.0], -y[4]
+    engine, summary, work = step(X, y)
+    _, summary_other, work_other = step(X_other, y_other)
+    np.testing.assert_allclose(summary, summary_other, rtol=1e-13, atol=1e-13)
+    if method == "svi":
+        grads, grads_other = work, work_other
+    else:
+        (result, factor), (result_other, factor_other) = work, work_other
+        grads, grads_other = result["grads"], result_other["grads"]
+        np.testing.assert_allclose(factor.precision, factor_other.precision, rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(factor.shift, factor_other.shift, rtol=1e-12, atol=1e-13)
+        assert engine.n_total == pytest.approx(w.sum())
+    for name in grads:
+        np.testing.assert_allclose(grads[name], grads_other[name], rtol=1e-12, atol=1e-13, err_msg=name)
+
+
 # -- class_weight, the checks, scikit-learn's routing ----------------------------------------------------------------
 
 def _imbalanced(n_major=400, n_minor=20, seed=0):
@@ -344,6 +398,8 @@ def test_support_table_says_what_each_method_does_with_weights():
     (dict(method="ep", n_inducing=5), None),  # batch EP with inducing points: fits
     (dict(method="ep", n_inducing="all"), None),  # the exact model: fits
     (dict(method="ep", n_inducing=5, batch_size=10), "minibatch"),  # minibatch EP: the engine refuses
+    (dict(method="sep", n_inducing=5, batch_size=10), None),  # minibatch SEP: fits
+    (dict(method="adf", n_inducing=5), None),  # batch ADF: fits
     (dict(method="svi", batch_size=10), None),  # minibatch SVI: fits
     (dict(method="svi", n_jobs=2, batch_size=10), "data-parallel"),
     (dict(method="ep", checkpoint_path="CHECKPOINT", checkpoint_every=1), "checkpoints"),
@@ -360,6 +416,8 @@ def test_paths_fit_with_weights_or_refuse_them(settings, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         model.fit(X, y, sample_weight=np.full(40, 2.0))
     if settings.get("batch_size") == 10 and settings["method"] == "ep":
+        with pytest.raises(ValueError, match="multiclass"):  # more than two classes: refused
+            GPClassifier(method="sep", max_iter=2, n_inducing=5).fit(X, y3, sample_weight=np.full(40, 2.0))
         with pytest.raises(ValueError, match="multiclass"):  # more than two classes: refused
             GPClassifier(max_iter=2).fit(X, y3, sample_weight=np.full(40, 2.0))
 

@@ -455,6 +455,9 @@ class EPEngine(Engine):
                                           want_grad=stepping, block_rows=self.block_rows, damping=self.damping,
                                           checked=False, **self._binary_batch_options(stepping), **self._weighted())
         else:
+            if self.sample_weight is not None:  # SEP / ADF (``sample_weight_refusal``): the rows' weights, no padding
+                self._refuse_weights(weights)
+                weights = self.sample_weight[lo:hi]
             shard = {} if self.factor_rows is None else {"others": self.others, "factor_rows": self.factor_rows}
             result = self.passes.evaluate_factor(
                 kernel, Z, row_slice(X, lo, hi), row_slice(y, lo, hi), state["factor"], method=self.method,
@@ -484,13 +487,18 @@ class EPEngine(Engine):
         """Batch EP of two classes in this process weights the rows (power EP: ``ep.evaluate``, ``exact_ep``);
         minibatch EP, SEP / ADF, more than two classes and the passes on a cluster do not yet."""
         binary = not isinstance(self.state["kernel"], ClassKernels)
-        if self.per_row_sites and not self.minibatch and binary and self.passes in (ep, exact_ep):
+        here = self.passes in (ep, exact_ep) and self.factor_rows is None  # (not a cluster's, not a shard's)
+        if binary and here and not (self.per_row_sites and self.minibatch):
             return None
-        if self.per_row_sites:
-            return (f"method {self.name!r} takes sample_weight in batch mode for two classes (power EP); its "
-                    "minibatch and multiclass passes do not weight the rows yet (docs/weights.md)")
-        return (f"method {self.name!r} does not take sample_weight yet: its tied-factor passes do not weight the "
-                "rows (docs/weights.md)")
+        return (f"method {self.name!r} takes sample_weight for two classes, in this process, and (EP) in batch mode; "
+                "its minibatch EP and multiclass passes do not weight the rows yet (docs/weights.md)")
+
+    def take_sample_weight(self, weights):
+        """SEP / ADF: the tied factor stands for the rows counted by their weights (n_total = sum of the weights),
+        as it would for the rows repeated (docs/weights.md)."""
+        super().take_sample_weight(weights)
+        if weights is not None and not self.per_row_sites:
+            self.n_total = float(self.xp.sum(weights))
 
     def _weighted(self):
         """The pass's ``weights=`` when the fit has sample weights (none otherwise: today's call, unchanged)."""
@@ -581,7 +589,8 @@ class EPEngine(Engine):
         post = self.passes.posterior_from_factor(kernel, Z, s["factor"], jitter=self.jitter)
         if want_log_z and X is not None and not self.minibatch:
             final = self.passes.evaluate_factor(kernel, Z, X, y, s["factor"], method=self.method, n_total=self.n_total,
-                                                jitter=self.jitter, want_grad=False, block_rows=self.block_rows)
+                                                jitter=self.jitter, want_grad=False, block_rows=self.block_rows,
+                                                weights=self.sample_weight)
             return post, float(final["log_z"])
         return post, None
 
