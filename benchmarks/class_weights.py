@@ -5,8 +5,8 @@ The set (``--set``, default pima: 500 negatives, 268 positives) is made 1:``--ra
 keeping every row of its larger class and a random ``1 / ratio`` of that count from the smaller one (drawn once,
 seeded by ``--subsample-seed``); then ``--splits`` random stratified 70/30 splits, features standardised on the
 training part. Per model and weighting: the minority class's recall, the balanced accuracy and the test NLL, mean
-± standard error over the splits. The GP is the default model (``n_inducing="auto"``: the exact full GP on these few
-hundred rows) with nothing else set but ``random_state``.
+± standard error over the splits. The GPs: the default model (``n_inducing="auto"``: the exact full GP on these few
+hundred rows) with nothing else set but ``random_state``; batch EP and batch SVI with 30 inducing points.
 
     PYTHONPATH=. python benchmarks/class_weights.py
     PYTHONPATH=. python benchmarks/class_weights.py --quick
@@ -41,7 +41,9 @@ def models(split, weighting, max_iter):
     gp = dict(random_state=split, class_weight=weighting)
     if max_iter is not None:
         gp["max_iter"] = max_iter
-    return {"agpc (default)": GPClassifier(**gp), "logistic regression": LogisticRegression(class_weight=weighting)}
+    return {"agpc (default)": GPClassifier(**gp), "agpc ep, m = 30": GPClassifier(n_inducing=30, **gp),
+            "agpc svi, m = 30": GPClassifier(method="svi", n_inducing=30, batch_size=None, **gp),
+            "logistic regression": LogisticRegression(class_weight=weighting)}
 
 
 def main(argv=None):
@@ -62,7 +64,7 @@ def main(argv=None):
 
         X, y = make_banana(1100, random_state=0)
         y = (np.asarray(y) > 0).astype(int)
-        name = "generated banana"
+        name = "generated banana" + ("" if args.quick else f" ({path} not found)")
     X, y = imbalanced(X, y, args.ratio, args.subsample_seed)
     print(f"{name}, 1:{args.ratio}: {len(y)} rows, {int(y.sum())} in the minority class; {args.splits} stratified "
           "70/30 splits\n")

@@ -484,8 +484,9 @@ class EPEngine(Engine):
         return summary, (result, new_factor)
 
     def sample_weight_refusal(self):
-        """Batch EP of two classes in this process weights the rows (power EP: ``ep.evaluate``, ``exact_ep``);
-        minibatch EP, SEP / ADF, more than two classes and the passes on a cluster do not yet."""
+        """Two classes in this process: batch EP weights the rows by power EP (``ep.evaluate``, ``exact_ep``), SEP /
+        ADF count them by weight in the tied factor; minibatch EP, more than two classes, the passes on a cluster
+        and a data-parallel shard do not yet."""
         binary = not isinstance(self.state["kernel"], ClassKernels)
         here = self.passes in (ep, exact_ep) and self.factor_rows is None  # (not a cluster's, not a shard's)
         if binary and here and not (self.per_row_sites and self.minibatch):
