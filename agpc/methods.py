@@ -320,7 +320,7 @@ _BUILT_IN_METHODS = (
     Method("ep", family="ep", engine="ep", likelihood_reason=_EP_PROBIT,
            capabilities={"multiclass", "minibatch", "dask_batch", "n_jobs", "sample_weight", *_ON_DASK, *_EVERYWHERE},
            remarks={"dask": "> 2 classes: batch, or `local_steps=0`", "n_jobs": "binary",
-                    "sample_weight": "in memory, batch, two classes: power EP"}, exact_passes=exact_ep),
+                    "sample_weight": "in memory, two classes: power EP"}, exact_passes=exact_ep),
     *(Method(name, family="ep", engine=name, likelihood_reason=_EP_PROBIT,
              capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", "n_jobs", "sample_weight",
                            *_ON_DASK, *_EVERYWHERE},

@@ -244,6 +244,22 @@ def test_sparse_ep_weighted_gradient_matches_finite_differences(xp_device):
     np.testing.assert_allclose(to_np(grads["Z"]), z_numeric, rtol=1e-5, atol=1e-6)
 
 
+def test_minibatch_ep_reaches_the_weighted_batch_fixed_point():
+    """Minibatch EP by power EP (the running factor holds w_i copies of each site, rebuilt so each epoch) at fixed
+    hyper-parameters converges to batch EP's weighted fixed point: the same sites and log Z_q to 1e-9, weights 0
+    included."""
+    X, y = binary_toy(40, seed=5)
+    Z = X[::5].copy()
+    w = np.random.default_rng(2).uniform(0.0, 3.0, size=40)
+    w[[1, 7]] = 0.0
+    batch, _ = _sparse_fit(X, y, Z, w)
+    minibatch, _ = _sparse_fit(X, y, Z, w, max_iter=300, batch_size=10, random_state=0)
+    keep = w > 0
+    np.testing.assert_allclose(minibatch.site_precision[keep], batch.site_precision[keep], rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(minibatch.site_shift[keep], batch.site_shift[keep], rtol=1e-9, atol=1e-10)
+    assert minibatch.log_z == pytest.approx(batch.log_z, rel=1e-9)
+
+
 # -- SEP / ADF: the tied factor counts the rows by weight -------------------------------------------------------------
 
 @pytest.mark.parametrize("method", ["sep", "adf"])
@@ -265,10 +281,10 @@ def test_batch_sep_adf_integer_weights_are_the_repeated_rows(method):
     assert weighted.log_z == pytest.approx(repeated.log_z, rel=1e-10)
 
 
-@pytest.mark.parametrize("method", ["sep", "adf", "svi"])
+@pytest.mark.parametrize("method", ["ep", "sep", "adf", "svi"])
 def test_minibatch_step_with_a_weight_zero_row(method):
-    """Minibatch SEP / ADF (and SVI): a weight-0 row contributes nothing to a step's factor, log Z estimate or
-    gradient, whatever it holds."""
+    """Minibatch EP / SEP / ADF (and SVI): a weight-0 row contributes nothing to a step's factor, log Z estimate or
+    gradient, whatever it holds (EP: nor is its own site updated)."""
     X, y = binary_toy(40, seed=2)
     w = np.random.default_rng(3).uniform(0.5, 2.0, size=40)
     w[4] = 0.0
@@ -291,9 +307,13 @@ def test_minibatch_step_with_a_weight_zero_row(method):
     else:
         (result, factor), (result_other, factor_other) = work, work_other
         grads, grads_other = result["grads"], result_other["grads"]
+        if method == "ep":  # (the step's factor is made in ``apply``, from the sites' change: compared here)
+            factor, factor_other = result["site_delta"], result_other["site_delta"]
+            assert result["site_precision"][4] == 0.0  # the row's own site is not updated (it has none yet)
+        else:
+            assert engine.n_total == pytest.approx(w.sum())
         np.testing.assert_allclose(factor.precision, factor_other.precision, rtol=1e-12, atol=1e-13)
         np.testing.assert_allclose(factor.shift, factor_other.shift, rtol=1e-12, atol=1e-13)
-        assert engine.n_total == pytest.approx(w.sum())
     for name in grads:
         np.testing.assert_allclose(grads[name], grads_other[name], rtol=1e-12, atol=1e-13, err_msg=name)
 
@@ -397,7 +417,7 @@ def test_support_table_says_what_each_method_does_with_weights():
 @pytest.mark.parametrize("settings, message", [
     (dict(method="ep", n_inducing=5), None),  # batch EP with inducing points: fits
     (dict(method="ep", n_inducing="all"), None),  # the exact model: fits
-    (dict(method="ep", n_inducing=5, batch_size=10), "minibatch"),  # minibatch EP: the engine refuses
+    (dict(method="ep", n_inducing=5, batch_size=10), None),  # minibatch EP: fits
     (dict(method="sep", n_inducing=5, batch_size=10), None),  # minibatch SEP: fits
     (dict(method="adf", n_inducing=5), None),  # batch ADF: fits
     (dict(method="svi", batch_size=10), None),  # minibatch SVI: fits
@@ -415,7 +435,7 @@ def test_paths_fit_with_weights_or_refuse_them(settings, message, tmp_path):
         return
     with pytest.raises(ValueError, match=message):
         model.fit(X, y, sample_weight=np.full(40, 2.0))
-    if settings.get("batch_size") == 10 and settings["method"] == "ep":
+    if settings.get("method") == "svi" and settings.get("n_jobs"):
         with pytest.raises(ValueError, match="multiclass"):  # more than two classes: refused
             GPClassifier(method="sep", max_iter=2, n_inducing=5).fit(X, y3, sample_weight=np.full(40, 2.0))
         with pytest.raises(ValueError, match="multiclass"):  # more than two classes: refused

@@ -455,13 +455,18 @@ class EPEngine(Engine):
                                           want_grad=stepping, block_rows=self.block_rows, damping=self.damping,
                                           checked=False, **self._binary_batch_options(stepping), **self._weighted())
         else:
-            if self.sample_weight is not None:  # SEP / ADF (``sample_weight_refusal``): the rows' weights, no padding
+            shard = {} if self.factor_rows is None else {"others": self.others, "factor_rows": self.factor_rows}
+            n_total = self.n_total
+            if self.sample_weight is not None:  # (``sample_weight_refusal``): the rows' weights, no padding here
                 self._refuse_weights(weights)
                 weights = self.sample_weight[lo:hi]
-            shard = {} if self.factor_rows is None else {"others": self.others, "factor_rows": self.factor_rows}
+                if self.per_row_sites:  # minibatch EP by power EP, its log Z and gradient scaled by n / b (the
+                    # pass scales by n_total / sum(w), the rows counted by weight: n_total sum(w) / b gives n / b)
+                    shard["sample_weights"] = True
+                    n_total = self.n_total * xp.sum(weights) / (hi - lo)
             result = self.passes.evaluate_factor(
                 kernel, Z, row_slice(X, lo, hi), row_slice(y, lo, hi), state["factor"], method=self.method,
-                n_total=self.n_total,
+                n_total=n_total,
                 site_precision=state["nu"][lo:hi] if self.per_row_sites else None,
                 site_shift=state["mu"][lo:hi] if self.per_row_sites else None,
                 jitter=self.jitter, want_grad=stepping, block_rows=self.block_rows, weights=weights, checked=False,
@@ -489,10 +494,10 @@ class EPEngine(Engine):
         and a data-parallel shard do not yet."""
         binary = not isinstance(self.state["kernel"], ClassKernels)
         here = self.passes in (ep, exact_ep) and self.factor_rows is None  # (not a cluster's, not a shard's)
-        if binary and here and not (self.per_row_sites and self.minibatch):
+        if binary and here:
             return None
-        return (f"method {self.name!r} takes sample_weight for two classes, in this process, and (EP) in batch mode; "
-                "its minibatch EP and multiclass passes do not weight the rows yet (docs/weights.md)")
+        return (f"method {self.name!r} takes sample_weight for two classes, in this process; its multiclass passes "
+                "and those of a cluster or of data-parallel rounds do not weight the rows yet (docs/weights.md)")
 
     def take_sample_weight(self, weights):
         """SEP / ADF: the tied factor stands for the rows counted by their weights (n_total = sum of the weights),
@@ -564,12 +569,20 @@ class EPEngine(Engine):
         the projection of its last visit; without an exact rebuild once an epoch the residue piles up."""
         s = self.state
         self.needs_rebuild = False
-        s["factor"] = self.passes.exact_factor(s["kernel"], s["Z"], X, s["nu"], s["mu"], jitter=self.jitter,
-                                               block_rows=self.block_rows, y=y)
+        s["factor"] = self.passes.exact_factor(s["kernel"], s["Z"], X, *self._sites_in_q(s["nu"], s["mu"]),
+                                               jitter=self.jitter, block_rows=self.block_rows, y=y)
+
+    def _sites_in_q(self, site_precision, site_shift, rows=None):
+        """The sites as q holds them: each w_i times with sample weights (power EP), else as they are."""
+        if self.sample_weight is None:
+            return site_precision, site_shift
+        w = self.sample_weight if rows is None else self.sample_weight[:rows]
+        return w * site_precision, w * site_shift
 
     def time_rebuild(self, X, y, rows):
         s = self.state
-        self.passes.exact_factor(s["kernel"], s["Z"], row_slice(X, 0, rows), s["nu"][:rows], s["mu"][:rows],
+        self.passes.exact_factor(s["kernel"], s["Z"], row_slice(X, 0, rows),
+                                 *self._sites_in_q(s["nu"][:rows], s["mu"][:rows], rows),
                                  jitter=self.jitter, block_rows=self.block_rows, y=row_slice(y, 0, rows))
 
     def state_in_row_order(self, permutation):

@@ -384,7 +384,7 @@ def data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g, *, want_upsilon
 
 
 def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=None, want_grad=True, A=None, Knm=None,
-               want_sums=False):
+               want_sums=False, sample_weights=False):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows.
 
     Hernandez-Lobato & Hernandez-Lobato (2016): cavity (eqs. 14-15), tilted moments and new site (eqs. 17-23), log Z_q
@@ -394,11 +394,16 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
     ``post`` is already the cavity). ``weights`` (b,): each row's log Z_i, gradient and site change is
     multiplied by its weight (0 for the padding of a minibatch). ``want_sums``: the change of the rows'
     sites, weighted, as a u-space factor: sum_i w_i (new_i - old_i) upsilon_i upsilon_i^T (and the shifts).
+    ``sample_weights``: the ``weights`` are sample weights of rows with sites of their own (minibatch EP by power
+    EP: ``post`` holds w_i copies of each row's site), whose cavities ``weighted_cavity`` forms.
     """
     xp = array_namespace(Z)
     marg = marginals(kernel, X, Z, post, A=A, Knm=Knm)
     own_sites = site_precision is not None
-    if own_sites:
+    if own_sites and sample_weights:
+        nu, mu = site_precision, site_shift
+        valid, one_minus, v, a = weighted_cavity(nu, mu, marg.d, marg.e, marg.prior_var, weights)
+    elif own_sites:
         nu, mu = site_precision, site_shift
         valid, one_minus, v, a = cavity(nu, mu, marg.d, marg.e, marg.prior_var)
     else:  # the cavity is ``post``: nothing to remove (the same as ``cavity`` with zero sites, fewer operations)
@@ -728,13 +733,14 @@ class BlockScratch(threading.local):
 
 
 def binary_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, want_sums=False,
-                 want_sites=True, damping=None, weights=None):
+                 want_sites=True, damping=None, weights=None, sample_weights=False):
     """Binary EP's sweep for a cavity held as a u-space factor (minibatch EP, SEP, ADF): ``block_pass`` over all
     rows (``sweep_rows``). ``site_precision`` None: the rows have no sites of their own (SEP / ADF).
-    ``weights``: per row, as ``block_pass`` takes them. Batch EP sweeps with ``batch_sweep``."""
+    ``weights``, ``sample_weights``: per row, as ``block_pass`` takes them. Batch EP sweeps with ``batch_sweep``."""
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         return block_pass(kernel, X_block, y_block, rows_precision, rows_shift, Z, cavity, want_grad=want_grad,
-                          want_sums=want_sums, weights=None if weights is None else weights[lo:hi])
+                          want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
+                          sample_weights=sample_weights)
 
     return sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z,
                       want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping)
@@ -1052,7 +1058,7 @@ CAVITY_KINDS = ("ep", "sep", "adf")
 
 def evaluate_factor(
     kernel, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None, jitter,
-    want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None,
+    want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None, sample_weights=False,
 ):
     """One pass over rows X (all the data, or a minibatch) with q = prior x ``factor``.
 
@@ -1069,6 +1075,8 @@ def evaluate_factor(
     ``valid``, ``n_invalid`` (0-d) and ``posterior`` (q). ``checked``: as in ``evaluate``. Stages:
     ``factor_cavity`` (driver), ``binary_sweep`` (per row block; per chunk on workers), ``finish_factor`` (driver).
 
+    ``sample_weights``: ``weights`` are minibatch EP's sample weights (``block_pass``).
+
     ``others`` / ``factor_rows``: distributed SEP (Li, Hernandez-Lobato & Turner 2015, sec. 4), one tied
     factor per shard of the data, q = prior x (others + factor): ``factor`` is the shard's (it stands for
     ``factor_rows`` rows), ``others`` the product of the other shards' (see ``factor_cavity``).
@@ -1078,7 +1086,8 @@ def evaluate_factor(
     if method != "ep":  # the cavity already excludes the factor: the rows have no site of their own
         site_precision = site_shift = None
     sweep = binary_sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
-                         block_rows=block_rows, want_sums=True, want_sites=method == "ep", weights=weights)
+                         block_rows=block_rows, want_sums=True, want_sites=method == "ep", weights=weights,
+                         sample_weights=sample_weights)
     n_rows = X.shape[0] if weights is None else array_namespace(Z).sum(weights)
     return finish_factor(kernel, Z, prep, sweep, n_total / n_rows, want_grad)
 
