@@ -500,15 +500,13 @@ def training_weights(estimator, sample_weight, inputs, *, on_cluster, n_jobs):
     if sample_weight is None and class_weight is None:
         return None
     path = ("fit on a dask array" if on_cluster else f"n_jobs={estimator.n_jobs} (data-parallel rounds)"
-            if n_jobs > 1 else "fit on data on disk (or read a block at a time)"
-            if B.is_out_of_core(inputs.X) or isinstance(inputs.X, B.HostRows) else
-            "fit with checkpoints (a resume could not tell other weights)"
+            if n_jobs > 1 else "fit with checkpoints (a resume could not tell other weights)"
             if estimator.checkpoint_path is not None else None)
     if path is not None:
         raise ValueError(_refused_path(path))
     n = inputs.X.shape[0]
     weights = np.ones(n) if sample_weight is None else V.check_sample_weight(sample_weight, n)
-    encoded = B.to_numpy(inputs.y)
+    encoded = B.to_numpy(inputs.y[0:n])  # (labels on disk: read once, as the n weights are held in memory)
     class_index = (encoded > 0).astype(np.intp) if len(inputs.classes) == 2 else encoded.astype(np.intp)
     if class_weight is not None:
         try:
@@ -537,5 +535,5 @@ def score_weights(sample_weight, n_rows):
 
 
 def _refused_path(path):
-    return (f"sample_weight / class_weight: {path} does not take row weights yet; fit in memory, in this process "
-            "(docs/weights.md lists what takes them)")
+    return (f"sample_weight / class_weight: {path} does not take row weights yet (docs/weights.md lists the methods "
+            "and paths that do)")

@@ -442,13 +442,27 @@ def test_paths_fit_with_weights_or_refuse_them(settings, message, tmp_path):
             GPClassifier(max_iter=2).fit(X, y3, sample_weight=np.full(40, 2.0))
 
 
-def test_data_on_disk_and_streams_refuse_weights(tmp_path):
-    X, y = binary_toy(40, seed=1)
+@pytest.mark.parametrize("settings", [dict(method="ep"), dict(method="ep", batch_size=10), dict(method="sep"),
+                                      dict(method="svi", batch_size=10)])
+def test_data_on_disk_take_weights(tmp_path, settings):
+    """Rows read from disk a block at a time (the weights and labels held in memory): the model of the same rows in
+    memory, for batch and minibatch steps (data on disk are not reordered: ``shuffle=False`` in both)."""
+    X, y = binary_toy(60, seed=1)
+    w = np.random.default_rng(0).uniform(0.0, 2.0, size=60)
     path = tmp_path / "X.npy"
     np.save(path, X)
     X_disk = np.load(path, mmap_mode="r")
-    with pytest.raises(ValueError, match="on disk"):
-        GPClassifier(max_iter=2).fit(X_disk, y, sample_weight=np.ones(40))
+    options = dict(n_inducing=6, inducing=X[:6].copy(), kernel=RBF(lengthscales=[1.0, 1.0]), kernel_prior=None,
+                   max_iter=4, shuffle=False, random_state=0, class_weight={1.0: 2.0}) | settings
+    on_disk = GPClassifier(**options).fit(X_disk, y, sample_weight=w)
+    in_memory = GPClassifier(**options).fit(X, y, sample_weight=w)
+    unweighted = GPClassifier(**options | dict(class_weight=None)).fit(X_disk, y)
+    np.testing.assert_allclose(on_disk.predict_proba(X), in_memory.predict_proba(X), rtol=1e-9, atol=1e-11)
+    assert not np.allclose(on_disk.predict_proba(X), unweighted.predict_proba(X))
+
+
+def test_streams_refuse_weights():
+    X, y = binary_toy(40, seed=1)
     with pytest.raises(ValueError, match="partial_fit"):
         GPClassifier(method="sep", n_inducing=5).partial_fit(X, y, sample_weight=np.ones(40))
     with pytest.raises(ValueError, match="partial_fit"):
