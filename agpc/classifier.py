@@ -232,7 +232,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self.init_time_ = time.perf_counter() - init_started
             validation = None if validation_data is None else I.validation_set(
                 self, validation_data, classes, inputs.xp, inputs.device, client=inputs.client)
-            data_hash = None if self.checkpoint_path is None else I.training_fingerprint(inputs)
+            data_hash = None if self.checkpoint_path is None else I.training_fingerprint(inputs, weights)
             I.note_tf32(self, inputs.xp)
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(self, n) if size.at_rows else None)
             plateau = size_rule.exact_plateau(n) if size.at_rows else None  # (the sparse models run max_iter steps)

@@ -11,6 +11,7 @@ Every check raises one ValueError naming the problem. The functions take the est
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 import os
@@ -443,11 +444,15 @@ def fingerprint_rows(X, y):
     return X[0:n:stride, :], y[0:n:stride]
 
 
-def training_fingerprint(inputs):
+def training_fingerprint(inputs, weights=None):
     """The fingerprint of a fit's training data (``training.data_fingerprint``) for its checkpoints: resumed on
-    those data only. Of the rows in the caller's order, encoded labels in the model's type, wherever the rows are."""
+    those data only. Of the rows in the caller's order, encoded labels in the model's type, wherever the rows are;
+    with sample weights (``training_weights``), of every row's weight too."""
     rows, labels = inputs.fingerprint_rows or fingerprint_rows(inputs.X, inputs.y)
-    return data_fingerprint(inputs.X.shape[0], inputs.X.shape[1], rows, labels, inputs.classes)
+    fingerprint = data_fingerprint(inputs.X.shape[0], inputs.X.shape[1], rows, labels, inputs.classes)
+    if weights is None:
+        return fingerprint
+    return fingerprint[:16] + hashlib.sha256(B.to_numpy(weights).tobytes()).hexdigest()[:16]
 
 
 def validation_set(estimator, validation_data, classes, xp, device, client=None):
@@ -500,8 +505,7 @@ def training_weights(estimator, sample_weight, inputs, *, on_cluster, n_jobs):
     if sample_weight is None and class_weight is None:
         return None
     path = ("fit on a dask array" if on_cluster else f"n_jobs={estimator.n_jobs} (data-parallel rounds)"
-            if n_jobs > 1 else "fit with checkpoints (a resume could not tell other weights)"
-            if estimator.checkpoint_path is not None else None)
+            if n_jobs > 1 else None)
     if path is not None:
         raise ValueError(_refused_path(path))
     n = inputs.X.shape[0]

@@ -16,7 +16,7 @@ from agpc import methods as M
 from agpc.inference import engines, ep, exact_ep, training
 from agpc.inference import variational as VI
 from conftest import central_differences, to_np, to_xp
-from helpers import binary_toy
+from helpers import binary_toy, interrupted_then_resumed
 
 
 def _repeated(X, y, counts):
@@ -422,7 +422,6 @@ def test_support_table_says_what_each_method_does_with_weights():
     (dict(method="adf", n_inducing=5), None),  # batch ADF: fits
     (dict(method="svi", batch_size=10), None),  # minibatch SVI: fits
     (dict(method="svi", n_jobs=2, batch_size=10), "data-parallel"),
-    (dict(method="ep", checkpoint_path="CHECKPOINT", checkpoint_every=1), "checkpoints"),
 ])
 def test_paths_fit_with_weights_or_refuse_them(settings, message, tmp_path):
     X, y = binary_toy(40, seed=1)
@@ -459,6 +458,24 @@ def test_data_on_disk_take_weights(tmp_path, settings):
     unweighted = GPClassifier(**options | dict(class_weight=None)).fit(X_disk, y)
     np.testing.assert_allclose(on_disk.predict_proba(X), in_memory.predict_proba(X), rtol=1e-9, atol=1e-11)
     assert not np.allclose(on_disk.predict_proba(X), unweighted.predict_proba(X))
+
+
+@pytest.mark.parametrize("params, stop_at", [(dict(method="ep", n_inducing=6, max_iter=20), 17),  # (10 warm-up)
+                                             (dict(method="ep", n_inducing=6, batch_size=10, max_iter=3), 13),
+                                             (dict(method="sep", n_inducing=6, batch_size=10, max_iter=3), 11),
+                                             (dict(method="svi", n_inducing=6, batch_size=10, max_iter=3), 11)])
+def test_a_weighted_fit_resumes_from_its_checkpoint_and_only_with_its_weights(monkeypatch, tmp_path, params,
+                                                                             stop_at):
+    """Checkpoints of a weighted fit (class weights: the weights come from the estimator): interrupted and resumed, it
+    ends at the uninterrupted model; a resume with other weights is refused as other training data."""
+    X, y = binary_toy(60, seed=4)
+    params = dict(params, random_state=0, class_weight={1.0: 3.0})
+    reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", stop_at, X, y)
+    np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-10, atol=1e-14)
+    other = GPClassifier(**dict(params, class_weight={1.0: 2.0}), checkpoint_path=tmp_path / "run.ckpt",
+                         checkpoint_every=4)
+    with pytest.raises(ValueError, match="sample weights"):
+        other.fit(X, y, resume=True)
 
 
 def test_streams_refuse_weights():
