@@ -99,8 +99,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Seeds the inducing-point initialisation and the minibatch order.
     verbose : bool
         Show a progress bar (tqdm) with log Z_q and, with validation data, the validation NLL.
-    step_replay : bool, default=False
-        Deprecated, no effect (``True`` warns); it will be removed.
+    step_replay : bool, default=False (deprecated, no effect; ``True`` warns; it will be removed)
     client : distributed.Client or None
         For ``fit`` on a dask.array: the cluster. ``None``: the current client, else a ``LocalCluster`` for the fit.
     local_steps : int or None
@@ -120,6 +119,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     kernel_prior : "auto" or None, default="auto"
         "auto": weak priors on the kernel's log lengthscales (centred on the default kernel's) and log amplitude,
         MAP instead of maximum likelihood (docs/small_data_defaults.md). ``None``: only the kernel's own priors.
+    class_weight : None, "balanced" or dict
+        Weights of the classes, multiplied into ``fit``'s ``sample_weight`` (scikit-learn's meanings; docs/weights.md).
 
     Attributes
     ----------
@@ -159,6 +160,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "site_directory": [V.NONE, V.PATH], "blas_threads": [V.NONE, _COUNT],
         "dtype": [V.FloatingType(*I.DTYPES)], "block_rows": [V.NONE, _COUNT],
         "step_replay": [V.Boolean()], "kernel_prior": [V.NONE, V.Options("auto")],
+        "class_weight": [V.NONE, V.Options("balanced"), V.InstanceOf(dict, description="a dict of class: weight")],
     }
 
     def __init__(self, method="ep", n_inducing="auto", kernel=None, backend="auto", max_iter=250, damping=None,
@@ -166,7 +168,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                  n_iter_no_change=None, inducing="kmeans", likelihood=None, n_quadrature=20, optimize=True,
                  jitter=1e-6, tol=1e-6, random_state=None, verbose=False, client=None, local_steps=None,
                  n_jobs=None, checkpoint_path=None, checkpoint_every=None, site_directory=None, blas_threads=None,
-                 dtype="float64", block_rows=None, step_replay=False, kernel_prior="auto"):
+                 dtype="float64", block_rows=None, step_replay=False, kernel_prior="auto", class_weight=None):
         parameters = dict(locals())  # every parameter stored as given, nothing else (scikit-learn's rule)
         del parameters["self"]
         vars(self).update(parameters)
@@ -196,23 +198,21 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     # -- fitting ---------------------------------------------------------------------------------
 
-    def fit(self, X, y, validation_data=None, resume=False):
+    def fit(self, X, y, sample_weight=None, validation_data=None, resume=False):
         """Fit the classifier on X (n_samples, n_features: NumPy, any array-API array, a dask.array trained on its
         cluster, or data on disk read a block at a time, a memmap or zarr array) and y (n_samples labels).
-
-        ``validation_data``: (X_val, y_val), scored every ``eval_every`` steps into ``history_``
-        ("validation_nll", "validation_error"), and with ``n_iter_no_change`` for early stopping. ``resume``:
-        continue from ``checkpoint_path`` (written by an earlier ``fit`` of the same data and settings).
-        """
+        ``sample_weight``: a non-negative weight a row (docs/weights.md). ``validation_data``: (X_val, y_val), scored
+        every ``eval_every`` steps into ``history_`` ("validation_nll", "validation_error"), and with
+        ``n_iter_no_change`` for early stopping. ``resume``: continue from ``checkpoint_path`` (same data, settings)."""
         started = time.perf_counter()  # max_time covers the whole fit, from here
         groups, target_xp = self._check_params()  # before anything reads them (the BLAS scope reads the sizes)
         I.check_known_shapes(X, y)  # (the BLAS scope counts the rows)
         with placement.blas_scope(self, X), B.jitter_report("GPClassifier.fit"):
-            return self._fit(X, y, groups, target_xp, validation_data, resume, started)
+            return self._fit(X, y, groups, target_xp, validation_data, resume, started, sample_weight)
 
-    def _fit(self, X, y, groups, target_xp, validation_data, resume, started):
+    def _fit(self, X, y, groups, target_xp, validation_data, resume, started, sample_weight=None):
         """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop."""
-        I.check_fit_paths(self, X, y, resume)
+        I.check_fit_paths(self, X, y, resume, weighted=sample_weight is not None)
         self.__dict__.pop("_trainer", None)
         with placement.Placement(self, X) as place:
             inputs = place.training_inputs(X, y, target_xp)
@@ -222,6 +222,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if size.at_rows:  # the exact model's inducing points are its rows: they stay there
                 groups = tuple(group for group in groups if group != "inducing")
             place.start(inputs)  # (n_jobs_: the processes rows in this process train in)
+            weights = I.training_weights(self, sample_weight, inputs, on_cluster=place.on_cluster, n_jobs=place.n_jobs)
             rng = B.host_rng(self.random_state)
             init_started = time.perf_counter()
             kernel, Z = self._initial_model(inputs.sample, size.n_inducing, rng, len(classes),
@@ -229,12 +230,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self.init_time_ = time.perf_counter() - init_started
             validation = None if validation_data is None else I.validation_set(
                 self, validation_data, classes, inputs.xp, inputs.device, client=inputs.client)
-            data_hash = None if self.checkpoint_path is None else I.training_fingerprint(inputs)
+            data_hash = None if self.checkpoint_path is None else I.training_fingerprint(inputs, weights)
             I.note_tf32(self, inputs.xp)
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(self, n) if size.at_rows else None)
             plateau = size_rule.exact_plateau(n) if size.at_rows else None  # (the sparse models run max_iter steps)
             result = self._train(placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash,
-                                 plateau)
+                                 plateau, weights)
         return self._fitted_from(result, classes, started, n, resumed=bool(resume))
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
@@ -259,7 +260,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     _default_kernel = staticmethod(I.default_kernel)  # the kernel ``kernel=None`` starts from
 
-    def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau=None):
+    def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau, weights):
         """The one training loop (``training.train``) on the ``placement.PlacedRows`` with this estimator's
         settings for its method: its engine (its passes where ``placed`` runs them, or ``placed.rounds``'s round
         engine) and the loop's settings and hooks, built here and only here."""
@@ -288,7 +289,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         else:
             built = spec.make_engine(kernel, Z, n_total=n, minibatch=settings.minibatch(n), options=options,
                                      passes=placed.passes)
-        return training.train(placed.X, placed.y, built, settings, training.standard_hooks(settings, validation))
+        return training.train(placed.X, placed.y, built, settings, training.standard_hooks(settings, validation),
+                              sample_weight=weights)
 
     def _jitter_for(self, Z):
         """``jitter``, raised to ``backend.jitter_floor`` for the model's type and number of inducing points
@@ -318,16 +320,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self._fitted_structure = S.structure(self)  # what partial_fit may continue (``streaming.check_continuable``)
 
     @available_if(lambda self: M.supports(self.method, "partial_fit"))
-    def partial_fit(self, X, y, classes=None, n_total=None):
+    def partial_fit(self, X, y, classes=None, n_total=None, sample_weight=None):
         """Update the model with one more minibatch (a stream): one damped site update and one stochastic gradient
-        step on these rows (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6); only for the tied-factor methods
-        ("sep", "adf"). The first call sets the classes (``classes`` or this batch's), the kernel and the inducing
-        points; a fitted or loaded model continues from its fitted state. Refused with one ValueError, the model left
-        as it was: another method's model, other ``classes``, or ``method``, ``dtype``, ``n_inducing``, ``kernel``,
-        ``likelihood`` or ``kernel_prior`` changed since the fit. ``n_total``: the rows the model stands for (SEP's
-        cavity q / f^(1/n)), at least this batch's (default: the rows seen so far; a loaded ``fit`` model needs it).
-        """
+        step on these rows (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6); "sep" and "adf" only. The first
+        call sets the classes, kernel and inducing points; a fitted or loaded model continues (what may not change
+        since, and ``n_total``, the rows the model stands for: docs/usage.md). No ``sample_weight`` yet."""
         groups, target_xp = self._check_params()
+        I.refuse_stream_weights(self, sample_weight)
         if (self.checkpoint_path is not None or self.checkpoint_every is not None) and not hasattr(self, "_trainer"):
             warnings.warn("partial_fit writes no checkpoints (checkpoint_path / checkpoint_every apply to fit); save "
                           "a stream model with save() or pickle it between calls", UserWarning, stacklevel=2)
@@ -419,11 +418,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         numeric = in_xp is not None and labels.dtype.kind in "biuf"
         return B.asarray_like(labels, in_xp, device=device) if numeric else labels
 
-    def score(self, X, y):
-        """Mean accuracy on (X, y)."""
+    def score(self, X, y, sample_weight=None):
+        """Mean accuracy on (X, y), weighted by ``sample_weight`` when given."""
         predicted = B.to_numpy(self.predict(X))
         y = B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y)
-        return float(np.mean(predicted == y))
+        return float(np.average(predicted == y, weights=I.score_weights(sample_weight, len(y))))
 
     # -- persistence: all that a model file (agpc.model_file) uses of the estimator ----------------
 

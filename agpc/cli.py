@@ -51,7 +51,7 @@ from .classifier import GPClassifier
 from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
 from .likelihoods import negative_log_likelihood
 from .methods import method_names
-from .tables import exception_line, load_data, one_line, preview
+from .tables import exception_line, load_data, load_weighted_data, one_line, preview
 
 __all__ = ["main", "UsageError"]
 
@@ -116,9 +116,18 @@ def _print_scores(what, scores, rows):
 
 def _split(X, y, fraction, seed):
     """(X_train, y_train, X_val, y_val): a seeded random validation part (held in memory), or none."""
-    if not fraction:
+    val = _validation_rows(y, fraction, seed)
+    if val is None:
         return X, y, None, None
-    n = X.shape[0]
+    X = np.asarray(X[...])
+    return X[~val], y[~val], X[val], y[val]
+
+
+def _validation_rows(y, fraction, seed):
+    """The rows ``_split`` holds out for validation (a mask), or None."""
+    if not fraction:
+        return None
+    n = y.shape[0]
     n_val = int(round(fraction * n))
     if not 1 <= n_val < n:
         raise UsageError(f"--validation-fraction {fraction} leaves {n_val} of {n} rows for validation")
@@ -132,8 +141,7 @@ def _split(X, y, fraction, seed):
     if not val.any():
         raise UsageError(f"--validation-fraction {fraction} leaves no rows for validation once every class keeps a "
                          "row for training; give a larger fraction")
-    X = np.asarray(X[...])
-    return X[~val], y[~val], X[val], y[val]
+    return val
 
 
 def _fit_on_cluster(model, X, y, address):
@@ -166,18 +174,26 @@ def _record_feature_names(model, names):
 
 def fit(args):
     _check_writable(args.out, [args.data])
-    X, y, names = load_data(args.data, args.target, labels_required=True)
+    if args.weight_column is not None:
+        (X, y, names), weights = load_weighted_data(args.data, args.target, args.weight_column)
+    else:
+        (X, y, names), weights = load_data(args.data, args.target, labels_required=True), None
+    if args.scheduler and (weights is not None or args.class_weight):
+        raise UsageError("--weight-column and --class-weight train in this process: a fit on a dask cluster "
+                         "(--scheduler) does not take row weights yet")
     classes = np.unique(y)
     if classes.shape[0] < 2:
         raise UsageError(f"{args.data}: every label is {classes[0].item()!r}: a classifier needs two classes or more")
     X_train, y_train, X_val, y_val = _split(X, y, args.validation_fraction, args.random_state)
+    if weights is not None and X_val is not None:
+        weights = weights[~_validation_rows(y, args.validation_fraction, args.random_state)]
     if args.site_directory is not None and not args.scheduler:
         raise UsageError("--site-directory keeps batch EP's sites in files on a dask cluster: it needs --scheduler")
     model = GPClassifier(
         method=args.method, n_inducing=args.inducing, batch_size=args.batch_size, backend=args.backend,
         max_iter=args.max_iter, max_time=args.max_time, random_state=args.random_state, verbose=not args.quiet,
         site_directory=args.site_directory, dtype=args.dtype,
-        kernel_prior=None if args.kernel_prior == "none" else args.kernel_prior,
+        kernel_prior=None if args.kernel_prior == "none" else args.kernel_prior, class_weight=args.class_weight,
     )
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
     print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, classes "
@@ -187,7 +203,7 @@ def fit(args):
     if args.scheduler:
         _fit_on_cluster(model, X_train, y_train, args.scheduler)
     else:
-        model.fit(X_train, y_train)
+        model.fit(X_train, y_train, sample_weight=weights)
     seconds = time.perf_counter() - t0
     scores = [("train", _scores(model.predict_proba(X_train), y_train, model.classes_), len(y_train))]
     if X_val is not None:
@@ -509,6 +525,10 @@ def _fit_parser(sub):
                    "listed in docs/methods.md")
     p.add_argument("--site-directory", metavar="DIR", help="with --scheduler, batch ep: keep the sites (16 bytes a "
                    "row) in files under DIR, which every worker must reach, instead of in the workers' memory")
+    p.add_argument("--class-weight", choices=["balanced"], help="weigh each class by n / (classes x its rows), "
+                   "scikit-learn's class_weight='balanced' (imbalanced classes; docs/weights.md)")
+    p.add_argument("--weight-column", metavar="NAME", help="a column (CSV, Parquet) holding each row's weight, "
+                   "fit's sample_weight (not a feature; docs/weights.md)")
     p.add_argument("--max-iter", type=int, default=250, metavar="N",
                    help="iterations (epochs with minibatches; default 250)")
     p.add_argument("--max-time", type=float, metavar="S", help="stop cleanly after about S seconds of training")

@@ -11,6 +11,7 @@ Every check raises one ValueError naming the problem. The functions take the est
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 import os
@@ -18,6 +19,7 @@ import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
+from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import column_or_1d, validate_data
 
@@ -26,10 +28,13 @@ from . import validation as V
 from .kernels import RBF
 from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
 from .inference.training import data_fingerprint, fingerprint_stride
-from .methods import get_method, methods_supporting
+from .methods import get_method, methods_supporting, supports
 from .model_file import MAX_LABEL_BYTES
 
 __all__ = [
+    "training_weights",
+    "refuse_stream_weights",
+    "score_weights",
     "CHUNK",
     "INIT_SAMPLE",
     "DTYPES",
@@ -261,10 +266,13 @@ def data_files(*arrays):
     return files
 
 
-def check_fit_paths(estimator, X, y, resume, stacklevel=4):
+def check_fit_paths(estimator, X, y, resume, stacklevel=4, weighted=False):
     """The paths a fit reads and writes, checked before any work (a bad path must not cost the fit): the
     checkpoint to resume from, the checkpoint path (writable, not one of the training data's files) and the site
-    directory. A ``checkpoint_path`` that nothing will write or read is warned about (at ``stacklevel``)."""
+    directory. A ``checkpoint_path`` that nothing will write or read is warned about (at ``stacklevel``).
+    ``weighted``: the fit has sample weights, which a dask array refuses here, before a cluster is sought."""
+    if (weighted or estimator.class_weight is not None) and B.is_dask_array(X):
+        raise ValueError(_refused_path("fit on a dask array"))
     if resume and estimator.checkpoint_path is None:
         raise ValueError(NEEDS_CHECKPOINT_PATH)
     if resume:
@@ -436,11 +444,15 @@ def fingerprint_rows(X, y):
     return X[0:n:stride, :], y[0:n:stride]
 
 
-def training_fingerprint(inputs):
+def training_fingerprint(inputs, weights=None):
     """The fingerprint of a fit's training data (``training.data_fingerprint``) for its checkpoints: resumed on
-    those data only. Of the rows in the caller's order, encoded labels in the model's type, wherever the rows are."""
+    those data only. Of the rows in the caller's order, encoded labels in the model's type, wherever the rows are;
+    with sample weights (``training_weights``), of every row's weight too."""
     rows, labels = inputs.fingerprint_rows or fingerprint_rows(inputs.X, inputs.y)
-    return data_fingerprint(inputs.X.shape[0], inputs.X.shape[1], rows, labels, inputs.classes)
+    fingerprint = data_fingerprint(inputs.X.shape[0], inputs.X.shape[1], rows, labels, inputs.classes)
+    if weights is None:
+        return fingerprint
+    return fingerprint[:16] + hashlib.sha256(B.to_numpy(weights).tobytes()).hexdigest()[:16]
 
 
 def validation_set(estimator, validation_data, classes, xp, device, client=None):
@@ -481,3 +493,51 @@ def check_n_total(n_total, rows):
     if isinstance(n_total, bool) or not isinstance(n_total, numbers.Integral) or n_total < rows:
         raise ValueError(f"n_total must be a positive integer at least the {rows} rows of this batch (the number "
                          f"of rows the model stands for), got {n_total!r}")
+
+
+def training_weights(estimator, sample_weight, inputs, *, on_cluster, n_jobs):
+    """The rows' weights for the training loop: ``sample_weight`` (checked, ``validation.check_sample_weight``)
+    times ``class_weight``'s weight of each row's class (scikit-learn's meanings: "balanced" is n / (n_classes *
+    count of the class), a dict maps classes to weights, the others 1), as an array of the compute namespace and
+    dtype; None when neither is given (the unweighted fit, unchanged). The paths whose training does not weight
+    the rows yet refuse them here, with one ValueError naming the path (docs/weights.md)."""
+    class_weight = estimator.class_weight
+    if sample_weight is None and class_weight is None:
+        return None
+    path = ("fit on a dask array" if on_cluster else f"n_jobs={estimator.n_jobs} (data-parallel rounds)"
+            if n_jobs > 1 else None)
+    if path is not None:
+        raise ValueError(_refused_path(path))
+    n = inputs.X.shape[0]
+    weights = np.ones(n) if sample_weight is None else V.check_sample_weight(sample_weight, n)
+    encoded = B.to_numpy(inputs.y[0:n])  # (labels on disk: read once, as the n weights are held in memory)
+    class_index = (encoded > 0).astype(np.intp) if len(inputs.classes) == 2 else encoded.astype(np.intp)
+    if class_weight is not None:
+        try:
+            per_class = compute_class_weight(class_weight, classes=inputs.classes, y=inputs.classes[class_index])
+        except ValueError as error:
+            raise ValueError(f"class_weight={class_weight!r}: {error}") from None
+        weights = weights * per_class[class_index]
+    V.check_positive_per_class(weights, class_index, inputs.classes)
+    if not supports(estimator.method, "sample_weight"):
+        raise ValueError(f"sample_weight / class_weight: method={estimator.method!r} does not take row weights yet "
+                         f"(docs/weights.md; the methods that do: {list(methods_supporting('sample_weight'))})")
+    dtype = getattr(inputs.xp, dtype_name(estimator.dtype))
+    return B.asarray_like(weights, inputs.xp, device=inputs.device, dtype=dtype)
+
+
+def refuse_stream_weights(estimator, sample_weight):
+    """``partial_fit`` does not weight its rows yet: weights given to it are refused, not ignored."""
+    if sample_weight is not None or estimator.class_weight is not None:
+        raise ValueError("partial_fit does not take sample_weight or class_weight yet (its tied-factor steps do not "
+                         "weight the rows); use fit (docs/weights.md)")
+
+
+def score_weights(sample_weight, n_rows):
+    """``score``'s weights: None (every row counts once) or checked as ``fit``'s are."""
+    return None if sample_weight is None else V.check_sample_weight(sample_weight, n_rows)
+
+
+def _refused_path(path):
+    return (f"sample_weight / class_weight: {path} does not take row weights yet (docs/weights.md lists the methods "
+            "and paths that do)")

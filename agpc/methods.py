@@ -61,6 +61,7 @@ CAPABILITIES = MappingProxyType({
     "n_jobs": "`n_jobs > 1`",  # data-parallel rounds in local worker processes (minibatches of in-memory data)
     "validation_data": "validation, early stopping",
     "checkpoints": "checkpoints",
+    "sample_weight": "`sample_weight`, `class_weight`",  # in this process: not dask, n_jobs (docs/weights.md)
 })
 """The capabilities a method may have, and the support table's heading of each."""
 
@@ -317,16 +318,19 @@ _VI_PER_ROW_XI = ("fit on a dask array does not train method {name!r}: it optimi
                   "update, kept on the workers) or an in-memory array")
 _BUILT_IN_METHODS = (
     Method("ep", family="ep", engine="ep", likelihood_reason=_EP_PROBIT,
-           capabilities={"multiclass", "minibatch", "dask_batch", "n_jobs", *_ON_DASK, *_EVERYWHERE},
-           remarks={"dask": "> 2 classes: batch, or `local_steps=0`", "n_jobs": "binary"}, exact_passes=exact_ep),
+           capabilities={"multiclass", "minibatch", "dask_batch", "n_jobs", "sample_weight", *_ON_DASK, *_EVERYWHERE},
+           remarks={"dask": "> 2 classes: batch, or `local_steps=0`", "n_jobs": "binary",
+                    "sample_weight": "two classes: power EP"}, exact_passes=exact_ep),
     *(Method(name, family="ep", engine=name, likelihood_reason=_EP_PROBIT,
-             capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", "n_jobs", *_ON_DASK,
-                           *_EVERYWHERE})
+             capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", "n_jobs", "sample_weight",
+                           *_ON_DASK, *_EVERYWHERE},
+             remarks={"sample_weight": "two classes: rows counted by weight"})
       for name in ("sep", "adf")),
     Method("svi", family="variational", engine="svi", likelihoods=("probit", "logistic"),
            multiclass_likelihood="robust-max",
-           capabilities={"multiclass", "minibatch", "n_jobs", *_ON_DASK, *_EVERYWHERE},
-           remarks={"out_of_core": "a minibatch read at a time", "dask": "minibatches"}),
+           capabilities={"multiclass", "minibatch", "n_jobs", "sample_weight", *_ON_DASK, *_EVERYWHERE},
+           remarks={"out_of_core": "a minibatch read at a time", "dask": "minibatches",
+                    "sample_weight": "the weighted ELBO"}),
     *(Method(name, family="quadratic", engine=name, likelihoods=("logistic",),
              likelihood_reason="is built on the logistic likelihood",
              capabilities={"dask", "dask_batch", *_EVERYWHERE},

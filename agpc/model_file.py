@@ -96,8 +96,8 @@ def _json_params(params):
             out[key] = list(value)
         elif isinstance(value, (np.integer, np.floating)):
             out[key] = value.item()
-        # arrays (inducing=array), generators (random_state) and namespaces are not model parameters
-        # needed to predict; they are dropped and the loaded estimator gets the defaults
+        # arrays (inducing=array), dicts (class_weight=dict), generators (random_state) and namespaces are not
+        # model parameters needed to predict; they are dropped and the loaded estimator gets the defaults
     return out
 
 

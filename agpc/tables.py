@@ -21,7 +21,7 @@ import numpy as np
 
 from .untrusted import RefusedFile, open_zarr, read_npy, read_npz, read_parquet_columns
 
-__all__ = ["Data", "TableError", "load_data", "FORMATS", "preview", "exception_line", "one_line"]
+__all__ = ["Data", "TableError", "load_data", "load_weighted_data", "FORMATS", "preview", "exception_line", "one_line"]
 
 _PARQUET_HINT = "reading Parquet needs pyarrow >= 14.0.1: pip install pyarrow (or pip install 'agpc[parquet]')"
 FORMATS = {".csv": "CSV", ".tsv": "CSV", ".parquet": "Parquet", ".pq": "Parquet", ".npy": "npy",
@@ -96,6 +96,27 @@ def load_data(path, target=None, *, labels_required=False, features=None):
     return Data(X, y, names)
 
 
+def load_weighted_data(path, target, weight_column):
+    """(Data, weights) from a table with named columns (CSV, Parquet): ``load_data``'s features and labels, the
+    column ``weight_column`` (a name, or an integer index) read as each row's weight, a number (``fit``'s
+    ``sample_weight``, checked there), and not a feature."""
+    path = Path(path)
+    kind = _format_of(path)
+    if kind not in ("CSV", "Parquet"):
+        raise TableError(f"{path}: a weight column needs a table with named columns (CSV or Parquet), not {kind}")
+    if target is None:
+        raise TableError(f"{path}: give --target, the label column (a name or a column index)")
+    weights = [weight_column]
+    try:
+        data = (_read_csv if kind == "CSV" else _read_parquet)(path, target, True, weight_column=weights)
+    except (TableError, ImportError, RefusedFile):
+        raise
+    except (ValueError, OSError, EOFError, KeyError, TypeError, csv.Error) as exc:
+        raise TableError(f"cannot read {path} as {kind}: {exception_line(exc)}") from None
+    _check_features(data.X, path)
+    return data, weights[1]
+
+
 def _check_features(X, path):
     """2-D and numeric; in memory, also finite (data on disk are checked a chunk at a time by fit / predict)."""
     if len(X.shape) != 2 or X.shape[1] < 1 or X.shape[0] < 1:
@@ -145,7 +166,7 @@ def _labels(values):
     return np.asarray(text, dtype=str)
 
 
-def _numeric(values, name, path, row_of=None):
+def _numeric(values, name, path, row_of=None, what="feature"):
     values = np.asarray(values)
     try:
         return values.astype(np.float64)
@@ -153,8 +174,8 @@ def _numeric(values, name, path, row_of=None):
         row, bad = next((i, v) for i, v in enumerate(values.tolist()) if not _is_number(v))
         where = f"{row_of(row)}, " if row_of else ""
         hint = ("fill in or drop rows with missing values first" if _looks_missing(bad)
-                else "features must be numbers")
-        raise TableError(f"{path}: {where}feature column {name!r} is not numeric (value {bad!r}); {hint}") from None
+                else f"{what}s must be numbers")
+        raise TableError(f"{path}: {where}{what} column {name!r} is not numeric (value {bad!r}); {hint}") from None
 
 
 # Text that marks a missing value in tables written by other programs (among the strings pandas.read_csv reads
@@ -231,11 +252,11 @@ def _label_column(values, name, path, row_of):
     return labels
 
 
-def _feature_columns(names, target_index, features, path):
-    """The positions of the feature columns: every column but the target, or, given ``features`` (the
-    model's feature names), those columns by name in that order."""
+def _feature_columns(names, target_index, features, path, weight_index=None):
+    """The positions of the feature columns: every column but the target (and the weights), or, given ``features``
+    (the model's feature names), those columns by name in that order."""
     if features is None:
-        chosen = [i for i in range(len(names)) if i != target_index]
+        chosen = [i for i in range(len(names)) if i not in (target_index, weight_index)]
         if not chosen:
             raise TableError(f"{path}: no feature columns besides the target")
         unnamed = [i + 1 for i in chosen if not names[i]]
@@ -258,12 +279,19 @@ def _feature_columns(names, target_index, features, path):
     return chosen
 
 
-def _from_columns(names, columns, target, path, features=None, row_of=None):
+def _from_columns(names, columns, target, path, features=None, row_of=None, weight_column=None):
     """Features and labels from named columns (CSV, Parquet); ``features`` selects and orders the feature
-    columns by name (see load_data). ``row_of(i)`` says where data row i is in the file, for error messages."""
+    columns by name (see load_data). ``row_of(i)`` says where data row i is in the file, for error messages.
+    ``weight_column``: [name] (``load_weighted_data``), to which the weights read from that column are appended."""
     row_of = row_of or (lambda i: f"data row {i + 1}")
     index = None if target is None else _column_index(names, target, path)
-    chosen = _feature_columns(names, index, features, path)
+    weight_index = None if weight_column is None else _column_index(names, weight_column[0], path)
+    if weight_index is not None and weight_index == index:
+        raise TableError(f"{path}: the weight column {names[index]!r} is the --target column")
+    if weight_index is not None:
+        _check_filled(columns[weight_index], names[weight_index], path, row_of, "weight")
+        weight_column.append(_numeric(columns[weight_index], names[weight_index], path, row_of, "weight"))
+    chosen = _feature_columns(names, index, features, path, weight_index)
     for i in chosen:
         _check_filled(columns[i], names[i], path, row_of, "feature")
     X = np.column_stack([_numeric(columns[i], names[i], path, row_of) for i in chosen])
@@ -282,7 +310,7 @@ def _from_matrix(data, target, path):
     return Data(X, y, None)
 
 
-def _read_csv(path, target, labels_required, features=None):
+def _read_csv(path, target, labels_required, features=None, weight_column=None):
     # utf-8-sig: spreadsheet programs start a UTF-8 CSV with a byte order mark, which is not part of the
     # first column's name
     with open(path, newline="", encoding="utf-8-sig") as fh:
@@ -307,7 +335,8 @@ def _read_csv(path, target, labels_required, features=None):
             raise TableError(f"{path}: line {line}, column {names[nul]!r}: the cell {row[nul]!r} holds a NUL byte "
                              "(a binary file, or one damaged in transfer?)")
     columns = [np.asarray(col) for col in zip(*(row for _, row in body))]
-    return _from_columns(names, columns, target, path, features, row_of=lambda i: f"line {body[i][0]}")
+    return _from_columns(names, columns, target, path, features, row_of=lambda i: f"line {body[i][0]}",
+                         weight_column=weight_column)
 
 
 def _parquet_columns(path, select=None):
@@ -318,7 +347,7 @@ def _parquet_columns(path, select=None):
     return read_parquet_columns(path, select)
 
 
-def _read_parquet(path, target, labels_required, features=None):
+def _read_parquet(path, target, labels_required, features=None, weight_column=None):
     target_name = target
 
     def used(names):
@@ -334,7 +363,7 @@ def _read_parquet(path, target, labels_required, features=None):
         return [names[i] for i in chosen] + ([] if index is None else [target_name])
 
     names, columns = _parquet_columns(path, used)
-    return _from_columns(names, columns, target_name, path, features)
+    return _from_columns(names, columns, target_name, path, features, weight_column=weight_column)
 
 
 def _read_npy(path, target, labels_required):

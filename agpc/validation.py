@@ -38,6 +38,8 @@ __all__ = [
     "encode_labels",
     "column_scales",
     "check_precision_keeps_spread",
+    "check_sample_weight",
+    "check_positive_per_class",
 ]
 
 
@@ -400,3 +402,35 @@ def check_precision_keeps_spread(X, dtype_name, what="X"):
             f"{eps:.2g} of a value's magnitude, so these columns' values would differ only by round-off; centre or "
             f"standardise the features (e.g. sklearn's StandardScaler) or use dtype='float64'"
         )
+
+
+def check_sample_weight(sample_weight, n_rows):
+    """``sample_weight`` as (n_rows,) float64 on the host: one finite, non-negative weight a row (a scalar gives
+    every row that weight, scikit-learn's meaning); anything else is one ValueError naming the problem."""
+    if np.isscalar(sample_weight) and not isinstance(sample_weight, (str, bytes)):
+        sample_weight = np.full(n_rows, sample_weight)
+    try:
+        weights = np.asarray(to_numpy(sample_weight) if hasattr(sample_weight, "__array_namespace__")
+                             else sample_weight, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"sample_weight must be numbers, one a row: {error}") from None
+    if weights.shape != (n_rows,):
+        raise ValueError(f"sample_weight must have one weight a row, shape ({n_rows},); got shape {weights.shape}")
+    bad = np.flatnonzero(~np.isfinite(weights))
+    if bad.size:
+        raise ValueError(f"sample_weight must be finite: {weights[bad[0]]} at row {bad[0]} ({bad.size} rows)")
+    bad = np.flatnonzero(weights < 0)
+    if bad.size:
+        raise ValueError(f"sample_weight must be non-negative: {weights[bad[0]]} at row {bad[0]} ({bad.size} rows)")
+    if n_rows and not np.any(weights > 0):
+        raise ValueError("sample_weight: every weight is zero (at least one row of each class needs a positive weight)")
+    return weights
+
+
+def check_positive_per_class(weights, class_index, classes):
+    """Every class needs at least one row of positive weight (else it is not in the weighted data at all)."""
+    positive = np.bincount(class_index, weights=(weights > 0).astype(np.float64), minlength=len(classes))
+    missing = [classes[c] for c in np.flatnonzero(positive == 0)]
+    if missing:
+        raise ValueError(f"every class needs a row of positive weight (sample_weight times class_weight); class "
+                         f"{missing[0]!r} has none")

@@ -113,9 +113,9 @@ def test_a_gpu_fit_with_auto_batches_takes_the_chosen_minibatch_in_one_block(mon
     seen = []
     original = training.train
 
-    def recording(X, y, engine, settings, hooks):
+    def recording(X, y, engine, settings, hooks, **options):
         seen.append((settings.batch_size, engine.block_rows))
-        return original(X, y, engine, settings, hooks)
+        return original(X, y, engine, settings, hooks, **options)
 
     monkeypatch.setattr(training, "train", recording)
     model = GPClassifier(method="sep", n_inducing=5, max_iter=1, random_state=0).fit(mock.put(X), mock.put(y))

@@ -49,6 +49,7 @@ def _runs(tmp_dir):
         "float32": ["float32.py"],
         "memory": ["memory.py", "--dir", str(tmp_dir)],
         "variational": ["variational.py"],
+        "class_weights": ["class_weights.py"],
     }
 
 

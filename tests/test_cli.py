@@ -815,3 +815,60 @@ def test_bench_without_a_source_checkout_is_one_line_exit_2(tmp_path, monkeypatc
 
 def test_bench_finds_the_checkouts_benchmarks():
     assert cli._benchmarks_dir() == ROOT / "benchmarks"
+
+
+def _saved_fit(tmp_path, monkeypatch, data, options):
+    """The model 'agpc fit DATA OPTIONS' saves (caught on its way to the file)."""
+    import agpc.persistence
+
+    saved = []
+    monkeypatch.setattr(agpc.persistence, "save_model", lambda model, path: saved.append(model))
+    assert main(["fit", str(data), *options, *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")]) == 0
+    return saved[0]
+
+
+def test_fit_takes_a_weight_column_and_the_balanced_class_weight(tmp_path, banana, monkeypatch):
+    """--weight-column NAME is each row's sample_weight, not a feature; --class-weight balanced is class_weight:
+    the saved models are the estimator's with those weights (a validation split keeps the training rows' weights)."""
+    X, y = banana
+    w = np.linspace(0.2, 2.0, len(y))
+    data = write_table(tmp_path / "d.csv", {"x1": X[:, 0].tolist(), "w": w.tolist(), "x2": X[:, 1].tolist(),
+                                            "label": y.tolist()})
+    weighted = _saved_fit(tmp_path, monkeypatch, data, ["--target", "label", "--weight-column", "w"])
+    assert list(weighted.feature_names_in_) == ["x1", "x2"]
+    expected = GPClassifier(**SETTINGS).fit(X, y, sample_weight=w)
+    with pytest.warns(UserWarning, match="valid feature names"):
+        np.testing.assert_array_equal(weighted.predict_proba(X), expected.predict_proba(X))
+    balanced = _saved_fit(tmp_path, monkeypatch, data, ["--target", "label", "--weight-column", "w",
+                                                        "--class-weight", "balanced"])
+    assert balanced.class_weight == "balanced"
+    expected = GPClassifier(class_weight="balanced", **SETTINGS).fit(X, y, sample_weight=w)
+    with pytest.warns(UserWarning, match="valid feature names"):
+        np.testing.assert_array_equal(balanced.predict_proba(X), expected.predict_proba(X))
+    split = _saved_fit(tmp_path, monkeypatch, data, ["--target", "label", "--weight-column", "w",
+                                                     "--validation-fraction", "0.2"])
+    val = cli._validation_rows(y, 0.2, 0)
+    expected = GPClassifier(**SETTINGS).fit(X[~val], y[~val], sample_weight=w[~val])
+    with pytest.warns(UserWarning, match="valid feature names"):
+        np.testing.assert_array_equal(split.predict_proba(X), expected.predict_proba(X))
+
+
+_X1, _LABELS = [0.1 * i for i in range(12)], [0, 1] * 6  # (12 rows: more than FIT_OPTIONS' inducing points)
+
+
+@pytest.mark.parametrize("columns, options, message", [
+    ({"x1": _X1, "w": [1] * 11 + [-1], "label": _LABELS}, ["--weight-column", "w"], "non-negative"),
+    ({"x1": _X1, "w": [1] * 11 + ["heavy"], "label": _LABELS}, ["--weight-column", "w"], "'w'"),
+    ({"x1": _X1, "label": _LABELS}, ["--weight-column", "w"], "no column 'w'"),
+    ({"x1": _X1, "label": _LABELS}, ["--weight-column", "label"], "is the --target column"),
+])
+def test_a_bad_weight_column_is_one_error(tmp_path, capsys, columns, options, message):
+    data = write_table(tmp_path / "d.csv", columns)
+    assert main(["fit", str(data), "--target", "label", *options, *FIT_OPTIONS, "--out", str(tmp_path / "m")]) != 0
+    assert message in capsys.readouterr().err
+
+
+def test_a_weight_column_needs_named_columns(tmp_path, banana, capsys):
+    data, target = write_npy(tmp_path / "d.npy", *banana)
+    assert main(["fit", str(data), *target, "--weight-column", "0", *FIT_OPTIONS, "--out", str(tmp_path / "m")]) != 0
+    assert "named columns" in capsys.readouterr().err

@@ -127,7 +127,7 @@ def _check_fingerprint(saved, trainer, path, fingerprint):
     ):
         raise ValueError(
             f"checkpoint {path} was written for different training data: the same number of rows and features, "
-            f"but other rows or labels (data fingerprint {written_for.get('data')}, this data {fingerprint['data']})"
+            f"but other rows, labels or sample weights (data fingerprint {written_for.get('data')}, this data {fingerprint['data']})"
         )
     if written_for != fingerprint:
         differs = sorted(set(written_for) | set(fingerprint)) if not isinstance(written_for, dict) else sorted(

@@ -299,6 +299,24 @@ class Engine(ModulesByName, abc.ABC):
     def has_params(self):
         return bool(self.names)
 
+    sample_weight = None  # the rows' sample weights in the loop's row order (``take_sample_weight``), or None
+
+    def sample_weight_refusal(self):
+        """Why this engine, as built, cannot train with sample weights (a sentence), or None when it can. By default
+        it cannot: an engine whose passes weight the rows says so."""
+        return (f"method {self.name!r} does not take sample_weight in this configuration (its passes do not weight "
+                "the rows yet; docs/weights.md lists which methods and paths do)")
+
+    def take_sample_weight(self, weights):
+        """Train with ``weights`` (one a row, in the loop's row order; None: unweighted, today's arithmetic), or
+        refuse them with one ValueError (``sample_weight_refusal``)."""
+        if weights is None:
+            return
+        refusal = self.sample_weight_refusal()
+        if refusal is not None:
+            raise ValueError(refusal)
+        self.sample_weight = weights
+
     def _refuse_weights(self, weights):
         """Per-row weights are taken where the passes apply them (SVI, and EP / SEP / ADF on minibatches);
         elsewhere (the batch passes) one clear error rather than weights silently ignored."""
@@ -431,16 +449,24 @@ class EPEngine(Engine):
         kernel, Z = state["kernel"], state["Z"]
         batch_ep = not self.minibatch and self.per_row_sites
         if batch_ep:
-            self._refuse_weights(weights)  # (a batch pass has no padding; its sweep does not take weights)
+            self._refuse_weights(weights)  # (a batch pass has no padding; sample weights are the engine's own)
             # the sweep damps the sites itself (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25), block by block
             result = self.passes.evaluate(kernel, Z, X, y, state["nu"], state["mu"], jitter=self.jitter,
                                           want_grad=stepping, block_rows=self.block_rows, damping=self.damping,
-                                          checked=False, **self._binary_batch_options(stepping))
+                                          checked=False, **self._binary_batch_options(stepping), **self._weighted())
         else:
             shard = {} if self.factor_rows is None else {"others": self.others, "factor_rows": self.factor_rows}
+            n_total = self.n_total
+            if self.sample_weight is not None:  # (``sample_weight_refusal``): the rows' weights, no padding here
+                self._refuse_weights(weights)
+                weights = self.sample_weight[lo:hi]
+                if self.per_row_sites:  # minibatch EP by power EP, its log Z and gradient scaled by n / b (the
+                    # pass scales by n_total / sum(w), the rows counted by weight: n_total sum(w) / b gives n / b)
+                    shard["sample_weights"] = True
+                    n_total = self.n_total * xp.sum(weights) / (hi - lo)
             result = self.passes.evaluate_factor(
                 kernel, Z, row_slice(X, lo, hi), row_slice(y, lo, hi), state["factor"], method=self.method,
-                n_total=self.n_total,
+                n_total=n_total,
                 site_precision=state["nu"][lo:hi] if self.per_row_sites else None,
                 site_shift=state["mu"][lo:hi] if self.per_row_sites else None,
                 jitter=self.jitter, want_grad=stepping, block_rows=self.block_rows, weights=weights, checked=False,
@@ -461,6 +487,28 @@ class EPEngine(Engine):
         like = Z
         summary = xp.stack([xp.asarray(v, dtype=like.dtype, device=array_device(like)) for v in parts])
         return summary, (result, new_factor)
+
+    def sample_weight_refusal(self):
+        """Two classes in this process: batch EP weights the rows by power EP (``ep.evaluate``, ``exact_ep``), SEP /
+        ADF count them by weight in the tied factor; minibatch EP, more than two classes, the passes on a cluster
+        and a data-parallel shard do not yet."""
+        binary = not isinstance(self.state["kernel"], ClassKernels)
+        here = self.passes in (ep, exact_ep) and self.factor_rows is None  # (not a cluster's, not a shard's)
+        if binary and here:
+            return None
+        return (f"method {self.name!r} takes sample_weight for two classes, in this process; its multiclass passes "
+                "and those of a cluster or of data-parallel rounds do not weight the rows yet (docs/weights.md)")
+
+    def take_sample_weight(self, weights):
+        """SEP / ADF: the tied factor stands for the rows counted by their weights (n_total = sum of the weights),
+        as it would for the rows repeated (docs/weights.md)."""
+        super().take_sample_weight(weights)
+        if weights is not None and not self.per_row_sites:
+            self.n_total = float(self.xp.sum(weights))
+
+    def _weighted(self):
+        """The pass's ``weights=`` when the fit has sample weights (none otherwise: today's call, unchanged)."""
+        return {} if self.sample_weight is None else {"weights": self.sample_weight}
 
     def _binary_batch_options(self, stepping):
         """What a binary batch pass takes besides the sites: whether they are known nonnegative, the sums of the
@@ -521,12 +569,20 @@ class EPEngine(Engine):
         the projection of its last visit; without an exact rebuild once an epoch the residue piles up."""
         s = self.state
         self.needs_rebuild = False
-        s["factor"] = self.passes.exact_factor(s["kernel"], s["Z"], X, s["nu"], s["mu"], jitter=self.jitter,
-                                               block_rows=self.block_rows, y=y)
+        s["factor"] = self.passes.exact_factor(s["kernel"], s["Z"], X, *self._sites_in_q(s["nu"], s["mu"]),
+                                               jitter=self.jitter, block_rows=self.block_rows, y=y)
+
+    def _sites_in_q(self, site_precision, site_shift, rows=None):
+        """The sites as q holds them: each w_i times with sample weights (power EP), else as they are."""
+        if self.sample_weight is None:
+            return site_precision, site_shift
+        w = self.sample_weight if rows is None else self.sample_weight[:rows]
+        return w * site_precision, w * site_shift
 
     def time_rebuild(self, X, y, rows):
         s = self.state
-        self.passes.exact_factor(s["kernel"], s["Z"], row_slice(X, 0, rows), s["nu"][:rows], s["mu"][:rows],
+        self.passes.exact_factor(s["kernel"], s["Z"], row_slice(X, 0, rows),
+                                 *self._sites_in_q(s["nu"][:rows], s["mu"][:rows], rows),
                                  jitter=self.jitter, block_rows=self.block_rows, y=row_slice(y, 0, rows))
 
     def state_in_row_order(self, permutation):
@@ -542,12 +598,13 @@ class EPEngine(Engine):
             # batch mode: the sums of the sites when the last pass left them at this kernel and Z (one visit)
             options = {} if self.minibatch else self._binary_batch_options(stepping=True)
             final = self.passes.evaluate(kernel, Z, X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
-                                         block_rows=self.block_rows, want_sites=False, **options)
+                                         block_rows=self.block_rows, want_sites=False, **options, **self._weighted())
             return final["posterior"], float(final["log_z"]) if want_log_z else None
         post = self.passes.posterior_from_factor(kernel, Z, s["factor"], jitter=self.jitter)
         if want_log_z and X is not None and not self.minibatch:
             final = self.passes.evaluate_factor(kernel, Z, X, y, s["factor"], method=self.method, n_total=self.n_total,
-                                                jitter=self.jitter, want_grad=False, block_rows=self.block_rows)
+                                                jitter=self.jitter, want_grad=False, block_rows=self.block_rows,
+                                                weights=self.sample_weight)
             return post, float(final["log_z"])
         return post, None
 
@@ -747,8 +804,26 @@ class SVIEngine(Engine):
         if (lo, hi) != (0, X.shape[0]):  # a minibatch: read (from disk, a cluster) and held whole
             X, y = read_rows(X, lo, hi, like), read_rows(y, lo, hi, like)
         # (all rows: the bound reads them a block at a time)
+        if self.sample_weight is not None:  # the weighted bound (``sample_weight_refusal``): no padding here
+            self._refuse_weights(weights)
+            return self._weighted_bound(X, y, lo, hi)
         elbo, grads = self._bound(X, y, want_grad=True, n_total=self.n_total, weights=weights)
         return elbo, grads
+
+    def sample_weight_refusal(self):
+        """SVI takes sample weights: the weighted ELBO sum_i w_i E_q[log p(y_i | f_i)] - KL (its data term a sum
+        over rows, each row's term times its weight; docs/weights.md)."""
+        return None
+
+    def _weighted_bound(self, X, y, lo, hi):
+        """The weighted ELBO on rows lo:hi (X, y already those rows): all rows, exactly; a minibatch of b rows,
+        its weighted data term scaled by n / b (an unbiased estimate of the full sum, as the unweighted steps')."""
+        w = self.sample_weight[lo:hi]
+        if not self.minibatch:
+            return self._bound(X, y, want_grad=True, weights=w)
+        # ``data_scale`` counts the rows by their weights (padding); n / b is wanted: n_total * sum(w) / b gives it
+        n_total = self.n_total * self.xp.sum(w) / (hi - lo)
+        return self._bound(X, y, want_grad=True, n_total=n_total, weights=w)
 
     def apply(self, grads, lo, hi, *, stepping, scalars=None):
         s = self.state
@@ -763,7 +838,7 @@ class SVIEngine(Engine):
         post = variational.posterior_of(s["kernel"], s["Z"], s["whitened_mean"], s["whitened_chol"], jitter=self.jitter)
         if not want_log_z or X is None:
             return post, None
-        value, _ = self._bound(X, y, want_grad=False)
+        value, _ = self._bound(X, y, want_grad=False, weights=self.sample_weight)
         return post, float(value)
 
     def validation_scores(self, post, X_val, y_val):

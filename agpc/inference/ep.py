@@ -312,6 +312,25 @@ def cavity(site_precision, site_shift, d, e, prior_var):
     return valid, one_minus, v, a
 
 
+def weighted_cavity(site_precision, site_shift, d, e, prior_var, weights):
+    """``cavity`` for rows of sample weights w_i >= 0 by power EP (Minka 2004): q holds w_i copies of row i's site
+    (nu_i, mu_i) and the cavity is q with one copy removed; where w_i < 1 that takes out more than the row's share
+    of q, and the cavity may be wider than the prior (only a non-positive variance is invalid there). A row of
+    weight 0 is not in the model: its cavity is invalid (no update, no term, and not counted as a failure:
+    ``counted_invalid``). Returns ``cavity``'s (valid, 1 - nu d, v, a)."""
+    xp = array_namespace(d)
+    bound = xp.where(weights >= 1.0, prior_var, xp.full_like(prior_var, xp.inf))
+    valid, one_minus, v, a = cavity(site_precision, site_shift, d, e, bound)
+    return valid & (weights > 0), one_minus, v, a
+
+
+def counted_invalid(valid, weights, like):
+    """The failed cavities a pass counts: every invalid one, or (``weights``) those of rows in the model."""
+    xp = array_namespace(like)
+    invalid = ~valid if weights is None else (~valid & (weights > 0))
+    return xp.sum(xp.astype(invalid, like.dtype))
+
+
 def removal_terms(site_precision, site_shift, d, e, one_minus):
     """g(cavity) - g(q) along upsilon_i for a site (nu, mu): a^2/(2v) + log(v)/2 - e^2/(2d) - log(d)/2,
     rewritten without 1/d (the per-site part of eq. 26 besides log Z_i)."""
@@ -365,7 +384,7 @@ def data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g, *, want_upsilon
 
 
 def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=None, want_grad=True, A=None, Knm=None,
-               want_sums=False):
+               want_sums=False, sample_weights=False):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows.
 
     Hernandez-Lobato & Hernandez-Lobato (2016): cavity (eqs. 14-15), tilted moments and new site (eqs. 17-23), log Z_q
@@ -375,13 +394,16 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
     ``post`` is already the cavity). ``weights`` (b,): each row's log Z_i, gradient and site change is
     multiplied by its weight (0 for the padding of a minibatch). ``want_sums``: the change of the rows'
     sites, weighted, as a u-space factor: sum_i w_i (new_i - old_i) upsilon_i upsilon_i^T (and the shifts).
+    ``sample_weights``: the ``weights`` are sample weights of rows with sites of their own (minibatch EP by power
+    EP: ``post`` holds w_i copies of each row's site), whose cavities ``weighted_cavity`` forms.
     """
     xp = array_namespace(Z)
     marg = marginals(kernel, X, Z, post, A=A, Knm=Knm)
     own_sites = site_precision is not None
     if own_sites:
         nu, mu = site_precision, site_shift
-        valid, one_minus, v, a = cavity(nu, mu, marg.d, marg.e, marg.prior_var)
+        valid, one_minus, v, a = (weighted_cavity(nu, mu, marg.d, marg.e, marg.prior_var, weights) if sample_weights
+                                  else cavity(nu, mu, marg.d, marg.e, marg.prior_var))
     else:  # the cavity is ``post``: nothing to remove (the same as ``cavity`` with zero sites, fewer operations)
         nu = mu = 0.0
         threshold, slack = cavity_tolerances(marg.d)
@@ -709,13 +731,14 @@ class BlockScratch(threading.local):
 
 
 def binary_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, want_sums=False,
-                 want_sites=True, damping=None, weights=None):
+                 want_sites=True, damping=None, weights=None, sample_weights=False):
     """Binary EP's sweep for a cavity held as a u-space factor (minibatch EP, SEP, ADF): ``block_pass`` over all
     rows (``sweep_rows``). ``site_precision`` None: the rows have no sites of their own (SEP / ADF).
-    ``weights``: per row, as ``block_pass`` takes them. Batch EP sweeps with ``batch_sweep``."""
+    ``weights``, ``sample_weights``: per row, as ``block_pass`` takes them. Batch EP sweeps with ``batch_sweep``."""
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         return block_pass(kernel, X_block, y_block, rows_precision, rows_shift, Z, cavity, want_grad=want_grad,
-                          want_sums=want_sums, weights=None if weights is None else weights[lo:hi])
+                          want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
+                          sample_weights=sample_weights)
 
     return sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z,
                       want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping)
@@ -757,7 +780,7 @@ def _explicit_block_gradient(kernel, X, Z, post, A, Q, Kmn, alpha, kappa, coef_g
 
 
 def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad, want_sums=False, A=None,
-                     Kmn=None, nonnegative=False, work=None, explicit=None):
+                     Kmn=None, nonnegative=False, work=None, explicit=None, weights=None):
     """Batch EP's visit of a block of rows whose sites are all in q (``post``, rebuilt from every site).
 
     What ``block_pass`` computes for rows with sites of their own, in one pass over the block and with
@@ -776,7 +799,10 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
 
     ``want_sums``: the whitened sums of the new (undamped) sites, A diag(nu_new) A^T and A mu_new, at this
     pass's hyper-parameters. ``work``: the thread's ``BlockScratch``; on NumPy the block's n x m arrays live there
-    (Q and R are updated in place) and only the kernel block and the gradient's product with it are new."""
+    (Q and R are updated in place) and only the kernel block and the gradient's product with it are new.
+
+    ``weights`` (b,): the rows' sample weights, by power EP (``weighted_cavity``; q's sums hold w_i times each
+    site): each row's log Z_q term and gradient count w_i times, and the sums of the new sites are weighted."""
     xp = array_namespace(Z)
     work = BlockScratch() if work is None else work
     explicit = _uses_inverse(post.L_K, n_columns=X.shape[0]) if explicit is None else explicit
@@ -788,26 +814,38 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     d = backend_row_dot(Q, Q, axis=-2)
     e = post.h @ Q
     nu, mu = site_precision, site_shift
-    valid, one_minus, v, a = cavity(nu, mu, d, e, prior_var)
+    if weights is None:
+        valid, one_minus, v, a = cavity(nu, mu, d, e, prior_var)
+    else:
+        valid, one_minus, v, a = weighted_cavity(nu, mu, d, e, prior_var, weights)
     total_var = 1.0 + (kernel.Kdiag(X) - prior_var) + v  # b_i of eq. 17: probit, FITC variance s_i, cavity
     log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, total_var)
     new_nu, new_mu = moment_matched_site(valid, nu, mu, a, v, alpha, gamma, nonnegative=True)
     terms = xp.where(valid, log_zi + removal_terms(nu, mu, d, e, one_minus), 0.0)
-    log_z_terms = xp.sum(terms)
-    n_invalid = xp.sum(xp.astype(~valid, d.dtype))
+    log_z_terms = xp.sum(terms if weights is None else weights * terms)
+    n_invalid = counted_invalid(valid, weights, d)
     dKmm_data, grads = None, {}
     if want_grad:
         alpha = xp.where(valid, alpha, 0.0)
+        if weights is not None:  # (kappa and the adjoint's coefficients follow alpha: each row's term w_i times)
+            alpha = weights * alpha
         kappa = alpha * a / total_var  # -2 d log Z_i / d b
         coef_g = adjoint_coefficient(alpha, kappa, nu, mu, e, one_minus)
         if not explicit:
             marg = Marginals(A, Kmn.mT, Q, d, e, prior_var, None)
             dKmm_data, grads, _ = data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g)
             return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads,
-                               whitened_site_sums(A, new_nu, new_mu, nonnegative=nonnegative) if want_sums else None)
+                               _new_site_sums(A, new_nu, new_mu, nonnegative, weights) if want_sums else None)
         dKmm_data, grads = _explicit_block_gradient(kernel, X, Z, post, A, Q, Kmn, alpha, kappa, coef_g, work)
-    sums = whitened_site_sums(A, new_nu, new_mu, nonnegative=nonnegative) if want_sums else None
+    sums = _new_site_sums(A, new_nu, new_mu, nonnegative, weights) if want_sums else None
     return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads, sums)
+
+
+def _new_site_sums(A, new_nu, new_mu, nonnegative, weights):
+    """The whitened sums of a block's new sites, each w_i times when the rows have sample weights."""
+    if weights is None:
+        return whitened_site_sums(A, new_nu, new_mu, nonnegative=nonnegative)
+    return whitened_site_sums(A, weights * new_nu, weights * new_mu, nonnegative=nonnegative)
 
 
 def data_kmm_adjoint(post, inner, A_alpha):
@@ -819,13 +857,14 @@ def data_kmm_adjoint(post, inner, A_alpha):
 
 
 def batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, *, want_grad, block_rows, projections=None,
-                want_sites=True, damping=None, want_sums=False, nonnegative=False, workers=None):
+                want_sites=True, damping=None, want_sums=False, nonnegative=False, workers=None, weights=None):
     """Batch EP's sweep: ``batch_block_pass`` over all rows (``sweep_rows``: damping, the per-row outputs and
     the reductions; the blocks on the threads of ``pass_layout``), then the gradient's m x m part
     (``data_kmm_adjoint``). ``projections``: the blocks' kept (A, K(Z, X)) from ``site_sums_over_rows`` (with
     the same ``block_rows``), or None to compute them. Returns ``sweep_rows``' dict, with ``dKmm_data`` the
     data part of the adjoint of Kmm and, with ``want_sums``, ``sums`` the whitened sums of the undamped new
-    sites. ``nonnegative``: as ``batch_block_pass`` takes it. ``workers``: as ``site_sums_over_rows`` takes it."""
+    sites. ``nonnegative``: as ``batch_block_pass`` takes it. ``workers``: as ``site_sums_over_rows`` takes it.
+    ``weights``: the rows' sample weights (n,), as ``batch_block_pass`` takes them, or None."""
     if workers is None:
         block_rows, workers = pass_layout(Z, X.shape[0], block_rows)
     work = BlockScratch()
@@ -839,7 +878,7 @@ def batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, *, want_grad,
         A, Kmn = projections[index] if projections else (None, None)
         return batch_block_pass(kernel, X_block, y_block, rows_precision, rows_shift, Z, post, want_grad=want_grad,
                                 want_sums=want_sums, A=A, Kmn=Kmn, nonnegative=nonnegative, work=work,
-                                explicit=explicit)
+                                explicit=explicit, weights=None if weights is None else weights[lo:hi])
 
     out = sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z,
                      want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping,
@@ -850,8 +889,9 @@ def batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, *, want_grad,
 
 
 def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, want_sites=True,
-             damping=None, checked=True, nonnegative_sites=False, site_sums=None, want_next_sums=False):
-    """Batch EP: one pass over the data at fixed (kernel, Z, sites), q rebuilt exactly from all sites.
+             damping=None, checked=True, nonnegative_sites=False, site_sums=None, want_next_sums=False, weights=None):
+    """Batch EP: one pass over the data at fixed (kernel, Z, sites), q rebuilt exactly from all sites (``weights``:
+    the rows' sample weights by power EP, q holding w_i copies of row i's site: ``batch_block_pass``).
 
     Returns a dict: ``log_z`` (0-d, log Z_q of eq. 26), ``site_precision``/``site_shift`` (the EP
     updates; damped by ``damping`` when given, with ``site_change`` the maxima of ``write_block_sites``),
@@ -880,14 +920,15 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     L_K = prior_cholesky(kernel, Z, jitter, checked=checked)
     kept = None
     if site_sums is None:
-        S, c_tilde, kept = site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, True,
+        in_q = (site_precision, site_shift) if weights is None else (weights * site_precision, weights * site_shift)
+        S, c_tilde, kept = site_sums_over_rows(kernel, Z, X, *in_q, L_K, block_rows, True,
                                                nonnegative=nonnegative_sites, workers=workers)
     else:
         S, c_tilde = site_sums
     post = posterior_from_sums(L_K, S, c_tilde, checked=checked)
     sweep = batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad,
                         block_rows=block_rows, projections=kept, want_sites=want_sites, damping=damping,
-                        want_sums=want_next_sums, nonnegative=nonnegative_sites, workers=workers)
+                        want_sums=want_next_sums, nonnegative=nonnegative_sites, workers=workers, weights=weights)
     out = finish_evaluate(kernel, Z, post, sweep, want_grad)
     if want_next_sums:
         out["site_sums"] = next_site_sums(sweep["sums"], (S, c_tilde), damping)
@@ -1015,7 +1056,7 @@ CAVITY_KINDS = ("ep", "sep", "adf")
 
 def evaluate_factor(
     kernel, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None, jitter,
-    want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None,
+    want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None, sample_weights=False,
 ):
     """One pass over rows X (all the data, or a minibatch) with q = prior x ``factor``.
 
@@ -1032,6 +1073,8 @@ def evaluate_factor(
     ``valid``, ``n_invalid`` (0-d) and ``posterior`` (q). ``checked``: as in ``evaluate``. Stages:
     ``factor_cavity`` (driver), ``binary_sweep`` (per row block; per chunk on workers), ``finish_factor`` (driver).
 
+    ``sample_weights``: ``weights`` are minibatch EP's sample weights (``block_pass``).
+
     ``others`` / ``factor_rows``: distributed SEP (Li, Hernandez-Lobato & Turner 2015, sec. 4), one tied
     factor per shard of the data, q = prior x (others + factor): ``factor`` is the shard's (it stands for
     ``factor_rows`` rows), ``others`` the product of the other shards' (see ``factor_cavity``).
@@ -1041,7 +1084,8 @@ def evaluate_factor(
     if method != "ep":  # the cavity already excludes the factor: the rows have no site of their own
         site_precision = site_shift = None
     sweep = binary_sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
-                         block_rows=block_rows, want_sums=True, want_sites=method == "ep", weights=weights)
+                         block_rows=block_rows, want_sums=True, want_sites=method == "ep", weights=weights,
+                         sample_weights=sample_weights)
     n_rows = X.shape[0] if weights is None else array_namespace(Z).sum(weights)
     return finish_factor(kernel, Z, prep, sweep, n_total / n_rows, want_grad)
 

@@ -181,7 +181,7 @@ def _damped(out, new_nu, new_mu, nu, mu, valid, damping):
 
 
 def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, want_sites=True,
-             damping=None, checked=True, nonnegative_sites=False, site_sums=None, want_next_sums=False):
+             damping=None, checked=True, nonnegative_sites=False, site_sums=None, want_next_sums=False, weights=None):
     """One parallel EP pass over all rows of the full GP at fixed (kernel, sites): ``ep.evaluate``'s contract with
     Z = X (``block_rows`` is not used: the model is n x n), and ``multiclass_ep.evaluate``'s for a ``ClassKernels``
     with Z (C, n, d), one GP a class (Villacampa-Calvo & Hernandez-Lobato (2017): the pairs' updates are
@@ -194,7 +194,13 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     ``checked=False``: a failed factorisation gives a NaN log Z_q and no host synchronisation.
     ``nonnegative_sites``, ``site_sums``, ``want_next_sums``: ``ep.evaluate``'s, taken so that the batch EP engine
     drives either pass, and not used: the full GP keeps no sums of its sites between passes (its one factorisation,
-    of I + D^1/2 K D^1/2 with D the site precisions, is new at every pass), so no ``site_sums`` come back."""
+    of I + D^1/2 K D^1/2 with D the site precisions, is new at every pass), so no ``site_sums`` come back.
+    ``weights`` (n,) or None: the rows' sample weights, by power EP (``_weighted_evaluate``; two classes only)."""
+    if weights is not None:
+        if isinstance(kernel, ClassKernels):
+            raise ValueError("the exact multiclass EP pass does not take sample weights")
+        return _weighted_evaluate(kernel, Z, X, y, site_precision, site_shift, weights, jitter=jitter,
+                                  want_grad=want_grad, want_sites=want_sites, damping=damping, checked=checked)
     if isinstance(kernel, ClassKernels):
         return _evaluate_classes(kernel, Z, X, y, site_precision, site_shift, jitter=jitter, want_grad=want_grad,
                                  want_sites=want_sites, damping=damping, checked=checked)
@@ -216,6 +222,38 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
         out["posterior"] = posterior(kernel, Z, nu, mu, jitter=jitter, checked=checked)
     if want_grad:
         kappa = xp.where(valid, alpha, 0.0) * a / b  # -2 d log Z_i / d b_i
+        out["grads"] = _gradients(kernel, Z, X, marg, kappa)
+    return out
+
+
+def _weighted_evaluate(kernel, Z, X, y, site_precision, site_shift, weights, *, jitter, want_grad, want_sites,
+                       damping, checked):
+    """``evaluate`` with a sample weight w_i >= 0 a row: power EP (Minka 2004) on the factor p(y_i | f_i)^w_i with
+    power 1 / w_i. The stored site (nu_i, mu_i) is one copy's, q holds it w_i times (D = diag(w nu), shift w mu);
+    a pass removes one copy from q's marginal (the cavity), matches the moments of the cavity times one likelihood
+    (the probit's closed form) and takes the new copy; log Z_q's per-row terms and the noise's share of the gradient
+    count w_i times. At integer w_i these are EP's updates and energy on w_i copies of the row that share one site
+    (the symmetric fixed point of EP on the repeated rows); a row of weight 0 is in neither q nor log Z_q, and its
+    site is left as it is (the model of the other rows, exactly). With w_i < 1 the cavity holds less than the other
+    rows' share of q and may be wider than the prior: only a non-positive cavity variance is invalid then."""
+    xp = array_namespace(Z)
+    X, y = _rows(X, y, Z)
+    nu, mu = site_precision, site_shift
+    marg = _marginals(kernel, Z, X, weights * nu, weights * mu, jitter=jitter, checked=checked)
+    valid, one_minus, v, a = ep.weighted_cavity(nu, mu, marg.var, marg.mean, marg.prior_var, weights)
+    b = 1.0 + marg.noise_var + v
+    log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, b)
+    new_nu, new_mu = ep.moment_matched_site(valid, nu, mu, a, v, alpha, gamma, nonnegative=True)
+    terms = xp.where(valid, log_zi + ep.removal_terms(nu, mu, marg.var, marg.mean, one_minus), 0.0)
+    out = {"log_z": marg.log_normaliser_gain + xp.sum(weights * terms),
+           "n_invalid": ep.counted_invalid(valid, weights, Z), "valid": None, "site_precision": None,
+           "site_shift": None, "site_change": None, "grads": None, "posterior": None}
+    if want_sites:
+        _damped(out, new_nu, new_mu, nu, mu, valid, damping)
+    else:
+        out["posterior"] = posterior(kernel, Z, weights * nu, weights * mu, jitter=jitter, checked=checked)
+    if want_grad:
+        kappa = weights * xp.where(valid, alpha, 0.0) * a / b  # -2 d (w_i log Z_i) / d b_i
         out["grads"] = _gradients(kernel, Z, X, marg, kappa)
     return out
 

@@ -270,13 +270,15 @@ class Run:
         return trainer.n_steps >= max_iter
 
 
-def train(X, y, engine, settings, hooks=()):
+def train(X, y, engine, settings, hooks=(), sample_weight=None):
     """Fit ``engine`` (an ``engines.Engine`` built for these rows) to (X, y): the likelihood approximation and the
     hyper-parameters, by the schedule of ``settings``; see the module docstring. ``hooks`` (``hooks.Hook``s, as
     ``hooks.standard_hooks`` builds them): the time budget, validation and early stopping, checkpoints, the
     progress bar. With nothing to optimise, batch steps run until the largest relative change of the sites
-    (factor, xi) is below ``settings.tol`` (at most ``max_iter`` of them). Returns a ``TrainResult``."""
-    run = _start(X, y, engine, settings, hooks)
+    (factor, xi) is below ``settings.tol`` (at most ``max_iter`` of them). ``sample_weight``: one weight a row
+    (an array of the engine's namespace), which the engine takes or refuses (``Engine.take_sample_weight``).
+    Returns a ``TrainResult``."""
+    run = _start(X, y, engine, settings, hooks, sample_weight)
     trainer, minibatch = run.trainer, run.minibatch
     while not run.finished():
         rebuild_due = (not run.order and minibatch and trainer.per_row_sites and trainer.n_steps > 0) or (
@@ -314,7 +316,7 @@ def train(X, y, engine, settings, hooks=()):
     return _result(run, want_log_z=not minibatch or all(hook.final_pass_fits() for hook in hooks))
 
 
-def _start(X, y, engine, settings, hooks):
+def _start(X, y, engine, settings, hooks, sample_weight=None):
     """The run: the rows in the order the loop visits them, the trainer, the minibatches; the hooks started."""
     xp, n = array_namespace(engine.state["Z"]), X.shape[0]
     out_of_core = is_out_of_core(X) or is_out_of_core(y)
@@ -330,6 +332,9 @@ def _start(X, y, engine, settings, hooks):
         permutation = asarray_like(rng.permutation(n), xp, device=array_device(engine.state["Z"]))
         X = xp.take(X, permutation, axis=0)
         y = xp.take(y, permutation, axis=0)
+        if sample_weight is not None:
+            sample_weight = xp.take(sample_weight, permutation, axis=0)
+    engine.take_sample_weight(sample_weight)
     trainer = Trainer(engine, minibatch=minibatch)
     warmup = settings.n_warmup if (engine.uses_warmup and engine.has_params and not minibatch) else 0
     batches, chunk_batches = minibatch_layout(X, settings.batch_size, out_of_core) if minibatch else ([(0, n)], [])
@@ -371,15 +376,15 @@ def _result(run, want_log_z):
     )
 
 
-def fit(X, y, kernel, Z, *, method="ep", passes=None, validation=None, **settings):
+def fit(X, y, kernel, Z, *, method="ep", passes=None, validation=None, sample_weight=None, **settings):
     """``train`` with the built-in engine of ``method`` (one of ``ALL_METHODS``) at (kernel, Z) and the standard
     hooks: ``settings`` by name, the fields of ``TrainSettings`` and ``engines.EngineOptions`` (``tol`` is both);
     ``passes``: where the engine's passes run (``exact_ep``, a ``dask_engine.DaskPasses``); ``validation``:
-    (X_val, y_val), labels as the engine takes them."""
+    (X_val, y_val), labels as the engine takes them; ``sample_weight``: ``train``'s."""
     loop, options = with_overrides(TrainSettings(), EngineOptions(), settings)
     engine = make_engine(method, kernel, Z, n_total=X.shape[0], minibatch=loop.minibatch(X.shape[0]), passes=passes,
                          **vars(options))
-    return train(X, y, engine, loop, standard_hooks(loop, validation))
+    return train(X, y, engine, loop, standard_hooks(loop, validation), sample_weight=sample_weight)
 
 
 def _host_scalars(summary):

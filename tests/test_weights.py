@@ -1,0 +1,494 @@
+"""Sample and class weights (docs/weights.md): SVI's weighted ELBO (an integer weight is the repeated row, to round-off),
+the exact model's power EP (a weight-0 row is the row removed; an integer weight is the repeated row at EP's fixed
+point, to O(jitter)), scikit-learn's meanings of ``class_weight``, the checks of the weights, and the registry's
+support table against what every method and path does with them."""
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import recall_score
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from agpc import RBF, GPClassifier
+from agpc import methods as M
+from agpc.inference import engines, ep, exact_ep, training
+from agpc.inference import variational as VI
+from conftest import central_differences, to_np, to_xp
+from helpers import binary_toy, interrupted_then_resumed
+
+
+def _repeated(X, y, counts):
+    """Each row repeated ``counts[i]`` times (0: removed)."""
+    index = np.repeat(np.arange(len(y)), counts)
+    return X[index], y[index]
+
+
+# -- SVI: the weighted ELBO ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("likelihood", ["probit", "logistic"])
+def test_svi_integer_weight_is_the_repeated_row(likelihood, xp_device):
+    """sum_i w_i E_q[log p(y_i | f_i)] - KL at integer weights is the bound on the rows repeated w_i times: value and
+    every gradient to 1e-10 (NumPy and array_api_strict)."""
+    xp, device = xp_device
+    X_np, y_np = binary_toy(30, seed=4)
+    counts = np.random.default_rng(0).integers(0, 4, size=30)
+    X_rep, y_rep = _repeated(X_np, y_np, counts)
+    Z_np = X_np[:7]
+    kernel = RBF(lengthscales=[0.8, 1.2], amplitude=1.3, noise=0.01).for_inputs(to_xp(X_np, xp, device))
+    rng = np.random.default_rng(1)
+    mean = to_xp(rng.normal(size=7) * 0.3, xp, device)
+    chol = to_xp(np.tril(rng.normal(size=(7, 7)) * 0.1) + np.eye(7) * 0.8, xp, device)
+    Z = to_xp(Z_np, xp, device)
+    weighted = VI.svi_elbo(kernel, Z, to_xp(X_np, xp, device), to_xp(y_np, xp, device), mean, chol,
+                           likelihood=likelihood, weights=to_xp(counts.astype(float), xp, device))
+    repeated = VI.svi_elbo(kernel, Z, to_xp(X_rep, xp, device), to_xp(y_rep, xp, device), mean, chol,
+                           likelihood=likelihood)
+    assert abs(float(weighted[0]) - float(repeated[0])) < 1e-10 * max(1.0, abs(float(repeated[0])))
+    for name in repeated[1]:
+        np.testing.assert_allclose(to_np(weighted[1][name]), to_np(repeated[1][name]), rtol=1e-10, atol=1e-10,
+                                   err_msg=name)
+
+
+def test_svi_weighted_minibatch_step_is_unbiased():
+    """A weighted minibatch step scales its weighted data term by n / b (not by the rows' weights): the steps'
+    data terms over a partition of the rows average to the full weighted data term, and a weight-0 row changes
+    neither the value nor any gradient of a step."""
+    X, y = binary_toy(40, seed=2)
+    w = np.random.default_rng(3).uniform(0.0, 3.0, size=40)
+    w[5] = 0.0
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    options = engines.EngineOptions(optimize=("kernel",))
+    engine = engines.SVIEngine("svi", kernel, X[:6], n_total=40, minibatch=True, options=options)
+    engine.take_sample_weight(w)
+    kl = -float(engine._bound(X, y, want_grad=False, weights=np.zeros(40))[0])
+    full_data = float(engine._bound(X, y, want_grad=False, weights=w)[0]) + kl
+    steps = []
+    for lo in range(0, 40, 10):
+        engine.sample_weight = w[lo:lo + 10]
+        steps.append(float(engine.evaluate(X[lo:lo + 10], y[lo:lo + 10], 0, 10, stepping=True)[0]) + kl)
+    assert abs(np.mean(steps) - full_data) < 1e-10 * abs(full_data)
+    # weight 0 on row 5 (in the first minibatch): the step is the same whatever row 5 holds
+    engine.sample_weight = w[:10]
+    value, grads = engine.evaluate(X[:10], y[:10], 0, 10, stepping=True)
+    X_other, y_other = X[:10].copy(), y[:10].copy()
+    X_other[5], y_other[5] = [5.0, -5.0], -y_other[5]
+    value_other, grads_other = engine.evaluate(X_other, y_other, 0, 10, stepping=True)
+    assert float(value) == pytest.approx(float(value_other), rel=1e-13)
+    for name in grads:
+        np.testing.assert_allclose(grads[name], grads_other[name], rtol=1e-12, atol=1e-13, err_msg=name)
+
+
+def test_svi_fit_with_integer_weights_is_the_fit_on_repeated_rows():
+    """Batch SVI from the same kernel and inducing points: weights 0..3 give the model of the rows repeated that
+    often (every step's bound and gradient agree to round-off, so the whole path does)."""
+    X, y = binary_toy(40, seed=6)
+    counts = np.random.default_rng(2).integers(0, 4, size=40)
+    counts[:2] = [1, 2]  # both classes keep rows
+    settings = dict(method="svi", batch_size=None, max_iter=30, kernel=RBF(lengthscales=[1.0, 1.0]),
+                    inducing=X[:8].copy(), kernel_prior=None, random_state=0)
+    weighted = GPClassifier(**settings).fit(X, y, sample_weight=counts)
+    repeated = GPClassifier(**settings).fit(*_repeated(X, y, counts))
+    X_test, _ = binary_toy(20, seed=9)
+    np.testing.assert_allclose(weighted.predict_proba(X_test), repeated.predict_proba(X_test), rtol=1e-8, atol=1e-10)
+    assert weighted.log_marginal_likelihood_ == pytest.approx(repeated.log_marginal_likelihood_, rel=1e-9)
+
+
+# -- the exact model: power EP ---------------------------------------------------------------------------------------
+
+def _converged(kernel, X, y, weights=None, jitter=1e-6):
+    fit = training.fit(X, y, kernel, X, passes=exact_ep, jitter=jitter, max_iter=3000, optimize=(), tol=1e-12,
+                       sample_weight=weights)
+    assert fit.converged
+    return fit.site_precision, fit.site_shift
+
+
+def test_exact_ep_weight_zero_is_the_row_removed():
+    """A row of weight 0 is in neither q nor log Z_q: at the converged sites, log Z_q, the other rows' sites and the
+    gradient equal those of the model without the row (to round-off), and so do predictions."""
+    X, y = binary_toy(25, seed=5)
+    w = np.ones(25)
+    w[[3, 11]] = 0.0
+    keep = w > 0
+    kernel = RBF(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(X)
+    nu, mu = _converged(kernel, X, y, w)
+    nu_r, mu_r = _converged(kernel, X[keep], y[keep])
+    np.testing.assert_allclose(nu[keep], nu_r, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(mu[keep], mu_r, rtol=1e-8, atol=1e-10)
+    weighted = exact_ep.evaluate(kernel, X, X, y, nu, mu, jitter=1e-6, weights=w)
+    removed = exact_ep.evaluate(kernel, X[keep], X[keep], y[keep], nu_r, mu_r, jitter=1e-6)
+    assert float(weighted["log_z"]) == pytest.approx(float(removed["log_z"]), rel=1e-10)
+    for name in removed["grads"]:
+        np.testing.assert_allclose(weighted["grads"][name], removed["grads"][name], rtol=1e-8, atol=1e-10)
+    settings = dict(kernel=RBF(lengthscales=[1.0, 1.0]), kernel_prior=None, max_iter=15)
+    with_zero = GPClassifier(**settings).fit(X, y, sample_weight=w)
+    without = GPClassifier(**settings).fit(X[keep], y[keep])
+    X_test, _ = binary_toy(15, seed=8)
+    np.testing.assert_allclose(with_zero.predict_proba(X_test), without.predict_proba(X_test), atol=1e-8)
+
+
+def test_exact_ep_integer_weight_is_the_repeated_row_at_the_fixed_point():
+    """Power EP at weight 2 against EP on the row twice: EP's fixed point gives both copies one site, which is the
+    weighted row's; log Z_q and the gradient agree up to the model difference the jitter makes (two copies of u_i
+    with independent jitter against one u_i): 100 times less jitter, about 100 times closer."""
+    X, y = binary_toy(14, seed=1)
+    w = np.ones(14)
+    w[[2, 7]] = [2.0, 3.0]
+    counts = w.astype(int)
+    X_rep, y_rep = _repeated(X, y, counts)
+    kernel = RBF(lengthscales=[1.0, 1.3], amplitude=1.2, noise=0.02).for_inputs(X)
+    gaps = []
+    for jitter in (1e-6, 1e-8):
+        nu, mu = _converged(kernel, X, y, w, jitter=jitter)
+        nu_r, mu_r = _converged(kernel, X_rep, y_rep, jitter=jitter)
+        copies = np.repeat(np.arange(14), counts)
+        np.testing.assert_allclose(nu_r, nu[copies], rtol=1e-5)  # every copy holds the weighted row's site
+        a = exact_ep.evaluate(kernel, X, X, y, nu, mu, jitter=jitter, weights=w)
+        b = exact_ep.evaluate(kernel, X_rep, X_rep, y_rep, nu_r, mu_r, jitter=jitter)
+        gaps.append(max([abs(float(a["log_z"]) - float(b["log_z"]))]
+                        + [float(np.max(np.abs(a["grads"][k] - b["grads"][k]))) for k in a["grads"]]))
+    assert gaps[1] < 1e-8
+    assert gaps[1] < gaps[0] / 50
+
+
+def test_exact_ep_weighted_gradient_matches_finite_differences(xp_device):
+    """The weighted pass's gradient (eq. 4 with the cavities fixed, the rows' terms times their weights) is the
+    derivative of the weighted log Z_q at its fixed point, sites held; NumPy and array_api_strict."""
+    xp, device = xp_device
+    X_np, y_np = binary_toy(20, seed=3)
+    w_np = np.random.default_rng(4).uniform(0.0, 2.5, size=20)
+    X, y, w = (to_xp(a, xp, device) for a in (X_np, y_np, w_np))
+    kernel = RBF(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(X)
+    nu, mu = _converged(kernel, X, y, w)
+    grads = exact_ep.evaluate(kernel, X, X, y, nu, mu, jitter=1e-6, weights=w)["grads"]
+    for name, value in kernel.params.items():
+        def log_z(p, name=name):
+            k = kernel.with_params({**kernel.params, name: to_xp(p, xp, device)})
+            return float(exact_ep.evaluate(k, X, X, y, nu, mu, jitter=1e-6, want_grad=False, weights=w)["log_z"])
+        numeric = central_differences(log_z, to_np(value))
+        np.testing.assert_allclose(to_np(grads[name]), numeric, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# -- batch EP with inducing points: power EP -------------------------------------------------------------------------
+
+def _sparse_fit(X, y, Z, weights=None, **settings):
+    kernel = RBF(lengthscales=[0.9, 1.2], amplitude=1.4, noise=0.02).for_inputs(X)
+    options = dict(jitter=1e-6, max_iter=3000, optimize=(), tol=1e-12) | settings
+    return training.fit(X, y, kernel, Z, sample_weight=weights, **options), kernel
+
+
+def test_sparse_ep_weight_zero_is_the_row_removed():
+    """Same inducing points, same start: a weight-0 row is absent. At fixed hyper-parameters the converged sites, and
+    with the kernel and inducing points learned (batch steps) the whole path's model, equal the fit without it."""
+    X, y = binary_toy(40, seed=5)
+    Z = X[::5].copy()
+    w = np.ones(40)
+    w[[1, 17, 30]] = 0.0
+    keep = w > 0
+    weighted, kernel = _sparse_fit(X, y, Z, w)
+    removed, _ = _sparse_fit(X[keep], y[keep], Z)
+    np.testing.assert_allclose(weighted.site_precision[keep], removed.site_precision, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(weighted.site_shift[keep], removed.site_shift, rtol=1e-9, atol=1e-12)
+    a = ep.evaluate(kernel, Z, X, y, weighted.site_precision, weighted.site_shift, jitter=1e-6, weights=w)
+    b = ep.evaluate(kernel, Z, X[keep], y[keep], removed.site_precision, removed.site_shift, jitter=1e-6)
+    assert float(a["log_z"]) == pytest.approx(float(b["log_z"]), rel=1e-11)
+    for name in b["grads"]:  # the inducing points' gradient included
+        np.testing.assert_allclose(a["grads"][name], b["grads"][name], rtol=1e-9, atol=1e-11, err_msg=name)
+    learned, _ = _sparse_fit(X, y, Z, w, max_iter=15, optimize=("kernel", "inducing"))
+    learned_removed, _ = _sparse_fit(X[keep], y[keep], Z, max_iter=15, optimize=("kernel", "inducing"))
+    np.testing.assert_allclose(learned.Z, learned_removed.Z, rtol=1e-8, atol=1e-10)
+    assert learned.log_z == pytest.approx(learned_removed.log_z, rel=1e-9)
+
+
+def test_sparse_ep_integer_weight_is_the_repeated_row_at_the_fixed_point():
+    """Sites along upsilon_i are the same for a row and its copies, so the repeated rows are the same model: at EP's
+    fixed point every copy holds the weighted row's site, and log Z_q and the gradient agree to the fixed point's
+    tolerance."""
+    X, y = binary_toy(30, seed=2)
+    Z = X[::4].copy()
+    counts = np.random.default_rng(5).integers(1, 4, size=30)
+    weighted, kernel = _sparse_fit(X, y, Z, counts.astype(float))
+    X_rep, y_rep = _repeated(X, y, counts)
+    repeated, _ = _sparse_fit(X_rep, y_rep, Z)
+    copies = np.repeat(np.arange(30), counts)
+    np.testing.assert_allclose(repeated.site_precision, weighted.site_precision[copies], rtol=1e-7, atol=1e-10)
+    a = ep.evaluate(kernel, Z, X, y, weighted.site_precision, weighted.site_shift, jitter=1e-6,
+                    weights=counts.astype(float))
+    b = ep.evaluate(kernel, Z, X_rep, y_rep, repeated.site_precision, repeated.site_shift, jitter=1e-6)
+    assert float(a["log_z"]) == pytest.approx(float(b["log_z"]), rel=1e-8)
+    for name in b["grads"]:
+        np.testing.assert_allclose(a["grads"][name], b["grads"][name], rtol=1e-6, atol=1e-8, err_msg=name)
+
+
+def test_sparse_ep_weighted_gradient_matches_finite_differences(xp_device):
+    """The weighted pass's gradient (kernel and inducing points) is the derivative of the weighted log Z_q at its
+    fixed point, sites held; fractional weights, some below 1; NumPy and array_api_strict."""
+    xp, device = xp_device
+    X_np, y_np = binary_toy(30, seed=3)
+    w_np = np.random.default_rng(4).uniform(0.0, 2.5, size=30)
+    X, y, w, Z = (to_xp(a, xp, device) for a in (X_np, y_np, w_np, X_np[::5].copy()))
+    fit, kernel = _sparse_fit(X, y, Z, w)
+    assert fit.converged
+    nu, mu = fit.site_precision, fit.site_shift
+    grads = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=1e-6, weights=w)["grads"]
+    for name, value in kernel.params.items():
+        def log_z(p, name=name):
+            k = kernel.with_params({**kernel.params, name: to_xp(p, xp, device)})
+            return float(ep.evaluate(k, Z, X, y, nu, mu, jitter=1e-6, want_grad=False, weights=w)["log_z"])
+        np.testing.assert_allclose(to_np(grads[name]), central_differences(log_z, to_np(value)), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+    z_numeric = central_differences(lambda p: float(ep.evaluate(kernel, to_xp(p, xp, device), X, y, nu, mu,
+                                                                 jitter=1e-6, want_grad=False, weights=w)["log_z"]),
+                                    to_np(Z))
+    np.testing.assert_allclose(to_np(grads["Z"]), z_numeric, rtol=1e-5, atol=1e-6)
+
+
+def test_minibatch_ep_reaches_the_weighted_batch_fixed_point():
+    """Minibatch EP by power EP (the running factor holds w_i copies of each site, rebuilt so each epoch) at fixed
+    hyper-parameters converges to batch EP's weighted fixed point: the same sites and log Z_q to 1e-9, weights 0
+    included."""
+    X, y = binary_toy(40, seed=5)
+    Z = X[::5].copy()
+    w = np.random.default_rng(2).uniform(0.0, 3.0, size=40)
+    w[[1, 7]] = 0.0
+    batch, _ = _sparse_fit(X, y, Z, w)
+    minibatch, _ = _sparse_fit(X, y, Z, w, max_iter=300, batch_size=10, random_state=0)
+    keep = w > 0
+    np.testing.assert_allclose(minibatch.site_precision[keep], batch.site_precision[keep], rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(minibatch.site_shift[keep], batch.site_shift[keep], rtol=1e-9, atol=1e-10)
+    assert minibatch.log_z == pytest.approx(batch.log_z, rel=1e-9)
+
+
+# -- SEP / ADF: the tied factor counts the rows by weight -------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["sep", "adf"])
+def test_batch_sep_adf_integer_weights_are_the_repeated_rows(method):
+    """Batch SEP / ADF: the factor stands for sum(w) rows and each row's sites count w_i times, which is what the rows
+    repeated w_i times give at every step (the copies' updates are the same): a whole fit that learns the kernel and
+    the inducing points, weights 0..3, equals the fit on the repeated rows to round-off (weight 0: the row removed)."""
+    X, y = binary_toy(40, seed=6)
+    counts = np.random.default_rng(1).integers(0, 4, size=40)
+    counts[:2] = [1, 2]
+    Z = X[:6].copy()
+    settings = dict(method=method, jitter=1e-6, max_iter=12, optimize=("kernel", "inducing"))
+    kernel = RBF(lengthscales=[0.9, 1.2], amplitude=1.4, noise=0.02).for_inputs(X)
+    weighted = training.fit(X, y, kernel, Z, sample_weight=counts.astype(float), **settings)
+    X_rep, y_rep = _repeated(X, y, counts)
+    repeated = training.fit(X_rep, y_rep, kernel, Z, **settings)
+    np.testing.assert_allclose(weighted.Z, repeated.Z, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(weighted.factor.precision, repeated.factor.precision, rtol=1e-8, atol=1e-10)
+    assert weighted.log_z == pytest.approx(repeated.log_z, rel=1e-10)
+
+
+@pytest.mark.parametrize("method", ["ep", "sep", "adf", "svi"])
+def test_minibatch_step_with_a_weight_zero_row(method):
+    """Minibatch EP / SEP / ADF (and SVI): a weight-0 row contributes nothing to a step's factor, log Z estimate or
+    gradient, whatever it holds (EP: nor is its own site updated)."""
+    X, y = binary_toy(40, seed=2)
+    w = np.random.default_rng(3).uniform(0.5, 2.0, size=40)
+    w[4] = 0.0
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    options = engines.EngineOptions(optimize=("kernel", "inducing"))
+
+    def step(X_rows, y_rows):
+        engine = engines.make_engine(method, kernel, X[:6].copy(), n_total=40, minibatch=True, **vars(options))
+        engine.take_sample_weight(w)
+        summary, work = engine.evaluate(X_rows, y_rows, 0, 10, stepping=True)
+        return engine, summary, work
+
+    X_other, y_other = X.copy(), y.copy()
+    X_other[4], y_other[4] = [4.0, -4.0], -y[4]
+    engine, summary, work = step(X, y)
+    _, summary_other, work_other = step(X_other, y_other)
+    np.testing.assert_allclose(summary, summary_other, rtol=1e-13, atol=1e-13)
+    if method == "svi":
+        grads, grads_other = work, work_other
+    else:
+        (result, factor), (result_other, factor_other) = work, work_other
+        grads, grads_other = result["grads"], result_other["grads"]
+        if method == "ep":  # (the step's factor is made in ``apply``, from the sites' change: compared here)
+            factor, factor_other = result["site_delta"], result_other["site_delta"]
+            assert result["site_precision"][4] == 0.0  # the row's own site is not updated (it has none yet)
+        else:
+            assert engine.n_total == pytest.approx(w.sum())
+        np.testing.assert_allclose(factor.precision, factor_other.precision, rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(factor.shift, factor_other.shift, rtol=1e-12, atol=1e-13)
+    for name in grads:
+        np.testing.assert_allclose(grads[name], grads_other[name], rtol=1e-12, atol=1e-13, err_msg=name)
+
+
+# -- class_weight, the checks, scikit-learn's routing ----------------------------------------------------------------
+
+def _imbalanced(n_major=400, n_minor=20, seed=0):
+    rng = np.random.default_rng(seed)
+    X = np.r_[rng.normal(0.0, 1.0, size=(n_major, 2)), rng.normal(1.3, 1.0, size=(n_minor, 2))]
+    y = np.r_[np.zeros(n_major, int), np.ones(n_minor, int)]
+    return X, y
+
+
+def test_balanced_raises_minority_recall_as_for_logistic_regression():
+    """1:20 imbalance: "balanced" raises the minority class's recall well above the unweighted model's, as it does
+    for logistic regression with the same weights (test rows from the same distribution)."""
+    X, y = _imbalanced()
+    X_test, y_test = _imbalanced(2000, 100, seed=1)
+    recall = {}
+    for weights in (None, "balanced"):
+        gp = GPClassifier(class_weight=weights, max_iter=30, random_state=0).fit(X, y)
+        lr = LogisticRegression(class_weight=weights).fit(X, y)
+        recall[weights] = (recall_score(y_test, gp.predict(X_test)), recall_score(y_test, lr.predict(X_test)))
+    (gp_none, lr_none), (gp_bal, lr_bal) = recall[None], recall["balanced"]
+    assert lr_bal > lr_none + 0.3  # what "balanced" does for logistic regression here
+    assert gp_bal > gp_none + 0.3
+    assert gp_bal > 0.6
+
+
+def test_class_weight_is_sklearn_meaning():
+    """"balanced" and a dict multiply into sample_weight: the fit equals the one with those sample weights."""
+    X, y = binary_toy(30, seed=2)
+    labels = np.where(y > 0, "yes", "no")
+    counts = np.bincount((y > 0).astype(int))
+    balanced = 30 / (2 * counts)
+    settings = dict(kernel=RBF(lengthscales=[1.0, 1.0]), kernel_prior=None, max_iter=8)
+    sample = np.linspace(0.5, 1.5, 30)
+    by_class = GPClassifier(class_weight="balanced", **settings).fit(X, labels, sample_weight=sample)
+    by_rows = GPClassifier(**settings).fit(X, labels, sample_weight=sample * balanced[(y > 0).astype(int)])
+    np.testing.assert_array_equal(by_class.predict_proba(X), by_rows.predict_proba(X))
+    by_dict = GPClassifier(class_weight={"yes": 3.0}, **settings).fit(X, labels)
+    by_rows = GPClassifier(**settings).fit(X, labels, sample_weight=np.where(y > 0, 3.0, 1.0))
+    np.testing.assert_array_equal(by_dict.predict_proba(X), by_rows.predict_proba(X))
+
+
+@pytest.mark.parametrize("weights, message", [
+    (np.r_[np.nan, np.ones(19)], "finite"),
+    (np.r_[-1.0, np.ones(19)], "non-negative"),
+    (np.ones(19), "one weight a row"),
+    (np.zeros(20), "every weight is zero"),
+    (np.where(binary_toy(20)[1] > 0, 0.0, 1.0), "has none"),
+    (["a"] * 20, "numbers"),
+])
+def test_bad_weights_are_refused(weights, message):
+    X, y = binary_toy(20)
+    with pytest.raises(ValueError, match=message):
+        GPClassifier(max_iter=2).fit(X, y, sample_weight=weights)
+
+
+@pytest.mark.parametrize("class_weight, message", [("heavy", "class_weight"), ({5: 2.0}, "class_weight")])
+def test_bad_class_weight_is_refused(class_weight, message):
+    X, y = binary_toy(20)
+    with pytest.raises(ValueError, match=message):
+        GPClassifier(max_iter=2, class_weight=class_weight).fit(X, y)
+
+
+def test_weights_through_pipeline_and_grid_search():
+    """scikit-learn routes sample_weight: a Pipeline's ``gpclassifier__sample_weight`` and GridSearchCV's fit
+    parameter (sliced to each fold) reach ``fit``; a weight-0 row is then absent from the pipeline's model."""
+    X, y = binary_toy(40, seed=7)
+    w = np.ones(40)
+    w[0] = 0.0
+    settings = dict(kernel=RBF(lengthscales=[1.0, 1.0]), kernel_prior=None, max_iter=5)
+    pipe = make_pipeline(StandardScaler(), GPClassifier(**settings))
+    pipe.fit(X, y, gpclassifier__sample_weight=w)
+    reference = GPClassifier(**settings).fit(pipe[0].transform(X)[1:], y[1:])
+    np.testing.assert_allclose(pipe.predict_proba(X), reference.predict_proba(pipe[0].transform(X)), atol=1e-8)
+    search = GridSearchCV(GPClassifier(**settings), {"max_iter": [2, 4]}, cv=2).fit(X, y, sample_weight=w)
+    assert search.best_estimator_.log_marginal_likelihood_ is not None
+
+
+# -- the support table against every method and path -----------------------------------------------------------------
+
+def test_support_table_says_what_each_method_does_with_weights():
+    """Every registered method either fits with weights in memory (the table says yes) or refuses them with one
+    ValueError naming the method (the table says no); never are they ignored."""
+    X, y = binary_toy(30, seed=1)
+    w = np.linspace(0.5, 2.0, 30)
+    for name in M.method_names():
+        model = GPClassifier(method=name, max_iter=2, random_state=0)
+        if M.supports(name, "sample_weight"):
+            model.fit(X, y, sample_weight=w)
+            unweighted = GPClassifier(method=name, max_iter=2, random_state=0).fit(X, y)
+            assert not np.array_equal(model.predict_proba(X), unweighted.predict_proba(X)), name
+        else:
+            with pytest.raises(ValueError, match=f"method={name!r}"):
+                model.fit(X, y, sample_weight=w)
+    assert "`sample_weight`" in M.support_table()
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(method="ep", n_inducing=5), None),  # batch EP with inducing points: fits
+    (dict(method="ep", n_inducing="all"), None),  # the exact model: fits
+    (dict(method="ep", n_inducing=5, batch_size=10), None),  # minibatch EP: fits
+    (dict(method="sep", n_inducing=5, batch_size=10), None),  # minibatch SEP: fits
+    (dict(method="adf", n_inducing=5), None),  # batch ADF: fits
+    (dict(method="svi", batch_size=10), None),  # minibatch SVI: fits
+    (dict(method="svi", n_jobs=2, batch_size=10), "data-parallel"),
+])
+def test_paths_fit_with_weights_or_refuse_them(settings, message, tmp_path):
+    X, y = binary_toy(40, seed=1)
+    y3 = np.where(y > 0, 1, 0) + (X[:, 0] > 1.0)
+    if settings.get("checkpoint_path"):
+        settings = dict(settings, checkpoint_path=tmp_path / "fit.ckpt")
+    model = GPClassifier(max_iter=2, random_state=0, **settings)
+    if message is None:
+        model.fit(X, y, sample_weight=np.full(40, 2.0))
+        return
+    with pytest.raises(ValueError, match=message):
+        model.fit(X, y, sample_weight=np.full(40, 2.0))
+    if settings.get("method") == "svi" and settings.get("n_jobs"):
+        with pytest.raises(ValueError, match="multiclass"):  # more than two classes: refused
+            GPClassifier(method="sep", max_iter=2, n_inducing=5).fit(X, y3, sample_weight=np.full(40, 2.0))
+        with pytest.raises(ValueError, match="multiclass"):  # more than two classes: refused
+            GPClassifier(max_iter=2).fit(X, y3, sample_weight=np.full(40, 2.0))
+
+
+@pytest.mark.parametrize("settings", [dict(method="ep"), dict(method="ep", batch_size=10), dict(method="sep"),
+                                      dict(method="svi", batch_size=10)])
+def test_data_on_disk_take_weights(tmp_path, settings):
+    """Rows read from disk a block at a time (the weights and labels held in memory): the model of the same rows in
+    memory, for batch and minibatch steps (data on disk are not reordered: ``shuffle=False`` in both)."""
+    X, y = binary_toy(60, seed=1)
+    w = np.random.default_rng(0).uniform(0.0, 2.0, size=60)
+    path = tmp_path / "X.npy"
+    np.save(path, X)
+    X_disk = np.load(path, mmap_mode="r")
+    options = dict(n_inducing=6, inducing=X[:6].copy(), kernel=RBF(lengthscales=[1.0, 1.0]), kernel_prior=None,
+                   max_iter=4, shuffle=False, random_state=0, class_weight={1.0: 2.0}) | settings
+    on_disk = GPClassifier(**options).fit(X_disk, y, sample_weight=w)
+    in_memory = GPClassifier(**options).fit(X, y, sample_weight=w)
+    unweighted = GPClassifier(**options | dict(class_weight=None)).fit(X_disk, y)
+    np.testing.assert_allclose(on_disk.predict_proba(X), in_memory.predict_proba(X), rtol=1e-9, atol=1e-11)
+    assert not np.allclose(on_disk.predict_proba(X), unweighted.predict_proba(X))
+
+
+@pytest.mark.parametrize("params, stop_at", [(dict(method="ep", n_inducing=6, max_iter=20), 17),  # (10 warm-up)
+                                             (dict(method="ep", n_inducing=6, batch_size=10, max_iter=3), 13),
+                                             (dict(method="sep", n_inducing=6, batch_size=10, max_iter=3), 11),
+                                             (dict(method="svi", n_inducing=6, batch_size=10, max_iter=3), 11)])
+def test_a_weighted_fit_resumes_from_its_checkpoint_and_only_with_its_weights(monkeypatch, tmp_path, params,
+                                                                             stop_at):
+    """Checkpoints of a weighted fit (class weights: the weights come from the estimator): interrupted and resumed, it
+    ends at the uninterrupted model; a resume with other weights is refused as other training data."""
+    X, y = binary_toy(60, seed=4)
+    params = dict(params, random_state=0, class_weight={1.0: 3.0})
+    reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", stop_at, X, y)
+    np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-10, atol=1e-14)
+    other = GPClassifier(**dict(params, class_weight={1.0: 2.0}), checkpoint_path=tmp_path / "run.ckpt",
+                         checkpoint_every=4)
+    with pytest.raises(ValueError, match="sample weights"):
+        other.fit(X, y, resume=True)
+
+
+def test_streams_refuse_weights():
+    X, y = binary_toy(40, seed=1)
+    with pytest.raises(ValueError, match="partial_fit"):
+        GPClassifier(method="sep", n_inducing=5).partial_fit(X, y, sample_weight=np.ones(40))
+    with pytest.raises(ValueError, match="partial_fit"):
+        GPClassifier(method="sep", n_inducing=5, class_weight="balanced").partial_fit(X, y)
+
+
+def test_dask_refuses_weights():
+    da = pytest.importorskip("dask.array")
+    X, y = binary_toy(40, seed=1)
+    with pytest.raises(ValueError, match="dask"):
+        GPClassifier(max_iter=2).fit(da.from_array(X, chunks=20), da.from_array(y, chunks=20),
+                                     sample_weight=np.ones(40))
