@@ -221,7 +221,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 place.on_cluster or B.is_out_of_core(inputs.X)))
             if size.at_rows:  # the exact model's inducing points are its rows: they stay there
                 groups = tuple(group for group in groups if group != "inducing")
-            place.start(inputs)  # (n_jobs_: the processes rows in this process train in)
+            place.start(inputs, weighted=sample_weight is not None or self.class_weight is not None)  # (n_jobs_)
             weights = I.training_weights(self, sample_weight, inputs, on_cluster=place.on_cluster, n_jobs=place.n_jobs)
             rng = B.host_rng(self.random_state)
             init_started = time.perf_counter()

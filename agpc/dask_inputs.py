@@ -63,7 +63,12 @@ def cluster_client(client):
     try:
         return get_client(), None
     except ValueError:  # no client yet: a local cluster for this fit
-        owned = Client(local_cluster(os.cpu_count() or 1))
+        cluster = local_cluster(os.cpu_count() or 1)
+        try:
+            owned = Client(cluster)
+        except BaseException:  # (the cluster would be left running)
+            cluster.close()
+            raise
         return owned, owned
 
 

@@ -512,6 +512,10 @@ def training_weights(estimator, sample_weight, inputs, *, on_cluster, n_jobs):
     weights = np.ones(n) if sample_weight is None else V.check_sample_weight(sample_weight, n)
     encoded = B.to_numpy(inputs.y[0:n])  # (labels on disk: read once, as the n weights are held in memory)
     class_index = (encoded > 0).astype(np.intp) if len(inputs.classes) == 2 else encoded.astype(np.intp)
+    if isinstance(class_weight, dict) and set(class_weight) - set(inputs.classes.tolist()):
+        unknown = sorted(set(class_weight) - set(inputs.classes.tolist()), key=repr)
+        raise ValueError(f"class_weight={class_weight!r}: {unknown} are not classes of y (its classes: "
+                         f"{inputs.classes.tolist()})")
     if class_weight is not None:
         try:
             per_class = compute_class_weight(class_weight, classes=inputs.classes, y=inputs.classes[class_index])

@@ -13,6 +13,8 @@ state on the workers, a ``LocalCluster`` of its own) is ended however the fit en
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -62,17 +64,19 @@ class Placement:
         return self
 
     def __exit__(self, *exc_info):
-        if self._pool is not None:
-            self._pool.close()
-        if self._runner is not None:  # (the DaskPasses or DataParallel this place made)
-            self._runner.close()
-        for rows_file in self._shared:
-            rows_file.close()
-        self._futures.clear()  # (released while their client is open)
-        if self._owned_client is not None:
-            cluster = self._owned_client.cluster
-            self._owned_client.close()
-            cluster.close()
+        # Everything is ended even when one close raises (the rest would leak: processes, a LocalCluster, files).
+        # ExitStack ends them in the reverse order of the callbacks: the pool first, the client and its cluster last.
+        with contextlib.ExitStack() as ending:
+            if self._owned_client is not None:
+                ending.callback(self._owned_client.cluster.close)
+                ending.callback(self._owned_client.close)
+            ending.callback(self._futures.clear)  # (released while their client is open)
+            for rows_file in self._shared:
+                ending.callback(rows_file.close)
+            if self._runner is not None:  # (the DaskPasses or DataParallel this place made)
+                ending.callback(self._runner.close)
+            if self._pool is not None:
+                ending.callback(self._pool.close)
 
     def training_inputs(self, X, y, target_xp):
         """The checked ``inputs.TrainingInputs`` of (X, y): ``inputs.training_inputs`` in this process,
@@ -85,14 +89,15 @@ class Placement:
         self._futures = inputs.pending
         return inputs
 
-    def start(self, inputs):
+    def start(self, inputs, weighted=False):
         """Before the initial model: the processes rows in this process train in (``n_jobs_for``, recorded as the
         estimator's ``n_jobs_``; not for a dask array, whose workers are the cluster's), those beyond this one
-        started now (they import agpc while this process places the inducing points)."""
+        started now (they import agpc while this process places the inducing points). ``weighted``: the fit has
+        row weights, which data-parallel rounds do not take yet."""
         if self.on_cluster:
             return
         self.n_jobs = self.estimator.n_jobs_ = n_jobs_for(self.estimator, inputs.xp, inputs.X.shape[0],
-                                                          len(inputs.classes))
+                                                          len(inputs.classes), weighted)
         if self.n_jobs > 1:
             self._pool = W.LocalWorkers(self.n_jobs, preload=("agpc.inference.data_parallel",))
 
@@ -142,7 +147,7 @@ class Placement:
         return PlacedRows(X, y, passes, None, batch_size, None)
 
 
-def n_jobs_for(estimator, xp, n, n_classes):
+def n_jobs_for(estimator, xp, n, n_classes, weighted=False):
     """The processes a fit of n rows trains in (``n_jobs``): more than one only for minibatches of a method with
     data-parallel rounds, on NumPy data; an ``n_jobs > 1`` the fit cannot use is refused when it was given, and
     gives 1 when it came from an enclosing ``joblib.parallel_config``."""
@@ -157,6 +162,9 @@ def n_jobs_for(estimator, xp, n, n_classes):
     elif not B.is_numpy_namespace(xp):
         why = (f"n_jobs > 1 trains NumPy data in worker processes on this machine, not {xp.__name__} arrays: "
                "use n_jobs=1 (or backend='numpy')")
+    elif weighted:
+        why = (f"sample_weight / class_weight: n_jobs={estimator.n_jobs} (data-parallel rounds) does not take row "
+               "weights yet: use n_jobs=1 (docs/weights.md lists the methods and paths that do)")
     if why is None:
         return count
     if estimator.n_jobs is not None:

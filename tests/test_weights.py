@@ -5,6 +5,7 @@ support table against what every method and path does with them."""
 
 import numpy as np
 import pytest
+from joblib import parallel_config
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import recall_score
 from sklearn.model_selection import GridSearchCV
@@ -16,7 +17,7 @@ from agpc import methods as M
 from agpc.inference import engines, ep, exact_ep, training
 from agpc.inference import variational as VI
 from conftest import central_differences, to_np, to_xp
-from helpers import binary_toy, interrupted_then_resumed
+from helpers import binary_toy, interrupted_then_resumed, three_classes
 
 
 def _repeated(X, y, counts):
@@ -93,6 +94,31 @@ def test_svi_fit_with_integer_weights_is_the_fit_on_repeated_rows():
     X_test, _ = binary_toy(20, seed=9)
     np.testing.assert_allclose(weighted.predict_proba(X_test), repeated.predict_proba(X_test), rtol=1e-8, atol=1e-10)
     assert weighted.log_marginal_likelihood_ == pytest.approx(repeated.log_marginal_likelihood_, rel=1e-9)
+
+
+def test_multiclass_svi_fit_with_integer_weights_is_the_fit_on_repeated_rows():
+    """The same for three classes (the weighted ELBO sums each row's expected log likelihood times its weight)."""
+    X, y = three_classes(45, 3)
+    counts = np.random.default_rng(4).integers(0, 3, size=45)
+    counts[[int(np.flatnonzero(y == c)[0]) for c in range(3)]] = 1  # every class keeps a row
+    settings = dict(method="svi", batch_size=None, max_iter=20, kernel=RBF(lengthscales=[1.0, 1.0]),
+                    inducing=X[:6].copy(), kernel_prior=None, random_state=0)
+    weighted = GPClassifier(**settings).fit(X, y, sample_weight=counts)
+    repeated = GPClassifier(**settings).fit(np.repeat(X, counts, axis=0), np.repeat(y, counts))
+    np.testing.assert_allclose(weighted.predict_proba(X), repeated.predict_proba(X), rtol=1e-8, atol=1e-10)
+    assert weighted.log_marginal_likelihood_ == pytest.approx(repeated.log_marginal_likelihood_, rel=1e-9)
+
+
+def test_weights_under_an_enclosing_joblib_n_jobs_train_in_one_process():
+    """n_jobs from an enclosing joblib.parallel_config that a weighted fit cannot use gives one process (as for any
+    such fit), not a refusal; n_jobs given to the estimator is refused."""
+    X, y = binary_toy(60, seed=2)
+    w = np.linspace(0.5, 2.0, 60)
+    with parallel_config(n_jobs=2):
+        model = GPClassifier(method="svi", batch_size=20, max_iter=1, n_inducing=5).fit(X, y, sample_weight=w)
+    assert model.n_jobs_ == 1
+    with pytest.raises(ValueError, match="data-parallel"):
+        GPClassifier(method="svi", batch_size=20, max_iter=1, n_inducing=5, n_jobs=2).fit(X, y, sample_weight=w)
 
 
 # -- the exact model: power EP ---------------------------------------------------------------------------------------
@@ -373,7 +399,8 @@ def test_bad_weights_are_refused(weights, message):
         GPClassifier(max_iter=2).fit(X, y, sample_weight=weights)
 
 
-@pytest.mark.parametrize("class_weight, message", [("heavy", "class_weight"), ({5: 2.0}, "class_weight")])
+@pytest.mark.parametrize("class_weight, message", [("heavy", "class_weight"), ({5: 2.0}, "class_weight"),
+                                                   ({-1.0: 1.0, 1.0: 2.0, 7: 3.0}, r"\[7\] are not classes of y")])
 def test_bad_class_weight_is_refused(class_weight, message):
     X, y = binary_toy(20)
     with pytest.raises(ValueError, match=message):
@@ -391,8 +418,18 @@ def test_weights_through_pipeline_and_grid_search():
     pipe.fit(X, y, gpclassifier__sample_weight=w)
     reference = GPClassifier(**settings).fit(pipe[0].transform(X)[1:], y[1:])
     np.testing.assert_allclose(pipe.predict_proba(X), reference.predict_proba(pipe[0].transform(X)), atol=1e-8)
-    search = GridSearchCV(GPClassifier(**settings), {"max_iter": [2, 4]}, cv=2).fit(X, y, sample_weight=w)
-    assert search.best_estimator_.log_marginal_likelihood_ is not None
+    received = []
+    real_fit = GPClassifier.fit
+
+    def spy(self, X, y, *args, sample_weight=None, **kwargs):
+        received.append((len(y), None if sample_weight is None else np.asarray(sample_weight).copy()))
+        return real_fit(self, X, y, *args, sample_weight=sample_weight, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(GPClassifier, "fit", spy)
+        GridSearchCV(GPClassifier(**settings), {"max_iter": [2, 4]}, cv=2).fit(X, y, sample_weight=w)
+    assert received and all(weights is not None and len(weights) == rows for rows, weights in received)
+    assert all(weights.sum() == rows - (0.0 in weights) for rows, weights in received)  # the fold's slice of w
 
 
 # -- the support table against every method and path -----------------------------------------------------------------
@@ -423,14 +460,17 @@ def test_support_table_says_what_each_method_does_with_weights():
     (dict(method="svi", batch_size=10), None),  # minibatch SVI: fits
     (dict(method="svi", n_jobs=2, batch_size=10), "data-parallel"),
 ])
-def test_paths_fit_with_weights_or_refuse_them(settings, message, tmp_path):
+def test_paths_fit_with_weights_or_refuse_them(settings, message):
+    """A path that takes weights fits another model than without them (they are not ignored); one that does not
+    refuses them with one ValueError naming it."""
     X, y = binary_toy(40, seed=1)
     y3 = np.where(y > 0, 1, 0) + (X[:, 0] > 1.0)
-    if settings.get("checkpoint_path"):
-        settings = dict(settings, checkpoint_path=tmp_path / "fit.ckpt")
+    w = np.linspace(0.2, 3.0, 40)
     model = GPClassifier(max_iter=2, random_state=0, **settings)
     if message is None:
-        model.fit(X, y, sample_weight=np.full(40, 2.0))
+        weighted = model.fit(X, y, sample_weight=w).predict_proba(X)
+        unweighted = GPClassifier(max_iter=2, random_state=0, **settings).fit(X, y).predict_proba(X)
+        assert np.max(np.abs(weighted - unweighted)) > 1e-6
         return
     with pytest.raises(ValueError, match=message):
         model.fit(X, y, sample_weight=np.full(40, 2.0))
