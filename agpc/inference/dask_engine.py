@@ -61,7 +61,7 @@ def persisted_blocks(array):
     """The futures of a dask array's row chunks, in order, when the array is exactly data persisted on the cluster
     (its graph holds those futures' keys and nothing else: no task left to run on them), else None. Such chunks can
     be read by plain functions submitted on them, without a dask.array graph: a worker that has not yet run one
-    imports dask.array to unpickle it (about 0.25 s a worker on the 2-core machine)."""
+    imports dask.array to unpickle it, a fraction of a second a worker."""
     from distributed import futures_of
 
     futures = {f.key: f for f in futures_of(array)}

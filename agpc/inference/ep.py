@@ -419,12 +419,10 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
         new_nu = xp.where(valid, gamma / denom, 0.0)
         new_mu = xp.where(valid, (alpha + a * gamma) / denom, 0.0)
         terms = xp.where(valid, log_zi, 0.0)
-    invalid = xp.astype(~valid, marg.d.dtype)
     if weights is not None:
         terms = terms * weights
-        invalid = invalid * xp.astype(weights > 0, marg.d.dtype)
     log_z_terms = xp.sum(terms)
-    n_invalid = xp.sum(invalid)
+    n_invalid = counted_invalid(valid, weights, marg.d)
     dKmm_data, grads, upsilon_t = None, {}, None
     if want_grad:
         alpha = xp.where(valid, alpha, 0.0)
