@@ -9,7 +9,7 @@
   Rasmussen & Williams (2006), sec. 5.1).
 - ``reliability_bins`` and ``expected_calibration_error``: how well predicted probabilities match the frequencies
   seen, over equal-width bins of the top-class probability (Naeini, Cooper & Hauskrecht (2015); Guo, Pleiss, Sun &
-  Weinberger (2017), eqs. 2-3), written against the array API.
+  Weinberger (2017), sec. 2), written against the array API.
 - ``plot_model(model, path, calibration=None)``: one PNG of the training curve, the reliability diagram and the
   feature relevance (matplotlib, a dependency of agpc, imported when a plot is drawn).
 
@@ -44,8 +44,10 @@ STOPPED_BECAUSE = {
 """Each of ``STOP_REASONS`` (the ``stop_reason_`` of a fitted model) as the summary says it."""
 
 NOT_RECORDED = "not recorded (a model file written before agpc recorded it)"
+# what the history's "log_marginal_likelihood" is, by the method's family (vi-JJ's is a lower bound, vi-Taylor's
+# an approximation of one: Izmailov & Kropotov (2017), sec. 4)
 BOUND_NAMES = {"ep": "log Z (EP's estimate)", "gfitc": "log Z (EP's estimate)", "variational": "ELBO (lower bound)",
-               "quadratic": "ELBO (lower bound)"}
+               "quadratic": "variational objective (vi-JJ: a lower bound; vi-Taylor: its approximation)"}
 
 
 # -- feature relevance ----------------------------------------------------------------------------------
@@ -223,7 +225,7 @@ def reliability_bins(proba, class_index, n_bins=10):
 
 def expected_calibration_error(proba, class_index, n_bins=10):
     """ECE = sum_b (n_b / n) |accuracy_b - confidence_b| over ``n_bins`` equal-width bins of the top-class
-    probability (Naeini et al. (2015); Guo et al. (2017), eq. 3): 0 for probabilities that are as often right as
+    probability (Naeini et al. (2015); Guo et al. (2017), sec. 2): 0 for probabilities that are as often right as
     they say; a float. Arguments as ``reliability_bins``."""
     counts, accuracy, confidence = reliability_bins(proba, class_index, n_bins)
     filled = counts > 0

@@ -20,7 +20,7 @@ from agpc.checkpoints import HEADER_KEY
 from agpc.cli import main
 from agpc.datasets import make_banana
 from agpc.inspection import STOP_REASONS, STOPPED_BECAUSE, expected_calibration_error, feature_relevance, \
-    reliability_bins
+    plot_model, reliability_bins
 from helpers import three_classes, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -331,6 +331,17 @@ def test_inspect_plot_refuses_a_device_or_a_directory(files, tmp_path, capsys, t
     assert status == 2 and len(err) == 1 and err[0].startswith("agpc: error: cannot write")
     assert ("is under /dev" in err[0]) if str(target) == "/dev/null" else ("it is a directory" in err[0])
     assert [p.name for p in tmp_path.iterdir()] == ([] if str(target) == "/dev/null" else ["directory"])
+
+
+def test_plot_model_writes_a_png_and_refuses_a_directory(banana_model, tmp_path):
+    pytest.importorskip("matplotlib")
+    model, X, y = banana_model
+    proba = model.predict_proba(X)
+    path = plot_model(model, tmp_path / "model.png", calibration=(proba, np.searchsorted(model.classes_, y)))
+    assert Path(path).read_bytes()[:8] == PNG_SIGNATURE
+    with pytest.raises(ValueError, match="it is a directory"):
+        plot_model(model, tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["model.png"]
 
 
 def test_inspect_without_matplotlib_names_it(files, tmp_path, monkeypatch, capsys):
