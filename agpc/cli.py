@@ -286,14 +286,19 @@ def predict(args):
     print(f"wrote {args.out}: {proba.shape[0]} rows, columns {', '.join(columns)}")
     if scores is not None:
         _print_scores("scores", scores, len(y))
-    # said once the predictions are written (a failure before is its own one line)
+    _warn_columns_by_position(wanted, names, args.data)  # said once the predictions are written
+    return 0
+
+
+def _warn_columns_by_position(wanted, names, path):
+    """Warn that the columns of ``path`` were taken by position: the model (``wanted``: its feature names) or the
+    file (``names``: its column names) has no names to match them by."""
     if wanted is None:
         warnings.warn(f"the model has no feature names (it was fitted on a file without column names, or saved by "
-                      f"an older agpc): the columns of {args.data} were taken by position, unchecked", UserWarning)
+                      f"an older agpc): the columns of {path} were taken by position, unchecked", UserWarning)
     elif names is None:
-        warnings.warn(f"{args.data} has no column names: its columns were taken by position as the model's features "
+        warnings.warn(f"{path} has no column names: its columns were taken by position as the model's features "
                       f"{preview(wanted, 8)}, unchecked", UserWarning)
-    return 0
 
 
 # -- agpc inspect --------------------------------------------------------------------------------------
@@ -307,7 +312,8 @@ def inspect(args):
     model = _load_model(args.model)
     calibration = scores = None
     if args.data is not None:
-        X, y, _ = load_data(args.data, args.target, features=_feature_names(model))
+        wanted = _feature_names(model)
+        X, y, names = load_data(args.data, args.target, features=wanted)
         _check_feature_count(X, model, args.data, args.target)
         with _columns_already_matched():
             proba = np.asarray(model.predict_proba(X))
@@ -320,6 +326,8 @@ def inspect(args):
         _print_scores(f"scores on {args.data}", scores, len(calibration[1]))
     if args.plot is not None:
         print(f"wrote {args.plot}")
+    if args.data is not None:
+        _warn_columns_by_position(wanted, names, args.data)
     return 0
 
 

@@ -186,7 +186,7 @@ def model_summary(model, max_features=20):
     lines = [f"{type(model).__name__}: method {model.method}, likelihood {model.likelihood_}, dtype {model.dtype}",
              f"data: {'rows ' + NOT_RECORDED if rows is None else f'{rows} rows'}, {int(model.n_features_in_)} "
              f"features; {len(model.classes_)} classes: {_preview(model.classes_.tolist())}",
-             "features: " + (_preview(names) if names is not None else "not named (fitted on an array without "
+             "features: " + (_preview(names, 8) if names is not None else "not named (fitted on an array without "
                                                                         "column names)")]
     lines += _kernel_lines(model) + _relevance_lines(model, max_features)
     lines.append(f"inducing points: {Z.shape[-2]}{per_class}"
@@ -250,14 +250,13 @@ def _plot_training(ax, model):
     history = model.history_
     values = history.get("log_marginal_likelihood") or []
     ax.plot(history.get("n_steps") or range(1, len(values) + 1), values, color="#08519c", label="log Z_q")
-    ax.set(title="training", xlabel="steps", ylabel=_bound_name(model))
+    stopped = STOPPED_BECAUSE.get(getattr(model, "stop_reason_", None), "not recorded").split(":")[0]
+    ax.set(title=f"training (stopped: {stopped})", xlabel="steps", ylabel=_bound_name(model))
     nll = history.get("validation_nll") or []
     if nll:
         right = ax.twinx()
         right.plot(history["validation_step"], nll, color="#cb181d", label="validation NLL")
         right.set_ylabel("validation NLL", color="#cb181d")
-    ax.text(0.98, 0.04, STOPPED_BECAUSE.get(getattr(model, "stop_reason_", None), "stop: not recorded").split(":")[0],
-            transform=ax.transAxes, ha="right", fontsize=8)
 
 
 def _plot_reliability(ax, calibration, n_bins):
@@ -290,6 +289,7 @@ def _plot_relevance(ax, model, max_features):
     labels = _feature_labels(model)
     ax.barh([labels[j] for j in order], overall[order], color="#74c476")
     ax.set_xlabel("relevance (mean over classes)" if relevance.ndim == 2 else "relevance")
+    ax.locator_params(axis="x", nbins=4)
 
 
 def plot_model(model, path, calibration=None, n_bins=10, max_features=20):

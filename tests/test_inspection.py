@@ -309,6 +309,15 @@ def test_inspect_with_data_scores_the_calibration(files, named, capsys):
     assert f"ECE {ece:.4f}   ({len(y)} rows)" in capsys.readouterr().out
 
 
+def test_inspect_warns_when_it_takes_columns_by_position(files, named, tmp_path, capsys):
+    path, _ = files
+    _, X, y = named
+    np.savez(tmp_path / "rows.npz", X=X.to_numpy(), y=y)
+    assert main(["inspect", str(path), "--data", str(tmp_path / "rows.npz"), "--target", "y"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("agpc: warning:") and "taken by position" in err[0]
+
+
 def test_inspect_plot_writes_one_png(files, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     path, table = files
