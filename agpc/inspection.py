@@ -43,7 +43,7 @@ STOPPED_BECAUSE = {
 }
 """Each of ``STOP_REASONS`` (the ``stop_reason_`` of a fitted model) as the summary says it."""
 
-NOT_RECORDED = "not recorded (a model file written before agpc recorded it)"
+NOT_RECORDED = "not recorded (a model saved or pickled before agpc recorded it)"
 # what the history's "log_marginal_likelihood" is, by the method's family (vi-JJ's is a lower bound, vi-Taylor's
 # an approximation of one: Izmailov & Kropotov (2017), sec. 4)
 BOUND_NAMES = {"ep": "log Z (EP's estimate)", "gfitc": "log Z (EP's estimate)", "variational": "ELBO (lower bound)",
@@ -161,7 +161,8 @@ def _training_lines(model):
              f"  iterations (epochs with minibatches): {int(model.n_iter_)}"
              + (f", {int(steps[-1])} steps" if steps else ""),
              f"  final {bound}: {float(model.log_marginal_likelihood_):.6g}",
-             f"  fit time: {NOT_RECORDED if seconds is None else f'{seconds:.3g} s'}",
+             "  fit time: " + ("not measured for partial_fit" if reason == "partial_fit" else NOT_RECORDED
+                                if seconds is None else f"{seconds:.3g} s"),
              f"  jitter: {float(model.jitter_):.3g} on the diagonal of K(Z, Z)"]
     nll = history.get("validation_nll") or []
     if nll:
@@ -179,6 +180,8 @@ def model_summary(model, max_features=20):
     """A fitted model as text (``GPClassifier.summary()``, ``agpc inspect``): what it is, which features matter
     (the ``max_features`` most relevant are listed), how training went. Printing is the caller's."""
     check_is_fitted(model, "posterior_")
+    if isinstance(max_features, bool) or not isinstance(max_features, (int, np.integer)) or max_features < 1:
+        raise ValueError(f"max_features must be a positive integer, got {max_features!r}")
     rows = getattr(model, "n_samples_fit_", None)
     names = getattr(model, "feature_names_in_", None)
     Z = model.inducing_points_

@@ -106,6 +106,8 @@ def test_max_features_lists_the_most_relevant_and_sums_the_rest():
     rows = text.split("feature relevance:")[1].splitlines()[2:5]
     assert [row.split()[0] for row in rows[:2]] == [f"x{j}" for j in order[:2]]
     assert rows[2] == f"  ... 3 more features, relevance {relevance[order[2:]].sum():.4f} together"
+    with pytest.raises(ValueError, match="max_features must be a positive integer"):
+        model.summary(max_features=0)
 
 
 def test_summary_of_a_multiclass_model_has_a_relevance_column_a_class():
@@ -166,7 +168,7 @@ def test_a_stream_says_so():
     model = GPClassifier(method="sep", n_inducing=8, random_state=0)
     model.partial_fit(X[:50], y[:50], classes=[-1, 1]).partial_fit(X[50:], y[50:])
     assert model.stop_reason_ == "partial_fit" and model.n_samples_fit_ == 100
-    assert "data: 100 rows" in model.summary()
+    assert "data: 100 rows" in model.summary() and "fit time: not measured for partial_fit" in model.summary()
 
 
 # -- the record in the model file ----------------------------------------------------------------------
