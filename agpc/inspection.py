@@ -20,6 +20,7 @@ stopped) existed say "not recorded" there.
 from __future__ import annotations
 
 import os
+import textwrap
 
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
@@ -284,7 +285,7 @@ def _plot_relevance(ax, model, max_features):
     relevance, why = feature_relevance(model.kernel_)
     ax.set_title("feature relevance (1 / lengthscale^2)")
     if relevance is None:
-        ax.text(0.5, 0.5, "none:\n" + why.replace(" (", "\n("), ha="center", va="center", fontsize=8, wrap=True)
+        ax.text(0.5, 0.5, "\n".join(textwrap.wrap("none: " + why, 48)), ha="center", va="center", fontsize=8)
         ax.set_axis_off()
         return
     overall = relevance.mean(axis=0) if relevance.ndim == 2 else relevance
