@@ -14,6 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 from . import backend as B
 from . import batch_size as batch_rows
 from . import inputs as I
+from . import inspection
 from . import methods as M
 from . import placement
 from . import prediction as P
@@ -24,7 +25,7 @@ from . import validation as V
 from .inducing import initial_inducing_points
 from .inference import training
 from .kernels import ClassKernels, Kernel, with_default_priors
-from .model_file import VALUE_WHEN_ABSENT, FittedState, read_model_file, write_model_file
+from .model_file import FIT_RECORD, FittedState, read_model_file, unpickled_state, write_model_file
 
 __all__ = ["GPClassifier"]
 
@@ -130,6 +131,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     history_ : dict of lists, per iteration or epoch: "log_marginal_likelihood", "time", "n_invalid_sites",
         "damping", "n_steps"; with validation data "validation_step", "validation_nll", "validation_error"
     fit_time_, init_time_, stopped_by_time_ : seconds of ``fit`` and of its initial inducing points; stopped by max_time
+    stop_reason_, n_samples_fit_ : why training stopped (``agpc.inspection.STOP_REASONS``), the rows fitted or streamed
     n_jobs_, jitter_, kernel_prior_ : the processes the fit trained in, its jitter and its ``kernel_prior``
     tf32_ : bool, float32 products of the fit ran in TF32 on the GPU (``agpc.backend.TF32Warning``)
     """
@@ -304,8 +306,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.classes_ = classes
         self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter,
                          result.jitter)
-        self.stopped_by_time_ = result.stopped_by_time
-        self.early_stopped_ = result.early_stopped
+        self.stopped_by_time_, self.early_stopped_ = result.stopped_by_time, result.early_stopped
+        self.stop_reason_, self.n_samples_fit_ = result.stop_reason, n_rows
         if self.checkpoint_every is not None and result.checkpoints_written == 0 and not resumed:
             # (a resumed fit that ends before its next checkpoint leaves the one it resumed from)
             warnings.warn(f"no checkpoint was written to {str(self.checkpoint_path)!r}: the fit ended before its "
@@ -363,6 +365,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.likelihood_ = M.get_method(self.method).likelihood_for(self.likelihood, len(self.classes_))
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
                          trainer.engine.jitter)
+        self.stop_reason_, self.n_samples_fit_ = "partial_fit", self._rows_seen
         return self
 
     # -- prediction (``agpc.prediction``) ---------------------------------------------------------
@@ -389,6 +392,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return P.lazy(self, "predict_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
         log_p, in_xp, device = P.log_proba_matrix(self, X)
         return P.to_caller(B.array_namespace(log_p).exp(log_p), in_xp, device)
+
+    summary = inspection.model_summary  # what the fitted model is and how its training went, as text
 
     def predict_uncertainty(self, X, method="quadrature"):
         """Predictive entropy and its aleatoric and epistemic (BALD) parts per row, in nats: ``agpc.uncertainty``."""
@@ -427,16 +432,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     # -- persistence: all that a model file (agpc.model_file) uses of the estimator ----------------
 
     def __setstate__(self, state):
-        """Unpickling: a model pickled by an agpc without a parameter of ``model_file.VALUE_WHEN_ABSENT`` was
-        trained as that value says (kernel_prior: no priors), and is restored so."""
-        state = dict(state)
-        for name, value in VALUE_WHEN_ABSENT.items():
-            state.setdefault(name, value)
-            if "kernel_" in state:  # fitted
-                state.setdefault(name + "_", value)
-        if isinstance(state.get("_fitted_structure"), dict):
-            state["_fitted_structure"] = {**VALUE_WHEN_ABSENT, **state["_fitted_structure"]}
-        super().__setstate__(state)
+        """Unpickling: a model pickled before a parameter existed is restored as it was trained (``unpickled_state``)."""
+        super().__setstate__(unpickled_state(state))
 
     def check_params(self):
         """Refuse (one ValueError naming the parameter) parameters that ``fit`` would refuse, without fitting."""
@@ -451,7 +448,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             classes=self.classes_, n_features_in=self.n_features_in_,
             feature_names_in=getattr(self, "feature_names_in_", None),
             log_marginal_likelihood=self.log_marginal_likelihood_, n_iter=self.n_iter_,
-            jitter=getattr(self, "jitter_", self.jitter), likelihood=self.likelihood_, history=self.history_)
+            jitter=getattr(self, "jitter_", self.jitter), likelihood=self.likelihood_, history=self.history_,
+            record={name: getattr(self, name + "_", None) for name in FIT_RECORD})
 
     def set_fitted_state(self, state):
         """Make this estimator the fitted model ``state`` describes (a ``FittedState`` of a model with these
@@ -465,6 +463,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.likelihood_ = state.likelihood
         self._set_fitted(state.kernel, state.inducing_points, state.posterior, state.log_marginal_likelihood,
                          state.history, state.n_iter, state.jitter)
+        vars(self).update({name + "_": (state.record or {}).get(name) for name in FIT_RECORD})  # None: not recorded
         return self
 
     def save(self, path):

@@ -2,6 +2,7 @@
 
     agpc fit DATA --target COL --out model.agpc          train a GPClassifier on a data file, save the model
     agpc predict MODEL DATA --out predictions.csv        class probabilities (and latent moments) for a data file
+    agpc inspect MODEL [--plot out.png]                  what a model learned and how its training went
     agpc demo                                            train and evaluate on built-in data, plot the banana fit
     agpc bench [--quick] [--out DIR]                     run the source checkout's benchmark scripts
 
@@ -49,6 +50,7 @@ from . import backend as B
 from . import checkpoints, persistence
 from .classifier import GPClassifier
 from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
+from .inspection import expected_calibration_error, plot_model
 from .likelihoods import negative_log_likelihood
 from .methods import method_names
 from .tables import exception_line, load_data, load_weighted_data, one_line, preview
@@ -100,16 +102,17 @@ def _class_index(y, classes):
 
 
 def _scores(proba, y, classes):
-    """(error rate, mean negative log predictive probability) of the probabilities ``proba`` (n, C)."""
+    """(error rate, mean negative log predictive probability, expected calibration error over 10 equal-width bins
+    of the top-class probability) of the probabilities ``proba`` (n, C)."""
     proba = np.asarray(proba)
     index = _class_index(y, classes)
     error = float(np.mean(np.argmax(proba, axis=1) != index))
     nll = float(negative_log_likelihood(np.log(np.clip(proba, 1e-300, None)), index))
-    return error, nll
+    return error, nll, expected_calibration_error(proba, index, n_bins=10)
 
 
 def _print_scores(what, scores, rows):
-    print(f"{what + ':':<12} error {scores[0]:.4f}   NLL {scores[1]:.4f}   ({rows} rows)")
+    print(f"{what + ':':<12} error {scores[0]:.4f}   NLL {scores[1]:.4f}   ECE {scores[2]:.4f}   ({rows} rows)")
 
 
 # -- agpc fit ------------------------------------------------------------------------------------------
@@ -283,13 +286,48 @@ def predict(args):
     print(f"wrote {args.out}: {proba.shape[0]} rows, columns {', '.join(columns)}")
     if scores is not None:
         _print_scores("scores", scores, len(y))
-    # said once the predictions are written (a failure before is its own one line)
+    _warn_columns_by_position(wanted, names, args.data)  # said once the predictions are written
+    return 0
+
+
+def _warn_columns_by_position(wanted, names, path):
+    """Warn that the columns of ``path`` were taken by position: the model (``wanted``: its feature names) or the
+    file (``names``: its column names) has no names to match them by."""
     if wanted is None:
         warnings.warn(f"the model has no feature names (it was fitted on a file without column names, or saved by "
-                      f"an older agpc): the columns of {args.data} were taken by position, unchecked", UserWarning)
+                      f"an older agpc): the columns of {path} were taken by position, unchecked", UserWarning)
     elif names is None:
-        warnings.warn(f"{args.data} has no column names: its columns were taken by position as the model's features "
+        warnings.warn(f"{path} has no column names: its columns were taken by position as the model's features "
                       f"{preview(wanted, 8)}, unchecked", UserWarning)
+
+
+# -- agpc inspect --------------------------------------------------------------------------------------
+
+def inspect(args):
+    if (args.data is None) != (args.target is None):
+        raise UsageError("--data and --target go together: the rows to score the model's calibration on, and their "
+                         "label column")
+    if args.plot is not None:
+        _check_writable(args.plot, [args.model] + ([args.data] if args.data is not None else []))
+    model = _load_model(args.model)
+    calibration = scores = None
+    if args.data is not None:
+        wanted = _feature_names(model)
+        X, y, names = load_data(args.data, args.target, features=wanted)
+        _check_feature_count(X, model, args.data, args.target)
+        with _columns_already_matched():
+            proba = np.asarray(model.predict_proba(X))
+        scores = _scores(proba, y, model.classes_)
+        calibration = proba, _class_index(y, model.classes_)
+    if args.plot is not None:  # the command's file, written before what it prints
+        plot_model(model, args.plot, calibration, max_features=args.max_features)
+    print(model.summary(max_features=args.max_features), end="")
+    if scores is not None:
+        _print_scores(f"scores on {args.data}", scores, len(calibration[1]))
+    if args.plot is not None:
+        print(f"wrote {args.plot}")
+    if args.data is not None:
+        _warn_columns_by_position(wanted, names, args.data)
     return 0
 
 
@@ -299,7 +337,7 @@ def _run(name, model, X_train, y_train, X_test, y_test, extra=""):
     t0 = time.perf_counter()
     model.fit(X_train, y_train)
     seconds = time.perf_counter() - t0
-    error, nll = _scores(model.predict_proba(X_test), y_test, model.classes_)
+    error, nll, _ = _scores(model.predict_proba(X_test), y_test, model.classes_)
     print(
         f"| {name:<29} | {len(y_train):>6} | {model.inducing_points_.shape[0]:>4} | {error:>6.3f} | "
         f"{nll:>6.3f} | {seconds:>7.2f} | {extra}"
@@ -468,9 +506,13 @@ def _positive_or(words, text):
     except ValueError:
         value = 0
     if value < 1:
-        named = ", ".join(f"'{word}'" for word in words)
-        raise argparse.ArgumentTypeError(f"expected {named} or a positive integer, got {text!r}")
+        named = "".join(f"'{word}', " for word in words)[:-2]
+        raise argparse.ArgumentTypeError(f"expected {named + ' or ' if named else ''}a positive integer, got {text!r}")
     return value
+
+
+def _positive(text):
+    return _positive_or({}, text)
 
 
 def _batch_size(text):
@@ -550,11 +592,30 @@ def _predict_parser(sub):
                    "Parquet file the model's feature columns are taken by name (other columns, the label's too, are "
                    "ignored); from a file without column names, by position")
     p.add_argument("--target", metavar="COL", help="a label column (or .npz / zarr array) to drop from the features "
-                   "and score against: then error and NLL are printed")
+                   "and score against: then error, NLL and the expected calibration error (ECE: 10 equal-width bins of "
+                   "the top-class probability, Guo et al. 2017) are printed")
     p.add_argument("--latent", action="store_true", help="also write the latent mean and variance (per class "
                    "for more than two classes)")
     p.add_argument("--out", required=True, metavar="CSV", help="where to write the predictions (e.g. predictions.csv)")
     p.set_defaults(func=predict)
+
+
+def _inspect_parser(sub):
+    p = sub.add_parser("inspect", help="print what a model learned and how its training went; --plot draws it",
+                       description="Print MODEL's method, data shape, classes and features, its kernel with the "
+                                   "relevance of each feature (from the ARD lengthscales), its inducing points, its "
+                                   "training history (final log Z or bound, iterations, time, jitter, why it "
+                                   "stopped) and its validation scores; with --data and --target, its error, NLL "
+                                   "and expected calibration error on those rows.")
+    p.add_argument("model", metavar="MODEL", help="a model written by 'agpc fit' (or GPClassifier.save)")
+    p.add_argument("--data", metavar="DATA", help="a labelled table (as for 'agpc predict') to score the model's "
+                   "calibration on: error, NLL, ECE, and the reliability diagram of --plot")
+    p.add_argument("--target", metavar="COL", help="the label column of --data")
+    p.add_argument("--plot", metavar="PNG", help="also write one PNG: the training curve, the reliability diagram "
+                   "(with --data) and the feature relevance")
+    p.add_argument("--max-features", type=_positive, default=20, metavar="N",
+                   help="list the N most relevant features (default 20)")
+    p.set_defaults(func=inspect)
 
 
 def _demo_parser(sub):
@@ -611,7 +672,7 @@ def _parser():
     parser.add_argument("--version", action="version", version=f"agpc {_version()}")
     parser.add_argument("--debug", action="store_true", help="on an error, print the traceback instead of one line")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_fit_parser, _predict_parser, _demo_parser, _bench_parser):
+    for add in (_fit_parser, _predict_parser, _inspect_parser, _demo_parser, _bench_parser):
         add(sub)
     for command in sub.choices.values():  # 'agpc fit ... --debug' as well as 'agpc --debug fit ...'
         command.epilog = _EPILOG

@@ -32,6 +32,7 @@ import numpy as np
 from . import backend as B
 from .checkpoints import HEADER_KEY, atomic_savez, read_archive
 from .inference.ep import Posterior, prior_cholesky
+from .inference.training import STOP_REASONS
 from .kernels import PER_DIMENSION, ClassKernels, kernel_from_spec, spec_parameter_table
 from .untrusted import RefusedFile, available_memory, describe
 
@@ -44,7 +45,7 @@ FORMAT = "agpc-model"
 VERSION = 3
 
 __all__ = ["FORMAT", "VERSION", "NOT_RESTORED", "VALUE_WHEN_ABSENT", "MAX_LABEL_BYTES", "MAX_QUADRATURE",
-           "FittedState", "write_model_file", "read_model_file"]
+           "FIT_RECORD", "FittedState", "write_model_file", "read_model_file", "unpickled_state"]
 
 # a class label is a number or a short name: a longer string in a model file is a way to take memory
 MAX_LABEL_BYTES = 4096
@@ -54,6 +55,10 @@ NOT_RESTORED = ("checkpoint_path", "checkpoint_every", "site_directory", "client
 # Parameters added after models were first saved, and the value a file without them stands for: what those
 # models were trained with (before kernel_prior, every model was fitted by maximum likelihood: None).
 VALUE_WHEN_ABSENT = {"kernel_prior": None}
+# What a fit reported beyond its history, kept in the file's "fit_record" (a file without it, or without one of
+# them, was written before they were recorded: the loaded model's attribute is None, "not recorded"). The estimator
+# holds each as the attribute of its name and a trailing underscore (``stop_reason_``).
+FIT_RECORD = ("n_samples_fit", "fit_time", "stop_reason")
 # Gauss-Hermite nodes for SVI's binary logistic predictions (20 by default): more than this from a file is
 # a way to make prediction take gigabytes, not a model
 MAX_QUADRATURE = 1000
@@ -80,6 +85,7 @@ class FittedState:
     jitter: float  # on the diagonal of K(Z, Z) at the end of the fit
     likelihood: str  # "probit", "logistic" or "robust-max"
     history: dict  # name -> list of numbers, one an evaluation
+    record: dict = None  # of FIT_RECORD: the rows fitted, the seconds the fit took, why it stopped (None: unknown)
 
 
 # -- writing -----------------------------------------------------------------------------------------
@@ -134,9 +140,24 @@ def write_model_file(path, model):
         "fitted_jitter": float(state.jitter),
         "likelihood": state.likelihood,
         "history": {k: [float(v) for v in values] for k, values in state.history.items()},
+        "fit_record": {name: value for name, value in (state.record or {}).items() if value is not None},
     }
     arrays[HEADER_KEY] = np.asarray(json.dumps(header))
     atomic_savez(path, arrays)
+
+
+def unpickled_state(state):
+    """The ``__dict__`` of an estimator pickled by an agpc without a parameter of ``VALUE_WHEN_ABSENT``, completed
+    as that model was trained (kernel_prior: no priors; a fitted one's ``kernel_prior_`` and the structure
+    ``partial_fit`` checks too)."""
+    state = dict(state)
+    for name, value in VALUE_WHEN_ABSENT.items():
+        state.setdefault(name, value)
+        if "kernel_" in state:  # fitted
+            state.setdefault(name + "_", value)
+    if isinstance(state.get("_fitted_structure"), dict):
+        state["_fitted_structure"] = {**VALUE_WHEN_ABSENT, **state["_fitted_structure"]}
+    return state
 
 
 # -- reading: every field checked against the schema ------------------------------------------------
@@ -244,11 +265,27 @@ def _check_header_fields(header, refuse, version):
         isinstance(values, list) and all(_is_number(v) for v in values) for values in history.values()
     ):
         raise refuse("history: not a mapping of names to lists of numbers")
+    record = _checked_record(header.get("fit_record", {}), refuse)
     names = header.get("feature_names_in") if version >= 2 else None
     if names is not None and not (isinstance(names, list) and len(names) == d and all(isinstance(v, str) for v in names)
                                   and len(set(names)) == d):
         raise refuse(f"feature_names_in: expected {d} distinct column names")
-    return d, names
+    return d, names, record
+
+
+def _checked_record(record, refuse):
+    """The fit record (``FIT_RECORD``): names this agpc does not know (a newer one's) are dropped, as parameters
+    are; each known one is checked (a row count, seconds, one of ``training.STOP_REASONS``)."""
+    if not isinstance(record, dict):
+        raise refuse("fit_record: not a mapping of names to values")
+    rows, seconds, reason = (record.get(name) for name in FIT_RECORD)
+    if rows is not None and not (_is_int(rows) and rows >= 1):
+        raise refuse(f"fit_record.n_samples_fit: {rows!r} is not a positive integer")
+    if seconds is not None and not (_is_number(seconds) and math.isfinite(seconds) and seconds >= 0):
+        raise refuse(f"fit_record.fit_time: {seconds!r} is not a non-negative number of seconds")
+    if reason is not None and reason not in STOP_REASONS:
+        raise refuse(f"fit_record.stop_reason: {reason!r} is not one of {list(STOP_REASONS)}")
+    return {name: record.get(name) for name in FIT_RECORD}
 
 
 def _kernel_specs(header, n_classes, refuse):
@@ -355,7 +392,7 @@ def read_model_file(path, estimator, backend="numpy"):
     if header.get("estimator") != estimator.__name__:
         raise refuse(f"estimator: {header.get('estimator')!r}, this agpc loads {estimator.__name__}")
     model = _checked_params(header.get("params", {}), estimator, refuse)
-    d, feature_names = _check_header_fields(header, refuse, version)
+    d, feature_names, record = _check_header_fields(header, refuse, version)
     for name in ("inducing_points", "posterior_L_C", "posterior_h", "classes"):
         if name not in arrays:
             raise refuse(f"{name}: missing")
@@ -418,7 +455,7 @@ def read_model_file(path, estimator, backend="numpy"):
         feature_names_in=None if feature_names is None else np.asarray(feature_names, dtype=object),
         log_marginal_likelihood=float(header.get("log_marginal_likelihood", float("nan"))),
         n_iter=header.get("n_iter", 0), jitter=float(jitter), likelihood=likelihood,
-        history={k: list(v) for k, v in header.get("history", {}).items()},
+        history={k: list(v) for k, v in header.get("history", {}).items()}, record=record,
     ))
     _check_predicts(model, Z[0] if multiclass else Z, refuse)
     return model

@@ -93,7 +93,7 @@ class TimeBudget(Hook):
 
     def before_step(self, run, rebuild_due):
         if self.exhausted(rebuild_due):
-            run.stopped_by_time = True
+            run.stopped_by_time, run.stop_reason = True, "max_time"
             return True
         return False
 
@@ -134,7 +134,7 @@ class Validation(Hook):
         if self.n_iter_no_change is not None and best["since"] >= self.n_iter_no_change:
             if best["state"] is not None:  # (not kept across a resume: the current state stays)
                 trainer.engine.put_back(best["state"])
-            run.early_stopped = True
+            run.early_stopped, run.stop_reason = True, "early_stopping"
 
 
 class Checkpoints(Hook):
@@ -204,7 +204,7 @@ class Plateau(Hook):
             return
         history = trainer.history["log_marginal_likelihood"]
         if len(history) > self.steps and history[-1] - history[-1 - self.steps] < self.rise:
-            run.converged = True
+            run.converged, run.stop_reason = True, "plateau"
 
 
 def standard_hooks(settings, validation=None):

@@ -35,9 +35,13 @@ from .settings import TrainSettings, setting_names, with_overrides
 
 __all__ = ["train", "fit", "Trainer", "TrainResult", "TrainSettings", "EngineOptions", "Run", "with_overrides",
            "setting_names", "standard_hooks", "ALL_METHODS", "MAX_FAILURES", "minibatch_layout", "data_fingerprint",
-           "fingerprint_stride", "FINGERPRINT_ROWS", "check_saved_factor"]
+           "fingerprint_stride", "FINGERPRINT_ROWS", "check_saved_factor", "STOP_REASONS"]
 
 HISTORY_KEYS = ("log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps")
+# Why a run stopped (``TrainResult.stop_reason``): its step budget ran out; the sites settled below ``tol`` (nothing to
+# optimise); ``hooks.Plateau`` saw log Z stop rising; ``hooks.TimeBudget``'s time ran out; ``hooks.Validation``'s
+# early stopping. A stream (``partial_fit``) has no stop of its own.
+STOP_REASONS = ("max_iter", "converged", "plateau", "max_time", "early_stopping", "partial_fit")
 MAX_FAILURES = 30  # failed steps in a row after which the guard gives up
 
 
@@ -58,6 +62,7 @@ class TrainResult:
     state: dict = field(default_factory=dict)  # the engine's final state (SVI: "whitened_mean", "whitened_chol"; vi-*: "xi")
     jitter: float = None  # on the diagonal of Kmm at the end: the configured one, or what the guard raised it to
     checkpoints_written: int = 0  # by this run (0 when checkpoint_every exceeds its steps: the caller says so)
+    stop_reason: str = "max_iter"  # of STOP_REASONS
 
 
 def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
@@ -256,6 +261,7 @@ class Run:
     early_stopped: bool = False
     converged: bool = False  # (a hook may say so: ``hooks.Plateau``)
     checkpoints_written: int = 0
+    stop_reason: str = "max_iter"  # of STOP_REASONS: set where the run is stopped
 
     @property
     def minibatch(self):
@@ -307,7 +313,7 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
         if run.early_stopped or run.converged:
             break
         if not engine.has_params and not minibatch and change is not None and change < settings.tol:
-            run.converged = True
+            run.converged, run.stop_reason = True, "converged"
             break
     for hook in hooks:
         hook.finish(run)
@@ -373,6 +379,7 @@ def _result(run, want_log_z):
         site_shift=state.get("mu"), factor=state.get("factor"), history=trainer.history, converged=run.converged,
         stopped_by_time=run.stopped_by_time, early_stopped=run.early_stopped,
         checkpoints_written=run.checkpoints_written, state=state, jitter=engine.jitter + extra,
+        stop_reason=run.stop_reason,
     )
 
 

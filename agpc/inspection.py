@@ -1,0 +1,315 @@
+"""What a fitted classifier learned and how its training went, for a person to read.
+
+- ``model_summary(model)``: the text ``GPClassifier.summary()`` returns and ``agpc inspect MODEL`` prints: the method
+  and likelihood, the data's shape, classes and feature names, the kernel's parameters with the relevance of each
+  feature, the inducing points, the training history (final log Z or bound, iterations and steps, time, jitter, why
+  it stopped) and the validation scores where the fit had validation data.
+- ``feature_relevance(kernel)``: the relevance of each feature from ARD lengthscales, 1 / lengthscale_j^2
+  normalised to sum to one (the inverse squared lengthscale of automatic relevance determination: Neal (1996);
+  Rasmussen & Williams (2006), sec. 5.1).
+- ``reliability_bins`` and ``expected_calibration_error``: how well predicted probabilities match the frequencies
+  seen, over equal-width bins of the top-class probability (Naeini, Cooper & Hauskrecht (2015); Guo, Pleiss, Sun &
+  Weinberger (2017), sec. 2), written against the array API.
+- ``plot_model(model, path, calibration=None)``: one PNG of the training curve, the reliability diagram and the
+  feature relevance (matplotlib, a dependency of agpc, imported when a plot is drawn).
+
+A loaded model prints what its file recorded: files written before the fit record (rows, time, why training
+stopped) existed say "not recorded" there.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import numpy as np
+from sklearn.utils.validation import check_is_fitted
+
+from . import backend as B
+from . import methods as M
+from .checkpoints import atomic_write
+from .inference.training import STOP_REASONS
+from .kernels import ClassKernels, Stationary
+
+__all__ = ["STOP_REASONS", "STOPPED_BECAUSE", "model_summary", "feature_relevance", "reliability_bins",
+           "expected_calibration_error", "plot_model"]
+
+STOPPED_BECAUSE = {
+    "max_iter": "max_iter: the iterations (epochs with minibatches) it was given ran out",
+    "converged": "converged: the largest relative change of the sites fell below tol",
+    "plateau": "plateau: log Z stopped rising (the exact model's stop, docs/small_data_defaults.md)",
+    "max_time": "max_time: the time budget ran out",
+    "early_stopping": "early stopping: the validation NLL stopped improving (n_iter_no_change), best state kept",
+    "partial_fit": "a stream (partial_fit): trained one minibatch a call, no stop of its own",
+}
+"""Each of ``STOP_REASONS`` (the ``stop_reason_`` of a fitted model) as the summary says it."""
+
+NOT_RECORDED = "not recorded (a model saved or pickled before agpc recorded it)"
+# what the history's "log_marginal_likelihood" is, by the method's family (vi-JJ's is a lower bound, vi-Taylor's
+# an approximation of one: Izmailov & Kropotov (2017), sec. 4)
+BOUND_NAMES = {"ep": "log Z (EP's estimate)", "gfitc": "log Z (EP's estimate)", "variational": "ELBO (lower bound)",
+               "quadratic": "variational objective (vi-JJ: a lower bound; vi-Taylor: its approximation)"}
+
+
+# -- feature relevance ----------------------------------------------------------------------------------
+
+def feature_relevance(kernel):
+    """(relevance, None) or (None, why there is none) for one kernel, or a ``ClassKernels`` (then relevance is
+    (C, d), one row a class). Relevance_j = (1 / l_j^2) / sum_k (1 / l_k^2) for the ARD lengthscales l of a
+    stationary kernel (RBF, Matern 5/2, rational quadratic): how fast the latent function may change along
+    feature j, in the units the features were given (compare features on one scale: standardise them first)."""
+    if isinstance(kernel, ClassKernels):
+        rows = [feature_relevance(k) for k in kernel.kernels]
+        why = next((why for _, why in rows if why is not None), None)
+        return (None, why) if why is not None else (np.stack([relevance for relevance, _ in rows]), None)
+    if not isinstance(kernel, Stationary):
+        return None, (f"the {type(kernel).__name__} kernel has no one set of ARD lengthscales (each term has its "
+                      "own: see its parameters); relevance is given for a single RBF, Matern52 or RationalQuadratic")
+    lengthscales = np.asarray(B.to_numpy(kernel.lengthscales), dtype=np.float64).reshape(-1)
+    if lengthscales.shape[0] == 1:
+        return None, "one lengthscale shared by every feature (no ARD): no feature is more relevant than another"
+    precision = 1.0 / lengthscales ** 2
+    return precision / precision.sum(), None
+
+
+def _lengthscales(kernel):
+    """(d,) or (C, d) host lengthscales of a kernel whose relevance is defined."""
+    if isinstance(kernel, ClassKernels):
+        return np.stack([_lengthscales(k) for k in kernel.kernels])
+    return np.asarray(B.to_numpy(kernel.lengthscales), dtype=np.float64).reshape(-1)
+
+
+def _feature_labels(model):
+    names = getattr(model, "feature_names_in_", None)
+    return ([str(name) for name in names] if names is not None
+            else [f"x{j}" for j in range(int(model.n_features_in_))])
+
+
+def _relevance_lines(model, max_features):
+    relevance, why = feature_relevance(model.kernel_)
+    if relevance is None:
+        return [f"feature relevance: none ({why})"]
+    labels = _feature_labels(model)
+    per_class = relevance.ndim == 2
+    overall = relevance.mean(axis=0) if per_class else relevance
+    order = np.argsort(-overall, kind="stable")
+    width = max(7, *(len(labels[j]) for j in order[:max_features]))
+    lines = ["feature relevance: 1 / lengthscale^2, normalised to sum to 1 (features compared in the units they "
+             "were given)"]
+    if per_class:
+        heads = [f"class {c}" for c in model.classes_]
+        lines.append(f"  {'feature':<{width}}  {'mean':>8}  " + "  ".join(f"{h:>10}" for h in heads))
+        for j in order[:max_features]:
+            lines.append(f"  {labels[j]:<{width}}  {overall[j]:>8.4f}  "
+                         + "  ".join(f"{relevance[c, j]:>10.4f}" for c in range(relevance.shape[0])))
+    else:
+        lengthscales = _lengthscales(model.kernel_)
+        lines.append(f"  {'feature':<{width}}  {'relevance':>9}  {'lengthscale':>11}")
+        for j in order[:max_features]:
+            lines.append(f"  {labels[j]:<{width}}  {overall[j]:>9.4f}  {lengthscales[j]:>11.4g}")
+    rest = order[max_features:]
+    if rest.shape[0]:
+        lines.append(f"  ... {rest.shape[0]} more features, relevance {overall[rest].sum():.4f} together")
+    return lines
+
+
+# -- the summary ----------------------------------------------------------------------------------------
+
+def _scalar_parameters(kernel):
+    """'amplitude 1.23, noise 0.001' of a kernel's scalar parameters (a sum's or product's with their term's
+    position: '0.amplitude'); per-dimension ones are the relevance table's, or listed when there is none."""
+    parts = []
+    for key, parameter in kernel.parameter_table().items():
+        values = np.asarray(B.to_numpy(parameter.value(kernel.params[key])), dtype=np.float64).reshape(-1)
+        name = key[: len(key) - len(parameter.key)] + parameter.name
+        if values.shape[0] == 1:
+            parts.append(f"{name} {values[0]:.4g}")
+        elif not isinstance(kernel, Stationary):
+            parts.append(f"{name} [{', '.join(f'{v:.4g}' for v in values[:8])}{', ...' if values.shape[0] > 8 else ''}]")
+    return ", ".join(parts)
+
+
+def _kernel_lines(model):
+    kernel = model.kernel_
+    prior = getattr(model, "kernel_prior_", None)
+    said = "weak priors on lengthscales and amplitude (MAP)" if prior == "auto" else "no default priors"
+    if isinstance(kernel, ClassKernels):
+        lines = [f"kernel: one kernel a class, {said}"]
+        lines += [f"  class {c}: {type(k).__name__}: {_scalar_parameters(k)}" for c, k in zip(model.classes_, kernel)]
+        return lines
+    return [f"kernel: {type(kernel).__name__}: {_scalar_parameters(kernel)} ({said})"]
+
+
+def _preview(values, most=12):
+    values = [str(v) for v in values]
+    return ", ".join(values[:most]) + (f", ... ({len(values)} in all)" if len(values) > most else "")
+
+
+def _bound_name(model):
+    """What the history's "log_marginal_likelihood" is for the model's method: EP's log Z or a lower bound."""
+    spec = M.get_method(model.method) if model.method in M.method_names() else None
+    return BOUND_NAMES.get(spec.family if spec is not None else None, "log Z_q")
+
+
+def _training_lines(model):
+    history = model.history_
+    bound = _bound_name(model)
+    reason = getattr(model, "stop_reason_", None)
+    seconds = getattr(model, "fit_time_", None)
+    steps = history.get("n_steps") or []
+    lines = ["training:",
+             f"  stopped: {STOPPED_BECAUSE.get(reason, NOT_RECORDED)}",
+             f"  iterations (epochs with minibatches): {int(model.n_iter_)}"
+             + (f", {int(steps[-1])} steps" if steps else ""),
+             f"  final {bound}: {float(model.log_marginal_likelihood_):.6g}",
+             "  fit time: " + ("not measured for partial_fit" if reason == "partial_fit" else NOT_RECORDED
+                                if seconds is None else f"{seconds:.3g} s"),
+             f"  jitter: {float(model.jitter_):.3g} on the diagonal of K(Z, Z)"]
+    nll = history.get("validation_nll") or []
+    if nll:
+        errors, at = history.get("validation_error") or [], history.get("validation_step") or []
+        best = int(np.argmin(nll))
+        lines += [f"validation ({len(nll)} scores):",
+                  f"  last: NLL {nll[-1]:.4f}, error {errors[-1]:.4f} (step {int(at[-1])})",
+                  f"  best: NLL {nll[best]:.4f}, error {errors[best]:.4f} (step {int(at[best])})"]
+    else:
+        lines.append("validation: none (fit without validation_data)")
+    return lines
+
+
+def model_summary(model, max_features=20):
+    """A fitted model as text (``GPClassifier.summary()``, ``agpc inspect``): what it is, which features matter
+    (the ``max_features`` most relevant are listed), how training went. Printing is the caller's."""
+    check_is_fitted(model, "posterior_")
+    if isinstance(max_features, bool) or not isinstance(max_features, (int, np.integer)) or max_features < 1:
+        raise ValueError(f"max_features must be a positive integer, got {max_features!r}")
+    rows = getattr(model, "n_samples_fit_", None)
+    names = getattr(model, "feature_names_in_", None)
+    Z = model.inducing_points_
+    per_class = " a class" if len(Z.shape) == 3 else ""
+    lines = [f"{type(model).__name__}: method {model.method}, likelihood {model.likelihood_}, dtype {model.dtype}",
+             f"data: {'rows ' + NOT_RECORDED if rows is None else f'{rows} rows'}, {int(model.n_features_in_)} "
+             f"features; {len(model.classes_)} classes: {_preview(model.classes_.tolist())}",
+             "features: " + (_preview(names, 8) if names is not None else "not named (fitted on an array without "
+                                                                        "column names)")]
+    lines += _kernel_lines(model) + _relevance_lines(model, max_features)
+    lines.append(f"inducing points: {Z.shape[-2]}{per_class}"
+                 + (" (as many as training rows)" if rows is not None and Z.shape[-2] == rows else ""))
+    return "\n".join(lines + _training_lines(model)) + "\n"
+
+
+# -- calibration ----------------------------------------------------------------------------------------
+
+def reliability_bins(proba, class_index, n_bins=10):
+    """Per equal-width bin of the top-class probability, (rows, accuracy, mean confidence) as three NumPy arrays of
+    ``n_bins`` (an empty bin: 0 rows, NaN accuracy and confidence). ``proba``: (n, C) probabilities of any
+    array-API namespace; ``class_index``: (n,) each row's true class as a column of ``proba``. Bin b holds the rows
+    whose top probability lies in (b / n_bins, (b + 1) / n_bins] (the first bin includes 0): Guo et al. (2017),
+    sec. 2. One transfer to the host."""
+    if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
+        raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}")
+    xp = B.array_namespace(proba, class_index)
+    if proba.ndim != 2 or class_index.ndim != 1 or class_index.shape[0] != proba.shape[0] or proba.shape[0] == 0:
+        raise ValueError(f"expected probabilities (n, C) and n class indices with n >= 1, got shapes {proba.shape} and "
+                         f"{class_index.shape}")
+    confidence = xp.max(proba, axis=1)
+    correct = xp.astype(xp.argmax(proba, axis=1) == xp.astype(class_index, xp.int64), proba.dtype)
+    edges = [b / n_bins for b in range(n_bins + 1)]  # (exact at the tenths a probability may equal: 0.7 is 7 / 10)
+    sums = []
+    for b in range(n_bins):
+        inside = confidence <= edges[b + 1]
+        if b > 0:
+            inside = inside & (confidence > edges[b])
+        weight = xp.astype(inside, proba.dtype)
+        sums += [xp.sum(weight), xp.sum(weight * correct), xp.sum(weight * confidence)]
+    counts, hits, confidences = np.asarray(B.to_numpy(xp.stack(sums)), dtype=np.float64).reshape(n_bins, 3).T
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return counts.astype(np.int64), hits / counts, confidences / counts
+
+
+def expected_calibration_error(proba, class_index, n_bins=10):
+    """ECE = sum_b (n_b / n) |accuracy_b - confidence_b| over ``n_bins`` equal-width bins of the top-class
+    probability (Naeini et al. (2015); Guo et al. (2017), sec. 2): 0 for probabilities that are as often right as
+    they say; a float. Arguments as ``reliability_bins``."""
+    counts, accuracy, confidence = reliability_bins(proba, class_index, n_bins)
+    filled = counts > 0
+    return float(np.sum(counts[filled] * np.abs(accuracy[filled] - confidence[filled])) / counts.sum())
+
+
+# -- the plot -------------------------------------------------------------------------------------------
+
+def _figure():
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ModuleNotFoundError("the plot needs matplotlib, a dependency of agpc that is not installed here: "
+                                  "pip install matplotlib", name="matplotlib") from exc
+    figure = Figure(figsize=(15, 4.6))
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _plot_training(ax, model):
+    history = model.history_
+    values = history.get("log_marginal_likelihood") or []
+    ax.plot(history.get("n_steps") or range(1, len(values) + 1), values, color="#08519c", label="log Z_q")
+    stopped = STOPPED_BECAUSE.get(getattr(model, "stop_reason_", None), "not recorded").split(":")[0]
+    ax.set(title=f"training (stopped: {stopped})", xlabel="steps", ylabel=_bound_name(model))
+    nll = history.get("validation_nll") or []
+    if nll:
+        right = ax.twinx()
+        right.plot(history["validation_step"], nll, color="#cb181d", label="validation NLL")
+        right.set_ylabel("validation NLL", color="#cb181d")
+
+
+def _plot_reliability(ax, calibration, n_bins):
+    ax.set(title="reliability", xlabel="top-class probability", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
+    ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
+    if calibration is None:
+        ax.text(0.5, 0.5, "no data given: a reliability diagram\nneeds labelled rows (agpc inspect --data\n"
+                "TABLE --target COL)", ha="center", va="center", fontsize=9)
+        return
+    proba, class_index = calibration
+    counts, accuracy, confidence = reliability_bins(proba, class_index, n_bins)
+    centres = (np.arange(n_bins) + 0.5) / n_bins
+    filled = counts > 0
+    ax.bar(centres[filled], accuracy[filled], width=1.0 / n_bins, edgecolor="k", color="#6baed6", label="accuracy")
+    ax.plot(confidence[filled], confidence[filled], "o", color="#cb181d", markersize=3, label="mean confidence")
+    ece = expected_calibration_error(proba, class_index, n_bins)
+    ax.legend(loc="upper left", fontsize=8, title=f"ECE {ece:.4f} ({int(counts.sum())} rows, {n_bins} bins)",
+              title_fontsize=8)
+
+
+def _plot_relevance(ax, model, max_features):
+    relevance, why = feature_relevance(model.kernel_)
+    ax.set_title("feature relevance (1 / lengthscale^2)")
+    if relevance is None:
+        ax.text(0.5, 0.5, "\n".join(textwrap.wrap("none: " + why, 48)), ha="center", va="center", fontsize=8)
+        ax.set_axis_off()
+        return
+    overall = relevance.mean(axis=0) if relevance.ndim == 2 else relevance
+    order = np.argsort(-overall, kind="stable")[:max_features][::-1]
+    labels = _feature_labels(model)
+    ax.barh([labels[j] for j in order], overall[order], color="#74c476")
+    ax.set_xlabel("relevance (mean over classes)" if relevance.ndim == 2 else "relevance")
+    ax.locator_params(axis="x", nbins=4)
+
+
+def plot_model(model, path, calibration=None, n_bins=10, max_features=20):
+    """One PNG at ``path`` (written atomically; a device, a directory or a FIFO refused): the training curve (log Z
+    or the bound, and the validation NLL where there is one), the reliability diagram with its expected calibration
+    error on ``calibration`` = (proba (n, C), class_index (n,)) of labelled rows (without: the panel says so),
+    and the feature relevance of the ``max_features`` most relevant features."""
+    check_is_fitted(model, "posterior_")
+    figure = _figure()
+    axes = figure.subplots(1, 3)
+    _plot_training(axes[0], model)
+    _plot_reliability(axes[1], calibration, n_bins)
+    _plot_relevance(axes[2], model, max_features)
+    figure.suptitle(f"{type(model).__name__}: method {model.method}, {len(model.classes_)} classes, "
+                    f"{int(model.n_features_in_)} features")
+    figure.tight_layout()
+    with atomic_write(path, "wb", what=f"cannot write the plot to {os.fspath(path)}") as fh:
+        figure.savefig(fh, format="png", dpi=90)
+    return path

@@ -1,0 +1,397 @@
+"""Looking at a fitted model (``agpc.inspection``): ``GPClassifier.summary()`` and ``agpc inspect`` say what the model
+is, which features matter (1 / lengthscale^2 of the ARD kernel, normalised), how training went and why it stopped,
+the same after a save and load; the expected calibration error matches a hand computation and an independent
+implementation; ``--plot`` writes one PNG through the safe-write rules; bad files are one line."""
+
+import io
+import json
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+import array_api_strict
+import numpy as np
+import pandas
+import pytest
+
+from agpc import RBF, GPClassifier, Matern52, load_model
+from agpc.checkpoints import HEADER_KEY
+from agpc.cli import main
+from agpc.datasets import make_banana
+from agpc.inspection import STOP_REASONS, STOPPED_BECAUSE, expected_calibration_error, feature_relevance, \
+    plot_model, reliability_bins
+from helpers import three_classes, write_table
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = dict(n_inducing=8, max_iter=5, random_state=0)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def relevant_and_noise(n=120, seed=0):
+    """Feature "signal" decides the label; "noise" does not."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    y = (X[:, 0] + 0.2 * rng.normal(size=n) > 0).astype(int)
+    return pandas.DataFrame(X, columns=["signal", "noise"]), y
+
+
+@pytest.fixture(scope="module")
+def named():
+    X, y = relevant_and_noise()
+    return GPClassifier(n_inducing=10, max_iter=30, random_state=0).fit(X, y), X, y
+
+
+@pytest.fixture(scope="module")
+def banana_model():
+    X, y = make_banana(200, random_state=0)
+    return GPClassifier(**FAST).fit(X, y), X, y
+
+
+def saved_and_loaded(model):
+    buffer = io.BytesIO()
+    model.save(buffer)
+    buffer.seek(0)
+    return GPClassifier.load(buffer), buffer
+
+
+# -- the summary ---------------------------------------------------------------------------------------
+
+def test_summary_of_a_binary_model_says_what_it_is_and_how_training_went(banana_model):
+    model, X, _ = banana_model
+    text = model.summary()
+    assert isinstance(text, str)
+    lines = text.splitlines()
+    assert lines[0] == "GPClassifier: method ep, likelihood probit, dtype float64"
+    assert lines[1] == "data: 200 rows, 2 features; 2 classes: -1, 1"
+    assert "features: not named" in text
+    assert f"inducing points: {model.inducing_points_.shape[0]}\n" in text
+    assert f"stopped: {STOPPED_BECAUSE['max_iter']}" in text
+    steps = model.history_["n_steps"][-1]
+    assert f"iterations (epochs with minibatches): {model.n_iter_}, {steps} steps" in text
+    assert f"final log Z (EP's estimate): {model.log_marginal_likelihood_:.6g}" in text
+    assert f"fit time: {model.fit_time_:.3g} s" in text
+    assert f"jitter: {model.jitter_:.3g}" in text
+    assert "validation: none" in text
+    assert model.n_samples_fit_ == X.shape[0] and model.stop_reason_ == "max_iter"
+
+
+def test_relevance_is_the_normalised_inverse_squared_lengthscale_sorted_with_names(named):
+    model, X, _ = named
+    lengthscales = np.exp(np.asarray(model.kernel_.params["log_lengthscales"]))
+    expected = (1 / lengthscales ** 2) / np.sum(1 / lengthscales ** 2)
+    relevance, why = feature_relevance(model.kernel_)
+    assert why is None
+    np.testing.assert_allclose(relevance, expected, rtol=1e-12)
+    assert relevance[list(X.columns).index("signal")] > 0.8  # the feature that decides the label
+    text = model.summary()
+    assert "features: signal, noise" in text
+    table = text.split("feature relevance:")[1].splitlines()[2:4]
+    assert table[0].split()[0] == "signal" and table[1].split()[0] == "noise"  # most relevant first
+    for row in table:
+        name, shown, lengthscale = row.split()
+        j = list(X.columns).index(name)
+        assert float(shown) == pytest.approx(expected[j], abs=5e-5)
+        assert float(lengthscale) == pytest.approx(lengthscales[j], rel=1e-3)
+
+
+def test_max_features_lists_the_most_relevant_and_sums_the_rest():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(60, 5))
+    y = (X[:, 0] + X[:, 1] > 0).astype(int)
+    model = GPClassifier(**FAST).fit(X, y)
+    relevance, _ = feature_relevance(model.kernel_)
+    order = np.argsort(-relevance, kind="stable")
+    text = model.summary(max_features=2)
+    rows = text.split("feature relevance:")[1].splitlines()[2:5]
+    assert [row.split()[0] for row in rows[:2]] == [f"x{j}" for j in order[:2]]
+    assert rows[2] == f"  ... 3 more features, relevance {relevance[order[2:]].sum():.4f} together"
+    with pytest.raises(ValueError, match="max_features must be a positive integer"):
+        model.summary(max_features=0)
+
+
+def test_summary_of_a_multiclass_model_has_a_relevance_column_a_class():
+    X, y = three_classes(90, 0)
+    model = GPClassifier(n_inducing=6, max_iter=3, random_state=0).fit(X, y)
+    text = model.summary()
+    assert "3 classes: 0, 1, 2" in text and "kernel: one kernel a class" in text
+    assert "inducing points: 6 a class" in text
+    assert all(f"  class {c}: RBF: amplitude" in text for c in range(3))
+    relevance, why = feature_relevance(model.kernel_)
+    assert why is None and relevance.shape == (3, 2)
+    np.testing.assert_allclose(relevance.sum(axis=1), 1.0)
+    header = text.split("feature relevance:")[1].splitlines()[1].split()
+    assert header == ["feature", "mean", "class", "0", "class", "1", "class", "2"]
+
+
+def test_a_kernel_without_one_set_of_ard_lengthscales_says_so(banana_model):
+    _, X, y = banana_model
+    model = GPClassifier(kernel=RBF(1.0) + Matern52(1.0), kernel_prior=None, **FAST).fit(X, y)
+    text = model.summary()
+    assert "feature relevance: none (the Sum kernel has no one set of ARD lengthscales" in text
+    assert "0.lengthscales [" in text and "1.amplitude" in text  # the terms' parameters are listed instead
+    relevance, why = feature_relevance(RBF(lengthscales=2.0))  # one lengthscale, not broadcast to the features
+    assert relevance is None and "one lengthscale shared by every feature" in why
+
+
+@pytest.mark.parametrize("settings, reason", [
+    (dict(max_time=1e-4, n_inducing=8), "max_time"),
+    (dict(optimize=False, n_inducing=8, tol=1e-3), "converged"),
+    (dict(n_inducing="auto"), "plateau"),  # the exact model of small binary data stops on a plateau of log Z
+])
+def test_every_stop_is_recorded_and_said(settings, reason):
+    X, y = make_banana(80, random_state=0)
+    model = GPClassifier(random_state=0, **settings).fit(X, y)
+    assert model.stop_reason_ == reason
+    assert f"stopped: {STOPPED_BECAUSE[reason]}" in model.summary()
+    assert set(STOPPED_BECAUSE) == set(STOP_REASONS)
+
+
+def test_validation_scores_and_early_stopping_are_in_the_summary():
+    X, y = make_banana(120, random_state=0)
+    Xv, yv = make_banana(60, random_state=1)
+    model = GPClassifier(n_inducing=8, max_iter=30, n_iter_no_change=2, tol=10.0, random_state=0).fit(
+        X, y, validation_data=(Xv, yv))  # (tol 10: no score counts as an improvement, so it stops after two)
+    assert model.stop_reason_ == "early_stopping"
+    history = model.history_
+    best = int(np.argmin(history["validation_nll"]))
+    text = model.summary()
+    assert f"stopped: {STOPPED_BECAUSE['early_stopping']}" in text
+    assert f"validation ({len(history['validation_nll'])} scores):" in text
+    assert (f"  last: NLL {history['validation_nll'][-1]:.4f}, error {history['validation_error'][-1]:.4f} "
+            f"(step {history['validation_step'][-1]})") in text
+    assert f"  best: NLL {history['validation_nll'][best]:.4f}" in text
+
+
+def test_a_stream_says_so():
+    X, y = make_banana(100, random_state=0)
+    model = GPClassifier(method="sep", n_inducing=8, random_state=0)
+    model.partial_fit(X[:50], y[:50], classes=[-1, 1]).partial_fit(X[50:], y[50:])
+    assert model.stop_reason_ == "partial_fit" and model.n_samples_fit_ == 100
+    assert "data: 100 rows" in model.summary() and "fit time: not measured for partial_fit" in model.summary()
+
+
+# -- the record in the model file ----------------------------------------------------------------------
+
+def test_a_loaded_model_prints_the_same_summary(named, banana_model):
+    for model in (named[0], banana_model[0]):
+        loaded, _ = saved_and_loaded(model)
+        assert loaded.summary() == model.summary()
+        assert (loaded.stop_reason_, loaded.n_samples_fit_, loaded.fit_time_) == (
+            model.stop_reason_, model.n_samples_fit_, model.fit_time_)
+
+
+def rewritten(buffer, change):
+    """The model file in ``buffer`` with its JSON header changed by ``change(header)``."""
+    buffer.seek(0)
+    with zipfile.ZipFile(buffer) as source:
+        members = {name: source.read(name) for name in source.namelist()}
+    arrays = dict(np.load(io.BytesIO(buffer.getvalue()), allow_pickle=False))
+    header = json.loads(str(arrays[HEADER_KEY]))
+    change(header)
+    arrays[HEADER_KEY] = np.asarray(json.dumps(header))
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    out.seek(0)
+    assert set(members) == set(zipfile.ZipFile(out).namelist())
+    out.seek(0)
+    return out
+
+
+def test_a_file_without_the_record_loads_and_says_not_recorded(banana_model):
+    _, buffer = saved_and_loaded(banana_model[0])
+    older = GPClassifier.load(rewritten(buffer, lambda header: header.pop("fit_record")))
+    assert older.stop_reason_ is None and older.n_samples_fit_ is None and older.fit_time_ is None
+    text = older.summary()
+    assert "data: rows not recorded" in text and "stopped: not recorded" in text and "fit time: not recorded" in text
+    fixture = load_model(ROOT / "tests" / "data" / "model_v2" / "multiclass_iris.npz")  # written by an older agpc
+    assert "stopped: not recorded" in fixture.summary()
+
+
+@pytest.mark.parametrize("record, field", [
+    ({"stop_reason": "import os"}, "fit_record.stop_reason"),
+    ({"n_samples_fit": -3}, "fit_record.n_samples_fit"),
+    ({"fit_time": "1 s"}, "fit_record.fit_time"),
+    ([1, 2], "fit_record"),
+])
+def test_a_bad_record_is_refused_naming_it(banana_model, record, field):
+    _, buffer = saved_and_loaded(banana_model[0])
+    with pytest.raises(ValueError, match=f"not a valid agpc model file: {field}"):
+        GPClassifier.load(rewritten(buffer, lambda header: header.update(fit_record=record)))
+
+
+# -- the expected calibration error --------------------------------------------------------------------
+
+def test_ece_equals_a_hand_computation():
+    # top-class probabilities 0.9 (right), 0.85 (right), 0.8 (wrong), 0.7 (right), 0.55 (wrong); 0.9, 0.8 and 0.7
+    # lie on bin edges, in the bin they close: (0.8, 0.9] holds 0.9 and 0.85, accuracy 1, confidence 0.875;
+    # (0.7, 0.8]: 0.8, accuracy 0; (0.6, 0.7]: 0.7, accuracy 1; (0.5, 0.6]: 0.55, accuracy 0.
+    # ECE = (2 * 0.125 + 0.8 + 0.3 + 0.55) / 5 = 0.38
+    proba = np.array([[0.9, 0.1], [0.85, 0.15], [0.8, 0.2], [0.3, 0.7], [0.45, 0.55]])
+    labels = np.array([0, 0, 1, 1, 0])
+    assert expected_calibration_error(proba, labels) == pytest.approx(0.38, abs=1e-15)
+    counts, accuracy, confidence = reliability_bins(proba, labels)
+    np.testing.assert_array_equal(counts, [0, 0, 0, 0, 0, 1, 1, 1, 2, 0])
+    assert confidence[8] == pytest.approx(0.875) and accuracy[8] == 1.0 and np.isnan(accuracy[0])
+    # three classes: 0.5 (right, bin (0.4, 0.5]), 0.6 (wrong), 0.34 (wrong): (0.5 + 0.6 + 0.34) / 3 = 0.48
+    proba = np.array([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6], [0.34, 0.33, 0.33]])
+    assert expected_calibration_error(proba, np.array([0, 1, 2])) == pytest.approx(0.48, abs=1e-15)
+
+
+def ece_by_loops(proba, labels, n_bins=10):
+    """An independent ECE: each row walked to its bin one edge at a time, sums kept in Python lists."""
+    rows, hits, confidence = [0] * n_bins, [0.0] * n_bins, [0.0] * n_bins
+    for p, label in zip(proba.tolist(), labels.tolist()):
+        top = max(p)
+        b = 0
+        while b < n_bins - 1 and top > (b + 1) / n_bins:
+            b += 1
+        rows[b] += 1
+        hits[b] += float(p.index(top) == label)
+        confidence[b] += top
+    return sum(abs(hits[b] - confidence[b]) for b in range(n_bins) if rows[b]) / len(labels)
+
+
+@pytest.mark.parametrize("n_classes", [2, 3, 7])
+@pytest.mark.parametrize("n_bins", [10, 4])
+def test_ece_equals_an_independent_implementation(n_classes, n_bins):
+    rng = np.random.default_rng(n_classes + n_bins)
+    proba = rng.dirichlet(np.full(n_classes, 0.6), size=300)
+    proba[:10] = np.round(proba[:10], 1)  # some on the bin edges
+    proba[:10] /= proba[:10].sum(axis=1, keepdims=True)
+    labels = np.array([rng.choice(n_classes, p=p) for p in proba])
+    assert expected_calibration_error(proba, labels, n_bins) == pytest.approx(ece_by_loops(proba, labels, n_bins),
+                                                                              abs=1e-12)
+
+
+def test_ece_runs_on_the_array_api(xp_device):
+    xp, device = xp_device
+    rng = np.random.default_rng(0)
+    proba = rng.dirichlet(np.ones(3), size=50)
+    labels = rng.integers(0, 3, size=50)
+    got = expected_calibration_error(xp.asarray(proba, device=device), xp.asarray(labels, device=device))
+    assert got == pytest.approx(ece_by_loops(proba, labels), abs=1e-12)
+
+
+def test_ece_refuses_bad_arguments():
+    proba = np.array([[0.6, 0.4]])
+    with pytest.raises(ValueError, match="n_bins must be a positive integer"):
+        expected_calibration_error(proba, np.array([0]), n_bins=0)
+    with pytest.raises(ValueError, match="expected probabilities"):
+        expected_calibration_error(proba, np.array([0, 1]))
+    with pytest.raises(ValueError, match="expected probabilities"):
+        expected_calibration_error(array_api_strict.asarray(proba[:0]), array_api_strict.asarray([], dtype=array_api_strict.int64))
+
+
+# -- the command ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, named):
+    model, X, y = named
+    where = tmp_path_factory.mktemp("inspect")
+    path = where / "model.agpc"
+    model.save(path)
+    table = write_table(where / "data.csv", {**{c: X[c].to_numpy() for c in X.columns}, "label": y})
+    return path, table
+
+
+def test_inspect_prints_the_summary(files, named, capsys):
+    path, _ = files
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr()
+    assert out.out == named[0].summary() and out.err == ""
+
+
+def test_inspect_with_data_scores_the_calibration(files, named, capsys):
+    path, table = files
+    model, X, y = named
+    assert main(["inspect", str(path), "--data", str(table), "--target", "label"]) == 0
+    proba = model.predict_proba(X)
+    ece = expected_calibration_error(proba, np.searchsorted(model.classes_, y))
+    assert f"ECE {ece:.4f}   ({len(y)} rows)" in capsys.readouterr().out
+
+
+def test_inspect_warns_when_it_takes_columns_by_position(files, named, tmp_path, capsys):
+    path, _ = files
+    _, X, y = named
+    np.savez(tmp_path / "rows.npz", X=X.to_numpy(), y=y)
+    assert main(["inspect", str(path), "--data", str(tmp_path / "rows.npz"), "--target", "y"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("agpc: warning:") and "taken by position" in err[0]
+
+
+def test_inspect_plot_writes_one_png(files, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path, table = files
+    for extra in ([], ["--data", str(table), "--target", "label"]):
+        out = tmp_path / f"plot{len(extra)}.png"
+        assert main(["inspect", str(path), "--plot", str(out), *extra]) == 0
+        assert out.read_bytes()[:8] == PNG_SIGNATURE and out.stat().st_size > 10_000
+        assert capsys.readouterr().out.endswith(f"wrote {out}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plot0.png", "plot4.png"]  # no temporary left
+
+
+@pytest.mark.parametrize("target", ["/dev/null", "directory"])
+def test_inspect_plot_refuses_a_device_or_a_directory(files, tmp_path, capsys, target):
+    path, _ = files
+    if target == "directory":
+        target = tmp_path / "directory"
+        target.mkdir()
+    status = main(["inspect", str(path), "--plot", str(target)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and err[0].startswith("agpc: error: cannot write")
+    assert ("is under /dev" in err[0]) if str(target) == "/dev/null" else ("it is a directory" in err[0])
+    assert [p.name for p in tmp_path.iterdir()] == ([] if str(target) == "/dev/null" else ["directory"])
+
+
+def test_plot_model_writes_a_png_and_refuses_a_directory(banana_model, tmp_path):
+    pytest.importorskip("matplotlib")
+    model, X, y = banana_model
+    proba = model.predict_proba(X)
+    path = plot_model(model, tmp_path / "model.png", calibration=(proba, np.searchsorted(model.classes_, y)))
+    assert Path(path).read_bytes()[:8] == PNG_SIGNATURE
+    with pytest.raises(ValueError, match="it is a directory"):
+        plot_model(model, tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["model.png"]
+
+
+def test_inspect_without_matplotlib_names_it(files, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    status = main(["inspect", str(files[0]), "--plot", str(tmp_path / "out.png")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and "'matplotlib'" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_inspect_of_a_missing_or_corrupt_file_is_one_line(tmp_path, files, capsys):
+    corrupt_zip = tmp_path / "truncated.agpc"
+    corrupt_zip.write_bytes(files[0].read_bytes()[:-200])
+    not_zip = tmp_path / "text.agpc"
+    not_zip.write_text("not a model")
+    other_npz = tmp_path / "other.agpc"
+    np.savez(other_npz, X=np.zeros(3))
+    shutil.move(str(other_npz) + ".npz", other_npz)
+    for path, says in ((tmp_path / "absent.agpc", "no such model file"), (not_zip, "is not an agpc model file"),
+                       (corrupt_zip, "truncated.agpc"), (other_npz, "not a valid agpc model file")):
+        status = main(["inspect", str(path)])
+        out = capsys.readouterr()
+        assert status == 2 and out.out == "", path
+        lines = out.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("agpc: error:") and says in lines[0], lines
+
+
+def test_inspect_data_and_target_go_together(files, capsys):
+    assert main(["inspect", str(files[0]), "--data", str(files[1])]) == 2
+    assert "--data and --target go together" in capsys.readouterr().err
+
+
+def test_predict_with_a_target_prints_the_ece(files, named, tmp_path, capsys):
+    path, table = files
+    model, X, y = named
+    assert main(["predict", str(path), str(table), "--target", "label", "--out", str(tmp_path / "p.csv")]) == 0
+    printed = capsys.readouterr().out
+    predicted = np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1)
+    ece = ece_by_loops(predicted, np.searchsorted(model.classes_, y))
+    assert f"NLL" in printed and f"ECE {ece:.4f}" in printed
