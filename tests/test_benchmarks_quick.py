@@ -2,8 +2,8 @@
 and a Markdown table, and every script goes through the one runner (benchmarks/_runner.py). The scripts run
 concurrently as subprocesses (seconds each).
 
-Without ``../shared/data`` the scripts fall back to generated banana (uci_binary, banana_inducing, time_curves) and
-scikit-learn's wine (uci_multiclass); a script that still finds nothing to run is skipped.
+Without ``../shared/data`` the scripts fall back to generated banana (uci_binary, banana_inducing, time_curves),
+scikit-learn's wine (uci_multiclass) and a generated ordinal set (ordinal); a script that still finds nothing to run is skipped.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def _runs(tmp_dir):
         "memory": ["memory.py", "--dir", str(tmp_dir)],
         "variational": ["variational.py"],
         "class_weights": ["class_weights.py"],
+        "ordinal": ["ordinal.py", "--out", str(tmp_dir / "ordinal.json")],
     }
 
 
