@@ -906,3 +906,17 @@ def test_weighted_multiclass_vi_gfitc_fits_resume_only_with_their_weights(monkey
     every row's weight)."""
     X, y = three_classes(45, 7) if classes == 3 else binary_toy(50, seed=4)
     _resumes_only_with_its_weights(monkeypatch, tmp_path, params, stop_at, X, y)
+
+
+def test_multiclass_exact_model_fit_with_a_weight_zero_row_is_the_fit_without_it():
+    """``GPClassifier(n_inducing="all")`` on three classes (the exact model, an inducing point at every row): a fit that
+    learns the kernels with weight-0 rows predicts as the fit without them (the rows stay inducing points without a
+    site, which leaves the full GP's model of the others as it is)."""
+    X, y = three_classes(36, 1)
+    w = np.ones(36)
+    w[[2, 9]] = 0.0
+    settings = dict(kernel=RBF(lengthscales=[1.0, 1.0]), kernel_prior=None, max_iter=8, n_inducing="all")
+    with_zero = GPClassifier(**settings).fit(X, y, sample_weight=w)
+    without = GPClassifier(**settings).fit(X[w > 0], y[w > 0])
+    X_test, _ = three_classes(15, 8)
+    np.testing.assert_allclose(with_zero.predict_proba(X_test), without.predict_proba(X_test), atol=1e-9)
