@@ -509,7 +509,6 @@ class EPEngine(Engine):
         if weights is not None and not self.per_row_sites:
             self.n_total = float(self.xp.sum(weights))
 
-
     def _binary_batch_options(self, stepping):
         """What a binary batch pass takes besides the sites: whether they are known nonnegative, the sums of the
         sites when the last pass left them at this kernel, Z and jitter, and whether to leave them for the next
@@ -694,7 +693,6 @@ class GFITCEngine(Engine):
     def sample_weight_refusal(self):
         """GFITC takes sample weights by power EP on the FITC prior (``gfitc.evaluate``; docs/weights.md)."""
         return None
-
 
     def snapshot(self):
         snap = super().snapshot()

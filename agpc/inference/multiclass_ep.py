@@ -157,7 +157,7 @@ class PairUpdate:
     coef: object = None  # (b, C): the coefficient of g_ic (``ep.adjoint_coefficient``), likewise
 
 
-def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=True, weights=None):
+def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=True, weights=None, own_sites=True):
     """Cavities, moment matching and log Z_q terms of every pair (i, k) of a block of rows, from each class's marginal
     of q along upsilon_ic (``d``, ``e``, ``prior_var``, ``s``: (b, C), as ``ep.Marginals`` holds them), and with
     ``want_grad`` the per-class coefficients of the gradient's data part (``ep.data_adjoint``; the full-GP pass of
@@ -166,7 +166,8 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     ``weights`` (b,): the rows' sample weights by power EP (Minka 2004), as the binary pass takes them: q holds w_i
     copies of each of row i's pair sites (the marginals given are of that q), each pair's cavity removes one copy of
     its two parts (``ep.weighted_cavity``: a row of weight 0 has no valid pair and no update), and the pairs' log Z_q
-    terms and gradient coefficients count w_i times."""
+    terms and gradient coefficients count w_i times. ``own_sites=False`` (SEP / ADF: zero sites, the marginals are
+    the tied cavity's): the cavity is checked as without weights, and only the weights' factors apply."""
     xp = array_namespace(d)
     C = d.shape[1]
     onehot = one_hot_labels(y, C)
@@ -181,8 +182,10 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
         valid_y, om_y, v_y, a_y = ep.cavity(nu_y, mu_y, d_y, e_y, pv_y)
     else:
         row_weights = weights[:, None]
-        valid_k, om_k, v_k, a_k = ep.weighted_cavity(nu_k, mu_k, d, e, prior_var, row_weights)
-        valid_y, om_y, v_y, a_y = ep.weighted_cavity(nu_y, mu_y, d_y, e_y, pv_y, row_weights)
+        powers = row_weights if own_sites else xp.ones_like(row_weights)  # (SEP / ADF: no copy of a site in q)
+        valid_k, om_k, v_k, a_k = ep.weighted_cavity(nu_k, mu_k, d, e, prior_var, powers)
+        valid_y, om_y, v_y, a_y = ep.weighted_cavity(nu_y, mu_y, d_y, e_y, pv_y, powers)
+        valid_k = valid_k & (row_weights > 0)
     valid = wrong & valid_k & valid_y
     b = s_y + s + v_y + v_k
     diff = a_y - a_k
@@ -231,9 +234,10 @@ def weighted_totals(totals, weights):
     return totals[0] * weights[:, None], totals[1] * weights[:, None]
 
 
-def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad=True, want_sums=False, weights=None):
-    """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows, all classes (``weights``:
-    the rows' sample weights, ``pair_update``; the sums of the rows' sites then weigh each row's w_i times)."""
+def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad=True, want_sums=False, weights=None,
+               own_sites=True):
+    """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows, all classes (``weights``,
+    ``own_sites``: ``pair_update``'s; the sums of the rows' sites then weigh each row's w_i times)."""
     xp = array_namespace(X)
     C = n_classes(Z)
     margs = [ep.marginals(kernels[c], X, Z[c, ...], posts[c]) for c in range(C)]
@@ -241,7 +245,8 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     e = xp.stack([mg.e for mg in margs], axis=1)
     prior_var = xp.stack([mg.prior_var for mg in margs], axis=1)
     s = xp.stack([mg.s for mg in margs], axis=1)
-    update = pair_update(y, site_precision, site_shift, d, e, prior_var, s, want_grad=want_grad, weights=weights)
+    update = pair_update(y, site_precision, site_shift, d, e, prior_var, s, want_grad=want_grad, weights=weights,
+                         own_sites=own_sites)
     new_nu, new_mu = update.site_precision, update.site_shift
     sums = None
     if want_sums:
@@ -304,12 +309,14 @@ def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_gra
     """Multiclass EP's sweep: ``block_pass`` over all rows (``ep.sweep_rows``), a validity column per class.
     Its reductions add over any split of the rows (``ep.add_sweeps``); ``site_precision`` None: zero sites
     (SEP / ADF, whose rows have none of their own). ``weights`` (n,): the rows' sample weights (``block_pass``)."""
-    if site_precision is None:
+    own_sites = site_precision is not None
+    if not own_sites:
         site_precision = site_shift = zero_sites(X.shape[0], Z)
 
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         return block_pass(kernels, X_block, y_block, rows_precision, rows_shift, Z, posts, want_grad=want_grad,
-                          want_sums=want_sums, weights=None if weights is None else weights[lo:hi])
+                          want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
+                          own_sites=own_sites)
 
     return ep.sweep_rows(X, y, site_precision, site_shift, block_step,
                          block_rows=_block_rows(block_rows, Z, X.shape[0]), like=Z[0, ...], want_grad=want_grad,
