@@ -320,11 +320,11 @@ _BUILT_IN_METHODS = (
     Method("ep", family="ep", engine="ep", likelihood_reason=_EP_PROBIT,
            capabilities={"multiclass", "minibatch", "dask_batch", "n_jobs", "sample_weight", *_ON_DASK, *_EVERYWHERE},
            remarks={"dask": "> 2 classes: batch, or `local_steps=0`", "n_jobs": "binary",
-                    "sample_weight": "two classes: power EP"}, exact_passes=exact_ep),
+                    "sample_weight": "power EP"}, exact_passes=exact_ep),
     *(Method(name, family="ep", engine=name, likelihood_reason=_EP_PROBIT,
              capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", "n_jobs", "sample_weight",
                            *_ON_DASK, *_EVERYWHERE},
-             remarks={"sample_weight": "two classes: rows counted by weight"})
+             remarks={"sample_weight": "rows counted by weight"})
       for name in ("sep", "adf")),
     Method("svi", family="variational", engine="svi", likelihoods=("probit", "logistic"),
            multiclass_likelihood="robust-max",
@@ -333,25 +333,26 @@ _BUILT_IN_METHODS = (
                     "sample_weight": "the weighted ELBO"}),
     *(Method(name, family="quadratic", engine=name, likelihoods=("logistic",),
              likelihood_reason="is built on the logistic likelihood",
-             capabilities={"dask", "dask_batch", *_EVERYWHERE},
+             capabilities={"dask", "dask_batch", "sample_weight", *_EVERYWHERE},
              refusals={"dask_checkpoints": f"checkpoints of {name!r} on a dask array are not supported yet (xi, one "
                                            "a row, stays on the workers): fit without checkpoint_path, or on an "
                                            "in-memory array",
                        "n_jobs": _NO_ROUNDS.format(name=name, why="it is batch-only (its analytic q needs every "
                                                                      "row's xi each step)")},
-             remarks={"minibatch": "batch only", "dask": "batch passes", "checkpoints": "not on dask"})
+             remarks={"minibatch": "batch only", "dask": "batch passes", "checkpoints": "not on dask",
+                      "sample_weight": "the weighted bound"})
       for name in ("vi-jj", "vi-taylor")),
     *(Method(name, family="quadratic", engine=name, likelihoods=("logistic",),
-             likelihood_reason="is built on the logistic likelihood", capabilities=_EVERYWHERE,
+             likelihood_reason="is built on the logistic likelihood", capabilities={"sample_weight", *_EVERYWHERE},
              refusals={"dask": _VI_PER_ROW_XI.format(name=name),
                        "n_jobs": _NO_ROUNDS.format(name=name, why="it is batch-only (L-BFGS-B on every row's xi)")},
-             remarks={"minibatch": "batch only"})
+             remarks={"minibatch": "batch only", "sample_weight": "the weighted bound"})
       for name in ("vi-jj-hybrid", "vi-jj-full")),
     Method("gfitc", family="gfitc", engine="gfitc", likelihood_reason=_EP_PROBIT,
-           capabilities={"multiclass", *_EVERYWHERE}, check_params=_gfitc_params,
+           capabilities={"multiclass", "sample_weight", *_EVERYWHERE}, check_params=_gfitc_params,
            refusals={"dask": _GFITC_BATCH_ONLY.format(what="fit on a dask array"),
                      "n_jobs": _GFITC_BATCH_ONLY.format(what="n_jobs > 1")},
-           remarks={"minibatch": "batch only"}),
+           remarks={"minibatch": "batch only", "sample_weight": "power EP"}),
 )
 for _method in _BUILT_IN_METHODS:
     register_method(_method)

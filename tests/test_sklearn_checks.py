@@ -1,7 +1,7 @@
 """scikit-learn's own estimator checks, for EP, SEP (which also has partial_fit) and GFITC.
 
-Checks that cannot apply are listed with the reason: the sample-weight checks where the method (or, for EP, its
-multiclass passes: the checks' data have three classes) refuses weights with a ValueError (docs/weights.md).
+Checks that cannot apply are listed with the reason: the equivalence of integer weights and repeated rows, which
+holds from one start only (docs/weights.md).
 """
 
 import pytest
@@ -9,18 +9,14 @@ from sklearn.utils.estimator_checks import check_estimator
 
 from agpc import GPClassifier
 
-_REFUSED = "refuses sample_weight with a ValueError (docs/weights.md: the methods and paths that take weights)"
-_MULTICLASS = "the check's data have three classes; multiclass EP refuses sample_weight (docs/weights.md)"
-_WEIGHT_CHECKS = ("check_sample_weights_pandas_series", "check_sample_weights_not_an_array",
-                  "check_sample_weights_list", "check_sample_weights_shape", "check_sample_weights_not_overwritten",
-                  "check_sample_weight_equivalence_on_dense_data", "check_class_weight_classifiers")
+_START = ("the start (the k-means inducing points, the initial lengthscales) is read from the rows unweighted, so the "
+          "data with repeated rows start elsewhere; from the same inducing points and kernel an integer weight is the "
+          "repeated row (tests/test_weights.py, docs/weights.md)")
 EXPECTED_FAILURES = {
-    "ep": {name: _MULTICLASS for name in ("check_sample_weights_list", "check_sample_weight_equivalence_on_dense_data",
-                                          "check_class_weight_classifiers")},
-    "sep": {name: _MULTICLASS.replace("multiclass EP", "multiclass SEP") for name in
-            ("check_sample_weights_list", "check_sample_weight_equivalence_on_dense_data",
-             "check_class_weight_classifiers")},
-    "gfitc": {name: _REFUSED for name in _WEIGHT_CHECKS},
+    "ep": {"check_sample_weight_equivalence_on_dense_data": _START},
+    "sep": {"check_sample_weight_equivalence_on_dense_data": _START},
+    "gfitc": {"check_sample_weight_equivalence_on_dense_data": _START + "; and GFITC gives each copy of a repeated row "
+              "a latent value of its own (the weighted row has one): the two meet as the FITC variance vanishes"},
 }
 
 

@@ -14,9 +14,10 @@ from sklearn.preprocessing import StandardScaler
 
 from agpc import RBF, GPClassifier
 from agpc import methods as M
-from agpc.inference import engines, ep, exact_ep, training
+from agpc.kernels import ClassKernels
+from agpc.inference import engines, ep, exact_ep, gfitc, multiclass_ep, training
 from agpc.inference import variational as VI
-from conftest import central_differences, to_np, to_xp
+from conftest import central_differences, check_parameter_gradients, to_np, to_xp
 from helpers import binary_toy, interrupted_then_resumed, three_classes
 
 
@@ -464,7 +465,6 @@ def test_paths_fit_with_weights_or_refuse_them(settings, message):
     """A path that takes weights fits another model than without them (they are not ignored); one that does not
     refuses them with one ValueError naming it."""
     X, y = binary_toy(40, seed=1)
-    y3 = np.where(y > 0, 1, 0) + (X[:, 0] > 1.0)
     w = np.linspace(0.2, 3.0, 40)
     model = GPClassifier(max_iter=2, random_state=0, **settings)
     if message is None:
@@ -474,11 +474,6 @@ def test_paths_fit_with_weights_or_refuse_them(settings, message):
         return
     with pytest.raises(ValueError, match=message):
         model.fit(X, y, sample_weight=np.full(40, 2.0))
-    if settings.get("method") == "svi" and settings.get("n_jobs"):
-        with pytest.raises(ValueError, match="multiclass"):  # more than two classes: refused
-            GPClassifier(method="sep", max_iter=2, n_inducing=5).fit(X, y3, sample_weight=np.full(40, 2.0))
-        with pytest.raises(ValueError, match="multiclass"):  # more than two classes: refused
-            GPClassifier(max_iter=2).fit(X, y3, sample_weight=np.full(40, 2.0))
 
 
 @pytest.mark.parametrize("settings", [dict(method="ep"), dict(method="ep", batch_size=10), dict(method="sep"),
@@ -508,11 +503,16 @@ def test_a_weighted_fit_resumes_from_its_checkpoint_and_only_with_its_weights(mo
                                                                              stop_at):
     """Checkpoints of a weighted fit (class weights: the weights come from the estimator): interrupted and resumed, it
     ends at the uninterrupted model; a resume with other weights is refused as other training data."""
-    X, y = binary_toy(60, seed=4)
-    params = dict(params, random_state=0, class_weight={1.0: 3.0})
+    _resumes_only_with_its_weights(monkeypatch, tmp_path, params, stop_at, *binary_toy(60, seed=4))
+
+
+def _resumes_only_with_its_weights(monkeypatch, tmp_path, params, stop_at, X, y):
+    """A fit with class_weight {1: 3} interrupted after ``stop_at`` steps and resumed from its checkpoint ends at the
+    uninterrupted model; a resume with class_weight {1: 2} is refused as other training data."""
+    params = dict(params, random_state=0, class_weight={1: 3.0})
     reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", stop_at, X, y)
     np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-10, atol=1e-14)
-    other = GPClassifier(**dict(params, class_weight={1.0: 2.0}), checkpoint_path=tmp_path / "run.ckpt",
+    other = GPClassifier(**dict(params, class_weight={1: 2.0}), checkpoint_path=tmp_path / "run.ckpt",
                          checkpoint_every=4)
     with pytest.raises(ValueError, match="sample weights"):
         other.fit(X, y, resume=True)
@@ -532,3 +532,391 @@ def test_dask_refuses_weights():
     with pytest.raises(ValueError, match="dask"):
         GPClassifier(max_iter=2).fit(da.from_array(X, chunks=20), da.from_array(y, chunks=20),
                                      sample_weight=np.ones(40))
+
+
+# -- more than two classes: multiclass EP / SEP / ADF by power EP ----------------------------------------------------
+
+def _class_kernels(X):
+    return ClassKernels([RBF(lengthscales=[0.9 + 0.2 * c, 1.2], amplitude=1.1 + 0.2 * c, noise=0.05).for_inputs(X)
+                         for c in range(3)])
+
+
+def _multiclass_fit(X, y, Z, weights=None, **settings):
+    """Multiclass EP (Villacampa-Calvo & Hernandez-Lobato 2017) at fixed hyper-parameters to its fixed point, or as
+    ``settings`` say; labels as class indices (floats)."""
+    options = dict(jitter=1e-6, max_iter=3000, optimize=(), tol=1e-12) | settings
+    return training.fit(X, y, _class_kernels(X), Z, sample_weight=weights, **options)
+
+
+def test_multiclass_ep_weight_zero_is_the_row_removed():
+    """Same inducing points, same start: a weight-0 row is absent from batch multiclass EP (inducing points and the
+    exact model): the other rows' sites, log Z_q and every gradient (Z included) at the fixed point, and a fit that
+    learns the kernels and the inducing points, equal those of the data without the row."""
+    X, y = three_classes(36, 1)
+    y = y.astype(float)
+    Z = np.stack([X[::6] + 0.03 * c for c in range(3)])
+    w = np.ones(36)
+    w[[2, 9]] = 0.0
+    keep = w > 0
+    weighted, removed = _multiclass_fit(X, y, Z, w), _multiclass_fit(X[keep], y[keep], Z)
+    assert weighted.converged and removed.converged
+    np.testing.assert_allclose(weighted.site_precision[keep], removed.site_precision, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(weighted.site_shift[keep], removed.site_shift, rtol=1e-9, atol=1e-12)
+    assert np.all(weighted.site_precision[~keep] == 0.0)  # never updated
+    kernels = _class_kernels(X)
+    a = multiclass_ep.evaluate(kernels, Z, X, y, weighted.site_precision, weighted.site_shift, jitter=1e-6, weights=w)
+    b = multiclass_ep.evaluate(kernels, Z, X[keep], y[keep], removed.site_precision, removed.site_shift, jitter=1e-6)
+    assert float(a["log_z"]) == pytest.approx(float(b["log_z"]), rel=1e-11)
+    assert float(a["n_invalid"]) == 0.0  # (the weight-0 rows' pairs are not failures)
+    for name in b["grads"]:
+        np.testing.assert_allclose(a["grads"][name], b["grads"][name], rtol=1e-9, atol=1e-11, err_msg=name)
+    learned = _multiclass_fit(X, y, Z, w, max_iter=6, optimize=("kernel", "inducing"))
+    learned_removed = _multiclass_fit(X[keep], y[keep], Z, max_iter=6, optimize=("kernel", "inducing"))
+    np.testing.assert_allclose(learned.Z, learned_removed.Z, rtol=1e-8, atol=1e-10)
+    assert learned.log_z == pytest.approx(learned_removed.log_z, rel=1e-9)
+    # the exact model (an inducing point at every row, exact_ep's full-GP passes)
+    Xs, ys, ws = X[:18], y[:18], w[:18]
+    kept = ws > 0
+    exact = _multiclass_fit(Xs, ys, np.stack([Xs] * 3), ws, passes=exact_ep)
+    exact_removed = _multiclass_fit(Xs[kept], ys[kept], np.stack([Xs[kept]] * 3), passes=exact_ep)
+    np.testing.assert_allclose(exact.site_precision[kept], exact_removed.site_precision, rtol=1e-8, atol=1e-11)
+    assert exact.log_z == pytest.approx(exact_removed.log_z, rel=1e-10)
+
+
+def test_multiclass_ep_integer_weight_is_the_repeated_row():
+    """Batch multiclass EP updates every pair in parallel from one q: the copies of a repeated row have the same
+    marginals and sites at every sweep, which are the weighted row's. So the whole path agrees, not only the fixed
+    point: a fit that learns the kernels and the inducing points, weights 1..3, equals the fit on the repeated rows
+    (sites, log Z_q, inducing points) to round-off."""
+    X, y = three_classes(30, 2)
+    y = y.astype(float)
+    Z = np.stack([X[::6] + 0.03 * c for c in range(3)])
+    counts = np.random.default_rng(0).integers(1, 4, size=30)
+    weighted = _multiclass_fit(X, y, Z, counts.astype(float), max_iter=8, optimize=("kernel", "inducing"))
+    repeated = _multiclass_fit(*_repeated(X, y, counts), Z, max_iter=8, optimize=("kernel", "inducing"))
+    copies = np.repeat(np.arange(30), counts)
+    np.testing.assert_allclose(repeated.site_precision, weighted.site_precision[copies], rtol=1e-8, atol=1e-11)
+    np.testing.assert_allclose(weighted.Z, repeated.Z, rtol=1e-9, atol=1e-11)
+    assert weighted.log_z == pytest.approx(repeated.log_z, rel=1e-10)
+
+
+@pytest.mark.parametrize("xp_device", ["numpy", "strict-device1"], indirect=True)
+def test_multiclass_ep_weighted_gradient_matches_finite_differences(xp_device):
+    """The weighted pass's gradient (eq. 10 with the cavities fixed, each pair's terms w_i times) is the derivative of
+    the weighted log Z_q (eq. 9) at its fixed point, sites held: every class's kernel and inducing points; fractional
+    weights, some below 1, one 0; NumPy and array_api_strict (the fixed point found on NumPy)."""
+    xp, device = xp_device
+    X_np, y_np = three_classes(30, 3)
+    y_np = y_np.astype(float)
+    w_np = np.random.default_rng(5).uniform(0.3, 2.5, size=30)
+    w_np[4] = 0.0
+    Z_np = np.stack([X_np[::6] + 0.03 * c for c in range(3)])
+    fit = _multiclass_fit(X_np, y_np, Z_np, w_np)
+    assert fit.converged
+    X, y, w, Z, nu, mu = (to_xp(a, xp, device) for a in (X_np, y_np, w_np, Z_np, fit.site_precision, fit.site_shift))
+    kernels = _class_kernels(X)
+    grads = multiclass_ep.evaluate(kernels, Z, X, y, nu, mu, jitter=1e-6, weights=w)["grads"]
+
+    def log_z(k, ZZ):
+        return float(multiclass_ep.evaluate(k, ZZ, X, y, nu, mu, jitter=1e-6, want_grad=False, weights=w)["log_z"])
+
+    check_parameter_gradients(kernels, grads, Z, log_z, xp, device, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["sep", "adf"])
+def test_multiclass_sep_adf_integer_weights_are_the_repeated_rows(method):
+    """Batch multiclass SEP / ADF: the tied factors stand for sum(w) rows and each row's sites count w_i times, which is
+    what the rows repeated w_i times give at every step: a fit that learns the kernels and the inducing points,
+    weights 0..3, equals the fit on the repeated rows to round-off (weight 0: the row removed)."""
+    X, y = three_classes(30, 4)
+    y = y.astype(float)
+    counts = np.random.default_rng(1).integers(0, 4, size=30)
+    counts[[int(np.flatnonzero(y == c)[0]) for c in range(3)]] = 1
+    Z = np.stack([X[::6] + 0.03 * c for c in range(3)])
+    settings = dict(method=method, max_iter=8, optimize=("kernel", "inducing"), tol=1e-6)
+    weighted = _multiclass_fit(X, y, Z, counts.astype(float), **settings)
+    repeated = _multiclass_fit(*_repeated(X, y, counts), Z, **settings)
+    np.testing.assert_allclose(weighted.Z, repeated.Z, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(weighted.factor.precision, repeated.factor.precision, rtol=1e-8, atol=1e-10)
+    assert weighted.log_z == pytest.approx(repeated.log_z, rel=1e-10)
+
+
+@pytest.mark.parametrize("method", ["ep", "sep", "adf"])
+def test_multiclass_minibatch_step_with_a_weight_zero_row(method):
+    """Minibatch multiclass EP / SEP / ADF: a weight-0 row contributes nothing to a step's factor, log Z estimate or
+    gradient, whatever it holds (EP: nor is any of its sites updated)."""
+    X, y = three_classes(30, 5)
+    y = y.astype(float)
+    w = np.random.default_rng(3).uniform(0.5, 2.0, size=30)
+    w[4] = 0.0
+    kernels = _class_kernels(X)
+    Z = np.stack([X[:5] + 0.03 * c for c in range(3)])
+
+    def step(X_rows, y_rows):
+        engine = engines.make_engine(method, kernels, Z.copy(), n_total=30, minibatch=True,
+                                     optimize=("kernel", "inducing"))
+        engine.take_sample_weight(w)
+        summary, (result, factor) = engine.evaluate(X_rows, y_rows, 0, 10, stepping=True)
+        return summary, result, (result["site_delta"] if method == "ep" else factor)
+
+    X_other, y_other = X.copy(), y.copy()
+    X_other[4], y_other[4] = [4.0, -4.0], (y[4] + 1) % 3
+    summary, result, factor = step(X, y)
+    summary_other, result_other, factor_other = step(X_other, y_other)
+    np.testing.assert_allclose(summary, summary_other, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(factor.precision, factor_other.precision, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(factor.shift, factor_other.shift, rtol=1e-12, atol=1e-13)
+    for name in result["grads"]:
+        np.testing.assert_allclose(result["grads"][name], result_other["grads"][name], rtol=1e-12, atol=1e-13,
+                                   err_msg=name)
+    if method == "ep":
+        assert np.all(result["site_precision"][4] == 0.0)
+
+
+@pytest.mark.parametrize("settings", [dict(method="ep"), dict(method="ep", batch_size=10), dict(method="sep"),
+                                      dict(method="adf", batch_size=10)])
+def test_multiclass_data_on_disk_take_weights(tmp_path, settings):
+    """Three classes, rows read from disk a block at a time: the model of the same rows in memory, batch and
+    minibatch, and another model than without the weights."""
+    X, y = three_classes(45, 6)
+    w = np.random.default_rng(0).uniform(0.0, 2.0, size=45)
+    path = tmp_path / "X.npy"
+    np.save(path, X)
+    X_disk = np.load(path, mmap_mode="r")
+    options = dict(n_inducing=5, kernel=RBF(lengthscales=[1.0, 1.0]), kernel_prior=None, max_iter=3, shuffle=False,
+                   random_state=0, class_weight={2: 2.0}) | settings
+    on_disk = GPClassifier(**options).fit(X_disk, y, sample_weight=w)
+    in_memory = GPClassifier(**options).fit(X, y, sample_weight=w)
+    unweighted = GPClassifier(**options | dict(class_weight=None)).fit(X_disk, y)
+    np.testing.assert_allclose(on_disk.predict_proba(X), in_memory.predict_proba(X), rtol=1e-9, atol=1e-11)
+    assert not np.allclose(on_disk.predict_proba(X), unweighted.predict_proba(X))
+
+
+# -- vi-JJ / vi-Taylor and the hybrid / full variants: the weighted bound --------------------------------------------
+
+@pytest.mark.parametrize("kind", ["jj", "taylor"])
+def test_quadratic_bound_integer_weight_is_the_repeated_row(kind, xp_device):
+    """sum_i w_i (row i's quadratic bound term) + the rest, at integer weights, is the bound on the rows repeated w_i
+    times (each copy at its row's xi): value, kernel and inducing-point gradients to 1e-10, the analytic q's
+    marginals, and the JJ xi gradient (the sum of the copies'); a weight-0 row is the row removed. NumPy and
+    array_api_strict."""
+    xp, device = xp_device
+    X_np, y_np = binary_toy(30, seed=4)
+    counts = np.random.default_rng(0).integers(0, 4, size=30)
+    xi_np = np.abs(np.random.default_rng(1).normal(size=30)) + 0.1
+    copies = np.repeat(np.arange(30), counts)
+    X, y, xi, Z = (to_xp(a, xp, device) for a in (X_np, y_np, xi_np, X_np[:7]))
+    kernel = RBF(lengthscales=[0.8, 1.2], amplitude=1.3, noise=0.01).for_inputs(X)
+    weighted = VI.quadratic_bound(kernel, Z, X, y, xi, kind=kind, weights=to_xp(counts.astype(float), xp, device),
+                                  want_xi_grad=kind == "jj")
+    repeated = VI.quadratic_bound(kernel, Z, *(to_xp(a[copies], xp, device) for a in (X_np, y_np, xi_np)), kind=kind,
+                                  want_xi_grad=kind == "jj")
+    assert float(weighted["value"]) == pytest.approx(float(repeated["value"]), rel=1e-10)
+    for name in repeated["grads"]:
+        np.testing.assert_allclose(to_np(weighted["grads"][name]), to_np(repeated["grads"][name]), rtol=1e-10,
+                                   atol=1e-10, err_msg=name)
+    np.testing.assert_allclose(to_np(weighted["mean"])[copies], to_np(repeated["mean"]), rtol=1e-10, atol=1e-12)
+    if kind == "jj":
+        by_row = np.bincount(copies, weights=to_np(repeated["xi_grad"]), minlength=30)
+        np.testing.assert_allclose(to_np(weighted["xi_grad"]), by_row, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["jj", "taylor"])
+def test_weighted_quadratic_bound_gradients_match_finite_differences(kind):
+    """The weighted bound's kernel, inducing-point and (JJ) xi gradients against central differences, fractional
+    weights (some below 1, one 0)."""
+    X, y = binary_toy(25, seed=3)
+    w = np.random.default_rng(4).uniform(0.2, 2.5, size=25)
+    w[3] = 0.0
+    xi = np.abs(np.random.default_rng(1).normal(size=25)) + 0.1
+    Z = X[:6].copy()
+    kernel = RBF(lengthscales=[0.9, 1.2], amplitude=1.5, noise=0.05).for_inputs(X)
+
+    def value(k=kernel, ZZ=Z, x=xi):
+        return float(VI.quadratic_bound(k, ZZ, X, y, x, kind=kind, want_grad=False, weights=w)["value"])
+
+    out = VI.quadratic_bound(kernel, Z, X, y, xi, kind=kind, want_xi_grad=kind == "jj", weights=w)
+    check_parameter_gradients(kernel, out["grads"], Z, lambda k, ZZ: value(k=k, ZZ=ZZ), np, None, rtol=1e-6,
+                              atol=1e-7)
+    if kind == "jj":
+        np.testing.assert_allclose(out["xi_grad"], central_differences(lambda v: value(x=v), xi), rtol=1e-6,
+                                   atol=1e-7)
+        assert out["xi_grad"][3] == 0.0
+
+
+@pytest.mark.parametrize("method", ["vi-jj", "vi-taylor", "vi-jj-hybrid", "vi-jj-full"])
+def test_vi_weight_zero_is_the_row_removed(method):
+    """Same inducing points, same start: a fit that learns the kernel and the inducing points with a weight-0 row is
+    the fit without it (its xi, updated or not, enters nothing)."""
+    X, y = binary_toy(30, seed=5)
+    w = np.ones(30)
+    w[[2, 11]] = 0.0
+    keep = w > 0
+    kernel = RBF(lengthscales=[0.9, 1.2], amplitude=1.4, noise=0.02).for_inputs(X)
+    settings = dict(method=method, jitter=1e-6, max_iter=3, optimize=("kernel", "inducing"))
+    weighted = training.fit(X, y, kernel, X[:6].copy(), sample_weight=w, **settings)
+    removed = training.fit(X[keep], y[keep], kernel, X[:6].copy(), **settings)
+    np.testing.assert_allclose(weighted.Z, removed.Z, rtol=1e-8, atol=1e-10)
+    assert weighted.log_z == pytest.approx(removed.log_z, rel=1e-9)
+    np.testing.assert_allclose(weighted.state["xi"][keep], removed.state["xi"], rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("method", ["vi-jj", "vi-taylor"])
+def test_vi_fit_with_integer_weights_is_the_fit_on_repeated_rows(method):
+    """vi-JJ / vi-Taylor: the copies of a repeated row get its xi by the analytic update (eq. 15), and every bound
+    and gradient the steps read agree, so a fit that learns the kernel and the inducing points, weights 0..3,
+    equals the fit on the repeated rows to round-off."""
+    X, y = binary_toy(30, seed=6)
+    counts = np.random.default_rng(2).integers(0, 4, size=30)
+    counts[:2] = [1, 2]
+    kernel = RBF(lengthscales=[0.9, 1.2], amplitude=1.4, noise=0.02).for_inputs(X)
+    settings = dict(method=method, jitter=1e-6, max_iter=3, optimize=("kernel", "inducing"))
+    weighted = training.fit(X, y, kernel, X[:6].copy(), sample_weight=counts.astype(float), **settings)
+    repeated = training.fit(*_repeated(X, y, counts), kernel, X[:6].copy(), **settings)
+    np.testing.assert_allclose(weighted.Z, repeated.Z, rtol=1e-8, atol=1e-10)
+    assert weighted.log_z == pytest.approx(repeated.log_z, rel=1e-9)
+
+
+@pytest.mark.parametrize("method", ["vi-jj", "vi-jj-full"])
+def test_vi_data_on_disk_take_weights(tmp_path, method):
+    """vi-* on rows read from disk a block at a time: the weighted model of the same rows in memory, another model
+    than without the weights."""
+    X, y = binary_toy(50, seed=1)
+    w = np.random.default_rng(0).uniform(0.0, 2.0, size=50)
+    path = tmp_path / "X.npy"
+    np.save(path, X)
+    X_disk = np.load(path, mmap_mode="r")
+    options = dict(method=method, n_inducing=6, inducing=X[:6].copy(), kernel=RBF(lengthscales=[1.0, 1.0]),
+                   kernel_prior=None, max_iter=3, random_state=0, class_weight={1.0: 2.0}, block_rows=16)
+    on_disk = GPClassifier(**options).fit(X_disk, y, sample_weight=w)
+    in_memory = GPClassifier(**options).fit(X, y, sample_weight=w)
+    unweighted = GPClassifier(**options | dict(class_weight=None)).fit(X_disk, y)
+    np.testing.assert_allclose(on_disk.predict_proba(X), in_memory.predict_proba(X), rtol=1e-9, atol=1e-11)
+    assert not np.allclose(on_disk.predict_proba(X), unweighted.predict_proba(X))
+
+
+# -- GFITC: power EP on the FITC prior -------------------------------------------------------------------------------
+
+def _gfitc_fixed_point(X, y, kernel, Z, weights=None, **settings):
+    options = dict(method="gfitc", jitter=1e-6, max_iter=3000, optimize=(), tol=1e-12) | settings
+    fit = training.fit(X, y, kernel, Z, sample_weight=weights, **options)
+    assert fit.converged or options["optimize"]
+    return fit
+
+
+def _gfitc_problem(classes, n, seed):
+    """(X, y, kernel, Z): two classes (labels -1 / +1, one kernel) or three (class indices, a kernel a class)."""
+    if classes == 2:
+        X, y = binary_toy(n, seed=seed)
+        return X, y, RBF(lengthscales=[0.9, 1.2], amplitude=1.4, noise=0.05).for_inputs(X), X[::5].copy()
+    X, y = three_classes(n, seed)
+    return X, y.astype(float), _class_kernels(X), np.stack([X[::6] + 0.03 * c for c in range(3)])
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_gfitc_weight_zero_is_the_row_removed(classes):
+    """Same inducing points, same start: a weight-0 row is absent from GFITC (binary and multiclass): at the fixed point
+    the other rows' sites, log Z_EP and its gradient (Z included), and a fit that learns the kernel and the inducing
+    points, equal those of the data without the row."""
+    X, y, kernel, Z = _gfitc_problem(classes, 30, seed=5)
+    w = np.ones(30)
+    w[[2, 9]] = 0.0
+    keep = w > 0
+    weighted = _gfitc_fixed_point(X, y, kernel, Z, w)
+    removed = _gfitc_fixed_point(X[keep], y[keep], kernel, Z)
+    np.testing.assert_allclose(weighted.site_precision[keep], removed.site_precision, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(weighted.site_shift[keep], removed.site_shift, rtol=1e-9, atol=1e-12)
+    a = gfitc.evaluate(kernel, Z, X, y, weighted.site_precision, weighted.site_shift, jitter=1e-6, weights=w)
+    b = gfitc.evaluate(kernel, Z, X[keep], y[keep], removed.site_precision, removed.site_shift, jitter=1e-6)
+    assert float(a["log_z"]) == pytest.approx(float(b["log_z"]), rel=1e-11)
+    assert float(a["n_invalid"]) == 0.0
+    for name in b["grads"]:
+        np.testing.assert_allclose(a["grads"][name], b["grads"][name], rtol=1e-9, atol=1e-11, err_msg=name)
+    learned = _gfitc_fixed_point(X, y, kernel, Z, w, max_iter=2, optimize=("kernel", "inducing"), tol=1e-4)
+    learned_removed = _gfitc_fixed_point(X[keep], y[keep], kernel, Z, max_iter=2, optimize=("kernel", "inducing"),
+                                         tol=1e-4)
+    np.testing.assert_allclose(learned.Z, learned_removed.Z, rtol=1e-8, atol=1e-10)
+    assert learned.log_z == pytest.approx(learned_removed.log_z, rel=1e-9)
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_gfitc_weighted_gradient_matches_finite_differences(classes):
+    """At the power-EP fixed point the weighted log Z_EP is stationary in the sites, so its gradient is the adjoint of
+    the FITC log-normaliser with each row's site w_i times (``gfitc._fitc_adjoint``): against central differences with
+    the sites held, fractional weights (some below 1, one 0), binary and three classes."""
+    X, y, kernel, Z = _gfitc_problem(classes, 24, seed=3)
+    w = np.random.default_rng(4).uniform(0.3, 2.5, size=len(y))
+    w[3] = 0.0
+    fit = _gfitc_fixed_point(X, y, kernel, Z, w)
+    nu, mu = fit.site_precision, fit.site_shift
+    grads = gfitc.evaluate(kernel, Z, X, y, nu, mu, jitter=1e-6, weights=w)["grads"]
+
+    def log_z(k, ZZ):
+        return float(gfitc.evaluate(k, ZZ, X, y, nu, mu, jitter=1e-6, want_grad=False, weights=w)["log_z"])
+
+    check_parameter_gradients(kernel, grads, Z, log_z, np, None, rtol=1e-5, atol=1e-6)
+
+
+def test_gfitc_integer_weight_is_the_repeated_row_as_the_fitc_variance_vanishes():
+    """GFITC's weighted row has one latent f_i with its likelihood to the power w_i; the row repeated has w_i latent
+    values, each with its own FITC noise of variance s_i about one g_i. The two models meet as s_i -> 0 (inducing
+    points at the rows, latent noise -> 0): the converged log Z_EP and sites of the repeated rows approach the weighted
+    row's, the gap about proportional to s_i (100 times less noise, about 100 times closer)."""
+    X, y = binary_toy(16, seed=3)
+    counts = np.random.default_rng(0).integers(1, 4, size=16)
+    copies = np.repeat(np.arange(16), counts)
+    gaps = []
+    for noise in (1e-3, 1e-5):
+        kernel = RBF(lengthscales=[1.0, 1.2], amplitude=1.2, noise=noise).for_inputs(X)
+        a = _gfitc_fixed_point(X, y, kernel, X.copy(), counts.astype(float), jitter=1e-9)
+        b = _gfitc_fixed_point(X[copies], y[copies], kernel, X.copy(), jitter=1e-9)
+        gaps.append(max(abs(a.log_z - b.log_z), np.max(np.abs(a.site_precision[copies] - b.site_precision))))
+    assert gaps[1] < 1e-4
+    assert gaps[1] < gaps[0] / 50
+
+
+def test_gfitc_weighted_fit_reads_data_on_disk(tmp_path):
+    """A weighted GFITC fit from rows on disk is the fit in memory, and another model than without the weights."""
+    X, y = binary_toy(40, seed=2)
+    w = np.random.default_rng(1).uniform(0.0, 2.0, size=40)
+    path = tmp_path / "X.npy"
+    np.save(path, X)
+    options = dict(method="gfitc", n_inducing=5, inducing=X[:5].copy(), kernel=RBF(lengthscales=[1.0, 1.0]),
+                   kernel_prior=None, max_iter=2, tol=1e-3, random_state=0, block_rows=16)
+    on_disk = GPClassifier(**options).fit(np.load(path, mmap_mode="r"), y, sample_weight=w)
+    in_memory = GPClassifier(**options).fit(X, y, sample_weight=w)
+    np.testing.assert_allclose(on_disk.predict_proba(X), in_memory.predict_proba(X), rtol=1e-9, atol=1e-11)
+    assert not np.allclose(in_memory.predict_proba(X), GPClassifier(**options).fit(X, y).predict_proba(X))
+
+
+# -- checkpoints of the methods above --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("params, stop_at, classes", [
+    (dict(method="ep", n_inducing=5, max_iter=14), 12, 3),  # batch multiclass EP (10 warm-up sweeps)
+    (dict(method="ep", n_inducing=5, batch_size=15, max_iter=3), 7, 3),  # minibatch multiclass EP
+    (dict(method="sep", n_inducing=5, batch_size=15, max_iter=3), 5, 3),
+    (dict(method="vi-jj", n_inducing=6, max_iter=8), 5, 2),
+    (dict(method="vi-jj-hybrid", n_inducing=6, max_iter=8), 5, 2),
+    (dict(method="gfitc", n_inducing=5, max_iter=3, tol=1e-3), 17, 2),  # (step 13 is its first on the kernel)
+])
+def test_weighted_multiclass_vi_gfitc_fits_resume_only_with_their_weights(monkeypatch, tmp_path, params, stop_at,
+                                                                         classes):
+    """Checkpoints of weighted fits of multiclass EP / SEP, vi-* and GFITC: interrupted and resumed, each ends at the
+    uninterrupted model; a resume with other weights is refused as other training data (the data fingerprint covers
+    every row's weight)."""
+    X, y = three_classes(45, 7) if classes == 3 else binary_toy(50, seed=4)
+    _resumes_only_with_its_weights(monkeypatch, tmp_path, params, stop_at, X, y)
+
+
+def test_multiclass_exact_model_fit_with_a_weight_zero_row_is_the_fit_without_it():
+    """``GPClassifier(n_inducing="all")`` on three classes (the exact model, an inducing point at every row): a fit that
+    learns the kernels with weight-0 rows predicts as the fit without them (the rows stay inducing points without a
+    site, which leaves the full GP's model of the others as it is)."""
+    X, y = three_classes(36, 1)
+    w = np.ones(36)
+    w[[2, 9]] = 0.0
+    settings = dict(kernel=RBF(lengthscales=[1.0, 1.0]), kernel_prior=None, max_iter=8, n_inducing="all")
+    with_zero = GPClassifier(**settings).fit(X, y, sample_weight=w)
+    without = GPClassifier(**settings).fit(X[w > 0], y[w > 0])
+    X_test, _ = three_classes(15, 8)
+    np.testing.assert_allclose(with_zero.predict_proba(X_test), without.predict_proba(X_test), atol=1e-9)

@@ -317,6 +317,10 @@ class Engine(ModulesByName, abc.ABC):
             raise ValueError(refusal)
         self.sample_weight = weights
 
+    def _weighted(self):
+        """A pass's ``weights=`` when the fit has sample weights (none otherwise: today's call, unchanged)."""
+        return {} if self.sample_weight is None else {"weights": self.sample_weight}
+
     def _refuse_weights(self, weights):
         """Per-row weights are taken where the passes apply them (SVI, and EP / SEP / ADF on minibatches);
         elsewhere (the batch passes) one clear error rather than weights silently ignored."""
@@ -489,15 +493,14 @@ class EPEngine(Engine):
         return summary, (result, new_factor)
 
     def sample_weight_refusal(self):
-        """Two classes in this process: batch EP weights the rows by power EP (``ep.evaluate``, ``exact_ep``), SEP /
-        ADF count them by weight in the tied factor; minibatch EP, more than two classes, the passes on a cluster
-        and a data-parallel shard do not yet."""
-        binary = not isinstance(self.state["kernel"], ClassKernels)
-        here = self.passes in (ep, exact_ep) and self.factor_rows is None  # (not a cluster's, not a shard's)
-        if binary and here:
+        """In this process (two classes or more): EP weights the rows by power EP (``ep``, ``multiclass_ep``,
+        ``exact_ep``), SEP / ADF count them by weight in the tied factor; the passes on a cluster and a data-parallel
+        shard do not yet."""
+        here = self.passes in (ep, exact_ep, multiclass_ep) and self.factor_rows is None  # (not a cluster's, a shard's)
+        if here:
             return None
-        return (f"method {self.name!r} takes sample_weight for two classes, in this process; its multiclass passes "
-                "and those of a cluster or of data-parallel rounds do not weight the rows yet (docs/weights.md)")
+        return (f"method {self.name!r} takes sample_weight in this process; the passes of a cluster or of "
+                "data-parallel rounds do not weight the rows yet (docs/weights.md)")
 
     def take_sample_weight(self, weights):
         """SEP / ADF: the tied factor stands for the rows counted by their weights (n_total = sum of the weights),
@@ -505,10 +508,6 @@ class EPEngine(Engine):
         super().take_sample_weight(weights)
         if weights is not None and not self.per_row_sites:
             self.n_total = float(self.xp.sum(weights))
-
-    def _weighted(self):
-        """The pass's ``weights=`` when the fit has sample weights (none otherwise: today's call, unchanged)."""
-        return {} if self.sample_weight is None else {"weights": self.sample_weight}
 
     def _binary_batch_options(self, stepping):
         """What a binary batch pass takes besides the sites: whether they are known nonnegative, the sums of the
@@ -577,6 +576,8 @@ class EPEngine(Engine):
         if self.sample_weight is None:
             return site_precision, site_shift
         w = self.sample_weight if rows is None else self.sample_weight[:rows]
+        if site_precision.ndim > 1:  # multiclass sites (n, 2C): a row's every site
+            w = w[:, None]
         return w * site_precision, w * site_shift
 
     def time_rebuild(self, X, y, rows):
@@ -686,8 +687,12 @@ class GFITCEngine(Engine):
         s = self.state
         hyper = stepping and self.settled
         out = gfitc.evaluate(s["kernel"], s["Z"], X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=hyper,
-                             block_rows=self.block_rows)
+                             block_rows=self.block_rows, **self._weighted())
         return out["log_z"], (out, hyper)
+
+    def sample_weight_refusal(self):
+        """GFITC takes sample weights by power EP on the FITC prior (``gfitc.evaluate``; docs/weights.md)."""
+        return None
 
     def snapshot(self):
         snap = super().snapshot()
@@ -722,7 +727,7 @@ class GFITCEngine(Engine):
     def posterior(self, X, y, want_log_z=True):
         s = self.state
         final = gfitc.evaluate(s["kernel"], s["Z"], X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
-                               block_rows=self.block_rows)
+                               block_rows=self.block_rows, **self._weighted())
         return final["posterior"], float(final["log_z"]) if want_log_z else None
 
     def validation_scores(self, post, X_val, y_val):
@@ -913,8 +918,18 @@ class QuadraticEngine(Engine):
         return bool(self.names) or self.joint_xi
 
     def _bound(self, kernel, Z, X, y, xi, **options):
+        options.update(self._weighted())  # the weighted bound (``sample_weight_refusal``: in memory only)
         return self.passes.quadratic_bound(kernel, Z, X, y, xi, kind=self.kind, jitter=self.jitter,
                                            block_rows=self.block_rows, **options)
+
+    def sample_weight_refusal(self):
+        """In memory: the weighted bound, each row's quadratic bound term times its weight (Izmailov & Kropotov
+        (2017), eqs. 14 / 19 with w_i in front of row i's terms; docs/weights.md); the passes of a cluster do not
+        weight the rows yet."""
+        if self.passes is variational:
+            return None
+        return (f"method {self.name!r} takes sample_weight in this process; its passes on a cluster do not weight the "
+                "rows yet (docs/weights.md)")
 
     def _labels(self, y):
         """The labels as the passes take them: in memory, all of them on the compute device; on a cluster,

@@ -195,15 +195,14 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     ``nonnegative_sites``, ``site_sums``, ``want_next_sums``: ``ep.evaluate``'s, taken so that the batch EP engine
     drives either pass, and not used: the full GP keeps no sums of its sites between passes (its one factorisation,
     of I + D^1/2 K D^1/2 with D the site precisions, is new at every pass), so no ``site_sums`` come back.
-    ``weights`` (n,) or None: the rows' sample weights, by power EP (``_weighted_evaluate``; two classes only)."""
-    if weights is not None:
-        if isinstance(kernel, ClassKernels):
-            raise ValueError("the exact multiclass EP pass does not take sample weights")
-        return _weighted_evaluate(kernel, Z, X, y, site_precision, site_shift, weights, jitter=jitter,
-                                  want_grad=want_grad, want_sites=want_sites, damping=damping, checked=checked)
+    ``weights`` (n,) or None: the rows' sample weights, by power EP (``_weighted_evaluate``; for C classes
+    ``_evaluate_classes``)."""
     if isinstance(kernel, ClassKernels):
         return _evaluate_classes(kernel, Z, X, y, site_precision, site_shift, jitter=jitter, want_grad=want_grad,
-                                 want_sites=want_sites, damping=damping, checked=checked)
+                                 want_sites=want_sites, damping=damping, checked=checked, weights=weights)
+    if weights is not None:
+        return _weighted_evaluate(kernel, Z, X, y, site_precision, site_shift, weights, jitter=jitter,
+                                  want_grad=want_grad, want_sites=want_sites, damping=damping, checked=checked)
     xp = array_namespace(Z)
     X, y = _rows(X, y, Z)
     nu, mu = site_precision, site_shift
@@ -259,26 +258,29 @@ def _weighted_evaluate(kernel, Z, X, y, site_precision, site_shift, weights, *, 
 
 
 def _evaluate_classes(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad, want_sites, damping,
-                      checked):
+                      checked, weights=None):
     """``evaluate`` for C classes: each class's GP q_c from its rows' total sites (``multiclass_ep.site_totals``),
     the pairs' updates from the classes' marginals, log Z_q = sum_c g(q_c) - g(prior_c) + the pairs' terms
     (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 9), the gradient class by class (eq. 10; each class's kappa
-    summed over its sites, ``multiclass_ep.pair_update``)."""
+    summed over its sites, ``multiclass_ep.pair_update``). ``weights``: the rows' sample weights by power EP, q_c
+    from w_i times each row's totals and the pairs' updates ``multiclass_ep.pair_update``'s with them."""
     xp = array_namespace(Z)
     C = Z.shape[0]
     X, y = _rows(X, y, Z[0, ...])
-    totals = multiclass_ep.site_totals(site_precision, site_shift, multiclass_ep.one_hot_labels(y, C))
+    totals = multiclass_ep.weighted_totals(
+        multiclass_ep.site_totals(site_precision, site_shift, multiclass_ep.one_hot_labels(y, C)), weights)
     margs = [_marginals(kernels[c], Z[c, ...], X, totals[0][:, c], totals[1][:, c], jitter=jitter, checked=checked)
              for c in range(C)]
     update = multiclass_ep.pair_update(y, site_precision, site_shift, *(xp.stack([getattr(mg, key) for mg in margs],
                                                                                axis=1)
                                                                       for key in ("var", "mean", "prior_var",
                                                                                   "noise_var")),
-                                       want_grad=want_grad)
+                                       want_grad=want_grad, weights=weights)
     log_z = update.log_z_terms
     for marg in margs:
         log_z = log_z + marg.log_normaliser_gain
-    out = {"log_z": log_z, "n_invalid": xp.sum(xp.astype(~update.valid, Z.dtype)), "valid": None,
+    n_invalid = xp.sum(xp.astype(~update.valid, Z.dtype)) if update.n_invalid is None else update.n_invalid
+    out = {"log_z": log_z, "n_invalid": n_invalid, "valid": None,
            "site_precision": None, "site_shift": None, "site_change": None, "grads": None, "posterior": None}
     if want_sites:
         _damped(out, update.site_precision, update.site_shift, site_precision, site_shift, update.valid, damping)

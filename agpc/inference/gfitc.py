@@ -90,28 +90,41 @@ def _fitc_adjoint(kernel, X, Z, post, fm):
 
 # -- the likelihoods: cavity on f, tilted moments, new site ----------------------------------------
 
-def _probit_update(y, site_precision, site_shift, fms):
+def _cavity(site_precision, site_shift, var, mean, prior_var, weights):
+    """``ep.cavity`` of a site on f_i, or with sample weights (q holding w_i copies of each site) the power-EP
+    cavity that removes one copy (``ep.weighted_cavity``; ``weights`` (b,) or (b, 1))."""
+    if weights is None:
+        return ep.cavity(site_precision, site_shift, var, mean, prior_var)
+    return ep.weighted_cavity(site_precision, site_shift, var, mean, prior_var, weights)
+
+
+def _probit_update(y, site_precision, site_shift, fms, weights=None):
     """Binary: cavity of f_i (R&W eq. 3.56), probit tilted moments (eq. 3.58), new site (eq. 3.59).
     Returns (new precisions, new shifts, valid, the sites' log Z_EP terms log Z_i + g(cavity) - g(q) along f_i, zero
-    where the cavity is unusable: that site keeps its parameters for the round, as in ``ep``)."""
+    where the cavity is unusable: that site keeps its parameters for the round, as in ``ep``). ``weights``: power EP
+    (``_cavity``), each site's terms w_i times."""
     xp = array_namespace(site_precision)
     (fm,) = fms
-    valid, one_minus, v, a = ep.cavity(site_precision, site_shift, fm.var, fm.mean, fm.g.prior_var + fm.g.s)
+    valid, one_minus, v, a = _cavity(site_precision, site_shift, fm.var, fm.mean, fm.g.prior_var + fm.g.s, weights)
     log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, 1.0 + v)
     new_precision, new_shift = ep.moment_matched_site(valid, site_precision, site_shift, a, v, alpha, gamma)
     terms = log_zi + ep.removal_terms(site_precision, site_shift, fm.var, fm.mean, one_minus)
+    if weights is not None:
+        terms = weights * terms
     return new_precision, new_shift, valid, xp.where(valid, terms, 0.0)
 
 
-def _pair_update(y, site_precision, site_shift, fms):
+def _pair_update(y, site_precision, site_shift, fms, weights=None):
     """Multiclass: one site per wrong class k on (f_{i y_i}, f_ik), factorised over the two classes
     (``multiclass_ep`` storage: column k the class-k part, column C + k the class-y_i part); each part is
     removed from its own class's marginal of f. On f the likelihood of Villacampa-Calvo & Hernandez-Lobato (2017), eq. 1
     is exactly the product of Theta(f_y - f_k) (the latent noise is in Kdiag); against the two cavities each factor
     integrates to the probit of Villacampa-Calvo & Hernandez-Lobato (2017), eq. 6 with variance v_y + v_k, and the
-    tilted moments are ``multiclass_ep``'s."""
+    tilted moments are ``multiclass_ep``'s. ``weights``: power EP as in ``_probit_update``, each pair's two parts'
+    cavities removing one copy and its terms w_i times."""
     xp = array_namespace(site_precision)
     C = len(fms)
+    row_weights = None if weights is None else weights[:, None]
     onehot = multiclass_ep.one_hot_labels(y, C)
     mean = xp.stack([fm.mean for fm in fms], axis=1)
     var = xp.stack([fm.var for fm in fms], axis=1)
@@ -119,14 +132,16 @@ def _pair_update(y, site_precision, site_shift, fms):
     mean_y, var_y, prior_var_y = (multiclass_ep.true_class_values(v, onehot) for v in (mean, var, prior_var))
     precision_k, precision_y = site_precision[:, :C], site_precision[:, C:]
     shift_k, shift_y = site_shift[:, :C], site_shift[:, C:]
-    valid_k, om_k, v_k, a_k = ep.cavity(precision_k, shift_k, var, mean, prior_var)
-    valid_y, om_y, v_y, a_y = ep.cavity(precision_y, shift_y, var_y, mean_y, prior_var_y)
+    valid_k, om_k, v_k, a_k = _cavity(precision_k, shift_k, var, mean, prior_var, row_weights)
+    valid_y, om_y, v_y, a_y = _cavity(precision_y, shift_y, var_y, mean_y, prior_var_y, row_weights)
     valid = ~onehot & valid_k & valid_y
     log_zp, alpha, gamma = PROBIT.tilted_moments(xp.ones_like(a_k), a_y - a_k, v_y + v_k)
     new_precision_y, new_shift_y = ep.moment_matched_site(valid, precision_y, shift_y, a_y, v_y, alpha, gamma)
     new_precision_k, new_shift_k = ep.moment_matched_site(valid, precision_k, shift_k, a_k, v_k, -alpha, gamma)
     terms = (log_zp + ep.removal_terms(precision_y, shift_y, var_y, mean_y, om_y)
              + ep.removal_terms(precision_k, shift_k, var, mean, om_k))
+    if weights is not None:
+        terms = row_weights * terms
     # (valid is True in the label's own column, which holds no pair)
     return (xp.concat([new_precision_k, new_precision_y], axis=1), xp.concat([new_shift_k, new_shift_y], axis=1),
             valid | onehot, xp.where(valid, terms, 0.0))
@@ -149,12 +164,15 @@ class _Model:
     def block_rows(self, block_rows, n):
         return block_rows or ep.default_block_rows(self.Z, n)
 
-    def totals(self, site_precision, site_shift, y):
-        """Per class, the rows' total site on f_ic."""
+    def totals(self, site_precision, site_shift, y, weights=None):
+        """Per class, the rows' total site on f_ic (``weights``: w_i times, as q holds them by power EP)."""
         if not self.multiclass:
+            if weights is not None:
+                return [(weights * site_precision, weights * site_shift)]
             return [(site_precision, site_shift)]
         onehot = multiclass_ep.one_hot_labels(y, len(self.parts))
-        precision_c, shift_c = multiclass_ep.site_totals(site_precision, site_shift, onehot)
+        precision_c, shift_c = multiclass_ep.weighted_totals(multiclass_ep.site_totals(site_precision, site_shift,
+                                                                                      onehot), weights)
         return [(precision_c[:, c], shift_c[:, c]) for c in range(len(self.parts))]
 
 
@@ -162,9 +180,9 @@ def _rows(a, lo, hi):
     return (slice(lo, hi),) + (slice(None),) * (len(a.shape) - 1)
 
 
-def _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows):
+def _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows, weights=None):
     """q(u_c) for every class from the sites (one pass), and every block's projections (A^T, Knm) per
-    class for the sweep to reuse while they fit ep's cache budget."""
+    class for the sweep to reuse while they fit ep's cache budget (``weights``: each row's sites w_i times)."""
     L_K = [ep.prior_cholesky(k, Zc, jitter) for k, Zc in model.parts]
     L_K_inv = [lower_triangular_inverse(L) for L in L_K]
     C, n = len(model.parts), X.shape[0]
@@ -172,7 +190,8 @@ def _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows):
     S, c_tilde, kept = [None] * C, [None] * C, []
     for lo, hi, X_block, y_block in ep.data_blocks(X, y, block_rows, model.parts[0][1]):
         rows = _rows(site_precision, lo, hi)
-        totals = model.totals(site_precision[rows], site_shift[rows], y_block)
+        totals = model.totals(site_precision[rows], site_shift[rows], y_block,
+                              None if weights is None else weights[lo:hi])
         projections = []
         for c, ((k, Zc), (precision_c, shift_c)) in enumerate(zip(model.parts, totals)):
             At, Knm = ep.project(k, X_block, Zc, L_K_inv[c])
@@ -187,29 +206,37 @@ def _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows):
     return posts, (kept if keep else None)
 
 
-def _block_pass(model, X, y, site_precision, site_shift, posts, projections, *, want_grad):
+def _block_pass(model, X, y, site_precision, site_shift, posts, projections, *, want_grad, weights=None):
+    """A block's site updates, log Z_EP terms and gradient adjoints. ``weights`` (b,): power EP (Minka 2004): q and
+    the marginals of f_i hold w_i copies of each site (so do the FITC log-normalisers and the adjoint, the
+    derivative of log Z_EP at a power-EP fixed point), a cavity removes one, the sites' terms count w_i times."""
     xp = array_namespace(X)
     fms = [
         fitc_marginals(k, X, Zc, post, precision_c, shift_c, *(projections[c] if projections else (None, None)))
         for c, ((k, Zc), post, (precision_c, shift_c))
-        in enumerate(zip(model.parts, posts, model.totals(site_precision, site_shift, y)))
+        in enumerate(zip(model.parts, posts, model.totals(site_precision, site_shift, y, weights)))
     ]
     update = _pair_update if model.multiclass else _probit_update
-    new_precision, new_shift, valid_out, terms = update(y, site_precision, site_shift, fms)
+    new_precision, new_shift, valid_out, terms = update(y, site_precision, site_shift, fms, weights)
+    n_invalid = None  # (counted by the sweep) or, with weights, the failures of rows in the model
+    if weights is not None:
+        n_invalid = ep.counted_invalid(valid_out, weights[:, None] if model.multiclass else weights, X)
     log_z_terms = xp.sum(terms)
     for fm in fms:
         log_z_terms = log_z_terms + xp.sum(fm.log_normaliser)
     if not want_grad:
-        return ep.BlockResult(new_precision, new_shift, valid_out, log_z_terms, None, None, {})
+        return ep.BlockResult(new_precision, new_shift, valid_out, log_z_terms, n_invalid, None, {})
     adjoints = [_fitc_adjoint(k, X, Zc, post, fm) for (k, Zc), post, fm in zip(model.parts, posts, fms)]
     if not model.multiclass:
-        return ep.BlockResult(new_precision, new_shift, valid_out, log_z_terms, None, adjoints[0][0], adjoints[0][1])
+        return ep.BlockResult(new_precision, new_shift, valid_out, log_z_terms, n_invalid, adjoints[0][0],
+                              adjoints[0][1])
     grads = {f"{c}:{name}": value for c, (_, g) in enumerate(adjoints) for name, value in g.items() if name != "Z"}
     grads["Z"] = xp.stack([g["Z"] for _, g in adjoints])
-    return ep.BlockResult(new_precision, new_shift, valid_out, log_z_terms, None, tuple(d for d, _ in adjoints), grads)
+    return ep.BlockResult(new_precision, new_shift, valid_out, log_z_terms, n_invalid, tuple(d for d, _ in adjoints),
+                          grads)
 
 
-def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None):
+def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, weights=None):
     """One pass of GFITC at fixed (kernel, Z, sites): q rebuilt from all sites, every site's undamped EP
     update, log Z_EP and (``want_grad``) its gradient for the kernel parameters and Z, valid at an EP
     fixed point. Binary: ``kernel`` a kernel, Z (m, d), y in {-1, +1}, sites (n,) on f_i. Multiclass:
@@ -217,14 +244,19 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
 
     log Z_EP = sum_c [g(q_c) - g(prior_c)] + sum_i log-normalisers + sum_sites [log Z_i + g(cav) - g(q)]:
     the form of Hernandez-Lobato & Hernandez-Lobato (2016), eq. 26 over (u, f), equal to R&W eq. 3.65 with K = K_fitc
-    (tested against the textbook full-GP EP on the dense FITC prior). Returns the dict of ``ep.evaluate``."""
+    (tested against the textbook full-GP EP on the dense FITC prior). Returns the dict of ``ep.evaluate``.
+
+    ``weights`` (n,) or None: the rows' sample weights by power EP (Minka 2004): row i's likelihood to the power w_i on
+    its one latent f_i, approximated by its site to the power w_i (``_block_pass``); log Z_EP counts each site's
+    terms w_i times. A weight-0 row is the row removed. An integer weight is not the row repeated: the copies of a
+    row would each have a latent value of their own, with independent FITC noise (variance s_i) about one g_i."""
     model = _Model(kernel, Z)
     block_rows = model.block_rows(block_rows, X.shape[0])  # once: the sweep reuses the first stage's projections
-    posts, kept = _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows)
+    posts, kept = _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows, weights)
 
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         return _block_pass(model, X_block, y_block, rows_precision, rows_shift, posts, kept[index] if kept else None,
-                           want_grad=want_grad)
+                           want_grad=want_grad, weights=None if weights is None else weights[lo:hi])
 
     sweep = ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows,
                           like=model.parts[0][1], want_grad=want_grad,

@@ -140,6 +140,7 @@ class MultiBlockResult:
     dKmm_data: tuple  # per class
     grads: dict  # flat "<class>:<name>" and "Z" (C, m, d)
     sums: tuple = None  # per class (S_new, c_new, S_old, c_old), whitened
+    n_invalid: object = None  # 0-d: failed pairs of rows of positive weight (sample weights); None: the sweep counts
 
 
 @dataclass
@@ -150,16 +151,23 @@ class PairUpdate:
     site_shift: object
     valid: object  # (b, C), True in the label's own column
     log_z_terms: object  # 0-d
+    n_invalid: object = None  # 0-d with ``weights``: failed pairs of rows of positive weight (None: count ~valid)
     alpha: object = None  # (b, C): d log Z / d (cavity mean) summed over the sites a row has in class c
     kappa: object = None  # (b, C): -2 d log Z / d b, likewise
     coef: object = None  # (b, C): the coefficient of g_ic (``ep.adjoint_coefficient``), likewise
 
 
-def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=True):
+def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=True, weights=None, own_sites=True):
     """Cavities, moment matching and log Z_q terms of every pair (i, k) of a block of rows, from each class's marginal
     of q along upsilon_ic (``d``, ``e``, ``prior_var``, ``s``: (b, C), as ``ep.Marginals`` holds them), and with
     ``want_grad`` the per-class coefficients of the gradient's data part (``ep.data_adjoint``; the full-GP pass of
-    ``exact_ep`` needs only ``kappa``)."""
+    ``exact_ep`` needs only ``kappa``).
+
+    ``weights`` (b,): the rows' sample weights by power EP (Minka 2004), as the binary pass takes them: q holds w_i
+    copies of each of row i's pair sites (the marginals given are of that q), each pair's cavity removes one copy of
+    its two parts (``ep.weighted_cavity``: a row of weight 0 has no valid pair and no update), and the pairs' log Z_q
+    terms and gradient coefficients count w_i times. ``own_sites=False`` (SEP / ADF: zero sites, the marginals are
+    the tied cavity's): the cavity is checked as without weights, and only the weights' factors apply."""
     xp = array_namespace(d)
     C = d.shape[1]
     onehot = one_hot_labels(y, C)
@@ -169,8 +177,15 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     d_y, e_y, pv_y, s_y = (true_class_values(v, onehot) for v in (d, e, prior_var, s))
 
     # Each pair's cavity removes only its own part from each of its two classes (parallel EP).
-    valid_k, om_k, v_k, a_k = ep.cavity(nu_k, mu_k, d, e, prior_var)
-    valid_y, om_y, v_y, a_y = ep.cavity(nu_y, mu_y, d_y, e_y, pv_y)
+    if weights is None:
+        valid_k, om_k, v_k, a_k = ep.cavity(nu_k, mu_k, d, e, prior_var)
+        valid_y, om_y, v_y, a_y = ep.cavity(nu_y, mu_y, d_y, e_y, pv_y)
+    else:
+        row_weights = weights[:, None]
+        powers = row_weights if own_sites else xp.ones_like(row_weights)  # (SEP / ADF: no copy of a site in q)
+        valid_k, om_k, v_k, a_k = ep.weighted_cavity(nu_k, mu_k, d, e, prior_var, powers)
+        valid_y, om_y, v_y, a_y = ep.weighted_cavity(nu_y, mu_y, d_y, e_y, pv_y, powers)
+        valid_k = valid_k & (row_weights > 0)
     valid = wrong & valid_k & valid_y
     b = s_y + s + v_y + v_k
     diff = a_y - a_k
@@ -183,15 +198,21 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     # log Z_q terms (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 9 in the one-dimensional form of Hernandez-Lobato &
     # Hernandez-Lobato (2016), eq. 26): log Z_ik plus g(cavity) - g(q) in each of the two classes the pair touches.
     terms = log_zp + ep.removal_terms(nu_y, mu_y, d_y, e_y, om_y) + ep.removal_terms(nu_k, mu_k, d, e, om_k)
+    n_invalid = None
+    if weights is not None:  # each pair's term w_i times; the failed pairs of rows in the model counted
+        terms = terms * row_weights
+        n_invalid = ep.counted_invalid(valid | onehot, row_weights, d)
     log_z_terms = xp.sum(xp.where(valid, terms, 0.0))
     out_valid = valid | onehot
     if not want_grad:
-        return PairUpdate(new_nu, new_mu, out_valid, log_z_terms)
+        return PairUpdate(new_nu, new_mu, out_valid, log_z_terms, n_invalid)
 
     # Gradient (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 10 with the cavities fixed): per class, the binary
     # adjoints with the coefficients of every site the row has along upsilon_ic added up.
     zero = xp.zeros_like(alpha)
     alpha = xp.where(valid, alpha, zero)
+    if weights is not None:  # (kappa and the coefficients follow alpha: each pair's term w_i times)
+        alpha = alpha * row_weights
     kappa = alpha * diff / b  # -2 d log Z_ik / d b
     coef_k = ep.adjoint_coefficient(-alpha, kappa, nu_k, mu_k, e, om_k)
     coef_y = ep.adjoint_coefficient(alpha, kappa, nu_y, mu_y, e_y, om_y)
@@ -202,11 +223,21 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     alpha_c = per_class(-alpha, alpha)
     kappa_c = per_class(kappa, kappa)
     coef_c = per_class(coef_k, coef_y)
-    return PairUpdate(new_nu, new_mu, out_valid, log_z_terms, alpha_c, kappa_c, coef_c)
+    return PairUpdate(new_nu, new_mu, out_valid, log_z_terms, n_invalid, alpha_c, kappa_c, coef_c)
 
 
-def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad=True, want_sums=False):
-    """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows, all classes."""
+def weighted_totals(totals, weights):
+    """Per-class site totals (``site_totals``) as q holds them: w_i times with sample weights (power EP), else as
+    they are."""
+    if weights is None:
+        return totals
+    return totals[0] * weights[:, None], totals[1] * weights[:, None]
+
+
+def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad=True, want_sums=False, weights=None,
+               own_sites=True):
+    """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows, all classes (``weights``,
+    ``own_sites``: ``pair_update``'s; the sums of the rows' sites then weigh each row's w_i times)."""
     xp = array_namespace(X)
     C = n_classes(Z)
     margs = [ep.marginals(kernels[c], X, Z[c, ...], posts[c]) for c in range(C)]
@@ -214,20 +245,21 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     e = xp.stack([mg.e for mg in margs], axis=1)
     prior_var = xp.stack([mg.prior_var for mg in margs], axis=1)
     s = xp.stack([mg.s for mg in margs], axis=1)
-    update = pair_update(y, site_precision, site_shift, d, e, prior_var, s, want_grad=want_grad)
+    update = pair_update(y, site_precision, site_shift, d, e, prior_var, s, want_grad=want_grad, weights=weights,
+                         own_sites=own_sites)
     new_nu, new_mu = update.site_precision, update.site_shift
     sums = None
     if want_sums:
         onehot = one_hot_labels(y, C)
-        tot_new = site_totals(new_nu, new_mu, onehot)
-        tot_old = site_totals(site_precision, site_shift, onehot)
+        tot_new = weighted_totals(site_totals(new_nu, new_mu, onehot), weights)
+        tot_old = weighted_totals(site_totals(site_precision, site_shift, onehot), weights)
         sums = tuple(
             ep.whitened_site_sums(margs[c].A, tot_new[0][:, c], tot_new[1][:, c])
             + ep.whitened_site_sums(margs[c].A, tot_old[0][:, c], tot_old[1][:, c])
             for c in range(C)
         )
     if not want_grad:
-        return MultiBlockResult(new_nu, new_mu, update.valid, update.log_z_terms, None, {}, sums)
+        return MultiBlockResult(new_nu, new_mu, update.valid, update.log_z_terms, None, {}, sums, update.n_invalid)
     alpha_c, kappa_c, coef_c = update.alpha, update.kappa, update.coef
     dKmm, grads, Z_grads = [], {}, []
     for c in range(C):
@@ -237,7 +269,8 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
         Z_grads.append(g.pop("Z"))
         grads.update({f"{c}:{name}": value for name, value in g.items()})
     grads["Z"] = xp.stack(Z_grads)
-    return MultiBlockResult(new_nu, new_mu, update.valid, update.log_z_terms, tuple(dKmm), grads, sums)
+    return MultiBlockResult(new_nu, new_mu, update.valid, update.log_z_terms, tuple(dKmm), grads, sums,
+                            update.n_invalid)
 
 
 # -- passes over the data ---------------------------------------------------------------------------
@@ -248,13 +281,15 @@ def prior_choleskys(kernels, Z, jitter, checked=True):
     return L_K, [lower_triangular_inverse(L) for L in L_K]
 
 
-def class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows):
+def class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows, weights=None):
     """Per class S_c = A_c diag(nu_tot) A_c^T and c~_c = A_c mu_tot over the rows (tuples, one entry a class):
-    they add over any split of the rows (a chunk of rows a task on a cluster)."""
+    they add over any split of the rows (a chunk of rows a task on a cluster). ``weights``: the rows' sample
+    weights, each row's totals w_i times (power EP)."""
     C = n_classes(Z)
     S, c_tilde = [None] * C, [None] * C
     for lo, hi, X_block, y_block in ep.data_blocks(X, y, _block_rows(block_rows, Z, X.shape[0]), Z[0, ...]):
-        nu, mu = site_totals(site_precision[lo:hi, ...], site_shift[lo:hi, ...], one_hot_labels(y_block, C))
+        nu, mu = weighted_totals(site_totals(site_precision[lo:hi, ...], site_shift[lo:hi, ...],
+                                             one_hot_labels(y_block, C)), None if weights is None else weights[lo:hi])
         for c in range(C):
             At, _ = ep.project(kernels[c], X_block, Z[c, ...], L_K_inv[c])
             S_b, c_b = ep.site_sums(At, nu[:, c], mu[:, c])
@@ -270,16 +305,18 @@ def _block_rows(block_rows, Z, n=None):
 
 
 def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, block_rows, want_sums=False,
-                want_sites=True, damping=None):
+                want_sites=True, damping=None, weights=None):
     """Multiclass EP's sweep: ``block_pass`` over all rows (``ep.sweep_rows``), a validity column per class.
     Its reductions add over any split of the rows (``ep.add_sweeps``); ``site_precision`` None: zero sites
-    (SEP / ADF, whose rows have none of their own)."""
-    if site_precision is None:
+    (SEP / ADF, whose rows have none of their own). ``weights`` (n,): the rows' sample weights (``block_pass``)."""
+    own_sites = site_precision is not None
+    if not own_sites:
         site_precision = site_shift = zero_sites(X.shape[0], Z)
 
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         return block_pass(kernels, X_block, y_block, rows_precision, rows_shift, Z, posts, want_grad=want_grad,
-                          want_sums=want_sums)
+                          want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
+                          own_sites=own_sites)
 
     return ep.sweep_rows(X, y, site_precision, site_shift, block_step,
                          block_rows=_block_rows(block_rows, Z, X.shape[0]), like=Z[0, ...], want_grad=want_grad,
@@ -302,19 +339,23 @@ def add_prior_gradients(kernels, Z, posts, sweep, scale=1.0):
 
 
 def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None,
-             want_sites=True, damping=None, checked=True):
+             want_sites=True, damping=None, checked=True, weights=None):
     """Batch multiclass EP: one pass at fixed (kernels, Z, sites), q_c rebuilt exactly from all sites.
 
     Returns the same dict as ``ep.evaluate``: ``log_z`` (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 9),
     ``site_precision`` / ``site_shift`` (n, 2C; damped by ``damping`` when given, with ``site_change``), ``valid`` (n,
     C), ``n_invalid``, ``grads`` (eq. 10) and ``posterior`` (a tuple of per-class ``ep.Posterior``).
     ``checked``: as in ``ep.evaluate`` (False in training steps: a failed factorisation is NaN, which reaches
-    log Z_q and the loop's guard, with no host synchronisation; True escalates jitter on the host)."""
+    log Z_q and the loop's guard, with no host synchronisation; True escalates jitter on the host).
+
+    ``weights`` (n,) or None: the rows' sample weights by power EP, as binary EP takes them (docs/weights.md): a row of
+    weight w contributes its likelihood to the power w, q_c holds w_i copies of each of its sites, a pair's cavity
+    removes one copy, and log Z_q and its gradient count each row's pair terms w_i times (``pair_update``)."""
     L_K, L_K_inv = prior_choleskys(kernels, Z, jitter, checked)
-    S, c_tilde = class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows)
+    S, c_tilde = class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows, weights)
     posts = posteriors_from_sums(L_K, L_K_inv, S, c_tilde, checked=checked)
     sweep = class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, want_grad=want_grad,
-                        block_rows=block_rows, want_sites=want_sites, damping=damping)
+                        block_rows=block_rows, want_sites=want_sites, damping=damping, weights=weights)
     return finish_evaluate(kernels, Z, posts, sweep, want_grad)
 
 
@@ -348,22 +389,24 @@ def _with_rest(rest, S, c_tilde):
 
 
 def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None, jitter,
-                    want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None):
+                    want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None,
+                    sample_weights=True):
     """One pass over rows X (all, or a minibatch) with q_c = prior_c x factor_c; the cavity as in
     ``ep.evaluate_factor``: "ep" removes each pair's own parts, "sep" removes factor_c^(1/n_total) from
     every class (one tied factor per class, Villacampa-Calvo & Hernandez-Lobato (2017), sec. 2.3.1), "adf" removes
-    nothing. ``checked``: as in ``evaluate``; per-row ``weights`` are not supported by the multiclass pass yet.
+    nothing. ``checked``: as in ``evaluate``. ``weights`` (the rows'): sample weights (the multiclass passes have no
+    padding; ``sample_weights`` is taken for ``ep.evaluate_factor``'s signature): "ep"'s cavities by power EP, each
+    row's terms, gradient and site change w_i times, and the rows counted by weight in the scale n_total / sum(w).
     ``others`` / ``factor_rows``: distributed SEP's shard, per class as in ``ep.factor_cavity``: q_c = prior_c x
     (others_c + factor_c), the SEP cavity removes factor_c^(1/factor_rows)."""
-    if weights is not None:
-        raise NotImplementedError("per-row weights are not supported by the multiclass EP pass")
     prep = factor_cavity(kernels, Z, factor, method=method, n_total=n_total, jitter=jitter, checked=checked,
                          others=others, factor_rows=factor_rows)
     if method != "ep":
         site_precision = site_shift = None  # (zero sites: the cavity already excludes the factor)
     sweep = class_sweep(kernels, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
-                        block_rows=block_rows, want_sums=True)
-    return finish_factor(kernels, Z, prep, sweep, n_total / X.shape[0], want_grad)
+                        block_rows=block_rows, want_sums=True, weights=weights)
+    n_rows = X.shape[0] if weights is None else array_namespace(Z).sum(weights)
+    return finish_factor(kernels, Z, prep, sweep, n_total / n_rows, want_grad)
 
 
 def factor_cavity(kernels, Z, factor, *, method, n_total, jitter, checked=True, others=None, factor_rows=None):

@@ -54,6 +54,7 @@ __all__ = [
     "expected_log_likelihood",
     "svi_elbo",
     "quadratic_bound",
+    "weighted_quadratic_sites",
     "quadratic_site_sums",
     "quadratic_posterior",
     "quadratic_row_terms",
@@ -274,7 +275,18 @@ def _quadratic_sites(y, xi, kind):
     raise ValueError(f"unknown quadratic bound {kind!r}")
 
 
-def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, want_xi_grad=False, block_rows=None):
+def weighted_quadratic_sites(y, xi, kind, weights=None):
+    """``_quadratic_sites`` of the weighted bound: each row's quadratic bound (or expansion) of log p(y_i | f_i) times
+    its sample weight w_i, so that (w, site shift, const) are all w_i times (an integer weight is the row repeated, a
+    weight of 0 contributes nothing); ``weights`` None: the unweighted sites, as they are."""
+    w, shift, const = _quadratic_sites(y, xi, kind)
+    if weights is None:
+        return w, shift, const
+    return weights * w, weights * shift, weights * const
+
+
+def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, want_xi_grad=False, block_rows=None,
+                    weights=None):
     """The collapsed bound of Izmailov & Kropotov (2017), eq. 14 (kind "jj") or eq. 19 (kind "taylor") at fixed xi.
 
     Returns a dict: ``value``, ``posterior`` (the analytic optimal q, eqs. 12-13 / 17-18, as an EP-form
@@ -287,12 +299,17 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
     Two passes over the rows, each a sum over them (``quadratic_site_sums``, then ``quadratic_row_terms``),
     joined by the m x m work of ``quadratic_posterior`` and ``finish_quadratic_bound``: a cluster runs the
     passes a chunk of rows a task and adds the chunks' results (``dask_engine.DaskPasses.quadratic_bound``).
+
+    ``weights`` (n,) or None: the rows' sample weights, the weighted bound sum_i w_i (row i's quadratic term) + the
+    rest (``weighted_quadratic_sites``): the analytic q, the value, the kernel gradients and the xi gradient all
+    from the weighted sites; the optimal xi of a row (eq. 15) does not depend on its weight.
     """
     L_K = ep.prior_cholesky(kernel, Z, jitter)
-    S, c_tilde, const_sum = quadratic_site_sums(kernel, Z, X, y, xi, kind=kind, L_K=L_K, block_rows=block_rows)
+    S, c_tilde, const_sum = quadratic_site_sums(kernel, Z, X, y, xi, kind=kind, L_K=L_K, block_rows=block_rows,
+                                                weights=weights)
     prep = quadratic_posterior(L_K, S, c_tilde)
     terms = quadratic_row_terms(kernel, Z, X, y, xi, prep, kind=kind, want_grad=want_grad,
-                                want_xi_grad=want_xi_grad, block_rows=block_rows)
+                                want_xi_grad=want_xi_grad, block_rows=block_rows, weights=weights)
     out = finish_quadratic_bound(kernel, Z, prep, const_sum, terms, want_grad=want_grad)
     out.update({k: terms[k] for k in QUADRATIC_ROW_KEYS if terms[k] is not None})
     return out
@@ -301,12 +318,12 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
 QUADRATIC_ROW_KEYS = ("mean", "var", "xi_grad")  # the per-row outputs of ``quadratic_row_terms``
 
 
-def quadratic_site_sums(kernel, Z, X, y, xi, *, kind, L_K, block_rows=None):
+def quadratic_site_sums(kernel, Z, X, y, xi, *, kind, L_K, block_rows=None, weights=None):
     """The rows' sums that fix the optimal q at xi (Izmailov & Kropotov (2017), eqs. 12-13 / 17-18): S = A diag(2 w) A^T
     and c~ = A mu (as ``ep.site_sums_over_rows``: q has EP's form with sites (2 w_i, mu_i)), and sum_i const_i.
-    Each adds over any split of the rows."""
+    Each adds over any split of the rows. ``weights``: the rows' sample weights (``weighted_quadratic_sites``)."""
     xp = array_namespace(Z)
-    w, shift, const = _quadratic_sites(y, xi, kind)
+    w, shift, const = weighted_quadratic_sites(y, xi, kind, weights)
     S, c_tilde, _ = ep.site_sums_over_rows(kernel, Z, X, 2.0 * w, shift, L_K, block_rows, False)
     return S, c_tilde, xp.sum(const)
 
@@ -322,12 +339,14 @@ def quadratic_posterior(L_K, S, c_tilde):
     return {"posterior": post, "L_K_inv": L_K_inv, "K_inv": L_K_inv.mT @ L_K_inv, "M": M}
 
 
-def quadratic_row_terms(kernel, Z, X, y, xi, prep, *, kind, want_grad=True, want_xi_grad=False, block_rows=None):
+def quadratic_row_terms(kernel, Z, X, y, xi, prep, *, kind, want_grad=True, want_xi_grad=False, block_rows=None,
+                        weights=None):
     """The rows' part of the bound at the optimal q ``prep`` (``quadratic_posterior``): ``value`` = -sum_i w_i s_i,
     the kernel adjoints' data part (``grads`` of the Knm and diagonal adjoints, ``dKmm`` = -V^T diag(w) V), which
-    add over any split of the rows; and per row (``QUADRATIC_ROW_KEYS``) m_i, S_i and the JJ xi gradient."""
+    add over any split of the rows; and per row (``QUADRATIC_ROW_KEYS``) m_i, S_i and the JJ xi gradient.
+    ``weights``: the rows' sample weights (``weighted_quadratic_sites``; the xi gradient w_i times)."""
     xp = array_namespace(Z)
-    w, shift, _ = _quadratic_sites(y, xi, kind)
+    w, shift, _ = weighted_quadratic_sites(y, xi, kind, weights)
     nu = 2.0 * w
     post, L_K_inv, M = prep["posterior"], prep["L_K_inv"], prep["M"]
     beta = post.beta
@@ -348,7 +367,8 @@ def quadratic_row_terms(kernel, Z, X, y, xi, prep, *, kind, want_grad=True, want
         variances.append(s + d)
         if want_xi_grad:  # JJ: d/dxi = lambda'(xi) (xi^2 - s - e^2 - d), zero at eq. 15
             xib = xi[lo:hi]
-            xi_grad.append(jj_lambda_prime(xib) * (xib * xib - s - e * e - d))
+            block_xi_grad = jj_lambda_prime(xib) * (xib * xib - s - e * e - d)
+            xi_grad.append(block_xi_grad if weights is None else weights[lo:hi] * block_xi_grad)
         if want_grad:
             V = At @ L_K_inv
             dKnm = shiftb[:, None] * beta[None, :] - (Knm * nub[:, None]) @ M + 2.0 * wb[:, None] * V
