@@ -212,7 +212,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _fit(self, X, y, groups, target_xp, validation_data, resume, started, sample_weight=None):
         """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop."""
-        I.check_fit_paths(self, X, y, resume, weighted=sample_weight is not None)
+        I.check_fit_paths(self, X, y, resume)
         self.__dict__.pop("_trainer", None)
         with placement.Placement(self, X) as place:
             inputs = place.training_inputs(X, y, target_xp)
@@ -221,8 +221,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 place.on_cluster or B.is_out_of_core(inputs.X)))
             if size.at_rows:  # the exact model's inducing points are its rows: they stay there
                 groups = tuple(group for group in groups if group != "inducing")
-            place.start(inputs, weighted=sample_weight is not None or self.class_weight is not None)  # (n_jobs_)
-            weights = I.training_weights(self, sample_weight, inputs, on_cluster=place.on_cluster, n_jobs=place.n_jobs)
+            place.start(inputs)  # (n_jobs_)
+            weights = place.training_weights(sample_weight, inputs)
             rng = B.host_rng(self.random_state)
             init_started = time.perf_counter()
             kernel, Z = self._initial_model(inputs.sample, size.n_inducing, rng, len(classes),
@@ -235,7 +235,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(self, n) if size.at_rows else None)
             plateau = size_rule.exact_plateau(n) if size.at_rows else None  # (the sparse models run max_iter steps)
             result = self._train(placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash,
-                                 plateau, weights)
+                                 plateau)
         return self._fitted_from(result, classes, started, n, resumed=bool(resume))
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
@@ -260,7 +260,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     _default_kernel = staticmethod(I.default_kernel)  # the kernel ``kernel=None`` starts from
 
-    def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau, weights):
+    def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau):
         """The one training loop (``training.train``) on the ``placement.PlacedRows`` with this estimator's
         settings for its method: its engine (its passes where ``placed`` runs them, or ``placed.rounds``'s round
         engine) and the loop's settings and hooks, built here and only here."""
@@ -290,7 +290,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             built = spec.make_engine(kernel, Z, n_total=n, minibatch=settings.minibatch(n), options=options,
                                      passes=placed.passes)
         return training.train(placed.X, placed.y, built, settings, training.standard_hooks(settings, validation),
-                              sample_weight=weights)
+                              sample_weight=placed.weights)
 
     def _jitter_for(self, Z):
         """``jitter``, raised to ``backend.jitter_floor`` for the model's type and number of inducing points

@@ -459,7 +459,7 @@ class EPEngine(Engine):
             n_total = self.n_total
             if self.sample_weight is not None:  # (``sample_weight_refusal``): the rows' weights, no padding here
                 self._refuse_weights(weights)
-                weights = self.sample_weight[lo:hi]
+                weights = self.sample_weight[lo:hi] if self.minibatch else self.sample_weight
                 if self.per_row_sites:  # minibatch EP by power EP, its log Z and gradient scaled by n / b (the
                     # pass scales by n_total / sum(w), the rows counted by weight: n_total sum(w) / b gives n / b)
                     shard["sample_weights"] = True
@@ -476,7 +476,8 @@ class EPEngine(Engine):
         new_factor = None
         if not self.per_row_sites:  # SEP / ADF: the rows' share (rows / n) of the factor is replaced by their sites
             factor_rows = self.n_total if self.factor_rows is None else self.factor_rows
-            share = (hi - lo if weights is None else xp.sum(weights)) / factor_rows
+            # (a batch step's rows are all the rows: their weight, summed once, is n_total's)
+            share = (hi - lo if weights is None else xp.sum(weights) if self.minibatch else self.n_total) / factor_rows
             new_factor = state["factor"].combine(1.0 - self.damping * share, result["site_delta"], self.damping)
             if not self.minibatch:  # batch SEP / ADF stop on the factor's change
                 old = state["factor"]
@@ -489,26 +490,28 @@ class EPEngine(Engine):
         return summary, (result, new_factor)
 
     def sample_weight_refusal(self):
-        """Two classes in this process: batch EP weights the rows by power EP (``ep.evaluate``, ``exact_ep``), SEP /
-        ADF count them by weight in the tied factor; minibatch EP, more than two classes, the passes on a cluster
-        and a data-parallel shard do not yet."""
+        """Two classes: EP weights the rows by power EP (``ep.evaluate``, ``exact_ep``, a cluster's ``DaskPasses``),
+        SEP / ADF count them by weight in the tied factor; more than two classes do not yet."""
         binary = not isinstance(self.state["kernel"], ClassKernels)
-        here = self.passes in (ep, exact_ep) and self.factor_rows is None  # (not a cluster's, not a shard's)
+        here = self.factor_rows is None  # (a data-parallel shard's engine is given its rows' weights a step)
         if binary and here:
             return None
-        return (f"method {self.name!r} takes sample_weight for two classes, in this process; its multiclass passes "
-                "and those of a cluster or of data-parallel rounds do not weight the rows yet (docs/weights.md)")
+        return (f"method {self.name!r} takes sample_weight for two classes; its multiclass passes do not weight the "
+                "rows yet (docs/weights.md)")
 
     def take_sample_weight(self, weights):
         """SEP / ADF: the tied factor stands for the rows counted by their weights (n_total = sum of the weights),
         as it would for the rows repeated (docs/weights.md)."""
         super().take_sample_weight(weights)
         if weights is not None and not self.per_row_sites:
-            self.n_total = float(self.xp.sum(weights))
+            total = getattr(self.passes, "total_weight", None)  # (rows on a cluster: summed there)
+            self.n_total = float(self.xp.sum(weights)) if total is None else total(weights, None)
 
     def _weighted(self):
         """The pass's ``weights=`` when the fit has sample weights (none otherwise: today's call, unchanged)."""
-        return {} if self.sample_weight is None else {"weights": self.sample_weight}
+        # (``[:None]``, all of them: the weights of rows a dask array brings to this process a chunk at a time come
+        # as one NumPy array, beside the sites minibatch EP holds here)
+        return {} if self.sample_weight is None else {"weights": self.sample_weight[:None]}
 
     def _binary_batch_options(self, stepping):
         """What a binary batch pass takes besides the sites: whether they are known nonnegative, the sums of the
@@ -576,7 +579,7 @@ class EPEngine(Engine):
         """The sites as q holds them: each w_i times with sample weights (power EP), else as they are."""
         if self.sample_weight is None:
             return site_precision, site_shift
-        w = self.sample_weight if rows is None else self.sample_weight[:rows]
+        w = self.sample_weight[:rows]  # (all of them: rows None; weights of rows on a cluster come here as NumPy)
         return w * site_precision, w * site_shift
 
     def time_rebuild(self, X, y, rows):
