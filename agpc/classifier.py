@@ -324,16 +324,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Update the model with one more minibatch (a stream): one damped site update and one stochastic gradient
         step on these rows (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6); "sep" and "adf" only. The first
         call sets the classes, kernel and inducing points; a fitted or loaded model continues (what may not change
-        since, and ``n_total``, the rows the model stands for: docs/usage.md). No ``sample_weight`` yet."""
+        since, and ``n_total``, the rows the model stands for: docs/usage.md). ``sample_weight``: docs/weights.md."""
         groups, target_xp = self._check_params()
-        I.refuse_stream_weights(self, sample_weight)
         if (self.checkpoint_path is not None or self.checkpoint_every is not None) and not hasattr(self, "_trainer"):
             warnings.warn("partial_fit writes no checkpoints (checkpoint_path / checkpoint_every apply to fit); save "
                           "a stream model with save() or pickle it between calls", UserWarning, stacklevel=2)
         with placement.blas_scope(self, X), B.jitter_report("GPClassifier.partial_fit"):
-            return self._partial_fit(X, y, classes, n_total, groups, target_xp)
+            return self._partial_fit(X, y, classes, n_total, groups, target_xp, sample_weight)
 
-    def _partial_fit(self, X, y, classes, n_total, groups, target_xp):
+    def _partial_fit(self, X, y, classes, n_total, groups, target_xp, sample_weight):
         live = hasattr(self, "_trainer")
         fitted = live or hasattr(self, "posterior_")
         if fitted:  # before any change to the model: a refused call leaves it as it was
@@ -341,6 +340,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         inputs = I.training_inputs(self, X, y, reset=not fitted, target_xp=target_xp,
                                    classes=self.classes_ if fitted else classes)
         Xc, y_pm, classes = inputs.X, inputs.y, inputs.classes
+        weights = I.stream_weights(self, sample_weight, inputs)  # (rows counted by weight: ``streaming.step``)
         rows = Xc.shape[0]
         I.check_n_total(n_total, rows)
         if not live:
@@ -356,9 +356,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self._trainer, self._rows_seen = S.trainer_from_fitted(self, groups, n_total, rows,
                                                                    getattr(self, "_rows_seen", None))
         trainer = self._trainer
-        self._rows_seen += rows
+        self._rows_seen += S.rows_counted(rows, weights)
         trainer.n_total = n_total or self._rows_seen
-        post, log_z = S.step(trainer, Xc, y_pm, self._rows_seen)
+        post, log_z = S.step(trainer, Xc, y_pm, self._rows_seen, weights)
         state = trainer.state
         self.likelihood_ = M.get_method(self.method).likelihood_for(self.likelihood, len(self.classes_))
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,

@@ -61,7 +61,7 @@ CAPABILITIES = MappingProxyType({
     "n_jobs": "`n_jobs > 1`",  # data-parallel rounds in local worker processes (minibatches of in-memory data)
     "validation_data": "validation, early stopping",
     "checkpoints": "checkpoints",
-    "sample_weight": "`sample_weight`, `class_weight`",  # in this process: not dask, n_jobs (docs/weights.md)
+    "sample_weight": "`sample_weight`, `class_weight`",  # on every path the method takes (docs/weights.md)
 })
 """The capabilities a method may have, and the support table's heading of each."""
 
