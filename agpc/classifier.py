@@ -356,9 +356,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self._trainer, self._rows_seen = S.trainer_from_fitted(self, groups, n_total, rows,
                                                                    getattr(self, "_rows_seen", None))
         trainer = self._trainer
-        self._rows_seen += S.rows_counted(rows, weights)
+        self._rows_seen += S.rows_counted(trainer, rows, weights)
         trainer.n_total = n_total or self._rows_seen
-        post, log_z = S.step(trainer, Xc, y_pm, self._rows_seen, weights)
+        post, log_z = S.step(trainer, Xc, y_pm, self._rows_seen)
         state = trainer.state
         self.likelihood_ = M.get_method(self.method).likelihood_for(self.likelihood, len(self.classes_))
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,

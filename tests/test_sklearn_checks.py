@@ -1,4 +1,4 @@
-"""scikit-learn's own estimator checks, for EP, SEP (which also has partial_fit) and GFITC.
+"""scikit-learn's own estimator checks, for EP, SEP (which also has partial_fit), GFITC and SVI.
 
 Checks that cannot apply are listed with the reason: the sample-weight checks where the method (or, for EP, its
 multiclass passes: the checks' data have three classes) refuses weights with a ValueError (docs/weights.md).
@@ -21,10 +21,16 @@ EXPECTED_FAILURES = {
             ("check_sample_weights_list", "check_sample_weight_equivalence_on_dense_data",
              "check_class_weight_classifiers")},
     "gfitc": {name: _REFUSED for name in _WEIGHT_CHECKS},
+    # SVI's weighted ELBO: an integer weight is the repeated row exactly from the same start (tests/test_weights.py),
+    # but the start is read from the rows unweighted: the k-means inducing points and the default kernel (and its
+    # prior's centres) of the repeated rows are another start, so another model after any step
+    "svi": {"check_sample_weight_equivalence_on_dense_data": "the start (k-means inducing points, default kernel) is "
+                                                             "read from the rows unweighted: repeated rows start "
+                                                             "elsewhere (docs/weights.md)"},
 }
 
 
-@pytest.mark.parametrize("method", ["ep", "sep", "gfitc"])
+@pytest.mark.parametrize("method", ["ep", "sep", "gfitc", "svi"])
 def test_check_estimator(method):
     # small m and few iterations: the checks fit dozens of times on tiny data
     # (GFITC runs EP to convergence before each step: a looser inner tolerance and fewer steps)

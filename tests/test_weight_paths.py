@@ -11,7 +11,7 @@ pytest.importorskip("distributed")
 from agpc import RBF, GPClassifier  # noqa: E402
 from agpc import methods as M  # noqa: E402
 from agpc.inference import data_parallel, engines, ep, training  # noqa: E402
-from helpers import binary_toy, interrupted_then_resumed, local_client  # noqa: E402
+from helpers import binary_toy, interrupted_then_resumed, local_client, three_classes  # noqa: E402
 
 N = 40
 
@@ -307,3 +307,23 @@ def test_weighted_fit_resumes_on_every_path(monkeypatch, tmp_path, client, param
                          checkpoint_every=4)
     with pytest.raises(ValueError, match="sample weights"):
         other.fit(*data, resume=True)
+
+
+def test_multiclass_weights_on_the_paths_as_in_memory():
+    """Three classes (SEP): the stream and the rounds take weights exactly when the fit in memory does (the engine's
+    own refusal decides, one ValueError naming the method), whatever the multiclass passes support."""
+    X, y = three_classes(60, 3)
+    w = np.linspace(0.5, 2.0, 60)
+    settings = dict(method="sep", n_inducing=5, max_iter=1, random_state=0)
+
+    def outcome(fit):
+        try:
+            fit()
+        except ValueError as error:
+            assert "method 'sep'" in str(error)
+            return "refused"
+        return "fits"
+
+    in_memory = outcome(lambda: GPClassifier(**settings, batch_size=10).fit(X, y, sample_weight=w))
+    assert outcome(lambda: GPClassifier(**settings).partial_fit(X, y, sample_weight=w)) == in_memory
+    assert outcome(lambda: GPClassifier(**settings, batch_size=10, n_jobs=2).fit(X, y, sample_weight=w)) == in_memory

@@ -118,8 +118,9 @@ def _chunk_sums(kernel, Z, X, y, site_precision, site_shift, prior, block_rows, 
     """A chunk's sums of its sites (S, c~; per class for a multiclass model, whose ``prior`` is the classes'
     L_K^-1, the binary model's L_K). ``nonnegative``: as ``ep.site_sums_over_rows`` takes it (binary). ``weights``:
     the chunk's sample weights, q holding w_i copies of row i's site (power EP, as ``ep.evaluate``)."""
-    if weights is not None:
-        site_precision, site_shift = weights * site_precision, weights * site_shift
+    if weights is not None:  # (a row's sites: one, or 2C for a multiclass model)
+        w = weights if site_precision.ndim == 1 else weights[:, None]
+        site_precision, site_shift = w * site_precision, w * site_shift
     with _task_threads(Z, X, block_rows):
         if Z.ndim == 3:
             return multiclass_ep.class_site_sums(kernel, Z, X, y, site_precision, site_shift, prior, block_rows)

@@ -654,8 +654,11 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
         return Outcome(change=None, stepped=stepping, record=True, n_invalid=int(work["n_invalid"]))
 
     def sample_weight_refusal(self):
-        """The rounds weight the rows when ``DataParallel`` was given their weights (its shards' steps weight them)."""
-        return None if self.plan.weights is not None else "data-parallel rounds given no row weights cannot weight rows"
+        """The rounds weight the rows when ``DataParallel`` was given their weights and the method's engine weights
+        them (its shards' engines are given each minibatch's weights)."""
+        if self.plan.weights is None:
+            return "data-parallel rounds given no row weights cannot weight rows"
+        return self.template.sample_weight_refusal()
 
     def take_sample_weight(self, weights):
         """The rows' weights are the plan's (beside the rows, on the workers): SEP / ADF's factors stand for the rows
