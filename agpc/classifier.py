@@ -214,7 +214,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _fit(self, X, y, groups, target_xp, validation_data, resume, started, sample_weight=None):
         """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop."""
-        I.check_fit_paths(self, X, y, resume, weighted=sample_weight is not None)
+        I.check_fit_paths(self, X, y, resume)
         self.__dict__.pop("_trainer", None)
         with placement.Placement(self, X) as place:
             inputs = place.training_inputs(X, y, target_xp)
@@ -223,8 +223,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 place.on_cluster or B.is_out_of_core(inputs.X)))
             if size.at_rows:  # the exact model's inducing points are its rows: they stay there
                 groups = tuple(group for group in groups if group != "inducing")
-            place.start(inputs, weighted=sample_weight is not None or self.class_weight is not None)  # (n_jobs_)
-            weights = I.training_weights(self, sample_weight, inputs, on_cluster=place.on_cluster, n_jobs=place.n_jobs)
+            place.start(inputs)  # (n_jobs_)
+            weights = place.training_weights(sample_weight, inputs)
             rng = B.host_rng(self.random_state)
             init_started = time.perf_counter()
             kernel, Z = self._initial_model(inputs.sample, size.n_inducing, rng, len(classes),
@@ -237,7 +237,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(self, n) if size.at_rows else None)
             plateau = size_rule.exact_plateau(n) if size.at_rows else None  # (the sparse models run max_iter steps)
             result = self._train(placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash,
-                                 plateau, weights)
+                                 plateau)
         return self._fitted_from(result, classes, started, n, resumed=bool(resume))
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
@@ -262,7 +262,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     _default_kernel = staticmethod(I.default_kernel)  # the kernel ``kernel=None`` starts from
 
-    def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau, weights):
+    def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau):
         """The one training loop (``training.train``) on the ``placement.PlacedRows`` with this estimator's
         settings for its method: its engine (its passes where ``placed`` runs them, or ``placed.rounds``'s round
         engine) and the loop's settings and hooks, built here and only here."""
@@ -292,7 +292,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             built = spec.make_engine(kernel, Z, n_total=n, minibatch=settings.minibatch(n), options=options,
                                      passes=placed.passes)
         return training.train(placed.X, placed.y, built, settings, training.standard_hooks(settings, validation),
-                              sample_weight=weights)
+                              sample_weight=placed.weights)
 
     def _jitter_for(self, Z):
         """``jitter``, raised to ``backend.jitter_floor`` for the model's type and number of inducing points
@@ -326,16 +326,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Update the model with one more minibatch (a stream): one damped site update and one stochastic gradient
         step on these rows (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6); "sep" and "adf" only. The first
         call sets the classes, kernel and inducing points; a fitted or loaded model continues (what may not change
-        since, and ``n_total``, the rows the model stands for: docs/usage.md). No ``sample_weight`` yet."""
+        since, and ``n_total``, the rows the model stands for: docs/usage.md). ``sample_weight``: docs/weights.md."""
         groups, target_xp = self._check_params()
-        I.refuse_stream_weights(self, sample_weight)
         if (self.checkpoint_path is not None or self.checkpoint_every is not None) and not hasattr(self, "_trainer"):
             warnings.warn("partial_fit writes no checkpoints (checkpoint_path / checkpoint_every apply to fit); save "
                           "a stream model with save() or pickle it between calls", UserWarning, stacklevel=2)
         with placement.blas_scope(self, X), B.jitter_report("GPClassifier.partial_fit"):
-            return self._partial_fit(X, y, classes, n_total, groups, target_xp)
+            return self._partial_fit(X, y, classes, n_total, groups, target_xp, sample_weight)
 
-    def _partial_fit(self, X, y, classes, n_total, groups, target_xp):
+    def _partial_fit(self, X, y, classes, n_total, groups, target_xp, sample_weight):
         live = hasattr(self, "_trainer")
         fitted = live or hasattr(self, "posterior_")
         if fitted:  # before any change to the model: a refused call leaves it as it was
@@ -343,6 +342,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         inputs = I.training_inputs(self, X, y, reset=not fitted, target_xp=target_xp,
                                    classes=self.classes_ if fitted else classes)
         Xc, y_pm, classes = inputs.X, inputs.y, inputs.classes
+        weights = I.stream_weights(self, sample_weight, inputs)  # (rows counted by weight: ``streaming.step``)
         rows = Xc.shape[0]
         I.check_n_total(n_total, rows)
         if not live:
@@ -358,7 +358,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self._trainer, self._rows_seen = S.trainer_from_fitted(self, groups, n_total, rows,
                                                                    getattr(self, "_rows_seen", None))
         trainer = self._trainer
-        self._rows_seen += rows
+        self._rows_seen += S.rows_counted(trainer, rows, weights)
         trainer.n_total = n_total or self._rows_seen
         post, log_z = S.step(trainer, Xc, y_pm, self._rows_seen)
         state = trainer.state

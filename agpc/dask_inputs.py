@@ -23,7 +23,8 @@ from .inference.dask_engine import local_cluster, persisted_blocks
 from .inference.data_parallel import prepare_worker
 from .methods import get_method, methods_supporting
 
-__all__ = ["checked_arrays", "cluster_client", "training_inputs", "persisted_inputs", "check_finite_chunks"]
+__all__ = ["checked_arrays", "cluster_client", "training_inputs", "persisted_inputs", "check_finite_chunks",
+           "training_weights"]
 
 
 def checked_arrays(estimator, X, y):
@@ -135,3 +136,52 @@ def check_finite_chunks(inputs):
     finite_chunks, _ = inputs.pending
     if not all(inputs.client.gather(list(finite_chunks))):
         raise ValueError(f"Input X contains NaN or infinity (or values too large for {inputs.X.dtype})")
+
+
+
+def training_weights(estimator, sample_weight, inputs):
+    """``inputs.training_weights`` for rows on a cluster: ``sample_weight`` (a dask array, rechunked as the rows, or
+    anything ``fit`` takes in memory, checked here) times ``class_weight``'s weight of each row's class, as a dask
+    array chunked as the rows and persisted on the workers (never gathered to the driver); None when neither is
+    given. Checked as the labels are, lazily: one pass over the chunks counts what the checks need (the non-finite
+    and the negative weights and the first of each, each class's rows and rows of positive weight), and the errors
+    are those of ``inputs.training_weights``."""
+    import dask.array as da
+
+    if sample_weight is None and estimator.class_weight is None:
+        return None
+    client, classes, n = inputs.client, inputs.classes, inputs.X.shape[0]
+    row_chunks = inputs.X.chunks[0]
+    if B.is_dask_array(sample_weight):
+        weights = da.asarray(sample_weight)
+        if np.dtype(weights.dtype).kind not in "biuf":
+            raise ValueError(f"sample_weight must be numbers, one a row: got dtype {weights.dtype}")
+        if tuple(weights.shape) != (n,):
+            raise ValueError(f"sample_weight must have one weight a row, shape ({n},); got shape {weights.shape}")
+        weights = weights.astype(np.float64).rechunk((row_chunks,))
+    elif sample_weight is not None:  # (in memory: checked here as a fit in memory checks it, then sent)
+        weights = da.from_array(V.check_sample_weight(sample_weight, n), chunks=(row_chunks,))
+    else:
+        weights = da.ones(n, chunks=(row_chunks,))
+    class_index = inputs.y.map_blocks(I.row_classes, len(classes), dtype=np.intp)
+    nonfinite, negative = ~da.isfinite(weights), weights < 0
+    counts, positive, *bad = client.compute(
+        [da.bincount(class_index, minlength=len(classes)),
+         da.bincount(class_index, weights=(weights > 0).astype(np.float64), minlength=len(classes)),
+         da.sum(nonfinite), da.argmax(nonfinite), da.sum(negative), da.argmax(negative)], sync=True)
+    if bad[0] or bad[2]:  # (the first bad row's weight, for the message)
+        first = client.compute(weights[int(bad[1] if bad[0] else bad[3])], sync=True)
+        V.refuse_bad_weights(bad[0], int(bad[1]), first, bad[2], int(bad[3]), first, True)
+    V.refuse_bad_weights(0, None, None, 0, None, None, bool(np.any(positive)))
+    per_class = I.class_weights(estimator, classes, counts)
+    if per_class is not None:
+        weights = weights * class_index.map_blocks(_of_class, per_class, dtype=np.float64)
+        positive = positive * (per_class > 0)
+    V.check_positive_counts(positive, classes)
+    I.refuse_unweighted_method(estimator)
+    return client.persist(weights.astype(inputs.X.dtype))
+
+
+def _of_class(class_index, per_class):
+    """A chunk's rows' class weights (a task)."""
+    return per_class[class_index]

@@ -33,7 +33,10 @@ from .model_file import MAX_LABEL_BYTES
 
 __all__ = [
     "training_weights",
-    "refuse_stream_weights",
+    "stream_weights",
+    "class_weights",
+    "row_classes",
+    "refuse_unweighted_method",
     "score_weights",
     "CHUNK",
     "INIT_SAMPLE",
@@ -266,13 +269,10 @@ def data_files(*arrays):
     return files
 
 
-def check_fit_paths(estimator, X, y, resume, stacklevel=4, weighted=False):
+def check_fit_paths(estimator, X, y, resume, stacklevel=4):
     """The paths a fit reads and writes, checked before any work (a bad path must not cost the fit): the
     checkpoint to resume from, the checkpoint path (writable, not one of the training data's files) and the site
-    directory. A ``checkpoint_path`` that nothing will write or read is warned about (at ``stacklevel``).
-    ``weighted``: the fit has sample weights, which a dask array refuses here, before a cluster is sought."""
-    if (weighted or estimator.class_weight is not None) and B.is_dask_array(X):
-        raise ValueError(_refused_path("fit on a dask array"))
+    directory. A ``checkpoint_path`` that nothing will write or read is warned about (at ``stacklevel``)."""
     if resume and estimator.checkpoint_path is None:
         raise ValueError(NEEDS_CHECKPOINT_PATH)
     if resume:
@@ -452,7 +452,17 @@ def training_fingerprint(inputs, weights=None):
     fingerprint = data_fingerprint(inputs.X.shape[0], inputs.X.shape[1], rows, labels, inputs.classes)
     if weights is None:
         return fingerprint
-    return fingerprint[:16] + hashlib.sha256(B.to_numpy(weights).tobytes()).hexdigest()[:16]
+    if B.is_dask_array(weights):  # the chunks' digests, taken where the chunks are, then theirs
+        chunks = inputs.client.compute([weights.blocks[k] for k in range(weights.numblocks[0])])
+        digest = b"".join(inputs.client.gather([inputs.client.submit(_digest, chunk) for chunk in chunks]))
+    else:
+        digest = B.to_numpy(weights).tobytes()
+    return fingerprint[:16] + _digest(digest).hex()[:16]
+
+
+def _digest(values):
+    """SHA-256 of the bytes of ``values`` (bytes, or a NumPy array: a chunk of weights, a task on a worker)."""
+    return hashlib.sha256(values if isinstance(values, bytes) else np.ascontiguousarray(values).tobytes()).digest()
 
 
 def validation_set(estimator, validation_data, classes, xp, device, client=None):
@@ -495,53 +505,74 @@ def check_n_total(n_total, rows):
                          f"of rows the model stands for), got {n_total!r}")
 
 
-def training_weights(estimator, sample_weight, inputs, *, on_cluster, n_jobs):
+def training_weights(estimator, sample_weight, inputs, *, every_class=True):
     """The rows' weights for the training loop: ``sample_weight`` (checked, ``validation.check_sample_weight``)
-    times ``class_weight``'s weight of each row's class (scikit-learn's meanings: "balanced" is n / (n_classes *
-    count of the class), a dict maps classes to weights, the others 1), as an array of the compute namespace and
-    dtype; None when neither is given (the unweighted fit, unchanged). The paths whose training does not weight
-    the rows yet refuse them here, with one ValueError naming the path (docs/weights.md)."""
-    class_weight = estimator.class_weight
-    if sample_weight is None and class_weight is None:
+    times ``class_weight``'s weight of each row's class (``class_weights``), as an array of the compute namespace and
+    dtype; None when neither is given (the unweighted fit, unchanged). A method that does not weight the rows refuses
+    them here, with one ValueError naming it (docs/weights.md). ``every_class``: each class needs a row of positive
+    weight (a fit's rows; not one ``partial_fit`` call's, which need not hold every class). Rows on a cluster:
+    ``dask_inputs.training_weights``."""
+    if sample_weight is None and estimator.class_weight is None:
         return None
-    path = ("fit on a dask array" if on_cluster else f"n_jobs={estimator.n_jobs} (data-parallel rounds)"
-            if n_jobs > 1 else None)
-    if path is not None:
-        raise ValueError(_refused_path(path))
     n = inputs.X.shape[0]
     weights = np.ones(n) if sample_weight is None else V.check_sample_weight(sample_weight, n)
     encoded = B.to_numpy(inputs.y[0:n])  # (labels on disk: read once, as the n weights are held in memory)
-    class_index = (encoded > 0).astype(np.intp) if len(inputs.classes) == 2 else encoded.astype(np.intp)
-    if isinstance(class_weight, dict) and set(class_weight) - set(inputs.classes.tolist()):
-        unknown = sorted(set(class_weight) - set(inputs.classes.tolist()), key=repr)
-        raise ValueError(f"class_weight={class_weight!r}: {unknown} are not classes of y (its classes: "
-                         f"{inputs.classes.tolist()})")
-    if class_weight is not None:
-        try:
-            per_class = compute_class_weight(class_weight, classes=inputs.classes, y=inputs.classes[class_index])
-        except ValueError as error:
-            raise ValueError(f"class_weight={class_weight!r}: {error}") from None
+    class_index = row_classes(encoded, len(inputs.classes))
+    per_class = class_weights(estimator, inputs.classes, np.bincount(class_index, minlength=len(inputs.classes)))
+    if per_class is not None:
         weights = weights * per_class[class_index]
-    V.check_positive_per_class(weights, class_index, inputs.classes)
-    if not supports(estimator.method, "sample_weight"):
-        raise ValueError(f"sample_weight / class_weight: method={estimator.method!r} does not take row weights yet "
-                         f"(docs/weights.md; the methods that do: {list(methods_supporting('sample_weight'))})")
+    if every_class:
+        V.check_positive_per_class(weights, class_index, inputs.classes)
+    refuse_unweighted_method(estimator)
     dtype = getattr(inputs.xp, dtype_name(estimator.dtype))
     return B.asarray_like(weights, inputs.xp, device=inputs.device, dtype=dtype)
 
 
-def refuse_stream_weights(estimator, sample_weight):
-    """``partial_fit`` does not weight its rows yet: weights given to it are refused, not ignored."""
-    if sample_weight is not None or estimator.class_weight is not None:
-        raise ValueError("partial_fit does not take sample_weight or class_weight yet (its tied-factor steps do not "
-                         "weight the rows); use fit (docs/weights.md)")
+def row_classes(encoded, n_classes):
+    """Each row's class index (0 .. n_classes - 1) from its encoded label (two classes: -1 / +1)."""
+    return (encoded > 0).astype(np.intp) if n_classes == 2 else encoded.astype(np.intp)
+
+
+def class_weights(estimator, classes, counts):
+    """``class_weight``'s weight of each class (None without one), scikit-learn's meanings: "balanced" is
+    n / (n_classes * count of the class) (``sklearn.utils.class_weight.compute_class_weight``'s formula, from the
+    classes' ``counts``), a dict maps classes to weights, the others 1."""
+    class_weight = estimator.class_weight
+    if class_weight is None:
+        return None
+    if isinstance(class_weight, dict) and set(class_weight) - set(classes.tolist()):
+        unknown = sorted(set(class_weight) - set(classes.tolist()), key=repr)
+        raise ValueError(f"class_weight={class_weight!r}: {unknown} are not classes of y (its classes: "
+                         f"{classes.tolist()})")
+    if isinstance(class_weight, str):  # ("balanced": the parameter checks allow no other string)
+        return np.sum(counts) / (len(classes) * np.asarray(counts, dtype=np.float64))
+    try:
+        per_class = compute_class_weight(class_weight, classes=classes, y=classes)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"class_weight={class_weight!r}: {error}") from None
+    if not np.all(np.isfinite(per_class) & (per_class >= 0)):
+        raise ValueError(f"class_weight={class_weight!r}: a class's weight must be finite and non-negative")
+    return per_class
+
+
+def refuse_unweighted_method(estimator):
+    """A method that does not weight the rows refuses weights (one ValueError naming it)."""
+    if not supports(estimator.method, "sample_weight"):
+        raise ValueError(f"sample_weight / class_weight: method={estimator.method!r} does not take row weights yet "
+                         f"(docs/weights.md; the methods that do: {list(methods_supporting('sample_weight'))})")
+
+
+def stream_weights(estimator, sample_weight, inputs):
+    """``partial_fit``'s weights of this call's rows (``training_weights``); "balanced" is refused, as scikit-learn's
+    ``partial_fit`` refuses it: a batch's class counts are not the stream's."""
+    if estimator.class_weight == "balanced":
+        raise ValueError("class_weight='balanced' is not supported by partial_fit (a batch's class counts are not the "
+                         "stream's): pass the weights of each class as a dict, e.g. from "
+                         "sklearn.utils.class_weight.compute_class_weight('balanced', classes=classes, y=y)")
+    return training_weights(estimator, sample_weight, inputs, every_class=False)
 
 
 def score_weights(sample_weight, n_rows):
     """``score``'s weights: None (every row counts once) or checked as ``fit``'s are."""
     return None if sample_weight is None else V.check_sample_weight(sample_weight, n_rows)
 
-
-def _refused_path(path):
-    return (f"sample_weight / class_weight: {path} does not take row weights yet (docs/weights.md lists the methods "
-            "and paths that do)")

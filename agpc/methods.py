@@ -61,7 +61,7 @@ CAPABILITIES = MappingProxyType({
     "n_jobs": "`n_jobs > 1`",  # data-parallel rounds in local worker processes (minibatches of in-memory data)
     "validation_data": "validation, early stopping",
     "checkpoints": "checkpoints",
-    "sample_weight": "`sample_weight`, `class_weight`",  # in this process: not dask, n_jobs (docs/weights.md)
+    "sample_weight": "`sample_weight`, `class_weight`",  # on every path the method takes (docs/weights.md)
 })
 """The capabilities a method may have, and the support table's heading of each."""
 
@@ -320,11 +320,11 @@ _BUILT_IN_METHODS = (
     Method("ep", family="ep", engine="ep", likelihood_reason=_EP_PROBIT,
            capabilities={"multiclass", "minibatch", "dask_batch", "n_jobs", "sample_weight", *_ON_DASK, *_EVERYWHERE},
            remarks={"dask": "> 2 classes: batch, or `local_steps=0`", "n_jobs": "binary",
-                    "sample_weight": "power EP"}, exact_passes=exact_ep),
+                    "sample_weight": "power EP; > 2 classes: not a dask array's batch passes"}, exact_passes=exact_ep),
     *(Method(name, family="ep", engine=name, likelihood_reason=_EP_PROBIT,
              capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", "n_jobs", "sample_weight",
                            *_ON_DASK, *_EVERYWHERE},
-             remarks={"sample_weight": "rows counted by weight"})
+             remarks={"sample_weight": "rows counted by weight; > 2 classes: not a dask array's batch passes"})
       for name in ("sep", "adf")),
     Method("svi", family="variational", engine="svi", likelihoods=("probit", "logistic"),
            multiclass_likelihood="robust-max",

@@ -45,6 +45,7 @@ class PlacedRows(NamedTuple):
     rounds: Any  # a ``DataParallel`` whose rounds are the steps (rows on workers), or None
     batch_size: Any  # rows a step (None: the full batch), or a data-parallel round's
     block_rows: Any  # rows a block of a pass (None: the estimator's ``block_rows``)
+    weights: Any = None  # the rows' weights as the loop takes them (where the rows are), or None
 
 
 class Placement:
@@ -59,6 +60,7 @@ class Placement:
         self.n_jobs = 1
         self._owned_client = self._pool = self._runner = None  # what this place started, ended by ``__exit__``
         self._shared, self._futures = [], []
+        self._weights = None  # the rows' weights (``training_weights``)
 
     def __enter__(self):
         return self
@@ -89,17 +91,25 @@ class Placement:
         self._futures = inputs.pending
         return inputs
 
-    def start(self, inputs, weighted=False):
+    def start(self, inputs):
         """Before the initial model: the processes rows in this process train in (``n_jobs_for``, recorded as the
         estimator's ``n_jobs_``; not for a dask array, whose workers are the cluster's), those beyond this one
-        started now (they import agpc while this process places the inducing points). ``weighted``: the fit has
-        row weights, which data-parallel rounds do not take yet."""
+        started now (they import agpc while this process places the inducing points)."""
         if self.on_cluster:
             return
         self.n_jobs = self.estimator.n_jobs_ = n_jobs_for(self.estimator, inputs.xp, inputs.X.shape[0],
-                                                          len(inputs.classes), weighted)
+                                                          len(inputs.classes))
         if self.n_jobs > 1:
             self._pool = W.LocalWorkers(self.n_jobs, preload=("agpc.inference.data_parallel",))
+
+    def training_weights(self, sample_weight, inputs):
+        """The rows' weights (``inputs.training_weights``; on a cluster ``dask_inputs.training_weights``: a dask array
+        chunked as the rows, checked there), or None; kept for ``rows``, which places them beside the rows."""
+        if self.on_cluster:
+            self._weights = D.training_weights(self.estimator, sample_weight, inputs)
+        else:
+            self._weights = I.training_weights(self.estimator, sample_weight, inputs)
+        return self._weights
 
     def rows(self, inputs, Z, rng, exact=None):
         """The ``PlacedRows`` the loop trains on, once the initial inducing points ``Z`` are placed. ``rng``: the
@@ -112,19 +122,21 @@ class Placement:
             return self._in_local_workers(inputs, Z, rng)
         batch_size = rows_per_step(self.estimator, n, inputs.xp, Z, len(inputs.classes))
         return PlacedRows(inputs.X, inputs.y, exact, None, batch_size,
-                          gpu_block_rows(self.estimator, batch_size, inputs.xp))
+                          gpu_block_rows(self.estimator, batch_size, inputs.xp), self._weights)
 
     def _in_local_workers(self, inputs, Z, rng):
         estimator, X, n = self.estimator, inputs.X, inputs.X.shape[0]
         seed = int(rng.integers(2**62))
         order = rng.permutation(n) if estimator.shuffle and not B.is_out_of_core(X) else None
-        self._shared = W.share_rows([X, inputs.y], local_chunk_rows(n, self.n_jobs), order=order,
-                                    dtypes=[Z.dtype, Z.dtype])
-        self._runner = rounds = DataParallel(self._pool, *self._shared, batch_size=rows_per_step(estimator, n),
+        weighted = self._weights is not None  # (the weights shared beside the rows, in the same order)
+        self._shared = W.share_rows([X, inputs.y] + [B.to_numpy(self._weights)] * weighted,
+                                    local_chunk_rows(n, self.n_jobs), order=order, dtypes=[Z.dtype] * (2 + weighted))
+        self._runner = rounds = DataParallel(self._pool, *self._shared[:2], batch_size=rows_per_step(estimator, n),
                                              local_steps=estimator.local_steps, seed=seed,
-                                             site_directory=estimator.site_directory)
+                                             site_directory=estimator.site_directory,
+                                             weights=self._shared[2] if weighted else None)
         return PlacedRows(RowsOnWorkers(X.shape, Z.dtype), RowsOnWorkers((n,), Z.dtype), None, rounds,
-                          rounds.rows_per_round, None)
+                          rounds.rows_per_round, None, RowsOnWorkers((n,), Z.dtype) if weighted else None)
 
     def _on_cluster(self, inputs, rng):
         D.check_finite_chunks(inputs)
@@ -135,19 +147,22 @@ class Placement:
             if inputs.blocks[0] is not None:  # (X persisted: the labels too, encoded, n floats on the workers)
                 y = client.persist(y)
             self._runner = rounds = DataParallel(client, X, y, batch_size=batch_size, local_steps=estimator.local_steps,
-                                                 seed=int(rng.integers(2**62)), site_directory=estimator.site_directory)
+                                                 seed=int(rng.integers(2**62)), site_directory=estimator.site_directory,
+                                                 weights=self._weights)
             return PlacedRows(RowsOnWorkers(X.shape, X.dtype), RowsOnWorkers(y.shape, y.dtype), None, rounds,
-                              rounds.rows_per_round, None)
+                              rounds.rows_per_round, None, None if self._weights is None else RowsOnWorkers(
+                                  y.shape, y.dtype))
         if minibatch:  # minibatches: chunks come to the driver in turn (SVI: a step per minibatch there)
-            return PlacedRows(ChunkedRows(X, client), ChunkedRows(y, client), None, None, batch_size, None)
+            return PlacedRows(ChunkedRows(X, client), ChunkedRows(y, client), None, None, batch_size, None,
+                              None if self._weights is None else ChunkedRows(self._weights, client))
         if not M.supports(estimator.method, "dask_batch"):
             raise ValueError(f"{estimator.method} on a dask array trains on minibatches (batch_size below the number "
                              "of rows): a full-batch step would bring every row to the driver")
         self._runner = passes = DaskPasses(client, X.chunks[0], site_directory=estimator.site_directory)
-        return PlacedRows(X, y, passes, None, batch_size, None)
+        return PlacedRows(X, y, passes, None, batch_size, None, self._weights)
 
 
-def n_jobs_for(estimator, xp, n, n_classes, weighted=False):
+def n_jobs_for(estimator, xp, n, n_classes):
     """The processes a fit of n rows trains in (``n_jobs``): more than one only for minibatches of a method with
     data-parallel rounds, on NumPy data; an ``n_jobs > 1`` the fit cannot use is refused when it was given, and
     gives 1 when it came from an enclosing ``joblib.parallel_config``."""
@@ -162,9 +177,6 @@ def n_jobs_for(estimator, xp, n, n_classes, weighted=False):
     elif not B.is_numpy_namespace(xp):
         why = (f"n_jobs > 1 trains NumPy data in worker processes on this machine, not {xp.__name__} arrays: "
                "use n_jobs=1 (or backend='numpy')")
-    elif weighted:
-        why = (f"sample_weight / class_weight: n_jobs={estimator.n_jobs} (data-parallel rounds) does not take row "
-               "weights yet: use n_jobs=1 (docs/weights.md lists the methods and paths that do)")
     if why is None:
         return count
     if estimator.n_jobs is not None:

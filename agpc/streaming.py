@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import backend as B
 from . import methods as M
 from . import validation as V
 from .inference import ep, multiclass_ep, training
 from .inputs import dtype_name
 
-__all__ = ["ROWS_SEEN", "structure", "check_continuable", "stream_trainer", "trainer_from_fitted", "step"]
+__all__ = ["ROWS_SEEN", "structure", "check_continuable", "stream_trainer", "trainer_from_fitted", "rows_counted", "step"]
 
 ROWS_SEEN = "n_rows_seen"  # the history entry of partial_fit: the rows the stream has brought so far
 
@@ -88,10 +89,24 @@ def trainer_from_fitted(estimator, groups, n_total, rows, rows_seen):
     return trainer, (rows_seen if rows_seen is not None else n_total - rows)
 
 
+def rows_counted(trainer, rows, weights):
+    """What a batch of ``rows`` adds to the rows a stream stands for: the rows, or counted by their ``weights``
+    (as the tied factor of a weighted fit stands for the sum of the weights: docs/weights.md). The trainer's engine
+    takes the weights for the next ``step`` here, before the count changes: one that cannot weight its rows refuses
+    them (one ValueError)."""
+    engine = trainer.engine
+    n_total, engine.sample_weight = engine.n_total, None
+    if weights is None:
+        return rows
+    engine.take_sample_weight(weights)
+    engine.n_total = n_total  # the rows the stream stands for, counted by weight, not this batch's
+    return float(B.array_namespace(weights).sum(weights))
+
+
 def step(trainer, X, y, rows_seen):
     """One guarded stream step on the rows (X, y), recorded in the history with the count of rows seen (which
-    travels with the history into model files: a loaded stream model goes on from it). Returns (posterior,
-    log Z)."""
+    travels with the history into model files: a loaded stream model goes on from it); the rows weighted as
+    ``rows_counted`` gave the engine their weights. Returns (posterior, log Z)."""
     trainer.step_until_taken(X, y, 0, X.shape[0], stepping=bool(trainer.names))
     trainer.record()
     trainer.history.setdefault(ROWS_SEEN, []).append(float(rows_seen))

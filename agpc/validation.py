@@ -40,6 +40,8 @@ __all__ = [
     "check_precision_keeps_spread",
     "check_sample_weight",
     "check_positive_per_class",
+    "check_positive_counts",
+    "refuse_bad_weights",
 ]
 
 
@@ -416,21 +418,37 @@ def check_sample_weight(sample_weight, n_rows):
         raise ValueError(f"sample_weight must be numbers, one a row: {error}") from None
     if weights.shape != (n_rows,):
         raise ValueError(f"sample_weight must have one weight a row, shape ({n_rows},); got shape {weights.shape}")
-    bad = np.flatnonzero(~np.isfinite(weights))
-    if bad.size:
-        raise ValueError(f"sample_weight must be finite: {weights[bad[0]]} at row {bad[0]} ({bad.size} rows)")
-    bad = np.flatnonzero(weights < 0)
-    if bad.size:
-        raise ValueError(f"sample_weight must be non-negative: {weights[bad[0]]} at row {bad[0]} ({bad.size} rows)")
-    if n_rows and not np.any(weights > 0):
-        raise ValueError("sample_weight: every weight is zero (at least one row of each class needs a positive weight)")
+    refuse_bad_weights(*_first_bad(~np.isfinite(weights), weights), *_first_bad(weights < 0, weights),
+                       n_rows == 0 or bool(np.any(weights > 0)))
     return weights
+
+
+def _first_bad(bad, weights):
+    """(count of the rows ``bad`` marks, the first such row, its weight), or (0, None, None)."""
+    rows = np.flatnonzero(bad)
+    return (rows.size, int(rows[0]), weights[rows[0]]) if rows.size else (0, None, None)
+
+
+def refuse_bad_weights(nonfinite, nonfinite_row, nonfinite_value, negative, negative_row, negative_value, any_positive):
+    """The one ValueError of bad weights, from what was counted of them (in memory or chunk by chunk on a cluster):
+    the non-finite and the negative rows (their count, the first one and its weight), and whether any is positive."""
+    if nonfinite:
+        raise ValueError(f"sample_weight must be finite: {nonfinite_value} at row {nonfinite_row} ({nonfinite} rows)")
+    if negative:
+        raise ValueError(f"sample_weight must be non-negative: {negative_value} at row {negative_row} ({negative} rows)")
+    if not any_positive:
+        raise ValueError("sample_weight: every weight is zero (at least one row of each class needs a positive weight)")
 
 
 def check_positive_per_class(weights, class_index, classes):
     """Every class needs at least one row of positive weight (else it is not in the weighted data at all)."""
-    positive = np.bincount(class_index, weights=(weights > 0).astype(np.float64), minlength=len(classes))
-    missing = [classes[c] for c in np.flatnonzero(positive == 0)]
+    check_positive_counts(np.bincount(class_index, weights=(weights > 0).astype(np.float64), minlength=len(classes)),
+                          classes)
+
+
+def check_positive_counts(positive, classes):
+    """``check_positive_per_class`` from each class's count of rows of positive weight."""
+    missing = [classes[c] for c in np.flatnonzero(np.asarray(positive) == 0)]
     if missing:
         raise ValueError(f"every class needs a row of positive weight (sample_weight times class_weight); class "
                          f"{missing[0]!r} has none")

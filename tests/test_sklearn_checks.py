@@ -1,4 +1,4 @@
-"""scikit-learn's own estimator checks, for EP, SEP (which also has partial_fit) and GFITC.
+"""scikit-learn's own estimator checks, for EP, SEP (which also has partial_fit), GFITC and SVI.
 
 Checks that cannot apply are listed with the reason: the equivalence of integer weights and repeated rows, which
 holds from one start only (docs/weights.md).
@@ -17,10 +17,11 @@ EXPECTED_FAILURES = {
     "sep": {"check_sample_weight_equivalence_on_dense_data": _START},
     "gfitc": {"check_sample_weight_equivalence_on_dense_data": _START + "; and GFITC gives each copy of a repeated row "
               "a latent value of its own (the weighted row has one): the two meet as the FITC variance vanishes"},
+    "svi": {"check_sample_weight_equivalence_on_dense_data": _START},
 }
 
 
-@pytest.mark.parametrize("method", ["ep", "sep", "gfitc"])
+@pytest.mark.parametrize("method", ["ep", "sep", "gfitc", "svi"])
 def test_check_estimator(method):
     # small m and few iterations: the checks fit dozens of times on tiny data
     # (GFITC runs EP to convergence before each step: a looser inner tolerance and fewer steps)

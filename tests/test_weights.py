@@ -110,16 +110,15 @@ def test_multiclass_svi_fit_with_integer_weights_is_the_fit_on_repeated_rows():
     assert weighted.log_marginal_likelihood_ == pytest.approx(repeated.log_marginal_likelihood_, rel=1e-9)
 
 
-def test_weights_under_an_enclosing_joblib_n_jobs_train_in_one_process():
-    """n_jobs from an enclosing joblib.parallel_config that a weighted fit cannot use gives one process (as for any
-    such fit), not a refusal; n_jobs given to the estimator is refused."""
+def test_weights_under_an_enclosing_joblib_n_jobs_train_in_its_processes():
+    """n_jobs from an enclosing joblib.parallel_config: a weighted fit trains in those processes, as an unweighted one
+    does (data-parallel rounds weight the rows: tests/test_weight_paths.py)."""
     X, y = binary_toy(60, seed=2)
     w = np.linspace(0.5, 2.0, 60)
     with parallel_config(n_jobs=2):
         model = GPClassifier(method="svi", batch_size=20, max_iter=1, n_inducing=5).fit(X, y, sample_weight=w)
-    assert model.n_jobs_ == 1
-    with pytest.raises(ValueError, match="data-parallel"):
-        GPClassifier(method="svi", batch_size=20, max_iter=1, n_inducing=5, n_jobs=2).fit(X, y, sample_weight=w)
+        plain = GPClassifier(method="svi", batch_size=20, max_iter=1, n_inducing=5).fit(X, y)
+    assert model.n_jobs_ == plain.n_jobs_ == 2
 
 
 # -- the exact model: power EP ---------------------------------------------------------------------------------------
@@ -459,7 +458,7 @@ def test_support_table_says_what_each_method_does_with_weights():
     (dict(method="sep", n_inducing=5, batch_size=10), None),  # minibatch SEP: fits
     (dict(method="adf", n_inducing=5), None),  # batch ADF: fits
     (dict(method="svi", batch_size=10), None),  # minibatch SVI: fits
-    (dict(method="svi", n_jobs=2, batch_size=10), "data-parallel"),
+    (dict(method="svi", n_jobs=2, batch_size=10), None),  # data-parallel rounds: fit (tests/test_weight_paths.py)
 ])
 def test_paths_fit_with_weights_or_refuse_them(settings, message):
     """A path that takes weights fits another model than without them (they are not ignored); one that does not
@@ -517,21 +516,6 @@ def _resumes_only_with_its_weights(monkeypatch, tmp_path, params, stop_at, X, y)
     with pytest.raises(ValueError, match="sample weights"):
         other.fit(X, y, resume=True)
 
-
-def test_streams_refuse_weights():
-    X, y = binary_toy(40, seed=1)
-    with pytest.raises(ValueError, match="partial_fit"):
-        GPClassifier(method="sep", n_inducing=5).partial_fit(X, y, sample_weight=np.ones(40))
-    with pytest.raises(ValueError, match="partial_fit"):
-        GPClassifier(method="sep", n_inducing=5, class_weight="balanced").partial_fit(X, y)
-
-
-def test_dask_refuses_weights():
-    da = pytest.importorskip("dask.array")
-    X, y = binary_toy(40, seed=1)
-    with pytest.raises(ValueError, match="dask"):
-        GPClassifier(max_iter=2).fit(da.from_array(X, chunks=20), da.from_array(y, chunks=20),
-                                     sample_weight=np.ones(40))
 
 
 # -- more than two classes: multiclass EP / SEP / ADF by power EP ----------------------------------------------------

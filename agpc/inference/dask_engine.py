@@ -114,9 +114,13 @@ def _task_threads(Z, X, block_rows):
     return task_blas_threads(X.shape[0], Z.shape[-2], n_features=Z.shape[-1], block_rows=block_rows)
 
 
-def _chunk_sums(kernel, Z, X, y, site_precision, site_shift, prior, block_rows, nonnegative=False):
+def _chunk_sums(kernel, Z, X, y, site_precision, site_shift, prior, block_rows, nonnegative=False, weights=None):
     """A chunk's sums of its sites (S, c~; per class for a multiclass model, whose ``prior`` is the classes'
-    L_K^-1, the binary model's L_K). ``nonnegative``: as ``ep.site_sums_over_rows`` takes it (binary)."""
+    L_K^-1, the binary model's L_K). ``nonnegative``: as ``ep.site_sums_over_rows`` takes it (binary). ``weights``:
+    the chunk's sample weights, q holding w_i copies of row i's site (power EP, as ``ep.evaluate``)."""
+    if weights is not None:  # (a row's sites: one, or 2C for a multiclass model)
+        w = weights if site_precision.ndim == 1 else weights[:, None]
+        site_precision, site_shift = w * site_precision, w * site_shift
     with _task_threads(Z, X, block_rows):
         if Z.ndim == 3:
             return multiclass_ep.class_site_sums(kernel, Z, X, y, site_precision, site_shift, prior, block_rows)
@@ -125,15 +129,16 @@ def _chunk_sums(kernel, Z, X, y, site_precision, site_shift, prior, block_rows, 
     return S, c_tilde
 
 
-def _chunk_quadratic_sums(kernel, Z, X, y, xi, kind, L_K, block_rows):
+def _chunk_quadratic_sums(kernel, Z, X, y, xi, kind, L_K, block_rows, weights=None):
     with _task_threads(Z, X, block_rows):
-        return variational.quadratic_site_sums(kernel, Z, X, y, xi, kind=kind, L_K=L_K, block_rows=block_rows)
+        return variational.quadratic_site_sums(kernel, Z, X, y, xi, kind=kind, L_K=L_K, block_rows=block_rows,
+                                               weights=weights)
 
 
-def _chunk_quadratic_terms(kernel, Z, X, y, xi, prep, kind, want_grad, block_rows):
+def _chunk_quadratic_terms(kernel, Z, X, y, xi, prep, kind, want_grad, block_rows, weights=None):
     with _task_threads(Z, X, block_rows):
         return variational.quadratic_row_terms(kernel, Z, X, y, xi, prep, kind=kind, want_grad=want_grad,
-                                               block_rows=block_rows)
+                                               block_rows=block_rows, weights=weights)
 
 
 def _chunk_initial_xi(kernel, Z, X, kind, block_rows):
@@ -176,6 +181,12 @@ class ChunkedRows:
             self._kept = (None, None)  # release the old chunk before the new one arrives
             self._kept = (k, self.client.compute(self.array.blocks[k]).result())
         return self._kept[1]
+
+    def sum(self, axis=None, dtype=None, out=None, **options):
+        """The sum of all values, taken on the cluster (what ``numpy.sum`` calls: the total of rows' weights)."""
+        if axis is not None or out is not None:
+            raise TypeError("ChunkedRows sums all its values only")
+        return float(self.client.compute(self.array.sum(dtype=dtype), sync=True))
 
     def __getitem__(self, index):
         rows = index[0] if isinstance(index, tuple) else index
@@ -234,6 +245,7 @@ class DaskPasses:
             os.makedirs(site_directory, exist_ok=True)
             self.site_root = tempfile.mkdtemp(prefix="agpc-sites-", dir=os.fspath(site_directory))
         self._generations = itertools.count()
+        self._weight_totals = {}  # (``total_weight``)
 
     def close(self):
         """Remove the site files (the fit is over: the model does not need its sites)."""
@@ -344,9 +356,9 @@ class DaskPasses:
         return out
 
     def _sweep(self, kernel, Z, X, y, site_precision, site_shift, post, *, want_grad, block_rows, want_sums, want_sites,
-               batch, damping=None, nonnegative=False):
+               batch, damping=None, nonnegative=False, weights=None):
         """One task a chunk running ``_chunk_sweep`` (``batch``: batch EP's sweep, which takes ``nonnegative`` for
-        a binary model); returns the tree-reduced small results, with the new (damped) sites (``want_sites``) as
+        a binary model; ``weights``: the rows' sample weights, a dask array chunked as the rows); returns the tree-reduced small results, with the new (damped) sites (``want_sites``) as
         dask arrays: persisted on the workers, or read from the files the tasks wrote."""
         import dask
 
@@ -354,15 +366,16 @@ class DaskPasses:
         options = dict(want_grad=want_grad, block_rows=block_rows, batch=batch, want_sums=want_sums, damping=damping)
         if batch and Z.ndim == 2:
             options["nonnegative"] = nonnegative
-        Xs, ys, nus, mus = self._blocks(X, y, site_precision, site_shift)
+        Xs, ys, nus, mus, ws = self._blocks(X, y, site_precision, site_shift, weights)
+        weighted = [{} if wb is None else {"weights": wb} for wb in ws]
         to_files = want_sites and self.site_root is not None
         if to_files:
             generation, files = self._new_generation()
-            tasks = [dask.delayed(_sweep_to_files)(kernel, Z, Xb, yb, nb, mb, post, path=f, **options)
-                     for Xb, yb, nb, mb, f in zip(Xs, ys, nus, mus, files)]
+            tasks = [dask.delayed(_sweep_to_files)(kernel, Z, Xb, yb, nb, mb, post, path=f, **options, **wb)
+                     for Xb, yb, nb, mb, f, wb in zip(Xs, ys, nus, mus, files, weighted)]
         else:
-            tasks = [dask.delayed(_chunk_sweep)(kernel, Z, Xb, yb, nb, mb, post, want_sites=want_sites, **options)
-                     for Xb, yb, nb, mb in zip(Xs, ys, nus, mus)]
+            tasks = [dask.delayed(_chunk_sweep)(kernel, Z, Xb, yb, nb, mb, post, want_sites=want_sites, **options, **wb)
+                     for Xb, yb, nb, mb, wb in zip(Xs, ys, nus, mus, weighted)]
         futures = _compute_windowed(client, tasks)
         small = futures if to_files else [client.submit(ep.without_rows, f) for f in futures]
         reduced = _tree(client, small, ep.add_sweeps).result()
@@ -388,10 +401,11 @@ class DaskPasses:
 
     def evaluate(self, kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None,
                  want_sites=True, damping=None, checked=True, nonnegative_sites=False, site_sums=None,
-                 want_next_sums=False):
+                 want_next_sums=False, weights=None):
         """``ep.evaluate`` (``multiclass_ep.evaluate`` for a multiclass model) with the two per-row stages run
         chunk by chunk on the workers (the second alone when ``site_sums`` are given). ``nonnegative_sites``,
-        ``site_sums`` and ``want_next_sums``: as ``ep.evaluate`` takes them (binary model only)."""
+        ``site_sums``, ``want_next_sums`` and ``weights`` (a dask array chunked as the rows): as ``ep.evaluate``
+        takes them (binary model only)."""
         import dask
 
         if Z.ndim == 3 and (site_sums is not None or want_next_sums):
@@ -403,10 +417,10 @@ class DaskPasses:
         else:
             L_K = prior = ep.prior_cholesky(kernel, Z, jitter, checked=checked)
         if site_sums is None:
-            Xs, ys, nus, mus = self._blocks(X, y, site_precision, site_shift)
+            Xs, ys, nus, mus, ws = self._blocks(X, y, site_precision, site_shift, weights)
             sums = _compute_windowed(client, [dask.delayed(_chunk_sums)(kernel, Z, Xb, yb, nb, mb, prior, block_rows,
-                                                                        nonnegative_sites)
-                                              for Xb, yb, nb, mb in zip(Xs, ys, nus, mus)])
+                                                                        nonnegative_sites, wb)
+                                              for Xb, yb, nb, mb, wb in zip(Xs, ys, nus, mus, ws)])
             S, c_tilde = _tree(client, sums, ep.tree_add).result()
         else:
             S, c_tilde = site_sums
@@ -416,7 +430,7 @@ class DaskPasses:
             post = ep.posterior_from_sums(L_K, S, c_tilde, checked=checked)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad,
                             block_rows=block_rows, want_sums=want_next_sums, want_sites=want_sites, damping=damping,
-                            batch=True, nonnegative=nonnegative_sites)
+                            batch=True, nonnegative=nonnegative_sites, weights=weights)
         out = _model(Z).finish_evaluate(kernel, Z, post, sweep, want_grad)
         if want_next_sums:
             out["site_sums"] = ep.next_site_sums(sweep["sums"], (S, c_tilde), damping)
@@ -425,39 +439,49 @@ class DaskPasses:
     def evaluate_factor(self, kernel, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None,
                         jitter, want_grad=True, block_rows=None, weights=None, checked=True):
         """``ep.evaluate_factor`` (SEP / ADF in batch mode; ``multiclass_ep``'s for a multiclass model) with the
-        sweep run chunk by chunk."""
-        if weights is not None:
-            raise NotImplementedError("per-row weights are not supported on dask arrays")
+        sweep run chunk by chunk; ``weights``: the rows' sample weights (a dask array chunked as the rows), the rows
+        counted by them."""
         model = _model(Z)
         prep = model.factor_cavity(kernel, Z, factor, method=method, n_total=n_total, jitter=jitter, checked=checked)
         if method != "ep":
             site_precision = site_shift = self.zero_sites(X.shape[0], Z)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
-                            block_rows=block_rows, want_sums=True, want_sites=False, batch=False)
-        return model.finish_factor(kernel, Z, prep, sweep, n_total / X.shape[0], want_grad)
+                            block_rows=block_rows, want_sums=True, want_sites=False, batch=False, weights=weights)
+        return model.finish_factor(kernel, Z, prep, sweep, n_total / self.total_weight(weights, X.shape[0]), want_grad)
+
+    def total_weight(self, weights, rows):
+        """sum(weights) of rows on the cluster (``rows`` without weights), summed there once for each weights
+        array (its dask name): a batch pass counts the rows by the same weights every time."""
+        if weights is None:
+            return rows
+        if weights.name not in self._weight_totals:
+            self._weight_totals[weights.name] = float(self.client.compute(weights.sum(), sync=True))
+        return self._weight_totals[weights.name]
 
     # -- vi-JJ / vi-Taylor: the two passes of ``variational.quadratic_bound``, a task a chunk each --------
 
     def quadratic_bound(self, kernel, Z, X, y, xi, *, kind, jitter, want_grad=True, want_xi_grad=False,
-                        block_rows=None):
+                        block_rows=None, weights=None):
         """``variational.quadratic_bound`` with its two passes over the rows run a task a chunk: the chunks'
         sums (S, c~, sum const_i), added in a tree, fix q on the driver; then the chunks' terms (value,
-        adjoints), added likewise. ``mean`` and ``var`` (per row) come back as dask arrays on the workers."""
+        adjoints), added likewise. ``mean`` and ``var`` (per row) come back as dask arrays on the workers.
+        ``weights``: the rows' sample weights (a dask array chunked as the rows), each chunk's bound weighted as
+        ``variational.weighted_quadratic_sites`` weights it in memory."""
         import dask
 
         if want_xi_grad:
             raise ValueError("the gradient in xi (vi-jj-hybrid, vi-jj-full) is not computed on a dask array")
         client = self.client
         L_K = ep.prior_cholesky(kernel, Z, jitter)
-        Xs, ys, xis = self._blocks(X, y, xi)
+        Xs, ys, xis, ws = self._blocks(X, y, xi, weights)
         sums = _compute_windowed(client, [dask.delayed(_chunk_quadratic_sums)(kernel, Z, Xb, yb, xb, kind, L_K,
-                                                                              block_rows)
-                                          for Xb, yb, xb in zip(Xs, ys, xis)])
+                                                                              block_rows, wb)
+                                          for Xb, yb, xb, wb in zip(Xs, ys, xis, ws)])
         S, c_tilde, const_sum = _tree(client, sums, ep.tree_add).result()
         prep = variational.quadratic_posterior(L_K, S, c_tilde)
         futures = _compute_windowed(client, [dask.delayed(_chunk_quadratic_terms)(kernel, Z, Xb, yb, xb, prep, kind,
-                                                                                  want_grad, block_rows)
-                                             for Xb, yb, xb in zip(Xs, ys, xis)])
+                                                                                  want_grad, block_rows, wb)
+                                             for Xb, yb, xb, wb in zip(Xs, ys, xis, ws)])
         small = [client.submit(_without_quadratic_rows, f) for f in futures]
         terms = _tree(client, small, variational.add_quadratic_terms).result()
         out = variational.finish_quadratic_bound(kernel, Z, prep, const_sum, terms, want_grad=want_grad)

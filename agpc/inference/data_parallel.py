@@ -256,9 +256,9 @@ def _step_segments(spec, segments, data):
     """The steps of a shard's segments (``step_shard``) and the state it ends at."""
     shard = _Shard(spec)
     for chunk, visit, first, count in segments:
-        X_chunk, y_chunk = data[chunk]
+        X_chunk, y_chunk, *weights = data[chunk]  # (and the rows' weights, when the fit has them)
         order = chunk_permutation(spec["seed"], chunk, visit, X_chunk.shape[0])
-        shard.enter(chunk, visit, first, X_chunk, y_chunk)
+        shard.enter(chunk, visit, first, X_chunk, y_chunk, *weights)
         batch_size = spec["batch_size"]
         stepping_started = time.perf_counter()
         for j in range(first, first + count):
@@ -291,14 +291,18 @@ class _Shard:
         self.log_z, self.n_invalid = [], 0.0
         self.step_seconds = 0.0  # in the steps themselves (a task's set-up, the same whatever its steps, left out)
         self.sites = self.previous = None
+        self.weights = None  # the current chunk's rows' sample weights (a fit with weights), or None
 
-    def enter(self, chunk, visit, first, X_chunk, y_chunk):
-        """Start a segment of the chunk: its factor and (EP) its sites."""
+    def enter(self, chunk, visit, first, X_chunk, y_chunk, w_chunk=None):
+        """Start a segment of the chunk: its factor and (EP) its sites. ``w_chunk``: its rows' sample weights, which
+        its steps weight the rows by, as the engine does in one process (its factor stands for their sum)."""
         engine, n_chunk = self.engine, X_chunk.shape[0]
+        if w_chunk is not None:
+            self.weights = asarray_like(w_chunk, self.xp, device=self.device, dtype=self.dtype)
         if self.tied:  # this chunk's factor is the one the steps update; the others' product stays as sent
             engine.state["factor"] = self.factors[chunk]
             engine.others = self.total.combine(1.0, self.factors[chunk], -1.0)
-            engine.factor_rows = n_chunk
+            engine.factor_rows = n_chunk if w_chunk is None else self.spec["chunk_weights"][chunk]
         if engine.per_row_sites:  # the chunk's sites: as this task left them, from its file, or zero
             path, Z = self.spec["site_files"][chunk], engine.state["Z"]
             if chunk in self.sites_now:  # (a shard of one chunk whose round crosses into the chunk's next visit)
@@ -312,7 +316,7 @@ class _Shard:
                 # A new visit: the chunk's site product exactly, at the current hyper-parameters (a row's
                 # site is swapped out along its current projection, but the factor holds it along that of
                 # its last visit: the single-process loop rebuilds once an epoch for the same reason).
-                _rebuild_chunk_factor(engine, X_chunk, y_chunk, *self.sites, self.total)
+                _rebuild_chunk_factor(engine, X_chunk, y_chunk, *self.sites, self.total, self.weights)
                 self.total = engine.others.combine(1.0, engine.state["factor"], 1.0)
         # The guard's revert goes back to before the last good step; on this segment's first step that is
         # its start (not the previous chunk's state).
@@ -324,7 +328,9 @@ class _Shard:
         engine, xp = self.engine, self.xp
         X_batch = asarray_like(X_chunk[rows], xp, device=self.device, dtype=self.dtype)
         y_batch = asarray_like(y_chunk[rows], xp, device=self.device, dtype=self.dtype)
-        index = asarray_like(rows, xp, device=self.device) if engine.per_row_sites else None
+        index = asarray_like(rows, xp, device=self.device) if engine.per_row_sites or self.weights is not None else None
+        if self.weights is not None:  # the minibatch's rows' weights (``EPEngine``, ``SVIEngine``: ``sample_weight``)
+            engine.sample_weight = xp.take(self.weights, index, axis=0)
         self._take_sites(index)
         _, value = self.trainer.step_until_taken(X_batch, y_batch, 0, X_batch.shape[0], stepping=engine.has_params,
                                                  after_revert=lambda: self._take_sites(index, reverted=True))
@@ -336,7 +342,7 @@ class _Shard:
             site_precision[index] = engine.state["nu"]
             site_shift[index] = engine.state["mu"]
             if engine.needs_rebuild:  # many cavities failed: the chunk's site product, exactly
-                _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, None)
+                _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, None, self.weights)
 
     def _take_sites(self, index, reverted=False):
         """EP: the minibatch's own sites, in the order of its rows; after a revert, which undid the previous
@@ -385,9 +391,12 @@ def _chunk_holders(client, X, n_chunks):
     return None if None in holders else holders
 
 
-def _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, total):
+def _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, total, weights=None):
     """EP: the chunk's factor recomputed exactly from its sites (the passes' ``exact_factor``) at the
-    engine's state; ``total`` given: the others' product is set from it first (the chunk's old factor out)."""
+    engine's state; ``total`` given: the others' product is set from it first (the chunk's old factor out).
+    ``weights``: the chunk's rows' sample weights, the factor holding w_i copies of row i's site (power EP)."""
+    if weights is not None:
+        site_precision, site_shift = weights * site_precision, weights * site_shift
     if total is not None:
         engine.others = total.combine(1.0, engine.state["factor"], -1.0)
     s = engine.state
@@ -418,7 +427,8 @@ class DataParallel:
     chunk, reachable by the driver and every worker (default: a temporary directory on this machine: enough for a LocalCluster); ``close()`` removes them.
     """
 
-    def __init__(self, client, X, y, *, batch_size, local_steps=None, n_shards=None, seed=0, site_directory=None):
+    def __init__(self, client, X, y, *, batch_size, local_steps=None, n_shards=None, seed=0, site_directory=None,
+                 weights=None):
         if local_steps is not None and int(local_steps) < 1:
             raise ValueError(f"local_steps must be None or a positive integer, got {local_steps!r}")
         self.client = client
@@ -438,8 +448,13 @@ class DataParallel:
             self.shard_workers = [workers[k % len(workers)] if workers else None for k in range(len(self.shards))]
         self.speeds = [None] * len(self.shards)  # steps a second each shard's tasks made (balanced rounds)
         # X and y persisted on the cluster: a task takes their chunks' futures as they are (no task to read them)
+        self.weights = weights
         blocks = (persisted_blocks(X), persisted_blocks(y)) if is_dask_array(X) else (None, None)
+        if weights is not None:
+            blocks += (persisted_blocks(weights) if is_dask_array(X) else None,)
         self.persisted = None if None in blocks else list(zip(*blocks))
+        # each chunk's rows' total weight, which its tied factor stands for (None: the fit has no weights)
+        self.chunk_weights = None if weights is None else _chunk_weights(client, weights, len(bounds))
         self.site_directory = site_directory
         self.site_root = None
         # per round: seconds on the driver, bytes sent and received, steps per shard, the tasks' seconds, their
@@ -471,12 +486,12 @@ class DataParallel:
         """(X, y) of one chunk as the task takes them: futures of the chunk read on ``worker`` (or another if it is
         gone), the chunk's own futures for rows persisted on the cluster, or for shared rows the blocks the worker
         maps itself."""
+        arrays = [self.X, self.y] + ([] if self.weights is None else [self.weights])  # (the rows' weights too)
         if not is_dask_array(self.X):
-            return self.X.block(chunk), self.y.block(chunk)
+            return tuple(a.block(chunk) for a in arrays)
         if self.persisted is not None:
             return self.persisted[chunk]
-        X_chunk, y_chunk = self.X.blocks[chunk], self.y.blocks[chunk]
-        return tuple(self.client.compute([X_chunk, y_chunk], workers=None if worker is None else [worker],
+        return tuple(self.client.compute([a.blocks[chunk] for a in arrays], workers=None if worker is None else [worker],
                                          allow_other_workers=True))
 
     def close(self):
@@ -557,7 +572,8 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
                 "optimizer": self.template.optimizer.snapshot() if self.template.optimizer is not None else None,
                 "damping": self.template.damping, "total": s.get("factor"),
                 "state": {k: s[k] for k in ("whitened_mean", "whitened_chol") if k in s},
-                "site_directory": plan.site_root, "generation": self.generation + 1}
+                "site_directory": plan.site_root, "generation": self.generation + 1,
+                "chunk_weights": plan.chunk_weights}
         plans, futures, needed, sent = [], [], {}, 0
         started = time.perf_counter()
         for k, chunks in enumerate(plan.shards):
@@ -636,6 +652,20 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
                 if path is not None and path != self.site_files[c]:
                     os.remove(path)
         return Outcome(change=None, stepped=stepping, record=True, n_invalid=int(work["n_invalid"]))
+
+    def sample_weight_refusal(self):
+        """The rounds weight the rows when ``DataParallel`` was given their weights and the method's engine weights
+        them (its shards' engines are given each minibatch's weights)."""
+        if self.plan.weights is None:
+            return "data-parallel rounds given no row weights cannot weight rows"
+        return self.template.sample_weight_refusal()
+
+    def take_sample_weight(self, weights):
+        """The rows' weights are the plan's (beside the rows, on the workers): SEP / ADF's factors stand for the rows
+        counted by them (n_total their sum, each chunk's factor its rows'), as in one process."""
+        super().take_sample_weight(weights)
+        if weights is not None and self.tied and not self.template.per_row_sites:
+            self.template.n_total = float(sum(self.plan.chunk_weights))
 
     # -- the guard, early stopping, q --------------------------------------------------------------------
     def snapshot(self):
@@ -764,6 +794,18 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
             ):
                 raise refuse(f"site_files[{c}]: {name!r} is not a site file of this checkpoint (in {root})")
         return record
+
+
+def _chunk_weights(client, weights, n_chunks):
+    """Each chunk's total weight (floats on the driver), summed where the chunks are."""
+    if is_dask_array(weights):
+        return [float(v) for v in client.compute([weights.blocks[c].sum() for c in range(n_chunks)], sync=True)]
+    return client.gather([client.submit(_total, weights.block(c)) for c in range(n_chunks)])
+
+
+def _total(values):
+    """The sum of a chunk's values, a float (a task: the chunk is mapped where it runs)."""
+    return float(array_namespace(values).sum(values))
 
 
 def _passes_of(kernel):

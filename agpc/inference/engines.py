@@ -319,7 +319,9 @@ class Engine(ModulesByName, abc.ABC):
 
     def _weighted(self):
         """A pass's ``weights=`` when the fit has sample weights (none otherwise: today's call, unchanged)."""
-        return {} if self.sample_weight is None else {"weights": self.sample_weight}
+        # (``[:None]``, all of them: the weights of rows a dask array brings to this process a chunk at a time come
+        # as one NumPy array, beside the sites minibatch EP holds here)
+        return {} if self.sample_weight is None else {"weights": self.sample_weight[:None]}
 
     def _refuse_weights(self, weights):
         """Per-row weights are taken where the passes apply them (SVI, and EP / SEP / ADF on minibatches);
@@ -463,7 +465,7 @@ class EPEngine(Engine):
             n_total = self.n_total
             if self.sample_weight is not None:  # (``sample_weight_refusal``): the rows' weights, no padding here
                 self._refuse_weights(weights)
-                weights = self.sample_weight[lo:hi]
+                weights = self.sample_weight[lo:hi] if self.minibatch else self.sample_weight
                 if self.per_row_sites:  # minibatch EP by power EP, its log Z and gradient scaled by n / b (the
                     # pass scales by n_total / sum(w), the rows counted by weight: n_total sum(w) / b gives n / b)
                     shard["sample_weights"] = True
@@ -480,7 +482,8 @@ class EPEngine(Engine):
         new_factor = None
         if not self.per_row_sites:  # SEP / ADF: the rows' share (rows / n) of the factor is replaced by their sites
             factor_rows = self.n_total if self.factor_rows is None else self.factor_rows
-            share = (hi - lo if weights is None else xp.sum(weights)) / factor_rows
+            # (a batch step's rows are all the rows: their weight, summed once, is n_total's)
+            share = (hi - lo if weights is None else xp.sum(weights) if self.minibatch else self.n_total) / factor_rows
             new_factor = state["factor"].combine(1.0 - self.damping * share, result["site_delta"], self.damping)
             if not self.minibatch:  # batch SEP / ADF stop on the factor's change
                 old = state["factor"]
@@ -493,21 +496,24 @@ class EPEngine(Engine):
         return summary, (result, new_factor)
 
     def sample_weight_refusal(self):
-        """In this process (two classes or more): EP weights the rows by power EP (``ep``, ``multiclass_ep``,
-        ``exact_ep``), SEP / ADF count them by weight in the tied factor; the passes on a cluster and a data-parallel
-        shard do not yet."""
-        here = self.passes in (ep, exact_ep, multiclass_ep) and self.factor_rows is None  # (not a cluster's, a shard's)
-        if here:
+        """EP weights the rows by power EP (``ep``, ``multiclass_ep``, ``exact_ep``, a cluster's ``DaskPasses`` for
+        two classes), SEP / ADF count them by weight in the tied factor; the passes of a cluster do not weight the
+        rows of more than two classes yet."""
+        binary = not isinstance(self.state["kernel"], ClassKernels)
+        in_process = self.passes in (ep, exact_ep, multiclass_ep)
+        here = self.factor_rows is None  # (a data-parallel shard's engine is given its rows' weights a step)
+        if here and (binary or in_process):
             return None
-        return (f"method {self.name!r} takes sample_weight in this process; the passes of a cluster or of "
-                "data-parallel rounds do not weight the rows yet (docs/weights.md)")
+        return (f"method {self.name!r} takes sample_weight for more than two classes in this process; the passes of "
+                "a cluster do not weight the rows of more than two classes yet (docs/weights.md)")
 
     def take_sample_weight(self, weights):
         """SEP / ADF: the tied factor stands for the rows counted by their weights (n_total = sum of the weights),
         as it would for the rows repeated (docs/weights.md)."""
         super().take_sample_weight(weights)
         if weights is not None and not self.per_row_sites:
-            self.n_total = float(self.xp.sum(weights))
+            total = getattr(self.passes, "total_weight", None)  # (rows on a cluster: summed there)
+            self.n_total = float(self.xp.sum(weights)) if total is None else total(weights, None)
 
     def _binary_batch_options(self, stepping):
         """What a binary batch pass takes besides the sites: whether they are known nonnegative, the sums of the
@@ -575,7 +581,7 @@ class EPEngine(Engine):
         """The sites as q holds them: each w_i times with sample weights (power EP), else as they are."""
         if self.sample_weight is None:
             return site_precision, site_shift
-        w = self.sample_weight if rows is None else self.sample_weight[:rows]
+        w = self.sample_weight[:rows]  # (all of them: rows None; weights of rows on a cluster come here as NumPy)
         if site_precision.ndim > 1:  # multiclass sites (n, 2C): a row's every site
             w = w[:, None]
         return w * site_precision, w * site_shift
@@ -918,18 +924,15 @@ class QuadraticEngine(Engine):
         return bool(self.names) or self.joint_xi
 
     def _bound(self, kernel, Z, X, y, xi, **options):
-        options.update(self._weighted())  # the weighted bound (``sample_weight_refusal``: in memory only)
+        options.update(self._weighted())  # the weighted bound, in memory or a task a chunk on a cluster
         return self.passes.quadratic_bound(kernel, Z, X, y, xi, kind=self.kind, jitter=self.jitter,
                                            block_rows=self.block_rows, **options)
 
     def sample_weight_refusal(self):
-        """In memory: the weighted bound, each row's quadratic bound term times its weight (Izmailov & Kropotov
-        (2017), eqs. 14 / 19 with w_i in front of row i's terms; docs/weights.md); the passes of a cluster do not
-        weight the rows yet."""
-        if self.passes is variational:
-            return None
-        return (f"method {self.name!r} takes sample_weight in this process; its passes on a cluster do not weight the "
-                "rows yet (docs/weights.md)")
+        """None: the weighted bound, each row's quadratic bound term times its weight (Izmailov & Kropotov (2017),
+        eqs. 14 / 19 with w_i in front of row i's terms; docs/weights.md), in memory and on a cluster alike (its
+        chunks' sums weighted as the rows in memory)."""
+        return None
 
     def _labels(self, y):
         """The labels as the passes take them: in memory, all of them on the compute device; on a cluster,
