@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import numbers
+import statistics
 import time
 import warnings
 
@@ -23,7 +25,7 @@ from . import uncertainty as U
 from . import validation as V
 from .inducing import initial_inducing_points
 from .inference import training
-from .kernels import ClassKernels, Kernel, with_default_priors
+from .kernels import ClassKernels, Kernel, OrdinalKernel, with_default_priors
 from .model_file import VALUE_WHEN_ABSENT, FittedState, read_model_file, write_model_file
 
 __all__ = ["GPClassifier"]
@@ -79,8 +81,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         stop when the validation NLL has not improved by ``tol`` for this many scores, keeping the best state.
     inducing : "kmeans", "random" or array of shape (m, d)
         Initial inducing points.
-    likelihood : None, "probit" or "logistic"
-        EP methods: probit; "svi": either (default probit); ``vi-*``: logistic.
+    likelihood : None, "probit", "logistic" or "ordinal"
+        EP methods: probit; "svi": either (default probit); ``vi-*``: logistic. "ordinal" (EP, SEP, ADF, SVI): ordered
+        classes, one latent GP and learned cut points (Chu & Ghahramani 2005; docs/ordinal.md).
     n_quadrature : int, default=20
         Gauss-Hermite nodes for SVI's expected log-likelihood and logistic predictions.
     optimize : True, False or a tuple of "kernel" / "inducing"
@@ -121,11 +124,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         MAP instead of maximum likelihood (docs/small_data_defaults.md). ``None``: only the kernel's own priors.
     class_weight : None, "balanced" or dict
         Weights of the classes, multiplied into ``fit``'s ``sample_weight`` (scikit-learn's meanings; docs/weights.md).
+    classes : array-like or None, default=None
+        ``likelihood="ordinal"``: the classes in their order, lowest first (``None``: y's sorted distinct labels); a
+        label of y not among them is refused. ``classes_`` keeps this order.
 
     Attributes
     ----------
     classes_, n_features_in_, n_iter_ : the classes, the number of features, the iterations (or epochs) trained
-    kernel_, inducing_points_ : the learned kernel and inducing points (m, d); ``(C, m, d)`` for C classes
+    kernel_, inducing_points_ : the learned kernel and inducing points (m, d); ``(C, m, d)`` for C classes (an
+        ordinal model: one latent GP, ``kernel_`` an ``agpc.kernels.OrdinalKernel`` holding the cut points)
+    cut_points_ : an ordinal model's learned cut points b_1 < ... < b_{K-1} (NumPy)
     log_marginal_likelihood_ : float, log Z_q at the end of training
     history_ : dict of lists, per iteration or epoch: "log_marginal_likelihood", "time", "n_invalid_sites",
         "damping", "n_steps"; with validation data "validation_step", "validation_nll", "validation_error"
@@ -161,6 +169,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "dtype": [V.FloatingType(*I.DTYPES)], "block_rows": [V.NONE, _COUNT],
         "step_replay": [V.Boolean()], "kernel_prior": [V.NONE, V.Options("auto")],
         "class_weight": [V.NONE, V.Options("balanced"), V.InstanceOf(dict, description="a dict of class: weight")],
+        "classes": [V.NONE, V.InstanceOf(list, tuple, np.ndarray, description="a list of the classes in their order")],
     }
 
     def __init__(self, method="ep", n_inducing="auto", kernel=None, backend="auto", max_iter=250, damping=None,
@@ -168,7 +177,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                  n_iter_no_change=None, inducing="kmeans", likelihood=None, n_quadrature=20, optimize=True,
                  jitter=1e-6, tol=1e-6, random_state=None, verbose=False, client=None, local_steps=None,
                  n_jobs=None, checkpoint_path=None, checkpoint_every=None, site_directory=None, blas_threads=None,
-                 dtype="float64", block_rows=None, step_replay=False, kernel_prior="auto", class_weight=None):
+                 dtype="float64", block_rows=None, step_replay=False, kernel_prior="auto", class_weight=None,
+                 classes=None):
         parameters = dict(locals())  # every parameter stored as given, nothing else (scikit-learn's rule)
         del parameters["self"]
         vars(self).update(parameters)
@@ -190,6 +200,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             takes = " or ".join(repr(name) for name in spec.likelihoods)
             raise ValueError(f"method={self.method!r} {spec.likelihood_reason or 'takes ' + takes}: likelihood must be "
                              f"{takes} or None, got {self.likelihood!r}")
+        if self.likelihood == M.ORDINAL and self.n_jobs not in (None, 1):
+            M.refuse_ordinal("n_jobs")
         if self.step_replay:
             warnings.warn("step_replay is deprecated and has no effect (it will be removed): CuPy refuses cuBLAS and "
                           "cuSOLVER calls during CUDA-graph capture, so a training step cannot be replayed from a "
@@ -214,8 +226,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop."""
         I.check_fit_paths(self, X, y, resume, weighted=sample_weight is not None)
         self.__dict__.pop("_trainer", None)
+        order = None  # an ordinal model's classes, in their order (its labels travel as ranks)
+        if self.likelihood == M.ORDINAL:
+            if B.is_dask_array(X) or B.is_dask_array(y):
+                M.refuse_ordinal("dask")
+            y, order = I.ordinal_labels(self, y)
+            if validation_data is not None:
+                validation_data = (validation_data[0], I.ordinal_labels(self, validation_data[1], order)[0])
         with placement.Placement(self, X) as place:
-            inputs = place.training_inputs(X, y, target_xp)
+            inputs = place.training_inputs(X, y, target_xp, classes=None if order is None else np.arange(len(order)))
             n, classes = inputs.X.shape[0], inputs.classes
             size = size_rule.estimator_model_size(self, n, len(classes), rows_known=not (
                 place.on_cluster or B.is_out_of_core(inputs.X)))
@@ -225,8 +244,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             weights = I.training_weights(self, sample_weight, inputs, on_cluster=place.on_cluster, n_jobs=place.n_jobs)
             rng = B.host_rng(self.random_state)
             init_started = time.perf_counter()
-            kernel, Z = self._initial_model(inputs.sample, size.n_inducing, rng, len(classes),
+            kernel, Z = self._initial_model(inputs.sample, size.n_inducing, rng,
+                                            2 if order is not None else len(classes),
                                             rows=inputs.X if size.at_rows else None)
+            if order is not None:
+                kernel = OrdinalKernel(kernel, initial_cut_points(y, len(order), kernel, inputs.sample)).for_inputs(
+                    inputs.sample)
             self.init_time_ = time.perf_counter() - init_started
             validation = None if validation_data is None else I.validation_set(
                 self, validation_data, classes, inputs.xp, inputs.device, client=inputs.client)
@@ -236,7 +259,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             plateau = size_rule.exact_plateau(n) if size.at_rows else None  # (the sparse models run max_iter steps)
             result = self._train(placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash,
                                  plateau, weights)
-        return self._fitted_from(result, classes, started, n, resumed=bool(resume))
+        return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume))
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
         """Rows a step of a fit on n rows (``agpc.batch_size.rows_per_step``)."""
@@ -277,7 +300,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             jitter=self._jitter_for(Z), optimize=groups,
             block_rows=self.block_rows if placed.block_rows is None else placed.block_rows,
             damping=None if self.damping is None else float(self.damping), optimizer=self.optimizer,
-            learning_rate=self.learning_rate, likelihood=None if len(classes) > 2 else self.likelihood_,
+            learning_rate=self.learning_rate,
+            likelihood=self.likelihood_ if len(classes) <= 2 or self.likelihood_ == M.ORDINAL else None,
             n_quadrature=int(self.n_quadrature), tol=float(self.tol),
         )
         settings, options = training.with_overrides(settings, options,
@@ -326,6 +350,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         call sets the classes, kernel and inducing points; a fitted or loaded model continues (what may not change
         since, and ``n_total``, the rows the model stands for: docs/usage.md). No ``sample_weight`` yet."""
         groups, target_xp = self._check_params()
+        if self.likelihood == M.ORDINAL:
+            M.refuse_ordinal("partial_fit")
         I.refuse_stream_weights(self, sample_weight)
         if (self.checkpoint_path is not None or self.checkpoint_every is not None) and not hasattr(self, "_trainer"):
             warnings.warn("partial_fit writes no checkpoints (checkpoint_path / checkpoint_every apply to fit); save "
@@ -394,6 +420,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Predictive entropy and its aleatoric and epistemic (BALD) parts per row, in nats: ``agpc.uncertainty``."""
         return U.model_uncertainty(self, X, method)
 
+    @property
+    def cut_points_(self):
+        """An ordinal model's cut points b_1 < ... < b_{K-1} (NumPy), from ``kernel_``."""
+        check_is_fitted(self, "posterior_")
+        if not isinstance(self.kernel_, OrdinalKernel):
+            raise AttributeError("cut_points_: only an ordinal model (likelihood='ordinal') has cut points")
+        return B.to_numpy(self.kernel_.cut_points)
+
     def decision_function(self, X):
         """Binary: the predictive log-odds log p(classes_[1] | x) - log p(classes_[0] | x), shape (n_samples,),
         which ranks rows as ``predict_proba`` does. Multiclass: the log-probabilities, (n_samples, n_classes)."""
@@ -407,7 +441,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if B.is_dask_array(X):
             return P.lazy(self, "predict", X, None, np.asarray(self.classes_).dtype)
         check_is_fitted(self, "posterior_")
-        if len(self.classes_) > 2:
+        if len(self.classes_) > 2 or self.likelihood_ == M.ORDINAL:  # the most probable class
             log_p, in_xp, device = P.log_proba_matrix(self, X)
             index = B.to_numpy(B.array_namespace(log_p).argmax(log_p, axis=1))
         else:
@@ -484,3 +518,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         tags.classifier_tags.poor_score = True
         return tags
 
+
+def initial_cut_points(ranks, n_classes, kernel, sample):
+    """Cut points to start an ordinal fit from: b_j = sqrt(1 + s^2) Phi^-1(P(y < j)), the cumulative class
+    proportions of the training ranks (each count plus 1/2, so that a class absent from y still has an interval
+    of its own and no cut point is infinite) through the probit, scaled by the spread of f + noise under the prior
+    (s^2: the kernel's mean prior variance at the sample rows). With f at its prior mean 0 the model's class
+    probabilities are then the training proportions, p(y < j) = Phi(b_j / sqrt(1 + s^2)) (Chu & Ghahramani (2005),
+    eq. 16 at f ~ N(0, s^2)), so the first steps learn the latent rather than undo a wrong bias."""
+    counts = np.bincount(np.asarray(ranks, dtype=np.int64), minlength=n_classes).astype(np.float64) + 0.5
+    cumulative = np.cumsum(counts)[:-1] / np.sum(counts)
+    spread = math.sqrt(1.0 + float(np.mean(B.to_numpy(kernel.Kdiag(sample)))))
+    normal = statistics.NormalDist()
+    return np.asarray([spread * normal.inv_cdf(float(p)) for p in cumulative])

@@ -28,7 +28,7 @@ from . import validation as V
 from .kernels import RBF
 from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
 from .inference.training import data_fingerprint, fingerprint_stride
-from .methods import get_method, methods_supporting, supports
+from .methods import ORDINAL, get_method, methods_supporting, supports
 from .model_file import MAX_LABEL_BYTES
 
 __all__ = [
@@ -199,6 +199,8 @@ def check_classes(estimator, found, classes=None):
     if classes.shape[0] < 2:
         raise ValueError(f"y has only one class ({classes[0]!r}): a classifier needs two classes to learn")
     method = get_method(estimator.method)
+    if estimator.likelihood == ORDINAL:  # one latent GP whatever the number of (ordered) classes
+        return classes
     if classes.shape[0] > 2 and not method.supports("multiclass"):
         raise ValueError(f"y has {classes.shape[0]} classes but method={method.name!r} is binary only: the multiclass "
                          f"model is trained by {list(methods_supporting('multiclass'))}")
@@ -238,6 +240,34 @@ def host_targets(estimator, y, n_rows, classes=None):
     check_target_shape(y_host.shape, n_rows)
     check_classification_targets(y_host)
     return check_classes(estimator, np.unique(y_host), classes), y_host
+
+
+def ordinal_labels(estimator, y, order=None):
+    """An ordinal model's labels as ranks (0 .. K-1, int64, on the host) in the order of ``order`` (default: the
+    estimator's ``classes``, else y's sorted distinct labels), and that order (a NumPy array): the classes of an
+    ordinal model are ordered, and its labels travel as their ranks (whose sorted order is the model's). A label
+    not among the classes, or classes given twice or fewer than two, is one ValueError."""
+    if y is None:
+        raise ValueError(f"{type(estimator).__name__} requires y to be passed, but the target y is None")
+    y_host = V.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y))
+    if y_host.ndim == 2 and y_host.shape[1] == 1:
+        y_host = column_or_1d(y_host, warn=True)
+    if order is None:
+        given = getattr(estimator, "classes", None)
+        order = np.unique(y_host) if given is None else V.check_labels(given, what="classes")
+        if order.ndim != 1 or np.unique(order).shape[0] != order.shape[0] or order.shape[0] < 2:
+            raise ValueError(f"classes must list at least two distinct labels, in their order, got {list(order)}")
+    _check_label_length(order)
+    sorter = np.argsort(order, kind="stable")
+    try:
+        position = np.clip(np.searchsorted(order[sorter], y_host), 0, order.shape[0] - 1)
+        known = order[sorter][position] == y_host
+    except TypeError:  # labels of another kind than the classes (strings against numbers)
+        known = np.zeros(y_host.shape, dtype=bool)
+        position = np.zeros(y_host.shape, dtype=np.intp)
+    if not np.all(known):
+        raise ValueError(f"y contains labels {list(np.unique(y_host[~known]))} not in classes {list(order)}")
+    return sorter[position].astype(np.int64), order
 
 
 def check_known_shapes(X, y=None):

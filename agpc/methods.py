@@ -46,6 +46,9 @@ __all__ = [
     "RegisteredLikelihood",
     "support_table",
     "write_support_table",
+    "ORDINAL",
+    "ORDINAL_REFUSALS",
+    "refuse_ordinal",
     "main",
 ]
 
@@ -150,7 +153,7 @@ class Method:
 
     def likelihood_for(self, likelihood, n_classes):
         """The likelihood a model of ``n_classes`` classes has with ``likelihood=`` (None: the default)."""
-        if n_classes > 2 and self.multiclass_likelihood is not None:
+        if n_classes > 2 and self.multiclass_likelihood is not None and likelihood != ORDINAL:
             return self.multiclass_likelihood
         return likelihood or self.likelihoods[0]
 
@@ -184,6 +187,26 @@ class Method:
     def refusal(self, capability, default):
         """The error message for ``capability``, which this method lacks."""
         return self.refusals.get(capability, default)
+
+
+ORDINAL = "ordinal"
+"""The likelihood of ordered classes (Chu & Ghahramani 2005; docs/ordinal.md): one latent GP and learned cut points,
+trained by the binary passes of the methods that list it."""
+
+ORDINAL_REFUSALS = MappingProxyType({
+    "dask": "fit on a dask array",
+    "n_jobs": "n_jobs > 1 (data-parallel rounds)",
+    "partial_fit": "partial_fit (a stream)",
+})
+"""The paths of a method that takes ``likelihood="ordinal"`` where an ordinal model is not trained yet: its cut points
+are initialised from the class frequencies of all the training labels, which these paths do not bring together."""
+
+
+def refuse_ordinal(path):
+    """One ValueError for an ordinal model on ``path`` (a key of ``ORDINAL_REFUSALS``)."""
+    raise ValueError(f"likelihood='ordinal' is not trained by {ORDINAL_REFUSALS[path]} yet: its cut points start from "
+                     "the class frequencies of all the training labels; fit in one process on an in-memory array or "
+                     "data on disk (docs/ordinal.md)")
 
 
 _REGISTRY: dict[str, Method] = {}
@@ -309,7 +332,7 @@ def _gfitc_params(params):
 
 
 _EVERYWHERE = {"out_of_core", "validation_data", "checkpoints"}
-_EP_PROBIT = "uses the probit likelihood (closed-form EP updates)"
+_EP_PROBIT = "uses the probit likelihood, or the ordinal probit for ordered classes (closed-form EP updates)"
 _ON_DASK = {"dask", "dask_checkpoints"}
 _NO_ROUNDS = ("method={name!r} has no data-parallel rounds, so n_jobs > 1 is not supported: {why}; 'sep', 'adf', "
               "'ep' and 'svi' train minibatches in n_jobs worker processes")
@@ -317,16 +340,16 @@ _VI_PER_ROW_XI = ("fit on a dask array does not train method {name!r}: it optimi
                   "the driver, which would bring every row's xi there each step; use 'vi-jj' (xi by its closed-form "
                   "update, kept on the workers) or an in-memory array")
 _BUILT_IN_METHODS = (
-    Method("ep", family="ep", engine="ep", likelihood_reason=_EP_PROBIT,
+    Method("ep", family="ep", engine="ep", likelihoods=("probit", ORDINAL), likelihood_reason=_EP_PROBIT,
            capabilities={"multiclass", "minibatch", "dask_batch", "n_jobs", "sample_weight", *_ON_DASK, *_EVERYWHERE},
            remarks={"dask": "> 2 classes: batch, or `local_steps=0`", "n_jobs": "binary",
                     "sample_weight": "two classes: power EP"}, exact_passes=exact_ep),
-    *(Method(name, family="ep", engine=name, likelihood_reason=_EP_PROBIT,
+    *(Method(name, family="ep", engine=name, likelihoods=("probit", ORDINAL), likelihood_reason=_EP_PROBIT,
              capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", "n_jobs", "sample_weight",
                            *_ON_DASK, *_EVERYWHERE},
              remarks={"sample_weight": "two classes: rows counted by weight"})
       for name in ("sep", "adf")),
-    Method("svi", family="variational", engine="svi", likelihoods=("probit", "logistic"),
+    Method("svi", family="variational", engine="svi", likelihoods=("probit", "logistic", ORDINAL),
            multiclass_likelihood="robust-max",
            capabilities={"multiclass", "minibatch", "n_jobs", "sample_weight", *_ON_DASK, *_EVERYWHERE},
            remarks={"out_of_core": "a minibatch read at a time", "dask": "minibatches",
@@ -368,7 +391,8 @@ def _cell(method, capability):
 
 
 def _likelihood_cell(method):
-    text = " or ".join(method.likelihoods)
+    text = " or ".join(f"{name} (ordered classes; not on dask, `n_jobs` or `partial_fit`)" if name == ORDINAL else name
+                       for name in method.likelihoods)
     return f"{text}; {method.multiclass_likelihood} (> 2 classes)" if method.multiclass_likelihood else text
 
 

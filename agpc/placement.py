@@ -78,11 +78,12 @@ class Placement:
             if self._pool is not None:
                 ending.callback(self._pool.close)
 
-    def training_inputs(self, X, y, target_xp):
+    def training_inputs(self, X, y, target_xp, classes=None):
         """The checked ``inputs.TrainingInputs`` of (X, y): ``inputs.training_inputs`` in this process,
-        ``dask_inputs.training_inputs`` on the cluster of a dask array (its checks before the cluster is sought)."""
+        ``dask_inputs.training_inputs`` on the cluster of a dask array (its checks before the cluster is sought).
+        ``classes``: the model's classes when y need not hold them all (an ordinal model's ranks)."""
         if not self.on_cluster:
-            return I.training_inputs(self.estimator, X, y, reset=True, target_xp=target_xp)
+            return I.training_inputs(self.estimator, X, y, reset=True, target_xp=target_xp, classes=classes)
         X, y, given = D.checked_arrays(self.estimator, X, y)
         client, self._owned_client = D.cluster_client(self.estimator.client)
         inputs = D.training_inputs(self.estimator, X, y, given, client)

@@ -13,8 +13,10 @@ from . import backend as B
 from . import inputs as I
 from . import threads
 from .inference import ep, multiclass_ep, multiclass_vi, variational
+from .likelihoods import Ordinal
 
 __all__ = ["KERNEL_REACH", "within_reach", "checked_rows", "model_latent", "log_proba_matrix", "latent", "log_proba",
+           "model_log_proba", "ordinal_likelihood",
            "to_caller", "lazy"]
 
 # A stationary kernel's profile is exactly 0 beyond this many lengthscales (RBF: exp(-r^2 / 2) underflows past
@@ -72,7 +74,21 @@ def log_proba_matrix(model, X):
     """(log p(classes_[c] | x) as an (n, C) array, the input's namespace, its device) of the fitted ``model``."""
     Xc, in_xp, device = checked_rows(model, X)
     mean, var = model_latent(model, Xc)
-    return log_proba(mean, var, model.likelihood_, model.n_quadrature, len(model.classes_) > 2), in_xp, device
+    return model_log_proba(model, mean, var), in_xp, device
+
+
+def ordinal_likelihood(model):
+    """The fitted ``model``'s ordinal likelihood (its cut points are its kernel's), or None for another model."""
+    return Ordinal(model.kernel_.cut_points) if model.likelihood_ == "ordinal" else None
+
+
+def model_log_proba(model, mean, var):
+    """log p(classes_[c] | x), (n, C), of the fitted ``model`` from the latent's mean and variance: ``log_proba``,
+    or an ordinal model's closed form (``likelihoods.Ordinal.class_log_proba``)."""
+    ordinal = ordinal_likelihood(model)
+    if ordinal is not None:
+        return ordinal.class_log_proba(mean, var)
+    return log_proba(mean, var, model.likelihood_, model.n_quadrature, len(model.classes_) > 2)
 
 
 def latent(kernel, Z, posterior, Xc, *, block_rows=None, blas_threads=None):
