@@ -256,7 +256,7 @@ def ordinal_labels(estimator, y, order=None):
         given = getattr(estimator, "classes", None)
         order = np.unique(y_host) if given is None else V.check_labels(given, what="classes")
         if order.ndim != 1 or np.unique(order).shape[0] != order.shape[0] or order.shape[0] < 2:
-            raise ValueError(f"classes must list at least two distinct labels, in their order, got {list(order)}")
+            raise ValueError(f"classes must list at least two distinct labels, in their order, got {order.tolist()}")
     _check_label_length(order)
     sorter = np.argsort(order, kind="stable")
     try:
@@ -266,7 +266,7 @@ def ordinal_labels(estimator, y, order=None):
         known = np.zeros(y_host.shape, dtype=bool)
         position = np.zeros(y_host.shape, dtype=np.intp)
     if not np.all(known):
-        raise ValueError(f"y contains labels {list(np.unique(y_host[~known]))} not in classes {list(order)}")
+        raise ValueError(f"y contains labels {np.unique(y_host[~known]).tolist()} not in classes {order.tolist()}")
     return sorter[position].astype(np.int64), order
 
 

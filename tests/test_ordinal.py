@@ -203,3 +203,130 @@ def test_two_classes_is_the_probit_with_a_shifted_latent():
     log_pos, log_neg = PROBIT.predictive_log_proba(mean, var)
     np.testing.assert_allclose(Ordinal(np.array([0.0])).class_log_proba(mean, var),
                                np.stack([log_neg, log_pos], axis=1), rtol=1e-12, atol=1e-14)
+
+
+# -- the estimator -------------------------------------------------------------------------------------------
+
+def test_learned_cut_points_recover_the_true_ones():
+    """On 600 rows drawn from the model (f = 2 sin(x), which the kernel learns; cut points -1, 0.2, 1.1) batch EP
+    learns cut points within 0.3 of the truth. Why 0.3: with f known, each b_j is pinned by the class counts
+    around it, whose sampling error alone gives a standard error of about sqrt(p (1 - p) / n) / N(Phi^-1(p))
+    times sqrt(1 + var f) ~ 0.06 - 0.1 here; the latent is learned too (its scale trades off against the cut
+    points' spread), so 3-4 such errors."""
+    X, y = ordinal_data(600, 11)
+    model = GPClassifier(likelihood="ordinal", n_inducing=15, max_iter=60, random_state=0).fit(X, y)
+    np.testing.assert_allclose(model.cut_points_, CUTS, atol=0.3)
+    assert list(model.classes_) == [0, 1, 2, 3]
+    assert model.predict_proba(X).shape == (600, 4)
+
+
+@pytest.fixture(scope="module")
+def named():
+    """Labels named so that their sorted order is not the classes' order."""
+    X, y = ordinal_data(150, 12)
+    order = np.array(["poor", "fair", "good", "best"])
+    return X, order[y], order
+
+
+@pytest.mark.parametrize("method, batch_size", [("ep", None), ("sep", 50), ("adf", None), ("svi", 50)])
+def test_methods_fit_in_the_given_order(named, method, batch_size):
+    X, labels, order = named
+    model = GPClassifier(method=method, likelihood="ordinal", classes=list(order), n_inducing=8, max_iter=5,
+                         batch_size=batch_size, random_state=0).fit(X, labels)
+    assert list(model.classes_) == list(order)
+    proba = model.predict_proba(X)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
+    np.testing.assert_array_equal(model.predict(X), order[np.argmax(proba, axis=1)])
+    assert np.all(np.diff(model.cut_points_) > 0)
+    assert model.kernel_.n_classes == 4
+
+
+def test_save_load_keeps_cut_points_and_class_order(named):
+    X, labels, order = named
+    model = GPClassifier(likelihood="ordinal", classes=list(order), n_inducing=8, max_iter=5,
+                         random_state=0).fit(X, labels)
+    buffer = io.BytesIO()
+    model.save(buffer)
+    buffer.seek(0)
+    loaded = GPClassifier.load(buffer)
+    assert list(loaded.classes_) == list(order)
+    assert loaded.likelihood_ == "ordinal"
+    np.testing.assert_array_equal(loaded.cut_points_, model.cut_points_)
+    np.testing.assert_array_equal(loaded.predict_proba(X), model.predict_proba(X))
+    np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
+
+
+def test_interrupted_and_resumed_fit_equals_uninterrupted(tmp_path, monkeypatch):
+    """Checkpoints hold the cut points (kernel parameters) and their optimiser state: a resumed minibatch EP fit
+    ends at the uninterrupted model."""
+    X, y = ordinal_data(300, 13)
+    params = dict(method="ep", likelihood="ordinal", n_inducing=6, batch_size=100, max_iter=3, random_state=0)
+    reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", 5, X, y)
+    np.testing.assert_allclose(resumed.cut_points_, reference.cut_points_, rtol=1e-12)
+    np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-10, atol=1e-14)
+
+
+def test_bad_labels_and_refused_paths_are_one_value_error(named):
+    X, labels, order = named
+    with pytest.raises(ValueError, match=r"y contains labels \['best'\] not in classes"):
+        GPClassifier(likelihood="ordinal", classes=["poor", "fair", "good"], max_iter=1).fit(X, labels)
+    with pytest.raises(ValueError, match="at least two distinct labels"):
+        GPClassifier(likelihood="ordinal", classes=["poor", "poor", "fair", "good", "best"], max_iter=1).fit(X, labels)
+    with pytest.raises(ValueError, match="likelihood='ordinal' is not trained by n_jobs"):
+        GPClassifier(method="sep", likelihood="ordinal", n_jobs=2, max_iter=1).fit(X, labels)
+    with pytest.raises(ValueError, match="likelihood='ordinal' is not trained by partial_fit"):
+        GPClassifier(method="sep", likelihood="ordinal").partial_fit(X, labels)
+    with pytest.raises(ValueError, match="likelihood must be"):
+        GPClassifier(method="gfitc", likelihood="ordinal", max_iter=1).fit(X, labels)
+    dask_array = pytest.importorskip("dask.array")
+    with pytest.raises(ValueError, match="likelihood='ordinal' is not trained by fit on a dask array"):
+        GPClassifier(likelihood="ordinal", max_iter=1).fit(dask_array.from_array(X, chunks=50), labels)
+
+
+def test_uncertainty_by_quadrature_against_scipy(named):
+    """The ordinal expected entropy E_q H[p(y | f)] against scipy.integrate.quad, and total = aleatoric +
+    epistemic with the total the entropy of predict_proba."""
+    mean, var = np.array([-2.0, 0.3, 1.0, 5.0]), np.array([0.01, 1.0, 30.0, 2.0])
+    got = ordinal_expected_entropy(mean, var, CUTS)
+    bounds = np.concatenate([[-np.inf], CUTS, [np.inf]])
+
+    def entropy_at(f):
+        p = stats.norm.cdf(bounds[1:] - f) - stats.norm.cdf(bounds[:-1] - f)
+        p = p[p > 0]
+        return -np.sum(p * np.log(p))
+
+    for i in range(4):
+        sd = np.sqrt(var[i])
+        want = integrate.quad(lambda f: entropy_at(f) * stats.norm.pdf(f, mean[i], sd), mean[i] - 12 * sd,
+                              mean[i] + 12 * sd, limit=400, epsabs=1e-13)[0]
+        np.testing.assert_allclose(got[i], want, rtol=1e-8, atol=1e-12)
+    X, labels, order = named
+    model = GPClassifier(likelihood="ordinal", classes=list(order), n_inducing=8, max_iter=5,
+                         random_state=0).fit(X, labels)
+    split = model.predict_uncertainty(X[:20])
+    proba = model.predict_proba(X[:20])
+    np.testing.assert_allclose(split.total, -np.sum(proba * np.log(proba), axis=1), rtol=1e-12)
+    np.testing.assert_allclose(split.aleatoric + split.epistemic, split.total, rtol=1e-12)
+    assert np.all(split.epistemic >= 0)
+
+
+@pytest.mark.parametrize("device", [None, array_api_strict.Device("device1")], ids=["default", "device1"])
+def test_strict_fit_equals_numpy_fit(device):
+    """array_api_strict (default and a non-default device): the same ordinal fit as on NumPy, every output on the
+    input's device."""
+    X, y = ordinal_data(120, 14)
+    params = dict(likelihood="ordinal", n_inducing=8, max_iter=8, random_state=0)
+    reference = GPClassifier(**params).fit(X, y.astype(np.float64))
+    xs = array_api_strict
+    Xs, ys = xs.asarray(X, device=device), xs.asarray(y.astype(np.float64), device=device)
+    model = GPClassifier(**params).fit(Xs, ys)
+    for value in model.kernel_.params.values():
+        assert value.device == Xs.device
+    proba = model.predict_proba(Xs)
+    assert type(proba).__module__.startswith("array_api_strict") and proba.device == Xs.device
+    to_np = lambda a: np.asarray(a.to_device(xs.Device("CPU_DEVICE")))  # noqa: E731
+    np.testing.assert_allclose(to_np(proba), reference.predict_proba(X), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(to_np(model.kernel_.cut_points), reference.cut_points_, rtol=1e-8)
+    np.testing.assert_allclose(model.log_marginal_likelihood_, reference.log_marginal_likelihood_, rtol=1e-8)
+    split = model.predict_uncertainty(Xs)
+    assert type(split.total).__module__.startswith("array_api_strict")
