@@ -132,8 +132,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     ----------
     classes_, n_features_in_, n_iter_ : the classes, the number of features, the iterations (or epochs) trained
     kernel_, inducing_points_ : the learned kernel and inducing points (m, d); ``(C, m, d)`` for C classes (an
-        ordinal model: one latent GP, ``kernel_`` an ``agpc.kernels.OrdinalKernel`` holding the cut points)
-    cut_points_ : an ordinal model's learned cut points b_1 < ... < b_{K-1} (NumPy)
+        ordinal model: one latent GP, ``kernel_`` an ``agpc.kernels.OrdinalKernel`` holding the cut points, which
+        the property ``cut_points_`` gives)
     log_marginal_likelihood_ : float, log Z_q at the end of training
     history_ : dict of lists, per iteration or epoch: "log_marginal_likelihood", "time", "n_invalid_sites",
         "damping", "n_steps"; with validation data "validation_step", "validation_nll", "validation_error"
@@ -202,6 +202,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                              f"{takes} or None, got {self.likelihood!r}")
         if self.likelihood == M.ORDINAL and self.n_jobs not in (None, 1):
             M.refuse_ordinal("n_jobs")
+        if self.classes is not None and self.likelihood != M.ORDINAL:
+            raise ValueError("classes= gives the order of ordered classes (likelihood='ordinal'); other models take "
+                             f"their classes from y, got classes={self.classes!r} with likelihood={self.likelihood!r}")
         if self.step_replay:
             warnings.warn("step_replay is deprecated and has no effect (it will be removed): CuPy refuses cuBLAS and "
                           "cuSOLVER calls during CUDA-graph capture, so a training step cannot be replayed from a "

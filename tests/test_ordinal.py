@@ -276,6 +276,8 @@ def test_bad_labels_and_refused_paths_are_one_value_error(named):
         GPClassifier(method="sep", likelihood="ordinal", n_jobs=2, max_iter=1).fit(X, labels)
     with pytest.raises(ValueError, match="likelihood='ordinal' is not trained by partial_fit"):
         GPClassifier(method="sep", likelihood="ordinal").partial_fit(X, labels)
+    with pytest.raises(ValueError, match="classes= gives the order of ordered classes"):
+        GPClassifier(classes=list(order), max_iter=1).fit(X, labels)
     with pytest.raises(ValueError, match="likelihood must be"):
         GPClassifier(method="gfitc", likelihood="ordinal", max_iter=1).fit(X, labels)
     dask_array = pytest.importorskip("dask.array")
