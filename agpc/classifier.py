@@ -244,15 +244,17 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if size.at_rows:  # the exact model's inducing points are its rows: they stay there
                 groups = tuple(group for group in groups if group != "inducing")
             place.start(inputs, weighted=sample_weight is not None or self.class_weight is not None)  # (n_jobs_)
-            weights = I.training_weights(self, sample_weight, inputs, on_cluster=place.on_cluster, n_jobs=place.n_jobs)
+            weights = I.training_weights(self, sample_weight, inputs, on_cluster=place.on_cluster, n_jobs=place.n_jobs,
+                                         class_labels=order)
             rng = B.host_rng(self.random_state)
             init_started = time.perf_counter()
             kernel, Z = self._initial_model(inputs.sample, size.n_inducing, rng,
                                             2 if order is not None else len(classes),
                                             rows=inputs.X if size.at_rows else None)
             if order is not None:
-                kernel = OrdinalKernel(kernel, initial_cut_points(y, len(order), kernel, inputs.sample)).for_inputs(
-                    inputs.sample)
+                start = initial_cut_points(y, len(order), kernel, inputs.sample,
+                                           None if weights is None else B.to_numpy(weights))
+                kernel = OrdinalKernel(kernel, start).for_inputs(inputs.sample)
             self.init_time_ = time.perf_counter() - init_started
             validation = None if validation_data is None else I.validation_set(
                 self, validation_data, classes, inputs.xp, inputs.device, client=inputs.client)
@@ -522,14 +524,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return tags
 
 
-def initial_cut_points(ranks, n_classes, kernel, sample):
+def initial_cut_points(ranks, n_classes, kernel, sample, weights=None):
     """Cut points to start an ordinal fit from: b_j = sqrt(1 + s^2) Phi^-1(P(y < j)), the cumulative class
-    proportions of the training ranks (each count plus 1/2, so that a class absent from y still has an interval
-    of its own and no cut point is infinite) through the probit, scaled by the spread of f + noise under the prior
+    proportions of the training ranks (rows counted by their ``weights``, so that a row of weight 0 is a row
+    removed; each count plus 1/2, so that a class absent from y still has an interval of its own and no cut point
+    is infinite) through the probit, scaled by the spread of f + noise under the prior
     (s^2: the kernel's mean prior variance at the sample rows). With f at its prior mean 0 the model's class
     probabilities are then the training proportions, p(y < j) = Phi(b_j / sqrt(1 + s^2)) (Chu & Ghahramani (2005),
     eq. 16 at f ~ N(0, s^2)), so the first steps learn the latent rather than undo a wrong bias."""
-    counts = np.bincount(np.asarray(ranks, dtype=np.int64), minlength=n_classes).astype(np.float64) + 0.5
+    counts = np.bincount(np.asarray(ranks, dtype=np.int64), weights=weights, minlength=n_classes) + 0.5
     cumulative = np.cumsum(counts)[:-1] / np.sum(counts)
     spread = math.sqrt(1.0 + float(np.mean(B.to_numpy(kernel.Kdiag(sample)))))
     normal = statistics.NormalDist()

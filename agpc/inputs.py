@@ -525,12 +525,13 @@ def check_n_total(n_total, rows):
                          f"of rows the model stands for), got {n_total!r}")
 
 
-def training_weights(estimator, sample_weight, inputs, *, on_cluster, n_jobs):
+def training_weights(estimator, sample_weight, inputs, *, on_cluster, n_jobs, class_labels=None):
     """The rows' weights for the training loop: ``sample_weight`` (checked, ``validation.check_sample_weight``)
     times ``class_weight``'s weight of each row's class (scikit-learn's meanings: "balanced" is n / (n_classes *
     count of the class), a dict maps classes to weights, the others 1), as an array of the compute namespace and
     dtype; None when neither is given (the unweighted fit, unchanged). The paths whose training does not weight
-    the rows yet refuse them here, with one ValueError naming the path (docs/weights.md)."""
+    the rows yet refuse them here, with one ValueError naming the path (docs/weights.md). ``class_labels``: the
+    classes as the user names them, when the labels travel as their ranks (an ordinal model's)."""
     class_weight = estimator.class_weight
     if sample_weight is None and class_weight is None:
         return None
@@ -542,10 +543,14 @@ def training_weights(estimator, sample_weight, inputs, *, on_cluster, n_jobs):
     weights = np.ones(n) if sample_weight is None else V.check_sample_weight(sample_weight, n)
     encoded = B.to_numpy(inputs.y[0:n])  # (labels on disk: read once, as the n weights are held in memory)
     class_index = (encoded > 0).astype(np.intp) if len(inputs.classes) == 2 else encoded.astype(np.intp)
-    if isinstance(class_weight, dict) and set(class_weight) - set(inputs.classes.tolist()):
-        unknown = sorted(set(class_weight) - set(inputs.classes.tolist()), key=repr)
+    named = inputs.classes if class_labels is None else np.asarray(class_labels)
+    if isinstance(class_weight, dict) and set(class_weight) - set(named.tolist()):
+        unknown = sorted(set(class_weight) - set(named.tolist()), key=repr)
         raise ValueError(f"class_weight={class_weight!r}: {unknown} are not classes of y (its classes: "
-                         f"{inputs.classes.tolist()})")
+                         f"{named.tolist()})")
+    if isinstance(class_weight, dict) and class_labels is not None:  # keyed by the ranks the labels travel as
+        class_weight = {rank: class_weight[label] for rank, label in zip(inputs.classes.tolist(), named.tolist())
+                        if label in class_weight}
     if class_weight is not None:
         try:
             per_class = compute_class_weight(class_weight, classes=inputs.classes, y=inputs.classes[class_index])

@@ -332,3 +332,67 @@ def test_strict_fit_equals_numpy_fit(device):
     np.testing.assert_allclose(model.log_marginal_likelihood_, reference.log_marginal_likelihood_, rtol=1e-8)
     split = model.predict_uncertainty(Xs)
     assert type(split.total).__module__.startswith("array_api_strict")
+
+
+def test_svi_integer_weights_are_the_repeated_rows():
+    """Ordinal SVI from the same kernel and inducing points: weights 0..3 give the model of the rows repeated that
+    often (the cut points start from the weighted class counts, and every step's bound and gradient, the cut
+    points' included, agree to round-off)."""
+    X, y = ordinal_data(60, 15)
+    counts = np.random.default_rng(3).integers(0, 4, size=60)
+    counts[[int(np.flatnonzero(y == c)[0]) for c in range(4)]] = 1  # every class keeps a row
+    settings = dict(method="svi", likelihood="ordinal", batch_size=None, max_iter=20, kernel=RBF(lengthscales=[1.0]),
+                    inducing=X[:8].copy(), kernel_prior=None, random_state=0)
+    weighted = GPClassifier(**settings).fit(X, y, sample_weight=counts)
+    repeated = GPClassifier(**settings).fit(np.repeat(X, counts, axis=0), np.repeat(y, counts))
+    np.testing.assert_allclose(weighted.cut_points_, repeated.cut_points_, rtol=1e-9)
+    np.testing.assert_allclose(weighted.predict_proba(X), repeated.predict_proba(X), rtol=1e-8, atol=1e-10)
+    assert weighted.log_marginal_likelihood_ == pytest.approx(repeated.log_marginal_likelihood_, rel=1e-9)
+
+
+def test_batch_ep_weight_zero_is_the_row_removed():
+    """Batch EP (power EP) with the same kernel and inducing points: rows of weight 0 are the rows removed, the
+    learned cut points and kernel included."""
+    X, y = ordinal_data(60, 16)
+    w = np.ones(60)
+    w[[2, 9, 33]] = 0.0
+    keep = w > 0
+    settings = dict(method="ep", likelihood="ordinal", batch_size=None, max_iter=8, kernel=RBF(lengthscales=[1.0]),
+                    inducing=X[:8].copy(), kernel_prior=None, random_state=0, shuffle=False)
+    weighted = GPClassifier(**settings).fit(X, y, sample_weight=w)
+    removed = GPClassifier(**settings).fit(X[keep], y[keep])
+    np.testing.assert_allclose(weighted.cut_points_, removed.cut_points_, rtol=1e-8)
+    np.testing.assert_allclose(weighted.predict_proba(X), removed.predict_proba(X), rtol=1e-8, atol=1e-10)
+
+
+def test_class_weight_names_the_classes(named):
+    """A class_weight dict names the classes as the user does (the labels travel as their ranks)."""
+    X, labels, order = named
+    settings = dict(likelihood="ordinal", classes=list(order), n_inducing=8, max_iter=5, random_state=0)
+    by_dict = GPClassifier(**settings, class_weight={"best": 3.0}).fit(X, labels)
+    by_weights = GPClassifier(**settings).fit(X, labels, sample_weight=np.where(labels == "best", 3.0, 1.0))
+    np.testing.assert_allclose(by_dict.predict_proba(X), by_weights.predict_proba(X), rtol=1e-12)
+    with pytest.raises(ValueError, match="are not classes of y"):
+        GPClassifier(**settings, class_weight={3: 2.0}).fit(X, labels)
+
+
+def test_exact_model_data_on_disk_and_validation(tmp_path, named):
+    """n_inducing="all" (an inducing point at every row) trains the ordinal model by the inducing-point passes
+    (the exact model's full-GP pass is the probit's); rows on disk (a memmap) give the in-memory model; validation
+    data in the classes' names are scored into the history."""
+    X, labels, order = named
+    exact = GPClassifier(likelihood="ordinal", classes=list(order), n_inducing="all", max_iter=3).fit(X, labels)
+    held = GPClassifier(likelihood="ordinal", classes=list(order), inducing=X.copy(), optimize=("kernel",),
+                        max_iter=3).fit(X, labels)
+    np.testing.assert_allclose(exact.predict_proba(X), held.predict_proba(X), rtol=1e-9, atol=1e-12)
+    path = tmp_path / "X.npy"
+    np.save(path, X)
+    settings = dict(likelihood="ordinal", classes=list(order), n_inducing=8, max_iter=4, random_state=0)
+    on_disk = GPClassifier(**settings).fit(np.load(path, mmap_mode="r"), labels)
+    in_memory = GPClassifier(**settings).fit(X, labels, validation_data=(X[:40], labels[:40]))
+    np.testing.assert_allclose(on_disk.predict_proba(X), in_memory.predict_proba(X), rtol=1e-10, atol=1e-12)
+    nll = in_memory.history_["validation_nll"][-1]
+    proba = in_memory.predict_proba(X[:40])
+    rank = {label: k for k, label in enumerate(order)}
+    truth = np.array([rank[label] for label in labels[:40]])
+    assert nll == pytest.approx(-np.mean(np.log(proba[np.arange(40), truth])), rel=1e-9)
