@@ -200,8 +200,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             takes = " or ".join(repr(name) for name in spec.likelihoods)
             raise ValueError(f"method={self.method!r} {spec.likelihood_reason or 'takes ' + takes}: likelihood must be "
                              f"{takes} or None, got {self.likelihood!r}")
-        if self.likelihood == M.ORDINAL and self.n_jobs not in (None, 1):
-            M.refuse_ordinal("n_jobs")
         if self.classes is not None and self.likelihood != M.ORDINAL:
             raise ValueError("classes= gives the order of ordered classes (likelihood='ordinal'); other models take "
                              f"their classes from y, got classes={self.classes!r} with likelihood={self.likelihood!r}")

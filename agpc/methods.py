@@ -195,18 +195,18 @@ trained by the binary passes of the methods that list it."""
 
 ORDINAL_REFUSALS = MappingProxyType({
     "dask": "fit on a dask array",
-    "n_jobs": "n_jobs > 1 (data-parallel rounds)",
     "partial_fit": "partial_fit (a stream)",
 })
-"""The paths of a method that takes ``likelihood="ordinal"`` where an ordinal model is not trained yet: its cut points
-are initialised from the class frequencies of all the training labels, which these paths do not bring together."""
+"""The paths of a method that takes ``likelihood="ordinal"`` where an ordinal model is not trained yet: its labels
+travel as their ranks in the classes' order and its cut points start from the class counts of all the training
+labels, which these paths do not bring to one place."""
 
 
 def refuse_ordinal(path):
     """One ValueError for an ordinal model on ``path`` (a key of ``ORDINAL_REFUSALS``)."""
-    raise ValueError(f"likelihood='ordinal' is not trained by {ORDINAL_REFUSALS[path]} yet: its cut points start from "
-                     "the class frequencies of all the training labels; fit in one process on an in-memory array or "
-                     "data on disk (docs/ordinal.md)")
+    raise ValueError(f"likelihood='ordinal' is not trained by {ORDINAL_REFUSALS[path]} yet: its labels travel as "
+                     "their ranks and its cut points start from the class counts of all the training labels; fit an "
+                     "in-memory array or data on disk (n_jobs > 1 included; docs/ordinal.md)")
 
 
 _REGISTRY: dict[str, Method] = {}
@@ -391,7 +391,7 @@ def _cell(method, capability):
 
 
 def _likelihood_cell(method):
-    text = " or ".join(f"{name} (ordered classes; not on dask, `n_jobs` or `partial_fit`)" if name == ORDINAL else name
+    text = " or ".join(f"{name} (ordered classes; not on dask or `partial_fit`)" if name == ORDINAL else name
                        for name in method.likelihoods)
     return f"{text}; {method.multiclass_likelihood} (> 2 classes)" if method.multiclass_likelihood else text
 

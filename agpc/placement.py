@@ -97,8 +97,9 @@ class Placement:
         row weights, which data-parallel rounds do not take yet."""
         if self.on_cluster:
             return
-        self.n_jobs = self.estimator.n_jobs_ = n_jobs_for(self.estimator, inputs.xp, inputs.X.shape[0],
-                                                          len(inputs.classes), weighted)
+        latents = 2 if self.estimator.likelihood == M.ORDINAL else len(inputs.classes)  # (ordinal: one latent GP)
+        self.n_jobs = self.estimator.n_jobs_ = n_jobs_for(self.estimator, inputs.xp, inputs.X.shape[0], latents,
+                                                          weighted)
         if self.n_jobs > 1:
             self._pool = W.LocalWorkers(self.n_jobs, preload=("agpc.inference.data_parallel",))
 

@@ -272,8 +272,6 @@ def test_bad_labels_and_refused_paths_are_one_value_error(named):
         GPClassifier(likelihood="ordinal", classes=["poor", "fair", "good"], max_iter=1).fit(X, labels)
     with pytest.raises(ValueError, match="at least two distinct labels"):
         GPClassifier(likelihood="ordinal", classes=["poor", "poor", "fair", "good", "best"], max_iter=1).fit(X, labels)
-    with pytest.raises(ValueError, match="likelihood='ordinal' is not trained by n_jobs"):
-        GPClassifier(method="sep", likelihood="ordinal", n_jobs=2, max_iter=1).fit(X, labels)
     with pytest.raises(ValueError, match="likelihood='ordinal' is not trained by partial_fit"):
         GPClassifier(method="sep", likelihood="ordinal").partial_fit(X, labels)
     with pytest.raises(ValueError, match="classes= gives the order of ordered classes"):
@@ -396,3 +394,15 @@ def test_exact_model_data_on_disk_and_validation(tmp_path, named):
     rank = {label: k for k, label in enumerate(order)}
     truth = np.array([rank[label] for label in labels[:40]])
     assert nll == pytest.approx(-np.mean(np.log(proba[np.arange(40), truth])), rel=1e-9)
+
+
+def test_data_parallel_rounds_train_the_ordinal_model():
+    """n_jobs > 1: minibatch EP's rounds in local worker processes train the one latent GP (another model than
+    n_jobs=1, as for two classes: about as accurate) with ordered cut points."""
+    X, y = ordinal_data(1200, 17)
+    settings = dict(method="ep", likelihood="ordinal", n_inducing=10, batch_size=100, max_iter=2, random_state=0)
+    rounds = GPClassifier(**settings, n_jobs=2, local_steps=4).fit(X, y)
+    single = GPClassifier(**settings).fit(X, y)
+    assert rounds.n_jobs_ == 2 and rounds.kernel_.n_classes == 4
+    assert np.all(np.diff(rounds.cut_points_) > 0)
+    assert abs(np.mean(rounds.predict(X) == y) - np.mean(single.predict(X) == y)) < 0.05
