@@ -59,6 +59,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "all": the exact model.
     kernel : Kernel or None
         Initial kernel. ``None``: ARD RBF, lengthscale_j = std(X_j) sqrt(d), amplitude 1, latent noise 1e-3.
+        ``likelihood="ordinal"``: also an ``agpc.kernels.OrdinalKernel(latent, cut_points)``, to start from those
+        cut points (else they start from the class proportions: docs/ordinal.md).
     backend : "auto", "numpy", "cupy" or an array namespace
         Where to compute ("auto": the input's own namespace and device). Results come back in the caller's type.
     max_iter : int, default=250
@@ -200,6 +202,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             takes = " or ".join(repr(name) for name in spec.likelihoods)
             raise ValueError(f"method={self.method!r} {spec.likelihood_reason or 'takes ' + takes}: likelihood must be "
                              f"{takes} or None, got {self.likelihood!r}")
+        if isinstance(self.kernel, OrdinalKernel) and self.likelihood != M.ORDINAL:
+            raise ValueError("kernel: an OrdinalKernel (a latent kernel and cut points) is the kernel of "
+                             f"likelihood='ordinal', not of likelihood={self.likelihood!r}")
         if self.classes is not None and self.likelihood != M.ORDINAL:
             raise ValueError("classes= gives the order of ordered classes (likelihood='ordinal'); other models take "
                              f"their classes from y, got classes={self.classes!r} with likelihood={self.likelihood!r}")
@@ -250,8 +255,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                                             2 if order is not None else len(classes),
                                             rows=inputs.X if size.at_rows else None)
             if order is not None:
-                start = initial_cut_points(y, len(order), kernel, inputs.sample,
-                                           None if weights is None else B.to_numpy(weights))
+                start = given_cut_points(self.kernel, len(order)) if isinstance(self.kernel, OrdinalKernel) else \
+                    initial_cut_points(y, len(order), kernel, inputs.sample,
+                                       None if weights is None else B.to_numpy(weights))
                 kernel = OrdinalKernel(kernel, start).for_inputs(inputs.sample)
             self.init_time_ = time.perf_counter() - init_started
             validation = None if validation_data is None else I.validation_set(
@@ -272,6 +278,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Initial kernel and inducing points (``rows``: the training rows, held as the exact model's); one of each a
         class for more than two (Villacampa-Calvo & Hernandez-Lobato (2017): one latent function per class)."""
         kernel = self.kernel if self.kernel is not None else self._default_kernel(sample)
+        if isinstance(kernel, OrdinalKernel):  # (an ordinal model's start: its cut points are taken in ``_fit``)
+            kernel = kernel.latent
         if self.kernel_prior == "auto":  # centred on the default kernel's lengthscales (docs/small_data_defaults.md)
             kernel = with_default_priors(kernel, kernel if self.kernel is None else self._default_kernel(sample))
         kernel = kernel.for_inputs(sample)
@@ -520,6 +528,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         tags.classifier_tags.multi_class = M.supports(self.method, "multiclass")
         tags.classifier_tags.poor_score = True
         return tags
+
+
+def given_cut_points(kernel, n_classes):
+    """The cut points an ``OrdinalKernel`` given as ``kernel=`` starts the fit from: K - 1 of them for K classes."""
+    cut_points = B.to_numpy(kernel.cut_points)
+    if cut_points.shape[0] != n_classes - 1:
+        raise ValueError(f"kernel: the OrdinalKernel has {cut_points.shape[0]} cut points, the model's {n_classes} "
+                         f"classes need {n_classes - 1}")
+    return cut_points
 
 
 def initial_cut_points(ranks, n_classes, kernel, sample, weights=None):

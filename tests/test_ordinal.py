@@ -406,3 +406,17 @@ def test_data_parallel_rounds_train_the_ordinal_model():
     assert rounds.n_jobs_ == 2 and rounds.kernel_.n_classes == 4
     assert np.all(np.diff(rounds.cut_points_) > 0)
     assert abs(np.mean(rounds.predict(X) == y) - np.mean(single.predict(X) == y)) < 0.05
+
+
+def test_a_given_ordinal_kernel_sets_the_start(named):
+    """kernel=OrdinalKernel(latent, cut_points) starts the fit from those cut points (optimize=False: they stay);
+    the wrong number of cut points, or an OrdinalKernel for another likelihood, is one ValueError."""
+    X, labels, order = named
+    start = OrdinalKernel(RBF(lengthscales=[1.0]), [-2.0, 0.0, 0.5])
+    fixed = GPClassifier(likelihood="ordinal", classes=list(order), kernel=start, optimize=False, n_inducing=8,
+                         max_iter=3, random_state=0).fit(X, labels)
+    np.testing.assert_allclose(fixed.cut_points_, [-2.0, 0.0, 0.5], rtol=1e-12)
+    with pytest.raises(ValueError, match="has 2 cut points, the model's 4 classes need 3"):
+        GPClassifier(likelihood="ordinal", kernel=OrdinalKernel(RBF(), [0.0, 1.0]), max_iter=1).fit(X, labels)
+    with pytest.raises(ValueError, match="is the kernel of likelihood='ordinal'"):
+        GPClassifier(kernel=start, max_iter=1).fit(X, labels)
