@@ -545,8 +545,8 @@ def initial_cut_points(ranks, n_classes, kernel, sample, weights=None):
     removed; each count plus 1/2, so that a class absent from y still has an interval of its own and no cut point
     is infinite) through the probit, scaled by the spread of f + noise under the prior
     (s^2: the kernel's mean prior variance at the sample rows). With f at its prior mean 0 the model's class
-    probabilities are then the training proportions, p(y < j) = Phi(b_j / sqrt(1 + s^2)) (Chu & Ghahramani (2005),
-    eq. 16 at f ~ N(0, s^2)), so the first steps learn the latent rather than undo a wrong bias."""
+    probabilities are then the training proportions, p(y < j) = Phi(b_j / sqrt(1 + s^2)) (Chu & Ghahramani (2005)'s
+    predictive at f ~ N(0, s^2)), so the first steps learn the latent rather than undo a wrong bias."""
     counts = np.bincount(np.asarray(ranks, dtype=np.int64), weights=weights, minlength=n_classes) + 0.5
     cumulative = np.cumsum(counts)[:-1] / np.sum(counts)
     spread = math.sqrt(1.0 + float(np.mean(B.to_numpy(kernel.Kdiag(sample)))))

@@ -781,7 +781,7 @@ class Product(Combination):
 
 class OrdinalKernel(Kernel):
     """The latent GP's kernel of an ordinal model together with its likelihood's cut points b_1 < ... < b_{K-1}
-    (Chu & Ghahramani (2005), eq. 3; ``agpc.likelihoods.Ordinal``): covariances are the latent kernel's; the
+    (Chu & Ghahramani (2005), the ordinal probit; ``agpc.likelihoods.Ordinal``): covariances are the latent kernel's; the
     parameters are the latent kernel's plus ``first_cut_point`` (b_1, stored as it is) and ``log_cut_gaps``
     (log(b_{j+1} - b_j), K - 2 of them), a parameterisation in which every step of the optimisers keeps the cut
     points ordered. The cut points ride with the kernel's parameters so that everything that steps, checks,

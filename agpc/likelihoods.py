@@ -9,9 +9,9 @@
   (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 13, after Hensman et al. (2015b)): the multiclass
   variational baseline's expected log density (their eq. 11 by quadrature) and predictive.
 - :class:`Ordinal` p(y = k | f) = Phi(b_k - f) - Phi(b_{k-1} - f), b_0 = -inf < b_1 < ... < b_K = +inf
-  (Chu & Ghahramani (2005), "Gaussian processes for ordinal regression", JMLR 6, eq. 3 with unit noise): EP's
-  tilted moments in closed form (their eqs. 11-13's integrals, as for the probit), the derivatives in the cut
-  points, the expected log density by quadrature (SVI) and the predictive in closed form (their eq. 16).
+  (Chu & Ghahramani (2005), "Gaussian processes for ordinal regression", JMLR 6, with unit noise): EP's tilted
+  moments in closed form (as for the probit), the derivatives in the cut points, the expected log density by
+  quadrature (SVI) and the predictive in closed form.
 
 Every expectation under a Gaussian goes through :class:`NormalQuadrature` (E_{N(f | m, s^2)} g(f) ~
 sum_k w_k g(m + sqrt(2) s x_k) with Gauss-Hermite nodes x_k and weights w_k / sqrt(pi)).
@@ -339,7 +339,7 @@ def interval_log_probability(lower, upper, mean, variance):
 class Ordinal(Likelihood):
     """p(y = k | f) = Phi(b_{k+1} - f) - Phi(b_k - f) for classes k = 0, ..., K-1 in their order, cut points
     b_1 < ... < b_{K-1} (``cut_points``, an array) and b_0 = -inf, b_K = +inf: the ordinal probit likelihood of
-    Chu & Ghahramani (2005), eq. 3, with the noise variance fixed at 1 (as the probit's: the kernel's amplitude
+    Chu & Ghahramani (2005), with the noise variance fixed at 1 (as the probit's: the kernel's amplitude
     sets the scale). Labels ``y`` are class indices 0..K-1 (floats, as the passes carry labels), except for K = 2,
     where they are the binary encoding -1 / +1 (class 0 / class 1)."""
 
@@ -386,8 +386,8 @@ class Ordinal(Likelihood):
 
     def site_terms(self, y, mean, variance):
         """log Z = log(Phi(z_hi) - Phi(z_lo)), z = (b - a) / sqrt(b_tot), for the cavity N(f | a, b_tot - 1) and its
-        derivatives (Chu & Ghahramani (2005), eqs. 11-13 for the tilted moments; the derivatives in the cut points,
-        their eq. 17, for the gradient). With r = N(z) / Z:
+        derivatives (Chu & Ghahramani (2005)'s EP: the tilted moments, and the derivatives in the cut points for the
+        gradient). With r = N(z) / Z:
 
             alpha = (r_lo - r_hi) / sqrt(b_tot),   kappa = -2 d log Z / d b_tot = (z_hi r_hi - z_lo r_lo) / b_tot,
             gamma = -d^2 log Z / da^2 = alpha^2 + kappa,
@@ -436,7 +436,7 @@ class Ordinal(Likelihood):
         return self.expected_log_density_with_cuts(y, mean, var, n_quadrature)[:3]
 
     def class_log_proba(self, mean, var):
-        """log p(y = k | x), (n, K), for f ~ N(mean, var): Chu & Ghahramani (2005), eq. 16, closed form,
+        """log p(y = k | x), (n, K), for f ~ N(mean, var): Chu & Ghahramani (2005)'s predictive, closed form,
         log(Phi((b_{k+1} - mean) / sqrt(1 + var)) - Phi((b_k - mean) / sqrt(1 + var)))."""
         xp = array_namespace(mean)
         columns = []
