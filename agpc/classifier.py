@@ -232,13 +232,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop."""
         I.check_fit_paths(self, X, y, resume, weighted=sample_weight is not None)
         self.__dict__.pop("_trainer", None)
-        order = None  # an ordinal model's classes, in their order (its labels travel as ranks)
-        if self.likelihood == M.ORDINAL:
-            if B.is_dask_array(X) or B.is_dask_array(y):
-                M.refuse_ordinal("dask")
-            y, order = I.ordinal_labels(self, y)
-            if validation_data is not None:
-                validation_data = (validation_data[0], I.ordinal_labels(self, validation_data[1], order)[0])
+        order, y, validation_data = self._ordinal_ranks(X, y, validation_data)
         with placement.Placement(self, X) as place:
             inputs = place.training_inputs(X, y, target_xp, classes=None if order is None else np.arange(len(order)))
             n, classes = inputs.X.shape[0], inputs.classes
@@ -255,10 +249,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                                             2 if order is not None else len(classes),
                                             rows=inputs.X if size.at_rows else None)
             if order is not None:
-                start = given_cut_points(self.kernel, len(order)) if isinstance(self.kernel, OrdinalKernel) else \
-                    initial_cut_points(y, len(order), kernel, inputs.sample,
-                                       None if weights is None else B.to_numpy(weights))
-                kernel = OrdinalKernel(kernel, start).for_inputs(inputs.sample)
+                kernel = self._ordinal_kernel(kernel, y, len(order), inputs.sample, weights)
             self.init_time_ = time.perf_counter() - init_started
             validation = None if validation_data is None else I.validation_set(
                 self, validation_data, classes, inputs.xp, inputs.device, client=inputs.client)
@@ -269,6 +260,27 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             result = self._train(placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash,
                                  plateau, weights)
         return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume))
+
+    def _ordinal_ranks(self, X, y, validation_data):
+        """An ordinal model's (classes in their order, y and validation_data with their labels as ranks); (None, y,
+        validation_data) for another model. Dask arrays are refused (``methods.refuse_ordinal``)."""
+        if self.likelihood != M.ORDINAL:
+            return None, y, validation_data
+        if B.is_dask_array(X) or B.is_dask_array(y):
+            M.refuse_ordinal("dask")
+        ranks, order = I.ordinal_labels(self, y)
+        if validation_data is not None:
+            validation_data = (validation_data[0], I.ordinal_labels(self, validation_data[1], order)[0])
+        return order, ranks, validation_data
+
+    def _ordinal_kernel(self, kernel, ranks, n_classes, sample, weights):
+        """The initial latent ``kernel`` with an ordinal model's starting cut points: those of an ``OrdinalKernel``
+        given as ``kernel=``, else from the weighted class counts (``initial_cut_points``)."""
+        if isinstance(self.kernel, OrdinalKernel):
+            start = given_cut_points(self.kernel, n_classes)
+        else:
+            start = initial_cut_points(ranks, n_classes, kernel, sample, None if weights is None else B.to_numpy(weights))
+        return OrdinalKernel(kernel, start).for_inputs(sample)
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
         """Rows a step of a fit on n rows (``agpc.batch_size.rows_per_step``)."""
