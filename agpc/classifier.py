@@ -16,6 +16,7 @@ from . import batch_size as batch_rows
 from . import inputs as I
 from . import inspection
 from . import methods as M
+from . import ordinal as O
 from . import placement
 from . import prediction as P
 from . import size_rule
@@ -24,7 +25,7 @@ from . import uncertainty as U
 from . import validation as V
 from .inducing import initial_inducing_points
 from .inference import training
-from .kernels import ClassKernels, Kernel, with_default_priors
+from .kernels import ClassKernels, Kernel, OrdinalKernel, with_default_priors
 from .model_file import FIT_RECORD, FittedState, read_model_file, unpickled_state, write_model_file
 
 __all__ = ["GPClassifier"]
@@ -58,6 +59,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "all": the exact model.
     kernel : Kernel or None
         Initial kernel. ``None``: ARD RBF, lengthscale_j = std(X_j) sqrt(d), amplitude 1, latent noise 1e-3.
+        Ordinal: also ``agpc.kernels.OrdinalKernel(latent, cut_points)``, to start from those cut points.
     backend : "auto", "numpy", "cupy" or an array namespace
         Where to compute ("auto": the input's own namespace and device). Results come back in the caller's type.
     max_iter : int, default=250
@@ -80,8 +82,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         stop when the validation NLL has not improved by ``tol`` for this many scores, keeping the best state.
     inducing : "kmeans", "random" or array of shape (m, d)
         Initial inducing points.
-    likelihood : None, "probit" or "logistic"
-        EP methods: probit; "svi": either (default probit); ``vi-*``: logistic.
+    likelihood : None, "probit", "logistic" or "ordinal"
+        EP methods: probit; "svi": either (default probit); ``vi-*``: logistic. "ordinal" (EP, SEP, ADF, SVI): ordered
+        classes, one latent GP and learned cut points (Chu & Ghahramani 2005; docs/ordinal.md).
     n_quadrature : int, default=20
         Gauss-Hermite nodes for SVI's expected log-likelihood and logistic predictions.
     optimize : True, False or a tuple of "kernel" / "inducing"
@@ -122,11 +125,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         MAP instead of maximum likelihood (docs/small_data_defaults.md). ``None``: only the kernel's own priors.
     class_weight : None, "balanced" or dict
         Weights of the classes, multiplied into ``fit``'s ``sample_weight`` (scikit-learn's meanings; docs/weights.md).
+    classes : array-like or None, default=None
+        ``likelihood="ordinal"``: the classes in their order, lowest first (``None``: y's sorted distinct labels); a
+        label of y not among them is refused. ``classes_`` keeps this order.
 
     Attributes
     ----------
     classes_, n_features_in_, n_iter_ : the classes, the number of features, the iterations (or epochs) trained
-    kernel_, inducing_points_ : the learned kernel and inducing points (m, d); ``(C, m, d)`` for C classes
+    kernel_, inducing_points_ : the learned kernel and inducing points (m, d); ``(C, m, d)`` for C classes; an
+        ordinal model's ``kernel_`` is an ``agpc.kernels.OrdinalKernel``, with the cut points (``cut_points_``)
     log_marginal_likelihood_ : float, log Z_q at the end of training
     history_ : dict of lists, per iteration or epoch: "log_marginal_likelihood", "time", "n_invalid_sites",
         "damping", "n_steps"; with validation data "validation_step", "validation_nll", "validation_error"
@@ -163,6 +170,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "dtype": [V.FloatingType(*I.DTYPES)], "block_rows": [V.NONE, _COUNT],
         "step_replay": [V.Boolean()], "kernel_prior": [V.NONE, V.Options("auto")],
         "class_weight": [V.NONE, V.Options("balanced"), V.InstanceOf(dict, description="a dict of class: weight")],
+        "classes": [V.NONE, V.InstanceOf(list, tuple, np.ndarray, description="a list of the classes in their order")],
     }
 
     def __init__(self, method="ep", n_inducing="auto", kernel=None, backend="auto", max_iter=250, damping=None,
@@ -170,7 +178,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                  n_iter_no_change=None, inducing="kmeans", likelihood=None, n_quadrature=20, optimize=True,
                  jitter=1e-6, tol=1e-6, random_state=None, verbose=False, client=None, local_steps=None,
                  n_jobs=None, checkpoint_path=None, checkpoint_every=None, site_directory=None, blas_threads=None,
-                 dtype="float64", block_rows=None, step_replay=False, kernel_prior="auto", class_weight=None):
+                 dtype="float64", block_rows=None, step_replay=False, kernel_prior="auto", class_weight=None,
+                 classes=None):
         parameters = dict(locals())  # every parameter stored as given, nothing else (scikit-learn's rule)
         del parameters["self"]
         vars(self).update(parameters)
@@ -181,17 +190,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         V.validate_params(self.get_params(deep=False), self._parameter_constraints, type(self).__name__)
         if self.checkpoint_every is not None and self.checkpoint_path is None:
             raise ValueError(I.NEEDS_CHECKPOINT_PATH)
-        spec = M.get_method(self.method)
-        if self.n_jobs not in (None, 1) and not spec.supports("n_jobs"):
-            raise ValueError(spec.refusal("n_jobs", f"n_jobs > 1 trains the methods "
-                                                    f"{list(M.methods_supporting('n_jobs'))} in worker processes, not "
-                                                    f"{self.method!r}: use n_jobs=1"))
-        if spec.check_params is not None:  # the method's own rules between parameters
-            spec.check_params(self.get_params(deep=False))
-        if self.likelihood is not None and self.likelihood not in spec.likelihoods:
-            takes = " or ".join(repr(name) for name in spec.likelihoods)
-            raise ValueError(f"method={self.method!r} {spec.likelihood_reason or 'takes ' + takes}: likelihood must be "
-                             f"{takes} or None, got {self.likelihood!r}")
+        M.check_method_params(self.get_params(deep=False))
+        O.check_params(self)
         if self.step_replay:
             warnings.warn("step_replay is deprecated and has no effect (it will be removed): CuPy refuses cuBLAS and "
                           "cuSOLVER calls during CUDA-graph capture, so a training step cannot be replayed from a "
@@ -216,19 +216,23 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop."""
         I.check_fit_paths(self, X, y, resume)
         self.__dict__.pop("_trainer", None)
+        order, y, validation_data = O.labels_as_ranks(self, X, y, validation_data)
         with placement.Placement(self, X) as place:
-            inputs = place.training_inputs(X, y, target_xp)
+            inputs = place.training_inputs(X, y, target_xp, classes=None if order is None else np.arange(len(order)))
             n, classes = inputs.X.shape[0], inputs.classes
             size = size_rule.estimator_model_size(self, n, len(classes), rows_known=not (
                 place.on_cluster or B.is_out_of_core(inputs.X)))
             if size.at_rows:  # the exact model's inducing points are its rows: they stay there
                 groups = tuple(group for group in groups if group != "inducing")
             place.start(inputs)  # (n_jobs_)
-            weights = place.training_weights(sample_weight, inputs)
+            weights = place.training_weights(sample_weight, inputs, class_labels=order)
             rng = B.host_rng(self.random_state)
             init_started = time.perf_counter()
-            kernel, Z = self._initial_model(inputs.sample, size.n_inducing, rng, len(classes),
+            kernel, Z = self._initial_model(inputs.sample, size.n_inducing, rng,
+                                            2 if order is not None else len(classes),
                                             rows=inputs.X if size.at_rows else None)
+            if order is not None:
+                kernel = O.start_kernel(self, kernel, y, len(order), inputs.sample, weights)
             self.init_time_ = time.perf_counter() - init_started
             validation = None if validation_data is None else I.validation_set(
                 self, validation_data, classes, inputs.xp, inputs.device, client=inputs.client)
@@ -238,7 +242,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             plateau = size_rule.exact_plateau(n) if size.at_rows else None  # (the sparse models run max_iter steps)
             result = self._train(placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash,
                                  plateau)
-        return self._fitted_from(result, classes, started, n, resumed=bool(resume))
+        return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume))
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
         """Rows a step of a fit on n rows (``agpc.batch_size.rows_per_step``)."""
@@ -247,7 +251,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def _initial_model(self, sample, m, rng, n_classes=2, rows=None):
         """Initial kernel and inducing points (``rows``: the training rows, held as the exact model's); one of each a
         class for more than two (Villacampa-Calvo & Hernandez-Lobato (2017): one latent function per class)."""
-        kernel = self.kernel if self.kernel is not None else self._default_kernel(sample)
+        kernel = O.latent_kernel(self.kernel) if self.kernel is not None else self._default_kernel(sample)
         if self.kernel_prior == "auto":  # centred on the default kernel's lengthscales (docs/small_data_defaults.md)
             kernel = with_default_priors(kernel, kernel if self.kernel is None else self._default_kernel(sample))
         kernel = kernel.for_inputs(sample)
@@ -279,7 +283,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             jitter=self._jitter_for(Z), optimize=groups,
             block_rows=self.block_rows if placed.block_rows is None else placed.block_rows,
             damping=None if self.damping is None else float(self.damping), optimizer=self.optimizer,
-            learning_rate=self.learning_rate, likelihood=None if len(classes) > 2 else self.likelihood_,
+            learning_rate=self.learning_rate,
+            likelihood=self.likelihood_ if len(classes) <= 2 or self.likelihood_ == M.ORDINAL else None,
             n_quadrature=int(self.n_quadrature), tol=float(self.tol),
         )
         settings, options = training.with_overrides(settings, options,
@@ -328,9 +333,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         call sets the classes, kernel and inducing points; a fitted or loaded model continues (what may not change
         since, and ``n_total``, the rows the model stands for: docs/usage.md). ``sample_weight``: docs/weights.md."""
         groups, target_xp = self._check_params()
-        if (self.checkpoint_path is not None or self.checkpoint_every is not None) and not hasattr(self, "_trainer"):
-            warnings.warn("partial_fit writes no checkpoints (checkpoint_path / checkpoint_every apply to fit); save "
-                          "a stream model with save() or pickle it between calls", UserWarning, stacklevel=2)
+        S.check_stream_params(self, streaming=hasattr(self, "_trainer"))
         with placement.blas_scope(self, X), B.jitter_report("GPClassifier.partial_fit"):
             return self._partial_fit(X, y, classes, n_total, groups, target_xp, sample_weight)
 
@@ -399,6 +402,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Predictive entropy and its aleatoric and epistemic (BALD) parts per row, in nats: ``agpc.uncertainty``."""
         return U.model_uncertainty(self, X, method)
 
+    @property
+    def cut_points_(self):
+        """An ordinal model's cut points b_1 < ... < b_{K-1} (NumPy), from ``kernel_``."""
+        check_is_fitted(self, "posterior_")
+        if not isinstance(self.kernel_, OrdinalKernel):
+            raise AttributeError("cut_points_: only an ordinal model (likelihood='ordinal') has cut points")
+        return B.to_numpy(self.kernel_.cut_points)
+
     def decision_function(self, X):
         """Binary: the predictive log-odds log p(classes_[1] | x) - log p(classes_[0] | x), shape (n_samples,),
         which ranks rows as ``predict_proba`` does. Multiclass: the log-probabilities, (n_samples, n_classes)."""
@@ -412,16 +423,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if B.is_dask_array(X):
             return P.lazy(self, "predict", X, None, np.asarray(self.classes_).dtype)
         check_is_fitted(self, "posterior_")
-        if len(self.classes_) > 2:
-            log_p, in_xp, device = P.log_proba_matrix(self, X)
-            index = B.to_numpy(B.array_namespace(log_p).argmax(log_p, axis=1))
-        else:
-            Xc, in_xp, device = P.checked_rows(self, X)
-            mean, _ = P.model_latent(self, Xc)
-            index = B.to_numpy(mean > 0).astype(np.intp)
-        labels = self.classes_[index]  # (in the caller's array type where it holds them: numbers)
-        numeric = in_xp is not None and labels.dtype.kind in "biuf"
-        return B.asarray_like(labels, in_xp, device=device) if numeric else labels
+        return P.most_probable_labels(self, X)
 
     def score(self, X, y, sample_weight=None):
         """Mean accuracy on (X, y), weighted by ``sample_weight`` when given."""

@@ -28,7 +28,7 @@ from . import validation as V
 from .kernels import RBF
 from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
 from .inference.training import data_fingerprint, fingerprint_stride
-from .methods import get_method, methods_supporting, supports
+from .methods import ORDINAL, get_method, methods_supporting, supports
 from .model_file import MAX_LABEL_BYTES
 
 __all__ = [
@@ -202,6 +202,8 @@ def check_classes(estimator, found, classes=None):
     if classes.shape[0] < 2:
         raise ValueError(f"y has only one class ({classes[0]!r}): a classifier needs two classes to learn")
     method = get_method(estimator.method)
+    if estimator.likelihood == ORDINAL:  # one latent GP whatever the number of (ordered) classes
+        return classes
     if classes.shape[0] > 2 and not method.supports("multiclass"):
         raise ValueError(f"y has {classes.shape[0]} classes but method={method.name!r} is binary only: the multiclass "
                          f"model is trained by {list(methods_supporting('multiclass'))}")
@@ -241,6 +243,34 @@ def host_targets(estimator, y, n_rows, classes=None):
     check_target_shape(y_host.shape, n_rows)
     check_classification_targets(y_host)
     return check_classes(estimator, np.unique(y_host), classes), y_host
+
+
+def ordinal_labels(estimator, y, order=None):
+    """An ordinal model's labels as ranks (0 .. K-1, int64, on the host) in the order of ``order`` (default: the
+    estimator's ``classes``, else y's sorted distinct labels), and that order (a NumPy array): the classes of an
+    ordinal model are ordered, and its labels travel as their ranks (whose sorted order is the model's). A label
+    not among the classes, or classes given twice or fewer than two, is one ValueError."""
+    if y is None:
+        raise ValueError(f"{type(estimator).__name__} requires y to be passed, but the target y is None")
+    y_host = V.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y))
+    if y_host.ndim == 2 and y_host.shape[1] == 1:
+        y_host = column_or_1d(y_host, warn=True)
+    if order is None:
+        given = getattr(estimator, "classes", None)
+        order = np.unique(y_host) if given is None else V.check_labels(given, what="classes")
+        if order.ndim != 1 or np.unique(order).shape[0] != order.shape[0] or order.shape[0] < 2:
+            raise ValueError(f"classes must list at least two distinct labels, in their order, got {order.tolist()}")
+    _check_label_length(order)
+    sorter = np.argsort(order, kind="stable")
+    try:
+        position = np.clip(np.searchsorted(order[sorter], y_host), 0, order.shape[0] - 1)
+        known = order[sorter][position] == y_host
+    except TypeError:  # labels of another kind than the classes (strings against numbers)
+        known = np.zeros(y_host.shape, dtype=bool)
+        position = np.zeros(y_host.shape, dtype=np.intp)
+    if not np.all(known):
+        raise ValueError(f"y contains labels {np.unique(y_host[~known]).tolist()} not in classes {order.tolist()}")
+    return sorter[position].astype(np.int64), order
 
 
 def check_known_shapes(X, y=None):
@@ -505,12 +535,13 @@ def check_n_total(n_total, rows):
                          f"of rows the model stands for), got {n_total!r}")
 
 
-def training_weights(estimator, sample_weight, inputs, *, every_class=True):
+def training_weights(estimator, sample_weight, inputs, *, every_class=True, class_labels=None):
     """The rows' weights for the training loop: ``sample_weight`` (checked, ``validation.check_sample_weight``)
     times ``class_weight``'s weight of each row's class (``class_weights``), as an array of the compute namespace and
     dtype; None when neither is given (the unweighted fit, unchanged). A method that does not weight the rows refuses
     them here, with one ValueError naming it (docs/weights.md). ``every_class``: each class needs a row of positive
-    weight (a fit's rows; not one ``partial_fit`` call's, which need not hold every class). Rows on a cluster:
+    weight (a fit's rows; not one ``partial_fit`` call's, which need not hold every class). ``class_labels``: the
+    classes as the user names them, when the labels travel as their ranks (an ordinal model's). Rows on a cluster:
     ``dask_inputs.training_weights``."""
     if sample_weight is None and estimator.class_weight is None:
         return None
@@ -518,7 +549,8 @@ def training_weights(estimator, sample_weight, inputs, *, every_class=True):
     weights = np.ones(n) if sample_weight is None else V.check_sample_weight(sample_weight, n)
     encoded = B.to_numpy(inputs.y[0:n])  # (labels on disk: read once, as the n weights are held in memory)
     class_index = row_classes(encoded, len(inputs.classes))
-    per_class = class_weights(estimator, inputs.classes, np.bincount(class_index, minlength=len(inputs.classes)))
+    per_class = class_weights(estimator, inputs.classes, np.bincount(class_index, minlength=len(inputs.classes)),
+                              class_labels)
     if per_class is not None:
         weights = weights * per_class[class_index]
     if every_class:
@@ -533,17 +565,22 @@ def row_classes(encoded, n_classes):
     return (encoded > 0).astype(np.intp) if n_classes == 2 else encoded.astype(np.intp)
 
 
-def class_weights(estimator, classes, counts):
+def class_weights(estimator, classes, counts, class_labels=None):
     """``class_weight``'s weight of each class (None without one), scikit-learn's meanings: "balanced" is
     n / (n_classes * count of the class) (``sklearn.utils.class_weight.compute_class_weight``'s formula, from the
-    classes' ``counts``), a dict maps classes to weights, the others 1."""
+    classes' ``counts``), a dict maps classes to weights, the others 1. ``class_labels``: the user's names of
+    ``classes`` when the labels travel as ranks (an ordinal model's), which a dict's keys name."""
     class_weight = estimator.class_weight
     if class_weight is None:
         return None
-    if isinstance(class_weight, dict) and set(class_weight) - set(classes.tolist()):
-        unknown = sorted(set(class_weight) - set(classes.tolist()), key=repr)
+    named = classes if class_labels is None else np.asarray(class_labels)
+    if isinstance(class_weight, dict) and set(class_weight) - set(named.tolist()):
+        unknown = sorted(set(class_weight) - set(named.tolist()), key=repr)
         raise ValueError(f"class_weight={class_weight!r}: {unknown} are not classes of y (its classes: "
-                         f"{classes.tolist()})")
+                         f"{named.tolist()})")
+    if isinstance(class_weight, dict) and class_labels is not None:  # keyed by the ranks the labels travel as
+        class_weight = {rank: class_weight[label] for rank, label in zip(classes.tolist(), named.tolist())
+                        if label in class_weight}
     if isinstance(class_weight, str):  # ("balanced": the parameter checks allow no other string)
         return np.sum(counts) / (len(classes) * np.asarray(counts, dtype=np.float64))
     try:

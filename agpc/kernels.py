@@ -36,6 +36,8 @@ __all__ = [
     "Sum",
     "Product",
     "ClassKernels",
+    "OrdinalKernel",
+    "ORDINAL_KERNEL",
     "KERNELS",
     "kernel_from_spec",
     "spec_parameter_table",
@@ -48,7 +50,8 @@ __all__ = [
 
 SCALAR = "scalar"
 PER_DIMENSION = "per_dimension"  # one value per input dimension (ARD); a single value broadcasts at first use
-LOG = "log"  # stored u = log(value), value = exp(u); the only transform so far (every parameter is positive)
+LOG = "log"  # stored u = log(value), value = exp(u) (a positive parameter)
+IDENTITY = "identity"  # stored as it is (the first cut point of an ordinal model: any real number)
 
 LATENT_NOISE_FLOOR = 1e-6
 """The least latent noise variance a fit steps to. Negligible beside the probit's (or the logistic's) own unit of
@@ -78,18 +81,21 @@ class Parameter:
     may_be_zero: bool = False
     prior: Prior | None = None
     lower: float | None = None
+    length: int | None = None  # a vector of this many entries whatever the inputs (an ordinal model's cut gaps)
 
     @property
     def key(self):
-        return f"{self.transform}_{self.name}"
+        return self.name if self.transform == IDENTITY else f"{self.transform}_{self.name}"
 
     def stored(self, value):
         """The unconstrained value of a positive ``value`` (a Python float)."""
+        if self.transform == IDENTITY:
+            return value
         return math.log(value) if value > 0 else -math.inf
 
     def value(self, stored):
         """The constrained value of a stored array."""
-        return array_namespace(stored).exp(stored)
+        return stored if self.transform == IDENTITY else array_namespace(stored).exp(stored)
 
     def log_prior_and_grad(self, stored):
         """log p_u(u) = log p(theta) + log |d theta / d u| summed over the entries, and its gradient w.r.t. u
@@ -773,13 +779,126 @@ class Product(Combination):
         return list(zip(mm, nm, diag))
 
 
+class OrdinalKernel(Kernel):
+    """The latent GP's kernel of an ordinal model together with its likelihood's cut points b_1 < ... < b_{K-1}
+    (Chu & Ghahramani (2005), the ordinal probit; ``agpc.likelihoods.Ordinal``): covariances are the latent kernel's; the
+    parameters are the latent kernel's plus ``first_cut_point`` (b_1, stored as it is) and ``log_cut_gaps``
+    (log(b_{j+1} - b_j), K - 2 of them), a parameterisation in which every step of the optimisers keeps the cut
+    points ordered. The cut points ride with the kernel's parameters so that everything that steps, checks,
+    checkpoints and saves kernel parameters does the same for them; their gradient comes from the likelihood
+    (the passes add it: ``grads`` here gives them 0, the kernel matrices not depending on them)."""
+
+    name = "Ordinal"
+    parameters = (Parameter("first_cut_point", transform=IDENTITY), Parameter("cut_gaps"))
+
+    def __init__(self, latent, cut_points):
+        if not isinstance(latent, Kernel) or isinstance(latent, OrdinalKernel):
+            raise TypeError(f"OrdinalKernel wraps an agpc kernel, got {latent!r}")
+        values = [float(v) for v in to_numpy(cut_points).reshape(-1)]
+        if not values or not all(math.isfinite(v) for v in values) or any(b <= a for a, b in zip(values, values[1:])):
+            raise ValueError(f"cut points must be finite and increasing (at least one), got {values}")
+        self.latent = latent
+        self.own = {"first_cut_point": host_array(values[0]),
+                    "log_cut_gaps": host_array([math.log(b - a) for a, b in zip(values, values[1:])])}
+
+    @classmethod
+    def _from_parts(cls, latent, own):
+        kernel = cls.__new__(cls)
+        kernel.latent, kernel.own = latent, dict(own)
+        return kernel
+
+    @property
+    def n_classes(self):
+        return int(self.own["log_cut_gaps"].shape[0]) + 2
+
+    @cached_property
+    def cut_points(self):
+        """b_1, ..., b_{K-1}: the first cut point and the running sums of the gaps after it."""
+        first, log_gaps = self.own["first_cut_point"], self.own["log_cut_gaps"]
+        xp = array_namespace(first)
+        return xp.concat([xp.reshape(first, (1,)), first + xp.cumulative_sum(xp.exp(log_gaps))]) \
+            if log_gaps.shape[0] else xp.reshape(first, (1,))
+
+    def cut_point_grads(self, d_cuts):
+        """{parameter key: gradient} from the gradient in the cut points b_1..b_{K-1}: b_j = b_1 + sum_{l < j}
+        exp(g_l), so d/d b_1 = sum_j d_j and d/d g_l = exp(g_l) sum_{j > l} d_j."""
+        xp = array_namespace(d_cuts)
+        later = xp.flip(xp.cumulative_sum(xp.flip(d_cuts)))  # sum_{j >= i} d_j
+        return {"first_cut_point": xp.sum(d_cuts), "log_cut_gaps": xp.exp(self.own["log_cut_gaps"]) * later[1:]}
+
+    @property
+    def params(self):
+        return {**self.latent.params, **self.own}
+
+    @property
+    def priors(self):
+        return self.latent.priors
+
+    def parameter_table(self):
+        table = self.latent.parameter_table()
+        first, gaps = self.parameters
+        table[first.key] = first
+        table[gaps.key] = replace(gaps, length=self.n_classes - 2)
+        return table
+
+    def with_params(self, params):
+        latent = self.latent.with_params({key: params[key] for key in self.latent.params})
+        return self._from_parts(latent, {key: params[key] for key in self.own})
+
+    def for_inputs(self, X):
+        xp = array_namespace(X)
+        own = {k: asarray_like(v, xp, device=array_device(X), dtype=X.dtype) for k, v in self.own.items()}
+        return self._from_parts(self.latent.for_inputs(X), own)
+
+    def spec(self):
+        return {"type": self.name, "latent": self.latent.spec(), "classes": self.n_classes}
+
+    def __repr__(self):
+        cuts = ", ".join(f"{float(v):.6g}" for v in to_numpy(self.cut_points))
+        return f"Ordinal({self.latent!r}, cut_points=[{cuts}])"
+
+    @property
+    def noise(self):
+        return self.latent.noise
+
+    @property
+    def reach_lengthscales(self):
+        return self.latent.reach_lengthscales
+
+    def without_noise(self):
+        return self._from_parts(self.latent.without_noise(), self.own)
+
+    def K(self, X, Z=None, *, out=None):
+        return self.latent.K(X, Z, out=out)
+
+    def Kdiag(self, X):
+        return self.latent.Kdiag(X)
+
+    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None, Kmm=None, *, overwrite=False):
+        """The latent kernel's gradients, and 0 for the cut points (the likelihood's part is added by the passes)."""
+        out = self.latent.grads(dKmm, dKnm, dKdiag, X, Z, Knm=Knm, Kmm=Kmm, overwrite=overwrite)
+        xp = array_namespace(Z)
+        out.update({key: xp.zeros_like(value) for key, value in self.own.items()})
+        return out
+
+
+ORDINAL_KERNEL = OrdinalKernel.name
 KERNELS = {cls.name: cls for cls in (RBF, Matern52, RationalQuadratic, Sum, Product)}
 MAX_SPEC_DEPTH = 8  # a file's kernel description nests sums and products at most this deep
+MAX_SPEC_CLASSES = 1 << 16  # an ordinal description's classes (its cut points are K - 1 numbers in the file)
 
 
 def _template(spec, depth=0):
     """A kernel of the structure and priors ``spec`` describes (parameter values are placeholders). Only names of
-    ``KERNELS`` and of agpc.priors.PRIOR_FAMILIES are accepted: a model file never names code."""
+    ``KERNELS`` and of agpc.priors.PRIOR_FAMILIES are accepted: a model file never names code. An ordinal model's
+    description ("Ordinal": its latent kernel's and its number of classes) is accepted at the top only."""
+    if depth == 0 and isinstance(spec, dict) and spec.get("type") == ORDINAL_KERNEL:
+        classes = spec.get("classes")
+        if set(spec) != {"type", "latent", "classes"} or not (isinstance(classes, int) and not isinstance(
+                classes, bool) and 2 <= classes <= MAX_SPEC_CLASSES):
+            raise ValueError(f"kernel specification {spec!r}: an Ordinal kernel has the fields type, latent and "
+                             f"classes (2 to {MAX_SPEC_CLASSES})")
+        return OrdinalKernel(_template(spec["latent"], depth + 1), [float(k) for k in range(classes - 1)])
     cls = KERNELS.get(spec.get("type")) if isinstance(spec, dict) and isinstance(spec.get("type"), str) else None
     if cls is None or depth > MAX_SPEC_DEPTH:
         raise ValueError(f"unknown kernel specification {spec!r}; known kernels: {sorted(KERNELS)}")

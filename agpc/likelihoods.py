@@ -8,6 +8,10 @@
 - :class:`RobustMax` p(y | f) = 1 - epsilon if y = argmax_c f_c, epsilon / (C - 1) otherwise
   (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 13, after Hensman et al. (2015b)): the multiclass
   variational baseline's expected log density (their eq. 11 by quadrature) and predictive.
+- :class:`Ordinal` p(y = k | f) = Phi(b_k - f) - Phi(b_{k-1} - f), b_0 = -inf < b_1 < ... < b_K = +inf
+  (Chu & Ghahramani (2005), "Gaussian processes for ordinal regression", JMLR 6, with unit noise): EP's tilted
+  moments in closed form (as for the probit), the derivatives in the cut points, the expected log density by
+  quadrature (SVI) and the predictive in closed form.
 
 Every expectation under a Gaussian goes through :class:`NormalQuadrature` (E_{N(f | m, s^2)} g(f) ~
 sum_k w_k g(m + sqrt(2) s x_k) with Gauss-Hermite nodes x_k and weights w_k / sqrt(pi)).
@@ -19,8 +23,9 @@ from __future__ import annotations
 
 import math
 from functools import cached_property
+from typing import NamedTuple
 
-from .backend import array_device, array_namespace, gauss_hermite, log_ndtr, log_normal_pdf
+from .backend import array_device, array_namespace, asarray_like, gauss_hermite, log_ndtr, log_normal_pdf
 
 __all__ = [
     "NormalQuadrature",
@@ -28,6 +33,9 @@ __all__ = [
     "Probit",
     "Logistic",
     "RobustMax",
+    "Ordinal",
+    "SiteTerms",
+    "interval_log_probability",
     "PROBIT",
     "LOGISTIC",
     "ROBUST_MAX",
@@ -94,6 +102,20 @@ def negative_log_likelihood(log_proba, class_index):
     return -xp.mean(xp.sum(xp.where(is_true_class, log_proba, 0.0), axis=1))
 
 
+class SiteTerms(NamedTuple):
+    """What an EP site update takes of a likelihood at a cavity N(f | a, b - 1) (b: the total variance, the
+    likelihood's own unit noise included), per row: log Z_i, alpha = d log Z_i / da, gamma = -d^2 log Z_i / da^2,
+    and kappa = -2 d log Z_i / db with ``cut_slopes`` (d log Z_i / d b_upper, d log Z_i / d b_lower) of an ordinal
+    row's two cut points. The probit leaves kappa None (it is alpha a / b, formed from alpha as the binary passes
+    always did) and has no cut points."""
+
+    log_z: object
+    alpha: object
+    gamma: object
+    kappa: object = None
+    cut_slopes: object = None
+
+
 class Likelihood:
     """What a likelihood offers the inference code. Binary likelihoods take y in {-1, +1} and define
     ``log_density(y, f)`` (value and d/df); the expected log density by quadrature is then shared."""
@@ -154,6 +176,10 @@ class Probit(Likelihood):
         alpha = y * ratio / sqrt_b
         gamma = alpha * alpha + alpha * mean / variance
         return log_z, alpha, gamma
+
+    def site_terms(self, y, mean, variance):
+        """``tilted_moments`` as a ``SiteTerms`` (what the EP passes take of any likelihood)."""
+        return SiteTerms(*self.tilted_moments(y, mean, variance))
 
     def predictive_log_proba(self, mean, var, n_quadrature=None):
         """Closed form (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 37): no quadrature."""
@@ -284,6 +310,145 @@ class RobustMax(Likelihood):
 
     def __repr__(self):
         return f"RobustMax(epsilon={self.epsilon!r})"
+
+
+def _log1m_exp(x, xp):
+    """log(1 - exp(x)) for x <= 0, accurate on both sides of -log 2 (Maechler 2012, "Accurately computing
+    log(1 - exp(-|a|))")."""
+    near = x > -math.log(2.0)
+    return xp.where(near, xp.log(-xp.expm1(xp.where(near, x, -1.0))), xp.log1p(-xp.exp(xp.where(near, -1.0, x))))
+
+
+def interval_log_probability(lower, upper, mean, variance):
+    """log P(lower < f + e < upper) for f ~ N(mean, variance - 1), e ~ N(0, 1), i.e. log(Phi(z_hi) - Phi(z_lo))
+    with z = (cut - mean) / sqrt(variance), and (z_lo, z_hi). The difference is taken where it keeps its digits:
+    as Phi(z_hi) (1 - Phi(z_lo) / Phi(z_hi)) below the median, as Phi(-z_lo) (1 - Phi(-z_hi) / Phi(-z_lo)) above
+    it (an interval deep in the upper tail, where both CDFs round to 1). Infinite cut points are the outer
+    classes' (b_0 = -inf, b_K = +inf)."""
+    xp = array_namespace(mean)
+    sqrt_b = xp.sqrt(variance)
+    z_lo, z_hi = (lower - mean) / sqrt_b, (upper - mean) / sqrt_b
+    below = z_lo <= 0.0
+    log_hi, log_lo = log_ndtr(z_hi), log_ndtr(z_lo)
+    log_lo_tail, log_hi_tail = log_ndtr(-z_lo), log_ndtr(-z_hi)
+    direct = log_hi + _log1m_exp(xp.where(below, log_lo - log_hi, -1.0), xp)
+    complement = log_lo_tail + _log1m_exp(xp.where(below, -1.0, log_hi_tail - log_lo_tail), xp)
+    return xp.where(below, direct, complement), z_lo, z_hi
+
+
+class Ordinal(Likelihood):
+    """p(y = k | f) = Phi(b_{k+1} - f) - Phi(b_k - f) for classes k = 0, ..., K-1 in their order, cut points
+    b_1 < ... < b_{K-1} (``cut_points``, an array) and b_0 = -inf, b_K = +inf: the ordinal probit likelihood of
+    Chu & Ghahramani (2005), with the noise variance fixed at 1 (as the probit's: the kernel's amplitude
+    sets the scale). Labels ``y`` are class indices 0..K-1 (floats, as the passes carry labels), except for K = 2,
+    where they are the binary encoding -1 / +1 (class 0 / class 1)."""
+
+    name = "ordinal"
+
+    def __init__(self, cut_points):
+        self.cut_points = cut_points
+
+    @property
+    def n_classes(self):
+        return self.cut_points.shape[0] + 1
+
+    def class_index(self, y):
+        """The rows' class indices (int64) from the labels as the passes carry them."""
+        xp = array_namespace(y)
+        index = (y > 0.0) if self.n_classes == 2 else y
+        return xp.astype(index, xp.int64)
+
+    def bounds(self, y):
+        """(b_k, b_{k+1}) of each row's class k, and the class index: the interval its f + e falls in."""
+        xp = array_namespace(self.cut_points)
+        index = self.class_index(y)
+        infinite = xp.full((1,), xp.inf, dtype=self.cut_points.dtype, device=array_device(self.cut_points))
+        padded = xp.concat([-infinite, self.cut_points, infinite])
+        flat = xp.reshape(index, (-1,))  # (``take`` takes 1-D indices)
+        lower = xp.reshape(xp.take(padded, flat, axis=0), index.shape)
+        upper = xp.reshape(xp.take(padded, flat + 1, axis=0), index.shape)
+        return lower, upper, index
+
+    def _ratios(self, y, mean, variance):
+        xp = array_namespace(mean)
+        lower, upper, index = self.bounds(y)
+        log_z, z_lo, z_hi = interval_log_probability(lower, upper, mean, variance)
+        sqrt_b = xp.sqrt(variance)
+        # N(z)/Z as exp(log N(z) - log Z): finite in the tails; an infinite cut point's term is 0 (z N(z) too)
+        def ratio(z):
+            finite = xp.isfinite(z)
+            z = xp.where(finite, z, 0.0)
+            return z, xp.exp(xp.where(finite, log_normal_pdf(z) - log_z, -xp.inf))
+
+        z_lo, r_lo = ratio(z_lo)
+        z_hi, r_hi = ratio(z_hi)
+        return log_z, sqrt_b, r_lo, r_hi, z_lo * r_lo, z_hi * r_hi, index
+
+    def site_terms(self, y, mean, variance):
+        """log Z = log(Phi(z_hi) - Phi(z_lo)), z = (b - a) / sqrt(b_tot), for the cavity N(f | a, b_tot - 1) and its
+        derivatives (Chu & Ghahramani (2005)'s EP: the tilted moments, and the derivatives in the cut points for the
+        gradient). With r = N(z) / Z:
+
+            alpha = (r_lo - r_hi) / sqrt(b_tot),   kappa = -2 d log Z / d b_tot = (z_hi r_hi - z_lo r_lo) / b_tot,
+            gamma = -d^2 log Z / da^2 = alpha^2 + kappa,
+            d log Z / d b_upper = r_hi / sqrt(b_tot),   d log Z / d b_lower = -r_lo / sqrt(b_tot).
+
+        The probit's Phi(y a / sqrt(b)) is the case K = 2 with b_1 = 0: kappa = alpha a / b, as there."""
+        log_z, sqrt_b, r_lo, r_hi, zr_lo, zr_hi, index = self._ratios(y, mean, variance)
+        alpha = (r_lo - r_hi) / sqrt_b
+        kappa = (zr_hi - zr_lo) / variance
+        return SiteTerms(log_z, alpha, alpha * alpha + kappa, kappa,
+                         (r_hi / sqrt_b, -r_lo / sqrt_b, index))
+
+    def cut_point_gradient(self, slopes, row_scale):
+        """sum_i row_scale_i d log Z_i / d b_j for j = 1..K-1 (K-1,), from ``SiteTerms.cut_slopes`` (or
+        ``expected_cut_slopes``): row i's class k has its upper cut b_{k+1} and its lower cut b_k."""
+        xp = array_namespace(self.cut_points)
+        upper_slope, lower_slope, index = slopes
+        cuts = xp.arange(1, self.n_classes, dtype=index.dtype, device=array_device(index))
+        upper = xp.where((index + 1)[:, None] == cuts[None, :], (row_scale * upper_slope)[:, None], 0.0)
+        lower = xp.where(index[:, None] == cuts[None, :], (row_scale * lower_slope)[:, None], 0.0)
+        return xp.sum(upper + lower, axis=0)
+
+    def log_density(self, y, f):
+        """log p(y | f) and its derivative in f (unit noise: the interval's log probability at variance 1)."""
+        terms = self.site_terms(y, f, array_namespace(f).ones_like(f))
+        return terms.log_z, terms.alpha
+
+    def expected_log_density_with_cuts(self, y, mean, var, n_quadrature=20):
+        """``expected_log_density`` and the expected cut-point slopes E_q d log p(y | f) / d b (upper, lower, class
+        index), each the derivative of the same Gauss-Hermite sum."""
+        xp = array_namespace(y, mean, var)
+        quadrature = NormalQuadrature(n_quadrature, mean)
+        weights = quadrature.weights
+        sd = xp.sqrt(var)
+        f = quadrature.points(mean, sd)
+        terms = self.site_terms(xp.broadcast_to(y[:, None], f.shape), f, xp.ones_like(f))
+        expected = xp.sum(terms.log_z * weights[None, :], axis=1)
+        d_mean = xp.sum(terms.alpha * weights[None, :], axis=1)
+        d_sd = xp.sum(terms.alpha * (math.sqrt(2.0) * quadrature.nodes * weights)[None, :], axis=1)
+        upper, lower, _ = terms.cut_slopes
+        slopes = (xp.sum(upper * weights[None, :], axis=1), xp.sum(lower * weights[None, :], axis=1),
+                  self.class_index(y))
+        return expected, d_mean, d_sd / (2.0 * sd), slopes
+
+    def expected_log_density(self, y, mean, var, n_quadrature=20):
+        return self.expected_log_density_with_cuts(y, mean, var, n_quadrature)[:3]
+
+    def class_log_proba(self, mean, var):
+        """log p(y = k | x), (n, K), for f ~ N(mean, var): Chu & Ghahramani (2005)'s predictive, closed form,
+        log(Phi((b_{k+1} - mean) / sqrt(1 + var)) - Phi((b_k - mean) / sqrt(1 + var)))."""
+        xp = array_namespace(mean)
+        columns = []
+        for k in range(self.n_classes):
+            label = asarray_like(float(k) if self.n_classes > 2 else (2.0 * k - 1.0), xp, device=array_device(mean),
+                                 dtype=mean.dtype)
+            lower, upper, _ = self.bounds(xp.broadcast_to(label, mean.shape))
+            columns.append(interval_log_probability(lower, upper, mean, 1.0 + var)[0])
+        return xp.stack(columns, axis=1)
+
+    def __repr__(self):
+        return f"Ordinal(cut_points={self.cut_points!r})"
 
 
 PROBIT, LOGISTIC, ROBUST_MAX = Probit(), Logistic(), RobustMax()

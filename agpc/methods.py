@@ -45,7 +45,11 @@ __all__ = [
     "MethodName",
     "RegisteredLikelihood",
     "support_table",
+    "check_method_params",
     "write_support_table",
+    "ORDINAL",
+    "ORDINAL_REFUSALS",
+    "refuse_ordinal",
     "main",
 ]
 
@@ -150,7 +154,7 @@ class Method:
 
     def likelihood_for(self, likelihood, n_classes):
         """The likelihood a model of ``n_classes`` classes has with ``likelihood=`` (None: the default)."""
-        if n_classes > 2 and self.multiclass_likelihood is not None:
+        if n_classes > 2 and self.multiclass_likelihood is not None and likelihood != ORDINAL:
             return self.multiclass_likelihood
         return likelihood or self.likelihoods[0]
 
@@ -184,6 +188,43 @@ class Method:
     def refusal(self, capability, default):
         """The error message for ``capability``, which this method lacks."""
         return self.refusals.get(capability, default)
+
+
+ORDINAL = "ordinal"
+"""The likelihood of ordered classes (Chu & Ghahramani 2005; docs/ordinal.md): one latent GP and learned cut points,
+trained by the binary passes of the methods that list it."""
+
+ORDINAL_REFUSALS = MappingProxyType({
+    "dask": "fit on a dask array",
+    "partial_fit": "partial_fit (a stream)",
+})
+"""The paths of a method that takes ``likelihood="ordinal"`` where an ordinal model is not trained yet: its labels
+travel as their ranks in the classes' order and its cut points start from the class counts of all the training
+labels, which these paths do not bring to one place."""
+
+
+def check_method_params(params):
+    """The rules of ``params["method"]`` on an estimator's parameters (``get_params()``): whether it trains in
+    ``n_jobs`` processes, its own ``check_params``, the likelihoods it takes. One ValueError naming the problem."""
+    method = params["method"]
+    spec = get_method(method)
+    if params.get("n_jobs") not in (None, 1) and not spec.supports("n_jobs"):
+        raise ValueError(spec.refusal("n_jobs", f"n_jobs > 1 trains the methods {list(methods_supporting('n_jobs'))} "
+                                                f"in worker processes, not {method!r}: use n_jobs=1"))
+    if spec.check_params is not None:  # the method's own rules between parameters
+        spec.check_params(params)
+    likelihood = params.get("likelihood")
+    if likelihood is not None and likelihood not in spec.likelihoods:
+        takes = " or ".join(repr(name) for name in spec.likelihoods)
+        raise ValueError(f"method={method!r} {spec.likelihood_reason or 'takes ' + takes}: likelihood must be "
+                         f"{takes} or None, got {likelihood!r}")
+
+
+def refuse_ordinal(path):
+    """One ValueError for an ordinal model on ``path`` (a key of ``ORDINAL_REFUSALS``)."""
+    raise ValueError(f"likelihood='ordinal' is not trained by {ORDINAL_REFUSALS[path]} yet: its labels travel as "
+                     "their ranks and its cut points start from the class counts of all the training labels; fit an "
+                     "in-memory array or data on disk (n_jobs > 1 included; docs/ordinal.md)")
 
 
 _REGISTRY: dict[str, Method] = {}
@@ -309,7 +350,7 @@ def _gfitc_params(params):
 
 
 _EVERYWHERE = {"out_of_core", "validation_data", "checkpoints"}
-_EP_PROBIT = "uses the probit likelihood (closed-form EP updates)"
+_EP_PROBIT = "uses the probit likelihood, or the ordinal probit for ordered classes (closed-form EP updates)"
 _ON_DASK = {"dask", "dask_checkpoints"}
 _NO_ROUNDS = ("method={name!r} has no data-parallel rounds, so n_jobs > 1 is not supported: {why}; 'sep', 'adf', "
               "'ep' and 'svi' train minibatches in n_jobs worker processes")
@@ -317,16 +358,16 @@ _VI_PER_ROW_XI = ("fit on a dask array does not train method {name!r}: it optimi
                   "the driver, which would bring every row's xi there each step; use 'vi-jj' (xi by its closed-form "
                   "update, kept on the workers) or an in-memory array")
 _BUILT_IN_METHODS = (
-    Method("ep", family="ep", engine="ep", likelihood_reason=_EP_PROBIT,
+    Method("ep", family="ep", engine="ep", likelihoods=("probit", ORDINAL), likelihood_reason=_EP_PROBIT,
            capabilities={"multiclass", "minibatch", "dask_batch", "n_jobs", "sample_weight", *_ON_DASK, *_EVERYWHERE},
            remarks={"dask": "> 2 classes: batch, or `local_steps=0`", "n_jobs": "binary",
                     "sample_weight": "power EP; > 2 classes: not a dask array's batch passes"}, exact_passes=exact_ep),
-    *(Method(name, family="ep", engine=name, likelihood_reason=_EP_PROBIT,
+    *(Method(name, family="ep", engine=name, likelihoods=("probit", ORDINAL), likelihood_reason=_EP_PROBIT,
              capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", "n_jobs", "sample_weight",
                            *_ON_DASK, *_EVERYWHERE},
              remarks={"sample_weight": "rows counted by weight; > 2 classes: not a dask array's batch passes"})
       for name in ("sep", "adf")),
-    Method("svi", family="variational", engine="svi", likelihoods=("probit", "logistic"),
+    Method("svi", family="variational", engine="svi", likelihoods=("probit", "logistic", ORDINAL),
            multiclass_likelihood="robust-max",
            capabilities={"multiclass", "minibatch", "n_jobs", "sample_weight", *_ON_DASK, *_EVERYWHERE},
            remarks={"out_of_core": "a minibatch read at a time", "dask": "minibatches",
@@ -369,7 +410,8 @@ def _cell(method, capability):
 
 
 def _likelihood_cell(method):
-    text = " or ".join(method.likelihoods)
+    text = " or ".join(f"{name} (ordered classes; not on dask or `partial_fit`)" if name == ORDINAL else name
+                       for name in method.likelihoods)
     return f"{text}; {method.multiclass_likelihood} (> 2 classes)" if method.multiclass_likelihood else text
 
 

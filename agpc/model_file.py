@@ -33,7 +33,7 @@ from . import backend as B
 from .checkpoints import HEADER_KEY, atomic_savez, read_archive
 from .inference.ep import Posterior, prior_cholesky
 from .inference.training import STOP_REASONS
-from .kernels import PER_DIMENSION, ClassKernels, kernel_from_spec, spec_parameter_table
+from .kernels import ORDINAL_KERNEL, PER_DIMENSION, ClassKernels, kernel_from_spec, spec_parameter_table
 from .untrusted import RefusedFile, available_memory, describe
 
 FORMAT = "agpc-model"
@@ -83,7 +83,7 @@ class FittedState:
     log_marginal_likelihood: float
     n_iter: int
     jitter: float  # on the diagonal of K(Z, Z) at the end of the fit
-    likelihood: str  # "probit", "logistic" or "robust-max"
+    likelihood: str  # "probit", "logistic", "robust-max" or "ordinal" (classes in their order; the cut points the kernel's)
     history: dict  # name -> list of numbers, one an evaluation
     record: dict = None  # of FIT_RECORD: the rows fitted, the seconds the fit took, why it stopped (None: unknown)
 
@@ -288,13 +288,22 @@ def _checked_record(record, refuse):
     return {name: record.get(name) for name in FIT_RECORD}
 
 
+def _ordinal_classes(specs):
+    """The number of classes an ordinal model's kernel description declares (``kernels.OrdinalKernel``), else None."""
+    if isinstance(specs, dict) and specs.get("type") == ORDINAL_KERNEL and _is_int(specs.get("classes")):
+        return specs["classes"]
+    return None
+
+
 def _kernel_specs(header, n_classes, refuse):
-    """The kernel description: one kernel spec (binary) or one per class (multiclass), naming only kernels and
-    prior families of agpc's fixed tables (``kernels.spec_parameter_table`` checks them); returns the
+    """The kernel description: one kernel spec (binary or ordinal) or one per class (multiclass), naming only
+    kernels and prior families of agpc's fixed tables (``kernels.spec_parameter_table`` checks them); returns the
     {name: Parameter} table of the parameters the file must hold."""
     specs = header.get("kernel")
-    multiclass = n_classes > 2
-    if multiclass != isinstance(specs, list) or (multiclass and len(specs) != n_classes):
+    ordinal = _ordinal_classes(specs)
+    multiclass = n_classes > 2 and ordinal is None
+    if multiclass != isinstance(specs, list) or (multiclass and len(specs) != n_classes) or (
+            ordinal is not None and ordinal != n_classes):
         raise refuse("kernel: the description does not match the number of classes")
     table = {}
     for c, spec in enumerate(specs if multiclass else [specs]):
@@ -320,6 +329,8 @@ def _kernel_arrays(header, arrays, table, d, refuse):
             raise refuse(f"{key}: missing")
         if table[name].shape == PER_DIMENSION:
             shape = arrays[key].shape if arrays[key].shape in ((1,), (d,)) else (d,)
+        elif table[name].length is not None:  # (an ordinal model's cut gaps)
+            shape = (table[name].length,)
         else:
             shape = ()
         params[name] = _float_array(arrays, key, shape, refuse, allow_neg_inf=table[name].may_be_zero)
@@ -349,8 +360,9 @@ def _check_declared_sizes(path, header, declared):
     d, specs = header.get("n_features_in"), header.get("kernel")
     if not (_is_int(d) and d >= 1) or "posterior_h" not in declared:
         return
-    n_classes = len(specs) if isinstance(specs, list) else 2
-    lead = (n_classes,) if n_classes > 2 else ()
+    ordinal = _ordinal_classes(specs)
+    n_classes = len(specs) if isinstance(specs, list) else (ordinal or 2)
+    lead = (n_classes,) if isinstance(specs, list) and n_classes > 2 else ()
     h_shape = declared["posterior_h"][0]
     if len(h_shape) != len(lead) + 1 or h_shape[:-1] != lead:
         raise RefusedFile(path, f"posterior_h: shape {h_shape}, expected {lead + (-1,)} (-1: the inducing points) for "
@@ -372,7 +384,7 @@ def _check_declared_sizes(path, header, declared):
             continue
         if name not in allowed and not name.startswith("kernel_"):
             raise RefusedFile(path, f"unexpected arrays {[name]}")
-        most = math.prod(allowed.get(name, (d,)))
+        most = math.prod(allowed.get(name, (max(d, n_classes),)))  # a kernel array: d numbers, or K - 2 cut gaps
         if math.prod(shape) > most:
             raise RefusedFile(path, f"member {name + '.npy'!r} declares shape {shape} of {dtype}, more than the "
                                     f"{most:,} values the model's header and posterior_h allow")
@@ -399,7 +411,8 @@ def read_model_file(path, estimator, backend="numpy"):
     classes = arrays["classes"]
     _check_classes(classes, refuse)
     n_classes = classes.shape[0]
-    multiclass = n_classes > 2
+    ordinal = _ordinal_classes(header.get("kernel")) is not None
+    multiclass = n_classes > 2 and not ordinal
     lead = (n_classes,) if multiclass else ()
     Z = arrays["inducing_points"]
     m = Z.shape[-2] if Z.ndim == len(lead) + 2 and Z.shape[-2] >= 1 else 1
@@ -414,9 +427,10 @@ def read_model_file(path, estimator, backend="numpy"):
     if unexpected:
         raise refuse(f"unexpected arrays {unexpected}")
     likelihood = header.get("likelihood", "probit")
-    if likelihood not in (("probit", "robust-max") if multiclass else ("probit", "logistic")):
-        raise refuse(f"likelihood: {likelihood!r} is not a likelihood of a {'multiclass' if multiclass else 'binary'} "
-                     "model")
+    kind = "ordinal" if ordinal else "multiclass" if multiclass else "binary"
+    if likelihood not in {"ordinal": ("ordinal",), "multiclass": ("probit", "robust-max"),
+                          "binary": ("probit", "logistic")}[kind]:
+        raise refuse(f"likelihood: {likelihood!r} is not a likelihood of a {kind} model")
 
     xp = B.resolve_backend(backend)
     # The model computes in the type it was fitted in, which is the type of its stored arrays (files written

@@ -80,11 +80,12 @@ class Placement:
             if self._pool is not None:
                 ending.callback(self._pool.close)
 
-    def training_inputs(self, X, y, target_xp):
+    def training_inputs(self, X, y, target_xp, classes=None):
         """The checked ``inputs.TrainingInputs`` of (X, y): ``inputs.training_inputs`` in this process,
-        ``dask_inputs.training_inputs`` on the cluster of a dask array (its checks before the cluster is sought)."""
+        ``dask_inputs.training_inputs`` on the cluster of a dask array (its checks before the cluster is sought).
+        ``classes``: the model's classes when y need not hold them all (an ordinal model's ranks)."""
         if not self.on_cluster:
-            return I.training_inputs(self.estimator, X, y, reset=True, target_xp=target_xp)
+            return I.training_inputs(self.estimator, X, y, reset=True, target_xp=target_xp, classes=classes)
         X, y, given = D.checked_arrays(self.estimator, X, y)
         client, self._owned_client = D.cluster_client(self.estimator.client)
         inputs = D.training_inputs(self.estimator, X, y, given, client)
@@ -97,18 +98,20 @@ class Placement:
         started now (they import agpc while this process places the inducing points)."""
         if self.on_cluster:
             return
-        self.n_jobs = self.estimator.n_jobs_ = n_jobs_for(self.estimator, inputs.xp, inputs.X.shape[0],
-                                                          len(inputs.classes))
+        latents = 2 if self.estimator.likelihood == M.ORDINAL else len(inputs.classes)  # (ordinal: one latent GP)
+        self.n_jobs = self.estimator.n_jobs_ = n_jobs_for(self.estimator, inputs.xp, inputs.X.shape[0], latents)
         if self.n_jobs > 1:
             self._pool = W.LocalWorkers(self.n_jobs, preload=("agpc.inference.data_parallel",))
 
-    def training_weights(self, sample_weight, inputs):
+    def training_weights(self, sample_weight, inputs, class_labels=None):
         """The rows' weights (``inputs.training_weights``; on a cluster ``dask_inputs.training_weights``: a dask array
-        chunked as the rows, checked there), or None; kept for ``rows``, which places them beside the rows."""
+        chunked as the rows, checked there), or None; kept for ``rows``, which places them beside the rows.
+        ``class_labels``: the classes as the user names them when the labels travel as ranks (an ordinal model's,
+        never on a cluster)."""
         if self.on_cluster:
             self._weights = D.training_weights(self.estimator, sample_weight, inputs)
         else:
-            self._weights = I.training_weights(self.estimator, sample_weight, inputs)
+            self._weights = I.training_weights(self.estimator, sample_weight, inputs, class_labels=class_labels)
         return self._weights
 
     def rows(self, inputs, Z, rng, exact=None):

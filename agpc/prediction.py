@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
 from . import backend as B
 from . import inputs as I
 from . import threads
 from .inference import ep, multiclass_ep, multiclass_vi, variational
+from .likelihoods import Ordinal
 
 __all__ = ["KERNEL_REACH", "within_reach", "checked_rows", "model_latent", "log_proba_matrix", "latent", "log_proba",
-           "to_caller", "lazy"]
+           "model_log_proba", "ordinal_likelihood", "most_probable_labels", "to_caller", "lazy"]
 
 # A stationary kernel's profile is exactly 0 beyond this many lengthscales (RBF: exp(-r^2 / 2) underflows past
 # r = 39; Matern 5/2: past r ~ 330).
@@ -72,7 +74,37 @@ def log_proba_matrix(model, X):
     """(log p(classes_[c] | x) as an (n, C) array, the input's namespace, its device) of the fitted ``model``."""
     Xc, in_xp, device = checked_rows(model, X)
     mean, var = model_latent(model, Xc)
-    return log_proba(mean, var, model.likelihood_, model.n_quadrature, len(model.classes_) > 2), in_xp, device
+    return model_log_proba(model, mean, var), in_xp, device
+
+
+def most_probable_labels(model, X):
+    """The fitted ``model``'s most probable class of each row of X (in the caller's array type where it holds
+    them: numbers). Two classes of a probit or logistic model: the sign of the latent mean (p(+1) > 1/2 exactly
+    there), no probabilities formed."""
+    if len(model.classes_) > 2 or model.likelihood_ == "ordinal":
+        log_p, in_xp, device = log_proba_matrix(model, X)
+        index = B.to_numpy(B.array_namespace(log_p).argmax(log_p, axis=1))
+    else:
+        Xc, in_xp, device = checked_rows(model, X)
+        mean, _ = model_latent(model, Xc)
+        index = B.to_numpy(mean > 0).astype(np.intp)
+    labels = model.classes_[index]
+    numeric = in_xp is not None and labels.dtype.kind in "biuf"
+    return B.asarray_like(labels, in_xp, device=device) if numeric else labels
+
+
+def ordinal_likelihood(model):
+    """The fitted ``model``'s ordinal likelihood (its cut points are its kernel's), or None for another model."""
+    return Ordinal(model.kernel_.cut_points) if model.likelihood_ == "ordinal" else None
+
+
+def model_log_proba(model, mean, var):
+    """log p(classes_[c] | x), (n, C), of the fitted ``model`` from the latent's mean and variance: ``log_proba``,
+    or an ordinal model's closed form (``likelihoods.Ordinal.class_log_proba``)."""
+    ordinal = ordinal_likelihood(model)
+    if ordinal is not None:
+        return ordinal.class_log_proba(mean, var)
+    return log_proba(mean, var, model.likelihood_, model.n_quadrature, len(model.classes_) > 2)
 
 
 def latent(kernel, Z, posterior, Xc, *, block_rows=None, blas_threads=None):

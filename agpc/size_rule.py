@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .batch_size import rows_per_step
-from .methods import get_method
+from .methods import ORDINAL, get_method
 
 __all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "PLATEAU_STEPS", "PLATEAU_RISE_PER_ROW", "ModelSize",
            "model_size", "exact_plateau", "estimator_model_size", "exact_passes"]
@@ -89,6 +89,8 @@ def exact_passes(estimator, n_rows):
     any number of classes), where its fit runs batch passes over them; else None."""
     batch_size = rows_per_step(estimator, n_rows)
     if batch_size is not None and batch_size < n_rows:
+        return None
+    if getattr(estimator, "likelihood", None) == ORDINAL:  # the full-GP passes are the probit's
         return None
     return get_method(estimator.method).exact_passes
 

@@ -7,6 +7,8 @@ rows given (Hernandez-Lobato & Hernandez-Lobato 2016, eq. 6; the tied factor of 
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from . import backend as B
@@ -15,9 +17,21 @@ from . import validation as V
 from .inference import ep, multiclass_ep, training
 from .inputs import dtype_name
 
-__all__ = ["ROWS_SEEN", "structure", "check_continuable", "stream_trainer", "trainer_from_fitted", "rows_counted", "step"]
+__all__ = ["ROWS_SEEN", "check_stream_params", "structure", "check_continuable", "stream_trainer", "trainer_from_fitted",
+           "rows_counted", "step"]
 
 ROWS_SEEN = "n_rows_seen"  # the history entry of partial_fit: the rows the stream has brought so far
+
+
+def check_stream_params(estimator, streaming):
+    """``partial_fit``'s own rules: an ordinal model has no stream (its cut points start from every label's count);
+    checkpoint settings are warned about once (``streaming``: a stream already under way), since only ``fit`` writes
+    checkpoints."""
+    if estimator.likelihood == M.ORDINAL:
+        M.refuse_ordinal("partial_fit")
+    if (estimator.checkpoint_path is not None or estimator.checkpoint_every is not None) and not streaming:
+        warnings.warn("partial_fit writes no checkpoints (checkpoint_path / checkpoint_every apply to fit); save "
+                      "a stream model with save() or pickle it between calls", UserWarning, stacklevel=3)
 
 
 def structure(estimator):

@@ -16,6 +16,11 @@ Houlsby et al. (2011)'s closed form for the probit (sec. 3, h(Phi(x)) ~ exp(-x^2
 approximation: within 1.9e-3 nats of the quadrature (mean in [-10, 10], var in [1e-6, 1e6]), which is up to
 16% of the epistemic part where that is above 0.01.
 
+Ordinal models (Chu & Ghahramani 2005, one latent f and cut points b_1 < ... < b_{K-1}): the expected entropy is
+the same one-dimensional integral of H[p(y | f)], p(y = k | f) = Phi(b_{k+1} - f) - Phi(b_k - f), by the same
+Gauss-Legendre rule on [max(mean - 12 sd, b_1 - 9), min(mean + 12 sd, b_{K-1} + 9)] (beyond the outer cut points
+by 9 the entropy is below round-off, as the probit's beyond |f| = 9).
+
 Multiclass models: ``total`` from ``predict_proba``. The multiclass EP model's label is the argmax of the latent
 (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 1, its noise in the latent): H[y | f] = 0 and all of the
 uncertainty is epistemic. The robust max (multiclass SVI, their eq. 13): p(y | f) is 1 - eps for the argmax and
@@ -34,9 +39,10 @@ import numpy as np
 
 from . import backend as B
 from . import prediction as P
-from .likelihoods import LIKELIHOODS, softplus
+from .likelihoods import LIKELIHOODS, interval_log_probability, softplus
 
-__all__ = ["Uncertainty", "METHODS", "entropy", "binary_expected_entropy", "houlsby_expected_entropy",
+__all__ = ["Uncertainty", "METHODS", "entropy", "binary_expected_entropy", "ordinal_expected_entropy",
+           "houlsby_expected_entropy",
            "robust_max_entropy", "uncertainty", "model_uncertainty"]
 
 METHODS = ("quadrature", "houlsby")
@@ -71,23 +77,52 @@ def _binary_log_probabilities(f, likelihood):
     return -softplus(-f, xp), -softplus(f, xp)
 
 
-def binary_expected_entropy(mean, var, likelihood, n_nodes=LEGENDRE_NODES):
-    """E_{N(f | mean, var)} H[p(y | f)] for the binary ``likelihood`` ("probit" or "logistic"), per row, by
-    Gauss-Legendre quadrature on [max(mean - 12 sd, -R), min(mean + 12 sd, R)] (R: ``ENTROPY_REACH``)."""
+def _legendre_expectation(mean, var, lowest, highest, entropy_at, n_nodes):
+    """E_{N(f | mean, var)} h(f) by Gauss-Legendre quadrature on [max(mean - 12 sd, lowest), min(mean + 12 sd,
+    highest)], h = ``entropy_at`` (nodes (n, T) -> (n, T)), which is below round-off outside [lowest, highest]."""
     xp = B.array_namespace(mean)
     nodes, weights = np.polynomial.legendre.leggauss(n_nodes)
     nodes = B.asarray_like(nodes, xp, device=B.array_device(mean), dtype=mean.dtype)
     weights = B.asarray_like(weights, xp, device=B.array_device(mean), dtype=mean.dtype)
     sd = xp.sqrt(var)
-    reach = ENTROPY_REACH[likelihood]
-    low = xp.maximum(mean - GAUSSIAN_REACH * sd, -reach)
-    high = xp.minimum(mean + GAUSSIAN_REACH * sd, reach)
+    low = xp.maximum(mean - GAUSSIAN_REACH * sd, lowest)
+    high = xp.minimum(mean + GAUSSIAN_REACH * sd, highest)
     half = xp.maximum(high - low, 0.0)[:, None] / 2.0  # an empty interval: the entropy is 0 where q(f) has mass
     f = (low[:, None] + half) + half * nodes[None, :]
     density = xp.exp(B.log_normal_pdf((f - mean[:, None]) / sd[:, None])) / sd[:, None]
-    log_p, log_q = _binary_log_probabilities(f, likelihood)
-    h = -(xp.exp(log_p) * log_p + xp.exp(log_q) * log_q)
-    return xp.sum(half * weights[None, :] * density * h, axis=1)
+    return xp.sum(half * weights[None, :] * density * entropy_at(f), axis=1)
+
+
+def binary_expected_entropy(mean, var, likelihood, n_nodes=LEGENDRE_NODES):
+    """E_{N(f | mean, var)} H[p(y | f)] for the binary ``likelihood`` ("probit" or "logistic"), per row, by
+    Gauss-Legendre quadrature on [max(mean - 12 sd, -R), min(mean + 12 sd, R)] (R: ``ENTROPY_REACH``)."""
+    xp = B.array_namespace(mean)
+
+    def entropy_at(f):
+        log_p, log_q = _binary_log_probabilities(f, likelihood)
+        return -(xp.exp(log_p) * log_p + xp.exp(log_q) * log_q)
+
+    reach = ENTROPY_REACH[likelihood]
+    return _legendre_expectation(mean, var, -reach, reach, entropy_at, n_nodes)
+
+
+def ordinal_expected_entropy(mean, var, cut_points, n_nodes=LEGENDRE_NODES):
+    """E_{N(f | mean, var)} H[p(y | f)] of the ordinal probit with ``cut_points`` (K - 1, increasing), per row, by
+    Gauss-Legendre quadrature on [max(mean - 12 sd, b_1 - 9), min(mean + 12 sd, b_{K-1} + 9)]."""
+    xp = B.array_namespace(mean)
+    cuts = [float(c) for c in B.to_numpy(cut_points)]
+    bounds = [-math.inf, *cuts, math.inf]
+    reach = ENTROPY_REACH["probit"]
+
+    def entropy_at(f):
+        ones = xp.ones_like(f)
+        h = xp.zeros_like(f)
+        for lower, upper in zip(bounds[:-1], bounds[1:]):
+            log_p = interval_log_probability(lower * ones, upper * ones, f, ones)[0]
+            h = h - xp.where(log_p > -math.inf, xp.exp(log_p) * log_p, 0.0)
+        return h
+
+    return _legendre_expectation(mean, var, cuts[0] - reach, cuts[-1] + reach, entropy_at, n_nodes)
 
 
 def houlsby_expected_entropy(mean, var):
@@ -104,12 +139,20 @@ def robust_max_entropy(n_classes, epsilon=LIKELIHOODS["robust-max"].epsilon):
     return -(1.0 - epsilon) * math.log1p(-epsilon) - epsilon * math.log(epsilon / (n_classes - 1))
 
 
-def uncertainty(mean, var, log_proba, likelihood, method="quadrature"):
+def uncertainty(mean, var, log_proba, likelihood, method="quadrature", cut_points=None):
     """``Uncertainty`` from the latent's mean and variance and the predictive log-probabilities (n, C) of a model
-    of ``likelihood`` (binary: ``mean`` and ``var`` per row; multiclass: (n, C))."""
+    of ``likelihood`` (binary and ordinal: ``mean`` and ``var`` per row; multiclass: (n, C)); an ordinal model's
+    ``cut_points``."""
     if method not in METHODS:
         raise ValueError(f"unknown uncertainty method {method!r}: use one of {METHODS}")
     xp = B.array_namespace(log_proba)
+    if likelihood == "ordinal":
+        if method == "houlsby":
+            raise ValueError("method='houlsby' is Houlsby et al. (2011)'s closed form for the binary probit; this "
+                             "model is 'ordinal': use method='quadrature'")
+        total = entropy(log_proba)
+        aleatoric = xp.minimum(ordinal_expected_entropy(mean, var, cut_points), total)
+        return Uncertainty(total, aleatoric, total - aleatoric)
     multiclass = log_proba.shape[1] > 2
     if method == "houlsby" and (multiclass or likelihood != "probit"):
         raise ValueError("method='houlsby' is Houlsby et al. (2011)'s closed form for the binary probit; this model "
@@ -131,7 +174,8 @@ def model_uncertainty(model, X, method="quadrature"):
     """``Uncertainty`` of the fitted ``model`` at X, in the caller's array type (``prediction.to_caller``)."""
     Xc, in_xp, device = P.checked_rows(model, X)
     mean, var = P.model_latent(model, Xc)
-    multiclass = len(model.classes_) > 2
-    log_p = P.log_proba(mean, var, model.likelihood_, model.n_quadrature, multiclass)
-    result = uncertainty(mean, var, log_p, model.likelihood_, method)
+    log_p = P.model_log_proba(model, mean, var)
+    ordinal = P.ordinal_likelihood(model)
+    result = uncertainty(mean, var, log_p, model.likelihood_, method,
+                         cut_points=None if ordinal is None else ordinal.cut_points)
     return Uncertainty(*(P.to_caller(values, in_xp, device) for values in result))

@@ -51,7 +51,7 @@ CASES = {
     "n_iter_no_change": ([None, 1, 5], [0, -2, 2.0, False]),
     "inducing": (["kmeans", "random", np.zeros((3, 2)), [[0.0, 0.0], [1.0, 1.0]]],
                  ["grid", 3, None, np.zeros((0, 2)), np.zeros(3), [[0.0], [1.0, 1.0]]]),
-    "likelihood": ([None, "probit"], ["cauchy", 1]),
+    "likelihood": ([None, "probit", "ordinal"], ["cauchy", 1]),
     "n_quadrature": ([1, 20], [0, 20.0, True, None]),
     "optimize": ([True, False, None, "kernel", ("kernel", "inducing"), ["inducing"]],
                  [("kernel", "noise"), (), ("kernel", "kernel"), 1, "noise"]),
@@ -72,6 +72,8 @@ CASES = {
     "step_replay": ([False, True, np.bool_(True)], [1, 0, "yes", None]),
     "kernel_prior": (["auto", None], ["none", "AUTO", "ml", True, 1.0]),
     "class_weight": ([None, "balanced", {1: 2.0}], ["Balanced", "auto", 1.0, [1.0, 2.0], True]),
+    # (a list of classes gives an ordinal model's order: tests/test_ordinal.py)
+    "classes": ([None], ["low,high", 3, {0: 1}, True]),
 }
 
 

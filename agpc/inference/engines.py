@@ -857,6 +857,8 @@ class SVIEngine(Engine):
         if self.multiclass:
             mean, var = multiclass_ep.predict_latent(s["kernel"], s["Z"], post, X_val)
             return _scores(multiclass_vi.predictive_log_proba(mean, var), y_val)
+        if self.likelihood == "ordinal":  # (closed form, as EP's)
+            return ep.validation_scores(s["kernel"], s["Z"], post, X_val, y_val)
         mean, var = ep.predict_latent(s["kernel"], s["Z"], post, X_val)
         log_pos, log_neg = variational.predictive_log_proba(mean, var, self.likelihood, self.n_quadrature)
         xp = self.xp

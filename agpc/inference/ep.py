@@ -53,7 +53,8 @@ from ..backend import (
     solve_triangular,
     triangular_matmul,
 )
-from ..likelihoods import PROBIT, negative_log_likelihood
+from ..kernels import OrdinalKernel
+from ..likelihoods import PROBIT, Ordinal, negative_log_likelihood
 
 __all__ = [
     "Factor",
@@ -83,6 +84,9 @@ __all__ = [
     "sep_cavity_gap",
     "sep_cavity_term",
     "row_dot",
+    "site_likelihood",
+    "variance_adjoint",
+    "add_cut_point_grads",
 ]
 
 # A site whose cavity variance v_i = d_i / (1 - nu_i d_i) is not positive (1 - nu_i d_i below this) is
@@ -383,6 +387,40 @@ def data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g, *, want_upsilon
     return dKmm_data, grads, (upsilon_t if want_upsilon else None)
 
 
+def site_likelihood(kernel):
+    """The likelihood of the rows' sites: an ordinal model's (``kernels.OrdinalKernel`` carries its cut points;
+    Chu & Ghahramani 2005), else the probit (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 17)."""
+    if isinstance(kernel, OrdinalKernel):
+        return Ordinal(kernel.cut_points)
+    return PROBIT
+
+
+def variance_adjoint(site, alpha, a, total_var, valid, weights):
+    """kappa = -2 d log Z_i / d b of the rows (``data_adjoint``), zero where the cavity is invalid and times the
+    rows' weights, as ``alpha`` (already so) is: the probit's alpha a / b (formed from alpha, the binary passes'
+    arithmetic), else the likelihood's own (``likelihoods.SiteTerms``)."""
+    if site.kappa is None:
+        return alpha * a / total_var
+    xp = array_namespace(alpha)
+    kappa = xp.where(valid, site.kappa, 0.0)
+    return kappa if weights is None else kappa * weights
+
+
+def add_cut_point_grads(grads, kernel, likelihood, site, valid, weights):
+    """An ordinal model's rows' sum_i d log Z_i / d (cut point parameters), added into ``grads`` (the kernel's
+    gradients, which hold 0 there: ``OrdinalKernel.grads``); nothing for the probit. Rows of an invalid cavity
+    add nothing, others times their weights (as their log Z_i terms)."""
+    if site.cut_slopes is None:
+        return grads
+    xp = array_namespace(site.log_z)
+    row_scale = xp.astype(valid, site.log_z.dtype)
+    if weights is not None:
+        row_scale = row_scale * weights
+    for key, value in kernel.cut_point_grads(likelihood.cut_point_gradient(site.cut_slopes, row_scale)).items():
+        grads[key] = grads[key] + value
+    return grads
+
+
 def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=None, want_grad=True, A=None, Knm=None,
                want_sums=False, sample_weights=False):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows.
@@ -410,7 +448,9 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
         valid = marg.d <= (1.0 + slack) * marg.prior_var + threshold
         one_minus, v, a = 1.0, marg.d, marg.e
     b = 1.0 + marg.s + v
-    log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, b)
+    likelihood = site_likelihood(kernel)
+    site = likelihood.site_terms(y, a, b)
+    log_zi, alpha, gamma = site.log_z, site.alpha, site.gamma
     if own_sites:
         new_nu, new_mu = moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
         terms = xp.where(valid, log_zi + removal_terms(nu, mu, marg.d, marg.e, one_minus), 0.0)
@@ -428,10 +468,11 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
         alpha = xp.where(valid, alpha, 0.0)
         if weights is not None:
             alpha = alpha * weights
-        kappa = alpha * a / b  # -2 d log Z_i / d b
+        kappa = variance_adjoint(site, alpha, a, b, valid, weights)  # -2 d log Z_i / d b
         coef_g = adjoint_coefficient(alpha, kappa, nu, mu, marg.e, one_minus) if own_sites else -kappa
         dKmm_data, grads, upsilon_t = data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g,
                                                    want_upsilon=want_sums)
+        add_cut_point_grads(grads, kernel, likelihood, site, valid, weights)
     sums = None
     if want_sums:  # the rows' share of the likelihood factor (for tied / minibatch updates), in u-space
         if upsilon_t is None:
@@ -817,7 +858,9 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     else:
         valid, one_minus, v, a = weighted_cavity(nu, mu, d, e, prior_var, weights)
     total_var = 1.0 + (kernel.Kdiag(X) - prior_var) + v  # b_i of eq. 17: probit, FITC variance s_i, cavity
-    log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, total_var)
+    likelihood = site_likelihood(kernel)
+    site = likelihood.site_terms(y, a, total_var)
+    log_zi, alpha, gamma = site.log_z, site.alpha, site.gamma
     new_nu, new_mu = moment_matched_site(valid, nu, mu, a, v, alpha, gamma, nonnegative=True)
     terms = xp.where(valid, log_zi + removal_terms(nu, mu, d, e, one_minus), 0.0)
     log_z_terms = xp.sum(terms if weights is None else weights * terms)
@@ -827,14 +870,16 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
         alpha = xp.where(valid, alpha, 0.0)
         if weights is not None:  # (kappa and the adjoint's coefficients follow alpha: each row's term w_i times)
             alpha = weights * alpha
-        kappa = alpha * a / total_var  # -2 d log Z_i / d b
+        kappa = variance_adjoint(site, alpha, a, total_var, valid, weights)  # -2 d log Z_i / d b
         coef_g = adjoint_coefficient(alpha, kappa, nu, mu, e, one_minus)
         if not explicit:
             marg = Marginals(A, Kmn.mT, Q, d, e, prior_var, None)
             dKmm_data, grads, _ = data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g)
+            add_cut_point_grads(grads, kernel, likelihood, site, valid, weights)
             return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads,
                                _new_site_sums(A, new_nu, new_mu, nonnegative, weights) if want_sums else None)
         dKmm_data, grads = _explicit_block_gradient(kernel, X, Z, post, A, Q, Kmn, alpha, kappa, coef_g, work)
+        add_cut_point_grads(grads, kernel, likelihood, site, valid, weights)
     sums = _new_site_sums(A, new_nu, new_mu, nonnegative, weights) if want_sums else None
     return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads, sums)
 
@@ -1260,6 +1305,11 @@ def validation_scores(kernel, Z, post, X_val, y_val):
     """Test NLL and error of q on (X_val, y_val in {-1, +1}) (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 37)."""
     xp = array_namespace(Z)
     mean, var = predict_latent(kernel, Z, post, X_val)
+    if isinstance(kernel, OrdinalKernel):  # (y_val: class indices, or -1 / +1 for two classes)
+        ordinal = Ordinal(kernel.cut_points)
+        log_p, truth = ordinal.class_log_proba(mean, var), ordinal.class_index(y_val)
+        error = xp.mean(xp.astype(xp.argmax(log_p, axis=1) != truth, mean.dtype))
+        return float(negative_log_likelihood(log_p, truth)), float(error)
     log_pos, log_neg = PROBIT.predictive_log_proba(mean, var)
     nll = negative_log_likelihood(xp.stack([log_neg, log_pos], axis=1), xp.astype(y_val > 0, xp.int64))
     return float(nll), float(xp.mean(xp.astype((mean > 0) != (y_val > 0), mean.dtype)))

@@ -184,10 +184,16 @@ def svi_elbo(kernel, Z, X, y, whitened_mean, whitened_chol, *, likelihood="probi
     xp = array_namespace(Z)
     scale = data_scale(X, n_total, weights)
     terms = SVIBoundTerms(kernel, Z, whitened_mean, whitened_chol, jitter)
-    expected_total = None
+    ordinal = likelihood == "ordinal"  # the cut points are the kernel's (``kernels.OrdinalKernel``)
+    if ordinal:
+        likelihood = ep.site_likelihood(kernel)
+    expected_total = d_cuts = None
     for lo, hi, Xb, yb in ep.data_blocks(X, y, block_rows, Z):
         f_mean, f_var = terms.marginals(Xb)
-        expected, g_m, g_v = expected_log_likelihood(yb, f_mean, f_var, likelihood, n_quadrature)
+        if ordinal:
+            expected, g_m, g_v, slopes = likelihood.expected_log_density_with_cuts(yb, f_mean, f_var, n_quadrature)
+        else:
+            expected, g_m, g_v = expected_log_likelihood(yb, f_mean, f_var, likelihood, n_quadrature)
         if weights is not None:
             w = weights[lo:hi]
             expected, g_m, g_v = w * expected, w * g_m, w * g_v
@@ -195,8 +201,18 @@ def svi_elbo(kernel, Z, X, y, whitened_mean, whitened_chol, *, likelihood="probi
         expected_total = total if expected_total is None else expected_total + total
         if want_grad:
             terms.add_adjoints(g_m, g_v)
+            if ordinal:  # sum_i w_i E_q d log p(y_i | f_i) / d b
+                row_scale = xp.ones_like(f_mean) if weights is None else weights[lo:hi]
+                block = likelihood.cut_point_gradient(slopes, row_scale)
+                d_cuts = block if d_cuts is None else d_cuts + block
     elbo = scale * expected_total - terms.kl
-    return elbo, (terms.gradients(scale) if want_grad else None)
+    if not want_grad:
+        return elbo, None
+    grads = terms.gradients(scale)
+    if ordinal:
+        for key, value in kernel.cut_point_grads(d_cuts).items():
+            grads[key] = grads[key] + scale * value
+    return elbo, grads
 
 
 def data_scale(X, n_total, weights):

@@ -1,0 +1,422 @@
+"""Ordinal classification (Chu & Ghahramani 2005): the ordinal probit likelihood's EP moments and derivatives, the
+gradients of log Z_q (EP, SEP, ADF) and of the SVI bound in the cut points and the kernel's parameters, the case of
+two classes, the full-GP limit against an independent textbook EP, recovery of known cut points, and the estimator's
+paths (save / load, checkpoints, refusals, array_api_strict)."""
+
+import io
+
+import array_api_strict
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from agpc import GPClassifier
+from agpc.inference import ep, variational
+from agpc.kernels import RBF, OrdinalKernel
+from agpc.likelihoods import PROBIT, Ordinal
+from agpc.uncertainty import ordinal_expected_entropy
+from helpers import interrupted_then_resumed
+
+CUTS = np.array([-1.0, 0.2, 1.1])
+
+
+def ordinal_data(n, seed, cuts=CUTS, d=1):
+    """Rows and class indices drawn from the ordinal model: f = 2 sin(x_0), y = #{j: b_j < f + e}, e ~ N(0, 1)."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-3.0, 3.0, size=(n, d))
+    return X, np.searchsorted(cuts, 2.0 * np.sin(X[:, 0]) + rng.normal(size=n))
+
+
+def _kernel(X, cuts=CUTS):
+    return OrdinalKernel(RBF(lengthscales=[1.0] * X.shape[1], amplitude=2.0, noise=1e-3), cuts).for_inputs(X)
+
+
+def _numeric_grads(value_at, kernel, keys, step=1e-6):
+    """Central differences of ``value_at(kernel)`` in every entry of the kernel's parameters ``keys``."""
+    out = {}
+    for key in keys:
+        base = np.array(kernel.params[key], dtype=float)
+        grad = np.zeros(base.size)
+        for i in range(base.size):
+            for sign in (1.0, -1.0):
+                moved = base.copy().ravel()
+                moved[i] += sign * step
+                params = dict(kernel.params, **{key: moved.reshape(base.shape)})
+                grad[i] += sign * float(value_at(kernel.with_params(params))) / (2.0 * step)
+        out[key] = grad
+    return out
+
+
+# -- the likelihood ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("a, total_var", [(0.3, 2.5), (-4.0, 1.2), (6.0, 1.5), (0.0, 40.0)])
+def test_tilted_moments_match_quadrature(a, total_var):
+    """log Z, the tilted mean a + v alpha and variance v - v^2 gamma (v = b - 1, the cavity's variance) of every
+    class, against scipy.integrate.quad of Phi(b_hi - f) - Phi(b_lo - f) times N(f | a, v)."""
+    likelihood = Ordinal(CUTS)
+    bounds = np.concatenate([[-np.inf], CUTS, [np.inf]])
+    v = total_var - 1.0
+    for k in range(len(CUTS) + 1):
+        terms = likelihood.site_terms(np.array([float(k)]), np.array([a]), np.array([total_var]))
+
+        def moment(power):
+            integrand = lambda f: f**power * (stats.norm.cdf(bounds[k + 1] - f) - stats.norm.cdf(bounds[k] - f)) \
+                * stats.norm.pdf(f, a, np.sqrt(v))  # noqa: E731
+            return integrate.quad(integrand, a - 40 * np.sqrt(v), a + 40 * np.sqrt(v), epsabs=0, epsrel=1e-11,
+                                  limit=200)[0]
+
+        z0 = moment(0)
+        mean = moment(1) / z0
+        var = moment(2) / z0 - mean**2
+        np.testing.assert_allclose(terms.log_z[0], np.log(z0), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(a + v * terms.alpha[0], mean, rtol=1e-7, atol=1e-9)
+        np.testing.assert_allclose(v - v * v * terms.gamma[0], var, rtol=1e-6, atol=1e-9)
+
+
+def test_site_terms_derivatives_by_finite_differences():
+    """alpha, gamma, kappa and the cut-point slopes are the derivatives of log Z in a, a twice, b and the cuts."""
+    likelihood = Ordinal(CUTS)
+    y = np.array([0.0, 1.0, 2.0, 3.0, 1.0])
+    a = np.array([0.4, -2.0, 1.0, 3.0, 7.0])
+    b = np.array([1.5, 3.0, 1.1, 2.0, 1.3])
+    t = likelihood.site_terms(y, a, b)
+    h = 1e-6
+    log_z = lambda a_, b_, cuts=CUTS: Ordinal(cuts).site_terms(y, a_, b_).log_z  # noqa: E731
+    np.testing.assert_allclose(t.alpha, (log_z(a + h, b) - log_z(a - h, b)) / (2 * h), rtol=1e-6, atol=1e-9)
+    alpha = lambda a_: Ordinal(CUTS).site_terms(y, a_, b).alpha  # noqa: E731
+    np.testing.assert_allclose(t.gamma, -(alpha(a + h) - alpha(a - h)) / (2 * h), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(t.kappa, -2 * (log_z(a, b + h) - log_z(a, b - h)) / (2 * h), rtol=1e-6, atol=1e-9)
+    for j in range(len(CUTS)):
+        moved = lambda s: CUTS + s * h * (np.arange(len(CUTS)) == j)  # noqa: E731
+        numeric = (log_z(a, b, moved(1.0)) - log_z(a, b, moved(-1.0))) / (2 * h)
+        analytic = likelihood.cut_point_gradient(t.cut_slopes, np.ones_like(a))[j]
+        np.testing.assert_allclose(analytic, numeric.sum(), rtol=1e-6, atol=1e-9)
+
+
+def test_far_tail_stays_finite():
+    """An interval deep in either tail (both CDFs round to 0 or to 1) keeps finite log Z and moments."""
+    terms = Ordinal(CUTS).site_terms(np.array([0.0, 3.0, 1.0, 2.0]), np.array([60.0, -60.0, 60.0, -60.0]),
+                                     np.array([1.0, 1.0, 1.0, 1.0]))
+    for values in (terms.log_z, terms.alpha, terms.gamma, terms.kappa):
+        assert np.all(np.isfinite(values))
+    assert np.all(terms.gamma > 0)
+
+
+# -- gradients of the objectives -----------------------------------------------------------------------------
+
+def _converged_batch_ep(kernel, Z, X, y):
+    nu = mu = np.zeros(X.shape[0])
+    for _ in range(300):
+        out = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=1e-8, damping=0.5, want_grad=False)
+        nu, mu = out["site_precision"], out["site_shift"]
+    return nu, mu
+
+
+def test_batch_ep_log_z_gradient_by_finite_differences():
+    """At an EP fixed point, d log Z_q / d theta for every kernel parameter and the cut points (first and log
+    gaps) equals the central difference of log Z_q at those sites (eq. 4 holds there)."""
+    X, y = ordinal_data(40, 0, d=2)
+    kernel, Z = _kernel(X), X[:6].copy()
+    nu, mu = _converged_batch_ep(kernel, Z, X, y.astype(float))
+    out = ep.evaluate(kernel, Z, X, y.astype(float), nu, mu, jitter=1e-8)
+    numeric = _numeric_grads(lambda k: ep.evaluate(k, Z, X, y.astype(float), nu, mu, jitter=1e-8)["log_z"],
+                             kernel, list(kernel.params))
+    assert {"first_cut_point", "log_cut_gaps"} <= set(out["grads"])
+    for key, value in numeric.items():
+        np.testing.assert_allclose(np.ravel(out["grads"][key]), value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("method", ["ep", "sep", "adf"])
+def test_factor_passes_cut_point_gradient_by_finite_differences(method):
+    """Minibatch EP, SEP and ADF (``evaluate_factor``): the cavity does not depend on the cut points, so the
+    gradient of the log Z_q estimate in them is exact at any sites and factor."""
+    X, y = ordinal_data(30, 1, d=2)
+    kernel, Z = _kernel(X), X[:5].copy()
+    rng = np.random.default_rng(2)
+    factor = ep.Factor(np.eye(5) * 0.3, rng.normal(size=5) * 0.1)
+    sites = dict(site_precision=rng.uniform(0.05, 0.3, 30), site_shift=rng.normal(size=30) * 0.1) \
+        if method == "ep" else {}
+
+    def log_z(k, want_grad=False):
+        return ep.evaluate_factor(k, Z, X, y.astype(float), factor, method=method, n_total=90, jitter=1e-8,
+                                  want_grad=want_grad, **sites)
+
+    out = log_z(kernel, want_grad=True)
+    numeric = _numeric_grads(lambda k: log_z(k)["log_z"], kernel, ["first_cut_point", "log_cut_gaps"])
+    for key, value in numeric.items():
+        np.testing.assert_allclose(np.ravel(out["grads"][key]), value, rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+def test_svi_elbo_gradient_by_finite_differences():
+    """The SVI bound (Gauss-Hermite expected log density): its gradient in every kernel parameter and the cut
+    points, at a q that is not the optimum, with weights."""
+    X, y = ordinal_data(30, 3, d=2)
+    kernel, Z = _kernel(X), X[:5].copy()
+    rng = np.random.default_rng(4)
+    mean, chol = rng.normal(size=5) * 0.3, np.tril(rng.normal(size=(5, 5)) * 0.1) + 0.8 * np.eye(5)
+    weights = rng.uniform(0.5, 2.0, size=30)
+
+    def elbo(k, want_grad=False):
+        return variational.svi_elbo(k, Z, X, y.astype(float), mean, chol, likelihood="ordinal", want_grad=want_grad,
+                                    weights=weights)
+
+    value, grads = elbo(kernel, want_grad=True)
+    numeric = _numeric_grads(lambda k: elbo(k)[0], kernel, list(kernel.params))
+    for key, numbers in numeric.items():
+        np.testing.assert_allclose(np.ravel(grads[key]), numbers, rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+# -- two classes: the binary probit with a shifted latent ----------------------------------------------------
+
+def test_two_classes_is_the_probit_with_a_shifted_latent():
+    """p(y = 1 | f) = 1 - Phi(b_1 - f) = Phi(f - b_1): the ordinal site at cavity mean a is the probit's at a - b_1
+    (log Z, alpha, gamma equal; kappa = alpha (a - b_1) / b; d log Z / d b_1 = -alpha), and with b_1 = 0 batch EP
+    gives the binary model's log Z_q, sites, kernel gradient and predictive (the latent's prior mean cannot shift
+    in the binary model, so only b_1 = 0 compares whole models)."""
+    rng = np.random.default_rng(5)
+    y_pm = np.where(rng.random(20) < 0.5, -1.0, 1.0)
+    a, b = rng.normal(size=20) * 2, 1.0 + rng.uniform(0.1, 3.0, size=20)
+    cut = 0.7
+    ordinal = Ordinal(np.array([cut])).site_terms(y_pm, a, b)
+    log_z, alpha, gamma = PROBIT.tilted_moments(y_pm, a - cut, b)
+    np.testing.assert_allclose(ordinal.log_z, log_z, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(ordinal.alpha, alpha, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(ordinal.gamma, gamma, rtol=1e-11, atol=1e-14)
+    np.testing.assert_allclose(ordinal.kappa, alpha * (a - cut) / b, rtol=1e-11, atol=1e-14)
+    upper, lower, _ = ordinal.cut_slopes
+    np.testing.assert_allclose(upper + lower, -alpha, rtol=1e-12, atol=1e-14)
+
+    X, y = ordinal_data(50, 6, cuts=np.array([0.0]), d=2)
+    y_pm = np.where(y == 1, 1.0, -1.0)
+    latent = RBF(lengthscales=[1.0, 1.0], amplitude=2.0, noise=1e-3).for_inputs(X)
+    kernel = OrdinalKernel(latent, [0.0]).for_inputs(X)
+    Z = X[:7].copy()
+    nu, mu = _converged_batch_ep(kernel, Z, X, y_pm)
+    got = ep.evaluate(kernel, Z, X, y_pm, nu, mu, jitter=1e-8)
+    want = ep.evaluate(latent, Z, X, y_pm, nu, mu, jitter=1e-8)
+    np.testing.assert_allclose(float(got["log_z"]), float(want["log_z"]), rtol=1e-12)
+    np.testing.assert_allclose(got["site_precision"], want["site_precision"], rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(got["site_shift"], want["site_shift"], rtol=1e-10, atol=1e-13)
+    for key in latent.params:
+        np.testing.assert_allclose(got["grads"][key], want["grads"][key], rtol=1e-9, atol=1e-12)
+    mean, var = ep.predict_latent(latent, Z, want["posterior"], X)
+    log_pos, log_neg = PROBIT.predictive_log_proba(mean, var)
+    np.testing.assert_allclose(Ordinal(np.array([0.0])).class_log_proba(mean, var),
+                               np.stack([log_neg, log_pos], axis=1), rtol=1e-12, atol=1e-14)
+
+
+# -- the estimator -------------------------------------------------------------------------------------------
+
+def test_learned_cut_points_recover_the_true_ones():
+    """On 600 rows drawn from the model (f = 2 sin(x), which the kernel learns; cut points -1, 0.2, 1.1) batch EP
+    learns cut points within 0.3 of the truth. Why 0.3: with f known, each b_j is pinned by the class counts
+    around it, whose sampling error alone gives a standard error of about sqrt(p (1 - p) / n) / N(Phi^-1(p))
+    times sqrt(1 + var f) ~ 0.06 - 0.1 here; the latent is learned too (its scale trades off against the cut
+    points' spread), so 3-4 such errors."""
+    X, y = ordinal_data(600, 11)
+    model = GPClassifier(likelihood="ordinal", n_inducing=15, max_iter=60, random_state=0).fit(X, y)
+    np.testing.assert_allclose(model.cut_points_, CUTS, atol=0.3)
+    assert list(model.classes_) == [0, 1, 2, 3]
+    assert model.predict_proba(X).shape == (600, 4)
+
+
+@pytest.fixture(scope="module")
+def named():
+    """Labels named so that their sorted order is not the classes' order."""
+    X, y = ordinal_data(150, 12)
+    order = np.array(["poor", "fair", "good", "best"])
+    return X, order[y], order
+
+
+@pytest.mark.parametrize("method, batch_size", [("ep", None), ("sep", 50), ("adf", None), ("svi", 50)])
+def test_methods_fit_in_the_given_order(named, method, batch_size):
+    X, labels, order = named
+    model = GPClassifier(method=method, likelihood="ordinal", classes=list(order), n_inducing=8, max_iter=5,
+                         batch_size=batch_size, random_state=0).fit(X, labels)
+    assert list(model.classes_) == list(order)
+    proba = model.predict_proba(X)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
+    np.testing.assert_array_equal(model.predict(X), order[np.argmax(proba, axis=1)])
+    assert np.all(np.diff(model.cut_points_) > 0)
+    assert model.kernel_.n_classes == 4
+
+
+def test_save_load_keeps_cut_points_and_class_order(named):
+    X, labels, order = named
+    model = GPClassifier(likelihood="ordinal", classes=list(order), n_inducing=8, max_iter=5,
+                         random_state=0).fit(X, labels)
+    buffer = io.BytesIO()
+    model.save(buffer)
+    buffer.seek(0)
+    loaded = GPClassifier.load(buffer)
+    assert list(loaded.classes_) == list(order)
+    assert loaded.likelihood_ == "ordinal"
+    np.testing.assert_array_equal(loaded.cut_points_, model.cut_points_)
+    np.testing.assert_array_equal(loaded.predict_proba(X), model.predict_proba(X))
+    np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
+
+
+def test_interrupted_and_resumed_fit_equals_uninterrupted(tmp_path, monkeypatch):
+    """Checkpoints hold the cut points (kernel parameters) and their optimiser state: a resumed minibatch EP fit
+    ends at the uninterrupted model."""
+    X, y = ordinal_data(300, 13)
+    params = dict(method="ep", likelihood="ordinal", n_inducing=6, batch_size=100, max_iter=3, random_state=0)
+    reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", 5, X, y)
+    np.testing.assert_allclose(resumed.cut_points_, reference.cut_points_, rtol=1e-12)
+    np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-10, atol=1e-14)
+
+
+def test_bad_labels_and_refused_paths_are_one_value_error(named):
+    X, labels, order = named
+    with pytest.raises(ValueError, match=r"y contains labels \['best'\] not in classes"):
+        GPClassifier(likelihood="ordinal", classes=["poor", "fair", "good"], max_iter=1).fit(X, labels)
+    with pytest.raises(ValueError, match="at least two distinct labels"):
+        GPClassifier(likelihood="ordinal", classes=["poor", "poor", "fair", "good", "best"], max_iter=1).fit(X, labels)
+    with pytest.raises(ValueError, match="likelihood='ordinal' is not trained by partial_fit"):
+        GPClassifier(method="sep", likelihood="ordinal").partial_fit(X, labels)
+    with pytest.raises(ValueError, match="classes= gives the order of ordered classes"):
+        GPClassifier(classes=list(order), max_iter=1).fit(X, labels)
+    with pytest.raises(ValueError, match="likelihood must be"):
+        GPClassifier(method="gfitc", likelihood="ordinal", max_iter=1).fit(X, labels)
+    dask_array = pytest.importorskip("dask.array")
+    with pytest.raises(ValueError, match="likelihood='ordinal' is not trained by fit on a dask array"):
+        GPClassifier(likelihood="ordinal", max_iter=1).fit(dask_array.from_array(X, chunks=50), labels)
+
+
+def test_uncertainty_by_quadrature_against_scipy(named):
+    """The ordinal expected entropy E_q H[p(y | f)] against scipy.integrate.quad, and total = aleatoric +
+    epistemic with the total the entropy of predict_proba."""
+    mean, var = np.array([-2.0, 0.3, 1.0, 5.0]), np.array([0.01, 1.0, 30.0, 2.0])
+    got = ordinal_expected_entropy(mean, var, CUTS)
+    bounds = np.concatenate([[-np.inf], CUTS, [np.inf]])
+
+    def entropy_at(f):
+        p = stats.norm.cdf(bounds[1:] - f) - stats.norm.cdf(bounds[:-1] - f)
+        p = p[p > 0]
+        return -np.sum(p * np.log(p))
+
+    for i in range(4):
+        sd = np.sqrt(var[i])
+        want = integrate.quad(lambda f: entropy_at(f) * stats.norm.pdf(f, mean[i], sd), mean[i] - 12 * sd,
+                              mean[i] + 12 * sd, limit=400, epsabs=1e-13)[0]
+        np.testing.assert_allclose(got[i], want, rtol=1e-8, atol=1e-12)
+    X, labels, order = named
+    model = GPClassifier(likelihood="ordinal", classes=list(order), n_inducing=8, max_iter=5,
+                         random_state=0).fit(X, labels)
+    split = model.predict_uncertainty(X[:20])
+    proba = model.predict_proba(X[:20])
+    np.testing.assert_allclose(split.total, -np.sum(proba * np.log(proba), axis=1), rtol=1e-12)
+    np.testing.assert_allclose(split.aleatoric + split.epistemic, split.total, rtol=1e-12)
+    assert np.all(split.epistemic >= 0)
+
+
+@pytest.mark.parametrize("device", [None, array_api_strict.Device("device1")], ids=["default", "device1"])
+def test_strict_fit_equals_numpy_fit(device):
+    """array_api_strict (default and a non-default device): the same ordinal fit as on NumPy, every output on the
+    input's device."""
+    X, y = ordinal_data(120, 14)
+    params = dict(likelihood="ordinal", n_inducing=8, max_iter=8, random_state=0)
+    reference = GPClassifier(**params).fit(X, y.astype(np.float64))
+    xs = array_api_strict
+    Xs, ys = xs.asarray(X, device=device), xs.asarray(y.astype(np.float64), device=device)
+    model = GPClassifier(**params).fit(Xs, ys)
+    for value in model.kernel_.params.values():
+        assert value.device == Xs.device
+    proba = model.predict_proba(Xs)
+    assert type(proba).__module__.startswith("array_api_strict") and proba.device == Xs.device
+    to_np = lambda a: np.asarray(a.to_device(xs.Device("CPU_DEVICE")))  # noqa: E731
+    np.testing.assert_allclose(to_np(proba), reference.predict_proba(X), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(to_np(model.kernel_.cut_points), reference.cut_points_, rtol=1e-8)
+    np.testing.assert_allclose(model.log_marginal_likelihood_, reference.log_marginal_likelihood_, rtol=1e-8)
+    split = model.predict_uncertainty(Xs)
+    assert type(split.total).__module__.startswith("array_api_strict")
+
+
+def test_svi_integer_weights_are_the_repeated_rows():
+    """Ordinal SVI from the same kernel and inducing points: weights 0..3 give the model of the rows repeated that
+    often (the cut points start from the weighted class counts, and every step's bound and gradient, the cut
+    points' included, agree to round-off)."""
+    X, y = ordinal_data(60, 15)
+    counts = np.random.default_rng(3).integers(0, 4, size=60)
+    counts[[int(np.flatnonzero(y == c)[0]) for c in range(4)]] = 1  # every class keeps a row
+    settings = dict(method="svi", likelihood="ordinal", batch_size=None, max_iter=20, kernel=RBF(lengthscales=[1.0]),
+                    inducing=X[:8].copy(), kernel_prior=None, random_state=0)
+    weighted = GPClassifier(**settings).fit(X, y, sample_weight=counts)
+    repeated = GPClassifier(**settings).fit(np.repeat(X, counts, axis=0), np.repeat(y, counts))
+    np.testing.assert_allclose(weighted.cut_points_, repeated.cut_points_, rtol=1e-9)
+    np.testing.assert_allclose(weighted.predict_proba(X), repeated.predict_proba(X), rtol=1e-8, atol=1e-10)
+    assert weighted.log_marginal_likelihood_ == pytest.approx(repeated.log_marginal_likelihood_, rel=1e-9)
+
+
+def test_batch_ep_weight_zero_is_the_row_removed():
+    """Batch EP (power EP) with the same kernel and inducing points: rows of weight 0 are the rows removed, the
+    learned cut points and kernel included."""
+    X, y = ordinal_data(60, 16)
+    w = np.ones(60)
+    w[[2, 9, 33]] = 0.0
+    keep = w > 0
+    settings = dict(method="ep", likelihood="ordinal", batch_size=None, max_iter=8, kernel=RBF(lengthscales=[1.0]),
+                    inducing=X[:8].copy(), kernel_prior=None, random_state=0, shuffle=False)
+    weighted = GPClassifier(**settings).fit(X, y, sample_weight=w)
+    removed = GPClassifier(**settings).fit(X[keep], y[keep])
+    np.testing.assert_allclose(weighted.cut_points_, removed.cut_points_, rtol=1e-8)
+    np.testing.assert_allclose(weighted.predict_proba(X), removed.predict_proba(X), rtol=1e-8, atol=1e-10)
+
+
+def test_class_weight_names_the_classes(named):
+    """A class_weight dict names the classes as the user does (the labels travel as their ranks)."""
+    X, labels, order = named
+    settings = dict(likelihood="ordinal", classes=list(order), n_inducing=8, max_iter=5, random_state=0)
+    by_dict = GPClassifier(**settings, class_weight={"best": 3.0}).fit(X, labels)
+    by_weights = GPClassifier(**settings).fit(X, labels, sample_weight=np.where(labels == "best", 3.0, 1.0))
+    np.testing.assert_allclose(by_dict.predict_proba(X), by_weights.predict_proba(X), rtol=1e-12)
+    with pytest.raises(ValueError, match="are not classes of y"):
+        GPClassifier(**settings, class_weight={3: 2.0}).fit(X, labels)
+
+
+def test_exact_model_data_on_disk_and_validation(tmp_path, named):
+    """n_inducing="all" (an inducing point at every row) trains the ordinal model by the inducing-point passes
+    (the exact model's full-GP pass is the probit's); rows on disk (a memmap) give the in-memory model; validation
+    data in the classes' names are scored into the history."""
+    X, labels, order = named
+    exact = GPClassifier(likelihood="ordinal", classes=list(order), n_inducing="all", max_iter=3).fit(X, labels)
+    held = GPClassifier(likelihood="ordinal", classes=list(order), inducing=X.copy(), optimize=("kernel",),
+                        max_iter=3).fit(X, labels)
+    np.testing.assert_allclose(exact.predict_proba(X), held.predict_proba(X), rtol=1e-9, atol=1e-12)
+    path = tmp_path / "X.npy"
+    np.save(path, X)
+    settings = dict(likelihood="ordinal", classes=list(order), n_inducing=8, max_iter=4, random_state=0)
+    on_disk = GPClassifier(**settings).fit(np.load(path, mmap_mode="r"), labels)
+    in_memory = GPClassifier(**settings).fit(X, labels, validation_data=(X[:40], labels[:40]))
+    np.testing.assert_allclose(on_disk.predict_proba(X), in_memory.predict_proba(X), rtol=1e-10, atol=1e-12)
+    nll = in_memory.history_["validation_nll"][-1]
+    proba = in_memory.predict_proba(X[:40])
+    rank = {label: k for k, label in enumerate(order)}
+    truth = np.array([rank[label] for label in labels[:40]])
+    assert nll == pytest.approx(-np.mean(np.log(proba[np.arange(40), truth])), rel=1e-9)
+
+
+def test_data_parallel_rounds_train_the_ordinal_model():
+    """n_jobs > 1: minibatch EP's rounds in local worker processes train the one latent GP (another model than
+    n_jobs=1, as for two classes: about as accurate) with ordered cut points."""
+    X, y = ordinal_data(1200, 17)
+    settings = dict(method="ep", likelihood="ordinal", n_inducing=10, batch_size=100, max_iter=2, random_state=0)
+    rounds = GPClassifier(**settings, n_jobs=2, local_steps=4).fit(X, y)
+    single = GPClassifier(**settings).fit(X, y)
+    assert rounds.n_jobs_ == 2 and rounds.kernel_.n_classes == 4
+    assert np.all(np.diff(rounds.cut_points_) > 0)
+    assert abs(np.mean(rounds.predict(X) == y) - np.mean(single.predict(X) == y)) < 0.05
+
+
+def test_a_given_ordinal_kernel_sets_the_start(named):
+    """kernel=OrdinalKernel(latent, cut_points) starts the fit from those cut points (optimize=False: they stay);
+    the wrong number of cut points, or an OrdinalKernel for another likelihood, is one ValueError."""
+    X, labels, order = named
+    start = OrdinalKernel(RBF(lengthscales=[1.0]), [-2.0, 0.0, 0.5])
+    fixed = GPClassifier(likelihood="ordinal", classes=list(order), kernel=start, optimize=False, n_inducing=8,
+                         max_iter=3, random_state=0).fit(X, labels)
+    np.testing.assert_allclose(fixed.cut_points_, [-2.0, 0.0, 0.5], rtol=1e-12)
+    with pytest.raises(ValueError, match="has 2 cut points, the model's 4 classes need 3"):
+        GPClassifier(likelihood="ordinal", kernel=OrdinalKernel(RBF(), [0.0, 1.0]), max_iter=1).fit(X, labels)
+    with pytest.raises(ValueError, match="is the kernel of likelihood='ordinal'"):
+        GPClassifier(kernel=start, max_iter=1).fit(X, labels)
