@@ -66,6 +66,7 @@ CAPABILITIES = MappingProxyType({
     "validation_data": "validation, early stopping",
     "checkpoints": "checkpoints",
     "sample_weight": "`sample_weight`, `class_weight`",  # on every path the method takes (docs/weights.md)
+    "uncertainty": "`predict_uncertainty`",  # every method: the entropy split by quadrature (docs/uncertainty.md)
 })
 """The capabilities a method may have, and the support table's heading of each."""
 
@@ -143,7 +144,8 @@ class Method:
         unknown = sorted(capabilities - set(CAPABILITIES)) + sorted(set(self.remarks) - set(CAPABILITIES))
         if unknown:
             raise ValueError(f"method {self.name!r}: unknown capabilities {unknown}; known: {list(CAPABILITIES)}")
-        object.__setattr__(self, "capabilities", capabilities)
+        # every method has predict_uncertainty: it reads only the model's latent predictive and its likelihood
+        object.__setattr__(self, "capabilities", capabilities | {"uncertainty"})
         object.__setattr__(self, "refusals", MappingProxyType(dict(self.refusals)))
         object.__setattr__(self, "remarks", MappingProxyType(dict(self.remarks)))
 

@@ -12,6 +12,7 @@ import pytest
 from scipy import integrate, special, stats
 
 from agpc import GPClassifier
+from agpc import methods as M
 from agpc import uncertainty as U
 from agpc.datasets import make_banana
 from conftest import to_np, to_xp
@@ -96,6 +97,19 @@ def test_the_split_adds_up_and_is_bounded(fitted_models, name):
         mean, var = model.predict_latent(X[:6])
         reference = [scipy_expected_entropy(m, v, model.likelihood_) for m, v in zip(mean, var)]
         np.testing.assert_allclose(aleatoric[:6], reference, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", M.methods_supporting("uncertainty"))
+def test_every_method_the_registry_says_gives_the_split(name):
+    """The support table's `predict_uncertainty` column (``agpc.methods``): every method it says yes for gives the
+    split of its own predictive (two classes), which adds up to the entropy of ``predict_proba``."""
+    X, y = binary_toy(40, seed=4)
+    model = GPClassifier(method=name, n_inducing=5, max_iter=3, random_state=0).fit(X, y)
+    total, aleatoric, epistemic = model.predict_uncertainty(X)
+    proba = model.predict_proba(X)
+    np.testing.assert_allclose(total, -np.sum(special.xlogy(proba, proba), axis=1), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(aleatoric + epistemic, total, rtol=1e-14, atol=1e-16)
+    assert np.all(aleatoric >= 0) and np.all(epistemic >= 0)
 
 
 def test_multiclass_expected_entropy_is_the_likelihoods_constant(fitted_models):
