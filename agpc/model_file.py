@@ -55,6 +55,9 @@ NOT_RESTORED = ("checkpoint_path", "checkpoint_every", "site_directory", "client
 # Parameters added after models were first saved, and the value a file without them stands for: what those
 # models were trained with (before kernel_prior, every model was fitted by maximum likelihood: None).
 VALUE_WHEN_ABSENT = {"kernel_prior": None}
+# Parameters added since models were first pickled whose default (None) is what an agpc without them did: an older
+# pickle is completed with it (else get_params, repr and clone of the unpickled estimator fail)
+PARAMETERS_ADDED = ("class_weight", "classes")
 # What a fit reported beyond its history, kept in the file's "fit_record" (a file without it, or without one of
 # them, was written before they were recorded: the loaded model's attribute is None, "not recorded"). The estimator
 # holds each as the attribute of its name and a trailing underscore (``stop_reason_``).
@@ -151,6 +154,8 @@ def unpickled_state(state):
     as that model was trained (kernel_prior: no priors; a fitted one's ``kernel_prior_`` and the structure
     ``partial_fit`` checks too)."""
     state = dict(state)
+    for name in PARAMETERS_ADDED:  # (their defaults are what an agpc without them did)
+        state.setdefault(name, None)
     for name, value in VALUE_WHEN_ABSENT.items():
         state.setdefault(name, value)
         if "kernel_" in state:  # fitted

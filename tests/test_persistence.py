@@ -278,6 +278,7 @@ def test_parquet_needs_a_pyarrow_that_does_not_unpickle(tmp_path, monkeypatch):
 from agpc import GPClassifier  # noqa: E402
 from agpc import checkpoints, model_file  # noqa: E402
 from agpc.datasets import make_banana  # noqa: E402
+from sklearn.base import clone  # noqa: E402
 from sklearn.exceptions import NotFittedError  # noqa: E402
 
 FIXTURES = os.path.join(HERE, "data", "model_v1")
@@ -752,3 +753,18 @@ def test_check_params_refuses_what_fit_refuses():
     with pytest.raises(ValueError, match="n_inducing"):
         GPClassifier(n_inducing=0).check_params()
 
+
+
+@pytest.mark.parametrize("added", ["class_weight", "classes"])
+def test_a_model_pickled_before_a_parameter_existed_is_a_whole_estimator(added):
+    """A model pickled by an agpc without ``class_weight`` / ``classes`` unpickles with the parameter at its default
+    (what that agpc did): get_params, repr and clone work, and it predicts as it did."""
+    X, y = make_banana(60, random_state=0)
+    model = GPClassifier(n_inducing=5, max_iter=3, random_state=0).fit(X, y)
+    state = dict(model.__getstate__())  # (a copy: the model's own __dict__ stays whole)
+    del state[added]
+    old = GPClassifier.__new__(GPClassifier)
+    old.__setstate__(state)
+    assert old.get_params()[added] is None
+    assert "GPClassifier" in repr(old) and clone(old).get_params() == model.get_params()
+    np.testing.assert_array_equal(old.predict_proba(X), model.predict_proba(X))
