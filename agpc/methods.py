@@ -363,11 +363,11 @@ _BUILT_IN_METHODS = (
     Method("ep", family="ep", engine="ep", likelihoods=("probit", ORDINAL), likelihood_reason=_EP_PROBIT,
            capabilities={"multiclass", "minibatch", "dask_batch", "n_jobs", "sample_weight", *_ON_DASK, *_EVERYWHERE},
            remarks={"dask": "> 2 classes: batch, or `local_steps=0`", "n_jobs": "binary",
-                    "sample_weight": "power EP; > 2 classes: not a dask array's batch passes"}, exact_passes=exact_ep),
+                    "sample_weight": "power EP"}, exact_passes=exact_ep),
     *(Method(name, family="ep", engine=name, likelihoods=("probit", ORDINAL), likelihood_reason=_EP_PROBIT,
              capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", "n_jobs", "sample_weight",
                            *_ON_DASK, *_EVERYWHERE},
-             remarks={"sample_weight": "rows counted by weight; > 2 classes: not a dask array's batch passes"})
+             remarks={"sample_weight": "rows counted by weight"})
       for name in ("sep", "adf")),
     Method("svi", family="variational", engine="svi", likelihoods=("probit", "logistic", ORDINAL),
            multiclass_likelihood="robust-max",

@@ -311,20 +311,29 @@ def test_weighted_fit_resumes_on_every_path(monkeypatch, tmp_path, client, param
         other.fit(*data, resume=True)
 
 
-MULTICLASS_PATHS = {  # three classes, SEP: what each path does with weights (docs/weights.md)
-    "in memory, minibatches": "fits",
-    "dask minibatches": "fits",
-    "dask data-parallel": "fits",
-    "n_jobs": "fits",
-    "partial_fit": "fits",
-    "dask batch": "refused",  # (a cluster's multiclass batch passes do not weight the rows)
-}
+MULTICLASS_PATHS = ("in memory, minibatches", "dask batch", "dask minibatches", "dask data-parallel", "n_jobs",
+                    "partial_fit")
 
 
-@pytest.mark.parametrize("path", list(MULTICLASS_PATHS))
+@pytest.mark.parametrize("method", ["ep", "sep"])
+def test_dask_multiclass_batch_weighted_fit_is_the_fit_in_memory(client, method):
+    """Three classes: the batch passes on a dask array (one task a chunk) weight the rows as multiclass EP / SEP in
+    memory does (power EP; the tied factors counting rows by weight): the same model to round-off."""
+    X, y = three_classes(60, 5)
+    w = np.random.default_rng(4).uniform(0.0, 2.0, size=60)
+    options = _fixed_start(X, method=method, batch_size=None, max_iter=4, shuffle=False, class_weight={2: 2.5})
+    on_dask = GPClassifier(client=client, **options).fit(*_dask(X, y, chunks=20),
+                                                         sample_weight=da.from_array(w, chunks=25))
+    in_memory = GPClassifier(**options).fit(X, y, sample_weight=w)
+    unweighted = GPClassifier(**options).fit(X, y)
+    np.testing.assert_allclose(on_dask.predict_proba(X), in_memory.predict_proba(X), rtol=1e-9, atol=1e-12)
+    assert np.max(np.abs(in_memory.predict_proba(X) - unweighted.predict_proba(X))) > 1e-4
+
+
+@pytest.mark.parametrize("path", MULTICLASS_PATHS)
 def test_multiclass_weights_on_the_paths(client, tmp_path, path):
-    """Three classes (SEP): where a path takes weights, the weighted model differs from the unweighted one and a row
-    of weight 0 is in no step (its values and label changed: the same model); where it does not, one ValueError."""
+    """Three classes (SEP), every path: the weighted model differs from the unweighted one and a row of weight 0 is in
+    no step (its values and label changed: the same model)."""
     extra, _, fit = PATHS[path]
     X, y = three_classes(60, 3)
     y = y.astype(float)
@@ -333,10 +342,6 @@ def test_multiclass_weights_on_the_paths(client, tmp_path, path):
     X_other, y_other = X.copy(), y.copy()
     X_other[3], y_other[3] = [4.0, -4.0], (y[3] + 1) % 3
     settings = _fixed_start(X, method="sep", **extra)
-    if MULTICLASS_PATHS[path] == "refused":
-        with pytest.raises(ValueError, match="more than two classes"):
-            _predictions(fit, settings, X, y, w, client, tmp_path, X)
-        return
     weighted = _predictions(fit, settings, X, y, w, client, tmp_path, X)
     unweighted = _predictions(fit, settings, X, y, None, client, tmp_path, X)
     assert np.max(np.abs(weighted - unweighted)) > 1e-4

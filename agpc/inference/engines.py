@@ -496,16 +496,13 @@ class EPEngine(Engine):
         return summary, (result, new_factor)
 
     def sample_weight_refusal(self):
-        """EP weights the rows by power EP (``ep``, ``multiclass_ep``, ``exact_ep``, a cluster's ``DaskPasses`` for
-        two classes), SEP / ADF count them by weight in the tied factor; the passes of a cluster do not weight the
-        rows of more than two classes yet."""
-        binary = not isinstance(self.state["kernel"], ClassKernels)
-        in_process = self.passes in (ep, exact_ep, multiclass_ep)
-        here = self.factor_rows is None  # (a data-parallel shard's engine is given its rows' weights a step)
-        if here and (binary or in_process):
+        """None: EP weights the rows by power EP (``ep``, ``multiclass_ep``, ``exact_ep``, a cluster's
+        ``DaskPasses``), SEP / ADF count them by weight in the tied factor; a data-parallel shard's engine is given
+        its rows' weights a step instead (``factor_rows`` set)."""
+        if self.factor_rows is None:
             return None
-        return (f"method {self.name!r} takes sample_weight for more than two classes in this process; the passes of "
-                "a cluster do not weight the rows of more than two classes yet (docs/weights.md)")
+        return (f"method {self.name!r}: a data-parallel shard's engine takes its rows' weights with each step, not "
+                "as sample_weight")
 
     def take_sample_weight(self, weights):
         """SEP / ADF: the tied factor stands for the rows counted by their weights (n_total = sum of the weights),
