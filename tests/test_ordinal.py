@@ -482,6 +482,23 @@ def test_dask_data_parallel_rounds_train_the_ordinal_model(client):
     assert abs(np.mean(rounds.predict(X) == y) - np.mean(single.predict(X) == y)) < 0.05
 
 
+def test_dask_fit_resumes_and_scores_validation_data(client, monkeypatch, tmp_path, named):
+    """Batch EP on a dask array with checkpoints (the fingerprint's labels ranked as the rows' are): a resumed fit
+    ends at the uninterrupted model; validation data in the classes' names are scored as in memory."""
+    X, labels, order = named
+    Xd, yd = _on_dask(X, labels, chunks=50)
+    params = dict(method="ep", likelihood="ordinal", classes=list(order), n_inducing=6, max_iter=3, batch_size=None,
+                  random_state=0, client=client)
+    reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", 12, Xd, yd)
+    np.testing.assert_allclose(resumed.cut_points_, reference.cut_points_, rtol=1e-12)
+    np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-10, atol=1e-14)
+    settings = dict(params, inducing=X[:6].copy(), kernel=RBF(lengthscales=[1.0]), kernel_prior=None, client=None)
+    validation = (X[:40], labels[:40])
+    on_dask = GPClassifier(**dict(settings, client=client)).fit(Xd, yd, validation_data=validation)
+    in_memory = GPClassifier(**settings).fit(X, labels, validation_data=validation)
+    np.testing.assert_allclose(on_dask.history_["validation_nll"], in_memory.history_["validation_nll"], rtol=1e-9)
+
+
 # -- partial_fit ---------------------------------------------------------------------------------------------------
 
 def test_partial_fit_first_call_fixes_order_and_cut_points(named):
