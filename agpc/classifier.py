@@ -216,9 +216,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop."""
         I.check_fit_paths(self, X, y, resume)
         self.__dict__.pop("_trainer", None)
-        order, y, validation_data = O.labels_as_ranks(self, X, y, validation_data)
         with placement.Placement(self, X) as place:
-            inputs = place.training_inputs(X, y, target_xp, classes=None if order is None else np.arange(len(order)))
+            inputs, order, y, validation_data = O.ranked_inputs(self, place, X, y, target_xp, validation_data)
             n, classes = inputs.X.shape[0], inputs.classes
             size = size_rule.estimator_model_size(self, n, len(classes), rows_known=not (
                 place.on_cluster or B.is_out_of_core(inputs.X)))
@@ -232,7 +231,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                                             2 if order is not None else len(classes),
                                             rows=inputs.X if size.at_rows else None)
             if order is not None:
-                kernel = O.start_kernel(self, kernel, y, len(order), inputs.sample, weights)
+                kernel = O.start_kernel(self, kernel, y, len(order), inputs, weights)
             self.init_time_ = time.perf_counter() - init_started
             validation = None if validation_data is None else I.validation_set(
                 self, validation_data, classes, inputs.xp, inputs.device, client=inputs.client)
@@ -342,19 +341,21 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         fitted = live or hasattr(self, "posterior_")
         if fitted:  # before any change to the model: a refused call leaves it as it was
             S.check_continuable(self, getattr(self, "_fitted_structure", None) or S.structure(self), classes)
-        inputs = I.training_inputs(self, X, y, reset=not fitted, target_xp=target_xp,
-                                   classes=self.classes_ if fitted else classes)
+        y, classes, order = O.stream_labels(self, y, classes, fitted)  # (ordinal: the labels as ranks)
+        inputs = I.training_inputs(self, X, y, reset=not fitted, target_xp=target_xp, classes=classes)
         Xc, y_pm, classes = inputs.X, inputs.y, inputs.classes
-        weights = I.stream_weights(self, sample_weight, inputs)  # (rows counted by weight: ``streaming.step``)
+        weights = I.stream_weights(self, sample_weight, inputs, order)  # (rows counted by weight: ``streaming.step``)
         rows = Xc.shape[0]
         I.check_n_total(n_total, rows)
         if not live:
             I.note_tf32(self, inputs.xp)
         if not fitted:
-            self.classes_ = classes
+            self.classes_ = classes if order is None else order
             rng = B.host_rng(self.random_state)
             m = size_rule.estimator_model_size(self, rows, rows_known=False).n_inducing
-            kernel, Z = self._initial_model(inputs.sample, m, rng, len(classes))
+            kernel, Z = self._initial_model(inputs.sample, m, rng, len(classes) if order is None else 2)
+            if order is not None:  # (the cut points start from this call's class counts)
+                kernel = O.start_kernel(self, kernel, y, len(order), inputs, weights)
             self._rows_seen = 0
             self._trainer = S.stream_trainer(self, kernel, Z, n_total or rows, groups, self._jitter_for(Z))
         elif not live:  # fit records its rows on the model, partial_fit in the history

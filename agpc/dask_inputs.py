@@ -21,10 +21,10 @@ from . import validation as V
 from .batch_size import rows_per_step
 from .inference.dask_engine import local_cluster, persisted_blocks
 from .inference.data_parallel import prepare_worker
-from .methods import get_method, methods_supporting
+from .methods import ORDINAL, get_method, methods_supporting
 
 __all__ = ["checked_arrays", "cluster_client", "training_inputs", "persisted_inputs", "check_finite_chunks",
-           "training_weights"]
+           "training_weights", "class_counts"]
 
 
 def checked_arrays(estimator, X, y):
@@ -100,14 +100,22 @@ def training_inputs(estimator, X, y, given, client):
     # a task of this package's, so the workers need no dask.array)
     warming = [client.submit(prepare_worker, () if blocks[0] is not None else ("dask.array",), workers=[w],
                              pure=False) for w in client.nthreads()]
-    classes = I.check_classes(estimator, np.unique(V.check_labels(np.asarray(labels), what="y (its distinct values)")))
+    distinct = V.check_labels(np.asarray(labels), what="y (its distinct values)")
+    if estimator.likelihood == ORDINAL:  # the labels travel as their ranks, as in memory (``inputs.ordinal_labels``)
+        order = I.ordinal_labels(estimator, distinct)[1]  # (a label not among ``classes=``: refused here)
+        classes, encode, by = np.arange(order.shape[0]), V.encoded_ranks, order
+    else:
+        order = None
+        classes = I.check_classes(estimator, np.unique(distinct))
+        encode, by = V.encode_labels, classes
     I.check_feature_count(estimator, X.shape[1], reset=True)
     if fingerprinted:
-        fingerprinted = (fingerprinted[0], V.encode_labels(np.asarray(fingerprinted[1]), classes).astype(X.dtype))
-    y_encoded = y.map_blocks(V.encode_labels, classes, dtype=np.float64).astype(X.dtype)
+        fingerprinted = (fingerprinted[0], encode(np.asarray(fingerprinted[1]), by).astype(X.dtype))
+    y_encoded = y.map_blocks(encode, by, dtype=np.float64).astype(X.dtype)
     sample = np.asarray(sample)
     return I.TrainingInputs(X, y_encoded, classes, sample, B.array_namespace(sample), None, client=client,
-                            blocks=blocks, pending=[finite_chunks, warming], fingerprint_rows=fingerprinted or None)
+                            blocks=blocks, pending=[finite_chunks, warming], fingerprint_rows=fingerprinted or None,
+                            class_labels=order)
 
 
 def persisted_inputs(client, X_blocks, y_blocks, bounds, rows):
@@ -139,11 +147,12 @@ def check_finite_chunks(inputs):
 
 
 
-def training_weights(estimator, sample_weight, inputs):
+def training_weights(estimator, sample_weight, inputs, class_labels=None):
     """``inputs.training_weights`` for rows on a cluster: ``sample_weight`` (a dask array, rechunked as the rows, or
     anything ``fit`` takes in memory, checked here) times ``class_weight``'s weight of each row's class, as a dask
     array chunked as the rows and persisted on the workers (never gathered to the driver); None when neither is
-    given. Checked as the labels are, lazily: one pass over the chunks counts what the checks need (the non-finite
+    given; ``class_labels``: the classes as the user names them when the labels travel as ranks (an ordinal
+    model's, ``inputs.class_weights``). Checked as the labels are, lazily: one pass over the chunks counts what the checks need (the non-finite
     and the negative weights and the first of each, each class's rows and rows of positive weight), and the errors
     are those of ``inputs.training_weights``."""
     import dask.array as da
@@ -173,13 +182,22 @@ def training_weights(estimator, sample_weight, inputs):
         first = client.compute(weights[int(bad[1] if bad[0] else bad[3])], sync=True)
         V.refuse_bad_weights(bad[0], int(bad[1]), first, bad[2], int(bad[3]), first, True)
     V.refuse_bad_weights(0, None, None, 0, None, None, bool(np.any(positive)))
-    per_class = I.class_weights(estimator, classes, counts)
+    per_class = I.class_weights(estimator, classes, counts, class_labels)
     if per_class is not None:
         weights = weights * class_index.map_blocks(_of_class, per_class, dtype=np.float64)
         positive = positive * (per_class > 0)
     V.check_positive_counts(positive, classes)
     I.refuse_unweighted_method(estimator)
     return client.persist(weights.astype(inputs.X.dtype))
+
+
+def class_counts(client, labels, n_classes, weights=None):
+    """The count of each class's rows (summed ``weights`` with weights), computed on the cluster from the labels
+    encoded on it (``TrainingInputs.y``): one bincount a chunk, K numbers back."""
+    import dask.array as da
+
+    class_index = labels.map_blocks(I.row_classes, n_classes, dtype=np.intp)
+    return client.compute(da.bincount(class_index, weights=weights, minlength=n_classes), sync=True)
 
 
 def _of_class(class_index, per_class):

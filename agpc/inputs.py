@@ -245,9 +245,10 @@ def host_targets(estimator, y, n_rows, classes=None):
     return check_classes(estimator, np.unique(y_host), classes), y_host
 
 
-def ordinal_labels(estimator, y, order=None):
+def ordinal_labels(estimator, y, order=None, given=None):
     """An ordinal model's labels as ranks (0 .. K-1, int64, on the host) in the order of ``order`` (default: the
-    estimator's ``classes``, else y's sorted distinct labels), and that order (a NumPy array): the classes of an
+    classes ``given`` in their order, else the estimator's ``classes``, else y's sorted distinct labels), and that
+    order (a NumPy array): the classes of an
     ordinal model are ordered, and its labels travel as their ranks (whose sorted order is the model's). A label
     not among the classes, or classes given twice or fewer than two, is one ValueError."""
     if y is None:
@@ -256,21 +257,12 @@ def ordinal_labels(estimator, y, order=None):
     if y_host.ndim == 2 and y_host.shape[1] == 1:
         y_host = column_or_1d(y_host, warn=True)
     if order is None:
-        given = getattr(estimator, "classes", None)
+        given = getattr(estimator, "classes", None) if given is None else given
         order = np.unique(y_host) if given is None else V.check_labels(given, what="classes")
         if order.ndim != 1 or np.unique(order).shape[0] != order.shape[0] or order.shape[0] < 2:
             raise ValueError(f"classes must list at least two distinct labels, in their order, got {order.tolist()}")
     _check_label_length(order)
-    sorter = np.argsort(order, kind="stable")
-    try:
-        position = np.clip(np.searchsorted(order[sorter], y_host), 0, order.shape[0] - 1)
-        known = order[sorter][position] == y_host
-    except TypeError:  # labels of another kind than the classes (strings against numbers)
-        known = np.zeros(y_host.shape, dtype=bool)
-        position = np.zeros(y_host.shape, dtype=np.intp)
-    if not np.all(known):
-        raise ValueError(f"y contains labels {np.unique(y_host[~known]).tolist()} not in classes {order.tolist()}")
-    return sorter[position].astype(np.int64), order
+    return V.label_ranks(y_host, order), order
 
 
 def check_known_shapes(X, y=None):
@@ -410,6 +402,7 @@ class TrainingInputs(NamedTuple):
     blocks: Any = None  # a dask array's persisted row chunks (futures of X's and y's; ``dask_engine.persisted_blocks``)
     pending: Any = None  # a dask array's checks still running on the cluster, and the workers' warm-up (futures)
     fingerprint_rows: Any = None  # (rows, labels) of ``fingerprint_rows`` read with the checks; None: slice X, y
+    class_labels: Any = None  # a dask array's ordinal classes as the user names them (``classes``: their ranks)
 
 
 def training_inputs(estimator, X, y, *, reset, target_xp=None, classes=None):
@@ -599,14 +592,15 @@ def refuse_unweighted_method(estimator):
                          f"(docs/weights.md; the methods that do: {list(methods_supporting('sample_weight'))})")
 
 
-def stream_weights(estimator, sample_weight, inputs):
+def stream_weights(estimator, sample_weight, inputs, class_labels=None):
     """``partial_fit``'s weights of this call's rows (``training_weights``); "balanced" is refused, as scikit-learn's
-    ``partial_fit`` refuses it: a batch's class counts are not the stream's."""
+    ``partial_fit`` refuses it: a batch's class counts are not the stream's. ``class_labels``: as for
+    ``training_weights``."""
     if estimator.class_weight == "balanced":
         raise ValueError("class_weight='balanced' is not supported by partial_fit (a batch's class counts are not the "
                          "stream's): pass the weights of each class as a dict, e.g. from "
                          "sklearn.utils.class_weight.compute_class_weight('balanced', classes=classes, y=y)")
-    return training_weights(estimator, sample_weight, inputs, every_class=False)
+    return training_weights(estimator, sample_weight, inputs, every_class=False, class_labels=class_labels)
 
 
 def score_weights(sample_weight, n_rows):

@@ -48,8 +48,6 @@ __all__ = [
     "check_method_params",
     "write_support_table",
     "ORDINAL",
-    "ORDINAL_REFUSALS",
-    "refuse_ordinal",
     "main",
 ]
 
@@ -196,14 +194,6 @@ ORDINAL = "ordinal"
 """The likelihood of ordered classes (Chu & Ghahramani 2005; docs/ordinal.md): one latent GP and learned cut points,
 trained by the binary passes of the methods that list it."""
 
-ORDINAL_REFUSALS = MappingProxyType({
-    "dask": "fit on a dask array",
-    "partial_fit": "partial_fit (a stream)",
-})
-"""The paths of a method that takes ``likelihood="ordinal"`` where an ordinal model is not trained yet: its labels
-travel as their ranks in the classes' order and its cut points start from the class counts of all the training
-labels, which these paths do not bring to one place."""
-
 
 def check_method_params(params):
     """The rules of ``params["method"]`` on an estimator's parameters (``get_params()``): whether it trains in
@@ -220,13 +210,6 @@ def check_method_params(params):
         takes = " or ".join(repr(name) for name in spec.likelihoods)
         raise ValueError(f"method={method!r} {spec.likelihood_reason or 'takes ' + takes}: likelihood must be "
                          f"{takes} or None, got {likelihood!r}")
-
-
-def refuse_ordinal(path):
-    """One ValueError for an ordinal model on ``path`` (a key of ``ORDINAL_REFUSALS``)."""
-    raise ValueError(f"likelihood='ordinal' is not trained by {ORDINAL_REFUSALS[path]} yet: its labels travel as "
-                     "their ranks and its cut points start from the class counts of all the training labels; fit an "
-                     "in-memory array or data on disk (n_jobs > 1 included; docs/ordinal.md)")
 
 
 _REGISTRY: dict[str, Method] = {}
@@ -412,7 +395,7 @@ def _cell(method, capability):
 
 
 def _likelihood_cell(method):
-    text = " or ".join(f"{name} (ordered classes; not on dask or `partial_fit`)" if name == ORDINAL else name
+    text = " or ".join(f"{name} (ordered classes)" if name == ORDINAL else name
                        for name in method.likelihoods)
     return f"{text}; {method.multiclass_likelihood} (> 2 classes)" if method.multiclass_likelihood else text
 

@@ -11,11 +11,12 @@ import statistics
 import numpy as np
 
 from . import backend as B
+from . import dask_inputs as D
 from . import inputs as I
 from . import methods as M
 from .kernels import OrdinalKernel
 
-__all__ = ["check_params", "labels_as_ranks", "latent_kernel", "start_kernel", "given_cut_points",
+__all__ = ["check_params", "ranked_inputs", "stream_labels", "latent_kernel", "start_kernel", "given_cut_points", "class_counts",
            "initial_cut_points"]
 
 
@@ -30,17 +31,40 @@ def check_params(estimator):
                          f"likelihood={estimator.likelihood!r}")
 
 
-def labels_as_ranks(estimator, X, y, validation_data):
-    """An ordinal model's (classes in their order, y and validation_data with their labels as ranks); (None, y,
-    validation_data) for another model. Dask arrays are refused (``methods.refuse_ordinal``)."""
+def ranked_inputs(estimator, place, X, y, target_xp, validation_data):
+    """The ``inputs.TrainingInputs`` of (X, y) from ``place`` (an ``agpc.placement.Placement``), an ordinal model's
+    labels as their ranks in the classes' order: returns (inputs, the classes in their order or None for another
+    model, the ranks or y, validation_data with its labels as ranks). In memory the labels are ranked here
+    (``inputs.ordinal_labels``); on a cluster by tasks on the workers, the order from the distinct labels computed
+    there (``dask_inputs.training_inputs``); a label not among ``classes=`` is the same ValueError."""
     if estimator.likelihood != M.ORDINAL:
-        return None, y, validation_data
-    if B.is_dask_array(X) or B.is_dask_array(y):
-        M.refuse_ordinal("dask")
-    ranks, order = I.ordinal_labels(estimator, y)
+        return place.training_inputs(X, y, target_xp), None, y, validation_data
+    if place.on_cluster:
+        inputs = place.training_inputs(X, y, target_xp)
+        order, ranks = inputs.class_labels, inputs.y
+    else:
+        ranks, order = I.ordinal_labels(estimator, y)
+        inputs = place.training_inputs(X, ranks, target_xp, classes=np.arange(len(order)))
     if validation_data is not None:
         validation_data = (validation_data[0], I.ordinal_labels(estimator, validation_data[1], order)[0])
-    return order, ranks, validation_data
+    return inputs, order, ranks, validation_data
+
+
+def stream_labels(estimator, y, classes, fitted):
+    """``partial_fit``'s labels: (y as ``inputs.training_inputs`` takes it, the classes to pass it, the classes in
+    their order or None for another model). An ordinal model's first call fixes the order (its ``classes``
+    argument or the estimator's ``classes=``: both given and different is one ValueError; neither, the call's sorted
+    distinct labels) and every call's labels become their ranks in it (a label not among them is refused)."""
+    if estimator.likelihood != M.ORDINAL:
+        return y, estimator.classes_ if fitted else classes, None
+    order = estimator.classes_ if fitted else None
+    if not fitted and classes is not None and estimator.classes is not None and not (
+            len(classes) == len(estimator.classes) and np.array_equal(np.asarray(classes),
+                                                                       np.asarray(estimator.classes))):
+        raise ValueError(f"partial_fit's classes={list(classes)!r} differ from the estimator's classes="
+                         f"{list(estimator.classes)!r}: the classes of an ordinal model are given once, in their order")
+    ranks, order = I.ordinal_labels(estimator, y, order, given=classes)
+    return ranks, np.arange(len(order)), order
 
 
 def latent_kernel(kernel):
@@ -49,14 +73,17 @@ def latent_kernel(kernel):
     return kernel.latent if isinstance(kernel, OrdinalKernel) else kernel
 
 
-def start_kernel(estimator, kernel, ranks, n_classes, sample, weights):
+def start_kernel(estimator, kernel, ranks, n_classes, inputs, weights):
     """The initial latent ``kernel`` with an ordinal model's starting cut points: those of an ``OrdinalKernel``
-    given as ``kernel=``, else from the weighted class counts (``initial_cut_points``)."""
+    given as ``kernel=``, else from the weighted class counts of the ``ranks`` (``initial_cut_points``; rows on a
+    cluster: counted there, from their encoded labels)."""
     if isinstance(estimator.kernel, OrdinalKernel):
         start = given_cut_points(estimator.kernel, n_classes)
+    elif inputs.client is not None:
+        start = initial_cut_points(D.class_counts(inputs.client, ranks, n_classes, weights), kernel, inputs.sample)
     else:
-        start = initial_cut_points(ranks, n_classes, kernel, sample, None if weights is None else B.to_numpy(weights))
-    return OrdinalKernel(kernel, start).for_inputs(sample)
+        start = initial_cut_points(class_counts(ranks, n_classes, weights), kernel, inputs.sample)
+    return OrdinalKernel(kernel, start).for_inputs(inputs.sample)
 
 
 def given_cut_points(kernel, n_classes):
@@ -68,15 +95,22 @@ def given_cut_points(kernel, n_classes):
     return cut_points
 
 
-def initial_cut_points(ranks, n_classes, kernel, sample, weights=None):
+def class_counts(ranks, n_classes, weights=None):
+    """The count of each class's rows (0 .. n_classes - 1) among ``ranks`` (host or device), summed ``weights``
+    with weights."""
+    return np.bincount(np.asarray(B.to_numpy(ranks), dtype=np.int64), minlength=n_classes,
+                       weights=None if weights is None else B.to_numpy(weights))
+
+
+def initial_cut_points(counts, kernel, sample):
     """Cut points to start an ordinal fit from: b_j = sqrt(1 + s^2) Phi^-1(P(y < j)), the cumulative class
-    proportions of the training ranks (rows counted by their ``weights``, so that a row of weight 0 is a row
-    removed; each count plus 1/2, so that a class absent from y still has an interval of its own and no cut point
-    is infinite) through the probit, scaled by the spread of f + noise under the prior
+    proportions of the training ``counts`` (``class_counts``: rows counted by their weights, so that a row of weight
+    0 is a row removed; each count plus 1/2, so that a class absent from y still has an interval of its own and no
+    cut point is infinite) through the probit, scaled by the spread of f + noise under the prior
     (s^2: the kernel's mean prior variance at the sample rows). With f at its prior mean 0 the model's class
     probabilities are then the training proportions, p(y < j) = Phi(b_j / sqrt(1 + s^2)) (Chu & Ghahramani (2005)'s
     predictive at f ~ N(0, s^2)), so the first steps learn the latent rather than undo a wrong bias."""
-    counts = np.bincount(np.asarray(ranks, dtype=np.int64), weights=weights, minlength=n_classes) + 0.5
+    counts = np.asarray(counts, dtype=np.float64) + 0.5
     cumulative = np.cumsum(counts)[:-1] / np.sum(counts)
     spread = math.sqrt(1.0 + float(np.mean(B.to_numpy(kernel.Kdiag(sample)))))
     normal = statistics.NormalDist()

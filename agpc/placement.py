@@ -106,10 +106,9 @@ class Placement:
     def training_weights(self, sample_weight, inputs, class_labels=None):
         """The rows' weights (``inputs.training_weights``; on a cluster ``dask_inputs.training_weights``: a dask array
         chunked as the rows, checked there), or None; kept for ``rows``, which places them beside the rows.
-        ``class_labels``: the classes as the user names them when the labels travel as ranks (an ordinal model's,
-        never on a cluster)."""
+        ``class_labels``: the classes as the user names them when the labels travel as ranks (an ordinal model's)."""
         if self.on_cluster:
-            self._weights = D.training_weights(self.estimator, sample_weight, inputs)
+            self._weights = D.training_weights(self.estimator, sample_weight, inputs, class_labels=class_labels)
         else:
             self._weights = I.training_weights(self.estimator, sample_weight, inputs, class_labels=class_labels)
         return self._weights

@@ -24,11 +24,8 @@ ROWS_SEEN = "n_rows_seen"  # the history entry of partial_fit: the rows the stre
 
 
 def check_stream_params(estimator, streaming):
-    """``partial_fit``'s own rules: an ordinal model has no stream (its cut points start from every label's count);
-    checkpoint settings are warned about once (``streaming``: a stream already under way), since only ``fit`` writes
-    checkpoints."""
-    if estimator.likelihood == M.ORDINAL:
-        M.refuse_ordinal("partial_fit")
+    """``partial_fit``'s own rules: checkpoint settings are warned about once (``streaming``: a stream already under
+    way), since only ``fit`` writes checkpoints."""
     if (estimator.checkpoint_path is not None or estimator.checkpoint_every is not None) and not streaming:
         warnings.warn("partial_fit writes no checkpoints (checkpoint_path / checkpoint_every apply to fit); save "
                       "a stream model with save() or pickle it between calls", UserWarning, stacklevel=3)
@@ -52,8 +49,9 @@ def check_continuable(estimator, fitted_with, classes):
             f"only the methods {list(M.methods_supporting('partial_fit'))} learn from a stream; call fit to start "
             "again"
         )
-    if classes is not None:
-        given = np.unique(V.check_labels(classes, what="classes"))
+    if classes is not None:  # (an ordinal model's classes are in their order)
+        given = V.check_labels(classes, what="classes")
+        given = given if estimator.likelihood == M.ORDINAL else np.unique(given)
         if given.shape != estimator.classes_.shape or not np.array_equal(given, estimator.classes_):
             raise ValueError(f"classes={given.tolist()} differs from the classes this model was fitted with "
                              f"({estimator.classes_.tolist()}); call fit to start again with other classes")

@@ -36,6 +36,8 @@ __all__ = [
     "validate_params",
     "check_labels",
     "encode_labels",
+    "label_ranks",
+    "encoded_ranks",
     "column_scales",
     "check_precision_keeps_spread",
     "check_sample_weight",
@@ -312,6 +314,28 @@ def encode_labels(y, classes):
     if len(classes) == 2:
         return np.where(y == classes[1], 1.0, -1.0)
     return np.searchsorted(classes, y).astype(np.float64)
+
+
+def label_ranks(y, order):
+    """Labels' ranks (0 .. K-1, int64) in ``order`` (the K classes of an ordinal model, in their order); a label not
+    among them is one ValueError naming it. Here beside ``encode_labels`` for the same reason: a dask fit ranks its
+    labels in tasks on the workers (``encoded_ranks``)."""
+    sorter = np.argsort(order, kind="stable")
+    try:
+        position = np.clip(np.searchsorted(order[sorter], y), 0, order.shape[0] - 1)
+        known = order[sorter][position] == y
+    except TypeError:  # labels of another kind than the classes (strings against numbers)
+        known = np.zeros(y.shape, dtype=bool)
+        position = np.zeros(y.shape, dtype=np.intp)
+    if not np.all(known):
+        raise ValueError(f"y contains labels {np.unique(y[~known]).tolist()} not in classes {order.tolist()}")
+    return sorter[position].astype(np.int64)
+
+
+def encoded_ranks(y, order):
+    """An ordinal model's labels as its passes take them: their ranks in ``order`` (``label_ranks``) encoded as
+    labels of the classes 0 .. K-1 are (``encode_labels``: the ranks, or -1 / +1 for two classes)."""
+    return encode_labels(label_ranks(y, order), np.arange(order.shape[0]))
 
 
 def check_labels(y, what="y", offset=0):

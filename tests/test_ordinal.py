@@ -15,7 +15,7 @@ from agpc.inference import ep, variational
 from agpc.kernels import RBF, OrdinalKernel
 from agpc.likelihoods import PROBIT, Ordinal
 from agpc.uncertainty import ordinal_expected_entropy
-from helpers import interrupted_then_resumed
+from helpers import interrupted_then_resumed, local_client
 
 CUTS = np.array([-1.0, 0.2, 1.1])
 
@@ -272,15 +272,10 @@ def test_bad_labels_and_refused_paths_are_one_value_error(named):
         GPClassifier(likelihood="ordinal", classes=["poor", "fair", "good"], max_iter=1).fit(X, labels)
     with pytest.raises(ValueError, match="at least two distinct labels"):
         GPClassifier(likelihood="ordinal", classes=["poor", "poor", "fair", "good", "best"], max_iter=1).fit(X, labels)
-    with pytest.raises(ValueError, match="likelihood='ordinal' is not trained by partial_fit"):
-        GPClassifier(method="sep", likelihood="ordinal").partial_fit(X, labels)
     with pytest.raises(ValueError, match="classes= gives the order of ordered classes"):
         GPClassifier(classes=list(order), max_iter=1).fit(X, labels)
     with pytest.raises(ValueError, match="likelihood must be"):
         GPClassifier(method="gfitc", likelihood="ordinal", max_iter=1).fit(X, labels)
-    dask_array = pytest.importorskip("dask.array")
-    with pytest.raises(ValueError, match="likelihood='ordinal' is not trained by fit on a dask array"):
-        GPClassifier(likelihood="ordinal", max_iter=1).fit(dask_array.from_array(X, chunks=50), labels)
 
 
 def test_uncertainty_by_quadrature_against_scipy(named):
@@ -420,3 +415,148 @@ def test_a_given_ordinal_kernel_sets_the_start(named):
         GPClassifier(likelihood="ordinal", kernel=OrdinalKernel(RBF(), [0.0, 1.0]), max_iter=1).fit(X, labels)
     with pytest.raises(ValueError, match="is the kernel of likelihood='ordinal'"):
         GPClassifier(kernel=start, max_iter=1).fit(X, labels)
+
+
+# -- on a dask array -----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def client():
+    pytest.importorskip("distributed")
+    with local_client(2) as c:
+        yield c
+
+
+def _on_dask(*arrays, chunks=30):
+    dask_array = pytest.importorskip("dask.array")
+    return [dask_array.from_array(a, chunks=chunks) for a in arrays]
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("given_order, options", [
+    (True, dict(method="ep", batch_size=None, max_iter=4)),
+    (False, dict(method="sep", batch_size=30, local_steps=0, max_iter=2, shuffle=False)),
+])
+def test_dask_fit_is_the_fit_in_memory(client, named, given_order, options, weighted):
+    """On a dask array the labels are ranked by tasks on the workers (the order: classes=, else the sorted distinct
+    labels computed there) and the starting cut points come from class counts (weighted) made there: batch EP (the
+    passes a task a chunk) and SEP minibatches on the driver give the model of the fit in memory to round-off."""
+    X, labels, order = named
+    y = labels if given_order else np.searchsorted(order, labels, sorter=np.argsort(order)) * 10 + 3  # (numbers)
+    w = np.random.default_rng(5).uniform(0.0, 2.0, size=len(y)) if weighted else None
+    settings = dict(likelihood="ordinal", classes=list(order) if given_order else None, n_inducing=8,
+                    inducing=X[:8].copy(), kernel=RBF(lengthscales=[1.0]), kernel_prior=None, random_state=0,
+                    **options)
+    in_memory = GPClassifier(**settings).fit(X, y, sample_weight=w)
+    on_dask = GPClassifier(**settings, client=client).fit(*_on_dask(X, y),
+                                                          sample_weight=None if w is None else _on_dask(w)[0])
+    assert list(on_dask.classes_) == list(in_memory.classes_)
+    np.testing.assert_allclose(on_dask.cut_points_, in_memory.cut_points_, rtol=1e-9)
+    np.testing.assert_allclose(on_dask.predict_proba(X), in_memory.predict_proba(X), rtol=1e-9, atol=1e-12)
+    assert on_dask.log_marginal_likelihood_ == pytest.approx(in_memory.log_marginal_likelihood_, rel=1e-9)
+
+
+def test_dask_fit_refuses_a_label_not_in_classes(client, named):
+    """A label of a dask y not among classes= is the ValueError of the fit in memory (found on the cluster, only
+    the distinct labels brought back); a class_weight dict names the classes as the user does."""
+    X, labels, order = named
+    settings = dict(likelihood="ordinal", classes=["poor", "fair", "good"], max_iter=1, n_inducing=4)
+    with pytest.raises(ValueError, match=r"y contains labels \['best'\] not in classes"):
+        GPClassifier(**settings).fit(X, labels)
+    with pytest.raises(ValueError, match=r"y contains labels \['best'\] not in classes"):
+        GPClassifier(**settings, client=client).fit(*_on_dask(X, labels))
+    weighted = dict(likelihood="ordinal", classes=list(order), n_inducing=8, inducing=X[:8].copy(), max_iter=2,
+                    kernel=RBF(lengthscales=[1.0]), kernel_prior=None, class_weight={"best": 3.0}, batch_size=None)
+    np.testing.assert_allclose(GPClassifier(**weighted, client=client).fit(*_on_dask(X, labels)).predict_proba(X),
+                               GPClassifier(**weighted).fit(X, labels).predict_proba(X), rtol=1e-9, atol=1e-12)
+
+
+def test_dask_data_parallel_rounds_train_the_ordinal_model(client):
+    """Minibatches on a dask array in data-parallel rounds on the workers (another model than the steps on the
+    driver, as for two classes): the one latent GP with ordered cut points, about as accurate as the fit in memory."""
+    X, y = ordinal_data(600, 18)
+    settings = dict(method="sep", likelihood="ordinal", n_inducing=8, batch_size=50, max_iter=2, random_state=0)
+    rounds = GPClassifier(**settings, client=client, local_steps=2).fit(*_on_dask(X, y, chunks=150))
+    single = GPClassifier(**settings).fit(X, y)
+    assert rounds.kernel_.n_classes == 4 and list(rounds.classes_) == [0, 1, 2, 3]
+    assert np.all(np.diff(rounds.cut_points_) > 0)
+    assert abs(np.mean(rounds.predict(X) == y) - np.mean(single.predict(X) == y)) < 0.05
+
+
+def test_dask_fit_resumes_and_scores_validation_data(client, monkeypatch, tmp_path, named):
+    """Batch EP on a dask array with checkpoints (the fingerprint's labels ranked as the rows' are): a resumed fit
+    ends at the uninterrupted model; validation data in the classes' names are scored as in memory."""
+    X, labels, order = named
+    Xd, yd = _on_dask(X, labels, chunks=50)
+    params = dict(method="ep", likelihood="ordinal", classes=list(order), n_inducing=6, max_iter=3, batch_size=None,
+                  random_state=0, client=client)
+    reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", 12, Xd, yd)
+    np.testing.assert_allclose(resumed.cut_points_, reference.cut_points_, rtol=1e-12)
+    np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-10, atol=1e-14)
+    settings = dict(params, inducing=X[:6].copy(), kernel=RBF(lengthscales=[1.0]), kernel_prior=None, client=None)
+    validation = (X[:40], labels[:40])
+    on_dask = GPClassifier(**dict(settings, client=client)).fit(Xd, yd, validation_data=validation)
+    in_memory = GPClassifier(**settings).fit(X, labels, validation_data=validation)
+    np.testing.assert_allclose(on_dask.history_["validation_nll"], in_memory.history_["validation_nll"], rtol=1e-9)
+
+
+# -- partial_fit ---------------------------------------------------------------------------------------------------
+
+def test_partial_fit_first_call_fixes_order_and_cut_points(named):
+    """The first call fixes the classes' order (its classes= or the estimator's) and the cut points start from that
+    call's class counts (each plus 1/2) through the probit, scaled by the prior spread (scipy's ppf here); later
+    calls rank their labels in that order (a call may lack classes); a label out of the order, or two different
+    orders, is one ValueError."""
+    X, labels, order = named
+    options = dict(method="sep", likelihood="ordinal", n_inducing=6, inducing=X[:6].copy(), optimize=False,
+                   kernel=RBF(lengthscales=[1.0], amplitude=1.5), kernel_prior=None, random_state=0)
+    for stream in (GPClassifier(**options).partial_fit(X[:50], labels[:50], classes=list(order)),
+                   GPClassifier(**options, classes=list(order)).partial_fit(X[:50], labels[:50])):
+        assert list(stream.classes_) == list(order)
+        counts = np.array([np.sum(labels[:50] == c) for c in order]) + 0.5
+        spread = np.sqrt(1.0 + np.mean(stream.kernel_.latent.Kdiag(X[:50])))
+        expected = spread * stats.norm.ppf(np.cumsum(counts)[:-1] / counts.sum())
+        np.testing.assert_allclose(stream.cut_points_, expected, rtol=1e-10)
+        rest = labels[50:100] != "best"
+        stream.partial_fit(X[50:100][rest], labels[50:100][rest])
+        assert stream.n_samples_fit_ == 50 + rest.sum() and list(stream.classes_) == list(order)
+        with pytest.raises(ValueError, match=r"y contains labels \['great'\] not in classes"):
+            stream.partial_fit(X[:3], np.array(["poor", "great", "fair"]))
+    with pytest.raises(ValueError, match="differ from the estimator's classes"):
+        GPClassifier(**options, classes=list(order)).partial_fit(X, labels, classes=list(order[::-1]))
+    with pytest.raises(ValueError, match=r"y contains labels \['best'\] not in classes"):
+        GPClassifier(**options).partial_fit(X, labels, classes=list(order[:3]))
+
+
+@pytest.mark.parametrize("method", ["sep", "adf"])
+def test_partial_fit_integer_weights_are_the_repeated_rows(named, method):
+    """A stream of weighted calls equals the stream of each call's rows repeated by their (integer) weights: the
+    starting cut points from the weighted counts, every step's sites and the cut points' steps."""
+    X, labels, order = named
+    counts = np.random.default_rng(6).integers(0, 3, size=len(labels)).astype(float)
+    options = dict(method=method, likelihood="ordinal", classes=list(order), n_inducing=6, inducing=X[:6].copy(),
+                   kernel=RBF(lengthscales=[1.0]), kernel_prior=None, random_state=0)
+    weighted, repeated = GPClassifier(**options), GPClassifier(**options)
+    for lo in range(0, 150, 50):
+        rows = slice(lo, lo + 50)
+        weighted.partial_fit(X[rows], labels[rows], sample_weight=counts[rows])
+        index = np.repeat(np.arange(lo, lo + 50), counts[rows].astype(int))
+        repeated.partial_fit(X[index], labels[index])
+    assert weighted.n_samples_fit_ == pytest.approx(counts.sum())
+    np.testing.assert_allclose(weighted.cut_points_, repeated.cut_points_, rtol=1e-9)
+    np.testing.assert_allclose(weighted.predict_proba(X), repeated.predict_proba(X), rtol=1e-9, atol=1e-12)
+
+
+def test_partial_fit_continues_a_fitted_model(named):
+    """partial_fit on a model fitted by fit continues it: its classes' order and its cut points are the start, and
+    the call's labels (the classes' names) are ranked in that order."""
+    X, labels, order = named
+    options = dict(method="sep", likelihood="ordinal", classes=list(order), n_inducing=6, batch_size=50, max_iter=2,
+                   random_state=0)
+    model = GPClassifier(**options).fit(X, labels)
+    before = model.cut_points_
+    model.partial_fit(X[:50], labels[:50], classes=list(order))
+    assert list(model.classes_) == list(order) and model.kernel_.n_classes == 4
+    assert np.all(np.diff(model.cut_points_) > 0) and not np.array_equal(model.cut_points_, before)
+    assert np.max(np.abs(model.cut_points_ - before)) < 0.5  # (one step from the fitted cut points)
+    with pytest.raises(ValueError, match="differs from the classes this model was fitted with"):
+        model.partial_fit(X[:50], labels[:50], classes=list(order[::-1]))
