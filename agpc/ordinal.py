@@ -16,8 +16,8 @@ from . import inputs as I
 from . import methods as M
 from .kernels import OrdinalKernel
 
-__all__ = ["check_params", "ranked_inputs", "stream_labels", "latent_kernel", "start_kernel", "given_cut_points", "class_counts",
-           "initial_cut_points"]
+__all__ = ["check_params", "ranked_inputs", "stream_labels", "latent_kernel", "start_kernel", "given_cut_points",
+           "class_counts", "initial_cut_points"]
 
 
 def check_params(estimator):
