@@ -245,10 +245,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def _initial_model(self, sample, m, rng, n_classes=2, rows=None):
         """Initial kernel and inducing points (``rows``: the training rows, held as the exact model's); one of each a
         class for more than two (Villacampa-Calvo & Hernandez-Lobato (2017): one latent function per class)."""
-        factor = size_rule.initial_lengthscale_factor(at_rows=rows is not None, n_classes=n_classes)
-        kernel = self.kernel if self.kernel is not None else self._default_kernel(sample, factor)
+        kernel = self.kernel if self.kernel is not None else self._default_kernel(sample)
         if self.kernel_prior == "auto":  # centred on the default kernel's lengthscales (docs/small_data_defaults.md)
-            kernel = with_default_priors(kernel, kernel if self.kernel is None else self._default_kernel(sample, factor))
+            kernel = with_default_priors(kernel, kernel if self.kernel is None else self._default_kernel(sample))
         kernel = kernel.for_inputs(sample)
         if rows is not None:
             Z = B.array_namespace(rows).asarray(rows, copy=True)

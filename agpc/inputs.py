@@ -326,17 +326,16 @@ def initial_sample(estimator, X, xp, dtype, check_spread=False):
     return B.asarray_like(sample, xp, dtype=dtype)
 
 
-def default_kernel(X, lengthscale_factor=1.0):
+def default_kernel(X):
     """The kernel ``GPClassifier(kernel=None)`` starts from on the rows X (the initial sample): RBF with
-    lengthscales ``lengthscale_factor`` times sqrt(d) times each column's standard deviation (1 for a constant
-    column), amplitude 1 and latent noise 1e-3 (the exact model of small data starts ``size_rule.EXACT_LENGTHSCALE_FACTOR``
-    times longer). The deviations are taken without overflow or underflow (``validation.column_scales``), so that the
+    lengthscales sqrt(d) times each column's standard deviation (1 for a constant column), amplitude 1 and latent
+    noise 1e-3. The deviations are taken without overflow or underflow (``validation.column_scales``), so that the
     lengthscales follow features on any scale (X * 1e-300 or X * 1e154 in float64: ``xp.std`` gave 0 or inf there,
     a chance-level model or an error about infinite lengthscales)."""
     d = X.shape[1]
     std, _ = V.column_scales(X)
     std = np.where(std > 0, std, 1.0)
-    lengthscales = std * (math.sqrt(d) * lengthscale_factor)
+    lengthscales = std * math.sqrt(d)
     limits = B.array_namespace(X).finfo(X.dtype)
     tiny, huge = float(limits.smallest_normal), float(limits.max)
     if not np.all((lengthscales >= tiny) & (lengthscales <= huge)):

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from .batch_size import rows_per_step
 from .methods import get_method
 
-__all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "PLATEAU_STEPS", "PLATEAU_RISE_PER_ROW",
-           "EXACT_LENGTHSCALE_FACTOR", "ModelSize", "model_size", "exact_plateau", "initial_lengthscale_factor",
-           "estimator_model_size", "exact_passes"]
+__all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "PLATEAU_STEPS", "PLATEAU_RISE_PER_ROW", "ModelSize",
+           "model_size", "exact_plateau", "estimator_model_size", "exact_passes"]
 
 EXACT_MAX_ROWS = 700
 """The most training rows for which ``n_inducing="auto"`` takes the exact model (chosen in
@@ -47,20 +46,6 @@ PLATEAU_RISE_PER_ROW = 1e-4
 (``exact_plateau``; at most ``max_iter`` steps, as before). Chosen in docs/small_data_defaults.md: on the study's
 sets it stopped after 88-260 of the 260 passes (162 on average), at a test NLL 0.0007 ± 0.0005 below where all of
 them end (no set worse by more than 0.0004 on average), and each pass it saves costs O(n^3)."""
-
-
-EXACT_LENGTHSCALE_FACTOR = 4.0
-"""The two-class exact model's default kernel starts with lengthscales this many times the sparse models' (4 sqrt(d)
-times each feature's standard deviation, the default prior centred there: ``inputs.default_kernel``). Chosen in
-docs/small_data_defaults.md on the study's sets: with every training row an inducing point, the ARD lengthscales
-learned from sqrt(d) SDs over-fit the nearly linear tables (the test NLL falls for 10-30 steps, then rises while
-log Z climbs); started smoother they were as good or better on every study set (5 splits)."""
-
-
-def initial_lengthscale_factor(*, at_rows, n_classes):
-    """How many times sqrt(d) SDs the default kernel's lengthscales start at: ``EXACT_LENGTHSCALE_FACTOR`` for a
-    two-class model whose inducing points are its rows (the exact model), else 1."""
-    return EXACT_LENGTHSCALE_FACTOR if at_rows and n_classes == 2 else 1.0
 
 
 def exact_plateau(n_rows):

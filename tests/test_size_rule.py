@@ -59,23 +59,6 @@ def test_small_binary_ep_is_the_exact_model_by_its_full_gp_pass(monkeypatch):
         GPClassifier(n_inducing=10, max_iter=5, random_state=0).fit(X, y)
 
 
-def test_the_exact_model_starts_smoother_and_its_prior_is_centred_there():
-    """Nothing set, two classes, a few rows: the exact model's kernel starts with lengthscales
-    ``EXACT_LENGTHSCALE_FACTOR`` times sqrt(d) SDs, and the default lengthscale prior is centred there; a sparse
-    model (an integer n_inducing) and more than two classes start at sqrt(d) SDs, as before."""
-    X, y = _data()
-    sqrt_d_sds = np.log(np.std(X, axis=0) * np.sqrt(X.shape[1]))
-    longer = sqrt_d_sds + np.log(size_rule.EXACT_LENGTHSCALE_FACTOR)
-    assert size_rule.EXACT_LENGTHSCALE_FACTOR > 1
-    for params, classes, centre in [({}, 2, longer), ({"n_inducing": 10}, 2, sqrt_d_sds),
-                                    ({}, 3, sqrt_d_sds)]:
-        X_c, y_c = _data(60, classes=classes) if classes == 3 else (X, y)
-        centre = centre if classes == 2 else np.log(np.std(X_c, axis=0) * np.sqrt(X_c.shape[1]))
-        model = GPClassifier(max_iter=1, random_state=0, **params).fit(X_c, y_c)
-        table = model.kernel_.parameter_table() if classes == 2 else model.kernel_[0].parameter_table()
-        np.testing.assert_allclose(table["log_lengthscales"].prior.loc, centre, rtol=1e-10)
-
-
 def test_the_exact_model_stops_on_its_plateau():
     """Nothing set, a few rows: the exact model's training stops at the first step where its log Z has risen by less
     than ``exact_plateau``'s rise over its window of steps (never before), well before max_iter; a sparse model
