@@ -5,7 +5,11 @@ Candidates (``--candidates``): ``auto`` -- ``GPClassifier(random_state=split)``,
 it is in this agpc); ``all`` -- ``n_inducing="all"``, the exact model (an inducing point at every row, held there);
 ``mK`` -- ``n_inducing=K`` learned with the kernel (``m100``: the default before the rule); ``mK-fixed`` -- K inducing
 points held at their k-means start (``optimize="kernel"``); ``logreg`` -- scikit-learn's LogisticRegression at its
-defaults; a suffix ``-es`` (``all-es``): early stopping on 20% of the training rows held out (``HeldOutStopping``).
+defaults; a suffix ``-es`` (``all-es``): early stopping on 20% of the training rows held out (``HeldOutStopping``);
+``auto`` with modifiers (``auto-ls0.5``, ``auto-amp1``, ``auto-init2``, combined as ``auto-ls1-amp1``): the default
+with its kernel's weak priors or start changed (``KernelVariant``: ``-lsS`` the sd of the log-lengthscale prior, ``-ampS``
+that of the log-amplitude prior, ``-initF`` the initial lengthscales and the prior's centre F times the default's),
+given as the user's own kernel and priors; ``auto-ls1.7320508075688772`` is the default itself.
 Every fit is timed: seconds of ``fit`` on the wall clock, and the CPU seconds of the process for the fit and its
 scoring, which at one BLAS thread (``--blas-threads 1``, ``taskset -c 0``) is what a quiet core's wall clock shows
 while other processes load the machine.
@@ -26,6 +30,7 @@ figure ± SE (Table 1, m = 25%) and whether the two targets of issue 29 hold for
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -38,6 +43,8 @@ from _runner import begin, header, load_npz, options, parse, parse_list, row
 
 TEST_SETS = study.TEST_SETS
 CANDIDATE = re.compile(r"^(auto|all|logreg|m(\d+)(-fixed)?)(-es)?$")
+VARIANT = re.compile(r"^auto((?:-(?:ls|amp|init)\d+(?:\.\d+)?)+)$")
+MODIFIER = re.compile(r"-(ls|amp|init)(\d+(?:\.\d+)?)")
 HELD_OUT = 0.2  # "-es": the share of the training rows held out to stop on
 PATIENCE = 20  # "-es": n_iter_no_change
 
@@ -63,6 +70,32 @@ class HeldOutStopping:
         return self.model.predict_proba(X)
 
 
+class KernelVariant:
+    """``auto-...`` candidates: ``GPClassifier(kernel=...)`` with the default kernel of the training rows
+    (``agpc.inputs.default_kernel``: RBF, lengthscales sqrt(d) times each feature's SD, amplitude 1, latent noise
+    1e-3), its lengthscales times ``init``, and the default priors' form as the user's own: log l_j ~ Normal(log of
+    the initial l_j, ``ls_sd``), log amplitude ~ Normal(0, ``amp_sd``) (``agpc.kernels.with_default_priors``)."""
+
+    def __init__(self, options, ls_sd, amp_sd, init):
+        self.options, self.ls_sd, self.amp_sd, self.init = options, ls_sd, amp_sd, init
+
+    def fit(self, X, y):
+        import agpc
+        from agpc.inputs import default_kernel
+        from agpc.priors import LogNormal
+
+        log_lengthscales = np.log(self.init) + np.asarray(default_kernel(X).params["log_lengthscales"]).reshape(-1)
+        priors = {"lengthscales": LogNormal([float(v) for v in log_lengthscales], self.ls_sd),
+                  "amplitude": LogNormal(0.0, self.amp_sd)}
+        kernel = agpc.RBF(lengthscales=list(np.exp(log_lengthscales)), amplitude=1.0, noise=1e-3, priors=priors)
+        self.model = agpc.GPClassifier(kernel=kernel, **self.options).fit(X, y)
+        self.classes_ = self.model.classes_
+        return self
+
+    def predict_proba(self, X):
+        return self.model.predict_proba(X)
+
+
 def parse_args(argv=None):
     p = options(__doc__, "moons-300, 1 split, auto and logreg, 5 iterations", data_dir=True)
     p.add_argument("--sets", default=None, help="'study', 'test' or a comma list of set names (default test)")
@@ -77,9 +110,9 @@ def parse_args(argv=None):
     named = {"study": list(study.DATASETS), "test": list(TEST_SETS)}
     args.sets = named.get(args.sets) or parse_list(args.sets, study.DATASETS + TEST_SETS, "set")
     args.candidates = parse_list(args.candidates)
-    bad = [c for c in args.candidates if not CANDIDATE.match(c)]
+    bad = [c for c in args.candidates if not (CANDIDATE.match(c) or VARIANT.match(c))]
     if bad:
-        raise SystemExit(f"unknown candidates {bad}: use auto, all, mK, mK-fixed, logreg")
+        raise SystemExit(f"unknown candidates {bad}: use auto, all, mK, mK-fixed, logreg, auto-lsS-ampS-initF")
     return args
 
 
@@ -94,6 +127,11 @@ def make_model(candidate, split, max_iter):
     options = {"random_state": split}
     if max_iter is not None:
         options["max_iter"] = max_iter
+    variant = VARIANT.match(candidate)
+    if variant:
+        given = {name: float(value) for name, value in MODIFIER.findall(variant.group(1))}
+        return KernelVariant(options, given.get("ls", math.sqrt(3.0)), given.get("amp", math.sqrt(3.0)),
+                             given.get("init", 1.0))
     match = CANDIDATE.match(candidate)
     if match.group(4):
         return HeldOutStopping(make_model(candidate[:-3], split, max_iter), split)
