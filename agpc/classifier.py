@@ -120,6 +120,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     blas_threads : int or None, default=None
         BLAS threads during ``fit``, ``partial_fit`` and prediction. ``None``: chosen for the work
         (``agpc.threads``), a limit the caller set left alone.
+    ard : "auto", True or False, default="auto"
+        Lengthscales per feature (True), or one learned scale for all, the features keeping their starting ratios
+        (False). "auto": the exact model of the default kernel learns one scale, then per feature from there, and
+        keeps those only if they raise log Z by more than a nat each (Akaike 1974); elsewhere per feature.
     kernel_prior : "auto" or None, default="auto"
         "auto": weak priors on the kernel's log lengthscales (centred on the default kernel's) and log amplitude,
         MAP instead of maximum likelihood (docs/small_data_defaults.md). ``None``: only the kernel's own priors.
@@ -140,6 +144,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     fit_time_, init_time_, stopped_by_time_ : seconds of ``fit`` and of its initial inducing points; stopped by max_time
     stop_reason_, n_samples_fit_ : why training stopped (``agpc.inspection.STOP_REASONS``), the rows fitted or streamed
     n_jobs_, jitter_, kernel_prior_ : the processes the fit trained in, its jitter and its ``kernel_prior``
+    ard_ : bool, the lengthscales were learned per feature (False: one shared scale; ``ard``)
     tf32_ : bool, float32 products of the fit ran in TF32 on the GPU (``agpc.backend.TF32Warning``)
     """
 
@@ -169,6 +174,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "site_directory": [V.NONE, V.PATH], "blas_threads": [V.NONE, _COUNT],
         "dtype": [V.FloatingType(*I.DTYPES)], "block_rows": [V.NONE, _COUNT],
         "step_replay": [V.Boolean()], "kernel_prior": [V.NONE, V.Options("auto")],
+        "ard": [V.Options("auto"), V.Boolean()],
         "class_weight": [V.NONE, V.Options("balanced"), V.InstanceOf(dict, description="a dict of class: weight")],
         "classes": [V.NONE, V.InstanceOf(list, tuple, np.ndarray, description="a list of the classes in their order")],
     }
@@ -179,7 +185,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                  jitter=1e-6, tol=1e-6, random_state=None, verbose=False, client=None, local_steps=None,
                  n_jobs=None, checkpoint_path=None, checkpoint_every=None, site_directory=None, blas_threads=None,
                  dtype="float64", block_rows=None, step_replay=False, kernel_prior="auto", class_weight=None,
-                 classes=None):
+                 classes=None, ard="auto"):
         parameters = dict(locals())  # every parameter stored as given, nothing else (scikit-learn's rule)
         del parameters["self"]
         vars(self).update(parameters)
@@ -239,8 +245,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             I.note_tf32(self, inputs.xp)
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(self, n) if size.at_rows else None)
             plateau = size_rule.exact_plateau(n) if size.at_rows else None  # (the sparse models run max_iter steps)
-            result = self._train(placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash,
-                                 plateau)
+            result, self.ard_ = size_rule.learn_lengthscales(
+                size_rule.ard_plan(self, size, inputs.X.shape[1]), inputs.X.shape[1], kernel,
+                lambda start, shared, first: self._train(placed, start, Z, classes, groups, rng, resume and first,
+                                                         validation, started, data_hash, plateau, shared=shared))
         return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume))
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
@@ -265,7 +273,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     _default_kernel = staticmethod(I.default_kernel)  # the kernel ``kernel=None`` starts from
 
-    def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau):
+    def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau,
+               shared=False):
         """The one training loop (``training.train``) on the ``placement.PlacedRows`` with this estimator's
         settings for its method: its engine (its passes where ``placed`` runs them, or ``placed.rounds``'s round
         engine) and the loop's settings and hooks, built here and only here."""
@@ -279,12 +288,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             plateau=plateau,
         )
         options = training.EngineOptions(
-            jitter=self._jitter_for(Z), optimize=groups,
+            jitter=max(float(self.jitter), B.jitter_floor(Z)), optimize=groups,
             block_rows=self.block_rows if placed.block_rows is None else placed.block_rows,
             damping=None if self.damping is None else float(self.damping), optimizer=self.optimizer,
             learning_rate=self.learning_rate,
             likelihood=self.likelihood_ if len(classes) <= 2 or self.likelihood_ == M.ORDINAL else None,
-            n_quadrature=int(self.n_quadrature), tol=float(self.tol),
+            n_quadrature=int(self.n_quadrature), tol=float(self.tol), shared_lengthscales=shared,
         )
         settings, options = training.with_overrides(settings, options,
                                                     spec.training_settings(self.get_params(deep=False), len(classes)))
@@ -298,11 +307,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return training.train(placed.X, placed.y, built, settings, training.standard_hooks(settings, validation),
                               sample_weight=placed.weights)
 
-    def _jitter_for(self, Z):
-        """``jitter``, raised to ``backend.jitter_floor`` for the model's type and number of inducing points
-        (a change only for float32, where 1e-6 is below what round-off lets a Cholesky factor resolve)."""
-        return max(float(self.jitter), B.jitter_floor(Z))
-
     def _fitted_from(self, result, classes, t0, n_rows, resumed=False):
         """Fitted attributes from a ``training.TrainResult`` of a fit on ``n_rows`` rows."""
         self._rows_seen = n_rows  # the rows the model stands for, should partial_fit continue it
@@ -312,11 +316,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                          result.jitter)
         self.stopped_by_time_, self.early_stopped_ = result.stopped_by_time, result.early_stopped
         self.stop_reason_, self.n_samples_fit_ = result.stop_reason, n_rows
-        if self.checkpoint_every is not None and result.checkpoints_written == 0 and not resumed:
-            # (a resumed fit that ends before its next checkpoint leaves the one it resumed from)
-            warnings.warn(f"no checkpoint was written to {str(self.checkpoint_path)!r}: the fit ended before its "
-                          f"first checkpoint (checkpoint_every={self.checkpoint_every} steps is more than it took)",
-                          UserWarning, stacklevel=4)
+        training.warn_if_no_checkpoint(self.checkpoint_path, self.checkpoint_every, result, resumed, stacklevel=4)
         return self
 
     def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter):
@@ -357,7 +357,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if order is not None:  # (the cut points start from this call's class counts)
                 kernel = O.start_kernel(self, kernel, y, len(order), inputs, weights)
             self._rows_seen = 0
-            self._trainer = S.stream_trainer(self, kernel, Z, n_total or rows, groups, self._jitter_for(Z))
+            self._trainer = S.stream_trainer(self, kernel, Z, n_total or rows, groups,
+                                             max(float(self.jitter), B.jitter_floor(Z)))
         elif not live:  # fit records its rows on the model, partial_fit in the history
             self._trainer, self._rows_seen = S.trainer_from_fitted(self, groups, n_total, rows,
                                                                    getattr(self, "_rows_seen", None))
@@ -369,7 +370,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.likelihood_ = M.get_method(self.method).likelihood_for(self.likelihood, len(self.classes_))
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
                          trainer.engine.jitter)
-        self.stop_reason_, self.n_samples_fit_ = "partial_fit", self._rows_seen
+        self.stop_reason_, self.n_samples_fit_, self.ard_ = "partial_fit", self._rows_seen, self.ard is not False
         return self
 
     # -- prediction (``agpc.prediction``) ---------------------------------------------------------

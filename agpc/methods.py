@@ -65,6 +65,7 @@ CAPABILITIES = MappingProxyType({
     "checkpoints": "checkpoints",
     "sample_weight": "`sample_weight`, `class_weight`",  # on every path the method takes (docs/weights.md)
     "uncertainty": "`predict_uncertainty`",  # every method: the entropy split by quadrature (docs/uncertainty.md)
+    "shared_lengthscales": "`ard=False`",  # one learned scale for every lengthscale (entrywise optimisers only)
 })
 """The capabilities a method may have, and the support table's heading of each."""
 
@@ -203,6 +204,9 @@ def check_method_params(params):
     if params.get("n_jobs") not in (None, 1) and not spec.supports("n_jobs"):
         raise ValueError(spec.refusal("n_jobs", f"n_jobs > 1 trains the methods {list(methods_supporting('n_jobs'))} "
                                                 f"in worker processes, not {method!r}: use n_jobs=1"))
+    if params.get("ard") is False and not spec.supports("shared_lengthscales"):
+        raise ValueError(spec.refusal("shared_lengthscales", f"method={method!r} cannot learn one shared lengthscale "
+                                                             "scale (ard=False): use ard=True or 'auto'"))
     if spec.check_params is not None:  # the method's own rules between parameters
         spec.check_params(params)
     likelihood = params.get("likelihood")
@@ -335,6 +339,9 @@ def _gfitc_params(params):
 
 
 _EVERYWHERE = {"out_of_core", "validation_data", "checkpoints"}
+_SHARED_SCALE_REFUSAL = ("method={name!r} cannot learn one shared lengthscale scale (ard=False): L-BFGS-B climbs "
+                         "the bound over every lengthscale; use ard=True or 'auto', or method 'ep', 'sep', 'adf', "
+                         "'gfitc' or 'svi'")
 _EP_PROBIT = "uses the probit likelihood, or the ordinal probit for ordered classes (closed-form EP updates)"
 _ON_DASK = {"dask", "dask_checkpoints"}
 _NO_ROUNDS = ("method={name!r} has no data-parallel rounds, so n_jobs > 1 is not supported: {why}; 'sep', 'adf', "
@@ -344,23 +351,26 @@ _VI_PER_ROW_XI = ("fit on a dask array does not train method {name!r}: it optimi
                   "update, kept on the workers) or an in-memory array")
 _BUILT_IN_METHODS = (
     Method("ep", family="ep", engine="ep", likelihoods=("probit", ORDINAL), likelihood_reason=_EP_PROBIT,
-           capabilities={"multiclass", "minibatch", "dask_batch", "n_jobs", "sample_weight", *_ON_DASK, *_EVERYWHERE},
+           capabilities={"multiclass", "minibatch", "dask_batch", "n_jobs", "sample_weight", "shared_lengthscales",
+                         *_ON_DASK, *_EVERYWHERE},
            remarks={"dask": "> 2 classes: batch, or `local_steps=0`", "n_jobs": "binary",
                     "sample_weight": "power EP"}, exact_passes=exact_ep),
     *(Method(name, family="ep", engine=name, likelihoods=("probit", ORDINAL), likelihood_reason=_EP_PROBIT,
              capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", "n_jobs", "sample_weight",
-                           *_ON_DASK, *_EVERYWHERE},
+                           "shared_lengthscales", *_ON_DASK, *_EVERYWHERE},
              remarks={"sample_weight": "rows counted by weight"})
       for name in ("sep", "adf")),
     Method("svi", family="variational", engine="svi", likelihoods=("probit", "logistic", ORDINAL),
            multiclass_likelihood="robust-max",
-           capabilities={"multiclass", "minibatch", "n_jobs", "sample_weight", *_ON_DASK, *_EVERYWHERE},
+           capabilities={"multiclass", "minibatch", "n_jobs", "sample_weight", "shared_lengthscales", *_ON_DASK,
+                         *_EVERYWHERE},
            remarks={"out_of_core": "a minibatch read at a time", "dask": "minibatches",
                     "sample_weight": "the weighted ELBO"}),
     *(Method(name, family="quadratic", engine=name, likelihoods=("logistic",),
              likelihood_reason="is built on the logistic likelihood",
              capabilities={"dask", "dask_batch", "sample_weight", *_EVERYWHERE},
-             refusals={"dask_checkpoints": f"checkpoints of {name!r} on a dask array are not supported yet (xi, one "
+             refusals={"shared_lengthscales": _SHARED_SCALE_REFUSAL.format(name=name),
+                       "dask_checkpoints": f"checkpoints of {name!r} on a dask array are not supported yet (xi, one "
                                            "a row, stays on the workers): fit without checkpoint_path, or on an "
                                            "in-memory array",
                        "n_jobs": _NO_ROUNDS.format(name=name, why="it is batch-only (its analytic q needs every "
@@ -371,11 +381,13 @@ _BUILT_IN_METHODS = (
     *(Method(name, family="quadratic", engine=name, likelihoods=("logistic",),
              likelihood_reason="is built on the logistic likelihood", capabilities={"sample_weight", *_EVERYWHERE},
              refusals={"dask": _VI_PER_ROW_XI.format(name=name),
+                       "shared_lengthscales": _SHARED_SCALE_REFUSAL.format(name=name),
                        "n_jobs": _NO_ROUNDS.format(name=name, why="it is batch-only (L-BFGS-B on every row's xi)")},
              remarks={"minibatch": "batch only", "sample_weight": "the weighted bound"})
       for name in ("vi-jj-hybrid", "vi-jj-full")),
     Method("gfitc", family="gfitc", engine="gfitc", likelihood_reason=_EP_PROBIT,
-           capabilities={"multiclass", "sample_weight", *_EVERYWHERE}, check_params=_gfitc_params,
+           capabilities={"multiclass", "sample_weight", "shared_lengthscales", *_EVERYWHERE},
+           check_params=_gfitc_params,
            refusals={"dask": _GFITC_BATCH_ONLY.format(what="fit on a dask array"),
                      "n_jobs": _GFITC_BATCH_ONLY.format(what="n_jobs > 1")},
            remarks={"minibatch": "batch only", "sample_weight": "power EP"}),

@@ -53,15 +53,16 @@ MAX_LABEL_BYTES = 4096
 # model that re-fits after loading, or its clone, writes where its user says, not where the file said.
 NOT_RESTORED = ("checkpoint_path", "checkpoint_every", "site_directory", "client")
 # Parameters added after models were first saved, and the value a file without them stands for: what those
-# models were trained with (before kernel_prior, every model was fitted by maximum likelihood: None).
-VALUE_WHEN_ABSENT = {"kernel_prior": None}
+# models were trained with (before kernel_prior, every model was fitted by maximum likelihood: None; before ard,
+# every lengthscale was learned per feature: True).
+VALUE_WHEN_ABSENT = {"kernel_prior": None, "ard": True}
 # Parameters added since models were first pickled whose default (None) is what an agpc without them did: an older
 # pickle is completed with it (else get_params, repr and clone of the unpickled estimator fail)
 PARAMETERS_ADDED = ("class_weight", "classes")
 # What a fit reported beyond its history, kept in the file's "fit_record" (a file without it, or without one of
 # them, was written before they were recorded: the loaded model's attribute is None, "not recorded"). The estimator
 # holds each as the attribute of its name and a trailing underscore (``stop_reason_``).
-FIT_RECORD = ("n_samples_fit", "fit_time", "stop_reason")
+FIT_RECORD = ("n_samples_fit", "fit_time", "stop_reason", "ard")
 # Gauss-Hermite nodes for SVI's binary logistic predictions (20 by default): more than this from a file is
 # a way to make prediction take gigabytes, not a model
 MAX_QUADRATURE = 1000
@@ -283,13 +284,15 @@ def _checked_record(record, refuse):
     are; each known one is checked (a row count, seconds, one of ``training.STOP_REASONS``)."""
     if not isinstance(record, dict):
         raise refuse("fit_record: not a mapping of names to values")
-    rows, seconds, reason = (record.get(name) for name in FIT_RECORD)
+    rows, seconds, reason, ard = (record.get(name) for name in FIT_RECORD)
     if rows is not None and not (_is_int(rows) and rows >= 1):
         raise refuse(f"fit_record.n_samples_fit: {rows!r} is not a positive integer")
     if seconds is not None and not (_is_number(seconds) and math.isfinite(seconds) and seconds >= 0):
         raise refuse(f"fit_record.fit_time: {seconds!r} is not a non-negative number of seconds")
     if reason is not None and reason not in STOP_REASONS:
         raise refuse(f"fit_record.stop_reason: {reason!r} is not one of {list(STOP_REASONS)}")
+    if ard is not None and not isinstance(ard, bool):
+        raise refuse(f"fit_record.ard: {ard!r} is not true or false (lengthscales per feature or one shared scale)")
     return {name: record.get(name) for name in FIT_RECORD}
 
 

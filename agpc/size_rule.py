@@ -21,7 +21,8 @@ from .batch_size import rows_per_step
 from .methods import ORDINAL, get_method
 
 __all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "PLATEAU_STEPS", "PLATEAU_RISE_PER_ROW", "ModelSize",
-           "model_size", "exact_plateau", "estimator_model_size", "exact_passes"]
+           "model_size", "exact_plateau", "estimator_model_size", "exact_passes", "CHOOSE", "ard_plan", "akaike_keeps",
+           "learn_lengthscales"]
 
 EXACT_MAX_ROWS = 700
 """The most training rows for which ``n_inducing="auto"`` takes the exact model (chosen in
@@ -110,3 +111,45 @@ def estimator_model_size(estimator, n_rows, n_classes=2, rows_known=True):
         raise ValueError(f"{what} exceeds the number of training rows ({n_rows}): use at most one inducing point per "
                          "row")
     return size
+
+
+CHOOSE = "choose"
+"""``ard_plan``'s answer for a fit that trains one shared lengthscale scale first, then a lengthscale per feature from
+there, and keeps the second only if ``akaike_keeps`` says so."""
+
+
+def ard_plan(estimator, size, n_features):
+    """How ``estimator``'s fit learns its lengthscales (its ``ard``): True, per feature; False, one scale for all,
+    the features keeping their starting ratios; ``CHOOSE``, both in turn and the better by Akaike's criterion.
+    ``ard="auto"`` chooses for the exact model of the default kernel (``size.at_rows``, ``kernel=None``) with more
+    than one feature and no checkpoints (a fit of two stages would write two runs to one file); it is per feature
+    everywhere else, as before the rule (docs/small_data_defaults.md says where it was chosen and checked)."""
+    if estimator.ard != "auto":
+        return bool(estimator.ard)
+    if size.at_rows and estimator.kernel is None and n_features > 1 and estimator.checkpoint_path is None:
+        return CHOOSE
+    return True
+
+
+def akaike_keeps(log_z_shared, log_z_per_feature, n_features):
+    """Whether lengthscales per feature beat one shared scale by Akaike's (1974) criterion on EP's log marginal
+    likelihood: they add ``n_features - 1`` hyper-parameters, so they must raise log Z by more than that many nats
+    (AIC = 2 k - 2 log Z; the criterion estimates the expected log predictive density, the test NLL's kind of
+    score). Chosen on the study's sets (docs/small_data_defaults.md): type-II maximum likelihood of d lengthscales on a
+    few hundred noisy rows over-fits, and one scale loses badly only where features are pure noise, where per-feature
+    lengthscales gain far more than d nats."""
+    return log_z_per_feature - log_z_shared > n_features - 1
+
+
+def learn_lengthscales(plan, n_features, kernel, train):
+    """(training result, whether its lengthscales are per feature) of a fit whose ``ard_plan`` is ``plan``, from
+    ``kernel``; ``train(start, shared, first)`` runs the training loop from the kernel ``start``, its lengthscales
+    tied (``shared``), ``first`` for the first stage (the one a resumed fit resumes). ``CHOOSE``: one shared scale
+    first, then per feature from where it ended, kept by ``akaike_keeps``; a first stage that ran out of time or
+    stopped early on validation data stays shared (each stage may take ``max_iter`` steps; ``max_time`` covers both)."""
+    result = train(kernel, plan is not True, True)
+    if plan != CHOOSE or result.stop_reason in ("max_time", "early_stopping"):
+        return result, plan is True
+    per_feature = train(result.kernel, False, False)
+    keep = akaike_keeps(result.log_z, per_feature.log_z, n_features)
+    return (per_feature if keep else result), keep

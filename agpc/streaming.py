@@ -36,7 +36,7 @@ def structure(estimator):
     partial_fit continues a model only while they stay as it was fitted with."""
     return {"method": estimator.method, "dtype": dtype_name(estimator.dtype), "n_inducing": estimator.n_inducing,
             "kernel": None if estimator.kernel is None else repr(estimator.kernel), "likelihood": estimator.likelihood,
-            "kernel_prior": estimator.kernel_prior}
+            "kernel_prior": estimator.kernel_prior, "ard": estimator.ard}
 
 
 def check_continuable(estimator, fitted_with, classes):
@@ -67,6 +67,7 @@ def stream_trainer(estimator, kernel, Z, n_total, groups, jitter):
     options = training.EngineOptions(
         jitter=jitter, optimize=groups, damping=None if estimator.damping is None else float(estimator.damping),
         optimizer=estimator.optimizer, learning_rate=estimator.learning_rate,
+        shared_lengthscales=estimator.ard is False,
     )
     engine = M.get_method(estimator.method).make_engine(kernel, Z, n_total=n_total, minibatch=True, options=options)
     return training.Trainer(engine)

@@ -212,6 +212,7 @@ def test_a_file_without_the_record_loads_and_says_not_recorded(banana_model):
     ({"stop_reason": "import os"}, "fit_record.stop_reason"),
     ({"n_samples_fit": -3}, "fit_record.n_samples_fit"),
     ({"fit_time": "1 s"}, "fit_record.fit_time"),
+    ({"ard": "yes"}, "fit_record.ard"),
     ([1, 2], "fit_record"),
 ])
 def test_a_bad_record_is_refused_naming_it(banana_model, record, field):

@@ -77,6 +77,7 @@ class EngineOptions:
     n_quadrature: int = 20  # SVI's Gauss-Hermite nodes
     tol: float = 1e-6  # GFITC: the relative site change below which its sites have settled
     site_rows: int | None = None  # EP: the rows it keeps sites for (default all; data-parallel rounds: none)
+    shared_lengthscales: bool = False  # the EP family, GFITC: every lengthscale moves by one common factor
 
 
 def _refuse_passes(name, passes):
@@ -159,10 +160,29 @@ def with_log_prior(kernel, grads, value=None):
     return grads, (None if value is None else value + log_prior)
 
 
-def hyper_step(optimizer, names, kernel, Z, grads):
+def shared_scale_grads(grads, with_prior):
+    """``with_prior`` (the gradients of log Z plus the log prior, ``with_log_prior``) with each kernel's
+    lengthscales tied: l_j = l_j(0) e^s, one log scale s for all of a kernel's features (``ard=False``), whose
+    gradient is sum_j d log Z / d log l_j plus the mean of the features' log prior gradients (the prior of one
+    lengthscale, not of d of them: the product of the d priors along the tie would hold s d times tighter). Every
+    entry gets that gradient, so that an optimiser stepping them entrywise (Rprop, the batch EP family's) keeps
+    their ratios as they started."""
+    tied = dict(with_prior)
+    for key, gradient in with_prior.items():
+        if key.endswith("log_lengthscales"):
+            xp = array_namespace(gradient)
+            data = grads[key]
+            common = xp.sum(data, axis=-1, keepdims=True) + xp.mean(gradient - data, axis=-1, keepdims=True)
+            tied[key] = xp.zeros_like(gradient) + common
+    return tied
+
+
+def hyper_step(optimizer, names, kernel, Z, grads, shared_lengthscales=False):
     """One ascent step of the named hyper-parameters (kernel parameters and "Z") on log Z plus the log prior, the
-    latent noise held at or above its floor (``kernels.step_lower_bounds``)."""
-    grads, _ = with_log_prior(kernel, grads)
+    latent noise held at or above its floor (``kernels.step_lower_bounds``); ``shared_lengthscales``: each kernel's
+    lengthscales by one common factor (``shared_scale_grads``)."""
+    with_prior, _ = with_log_prior(kernel, grads)
+    grads = shared_scale_grads(grads, with_prior) if shared_lengthscales else with_prior
     params = dict(kernel.params)
     params["Z"] = Z
     updated = bounded_step(optimizer, {k: params[k] for k in names}, {k: grads[k] for k in names},
@@ -294,6 +314,7 @@ class Engine(ModulesByName, abc.ABC):
         self.damping = _NOT_DAMPED
         self.state = {"kernel": kernel, "Z": Z}
         self._snapshot = None
+        self.shared_lengthscales = False  # ``EngineOptions.shared_lengthscales``, set by the engines that step it
 
     @property
     def has_params(self):
@@ -413,6 +434,7 @@ class EPEngine(Engine):
         super().__init__(kernel, Z, names=names, optimizer=optimizer if names else None, n_total=n_total,
                          minibatch=minibatch, jitter=options.jitter, block_rows=options.block_rows)
         self.method = self.name = name
+        self.shared_lengthscales = options.shared_lengthscales
         self.damping = (0.99 if minibatch else 0.5) if options.damping is None else options.damping
         self.passes = passes or (multiclass_ep if isinstance(kernel, ClassKernels) else ep)
         self.per_row_sites = name == "ep"
@@ -561,7 +583,8 @@ class EPEngine(Engine):
                 change = float(scalars[2]) + float(scalars[3])
             state["factor"] = new_factor
         if stepping:
-            state["kernel"], state["Z"] = hyper_step(self.optimizer, self.names, kernel, Z, result["grads"])
+            state["kernel"], state["Z"] = hyper_step(self.optimizer, self.names, kernel, Z, result["grads"],
+                                                     self.shared_lengthscales)
         return Outcome(change=change, stepped=stepping, record=True, n_invalid=n_invalid)
 
     def rebuild_factor(self, X, y):
@@ -679,6 +702,7 @@ class GFITCEngine(Engine):
                          optimizer=Rprop(initial_steps=initial_steps(kernel, Z, names)) if names else None,
                          n_total=n_total, minibatch=False, jitter=options.jitter, block_rows=options.block_rows)
         self.name = name
+        self.shared_lengthscales = options.shared_lengthscales
         self.damping = 0.5 if options.damping is None else options.damping
         self.tol_ep = options.tol
         self.state.update(nu=gfitc.zero_sites(n_total, Z), mu=gfitc.zero_sites(n_total, Z), factor=None)
@@ -710,7 +734,8 @@ class GFITCEngine(Engine):
         out, hyper = work
         s = self.state
         if hyper:
-            s["kernel"], s["Z"] = hyper_step(self.optimizer, self.names, s["kernel"], s["Z"], out["grads"])
+            s["kernel"], s["Z"] = hyper_step(self.optimizer, self.names, s["kernel"], s["Z"], out["grads"],
+                                             self.shared_lengthscales)
             self.settled, self.sweeps = False, 0
             return Outcome(change=None, stepped=True, record=True, n_invalid=int(out["n_invalid"]))
         rho, xp = self.damping, self.xp
@@ -789,6 +814,7 @@ class SVIEngine(Engine):
         super().__init__(kernel, Z, names=names, optimizer=opt, n_total=n_total, minibatch=minibatch,
                          jitter=options.jitter, block_rows=options.block_rows)
         self.name = name
+        self.shared_lengthscales = options.shared_lengthscales
         self.multiclass = isinstance(kernel, ClassKernels)
         self.likelihood = "robust-max" if self.multiclass else (options.likelihood or "probit")
         self.n_quadrature = options.n_quadrature
@@ -835,7 +861,9 @@ class SVIEngine(Engine):
 
     def apply(self, grads, lo, hi, *, stepping, scalars=None):
         s = self.state
-        grads, _ = with_log_prior(s["kernel"], grads)  # the ELBO plus the kernel's log prior
+        with_prior, _ = with_log_prior(s["kernel"], grads)  # the ELBO plus the kernel's log prior
+        # (Adam / Adadelta step entrywise: equal gradients keep tied lengthscales tied)
+        grads = shared_scale_grads(grads, with_prior) if self.shared_lengthscales else with_prior
         s["kernel"], s["Z"], s["whitened_mean"], s["whitened_chol"] = variational.svi_step(
             self.optimizer, self.names, s["kernel"], s["Z"], s["whitened_mean"], s["whitened_chol"], grads)
         return Outcome(change=None, stepped=True, record=True)
@@ -910,6 +938,9 @@ class QuadraticEngine(Engine):
         if passes is not None and method not in CLUSTER_QUADRATIC_METHODS:
             raise ValueError(f"method {method!r} optimises one xi per row with L-BFGS-B on the driver: it does not "
                              f"run its passes on a cluster; {CLUSTER_QUADRATIC_METHODS} do")
+        if options.shared_lengthscales:
+            raise ValueError(f"method={method!r} cannot learn one shared lengthscale scale (ard=False): L-BFGS-B "
+                             "climbs the bound over every lengthscale")
         super().__init__(kernel, Z, names=parameter_names(kernel, tuple(options.optimize)), optimizer=None,
                          n_total=n_total, minibatch=False, jitter=options.jitter, block_rows=options.block_rows)
         self.method = self.name = method

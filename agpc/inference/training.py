@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -33,7 +34,7 @@ from .ep import PRIOR_FACTOR_NAME
 from .hooks import standard_hooks
 from .settings import TrainSettings, setting_names, with_overrides
 
-__all__ = ["train", "fit", "Trainer", "TrainResult", "TrainSettings", "EngineOptions", "Run", "with_overrides",
+__all__ = ["train", "fit", "warn_if_no_checkpoint", "Trainer", "TrainResult", "TrainSettings", "EngineOptions", "Run", "with_overrides",
            "setting_names", "standard_hooks", "ALL_METHODS", "MAX_FAILURES", "minibatch_layout", "data_fingerprint",
            "fingerprint_stride", "FINGERPRINT_ROWS", "check_saved_factor", "STOP_REASONS"]
 
@@ -320,6 +321,15 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
     if minibatch:  # an epoch cut short (batch mode records its iterations as they end)
         trainer.record()
     return _result(run, want_log_z=not minibatch or all(hook.final_pass_fits() for hook in hooks))
+
+
+def warn_if_no_checkpoint(checkpoint_path, checkpoint_every, result, resumed, stacklevel=2):
+    """A ``UserWarning`` when a fit asked for checkpoints (``checkpoint_every``) but its ``result`` wrote none: it
+    ended before its first. A resumed fit that ends before its next one leaves the one it resumed from: no warning."""
+    if checkpoint_every is not None and result.checkpoints_written == 0 and not resumed:
+        warnings.warn(f"no checkpoint was written to {str(checkpoint_path)!r}: the fit ended before its first "
+                      f"checkpoint (checkpoint_every={checkpoint_every} steps is more than it took)", UserWarning,
+                      stacklevel=stacklevel + 1)
 
 
 def _start(X, y, engine, settings, hooks, sample_weight=None):

@@ -1,0 +1,130 @@
+"""One learned lengthscale scale (``ard=False``) and the exact model's choice between it and a lengthscale per
+feature by Akaike's criterion (``ard="auto"``, ``agpc.size_rule``; docs/small_data_defaults.md)."""
+
+import math
+import warnings
+
+import array_api_strict
+import numpy as np
+import pytest
+from sklearn.datasets import make_classification
+
+import agpc
+from agpc import GPClassifier, size_rule
+from agpc.inference.engines import shared_scale_grads
+from agpc.methods import method_names, methods_supporting
+from agpc.priors import LogNormal
+
+SHARED = tuple(methods_supporting("shared_lengthscales"))
+START = [1.0, 2.0, 4.0]
+
+
+@pytest.mark.parametrize("xp", [np, array_api_strict], ids=["numpy", "array_api_strict"])
+def test_the_tied_gradient_is_the_sum_of_log_z_s_and_the_mean_of_the_priors(xp):
+    data = {"log_lengthscales": xp.asarray([0.5, -2.0, 1.0, 3.0]), "1:log_lengthscales": xp.asarray([1.0, 2.0]),
+            "log_amplitude": xp.asarray(0.25)}
+    prior = {"log_lengthscales": xp.asarray([-1.0, -2.0, 0.0, -5.0]), "1:log_lengthscales": xp.asarray([4.0, 0.0]),
+             "log_amplitude": xp.asarray(-0.5)}
+    with_prior = {key: data[key] + prior[key] for key in data}
+    tied = shared_scale_grads(data, with_prior)
+    np.testing.assert_allclose(np.asarray(tied["log_lengthscales"]), [2.5 - 2.0] * 4, rtol=1e-15)
+    np.testing.assert_allclose(np.asarray(tied["1:log_lengthscales"]), [3.0 + 2.0] * 2, rtol=1e-15)
+    assert float(tied["log_amplitude"]) == -0.25  # untied parameters keep log Z's gradient plus the prior's
+
+
+def _data(n=120, d=3, seed=0):
+    X, y = make_classification(n, d, n_informative=2, n_redundant=0, random_state=seed)
+    return X, y
+
+
+def _fit(method, ard, **params):
+    X, y = _data()
+    sizes = {} if method == "ep" and params.get("n_inducing") == "all" else {"n_inducing": 10}
+    kernel = agpc.RBF(lengthscales=START, amplitude=1.0, noise=1e-3,
+                      priors={"lengthscales": LogNormal([0.0, 0.3, -0.2], 1.0)})  # centred away from the start
+    options = {**sizes, **params, "max_iter": params.get("max_iter", 15)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return GPClassifier(method=method, kernel=kernel, ard=ard, random_state=0, **options).fit(X, y)
+
+
+@pytest.mark.parametrize("method, params", [(m, {}) for m in SHARED] + [("ep", {"n_inducing": "all"}),
+                                            ("sep", {"batch_size": 40}), ("svi", {"batch_size": 40})],
+                         ids=lambda v: v if isinstance(v, str) else ",".join(f"{k}={w}" for k, w in v.items()))
+def test_shared_lengthscales_keep_their_starting_ratios(method, params):
+    shared = np.asarray(_fit(method, False, **params).kernel_.lengthscales) / START
+    per_feature = np.asarray(_fit(method, True, **params).kernel_.lengthscales) / START
+    np.testing.assert_allclose(shared, shared[0], rtol=1e-12)
+    assert abs(shared[0] - 1.0) > 1e-3  # the scale was learned
+    assert np.ptp(per_feature) > 1e-3  # (and per feature the ratios move: the test would see the tie gone)
+
+
+def test_a_stream_keeps_the_tie():
+    X, y = _data()
+    model = GPClassifier(method="sep", n_inducing=10, ard=False, random_state=0)
+    start = None
+    for lo in range(0, 120, 40):
+        model.partial_fit(X[lo:lo + 40], y[lo:lo + 40], classes=[0, 1], n_total=120)
+        start = np.asarray(model.kernel_.lengthscales) if start is None else start
+    ratios = np.asarray(model.kernel_.lengthscales) / start
+    np.testing.assert_allclose(ratios, ratios[0], rtol=1e-12)
+    assert model.ard_ is False
+
+
+@pytest.mark.parametrize("method", sorted(set(method_names()) - set(SHARED)))
+def test_methods_without_it_refuse_it_naming_the_parameter(method):
+    X, y = _data()
+    with pytest.raises(ValueError, match="ard=False"):
+        GPClassifier(method=method, ard=False).fit(X, y)
+
+
+def test_akaike_keeps_per_feature_lengthscales_only_above_a_nat_each():
+    assert not size_rule.akaike_keeps(-100.0, -100.0 + 4.0, 5)
+    assert size_rule.akaike_keeps(-100.0, -100.0 + 4.0 + 1e-9, 5)
+    assert not size_rule.akaike_keeps(-100.0, -90.0, 12)
+
+
+def test_the_plan_chooses_only_for_the_default_exact_model():
+    exact, sparse = size_rule.ModelSize(50, True), size_rule.ModelSize(10, False)
+    assert size_rule.ard_plan(GPClassifier(), exact, 3) == size_rule.CHOOSE
+    assert size_rule.ard_plan(GPClassifier(), exact, 1) is True  # one feature: nothing to tie
+    assert size_rule.ard_plan(GPClassifier(), sparse, 3) is True
+    assert size_rule.ard_plan(GPClassifier(kernel=agpc.RBF()), exact, 3) is True
+    assert size_rule.ard_plan(GPClassifier(checkpoint_path="x.npz"), exact, 3) is True
+    assert size_rule.ard_plan(GPClassifier(ard=False), sparse, 3) is False
+    assert size_rule.ard_plan(GPClassifier(ard=True), exact, 3) is True
+
+
+def _quiet_fit(X, y, **params):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return GPClassifier(random_state=0, **params).fit(X, y)
+
+
+def test_auto_keeps_per_feature_lengthscales_where_features_are_noise():
+    X, y = make_classification(200, 8, n_informative=2, n_redundant=0, flip_y=0.0, class_sep=1.5, random_state=1)
+    model, shared = _quiet_fit(X, y), _quiet_fit(X, y, ard=False)
+    assert model.ard_ is True
+    assert model.log_marginal_likelihood_ - shared.log_marginal_likelihood_ > X.shape[1] - 1
+
+
+def test_auto_keeps_the_shared_scale_where_every_feature_counts_alike():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 6))
+    y = (X.sum(axis=1) + rng.standard_normal(200) > 0).astype(int)
+    model, shared = _quiet_fit(X, y), _quiet_fit(X, y, ard=False)
+    assert model.ard_ is False
+    for key, value in shared.kernel_.params.items():  # the model is the shared stage's, exactly
+        np.testing.assert_array_equal(np.asarray(model.kernel_.params[key]), np.asarray(value))
+    assert model.log_marginal_likelihood_ == shared.log_marginal_likelihood_
+
+
+def test_the_choice_is_saved_with_the_model(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((80, 3))
+    y = (X.sum(axis=1) > 0).astype(int)
+    model = _quiet_fit(X, y)
+    model.save(tmp_path / "m.npz")
+    loaded = GPClassifier.load(tmp_path / "m.npz")
+    assert loaded.ard_ is model.ard_ and isinstance(loaded.ard_, bool)
+    assert math.isfinite(loaded.log_marginal_likelihood_)
