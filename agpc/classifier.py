@@ -143,8 +143,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "damping", "n_steps"; with validation data "validation_step", "validation_nll", "validation_error"
     fit_time_, init_time_, stopped_by_time_ : seconds of ``fit`` and of its initial inducing points; stopped by max_time
     stop_reason_, n_samples_fit_ : why training stopped (``agpc.inspection.STOP_REASONS``), the rows fitted or streamed
-    n_jobs_, jitter_, kernel_prior_ : the processes the fit trained in, its jitter and its ``kernel_prior``
-    ard_ : bool, the lengthscales were learned per feature (False: one shared scale; ``ard``)
+    n_jobs_, jitter_, kernel_prior_, ard_ : the fit's processes, jitter, ``kernel_prior``, lengthscales per feature
     tf32_ : bool, float32 products of the fit ran in TF32 on the GPU (``agpc.backend.TF32Warning``)
     """
 
@@ -248,7 +247,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             result, self.ard_ = size_rule.learn_lengthscales(
                 size_rule.ard_plan(self, size, inputs.X.shape[1]), inputs.X.shape[1], kernel,
                 lambda start, shared, first: self._train(placed, start, Z, classes, groups, rng, resume and first,
-                                                         validation, started, data_hash, plateau, shared=shared))
+                                                         validation, started, data_hash, plateau, tied=shared))
         return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume))
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
@@ -274,7 +273,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     _default_kernel = staticmethod(I.default_kernel)  # the kernel ``kernel=None`` starts from
 
     def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau,
-               shared=False):
+               tied=False):
         """The one training loop (``training.train``) on the ``placement.PlacedRows`` with this estimator's
         settings for its method: its engine (its passes where ``placed`` runs them, or ``placed.rounds``'s round
         engine) and the loop's settings and hooks, built here and only here."""
@@ -293,7 +292,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             damping=None if self.damping is None else float(self.damping), optimizer=self.optimizer,
             learning_rate=self.learning_rate,
             likelihood=self.likelihood_ if len(classes) <= 2 or self.likelihood_ == M.ORDINAL else None,
-            n_quadrature=int(self.n_quadrature), tol=float(self.tol), shared_lengthscales=shared,
+            n_quadrature=int(self.n_quadrature), tol=float(self.tol), shared_lengthscales=tied,
         )
         settings, options = training.with_overrides(settings, options,
                                                     spec.training_settings(self.get_params(deep=False), len(classes)))
@@ -370,7 +369,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.likelihood_ = M.get_method(self.method).likelihood_for(self.likelihood, len(self.classes_))
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
                          trainer.engine.jitter)
-        self.stop_reason_, self.n_samples_fit_, self.ard_ = "partial_fit", self._rows_seen, self.ard is not False
+        self.stop_reason_, self.n_samples_fit_ = "partial_fit", self._rows_seen
+        self.ard_ = not self._trainer.engine.shared_lengthscales
         return self
 
     # -- prediction (``agpc.prediction``) ---------------------------------------------------------

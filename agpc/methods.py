@@ -48,6 +48,7 @@ __all__ = [
     "check_method_params",
     "write_support_table",
     "ORDINAL",
+    "asks_shared_lengthscales",
     "main",
 ]
 
@@ -196,6 +197,11 @@ ORDINAL = "ordinal"
 trained by the binary passes of the methods that list it."""
 
 
+def asks_shared_lengthscales(ard):
+    """Whether an estimator's ``ard`` (``"auto"``, or a Python or NumPy bool) asks for one shared lengthscale scale."""
+    return not isinstance(ard, str) and not bool(ard)
+
+
 def check_method_params(params):
     """The rules of ``params["method"]`` on an estimator's parameters (``get_params()``): whether it trains in
     ``n_jobs`` processes, its own ``check_params``, the likelihoods it takes. One ValueError naming the problem."""
@@ -204,7 +210,7 @@ def check_method_params(params):
     if params.get("n_jobs") not in (None, 1) and not spec.supports("n_jobs"):
         raise ValueError(spec.refusal("n_jobs", f"n_jobs > 1 trains the methods {list(methods_supporting('n_jobs'))} "
                                                 f"in worker processes, not {method!r}: use n_jobs=1"))
-    if params.get("ard") is False and not spec.supports("shared_lengthscales"):
+    if asks_shared_lengthscales(params.get("ard", True)) and not spec.supports("shared_lengthscales"):
         raise ValueError(spec.refusal("shared_lengthscales", f"method={method!r} cannot learn one shared lengthscale "
                                                              "scale (ard=False): use ard=True or 'auto'"))
     if spec.check_params is not None:  # the method's own rules between parameters

@@ -104,7 +104,7 @@ def _json_params(params):
             out[key] = value
         elif isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value):
             out[key] = list(value)
-        elif isinstance(value, (np.integer, np.floating)):
+        elif isinstance(value, (np.integer, np.floating, np.bool_)):
             out[key] = value.item()
         # arrays (inducing=array), dicts (class_weight=dict), generators (random_state) and namespaces are not
         # model parameters needed to predict; they are dropped and the loaded estimator gets the defaults
@@ -413,6 +413,8 @@ def read_model_file(path, estimator, backend="numpy"):
         raise refuse(f"estimator: {header.get('estimator')!r}, this agpc loads {estimator.__name__}")
     model = _checked_params(header.get("params", {}), estimator, refuse)
     d, feature_names, record = _check_header_fields(header, refuse, version)
+    if record["ard"] is None and not isinstance(model.ard, str):  # a file from before the choice: as fitted
+        record["ard"] = bool(model.ard)
     for name in ("inducing_points", "posterior_L_C", "posterior_h", "classes"):
         if name not in arrays:
             raise refuse(f"{name}: missing")

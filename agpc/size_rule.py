@@ -15,7 +15,7 @@ whatever the size (up to ``ALL_MAX_ROWS``); an integer, for that many inducing p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .batch_size import rows_per_step
 from .methods import ORDINAL, get_method
@@ -121,12 +121,15 @@ there, and keeps the second only if ``akaike_keeps`` says so."""
 def ard_plan(estimator, size, n_features):
     """How ``estimator``'s fit learns its lengthscales (its ``ard``): True, per feature; False, one scale for all,
     the features keeping their starting ratios; ``CHOOSE``, both in turn and the better by Akaike's criterion.
-    ``ard="auto"`` chooses for the exact model of the default kernel (``size.at_rows``, ``kernel=None``) with more
+    ``ard="auto"`` chooses for ``n_inducing="auto"``'s exact model of the default kernel (``kernel=None``) with more
     than one feature and no checkpoints (a fit of two stages would write two runs to one file); it is per feature
     everywhere else, as before the rule (docs/small_data_defaults.md says where it was chosen and checked)."""
-    if estimator.ard != "auto":
+    if not isinstance(estimator.ard, str):
         return bool(estimator.ard)
-    if size.at_rows and estimator.kernel is None and n_features > 1 and estimator.checkpoint_path is None:
+    # n_inducing="auto"'s exact model only (binary batch EP up to EXACT_MAX_ROWS, where the rule was chosen): not
+    # "all" (any method, classes or size: C (d - 1) parameters for C classes, an ELBO for SVI, O(n^3) twice)
+    if (size.at_rows and estimator.n_inducing == "auto" and estimator.kernel is None and n_features > 1
+            and estimator.checkpoint_path is None and get_method(estimator.method).supports("shared_lengthscales")):
         return CHOOSE
     return True
 
@@ -146,10 +149,15 @@ def learn_lengthscales(plan, n_features, kernel, train):
     ``kernel``; ``train(start, shared, first)`` runs the training loop from the kernel ``start``, its lengthscales
     tied (``shared``), ``first`` for the first stage (the one a resumed fit resumes). ``CHOOSE``: one shared scale
     first, then per feature from where it ended, kept by ``akaike_keeps``; a first stage that ran out of time or
-    stopped early on validation data stays shared (each stage may take ``max_iter`` steps; ``max_time`` covers both)."""
+    stopped early on validation data stays shared. Each stage may take ``max_iter`` steps and ``max_time`` covers
+    both; the result (``n_iter_``, ``history_``) is the kept stage's, and says ``max_time`` when the second stage was
+    cut short by it."""
     result = train(kernel, plan is not True, True)
     if plan != CHOOSE or result.stop_reason in ("max_time", "early_stopping"):
         return result, plan is True
     per_feature = train(result.kernel, False, False)
     keep = akaike_keeps(result.log_z, per_feature.log_z, n_features)
-    return (per_feature if keep else result), keep
+    if keep or not per_feature.stopped_by_time:
+        return (per_feature if keep else result), keep
+    # the shared stage kept, the second cut short by max_time: the fit as a whole ran out of time
+    return replace(result, stopped_by_time=True, stop_reason=per_feature.stop_reason), keep

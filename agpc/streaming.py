@@ -62,12 +62,13 @@ def check_continuable(estimator, fitted_with, classes):
                          "call fit to start again with the new parameters")
 
 
-def stream_trainer(estimator, kernel, Z, n_total, groups, jitter):
-    """A minibatch trainer of the estimator's method (its engine, ``agpc.methods``) at (kernel, Z)."""
+def stream_trainer(estimator, kernel, Z, n_total, groups, jitter, shared=None):
+    """A minibatch trainer of the estimator's method (its engine, ``agpc.methods``) at (kernel, Z); ``shared``: its
+    lengthscales tied (None: as the estimator's ``ard`` asks)."""
     options = training.EngineOptions(
         jitter=jitter, optimize=groups, damping=None if estimator.damping is None else float(estimator.damping),
         optimizer=estimator.optimizer, learning_rate=estimator.learning_rate,
-        shared_lengthscales=estimator.ard is False,
+        shared_lengthscales=M.asks_shared_lengthscales(estimator.ard) if shared is None else shared,
     )
     engine = M.get_method(estimator.method).make_engine(kernel, Z, n_total=n_total, minibatch=True, options=options)
     return training.Trainer(engine)
@@ -87,8 +88,9 @@ def trainer_from_fitted(estimator, groups, n_total, rows, rows_seen):
             "record how many rows it was trained on: pass n_total, the number of rows it stands for with this "
             "batch"
         )
+    # tied as the model was fitted (an "auto" fit that kept one shared scale goes on with it)
     trainer = stream_trainer(estimator, estimator.kernel_, estimator.inducing_points_, n_total or rows_seen + rows,
-                             groups, float(estimator.jitter_))
+                             groups, float(estimator.jitter_), shared=getattr(estimator, "ard_", True) is False)
     posterior = estimator.posterior_
     trainer.state["factor"] = (multiclass_ep.factor_from_posteriors(posterior) if isinstance(posterior, tuple)
                                else ep.Factor.from_posterior(posterior))

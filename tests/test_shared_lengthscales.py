@@ -1,8 +1,10 @@
 """One learned lengthscale scale (``ard=False``) and the exact model's choice between it and a lengthscale per
 feature by Akaike's criterion (``ard="auto"``, ``agpc.size_rule``; docs/small_data_defaults.md)."""
 
+import dataclasses
 import math
 import warnings
+from pathlib import Path
 
 import array_api_strict
 import numpy as np
@@ -12,6 +14,7 @@ from sklearn.datasets import make_classification
 import agpc
 from agpc import GPClassifier, size_rule
 from agpc.inference.engines import shared_scale_grads
+from agpc.inputs import default_kernel
 from agpc.methods import method_names, methods_supporting
 from agpc.priors import LogNormal
 
@@ -128,3 +131,71 @@ def test_the_choice_is_saved_with_the_model(tmp_path):
     loaded = GPClassifier.load(tmp_path / "m.npz")
     assert loaded.ard_ is model.ard_ and isinstance(loaded.ard_, bool)
     assert math.isfinite(loaded.log_marginal_likelihood_)
+
+
+def test_n_inducing_all_learns_per_feature_lengthscales_for_any_method():
+    X, y = _data(60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = GPClassifier(method="vi-jj", n_inducing="all", max_iter=3).fit(X, y)  # (the tie would be refused)
+    assert model.ard_ is True
+    assert size_rule.ard_plan(GPClassifier(n_inducing="all"), size_rule.ModelSize(60, True), 3) is True
+
+
+def test_a_numpy_false_asks_for_the_tie_everywhere(tmp_path):
+    X, y = _data()
+    model = GPClassifier(method="sep", n_inducing=10, max_iter=10, ard=np.False_, random_state=0).fit(X, y)
+    ratios = np.asarray(model.kernel_.lengthscales) / np.asarray(default_kernel(X).lengthscales)
+    assert model.ard_ is False and np.ptp(np.log(ratios)) < 1e-12
+    model.save(tmp_path / "m.npz")
+    assert GPClassifier.load(tmp_path / "m.npz").ard is False
+    with pytest.raises(ValueError, match="ard=False"):
+        GPClassifier(method="vi-jj", ard=np.False_).check_params()
+
+
+def test_a_stream_goes_on_with_the_tie_a_fit_used():
+    X, y = _data()
+    model = GPClassifier(method="sep", n_inducing=10, max_iter=5, ard=False, random_state=0).fit(X, y)
+    before = np.asarray(model.kernel_.lengthscales)
+    model.partial_fit(X[:40], y[:40])
+    ratios = np.asarray(model.kernel_.lengthscales) / before
+    np.testing.assert_allclose(ratios, ratios[0], rtol=1e-12)
+    assert model.ard_ is False
+
+
+def test_a_checkpoint_resumes_only_with_the_tie_it_was_written_with(tmp_path):
+    X, y = _data()
+    path = tmp_path / "run.npz"
+    params = dict(method="sep", n_inducing=10, max_iter=6, checkpoint_path=path, checkpoint_every=2, random_state=0)
+    GPClassifier(ard=True, **params).fit(X, y)
+    with pytest.raises(ValueError, match="shared_lengthscales"):
+        GPClassifier(ard=False, **{**params, "max_iter": 8}).fit(X, y, resume=True)
+    GPClassifier(ard=False, **params).fit(X, y)
+    with pytest.raises(ValueError, match="shared_lengthscales"):
+        GPClassifier(ard=True, **{**params, "max_iter": 8}).fit(X, y, resume=True)
+
+
+@dataclasses.dataclass
+class _Stage:
+    kernel: str
+    log_z: float
+    stop_reason: str = "plateau"
+    stopped_by_time: bool = False
+
+
+def test_a_second_stage_cut_by_max_time_says_so():
+    stages = iter([_Stage("shared", -10.0), _Stage("per feature", -10.5, "max_time", True)])
+    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 3, "start", lambda *_: next(stages))
+    assert per_feature is False and result.kernel == "shared"
+    assert result.stopped_by_time and result.stop_reason == "max_time"
+    stages = iter([_Stage("shared", -10.0, "max_time", True)])  # out of time in the first: no second stage
+    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 3, "start", lambda *_: next(stages))
+    assert per_feature is False and result.stop_reason == "max_time"
+    stages = iter([_Stage("shared", -10.0), _Stage("per feature", -7.9)])
+    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 3, "start", lambda *_: next(stages))
+    assert per_feature is True and result.kernel == "per feature"
+
+
+def test_a_model_file_from_before_the_choice_says_per_feature():
+    model = GPClassifier.load(Path(__file__).resolve().parent / "data" / "model_v2" / "binary_banana.npz")
+    assert model.ard is True and model.ard_ is True

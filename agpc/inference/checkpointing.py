@@ -50,7 +50,10 @@ def run_fingerprint(engine, n, n_batches, data_hash):
             # the objective's priors: a resume under other priors (kernel_prior changed) would climb
             # another objective from the saved state
             "priors": {key: parameter.prior.spec() for key, parameter in kernel.parameter_table().items()
-                       if parameter.prior is not None}}
+                       if parameter.prior is not None},
+            # tied lengthscales (ard=False) climb along another path: said only when tied, so that a checkpoint
+            # written before the tie existed (per feature) still resumes
+            **({"shared_lengthscales": True} if engine.shared_lengthscales else {})}
 
 
 def write_checkpoint(trainer, rng, order, best, path, fingerprint):
