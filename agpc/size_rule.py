@@ -21,7 +21,7 @@ from .batch_size import rows_per_step
 from .methods import ORDINAL, get_method
 
 __all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "PLATEAU_STEPS", "PLATEAU_RISE_PER_ROW", "ModelSize",
-           "model_size", "exact_plateau", "estimator_model_size", "exact_passes", "CHOOSE", "ard_plan", "akaike_keeps",
+           "model_size", "exact_plateau", "estimator_model_size", "exact_passes", "ARD_CHOICE_MAX_ROWS", "CHOOSE", "ard_plan", "akaike_keeps",
            "learn_lengthscales"]
 
 EXACT_MAX_ROWS = 700
@@ -113,6 +113,13 @@ def estimator_model_size(estimator, n_rows, n_classes=2, rows_known=True):
     return size
 
 
+ARD_CHOICE_MAX_ROWS = 500
+"""The most training rows for which ``ard="auto"`` chooses between one shared lengthscale scale and one per feature
+(``ard_plan``). The choice trains the exact model twice (1.5-2.2 times the cost of one fit on the study's sets of
+400-600 rows); above 500 rows two fits of the exact model took 5.3-5.7 CPU s on one core on two of the seven
+test sets of docs/small_data_defaults.md (australian, breast: 615-621 rows), past the 5 s a small fit may take, and
+the study's sets hold no evidence of a gain there (clf-700x8 and clf-700x14 kept their lengthscales per feature)."""
+
 CHOOSE = "choose"
 """``ard_plan``'s answer for a fit that trains one shared lengthscale scale first, then a lengthscale per feature from
 there, and keeps the second only if ``akaike_keeps`` says so."""
@@ -121,15 +128,17 @@ there, and keeps the second only if ``akaike_keeps`` says so."""
 def ard_plan(estimator, size, n_features):
     """How ``estimator``'s fit learns its lengthscales (its ``ard``): True, per feature; False, one scale for all,
     the features keeping their starting ratios; ``CHOOSE``, both in turn and the better by Akaike's criterion.
-    ``ard="auto"`` chooses for ``n_inducing="auto"``'s exact model of the default kernel (``kernel=None``) with more
-    than one feature and no checkpoints (a fit of two stages would write two runs to one file); it is per feature
-    everywhere else, as before the rule (docs/small_data_defaults.md says where it was chosen and checked)."""
+    ``ard="auto"`` chooses for ``n_inducing="auto"``'s exact model of the default kernel (``kernel=None``) on up to
+    ``ARD_CHOICE_MAX_ROWS`` rows of more than one feature, without checkpoints (a fit of two stages would write two
+    runs to one file); it is per feature everywhere else, as before the rule (docs/small_data_defaults.md says where
+    it was chosen and checked)."""
     if not isinstance(estimator.ard, str):
         return bool(estimator.ard)
-    # n_inducing="auto"'s exact model only (binary batch EP up to EXACT_MAX_ROWS, where the rule was chosen): not
+    # n_inducing="auto"'s exact model only (binary batch EP, where the rule was chosen): not
     # "all" (any method, classes or size: C (d - 1) parameters for C classes, an ELBO for SVI, O(n^3) twice)
-    if (size.at_rows and estimator.n_inducing == "auto" and estimator.kernel is None and n_features > 1
-            and estimator.checkpoint_path is None and get_method(estimator.method).supports("shared_lengthscales")):
+    if (size.at_rows and size.n_inducing <= ARD_CHOICE_MAX_ROWS and estimator.n_inducing == "auto"
+            and estimator.kernel is None and n_features > 1 and estimator.checkpoint_path is None
+            and get_method(estimator.method).supports("shared_lengthscales")):
         return CHOOSE
     return True
 

@@ -9,7 +9,9 @@ defaults; a suffix ``-es`` (``all-es``): early stopping on 20% of the training r
 ``auto`` with modifiers (``auto-ls0.5``, ``auto-amp1``, ``auto-init2``, combined as ``auto-ls1-amp1``): the default
 with its kernel's weak priors or start changed (``KernelVariant``: ``-lsS`` the sd of the log-lengthscale prior, ``-ampS``
 that of the log-amplitude prior, ``-initF`` the initial lengthscales and the prior's centre F times the default's),
-given as the user's own kernel and priors; ``auto-ls1.7320508075688772`` is the default itself.
+given as the user's own kernel and priors; ``auto-ls1.7320508075688772`` is the default itself; ``auto-per-feature``
+and ``auto-shared``: the default with ``ard=True`` (lengthscales per feature, the default before ``ard="auto"``) and
+``ard=False`` (one shared scale).
 Every fit is timed: seconds of ``fit`` on the wall clock, and the CPU seconds of the process for the fit and its
 scoring, which at one BLAS thread (``--blas-threads 1``, ``taskset -c 0``) is what a quiet core's wall clock shows
 while other processes load the machine.
@@ -43,6 +45,7 @@ from _runner import begin, header, load_npz, options, parse, parse_list, row
 
 TEST_SETS = study.TEST_SETS
 CANDIDATE = re.compile(r"^(auto|all|logreg|m(\d+)(-fixed)?)(-es)?$")
+LENGTHSCALES = re.compile(r"^auto-(per-feature|shared)$")  # the default with ard=True / ard=False
 VARIANT = re.compile(r"^auto((?:-(?:ls|amp|init)\d+(?:\.\d+)?)+)$")
 MODIFIER = re.compile(r"-(ls|amp|init)(\d+(?:\.\d+)?)")
 HELD_OUT = 0.2  # "-es": the share of the training rows held out to stop on
@@ -110,9 +113,10 @@ def parse_args(argv=None):
     named = {"study": list(study.DATASETS), "test": list(TEST_SETS)}
     args.sets = named.get(args.sets) or parse_list(args.sets, study.DATASETS + TEST_SETS, "set")
     args.candidates = parse_list(args.candidates)
-    bad = [c for c in args.candidates if not (CANDIDATE.match(c) or VARIANT.match(c))]
+    bad = [c for c in args.candidates if not (CANDIDATE.match(c) or VARIANT.match(c) or LENGTHSCALES.match(c))]
     if bad:
-        raise SystemExit(f"unknown candidates {bad}: use auto, all, mK, mK-fixed, logreg, auto-lsS-ampS-initF")
+        raise SystemExit(f"unknown candidates {bad}: use auto, all, mK, mK-fixed, logreg, auto-lsS-ampS-initF, "
+                         "auto-per-feature, auto-shared")
     return args
 
 
@@ -127,6 +131,9 @@ def make_model(candidate, split, max_iter):
     options = {"random_state": split}
     if max_iter is not None:
         options["max_iter"] = max_iter
+    lengthscales = LENGTHSCALES.match(candidate)
+    if lengthscales:
+        return agpc.GPClassifier(ard=lengthscales.group(1) == "per-feature", **options)
     variant = VARIANT.match(candidate)
     if variant:
         given = {name: float(value) for name, value in MODIFIER.findall(variant.group(1))}

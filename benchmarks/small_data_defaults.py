@@ -4,11 +4,12 @@ are NOT the seven of Hernandez-Lobato & Hernandez-Lobato (2016) Table 1 (pima, a
 ionosphere, sonar): those are kept for the check that follows the choice (``uci_binary.py --preset ep-sklearn``), never for the
 choice itself (issue 19).
 
-Sets (18): generated -- banana (400 rows, ``agpc.datasets.make_banana``), clf-300x10, clf-1000x30, clf-700x8 and
+Sets (30): generated -- banana (400 rows, ``agpc.datasets.make_banana``), clf-300x10, clf-1000x30, clf-700x8 and
 clf-700x14 (``sklearn.datasets.make_classification``; the last two added for the model's size, ``size_rule.py``),
 moons-300, circles-300; scikit-learn's bundled digits 3 v 8 and
 1 v 7, iris, wine; the multiclass sets of ``../shared/data`` -- glass, newthyroid, svmguide2, vehicle, vowel and
-1000-row samples of waveform and satellite (a set whose file is absent is skipped with a note).
+1000-row samples of waveform and satellite (a set whose file is absent is skipped with a note); and 12 two-class
+tables of about 300 rows cut from them and from scikit-learn's breast cancer (``BINARY_CUTS``, ``binary_cut``).
 
 Protocol: random 90/10 splits (split s: ``numpy.random.default_rng(s)``), features standardised on the training
 part, m = max(4, round(``--fraction`` x n_train)) at most ``--max-m`` (per class for multiclass), k-means
@@ -37,7 +38,12 @@ from _runner import begin, header, load_npz, options, parse, parse_list, row
 GENERATED = ("banana", "clf-300x10", "clf-1000x30", "moons-300", "circles-300", "clf-700x8", "clf-700x14")
 BUNDLED = ("digits-3v8", "digits-1v7", "iris", "wine")
 SHARED = ("glass", "newthyroid", "svmguide2", "vehicle", "vowel", "waveform-1000", "satellite-1000")
-DATASETS = GENERATED + BUNDLED + SHARED
+# Two-class tables of about 300 rows cut from the same files and scikit-learn's breast cancer (WDBC), added for
+# the choice of ard="auto" (size_rule.py): real, noisy tables of the size where the exact model runs
+BINARY_CUTS = ("wq-red-300", "wq-white-300", "waveform-0v1-300", "waveform-0v2-300", "waveform-1v2-300",
+               "vehicle-bus-300", "vehicle-van-300", "satellite-1v2-300", "satellite-3v4-300", "svmguide2-1vrest",
+               "svmguide2-2vrest", "wdbc-300")
+DATASETS = GENERATED + BUNDLED + SHARED + BINARY_CUTS
 TEST_SETS = ("pima", "australian", "breast", "crabs", "heart", "ionosphere", "sonar")  # never used here
 METHODS = ("ep", "sep", "adf", "svi")
 SAMPLE_SEED = 0  # the 1000-row samples of waveform and satellite
@@ -84,6 +90,8 @@ def load(name, data_dir):
     if name in ("iris", "wine"):
         X, y = (sk.load_iris if name == "iris" else sk.load_wine)(return_X_y=True)
         return X, y
+    if name in BINARY_CUTS:
+        return binary_cut(name, data_dir, sk)
     file = name.split("-")[0]
     path = Path(data_dir) / f"{file}.npz"
     if not path.is_file():
@@ -93,6 +101,39 @@ def load(name, data_dir):
         rows = np.sort(np.random.default_rng(SAMPLE_SEED).choice(X.shape[0], size=1000, replace=False))
         X, y = X[rows], y[rows]
     return X, y
+
+
+def binary_cut(name, data_dir, sk):
+    """A two-class table of ``BINARY_CUTS``: wine quality 6 or more against less (red or white); a pair of
+    waveform's or satellite's classes (their indices); one of vehicle's or svmguide2's classes against the rest;
+    WDBC. Tables of more than 300 rows: 300 rows drawn at random (seed 0). None when the file is absent."""
+    if name == "wdbc-300":
+        X, y = sk.load_breast_cancer(return_X_y=True)
+    else:
+        file = {"wq-red": "wine_quality_red", "wq-white": "wine_quality_white"}.get(name[:name.rfind("-")],
+                                                                                   name.split("-")[0])
+        if not (Path(data_dir) / f"{file}.npz").is_file():
+            return None
+        X, y, _ = load_npz(data_dir, file)
+        classes = {"vehicle-bus": 0, "vehicle-van": 3, "satellite-1v2": (0, 1), "satellite-3v4": (2, 3),
+                   "svmguide2-1vrest": 0, "svmguide2-2vrest": 1}
+        key = name[:name.rfind("-")] if name.endswith("-300") else name
+        if file.startswith("wine_quality"):
+            y = (y >= 3).astype(int)  # the class indices of quality 3, 4, 5, 6, ...: quality 6 or more
+        elif file == "waveform":
+            a, b = int(key[-3]), int(key[-1])
+            keep = (y == a) | (y == b)
+            X, y = X[keep], (y[keep] == b).astype(int)
+        elif isinstance(classes[key], tuple):
+            a, b = classes[key]
+            keep = (y == a) | (y == b)
+            X, y = X[keep], (y[keep] == b).astype(int)
+        else:
+            y = (y == classes[key]).astype(int)
+    if name.endswith("-300") and X.shape[0] > 300:
+        rows = np.sort(np.random.default_rng(SAMPLE_SEED).choice(X.shape[0], size=300, replace=False))
+        X, y = X[rows], y[rows]
+    return np.asarray(X, dtype=np.float64), y
 
 
 def verdict(after, before):

@@ -91,6 +91,9 @@ def test_the_plan_chooses_only_for_the_default_exact_model():
     exact, sparse = size_rule.ModelSize(50, True), size_rule.ModelSize(10, False)
     assert size_rule.ard_plan(GPClassifier(), exact, 3) == size_rule.CHOOSE
     assert size_rule.ard_plan(GPClassifier(), exact, 1) is True  # one feature: nothing to tie
+    limit = size_rule.ARD_CHOICE_MAX_ROWS
+    assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(limit, True), 3) == size_rule.CHOOSE
+    assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(limit + 1, True), 3) is True
     assert size_rule.ard_plan(GPClassifier(), sparse, 3) is True
     assert size_rule.ard_plan(GPClassifier(kernel=agpc.RBF()), exact, 3) is True
     assert size_rule.ard_plan(GPClassifier(checkpoint_path="x.npz"), exact, 3) is True
