@@ -96,6 +96,9 @@ def _relevance_lines(model, max_features):
     width = max(7, *(len(labels[j]) for j in order[:max_features]))
     lines = ["feature relevance: 1 / lengthscale^2, normalised to sum to 1 (features compared in the units they "
              "were given)"]
+    if getattr(model, "ard_", None) is False:  # tied: the ratios are the start's, not learned
+        lines.append("  (one lengthscale scale shared by every feature, ard_=False: the ratios are the starting ones, "
+                     "not learned per feature)")
     if per_class:
         heads = [f"class {c}" for c in model.classes_]
         lines.append(f"  {'feature':<{width}}  {'mean':>8}  " + "  ".join(f"{h:>10}" for h in heads))

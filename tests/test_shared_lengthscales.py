@@ -202,3 +202,11 @@ def test_a_second_stage_cut_by_max_time_says_so():
 def test_a_model_file_from_before_the_choice_says_per_feature():
     model = GPClassifier.load(Path(__file__).resolve().parent / "data" / "model_v2" / "binary_banana.npz")
     assert model.ard is True and model.ard_ is True
+
+
+def test_the_summary_says_the_relevance_was_not_learned_per_feature():
+    X, y = _data()
+    model = GPClassifier(method="sep", n_inducing=10, max_iter=3, ard=False, random_state=0).fit(X, y)
+    assert "shared by every feature, ard_=False" in model.summary()
+    model = GPClassifier(method="sep", n_inducing=10, max_iter=3, ard=True, random_state=0).fit(X, y)
+    assert "ard_=False" not in model.summary()
