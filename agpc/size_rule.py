@@ -11,6 +11,10 @@ are fewer), started by k-means and learned with the kernel, as every fit was bef
 on data on disk (a memmap or zarr array, read a chunk at a time) or on a stream (``partial_fit``) does not hold the
 rows whole as the exact model needs: it takes the sparse model. ``n_inducing="all"`` asks for the exact model
 whatever the size (up to ``ALL_MAX_ROWS``); an integer, for that many inducing points, as before.
+
+The exact model's lengthscales (``ard="auto"``, the default; ``ard_plan``, ``learn_lengthscales``): on up to
+``ARD_CHOICE_MAX_ROWS`` rows it learns one scale shared by every feature first, then a lengthscale per feature from
+there, and keeps those only when Akaike's criterion says they are worth their parameters (``akaike_keeps``).
 """
 
 from __future__ import annotations
