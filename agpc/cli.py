@@ -197,6 +197,7 @@ def fit(args):
         max_iter=args.max_iter, max_time=args.max_time, random_state=args.random_state, verbose=not args.quiet,
         site_directory=args.site_directory, dtype=args.dtype,
         kernel_prior=None if args.kernel_prior == "none" else args.kernel_prior, class_weight=args.class_weight,
+        ard={"auto": "auto", "per-feature": True, "shared": False}[args.ard],
     )
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
     print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, classes "
@@ -554,6 +555,10 @@ def _fit_parser(sub):
     p.add_argument("--kernel-prior", choices=["auto", "none"], default="auto",
                    help="'auto' (default): weak priors on the kernel's lengthscales and amplitude (MAP); 'none': "
                         "type-II maximum likelihood (docs/small_data_defaults.md)")
+    p.add_argument("--ard", choices=["auto", "per-feature", "shared"], default="auto",
+                   help="the lengthscales: 'auto' (default: on up to 500 rows the exact model keeps one scale shared "
+                        "by every feature unless a lengthscale per feature is worth its parameters by Akaike's "
+                        "criterion), 'per-feature' or 'shared'")
     p.add_argument("--batch-size", type=_batch_size, default="auto", metavar="B",
                    help="rows per minibatch: a number, 'none' (full batch) or 'auto' (default: full batch up to "
                         "20,000 rows, else 200)")

@@ -331,6 +331,18 @@ def test_fit_takes_the_kernel_prior(tmp_path, banana, monkeypatch, flag, expecte
     assert saved[0].kernel_prior_ == expected
 
 
+@pytest.mark.parametrize("flag, expected", [([], "auto"), (["--ard", "per-feature"], True),
+                                           (["--ard", "shared"], False)])
+def test_fit_takes_ard(tmp_path, banana, monkeypatch, flag, expected):
+    import agpc.persistence
+
+    data, target = write_npy(tmp_path / "d.npy", *banana)
+    saved = []
+    monkeypatch.setattr(agpc.persistence, "save_model", lambda model, path: saved.append(model))
+    assert main(["fit", str(data), *target, *FIT_OPTIONS, *flag, "--out", str(tmp_path / "m.agpc")]) == 0
+    assert saved[0].ard == expected and (expected == "auto" or saved[0].ard_ is expected)
+
+
 def test_fit_on_a_file_without_names_records_none(tmp_path, banana, monkeypatch):
     import agpc.persistence
 

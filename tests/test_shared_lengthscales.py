@@ -210,3 +210,11 @@ def test_the_summary_says_the_relevance_was_not_learned_per_feature():
     assert "shared by every feature, ard_=False" in model.summary()
     model = GPClassifier(method="sep", n_inducing=10, max_iter=3, ard=True, random_state=0).fit(X, y)
     assert "ard_=False" not in model.summary()
+
+
+def test_more_classes_and_large_data_keep_lengthscales_per_feature():
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    assert _quiet_fit(X, y, max_iter=3).ard_ is True  # more than two classes: the sparse model, as before
+    assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(100, False), 3) is True  # minibatches, dask, ...
