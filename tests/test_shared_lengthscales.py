@@ -9,7 +9,7 @@ from pathlib import Path
 import array_api_strict
 import numpy as np
 import pytest
-from sklearn.datasets import make_classification
+from sklearn.datasets import load_iris, make_classification
 
 import agpc
 from agpc import GPClassifier, size_rule
@@ -213,8 +213,6 @@ def test_the_summary_says_the_relevance_was_not_learned_per_feature():
 
 
 def test_more_classes_and_large_data_keep_lengthscales_per_feature():
-    from sklearn.datasets import load_iris
-
     X, y = load_iris(return_X_y=True)
     assert _quiet_fit(X, y, max_iter=3).ard_ is True  # more than two classes: the sparse model, as before
     assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(100, False), 3) is True  # minibatches, dask, ...
