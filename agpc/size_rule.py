@@ -25,8 +25,8 @@ from .batch_size import rows_per_step
 from .methods import ORDINAL, get_method
 
 __all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "PLATEAU_STEPS", "PLATEAU_RISE_PER_ROW", "ModelSize",
-           "model_size", "exact_plateau", "estimator_model_size", "exact_passes", "ARD_CHOICE_MAX_ROWS", "CHOOSE", "ard_plan", "akaike_keeps",
-           "learn_lengthscales"]
+           "model_size", "exact_plateau", "estimator_model_size", "exact_passes", "ARD_CHOICE_MAX_ROWS", "CHOOSE",
+           "ard_plan", "akaike_keeps", "learn_lengthscales"]
 
 EXACT_MAX_ROWS = 700
 """The most training rows for which ``n_inducing="auto"`` takes the exact model (chosen in

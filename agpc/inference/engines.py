@@ -77,7 +77,7 @@ class EngineOptions:
     n_quadrature: int = 20  # SVI's Gauss-Hermite nodes
     tol: float = 1e-6  # GFITC: the relative site change below which its sites have settled
     site_rows: int | None = None  # EP: the rows it keeps sites for (default all; data-parallel rounds: none)
-    shared_lengthscales: bool = False  # the EP family, GFITC: every lengthscale moves by one common factor
+    shared_lengthscales: bool = False  # the EP family, GFITC, SVI: every lengthscale moves by one common factor
 
 
 def _refuse_passes(name, passes):

@@ -34,9 +34,9 @@ from .ep import PRIOR_FACTOR_NAME
 from .hooks import standard_hooks
 from .settings import TrainSettings, setting_names, with_overrides
 
-__all__ = ["train", "fit", "warn_if_no_checkpoint", "Trainer", "TrainResult", "TrainSettings", "EngineOptions", "Run", "with_overrides",
-           "setting_names", "standard_hooks", "ALL_METHODS", "MAX_FAILURES", "minibatch_layout", "data_fingerprint",
-           "fingerprint_stride", "FINGERPRINT_ROWS", "check_saved_factor", "STOP_REASONS"]
+__all__ = ["train", "fit", "warn_if_no_checkpoint", "Trainer", "TrainResult", "TrainSettings", "EngineOptions", "Run",
+           "with_overrides", "setting_names", "standard_hooks", "ALL_METHODS", "MAX_FAILURES", "minibatch_layout",
+           "data_fingerprint", "fingerprint_stride", "FINGERPRINT_ROWS", "check_saved_factor", "STOP_REASONS"]
 
 HISTORY_KEYS = ("log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps")
 # Why a run stopped (``TrainResult.stop_reason``): its step budget ran out; the sites settled below ``tol`` (nothing to
