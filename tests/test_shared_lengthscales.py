@@ -216,3 +216,15 @@ def test_more_classes_and_large_data_keep_lengthscales_per_feature():
     X, y = load_iris(return_X_y=True)
     assert _quiet_fit(X, y, max_iter=3).ard_ is True  # more than two classes: the sparse model, as before
     assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(100, False), 3) is True  # minibatches, dask, ...
+
+
+def test_data_parallel_rounds_keep_the_tie_and_say_it_in_their_checkpoints(tmp_path):
+    X, y = _data(160)
+    path = tmp_path / "rounds.npz"
+    params = dict(method="sep", n_inducing=10, batch_size=40, n_jobs=2, local_steps=2, max_iter=4, random_state=0,
+                  checkpoint_path=path, checkpoint_every=2)
+    model = GPClassifier(ard=False, **params).fit(X, y)
+    ratios = np.asarray(model.kernel_.lengthscales) / np.asarray(default_kernel(X).lengthscales)
+    assert np.ptp(np.log(ratios)) < 1e-12 and model.ard_ is False
+    with pytest.raises(ValueError, match="shared_lengthscales"):
+        GPClassifier(ard=True, **{**params, "max_iter": 6}).fit(X, y, resume=True)

@@ -251,6 +251,7 @@ class Engine(ModulesByName, abc.ABC):
     has_damping = False
     needs_rebuild = False  # minibatch EP: the running site product has drifted; ``rebuild_factor`` before the next step
     full_gp = False  # the passes read Z as the rows themselves (the exact model's): part of a checkpoint's fingerprint
+    shared_lengthscales = False  # ``EngineOptions.shared_lengthscales``: set by the engines that step it
     checkpoint_extras = ()  # entries of ``checkpoint_state`` the engine checks itself as it restores them
     name = None  # the method it trains (in messages)
     legacy_checkpoint_keys = MappingProxyType({})  # state entries of older checkpoints, old name -> new
@@ -314,7 +315,6 @@ class Engine(ModulesByName, abc.ABC):
         self.damping = _NOT_DAMPED
         self.state = {"kernel": kernel, "Z": Z}
         self._snapshot = None
-        self.shared_lengthscales = False  # ``EngineOptions.shared_lengthscales``, set by the engines that step it
 
     @property
     def has_params(self):
