@@ -1,7 +1,7 @@
 """agpc: scalable Gaussian process classification by expectation propagation with inducing points.
 
 The estimator is :class:`GPClassifier`; kernels are :class:`RBF`, :class:`Matern52`,
-:class:`RationalQuadratic` and their sums and products (:class:`Sum`, :class:`Product`: ``k1 + k2``,
+:class:`RationalQuadratic`, :class:`Linear` and their sums and products (:class:`Sum`, :class:`Product`: ``k1 + k2``,
 ``k1 * k2``); priors on kernel parameters are in :mod:`agpc.priors`; generators and loaders are in
 :mod:`agpc.datasets`.
 Fitted models are saved and loaded as data by :func:`save_model` and :func:`load_model`
@@ -20,6 +20,7 @@ _PUBLIC = {
     "RBF": "kernels",
     "Matern52": "kernels",
     "RationalQuadratic": "kernels",
+    "Linear": "kernels",
     "Sum": "kernels",
     "Product": "kernels",
     "CholeskyError": "backend",

@@ -29,7 +29,7 @@ from . import backend as B
 from . import methods as M
 from .checkpoints import atomic_write
 from .inference.training import STOP_REASONS
-from .kernels import ClassKernels, Stationary
+from .kernels import ClassKernels, Linear, Stationary
 
 __all__ = ["STOP_REASONS", "STOPPED_BECAUSE", "model_summary", "feature_relevance", "reliability_bins",
            "expected_calibration_error", "plot_model"]
@@ -57,15 +57,17 @@ def feature_relevance(kernel):
     """(relevance, None) or (None, why there is none) for one kernel, or a ``ClassKernels`` (then relevance is
     (C, d), one row a class). Relevance_j = (1 / l_j^2) / sum_k (1 / l_k^2) for the ARD lengthscales l of a
     stationary kernel (RBF, Matern 5/2, rational quadratic): how fast the latent function may change along
-    feature j, in the units the features were given (compare features on one scale: standardise them first)."""
+    feature j, in the units the features were given (compare features on one scale: standardise them first). For a
+    linear kernel, whose 1 / l_j^2 is its slope variance v_j (``kernels.Linear``), relevance_j = v_j / sum_k v_k."""
     if isinstance(kernel, ClassKernels):
         rows = [feature_relevance(k) for k in kernel.kernels]
         why = next((why for _, why in rows if why is not None), None)
         return (None, why) if why is not None else (np.stack([relevance for relevance, _ in rows]), None)
-    if not isinstance(kernel, Stationary):
+    if not isinstance(kernel, (Stationary, Linear)):
         return None, (f"the {type(kernel).__name__} kernel has no one set of ARD lengthscales (each term has its "
-                      "own: see its parameters); relevance is given for a single RBF, Matern52 or RationalQuadratic")
-    lengthscales = np.asarray(B.to_numpy(kernel.lengthscales), dtype=np.float64).reshape(-1)
+                      "own: see its parameters); relevance is given for a single RBF, Matern52, RationalQuadratic "
+                      "or Linear kernel")
+    lengthscales = _lengthscales(kernel)
     if lengthscales.shape[0] == 1:
         return None, "one lengthscale shared by every feature (no ARD): no feature is more relevant than another"
     precision = 1.0 / lengthscales ** 2
@@ -73,10 +75,12 @@ def feature_relevance(kernel):
 
 
 def _lengthscales(kernel):
-    """(d,) or (C, d) host lengthscales of a kernel whose relevance is defined."""
+    """(d,) or (C, d) host lengthscales of a kernel whose relevance is defined (a linear kernel's: 1 / sqrt(v_j),
+    the distance along feature j over which its slope moves f by one prior standard deviation)."""
     if isinstance(kernel, ClassKernels):
         return np.stack([_lengthscales(k) for k in kernel.kernels])
-    return np.asarray(B.to_numpy(kernel.lengthscales), dtype=np.float64).reshape(-1)
+    scales = kernel.lengthscales if isinstance(kernel, Stationary) else kernel.variances ** -0.5
+    return np.asarray(B.to_numpy(scales), dtype=np.float64).reshape(-1)
 
 
 def _feature_labels(model):
@@ -94,8 +98,9 @@ def _relevance_lines(model, max_features):
     overall = relevance.mean(axis=0) if per_class else relevance
     order = np.argsort(-overall, kind="stable")
     width = max(7, *(len(labels[j]) for j in order[:max_features]))
-    lines = ["feature relevance: 1 / lengthscale^2, normalised to sum to 1 (features compared in the units they "
-             "were given)"]
+    measure = ("slope variance v (a linear kernel; lengthscale: 1 / sqrt(v))" if isinstance(model.kernel_, Linear)
+               else "1 / lengthscale^2")
+    lines = [f"feature relevance: {measure}, normalised to sum to 1 (features compared in the units they were given)"]
     if getattr(model, "ard_", None) is False:  # tied: the ratios are the start's, not learned
         lines.append("  (one lengthscale scale shared by every feature, ard_=False: the ratios are the starting ones, "
                      "not learned per feature)")
@@ -127,7 +132,7 @@ def _scalar_parameters(kernel):
         name = key[: len(key) - len(parameter.key)] + parameter.name
         if values.shape[0] == 1:
             parts.append(f"{name} {values[0]:.4g}")
-        elif not isinstance(kernel, Stationary):
+        elif not isinstance(kernel, (Stationary, Linear)):
             parts.append(f"{name} [{', '.join(f'{v:.4g}' for v in values[:8])}{', ...' if values.shape[0] > 8 else ''}]")
     return ", ".join(parts)
 
@@ -135,7 +140,7 @@ def _scalar_parameters(kernel):
 def _kernel_lines(model):
     kernel = model.kernel_
     prior = getattr(model, "kernel_prior_", None)
-    said = "weak priors on lengthscales and amplitude (MAP)" if prior == "auto" else "no default priors"
+    said = "weak default priors on its parameters (MAP)" if prior == "auto" else "no default priors"
     if isinstance(kernel, ClassKernels):
         lines = [f"kernel: one kernel a class, {said}"]
         lines += [f"  class {c}: {type(k).__name__}: {_scalar_parameters(k)}" for c, k in zip(model.classes_, kernel)]

@@ -33,6 +33,7 @@ __all__ = [
     "RBF",
     "Matern52",
     "RationalQuadratic",
+    "Linear",
     "Sum",
     "Product",
     "ClassKernels",
@@ -44,6 +45,7 @@ __all__ = [
     "log_prior_and_grads",
     "step_lower_bounds",
     "LATENT_NOISE_FLOOR",
+    "PER_FEATURE_SCALES",
     "DEFAULT_PRIOR_SCALE",
     "with_default_priors",
 ]
@@ -52,6 +54,11 @@ SCALAR = "scalar"
 PER_DIMENSION = "per_dimension"  # one value per input dimension (ARD); a single value broadcasts at first use
 LOG = "log"  # stored u = log(value), value = exp(u) (a positive parameter)
 IDENTITY = "identity"  # stored as it is (the first cut point of an ordinal model: any real number)
+
+PER_FEATURE_SCALES = ("log_lengthscales", "log_variances")
+"""Keys of the per-feature parameters that say how fast f changes along each feature (a stationary kernel's
+lengthscales, a linear kernel's slope variances): what ``GPClassifier(ard=False)`` moves by one common factor
+(``agpc.inference.engines.shared_scale_grads``), in a combination's terms too ("0.log_lengthscales")."""
 
 LATENT_NOISE_FLOOR = 1e-6
 """The least latent noise variance a fit steps to. Negligible beside the probit's (or the logistic's) own unit of
@@ -177,9 +184,10 @@ def log_prior_and_grads(kernel):
 class Kernel:
     """Base of every kernel: the parameter table, priors, ``with_params`` and the ``+`` / ``*`` operators.
 
-    A subclass sets ``name`` and ``parameters`` and defines ``K``, ``Kdiag``, ``grads``, ``for_inputs`` and
-    ``spec``. ``params`` maps each parameter's key to its stored (unconstrained) array; ``priors`` maps keys
-    to priors. Kernels are immutable: ``with_params`` makes a new one.
+    A subclass sets ``name`` and ``parameters`` and defines ``K``, ``Kdiag`` and ``grads``; ``for_inputs``,
+    ``spec`` and ``__repr__`` here serve a kernel whose parameters are its table's (combinations and the ordinal
+    kernel define their own). ``params`` maps each parameter's key to its stored (unconstrained) array; ``priors``
+    maps keys to priors. Kernels are immutable: ``with_params`` makes a new one.
     """
 
     name = "Kernel"
@@ -195,9 +203,46 @@ class Kernel:
         kernel.priors = self.priors
         return kernel
 
+    def _start(self, values, priors):
+        """The parameters from a user's initial values ({name: value}, checked) and priors ({name: Prior}). Built on
+        the host from Python numbers; moved to the data's namespace by ``for_inputs``."""
+        self.params = {p.key: _checked_value(p, values[p.name]) for p in self.parameters}
+        self.priors = _checked_priors({p.key: p for p in self.parameters}, priors)
+        if "log_noise" in self.priors and not values["noise"] > 0:
+            raise ValueError("a prior on the noise needs a positive initial noise (a noise of 0 is fixed, not learned)")
+
+    @classmethod
+    def from_params(cls, params):
+        """A kernel holding the given unconstrained parameters (arrays of any namespace), without priors."""
+        kernel = cls.__new__(cls)
+        kernel.params = dict(params)
+        kernel.priors = {}
+        return kernel
+
+    def for_inputs(self, X):
+        """This kernel with its parameters in X's namespace and device, per-dimension parameters broadcast to X's
+        width."""
+        xp = array_namespace(X)
+        device = array_device(X)
+        d = X.shape[1]
+        out = {k: asarray_like(v, xp, device=device, dtype=X.dtype) for k, v in self.params.items()}
+        for parameter in self.parameters:
+            if parameter.shape != PER_DIMENSION:
+                continue
+            value = out[parameter.key]
+            if value.shape[0] == 1 and d != 1:
+                out[parameter.key] = xp.broadcast_to(value, (d,)) + xp.zeros((d,), dtype=X.dtype, device=device)
+            elif value.shape[0] != d:
+                raise ValueError(f"kernel has {value.shape[0]} {parameter.name} but the data have {d} features")
+        return _check_prior_entries(self.with_params(out))
+
     @cached_property
     def noise(self):
         return array_namespace(self.params["log_noise"]).exp(self.params["log_noise"])
+
+    def spec(self):
+        """JSON-able description (type name, priors if any); the parameter arrays are saved beside it."""
+        return {"type": self.name, **self._prior_spec()}
 
     def _prior_spec(self):
         """{"priors": {name: prior spec}} when a parameter has a prior (files of kernels without priors keep
@@ -233,6 +278,15 @@ class Kernel:
         params["log_noise"] = asarray_like(host_array(-math.inf), array_namespace(noise), device=array_device(noise),
                                            dtype=noise.dtype)
         return self.with_params(params)
+
+    def __repr__(self):
+        """Name(parameter=value, ...): a leaf kernel's parameters by its table (combinations list their terms)."""
+        values = ", ".join(
+            f"{p.name}={[float(v) for v in to_numpy(p.value(self.params[p.key]))]!r}" if p.shape == PER_DIMENSION
+            else f"{p.name}={float(to_numpy(p.value(self.params[p.key]))):.6g}"
+            for p in self.parameters
+        )
+        return f"{self.name}({values}{self._repr_priors()})"
 
     def _repr_priors(self):
         names = {p.key: p.name for p in self.parameters}
@@ -302,39 +356,9 @@ class Stationary(Kernel):
         unknown = sorted(set(profile_values) - {p.name for p in self.profile_parameters})
         if unknown:
             raise TypeError(f"{self.name} has no parameter {unknown[0]!r}")
-        values = {"lengthscales": lengthscales, "amplitude": amplitude, "noise": noise, **profile_values}
-        # Built on the host from Python numbers; moved to the data's namespace by ``for_inputs``.
-        self.params = {p.key: _checked_value(p, values[p.name]) for p in self.parameters}
-        self.priors = _checked_priors({p.key: p for p in self.parameters}, priors)
-        if "log_noise" in self.priors and not noise > 0:
-            raise ValueError("a prior on the noise needs a positive initial noise (a noise of 0 is fixed, not learned)")
+        self._start({"lengthscales": lengthscales, "amplitude": amplitude, "noise": noise, **profile_values}, priors)
 
     # -- parameters ------------------------------------------------------------------------------
-
-    @classmethod
-    def from_params(cls, params):
-        """A kernel holding the given unconstrained parameters (arrays of any namespace), without priors."""
-        kernel = cls.__new__(cls)
-        kernel.params = dict(params)
-        kernel.priors = {}
-        return kernel
-
-    def for_inputs(self, X):
-        """This kernel with its parameters in X's namespace and device, per-dimension parameters broadcast to X's
-        width."""
-        xp = array_namespace(X)
-        device = array_device(X)
-        d = X.shape[1]
-        out = {k: asarray_like(v, xp, device=device, dtype=X.dtype) for k, v in self.params.items()}
-        for parameter in self.parameters:
-            if parameter.shape != PER_DIMENSION:
-                continue
-            value = out[parameter.key]
-            if value.shape[0] == 1 and d != 1:
-                out[parameter.key] = xp.broadcast_to(value, (d,)) + xp.zeros((d,), dtype=X.dtype, device=device)
-            elif value.shape[0] != d:
-                raise ValueError(f"kernel has {value.shape[0]} {parameter.name} but the data have {d} features")
-        return _check_prior_entries(self.with_params(out))
 
     # A kernel's parameters never change in place (``with_params`` makes a new kernel), so their
     # constrained values are computed once per kernel, not once per use (one operation each on a device).
@@ -345,18 +369,6 @@ class Stationary(Kernel):
     @cached_property
     def amplitude(self):
         return array_namespace(self.params["log_amplitude"]).exp(self.params["log_amplitude"])
-
-    def spec(self):
-        """JSON-able description (type name, priors if any); the parameter arrays are saved beside it."""
-        return {"type": self.name, **self._prior_spec()}
-
-    def __repr__(self):
-        values = ", ".join(
-            f"{p.name}={[float(v) for v in to_numpy(p.value(self.params[p.key]))]!r}" if p.shape == PER_DIMENSION
-            else f"{p.name}={float(to_numpy(p.value(self.params[p.key]))):.6g}"
-            for p in self.parameters
-        )
-        return f"{self.name}({values}{self._repr_priors()})"
 
     @property
     def reach_lengthscales(self):
@@ -625,6 +637,77 @@ class RationalQuadratic(Stationary):
         return {"log_alpha": xp.sum(weight * kappa * d_log_kappa)}
 
 
+class Linear(Kernel):
+    """Linear kernel k(x, z) = sum_j v_j x_j z_j + b (Rasmussen & Williams (2006), eq. 4.6 with a bias): a latent
+    function linear in the features, f(x) = w . x + w_0 with w_j ~ N(0, v_j) and w_0 ~ N(0, b), i.e. Bayesian probit
+    regression. Not stationary: its covariances grow with |x|, so it has no reach (``reach_lengthscales`` None).
+
+    Parameters
+    ----------
+    variances : float or sequence of float
+        The slope variances v_j, one per input dimension (ARD), or a single value broadcast to every dimension at
+        first use. 1 / v_j plays the part of a stationary kernel's l_j^2: a feature with a small v_j hardly moves f.
+    bias : float
+        The variance of the intercept w_0 (positive).
+    noise : float
+        Variance of additive latent noise at the data points, as for :class:`Stationary`.
+    priors : dict or None
+        {parameter name: agpc.priors.Prior}; None: no prior.
+    """
+
+    name = "Linear"
+    parameters = (
+        Parameter("variances", shape=PER_DIMENSION),
+        Parameter("bias"),
+        Parameter("noise", may_be_zero=True, lower=LATENT_NOISE_FLOOR),
+    )
+
+    def __init__(self, variances=1.0, bias=1.0, noise=0.0, priors=None):
+        self._start({"variances": variances, "bias": bias, "noise": noise}, priors)
+
+    @cached_property
+    def variances(self):
+        return array_namespace(self.params["log_variances"]).exp(self.params["log_variances"])
+
+    @cached_property
+    def bias(self):
+        return array_namespace(self.params["log_bias"]).exp(self.params["log_bias"])
+
+    def K(self, X, Z=None, *, out=None):
+        """K(X, Z) = X diag(v) Z^T + b (no noise term); ``out`` is not used (``Stationary.K``)."""
+        return (X * self.variances) @ (X if Z is None else Z).mT + self.bias
+
+    def Kdiag(self, X):
+        """Prior variances of f at the data points: sum_j v_j x_j^2 + b + noise."""
+        return row_dot(X * self.variances, X) + (self.bias + self.noise)
+
+    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None, Kmm=None, *, overwrite=False):
+        """Gradients of L from its adjoints (``Stationary.grads``' contract). With G an adjoint of a block X Zt,
+        dL / dv_j = sum_nm G_nm x_nj z_mj = (Z * (G^T X))_j summed over rows, and dL / dZ = (G^T X) diag(v), through
+        both arguments of K(Z, Z) ((G + G^T) Z)."""
+        xp = array_namespace(Z)
+        device = array_device(Z)
+        v, b = self.variances, self.bias
+        d_v = xp.zeros(Z.shape[1], dtype=Z.dtype, device=device)
+        dZ = xp.zeros(Z.shape, dtype=Z.dtype, device=device)
+        zero = xp.zeros((), dtype=Z.dtype, device=device)
+        d_b = d_noise = zero
+        for adjoint, left in ((dKmm, None), (dKnm, X)):
+            if adjoint is None:
+                continue
+            GtX = (adjoint + adjoint.mT) @ Z if left is None else adjoint.mT @ left  # (m, d)
+            share = 0.5 if left is None else 1.0  # K(Z, Z): both arguments' terms are in GtX, each entry twice
+            d_v = d_v + share * xp.sum(Z * GtX, axis=0)
+            d_b = d_b + xp.sum(adjoint)
+            dZ = dZ + GtX * v
+        if dKdiag is not None:
+            total = xp.sum(dKdiag)
+            d_v = d_v + dKdiag @ (X * X)
+            d_b = d_b + total
+            d_noise = total * self.noise
+        return {"log_variances": d_v * v, "log_bias": d_b * b, "log_noise": d_noise, "Z": dZ}
+
+
 class Combination(Kernel):
     """Base of :class:`Sum` and :class:`Product`: the terms' covariances combined, plus ONE latent noise.
 
@@ -883,7 +966,7 @@ class OrdinalKernel(Kernel):
 
 
 ORDINAL_KERNEL = OrdinalKernel.name
-KERNELS = {cls.name: cls for cls in (RBF, Matern52, RationalQuadratic, Sum, Product)}
+KERNELS = {cls.name: cls for cls in (RBF, Matern52, RationalQuadratic, Linear, Sum, Product)}
 MAX_SPEC_DEPTH = 8  # a file's kernel description nests sums and products at most this deep
 MAX_SPEC_CLASSES = 1 << 16  # an ordinal description's classes (its cut points are K - 1 numbers in the file)
 
@@ -952,20 +1035,27 @@ def with_default_priors(kernel, reference):
       dimension-scaled prior of Hvarfner, Hellsten & Nardi (2024), log l_j ~ Normal(mu_0 + log sqrt(d), sd
       sqrt(3)), here with mu_0 = 0 on features measured in units of their standard deviation);
     - the amplitude (signal variance): log amplitude ~ Normal(0, sd sqrt(3));
+    - a linear kernel's slope variances: log v_j ~ Normal(-2 log r_j, sd sqrt(3)), the variance 1 / r_j^2 that
+      gives f the prior variance of the stationary default on standardised features (sum_j x_j^2 / (d sd_j^2) ~ 1);
+      its bias: log b ~ Normal(0, sd sqrt(3));
     - nothing on the latent noise or on a profile's own parameters (a rational quadratic's alpha).
 
-    Every stationary term of a sum or product gets them; ``reference`` is a kernel with per-feature
+    Every term of a sum or product gets them; ``reference`` is a kernel with per-feature
     ``log_lengthscales`` (host values). Why and what it does: docs/small_data_defaults.md."""
     if isinstance(kernel, Combination):
         terms = [with_default_priors(term, reference) for term in kernel.terms]
         return kernel._from_parts(terms, kernel.own, kernel.priors_own)
     names = {p.key for p in kernel.parameters}
     defaults = {}
+    centres = [float(c) for c in to_numpy(reference.params["log_lengthscales"]).reshape(-1)]
     if "log_lengthscales" in names:
-        centres = to_numpy(reference.params["log_lengthscales"]).reshape(-1)
-        defaults["log_lengthscales"] = LogNormal([float(c) for c in centres], DEFAULT_PRIOR_SCALE)
+        defaults["log_lengthscales"] = LogNormal(centres, DEFAULT_PRIOR_SCALE)
     if "log_amplitude" in names:
         defaults["log_amplitude"] = LogNormal(0.0, DEFAULT_PRIOR_SCALE)
+    if "log_variances" in names:  # a linear kernel's slope variances, 1 / r_j^2: Var f(x) = |x / r|^2 ~ 1 (+ bias)
+        defaults["log_variances"] = LogNormal([-2.0 * c for c in centres], DEFAULT_PRIOR_SCALE)
+    if "log_bias" in names:
+        defaults["log_bias"] = LogNormal(0.0, DEFAULT_PRIOR_SCALE)
     with_priors = kernel.with_params(kernel.params)
     with_priors.priors = {**defaults, **kernel.priors}
     return with_priors

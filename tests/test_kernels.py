@@ -15,6 +15,7 @@ from agpc import persistence as model_files
 from agpc.kernels import (
     RBF,
     ClassKernels,
+    Linear,
     Matern52,
     Product,
     RationalQuadratic,
@@ -213,6 +214,29 @@ class TestRationalQuadratic(KernelContract):
         return rational_quadratic_reference([0.6, 1.2, 1.9], 1.3, 0.7)(X, Z)
 
 
+class TestLinear(KernelContract):
+    def make_kernel(self, priors=False):
+        return Linear([0.6, 1.4, 0.3], bias=0.8, noise=self.noise, priors={
+            "variances": LogNormal(-1.0, 1.5), "bias": Gamma(2.0, 2.0), "noise": Gamma(1.5, 4.0)} if priors else None)
+
+    def reference(self, X, Z):
+        return (X * np.array([0.6, 1.4, 0.3])) @ Z.T + 0.8
+
+
+class TestLinearPlusRBF(KernelContract):
+    """A sum of a stationary and a non-stationary term (the linear kernel inside a combination)."""
+
+    def make_kernel(self, priors=False):
+        linear = Linear([0.5, 0.9, 1.2], bias=0.4,
+                        priors={"variances": Gamma(2.0, 2.0), "bias": LogNormal(0.0, 1.0)} if priors else None)
+        rbf = RBF([0.7, 1.3, 2.1], amplitude=1.1,
+                  priors={"lengthscales": Gamma(2.0, 1.5), "amplitude": Gamma(2.0, 2.0)} if priors else None)
+        return Sum(linear, rbf, noise=self.noise, priors={"noise": Gamma(1.5, 4.0)} if priors else None)
+
+    def reference(self, X, Z):
+        return (X * np.array([0.5, 0.9, 1.2])) @ Z.T + 0.4 + rbf_reference([0.7, 1.3, 2.1], 1.1)(X, Z)
+
+
 class TestSum(KernelContract):
     def make_kernel(self, priors=False):
         first = RBF([0.7, 1.3, 2.1], amplitude=1.1, noise=0.05,
@@ -368,7 +392,7 @@ def test_scalar_lengthscale_broadcasts_to_ard():
 
 
 def test_top_level_exports():
-    for name in ("RBF", "Matern52", "RationalQuadratic", "Sum", "Product"):
+    for name in ("RBF", "Matern52", "RationalQuadratic", "Linear", "Sum", "Product"):
         assert getattr(agpc, name) is getattr(agpc.kernels, name)
 
 

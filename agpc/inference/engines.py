@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 
 from ..backend import ModulesByName, array_device, array_namespace, is_dask_array, read_rows, row_slice, scaled_std
-from ..kernels import ClassKernels, log_prior_and_grads, step_lower_bounds
+from ..kernels import PER_FEATURE_SCALES, ClassKernels, log_prior_and_grads, step_lower_bounds
 from ..likelihoods import negative_log_likelihood
 from ..optim import OPTIMIZERS, Rprop, bounded_step, lbfgsb_ascent
 from . import ep, exact_ep, gfitc, multiclass_ep, multiclass_vi, variational
@@ -162,14 +162,14 @@ def with_log_prior(kernel, grads, value=None):
 
 def shared_scale_grads(grads, with_prior):
     """``with_prior`` (the gradients of log Z plus the log prior, ``with_log_prior``) with each kernel's
-    lengthscales tied: l_j = l_j(0) e^s, one log scale s for all of a kernel's features (``ard=False``), whose
-    gradient is sum_j d log Z / d log l_j plus the mean of the features' log prior gradients (the prior of one
-    lengthscale, not of d of them: the product of the d priors along the tie would hold s d times tighter). Every
-    entry gets that gradient, so that an optimiser stepping them entrywise (Rprop, the batch EP family's) keeps
-    their ratios as they started."""
+    lengthscales (a linear kernel's slope variances: ``kernels.PER_FEATURE_SCALES``) tied: l_j = l_j(0) e^s, one
+    log scale s for all of a kernel's features (``ard=False``), whose gradient is sum_j d log Z / d log l_j plus the
+    mean of the features' log prior gradients (the prior of one lengthscale, not of d of them: the product of the d
+    priors along the tie would hold s d times tighter). Every entry gets that gradient, so that an optimiser
+    stepping them entrywise (Rprop, the batch EP family's) keeps their ratios as they started."""
     tied = dict(with_prior)
     for key, gradient in with_prior.items():
-        if key.endswith("log_lengthscales"):
+        if key.endswith(PER_FEATURE_SCALES):
             xp = array_namespace(gradient)
             data = grads[key]
             common = xp.sum(data, axis=-1, keepdims=True) + xp.mean(gradient - data, axis=-1, keepdims=True)
