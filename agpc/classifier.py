@@ -122,8 +122,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         (``agpc.threads``), a limit the caller set left alone.
     ard : "auto", True or False, default="auto"
         Lengthscales per feature (True), or one learned scale for all, the features keeping their starting ratios
-        (False). "auto": the exact model of the default kernel on <= 500 rows learns one scale, then per feature,
-        kept only if they raise log Z by more than a nat each (Akaike 1974; ``agpc.size_rule``); else per feature.
+        (False). "auto": the exact model of the default kernel on <= 500 rows learns one scale, then per feature (kept
+        if they raise log Z by over a nat each), then a linear kernel (kept if log Z is a nat higher); ``size_rule``.
     kernel_prior : "auto" or None, default="auto"
         "auto": weak priors on the kernel's log lengthscales (centred on the default kernel's) and log amplitude,
         MAP instead of maximum likelihood (docs/small_data_defaults.md). ``None``: only the kernel's own priors.

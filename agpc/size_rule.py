@@ -14,7 +14,9 @@ whatever the size (up to ``ALL_MAX_ROWS``); an integer, for that many inducing p
 
 The exact model's lengthscales (``ard="auto"``, the default; ``ard_plan``, ``learn_lengthscales``): on up to
 ``ARD_CHOICE_MAX_ROWS`` rows it learns one scale shared by every feature first, then a lengthscale per feature from
-there, and keeps those only when Akaike's criterion says they are worth their parameters (``akaike_keeps``).
+there, and keeps those only when Akaike's criterion says they are worth their parameters (``akaike_keeps``); last it
+trains a linear kernel (``linear_start``), kept only when its log Z beats the RBF model's by ``LINEAR_MARGIN``
+(``linear_keeps``).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .batch_size import rows_per_step
+from .kernels import RBF, Linear, with_default_priors
 from .methods import ORDINAL, get_method
 
 __all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "PLATEAU_STEPS", "PLATEAU_RISE_PER_ROW", "ModelSize",
            "model_size", "exact_plateau", "estimator_model_size", "exact_passes", "ARD_CHOICE_MAX_ROWS", "CHOOSE",
-           "ard_plan", "akaike_keeps", "learn_lengthscales"]
+           "ard_plan", "akaike_keeps", "LINEAR_MARGIN", "linear_start", "linear_keeps", "learn_lengthscales"]
 
 EXACT_MAX_ROWS = 700
 """The most training rows for which ``n_inducing="auto"`` takes the exact model (chosen in
@@ -118,24 +121,25 @@ def estimator_model_size(estimator, n_rows, n_classes=2, rows_known=True):
 
 
 ARD_CHOICE_MAX_ROWS = 500
-"""The most training rows for which ``ard="auto"`` chooses between one shared lengthscale scale and one per feature
-(``ard_plan``). The choice trains the exact model twice (1.5-2.2 times the cost of one fit on the study's sets of
-400-600 rows); above 500 rows two fits of the exact model took 5.3-5.7 CPU s on one core on two of the seven
-test sets of docs/small_data_defaults.md (australian, breast: 615-621 rows), past the 5 s a small fit may take, and
-the study's sets hold no evidence of a gain there (clf-700x8 and clf-700x14 kept their lengthscales per feature)."""
+"""The most training rows for which ``ard="auto"`` chooses between one shared lengthscale scale, one per feature and
+a linear kernel (``ard_plan``). The choice trains the exact model two or three times (1.5-2.2 times the cost of one
+fit on the study's sets of 400-600 rows for the first two; the linear kernel adds 0.1-0.6 of one, docs/
+small_data_defaults.md); above 500 rows the first two alone took 5.3-5.7 CPU s on one core on two of the seven test
+sets (australian, breast: 615-621 rows), past the 5 s a small fit may take, and the study's sets hold no evidence
+of a gain there (clf-700x8 and clf-700x14 kept their lengthscales per feature)."""
 
 CHOOSE = "choose"
 """``ard_plan``'s answer for a fit that trains one shared lengthscale scale first, then a lengthscale per feature from
-there, and keeps the second only if ``akaike_keeps`` says so."""
+there, kept only if ``akaike_keeps`` says so, then a linear kernel, kept only if ``linear_keeps`` says so."""
 
 
 def ard_plan(estimator, size, n_features):
     """How ``estimator``'s fit learns its lengthscales (its ``ard``): True, per feature; False, one scale for all,
     the features keeping their starting ratios; ``CHOOSE``, both in turn and the better by Akaike's criterion.
-    ``ard="auto"`` chooses for ``n_inducing="auto"``'s exact model of the default kernel (``kernel=None``) on up to
-    ``ARD_CHOICE_MAX_ROWS`` rows of more than one feature, without checkpoints (a fit of two stages would write two
-    runs to one file); it is per feature everywhere else, as before the rule (docs/small_data_defaults.md says where
-    it was chosen and checked)."""
+    ``ard="auto"`` chooses (and weighs a linear kernel after, ``learn_lengthscales``) for ``n_inducing="auto"``'s
+    exact model of the default kernel (``kernel=None``) on up to ``ARD_CHOICE_MAX_ROWS`` rows of more than one
+    feature, without checkpoints (a fit of several stages would write several runs to one file); it is per feature
+    everywhere else, as before the rule (docs/small_data_defaults.md says where it was chosen and checked)."""
     if not isinstance(estimator.ard, str):
         return bool(estimator.ard)
     # n_inducing="auto"'s exact model only (binary batch EP, where the rule was chosen): not
@@ -157,20 +161,60 @@ def akaike_keeps(log_z_shared, log_z_per_feature, n_features):
     return log_z_per_feature - log_z_shared > n_features - 1
 
 
+LINEAR_MARGIN = 1.0
+"""Nats by which a linear kernel's log Z must exceed the RBF model's (after ``akaike_keeps``' penalty, when its
+lengthscales are per feature) for ``ard="auto"`` to keep it: a Bayes factor of e, where Kass & Raftery (1995) put
+the boundary of "positive" evidence (2 ln B > 2). The two models have as many hyper-parameters (one shared scale, an
+amplitude or a bias, the latent noise), so the criterion is the evidence alone; the margin keeps the RBF, the
+default kernel, where the evidence cannot tell them apart (docs/small_data_defaults.md: on the study's sets the
+linear kernel's log Z came within 1 nat of the RBF's where it predicted worse)."""
+
+
+def linear_start(kernel):
+    """The linear kernel ``ard="auto"`` weighs against ``kernel``, the default RBF at its start (None for any other
+    kernel): slope variances 1 / l_j^2 of its lengthscales l_j (``kernels.Linear``; the prior variance of f, sum_j
+    x_j^2 / l_j^2 + 1, of the RBF's amplitude of 1 on standardised features), a bias of 1, the same latent noise,
+    and the default priors when the RBF has them (``kernels.with_default_priors``). Trained with one shared scale."""
+    if type(kernel) is not RBF:
+        return None
+    params = kernel.params
+    linear = Linear.from_params({"log_variances": -2.0 * params["log_lengthscales"],
+                                 "log_bias": 0.0 * params["log_amplitude"], "log_noise": params["log_noise"]})
+    return with_default_priors(linear, kernel) if kernel.priors else linear
+
+
+def linear_keeps(log_z_rbf, log_z_linear):
+    """Whether the linear kernel's log Z beats the RBF model's (``log_z_rbf``, less Akaike's penalty for
+    lengthscales per feature) by more than ``LINEAR_MARGIN``."""
+    return log_z_linear - log_z_rbf > LINEAR_MARGIN
+
+
+def _out_of_time(kept, cut):
+    """``kept``, saying that the fit ran out of time when a later stage ``cut`` was cut short by ``max_time``."""
+    if kept is cut or not cut.stopped_by_time:
+        return kept
+    return replace(kept, stopped_by_time=True, stop_reason=cut.stop_reason)
+
+
 def learn_lengthscales(plan, n_features, kernel, train):
     """(training result, whether its lengthscales are per feature) of a fit whose ``ard_plan`` is ``plan``, from
     ``kernel``; ``train(start, shared, first)`` runs the training loop from the kernel ``start``, its lengthscales
     tied (``shared``), ``first`` for the first stage (the one a resumed fit resumes). ``CHOOSE``: one shared scale
-    first, then per feature from where it ended, kept by ``akaike_keeps``; a first stage that ran out of time or
-    stopped early on validation data stays shared. Each stage may take ``max_iter`` steps and ``max_time`` covers
-    both; the result (``n_iter_``, ``history_``) is the kept stage's, and says ``max_time`` when the second stage was
-    cut short by it."""
+    first, then per feature from where it ended, kept by ``akaike_keeps``, then a linear kernel (``linear_start``,
+    one shared scale), kept by ``linear_keeps``; a first stage that ran out of time or stopped early on validation
+    data stays shared, and a stage cut short by ``max_time`` ends the choice. Each stage may take ``max_iter`` steps
+    and ``max_time`` covers them all; the result (``n_iter_``, ``history_``) is the kept stage's, and says
+    ``max_time`` when a later stage was cut short by it."""
     result = train(kernel, plan is not True, True)
     if plan != CHOOSE or result.stop_reason in ("max_time", "early_stopping"):
         return result, plan is True
     per_feature = train(result.kernel, False, False)
     keep = akaike_keeps(result.log_z, per_feature.log_z, n_features)
-    if keep or not per_feature.stopped_by_time:
-        return (per_feature if keep else result), keep
-    # the shared stage kept, the second cut short by max_time: the fit as a whole ran out of time
-    return replace(result, stopped_by_time=True, stop_reason=per_feature.stop_reason), keep
+    kept, log_z_kept = (per_feature, per_feature.log_z - (n_features - 1)) if keep else (result, result.log_z)
+    start = linear_start(kernel)
+    if per_feature.stopped_by_time or start is None:
+        return _out_of_time(kept, per_feature), keep
+    linear = train(start, True, False)
+    if linear_keeps(log_z_kept, linear.log_z):
+        return linear, False
+    return _out_of_time(_out_of_time(kept, per_feature), linear), keep

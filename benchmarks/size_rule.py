@@ -11,7 +11,8 @@ with its kernel's weak priors or start changed (``KernelVariant``: ``-lsS`` the 
 that of the log-amplitude prior, ``-initF`` the initial lengthscales and the prior's centre F times the default's),
 given as the user's own kernel and priors; ``auto-ls1.7320508075688772`` is the default itself; ``auto-per-feature``
 and ``auto-shared``: the default with ``ard=True`` (lengthscales per feature, the default before ``ard="auto"``) and
-``ard=False`` (one shared scale).
+``ard=False`` (one shared scale); ``auto-rbf``: the default without its last stage, the linear kernel
+(``agpc.size_rule.linear_start`` answering None for the fit: the default before that stage).
 Every fit is timed: seconds of ``fit`` on the wall clock, and the CPU seconds of the process for the fit and its
 scoring, which at one BLAS thread (``--blas-threads 1``, ``taskset -c 0``) is what a quiet core's wall clock shows
 while other processes load the machine.
@@ -45,7 +46,7 @@ from _runner import begin, header, load_npz, options, parse, parse_list, row
 
 TEST_SETS = study.TEST_SETS
 CANDIDATE = re.compile(r"^(auto|all|logreg|m(\d+)(-fixed)?)(-es)?$")
-LENGTHSCALES = re.compile(r"^auto-(per-feature|shared)$")  # the default with ard=True / ard=False
+LENGTHSCALES = re.compile(r"^auto-(per-feature|shared|rbf)$")  # ard=True / ard=False / no linear stage
 VARIANT = re.compile(r"^auto((?:-(?:ls|amp|init)\d+(?:\.\d+)?)+)$")
 MODIFIER = re.compile(r"-(ls|amp|init)(\d+(?:\.\d+)?)")
 HELD_OUT = 0.2  # "-es": the share of the training rows held out to stop on
@@ -66,6 +67,27 @@ class HeldOutStopping:
         kept = order[len(held):]
         self.model.set_params(n_iter_no_change=PATIENCE)
         self.model.fit(X[kept], y[kept], validation_data=(X[held], y[held]))
+        self.classes_ = self.model.classes_
+        return self
+
+    def predict_proba(self, X):
+        return self.model.predict_proba(X)
+
+
+class WithoutLinearStage:
+    """``auto-rbf``: the default estimator fitted with ``ard="auto"``'s linear stage off (its start answering None,
+    as for a kernel other than the default RBF), so that the default before that stage is measured beside it."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def fit(self, X, y):
+        from unittest import mock
+
+        from agpc import size_rule as rule
+
+        with mock.patch.object(rule, "linear_start", lambda kernel: None):
+            self.model.fit(X, y)
         self.classes_ = self.model.classes_
         return self
 
@@ -116,7 +138,7 @@ def parse_args(argv=None):
     bad = [c for c in args.candidates if not (CANDIDATE.match(c) or VARIANT.match(c) or LENGTHSCALES.match(c))]
     if bad:
         raise SystemExit(f"unknown candidates {bad}: use auto, all, mK, mK-fixed, logreg, auto-lsS-ampS-initF, "
-                         "auto-per-feature, auto-shared")
+                         "auto-per-feature, auto-shared, auto-rbf")
     return args
 
 
@@ -132,6 +154,8 @@ def make_model(candidate, split, max_iter):
     if max_iter is not None:
         options["max_iter"] = max_iter
     lengthscales = LENGTHSCALES.match(candidate)
+    if lengthscales and lengthscales.group(1) == "rbf":
+        return WithoutLinearStage(agpc.GPClassifier(**options))
     if lengthscales:
         return agpc.GPClassifier(ard=lengthscales.group(1) == "per-feature", **options)
     variant = VARIANT.match(candidate)

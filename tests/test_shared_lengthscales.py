@@ -1,5 +1,6 @@
 """One learned lengthscale scale (``ard=False``) and the exact model's choice between it and a lengthscale per
-feature by Akaike's criterion (``ard="auto"``, ``agpc.size_rule``; docs/small_data_defaults.md)."""
+feature by Akaike's criterion, then against a linear kernel by the evidence (``ard="auto"``, ``agpc.size_rule``;
+docs/small_data_defaults.md)."""
 
 import dataclasses
 import math
@@ -15,6 +16,7 @@ import agpc
 from agpc import GPClassifier, size_rule
 from agpc.inference.engines import shared_scale_grads
 from agpc.inputs import default_kernel
+from agpc.kernels import with_default_priors
 from agpc.methods import method_names, methods_supporting
 from agpc.priors import LogNormal
 
@@ -117,12 +119,69 @@ def test_auto_keeps_per_feature_lengthscales_where_features_are_noise():
 def test_auto_keeps_the_shared_scale_where_every_feature_counts_alike():
     rng = np.random.default_rng(0)
     X = rng.standard_normal((200, 6))
-    y = (X.sum(axis=1) + rng.standard_normal(200) > 0).astype(int)
+    y = (np.sum(X ** 2, axis=1) + rng.standard_normal(200) > 6.0).astype(int)  # radial: every feature alike
     model, shared = _quiet_fit(X, y), _quiet_fit(X, y, ard=False)
     assert model.ard_ is False
     for key, value in shared.kernel_.params.items():  # the model is the shared stage's, exactly
         np.testing.assert_array_equal(np.asarray(model.kernel_.params[key]), np.asarray(value))
     assert model.log_marginal_likelihood_ == shared.log_marginal_likelihood_
+
+
+def test_auto_keeps_a_linear_kernel_where_the_classes_are_split_by_a_plane(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 4))
+    y = (X @ np.array([1.0, -2.0, 0.5, 1.5]) + 0.5 * rng.standard_normal(200) > 0.3).astype(int)
+    model, rbf = _quiet_fit(X, y), _quiet_fit(X, y, ard=False)
+    assert isinstance(model.kernel_, agpc.Linear) and model.ard_ is False
+    assert model.log_marginal_likelihood_ - rbf.log_marginal_likelihood_ > size_rule.LINEAR_MARGIN
+    # one shared scale: the start's ratios (1 / l_j^2 of the default RBF's lengthscales)
+    ratios = np.asarray(model.kernel_.variances) * np.asarray(default_kernel(X).lengthscales) ** 2
+    np.testing.assert_allclose(ratios, ratios[0], rtol=1e-10)
+    assert "slope variance" in model.summary()
+    model.save(tmp_path / "m.npz")
+    loaded = GPClassifier.load(tmp_path / "m.npz")
+    assert isinstance(loaded.kernel_, agpc.Linear) and loaded.ard_ is False
+    # to round-off, as the exact model's with an RBF (whose loaded predictions differ by ~1e-12)
+    np.testing.assert_allclose(loaded.predict_proba(X), model.predict_proba(X), rtol=1e-10, atol=1e-13)
+    for ard in (True, False):  # the choice is ard="auto"'s: a user's ard keeps the RBF
+        assert isinstance(_quiet_fit(X, y, ard=ard, max_iter=5).kernel_, agpc.RBF)
+
+
+def test_auto_keeps_the_rbf_where_the_classes_are_not_split_by_a_plane():
+    X, y = agpc.datasets.make_banana(200, random_state=0)
+    assert isinstance(_quiet_fit(X, y).kernel_, agpc.RBF)
+
+
+def test_the_linear_start_matches_the_default_kernel():
+    X = np.random.default_rng(0).standard_normal((30, 4)) * np.array([1.0, 2.0, 0.5, 3.0])
+    rbf = default_kernel(X)
+    start = size_rule.linear_start(with_default_priors(rbf, rbf))
+    lengthscales = np.asarray(rbf.lengthscales)
+    np.testing.assert_allclose(np.asarray(start.variances), lengthscales ** -2.0, rtol=1e-12)
+    assert float(start.bias) == 1.0 and float(start.noise) == float(rbf.noise)
+    np.testing.assert_allclose(start.priors["log_variances"].loc, -2.0 * np.log(lengthscales), rtol=1e-12)
+    assert start.priors["log_bias"].loc == 0.0
+    assert size_rule.linear_start(rbf).priors == {}  # kernel_prior=None: none either
+    assert size_rule.linear_start(agpc.Matern52().for_inputs(X)) is None  # only the default RBF has a counterpart
+
+
+def test_the_linear_kernel_is_kept_only_beyond_the_margin_over_the_rbf_kept():
+    start = default_kernel(np.eye(3))
+    margin = size_rule.LINEAR_MARGIN
+
+    def choose(*log_zs):
+        stages = iter(_Stage(name, log_z) for name, log_z in zip(("shared", "per feature", "linear"), log_zs))
+        return size_rule.learn_lengthscales(size_rule.CHOOSE, 3, start, lambda *_: next(stages))
+
+    result, per_feature = choose(-10.0, -10.0, -10.0 + margin + 1e-9)
+    assert result.kernel == "linear" and per_feature is False
+    assert choose(-10.0, -10.0, -10.0 + margin)[0].kernel == "shared"
+    # per-feature lengthscales kept (log Z up by more than d - 1 = 2): the linear kernel must beat log Z - 2 by 1
+    assert choose(-10.0, -7.5, -8.5)[0].kernel == "per feature"
+    assert choose(-10.0, -7.5, -8.5 + 1e-6)[0].kernel == "linear"
+    stages = iter([_Stage("shared", -10.0), _Stage("per feature", -10.5), _Stage("linear", -12.0, "max_time", True)])
+    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 3, start, lambda *_: next(stages))
+    assert result.kernel == "shared" and result.stop_reason == "max_time" and result.stopped_by_time
 
 
 def test_the_choice_is_saved_with_the_model(tmp_path):

@@ -50,11 +50,13 @@ def test_small_binary_ep_is_the_exact_model_by_its_full_gp_pass(monkeypatch):
         raise AssertionError("the exact model trains on agpc.inference.exact_ep")
 
     monkeypatch.setattr(ep, "evaluate", refuse)
-    model = GPClassifier(max_iter=5, random_state=0).fit(X, y)
+    model = GPClassifier(max_iter=5, random_state=0).fit(X, y)  # every stage of ard="auto" on exact_ep
     np.testing.assert_array_equal(to_np(model.inducing_points_), X)
-    start = GPClassifier._default_kernel(X)
-    assert not np.allclose(to_np(model.kernel_.params["log_lengthscales"]), to_np(start.params["log_lengthscales"]))
     assert model.predict_proba(X).shape == (40, 2)
+    per_feature = GPClassifier(max_iter=5, random_state=0, ard=True).fit(X, y)  # the RBF alone
+    start = GPClassifier._default_kernel(X)
+    assert not np.allclose(to_np(per_feature.kernel_.params["log_lengthscales"]),
+                           to_np(start.params["log_lengthscales"]))
     with pytest.raises(AssertionError, match="exact_ep"):
         GPClassifier(n_inducing=10, max_iter=5, random_state=0).fit(X, y)
 
