@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .backend import CholeskyError
 from .batch_size import rows_per_step
 from .kernels import RBF, Linear, with_default_priors
 from .methods import ORDINAL, get_method
@@ -214,7 +215,12 @@ def learn_lengthscales(plan, n_features, kernel, train):
     start = linear_start(kernel)
     if per_feature.stopped_by_time or start is None:
         return _out_of_time(kept, per_feature), keep
-    linear = train(start, True, False)
+    try:
+        linear = train(start, True, False)
+    except (CholeskyError, FloatingPointError):
+        # a candidate the numbers cannot hold (features of scale ~1e-160 or 1e160, 1e-19 or 1e19 in float32: its
+        # slope variances 1 / l_j^2, or x_j^2, past the dtype's range) is not kept; the RBF model stands
+        return _out_of_time(kept, per_feature), keep
     if linear_keeps(log_z_kept, linear.log_z):
         return linear, False
     return _out_of_time(_out_of_time(kept, per_feature), linear), keep

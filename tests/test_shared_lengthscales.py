@@ -165,6 +165,20 @@ def test_the_linear_start_matches_the_default_kernel():
     assert size_rule.linear_start(agpc.Matern52().for_inputs(X)) is None  # only the default RBF has a counterpart
 
 
+@pytest.mark.parametrize("dtype, scale", [("float64", 1e-170), ("float64", 1e170), ("float32", 1e-25),
+                                          ("float32", 1e19)])
+def test_a_linear_stage_the_numbers_cannot_hold_keeps_the_rbf(dtype, scale):
+    """Features of extreme scale: the default RBF's lengthscales follow them, but the linear start's slope variances
+    1 / l_j^2 (or x_j^2) leave the dtype's range; the fit keeps the RBF instead of failing (CholeskyError)."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((60, 3))
+    y = (X @ np.array([1.0, -2.0, 0.5]) > 0).astype(int)
+    model = _quiet_fit(X * scale, y, dtype=dtype, max_iter=10)
+    assert isinstance(model.kernel_, agpc.RBF)
+    assert np.isfinite(model.log_marginal_likelihood_)
+    assert np.all(np.isfinite(model.predict_proba(X * scale)))
+
+
 def test_the_linear_kernel_is_kept_only_beyond_the_margin_over_the_rbf_kept():
     start = default_kernel(np.eye(3))
     margin = size_rule.LINEAR_MARGIN
