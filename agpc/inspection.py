@@ -98,8 +98,9 @@ def _relevance_lines(model, max_features):
     overall = relevance.mean(axis=0) if per_class else relevance
     order = np.argsort(-overall, kind="stable")
     width = max(7, *(len(labels[j]) for j in order[:max_features]))
-    measure = ("slope variance v (a linear kernel; lengthscale: 1 / sqrt(v))" if isinstance(model.kernel_, Linear)
-               else "1 / lengthscale^2")
+    kernels = model.kernel_.kernels if per_class else (model.kernel_,)  # (one a class: a multiclass model's)
+    measure = ("slope variance v (a linear kernel; lengthscale: 1 / sqrt(v))"
+               if all(isinstance(k, Linear) for k in kernels) else "1 / lengthscale^2")
     lines = [f"feature relevance: {measure}, normalised to sum to 1 (features compared in the units they were given)"]
     if getattr(model, "ard_", None) is False:  # tied: the ratios are the start's, not learned
         lines.append("  (one lengthscale scale shared by every feature, ard_=False: the ratios are the starting ones, "

@@ -15,7 +15,7 @@ import numpy as np
 import pandas
 import pytest
 
-from agpc import RBF, GPClassifier, Matern52, load_model
+from agpc import RBF, GPClassifier, Linear, Matern52, load_model
 from agpc.checkpoints import HEADER_KEY
 from agpc.cli import main
 from agpc.datasets import make_banana
@@ -122,6 +122,16 @@ def test_summary_of_a_multiclass_model_has_a_relevance_column_a_class():
     np.testing.assert_allclose(relevance.sum(axis=1), 1.0)
     header = text.split("feature relevance:")[1].splitlines()[1].split()
     assert header == ["feature", "mean", "class", "0", "class", "1", "class", "2"]
+
+
+def test_a_multiclass_linear_model_says_its_relevance_is_its_slope_variances():
+    X, y = three_classes(90, 0)
+    model = GPClassifier(kernel=Linear(), n_inducing=6, max_iter=3, random_state=0).fit(X, y)
+    text = model.summary()
+    assert all(f"  class {c}: Linear: bias" in text for c in range(3))
+    assert "feature relevance: slope variance v (a linear kernel" in text
+    variances = np.stack([np.asarray(k.variances) for k in model.kernel_.kernels])
+    np.testing.assert_allclose(feature_relevance(model.kernel_)[0], variances / variances.sum(axis=1, keepdims=True))
 
 
 def test_a_kernel_without_one_set_of_ard_lengthscales_says_so(banana_model):
