@@ -21,9 +21,10 @@ trains a linear kernel (``linear_start``), kept only when its log Z beats the RB
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
-from .backend import CholeskyError
+from .backend import CholeskyError, array_namespace, to_numpy
 from .batch_size import rows_per_step
 from .kernels import RBF, Linear, with_default_priors
 from .methods import ORDINAL, get_method
@@ -175,10 +176,16 @@ def linear_start(kernel):
     """The linear kernel ``ard="auto"`` weighs against ``kernel``, the default RBF at its start (None for any other
     kernel): slope variances 1 / l_j^2 of its lengthscales l_j (``kernels.Linear``; the prior variance of f, sum_j
     x_j^2 / l_j^2 + 1, of the RBF's amplitude of 1 on standardised features), a bias of 1, the same latent noise,
-    and the default priors when the RBF has them (``kernels.with_default_priors``). Trained with one shared scale."""
+    and the default priors when the RBF has them (``kernels.with_default_priors``). Trained with one shared scale.
+    None too where those slope variances are not normal numbers of the kernel's type (features of scale past ~1e154
+    or below ~1e-154 in float64, 1e19 / 1e-19 in float32, which the RBF's lengthscales follow)."""
     if type(kernel) is not RBF:
         return None
     params = kernel.params
+    finfo = array_namespace(params["log_lengthscales"]).finfo(params["log_lengthscales"].dtype)
+    representable = (math.log(finfo.smallest_normal), math.log(finfo.max))
+    if not all(representable[0] < -2.0 * float(c) < representable[1] for c in to_numpy(params["log_lengthscales"])):
+        return None
     linear = Linear.from_params({"log_variances": -2.0 * params["log_lengthscales"],
                                  "log_bias": 0.0 * params["log_amplitude"], "log_noise": params["log_noise"]})
     return with_default_priors(linear, kernel) if kernel.priors else linear

@@ -167,16 +167,31 @@ def test_the_linear_start_matches_the_default_kernel():
 
 @pytest.mark.parametrize("dtype, scale", [("float64", 1e-170), ("float64", 1e170), ("float32", 1e-25),
                                           ("float32", 1e19)])
-def test_a_linear_stage_the_numbers_cannot_hold_keeps_the_rbf(dtype, scale):
-    """Features of extreme scale: the default RBF's lengthscales follow them, but the linear start's slope variances
-    1 / l_j^2 (or x_j^2) leave the dtype's range; the fit keeps the RBF instead of failing (CholeskyError)."""
+def test_features_of_extreme_scale_keep_the_rbf_without_a_linear_stage(dtype, scale):
+    """The default RBF's lengthscales follow the features' scale, but the linear start's slope variances 1 / l_j^2
+    leave the dtype's range: no linear stage (the whole fit failed with CholeskyError, after overflow warnings)."""
     rng = np.random.default_rng(0)
     X = rng.standard_normal((60, 3))
     y = (X @ np.array([1.0, -2.0, 0.5]) > 0).astype(int)
-    model = _quiet_fit(X * scale, y, dtype=dtype, max_iter=10)
-    assert isinstance(model.kernel_, agpc.RBF)
-    assert np.isfinite(model.log_marginal_likelihood_)
-    assert np.all(np.isfinite(model.predict_proba(X * scale)))
+    scaled = (X * scale).astype(dtype)
+    assert size_rule.linear_start(default_kernel(scaled).for_inputs(scaled)) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # (none of the linear stage's overflows)
+        model = GPClassifier(random_state=0, dtype=dtype, max_iter=10).fit(scaled, y)
+    assert isinstance(model.kernel_, agpc.RBF) and np.isfinite(model.log_marginal_likelihood_)
+    assert np.all(np.isfinite(model.predict_proba(scaled)))
+
+
+def test_a_linear_stage_that_fails_numerically_keeps_the_rbf():
+    def stages():
+        yield _Stage("shared", -10.0)
+        yield _Stage("per feature", -10.5)
+        raise agpc.CholeskyError("Cholesky of Kmm failed: the matrix contains NaN or inf")
+
+    stage = stages()
+    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 3, default_kernel(np.eye(3)),
+                                                       lambda *_: next(stage))
+    assert result.kernel == "shared" and per_feature is False
 
 
 def test_the_linear_kernel_is_kept_only_beyond_the_margin_over_the_rbf_kept():
