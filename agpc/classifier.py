@@ -125,8 +125,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         (False). "auto": the exact model of the default kernel on <= 500 rows learns one scale, then per feature (kept
         if they raise log Z by over a nat each), then a linear kernel (kept if log Z is a nat higher); ``size_rule``.
     kernel_prior : "auto" or None, default="auto"
-        "auto": weak priors on the kernel's log lengthscales (centred on the default kernel's) and log amplitude,
-        MAP instead of maximum likelihood (docs/small_data_defaults.md). ``None``: only the kernel's own priors.
+        "auto": weak priors on the kernel's log lengthscales (centred on the default kernel's) and log amplitude (a
+        linear kernel's slope variances and bias), MAP (docs/small_data_defaults.md). ``None``: its own priors only.
     class_weight : None, "balanced" or dict
         Weights of the classes, multiplied into ``fit``'s ``sample_weight`` (scikit-learn's meanings; docs/weights.md).
     classes : array-like or None, default=None

@@ -553,8 +553,9 @@ def _fit_parser(sub):
                    help="'auto' (default: the exact model on small binary data, else 100 learned inducing points), "
                         "'all' (the exact model) or a number of inducing points")
     p.add_argument("--kernel-prior", choices=["auto", "none"], default="auto",
-                   help="'auto' (default): weak priors on the kernel's lengthscales and amplitude (MAP); 'none': "
-                        "type-II maximum likelihood (docs/small_data_defaults.md)")
+                   help="'auto' (default): weak priors on the kernel's lengthscales and amplitude (a linear "
+                        "kernel's slope variances and bias) (MAP); 'none': type-II maximum likelihood "
+                        "(docs/small_data_defaults.md)")
     p.add_argument("--ard", choices=["auto", "per-feature", "shared"], default="auto",
                    help="the lengthscales: 'auto' (default: on up to 500 rows the exact model keeps one scale shared "
                         "by every feature unless a lengthscale per feature is worth its parameters by Akaike's "

@@ -262,6 +262,12 @@ class Kernel:
         return Product(self, other)
 
     @property
+    def growth(self):
+        """A bound on how fast the kernel's variance grows with |x|: k(x, x) <= growth |x|^2 + O(1), or None for a
+        bounded kernel (every stationary one). Predictions shrink far rows radially to where it stays finite."""
+        return None
+
+    @property
     def reach_lengthscales(self):
         """Per input dimension, a length beyond which (times ``agpc.prediction.KERNEL_REACH``, 1e3) the kernel
         is exactly 0, or None when it has no such reach (a heavy tail). Predictions clamp far inputs to it."""
@@ -673,6 +679,10 @@ class Linear(Kernel):
     def bias(self):
         return array_namespace(self.params["log_bias"]).exp(self.params["log_bias"])
 
+    @property
+    def growth(self):
+        return array_namespace(self.variances).max(self.variances)  # sum_j v_j x_j^2 <= max_j v_j |x|^2
+
     def K(self, X, Z=None, *, out=None):
         """K(X, Z) = X diag(v) Z^T + b (no noise term); ``out`` is not used (``Stationary.K``)."""
         return (X * self.variances) @ (X if Z is None else Z).mT + self.bias
@@ -779,6 +789,19 @@ class Combination(Kernel):
     def __repr__(self):
         return (f"{self.name}({', '.join(repr(term) for term in self.terms)}, "
                 f"noise={float(to_numpy(self.noise)):.6g}{self._repr_priors()})")
+
+    @property
+    def growth(self):
+        """The largest of the terms' growths: a sum's variance grows as its fastest term's. (A product of a linear
+        term and stationary ones is 0 at a row shrunk far past every lengthscale; a product of two linear terms,
+        which grows as |x|^4, is not bounded by it.)"""
+        growths = [term.growth for term in self.terms if term.growth is not None]
+        if not growths:
+            return None
+        largest = growths[0]
+        for growth in growths[1:]:
+            largest = array_namespace(largest).maximum(largest, growth)
+        return largest
 
     @property
     def reach_lengthscales(self):
@@ -947,6 +970,10 @@ class OrdinalKernel(Kernel):
     @property
     def reach_lengthscales(self):
         return self.latent.reach_lengthscales
+
+    @property
+    def growth(self):
+        return self.latent.growth
 
     def without_noise(self):
         return self._from_parts(self.latent.without_noise(), self.own)

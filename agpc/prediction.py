@@ -30,8 +30,13 @@ def within_reach(kernel, Z, Xc):
     predictions do not change; the squared distances of the far point itself overflowed (X * 1e300:
     "overflow encountered in vecdot")."""
     kernels = [kernel[c] for c in range(Z.shape[0])] if Z.ndim == 3 else [kernel]
-    if B.is_out_of_core(Xc) or any(k.reach_lengthscales is None for k in kernels):
+    if B.is_out_of_core(Xc):
         return Xc  # (rows on disk are predicted a block at a time, as they are read: not held here)
+    growths = [k.growth for k in kernels if k.growth is not None]
+    if growths:
+        return _within_radius(Xc, growths)
+    if any(k.reach_lengthscales is None for k in kernels):
+        return Xc
     xp = B.array_namespace(Xc)
     reach_limit = float(xp.finfo(Xc.dtype).max) / (4.0 * KERNEL_REACH)  # reach + |Z| stays finite
     lower = upper = None
@@ -42,6 +47,27 @@ def within_reach(kernel, Z, Xc):
         lower = low if lower is None else xp.minimum(lower, low)
         upper = high if upper is None else xp.maximum(upper, high)
     return xp.minimum(xp.maximum(Xc, lower), upper)
+
+
+def _within_radius(Xc, growths):
+    """Xc with each row longer than R shrunk to length R along its own direction, for a kernel whose variance grows
+    with |x| (a linear term: ``Kernel.growth`` g, k(x, x) <= g |x|^2 + O(1)), R such that g R^2 is the square root
+    of the dtype's largest number (1e154 in float64, 2e19 in float32). The latent's mean and variance at t x grow as
+    t and t^2, so the probit's Phi(mean / sqrt(1 + variance)) has converged to its limit along the ray long before
+    R; the far row's own k(x, x) and the products of the predictive variance overflowed to inf and gave NaN
+    (X * 1e160). Row lengths are taken scaled by each row's largest entry, so that they do not overflow either; no
+    host sync."""
+    xp = B.array_namespace(Xc)
+    growth = growths[0]
+    for other in growths[1:]:
+        growth = xp.maximum(growth, other)
+    limit = float(xp.finfo(Xc.dtype).max) ** 0.5
+    radius = xp.sqrt(limit / xp.maximum(growth, limit ** -1.0))  # (a growth of 0 shrinks nothing that matters)
+    largest = xp.max(xp.abs(Xc), axis=1)
+    safe = xp.where(largest > 0, largest, xp.ones_like(largest))
+    length = safe * xp.sqrt(B.row_dot(Xc / safe[:, None], Xc / safe[:, None]))
+    factor = xp.where(length > radius, radius / xp.where(length > 0, length, xp.ones_like(length)), 1.0)
+    return Xc * factor[:, None]
 
 
 def checked_rows(model, X):

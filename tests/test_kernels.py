@@ -159,8 +159,14 @@ class KernelContract:
         assert any(not np.allclose(fitted.params[k], start[k]) for k in start), "no hyper-parameter moved"
         proba = model.predict_proba(X)
         assert np.all(np.isfinite(proba))
-        if fitted.reach_lengthscales is not None:  # far inputs are clamped to the kernel's reach: no overflow
-            np.testing.assert_allclose(model.predict_proba(X[:2] * 1e300).sum(axis=1), 1.0)
+        # far inputs: clamped to the kernel's reach, or shrunk radially where its variance grows with |x| (a linear
+        # term): finite probabilities, no NaN from an overflowed k(x, x) (a rational quadratic alone has neither)
+        if fitted.reach_lengthscales is not None or fitted.growth is not None:
+            far = model.predict_proba(X[:2] * 1e300)
+            assert np.all(np.isfinite(far))
+            np.testing.assert_allclose(far.sum(axis=1), 1.0)
+        if fitted.growth is not None:  # along a ray the probability has converged: the same far and farther
+            np.testing.assert_allclose(model.predict_proba(X[:2] * 1e160), far, rtol=1e-6, atol=1e-12)
         path = tmp_path / "model.npz"
         model_files.save_model(model, path)
         loaded = model_files.load_model(path)
