@@ -125,7 +125,7 @@ def estimator_model_size(estimator, n_rows, n_classes=2, rows_known=True):
 ARD_CHOICE_MAX_ROWS = 500
 """The most training rows for which ``ard="auto"`` chooses between one shared lengthscale scale, one per feature and
 a linear kernel (``ard_plan``). The choice trains the exact model two or three times (1.5-2.2 times the cost of one
-fit on the study's sets of 400-600 rows for the first two; the linear kernel adds 0.1-0.6 of one, docs/
+fit on the study's sets of 400-600 rows for the first two; the linear kernel adds 0.1-0.8 of one, docs/
 small_data_defaults.md); above 500 rows the first two alone took 5.3-5.7 CPU s on one core on two of the seven test
 sets (australian, breast: 615-621 rows), past the 5 s a small fit may take, and the study's sets hold no evidence
 of a gain there (clf-700x8 and clf-700x14 kept their lengthscales per feature)."""
@@ -174,8 +174,8 @@ linear kernel's log Z came within 1 nat of the RBF's where it predicted worse)."
 
 def linear_start(kernel):
     """The linear kernel ``ard="auto"`` weighs against ``kernel``, the default RBF at its start (None for any other
-    kernel): slope variances 1 / l_j^2 of its lengthscales l_j (``kernels.Linear``; the prior variance of f, sum_j
-    x_j^2 / l_j^2 + 1, of the RBF's amplitude of 1 on standardised features), a bias of 1, the same latent noise,
+    kernel): slope variances 1 / l_j^2 of its lengthscales l_j (``kernels.Linear``: on standardised features f's
+    prior variance sum_j x_j^2 / l_j^2 is then about the RBF's amplitude of 1), a bias of 1, the same latent noise,
     and the default priors when the RBF has them (``kernels.with_default_priors``). Trained with one shared scale.
     None too where those slope variances are not normal numbers of the kernel's type (features of scale past ~1e154
     or below ~1e-154 in float64, 1e19 / 1e-19 in float32, which the RBF's lengthscales follow)."""
