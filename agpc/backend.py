@@ -77,6 +77,7 @@ __all__ = [
     "cholesky_with_jitter",
     "machine_epsilon",
     "jitter_floor",
+    "starting_jitter",
     "log_ndtr",
     "ndtr",
     "log_normal_pdf",
@@ -1097,6 +1098,12 @@ def jitter_floor(Z):
     diverged at jitter up to 1e-4."""
     m = Z.shape[-2]
     return _JITTER_FLOOR_ROUNDOFFS * m * machine_epsilon(Z)
+
+
+def starting_jitter(jitter, Z):
+    """The jitter a model with inducing points ``Z`` starts from: the estimator's ``jitter``, at least
+    ``jitter_floor(Z)`` (a change only for float32)."""
+    return max(float(jitter), jitter_floor(Z))
 
 
 def cholesky(A, *, what="matrix", max_tries=6):

@@ -287,7 +287,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             plateau=plateau,
         )
         options = training.EngineOptions(
-            jitter=max(float(self.jitter), B.jitter_floor(Z)), optimize=groups,
+            jitter=B.starting_jitter(self.jitter, Z), optimize=groups,
             block_rows=self.block_rows if placed.block_rows is None else placed.block_rows,
             damping=None if self.damping is None else float(self.damping), optimizer=self.optimizer,
             learning_rate=self.learning_rate,
@@ -357,7 +357,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 kernel = O.start_kernel(self, kernel, y, len(order), inputs, weights)
             self._rows_seen = 0
             self._trainer = S.stream_trainer(self, kernel, Z, n_total or rows, groups,
-                                             max(float(self.jitter), B.jitter_floor(Z)))
+                                             B.starting_jitter(self.jitter, Z))
         elif not live:  # fit records its rows on the model, partial_fit in the history
             self._trainer, self._rows_seen = S.trainer_from_fitted(self, groups, n_total, rows,
                                                                    getattr(self, "_rows_seen", None))

@@ -457,7 +457,7 @@ def read_model_file(path, estimator, backend="numpy"):
     # version 1 do not hold it: the jitter parameter, raised to the type's floor as the fit did)
     jitter = header.get("fitted_jitter")
     if jitter is None:
-        jitter = max(float(model.jitter), B.jitter_floor(Zx))
+        jitter = B.starting_jitter(model.jitter, Zx)
     elif not (_is_number(jitter) and math.isfinite(jitter) and jitter >= 0):
         raise refuse(f"fitted_jitter: {jitter!r} is not a non-negative number")
     else:
