@@ -263,9 +263,13 @@ class Kernel:
 
     @property
     def growth(self):
-        """A bound on how fast the kernel's variance grows with |x|: k(x, x) <= growth |x|^2 + O(1), or None for a
-        bounded kernel (every stationary one). Predictions shrink far rows radially to where it stays finite."""
+        """A bound on how fast the kernel's variance grows with |x|: k(x, x) <= growth |x|^(2 growth_power) + lower
+        powers of |x|, or None for a bounded kernel (every stationary one). Predictions shrink far rows radially to
+        where it stays finite."""
         return None
+
+    growth_power = 1
+    """The power of |x|^2 that ``growth`` bounds: 1 for a linear kernel, the sum of the terms' for a product."""
 
     @property
     def reach_lengthscales(self):
@@ -790,18 +794,11 @@ class Combination(Kernel):
         return (f"{self.name}({', '.join(repr(term) for term in self.terms)}, "
                 f"noise={float(to_numpy(self.noise)):.6g}{self._repr_priors()})")
 
-    @property
-    def growth(self):
-        """The largest of the terms' growths: a sum's variance grows as its fastest term's. (A product of a linear
-        term and stationary ones is 0 at a row shrunk far past every lengthscale; a product of two linear terms,
-        which grows as |x|^4, is not bounded by it.)"""
-        growths = [term.growth for term in self.terms if term.growth is not None]
-        if not growths:
-            return None
-        largest = growths[0]
-        for growth in growths[1:]:
-            largest = array_namespace(largest).maximum(largest, growth)
-        return largest
+    def _growing_terms(self):
+        """The terms whose variance grows with |x| (``Kernel.growth``); the bounded ones (stationary) are left out:
+        a row shrunk far past every lengthscale makes a stationary factor 0 and leaves a stationary summand at its
+        amplitude."""
+        return [term for term in self.terms if term.growth is not None]
 
     @property
     def reach_lengthscales(self):
@@ -860,6 +857,19 @@ class Sum(Combination):
     def _term_adjoints(self, dKmm, dKnm, dKdiag, X, Z):
         return [(dKmm, dKnm, dKdiag)] * len(self.terms)  # dL/dK_i = dL/dK
 
+    @property
+    def growth(self):
+        """A sum grows as its fastest terms: the sum of the growths of the terms of the highest power."""
+        growing = self._growing_terms()
+        if not growing:
+            return None
+        fastest = [term.growth for term in growing if term.growth_power == self.growth_power]
+        return self._combine(fastest)
+
+    @property
+    def growth_power(self):
+        return max((term.growth_power for term in self._growing_terms()), default=1)
+
 
 class Product(Combination):
     """k(x, z) = prod_i k_i(x, z), plus one latent noise at the data points (``k1 * k2``)."""
@@ -883,6 +893,17 @@ class Product(Combination):
         nm = others(dKnm, [term.K(X, Z) for term in self.terms] if dKnm is not None else None)
         diag = others(dKdiag, [term.Kdiag(X) for term in self.terms] if dKdiag is not None else None)
         return list(zip(mm, nm, diag))
+
+    @property
+    def growth(self):
+        """A product of growing terms grows as the product of their growths, at the sum of their powers (two
+        linear terms: |x|^4)."""
+        growing = self._growing_terms()
+        return self._combine([term.growth for term in growing]) if growing else None
+
+    @property
+    def growth_power(self):
+        return sum(term.growth_power for term in self._growing_terms()) or 1
 
 
 class OrdinalKernel(Kernel):
@@ -974,6 +995,10 @@ class OrdinalKernel(Kernel):
     @property
     def growth(self):
         return self.latent.growth
+
+    @property
+    def growth_power(self):
+        return self.latent.growth_power
 
     def without_noise(self):
         return self._from_parts(self.latent.without_noise(), self.own)

@@ -32,7 +32,7 @@ def within_reach(kernel, Z, Xc):
     kernels = [kernel[c] for c in range(Z.shape[0])] if Z.ndim == 3 else [kernel]
     if B.is_out_of_core(Xc):
         return Xc  # (rows on disk are predicted a block at a time, as they are read: not held here)
-    growths = [k.growth for k in kernels if k.growth is not None]
+    growths = [(k.growth, k.growth_power) for k in kernels if k.growth is not None]
     if growths:
         return _within_radius(Xc, growths)
     if any(k.reach_lengthscales is None for k in kernels):
@@ -50,19 +50,21 @@ def within_reach(kernel, Z, Xc):
 
 
 def _within_radius(Xc, growths):
-    """Xc with each row longer than R shrunk to length R along its own direction, for a kernel whose variance grows
-    with |x| (a linear term: ``Kernel.growth`` g, k(x, x) <= g |x|^2 + O(1)), R such that g R^2 is the square root
-    of the dtype's largest number (1e154 in float64, 2e19 in float32). The latent's mean and variance at t x grow as
-    t and t^2, so the probit's Phi(mean / sqrt(1 + variance)) has converged to its limit along the ray long before
-    R; the far row's own k(x, x) and the products of the predictive variance overflowed to inf and gave NaN
-    (X * 1e160). Row lengths are taken scaled by each row's largest entry, so that they do not overflow either; no
-    host sync."""
+    """Xc with each row longer than R shrunk to length R along its own direction, for kernels whose variance grows
+    with |x| (``growths``: each kernel's ``Kernel.growth`` g and ``growth_power`` p, k(x, x) <= g |x|^(2p) + lower
+    powers: a linear term p = 1, a product of two p = 2), R the smallest of the kernels' radii where g R^(2p) is the
+    square root of the dtype's largest number (1e154 in float64, 2e19 in float32). The latent's mean and variance at
+    t x grow as t^p and t^(2p), so the probit's Phi(mean / sqrt(1 + variance)) has converged to its limit along the
+    ray long before R; the far row's own k(x, x) and the products of the predictive variance overflowed to inf and
+    gave NaN (X * 1e160). Row lengths are taken scaled by each row's largest entry, so that they do not overflow
+    either; no host sync."""
     xp = B.array_namespace(Xc)
-    growth = growths[0]
-    for other in growths[1:]:
-        growth = xp.maximum(growth, other)
     limit = float(xp.finfo(Xc.dtype).max) ** 0.5
-    radius = xp.sqrt(limit / xp.maximum(growth, limit ** -1.0))  # (a growth of 0 shrinks nothing that matters)
+    radius = None
+    for growth, power in growths:
+        # (a growth of 0 shrinks nothing that matters)
+        own = (limit / xp.maximum(growth, limit ** -1.0)) ** (1.0 / (2.0 * power))
+        radius = own if radius is None else xp.minimum(radius, own)
     largest = xp.max(xp.abs(Xc), axis=1)
     safe = xp.where(largest > 0, largest, xp.ones_like(largest))
     length = safe * xp.sqrt(B.row_dot(Xc / safe[:, None], Xc / safe[:, None]))

@@ -243,6 +243,32 @@ class TestLinearPlusRBF(KernelContract):
         return (X * np.array([0.5, 0.9, 1.2])) @ Z.T + 0.4 + rbf_reference([0.7, 1.3, 2.1], 1.1)(X, Z)
 
 
+class TestLinearTimesLinear(KernelContract):
+    """A product of two linear kernels: a quadratic latent function, the last stage of ``ard="auto"``; its variance
+    grows as |x|^4 (``growth_power`` 2), which the radial shrink of far rows must bound."""
+
+    def make_kernel(self, priors=False):
+        first = Linear([0.5, 0.9, 1.2], bias=0.4,
+                       priors={"variances": Gamma(2.0, 2.0), "bias": LogNormal(0.0, 1.0)} if priors else None)
+        second = Linear([1.1, 0.3, 0.7], bias=1.5,
+                        priors={"variances": LogNormal(0.0, 1.0), "bias": Gamma(2.0, 1.0)} if priors else None)
+        return Product(first, second, noise=self.noise, priors={"noise": Gamma(1.5, 4.0)} if priors else None)
+
+    def reference(self, X, Z):
+        return ((X * np.array([0.5, 0.9, 1.2])) @ Z.T + 0.4) * ((X * np.array([1.1, 0.3, 0.7])) @ Z.T + 1.5)
+
+    def test_growth_bounds_the_variance(self):
+        """k(x, x) <= growth |x|^4 + lower powers: the leading coefficient of the product's variance along a ray
+        is bounded by the product of the terms' largest slope variances, at power 2."""
+        kernel = self.make_kernel()
+        assert kernel.growth_power == 2
+        direction = np.array([[0.3, -0.8, 0.5]])
+        t = 1e6
+        leading = float(kernel.Kdiag(direction * t)[0]) / (t ** 4 * float(np.sum(direction ** 2)) ** 2)
+        assert leading <= float(kernel.growth) * (1 + 1e-9)
+        assert float(kernel.growth) == pytest.approx(1.2 * 1.1)
+
+
 class TestSum(KernelContract):
     def make_kernel(self, priors=False):
         first = RBF([0.7, 1.3, 2.1], amplitude=1.1, noise=0.05,
