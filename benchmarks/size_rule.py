@@ -11,8 +11,9 @@ with its kernel's weak priors or start changed (``KernelVariant``: ``-lsS`` the 
 that of the log-amplitude prior, ``-initF`` the initial lengthscales and the prior's centre F times the default's),
 given as the user's own kernel and priors; ``auto-ls1.7320508075688772`` is the default itself; ``auto-per-feature``
 and ``auto-shared``: the default with ``ard=True`` (lengthscales per feature, the default before ``ard="auto"``) and
-``ard=False`` (one shared scale); ``auto-rbf``: the default without its last stage, the linear kernel
-(``agpc.size_rule.linear_start`` answering None for the fit: the default before that stage).
+``ard=False`` (one shared scale); ``auto-rbf``: the default without its last two stages, the linear and the
+quadratic kernel (``agpc.size_rule.linear_start`` answering None for the fit: the default before those stages);
+``auto-linear``: the default without its last stage, the quadratic kernel (``quadratic_start`` answering None).
 Every fit is timed: seconds of ``fit`` on the wall clock, and the CPU seconds of the process for the fit and its
 scoring, which at one BLAS thread (``--blas-threads 1``, ``taskset -c 0``) is what a quiet core's wall clock shows
 while other processes load the machine.
@@ -46,7 +47,7 @@ from _runner import begin, header, load_npz, options, parse, parse_list, row
 
 TEST_SETS = study.TEST_SETS
 CANDIDATE = re.compile(r"^(auto|all|logreg|m(\d+)(-fixed)?)(-es)?$")
-LENGTHSCALES = re.compile(r"^auto-(per-feature|shared|rbf)$")  # ard=True / ard=False / no linear stage
+LENGTHSCALES = re.compile(r"^auto-(per-feature|shared|rbf|linear)$")  # ard=True / False / no linear, quadratic stage
 VARIANT = re.compile(r"^auto((?:-(?:ls|amp|init)\d+(?:\.\d+)?)+)$")
 MODIFIER = re.compile(r"-(ls|amp|init)(\d+(?:\.\d+)?)")
 HELD_OUT = 0.2  # "-es": the share of the training rows held out to stop on
@@ -74,19 +75,23 @@ class HeldOutStopping:
         return self.model.predict_proba(X)
 
 
-class WithoutLinearStage:
-    """``auto-rbf``: the default estimator fitted with ``ard="auto"``'s linear stage off (its start answering None,
-    as for a kernel other than the default RBF), so that the default before that stage is measured beside it."""
+class WithoutStages:
+    """``auto-rbf``, ``auto-linear``: the default estimator fitted with some of ``ard="auto"``'s last stages off
+    (their starts, ``agpc.size_rule``'s functions named ``starts``, answering None, as for a kernel other than the
+    default RBF), so that the default before those stages is measured beside it."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, starts):
+        self.model, self.starts = model, starts
 
     def fit(self, X, y):
+        from contextlib import ExitStack
         from unittest import mock
 
         from agpc import size_rule as rule
 
-        with mock.patch.object(rule, "linear_start", lambda kernel: None):
+        with ExitStack() as stack:
+            for name in self.starts:
+                stack.enter_context(mock.patch.object(rule, name, lambda kernel: None))
             self.model.fit(X, y)
         self.classes_ = self.model.classes_
         return self
@@ -138,7 +143,7 @@ def parse_args(argv=None):
     bad = [c for c in args.candidates if not (CANDIDATE.match(c) or VARIANT.match(c) or LENGTHSCALES.match(c))]
     if bad:
         raise SystemExit(f"unknown candidates {bad}: use auto, all, mK, mK-fixed, logreg, auto-lsS-ampS-initF, "
-                         "auto-per-feature, auto-shared, auto-rbf")
+                         "auto-per-feature, auto-shared, auto-rbf, auto-linear")
     return args
 
 
@@ -155,7 +160,9 @@ def make_model(candidate, split, max_iter):
         options["max_iter"] = max_iter
     lengthscales = LENGTHSCALES.match(candidate)
     if lengthscales and lengthscales.group(1) == "rbf":
-        return WithoutLinearStage(agpc.GPClassifier(**options))
+        return WithoutStages(agpc.GPClassifier(**options), ("linear_start", "quadratic_start"))
+    if lengthscales and lengthscales.group(1) == "linear":
+        return WithoutStages(agpc.GPClassifier(**options), ("quadratic_start",))
     if lengthscales:
         return agpc.GPClassifier(ard=lengthscales.group(1) == "per-feature", **options)
     variant = VARIANT.match(candidate)

@@ -119,7 +119,8 @@ def test_auto_keeps_per_feature_lengthscales_where_features_are_noise():
 def test_auto_keeps_the_shared_scale_where_every_feature_counts_alike():
     rng = np.random.default_rng(0)
     X = rng.standard_normal((200, 6))
-    y = (np.sum(X ** 2, axis=1) + rng.standard_normal(200) > 6.0).astype(int)  # radial: every feature alike
+    radius2 = np.sum(X ** 2, axis=1) + rng.standard_normal(200)
+    y = ((radius2 > 4.0) & (radius2 < 8.0)).astype(int)  # a radial band: every feature alike, and no quadric
     model, shared = _quiet_fit(X, y), _quiet_fit(X, y, ard=False)
     assert model.ard_ is False
     for key, value in shared.kernel_.params.items():  # the model is the shared stage's, exactly
@@ -198,8 +199,9 @@ def test_the_linear_kernel_is_kept_only_beyond_the_margin_over_the_rbf_kept():
     start = default_kernel(np.eye(3))
     margin = size_rule.LINEAR_MARGIN
 
-    def choose(*log_zs):
-        stages = iter(_Stage(name, log_z) for name, log_z in zip(("shared", "per feature", "linear"), log_zs))
+    def choose(*log_zs):  # (the quadratic stage last, far below: never kept here)
+        names = ("shared", "per feature", "linear", "quadratic")
+        stages = iter(_Stage(name, log_z) for name, log_z in zip(names, log_zs + (-1e9,)))
         return size_rule.learn_lengthscales(size_rule.CHOOSE, 3, start, lambda *_: next(stages))
 
     result, per_feature = choose(-10.0, -10.0, -10.0 + margin + 1e-9)
@@ -211,6 +213,78 @@ def test_the_linear_kernel_is_kept_only_beyond_the_margin_over_the_rbf_kept():
     stages = iter([_Stage("shared", -10.0), _Stage("per feature", -10.5), _Stage("linear", -12.0, "max_time", True)])
     result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 3, start, lambda *_: next(stages))
     assert result.kernel == "shared" and result.stop_reason == "max_time" and result.stopped_by_time
+
+
+def test_the_quadratic_kernel_is_kept_only_beyond_its_margin_over_the_model_kept():
+    start = default_kernel(np.eye(3))
+    margin = size_rule.QUADRATIC_MARGIN
+
+    def stages(*log_zs, last=None):
+        names = ("shared", "per feature", "linear", "quadratic")
+        return [_Stage(name, log_z) for name, log_z in zip(names, log_zs)] + ([last] if last else [])
+
+    def choose(stage_list):
+        stage = iter(stage_list)
+        return size_rule.learn_lengthscales(size_rule.CHOOSE, 3, start, lambda *_: next(stage))
+
+    result, per_feature = choose(stages(-10.0, -10.0, -10.0, -10.0 + margin + 1e-9))
+    assert result.kernel == "quadratic" and per_feature is False
+    assert choose(stages(-10.0, -10.0, -10.0, -10.0 + margin))[0].kernel == "shared"
+    # the linear kernel kept (more than 1 nat above the RBF): the quadratic one must beat it, not the RBF
+    assert choose(stages(-10.0, -10.0, -8.5, -8.5 + margin))[0].kernel == "linear"
+    assert choose(stages(-10.0, -10.0, -8.5, -8.5 + margin + 1e-6))[0].kernel == "quadratic"
+    # per-feature lengthscales kept (log Z up by more than d - 1 = 2): measured at log Z - 2
+    assert choose(stages(-10.0, -7.5, -20.0, -9.5 + margin))[0].kernel == "per feature"
+    assert choose(stages(-10.0, -7.5, -20.0, -9.5 + margin + 1e-6))[0].kernel == "quadratic"
+    # the quadratic stage cut short by max_time below the linear kernel: the linear kernel kept, saying so
+    result, _ = choose(stages(-10.0, -10.0, -8.5, last=_Stage("quadratic", -12.0, "max_time", True)))
+    assert result.kernel == "linear" and result.stopped_by_time and result.stop_reason == "max_time"
+
+
+def test_a_quadratic_stage_that_fails_numerically_keeps_the_model_kept():
+    def stages():
+        yield _Stage("shared", -10.0)
+        yield _Stage("per feature", -10.5)
+        yield _Stage("linear", -8.0)
+        raise FloatingPointError("ep diverged: log Z is not finite")
+
+    stage = stages()
+    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 3, default_kernel(np.eye(3)),
+                                                       lambda *_: next(stage))
+    assert result.kernel == "linear" and per_feature is False
+
+
+def test_the_quadratic_start_is_the_linear_start_squared():
+    X = np.random.default_rng(0).standard_normal((30, 4)) * np.array([1.0, 2.0, 0.5, 3.0])
+    rbf = with_default_priors(default_kernel(X), default_kernel(X))
+    linear, quadratic = size_rule.linear_start(rbf), size_rule.quadratic_start(rbf)
+    assert isinstance(quadratic, agpc.Product) and len(quadratic.terms) == 2
+    assert float(quadratic.noise) == float(rbf.noise)
+    for term in quadratic.terms:  # each factor the linear start, priors included, its noise held by the product
+        assert float(term.noise) == 0.0 and term.priors.keys() == linear.priors.keys()
+        for key in ("log_variances", "log_bias"):
+            np.testing.assert_array_equal(np.asarray(term.params[key]), np.asarray(linear.params[key]))
+    np.testing.assert_allclose(np.asarray(quadratic.K(X)), np.asarray(linear.K(X)) ** 2, rtol=1e-12)
+    assert size_rule.quadratic_start(agpc.Matern52().for_inputs(X)) is None
+
+
+def test_auto_keeps_a_quadratic_kernel_where_the_classes_are_split_by_a_saddle(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 3))
+    y = (X[:, 0] * X[:, 1] + 0.5 * X[:, 2] + 0.3 * rng.standard_normal(200) > 0).astype(int)  # x0 x1: a product
+    model, rbf = _quiet_fit(X, y), _quiet_fit(X, y, ard=False)
+    assert isinstance(model.kernel_, agpc.Product) and model.ard_ is False
+    assert all(isinstance(term, agpc.Linear) for term in model.kernel_.terms)
+    assert model.log_marginal_likelihood_ - rbf.log_marginal_likelihood_ > size_rule.QUADRATIC_MARGIN
+    first, second = model.kernel_.terms  # equal at the start, equal gradients: equal at the end
+    for key in ("log_variances", "log_bias"):
+        np.testing.assert_allclose(np.asarray(first.params[key]), np.asarray(second.params[key]), rtol=1e-12)
+    model.save(tmp_path / "m.npz")
+    loaded = GPClassifier.load(tmp_path / "m.npz")
+    assert isinstance(loaded.kernel_, agpc.Product) and loaded.ard_ is False
+    np.testing.assert_allclose(loaded.predict_proba(X), model.predict_proba(X), rtol=1e-10, atol=1e-13)
+    far = model.predict_proba(X[:3] * 1e300)  # its variance grows as |x|^4: far rows shrunk to a finite radius
+    assert np.all(np.isfinite(far))
 
 
 def test_the_choice_is_saved_with_the_model(tmp_path):
