@@ -125,22 +125,23 @@ def estimator_model_size(estimator, n_rows, n_classes=2, rows_known=True):
 
 
 ARD_CHOICE_MAX_ROWS = 500
-"""The most training rows for which ``ard="auto"`` chooses between one shared lengthscale scale, one per feature and
-a linear kernel (``ard_plan``). The choice trains the exact model two or three times (1.5-2.2 times the cost of one
-fit on the study's sets of 400-600 rows for the first two; the linear kernel adds 0.1-0.8 of one, docs/
-small_data_defaults.md); above 500 rows the first two alone took 5.3-5.7 CPU s on one core on two of the seven test
+"""The most training rows for which ``ard="auto"`` chooses between one shared lengthscale scale, one per feature, a
+linear and a quadratic kernel (``ard_plan``). The choice trains the exact model two to four times (1.5-2.2 times the
+cost of one fit on the study's sets of 400-600 rows for the first two; the linear and the quadratic kernel add
+0.1-0.8 of one each, docs/small_data_defaults.md); above 500 rows the first two alone took 5.3-5.7 CPU s on one core on two of the seven test
 sets (australian, breast: 615-621 rows), past the 5 s a small fit may take, and the study's sets hold no evidence
 of a gain there (clf-700x8 and clf-700x14 kept their lengthscales per feature)."""
 
 CHOOSE = "choose"
 """``ard_plan``'s answer for a fit that trains one shared lengthscale scale first, then a lengthscale per feature from
-there, kept only if ``akaike_keeps`` says so, then a linear kernel, kept only if ``linear_keeps`` says so."""
+there, kept only if ``akaike_keeps`` says so, then a linear and a quadratic kernel, each kept only if
+``linear_keeps`` says so."""
 
 
 def ard_plan(estimator, size, n_features):
     """How ``estimator``'s fit learns its lengthscales (its ``ard``): True, per feature; False, one scale for all,
     the features keeping their starting ratios; ``CHOOSE``, both in turn and the better by Akaike's criterion.
-    ``ard="auto"`` chooses (and weighs a linear kernel after, ``learn_lengthscales``) for ``n_inducing="auto"``'s
+    ``ard="auto"`` chooses (and weighs a linear and a quadratic kernel after, ``learn_lengthscales``) for ``n_inducing="auto"``'s
     exact model of the default kernel (``kernel=None``) on up to ``ARD_CHOICE_MAX_ROWS`` rows of more than one
     feature, without checkpoints (a fit of several stages would write several runs to one file); it is per feature
     everywhere else, as before the rule (docs/small_data_defaults.md says where it was chosen and checked)."""
