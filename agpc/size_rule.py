@@ -128,9 +128,9 @@ ARD_CHOICE_MAX_ROWS = 500
 """The most training rows for which ``ard="auto"`` chooses between one shared lengthscale scale, one per feature, a
 linear and a quadratic kernel (``ard_plan``). The choice trains the exact model two to four times (1.5-2.2 times the
 cost of one fit on the study's sets of 400-600 rows for the first two; the linear and the quadratic kernel add
-0.1-0.8 of one each, docs/small_data_defaults.md); above 500 rows the first two alone took 5.3-5.7 CPU s on one core on two of the seven test
-sets (australian, breast: 615-621 rows), past the 5 s a small fit may take, and the study's sets hold no evidence
-of a gain there (clf-700x8 and clf-700x14 kept their lengthscales per feature)."""
+0.1-0.8 of one each, docs/small_data_defaults.md); above 500 rows the first two alone took 5.3-5.7 CPU s on one
+core on two of the seven test sets (australian, breast: 615-621 rows), past the 5 s a small fit may take, and the
+study's sets hold no evidence of a gain there (clf-700x8 and clf-700x14 kept their lengthscales per feature)."""
 
 CHOOSE = "choose"
 """``ard_plan``'s answer for a fit that trains one shared lengthscale scale first, then a lengthscale per feature from
@@ -141,8 +141,8 @@ there, kept only if ``akaike_keeps`` says so, then a linear and a quadratic kern
 def ard_plan(estimator, size, n_features):
     """How ``estimator``'s fit learns its lengthscales (its ``ard``): True, per feature; False, one scale for all,
     the features keeping their starting ratios; ``CHOOSE``, both in turn and the better by Akaike's criterion.
-    ``ard="auto"`` chooses (and weighs a linear and a quadratic kernel after, ``learn_lengthscales``) for ``n_inducing="auto"``'s
-    exact model of the default kernel (``kernel=None``) on up to ``ARD_CHOICE_MAX_ROWS`` rows of more than one
+    ``ard="auto"`` chooses (and weighs a linear and a quadratic kernel after, ``learn_lengthscales``) for
+    ``n_inducing="auto"``'s exact model of the default kernel (``kernel=None``) on up to ``ARD_CHOICE_MAX_ROWS`` rows of more than one
     feature, without checkpoints (a fit of several stages would write several runs to one file); it is per feature
     everywhere else, as before the rule (docs/small_data_defaults.md says where it was chosen and checked)."""
     if not isinstance(estimator.ard, str):
@@ -234,9 +234,10 @@ def learn_lengthscales(plan, n_features, kernel, train):
     ``kernel``; ``train(start, shared, first)`` runs the training loop from the kernel ``start``, its lengthscales
     tied (``shared``), ``first`` for the first stage (the one a resumed fit resumes). ``CHOOSE``: one shared scale
     first, then per feature from where it ended, kept by ``akaike_keeps``, then a linear kernel (``linear_start``,
-    one shared scale) and a quadratic one (``quadratic_start``, one shared scale a term), each kept by
-    ``linear_keeps`` against the model kept before it; a stage that fails numerically ends the choice; a first stage that ran out of time or stopped early on validation
-    data stays shared, and a stage cut short by ``max_time`` ends the choice. Each stage may take ``max_iter`` steps
+    one shared scale) and a quadratic one (``quadratic_start``, its two equal factors one shared scale each), each
+    kept by ``linear_keeps`` against the model kept before it; a stage that fails numerically ends the choice (the
+    model kept so far stands); a first stage that ran out of time or stopped early on validation data stays shared,
+    and a stage cut short by ``max_time`` ends the choice. Each stage may take ``max_iter`` steps
     and ``max_time`` covers them all; the result (``n_iter_``, ``history_``) is the kept stage's, and says
     ``max_time`` when a later stage was cut short by it."""
     result = train(kernel, plan is not True, True)
