@@ -142,9 +142,10 @@ def ard_plan(estimator, size, n_features):
     """How ``estimator``'s fit learns its lengthscales (its ``ard``): True, per feature; False, one scale for all,
     the features keeping their starting ratios; ``CHOOSE``, both in turn and the better by Akaike's criterion.
     ``ard="auto"`` chooses (and weighs a linear and a quadratic kernel after, ``learn_lengthscales``) for
-    ``n_inducing="auto"``'s exact model of the default kernel (``kernel=None``) on up to ``ARD_CHOICE_MAX_ROWS`` rows of more than one
-    feature, without checkpoints (a fit of several stages would write several runs to one file); it is per feature
-    everywhere else, as before the rule (docs/small_data_defaults.md says where it was chosen and checked)."""
+    ``n_inducing="auto"``'s exact model of the default kernel (``kernel=None``) on up to ``ARD_CHOICE_MAX_ROWS`` rows
+    of more than one feature, without checkpoints (a fit of several stages would write several runs to one file); it
+    is per feature everywhere else, as before the rule (docs/small_data_defaults.md says where it was chosen and
+    checked)."""
     if not isinstance(estimator.ard, str):
         return bool(estimator.ard)
     # n_inducing="auto"'s exact model only (binary batch EP, where the rule was chosen): not
