@@ -657,6 +657,10 @@ class Linear(Kernel):
     variances : float or sequence of float
         The slope variances v_j, one per input dimension (ARD), or a single value broadcast to every dimension at
         first use. 1 / v_j plays the part of a stationary kernel's l_j^2: a feature with a small v_j hardly moves f.
+        Start them near 1 / (d Var x_j) on features far from unit scale (``ard="auto"``'s linear stage does): a
+        unit v_j on features of 1e6 or more puts k(x, x) past 1e13, where EP's marginals start to lose their
+        precision in float64: the fit raises its jitter (a ``JitterWarning``) and ends on a poorer model, measured
+        in docs/usage.md.
     bias : float
         The variance of the intercept w_0 (positive).
     noise : float
