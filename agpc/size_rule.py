@@ -213,7 +213,11 @@ def quadratic_start(kernel):
     if linear is None:
         return None
     factor = linear.without_noise()
-    return Product(factor, factor, noise=linear.noise)
+    product = Product(factor, factor)
+    # the latent noise as the linear start holds it, in the start's namespace, device and type (``Product`` takes a
+    # noise as a number and holds it on the host in float64, for a user's kernel that ``for_inputs`` moves later;
+    # nothing moves this one)
+    return product.with_params({**product.params, "log_noise": linear.params["log_noise"]})
 
 
 def linear_keeps(log_z_kept, log_z_candidate, margin=LINEAR_MARGIN):

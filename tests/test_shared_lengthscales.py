@@ -14,6 +14,7 @@ from sklearn.datasets import load_iris, make_classification
 
 import agpc
 from agpc import GPClassifier, size_rule
+from agpc.backend import array_namespace
 from agpc.inference.engines import shared_scale_grads
 from agpc.inputs import default_kernel
 from agpc.kernels import with_default_priors
@@ -266,6 +267,22 @@ def test_the_quadratic_start_is_the_linear_start_squared():
             np.testing.assert_array_equal(np.asarray(term.params[key]), np.asarray(linear.params[key]))
     np.testing.assert_allclose(np.asarray(quadratic.K(X)), np.asarray(linear.K(X)) ** 2, rtol=1e-12)
     assert size_rule.quadratic_start(agpc.Matern52().for_inputs(X)) is None
+
+
+@pytest.mark.parametrize("as_input, dtype", [(np.asarray, "float32"), (array_api_strict.asarray, "float64")],
+                         ids=["float32", "array_api_strict"])
+def test_the_quadratic_start_is_in_the_rows_namespace_and_type(as_input, dtype):
+    """Every parameter of the quadratic start, the latent noise included, in the namespace, device and type of the
+    start it is built from (a float64 NumPy noise beside float32 or array_api_strict terms made the fit's
+    variances float64, or the fit fail)."""
+    X = as_input(np.random.default_rng(0).standard_normal((30, 3)).astype(dtype))
+    start = default_kernel(X).for_inputs(X)
+    quadratic = size_rule.quadratic_start(start)
+    reference = start.params["log_noise"]
+    for key, value in quadratic.params.items():
+        assert array_namespace(value) is array_namespace(reference) and value.dtype == reference.dtype, key
+    assert float(quadratic.noise) == float(start.noise)
+    assert quadratic.Kdiag(X).dtype == X.dtype
 
 
 def test_auto_keeps_a_quadratic_kernel_where_the_classes_are_split_by_a_saddle(tmp_path):
