@@ -263,13 +263,14 @@ class Kernel:
 
     @property
     def growth(self):
-        """A bound on how fast the kernel's variance grows with |x|: k(x, x) <= growth |x|^(2 growth_power) + lower
-        powers of |x|, or None for a bounded kernel (every stationary one). Predictions shrink far rows radially to
-        where it stays finite."""
+        """A bound g on how fast the kernel's variance grows with |x|: k(x, x) <= (g |x|^2 + c)^growth_power for a
+        constant c, or None for a bounded kernel (every stationary one). Predictions shrink far rows radially to where
+        it stays finite. g is per power of |x|^2 (a linear kernel's largest slope variance, and a product of linear
+        kernels' too), so that it stays in the type's range wherever the slope variances do."""
         return None
 
     growth_power = 1
-    """The power of |x|^2 that ``growth`` bounds: 1 for a linear kernel, the sum of the terms' for a product."""
+    """The power p of ``growth``'s bound: 1 for a linear kernel, the sum of the terms' for a product."""
 
     @property
     def reach_lengthscales(self):
@@ -863,12 +864,10 @@ class Sum(Combination):
 
     @property
     def growth(self):
-        """A sum grows as its fastest terms: the sum of the growths of the terms of the highest power."""
+        """The sum of the growing terms' growths: sum_i (g_i |x|^2 + c_i)^(p_i) <= ((sum_i g_i) |x|^2 + c)^p at the
+        highest power p (a term of a lower power adds a lower power)."""
         growing = self._growing_terms()
-        if not growing:
-            return None
-        fastest = [term.growth for term in growing if term.growth_power == self.growth_power]
-        return self._combine(fastest)
+        return self._combine([term.growth for term in growing]) if growing else None
 
     @property
     def growth_power(self):
@@ -900,10 +899,17 @@ class Product(Combination):
 
     @property
     def growth(self):
-        """A product of growing terms grows as the product of their growths, at the sum of their powers (two
-        linear terms: |x|^4)."""
+        """The largest of the growing terms' growths, at the sum of their powers (two linear terms: |x|^4):
+        prod_i (g_i |x|^2 + c_i)^(p_i) <= (max_i g_i |x|^2 + max_i c_i)^(sum_i p_i). (Not the product of the g_i,
+        the coefficient of |x|^4 itself: it overflows where each g_i is in the type's range, features of scale
+        below ~1e-77 in float64, ~1e-10 in float32, and the lower powers' coefficients are not bounded by it.)"""
         growing = self._growing_terms()
-        return self._combine([term.growth for term in growing]) if growing else None
+        if not growing:
+            return None
+        largest = growing[0].growth
+        for term in growing[1:]:
+            largest = array_namespace(largest).maximum(largest, term.growth)
+        return largest
 
     @property
     def growth_power(self):

@@ -51,19 +51,23 @@ def within_reach(kernel, Z, Xc):
 
 def _within_radius(Xc, growths):
     """Xc with each row longer than R shrunk to length R along its own direction, for kernels whose variance grows
-    with |x| (``growths``: each kernel's ``Kernel.growth`` g and ``growth_power`` p, k(x, x) <= g |x|^(2p) + lower
-    powers: a linear term p = 1, a product of two p = 2), R the smallest of the kernels' radii where g R^(2p) is the
-    square root of the dtype's largest number (1e154 in float64, 2e19 in float32). The latent's mean and variance at
-    t x grow as t^p and t^(2p), so the probit's Phi(mean / sqrt(1 + variance)) has converged to its limit along the
-    ray long before R; the far row's own k(x, x) and the products of the predictive variance overflowed to inf and
-    gave NaN (X * 1e160). Row lengths are taken scaled by each row's largest entry, so that they do not overflow
-    either; no host sync."""
+    with |x| (``growths``: each kernel's ``Kernel.growth`` g and ``growth_power`` p, k(x, x) <= (g |x|^2 + c)^p: a
+    linear term p = 1, a product of two p = 2), R the smallest of the kernels' radii where (g R^2)^p is the square
+    root of the dtype's largest number (1e154 in float64, 2e19 in float32). The latent's mean and variance at t x
+    grow as t^p and t^(2p), so the probit's Phi(mean / sqrt(1 + variance)) has converged to its limit along the ray
+    long before R; the far row's own k(x, x) and the products of the predictive variance overflowed to inf and gave
+    NaN (X * 1e160). Row lengths are taken scaled by each row's largest entry, so that they do not overflow either;
+    no host sync."""
     xp = B.array_namespace(Xc)
-    limit = float(xp.finfo(Xc.dtype).max) ** 0.5
+    finfo = xp.finfo(Xc.dtype)
+    limit = float(finfo.max) ** 0.5
     radius = None
     for growth, power in growths:
-        # (a growth of 0 shrinks nothing that matters)
-        own = (limit / xp.maximum(growth, limit ** -1.0)) ** (1.0 / (2.0 * power))
+        # R = limit^(1 / 2p) / sqrt(g), a quotient of two numbers in the type's range for every normal g (limit / g
+        # left it for g below 1 / limit, and at p = 2 the floor of 1 / limit that kept it in put R at limit^(1/2),
+        # inside rows of features of scale past ~1e77 in float64, ~4e9 in float32); a growth of 0 or below the
+        # smallest normal number puts R far past every row
+        own = limit ** (1.0 / (2.0 * power)) / xp.sqrt(xp.maximum(growth, float(finfo.smallest_normal)))
         radius = own if radius is None else xp.minimum(radius, own)
     largest = xp.max(xp.abs(Xc), axis=1)
     safe = xp.where(largest > 0, largest, xp.ones_like(largest))

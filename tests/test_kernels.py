@@ -23,6 +23,7 @@ from agpc.kernels import (
     kernel_from_spec,
     log_prior_and_grads,
 )
+from agpc.prediction import within_reach
 from agpc.priors import Gamma, LogNormal, prior_from_spec
 from conftest import central_differences, check_parameter_gradients, to_np, to_xp
 
@@ -258,15 +259,32 @@ class TestLinearTimesLinear(KernelContract):
         return ((X * np.array([0.5, 0.9, 1.2])) @ Z.T + 0.4) * ((X * np.array([1.1, 0.3, 0.7])) @ Z.T + 1.5)
 
     def test_growth_bounds_the_variance(self):
-        """k(x, x) <= growth |x|^4 + lower powers: the leading coefficient of the product's variance along a ray
-        is bounded by the product of the terms' largest slope variances, at power 2."""
+        """k(x, x) <= (growth |x|^2 + c)^2: the leading coefficient of the product's variance along a ray is
+        bounded by the square of the terms' largest slope variance (power 2)."""
         kernel = self.make_kernel()
         assert kernel.growth_power == 2
         direction = np.array([[0.3, -0.8, 0.5]])
         t = 1e6
         leading = float(kernel.Kdiag(direction * t)[0]) / (t ** 4 * float(np.sum(direction ** 2)) ** 2)
-        assert leading <= float(kernel.growth) * (1 + 1e-9)
-        assert float(kernel.growth) == pytest.approx(1.2 * 1.1)
+        assert leading <= float(kernel.growth) ** 2 * (1 + 1e-9)
+        assert float(kernel.growth) == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize("dtype, scale", [("float64", 1e100), ("float64", 1e-100), ("float32", 1e12),
+                                          ("float32", 1e-12)])
+def test_far_rows_of_a_quadratic_kernel_shrink_and_rows_at_the_features_scale_do_not(dtype, scale):
+    """The quadratic kernel ``ard="auto"`` weighs, at slope variances 1 / scale^2 for features of that scale:
+    rows of the features' scale are left as they are (the product of the slope variances, past the type's range
+    there, shrank every row to a radius of 0 or of limit^(1/2)), and far rows are shrunk to where k(x, x) is at
+    most the square root of the type's largest number."""
+    X = (np.random.default_rng(0).standard_normal((6, D)) * scale).astype(dtype)
+    linear = Linear(1.0 / scale ** 2, bias=1.0)
+    kernel = Product(linear, linear).for_inputs(X)
+    np.testing.assert_array_equal(np.asarray(within_reach(kernel, X, X)), X)
+    with np.errstate(over="raise"):
+        far = within_reach(kernel, X, X * np.asarray(1e200 if dtype == "float64" else 1e20, dtype=dtype))
+        variance = np.asarray(kernel.Kdiag(far))
+    assert np.all(variance <= float(np.finfo(dtype).max) ** 0.5 * (1 + 1e-5)) and np.all(variance > 1e3)
 
 
 class TestSum(KernelContract):
