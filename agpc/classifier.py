@@ -123,7 +123,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     ard : "auto", True or False, default="auto"
         Lengthscales per feature (True), or one learned scale for all, the features keeping their starting ratios
         (False). "auto": the exact model of the default kernel on <= 500 rows learns one scale, then per feature (kept
-        if they raise log Z by over a nat each), then a linear, a quadratic kernel (kept 1, 2 nats up); ``size_rule``.
+        if they raise log Z by over a nat each), a linear, a quadratic kernel (<= 400 rows; kept 1, 2 nats up).
     kernel_prior : "auto" or None, default="auto"
         "auto": weak priors on the kernel's log lengthscales (centred on the default kernel's) and log amplitude (a
         linear kernel's slope variances and bias), MAP (docs/small_data_defaults.md). ``None``: its own priors only.

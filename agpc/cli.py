@@ -559,8 +559,8 @@ def _fit_parser(sub):
     p.add_argument("--ard", choices=["auto", "per-feature", "shared"], default="auto",
                    help="the lengthscales: 'auto' (default: on up to 500 rows the exact model keeps one scale shared "
                         "by every feature unless a lengthscale per feature is worth its parameters by Akaike's "
-                        "criterion, a linear kernel instead if its log Z is a nat higher, and a quadratic one if 2 "
-                        "nats higher still), 'per-feature' or 'shared' (the RBF)")
+                        "criterion, a linear kernel instead if its log Z is a nat higher, and on up to 400 rows a "
+                        "quadratic one if 2 nats higher still), 'per-feature' or 'shared' (the RBF)")
     p.add_argument("--batch-size", type=_batch_size, default="auto", metavar="B",
                    help="rows per minibatch: a number, 'none' (full batch) or 'auto' (default: full batch up to "
                         "20,000 rows, else 200)")

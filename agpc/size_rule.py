@@ -31,9 +31,9 @@ from .kernels import RBF, Linear, Product, with_default_priors
 from .methods import ORDINAL, get_method
 
 __all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "PLATEAU_STEPS", "PLATEAU_RISE_PER_ROW", "ModelSize",
-           "model_size", "exact_plateau", "estimator_model_size", "exact_passes", "ARD_CHOICE_MAX_ROWS", "CHOOSE",
-           "ard_plan", "akaike_keeps", "LINEAR_MARGIN", "linear_start", "QUADRATIC_MARGIN", "quadratic_start",
-           "linear_keeps", "learn_lengthscales"]
+           "model_size", "exact_plateau", "estimator_model_size", "exact_passes", "ARD_CHOICE_MAX_ROWS",
+           "QUADRATIC_MAX_ROWS", "CHOOSE", "CHOOSE_TO_LINEAR", "ard_plan", "akaike_keeps", "LINEAR_MARGIN",
+           "linear_start", "QUADRATIC_MARGIN", "quadratic_start", "linear_keeps", "learn_lengthscales"]
 
 EXACT_MAX_ROWS = 700
 """The most training rows for which ``n_inducing="auto"`` takes the exact model (chosen in
@@ -132,15 +132,26 @@ cost of one fit on the study's sets of 400-600 rows for the first two; the linea
 core on two of the seven test sets (australian, breast: 615-621 rows), past the 5 s a small fit may take, and the
 study's sets hold no evidence of a gain there (clf-700x8 and clf-700x14 kept their lengthscales per feature)."""
 
+QUADRATIC_MAX_ROWS = 400
+"""The most training rows for which ``ard="auto"`` weighs the quadratic kernel, its last stage (``ard_plan``). It
+adds 0.2-0.3 of the fit before it at 400 rows, 0.3-0.65 at 450 and 0.1-0.4 at 500: the default's CPU seconds of one
+fit, one BLAS thread, a quiet core, three generated sets of 8-10 features (docs/small_data_defaults.md), went from
+2.1-2.8 to 2.6-3.5 at 400 rows, from 3.3-3.6 to 4.3-5.9 at 450 and from 3.5-4.9 to 3.9-6.9 at 500, past the 5 s a
+small fit may take. The study's and the test sets where it was chosen and checked have 180-360 rows."""
+
 CHOOSE = "choose"
 """``ard_plan``'s answer for a fit that trains one shared lengthscale scale first, then a lengthscale per feature from
 there, kept only if ``akaike_keeps`` says so, then a linear and a quadratic kernel, each kept only if
 ``linear_keeps`` says so."""
 
+CHOOSE_TO_LINEAR = "choose-to-linear"
+"""``ard_plan``'s answer above ``QUADRATIC_MAX_ROWS`` rows: ``CHOOSE`` without its quadratic stage."""
+
 
 def ard_plan(estimator, size, n_features):
     """How ``estimator``'s fit learns its lengthscales (its ``ard``): True, per feature; False, one scale for all,
-    the features keeping their starting ratios; ``CHOOSE``, both in turn and the better by Akaike's criterion.
+    the features keeping their starting ratios; ``CHOOSE`` (``CHOOSE_TO_LINEAR`` above ``QUADRATIC_MAX_ROWS`` rows),
+    both in turn and the better by Akaike's criterion.
     ``ard="auto"`` chooses (and weighs a linear and a quadratic kernel after, ``learn_lengthscales``) for
     ``n_inducing="auto"``'s exact model of the default kernel (``kernel=None``) on up to ``ARD_CHOICE_MAX_ROWS`` rows
     of more than one feature, without checkpoints (a fit of several stages would write several runs to one file); it
@@ -153,7 +164,7 @@ def ard_plan(estimator, size, n_features):
     if (size.at_rows and size.n_inducing <= ARD_CHOICE_MAX_ROWS and estimator.n_inducing == "auto"
             and estimator.kernel is None and n_features > 1 and estimator.checkpoint_path is None
             and get_method(estimator.method).supports("shared_lengthscales")):
-        return CHOOSE
+        return CHOOSE if size.n_inducing <= QUADRATIC_MAX_ROWS else CHOOSE_TO_LINEAR
     return True
 
 
@@ -241,18 +252,21 @@ def learn_lengthscales(plan, n_features, kernel, train):
     first, then per feature from where it ended, kept by ``akaike_keeps``, then a linear kernel (``linear_start``,
     one shared scale) and a quadratic one (``quadratic_start``, its two equal factors one shared scale each), each
     kept by ``linear_keeps`` against the model kept before it; a stage that fails numerically ends the choice (the
-    model kept so far stands); a first stage that ran out of time or stopped early on validation data stays shared,
-    and a stage cut short by ``max_time`` ends the choice. Each stage may take ``max_iter`` steps
-    and ``max_time`` covers them all; the result (``n_iter_``, ``history_``) is the kept stage's, and says
-    ``max_time`` when a later stage was cut short by it."""
+    model kept so far stands); ``CHOOSE_TO_LINEAR``: the same without the quadratic kernel. A first stage that ran
+    out of time or stopped early on validation data stays shared, and a stage cut short by ``max_time`` ends the
+    choice. Each stage may take ``max_iter`` steps and ``max_time`` covers them all; the result (``n_iter_``,
+    ``history_``) is the kept stage's, and says ``max_time`` when a later stage was cut short by it."""
     result = train(kernel, plan is not True, True)
-    if plan != CHOOSE or result.stop_reason in ("max_time", "early_stopping"):
+    if plan not in (CHOOSE, CHOOSE_TO_LINEAR) or result.stop_reason in ("max_time", "early_stopping"):
         return result, plan is True
     per_feature = train(result.kernel, False, False)
     keep = akaike_keeps(result.log_z, per_feature.log_z, n_features)
     kept, log_z_kept = (per_feature, per_feature.log_z - (n_features - 1)) if keep else (result, result.log_z)
     last = per_feature
-    for start, margin in ((linear_start(kernel), LINEAR_MARGIN), (quadratic_start(kernel), QUADRATIC_MARGIN)):
+    later = [(linear_start(kernel), LINEAR_MARGIN)]
+    if plan == CHOOSE:
+        later.append((quadratic_start(kernel), QUADRATIC_MARGIN))
+    for start, margin in later:
         if last.stopped_by_time or start is None:
             break
         try:

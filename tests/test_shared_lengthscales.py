@@ -95,7 +95,10 @@ def test_the_plan_chooses_only_for_the_default_exact_model():
     assert size_rule.ard_plan(GPClassifier(), exact, 3) == size_rule.CHOOSE
     assert size_rule.ard_plan(GPClassifier(), exact, 1) is True  # one feature: nothing to tie
     limit = size_rule.ARD_CHOICE_MAX_ROWS
-    assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(limit, True), 3) == size_rule.CHOOSE
+    quadratic = size_rule.QUADRATIC_MAX_ROWS  # the last stage, the quadratic kernel, up to fewer rows
+    assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(quadratic, True), 3) == size_rule.CHOOSE
+    assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(quadratic + 1, True), 3) == size_rule.CHOOSE_TO_LINEAR
+    assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(limit, True), 3) == size_rule.CHOOSE_TO_LINEAR
     assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(limit + 1, True), 3) is True
     assert size_rule.ard_plan(GPClassifier(), sparse, 3) is True
     assert size_rule.ard_plan(GPClassifier(kernel=agpc.RBF()), exact, 3) is True
@@ -240,6 +243,21 @@ def test_the_quadratic_kernel_is_kept_only_beyond_its_margin_over_the_model_kept
     # the quadratic stage cut short by max_time below the linear kernel: the linear kernel kept, saying so
     result, _ = choose(stages(-10.0, -10.0, -8.5, last=_Stage("quadratic", -12.0, "max_time", True)))
     assert result.kernel == "linear" and result.stopped_by_time and result.stop_reason == "max_time"
+
+
+def test_above_its_row_limit_the_choice_has_no_quadratic_stage():
+    starts = []
+
+    def train(start, shared, first):  # (the second stage starts from the first's result: its name here)
+        name = getattr(start, "name", start)
+        starts.append(name)
+        return _Stage(name, {"RBF": -10.0, "Linear": -8.0}.get(name, 100.0))
+
+    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE_TO_LINEAR, 3, default_kernel(np.eye(3)), train)
+    assert starts == ["RBF", "RBF", "Linear"] and result.kernel == "Linear" and per_feature is False
+    starts.clear()
+    assert size_rule.learn_lengthscales(size_rule.CHOOSE, 3, default_kernel(np.eye(3)), train)[0].kernel == "Product"
+    assert starts == ["RBF", "RBF", "Linear", "Product"]
 
 
 def test_a_quadratic_stage_that_fails_numerically_keeps_the_model_kept():
