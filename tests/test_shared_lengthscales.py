@@ -14,7 +14,7 @@ from sklearn.datasets import load_iris, make_classification
 
 import agpc
 from agpc import GPClassifier, size_rule
-from agpc.backend import array_namespace
+from agpc.backend import array_namespace, to_numpy
 from agpc.inference.engines import shared_scale_grads
 from agpc.inputs import default_kernel
 from agpc.kernels import with_default_priors
@@ -320,6 +320,25 @@ def test_auto_keeps_a_quadratic_kernel_where_the_classes_are_split_by_a_saddle(t
     np.testing.assert_allclose(loaded.predict_proba(X), model.predict_proba(X), rtol=1e-10, atol=1e-13)
     far = model.predict_proba(X[:3] * 1e300)  # its variance grows as |x|^4: far rows shrunk to a finite radius
     assert np.all(np.isfinite(far))
+
+
+@pytest.mark.parametrize("device", [None, array_api_strict.Device("device1")], ids=["default", "device1"])
+def test_the_default_choice_on_array_api_strict_equals_numpy(device):
+    """The default fit of a small table, every stage of ``ard="auto"`` included (the quadratic kernel kept here),
+    in array_api_strict on its default and a non-default device: the kept kernel's parameters on the rows' device
+    and type, the same choice and predictions as on NumPy (a quadratic start built on the host failed here)."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((120, 3))
+    y = (X[:, 0] * X[:, 1] + 0.5 * X[:, 2] + 0.3 * rng.standard_normal(120) > 0).astype(int)
+    reference = _quiet_fit(X, y, max_iter=20)
+    rows = array_api_strict.asarray(X, device=device)
+    strict = _quiet_fit(rows, y, max_iter=20)
+    assert type(strict.kernel_) is type(reference.kernel_) is agpc.Product
+    for key, value in strict.kernel_.params.items():
+        assert array_namespace(value) is array_api_strict and value.device == rows.device, key
+        np.testing.assert_allclose(to_numpy(value), np.asarray(reference.kernel_.params[key]), rtol=1e-8, atol=1e-12)
+    proba = strict.predict_proba(rows)
+    np.testing.assert_allclose(to_numpy(proba), reference.predict_proba(X), rtol=1e-8, atol=1e-12)
 
 
 def test_the_choice_is_saved_with_the_model(tmp_path):
