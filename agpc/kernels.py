@@ -236,9 +236,14 @@ class Kernel:
                 raise ValueError(f"kernel has {value.shape[0]} {parameter.name} but the data have {d} features")
         return _check_prior_entries(self.with_params(out))
 
+    def _positive(self, name):
+        """The positive parameter ``name``, from its stored log (every positive parameter is held as its log)."""
+        log_value = self.params[f"log_{name}"]
+        return array_namespace(log_value).exp(log_value)
+
     @cached_property
     def noise(self):
-        return array_namespace(self.params["log_noise"]).exp(self.params["log_noise"])
+        return self._positive("noise")
 
     def spec(self):
         """JSON-able description (type name, priors if any); the parameter arrays are saved beside it."""
@@ -375,11 +380,11 @@ class Stationary(Kernel):
     # constrained values are computed once per kernel, not once per use (one operation each on a device).
     @cached_property
     def lengthscales(self):
-        return array_namespace(self.params["log_lengthscales"]).exp(self.params["log_lengthscales"])
+        return self._positive("lengthscales")
 
     @cached_property
     def amplitude(self):
-        return array_namespace(self.params["log_amplitude"]).exp(self.params["log_amplitude"])
+        return self._positive("amplitude")
 
     @property
     def reach_lengthscales(self):
@@ -626,7 +631,7 @@ class RationalQuadratic(Stationary):
 
     @cached_property
     def alpha(self):
-        return array_namespace(self.params["log_alpha"]).exp(self.params["log_alpha"])
+        return self._positive("alpha")
 
     def _log_base(self, r2):
         """log(1 + r^2 / (2 alpha)), by log1p (exact for the small r^2 of near points)."""
@@ -682,11 +687,11 @@ class Linear(Kernel):
 
     @cached_property
     def variances(self):
-        return array_namespace(self.params["log_variances"]).exp(self.params["log_variances"])
+        return self._positive("variances")
 
     @cached_property
     def bias(self):
-        return array_namespace(self.params["log_bias"]).exp(self.params["log_bias"])
+        return self._positive("bias")
 
     @property
     def growth(self):
