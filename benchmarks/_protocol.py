@@ -176,6 +176,7 @@ class Record:
     err: list = field(default_factory=list)
     time: list = field(default_factory=list)
     cpu: list = field(default_factory=list)  # CPU seconds of this process for the fit and its scoring
+    log_z: list = field(default_factory=list)  # the fit's log Z (``fitted_log_z``), None for a model without one
     failures: list = field(default_factory=list)
     m: int = 0
     n_train: int = 0
@@ -190,6 +191,13 @@ def fit_scored(model, X_train, y_train, X_test, y_test):
         elapsed = time.perf_counter() - t0
         nll, err = test_scores(model, X_test, y_test)
     return nll, err, elapsed
+
+
+def fitted_log_z(model):
+    """A fitted candidate's ``log_marginal_likelihood_`` (that of the estimator a benchmark's wrapper holds as
+    ``model``), None for one without (logistic regression): what the evidence says of the model beside its test NLL."""
+    log_z = getattr(getattr(model, "model", model), "log_marginal_likelihood_", None)
+    return None if log_z is None else float(log_z)
 
 
 def run_grid(tasks, n_splits, fractions, methods, make_model, inducing_count):
@@ -214,7 +222,8 @@ def run_grid(tasks, n_splits, fractions, methods, make_model, inducing_count):
                     rec.m, rec.n_train = m, X_train.shape[0]
                     try:
                         cpu = time.process_time()  # what a quiet machine's wall clock would show, at one BLAS thread
-                        nll, err, elapsed = fit_scored(make_model(method, m, split), X_train, y_train, X_test, y_test)
+                        model = make_model(method, m, split)
+                        nll, err, elapsed = fit_scored(model, X_train, y_train, X_test, y_test)
                         cpu = time.process_time() - cpu
                     except Exception as exc:  # noqa: BLE001  (one failed split must not lose the run)
                         rec.failures.append(f"{type(exc).__name__}: {exc}"[:200])
@@ -224,6 +233,7 @@ def run_grid(tasks, n_splits, fractions, methods, make_model, inducing_count):
                     rec.err.append(err)
                     rec.time.append(elapsed)
                     rec.cpu.append(cpu)
+                    rec.log_z.append(fitted_log_z(model))
                     done.append(f"{method} {nll:.3f}/{elapsed:.1f}s/{cpu:.1f}cpu")
                 print(f"<!-- {name} split {split} ({index + 1}/{n_splits}) m={m} ({fraction:g}): {', '.join(done)} -->", flush=True)
     return results

@@ -13,7 +13,12 @@ given as the user's own kernel and priors; ``auto-ls1.7320508075688772`` is the 
 and ``auto-shared``: the default with ``ard=True`` (lengthscales per feature, the default before ``ard="auto"``) and
 ``ard=False`` (one shared scale); ``auto-rbf``: the default without its last two stages, the linear and the
 quadratic kernel (``agpc.size_rule.linear_start`` answering None for the fit: the default before those stages);
-``auto-linear``: the default without its last stage, the quadratic kernel (``quadratic_start`` answering None).
+``auto-linear``: the default without its last stage, the quadratic kernel (``quadratic_start`` answering None);
+``all-shared`` and ``all-linear``: the exact model with one kernel, learned with one shared scale (``ard=False``):
+the default RBF, or a linear kernel started as ``ard="auto"`` starts it (slope variances 1 / d on standardised
+features, bias 1); a suffix ``-noprior`` (``all-shared-noprior``) fits them without the default weak priors
+(``kernel_prior=None``). Every agpc fit's log Z is recorded beside its test NLL (in the JSON, and as a paired
+difference to the reference's in the first table), so that what the evidence prefers can be set beside what predicts.
 Every fit is timed: seconds of ``fit`` on the wall clock, and the CPU seconds of the process for the fit and its
 scoring, which at one BLAS thread (``--blas-threads 1``, ``taskset -c 0``) is what a quiet core's wall clock shows
 while other processes load the machine.
@@ -48,6 +53,7 @@ from _runner import begin, header, load_npz, options, parse, parse_list, row
 TEST_SETS = study.TEST_SETS
 CANDIDATE = re.compile(r"^(auto|all|logreg|m(\d+)(-fixed)?)(-es)?$")
 LENGTHSCALES = re.compile(r"^auto-(per-feature|shared|rbf|linear)$")  # ard=True / False / no linear, quadratic stage
+EXACT = re.compile(r"^all-(shared|linear)(-noprior)?$")  # the exact model, one kernel with one shared scale
 VARIANT = re.compile(r"^auto((?:-(?:ls|amp|init)\d+(?:\.\d+)?)+)$")
 MODIFIER = re.compile(r"-(ls|amp|init)(\d+(?:\.\d+)?)")
 HELD_OUT = 0.2  # "-es": the share of the training rows held out to stop on
@@ -100,6 +106,25 @@ class WithoutStages:
         return self.model.predict_proba(X)
 
 
+class LinearStart:
+    """``all-linear``: the estimator given ``agpc.Linear`` with slope variances 1 / d and a bias of 1, the start
+    ``agpc.size_rule.linear_start`` takes from the default RBF on standardised features (lengthscales sqrt(d))."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def fit(self, X, y):
+        import agpc
+
+        self.model.set_params(kernel=agpc.Linear(variances=1.0 / X.shape[1], bias=1.0))
+        self.model.fit(X, y)
+        self.classes_ = self.model.classes_
+        return self
+
+    def predict_proba(self, X):
+        return self.model.predict_proba(X)
+
+
 class KernelVariant:
     """``auto-...`` candidates: ``GPClassifier(kernel=...)`` with the default kernel of the training rows
     (``agpc.inputs.default_kernel``: RBF, lengthscales sqrt(d) times each feature's SD, amplitude 1, latent noise
@@ -140,10 +165,11 @@ def parse_args(argv=None):
     named = {"study": list(study.DATASETS), "test": list(TEST_SETS)}
     args.sets = named.get(args.sets) or parse_list(args.sets, study.DATASETS + TEST_SETS, "set")
     args.candidates = parse_list(args.candidates)
-    bad = [c for c in args.candidates if not (CANDIDATE.match(c) or VARIANT.match(c) or LENGTHSCALES.match(c))]
+    bad = [c for c in args.candidates
+           if not (CANDIDATE.match(c) or VARIANT.match(c) or LENGTHSCALES.match(c) or EXACT.match(c))]
     if bad:
         raise SystemExit(f"unknown candidates {bad}: use auto, all, mK, mK-fixed, logreg, auto-lsS-ampS-initF, "
-                         "auto-per-feature, auto-shared, auto-rbf, auto-linear")
+                         "auto-per-feature, auto-shared, auto-rbf, auto-linear, all-shared, all-linear (-noprior)")
     return args
 
 
@@ -158,6 +184,11 @@ def make_model(candidate, split, max_iter):
     options = {"random_state": split}
     if max_iter is not None:
         options["max_iter"] = max_iter
+    exact = EXACT.match(candidate)
+    if exact:
+        options.update(n_inducing="all", ard=False, kernel_prior=None if exact.group(2) else "auto")
+        return (agpc.GPClassifier(**options) if exact.group(1) == "shared"
+                else LinearStart(agpc.GPClassifier(**options)))
     lengthscales = LENGTHSCALES.match(candidate)
     if lengthscales and lengthscales.group(1) == "rbf":
         return WithoutStages(agpc.GPClassifier(**options), ("linear_start", "quadratic_start"))
@@ -189,9 +220,10 @@ def load(name, data_dir):
 
 
 def print_table(results, found, candidates, reference, test_sets):
-    header(["set", "n_train", "d", "classes", "candidate", "test NLL", f"- {reference}", "median fit s", "median CPU s",
-            "errors"], "lrrrlllrrr", f"Test NLL (mean ± SE over the splits), paired difference to {reference} (± SE of "
-           "the paired difference), median fit seconds")
+    header(["set", "n_train", "d", "classes", "candidate", "test NLL", f"- {reference}", f"log Z - {reference}'s",
+            "median fit s", "median CPU s", "errors"], "lrrrllllrrr", "Test NLL (mean ± SE over the splits), paired "
+           f"difference to {reference} (± SE of the paired difference), the same of log Z with the splits where it is "
+           "above, median fit seconds")
     for name, (d, n_classes) in found.items():
         ref = results.get((name, 0.0, reference))
         for candidate in candidates:
@@ -199,12 +231,16 @@ def print_table(results, found, candidates, reference, test_sets):
             if rec is None or not rec.nll:
                 continue
             mean, se, _ = mean_se(rec.nll)
-            cell = ""
+            cell = evidence = ""
             if ref is not None and candidate != reference and len(ref.nll) == len(rec.nll):
                 diff, diff_se, _ = mean_se(np.asarray(rec.nll) - np.asarray(ref.nll))
                 cell = f"{diff:+.3f} ± {diff_se:.3f}"
-            row(name, rec.n_train, d, n_classes, candidate, f"{mean:.3f} ± {se:.3f}", cell, f"{np.median(rec.time):.2f}",
-                f"{np.median(rec.cpu):.2f}", len(rec.failures))
+                if None not in rec.log_z + ref.log_z:
+                    above = np.asarray(rec.log_z) - np.asarray(ref.log_z)
+                    diff, diff_se, _ = mean_se(above)
+                    evidence = f"{diff:+.2f} ± {diff_se:.2f} ({int(np.sum(above > 0))}/{len(above)})"
+            row(name, rec.n_train, d, n_classes, candidate, f"{mean:.3f} ± {se:.3f}", cell, evidence,
+                f"{np.median(rec.time):.2f}", f"{np.median(rec.cpu):.2f}", len(rec.failures))
     checks = [n for n in found if n in test_sets]
     if not checks:
         return

@@ -9,6 +9,7 @@ scikit-learn's wine (uci_multiclass) and a generated ordinal set (ordinal); a sc
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,8 @@ def _runs(tmp_dir):
         "small_data_defaults": ["small_data_defaults.py", "--methods", "ep,svi"],
         "step_cost": ["step_cost.py", "--counts"],
         "size_rule": ["size_rule.py"],
+        "size_rule_exact": ["size_rule.py", "--candidates", "auto,all-linear,all-shared-noprior", "--reference",
+                            "all-linear"],
         "ep_iteration": ["ep_iteration.py"],
         "float32": ["float32.py"],
         "memory": ["memory.py", "--dir", str(tmp_dir)],
@@ -107,3 +110,14 @@ def test_quick_run_prints_a_table(outputs, name):
     assert "|---" in out, f"{name} printed no Markdown table:\n{out[-3000:]}"
     assert "Total wall time" in out, "the runner's end is missing"
     assert "failed" not in out.split("Total wall time")[0].lower().replace("failed)", ""), out[-3000:]
+
+
+def test_size_rule_sets_each_models_log_z_beside_its_test_nll(outputs):
+    """The exact-model candidates run, and each agpc candidate's row carries its log Z's paired difference to the
+    reference's with the splits where it is above (what the evidence prefers beside what predicts)."""
+    code, out, err = outputs["size_rule_exact"]
+    assert code == 0, err[-3000:]
+    rows = {line.split("|")[5].strip(): line for line in out.splitlines() if line.startswith("| moons-300 |")}
+    assert {"auto", "all-linear", "all-shared-noprior"} <= set(rows), out[-3000:]
+    for candidate in ("auto", "all-shared-noprior"):
+        assert re.search(r"\| [+-]\d+\.\d\d ± (nan|\d+\.\d\d) \([01]/1\) \|", rows[candidate]), rows[candidate]
