@@ -194,9 +194,9 @@ def fit_scored(model, X_train, y_train, X_test, y_test):
 
 
 def fitted_log_z(model):
-    """A fitted candidate's ``log_marginal_likelihood_`` (that of the estimator a benchmark's wrapper holds as
-    ``model``), None for one without (logistic regression): what the evidence says of the model beside its test NLL."""
-    log_z = getattr(getattr(model, "model", model), "log_marginal_likelihood_", None)
+    """A fitted candidate's ``log_marginal_likelihood_``, None for one without (logistic regression) or whose log Z
+    is of other rows than the training split's: what the evidence says of the model beside its test NLL."""
+    log_z = getattr(model, "log_marginal_likelihood_", None)
     return None if log_z is None else float(log_z)
 
 

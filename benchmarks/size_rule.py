@@ -60,7 +60,23 @@ HELD_OUT = 0.2  # "-es": the share of the training rows held out to stop on
 PATIENCE = 20  # "-es": n_iter_no_change
 
 
-class HeldOutStopping:
+class Wrapped:
+    """A candidate that fits an agpc estimator its own way (``fit``) and scores as it: ``classes_``,
+    ``predict_proba`` and the log Z the tables show (``_protocol.fitted_log_z``) are the fitted ``model``'s."""
+
+    @property
+    def classes_(self):
+        return self.model.classes_
+
+    @property
+    def log_marginal_likelihood_(self):
+        return self.model.log_marginal_likelihood_
+
+    def predict_proba(self, X):
+        return self.model.predict_proba(X)
+
+
+class HeldOutStopping(Wrapped):
     """``-es`` candidates: the estimator fitted on 80% of the training rows, scored every iteration on the other
     20% (drawn at random, seeded by the split), stopped after ``PATIENCE`` iterations without a better held-out NLL
     and kept at its best (``fit(validation_data=...)``, ``n_iter_no_change``)."""
@@ -74,14 +90,14 @@ class HeldOutStopping:
         kept = order[len(held):]
         self.model.set_params(n_iter_no_change=PATIENCE)
         self.model.fit(X[kept], y[kept], validation_data=(X[held], y[held]))
-        self.classes_ = self.model.classes_
         return self
 
-    def predict_proba(self, X):
-        return self.model.predict_proba(X)
+    @property
+    def log_marginal_likelihood_(self):
+        return None  # the evidence of 80% of the rows: not comparable with a model's of all of them
 
 
-class WithoutStages:
+class WithoutStages(Wrapped):
     """``auto-rbf``, ``auto-linear``: the default estimator fitted with some of ``ard="auto"``'s last stages off
     (their starts, ``agpc.size_rule``'s functions named ``starts``, answering None, as for a kernel other than the
     default RBF), so that the default before those stages is measured beside it."""
@@ -99,14 +115,10 @@ class WithoutStages:
             for name in self.starts:
                 stack.enter_context(mock.patch.object(rule, name, lambda kernel: None))
             self.model.fit(X, y)
-        self.classes_ = self.model.classes_
         return self
 
-    def predict_proba(self, X):
-        return self.model.predict_proba(X)
 
-
-class LinearStart:
+class LinearStart(Wrapped):
     """``all-linear``: the estimator given ``agpc.Linear`` with slope variances 1 / d and a bias of 1, the start
     ``agpc.size_rule.linear_start`` takes from the default RBF on standardised features (lengthscales sqrt(d))."""
 
@@ -118,14 +130,10 @@ class LinearStart:
 
         self.model.set_params(kernel=agpc.Linear(variances=1.0 / X.shape[1], bias=1.0))
         self.model.fit(X, y)
-        self.classes_ = self.model.classes_
         return self
 
-    def predict_proba(self, X):
-        return self.model.predict_proba(X)
 
-
-class KernelVariant:
+class KernelVariant(Wrapped):
     """``auto-...`` candidates: ``GPClassifier(kernel=...)`` with the default kernel of the training rows
     (``agpc.inputs.default_kernel``: RBF, lengthscales sqrt(d) times each feature's SD, amplitude 1, latent noise
     1e-3), its lengthscales times ``init``, and the default priors' form as the user's own: log l_j ~ Normal(log of
@@ -144,11 +152,7 @@ class KernelVariant:
                   "amplitude": LogNormal(0.0, self.amp_sd)}
         kernel = agpc.RBF(lengthscales=list(np.exp(log_lengthscales)), amplitude=1.0, noise=1e-3, priors=priors)
         self.model = agpc.GPClassifier(kernel=kernel, **self.options).fit(X, y)
-        self.classes_ = self.model.classes_
         return self
-
-    def predict_proba(self, X):
-        return self.model.predict_proba(X)
 
 
 def parse_args(argv=None):
