@@ -111,7 +111,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         on average, shared out by speed; ``0`` (dask arrays), the steps on the driver, chunks brought to it in turn.
     n_jobs : int or None, default=None
         Minibatch SEP / EP / ADF / SVI on NumPy data or data on disk: train in this many local worker processes by
-        the same rounds (scikit-learn's meaning: ``None`` is 1, -1 every core). Another model than ``n_jobs=1``.
+        the same rounds (scikit-learn's meaning: ``None`` is 1, -1 every core). Another model than ``n_jobs=1``. At
+        most the cores this process may use and a minibatch of rows a process (a warning says so; ``n_jobs_``).
     checkpoint_path, checkpoint_every : path and int, or None
         Every ``checkpoint_every`` steps, write the training state to ``checkpoint_path``, atomically;
         ``fit(X, y, resume=True)`` continues from it to the model of an uninterrupted run.

@@ -14,7 +14,7 @@ state on the workers, a ``LocalCluster`` of its own) is ended however the fit en
 from __future__ import annotations
 
 import contextlib
-
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -29,7 +29,7 @@ from .batch_size import gpu_block_rows, rows_per_step
 from .inference.dask_engine import ChunkedRows, DaskPasses
 from .inference.data_parallel import DataParallel, RowsOnWorkers, refusal
 
-__all__ = ["LOCAL_CHUNK_ROWS", "PlacedRows", "Placement", "n_jobs_for", "local_chunk_rows", "blas_scope"]
+__all__ = ["LOCAL_CHUNK_ROWS", "PlacedRows", "Placement", "n_jobs_for", "useful_processes", "local_chunk_rows", "blas_scope"]
 
 # Rows per chunk of a fit in local worker processes (``n_jobs``): the dask protocol's chunks (the 200,000-row check
 # wraps its rows in chunks of 25,000), each chunk one tied factor of SEP / ADF and the unit a shard visits.
@@ -167,7 +167,8 @@ class Placement:
 def n_jobs_for(estimator, xp, n, n_classes):
     """The processes a fit of n rows trains in (``n_jobs``): more than one only for minibatches of a method with
     data-parallel rounds, on NumPy data; an ``n_jobs > 1`` the fit cannot use is refused when it was given, and
-    gives 1 when it came from an enclosing ``joblib.parallel_config``."""
+    gives 1 when it came from an enclosing ``joblib.parallel_config``. At most the cores this process may use and
+    a minibatch of rows a process (``useful_processes``), said once in a warning when fewer than asked."""
     count, _ = W.resolve_n_jobs(estimator.n_jobs)
     batch_size = rows_per_step(estimator, n)
     spec = M.get_method(estimator.method)  # (a method without rounds and n_jobs given: refused by the checks)
@@ -180,10 +181,28 @@ def n_jobs_for(estimator, xp, n, n_classes):
         why = (f"n_jobs > 1 trains NumPy data in worker processes on this machine, not {xp.__name__} arrays: "
                "use n_jobs=1 (or backend='numpy')")
     if why is None:
-        return count
+        return useful_processes(count, n, batch_size, asked=estimator.n_jobs)
     if estimator.n_jobs is not None:
         raise ValueError(why)
     return 1
+
+
+def useful_processes(count, n, batch_size, asked=None):
+    """``count`` worker processes capped by the cores this process may use (``threads.available_cores``: its CPU
+    affinity and cgroup quota; more processes than cores only take turns, and each costs an interpreter and its
+    imports) and by the rows: each process needs a minibatch (``batch_size`` rows) of its own to step on. Fewer
+    than ``count`` is said in one UserWarning naming the bound (and ``asked``, the ``n_jobs`` given)."""
+    cores = threads.available_cores()
+    shares = max(1, n // int(batch_size))
+    used = max(1, min(count, cores, shares))
+    if used < count:
+        bounds = [f"{cores} core{'s' if cores != 1 else ''} this process may use" if cores < count else None,
+                  f"{n} rows of minibatches of {batch_size}, a minibatch a process" if shares < count else None]
+        # (stacklevel: the caller of fit, through start and n_jobs_for)
+        warnings.warn(f"n_jobs={count if asked is None else asked}: training in {used} process"
+                      f"{'es' if used != 1 else ''} ({' and '.join(b for b in bounds if b)}); n_jobs_ records it",
+                      UserWarning, stacklevel=6)
+    return used
 
 
 def local_chunk_rows(n, n_workers):

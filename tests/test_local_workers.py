@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -303,3 +304,47 @@ def test_n_jobs_means_what_it_means_in_scikit_learn(monkeypatch):
     with parallel_config(n_jobs=3):
         assert W.resolve_n_jobs(None) == (3, None)
     assert [W.resolve_n_jobs(k)[0] for k in (1, 4, -1, -2, -8, -20)] == [1, 4, 8, 7, 1, 1]
+
+
+class _NotStarted(Exception):
+    """Raised by a stand-in for ``LocalWorkers`` instead of starting processes."""
+
+
+@pytest.mark.parametrize("cores, n_jobs, batch_size, used, bound", [
+    (3, 10000, 20, 3, "3 cores this process may use"),  # 120 rows would give 6 processes a minibatch each
+    (8, 12, 50, 2, "120 rows of minibatches of 50"),  # the rows: two minibatches, two processes
+    (2, -1, 20, 2, None),  # every core, as many as there are: nothing to say
+])
+def test_n_jobs_is_capped_by_the_cores_and_the_rows(monkeypatch, cores, n_jobs, batch_size, used, bound):
+    """``n_jobs=10000`` on 120 rows started one interpreter a job until the OS refused: the processes are at most
+    the cores this process may use and a minibatch of rows each, said once in a warning, recorded in ``n_jobs_``."""
+    started = []
+
+    def start(self, count, *args, **kwargs):  # (counted, never started)
+        started.append(count)
+        raise _NotStarted
+
+    monkeypatch.setattr(W.LocalWorkers, "__init__", start)
+    monkeypatch.setattr(threads, "available_cores", lambda: cores)
+    X, y = make_banana(120, random_state=0)
+    model = GPClassifier(method="sep", batch_size=batch_size, n_inducing=10, max_iter=1, n_jobs=n_jobs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(_NotStarted):
+            model.fit(X, y)
+    said = [str(w.message) for w in caught if "n_jobs" in str(w.message)]
+    assert started == [used] and model.n_jobs_ == used
+    if bound is None:
+        assert said == []
+    else:
+        assert len(said) == 1 and f"training in {used} processes" in said[0] and bound in said[0]
+
+
+def test_n_jobs_beyond_the_cores_trains_in_as_many_processes_as_cores(pools):
+    """The cap on a real fit: as many processes as cores, the model trained, ``n_jobs_`` saying so."""
+    X, y = make_banana(400, random_state=0)
+    cores = threads.available_cores()
+    with pytest.warns(UserWarning, match=f"training in {min(cores, 8)} process"):
+        model = GPClassifier(method="sep", batch_size=50, n_inducing=5, max_iter=1, n_jobs=cores + 3,
+                             random_state=0).fit(X, y)
+    assert model.n_jobs_ == min(cores, 8) and [len(pool.names) for pool in pools] == [model.n_jobs_] * (cores > 1)
