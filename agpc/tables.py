@@ -310,12 +310,66 @@ def _from_matrix(data, target, path):
     return Data(X, y, None)
 
 
+# The most characters a CSV record (a line, or the lines a quoted field spans) may hold. Python's csv module holds a
+# record's fields as strings in a list, ~30 bytes a field: a 1 GB line of commas took 15.6 GB before it was killed.
+# A record is read within this bound (memory O(bound), not O(line)); a field within the csv module's own
+# ``csv.field_size_limit()`` (131,072 characters unless a program changed it). 1 Mi characters is 50,000 features of
+# 20 characters: wider tables belong in .npy or Parquet.
+MAX_RECORD_CHARS = 1 << 20
+
+
+class _BoundedLines:
+    """The lines of a text file for ``csv.reader``, each record (the lines read since ``record_read`` was last
+    called) refused past ``MAX_RECORD_CHARS`` characters, before more than that is read, in one ``TableError``
+    naming the file and the record's first line."""
+
+    def __init__(self, fh, path):
+        self.fh, self.path = fh, path
+        self.line = 0  # lines read
+        self.start = 1  # the first line of the record being read
+        self.chars = 0  # its characters so far
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        text = self.fh.readline(MAX_RECORD_CHARS + 1 - self.chars)  # (never more than the bound allows)
+        if not text:
+            raise StopIteration
+        self.line += 1
+        self.chars += len(text)
+        if self.chars > MAX_RECORD_CHARS:
+            raise TableError(f"{self.path}: line {self.start} is longer than {MAX_RECORD_CHARS:,} characters (a "
+                             "CSV record agpc reads is at most that; a wider table: .npy or Parquet)")
+        return text
+
+    def record_read(self):
+        """The reader has returned a record: the next starts on the next line."""
+        self.start, self.chars = self.line + 1, 0
+
+
+def _csv_records(fh, path):
+    """(line number, cells stripped) of every record of a CSV file, each within ``MAX_RECORD_CHARS``; the csv
+    module's errors (a field beyond its limit, a NUL in older Pythons) name the file and the line."""
+    lines = _BoundedLines(fh, path)
+    reader = csv.reader(lines, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+    records = []
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return records
+        except csv.Error as exc:
+            raise TableError(f"{path}: line {lines.start}: {exception_line(exc)}") from None
+        records.append((reader.line_num, [cell.strip() for cell in row]))
+        lines.record_read()
+
+
 def _read_csv(path, target, labels_required, features=None, weight_column=None):
     # utf-8-sig: spreadsheet programs start a UTF-8 CSV with a byte order mark, which is not part of the
     # first column's name
     with open(path, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.reader(fh, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-        rows = [(reader.line_num, [cell.strip() for cell in row]) for row in reader]
+        rows = _csv_records(fh, path)
     if not rows:
         raise TableError(f"{path}: the file is empty (a header row is needed)")
     names = rows[0][1]

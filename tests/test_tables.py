@@ -2,9 +2,12 @@
 written, column names) and that every problem with a file is one TableError naming the file, row and column.
 The command's use of it (exit status 2, nothing written) is tested in test_cli.py."""
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
+from agpc import tables
 from agpc.datasets import make_banana
 from agpc.tables import TableError, load_data
 from helpers import write_csv, write_table
@@ -177,3 +180,31 @@ def test_a_file_that_cannot_be_read_is_one_error_naming_it(tmp_path, name, conte
     assert message in str(refused.value) and "\n" not in str(refused.value)
     assert str(refused.value).startswith(str(tmp_path / name))
     assert isinstance(refused.value, ValueError)  # the command reports it as bad input, exit status 2
+
+
+@pytest.mark.parametrize("record", ["commas", "quoted field over lines", "one long field"])
+def test_a_long_csv_line_is_refused_within_memory_of_its_bound(tmp_path, monkeypatch, record):
+    """A CSV line of 1 GB of commas took 15.6 GB before it was killed (the csv module holds ~30 bytes a field): a
+    record past ``tables.MAX_RECORD_CHARS`` is one TableError naming the file and its line, and reading it takes
+    memory of the bound's order, not the line's (here a 4 MB record under a bound of 64 Ki characters)."""
+    monkeypatch.setattr(tables, "MAX_RECORD_CHARS", 1 << 16)
+    big = 4 << 20
+    body = {"commas": "," * big, "quoted field over lines": '"' + "x\n" * (big // 2) + '",1,2',
+            "one long field": "7" * big + ",1,2"}[record]
+    path = tmp_path / "long.csv"
+    path.write_text("x1,x2,label\n1,2,0\n3,4,1\n" + body + "\n5,6,0\n")
+    tracemalloc.start()
+    try:
+        with pytest.raises(TableError, match=r"long\.csv: line 4 is longer than 65,536 characters"):
+            load_data(path, "label")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 << 20, f"{peak:,} bytes to refuse a record of {big:,} characters"
+
+
+def test_a_csv_field_beyond_the_csv_modules_limit_names_its_line(tmp_path):
+    path = tmp_path / "wide.csv"
+    path.write_text('x1,x2,label\n1,2,0\n"' + "9" * 200_000 + '",2,1\n')
+    with pytest.raises(TableError, match=r"wide\.csv: line 3: field larger than field limit"):
+        load_data(path, "label")
