@@ -36,7 +36,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 __all__ = ["RefusedFile", "describe", "check_regular_file", "read_npy", "read_npz", "open_zarr", "read_parquet_columns",
-           "available_memory", "MIN_PYARROW"]
+           "available_memory", "MIN_PYARROW", "check_zarr_array", "zarr_directory"]
 
 # dtypes a data or model file may hold: booleans, integers, floats, strings (labels, the model's header)
 _PLAIN_KINDS = "biufUS"
@@ -367,17 +367,8 @@ class ZarrRows:
         if array.dtype.kind != "T":  # numpy's variable-length strings: zarr 3's labels, checked in the metadata
             check_dtype(array.dtype, path, name)
         self.shape, self.dtype, self.chunks, self.ndim = array.shape, array.dtype, array.chunks, array.ndim
-        self.nbytes = math.prod(self.shape) * self.dtype.itemsize  # Python integers: no overflow
-        memory = available_memory()
-        if memory is not None and self.nbytes > memory:
-            grid = getattr(array, "shards", None) or self.chunks  # a sharded array stores one file a shard
-            total = math.prod(-(-size // chunk) for size, chunk in zip(self.shape, grid))
-            stored = _stored_chunk_files(directory)
-            if stored < total:
-                raise RefusedFile(path, f"{_what(name)} declares shape {self.shape} of {self.dtype} "
-                                        f"({self.nbytes:,} bytes, more than the {memory:,} bytes of memory available) "
-                                        f"but stores {stored:,} of its {total:,} chunks: the rest would be fill values "
-                                        "made up in memory (a forged shape?)")
+        self.nbytes = _declared_bytes(array)
+        _check_chunks_stored(array, path, name, directory)
 
     def _check_fits_in_memory(self):
         memory = available_memory()
@@ -417,6 +408,49 @@ class ZarrRows:
         return _Outer()
 
 
+def _declared_bytes(array):
+    """The bytes an array's shape and dtype declare (Python integers: no overflow)."""
+    return math.prod(array.shape) * np.dtype(array.dtype).itemsize
+
+
+def _check_chunks_stored(array, path, name, directory):
+    """An array that declares more bytes than the memory available must store every chunk (``ZarrRows``)."""
+    memory = available_memory()
+    declared = _declared_bytes(array)
+    if memory is not None and declared > memory:
+        grid = getattr(array, "shards", None) or array.chunks  # a sharded array stores one file a shard
+        total = math.prod(-(-size // chunk) for size, chunk in zip(array.shape, grid))
+        stored = _stored_chunk_files(directory)
+        if stored < total:
+            raise RefusedFile(path, f"{_what(name)} declares shape {tuple(array.shape)} of {array.dtype} "
+                                    f"({declared:,} bytes, more than the {memory:,} bytes of memory available) "
+                                    f"but stores {stored:,} of its {total:,} chunks: the rest would be fill values "
+                                    "made up in memory (a forged shape?)")
+
+
+def zarr_directory(array):
+    """The directory of a zarr array on a local store (zarr 3 ``LocalStore``, zarr 2 ``DirectoryStore``), or None
+    (an array in memory, a remote store, anything else)."""
+    store = getattr(array, "store", None)
+    root = getattr(store, "root", None) or getattr(store, "path", None)
+    if not isinstance(root, (str, os.PathLike)) or not os.path.isdir(root):
+        return None
+    inside = getattr(array, "path", "") or ""
+    return os.path.join(os.fspath(root), inside) if inside else os.fspath(root)
+
+
+def check_zarr_array(array):
+    """The checks ``open_zarr`` makes of a store's shapes against its bytes, for a zarr array the caller opened
+    (``GPClassifier.fit`` on a zarr array): refused as a ``RefusedFile`` naming its directory when it declares more
+    than it stores can back (``_check_chunks_stored``, ``_check_declared_against_stored``), before any chunk is
+    read. Anything that is not a zarr array on a local store passes (a memmap's shape is its file's size)."""
+    directory = zarr_directory(array)
+    if directory is None or not hasattr(array, "chunks"):
+        return
+    _check_chunks_stored(array, directory, None, directory)
+    _check_declared_against_stored(directory, {None: array})
+
+
 def open_zarr(path):
     """A zarr store, its metadata checked first: ``{name: ZarrRows}`` for a group, a ``ZarrRows`` for an array."""
     import zarr
@@ -454,7 +488,7 @@ def _check_declared_against_stored(path, arrays):
     before any data are read. Missing chunks (fill values) and chunks of constant values (which compress
     thousands to one) are what a forged shape is made of; honest data, fill chunks of sorted labels included,
     declare a few times what they store. Its chunk files are walked only then."""
-    declared = sum(array.nbytes for array in arrays.values())
+    declared = sum(_declared_bytes(array) for array in arrays.values())
     if declared <= _DECLARED_UNCHECKED:
         return
     stored = _stored_bytes(os.fspath(path))

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from numpy.lib import format as npy_format
 
-from agpc import GPClassifier, checkpoints, untrusted
+from agpc import GPClassifier, checkpoints, model_file, untrusted
 from agpc.cli import main
 from agpc.datasets import make_banana
 
@@ -81,8 +81,6 @@ def test_a_60_mb_json_header_in_a_small_model_file_is_refused_before_it_is_read(
 
 def test_a_model_whose_load_would_not_fit_in_memory_is_refused_from_its_declared_shapes(saved, monkeypatch,
                                                                                        members_read):
-    from agpc import model_file
-
     monkeypatch.setattr(model_file, "available_memory", lambda: 500, raising=False)  # 5 x 5 factors take 800
     with pytest.raises(ValueError, match=r"posterior_h declares 5 inducing points: loading the model takes about 800 "
                                          r"bytes, more than the 500 bytes of memory available"):
@@ -219,6 +217,42 @@ def test_a_large_honest_store_with_fill_chunks_is_read(tmp_path, monkeypatch):
 
 
 # -- inputs the estimator and predict take ------------------------------------------------------------------
+
+class _CountedReads:
+    """A zarr array that counts the blocks read from it (``fit`` sees the zarr array's own attributes)."""
+
+    def __init__(self, array):
+        self._array, self.reads = array, 0
+
+    def __getitem__(self, key):
+        self.reads += 1
+        return self._array[key]
+
+    def __getattr__(self, name):
+        return getattr(self._array, name)
+
+
+@pytest.mark.parametrize("declared, labels", [(2 * 10**6, 120), (10**12, 120), (2 * 10**7, 2 * 10**7)])
+def test_fit_on_a_zarr_array_of_a_forged_row_count_is_refused_before_a_row_is_read(tmp_path, declared, labels):
+    """120 rows stored, their count in zarr.json edited: the API scanned every declared row for finiteness before it
+    compared X's rows with y's (2 x 10^6 rows: 20 s; 10^12: for ever), where ``agpc fit`` refused the store at once.
+    Now the same checks first: the rows against y's, the declared shape against the bytes stored (y as long as the
+    forged X: refused by the store's bytes), and no row read before them."""
+    zarr = pytest.importorskip("zarr")
+    X, y = make_banana(120, random_state=0)
+    store = tmp_path / "forged.zarr"
+    array = zarr.open_array(str(store), mode="w", shape=X.shape, chunks=(20, 2), dtype="f8")
+    array[:] = X
+    document = json.loads((store / "zarr.json").read_text())
+    document["shape"] = [declared, 2]
+    (store / "zarr.json").write_text(json.dumps(document))
+    counted = _CountedReads(zarr.open_array(str(store), mode="r"))
+    expected = (f"X has {declared} rows but y has 120" if labels == 120 else
+                r"forged\.zarr: declares 320,000,000 bytes .* but stores [\d,]+ bytes of chunks")
+    with pytest.raises(ValueError, match=expected):
+        GPClassifier(n_inducing=5, max_iter=1).fit(counted, y if labels == 120 else np.zeros(labels))
+    assert counted.reads == 0
+
 
 def test_a_dask_array_of_unknown_chunk_sizes_says_what_to_do():
     da = pytest.importorskip("dask.array")
