@@ -54,6 +54,7 @@ from .inspection import expected_calibration_error, plot_model
 from .likelihoods import negative_log_likelihood
 from .methods import method_names
 from .tables import exception_line, load_data, load_weighted_data, one_line, preview
+from .untrusted import printable
 
 __all__ = ["main", "UsageError"]
 
@@ -284,7 +285,7 @@ def predict(args):
         if args.latent:
             columns.update(_latent_columns(model, X))
     _write_csv(args.out, columns)
-    print(f"wrote {args.out}: {proba.shape[0]} rows, columns {', '.join(columns)}")
+    print(f"wrote {args.out}: {proba.shape[0]} rows, columns {', '.join(printable(name) for name in columns)}")
     if scores is not None:
         _print_scores("scores", scores, len(y))
     _warn_columns_by_position(wanted, names, args.data)  # said once the predictions are written
@@ -696,7 +697,14 @@ _BAD_INPUT = (UsageError, ValueError, OSError)
 
 
 def _report(exc):
-    """(exit status, the one line for stderr) for an exception that ended a command."""
+    """(exit status, the one line for stderr) for an exception that ended a command (``untrusted.printable``: a
+    message may quote a name or a label from a file)."""
+    status, line = _classified(exc)
+    return status, printable(line)
+
+
+def _classified(exc):
+    """(exit status, the line) of ``_report``, by the kind of exception."""
     if isinstance(exc, KeyboardInterrupt):
         return 130, "agpc: interrupted"
     missing = exc.name.split(".")[0] if isinstance(exc, ModuleNotFoundError) and exc.name else None
@@ -755,7 +763,7 @@ def _warning_lines(caught):
     lines = {}
     for item in caught:
         kind = "" if issubclass(item.category, UserWarning) else f"{item.category.__name__}: "
-        lines.setdefault(f"agpc: warning: {kind}{one_line(item.message)}", None)
+        lines.setdefault(printable(f"agpc: warning: {kind}{one_line(item.message)}"), None)
     return list(lines)
 
 

@@ -30,6 +30,7 @@ from . import methods as M
 from .checkpoints import atomic_write
 from .inference.training import STOP_REASONS
 from .kernels import ClassKernels, Linear, Stationary
+from .untrusted import printable
 
 __all__ = ["STOP_REASONS", "STOPPED_BECAUSE", "model_summary", "feature_relevance", "reliability_bins",
            "expected_calibration_error", "plot_model"]
@@ -84,8 +85,10 @@ def _lengthscales(kernel):
 
 
 def _feature_labels(model):
+    """The features' names as printed (``untrusted.printable``: a name from a file or a DataFrame may hold
+    characters that act on a terminal), or x0, x1, ... for a model without names."""
     names = getattr(model, "feature_names_in_", None)
-    return ([str(name) for name in names] if names is not None
+    return ([printable(name) for name in names] if names is not None
             else [f"x{j}" for j in range(int(model.n_features_in_))])
 
 
@@ -106,7 +109,7 @@ def _relevance_lines(model, max_features):
         lines.append("  (one lengthscale scale shared by every feature, ard_=False: the ratios are the starting ones, "
                      "not learned per feature)")
     if per_class:
-        heads = [f"class {c}" for c in model.classes_]
+        heads = [f"class {printable(c)}" for c in model.classes_]
         lines.append(f"  {'feature':<{width}}  {'mean':>8}  " + "  ".join(f"{h:>10}" for h in heads))
         for j in order[:max_features]:
             lines.append(f"  {labels[j]:<{width}}  {overall[j]:>8.4f}  "
@@ -144,13 +147,14 @@ def _kernel_lines(model):
     said = "weak default priors on its parameters (MAP)" if prior == "auto" else "no default priors"
     if isinstance(kernel, ClassKernels):
         lines = [f"kernel: one kernel a class, {said}"]
-        lines += [f"  class {c}: {type(k).__name__}: {_scalar_parameters(k)}" for c, k in zip(model.classes_, kernel)]
+        lines += [f"  class {printable(c)}: {type(k).__name__}: {_scalar_parameters(k)}"
+                  for c, k in zip(model.classes_, kernel)]
         return lines
     return [f"kernel: {type(kernel).__name__}: {_scalar_parameters(kernel)} ({said})"]
 
 
 def _preview(values, most=12):
-    values = [str(v) for v in values]
+    values = [printable(v) for v in values]
     return ", ".join(values[:most]) + (f", ... ({len(values)} in all)" if len(values) > most else "")
 
 

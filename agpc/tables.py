@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .untrusted import RefusedFile, open_zarr, read_npy, read_npz, read_parquet_columns
+from .untrusted import RefusedFile, open_zarr, printable, read_npy, read_npz, read_parquet_columns
 
 __all__ = ["Data", "TableError", "load_data", "load_weighted_data", "FORMATS", "preview", "exception_line", "one_line"]
 
@@ -198,7 +198,9 @@ def _is_number(value):
 
 
 def preview(names, most=12):
-    shown = ", ".join(str(n) for n in names[:most])
+    """The first ``most`` of ``names`` (column names, labels: a file's, untrusted) as one line of text, each
+    through ``untrusted.printable`` (no character in it acts on a terminal), and how many there are in all."""
+    shown = ", ".join(printable(n) for n in names[:most])
     return shown + (f", ... ({len(names)} in all)" if len(names) > most else "")
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 __all__ = ["RefusedFile", "describe", "check_regular_file", "read_npy", "read_npz", "open_zarr", "read_parquet_columns",
-           "available_memory", "MIN_PYARROW", "check_zarr_array", "zarr_directory"]
+           "available_memory", "MIN_PYARROW", "check_zarr_array", "zarr_directory", "printable"]
 
 # dtypes a data or model file may hold: booleans, integers, floats, strings (labels, the model's header)
 _PLAIN_KINDS = "biufUS"
@@ -71,6 +71,19 @@ def _size(source):
         return source.seek(0, os.SEEK_END)  # zipfile seeks where it needs
     check_regular_file(source)
     return os.path.getsize(source)
+
+
+# Characters that change what a terminal shows rather than show themselves: the control characters (C0 with tab and
+# newline, DEL, C1: ESC starts the sequences that set a terminal's colours or title, BEL rings) and Unicode's
+# direction overrides and isolates (which reorder the text around them).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text):
+    """``text`` (anything, as ``str`` gives it) with every character that would act on a terminal instead of
+    showing (``_UNPRINTABLE``) written as Python writes it in a string literal (``\x1b``, ``\n``, ``\u202e``):
+    names and labels from a file or a DataFrame are printed through it; the model keeps them exactly."""
+    return _UNPRINTABLE.sub(lambda match: repr(match.group())[1:-1], str(text))
 
 
 def check_regular_file(path):

@@ -5,16 +5,22 @@ traceback); warnings are one line each, after the output and before the error li
 ``bench`` collects the scripts' tables and PNGs."""
 
 import csv
+import importlib.metadata
 import os
+import signal
 import subprocess
 import sys
+import time
 import warnings
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 import pandas
 import pytest
 
+import agpc
+import agpc.persistence
 from agpc import CholeskyError, GPClassifier, cli, load_model
 from agpc.cli import main
 from agpc.datasets import make_banana
@@ -290,8 +296,6 @@ def test_a_reader_that_stops_early_neither_fails_the_command_nor_loses_its_outpu
 def named_model(tmp_path_factory, banana):
     """The model 'agpc fit' trains on a CSV with the header x1, x2, label (caught before it is saved: the
     model file keeps feature names once the persist branch of issue 15 is merged)."""
-    import agpc.persistence
-
     tmp = tmp_path_factory.mktemp("named")
     data = write_csv(tmp / "train.csv", *banana)
     saved = []
@@ -311,8 +315,6 @@ def test_fit_records_the_header_as_feature_names(named_model, reference, banana)
 
 
 def test_fit_on_parquet_records_its_column_names(tmp_path, banana, monkeypatch):
-    import agpc.persistence
-
     data, target = write_parquet(tmp_path / "d.parquet", *banana)
     saved = []
     monkeypatch.setattr(agpc.persistence, "save_model", lambda model, path: saved.append(model))
@@ -322,8 +324,6 @@ def test_fit_on_parquet_records_its_column_names(tmp_path, banana, monkeypatch):
 
 @pytest.mark.parametrize("flag, expected", [([], "auto"), (["--kernel-prior", "none"], None)])
 def test_fit_takes_the_kernel_prior(tmp_path, banana, monkeypatch, flag, expected):
-    import agpc.persistence
-
     data, target = write_npy(tmp_path / "d.npy", *banana)
     saved = []
     monkeypatch.setattr(agpc.persistence, "save_model", lambda model, path: saved.append(model))
@@ -334,8 +334,6 @@ def test_fit_takes_the_kernel_prior(tmp_path, banana, monkeypatch, flag, expecte
 @pytest.mark.parametrize("flag, expected", [([], "auto"), (["--ard", "per-feature"], True),
                                            (["--ard", "shared"], False)])
 def test_fit_takes_ard(tmp_path, banana, monkeypatch, flag, expected):
-    import agpc.persistence
-
     data, target = write_npy(tmp_path / "d.npy", *banana)
     saved = []
     monkeypatch.setattr(agpc.persistence, "save_model", lambda model, path: saved.append(model))
@@ -344,8 +342,6 @@ def test_fit_takes_ard(tmp_path, banana, monkeypatch, flag, expected):
 
 
 def test_fit_on_a_file_without_names_records_none(tmp_path, banana, monkeypatch):
-    import agpc.persistence
-
     data, target = write_npy(tmp_path / "d.npy", *banana)
     saved = []
     monkeypatch.setattr(agpc.persistence, "save_model", lambda model, path: saved.append(model))
@@ -455,8 +451,6 @@ def test_a_model_without_names_takes_columns_by_position_with_a_warning(tmp_path
 def test_fit_then_predict_through_the_model_file_matches_columns_by_name(tmp_path, banana, reference, capsys):
     """The model file keeps the feature names, so predict takes the columns by name whatever their order (this was
     an xfail until model files kept the names; issue 25: a stale xfail turns a regression into an expected failure)."""
-    from agpc import load_model
-
     X, y = banana
     data = write_csv(tmp_path / "train.csv", X, y)
     swapped = write_table(tmp_path / "swapped.csv", {"label": y, "x2": X[:, 1], "x1": X[:, 0]})
@@ -567,9 +561,6 @@ def test_ctrl_c_during_fit_is_one_line_exit_130_and_writes_nothing(tmp_path, ban
     """Beside a process keeping every core busy, the command exits within 10 s of the signal. A process
     started as a background job of a shell without job control inherits SIGINT ignored, and Python leaves it
     so: the fit went on to its --max-time (the test's 120 s timeout on a busy machine)."""
-    import signal
-    import time
-
     data = write_csv(tmp_path / "d.csv", *banana)
     argv = ["fit", str(data), "--target", "label", "--inducing", "10", "--max-iter", "100000000", "--max-time", "300",
             "--quiet", "--out", str(tmp_path / "m.agpc")]  # optimising hyperparameters: no convergence stop
@@ -678,8 +669,6 @@ def test_argument_errors_are_one_line_exit_2(argv, capsys):
 
 
 def test_version_comes_from_the_installed_metadata(capsys):
-    from importlib.metadata import version
-
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0
@@ -687,10 +676,6 @@ def test_version_comes_from_the_installed_metadata(capsys):
 
 
 def test_version_falls_back_to_the_package_attribute(monkeypatch):
-    import importlib.metadata
-
-    import agpc
-
     def not_installed(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
@@ -831,8 +816,6 @@ def test_bench_finds_the_checkouts_benchmarks():
 
 def _saved_fit(tmp_path, monkeypatch, data, options):
     """The model 'agpc fit DATA OPTIONS' saves (caught on its way to the file)."""
-    import agpc.persistence
-
     saved = []
     monkeypatch.setattr(agpc.persistence, "save_model", lambda model, path: saved.append(model))
     assert main(["fit", str(data), *options, *FIT_OPTIONS, "--out", str(tmp_path / "m.agpc")]) == 0
@@ -884,3 +867,63 @@ def test_a_weight_column_needs_named_columns(tmp_path, banana, capsys):
     data, target = write_npy(tmp_path / "d.npy", *banana)
     assert main(["fit", str(data), *target, "--weight-column", "0", *FIT_OPTIONS, "--out", str(tmp_path / "m")]) != 0
     assert "named columns" in capsys.readouterr().err
+
+
+# -- names from a file reach the terminal escaped ------------------------------------------------------------
+
+HOSTILE = {"colour": "x\x1b[31mred", "title": "t\x1b]0;owned\x07", "bidi": "\u202eevil", "class": "a\x1b[2J",
+           "newline": "b\nc"}
+ACTS_ON_A_TERMINAL = [chr(c) for c in (*range(0, 10), *range(11, 32), *range(0x7f, 0xa0))] + ["\u202e"]
+
+
+def _quoted_table(path, columns):
+    """A CSV written by the csv module (a cell holding a line break is quoted)."""
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(list(columns))
+        writer.writerows(zip(*(np.asarray(values).tolist() for values in columns.values())))
+    return path
+
+
+def _acting(text):
+    """The characters of printed text that would act on a terminal (a line break ends a line: not counted)."""
+    return sorted({c for c in text if c in ACTS_ON_A_TERMINAL})
+
+
+def test_names_and_labels_from_files_reach_the_terminal_escaped_and_the_model_keeps_them(tmp_path, capsys):
+    """A CSV header, a label or a model file's names with ESC / OSC / BEL / a newline / a direction override were
+    printed as they were by ``agpc fit``, ``agpc inspect``, ``summary()`` and ``agpc predict``'s error line (a model
+    file could set the terminal's title). Every name is printed through ``untrusted.printable``; the model keeps the
+    exact names."""
+    X, y = make_banana(80, random_state=0)
+    labels = np.where(y > 0, HOSTILE["class"], HOSTILE["newline"])
+    names = [HOSTILE["colour"], HOSTILE["title"] + HOSTILE["bidi"]]
+    data = _quoted_table(tmp_path / "hostile.csv", {names[0]: X[:, 0], names[1]: X[:, 1], "label": labels})
+    model = tmp_path / "m.agpc"
+    assert main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(model)]) == 0
+    fit_output = capsys.readouterr()
+    assert main(["inspect", str(model)]) == 0
+    inspected = capsys.readouterr()
+    loaded = load_model(model)
+    assert loaded.feature_names_in_.tolist() == names and sorted(loaded.classes_.tolist()) == sorted(set(labels))
+    summary = loaded.summary()
+    for printed in (fit_output.out, fit_output.err, inspected.out, inspected.err, summary):
+        assert _acting(printed) == []
+    assert "x\\x1b[31mred" in inspected.out and "t\\x1b]0;owned\\x07\\u202eevil" in summary
+    assert "b\\nc" in summary and "b\\nc" in fit_output.out
+    assert summary.count("\n") == GPClassifier(**SETTINGS).fit(
+        pandas.DataFrame(X, columns=["x1", "x2"]), np.where(y > 0, "a", "b")).summary().count("\n")
+    unknown = _quoted_table(tmp_path / "unknown.csv", {names[0]: X[:3, 0], names[1]: X[:3, 1],
+                                                     "label": ["z\x1b]0;again\x07"] * 3})
+    assert main(["predict", str(model), str(unknown), "--target", "label", "--out", str(tmp_path / "p.csv")]) == 2
+    error = capsys.readouterr().err
+    assert _acting(error.rstrip("\n")) == [] and "z\\x1b]0;again\\x07" in error and error.count("\n") == 1
+
+
+def test_a_dataframe_s_column_names_are_escaped_in_the_summary():
+    X, y = make_banana(60, random_state=1)
+    frame = pandas.DataFrame(X, columns=[HOSTILE["title"], HOSTILE["newline"]])
+    model = GPClassifier(**SETTINGS).fit(frame, y)
+    summary = model.summary()
+    assert _acting(summary) == [] and "t\\x1b]0;owned\\x07" in summary and "b\\nc" in summary
+    assert model.feature_names_in_.tolist() == [HOSTILE["title"], HOSTILE["newline"]]
