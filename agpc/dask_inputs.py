@@ -186,6 +186,8 @@ def training_weights(estimator, sample_weight, inputs, class_labels=None):
     if per_class is not None:
         weights = weights * class_index.map_blocks(_of_class, per_class, dtype=np.float64)
         positive = positive * (per_class > 0)
+    largest, heaviest = client.compute([da.max(weights), da.argmax(weights)], sync=True)
+    V.check_weight_scale(float(largest), int(heaviest), I.dtype_name(estimator.dtype))
     V.check_positive_counts(positive, classes)
     I.refuse_unweighted_method(estimator)
     return client.persist(weights.astype(inputs.X.dtype))

@@ -555,6 +555,8 @@ def training_weights(estimator, sample_weight, inputs, *, every_class=True, clas
                               class_labels)
     if per_class is not None:
         weights = weights * per_class[class_index]
+    heaviest = int(np.argmax(weights))
+    V.check_weight_scale(float(weights[heaviest]), heaviest, dtype_name(estimator.dtype))
     if every_class:
         V.check_positive_per_class(weights, class_index, inputs.classes)
     refuse_unweighted_method(estimator)

@@ -41,6 +41,8 @@ __all__ = [
     "column_scales",
     "check_precision_keeps_spread",
     "check_sample_weight",
+    "largest_weight",
+    "check_weight_scale",
     "check_positive_per_class",
     "check_positive_counts",
     "refuse_bad_weights",
@@ -462,6 +464,25 @@ def refuse_bad_weights(nonfinite, nonfinite_row, nonfinite_value, negative, nega
         raise ValueError(f"sample_weight must be non-negative: {negative_value} at row {negative_row} ({negative} rows)")
     if not any_positive:
         raise ValueError("sample_weight: every weight is zero (at least one row of each class needs a positive weight)")
+
+
+def largest_weight(dtype_name):
+    """The largest weight a fit computing in ``dtype_name`` takes: 1 / sqrt(eps), 2^26 = 67,108,864 in float64 and
+    2,896 in float32. A weight counts its row that many times, and a row counted w times shrinks its part of the
+    posterior's variance about w-fold: past 1 / sqrt(eps) the sums and factorisations of a fit keep fewer than half the
+    type's digits (the exact model's log Z turned positive at 1e15 in float64, 1e6 in float32), and from there on
+    they overflow (log Z -8.3e301 at 1e300, NaN gradients at 1e150), each while a model was still returned."""
+    return float(np.finfo(dtype_name).eps) ** -0.5
+
+
+def check_weight_scale(largest, row, dtype_name):
+    """Refuse (one ValueError) weights whose ``largest`` (at ``row``; the weights the fit trains with, class weights
+    included) is beyond ``largest_weight`` of the fit's type."""
+    limit = largest_weight(dtype_name)
+    if largest > limit:
+        raise ValueError(f"sample_weight (times class_weight): {largest:g} at row {row}, more than a fit in "
+                         f"{dtype_name} carries ({limit:,.0f}, 1 / sqrt(eps)): a weight counts its row that many "
+                         "times; scale the weights down (their ratios kept)")
 
 
 def check_positive_per_class(weights, class_index, classes):

@@ -148,6 +148,7 @@ def test_dask_batch_weight_zero_is_the_row_removed(client):
     (np.ones(39), "one weight a row"),
     (np.zeros(40), "every weight is zero"),
     (np.where(binary_toy(40, seed=1)[1] > 0, 0.0, 1.0), "has none"),
+    (np.r_[np.ones(30), 1e150, np.ones(9)], r"1e\+150 at row 30, more than a fit in float64 carries"),
 ])
 @pytest.mark.parametrize("lazy", [True, False])
 def test_dask_bad_weights_are_refused_as_in_memory(client, weights, message, lazy):

@@ -3,6 +3,8 @@ the exact model's power EP (a weight-0 row is the row removed; an integer weight
 point, to O(jitter)), scikit-learn's meanings of ``class_weight``, the checks of the weights, and the registry's
 support table against what every method and path does with them."""
 
+import warnings
+
 import numpy as np
 import pytest
 from joblib import parallel_config
@@ -397,6 +399,44 @@ def test_bad_weights_are_refused(weights, message):
     X, y = binary_toy(20)
     with pytest.raises(ValueError, match=message):
         GPClassifier(max_iter=2).fit(X, y, sample_weight=weights)
+
+
+HEAVY = {"every row 1e300": (np.full(60, 1e300), {}), "every row 1e150": (np.full(60, 1e150), {}),
+         "one row 1e300": (np.r_[1e300, np.ones(59)], {}), "float32, every row 1e4": (np.full(60, 1e4),
+                                                                                     dict(dtype="float32")),
+         "a class weight of 1e8": (None, dict(class_weight={1.0: 1e8}))}
+
+
+@pytest.mark.parametrize("weights, settings", HEAVY.values(), ids=HEAVY.keys())
+def test_weights_beyond_what_the_type_carries_are_refused_before_training(monkeypatch, weights, settings):
+    """Huge finite weights overflowed inside the fit and a model came back (1e300 on every row: log Z -8.3e301, the
+    kernel at its start; 1e150: NaN gradients; one row of 1e300: one class predicted everywhere), said only by
+    NumPy's RuntimeWarnings. A weight counts its row that many times: one past 1 / sqrt(eps) of the fit's type is one
+    ValueError naming it and the bound, before any step."""
+    X, y = binary_toy(60)
+    monkeypatch.setattr(training.Trainer, "step", lambda *a, **k: pytest.fail("a step was taken"))
+    limit = f"{np.finfo(settings.get('dtype', 'float64')).eps ** -0.5:,.0f}"
+    with pytest.raises(ValueError, match=r"sample_weight \(times class_weight\): \S+ at row \d+, more than a fit in "
+                                         rf"float\d\d carries \({limit}, 1 / sqrt\(eps\)\)"):
+        GPClassifier(n_inducing=10, max_iter=2, **settings).fit(X, y, sample_weight=weights)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("settings", [dict(), dict(n_inducing=10), dict(method="sep", n_inducing=10),
+                                      dict(method="svi", n_inducing=10), dict(method="vi-jj", n_inducing=10),
+                                      dict(method="gfitc", n_inducing=10)], ids=["exact", "ep", "sep", "svi", "vi-jj",
+                                                                                  "gfitc"])
+def test_the_largest_weight_a_type_carries_fits_without_overflow(dtype, settings):
+    """At the bound (every row counted 1 / sqrt(eps) times), every method trains without a RuntimeWarning and ends
+    with a finite, negative log Z and the classes learned (the exact model's log Z turned positive past it)."""
+    X, y = binary_toy(60)
+    weight = np.finfo(dtype).eps ** -0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        model = GPClassifier(max_iter=5, random_state=0, dtype=dtype, **settings).fit(X, y, sample_weight=np.full(
+            60, weight))
+    assert np.isfinite(model.log_marginal_likelihood_) and model.log_marginal_likelihood_ < 0
+    assert model.score(X, y) > 0.65  # (chance: 0.5; five steps of SVI learn slowly)
 
 
 @pytest.mark.parametrize("class_weight, message", [("heavy", "class_weight"), ({5: 2.0}, "class_weight"),
