@@ -188,7 +188,8 @@ def training_weights(estimator, sample_weight, inputs, class_labels=None):
         positive = positive * (per_class > 0)
     largest, heaviest = client.compute([da.max(weights), da.argmax(weights)], sync=True)
     V.check_weight_scale(float(largest), int(heaviest), I.dtype_name(estimator.dtype))
-    V.check_positive_counts(positive, classes)
+    if I.every_class_needs_weight(estimator):
+        V.check_positive_counts(positive, classes)
     I.refuse_unweighted_method(estimator)
     return client.persist(weights.astype(inputs.X.dtype))
 

@@ -36,6 +36,7 @@ __all__ = [
     "training_weights",
     "stream_weights",
     "class_weights",
+    "every_class_needs_weight",
     "row_classes",
     "refuse_unweighted_method",
     "score_weights",
@@ -557,11 +558,18 @@ def training_weights(estimator, sample_weight, inputs, *, every_class=True, clas
         weights = weights * per_class[class_index]
     heaviest = int(np.argmax(weights))
     V.check_weight_scale(float(weights[heaviest]), heaviest, dtype_name(estimator.dtype))
-    if every_class:
+    if every_class and every_class_needs_weight(estimator):
         V.check_positive_per_class(weights, class_index, inputs.classes)
     refuse_unweighted_method(estimator)
     dtype = getattr(inputs.xp, dtype_name(estimator.dtype))
     return B.asarray_like(weights, inputs.xp, device=inputs.device, dtype=dtype)
+
+
+def every_class_needs_weight(estimator):
+    """Whether a fit needs a row of positive weight in every class (else the class is not in the weighted data): not
+    an ordinal model's, whose classes are given and one may be absent from y (it keeps an interval of its own,
+    docs/ordinal.md), weighted or not."""
+    return estimator.likelihood != ORDINAL
 
 
 def row_classes(encoded, n_classes):
@@ -586,7 +594,12 @@ def class_weights(estimator, classes, counts, class_labels=None):
         class_weight = {rank: class_weight[label] for rank, label in zip(classes.tolist(), named.tolist())
                         if label in class_weight}
     if isinstance(class_weight, str):  # ("balanced": the parameter checks allow no other string)
-        return np.sum(counts) / (len(classes) * np.asarray(counts, dtype=np.float64))
+        # over the classes that have rows: an ordinal model's class absent from y (docs/ordinal.md) has no row to
+        # weigh (its weight, 0, weighs nothing), and the weights still sum to the rows' count
+        counts = np.asarray(counts, dtype=np.float64)
+        present = counts > 0
+        return np.divide(np.sum(counts), np.count_nonzero(present) * counts, out=np.zeros_like(counts),
+                         where=present)
     try:
         per_class = compute_class_weight(class_weight, classes=classes, y=classes)
     except (TypeError, ValueError) as error:

@@ -4,6 +4,7 @@ two classes, the full-GP limit against an independent textbook EP, recovery of k
 paths (save / load, checkpoints, refusals, array_api_strict)."""
 
 import io
+import warnings
 
 import array_api_strict
 import numpy as np
@@ -560,3 +561,43 @@ def test_partial_fit_continues_a_fitted_model(named):
     assert np.max(np.abs(model.cut_points_ - before)) < 0.5  # (one step from the fitted cut points)
     with pytest.raises(ValueError, match="differs from the classes this model was fitted with"):
         model.partial_fit(X[:50], labels[:50], classes=list(order[::-1]))
+
+
+EMPTY_LEVEL = {"sample_weight ones": (dict(), np.ones, False),
+               "class_weight balanced": (dict(class_weight="balanced"), None, False),
+               "class_weight of the empty level": (dict(class_weight={4: 3.0}), None, False),
+               "class_weight balanced, dask": (dict(class_weight="balanced"), None, True)}
+
+
+@pytest.mark.parametrize("weighting, weights, on_dask", EMPTY_LEVEL.values(), ids=EMPTY_LEVEL.keys())
+def test_a_level_with_no_rows_fits_with_any_weights(request, weighting, weights, on_dask):
+    """classes=[0, 1, 2, 3, 4] with no 4 in y fits (docs/ordinal.md: an absent class keeps an interval of its own),
+    but with any weight it was refused ("class np.int64(4) has none", and "balanced" divided by its count of 0). Now
+    the weighted fits train too, without a RuntimeWarning: weights of ones (and a weight for the empty level, which
+    weighs no row) give the unweighted model; "balanced" weighs the classes that have rows, summing to their count."""
+    X, y = ordinal_data(80, seed=3, cuts=np.array([-0.8, 0.0, 0.8]))
+    assert set(y.tolist()) == {0, 1, 2, 3}
+    settings = dict(likelihood="ordinal", classes=[0, 1, 2, 3, 4], n_inducing=8, max_iter=3, random_state=0)
+    plain = GPClassifier(**settings).fit(X, y)
+    given = None if weights is None else weights(len(y))
+    if on_dask:
+        client = request.getfixturevalue("client")
+        X_fit, y_fit = _on_dask(X, y)
+        settings.update(client=client, inducing=np.asarray(plain.inducing_points_), optimize=False)
+        plain = GPClassifier(**settings).fit(X_fit, y_fit)
+        given = None if given is None else _on_dask(given)[0]
+    else:
+        X_fit, y_fit = X, y
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        weighted = GPClassifier(**settings, **weighting).fit(X_fit, y_fit, sample_weight=given)
+    assert weighted.cut_points_.shape == (4,) and np.all(np.diff(weighted.cut_points_) > 0)
+    if weighting.get("class_weight") == "balanced":
+        counts = np.bincount(y, minlength=5)
+        assert not np.allclose(weighted.predict_proba(X), plain.predict_proba(X))  # (the classes reweighed)
+        balanced = np.divide(len(y), 4 * counts, out=np.zeros(5), where=counts > 0)
+        by_rows = GPClassifier(**settings).fit(X_fit, y_fit, sample_weight=(
+            balanced[y] if not on_dask else _on_dask(balanced[y])[0]))
+        np.testing.assert_allclose(weighted.predict_proba(X), by_rows.predict_proba(X), rtol=1e-10, atol=1e-12)
+    else:
+        np.testing.assert_allclose(weighted.predict_proba(X), plain.predict_proba(X), rtol=1e-10, atol=1e-12)
