@@ -362,6 +362,7 @@ def check_labels(y, what="y", offset=0):
             raise ValueError(f"{what} mixes kinds of labels ({found}): use one kind for every label, e.g. all "
                              "strings or all integers")
         blank = [row for row, value in enumerate(objects) if isinstance(value, (str, bytes)) and not value.strip()]
+        _refuse_trailing_nul(objects, what, offset)
         if set(kinds) == {"number"}:
             values = _numbers(objects, what).reshape(np.shape(y))
     elif values.dtype.kind == "f":
@@ -378,6 +379,19 @@ def check_labels(y, what="y", offset=0):
         raise ValueError(f"{what} has empty labels at {_rows_text(blank, offset)}: an empty cell is a missing "
                          "label, not a class; drop those rows or give them a class")
     return values
+
+
+def _refuse_trailing_nul(objects, what, offset):
+    """NumPy's string arrays, and so a model file's classes, drop a string's trailing NUL characters: "x" and "x\0"
+    would be one class there (fit trained two, load refused the file). A label ending in NUL (from Python objects:
+    a NumPy string array has dropped it already) is one ValueError naming its row."""
+    nul = [row for row, value in enumerate(objects) if isinstance(value, (str, bytes)) and value[-1:] in ("\0", b"\0")]
+    if nul:
+        shown = objects[nul[0]]
+        raise ValueError(f"{what} has labels ending in a NUL character ({shown!r}) at {_rows_text(nul, offset)}: "
+                         "NumPy's strings and a model file drop trailing NULs, so it would be the label "
+                         f"{shown.rstrip(chr(0) if isinstance(shown, str) else bytes(1))!r}; give the classes names "
+                         "without them")
 
 
 def _numbers(objects, what):

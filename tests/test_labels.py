@@ -6,10 +6,11 @@ Categorical is labels in memory; a rare class is never lost to the validation sp
 import os
 
 import numpy as np
+import pandas
 import pytest
 
-from agpc import GPClassifier
-from agpc.cli import _split, main
+from agpc import GPClassifier, cli
+from agpc.cli import main
 from agpc.datasets import make_banana
 from agpc.model_file import MAX_LABEL_BYTES
 
@@ -135,6 +136,24 @@ def test_a_label_longer_than_a_model_file_holds_is_refused_at_fit(tmp_path, bana
     assert not (tmp_path / "m.agpc").exists()
 
 
+NUL_ENDED = {"a list": list, "an object array": lambda labels: np.array(labels, dtype=object),
+             "a pandas Series": lambda labels: pandas.Series(labels),
+             "a pandas Categorical": lambda labels: pandas.Categorical(labels)}
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+@pytest.mark.parametrize("container", list(NUL_ENDED))
+def test_a_label_ending_in_nul_is_refused_at_fit(tmp_path, banana, no_training, container, classes):
+    """Labels "x" and "x\0": NumPy's strings drop trailing NULs, so fit trained two classes, save wrote one twice
+    and load refused the file ("a class is listed twice"); with two classes fit said "only one class". A label ending
+    in NUL is refused at fit, naming it and its rows."""
+    X, y = banana
+    labels = [("x\0" if v > 0 else "x") if k % 3 or classes == 2 else "y" for k, v in enumerate(y.tolist())]
+    with pytest.raises(ValueError, match=r"y has labels ending in a NUL character \('x\\x00'\) at rows .*would be the "
+                                         "label 'x'"):
+        GPClassifier(n_inducing=5, max_iter=2).fit(X, NUL_ENDED[container](labels))
+
+
 def test_float_labels_with_fractions_are_refused_by_the_estimator_as_scikit_learn_does(banana):
     """Documented as intended (README, "Labels"): the estimator takes labels of any type that names classes,
     but a float array with fractions is what a regression target looks like, refused as scikit-learn's
@@ -151,7 +170,7 @@ def test_a_rare_class_is_never_only_in_the_validation_split(tmp_path, banana, ca
     labels = np.where(y > 0, "a", "b").astype("<U4")
     labels[17] = "rare"  # one row of a third class
     seed = next(s for s in range(1000) if 17 in np.random.default_rng(s).choice(len(y), size=60, replace=False))
-    _, y_train, _, y_val = _split(X, labels, 0.5, seed)
+    _, y_train, _, y_val = cli._split(X, labels, 0.5, seed)
     assert "rare" in y_train.tolist() and sorted(set(y_val.tolist())) == ["a", "b"]
     data = write_csv(tmp_path / "d.csv", X, labels.tolist())
     status = main(["fit", str(data), "--target", "label", "--method", "sep", "--validation-fraction", "0.5",
