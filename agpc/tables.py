@@ -378,7 +378,9 @@ def _read_csv(path, target, labels_required, features=None, weight_column=None):
     if all(_is_number(name) for name in names):
         warnings.warn(f"{path}: the header row ({preview(names, 4)}) looks like data: agpc reads the first row of "
                       f"a CSV file as the column names", UserWarning)
-    body = [(line, row) for line, row in rows[1:] if any(row)]
+    # a blank line (no field, or one of spaces) is no row; a line of empty cells (",,") is a row whose values are
+    # missing: an error naming its line and column (``_check_filled``), not a row dropped unsaid
+    body = [(line, row) for line, row in rows[1:] if len(row) > 1 or any(row)]
     if not body:
         raise TableError(f"{path}: no data rows below the header")
     for line, row in body:

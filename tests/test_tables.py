@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from agpc import tables
+from agpc.cli import main
 from agpc.datasets import make_banana
 from agpc.tables import TableError, load_data
 from helpers import write_csv, write_table
@@ -77,6 +78,26 @@ def test_an_empty_cell_is_one_error_naming_file_line_and_column(tmp_path, banana
         load_data(data, "label", labels_required=True)
     assert f"holes.csv: line 7, {what} column '{column}': missing value, an empty cell (and 1 more rows)" in str(
         refused.value)
+
+
+@pytest.mark.parametrize("empty", [",,", " , , ", ",,,,,"])
+def test_a_line_of_empty_cells_is_an_error_and_a_blank_line_is_no_row(tmp_path, banana, capsys, empty):
+    """",," or ",,,,," between data rows was dropped silently (exit 0, fewer training rows), where docs/usage.md says
+    an empty cell is an error naming its line and column: it is now (a wrong number of fields, the error of that);
+    a blank line (nothing, or spaces) is still no row."""
+    X, y = banana
+    data = write_csv(tmp_path / "gaps.csv", X, y)
+    lines = data.read_text().splitlines()
+    data.write_text("\n".join(lines[:5] + ["", "   "] + lines[5:]) + "\n")  # blank lines: no rows
+    X_read, y_read, _ = load_data(data, "label")
+    np.testing.assert_array_equal(X_read, X)
+    data.write_text("\n".join(lines[:5] + [empty] + lines[5:]) + "\n")
+    expected = ("line 6, feature column 'x1': missing value, an empty cell" if empty.count(",") == 2
+                else "line 6 has 6 fields but the header has 3")
+    with pytest.raises(TableError, match=expected):
+        load_data(data, "label")
+    status = main(["fit", str(data), "--target", "label", "--quiet", "--out", str(tmp_path / "m.agpc")])
+    assert status == 2 and expected in capsys.readouterr().err and not (tmp_path / "m.agpc").exists()
 
 
 def test_a_label_that_often_marks_a_missing_value_is_warned_about(tmp_path, banana):
