@@ -5,7 +5,9 @@ ValueError naming the file and the field (``refuse(why)`` builds it; ``agpc.infe
 rules are those of the states an engine can reach, not of a fresh run:
 
 - The training loop's record (``check_loop_state``): step counts, history, the random generator's state, the
-  epoch's visiting order, the early-stopping record, each of its own type and range.
+  epoch's visiting order, the early-stopping record, each of its own type and range; the history has every entry
+  the run records, as many numbers in each, and the step counts are those it recorded (the last record's count
+  plus the steps taken since).
 - Kernel parameters (``check_engine_state``): the run's parameter table, each stored value (a log) an array of
   the run's shape and floating type, and **any finite number**: a long fit may carry a log far from 0 (a latent
   noise stepped to exp(-752) underflows to 0 and stays a finite log), and such a checkpoint resumes. -inf is
@@ -23,6 +25,10 @@ rules are those of the states an engine can reach, not of a fresh run:
   and sweep count), and the record of site files that a fit on a dask array wrote beside the checkpoint; an
   engine's own record (``checkpoint_extras``) is checked by the engine as it restores it.
 
+- Sizes against the prior, once the state is restored (``agpc.inference.checkpointing``, which has the kernel): the
+  inducing points' prior covariance factorises, and the tied factor and the sites are no larger than the rows'
+  likelihood could make them, within a wide margin (``check_factor_scale``, ``check_site_scale``).
+
 Below training, beside ``agpc.checkpoints`` (which reads the file and its tree): it imports nothing of agpc but
 ``backend``, and knows the engines only by the attributes they all have (``state``, ``optimizer``,
 ``has_damping``, ``names``, and the optional members of ``engines.Engine``).
@@ -38,8 +44,8 @@ import numpy as np
 
 from .backend import array_namespace, to_numpy
 
-__all__ = ["check_loop_state", "check_engine_state", "check_saved_factor", "array_shapes", "dtype_text", "is_array",
-           "LOOP_FIELDS"]
+__all__ = ["check_loop_state", "check_engine_state", "check_saved_factor", "check_factor_scale", "check_site_scale",
+           "array_shapes", "dtype_text", "is_array", "LOOP_FIELDS"]
 
 # The training loop's part of a checkpoint, beside the engine's own: the type of each entry.
 LOOP_FIELDS = {"fingerprint": dict, "engine": dict, "n_steps": int, "n_updates": int, "history": dict,
@@ -62,8 +68,10 @@ def array_shapes(state):
     return shapes
 
 
-def check_loop_state(saved, fingerprint, refuse):
-    """The loop's part of a checkpoint, field by field (the engine's part: ``check_engine_state``)."""
+def check_loop_state(saved, fingerprint, refuse, history_keys=(), validation_keys=()):
+    """The loop's part of a checkpoint, field by field (the engine's part: ``check_engine_state``). ``history_keys``:
+    the entries the loop records together (one value each a record, ``training.HISTORY_KEYS``); ``validation_keys``:
+    those the validation hook records together, when the checkpoint has them."""
     for name, kind in LOOP_FIELDS.items():
         if name not in saved:
             raise refuse(f"{name}: missing")
@@ -74,10 +82,10 @@ def check_loop_state(saved, fingerprint, refuse):
             raise refuse(f"{name}: negative")
     if not (math.isfinite(saved["elapsed"]) and saved["elapsed"] >= 0):
         raise refuse("elapsed: not a non-negative number of seconds")
-    if not all(isinstance(values, list) for values in saved["history"].values()):
-        raise refuse("history: not a mapping of names to lists")
-    if not all(isinstance(p, list) for p in saved["pending"]):
-        raise refuse("pending: not a list of lists")
+    if not all(isinstance(p, list) and len(p) == 2 and all(_is_number(v) for v in p) for p in saved["pending"]):
+        raise refuse("pending: not a list of (log Z, invalid rows) pairs")
+    _check_history(saved["history"], history_keys, validation_keys, refuse)
+    _check_counts(saved, refuse)
     if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < fingerprint["n_batches"]
                for i in saved["order"]):
         raise refuse(f"order: not a list of minibatch indices below {fingerprint['n_batches']}")
@@ -85,6 +93,67 @@ def check_loop_state(saved, fingerprint, refuse):
     if not (isinstance(best.get("nll"), (int, float)) and isinstance(best.get("reference"), (int, float))
             and isinstance(best.get("since"), int)):
         raise refuse("best: not the early-stopping record (nll, reference, since)")
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_history(history, history_keys, validation_keys, refuse):
+    """The history a resumed run goes on recording: every entry the loop records together (a history without them
+    crashed the resume in ``Trainer.record``), one number each a record, as many records in each; the validation
+    entries, when there, likewise among themselves."""
+    if not all(isinstance(values, list) for values in history.values()):
+        raise refuse("history: not a mapping of names to lists")
+    missing = [key for key in history_keys if key not in history]
+    if missing:
+        raise refuse(f"history: no {', '.join(repr(key) for key in missing)} (the loop records "
+                     f"{', '.join(history_keys)} together)")
+    for keys in (history_keys, [key for key in validation_keys if key in history]):
+        lengths = {key: len(history[key]) for key in keys}
+        if len(set(lengths.values())) > 1:
+            raise refuse(f"history: {', '.join(f'{key} has {length}' for key, length in lengths.items())} entries; "
+                         "they are recorded together")
+        for key in keys:
+            if not all(_is_number(v) for v in history[key]):
+                raise refuse(f"history.{key}: not a list of numbers")
+
+
+def _check_counts(saved, refuse):
+    """The step counts are those the history recorded: ``n_steps`` is the last record's step count plus the steps
+    taken since (``pending``), the record's step counts rise, and no more steps moved the hyper-parameters than were
+    taken. A count edited to 1e18 was resumed as a finished fit of the old state."""
+    steps, pending = saved["history"].get("n_steps"), len(saved["pending"])
+    if steps is None:
+        return
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in steps) or any(
+            b <= a for a, b in zip([0] + steps, steps)):
+        raise refuse("history.n_steps: not rising step counts")
+    recorded = steps[-1] if steps else 0
+    if saved["n_steps"] != recorded + pending:
+        raise refuse(f"n_steps: {saved['n_steps']}, but the history recorded {recorded} steps and {pending} were "
+                     "taken since")
+    if saved["n_updates"] > saved["n_steps"]:
+        raise refuse(f"n_updates: {saved['n_updates']} hyper-parameter steps in {saved['n_steps']} steps")
+
+
+def check_factor_scale(whitened, bound, where, refuse):
+    """A tied factor whitened by the prior (``whitened``: L_K^T P L_K on the host, (m, m)) against ``bound``
+    (``agpc.inference.checkpointing`` says what it is: the precision the fit's rows could add to the prior's, times
+    a wide margin). A hand-edited factor times 1e200 resumed silently (accuracy 0.862 -> 0.69)."""
+    size = float(np.linalg.norm(np.asarray(whitened, dtype=np.float64), 2))
+    if not size <= bound:
+        raise refuse(f"{where}: the factor's precision is {size:.3g} times the prior's, beyond what the fit's rows "
+                     f"could give it ({bound:.3g})")
+
+
+def check_site_scale(sites, bound, where, refuse):
+    """The rows' site precisions (on the host, each times its row's weight) against ``bound`` (what the fit's
+    likelihood gives one row, times a wide margin)."""
+    size = float(np.max(np.abs(np.asarray(sites, dtype=np.float64)), initial=0.0))
+    if not size <= bound:
+        raise refuse(f"{where}: a site precision of {size:.3g}, beyond what the fit's likelihood gives a row "
+                     f"({bound:.3g})")
 
 
 def _check_float_array(value, shape, dtype, where, refuse):

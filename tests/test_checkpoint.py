@@ -4,6 +4,7 @@ crash while writing leaves the previous checkpoint intact."""
 import copy
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from agpc import GPClassifier, checkpoints
 from agpc.datasets import make_banana
 from agpc.inference import checkpointing, training
+from agpc.kernels import LATENT_NOISE_FLOOR
 from helpers import interrupted_then_resumed
 
 
@@ -257,6 +259,22 @@ CHECKPOINT_CORRUPTIONS = {
     "kernel parameter missing": (lambda s, a: _engine(s)["kernel"]["dict"].pop("log_noise"), ["engine.kernel"]),
     "optimizer garbage": (lambda s, a: _engine(s).update(optimizer={"list": [1]}), ["engine.optimizer"]),
     "unknown engine entry": (lambda s, a: _engine(s).update(payload=1), ["engine.payload"]),
+    # issue 40: found by hypothesis (test_random_checkpoint_fields_are_refused_or_resume failed 3 runs of 3): an empty
+    # history was accepted, and the resume crashed with KeyError: 'log_marginal_likelihood' in Trainer.record
+    "history empty": (lambda s, a: s.update(history={"dict": {}}), ["history", "'log_marginal_likelihood'"]),
+    "history entries of other lengths": (
+        lambda s, a: s["history"]["dict"]["time"]["list"].append(1.0), ["history", "time has 13", "recorded together"]),
+    "history of strings": (lambda s, a: s["history"]["dict"]["damping"]["list"].__setitem__(0, "x"),
+                           ["history.damping", "numbers"]),
+    # a step count edited to 1e18 was resumed as a finished fit, returning the old state
+    "n_steps 1e18": (lambda s, a: s.update(n_steps=10 ** 18), ["n_steps: 1000000000000000000", "recorded 12 steps"]),
+    "n_updates beyond n_steps": (lambda s, a: s.update(n_updates=13), ["n_updates: 13"]),
+    "pending not pairs": (lambda s, a: s.update(pending={"list": [{"list": [1.0]}]}), ["pending"]),
+    # a finite log amplitude of 1e300 raised a bare CholeskyError at the first step, naming no file
+    "log-amplitude 1e300": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_amplitude"], np.array(1e300)),
+                            ["engine.kernel", "prior covariance", "restored kernel"]),
+    "sites times 1e200": (lambda s, a: a.update({_engine(s)["nu"]["array"]: a[_engine(s)["nu"]["array"]] * 1e200}),
+                          ["engine.nu", "site precision of"]),
     # a fit on a dask array records where its workers wrote the sites: a file may not point them elsewhere
     "site files elsewhere": (lambda s, a: _engine(s).update(nu={"dict": {"site_files": {"list": ["/etc/passwd"]},
                                                                            "rows": {"list": [150]}}}),
@@ -281,14 +299,38 @@ def test_a_checkpoint_resumes_whenever_its_fit_could_go_on(good_checkpoint, tmp_
     any finite number. A long batch EP fit (banana, 800 rows, m = 20, 1,000 steps) stepped its latent noise's log to
     -751.88, where exp underflows to 0, and its own checkpoint was refused. Now it resumes, and the bound on the
     latent noise (``agpc.kernels.LATENT_NOISE_FLOOR``) lifts the noise back to the floor at its next step."""
-    from agpc.kernels import LATENT_NOISE_FLOOR
-
     params, X, y = _craft(good_checkpoint, tmp_path, change_state=_set_array(
         lambda s: _engine(s)["kernel"]["dict"]["log_noise"], np.array(-751.88)))
     model = GPClassifier(**params).fit(X, y, resume=True)
     assert float(model.kernel_.noise) == pytest.approx(LATENT_NOISE_FLOOR, rel=1e-12)
     proba = model.predict_proba(X)
     assert np.all(np.isfinite(proba)) and np.allclose(proba.sum(axis=1), 1.0)
+
+
+@pytest.fixture(scope="module")
+def sep_checkpoint(tmp_path_factory):
+    return _written_checkpoint(tmp_path_factory, method="sep", batch_size=50, max_iter=3)  # 3 minibatches an epoch
+
+
+def _scale_factor(scale):
+    def change(state, arrays):
+        precision = _engine(state)["factor"]["tuple"][0]["array"]
+        arrays[precision] = arrays[precision] * scale
+    return change
+
+
+def test_a_tied_factor_beyond_what_its_rows_could_give_is_refused(sep_checkpoint, tmp_path):
+    """SEP's tied factor times 1e200, hand-edited, resumed silently (accuracy 0.862 -> 0.69): the factor whitened by
+    the prior may be at most what the rows' likelihood adds to the prior's precision (within a wide margin,
+    ``checkpointing.PRIOR_SCALE_MARGIN``). The checkpoint as written, and its factor at a tenth or ten times its size
+    (within what a fit can reach), resume."""
+    params, X, y = _craft(sep_checkpoint, tmp_path, change_state=_scale_factor(1e200))
+    with pytest.raises(ValueError, match=r"crafted\.ckpt is not a valid agpc checkpoint: engine\.factor: the factor's "
+                                         r"precision is \S+ times the prior's, beyond what the fit's rows could give it"):
+        GPClassifier(**params).fit(X, y, resume=True)
+    for scale in (1.0, 0.1, 10.0):
+        params, X, y = _craft(sep_checkpoint, tmp_path, change_state=_scale_factor(scale))
+        GPClassifier(**params).fit(X, y, resume=True)
 
 
 @pytest.fixture(scope="module")
@@ -382,8 +424,6 @@ SVI_UNWHITENED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data"
 
 def _svi_fixture(tmp_path):
     """The u-space SVI checkpoint (tests/data/svi_checkpoint_unwhitened/make_fixture.py), copied to tmp_path."""
-    import shutil
-
     expected = np.load(os.path.join(SVI_UNWHITENED, "expected.npz"))
     path = tmp_path / "svi.ckpt"
     shutil.copy(os.path.join(SVI_UNWHITENED, "svi.ckpt"), path)

@@ -12,15 +12,25 @@ from __future__ import annotations
 
 import hashlib
 import time
+import warnings
 
-from ..backend import array_device, asarray_like, to_host_vector
-from ..checkpoint_rules import array_shapes, check_engine_state, check_loop_state, dtype_text, is_array
+from ..backend import (CholeskyError, array_device, array_namespace, asarray_like, cholesky_with_jitter,
+                       identity_plus, is_array_api_obj, is_dask_array, to_host_vector, to_numpy)
+from ..checkpoint_rules import (array_shapes, check_engine_state, check_factor_scale, check_loop_state,
+                                check_site_scale, dtype_text, is_array)
 from ..checkpoints import load_checkpoint, save_checkpoint
+from ..kernels import ClassKernels
 
-__all__ = ["FINGERPRINT_ROWS", "fingerprint_stride", "data_fingerprint", "run_fingerprint", "write_checkpoint",
-           "restore"]
+__all__ = ["FINGERPRINT_ROWS", "VALIDATION_KEYS", "PRIOR_SCALE_MARGIN", "fingerprint_stride", "data_fingerprint",
+           "run_fingerprint", "write_checkpoint", "restore"]
 
 FINGERPRINT_ROWS = 1000
+VALIDATION_KEYS = ("validation_step", "validation_nll", "validation_error")  # what ``hooks.Validation`` records
+# How far beyond what its rows' likelihood could add to the prior a resumed state's tied factor or sites may be
+# (``_check_prior_scale``). Not a tight bound: the running factor of a minibatch fit holds sites taken at earlier
+# kernels, and honest fits measured up to 30 times the bound's base (SEP with Adam at a learning rate of 0.1);
+# a hand edit that makes a state absurd (the tied factor times 1e200) is orders of magnitude past it.
+PRIOR_SCALE_MARGIN = 1e8
 
 
 def fingerprint_stride(n):
@@ -82,9 +92,11 @@ def restore(trainer, rng, path, fingerprint, has_validation):
     xp, device = trainer.xp, array_device(trainer.state["Z"])
     saved = load_checkpoint(path, lambda a: asarray_like(a, xp, device=device))
     _check_fingerprint(saved, trainer, path, fingerprint)
-    check_loop_state(saved, fingerprint, refuse)
+    recorded = [key for key in trainer.history if key not in VALIDATION_KEYS]  # (the fresh run's: what it records)
+    check_loop_state(saved, fingerprint, refuse, history_keys=recorded, validation_keys=VALIDATION_KEYS)
     check_engine_state(saved["engine"], trainer.engine, fingerprint, path, refuse)
     _restore_engine(trainer, rng, saved, path, refuse)
+    _check_prior_scale(trainer.engine, fingerprint["n"], refuse)
     trainer.n_steps = saved["n_steps"]
     trainer.n_updates = saved["n_updates"]
     trainer.history = saved["history"]
@@ -142,6 +154,49 @@ def _check_fingerprint(saved, trainer, path, fingerprint):
             f"checkpoint {path} was written by a different training run (differing in {', '.join(differs)}: "
             f"{written_for}); this run is {fingerprint}{hint}"
         )
+
+
+def _check_prior_scale(engine, n, refuse):
+    """The restored state against its prior: the inducing points' prior covariance must factorise at the restored
+    kernel (a log amplitude of 1e300, a finite log, raised a bare CholeskyError at the first step, naming no
+    file), and the tied factor (SEP, ADF, minibatch EP) and the rows' sites (EP) must be of a size its rows could
+    give them. EP's site on a row adds to q's precision along one direction at most 1 / (the likelihood's noise
+    variance): 1 for the probit of two classes and the ordinal model (their probit noise), 1 / (2 x the latent noise)
+    for the multiclass likelihood (the difference of two latent values, Villacampa-Calvo & Hernandez-Lobato (2017),
+    eq. 6), C - 1 such sites a row; whitened by the prior, a row's direction has length at most sqrt(K(x, x)). So the
+    whitened factor's largest eigenvalue is at most W (C - 1) max K(x, x) / noise variance, W the rows' total weight;
+    K(x, x) is read at the inducing points (a stationary kernel's is the same everywhere). Each is checked within
+    ``PRIOR_SCALE_MARGIN`` of its bound; a failure is one ValueError naming the file (``refuse``)."""
+    state = engine.state
+    kernel, Z, factor = state["kernel"], state["Z"], state.get("factor")
+    kernels = kernel.kernels if isinstance(kernel, ClassKernels) else (kernel,)
+    inducing = [Z[c, ...] for c in range(Z.shape[0])] if isinstance(kernel, ClassKernels) else [Z]
+    parts = getattr(factor, "factors", None) or ((factor,) if factor is not None else (None,) * len(kernels))
+    weights = getattr(engine, "sample_weight", None)  # (rows counted by weight; on a cluster: the rows' count)
+    total = float(to_numpy(weights).sum()) if is_array_api_obj(weights) and not is_dask_array(weights) else float(n)
+    sites_per_row = max(1, len(kernels) - 1)
+    largest_site = 0.0
+    for k, (each, Zc, part) in enumerate(zip(kernels, inducing, parts)):
+        where = "engine.kernel" if len(kernels) == 1 else f"engine.kernel (class {k})"
+        try:
+            with warnings.catch_warnings():  # (a log beyond the type's range overflows: the refusal below says so)
+                warnings.simplefilter("ignore", RuntimeWarning)
+                L_K, _ = cholesky_with_jitter(identity_plus(each.K(Zc), identity=engine.jitter), report=False,
+                                              what="the inducing points' prior covariance")
+        except CholeskyError as exc:
+            raise refuse(f"{where}: {exc} at the restored kernel's parameters") from None
+        noise = float(to_numpy(each.noise)) if len(kernels) > 1 else 0.5  # (probit noise: variance 1 = 2 x 0.5)
+        if noise <= 0:  # (no latent noise: the multiclass likelihood is a step, its sites unbounded)
+            return
+        per_row = 1.0 / (2.0 * noise)
+        largest_site = max(largest_site, per_row)
+        if part is not None:
+            prior_variance = float(array_namespace(Zc).max(each.Kdiag(Zc)))
+            bound = PRIOR_SCALE_MARGIN * total * sites_per_row * prior_variance * per_row
+            check_factor_scale(to_numpy(part.whitened(L_K)[0]), bound, "engine.factor", refuse)
+    nu = state.get("nu")  # (one copy of each row's site, whatever its weight; rows on a cluster: not gathered)
+    if nu is not None and is_array_api_obj(nu) and not is_dask_array(nu):
+        check_site_scale(to_numpy(nu), PRIOR_SCALE_MARGIN * largest_site, "engine.nu", refuse)
 
 
 def _restore_engine(trainer, rng, saved, path, refuse):

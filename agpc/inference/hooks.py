@@ -13,11 +13,9 @@ from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
-from .checkpointing import restore, run_fingerprint, write_checkpoint
+from .checkpointing import VALIDATION_KEYS, restore, run_fingerprint, write_checkpoint
 
-__all__ = ["Hook", "TimeBudget", "Validation", "Checkpoints", "Progress", "Plateau", "standard_hooks"]
-
-VALIDATION_KEYS = ("validation_step", "validation_nll", "validation_error")
+__all__ = ["Hook", "TimeBudget", "Validation", "Checkpoints", "Progress", "Plateau", "standard_hooks", "VALIDATION_KEYS"]
 
 
 class Hook:
