@@ -225,26 +225,27 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         with placement.Placement(self, X) as place:
             inputs, order, y, validation_data = O.ranked_inputs(self, place, X, y, target_xp, validation_data)
             n, classes = inputs.X.shape[0], inputs.classes
-            size = size_rule.estimator_model_size(self, n, len(classes), rows_known=not (
-                place.on_cluster or B.is_out_of_core(inputs.X)))
+            weights = place.training_weights(sample_weight, inputs, class_labels=order)
+            rows_known = not (place.on_cluster or B.is_out_of_core(inputs.X))
+            counted = I.rows_counted(weights, n) if rows_known else n  # (a row of weight 0 is not there)
+            size = size_rule.estimator_model_size(self, counted, len(classes), rows_known=rows_known)
             if size.at_rows:  # the exact model's inducing points are its rows: they stay there
                 groups = tuple(group for group in groups if group != "inducing")
             place.start(inputs)  # (n_jobs_)
-            weights = place.training_weights(sample_weight, inputs, class_labels=order)
             rng = B.host_rng(self.random_state)
             init_started = time.perf_counter()
-            kernel, Z = self._initial_model(inputs.sample, size.n_inducing, rng,
-                                            2 if order is not None else len(classes),
+            start = I.start_of(self, inputs, weights)  # (the rows the start is read from, counted by their weights)
+            kernel, Z = self._initial_model(start, size.n_inducing, rng, 2 if order is not None else len(classes),
                                             rows=inputs.X if size.at_rows else None)
             if order is not None:
-                kernel = O.start_kernel(self, kernel, y, len(order), inputs, weights)
+                kernel = O.start_kernel(self, kernel, y, len(order), inputs, weights, start)
             self.init_time_ = time.perf_counter() - init_started
             validation = None if validation_data is None else I.validation_set(
                 self, validation_data, classes, inputs.xp, inputs.device, client=inputs.client)
             data_hash = None if self.checkpoint_path is None else I.training_fingerprint(inputs, weights)
             I.note_tf32(self, inputs.xp)
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(self, n) if size.at_rows else None)
-            plateau = size_rule.exact_plateau(n) if size.at_rows else None  # (the sparse models run max_iter steps)
+            plateau = size_rule.exact_plateau(counted) if size.at_rows else None  # (the sparse: max_iter steps)
             result, self.ard_ = size_rule.learn_lengthscales(
                 size_rule.ard_plan(self, size, inputs.X.shape[1]), inputs.X.shape[1], kernel,
                 lambda start, shared, first: self._train(placed, start, Z, classes, groups, rng, resume and first,
@@ -255,17 +256,19 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Rows a step of a fit on n rows (``agpc.batch_size.rows_per_step``)."""
         return batch_rows.rows_per_step(self, n, xp, Z, n_classes)
 
-    def _initial_model(self, sample, m, rng, n_classes=2, rows=None):
-        """Initial kernel and inducing points (``rows``: the training rows, held as the exact model's); one of each a
-        class for more than two (Villacampa-Calvo & Hernandez-Lobato (2017): one latent function per class)."""
-        kernel = O.latent_kernel(self.kernel) if self.kernel is not None else self._default_kernel(sample)
+    def _initial_model(self, start, m, rng, n_classes=2, rows=None):
+        """Initial kernel and inducing points from ``start`` (the rows and their counts, ``inputs.start_of``; ``rows``:
+        the training rows, held as the exact model's); one of each a class for more than two (Villacampa-Calvo &
+        Hernandez-Lobato (2017): one latent function per class)."""
+        sample, counts = start
+        kernel = O.latent_kernel(self.kernel) if self.kernel is not None else self._default_kernel(sample, counts)
         if self.kernel_prior == "auto":  # centred on the default kernel's lengthscales (docs/small_data_defaults.md)
-            kernel = with_default_priors(kernel, kernel if self.kernel is None else self._default_kernel(sample))
+            kernel = with_default_priors(kernel, kernel if self.kernel is None else self._default_kernel(sample, counts))
         kernel = kernel.for_inputs(sample)
         if rows is not None:
             Z = B.array_namespace(rows).asarray(rows, copy=True)
         else:
-            Z = initial_inducing_points(sample, m, self.inducing, random_state=rng)
+            Z = initial_inducing_points(sample, m, self.inducing, random_state=rng, weights=counts)
         if n_classes > 2:
             xp = B.array_namespace(Z)
             return ClassKernels([kernel] * n_classes), xp.stack([Z] * n_classes)
@@ -353,9 +356,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self.classes_ = classes if order is None else order
             rng = B.host_rng(self.random_state)
             m = size_rule.estimator_model_size(self, rows, rows_known=False).n_inducing
-            kernel, Z = self._initial_model(inputs.sample, m, rng, len(classes) if order is None else 2)
+            start = I.start_of(self, inputs, weights)
+            kernel, Z = self._initial_model(start, m, rng, len(classes) if order is None else 2)
             if order is not None:  # (the cut points start from this call's class counts)
-                kernel = O.start_kernel(self, kernel, y, len(order), inputs, weights)
+                kernel = O.start_kernel(self, kernel, y, len(order), inputs, weights, start)
             self._rows_seen = 0
             self._trainer = S.stream_trainer(self, kernel, Z, n_total or rows, groups,
                                              B.starting_jitter(self.jitter, Z))

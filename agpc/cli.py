@@ -185,6 +185,9 @@ def fit(args):
     if args.scheduler and (weights is not None or args.class_weight):
         raise UsageError("--weight-column and --class-weight train in this process: a fit on a dask cluster "
                          "(--scheduler) does not take row weights yet")
+    if weights is not None and np.any(weights == 0) and np.any(weights > 0):  # a row of weight 0 is not there
+        present = weights > 0
+        X, y, weights = np.asarray(X[...])[present], y[present], weights[present]
     classes = np.unique(y)
     if classes.shape[0] < 2:
         raise UsageError(f"{args.data}: every label is {classes[0].item()!r}: a classifier needs two classes or more")

@@ -1,15 +1,57 @@
-"""Initial inducing points: k-means (Lloyd on a random subsample) or a random subset of rows.
+"""Initial inducing points: k-means (Lloyd on a random subsample) or a random subset of rows; and the rows, with
+their weights, that a fit's start is read from (``start_rows``).
 
 Shared by every method that needs inducing points (EP, SEP, the variational methods). Written with the
 array API: the distances and centroid updates run on the data's device; only the random row choice is
 drawn on the host (so a seed gives the same points on every backend).
+
+Weights (``fit``'s ``sample_weight``) count rows: a row of weight 0 is not there, a row of weight 2 is the row twice
+(docs/weights.md). The start reads the rows so: ``start_rows`` drops the rows of weight 0 and, as soon as a row
+counts other than once (a weight other than 1, or the same row given twice), merges equal rows into one of their
+total weight and puts the rows in an order of their own values. Then the data with a row repeated, or with the row
+given its count as a weight, in any order, start from the same rows and weights, hence the same inducing points,
+lengthscales and priors (scikit-learn's ``check_sample_weight_equivalence_on_dense_data``). Rows that each count
+once, in the caller's order, start as they always did.
 """
 
 from __future__ import annotations
 
-from .backend import array_device, array_namespace, asarray_like, cluster_sums, host_rng
+import numpy as np  # (the weights, and the random choices, are on the host; the rows stay on X's device)
 
-__all__ = ["initial_inducing_points", "kmeans"]
+from .backend import array_device, array_namespace, asarray_like, cluster_sums, host_rng, to_numpy
+
+__all__ = ["initial_inducing_points", "kmeans", "start_rows"]
+
+
+def start_rows(X, weights=None):
+    """(rows, weights) the start of a fit on X (n, d) with ``weights`` (n,) on the host, or None) is read from:
+    X itself and None when every row counts once (no weights, or all 1, and no row given twice: the start as it
+    always was); otherwise the distinct rows of positive weight, each with its total weight (host, float64), in an
+    order of their values (sorted by a fixed projection, equal rows merged): the module docstring."""
+    xp = array_namespace(X)
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    if w is not None and np.all(w == 1.0):
+        w = None
+    if w is not None:
+        keep = np.flatnonzero(w > 0)
+        X, w = xp.take(X, asarray_like(keep, xp, device=array_device(X)), axis=0), w[keep]
+        w = None if np.all(w == 1.0) else w  # (rows removed, the others once each: in the caller's order)
+    if X.shape[0] < 2:
+        return X, w
+    direction = asarray_like(np.random.default_rng(0).normal(size=X.shape[1]), xp, device=array_device(X),
+                             dtype=X.dtype)  # (fixed: a row's key depends on its values only)
+    scale = xp.max(xp.abs(X))
+    key = xp.sum((X / xp.where(scale > 0, scale, xp.ones_like(scale))) * direction, axis=1)
+    order = xp.argsort(key, stable=True)
+    ordered = xp.take(X, order, axis=0)
+    repeated = xp.all(ordered[1:, ...] == ordered[:-1, ...], axis=1)
+    if w is None and not bool(xp.any(repeated)):
+        return X, None
+    first = np.concatenate([[True], ~np.asarray(to_numpy(repeated), dtype=bool)])
+    group = np.cumsum(first) - 1
+    counts = np.ones(X.shape[0]) if w is None else w[np.asarray(to_numpy(order), dtype=np.intp)]
+    totals = np.bincount(group, weights=counts)
+    return xp.take(ordered, asarray_like(np.flatnonzero(first), xp, device=array_device(X)), axis=0), totals
 
 
 def _nearest(X, C):
@@ -19,8 +61,10 @@ def _nearest(X, C):
     return xp.argmin(xp.sum(C * C, axis=1)[None, :] - 2.0 * (X @ C.mT), axis=1)
 
 
-def kmeans(X, n_clusters, *, random_state=None, n_iter=25, max_rows=20000):
-    """Lloyd's k-means on at most ``max_rows`` random rows, started from distinct random rows.
+def kmeans(X, n_clusters, *, random_state=None, n_iter=25, max_rows=20000, weights=None):
+    """Lloyd's k-means on at most ``max_rows`` random rows, started from distinct random rows. ``weights`` (host,
+    (n,), positive: ``start_rows``'s): each row counts by its weight, in the start (drawn in proportion to it) and in
+    the centres (weighted means).
 
     An empty cluster keeps its previous centre. Returns the (n_clusters, d) centres.
     """
@@ -29,31 +73,50 @@ def kmeans(X, n_clusters, *, random_state=None, n_iter=25, max_rows=20000):
     rng = host_rng(random_state)
     n = X.shape[0]
     if n > max_rows:
-        rows = asarray_like(rng.choice(n, size=max_rows, replace=False), xp, device=device)
+        chosen = rng.choice(n, size=max_rows, replace=False)
+        rows = asarray_like(chosen, xp, device=device)
         X = xp.take(X, rows, axis=0)
+        weights = None if weights is None else weights[chosen]
         n = max_rows
     # Clustered in units of the largest |x| (one scalar: the clusters are those of X): the squared distances of
     # features on extreme scales (X * 1e-300, X * 1e154) would underflow to 0 or overflow to inf.
     scale = xp.max(xp.abs(X))
     scale = xp.where(scale > 0, scale, xp.ones_like(scale))
     X = X / scale
-    start = asarray_like(rng.choice(n, size=n_clusters, replace=False), xp, device=device)
+    start = asarray_like(_start_rows(rng, n, n_clusters, weights), xp, device=device)
     centres = xp.take(X, start, axis=0)
+    row_weights = None if weights is None else asarray_like(weights, xp, device=device, dtype=X.dtype)
     for _ in range(n_iter):
-        sums, counts = cluster_sums(_nearest(X, centres), X, n_clusters)
-        centres = xp.where(counts[:, None] > 0, sums / xp.maximum(counts, 1.0)[:, None], centres)
+        sums, counts = cluster_sums(_nearest(X, centres), X, n_clusters, weights=row_weights)
+        if weights is None:
+            centres = xp.where(counts[:, None] > 0, sums / xp.maximum(counts, 1.0)[:, None], centres)
+        else:  # (weights may be below 1: a cluster's total weight is what it is divided by)
+            centres = xp.where(counts[:, None] > 0, sums / xp.where(counts > 0, counts, 1.0)[:, None], centres)
     return centres * scale
 
 
-def initial_inducing_points(X, n_inducing, method="kmeans", *, random_state=None):
-    """``method`` is "kmeans", "random" (distinct rows), or an (m, d) array of points to start from."""
+def _start_rows(rng, n, count, weights=None):
+    """``count`` distinct rows of n drawn by ``rng`` (with ``weights``: in proportion to them; more than the n
+    rows: all of them and the rest drawn again, which the jitter of K(Z, Z) then carries)."""
+    if weights is None:
+        return rng.choice(n, size=count, replace=False)
+    p = weights / weights.sum()
+    distinct = rng.choice(n, size=min(count, n), replace=False, p=p)
+    if count <= n:
+        return distinct
+    return np.concatenate([distinct, rng.choice(n, size=count - n, p=p)])
+
+
+def initial_inducing_points(X, n_inducing, method="kmeans", *, random_state=None, weights=None):
+    """``method`` is "kmeans", "random" (distinct rows), or an (m, d) array of points to start from. ``weights``:
+    ``start_rows``'s (X its rows), which "kmeans" and "random" count the rows by."""
     xp = array_namespace(X)
     device = array_device(X)
     if isinstance(method, str):
         if method == "kmeans":
-            return kmeans(X, n_inducing, random_state=random_state)
+            return kmeans(X, n_inducing, random_state=random_state, weights=weights)
         if method == "random":
-            rows = host_rng(random_state).choice(X.shape[0], size=n_inducing, replace=False)
+            rows = _start_rows(host_rng(random_state), X.shape[0], n_inducing, weights)
             return xp.take(X, asarray_like(rows, xp, device=device), axis=0)
         raise ValueError(f"unknown inducing-point initialisation {method!r}: use 'kmeans', 'random' or an array")
     Z = asarray_like(method, xp, device=device, dtype=X.dtype)

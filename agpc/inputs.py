@@ -27,6 +27,7 @@ from . import backend as B
 from . import validation as V
 from .kernels import RBF
 from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
+from .inducing import start_rows
 from .inference.training import data_fingerprint, fingerprint_stride
 from .methods import ORDINAL, get_method, methods_supporting, supports
 from .model_file import MAX_LABEL_BYTES
@@ -64,6 +65,9 @@ __all__ = [
     "default_kernel",
     "note_tf32",
     "sample_row_indices",
+    "sample_weights",
+    "start_of",
+    "rows_counted",
     "sample_rows",
     "fingerprint_rows",
     "training_fingerprint",
@@ -358,14 +362,14 @@ def initial_sample(estimator, X, xp, dtype, check_spread=False):
     return B.asarray_like(sample, xp, dtype=dtype)
 
 
-def default_kernel(X):
-    """The kernel ``GPClassifier(kernel=None)`` starts from on the rows X (the initial sample): RBF with
-    lengthscales sqrt(d) times each column's standard deviation (1 for a constant column), amplitude 1 and latent
-    noise 1e-3. The deviations are taken without overflow or underflow (``validation.column_scales``), so that the
-    lengthscales follow features on any scale (X * 1e-300 or X * 1e154 in float64: ``xp.std`` gave 0 or inf there,
-    a chance-level model or an error about infinite lengthscales)."""
+def default_kernel(X, weights=None):
+    """The kernel ``GPClassifier(kernel=None)`` starts from on the rows X (the initial sample; ``weights``: each row's
+    count, ``inducing.start_rows``'s): RBF with lengthscales sqrt(d) times each column's standard deviation (1 for a
+    constant column), amplitude 1 and latent noise 1e-3. The deviations are taken without overflow or underflow
+    (``validation.column_scales``), so that the lengthscales follow features on any scale (X * 1e-300 or X * 1e154 in
+    float64: ``xp.std`` gave 0 or inf there, a chance-level model or an error about infinite lengthscales)."""
     d = X.shape[1]
-    std, _ = V.column_scales(X)
+    std, _ = V.column_scales(X, weights)
     std = np.where(std > 0, std, 1.0)
     lengthscales = std * math.sqrt(d)
     limits = B.array_namespace(X).finfo(X.dtype)
@@ -467,6 +471,37 @@ def sample_row_indices(estimator, n):
     if n <= INIT_SAMPLE:
         return None
     return np.sort(B.host_rng(estimator.random_state).choice(n, size=INIT_SAMPLE, replace=False))
+
+
+def sample_weights(estimator, weights, n, client=None):
+    """The weights (host, float64) of the rows a fit's start is read from (``sample_row_indices`` of its n rows),
+    or None without weights: ``weights`` as the training loop takes them (an array of the compute namespace, or a
+    dask array, whose sampled weights ``client`` brings here: at most ``INIT_SAMPLE`` numbers)."""
+    if weights is None:
+        return None
+    rows = sample_row_indices(estimator, n)
+    if B.is_dask_array(weights):
+        picked = weights if rows is None else weights[rows]
+        return np.asarray(client.compute(picked, sync=True) if client is not None else picked.compute(),
+                          dtype=np.float64)
+    host = np.asarray(B.to_numpy(weights), dtype=np.float64)
+    return host if rows is None else host[rows]
+
+
+def start_of(estimator, inputs, weights):
+    """The rows a fit's start (default kernel, priors, inducing points, cut points) is read from, with their counts:
+    ``inducing.start_rows`` of the sample (``TrainingInputs.sample``) and its rows' ``weights`` (the loop's,
+    ``sample_weights``). Rows that each count once: (the sample, None), the start as it always was."""
+    return start_rows(inputs.sample, sample_weights(estimator, weights, inputs.X.shape[0], inputs.client))
+
+
+def rows_counted(weights, n):
+    """The training rows that are in the model: the n rows, less those of weight 0 (``weights``: the loop's, in
+    memory), which the size rule counts (a row of weight 0 is the row removed)."""
+    if weights is None:
+        return n
+    xp = B.array_namespace(weights)
+    return int(xp.sum(xp.astype(weights > 0, xp.int64)))
 
 
 def fingerprint_rows(X, y):

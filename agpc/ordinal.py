@@ -73,17 +73,18 @@ def latent_kernel(kernel):
     return kernel.latent if isinstance(kernel, OrdinalKernel) else kernel
 
 
-def start_kernel(estimator, kernel, ranks, n_classes, inputs, weights):
+def start_kernel(estimator, kernel, ranks, n_classes, inputs, weights, start):
     """The initial latent ``kernel`` with an ordinal model's starting cut points: those of an ``OrdinalKernel``
     given as ``kernel=``, else from the weighted class counts of the ``ranks`` (``initial_cut_points``; rows on a
-    cluster: counted there, from their encoded labels)."""
+    cluster: counted there, from their encoded labels) and the prior's spread over ``start`` (the rows and counts a
+    fit starts from, ``inputs.start_of``)."""
     if isinstance(estimator.kernel, OrdinalKernel):
-        start = given_cut_points(estimator.kernel, n_classes)
+        cut_points = given_cut_points(estimator.kernel, n_classes)
     elif inputs.client is not None:
-        start = initial_cut_points(D.class_counts(inputs.client, ranks, n_classes, weights), kernel, inputs.sample)
+        cut_points = initial_cut_points(D.class_counts(inputs.client, ranks, n_classes, weights), kernel, *start)
     else:
-        start = initial_cut_points(class_counts(ranks, n_classes, weights), kernel, inputs.sample)
-    return OrdinalKernel(kernel, start).for_inputs(inputs.sample)
+        cut_points = initial_cut_points(class_counts(ranks, n_classes, weights), kernel, *start)
+    return OrdinalKernel(kernel, cut_points).for_inputs(inputs.sample)
 
 
 def given_cut_points(kernel, n_classes):
@@ -102,16 +103,17 @@ def class_counts(ranks, n_classes, weights=None):
                        weights=None if weights is None else B.to_numpy(weights))
 
 
-def initial_cut_points(counts, kernel, sample):
+def initial_cut_points(counts, kernel, sample, sample_counts=None):
     """Cut points to start an ordinal fit from: b_j = sqrt(1 + s^2) Phi^-1(P(y < j)), the cumulative class
     proportions of the training ``counts`` (``class_counts``: rows counted by their weights, so that a row of weight
     0 is a row removed; each count plus 1/2, so that a class absent from y still has an interval of its own and no
     cut point is infinite) through the probit, scaled by the spread of f + noise under the prior
-    (s^2: the kernel's mean prior variance at the sample rows). With f at its prior mean 0 the model's class
+    (s^2: the kernel's mean prior variance at the sample rows, each counted by ``sample_counts`` when given). With f
+    at its prior mean 0 the model's class
     probabilities are then the training proportions, p(y < j) = Phi(b_j / sqrt(1 + s^2)) (Chu & Ghahramani (2005)'s
     predictive at f ~ N(0, s^2)), so the first steps learn the latent rather than undo a wrong bias."""
     counts = np.asarray(counts, dtype=np.float64) + 0.5
     cumulative = np.cumsum(counts)[:-1] / np.sum(counts)
-    spread = math.sqrt(1.0 + float(np.mean(B.to_numpy(kernel.Kdiag(sample)))))
+    spread = math.sqrt(1.0 + float(np.average(B.to_numpy(kernel.Kdiag(sample)), weights=sample_counts)))
     normal = statistics.NormalDist()
     return np.asarray([spread * normal.inv_cdf(float(p)) for p in cumulative])

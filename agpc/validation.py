@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from .backend import array_namespace, scaled_std, to_numpy
+from .backend import array_device, array_namespace, asarray_like, scaled_std, to_numpy
 
 __all__ = [
     "Interval",
@@ -418,14 +418,31 @@ def _numbers(objects, what):
 _SPREAD_RESOLUTIONS = 2.0 ** 10
 
 
-def column_scales(X):
+def column_scales(X, weights=None):
     """Per column of X ((n, d), any array-API namespace): (standard deviation, max |x|) as NumPy float64
     vectors, computed in X's own precision without overflow or underflow (``backend.scaled_std``). A column of
-    zeros has spread 0 and magnitude 0."""
+    zeros has spread 0 and magnitude 0. ``weights`` (n,), on the host, positive: each row counted by its weight (the
+    standard deviation of the rows repeated, ``inducing.start_rows``)."""
     xp = array_namespace(X)
     magnitude = xp.max(xp.abs(X), axis=0)
+    if weights is not None and X.shape[0] > 1:
+        return _weighted_scales(X, weights, magnitude)
     spread = scaled_std(X, axis=0) if X.shape[0] > 1 else xp.zeros_like(magnitude)
     both = to_numpy(xp.stack([spread, magnitude])).astype(np.float64)  # one copy to the host (a device sync)
+    return both[0], both[1]
+
+
+def _weighted_scales(X, weights, magnitude):
+    """``column_scales`` with rows counted by ``weights``: the weighted mean and variance of X divided by each
+    column's largest |x| (no overflow or underflow, as ``backend.scaled_std``), scaled back."""
+    xp = array_namespace(X)
+    w = asarray_like(np.asarray(weights, dtype=np.float64) / float(np.sum(weights)), xp, device=array_device(X),
+                     dtype=X.dtype)
+    unit = xp.where(magnitude > 0, magnitude, xp.ones_like(magnitude))
+    scaled = X / unit
+    mean = xp.sum(w[:, None] * scaled, axis=0)
+    spread = xp.sqrt(xp.sum(w[:, None] * (scaled - mean) ** 2, axis=0)) * unit
+    both = to_numpy(xp.stack([spread, magnitude])).astype(np.float64)
     return both[0], both[1]
 
 

@@ -863,6 +863,38 @@ def test_a_bad_weight_column_is_one_error(tmp_path, capsys, columns, options, me
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("weight, said", [("-1", "line 13, weight column 'w': -1, a weight must be non-negative"),
+                                          ("nan", "line 13, weight column 'w': missing value"),
+                                          ("inf", "line 13, weight column 'w': inf, a weight must be finite")])
+def test_a_bad_weight_names_its_line_and_column(tmp_path, capsys, weight, said):
+    """CLI weight errors said "at row 11" (counted from 0, no file or column) where every other CLI error says "line
+    13": a bad weight is the reader's error, naming the file, the line and the weight column."""
+    data = write_table(tmp_path / "d.csv", {"x1": _X1, "w": [1] * 11 + [weight], "label": _LABELS})
+    assert main(["fit", str(data), "--target", "label", "--weight-column", "w", *FIT_OPTIONS, "--out",
+                 str(tmp_path / "m")]) == 2
+    assert f"d.csv: {said}" in capsys.readouterr().err
+
+
+def test_a_row_of_weight_0_is_neither_trained_on_nor_scored(tmp_path, banana, monkeypatch, capsys):
+    """Weight 0 is the row removed (docs/weights.md): 'agpc fit --weight-column' with a validation split saves the
+    model of the file without those rows, and scores none of them."""
+    X, y = banana
+    w = np.where(np.arange(len(y)) % 7 == 3, 0.0, 1.0)
+    data = write_table(tmp_path / "d.csv", {"x1": X[:, 0].tolist(), "w": w.tolist(), "x2": X[:, 1].tolist(),
+                                            "label": y.tolist()})
+    keep = w > 0
+    removed = write_table(tmp_path / "removed.csv", {"x1": X[keep, 0].tolist(), "x2": X[keep, 1].tolist(),
+                                                     "label": y[keep].tolist()})
+    options = ["--target", "label", "--validation-fraction", "0.2"]
+    weighted = _saved_fit(tmp_path, monkeypatch, data, options + ["--weight-column", "w"])
+    scored = capsys.readouterr().out
+    without = _saved_fit(tmp_path, monkeypatch, removed, options)
+    assert scored.split("training rows")[1].split("fit time")[0] == capsys.readouterr().out.split(
+        "training rows")[1].split("fit time")[0]  # (the same rows trained on and scored, the same scores)
+    with pytest.warns(UserWarning, match="valid feature names"):
+        np.testing.assert_allclose(weighted.predict_proba(X), without.predict_proba(X), rtol=1e-10, atol=1e-12)
+
+
 def test_a_weight_column_needs_named_columns(tmp_path, banana, capsys):
     data, target = write_npy(tmp_path / "d.npy", *banana)
     assert main(["fit", str(data), *target, "--weight-column", "0", *FIT_OPTIONS, "--out", str(tmp_path / "m")]) != 0
