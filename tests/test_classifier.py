@@ -1,10 +1,12 @@
 """GPClassifier: the estimator's contract, input validation and persistence."""
 
 import json
+import os
 import zipfile
 
 import numpy as np
 import pytest
+from sklearn.metrics import accuracy_score
 
 from agpc import RBF, GPClassifier, Matern52
 from agpc.datasets import make_banana
@@ -194,8 +196,6 @@ def test_save_is_atomic(fitted, tmp_path, monkeypatch):
 
 def test_saved_model_has_the_permissions_of_any_new_file(fitted, tmp_path):
     """The temporary file behind the atomic save is created owner-only; the model must not stay so."""
-    import os
-
     umask = os.umask(0o022)
     try:
         fitted.save(tmp_path / "model.agpc")
@@ -229,3 +229,15 @@ def test_the_parameters_are_checked_once_a_call(banana, monkeypatch, tmp_path, w
         X = np.load(tmp_path / "X.npy", mmap_mode="r")
     model.fit(X, y)
     assert len(calls) == 1
+
+
+def test_score_weights_each_row_by_its_sample_weight():
+    """``score(X, y, sample_weight=w)`` is the weighted accuracy (scikit-learn's ``accuracy_score``): GridSearchCV
+    passes the folds' weights to it. No test called it with weights, and a break that ignored them passed."""
+    X, y = make_banana(200, random_state=3)
+    model = GPClassifier(n_inducing=8, max_iter=5, random_state=0).fit(X, y)
+    predicted = model.predict(X)
+    w = np.where(predicted == y, 0.2, 3.0)  # (the errors weigh more)
+    assert model.score(X, y, sample_weight=w) == pytest.approx(accuracy_score(y, predicted, sample_weight=w),
+                                                               rel=1e-12)
+    assert model.score(X, y, sample_weight=w) < model.score(X, y) - 0.05

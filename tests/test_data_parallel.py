@@ -4,6 +4,7 @@ import contextlib
 import re
 import os
 import signal
+import types
 
 import numpy as np
 import pytest
@@ -147,7 +148,7 @@ def test_one_svi_round_is_the_row_weighted_average_of_the_shards_steps(client):
     Z = X[:6] + 0.05
     plan, engine = _one_round(client, X, y, tuple(sizes), "svi", kernel, Z, seed=3, optimizer=None,
                               learning_rate=None, likelihood="probit", n_quadrature=20)
-    ends, weights = [], []
+    ends, weights, optimisers = [], [], []
     for shard, shard_chunks in enumerate([[0, 2], [1, 3]]):
         _, batch = _first_minibatch(3, shard, shard_chunks, starts, sizes)
         alone = make_engine("svi", kernel, Z, n_total=600, minibatch=True, jitter=JITTER)
@@ -155,6 +156,7 @@ def test_one_svi_round_is_the_row_weighted_average_of_the_shards_steps(client):
         alone.apply(work, 0, 40, stepping=True)
         ends.append(alone.state)
         weights.append(len(batch) / 80)
+        optimisers.append(alone.optimizer.snapshot())
     state = engine.state
     for name in ("whitened_mean", "whitened_chol", "Z"):
         want = weights[0] * ends[0][name] + weights[1] * ends[1][name]
@@ -162,6 +164,39 @@ def test_one_svi_round_is_the_row_weighted_average_of_the_shards_steps(client):
     for name, value in state["kernel"].params.items():
         want = weights[0] * ends[0]["kernel"].params[name] + weights[1] * ends[1]["kernel"].params[name]
         np.testing.assert_allclose(value, want, rtol=1e-10, atol=1e-13, err_msg=name)
+    # Adam's moments too (the next round's steps follow from them): the average, not one shard's (a break that
+    # took shard 0's optimiser state left every check above passing)
+    _, t, m, v = engine.optimizer.snapshot()
+    assert t == optimisers[0][1] == optimisers[1][1]
+    for got, index in ((m, 2), (v, 3)):
+        assert sorted(got) == sorted(optimisers[0][index])
+        assert any(not np.allclose(optimisers[0][index][name], optimisers[1][index][name]) for name in got)
+        for name, value in got.items():
+            want = weights[0] * optimisers[0][index][name] + weights[1] * optimisers[1][index][name]
+            np.testing.assert_allclose(value, want, rtol=1e-10, atol=1e-14, err_msg=name)
+
+
+def test_the_measured_speeds_follow_every_round():
+    """A shard's speed is an average that halves the weight of older rounds each round (``DataParallel.measure``):
+    a worker whose core becomes busy is given fewer steps from the next rounds on. A break that kept the first
+    round's speeds passed every test of the balanced rounds (which look at one or two rounds)."""
+    plan = types.SimpleNamespace(speeds=[None, None])
+    for seconds in ([1.0, 2.0], [2.0, 1.0], [4.0, 1.0]):
+        data_parallel.DataParallel.measure(plan, [10, 10], [{"step_seconds": t} for t in seconds])
+    assert plan.speeds == [0.5 * (0.5 * (10.0 + 5.0) + 2.5), 0.5 * (0.5 * (5.0 + 10.0) + 10.0)]  # [5, 8.75]
+    assert data_parallel.balanced_steps(64, plan.speeds)[1] > data_parallel.balanced_steps(64, [10.0, 5.0])[1]
+
+
+def test_a_chunk_is_visited_in_a_new_order_of_its_rows_each_time():
+    """``chunk_permutation``: the order of a chunk's rows is keyed by the seed, the chunk and the visit, so that each
+    visit (an epoch of the chunk) steps on new minibatches, and every worker visiting it draws the same order. A
+    break giving the same order on every visit passed the round tests (which take one round)."""
+    orders = [data_parallel.chunk_permutation(7, 2, visit, 500) for visit in range(4)]
+    assert all(sorted(order.tolist()) == list(range(500)) for order in orders)
+    assert len({tuple(order[:40].tolist()) for order in orders}) == 4  # (each visit's first minibatch its own)
+    np.testing.assert_array_equal(data_parallel.chunk_permutation(7, 2, 1, 500), orders[1])
+    assert not np.array_equal(data_parallel.chunk_permutation(7, 3, 1, 500), orders[1])
+    assert not np.array_equal(data_parallel.chunk_permutation(8, 2, 1, 500), orders[1])
 
 
 def test_balanced_steps_share_a_round_in_proportion_to_speed():

@@ -6,6 +6,7 @@ import pytest
 from agpc import CholeskyError, GPClassifier, JitterWarning
 from agpc.datasets import banana_bayes_error, banana_posterior, make_banana
 from agpc.inference import ep, training
+from agpc.inference.engines import make_engine
 from agpc.kernels import RBF, Matern52
 from conftest import check_parameter_gradients, to_np, to_xp
 from helpers import binary_toy
@@ -281,3 +282,23 @@ def test_a_factor_read_back_from_its_posterior_is_the_same_factor():
         scale = np.abs(precision).max()
         np.testing.assert_allclose(back.precision, precision, rtol=0, atol=1e-9 * scale)
         np.testing.assert_allclose(back.shift, factor.shift, rtol=1e-9, atol=1e-9 * np.abs(factor.shift).max())
+
+
+def test_starting_from_given_sites_never_writes_into_the_callers_arrays():
+    """Minibatch EP updates its sites in place (the one n-sized thing it holds): an engine started from the caller's
+    sites (``EPEngine.start_from_sites``, ``make_engine(..., site_precision=...)``) copies them first. A break that
+    took the arrays as they were changed the caller's sites with every step and passed the EP tests."""
+    X, y = make_banana(120, random_state=4)
+    y = y.astype(float)
+    kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
+    rng = np.random.default_rng(2)
+    nu, mu = rng.uniform(0.0, 0.3, 120), rng.normal(0.0, 0.2, 120)
+    given = nu.copy(), mu.copy()
+    engine = make_engine("ep", kernel, X[:6] + 0.05, n_total=120, minibatch=True, site_precision=nu, site_shift=mu)
+    trainer = training.Trainer(engine)
+    trainer.rebuild_factor(X, y)  # (q from the given sites, as the loop's epoch starts)
+    for lo in (0, 40, 80):
+        trainer.step_until_taken(X, y, lo, lo + 40, stepping=False)
+    assert not np.array_equal(engine.state["nu"], given[0])  # (the engine's sites moved)
+    np.testing.assert_array_equal(nu, given[0])
+    np.testing.assert_array_equal(mu, given[1])

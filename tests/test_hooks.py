@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from agpc import RBF, CholeskyError
+from agpc import RBF, CholeskyError, GPClassifier
 from agpc.datasets import make_banana
 from agpc.inference import hooks, training
 
@@ -114,6 +114,24 @@ def test_the_time_budget_stops_before_a_step_that_would_not_fit(monkeypatch):
     assert budget.before_step(run, False) and run.stopped_by_time
 
 
+def test_the_time_budget_of_a_resumed_run_counts_its_earlier_time(monkeypatch):
+    """max_time bounds the whole fit, a resumed one's too: ``start`` takes the training time the checkpoint recorded
+    (the trainer's t0 set that far back by the resume) from the budget. A break that ignored it passed the hook test
+    above, which never calls ``start``."""
+    clock = {"now": 100.0}
+    monkeypatch.setattr(hooks.time, "perf_counter", lambda: clock["now"])
+    for resumed, deadline in ((False, 110.0), (True, 104.0)):
+        run = _run(SimpleNamespace(t0=94.0, per_row_sites=False), minibatch=False)  # (6 s trained before the resume)
+        run.resumed = resumed
+        budget = hooks.TimeBudget(10.0, started=100.0)
+        budget.start(run)
+        assert budget.deadline == deadline
+        budget.measured("step", 1.0)
+        clock["now"] = 102.5
+        assert budget.before_step(run, False) == resumed  # 102.5 + 1 + 1 (final pass) > 104, <= 110
+        clock["now"] = 100.0
+
+
 def test_the_progress_bar_counts_an_epochs_minibatches_and_shows_the_validation_nll():
     trainer = SimpleNamespace(n_steps=0, method="sep")
     run = _run(trainer, minibatch=True, n_batches=3)
@@ -151,3 +169,12 @@ def test_step_until_taken_retries_until_the_guard_gives_up():
     with pytest.raises(FloatingPointError, match="after 31 failed steps in a row"):
         trainer.step_until_taken(X, y, 0, 20, stepping=True, after_revert=lambda: reverts.append(1))
     assert len(reverts) == training.MAX_FAILURES and trainer.n_steps == 1
+
+
+def test_the_progress_bar_goes_to_standard_error(capsys):
+    """docs/usage.md: the bar of verbose=True is on standard error; standard output stays the caller's (a break that
+    sent it to stdout would mix it into 'agpc fit ... > summary.txt')."""
+    X, y = make_banana(80, random_state=2)
+    GPClassifier(n_inducing=5, max_iter=3, verbose=True).fit(X, y)
+    printed = capsys.readouterr()
+    assert printed.out == "" and "agpc ep" in printed.err and "log_Zq=" in printed.err

@@ -15,7 +15,7 @@ import numpy as np
 import pandas
 import pytest
 
-from agpc import RBF, GPClassifier, Linear, Matern52, load_model
+from agpc import RBF, GPClassifier, Linear, Matern52, inspection, load_model
 from agpc.checkpoints import HEADER_KEY
 from agpc.cli import main
 from agpc.datasets import make_banana
@@ -108,6 +108,42 @@ def test_max_features_lists_the_most_relevant_and_sums_the_rest():
     assert rows[2] == f"  ... 3 more features, relevance {relevance[order[2:]].sum():.4f} together"
     with pytest.raises(ValueError, match="max_features must be a positive integer"):
         model.summary(max_features=0)
+
+
+def test_a_linear_kernels_lengthscales_are_one_over_the_root_of_its_slope_variances():
+    """A linear kernel's "lengthscale" is 1 / sqrt(v_j), its relevance v_j normalised (docs: the distance along
+    feature j over which the slope moves f by one prior standard deviation). With unequal slope variances (held:
+    optimize=False) the summary's column must show 1 / sqrt(v_j); the multiclass test's equal variances could not tell
+    v ** 0.5 from v ** -0.5."""
+    X, y = relevant_and_noise(60, seed=2)
+    model = GPClassifier(kernel=Linear(variances=[4.0, 0.25], bias=1.0), optimize=False, max_iter=3, n_inducing=8,
+                         random_state=0).fit(X.to_numpy(), y)
+    rows = model.summary().split("feature relevance:")[1].splitlines()[2:4]
+    shown = {row.split()[0]: (float(row.split()[1]), float(row.split()[2])) for row in rows}
+    assert shown == {"x0": (pytest.approx(4.0 / 4.25, abs=5e-5), pytest.approx(0.5, rel=1e-3)),
+                     "x1": (pytest.approx(0.25 / 4.25, abs=5e-5), pytest.approx(2.0, rel=1e-3))}
+    assert [row.split()[0] for row in rows] == ["x0", "x1"]
+
+
+def test_the_relevance_plot_shows_the_most_relevant_features_most_relevant_on_top(monkeypatch, tmp_path):
+    """The plot's relevance panel: the ``max_features`` most relevant features, the most relevant on top (a bar
+    chart reads from the top). A break sorting ascending drew the least relevant ones and passed every test, which
+    checked only that a PNG was written."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(60, 5))
+    y = (X[:, 0] + X[:, 1] > 0).astype(int)
+    model = GPClassifier(**FAST).fit(X, y)
+    relevance, _ = feature_relevance(model.kernel_)
+    figures = []
+    real = inspection._figure
+    monkeypatch.setattr(inspection, "_figure", lambda: figures.append(real()) or figures[-1])
+    plot_model(model, tmp_path / "model.png", max_features=3)
+    panel = figures[0].axes[2]
+    bars = sorted(panel.patches, key=lambda bar: bar.get_y())  # bottom to top
+    labels = [label.get_text() for label in panel.get_yticklabels()]  # bottom to top
+    top = np.argsort(-relevance, kind="stable")[:3]
+    assert labels == [f"x{j}" for j in top[::-1]]
+    np.testing.assert_allclose([bar.get_width() for bar in bars], relevance[top[::-1]], rtol=1e-12)
 
 
 def test_summary_of_a_multiclass_model_has_a_relevance_column_a_class():

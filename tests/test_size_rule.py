@@ -1,13 +1,18 @@
 """``n_inducing="auto"`` (the default) sizes the model by the data (``agpc.size_rule``, docs/small_data_defaults.md):
 the rule itself, and one tiny fit per branch of it."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from agpc import GPClassifier, size_rule
-from agpc.inference import ep
+from agpc.inference import ep, multiclass_ep
 from agpc.size_rule import ALL_MAX_ROWS, EXACT_MAX_ROWS, SPARSE_INDUCING, ModelSize, model_size
 from conftest import to_np
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _data(n=40, seed=0, classes=2):
@@ -94,8 +99,6 @@ def test_above_the_threshold_and_without_a_full_gp_pass_the_model_is_sparse(monk
 
 def test_multiclass_all_is_the_exact_model_by_the_full_gp_pass(monkeypatch):
     """Three classes, n_inducing="all": every class's inducing points are the rows, trained on exact_ep."""
-    from agpc.inference import multiclass_ep
-
     def refuse(*args, **kwargs):
         raise AssertionError("the exact model trains on agpc.inference.exact_ep")
 
@@ -136,3 +139,15 @@ def test_all_holds_the_points_at_the_rows_in_local_worker_processes():
     model.fit(X, y)
     assert model.n_jobs_ == 2
     np.testing.assert_array_equal(to_np(model.inducing_points_), X)
+
+
+def test_the_exact_models_row_limit_is_what_the_docs_say():
+    """docs/small_data_defaults.md's table and the estimator's docstring give the rule's row limit (700) to the
+    reader; the rule must take the exact model up to that many rows and the sparse one above, read from the docs, not
+    from the constant (the tests above read ``EXACT_MAX_ROWS``, so changing it to 1000 passed them all)."""
+    table = (ROOT / "docs" / "small_data_defaults.md").read_text()
+    limit = int(re.search(r"^\| n <= (\d+) \| `ep`, two classes, batch \| \*\*exact\*\*", table, re.M).group(1))
+    assert f"| {limit} < n <= 20,000 |" in table
+    assert f"up to {limit} rows, binary batch EP trains the exact model" in " ".join(GPClassifier.__doc__.split())
+    assert model_size("auto", limit, has_exact_pass=True) == ModelSize(limit, True)
+    assert model_size("auto", limit + 1, has_exact_pass=True) == ModelSize(SPARSE_INDUCING, False)

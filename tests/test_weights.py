@@ -648,6 +648,23 @@ def test_multiclass_ep_integer_weight_is_the_repeated_row():
     assert weighted.log_z == pytest.approx(repeated.log_z, rel=1e-10)
 
 
+def test_multiclass_ep_a_row_split_in_two_halves_is_the_row_at_weights_below_1():
+    """Power EP: a row of weight w and the same row twice at w / 2 share one fixed point (each copy's cavity removes
+    one copy of its site; q holds w copies either way), also below 1, where a pair's cavity removes more than the
+    row's share of q and may be wider than the prior. A break that gave every pair's cavity the power 1 (the prior
+    as its bound, as for SEP's tied factor) refused those cavities, and passed the gradient tests (which hold at
+    whatever fixed point): here it leaves pairs invalid and the two fits apart."""
+    X, y = three_classes(60, seed=1)
+    settings = dict(method="ep", n_inducing=8, max_iter=30, optimize=False, random_state=0, kernel_prior=None,
+                    kernel=RBF(lengthscales=[1.0, 1.0], amplitude=2.0, noise=0.01))
+    w = np.full(60, 0.3)
+    whole = GPClassifier(**settings).fit(X, y, sample_weight=w)
+    halves = GPClassifier(**settings, inducing=np.asarray(whole.inducing_points_)[0]).fit(
+        np.vstack([X, X]), np.r_[y, y], sample_weight=np.r_[w, w] / 2)
+    assert whole.history_["n_invalid_sites"][-1] == halves.history_["n_invalid_sites"][-1] == 0
+    np.testing.assert_allclose(whole.predict_proba(X), halves.predict_proba(X), rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("xp_device", ["numpy", "strict-device1"], indirect=True)
 def test_multiclass_ep_weighted_gradient_matches_finite_differences(xp_device):
     """The weighted pass's gradient (eq. 10 with the cavities fixed, each pair's terms w_i times) is the derivative of
