@@ -241,6 +241,18 @@ def _check_filled(values, name, path, row_of, what):
                          f"fill in or drop rows with missing values first")
 
 
+def _check_weights(weights, name, path, row_of):
+    """A weight column's values: finite and non-negative, else one TableError naming the file, the line and the column
+    (the estimator's own check counts rows from 0 and names neither: ``validation.check_sample_weight``)."""
+    bad = np.flatnonzero(~np.isfinite(weights) | (weights < 0))
+    if bad.size:
+        value = weights[bad[0]]
+        what = "finite" if not np.isfinite(value) else "non-negative"
+        more = f" (and {bad.size - 1} more rows)" if bad.size > 1 else ""
+        raise TableError(f"{path}: {row_of(int(bad[0]))}, weight column {name!r}: {value:g}, a weight must be "
+                         f"{what}{more}")
+
+
 def _label_column(values, name, path, row_of):
     """Labels from a column (see _labels); a missing one is an error naming its row, text that often marks
     a missing value is a warning."""
@@ -292,7 +304,9 @@ def _from_columns(names, columns, target, path, features=None, row_of=None, weig
         raise TableError(f"{path}: the weight column {names[index]!r} is the --target column")
     if weight_index is not None:
         _check_filled(columns[weight_index], names[weight_index], path, row_of, "weight")
-        weight_column.append(_numeric(columns[weight_index], names[weight_index], path, row_of, "weight"))
+        weights = _numeric(columns[weight_index], names[weight_index], path, row_of, "weight")
+        _check_weights(weights, names[weight_index], path, row_of)
+        weight_column.append(weights)
     chosen = _feature_columns(names, index, features, path, weight_index)
     for i in chosen:
         _check_filled(columns[i], names[i], path, row_of, "feature")
