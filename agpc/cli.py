@@ -50,6 +50,7 @@ from . import backend as B
 from . import checkpoints, persistence
 from .classifier import GPClassifier
 from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
+from .inference.hooks import close_progress_bars
 from .inspection import expected_calibration_error, plot_model
 from .likelihoods import negative_log_likelihood
 from .methods import method_names
@@ -830,6 +831,7 @@ def _run_command(argv, debug):
             status = args.func(args)
         except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 -- the one place failures are classified
             failure = exc
+            close_progress_bars()  # (the error line below on a line of its own, and the last)
     sys.stdout.flush()  # the warnings come after the output
     for line in _warning_lines(caught):
         print(line, file=sys.stderr)

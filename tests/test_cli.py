@@ -5,6 +5,7 @@ traceback); warnings are one line each, after the output and before the error li
 ``bench`` collects the scripts' tables and PNGs."""
 
 import csv
+import gc
 import importlib.metadata
 import os
 import signal
@@ -24,6 +25,7 @@ import agpc.persistence
 from agpc import CholeskyError, GPClassifier, cli, load_model
 from agpc.cli import main
 from agpc.datasets import make_banana
+from agpc.inference import training
 from agpc.size_rule import EXACT_MAX_ROWS
 from helpers import local_client, write_csv, write_table
 
@@ -577,6 +579,27 @@ def test_ctrl_c_during_fit_is_one_line_exit_130_and_writes_nothing(tmp_path, ban
             pytest.fail("no exit within 10 s of SIGINT")
     assert proc.returncode == 130 and err.strip().splitlines() == ["agpc: interrupted"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv"]
+
+
+def test_ctrl_c_over_the_progress_bar_is_the_last_line_on_a_line_of_its_own(tmp_path, banana, monkeypatch, capsys):
+    """With the progress bar showing (no --quiet), "agpc: interrupted" was written onto the bar's line and the bar
+    drawn again after it when it was collected, where the help says the error line is the last line."""
+    data = write_csv(tmp_path / "d.csv", *banana)
+    real, steps = training.Trainer.step, []
+
+    def step(self, *args, **kwargs):
+        steps.append(1)
+        if len(steps) == 4:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(training.Trainer, "step", step)
+    status = main(["fit", str(data), "--target", "label", "--inducing", "10", "--max-iter", "50", "--out",
+                   str(tmp_path / "m.agpc")])
+    gc.collect()  # (the bar of the interrupted run, collected: nothing more may be drawn)
+    err = capsys.readouterr().err
+    assert status == 130 and "agpc ep:" in err  # (the bar was shown)
+    assert err.endswith("\nagpc: interrupted\n"), repr(err[-200:])
 
 
 INTERRUPTED_WHILE_LOADING = """

@@ -9,13 +9,26 @@ epoch's remaining minibatches, the early-stopping record) and may stop it (``bef
 from __future__ import annotations
 
 import time
+import weakref
 from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
 from .checkpointing import VALIDATION_KEYS, restore, run_fingerprint, write_checkpoint
 
-__all__ = ["Hook", "TimeBudget", "Validation", "Checkpoints", "Progress", "Plateau", "standard_hooks", "VALIDATION_KEYS"]
+__all__ = ["Hook", "TimeBudget", "Validation", "Checkpoints", "Progress", "Plateau", "standard_hooks", "VALIDATION_KEYS",
+           "close_progress_bars"]
+
+_open_bars = weakref.WeakSet()  # the bars of runs in progress (``close_progress_bars``)
+
+
+def close_progress_bars():
+    """Close every progress bar still open: a run that an exception ended (Ctrl-C, an error) never reaches its
+    ``finish``, and its bar, left mid-line, was drawn again when it was collected, after whatever was printed in
+    between (``agpc``'s one-line error, "agpc: interrupted", landed on the bar's line). Closed, a bar ends its line
+    and is drawn no more."""
+    for bar in list(_open_bars):
+        bar.close()
 
 
 class Hook:
@@ -176,6 +189,7 @@ class Progress(Hook):
             self.bar = tqdm(total=len(run.batches), unit="batch", desc=f"agpc {trainer.method} epoch {epoch}/{max_iter}")
         else:
             self.bar = tqdm(total=max_iter + run.warmup, unit="iter", desc=f"agpc {trainer.method}")
+        _open_bars.add(self.bar)
 
     def after_step(self, run, log_z, recorded):
         if run.minibatch or recorded:
