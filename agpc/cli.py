@@ -475,13 +475,29 @@ def _run_benchmark(script, quick, out):
     return "\n".join(lines).rstrip() + "\n", status
 
 
+def _output_directory(path):
+    """``agpc bench --out``: a directory to write results into, made if missing. An existing file that is not a
+    directory (a regular file, /dev/null) and a path under /proc, /sys or /dev are one UsageError saying so (mkdir
+    said "/dev/null: File exists")."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {path}: not a directory ('agpc bench' writes a directory of results: results.md, "
+                         "the scripts' logs and PNGs); name a directory")
+    try:
+        checkpoints.check_output_path(out / "results.md", what=f"--out {path}")
+    except ValueError as exc:
+        if out.exists() or "no directory" not in str(exc):
+            raise UsageError(str(exc)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def bench(args):
     bench_dir = _benchmarks_dir()
     if bench_dir is None:
         raise UsageError("the benchmarks ship with the source repository, not with the installed package: "
                          "run 'agpc bench' in a source checkout (pip install -e .)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _output_directory(args.out)
     sections, failed = [], []
     for name in BENCH_SCRIPTS:
         script = bench_dir / name

@@ -833,6 +833,21 @@ def test_bench_without_a_source_checkout_is_one_line_exit_2(tmp_path, monkeypatc
     assert "source repository" in err and not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize("out, said", [("/dev/null", "--out /dev/null: not a directory ('agpc bench' writes a "
+                                                    "directory of results"),
+                                       ("file", "not a directory"), ("/proc/agpc-bench", "is under /proc")])
+def test_bench_out_that_is_not_a_directory_is_one_line(tmp_path, monkeypatch, capsys, out, said):
+    """'agpc bench --quick --out /dev/null' said "/dev/null: File exists" (mkdir's error); no script is run."""
+    monkeypatch.setattr(cli, "_run_benchmark", lambda *a: pytest.fail("a benchmark was run"))
+    if out == "file":
+        out = tmp_path / "results.txt"
+        out.write_text("kept")
+    status = main(["bench", "--quick", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert said in err
+
+
 def test_bench_finds_the_checkouts_benchmarks():
     assert cli._benchmarks_dir() == ROOT / "benchmarks"
 
