@@ -128,7 +128,7 @@ def test_a_checkpoint_from_before_priors_were_recorded_resumes_without_priors_on
     with monkeypatch.context() as patched:
         patched.setattr(checkpointing, "save_checkpoint", save_as_before)
         GPClassifier(**params).fit(X, y)
-    with pytest.raises(ValueError, match="differing in priors"):
+    with pytest.raises(ValueError, match=r"different training run: priors \(kernel_prior, the kernel\'s\)"):
         GPClassifier(**{**params, "kernel_prior": "auto"}).fit(X, y, resume=True)
     GPClassifier(**params).fit(X, y, resume=True)
 
@@ -151,8 +151,41 @@ def test_a_different_run_names_what_differs(tmp_path):
     path = tmp_path / "run.ckpt"
     params = dict(n_inducing=5, max_iter=3, random_state=0, checkpoint_path=path, checkpoint_every=2)
     GPClassifier(**params).fit(X, y)
-    with pytest.raises(ValueError, match=r"differing in Z_shape\b"):
+    with pytest.raises(ValueError) as refused:
         GPClassifier(**dict(params, n_inducing=6)).fit(X, y, resume=True)
+    # issue 40: one line naming the setting that differs and its two values (it was a ~1,000-character dump of both
+    # fingerprints)
+    assert str(refused.value) == (f"checkpoint {path} was written by a different training run: inducing points "
+                                  "(n_inducing, inducing): [5, 2] there, [6, 2] here")
+
+
+@pytest.mark.parametrize("existing, said", [("a model file", "it is an agpc model file"),
+                                            ("a text file", "it is a file that is not an agpc checkpoint")])
+def test_a_checkpoint_path_naming_another_file_is_refused_before_training(tmp_path, monkeypatch, existing, said):
+    """checkpoint_path naming an existing model file or an unrelated text file replaced it, unchecked. A file there
+    must be a checkpoint (or empty) before the fit starts: the file is kept."""
+    X, y = make_banana(100, random_state=1)
+    path = tmp_path / "target"
+    if existing == "a model file":
+        GPClassifier(n_inducing=5, max_iter=2).fit(X, y).save(path)
+    else:
+        path.write_text("notes kept here\n")
+    before = path.read_bytes()
+    _no_step(monkeypatch)
+    with pytest.raises(ValueError, match=f"checkpoint_path {path}: {said}, which the fit's checkpoints would replace"):
+        GPClassifier(n_inducing=5, max_iter=2, checkpoint_path=path, checkpoint_every=1).fit(X, y)
+    assert path.read_bytes() == before
+
+
+def test_a_checkpoint_path_naming_a_checkpoint_or_an_empty_file_is_written(tmp_path):
+    X, y = make_banana(100, random_state=1)
+    path = tmp_path / "run.ckpt"
+    path.touch()  # (tempfile.mkstemp's file, say)
+    params = dict(n_inducing=5, max_iter=2, checkpoint_path=path, checkpoint_every=1)
+    GPClassifier(**params).fit(X, y)
+    written = path.stat().st_mtime_ns
+    GPClassifier(**params).fit(X, y)  # an earlier run's checkpoint is replaced, as before
+    assert path.stat().st_mtime_ns >= written and checkpoints.load_checkpoint(path, np.asarray)["n_steps"] > 0
 
 
 def test_a_path_without_checkpoint_every_warns_before_the_fit(tmp_path, monkeypatch):

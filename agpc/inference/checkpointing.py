@@ -145,15 +145,16 @@ def _check_fingerprint(saved, trainer, path, fingerprint):
             f"but other rows, labels or sample weights (data fingerprint {written_for.get('data')}, this data {fingerprint['data']})"
         )
     if written_for != fingerprint:
-        differs = sorted(set(written_for) | set(fingerprint)) if not isinstance(written_for, dict) else sorted(
-            key for key in set(written_for) | set(fingerprint) if written_for.get(key) != fingerprint.get(key))
+        if not isinstance(written_for, dict):
+            raise ValueError(f"checkpoint {path} was written by a different training run (it records no run's settings)")
+        differs = sorted(key for key in set(written_for) | set(fingerprint)
+                         if written_for.get(key) != fingerprint.get(key))
         hint = ("; a fit on a dask array with checkpoint_path stepped on the driver (local_steps=0) by default "
                 "before data-parallel rounds were checkpointed: pass local_steps=0 to resume such a checkpoint"
                 if differs == ["n_batches"] else "")
-        raise ValueError(
-            f"checkpoint {path} was written by a different training run (differing in {', '.join(differs)}: "
-            f"{written_for}); this run is {fingerprint}{hint}"
-        )
+        said = "; ".join(f"{FINGERPRINT_SETTINGS.get(key, key)}: {_short(written_for.get(key))} there, "
+                         f"{_short(fingerprint.get(key))} here" for key in differs)
+        raise ValueError(f"checkpoint {path} was written by a different training run: {said}{hint}")
 
 
 def _check_prior_scale(engine, n, refuse):
@@ -197,6 +198,20 @@ def _check_prior_scale(engine, n, refuse):
     nu = state.get("nu")  # (one copy of each row's site, whatever its weight; rows on a cluster: not gathered)
     if nu is not None and is_array_api_obj(nu) and not is_dask_array(nu):
         check_site_scale(to_numpy(nu), PRIOR_SCALE_MARGIN * largest_site, "engine.nu", refuse)
+
+
+# What a run's fingerprint holds, by the settings a user changes to change it (the resume's refusal names them).
+FINGERPRINT_SETTINGS = {"n": "rows", "method": "method", "n_batches": "minibatches an epoch (batch_size)",
+                        "Z_shape": "inducing points (n_inducing, inducing)", "per_row_sites": "sites a row (method)",
+                        "params": "what is learned (optimize)", "data": "training data (rows, labels, weights)",
+                        "full_gp": "the exact model (n_inducing)", "priors": "priors (kernel_prior, the kernel's)",
+                        "shared_lengthscales": "one shared lengthscale scale (ard)"}
+
+
+def _short(value, limit=60):
+    """A setting's value as the refusal shows it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _restore_engine(trainer, rng, saved, path, refuse):
