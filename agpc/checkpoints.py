@@ -389,8 +389,28 @@ def load_checkpoint(path, convert):
 def check_checkpoint_path(path, inputs=()):
     """Fail before any training if a checkpoint cannot be written at ``path`` (``check_writable``: an empty
     path, a directory, no such directory, a device, a FIFO, a system path, a directory this process cannot
-    write to) or would replace one of ``inputs`` (the training data's files)."""
-    return check_writable(path, what=f"checkpoint_path {os.fspath(path)!s}", inputs=inputs)
+    write to) or would replace one of ``inputs`` (the training data's files), or a file there that is not a
+    checkpoint (a model file, a text file: the fit replaced them unasked; an empty file is nothing to keep)."""
+    what = f"checkpoint_path {os.fspath(path)!s}"
+    target = check_writable(path, what=what, inputs=inputs)
+    if os.path.isfile(target) and os.path.getsize(target) > 0:
+        kind = _agpc_file_kind(target)
+        if kind != CHECKPOINT_FORMAT:
+            found = "an agpc model file" if kind == "agpc-model" else "a file that is not an agpc checkpoint"
+            raise ValueError(f"{what}: it is {found}, which the fit's checkpoints would replace; name another path "
+                             "(or remove the file)")
+    return target
+
+
+def _agpc_file_kind(path):
+    """The "format" an agpc file's header names ("agpc-checkpoint", "agpc-model"), or None for any other file; only
+    the header is read (``read_archive``'s checks)."""
+    try:
+        header = json.loads(str(read_npz(path, names=[HEADER_KEY], max_expansion=(MAX_EXPANSION, UNCHECKED_BYTES))
+                                [HEADER_KEY]))
+    except (RefusedFile, OSError, KeyError, ValueError, RecursionError):
+        return None
+    return header.get("format") if isinstance(header, dict) else None
 
 
 def check_site_directory(path):
