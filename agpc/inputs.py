@@ -11,6 +11,7 @@ Every check raises one ValueError naming the problem. The functions take the est
 
 from __future__ import annotations
 
+import collections.abc
 import hashlib
 import math
 import numbers
@@ -49,6 +50,7 @@ __all__ = [
     "EncodedLabels",
     "is_foreign_array",
     "check_conversion_keeps_spread",
+    "check_feature_values",
     "check_features",
     "check_rows",
     "check_feature_count",
@@ -144,6 +146,41 @@ def check_rows(shape):
         raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required")
 
 
+def check_feature_values(X):
+    """Refuse (one ValueError naming the column or row) the host inputs whose conversion to numbers fails with
+    another library's words: a DataFrame column of categories, dates or text ("could not convert string to float:
+    'hi'", NumPy's DTypePromotionError, neither naming the column), a generator ("float() argument must be ... not
+    'generator'"), a list of rows of different lengths ("inhomogeneous shape after 1 dimensions")."""
+    if isinstance(X, collections.abc.Iterator):
+        raise ValueError(f"X is a {type(X).__name__}: give the rows as an array (or a list of rows), each with one "
+                         "number a feature")
+    dtypes = getattr(X, "dtypes", None)
+    if dtypes is not None and hasattr(X, "columns") and hasattr(dtypes, "items"):
+        for name, dtype in dtypes.items():
+            kind = getattr(dtype, "kind", None)
+            categories = getattr(dtype, "categories", None)  # (a Categorical of numbers converts as numbers)
+            if categories is not None and getattr(categories.dtype, "kind", None) not in tuple("biuf"):
+                raise ValueError(f"X column {str(name)!r} is categorical: features must be numbers; encode it first "
+                                 "(e.g. sklearn's OneHotEncoder or OrdinalEncoder)")
+            if kind in tuple("mM"):
+                raise ValueError(f"X column {str(name)!r} holds dates or times ({dtype}): features must be numbers; "
+                                 "convert it first (e.g. to seconds since a date)")
+            if categories is None and kind not in tuple("biuf") and not _numbers_in(X[name]):
+                raise ValueError(f"X column {str(name)!r} holds text or other objects ({dtype}): features must be "
+                                 "numbers")
+    if isinstance(X, (list, tuple)) and X and all(isinstance(row, (list, tuple, np.ndarray)) for row in X):
+        lengths = [len(row) for row in X]
+        if len(set(lengths)) > 1:
+            odd = next(k for k, length in enumerate(lengths) if length != lengths[0])
+            raise ValueError(f"X is a list of rows of different lengths (row 0 has {lengths[0]} values, row {odd} has "
+                             f"{lengths[odd]}): every row needs one value a feature")
+
+
+def _numbers_in(column):
+    """Whether a DataFrame column of objects holds numbers only (booleans, ints, floats: NumPy converts them)."""
+    return all(isinstance(v, (numbers.Real, np.bool_)) for v in column.tolist())
+
+
 def check_features(estimator, X, *, reset):
     """Returns (X as an array of the input's namespace in the estimator's ``dtype``, checked; input namespace, or
     None for NumPy arrays and lists). ``reset``: X is training data (its feature count is recorded, and a
@@ -162,12 +199,15 @@ def check_features(estimator, X, *, reset):
             raise ValueError(f"Input X contains NaN or infinity (or values too large for {target})")
         check_feature_count(estimator, X.shape[1], reset)
         return X, xp
-    if reset and target != "float64":
-        # checked in the input's own type (float64 for lists and integers) before the conversion
+    check_feature_values(X)
+    if target != "float64":
+        # checked in the input's own type (float64 for lists and integers) before the conversion, whose overflow
+        # would otherwise come first, as NumPy's RuntimeWarning (a row of 1e39 given to a float32 model)
         X = validate_data(estimator, X, reset=reset, dtype=["float64", target], ensure_all_finite=True)
         if X.size and np.max(np.abs(X)) > np.finfo(target).max:  # the cast would make inf
             raise ValueError(f"Input X contains NaN or infinity (or values too large for {target})")
-        check_conversion_keeps_spread(X, target)
+        if reset:
+            check_conversion_keeps_spread(X, target)
         return X.astype(target), None
     return validate_data(estimator, X, reset=reset, dtype=target, ensure_all_finite=True), None
 
@@ -185,7 +225,13 @@ def check_out_of_core(estimator, X, *, reset, y=None):
     check_zarr_array(X)
     target = dtype_name(estimator.dtype)
     for lo in range(0, X.shape[0], CHUNK):
-        block = np.asarray(X[lo:lo + CHUNK], dtype=target)
+        try:
+            block = np.asarray(X[lo:lo + CHUNK], dtype=target)
+        except (ValueError, TypeError) as exc:  # (a chunk that is not what the metadata says: zarr's reshape error)
+            hi = min(X.shape[0], lo + CHUNK) - 1
+            raise ValueError(f"X cannot be read at rows {lo}..{hi} ({' '.join(str(exc).split())}): its stored chunks "
+                             f"do not hold the {X.dtype} values of shape {tuple(X.shape)} its metadata declares "
+                             "(damaged, or a forged dtype or shape?)") from None
         if not np.all(np.isfinite(block)):
             raise ValueError(f"Input X contains NaN or infinity (rows {lo}..{lo + block.shape[0] - 1})")
     check_feature_count(estimator, X.shape[1], reset)
@@ -209,12 +255,12 @@ def check_classes(estimator, found, classes=None):
         classes = np.unique(V.check_labels(classes, what="classes"))
         unknown = np.setdiff1d(found, classes)
         if unknown.size:
-            raise ValueError(f"y contains labels {list(unknown)} not in classes {list(classes)}")
+            raise ValueError(f"y contains labels {V.label_text(unknown)} not in classes {V.label_text(classes)}")
         found = classes
     classes = found
     _check_label_length(classes)
     if classes.shape[0] < 2:
-        raise ValueError(f"y has only one class ({classes[0]!r}): a classifier needs two classes to learn")
+        raise ValueError(f"y has only one class ({V.label_text(classes[0])}): a classifier needs two classes to learn")
     method = get_method(estimator.method)
     if estimator.likelihood == ORDINAL:  # one latent GP whatever the number of (ordered) classes
         return classes
@@ -273,7 +319,12 @@ def ordinal_labels(estimator, y, order=None, given=None):
     if order is None:
         given = getattr(estimator, "classes", None) if given is None else given
         order = np.unique(y_host) if given is None else V.check_labels(given, what="classes")
-        if order.ndim != 1 or np.unique(order).shape[0] != order.shape[0] or order.shape[0] < 2:
+        if order.ndim == 1 and np.unique(order).shape[0] != order.shape[0]:
+            values, counts = np.unique(order, return_counts=True)
+            twice = values[counts > 1][0]
+            raise ValueError(f"classes lists {V.label_text(twice)} {int(counts[counts > 1][0])} times, in "
+                             f"{V.label_text(order)}: each class once, in their order")
+        if order.ndim != 1 or order.shape[0] < 2:
             raise ValueError(f"classes must list at least two distinct labels, in their order, got {order.tolist()}")
     _check_label_length(order)
     return V.label_ranks(y_host, order), order

@@ -349,6 +349,10 @@ _SHARED_SCALE_REFUSAL = ("method={name!r} cannot learn one shared lengthscale sc
                          "the bound over every lengthscale; use ard=True or 'auto', or method 'ep', 'sep', 'adf', "
                          "'gfitc' or 'svi'")
 _EP_PROBIT = "uses the probit likelihood, or the ordinal probit for ordered classes (closed-form EP updates)"
+# (GFITC's EP is on the FITC prior, its sites on each latent value: the probit only; the ordinal model is EP's, SEP's,
+# ADF's and SVI's)
+_GFITC_PROBIT = ("uses the probit likelihood (closed-form EP updates on the FITC prior); ordered classes "
+                 "(likelihood='ordinal') are trained by 'ep', 'sep', 'adf' or 'svi'")
 _ON_DASK = {"dask", "dask_checkpoints"}
 _NO_ROUNDS = ("method={name!r} has no data-parallel rounds, so n_jobs > 1 is not supported: {why}; 'sep', 'adf', "
               "'ep' and 'svi' train minibatches in n_jobs worker processes")
@@ -391,7 +395,7 @@ _BUILT_IN_METHODS = (
                        "n_jobs": _NO_ROUNDS.format(name=name, why="it is batch-only (L-BFGS-B on every row's xi)")},
              remarks={"minibatch": "batch only", "sample_weight": "the weighted bound"})
       for name in ("vi-jj-hybrid", "vi-jj-full")),
-    Method("gfitc", family="gfitc", engine="gfitc", likelihood_reason=_EP_PROBIT,
+    Method("gfitc", family="gfitc", engine="gfitc", likelihood_reason=_GFITC_PROBIT,
            capabilities={"multiclass", "sample_weight", "shared_lengthscales", *_EVERYWHERE},
            check_params=_gfitc_params,
            refusals={"dask": _GFITC_BATCH_ONLY.format(what="fit on a dask array"),

@@ -14,6 +14,7 @@ from . import backend as B
 from . import dask_inputs as D
 from . import inputs as I
 from . import methods as M
+from . import validation as V
 from .kernels import OrdinalKernel
 
 __all__ = ["check_params", "ranked_inputs", "stream_labels", "latent_kernel", "start_kernel", "given_cut_points",
@@ -61,8 +62,9 @@ def stream_labels(estimator, y, classes, fitted):
     if not fitted and classes is not None and estimator.classes is not None and not (
             len(classes) == len(estimator.classes) and np.array_equal(np.asarray(classes),
                                                                        np.asarray(estimator.classes))):
-        raise ValueError(f"partial_fit's classes={list(classes)!r} differ from the estimator's classes="
-                         f"{list(estimator.classes)!r}: the classes of an ordinal model are given once, in their order")
+        raise ValueError(f"partial_fit's classes={V.label_text(list(classes))} differ from the estimator's classes="
+                         f"{V.label_text(list(estimator.classes))}: the classes of an ordinal model are given once, in "
+                         "their order")
     ranks, order = I.ordinal_labels(estimator, y, order, given=classes)
     return ranks, np.arange(len(order)), order
 

@@ -46,6 +46,7 @@ __all__ = [
     "check_positive_per_class",
     "check_positive_counts",
     "refuse_bad_weights",
+    "label_text",
 ]
 
 
@@ -468,9 +469,12 @@ def check_sample_weight(sample_weight, n_rows):
     every row that weight, scikit-learn's meaning); anything else is one ValueError naming the problem."""
     if np.isscalar(sample_weight) and not isinstance(sample_weight, (str, bytes)):
         sample_weight = np.full(n_rows, sample_weight)
+    given = to_numpy(sample_weight) if hasattr(sample_weight, "__array_namespace__") else sample_weight
+    if np.iscomplexobj(given):  # (NumPy's conversion drops the imaginary part with a ComplexWarning only)
+        raise ValueError(f"sample_weight must be real numbers, one a row: got complex weights "
+                         f"({np.asarray(given).dtype})")
     try:
-        weights = np.asarray(to_numpy(sample_weight) if hasattr(sample_weight, "__array_namespace__")
-                             else sample_weight, dtype=np.float64)
+        weights = np.asarray(given, dtype=np.float64)
     except (TypeError, ValueError) as error:
         raise ValueError(f"sample_weight must be numbers, one a row: {error}") from None
     if weights.shape != (n_rows,):
@@ -527,4 +531,14 @@ def check_positive_counts(positive, classes):
     missing = [classes[c] for c in np.flatnonzero(np.asarray(positive) == 0)]
     if missing:
         raise ValueError(f"every class needs a row of positive weight (sample_weight times class_weight); class "
-                         f"{missing[0]!r} has none")
+                         f"{label_text(missing[0])} has none")
+
+
+def label_text(labels):
+    """A label (or a list or array of them) as a message shows it: as the user wrote it, a Python value's repr
+    (``'cat'``, ``-1``, ``[0, 1]``), not NumPy's (``np.int64(-1)``, ``np.str_('cat')``)."""
+    if isinstance(labels, np.ndarray):
+        return repr(labels.tolist())
+    if isinstance(labels, (list, tuple)):
+        return repr([value.item() if isinstance(value, np.generic) else value for value in labels])
+    return repr(labels.item() if isinstance(labels, np.generic) else labels)

@@ -1,11 +1,14 @@
 """Input checks: every parameter of GPClassifier against its table (``agpc.validation``), labels,
 validation data."""
 
+import json
 import math
 import numbers
 import pickle
+import warnings
 
 import numpy as np
+import pandas
 import pytest
 
 from agpc import RBF, GPClassifier
@@ -233,3 +236,108 @@ def test_a_subset_parameter_names_what_it_chooses():
              (("inducing", "kernel"), ("inducing", "kernel")), (["inducing"], ("inducing",))]
     for value, names in cases:
         assert groups.chosen(value) == names
+
+
+def _forged_dtype_zarr(tmp_path):
+    """A zarr array of 40 rows of float64 whose zarr.json was edited to say float32 (its chunks hold twice the
+    bytes)."""
+    zarr = pytest.importorskip("zarr")
+    X, _ = make_banana(40, random_state=0)
+    store = tmp_path / "forged.zarr"
+    array = zarr.open_array(str(store), mode="w", shape=X.shape, chunks=(20, 2), dtype="f8")
+    array[:] = X
+    document = json.loads((store / "zarr.json").read_text())
+    document["data_type"] = "float32"
+    (store / "zarr.json").write_text(json.dumps(document))
+    return zarr.open_array(str(store), mode="r")
+
+
+_X40 = make_banana(40, random_state=0)[0]
+UNCLEAR = {
+    "a pandas categorical column": (lambda tmp: pandas.DataFrame({"a": _X40[:, 0], "b": pandas.Categorical(
+        ["hi", "lo"] * 20)}), r"X column 'b' is categorical: features must be numbers; encode it first"),
+    "a datetime column": (lambda tmp: pandas.DataFrame({"a": _X40[:, 0], "when": pandas.date_range("2020", periods=40)}),
+                          r"X column 'when' holds dates or times \(datetime64"),
+    "a text column": (lambda tmp: pandas.DataFrame({"a": _X40[:, 0], "b": ["hi", "lo"] * 20}),
+                      r"X column 'b' holds text or other objects"),
+    "a generator": (lambda tmp: (row for row in _X40.tolist()), r"X is a generator: give the rows as an array"),
+    "a ragged list": (lambda tmp: _X40.tolist()[:39] + [[1.0]],
+                      r"X is a list of rows of different lengths \(row 0 has 2 values, row 39 has 1\)"),
+    "a zarr array with a forged dtype": (_forged_dtype_zarr, r"X cannot be read at rows 0\.\.39 \(cannot reshape array "
+                                                             r"of size 80 into shape \(20,2\)\): its stored chunks do "
+                                                             r"not hold the float32 values"),
+}
+
+
+@pytest.mark.parametrize("make, message", UNCLEAR.values(), ids=UNCLEAR.keys())
+def test_unclear_third_party_errors_are_one_line_naming_the_problem(tmp_path, make, message):
+    """A pandas categorical column ("could not convert string to float: 'hi'", the column not named), a datetime
+    column (NumPy's DTypePromotionError), a generator or a ragged list (float() / inhomogeneous-shape errors), a zarr
+    array with a forged dtype ("cannot reshape array of size 640"): each is one ValueError in agpc's words."""
+    y = make_banana(40, random_state=0)[1]
+    with pytest.raises(ValueError, match=message):
+        GPClassifier(n_inducing=5, max_iter=1).fit(make(tmp_path), y)
+
+
+def test_columns_that_convert_as_numbers_are_still_taken():
+    """Categories that are numbers, booleans, pandas' nullable integers: features as before."""
+    X, y = make_banana(40, random_state=0)
+    frame = pandas.DataFrame({"a": X[:, 0], "b": pandas.Categorical([1.0, 2.0] * 20), "c": [True, False] * 20,
+                              "d": pandas.array(list(range(40)), dtype="Int64")})
+    assert GPClassifier(n_inducing=5, max_iter=1).fit(frame, y).n_features_in_ == 4
+
+
+NUMPY_REPRS = {
+    "class np.int64(-1) has none": (lambda X, y: (X, y, dict(sample_weight=np.where(y < 0, 0.0, 1.0))), {},
+                                    "every class needs a row of positive weight (sample_weight times class_weight); "
+                                    "class -1 has none"),
+    "y has only one class (np.int64(0))": (lambda X, y: (X, np.zeros(len(y), dtype=np.int64), {}), {},
+                                          "y has only one class (0): a classifier needs two classes"),
+    "y has only one class (np.str_('a'))": (lambda X, y: (X, np.full(len(y), "a"), {}), {},
+                                           "y has only one class ('a'): a classifier needs two classes"),
+}
+
+
+@pytest.mark.parametrize("make, settings, message", NUMPY_REPRS.values(), ids=NUMPY_REPRS.keys())
+def test_messages_show_labels_as_written_not_numpys_reprs(make, settings, message):
+    X, y = make_banana(30, random_state=0)
+    X, y, fit_options = make(X, y.astype(np.int64))
+    with pytest.raises(ValueError) as refused:
+        GPClassifier(n_inducing=5, max_iter=1, **settings).fit(X, y, **fit_options)
+    assert message in str(refused.value) and "np." not in str(refused.value)
+
+
+@pytest.mark.parametrize("weights", [np.ones(30) + 0.5j, [1 + 0j] * 30, 2 + 1j], ids=["array", "list", "scalar"])
+def test_complex_weights_are_refused(weights):
+    """Complex weights were accepted with their imaginary part dropped (a ComplexWarning only)."""
+    X, y = make_banana(30, random_state=0)
+    with pytest.raises(ValueError, match=r"sample_weight must be real numbers, one a row: got complex weights"):
+        GPClassifier(n_inducing=5, max_iter=1).fit(X, y, sample_weight=weights)
+
+
+def test_classes_with_a_duplicate_names_it():
+    """"classes must list at least two distinct labels" did not say which label was given twice."""
+    X, y = make_banana(30, random_state=0)
+    labels = np.where(y > 0, "b", "a")
+    with pytest.raises(ValueError, match=r"classes lists 'b' 2 times, in \['a', 'b', 'c', 'b'\]: each class once"):
+        GPClassifier(likelihood="ordinal", classes=["a", "b", "c", "b"], n_inducing=5, max_iter=1).fit(X, labels)
+
+
+def test_gfitc_refuses_the_ordinal_likelihood_saying_what_trains_it():
+    """The refusal first said that GFITC uses "the ordinal probit for ordered classes", which it refuses."""
+    with pytest.raises(ValueError) as refused:
+        GPClassifier(method="gfitc", likelihood="ordinal").check_params()
+    message = str(refused.value)
+    assert "method='gfitc' uses the probit likelihood" in message and "ordinal probit" not in message
+    assert "(likelihood='ordinal') are trained by 'ep', 'sep', 'adf' or 'svi'" in message
+
+
+def test_a_float32_model_refuses_a_value_beyond_float32_before_casting_it():
+    """A row of 1e39 given to a float32 model: an "overflow encountered in cast" RuntimeWarning came before the clear
+    error; now the error alone."""
+    X, y = make_banana(30, random_state=0)
+    model = GPClassifier(n_inducing=5, max_iter=1, dtype="float32").fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"Input X contains NaN or infinity \(or values too large for float32\)"):
+            model.predict_proba(np.array([[1e39, 0.0]]))
