@@ -29,7 +29,7 @@ from . import backend as B
 from . import methods as M
 from .checkpoints import atomic_write
 from .inference.training import STOP_REASONS
-from .kernels import ClassKernels, Linear, Stationary
+from .kernels import ClassKernels, Linear, OrdinalKernel, Stationary
 from .untrusted import printable
 
 __all__ = ["STOP_REASONS", "STOPPED_BECAUSE", "model_summary", "feature_relevance", "reliability_bins",
@@ -64,6 +64,7 @@ def feature_relevance(kernel):
         rows = [feature_relevance(k) for k in kernel.kernels]
         why = next((why for _, why in rows if why is not None), None)
         return (None, why) if why is not None else (np.stack([relevance for relevance, _ in rows]), None)
+    kernel = _latent(kernel)
     if not isinstance(kernel, (Stationary, Linear)):
         return None, (f"the {type(kernel).__name__} kernel has no one set of ARD lengthscales (each term has its "
                       "own: see its parameters); relevance is given for a single RBF, Matern52, RationalQuadratic "
@@ -75,11 +76,18 @@ def feature_relevance(kernel):
     return precision / precision.sum(), None
 
 
+def _latent(kernel):
+    """The kernel of the latent function: an ordinal model's ``OrdinalKernel`` holds one (RBF, ...) beside its cut
+    points, whose lengthscales are the model's."""
+    return kernel.latent if isinstance(kernel, OrdinalKernel) else kernel
+
+
 def _lengthscales(kernel):
     """(d,) or (C, d) host lengthscales of a kernel whose relevance is defined (a linear kernel's: 1 / sqrt(v_j),
     the distance along feature j over which its slope moves f by one prior standard deviation)."""
     if isinstance(kernel, ClassKernels):
         return np.stack([_lengthscales(k) for k in kernel.kernels])
+    kernel = _latent(kernel)
     scales = kernel.lengthscales if isinstance(kernel, Stationary) else kernel.variances ** -0.5
     return np.asarray(B.to_numpy(scales), dtype=np.float64).reshape(-1)
 
@@ -101,7 +109,7 @@ def _relevance_lines(model, max_features):
     overall = relevance.mean(axis=0) if per_class else relevance
     order = np.argsort(-overall, kind="stable")
     width = max(7, *(len(labels[j]) for j in order[:max_features]))
-    kernels = model.kernel_.kernels if per_class else (model.kernel_,)  # (one a class: a multiclass model's)
+    kernels = model.kernel_.kernels if per_class else (_latent(model.kernel_),)  # (one a class: a multiclass model's)
     measure = ("slope variance v (a linear kernel; lengthscale: 1 / sqrt(v))"
                if all(isinstance(k, Linear) for k in kernels) else "1 / lengthscale^2")
     lines = [f"feature relevance: {measure}, normalised to sum to 1 (features compared in the units they were given)"]
@@ -150,6 +158,10 @@ def _kernel_lines(model):
         lines += [f"  class {printable(c)}: {type(k).__name__}: {_scalar_parameters(k)}"
                   for c, k in zip(model.classes_, kernel)]
         return lines
+    if isinstance(kernel, OrdinalKernel):  # the latent's kernel, and the cut points between the classes
+        cuts = ", ".join(f"{v:.4g}" for v in np.asarray(B.to_numpy(kernel.cut_points), dtype=np.float64))
+        return [f"kernel: {type(kernel.latent).__name__}: {_scalar_parameters(kernel.latent)} ({said}); "
+                f"cut points {cuts}"]
     return [f"kernel: {type(kernel).__name__}: {_scalar_parameters(kernel)} ({said})"]
 
 

@@ -271,6 +271,10 @@ def _check_header_fields(header, refuse, version):
         isinstance(values, list) and all(_is_number(v) for v in values) for values in history.values()
     ):
         raise refuse("history: not a mapping of names to lists of numbers")
+    for name, values in history.items():  # finite, as every field; a method without damping records NaN as its damping
+        if not all(math.isfinite(v) or (name == "damping" and math.isnan(v)) for v in values):
+            raise refuse(f"history.{name}: holds NaN or inf" + (" (NaN only where the method has no damping)"
+                                                                if name == "damping" else ""))
     record = _checked_record(header.get("fit_record", {}), refuse)
     names = header.get("feature_names_in") if version >= 2 else None
     if names is not None and not (isinstance(names, list) and len(names) == d and all(isinstance(v, str) for v in names)

@@ -267,6 +267,39 @@ def test_a_bad_record_is_refused_naming_it(banana_model, record, field):
         GPClassifier.load(rewritten(buffer, lambda header: header.update(fit_record=record)))
 
 
+@pytest.mark.parametrize("entry, value, said", [("log_marginal_likelihood", float("nan"), "history.log_marginal_likelihood"),
+                                                ("time", float("inf"), "history.time"),
+                                                ("damping", float("inf"), "history.damping")])
+def test_a_model_file_whose_history_holds_nan_is_refused(banana_model, entry, value, said):
+    """docs/usage.md: load checks every field for finiteness; a NaN in the history loaded. NaN is the damping that
+    a method without damping records (SVI, vi-*): that loads."""
+    _, buffer = saved_and_loaded(banana_model[0])
+
+    def change(header):
+        header["history"][entry][1] = value
+
+    with pytest.raises(ValueError, match=rf"not a valid agpc model file: {said}: holds NaN or inf"):
+        GPClassifier.load(rewritten(buffer, change))
+    svi = GPClassifier(method="svi", n_inducing=5, max_iter=2, random_state=0).fit(*make_banana(60, random_state=0))
+    assert np.isnan(svi.history_["damping"]).all() and np.isnan(saved_and_loaded(svi)[0].history_["damping"]).all()
+
+
+def test_an_ordinal_models_summary_gives_its_relevance_and_cut_points():
+    """summary() / agpc inspect of an ordinal model showed no feature relevance and said its one RBF had "each term"
+    of its own; its kernel is the latent's, beside its cut points."""
+    X, y = relevant_and_noise(120, seed=3)
+    labels = np.digitize(X["signal"].to_numpy(), [-0.5, 0.5])
+    model = GPClassifier(likelihood="ordinal", **FAST).fit(X, labels)
+    text = model.summary()
+    cuts = ", ".join(f"{v:.4g}" for v in model.cut_points_)
+    assert "kernel: RBF: amplitude" in text and f"cut points {cuts}" in text and "each term" not in text
+    rows = text.split("feature relevance:")[1].splitlines()[2:4]
+    lengthscales = np.asarray(model.kernel_.latent.lengthscales)
+    relevance, why = feature_relevance(model.kernel_)
+    assert why is None and rows[0].split()[0] == "signal"
+    np.testing.assert_allclose(relevance, (1 / lengthscales ** 2) / np.sum(1 / lengthscales ** 2), rtol=1e-12)
+
+
 # -- the expected calibration error --------------------------------------------------------------------
 
 def test_ece_equals_a_hand_computation():
