@@ -12,6 +12,7 @@ points (``check_finite_chunks``). X is not persisted here: persist it first if i
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
@@ -54,6 +55,23 @@ def checked_arrays(estimator, X, y):
     return given.astype(I.dtype_name(estimator.dtype)), y.rechunk((given.chunks[0],)), given
 
 
+NO_MAIN_GUARD = ("fit on a dask array without a client starts a LocalCluster, whose worker processes import the "
+                 "script that called fit again (Python's spawn start method): in a script, put the code that fits "
+                 "under 'if __name__ == \"__main__\":', or pass client= (a distributed.Client)")
+
+
+def _refuse_in_a_bootstrapping_worker():
+    """A worker process of the LocalCluster a fit started imports the caller's script as ``__mp_main__`` (the spawn
+    start method's "safe importing of main module"); a script without ``if __name__ == "__main__":`` fits again
+    there and would start a cluster of its own, which multiprocessing refuses with pages of tracebacks a worker.
+    There, the worker leaves at once with one line (``SystemExit``: no traceback) saying what to do, and the fit
+    that started it fails with ``NO_MAIN_GUARD``."""
+    # (while spawn runs the script, as runpy's "__mp_main__", it is not yet the process's "__main__")
+    importing = sys.modules.get("__mp_main__")
+    if importing is not None and importing is not sys.modules.get("__main__"):
+        raise SystemExit(f"agpc: {NO_MAIN_GUARD}")
+
+
 def cluster_client(client):
     """(the client a fit on a dask array computes with, the client to close when the fit ends or None): ``client``,
     else the current client, else one of a new ``LocalCluster`` (one single-threaded worker process a core)."""
@@ -64,7 +82,11 @@ def cluster_client(client):
     try:
         return get_client(), None
     except ValueError:  # no client yet: a local cluster for this fit
-        cluster = local_cluster(os.cpu_count() or 1)
+        _refuse_in_a_bootstrapping_worker()
+        try:
+            cluster = local_cluster(os.cpu_count() or 1)
+        except RuntimeError as exc:  # (distributed: "Nanny failed to start", after pages of its workers' tracebacks)
+            raise RuntimeError(f"{NO_MAIN_GUARD} ({exc})") from None
         try:
             owned = Client(cluster)
         except BaseException:  # (the cluster would be left running)

@@ -2,6 +2,12 @@
 (2016), sec. 2.3): the same per-chunk functions as the single-machine path, so the same numbers."""
 
 import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,8 +15,11 @@ import pytest
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 
-from agpc import GPClassifier  # noqa: E402
+from agpc import GPClassifier, inputs  # noqa: E402
 from agpc.datasets import make_banana  # noqa: E402
+from agpc.inference import dask_engine, training, variational  # noqa: E402
+from agpc.inference.dask_engine import DaskPasses  # noqa: E402
+from agpc.kernels import RBF  # noqa: E402
 from helpers import assert_same_model, interrupted_then_resumed, local_client, three_classes  # noqa: E402
 
 
@@ -58,10 +67,6 @@ def test_ep_sites_in_files_give_the_same_model(client, data, monkeypatch, tmp_pa
     """``site_directory``: batch EP's sites live in files, a file a chunk, written and read by the chunks'
     tasks. Same numbers as the NumPy path; at most three passes' files exist at a time (the state, the
     state to go back to, the pass being written); none are left after the fit."""
-    import os
-
-    from agpc.inference import dask_engine
-
     X, y, X_test = data
     generations = []
     real = dask_engine._tree
@@ -88,8 +93,6 @@ def test_ep_sites_in_files_give_the_same_model(client, data, monkeypatch, tmp_pa
 def test_ep_sites_stay_on_the_workers(client, data, monkeypatch):
     """EP's per-row sites are dask arrays persisted on the workers; the driver gathers only the chunks'
     reduced (O(m^2)) results: nothing of n rows comes back during fit."""
-    from agpc.inference import dask_engine
-
     X, y, _ = data
     gathered = []
     real = dask_engine._tree
@@ -156,24 +159,17 @@ def _assert_driver_steps_equal_zarr_chunks(client, params, X, y, X_test, chunk_r
 
 
 def test_chunk_order_of_an_epoch():
-    from agpc.inference.training import _epoch_order
-
     chunks = [range(0, 4), range(4, 6), range(6, 9)]
-    order = _epoch_order(np.random.default_rng(0), chunks, shuffle=True)
+    order = training._epoch_order(np.random.default_rng(0), chunks, shuffle=True)
     assert sorted(order) == list(range(9))
     runs = [next(i for i, c in enumerate(chunks) if b in c) for b in order]
     assert [k for j, k in enumerate(runs) if j == 0 or runs[j - 1] != k] == sorted(set(runs), key=runs.index)
     assert len(set(runs)) == 3  # each chunk's minibatches are visited together, once
-    assert _epoch_order(np.random.default_rng(0), chunks, shuffle=False) == list(range(9))
+    assert training._epoch_order(np.random.default_rng(0), chunks, shuffle=False) == list(range(9))
 
 
 def _kill_a_worker_during_pass(monkeypatch, client, at_pass):
     """Kill one worker process (SIGKILL) right after a pass's tasks are submitted, once."""
-    import os
-    import signal
-
-    from agpc.inference import dask_engine
-
     real = dask_engine._tree
     calls = {"n": 0, "killed": None}
 
@@ -214,8 +210,6 @@ def test_dask_fit_resumes_from_a_checkpoint(client, data, monkeypatch, tmp_path,
     """Interrupt + resume=True on a dask array ends at the uninterrupted model. Batch EP's sites are written
     by the workers one file a chunk beside the checkpoint (never gathered); earlier checkpoints' files go.
     With ``site_directory`` the same, and the interrupted fit's pass files are gone too."""
-    import os
-
     X, y, X_test = data
     Xd, yd = da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200)
     params = dict(method=method, n_inducing=10, max_iter=3 if batch_size is None else 2, batch_size=batch_size,
@@ -246,10 +240,6 @@ def test_quadratic_bound_on_chunks_equals_in_memory(client, data, kind):
     """vi-JJ / vi-Taylor's bound (Izmailov & Kropotov (2017), eqs. 14, 19) with its two passes a task a chunk: the
     chunks' sums of the quadratic terms give the in-memory value, gradients and q to 1e-10; m_i and S_i stay dask
     arrays."""
-    from agpc.inference import variational
-    from agpc.inference.dask_engine import DaskPasses
-    from agpc.kernels import RBF
-
     X, y, _ = data
     y = y.astype(float)
     kernel = RBF(lengthscales=[0.9, 1.1], amplitude=1.4, noise=0.02).for_inputs(X)
@@ -337,8 +327,6 @@ def test_max_time_on_a_dask_array_covers_the_whole_fit(client, data, monkeypatch
     passed no start to the training loop, whose budget then began after the input checks and the initialisation of
     the inducing points). A clock that jumps by 100 s inside that initialisation: with max_time=50 the fit stops
     before its first step, and ``init_time_`` (not set on a dask array before) and ``fit_time_`` count the 100 s."""
-    import time
-
     X, y, _ = data
     real_clock, jump = time.perf_counter, {"seconds": 0.0}
     monkeypatch.setattr(time, "perf_counter", lambda: real_clock() + jump["seconds"])
@@ -389,8 +377,6 @@ def test_a_sampled_initialisation_on_a_dask_array_equals_the_in_memory_fit(clien
     """More rows than ``inputs.INIT_SAMPLE``: the kernel and the inducing points start from a sample of the rows,
     drawn by one function for every kind of input (``inputs.sample_row_indices``), so a dask fit is the in-memory
     fit (the dask path drew the sample from the training's own generator, which k-means then went on with)."""
-    from agpc import inputs
-
     monkeypatch.setattr(inputs, "INIT_SAMPLE", 150)
     X, y, _ = data
     ref = GPClassifier(n_inducing=10, max_iter=5, random_state=3).fit(X, y)
@@ -410,3 +396,25 @@ def test_the_parameters_of_a_dask_fit_are_checked_once(client, data, monkeypatch
     GPClassifier(method="sep", n_inducing=5, max_iter=1, batch_size=batch_size, local_steps=1, random_state=0,
                  client=client).fit(da.from_array(X, chunks=(200, 2)), da.from_array(y, chunks=200))
     assert len(calls) == 1
+
+
+def test_a_script_without_a_main_guard_is_told_what_to_do_in_one_line(tmp_path):
+    """A dask fit in a script without ``if __name__ == "__main__":`` started a LocalCluster whose worker processes
+    ran the script again, each failing to start a cluster of its own: "Nanny failed to start" after 514 lines of
+    tracebacks. Now each worker leaves with one line and the fit's error says what to do."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(textwrap.dedent("""
+        import dask.array as da
+        from agpc import GPClassifier
+        from agpc.datasets import make_banana
+        X, y = make_banana(100, random_state=0)
+        GPClassifier(n_inducing=5, max_iter=1).fit(da.from_array(X, chunks=50), da.from_array(y, chunks=50))
+    """))
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env,
+                         timeout=300)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 1 and len(lines) < 60, run.stderr
+    assert lines[-1].startswith("RuntimeError: fit on a dask array without a client starts a LocalCluster")
+    assert """put the code that fits under 'if __name__ == "__main__":'""" in lines[-1]
