@@ -386,14 +386,15 @@ def load_checkpoint(path, convert):
     return state
 
 
-def check_checkpoint_path(path, inputs=()):
+def check_checkpoint_path(path, inputs=(), resume=False):
     """Fail before any training if a checkpoint cannot be written at ``path`` (``check_writable``: an empty
     path, a directory, no such directory, a device, a FIFO, a system path, a directory this process cannot
     write to) or would replace one of ``inputs`` (the training data's files), or a file there that is not a
-    checkpoint (a model file, a text file: the fit replaced them unasked; an empty file is nothing to keep)."""
+    checkpoint (a model file, a text file: the fit replaced them unasked; an empty file is nothing to keep). With
+    ``resume`` the file there is the checkpoint to go on from: the resume reads and checks it (``load_checkpoint``)."""
     what = f"checkpoint_path {os.fspath(path)!s}"
     target = check_writable(path, what=what, inputs=inputs)
-    if os.path.isfile(target) and os.path.getsize(target) > 0:
+    if not resume and os.path.isfile(target) and os.path.getsize(target) > 0:
         kind = _agpc_file_kind(target)
         if kind != CHECKPOINT_FORMAT:
             found = "an agpc model file" if kind == "agpc-model" else "a file that is not an agpc checkpoint"

@@ -365,7 +365,7 @@ def check_fit_paths(estimator, X, y, resume, stacklevel=4):
     if resume:
         check_resume_path(estimator.checkpoint_path)
     if estimator.checkpoint_every is not None:
-        check_checkpoint_path(estimator.checkpoint_path, inputs=data_files(X, y))
+        check_checkpoint_path(estimator.checkpoint_path, inputs=data_files(X, y), resume=bool(resume))
     elif estimator.checkpoint_path is not None and not resume:  # a path alone writes nothing (a resume reads it)
         warnings.warn(f"checkpoint_path={str(estimator.checkpoint_path)!r} is set without checkpoint_every: no "
                       "checkpoint will be written (set checkpoint_every, a number of steps)", UserWarning,
