@@ -271,8 +271,10 @@ def test_bad_labels_and_refused_paths_are_one_value_error(named):
     X, labels, order = named
     with pytest.raises(ValueError, match=r"y contains labels \['best'\] not in classes"):
         GPClassifier(likelihood="ordinal", classes=["poor", "fair", "good"], max_iter=1).fit(X, labels)
-    with pytest.raises(ValueError, match="at least two distinct labels"):
+    with pytest.raises(ValueError, match=r"classes lists 'poor' 2 times, in \['poor', 'poor', 'fair', 'good', 'best'\]"):
         GPClassifier(likelihood="ordinal", classes=["poor", "poor", "fair", "good", "best"], max_iter=1).fit(X, labels)
+    with pytest.raises(ValueError, match="at least two distinct labels"):
+        GPClassifier(likelihood="ordinal", classes=["poor"], max_iter=1).fit(X, labels)
     with pytest.raises(ValueError, match="classes= gives the order of ordered classes"):
         GPClassifier(classes=list(order), max_iter=1).fit(X, labels)
     with pytest.raises(ValueError, match="likelihood must be"):
