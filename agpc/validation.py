@@ -469,14 +469,14 @@ def check_sample_weight(sample_weight, n_rows):
     every row that weight, scikit-learn's meaning); anything else is one ValueError naming the problem."""
     if np.isscalar(sample_weight) and not isinstance(sample_weight, (str, bytes)):
         sample_weight = np.full(n_rows, sample_weight)
-    given = to_numpy(sample_weight) if hasattr(sample_weight, "__array_namespace__") else sample_weight
-    if np.iscomplexobj(given):  # (NumPy's conversion drops the imaginary part with a ComplexWarning only)
-        raise ValueError(f"sample_weight must be real numbers, one a row: got complex weights "
-                         f"({np.asarray(given).dtype})")
-    try:
-        weights = np.asarray(given, dtype=np.float64)
+    try:  # (complex weights are kept complex here: NumPy's conversion drops the imaginary part, warning only)
+        given = to_numpy(sample_weight) if hasattr(sample_weight, "__array_namespace__") else sample_weight
+        weights = None if np.asarray(given).dtype.kind == "c" else np.asarray(given, dtype=np.float64)
     except (TypeError, ValueError) as error:
         raise ValueError(f"sample_weight must be numbers, one a row: {error}") from None
+    if weights is None:
+        raise ValueError(f"sample_weight must be real numbers, one a row: got complex weights "
+                         f"({np.asarray(given).dtype})")
     if weights.shape != (n_rows,):
         raise ValueError(f"sample_weight must have one weight a row, shape ({n_rows},); got shape {weights.shape}")
     refuse_bad_weights(*_first_bad(~np.isfinite(weights), weights), *_first_bad(weights < 0, weights),
