@@ -1,8 +1,8 @@
 """scikit-learn's own estimator checks, for EP, SEP (which also has partial_fit), GFITC and SVI.
 
-Checks that cannot apply are listed with the reason: for GFITC, the equivalence of integer weights and repeated rows
-(docs/weights.md). EP, SEP and SVI pass it: a fit's start reads the rows counted by their weights
-(``inducing.start_rows``), so the repeated rows and the weighted ones start alike.
+Every check applies, the equivalence of integer weights and repeated rows too: a fit's start reads the rows counted
+by their weights (``inducing.start_rows``), so the repeated rows and the weighted ones start alike, and every method's
+weighted row is its repeated rows (docs/weights.md).
 """
 
 import pytest
@@ -10,12 +10,7 @@ from sklearn.utils.estimator_checks import check_estimator
 
 from agpc import GPClassifier
 
-EXPECTED_FAILURES = {
-    "ep": {}, "sep": {}, "svi": {},
-    "gfitc": {"check_sample_weight_equivalence_on_dense_data": "GFITC gives each copy of a repeated row a latent value "
-              "of its own (FITC's independent noise about one g_i), the weighted row one: the two meet as the FITC "
-              "variance vanishes (docs/weights.md); the start is the repeated rows' (inducing.start_rows)"},
-}
+EXPECTED_FAILURES = {"ep": {}, "sep": {}, "gfitc": {}, "svi": {}}
 
 
 @pytest.mark.parametrize("method", ["ep", "sep", "gfitc", "svi"])

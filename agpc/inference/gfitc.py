@@ -70,7 +70,7 @@ def fitc_marginals(kernel, X, Z, post, site_precision, site_shift, At=None, Knm=
     return FitcMarginals(g, w, r, mean, var, log_normaliser)
 
 
-def _fitc_adjoint(kernel, X, Z, post, fm):
+def _fitc_adjoint(kernel, X, Z, post, fm, weights=None):
     """Data part of the gradient of log N(mu~ | 0, K_fitc + Sigma~) (R&W eq. 3.65's first two terms, which
     carry all of d log Z_EP / d xi at an EP fixed point, R&W eq. 5.27), sites fixed.
 
@@ -82,27 +82,31 @@ def _fitc_adjoint(kernel, X, Z, post, fm):
         dKnm = b beta^T - diag(w) Knm B^-1 - 2 diag(diag G) U,
         dKmm = (K^-1 - B^-1 - beta beta^T) / 2 + U^T diag(diag G) U,
     which is ``ep.data_adjoint`` with alpha = b, kappa = -2 diag G, coef_g = -w, plus ``ep.prior_kmm_adjoint``
-    (added by the callers, as for EP). O(n m^2), no n x n matrix."""
+    (added by the callers, as for EP). O(n m^2), no n x n matrix. ``weights``: a row stands for w_i copies with
+    the same projections and coefficients, so each coefficient counts w_i times."""
     b = fm.shift - fm.precision * fm.g.e
     diag_G = 0.5 * (b * b - fm.precision + fm.precision * fm.precision * fm.g.d)
-    return ep.data_adjoint(kernel, X, Z, post, fm.g, b, -2.0 * diag_G, -fm.precision)[:2]
+    if weights is None:
+        return ep.data_adjoint(kernel, X, Z, post, fm.g, b, -2.0 * diag_G, -fm.precision)[:2]
+    return ep.data_adjoint(kernel, X, Z, post, fm.g, weights * b, -2.0 * weights * diag_G,
+                           -weights * fm.precision)[:2]
 
 
 # -- the likelihoods: cavity on f, tilted moments, new site ----------------------------------------
 
 def _cavity(site_precision, site_shift, var, mean, prior_var, weights):
-    """``ep.cavity`` of a site on f_i, or with sample weights (q holding w_i copies of each site) the power-EP
-    cavity that removes one copy (``ep.weighted_cavity``; ``weights`` (b,) or (b, 1))."""
-    if weights is None:
-        return ep.cavity(site_precision, site_shift, var, mean, prior_var)
-    return ep.weighted_cavity(site_precision, site_shift, var, mean, prior_var, weights)
+    """``ep.cavity`` of a site on f_i. With sample weights (``weights`` (b,) or (b, 1)) the marginal of f_i is a
+    copy's, which holds its own site once (``evaluate``'s docstring): the same cavity, but a row of weight 0 is not in
+    the model (no update, no term, not counted as a failure: ``ep.counted_invalid``)."""
+    valid, one_minus, v, a = ep.cavity(site_precision, site_shift, var, mean, prior_var)
+    return (valid if weights is None else valid & (weights > 0)), one_minus, v, a
 
 
 def _probit_update(y, site_precision, site_shift, fms, weights=None):
     """Binary: cavity of f_i (R&W eq. 3.56), probit tilted moments (eq. 3.58), new site (eq. 3.59).
     Returns (new precisions, new shifts, valid, the sites' log Z_EP terms log Z_i + g(cavity) - g(q) along f_i, zero
-    where the cavity is unusable: that site keeps its parameters for the round, as in ``ep``). ``weights``: power EP
-    (``_cavity``), each site's terms w_i times."""
+    where the cavity is unusable: that site keeps its parameters for the round, as in ``ep``). ``weights``: a copy's
+    cavity (``_cavity``), each site's terms w_i times."""
     xp = array_namespace(site_precision)
     (fm,) = fms
     valid, one_minus, v, a = _cavity(site_precision, site_shift, fm.var, fm.mean, fm.g.prior_var + fm.g.s, weights)
@@ -120,8 +124,8 @@ def _pair_update(y, site_precision, site_shift, fms, weights=None):
     removed from its own class's marginal of f. On f the likelihood of Villacampa-Calvo & Hernandez-Lobato (2017), eq. 1
     is exactly the product of Theta(f_y - f_k) (the latent noise is in Kdiag); against the two cavities each factor
     integrates to the probit of Villacampa-Calvo & Hernandez-Lobato (2017), eq. 6 with variance v_y + v_k, and the
-    tilted moments are ``multiclass_ep``'s. ``weights``: power EP as in ``_probit_update``, each pair's two parts'
-    cavities removing one copy and its terms w_i times."""
+    tilted moments are ``multiclass_ep``'s. ``weights``: as in ``_probit_update``, a copy's cavities, its terms w_i
+    times."""
     xp = array_namespace(site_precision)
     C = len(fms)
     row_weights = None if weights is None else weights[:, None]
@@ -164,15 +168,12 @@ class _Model:
     def block_rows(self, block_rows, n):
         return block_rows or ep.default_block_rows(self.Z, n)
 
-    def totals(self, site_precision, site_shift, y, weights=None):
-        """Per class, the rows' total site on f_ic (``weights``: w_i times, as q holds them by power EP)."""
+    def totals(self, site_precision, site_shift, y):
+        """Per class, a row's (a copy's) total site on f_ic."""
         if not self.multiclass:
-            if weights is not None:
-                return [(weights * site_precision, weights * site_shift)]
             return [(site_precision, site_shift)]
         onehot = multiclass_ep.one_hot_labels(y, len(self.parts))
-        precision_c, shift_c = multiclass_ep.weighted_totals(multiclass_ep.site_totals(site_precision, site_shift,
-                                                                                      onehot), weights)
+        precision_c, shift_c = multiclass_ep.site_totals(site_precision, site_shift, onehot)
         return [(precision_c[:, c], shift_c[:, c]) for c in range(len(self.parts))]
 
 
@@ -182,7 +183,7 @@ def _rows(a, lo, hi):
 
 def _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows, weights=None):
     """q(u_c) for every class from the sites (one pass), and every block's projections (A^T, Knm) per
-    class for the sweep to reuse while they fit ep's cache budget (``weights``: each row's sites w_i times)."""
+    class for the sweep to reuse while they fit ep's cache budget (``weights``: each row's factor on g_i w_i times)."""
     L_K = [ep.prior_cholesky(k, Zc, jitter) for k, Zc in model.parts]
     L_K_inv = [lower_triangular_inverse(L) for L in L_K]
     C, n = len(model.parts), X.shape[0]
@@ -190,12 +191,13 @@ def _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows, wei
     S, c_tilde, kept = [None] * C, [None] * C, []
     for lo, hi, X_block, y_block in ep.data_blocks(X, y, block_rows, model.parts[0][1]):
         rows = _rows(site_precision, lo, hi)
-        totals = model.totals(site_precision[rows], site_shift[rows], y_block,
-                              None if weights is None else weights[lo:hi])
+        totals = model.totals(site_precision[rows], site_shift[rows], y_block)
         projections = []
         for c, ((k, Zc), (precision_c, shift_c)) in enumerate(zip(model.parts, totals)):
             At, Knm = ep.project(k, X_block, Zc, L_K_inv[c])
             w, r, _ = _site_on_g(precision_c, shift_c, k.Kdiag(X_block) - ep.row_dot(At, At))
+            if weights is not None:  # (w_i copies of the row, each its own latent value: w_i times its factor on g)
+                w, r = weights[lo:hi] * w, weights[lo:hi] * r
             S_b, c_b = ep.site_sums(At, w, r)
             S[c] = S_b if S[c] is None else S[c] + S_b
             c_tilde[c] = c_b if c_tilde[c] is None else c_tilde[c] + c_b
@@ -207,14 +209,14 @@ def _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows, wei
 
 
 def _block_pass(model, X, y, site_precision, site_shift, posts, projections, *, want_grad, weights=None):
-    """A block's site updates, log Z_EP terms and gradient adjoints. ``weights`` (b,): power EP (Minka 2004): q and
-    the marginals of f_i hold w_i copies of each site (so do the FITC log-normalisers and the adjoint, the
-    derivative of log Z_EP at a power-EP fixed point), a cavity removes one, the sites' terms count w_i times."""
+    """A block's site updates, log Z_EP terms and gradient adjoints. ``weights`` (b,): each row stands for w_i copies
+    (``evaluate``): the marginals and cavities are a copy's, its site updated as a copy's, and its terms, FITC
+    log-normalisers and gradient coefficients count w_i times."""
     xp = array_namespace(X)
-    fms = [
+    fms = [  # (a copy's marginals: its own sites once, q(u) holding every copy's)
         fitc_marginals(k, X, Zc, post, precision_c, shift_c, *(projections[c] if projections else (None, None)))
         for c, ((k, Zc), post, (precision_c, shift_c))
-        in enumerate(zip(model.parts, posts, model.totals(site_precision, site_shift, y, weights)))
+        in enumerate(zip(model.parts, posts, model.totals(site_precision, site_shift, y)))
     ]
     update = _pair_update if model.multiclass else _probit_update
     new_precision, new_shift, valid_out, terms = update(y, site_precision, site_shift, fms, weights)
@@ -223,10 +225,10 @@ def _block_pass(model, X, y, site_precision, site_shift, posts, projections, *, 
         n_invalid = ep.counted_invalid(valid_out, weights[:, None] if model.multiclass else weights, X)
     log_z_terms = xp.sum(terms)
     for fm in fms:
-        log_z_terms = log_z_terms + xp.sum(fm.log_normaliser)
+        log_z_terms = log_z_terms + xp.sum(fm.log_normaliser if weights is None else weights * fm.log_normaliser)
     if not want_grad:
         return ep.BlockResult(new_precision, new_shift, valid_out, log_z_terms, n_invalid, None, {})
-    adjoints = [_fitc_adjoint(k, X, Zc, post, fm) for (k, Zc), post, fm in zip(model.parts, posts, fms)]
+    adjoints = [_fitc_adjoint(k, X, Zc, post, fm, weights) for (k, Zc), post, fm in zip(model.parts, posts, fms)]
     if not model.multiclass:
         return ep.BlockResult(new_precision, new_shift, valid_out, log_z_terms, n_invalid, adjoints[0][0],
                               adjoints[0][1])
@@ -246,10 +248,11 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     the form of Hernandez-Lobato & Hernandez-Lobato (2016), eq. 26 over (u, f), equal to R&W eq. 3.65 with K = K_fitc
     (tested against the textbook full-GP EP on the dense FITC prior). Returns the dict of ``ep.evaluate``.
 
-    ``weights`` (n,) or None: the rows' sample weights by power EP (Minka 2004): row i's likelihood to the power w_i on
-    its one latent f_i, approximated by its site to the power w_i (``_block_pass``); log Z_EP counts each site's
-    terms w_i times. A weight-0 row is the row removed. An integer weight is not the row repeated: the copies of a
-    row would each have a latent value of their own, with independent FITC noise (variance s_i) about one g_i."""
+    ``weights`` (n,) or None: the rows' sample weights, row i standing for w_i copies of itself, each with a latent
+    value of its own (independent FITC noise of variance s_i about one g_i, as the row repeated has): a copy's
+    marginal of f holds its own site once, q(u) holds each copy's factor on g_i w_i times (``_posteriors``), and log
+    Z_EP and its gradient count each copy's terms w_i times (``_block_pass``). A weight-0 row is the row removed, an
+    integer weight the row repeated (docs/weights.md)."""
     model = _Model(kernel, Z)
     block_rows = model.block_rows(block_rows, X.shape[0])  # once: the sweep reuses the first stage's projections
     posts, kept = _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows, weights)
