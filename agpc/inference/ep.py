@@ -89,6 +89,7 @@ __all__ = [
     "predict_latent",
     "sep_cavity_gap",
     "sep_cavity_term",
+    "adf_removal_terms",
     "row_dot",
     "site_likelihood",
     "variance_adjoint",
@@ -443,6 +444,27 @@ def removal_terms(site_precision, site_shift, d, e, one_minus):
     return (nu * e * e - 2.0 * mu * e + mu * mu * d) / (2.0 * one_minus) - 0.5 * xp.log(one_minus)
 
 
+def adf_removal_terms(a, v, alpha, gamma, denom=None, shift=None):
+    """g(cavity) - g(cavity x t) for the site t that moment matching makes of the tilted distribution with cavity
+    N(a, v) (d log Z_i / da = alpha, -d^2 log Z_i / da^2 = gamma): minus the log of the mass of t under the cavity.
+
+    ADF's row term of log Z_q (Hernandez-Lobato et al. (2015), cavity = q): the removal term g(q^-i) - g(q) of eq. 26
+    with q^-i = q and the row's site in q its new one, so that each site carries the normaliser Z_i / E_q[t_i] that
+    makes q x t_i hold the mass of the tilted q x phi_i. Without it the sum of the rows' terms leaves out
+    sum_i log E_q[t_i] (~ sum_i mu_i^2 / (2 nu_i), which grows with the sites' precision), and log Z_q is no
+    estimate of the evidence (positive, unbounded on a multiclass model); with it, the hyper-parameter gradient
+    (eq. 4 with the cavity q fixed) is this estimate's own gradient with the sites held. With q x t = N(a + v alpha,
+    v (1 - v gamma)) the difference of the two log normalisers is, without 1/v::
+
+        -(1/2) log(1 - v gamma) - (2 a alpha + v alpha^2 + a^2 gamma) / (2 (1 - v gamma)).
+
+    ``denom`` = 1 - v gamma and ``shift`` = alpha + a gamma: the caller's, when it has formed them for the new site."""
+    xp = array_namespace(a)
+    denom = 1.0 - v * gamma if denom is None else denom
+    shift = alpha + a * gamma if shift is None else shift
+    return -0.5 * (xp.log(denom) + (a * shift + alpha * (a + v * alpha)) / denom)
+
+
 def moment_matched_site(valid, site_precision, site_shift, a, v, alpha, gamma, *, nonnegative=False):
     """New site (eq. 23): the tilted marginal along upsilon_i (d log Z / da = alpha, -d^2 log Z / da^2 =
     gamma) divided by the cavity N(a, v); an invalid cavity keeps the old site. ``nonnegative``: a precision that
@@ -527,7 +549,7 @@ def add_cut_point_grads(grads, kernel, likelihood, site, valid, weights):
 
 
 def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=None, want_grad=True, A=None, Knm=None,
-               want_sums=False, sample_weights=False, anchor=None, damping=None):
+               want_sums=False, sample_weights=False, anchor=None, damping=None, adf=False):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows.
 
     Hernandez-Lobato & Hernandez-Lobato (2016): cavity (eqs. 14-15), tilted moments and new site (eqs. 17-23), log Z_q
@@ -539,6 +561,7 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
     sites, weighted, as a u-space factor: sum_i w_i (new_i - old_i) upsilon_i upsilon_i^T (and the shifts).
     ``sample_weights``: the ``weights`` are sample weights of rows with sites of their own (minibatch EP by power
     EP: ``post`` holds w_i copies of each row's site), whose cavities ``weighted_cavity`` forms.
+    ``adf``: the cavity is q itself (ADF): each row's log Z_q term also takes ``adf_removal_terms`` of its new site.
 
     Minibatch EP (``damping`` given: the rows have sites of their own in ``post``, its running product): ``sums`` is
     then the change of that product, each row's old site out along the direction it is held along and its damped new
@@ -568,16 +591,19 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
     likelihood = site_likelihood(kernel)
     site = likelihood.site_terms(y, a, b)
     log_zi, alpha, gamma = site.log_z, site.alpha, site.gamma
-    if own_sites:
+    if own_sites:  # (ADF's own sites are zero: a cluster's chunks are given them)
         new_nu, new_mu = moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
+        row_terms = log_zi + adf_removal_terms(a, v, alpha, gamma) if adf else log_zi
         # g(cavity) - g(q) of a rank-one removal depends only on q along the direction removed
         d_out, e_out = (marg.d, marg.e) if held is None else (held.d, held.e)
-        terms = xp.where(valid, log_zi + removal_terms(nu, mu, d_out, e_out, one_minus), 0.0)
+        terms = xp.where(valid, row_terms + removal_terms(nu, mu, d_out, e_out, one_minus), 0.0)
     else:
         denom = 1.0 - v * gamma
+        shift = alpha + a * gamma
         new_nu = xp.where(valid, gamma / denom, 0.0)
-        new_mu = xp.where(valid, (alpha + a * gamma) / denom, 0.0)
-        terms = xp.where(valid, log_zi, 0.0)
+        new_mu = xp.where(valid, shift / denom, 0.0)
+        row_terms = log_zi + adf_removal_terms(a, v, alpha, gamma, denom, shift) if adf else log_zi
+        terms = xp.where(valid, row_terms, 0.0)
     if weights is not None:
         terms = terms * weights
     log_z_terms = xp.sum(terms)
@@ -923,15 +949,16 @@ class BlockScratch(threading.local):
 
 
 def binary_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, want_sums=False,
-                 want_sites=True, damping=None, weights=None, sample_weights=False, anchor=None, product_damping=None):
+                 want_sites=True, damping=None, weights=None, sample_weights=False, anchor=None, product_damping=None,
+                 adf=False):
     """Binary EP's sweep for a cavity held as a u-space factor (minibatch EP, SEP, ADF): ``block_pass`` over all
     rows (``sweep_rows``). ``site_precision`` None: the rows have no sites of their own (SEP / ADF).
-    ``weights``, ``sample_weights``: per row, as ``block_pass`` takes them; ``anchor``, ``product_damping``: its
+    ``weights``, ``sample_weights``, ``adf``: as ``block_pass`` takes them; ``anchor``, ``product_damping``: its
     ``anchor`` and ``damping`` (minibatch EP). Batch EP sweeps with ``batch_sweep``."""
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         return block_pass(kernel, X_block, y_block, rows_precision, rows_shift, Z, cavity, want_grad=want_grad,
                           want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
-                          sample_weights=sample_weights, anchor=anchor, damping=product_damping)
+                          sample_weights=sample_weights, anchor=anchor, damping=product_damping, adf=adf)
 
     return sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z,
                       want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping)
@@ -1267,7 +1294,7 @@ def evaluate_factor(
 
       "ep"  q / site_i: each row's own site, (site_precision, site_shift) along its current upsilon_i;
       "sep" q / factor^(1/n_total): one cavity for every row;
-      "adf" q itself.
+      "adf" q itself (each row's log Z_q term with the removal term of its new site: ``adf_removal_terms``).
 
     Returns a dict: ``log_z`` (estimate of log Z_q: the rows' terms scaled by n_total / rows, the rows
     counted by their ``weights`` when given), ``grads`` (eq. 4 with the data part scaled likewise: the
@@ -1293,7 +1320,7 @@ def evaluate_factor(
     sweep = binary_sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
                          block_rows=block_rows, want_sums=True, want_sites=method == "ep", weights=weights,
                          sample_weights=sample_weights, anchor=anchor if method == "ep" else None,
-                         product_damping=damping if method == "ep" else None)
+                         product_damping=damping if method == "ep" else None, adf=method == "adf")
     n_rows = X.shape[0] if weights is None else array_namespace(Z).sum(weights)
     out = finish_factor(kernel, Z, prep, sweep, n_total / n_rows, want_grad)
     if method == "ep" and damping is not None:

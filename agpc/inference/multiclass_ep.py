@@ -177,7 +177,7 @@ class PairUpdate:
 
 
 def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=True, weights=None, own_sites=True,
-                held=None):
+                held=None, adf=False):
     """Cavities, moment matching and log Z_q terms of every pair (i, k) of a block of rows, from each class's marginal
     of q along upsilon_ic (``d``, ``e``, ``prior_var``, ``s``: (b, C), as ``ep.Marginals`` holds them), and with
     ``want_grad`` the per-class coefficients of the gradient's data part (``ep.data_adjoint``; the full-GP pass of
@@ -187,7 +187,8 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     copies of each of row i's pair sites (the marginals given are of that q), each pair's cavity removes one copy of
     its two parts (``ep.weighted_cavity``: a row of weight 0 has no valid pair and no update), and the pairs' log Z_q
     terms and gradient coefficients count w_i times. ``own_sites=False`` (SEP / ADF: zero sites, the marginals are
-    the tied cavity's): the cavity is checked as without weights, and only the weights' factors apply.
+    the tied cavity's): the cavity is checked as without weights, and only the weights' factors apply. ``adf``: the
+    cavity is q itself (ADF), and each pair's term also takes ``ep.adf_removal_terms`` of its two new parts.
 
     ``held`` (minibatch EP whose running product holds the rows' sites along other directions than their current
     ones: ``ep.Anchor``): (d_h, e_h, cross), each (b, C), q along each row's held direction in each class
@@ -232,6 +233,8 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     # (a rank-one removal's g(cavity) - g(q) depends only on q along the direction removed)
     out_y, out_k = ((d_y, e_y), (d, e)) if held is None else (held_y[:2], held[:2])
     terms = log_zp + ep.removal_terms(nu_y, mu_y, *out_y, om_y) + ep.removal_terms(nu_k, mu_k, *out_k, om_k)
+    if adf:  # ADF: the cavity is q, the pair's parts in it its new ones (ep.adf_removal_terms)
+        terms = terms + ep.adf_removal_terms(a_y, v_y, alpha, gamma) + ep.adf_removal_terms(a_k, v_k, -alpha, gamma)
     n_invalid = None
     if weights is not None:  # each pair's term w_i times; the failed pairs of rows in the model counted
         terms = terms * row_weights
@@ -273,12 +276,12 @@ def weighted_totals(totals, weights):
 
 
 def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad=True, want_sums=False, weights=None,
-               own_sites=True, anchors=None, damping=None):
+               own_sites=True, anchors=None, damping=None, adf=False):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows, all classes (``weights``,
-    ``own_sites``: ``pair_update``'s; the sums of the rows' sites then weigh each row's w_i times). Minibatch EP
-    (``damping`` given): the sums are the change of the running product, class by class, each row's old site total
-    out along the direction it is held along (``anchors``: a ``MultiAnchor``, or None: the current one)
-    and its damped new one in (``ep.product_change``), as whitened sums."""
+    ``own_sites``, ``adf``: ``pair_update``'s; the sums of the rows' sites then weigh each row's w_i times). Minibatch
+    EP (``damping`` given): the sums are the change of the running product, class by class, each row's old site
+    total out along the direction it is held along (``anchors``: a ``MultiAnchor``, or None: the current one) and its
+    damped new one in (``ep.product_change``), as whitened sums."""
     xp = array_namespace(X)
     C = n_classes(Z)
     margs = [ep.marginals(kernels[c], X, Z[c, ...], posts[c]) for c in range(C)]
@@ -292,7 +295,7 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     held = None if helds is None else tuple(xp.stack([getattr(h, k) for h in helds], axis=1)
                                             for k in ("d", "e", "cross"))
     update = pair_update(y, site_precision, site_shift, d, e, prior_var, s, want_grad=want_grad, weights=weights,
-                         own_sites=own_sites, held=held)
+                         own_sites=own_sites, held=held, adf=adf)
     new_nu, new_mu = update.site_precision, update.site_shift
     sums = None
     if want_sums:
@@ -357,11 +360,12 @@ def _block_rows(block_rows, Z, n=None):
 
 
 def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, block_rows, want_sums=False,
-                want_sites=True, damping=None, weights=None, anchors=None, product_damping=None):
+                want_sites=True, damping=None, weights=None, anchors=None, product_damping=None, adf=False):
     """Multiclass EP's sweep: ``block_pass`` over all rows (``ep.sweep_rows``), a validity column per class.
     Its reductions add over any split of the rows (``ep.add_sweeps``); ``site_precision`` None: zero sites
-    (SEP / ADF, whose rows have none of their own). ``weights`` (n,): the rows' sample weights (``block_pass``);
-    ``anchors``, ``product_damping``: ``block_pass``'s ``anchors`` and ``damping`` (minibatch EP)."""
+    (SEP / ADF, whose rows have none of their own). ``weights`` (n,): the rows' sample weights, ``adf``: ADF's row
+    terms (``block_pass``); ``anchors``, ``product_damping``: ``block_pass``'s ``anchors`` and ``damping`` (minibatch
+    EP)."""
     own_sites = site_precision is not None
     if not own_sites:
         site_precision = site_shift = zero_sites(X.shape[0], Z)
@@ -369,7 +373,7 @@ def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_gra
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         return block_pass(kernels, X_block, y_block, rows_precision, rows_shift, Z, posts, want_grad=want_grad,
                           want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
-                          own_sites=own_sites, anchors=anchors, damping=product_damping)
+                          own_sites=own_sites, anchors=anchors, damping=product_damping, adf=adf)
 
     return ep.sweep_rows(X, y, site_precision, site_shift, block_step,
                          block_rows=_block_rows(block_rows, Z, X.shape[0]), like=Z[0, ...], want_grad=want_grad,
@@ -447,7 +451,8 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
     """One pass over rows X (all, or a minibatch) with q_c = prior_c x factor_c; the cavity as in
     ``ep.evaluate_factor``: "ep" removes each pair's own parts, "sep" removes factor_c^(1/n_total) from
     every class (one tied factor per class, Villacampa-Calvo & Hernandez-Lobato (2017), sec. 2.3.1), "adf" removes
-    nothing. ``checked``: as in ``evaluate``. ``weights`` (the rows'): sample weights (the multiclass passes have no
+    nothing (each pair's log Z_q term then takes the removal term of its new parts, ``ep.adf_removal_terms``).
+    ``checked``: as in ``evaluate``. ``weights`` (the rows'): sample weights (the multiclass passes have no
     padding; ``sample_weights`` is taken for ``ep.evaluate_factor``'s signature): "ep"'s cavities by power EP, each
     row's terms, gradient and site change w_i times, and the rows counted by weight in the scale n_total / sum(w).
     ``others`` / ``factor_rows``: distributed SEP's shard, per class as in ``ep.factor_cavity``: q_c = prior_c x
@@ -460,7 +465,8 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
     minibatch_ep = method == "ep" and damping is not None
     sweep = class_sweep(kernels, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
                         block_rows=block_rows, want_sums=True, weights=weights,
-                        anchors=anchor if minibatch_ep else None, product_damping=damping if minibatch_ep else None)
+                        anchors=anchor if minibatch_ep else None, product_damping=damping if minibatch_ep else None,
+                        adf=method == "adf")
     n_rows = X.shape[0] if weights is None else array_namespace(Z).sum(weights)
     return finish_factor(kernels, Z, prep, sweep, n_total / n_rows, want_grad, product=minibatch_ep)
 
