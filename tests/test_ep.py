@@ -186,9 +186,9 @@ def test_minibatch_ep_rebuilds_the_site_product_when_cavities_fail(monkeypatch):
     rebuilt = []
     real_rebuild = training.Trainer.rebuild_factor
 
-    def counting(self, X_, y_):
+    def counting(self, X_, y_, **options):
         rebuilt.append(self.n_steps)
-        return real_rebuild(self, X_, y_)
+        return real_rebuild(self, X_, y_, **options)
 
     monkeypatch.setattr(training.Trainer, "rebuild_factor", counting)
     real = ep.evaluate_factor

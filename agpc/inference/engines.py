@@ -307,8 +307,9 @@ class Engine(ModulesByName, abc.ABC):
     def restore_checkpoint(self, saved, path):
         """Put back what ``checkpoint_state`` wrote (checked by ``checkpoint_rules`` first)."""
 
-    def rebuild_factor(self, X, y):
-        """Recompute what ``needs_rebuild`` says has drifted (by default nothing does)."""
+    def rebuild_factor(self, X, y, want_log_z=False):
+        """Recompute what ``needs_rebuild`` says has drifted (by default nothing does); ``want_log_z``: and return
+        log Z at the state rebuilt (None where there is none)."""
 
     def time_rebuild(self, X, y, rows):
         """Run the work of ``rebuild_factor`` on the first ``rows`` rows, committing nothing (the time budget
@@ -488,8 +489,9 @@ class EPEngine(Engine):
             # minibatch EP's running site product: where it holds the sites of the rows not visited since its last
             # exact rebuild (``ep.Anchor``; None: zero sites, or the product is a shard's, whose task keeps it), and
             # the minibatches visited since (by their first row): a row's site leaves the product along the
-            # direction it went in along, known for the rows of one visit a rebuild
-            self.state.update(anchor=None, visited=frozenset())
+            # direction it went in along, known for the rows of one visit a rebuild; "exact": (q, log Z_q) of the
+            # last exact pass while no step was taken since (``rebuild_factor``)
+            self.state.update(anchor=None, visited=frozenset(), exact=None)
         self.needs_rebuild = False
         self.full_gp = self.passes is exact_ep
         # the passes of rows on a cluster (``dask_engine.DaskPasses``, an object: in memory they are modules) keep
@@ -623,6 +625,7 @@ class EPEngine(Engine):
             # the product: each old site out along the direction it was held along, the damped new one in along
             # the current one (``ep.product_change``); the rows are now held along today's directions
             state["factor"] = state["factor"].combine(1.0, result["product_change"], 1.0)
+            state["exact"] = None
             if self.factor_rows is None:
                 state["visited"] = state["visited"] | {lo}
         else:  # SEP / ADF: the factor built in ``evaluate``
@@ -634,17 +637,31 @@ class EPEngine(Engine):
                                                      self.shared_lengthscales)
         return Outcome(change=change, stepped=stepping, record=True, n_invalid=n_invalid)
 
-    def rebuild_factor(self, X, y):
-        """Minibatch EP: recompute the product of all sites at the current hyper-parameters.
-
-        A row's old site is swapped out along its *current* projection while the factor holds it along
-        the projection of its last visit; without an exact rebuild once an epoch the residue piles up."""
+    def rebuild_factor(self, X, y, want_log_z=False):
+        """Minibatch EP: recompute the product of all sites at the current hyper-parameters, which anchors it
+        (``ep.Anchor``: every row's site is then held along its current direction). ``want_log_z`` (the end of an
+        epoch): by the final pass's two passes over the rows (q, then log Z_q's row terms, ``passes.evaluate``), and
+        returns log Z_q of this state, exact: the history's entry of the epoch, and the final pass's result while no
+        step is taken (``state["exact"]``). Else by one pass (the sums alone: the guard's repair)."""
         s = self.state
         self.needs_rebuild = False
-        s["factor"], s["anchor"] = self.passes.exact_factor(s["kernel"], s["Z"], X,
-                                                            *self._sites_in_q(s["nu"], s["mu"]), jitter=self.jitter,
-                                                            block_rows=self.block_rows, y=y, want_anchor=True)
         s["visited"] = frozenset()
+        if not want_log_z:
+            s["factor"], s["anchor"] = self.passes.exact_factor(
+                s["kernel"], s["Z"], X, *self._sites_in_q(s["nu"], s["mu"]), jitter=self.jitter,
+                block_rows=self.block_rows, y=y, want_anchor=True)
+            s["exact"] = None
+            return None
+        final = self._exact_pass(X, y)
+        s["factor"], s["anchor"] = self.passes.anchored_factor(s["kernel"], s["Z"], final["posterior"], self.jitter)
+        s["exact"] = (final["posterior"], float(final["log_z"]))
+        return s["exact"][1]
+
+    def _exact_pass(self, X, y, **options):
+        """q rebuilt exactly from all of EP's sites and log Z_q at it (``passes.evaluate``, no gradient)."""
+        s = self.state
+        return self.passes.evaluate(s["kernel"], s["Z"], X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
+                                    block_rows=self.block_rows, want_sites=False, **options, **self._weighted())
 
     def _sites_in_q(self, site_precision, site_shift, rows=None):
         """The sites as q holds them: each w_i times with sample weights (power EP), else as they are."""
@@ -656,10 +673,12 @@ class EPEngine(Engine):
         return w * site_precision, w * site_shift
 
     def time_rebuild(self, X, y, rows):
+        """The work of an epoch's end (``rebuild_factor(want_log_z=True)``) on the first ``rows`` rows."""
         s = self.state
-        self.passes.exact_factor(s["kernel"], s["Z"], row_slice(X, 0, rows),
-                                 *self._sites_in_q(s["nu"][:rows], s["mu"][:rows], rows),
-                                 jitter=self.jitter, block_rows=self.block_rows, y=row_slice(y, 0, rows))
+        weights = {} if self.sample_weight is None else {"weights": self.sample_weight[:rows]}
+        self.passes.evaluate(s["kernel"], s["Z"], row_slice(X, 0, rows), row_slice(y, 0, rows), s["nu"][:rows],
+                             s["mu"][:rows], jitter=self.jitter, want_grad=False, block_rows=self.block_rows,
+                             want_sites=False, **weights)
 
     def state_in_row_order(self, permutation):
         return _sites_in_row_order(self, permutation)
@@ -670,11 +689,12 @@ class EPEngine(Engine):
         log Z_q by one pass in batch mode (None in minibatch mode: the history's last estimate stands for it)."""
         s = self.state
         kernel, Z = s["kernel"], s["Z"]
+        if s.get("exact") is not None:  # minibatch EP at an epoch's end: this pass was made then
+            post, log_z = s["exact"]
+            return post, log_z if want_log_z else None
         if self.per_row_sites and X is not None and (want_log_z or not self.minibatch):
             # batch mode: the sums of the sites when the last pass left them at this kernel and Z (one visit)
-            options = {} if self.minibatch else self._binary_batch_options(stepping=True)
-            final = self.passes.evaluate(kernel, Z, X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
-                                         block_rows=self.block_rows, want_sites=False, **options, **self._weighted())
+            final = self._exact_pass(X, y, **({} if self.minibatch else self._binary_batch_options(stepping=True)))
             return final["posterior"], float(final["log_z"]) if want_log_z else None
         post = self.passes.posterior_from_factor(kernel, Z, s["factor"], jitter=self.jitter)
         if want_log_z and X is not None and not self.minibatch:
@@ -724,6 +744,8 @@ class EPEngine(Engine):
             s["nu"], s["mu"] = self.passes.load_sites(saved["nu"], s["Z"].dtype)
         s["factor"] = factor_from_arrays(saved["factor"])
         s["site_sums"] = None
+        if "exact" in s:  # (not in a checkpoint: a resumed fit's final pass is made again)
+            s["exact"] = None
         self.sites_nonnegative = self.per_row_sites and _known_nonnegative(s["nu"])
         self.needs_rebuild = bool(saved["needs_rebuild"])
         if "anchor" in s:  # minibatch EP: where its product holds the sites (``ep.Anchor``)

@@ -66,6 +66,7 @@ __all__ = [
     "Factor",
     "evaluate_factor",
     "exact_factor",
+    "anchored_factor",
     "posterior_from_factor",
     "Posterior",
     "prior_cholesky",
@@ -1453,6 +1454,12 @@ def exact_factor(kernel, Z, X, site_precision, site_shift, *, jitter, block_rows
     S, c_tilde, _ = site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, False)
     factor = Factor.unwhitened(S, c_tilde, L_K)
     return (factor, Anchor(kernel, Z, L_K, jitter)) if want_anchor else factor
+
+
+def anchored_factor(kernel, Z, post, jitter):
+    """Minibatch EP's running product after an exact pass over all its sites: q's factor (``Factor.from_posterior``)
+    and its ``Anchor`` (q's own L_K: the directions every row's site is now held along)."""
+    return Factor.from_posterior(post), Anchor(kernel, Z, post.L_K, jitter)
 
 
 def posterior_from_factor(kernel, Z, factor, *, jitter):

@@ -43,6 +43,7 @@ __all__ = [
     "evaluate",
     "evaluate_factor",
     "exact_factor",
+    "anchored_factor",
     "posterior_from_factor",
     "predict_latent",
     "predictive_log_proba",
@@ -532,6 +533,11 @@ def exact_factor(kernels, Z, X, site_precision, site_shift, *, jitter, block_row
     S, c_tilde = class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows)
     factor = MultiFactor(tuple(ep.Factor.from_whitened(S[c], c_tilde[c], L_K_inv[c]) for c in range(n_classes(Z))))
     return (factor, MultiAnchor(kernels, Z, L_K, jitter, L_K_inv)) if want_anchor else factor
+
+
+def anchored_factor(kernels, Z, posts, jitter):
+    """``ep.anchored_factor`` class by class: (a ``MultiFactor``, its ``MultiAnchor``)."""
+    return factor_from_posteriors(posts), MultiAnchor(kernels, Z, [post.L_K for post in posts], jitter)
 
 
 def posterior_from_factor(kernels, Z, factor, *, jitter):

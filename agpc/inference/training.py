@@ -112,6 +112,7 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         self.last = None  # the last step's ``engines.Outcome``
         self.guard = Guard()  # the checks of every step and the record of what was done about failures
         self.reverted = False  # the last step not taken was reverted (not repaired, nor retried as it was)
+        self.epoch_log_z = None  # minibatch EP: log Z_q at the end of the epoch being recorded (``rebuild_factor``)
         self._pending = []  # (log Z estimate, invalid rows) of the steps since the last record
 
 
@@ -230,12 +231,16 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
 
     def record(self):
         """Close a history entry: minibatch mode, the mean log Z estimate of the steps since the last one (an
-        epoch); batch mode, the last step's."""
+        epoch), or minibatch EP's exact log Z_q at the epoch's end (``rebuild_factor``): the steps' estimates of its
+        first epoch, each of rows that have no site yet while q holds those already visited, are no estimate of the
+        evidence; batch mode, the last step's."""
         if not self._pending:
             return
         values = [v for v, _ in self._pending]
         invalid = [k for _, k in self._pending]
         h = self.history
+        if self.epoch_log_z is not None:  # minibatch EP's exact log Z_q at the epoch's end
+            values, self.epoch_log_z = [self.epoch_log_z], None
         h["log_marginal_likelihood"].append(sum(values) / len(values) if self.minibatch else values[-1])
         h["n_invalid_sites"].append(sum(invalid) if self.minibatch else invalid[-1])
         h["time"].append(time.perf_counter() - self.t0)
@@ -246,11 +251,14 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         self._pending = []
 
     @with_blas_threads(_work)
-    def rebuild_factor(self, X, y):
-        """Minibatch EP: the exact product of all sites at the current hyper-parameters (``EPEngine``)."""
+    def rebuild_factor(self, X, y, want_log_z=False):
+        """Minibatch EP: the exact product of all sites at the current hyper-parameters (``EPEngine``);
+        ``want_log_z`` (an epoch's end): with log Z_q at it, exact, which the epoch's history entry then holds."""
         self.n_rebuilds += 1
         with block_memory_advice(f"{self.method}'s exact rebuild of the site product"):
-            self.engine.rebuild_factor(X, y)
+            log_z = self.engine.rebuild_factor(X, y, want_log_z=want_log_z)
+        if log_z is not None:
+            self.epoch_log_z = log_z
 
     def validation_scores(self, X, y, validation):
         """Test NLL and error of the current state on ``validation`` = (X_val, y_val) (labels as the engine takes
@@ -349,7 +357,7 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
         run.order.pop(0)
         if epoch_ends:
             with _timed(hooks, "rebuild"):
-                trainer.rebuild_factor(run.X, run.y)
+                trainer.rebuild_factor(run.X, run.y, want_log_z=True)
         recorded = (not run.order) if minibatch else trainer.last.record  # minibatch: once an epoch
         if recorded:
             trainer.record()
