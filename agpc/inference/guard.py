@@ -121,9 +121,10 @@ class Guard:
         self.pending = Counter()
         return counts
 
-    def summary(self, method):
-        """The warning's text: what the guard did over the run and what to do, or None when it did nothing."""
-        t = self.totals
+    def summary(self, method, since=None):
+        """The warning's text: what the guard did over the run (``since``: since that copy of ``totals``, a stream's
+        one batch) and what to do, or None when it did nothing."""
+        t = self.totals if since is None else self.totals - since
         if not any(t[key] for key in GUARD_KEYS):
             return None
         reasons = ", ".join(f"{t[r]} because {text}" for r, text in REASONS.items() if t[r])
