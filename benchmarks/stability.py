@@ -237,11 +237,11 @@ def verdict(history, final_nll, rows):
 
 
 def main(argv=None):
-    p = options(__doc__, "6 runs of a few hundred generated rows, 2 seeds", data_dir=True, seeds="0,1,2",
+    p = options(__doc__, "6 cases of a few hundred generated rows, 3 seeds", data_dir=True, seeds="0,1,2",
                 out="stability")
     p.add_argument("--runs", default=None, help="comma-separated case names (default: the whole grid)")
     p.add_argument("--split-seed", type=int, default=0, help="seeds the test rows (default 0)")
-    args = parse(p, argv, quick=dict(seeds=[0, 1]))
+    args = parse(p, argv)
     grid = QUICK if args.quick else GRID
     if args.runs:
         names = parse_list(args.runs, allowed=[c.name for c in grid], kind="run")

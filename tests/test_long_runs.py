@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.special import log_ndtr
 
-from agpc import GuardWarning
+from agpc import GPClassifier, GuardWarning
 from agpc.inference import ep, guard, multiclass_ep, training
 from agpc.kernels import RBF, ClassKernels
 from conftest import check_parameter_gradients, to_np, to_xp
@@ -477,3 +477,28 @@ def test_a_quiet_fit_warns_of_nothing_and_counts_nothing():
         fit = training.fit(X, y, kernel, X[:6].copy(), method="ep", batch_size=50, max_iter=3, jitter=JITTER,
                            random_state=0)
     assert all(sum(fit.history[key]) == 0 for key in guard.GUARD_KEYS)
+
+
+def test_a_stream_warns_for_the_batch_the_guard_acted_on(monkeypatch):
+    """partial_fit has no end to warn at: the batch whose step the guard did not take warns, the others do not;
+    the history counts it in the entry of that batch."""
+    X, y = binary_toy(120)
+    clf = GPClassifier(method="sep", n_inducing=6, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GuardWarning)
+        for lo in (0, 20, 40):
+            clf.partial_fit(X[lo:lo + 20], y[lo:lo + 20], classes=[-1.0, 1.0], n_total=120)
+    monkeypatch.setattr(ep, "evaluate_factor", _jumping(ep.evaluate_factor, at=1))
+    with pytest.warns(GuardWarning, match="sep: the training guard did not take 1 step .*log Z jumped"):
+        clf.partial_fit(X[60:80], y[60:80])
+    assert clf.history_["guard_rejected"] == [0, 0, 0, 1] and clf.history_["guard_halvings"] == [0, 0, 0, 1]
+
+
+def test_summary_says_what_the_guard_did(monkeypatch):
+    X, y = binary_toy(200)
+    clf = GPClassifier(method="ep", n_inducing=6, batch_size=50, max_iter=2, random_state=0)
+    assert "training guard" not in clf.fit(X, y).summary()
+    monkeypatch.setattr(ep, "evaluate_factor", _jumping(ep.evaluate_factor, at=6))
+    with pytest.warns(GuardWarning):
+        clf.fit(X, y)
+    assert "the training guard: 1 steps not taken, 1 exact rebuilds of q" in clf.summary()
