@@ -502,3 +502,13 @@ def test_summary_says_what_the_guard_did(monkeypatch):
     with pytest.warns(GuardWarning):
         clf.fit(X, y)
     assert "the training guard: 1 steps not taken, 1 exact rebuilds of q" in clf.summary()
+
+
+def test_a_method_with_nothing_to_halve_takes_a_jump():
+    """vi-JJ's outer iteration has no damping or step size: a jump cannot be remedied by halving, and with no repair
+    either it is taken (the guard never ends a fit over a jump); only an improper q is fatal there."""
+    g = guard.Guard()
+    for value in (-100.0, -110.0, -90.0):
+        g.taken(value)
+    assert g.problem(1e6, n_total=20, can_halve=False) is None
+    assert g.problem(float("nan"), n_total=20, can_halve=False) == "improper"

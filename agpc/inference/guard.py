@@ -69,12 +69,13 @@ class Guard:
         self.repaired = False  # a repair since the last good step
         self.jumps = 0  # steps not taken for a jump since the last good step
 
-    def problem(self, log_z, n_invalid=0.0, rows=0, can_repair=False, n_total=0.0):
+    def problem(self, log_z, n_invalid=0.0, rows=0, can_repair=False, n_total=0.0, can_halve=True):
         """Why a step whose evaluation gave ``log_z`` (and ``n_invalid`` failed cavities of its ``rows``; the model
-        stands for ``n_total`` rows) must not be taken (a key of ``REASONS``), or None."""
+        stands for ``n_total`` rows) must not be taken (a key of ``REASONS``), or None. A jump is not taken while a
+        remedy is left for it (``can_repair``: a repair; ``can_halve``: damping or step sizes to halve)."""
         if not math.isfinite(log_z):
             return "improper"
-        if self.jumps < 1 + can_repair and len(self.recent) >= 3 and abs(log_z) > JUMP_PER_ROW * n_total:
+        if self.jumps < can_repair + can_halve and len(self.recent) >= 3 and abs(log_z) > JUMP_PER_ROW * n_total:
             reference = statistics.median(self.recent)
             spread = 1.4826 * statistics.median(abs(v - reference) for v in self.recent)
             if abs(log_z - reference) > JUMP_FACTOR * max(abs(reference), spread, 1.0):

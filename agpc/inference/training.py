@@ -151,8 +151,9 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
             scalars = [math.nan]
         log_z = float(scalars[0])
         rows = (hi - lo) if self.engine.minibatch else (X.shape[0] if X is not None else 0)
+        engine = self.engine
         problem = self.guard.problem(log_z, scalars[1] if len(scalars) > 1 else 0.0, rows, repair is not None,
-                                     float(self.engine.n_total))
+                                     float(engine.n_total), engine.optimizer is not None or engine.has_damping)
         if problem is not None:
             self._recover(problem, repair)
             return False, float("inf"), log_z
