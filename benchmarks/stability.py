@@ -69,6 +69,7 @@ GRID = [
     Case("ep-20k", "binary", 20_000, _m("ep")),
     Case("ep-50k", "binary", 50_000, _m("ep")),
     Case("ep-200k", "binary", 200_000, _m("ep"), epochs=3),
+    Case("ep-full-airline", "binary", 3_000_000, _m("ep"), epochs=5),  # every training row (2,048,097)
     Case("ep-20k-batch50", "binary", 20_000, _m("ep", batch=50)),
     Case("ep-50k-batch2000", "binary", 50_000, _m("ep", batch=2000), epochs=10),
     Case("ep-50k-m50", "binary", 50_000, _m("ep", m=50)),
