@@ -18,7 +18,11 @@ The rules (any one makes the run UNSTABLE; the reasons are printed):
   max(|Z|, 1)), or above +0.05 nats a row after the first epoch (a log marginal likelihood of labels is <= 0);
 - ``damping``: a damped method's damping below 0.1 at the end;
 - ``nll``: the test NLL at the end worse than after the first epoch by more than 0.01.
-The guard's actions are reported beside the verdict: a repaired run can be STABLE, and says so.
+The guard's actions are reported beside the verdict: a repaired run can be STABLE, and says so. Weights that make a
+few rows count as many (the 1:50 set with ``class_weight="balanced"``, weights 10^U(-3, 3)) over-fit those rows: the
+test NLL rises after the first epoch (docs/weights.md). Such a case runs as it is, its rising NLL said as that
+over-fitting (not an instability) when nothing else is wrong, and beside it with the documented remedy, early stopping
+on the validation data (``n_iter_no_change``), judged by every rule.
 
     PYTHONPATH=. python benchmarks/stability.py                       # the whole grid, 3 seeds
     PYTHONPATH=. python benchmarks/stability.py --runs ep-50k,sep-50k --seeds 0
@@ -58,6 +62,10 @@ class Case:
     fit: str = "fit"
     weights: str | None = None  # "extreme": log-uniform 1e-3..1e3
     extra: dict = field(default_factory=dict)  # fit(...) keywords besides the data
+    # weights that make a few rows count as many (docs/weights.md): the fit over-fits its heavy rows, its test NLL
+    # rising after the first epoch, which early stopping on validation data remedies. Such a case is run without
+    # that remedy beside one with it, and its "nll" is said as that over-fitting, not as a numerical instability.
+    overfits: bool = False
 
 
 def _m(method, m=200, batch=200, **more):
@@ -85,8 +93,12 @@ GRID = [
     Case("ep-50k-dask", "binary", 50_000, _m("ep"), extra={"dask": True}),
     Case("sep-stream-50k", "binary", 50_000, dict(method="sep", n_inducing=200), fit="stream"),
     Case("adf-stream-50k", "binary", 50_000, dict(method="adf", n_inducing=200), fit="stream"),
-    Case("ep-50k-balanced-1:50", "imbalanced", 50_000, _m("ep", class_weight="balanced")),
-    Case("ep-20k-extreme-weights", "binary", 20_000, _m("ep"), weights="extreme"),
+    Case("ep-50k-balanced-1:50", "imbalanced", 50_000, _m("ep", class_weight="balanced"), overfits=True),
+    Case("ep-50k-balanced-1:50-early-stop", "imbalanced", 50_000,
+         _m("ep", class_weight="balanced", n_iter_no_change=2), epochs=10),
+    Case("ep-20k-extreme-weights", "binary", 20_000, _m("ep"), weights="extreme", overfits=True),
+    Case("ep-20k-extreme-weights-early-stop", "binary", 20_000, _m("ep", n_iter_no_change=2), epochs=10,
+         weights="extreme"),
     # the documented remedy for extreme weights in batch mode (docs/weights.md): early stopping on validation data
     Case("ep-batch-5k-extreme-weights", "binary", 5_000,
          dict(method="ep", n_inducing=50, batch_size=None, n_iter_no_change=3), epochs=100, weights="extreme"),
@@ -162,10 +174,9 @@ class Data:
         X_pool, y_pool, X_test, y_test = self.pool(case.task)
         rng = np.random.default_rng([seed, 7])
         if case.task == "imbalanced":
-            negatives = np.flatnonzero(y_pool == 0)
-            negatives = rng.choice(negatives, size=min(len(negatives), case.rows), replace=False)
-            positives = rng.choice(np.flatnonzero(y_pool == 1), size=max(2, len(negatives) // 50), replace=False)
-            rows = rng.permutation(np.r_[negatives, positives])
+            rows = _one_in_fifty(y_pool, case.rows, rng)
+            test = _one_in_fifty(y_test, len(y_test), np.random.default_rng([self.split_seed, 1]))
+            X_test, y_test = X_test[test], y_test[test]  # (scored on the same imbalance)
         else:
             rows = rng.choice(len(y_pool), size=min(case.rows, len(y_pool)), replace=False)
         X_train, X_test = standardise(np.asarray(X_pool[rows], dtype=float), np.asarray(X_test, dtype=float))
@@ -173,6 +184,13 @@ class Data:
         if case.weights == "extreme":
             weights = 10.0 ** rng.uniform(-3.0, 3.0, size=len(rows))
         return X_train, y_pool[rows], X_test, y_test, weights
+
+
+def _one_in_fifty(y, rows, rng):
+    """Up to ``rows`` rows of class 0 and 2% as many of class 1, drawn at random and shuffled."""
+    negatives = rng.choice(np.flatnonzero(y == 0), size=min(int(np.sum(y == 0)), rows), replace=False)
+    positives = rng.choice(np.flatnonzero(y == 1), size=max(2, len(negatives) // 50), replace=False)
+    return rng.permutation(np.r_[negatives, positives])
 
 
 # -- one run ---------------------------------------------------------------------------------------------------
@@ -217,7 +235,7 @@ def _nll(clf, X, y):
     return float(-np.mean(np.log(np.clip(proba[np.arange(len(y)), index], 1e-300, None))))
 
 
-def verdict(history, final_nll, rows):
+def verdict(history, final_nll, rows, overfits=False):
     """(STABLE or UNSTABLE, reasons) of a run's history and its fitted model's test NLL by the rules of the module
     docstring (the end is the model the fit returned: an early-stopped fit's best state)."""
     reasons = []
@@ -234,6 +252,8 @@ def verdict(history, final_nll, rows):
     damping = history.get("damping") or []
     if damping and math.isfinite(damping[-1]) and damping[-1] < DAMPING_FLOOR:
         reasons.append("damping")
+    if overfits and reasons == ["nll"]:  # (``Case.overfits``: no instability, the documented over-fitting)
+        return "STABLE", ["over-fits its heavy rows: docs/weights.md"]
     return ("UNSTABLE" if reasons else "STABLE"), reasons
 
 
@@ -272,7 +292,7 @@ def main(argv=None):
                 except (FloatingPointError, np.linalg.LinAlgError, ValueError) as exc:
                     history, final_nll, seconds = {}, float("nan"), float("nan")
                     said = [f"{type(exc).__name__}: {exc}"[:120]]
-                kind, reasons = verdict(history, final_nll, rows)
+                kind, reasons = verdict(history, final_nll, rows, case.overfits)
                 stable += kind == "STABLE"
                 log_z, nll = history.get("log_marginal_likelihood", []), history.get("validation_nll", [])
                 damping = history.get("damping") or [float("nan")]
