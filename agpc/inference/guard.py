@@ -49,7 +49,7 @@ RESTORE_AFTER = 10
 INVALID_FRACTION = 0.05
 
 # why a step was not taken
-REASONS = {"improper": "q was not proper (a Cholesky factor failed)",
+REASONS = {"improper": "log Z was not finite (q not proper: a Cholesky factor failed, or a NaN in the step)",
            "jump": "its log Z jumped by an order of magnitude",
            "cavities": "more than 5% of its cavities were inconsistent with q"}
 # the history's record of the guard, per entry (an epoch in minibatch mode, an iteration in batch mode)
