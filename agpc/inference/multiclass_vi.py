@@ -20,7 +20,7 @@ from ..likelihoods import ROBUST_MAX, RobustMax
 from . import ep
 from .variational import SVIBoundTerms, data_scale
 
-__all__ = ["EPSILON", "argmax_probability", "robust_max_expected", "svi_elbo_multiclass", "predictive_log_proba"]
+__all__ = ["BOUNDS", "EPSILON", "argmax_probability", "robust_max_expected", "svi_elbo_multiclass", "predictive_log_proba"]
 
 EPSILON = RobustMax.EPSILON
 
@@ -39,14 +39,24 @@ def _robust_max(epsilon):
     return ROBUST_MAX if epsilon == ROBUST_MAX.epsilon else RobustMax(epsilon)
 
 
+BOUNDS = ("conditional", "jensen")
+
+
 def svi_elbo_multiclass(kernels, Z, X, y, whitened_mean, whitened_chol, *, n_quadrature=20, jitter=1e-6, n_total=None,
-                        want_grad=True, block_rows=None, epsilon=EPSILON, weights=None):
-    """Villacampa-Calvo & Hernandez-Lobato (2017), eq. 15 on rows X (all, or a minibatch scaled to n_total), q(v_c) =
-    N(whitened_mean[c], whitened_chol[c] whitened_chol[c]^T). ``weights``: per-row weights as in
-    ``variational.svi_elbo``.
+                        want_grad=True, block_rows=None, epsilon=EPSILON, weights=None, bound="conditional"):
+    """The robust-max bound on rows X (all, or a minibatch scaled to n_total), q(v_c) = N(whitened_mean[c],
+    whitened_chol[c] whitened_chol[c]^T). ``weights``: per-row weights as in ``variational.svi_elbo``.
+
+    ``bound``: "conditional" (default), sum_i of ``RobustMax.conditional_log_density_bound``, a bound on
+    E_q(u) log p(y_i | u) with the conditional f_i | u inside the log (FITC's rows, EP's model); "jensen",
+    Villacampa-Calvo & Hernandez-Lobato (2017), eq. 15, E_q(f_i) log p(y_i | f_i), Jensen over f_i | u as well:
+    linear in p(y_i is the argmax), its optimum makes every argmax certain and the predictions over-confident
+    on noisy labels (docs/methods/svi.md).
 
     ``Z`` (C, m, d), ``whitened_mean`` (C, m), ``whitened_chol`` (C, m, m), ``y`` class indices as floats. Returns
     (elbo, grads) with "<class>:<name>" kernel gradients and stacked "Z", "whitened_mean", "whitened_chol"."""
+    if bound not in BOUNDS:
+        raise ValueError(f"unknown multiclass SVI bound {bound!r}: use one of {BOUNDS}")
     xp = array_namespace(Z)
     C = Z.shape[0]
     likelihood = _robust_max(epsilon)
@@ -55,18 +65,26 @@ def svi_elbo_multiclass(kernels, Z, X, y, whitened_mean, whitened_chol, *, n_qua
              for c in range(C)]
     expected_total = None
     for lo, hi, Xb, yb in ep.data_blocks(X, y, block_rows, Z[0, ...]):
-        pairs = [t.marginals(Xb) for t in terms]
-        f_mean = xp.stack([p[0] for p in pairs], axis=1)
-        f_var = xp.stack([p[1] for p in pairs], axis=1)
-        expected, g_m, g_v = likelihood.expected_log_density(yb, f_mean, f_var, n_quadrature)
+        if bound == "conditional":
+            parts = [t.marginal_parts(Xb) for t in terms]
+            f_mean, f_var, residual = (xp.stack([p[j] for p in parts], axis=1) for j in range(3))
+            expected, g_m, g_v, g_s = likelihood.conditional_log_density_bound(yb, f_mean, f_var, residual,
+                                                                               n_quadrature)
+        else:
+            pairs = [t.marginals(Xb) for t in terms]
+            f_mean = xp.stack([p[0] for p in pairs], axis=1)
+            f_var = xp.stack([p[1] for p in pairs], axis=1)
+            expected, g_m, g_v = likelihood.expected_log_density(yb, f_mean, f_var, n_quadrature)
+            g_s = None
         if weights is not None:
             w = weights[lo:hi]
             expected, g_m, g_v = w * expected, w[:, None] * g_m, w[:, None] * g_v
+            g_s = None if g_s is None else w[:, None] * g_s
         total = xp.sum(expected)
         expected_total = total if expected_total is None else expected_total + total
         if want_grad:
             for c, t in enumerate(terms):
-                t.add_adjoints(g_m[:, c], g_v[:, c])
+                t.add_adjoints(g_m[:, c], g_v[:, c], None if g_s is None else g_s[:, c])
     kl = terms[0].kl
     for t in terms[1:]:
         kl = kl + t.kl
