@@ -98,6 +98,74 @@ def test_robust_max_expected_log_density_derivatives(xp_device):
     assert np.all(probs >= 0.01 / (C - 1) * (1 - 1e-12))
 
 
+def _conditional_case(b=4, C=3, seed=2):
+    """Rows of every kind: a far-out true class (its pairs' log Phi near 0), a far-out rival (log Phi large and
+    negative), small and large q-variances and residuals."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, C, size=b).astype(float)
+    mean = rng.normal(size=(b, C))
+    mean[0] *= 8.0
+    mean[1, int(y[1])] -= 6.0
+    var, residual = rng.uniform(0.05, 2.0, size=(b, C)), rng.uniform(0.01, 1.0, size=(b, C))
+    return y, mean, var, residual
+
+
+def test_robust_max_conditional_bound_derivatives(xp_device):
+    """``conditional_log_density_bound``: its derivatives in every class's mean, q-variance and residual against
+    central differences of the bound (the quadrature sum's own derivatives), on rows of every kind."""
+    xp, device = xp_device
+    y, mean, var, residual = _conditional_case()
+    lik = L.RobustMax(0.01)
+    y_x = to_xp(y, xp, device)
+    _, d_mean, d_var, d_res = lik.conditional_log_density_bound(
+        y_x, *(to_xp(v, xp, device) for v in (mean, var, residual)), 20)
+
+    def total(m, v, s):
+        return float(xp.sum(lik.conditional_log_density_bound(
+            y_x, to_xp(m, xp, device), to_xp(v, xp, device), to_xp(s, xp, device), 20)[0]))
+
+    np.testing.assert_allclose(to_np(d_mean), central_differences(lambda m: total(m, var, residual), mean),
+                               rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(to_np(d_var), central_differences(lambda v: total(mean, v, residual), var),
+                               rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(to_np(d_res), central_differences(lambda s: total(mean, var, s), residual),
+                               rtol=1e-6, atol=1e-9)
+
+
+def test_robust_max_conditional_bound_is_a_bound_and_exact_where_it_should_be():
+    """The bound is below E_q(u) log p(y | u) = E_g log(eps' + gap P(f_y is the largest | g)), f | g ~ N(g, diag s),
+    g ~ N(mean, diag var): the reference by Monte Carlo over g (fixed seed) and an independent 40-node quadrature
+    over f_y for the inner probability, to within 4 standard errors. With two classes and q's variance 0 both
+    inequalities are equalities (one pair; nothing to average): log(eps + (1 - 2 eps) Phi((g_y - g_k) /
+    sqrt(s_y + s_k))) exactly."""
+    from scipy.special import ndtr
+
+    eps = 0.01
+    lik = L.RobustMax(eps)
+    y, mean, var, residual = _conditional_case(b=6, C=4)
+    value = lik.conditional_log_density_bound(y, mean, var, residual, 20)[0]
+    rng = np.random.default_rng(5)
+    nodes, weights = np.polynomial.hermite_e.hermegauss(40)
+    weights = weights / weights.sum()
+    C = mean.shape[1]
+    for i in range(y.shape[0]):
+        k = int(y[i])
+        g = mean[i] + np.sqrt(var[i]) * rng.normal(size=(4000, C))
+        f_y = g[:, k, None] + np.sqrt(residual[i, k]) * nodes[None, :]
+        inner = np.ones_like(f_y)
+        for j in range(C):
+            if j != k:
+                inner *= ndtr((f_y - g[:, j, None]) / np.sqrt(residual[i, j]))
+        log_p = np.log(eps / (C - 1) + (1 - eps - eps / (C - 1)) * (inner @ weights))
+        assert value[i] <= log_p.mean() + 4 * log_p.std() / np.sqrt(log_p.shape[0]) + 1e-12, i
+    y2, mean2, residual2 = np.array([0.0, 1.0, 1.0]), np.array([[0.3, -1.0], [2.0, -0.5], [0.0, 4.0]]), \
+        np.array([[0.2, 0.7], [1.0, 0.1], [0.5, 0.5]])
+    exact = np.log(eps + (1 - 2 * eps) * ndtr(
+        (mean2[[0, 1, 2], [0, 1, 1]] - mean2[[0, 1, 2], [1, 0, 0]]) / np.sqrt(residual2.sum(axis=1))))
+    value2 = lik.conditional_log_density_bound(y2, mean2, np.full_like(mean2, 1e-30), residual2, 20)[0]
+    np.testing.assert_allclose(value2, exact, rtol=1e-12)
+
+
 def test_likelihood_by_name():
     assert L.likelihood_by_name("logistic") is L.LOGISTIC
     assert L.likelihood_by_name(L.PROBIT, multiclass=False) is L.PROBIT
