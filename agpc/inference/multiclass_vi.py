@@ -24,7 +24,8 @@ from ..likelihoods import ROBUST_MAX, RobustMax
 from . import ep
 from .variational import SVIBoundTerms, data_scale
 
-__all__ = ["BOUNDS", "EPSILON", "argmax_probability", "robust_max_expected", "svi_elbo_multiclass", "predictive_log_proba"]
+__all__ = ["BOUNDS", "EPSILON", "argmax_probability", "robust_max_expected", "svi_elbo_multiclass",
+           "predictive_log_proba"]
 
 EPSILON = RobustMax.EPSILON
 
