@@ -7,7 +7,8 @@
   the vi-JJ / vi-Taylor bounds of Izmailov & Kropotov (2017) are bounds of this likelihood, in variational).
 - :class:`RobustMax` p(y | f) = 1 - epsilon if y = argmax_c f_c, epsilon / (C - 1) otherwise
   (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 13, after Hensman et al. (2015b)): the multiclass
-  variational baseline's expected log density (their eq. 11 by quadrature) and predictive.
+  variational model's expected log density (their eq. 15's term, eq. 11 by quadrature), the bound with the
+  sparse conditional inside the log, the larger of the two row by row, and the predictive.
 - :class:`Ordinal` p(y = k | f) = Phi(b_k - f) - Phi(b_{k-1} - f), b_0 = -inf < b_1 < ... < b_K = +inf
   (Chu & Ghahramani (2005), "Gaussian processes for ordinal regression", JMLR 6, with unit noise): EP's tilted
   moments in closed form (as for the probit), the derivatives in the cut points, the expected log density by
@@ -299,6 +300,78 @@ class RobustMax(Likelihood):
         S, d_mean, d_var = self.argmax_probability(y, mean, var, n_quadrature)
         gap = log_hit - log_miss
         return log_miss + gap * S, gap * d_mean, gap * d_var
+
+    def conditional_log_density_bound(self, y, mean, var, residual, n_quadrature=20):
+        """A lower bound on E_q(u) log p(y_i | u) when f_i | u ~ N(g_i, diag s_i) (the conditional, FITC's
+        independent rows) and q(g_i) = N(mean_i, diag var_i) (independent classes), and its derivatives in mean,
+        var and residual s, each (b, C): the robust max's data term with the conditional's variance inside the log.
+
+        p(y | u) = eps' + gap P(f_y > f_k for all k != y | u), eps' = eps / (C - 1), gap = 1 - eps - eps'. The
+        events f_y > f_k share f_y and each is increasing in it, so (Chebyshev's association inequality)
+        P(all) >= prod_k Phi(d_k / r_k), d_k = g_y - g_k, r_k^2 = s_y + s_k: Villacampa-Calvo & Hernandez-Lobato
+        (2017)'s eq. 6 product of probits, a bound here. log(eps' + gap exp(T)) is increasing and convex in T,
+        so by Jensen over q
+
+            E_q log p(y | u) >= log(eps' + gap exp(sum_k E_q log Phi(d_k / r_k))),
+
+        with d_k ~ N(mean_y - mean_k, var_y + var_k) under q: C - 1 one-dimensional Gauss-Hermite integrals
+        (E_{N(d | mu, sd^2)} log Phi(d / r) ~ sum_t w_t log Phi((mu + sqrt(2) sd x_t) / r)). The derivatives are
+        those of the quadrature sums. Unlike ``expected_log_density`` (Jensen over f | u too, linear in
+        P(f_y is the largest)), the bound is not raised by making every row's argmax certain: a row whose
+        class is unlikely costs log Phi of its margin, as in EP's model (docs/methods/svi.md). It is loose
+        where q is broad against the conditional (q at the prior, s small): there every row sits at the floor
+        log eps' and gives no gradient; ``log_density_bound`` takes the larger of the two bounds."""
+        xp = array_namespace(mean)
+        C = mean.shape[1]
+        onehot = y[:, None] == xp.arange(C, dtype=y.dtype, device=array_device(y))[None, :]
+        log_miss = math.log(self.epsilon / (C - 1))
+        log_gap = math.log((1.0 - self.epsilon) - self.epsilon / (C - 1))
+        quadrature = NormalQuadrature(n_quadrature, mean)
+        weights = quadrature.weights
+        scaled_nodes = math.sqrt(2.0) * quadrature.nodes
+
+        def of_true_class(a):
+            return xp.sum(xp.where(onehot, a, 0.0), axis=1)[:, None]
+
+        rival = ~onehot
+        one = xp.ones_like(mean)
+        margin = of_true_class(mean) - mean  # (b, C): mu_d of each pair (0 in the true class's column)
+        sd = xp.sqrt(xp.where(rival, of_true_class(var) + var, one))  # sd_d
+        scale = xp.sqrt(xp.where(rival, of_true_class(residual) + residual, one))  # r
+        z = (margin[:, :, None] + sd[:, :, None] * scaled_nodes) / scale[:, :, None]  # (b, C, T)
+        log_phi = log_ndtr(z)
+        ratio = xp.exp(log_normal_pdf(z) - log_phi)  # N(z) / Phi(z)
+        pair = xp.where(rival, xp.sum(log_phi * weights, axis=2), 0.0)  # E_q log Phi(d_k / r_k)
+        d_margin = xp.where(rival, xp.sum(ratio * weights, axis=2) / scale, 0.0)
+        d_var = xp.where(rival, xp.sum(ratio * (scaled_nodes * weights), axis=2) / (2.0 * sd * scale), 0.0)
+        d_residual = xp.where(rival, -xp.sum(ratio * z * weights, axis=2) / (2.0 * scale * scale), 0.0)
+        total = xp.sum(pair, axis=1)  # T
+        # log(eps' + gap exp(T)) and its slope rho = gap exp(T) / (eps' + gap exp(T)), without overflow
+        hit = log_gap + total
+        value = xp.maximum(hit, log_miss) + xp.log1p(xp.exp(-xp.abs(hit - log_miss)))
+        rho = sigmoid(hit - log_miss, xp)[:, None]
+
+        def spread(d):  # a pair's derivative reaches the rival's column and, summed over the pairs, the true class's
+            return rho * xp.where(onehot, xp.sum(d, axis=1)[:, None], d)
+
+        d_mean = rho * xp.where(onehot, xp.sum(d_margin, axis=1)[:, None], -d_margin)
+        return value, d_mean, spread(d_var), spread(d_residual)
+
+    def log_density_bound(self, y, mean, var, residual, n_quadrature=20):
+        """Row by row the larger of two lower bounds on E_q(u) log p(y_i | u) (f_i | u ~ N(g_i, diag s_i), q(g_i) =
+        N(mean_i, diag var_i)), and its derivatives in mean, var and residual s, each (b, C): the conditional bound
+        (``conditional_log_density_bound``) and Villacampa-Calvo & Hernandez-Lobato (2017)'s eq. 15 term
+        E_q(f_i) log p(y_i | f_i) = E_q(u) E_{f_i | u} log p(y_i | f_i) (``expected_log_density`` at the total
+        variance var + s; Jensen over f_i | u). Each is a lower bound, so their maximum is one. Eq. 15's is the
+        larger where q is broad against the conditional (the start, q at the prior), the conditional one where q
+        has settled; a row's derivatives are those of the larger (at a tie, the conditional one's)."""
+        value, d_mean, d_var, d_residual = self.conditional_log_density_bound(y, mean, var, residual, n_quadrature)
+        xp = array_namespace(mean)
+        jensen, j_mean, j_var = self.expected_log_density(y, mean, var + residual, n_quadrature)
+        pick = jensen > value
+        column = pick[:, None]
+        return (xp.where(pick, jensen, value), xp.where(column, j_mean, d_mean), xp.where(column, j_var, d_var),
+                xp.where(column, j_var, d_residual))
 
     def predictive_log_proba(self, mean, var, n_quadrature=PREDICTIVE_NODES):
         """log p(y = k | x), (n, C): (1 - eps) S_k + eps / (C - 1) (1 - S_k), with S_k the probability that f_k is

@@ -98,6 +98,132 @@ def test_robust_max_expected_log_density_derivatives(xp_device):
     assert np.all(probs >= 0.01 / (C - 1) * (1 - 1e-12))
 
 
+def _conditional_case(b=4, C=3, seed=2):
+    """Rows of every kind: a far-out true class (its pairs' log Phi near 0), a far-out rival (log Phi large and
+    negative), small and large q-variances and residuals."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, C, size=b).astype(float)
+    mean = rng.normal(size=(b, C))
+    mean[0] *= 8.0
+    mean[1, int(y[1])] -= 6.0
+    var, residual = rng.uniform(0.05, 2.0, size=(b, C)), rng.uniform(0.01, 1.0, size=(b, C))
+    return y, mean, var, residual
+
+
+def test_robust_max_conditional_bound_derivatives(xp_device):
+    """``conditional_log_density_bound``: its derivatives in every class's mean, q-variance and residual against
+    central differences of the bound (the quadrature sum's own derivatives), on rows of every kind."""
+    xp, device = xp_device
+    y, mean, var, residual = _conditional_case()
+    lik = L.RobustMax(0.01)
+    y_x = to_xp(y, xp, device)
+    _, d_mean, d_var, d_res = lik.conditional_log_density_bound(
+        y_x, *(to_xp(v, xp, device) for v in (mean, var, residual)), 20)
+
+    def total(m, v, s):
+        return float(xp.sum(lik.conditional_log_density_bound(
+            y_x, to_xp(m, xp, device), to_xp(v, xp, device), to_xp(s, xp, device), 20)[0]))
+
+    np.testing.assert_allclose(to_np(d_mean), central_differences(lambda m: total(m, var, residual), mean),
+                               rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(to_np(d_var), central_differences(lambda v: total(mean, v, residual), var),
+                               rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(to_np(d_res), central_differences(lambda s: total(mean, var, s), residual),
+                               rtol=1e-6, atol=1e-9)
+
+
+def _both_branches_case():
+    """Rows 0-2: q broad against a small conditional (q at the prior, inducing points near the row), where eq. 15's
+    term is the larger bound by 0.5-0.8 nats; rows 3-5: q narrow, the conditional bound the larger by 1.7-2.6."""
+    rng = np.random.default_rng(4)
+    y = np.array([0.0, 1.0, 2.0, 0.0, 1.0, 2.0])
+    broad = (np.arange(6) < 3)[:, None]
+    mean = rng.normal(size=(6, 3))
+    var = np.where(broad, rng.uniform(2.0, 4.0, (6, 3)), rng.uniform(0.02, 0.1, (6, 3)))
+    residual = np.where(broad, rng.uniform(0.005, 0.02, (6, 3)), rng.uniform(0.5, 1.0, (6, 3)))
+    return y, mean, var, residual
+
+
+def test_robust_max_log_density_bound_is_the_larger_bound_with_its_derivatives(xp_device):
+    """``log_density_bound``: row by row the larger of the conditional bound and eq. 15's term (both branches
+    present, each by a margin no finite-difference step crosses), and its derivatives in every class's mean,
+    q-variance and residual against central differences (eq. 15's variance derivative reaches both parts)."""
+    xp, device = xp_device
+    y, mean, var, residual = _both_branches_case()
+    lik = L.RobustMax(0.01)
+    y_x = to_xp(y, xp, device)
+    args = [to_xp(v, xp, device) for v in (mean, var, residual)]
+    value, d_mean, d_var, d_res = (to_np(v) for v in lik.log_density_bound(y_x, *args, 20))
+    conditional = to_np(lik.conditional_log_density_bound(y_x, *args, 20)[0])
+    jensen = to_np(lik.expected_log_density(y_x, args[0], args[1] + args[2], 20)[0])
+    np.testing.assert_array_equal(value, np.maximum(conditional, jensen))
+    assert np.all((jensen - conditional)[:3] > 0.5) and np.all((conditional - jensen)[3:] > 1.0)
+
+    def total(m, v, s):
+        return float(xp.sum(lik.log_density_bound(
+            y_x, to_xp(m, xp, device), to_xp(v, xp, device), to_xp(s, xp, device), 20)[0]))
+
+    np.testing.assert_allclose(d_mean, central_differences(lambda m: total(m, var, residual), mean),
+                               rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(d_var, central_differences(lambda v: total(mean, v, residual), var),
+                               rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(d_res, central_differences(lambda s: total(mean, var, s), residual),
+                               rtol=1e-6, atol=1e-9)
+
+
+def test_robust_max_bounds_at_the_prior_with_ten_classes():
+    """q at the prior (mean 0, variance 1) against a small conditional (s = 0.01), ten classes: the conditional
+    bound of every row sits at the floor log(eps / 9) with derivatives below 1e-90 (the start of a fit, where
+    multiclass SVI with that bound alone left a digit class as label noise, docs/methods/svi.md), while the larger
+    of the two bounds is eq. 15's term, log(eps/9) + gap / 10, with derivatives of order one."""
+    C, eps = 10, L.RobustMax.EPSILON
+    y = np.arange(5, dtype=float)
+    mean, var, residual = np.zeros((5, C)), np.ones((5, C)), np.full((5, C), 0.01)
+    value, *slopes = L.ROBUST_MAX.conditional_log_density_bound(y, mean, var, residual)
+    np.testing.assert_allclose(value, math.log(eps / 9), rtol=1e-12)
+    assert max(np.abs(d).max() for d in slopes) < 1e-90
+    value, d_mean, d_var, _ = L.ROBUST_MAX.log_density_bound(y, mean, var, residual)
+    gap = math.log1p(-eps) - math.log(eps / 9)
+    np.testing.assert_allclose(value, math.log(eps / 9) + gap / C, rtol=1e-4)  # (S = 1/10 by 20 nodes)
+    assert np.abs(d_mean).max() > 0.5 and np.abs(d_var).max() > 0.1
+
+
+def test_robust_max_conditional_bound_is_a_bound_and_exact_where_it_should_be():
+    """The conditional bound, and the larger of it and eq. 15's term, are below E_q(u) log p(y | u) =
+    E_g log(eps' + gap P(f_y is the largest | g)), f | g ~ N(g, diag s), g ~ N(mean, diag var): the reference by
+    Monte Carlo over g (fixed seed) and an independent 40-node quadrature over f_y for the inner probability, to
+    within 4 standard errors. With two classes and q's variance 0 both inequalities of the conditional bound are
+    equalities (one pair; nothing to average): log(eps + (1 - 2 eps) Phi((g_y - g_k) / sqrt(s_y + s_k))) exactly."""
+    from scipy.special import ndtr
+
+    eps = 0.01
+    lik = L.RobustMax(eps)
+    rng = np.random.default_rng(5)
+    nodes, weights = np.polynomial.hermite_e.hermegauss(40)
+    weights = weights / weights.sum()
+    for y, mean, var, residual in (_conditional_case(b=6, C=4), _both_branches_case()):
+        value = lik.conditional_log_density_bound(y, mean, var, residual, 20)[0]
+        larger = lik.log_density_bound(y, mean, var, residual, 20)[0]
+        C = mean.shape[1]
+        for i in range(y.shape[0]):
+            k = int(y[i])
+            g = mean[i] + np.sqrt(var[i]) * rng.normal(size=(4000, C))
+            f_y = g[:, k, None] + np.sqrt(residual[i, k]) * nodes[None, :]
+            inner = np.ones_like(f_y)
+            for j in range(C):
+                if j != k:
+                    inner *= ndtr((f_y - g[:, j, None]) / np.sqrt(residual[i, j]))
+            log_p = np.log(eps / (C - 1) + (1 - eps - eps / (C - 1)) * (inner @ weights))
+            reference = log_p.mean() + 4 * log_p.std() / np.sqrt(log_p.shape[0]) + 1e-12
+            assert value[i] <= larger[i] <= reference, (C, i)
+    y2, mean2, residual2 = np.array([0.0, 1.0, 1.0]), np.array([[0.3, -1.0], [2.0, -0.5], [0.0, 4.0]]), \
+        np.array([[0.2, 0.7], [1.0, 0.1], [0.5, 0.5]])
+    exact = np.log(eps + (1 - 2 * eps) * ndtr(
+        (mean2[[0, 1, 2], [0, 1, 1]] - mean2[[0, 1, 2], [1, 0, 0]]) / np.sqrt(residual2.sum(axis=1))))
+    value2 = lik.conditional_log_density_bound(y2, mean2, np.full_like(mean2, 1e-30), residual2, 20)[0]
+    np.testing.assert_allclose(value2, exact, rtol=1e-12)
+
+
 def test_likelihood_by_name():
     assert L.likelihood_by_name("logistic") is L.LOGISTIC
     assert L.likelihood_by_name(L.PROBIT, multiclass=False) is L.PROBIT

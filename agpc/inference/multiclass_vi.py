@@ -1,16 +1,20 @@
-"""The multiclass variational baseline of Villacampa-Calvo & Hernandez-Lobato (2017), sec. 3 (Hensman et al. 2015b):
+"""The multiclass variational model of Villacampa-Calvo & Hernandez-Lobato (2017), sec. 3 (Hensman et al. 2015b):
 robust-max likelihood.
 
 p(y | f) = 1 - epsilon if y = argmax_c f_c, epsilon / (C - 1) otherwise (Villacampa-Calvo & Hernandez-Lobato (2017), eq.
 13, epsilon = 1e-3), one GP per class with q(u_c) held whitened (``variational``: u_c = L_K,c v_c, q(v_c) =
-N(m_w,c, L_w,c L_w,c^T)), and the bound of eq. 15
+N(m_w,c, L_w,c L_w,c^T)), and the bound
 
-    ELBO = sum_i E_q log p(y_i | f_i) - sum_c KL(q(u_c) || p(u_c)),
+    ELBO = sum_i (a lower bound on E_q(u) log p(y_i | u)) - sum_c KL(q(u_c) || p(u_c)),
 
-where E_q log p(y_i | f_i) = log(eps / (C-1)) + (log(1 - eps) - log(eps / (C-1))) S_i and S_i = p(y_i is the
-argmax) under the independent Gaussian marginals of f_i: the one-dimensional integral of Villacampa-Calvo &
-Hernandez-Lobato (2017), eq. 11, by Gauss-Hermite. Each class's KL and data adjoints are the binary SVI ones
-(``variational.SVIBoundTerms``).
+with f_i | u the sparse conditional of multiclass EP's model (independent rows and classes, variance s_ic). The
+row's term (``svi_elbo_multiclass``'s ``bound``) is by default the larger of two lower bounds: eq. 15's
+E_q(f_i) log p(y_i | f_i) = log(eps / (C-1)) + (log(1 - eps) - log(eps / (C-1))) S_i, S_i = p(y_i is the argmax)
+under the independent Gaussian marginals of f_i (eq. 11's one-dimensional integral, by Gauss-Hermite), and the
+bound with f_i | u inside the log (``RobustMax.conditional_log_density_bound``). Eq. 15 alone is linear in S_i and
+its optimum makes every argmax certain: on noisy labels the predictions grew more over-confident every epoch
+(issue 39, docs/methods/svi.md). Each class's KL and data adjoints are the binary SVI ones
+(``variational.SVIBoundTerms``, with separate adjoints for q's share of the variance and the conditional's).
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from ..likelihoods import ROBUST_MAX, RobustMax
 from . import ep
 from .variational import SVIBoundTerms, data_scale
 
-__all__ = ["EPSILON", "argmax_probability", "robust_max_expected", "svi_elbo_multiclass", "predictive_log_proba"]
+__all__ = ["BOUNDS", "EPSILON", "argmax_probability", "robust_max_expected", "svi_elbo_multiclass",
+           "predictive_log_proba"]
 
 EPSILON = RobustMax.EPSILON
 
@@ -39,14 +44,28 @@ def _robust_max(epsilon):
     return ROBUST_MAX if epsilon == ROBUST_MAX.epsilon else RobustMax(epsilon)
 
 
+BOUNDS = ("max", "conditional", "jensen")
+
+
 def svi_elbo_multiclass(kernels, Z, X, y, whitened_mean, whitened_chol, *, n_quadrature=20, jitter=1e-6, n_total=None,
-                        want_grad=True, block_rows=None, epsilon=EPSILON, weights=None):
-    """Villacampa-Calvo & Hernandez-Lobato (2017), eq. 15 on rows X (all, or a minibatch scaled to n_total), q(v_c) =
-    N(whitened_mean[c], whitened_chol[c] whitened_chol[c]^T). ``weights``: per-row weights as in
-    ``variational.svi_elbo``.
+                        want_grad=True, block_rows=None, epsilon=EPSILON, weights=None, bound="max"):
+    """The robust-max bound on rows X (all, or a minibatch scaled to n_total), q(v_c) = N(whitened_mean[c],
+    whitened_chol[c] whitened_chol[c]^T). ``weights``: per-row weights as in ``variational.svi_elbo``.
+
+    ``bound``, the data term of a row, each a lower bound on E_q(u) log p(y_i | u) in the sparse (FITC) model of
+    multiclass EP with the robust max on top (docs/methods/svi.md):
+
+    - "jensen": Villacampa-Calvo & Hernandez-Lobato (2017), eq. 15, E_q(f_i) log p(y_i | f_i), Jensen over f_i | u
+      as well as over q: linear in p(y_i is the argmax), its optimum makes every argmax certain, and the
+      predictions grow over-confident on noisy labels, epoch after epoch (issue 39);
+    - "conditional": ``RobustMax.conditional_log_density_bound``, f_i | u inside the log: calibrated, but at the
+      floor log eps' (no gradient) for the rows where q is broad against the conditional, as at the start;
+    - "max" (default): ``RobustMax.log_density_bound``, the larger of the two, row by row.
 
     ``Z`` (C, m, d), ``whitened_mean`` (C, m), ``whitened_chol`` (C, m, m), ``y`` class indices as floats. Returns
     (elbo, grads) with "<class>:<name>" kernel gradients and stacked "Z", "whitened_mean", "whitened_chol"."""
+    if bound not in BOUNDS:
+        raise ValueError(f"unknown multiclass SVI bound {bound!r}: use one of {BOUNDS}")
     xp = array_namespace(Z)
     C = Z.shape[0]
     likelihood = _robust_max(epsilon)
@@ -55,18 +74,27 @@ def svi_elbo_multiclass(kernels, Z, X, y, whitened_mean, whitened_chol, *, n_qua
              for c in range(C)]
     expected_total = None
     for lo, hi, Xb, yb in ep.data_blocks(X, y, block_rows, Z[0, ...]):
-        pairs = [t.marginals(Xb) for t in terms]
-        f_mean = xp.stack([p[0] for p in pairs], axis=1)
-        f_var = xp.stack([p[1] for p in pairs], axis=1)
-        expected, g_m, g_v = likelihood.expected_log_density(yb, f_mean, f_var, n_quadrature)
+        if bound == "jensen":
+            pairs = [t.marginals(Xb) for t in terms]
+            f_mean = xp.stack([p[0] for p in pairs], axis=1)
+            f_var = xp.stack([p[1] for p in pairs], axis=1)
+            expected, g_m, g_v = likelihood.expected_log_density(yb, f_mean, f_var, n_quadrature)
+            g_s = None
+        else:
+            parts = [t.marginal_parts(Xb) for t in terms]
+            f_mean, f_var, residual = (xp.stack([p[j] for p in parts], axis=1) for j in range(3))
+            row_bound = (likelihood.log_density_bound if bound == "max"
+                         else likelihood.conditional_log_density_bound)
+            expected, g_m, g_v, g_s = row_bound(yb, f_mean, f_var, residual, n_quadrature)
         if weights is not None:
             w = weights[lo:hi]
             expected, g_m, g_v = w * expected, w[:, None] * g_m, w[:, None] * g_v
+            g_s = None if g_s is None else w[:, None] * g_s
         total = xp.sum(expected)
         expected_total = total if expected_total is None else expected_total + total
         if want_grad:
             for c, t in enumerate(terms):
-                t.add_adjoints(g_m[:, c], g_v[:, c])
+                t.add_adjoints(g_m[:, c], g_v[:, c], None if g_s is None else g_s[:, c])
     kl = terms[0].kl
     for t in terms[1:]:
         kl = kl + t.kl

@@ -92,13 +92,15 @@ def prior_cholesky(kernel, Z, jitter, *, checked=True):
 class SVIBoundTerms:
     """One GP's share of the SVI bound for the whitened q(v) = N(m_w, L_w L_w^T), u = L_K v (module docstring).
 
-    With A = L_K^-1 Knm^T (column i: a_i = L_K^-1 k_i) the marginal of f_i is N(a_i^T m_w, K_ii - |a_i|^2 +
-    |L_w^T a_i|^2) (latent noise included in K_ii), and KL = (|L_w|_F^2 + |m_w|^2 - m - 2 sum log|diag L_w|) / 2.
-    With g_m, g_v the derivatives of the rows' expected log-likelihoods in their means and variances
-    (G = diag g_v), the data term's adjoints are::
+    With A = L_K^-1 Knm^T (column i: a_i = L_K^-1 k_i) the marginal of f_i is N(a_i^T m_w, s_i + v_i): the
+    conditional's variance s_i = K_ii - |a_i|^2 (latent noise included in K_ii; FITC's residual) plus q's share
+    v_i = |L_w^T a_i|^2, and KL = (|L_w|_F^2 + |m_w|^2 - m - 2 sum log|diag L_w|) / 2.
+    With g_m, g_v, g_s the derivatives of the rows' data terms in their means, q-variances v_i and residuals s_i
+    (G = diag g_v, G_s = diag g_s; a term of the total variance s_i + v_i alone has g_s = g_v), the data term's
+    adjoints are::
 
-      dA = m_w g_m^T + 2 (L_w L_w^T - I) A G,     d m_w = A g_m,     d L_w = 2 tril(A G A^T L_w),
-      dKnm^T = L_K^-T dA,   dKdiag = g_v,   dL_K = -tril(L_K^-T dA A^T)   (A = L_K^-1 Knm^T),
+      dA = m_w g_m^T + 2 L_w L_w^T A G - 2 A G_s,     d m_w = A g_m,     d L_w = 2 tril(A G A^T L_w),
+      dKnm^T = L_K^-T dA,   dKdiag = g_s,   dL_K = -tril(L_K^-T dA A^T)   (A = L_K^-1 Knm^T),
 
     and dL_K reaches Kmm through the Cholesky factorisation: dKmm = sym(L_K^-T Phi(L_K^T dL_K) L_K^-1), Phi the
     lower triangle with its diagonal halved, sym(X) = (X + X^T) / 2 (Murray (2016), "Differentiation of the
@@ -127,21 +129,32 @@ class SVIBoundTerms:
 
     def marginals(self, Xb):
         """Mean and variance of f at the rows under q (latent noise included)."""
+        mean, spread_variance, residual = self.marginal_parts(Xb)
+        return mean, residual + spread_variance
+
+    def marginal_parts(self, Xb):
+        """Mean a_i^T m_w, q's share of the variance v_i = |L_w^T a_i|^2 and the conditional's s_i = K_ii - |a_i|^2
+        (latent noise included) at the rows: f_i | u ~ N(a_i^T L_K^-1 u, s_i), q(a_i^T L_K^-1 u) = N(mean, v_i)."""
         Knm = self.kernel.K(Xb, self.Z)
         A = self._solve(Knm.mT, overwrite=False)  # (Knm is kept for the kernel's gradient)
         spread = triangular_matmul(self.chol, A, trans=True)  # L_w^T A
         self._block = (Xb, Knm, A, spread)
-        variance = self.kernel.Kdiag(Xb) - row_dot(A, A, axis=-2) + row_dot(spread, spread, axis=-2)
-        return self.mean @ A, variance
+        residual = self.kernel.Kdiag(Xb) - row_dot(A, A, axis=-2)
+        return self.mean @ A, row_dot(spread, spread, axis=-2), residual
 
-    def add_adjoints(self, g_m, g_v):
-        """Accumulate the adjoints of the last ``marginals`` block."""
+    def add_adjoints(self, g_m, g_v, g_s=None):
+        """Accumulate the adjoints of the last ``marginals`` (or ``marginal_parts``) block: g_v of q's share of the
+        variance, g_s of the conditional's (None: g_v, the adjoint of the total variance)."""
         Xb, Knm, A, spread = self._block
         weighted = A * g_v[None, :]  # A G
+        if g_s is None:  # (the total variance's adjoint: A G_s is A G)
+            g_s, weighted_s = g_v, weighted
+        else:
+            weighted_s = A * g_s[None, :]
         d_A = self.mean[:, None] * g_m[None, :] + 2.0 * (triangular_matmul(self.chol, spread * g_v[None, :])
-                                                          - weighted)
+                                                          - weighted_s)
         dKnm_t = self._solve(d_A, trans=True)  # L_K^-T dA
-        block = self.kernel.grads(None, dKnm_t.mT, g_v, Xb, self.Z, Knm=Knm)
+        block = self.kernel.grads(None, dKnm_t.mT, g_s, Xb, self.Z, Knm=Knm)
         parts = (block, dKnm_t @ A.mT, A @ g_m, weighted @ spread.mT)  # the last: A G A^T L_w = (A G) (L_w^T A)^T
         if self.grads is None:
             self.grads, self.L_adjoint, self.d_mean, self.d_chol = parts
