@@ -25,6 +25,7 @@ _PUBLIC = {
     "Product": "kernels",
     "CholeskyError": "backend",
     "JitterWarning": "backend",
+    "GuardWarning": "backend",
     "DeviceUnavailableError": "backend",
     "TF32Warning": "backend",
     "save_model": "persistence",

@@ -48,6 +48,8 @@ __all__ = [
     "DeviceThroughput",
     "device_throughput",
     "JitterWarning",
+    "GuardWarning",
+    "warn_guard",
     "ModulesByName",
     "jitter_report",
     "note_jitter",
@@ -103,6 +105,28 @@ __all__ = [
 
 class CholeskyError(np.linalg.LinAlgError):
     """A Cholesky factorisation failed even after adding jitter to the diagonal."""
+
+
+def __getattr__(name):
+    """``GuardWarning``, made on first use (PEP 562): it is scikit-learn's ``ConvergenceWarning`` of the training
+    guard, and scikit-learn is not loaded where agpc computes without it (a worker process, the CLI's start)."""
+    if name != "GuardWarning":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from sklearn.exceptions import ConvergenceWarning
+
+    doc = """The training guard did not take some steps (an improper q, a jump of log Z, cavities inconsistent with
+    q) and repaired q, or halved damping and step sizes (``agpc.inference.guard``): the fit went on, but along
+    another path than its settings asked for. The message says what happened and what to do; the history's
+    ``guard_*`` entries count it per epoch or iteration. A ``sklearn.exceptions.ConvergenceWarning``."""
+    cls = globals()["GuardWarning"] = type("GuardWarning", (ConvergenceWarning,), {"__doc__": doc,
+                                                                                   "__module__": __name__})
+    return cls
+
+
+def warn_guard(message, stacklevel=2):
+    """Warn with ``message`` as a ``GuardWarning`` (from the caller's caller by default)."""
+    category = globals().get("GuardWarning") or __getattr__("GuardWarning")
+    warnings.warn(message, category, stacklevel=stacklevel + 1)
 
 
 class JitterWarning(UserWarning):

@@ -38,8 +38,8 @@ import numpy as np
 
 from .backend import array_namespace, to_numpy
 
-__all__ = ["check_loop_state", "check_engine_state", "check_saved_factor", "array_shapes", "dtype_text", "is_array",
-           "LOOP_FIELDS"]
+__all__ = ["check_loop_state", "check_engine_state", "check_saved_factor", "check_saved_anchor", "check_row_starts",
+           "array_shapes", "dtype_text", "is_array", "LOOP_FIELDS"]
 
 # The training loop's part of a checkpoint, beside the engine's own: the type of each entry.
 LOOP_FIELDS = {"fingerprint": dict, "engine": dict, "n_steps": int, "n_updates": int, "history": dict,
@@ -254,3 +254,38 @@ def check_saved_factor(saved, Z, where, refuse):
         for part, shape, value in (("precision", (m, m), pair[0]), ("shift", (m,), pair[1])):
             _check_float_array(value, shape, Z.dtype, f"{where}[{i}].{part}", refuse)
             _check_finite(value, f"{where}[{i}].{part}", refuse)
+
+
+def check_saved_anchor(saved, kernel, Z, where, refuse):
+    """Minibatch EP's anchor as a checkpoint stores it (``engines.anchor_arrays``): None, or the kernel parameters,
+    Z and the Cholesky factor(s) L_K of the running product's last exact rebuild, and its jitter: the parameters by
+    this run's table (logs of their shapes and type, finite or -inf where a parameter may be zero), Z of this run's shape and type, L_K one (m, m) factor a
+    class, lower triangular with a positive diagonal, finite; the jitter a positive number."""
+    if saved is None:
+        return
+    if not isinstance(saved, dict) or set(saved) != {"kernel", "Z", "L_K", "jitter"}:
+        raise refuse(f"{where}: not an anchor (kernel, Z, L_K, jitter)")
+    params, table = kernel.params, kernel.parameter_table()
+    if not isinstance(saved["kernel"], dict) or set(saved["kernel"]) != set(params):
+        raise refuse(f"{where}.kernel: expected the parameters {sorted(params)}")
+    for name, value in saved["kernel"].items():  # (a parameter fixed at 0 has the log -inf, as in the state's kernel)
+        _check_float_array(value, params[name].shape, Z.dtype, f"{where}.kernel.{name}", refuse)
+        _check_kernel_parameter(value, False, table[name].may_be_zero, f"{where}.kernel.{name}", refuse)
+    _check_float_array(saved["Z"], Z.shape, Z.dtype, f"{where}.Z", refuse)
+    _check_finite(saved["Z"], f"{where}.Z", refuse)
+    m = Z.shape[-2]
+    _check_float_array(saved["L_K"], Z.shape[:-2] + (m, m), Z.dtype, f"{where}.L_K", refuse)
+    _check_finite(saved["L_K"], f"{where}.L_K", refuse)
+    _check_lower_triangular(saved["L_K"], f"{where}.L_K", refuse)
+    if not np.all(np.diagonal(to_numpy(saved["L_K"]), axis1=-2, axis2=-1) > 0):
+        raise refuse(f"{where}.L_K: not a Cholesky factor (a diagonal entry is not positive)")
+    jitter = saved["jitter"]
+    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not (math.isfinite(jitter) and jitter > 0):
+        raise refuse(f"{where}.jitter: {jitter!r}, expected a positive number")
+
+
+def check_row_starts(saved, n, where, refuse):
+    """A list of distinct row indices below ``n`` (the first rows of minibatches)."""
+    if not (isinstance(saved, list) and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n
+                                            for i in saved) and len(set(saved)) == len(saved)):
+        raise refuse(f"{where}: not a list of distinct row indices below {n}")

@@ -28,6 +28,7 @@ from sklearn.utils.validation import check_is_fitted
 from . import backend as B
 from . import methods as M
 from .checkpoints import atomic_write
+from .inference.guard import GUARD_KEYS
 from .inference.training import STOP_REASONS
 from .kernels import ClassKernels, Linear, Stationary
 
@@ -174,6 +175,11 @@ def _training_lines(model):
              "  fit time: " + ("not measured for partial_fit" if reason == "partial_fit" else NOT_RECORDED
                                 if seconds is None else f"{seconds:.3g} s"),
              f"  jitter: {float(model.jitter_):.3g} on the diagonal of K(Z, Z)"]
+    guard = [int(sum(history.get(key) or [])) for key in GUARD_KEYS]
+    if any(guard):  # (docs/methods/ep.md, "The training guard")
+        rejected, rebuilds, halvings, restored = guard
+        lines.append(f"  the training guard: {rejected} steps not taken, {rebuilds} exact rebuilds of q, damping and "
+                     f"step sizes halved {halvings} times and doubled back {restored} times")
     nll = history.get("validation_nll") or []
     if nll:
         errors, at = history.get("validation_error") or [], history.get("validation_step") or []

@@ -47,6 +47,10 @@ class Rprop:
     def scale_steps(self, factor):
         self.steps = {k: v * factor for k, v in self.steps.items()}
 
+    def grow_steps(self, factor):
+        """Rprop's steps grow by themselves while their gradients keep their signs: nothing to do here."""
+        return False
+
     def snapshot(self):
         return (dict(self.steps), dict(self.previous_sign))
 
@@ -66,7 +70,7 @@ class Adadelta:
     """
 
     def __init__(self, learning_rate=1.0, rho=0.9, eps=1e-5):
-        self.learning_rate = learning_rate
+        self.learning_rate = self.initial_learning_rate = learning_rate
         self.rho = rho
         self.eps = eps
         self.mean_sq_grad = {}
@@ -92,6 +96,10 @@ class Adadelta:
     def scale_steps(self, factor):
         self.learning_rate *= factor
 
+    def grow_steps(self, factor):
+        """The learning rate times ``factor``, at most the one it was built with; whether it grew."""
+        return _grow_rate(self, factor)
+
     def snapshot(self):
         return (self.learning_rate, dict(self.mean_sq_grad), dict(self.mean_sq_step))
 
@@ -104,7 +112,7 @@ class Adam:
     """Adam (Kingma & Ba 2015) for ascent: steps of about ``learning_rate`` per entry, bias-corrected."""
 
     def __init__(self, learning_rate=0.01, beta1=0.9, beta2=0.999, eps=1e-8):
-        self.learning_rate = learning_rate
+        self.learning_rate = self.initial_learning_rate = learning_rate
         self.beta1 = beta1
         self.beta2 = beta2
         self.eps = eps
@@ -131,12 +139,24 @@ class Adam:
     def scale_steps(self, factor):
         self.learning_rate *= factor
 
+    def grow_steps(self, factor):
+        """The learning rate times ``factor``, at most the one it was built with; whether it grew."""
+        return _grow_rate(self, factor)
+
     def snapshot(self):
         return (self.learning_rate, self.t, dict(self.m), dict(self.v))
 
     def restore(self, state):
         self.learning_rate, self.t, m, v = state
         self.m, self.v = dict(m), dict(v)
+
+
+def _grow_rate(optimizer, factor):
+    """An optimiser's learning rate grown by ``factor`` back toward its initial one (the guard's restoration)."""
+    if optimizer.learning_rate >= optimizer.initial_learning_rate:
+        return False
+    optimizer.learning_rate = min(optimizer.learning_rate * factor, optimizer.initial_learning_rate)
+    return True
 
 
 OPTIMIZERS = {"adadelta": Adadelta, "adam": Adam}

@@ -8,6 +8,7 @@ rows given (Hernandez-Lobato & Hernandez-Lobato 2016, eq. 6; the tied factor of 
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from . import backend as B
 from . import methods as M
 from . import validation as V
 from .inference import ep, multiclass_ep, training
+from .inference.guard import GUARD_KEYS
 from .inputs import dtype_name
 
 __all__ = ["ROWS_SEEN", "check_stream_params", "structure", "check_continuable", "stream_trainer", "trainer_from_fitted",
@@ -96,8 +98,8 @@ def trainer_from_fitted(estimator, groups, n_total, rows, rows_seen):
                                else ep.Factor.from_posterior(posterior))
     trainer.n_steps = int(estimator.n_iter_)
     history = {name: list(values) for name, values in estimator.history_.items()}
-    for name in training.HISTORY_KEYS:
-        history.setdefault(name, [])
+    for name in training.HISTORY_KEYS:  # (a model from before the guard's record: none of its entries had actions)
+        history.setdefault(name, [0] * len(history["log_marginal_likelihood"]) if name in GUARD_KEYS else [])
     trainer.history = history
     if history["time"]:
         trainer.t0 -= history["time"][-1]
@@ -122,7 +124,11 @@ def step(trainer, X, y, rows_seen):
     """One guarded stream step on the rows (X, y), recorded in the history with the count of rows seen (which
     travels with the history into model files: a loaded stream model goes on from it); the rows weighted as
     ``rows_counted`` gave the engine their weights. Returns (posterior, log Z)."""
+    before = Counter(trainer.guard.totals)
     trainer.step_until_taken(X, y, 0, X.shape[0], stepping=bool(trainer.names))
+    said = trainer.guard.summary(trainer.method, since=before)  # (a stream has no end: said for each batch)
+    if said is not None:
+        B.warn_guard(said, stacklevel=3)
     trainer.record()
     trainer.history.setdefault(ROWS_SEEN, []).append(float(rows_seen))
     return trainer.posterior()

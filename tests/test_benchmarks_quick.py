@@ -54,6 +54,7 @@ def _runs(tmp_dir):
         "variational": ["variational.py"],
         "class_weights": ["class_weights.py"],
         "ordinal": ["ordinal.py", "--out", str(tmp_dir / "ordinal.json")],
+        "stability": ["stability.py", "--out", str(tmp_dir / "stability.json")],
     }
 
 
@@ -121,3 +122,13 @@ def test_size_rule_sets_each_models_log_z_beside_its_test_nll(outputs):
     assert {"auto", "all-linear", "all-shared-noprior"} <= set(rows), out[-3000:]
     for candidate in ("auto", "all-shared-noprior"):
         assert re.search(r"\| [+-]\d+\.\d\d ± (nan|\d+\.\d\d) \([01]/1\) \|", rows[candidate]), rows[candidate]
+
+
+def test_stability_quick_slice_is_stable(outputs):
+    """benchmarks/stability.py --quick (issue 39): every run of the slice (minibatch EP, SEP, SVI, multiclass EP, a
+    SEP stream, batch EP; three seeds) is judged by the script's rules, and every one is STABLE."""
+    code, out, err = outputs["stability"]
+    assert code == 0, err[-3000:]
+    verdicts = re.findall(r"^\| [\w-]+ \| \d \| (STABLE|UNSTABLE)", out, flags=re.M)
+    counted = re.search(r"(\d+) of (\d+) runs STABLE", out)
+    assert len(verdicts) == 18 and counted and counted.groups() == ("18", "18"), out[-3000:]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from agpc import CholeskyError, GPClassifier, JitterWarning
+from agpc import CholeskyError, GPClassifier, GuardWarning, JitterWarning
 from agpc.datasets import banana_bayes_error, banana_posterior, make_banana
 from agpc.inference import ep, training
 from agpc.kernels import RBF, Matern52
@@ -115,7 +115,9 @@ def test_blocked_pass_equals_single_pass():
 
 def test_non_finite_log_z_reverts_and_halves_damping_and_steps(monkeypatch):
     """The authors' guard rail: a NaN log Z_q (or a failed Cholesky) puts back the last good state and
-    halves the damping and the step sizes; training then goes on."""
+    halves the damping and the step sizes; training then goes on, and after ``guard.RESTORE_AFTER`` good steps in a
+    row the damping is doubled back to where it started. The history counts each action, and one GuardWarning
+    says them."""
     X, y = binary_toy(40)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
     Z = X[:5].copy()
@@ -132,9 +134,16 @@ def test_non_finite_log_z_reverts_and_halves_damping_and_steps(monkeypatch):
         return out
 
     monkeypatch.setattr(ep, "evaluate", flaky_evaluate)
-    fit = training.fit(X, y, kernel, Z, jitter=JITTER, max_iter=30, damping=0.5)
+    with pytest.warns(GuardWarning, match="did not take 2 steps .*halved damping and step sizes twice"):
+        fit = training.fit(X, y, kernel, Z, jitter=JITTER, max_iter=30, damping=0.5)
     damping = fit.history["damping"]
-    assert damping[0] == 0.5 and damping[-1] == 0.125  # halved twice
+    # the 15th evaluation fails after 14 steps, its retry at half the damping is the 15th iteration; the 20th fails
+    # after 4 more; each 10 good steps in a row double the damping back, up to where it started
+    assert damping[:14] == [0.5] * 14 and damping[14:18] == [0.25] * 4 and damping[18:27] == [0.125] * 9
+    assert damping[27:37] == [0.25] * 10 and damping[37:] == [0.5] * 3
+    assert fit.history["guard_rejected"][14] == fit.history["guard_rejected"][18] == 1
+    assert sum(fit.history["guard_halvings"]) == 2 and sum(fit.history["guard_restored"]) == 2
+    assert sum(fit.history["guard_rebuilds"]) == 0  # (batch EP has nothing to rebuild: q is exact every pass)
     assert len(fit.history["log_marginal_likelihood"]) == fit.n_iter == 40  # 10 warm-up + 30, failures not counted
     assert np.all(np.isfinite(fit.history["log_marginal_likelihood"])) and np.isfinite(fit.log_z)
 
@@ -168,17 +177,18 @@ def test_minibatch_ep_revert_restores_sites_updated_in_place(monkeypatch):
 
 
 def test_minibatch_ep_rebuilds_the_site_product_when_cavities_fail(monkeypatch):
-    """Minibatch EP's running site product drifts from the exact one as the hyper-parameters move (a row's
-    old site is swapped out along its current projection); when more than 5% of a minibatch's cavities are
-    improper, the next step first rebuilds the product exactly (one pass), and otherwise it does not."""
+    """Minibatch EP's running product holds every site exactly as it went in, so its cavities are proper; more
+    than 5% of a minibatch's cavities failing say q is not what its sites make it. The guard does not take such a
+    step: it rebuilds the product exactly (one pass) and tries the step again, and counts both. Besides, the loop
+    rebuilds at the end of every epoch."""
     X, y = binary_toy(200)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
     rebuilt = []
     real_rebuild = training.Trainer.rebuild_factor
 
-    def counting(self, X_, y_):
+    def counting(self, X_, y_, **options):
         rebuilt.append(self.n_steps)
-        return real_rebuild(self, X_, y_)
+        return real_rebuild(self, X_, y_, **options)
 
     monkeypatch.setattr(training.Trainer, "rebuild_factor", counting)
     real = ep.evaluate_factor
@@ -192,9 +202,13 @@ def test_minibatch_ep_rebuilds_the_site_product_when_cavities_fail(monkeypatch):
 
     with_failed_cavities.calls, with_failed_cavities.fail_at = 0, 2
     monkeypatch.setattr(ep, "evaluate_factor", with_failed_cavities)
-    training.fit(X, y, kernel, X[:6].copy(), method="ep", batch_size=50, max_iter=2, jitter=JITTER, random_state=0)
-    # one rebuild at the start of epoch 2 (after 4 steps) and one forced after the third step
-    assert rebuilt == [3, 4]
+    with pytest.warns(GuardWarning, match="did not take 1 step .*inconsistent with q.*rebuilt q exactly"):
+        fit = training.fit(X, y, kernel, X[:6].copy(), method="ep", batch_size=50, max_iter=2, jitter=JITTER,
+                           random_state=0)
+    # the third step rebuilt first (after 2 steps), then one rebuild at the end of each epoch (after 4 and 8)
+    assert rebuilt == [2, 4, 8]
+    assert fit.history["guard_rejected"] == fit.history["guard_rebuilds"] == [1, 0]
+    assert fit.history["n_steps"] == [4, 8]
 
 
 @pytest.mark.parametrize("method", ["ep", "sep", "adf"])

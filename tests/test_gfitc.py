@@ -9,7 +9,7 @@ guard rails and the batch-only errors.
 import numpy as np
 import pytest
 
-from agpc import GPClassifier
+from agpc import GPClassifier, GuardWarning
 from agpc.backend import CholeskyError
 from agpc.datasets import make_banana
 from agpc.inference import gfitc, training
@@ -224,7 +224,8 @@ def test_strict_device1_fit_equals_numpy_fit():
 
 def test_non_finite_log_z_reverts_and_halves_damping_and_steps(monkeypatch):
     """Guard rails as training.Trainer: a NaN log Z_EP (30th pass) or a failed Cholesky (45th) puts back the
-    state before the last step and halves damping and step sizes; training goes on to max_iter steps."""
+    state before the last step and halves damping and step sizes, which grow back after good steps (guard.Guard);
+    training goes on to max_iter steps and the fit warns with the counts."""
     X, y = binary_toy(40)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
     passes = []
@@ -237,9 +238,13 @@ def test_non_finite_log_z_reverts_and_halves_damping_and_steps(monkeypatch):
         return dict(real(*args, **kwargs), log_z=float("nan")) if len(passes) == 30 else real(*args, **kwargs)
 
     monkeypatch.setattr(gfitc, "evaluate", failing_on_passes_30_and_45)
-    fit = training.fit(X, y, kernel, X[:5].copy(), method="gfitc", jitter=JITTER, max_iter=8, tol=1e-4)
+    with pytest.warns(GuardWarning, match="did not take 2 steps.*halved damping and step sizes twice"):
+        fit = training.fit(X, y, kernel, X[:5].copy(), method="gfitc", jitter=JITTER, max_iter=8, tol=1e-4)
     assert len(passes) > 45 and fit.n_iter == 8
-    assert fit.history["damping"][0] == 0.5 and fit.history["damping"][-1] == 0.125  # halved twice
+    history = fit.history
+    assert sum(history["guard_rejected"]) == sum(history["guard_halvings"]) == 2
+    assert sum(history["guard_restored"]) == 2  # each halving doubled back after good steps
+    assert history["damping"][0] == 0.5 and min(history["damping"]) == 0.25 and history["damping"][-1] == 0.5
     assert np.all(np.isfinite(fit.history["log_marginal_likelihood"]))
 
 

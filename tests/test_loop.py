@@ -10,7 +10,8 @@ from agpc.datasets import make_banana
 from agpc.inference import engines, hooks, multiclass_vi, training
 from helpers import interrupted_then_resumed, three_classes
 
-COMMON_KEYS = {"log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps"}
+COMMON_KEYS = {"log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps", "guard_rejected",
+               "guard_rebuilds", "guard_halvings", "guard_restored"}
 VALIDATION_KEYS = {"validation_step", "validation_nll", "validation_error"}
 
 # (method, batch_size, max_iter, step at which the first fit is interrupted): every method, batch and

@@ -334,7 +334,7 @@ def test_minibatch_step_with_a_weight_zero_row(method):
         (result, factor), (result_other, factor_other) = work, work_other
         grads, grads_other = result["grads"], result_other["grads"]
         if method == "ep":  # (the step's factor is made in ``apply``, from the sites' change: compared here)
-            factor, factor_other = result["site_delta"], result_other["site_delta"]
+            factor, factor_other = result["product_change"], result_other["product_change"]
             assert result["site_precision"][4] == 0.0  # the row's own site is not updated (it has none yet)
         else:
             assert engine.n_total == pytest.approx(w.sum())
@@ -641,7 +641,7 @@ def test_multiclass_minibatch_step_with_a_weight_zero_row(method):
                                      optimize=("kernel", "inducing"))
         engine.take_sample_weight(w)
         summary, (result, factor) = engine.evaluate(X_rows, y_rows, 0, 10, stepping=True)
-        return summary, result, (result["site_delta"] if method == "ep" else factor)
+        return summary, result, (result["product_change"] if method == "ep" else factor)
 
     X_other, y_other = X.copy(), y.copy()
     X_other[4], y_other[4] = [4.0, -4.0], (y[4] + 1) % 3

@@ -356,16 +356,19 @@ class DaskPasses:
         return out
 
     def _sweep(self, kernel, Z, X, y, site_precision, site_shift, post, *, want_grad, block_rows, want_sums, want_sites,
-               batch, damping=None, nonnegative=False, weights=None):
+               batch, damping=None, nonnegative=False, weights=None, adf=False):
         """One task a chunk running ``_chunk_sweep`` (``batch``: batch EP's sweep, which takes ``nonnegative`` for
         a binary model; ``weights``: the rows' sample weights, a dask array chunked as the rows); returns the tree-reduced small results, with the new (damped) sites (``want_sites``) as
-        dask arrays: persisted on the workers, or read from the files the tasks wrote."""
+        dask arrays: persisted on the workers, or read from the files the tasks wrote. ``adf``: ADF's row terms (the
+        sweep's ``adf``)."""
         import dask
 
         client = self.client
         options = dict(want_grad=want_grad, block_rows=block_rows, batch=batch, want_sums=want_sums, damping=damping)
         if batch and Z.ndim == 2:
             options["nonnegative"] = nonnegative
+        if adf:
+            options["adf"] = True
         Xs, ys, nus, mus, ws = self._blocks(X, y, site_precision, site_shift, weights)
         weighted = [{} if wb is None else {"weights": wb} for wb in ws]
         to_files = want_sites and self.site_root is not None
@@ -446,7 +449,8 @@ class DaskPasses:
         if method != "ep":
             site_precision = site_shift = self.zero_sites(X.shape[0], Z)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
-                            block_rows=block_rows, want_sums=True, want_sites=False, batch=False, weights=weights)
+                            block_rows=block_rows, want_sums=True, want_sites=False, batch=False, weights=weights,
+                            adf=method == "adf")
         return model.finish_factor(kernel, Z, prep, sweep, n_total / self.total_weight(weights, X.shape[0]), want_grad)
 
     def total_weight(self, weights, rows):

@@ -59,6 +59,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from .. import checkpoints
@@ -67,8 +68,9 @@ from ..workers import minor_page_faults, task_scope
 from ..kernels import ClassKernels
 from . import ep, multiclass_ep
 from .dask_engine import persisted_blocks
-from .engines import ENGINES, Engine, EngineOptions, Outcome, forwarding, factor_arrays, factor_from_arrays
-from .training import Trainer, check_saved_factor
+from .engines import (ENGINES, Engine, EngineOptions, Outcome, anchor_arrays, anchor_from_arrays, factor_arrays,
+                      factor_from_arrays, forwarding)
+from .training import Trainer, check_saved_anchor, check_saved_factor
 
 __all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "balanced_steps", "shard_chunks",
            "shards_of_holders",
@@ -286,6 +288,9 @@ class _Shard:
         self.xp, self.device, self.dtype = array_namespace(Z), array_device(Z), Z.dtype
         self.tied = spec["method"] != "svi"
         self.factors = dict(spec["factors"])
+        # EP: where each chunk's factor holds the sites of its rows not yet visited in the chunk's current visit
+        # (``ep.Anchor``: the kernel and Z of the visit's rebuild; None: zero sites, the chunk's first visit)
+        self.anchors = dict(spec.get("anchors", {}))
         self.total = spec["total"]
         self.site_files, self.sites_now = {}, {}  # EP: per chunk, the file this task wrote and the sites it left
         self.log_z, self.n_invalid = [], 0.0
@@ -312,10 +317,11 @@ class _Shard:
             else:
                 sites = (engine.passes.zero_sites(n_chunk, Z), engine.passes.zero_sites(n_chunk, Z))
             self.sites = [asarray_like(v, self.xp, device=self.device, dtype=self.dtype) for v in sites]
+            engine.state["anchor"] = self.anchors.get(chunk)
             if first == 0 and visit > 0:
-                # A new visit: the chunk's site product exactly, at the current hyper-parameters (a row's
-                # site is swapped out along its current projection, but the factor holds it along that of
-                # its last visit: the single-process loop rebuilds once an epoch for the same reason).
+                # A new visit: the chunk's site product exactly, at the current hyper-parameters, which anchors it
+                # (each row's site then leaves it along the direction it went in along, ``ep.Anchor``: every row
+                # is visited once a visit, as the single-process loop visits each once between its rebuilds).
                 _rebuild_chunk_factor(engine, X_chunk, y_chunk, *self.sites, self.total, self.weights)
                 self.total = engine.others.combine(1.0, engine.state["factor"], 1.0)
         # The guard's revert goes back to before the last good step; on this segment's first step that is
@@ -332,8 +338,14 @@ class _Shard:
         if self.weights is not None:  # the minibatch's rows' weights (``EPEngine``, ``SVIEngine``: ``sample_weight``)
             engine.sample_weight = xp.take(self.weights, index, axis=0)
         self._take_sites(index)
+
+        def repair():  # the guard's first remedy (EP): the chunk's site product rebuilt exactly
+            site_precision, site_shift = self.sites
+            _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, None, self.weights)
+
         _, value = self.trainer.step_until_taken(X_batch, y_batch, 0, X_batch.shape[0], stepping=engine.has_params,
-                                                 after_revert=lambda: self._take_sites(index, reverted=True))
+                                                 after_revert=lambda: self._take_sites(index, reverted=True),
+                                                 repair=repair if engine.per_row_sites else None)
         self.log_z.append(value)
         self.n_invalid += float(self.trainer.last.n_invalid)
         if engine.per_row_sites:
@@ -341,8 +353,6 @@ class _Shard:
             self.previous = (index, engine.state["nu"], engine.state["mu"])
             site_precision[index] = engine.state["nu"]
             site_shift[index] = engine.state["mu"]
-            if engine.needs_rebuild:  # many cavities failed: the chunk's site product, exactly
-                _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, None, self.weights)
 
     def _take_sites(self, index, reverted=False):
         """EP: the minibatch's own sites, in the order of its rows; after a revert, which undid the previous
@@ -361,6 +371,7 @@ class _Shard:
             self.factors[chunk] = engine.state["factor"]
             self.total = engine.others.combine(1.0, self.factors[chunk], 1.0)
         if engine.per_row_sites:
+            self.anchors[chunk] = engine.state["anchor"]
             path = _site_path(self.spec["site_directory"], chunk, self.spec["generation"])
             checkpoints.save_site_chunk(path, *self.sites)
             self.site_files[chunk], self.sites_now[chunk] = path, tuple(self.sites)
@@ -371,6 +382,7 @@ class _Shard:
         return {"kernel": engine.state["kernel"], "Z": engine.state["Z"], "state": state,
                 "optimizer": engine.optimizer.snapshot() if engine.optimizer is not None else None,
                 "damping": engine.damping, "factors": dict(self.factors), "site_files": self.site_files,
+                "anchors": dict(self.anchors) if engine.per_row_sites else {}, "guard": dict(self.trainer.guard.totals),
                 "log_z": self.log_z, "n_invalid": self.n_invalid, "step_seconds": self.step_seconds}
 
 
@@ -403,8 +415,9 @@ def _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, 
     xp, like = array_namespace(s["Z"]), s["Z"]
     X_rows = asarray_like(X_chunk, xp, device=array_device(like), dtype=like.dtype)
     y_rows = asarray_like(y_chunk, xp, device=array_device(like), dtype=like.dtype)
-    s["factor"] = engine.passes.exact_factor(s["kernel"], s["Z"], X_rows, site_precision, site_shift,
-                                             jitter=engine.jitter, block_rows=engine.block_rows, y=y_rows)
+    s["factor"], s["anchor"] = engine.passes.exact_factor(s["kernel"], s["Z"], X_rows, site_precision, site_shift,
+                                                          jitter=engine.jitter, block_rows=engine.block_rows, y=y_rows,
+                                                          want_anchor=True)
     engine.needs_rebuild = False
 
 
@@ -534,7 +547,8 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
     settled = True
     needs_rebuild = False
     minibatch = True
-    checkpoint_extras = ("data_parallel",)  # the rounds' own record in a checkpoint (``restore_checkpoint`` checks it)
+    # the rounds' own record in a checkpoint (``restore_checkpoint`` checks it), and the driver's engine's own
+    checkpoint_extras = ("data_parallel", "anchor", "visited")
 
     def __init__(self, plan, factory, method, kernel, Z, *, n_total, options):
         self.plan = plan
@@ -546,6 +560,8 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
         n_chunks = len(plan.chunk_rows)
         passes = self.template.passes if self.tied else None
         self.factors = {c: passes.uniform_factor(Z) for c in range(n_chunks)} if self.tied else {}
+        # EP: each chunk's anchor (``_Shard.anchors``), travelling with its factor
+        self.anchors = {c: None for c in range(n_chunks)} if method == "ep" else {}
         self.visits = {c: 0 for c in range(n_chunks)}
         self.cursors = [_Cursor() for _ in plan.shards]
         self.generation = 0
@@ -584,6 +600,7 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
             for c in used:
                 needed[c] = self.loaded.get(c) or plan.chunk_data(c, plan.shard_workers[k])
             shard_spec = dict(spec, factors={c: self.factors[c] for c in used} if self.tied else {},
+                              anchors={c: self.anchors[c] for c in used} if self.anchors else {},
                               site_files={c: self.site_files[c] for c in used} if self.site_files else {})
             sent += _nbytes(shard_spec)
             futures.append(client.submit(step_shard, shard_spec, segments, {c: needed[c] for c in used},
@@ -619,7 +636,8 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
                "state": weighted_average([r["state"] for r in results], weights),
                "optimizer": weighted_average([r["optimizer"] for r in results], weights),
                "damping": weighted_average([r["damping"] for r in results], weights),
-               "n_invalid": sum(r["n_invalid"] for r in results)}
+               "n_invalid": sum(r["n_invalid"] for r in results),
+               "guard": dict(sum((Counter(r["guard"]) for r in results), Counter()))}
         if self.tied:
             factors = dict(self.factors)
             for r in results:
@@ -627,8 +645,10 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
             out["factors"] = factors
             out["total"] = _sum_factors(factors.values())
         out["site_files"] = dict(self.site_files)
+        out["anchors"] = dict(self.anchors)
         for r in results:
             out["site_files"].update(r["site_files"])
+            out["anchors"].update(r["anchors"])
         return out
 
     def apply(self, work, lo, hi, *, stepping, scalars=None):
@@ -641,6 +661,7 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
         if self.tied:
             self.factors = work["factors"]
             template.state["factor"] = work["total"]
+        self.anchors = work["anchors"]
         for k, (cursor, visits, segments) in enumerate(work["plans"]):
             self.cursors[k] = cursor
             self.visits.update({c: visits[c] for c in self.plan.shards[k]})
@@ -651,7 +672,8 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
             for c, path in old.items():
                 if path is not None and path != self.site_files[c]:
                     os.remove(path)
-        return Outcome(change=None, stepped=stepping, record=True, n_invalid=int(work["n_invalid"]))
+        return Outcome(change=None, stepped=stepping, record=True, n_invalid=int(work["n_invalid"]),
+                       guard=work["guard"] or None)
 
     def sample_weight_refusal(self):
         """The rounds weight the rows when ``DataParallel`` was given their weights and the method's engine weights
@@ -670,24 +692,30 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
     # -- the guard, early stopping, q --------------------------------------------------------------------
     def snapshot(self):
         return {"template": self.template.snapshot(), "factors": dict(self.factors), "visits": dict(self.visits),
-                "cursors": [_Cursor(c.epoch, list(c.order), c.position) for c in self.cursors]}
+                "anchors": dict(self.anchors), "cursors": [_Cursor(c.epoch, list(c.order), c.position)
+                                                           for c in self.cursors]}
 
     def restore(self, snap):
         if self.site_files:
             raise FloatingPointError("data-parallel EP cannot go back a round: its sites were already replaced")
         self.template.restore(snap["template"])
         self.factors, self.visits = dict(snap["factors"]), dict(snap["visits"])
+        self.anchors = dict(snap["anchors"])
         self.cursors = list(snap["cursors"])
 
     def shrink(self):
         return self.template.shrink()
 
+    def grow(self):
+        return self.template.grow()
+
     def keep(self):
-        return {"state": self.template.keep(), "factors": dict(self.factors)}
+        return {"state": self.template.keep(), "factors": dict(self.factors), "anchors": dict(self.anchors)}
 
     def put_back(self, kept):
         self.template.put_back(kept["state"])
         self.factors = dict(kept["factors"])
+        self.anchors = dict(kept["anchors"])
 
     def posterior(self, X, y, want_log_z=True):
         post, _ = self.template.posterior(None, None, want_log_z=False)
@@ -718,6 +746,7 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
             "visits": [int(self.visits[c]) for c in range(n_chunks)],
             "cursors": [[int(c.epoch), [int(k) for k in c.order], int(c.position)] for c in self.cursors],
             "site_files": files,
+            "anchors": [anchor_arrays(self.anchors[c]) for c in range(n_chunks)] if self.anchors else [],
         }
         return saved
 
@@ -730,10 +759,14 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
         """The state ``checkpoint_state`` wrote, its rounds' record checked field by field first (a file does
         not choose what is read: EP's site files must be the checkpoint's own, beside it)."""
         record = self._checked_record(saved.get("data_parallel"), path)
-        self.template.restore_checkpoint({k: v for k, v in saved.items() if k not in self.checkpoint_extras}, path)
+        self.template.restore_checkpoint({k: v for k, v in saved.items() if k != "data_parallel"}, path)
         if self.tied:
             self.factors = {c: factor_from_arrays(f) for c, f in enumerate(record["factors"])}
         self.visits = dict(enumerate(record["visits"]))
+        if self.anchors:  # (a checkpoint from before anchors has none: a chunk's rows left in its visit then leave
+            # its product along their current directions, as they did then, until its next visit's rebuild)
+            saved_anchors = record.get("anchors") or [None] * len(self.anchors)
+            self.anchors = {c: anchor_from_arrays(a, self.template.state["kernel"]) for c, a in enumerate(saved_anchors)}
         self.cursors = [_Cursor(epoch, list(order), position) for epoch, order, position in record["cursors"]]
         self.loaded = {}
         if self.site_files:  # copies of their own: the checkpoint's files stay what a later resume reads
@@ -754,7 +787,7 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
             return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
         fields = {"shards", "factors", "visits", "cursors", "site_files"}
-        if not isinstance(record, dict) or set(record) != fields:
+        if not isinstance(record, dict) or set(record) - {"anchors"} != fields:
             raise refuse(f"not the record of data-parallel rounds ({', '.join(sorted(fields))})")
         shards = [list(chunks) for chunks in plan.shards]
         if record["shards"] != shards:
@@ -781,6 +814,13 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
             if factor is None:
                 raise refuse(f"factors[{c}]: missing")
             check_saved_factor(factor, Z, f"engine.data_parallel.factors[{c}]",
+                               lambda why: ValueError(f"{path} is not a valid agpc checkpoint: {why}"))
+        anchors = record.get("anchors", [])
+        if not isinstance(anchors, list) or len(anchors) not in ((0, n_chunks) if self.anchors else (0,)):
+            raise refuse(f"anchors: not one anchor (or none) per chunk ({n_chunks})" if self.anchors else
+                         "anchors: not empty")
+        for c, anchor in enumerate(anchors):
+            check_saved_anchor(anchor, self.template.state["kernel"], Z, f"engine.data_parallel.anchors[{c}]",
                                lambda why: ValueError(f"{path} is not a valid agpc checkpoint: {why}"))
         files = record["site_files"]
         if not isinstance(files, list) or len(files) != (n_chunks if self.site_files else 0):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 
 from ..backend import ModulesByName, array_device, array_namespace, is_dask_array, read_rows, row_slice, scaled_std
+from ..checkpoint_rules import check_row_starts, check_saved_anchor
 from ..kernels import PER_FEATURE_SCALES, ClassKernels, log_prior_and_grads, step_lower_bounds
 from ..likelihoods import negative_log_likelihood
 from ..optim import OPTIMIZERS, Rprop, bounded_step, lbfgsb_ascent
@@ -40,14 +41,13 @@ from . import ep, exact_ep, gfitc, multiclass_ep, multiclass_vi, variational
 
 __all__ = ["Engine", "EngineOptions", "ENGINES", "Forwarded", "forwarding", "Outcome", "EPEngine", "GFITCEngine",
            "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names", "relative_change", "with_log_prior",
-           "factor_arrays", "factor_from_arrays", "EP_METHODS", "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS",
-           "ALL_METHODS"]
+           "factor_arrays", "factor_from_arrays", "anchor_arrays", "anchor_from_arrays", "EP_METHODS",
+           "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS", "ALL_METHODS"]
 
 EP_METHODS = ("ep", "sep", "adf")
 QUADRATIC_METHODS = ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
 CLUSTER_QUADRATIC_METHODS = ("vi-jj", "vi-taylor")  # xi stays per row on the workers; the driver steps the kernel
 ALL_METHODS = EP_METHODS + ("svi",) + QUADRATIC_METHODS + ("gfitc",)
-_REBUILD_INVALID_FRACTION = 0.05  # minibatch EP: rebuild the site product when more cavities than this fail
 _NOT_DAMPED = float("nan")  # history's "damping" for the methods that have none
 
 
@@ -59,6 +59,7 @@ class Outcome:
     stepped: bool  # the hyper-parameters moved (counts toward ``max_iter`` in batch mode)
     record: bool  # batch mode: the step closes an iteration of the history
     n_invalid: int = 0  # rows whose cavity was unusable (EP family)
+    guard: dict | None = None  # what the guards of the step's own inner steps did (``guard.Guard.add``'s counts)
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,25 @@ def factor_from_arrays(saved):
     return None if saved is None else ep.Factor(*saved)
 
 
+def anchor_arrays(anchor):
+    """Minibatch EP's anchor (``ep.Anchor``, ``multiclass_ep.MultiAnchor``) as a checkpoint stores it: the kernel's
+    parameters, Z, L_K (one factor a class) and the jitter; None for none."""
+    if anchor is None:
+        return None
+    return {"kernel": dict(anchor.kernel.params), "Z": anchor.Z, "L_K": anchor.L_K, "jitter": float(anchor.jitter)}
+
+
+def anchor_from_arrays(saved, kernel):
+    """The anchor ``anchor_arrays`` stored (``kernel``: this run's, whose form the stored parameters take)."""
+    if saved is None:
+        return None
+    at = kernel.with_params(saved["kernel"])
+    if isinstance(kernel, ClassKernels):
+        return multiclass_ep.MultiAnchor(at, saved["Z"], [saved["L_K"][c, ...] for c in range(len(kernel))],
+                                         saved["jitter"])
+    return ep.Anchor(at, saved["Z"], saved["L_K"], saved["jitter"])
+
+
 class Forwarded:
     """A property that reads (and, ``settable``, writes) the attribute of the same name of an inner object: the
     members a wrapper of an engine (``training.Trainer``, the data-parallel round engine) shows as its own."""
@@ -249,7 +269,7 @@ class Engine(ModulesByName, abc.ABC):
     uses_warmup = False  # batch mode: the loop's warm-up sweeps (no hyper-parameter step) apply
     settled = True  # GFITC: False while the sites are not converged at the current hyper-parameters
     has_damping = False
-    needs_rebuild = False  # minibatch EP: the running site product has drifted; ``rebuild_factor`` before the next step
+    needs_rebuild = False  # minibatch EP: its running site product is not known exact; ``rebuild_factor`` before a step
     full_gp = False  # the passes read Z as the rows themselves (the exact model's): part of a checkpoint's fingerprint
     shared_lengthscales = False  # ``EngineOptions.shared_lengthscales``: set by the engines that step it
     checkpoint_extras = ()  # entries of ``checkpoint_state`` the engine checks itself as it restores them
@@ -287,8 +307,9 @@ class Engine(ModulesByName, abc.ABC):
     def restore_checkpoint(self, saved, path):
         """Put back what ``checkpoint_state`` wrote (checked by ``checkpoint_rules`` first)."""
 
-    def rebuild_factor(self, X, y):
-        """Recompute what ``needs_rebuild`` says has drifted (by default nothing does)."""
+    def rebuild_factor(self, X, y, want_log_z=False):
+        """Recompute what ``needs_rebuild`` says has drifted (by default nothing does); ``want_log_z``: and return
+        log Z at the state rebuilt (None where there is none)."""
 
     def time_rebuild(self, X, y, rows):
         """Run the work of ``rebuild_factor`` on the first ``rows`` rows, committing nothing (the time budget
@@ -372,6 +393,18 @@ class Engine(ModulesByName, abc.ABC):
             self.damping *= 0.5
         return True
 
+    nominal_damping = _NOT_DAMPED  # the damping the engine was built with (what ``grow`` goes back up to)
+
+    def grow(self):
+        """Double halved damping and step sizes back, at most to the values the engine was built with (the guard,
+        after good steps: ``guard``); whether anything grew. An optimiser whose steps adapt by themselves (Rprop)
+        grows them itself."""
+        grew = self.optimizer is not None and self.optimizer.grow_steps(2.0)
+        if self.has_damping and self.damping < self.nominal_damping:
+            self.damping = min(2.0 * self.damping, self.nominal_damping)
+            grew = True
+        return grew
+
     def keep(self):
         return dict(self.state)
 
@@ -424,6 +457,7 @@ class EPEngine(Engine):
     has_damping = True
     checkpoint_flags = ("needs_rebuild",)
     checkpoint_factors = ("factor",)
+    checkpoint_extras = ("anchor", "visited")  # minibatch EP's (checked as they are restored)
     sites_on_cluster = False
 
     def __init__(self, name, kernel, Z, *, n_total, minibatch, options, passes=None):
@@ -436,6 +470,7 @@ class EPEngine(Engine):
         self.method = self.name = name
         self.shared_lengthscales = options.shared_lengthscales
         self.damping = (0.99 if minibatch else 0.5) if options.damping is None else options.damping
+        self.nominal_damping = self.damping
         self.passes = passes or (multiclass_ep if isinstance(kernel, ClassKernels) else ep)
         self.per_row_sites = name == "ep"
         # Batch EP (binary): whether every site precision is known to be >= 0, which lets a pass form its sums by
@@ -450,6 +485,13 @@ class EPEngine(Engine):
         # "site_sums": batch EP's (jitter, sums of the sites) at the current kernel and Z, from the last pass when
         # it did not step the hyper-parameters (``ep.evaluate``'s ``want_next_sums``); None otherwise.
         self.state.update(nu=site_precision, mu=site_shift, factor=factor, site_sums=None)
+        if self.per_row_sites and minibatch:
+            # minibatch EP's running site product: where it holds the sites of the rows not visited since its last
+            # exact rebuild (``ep.Anchor``; None: zero sites, or the product is a shard's, whose task keeps it), and
+            # the minibatches visited since (by their first row): a row's site leaves the product along the
+            # direction it went in along, known for the rows of one visit a rebuild; "exact": (q, log Z_q) of the
+            # last exact pass while no step was taken since (``rebuild_factor``)
+            self.state.update(anchor=None, visited=frozenset(), exact=None)
         self.needs_rebuild = False
         self.full_gp = self.passes is exact_ep
         # the passes of rows on a cluster (``dask_engine.DaskPasses``, an object: in memory they are modules) keep
@@ -463,10 +505,12 @@ class EPEngine(Engine):
 
     def start_from_sites(self, site_precision, site_shift):
         """EP: start from the given sites (one a row) instead of zero ones; they are looked at once (whether
-        every precision is >= 0), and copied in minibatch mode, which updates them in place."""
+        every precision is >= 0), and copied in minibatch mode, which updates them in place (and whose running
+        product of them is built by an exact rebuild before the first step)."""
         if self.minibatch:  # never write into the caller's arrays
             site_precision = self.xp.asarray(site_precision, copy=True)
             site_shift = self.xp.asarray(site_shift, copy=True)
+            self.needs_rebuild = True
         self.state.update(nu=site_precision, mu=site_shift)
         self.sites_nonnegative = _known_nonnegative(site_precision)
 
@@ -484,6 +528,12 @@ class EPEngine(Engine):
                                           checked=False, **self._binary_batch_options(stepping), **self._weighted())
         else:
             shard = {} if self.factor_rows is None else {"others": self.others, "factor_rows": self.factor_rows}
+            if self.per_row_sites:  # minibatch EP: its rows' sites leave the running product as they went in
+                if self.factor_rows is None and lo in state["visited"]:
+                    # Visited since the last rebuild (a caller stepping rows twice in an epoch): their sites are
+                    # held along the directions of that visit, which are not kept. Rebuild: all along today's.
+                    self.rebuild_factor(X, y)
+                shard.update(anchor=state["anchor"], damping=self.damping)
             n_total = self.n_total
             if self.sample_weight is not None:  # (``sample_weight_refusal``): the rows' weights, no padding here
                 self._refuse_weights(weights)
@@ -572,12 +622,12 @@ class EPEngine(Engine):
             state["nu"][lo:hi] = rho * result["site_precision"] + (1.0 - rho) * old_nu
             state["mu"][lo:hi] = rho * result["site_shift"] + (1.0 - rho) * old_mu
             self._snapshot["undo"] = (lo, hi, old_nu, old_mu)
-            # A row's old site is swapped out along its current projection, but the factor holds it along
-            # the projection of its last visit: the residue grows as the hyper-parameters move, and shows
-            # as cavities that are no longer proper. Many of them: rebuild the factor exactly (one pass).
-            if n_invalid > _REBUILD_INVALID_FRACTION * (hi - lo):
-                self.needs_rebuild = True
-            state["factor"] = state["factor"].combine(1.0, result["site_delta"], rho)
+            # the product: each old site out along the direction it was held along, the damped new one in along
+            # the current one (``ep.product_change``); the rows are now held along today's directions
+            state["factor"] = state["factor"].combine(1.0, result["product_change"], 1.0)
+            state["exact"] = None
+            if self.factor_rows is None:
+                state["visited"] = state["visited"] | {lo}
         else:  # SEP / ADF: the factor built in ``evaluate``
             if not self.minibatch:
                 change = float(scalars[2]) + float(scalars[3])
@@ -600,15 +650,31 @@ class EPEngine(Engine):
         return (self.carries_factor and self.minibatch and not self.per_row_sites and "Z" in self.names
                 and self.factor_rows is None and isinstance(self.state["factor"], ep.Factor))
 
-    def rebuild_factor(self, X, y):
-        """Minibatch EP: recompute the product of all sites at the current hyper-parameters.
-
-        A row's old site is swapped out along its *current* projection while the factor holds it along
-        the projection of its last visit; without an exact rebuild once an epoch the residue piles up."""
+    def rebuild_factor(self, X, y, want_log_z=False):
+        """Minibatch EP: recompute the product of all sites at the current hyper-parameters, which anchors it
+        (``ep.Anchor``: every row's site is then held along its current direction). ``want_log_z`` (the end of an
+        epoch): by the final pass's two passes over the rows (q, then log Z_q's row terms, ``passes.evaluate``), and
+        returns log Z_q of this state, exact: the history's entry of the epoch, and the final pass's result while no
+        step is taken (``state["exact"]``). Else by one pass (the sums alone: the guard's repair)."""
         s = self.state
         self.needs_rebuild = False
-        s["factor"] = self.passes.exact_factor(s["kernel"], s["Z"], X, *self._sites_in_q(s["nu"], s["mu"]),
-                                               jitter=self.jitter, block_rows=self.block_rows, y=y)
+        s["visited"] = frozenset()
+        if not want_log_z:
+            s["factor"], s["anchor"] = self.passes.exact_factor(
+                s["kernel"], s["Z"], X, *self._sites_in_q(s["nu"], s["mu"]), jitter=self.jitter,
+                block_rows=self.block_rows, y=y, want_anchor=True)
+            s["exact"] = None
+            return None
+        final = self._exact_pass(X, y)
+        s["factor"], s["anchor"] = self.passes.anchored_factor(s["kernel"], s["Z"], final["posterior"], self.jitter)
+        s["exact"] = (final["posterior"], float(final["log_z"]))
+        return s["exact"][1]
+
+    def _exact_pass(self, X, y, **options):
+        """q rebuilt exactly from all of EP's sites and log Z_q at it (``passes.evaluate``, no gradient)."""
+        s = self.state
+        return self.passes.evaluate(s["kernel"], s["Z"], X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
+                                    block_rows=self.block_rows, want_sites=False, **options, **self._weighted())
 
     def _sites_in_q(self, site_precision, site_shift, rows=None):
         """The sites as q holds them: each w_i times with sample weights (power EP), else as they are."""
@@ -620,10 +686,12 @@ class EPEngine(Engine):
         return w * site_precision, w * site_shift
 
     def time_rebuild(self, X, y, rows):
+        """The work of an epoch's end (``rebuild_factor(want_log_z=True)``) on the first ``rows`` rows."""
         s = self.state
-        self.passes.exact_factor(s["kernel"], s["Z"], row_slice(X, 0, rows),
-                                 *self._sites_in_q(s["nu"][:rows], s["mu"][:rows], rows),
-                                 jitter=self.jitter, block_rows=self.block_rows, y=row_slice(y, 0, rows))
+        weights = {} if self.sample_weight is None else {"weights": self.sample_weight[:rows]}
+        self.passes.evaluate(s["kernel"], s["Z"], row_slice(X, 0, rows), row_slice(y, 0, rows), s["nu"][:rows],
+                             s["mu"][:rows], jitter=self.jitter, want_grad=False, block_rows=self.block_rows,
+                             want_sites=False, **weights)
 
     def state_in_row_order(self, permutation):
         return _sites_in_row_order(self, permutation)
@@ -634,11 +702,12 @@ class EPEngine(Engine):
         log Z_q by one pass in batch mode (None in minibatch mode: the history's last estimate stands for it)."""
         s = self.state
         kernel, Z = s["kernel"], s["Z"]
+        if s.get("exact") is not None:  # minibatch EP at an epoch's end: this pass was made then
+            post, log_z = s["exact"]
+            return post, log_z if want_log_z else None
         if self.per_row_sites and X is not None and (want_log_z or not self.minibatch):
             # batch mode: the sums of the sites when the last pass left them at this kernel and Z (one visit)
-            options = {} if self.minibatch else self._binary_batch_options(stepping=True)
-            final = self.passes.evaluate(kernel, Z, X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
-                                         block_rows=self.block_rows, want_sites=False, **options, **self._weighted())
+            final = self._exact_pass(X, y, **({} if self.minibatch else self._binary_batch_options(stepping=True)))
             return final["posterior"], float(final["log_z"]) if want_log_z else None
         post = self.passes.posterior_from_factor(kernel, Z, s["factor"], jitter=self.jitter)
         if want_log_z and X is not None and not self.minibatch:
@@ -667,8 +736,11 @@ class EPEngine(Engine):
         if self.sites_on_cluster and s["nu"] is not None:  # written by the workers, chunk by chunk
             s["nu"], s["mu"], record = self.passes.store_sites(path, step, s["nu"], s["mu"])
             sites = (record, None)
-        return dict(self._common_checkpoint(), nu=sites[0], mu=sites[1], factor=factor_arrays(s["factor"]),
-                    needs_rebuild=self.needs_rebuild)
+        saved = dict(self._common_checkpoint(), nu=sites[0], mu=sites[1], factor=factor_arrays(s["factor"]),
+                     needs_rebuild=self.needs_rebuild)
+        if "anchor" in s:  # minibatch EP
+            saved.update(anchor=anchor_arrays(s["anchor"]), visited=sorted(int(lo) for lo in s["visited"]))
+        return saved
 
     def checkpoint_written(self, saved):
         """After the file is written: the workers' copy of the sites' record can go."""
@@ -685,8 +757,23 @@ class EPEngine(Engine):
             s["nu"], s["mu"] = self.passes.load_sites(saved["nu"], s["Z"].dtype)
         s["factor"] = factor_from_arrays(saved["factor"])
         s["site_sums"] = None
+        if "exact" in s:  # (not in a checkpoint: a resumed fit's final pass is made again)
+            s["exact"] = None
         self.sites_nonnegative = self.per_row_sites and _known_nonnegative(s["nu"])
         self.needs_rebuild = bool(saved["needs_rebuild"])
+        if "anchor" in s:  # minibatch EP: where its product holds the sites (``ep.Anchor``)
+            if "anchor" not in saved:  # a checkpoint from before anchors: an exact rebuild first anchors the product
+                s["anchor"], s["visited"] = None, frozenset()
+                self.needs_rebuild = True
+                return
+
+            def refuse(why):
+                return ValueError(f"{path} is not a valid agpc checkpoint: {why}")
+
+            check_saved_anchor(saved["anchor"], s["kernel"], s["Z"], "engine.anchor", refuse)
+            check_row_starts(saved.get("visited"), self.n_total, "engine.visited", refuse)
+            s["anchor"] = anchor_from_arrays(saved["anchor"], s["kernel"])
+            s["visited"] = frozenset(saved["visited"])
 
 
 # -- GFITC ------------------------------------------------------------------------------------------
@@ -717,6 +804,7 @@ class GFITCEngine(Engine):
         self.name = name
         self.shared_lengthscales = options.shared_lengthscales
         self.damping = 0.5 if options.damping is None else options.damping
+        self.nominal_damping = self.damping
         self.tol_ep = options.tol
         self.state.update(nu=gfitc.zero_sites(n_total, Z), mu=gfitc.zero_sites(n_total, Z), factor=None)
         self.settled = False

@@ -57,9 +57,16 @@ from ..kernels import OrdinalKernel
 from ..likelihoods import PROBIT, Ordinal, negative_log_likelihood
 
 __all__ = [
+    "Anchor",
+    "Held",
+    "held_marginals",
+    "held_cavity",
+    "held_adjoint_coefficient",
+    "product_change",
     "Factor",
     "evaluate_factor",
     "exact_factor",
+    "anchored_factor",
     "posterior_from_factor",
     "Posterior",
     "prior_cholesky",
@@ -84,6 +91,7 @@ __all__ = [
     "sep_cavity_gap",
     "moved_factor",
     "sep_cavity_term",
+    "adf_removal_terms",
     "row_dot",
     "site_likelihood",
     "variance_adjoint",
@@ -336,12 +344,133 @@ def counted_invalid(valid, weights, like):
     return xp.sum(xp.astype(invalid, like.dtype))
 
 
+class Anchor:
+    """Where minibatch EP's running site product holds the sites of the rows not visited since its last exact
+    rebuild (``exact_factor``): the kernel, Z and L_K = chol(Kmm + jitter I) of that rebuild.
+
+    A row's site (nu_i, mu_i) acts on g_i = upsilon_i^T u with upsilon_i = K^-1 k_i (Hernandez-Lobato &
+    Hernandez-Lobato (2016), eq. 2), which moves whenever the kernel or Z do. The rebuild put every site into the
+    product along upsilon_i of that moment; a minibatch step that swapped a row's old site out along its *current*
+    upsilon_i would leave nu_i (omega omega^T - upsilon upsilon^T) behind, an indefinite residue that piles up as
+    the hyper-parameters move and made q improper in the second epoch on the airline data. Instead the old site
+    leaves along the direction it went in along, omega_i = upsilon_i at the anchor (``directions``): the product
+    stays exactly sum_i nu_i omega_i omega_i^T over each row's held direction, positive semi-definite whatever the
+    hyper-parameters do. Every row is visited at most once between two rebuilds (the loop rebuilds at the start of
+    each epoch), so the anchor's directions are the held ones of every row a step visits; rows whose sites are
+    still zero (the first epoch) need none (``anchor`` None)."""
+
+    def __init__(self, kernel, Z, L_K, jitter, *, L_K_inv=None):
+        self.kernel, self.Z, self.L_K, self.jitter = kernel, Z, L_K, float(jitter)
+        self._L_K_inv, self._K_inv = L_K_inv, None
+
+    @property
+    def L_K_inv(self):
+        if self._L_K_inv is None:
+            self._L_K_inv = lower_triangular_inverse(self.L_K)
+        return self._L_K_inv
+
+    @property
+    def K_inv(self):
+        """K^-1 = L_K^-T L_K^-1 at the anchor (m x m), formed once (one triangular product of m^3 / 3 flops): a
+        step's directions are then one general product, which BLAS runs faster than two triangular ones."""
+        if self._K_inv is None:
+            self._K_inv = triangular_matmul(self.L_K_inv, self.L_K_inv, trans=True)
+        return self._K_inv
+
+    def directions(self, X):
+        """omega_i = K^-1 k_i at the anchor for the rows X, as columns (m, b), in u-space."""
+        return self.K_inv @ self.kernel.K(self.Z, X)
+
+    def __getstate__(self):  # (the inverses are formed again where they are needed)
+        return {"kernel": self.kernel, "Z": self.Z, "L_K": self.L_K, "jitter": self.jitter, "_L_K_inv": None,
+                "_K_inv": None}
+
+
+@dataclass
+class Held:
+    """q seen along each row's held direction omega_i (the direction its site went into the running product along,
+    ``Anchor``), beside its current upsilon_i (``Marginals``): W = L_K^T omega and Q_h = L_C^-1 W (m x b, whitened
+    at the current kernel and Z), d_h = omega^T Sigma omega, e_h = omega^T mean and cross = upsilon^T Sigma omega
+    (b,); ``omega`` itself (m x b, u-space)."""
+
+    omega: object
+    W: object
+    Q: object
+    d: object
+    e: object
+    cross: object
+
+
+def held_marginals(post, marg, omega):
+    """``Held`` for the rows whose current marginals are ``marg``, held along the columns of ``omega`` (m, b)."""
+    W = triangular_matmul(post.L_K, omega, trans=True)
+    Qh = post.solve_C(W)
+    return Held(omega, W, Qh, backend_row_dot(Qh, Qh, axis=-2), post.h @ Qh, backend_row_dot(marg.Q, Qh, axis=-2))
+
+
+def held_cavity(site_precision, site_shift, d, e, prior_var, d_h, e_h, cross, weights=None):
+    """``cavity`` (``weighted_cavity`` with sample ``weights``) of a site held in q along omega_i, not along the
+    current upsilon_i (``Held``'s d_h, e_h, cross): q^-i = q / exp(-nu (omega^T u)^2 / 2 + mu omega^T u), seen along
+    upsilon_i. With Sigma^-i = Sigma + nu Sigma omega omega^T Sigma / (1 - nu d_h) (Sherman-Morrison), the cavity of
+    g_i = upsilon_i^T u is
+
+        v = d + nu cross^2 / (1 - nu d_h),   a = e + cross (nu e_h - mu) / (1 - nu d_h),
+
+    ``cavity``'s d / (1 - nu d), (e - mu d) / (1 - nu d) where omega = upsilon (cross = d_h = d, e_h = e). As q
+    holds the site along omega, 1 - nu d_h > 0 and v <= the prior's variance in exact arithmetic: the checks are
+    ``cavity``'s (the prior's bound dropped for weights below 1, as ``weighted_cavity``). Returns (valid,
+    1 - nu d_h, v, a)."""
+    xp = array_namespace(d)
+    threshold, slack = cavity_tolerances(d)
+    nu, mu = site_precision, site_shift
+    one_minus = 1.0 - nu * d_h
+    valid = one_minus > threshold
+    one_minus = xp.where(valid, one_minus, 1.0)
+    spread = nu * cross * cross
+    bound = prior_var if weights is None else xp.where(weights >= 1.0, prior_var, xp.full_like(prior_var, xp.inf))
+    valid = valid & (d * one_minus + spread <= (1.0 + slack) * bound * one_minus + threshold)
+    if weights is not None:
+        valid = valid & (weights > 0)
+    v = d + spread / one_minus
+    a = e + cross * (nu * e_h - mu) / one_minus
+    return valid, one_minus, v, a
+
+
+def held_adjoint_coefficient(alpha, kappa, site_precision, site_shift, e_h, cross, one_minus):
+    """For a site held along omega_i (``held_cavity``), the coefficient of g'_i = B^-1 K omega_i in d log Z_i / d k_i;
+    that of g_i = B^-1 k_i is then -kappa. With K^-1 m^-i = beta + r' g'_i and K^-1 Sigma^-i upsilon_i = g_i + t' g'_i,
+    r' = (nu e_h - mu) / (1 - nu d_h), t' = nu cross / (1 - nu d_h), it is alpha r' - kappa t' (``data_adjoint``); at
+    omega = upsilon the two add up to ``adjoint_coefficient``."""
+    return (alpha * (site_precision * e_h - site_shift) - kappa * site_precision * cross) / one_minus
+
+
 def removal_terms(site_precision, site_shift, d, e, one_minus):
     """g(cavity) - g(q) along upsilon_i for a site (nu, mu): a^2/(2v) + log(v)/2 - e^2/(2d) - log(d)/2,
     rewritten without 1/d (the per-site part of eq. 26 besides log Z_i)."""
     xp = array_namespace(d)
     nu, mu = site_precision, site_shift
     return (nu * e * e - 2.0 * mu * e + mu * mu * d) / (2.0 * one_minus) - 0.5 * xp.log(one_minus)
+
+
+def adf_removal_terms(a, v, alpha, gamma, denom=None, shift=None):
+    """g(cavity) - g(cavity x t) for the site t that moment matching makes of the tilted distribution with cavity
+    N(a, v) (d log Z_i / da = alpha, -d^2 log Z_i / da^2 = gamma): minus the log of the mass of t under the cavity.
+
+    ADF's row term of log Z_q (Hernandez-Lobato et al. (2015), cavity = q): the removal term g(q^-i) - g(q) of eq. 26
+    with q^-i = q and the row's site in q its new one, so that each site carries the normaliser Z_i / E_q[t_i] that
+    makes q x t_i hold the mass of the tilted q x phi_i. Without it the sum of the rows' terms leaves out
+    sum_i log E_q[t_i] (~ sum_i mu_i^2 / (2 nu_i), which grows with the sites' precision), and log Z_q is no
+    estimate of the evidence (positive, unbounded on a multiclass model); with it, the hyper-parameter gradient
+    (eq. 4 with the cavity q fixed) is this estimate's own gradient with the sites held. With q x t = N(a + v alpha,
+    v (1 - v gamma)) the difference of the two log normalisers is, without 1/v::
+
+        -(1/2) log(1 - v gamma) - (2 a alpha + v alpha^2 + a^2 gamma) / (2 (1 - v gamma)).
+
+    ``denom`` = 1 - v gamma and ``shift`` = alpha + a gamma: the caller's, when it has formed them for the new site."""
+    xp = array_namespace(a)
+    denom = 1.0 - v * gamma if denom is None else denom
+    shift = alpha + a * gamma if shift is None else shift
+    return -0.5 * (xp.log(denom) + (a * shift + alpha * (a + v * alpha)) / denom)
 
 
 def moment_matched_site(valid, site_precision, site_shift, a, v, alpha, gamma, *, nonnegative=False):
@@ -362,7 +491,7 @@ def adjoint_coefficient(alpha, kappa, site_precision, site_shift, e, one_minus):
     return (alpha * (site_precision * e - site_shift) - kappa) / one_minus
 
 
-def data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g, *, want_upsilon=False):
+def data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g, *, want_upsilon=False, held=None):
     """The data part of the gradient of eq. 4, sum_i d log Z_i / d xi with the cavity q^\\i(u) fixed.
 
     log Z_i depends on the cavity of g_i = upsilon_i^T u through a = k^T K^-1 m^\\i and b = (noise) + K_ii -
@@ -375,11 +504,16 @@ def data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g, *, want_upsilon
     In factored form g_i = L_K^-T L_C^-T Q_i and upsilon_i = L_K^-T A_i, so
         dKnm^T - beta alpha^T = L_K^-T [L_C^-T Q diag(coef_g) + A diag(kappa)]:
     two triangular solves, the second one also giving U^T (its right-hand sides stacked), and one product
-    for dKmm. Returns (dKmm_data, kernel gradients through Knm and Kdiag incl. "Z", U^T or None)."""
+    for dKmm. ``held``: (``Held``, its coefficients) for sites held along other directions omega_i
+    (``held_adjoint_coefficient``): their g'_i = L_K^-T L_C^-T Q_h,i join the first solve's right-hand sides.
+    Returns (dKmm_data, kernel gradients through Knm and Kdiag incl. "Z", U^T or None)."""
     xp = array_namespace(Z)
     A, b = marg.A, marg.A.shape[1]
     dKdiag = -0.5 * kappa
-    inner = post.solve_C(marg.Q * coef_g[None, :], trans=True, overwrite=True) + A * kappa[None, :]
+    right = marg.Q * coef_g[None, :]
+    if held is not None:
+        right = right + held[0].Q * held[1][None, :]
+    inner = post.solve_C(right, trans=True, overwrite=True) + A * kappa[None, :]
     solved = post.solve_K(xp.concat([inner, A], axis=1), trans=True, overwrite=True)
     upsilon_t = solved[:, b:]
     dKnm_t = solved[:, :b] + post.beta[:, None] * alpha[None, :]
@@ -423,7 +557,7 @@ def add_cut_point_grads(grads, kernel, likelihood, site, valid, weights):
 
 
 def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=None, want_grad=True, A=None, Knm=None,
-               want_sums=False, sample_weights=False):
+               want_sums=False, sample_weights=False, anchor=None, damping=None, adf=False):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows.
 
     Hernandez-Lobato & Hernandez-Lobato (2016): cavity (eqs. 14-15), tilted moments and new site (eqs. 17-23), log Z_q
@@ -435,11 +569,24 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
     sites, weighted, as a u-space factor: sum_i w_i (new_i - old_i) upsilon_i upsilon_i^T (and the shifts).
     ``sample_weights``: the ``weights`` are sample weights of rows with sites of their own (minibatch EP by power
     EP: ``post`` holds w_i copies of each row's site), whose cavities ``weighted_cavity`` forms.
+    ``adf``: the cavity is q itself (ADF): each row's log Z_q term also takes ``adf_removal_terms`` of its new site.
+
+    Minibatch EP (``damping`` given: the rows have sites of their own in ``post``, its running product): ``sums`` is
+    then the change of that product, each row's old site out along the direction it is held along and its damped new
+    one (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25) in along its current upsilon_i; ``anchor`` (an ``Anchor``,
+    or None where the rows' sites went in along their current upsilon_i or are zero) gives the held directions, and
+    the cavities, log Z_q terms and gradient are those of the sites held there (``held_cavity``).
     """
     xp = array_namespace(Z)
     marg = marginals(kernel, X, Z, post, A=A, Knm=Knm)
     own_sites = site_precision is not None
-    if own_sites:
+    held = None
+    if own_sites and anchor is not None:
+        nu, mu = site_precision, site_shift
+        held = held_marginals(post, marg, anchor.directions(X))
+        valid, one_minus, v, a = held_cavity(nu, mu, marg.d, marg.e, marg.prior_var, held.d, held.e, held.cross,
+                                             weights if sample_weights else None)
+    elif own_sites:
         nu, mu = site_precision, site_shift
         valid, one_minus, v, a = (weighted_cavity(nu, mu, marg.d, marg.e, marg.prior_var, weights) if sample_weights
                                   else cavity(nu, mu, marg.d, marg.e, marg.prior_var))
@@ -452,14 +599,19 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
     likelihood = site_likelihood(kernel)
     site = likelihood.site_terms(y, a, b)
     log_zi, alpha, gamma = site.log_z, site.alpha, site.gamma
-    if own_sites:
+    if own_sites:  # (ADF's own sites are zero: a cluster's chunks are given them)
         new_nu, new_mu = moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
-        terms = xp.where(valid, log_zi + removal_terms(nu, mu, marg.d, marg.e, one_minus), 0.0)
+        row_terms = log_zi + adf_removal_terms(a, v, alpha, gamma) if adf else log_zi
+        # g(cavity) - g(q) of a rank-one removal depends only on q along the direction removed
+        d_out, e_out = (marg.d, marg.e) if held is None else (held.d, held.e)
+        terms = xp.where(valid, row_terms + removal_terms(nu, mu, d_out, e_out, one_minus), 0.0)
     else:
         denom = 1.0 - v * gamma
+        shift = alpha + a * gamma
         new_nu = xp.where(valid, gamma / denom, 0.0)
-        new_mu = xp.where(valid, (alpha + a * gamma) / denom, 0.0)
-        terms = xp.where(valid, log_zi, 0.0)
+        new_mu = xp.where(valid, shift / denom, 0.0)
+        row_terms = log_zi + adf_removal_terms(a, v, alpha, gamma, denom, shift) if adf else log_zi
+        terms = xp.where(valid, row_terms, 0.0)
     if weights is not None:
         terms = terms * weights
     log_z_terms = xp.sum(terms)
@@ -470,19 +622,53 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
         if weights is not None:
             alpha = alpha * weights
         kappa = variance_adjoint(site, alpha, a, b, valid, weights)  # -2 d log Z_i / d b
-        coef_g = adjoint_coefficient(alpha, kappa, nu, mu, marg.e, one_minus) if own_sites else -kappa
+        held_term = None
+        if held is not None:
+            coef_g = -kappa
+            held_term = (held, held_adjoint_coefficient(alpha, kappa, nu, mu, held.e, held.cross, one_minus))
+        else:
+            coef_g = adjoint_coefficient(alpha, kappa, nu, mu, marg.e, one_minus) if own_sites else -kappa
         dKmm_data, grads, upsilon_t = data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g,
-                                                   want_upsilon=want_sums)
+                                                   want_upsilon=want_sums, held=held_term)
         add_cut_point_grads(grads, kernel, likelihood, site, valid, weights)
     sums = None
     if want_sums:  # the rows' share of the likelihood factor (for tied / minibatch updates), in u-space
         if upsilon_t is None:
             upsilon_t = post.solve_K(marg.A, trans=True)
-        change_nu, change_mu = (new_nu - nu, new_mu - mu) if own_sites else (new_nu, new_mu)
-        if weights is not None:
-            change_nu, change_mu = change_nu * weights, change_mu * weights
-        sums = ((upsilon_t * change_nu[None, :]) @ upsilon_t.mT, upsilon_t @ change_mu)
+        if own_sites and damping is not None:
+            sums = product_change(upsilon_t, None if held is None else held.omega, nu, mu, new_nu, new_mu, damping,
+                                  weights)
+        else:
+            change_nu, change_mu = (new_nu - nu, new_mu - mu) if own_sites else (new_nu, new_mu)
+            if weights is not None:
+                change_nu, change_mu = change_nu * weights, change_mu * weights
+            sums = ((upsilon_t * change_nu[None, :]) @ upsilon_t.mT, upsilon_t @ change_mu)
     return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads, sums)
+
+
+def product_change(upsilon, omega, site_precision, site_shift, new_precision, new_shift, damping, weights=None):
+    """The change of minibatch EP's running site product (u-space (P, r)) when the rows' sites (nu, mu), held along
+    the columns of ``omega`` (None: along their current upsilon, the columns of ``upsilon``), become the damped
+    rho new + (1 - rho) old (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25) along ``upsilon``:
+
+        sum_i w_i [(rho nu_new + (1 - rho) nu) upsilon_i upsilon_i^T - nu omega_i omega_i^T]   (and the shifts),
+
+    ``weights`` w_i (sample weights or a padding's zeros; none: 1). Each row's term removes exactly what the product
+    holds of it, so the product stays a sum of rank-one terms of precisions >= 0 (``Anchor``). One product of m x 2b
+    by 2b x m where the directions differ, m x b by b x m (rho (new - old) alone) where they do not."""
+    xp = array_namespace(upsilon)
+    if omega is None:
+        in_nu, in_mu = damping * (new_precision - site_precision), damping * (new_shift - site_shift)
+        if weights is not None:
+            in_nu, in_mu = in_nu * weights, in_mu * weights
+        return (upsilon * in_nu[None, :]) @ upsilon.mT, upsilon @ in_mu
+    in_nu = damping * new_precision + (1.0 - damping) * site_precision
+    in_mu = damping * new_shift + (1.0 - damping) * site_shift
+    out_nu, out_mu = site_precision, site_shift
+    if weights is not None:
+        in_nu, in_mu, out_nu, out_mu = in_nu * weights, in_mu * weights, out_nu * weights, out_mu * weights
+    both = xp.concat([upsilon, omega], axis=1)
+    return (both * xp.concat([in_nu, -out_nu])[None, :]) @ both.mT, both @ xp.concat([in_mu, -out_mu])
 
 
 def prior_kmm_adjoint(post):
@@ -771,14 +957,16 @@ class BlockScratch(threading.local):
 
 
 def binary_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, want_sums=False,
-                 want_sites=True, damping=None, weights=None, sample_weights=False):
+                 want_sites=True, damping=None, weights=None, sample_weights=False, anchor=None, product_damping=None,
+                 adf=False):
     """Binary EP's sweep for a cavity held as a u-space factor (minibatch EP, SEP, ADF): ``block_pass`` over all
     rows (``sweep_rows``). ``site_precision`` None: the rows have no sites of their own (SEP / ADF).
-    ``weights``, ``sample_weights``: per row, as ``block_pass`` takes them. Batch EP sweeps with ``batch_sweep``."""
+    ``weights``, ``sample_weights``, ``adf``: as ``block_pass`` takes them; ``anchor``, ``product_damping``: its
+    ``anchor`` and ``damping`` (minibatch EP). Batch EP sweeps with ``batch_sweep``."""
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         return block_pass(kernel, X_block, y_block, rows_precision, rows_shift, Z, cavity, want_grad=want_grad,
                           want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
-                          sample_weights=sample_weights)
+                          sample_weights=sample_weights, anchor=anchor, damping=product_damping, adf=adf)
 
     return sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z,
                       want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping)
@@ -1091,8 +1279,13 @@ class Factor:
         return cls.unwhitened(post.L_C @ post.L_C.mT - eye, post.L_C @ post.h, post.L_K)
 
     def combine(self, keep, other, weight):
-        """keep * self + weight * other, in natural parameters."""
-        return Factor(keep * self.precision + weight * other.precision, keep * self.shift + weight * other.shift)
+        """keep * self + weight * other, in natural parameters (a factor of exactly 1 takes no operation: on a GPU
+        each is a launch, and 1.0 * x is x)."""
+        def times(factor, value):
+            return value if factor == 1.0 else factor * value
+
+        return Factor(times(keep, self.precision) + times(weight, other.precision),
+                      times(keep, self.shift) + times(weight, other.shift))
 
 
 def moved_factor(kernel, Z_old, Z_new, factor, *, jitter, L_K=None):
@@ -1134,6 +1327,7 @@ CAVITY_KINDS = ("ep", "sep", "adf")
 def evaluate_factor(
     kernel, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None, jitter,
     want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None, sample_weights=False,
+    anchor=None, damping=None,
 ):
     """One pass over rows X (all the data, or a minibatch) with q = prior x ``factor``.
 
@@ -1141,7 +1335,7 @@ def evaluate_factor(
 
       "ep"  q / site_i: each row's own site, (site_precision, site_shift) along its current upsilon_i;
       "sep" q / factor^(1/n_total): one cavity for every row;
-      "adf" q itself.
+      "adf" q itself (each row's log Z_q term with the removal term of its new site: ``adf_removal_terms``).
 
     Returns a dict: ``log_z`` (estimate of log Z_q: the rows' terms scaled by n_total / rows, the rows
     counted by their ``weights`` when given), ``grads`` (eq. 4 with the data part scaled likewise: the
@@ -1151,6 +1345,10 @@ def evaluate_factor(
     ``factor_cavity`` (driver), ``binary_sweep`` (per row block; per chunk on workers), ``finish_factor`` (driver).
 
     ``sample_weights``: ``weights`` are minibatch EP's sample weights (``block_pass``).
+
+    ``damping`` (minibatch EP, with its rows' sites): ``product_change`` is then the change of the running site
+    product ``factor`` when the rows' sites become their damped updates, each old one taken out along the direction
+    it is held along (``anchor``'s, or the current one where None: ``block_pass``); to be added to ``factor`` as it is.
 
     ``others`` / ``factor_rows``: distributed SEP (Li, Hernandez-Lobato & Turner 2015, sec. 4), one tied
     factor per shard of the data, q = prior x (others + factor): ``factor`` is the shard's (it stands for
@@ -1162,9 +1360,13 @@ def evaluate_factor(
         site_precision = site_shift = None
     sweep = binary_sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
                          block_rows=block_rows, want_sums=True, want_sites=method == "ep", weights=weights,
-                         sample_weights=sample_weights)
+                         sample_weights=sample_weights, anchor=anchor if method == "ep" else None,
+                         product_damping=damping if method == "ep" else None, adf=method == "adf")
     n_rows = X.shape[0] if weights is None else array_namespace(Z).sum(weights)
-    return finish_factor(kernel, Z, prep, sweep, n_total / n_rows, want_grad)
+    out = finish_factor(kernel, Z, prep, sweep, n_total / n_rows, want_grad)
+    if method == "ep" and damping is not None:
+        out["product_change"] = out.pop("site_delta")
+    return out
 
 
 # n (g(cavity) - g(q)) taken as that difference loses n eps of |g| to cancellation: nothing for float64 below
@@ -1284,13 +1486,20 @@ def finish_factor(kernel, Z, prep, sweep, scale, want_grad):
     return out
 
 
-def exact_factor(kernel, Z, X, site_precision, site_shift, *, jitter, block_rows=None, y=None):
+def exact_factor(kernel, Z, X, site_precision, site_shift, *, jitter, block_rows=None, y=None, want_anchor=False):
     """The product of all EP sites at the current hyper-parameters, as a u-space Factor (one pass).
     ``y`` is not needed (a binary site does not depend on the label's position); it is accepted so that
-    the multiclass engine, whose sites do, has the same signature."""
+    the multiclass engine, whose sites do, has the same signature. ``want_anchor``: (factor, its ``Anchor``)."""
     L_K = prior_cholesky(kernel, Z, jitter)
     S, c_tilde, _ = site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_rows, False)
-    return Factor.unwhitened(S, c_tilde, L_K)
+    factor = Factor.unwhitened(S, c_tilde, L_K)
+    return (factor, Anchor(kernel, Z, L_K, jitter)) if want_anchor else factor
+
+
+def anchored_factor(kernel, Z, post, jitter):
+    """Minibatch EP's running product after an exact pass over all its sites: q's factor (``Factor.from_posterior``)
+    and its ``Anchor`` (q's own L_K: the directions every row's site is now held along)."""
+    return Factor.from_posterior(post), Anchor(kernel, Z, post.L_K, jitter)
 
 
 def posterior_from_factor(kernel, Z, factor, *, jitter):

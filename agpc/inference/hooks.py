@@ -27,8 +27,8 @@ class Hook:
         """The run is set up (the trainer fresh, nothing stepped)."""
 
     def before_step(self, run, rebuild_due):
-        """Whether to stop before the next step (with an exact rebuild of the site product first when
-        ``rebuild_due``)."""
+        """Whether to stop before the next step (with an exact rebuild of the site product before or after it when
+        ``rebuild_due``: minibatch EP's, at an epoch's end or when its engine asks)."""
         return False
 
     def new_epoch(self, run):

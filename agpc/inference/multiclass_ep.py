@@ -39,9 +39,11 @@ from . import ep
 
 __all__ = [
     "MultiFactor",
+    "MultiAnchor",
     "evaluate",
     "evaluate_factor",
     "exact_factor",
+    "anchored_factor",
     "posterior_from_factor",
     "predict_latent",
     "predictive_log_proba",
@@ -124,6 +126,23 @@ def uniform_factor(Z):
     return MultiFactor.uniform(Z)
 
 
+class MultiAnchor:
+    """Minibatch EP's anchor (``ep.Anchor``) of a multiclass model: the ``ClassKernels``, Z (C, m, d) and each
+    class's L_K of the running product's last exact rebuild; ``anchor[c]`` is class c's ``ep.Anchor``."""
+
+    def __init__(self, kernel, Z, L_K, jitter, L_K_inv=None):
+        self.kernel, self.Z, self.jitter = kernel, Z, float(jitter)
+        self.classes = tuple(ep.Anchor(kernel[c], Z[c, ...], L_K[c], jitter,
+                                       L_K_inv=None if L_K_inv is None else L_K_inv[c]) for c in range(len(L_K)))
+
+    @property
+    def L_K(self):
+        return array_namespace(self.Z).stack([a.L_K for a in self.classes])
+
+    def __getitem__(self, c):
+        return self.classes[c]
+
+
 def factor_from_posteriors(posts):
     """One class's factor from each class's q (``ep.Factor.from_posterior``)."""
     return MultiFactor(tuple(ep.Factor.from_posterior(post) for post in posts))
@@ -155,9 +174,11 @@ class PairUpdate:
     alpha: object = None  # (b, C): d log Z / d (cavity mean) summed over the sites a row has in class c
     kappa: object = None  # (b, C): -2 d log Z / d b, likewise
     coef: object = None  # (b, C): the coefficient of g_ic (``ep.adjoint_coefficient``), likewise
+    coef_held: object = None  # (b, C): with ``held``, the coefficient of g'_ic (``ep.held_adjoint_coefficient``)
 
 
-def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=True, weights=None, own_sites=True):
+def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=True, weights=None, own_sites=True,
+                held=None, adf=False):
     """Cavities, moment matching and log Z_q terms of every pair (i, k) of a block of rows, from each class's marginal
     of q along upsilon_ic (``d``, ``e``, ``prior_var``, ``s``: (b, C), as ``ep.Marginals`` holds them), and with
     ``want_grad`` the per-class coefficients of the gradient's data part (``ep.data_adjoint``; the full-GP pass of
@@ -167,7 +188,12 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     copies of each of row i's pair sites (the marginals given are of that q), each pair's cavity removes one copy of
     its two parts (``ep.weighted_cavity``: a row of weight 0 has no valid pair and no update), and the pairs' log Z_q
     terms and gradient coefficients count w_i times. ``own_sites=False`` (SEP / ADF: zero sites, the marginals are
-    the tied cavity's): the cavity is checked as without weights, and only the weights' factors apply."""
+    the tied cavity's): the cavity is checked as without weights, and only the weights' factors apply. ``adf``: the
+    cavity is q itself (ADF), and each pair's term also takes ``ep.adf_removal_terms`` of its two new parts.
+
+    ``held`` (minibatch EP whose running product holds the rows' sites along other directions than their current
+    ones: ``ep.Anchor``): (d_h, e_h, cross), each (b, C), q along each row's held direction in each class
+    (``ep.Held``); each pair's parts leave q along them (``ep.held_cavity``)."""
     xp = array_namespace(d)
     C = d.shape[1]
     onehot = one_hot_labels(y, C)
@@ -175,13 +201,21 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     nu_k, nu_y = site_precision[:, :C], site_precision[:, C:]
     mu_k, mu_y = site_shift[:, :C], site_shift[:, C:]
     d_y, e_y, pv_y, s_y = (true_class_values(v, onehot) for v in (d, e, prior_var, s))
+    if held is not None:
+        held_y = tuple(true_class_values(v, onehot) for v in held)
 
     # Each pair's cavity removes only its own part from each of its two classes (parallel EP).
-    if weights is None:
+    row_weights = None if weights is None else weights[:, None]
+    if held is not None:
+        powers = row_weights if own_sites else None
+        valid_k, om_k, v_k, a_k = ep.held_cavity(nu_k, mu_k, d, e, prior_var, *held, powers)
+        valid_y, om_y, v_y, a_y = ep.held_cavity(nu_y, mu_y, d_y, e_y, pv_y, *held_y, powers)
+        if row_weights is not None:
+            valid_k = valid_k & (row_weights > 0)
+    elif weights is None:
         valid_k, om_k, v_k, a_k = ep.cavity(nu_k, mu_k, d, e, prior_var)
         valid_y, om_y, v_y, a_y = ep.cavity(nu_y, mu_y, d_y, e_y, pv_y)
     else:
-        row_weights = weights[:, None]
         powers = row_weights if own_sites else xp.ones_like(row_weights)  # (SEP / ADF: no copy of a site in q)
         valid_k, om_k, v_k, a_k = ep.weighted_cavity(nu_k, mu_k, d, e, prior_var, powers)
         valid_y, om_y, v_y, a_y = ep.weighted_cavity(nu_y, mu_y, d_y, e_y, pv_y, powers)
@@ -197,7 +231,11 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
 
     # log Z_q terms (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 9 in the one-dimensional form of Hernandez-Lobato &
     # Hernandez-Lobato (2016), eq. 26): log Z_ik plus g(cavity) - g(q) in each of the two classes the pair touches.
-    terms = log_zp + ep.removal_terms(nu_y, mu_y, d_y, e_y, om_y) + ep.removal_terms(nu_k, mu_k, d, e, om_k)
+    # (a rank-one removal's g(cavity) - g(q) depends only on q along the direction removed)
+    out_y, out_k = ((d_y, e_y), (d, e)) if held is None else (held_y[:2], held[:2])
+    terms = log_zp + ep.removal_terms(nu_y, mu_y, *out_y, om_y) + ep.removal_terms(nu_k, mu_k, *out_k, om_k)
+    if adf:  # ADF: the cavity is q, the pair's parts in it its new ones (ep.adf_removal_terms)
+        terms = terms + ep.adf_removal_terms(a_y, v_y, alpha, gamma) + ep.adf_removal_terms(a_k, v_k, -alpha, gamma)
     n_invalid = None
     if weights is not None:  # each pair's term w_i times; the failed pairs of rows in the model counted
         terms = terms * row_weights
@@ -214,14 +252,18 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     if weights is not None:  # (kappa and the coefficients follow alpha: each pair's term w_i times)
         alpha = alpha * row_weights
     kappa = alpha * diff / b  # -2 d log Z_ik / d b
-    coef_k = ep.adjoint_coefficient(-alpha, kappa, nu_k, mu_k, e, om_k)
-    coef_y = ep.adjoint_coefficient(alpha, kappa, nu_y, mu_y, e_y, om_y)
 
     def per_class(wrong_part, true_parts):
         return xp.where(onehot, xp.sum(true_parts, axis=1, keepdims=True), wrong_part)
 
     alpha_c = per_class(-alpha, alpha)
     kappa_c = per_class(kappa, kappa)
+    if held is not None:  # g_ic's coefficient is -kappa a site; g'_ic's by ``ep.held_adjoint_coefficient``
+        coef_held = per_class(ep.held_adjoint_coefficient(-alpha, kappa, nu_k, mu_k, held[1], held[2], om_k),
+                              ep.held_adjoint_coefficient(alpha, kappa, nu_y, mu_y, held_y[1], held_y[2], om_y))
+        return PairUpdate(new_nu, new_mu, out_valid, log_z_terms, n_invalid, alpha_c, kappa_c, -kappa_c, coef_held)
+    coef_k = ep.adjoint_coefficient(-alpha, kappa, nu_k, mu_k, e, om_k)
+    coef_y = ep.adjoint_coefficient(alpha, kappa, nu_y, mu_y, e_y, om_y)
     coef_c = per_class(coef_k, coef_y)
     return PairUpdate(new_nu, new_mu, out_valid, log_z_terms, n_invalid, alpha_c, kappa_c, coef_c)
 
@@ -235,9 +277,12 @@ def weighted_totals(totals, weights):
 
 
 def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad=True, want_sums=False, weights=None,
-               own_sites=True):
+               own_sites=True, anchors=None, damping=None, adf=False):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows, all classes (``weights``,
-    ``own_sites``: ``pair_update``'s; the sums of the rows' sites then weigh each row's w_i times)."""
+    ``own_sites``, ``adf``: ``pair_update``'s; the sums of the rows' sites then weigh each row's w_i times). Minibatch
+    EP (``damping`` given): the sums are the change of the running product, class by class, each row's old site
+    total out along the direction it is held along (``anchors``: a ``MultiAnchor``, or None: the current one) and its
+    damped new one in (``ep.product_change``), as whitened sums."""
     xp = array_namespace(X)
     C = n_classes(Z)
     margs = [ep.marginals(kernels[c], X, Z[c, ...], posts[c]) for c in range(C)]
@@ -245,26 +290,37 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     e = xp.stack([mg.e for mg in margs], axis=1)
     prior_var = xp.stack([mg.prior_var for mg in margs], axis=1)
     s = xp.stack([mg.s for mg in margs], axis=1)
+    helds = None
+    if anchors is not None and own_sites:
+        helds = [ep.held_marginals(posts[c], margs[c], anchors[c].directions(X)) for c in range(C)]
+    held = None if helds is None else tuple(xp.stack([getattr(h, k) for h in helds], axis=1)
+                                            for k in ("d", "e", "cross"))
     update = pair_update(y, site_precision, site_shift, d, e, prior_var, s, want_grad=want_grad, weights=weights,
-                         own_sites=own_sites)
+                         own_sites=own_sites, held=held, adf=adf)
     new_nu, new_mu = update.site_precision, update.site_shift
     sums = None
     if want_sums:
         onehot = one_hot_labels(y, C)
         tot_new = weighted_totals(site_totals(new_nu, new_mu, onehot), weights)
         tot_old = weighted_totals(site_totals(site_precision, site_shift, onehot), weights)
-        sums = tuple(
-            ep.whitened_site_sums(margs[c].A, tot_new[0][:, c], tot_new[1][:, c])
-            + ep.whitened_site_sums(margs[c].A, tot_old[0][:, c], tot_old[1][:, c])
-            for c in range(C)
-        )
+        if damping is not None:
+            sums = tuple(ep.product_change(margs[c].A, None if helds is None else helds[c].W, tot_old[0][:, c],
+                                           tot_old[1][:, c], tot_new[0][:, c], tot_new[1][:, c], damping)
+                         for c in range(C))
+        else:
+            sums = tuple(
+                ep.whitened_site_sums(margs[c].A, tot_new[0][:, c], tot_new[1][:, c])
+                + ep.whitened_site_sums(margs[c].A, tot_old[0][:, c], tot_old[1][:, c])
+                for c in range(C)
+            )
     if not want_grad:
         return MultiBlockResult(new_nu, new_mu, update.valid, update.log_z_terms, None, {}, sums, update.n_invalid)
     alpha_c, kappa_c, coef_c = update.alpha, update.kappa, update.coef
     dKmm, grads, Z_grads = [], {}, []
     for c in range(C):
+        held_term = None if helds is None else (helds[c], update.coef_held[:, c])
         dKmm_c, g, _ = ep.data_adjoint(kernels[c], X, Z[c, ...], posts[c], margs[c], alpha_c[:, c], kappa_c[:, c],
-                                       coef_c[:, c])
+                                       coef_c[:, c], held=held_term)
         dKmm.append(dKmm_c)
         Z_grads.append(g.pop("Z"))
         grads.update({f"{c}:{name}": value for name, value in g.items()})
@@ -305,10 +361,12 @@ def _block_rows(block_rows, Z, n=None):
 
 
 def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, block_rows, want_sums=False,
-                want_sites=True, damping=None, weights=None):
+                want_sites=True, damping=None, weights=None, anchors=None, product_damping=None, adf=False):
     """Multiclass EP's sweep: ``block_pass`` over all rows (``ep.sweep_rows``), a validity column per class.
     Its reductions add over any split of the rows (``ep.add_sweeps``); ``site_precision`` None: zero sites
-    (SEP / ADF, whose rows have none of their own). ``weights`` (n,): the rows' sample weights (``block_pass``)."""
+    (SEP / ADF, whose rows have none of their own). ``weights`` (n,): the rows' sample weights, ``adf``: ADF's row
+    terms (``block_pass``); ``anchors``, ``product_damping``: ``block_pass``'s ``anchors`` and ``damping`` (minibatch
+    EP)."""
     own_sites = site_precision is not None
     if not own_sites:
         site_precision = site_shift = zero_sites(X.shape[0], Z)
@@ -316,7 +374,7 @@ def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_gra
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         return block_pass(kernels, X_block, y_block, rows_precision, rows_shift, Z, posts, want_grad=want_grad,
                           want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
-                          own_sites=own_sites)
+                          own_sites=own_sites, anchors=anchors, damping=product_damping, adf=adf)
 
     return ep.sweep_rows(X, y, site_precision, site_shift, block_step,
                          block_rows=_block_rows(block_rows, Z, X.shape[0]), like=Z[0, ...], want_grad=want_grad,
@@ -390,23 +448,28 @@ def _with_rest(rest, S, c_tilde):
 
 def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None, jitter,
                     want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None,
-                    sample_weights=True):
+                    sample_weights=True, anchor=None, damping=None):
     """One pass over rows X (all, or a minibatch) with q_c = prior_c x factor_c; the cavity as in
     ``ep.evaluate_factor``: "ep" removes each pair's own parts, "sep" removes factor_c^(1/n_total) from
     every class (one tied factor per class, Villacampa-Calvo & Hernandez-Lobato (2017), sec. 2.3.1), "adf" removes
-    nothing. ``checked``: as in ``evaluate``. ``weights`` (the rows'): sample weights (the multiclass passes have no
+    nothing (each pair's log Z_q term then takes the removal term of its new parts, ``ep.adf_removal_terms``).
+    ``checked``: as in ``evaluate``. ``weights`` (the rows'): sample weights (the multiclass passes have no
     padding; ``sample_weights`` is taken for ``ep.evaluate_factor``'s signature): "ep"'s cavities by power EP, each
     row's terms, gradient and site change w_i times, and the rows counted by weight in the scale n_total / sum(w).
     ``others`` / ``factor_rows``: distributed SEP's shard, per class as in ``ep.factor_cavity``: q_c = prior_c x
-    (others_c + factor_c), the SEP cavity removes factor_c^(1/factor_rows)."""
+    (others_c + factor_c), the SEP cavity removes factor_c^(1/factor_rows). ``anchor`` (a ``MultiAnchor``, or
+    None), ``damping``: minibatch EP's, as ``ep.evaluate_factor`` takes them (``product_change``)."""
     prep = factor_cavity(kernels, Z, factor, method=method, n_total=n_total, jitter=jitter, checked=checked,
                          others=others, factor_rows=factor_rows)
     if method != "ep":
         site_precision = site_shift = None  # (zero sites: the cavity already excludes the factor)
+    minibatch_ep = method == "ep" and damping is not None
     sweep = class_sweep(kernels, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
-                        block_rows=block_rows, want_sums=True, weights=weights)
+                        block_rows=block_rows, want_sums=True, weights=weights,
+                        anchors=anchor if minibatch_ep else None, product_damping=damping if minibatch_ep else None,
+                        adf=method == "adf")
     n_rows = X.shape[0] if weights is None else array_namespace(Z).sum(weights)
-    return finish_factor(kernels, Z, prep, sweep, n_total / n_rows, want_grad)
+    return finish_factor(kernels, Z, prep, sweep, n_total / n_rows, want_grad, product=minibatch_ep)
 
 
 def factor_cavity(kernels, Z, factor, *, method, n_total, jitter, checked=True, others=None, factor_rows=None):
@@ -438,31 +501,43 @@ def factor_cavity(kernels, Z, factor, *, method, n_total, jitter, checked=True, 
     return {"q": tuple(qs), "cavity": tuple(cavities), "log_z": log_z, "L_K_inv": L_K_inv}
 
 
-def finish_factor(kernels, Z, prep, sweep, scale, want_grad):
-    """The factor pass's results from ``factor_cavity`` and the (reduced) sweep; ``scale`` = n_total / rows."""
+def finish_factor(kernels, Z, prep, sweep, scale, want_grad, product=False):
+    """The factor pass's results from ``factor_cavity`` and the (reduced) sweep; ``scale`` = n_total / rows.
+    ``product``: the sweep's sums are minibatch EP's change of its running product (``block_pass``), returned as
+    ``product_change``."""
     C = n_classes(Z)
     sums, L_K_inv = sweep["sums"], prep["L_K_inv"]
-    new_sites = MultiFactor(tuple(ep.Factor.from_whitened(sums[c][0], sums[c][1], L_K_inv[c]) for c in range(C)))
-    old_sites = MultiFactor(tuple(ep.Factor.from_whitened(sums[c][2], sums[c][3], L_K_inv[c]) for c in range(C)))
-    return {
+    out = {
         "log_z": prep["log_z"] + scale * sweep["terms"],
         "site_precision": sweep["site_precision"],
         "site_shift": sweep["site_shift"],
         "valid": sweep["valid"],
         "n_invalid": sweep["n_invalid"],
-        "new_sites": new_sites,
-        "old_sites": old_sites,
-        "site_delta": new_sites.combine(1.0, old_sites, -1.0),
         "posterior": prep["q"],
         "grads": add_prior_gradients(kernels, Z, prep["q"], sweep, scale) if want_grad else None,
     }
+    if product:
+        out["product_change"] = MultiFactor(tuple(ep.Factor.from_whitened(sums[c][0], sums[c][1], L_K_inv[c])
+                                                  for c in range(C)))
+        return out
+    new_sites = MultiFactor(tuple(ep.Factor.from_whitened(sums[c][0], sums[c][1], L_K_inv[c]) for c in range(C)))
+    old_sites = MultiFactor(tuple(ep.Factor.from_whitened(sums[c][2], sums[c][3], L_K_inv[c]) for c in range(C)))
+    out.update(new_sites=new_sites, old_sites=old_sites, site_delta=new_sites.combine(1.0, old_sites, -1.0))
+    return out
 
 
-def exact_factor(kernels, Z, X, site_precision, site_shift, *, jitter, block_rows=None, y):
-    """The product of all sites at the current hyper-parameters, one u-space factor per class."""
-    _, L_K_inv = prior_choleskys(kernels, Z, jitter)
+def exact_factor(kernels, Z, X, site_precision, site_shift, *, jitter, block_rows=None, y, want_anchor=False):
+    """The product of all sites at the current hyper-parameters, one u-space factor per class; ``want_anchor``:
+    (factor, its ``MultiAnchor``)."""
+    L_K, L_K_inv = prior_choleskys(kernels, Z, jitter)
     S, c_tilde = class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows)
-    return MultiFactor(tuple(ep.Factor.from_whitened(S[c], c_tilde[c], L_K_inv[c]) for c in range(n_classes(Z))))
+    factor = MultiFactor(tuple(ep.Factor.from_whitened(S[c], c_tilde[c], L_K_inv[c]) for c in range(n_classes(Z))))
+    return (factor, MultiAnchor(kernels, Z, L_K, jitter, L_K_inv)) if want_anchor else factor
+
+
+def anchored_factor(kernels, Z, posts, jitter):
+    """``ep.anchored_factor`` class by class: (a ``MultiFactor``, its ``MultiAnchor``)."""
+    return factor_from_posteriors(posts), MultiAnchor(kernels, Z, [post.L_K for post in posts], jitter)
 
 
 def posterior_from_factor(kernels, Z, factor, *, jitter):

@@ -24,21 +24,23 @@ from dataclasses import dataclass, field
 
 from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, block_memory_advice,
                        cholesky_with_jitter, host_rng, is_out_of_core, jitter_raises_within, note_jitter, read_rows,
-                       row_chunk_bounds, to_host_vector)
-from ..checkpoint_rules import check_saved_factor
+                       row_chunk_bounds, to_host_vector, warn_guard)
+from ..checkpoint_rules import check_saved_anchor, check_saved_factor
 from ..kernels import ClassKernels
 from ..threads import with_blas_threads
 from .checkpointing import FINGERPRINT_ROWS, data_fingerprint, fingerprint_stride
 from .engines import ALL_METHODS, Engine, EngineOptions, forwarding, make_engine
 from .ep import PRIOR_FACTOR_NAME
+from .guard import GUARD_KEYS, REASONS, Guard
 from .hooks import standard_hooks
 from .settings import TrainSettings, setting_names, with_overrides
 
 __all__ = ["train", "fit", "warn_if_no_checkpoint", "Trainer", "TrainResult", "TrainSettings", "EngineOptions", "Run",
            "with_overrides", "setting_names", "standard_hooks", "ALL_METHODS", "MAX_FAILURES", "minibatch_layout",
-           "data_fingerprint", "fingerprint_stride", "FINGERPRINT_ROWS", "check_saved_factor", "STOP_REASONS"]
+           "data_fingerprint", "fingerprint_stride", "FINGERPRINT_ROWS", "check_saved_factor", "check_saved_anchor",
+           "STOP_REASONS"]
 
-HISTORY_KEYS = ("log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps")
+HISTORY_KEYS = ("log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps") + GUARD_KEYS
 # Why a run stopped (``TrainResult.stop_reason``): its step budget ran out; the sites settled below ``tol`` (nothing to
 # optimise); ``hooks.Plateau`` saw log Z stop rising; ``hooks.TimeBudget``'s time ran out; ``hooks.Validation``'s
 # early stopping. A stream (``partial_fit``) has no stop of its own.
@@ -108,28 +110,35 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         self.n_steps = 0  # steps taken (failed ones not counted)
         self.n_updates = 0  # of them, steps that moved the hyper-parameters
         self.last = None  # the last step's ``engines.Outcome``
+        self.guard = Guard()  # the checks of every step and the record of what was done about failures
+        self.reverted = False  # the last step not taken was reverted (not repaired, nor retried as it was)
+        self.epoch_log_z = None  # minibatch EP: log Z_q at the end of the epoch being recorded (``rebuild_factor``)
         self._pending = []  # (log Z estimate, invalid rows) of the steps since the last record
 
 
-    def step_until_taken(self, X, y, lo, hi, *, stepping, weights=None, after_revert=None):
+    def step_until_taken(self, X, y, lo, hi, *, stepping, weights=None, after_revert=None, repair=None):
         """``step`` again until one is taken (the one retry rule of every caller): each failure the guard has
         reverted (``after_revert()`` is then called, for a caller that keeps state beside the engine's); the guard
-        gives up with a FloatingPointError after ``MAX_FAILURES`` failures in a row. Returns (change, log Z)."""
+        gives up with a FloatingPointError after ``MAX_FAILURES`` failures in a row. ``repair``: what the guard
+        calls first, once, to put q right (``guard``; minibatch EP: an exact rebuild of its site product).
+        Returns (change, log Z)."""
         for _ in range(MAX_FAILURES + 1):
-            took, change, log_z = self.step(X, y, lo, hi, stepping=stepping, weights=weights)
+            took, change, log_z = self.step(X, y, lo, hi, stepping=stepping, weights=weights, repair=repair)
             if took:
                 return change, log_z
-            if after_revert is not None:
+            if after_revert is not None and self.reverted:
                 after_revert()
         raise FloatingPointError(f"{self.method}: no step taken after {MAX_FAILURES + 1} attempts")
 
     @with_blas_threads(_work)
-    def step(self, X, y, lo, hi, *, stepping, weights=None):
+    def step(self, X, y, lo, hi, *, stepping, weights=None, repair=None):
         """Evaluate rows lo:hi of (X, y) (all of them in batch mode), commit the update, maybe step the
         hyper-parameters. ``weights``: one weight per row of lo:hi (a padded minibatch: 0 on the padding),
         for the engines whose passes apply them (SVI, minibatch EP / SEP / ADF; the others refuse them).
+        ``repair``: the guard's first remedy (``step_until_taken``).
 
-        Returns (took the step, relative change of the sites / factor / xi or None, log Z estimate).
+        Returns (took the step, relative change of the sites / factor / xi or None, log Z estimate). A step the
+        guard does not take (``guard``) was either repaired or reverted (``reverted``) before this returns.
 
         One device-to-host transfer a step: the engine's ``evaluate`` gives log Z, or a small vector whose
         first entry is log Z and whose others are what its ``apply`` needs on the host (the EP family: the
@@ -141,54 +150,77 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         except CholeskyError:  # engines that check their factorisations on the host raise instead
             scalars = [math.nan]
         log_z = float(scalars[0])
-        if not math.isfinite(log_z):
-            self._recover()
+        rows = (hi - lo) if self.engine.minibatch else (X.shape[0] if X is not None else 0)
+        engine = self.engine
+        problem = self.guard.problem(log_z, scalars[1] if len(scalars) > 1 else 0.0, rows, repair is not None,
+                                     float(engine.n_total), engine.optimizer is not None or engine.has_damping)
+        if problem is not None:
+            self._recover(problem, repair)
             return False, float("inf"), log_z
         self.failures = self.halvings = self.jitter_raises = 0
+        self.reverted = False
         self.good = self.engine.snapshot()  # what a revert puts back
         with block_memory_advice(f"the {self.method} training step"):
             self.last = self.engine.apply(work, lo, hi, stepping=stepping, scalars=scalars)
         self.n_steps += 1
         self.n_updates += int(self.last.stepped)
         self._pending.append((log_z, self.last.n_invalid))
+        if self.last.guard:  # (the inner steps' guards: a data-parallel round's shards)
+            self.guard.add(self.last.guard)
+        if self.guard.taken(log_z) and self.engine.grow():
+            self.guard.note("guard_restored")
         return True, self.last.change, log_z
 
-    def _recover(self):
-        """The guard's path, after a step whose log Z was not finite: if the prior covariance of the inducing
-        points no longer factorises at the configured jitter, raise the jitter (reported by
-        ``backend.note_jitter``: one ``JitterWarning`` a fit, saying from what to what) and try again;
-        otherwise put back the state before the last good step and halve the damping and the step sizes.
-        Gives up with a FloatingPointError that says what was tried: after ``MAX_FAILURES`` failures in a row,
-        or at once when there is no good state to go back to (the very first step) or nothing to halve."""
+    def _recover(self, problem, repair=None):
+        """The guard's path (``guard``), after a step it did not take because of ``problem`` (a key of
+        ``guard.REASONS``): a ``repair`` first (once since the last good step: the step is then tried again as it
+        was); else, for a log Z that is not finite, where the prior covariance of the inducing points no longer
+        factorises at the configured jitter, raise the jitter (reported by ``backend.note_jitter``: one
+        ``JitterWarning`` a fit, saying from what to what) and try again; otherwise put back the state before the
+        last good step and halve the damping and the step sizes. Gives up with a FloatingPointError that says
+        what was tried: after ``MAX_FAILURES`` failures in a row, or at once when there is no good state to go
+        back to (the very first step) or nothing to halve."""
         self.failures += 1
-        engine = self.engine
-        needed = _jitter_needed(engine.state["kernel"], engine.state["Z"], engine.jitter)
-        if needed > engine.jitter and self.failures <= MAX_FAILURES:
-            note_jitter(f"{PRIOR_FACTOR_NAME}: the model's jitter", engine.jitter, needed)
-            engine.jitter = needed
-            self.jitter_raises += 1
+        self.reverted = False
+        engine, guard = self.engine, self.guard
+        guard.rejected(problem)
+        if repair is not None and not guard.repaired and self.failures <= MAX_FAILURES:
+            repair()
+            guard.repaired = True
+            guard.note("guard_rebuilds")
             return
+        if problem == "improper":
+            needed = _jitter_needed(engine.state["kernel"], engine.state["Z"], engine.jitter)
+            if needed > engine.jitter and self.failures <= MAX_FAILURES:
+                note_jitter(f"{PRIOR_FACTOR_NAME}: the model's jitter", engine.jitter, needed)
+                engine.jitter = needed
+                self.jitter_raises += 1
+                guard.note("jitter")
+                return
+        what = "log Z is not finite" if problem == "improper" else f"{REASONS[problem]}"
         tried = self._tried()
         if self.good is None:
             raise FloatingPointError(
-                f"{self.method} diverged: log Z is not finite at the first step (of this run or since its resume), "
+                f"{self.method} diverged: {what} at the first step (of this run or since its resume), "
                 f"before any good state to go back to ({tried}); try standardised inputs, a larger jitter or fewer inducing points"
             )
         if self.failures > MAX_FAILURES:
             raise FloatingPointError(
-                f"{self.method} diverged: log Z is not finite and stayed so after {self.failures} failed steps in "
+                f"{self.method} diverged: {what}, and stayed so after {self.failures} failed steps in "
                 f"a row ({tried}); try a smaller damping or learning rate, or standardised inputs"
             )
         engine.restore(self.good)  # (which puts back the good step's damping and step sizes too)
+        self.reverted = True
         # Halvings compound over failures in a row: the k-th retry runs at 2^-k of the good step's damping and
         # step sizes (halving only once after each revert would retry the same step with the same settings).
         for _ in range(self.halvings + 1):
             if not engine.shrink():
                 raise FloatingPointError(
-                    f"{self.method} diverged: log Z is not finite, and the method has no damping or step size to "
+                    f"{self.method} diverged: {what}, and the method has no damping or step size to "
                     f"halve ({tried}); try standardised inputs or a larger jitter"
                 )
         self.halvings += 1
+        guard.note("guard_halvings")
 
     def _tried(self):
         """What the guard did since the last good step, for the divergence message."""
@@ -200,25 +232,34 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
 
     def record(self):
         """Close a history entry: minibatch mode, the mean log Z estimate of the steps since the last one (an
-        epoch); batch mode, the last step's."""
+        epoch), or minibatch EP's exact log Z_q at the epoch's end (``rebuild_factor``): the steps' estimates of its
+        first epoch, each of rows that have no site yet while q holds those already visited, are no estimate of the
+        evidence; batch mode, the last step's."""
         if not self._pending:
             return
         values = [v for v, _ in self._pending]
         invalid = [k for _, k in self._pending]
         h = self.history
+        if self.epoch_log_z is not None:  # minibatch EP's exact log Z_q at the epoch's end
+            values, self.epoch_log_z = [self.epoch_log_z], None
         h["log_marginal_likelihood"].append(sum(values) / len(values) if self.minibatch else values[-1])
         h["n_invalid_sites"].append(sum(invalid) if self.minibatch else invalid[-1])
         h["time"].append(time.perf_counter() - self.t0)
         h["damping"].append(self.damping)
         h["n_steps"].append(self.n_steps)
+        for key, count in zip(GUARD_KEYS, self.guard.flush()):
+            h.setdefault(key, [0] * (len(h["n_steps"]) - 1)).append(count)  # (a checkpoint from before the guard)
         self._pending = []
 
     @with_blas_threads(_work)
-    def rebuild_factor(self, X, y):
-        """Minibatch EP: the exact product of all sites at the current hyper-parameters (``EPEngine``)."""
+    def rebuild_factor(self, X, y, want_log_z=False):
+        """Minibatch EP: the exact product of all sites at the current hyper-parameters (``EPEngine``);
+        ``want_log_z`` (an epoch's end): with log Z_q at it, exact, which the epoch's history entry then holds."""
         self.n_rebuilds += 1
         with block_memory_advice(f"{self.method}'s exact rebuild of the site product"):
-            self.engine.rebuild_factor(X, y)
+            log_z = self.engine.rebuild_factor(X, y, want_log_z=want_log_z)
+        if log_z is not None:
+            self.epoch_log_z = log_z
 
     def validation_scores(self, X, y, validation):
         """Test NLL and error of the current state on ``validation`` = (X_val, y_val) (labels as the engine takes
@@ -287,24 +328,37 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
     Returns a ``TrainResult``."""
     run = _start(X, y, engine, settings, hooks, sample_weight)
     trainer, minibatch = run.trainer, run.minibatch
+    # Minibatch EP rebuilds its running site product exactly at the end of every epoch, so that each row is visited
+    # once between rebuilds (``ep.Anchor``) and an epoch's validation scores q as the sites make it at the current
+    # hyper-parameters (the model a fit returns), and whenever the engine asks (``needs_rebuild``).
+    rebuilds_by_epoch = minibatch and trainer.per_row_sites
+
+    def repair():  # the guard's first remedy for minibatch EP: its site product rebuilt exactly
+        with _timed(hooks, "rebuild"):
+            trainer.rebuild_factor(run.X, run.y)
+
     while not run.finished():
-        rebuild_due = (not run.order and minibatch and trainer.per_row_sites and trainer.n_steps > 0) or (
-            bool(run.order) and trainer.needs_rebuild)
-        if any(hook.before_step(run, rebuild_due) for hook in hooks):
+        epoch_ends = rebuilds_by_epoch and (len(run.order) == 1 or (not run.order and len(run.batches) == 1))
+        rebuild_first = trainer.needs_rebuild
+        if any(hook.before_step(run, rebuild_first or epoch_ends) for hook in hooks):
             break
         if not run.order:
             run.order = _epoch_order(run.rng, run.chunk_batches, settings.shuffle) if minibatch else [0]
             for hook in hooks:
                 hook.new_epoch(run)
-        if rebuild_due:
+        if rebuild_first:
             with _timed(hooks, "rebuild"):
                 trainer.rebuild_factor(run.X, run.y)
         lo, hi = run.batches[run.order[0]]
         stepping = engine.has_params and (
             minibatch or (trainer.n_steps >= run.warmup and trainer.n_updates < settings.max_iter))
         with _timed(hooks, "step"):
-            change, log_z = trainer.step_until_taken(run.X, run.y, lo, hi, stepping=stepping)
+            change, log_z = trainer.step_until_taken(run.X, run.y, lo, hi, stepping=stepping,
+                                                     repair=repair if rebuilds_by_epoch else None)
         run.order.pop(0)
+        if epoch_ends:
+            with _timed(hooks, "rebuild"):
+                trainer.rebuild_factor(run.X, run.y, want_log_z=True)
         recorded = (not run.order) if minibatch else trainer.last.record  # minibatch: once an epoch
         if recorded:
             trainer.record()
@@ -320,6 +374,9 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
         hook.finish(run)
     if minibatch:  # an epoch cut short (batch mode records its iterations as they end)
         trainer.record()
+    said = trainer.guard.summary(trainer.method)
+    if said is not None:
+        warn_guard(said, stacklevel=2)
     return _result(run, want_log_z=not minibatch or all(hook.final_pass_fits() for hook in hooks))
 
 
