@@ -6,7 +6,7 @@ import pytest
 
 from agpc import GPClassifier
 from agpc.datasets import make_banana
-from agpc.inference import ep, training
+from agpc.inference import engines, ep, training
 from agpc.kernels import RBF
 from conftest import to_np, to_xp
 from helpers import nll_of
@@ -126,3 +126,71 @@ def test_max_time_stops_cleanly_with_a_usable_model(small_problem):
     assert model.stopped_by_time_
     assert model.n_iter_ < 100000
     assert model.score(X_test, y_test) > 0.75
+
+
+def test_moved_factor_is_the_posterior_read_at_the_new_points():
+    """``ep.moved_factor``: q = prior x factor at Z, carried to Z' + dZ, is q'(u') = int p(f(Z') | u) q(u) du (the
+    dense formulas: mean A m, covariance A S A^T + K' - A K A^T with A = K(Z', Z) K^-1, each point's jitter going
+    with it); points that do not move keep the factor to round-off."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    kernel = RBF(lengthscales=[1.5, 2.0, 2.5], amplitude=1.3, noise=0.01).for_inputs(X)
+    Z = X[:12]
+    upsilon = np.linalg.solve(kernel.K(Z) + JITTER * np.eye(12), kernel.K(X, Z).T)  # (m, n): K^-1 k_i
+    nu, mu = rng.uniform(0.0, 3.0, 60), rng.normal(size=60)
+    factor = ep.Factor((upsilon * nu) @ upsilon.T, upsilon @ mu)
+    same = ep.moved_factor(kernel, Z, Z, factor, jitter=JITTER)
+    np.testing.assert_allclose(same.precision, factor.precision, rtol=1e-7, atol=1e-7 * np.abs(factor.precision).max())
+    np.testing.assert_allclose(same.shift, factor.shift, rtol=1e-7, atol=1e-7 * np.abs(factor.shift).max())
+    Z_new = Z + 0.1 * rng.normal(size=Z.shape)
+    K, K_new = kernel.K(Z) + JITTER * np.eye(12), kernel.K(Z_new) + JITTER * np.eye(12)
+    mean, cov = ep.posterior_from_factor(kernel, Z, factor, jitter=JITTER).mean_and_cov()
+    A = (kernel.K(Z_new, Z) + JITTER * np.eye(12)) @ np.linalg.inv(K)
+    moved_mean, moved_cov = ep.posterior_from_factor(kernel, Z_new, ep.moved_factor(kernel, Z, Z_new, factor,
+                                                                                    jitter=JITTER),
+                                                     jitter=JITTER).mean_and_cov()
+    np.testing.assert_allclose(moved_mean, A @ mean, atol=1e-9)
+    np.testing.assert_allclose(moved_cov, A @ cov @ A.T + K_new - A @ K @ A.T, atol=1e-9)
+
+
+@pytest.mark.parametrize("method", ["sep", "adf"])
+def test_minibatch_steps_that_move_the_inducing_points_keep_q(method, monkeypatch):
+    """Issue 39 (SEP at m = 500 makes little progress per step): a minibatch step moves every inducing point
+    (Adadelta: about 0.01 a coordinate from the first step) while the tied factor, refreshed at rows / n of itself a
+    step, needs an epoch to follow. Held as it is in u-space the factor then describes the old points and q loses
+    what it held (airline, 50,000 rows, m = 500: test NLL 0.667 after 3 epochs against 0.620 with Z frozen;
+    docs/methods/sep.md). From the factor converged at fixed hyper-parameters, 10 minibatch steps that move only
+    Z must leave q's test NLL within 0.005 of the fixed point's; with the factor held (the former step) it rose by
+    0.038 here."""
+    def data(n, seed):
+        r = np.random.default_rng(seed)
+        X = r.normal(size=(n, 2))
+        f = np.sin(1.5 * X[:, 0]) + 0.8 * np.cos(2.0 * X[:, 1]) + 0.5 * X[:, 0] * X[:, 1]
+        return X, np.where(f + 0.7 * r.normal(size=n) > 0, 1.0, -1.0)
+
+    X, y = data(400, 0)
+    X_test, y_test = data(3000, 100)
+    kernel = RBF(lengthscales=[2.0, 2.0], amplitude=2.0, noise=1e-3).for_inputs(X)
+    Z = X[:20].copy()
+    fixed = training.fit(X, y, kernel, Z, method=method, jitter=JITTER, max_iter=300, optimize=(), tol=1e-8)
+    assert fixed.converged
+
+    def nll_after_steps():
+        engine = engines.make_engine(method, kernel, Z, n_total=400, minibatch=True, optimize=("inducing",),
+                                     jitter=JITTER)
+        engine.state["factor"] = fixed.factor
+        trainer = training.Trainer(engine)
+        for k in range(10):
+            trainer.step_until_taken(X, y, 50 * (k % 8), 50 * (k % 8) + 50, stepping=True)
+        s = engine.state
+        assert float(np.abs(s["Z"] - Z).max()) > 0.03  # the points did move
+        return ep.validation_scores(s["kernel"], s["Z"], ep.posterior_from_factor(s["kernel"], s["Z"], s["factor"],
+                                                                                  jitter=JITTER), X_test, y_test)[0]
+
+    start = ep.validation_scores(kernel, Z, ep.posterior_from_factor(kernel, Z, fixed.factor, jitter=JITTER),
+                                 X_test, y_test)[0]
+    carried = nll_after_steps()
+    monkeypatch.setattr(engines.EPEngine, "carries_factor", False)
+    held = nll_after_steps()
+    assert abs(carried - start) < 0.005, (start, carried)
+    assert held > start + 0.02, (start, held)  # what the carried factor avoids

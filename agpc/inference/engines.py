@@ -635,7 +635,20 @@ class EPEngine(Engine):
         if stepping:
             state["kernel"], state["Z"] = hyper_step(self.optimizer, self.names, kernel, Z, result["grads"],
                                                      self.shared_lengthscales)
+            if self._moves_factor():  # the tied factor goes with the inducing points (``ep.moved_factor``)
+                state["factor"] = ep.moved_factor(kernel, Z, state["Z"], state["factor"], jitter=self.jitter,
+                                                  L_K=getattr(result.get("posterior"), "L_K", None))
         return Outcome(change=change, stepped=stepping, record=True, n_invalid=n_invalid)
+
+    # Minibatch SEP / ADF: carry the tied factor to the inducing points after each step that moves them. The
+    # factor is refreshed at rows / n of itself a step (an epoch to renew it), while each step moves every inducing
+    # point; held as it is in u-space, it would describe the old points (docs/methods/sep.md, "Inducing points
+    # that move"). Batch SEP / ADF renew half the factor a step and keep it as it is.
+    carries_factor = True
+
+    def _moves_factor(self):
+        return (self.carries_factor and self.minibatch and not self.per_row_sites and "Z" in self.names
+                and self.factor_rows is None and isinstance(self.state["factor"], ep.Factor))
 
     def rebuild_factor(self, X, y, want_log_z=False):
         """Minibatch EP: recompute the product of all sites at the current hyper-parameters, which anchors it

@@ -89,6 +89,7 @@ __all__ = [
     "prior_kmm_adjoint",
     "predict_latent",
     "sep_cavity_gap",
+    "moved_factor",
     "sep_cavity_term",
     "adf_removal_terms",
     "row_dot",
@@ -1285,6 +1286,39 @@ class Factor:
 
         return Factor(times(keep, self.precision) + times(weight, other.precision),
                       times(keep, self.shift) + times(weight, other.shift))
+
+
+def moved_factor(kernel, Z_old, Z_new, factor, *, jitter, L_K=None):
+    """The u-space ``factor`` of q = prior x factor at inducing points ``Z_old``, carried to ``Z_new`` (same
+    kernel): q'(u') = int p(f(Z_new) | u) q(u) du, the GP posterior that q implies, read at the new points, and
+    the factor returned is q' / prior(u'). A tied factor (SEP / ADF) held as it is in u-space while Z moves
+    stands for other information: the values it knew at the old points are taken to be those at the new ones, and
+    a step of 0.01 per coordinate already costs q the test NLL that many steps of the factor had gained
+    (docs/methods/sep.md, "Inducing points that move"). ``L_K``: chol(K(Z_old) + jitter I), when the caller has it.
+
+    Whitened at both ends (L0 = L_K, L1 = chol(K(Z_new) + jitter I), C = I + L0^T P L0 = L_C L_C^T, c~ = L0^T r)
+    with R = L1^-1 (K(Z_new, Z_old) + jitter I) L0^-T and U = L_C^-1 R^T, q' has whitened covariance and mean
+
+        V = (I - R R^T) + U^T U,   w = U^T L_C^-1 c~,
+
+    the conditional covariance of f(Z_new) given u (a Schur complement, whitened) plus q's own, carried: a sum of
+    two positive semi-definite parts, so nothing large cancels. Then C' = V^-1, S' = C' - I, c~' = C' w, unwhitened
+    by L1. Unchecked factorisations (a failure is NaN in the factor, which the next step's log Z carries to the
+    loop's guard). Eight O(m^3) operations beside the two factorisations."""
+    L0 = prior_cholesky(kernel, Z_old, jitter, checked=False) if L_K is None else L_K
+    L1 = prior_cholesky(kernel, Z_new, jitter, checked=False)
+    S, c_tilde = factor.whitened(L0)
+    L_C = cholesky_or_nan(identity_plus(S), overwrite=True)
+    # (the jitter of inducing point j goes with it: cross-covariance K(Z_old, Z_new) + jitter I, so that points
+    # that do not move carry q over exactly)
+    cross = identity_plus(kernel.K(Z_old, Z_new), identity=jitter)
+    R = solve_triangular(L1, solve_triangular(L0, cross, lower=True).mT, lower=True)
+    U = solve_triangular(L_C, R.mT, lower=True)
+    V = identity_plus(U.mT @ U - R @ R.mT)
+    C_new = cholesky_inverse(cholesky_or_nan(0.5 * (V + V.mT), overwrite=True))
+    w = U.mT @ solve_triangular(L_C, c_tilde, lower=True)
+    S_new = identity_plus(C_new, identity=-1.0)
+    return Factor.unwhitened(0.5 * (S_new + S_new.mT), C_new @ w, L1)
 
 
 CAVITY_KINDS = ("ep", "sep", "adf")
