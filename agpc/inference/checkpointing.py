@@ -20,6 +20,7 @@ from ..checkpoint_rules import (array_shapes, check_engine_state, check_factor_s
                                 check_site_scale, dtype_text, is_array)
 from ..checkpoints import load_checkpoint, save_checkpoint
 from ..kernels import ClassKernels
+from .guard import GUARD_KEYS
 
 __all__ = ["FINGERPRINT_ROWS", "VALIDATION_KEYS", "PRIOR_SCALE_MARGIN", "fingerprint_stride", "data_fingerprint",
            "run_fingerprint", "write_checkpoint", "restore"]
@@ -92,7 +93,12 @@ def restore(trainer, rng, path, fingerprint, has_validation):
     xp, device = trainer.xp, array_device(trainer.state["Z"])
     saved = load_checkpoint(path, lambda a: asarray_like(a, xp, device=device))
     _check_fingerprint(saved, trainer, path, fingerprint)
-    recorded = [key for key in trainer.history if key not in VALIDATION_KEYS]  # (the fresh run's: what it records)
+    # what the fresh run records; a checkpoint written before the guard (issue 39) has no guard counts, which the
+    # resumed run starts at zero for its earlier entries (``Trainer.record``)
+    history = saved.get("history") if isinstance(saved, dict) else None
+    before_guard = isinstance(history, dict) and not any(key in history for key in GUARD_KEYS)
+    recorded = [key for key in trainer.history
+                if key not in VALIDATION_KEYS and not (before_guard and key in GUARD_KEYS)]
     check_loop_state(saved, fingerprint, refuse, history_keys=recorded, validation_keys=VALIDATION_KEYS)
     check_engine_state(saved["engine"], trainer.engine, fingerprint, path, refuse)
     _restore_engine(trainer, rng, saved, path, refuse)
