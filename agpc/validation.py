@@ -517,7 +517,10 @@ def check_weight_scale(largest, row, dtype_name):
     if largest > limit:
         raise ValueError(f"sample_weight (times class_weight): {largest:g} at row {row}, more than a fit in "
                          f"{dtype_name} carries ({limit:,.0f}, 1 / sqrt(eps)): a weight counts its row that many "
-                         "times; scale the weights down (their ratios kept)")
+                         "times" + ("; fit in float64 (dtype='float64'), which carries weights up to "
+                                    f"{largest_weight('float64'):,.0f}" if dtype_name != "float64" else "")
+                         + "; or scale the weights down (their ratios kept; which changes the model: the weighted "
+                         "data then hold fewer rows)")
 
 
 def check_positive_per_class(weights, class_index, classes):
