@@ -1314,7 +1314,9 @@ def moved_factor(kernel, Z_old, Z_new, factor, *, jitter, L_K=None):
     its own type."""
     xp = array_namespace(Z_new)
     if Z_new.dtype != xp.float64:
-        wide = (lambda a: xp.astype(a, xp.float64))  # noqa: E731 (a cast, named once)
+        def wide(a):
+            return xp.astype(a, xp.float64)
+
         carried = _moved_factor(kernel, wide(Z_old), wide(Z_new), Factor(wide(factor.precision), wide(factor.shift)),
                                 jitter=jitter, L_K=None)
         return Factor(xp.astype(carried.precision, Z_new.dtype), xp.astype(carried.shift, Z_new.dtype))
