@@ -601,7 +601,8 @@ def _fit_parser(sub):
                    "fit's sample_weight (not a feature; docs/weights.md)")
     p.add_argument("--max-iter", type=int, default=250, metavar="N",
                    help="iterations (epochs with minibatches; default 250)")
-    p.add_argument("--max-time", type=float, metavar="S", help="stop cleanly after about S seconds of training")
+    p.add_argument("--max-time", type=float, metavar="S", help="seconds for the fit itself (GPClassifier's max_time): "
+                   "no step starts that would end past S; reading DATA, scoring and writing the model come on top")
     p.add_argument("--validation-fraction", type=_fraction, metavar="F",
                    help="hold out this fraction of the rows (at random, keeping a row of every class for "
                         "training) and report error and NLL on it")
