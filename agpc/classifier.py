@@ -77,9 +77,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Seconds for the whole ``fit``: no step (nor final pass) is started that its measured cost would carry past.
     shuffle : bool, default=True
         Visit minibatches in a new random order each epoch (and reorder in-memory rows once).
-    eval_every, n_iter_no_change : int or None
-        With ``fit(..., validation_data=...)``: score every this many steps (default every iteration, or epoch);
-        stop when the validation NLL has not improved by ``tol`` for this many scores, keeping the best state.
+    eval_every : int or None, default=None
+        With ``fit(..., validation_data=...)``: score the validation rows every this many steps into ``history_``
+        (``None``: every iteration, or every epoch with minibatches). Scoring alone never stops training.
+    n_iter_no_change : int or None, default=None
+        With ``fit(..., validation_data=...)``: stop when the validation NLL has not improved by ``tol`` for this
+        many scores in a row, and keep the state of the best one (``stop_reason_`` "early_stopping"). ``None``: no
+        early stopping.
     inducing : "kmeans", "random" or array of shape (m, d)
         Initial inducing points.
     likelihood : None, "probit", "logistic" or "ordinal"
@@ -113,9 +117,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Minibatch SEP / EP / ADF / SVI on NumPy data or data on disk: train in this many local worker processes by
         the same rounds (scikit-learn's meaning: ``None`` is 1, -1 every core). Another model than ``n_jobs=1``. At
         most the cores this process may use and a minibatch of rows a process (a warning says so; ``n_jobs_``).
-    checkpoint_path, checkpoint_every : path and int, or None
-        Every ``checkpoint_every`` steps, write the training state to ``checkpoint_path``, atomically;
+    checkpoint_path : path or None, default=None
+        Where to write the training state, atomically (a file already there must be an agpc checkpoint, or empty);
         ``fit(X, y, resume=True)`` continues from it to the model of an uninterrupted run.
+    checkpoint_every : int or None, default=None
+        Write the checkpoint every this many steps (needs ``checkpoint_path``). ``None``: none is written, and
+        ``checkpoint_path`` is only read by ``fit(..., resume=True)``.
     site_directory : path or None
         Batch EP on a dask.array: the sites in files under this directory (every worker must reach it).
     blas_threads : int or None, default=None
@@ -136,16 +143,65 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     Attributes
     ----------
-    classes_, n_features_in_, n_iter_ : the classes, the number of features, the iterations (or epochs) trained
-    kernel_, inducing_points_ : the learned kernel and inducing points (m, d); ``(C, m, d)`` for C classes; an
-        ordinal model's ``kernel_`` is an ``agpc.kernels.OrdinalKernel``, with the cut points (``cut_points_``)
-    log_marginal_likelihood_ : float, log Z_q at the end of training
-    history_ : dict of lists, per iteration or epoch: "log_marginal_likelihood", "time", "n_invalid_sites",
-        "damping", "n_steps"; with validation data "validation_step", "validation_nll", "validation_error"
-    fit_time_, init_time_, stopped_by_time_ : seconds of ``fit`` and of its initial inducing points; stopped by max_time
-    stop_reason_, n_samples_fit_ : why training stopped (``agpc.inspection.STOP_REASONS``), the rows fitted or streamed
-    n_jobs_, jitter_, kernel_prior_, ard_ : the fit's processes, jitter, ``kernel_prior``, lengthscales per feature
-    tf32_ : bool, float32 products of the fit ran in TF32 on the GPU (``agpc.backend.TF32Warning``)
+    classes_ : ndarray of shape (n_classes,)
+        The classes, in the order of ``predict_proba``'s columns (an ordinal model's: the order of ``classes``).
+    n_features_in_ : int
+        The number of features seen by ``fit``.
+    feature_names_in_ : ndarray of str
+        The column names of a DataFrame (or of the table ``agpc fit`` read); only when there were names.
+    n_iter_ : int
+        The iterations trained (epochs with minibatches).
+    kernel_ : Kernel
+        The learned kernel (``agpc.kernels.ClassKernels``, one a class, for more than two classes; for an ordinal
+        model an ``agpc.kernels.OrdinalKernel`` holding the cut points, also given by ``cut_points_``).
+    inducing_points_ : array of shape (m, d), or (C, m, d) for C classes
+        The learned inducing points (the training rows for the exact model), in the array type of the fit.
+    likelihood_ : str
+        The likelihood trained ("probit", "logistic", "robust-max" or "ordinal").
+    log_marginal_likelihood_ : float
+        The method's objective at the end of training: EP's log Z_q, or the evidence lower bound.
+    history_ : dict of lists
+        Per iteration or epoch: "log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps"; with
+        validation data also "validation_step", "validation_nll", "validation_error".
+    fit_time_ : float
+        Seconds the last ``fit`` took (the span ``max_time`` bounds).
+    init_time_ : float
+        Seconds of that fit spent on the initial inducing points (k-means).
+    stopped_by_time_ : bool
+        Whether ``max_time`` ended training.
+    stop_reason_ : str
+        Why training stopped, one of ``agpc.inspection.STOP_REASONS``.
+    n_samples_fit_ : int
+        The rows fitted (or streamed through ``partial_fit``).
+    n_jobs_ : int
+        The worker processes the fit used.
+    jitter_ : float
+        The jitter on K(Z, Z)'s diagonal at the end of training (``jitter`` or more).
+    kernel_prior_ : "auto" or None
+        The ``kernel_prior`` the model was trained with.
+    ard_ : bool
+        Whether the fitted kernel has a lengthscale per feature (``ard="auto"`` decides on small data).
+    tf32_ : bool
+        Whether float32 products of the fit ran in TF32 on the GPU (``agpc.backend.TF32Warning``).
+
+    Examples
+    --------
+    Two classes of the built-in banana data, 200 rows (a small model, to keep the example quick):
+
+    >>> from agpc import GPClassifier
+    >>> from agpc.datasets import make_banana
+    >>> X, y = make_banana(200, random_state=0)
+    >>> clf = GPClassifier(n_inducing=20, max_iter=50, random_state=0).fit(X, y)
+    >>> clf.classes_.tolist()
+    [-1, 1]
+    >>> proba = clf.predict_proba(X[:3])       # one column a class, each row summing to 1
+    >>> proba.shape, bool(abs(proba.sum(axis=1) - 1).max() < 1e-9)
+    ((3, 2), True)
+    >>> bool(clf.score(X, y) > 0.8), clf.stop_reason_
+    (True, 'max_iter')
+
+    With nothing set (``GPClassifier()``), 200 rows of two classes take the exact model (an inducing point at
+    every row) and a choice of kernel (``ard="auto"``): a few seconds. More in docs/usage.md.
     """
 
     # Every parameter and what it may be (``agpc.validation``): checked at the start of fit / partial_fit;

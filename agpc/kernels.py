@@ -19,6 +19,7 @@ has ONE noise parameter, its own: its terms' covariances are combined, then the 
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -346,15 +347,15 @@ class Stationary(Kernel):
 
     Parameters
     ----------
-    lengthscales : float or sequence of float
+    lengthscales : float or sequence of float, default=1.0
         One per input dimension (ARD), or a single value broadcast to every dimension at first use.
-    amplitude : float
+    amplitude : float, default=1.0
         Signal variance.
-    noise : float
+    noise : float, default=0.0
         Variance of additive latent noise at the data points (0 for none: fixed, not learned). A learned noise
         stays at or above ``LATENT_NOISE_FLOOR`` (1e-6): a training step never takes it lower, and lifts a
         smaller starting value to it.
-    priors : dict or None
+    priors : dict or None, default=None
         {parameter name: agpc.priors.Prior}, e.g. ``{"lengthscales": Gamma(2.0, 1.0)}``; None: no prior.
     """
 
@@ -571,8 +572,23 @@ class Stationary(Kernel):
                 "Z": dZ}
 
 
+def _with_stationary_parameters(cls):
+    """A stationary kernel whose constructor is ``Stationary``'s: its docstring gains ``Stationary``'s Parameters
+    section, so that its API page and ``help()`` list them, from the one text that describes them."""
+    # (cleandoc: Python 3.13 strips a docstring's indentation when it compiles it, older versions keep it)
+    stationary = inspect.cleandoc(Stationary.__doc__)
+    section = stationary[stationary.index("Parameters\n---"):]
+    cls.__doc__ = f"{inspect.cleandoc(cls.__doc__)}\n\n{section}"
+    return cls
+
+
+@_with_stationary_parameters
 class RBF(Stationary):
-    """ARD squared exponential: kappa = exp(-r^2 / 2)."""
+    """ARD squared exponential (the default kernel): k(x, z) = amplitude * exp(-r^2 / 2), with
+    r^2 = sum_j ((x_j - z_j) / l_j)^2, plus the latent noise at the data points. For example
+    ``agpc.RBF(lengthscales=[1.0, 2.0], amplitude=2.0, noise=1e-3)``: two features, the second varying on twice
+    the scale of the first.
+    """
 
     name = "RBF"
     _dK_dr2_per_K = -0.5
@@ -597,8 +613,11 @@ class RBF(Stationary):
         return capped_exp(matmul(left, right.mT, out=out), log_amplitude)
 
 
+@_with_stationary_parameters
 class Matern52(Stationary):
-    """ARD Matern 5/2: kappa = (1 + sqrt5 r + 5 r^2 / 3) exp(-sqrt5 r)."""
+    """ARD Matern 5/2: k(x, z) = amplitude * (1 + sqrt5 r + 5 r^2 / 3) exp(-sqrt5 r), r as for :class:`RBF`; twice
+    differentiable functions, rougher than the RBF's (Rasmussen & Williams (2006), eq. 4.17).
+    """
 
     name = "Matern52"
 
@@ -876,6 +895,7 @@ class Sum(Combination):
 
     @property
     def growth_power(self):
+        """The highest power of the growing terms (1 when none grows)."""
         return max((term.growth_power for term in self._growing_terms()), default=1)
 
 
@@ -918,6 +938,7 @@ class Product(Combination):
 
     @property
     def growth_power(self):
+        """The sum of the growing terms' powers (1 when none grows)."""
         return sum(term.growth_power for term in self._growing_terms()) or 1
 
 
@@ -1013,6 +1034,7 @@ class OrdinalKernel(Kernel):
 
     @property
     def growth_power(self):
+        """The latent kernel's."""
         return self.latent.growth_power
 
     def without_noise(self):

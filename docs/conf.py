@@ -44,6 +44,14 @@ autosummary_generate = True
 autosummary_imported_members = False
 templates_path = ["_templates"]  # _templates/autosummary/module.rst: a module's page documents its members in full
 autodoc_member_order = "bysource"
+# Public methods that only agpc's own code calls, left off a module's page (the module template passes them to
+# automodule's :exclude-members:, which reaches its classes' members too): the kernels' matrices, gradients and
+# radial profiles (the inference code's interface to a kernel, named in ``Kernel``'s docstring for whoever writes
+# one), and what prediction and model files ask of a kernel. A kernel's user builds, combines and reads it.
+autosummary_context = {"internal_members": {
+    "agpc.kernels": ["K", "Kdiag", "grads", "kappa", "dkappa_dr2", "profile_grads", "cut_point_grads", "growth",
+                     "growth_power", "reach_lengthscales", "for_inputs", "from_params", "spec", "without_noise"],
+}}
 autodoc_typehints = "none"  # the numpydoc "Parameters" sections say the types
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
