@@ -8,6 +8,8 @@ warning listed.
 """
 
 import argparse
+import doctest
+import html
 import importlib.util
 import os
 import pathlib
@@ -19,6 +21,7 @@ import sys
 
 import pytest
 
+import agpc.classifier
 from agpc import GPClassifier, cli, kernels, methods, size_rule
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -68,6 +71,63 @@ def test_the_pages_are_in_the_build(built_docs):
                    for path in (ROOT / "docs").rglob("*.md") if "_build" not in path.parts)
     missing = [str(page) for page in pages if not (out / page).is_file()]
     assert pages and not missing, f"pages not built: {missing}"
+
+
+def _page_text(path):
+    """An HTML page's text: tags out, entities decoded, runs of whitespace as one space."""
+    text = re.sub(r"<script.*?</script>|<[^>]+>", " ", path.read_text(), flags=re.S)
+    return re.sub(r"\s+", " ", html.unescape(text))
+
+
+def _docs_conf():
+    spec = importlib.util.spec_from_file_location("docs_conf", ROOT / "docs" / "conf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_estimators_api_page_documents_each_parameter_and_attribute_and_has_an_example(built_docs):
+    """Issue 41: GPClassifier's page gives each parameter its own entry (two sharing one description made
+    ``eval_every`` claim to stop training), each fitted attribute its own entry with its type (a shared line
+    rendered as "Type: the learned kernel and inducing points ..."), and a runnable example."""
+    _, out = built_docs
+    page = out / "_generated" / "agpc.classifier.html"
+    raw, text = page.read_text(), _page_text(page)
+    for name in GPClassifier().get_params(deep=False):
+        assert len(re.findall(rf"<strong>{name}</strong>", raw)) == 1, f"{name}: not one entry of its own"
+    described = re.search(r"eval_every \(.*?\) – (.*?) n_iter_no_change \(", text)
+    assert described and "not improved" not in described[1], "eval_every's description is n_iter_no_change's"
+    for attribute in ("classes_", "kernel_", "inducing_points_", "history_", "stop_reason_", "fit_time_"):
+        assert f'id="agpc.classifier.GPClassifier.{attribute}"' in raw, f"{attribute} has no entry"
+    assert "Type: the learned" not in text and re.search(r"Examples .*>>> clf = GPClassifier \(", text)
+
+
+def test_the_kernels_api_page_lists_their_parameters_and_not_the_inference_codes_methods(built_docs):
+    """RBF and Matern52 list their constructor's parameters (their ``__init__`` is Stationary's); the members
+    docs/conf.py names as internal (the kernel matrices, gradients, profiles: ``K``, ``grads``, ``profile_grads``
+    ...) are on no class of the page, and no member shows Python's own ``int`` docstring."""
+    _, out = built_docs
+    page = out / "_generated" / "agpc.kernels.html"
+    raw, text = page.read_text(), _page_text(page)
+    internal = _docs_conf().autosummary_context["internal_members"]["agpc.kernels"]
+    assert {"K", "grads", "profile_grads", "growth_power"} <= set(internal)
+    shown = set(re.findall(r'id="agpc\.kernels\.\w+\.(\w+)"', raw))
+    assert shown and not shown & set(internal), f"internal members on the page: {sorted(shown & set(internal))}"
+    for kernel in ("RBF", "Matern52"):
+        entry = re.search(rf'id="agpc\.kernels\.{kernel}".*?(?=<dl class="py class">|$)', raw, flags=re.S)[0]
+        assert all(f"<strong>{name}</strong>" in entry for name in ("lengthscales", "amplitude", "noise", "priors"))
+    assert "int([x])" not in text and "-> integer" not in text
+
+
+def test_the_estimators_docstring_example_runs():
+    """The Examples section of GPClassifier (and any other doctest of agpc.classifier and agpc.kernels) passes
+    as written: the API page's example is one a reader can paste."""
+    attempted = 0
+    for module in (agpc.classifier, kernels):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, f"{module.__name__}: {result.failed} doctest examples failed"
+        attempted += result.attempted
+    assert attempted >= 5
 
 
 def _layers_script():
