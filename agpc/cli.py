@@ -149,8 +149,9 @@ def _validation_rows(y, fraction, seed):
     return val
 
 
-def _fit_on_cluster(model, X, y, address):
-    """Fit on a dask array over the cluster whose scheduler is at ``address``, one chunk of rows per thread."""
+def _fit_on_cluster(model, X, y, address, validation_data=None):
+    """Fit on a dask array over the cluster whose scheduler is at ``address``, one chunk of rows per thread
+    (``validation_data``, held in memory, scored as a fit in memory scores it)."""
     import dask.array as da
     from distributed import Client
 
@@ -163,7 +164,8 @@ def _fit_on_cluster(model, X, y, address):
         rows = max(1, math.ceil(X.shape[0] / threads))
         model.set_params(client=client)
         try:
-            model.fit(da.from_array(X, chunks=(rows, -1)), da.from_array(y, chunks=rows))
+            model.fit(da.from_array(X, chunks=(rows, -1)), da.from_array(y, chunks=rows),
+                      validation_data=validation_data)
         finally:
             model.set_params(client=None)
 
@@ -208,11 +210,14 @@ def fit(args):
     print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, classes "
           f"{preview(classes.tolist(), 6)}; method {args.method}, n_inducing {args.inducing}, on {where}",
           flush=True)
+    # the held-out rows are the fit's validation_data, so that the model's history (and so the model file,
+    # 'agpc inspect' and its --plot) keeps their NLL and error along the training, not only the final scores
+    validation = None if X_val is None else (X_val, y_val)
     t0 = time.perf_counter()
     if args.scheduler:
-        _fit_on_cluster(model, X_train, y_train, args.scheduler)
+        _fit_on_cluster(model, X_train, y_train, args.scheduler, validation)
     else:
-        model.fit(X_train, y_train, sample_weight=weights)
+        model.fit(X_train, y_train, sample_weight=weights, validation_data=validation)
     seconds = time.perf_counter() - t0
     scores = [("train", _scores(model.predict_proba(X_train), y_train, model.classes_), len(y_train))]
     if X_val is not None:
@@ -604,7 +609,8 @@ def _fit_parser(sub):
     p.add_argument("--max-time", type=float, metavar="S", help="stop cleanly after about S seconds of training")
     p.add_argument("--validation-fraction", type=_fraction, metavar="F",
                    help="hold out this fraction of the rows (at random, keeping a row of every class for "
-                        "training) and report error and NLL on it")
+                        "training): the fit's validation data, scored every iteration into the model's history "
+                        "('agpc inspect' shows it) and reported (error, NLL) at the end")
     p.add_argument("--random-state", type=int, default=0, metavar="S",
                    help="seed of the inducing points and the validation split (default 0)")
     p.add_argument("--quiet", action="store_true", help="do not show the progress bar")

@@ -21,6 +21,7 @@ import pandas
 import pytest
 
 import agpc
+import agpc.inspection
 import agpc.persistence
 from agpc import CholeskyError, GPClassifier, cli, load_model
 from agpc.cli import main
@@ -127,6 +128,38 @@ def test_validation_fraction_and_string_labels_of_three_classes(tmp_path, capsys
     header, values = read_predictions(out)
     assert header == ["p_a", "p_b", "p_c"] + [f"latent_{m}_{c}" for c in "abc" for m in ("mean", "var")]
     np.testing.assert_allclose(values[:, :3].sum(axis=1), 1.0, rtol=1e-9)
+
+
+def test_the_validation_fraction_is_the_fits_validation_data_and_inspect_shows_its_curve(tmp_path, banana,
+                                                                                        monkeypatch, capsys):
+    """The rows --validation-fraction holds out are fit's validation_data: the model file keeps their NLL and
+    error along the training, which 'agpc inspect' prints and its --plot draws."""
+    X, y = banana
+    data, model = write_csv(tmp_path / "d.csv", X, y), tmp_path / "m.agpc"
+    assert main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--validation-fraction", "0.2",
+                 "--out", str(model)]) == 0
+    fitted = load_model(model)
+    val = cli._validation_rows(y, 0.2, 0)
+    expected = GPClassifier(**SETTINGS).fit(X[~val], y[~val], validation_data=(X[val], y[val]))
+    for key in ("validation_step", "validation_nll", "validation_error"):
+        assert fitted.history_[key] == expected.history_[key] and len(fitted.history_[key]) > 1
+    with pytest.warns(UserWarning, match="valid feature names"):
+        final = fitted.predict_proba(X[val])
+    index = np.searchsorted(fitted.classes_, y[val])
+    np.testing.assert_allclose(fitted.history_["validation_nll"][-1],
+                               -np.mean(np.log(final[np.arange(len(index)), index])), rtol=1e-9)
+    capsys.readouterr()
+    figures = []
+    real = agpc.inspection._figure
+    monkeypatch.setattr(agpc.inspection, "_figure", lambda: figures.append(real()) or figures[-1])
+    assert main(["inspect", str(model), "--plot", str(tmp_path / "m.png")]) == 0
+    printed = capsys.readouterr().out
+    nll, steps = fitted.history_["validation_nll"], fitted.history_["validation_step"]
+    assert f"validation ({len(nll)} scores):" in printed and f"last: NLL {nll[-1]:.4f}" in printed
+    drawn = [line for ax in figures[0].axes for line in ax.get_lines() if line.get_label() == "validation NLL"]
+    assert len(drawn) == 1
+    np.testing.assert_array_equal(drawn[0].get_xdata(), steps)
+    np.testing.assert_array_equal(drawn[0].get_ydata(), nll)
 
 
 @pytest.mark.parametrize("in_files", [False, True])
@@ -881,7 +914,7 @@ def test_fit_takes_a_weight_column_and_the_balanced_class_weight(tmp_path, banan
     split = _saved_fit(tmp_path, monkeypatch, data, ["--target", "label", "--weight-column", "w",
                                                      "--validation-fraction", "0.2"])
     val = cli._validation_rows(y, 0.2, 0)
-    expected = GPClassifier(**SETTINGS).fit(X[~val], y[~val], sample_weight=w[~val])
+    expected = GPClassifier(**SETTINGS).fit(X[~val], y[~val], sample_weight=w[~val], validation_data=(X[val], y[val]))
     with pytest.warns(UserWarning, match="valid feature names"):
         np.testing.assert_array_equal(split.predict_proba(X), expected.predict_proba(X))
 
