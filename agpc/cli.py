@@ -1,7 +1,7 @@
 """The ``agpc`` command.
 
     agpc fit DATA --target COL --out model.agpc          train a GPClassifier on a data file, save the model
-    agpc predict MODEL DATA --out predictions.csv        class probabilities (and latent moments) for a data file
+    agpc predict MODEL DATA --out predictions.csv        predicted labels, class probabilities (and latent moments)
     agpc inspect MODEL [--plot out.png]                  what a model learned and how its training went
     agpc demo                                            train and evaluate on built-in data, plot the banana fit
     agpc bench [--quick] [--out DIR]                     run the source checkout's benchmark scripts
@@ -59,6 +59,7 @@ from .untrusted import printable
 
 __all__ = ["main", "UsageError"]
 
+PREDICTED_LABEL = "predicted_label"  # 'agpc predict''s column of the most probable class
 BENCH_SCRIPTS = ("uci_binary.py", "uci_iterations.py", "uci_multiclass.py", "banana_inducing.py", "airline.py",
                  "time_curves.py")
 
@@ -82,12 +83,20 @@ def _check_writable(path, inputs=()):
         raise UsageError(str(exc)) from None
 
 
-def _write_csv(path, columns):
-    """A header row of column names, then one row per sample at full float64 precision."""
+def _write_csv(path, columns, labels=None):
+    """A header row of column names, then one row per sample: ``labels`` (a column name and one text a row: class
+    labels, which the csv module quotes where they hold a comma, a quote or a line break) first, then the number
+    columns at full float64 precision."""
     table = np.column_stack([np.asarray(values, dtype=np.float64) for values in columns.values()])
     with checkpoints.atomic_write(path, "w") as fh:
-        csv.writer(fh, lineterminator="\n").writerow(list(columns))
-        np.savetxt(fh, table, delimiter=",", fmt="%.17g")
+        writer = csv.writer(fh, lineterminator="\n")
+        if labels is None:
+            writer.writerow(list(columns))
+            np.savetxt(fh, table, delimiter=",", fmt="%.17g")
+            return
+        name, text = labels
+        writer.writerow([name, *columns])
+        writer.writerows([label, *(f"{v:.17g}" for v in row)] for label, row in zip(text, table.tolist()))
 
 
 # -- scores --------------------------------------------------------------------------------------------
@@ -293,8 +302,12 @@ def predict(args):
         columns = {f"p_{c}": proba[:, i] for i, c in enumerate(model.classes_)}
         if args.latent:
             columns.update(_latent_columns(model, X))
-    _write_csv(args.out, columns)
-    print(f"wrote {args.out}: {proba.shape[0]} rows, columns {', '.join(printable(name) for name in columns)}")
+    # the class of each row's highest written probability (the first of equal ones), written as the class is
+    # written in the p_<class> headers: the labels of the file the model was fitted on, strings or numbers
+    predicted = [f"{c}" for c in model.classes_]
+    _write_csv(args.out, columns, labels=(PREDICTED_LABEL, [predicted[i] for i in np.argmax(proba, axis=1)]))
+    names = [PREDICTED_LABEL, *columns]
+    print(f"wrote {args.out}: {proba.shape[0]} rows, columns {', '.join(printable(name) for name in names)}")
     if scores is not None:
         _print_scores("scores", scores, len(y))
     _warn_columns_by_position(wanted, names, args.data)  # said once the predictions are written
@@ -619,8 +632,10 @@ def _fit_parser(sub):
 
 
 def _predict_parser(sub):
-    p = sub.add_parser("predict", help="class probabilities for a data file, as CSV",
-                       description="Write one probability column per class (p_<class>) for every row of DATA.")
+    p = sub.add_parser("predict", help="predicted labels and class probabilities for a data file, as CSV",
+                       description="Write, for every row of DATA, the most probable class (predicted_label, as the "
+                                   "labels were written in the training file) and one probability column per class "
+                                   "(p_<class>).")
     p.add_argument("model", metavar="MODEL", help="a model written by 'agpc fit' (or GPClassifier.save)")
     p.add_argument("data", metavar="DATA", help="a .csv, .parquet, .npy, .npz file or a zarr store: from a CSV or "
                    "Parquet file the model's feature columns are taken by name (other columns, the label's too, are "

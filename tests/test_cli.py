@@ -37,9 +37,18 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def read_predictions(path):
+    """The header and the number columns of 'agpc predict''s CSV (its first column, the predicted labels, left out:
+    ``read_labels``)."""
     with open(path) as fh:
         header = fh.readline().strip().split(",")
-    return header, np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+    assert header[0] == "predicted_label"
+    return header, np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, usecols=range(1, len(header)))
+
+
+def read_labels(path):
+    """The predicted_label column of 'agpc predict''s CSV, as text (the csv module undoing its quoting)."""
+    with open(path, newline="") as fh:
+        return [row[0] for row in list(csv.reader(fh))[1:]]
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +78,9 @@ def test_csv_fit_predict_round_trip_equals_the_estimator(tmp_path, banana, refer
     assert main(["predict", str(model), str(data), "--target", "label", "--latent", "--out", str(out)]) == 0
     assert "error" in capsys.readouterr().out
     header, values = read_predictions(out)
-    assert header == ["p_-1", "p_1", "latent_mean", "latent_var"]
+    assert header == ["predicted_label", "p_-1", "p_1", "latent_mean", "latent_var"]
     np.testing.assert_allclose(values[:, :2], reference.predict_proba(X), rtol=1e-12, atol=1e-15)
+    assert read_labels(out) == [str(label) for label in reference.predict(X).tolist()]  # integers, as written
     mean, var = reference.predict_latent(X)
     np.testing.assert_allclose(values[:, 2], mean, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(values[:, 3], var, rtol=1e-12)
@@ -110,7 +120,7 @@ def test_array_formats_fit_the_same_model(tmp_path, banana, reference, writer, n
     assert main(["fit", str(data), *target, *FIT_OPTIONS, "--out", str(model)]) == 0
     assert main(["predict", str(model), str(data), *target, "--out", str(out)]) == 0
     header, values = read_predictions(out)
-    assert header == ["p_-1", "p_1"]
+    assert header == ["predicted_label", "p_-1", "p_1"]
     np.testing.assert_allclose(values, reference.predict_proba(banana[0]), rtol=1e-12, atol=1e-15)
 
 
@@ -126,8 +136,13 @@ def test_validation_fraction_and_string_labels_of_three_classes(tmp_path, capsys
     assert "validation:  error" in capsys.readouterr().out
     assert main(["predict", str(model), str(data), "--target", "label", "--latent", "--out", str(out)]) == 0
     header, values = read_predictions(out)
-    assert header == ["p_a", "p_b", "p_c"] + [f"latent_{m}_{c}" for c in "abc" for m in ("mean", "var")]
+    assert header == ["predicted_label", "p_a", "p_b", "p_c"] + [f"latent_{m}_{c}" for c in "abc"
+                                                                 for m in ("mean", "var")]
     np.testing.assert_allclose(values[:, :3].sum(axis=1), 1.0, rtol=1e-9)
+    # the predicted label: the string class of the row's highest probability, as the model predicts it
+    predicted = read_labels(out)
+    assert predicted == np.array(["a", "b", "c"])[np.argmax(values[:, :3], axis=1)].tolist()
+    assert predicted == load_model(model).predict(pandas.DataFrame(X, columns=["x1", "x2"])).tolist()
 
 
 def test_the_validation_fraction_is_the_fits_validation_data_and_inspect_shows_its_curve(tmp_path, banana,
@@ -1014,6 +1029,9 @@ def test_names_and_labels_from_files_reach_the_terminal_escaped_and_the_model_ke
         assert _acting(printed) == []
     assert "x\\x1b[31mred" in inspected.out and "t\\x1b]0;owned\\x07\\u202eevil" in summary
     assert "b\\nc" in summary and "b\\nc" in fit_output.out
+    assert main(["predict", str(model), str(data), "--out", str(tmp_path / "q.csv")]) == 0  # labels kept exactly
+    assert read_labels(tmp_path / "q.csv") == loaded.predict(pandas.DataFrame(X, columns=names)).tolist()
+    assert _acting(capsys.readouterr().out) == []
     assert summary.count("\n") == GPClassifier(**SETTINGS).fit(
         pandas.DataFrame(X, columns=["x1", "x2"]), np.where(y > 0, "a", "b")).summary().count("\n")
     unknown = _quoted_table(tmp_path / "unknown.csv", {names[0]: X[:3, 0], names[1]: X[:3, 1],
