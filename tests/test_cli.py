@@ -845,6 +845,15 @@ def test_demo_writes_a_png(tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["demo.png"]
 
 
+def test_demo_leaves_no_file_unless_asked(tmp_path, monkeypatch, capsys):
+    """Without --plot the demo writes nothing: it used to leave agpc-demo.png in the directory it ran in (a source
+    checkout's, where git showed it as a new file)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--inducing", "10", "--max-iter", "2"]) == 0
+    assert "Plot: none written (--plot PATH" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
 FAKE_BENCHMARK = """import sys
 import warnings
 from pathlib import Path
