@@ -53,8 +53,8 @@ from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split
 from .inference.hooks import close_progress_bars
 from .inspection import expected_calibration_error, plot_model
 from .likelihoods import negative_log_likelihood
-from .methods import method_names
-from .tables import exception_line, load_data, load_weighted_data, one_line, preview
+from .methods import ORDINAL, RegisteredLikelihood, method_names
+from .tables import exception_line, labels_from_text, load_data, load_weighted_data, one_line, preview
 from .untrusted import printable
 
 __all__ = ["main", "UsageError"]
@@ -158,6 +158,45 @@ def _validation_rows(y, fraction, seed):
     return val
 
 
+def _class_order(args, y):
+    """``--classes`` as the ordinal model's classes in their order (labels of y's kind: "3" is the class 3 of
+    whole-number labels), or None (another model, or ordinal numeric labels: their numeric order). String grades
+    without ``--classes`` are refused: their sorted order (best, fair, good, poor) is seldom theirs."""
+    if args.likelihood != ORDINAL:
+        if args.classes is not None:
+            raise UsageError("--classes gives the order of ordered classes: it goes with --likelihood ordinal (other "
+                             "models take their classes from the labels)")
+        return None
+    present = np.unique(y)
+    if args.classes is None:
+        if present.dtype.kind in "biu":
+            return None
+        raise UsageError(f"--likelihood ordinal: the labels of {args.data} are text ({preview(present.tolist(), 8)}), "
+                         "whose order agpc cannot know: give it with --classes, lowest first, comma-separated "
+                         "(e.g. --classes poor,fair,good,best)")
+    names = args.classes.split(",")
+    if present.dtype.kind in "iu":
+        order = labels_from_text(names)
+        if order.dtype.kind not in "iu":
+            raise UsageError(f"--classes {args.classes}: the labels of {args.data} are whole numbers; "
+                             f"{preview([n for n in names if labels_from_text([n]).dtype.kind not in 'iu'], 5)} "
+                             "is not")
+    else:  # text, or booleans (a Parquet column), named as they print
+        known = {f"{label}": label for label in present.tolist()}
+        if present.dtype.kind == "b" and not set(names) <= set(known):
+            raise UsageError(f"--classes {args.classes}: the labels of {args.data} are booleans, True and False")
+        order = np.asarray([known.get(name, name) for name in names])
+    twice = sorted({label for label in order.tolist() if order.tolist().count(label) > 1}, key=str)
+    if twice or len(names) < 2:
+        raise UsageError(f"--classes {args.classes}: name two classes or more, each once, lowest first"
+                         + (f" ({preview(twice, 5)} named more than once)" if twice else ""))
+    unlisted = sorted(set(present.tolist()) - set(order.tolist()), key=str)
+    if unlisted:
+        raise UsageError(f"labels {preview(unlisted, 5)} of {args.data} are not among --classes {args.classes}: "
+                         "list every class, lowest first")
+    return order
+
+
 def _fit_on_cluster(model, X, y, address, validation_data=None):
     """Fit on a dask array over the cluster whose scheduler is at ``address``, one chunk of rows per thread
     (``validation_data``, held in memory, scored as a fit in memory scores it)."""
@@ -203,6 +242,7 @@ def fit(args):
     classes = np.unique(y)
     if classes.shape[0] < 2:
         raise UsageError(f"{args.data}: every label is {classes[0].item()!r}: a classifier needs two classes or more")
+    order = _class_order(args, y)
     X_train, y_train, X_val, y_val = _split(X, y, args.validation_fraction, args.random_state)
     if weights is not None and X_val is not None:
         weights = weights[~_validation_rows(y, args.validation_fraction, args.random_state)]
@@ -214,11 +254,14 @@ def fit(args):
         site_directory=args.site_directory, dtype=args.dtype,
         kernel_prior=None if args.kernel_prior == "none" else args.kernel_prior, class_weight=args.class_weight,
         ard={"auto": "auto", "per-feature": True, "shared": False}[args.ard],
+        likelihood=args.likelihood, classes=None if order is None else order.tolist(),
     )
+    model.check_params()  # a method that does not take --likelihood is refused before anything is printed
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
-    print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, classes "
-          f"{preview(classes.tolist(), 6)}; method {args.method}, n_inducing {args.inducing}, on {where}",
-          flush=True)
+    shown = f"ordered classes {preview((classes if order is None else order).tolist(), 6)} (lowest first)" \
+        if args.likelihood == ORDINAL else f"classes {preview(classes.tolist(), 6)}"
+    print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, {shown}; method "
+          f"{args.method}, n_inducing {args.inducing}, on {where}", flush=True)
     # the held-out rows are the fit's validation_data, so that the model's history (and so the model file,
     # 'agpc inspect' and its --plot) keeps their NLL and error along the training, not only the final scores
     validation = None if X_val is None else (X_val, y_val)
@@ -594,6 +637,13 @@ def _fit_parser(sub):
     p.add_argument("--target", metavar="COL", help="the label column: a name or an integer index (.npy: an index); "
                    ".npz / zarr group: the array of labels (default y, features in X)")
     p.add_argument("--method", choices=method_names(), default="ep", help="inference method (default ep)")
+    p.add_argument("--likelihood", choices=RegisteredLikelihood.names(),
+                   help="the method's likelihood (default: its own, probit for the EP family and svi, logistic for "
+                        "vi-*); 'ordinal': ordered classes, one latent GP and learned cut points (ep, sep, adf, svi; "
+                        "docs/ordinal.md)")
+    p.add_argument("--classes", metavar="A,B,...", help="with --likelihood ordinal: the classes in their order, lowest "
+                   "first, comma-separated, e.g. poor,fair,good,best (needed for text labels; numbers default to "
+                   "their numeric order); a class may have no rows")
     p.add_argument("--inducing", type=_inducing, default="auto", metavar="M",
                    help="'auto' (default: the exact model on small binary data, else 100 learned inducing points), "
                         "'all' (the exact model) or a number of inducing points")

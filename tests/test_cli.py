@@ -177,6 +177,79 @@ def test_the_validation_fraction_is_the_fits_validation_data_and_inspect_shows_i
     np.testing.assert_array_equal(drawn[0].get_ydata(), nll)
 
 
+GRADES = ["poor", "fair", "good", "best"]  # lowest first: not their alphabetical order
+
+
+def graded(labels=GRADES, n=60):
+    """Rows whose first feature sets an ordered grade (one of ``labels``, lowest first)."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, 2))
+    return X, np.asarray(labels)[np.digitize(X[:, 0] + 0.3 * rng.normal(size=n), [-0.7, 0.0, 0.7])]
+
+
+def test_fit_takes_ordered_classes_in_the_order_given_and_predict_and_inspect_read_the_model(tmp_path, capsys):
+    X, y = graded()
+    data, model, out = write_csv(tmp_path / "ratings.csv", X, y), tmp_path / "m.agpc", tmp_path / "p.csv"
+    assert main(["fit", str(data), "--target", "label", "--likelihood", "ordinal", "--classes", ",".join(GRADES),
+                 *FIT_OPTIONS, "--out", str(model)]) == 0
+    assert "ordered classes poor, fair, good, best (lowest first)" in capsys.readouterr().out
+    fitted = load_model(model)
+    expected = GPClassifier(likelihood="ordinal", classes=GRADES, **SETTINGS).fit(X, y)
+    assert fitted.likelihood_ == "ordinal" and fitted.classes_.tolist() == GRADES
+    np.testing.assert_array_equal(fitted.cut_points_, expected.cut_points_)
+    assert main(["predict", str(model), str(data), "--out", str(out)]) == 0
+    header, values = read_predictions(out)
+    assert header == ["predicted_label"] + [f"p_{grade}" for grade in GRADES]
+    np.testing.assert_allclose(values, expected.predict_proba(X), rtol=1e-12, atol=1e-15)
+    assert read_labels(out) == expected.predict(X).tolist()
+    capsys.readouterr()
+    assert main(["inspect", str(model)]) == 0
+    printed = capsys.readouterr().out
+    assert "likelihood ordinal" in printed and "4 classes: poor, fair, good, best" in printed
+
+
+@pytest.mark.parametrize("given, order", [(None, [3, 5, 10, 12]), ("12,10,5,3", [12, 10, 5, 3]),
+                                          ("3,5,10,12,15", [3, 5, 10, 12, 15])])
+def test_numeric_grades_are_in_numeric_order_unless_classes_says_otherwise(tmp_path, monkeypatch, given, order):
+    """Whole-number grades sort as numbers (3 before 10); --classes names them as the file writes them, and may
+    name a class without rows."""
+    X, y = graded([3, 5, 10, 12])
+    data = write_csv(tmp_path / "d.csv", X, y)
+    options = ["--target", "label", "--likelihood", "ordinal"] + ([] if given is None else ["--classes", given])
+    fitted = _saved_fit(tmp_path, monkeypatch, data, options)
+    assert fitted.classes_.tolist() == order and fitted.classes_.dtype.kind == "i"
+    expected = GPClassifier(likelihood="ordinal", classes=None if given is None else order, **SETTINGS).fit(X, y)
+    np.testing.assert_array_equal(fitted.cut_points_, expected.cut_points_)
+
+
+@pytest.mark.parametrize("labels, options, message", [
+    (GRADES, [], "--likelihood ordinal: the labels of"),
+    (GRADES, ["--classes", "poor,fair,good"], "labels best of"),
+    (GRADES, ["--classes", "poor,fair,good,best,fair"], "(fair named more than once)"),
+    (GRADES, ["--classes", "poor"], "name two classes or more"),
+    ([3, 5, 10, 12], ["--classes", "3,5,ten,12"], "are whole numbers; ten is not"),
+    ([3, 5, 10, 12], ["--method", "vi-jj"], "likelihood must be 'logistic' or None, got 'ordinal'"),
+])
+def test_ordinal_option_problems_are_one_line_before_training(tmp_path, capsys, monkeypatch, labels, options,
+                                                               message):
+    monkeypatch.setattr(GPClassifier, "fit", failing_fit(AssertionError("fit was not to be reached")))
+    data = write_csv(tmp_path / "d.csv", *graded(labels))
+    status = main(["fit", str(data), "--target", "label", "--likelihood", "ordinal", *options, *FIT_OPTIONS,
+                   "--out", str(tmp_path / "m.agpc")])
+    out = capsys.readouterr()
+    assert_one_line_error(status, out.err)
+    assert message in out.err and out.out == "" and not (tmp_path / "m.agpc").exists()
+
+
+def test_classes_without_the_ordinal_likelihood_is_one_line(tmp_path, capsys):
+    data = write_csv(tmp_path / "d.csv", *graded())
+    status = main(["fit", str(data), "--target", "label", "--classes", ",".join(GRADES), *FIT_OPTIONS,
+                   "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "--classes gives the order of ordered classes: it goes with --likelihood ordinal" in err
+
+
 @pytest.mark.parametrize("in_files", [False, True])
 def test_fit_on_a_dask_scheduler_equals_the_local_fit(tmp_path, banana, in_files):
     pytest.importorskip("distributed")
