@@ -241,6 +241,14 @@ def test_ordinal_option_problems_are_one_line_before_training(tmp_path, capsys, 
     assert message in out.err and out.out == "" and not (tmp_path / "m.agpc").exists()
 
 
+@pytest.mark.parametrize("options, likelihood", [([], "probit"), (["--likelihood", "logistic"], "logistic"),
+                                                 (["--likelihood", "probit"], "probit")])
+def test_fit_takes_the_likelihood(tmp_path, banana, monkeypatch, options, likelihood):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    fitted = _saved_fit(tmp_path, monkeypatch, data, ["--target", "label", "--method", "svi", *options])
+    assert fitted.likelihood == (None if not options else likelihood) and fitted.likelihood_ == likelihood
+
+
 def test_classes_without_the_ordinal_likelihood_is_one_line(tmp_path, capsys):
     data = write_csv(tmp_path / "d.csv", *graded())
     status = main(["fit", str(data), "--target", "label", "--classes", ",".join(GRADES), *FIT_OPTIONS,
