@@ -1,9 +1,9 @@
 """The ``agpc`` command.
 
     agpc fit DATA --target COL --out model.agpc          train a GPClassifier on a data file, save the model
-    agpc predict MODEL DATA --out predictions.csv        class probabilities (and latent moments) for a data file
+    agpc predict MODEL DATA --out predictions.csv        predicted labels, class probabilities (and latent moments)
     agpc inspect MODEL [--plot out.png]                  what a model learned and how its training went
-    agpc demo                                            train and evaluate on built-in data, plot the banana fit
+    agpc demo [--plot PNG]                               train and evaluate on built-in data, plot the banana fit
     agpc bench [--quick] [--out DIR]                     run the source checkout's benchmark scripts
 
 DATA is a CSV (header row), Parquet, ``.npy``, ``.npz`` file or a zarr store. ``fit`` on a file with column
@@ -53,12 +53,13 @@ from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split
 from .inference.hooks import close_progress_bars
 from .inspection import expected_calibration_error, plot_model
 from .likelihoods import negative_log_likelihood
-from .methods import method_names
-from .tables import exception_line, load_data, load_weighted_data, one_line, preview
+from .methods import ORDINAL, RegisteredLikelihood, method_names
+from .tables import exception_line, labels_from_text, load_data, load_weighted_data, one_line, preview
 from .untrusted import printable
 
 __all__ = ["main", "UsageError"]
 
+PREDICTED_LABEL = "predicted_label"  # 'agpc predict''s column of the most probable class
 BENCH_SCRIPTS = ("uci_binary.py", "uci_iterations.py", "uci_multiclass.py", "banana_inducing.py", "airline.py",
                  "time_curves.py")
 
@@ -82,12 +83,20 @@ def _check_writable(path, inputs=()):
         raise UsageError(str(exc)) from None
 
 
-def _write_csv(path, columns):
-    """A header row of column names, then one row per sample at full float64 precision."""
+def _write_csv(path, columns, labels=None):
+    """A header row of column names, then one row per sample: ``labels`` (a column name and one text a row: class
+    labels, which the csv module quotes where they hold a comma, a quote or a line break) first, then the number
+    columns at full float64 precision."""
     table = np.column_stack([np.asarray(values, dtype=np.float64) for values in columns.values()])
     with checkpoints.atomic_write(path, "w") as fh:
-        csv.writer(fh, lineterminator="\n").writerow(list(columns))
-        np.savetxt(fh, table, delimiter=",", fmt="%.17g")
+        writer = csv.writer(fh, lineterminator="\n")
+        if labels is None:
+            writer.writerow(list(columns))
+            np.savetxt(fh, table, delimiter=",", fmt="%.17g")
+            return
+        name, text = labels
+        writer.writerow([name, *columns])
+        writer.writerows([label, *(f"{v:.17g}" for v in row)] for label, row in zip(text, table.tolist()))
 
 
 # -- scores --------------------------------------------------------------------------------------------
@@ -149,8 +158,48 @@ def _validation_rows(y, fraction, seed):
     return val
 
 
-def _fit_on_cluster(model, X, y, address):
-    """Fit on a dask array over the cluster whose scheduler is at ``address``, one chunk of rows per thread."""
+def _class_order(args, y):
+    """``--classes`` as the ordinal model's classes in their order (labels of y's kind: "3" is the class 3 of
+    whole-number labels), or None (another model, or ordinal numeric labels: their numeric order). String grades
+    without ``--classes`` are refused: their sorted order (best, fair, good, poor) is seldom theirs."""
+    if args.likelihood != ORDINAL:
+        if args.classes is not None:
+            raise UsageError("--classes gives the order of ordered classes: it goes with --likelihood ordinal (other "
+                             "models take their classes from the labels)")
+        return None
+    present = np.unique(y)
+    if args.classes is None:
+        if present.dtype.kind in "biu":
+            return None
+        raise UsageError(f"--likelihood ordinal: the labels of {args.data} are text ({preview(present.tolist(), 8)}), "
+                         "whose order agpc cannot know: give it with --classes, lowest first, comma-separated "
+                         "(e.g. --classes poor,fair,good,best)")
+    names = args.classes.split(",")
+    if present.dtype.kind in "iu":
+        order = labels_from_text(names)
+        if order.dtype.kind not in "iu":
+            raise UsageError(f"--classes {args.classes}: the labels of {args.data} are whole numbers; "
+                             f"{preview([n for n in names if labels_from_text([n]).dtype.kind not in 'iu'], 5)} "
+                             "is not")
+    else:  # text, or booleans (a Parquet column), named as they print
+        known = {f"{label}": label for label in present.tolist()}
+        if present.dtype.kind == "b" and not set(names) <= set(known):
+            raise UsageError(f"--classes {args.classes}: the labels of {args.data} are booleans, True and False")
+        order = np.asarray([known.get(name, name) for name in names])
+    twice = sorted({label for label in order.tolist() if order.tolist().count(label) > 1}, key=str)
+    if twice or len(names) < 2:
+        raise UsageError(f"--classes {args.classes}: name two classes or more, each once, lowest first"
+                         + (f" ({preview(twice, 5)} named more than once)" if twice else ""))
+    unlisted = sorted(set(present.tolist()) - set(order.tolist()), key=str)
+    if unlisted:
+        raise UsageError(f"labels {preview(unlisted, 5)} of {args.data} are not among --classes {args.classes}: "
+                         "list every class, lowest first")
+    return order
+
+
+def _fit_on_cluster(model, X, y, address, validation_data=None):
+    """Fit on a dask array over the cluster whose scheduler is at ``address``, one chunk of rows per thread
+    (``validation_data``, held in memory, scored as a fit in memory scores it)."""
     import dask.array as da
     from distributed import Client
 
@@ -163,7 +212,8 @@ def _fit_on_cluster(model, X, y, address):
         rows = max(1, math.ceil(X.shape[0] / threads))
         model.set_params(client=client)
         try:
-            model.fit(da.from_array(X, chunks=(rows, -1)), da.from_array(y, chunks=rows))
+            model.fit(da.from_array(X, chunks=(rows, -1)), da.from_array(y, chunks=rows),
+                      validation_data=validation_data)
         finally:
             model.set_params(client=None)
 
@@ -192,6 +242,7 @@ def fit(args):
     classes = np.unique(y)
     if classes.shape[0] < 2:
         raise UsageError(f"{args.data}: every label is {classes[0].item()!r}: a classifier needs two classes or more")
+    order = _class_order(args, y)
     X_train, y_train, X_val, y_val = _split(X, y, args.validation_fraction, args.random_state)
     if weights is not None and X_val is not None:
         weights = weights[~_validation_rows(y, args.validation_fraction, args.random_state)]
@@ -203,16 +254,22 @@ def fit(args):
         site_directory=args.site_directory, dtype=args.dtype,
         kernel_prior=None if args.kernel_prior == "none" else args.kernel_prior, class_weight=args.class_weight,
         ard={"auto": "auto", "per-feature": True, "shared": False}[args.ard],
+        likelihood=args.likelihood, classes=None if order is None else order.tolist(),
     )
+    model.check_params()  # a method that does not take --likelihood is refused before anything is printed
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
-    print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, classes "
-          f"{preview(classes.tolist(), 6)}; method {args.method}, n_inducing {args.inducing}, on {where}",
-          flush=True)
+    shown = f"ordered classes {preview((classes if order is None else order).tolist(), 6)} (lowest first)" \
+        if args.likelihood == ORDINAL else f"classes {preview(classes.tolist(), 6)}"
+    print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, {shown}; method "
+          f"{args.method}, n_inducing {args.inducing}, on {where}", flush=True)
+    # the held-out rows are the fit's validation_data, so that the model's history (and so the model file,
+    # 'agpc inspect' and its --plot) keeps their NLL and error along the training, not only the final scores
+    validation = None if X_val is None else (X_val, y_val)
     t0 = time.perf_counter()
     if args.scheduler:
-        _fit_on_cluster(model, X_train, y_train, args.scheduler)
+        _fit_on_cluster(model, X_train, y_train, args.scheduler, validation)
     else:
-        model.fit(X_train, y_train, sample_weight=weights)
+        model.fit(X_train, y_train, sample_weight=weights, validation_data=validation)
     seconds = time.perf_counter() - t0
     scores = [("train", _scores(model.predict_proba(X_train), y_train, model.classes_), len(y_train))]
     if X_val is not None:
@@ -288,8 +345,12 @@ def predict(args):
         columns = {f"p_{c}": proba[:, i] for i, c in enumerate(model.classes_)}
         if args.latent:
             columns.update(_latent_columns(model, X))
-    _write_csv(args.out, columns)
-    print(f"wrote {args.out}: {proba.shape[0]} rows, columns {', '.join(printable(name) for name in columns)}")
+    # the class of each row's highest written probability (the first of equal ones), written as the class is
+    # written in the p_<class> headers: the labels of the file the model was fitted on, strings or numbers
+    predicted = [f"{c}" for c in model.classes_]
+    _write_csv(args.out, columns, labels=(PREDICTED_LABEL, [predicted[i] for i in np.argmax(proba, axis=1)]))
+    written = [PREDICTED_LABEL, *columns]
+    print(f"wrote {args.out}: {proba.shape[0]} rows, columns {', '.join(printable(name) for name in written)}")
     if scores is not None:
         _print_scores("scores", scores, len(y))
     _warn_columns_by_position(wanted, names, args.data)  # said once the predictions are written
@@ -378,7 +439,8 @@ def _plot_banana(model, X, y, path):
 
 
 def demo(args):
-    _check_writable(args.plot)
+    if args.plot is not None:
+        _check_writable(args.plot)
     print("agpc demo: binary EP with inducing points (Hernandez-Lobato & Hernandez-Lobato 2016), NumPy backend")
     print(f"| {'data':<29} | {'n':>6} | {'m':>4} | {'error':>6} | {'NLL':>6} | {'fit s':>7} | note")
     print(f"|{'-' * 31}|{'-' * 8}|{'-' * 6}|{'-' * 8}|{'-' * 8}|{'-' * 9}|------")
@@ -396,6 +458,11 @@ def demo(args):
         *split_standardised(*load_breast_cancer(), train_fraction=0.9, random_state=0),
         extra="90/10 split",
     )
+    # a file only where the user asked for one: a default name would be left in whatever directory the demo ran in,
+    # a source checkout's among them
+    if args.plot is None:
+        print("Plot: none written (--plot PATH draws the banana decision boundary and the inducing points)")
+        return 0
     _plot_banana(banana, X, y, args.plot)
     print(f"Plot: {args.plot} (banana decision boundary, inducing points marked)")
     return 0
@@ -570,6 +637,13 @@ def _fit_parser(sub):
     p.add_argument("--target", metavar="COL", help="the label column: a name or an integer index (.npy: an index); "
                    ".npz / zarr group: the array of labels (default y, features in X)")
     p.add_argument("--method", choices=method_names(), default="ep", help="inference method (default ep)")
+    p.add_argument("--likelihood", choices=RegisteredLikelihood.names(),
+                   help="the method's likelihood (default: its own, probit for the EP family and svi, logistic for "
+                        "vi-*); 'ordinal': ordered classes, one latent GP and learned cut points (ep, sep, adf, svi; "
+                        "docs/ordinal.md)")
+    p.add_argument("--classes", metavar="A,B,...", help="with --likelihood ordinal: the classes in their order, lowest "
+                   "first, comma-separated, e.g. poor,fair,good,best (needed for text labels; numbers default to "
+                   "their numeric order); a class may have no rows")
     p.add_argument("--inducing", type=_inducing, default="auto", metavar="M",
                    help="'auto' (default: the exact model on small binary data, else 100 learned inducing points), "
                         "'all' (the exact model) or a number of inducing points")
@@ -605,7 +679,8 @@ def _fit_parser(sub):
                    "no step starts that would end past S; reading DATA, scoring and writing the model come on top")
     p.add_argument("--validation-fraction", type=_fraction, metavar="F",
                    help="hold out this fraction of the rows (at random, keeping a row of every class for "
-                        "training) and report error and NLL on it")
+                        "training): the fit's validation data, scored every iteration into the model's history "
+                        "('agpc inspect' shows it) and reported (error, NLL) at the end")
     p.add_argument("--random-state", type=int, default=0, metavar="S",
                    help="seed of the inducing points and the validation split (default 0)")
     p.add_argument("--quiet", action="store_true", help="do not show the progress bar")
@@ -614,8 +689,10 @@ def _fit_parser(sub):
 
 
 def _predict_parser(sub):
-    p = sub.add_parser("predict", help="class probabilities for a data file, as CSV",
-                       description="Write one probability column per class (p_<class>) for every row of DATA.")
+    p = sub.add_parser("predict", help="predicted labels and class probabilities for a data file, as CSV",
+                       description="Write, for every row of DATA, the most probable class (predicted_label, as the "
+                                   "labels were written in the training file) and one probability column per class "
+                                   "(p_<class>).")
     p.add_argument("model", metavar="MODEL", help="a model written by 'agpc fit' (or GPClassifier.save)")
     p.add_argument("data", metavar="DATA", help="a .csv, .parquet, .npy, .npz file or a zarr store: from a CSV or "
                    "Parquet file the model's feature columns are taken by name (other columns, the label's too, are "
@@ -648,11 +725,12 @@ def _inspect_parser(sub):
 
 
 def _demo_parser(sub):
-    p = sub.add_parser("demo", help="train and evaluate on built-in data, print error / NLL / time, plot the banana fit")
+    p = sub.add_parser("demo", help="train and evaluate on built-in data, print error / NLL / time; --plot draws the "
+                       "banana fit")
     p.add_argument("--inducing", type=int, default=50, help="number of inducing points (default 50)")
     p.add_argument("--max-iter", type=int, default=250, help="EP iterations (default 250)")
-    p.add_argument("--plot", default="agpc-demo.png", metavar="PATH",
-                   help="PNG of the banana decision boundary and inducing points (default agpc-demo.png)")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of the banana decision boundary and inducing points "
+                   "to PATH (default: no file)")
     p.set_defaults(func=demo)
 
 

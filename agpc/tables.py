@@ -21,7 +21,8 @@ import numpy as np
 
 from .untrusted import RefusedFile, open_zarr, printable, read_npy, read_npz, read_parquet_columns
 
-__all__ = ["Data", "TableError", "load_data", "load_weighted_data", "FORMATS", "preview", "exception_line", "one_line"]
+__all__ = ["Data", "TableError", "load_data", "load_weighted_data", "FORMATS", "preview", "exception_line", "one_line",
+           "labels_from_text"]
 
 _PARQUET_HINT = "reading Parquet needs pyarrow >= 14.0.1: pip install pyarrow (or pip install 'agpc[parquet]')"
 FORMATS = {".csv": "CSV", ".tsv": "CSV", ".parquet": "Parquet", ".pq": "Parquet", ".npy": "npy",
@@ -164,6 +165,12 @@ def _labels(values):
         if integers is not None:
             return integers
     return np.asarray(text, dtype=str)
+
+
+def labels_from_text(texts):
+    """Labels written as text elsewhere than in a data file (the command line's): read as a file's labels are
+    (``_labels``), so that "3" names the class 3 of a file whose labels are whole numbers."""
+    return _labels(np.asarray(list(texts), dtype=str))
 
 
 def _numeric(values, name, path, row_of=None, what="feature"):

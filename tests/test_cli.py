@@ -21,6 +21,7 @@ import pandas
 import pytest
 
 import agpc
+import agpc.inspection
 import agpc.persistence
 from agpc import CholeskyError, GPClassifier, cli, load_model
 from agpc.cli import main
@@ -36,9 +37,18 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def read_predictions(path):
+    """The header and the number columns of 'agpc predict''s CSV (its first column, the predicted labels, left out:
+    ``read_labels``)."""
     with open(path) as fh:
         header = fh.readline().strip().split(",")
-    return header, np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+    assert header[0] == "predicted_label"
+    return header, np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, usecols=range(1, len(header)))
+
+
+def read_labels(path):
+    """The predicted_label column of 'agpc predict''s CSV, as text (the csv module undoing its quoting)."""
+    with open(path, newline="") as fh:
+        return [row[0] for row in list(csv.reader(fh))[1:]]
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +78,9 @@ def test_csv_fit_predict_round_trip_equals_the_estimator(tmp_path, banana, refer
     assert main(["predict", str(model), str(data), "--target", "label", "--latent", "--out", str(out)]) == 0
     assert "error" in capsys.readouterr().out
     header, values = read_predictions(out)
-    assert header == ["p_-1", "p_1", "latent_mean", "latent_var"]
+    assert header == ["predicted_label", "p_-1", "p_1", "latent_mean", "latent_var"]
     np.testing.assert_allclose(values[:, :2], reference.predict_proba(X), rtol=1e-12, atol=1e-15)
+    assert read_labels(out) == [str(label) for label in reference.predict(X).tolist()]  # integers, as written
     mean, var = reference.predict_latent(X)
     np.testing.assert_allclose(values[:, 2], mean, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(values[:, 3], var, rtol=1e-12)
@@ -109,7 +120,7 @@ def test_array_formats_fit_the_same_model(tmp_path, banana, reference, writer, n
     assert main(["fit", str(data), *target, *FIT_OPTIONS, "--out", str(model)]) == 0
     assert main(["predict", str(model), str(data), *target, "--out", str(out)]) == 0
     header, values = read_predictions(out)
-    assert header == ["p_-1", "p_1"]
+    assert header == ["predicted_label", "p_-1", "p_1"]
     np.testing.assert_allclose(values, reference.predict_proba(banana[0]), rtol=1e-12, atol=1e-15)
 
 
@@ -125,8 +136,126 @@ def test_validation_fraction_and_string_labels_of_three_classes(tmp_path, capsys
     assert "validation:  error" in capsys.readouterr().out
     assert main(["predict", str(model), str(data), "--target", "label", "--latent", "--out", str(out)]) == 0
     header, values = read_predictions(out)
-    assert header == ["p_a", "p_b", "p_c"] + [f"latent_{m}_{c}" for c in "abc" for m in ("mean", "var")]
+    assert header == ["predicted_label", "p_a", "p_b", "p_c"] + [f"latent_{m}_{c}" for c in "abc"
+                                                                 for m in ("mean", "var")]
     np.testing.assert_allclose(values[:, :3].sum(axis=1), 1.0, rtol=1e-9)
+    # the predicted label: the string class of the row's highest probability, as the model predicts it
+    predicted = read_labels(out)
+    assert predicted == np.array(["a", "b", "c"])[np.argmax(values[:, :3], axis=1)].tolist()
+    assert predicted == load_model(model).predict(pandas.DataFrame(X, columns=["x1", "x2"])).tolist()
+
+
+def test_the_validation_fraction_is_the_fits_validation_data_and_inspect_shows_its_curve(tmp_path, banana,
+                                                                                        monkeypatch, capsys):
+    """The rows --validation-fraction holds out are fit's validation_data: the model file keeps their NLL and
+    error along the training, which 'agpc inspect' prints and its --plot draws."""
+    X, y = banana
+    data, model = write_csv(tmp_path / "d.csv", X, y), tmp_path / "m.agpc"
+    assert main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--validation-fraction", "0.2",
+                 "--out", str(model)]) == 0
+    fitted = load_model(model)
+    val = cli._validation_rows(y, 0.2, 0)
+    expected = GPClassifier(**SETTINGS).fit(X[~val], y[~val], validation_data=(X[val], y[val]))
+    for key in ("validation_step", "validation_nll", "validation_error"):
+        assert fitted.history_[key] == expected.history_[key] and len(fitted.history_[key]) > 1
+    with pytest.warns(UserWarning, match="valid feature names"):
+        final = fitted.predict_proba(X[val])
+    index = np.searchsorted(fitted.classes_, y[val])
+    np.testing.assert_allclose(fitted.history_["validation_nll"][-1],
+                               -np.mean(np.log(final[np.arange(len(index)), index])), rtol=1e-9)
+    capsys.readouterr()
+    figures = []
+    real = agpc.inspection._figure
+    monkeypatch.setattr(agpc.inspection, "_figure", lambda: figures.append(real()) or figures[-1])
+    assert main(["inspect", str(model), "--plot", str(tmp_path / "m.png")]) == 0
+    printed = capsys.readouterr().out
+    nll, steps = fitted.history_["validation_nll"], fitted.history_["validation_step"]
+    assert f"validation ({len(nll)} scores):" in printed and f"last: NLL {nll[-1]:.4f}" in printed
+    drawn = [line for ax in figures[0].axes for line in ax.get_lines() if line.get_label() == "validation NLL"]
+    assert len(drawn) == 1
+    np.testing.assert_array_equal(drawn[0].get_xdata(), steps)
+    np.testing.assert_array_equal(drawn[0].get_ydata(), nll)
+
+
+GRADES = ["poor", "fair", "good", "best"]  # lowest first: not their alphabetical order
+
+
+def graded(labels=GRADES, n=60):
+    """Rows whose first feature sets an ordered grade (one of ``labels``, lowest first)."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, 2))
+    return X, np.asarray(labels)[np.digitize(X[:, 0] + 0.3 * rng.normal(size=n), [-0.7, 0.0, 0.7])]
+
+
+def test_fit_takes_ordered_classes_in_the_order_given_and_predict_and_inspect_read_the_model(tmp_path, capsys):
+    X, y = graded()
+    data, model, out = write_csv(tmp_path / "ratings.csv", X, y), tmp_path / "m.agpc", tmp_path / "p.csv"
+    assert main(["fit", str(data), "--target", "label", "--likelihood", "ordinal", "--classes", ",".join(GRADES),
+                 *FIT_OPTIONS, "--out", str(model)]) == 0
+    assert "ordered classes poor, fair, good, best (lowest first)" in capsys.readouterr().out
+    fitted = load_model(model)
+    expected = GPClassifier(likelihood="ordinal", classes=GRADES, **SETTINGS).fit(X, y)
+    assert fitted.likelihood_ == "ordinal" and fitted.classes_.tolist() == GRADES
+    np.testing.assert_array_equal(fitted.cut_points_, expected.cut_points_)
+    assert main(["predict", str(model), str(data), "--out", str(out)]) == 0
+    header, values = read_predictions(out)
+    assert header == ["predicted_label"] + [f"p_{grade}" for grade in GRADES]
+    np.testing.assert_allclose(values, expected.predict_proba(X), rtol=1e-12, atol=1e-15)
+    assert read_labels(out) == expected.predict(X).tolist()
+    capsys.readouterr()
+    assert main(["inspect", str(model)]) == 0
+    printed = capsys.readouterr().out
+    assert "likelihood ordinal" in printed and "4 classes: poor, fair, good, best" in printed
+
+
+@pytest.mark.parametrize("given, order", [(None, [3, 5, 10, 12]), ("12,10,5,3", [12, 10, 5, 3]),
+                                          ("3,5,10,12,15", [3, 5, 10, 12, 15])])
+def test_numeric_grades_are_in_numeric_order_unless_classes_says_otherwise(tmp_path, monkeypatch, given, order):
+    """Whole-number grades sort as numbers (3 before 10); --classes names them as the file writes them, and may
+    name a class without rows."""
+    X, y = graded([3, 5, 10, 12])
+    data = write_csv(tmp_path / "d.csv", X, y)
+    options = ["--target", "label", "--likelihood", "ordinal"] + ([] if given is None else ["--classes", given])
+    fitted = _saved_fit(tmp_path, monkeypatch, data, options)
+    assert fitted.classes_.tolist() == order and fitted.classes_.dtype.kind == "i"
+    expected = GPClassifier(likelihood="ordinal", classes=None if given is None else order, **SETTINGS).fit(X, y)
+    np.testing.assert_array_equal(fitted.cut_points_, expected.cut_points_)
+
+
+@pytest.mark.parametrize("labels, options, message", [
+    (GRADES, [], "--likelihood ordinal: the labels of"),
+    (GRADES, ["--classes", "poor,fair,good"], "labels best of"),
+    (GRADES, ["--classes", "poor,fair,good,best,fair"], "(fair named more than once)"),
+    (GRADES, ["--classes", "poor"], "name two classes or more"),
+    ([3, 5, 10, 12], ["--classes", "3,5,ten,12"], "are whole numbers; ten is not"),
+    ([3, 5, 10, 12], ["--method", "vi-jj"], "likelihood must be 'logistic' or None, got 'ordinal'"),
+])
+def test_ordinal_option_problems_are_one_line_before_training(tmp_path, capsys, monkeypatch, labels, options,
+                                                               message):
+    monkeypatch.setattr(GPClassifier, "fit", failing_fit(AssertionError("fit was not to be reached")))
+    data = write_csv(tmp_path / "d.csv", *graded(labels))
+    status = main(["fit", str(data), "--target", "label", "--likelihood", "ordinal", *options, *FIT_OPTIONS,
+                   "--out", str(tmp_path / "m.agpc")])
+    out = capsys.readouterr()
+    assert_one_line_error(status, out.err)
+    assert message in out.err and out.out == "" and not (tmp_path / "m.agpc").exists()
+
+
+@pytest.mark.parametrize("options, likelihood", [([], "probit"), (["--likelihood", "logistic"], "logistic"),
+                                                 (["--likelihood", "probit"], "probit")])
+def test_fit_takes_the_likelihood(tmp_path, banana, monkeypatch, options, likelihood):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    fitted = _saved_fit(tmp_path, monkeypatch, data, ["--target", "label", "--method", "svi", *options])
+    assert fitted.likelihood == (None if not options else likelihood) and fitted.likelihood_ == likelihood
+
+
+def test_classes_without_the_ordinal_likelihood_is_one_line(tmp_path, capsys):
+    data = write_csv(tmp_path / "d.csv", *graded())
+    status = main(["fit", str(data), "--target", "label", "--classes", ",".join(GRADES), *FIT_OPTIONS,
+                   "--out", str(tmp_path / "m.agpc")])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "--classes gives the order of ordered classes: it goes with --likelihood ordinal" in err
 
 
 @pytest.mark.parametrize("in_files", [False, True])
@@ -797,6 +926,15 @@ def test_demo_writes_a_png(tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["demo.png"]
 
 
+def test_demo_leaves_no_file_unless_asked(tmp_path, monkeypatch, capsys):
+    """Without --plot the demo writes nothing: it used to leave agpc-demo.png in the directory it ran in (a source
+    checkout's, where git showed it as a new file)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--inducing", "10", "--max-iter", "2"]) == 0
+    assert "Plot: none written (--plot PATH" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
 FAKE_BENCHMARK = """import sys
 import warnings
 from pathlib import Path
@@ -881,7 +1019,7 @@ def test_fit_takes_a_weight_column_and_the_balanced_class_weight(tmp_path, banan
     split = _saved_fit(tmp_path, monkeypatch, data, ["--target", "label", "--weight-column", "w",
                                                      "--validation-fraction", "0.2"])
     val = cli._validation_rows(y, 0.2, 0)
-    expected = GPClassifier(**SETTINGS).fit(X[~val], y[~val], sample_weight=w[~val])
+    expected = GPClassifier(**SETTINGS).fit(X[~val], y[~val], sample_weight=w[~val], validation_data=(X[val], y[val]))
     with pytest.warns(UserWarning, match="valid feature names"):
         np.testing.assert_array_equal(split.predict_proba(X), expected.predict_proba(X))
 
@@ -981,6 +1119,9 @@ def test_names_and_labels_from_files_reach_the_terminal_escaped_and_the_model_ke
         assert _acting(printed) == []
     assert "x\\x1b[31mred" in inspected.out and "t\\x1b]0;owned\\x07\\u202eevil" in summary
     assert "b\\nc" in summary and "b\\nc" in fit_output.out
+    assert main(["predict", str(model), str(data), "--out", str(tmp_path / "q.csv")]) == 0  # labels kept exactly
+    assert read_labels(tmp_path / "q.csv") == loaded.predict(pandas.DataFrame(X, columns=names)).tolist()
+    assert _acting(capsys.readouterr().out) == []
     assert summary.count("\n") == GPClassifier(**SETTINGS).fit(
         pandas.DataFrame(X, columns=["x1", "x2"]), np.where(y > 0, "a", "b")).summary().count("\n")
     unknown = _quoted_table(tmp_path / "unknown.csv", {names[0]: X[:3, 0], names[1]: X[:3, 1],

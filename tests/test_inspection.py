@@ -472,6 +472,6 @@ def test_predict_with_a_target_prints_the_ece(files, named, tmp_path, capsys):
     model, X, y = named
     assert main(["predict", str(path), str(table), "--target", "label", "--out", str(tmp_path / "p.csv")]) == 0
     printed = capsys.readouterr().out
-    predicted = np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1)
+    predicted = np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1)[:, 1:]  # (after predicted_label)
     ece = ece_by_loops(predicted, np.searchsorted(model.classes_, y))
     assert f"NLL" in printed and f"ECE {ece:.4f}" in printed

@@ -67,7 +67,8 @@ def test_labels_are_read_exactly_as_written(tmp_path, banana, capsys, case, file
     # and predict --target scores the same file against those classes
     assert main(["predict", str(out), str(data), "--target", "label", "--out", str(tmp_path / "p.csv")]) == 0
     with open(tmp_path / "p.csv") as fh:
-        assert fh.readline().strip() == ",".join(f"p_{c}" for c in classes)
+        assert fh.readline().strip() == ",".join(["predicted_label"] + [f"p_{c}" for c in classes])
+        assert {line.split(",")[0] for line in fh} <= {str(c) for c in classes}  # the labels as written
 
 
 def test_parquet_integer_columns_above_2_63_keep_their_values(tmp_path, banana):
