@@ -44,6 +44,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import StandardScaler
 
 from . import __version__
 from . import backend as B
@@ -258,6 +260,11 @@ def fit(args):
     )
     model.check_params()  # a method that does not take --likelihood is refused before anything is printed
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
+    scaler = None
+    if args.standardize:  # on the training rows only; the model file keeps the means and scales (a Pipeline)
+        scaler = StandardScaler().fit(np.asarray(X_train[...]))
+        X_train = scaler.transform(np.asarray(X_train[...]))
+        X_val = None if X_val is None else scaler.transform(X_val)
     shown = f"ordered classes {preview((classes if order is None else order).tolist(), 6)} (lowest first)" \
         if args.likelihood == ORDINAL else f"classes {preview(classes.tolist(), 6)}"
     print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, {shown}; method "
@@ -274,10 +281,14 @@ def fit(args):
     scores = [("train", _scores(model.predict_proba(X_train), y_train, model.classes_), len(y_train))]
     if X_val is not None:
         scores.append(("validation", _scores(model.predict_proba(X_val), y_val, model.classes_), len(y_val)))
-    _record_feature_names(model, names)
     # the model is written before the summary is printed: the summary is for whoever reads it, the model is
     # the command's result, and must not depend on the reader of standard output (agpc fit ... | head -1)
-    persistence.save_model(model, args.out)
+    if scaler is None:
+        _record_feature_names(model, names)
+        persistence.save_model(model, args.out)
+    else:  # the columns are the pipeline's input, the scaler's (the classifier sees its output)
+        _record_feature_names(scaler, names)
+        persistence.save_model(Pipeline([("standardscaler", scaler), ("gpclassifier", model)]), args.out)
     for what, values, rows in scores:
         _print_scores(what, values, rows)
     stopped = ", stopped by --max-time" if getattr(model, "stopped_by_time_", False) else ""
@@ -377,6 +388,7 @@ def inspect(args):
     if args.plot is not None:
         _check_writable(args.plot, [args.model] + ([args.data] if args.data is not None else []))
     model = _load_model(args.model)
+    classifier = model[-1] if isinstance(model, Pipeline) else model  # (a file of 'agpc fit --standardize')
     calibration = scores = None
     if args.data is not None:
         wanted = _feature_names(model)
@@ -387,8 +399,12 @@ def inspect(args):
         scores = _scores(proba, y, model.classes_)
         calibration = proba, _class_index(y, model.classes_)
     if args.plot is not None:  # the command's file, written before what it prints
-        plot_model(model, args.plot, calibration, max_features=args.max_features)
-    print(model.summary(max_features=args.max_features), end="")
+        plot_model(classifier, args.plot, calibration, max_features=args.max_features)
+    print(classifier.summary(max_features=args.max_features), end="")
+    if classifier is not model:
+        print("standardised: the features were standardised on the training rows before the classifier (the model "
+              "file holds their means and scales; predictions take raw features); lengthscales and relevance are "
+              "in units of each feature's standard deviation, features x0, x1, ... in the file's column order")
     if scores is not None:
         _print_scores(f"scores on {args.data}", scores, len(calibration[1]))
     if args.plot is not None:
@@ -656,6 +672,10 @@ def _fit_parser(sub):
                         "by every feature unless a lengthscale per feature is worth its parameters by Akaike's "
                         "criterion, a linear kernel instead if its log Z is a nat higher, and on up to 400 rows a "
                         "quadratic one if 2 nats higher still), 'per-feature' or 'shared' (the RBF)")
+    p.add_argument("--standardize", action="store_true",
+                   help="standardise each feature to mean 0 and standard deviation 1 on the training rows before "
+                        "fitting (scikit-learn's StandardScaler); the model file keeps the means and scales, so "
+                        "'agpc predict' takes the raw features (Python: agpc.load_model gives the Pipeline)")
     p.add_argument("--batch-size", type=_batch_size, default="auto", metavar="B",
                    help="rows per minibatch: a number, 'none' (full batch) or 'auto' (default: full batch up to "
                         "20,000 rows, else 200)")

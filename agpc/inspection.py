@@ -46,6 +46,10 @@ STOPPED_BECAUSE = {
 }
 """Each of ``STOP_REASONS`` (the ``stop_reason_`` of a fitted model) as the summary says it."""
 
+SHARED_SCALE_NOTE = ("one lengthscale scale shared (ard_=False): the bars are the starting ratios, i.e. the features' "
+                     "own scales, not learned per feature")
+"""What the relevance panel says of a model whose lengthscales moved by one common factor."""
+
 NOT_RECORDED = "not recorded (a model saved or pickled before agpc recorded it)"
 # what the history's "log_marginal_likelihood" is, by the method's family (vi-JJ's is a lower bound, vi-Taylor's
 # an approximation of one: Izmailov & Kropotov (2017), sec. 4)
@@ -323,7 +327,12 @@ def _plot_relevance(ax, model, max_features):
     order = np.argsort(-overall, kind="stable")[:max_features][::-1]
     labels = _feature_labels(model)
     ax.barh([labels[j] for j in order], overall[order], color="#74c476")
-    ax.set_xlabel("relevance (mean over classes)" if relevance.ndim == 2 else "relevance")
+    xlabel = "relevance (mean over classes)" if relevance.ndim == 2 else "relevance"
+    if getattr(model, "ard_", None) is False:  # what the summary says (``_relevance_lines``), on the panel too
+        ax.set_title("feature relevance (1 / lengthscale^2)\n" + "\n".join(textwrap.wrap(SHARED_SCALE_NOTE, 52)),
+                     fontsize=8)
+        xlabel += " (from each feature's scale, not learned)"
+    ax.set_xlabel(xlabel)
     ax.locator_params(axis="x", nbins=4)
 
 

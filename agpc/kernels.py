@@ -131,6 +131,11 @@ def _checked_value(parameter, value):
     return host_array(parameter.stored(values[0]))
 
 
+def _entries(value):
+    """The numbers of a per-dimension value as given: a sequence (or array) of them, or one."""
+    return to_numpy(value).reshape(-1) if hasattr(value, "__len__") or hasattr(value, "shape") else [value]
+
+
 def _checked_priors(table, priors):
     """{key: Prior} from a user's {name: Prior} (names of the kernel's parameter table)."""
     by_name = {p.name: p.key for p in table.values()}
@@ -188,7 +193,12 @@ class Kernel:
     A subclass sets ``name`` and ``parameters`` and defines ``K``, ``Kdiag`` and ``grads``; ``for_inputs``,
     ``spec`` and ``__repr__`` here serve a kernel whose parameters are its table's (combinations and the ordinal
     kernel define their own). ``params`` maps each parameter's key to its stored (unconstrained) array; ``priors``
-    maps keys to priors. Kernels are immutable: ``with_params`` makes a new one.
+    maps keys to priors. Training never changes a kernel: ``with_params`` makes a new one.
+
+    ``get_params`` / ``set_params`` are scikit-learn's (its kernels have them too): the constructor's arguments, as
+    they were given (``RBF(lengthscales=5.0)`` reports 5.0, not exp(log 5.0)) or, for a kernel a fit made, their
+    current values; ``set_params`` rebuilds the kernel in place from them, as the constructor would (what
+    ``GridSearchCV`` over ``kernel__lengthscales`` and ``clone`` need).
     """
 
     name = "Kernel"
@@ -209,8 +219,56 @@ class Kernel:
         the host from Python numbers; moved to the data's namespace by ``for_inputs``."""
         self.params = {p.key: _checked_value(p, values[p.name]) for p in self.parameters}
         self.priors = _checked_priors({p.key: p for p in self.parameters}, priors)
+        self._given = {**values, "priors": priors}  # the arguments as given: get_params, repr (not the stored logs)
         if "log_noise" in self.priors and not values["noise"] > 0:
             raise ValueError("a prior on the noise needs a positive initial noise (a noise of 0 is fixed, not learned)")
+
+    # -- scikit-learn's parameter protocol ------------------------------------------------------------
+
+    def _current_values(self):
+        """{constructor argument: its value now} from the stored parameters (host floats; a list per dimension) and
+        the priors ({name: Prior}, or None): a kernel a fit made, which was given no arguments."""
+        values = {}
+        for p in self.parameters:
+            value = to_numpy(p.value(self.params[p.key]))
+            values[p.name] = [float(v) for v in value.reshape(-1)] if p.shape == PER_DIMENSION else float(value)
+        names = {p.key: p.name for p in self.parameters}
+        own = {names[key]: prior for key, prior in self.priors.items() if key in names}
+        values["priors"] = own or None
+        return values
+
+    def get_params(self, deep=True):
+        """{constructor argument: value}, scikit-learn's: the values the kernel was constructed with (the objects
+        given), else its current ones; ``deep``: a term's own as ``<term>__<name>`` too (sums, products, ordinal)."""
+        params = {**self._current_values(), **getattr(self, "_given", {})}
+        if deep:
+            for name, value in list(params.items()):
+                if isinstance(value, Kernel):
+                    params.update((f"{name}__{key}", v) for key, v in value.get_params(deep=True).items())
+        return params
+
+    def set_params(self, **params):
+        """scikit-learn's: set constructor arguments (``lengthscales=2.0``; a term's by ``k1__lengthscales``) and
+        rebuild this kernel from them in place, checked as the constructor checks them. Returns self."""
+        if not params:
+            return self
+        values = self.get_params(deep=False)
+        nested = {}
+        for key, value in params.items():
+            name, split, rest = key.partition("__")
+            if name not in values or (split and not isinstance(values[name], Kernel)):
+                raise ValueError(f"invalid parameter {key!r} for the kernel {type(self).__name__}; its parameters: "
+                                 f"{sorted(values)}")
+            if split:
+                nested.setdefault(name, {})[rest] = value
+            else:
+                values[name] = value
+        for name, sub in nested.items():
+            values[name].set_params(**sub)
+        rebuilt = type(self)(**values)
+        self.__dict__.clear()  # (the cached constrained values too)
+        self.__dict__.update(rebuilt.__dict__)
+        return self
 
     @classmethod
     def from_params(cls, params):
@@ -292,15 +350,22 @@ class Kernel:
                              "has one noise parameter, set the prior there")
         params = dict(self.params)
         noise = params["log_noise"]
+        if float(to_numpy(noise)) == -math.inf:  # no noise already: the term itself (``clone`` of a sum needs it)
+            return self
         params["log_noise"] = asarray_like(host_array(-math.inf), array_namespace(noise), device=array_device(noise),
                                            dtype=noise.dtype)
-        return self.with_params(params)
+        kernel = self.with_params(params)
+        if hasattr(self, "_given"):
+            kernel._given = {**self._given, "noise": 0.0}
+        return kernel
 
     def __repr__(self):
         """Name(parameter=value, ...): a leaf kernel's parameters by its table (combinations list their terms)."""
+        # the values as given where there are some (RBF(lengthscales=5.0) is not lengthscales=[4.999999999999999])
+        given = self.get_params(deep=False)
         values = ", ".join(
-            f"{p.name}={[float(v) for v in to_numpy(p.value(self.params[p.key]))]!r}" if p.shape == PER_DIMENSION
-            else f"{p.name}={float(to_numpy(p.value(self.params[p.key]))):.6g}"
+            f"{p.name}={[float(v) for v in _entries(given[p.name])]!r}" if p.shape == PER_DIMENSION
+            else f"{p.name}={float(given[p.name]):.6g}"
             for p in self.parameters
         )
         return f"{self.name}({values}{self._repr_priors()})"
@@ -763,7 +828,13 @@ class Combination(Kernel):
     name = "Combination"
     parameters = (Parameter("noise", may_be_zero=True, lower=LATENT_NOISE_FLOOR),)
 
-    def __init__(self, *terms, noise=None, priors=None):
+    def __init__(self, *terms, noise=None, priors=None, **named):
+        if named:  # scikit-learn's names of the terms (``get_params``, ``clone``): k1, k2, ...
+            names = [f"k{i}" for i in range(1, len(named) + 1)]
+            if terms or set(named) != set(names):
+                raise TypeError(f"{type(self).__name__} takes its terms in order, or named k1, k2, ... (all of them, "
+                                f"not both ways), got {len(terms)} in order and the names {sorted(named)}")
+            terms = tuple(named[name] for name in names)
         if noise is None:
             noise = sum(float(to_numpy(term.noise)) for term in terms if isinstance(term, Kernel))
         flat = []
@@ -779,6 +850,10 @@ class Combination(Kernel):
         self.priors_own = _checked_priors({"log_noise": self.parameters[0]}, priors)
         if self.priors_own and not noise > 0:
             raise ValueError("a prior on the noise needs a positive initial noise (a noise of 0 is fixed, not learned)")
+        self._given = {"noise": noise, "priors": priors}  # (noise=None given: the terms' noises it stands for)
+
+    def _current_values(self):
+        return {**{f"k{i}": term for i, term in enumerate(self.terms, 1)}, **super()._current_values()}
 
     @classmethod
     def _from_parts(cls, terms, own, priors_own):
@@ -963,6 +1038,10 @@ class OrdinalKernel(Kernel):
         self.latent = latent
         self.own = {"first_cut_point": host_array(values[0]),
                     "log_cut_gaps": host_array([math.log(b - a) for a, b in zip(values, values[1:])])}
+        self._given = {"cut_points": cut_points}
+
+    def _current_values(self):
+        return {"latent": self.latent, "cut_points": [float(v) for v in to_numpy(self.cut_points)]}
 
     @classmethod
     def _from_parts(cls, latent, own):

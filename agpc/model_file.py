@@ -41,11 +41,20 @@ FORMAT = "agpc-model"
 # parameter table (rational quadratic, sums, products) whose parameters may carry priors, and the parameter
 # "kernel_prior" (the default priors): an agpc that reads version 2 would refuse such a kernel as unknown
 # rather than say the file is newer. A file of a version above VERSION is refused, naming both; every earlier
-# version keeps loading (tests/data/model_v1).
-VERSION = 3
+# version keeps loading (tests/data/model_v1). 4: a standardisation of the features before the classifier ("scaler":
+# a fitted StandardScaler's numbers; ``agpc.load_model`` gives the Pipeline back), which an agpc that reads version 3
+# would refuse as unexpected arrays. A file says the least version that reads it: one without a scaler is version 3
+# (``PLAIN_VERSION``), read by every agpc since 3.
+VERSION = 4
+PLAIN_VERSION = 3
+# what a file may hold of a StandardScaler (those it has: ``mean_`` is None without centring nor scaling), each
+# (n_features,), as the array "scaler_<name>"
+SCALER_ARRAYS = ("mean", "var", "scale")
+SCALER_FIELDS = ("with_mean", "with_std", "n_samples_seen", "arrays", "steps")
+MAX_STEP_NAME = 100  # a pipeline step's name in a file: a short identifier
 
-__all__ = ["FORMAT", "VERSION", "NOT_RESTORED", "VALUE_WHEN_ABSENT", "MAX_LABEL_BYTES", "MAX_QUADRATURE",
-           "FIT_RECORD", "FittedState", "write_model_file", "read_model_file", "unpickled_state"]
+__all__ = ["FORMAT", "VERSION", "PLAIN_VERSION", "SCALER_ARRAYS", "NOT_RESTORED", "VALUE_WHEN_ABSENT", "MAX_LABEL_BYTES", "MAX_QUADRATURE",
+           "FIT_RECORD", "FittedState", "write_model_file", "read_model_file", "read_model_parts", "unpickled_state"]
 
 # a class label is a number or a short name: a longer string in a model file is a way to take memory
 MAX_LABEL_BYTES = 4096
@@ -111,9 +120,12 @@ def _json_params(params):
     return out
 
 
-def write_model_file(path, model):
+def write_model_file(path, model, scaler=None):
     """Write a fitted estimator to ``path`` (the name is kept as given, written atomically) or to a binary file
-    object: its class name, its parameters (``get_params``: those JSON holds) and its ``fitted_state()``."""
+    object: its class name, its parameters (``get_params``: those JSON holds) and its ``fitted_state()``.
+    ``scaler``: the standardisation of the features before it, {"with_mean", "with_std", "n_samples_seen": bools
+    and an int, "steps": the two step names, "feature_names": the pipeline's input columns or None, and
+    the arrays of ``SCALER_ARRAYS`` it has} (``agpc.persistence`` takes them from a fitted StandardScaler)."""
     state = model.fitted_state()
     # A multiclass model has one posterior and one kernel per class: stacked (C, m, m) / (C, m) arrays
     # and kernel parameters named "<class>:<name>".
@@ -130,15 +142,20 @@ def write_model_file(path, model):
     for name, value in state.kernel.params.items():
         arrays[f"kernel_{name}"] = B.to_numpy(value)
     kernels = getattr(state.kernel, "kernels", None)
+    names = state.feature_names_in
+    if scaler is not None:  # the pipeline's input columns are the scaler's (the classifier sees its output)
+        names = scaler["feature_names"] if scaler["feature_names"] is not None else names
+        arrays.update({f"scaler_{name}": np.asarray(scaler[name], dtype=np.float64) for name in SCALER_ARRAYS
+                       if scaler.get(name) is not None})
     header = {
         "format": FORMAT,
-        "version": VERSION,
+        "version": PLAIN_VERSION if scaler is None else VERSION,
         "estimator": type(model).__name__,
         "params": _json_params(model.get_params(deep=False)),
         "kernel": [k.spec() for k in kernels] if kernels else state.kernel.spec(),
         "kernel_params": sorted(state.kernel.params),
         "n_features_in": int(state.n_features_in),
-        "feature_names_in": (None if state.feature_names_in is None else [str(v) for v in state.feature_names_in]),
+        "feature_names_in": None if names is None else [str(v) for v in names],
         "log_marginal_likelihood": float(state.log_marginal_likelihood),
         "n_iter": int(state.n_iter),
         "fitted_jitter": float(state.jitter),
@@ -146,6 +163,10 @@ def write_model_file(path, model):
         "history": {k: [float(v) for v in values] for k, values in state.history.items()},
         "fit_record": {name: value for name, value in (state.record or {}).items() if value is not None},
     }
+    if scaler is not None:
+        header["scaler"] = {"with_mean": bool(scaler["with_mean"]), "with_std": bool(scaler["with_std"]),
+                            "n_samples_seen": int(scaler["n_samples_seen"]), "steps": [str(v) for v in scaler["steps"]],
+                            "arrays": [name for name in SCALER_ARRAYS if scaler.get(name) is not None]}
     arrays[HEADER_KEY] = np.asarray(json.dumps(header))
     atomic_savez(path, arrays)
 
@@ -390,7 +411,7 @@ def _check_declared_sizes(path, header, declared):
                                 f"the model takes about {needed:,} bytes, more than the {memory:,} bytes of memory "
                                 "available")
     allowed = {"posterior_h": lead + (m,), "classes": (n_classes,), "inducing_points": lead + (m, d),
-               "posterior_L_C": lead + (m, m)}
+               "posterior_L_C": lead + (m, m), **{f"scaler_{name}": (d,) for name in SCALER_ARRAYS}}
     for name, (shape, dtype) in declared.items():
         if name == HEADER_KEY:
             continue
@@ -409,7 +430,54 @@ def read_model_file(path, estimator, backend="numpy"):
     """A fitted ``estimator`` (a class: the file must name it) read from a model file written by
     :func:`write_model_file` (format version 1 or later up to ``VERSION``); arrays are placed in ``backend``'s
     namespace. Everything read is checked against the format's schema first; a file that does not satisfy
-    it is one ``ValueError`` naming the file and the field."""
+    it is one ``ValueError`` naming the file and the field. A file that holds a standardisation of the features
+    is refused: the estimator alone would predict on unscaled features (``read_model_parts`` gives both)."""
+    model, scaler = read_model_parts(path, estimator, backend)
+    if scaler is not None:
+        raise _refuse(path, "it holds a standardisation of the features before the classifier (saved from a "
+                            "Pipeline, or by 'agpc fit --standardize'): load it with agpc.load_model, which gives "
+                            "the Pipeline, not with GPClassifier.load, which would predict on unscaled features")
+    return model
+
+
+def _checked_scaler(header, arrays, d, refuse, version):
+    """The standardisation a file of version 4 or later may hold (``write_model_file``'s ``scaler``, the arrays
+    checked: (d,) finite floats, scales positive, variances non-negative), or None."""
+    spec = header.get("scaler") if version >= 4 else None
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or set(spec) != set(SCALER_FIELDS):
+        raise refuse(f"scaler: expected the fields {list(SCALER_FIELDS)}")
+    if not all(isinstance(spec[name], bool) for name in ("with_mean", "with_std")):
+        raise refuse("scaler: with_mean and with_std must be true or false")
+    if not _is_int(spec["n_samples_seen"]) or spec["n_samples_seen"] < 1:
+        raise refuse(f"scaler.n_samples_seen: {spec['n_samples_seen']!r} is not a positive integer")
+    steps, held = spec["steps"], spec["arrays"]
+    if not (isinstance(steps, list) and len(steps) == 2 and all(
+            isinstance(v, str) and 0 < len(v) <= MAX_STEP_NAME and "__" not in v for v in steps) and steps[0] != steps[1]):
+        raise refuse(f"scaler.steps: expected two distinct step names of 1 to {MAX_STEP_NAME} characters without '__'")
+    if not (isinstance(held, list) and all(v in SCALER_ARRAYS for v in held) and len(set(held)) == len(held)):
+        raise refuse(f"scaler.arrays: expected distinct names among {list(SCALER_ARRAYS)}")
+    out = {name: spec[name] for name in ("with_mean", "with_std", "n_samples_seen", "steps")}
+    for name in SCALER_ARRAYS:
+        key = f"scaler_{name}"
+        if name not in held:
+            out[name] = None
+            continue
+        if key not in arrays:
+            raise refuse(f"{key}: missing")
+        values = _float_array(arrays, key, (d,), refuse)
+        if (name == "scale" and np.any(values <= 0)) or (name == "var" and np.any(values < 0)):
+            raise refuse(f"{key}: holds {'a scale that is not positive' if name == 'scale' else 'a negative variance'}")
+        out[name] = values.astype(np.float64)
+    return out
+
+
+def read_model_parts(path, estimator, backend="numpy"):
+    """(the fitted ``estimator``, the standardisation of the features before it or None) of a model file: what
+    ``read_model_file`` reads, and the scaler ``write_model_file`` wrote ({"with_mean", "with_std",
+    "n_samples_seen", "steps", and the arrays of ``SCALER_ARRAYS``, None where absent}), checked. The feature
+    names are then the scaler's, the pipeline's input (``feature_names``), not the estimator's."""
     refuse = functools.partial(_refuse, path)
     header, arrays = read_archive(path, refuse, functools.partial(_check_declared_sizes, path))
     version = _check_version(header, refuse, FORMAT)
@@ -436,8 +504,10 @@ def read_model_file(path, estimator, backend="numpy"):
     h = _float_array(arrays, "posterior_h", lead + (m,), refuse)
     specs, kernel_table = _kernel_specs(header, n_classes, refuse)
     kernel_arrays = _kernel_arrays(header, arrays, kernel_table, d, refuse)
+    scaler = _checked_scaler(header, arrays, d, refuse, version)
     unexpected = sorted(set(arrays) - {"inducing_points", "posterior_L_C", "posterior_h", "classes"}
-                        - {f"kernel_{name}" for name in kernel_arrays})
+                        - {f"kernel_{name}" for name in kernel_arrays}
+                        - {f"scaler_{name}" for name in SCALER_ARRAYS if scaler is not None and scaler[name] is not None})
     if unexpected:
         raise refuse(f"unexpected arrays {unexpected}")
     likelihood = header.get("likelihood", "probit")
@@ -480,13 +550,16 @@ def read_model_file(path, estimator, backend="numpy"):
     model.set_fitted_state(FittedState(
         kernel=kernel, inducing_points=Zx, posterior=posterior, classes=classes, n_features_in=d,
         # as scikit-learn stores them
-        feature_names_in=None if feature_names is None else np.asarray(feature_names, dtype=object),
+        feature_names_in=None if feature_names is None or scaler is not None else np.asarray(feature_names,
+                                                                                              dtype=object),
         log_marginal_likelihood=float(header.get("log_marginal_likelihood", float("nan"))),
         n_iter=header.get("n_iter", 0), jitter=float(jitter), likelihood=likelihood,
         history={k: list(v) for k, v in header.get("history", {}).items()}, record=record,
     ))
     _check_predicts(model, Z[0] if multiclass else Z, refuse)
-    return model
+    if scaler is not None:
+        scaler["feature_names"] = feature_names
+    return model, scaler
 
 
 def _check_fitted_jitter(jitter, model, kernel, Z, multiclass, refuse):

@@ -16,22 +16,71 @@ predicts.
 
 from __future__ import annotations
 
+import numpy as np
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.validation import check_is_fitted
+
 from .classifier import GPClassifier
-from .model_file import FORMAT, NOT_RESTORED, VERSION, read_model_file, write_model_file
+from .model_file import FORMAT, NOT_RESTORED, SCALER_ARRAYS, VERSION, read_model_parts, write_model_file
 
 __all__ = ["save_model", "load_model", "FORMAT", "VERSION", "NOT_RESTORED"]
+
+PIPELINE_TAKEN = ("a Pipeline of a fitted StandardScaler and a fitted GPClassifier (make_pipeline(StandardScaler(), "
+                  "GPClassifier()))")
 
 
 def save_model(model, path):
     """Write a fitted GPClassifier to ``path`` (a file name, kept as given and written atomically: a crash
     never leaves half a file where a good one was) or to a binary file object. Parameters that name where
-    training writes (``NOT_RESTORED``: checkpoint and site paths, the dask client) are not restored on load."""
-    write_model_file(path, model)
+    training writes (``NOT_RESTORED``: checkpoint and site paths, the dask client) are not restored on load.
+
+    ``model`` may also be a Pipeline of a fitted StandardScaler and a fitted GPClassifier: the file then holds the
+    scaler's numbers too (its means and scales: data, like the rest) and ``load_model`` gives the Pipeline back.
+    Any other Pipeline is refused: a model file never holds code, so other preprocessing cannot be saved in it,
+    and saving the classifier alone would lose it silently."""
+    classifier, scaler = _parts(model)
+    write_model_file(path, classifier, scaler)
+
+
+def _parts(model):
+    """(the GPClassifier, the standardisation before it or None) of what ``save_model`` was given."""
+    if isinstance(model, GPClassifier):
+        return model, None
+    if not isinstance(model, Pipeline):
+        raise TypeError(f"save_model saves a fitted GPClassifier, or {PIPELINE_TAKEN}; got a {type(model).__name__}")
+    kinds = [type(step).__name__ for _, step in model.steps]
+    if len(model.steps) != 2 or type(model.steps[0][1]) is not StandardScaler or not isinstance(
+            model.steps[1][1], GPClassifier):
+        raise ValueError(f"save_model saves a fitted GPClassifier, or {PIPELINE_TAKEN}; this Pipeline's steps are "
+                         f"{kinds}. A model file holds data, never code, so other preprocessing cannot be saved in "
+                         "it (and saving pipeline[-1] alone would predict on unprocessed features): save pipeline[-1] "
+                         "with save_model and keep the preprocessing yourself, or pickle the Pipeline (a pickle runs "
+                         "code when it is loaded: load only your own)")
+    (first, scaler), (second, classifier) = model.steps
+    check_is_fitted(scaler)
+    names = getattr(scaler, "feature_names_in_", None)
+    return classifier, {"with_mean": scaler.with_mean, "with_std": scaler.with_std,
+                        "n_samples_seen": int(np.max(scaler.n_samples_seen_)), "steps": [first, second],
+                        "feature_names": None if names is None else [str(v) for v in names],
+                        **{name: getattr(scaler, f"{name}_", None) for name in SCALER_ARRAYS}}
 
 
 def load_model(path, backend="numpy"):
     """Read a model written by :func:`save_model` (model file format version 1 or later up to ``VERSION``)
     from a file name or a binary file object; arrays are placed in ``backend``'s namespace ("numpy", "cupy"
     or an array namespace). Everything read is checked against the format's schema first; a file that does
-    not satisfy it is one ``ValueError`` naming the file and the field."""
-    return read_model_file(path, GPClassifier, backend=backend)
+    not satisfy it is one ``ValueError`` naming the file and the field. A file saved from a Pipeline (a
+    StandardScaler and the classifier; ``agpc fit --standardize`` writes one too) is that Pipeline again."""
+    classifier, scaler = read_model_parts(path, GPClassifier, backend=backend)
+    if scaler is None:
+        return classifier
+    standardise = StandardScaler(with_mean=scaler["with_mean"], with_std=scaler["with_std"])
+    for name in SCALER_ARRAYS:
+        setattr(standardise, f"{name}_", scaler[name])
+    standardise.n_samples_seen_ = scaler["n_samples_seen"]
+    standardise.n_features_in_ = int(classifier.n_features_in_)
+    if scaler["feature_names"] is not None:
+        standardise.feature_names_in_ = np.asarray(scaler["feature_names"], dtype=object)
+    first, second = scaler["steps"]
+    return Pipeline([(first, standardise), (second, classifier)])

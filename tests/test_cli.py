@@ -1138,3 +1138,27 @@ def test_a_dataframe_s_column_names_are_escaped_in_the_summary():
     summary = model.summary()
     assert _acting(summary) == [] and "t\\x1b]0;owned\\x07" in summary and "b\\nc" in summary
     assert model.feature_names_in_.tolist() == [HOSTILE["title"], HOSTILE["newline"]]
+
+
+def test_fit_standardize_then_predict_on_the_raw_csv_equals_a_fit_on_standardised_data(tmp_path, banana, capsys):
+    """agpc fit --standardize standardises on the training rows and keeps the means and scales in the model file:
+    agpc predict on the raw CSV gives what a Python fit on the standardised features predicts for them (issue 41,
+    item 7), and the loaded model is that scaler and classifier."""
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = banana
+    X = X * [1.0, 1000.0] + [0.0, -500.0]  # features of very different scales
+    data = write_csv(tmp_path / "train.csv", X, y)
+    model, out = tmp_path / "m.agpc", tmp_path / "p.csv"
+    assert main(["fit", str(data), "--target", "label", "--standardize", *FIT_OPTIONS, "--out", str(model)]) == 0
+    assert main(["predict", str(model), str(data), "--out", str(out)]) == 0
+    scaler = StandardScaler().fit(X)
+    expected = GPClassifier(**SETTINGS).fit(scaler.transform(X), y).predict_proba(scaler.transform(X))
+    _, values = read_predictions(out)
+    np.testing.assert_allclose(values, expected, rtol=1e-12, atol=1e-15)
+    loaded = load_model(model)
+    np.testing.assert_array_equal(loaded[0].mean_, scaler.mean_)
+    assert list(loaded.feature_names_in_) == ["x1", "x2"]
+    capsys.readouterr()
+    assert main(["inspect", str(model)]) == 0
+    assert "standardised" in capsys.readouterr().out

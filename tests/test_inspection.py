@@ -475,3 +475,22 @@ def test_predict_with_a_target_prints_the_ece(files, named, tmp_path, capsys):
     predicted = np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1)[:, 1:]  # (after predicted_label)
     ece = ece_by_loops(predicted, np.searchsorted(model.classes_, y))
     assert f"NLL" in printed and f"ECE {ece:.4f}" in printed
+
+
+@pytest.mark.parametrize("ard", [False, True])
+def test_the_relevance_panel_says_when_one_shared_lengthscale_makes_it_the_features_scales(monkeypatch, tmp_path, ard):
+    """With one lengthscale scale shared (ard_=False) the bars are the features' own scales, not learned: the panel
+    says so, as the summary does (issue 41, item 7); a model with a lengthscale per feature has no such note."""
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(40, 3)) * [1.0, 10.0, 100.0]
+    y = (X[:, 0] > 0).astype(int)
+    model = GPClassifier(**dict(FAST, ard=ard)).fit(X, y)
+    assert model.ard_ is ard
+    figures = []
+    real = inspection._figure
+    monkeypatch.setattr(inspection, "_figure", lambda: figures.append(real()) or figures[-1])
+    plot_model(model, tmp_path / "model.png")
+    panel = figures[0].axes[2]
+    said = " ".join((panel.get_title() + " " + panel.get_xlabel()).split())
+    assert ("not learned" in said) is (not ard)
+    assert ("not learned per feature" in model.summary()) is (not ard)

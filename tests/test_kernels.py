@@ -466,3 +466,92 @@ def test_priors_enter_the_climbed_objective(method, n_classes):
         assert np.isfinite(model.log_marginal_likelihood_)
     without, with_prior = moved
     assert without > 0.03 and with_prior < 0.005, moved
+
+
+# -- scikit-learn's parameter protocol (issue 41, item 6) ------------------------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda: RBF(lengthscales=[0.5, 2.0], amplitude=1.5, noise=0.01, priors={"amplitude": Gamma(2.0, 1.0)}),
+    lambda: Matern52(lengthscales=5.0),
+    lambda: RationalQuadratic(lengthscales=0.3, alpha=2.5),
+    lambda: Linear(variances=[0.1, 0.2], bias=0.5),
+    lambda: RBF(2.0) + Linear(),
+    lambda: Product(RBF(noise=0.1), Matern52(3.0), noise=0.05),
+    lambda: agpc.kernels.OrdinalKernel(RBF(0.7), [-1.0, 0.5, 2.0]),
+])
+def test_clone_makes_an_equal_separate_kernel(make):
+    """scikit-learn's clone constructs from get_params(deep=False): the same parameters, arrays and repr, another
+    object (changing the clone leaves the original as it was)."""
+    from sklearn.base import clone
+
+    kernel = make()
+    copy = clone(kernel)
+    assert copy is not kernel and type(copy) is type(kernel)
+    assert repr(copy) == repr(kernel)
+    assert copy.params.keys() == kernel.params.keys()
+    for key, value in kernel.params.items():
+        np.testing.assert_array_equal(to_np(copy.params[key]), to_np(value))
+    before = repr(kernel)
+    name = next(key for key in copy.get_params(deep=True) if key.endswith(("lengthscales", "variances")))
+    copy.set_params(**{name: 9.0})
+    assert repr(kernel) == before != repr(copy)
+
+
+def test_get_params_gives_the_values_as_constructed_and_repr_prints_them():
+    """RBF(lengthscales=5.0) stores log 5; its parameters and repr are 5.0, not exp(log 5) = 4.999999999999999."""
+    kernel = RBF(lengthscales=5.0, amplitude=0.3)
+    assert kernel.get_params() == {"lengthscales": 5.0, "amplitude": 0.3, "noise": 0.0, "priors": None}
+    assert "lengthscales=[5.0]" in repr(kernel)
+    assert float(np.exp(to_np(kernel.params["log_lengthscales"]))[0]) != 5.0  # the stored log is unchanged
+    assert "lengthscales=[5.0]" in repr(RBF(5.0) + Linear())  # a term's too
+
+
+def test_set_params_rebuilds_the_kernel_and_checks_its_values():
+    kernel = RBF(lengthscales=1.0)
+    assert kernel.set_params(lengthscales=[2.0, 3.0], amplitude=4.0) is kernel
+    np.testing.assert_allclose(to_np(kernel.lengthscales), [2.0, 3.0])
+    np.testing.assert_allclose(to_np(kernel.amplitude), 4.0)
+    with pytest.raises(ValueError, match="lengthscales must be positive"):
+        kernel.set_params(lengthscales=-1.0)
+    with pytest.raises(ValueError, match="invalid parameter 'length' for the kernel RBF"):
+        kernel.set_params(length=1.0)
+    combined = RBF(1.0) + Linear()
+    combined.set_params(k1__lengthscales=2.5, k2__bias=0.25, noise=0.1)
+    np.testing.assert_allclose(to_np(combined.params["0.log_lengthscales"]), np.log(2.5))
+    np.testing.assert_allclose(to_np(combined.params["1.log_bias"]), np.log(0.25))
+    np.testing.assert_allclose(to_np(combined.noise), 0.1)
+    with pytest.raises(ValueError, match="invalid parameter 'noise__x'"):
+        combined.set_params(noise__x=1.0)
+
+
+def test_a_fitted_kernel_reports_its_learned_values():
+    X, y = np.random.default_rng(0).normal(size=(20, 2)), np.arange(20) % 2
+    model = agpc.GPClassifier(kernel=RBF(1.0), n_inducing=4, max_iter=3, kernel_prior=None, random_state=0).fit(X, y)
+    learned = model.kernel_.get_params()
+    np.testing.assert_allclose(learned["lengthscales"], np.exp(to_np(model.kernel_.params["log_lengthscales"])))
+    assert model.kernel.get_params()["lengthscales"] == 1.0  # the estimator's parameter is not the fitted kernel
+
+
+def test_grid_search_over_a_kernel_parameter():
+    """GridSearchCV(GPClassifier(kernel=RBF()), {"kernel__lengthscales": ...}): each candidate is fitted with its
+    lengthscale (a clone's kernel, set by set_params), the user's kernel is left as given."""
+    from sklearn.model_selection import GridSearchCV
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(24, 2))
+    y = (X[:, 0] > 0).astype(int)
+    kernel = RBF(lengthscales=1.0)
+    search = GridSearchCV(agpc.GPClassifier(kernel=kernel, n_inducing=4, max_iter=2, optimize=False,
+                                            kernel_prior=None, random_state=0),
+                          {"kernel__lengthscales": [0.5, 2.0], "kernel__amplitude": [1.0]}, cv=2)
+    search.fit(X, y)
+    assert search.best_params_["kernel__lengthscales"] in (0.5, 2.0)
+    assert search.best_estimator_.kernel.get_params()["lengthscales"] == search.best_params_["kernel__lengthscales"]
+    fitted = search.best_estimator_.kernel_.lengthscales  # optimize=False: the candidate's own, unlearned
+    np.testing.assert_allclose(to_np(fitted), search.best_params_["kernel__lengthscales"])
+    assert kernel.get_params()["lengthscales"] == 1.0
+    combined = GridSearchCV(agpc.GPClassifier(kernel=RBF() + Linear(), n_inducing=4, max_iter=2, optimize=False,
+                                              kernel_prior=None, random_state=0),
+                            {"kernel__k1__lengthscales": [0.5, 2.0]}, cv=2).fit(X, y)
+    np.testing.assert_allclose(to_np(combined.best_estimator_.kernel_.params["0.log_lengthscales"]),
+                               np.log(combined.best_params_["kernel__k1__lengthscales"]))

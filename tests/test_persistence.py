@@ -768,3 +768,74 @@ def test_a_model_pickled_before_a_parameter_existed_is_a_whole_estimator(added):
     assert old.get_params()[added] is None
     assert "GPClassifier" in repr(old) and clone(old).get_params() == model.get_params()
     np.testing.assert_array_equal(old.predict_proba(X), model.predict_proba(X))
+
+
+# -- a Pipeline of a StandardScaler and the classifier (issue 41, item 6) -------------------------------------
+
+def _standardised_pipeline(frame=True):
+    import pandas as pd
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(30, 3)) * [1.0, 100.0, 1e4] + [0.0, 5.0, -3e4]
+    y = (X[:, 0] + X[:, 1] / 100.0 > 0).astype(int)
+    X = pd.DataFrame(X, columns=["a", "b", "c"]) if frame else X
+    pipeline = make_pipeline(StandardScaler(), GPClassifier(n_inducing=5, max_iter=3, random_state=0))
+    return pipeline.fit(X, y), X
+
+
+def test_a_standardising_pipeline_is_saved_and_loaded_whole(tmp_path):
+    """save_model(pipeline) keeps the scaler's numbers in the file (data, no pickle); load_model gives a Pipeline
+    that predicts what the saved one did, on the raw features, its input columns named as before."""
+    import agpc
+
+    pipeline, X = _standardised_pipeline()
+    path = tmp_path / "pipeline.agpc"
+    agpc.save_model(pipeline, path)
+    loaded = agpc.load_model(path)
+    assert [name for name, _ in loaded.steps] == [name for name, _ in pipeline.steps]
+    assert list(loaded.feature_names_in_) == ["a", "b", "c"]
+    np.testing.assert_array_equal(loaded[0].mean_, pipeline[0].mean_)
+    np.testing.assert_array_equal(loaded[0].scale_, pipeline[0].scale_)
+    np.testing.assert_array_equal(loaded.predict_proba(X), pipeline.predict_proba(X))
+    with pytest.raises(ValueError, match="holds a standardisation.*agpc.load_model"):
+        GPClassifier.load(path)  # the classifier alone would predict on unscaled features
+
+
+def test_a_pipeline_with_other_steps_is_refused_not_saved_without_them(tmp_path):
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import MinMaxScaler
+
+    import agpc
+
+    X, y = make_banana(40, random_state=0)
+    pipeline = make_pipeline(MinMaxScaler(), GPClassifier(n_inducing=4, max_iter=2, random_state=0)).fit(X, y)
+    with pytest.raises(ValueError, match=r"steps are \['MinMaxScaler', 'GPClassifier'\].*pipeline\[-1\]"):
+        agpc.save_model(pipeline, tmp_path / "m.agpc")
+    with pytest.raises(TypeError, match="saves a fitted GPClassifier.*got a list"):
+        agpc.save_model([pipeline], tmp_path / "m.agpc")
+    assert not (tmp_path / "m.agpc").exists()
+
+
+@pytest.mark.parametrize("header, arrays, field", [
+    ({}, {"scaler_scale": np.zeros(3)}, "scaler_scale: holds a scale that is not positive"),
+    ({}, {"scaler_mean": np.full(3, np.nan)}, "scaler_mean: holds NaN"),
+    ({}, {"scaler_var": np.ones(4)}, "scaler_var.npy' declares shape"),
+    ({}, {"scaler_var": np.ones((1, 3))}, "scaler_var: shape"),
+    ({"steps": ["a", "a"]}, {}, "scaler.steps"),
+    ({"with_mean": 1}, {}, "with_mean and with_std"),
+    ({"arrays": ["mean", "code"]}, {}, "scaler.arrays"),
+])
+def test_a_crafted_scaler_is_refused_naming_the_field(tmp_path, header, arrays, field):
+    import agpc
+
+    pipeline, _ = _standardised_pipeline(frame=False)
+    agpc.save_model(pipeline, tmp_path / "good.agpc")
+    with np.load(tmp_path / "good.agpc") as archive:
+        base_arrays = {k: archive[k] for k in archive.files if k != checkpoints.HEADER_KEY}
+        base_header = json.loads(str(archive[checkpoints.HEADER_KEY]))
+    base_header["scaler"] = dict(base_header["scaler"], **header)
+    path = rewrite((None, base_header, base_arrays), tmp_path, arrays=arrays)
+    with pytest.raises(ValueError, match=field.replace("(", r"\(").replace("[", r"\[")):
+        agpc.load_model(path)
