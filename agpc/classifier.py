@@ -136,7 +136,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     Attributes
     ----------
-    classes_, n_features_in_, n_iter_ : the classes, the number of features, the iterations (or epochs) trained
+    classes_, n_features_in_, n_iter_ : the classes, the number of features, the iterations (or epochs) trained, the
+        entries of ``history_``: batch EP / SEP / ADF's warm-up sweeps included (``max_iter`` does not count them)
+    n_warmup_ : of ``n_iter_``, the warm-up sweeps (batch EP / SEP / ADF: 10; else 0), so ``n_iter_ - n_warmup_`` is
+        what ``max_iter`` counts
     kernel_, inducing_points_ : the learned kernel and inducing points (m, d); ``(C, m, d)`` for C classes; an
         ordinal model's ``kernel_`` is an ``agpc.kernels.OrdinalKernel``, with the cut points (``cut_points_``)
     log_marginal_likelihood_ : float, log Z_q at the end of training
@@ -318,7 +321,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter,
                          result.jitter)
         self.stopped_by_time_, self.early_stopped_ = result.stopped_by_time, result.early_stopped
-        self.stop_reason_, self.n_samples_fit_ = result.stop_reason, n_rows
+        self.stop_reason_, self.n_samples_fit_, self.n_warmup_ = result.stop_reason, n_rows, result.n_warmup
         training.warn_if_no_checkpoint(self.checkpoint_path, self.checkpoint_every, result, resumed, stacklevel=4)
         return self
 
@@ -374,7 +377,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.likelihood_ = M.get_method(self.method).likelihood_for(self.likelihood, len(self.classes_))
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
                          trainer.engine.jitter)
-        self.stop_reason_, self.n_samples_fit_ = "partial_fit", self._rows_seen
+        self.stop_reason_, self.n_samples_fit_, self.n_warmup_ = "partial_fit", self._rows_seen, 0
         self.ard_ = not self._trainer.engine.shared_lengthscales
         return self
 
