@@ -251,8 +251,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             plateau = size_rule.exact_plateau(counted) if size.at_rows else None  # (the sparse: max_iter steps)
             result, self.ard_ = size_rule.learn_lengthscales(
                 size_rule.ard_plan(self, size, inputs.X.shape[1]), inputs.X.shape[1], kernel,
-                lambda start, shared, first: self._train(placed, start, Z, classes, groups, rng, resume and first,
-                                                         validation, started, data_hash, plateau, tied=shared))
+                lambda start, shared, first, stage: self._train(placed, start, Z, classes, groups, rng,
+                                                                resume and first, validation, started, data_hash,
+                                                                plateau, tied=shared, stage=stage))
         return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume))
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
@@ -280,7 +281,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     _default_kernel = staticmethod(I.default_kernel)  # the kernel ``kernel=None`` starts from
 
     def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau,
-               tied=False):
+               tied=False, stage=""):
         """The one training loop (``training.train``) on the ``placement.PlacedRows`` with this estimator's
         settings for its method: its engine (its passes where ``placed`` runs them, or ``placed.rounds``'s round
         engine) and the loop's settings and hooks, built here and only here."""
@@ -291,7 +292,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             random_state=rng, shuffle=bool(self.shuffle), eval_every=self.eval_every,
             n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose), checkpoint_path=self.checkpoint_path,
             checkpoint_every=self.checkpoint_every, resume=bool(resume), started=started, data_hash=data_hash,
-            plateau=plateau,
+            plateau=plateau, stage=stage,
         )
         options = training.EngineOptions(
             jitter=B.starting_jitter(self.jitter, Z), optimize=groups,

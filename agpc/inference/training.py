@@ -378,7 +378,10 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
     said = trainer.guard.summary(trainer.method)
     if said is not None:
         warn_guard(said, stacklevel=2)
-    return _result(run, want_log_z=not minibatch or all(hook.final_pass_fits() for hook in hooks))
+    exact = not minibatch or all(hook.final_pass_fits() for hook in hooks)
+    for hook in hooks:
+        hook.final_pass(run, exact)
+    return _result(run, want_log_z=exact)
 
 
 def warn_if_no_checkpoint(checkpoint_path, checkpoint_every, result, resumed, stacklevel=2):
