@@ -150,7 +150,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     feature_names_in_ : ndarray of str
         The column names of a DataFrame (or of the table ``agpc fit`` read); only when there were names.
     n_iter_ : int
-        The iterations trained (epochs with minibatches).
+        The iterations trained (epochs with minibatches): the entries of ``history_``, batch EP / SEP / ADF's
+        warm-up sweeps included (``max_iter`` does not count them).
+    n_warmup_ : int
+        Of ``n_iter_``, the warm-up sweeps (batch EP / SEP / ADF: 10; else 0), so ``n_iter_ - n_warmup_`` is what
+        ``max_iter`` counts.
     kernel_ : Kernel
         The learned kernel (``agpc.kernels.ClassKernels``, one a class, for more than two classes; for an ordinal
         model an ``agpc.kernels.OrdinalKernel`` holding the cut points, also given by ``cut_points_``).
@@ -304,8 +308,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             plateau = size_rule.exact_plateau(counted) if size.at_rows else None  # (the sparse: max_iter steps)
             result, self.ard_ = size_rule.learn_lengthscales(
                 size_rule.ard_plan(self, size, inputs.X.shape[1]), inputs.X.shape[1], kernel,
-                lambda start, shared, first: self._train(placed, start, Z, classes, groups, rng, resume and first,
-                                                         validation, started, data_hash, plateau, tied=shared))
+                lambda start, shared, first, stage: self._train(placed, start, Z, classes, groups, rng,
+                                                                resume and first, validation, started, data_hash,
+                                                                plateau, tied=shared, stage=stage))
         return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume))
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
@@ -333,7 +338,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     _default_kernel = staticmethod(I.default_kernel)  # the kernel ``kernel=None`` starts from
 
     def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau,
-               tied=False):
+               tied=False, stage=""):
         """The one training loop (``training.train``) on the ``placement.PlacedRows`` with this estimator's
         settings for its method: its engine (its passes where ``placed`` runs them, or ``placed.rounds``'s round
         engine) and the loop's settings and hooks, built here and only here."""
@@ -344,7 +349,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             random_state=rng, shuffle=bool(self.shuffle), eval_every=self.eval_every,
             n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose), checkpoint_path=self.checkpoint_path,
             checkpoint_every=self.checkpoint_every, resume=bool(resume), started=started, data_hash=data_hash,
-            plateau=plateau,
+            plateau=plateau, stage=stage,
         )
         options = training.EngineOptions(
             jitter=B.starting_jitter(self.jitter, Z), optimize=groups,
@@ -374,7 +379,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter,
                          result.jitter)
         self.stopped_by_time_, self.early_stopped_ = result.stopped_by_time, result.early_stopped
-        self.stop_reason_, self.n_samples_fit_ = result.stop_reason, n_rows
+        self.stop_reason_, self.n_samples_fit_, self.n_warmup_ = result.stop_reason, n_rows, result.n_warmup
         training.warn_if_no_checkpoint(self.checkpoint_path, self.checkpoint_every, result, resumed, stacklevel=4)
         return self
 
@@ -430,7 +435,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.likelihood_ = M.get_method(self.method).likelihood_for(self.likelihood, len(self.classes_))
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
                          trainer.engine.jitter)
-        self.stop_reason_, self.n_samples_fit_ = "partial_fit", self._rows_seen
+        self.stop_reason_, self.n_samples_fit_, self.n_warmup_ = "partial_fit", self._rows_seen, 0
         self.ard_ = not self._trainer.engine.shared_lengthscales
         return self
 

@@ -50,6 +50,7 @@ from sklearn.preprocessing import StandardScaler
 from . import __version__
 from . import backend as B
 from . import checkpoints, persistence
+from .batch_size import rows_per_step
 from .classifier import GPClassifier
 from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
 from .inference.hooks import close_progress_bars
@@ -278,6 +279,10 @@ def fit(args):
     else:
         model.fit(X_train, y_train, sample_weight=weights, validation_data=validation)
     seconds = time.perf_counter() - t0
+    # the last stage, named as the library's progress lines name theirs (a prediction pass over every row)
+    if not args.quiet:
+        rows = f"{len(y_train):,} training" + ("" if X_val is None else f" and {len(y_val):,} validation")
+        print(f"agpc fit: scoring the {rows} rows", file=sys.stderr, flush=True)
     scores = [("train", _scores(model.predict_proba(X_train), y_train, model.classes_), len(y_train))]
     if X_val is not None:
         scores.append(("validation", _scores(model.predict_proba(X_val), y_val, model.classes_), len(y_val)))
@@ -291,10 +296,31 @@ def fit(args):
         persistence.save_model(Pipeline([("standardscaler", scaler), ("gpclassifier", model)]), args.out)
     for what, values, rows in scores:
         _print_scores(what, values, rows)
-    stopped = ", stopped by --max-time" if getattr(model, "stopped_by_time_", False) else ""
-    print(f"fit time:    {seconds:.2f} s ({model.n_iter_} iterations{stopped}; {_model_size(model)})")
+    print(f"fit time:    {seconds:.2f} s ({_iterations(model, args.max_iter, X_train.shape[0])}; "
+          f"{_model_size(model)})")
     print(f"wrote {args.out}")
     return 0
+
+
+# Why a fit stopped before its --max-iter, as the summary says it (a ``training.STOP_REASONS``; max_iter: it did not)
+_STOPPED = {"plateau": "stopped once log Z settled", "converged": "stopped once the sites settled",
+            "max_time": "stopped by --max-time", "early_stopping": "stopped early on the validation NLL"}
+
+
+def _iterations(model, max_iter, n_rows):
+    """What the fit trained, counted as --max-iter counts it (epochs with minibatches; batch EP / SEP / ADF's
+    warm-up sweeps, which ``n_iter_`` includes, apart), and why it stopped before the cap."""
+    warmup = getattr(model, "n_warmup_", 0) or 0
+    rows = rows_per_step(model, n_rows)
+    if rows is not None and rows < n_rows:  # an epoch cut short is a history entry too: the epochs from the steps
+        steps = int(model.history_["n_steps"][-1]) if model.history_.get("n_steps") else 0
+        said = f"{steps / math.ceil(n_rows / rows):.3g} epochs of --max-iter {max_iter} ({steps:,} steps)"
+    else:
+        said = f"{model.n_iter_ - warmup} iterations of --max-iter {max_iter}"
+    if warmup:
+        said += f" + {warmup} warm-up sweeps"
+    stopped = _STOPPED.get(getattr(model, "stop_reason_", None))
+    return said + (f", {stopped}" if stopped else "")
 
 
 # -- agpc predict --------------------------------------------------------------------------------------
@@ -703,7 +729,8 @@ def _fit_parser(sub):
                         "('agpc inspect' shows it) and reported (error, NLL) at the end")
     p.add_argument("--random-state", type=int, default=0, metavar="S",
                    help="seed of the inducing points and the validation split (default 0)")
-    p.add_argument("--quiet", action="store_true", help="do not show the progress bar")
+    p.add_argument("--quiet", action="store_true", help="do not show the progress lines and bars (the plan, the time "
+                   "estimate, one bar a stage) on standard error")
     p.add_argument("--out", required=True, metavar="MODEL", help="where to write the model (e.g. model.agpc)")
     p.set_defaults(func=fit)
 

@@ -181,6 +181,12 @@ def _bound_name(model):
     return BOUND_NAMES.get(spec.family if spec is not None else None, "log Z_q")
 
 
+def _warmup_note(model):
+    """How many of ``n_iter_`` were warm-up sweeps, which ``max_iter`` does not count (None: not recorded)."""
+    warmup = getattr(model, "n_warmup_", None)
+    return f"; of them {warmup} warm-up sweeps, which max_iter does not count" if warmup else ""
+
+
 def _training_lines(model):
     history = model.history_
     bound = _bound_name(model)
@@ -190,7 +196,7 @@ def _training_lines(model):
     lines = ["training:",
              f"  stopped: {STOPPED_BECAUSE.get(reason, NOT_RECORDED)}",
              f"  iterations (epochs with minibatches): {int(model.n_iter_)}"
-             + (f", {int(steps[-1])} steps" if steps else ""),
+             + (f", {int(steps[-1])} steps" if steps else "") + _warmup_note(model),
              f"  final {bound}: {float(model.log_marginal_likelihood_):.6g}",
              "  fit time: " + ("not measured for partial_fit" if reason == "partial_fit" else NOT_RECORDED
                                 if seconds is None else f"{seconds:.3g} s"),

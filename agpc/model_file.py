@@ -71,7 +71,7 @@ PARAMETERS_ADDED = ("class_weight", "classes")
 # What a fit reported beyond its history, kept in the file's "fit_record" (a file without it, or without one of
 # them, was written before they were recorded: the loaded model's attribute is None, "not recorded"). The estimator
 # holds each as the attribute of its name and a trailing underscore (``stop_reason_``).
-FIT_RECORD = ("n_samples_fit", "fit_time", "stop_reason", "ard")
+FIT_RECORD = ("n_samples_fit", "fit_time", "stop_reason", "ard", "n_warmup")
 # Gauss-Hermite nodes for SVI's binary logistic predictions (20 by default): more than this from a file is
 # a way to make prediction take gigabytes, not a model
 MAX_QUADRATURE = 1000
@@ -309,7 +309,7 @@ def _checked_record(record, refuse):
     are; each known one is checked (a row count, seconds, one of ``training.STOP_REASONS``)."""
     if not isinstance(record, dict):
         raise refuse("fit_record: not a mapping of names to values")
-    rows, seconds, reason, ard = (record.get(name) for name in FIT_RECORD)
+    rows, seconds, reason, ard, warmup = (record.get(name) for name in FIT_RECORD)
     if rows is not None and not (_is_int(rows) and rows >= 1):
         raise refuse(f"fit_record.n_samples_fit: {rows!r} is not a positive integer")
     if seconds is not None and not (_is_number(seconds) and math.isfinite(seconds) and seconds >= 0):
@@ -318,6 +318,8 @@ def _checked_record(record, refuse):
         raise refuse(f"fit_record.stop_reason: {reason!r} is not one of {list(STOP_REASONS)}")
     if ard is not None and not isinstance(ard, bool):
         raise refuse(f"fit_record.ard: {ard!r} is not true or false (lengthscales per feature or one shared scale)")
+    if warmup is not None and not (_is_int(warmup) and warmup >= 0):
+        raise refuse(f"fit_record.n_warmup: {warmup!r} is not a non-negative integer (the warm-up sweeps of n_iter)")
     return {name: record.get(name) for name in FIT_RECORD}
 
 

@@ -245,6 +245,13 @@ def _out_of_time(kept, cut):
     return replace(kept, stopped_by_time=True, stop_reason=cut.stop_reason)
 
 
+def _stage_names(quadratic):
+    """The names of the stages of ``learn_lengthscales``' choice, in their order, as the progress lines say them."""
+    kinds = ["one shared lengthscale", "a lengthscale per feature", "linear kernel"] + (["quadratic kernel"] if quadratic
+                                                                                        else [])
+    return [f"kernel choice {i}/{len(kinds)}: {kind}" for i, kind in enumerate(kinds, 1)]
+
+
 def learn_lengthscales(plan, n_features, kernel, train):
     """(training result, whether its lengthscales are per feature) of a fit whose ``ard_plan`` is ``plan``, from
     ``kernel``; ``train(start, shared, first)`` runs the training loop from the kernel ``start``, its lengthscales
@@ -255,11 +262,14 @@ def learn_lengthscales(plan, n_features, kernel, train):
     model kept so far stands); ``CHOOSE_TO_LINEAR``: the same without the quadratic kernel. A first stage that ran
     out of time or stopped early on validation data stays shared, and a stage cut short by ``max_time`` ends the
     choice. Each stage may take ``max_iter`` steps and ``max_time`` covers them all; the result (``n_iter_``,
-    ``history_``) is the kept stage's, and says ``max_time`` when a later stage was cut short by it."""
-    result = train(kernel, plan is not True, True)
-    if plan not in (CHOOSE, CHOOSE_TO_LINEAR) or result.stop_reason in ("max_time", "early_stopping"):
+    ``history_``) is the kept stage's, and says ``max_time`` when a later stage was cut short by it. ``train``'s fourth
+    argument names the stage on the fit's progress lines ("" for a fit of one stage)."""
+    choosing = plan in (CHOOSE, CHOOSE_TO_LINEAR)
+    names = iter(_stage_names(plan == CHOOSE) if choosing else ("",))
+    result = train(kernel, plan is not True, True, next(names))
+    if not choosing or result.stop_reason in ("max_time", "early_stopping"):
         return result, plan is True
-    per_feature = train(result.kernel, False, False)
+    per_feature = train(result.kernel, False, False, next(names))
     keep = akaike_keeps(result.log_z, per_feature.log_z, n_features)
     kept, log_z_kept = (per_feature, per_feature.log_z - (n_features - 1)) if keep else (result, result.log_z)
     last = per_feature
@@ -270,7 +280,7 @@ def learn_lengthscales(plan, n_features, kernel, train):
         if last.stopped_by_time or start is None:
             break
         try:
-            candidate = train(start, True, False)
+            candidate = train(start, True, False, next(names))
         except (CholeskyError, FloatingPointError):
             # a candidate the numbers cannot hold (features of scale ~1e-160 or 1e160, 1e-19 or 1e19 in float32: its
             # slope variances 1 / l_j^2, or x_j^2, past the dtype's range) is not kept; the model kept so far stands

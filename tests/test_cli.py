@@ -593,6 +593,46 @@ def test_fit_then_predict_through_the_model_file_matches_columns_by_name(tmp_pat
     np.testing.assert_allclose(read_predictions(out)[1], reference.predict_proba(X), rtol=1e-12, atol=1e-15)
 
 
+# -- what a fit prints ----------------------------------------------------------------------------------
+
+def _stderr_lines(err):
+    """The last drawing of each line on standard error (a progress bar redraws its line after a carriage return)."""
+    return [line.split("\r")[-1].strip() for line in err.split("\n") if line.strip()]
+
+
+def test_fit_says_its_plan_first_and_counts_iterations_as_max_iter_does(tmp_path, banana, capsys):
+    """Docs (usage.md, "What a fit prints"): the plan before training, in --max-iter's units, an estimate, a named
+    line a stage; the summary counts what --max-iter counts, the warm-up sweeps apart."""
+    data = write_csv(tmp_path / "d.csv", *banana)
+    argv = ["fit", str(data), "--target", "label", "--inducing", "10", "--max-iter", "5", "--out", str(tmp_path / "m")]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    warmup = training.TrainSettings().n_warmup
+    assert f" (5 iterations of --max-iter 5 + {warmup} warm-up sweeps; 10 inducing points)" in out
+    lines = _stderr_lines(err)
+    assert lines[0] == (f"agpc ep: 300 rows, batch steps on all rows; {warmup} warm-up sweeps, then at most 5 "
+                        "iterations (max_iter); a time estimate follows the first steps")
+    assert [line.split(":")[0] for line in lines] == ["agpc ep", "agpc ep warm-up sweeps", "agpc ep", "agpc ep training",
+                                                      "agpc ep", "agpc fit"]
+    assert lines[2].startswith("agpc ep: estimate from the first steps") and lines[2].endswith("for 5 iterations")
+    assert lines[-1] == "agpc fit: scoring the 300 training rows"
+    assert load_model(tmp_path / "m").n_iter_ == 5 + warmup  # (n_iter_ keeps its meaning: every history entry)
+
+
+def test_a_minibatch_fit_counts_epochs_and_quiet_prints_nothing_on_standard_error(tmp_path, banana, capsys):
+    data = write_csv(tmp_path / "d.csv", *banana)
+    argv = ["fit", str(data), "--target", "label", "--inducing", "10", "--batch-size", "100", "--method", "sep",
+            "--max-iter", "2", "--out", str(tmp_path / "m")]
+    assert main(argv + ["--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and " (2 epochs of --max-iter 2 (6 steps); 10 inducing points)" in out
+    assert main(argv) == 0
+    lines = _stderr_lines(capsys.readouterr().err)
+    assert lines[0].startswith("agpc sep: 300 rows in minibatches of 100 (3 steps an epoch); at most 2 epochs")
+    assert lines[1].startswith("agpc sep: estimate from the first steps") and lines[1].endswith("for 2 epochs")
+    assert lines[2].startswith("agpc sep training, epoch 2/2: 100%")
+
+
 # -- the top level: every exception is one line; exit 2 bad input, 1 internal, 130 interrupted ----------
 
 def failing_fit(exc):

@@ -1,6 +1,7 @@
 """The hooks of the training loop (``agpc.inference.hooks``), each on its own: validation with early stopping,
 checkpoints, the time budget, the progress bar, the stop on a plateau of log Z; and the one retry rule (``Trainer.step_until_taken``)."""
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -132,23 +133,41 @@ def test_the_time_budget_of_a_resumed_run_counts_its_earlier_time(monkeypatch):
         clock["now"] = 100.0
 
 
-def test_the_progress_bar_counts_an_epochs_minibatches_and_shows_the_validation_nll():
-    trainer = SimpleNamespace(n_steps=0, method="sep")
+def test_the_progress_bar_counts_every_step_of_every_epoch_and_shows_the_last_epochs_log_z(capsys):
+    """Minibatch mode: one "training" bar over every step of every epoch (its time left is the whole run's), named
+    with the epoch; beside it the last recorded epoch's log Z (none during the first), not a minibatch's value; the
+    estimate once the first epoch is timed."""
+    trainer = SimpleNamespace(n_steps=0, method="sep", history={"log_marginal_likelihood": []}, per_row_sites=False)
     run = _run(trainer, minibatch=True, n_batches=3)
+    run.X, run.settings = np.zeros((6, 1)), SimpleNamespace(max_iter=2, max_time=None, started=None, batch_size=2)
     bar = hooks.Progress()
+    bar.start(run)
+    assert capsys.readouterr().err == ("agpc sep: 6 rows in minibatches of 2 (3 steps an epoch); at most 2 epochs "
+                                       "(max_iter) = 6 steps; a time estimate follows the first steps\n")
     bar.new_epoch(run)
     first = bar.bar
-    assert first.total == 3 and first.desc.startswith("agpc sep epoch 1/2")
+    assert first.total == 3 * run.settings.max_iter and first.desc == "agpc sep training, epoch 1/2"
     for step in range(1, 3):
         trainer.n_steps = step
         run.postfix = {"val_nll": "0.5000"}
         bar.after_step(run, -12.5, recorded=False)
-    assert first.n == 2 and first.postfix == "log_Zq=-12.5, val_nll=0.5000"
+    assert first.n == 2 and "log Z" not in first.postfix and "val_nll=0.5000" in first.postfix
+    assert "estimate" not in capsys.readouterr().err
     trainer.n_steps = 3
-    bar.new_epoch(run)  # a new bar for the next epoch
-    assert bar.bar is not first and bar.bar.desc.startswith("agpc sep epoch 2/2")
-    bar.finish(run)
-    assert bar.bar is None
+    trainer.history["log_marginal_likelihood"].append(-20.25)
+    bar.after_step(run, -12.5, recorded=True)
+    assert "log Z_q (EP estimate)=-20.25" in first.postfix
+    assert "agpc sep: estimate from the first steps (" in capsys.readouterr().err
+    bar.new_epoch(run)  # the same bar, on to the next epoch
+    assert bar.bar is first and first.desc == "agpc sep training, epoch 2/2"
+    run.stop_reason = "max_time"
+    bar.finish(run)  # ended part-way: closed at its count, saying why
+    assert bar.bar is None and first.total == first.n == 3
+    assert "stopped=at 3 of 6: max_time ran out" in first.postfix
+
+
+def test_durations_read_as_a_person_says_them():
+    assert [hooks.duration(s) for s in (4.25, 48, 401, 7500)] == ["4.2 s", "48 s", "6 min 41 s", "2 h 05 min"]
 
 
 def test_step_until_taken_retries_until_the_guard_gives_up():
@@ -177,4 +196,54 @@ def test_the_progress_bar_goes_to_standard_error(capsys):
     X, y = make_banana(80, random_state=2)
     GPClassifier(n_inducing=5, max_iter=3, verbose=True).fit(X, y)
     printed = capsys.readouterr()
-    assert printed.out == "" and "agpc ep" in printed.err and "log_Zq=" in printed.err
+    assert printed.out == "" and "agpc ep" in printed.err and "log Z_q (EP estimate)=" in printed.err
+
+
+def _last_renders(err):
+    """The last drawing of each line written to standard error (a bar redraws its line after a carriage return)."""
+    return [line.split("\r")[-1].strip() for line in err.split("\n") if line.strip()]
+
+
+def test_a_batch_fit_names_its_stages_and_says_its_plan_and_estimate_first(capsys):
+    """Batch EP: a line of what the run will do at most (counted as max_iter counts), an estimate of what it costs
+    once its first iterations are timed, a bar for the warm-up sweeps and one for the max_iter iterations, a line for
+    the final pass; n_iter_ counts the warm-up sweeps too, n_warmup_ says how many."""
+    X, y = make_banana(80, random_state=2)
+    model = GPClassifier(n_inducing=5, max_iter=4, verbose=True).fit(X, y)
+    lines = _last_renders(capsys.readouterr().err)
+    warmup = training.TrainSettings().n_warmup
+    assert lines[0] == (f"agpc ep: 80 rows, batch steps on all rows; {warmup} warm-up sweeps, then at most 4 iterations "
+                        "(max_iter); a time estimate follows the first steps")
+    assert lines[1].startswith(f"agpc ep warm-up sweeps: 100%") and f" {warmup}/{warmup} " in lines[1]
+    assert lines[2].startswith("agpc ep: estimate from the first steps (") and lines[2].endswith(" for 4 iterations")
+    assert lines[3].startswith("agpc ep training: 100%") and " 4/4 " in lines[3] and "stopped" not in lines[3]
+    assert lines[4] == "agpc ep: final pass over all 80 rows (q and its log Z_q (EP estimate) at the learned hyper-parameters)"
+    assert len(lines) == 5
+    assert (model.n_iter_, model.n_warmup_) == (4 + warmup, warmup)
+
+
+def test_a_stage_that_stops_early_ends_its_bar_at_its_count_with_the_reason(capsys):
+    """The exact model's kernel choice: one named run a stage; a stage that settles before max_iter closes its bar
+    full at the count it reached, saying where and why it stopped (not left at 37 %)."""
+    X, y = make_banana(60, random_state=3)
+    GPClassifier(max_iter=250, verbose=True, random_state=0).fit(X, y)
+    lines = _last_renders(capsys.readouterr().err)
+    bars = [line for line in lines if "] training: " in line]
+    assert [bar.split(":")[0] for bar in bars] == [f"agpc ep [kernel choice {i}/4" for i in range(1, 5)]
+    for bar in bars:
+        done, total = (int(v) for v in re.search(r"\| (\d+)/(\d+) \[", bar).groups())
+        assert "] training: 100%" in bar and done == total
+        assert f"stopped=at {done} of 250: log Z stopped rising (plateau)" in bar
+    assert "kernel choice 2/4: a lengthscale per feature]: estimate from the first steps" in "\n".join(lines)
+
+
+def test_a_minibatch_fit_estimates_its_epochs_and_its_bar_shows_the_last_epochs_log_z(capsys):
+    X, y = make_banana(80, random_state=2)
+    model = GPClassifier(method="sep", n_inducing=5, batch_size=20, max_iter=2, verbose=True).fit(X, y)
+    lines = _last_renders(capsys.readouterr().err)
+    assert lines[0] == ("agpc sep: 80 rows in minibatches of 20 (4 steps an epoch); at most 2 epochs (max_iter) = 8 "
+                        "steps; a time estimate follows the first steps")
+    assert lines[1].startswith("agpc sep: estimate from the first steps (") and lines[1].endswith(" for 2 epochs")
+    assert lines[2].startswith("agpc sep training, epoch 2/2: 100%") and " 8/8 " in lines[2]
+    assert f"log Z_q (EP estimate)={model.history_['log_marginal_likelihood'][-1]:.6g}" in lines[2]
+    assert model.n_warmup_ == 0 and model.n_iter_ == 2

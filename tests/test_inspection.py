@@ -69,6 +69,8 @@ def test_summary_of_a_binary_model_says_what_it_is_and_how_training_went(banana_
     assert f"stopped: {STOPPED_BECAUSE['max_iter']}" in text
     steps = model.history_["n_steps"][-1]
     assert f"iterations (epochs with minibatches): {model.n_iter_}, {steps} steps" in text
+    assert model.n_warmup_ > 0 and f"steps; of them {model.n_warmup_} warm-up sweeps, which max_iter does not count" in text
+    assert saved_and_loaded(model)[0].n_warmup_ == model.n_warmup_  # (kept in the model file's fit record)
     assert f"final log Z (EP's estimate): {model.log_marginal_likelihood_:.6g}" in text
     assert f"fit time: {model.fit_time_:.3g} s" in text
     assert f"jitter: {model.jitter_:.3g}" in text
@@ -259,6 +261,7 @@ def test_a_file_without_the_record_loads_and_says_not_recorded(banana_model):
     ({"n_samples_fit": -3}, "fit_record.n_samples_fit"),
     ({"fit_time": "1 s"}, "fit_record.fit_time"),
     ({"ard": "yes"}, "fit_record.ard"),
+    ({"n_warmup": -1}, "fit_record.n_warmup"),
     ([1, 2], "fit_record"),
 ])
 def test_a_bad_record_is_refused_naming_it(banana_model, record, field):

@@ -248,16 +248,26 @@ def test_the_quadratic_kernel_is_kept_only_beyond_its_margin_over_the_model_kept
 def test_above_its_row_limit_the_choice_has_no_quadratic_stage():
     starts = []
 
-    def train(start, shared, first):  # (the second stage starts from the first's result: its name here)
+    stages = []
+
+    def train(start, shared, first, stage):  # (the second stage starts from the first's result: its name here)
         name = getattr(start, "name", start)
         starts.append(name)
+        stages.append(stage)
         return _Stage(name, {"RBF": -10.0, "Linear": -8.0}.get(name, 100.0))
 
     result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE_TO_LINEAR, 3, default_kernel(np.eye(3)), train)
     assert starts == ["RBF", "RBF", "Linear"] and result.kernel == "Linear" and per_feature is False
+    # each stage named on its progress lines, counted out of the stages this plan has
+    assert stages == ["kernel choice 1/3: one shared lengthscale", "kernel choice 2/3: a lengthscale per feature",
+                      "kernel choice 3/3: linear kernel"]
     starts.clear()
+    stages.clear()
     assert size_rule.learn_lengthscales(size_rule.CHOOSE, 3, default_kernel(np.eye(3)), train)[0].kernel == "Product"
-    assert starts == ["RBF", "RBF", "Linear", "Product"]
+    assert starts == ["RBF", "RBF", "Linear", "Product"] and stages[-1] == "kernel choice 4/4: quadratic kernel"
+    stages.clear()
+    size_rule.learn_lengthscales(True, 3, default_kernel(np.eye(3)), train)
+    assert stages == [""]  # a fit of one stage: no name
 
 
 def test_a_quadratic_stage_that_fails_numerically_keeps_the_model_kept():

@@ -8,6 +8,7 @@ epoch's remaining minibatches, the early-stopping record) and may stop it (``bef
 
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 from contextlib import contextmanager
@@ -57,6 +58,9 @@ class Hook:
 
     def finish(self, run):
         """The loop is over (before the final pass)."""
+
+    def final_pass(self, run, exact):
+        """The final pass begins: ``exact``, over all rows (else q stays the running one: ``final_pass_fits``)."""
 
 
 class TimeBudget(Hook):
@@ -172,34 +176,200 @@ class Checkpoints(Hook):
             run.checkpoints_written += 1
 
 
-class Progress(Hook):
-    """A tqdm bar (batch mode: one over the iterations; minibatch mode: one per epoch) with log Z and, when
-    validated, the validation NLL."""
+# What a stage that ended before its bar filled ended on (a ``training.STOP_REASONS``), as its bar says so.
+ENDED_BECAUSE = {"converged": "the sites settled (tol)", "plateau": "log Z stopped rising (plateau)",
+                 "max_time": "max_time ran out", "early_stopping": "the validation NLL stopped improving",
+                 "max_iter": "max_iter reached"}
 
-    def __init__(self):
-        self.bar = None
+
+def objective_label(method):
+    """What the history's "log_marginal_likelihood" of ``method`` (an engine's name) is, as the bar names it: EP's
+    approximation of the log evidence (not a bound, so it may exceed the exact value), or a variational bound."""
+    if method.startswith("svi"):
+        return "ELBO"
+    if method.startswith("vi-"):
+        return "variational bound"
+    return "log Z_EP (EP estimate)" if method.startswith("gfitc") else "log Z_q (EP estimate)"
+
+
+def duration(seconds):
+    """``seconds`` as a person reads a duration: "48 s", "6 min 41 s", "2 h 05 min"."""
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+    minutes, s = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {s:02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _say(line):
+    """A line on the progress bars' stream (standard error), above a bar that is open."""
+    tqdm.write(line, file=sys.stderr)
+
+
+class Progress(Hook):
+    """What a run shows while it trains (``verbose``), on standard error: at its start, one line of what it will do
+    at most (rows, steps, the cap in ``max_iter``'s unit, ``max_time``); once its first steps are timed, one line
+    estimating what the whole run costs at most; then a named bar a stage: batch EP / SEP / ADF's "warm-up sweeps"
+    (not counted by ``max_iter``) and "training" (``max_iter`` iterations), minibatch mode's one "training" bar over
+    every step of every epoch, so that its time left is the whole run's (capped by ``max_time``). A bar whose stage
+    ended early (a plateau, settled sites, the time budget, early stopping) is closed at its count with the reason.
+    Beside it: the last recorded entry of the history (``objective_label``: batch mode, the iteration's; minibatch
+    mode, the last whole epoch's, not a minibatch's noisy value) and, when validated, the validation NLL.
+    ``stage``: the name of this run among a fit's several (``size_rule.learn_lengthscales``)."""
+
+    BATCH_TIMED = 3  # batch iterations timed (after the warm-up) before the estimate of the whole run
+    MINIBATCH_TIMED = 100  # minibatch steps timed before it, at most (else the first epoch, its rebuild included)
+
+    def __init__(self, stage=""):
+        self.stage = stage
+        self.bar = self.phase = None
+        self.postfix = {}
+        self.started = self.deadline = None
+        self.estimated = False
+
+    def _name(self, run):
+        return f"agpc {run.trainer.method}" + (f" [{self.stage}]" if self.stage else "")
+
+    def start(self, run):
+        settings, trainer = run.settings, run.trainer
+        self.started = time.perf_counter()
+        if settings.max_time is not None:
+            self.deadline = (self.started if settings.started is None else settings.started) + float(settings.max_time)
+            if run.resumed:  # (as ``TimeBudget``: the interrupted run's training time counts)
+                self.deadline -= time.perf_counter() - trainer.t0
+        _say(f"{self._name(run)}: {self._plan(run)}")
+
+    def _plan(self, run):
+        """What the run will do at most, in the units of its options."""
+        settings, n = run.settings, run.X.shape[0]
+        if run.minibatch:
+            steps = len(run.batches)
+            plan = (f"{n:,} rows in minibatches of {int(settings.batch_size):,} ({steps:,} steps an epoch); at most "
+                    f"{settings.max_iter:,} epochs (max_iter) = {settings.max_iter * steps:,} steps")
+        else:
+            warmup = f"{run.warmup} warm-up sweeps, then " if run.warmup else ""
+            plan = f"{n:,} rows, batch steps on all rows; {warmup}at most {settings.max_iter:,} iterations (max_iter)"
+            if settings.plateau is not None or not run.trainer.engine.has_params:
+                plan += ", fewer once it settles"
+        if settings.max_time is not None:
+            plan += f"; max_time {duration(settings.max_time)}"
+        return plan + "; a time estimate follows the first steps"
 
     def new_epoch(self, run):
-        if self.bar is not None and not run.minibatch:
-            return
-        self.finish(run)
-        trainer, max_iter = run.trainer, run.settings.max_iter
+        if self.bar is None:
+            self._open(run, "warm-up sweeps" if run.trainer.n_steps < run.warmup else "training")
+        elif run.minibatch:
+            self.bar.set_description_str(self._description(run), refresh=False)
+
+    def _description(self, run):
         if run.minibatch:
-            epoch = trainer.n_steps // len(run.batches) + 1
-            self.bar = tqdm(total=len(run.batches), unit="batch", desc=f"agpc {trainer.method} epoch {epoch}/{max_iter}")
+            epoch = run.trainer.n_steps // len(run.batches) + 1
+            return f"{self._name(run)} training, epoch {epoch}/{run.settings.max_iter}"
+        return f"{self._name(run)} {self.phase}"
+
+    def _open(self, run, phase):
+        trainer, max_iter = run.trainer, run.settings.max_iter
+        self.phase, self.postfix = phase, {}
+        if run.minibatch:
+            total, done, unit = max_iter * len(run.batches), trainer.n_steps, "step"
+        elif phase == "warm-up sweeps":
+            total, done, unit = run.warmup, trainer.n_steps, "sweep"
         else:
-            self.bar = tqdm(total=max_iter + run.warmup, unit="iter", desc=f"agpc {trainer.method}")
+            total, done, unit = max_iter, len(trainer.history["log_marginal_likelihood"]) - run.warmup, "iter"
+        # the time left is ``_left``'s, in the postfix: tqdm's own would ignore max_time
+        fmt = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
+        self.bar = tqdm(total=total, initial=max(0, done), unit=unit, file=sys.stderr, dynamic_ncols=True,
+                        desc=self._description(run), bar_format=fmt if phase == "training" else None)
+        self.done_at_open, self.opened = self.bar.n, time.perf_counter()
         _open_bars.add(self.bar)
 
     def after_step(self, run, log_z, recorded):
-        if run.minibatch or recorded:
-            self.bar.update(1)
-            self.bar.set_postfix({"log_Zq": f"{log_z:.4g}", **run.postfix}, refresh=False)
+        if not (run.minibatch or recorded):
+            return
+        self.bar.update(1)
+        postfix = {}
+        values = run.trainer.history["log_marginal_likelihood"]
+        if values:
+            postfix[objective_label(run.trainer.method)] = f"{values[-1]:.6g}"
+        postfix.update(run.postfix)
+        if self.phase == "training":
+            left = self._left()
+            if left is not None:
+                postfix["left"] = left
+        self.bar.set_postfix(postfix, refresh=False)
+        self.postfix = postfix
+        if not self.estimated and self._timed_enough(run):
+            self._estimate(run)
+        if self.phase == "warm-up sweeps" and run.trainer.n_steps >= run.warmup:
+            self._close(run, ended=None)
+            self._open(run, "training")
+
+    def _pace(self):
+        """(seconds a unit of the bar, seconds its stage has left at most) at its pace since it opened (wall time:
+        GFITC's sweeps between iterations, minibatch EP's rebuilds, validation, checkpoints included)."""
+        per_unit = (time.perf_counter() - self.opened) / (self.bar.n - self.done_at_open)
+        return per_unit, per_unit * (self.bar.total - self.bar.n)
+
+    def _left(self):
+        """The time the stage has left at most, estimated from its pace so far (and at most ``max_time``'s)."""
+        if self.bar.n <= self.done_at_open:
+            return None
+        left = self._pace()[1]
+        now = time.perf_counter()
+        capped = self.deadline is not None and self.deadline - now < left
+        return f"~{duration(min(left, self.deadline - now) if capped else left)}" + (" (max_time)" if capped else "")
+
+    def _timed_enough(self, run):
+        if self.phase != "training":
+            return False
+        done = self.bar.n - self.done_at_open
+        if run.minibatch:  # an epoch: its steps, and the exact rebuild at its end where there is one
+            return done >= min(len(run.batches), self.MINIBATCH_TIMED)
+        return done >= self.BATCH_TIMED
+
+    def _estimate(self, run):
+        """One line: what the whole run costs at most, extrapolated from its training stage's pace so far."""
+        self.estimated = True
+        max_iter, now = run.settings.max_iter, time.perf_counter()
+        per_unit, left = self._pace()  # (per_unit: an iteration, or a minibatch step)
+        untimed = ""
+        if run.minibatch:
+            what, cap = f"{per_unit * len(run.batches):.3g} s an epoch", f"{max_iter:,} epochs"
+            if run.trainer.per_row_sites and self.bar.n < len(run.batches):
+                untimed = ", plus an exact rebuild an epoch (not yet timed)"
+        else:
+            what, cap = f"{per_unit:.3g} s an iteration", f"{max_iter:,} iterations"
+        if self.stage:  # (a fit of several stages: each may take as long)
+            cap = f"this stage's {cap}"
+        total = now - self.started + left
+        line = f"{self._name(run)}: estimate from the first steps ({what}): at most ~{duration(total)} for {cap}"
+        line += untimed
+        if self.deadline is not None and now + left > self.deadline:
+            line += f"; max_time ends it in ~{duration(self.deadline - now)}"
+        _say(line)
+
+    def _close(self, run, ended):
+        """Close the bar; ``ended``: a stop reason (``ENDED_BECAUSE``) when the stage ended before the bar filled."""
+        if self.bar is None:
+            return
+        postfix = {key: value for key, value in self.postfix.items() if key != "left"}  # (nothing is left)
+        if ended is not None and self.bar.n < self.bar.total:
+            # the stage is over: its bar ends full, saying where and why it stopped, not part-way
+            postfix["stopped"] = f"at {self.bar.n:,} of {self.bar.total:,}: {ENDED_BECAUSE.get(ended, ended)}"
+            self.bar.total = self.bar.n
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.close()
+        self.bar = None
+
+    def final_pass(self, run, exact):
+        if exact:
+            _say(f"{self._name(run)}: final pass over all {run.X.shape[0]:,} rows (q and its "
+                 f"{objective_label(run.trainer.method)} at the learned hyper-parameters)")
 
     def finish(self, run):
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+        self._close(run, ended=run.stop_reason)
 
 
 class Plateau(Hook):
@@ -233,7 +403,7 @@ def standard_hooks(settings, validation=None):
     if settings.max_time is not None:
         hooks.append(TimeBudget(settings.max_time, settings.started))
     if settings.progress:
-        hooks.append(Progress())
+        hooks.append(Progress(settings.stage))
     if settings.plateau is not None:
         hooks.append(Plateau(*settings.plateau))
     return hooks

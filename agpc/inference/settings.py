@@ -28,6 +28,7 @@ class TrainSettings:
     eval_every: int | None = None  # steps between validation scores (``hooks.Validation``)
     n_iter_no_change: int | None = None  # early stopping
     progress: bool = False  # a tqdm bar (``hooks.Progress``)
+    stage: str = ""  # the run's name among a fit's several, on its progress lines (``size_rule.learn_lengthscales``)
     checkpoint_path: object = None  # where checkpoints are written and read (``hooks.Checkpoints``)
     checkpoint_every: int | None = None  # steps between checkpoints
     resume: bool = False

@@ -66,6 +66,7 @@ class TrainResult:
     jitter: float = None  # on the diagonal of Kmm at the end: the configured one, or what the guard raised it to
     checkpoints_written: int = 0  # by this run (0 when checkpoint_every exceeds its steps: the caller says so)
     stop_reason: str = "max_iter"  # of STOP_REASONS
+    n_warmup: int = 0  # of the n_iter history entries, the warm-up sweeps (batch EP / SEP / ADF; max_iter counts the rest)
 
 
 def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
@@ -377,7 +378,10 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
     said = trainer.guard.summary(trainer.method)
     if said is not None:
         warn_guard(said, stacklevel=2)
-    return _result(run, want_log_z=not minibatch or all(hook.final_pass_fits() for hook in hooks))
+    exact = not minibatch or all(hook.final_pass_fits() for hook in hooks)
+    for hook in hooks:
+        hook.final_pass(run, exact)
+    return _result(run, want_log_z=exact)
 
 
 def warn_if_no_checkpoint(checkpoint_path, checkpoint_every, result, resumed, stacklevel=2):
@@ -446,7 +450,7 @@ def _result(run, want_log_z):
         site_shift=state.get("mu"), factor=state.get("factor"), history=trainer.history, converged=run.converged,
         stopped_by_time=run.stopped_by_time, early_stopped=run.early_stopped,
         checkpoints_written=run.checkpoints_written, state=state, jitter=engine.jitter + extra,
-        stop_reason=run.stop_reason,
+        stop_reason=run.stop_reason, n_warmup=min(run.warmup, len(trainer.history["log_marginal_likelihood"])),
     )
 
 
