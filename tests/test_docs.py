@@ -227,10 +227,11 @@ def test_the_skipped_blocks_say_why():
 
 def _command_lines(page):
     """(line, words, whole) for every ``agpc ...`` command of a page, cut at ``&&``, ``|``, ``;`` and before a
-    redirection: each line of a fenced block that is not Python (``whole``: a command as typed), and each inline
-    code span (a fragment of one in prose, such as ``agpc fit --method sep``); a ``...`` placeholder is left out."""
+    redirection: each line of a fenced block that is neither Python nor ``text`` (what a command prints, whose lines
+    begin with ``agpc ep:`` and the like) (``whole``: a command as typed), and each inline code span (a fragment of
+    one in prose, such as ``agpc fit --method sep``); a ``...`` placeholder is left out."""
     text = page.read_text()
-    pieces = [(line + k + 1, body_line, True) for lang, body, _, line in _blocks(page) if lang != "python"
+    pieces = [(line + k + 1, body_line, True) for lang, body, _, line in _blocks(page) if lang not in ("python", "text")
               for k, body_line in enumerate(body.splitlines())]
     prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
     pieces += [(prose.count("\n", 0, m.start()) + 1, m[1], False) for m in re.finditer(r"`([^`]+)`", prose)]
