@@ -8,11 +8,13 @@ guard rails and the batch-only errors.
 
 import numpy as np
 import pytest
+from sklearn.datasets import make_blobs
 
 from agpc import GPClassifier, GuardWarning
 from agpc.backend import CholeskyError
 from agpc.datasets import make_banana
 from agpc.inference import gfitc, training
+from agpc.inference.engines import GFITCEngine
 from agpc.kernels import RBF, ClassKernels, Matern52
 from conftest import check_parameter_gradients, to_np, to_xp
 from reference_full_gp_ep import full_gp_ep, full_gp_predict
@@ -246,6 +248,26 @@ def test_non_finite_log_z_reverts_and_halves_damping_and_steps(monkeypatch):
     assert sum(history["guard_restored"]) == 2  # each halving doubled back after good steps
     assert history["damping"][0] == 0.5 and min(history["damping"]) == 0.25 and history["damping"][-1] == 0.5
     assert np.all(np.isfinite(fit.history["log_marginal_likelihood"]))
+
+
+def test_a_two_cycle_of_the_sweeps_halves_the_damping():
+    """Sample weights 1000 and 1e-4 on 50 rows (scikit-learn's class-weight check): from about the 120th iteration
+    parallel EP's sweeps go round a two-cycle (rows' cavities invalid and valid in turn, each step the reverse of
+    the last), which at damping 0.5 ran every inner loop to its 100 sweeps and let the hyper-parameters step at
+    sites that had not settled (log Z fell from its best). The guard halves the damping after
+    ``cycle_sweeps`` reversed steps in a row (engines.GFITCEngine): no inner loop runs to the cap, log Z ends at its
+    best, and the warning says what was done."""
+    X, y = make_blobs(n_samples=50, centers=2, random_state=0, cluster_std=20)
+    model = GPClassifier(method="gfitc", n_inducing=5, random_state=0, max_iter=200, tol=1e-3,
+                         class_weight={0: 1000, 1: 0.0001})
+    with pytest.warns(GuardWarning, match="halved the EP damping .* two-cycle"):
+        model.fit(X, y)
+    history = model.history_
+    sweeps_per_iteration = np.diff(history["n_steps"])  # (cumulative: one hyper-parameter step, then the sweeps)
+    assert sum(history["guard_halvings"]) >= 1 and sum(history["guard_rejected"]) == 0
+    assert sweeps_per_iteration.max() < GFITCEngine.max_sweeps
+    log_z = np.array(history["log_marginal_likelihood"])
+    assert log_z[-1] >= log_z[100:].max() - 1e-3 * abs(log_z[-1])
 
 
 def test_batch_only_errors():

@@ -32,7 +32,8 @@ import operator
 from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 
-from ..backend import ModulesByName, array_device, array_namespace, is_dask_array, read_rows, row_slice, scaled_std
+from ..backend import (ModulesByName, array_device, array_namespace, is_dask_array, read_rows, row_slice, scaled_std,
+                       to_host_vector)
 from ..checkpoint_rules import check_row_starts, check_saved_anchor
 from ..kernels import PER_FEATURE_SCALES, ClassKernels, log_prior_and_grads, step_lower_bounds
 from ..likelihoods import negative_log_likelihood
@@ -788,9 +789,19 @@ class GFITCEngine(Engine):
 
     per_row_sites = True
     has_damping = True
-    checkpoint_flags = ("settled",)
-    checkpoint_counts = ("sweeps",)
+    checkpoint_flags = ("settled", "cycle_halved")
+    checkpoint_counts = ("sweeps", "reversals")
     max_sweeps = 100  # EP sweeps at most between two hyper-parameter steps
+    # Parallel EP can fall into a two-cycle: each sweep undoes the last (the sites' step reverses, its cosine with
+    # the step before near -1), as rows' cavities turn invalid and valid in turn. Sample weights of 1000 and 1e-4 on
+    # 50 rows (scikit-learn's class-weight check) did: every inner loop then ran its 100 sweeps, the hyper-parameters
+    # stepped at sites that had not settled and log Z fell from its best. A shorter step of the damped update
+    # (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25) makes it contract again: after ``cycle_sweeps`` reversed
+    # steps in a row the guard halves the damping (counted, warned; doubled back once the loop has settled, ``grow``).
+    # A slow drift, each step along the last (cosine near +1, the common way of a loop slow to settle), is left
+    # alone: less damping would slow it.
+    cycle_sweeps = 4
+    reversed_cosine = -0.5
 
     def __init__(self, name, kernel, Z, *, n_total, minibatch, options, passes=None):
         _refuse_passes(name, passes)
@@ -806,9 +817,13 @@ class GFITCEngine(Engine):
         self.damping = 0.5 if options.damping is None else options.damping
         self.nominal_damping = self.damping
         self.tol_ep = options.tol
-        self.state.update(nu=gfitc.zero_sites(n_total, Z), mu=gfitc.zero_sites(n_total, Z), factor=None)
+        # (state "site_step": the last sweep's damped step of the site precisions, to tell a two-cycle)
+        self.state.update(nu=gfitc.zero_sites(n_total, Z), mu=gfitc.zero_sites(n_total, Z), factor=None,
+                          site_step=gfitc.zero_sites(n_total, Z))
         self.settled = False
         self.sweeps = 0  # since the last hyper-parameter step
+        self.reversals = 0  # sweeps in a row whose step reversed the one before
+        self.cycle_halved = False  # damping halved for a two-cycle in this inner loop (``grow`` waits for its end)
 
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
         self._refuse_weights(weights)
@@ -824,12 +839,12 @@ class GFITCEngine(Engine):
 
     def snapshot(self):
         snap = super().snapshot()
-        snap["sweeps"] = (self.settled, self.sweeps)
+        snap["sweeps"] = (self.settled, self.sweeps, self.reversals, self.cycle_halved)
         return snap
 
     def restore(self, snap):
         super().restore(snap)
-        self.settled, self.sweeps = snap["sweeps"]
+        self.settled, self.sweeps, self.reversals, self.cycle_halved = snap["sweeps"]
 
     def apply(self, work, lo, hi, *, stepping, scalars=None):
         out, hyper = work
@@ -837,18 +852,37 @@ class GFITCEngine(Engine):
         if hyper:
             s["kernel"], s["Z"] = hyper_step(self.optimizer, self.names, s["kernel"], s["Z"], out["grads"],
                                              self.shared_lengthscales)
-            self.settled, self.sweeps = False, 0
+            self.settled, self.sweeps, self.reversals, self.cycle_halved = False, 0, 0, False
+            s["site_step"] = gfitc.zero_sites(self.n_total, s["Z"])
             return Outcome(change=None, stepped=True, record=True, n_invalid=int(out["n_invalid"]))
         rho, xp = self.damping, self.xp
         # (state "nu" / "mu": the site precision / shift, as in every EP engine)
         site_precision = rho * out["site_precision"] + (1.0 - rho) * s["nu"]
         site_shift = rho * out["site_shift"] + (1.0 - rho) * s["mu"]
-        change = relative_change(site_precision, s["nu"], xp) + relative_change(site_shift, s["mu"], xp)
-        s["nu"], s["mu"] = site_precision, site_shift
+        step, last = site_precision - s["nu"], s["site_step"]
+        # one transfer: the sites' change and the step's cosine with the last one (its two parts)
+        precision_change, shift_change, along, lengths = (float(v) for v in to_host_vector(xp.stack([
+            relative_change_on_device(site_precision, s["nu"], xp), relative_change_on_device(site_shift, s["mu"], xp),
+            xp.sum(step * last), xp.sqrt(xp.sum(step * step) * xp.sum(last * last))])))
+        change = precision_change + shift_change
+        reversed_step = along < self.reversed_cosine * lengths
+        s["nu"], s["mu"], s["site_step"] = site_precision, site_shift, step
         self.sweeps += 1
         self.settled = change < self.tol_ep or self.sweeps >= self.max_sweeps
+        self.reversals = self.reversals + 1 if reversed_step else 0
+        guard = None
+        if self.reversals >= self.cycle_sweeps and not self.settled:
+            self.damping *= 0.5
+            self.reversals, self.cycle_halved = 0, True
+            guard = {"guard_halvings": 1, "cycles": 1}
         # with nothing to learn every sweep is an iteration; otherwise the steps on the hyper-parameters are
-        return Outcome(change=change, stepped=False, record=not self.has_params, n_invalid=int(out["n_invalid"]))
+        return Outcome(change=change, stepped=False, record=not self.has_params, n_invalid=int(out["n_invalid"]),
+                       guard=guard)
+
+    def grow(self):
+        """The guard's doubling back, except within an inner loop whose two-cycle halved the damping: there it
+        stays halved until the sites have settled."""
+        return not self.cycle_halved and super().grow()
 
     def state_in_row_order(self, permutation):
         return _sites_in_row_order(self, permutation)
@@ -866,13 +900,19 @@ class GFITCEngine(Engine):
 
     def checkpoint_state(self, path, step):
         s = self.state
-        return dict(self._common_checkpoint(), nu=s["nu"], mu=s["mu"], settled=bool(self.settled),
-                    sweeps=int(self.sweeps))
+        return dict(self._common_checkpoint(), nu=s["nu"], mu=s["mu"], site_step=s["site_step"],
+                    settled=bool(self.settled), sweeps=int(self.sweeps), reversals=int(self.reversals),
+                    cycle_halved=bool(self.cycle_halved))
 
     def restore_checkpoint(self, saved, path):
         self._restore_common(saved)
         self.state["nu"], self.state["mu"] = saved["nu"], saved["mu"]
         self.settled, self.sweeps = bool(saved["settled"]), int(saved["sweeps"])
+        # (a checkpoint from before the two-cycle rule has neither: its count starts afresh)
+        self.reversals = int(saved.get("reversals", 0))
+        self.cycle_halved = bool(saved.get("cycle_halved", False))
+        if "site_step" in saved:
+            self.state["site_step"] = saved["site_step"]
 
 
 # -- the variational methods ------------------------------------------------------------------------

@@ -24,6 +24,10 @@ Such a step is not taken. What the guard does, in this order:
 3. otherwise put back the state before the last good step and halve damping and step sizes (compounding over
    failures in a row; after ``training.MAX_FAILURES`` it gives up with a FloatingPointError).
 
+An engine may also halve its own damping where its steps are taken but do not converge (GFITC: a two-cycle of its
+EP sweeps, ``engines.GFITCEngine.cycle_sweeps``), reported in a step's ``Outcome.guard`` and counted here as a
+halving (and under "cycles" for the warning's words).
+
 After ``RESTORE_AFTER`` good steps in a row, halved damping and step sizes are doubled back toward the values the
 fit started with (``engines.Engine.grow``), so that one bad moment does not slow the rest of a long fit. The jump
 and the cavity tests are evidence, not proof: a repaired step that still fails its cavity test is taken (q is then
@@ -129,17 +133,20 @@ class Guard:
         if not any(t[key] for key in GUARD_KEYS):
             return None
         reasons = ", ".join(f"{t[r]} because {text}" for r, text in REASONS.items() if t[r])
-        said = [f"{method}: the training guard did not take {t['guard_rejected']} step"
-                f"{'s' if t['guard_rejected'] != 1 else ''}" + (f" ({reasons})" if reasons else "")]
+        said = [f"did not take {t['guard_rejected']} step{'s' if t['guard_rejected'] != 1 else ''}"
+                + (f" ({reasons})" if reasons else "")] if t["guard_rejected"] else []
         if t["guard_rebuilds"]:
             said.append(f"rebuilt q exactly from its sites {_times(t['guard_rebuilds'])}")
-        if t["guard_halvings"]:
-            said.append(f"halved damping and step sizes {_times(t['guard_halvings'])}")
+        if t["guard_halvings"] - t["cycles"]:
+            said.append(f"halved damping and step sizes {_times(t['guard_halvings'] - t['cycles'])}")
+        if t["cycles"]:
+            said.append(f"halved the EP damping {_times(t['cycles'])} where its sweeps went round a two-cycle "
+                        "(each undoing the last)")
         if t["guard_restored"]:
             said.append(f"doubled them back {_times(t['guard_restored'])} after good steps")
         advice = ("if it recurs, standardise the inputs, lower learning_rate (minibatch) or damping, or raise jitter; "
                   "history_['guard_*'] has the counts per epoch or iteration")
-        return "; ".join(said) + ". " + advice[0].upper() + advice[1:]
+        return f"{method}: the training guard " + "; ".join(said) + ". " + advice[0].upper() + advice[1:]
 
 
 def _times(count):
