@@ -249,7 +249,16 @@ class Kernel:
 
     def set_params(self, **params):
         """scikit-learn's: set constructor arguments (``lengthscales=2.0``; a term's by ``k1__lengthscales``) and
-        rebuild this kernel from them in place, checked as the constructor checks them. Returns self."""
+        rebuild this kernel from them in place, checked as the constructor checks them. Returns self.
+
+        Only a kernel built by its constructor (the estimator's ``kernel``) can be set: one a fit or a model file
+        built from parameter arrays (``kernel_``, its terms) refuses, since changing it in place would change the
+        fitted model's predictions and leave its priors and the data's features out of step (its saved file would
+        not load)."""
+        if not hasattr(self, "_given"):
+            raise TypeError(f"this kernel belongs to a fitted model (kernel_): use sklearn.base.clone(...) for a "
+                            f"kernel of its values that can be set, or set the estimator's kernel and refit "
+                            f"({type(self).__name__}.set_params)")
         if not params:
             return self
         values = self.get_params(deep=False)

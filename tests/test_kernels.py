@@ -555,3 +555,24 @@ def test_grid_search_over_a_kernel_parameter():
                             {"kernel__k1__lengthscales": [0.5, 2.0]}, cv=2).fit(X, y)
     np.testing.assert_allclose(to_np(combined.best_estimator_.kernel_.params["0.log_lengthscales"]),
                                np.log(combined.best_params_["kernel__k1__lengthscales"]))
+
+
+def test_a_fitted_kernel_refuses_set_params():
+    """kernel_ is the fitted model's: set_params on it changed predict_proba and left a file that would not load
+    (its per-feature prior against one lengthscale). It refuses, terms too; its clone and the estimator's kernel
+    can be set."""
+    from sklearn.base import clone
+
+    X, y = np.random.default_rng(0).normal(size=(20, 2)), np.arange(20) % 2
+    model = agpc.GPClassifier(kernel=RBF(1.0) + Linear(), n_inducing=4, max_iter=2, random_state=0).fit(X, y)
+    before = model.predict_proba(X)
+    refusal = r"belongs to a fitted model \(kernel_\): use sklearn.base.clone"
+    with pytest.raises(TypeError, match=refusal):
+        model.kernel_.set_params(noise=0.5)
+    with pytest.raises(TypeError, match=refusal):
+        model.kernel_.terms[0].set_params(lengthscales=0.05)
+    np.testing.assert_array_equal(model.predict_proba(X), before)
+    copy = clone(model.kernel_).set_params(k1__lengthscales=0.05)
+    np.testing.assert_allclose(to_np(copy.params["0.log_lengthscales"]), np.log(0.05))
+    assert model.kernel.set_params(k1__lengthscales=2.0) is model.kernel
+
