@@ -451,8 +451,10 @@ class Stationary(Kernel):
 
     # -- parameters ------------------------------------------------------------------------------
 
-    # A kernel's parameters never change in place (``with_params`` makes a new kernel), so their
-    # constrained values are computed once per kernel, not once per use (one operation each on a device).
+    # Training never changes a kernel in place (``with_params`` makes a new one) and ``set_params``, the one
+    # in-place change (a user's kernel only, never a fitted one), rebuilds the kernel's __dict__ and these caches
+    # with it, so the constrained values are computed once per kernel, not once per use (one operation each on a
+    # device).
     @cached_property
     def lengthscales(self):
         return self._positive("lengthscales")
@@ -870,8 +872,10 @@ class Combination(Kernel):
         kernel.terms, kernel.own, kernel.priors_own = tuple(terms), dict(own), dict(priors_own)
         return kernel
 
-    @cached_property
+    @property
     def params(self):
+        # read from the terms on every use, not cached: a term set in place (``set_params``, ``k1__lengthscales``,
+        # or the user's own kernel the combination holds) changes what the combination computes with and reports
         params = {f"{i}.{key}": value for i, term in enumerate(self.terms) for key, value in term.params.items()
                   if key != "log_noise"}
         params.update(self.own)

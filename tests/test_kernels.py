@@ -576,3 +576,17 @@ def test_a_fitted_kernel_refuses_set_params():
     np.testing.assert_allclose(to_np(copy.params["0.log_lengthscales"]), np.log(0.05))
     assert model.kernel.set_params(k1__lengthscales=2.0) is model.kernel
 
+
+def test_a_combination_follows_its_terms_changed_in_place():
+    """A sum holds its (noise-free) terms: one changed in place by set_params shows in the sum's params as in its
+    repr, in every combination that holds it (the params were cached at first read and went stale)."""
+    term = RBF(lengthscales=2.0)
+    total, product = term + Linear(), term * Linear()
+    assert total.params["0.log_lengthscales"] == pytest.approx(np.log(2.0))
+    term.set_params(lengthscales=0.05)
+    for combination in (total, product):
+        np.testing.assert_allclose(to_np(combination.params["0.log_lengthscales"]), np.log(0.05))
+        assert "lengthscales=[0.05]" in repr(combination)
+    total.set_params(k1__lengthscales=3.0)
+    np.testing.assert_allclose(to_np(total.params["0.log_lengthscales"]), np.log(3.0))
+
