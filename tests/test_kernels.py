@@ -590,3 +590,43 @@ def test_a_combination_follows_its_terms_changed_in_place():
     total.set_params(k1__lengthscales=3.0)
     np.testing.assert_allclose(to_np(total.params["0.log_lengthscales"]), np.log(3.0))
 
+
+def test_get_params_reports_what_the_kernel_computes_with():
+    """A caller's array or list changed after construction: the kernel computes with the values it was given, and
+    get_params, repr and clone now report those, not what the caller's object holds."""
+    from sklearn.base import clone
+
+    given = np.array([1.0, 2.0])
+    listed = [0.5, 0.25]
+    priors = {"amplitude": Gamma(2.0, 1.0)}
+    kernel, linear = RBF(lengthscales=given, priors=priors), Linear(variances=listed)
+    assert kernel.get_params()["lengthscales"] is given  # unchanged: the object given (clone's check)
+    given *= 10
+    listed.append(9.0)
+    priors["lengthscales"] = Gamma(1.0, 1.0)
+    np.testing.assert_array_equal(kernel.get_params()["lengthscales"], [1.0, 2.0])
+    assert kernel.get_params()["priors"].keys() == {"amplitude"}
+    assert linear.get_params()["variances"] == [0.5, 0.25]
+    assert "lengthscales=[1.0, 2.0]" in repr(kernel)
+    np.testing.assert_allclose(np.exp(to_np(clone(kernel).params["log_lengthscales"])), [1.0, 2.0])
+    np.testing.assert_allclose(np.exp(to_np(clone(linear).params["log_variances"])), [0.5, 0.25])
+    estimator = clone(agpc.GPClassifier(kernel=RBF(lengthscales=[1.0, 2.0])))
+    assert estimator.kernel.get_params()["lengthscales"] == [1.0, 2.0]
+
+
+def test_a_combination_s_noise_follows_a_replaced_term():
+    """noise=None means the terms' noises: a term replaced by set_params brings its own (it was dropped, the noise
+    frozen at construction), the other terms keep theirs; a noise given outright stays; clone keeps the noise."""
+    from sklearn.base import clone
+
+    def noise(kernel):  # (the stored log's exp: 0.1 comes back as 0.10000000000000002, whichever the kernel)
+        return pytest.approx(float(to_np(kernel.noise)), rel=1e-12)
+
+    assert noise(Sum(RBF(), Linear()).set_params(k1=RBF(noise=0.5))) == 0.5
+    assert noise(clone(Sum(RBF(), Linear())).set_params(k1=RBF(noise=0.5))) == 0.5
+    noisy = Sum(RBF(noise=0.1), Linear())
+    assert to_np(clone(noisy).params["log_noise"]) == to_np(noisy.params["log_noise"]) and noise(noisy) == 0.1
+    assert noise(noisy.set_params(k1__lengthscales=2.0)) == 0.1  # the term set in place still stands for 0.1
+    assert noise(noisy.set_params(k2=Linear(bias=2.0, noise=0.2))) == 0.3
+    assert noise(noisy.set_params(k1=RBF(noise=0.5))) == 0.7
+    assert noise(Sum(RBF(), Linear(), noise=0.2).set_params(k1=RBF(noise=0.5))) == 0.2
