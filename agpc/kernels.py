@@ -131,6 +131,35 @@ def _checked_value(parameter, value):
     return host_array(parameter.stored(values[0]))
 
 
+def _mutable(value):
+    """Whether a constructor argument is an object its caller could change in place (a list, dict or array)."""
+    return isinstance(value, (list, dict)) or hasattr(value, "shape")
+
+
+def _copy_of(value):
+    """A copy of a mutable constructor argument: a dict's entries (priors, themselves immutable), a list's or an
+    array's numbers (a list stays a list; an array becomes a host array, which every constructor accepts)."""
+    if isinstance(value, dict):
+        return dict(value)
+    numbers = to_numpy(value).copy()
+    return numbers.tolist() if isinstance(value, list) else numbers
+
+
+def _unchanged(value, kept):
+    """Whether a mutable argument still holds what ``kept`` (its ``_copy_of``) holds."""
+    if isinstance(value, dict):
+        return value == kept
+    numbers = to_numpy(value)
+    kept = to_numpy(kept)
+    return numbers.shape == kept.shape and numbers.tolist() == kept.tolist()
+
+
+def _noise_stood_for(term):
+    """The noise ``term`` brings to a combination whose noise is not given: its own, or, for a term a combination
+    holds without its noise (``without_noise``), the noise it had."""
+    return getattr(term, "_stripped_noise", None) or float(to_numpy(term.noise))
+
+
 def _entries(value):
     """The numbers of a per-dimension value as given: a sequence (or array) of them, or one."""
     return to_numpy(value).reshape(-1) if hasattr(value, "__len__") or hasattr(value, "shape") else [value]
@@ -219,11 +248,32 @@ class Kernel:
         the host from Python numbers; moved to the data's namespace by ``for_inputs``."""
         self.params = {p.key: _checked_value(p, values[p.name]) for p in self.parameters}
         self.priors = _checked_priors({p.key: p for p in self.parameters}, priors)
-        self._given = {**values, "priors": priors}  # the arguments as given: get_params, repr (not the stored logs)
+        self._keep_given({**values, "priors": priors})  # the arguments as given: get_params, repr (not the stored logs)
         if "log_noise" in self.priors and not values["noise"] > 0:
             raise ValueError("a prior on the noise needs a positive initial noise (a noise of 0 is fixed, not learned)")
 
     # -- scikit-learn's parameter protocol ------------------------------------------------------------
+
+    def _keep_given(self, given):
+        """Keep the constructor's arguments as given (``_given``) and a copy of each that its caller could change in
+        place (a list, an array, a dict): the kernel computes with the values it was given, so an argument changed
+        since then is reported as the copy (``_given_now``), not as the caller's object now holds it."""
+        self._given = given
+        self._given_copies = {name: _copy_of(value) for name, value in given.items() if _mutable(value)}
+
+    def _given_now(self):
+        """The arguments as given: each the caller's own object while it still holds what it held at construction
+        (scikit-learn's ``clone`` checks that a constructor keeps the very objects it was passed), else a copy of
+        what it held then."""
+        given = dict(self._given)
+        for name, kept in getattr(self, "_given_copies", {}).items():
+            if not _unchanged(given[name], kept):
+                given[name] = _copy_of(kept)
+        return given
+
+    def _arguments(self):
+        """{constructor argument: value} that rebuild this kernel: as given (``_given_now``), else current."""
+        return {**self._current_values(), **(self._given_now() if hasattr(self, "_given") else {})}
 
     def _current_values(self):
         """{constructor argument: its value now} from the stored parameters (host floats; a list per dimension) and
@@ -240,7 +290,7 @@ class Kernel:
     def get_params(self, deep=True):
         """{constructor argument: value}, scikit-learn's: the values the kernel was constructed with (the objects
         given), else its current ones; ``deep``: a term's own as ``<term>__<name>`` too (sums, products, ordinal)."""
-        params = {**self._current_values(), **getattr(self, "_given", {})}
+        params = self._arguments()
         if deep:
             for name, value in list(params.items()):
                 if isinstance(value, Kernel):
@@ -249,10 +299,19 @@ class Kernel:
 
     def set_params(self, **params):
         """scikit-learn's: set constructor arguments (``lengthscales=2.0``; a term's by ``k1__lengthscales``) and
-        rebuild this kernel from them in place, checked as the constructor checks them. Returns self."""
+        rebuild this kernel from them in place, checked as the constructor checks them. Returns self.
+
+        Only a kernel built by its constructor (the estimator's ``kernel``) can be set: one a fit or a model file
+        built from parameter arrays (``kernel_``, its terms) refuses, since changing it in place would change the
+        fitted model's predictions and leave its priors and the data's features out of step (its saved file would
+        not load)."""
+        if not hasattr(self, "_given"):
+            raise TypeError(f"this kernel belongs to a fitted model (kernel_): use sklearn.base.clone(...) for a "
+                            f"kernel of its values that can be set, or set the estimator's kernel and refit "
+                            f"({type(self).__name__}.set_params)")
         if not params:
             return self
-        values = self.get_params(deep=False)
+        values = self._arguments()
         nested = {}
         for key, value in params.items():
             name, split, rest = key.partition("__")
@@ -264,7 +323,10 @@ class Kernel:
             else:
                 values[name] = value
         for name, sub in nested.items():
-            values[name].set_params(**sub)
+            stripped = getattr(values[name], "_stripped_noise", None)
+            values[name].set_params(**sub)  # (a rebuild: it forgets the noise it stood for, unless a noise is set)
+            if stripped is not None and "noise" not in sub:
+                values[name]._stripped_noise = stripped
         rebuilt = type(self)(**values)
         self.__dict__.clear()  # (the cached constrained values too)
         self.__dict__.update(rebuilt.__dict__)
@@ -355,8 +417,11 @@ class Kernel:
         params["log_noise"] = asarray_like(host_array(-math.inf), array_namespace(noise), device=array_device(noise),
                                            dtype=noise.dtype)
         kernel = self.with_params(params)
-        if hasattr(self, "_given"):
-            kernel._given = {**self._given, "noise": 0.0}
+        if hasattr(self, "_given"):  # a user's kernel's copy: its arguments, and settable (``set_params``)
+            kernel._keep_given({**self._given_now(), "noise": 0.0})
+        # the noise this term stands for in a combination whose noise was not given: a rebuild of the combination
+        # (``set_params`` of another term) counts it again (``_noise_stood_for``)
+        kernel._stripped_noise = float(to_numpy(self.noise))
         return kernel
 
     def __repr__(self):
@@ -442,8 +507,10 @@ class Stationary(Kernel):
 
     # -- parameters ------------------------------------------------------------------------------
 
-    # A kernel's parameters never change in place (``with_params`` makes a new kernel), so their
-    # constrained values are computed once per kernel, not once per use (one operation each on a device).
+    # Training never changes a kernel in place (``with_params`` makes a new one) and ``set_params``, the one
+    # in-place change (a user's kernel only, never a fitted one), rebuilds the kernel's __dict__ and these caches
+    # with it, so the constrained values are computed once per kernel, not once per use (one operation each on a
+    # device).
     @cached_property
     def lengthscales(self):
         return self._positive("lengthscales")
@@ -835,8 +902,9 @@ class Combination(Kernel):
                 raise TypeError(f"{type(self).__name__} takes its terms in order, or named k1, k2, ... (all of them, "
                                 f"not both ways), got {len(terms)} in order and the names {sorted(named)}")
             terms = tuple(named[name] for name in names)
-        if noise is None:
-            noise = sum(float(to_numpy(term.noise)) for term in terms if isinstance(term, Kernel))
+        derived = noise is None
+        if derived:
+            noise = sum(_noise_stood_for(term) for term in terms if isinstance(term, Kernel))
         flat = []
         for term in terms:
             if not isinstance(term, Kernel):
@@ -850,7 +918,19 @@ class Combination(Kernel):
         self.priors_own = _checked_priors({"log_noise": self.parameters[0]}, priors)
         if self.priors_own and not noise > 0:
             raise ValueError("a prior on the noise needs a positive initial noise (a noise of 0 is fixed, not learned)")
-        self._given = {"noise": noise, "priors": priors}  # (noise=None given: the terms' noises it stands for)
+        # noise=None stays None (the terms' noises, recomputed when set_params replaces a term) where the held terms
+        # still account for it; an inner sum's noise given outright, flattened away, does not: it is kept as a value
+        derived = derived and sum(_noise_stood_for(term) for term in self.terms) == noise
+        self._keep_given({"noise": None if derived else noise, "priors": priors})
+
+    def get_params(self, deep=True):
+        """``Kernel.get_params``; the noise as a value where it was derived from noisy terms: the terms reported hold
+        no noise (``without_noise``), so ``clone``, which builds from fresh copies of them, would otherwise lose it."""
+        params = super().get_params(deep)
+        derived = sum(_noise_stood_for(term) for term in self.terms)  # the constructor's sum: a clone stores the
+        if params["noise"] is None and derived != 0.0:                   # same log noise
+            params["noise"] = derived
+        return params
 
     def _current_values(self):
         return {**{f"k{i}": term for i, term in enumerate(self.terms, 1)}, **super()._current_values()}
@@ -861,8 +941,10 @@ class Combination(Kernel):
         kernel.terms, kernel.own, kernel.priors_own = tuple(terms), dict(own), dict(priors_own)
         return kernel
 
-    @cached_property
+    @property
     def params(self):
+        # read from the terms on every use, not cached: a term set in place (``set_params``, ``k1__lengthscales``,
+        # or the user's own kernel the combination holds) changes what the combination computes with and reports
         params = {f"{i}.{key}": value for i, term in enumerate(self.terms) for key, value in term.params.items()
                   if key != "log_noise"}
         params.update(self.own)
@@ -1038,7 +1120,7 @@ class OrdinalKernel(Kernel):
         self.latent = latent
         self.own = {"first_cut_point": host_array(values[0]),
                     "log_cut_gaps": host_array([math.log(b - a) for a, b in zip(values, values[1:])])}
-        self._given = {"cut_points": cut_points}
+        self._keep_given({"cut_points": cut_points})
 
     def _current_values(self):
         return {"latent": self.latent, "cut_points": [float(v) for v in to_numpy(self.cut_points)]}

@@ -555,3 +555,78 @@ def test_grid_search_over_a_kernel_parameter():
                             {"kernel__k1__lengthscales": [0.5, 2.0]}, cv=2).fit(X, y)
     np.testing.assert_allclose(to_np(combined.best_estimator_.kernel_.params["0.log_lengthscales"]),
                                np.log(combined.best_params_["kernel__k1__lengthscales"]))
+
+
+def test_a_fitted_kernel_refuses_set_params():
+    """kernel_ is the fitted model's: set_params on it changed predict_proba and left a file that would not load
+    (its per-feature prior against one lengthscale). It refuses, terms too; its clone and the estimator's kernel
+    can be set."""
+    from sklearn.base import clone
+
+    X, y = np.random.default_rng(0).normal(size=(20, 2)), np.arange(20) % 2
+    model = agpc.GPClassifier(kernel=RBF(1.0) + Linear(), n_inducing=4, max_iter=2, random_state=0).fit(X, y)
+    before = model.predict_proba(X)
+    refusal = r"belongs to a fitted model \(kernel_\): use sklearn.base.clone"
+    with pytest.raises(TypeError, match=refusal):
+        model.kernel_.set_params(noise=0.5)
+    with pytest.raises(TypeError, match=refusal):
+        model.kernel_.terms[0].set_params(lengthscales=0.05)
+    np.testing.assert_array_equal(model.predict_proba(X), before)
+    copy = clone(model.kernel_).set_params(k1__lengthscales=0.05)
+    np.testing.assert_allclose(to_np(copy.params["0.log_lengthscales"]), np.log(0.05))
+    assert model.kernel.set_params(k1__lengthscales=2.0) is model.kernel
+
+
+def test_a_combination_follows_its_terms_changed_in_place():
+    """A sum holds its (noise-free) terms: one changed in place by set_params shows in the sum's params as in its
+    repr, in every combination that holds it (the params were cached at first read and went stale)."""
+    term = RBF(lengthscales=2.0)
+    total, product = term + Linear(), term * Linear()
+    assert total.params["0.log_lengthscales"] == pytest.approx(np.log(2.0))
+    term.set_params(lengthscales=0.05)
+    for combination in (total, product):
+        np.testing.assert_allclose(to_np(combination.params["0.log_lengthscales"]), np.log(0.05))
+        assert "lengthscales=[0.05]" in repr(combination)
+    total.set_params(k1__lengthscales=3.0)
+    np.testing.assert_allclose(to_np(total.params["0.log_lengthscales"]), np.log(3.0))
+
+
+def test_get_params_reports_what_the_kernel_computes_with():
+    """A caller's array or list changed after construction: the kernel computes with the values it was given, and
+    get_params, repr and clone now report those, not what the caller's object holds."""
+    from sklearn.base import clone
+
+    given = np.array([1.0, 2.0])
+    listed = [0.5, 0.25]
+    priors = {"amplitude": Gamma(2.0, 1.0)}
+    kernel, linear = RBF(lengthscales=given, priors=priors), Linear(variances=listed)
+    assert kernel.get_params()["lengthscales"] is given  # unchanged: the object given (clone's check)
+    given *= 10
+    listed.append(9.0)
+    priors["lengthscales"] = Gamma(1.0, 1.0)
+    np.testing.assert_array_equal(kernel.get_params()["lengthscales"], [1.0, 2.0])
+    assert kernel.get_params()["priors"].keys() == {"amplitude"}
+    assert linear.get_params()["variances"] == [0.5, 0.25]
+    assert "lengthscales=[1.0, 2.0]" in repr(kernel)
+    np.testing.assert_allclose(np.exp(to_np(clone(kernel).params["log_lengthscales"])), [1.0, 2.0])
+    np.testing.assert_allclose(np.exp(to_np(clone(linear).params["log_variances"])), [0.5, 0.25])
+    estimator = clone(agpc.GPClassifier(kernel=RBF(lengthscales=[1.0, 2.0])))
+    assert estimator.kernel.get_params()["lengthscales"] == [1.0, 2.0]
+
+
+def test_a_combination_s_noise_follows_a_replaced_term():
+    """noise=None means the terms' noises: a term replaced by set_params brings its own (it was dropped, the noise
+    frozen at construction), the other terms keep theirs; a noise given outright stays; clone keeps the noise."""
+    from sklearn.base import clone
+
+    def noise(kernel):  # (the stored log's exp: 0.1 comes back as 0.10000000000000002, whichever the kernel)
+        return pytest.approx(float(to_np(kernel.noise)), rel=1e-12)
+
+    assert noise(Sum(RBF(), Linear()).set_params(k1=RBF(noise=0.5))) == 0.5
+    assert noise(clone(Sum(RBF(), Linear())).set_params(k1=RBF(noise=0.5))) == 0.5
+    noisy = Sum(RBF(noise=0.1), Linear())
+    assert to_np(clone(noisy).params["log_noise"]) == to_np(noisy.params["log_noise"]) and noise(noisy) == 0.1
+    assert noise(noisy.set_params(k1__lengthscales=2.0)) == 0.1  # the term set in place still stands for 0.1
+    assert noise(noisy.set_params(k2=Linear(bias=2.0, noise=0.2))) == 0.3
+    assert noise(noisy.set_params(k1=RBF(noise=0.5))) == 0.7
+    assert noise(Sum(RBF(), Linear(), noise=0.2).set_params(k1=RBF(noise=0.5))) == 0.2
