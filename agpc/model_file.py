@@ -297,6 +297,10 @@ def _check_header_fields(header, refuse, version):
             raise refuse(f"history.{name}: holds NaN or inf" + (" (NaN only where the method has no damping)"
                                                                 if name == "damping" else ""))
     record = _checked_record(header.get("fit_record", {}), refuse)
+    if record["n_warmup"] is not None and record["n_warmup"] > header.get("n_iter", 0):
+        # the warm-up sweeps are counted in n_iter (training records min(warm-up, sweeps run)): more is no fit's
+        raise refuse(f"fit_record.n_warmup: {record['n_warmup']} warm-up sweeps, more than the n_iter "
+                     f"({header.get('n_iter', 0)}) they are part of")
     names = header.get("feature_names_in") if version >= 2 else None
     if names is not None and not (isinstance(names, list) and len(names) == d and all(isinstance(v, str) for v in names)
                                   and len(set(names)) == d):

@@ -375,6 +375,7 @@ CORRUPTIONS = {
     "kernel_params not a list": ({"kernel_params": 3}, {}, ["kernel_params"]),
     "n_features_in a string": ({"n_features_in": "2"}, {}, ["n_features_in"]),
     "n_iter negative": ({"n_iter": -1}, {}, ["n_iter"]),
+    "more warm-up sweeps than sweeps": ({"fit_record": {"n_warmup": 10 ** 9}}, {}, ["fit_record.n_warmup", "n_iter"]),
     "unknown likelihood": ({"likelihood": "robust-max"}, {}, ["likelihood"]),
     "history of strings": ({"history": {"log_marginal_likelihood": ["x"]}}, {}, ["history"]),
     "feature names too few": ({"feature_names_in": ["a"]}, {}, ["feature_names_in"]),
