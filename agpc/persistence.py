@@ -22,7 +22,8 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.validation import check_is_fitted
 
 from .classifier import GPClassifier
-from .model_file import FORMAT, NOT_RESTORED, SCALER_ARRAYS, VERSION, read_model_parts, write_model_file
+from .model_file import (FORMAT, NOT_RESTORED, SCALER_ARRAYS, VERSION, read_model_parts, step_names_problem,
+                         write_model_file)
 
 __all__ = ["save_model", "load_model", "FORMAT", "VERSION", "NOT_RESTORED"]
 
@@ -38,7 +39,9 @@ def save_model(model, path):
     ``model`` may also be a Pipeline of a fitted StandardScaler and a fitted GPClassifier: the file then holds the
     scaler's numbers too (its means and scales: data, like the rest) and ``load_model`` gives the Pipeline back.
     Any other Pipeline is refused: a model file never holds code, so other preprocessing cannot be saved in it,
-    and saving the classifier alone would lose it silently."""
+    and saving the classifier alone would lose it silently; so is one whose scaler and classifier take different
+    numbers of features, or whose step names are not plain identifiers (``make_pipeline``'s are), before anything
+    is written."""
     classifier, scaler = _parts(model)
     write_model_file(path, classifier, scaler)
 
@@ -59,6 +62,14 @@ def _parts(model):
                          "code when it is loaded: load only your own)")
     (first, scaler), (second, classifier) = model.steps
     check_is_fitted(scaler)
+    check_is_fitted(classifier)
+    if scaler.n_features_in_ != classifier.n_features_in_:  # (the file written would not load)
+        raise ValueError(f"save_model: this Pipeline does not predict: its StandardScaler has {scaler.n_features_in_} "
+                         f"features, its GPClassifier {classifier.n_features_in_}")
+    problem = step_names_problem([first, second])
+    if problem:
+        raise ValueError(f"save_model keeps a Pipeline's step names in the model file, which takes plain "
+                         f"identifiers: {problem}")
     names = getattr(scaler, "feature_names_in_", None)
     return classifier, {"with_mean": scaler.with_mean, "with_std": scaler.with_std,
                         "n_samples_seen": int(np.max(scaler.n_samples_seen_)), "steps": [first, second],

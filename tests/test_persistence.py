@@ -944,3 +944,33 @@ def test_a_scaler_is_in_the_files_of_version_4_only(saved, saved_pipeline, tmp_p
     with pytest.raises(ValueError, match=words) as info:
         agpc.load_model(rewrite((None, header, saved[2]), tmp_path))
     assert "not a valid agpc model file" in str(info.value)
+
+
+def test_a_pipeline_whose_scaler_has_other_features_is_refused_before_writing(saved_pipeline, tmp_path):
+    """F3: a scaler of 4 features before a classifier of 3 cannot predict; the file it would write cannot be loaded,
+    and writing it would replace the good file there."""
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    import agpc
+
+    good, _, _, pipeline, X = saved_pipeline
+    path = tmp_path / "m.agpc"
+    path.write_bytes(good.read_bytes())
+    wider = Pipeline([("standardscaler", StandardScaler().fit(np.c_[X, X[:, :1]])), ("gpclassifier", pipeline[-1])])
+    with pytest.raises(ValueError, match="its StandardScaler has 4 features, its GPClassifier 3"):
+        agpc.save_model(wider, path)
+    assert path.read_bytes() == good.read_bytes()
+
+
+def test_a_step_name_that_is_not_an_identifier_is_refused_before_writing(saved_pipeline, tmp_path):
+    """F5: a name the loader would refuse is not written (a file that saves must load)."""
+    from sklearn.pipeline import Pipeline
+
+    import agpc
+
+    _, _, _, pipeline, _ = saved_pipeline
+    renamed = Pipeline([("scale\x1b[2J", pipeline[0]), ("gpclassifier", pipeline[-1])])
+    with pytest.raises(ValueError, match="step names.*identifiers"):
+        agpc.save_model(renamed, tmp_path / "m.agpc")
+    assert not (tmp_path / "m.agpc").exists()
