@@ -16,14 +16,17 @@ predicts.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
-from sklearn.pipeline import Pipeline
-from sklearn.preprocessing import StandardScaler
 from sklearn.utils.validation import check_is_fitted
 
 from .classifier import GPClassifier
 from .model_file import (FORMAT, NOT_RESTORED, SCALER_ARRAYS, VERSION, read_model_parts, step_names_problem,
                          write_model_file)
+
+# sklearn.pipeline and sklearn.preprocessing (about 80 modules, 60-70 ms) are imported only where a Pipeline is
+# saved or loaded: most model files hold a classifier alone
 
 __all__ = ["save_model", "load_model", "FORMAT", "VERSION", "NOT_RESTORED"]
 
@@ -50,8 +53,12 @@ def _parts(model):
     """(the GPClassifier, the standardisation before it or None) of what ``save_model`` was given."""
     if isinstance(model, GPClassifier):
         return model, None
-    if not isinstance(model, Pipeline):
+    # (a Pipeline exists only once sklearn.pipeline is imported: nothing else needs importing it)
+    pipeline_module = sys.modules.get("sklearn.pipeline")
+    if pipeline_module is None or not isinstance(model, pipeline_module.Pipeline):
         raise TypeError(f"save_model saves a fitted GPClassifier, or {PIPELINE_TAKEN}; got a {type(model).__name__}")
+    from sklearn.preprocessing import StandardScaler
+
     kinds = [type(step).__name__ for _, step in model.steps]
     if len(model.steps) != 2 or type(model.steps[0][1]) is not StandardScaler or not isinstance(
             model.steps[1][1], GPClassifier):
@@ -86,6 +93,9 @@ def load_model(path, backend="numpy"):
     classifier, scaler = read_model_parts(path, GPClassifier, backend=backend)
     if scaler is None:
         return classifier
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
     standardise = StandardScaler(with_mean=scaler["with_mean"], with_std=scaler["with_std"])
     for name in SCALER_ARRAYS:
         setattr(standardise, f"{name}_", scaler[name])

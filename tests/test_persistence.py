@@ -974,3 +974,17 @@ def test_a_step_name_that_is_not_an_identifier_is_refused_before_writing(saved_p
     with pytest.raises(ValueError, match="step names.*identifiers"):
         agpc.save_model(renamed, tmp_path / "m.agpc")
     assert not (tmp_path / "m.agpc").exists()
+
+
+def test_saving_and_loading_a_plain_classifier_imports_no_pipeline_module(saved, tmp_path):
+    """F17: sklearn.pipeline and sklearn.preprocessing (about 80 modules, 60-70 ms) are imported only where a
+    Pipeline is saved or loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys, agpc; m = agpc.load_model(sys.argv[1]); agpc.save_model(m, sys.argv[2]); "
+            "print(sorted(name for name in ('sklearn.pipeline', 'sklearn.preprocessing') if name in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(saved[0]), str(tmp_path / "copy.agpc")], check=True,
+                         capture_output=True, text=True, cwd=os.path.dirname(HERE)).stdout
+    assert out.strip() == "[]"
+    assert (tmp_path / "copy.agpc").exists()
