@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -52,8 +53,22 @@ PLAIN_VERSION = 3
 SCALER_ARRAYS = ("mean", "var", "scale")
 SCALER_FIELDS = ("with_mean", "with_std", "n_samples_seen", "arrays", "steps")
 MAX_STEP_NAME = 100  # a pipeline step's name in a file: a short identifier
+# a step name is a plain (ASCII) identifier: it reaches repr, get_params keys and terminals, so no control characters
+STEP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The least scale a file's scaler may hold: its variance, scale squared, must be a normal float64. Below it the
+# variance has lost digits to underflow (1e-300 squared is 0), so a scale cannot be checked against it, and every
+# input an ordinary number away from the mean is standardised to ~1e150 or more, where the kernel is 0 and the
+# model answers its prior (0.5) whatever the input. (Above, var's own finiteness bounds scale by sqrt(max).)
+MIN_SCALE = math.sqrt(np.finfo(np.float64).tiny)
+# How far the pipeline's probabilities at the inducing points, mapped back to inputs through the scaler, may be
+# from the classifier's at them. The float64 round trip z -> z scale + mean -> z loses about eps (|mean| / scale
+# + |z|) of z: under 1e-6 for any mean within 1e9 standard deviations of 0 (data with nine significant digits of
+# offset), while a mean that swallows the inducing points (1e308 + z scale == 1e308) moves the probabilities by
+# their whole spread.
+PIPELINE_ATOL = 1e-6
 
-__all__ = ["FORMAT", "VERSION", "PLAIN_VERSION", "SCALER_ARRAYS", "NOT_RESTORED", "VALUE_WHEN_ABSENT", "MAX_LABEL_BYTES", "MAX_QUADRATURE",
+__all__ = ["FORMAT", "VERSION", "PLAIN_VERSION", "SCALER_ARRAYS", "step_names_problem", "NOT_RESTORED",
+           "VALUE_WHEN_ABSENT", "MAX_LABEL_BYTES", "MAX_QUADRATURE",
            "FIT_RECORD", "FittedState", "write_model_file", "read_model_file", "read_model_parts", "unpickled_state"]
 
 # a class label is a number or a short name: a longer string in a model file is a way to take memory
@@ -297,6 +312,10 @@ def _check_header_fields(header, refuse, version):
             raise refuse(f"history.{name}: holds NaN or inf" + (" (NaN only where the method has no damping)"
                                                                 if name == "damping" else ""))
     record = _checked_record(header.get("fit_record", {}), refuse)
+    if record["n_warmup"] is not None and record["n_warmup"] > header.get("n_iter", 0):
+        # the warm-up sweeps are counted in n_iter (training records min(warm-up, sweeps run)): more is no fit's
+        raise refuse(f"fit_record.n_warmup: {record['n_warmup']} warm-up sweeps, more than the n_iter "
+                     f"({header.get('n_iter', 0)}) they are part of")
     names = header.get("feature_names_in") if version >= 2 else None
     if names is not None and not (isinstance(names, list) and len(names) == d and all(isinstance(v, str) for v in names)
                                   and len(set(names)) == d):
@@ -442,24 +461,62 @@ def read_model_file(path, estimator, backend="numpy"):
     return model
 
 
+def step_names_problem(steps):
+    """Why ``steps`` (a Pipeline's two step names) cannot be a model file's, or None: each a plain identifier of
+    at most ``MAX_STEP_NAME`` characters without '__' (scikit-learn's separator of nested parameters), the two
+    distinct, neither one of Pipeline's own parameters (a step named 'memory' or 'verbose' shadows it:
+    set_params and clone break). ``save_model`` refuses what ``load_model`` would."""
+    from sklearn.pipeline import Pipeline  # (only for files with a scaler, which load as a Pipeline anyway)
+
+    if not (isinstance(steps, list) and len(steps) == 2):
+        return "expected a list of two step names"
+    reserved = sorted(Pipeline([]).get_params(deep=False))
+    for name in steps:
+        if not isinstance(name, str):
+            return f"a {type(name).__name__}, not a step name"
+        shown = repr(name if len(name) <= MAX_STEP_NAME else name[:MAX_STEP_NAME] + "...")
+        if not (len(name) <= MAX_STEP_NAME and STEP_NAME.fullmatch(name) and "__" not in name):
+            return f"{shown} is not a plain identifier of 1 to {MAX_STEP_NAME} ASCII characters without '__'"
+        if name in reserved:
+            return f"{shown} is one of the Pipeline's own parameters {reserved}"
+    if steps[0] == steps[1]:
+        return f"the two steps are both named {steps[0]!r}"
+    return None
+
+
+def scaler_arrays(with_mean, with_std):
+    """The arrays of ``SCALER_ARRAYS`` a fitted StandardScaler has: the mean when it centres or scales (scaling
+    computes it), the variance and the scale when it scales."""
+    return [name for name in SCALER_ARRAYS if with_std or (name == "mean" and with_mean)]
+
+
 def _checked_scaler(header, arrays, d, refuse, version):
-    """The standardisation a file of version 4 or later may hold (``write_model_file``'s ``scaler``, the arrays
-    checked: (d,) finite floats, scales positive, variances non-negative), or None."""
-    spec = header.get("scaler") if version >= 4 else None
-    if spec is None:
+    """The standardisation a file of version 4 holds (``write_model_file``'s ``scaler``), or None (earlier
+    versions). Checked: the flags, and the arrays they call for ((d,) finite floats, variances non-negative,
+    scales as scikit-learn computes them from the variances, at least ``MIN_SCALE``)."""
+    spec = header.get("scaler")
+    if version < 4:  # (the version that reads this file would drop it, and predict on unscaled features)
+        if "scaler" in header:
+            raise refuse(f"scaler: format version {version} holds no scaler (version 4 added it)")
         return None
+    if spec is None:  # the writer writes version 3 for a file without one
+        raise refuse(f"scaler: missing; a file of format version {version} holds a scaler")
     if not isinstance(spec, dict) or set(spec) != set(SCALER_FIELDS):
         raise refuse(f"scaler: expected the fields {list(SCALER_FIELDS)}")
     if not all(isinstance(spec[name], bool) for name in ("with_mean", "with_std")):
         raise refuse("scaler: with_mean and with_std must be true or false")
     if not _is_int(spec["n_samples_seen"]) or spec["n_samples_seen"] < 1:
         raise refuse(f"scaler.n_samples_seen: {spec['n_samples_seen']!r} is not a positive integer")
-    steps, held = spec["steps"], spec["arrays"]
-    if not (isinstance(steps, list) and len(steps) == 2 and all(
-            isinstance(v, str) and 0 < len(v) <= MAX_STEP_NAME and "__" not in v for v in steps) and steps[0] != steps[1]):
-        raise refuse(f"scaler.steps: expected two distinct step names of 1 to {MAX_STEP_NAME} characters without '__'")
+    problem = step_names_problem(spec["steps"])
+    if problem:
+        raise refuse(f"scaler.steps: {problem}")
+    held = spec["arrays"]
     if not (isinstance(held, list) and all(v in SCALER_ARRAYS for v in held) and len(set(held)) == len(held)):
         raise refuse(f"scaler.arrays: expected distinct names among {list(SCALER_ARRAYS)}")
+    expected = scaler_arrays(spec["with_mean"], spec["with_std"])
+    if sorted(held) != sorted(expected):  # (one missing: the transform would take None for an array)
+        raise refuse(f"scaler.arrays: {held}, a StandardScaler with with_mean={spec['with_mean']}, "
+                     f"with_std={spec['with_std']} has {expected}")
     out = {name: spec[name] for name in ("with_mean", "with_std", "n_samples_seen", "steps")}
     for name in SCALER_ARRAYS:
         key = f"scaler_{name}"
@@ -472,7 +529,49 @@ def _checked_scaler(header, arrays, d, refuse, version):
         if (name == "scale" and np.any(values <= 0)) or (name == "var" and np.any(values < 0)):
             raise refuse(f"{key}: holds {'a scale that is not positive' if name == 'scale' else 'a negative variance'}")
         out[name] = values.astype(np.float64)
+    if spec["with_std"]:
+        _check_scale(out, refuse)
     return out
+
+
+def _check_scale(scaler, refuse):
+    """The scale is what scikit-learn's StandardScaler computes from the variance: sqrt(var), but 1 where the
+    feature is constant to round-off (its ``_is_constant_feature``: var <= n eps var + (n mean eps)^2, the error
+    bound of the variance's computation), to round-off; and not below ``MIN_SCALE``."""
+    mean, var, scale, n = scaler["mean"], scaler["var"], scaler["scale"], scaler["n_samples_seen"]
+    if np.any(scale < MIN_SCALE):
+        raise refuse(f"scaler_scale: a scale below {MIN_SCALE:.3g} (whose variance underflows: every input but the "
+                     "mean would be standardised beyond where the model says anything)")
+    eps = np.finfo(np.float64).eps
+    with np.errstate(over="ignore"):  # (an overflowing bound: a mean so large that every feature is constant)
+        constant = var <= n * eps * var + (n * mean * eps) ** 2
+    expected = np.where(constant, 1.0, np.sqrt(var))
+    wrong = np.flatnonzero(~np.isclose(scale, expected, rtol=4 * eps, atol=0))
+    if wrong.size:
+        i = wrong[0]
+        raise refuse(f"scaler_scale: feature {i}'s scale {scale[i]:.17g} is not what scikit-learn's StandardScaler "
+                     f"computes from scaler_var and scaler_mean ({expected[i]:.17g}: sqrt(var), or 1 for a feature "
+                     "constant to round-off)")
+
+
+def _check_pipeline_predicts(model, scaler, probe, proba, refuse):
+    """The scaler and the classifier may each be sound and the two still not be a pipeline: the inducing points
+    ``probe`` mapped back to inputs through the scaler (x = z scale + mean) must be finite, and the pipeline
+    there ((x - mean) / scale, as StandardScaler.transform computes it, then the classifier) must predict what
+    the classifier predicts at z (``proba``), to ``PIPELINE_ATOL``. A mean of 1e308 fails: 1e308 + z scale is
+    1e308, so the pipeline sends every input to one standardised point (and ordinary inputs to ~-1e308, an
+    overflow that would be blamed on them)."""
+    mean = scaler["mean"] if scaler["with_mean"] else 0.0
+    scale = scaler["scale"] if scaler["with_std"] else 1.0
+    with np.errstate(all="ignore"):
+        inputs = np.asarray(probe, dtype=np.float64) * scale + mean
+        standardised = (inputs - mean) / scale
+    # (inputs that overflow are refused before the classifier sees them: its own check would blame the input)
+    got = _probe(model, standardised)[2] if np.all(np.isfinite(inputs)) else None
+    if got is None or not (np.all(np.isfinite(got)) and np.allclose(got, proba, rtol=0, atol=PIPELINE_ATOL)):
+        raise refuse("scaler: the pipeline, at the inducing points mapped back to inputs through the scaler, does "
+                     "not predict what the classifier predicts at them (a mean or scale beyond what float64 "
+                     "resolves)")
 
 
 def read_model_parts(path, estimator, backend="numpy"):
@@ -558,8 +657,10 @@ def read_model_parts(path, estimator, backend="numpy"):
         n_iter=header.get("n_iter", 0), jitter=float(jitter), likelihood=likelihood,
         history={k: list(v) for k, v in header.get("history", {}).items()}, record=record,
     ))
-    _check_predicts(model, Z[0] if multiclass else Z, refuse)
+    probe = Z[0] if multiclass else Z
+    proba = _check_predicts(model, probe, refuse)
     if scaler is not None:
+        _check_pipeline_predicts(model, scaler, probe, proba, refuse)
         scaler["feature_names"] = feature_names
     return model, scaler
 
@@ -583,16 +684,23 @@ def _check_predicts(model, probe, refuse):
     """Every field may pass its own check and the whole still not predict (finite values so large that the
     predictive's arithmetic overflows, an L_C scaled by 1e-300 whose variances are infinite yet whose
     probabilities are 0.5): the model must give finite latent means and variances, and finite probabilities
-    summing to one, at its own inducing points, taken as inputs (m rows: cheap), or the file is refused."""
-    rows = np.asarray(probe, dtype=np.float64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (this probe's own warnings, e.g. feature names, are not the user's)
-        with np.errstate(all="ignore"):
-            mean, var = (B.to_numpy(values) for values in model.predict_latent(rows))
-            proba = B.to_numpy(model.predict_proba(rows))
+    summing to one, at its own inducing points, taken as inputs (m rows: cheap), or the file is refused.
+    Returns the probabilities."""
+    mean, var, proba = _probe(model, probe)
     if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(var)) and np.all(var >= 0)):
         raise refuse("posterior_h, posterior_L_C: the model they describe has no finite latent mean and variance at "
                      "its own inducing points (values so large or small that its arithmetic overflows)")
     if not (np.all(np.isfinite(proba)) and np.allclose(proba.sum(axis=1), 1.0, atol=1e-4)):
         raise refuse("posterior_h, posterior_L_C: the model they describe does not give probabilities "
                      "(non-finite at its own inducing points)")
+    return proba
+
+
+def _probe(model, rows):
+    """(latent means, latent variances, probabilities) of ``model`` at ``rows``, in NumPy."""
+    rows = np.asarray(rows, dtype=np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (this probe's own warnings, e.g. feature names, are not the user's)
+        with np.errstate(all="ignore"):
+            mean, var = (B.to_numpy(values) for values in model.predict_latent(rows))
+            return mean, var, B.to_numpy(model.predict_proba(rows))

@@ -16,13 +16,17 @@ predicts.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
-from sklearn.pipeline import Pipeline
-from sklearn.preprocessing import StandardScaler
 from sklearn.utils.validation import check_is_fitted
 
 from .classifier import GPClassifier
-from .model_file import FORMAT, NOT_RESTORED, SCALER_ARRAYS, VERSION, read_model_parts, write_model_file
+from .model_file import (FORMAT, NOT_RESTORED, SCALER_ARRAYS, VERSION, read_model_parts, step_names_problem,
+                         write_model_file)
+
+# sklearn.pipeline and sklearn.preprocessing (about 80 modules, 60-70 ms) are imported only where a Pipeline is
+# saved or loaded: most model files hold a classifier alone
 
 __all__ = ["save_model", "load_model", "FORMAT", "VERSION", "NOT_RESTORED"]
 
@@ -38,7 +42,9 @@ def save_model(model, path):
     ``model`` may also be a Pipeline of a fitted StandardScaler and a fitted GPClassifier: the file then holds the
     scaler's numbers too (its means and scales: data, like the rest) and ``load_model`` gives the Pipeline back.
     Any other Pipeline is refused: a model file never holds code, so other preprocessing cannot be saved in it,
-    and saving the classifier alone would lose it silently."""
+    and saving the classifier alone would lose it silently; so is one whose scaler and classifier take different
+    numbers of features, or whose step names are not plain identifiers (``make_pipeline``'s are), before anything
+    is written."""
     classifier, scaler = _parts(model)
     write_model_file(path, classifier, scaler)
 
@@ -47,8 +53,12 @@ def _parts(model):
     """(the GPClassifier, the standardisation before it or None) of what ``save_model`` was given."""
     if isinstance(model, GPClassifier):
         return model, None
-    if not isinstance(model, Pipeline):
+    # (a Pipeline exists only once sklearn.pipeline is imported: nothing else needs importing it)
+    pipeline_module = sys.modules.get("sklearn.pipeline")
+    if pipeline_module is None or not isinstance(model, pipeline_module.Pipeline):
         raise TypeError(f"save_model saves a fitted GPClassifier, or {PIPELINE_TAKEN}; got a {type(model).__name__}")
+    from sklearn.preprocessing import StandardScaler
+
     kinds = [type(step).__name__ for _, step in model.steps]
     if len(model.steps) != 2 or type(model.steps[0][1]) is not StandardScaler or not isinstance(
             model.steps[1][1], GPClassifier):
@@ -59,6 +69,14 @@ def _parts(model):
                          "code when it is loaded: load only your own)")
     (first, scaler), (second, classifier) = model.steps
     check_is_fitted(scaler)
+    check_is_fitted(classifier)
+    if scaler.n_features_in_ != classifier.n_features_in_:  # (the file written would not load)
+        raise ValueError(f"save_model: this Pipeline does not predict: its StandardScaler has {scaler.n_features_in_} "
+                         f"features, its GPClassifier {classifier.n_features_in_}")
+    problem = step_names_problem([first, second])
+    if problem:
+        raise ValueError(f"save_model keeps a Pipeline's step names in the model file, which takes plain "
+                         f"identifiers: {problem}")
     names = getattr(scaler, "feature_names_in_", None)
     return classifier, {"with_mean": scaler.with_mean, "with_std": scaler.with_std,
                         "n_samples_seen": int(np.max(scaler.n_samples_seen_)), "steps": [first, second],
@@ -75,6 +93,9 @@ def load_model(path, backend="numpy"):
     classifier, scaler = read_model_parts(path, GPClassifier, backend=backend)
     if scaler is None:
         return classifier
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
     standardise = StandardScaler(with_mean=scaler["with_mean"], with_std=scaler["with_std"])
     for name in SCALER_ARRAYS:
         setattr(standardise, f"{name}_", scaler[name])

@@ -375,6 +375,7 @@ CORRUPTIONS = {
     "kernel_params not a list": ({"kernel_params": 3}, {}, ["kernel_params"]),
     "n_features_in a string": ({"n_features_in": "2"}, {}, ["n_features_in"]),
     "n_iter negative": ({"n_iter": -1}, {}, ["n_iter"]),
+    "more warm-up sweeps than sweeps": ({"fit_record": {"n_warmup": 10 ** 9}}, {}, ["fit_record.n_warmup", "n_iter"]),
     "unknown likelihood": ({"likelihood": "robust-max"}, {}, ["likelihood"]),
     "history of strings": ({"history": {"log_marginal_likelihood": ["x"]}}, {}, ["history"]),
     "feature names too few": ({"feature_names_in": ["a"]}, {}, ["feature_names_in"]),
@@ -818,24 +819,172 @@ def test_a_pipeline_with_other_steps_is_refused_not_saved_without_them(tmp_path)
     assert not (tmp_path / "m.agpc").exists()
 
 
-@pytest.mark.parametrize("header, arrays, field", [
-    ({}, {"scaler_scale": np.zeros(3)}, "scaler_scale: holds a scale that is not positive"),
-    ({}, {"scaler_mean": np.full(3, np.nan)}, "scaler_mean: holds NaN"),
-    ({}, {"scaler_var": np.ones(4)}, "scaler_var.npy' declares shape"),
-    ({}, {"scaler_var": np.ones((1, 3))}, "scaler_var: shape"),
-    ({"steps": ["a", "a"]}, {}, "scaler.steps"),
-    ({"with_mean": 1}, {}, "with_mean and with_std"),
-    ({"arrays": ["mean", "code"]}, {}, "scaler.arrays"),
-])
-def test_a_crafted_scaler_is_refused_naming_the_field(tmp_path, header, arrays, field):
+@pytest.fixture(scope="module")
+def saved_pipeline(tmp_path_factory):
+    """A standardising pipeline saved by this agpc: (its path, header and arrays as written, the pipeline, X)."""
     import agpc
 
-    pipeline, _ = _standardised_pipeline(frame=False)
-    agpc.save_model(pipeline, tmp_path / "good.agpc")
-    with np.load(tmp_path / "good.agpc") as archive:
-        base_arrays = {k: archive[k] for k in archive.files if k != checkpoints.HEADER_KEY}
-        base_header = json.loads(str(archive[checkpoints.HEADER_KEY]))
-    base_header["scaler"] = dict(base_header["scaler"], **header)
+    pipeline, X = _standardised_pipeline(frame=False)
+    path = tmp_path_factory.mktemp("pipeline") / "good.agpc"
+    agpc.save_model(pipeline, path)
+    with np.load(path) as archive:
+        arrays = {k: archive[k] for k in archive.files if k != checkpoints.HEADER_KEY}
+        header = json.loads(str(archive[checkpoints.HEADER_KEY]))
+    return path, header, arrays, pipeline, X
+
+
+def _scaled(name, change):
+    """An array change of the saved scaler: ``change`` applied to a copy of its array ``name``."""
+    return {f"scaler_{name}": lambda a: change(a[f"scaler_{name}"].copy())}
+
+
+def _at(index, value):
+    def change(values):
+        values[index] = value
+        return values
+    return change
+
+
+# A crafted scaler: (header["scaler"] changes, array changes (functions of the saved arrays; None removes one),
+# words of the message). The saved scaler (with_mean and with_std, features of scales about 1, 100 and 1e4)
+# holds mean, var and scale.
+SCALER_CORRUPTIONS = {
+    "scale zero": ({}, {"scaler_scale": lambda a: np.zeros(3)}, "scaler_scale: holds a scale that is not positive"),
+    "mean NaN": ({}, {"scaler_mean": lambda a: np.full(3, np.nan)}, "scaler_mean: holds NaN"),
+    "var too long": ({}, {"scaler_var": lambda a: np.ones(4)}, "scaler_var.npy' declares shape"),
+    "var 2-D": ({}, {"scaler_var": lambda a: np.ones((1, 3))}, "scaler_var: shape"),
+    "steps repeated": ({"steps": ["a", "a"]}, {}, "scaler.steps"),
+    "with_mean an int": ({"with_mean": 1}, {}, "with_mean and with_std"),
+    "unknown array": ({"arrays": ["mean", "code"]}, {}, "scaler.arrays"),
+    # F1: the flags say which arrays a fitted StandardScaler has
+    "with_std without scale": ({"arrays": ["mean", "var"]}, {"scaler_scale": lambda a: None},
+                               "scaler.arrays: ['mean', 'var'], a StandardScaler with with_mean=True, with_std=True "
+                               "has ['mean', 'var', 'scale']"),
+    "with_mean without mean": ({"with_std": False, "arrays": ["var", "scale"]}, {"scaler_mean": lambda a: None},
+                               "scaler.arrays: ['var', 'scale'], a StandardScaler with with_mean=True, "
+                               "with_std=False has ['mean']"),
+    "no arrays": ({"arrays": []}, {"scaler_mean": lambda a: None, "scaler_var": lambda a: None,
+                                   "scaler_scale": lambda a: None}, "scaler.arrays: [], a StandardScaler"),
+    "scale not sqrt(var)": ({}, _scaled("scale", lambda v: v * 1.001), "scaler_scale: feature 0's scale"),
+    "constant feature's scale not 1": ({}, _scaled("var", _at(0, 0.0)), "scaler_scale: feature 0's scale"),
+    # F2: scales and means that pass as numbers but leave no model (1e-300: every input 0.5; 1e308: overflow)
+    "scale 1e-300": ({}, {**_scaled("scale", _at(0, 1e-300)), **_scaled("var", _at(0, 1e-600))},
+                     "scaler_scale: a scale below"),
+    "mean 1e308": ({}, _scaled("mean", lambda v: np.array([1e308, -1e308, v[2]])),
+                   "scaler_scale: feature 0's scale"),
+    # F5: step names are plain identifiers that are not the Pipeline's own parameters
+    "steps named as Pipeline parameters": ({"steps": ["memory", "verbose"]}, {}, "scaler.steps: 'memory'"),
+    "control characters in a step name": ({"steps": ["a\x1b[2J", "b"]}, {}, "scaler.steps: 'a\\x1b[2J'"),
+}
+
+
+@pytest.mark.parametrize("case", list(SCALER_CORRUPTIONS))
+def test_a_crafted_scaler_is_refused_naming_the_field(saved_pipeline, tmp_path, case):
+    import agpc
+
+    header, changes, field = SCALER_CORRUPTIONS[case]
+    _, base_header, base_arrays, _, _ = saved_pipeline
+    base_header = dict(base_header, scaler=dict(base_header["scaler"], **header))
+    with np.errstate(under="ignore"):
+        arrays = {name: change(base_arrays) for name, change in changes.items()}
     path = rewrite((None, base_header, base_arrays), tmp_path, arrays=arrays)
-    with pytest.raises(ValueError, match=field.replace("(", r"\(").replace("[", r"\[")):
+    with pytest.raises(ValueError) as info:
         agpc.load_model(path)
+    assert field in str(info.value) and str(path) in str(info.value), str(info.value)
+
+
+def test_a_scaler_whose_pipeline_does_not_reach_its_inducing_points_is_refused(saved_pipeline, tmp_path):
+    """F2: a first feature made constant (var 0, scale 1, as scikit-learn stores one) of mean 1e308: every field
+    passes its own check, but 1e308 + x is 1e308 for every ordinary x, so the pipeline maps every input to 0 there
+    and predicts nothing the classifier does (every real input: an overflow blamed on the input). The loader maps
+    the inducing points back through the scaler and predicts through the whole pipeline: not what the classifier
+    predicts at them, so the file is refused."""
+    import agpc
+
+    _, header, arrays, _, _ = saved_pipeline
+    assert np.ptp(arrays["inducing_points"][:, 0]) > 0.1  # (their first coordinates are not all 0)
+    path = rewrite((None, header, arrays), tmp_path, arrays={
+        "scaler_mean": np.r_[1e308, arrays["scaler_mean"][1:]], "scaler_var": np.r_[0.0, arrays["scaler_var"][1:]],
+        "scaler_scale": np.r_[1.0, arrays["scaler_scale"][1:]]})
+    with pytest.raises(ValueError, match="scaler: the pipeline, at the inducing points") as info:
+        agpc.load_model(path)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("with_mean, with_std", [(True, False), (False, True), (False, False)])
+def test_every_standard_scaler_is_saved_and_loaded_whole(tmp_path, with_mean, with_std):
+    """Each choice of a StandardScaler's flags (the arrays it has follow them) and a constant feature (var 0,
+    scale 1) load and predict bit for bit as saved."""
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    import agpc
+
+    X, y = make_banana(40, random_state=0)
+    X = np.c_[X * [1.0, 1e3] + [5.0, -2e4], np.full(40, 7.5)]
+    pipeline = make_pipeline(StandardScaler(with_mean=with_mean, with_std=with_std),
+                             GPClassifier(n_inducing=4, max_iter=2, random_state=0)).fit(X, y)
+    agpc.save_model(pipeline, tmp_path / "m.agpc")
+    loaded = agpc.load_model(tmp_path / "m.agpc")
+    np.testing.assert_array_equal(loaded.predict_proba(X), pipeline.predict_proba(X))
+
+
+@pytest.mark.parametrize("version, scaler, words", [
+    (4, None, "version 4 holds a scaler"),
+    (3, "kept", "scaler: format version 3 holds no scaler"),
+])
+def test_a_scaler_is_in_the_files_of_version_4_only(saved, saved_pipeline, tmp_path, version, scaler, words):
+    """The writer writes version 4 exactly when the file holds a scaler (else 3): a version 4 header without one,
+    or an older header with one (which that version would silently drop), is not a file it wrote."""
+    import agpc
+
+    header = dict(saved[1], version=version)
+    if scaler is not None:
+        header["scaler"] = saved_pipeline[1]["scaler"]
+    with pytest.raises(ValueError, match=words) as info:
+        agpc.load_model(rewrite((None, header, saved[2]), tmp_path))
+    assert "not a valid agpc model file" in str(info.value)
+
+
+def test_a_pipeline_whose_scaler_has_other_features_is_refused_before_writing(saved_pipeline, tmp_path):
+    """F3: a scaler of 4 features before a classifier of 3 cannot predict; the file it would write cannot be loaded,
+    and writing it would replace the good file there."""
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    import agpc
+
+    good, _, _, pipeline, X = saved_pipeline
+    path = tmp_path / "m.agpc"
+    path.write_bytes(good.read_bytes())
+    wider = Pipeline([("standardscaler", StandardScaler().fit(np.c_[X, X[:, :1]])), ("gpclassifier", pipeline[-1])])
+    with pytest.raises(ValueError, match="its StandardScaler has 4 features, its GPClassifier 3"):
+        agpc.save_model(wider, path)
+    assert path.read_bytes() == good.read_bytes()
+
+
+def test_a_step_name_that_is_not_an_identifier_is_refused_before_writing(saved_pipeline, tmp_path):
+    """F5: a name the loader would refuse is not written (a file that saves must load)."""
+    from sklearn.pipeline import Pipeline
+
+    import agpc
+
+    _, _, _, pipeline, _ = saved_pipeline
+    renamed = Pipeline([("scale\x1b[2J", pipeline[0]), ("gpclassifier", pipeline[-1])])
+    with pytest.raises(ValueError, match="step names.*identifiers"):
+        agpc.save_model(renamed, tmp_path / "m.agpc")
+    assert not (tmp_path / "m.agpc").exists()
+
+
+def test_saving_and_loading_a_plain_classifier_imports_no_pipeline_module(saved, tmp_path):
+    """F17: sklearn.pipeline and sklearn.preprocessing (about 80 modules, 60-70 ms) are imported only where a
+    Pipeline is saved or loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys, agpc; m = agpc.load_model(sys.argv[1]); agpc.save_model(m, sys.argv[2]); "
+            "print(sorted(name for name in ('sklearn.pipeline', 'sklearn.preprocessing') if name in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(saved[0]), str(tmp_path / "copy.agpc")], check=True,
+                         capture_output=True, text=True, cwd=os.path.dirname(HERE)).stdout
+    assert out.strip() == "[]"
+    assert (tmp_path / "copy.agpc").exists()
