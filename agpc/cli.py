@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import csv
 import math
 import os
@@ -345,6 +346,8 @@ def _check_feature_count(X, model, path, target):
 
 
 def _latent_columns(model, X):
+    if isinstance(model, Pipeline):  # ('agpc fit --standardize') the latent f is the classifier's, of scaled rows
+        X, model = model[:-1].transform(X), model[-1]
     mean, var = (np.asarray(a) for a in model.predict_latent(X))
     if mean.ndim == 1:
         return {"latent_mean": mean, "latent_var": var}
@@ -407,6 +410,20 @@ def _warn_columns_by_position(wanted, names, path):
 
 # -- agpc inspect --------------------------------------------------------------------------------------
 
+def _classifier_named_as(model):
+    """The classifier of a model file; of a Pipeline ('agpc fit --standardize'), a shallow copy that bears the
+    pipeline's feature names: they are on its first step, the scaler that took the file's columns, and the
+    classifier, fitted on the scaler's unnamed output, has none, so its summary and plot would say x0, x1, ..."""
+    if not isinstance(model, Pipeline):
+        return model
+    classifier, names = model[-1], getattr(model, "feature_names_in_", None)
+    if names is None or getattr(classifier, "feature_names_in_", None) is not None:
+        return classifier
+    named = copy.copy(classifier)
+    named.feature_names_in_ = names
+    return named
+
+
 def inspect(args):
     if (args.data is None) != (args.target is None):
         raise UsageError("--data and --target go together: the rows to score the model's calibration on, and their "
@@ -414,7 +431,7 @@ def inspect(args):
     if args.plot is not None:
         _check_writable(args.plot, [args.model] + ([args.data] if args.data is not None else []))
     model = _load_model(args.model)
-    classifier = model[-1] if isinstance(model, Pipeline) else model  # (a file of 'agpc fit --standardize')
+    classifier = _classifier_named_as(model)
     calibration = scores = None
     if args.data is not None:
         wanted = _feature_names(model)
@@ -430,7 +447,7 @@ def inspect(args):
     if classifier is not model:
         print("standardised: the features were standardised on the training rows before the classifier (the model "
               "file holds their means and scales; predictions take raw features); lengthscales and relevance are "
-              "in units of each feature's standard deviation, features x0, x1, ... in the file's column order")
+              "in units of each feature's standard deviation")
     if scores is not None:
         _print_scores(f"scores on {args.data}", scores, len(calibration[1]))
     if args.plot is not None:

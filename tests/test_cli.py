@@ -1202,3 +1202,32 @@ def test_fit_standardize_then_predict_on_the_raw_csv_equals_a_fit_on_standardise
     capsys.readouterr()
     assert main(["inspect", str(model)]) == 0
     assert "standardised" in capsys.readouterr().out
+
+
+def test_predict_latent_of_a_standardize_model_is_the_classifier_s_on_the_standardised_rows(tmp_path, banana):
+    """agpc predict --latent on a --standardize model (a Pipeline, which has no predict_latent) writes the
+    classifier's latent moments at the scaled rows (it crashed with an AttributeError)."""
+    X, y = banana
+    X = X * [1.0, 1000.0]
+    data = write_csv(tmp_path / "train.csv", X, y)
+    model, out = tmp_path / "m.agpc", tmp_path / "p.csv"
+    assert main(["fit", str(data), "--target", "label", "--standardize", *FIT_OPTIONS, "--out", str(model)]) == 0
+    assert main(["predict", str(model), str(data), "--latent", "--out", str(out)]) == 0
+    loaded = load_model(model)
+    mean, var = loaded[-1].predict_latent(loaded[0].transform(pandas.DataFrame(X, columns=["x1", "x2"])))
+    header, values = read_predictions(out)
+    assert header[-2:] == ["latent_mean", "latent_var"]
+    np.testing.assert_allclose(values[:, -2:], np.column_stack([mean, var]), rtol=1e-12, atol=1e-15)
+
+
+def test_inspect_of_a_standardize_model_names_the_file_s_columns(tmp_path, banana, capsys):
+    """The pipeline's feature names (on its scaler) are the summary's, not x0, x1 and "not named"."""
+    X, y = banana
+    data = write_csv(tmp_path / "train.csv", X, y, names=["height", "weight", "label"])
+    model = tmp_path / "m.agpc"
+    assert main(["fit", str(data), "--target", "label", "--standardize", *FIT_OPTIONS, "--out", str(model)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(model)]) == 0
+    out = capsys.readouterr().out
+    assert "features: height, weight" in out and "not named" not in out and "x0" not in out
+    assert "standardised" in out
