@@ -237,6 +237,13 @@ def fit(args):
         (X, y, names), weights = load_weighted_data(args.data, args.target, args.weight_column)
     else:
         (X, y, names), weights = load_data(args.data, args.target, labels_required=True), None
+    if args.standardize and (args.scheduler or B.is_out_of_core(X)):
+        # the scaler is fitted on, and applied to, the training rows held in memory: rows meant to stay on disk or
+        # on the cluster would all be read in, which is what those fits are there to avoid
+        where = ("--scheduler: a fit on a dask cluster" if args.scheduler
+                 else f"{args.data}, data read from disk a chunk at a time")
+        raise UsageError(f"--standardize holds the training rows in memory to scale them: it does not go with {where}; "
+                         "standardise the stored features first")
     if args.scheduler and (weights is not None or args.class_weight):
         raise UsageError("--weight-column and --class-weight train in this process: a fit on a dask cluster "
                          "(--scheduler) does not take row weights yet")
@@ -264,8 +271,10 @@ def fit(args):
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
     scaler = None
     if args.standardize:  # on the training rows only; the model file keeps the means and scales (a Pipeline)
-        scaler = StandardScaler().fit(np.asarray(X_train[...]))
-        X_train = scaler.transform(np.asarray(X_train[...]))
+        X_train = np.asarray(X_train[...])  # (read once: in memory already, on-disk rows were refused above)
+        # the rows counted by their weights, as the fit counts them: a row of weight 2 is the row twice
+        scaler = StandardScaler().fit(X_train, sample_weight=weights)
+        X_train = scaler.transform(X_train)
         X_val = None if X_val is None else scaler.transform(X_val)
     shown = f"ordered classes {preview((classes if order is None else order).tolist(), 6)} (lowest first)" \
         if args.likelihood == ORDINAL else f"classes {preview(classes.tolist(), 6)}"
@@ -718,7 +727,8 @@ def _fit_parser(sub):
     p.add_argument("--standardize", action="store_true",
                    help="standardise each feature to mean 0 and standard deviation 1 on the training rows before "
                         "fitting (scikit-learn's StandardScaler); the model file keeps the means and scales, so "
-                        "'agpc predict' takes the raw features (Python: agpc.load_model gives the Pipeline)")
+                        "'agpc predict' takes the raw features (Python: agpc.load_model gives the Pipeline); rows "
+                        "counted by --weight-column; not with --scheduler or a zarr store (it holds the rows in memory)")
     p.add_argument("--batch-size", type=_batch_size, default="auto", metavar="B",
                    help="rows per minibatch: a number, 'none' (full batch) or 'auto' (default: full batch up to "
                         "20,000 rows, else 200)")

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas
 import pytest
+from sklearn.preprocessing import StandardScaler
 
 import agpc
 import agpc.inspection
@@ -1184,8 +1185,6 @@ def test_fit_standardize_then_predict_on_the_raw_csv_equals_a_fit_on_standardise
     """agpc fit --standardize standardises on the training rows and keeps the means and scales in the model file:
     agpc predict on the raw CSV gives what a Python fit on the standardised features predicts for them (issue 41,
     item 7), and the loaded model is that scaler and classifier."""
-    from sklearn.preprocessing import StandardScaler
-
     X, y = banana
     X = X * [1.0, 1000.0] + [0.0, -500.0]  # features of very different scales
     data = write_csv(tmp_path / "train.csv", X, y)
@@ -1218,6 +1217,38 @@ def test_predict_latent_of_a_standardize_model_is_the_classifier_s_on_the_standa
     header, values = read_predictions(out)
     assert header[-2:] == ["latent_mean", "latent_var"]
     np.testing.assert_allclose(values[:, -2:], np.column_stack([mean, var]), rtol=1e-12, atol=1e-15)
+
+
+def test_standardize_weighs_the_rows_as_the_fit_does(tmp_path, banana):
+    """With --weight-column the scaler's means and scales count a row of weight 2 as the row twice, as the fit
+    does (docs/weights.md): they are those of the rows repeated by their weights, not of the rows once each."""
+    X, y = banana
+    w = np.where(X[:, 0] > 0, 3, 1)  # the weights move the mean of x1: an unweighted scaler differs
+    data = write_table(tmp_path / "w.csv", {"x1": X[:, 0], "x2": X[:, 1], "w": w, "label": y})
+    model = tmp_path / "m.agpc"
+    assert main(["fit", str(data), "--target", "label", "--weight-column", "w", "--standardize", *FIT_OPTIONS,
+                 "--out", str(model)]) == 0
+    repeated = StandardScaler().fit(np.repeat(X, w, axis=0))
+    scaler = load_model(model)[0]
+    np.testing.assert_allclose(scaler.mean_, repeated.mean_, rtol=1e-12)
+    np.testing.assert_allclose(scaler.scale_, repeated.scale_, rtol=1e-12)
+    assert abs(scaler.mean_[0] - X[:, 0].mean()) > 0.1
+
+
+def test_standardize_is_refused_for_rows_that_stay_on_disk_or_on_a_cluster(tmp_path, banana, capsys):
+    """--standardize holds the training rows in memory: a zarr store (read a chunk at a time) and a fit on a dask
+    cluster are refused, before any connection, with one line that says why."""
+    data, target = write_zarr(tmp_path / "d.zarr", *banana)
+    model = tmp_path / "m.agpc"
+    assert main(["fit", str(data), *target, "--standardize", *FIT_OPTIONS, "--out", str(model)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--standardize" in error and "chunk at a time" in error
+    csv_data = write_csv(tmp_path / "d.csv", *banana)
+    assert main(["fit", str(csv_data), "--target", "label", "--standardize", "--scheduler", "tcp://127.0.0.1:1",
+                 *FIT_OPTIONS, "--out", str(model)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--standardize" in error and "--scheduler" in error
+    assert not model.exists()
 
 
 def test_inspect_of_a_standardize_model_names_the_file_s_columns(tmp_path, banana, capsys):
