@@ -178,7 +178,7 @@ def _class_order(args, y):
         raise UsageError(f"--likelihood ordinal: the labels of {args.data} are text ({preview(present.tolist(), 8)}), "
                          "whose order agpc cannot know: give it with --classes, lowest first, comma-separated "
                          "(e.g. --classes poor,fair,good,best)")
-    names = args.classes.split(",")
+    names = _class_names(args.classes)
     if present.dtype.kind in "iu":
         order = labels_from_text(names)
         if order.dtype.kind not in "iu":
@@ -199,6 +199,27 @@ def _class_order(args, y):
         raise UsageError(f"labels {preview(unlisted, 5)} of {args.data} are not among --classes {args.classes}: "
                          "list every class, lowest first")
     return order
+
+
+def _nth(k):
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def _class_names(text):
+    """The names of ``--classes``: one CSV record, so that a label holding a comma can be named as the data file
+    writes it, in double quotes ('"bad, really",fair'); spaces around a name are not part of it ("poor, fair").
+    An empty name (",," or a trailing comma) and an unclosed quote are errors of their own: either would otherwise
+    be reported as a class missing from, or not among, the labels."""
+    try:
+        names = next(csv.reader([text], skipinitialspace=True, strict=True), [])
+    except csv.Error:
+        raise UsageError(f"--classes {text}: a quoted name is not closed (a name holding a comma goes in double "
+                         'quotes: "bad, really",fair)') from None
+    names = [name.strip() for name in names]
+    if "" in names:
+        raise UsageError(f"--classes {text}: its {_nth(names.index('') + 1)} name is empty: name the classes, "
+                         "comma-separated, lowest first")
+    return names
 
 
 def _fit_on_cluster(model, X, y, address, validation_data=None):
@@ -711,7 +732,8 @@ def _fit_parser(sub):
                         "docs/ordinal.md)")
     p.add_argument("--classes", metavar="A,B,...", help="with --likelihood ordinal: the classes in their order, lowest "
                    "first, comma-separated, e.g. poor,fair,good,best (needed for text labels; numbers default to "
-                   "their numeric order); a class may have no rows")
+                   "their numeric order); a class may have no rows; a label holding a comma in double quotes, as "
+                   "in a CSV file")
     p.add_argument("--inducing", type=_inducing, default="auto", metavar="M",
                    help="'auto' (default: the exact model on small binary data, else 100 learned inducing points), "
                         "'all' (the exact model) or a number of inducing points")

@@ -210,7 +210,7 @@ def test_fit_takes_ordered_classes_in_the_order_given_and_predict_and_inspect_re
 
 
 @pytest.mark.parametrize("given, order", [(None, [3, 5, 10, 12]), ("12,10,5,3", [12, 10, 5, 3]),
-                                          ("3,5,10,12,15", [3, 5, 10, 12, 15])])
+                                          ("3,5,10,12,15", [3, 5, 10, 12, 15]), (" 3, 5 ,10, 12", [3, 5, 10, 12])])
 def test_numeric_grades_are_in_numeric_order_unless_classes_says_otherwise(tmp_path, monkeypatch, given, order):
     """Whole-number grades sort as numbers (3 before 10); --classes names them as the file writes them, and may
     name a class without rows."""
@@ -223,12 +223,32 @@ def test_numeric_grades_are_in_numeric_order_unless_classes_says_otherwise(tmp_p
     np.testing.assert_array_equal(fitted.cut_points_, expected.cut_points_)
 
 
+def test_classes_drops_spaces_around_a_name_and_a_quoted_name_may_hold_a_comma(tmp_path, monkeypatch):
+    """--classes is one CSV record: '"bad, really", fair' names the classes 'bad, really' and 'fair' (a label
+    with a comma is quoted, as the data file quotes it; spaces around a name are not part of it)."""
+    labels = ["bad, really", "fair", "good"]
+    X, y = graded(labels + ["good"])
+    data = tmp_path / "d.csv"
+    with open(data, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["x1", "x2", "label"])
+        writer.writerows([*row, label] for row, label in zip(X.tolist(), y.tolist()))
+    fitted = _saved_fit(tmp_path, monkeypatch, data, ["--target", "label", "--likelihood", "ordinal",
+                                                      "--classes", '"bad, really", fair , good'])
+    assert fitted.classes_.tolist() == labels
+    expected = GPClassifier(likelihood="ordinal", classes=labels, **SETTINGS).fit(X, y)
+    np.testing.assert_array_equal(fitted.cut_points_, expected.cut_points_)
+
+
 @pytest.mark.parametrize("labels, options, message", [
     (GRADES, [], "--likelihood ordinal: the labels of"),
     (GRADES, ["--classes", "poor,fair,good"], "labels best of"),
     (GRADES, ["--classes", "poor,fair,good,best,fair"], "(fair named more than once)"),
     (GRADES, ["--classes", "poor"], "name two classes or more"),
     ([3, 5, 10, 12], ["--classes", "3,5,ten,12"], "are whole numbers; ten is not"),
+    ([3, 5, 10, 12], ["--classes", "3,5,10,12,"], "--classes 3,5,10,12,: its 5th name is empty"),
+    (GRADES, ["--classes", "poor,,fair,good,best"], "its 2nd name is empty"),
+    (GRADES, ["--classes", 'poor,"fair,good,best'], "a quoted name is not closed"),
     ([3, 5, 10, 12], ["--method", "vi-jj"], "likelihood must be 'logistic' or None, got 'ordinal'"),
 ])
 def test_ordinal_option_problems_are_one_line_before_training(tmp_path, capsys, monkeypatch, labels, options,
