@@ -435,7 +435,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.likelihood_ = M.get_method(self.method).likelihood_for(self.likelihood, len(self.classes_))
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
                          trainer.engine.jitter)
-        self.stop_reason_, self.n_samples_fit_, self.n_warmup_ = "partial_fit", self._rows_seen, 0
+        # the history goes on from a fit's (or a loaded model's): its warm-up sweeps stay among n_iter_ (a stream of
+        # partial_fit alone has none); None: a model file from before the count, which says so
+        warmup = getattr(self, "n_warmup_", 0) if fitted else 0
+        self.stop_reason_, self.n_samples_fit_, self.n_warmup_ = "partial_fit", self._rows_seen, warmup
         self.ard_ = not self._trainer.engine.shared_lengthscales
         return self
 

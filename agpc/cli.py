@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import csv
 import math
 import os
@@ -175,7 +176,7 @@ def _class_order(args, y):
         raise UsageError(f"--likelihood ordinal: the labels of {args.data} are text ({preview(present.tolist(), 8)}), "
                          "whose order agpc cannot know: give it with --classes, lowest first, comma-separated "
                          "(e.g. --classes poor,fair,good,best)")
-    names = args.classes.split(",")
+    names = _class_names(args.classes)
     if present.dtype.kind in "iu":
         order = labels_from_text(names)
         if order.dtype.kind not in "iu":
@@ -196,6 +197,27 @@ def _class_order(args, y):
         raise UsageError(f"labels {preview(unlisted, 5)} of {args.data} are not among --classes {args.classes}: "
                          "list every class, lowest first")
     return order
+
+
+def _nth(k):
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def _class_names(text):
+    """The names of ``--classes``: one CSV record, so that a label holding a comma can be named as the data file
+    writes it, in double quotes ('"bad, really",fair'); spaces around a name are not part of it ("poor, fair").
+    An empty name (",," or a trailing comma) and an unclosed quote are errors of their own: either would otherwise
+    be reported as a class missing from, or not among, the labels."""
+    try:
+        names = next(csv.reader([text], skipinitialspace=True, strict=True), [])
+    except csv.Error:
+        raise UsageError(f"--classes {text}: a quoted name is not closed (a name holding a comma goes in double "
+                         'quotes: "bad, really",fair)') from None
+    names = [name.strip() for name in names]
+    if "" in names:
+        raise UsageError(f"--classes {text}: its {_nth(names.index('') + 1)} name is empty: name the classes, "
+                         "comma-separated, lowest first")
+    return names
 
 
 def _fit_on_cluster(model, X, y, address, validation_data=None):
@@ -234,6 +256,13 @@ def fit(args):
         (X, y, names), weights = load_weighted_data(args.data, args.target, args.weight_column)
     else:
         (X, y, names), weights = load_data(args.data, args.target, labels_required=True), None
+    if args.standardize and (args.scheduler or B.is_out_of_core(X)):
+        # the scaler is fitted on, and applied to, the training rows held in memory: rows meant to stay on disk or
+        # on the cluster would all be read in, which is what those fits are there to avoid
+        where = ("--scheduler: a fit on a dask cluster" if args.scheduler
+                 else f"{args.data}, data read from disk a chunk at a time")
+        raise UsageError(f"--standardize holds the training rows in memory to scale them: it does not go with {where}; "
+                         "standardise the stored features first")
     if args.scheduler and (weights is not None or args.class_weight):
         raise UsageError("--weight-column and --class-weight train in this process: a fit on a dask cluster "
                          "(--scheduler) does not take row weights yet")
@@ -263,8 +292,10 @@ def fit(args):
     if args.standardize:  # on the training rows only; the model file keeps the means and scales (a Pipeline)
         from sklearn.preprocessing import StandardScaler  # (60-70 ms that other commands need not wait)
 
-        scaler = StandardScaler().fit(np.asarray(X_train[...]))
-        X_train = scaler.transform(np.asarray(X_train[...]))
+        X_train = np.asarray(X_train[...])  # (read once: in memory already, on-disk rows were refused above)
+        # the rows counted by their weights, as the fit counts them: a row of weight 2 is the row twice
+        scaler = StandardScaler().fit(X_train, sample_weight=weights)
+        X_train = scaler.transform(X_train)
         X_val = None if X_val is None else scaler.transform(X_val)
     shown = f"ordered classes {preview((classes if order is None else order).tolist(), 6)} (lowest first)" \
         if args.likelihood == ORDINAL else f"classes {preview(classes.tolist(), 6)}"
@@ -347,6 +378,8 @@ def _check_feature_count(X, model, path, target):
 
 
 def _latent_columns(model, X):
+    if not isinstance(model, GPClassifier):  # a Pipeline (agpc fit --standardize): the latent f of scaled rows
+        X, model = model[:-1].transform(X), model[-1]
     mean, var = (np.asarray(a) for a in model.predict_latent(X))
     if mean.ndim == 1:
         return {"latent_mean": mean, "latent_var": var}
@@ -409,6 +442,20 @@ def _warn_columns_by_position(wanted, names, path):
 
 # -- agpc inspect --------------------------------------------------------------------------------------
 
+def _classifier_named_as(model):
+    """The classifier of a model file; of a Pipeline ('agpc fit --standardize'), a shallow copy that bears the
+    pipeline's feature names: they are on its first step, the scaler that took the file's columns, and the
+    classifier, fitted on the scaler's unnamed output, has none, so its summary and plot would say x0, x1, ..."""
+    if isinstance(model, GPClassifier):
+        return model
+    classifier, names = model[-1], getattr(model, "feature_names_in_", None)
+    if names is None or getattr(classifier, "feature_names_in_", None) is not None:
+        return classifier
+    named = copy.copy(classifier)
+    named.feature_names_in_ = names
+    return named
+
+
 def inspect(args):
     if (args.data is None) != (args.target is None):
         raise UsageError("--data and --target go together: the rows to score the model's calibration on, and their "
@@ -417,7 +464,7 @@ def inspect(args):
         _check_writable(args.plot, [args.model] + ([args.data] if args.data is not None else []))
     model = _load_model(args.model)
     # (load_model gives a GPClassifier, or a Pipeline ending in one: a file of 'agpc fit --standardize')
-    classifier = model if isinstance(model, GPClassifier) else model[-1]
+    classifier = _classifier_named_as(model)
     calibration = scores = None
     if args.data is not None:
         wanted = _feature_names(model)
@@ -433,7 +480,7 @@ def inspect(args):
     if classifier is not model:
         print("standardised: the features were standardised on the training rows before the classifier (the model "
               "file holds their means and scales; predictions take raw features); lengthscales and relevance are "
-              "in units of each feature's standard deviation, features x0, x1, ... in the file's column order")
+              "in units of each feature's standard deviation")
     if scores is not None:
         _print_scores(f"scores on {args.data}", scores, len(calibration[1]))
     if args.plot is not None:
@@ -688,7 +735,8 @@ def _fit_parser(sub):
                         "docs/ordinal.md)")
     p.add_argument("--classes", metavar="A,B,...", help="with --likelihood ordinal: the classes in their order, lowest "
                    "first, comma-separated, e.g. poor,fair,good,best (needed for text labels; numbers default to "
-                   "their numeric order); a class may have no rows")
+                   "their numeric order); a class may have no rows; a label holding a comma in double quotes, as "
+                   "in a CSV file")
     p.add_argument("--inducing", type=_inducing, default="auto", metavar="M",
                    help="'auto' (default: the exact model on small binary data, else 100 learned inducing points), "
                         "'all' (the exact model) or a number of inducing points")
@@ -704,7 +752,8 @@ def _fit_parser(sub):
     p.add_argument("--standardize", action="store_true",
                    help="standardise each feature to mean 0 and standard deviation 1 on the training rows before "
                         "fitting (scikit-learn's StandardScaler); the model file keeps the means and scales, so "
-                        "'agpc predict' takes the raw features (Python: agpc.load_model gives the Pipeline)")
+                        "'agpc predict' takes the raw features (Python: agpc.load_model gives the Pipeline); rows "
+                        "counted by --weight-column; not with --scheduler or a zarr store (it holds the rows in memory)")
     p.add_argument("--batch-size", type=_batch_size, default="auto", metavar="B",
                    help="rows per minibatch: a number, 'none' (full batch) or 'auto' (default: full batch up to "
                         "20,000 rows, else 200)")

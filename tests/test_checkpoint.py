@@ -29,6 +29,7 @@ def test_interrupted_and_resumed_fit_equals_uninterrupted(tmp_path, monkeypatch,
     reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", stop_at, X, y)
     np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"], reference.history_["log_marginal_likelihood"],
                                rtol=1e-12)
+    assert (resumed.n_iter_, resumed.n_warmup_) == (reference.n_iter_, reference.n_warmup_)
     np.testing.assert_allclose(resumed.inducing_points_, reference.inducing_points_, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-10, atol=1e-14)
 

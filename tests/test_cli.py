@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas
 import pytest
+from sklearn.preprocessing import StandardScaler
 
 import agpc
 import agpc.inspection
@@ -209,7 +210,7 @@ def test_fit_takes_ordered_classes_in_the_order_given_and_predict_and_inspect_re
 
 
 @pytest.mark.parametrize("given, order", [(None, [3, 5, 10, 12]), ("12,10,5,3", [12, 10, 5, 3]),
-                                          ("3,5,10,12,15", [3, 5, 10, 12, 15])])
+                                          ("3,5,10,12,15", [3, 5, 10, 12, 15]), (" 3, 5 ,10, 12", [3, 5, 10, 12])])
 def test_numeric_grades_are_in_numeric_order_unless_classes_says_otherwise(tmp_path, monkeypatch, given, order):
     """Whole-number grades sort as numbers (3 before 10); --classes names them as the file writes them, and may
     name a class without rows."""
@@ -222,12 +223,32 @@ def test_numeric_grades_are_in_numeric_order_unless_classes_says_otherwise(tmp_p
     np.testing.assert_array_equal(fitted.cut_points_, expected.cut_points_)
 
 
+def test_classes_drops_spaces_around_a_name_and_a_quoted_name_may_hold_a_comma(tmp_path, monkeypatch):
+    """--classes is one CSV record: '"bad, really", fair' names the classes 'bad, really' and 'fair' (a label
+    with a comma is quoted, as the data file quotes it; spaces around a name are not part of it)."""
+    labels = ["bad, really", "fair", "good"]
+    X, y = graded(labels + ["good"])
+    data = tmp_path / "d.csv"
+    with open(data, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["x1", "x2", "label"])
+        writer.writerows([*row, label] for row, label in zip(X.tolist(), y.tolist()))
+    fitted = _saved_fit(tmp_path, monkeypatch, data, ["--target", "label", "--likelihood", "ordinal",
+                                                      "--classes", '"bad, really", fair , good'])
+    assert fitted.classes_.tolist() == labels
+    expected = GPClassifier(likelihood="ordinal", classes=labels, **SETTINGS).fit(X, y)
+    np.testing.assert_array_equal(fitted.cut_points_, expected.cut_points_)
+
+
 @pytest.mark.parametrize("labels, options, message", [
     (GRADES, [], "--likelihood ordinal: the labels of"),
     (GRADES, ["--classes", "poor,fair,good"], "labels best of"),
     (GRADES, ["--classes", "poor,fair,good,best,fair"], "(fair named more than once)"),
     (GRADES, ["--classes", "poor"], "name two classes or more"),
     ([3, 5, 10, 12], ["--classes", "3,5,ten,12"], "are whole numbers; ten is not"),
+    ([3, 5, 10, 12], ["--classes", "3,5,10,12,"], "--classes 3,5,10,12,: its 5th name is empty"),
+    (GRADES, ["--classes", "poor,,fair,good,best"], "its 2nd name is empty"),
+    (GRADES, ["--classes", 'poor,"fair,good,best'], "a quoted name is not closed"),
     ([3, 5, 10, 12], ["--method", "vi-jj"], "likelihood must be 'logistic' or None, got 'ordinal'"),
 ])
 def test_ordinal_option_problems_are_one_line_before_training(tmp_path, capsys, monkeypatch, labels, options,
@@ -1184,8 +1205,6 @@ def test_fit_standardize_then_predict_on_the_raw_csv_equals_a_fit_on_standardise
     """agpc fit --standardize standardises on the training rows and keeps the means and scales in the model file:
     agpc predict on the raw CSV gives what a Python fit on the standardised features predicts for them (issue 41,
     item 7), and the loaded model is that scaler and classifier."""
-    from sklearn.preprocessing import StandardScaler
-
     X, y = banana
     X = X * [1.0, 1000.0] + [0.0, -500.0]  # features of very different scales
     data = write_csv(tmp_path / "train.csv", X, y)
@@ -1202,3 +1221,64 @@ def test_fit_standardize_then_predict_on_the_raw_csv_equals_a_fit_on_standardise
     capsys.readouterr()
     assert main(["inspect", str(model)]) == 0
     assert "standardised" in capsys.readouterr().out
+
+
+def test_predict_latent_of_a_standardize_model_is_the_classifier_s_on_the_standardised_rows(tmp_path, banana):
+    """agpc predict --latent on a --standardize model (a Pipeline, which has no predict_latent) writes the
+    classifier's latent moments at the scaled rows (it crashed with an AttributeError)."""
+    X, y = banana
+    X = X * [1.0, 1000.0]
+    data = write_csv(tmp_path / "train.csv", X, y)
+    model, out = tmp_path / "m.agpc", tmp_path / "p.csv"
+    assert main(["fit", str(data), "--target", "label", "--standardize", *FIT_OPTIONS, "--out", str(model)]) == 0
+    assert main(["predict", str(model), str(data), "--latent", "--out", str(out)]) == 0
+    loaded = load_model(model)
+    mean, var = loaded[-1].predict_latent(loaded[0].transform(pandas.DataFrame(X, columns=["x1", "x2"])))
+    header, values = read_predictions(out)
+    assert header[-2:] == ["latent_mean", "latent_var"]
+    np.testing.assert_allclose(values[:, -2:], np.column_stack([mean, var]), rtol=1e-12, atol=1e-15)
+
+
+def test_standardize_weighs_the_rows_as_the_fit_does(tmp_path, banana):
+    """With --weight-column the scaler's means and scales count a row of weight 2 as the row twice, as the fit
+    does (docs/weights.md): they are those of the rows repeated by their weights, not of the rows once each."""
+    X, y = banana
+    w = np.where(X[:, 0] > 0, 3, 1)  # the weights move the mean of x1: an unweighted scaler differs
+    data = write_table(tmp_path / "w.csv", {"x1": X[:, 0], "x2": X[:, 1], "w": w, "label": y})
+    model = tmp_path / "m.agpc"
+    assert main(["fit", str(data), "--target", "label", "--weight-column", "w", "--standardize", *FIT_OPTIONS,
+                 "--out", str(model)]) == 0
+    repeated = StandardScaler().fit(np.repeat(X, w, axis=0))
+    scaler = load_model(model)[0]
+    np.testing.assert_allclose(scaler.mean_, repeated.mean_, rtol=1e-12)
+    np.testing.assert_allclose(scaler.scale_, repeated.scale_, rtol=1e-12)
+    assert abs(scaler.mean_[0] - X[:, 0].mean()) > 0.1
+
+
+def test_standardize_is_refused_for_rows_that_stay_on_disk_or_on_a_cluster(tmp_path, banana, capsys):
+    """--standardize holds the training rows in memory: a zarr store (read a chunk at a time) and a fit on a dask
+    cluster are refused, before any connection, with one line that says why."""
+    data, target = write_zarr(tmp_path / "d.zarr", *banana)
+    model = tmp_path / "m.agpc"
+    assert main(["fit", str(data), *target, "--standardize", *FIT_OPTIONS, "--out", str(model)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--standardize" in error and "chunk at a time" in error
+    csv_data = write_csv(tmp_path / "d.csv", *banana)
+    assert main(["fit", str(csv_data), "--target", "label", "--standardize", "--scheduler", "tcp://127.0.0.1:1",
+                 *FIT_OPTIONS, "--out", str(model)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--standardize" in error and "--scheduler" in error
+    assert not model.exists()
+
+
+def test_inspect_of_a_standardize_model_names_the_file_s_columns(tmp_path, banana, capsys):
+    """The pipeline's feature names (on its scaler) are the summary's, not x0, x1 and "not named"."""
+    X, y = banana
+    data = write_csv(tmp_path / "train.csv", X, y, names=["height", "weight", "label"])
+    model = tmp_path / "m.agpc"
+    assert main(["fit", str(data), "--target", "label", "--standardize", *FIT_OPTIONS, "--out", str(model)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(model)]) == 0
+    out = capsys.readouterr().out
+    assert "features: height, weight" in out and "not named" not in out and "x0" not in out
+    assert "standardised" in out

@@ -30,7 +30,7 @@ def _run(trainer, minibatch=False, n_batches=1):
     return SimpleNamespace(trainer=trainer, X=None, y=None, minibatch=minibatch, batches=[None] * n_batches,
                            best={"nll": np.inf, "reference": np.inf, "state": None, "since": 0}, postfix={},
                            early_stopped=False, stopped_by_time=False, converged=False, resumed=False, warmup=0,
-                           settings=SimpleNamespace(max_iter=2))
+                           settings=SimpleNamespace(max_iter=2), finished=lambda: False)  # (steps to take)
 
 
 def test_validation_stops_after_n_iter_no_change_evaluations_without_an_improvement_above_tol():
@@ -168,6 +168,29 @@ def test_the_progress_bar_counts_every_step_of_every_epoch_and_shows_the_last_ep
 
 def test_durations_read_as_a_person_says_them():
     assert [hooks.duration(s) for s in (4.25, 48, 401, 7500)] == ["4.2 s", "48 s", "6 min 41 s", "2 h 05 min"]
+    # no exponent for a tiny time ("1e-05 s"), and a time that rounds to a minute says a minute ("60 s" was said for
+    # 59.6 s and "1 min 00 s" for 60.4 s)
+    assert [hooks.duration(s) for s in (0, 1e-5, 1e-9, 0.05, 0.5, 59.6, 60.4, 3599.7)] == [
+        "0 s", "<0.01 s", "<0.01 s", "0.05 s", "0.5 s", "1 min 00 s", "1 min 00 s", "1 h 00 min"]
+
+
+@pytest.mark.parametrize("method, plan", [
+    ("ep", "80 rows; max_iter 0: no training steps (no warm-up sweeps either), only the final pass"),
+    ("sep", "80 rows; max_iter 0: no training steps (no warm-up sweeps either), only the final pass"),
+    ("gfitc", "80 rows, batch steps on all rows; max_iter 0: EP sweeps until the sites settle, no step on the "
+              "hyper-parameters"),
+])
+def test_the_plan_of_a_fit_with_max_iter_0_says_what_it_will_do(capsys, method, plan):
+    """max_iter=0: batch EP / SEP run no warm-up sweep and no iteration (the plan said "10 warm-up sweeps, then at
+    most 0 iterations"); GFITC settles its sites at the starting hyper-parameters. The final pass is at those."""
+    X, y = make_banana(80, random_state=2)
+    model = GPClassifier(method=method, n_inducing=5, max_iter=0, max_time=1e-9 if method == "ep" else None,
+                         verbose=True).fit(X, y)
+    lines = _last_renders(capsys.readouterr().err)
+    assert lines[0] == f"agpc {method}: {plan}" + ("; max_time <0.01 s" if method == "ep" else "")
+    assert lines[-1].startswith(f"agpc {method}: final pass over all 80 rows") and "at the starting hyper" in lines[-1]
+    if method != "gfitc":
+        assert model.n_iter_ == 0 and len(lines) == 2
 
 
 def test_step_until_taken_retries_until_the_guard_gives_up():

@@ -210,7 +210,8 @@ def test_partial_fit_after_fit_starts_from_the_fitted_posterior(tmp_path, n_clas
     if n_classes == 3:
         y = _classes_by_two_thresholds(X)
     model = GPClassifier(method="sep", n_inducing=6, max_iter=5, random_state=0).fit(X[:250], y[:250])
-    fitted, steps = model.predict_proba(X), model.n_iter_
+    fitted, steps, warmup = model.predict_proba(X), model.n_iter_, model.n_warmup_
+    assert warmup == 10  # (batch SEP's warm-up sweeps, which the history keeps after partial_fit)
     model.save(tmp_path / "fitted.agpc")
     loaded = GPClassifier.load(tmp_path / "fitted.agpc")
     with pytest.raises(ValueError, match="pass n_total"):
@@ -218,9 +219,11 @@ def test_partial_fit_after_fit_starts_from_the_fitted_posterior(tmp_path, n_clas
     for continued, n_total in ((model, None), (loaded, 300)):
         continued.set_params(damping=1e-12, optimize=False)
         continued.partial_fit(X[250:], y[250:], n_total=n_total)
-        assert continued.n_iter_ == steps + 1
+        assert continued.n_iter_ == steps + 1 and continued.n_warmup_ == warmup
         assert continued.history_["n_rows_seen"][-1] == 300
         np.testing.assert_allclose(continued.predict_proba(X), fitted, rtol=0, atol=1e-9)  # a step of size 1e-12
+        continued.partial_fit(X[250:], y[250:])  # (a stream going on: its first call's count stays)
+        assert continued.n_iter_ == steps + 2 and continued.n_warmup_ == warmup
 
 
 def test_partial_fit_cannot_continue_a_model_fitted_by_a_method_without_a_stream():

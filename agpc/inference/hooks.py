@@ -193,10 +193,15 @@ def objective_label(method):
 
 
 def duration(seconds):
-    """``seconds`` as a person reads a duration: "48 s", "6 min 41 s", "2 h 05 min"."""
+    """``seconds`` as a person reads a duration: "48 s", "6 min 41 s", "2 h 05 min"; "<0.01 s" below a hundredth
+    (a progress line has no use for more, and two significant digits of 1e-05 read as an exponent)."""
     seconds = max(0.0, float(seconds))
-    if seconds < 60:
-        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+    if 0 < seconds < 0.01:
+        return "<0.01 s"
+    if seconds < 9.5:
+        return f"{seconds:.2g} s"
+    if round(seconds) < 60:  # (rounded first: 59.6 s is "1 min 00 s", as 60.4 s is, not "60 s")
+        return f"{round(seconds)} s"
     minutes, s = divmod(int(round(seconds)), 60)
     if minutes < 60:
         return f"{minutes} min {s:02d} s"
@@ -244,7 +249,14 @@ class Progress(Hook):
     def _plan(self, run):
         """What the run will do at most, in the units of its options."""
         settings, n = run.settings, run.X.shape[0]
-        if run.minibatch:
+        if run.finished():  # max_iter 0 (or a resumed run that had ended): not a warm-up sweep, not a step runs
+            warmup = " (no warm-up sweeps either)" if run.trainer.n_steps < run.warmup else ""
+            cap = "max_iter 0" if settings.max_iter == 0 else f"max_iter {settings.max_iter:,} reached"
+            plan = f"{n:,} rows; {cap}: no training steps{warmup}, only the final pass"
+        elif settings.max_iter == 0 and not run.minibatch:  # GFITC: its sites settle, at the starting kernel
+            plan = (f"{n:,} rows, batch steps on all rows; max_iter 0: EP sweeps until the sites settle, no step on "
+                    "the hyper-parameters")
+        elif run.minibatch:
             steps = len(run.batches)
             plan = (f"{n:,} rows in minibatches of {int(settings.batch_size):,} ({steps:,} steps an epoch); at most "
                     f"{settings.max_iter:,} epochs (max_iter) = {settings.max_iter * steps:,} steps")
@@ -255,7 +267,8 @@ class Progress(Hook):
                 plan += ", fewer once it settles"
         if settings.max_time is not None:
             plan += f"; max_time {duration(settings.max_time)}"
-        return plan + "; a time estimate follows the first steps"
+        # (max_iter 0 has no iterations to estimate the cost of)
+        return plan + ("" if settings.max_iter == 0 or run.finished() else "; a time estimate follows the first steps")
 
     def new_epoch(self, run):
         if self.bar is None:
@@ -366,7 +379,8 @@ class Progress(Hook):
     def final_pass(self, run, exact):
         if exact:
             _say(f"{self._name(run)}: final pass over all {run.X.shape[0]:,} rows (q and its "
-                 f"{objective_label(run.trainer.method)} at the learned hyper-parameters)")
+                 f"{objective_label(run.trainer.method)} at the "
+                 f"{'starting' if run.settings.max_iter == 0 else 'learned'} hyper-parameters)")
 
     def finish(self, run):
         self._close(run, ended=run.stop_reason)
