@@ -1,14 +1,16 @@
 """Helpers shared by the test modules: toy data sets, "the same model" for a disturbed fit, the test NLL, CSV
-writers, a local dask cluster, a fit interrupted and resumed from its checkpoint. Test modules import them by name
+writers, a zarr store with a forged zarr.json, a local dask cluster, a fit interrupted and resumed from its checkpoint. Test modules import them by name
 (``from helpers import three_classes``), never from one another."""
 
 import contextlib
+import json
 
 import numpy as np
 import pytest
 from hypothesis import strategies as st
 
 from agpc import GPClassifier, checkpoints
+from agpc.datasets import make_banana
 from agpc.inference import training
 from agpc.likelihoods import negative_log_likelihood
 
@@ -147,3 +149,17 @@ def interrupted_then_resumed(monkeypatch, params, path, stop_at, X, y):
         f"the resumed fit took steps {resumed_steps[:3]}...{resumed_steps[-1:]}, the checkpoint was written at step "
         f"{saved['n_steps']} of {len(taken)}")
     return reference, resumed
+
+
+def forged_zarr(tmp_path, rows, field, value):
+    """A zarr array of ``rows`` banana rows (float64, chunks of 20) at tmp_path / "forged.zarr" whose zarr.json then
+    says ``field``: ``value`` (a forged shape or type); returns (store path, X as written)."""
+    zarr = pytest.importorskip("zarr")
+    X, _ = make_banana(rows, random_state=0)
+    store = tmp_path / "forged.zarr"
+    array = zarr.open_array(str(store), mode="w", shape=X.shape, chunks=(20, 2), dtype="f8")
+    array[:] = X
+    document = json.loads((store / "zarr.json").read_text())
+    document[field] = value
+    (store / "zarr.json").write_text(json.dumps(document))
+    return store, X

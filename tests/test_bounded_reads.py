@@ -21,6 +21,7 @@ from numpy.lib import format as npy_format
 from agpc import GPClassifier, checkpoints, model_file, untrusted
 from agpc.cli import main
 from agpc.datasets import make_banana
+from helpers import forged_zarr
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
@@ -239,13 +240,8 @@ def test_fit_on_a_zarr_array_of_a_forged_row_count_is_refused_before_a_row_is_re
     Now the same checks first: the rows against y's, the declared shape against the bytes stored (y as long as the
     forged X: refused by the store's bytes), and no row read before them."""
     zarr = pytest.importorskip("zarr")
-    X, y = make_banana(120, random_state=0)
-    store = tmp_path / "forged.zarr"
-    array = zarr.open_array(str(store), mode="w", shape=X.shape, chunks=(20, 2), dtype="f8")
-    array[:] = X
-    document = json.loads((store / "zarr.json").read_text())
-    document["shape"] = [declared, 2]
-    (store / "zarr.json").write_text(json.dumps(document))
+    store, _ = forged_zarr(tmp_path, 120, "shape", [declared, 2])
+    y = make_banana(120, random_state=0)[1]
     counted = _CountedReads(zarr.open_array(str(store), mode="r"))
     expected = (f"X has {declared} rows but y has 120" if labels == 120 else
                 r"forged\.zarr: declares 320,000,000 bytes .* but stores [\d,]+ bytes of chunks")

@@ -1,7 +1,6 @@
 """Input checks: every parameter of GPClassifier against its table (``agpc.validation``), labels,
 validation data."""
 
-import json
 import math
 import numbers
 import pickle
@@ -14,6 +13,7 @@ import pytest
 from agpc import RBF, GPClassifier
 from agpc import validation as V
 from agpc.datasets import make_banana
+from helpers import forged_zarr
 
 
 @pytest.fixture(scope="module")
@@ -241,15 +241,8 @@ def test_a_subset_parameter_names_what_it_chooses():
 def _forged_dtype_zarr(tmp_path):
     """A zarr array of 40 rows of float64 whose zarr.json was edited to say float32 (its chunks hold twice the
     bytes)."""
-    zarr = pytest.importorskip("zarr")
-    X, _ = make_banana(40, random_state=0)
-    store = tmp_path / "forged.zarr"
-    array = zarr.open_array(str(store), mode="w", shape=X.shape, chunks=(20, 2), dtype="f8")
-    array[:] = X
-    document = json.loads((store / "zarr.json").read_text())
-    document["data_type"] = "float32"
-    (store / "zarr.json").write_text(json.dumps(document))
-    return zarr.open_array(str(store), mode="r")
+    store, _ = forged_zarr(tmp_path, 40, "data_type", "float32")
+    return pytest.importorskip("zarr").open_array(str(store), mode="r")
 
 
 _X40 = make_banana(40, random_state=0)[0]
