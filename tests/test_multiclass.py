@@ -32,16 +32,20 @@ def _log_z(kernels, Z, X, y, nu, mu):
 def test_log_z_gradient_matches_finite_differences_at_ep_fixed_point(xp_device):
     """Villacampa-Calvo & Hernandez-Lobato (2017), eq. 10: at an EP fixed point the gradient with the cavities fixed
     equals the derivative of log Z_q (eq. 9) with the sites held fixed -- every kernel parameter of every class and
-    every entry of every class's inducing points, against central differences."""
+    every entry of every class's inducing points, against central differences. The fixed point is found on NumPy
+    (920 sweeps to 1e-13: 26 s on array_api_strict, whose multiclass fits tests/test_array_api.py runs) and its sites
+    moved to the namespace whose gradient and log Z are checked."""
     xp, device = xp_device
     X_np, y_np = three_classes()
     X, y = to_xp(X_np, xp, device), to_xp(y_np.astype(float), xp, device)
     rng = np.random.default_rng(3)
-    Z = to_xp(np.stack([X_np[rng.choice(60, 4, replace=False)] + 0.05 * c for c in range(3)]), xp, device)
+    Z_np = np.stack([X_np[rng.choice(60, 4, replace=False)] + 0.05 * c for c in range(3)])
+    Z = to_xp(Z_np, xp, device)
     kernels = _kernels(X)
-    fit = training.fit(X, y, kernels, Z, jitter=JITTER, max_iter=4000, optimize=(), tol=1e-13)
+    fit = training.fit(X_np, y_np.astype(float), _kernels(X_np), Z_np, jitter=JITTER, max_iter=4000, optimize=(),
+                       tol=1e-13)
     assert fit.converged
-    nu, mu = fit.site_precision, fit.site_shift
+    nu, mu = (to_xp(to_np(sites), xp, device) for sites in (fit.site_precision, fit.site_shift))
     assert tuple(nu.shape) == (60, 6)
     out = multiclass_ep.evaluate(kernels, Z, X, y, nu, mu, jitter=JITTER)
     assert out["n_invalid"] == 0
