@@ -65,8 +65,7 @@ def _parts(model):
         raise ValueError(f"save_model saves a fitted GPClassifier, or {PIPELINE_TAKEN}; this Pipeline's steps are "
                          f"{kinds}. A model file holds data, never code, so other preprocessing cannot be saved in "
                          "it (and saving pipeline[-1] alone would predict on unprocessed features): save pipeline[-1] "
-                         "with save_model and keep the preprocessing yourself, or pickle the Pipeline (a pickle runs "
-                         "code when it is loaded: load only your own)")
+                         "with save_model and apply the preprocessing yourself before predicting")
     (first, scaler), (second, classifier) = model.steps
     check_is_fitted(scaler)
     check_is_fitted(classifier)
