@@ -52,7 +52,7 @@ from . import checkpoints, persistence
 from .batch_size import rows_per_step
 from .classifier import GPClassifier
 from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
-from .inference.hooks import close_progress_bars
+from .inference.hooks import ENDED_BECAUSE, close_progress_bars
 from .inspection import expected_calibration_error, plot_model
 from .likelihoods import negative_log_likelihood
 from .methods import ORDINAL, RegisteredLikelihood, method_names
@@ -335,11 +335,6 @@ def fit(args):
     return 0
 
 
-# Why a fit stopped before its --max-iter, as the summary says it (a ``training.STOP_REASONS``; max_iter: it did not)
-_STOPPED = {"plateau": "stopped once log Z settled", "converged": "stopped once the sites settled",
-            "max_time": "stopped by --max-time", "early_stopping": "stopped early on the validation NLL"}
-
-
 def _iterations(model, max_iter, n_rows):
     """What the fit trained, counted as --max-iter counts it (epochs with minibatches; batch EP / SEP / ADF's
     warm-up sweeps, which ``n_iter_`` includes, apart), and why it stopped before the cap."""
@@ -352,8 +347,8 @@ def _iterations(model, max_iter, n_rows):
         said = f"{model.n_iter_ - warmup} iterations of --max-iter {max_iter}"
     if warmup:
         said += f" + {warmup} warm-up sweeps"
-    stopped = _STOPPED.get(getattr(model, "stop_reason_", None))
-    return said + (f", {stopped}" if stopped else "")
+    reason = getattr(model, "stop_reason_", None)  # (said as the progress bar of a stage that ended early says it)
+    return said + (f", stopped: {ENDED_BECAUSE[reason]}" if reason in ENDED_BECAUSE and reason != "max_iter" else "")
 
 
 # -- agpc predict --------------------------------------------------------------------------------------
