@@ -8,7 +8,7 @@ from agpc import RBF, CholeskyError, GPClassifier, JitterWarning
 from agpc import backend as agpc_backend
 from agpc.datasets import make_banana
 from agpc.inference import engines, hooks, multiclass_vi, training
-from helpers import interrupted_then_resumed, three_classes
+from helpers import binary_toy, interrupted_then_resumed, three_classes
 
 COMMON_KEYS = {"log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps", "guard_rejected",
                "guard_rebuilds", "guard_halvings", "guard_restored"}
@@ -223,6 +223,81 @@ def test_time_budget_keeps_room_for_the_final_pass_in_batch_mode_only(monkeypatc
     assert minibatch.final_pass_fits()  # 105 + 2 x 2.5 <= 110
     clock["now"] = 106.0
     assert not minibatch.final_pass_fits()  # 106 + 5 > 110
+
+
+def test_minibatch_ep_keeps_room_for_its_exact_final_pass(monkeypatch):
+    """Minibatch EP's model under a time budget is its exact final pass (q rebuilt from all sites at the learned
+    hyper-parameters), not the running product, which holds its sites along the last rebuild's projections and
+    predicted far worse (hooks.FINAL_RESERVE): no step starts that would leave less than FINAL_RESERVE rebuilds,
+    the pass is made when FINAL_MARGIN of them fit, and without the reservation the pass needs two."""
+    clock = {"now": 100.0}
+    monkeypatch.setattr(hooks.time, "perf_counter", lambda: clock["now"])
+    budget = hooks.TimeBudget(20.0, started=100.0, batch=False)
+    step, rebuild = 1.0, 4.0
+    budget.seconds.update(step=step, rebuild=rebuild)
+    budget.reserve_final = True  # (what ``start`` decides from its timed rebuild)
+    last_start = 120.0 - step - hooks.FINAL_RESERVE * rebuild  # the last moment a step may start
+    clock["now"] = last_start - 0.1
+    assert not budget.exhausted(False)
+    clock["now"] = last_start + 0.1
+    assert budget.exhausted(False) and budget.final_pass_fits()  # what stopped the steps left room for the pass
+    clock["now"] = 120.0 - hooks.FINAL_MARGIN * rebuild + 0.1
+    assert not budget.final_pass_fits()
+    budget.reserve_final = False  # other minibatch fits: no room kept, the pass made where 2 rebuilds fit
+    clock["now"] = last_start + 0.1
+    assert not budget.exhausted(False) and not budget.final_pass_fits()
+
+
+def test_the_rebuild_estimate_leaves_out_the_cold_first_timing(monkeypatch):
+    """hooks._rebuild_estimate: one warm-up on the first rows (not counted), then the faster of two timings of four
+    times as many scaled to all rows. The first timing in a process ran 1.7x the warm ones (28 s against 16-19 s
+    scaled, full airline), enough to keep a 60-s fit from reserving its pass."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(hooks.time, "perf_counter", lambda: clock["now"])
+    calls = []
+
+    class Engine:
+        def time_rebuild(self, X, y, rows):
+            slow = 3.0 if len(calls) < 2 else 1.0  # the warm-up and the first timing run cold
+            calls.append(rows)
+            clock["now"] += slow * 1e-5 * rows
+
+    X = np.zeros((1_000_000, 1))
+    estimate = hooks._rebuild_estimate(Engine(), X, None, 1000)
+    assert calls == [1000, 4000, 4000]
+    assert estimate == pytest.approx(1e-5 * 4000 * 1_000_000 / 4000)
+    calls.clear()
+    assert hooks._rebuild_estimate(Engine(), X[:3000], None, 1000) == pytest.approx(1e-5 * 3000)  # all n rows
+    assert calls == [1000, 3000, 3000]
+
+
+def test_a_time_stopped_minibatch_ep_fit_returns_its_exact_final_pass():
+    """End to end: a minibatch EP fit stopped by max_time mid-epoch returns q rebuilt exactly from its sites: the
+    fitted posterior is the one an exact pass at the returned kernel and Z gives."""
+    X, y = binary_toy(4000, seed=3)
+    seen = {}
+    real = hooks.TimeBudget.start
+
+    def start(self, run, rows=8192):
+        real(self, run, rows)
+        seen["reserved"] = self.reserve_final
+        seen["run"] = run
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(hooks.TimeBudget, "start", start)
+    try:
+        fit = training.fit(X, y, RBF(lengthscales=[1.0, 1.0]).for_inputs(X), X[:20].copy(), method="ep",
+                           batch_size=20, max_iter=50, max_time=1.5, jitter=1e-6)
+    finally:
+        monkeypatch.undo()
+    assert seen["reserved"] and fit.stopped_by_time
+    engine = seen["run"].trainer.engine
+    exact = engine._exact_pass(seen["run"].X, seen["run"].y)["posterior"]  # (a pass of its own, no cache)
+    running = engine.passes.posterior_from_factor(engine.state["kernel"], engine.state["Z"], engine.state["factor"],
+                                                  jitter=engine.jitter)
+    np.testing.assert_allclose(fit.posterior.h, exact.h, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(fit.posterior.L_C, exact.L_C, rtol=1e-10, atol=1e-12)
+    assert np.max(np.abs(np.asarray(running.h) - np.asarray(exact.h))) > 1e-6  # (the two differ: a real choice)
 
 
 def test_a_step_takes_row_weights_padding_weighs_nothing():
