@@ -226,26 +226,34 @@ def test_time_budget_keeps_room_for_the_final_pass_in_batch_mode_only(monkeypatc
 
 
 def test_minibatch_ep_keeps_room_for_its_exact_final_pass(monkeypatch):
-    """Minibatch EP's model under a time budget is its exact final pass (q rebuilt from all sites at the learned
-    hyper-parameters), not the running product, which holds its sites along the last rebuild's projections and
-    predicted far worse (hooks.FINAL_RESERVE): no step starts that would leave less than FINAL_RESERVE rebuilds,
-    the pass is made when FINAL_MARGIN of them fit, and without the reservation the pass needs two."""
+    """Minibatch EP's model under a time budget is q rebuilt exactly from all its sites at the learned
+    hyper-parameters, not the running product, which holds its sites along the last rebuild's projections and
+    predicted far worse (hooks.FINAL_RESERVE): no step starts that would leave less than FINAL_RESERVE estimated
+    rebuilds of q, that rebuild is made when FINAL_MARGIN of them fit, and log Z's second pass too only where both
+    passes fit twice over; without the reservation the rebuild of q needs two of its estimates."""
     clock = {"now": 100.0}
     monkeypatch.setattr(hooks.time, "perf_counter", lambda: clock["now"])
     budget = hooks.TimeBudget(20.0, started=100.0, batch=False)
-    step, rebuild = 1.0, 4.0
-    budget.seconds.update(step=step, rebuild=rebuild)
+    step, final, rebuild = 1.0, 2.0, 4.0  # a step, q alone, q and log Z
+    budget.seconds.update(step=step, final=final, rebuild=rebuild)
     budget.reserve_final = True  # (what ``start`` decides from its timed rebuild)
-    last_start = 120.0 - step - hooks.FINAL_RESERVE * rebuild  # the last moment a step may start
+    last_start = 120.0 - step - hooks.FINAL_RESERVE * final  # the last moment a step may start
     clock["now"] = last_start - 0.1
     assert not budget.exhausted(False)
     clock["now"] = last_start + 0.1
-    assert budget.exhausted(False) and budget.final_pass_fits()  # what stopped the steps left room for the pass
-    clock["now"] = 120.0 - hooks.FINAL_MARGIN * rebuild + 0.1
-    assert not budget.final_pass_fits()
-    budget.reserve_final = False  # other minibatch fits: no room kept, the pass made where 2 rebuilds fit
+    assert budget.exhausted(False) and budget.final_pass_fits(with_log_z=False)  # the room kept holds the pass
+    assert budget.final_pass_fits() == (clock["now"] + 2 * rebuild <= 120.0)
+    clock["now"] = 120.0 - hooks.FINAL_MARGIN * final + 0.1
+    assert not budget.final_pass_fits(with_log_z=False) and not budget.final_pass_fits()
+    clock["now"] = 120.0 - 2 * rebuild - 0.1  # both passes where twice their estimate is left
+    assert budget.final_pass_fits()
+    budget.reserve_final = False  # other minibatch fits: no room kept, a pass made where twice its estimate is left
     clock["now"] = last_start + 0.1
-    assert not budget.exhausted(False) and not budget.final_pass_fits()
+    assert not budget.exhausted(False)
+    clock["now"] = 120.0 - 2 * final + 0.1
+    assert not budget.final_pass_fits(with_log_z=False)
+    clock["now"] = 120.0 - 2 * final - 0.1
+    assert budget.final_pass_fits(with_log_z=False) and not budget.final_pass_fits()
 
 
 def test_the_rebuild_estimate_leaves_out_the_cold_first_timing(monkeypatch):
@@ -257,47 +265,78 @@ def test_the_rebuild_estimate_leaves_out_the_cold_first_timing(monkeypatch):
     calls = []
 
     class Engine:
-        def time_rebuild(self, X, y, rows):
+        def time_rebuild(self, X, y, rows, want_log_z=True):
             slow = 3.0 if len(calls) < 2 else 1.0  # the warm-up and the first timing run cold
-            calls.append(rows)
+            calls.append((rows, want_log_z))
             clock["now"] += slow * 1e-5 * rows
 
     X = np.zeros((1_000_000, 1))
-    estimate = hooks._rebuild_estimate(Engine(), X, None, 1000)
-    assert calls == [1000, 4000, 4000]
+    estimate = hooks._rebuild_estimate(Engine(), X, None, 1000, want_log_z=False)
+    assert calls == [(1000, False), (4000, False), (4000, False)]
     assert estimate == pytest.approx(1e-5 * 4000 * 1_000_000 / 4000)
     calls.clear()
     assert hooks._rebuild_estimate(Engine(), X[:3000], None, 1000) == pytest.approx(1e-5 * 3000)  # all n rows
-    assert calls == [1000, 3000, 3000]
+    assert calls == [(1000, True), (3000, True), (3000, True)]
 
 
-def test_a_time_stopped_minibatch_ep_fit_returns_its_exact_final_pass():
+def test_the_timed_rebuild_of_q_is_the_work_of_the_final_rebuild():
+    """EPEngine.time_rebuild(want_log_z=False) runs the product of the sites (one pass; what the final rebuild of a
+    time-stopped fit does) on the first rows, and q and log Z (two passes) otherwise: counted through the passes."""
+    X, y = binary_toy(400, seed=5)
+    kernel = RBF(lengthscales=[1.0, 1.0]).for_inputs(X)
+    engine = engines.make_engine("ep", kernel, X[:10].copy(), n_total=400, minibatch=True, jitter=1e-6)
+    seen = []
+    for name in ("exact_factor", "evaluate"):
+        real = getattr(engine.passes, name)
+        setattr(engine.passes, name, lambda *a, _real=real, _name=name, **k: (seen.append((_name, a[2].shape[0])),
+                                                                               _real(*a, **k))[1])
+    engine.time_rebuild(X, y.astype(float), 120, want_log_z=False)
+    engine.time_rebuild(X, y.astype(float), 120)
+    assert seen == [("exact_factor", 120), ("evaluate", 120)]
+
+
+@pytest.mark.parametrize("log_z_fits", [True, False])
+def test_a_time_stopped_minibatch_ep_fit_returns_its_exact_final_pass(log_z_fits):
     """End to end: a minibatch EP fit stopped by max_time mid-epoch returns q rebuilt exactly from its sites: the
-    fitted posterior is the one an exact pass at the returned kernel and Z gives."""
+    fitted posterior is the one an exact pass at the returned kernel and Z gives, not the running product. Where
+    log Z_q's second pass does not fit (its estimate made huge here), q alone is rebuilt and log Z is the running
+    estimate of the history."""
     X, y = binary_toy(4000, seed=3)
     seen = {}
-    real = hooks.TimeBudget.start
+    real_start, real_kind = hooks.TimeBudget.start, training.final_pass_kind
 
     def start(self, run, rows=8192):
-        real(self, run, rows)
-        seen["reserved"] = self.reserve_final
-        seen["run"] = run
+        real_start(self, run, rows)
+        if not log_z_fits:
+            self.seconds["rebuild"] = 1e6
+        seen.update(reserved=self.reserve_final, run=run)
+
+    def kind(run, hooks_):
+        engine = run.trainer.engine
+        seen["running"] = engine.passes.posterior_from_factor(engine.state["kernel"], engine.state["Z"],
+                                                              engine.state["factor"], jitter=engine.jitter)
+        seen["kind"] = real_kind(run, hooks_)
+        return seen["kind"]
 
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(hooks.TimeBudget, "start", start)
+    monkeypatch.setattr(training, "final_pass_kind", kind)
     try:
         fit = training.fit(X, y, RBF(lengthscales=[1.0, 1.0]).for_inputs(X), X[:20].copy(), method="ep",
                            batch_size=20, max_iter=50, max_time=1.5, jitter=1e-6)
     finally:
         monkeypatch.undo()
     assert seen["reserved"] and fit.stopped_by_time
+    assert seen["kind"] == ("q and log Z" if log_z_fits else "q")
     engine = seen["run"].trainer.engine
-    exact = engine._exact_pass(seen["run"].X, seen["run"].y)["posterior"]  # (a pass of its own, no cache)
-    running = engine.passes.posterior_from_factor(engine.state["kernel"], engine.state["Z"], engine.state["factor"],
-                                                  jitter=engine.jitter)
-    np.testing.assert_allclose(fit.posterior.h, exact.h, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(fit.posterior.L_C, exact.L_C, rtol=1e-10, atol=1e-12)
-    assert np.max(np.abs(np.asarray(running.h) - np.asarray(exact.h))) > 1e-6  # (the two differ: a real choice)
+    final = engine._exact_pass(seen["run"].X, seen["run"].y)  # (a pass of its own, no cache)
+    np.testing.assert_allclose(fit.posterior.h, final["posterior"].h, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(fit.posterior.L_C, final["posterior"].L_C, rtol=1e-10, atol=1e-12)
+    assert np.max(np.abs(np.asarray(seen["running"].h) - np.asarray(final["posterior"].h))) > 1e-6  # (a real choice)
+    if log_z_fits:
+        assert fit.log_z == pytest.approx(float(final["log_z"]), rel=1e-10)
+    else:
+        assert fit.log_z == fit.history["log_marginal_likelihood"][-1] != pytest.approx(float(final["log_z"]))
 
 
 def test_a_step_takes_row_weights_padding_weighs_nothing():

@@ -312,9 +312,9 @@ class Engine(ModulesByName, abc.ABC):
         """Recompute what ``needs_rebuild`` says has drifted (by default nothing does); ``want_log_z``: and return
         log Z at the state rebuilt (None where there is none)."""
 
-    def time_rebuild(self, X, y, rows):
-        """Run the work of ``rebuild_factor`` on the first ``rows`` rows, committing nothing (the time budget
-        measures it); by default there is none."""
+    def time_rebuild(self, X, y, rows, want_log_z=True):
+        """Run the work of ``rebuild_factor(want_log_z=want_log_z)`` on the first ``rows`` rows, committing nothing
+        (the time budget measures it); by default there is none."""
 
     def checkpoint_written(self, saved):
         """Called once the checkpoint holding ``saved`` (``checkpoint_state``'s) is on disk."""
@@ -686,9 +686,15 @@ class EPEngine(Engine):
             w = w[:, None]
         return w * site_precision, w * site_shift
 
-    def time_rebuild(self, X, y, rows):
-        """The work of an epoch's end (``rebuild_factor(want_log_z=True)``) on the first ``rows`` rows."""
+    def time_rebuild(self, X, y, rows, want_log_z=True):
+        """The work of an epoch's end (``rebuild_factor(want_log_z=True)``: q, then log Z_q's row terms), or of
+        q alone (``want_log_z=False``: the product of the sites, one pass), on the first ``rows`` rows."""
         s = self.state
+        if not want_log_z:
+            self.passes.exact_factor(s["kernel"], s["Z"], row_slice(X, 0, rows),
+                                     *self._sites_in_q(s["nu"][:rows], s["mu"][:rows], rows), jitter=self.jitter,
+                                     block_rows=self.block_rows, y=row_slice(y, 0, rows), want_anchor=True)
+            return
         weights = {} if self.sample_weight is None else {"weights": self.sample_weight[:rows]}
         self.passes.evaluate(s["kernel"], s["Z"], row_slice(X, 0, rows), row_slice(y, 0, rows), s["nu"][:rows],
                              s["mu"][:rows], jitter=self.jitter, want_grad=False, block_rows=self.block_rows,

@@ -52,45 +52,50 @@ class Hook:
     def after_step(self, run, log_z, recorded):
         """A step was taken; ``recorded``: it closed an entry of the history."""
 
-    def final_pass_fits(self):
-        """Whether the final pass over all rows may run (minibatch mode; batch mode always makes it)."""
+    def final_pass_fits(self, with_log_z=True):
+        """Whether the final pass over all rows may run (minibatch mode; batch mode always makes it):
+        ``with_log_z=False``, minibatch EP's q alone (one pass; log Z stays the running estimate)."""
         return True
 
     def finish(self, run):
         """The loop is over (before the final pass)."""
 
     def final_pass(self, run, exact):
-        """The final pass begins: ``exact``, over all rows (else q stays the running one: ``final_pass_fits``)."""
+        """The final pass begins: ``exact`` ("q and log Z", or "q" alone), over all rows (None: q stays the running
+        one: ``final_pass_fits``)."""
 
 
-# Minibatch EP under a time budget keeps room for its final exact pass (q rebuilt from all sites at the learned
-# hyper-parameters), FINAL_RESERVE times its estimated cost (the estimate errs long: ``_rebuild_estimate``): the
-# running site product a stop mid-epoch would otherwise return holds its sites along the projections of the last
-# rebuild, and predicts far worse once the kernel has moved (50,000 airline rows, m = 200: test NLL 0.6675 / 0.6468
-# / 0.6354 after 2 / 4 / 6 s, against 0.6316 / 0.6251 / 0.6241 from the exact pass, 0.5 s). On all 2,048,097 rows
-# (m = 200, batches of 200, a pass of ~14 s estimated at ~17 s), with the room kept / without: 0.6237 / 0.6287 at
-# 30 s, 0.6218 / 0.6295 at 45 s; 0.6293 with it at 24 s (about 5 s of training) against 0.6390 without it at 20 s.
-# With it at 20 s no step fitted beside the reservation (0 steps, the prior's 0.6931), so the room is kept only where
-# the budget is RESERVE_MIN_SHARE times the reservation. The pass is made when FINAL_MARGIN times the estimate fits.
-FINAL_RESERVE = 1.0
+# Minibatch EP under a time budget keeps room for a final exact rebuild of q from all its sites at the learned
+# hyper-parameters (one pass over the rows, ~6 s on 2,048,097 rows at m = 200; log Z_q's row terms would take a
+# second and stay the running estimate), FINAL_RESERVE times its estimated cost (``_rebuild_estimate``): the running
+# site product a stop mid-epoch would otherwise return holds its sites along the projections of the last rebuild,
+# and predicts far worse once the kernel has moved (50,000 airline rows, m = 200: test NLL 0.6675 / 0.6468 / 0.6354
+# after 2 / 4 / 6 s, against 0.6316 / 0.6251 / 0.6241 from the exact pass, 0.5 s). On all 2,048,097 rows (m = 200,
+# batches of 200), keeping room for the two-pass rebuild (~14 s) / keeping none: 0.6237 / 0.6287 at 30 s, 0.6218 /
+# 0.6295 at 45 s; 0.6293 with it at 24 s (about 5 s of training) against 0.6390 without it at 20 s. The same pass
+# ran 1.1-1.9x its estimate in a process just after a 60-s, 2-thread GPflow run (13.6 s otherwise, 22.7-25.9 s
+# there, while the steps kept their speed), hence the factor. Room is kept only where the budget is RESERVE_MIN_SHARE
+# times the reservation (forced at 20 s, it left no step: the prior's 0.6931); the pass is made when FINAL_MARGIN
+# times the estimate still fits, with log Z's second pass too when that fits twice over.
+FINAL_RESERVE = 1.5
 FINAL_MARGIN = 1.0
 RESERVE_MIN_SHARE = 1.25
 
 
-def _rebuild_estimate(engine, X, y, rows):
+def _rebuild_estimate(engine, X, y, rows, want_log_z=True):
     """Seconds of minibatch EP's exact rebuild over all of X, from its work on the first rows: once on ``rows`` to
     warm up (the first call pays for allocations and the BLAS threads' start), then the faster of two timings on
     four times as many, scaled to all rows. It errs long, which the reservation wants: on the full airline data
     (2,048,097 rows, m = 200, a pass of 13.6-14.0 s) the scaled warm timings came to 16-19 s, where one cold timing
     of 8,192 rows came to 39 s and the first warm one in a process that had just run another (the GPflow peer) to
     28 s, which kept a 60-s fit from keeping room for its pass. (A line through timings of two sizes came to 9.4-14.4
-    s: too noisy to reserve by.)"""
+    s: too noisy to reserve by.) ``want_log_z=False``: the rebuild of q alone (one pass of the two)."""
     n = X.shape[0]
-    engine.time_rebuild(X, y, min(n, rows))
+    engine.time_rebuild(X, y, min(n, rows), want_log_z=want_log_z)
     sample, best = min(n, 4 * rows), float("inf")
     for _ in range(2):
         t = time.perf_counter()
-        engine.time_rebuild(X, y, sample)
+        engine.time_rebuild(X, y, sample, want_log_z=want_log_z)
         best = min(best, time.perf_counter() - t)
     return best * n / sample
 
@@ -100,15 +105,18 @@ class TimeBudget(Hook):
     start of the run; a resumed run's earlier training time counts): measures how long a step and an exact rebuild
     of the site product take, and stops before a step (with a rebuild when one is due) that would no longer fit.
     Batch mode keeps room for its final pass (about one step: q rebuilt from all rows). Minibatch EP keeps room for
-    its exact final pass (``FINAL_RESERVE`` times a measured rebuild, before the first one a rebuild of the first
-    rows scaled to all), where the budget allows; other minibatch fits keep none (SVI's and SEP / ADF's q is what
-    they trained; their final pass only adds the bound or log Z on all rows). A final pass over all rows is made only
-    when it fits (``final_pass_fits``), and q otherwise stays the running one, which training itself used."""
+    an exact rebuild of q from all its sites (``FINAL_RESERVE`` times its cost estimated on the first rows scaled to
+    all), where the budget allows; other minibatch fits keep none (SVI's and SEP / ADF's q is what they trained;
+    their final pass only adds the bound or log Z on all rows). A final pass over all rows is made only when it fits
+    (``final_pass_fits``: q and log Z, or minibatch EP's q alone), and q otherwise stays the running one, which
+    training itself used.
+    """
 
     def __init__(self, max_time, started=None, *, batch=True):
         self.max_time, self.started, self.batch = max_time, started, batch
         self.deadline = None if started is None else started + float(max_time)
-        self.seconds = {"step": None, "rebuild": None}
+        # a step, an epoch's exact rebuild (q and log Z), and minibatch EP's final rebuild of q alone
+        self.seconds = {"step": None, "rebuild": None, "final": None}
         self.reserve_final = False  # minibatch EP's room for its exact final pass (``FINAL_RESERVE``)
 
     def start(self, run, rows=8192):
@@ -120,8 +128,9 @@ class TimeBudget(Hook):
             self.deadline -= time.perf_counter() - trainer.t0
         if run.minibatch and trainer.per_row_sites:  # before the first exact rebuild: one on the first rows
             self.seconds["rebuild"] = _rebuild_estimate(trainer.engine, run.X, run.y, rows)
+            self.seconds["final"] = _rebuild_estimate(trainer.engine, run.X, run.y, rows, want_log_z=False)
             self.reserve_final = self.deadline - time.perf_counter() >= (
-                RESERVE_MIN_SHARE * FINAL_RESERVE * self.seconds["rebuild"])
+                RESERVE_MIN_SHARE * FINAL_RESERVE * self.seconds["final"])
 
     @contextmanager
     def timing(self, what):
@@ -135,7 +144,7 @@ class TimeBudget(Hook):
     def exhausted(self, rebuild_due):
         step, rebuild = self.seconds["step"], self.seconds["rebuild"]
         upcoming = (step or 0.0) + ((rebuild or 0.0) if rebuild_due else 0.0)
-        final = (step or 0.0) if self.batch else FINAL_RESERVE * (rebuild or 0.0) if self.reserve_final else 0.0
+        final = (step or 0.0) if self.batch else FINAL_RESERVE * self.seconds["final"] if self.reserve_final else 0.0
         return time.perf_counter() + upcoming + final > self.deadline
 
     def before_step(self, run, rebuild_due):
@@ -144,9 +153,11 @@ class TimeBudget(Hook):
             return True
         return False
 
-    def final_pass_fits(self):
-        rebuild = self.seconds["rebuild"]
-        margin = FINAL_MARGIN if self.reserve_final else 2.0  # (kept room, or what time happens to be left)
+    def final_pass_fits(self, with_log_z=True):
+        if with_log_z:  # both passes, where twice their estimate is left
+            rebuild, margin = self.seconds["rebuild"], 2.0
+        else:  # q alone: in the room kept for it, or where what is left holds it twice
+            rebuild, margin = self.seconds["final"], FINAL_MARGIN if self.reserve_final else 2.0
         return rebuild is not None and time.perf_counter() + margin * rebuild <= self.deadline
 
 
@@ -411,8 +422,8 @@ class Progress(Hook):
 
     def final_pass(self, run, exact):
         if exact:
-            _say(f"{self._name(run)}: final pass over all {run.X.shape[0]:,} rows (q and its "
-                 f"{objective_label(run.trainer.method)} at the "
+            what = "q" if exact == "q" else f"q and its {objective_label(run.trainer.method)}"
+            _say(f"{self._name(run)}: final pass over all {run.X.shape[0]:,} rows ({what} at the "
                  f"{'starting' if run.settings.max_iter == 0 else 'learned'} hyper-parameters)")
 
     def finish(self, run):

@@ -378,10 +378,23 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
     said = trainer.guard.summary(trainer.method)
     if said is not None:
         warn_guard(said, stacklevel=2)
-    exact = not minibatch or all(hook.final_pass_fits() for hook in hooks)
+    exact = final_pass_kind(run, hooks)
     for hook in hooks:
         hook.final_pass(run, exact)
-    return _result(run, want_log_z=exact)
+    if exact == "q":  # minibatch EP: q rebuilt exactly from all its sites, log Z stays the running estimate
+        trainer.rebuild_factor(run.X, run.y, want_log_z=False)
+    return _result(run, want_log_z=exact == "q and log Z")
+
+
+def final_pass_kind(run, hooks):
+    """What the final pass over all rows can be in the time left (``Hook.final_pass_fits``): "q and log Z" (batch
+    mode always), "q" alone (minibatch EP: its exact rebuild, one pass of the two), or None (q stays the running
+    one, which training used)."""
+    if not run.minibatch or all(hook.final_pass_fits() for hook in hooks):
+        return "q and log Z"
+    if run.trainer.per_row_sites and all(hook.final_pass_fits(with_log_z=False) for hook in hooks):
+        return "q"
+    return None
 
 
 def warn_if_no_checkpoint(checkpoint_path, checkpoint_every, result, resumed, stacklevel=2):
