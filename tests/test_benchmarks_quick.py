@@ -132,3 +132,25 @@ def test_stability_quick_slice_is_stable(outputs):
     verdicts = re.findall(r"^\| [\w-]+ \| \d \| (STABLE|UNSTABLE)", out, flags=re.M)
     counted = re.search(r"(\d+) of (\d+) runs STABLE", out)
     assert len(verdicts) == 18 and counted and counted.groups() == ("18", "18"), out[-3000:]
+
+
+def test_stability_rules_say_what_a_case_excuses_and_nothing_more(monkeypatch):
+    """stability.verdict: a jump within batch ADF's warm-up records is said (its estimate is no evidence there,
+    docs/methods/adf.md), one after them is UNSTABLE, and without the case's flag any jump is; a rising NLL is the
+    case's documented over-fitting only when nothing else is wrong."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import stability
+
+    warm = [-1467.8, 383.8, -132.9, -301.3, -349.5]  # waveform ADF's first records (three warm-up sweeps)
+    steady = warm + [-350.0, -351.0]
+    history = {"log_marginal_likelihood": steady, "validation_nll": [0.31, 0.31], "n_warmup": 3}
+    kind, said = stability.verdict(history, 0.31, 1000, warmup_not_evidence=True)
+    assert kind == "STABLE" and said == ["ADF's warm-up log Z is no evidence: docs/methods/adf.md"]
+    assert stability.verdict(history, 0.31, 1000) == ("UNSTABLE", ["jump"])
+    late = dict(history, log_marginal_likelihood=steady + [+400.0])
+    assert stability.verdict(late, 0.31, 1000, warmup_not_evidence=True) == ("UNSTABLE", ["jump"])
+    assert stability.verdict(history, 0.35, 1000, overfits="why") == ("UNSTABLE", ["jump", "nll"])
+    kind, said = stability.verdict(history, 0.35, 1000, overfits="why", warmup_not_evidence=True)
+    assert kind == "STABLE" and said[-1] == "why"
+    smooth = dict(history, log_marginal_likelihood=[-400.0, -390.0, -385.0])
+    assert stability.verdict(smooth, 0.35, 1000) == ("UNSTABLE", ["nll"])
