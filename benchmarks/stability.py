@@ -327,7 +327,9 @@ def main(argv=None):
                     f"{show(nll[0], '.4f')} -> {show(min(nll), '.4f')} -> {show(final_nll, '.4f')}" if nll else "-")
                 results.append({"run": case.name, "seed": seed, "verdict": kind, "reasons": reasons,
                                 "seconds": seconds, "warnings": said, "test_nll": final_nll,
-                                "history": {k: [float(v) for v in vals] for k, vals in history.items()}})
+                                "n_warmup": history.get("n_warmup", 0),
+                                "history": {k: [float(v) for v in vals] for k, vals in history.items()
+                                            if k != "n_warmup"}})
     finally:
         if client is not None:
             client.close()
