@@ -75,10 +75,12 @@ class Hook:
 # 0.6295 at 45 s; 0.6293 with it at 24 s (about 5 s of training) against 0.6390 without it at 20 s. The same pass
 # ran 1.1-1.9x its estimate in a process just after a 60-s, 2-thread GPflow run (13.6 s otherwise, 22.7-25.9 s
 # there, while the steps kept their speed), hence the factor. Room is kept only where the budget is RESERVE_MIN_SHARE
-# times the reservation (forced at 20 s, it left no step: the prior's 0.6931); the pass is made when FINAL_MARGIN
-# times the estimate still fits, with log Z's second pass too when that fits twice over.
+# times the reservation (forced at 20 s, it left no step: the prior's 0.6931). Where room was kept, the rebuild
+# is made while FINAL_MARGIN estimates from now are within the deadline (0: while any time is left; the loop's last
+# bookkeeping after the stop may have eaten into the room, and the running q is far worse); log Z's second pass
+# too where both passes fit twice over.
 FINAL_RESERVE = 1.5
-FINAL_MARGIN = 1.0
+FINAL_MARGIN = 0.0
 RESERVE_MIN_SHARE = 1.25
 
 
