@@ -661,15 +661,23 @@ class EPEngine(Engine):
         self.needs_rebuild = False
         s["visited"] = frozenset()
         if not want_log_z:
-            s["factor"], s["anchor"] = self.passes.exact_factor(
-                s["kernel"], s["Z"], X, *self._sites_in_q(s["nu"], s["mu"]), jitter=self.jitter,
-                block_rows=self.block_rows, y=y, want_anchor=True)
+            s["factor"], s["anchor"] = self._exact_factor(X, y)
             s["exact"] = None
             return None
         final = self._exact_pass(X, y)
         s["factor"], s["anchor"] = self.passes.anchored_factor(s["kernel"], s["Z"], final["posterior"], self.jitter)
         s["exact"] = (final["posterior"], float(final["log_z"]))
         return s["exact"][1]
+
+    def _exact_factor(self, X, y, rows=None):
+        """(the product of the sites at the current hyper-parameters, its anchor) by one pass over X (``rows``: the
+        first rows alone, as the time budget times it)."""
+        s = self.state
+        nu, mu = s["nu"], s["mu"]
+        if rows is not None:
+            X, y, nu, mu = row_slice(X, 0, rows), row_slice(y, 0, rows), nu[:rows], mu[:rows]
+        return self.passes.exact_factor(s["kernel"], s["Z"], X, *self._sites_in_q(nu, mu, rows), jitter=self.jitter,
+                                        block_rows=self.block_rows, y=y, want_anchor=True)
 
     def _exact_pass(self, X, y, **options):
         """q rebuilt exactly from all of EP's sites and log Z_q at it (``passes.evaluate``, no gradient)."""
@@ -691,9 +699,7 @@ class EPEngine(Engine):
         q alone (``want_log_z=False``: the product of the sites, one pass), on the first ``rows`` rows."""
         s = self.state
         if not want_log_z:
-            self.passes.exact_factor(s["kernel"], s["Z"], row_slice(X, 0, rows),
-                                     *self._sites_in_q(s["nu"][:rows], s["mu"][:rows], rows), jitter=self.jitter,
-                                     block_rows=self.block_rows, y=row_slice(y, 0, rows), want_anchor=True)
+            self._exact_factor(X, y, rows)
             return
         weights = {} if self.sample_weight is None else {"weights": self.sample_weight[:rows]}
         self.passes.evaluate(s["kernel"], s["Z"], row_slice(X, 0, rows), row_slice(y, 0, rows), s["nu"][:rows],
