@@ -61,7 +61,8 @@ CAPABILITIES = MappingProxyType({
     "dask": "dask",
     "dask_batch": None,  # batch passes on a dask array, one task per chunk (else: minibatches only)
     "dask_checkpoints": None,  # checkpoints of a fit on a dask array
-    "n_jobs": "`n_jobs > 1`",  # data-parallel rounds in local worker processes (minibatches of in-memory data)
+    "n_jobs": "`n_jobs > 1` on minibatches",  # data-parallel rounds in local worker processes (minibatches of in-memory
+    # data); every method's batch passes spread their row blocks over n_jobs threads (``placement.n_jobs_for``)
     "validation_data": "validation, early stopping",
     "checkpoints": "checkpoints",
     "sample_weight": "`sample_weight`, `class_weight`",  # on every path the method takes (docs/weights.md)
@@ -203,13 +204,11 @@ def asks_shared_lengthscales(ard):
 
 
 def check_method_params(params):
-    """The rules of ``params["method"]`` on an estimator's parameters (``get_params()``): whether it trains in
-    ``n_jobs`` processes, its own ``check_params``, the likelihoods it takes. One ValueError naming the problem."""
+    """The rules of ``params["method"]`` on an estimator's parameters (``get_params()``): whether it learns one
+    shared lengthscale scale, its own ``check_params``, the likelihoods it takes. One ValueError naming the problem.
+    (Whether its minibatches can take ``n_jobs`` processes depends on the data: ``placement.n_jobs_for``.)"""
     method = params["method"]
     spec = get_method(method)
-    if params.get("n_jobs") not in (None, 1) and not spec.supports("n_jobs"):
-        raise ValueError(spec.refusal("n_jobs", f"n_jobs > 1 trains the methods {list(methods_supporting('n_jobs'))} "
-                                                f"in worker processes, not {method!r}: use n_jobs=1"))
     if asks_shared_lengthscales(params.get("ard", True)) and not spec.supports("shared_lengthscales"):
         raise ValueError(spec.refusal("shared_lengthscales", f"method={method!r} cannot learn one shared lengthscale "
                                                              "scale (ard=False): use ard=True or 'auto'"))
@@ -354,8 +353,8 @@ _EP_PROBIT = "uses the probit likelihood, or the ordinal probit for ordered clas
 _GFITC_PROBIT = ("uses the probit likelihood (closed-form EP updates on the FITC prior); ordered classes "
                  "(likelihood='ordinal') are trained by 'ep', 'sep', 'adf' or 'svi'")
 _ON_DASK = {"dask", "dask_checkpoints"}
-_NO_ROUNDS = ("method={name!r} has no data-parallel rounds, so n_jobs > 1 is not supported: {why}; 'sep', 'adf', "
-              "'ep' and 'svi' train minibatches in n_jobs worker processes")
+_NO_ROUNDS = ("method={name!r} has no data-parallel rounds, so n_jobs > 1 takes no worker processes: {why}; its batch "
+              "passes spread their row blocks over n_jobs threads")
 _VI_PER_ROW_XI = ("fit on a dask array does not train method {name!r}: it optimises one xi per row with L-BFGS-B on "
                   "the driver, which would bring every row's xi there each step; use 'vi-jj' (xi by its closed-form "
                   "update, kept on the workers) or an in-memory array")
@@ -399,7 +398,7 @@ _BUILT_IN_METHODS = (
            capabilities={"multiclass", "sample_weight", "shared_lengthscales", *_EVERYWHERE},
            check_params=_gfitc_params,
            refusals={"dask": _GFITC_BATCH_ONLY.format(what="fit on a dask array"),
-                     "n_jobs": _GFITC_BATCH_ONLY.format(what="n_jobs > 1")},
+                     "n_jobs": _GFITC_BATCH_ONLY.format(what="n_jobs > 1 in worker processes")},
            remarks={"minibatch": "batch only", "sample_weight": "power EP"}),
 )
 for _method in _BUILT_IN_METHODS:

@@ -29,7 +29,8 @@ from .batch_size import gpu_block_rows, rows_per_step
 from .inference.dask_engine import ChunkedRows, DaskPasses
 from .inference.data_parallel import DataParallel, RowsOnWorkers, refusal
 
-__all__ = ["LOCAL_CHUNK_ROWS", "PlacedRows", "Placement", "n_jobs_for", "useful_processes", "local_chunk_rows", "blas_scope"]
+__all__ = ["LOCAL_CHUNK_ROWS", "PlacedRows", "Placement", "n_jobs_for", "minibatches", "in_process_cores", "useful_threads",
+           "useful_processes", "local_chunk_rows", "blas_scope"]
 
 # Rows per chunk of a fit in local worker processes (``n_jobs``): the dask protocol's chunks (the 200,000-row check
 # wraps its rows in chunks of 25,000), each chunk one tied factor of SEP / ADF and the unit a shard visits.
@@ -57,7 +58,8 @@ class Placement:
     def __init__(self, estimator, X):
         self.estimator = estimator
         self.on_cluster = B.is_dask_array(X)
-        self.n_jobs = 1
+        self.n_jobs = 1  # the workers of the fit (``n_jobs_``): batch passes' threads, or ...
+        self.processes = 1  # ... the processes of minibatch rounds on this machine
         self._owned_client = self._pool = self._runner = None  # what this place started, ended by ``__exit__``
         self._shared, self._futures = [], []
         self._weights = None  # the rows' weights (``training_weights``)
@@ -93,14 +95,16 @@ class Placement:
         return inputs
 
     def start(self, inputs):
-        """Before the initial model: the processes rows in this process train in (``n_jobs_for``, recorded as the
+        """Before the initial model: the workers rows in this process train on (``n_jobs_for``, recorded as the
         estimator's ``n_jobs_``; not for a dask array, whose workers are the cluster's), those beyond this one
         started now (they import agpc while this process places the inducing points)."""
         if self.on_cluster:
             return
         latents = 2 if self.estimator.likelihood == M.ORDINAL else len(inputs.classes)  # (ordinal: one latent GP)
-        self.n_jobs = self.estimator.n_jobs_ = n_jobs_for(self.estimator, inputs.xp, inputs.X.shape[0], latents)
-        if self.n_jobs > 1:
+        n = inputs.X.shape[0]
+        self.n_jobs = self.estimator.n_jobs_ = n_jobs_for(self.estimator, inputs.xp, n, latents)
+        if self.n_jobs > 1 and minibatches(self.estimator, n):  # (batch passes: n_jobs threads, ``blas_scope``)
+            self.processes = self.n_jobs
             self._pool = W.LocalWorkers(self.n_jobs, preload=("agpc.inference.data_parallel",))
 
     def training_weights(self, sample_weight, inputs, class_labels=None):
@@ -120,7 +124,7 @@ class Placement:
         n = inputs.X.shape[0]
         if self.on_cluster:
             return self._on_cluster(inputs, rng)
-        if self.n_jobs > 1:
+        if self.processes > 1:
             return self._in_local_workers(inputs, Z, rng)
         batch_size = rows_per_step(self.estimator, n, inputs.xp, Z, len(inputs.classes))
         return PlacedRows(inputs.X, inputs.y, exact, None, batch_size,
@@ -165,17 +169,28 @@ class Placement:
 
 
 def n_jobs_for(estimator, xp, n, n_classes):
-    """The processes a fit of n rows trains in (``n_jobs``): more than one only for minibatches of a method with
-    data-parallel rounds, on NumPy data; an ``n_jobs > 1`` the fit cannot use is refused when it was given, and
-    gives 1 when it came from an enclosing ``joblib.parallel_config``. At most the cores this process may use and
-    a minibatch of rows a process (``useful_processes``), said once in a warning when fewer than asked."""
+    """The workers a fit of n rows in this process uses (``n_jobs``; ``n_jobs_``). Minibatches of a method with
+    data-parallel rounds, on NumPy data: that many processes (``useful_processes``); an ``n_jobs > 1`` those
+    rounds cannot take is refused when it was given, and gives 1 when it came from an enclosing
+    ``joblib.parallel_config``. Batch passes: that many threads over the row blocks (and BLAS threads in the exact
+    model's n x n algebra; ``in_process_cores``), for NumPy data; on another library's arrays (a GPU, which runs its
+    own parallelism) one, said in a warning when more were asked. Fewer than asked is said once in a warning."""
     count, _ = W.resolve_n_jobs(estimator.n_jobs)
+    if count == 1:
+        return 1
     batch_size = rows_per_step(estimator, n)
-    spec = M.get_method(estimator.method)  # (a method without rounds and n_jobs given: refused by the checks)
-    if count == 1 or not spec.supports("n_jobs") or batch_size is None or batch_size >= n:
-        return 1  # (batch passes use the cores through BLAS threads)
+    spec = M.get_method(estimator.method)
+    if not minibatches(estimator, n):  # batch passes in this process: threads over the row blocks
+        if not B.is_numpy_namespace(xp):
+            if estimator.n_jobs is not None:
+                warnings.warn(f"n_jobs={estimator.n_jobs}: a batch pass on {xp.__name__} arrays runs on their device, "
+                              "which spreads the work itself: one worker (n_jobs_=1)", UserWarning, stacklevel=6)
+            return 1
+        return useful_threads(count, asked=estimator.n_jobs)
     why = None
-    if refusal(spec.engine, n_classes) is not None:
+    if not spec.supports("n_jobs"):
+        why = spec.refusal("n_jobs", f"method={estimator.method!r} has no data-parallel rounds for its minibatches")
+    elif refusal(spec.engine, n_classes) is not None:
         why = f"{refusal(spec.engine, n_classes)}: train multiclass {estimator.method!r} with n_jobs=1"
     elif not B.is_numpy_namespace(xp):
         why = (f"n_jobs > 1 trains NumPy data in worker processes on this machine, not {xp.__name__} arrays: "
@@ -185,6 +200,28 @@ def n_jobs_for(estimator, xp, n, n_classes):
     if estimator.n_jobs is not None:
         raise ValueError(why)
     return 1
+
+
+def minibatches(estimator, n):
+    """Whether ``estimator``'s fit of n rows (in this process or its workers) steps on minibatches."""
+    batch_size = rows_per_step(estimator, n)
+    return batch_size is not None and batch_size < n
+
+
+def in_process_cores(estimator):
+    """The cores a fit in this process may use (``n_jobs``, scikit-learn's meaning, at most the cores this process
+    may use): the BLAS thread rule's budget for the fit (``blas_scope``), and the threads of its batch passes."""
+    return min(W.resolve_n_jobs(estimator.n_jobs)[0], threads.available_cores())
+
+
+def useful_threads(count, asked=None):
+    """``count`` threads for a batch pass, capped by the cores this process may use (said in one UserWarning)."""
+    cores = threads.available_cores()
+    if cores < count:
+        warnings.warn(f"n_jobs={count if asked is None else asked}: batch passes on {cores} thread"
+                      f"{'s' if cores != 1 else ''} ({cores} core{'s' if cores != 1 else ''} this process may use); "
+                      "n_jobs_ records it", UserWarning, stacklevel=6)
+    return min(count, cores)
 
 
 def useful_processes(count, n, batch_size, asked=None):
@@ -215,7 +252,8 @@ def local_chunk_rows(n, n_workers):
 
 def blas_scope(estimator, X):
     """The BLAS thread scope (``agpc.threads.blas_threads``) for ``estimator``'s fit on ``X``, shaped by the work of
-    its main phase: minibatch steps, or batch passes over all rows (the parameters are checked already)."""
+    its main phase: minibatch steps, or batch passes over all rows (the parameters are checked already); within
+    its ``n_jobs`` cores (``in_process_cores``)."""
     shape = getattr(X, "shape", None)
     if shape is None:  # lists and array-likes (the scope only needs the shape; X is validated inside)
         try:
@@ -229,4 +267,5 @@ def blas_scope(estimator, X):
         estimator.n_inducing, n, has_exact_pass=size_rule.exact_passes(estimator, n) is not None).n_inducing
     batch_size = rows_per_step(estimator, n)  # (a batch-only method's explicit batch_size is refused already)
     rows = n if batch_size is None else min(n, int(batch_size))
-    return threads.blas_threads(rows, m, n_features=d, threads=estimator.blas_threads)
+    return threads.blas_threads(rows, m, n_features=d, threads=estimator.blas_threads,
+                                cores=in_process_cores(estimator))

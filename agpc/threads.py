@@ -17,7 +17,8 @@ The rule (``choose_blas_threads``), per BLAS call of the work at hand:
 * Work dominated by n x m products (a batch pass): one thread per ``GEMM_FLOPS_PER_THREAD`` of one block's
   product, rows x m x (m + d): all the cores for the library's default blocks at m >= 50.
 * Never more threads than the cores this process may use (affinity and cgroup quota) less the cores other
-  processes kept busy since agpc last looked (``/proc/stat``, Linux; elsewhere nothing is subtracted).
+  processes kept busy since agpc last looked (``/proc/stat``, Linux; elsewhere nothing is subtracted); in a fit,
+  never more than its ``n_jobs`` (scikit-learn's meaning: one by default; the scope's ``cores``).
 
 Classes do not enter: the multiclass model runs the binary algebra class by class, so each BLAS call has
 the binary shape.
@@ -271,7 +272,7 @@ def _worker_threads():
 
 
 @contextlib.contextmanager
-def _scope(rows, m, n_features, block_rows, threads, in_task):
+def _scope(rows, m, n_features, block_rows, threads, in_task, cores=None):
     global _owner, _owner_in_task, _task_users, _task_limit
     me = threading.get_ident()
     with _lock:
@@ -308,7 +309,7 @@ def _scope(rows, m, n_features, block_rows, threads, in_task):
             elif caller_set_blas_threads():
                 mode, count = "caller", None
             else:
-                mode, count = "rule", _rule(rows, m, n_features, block_rows, None)
+                mode, count, budget = "rule", _rule(rows, m, n_features, block_rows, cores), cores
             _stack.append((mode, count, budget))
             try:
                 if count is None or (outermost and in_task):  # (a task's count is set: ``_task_limit``)
@@ -335,14 +336,17 @@ def _rule(rows, m, n_features, block_rows, budget):
     return count
 
 
-def blas_threads(rows, m, *, n_features=0, block_rows=None, threads=None):
+def blas_threads(rows, m, *, n_features=0, block_rows=None, threads=None, cores=None):
     """A context manager running its body with the BLAS thread count for this work (``choose_blas_threads``
     with the same arguments); yields the count set, or None when nothing was changed (the caller's setting
     is left alone, or another Python thread's scope holds the count). ``threads``: an explicit count.
+    ``cores``: under the rule, the most cores it may use, in this scope and those nested in it (an estimator's
+    ``n_jobs``; None: the free ones).
 
     Nested scopes keep the outermost one's decision of whose choice wins (explicit, the caller's, or the
     rule) and, under the rule, choose again for their own shape. See the module docstring."""
-    return _scope(rows, m, n_features, block_rows, check_blas_threads(threads), in_task=False)
+    return _scope(rows, m, n_features, block_rows, check_blas_threads(threads), in_task=False,
+                  cores=None if cores is None else max(1, int(cores)))
 
 
 def task_blas_threads(rows, m, *, n_features=0, block_rows=None):

@@ -146,8 +146,8 @@ def test_blas_threads_is_a_parameter():
 
 
 def test_fit_chooses_per_phase_on_64_cores(machine, monkeypatch):
-    """Minibatch SEP: every step at one thread. Batch EP over enough rows: its passes on all the cores.
-    Afterwards the library is back at its default."""
+    """Minibatch SEP: every step at one thread. Batch EP over enough rows: its passes on all the cores with
+    n_jobs=-1, on one with n_jobs=None (scikit-learn's one). Afterwards the library is back at its default."""
     X, y = _data(400)
     steps = _record_threads(monkeypatch, machine, "evaluate_factor")
     GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=2, random_state=0).fit(X, y)
@@ -155,8 +155,12 @@ def test_fit_chooses_per_phase_on_64_cores(machine, monkeypatch):
     assert machine.num_threads == CORES
     monkeypatch.setattr(threads, "GEMM_FLOPS_PER_THREAD", 1)  # 400 rows x 10 inducing points count as large
     passes = _record_threads(monkeypatch, machine, "evaluate")
-    GPClassifier(method="ep", n_inducing=10, batch_size=None, max_iter=3, random_state=0).fit(X, y)
+    GPClassifier(method="ep", n_inducing=10, batch_size=None, max_iter=3, random_state=0, n_jobs=-1).fit(X, y)
     assert passes and set(passes) == {CORES}
+    assert machine.num_threads == CORES
+    passes.clear()
+    GPClassifier(method="ep", n_inducing=10, batch_size=None, max_iter=3, random_state=0).fit(X, y)
+    assert passes and set(passes) == {1}
     assert machine.num_threads == CORES
 
 

@@ -932,12 +932,16 @@ def block_workers(like, block_count):
     return max(1, min(threads.pass_workers(), block_count))
 
 
+MIN_THREAD_ROWS = 256  # rows a thread takes of a batch pass at least (fewer: its start costs more than they)
+
+
 def pass_layout(like, n, block_rows=None):
-    """(rows a block, Python threads) for a batch pass over n rows: ``block_rows`` (default ``default_block_rows``)
-    shared among the threads, so that the blocks in flight at once hold about one such block's temporaries, as
-    ``block_rows`` means on one thread."""
-    rows = int(block_rows) if block_rows else default_block_rows(like, n)
-    workers = block_workers(like, -(-n // rows))
+    """(rows a block, Python threads) for a batch pass over n rows: ``block_rows`` (default ``default_block_rows``),
+    or all n rows when fewer, shared among the threads (at most one a ``MIN_THREAD_ROWS`` rows), so that the
+    blocks in flight at once hold about one such block's temporaries, as ``block_rows`` means on one thread; a pass
+    of fewer rows than one block is so split in as many blocks as threads."""
+    rows = max(1, min(n, int(block_rows) if block_rows else default_block_rows(like, n)))
+    workers = block_workers(like, max(-(-n // rows), n // MIN_THREAD_ROWS))
     return (rows if workers == 1 else max(1, -(-rows // workers))), workers
 
 
