@@ -114,9 +114,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Steps each worker takes a data-parallel round (docs/methods.md): an int, reproducible rounds; ``None``, 64
         on average, shared out by speed; ``0`` (dask arrays), the steps on the driver, chunks brought to it in turn.
     n_jobs : int or None, default=None
-        Minibatch SEP / EP / ADF / SVI on NumPy data or data on disk: train in this many local worker processes by
-        the same rounds (scikit-learn's meaning: ``None`` is 1, -1 every core). Another model than ``n_jobs=1``. At
-        most the cores this process may use and a minibatch of rows a process (a warning says so; ``n_jobs_``).
+        The cores a fit uses (scikit-learn's meaning: ``None`` is 1, or an enclosing ``joblib.parallel_config``'s;
+        -1 every core). Batch passes (every method) spread their row blocks over this many threads, and the BLAS
+        thread rule (``agpc.threads``) stays within it: the same model as ``n_jobs=1`` up to the order of the blocks'
+        sums. Minibatch SEP / EP / ADF / SVI on NumPy data or data on disk train in this many local worker processes
+        by data-parallel rounds: another model than ``n_jobs=1``. At most the cores this process may use (and a
+        minibatch of rows a process); fewer than asked, or one on a GPU's arrays, is said in a warning (``n_jobs_``).
     checkpoint_path : path or None, default=None
         Where to write the training state, atomically (a file already there must be an agpc checkpoint, or empty);
         ``fit(X, y, resume=True)`` continues from it to the model of an uninterrupted run.
@@ -132,6 +135,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Lengthscales per feature (True), or one learned scale for all, the features keeping their starting ratios
         (False). "auto": the exact model of the default kernel on <= 500 rows learns one scale, then per feature (kept
         if they raise log Z by over a nat each), a linear, a quadratic kernel (<= 400 rows; kept 1, 2 nats up).
+    plateau : "auto" or None, default="auto"
+        When training stops before ``max_iter`` (a cap): "auto", once log Z has stopped rising, by the rule of
+        ``agpc.size_rule.fit_plateau`` for the exact model, the sparse model's batch steps and minibatch epochs
+        (``stop_reason_ == "plateau"``; docs/usage.md, "When a fit stops"); ``None``, every iteration of ``max_iter``.
     kernel_prior : "auto" or None, default="auto"
         "auto": weak priors on the kernel's log lengthscales (centred on the default kernel's) and log amplitude (a
         linear kernel's slope variances and bias), MAP (docs/small_data_defaults.md). ``None``: its own priors only.
@@ -178,7 +185,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     n_samples_fit_ : int
         The rows fitted (or streamed through ``partial_fit``).
     n_jobs_ : int
-        The worker processes the fit used.
+        The workers the fit used: its batch passes' threads, or its minibatch rounds' processes.
     jitter_ : float
         The jitter on K(Z, Z)'s diagonal at the end of training (``jitter`` or more).
     kernel_prior_ : "auto" or None
@@ -235,6 +242,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "dtype": [V.FloatingType(*I.DTYPES)], "block_rows": [V.NONE, _COUNT],
         "step_replay": [V.Boolean()], "kernel_prior": [V.NONE, V.Options("auto")],
         "ard": [V.Options("auto"), V.Boolean()],
+        "plateau": [V.NONE, V.Options("auto")],
         "class_weight": [V.NONE, V.Options("balanced"), V.InstanceOf(dict, description="a dict of class: weight")],
         "classes": [V.NONE, V.InstanceOf(list, tuple, np.ndarray, description="a list of the classes in their order")],
     }
@@ -245,7 +253,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                  jitter=1e-6, tol=1e-6, random_state=None, verbose=False, client=None, local_steps=None,
                  n_jobs=None, checkpoint_path=None, checkpoint_every=None, site_directory=None, blas_threads=None,
                  dtype="float64", block_rows=None, step_replay=False, kernel_prior="auto", class_weight=None,
-                 classes=None, ard="auto"):
+                 classes=None, ard="auto", plateau="auto"):
         parameters = dict(locals())  # every parameter stored as given, nothing else (scikit-learn's rule)
         del parameters["self"]
         vars(self).update(parameters)
@@ -305,7 +313,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             data_hash = None if self.checkpoint_path is None else I.training_fingerprint(inputs, weights)
             I.note_tf32(self, inputs.xp)
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(self, n) if size.at_rows else None)
-            plateau = size_rule.exact_plateau(counted) if size.at_rows else None  # (the sparse: max_iter steps)
+            plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=placed.batch_size is not None
+                                            and placed.batch_size < n)
             result, self.ard_ = size_rule.learn_lengthscales(
                 size_rule.ard_plan(self, size, inputs.X.shape[1]), inputs.X.shape[1], kernel,
                 lambda start, shared, first, stage: self._train(placed, start, Z, classes, groups, rng,

@@ -285,7 +285,9 @@ def fit(args):
         kernel_prior=None if args.kernel_prior == "none" else args.kernel_prior, class_weight=args.class_weight,
         ard={"auto": "auto", "per-feature": True, "shared": False}[args.ard],
         likelihood=args.likelihood, classes=None if order is None else order.tolist(),
+        plateau=None if args.plateau == "none" else args.plateau,
     )
+    model.set_params(n_jobs=_fit_jobs(args, model, X_train.shape[0]))
     model.check_params()  # a method that does not take --likelihood is refused before anything is printed
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
     scaler = None
@@ -333,6 +335,18 @@ def fit(args):
           f"{_model_size(model)})")
     print(f"wrote {args.out}")
     return 0
+
+
+def _fit_jobs(args, model, n_rows):
+    """GPClassifier's n_jobs for ``agpc fit``: ``--jobs``, else every core where the fit runs batch passes in this
+    process on the CPU (threads over their row blocks: the model n_jobs=1 gives, sooner), else one (minibatches in
+    more processes are data-parallel rounds, another model; a GPU or a cluster spreads the work itself)."""
+    if args.jobs is not None:
+        return args.jobs
+    if args.scheduler or args.backend != "numpy":
+        return None
+    batch_size = rows_per_step(model, n_rows)
+    return -1 if batch_size is None or batch_size >= n_rows else None
 
 
 def _iterations(model, max_iter, n_rows):
@@ -767,7 +781,14 @@ def _fit_parser(sub):
     p.add_argument("--weight-column", metavar="NAME", help="a column (CSV, Parquet) holding each row's weight, "
                    "fit's sample_weight (not a feature; docs/weights.md)")
     p.add_argument("--max-iter", type=int, default=250, metavar="N",
-                   help="iterations (epochs with minibatches; default 250)")
+                   help="iterations (epochs with minibatches) at most (default 250); the fit stops sooner once its log "
+                        "Z stops rising (--plateau)")
+    p.add_argument("--plateau", choices=["auto", "none"], default="auto",
+                   help="auto (default): stop once log Z stops rising (GPClassifier's plateau='auto'); none: run every "
+                        "iteration of --max-iter")
+    p.add_argument("--jobs", type=int, metavar="N", help="cores the fit uses (GPClassifier's n_jobs; -1 every core). "
+                   "Default: every core for a batch fit (its passes' threads: the same model), one for minibatches "
+                   "(more would train data-parallel rounds in processes: another model)")
     p.add_argument("--max-time", type=float, metavar="S", help="seconds for the fit itself (GPClassifier's max_time): "
                    "no step starts that would end past S; reading DATA, scoring and writing the model come on top")
     p.add_argument("--validation-fraction", type=_fraction, metavar="F",

@@ -39,7 +39,7 @@ __all__ = ["STOP_REASONS", "STOPPED_BECAUSE", "model_summary", "feature_relevanc
 STOPPED_BECAUSE = {
     "max_iter": "max_iter: the iterations (epochs with minibatches) it was given ran out",
     "converged": "converged: the largest relative change of the sites fell below tol",
-    "plateau": "plateau: log Z stopped rising (the exact model's stop, docs/small_data_defaults.md)",
+    "plateau": "plateau: log Z stopped rising (plateau='auto', the default: docs/usage.md, \"When a fit stops\")",
     "max_time": "max_time: the time budget ran out",
     "early_stopping": "early stopping: the validation NLL stopped improving (n_iter_no_change), best state kept",
     "partial_fit": "a stream (partial_fit): trained one minibatch a call, no stop of its own",

@@ -31,7 +31,9 @@ from .kernels import RBF, Linear, Product, with_default_priors
 from .methods import ORDINAL, get_method
 
 __all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "PLATEAU_STEPS", "PLATEAU_RISE_PER_ROW", "ModelSize",
-           "model_size", "exact_plateau", "estimator_model_size", "exact_passes", "ARD_CHOICE_MAX_ROWS",
+           "model_size", "exact_plateau", "fit_plateau", "SPARSE_PLATEAU_STEPS", "SPARSE_PLATEAU_RISE_PER_ROW",
+           "MINIBATCH_PLATEAU_EPOCHS", "MINIBATCH_PLATEAU_RISE_PER_ROW", "estimator_model_size", "exact_passes",
+           "ARD_CHOICE_MAX_ROWS",
            "QUADRATIC_MAX_ROWS", "CHOOSE", "CHOOSE_TO_LINEAR", "ard_plan", "akaike_keeps", "LINEAR_MARGIN",
            "linear_start", "QUADRATIC_MARGIN", "quadratic_start", "linear_keeps", "learn_lengthscales"]
 
@@ -60,9 +62,34 @@ sets it stopped after 88-260 of the 260 passes (162 on average), at a test NLL 0
 them end (no set worse by more than 0.0004 on average), and each pass it saves costs O(n^3)."""
 
 
+SPARSE_PLATEAU_STEPS = 5
+SPARSE_PLATEAU_RISE_PER_ROW = 3e-4
+MINIBATCH_PLATEAU_EPOCHS = 20
+MINIBATCH_PLATEAU_RISE_PER_ROW = 3e-4
+"""The default fit's stop on its plateau of log Z above the exact model (``fit_plateau``): batch steps stop once log
+Z has risen by less than ``SPARSE_PLATEAU_RISE_PER_ROW`` nats a training row over the last ``SPARSE_PLATEAU_STEPS``
+steps, minibatch fits once it has risen by less than ``MINIBATCH_PLATEAU_RISE_PER_ROW`` over the last
+``MINIBATCH_PLATEAU_EPOCHS`` epochs (the history's record of an epoch: minibatch EP's exact log Z_q at its end, the
+mean of the steps' estimates for the others). Chosen in docs/usage.md ("When a fit stops", ``benchmarks/stopping.py``)."""
+
+
 def exact_plateau(n_rows):
     """(steps, rise) of the exact model's stop on ``n_rows`` training rows: the training loop's ``plateau``."""
     return PLATEAU_STEPS, PLATEAU_RISE_PER_ROW * n_rows
+
+
+def fit_plateau(plateau, n_rows, at_rows, minibatch=False):
+    """The training loop's ``plateau`` (steps, rise) for ``GPClassifier(plateau=...)`` on ``n_rows`` training rows:
+    None (run to ``max_iter``), or for "auto" the exact model's stop (``at_rows``), the sparse model's in batch mode
+    (``SPARSE_PLATEAU_STEPS``, ``SPARSE_PLATEAU_RISE_PER_ROW``) or on minibatches (``MINIBATCH_PLATEAU_EPOCHS``,
+    ``MINIBATCH_PLATEAU_RISE_PER_ROW``)."""
+    if plateau is None:
+        return None
+    if at_rows:
+        return exact_plateau(n_rows)
+    if minibatch:
+        return MINIBATCH_PLATEAU_EPOCHS, MINIBATCH_PLATEAU_RISE_PER_ROW * n_rows
+    return SPARSE_PLATEAU_STEPS, SPARSE_PLATEAU_RISE_PER_ROW * n_rows
 
 
 @dataclass(frozen=True)

@@ -161,13 +161,13 @@ def split_methods(methods, n_classes, skip=()):
 
 
 def agpc_model(method, m, split, max_iter, inducing):
-    """GPClassifier of ``method`` at library defaults but m, max_iter, the seed and the initial inducing points;
-    an "-ml" method with kernel_prior=None."""
+    """GPClassifier of ``method`` at library defaults but m, max_iter (every iteration: the papers' protocols fix
+    them, so no stop on a plateau), the seed and the initial inducing points; an "-ml" method with kernel_prior=None."""
     import agpc
 
     prior = {"kernel_prior": None} if method.endswith(ML_SUFFIX) else {}
     return agpc.GPClassifier(method=base_method(method), n_inducing=m, max_iter=max_iter, random_state=split,
-                             inducing=inducing, **prior)
+                             inducing=inducing, plateau=None, **prior)
 
 
 @dataclass

@@ -140,7 +140,7 @@ def run_gp(method, X_train, y_train, X_test, y_test, args):
     steps_per_epoch = -(-X_train.shape[0] // 200)
     early, late = schedule(steps_per_epoch, args.quick)
     clf = GPClassifier(method=base_method(method), n_inducing=200, batch_size=200, max_iter=10_000,
-                       max_time=args.budget, random_state=args.seed,
+                       max_time=args.budget, random_state=args.seed, plateau=None,  # (a curve to the budget)
                        kernel_prior=None if method.endswith(ML_SUFFIX) else "auto")
     clf.set_params(eval_every=1)
     rec = Recorder(early, late)

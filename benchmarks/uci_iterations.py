@@ -120,12 +120,13 @@ def run(args):
                     rows = _fit(model, X_train, y_train)
                 elif column.endswith("+early"):
                     model = agpc.GPClassifier(method=args.method, n_inducing=m, max_iter=args.iters[-1],
-                                              random_state=split, inducing="random", n_iter_no_change=10)
+                                              random_state=split, inducing="random", n_iter_no_change=10,
+                                              plateau=None)
                     rows = _fit(model, X_train, y_train, validation_fraction=0.2, split=split)
                 else:
                     steps = args.iters[-1] if column == "fixed" else int(column.split("@")[1])
                     model = agpc.GPClassifier(method=args.method, n_inducing=m, max_iter=steps, random_state=split,
-                                              inducing="random", optimize=column != "fixed")
+                                              inducing="random", optimize=column != "fixed", plateau=None)
                     rows = _fit(model, X_train, y_train)
                 cell = cells[column]
                 cell["nll"].append(test_scores(model, X_test, y_test)[0])

@@ -55,6 +55,8 @@ def _runs(tmp_dir):
         "class_weights": ["class_weights.py"],
         "ordinal": ["ordinal.py", "--out", str(tmp_dir / "ordinal.json")],
         "stability": ["stability.py", "--out", str(tmp_dir / "stability.json")],
+        "stopping": ["stopping.py", "--out", str(tmp_dir / "stopping.json")],
+        "defaults": ["defaults.py", "--out", str(tmp_dir / "defaults.json")],
     }
 
 

@@ -632,12 +632,49 @@ def test_fit_says_its_plan_first_and_counts_iterations_as_max_iter_does(tmp_path
     assert f" (5 iterations of --max-iter 5 + {warmup} warm-up sweeps; 10 inducing points)" in out
     lines = _stderr_lines(err)
     assert lines[0] == (f"agpc ep: 300 rows, batch steps on all rows; {warmup} warm-up sweeps, then at most 5 "
-                        "iterations (max_iter); a time estimate follows the first steps")
+                        "iterations (max_iter), fewer once it settles; a time estimate follows the first steps")
     assert [line.split(":")[0] for line in lines] == ["agpc ep", "agpc ep warm-up sweeps", "agpc ep", "agpc ep training",
                                                       "agpc ep", "agpc fit"]
     assert lines[2].startswith("agpc ep: estimate from the first steps") and lines[2].endswith("for 5 iterations")
     assert lines[-1] == "agpc fit: scoring the 300 training rows"
     assert load_model(tmp_path / "m").n_iter_ == 5 + warmup  # (n_iter_ keeps its meaning: every history entry)
+
+
+def test_plateau_none_runs_every_iteration_and_says_no_earlier_stop(tmp_path, capsys, monkeypatch):
+    """--plateau none is GPClassifier(plateau=None): the plan promises no earlier stop and every --max-iter iteration
+    runs; the default stops once log Z stops rising (here a plateau at once: a rule whose rise no step reaches)."""
+    from agpc import size_rule
+
+    X, y = make_banana(900, random_state=0)
+    data = write_csv(tmp_path / "d.csv", X, y)
+    argv = ["fit", str(data), "--target", "label", "--inducing", "10", "--max-iter", "30", "--out", str(tmp_path / "m")]
+    monkeypatch.setattr(size_rule, "SPARSE_PLATEAU_RISE_PER_ROW", 1e9)
+    assert main(argv + ["--plateau", "none"]) == 0
+    lines = _stderr_lines(capsys.readouterr()[1])
+    assert "fewer once it settles" not in lines[0] and load_model(tmp_path / "m").n_iter_ == 40
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "fewer once it settles" in _stderr_lines(err)[0] and "stopped: log Z stopped rising (plateau)" in out
+    model = load_model(tmp_path / "m")
+    assert model.stop_reason_ == "plateau" and model.n_iter_ == 10 + size_rule.SPARSE_PLATEAU_STEPS + 1
+
+
+def test_the_cli_uses_every_core_for_batch_passes_and_one_for_minibatches(tmp_path, banana, monkeypatch):
+    """--jobs unset: n_jobs=-1 for a batch fit (its passes' threads: the model n_jobs=1 gives) and 1 for minibatches
+    (more processes would train data-parallel rounds, another model); --jobs N is n_jobs=N."""
+    from agpc import threads
+
+    saved = []
+    real = cli.persistence.save_model
+    monkeypatch.setattr(cli.persistence, "save_model", lambda model, path: saved.append(model) or real(model, path))
+    data = write_csv(tmp_path / "d.csv", *banana)
+    base = ["fit", str(data), "--target", "label", "--inducing", "10", "--max-iter", "1", "--quiet"]
+    assert main(base + ["--out", str(tmp_path / "b")]) == 0
+    assert saved[-1].n_jobs == -1 and saved[-1].n_jobs_ == threads.available_cores()
+    assert main(base + ["--batch-size", "100", "--out", str(tmp_path / "mb")]) == 0
+    assert saved[-1].n_jobs is None and saved[-1].n_jobs_ == 1
+    assert main(base + ["--jobs", "1", "--out", str(tmp_path / "one")]) == 0
+    assert saved[-1].n_jobs == 1 and saved[-1].n_jobs_ == 1
 
 
 def test_a_minibatch_fit_counts_epochs_and_quiet_prints_nothing_on_standard_error(tmp_path, banana, capsys):

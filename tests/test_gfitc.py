@@ -258,7 +258,7 @@ def test_a_two_cycle_of_the_sweeps_halves_the_damping():
     ``cycle_sweeps`` reversed steps in a row (engines.GFITCEngine): no inner loop runs to the cap, log Z ends at its
     best, and the warning says what was done."""
     X, y = make_blobs(n_samples=50, centers=2, random_state=0, cluster_std=20)
-    model = GPClassifier(method="gfitc", n_inducing=5, random_state=0, max_iter=200, tol=1e-3,
+    model = GPClassifier(method="gfitc", n_inducing=5, random_state=0, max_iter=200, tol=1e-3, plateau=None,
                          class_weight={0: 1000, 1: 0.0001})
     with pytest.warns(GuardWarning, match="halved the EP damping .* two-cycle"):
         model.fit(X, y)

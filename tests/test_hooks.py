@@ -54,28 +54,35 @@ def test_validation_stops_after_n_iter_no_change_evaluations_without_an_improvem
 
 
 @pytest.mark.parametrize("minibatch, has_params", [(False, True), (True, True), (False, False)])
-def test_plateau_stops_batch_steps_once_log_z_rose_less_than_its_rise_over_its_window(minibatch, has_params):
-    """Batch steps on the hyper-parameters: converged at the first step after the warm-up and a whole window where
-    log Z rose by less than ``rise`` over the last ``steps`` steps, never before; minibatch runs and runs with nothing
-    to learn (which stop on the change of their sites) are left alone."""
-    curve = [-100.0 + 10 * (1 - 0.5 ** k) for k in range(40)]  # rises by 10 / 2^(k+1) at step k + 1
+def test_plateau_stops_once_log_z_rose_less_than_its_rise_over_its_window(minibatch, has_params):
+    """Converged at the first recorded iteration past a whole window where log Z rose by less than ``rise`` over the
+    last ``steps`` records, never before: batch mode counts steps after the warm-up, minibatch mode its epochs (one
+    record an epoch; the steps between records are not looked at). Runs with nothing to learn (which stop on the
+    change of their sites) are left alone."""
+    curve = [-100.0 + 10 * (1 - 0.5 ** k) for k in range(40)]  # rises by 10 / 2^(k+1) at record k + 1
     trainer = SimpleNamespace(n_steps=0, history={"log_marginal_likelihood": []},
                               engine=SimpleNamespace(has_params=has_params))
     run = _run(trainer, minibatch=minibatch)
-    run.warmup = 3
+    run.warmup = 0 if minibatch else 3
+    steps_a_record = 5 if minibatch else 1
     hook = hooks.Plateau(steps=4, rise=0.05)
     for value in curve:
-        trainer.n_steps += 1
-        trainer.history["log_marginal_likelihood"].append(value)
-        hook.after_step(run, value, recorded=True)
+        for step in range(steps_a_record):
+            trainer.n_steps += 1
+            recorded = step == steps_a_record - 1
+            if recorded:
+                trainer.history["log_marginal_likelihood"].append(value)
+            hook.after_step(run, value, recorded=recorded)
+            assert not run.converged or recorded
         if run.converged:
             break
-    if minibatch or not has_params:
+    if not has_params:
         assert not run.converged and trainer.n_steps == len(curve)
         return
     history = trainer.history["log_marginal_likelihood"]
+    assert run.converged and run.stop_reason == "plateau"
     assert history[-1] - history[-5] < 0.05 <= history[-2] - history[-6]  # the first window below the rise
-    assert trainer.n_steps > run.warmup + 4
+    assert len(history) > run.warmup + 4
 
 
 def test_validation_without_eval_every_scores_each_epoch_in_minibatch_mode():
@@ -139,7 +146,8 @@ def test_the_progress_bar_counts_every_step_of_every_epoch_and_shows_the_last_ep
     estimate once the first epoch is timed."""
     trainer = SimpleNamespace(n_steps=0, method="sep", history={"log_marginal_likelihood": []}, per_row_sites=False)
     run = _run(trainer, minibatch=True, n_batches=3)
-    run.X, run.settings = np.zeros((6, 1)), SimpleNamespace(max_iter=2, max_time=None, started=None, batch_size=2)
+    run.X, run.settings = np.zeros((6, 1)), SimpleNamespace(max_iter=2, max_time=None, started=None, batch_size=2,
+                                                            plateau=None)
     bar = hooks.Progress()
     bar.start(run)
     assert capsys.readouterr().err == ("agpc sep: 6 rows in minibatches of 2 (3 steps an epoch); at most 2 epochs "
@@ -236,7 +244,7 @@ def test_a_batch_fit_names_its_stages_and_says_its_plan_and_estimate_first(capsy
     lines = _last_renders(capsys.readouterr().err)
     warmup = training.TrainSettings().n_warmup
     assert lines[0] == (f"agpc ep: 80 rows, batch steps on all rows; {warmup} warm-up sweeps, then at most 4 iterations "
-                        "(max_iter); a time estimate follows the first steps")
+                        "(max_iter), fewer once it settles; a time estimate follows the first steps")
     assert lines[1].startswith(f"agpc ep warm-up sweeps: 100%") and f" {warmup}/{warmup} " in lines[1]
     assert lines[2].startswith("agpc ep: estimate from the first steps (") and lines[2].endswith(" for 4 iterations")
     assert lines[3].startswith("agpc ep training: 100%") and " 4/4 " in lines[3] and "stopped" not in lines[3]
@@ -265,7 +273,7 @@ def test_a_minibatch_fit_estimates_its_epochs_and_its_bar_shows_the_last_epochs_
     model = GPClassifier(method="sep", n_inducing=5, batch_size=20, max_iter=2, verbose=True).fit(X, y)
     lines = _last_renders(capsys.readouterr().err)
     assert lines[0] == ("agpc sep: 80 rows in minibatches of 20 (4 steps an epoch); at most 2 epochs (max_iter) = 8 "
-                        "steps; a time estimate follows the first steps")
+                        "steps, fewer once log Z stops rising; a time estimate follows the first steps")
     assert lines[1].startswith("agpc sep: estimate from the first steps (") and lines[1].endswith(" for 2 epochs")
     assert lines[2].startswith("agpc sep training, epoch 2/2: 100%") and " 8/8 " in lines[2]
     assert f"log Z_q (EP estimate)={model.history_['log_marginal_likelihood'][-1]:.6g}" in lines[2]

@@ -17,9 +17,11 @@ from agpc.inference import ep
 
 @pytest.fixture
 def two_idle_cores(monkeypatch):
-    """Two cores this process may use, nothing else running on them (the thread rule looks at both)."""
+    """Two cores this process may use, nothing else running on them (the thread rule looks at both), and no BLAS
+    thread count set by the caller (an earlier test's process-wide setting would make the fit leave it alone)."""
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
     monkeypatch.setattr(threads, "busy_cores_elsewhere", lambda: 0.0)
+    monkeypatch.setattr(threads, "caller_set_blas_threads", lambda: False)
 
 
 @pytest.fixture

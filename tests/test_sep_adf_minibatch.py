@@ -122,7 +122,7 @@ def test_stochastic_gradient_is_unbiased(method):
 
 def test_max_time_stops_cleanly_with_a_usable_model(small_problem):
     X, y, X_test, y_test = small_problem
-    model = GPClassifier(n_inducing=15, max_iter=100000, max_time=1.0, random_state=0).fit(X, y)
+    model = GPClassifier(n_inducing=15, max_iter=100000, max_time=1.0, random_state=0, plateau=None).fit(X, y)
     assert model.stopped_by_time_
     assert model.n_iter_ < 100000
     assert model.score(X_test, y_test) > 0.75

@@ -68,8 +68,8 @@ def test_small_binary_ep_is_the_exact_model_by_its_full_gp_pass(monkeypatch):
 
 def test_the_exact_model_stops_on_its_plateau():
     """Nothing set, a few rows: the exact model's training stops at the first step where its log Z has risen by less
-    than ``exact_plateau``'s rise over its window of steps (never before), well before max_iter; a sparse model
-    (an integer n_inducing) runs its max_iter steps."""
+    than ``exact_plateau``'s rise over its window of steps (never before), well before max_iter; with plateau=None a
+    model runs its max_iter steps."""
     X, y = _data(80)
     model = GPClassifier(random_state=0).fit(X, y)
     history = np.asarray(model.history_["log_marginal_likelihood"])
@@ -79,8 +79,48 @@ def test_the_exact_model_stops_on_its_plateau():
     rises = history[steps:] - history[:-steps]  # rises[i]: over the window that ends at step i + steps + 1
     assert rises[-1] < rise
     assert np.all(rises[warmup:-1] >= rise)
-    sparse = GPClassifier(n_inducing=10, max_iter=model.n_iter_, random_state=0).fit(X, y)
-    assert sparse.n_iter_ == warmup + model.n_iter_
+    sparse = GPClassifier(n_inducing=10, max_iter=model.n_iter_, random_state=0, plateau=None).fit(X, y)
+    assert sparse.n_iter_ == warmup + model.n_iter_ and sparse.stop_reason_ == "max_iter"
+
+
+@pytest.mark.parametrize("minibatch, at_rows, expected", [
+    (False, True, (size_rule.PLATEAU_STEPS, size_rule.PLATEAU_RISE_PER_ROW * 500)),
+    (False, False, (size_rule.SPARSE_PLATEAU_STEPS, size_rule.SPARSE_PLATEAU_RISE_PER_ROW * 500)),
+    (True, False, (size_rule.MINIBATCH_PLATEAU_EPOCHS, size_rule.MINIBATCH_PLATEAU_RISE_PER_ROW * 500)),
+])
+def test_fit_plateau_is_the_rule_of_each_kind_of_fit(minibatch, at_rows, expected):
+    assert size_rule.fit_plateau("auto", 500, at_rows, minibatch=minibatch) == pytest.approx(expected)
+    assert size_rule.fit_plateau(None, 500, at_rows, minibatch=minibatch) is None
+
+
+def _first_window_below(history, steps, rise, skip):
+    """The index of the first record (after ``skip`` records) whose window of ``steps`` records rose by less
+    than ``rise``."""
+    h = np.asarray(history)
+    for k in range(skip + steps, len(h)):
+        if h[k] - h[k - steps] < rise:
+            return k
+    return None
+
+
+@pytest.mark.parametrize("batch_size", [None, 60], ids=["batch steps", "minibatch epochs"])
+def test_the_sparse_default_stops_on_its_plateau(monkeypatch, batch_size):
+    """Nothing set but the model's size: a sparse model's training stops at the first record (a batch step after
+    the warm-up, or an epoch) where log Z has risen by less than ``fit_plateau``'s rise over its window (the rule's
+    constants made small enough for a test of seconds), and not before; the reason is ``plateau``."""
+    monkeypatch.setattr(size_rule, "SPARSE_PLATEAU_STEPS", 4)
+    monkeypatch.setattr(size_rule, "SPARSE_PLATEAU_RISE_PER_ROW", 2e-3)
+    monkeypatch.setattr(size_rule, "MINIBATCH_PLATEAU_EPOCHS", 3)
+    monkeypatch.setattr(size_rule, "MINIBATCH_PLATEAU_RISE_PER_ROW", 2e-3)
+    X, y = _data(300)
+    model = GPClassifier(n_inducing=10, batch_size=batch_size, max_iter=200, random_state=0).fit(X, y)
+    history = model.history_["log_marginal_likelihood"]
+    steps, rise = size_rule.fit_plateau("auto", 300, False, minibatch=batch_size is not None)
+    assert model.stop_reason_ == "plateau" and len(history) < model.n_warmup_ + 200
+    assert _first_window_below(history, steps, rise, model.n_warmup_) == len(history) - 1
+    full = GPClassifier(n_inducing=10, batch_size=batch_size, max_iter=len(history) - model.n_warmup_,
+                        random_state=0, plateau=None).fit(X, y)
+    np.testing.assert_allclose(full.predict_proba(X), model.predict_proba(X), rtol=1e-10)  # (the same run, cut there)
 
 
 def test_above_the_threshold_and_without_a_full_gp_pass_the_model_is_sparse(monkeypatch):

@@ -306,11 +306,13 @@ class Progress(Hook):
             steps = len(run.batches)
             plan = (f"{n:,} rows in minibatches of {int(settings.batch_size):,} ({steps:,} steps an epoch); at most "
                     f"{settings.max_iter:,} epochs (max_iter) = {settings.max_iter * steps:,} steps")
+            if settings.plateau is not None and run.trainer.engine.has_params:
+                plan += ", fewer once log Z stops rising"
         else:
             warmup = f"{run.warmup} warm-up sweeps, then " if run.warmup else ""
             plan = f"{n:,} rows, batch steps on all rows; {warmup}at most {settings.max_iter:,} iterations (max_iter)"
             if settings.plateau is not None or not run.trainer.engine.has_params:
-                plan += ", fewer once it settles"
+                plan += ", fewer once it settles"  # (log Z stops rising; with nothing to learn, the sites settle)
         if settings.max_time is not None:
             plan += f"; max_time {duration(settings.max_time)}"
         # (max_iter 0 has no iterations to estimate the cost of)
@@ -433,19 +435,21 @@ class Progress(Hook):
 
 
 class Plateau(Hook):
-    """Batch mode with hyper-parameters to learn: the run has converged once log Z has risen by less than ``rise`` over
-    the last ``steps`` steps after the warm-up (``agpc.size_rule.exact_plateau``: the exact model's stop; the
-    sparse models run their ``max_iter`` steps)."""
+    """The stop on a plateau of log Z, for runs with hyper-parameters to learn: converged at the first recorded
+    iteration where log Z has risen by less than ``rise`` over the last ``steps`` recorded iterations (batch mode:
+    steps, counted after the warm-up; minibatch mode: epochs, the history's once-an-epoch records). Chosen in
+    ``agpc.size_rule`` (``fit_plateau``: the exact model's stop, and the default fit's)."""
 
     def __init__(self, steps, rise):
         self.steps, self.rise = int(steps), float(rise)
 
     def after_step(self, run, log_z, recorded):
         trainer = run.trainer
-        if run.minibatch or not trainer.engine.has_params or trainer.n_steps <= run.warmup + self.steps:
+        if not recorded or not trainer.engine.has_params:
             return
         history = trainer.history["log_marginal_likelihood"]
-        if len(history) > self.steps and history[-1] - history[-1 - self.steps] < self.rise:
+        past = len(history) if run.minibatch else trainer.n_steps - run.warmup  # (batch: after the warm-up)
+        if past > self.steps and len(history) > self.steps and history[-1] - history[-1 - self.steps] < self.rise:
             run.converged, run.stop_reason = True, "plateau"
 
 

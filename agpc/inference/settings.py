@@ -33,7 +33,7 @@ class TrainSettings:
     checkpoint_every: int | None = None  # steps between checkpoints
     resume: bool = False
     data_hash: str | None = None  # ``checkpointing.data_fingerprint`` of the training data
-    plateau: tuple | None = None  # (steps, rise): batch steps stop once log Z rose less over ``steps`` (``hooks.Plateau``)
+    plateau: tuple | None = None  # (steps, rise): stop once log Z rose less over ``steps`` records (``hooks.Plateau``)
 
     def minibatch(self, n):
         """Whether a run on n rows steps on minibatches."""

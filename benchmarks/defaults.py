@@ -1,0 +1,148 @@
+"""What a default fit costs and gives: ``GPClassifier(random_state=split)`` with nothing else set (``n_jobs`` 1 and 2),
+its wall time, iterations, why it stopped and its test NLL, beside scikit-learn's LogisticRegression and
+HistGradientBoostingClassifier at their defaults, and (``--candidates`` with ``agpc-all``) the fit that runs every
+iteration (``plateau=None``: the default before the stop on a plateau).
+
+Sets: the shared sets of 4,900 to 6,500 rows (banana; waveform and satellite, multiclass; wine_quality_white,
+ordinal), airline subsets of 20,000, 50,000 and 200,000 training rows (arr_delay > 0), generated tables
+(``make_classification``). 90/10 random splits (``--splits``, default 3), features standardised on the training part;
+medians of the splits' wall times, mean ± SE of their test NLL. Each fit runs in this process, one after another.
+
+BLAS: OpenBLAS's kernel is chosen at load time by ``OPENBLAS_CORETYPE`` (and its block sizes by ``OPENBLAS_L2_SIZE``);
+where either is set, the script runs again in a child process with both unset (a user's machine sets neither) and
+prints that table too, each under the kernel threadpoolctl reports.
+
+    PYTHONPATH=. python benchmarks/defaults.py --sets banana,waveform,satellite,wq-white-ordinal,airline-20000,airline-50000
+    PYTHONPATH=. python benchmarks/defaults.py --sets airline-200000 --splits 1
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+from _protocol import mean_se, split_indices
+from _runner import begin, end, header, options, parse, parse_list, row, standardise, test_scores, write_json
+from stopping import load
+
+SETS = ["banana", "waveform", "satellite", "wq-white-ordinal", "airline-20000", "airline-50000", "airline-200000"]
+CANDIDATES = ["agpc-1", "agpc-2", "agpc-all", "logreg", "hgb"]
+BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def model_of(candidate, split, ordinal):
+    """The estimator of ``candidate`` (nothing set but the seed, n_jobs and, for agpc-all, plateau=None)."""
+    if candidate == "logreg":
+        from sklearn.linear_model import LogisticRegression
+
+        return LogisticRegression(max_iter=1000)
+    if candidate == "hgb":
+        from sklearn.ensemble import HistGradientBoostingClassifier
+
+        return HistGradientBoostingClassifier(random_state=split)
+    from agpc import GPClassifier
+
+    extra = {"likelihood": "ordinal"} if ordinal else {}
+    if candidate == "agpc-all":
+        extra["plateau"] = None
+    return GPClassifier(random_state=split, n_jobs=2 if candidate == "agpc-2" else None, **extra)
+
+
+def run_one(candidate, name, split, X, y):
+    train, test = split_indices(X.shape[0], split, 0.10)
+    X_train, X_test = standardise(X[train], X[test])
+    model = model_of(candidate, split, name.endswith("ordinal"))
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=UserWarning)  # (LogisticRegression's convergence, noted by n_iter)
+        model.fit(X_train, y[train])
+    seconds = time.perf_counter() - started
+    nll, error = test_scores(model, X_test, y[test])
+    iterations = getattr(model, "n_iter_", None)
+    if iterations is not None and not np.isscalar(iterations):
+        iterations = int(np.max(iterations))
+    return {"candidate": candidate, "set": name, "split": split, "n_train": int(X_train.shape[0]), "seconds": seconds,
+            "nll": nll, "error": error, "n_iter": None if iterations is None else int(iterations),
+            "stop_reason": getattr(model, "stop_reason_", None), "n_jobs_used": getattr(model, "n_jobs_", None)}
+
+
+def print_table(results, sets, candidates):
+    header(["set (train rows)", "candidate", "fit s (median)", "iterations (median)", "stopped", "test NLL",
+            "error"], "llrrlll", title="Default fits")
+    for name in sets:
+        for candidate in candidates:
+            mine = [r for r in results if r["set"] == name and r["candidate"] == candidate]
+            if not mine:
+                continue
+            nll, nll_se, _ = mean_se([r["nll"] for r in mine])
+            err, err_se, _ = mean_se([r["error"] for r in mine])
+            its = [r["n_iter"] for r in mine if r["n_iter"] is not None]
+            reasons = sorted({r["stop_reason"] for r in mine if r["stop_reason"]})
+            row(f"{name} ({mine[0]['n_train']:,})", candidate, f"{np.median([r['seconds'] for r in mine]):.1f}",
+                f"{np.median(its):.0f}" if its else "–", ", ".join(reasons) or "–",
+                f"{nll:.4f} ± {0 if np.isnan(nll_se) else nll_se:.4f}", f"{err:.4f} ± {0 if np.isnan(err_se) else err_se:.4f}")
+    paired = [(name, c) for name in sets for c in candidates if c.startswith("agpc-") and c != "agpc-all"]
+    lines = []
+    for name, candidate in paired:
+        reference = {r["split"]: r["nll"] for r in results if r["set"] == name and r["candidate"] == "agpc-all"}
+        mine = [r for r in results if r["set"] == name and r["candidate"] == candidate and r["split"] in reference]
+        if mine:
+            diff, se, _ = mean_se([r["nll"] - reference[r["split"]] for r in mine])
+            lines.append(f"- {name}, {candidate} - agpc-all: test NLL {diff:+.4f} ± {0 if np.isnan(se) else se:.4f}")
+    if lines:
+        print("\nPaired to the fit of every iteration (same splits):\n")
+        print("\n".join(lines))
+
+
+def unset_run(argv):
+    """This script again, in a child process with ``BLAS_VARIABLES`` unset (its output printed here)."""
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_VARIABLES}
+    print("\n## The same with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (a user's machine)\n", flush=True)
+    child = subprocess.run([sys.executable, __file__, *argv, "--blas-env", "as-is"], env=env, text=True,
+                           capture_output=True)
+    print(child.stdout + child.stderr[-2000:], flush=True)
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = options(__doc__, "one split of a 2,000-row generated table, agpc-1 and logreg", data_dir=True,
+                out="defaults")
+    p.add_argument("--sets", default=None, help=f"comma list of {SETS} or clf-NxD (default: all but airline-200000)")
+    p.add_argument("--candidates", default=None, help=f"comma list of {CANDIDATES} (default: all but agpc-all)")
+    p.add_argument("--splits", type=int, default=None, help="random 90/10 splits a set (default 3)")
+    p.add_argument("--blas-env", choices=["both", "as-is"], default="both",
+                   help="both (default): also run with OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset where either is set")
+    args = parse(p, argv, full=dict(sets=",".join(SETS[:-1]), candidates="agpc-1,agpc-2,logreg,hgb", splits=3),
+                 quick=dict(sets="clf-2000x10", candidates="agpc-1,logreg", splits=1))
+    args.sets = parse_list(args.sets)
+    args.candidates = parse_list(args.candidates, CANDIDATES, "candidate")
+    run = begin("Default fits: time, iterations and test NLL", args, argv)
+    set_here = [name for name in BLAS_VARIABLES if os.environ.get(name)]
+    said = ", ".join(f"{k}={os.environ[k]}" for k in set_here) if set_here else (
+        "neither OPENBLAS_CORETYPE nor OPENBLAS_L2_SIZE is set: this run is also the run with both unset")
+    print(f"BLAS environment: {said}\n")
+    results = []
+    for name in args.sets:
+        data = load(name, args.data_dir)
+        if data is None:
+            print(f"{name}: data not found, skipped")
+            continue
+        X, y = data
+        for split in range(args.splits):
+            for candidate in args.candidates:
+                results.append(run_one(candidate, name, split, X, y))
+                print(f"{name} split {split} {candidate}: {results[-1]['seconds']:.1f} s, NLL {results[-1]['nll']:.4f}",
+                      flush=True)
+    print_table(results, args.sets, args.candidates)
+    write_json(args.out, {"results": results})
+    if set_here and args.blas_env == "both":
+        unset_run(argv)
+    end(run)
+
+
+if __name__ == "__main__":
+    main()
