@@ -107,3 +107,17 @@ def test_n_jobs_none_is_one_core_for_the_fit(two_idle_cores):
             warnings.simplefilter("error")  # (no warning: nothing was asked that the fit does not do)
             GPClassifier(n_inducing=50, max_iter=1, random_state=0).fit(X, y)
     assert budgets and set(budgets) == {1}
+
+
+@pytest.mark.parametrize("method, classes", [("sep", 2), ("adf", 2), ("ep", 3), ("sep", 3)])
+def test_every_batch_sweep_spreads_its_blocks_over_n_jobs_threads(two_idle_cores, pass_threads, method, classes):
+    """SEP / ADF's batch sweeps (``binary_sweep``) and the multiclass sweeps (``class_sweep``) run their blocks on
+    n_jobs threads too, and give the model one thread gives up to the order of the blocks' sums."""
+    X, y = make_classification(3000, 6, n_informative=4, n_classes=classes, n_clusters_per_class=1, random_state=0)
+    params = dict(method=method, n_inducing=100, max_iter=3, random_state=0, plateau=None)  # (enough work for two)
+    one = GPClassifier(**params).fit(X, y)
+    assert set(pass_threads) == {1}
+    pass_threads.clear()
+    two = GPClassifier(**params, n_jobs=2).fit(X, y)
+    assert two.n_jobs_ == 2 and 2 in pass_threads
+    np.testing.assert_allclose(two.predict_proba(X), one.predict_proba(X), rtol=1e-7, atol=1e-9)

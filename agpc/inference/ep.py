@@ -972,8 +972,10 @@ def binary_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_gr
                           want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
                           sample_weights=sample_weights, anchor=anchor, damping=product_damping, adf=adf)
 
+    block_rows, workers = pass_layout(Z, X.shape[0], block_rows)  # (a minibatch: one thread)
     return sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z,
-                      want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping)
+                      want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping,
+                      workers=workers)
 
 
 # --------------------------------------------------------------------------------------------------

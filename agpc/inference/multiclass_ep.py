@@ -376,9 +376,10 @@ def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_gra
                           want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
                           own_sites=own_sites, anchors=anchors, damping=product_damping, adf=adf)
 
-    return ep.sweep_rows(X, y, site_precision, site_shift, block_step,
-                         block_rows=_block_rows(block_rows, Z, X.shape[0]), like=Z[0, ...], want_grad=want_grad,
-                         want_sums=want_sums, want_sites=want_sites, damping=damping, valid_columns=n_classes(Z))
+    block_rows, workers = ep.pass_layout(Z, X.shape[0], _block_rows(block_rows, Z, X.shape[0]))  # (a minibatch: one)
+    return ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z[0, ...],
+                         want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping,
+                         valid_columns=n_classes(Z), workers=workers)
 
 
 def add_prior_gradients(kernels, Z, posts, sweep, scale=1.0):
