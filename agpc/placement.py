@@ -172,8 +172,8 @@ def n_jobs_for(estimator, xp, n, n_classes):
     """The workers a fit of n rows in this process uses (``n_jobs``; ``n_jobs_``). Minibatches of a method with
     data-parallel rounds, on NumPy data: that many processes (``useful_processes``); an ``n_jobs > 1`` those
     rounds cannot take is refused when it was given, and gives 1 when it came from an enclosing
-    ``joblib.parallel_config``. Batch passes: that many threads over the row blocks (and BLAS threads in the exact
-    model's n x n algebra; ``in_process_cores``), for NumPy data; on another library's arrays (a GPU, which runs its
+    ``joblib.parallel_config``. Batch passes: that many threads over the row blocks, and the BLAS thread rule within
+    that many cores (``in_process_cores``: the exact model's n x n algebra too), for NumPy data; on another library's arrays (a GPU, which runs its
     own parallelism) one, said in a warning when more were asked. Fewer than asked is said once in a warning."""
     count, _ = W.resolve_n_jobs(estimator.n_jobs)
     if count == 1:

@@ -15,7 +15,10 @@ The rule (``choose_blas_threads``), per BLAS call of the work at hand:
   as in a minibatch step): one thread, unless m is so large that the factorisations themselves are worth
   threading (one thread per ``FACTOR_FLOPS_PER_THREAD`` of m^3).
 * Work dominated by n x m products (a batch pass): one thread per ``GEMM_FLOPS_PER_THREAD`` of one block's
-  product, rows x m x (m + d): all the cores for the library's default blocks at m >= 50.
+  product, rows x m x (m + d): all the cores for the library's default blocks at m >= 50. Where the pass spreads its
+  blocks over Python threads (``pass_workers``; EP / SEP / ADF's passes), that count is the pass's threads, each
+  block's BLAS calls on one, and the BLAS library runs the m x m algebra between the passes at its own count
+  (``_split``).
 * Never more threads than the cores this process may use (affinity and cgroup quota) less the cores other
   processes kept busy since agpc last looked (``/proc/stat``, Linux; elsewhere nothing is subtracted); in a fit,
   never more than its ``n_jobs`` (scikit-learn's meaning: one by default; the scope's ``cores``).
@@ -246,7 +249,9 @@ def caller_set_blas_threads():
 _lock = threading.Lock()
 _owner = None  # the thread identifier of the outermost scope's thread
 _owner_in_task = False  # whether the owner's outermost scope is a task's (``task_blas_threads``)
-_stack = []  # the owner's open scopes: (mode, count, budget: the most cores the rule may use, None: the free ones)
+# the owner's open scopes: (mode, count, budget: the most cores the rule may use, None: the free ones, the threads of
+# a pass over row blocks in the scope: None, the BLAS count)
+_stack = []
 _task_users = 0  # task scopes open in this process's threads while tasks own the count
 _task_limit = None  # (count, the open limit that set it for the tasks: closed when the last leaves)
 
@@ -272,7 +277,7 @@ def _worker_threads():
 
 
 @contextlib.contextmanager
-def _scope(rows, m, n_features, block_rows, threads, in_task, cores=None):
+def _scope(rows, m, n_features, block_rows, threads, in_task, cores=None, threaded_passes=False):
     global _owner, _owner_in_task, _task_users, _task_limit
     me = threading.get_ident()
     with _lock:
@@ -288,11 +293,12 @@ def _scope(rows, m, n_features, block_rows, threads, in_task, cores=None):
             yield None
             return
         try:
-            budget = None
+            budget = passes = None
             if not outermost:  # the outermost scope decided whose choice wins; choose again for this shape
-                mode, count, budget = _stack[0]
+                mode, count, budget, _ = _stack[0]
                 if mode == "rule":
-                    count = _rule(rows, m, n_features, block_rows, budget)
+                    count, passes = _split(_rule(rows, m, n_features, block_rows, budget), rows, m, n_features,
+                                           budget, threaded_passes)
             elif in_task:  # a Dask worker's budget: its BLAS threads shared among the tasks it runs at once
                 libraries = _libraries(refresh=True).lib_controllers
                 budget = max(1, max([lib.num_threads for lib in libraries], default=1) // _worker_threads())
@@ -309,8 +315,10 @@ def _scope(rows, m, n_features, block_rows, threads, in_task, cores=None):
             elif caller_set_blas_threads():
                 mode, count = "caller", None
             else:
-                mode, count, budget = "rule", _rule(rows, m, n_features, block_rows, cores), cores
-            _stack.append((mode, count, budget))
+                mode, budget = "rule", cores
+                count, passes = _split(_rule(rows, m, n_features, block_rows, cores), rows, m, n_features, cores,
+                                       threaded_passes)
+            _stack.append((mode, count, budget, passes))
             try:
                 if count is None or (outermost and in_task):  # (a task's count is set: ``_task_limit``)
                     yield count
@@ -328,6 +336,18 @@ def _scope(rows, m, n_features, block_rows, threads, in_task, cores=None):
             _leave_task()
 
 
+def _split(count, rows, m, n_features, budget, threaded_passes):
+    """(BLAS threads, threads of a pass over row blocks or None) under the rule, ``count`` being the rule's count for
+    the work. A pass over many rows (``rows`` >= ``ROWS_PER_INDUCING`` m) whose blocks run on Python threads
+    (``threaded_passes``: ``ep.map_blocks``, each block's BLAS calls on one thread) takes ``count`` such threads, and
+    the m x m algebra between its passes runs at its own count (one thread for m below ~800): a two-thread BLAS
+    there cost more than it saved (a default fit of 4,400 ordinal rows took 9.4 s with n_jobs=2 against 7.4 s with
+    one, and 40 iterations on 18,000 airline rows 5.9 s against 4.4 s with the m x m algebra on one thread)."""
+    if not threaded_passes or count <= 1 or rows < ROWS_PER_INDUCING * m:
+        return count, None
+    return _rule(m, m, n_features, None, budget), count
+
+
 def _rule(rows, m, n_features, block_rows, budget):
     """``choose_blas_threads`` within ``budget`` cores (None: the free ones), less those busy elsewhere."""
     count = choose_blas_threads(rows, m, n_features=n_features, block_rows=block_rows, cores=budget)
@@ -336,27 +356,28 @@ def _rule(rows, m, n_features, block_rows, budget):
     return count
 
 
-def blas_threads(rows, m, *, n_features=0, block_rows=None, threads=None, cores=None):
+def blas_threads(rows, m, *, n_features=0, block_rows=None, threads=None, cores=None, threaded_passes=False):
     """A context manager running its body with the BLAS thread count for this work (``choose_blas_threads``
     with the same arguments); yields the count set, or None when nothing was changed (the caller's setting
     is left alone, or another Python thread's scope holds the count). ``threads``: an explicit count.
     ``cores``: under the rule, the most cores it may use, in this scope and those nested in it (an estimator's
-    ``n_jobs``; None: the free ones).
+    ``n_jobs``; None: the free ones). ``threaded_passes``: the work's passes over rows spread their blocks over
+    Python threads (``pass_workers``); under the rule the BLAS count is then the m x m algebra's (``_split``).
 
     Nested scopes keep the outermost one's decision of whose choice wins (explicit, the caller's, or the
     rule) and, under the rule, choose again for their own shape. See the module docstring."""
     return _scope(rows, m, n_features, block_rows, check_blas_threads(threads), in_task=False,
-                  cores=None if cores is None else max(1, int(cores)))
+                  cores=None if cores is None else max(1, int(cores)), threaded_passes=threaded_passes)
 
 
-def task_blas_threads(rows, m, *, n_features=0, block_rows=None):
+def task_blas_threads(rows, m, *, n_features=0, block_rows=None, threaded_passes=False):
     """``blas_threads`` inside a worker's task (a dask worker's, a local worker's): the rule within the worker's
     budget, the largest BLAS thread count its libraries have shared among the tasks the worker runs at once (its
     threads). Environment variables there are the worker's configuration (dask's nanny sets one thread, a user's
     may set more), not a caller's limit to leave alone. Tasks that run at once in one worker's threads share the
     count the first one set, which is put back when the last one ends. A task run in the driver's own scope (a
     synchronous scheduler, a threaded cluster) follows the driver's scope."""
-    return _scope(rows, m, n_features, block_rows, None, in_task=True)
+    return _scope(rows, m, n_features, block_rows, None, in_task=True, threaded_passes=threaded_passes)
 
 
 def with_blas_threads(work):
@@ -377,8 +398,9 @@ _libraries(refresh=True)  # the first look, at import: each library's default is
 # -- a pass over row blocks spread over Python threads --------------------------------------------------
 
 def pass_workers():
-    """Python threads a pass over row blocks may spread its blocks over: the BLAS thread count in force now, when
-    this thread holds agpc's BLAS scope or none is open (1 when another thread's scope holds the count). Each
+    """Python threads a pass over row blocks may spread its blocks over: the innermost scope's pass threads where
+    the rule chose them (``_split``), else the BLAS thread count in force now, when this thread holds agpc's BLAS
+    scope or none is open (1 when another thread's scope holds the count). Each
     thread then runs its blocks' BLAS calls on one thread (``one_blas_thread``): the elementwise work of the
     blocks (the kernel's exponentials, the sites' updates, the gradient's products with the kernel block),
     which a multi-threaded BLAS leaves on one core, is then spread too."""
@@ -386,6 +408,8 @@ def pass_workers():
         owner = _owner
     if owner is not None and owner != threading.get_ident():
         return 1
+    if owner is not None and _stack and _stack[-1][3] is not None:
+        return _stack[-1][3]
     return max([lib.num_threads for lib in _libraries(refresh=False).lib_controllers], default=1)
 
 

@@ -146,28 +146,37 @@ def test_blas_threads_is_a_parameter():
 
 
 def test_fit_chooses_per_phase_on_64_cores(machine, monkeypatch):
-    """Minibatch SEP: every step at one thread. Batch EP over enough rows: its passes on all the cores with
-    n_jobs=-1, on one with n_jobs=None (scikit-learn's one). Afterwards the library is back at its default."""
+    """Minibatch SEP: every step at one thread. Batch EP over enough rows: its passes' blocks on all the cores with
+    n_jobs=-1 (Python threads, as many as blocks of ``MIN_THREAD_ROWS``), on one with n_jobs=None (scikit-learn's
+    one). Afterwards the library is back at its default."""
     X, y = _data(400)
     steps = _record_threads(monkeypatch, machine, "evaluate_factor")
     GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=2, random_state=0).fit(X, y)
     assert steps and set(steps) == {1}
     assert machine.num_threads == CORES
     monkeypatch.setattr(threads, "GEMM_FLOPS_PER_THREAD", 1)  # 400 rows x 10 inducing points count as large
+    monkeypatch.setattr(ep, "MIN_THREAD_ROWS", 100)  # ... and make four threads' worth of blocks
     passes = _record_threads(monkeypatch, machine, "evaluate")
+    pass_threads = []
+    monkeypatch.setattr(ep, "map_blocks", lambda f, a, workers, real=ep.map_blocks: pass_threads.append(workers)
+                        or real(f, a, workers))
     GPClassifier(method="ep", n_inducing=10, batch_size=None, max_iter=3, random_state=0, n_jobs=-1).fit(X, y)
-    assert passes and set(passes) == {CORES}
+    # the passes' blocks on as many cores as they have blocks of MIN_THREAD_ROWS, the m x m algebra between them on
+    # one BLAS thread
+    assert passes and set(passes) == {1} and set(pass_threads) == {4}
     assert machine.num_threads == CORES
     passes.clear()
+    pass_threads.clear()
     GPClassifier(method="ep", n_inducing=10, batch_size=None, max_iter=3, random_state=0).fit(X, y)
-    assert passes and set(passes) == {1}
+    assert passes and set(passes) == {1} and set(pass_threads) == {1}
     assert machine.num_threads == CORES
 
 
 # rows of the work -> the count a fake rule gives it: each phase of a minibatch EP fit on 200 rows in minibatches
-# of 50 gets its own, and the scope around the fit (one row) another
+# of 50 gets its own, the scope around the fit (one row) another, and the m x m algebra (10 inducing points) between
+# the passes of a phase over all rows another (``threads._split``: those passes' blocks on 5 Python threads)
 PHASE_ROWS = {"step": 50, "rebuild_factor": 200, "posterior": 200}
-FAKE_RULE = {50: 3, 200: 5, 1: 7}
+FAKE_RULE = {50: 3, 200: 5, 1: 7, 10: 2}
 
 
 @pytest.mark.parametrize("phase", list(PHASE_ROWS), ids=lambda phase: f"the {phase} phase chooses its own threads")
@@ -176,7 +185,9 @@ def test_each_phase_of_a_fit_chooses_its_own_thread_count(machine, monkeypatch, 
     shape, not the enclosing scope's: the rule is replaced by one that gives each shape a count of its own (3 for a
     minibatch of 50 rows, 5 for a pass over all 200, 7 for the enclosing scope), and the engine's work in each phase
     must run at its phase's count. With the phase's scope removed it runs at the enclosing 7 (what
-    GPClassifier's own fit scope hid: there the fit's main phase and its steps have the same shape)."""
+    GPClassifier's own fit scope hid: there the fit's main phase and its steps have the same shape). A phase over
+    all 200 rows (20 a point of m = 10) spreads its passes' blocks over its count of Python threads and runs the
+    BLAS library at the m x m algebra's count (``threads._split``)."""
     from agpc import RBF
     from agpc.inference import engines, training
 
@@ -186,7 +197,7 @@ def test_each_phase_of_a_fit_chooses_its_own_thread_count(machine, monkeypatch, 
     original = getattr(engines.EPEngine, engine_method)
 
     def recording(self, *args, **kwargs):
-        seen.append(machine.num_threads)
+        seen.append((machine.num_threads, threads.pass_workers()))
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(engines.EPEngine, engine_method, recording)
@@ -197,7 +208,9 @@ def test_each_phase_of_a_fit_chooses_its_own_thread_count(machine, monkeypatch, 
         assert enclosing == 7 and machine.num_threads == 7
         training.fit(X, y, kernel, X[:10].copy(), method="ep", batch_size=PHASE_ROWS["step"], max_iter=2,
                        random_state=0)
-    assert seen and set(seen) == {FAKE_RULE[PHASE_ROWS[phase]]}, (phase, seen)
+    rows = PHASE_ROWS[phase]
+    expected = (FAKE_RULE[10], FAKE_RULE[rows]) if rows >= threads.ROWS_PER_INDUCING * 10 else (FAKE_RULE[rows],) * 2
+    assert seen and set(seen) == {expected}, (phase, seen)
     assert machine.num_threads == CORES
 
 

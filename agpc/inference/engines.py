@@ -272,6 +272,7 @@ class Engine(ModulesByName, abc.ABC):
     has_damping = False
     needs_rebuild = False  # minibatch EP: its running site product is not known exact; ``rebuild_factor`` before a step
     full_gp = False  # the passes read Z as the rows themselves (the exact model's): part of a checkpoint's fingerprint
+    threaded_passes = False  # its passes over rows spread their blocks over Python threads (``ep.map_blocks``)
     shared_lengthscales = False  # ``EngineOptions.shared_lengthscales``: set by the engines that step it
     checkpoint_extras = ()  # entries of ``checkpoint_state`` the engine checks itself as it restores them
     name = None  # the method it trains (in messages)
@@ -456,6 +457,7 @@ class EPEngine(Engine):
 
     uses_warmup = True
     has_damping = True
+    threaded_passes = True  # (ep.evaluate / binary_sweep / class_sweep, and the rebuild's site sums)
     checkpoint_flags = ("needs_rebuild",)
     checkpoint_factors = ("factor",)
     checkpoint_extras = ("anchor", "visited")  # minibatch EP's (checked as they are restored)

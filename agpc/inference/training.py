@@ -75,7 +75,8 @@ def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
     Z = trainer.state["Z"]
     m = Z.shape[-2]
     rows = m if X is None else (hi - lo) if (trainer.minibatch and hi is not None) else X.shape[0]
-    return {"rows": rows, "m": m, "n_features": Z.shape[-1], "block_rows": trainer.engine.block_rows}
+    return {"rows": rows, "m": m, "n_features": Z.shape[-1], "block_rows": trainer.engine.block_rows,
+            "threaded_passes": getattr(trainer.engine, "threaded_passes", False)}
 
 
 class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer", "per_row_sites", "needs_rebuild",
