@@ -792,7 +792,7 @@ def test_ctrl_c_during_fit_is_one_line_exit_130_and_writes_nothing(tmp_path, ban
     so: the fit went on to its --max-time (the test's 120 s timeout on a busy machine)."""
     data = write_csv(tmp_path / "d.csv", *banana)
     argv = ["fit", str(data), "--target", "label", "--inducing", "10", "--max-iter", "100000000", "--max-time", "300",
-            "--quiet", "--out", str(tmp_path / "m.agpc")]  # optimising hyperparameters: no convergence stop
+            "--plateau", "none", "--quiet", "--out", str(tmp_path / "m.agpc")]  # (no stop of its own before the signal)
     how = "sigint-ignored" if "ignored" in inherited else "as-is"
     with subprocess.Popen([sys.executable, "-c", EXEC_AGPC, how, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=subprocess_env()) as proc:

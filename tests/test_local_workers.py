@@ -193,7 +193,8 @@ def test_no_worker_is_left_after_an_error_or_max_time(banana, monkeypatch, pools
     with pytest.raises(RuntimeError, match="a failure in the middle"):
         GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=5, n_jobs=2, local_steps=2).fit(X, y)
     monkeypatch.setattr(training.Trainer, "step", real)
-    timed = GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=10**6, n_jobs=2, max_time=3.0).fit(X, y)
+    timed = GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=10**6, n_jobs=2, max_time=3.0,
+                         plateau=None).fit(X, y)  # (no stop of its own before the budget)
     assert timed.stopped_by_time_ and timed.n_jobs_ == 2
     assert len(pools) == 2 and all(_gone(pool.pids, 0) for pool in pools)
     assert not any(os.path.exists(rows[0].directory) for rows in directories)
@@ -227,7 +228,8 @@ _DRIVER = textwrap.dedent("""
         # and a child keeps that)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         X, y = make_banana(4000, random_state=0)
-        GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=10**6, n_jobs=2, local_steps=2).fit(X, y)
+        GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=10**6, n_jobs=2, local_steps=2,
+                     plateau=None).fit(X, y)  # (no stop of its own before the signal)
 """)
 
 
