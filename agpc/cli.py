@@ -48,7 +48,7 @@ import numpy as np
 
 from . import __version__
 from . import backend as B
-from . import checkpoints, persistence
+from . import checkpoints, persistence, placement
 from .batch_size import rows_per_step
 from .classifier import GPClassifier
 from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
@@ -345,8 +345,7 @@ def _fit_jobs(args, model, n_rows):
         return args.jobs
     if args.scheduler or args.backend != "numpy":
         return None
-    batch_size = rows_per_step(model, n_rows)
-    return -1 if batch_size is None or batch_size >= n_rows else None
+    return None if placement.minibatches(model, n_rows) else -1
 
 
 def _iterations(model, max_iter, n_rows):
