@@ -29,7 +29,7 @@ from .batch_size import gpu_block_rows, rows_per_step
 from .inference.dask_engine import ChunkedRows, DaskPasses
 from .inference.data_parallel import DataParallel, RowsOnWorkers, refusal
 
-__all__ = ["LOCAL_CHUNK_ROWS", "PlacedRows", "Placement", "n_jobs_for", "minibatches", "in_process_cores", "useful_threads",
+__all__ = ["LOCAL_CHUNK_ROWS", "PlacedRows", "Placement", "n_jobs_for", "minibatches", "in_process_cores",
            "useful_processes", "local_chunk_rows", "blas_scope"]
 
 # Rows per chunk of a fit in local worker processes (``n_jobs``): the dask protocol's chunks (the 200,000-row check
@@ -173,8 +173,9 @@ def n_jobs_for(estimator, xp, n, n_classes):
     data-parallel rounds, on NumPy data: that many processes (``useful_processes``); an ``n_jobs > 1`` those
     rounds cannot take is refused when it was given, and gives 1 when it came from an enclosing
     ``joblib.parallel_config``. Batch passes: that many threads over the row blocks, and the BLAS thread rule within
-    that many cores (``in_process_cores``: the exact model's n x n algebra too), for NumPy data; on another library's arrays (a GPU, which runs its
-    own parallelism) one, said in a warning when more were asked. Fewer than asked is said once in a warning."""
+    that many cores (``in_process_cores``: the exact model's n x n algebra too), for NumPy data; on another
+    library's arrays (a GPU, which runs its own parallelism) one, said in a warning when more were asked. Fewer
+    than asked is said once in a warning."""
     count, _ = W.resolve_n_jobs(estimator.n_jobs)
     if count == 1:
         return 1
@@ -186,7 +187,13 @@ def n_jobs_for(estimator, xp, n, n_classes):
                 warnings.warn(f"n_jobs={estimator.n_jobs}: a batch pass on {xp.__name__} arrays runs on their device, "
                               "which spreads the work itself: one worker (n_jobs_=1)", UserWarning, stacklevel=6)
             return 1
-        return useful_threads(count, asked=estimator.n_jobs)
+        used = in_process_cores(estimator)
+        if used < count:  # (stacklevel: the caller of fit, through start and n_jobs_for)
+            asked = count if estimator.n_jobs is None else estimator.n_jobs
+            plural = "s" if used != 1 else ""
+            warnings.warn(f"n_jobs={asked}: batch passes on {used} thread{plural} ({used} core{plural} this process "
+                          "may use); n_jobs_ records it", UserWarning, stacklevel=6)
+        return used
     why = None
     if not spec.supports("n_jobs"):
         why = spec.refusal("n_jobs", f"method={estimator.method!r} has no data-parallel rounds for its minibatches")
@@ -212,16 +219,6 @@ def in_process_cores(estimator):
     """The cores a fit in this process may use (``n_jobs``, scikit-learn's meaning, at most the cores this process
     may use): the BLAS thread rule's budget for the fit (``blas_scope``), and the threads of its batch passes."""
     return min(W.resolve_n_jobs(estimator.n_jobs)[0], threads.available_cores())
-
-
-def useful_threads(count, asked=None):
-    """``count`` threads for a batch pass, capped by the cores this process may use (said in one UserWarning)."""
-    cores = threads.available_cores()
-    if cores < count:
-        warnings.warn(f"n_jobs={count if asked is None else asked}: batch passes on {cores} thread"
-                      f"{'s' if cores != 1 else ''} ({cores} core{'s' if cores != 1 else ''} this process may use); "
-                      "n_jobs_ records it", UserWarning, stacklevel=6)
-    return min(count, cores)
 
 
 def useful_processes(count, n, batch_size, asked=None):

@@ -370,14 +370,14 @@ def blas_threads(rows, m, *, n_features=0, block_rows=None, threads=None, cores=
                   cores=None if cores is None else max(1, int(cores)), threaded_passes=threaded_passes)
 
 
-def task_blas_threads(rows, m, *, n_features=0, block_rows=None, threaded_passes=False):
+def task_blas_threads(rows, m, *, n_features=0, block_rows=None):
     """``blas_threads`` inside a worker's task (a dask worker's, a local worker's): the rule within the worker's
     budget, the largest BLAS thread count its libraries have shared among the tasks the worker runs at once (its
     threads). Environment variables there are the worker's configuration (dask's nanny sets one thread, a user's
     may set more), not a caller's limit to leave alone. Tasks that run at once in one worker's threads share the
     count the first one set, which is put back when the last one ends. A task run in the driver's own scope (a
     synchronous scheduler, a threaded cluster) follows the driver's scope."""
-    return _scope(rows, m, n_features, block_rows, None, in_task=True, threaded_passes=threaded_passes)
+    return _scope(rows, m, n_features, block_rows, None, in_task=True)
 
 
 def with_blas_threads(work):
