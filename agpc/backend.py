@@ -261,6 +261,29 @@ def _probe_cuda_libraries(cupy):
             ("cuSOLVER, for Cholesky factorisations", factorisations))
 
 
+# Said to a Python user and to a command-line user alike (the CLI prints the message as it is)
+_ON_THE_CPU = "compute on the CPU: backend='numpy' (agpc fit --backend numpy)"
+
+
+def _cuda_versions(cupy):
+    """"CuPy 14.2.0 for CUDA runtime 12.9, driver for CUDA 12.2" (what a user compares to pick a driver or a CuPy
+    wheel), each part that cannot be read left out."""
+    def version(code):
+        return f"{code // 1000}.{code % 1000 // 10}"
+
+    parts = [f"CuPy {getattr(cupy, '__version__', '?')}"]
+    try:
+        parts[0] += f" for CUDA runtime {version(int(cupy.cuda.runtime.runtimeGetVersion()))}"
+    except Exception:  # (as much as can be said: the version is for the message only)
+        pass
+    try:
+        driver = int(cupy.cuda.runtime.driverGetVersion())
+        parts.append(f"driver for CUDA {version(driver)}" if driver else "no NVIDIA driver")
+    except Exception:
+        pass
+    return ", ".join(parts)
+
+
 def check_device(xp=None):
     """Refuse, before any work, a CuPy namespace (``xp``; ``None`` means CuPy itself) that cannot compute here:
     raises ``DeviceUnavailableError`` naming what is missing (CuPy, a CUDA device, a driver new enough, a CUDA
@@ -282,11 +305,11 @@ def check_device(xp=None):
         device = int(cupy.cuda.runtime.getDevice()) if count > 0 else None
     except Exception as exc:  # CUDARuntimeError: cudaErrorInsufficientDriver, cudaErrorNoDevice, ...
         raise DeviceUnavailableError(f"CuPy finds no usable CUDA device ({type(exc).__name__}: {exc}): the NVIDIA "
-                                     f"driver is missing or older than CuPy's CUDA runtime; compute on the CPU "
-                                     f"with backend='numpy'") from exc
+                                     f"driver is missing or older than CuPy's CUDA runtime ({_cuda_versions(cupy)}); "
+                                     f"{_ON_THE_CPU}") from exc
     if count < 1:
-        raise DeviceUnavailableError("CuPy finds no CUDA device on this machine: compute on the CPU with "
-                                     "backend='numpy'")
+        raise DeviceUnavailableError(f"CuPy finds no CUDA device on this machine ({_cuda_versions(cupy)}); "
+                                     f"{_ON_THE_CPU}")
     if device in _READY_DEVICES:
         return
     for what, probe in _probe_cuda_libraries(cupy):
@@ -558,12 +581,8 @@ def _fp32_lanes_per_multiprocessor(major, minor):
 
 def device_throughput(xp, dtype, device=None):
     """The ``DeviceThroughput`` of the CUDA device (``device``: a CuPy device or id; default the current one) for
-    ``dtype`` ("float32" or "float64"); None for a namespace that is not CuPy's.
-
-    From CuPy's ``cupy.cuda.runtime.getDeviceProperties``: FP32 rate = 2 flop (a fused multiply-add) x FP32 units
-    per multiprocessor x ``multiProcessorCount`` x ``clockRate``; FP64 rate = that / ``singleToDoublePrecisionPerfRatio``
-    (2 on A100 / H100, 64 on consumer GPUs); bandwidth = 2 (double data rate) x ``memoryClockRate`` x
-    ``memoryBusWidth`` / 8. An H100 SXM gives 67 Tflop/s FP32, 33 FP64 and 3.35 TB/s."""
+    ``dtype`` ("float32" or "float64"); None for a namespace that is not CuPy's. From CuPy's
+    ``cupy.cuda.runtime.getDeviceProperties`` (``throughput_from_properties``)."""
     if not is_cupy_namespace(xp):
         return None
     import cupy
@@ -571,7 +590,16 @@ def device_throughput(xp, dtype, device=None):
     device_id = getattr(device, "id", device)
     if not isinstance(device_id, int):  # None (or anything but a CuPy device or an id): the current device
         device_id = cupy.cuda.runtime.getDevice()
-    props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    return throughput_from_properties(cupy.cuda.runtime.getDeviceProperties(device_id), dtype)
+
+
+def throughput_from_properties(props, dtype):
+    """The ``DeviceThroughput`` for ``dtype`` of a device described by ``props`` (the keys of CuPy's
+    ``getDeviceProperties`` this reads): FP32 rate = 2 flop (a fused multiply-add) x FP32 units per multiprocessor x
+    ``multiProcessorCount`` x ``clockRate``; FP64 rate = that / ``singleToDoublePrecisionPerfRatio`` (2 on A100 /
+    H100, 64 on consumer GPUs); bandwidth = 2 (double data rate) x ``memoryClockRate`` x ``memoryBusWidth`` / 8. An
+    H100 SXM gives 67 Tflop/s FP32, 33 FP64 and 3.35 TB/s. (Pure: benchmarks ask what a GPU would choose on the
+    CPU.)"""
     lanes = _fp32_lanes_per_multiprocessor(int(props["major"]), int(props["minor"]))
     fp32 = 2.0 * lanes * int(props["multiProcessorCount"]) * 1e3 * float(props["clockRate"])
     ratio = float(props.get("singleToDoublePrecisionPerfRatio") or 1.0)
@@ -591,16 +619,24 @@ def launch_bound_rows(throughput, *, launches, block_launches, block_rows, flops
     takes b x (``flops_per_row`` / flops + ``bytes_per_row`` / bandwidth) seconds (the model of docs/gpu.md).
     Rows are ``smallest`` times a power of two; when no size up to ``largest`` reaches the ratio, ``largest`` (more
     rows a step still spread the fixed launches over more rows)."""
-    per_row = flops_per_row / throughput.flops + bytes_per_row / throughput.bytes
     largest = max(int(smallest), int(largest))
     rows = int(smallest)
     while rows < largest:
-        blocks = -(-rows // max(1, int(block_rows)))
-        launch_time = (launches + block_launches * (blocks - 1)) * throughput.launch_seconds
-        if rows * per_row >= ratio * launch_time:
+        launch_time, work_time = step_time(throughput, rows, launches=launches, block_launches=block_launches,
+                                           block_rows=block_rows, flops_per_row=flops_per_row,
+                                           bytes_per_row=bytes_per_row)
+        if work_time >= ratio * launch_time:
             return rows
         rows *= 2
     return largest
+
+
+def step_time(throughput, rows, *, launches, block_launches, block_rows, flops_per_row, bytes_per_row):
+    """(host seconds of the launches, device seconds of the work) of a step of ``rows`` rows in the launch model
+    of docs/gpu.md (see ``launch_bound_rows``): the step is as slow as the larger of the two."""
+    blocks = -(-int(rows) // max(1, int(block_rows)))
+    launch_time = (launches + block_launches * (blocks - 1)) * throughput.launch_seconds
+    return launch_time, rows * (flops_per_row / throughput.flops + bytes_per_row / throughput.bytes)
 
 
 class TF32Warning(UserWarning):
@@ -612,11 +648,19 @@ class TF32Warning(UserWarning):
 
 
 def uses_tf32(xp, dtype):
-    """True when float32 products on namespace ``xp`` run in TF32: CuPy with the environment variable ``CUPY_TF32``
-    a positive integer, which CuPy reads at its first float32 product (``cupy._core.get_compute_type``) to let cuBLAS
-    use TF32 tensor cores (``CUBLAS_COMPUTE_32F_FAST_TF32``). float64 never does."""
+    """True when float32 products on namespace ``xp`` run in TF32: CuPy whose compute type for float32 is TF32.
+    CuPy fixes it once a process (``cupy._core.get_compute_type``): at its first float32 product, from the
+    environment variable ``CUPY_TF32`` (a positive integer, on a device of compute capability 8.0 or more), unless
+    ``cupy._core.set_compute_type`` set it first; this asks CuPy, which fixes it now if nothing has yet (as the fit's
+    first product would). float64 never uses TF32. A CuPy without ``get_compute_type``: the variable decides."""
     if not is_cupy_namespace(xp) or _float_name(dtype) != "float32":
         return False
+    try:
+        from cupy._core import _routines_linalg as routines
+
+        return int(routines.get_compute_type(np.float32)) == int(routines.COMPUTE_TYPE_TF32)
+    except (ImportError, AttributeError):
+        pass
     try:
         return int(os.environ.get("CUPY_TF32", "0")) > 0
     except ValueError:  # CuPy's own int() of it would fail at the first float32 product
@@ -867,8 +911,13 @@ def solve_triangular(L, B, *, lower=True, trans=False):
         import cupyx.scipy.linalg
 
         return cupyx.scipy.linalg.solve_triangular(L, B, lower=lower, trans=1 if trans else 0)
-    # Generic fallback: a dense solve. O(m^3 + m^2 k) like the triangular one, only slower. A vector
-    # right-hand side goes in as one column (the standard's solve broadcasts 1-D x2 ambiguously).
+    return _solve_triangular_generic(L, B, xp, trans)
+
+
+def _solve_triangular_generic(L, B, xp, trans):
+    """The array API's fallback for ``solve_triangular``: a dense solve, O(m^3 + m^2 k) like the triangular one,
+    only slower. A vector right-hand side goes in as one column (the standard's solve broadcasts 1-D x2
+    ambiguously)."""
     A = L.mT if trans else L
     if B.ndim == 1:
         return xp.linalg.solve(A, B[:, None])[:, 0]

@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 import pytest
-from cupy_mock import CUDARuntimeError, MockCupy
+from cupy_mock import H100_PROPERTIES, CUDARuntimeError, MockCupy
 
 from agpc import GPClassifier
 from agpc import backend as B
@@ -88,6 +88,8 @@ def test_cli_backend_cupy_without_a_driver_exits_2_naming_it(monkeypatch, tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and err[0].startswith("agpc: error: ")
     assert "cudaErrorInsufficientDriver" in err[0] and "no usable CUDA device" in err[0]
+    # what to do, in the command line's words, and the versions a user compares to pick a driver or a CuPy wheel
+    assert "--backend numpy" in err[0] and "CuPy 14.2.0 (mock) for CUDA runtime 12.9" in err[0]
     assert not (tmp_path / "m.agpc").exists()
 
 
@@ -242,6 +244,29 @@ def test_float32_in_tf32_is_warned_about_and_recorded(monkeypatch, tf32):
         assert GPClassifier(dtype="float32", **options).fit(X, y).tf32_ is False  # NumPy: no TF32
 
 
+def test_tf32_is_what_cupy_fixed_not_what_the_variable_says_now(monkeypatch):
+    """CuPy fixes the float32 compute type once (``cupy._core.get_compute_type``, at the first float32 product):
+    ``set_compute_type`` to TF32 without the variable is TF32; the variable set after the first float32 product is
+    not; and a device older than compute capability 8.0 has no TF32 whatever the variable."""
+    X, y = make_banana(80, random_state=0)
+    options = dict(n_inducing=6, max_iter=2, random_state=0, dtype="float32")
+    monkeypatch.delenv("CUPY_TF32", raising=False)
+    mock = MockCupy(monkeypatch)
+    mock.cupy._core.set_compute_type(np.float32, mock.cupy._core._routines_linalg.COMPUTE_TYPE_TF32)
+    with pytest.warns(B.TF32Warning):
+        assert GPClassifier(**options).fit(mock.put(X), mock.put(y)).tf32_ is True
+
+    mock = MockCupy(monkeypatch)
+    GPClassifier(**options).fit(mock.put(X), mock.put(y))  # the first float32 products: no TF32, fixed
+    monkeypatch.setenv("CUPY_TF32", "1")
+    with _no_tf32_warning():
+        assert GPClassifier(**options).fit(mock.put(X), mock.put(y)).tf32_ is False
+
+    mock = MockCupy(monkeypatch, properties=dict(H100_PROPERTIES, major=7, minor=0))  # a V100
+    with _no_tf32_warning():
+        assert GPClassifier(**options).fit(mock.put(X), mock.put(y)).tf32_ is False
+
+
 class _no_tf32_warning:
     def __enter__(self):
         self._catch = warnings.catch_warnings()
@@ -250,3 +275,27 @@ class _no_tf32_warning:
 
     def __exit__(self, *exc):
         return self._catch.__exit__(*exc)
+
+
+# -- the mock refuses what CuPy refuses -------------------------------------------------------------------------
+
+def test_the_mock_refuses_what_cupy_refuses_or_would_do_silently(monkeypatch):
+    """``cupyx.scipy.linalg.solve_triangular``: a stack's batch shape repeated exactly (CuPy does not broadcast, SciPy
+    takes no stack), and one dtype (CuPy casts the right-hand side to the triangle's without a word); the row-dot
+    reduction kernel: one dtype for its type T (CuPy: "Type is mismatched")."""
+    mock = MockCupy(monkeypatch)
+    solve = mock.cupyx["cupyx.scipy.linalg"].solve_triangular
+    L = mock.put(np.linalg.cholesky(4.0 * np.eye(3) + 1.0))
+    rhs = mock.put(np.ones((3, 2)))
+    np.testing.assert_allclose(B.to_numpy(solve(L, rhs, lower=True)),
+                               np.linalg.solve(np.linalg.cholesky(4.0 * np.eye(3) + 1.0), np.ones((3, 2))))
+    with pytest.raises(TypeError, match="cast"):
+        solve(L, mock.put(np.ones((3, 2)), dtype=np.float32), lower=True)
+    stack = mock.put(np.stack([B.to_numpy(L)] * 2))
+    with pytest.raises(ValueError, match="batch count"):
+        solve(stack, mock.put(np.ones((1, 3, 2))), lower=True)  # (SciPy-style broadcasting of the batch)
+    with pytest.raises(ValueError, match="incompatible dimensions"):
+        solve(L, mock.put(np.ones((2, 3, 2))), lower=True)  # (a 2-D triangle, a stack of right-hand sides)
+    assert B.to_numpy(solve(stack, mock.put(np.ones((2, 3))), lower=True)).shape == (2, 3)
+    with pytest.raises(TypeError, match="Type is mismatched"):
+        B.row_dot(mock.put(np.ones((4, 3))), mock.put(np.ones((4, 3)), dtype=np.float32))

@@ -1,7 +1,13 @@
-"""Every method fitted on the GPU's namespace (CuPy with CUDA, else array_api_strict's non-default device as the
-stand-in; conftest.py) through a counting namespace (tests/array_counting.py) that records every host conversion
-(``float()``, ``bool()``, ``int()``, ``.item()``, ``__array__``, ``to_device`` to the host) and every
-data-dependent shape (boolean masks, ``unique_*``: a host synchronisation on a GPU) with the shape it moves.
+"""Every method fitted on the GPU's namespace, two ways:
+
+- through a counting namespace (tests/array_counting.py) over the device's namespace (CuPy with CUDA, else
+  array_api_strict's non-default device as the stand-in; conftest.py), which records every host conversion
+  (``float()``, ``bool()``, ``int()``, ``.item()``, ``__array__``, ``to_device`` to the host) and every
+  data-dependent shape (boolean masks, ``unique_*``: a host synchronisation on a GPU) with the shape it moves. The
+  counting namespace is not CuPy to ``is_cupy_namespace``: these fits take the generic array-API path;
+- on CuPy itself (the real one with CUDA, else the mocked one of tests/cupy_mock.py), through agpc's CuPy branches,
+  its synchronisations counted on CuPy's own paths to the host (tests/cupy_syncs.py; it does not see the
+  data-dependent shapes, which the first way counts). test_cupy_branches.py shows these fits take the CuPy branches.
 
 Three things are checked per method, on a small problem so that the whole file runs in seconds:
 - parity: the same seed gives the same inducing points, training curve and probabilities as NumPy;
@@ -15,9 +21,12 @@ import math
 import numpy as np
 import pytest
 
+from cupy_syncs import counting_syncs
+
 from agpc import GPClassifier
 from agpc import backend as B
 from agpc.datasets import make_banana
+from gpu_tests.conftest import CUDA
 
 N_ROWS, N_TEST, N_INDUCING, BATCH = 150, 40, 12, 40
 N_CLASSES = 3
@@ -80,82 +89,107 @@ def _model(case, max_iter):
     return GPClassifier(method=method, n_inducing=N_INDUCING, max_iter=max_iter, random_state=0, **options)
 
 
+class Counted:
+    """A fit's ``model``, its host synchronisations ``syncs`` and its ``transfers`` (name, shape, where = agpc's
+    innermost frame) of every host conversion (and, through the counting namespace, data-dependent shape)."""
+
+    def __init__(self, model, syncs, transfers, namespace=None):
+        self.model, self.syncs, self.transfers, self.namespace = model, syncs, transfers, namespace
+
+
+def _where(frames, marker="agpc/"):
+    return next((f"{f[0].rsplit(marker, 1)[-1]}:{f[1]} {f[2]}" for f in frames if marker in f[0]), "?")
+
+
 def fit_counted(gpu, case, max_iter=2):
-    """Fit ``case`` on the device through a counting namespace. Returns (model, tally of the fit, namespace)."""
+    """Fit ``case`` on the device through a counting namespace: a ``Counted``."""
     X, y, _ = _data(CASES[case][2])
     namespace = gpu.counting()
     X_device, y_device = gpu.put_counted(namespace, X), gpu.put_counted(namespace, y)
     with namespace.counting() as tally:
         model = _model(case, max_iter).fit(X_device, y_device)
-    return model, tally, namespace
+    transfers = [(event.name, event.shapes[0] if event.shapes else (), _where(event.frames))
+                 for event in tally.events if event.kind in ("host", "data_dependent")]
+    return Counted(model, tally.counts()["syncs"], transfers, namespace)
+
+
+def fit_on_cupy(monkeypatch, case, max_iter=2):
+    """Fit ``case`` on CuPy (a CUDA device's, else the mock's), counting CuPy's synchronisations: a ``Counted``."""
+    if CUDA:
+        import array_api_compat.cupy as xp
+        import cupy
+
+        put = lambda value: xp.asarray(np.asarray(value))  # noqa: E731
+    else:
+        from cupy_mock import MockCupy
+
+        mock = MockCupy(monkeypatch)
+        cupy, put = mock.cupy, mock.put
+    X, y, _ = _data(CASES[case][2])
+    X_device, y_device = put(X), put(y)
+    with counting_syncs(cupy) as syncs:
+        model = _model(case, max_iter).fit(X_device, y_device)
+    transfers = [(path, shape, _where(frames, "/agpc/")) for (path, frames), shape in zip(syncs.events, syncs.shapes)]
+    return Counted(model, syncs.count, transfers)
 
 
 _FITS = {}
 
 
-def _fit_once(gpu, case):
-    """One counted fit per case, shared by the tests of this file (the fixture's device is the same for all)."""
-    if case not in _FITS:
-        _FITS[case] = fit_counted(gpu, case)
-    return _FITS[case]
-
-
-def _transfers(tally):
-    """(name, shape, where) of every host conversion and data-dependent shape, where = agpc's innermost frame."""
-    out = []
-    for event in tally.events:
-        if event.kind in ("host", "data_dependent"):
-            where = next((f"{f[0].rsplit('agpc/', 1)[-1]}:{f[1]} {f[2]}" for f in event.frames if "agpc" in f[0]),
-                         "?")
-            out.append((event.name, event.shapes[0] if event.shapes else (), where))
-    return out
+@pytest.fixture(params=["counting namespace", "cupy"])
+def counted_fit(request, gpu, monkeypatch):
+    """A function of (case, max_iter=2) that fits the case on the device one of the two ways of the docstring: a
+    ``Counted``, shared by the tests of this file (the device is the same for all)."""
+    def fit(case, max_iter=2):
+        key = request.param, case, max_iter
+        if key not in _FITS:
+            _FITS[key] = (fit_on_cupy(monkeypatch, case, max_iter) if request.param == "cupy"
+                          else fit_counted(gpu, case, max_iter))
+        return _FITS[key]
+    return fit
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_fit_matches_numpy(gpu, case):
+@pytest.mark.parametrize("counted_fit", ["counting namespace"], indirect=True)
+def test_fit_matches_numpy(gpu, counted_fit, case):
+    """(On CuPy: test_cupy_branches.py.)"""
     X, y, X_test = _data(CASES[case][2])
     reference = _model(case, 2).fit(X, y)
-    model, _, namespace = _fit_once(gpu, case)
+    fitted = counted_fit(case)
+    model = fitted.model
     assert gpu.on_device(model.inducing_points_)
     np.testing.assert_allclose(B.to_numpy(model.inducing_points_), reference.inducing_points_, rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(model.history_["log_marginal_likelihood"],
                                reference.history_["log_marginal_likelihood"], rtol=RTOL)
-    proba = model.predict_proba(gpu.put_counted(namespace, X_test))
+    proba = model.predict_proba(gpu.put_counted(fitted.namespace, X_test))
     assert gpu.on_device(proba)
     np.testing.assert_allclose(B.to_numpy(proba), reference.predict_proba(X_test), rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("case", [pytest.param(case, marks=HOST_OPTIMISER_OVER_ROWS)
                                   if case in ("vi-jj-hybrid", "vi-jj-full") else case for case in CASES])
-def test_fit_brings_no_n_sized_array_to_the_host(gpu, case):
-    _, tally, _ = _fit_once(gpu, case)
-    transfers = _transfers(tally)
-    assert transfers, "a fit reads at least its step summaries: the counting namespace saw nothing"
+def test_fit_brings_no_n_sized_array_to_the_host(counted_fit, case):
+    transfers = counted_fit(case).transfers
+    assert transfers, "a fit reads at least its step summaries: nothing was counted"
     row_sized = [t for t in transfers if any(size in (N_ROWS, BATCH) for size in t[1]) and t[0] != "unique_values"]
     # unique_values(y): the one data-dependent read of the labels, for their classes (a sync, not a transfer of y)
     assert not row_sized, "n- or batch-sized arrays to the host during fit:\n" + "\n".join(map(str, row_sized))
-    assert sum(1 for t in transfers if t[0] == "unique_values") == 1
-
-
-def _syncs(tally):
-    counts = tally.counts()
-    return counts["syncs"]
+    assert sum(1 for t in transfers if t[0] == "unique_values") <= 1
 
 
 @pytest.mark.parametrize("case", SYNC_FREE_STEP)
-def test_fit_makes_one_host_synchronisation_per_step(gpu, case):
+def test_fit_makes_one_host_synchronisation_per_step(counted_fit, case):
     """The step's one summary transfer, and nothing else that grows with the number of steps: one more epoch
     (minibatch) or iteration (batch) adds exactly as many synchronisations as steps."""
-    short_model, short, _ = fit_counted(gpu, case, max_iter=1)
-    long_model, long, _ = _fit_once(gpu, case)
-    short_steps, long_steps = short_model.history_["n_steps"][-1], long_model.history_["n_steps"][-1]
+    short, long = counted_fit(case, max_iter=1), counted_fit(case)
+    short_steps, long_steps = short.model.history_["n_steps"][-1], long.model.history_["n_steps"][-1]
     assert long_steps > short_steps
     if CASES[case][1].get("batch_size"):
         assert long_steps - short_steps == math.ceil(N_ROWS / BATCH)
-    report = "\n".join(map(str, _transfers(long)))
-    added_epochs = long_model.n_iter_ - short_model.n_iter_
-    assert _syncs(long) - _syncs(short) == long_steps - short_steps + added_epochs * EPOCH_SYNCS.get(case, 0), report
+    report = "\n".join(map(str, long.transfers))
+    added_epochs = long.model.n_iter_ - short.model.n_iter_
+    assert long.syncs - short.syncs == long_steps - short_steps + added_epochs * EPOCH_SYNCS.get(case, 0), report
     further_classes = N_CLASSES - 1 if CASES[case][2] else 0
     setup_budget = SETUP_SYNCS + SETUP_SYNCS_PER_FURTHER_CLASS * further_classes
-    setup = _syncs(long) - long_steps - long_model.n_iter_ * EPOCH_SYNCS.get(case, 0)
-    assert setup <= setup_budget, f"{_syncs(long)} syncs for {long_steps} steps:\n{report}"
+    setup = long.syncs - long_steps - long.model.n_iter_ * EPOCH_SYNCS.get(case, 0)
+    assert setup <= setup_budget, f"{long.syncs} syncs for {long_steps} steps:\n{report}"

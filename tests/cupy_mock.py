@@ -17,9 +17,13 @@ gpu_tests/run_on_gpu.sh):
   factorisation returns what LAPACK's potrf leaves (the factor up to the failing pivot, that pivot on the
   diagonal), or ``cholesky_result`` when set (a function of the matrix: finite garbage, NaN, ...);
 - ``cupy.ReductionKernel``: evaluates the map and post-map expressions as Python (the ones agpc writes are valid
-  Python: ``x * y``, ``z = a``) and a reduction of ``a + b``; each call is one counted operation;
+  Python: ``x * y``, ``z = a``) and a reduction of ``a + b``; each call is one counted operation; arguments of two
+  dtypes for its one type ``T`` are refused, as CuPy refuses them;
 - ``vecdot``: array-api-compat's generic one (CuPy 14 has none), counted operation by operation;
-- ``cupyx.scipy.linalg.solve_triangular``, ``cupyx.scipy.special.log_ndtr`` / ``ndtr``: SciPy's, one operation each;
+- ``cupyx.scipy.linalg.solve_triangular``: SciPy's, one operation, after CuPy's own checks of the shapes (a stack's
+  batch shape repeated exactly by the right-hand side: no broadcasting); it refuses two dtypes, which CuPy would
+  silently cast to the triangle's (``_check_solve_triangular``);
+- ``cupyx.scipy.special.log_ndtr`` / ``ndtr``: SciPy's, one operation each;
 - ``cupyx.profiler.benchmark``: CuPy's signature; like CuPy it reads ``func.__name__`` when no ``name`` is given;
   times on the host;
 - stream capture: between ``Stream.begin_capture`` and ``end_capture`` a product, a triangular solve or a Cholesky
@@ -27,11 +31,14 @@ gpu_tests/run_on_gpu.sh):
   unsupported"), as CuPy 14's ``cublas.setStream`` / ``cusolver.setStream`` do; elementwise work is captured;
 - ``cupy.asnumpy``, ``cupy.asarray``, ``cupy.cuda.Stream`` / ``Event`` (``synchronize``), ``cupy.cuda.Device``,
   ``cupy.cuda.get_current_stream``, ``cupy.get_default_memory_pool``, ``cupyx.errstate`` and
-  ``cupyx.allow_synchronize`` (both doing nothing).
+  ``cupyx.allow_synchronize`` (both doing nothing);
+- ``cupy._core.get_compute_type`` / ``set_compute_type``: the compute type of a dtype fixed at its first product (from
+  ``CUPY_TF32`` for float32, TF32 from compute capability 8.0 on) unless set before, as CuPy's.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import types
@@ -102,7 +109,9 @@ class MockCupy:
         self._patch_linalg()
         self.cupy = self._cupy_module()
         self.cupyx = self._cupyx_modules()
-        for name, module in {"cupy": self.cupy, "cupy.cuda": self.cupy.cuda, "cupy.cuda.runtime": self.cupy.cuda.runtime,
+        for name, module in {"cupy": self.cupy, "cupy._core": self.cupy._core,
+                             "cupy._core._routines_linalg": self.cupy._core._routines_linalg,
+                             "cupy.cuda": self.cupy.cuda, "cupy.cuda.runtime": self.cupy.cuda.runtime,
                              "cupy.cuda.nvrtc": self.cupy.cuda.nvrtc, "cupy.linalg": self.cupy.linalg,
                              **self.cupyx, "array_api_compat.cupy": self.xp}.items():
             monkeypatch.setitem(sys.modules, name, module)
@@ -154,6 +163,7 @@ class MockCupy:
         matmul = self.xp.matmul
 
         def product(a, b):
+            mock.cupy._core.get_compute_type(_unwrap(a).dtype)  # (CuPy fixes its compute type at a dtype's first product)
             mock._raise_if("cublas")
             mock._refuse_during_capture("cuBLAS")
             mock.library_calls.append(("cublas", "gemm"))
@@ -266,6 +276,10 @@ class MockCupy:
 
         pool = Pool()
         cupy.get_default_memory_pool = lambda: pool
+        cupy._core = types.ModuleType("cupy._core")
+        cupy._core._routines_linalg = self._compute_types()
+        cupy._core.get_compute_type = cupy._core._routines_linalg.get_compute_type
+        cupy._core.set_compute_type = cupy._core._routines_linalg.set_compute_type
         cupy.cuda = types.ModuleType("cupy.cuda")
         cupy.cuda.runtime, cupy.cuda.nvrtc = runtime, nvrtc
         cupy.cuda.Device, cupy.cuda.Stream, cupy.cuda.Event = Device, Stream, Event
@@ -273,6 +287,30 @@ class MockCupy:
         cupy.cuda.get_current_stream = lambda: current
         cupy.asarray = lambda a, dtype=None: self.put(a.get() if hasattr(a, "get") else a, dtype=dtype)
         return cupy
+
+    def _compute_types(self):
+        """``cupy._core._routines_linalg``'s compute types: fixed once, at the first ``get_compute_type`` of a dtype
+        (CuPy asks at each product), from ``CUPY_TF32`` for float32 (TF32 only from compute capability 8.0), unless
+        ``set_compute_type`` set it before."""
+        mock = self
+        routines = types.ModuleType("cupy._core._routines_linalg")
+        routines.COMPUTE_TYPE_TBD, routines.COMPUTE_TYPE_DEFAULT, routines.COMPUTE_TYPE_TF32 = 0, 1, 7
+        chosen = {}
+
+        def set_compute_type(dtype, compute_type):
+            if compute_type == routines.COMPUTE_TYPE_TF32 and mock.properties["major"] < 8:
+                return  # (CuPy warns and leaves it undecided)
+            chosen[np.dtype(dtype).char] = compute_type
+
+        def get_compute_type(dtype):
+            char = np.dtype(dtype).char
+            if chosen.get(char, routines.COMPUTE_TYPE_TBD) == routines.COMPUTE_TYPE_TBD:
+                tf32 = char in "fF" and int(os.environ.get("CUPY_TF32", "0")) > 0
+                set_compute_type(dtype, routines.COMPUTE_TYPE_TF32 if tf32 else routines.COMPUTE_TYPE_DEFAULT)
+            return chosen.get(char, routines.COMPUTE_TYPE_TBD)
+
+        routines.set_compute_type, routines.get_compute_type = set_compute_type, get_compute_type
+        return routines
 
     def _reduction_kernel_class(self):
         mock = self
@@ -292,6 +330,12 @@ class MockCupy:
                                      {"axis": axis, "keepdims": keepdims})
 
             def _evaluate(self, *arrays, axis=None, keepdims=False):
+                # "T x, T y": one type T for both, which CuPy decides from the arguments and refuses to when they
+                # differ (TypeError "Type is mismatched", cupy/_core/_kernel.pyx _decide_params_type); no casting
+                dtypes = {np.asarray(a).dtype for a in arrays}
+                if len(dtypes) > 1:
+                    raise TypeError(f"Type is mismatched. {self.name} {sorted(map(str, dtypes))} (the mocked "
+                                    "ReductionKernel refuses arguments of two dtypes for one type T, as CuPy does)")
                 mapped = eval(self.map_expr, {}, dict(zip(self.inputs, np.broadcast_arrays(*arrays))))  # noqa: S307
                 a = np.sum(mapped, axis=axis, keepdims=keepdims) + float(self.identity)
                 scope = {"a": a}
@@ -309,12 +353,16 @@ class MockCupy:
         profiler = types.ModuleType("cupyx.profiler")
 
         def solve_triangular(a, b, trans=0, lower=False, unit_diagonal=False, overwrite_b=False, check_finite=False):
+            _check_solve_triangular(a, b)
             mock._raise_if("cublas")
             mock._refuse_during_capture("cuBLAS")
             mock.library_calls.append(("cublas", "trsm"))
-            return mock.xp._call("cupyx.scipy.linalg.solve_triangular",
-                                 lambda A, B: scipy.linalg.solve_triangular(A, B, trans=trans, lower=lower,
-                                                                            check_finite=False), (a, b), {})
+            def solve(A, B):
+                if A.ndim > 2:  # CuPy's trsmBatched: one solve a matrix of the stack
+                    return np.stack([solve(A[i], B[i]) for i in range(A.shape[0])])
+                return scipy.linalg.solve_triangular(A, B, trans=trans, lower=lower, check_finite=False)
+
+            return mock.xp._call("cupyx.scipy.linalg.solve_triangular", solve, (a, b), {})
 
         linalg.solve_triangular = solve_triangular
         special.log_ndtr = lambda z: mock.xp._call("cupyx.scipy.special.log_ndtr", scipy.special.log_ndtr, (z,), {})
@@ -355,6 +403,32 @@ class MockCupy:
             scipy_.linalg = linalg
             modules["cupyx.scipy.linalg"] = linalg
         return modules
+
+
+def _check_solve_triangular(a, b):
+    """What ``cupyx.scipy.linalg.solve_triangular`` (CuPy 14.2) refuses, and what it would do silently that agpc must
+    never ask of it. CuPy checks: a square (m, m) ``a`` with ``len(b) == m`` (b 1-D or 2-D), or a stack (..., m, m)
+    whose batch shape b repeats exactly (no broadcasting, unlike SciPy, which takes no stack at all). It casts b to
+    a's dtype without a word (a float64 b against a float32 a loses its precision), where SciPy promotes both: the
+    mock refuses two dtypes instead, so that a fit that mixes them fails here rather than computes less on a GPU."""
+    a, b = np.asarray(_unwrap(a)), np.asarray(_unwrap(b))
+    if a.ndim == 2:
+        if a.shape[0] != a.shape[1]:
+            raise ValueError("expected square matrix")
+        if b.ndim not in (1, 2) or len(a) != len(b):
+            raise ValueError("incompatible dimensions")
+    elif a.ndim > 2:
+        if a.shape[-1] != a.shape[-2]:
+            raise ValueError("expected a batch of square matrices")
+        if a.shape[:-2] != b.shape[:a.ndim - 2]:
+            raise ValueError("incompatible batch count")
+        if b.ndim < a.ndim - 1 or a.shape[-2] != b.shape[a.ndim - 2]:
+            raise ValueError("incompatible dimensions")
+    else:
+        raise ValueError("expected one square matrix or a batch of square matrices")
+    if a.dtype != b.dtype:
+        raise TypeError(f"solve_triangular of a {a.dtype} triangle and a {b.dtype} right-hand side: CuPy would cast "
+                        f"the right-hand side to {a.dtype} silently (the mock refuses it)")
 
 
 class _RefusedImport:

@@ -36,10 +36,12 @@ SYNC_PATHS = (("ndarray", "get"), ("ndarray", "__float__"), ("ndarray", "__int__
 
 
 class SyncCount:
-    """The synchronisations seen: ``events`` of (path, call stack), ``count``, ``report()``."""
+    """The synchronisations seen: ``events`` of (path, call stack), ``shapes`` (of the array each one moved to the
+    host, () for a stream or event), ``count``, ``report()``."""
 
     def __init__(self):
         self.events = []
+        self.shapes = []
 
     @property
     def count(self):
@@ -72,6 +74,7 @@ def counting_syncs(cupy):
             outer = getattr(depth, "value", 0)
             if outer == 0:
                 count.events.append((path, _caller_frames()))
+                count.shapes.append(tuple(getattr(args[0], "shape", ())) if args else ())
             depth.value = outer + 1
             try:
                 return original(*args, **kwargs)

@@ -51,6 +51,7 @@ from ..backend import (
     cholesky_inverse,
     cholesky_or_nan,
     read_rows,
+    row_dot,
     solve_triangular,
 )
 from ..kernels import ClassKernels
@@ -142,11 +143,11 @@ def _marginals(kernel, Z, X, site_precision, site_shift, *, jitter, checked):
     rows = xp.nonzero(small)[0]
     if rows.shape[0]:
         V = solve_triangular(L, root[:, None] * xp.take(K, rows, axis=1), lower=True)  # L^-1 D^1/2 k_i, those rows
-        var[small] = xp.take(prior_var, rows) - xp.vecdot(V, V, axis=-2)
+        var[small] = xp.take(prior_var, rows) - row_dot(V, V, axis=-2)
     mean = K_mu - K @ scaled
     return Marginals(K=K, jitter=jitter, L=L, B_inverse=B_inverse, root=root, beta=mu - scaled, mean=mean, var=var,
                      prior_var=prior_var, noise_var=kernel.Kdiag(X) - K_diagonal,
-                     log_normaliser_gain=0.5 * xp.vecdot(mu, mean) - xp.sum(xp.log(xp.linalg.diagonal(L))))
+                     log_normaliser_gain=0.5 * row_dot(mu, mean) - xp.sum(xp.log(xp.linalg.diagonal(L))))
 
 
 def _gradients(kernel, Z, X, marg, kappa):
