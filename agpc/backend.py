@@ -647,6 +647,9 @@ class TF32Warning(UserWarning):
     model records it (``GPClassifier.tf32_``)."""
 
 
+_CUPY_COMPUTE_TYPE_TF32 = 7
+
+
 def uses_tf32(xp, dtype):
     """True when float32 products on namespace ``xp`` run in TF32: CuPy whose compute type for float32 is TF32.
     CuPy fixes it once a process (``cupy._core.get_compute_type``): at its first float32 product, from the
@@ -655,12 +658,13 @@ def uses_tf32(xp, dtype):
     first product would). float64 never uses TF32. A CuPy without ``get_compute_type``: the variable decides."""
     if not is_cupy_namespace(xp) or _float_name(dtype) != "float32":
         return False
-    try:
-        from cupy._core import _routines_linalg as routines
+    import cupy
 
-        return int(routines.get_compute_type(np.float32)) == int(routines.COMPUTE_TYPE_TF32)
-    except (ImportError, AttributeError):
-        pass
+    # No public accessor: cupy._core.get_compute_type is what CuPy's own products ask
+    # (cupy/_core/_routines_linalg.pyx); TF32 is 7 in its enum of compute types (_routines_linalg.pxd)
+    get_compute_type = getattr(getattr(cupy, "_core", None), "get_compute_type", None)
+    if get_compute_type is not None:
+        return int(get_compute_type(np.float32)) == _CUPY_COMPUTE_TYPE_TF32
     try:
         return int(os.environ.get("CUPY_TF32", "0")) > 0
     except ValueError:  # CuPy's own int() of it would fail at the first float32 product

@@ -294,7 +294,7 @@ class MockCupy:
         ``set_compute_type`` set it before."""
         mock = self
         routines = types.ModuleType("cupy._core._routines_linalg")
-        routines.COMPUTE_TYPE_TBD, routines.COMPUTE_TYPE_DEFAULT, routines.COMPUTE_TYPE_TF32 = 0, 1, 7
+        routines.COMPUTE_TYPE_TBD, routines.COMPUTE_TYPE_DEFAULT, routines.COMPUTE_TYPE_TF32 = 0, 1, 7  # (its .pxd)
         chosen = {}
 
         def set_compute_type(dtype, compute_type):
