@@ -14,7 +14,7 @@ from .inference import ep
 from .methods import supports
 
 __all__ = ["FULL_BATCH_MAX_ROWS", "CPU_MINIBATCH", "GPU_STEP_MODEL", "GPU_STEPS_PER_EPOCH", "rows_per_step",
-           "gpu_batch_rows", "gpu_block_rows"]
+           "gpu_batch_rows", "gpu_rule_rows", "gpu_step_seconds", "gpu_block_rows"]
 
 FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": the full batch up to here, minibatches above
 CPU_MINIBATCH = 200  # batch_size="auto" above FULL_BATCH_MAX_ROWS, off a GPU
@@ -43,22 +43,39 @@ def rows_per_step(estimator, n, xp=None, Z=None, n_classes=2):
 
 
 def gpu_batch_rows(method, n, xp, Z):
-    """The GPU's minibatch for n rows (None off a GPU): ``backend.launch_bound_rows`` with ``GPU_STEP_MODEL``
-    and the device's throughput for the model's type, at most n / 8 rows and what fits in one row block
-    (``ep.block_bytes_per_row``) in ``backend.DEVICE_MEMORY_FRACTION`` of the free memory (docs/gpu.md)."""
+    """The GPU's minibatch for n rows (None off a GPU): ``gpu_rule_rows`` for the device of ``Z`` (its throughput
+    for Z's dtype and its free memory)."""
     throughput = B.device_throughput(xp, Z.dtype, B.array_device(Z))
     if throughput is None:
         return None
     m, d, itemsize = Z.shape[-2], Z.shape[-1], xp.finfo(Z.dtype).bits // 8
-    largest = n // GPU_STEPS_PER_EPOCH
     fit = B.rows_within_memory(ep.block_bytes_per_row(m, d, itemsize), xp, B.array_device(Z))
-    if fit is not None:
-        largest = min(largest, fit)
+    return gpu_rule_rows(method, n, m, throughput, fit, itemsize)
+
+
+def gpu_rule_rows(method, n, m, throughput, fit_rows=None, itemsize=8):
+    """The rows of a GPU minibatch step for n rows and m inducing points: ``backend.launch_bound_rows`` with
+    ``GPU_STEP_MODEL`` and the device's ``throughput``, at most n / ``GPU_STEPS_PER_EPOCH`` rows and ``fit_rows``
+    (what fits in one row block in ``backend.DEVICE_MEMORY_FRACTION`` of the free memory; None: no limit). Pure, so
+    that a benchmark on the CPU can ask what a given GPU would take (docs/gpu.md)."""
+    largest = n // GPU_STEPS_PER_EPOCH
+    if fit_rows is not None:
+        largest = min(largest, fit_rows)
+    return B.launch_bound_rows(throughput, block_rows=largest, largest=largest, **_step_model(method, m, itemsize))
+
+
+def gpu_step_seconds(method, rows, m, throughput, block_rows=None, itemsize=8):
+    """The launch model's (host seconds of the launches, device seconds of the work) of one binary step of
+    ``method`` on ``rows`` rows in blocks of ``block_rows`` (None: one block) with m inducing points
+    (``backend.step_time`` with ``GPU_STEP_MODEL``): the step takes about the larger of the two."""
+    return B.step_time(throughput, rows, block_rows=block_rows or rows, **_step_model(method, m, itemsize))
+
+
+def _step_model(method, m, itemsize):
     model = GPU_STEP_MODEL.get(method, _EP_STEP)
-    return B.launch_bound_rows(
-        throughput, launches=model["launches"], block_launches=model["block_launches"], block_rows=largest,
-        flops_per_row=model["flops_per_row_m2"] * m * m, bytes_per_row=model["elements_per_row_m"] * m * itemsize,
-        largest=largest)
+    return {"launches": model["launches"], "block_launches": model["block_launches"],
+            "flops_per_row": model["flops_per_row_m2"] * m * m,
+            "bytes_per_row": model["elements_per_row_m"] * m * itemsize}
 
 
 def gpu_block_rows(estimator, batch_size, xp):

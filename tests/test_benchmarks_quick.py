@@ -43,6 +43,7 @@ def _runs(tmp_dir):
         "data_parallel_check": ["dask_scaling.py", "--check", "--crossover", "5000", "--out", str(tmp_dir / "dp.json")],
         "threads": ["threads.py"],
         "gpu": ["gpu.py"],
+        "gpu_batch_quality": ["gpu_batch_quality.py", "--out", str(tmp_dir / "gpu_batch_quality.json")],
         "small_data_defaults": ["small_data_defaults.py", "--methods", "ep,svi"],
         "step_cost": ["step_cost.py", "--counts"],
         "size_rule": ["size_rule.py"],
