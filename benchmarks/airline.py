@@ -52,8 +52,16 @@ def parse_args(argv=None):
     p.add_argument("--plot", default=None, help="PNG path (default benchmarks/results/airline[_3class][_quick].png)")
     p.add_argument("--kernel-prior", choices=("auto", "none", "both"), default="auto",
                    help="agpc's kernel_prior: 'none' (maximum likelihood: methods named M-ml), or 'both'")
-    args = parse(p, argv, full=dict(budget=480.0, linear_budget=90.0, n_test=10000),
+    p.add_argument("--backend", choices=("numpy", "cupy"), default="numpy",
+                   help="where the GP fits compute (cupy: their training and test arrays on the GPU)")
+    p.add_argument("--batches", default=None,
+                   help="comma-separated batch_size values, a GP fit (a curve) each: a number of rows or auto "
+                        "(the library's: 200 rows above 20,000 on the CPU, on a GPU the rows that keep it busy); "
+                        "default 200, with --backend cupy 200,auto (the GPU's default against the CPU's)")
+    args = parse(p, argv, full=dict(budget=480.0, linear_budget=90.0, n_test=10000,
+                                    batches=lambda a: "200,auto" if a.backend == "cupy" else "200"),
                  quick=dict(budget=4.0, linear_budget=3.0, n_test=2000, n_train=10000))
+    args.batches = [b if b == "auto" else int(b) for b in parse_list(args.batches)]
     args.plot = args.plot or str(RESULTS_DIR / f"airline{'_3class' if args.classes == 3 else ''}"
                                                f"{'_quick' if args.quick else ''}.png")
     args.methods = methods_for_kernel_prior([m for m in args.methods.split(",") if m], args.kernel_prior)
@@ -134,14 +142,29 @@ class Recorder:
 
 # -- runs ------------------------------------------------------------------------------------------
 
-def run_gp(method, X_train, y_train, X_test, y_test, args):
-    from agpc import GPClassifier
+def rows_a_step(clf, X, n_classes):
+    """The rows a step of ``clf``'s fit on X takes: its ``batch_size``, "auto" resolved as the library resolves it
+    for X's device (``agpc.batch_size.rows_per_step``; the initial inducing points stand in by their shape, type and
+    device)."""
+    from agpc.backend import array_namespace
+    from agpc.batch_size import rows_per_step
 
-    steps_per_epoch = -(-X_train.shape[0] // 200)
-    early, late = schedule(steps_per_epoch, args.quick)
-    clf = GPClassifier(method=base_method(method), n_inducing=200, batch_size=200, max_iter=10_000,
+    xp = array_namespace(X)
+    Z = xp.zeros((clf.n_inducing, X.shape[1]), dtype=X.dtype)
+    return rows_per_step(clf, X.shape[0], xp, Z, n_classes) or X.shape[0]
+
+
+def run_gp(method, X_train, y_train, X_test, y_test, args, batch=200):
+    """One GP fit's scores along its training time; the arrays are where it computes (NumPy, or CuPy on the GPU)."""
+    from agpc import GPClassifier
+    from agpc.backend import to_numpy
+
+    clf = GPClassifier(method=base_method(method), n_inducing=200, batch_size=batch, max_iter=10_000,
                        max_time=args.budget, random_state=args.seed, plateau=None,  # (a curve to the budget)
-                       kernel_prior=None if method.endswith(ML_SUFFIX) else "auto")
+                       kernel_prior=None if method.endswith(ML_SUFFIX) else "auto", backend=args.backend)
+    rows_per_step = rows_a_step(clf, X_train, args.classes)
+    steps_per_epoch = -(-X_train.shape[0] // rows_per_step)
+    early, late = schedule(steps_per_epoch, args.quick)
     clf.set_params(eval_every=1)
     rec = Recorder(early, late)
     fit_kw = {"validation_data": (X_test, y_test)}
@@ -149,9 +172,9 @@ def run_gp(method, X_train, y_train, X_test, y_test, args):
         t0 = time.perf_counter()
         clf.fit(X_train, y_train, **fit_kw)
         wall = time.perf_counter() - t0
-    assert list(clf.classes_) == list(range(args.classes))
+    assert list(to_numpy(clf.classes_)) == list(range(args.classes))
     t1 = time.perf_counter()
-    proba = clf.predict_proba(X_test)
+    proba = to_numpy(clf.predict_proba(X_test))
     predict_seconds = time.perf_counter() - t1
     info = {
         "wall": wall,
@@ -160,7 +183,9 @@ def run_gp(method, X_train, y_train, X_test, y_test, args):
         "fit_time_": clf.fit_time_,
         "steps": rec.n_steps,
         "epochs": rec.n_steps / steps_per_epoch,
-        "final": scores_from_proba(proba, y_test),
+        "rows_per_step": rows_per_step,
+        "steps_per_epoch": steps_per_epoch,
+        "final": scores_from_proba(proba, to_numpy(y_test)),
         "predict_seconds": predict_seconds,
         "stopped_by_time": getattr(clf, "stopped_by_time_", None),
         "n_iter": clf.n_iter_,
@@ -202,7 +227,7 @@ def run_sgd(X_train, y_train, X_test, y_test, args):
             if done:
                 break
     return rows, {"train_seconds": time.perf_counter() - t_start - eval_seconds, "steps": step,
-                  "epochs": step / steps_per_epoch}
+                  "epochs": step / steps_per_epoch, "steps_per_epoch": steps_per_epoch}
 
 
 def run_logreg(X_train, y_train, X_test, y_test):
@@ -225,6 +250,15 @@ def at_time(rows, t):
     return best
 
 
+def at_epochs(rows, steps_per_epoch, epochs):
+    """The last score taken at or before ``epochs`` epochs (None if none yet)."""
+    best = None
+    for r in rows:
+        if r[1] <= epochs * steps_per_epoch:
+            best = r
+    return best
+
+
 def time_to_within(rows, rel=0.01):
     if not rows:
         return None, None
@@ -233,6 +267,35 @@ def time_to_within(rows, rel=0.01):
         if r[2] <= final * (1.0 + rel):
             return r[0], final
     return None, final
+
+
+def report_gp(label, info, backend):
+    epoch_times = ", ".join(f"{v:.0f}" for v in info["epoch_times"][:6])
+    print(f"{label} ({backend}; {info['rows_per_step']:,} rows a step, {info['steps_per_epoch']:,} steps an epoch): "
+          f"{info['steps']:,} steps ({info['epochs']:.2f} epochs) in {info['wall']:.1f} s of fit, "
+          f"of which {info['eval_seconds']:.1f} s scoring; fit_time_ {info['fit_time_']:.1f} s; "
+          f"history_['time'] at epoch ends: [{epoch_times}]; "
+          f"final model test NLL {info['final'][0]:.4f}, error {info['final'][1]:.4f} "
+          f"(predict {info['predict_seconds']:.2f} s).", flush=True)
+
+
+def batch_table(gp_labels, curves, infos, args):
+    """Each method's fits with the other batches against its fit with the first (with --backend cupy: the GPU's
+    default batch, auto, against the CPU's, 200), in the same time budget and after the same epochs (the fewer
+    of the two fits')."""
+    first = args.batches[0]
+    header(["method", "batch", "rows a step", "epochs in the budget", "final model NLL", f"minus batch {first}'s",
+            "epochs compared", "NLL then", f"minus batch {first}'s then"], "llrrrrrrr",
+           f"Each batch against batch {first}: test NLL in the same time and after the same epochs")
+    for label, (method, batch) in gp_labels.items():
+        reference = next(name for name, (m, b) in gp_labels.items() if m == method and b == first)
+        info, base = infos[label], infos[reference]
+        epochs = min(info["epochs"], base["epochs"])
+        own = at_epochs(curves[label], info["steps_per_epoch"], epochs)
+        theirs = at_epochs(curves[reference], base["steps_per_epoch"], epochs)
+        row(method.upper(), str(batch), f"{info['rows_per_step']:,}", f"{info['epochs']:.2f}",
+            f"{info['final'][0]:.4f}", f"{info['final'][0] - base['final'][0]:+.4f}", f"{epochs:.2f}",
+            fmt(own[2] if own else None, ".4f"), fmt(own[2] - theirs[2] if own and theirs else None, "+.4f"))
 
 
 def plot(curves, logreg, path, title, n_classes):
@@ -801,6 +864,14 @@ def main(argv=None):
     if "--vs-gpflow" in (sys.argv[1:] if argv is None else argv):
         return gpflow_main(argv)
     args = parse_args(argv)
+    if args.backend == "cupy":  # a machine where CuPy cannot compute: one line, before any work
+        from agpc.backend import DeviceUnavailableError, check_device
+
+        try:
+            check_device()
+        except DeviceUnavailableError as exc:
+            print(f"airline.py: --backend cupy: {exc}", file=sys.stderr)
+            sys.exit(2)
     C = args.classes
     figure = "Hernandez-Lobato & Hernandez-Lobato (2016), Fig. 4 bottom" if C == 2 else "Villacampa-Calvo & Hernandez-Lobato (2017), Fig. 5 bottom"
     started = begin(f"Airline delays, {C} classes: test NLL / error against training time ({figure})", args, argv,
@@ -821,6 +892,11 @@ def main(argv=None):
     print(f"Budgets: GP max_time {args.budget:g} s each; SGD {args.linear_budget:g} s. "
           f"Steps per epoch: {-(-X_train.shape[0] // 200):,}.\n", flush=True)
 
+    gp_data = (X_train, y_train, X_test, y_test)
+    if args.backend == "cupy":  # on the GPU from the start, as a GPU user's data: no transfer a step
+        import cupy
+
+        gp_data = tuple(cupy.asarray(a) for a in gp_data)
     curves, infos = {}, {}
     logreg = run_logreg(X_train, y_train, X_test, y_test)
     print(f"Full-data LogisticRegression (lbfgs, C=1e6{', multinomial' if C > 2 else ''}): test NLL {logreg[0][0]:.4f}, error {logreg[0][1]:.4f}, "
@@ -829,24 +905,22 @@ def main(argv=None):
     curves["linear (SGD)"], infos["linear (SGD)"] = rows, info
     print(f"SGD logistic regression{' (one-vs-rest)' if C > 2 else ''}: {info['steps']:,} minibatches ({info['epochs']:.2f} epochs) in "
           f"{info['train_seconds']:.1f} s; last test NLL {rows[-1][2]:.4f}, error {rows[-1][3]:.4f}.", flush=True)
+    gp_labels = {}  # label: (method, batch)
     for method in args.methods:
-        label = method.upper()
-        rows, info = run_gp(method, X_train, y_train, X_test, y_test, args)
-        curves[label], infos[label] = rows, info
-        epoch_times = ", ".join(f"{v:.0f}" for v in info["epoch_times"][:6])
-        print(f"{label}: {info['steps']:,} steps ({info['epochs']:.2f} epochs) in {info['wall']:.1f} s of fit, "
-              f"of which {info['eval_seconds']:.1f} s scoring; fit_time_ {info['fit_time_']:.1f} s; "
-              f"history_['time'] at epoch ends: [{epoch_times}]; "
-              f"final model test NLL {info['final'][0]:.4f}, error {info['final'][1]:.4f} "
-              f"(predict {info['predict_seconds']:.2f} s).", flush=True)
+        for batch in args.batches:
+            label = method.upper() if batch == 200 else f"{method.upper()} batch {batch}"
+            gp_labels[label] = (method, batch)
+            rows, info = run_gp(method, *gp_data, args, batch)
+            curves[label], infos[label] = rows, info
+            report_gp(label, info, args.backend)
 
     print("\n### Test NLL and error at training-time checkpoints\n")
     print("Each cell: the last score taken at or before the checkpoint (time = training seconds at that score).\n")
     header(["method", "checkpoint (s)", "time (s)", "step", "epochs", "test NLL", "test error"], "lrrrrrr")
-    spe = -(-X_train.shape[0] // 200)
     for label, rows in curves.items():
         if not rows:
             continue
+        spe = infos[label]["steps_per_epoch"]
         picked = []
         for c in CHECKPOINTS:
             r = at_time(rows, c)
@@ -858,9 +932,9 @@ def main(argv=None):
             row(label, cname, f"{r[0]:.1f}", f"{r[1]:,}", f"{r[1] / spe:.3f}", f"{r[2]:.4f}", f"{r[3]:.4f}")
     (lr_nll, lr_err), lr_seconds = logreg
     row("LogisticRegression (full data, lbfgs)", "–", f"{lr_seconds:.1f}", "–", "–", f"{lr_nll:.4f}", f"{lr_err:.4f}")
-    for label in args.methods:
-        info = infos[label.upper()]
-        row(f"{label.upper()} final model", "–", f"{info['train_seconds']:.1f}", f"{info['steps']:,}",
+    for label in gp_labels:
+        info = infos[label]
+        row(f"{label} final model", "–", f"{info['train_seconds']:.1f}", f"{info['steps']:,}",
             f"{info['epochs']:.3f}", f"{info['final'][0]:.4f}", f"{info['final'][1]:.4f}")
 
     header(["method", "final NLL (last score)", "seconds to within 1%", "training seconds run"], "lrrr",
@@ -871,7 +945,7 @@ def main(argv=None):
 
     print("\n### GP against the linear model\n")
     sgd_rows = curves.get("linear (SGD)", [])
-    for label in (m.upper() for m in args.methods):
+    for label in gp_labels:
         rows = curves[label]
         beat_full = next((r for r in rows if r[2] < lr_nll), None)
         beat_sgd = None
@@ -888,8 +962,11 @@ def main(argv=None):
         line += (f"; below SGD-at-the-same-time from {beat_sgd[0][0]:.1f} s (GP {beat_sgd[0][2]:.4f} vs SGD {beat_sgd[1][2]:.4f})."
                  if beat_sgd else "; never below SGD at the same time.")
         print(line)
+    if len(args.batches) > 1:
+        batch_table(gp_labels, curves, infos, args)
+    batches = ", ".join(str(b) for b in args.batches)
     plot(curves, logreg, args.plot, f"Airline delays 2008, {C} classes (m = 200{' per class' if C > 2 else ''}, "
-                                     f"minibatch 200)", C)
+                                     f"minibatch {batches}, {args.backend})", C)
     print(f"\nPlot: {args.plot}")
     end(started)
 

@@ -1,6 +1,7 @@
-"""One training step, ready for a GPU: time per step on NumPy (and on CuPy where CUDA is present), the step
-divided by one GEMM of shape (batch x m)(m x m), rows per second, and the step's array operations (on a GPU:
-kernel launches) and host synchronisations.
+"""One training step, ready for a GPU: time per step on NumPy (and on CuPy where CUDA is present, next to the
+launch model's prediction, and at the batch ``batch_size="auto"`` picks there), the step divided by one GEMM of
+shape (batch x m)(m x m), rows per second, and the step's array operations (on a GPU: kernel launches) and host
+synchronisations.
 
 Protocol, options and commands: benchmarks/README.md, section "gpu.py".
 """
@@ -20,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # array_
 
 METHODS = ("sep", "ep", "svi", "batch-ep")
 NO_GPU = "no GPU on this machine"
+AUTO = "auto"  # a --batches value: the rows batch_size="auto" picks on the GPU for --auto-n rows
 # agpc.backend's standard-only special functions: the counting namespace is not NumPy to agpc.backend, so log Phi
 # takes its generic series there; it is counted as the one operation it is on NumPy and CuPy (as
 # tests/test_step_budgets.py counts it)
@@ -31,7 +33,11 @@ JITTER = 1e-6
 def parse_args(argv=None):
     p = options(__doc__, "m = 20, 50; batch = 60, 150; 2 repeats; one BLAS thread")
     p.add_argument("--ms", default=None, help="comma-separated m values (default 100,200,500,1000)")
-    p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 200,1000,10000)")
+    p.add_argument("--batches", default=None,
+                   help="comma-separated batch sizes, or auto: the GPU's own (default 200,1000,10000,auto)")
+    p.add_argument("--auto-n", type=float, default=1e8,
+                   help="training rows n for which the auto batch is picked (default 1e8: the device's rule, not "
+                        "n / 8)")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {','.join(METHODS)}")
     p.add_argument("--dtypes", default="float64,float32", help="comma-separated: float64, float32")
     p.add_argument("--repeats", type=int, default=None, help="timed steps per configuration, median (default 5)")
@@ -43,9 +49,10 @@ def parse_args(argv=None):
                         "2000, 20000 unless --ms / --batches) instead of timing")
     model = "--model" in (sys.argv[1:] if argv is None else argv)
     args = parse(p, argv, full=dict(ms="200,1000" if model else "100,200,500,1000", repeats=5,
-                                    batches="200,2000,20000" if model else "200,1000,10000"),
+                                    batches="200,2000,20000" if model else "200,1000,10000,auto"),
                  quick=dict(ms="20,50", batches="60,150", repeats=2, blas_threads=1))
-    args.ms, args.batches = numbers(args.ms), numbers(args.batches)
+    args.ms, args.auto_n = numbers(args.ms), int(args.auto_n)
+    args.batches = [AUTO if b == AUTO else int(float(b)) for b in parse_list(args.batches)]
     args.methods = parse_list(args.methods, METHODS, "method")
     args.dtypes = parse_list(args.dtypes, ("float64", "float32"), "dtype")
     return args
@@ -83,7 +90,7 @@ def make_problem(m, batch, method, dtype, seed):
 class Step:
     """A warmed-up trainer for one configuration in namespace ``xp``; calling it takes one step."""
 
-    def __init__(self, xp, problem, method, batch):
+    def __init__(self, xp, problem, method, batch, block_rows=None):
         from agpc import backend
         from agpc.inference import training
         from agpc.kernels import RBF
@@ -94,7 +101,7 @@ class Step:
         self.X, self.y, self.batch, self.minibatch = X, y, batch, minibatch
         jitter = max(JITTER, backend.jitter_floor(Z))  # the estimator's: 1e-6, raised to the floor for Z's type
         self.trainer = training.Trainer(kernel, Z, method="ep" if method == "batch-ep" else method,
-                                        n_total=X.shape[0], minibatch=minibatch, jitter=jitter)
+                                        n_total=X.shape[0], minibatch=minibatch, jitter=jitter, block_rows=block_rows)
         self.calls = 0
         # warm-up: the optimiser's state, compiled kernels on a GPU; a step the training loop's guard refused
         # (it raises the jitter or halves the steps and the next one goes on) is not one to time
@@ -172,14 +179,38 @@ def model_cell(cost, dtype):
     return _ms(step) + (" L" if launch >= device else "")
 
 
-def time_gpu(xp, problem, method, batch, dtype, repeats):
-    """(GPU seconds per step, GPU seconds of the GEMM, synchronisations of one step), medians of
-    ``cupyx.profiler.benchmark`` (named: it reads a callable's ``__name__`` otherwise, which a ``Step`` has not)."""
+def launch_model_cell(xp, method, batch, m, dtype, block_rows):
+    """The launch model's time of the step on this GPU (``agpc.batch_size.gpu_step_seconds`` with the device's
+    throughput; batch EP priced as an EP step), in ms ("L": its launches set it)."""
+    from agpc.backend import device_throughput
+    from agpc.batch_size import gpu_step_seconds
+
+    launch, work = gpu_step_seconds("ep" if method == "batch-ep" else method, batch, m, device_throughput(xp, dtype),
+                                    block_rows, np.dtype(dtype).itemsize)
+    return _ms(max(launch, work)) + (" L" if launch >= work else "")
+
+
+def auto_batch(xp, method, m, dtype, n):
+    """The rows ``batch_size="auto"`` picks on this GPU for n rows and m inducing points of ``dtype`` (all n up to
+    ``agpc.batch_size.FULL_BATCH_MAX_ROWS``)."""
+    from agpc import GPClassifier
+    from agpc.batch_size import rows_per_step
+
+    Z = xp.zeros((m, N_FEATURES), dtype=getattr(xp, dtype))
+    return rows_per_step(GPClassifier(method=method, n_inducing=m, dtype=dtype), n, xp, Z) or n
+
+
+def time_gpu(xp, problem, method, batch, dtype, repeats, block_rows=None):
+    """(GPU seconds per step, GPU seconds of the GEMM, synchronisations of one step, the launch model's cell), GPU
+    times the medians of ``cupyx.profiler.benchmark`` (named: it reads a callable's ``__name__`` otherwise, which
+    a ``Step`` has not)."""
     import cupy
     from cupy_syncs import counting_syncs
     from cupyx.profiler import benchmark
 
-    step = Step(xp, problem, method, batch)
+    from agpc.inference.ep import default_block_rows
+
+    step = Step(xp, problem, method, batch, block_rows)
     step_times = benchmark(step, n_repeat=repeats, n_warmup=1, name=f"{method} step").gpu_times[0]
     with counting_syncs(cupy) as syncs:
         step()
@@ -188,7 +219,10 @@ def time_gpu(xp, problem, method, batch, dtype, repeats):
     A = xp.asarray(rng.standard_normal((batch, m)).astype(dtype))
     B = xp.asarray(rng.standard_normal((m, m)).astype(dtype))
     gemm_times = benchmark(lambda: A @ B, n_repeat=max(repeats, 10), n_warmup=2, name="gemm").gpu_times[0]
-    return float(np.median(step_times)), float(np.median(gemm_times)), syncs.count
+    # the blocks the step ran in: its own, or those a pass of `batch` rows takes by default on this device
+    blocks = step.trainer.engine.block_rows or default_block_rows(step.trainer.state["Z"], batch)
+    return (float(np.median(step_times)), float(np.median(gemm_times)), syncs.count,
+            launch_model_cell(xp, method, batch, m, dtype, blocks))
 
 
 # -- the table ----------------------------------------------------------------------------------------------
@@ -202,44 +236,61 @@ def _rate(rows, seconds):
 
 
 def run(args):
+    """The table; 1 when a configuration failed (its row says how), else 0."""
     gpu_xp, no_gpu_reason = gpu_namespace()
     header = ["method", "m", "batch", "dtype", "NumPy ms/step", "GEMM ms", "step/GEMM", "NumPy rows/s", "ops",
               "syncs", "model ms (H100)"]
-    header += (["GPU ms/step", "GPU step/GEMM", "GPU rows/s", "GPU speed-up", "GPU syncs"] if gpu_xp is not None
-               else ["GPU"])
+    header += (["GPU ms/step", "GPU model ms", "GPU step/GEMM", "GPU rows/s", "GPU speed-up", "GPU syncs"]
+               if gpu_xp is not None else ["GPU"])
     table_header(header)
+    failed = []
     for method in args.methods:
         for m in args.ms:
             for batch in args.batches:
+                # the GPU's own minibatch: picked on a device, for the minibatch methods
+                if batch == AUTO and (gpu_xp is None or method == "batch-ep"):
+                    continue
                 for dtype in args.dtypes:
                     cells = [method, str(m), str(batch), dtype]
                     try:
-                        cells += config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype)
-                    except Exception as exc:  # a dtype the branch takes but cannot run yet: say so, go on
-                        if dtype == "float64":
-                            raise
-                        cells += [f"n/a ({type(exc).__name__}: {exc})"[:120]] + ["n/a"] * (len(header) - 5)
+                        rows = batch
+                        if batch == AUTO:
+                            rows = auto_batch(gpu_xp, method, m, dtype, args.auto_n)
+                            cells[2] = f"auto: {rows:,}"
+                        cells += config_cells(args, gpu_xp, method, m, rows, dtype, auto=batch == AUTO)
+                    except Exception as exc:  # one configuration's failure is its row's: the table goes on
+                        failed.append(" ".join(cells))
+                        cells += [f"failed ({type(exc).__name__}: {exc})"[:160]] + ["-"] * (len(header) - 5)
                     row(*cells)
     if gpu_xp is None:
-        print(f"\nGPU columns: {NO_GPU} ({no_gpu_reason}).")
+        print(f"\nGPU columns: {NO_GPU} ({no_gpu_reason}); the GPU's own batch (auto) needs one.")
+    if failed:
+        print(f"\nFailed configurations ({len(failed)}): {'; '.join(failed)}.")
+    return 1 if failed else 0
 
 
-def config_cells(args, gpu_xp, no_gpu_reason, method, m, batch, dtype):
+def config_cells(args, gpu_xp, method, m, batch, dtype, auto=False):
     import array_api_compat.numpy as np_xp
 
     problem = make_problem(m, batch, method, dtype, args.seed)
-    step_seconds = time_numpy(Step(np_xp, problem, method, batch), args.repeats, args.max_step_seconds)
-    if step_seconds is None:
-        return [f"skipped (first step > {args.max_step_seconds:g} s)"] + ["-"] * (11 if gpu_xp is not None else 7)
-    gemm_seconds = time_gemm(m, batch, dtype)
-    cells = [_ms(step_seconds), _ms(gemm_seconds), f"{step_seconds / gemm_seconds:.1f}", _rate(batch, step_seconds)]
-    ops, syncs, cost = count_step(problem, method, batch)
-    cells += [str(ops), str(syncs), model_cell(cost, dtype)]
-    if gpu_xp is None:
-        return cells + [NO_GPU]
-    gpu_step, gpu_gemm, gpu_syncs = time_gpu(gpu_xp, problem, method, batch, dtype, args.repeats)
-    return cells + [_ms(gpu_step), f"{gpu_step / gpu_gemm:.1f}", _rate(batch, gpu_step),
-                    f"{step_seconds / gpu_step:.1f}x", str(gpu_syncs)]
+    if auto:  # 10^4-10^6 rows: seconds a step on NumPy, so the GPU's own batch is timed on the GPU alone
+        cells = ["-"] * 7
+    else:
+        step_seconds = time_numpy(Step(np_xp, problem, method, batch), args.repeats, args.max_step_seconds)
+        if step_seconds is None:
+            return [f"skipped (first step > {args.max_step_seconds:g} s)"] + ["-"] * (12 if gpu_xp is not None else 7)
+        gemm_seconds = time_gemm(m, batch, dtype)
+        cells = [_ms(step_seconds), _ms(gemm_seconds), f"{step_seconds / gemm_seconds:.1f}",
+                 _rate(batch, step_seconds)]
+        ops, syncs, cost = count_step(problem, method, batch)
+        cells += [str(ops), str(syncs), model_cell(cost, dtype)]
+        if gpu_xp is None:
+            return cells + [NO_GPU]
+    # the auto batch runs as the estimator runs it on a GPU: one row block (agpc.batch_size.gpu_block_rows)
+    gpu_step, gpu_gemm, gpu_syncs, predicted = time_gpu(gpu_xp, problem, method, batch, dtype, args.repeats,
+                                                        block_rows=batch if auto else None)
+    return cells + [_ms(gpu_step), predicted, f"{gpu_step / gpu_gemm:.1f}", _rate(batch, gpu_step),
+                    "-" if auto else f"{step_seconds / gpu_step:.1f}x", str(gpu_syncs)]
 
 
 def model_table(args):
@@ -256,7 +307,7 @@ def model_table(args):
                   "model ms", "bound by"])
     for method in [m for m in args.methods if m != "batch-ep"]:
         for m in args.ms:
-            for batch in args.batches:
+            for batch in [b for b in args.batches if b != AUTO]:  # (auto_batch_table: the GPU's own batch)
                 for dtype in args.dtypes:
                     for one_block in (False, True):
                         with pytest.MonkeyPatch.context() as patch:
@@ -305,9 +356,10 @@ def main(argv=None):
     args = parse_args(argv)
     title = "One training step on a GPU, modelled" if args.model else "One training step on NumPy and on a GPU"
     started = begin(f"{title} (benchmarks/gpu.py)", args, argv)
-    model_table(args) if args.model else run(args)
+    status = model_table(args) if args.model else run(args)
     end(started)
+    return status
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

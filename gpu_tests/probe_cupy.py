@@ -13,7 +13,9 @@ real CUDA device the questions only it can answer, and prints one Markdown secti
 6. ``agpc.backend.row_dot``'s reduction kernel against NumPy, float64 and float32;
 7. float32: a float32 fit on the GPU against NumPy's float32 and float64 fits; TF32 (``CUPY_TF32``); flush-to-zero;
 8. the host time of one CuPy operation (the model's ``LAUNCH_SECONDS``) and the minibatch ``batch_size="auto"``
-   picks.
+   picks;
+9. the host and device time of each library call a step makes through CuPy (``solve_triangular``, ``cholesky``,
+   ``row_dot``'s reduction kernel), which the launch model counts as one launch each.
 
 Exit status 0 when every probe ran, 1 when one raised (its section says what), 2 when CuPy cannot compute here.
 
@@ -40,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 from agpc import backend as B  # noqa: E402
 
 PROBES = []
-SIZES = {"rows": 3000, "test_rows": 2000, "n_inducing": 50, "max_iter": 30}  # the float32 fits (--quick: smaller)
+# the float32 fits, and the calls timed by the library-call probe (--quick: smaller, fewer)
+SIZES = {"rows": 3000, "test_rows": 2000, "n_inducing": 50, "max_iter": 30, "repeats": 200, "warmups": 10}
 
 
 def probe(title):
@@ -213,6 +216,33 @@ def launches(cupy):
             _line(f"- batch_size='auto' at m = {m}, {dtype}, n = 10^8: {rows} rows a step")
 
 
+@probe("Host time of the library calls a step makes (the launch model counts each as one launch)")
+def library_calls(cupy):
+    from cupyx.profiler import benchmark
+
+    xp = _xp()
+    rng = np.random.default_rng(0)
+    rows = 200  # the CPU's minibatch: a step's (rows x m) blocks
+    for dtype in ("float64", "float32"):
+        for m in (100, 200):
+            A = rng.standard_normal((m, m))
+            K = xp.asarray((A @ A.T / m + np.eye(m)).astype(dtype))
+            L = xp.linalg.cholesky(K)
+            R = xp.asarray(rng.standard_normal((m, rows)).astype(dtype))
+            P = xp.asarray(rng.standard_normal((rows, m)).astype(dtype))
+            # agpc's own calls, as a step makes them (agpc.backend: through array-api-compat and agpc's wrappers)
+            calls = {"cupyx.scipy.linalg.solve_triangular (m x m, m x 200)": lambda: B.solve_triangular(L, R),
+                     "cupy.linalg.cholesky (m x m)": lambda: xp.linalg.cholesky(K),
+                     "agpc.backend.cholesky_or_nan (cholesky and factor_failure)": lambda: B.cholesky_or_nan(K),
+                     "row_dot's ReductionKernel (200 x m)": lambda: B.row_dot(P, P),
+                     "one elementwise kernel (200 x m + 1.0)": lambda: P + 1.0}
+            for name, call in calls.items():
+                timed = benchmark(call, n_repeat=SIZES["repeats"], n_warmup=SIZES["warmups"], name=name)
+                host, device = float(np.median(timed.cpu_times)), float(np.median(timed.gpu_times[0]))
+                _line(f"- {dtype}, m = {m}: {name}: host {host * 1e6:.1f} us a call "
+                      f"({host / B.LAUNCH_SECONDS:.1f} x LAUNCH_SECONDS), device {device * 1e6:.1f} us")
+
+
 def _xp():
     import array_api_compat.cupy as xp
 
@@ -225,7 +255,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="small float32 fits (a smoke test of the probes)")
     args = parser.parse_args(argv)
     if args.quick:
-        SIZES.update(rows=200, test_rows=100, n_inducing=8, max_iter=3)
+        SIZES.update(rows=200, test_rows=100, n_inducing=8, max_iter=3, repeats=3, warmups=1)
     try:
         B.check_device()
     except B.DeviceUnavailableError as exc:

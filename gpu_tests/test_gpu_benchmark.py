@@ -27,7 +27,8 @@ def test_the_gpu_benchmark_runs_end_to_end_on_a_mocked_cupy(monkeypatch, capsys)
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.startswith("| method"))
     columns = [c.strip() for c in header.strip("|").split("|")]
-    assert columns[-5:] == ["GPU ms/step", "GPU step/GEMM", "GPU rows/s", "GPU speed-up", "GPU syncs"]
+    assert columns[-6:] == ["GPU ms/step", "GPU model ms", "GPU step/GEMM", "GPU rows/s", "GPU speed-up",
+                            "GPU syncs"]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
             if line.startswith("| sep") or line.startswith("| batch-ep")]
     assert len(rows) == 4, out
