@@ -502,8 +502,12 @@ def rows_within_memory(bytes_per_row, xp, device=None, fraction=DEVICE_MEMORY_FR
     """The most rows whose ``bytes_per_row`` fit in ``fraction`` of the free memory of ``device``
     (``device_free_bytes``), at least 1; None when the device sets no limit."""
     free = device_free_bytes(xp, device)
-    if free is None:
-        return None
+    return None if free is None else rows_for_free_bytes(bytes_per_row, free, fraction)
+
+
+def rows_for_free_bytes(bytes_per_row, free, fraction=DEVICE_MEMORY_FRACTION):
+    """The most rows whose ``bytes_per_row`` fit in ``fraction`` of ``free`` bytes, at least 1 (pure: a benchmark
+    asks it of a device it does not have)."""
     return max(1, int(fraction * free) // max(1, int(bytes_per_row)))
 
 
@@ -680,7 +684,8 @@ def host_rng(random_state):
     """A NumPy ``Generator`` from a seed, a Generator or ``None``.
 
     Random choices (inducing-point initialisation, minibatch order) are drawn on the host and moved to
-    the device as indices, so that the same seed gives the same model on every backend.
+    the device as indices, so that the same seed and the same batch give the same model on every backend
+    (``batch_size="auto"`` is not the same batch on a GPU above 20,000 rows: ``agpc.batch_size``, docs/gpu.md).
     """
     if isinstance(random_state, np.random.Generator):
         return random_state

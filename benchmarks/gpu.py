@@ -8,6 +8,7 @@ Protocol, options and commands: benchmarks/README.md, section "gpu.py".
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -238,6 +239,9 @@ def _rate(rows, seconds):
 def run(args):
     """The table; 1 when a configuration failed (its row says how), else 0."""
     gpu_xp, no_gpu_reason = gpu_namespace()
+    if gpu_xp is None and os.environ.get("AGPC_REQUIRE_CUDA"):  # (gpu_tests/run_on_gpu.sh: a GPU run must be one)
+        print(f"AGPC_REQUIRE_CUDA is set but there is no usable GPU: {no_gpu_reason}", file=sys.stderr)
+        return 2
     header = ["method", "m", "batch", "dtype", "NumPy ms/step", "GEMM ms", "step/GEMM", "NumPy rows/s", "ops",
               "syncs", "model ms (H100)"]
     header += (["GPU ms/step", "GPU model ms", "GPU step/GEMM", "GPU rows/s", "GPU speed-up", "GPU syncs"]

@@ -34,9 +34,9 @@ from _protocol import split_indices
 from _runner import begin, end, header, options, parse, parse_list, row, show, standardise, write_json
 from stopping import load
 
-# An H100 SXM's cupy.cuda.runtime.getDeviceProperties(0), the keys agpc reads (tests/cupy_mock.py holds the same)
-H100 = {"name": b"NVIDIA H100 80GB HBM3", "major": 9, "minor": 0, "multiProcessorCount": 132, "clockRate": 1980000,
-        "memoryClockRate": 2619000, "memoryBusWidth": 5120, "singleToDoublePrecisionPerfRatio": 2}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the mocked devices' properties
+from cupy_mock import H100_PROPERTIES as H100  # noqa: E402  (an H100 SXM's getDeviceProperties, the keys agpc reads)
+
 FREE_BYTES = 40 * 2**30
 CPU_BATCH = "cpu"
 GPU_BATCH = "gpu"
@@ -49,7 +49,7 @@ def gpu_rows(method, n, m, d):
     from agpc.batch_size import gpu_rule_rows
     from agpc.inference import ep
 
-    fit = int(B.DEVICE_MEMORY_FRACTION * FREE_BYTES) // ep.block_bytes_per_row(m, d, 8)
+    fit = B.rows_for_free_bytes(ep.block_bytes_per_row(m, d, 8), FREE_BYTES)
     return gpu_rule_rows(method, n, m, B.throughput_from_properties(H100, "float64"), fit), fit
 
 

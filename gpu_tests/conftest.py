@@ -3,6 +3,7 @@ non-default device as a stand-in (an array that strays to the host device, or an
 array API standard, fails there as it would on a GPU). Only the tests that need CUDA itself are skipped on
 the stand-in (they carry the ``cuda`` marker)."""
 
+import os
 import pathlib
 import sys
 
@@ -73,6 +74,9 @@ def gpu():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs CuPy with a CUDA device (skipped on the stand-in)")
+    if os.environ.get("AGPC_REQUIRE_CUDA") and not CUDA:  # (gpu_tests/run_on_gpu.sh: a GPU run must be one)
+        raise pytest.UsageError("AGPC_REQUIRE_CUDA is set but CuPy finds no CUDA device: these tests would run on "
+                                "the mock and the stand-in only")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -262,8 +262,8 @@ def test_tf32_is_what_cupy_fixed_not_what_the_variable_says_now(monkeypatch):
     with _no_tf32_warning():
         assert GPClassifier(**options).fit(mock.put(X), mock.put(y)).tf32_ is False
 
-    mock = MockCupy(monkeypatch, properties=dict(H100_PROPERTIES, major=7, minor=0))  # a V100
-    with _no_tf32_warning():
+    mock = MockCupy(monkeypatch, properties=dict(H100_PROPERTIES, major=7, minor=0))  # a V100: CuPy warns, no TF32
+    with _no_tf32_warning(), pytest.warns(UserWarning, match="compute capability 8.0"):
         assert GPClassifier(**options).fit(mock.put(X), mock.put(y)).tf32_ is False
 
 

@@ -294,3 +294,18 @@ def test_the_airline_benchmark_fits_on_cupy_with_both_default_batches(monkeypatc
     assert [(r["method"], r["batch"], r["rows a step"]) for r in rows] == [("SEP", "200", "200"),
                                                                            ("SEP", "auto", "3,000")]
     assert rows[0]["minus batch 200's"] == "+0.0000" and rows[1]["final model NLL"].replace(".", "", 1).isdigit()
+
+
+@pytest.mark.skipif(CUDA, reason="with a GPU there is a device to require")
+def test_once_the_script_requires_a_gpu_the_tests_and_the_benchmark_refuse_to_run_without_one():
+    """run_on_gpu.sh sets AGPC_REQUIRE_CUDA after its checks: the GPU tests must then not pass on the mock and the
+    stand-in, nor benchmarks/gpu.py print its NumPy half only."""
+    env = dict(os.environ, AGPC_REQUIRE_CUDA="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")]))
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            str(ROOT / "gpu_tests" / "test_replay_removed.py")], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert tests.returncode == pytest.ExitCode.USAGE_ERROR, tests.stdout + tests.stderr
+    assert "no CUDA device" in tests.stdout + tests.stderr
+    benchmark = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=120)
+    assert benchmark.returncode == 2 and "no usable GPU" in benchmark.stderr, benchmark.stdout + benchmark.stderr

@@ -42,6 +42,7 @@ import os
 import sys
 import time
 import types
+import warnings
 from contextlib import contextmanager
 
 import numpy as np
@@ -299,7 +300,9 @@ class MockCupy:
 
         def set_compute_type(dtype, compute_type):
             if compute_type == routines.COMPUTE_TYPE_TF32 and mock.properties["major"] < 8:
-                return  # (CuPy warns and leaves it undecided)
+                warnings.warn("COMPUTE_TYPE_BF16 and COMPUTE_TYPE_TF32 are only available on GPUs with compute "
+                              "capability 8.0 or higher. COMPUTE_TYPE_DEFAULT will be used instead.")  # (CuPy's)
+                compute_type = routines.COMPUTE_TYPE_DEFAULT
             chosen[np.dtype(dtype).char] = compute_type
 
         def get_compute_type(dtype):
