@@ -3,11 +3,14 @@
 ``batch_size="auto"`` is the full batch up to ``FULL_BATCH_MAX_ROWS`` rows and minibatches of 200 above, on the
 CPU. On a GPU a binary model takes the fewest rows whose arithmetic outweighs twice the launch overhead of the
 step's few hundred kernels (``backend.launch_bound_rows`` with ``GPU_STEP_MODEL`` and the device's throughput), at
-most n / ``GPU_STEPS_PER_EPOCH`` and what fits in one row block in ``backend.DEVICE_MEMORY_FRACTION`` of the free
+most n / ``GPU_STEPS_PER_EPOCH`` (512: the hyper-parameters must move often enough an epoch, or the model after the
+same epochs is worse) and what fits in one row block in ``backend.DEVICE_MEMORY_FRACTION`` of the free
 memory; a step then computes that minibatch as one row block (``gpu_block_rows``).
 """
 
 from __future__ import annotations
+
+import math
 
 from . import backend as B
 from .inference import ep
@@ -27,7 +30,12 @@ _EP_STEP = {"launches": 380, "block_launches": 175, "flops_per_row_m2": 13.7, "e
 _TIED_STEP = dict(_EP_STEP, launches=450)
 GPU_STEP_MODEL = {"sep": _TIED_STEP, "ep": _EP_STEP, "adf": _TIED_STEP,
                   "svi": {"launches": 320, "block_launches": 130, "flops_per_row_m2": 10.2, "elements_per_row_m": 46.0}}
-GPU_STEPS_PER_EPOCH = 8  # the GPU's minibatch is at most n / 8 rows: the hyper-parameters move 8 times an epoch
+# The GPU's minibatch is at most n / 512 rows (rounded down to 200 times a power of two): at least 512 steps an epoch.
+# Chosen by the test NLL after the same epochs (benchmarks/gpu_batch_quality.py, docs/gpu.md "The GPU's minibatch"):
+# with fewer steps an epoch the hyper-parameters move too seldom (airline, 1.85 M rows, m = 100, 10 epochs: n / 8
+# rows +0.0102 against the CPU's 200, 25,600 rows (73 steps) +0.0020, 3,200 (579 steps) +0.0003; 180,000 generated
+# rows: 3,200 (56 steps) +0.0051, 400 (450 steps) +0.0003).
+GPU_STEPS_PER_EPOCH = 512
 
 
 def rows_per_step(estimator, n, xp=None, Z=None, n_classes=2):
@@ -55,12 +63,15 @@ def gpu_batch_rows(method, n, xp, Z):
 
 def gpu_rule_rows(method, n, m, throughput, fit_rows=None, itemsize=8):
     """The rows of a GPU minibatch step for n rows and m inducing points: ``backend.launch_bound_rows`` with
-    ``GPU_STEP_MODEL`` and the device's ``throughput``, at most n / ``GPU_STEPS_PER_EPOCH`` rows and ``fit_rows``
+    ``GPU_STEP_MODEL`` and the device's ``throughput``, at most n / ``GPU_STEPS_PER_EPOCH`` rows (rounded down to
+    ``CPU_MINIBATCH`` times a power of two; never fewer than ``CPU_MINIBATCH``) and ``fit_rows``
     (what fits in one row block in ``backend.DEVICE_MEMORY_FRACTION`` of the free memory; None: no limit). Pure, so
     that a benchmark on the CPU can ask what a given GPU would take (docs/gpu.md)."""
     largest = n // GPU_STEPS_PER_EPOCH
     if fit_rows is not None:
         largest = min(largest, fit_rows)
+    if largest > CPU_MINIBATCH:  # 200 times a power of two, as the launch-bound rows are: the sizes measured
+        largest = CPU_MINIBATCH * 2 ** int(math.log2(largest / CPU_MINIBATCH))
     return B.launch_bound_rows(throughput, block_rows=largest, largest=largest, **_step_model(method, m, itemsize))
 
 

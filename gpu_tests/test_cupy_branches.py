@@ -23,7 +23,8 @@ from agpc.methods import ORDINAL, get_method, method_names, supports
 from gpu_tests.conftest import CUDA
 
 N_ROWS, N_INDUCING, BATCH = 150, 12, 40
-# batch_size="auto" takes minibatches above FULL_BATCH_MAX_ROWS rows; on a GPU the rule's own batch (n / 8 here)
+# batch_size="auto" takes minibatches above FULL_BATCH_MAX_ROWS rows; on a GPU the rule's own batch (200 here: n /
+# 512 is fewer; test_gpu_batch.py holds the rule to its values)
 AUTO_ROWS = batch_size.FULL_BATCH_MAX_ROWS + 800
 # Parity with NumPy: the same arithmetic through cuBLAS / cuSOLVER (or the mock's SciPy), amplified by two steps
 # (as test_fit_on_device.py); the worst case measured on the mock is 3e-13 (vi-jj-full).
@@ -31,6 +32,10 @@ RTOL, ATOL = 1e-8, 1e-10
 # float32: another summation order in float32 (the mock's CuPy branches against NumPy's fast paths), amplified by
 # the optimiser's two steps; the worst case measured on the mock is 1.1e-4 absolute (vi-jj-full)
 FLOAT32_RTOL, FLOAT32_ATOL = 2e-3, 2e-4
+# batch_size="auto": one epoch of 104 steps, not 2 x 4, over which SEP's and ADF's tied factor and the optimiser
+# carry the round-off of the two paths forward: 5.2e-6 (SEP) and 3.5e-6 (ADF) absolute on the mock, 1e-8 for EP and
+# SVI. (Parity to 1e-8 over few steps is the "minibatch" cases'.)
+AUTO_RTOL, AUTO_ATOL = 1e-4, 2e-5
 
 
 def _paths(name):
@@ -159,7 +164,7 @@ def test_every_method_and_path_goes_through_the_cupy_branches(cupy_device, monke
         assert calls["cupyx.scipy.special.log_ndtr"] > 0, f"{case}: no cupyx log_ndtr: {taken}"
     # the path is the one named: the GPU's own batch, the exact model, float32
     if options.get("batch_size") == "auto":
-        assert len(gpu_batches) == 1 and gpu_batches[0] > batch_size.CPU_MINIBATCH, gpu_batches
+        assert len(gpu_batches) == 1 and gpu_batches[0] is not None, gpu_batches  # the GPU's rule decided
         assert model.history_["n_steps"][0] == math.ceil(AUTO_ROWS / gpu_batches[0])
     else:
         assert not [rows for rows in gpu_batches if rows is not None], (case, gpu_batches)
@@ -170,8 +175,8 @@ def test_every_method_and_path_goes_through_the_cupy_branches(cupy_device, monke
     # the same model on NumPy; batch_size="auto" is another batch on a GPU (its own rule): the reference takes it
     changes = {"batch_size": gpu_batches[0]} if options.get("batch_size") == "auto" else {}
     reference = _fit(_model(case, backend="numpy", **changes), how, lambda value: value, X, y, weights)
-    np.testing.assert_allclose(B.to_numpy(proba), reference.predict_proba(X_test),
-                               rtol=FLOAT32_RTOL if float32 else RTOL, atol=FLOAT32_ATOL if float32 else ATOL)
+    rtol, atol = (FLOAT32_RTOL, FLOAT32_ATOL) if float32 else (AUTO_RTOL, AUTO_ATOL) if changes else (RTOL, ATOL)
+    np.testing.assert_allclose(B.to_numpy(proba), reference.predict_proba(X_test), rtol=rtol, atol=atol)
 
 
 def path_of(case):

@@ -81,7 +81,7 @@ def _model_seconds(throughput, rows, m, itemsize, model=GPU_STEP_MODEL["ep"]):
 def test_the_gpu_minibatch_is_the_fewest_rows_whose_arithmetic_outweighs_the_launches(monkeypatch, m):
     mock = MockCupy(monkeypatch)
     throughput = B.device_throughput(mock.xp, "float64")
-    rows = _gpu_rows(mock, 10**8, m)
+    rows = _gpu_rows(mock, 10**9, m)  # (n / 512 is then above the launch-bound rows: they decide)
     device, launches = _model_seconds(throughput, rows, m, 8)
     assert device >= 2 * launches  # arithmetic sets the step's time
     device_half, _ = _model_seconds(throughput, rows // 2, m, 8)
@@ -90,13 +90,16 @@ def test_the_gpu_minibatch_is_the_fewest_rows_whose_arithmetic_outweighs_the_lau
 
 
 def test_the_gpu_minibatch_follows_the_device_and_its_limits(monkeypatch):
-    h100 = _gpu_rows(MockCupy(monkeypatch), 10**8, 200)
-    consumer = _gpu_rows(MockCupy(monkeypatch, properties=RTX4090_PROPERTIES), 10**8, 200)
+    h100 = _gpu_rows(MockCupy(monkeypatch), 10**9, 200)
+    consumer = _gpu_rows(MockCupy(monkeypatch, properties=RTX4090_PROPERTIES), 10**9, 200)
     assert consumer < h100  # float64 arithmetic 26 times slower: fewer rows cover the same launches
-    assert _gpu_rows(MockCupy(monkeypatch), 10**8, 200, "float32") >= h100 // 2  # faster arithmetic, less traffic
-    assert _gpu_rows(MockCupy(monkeypatch), 400_000, 200) == 400_000 // 8  # at least 8 steps an epoch
+    assert _gpu_rows(MockCupy(monkeypatch), 10**9, 200, "float32") >= h100 // 2  # faster arithmetic, less traffic
+    # at least 512 steps an epoch (GPU_STEPS_PER_EPOCH: the quality study), rounded down to 200 times a power of two
+    assert _gpu_rows(MockCupy(monkeypatch), 1_850_000, 200) == 3_200  # (n / 512 = 3,613)
+    assert _gpu_rows(MockCupy(monkeypatch), 400_000, 200) == 400  # (781)
+    assert _gpu_rows(MockCupy(monkeypatch), 100_000, 200) == 200  # (195: never fewer than the CPU's 200)
     small_memory = MockCupy(monkeypatch, free_bytes=200 * 2**20)  # 200 MB free: half of it for one block
-    rows = _gpu_rows(small_memory, 10**8, 200)
+    rows = _gpu_rows(small_memory, 10**9, 200)
     assert rows * B.rows_within_memory(1, small_memory.xp) // rows <= 100 * 2**20 and rows < h100
     cpu = GPClassifier(n_inducing=200)._batch_size_for(10**8, B.resolve_backend("numpy"),
                                                        np.zeros((200, 4)))
@@ -120,5 +123,5 @@ def test_a_gpu_fit_with_auto_batches_takes_the_chosen_minibatch_in_one_block(mon
     monkeypatch.setattr(training, "train", recording)
     model = GPClassifier(method="sep", n_inducing=5, max_iter=1, random_state=0).fit(mock.put(X), mock.put(y))
     ((batch_size, block_rows),) = seen
-    assert batch_size == block_rows == n // 8  # m = 5: no minibatch up to n / 8 outweighs the launches
+    assert batch_size == block_rows == 200  # n / 512 is below the CPU's 200 rows: those, in one block
     assert model.history_["n_steps"][-1] == math.ceil(n / batch_size)

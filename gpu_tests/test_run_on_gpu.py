@@ -209,20 +209,19 @@ def _table(out):
 
 
 def test_the_gpu_benchmark_times_the_gpus_own_batch_beside_the_launch_model(monkeypatch, capsys):
-    """``--batches ...,auto``: the rows batch_size="auto" picks on the (mocked H100) device for --auto-n rows (n / 8
-    here), timed on the GPU alone; every GPU row has the launch model's time next to the measured one."""
-    from agpc.batch_size import GPU_STEPS_PER_EPOCH
-
+    """``--batches ...,auto``: the rows batch_size="auto" picks on the (mocked H100) device for --auto-n rows (n / 512
+    rounded down to 200 times a power of two here: 1,600 of 10^6), timed on the GPU alone; every GPU row has the
+    launch model's time next to the measured one."""
     MockCupy(monkeypatch)
     gpu = _benchmark("gpu")
     assert gpu.main(["--quick", "--methods", "sep,svi,batch-ep", "--ms", "20", "--batches", "60,auto", "--dtypes",
-                     "float64", "--repeats", "1", "--auto-n", "40000"]) == 0
+                     "float64", "--repeats", "1", "--auto-n", "1000000"]) == 0
     columns, rows = _table(capsys.readouterr().out)
     assert columns[columns.index("GPU ms/step") + 1] == "GPU model ms"
     auto = [r for r in rows if r["batch"].startswith("auto")]
     assert [r["method"] for r in auto] == ["sep", "svi"]  # (batch EP is not a minibatch method: no GPU batch)
     for r in auto:
-        assert r["batch"] == f"auto: {40000 // GPU_STEPS_PER_EPOCH:,}" and r["NumPy ms/step"] == "-", r
+        assert r["batch"] == "auto: 1,600" and r["NumPy ms/step"] == "-", r
     for r in rows:
         assert float(r["GPU ms/step"]) > 0 and float(r["GPU model ms"].removesuffix(" L")) > 0, r
 
@@ -261,14 +260,14 @@ def test_the_airline_benchmark_on_cupy_refuses_a_machine_without_a_gpu_in_one_li
 
 def test_the_airline_benchmark_fits_on_cupy_with_both_default_batches(monkeypatch, capsys, tmp_path):
     """``--backend cupy`` on the mocked GPU (an H100): each method fitted with the CPU's default batch (200) and the
-    GPU's (auto: n / 8 rows here), its arrays CuPy's, its steps of those rows, and a table of the one against the
+    GPU's (auto: n / 512 rounded down to 200 times a power of two, 400 rows here), its arrays CuPy's, its steps of those rows, and a table of the one against the
     other."""
     from agpc import GPClassifier
     from agpc.inference.training import Trainer
 
     rng = np.random.default_rng(0)
-    X = rng.standard_normal((25_000, 8)).astype(np.float32)
-    np.savez(tmp_path / "airline.npz", X=X, arr_delay=10 * (X[:, 0] + 0.5 * rng.standard_normal(25_000)))
+    X = rng.standard_normal((210_000, 8)).astype(np.float32)
+    np.savez(tmp_path / "airline.npz", X=X, arr_delay=10 * (X[:, 0] + 0.5 * rng.standard_normal(210_000)))
     mock = MockCupy(monkeypatch)
     airline = _benchmark("airline")
     fits, steps = [], set()
@@ -288,11 +287,11 @@ def test_the_airline_benchmark_fits_on_cupy_with_both_default_batches(monkeypatc
                   "--linear-budget", "0.1", "--methods", "sep", "--plot", str(tmp_path / "airline.png")])
     out = capsys.readouterr().out
     assert fits == [("cupy", 200, mock.ndarray, mock.ndarray), ("cupy", "auto", mock.ndarray, mock.ndarray)]
-    assert steps == {(1, 200), (2, 3000)}
-    assert "SEP (cupy; 200 rows a step" in out and "SEP batch auto (cupy; 3,000 rows a step, 8 steps an epoch" in out
+    assert steps == {(1, 200), (2, 400)}
+    assert "SEP (cupy; 200 rows a step" in out and "SEP batch auto (cupy; 400 rows a step, 523 steps an epoch" in out
     _, rows = _table(out.split("### Each batch against batch 200")[1])
     assert [(r["method"], r["batch"], r["rows a step"]) for r in rows] == [("SEP", "200", "200"),
-                                                                           ("SEP", "auto", "3,000")]
+                                                                           ("SEP", "auto", "400")]
     assert rows[0]["minus batch 200's"] == "+0.0000" and rows[1]["final model NLL"].replace(".", "", 1).isdigit()
 
 
