@@ -37,8 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--batches", default=None,
                    help="comma-separated batch sizes, or auto: the GPU's own (default 200,1000,10000,auto)")
     p.add_argument("--auto-n", type=float, default=1e8,
-                   help="training rows n for which the auto batch is picked (default 1e8: the device's rule, not "
-                        "n / 8)")
+                   help="training rows n for which the auto batch is picked (default 1e8: at most n / 512 = "
+                        "102,400 rows; fewer where the device's arithmetic covers its launches sooner)")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {','.join(METHODS)}")
     p.add_argument("--dtypes", default="float64,float32", help="comma-separated: float64, float32")
     p.add_argument("--repeats", type=int, default=None, help="timed steps per configuration, median (default 5)")
