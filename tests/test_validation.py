@@ -4,6 +4,7 @@ validation data."""
 import math
 import numbers
 import pickle
+import re
 import warnings
 
 import numpy as np
@@ -88,12 +89,18 @@ def test_every_parameter_has_a_rule_and_a_case():
     assert set(CASES) == params
 
 
+def _id(name, value):
+    """The case's id: the same in every process (an object's repr without its address, so that pytest-xdist's
+    workers collect the same tests)."""
+    return re.sub(r" (object )?at 0x[0-9a-fA-F]+", "", f"{name}={value!r}")[:60]
+
+
 def _good(name):
-    return [pytest.param(name, v, id=f"{name}={v!r}"[:60]) for v in CASES[name][0]]
+    return [pytest.param(name, v, id=_id(name, v)) for v in CASES[name][0]]
 
 
 def _bad(name):
-    return [pytest.param(name, v, id=f"{name}={v!r}"[:60]) for v in CASES[name][1]]
+    return [pytest.param(name, v, id=_id(name, v)) for v in CASES[name][1]]
 
 
 @pytest.mark.parametrize("name, value", [p for name in CASES for p in _good(name)])
