@@ -166,7 +166,7 @@ def test_the_readme_is_a_front_door():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 120
     assert "```\npython -m pip install -e . && agpc demo\n```" in readme
-    assert ('<!-- test-command -->\n```\npython -m pip install -e ".[test]" && python -m pytest -q tests gpu_tests\n```'
+    assert ('<!-- test-command -->\n```\npython -m pip install -e ".[test]" && python -m pytest -q -n 2 --dist loadfile tests gpu_tests\n```'
             in readme)
 
 

@@ -52,8 +52,10 @@ def _fit_on_disk(model, X, y, w, client, tmp_path):
 
 
 def _fit_dask(model, X, y, w, client, tmp_path):
+    # two chunks of rows (a batch pass's tasks, one a chunk, cost most of these fits' time) and weights chunked
+    # otherwise (rechunked to the rows')
     model.set_params(client=client)
-    return model.fit(*_dask(X, y), sample_weight=None if w is None else da.from_array(w, chunks=15))
+    return model.fit(*_dask(X, y, chunks=N // 2), sample_weight=None if w is None else da.from_array(w, chunks=15))
 
 
 def _fit_stream(model, X, y, w, client, tmp_path):
