@@ -685,7 +685,7 @@ def host_rng(random_state):
 
     Random choices (inducing-point initialisation, minibatch order) are drawn on the host and moved to
     the device as indices, so that the same seed and the same batch give the same model on every backend
-    (``batch_size="auto"`` is not the same batch on a GPU above 20,000 rows: ``agpc.batch_size``, docs/gpu.md).
+    (``batch_size="auto"`` is another batch on a GPU from 204,800 rows on: ``agpc.batch_size``, docs/gpu.md).
     """
     if isinstance(random_state, np.random.Generator):
         return random_state

@@ -34,7 +34,7 @@ GPU_STEP_MODEL = {"sep": _TIED_STEP, "ep": _EP_STEP, "adf": _TIED_STEP,
 # Chosen by the test NLL after the same epochs (benchmarks/gpu_batch_quality.py, docs/gpu.md "The GPU's minibatch"):
 # with fewer steps an epoch the hyper-parameters move too seldom (airline, 1.85 M rows, m = 100, 10 epochs: n / 8
 # rows +0.0102 against the CPU's 200, 25,600 rows (73 steps) +0.0020, 3,200 (579 steps) +0.0003; 180,000 generated
-# rows: 3,200 (56 steps) +0.0051, 400 (450 steps) +0.0003).
+# rows: 3,200 (57 steps) +0.0051, 400 (450 steps) +0.0003).
 GPU_STEPS_PER_EPOCH = 512
 
 
