@@ -1,7 +1,8 @@
 """What a default fit costs and gives: ``GPClassifier(random_state=split)`` with nothing else set (``n_jobs`` 1 and 2),
 its wall time, iterations, why it stopped and its test NLL, beside scikit-learn's LogisticRegression and
 HistGradientBoostingClassifier at their defaults, and (``--candidates`` with ``agpc-all``) the fit that runs every
-iteration (``plateau=None``: the default before the stop on a plateau).
+iteration (``plateau=None``: the default before the stop on a plateau), or (``agpc-batch``) the default fit in batch
+steps on every row (``batch_size=None``) where ``batch_size="auto"`` would take minibatches.
 
 Sets: the shared sets of 4,900 to 6,500 rows (banana; waveform and satellite, multiclass; wine_quality_white,
 ordinal), airline subsets of 20,000, 50,000 and 200,000 training rows (arr_delay > 0), generated tables
@@ -30,12 +31,13 @@ from _runner import begin, end, header, options, parse, parse_list, row, standar
 from stopping import load
 
 SETS = ["banana", "waveform", "satellite", "wq-white-ordinal", "airline-20000", "airline-50000", "airline-200000"]
-CANDIDATES = ["agpc-1", "agpc-2", "agpc-all", "logreg", "hgb"]
+CANDIDATES = ["agpc-1", "agpc-2", "agpc-all", "agpc-batch", "logreg", "hgb"]
 BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
 def model_of(candidate, split, ordinal):
-    """The estimator of ``candidate`` (nothing set but the seed, n_jobs and, for agpc-all, plateau=None)."""
+    """The estimator of ``candidate`` (nothing set but the seed, n_jobs and, for agpc-all, plateau=None; for
+    agpc-batch, batch_size=None)."""
     if candidate == "logreg":
         from sklearn.linear_model import LogisticRegression
 
@@ -49,17 +51,35 @@ def model_of(candidate, split, ordinal):
     extra = {"likelihood": "ordinal"} if ordinal else {}
     if candidate == "agpc-all":
         extra["plateau"] = None
+    if candidate == "agpc-batch":  # (every row a step, whatever batch_size="auto" would choose)
+        extra["batch_size"] = None
     return GPClassifier(random_state=split, n_jobs=2 if candidate == "agpc-2" else None, **extra)
 
 
+def growth_of(candidate):
+    """(candidate without its "@G" suffix, G or None): ``agpc-1@1.02`` is agpc-1 with Rprop's growth in the sparse
+    model's binary batch fits set to 1.02 (``engines.SPARSE_BATCH_GROWTH``; docs/small_data_defaults.md, "Rprop's
+    growth")."""
+    base, _, growth = candidate.partition("@")
+    return base, (float(growth) if growth else None)
+
+
 def run_one(candidate, name, split, X, y):
+    from agpc.inference import engines
+
     train, test = split_indices(X.shape[0], split, 0.10)
     X_train, X_test = standardise(X[train], X[test])
-    model = model_of(candidate, split, name.endswith("ordinal"))
+    base, growth = growth_of(candidate)
+    model = model_of(base, split, name.endswith("ordinal"))
+    default_growth = engines.SPARSE_BATCH_GROWTH
+    engines.SPARSE_BATCH_GROWTH = default_growth if growth is None else growth
     started = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", category=UserWarning)  # (LogisticRegression's convergence, noted by n_iter)
-        model.fit(X_train, y[train])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=UserWarning)  # (LogisticRegression's convergence, in n_iter)
+            model.fit(X_train, y[train])
+    finally:
+        engines.SPARSE_BATCH_GROWTH = default_growth
     seconds = time.perf_counter() - started
     nll, error = test_scores(model, X_test, y[test])
     iterations = getattr(model, "n_iter_", None)
@@ -85,7 +105,17 @@ def print_table(results, sets, candidates):
             row(f"{name} ({mine[0]['n_train']:,})", candidate, f"{np.median([r['seconds'] for r in mine]):.1f}",
                 f"{np.median(its):.0f}" if its else "–", ", ".join(reasons) or "–",
                 f"{nll:.4f} ± {0 if np.isnan(nll_se) else nll_se:.4f}", f"{err:.4f} ± {0 if np.isnan(err_se) else err_se:.4f}")
-    paired = [(name, c) for name in sets for c in candidates if c.startswith("agpc-") and c != "agpc-all"]
+    growths = [c for c in candidates if "@" in c]
+    for name in sets:  # each growth against the first one asked, paired by split
+        first = {r["split"]: r["nll"] for r in results if r["set"] == name and growths and r["candidate"] == growths[0]}
+        for candidate in growths[1:]:
+            mine = [r["nll"] - first[r["split"]] for r in results
+                    if r["set"] == name and r["candidate"] == candidate and r["split"] in first]
+            if mine:
+                diff, se, _ = mean_se(mine)
+                print(f"- {name}, {candidate} - {growths[0]}: test NLL {diff:+.4f} ± {0 if np.isnan(se) else se:.4f}")
+    paired = [(name, c) for name in sets for c in candidates if c.startswith("agpc-") and c != "agpc-all"
+              and "@" not in c]
     lines = []
     for name, candidate in paired:
         reference = {r["split"]: r["nll"] for r in results if r["set"] == name and r["candidate"] == "agpc-all"}
@@ -112,14 +142,16 @@ def main(argv=None):
     p = options(__doc__, "one split of a 2,000-row generated table, agpc-1 and logreg", data_dir=True,
                 out="defaults")
     p.add_argument("--sets", default=None, help=f"comma list of {SETS} or clf-NxD (default: all but airline-200000)")
-    p.add_argument("--candidates", default=None, help=f"comma list of {CANDIDATES} (default: all but agpc-all)")
+    p.add_argument("--candidates", default=None, help=f"comma list of {CANDIDATES} (default: all but agpc-all); an "
+                   "agpc candidate with @G (agpc-1@1.02) fits with Rprop's growth G in the sparse model's binary batch fits")
     p.add_argument("--splits", type=int, default=None, help="random 90/10 splits a set (default 3)")
     p.add_argument("--blas-env", choices=["both", "as-is"], default="both",
                    help="both (default): also run with OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset where either is set")
     args = parse(p, argv, full=dict(sets=",".join(SETS[:-1]), candidates="agpc-1,agpc-2,logreg,hgb", splits=3),
                  quick=dict(sets="clf-2000x10", candidates="agpc-1,logreg", splits=1))
     args.sets = parse_list(args.sets)
-    args.candidates = parse_list(args.candidates, CANDIDATES, "candidate")
+    args.candidates = parse_list(args.candidates)
+    parse_list(",".join(growth_of(c)[0] for c in args.candidates), CANDIDATES, "candidate")  # (refuses unknown ones)
     run = begin("Default fits: time, iterations and test NLL", args, argv)
     set_here = [name for name in BLAS_VARIABLES if os.environ.get(name)]
     said = ", ".join(f"{k}={os.environ[k]}" for k in set_here) if set_here else (

@@ -142,6 +142,43 @@ def test_a_bounded_entry_held_at_its_floor_neither_moves_nor_grows_its_step():
     assert float(params["noise"]) == -0.5  # up by the step it had, once the gradient turns
 
 
+@pytest.mark.parametrize("method", ["ep", "sep", "adf"])
+def test_rprop_grows_faster_only_in_the_sparse_models_binary_batch_fits(method):
+    """``engines.SPARSE_BATCH_GROWTH`` (10% a step, where the seed's Rprop grows 2%): the sparse model's binary batch
+    fits take it; the exact model, multiclass fits and GFITC keep the seed's 2% (their defaults were measured with
+    it); minibatch fits step with Adadelta. The step after k agreeing signs is the first step times the growth^k."""
+    import inspect
+
+    from agpc.inference import exact_ep
+    from agpc.kernels import ClassKernels
+    from agpc.optim import Adadelta, Rprop
+
+    seed_growth = inspect.signature(Rprop).parameters["increase"].default
+    assert seed_growth == 1.02 and engines.SPARSE_BATCH_GROWTH == 1.1
+    X, _ = _binary(60)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=1e-3).for_inputs(X)
+    options = engines.EngineOptions()
+
+    def engine(kernel, Z, **kw):
+        return engines.EPEngine(method, kernel, Z, n_total=60, options=options, **kw)
+
+    def growth_of(optimizer):
+        """The factor a step grows by when the gradient keeps its sign (a parameter "a" of first step 0.01)."""
+        assert isinstance(optimizer, Rprop)
+        optimizer.steps, optimizer.previous_sign = {"a": np.array(0.01)}, {}
+        params = optimizer.step({"a": np.array(0.0)}, {"a": np.array(1.0)})
+        optimizer.step(params, {"a": np.array(1.0)})
+        return float(optimizer.steps["a"]) / 0.01
+
+    assert growth_of(engine(kernel, X[:5], minibatch=False).optimizer) == pytest.approx(1.1, rel=1e-12)
+    three = ClassKernels([kernel] * 3)
+    assert growth_of(engine(three, np.stack([X[:5]] * 3), minibatch=False).optimizer) == pytest.approx(1.02, rel=1e-12)
+    assert isinstance(engine(kernel, X[:5], minibatch=True).optimizer, Adadelta)
+    if method == "ep":
+        exact = engine(kernel, X, minibatch=False, passes=exact_ep).optimizer
+        assert growth_of(exact) == pytest.approx(1.02, rel=1e-12)
+
+
 @pytest.mark.parametrize("method", ["ep", "sep", "svi", "vi-jj", "gfitc"])
 def test_time_budget_stops_every_method(method, monkeypatch):
     """``max_time`` ends the fit after the step that crosses it, for every engine: a clock that jumps by a
