@@ -341,7 +341,7 @@ def plot(curves, logreg, path, title, n_classes):
 PEERS_DIR = PROJECT_ROOT / ".." / "shared" / "peers"
 PEER_HOME = Path.home() / ".cache" / "agpc-peers"
 N_TEST = 10_000
-M = 200
+M = 200  # inducing points of every fit of the comparison (``--m`` sets it for the run: ``gpflow_main``)
 BATCH = 200
 SEED = 0
 TARGET_DATA_PARALLEL = 1.4  # issue 24: two workers' rows / s against one process's
@@ -367,6 +367,8 @@ def gpflow_args(argv=None):
     p.add_argument("--vs-gpflow", action="store_true", help="this comparison")
     p.add_argument("--budgets", default=None, help="comma-separated max_time values in seconds (default 15,60,240)")
     p.add_argument("--methods", default=",".join(METHODS), help="agpc methods (default sep,ep,svi)")
+    p.add_argument("--m", type=int, default=M, help=f"inducing points of agpc and GPflow (default {M}; the harness "
+                   "runs and caches its k-means of m centres the first time)")
     p.add_argument("--data", default=str(DEFAULT_DATA_DIR / "airline2008.npz"), help="path of airline2008.npz")
     p.add_argument("--n-train", type=int, default=None,
                    help="use the first this many training rows (default all; quick: 10000)")
@@ -790,7 +792,9 @@ def thread_table(args, data, Z):
 
 
 def gpflow_main(argv=None):
+    global M
     args = gpflow_args(argv)
+    M = args.m  # (read by every agpc and GPflow fit of this run, and by the peer's cached k-means file name)
     started = begin("agpc against GPflow SVGP on the airline split", args, argv)
     env = ", ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("OPENBLAS_")) or "none"
     print(f"- OPENBLAS_* variables: {env}")
