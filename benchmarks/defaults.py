@@ -2,7 +2,9 @@
 its wall time, iterations, why it stopped and its test NLL, beside scikit-learn's LogisticRegression and
 HistGradientBoostingClassifier at their defaults, and (``--candidates`` with ``agpc-all``) the fit that runs every
 iteration (``plateau=None``: the default before the stop on a plateau), or (``agpc-batch``) the default fit in batch
-steps on every row (``batch_size=None``) where ``batch_size="auto"`` would take minibatches.
+steps on every row (``batch_size=None``) where ``batch_size="auto"`` would take minibatches, and (``gpflow``, binary
+sets) GPflow SVGP at its harness's defaults in its own process (``../shared/peers``; skipped, saying why, where its
+environment is not built).
 
 Sets: the shared sets of 4,900 to 6,500 rows (banana; waveform and satellite, multiclass; wine_quality_white,
 ordinal), airline subsets of 20,000, 50,000 and 200,000 training rows (arr_delay > 0), generated tables
@@ -19,19 +21,24 @@ prints that table too, each under the kernel threadpoolctl reports.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 from _protocol import mean_se, split_indices
 from _runner import begin, end, header, options, parse, parse_list, row, standardise, test_scores, write_json
+from airline import PEER_HOME, PEERS_DIR
 from stopping import load
 
 SETS = ["banana", "waveform", "satellite", "wq-white-ordinal", "airline-20000", "airline-50000", "airline-200000"]
-CANDIDATES = ["agpc-1", "agpc-2", "agpc-all", "agpc-batch", "logreg", "hgb"]
+CANDIDATES = ["agpc-1", "agpc-2", "agpc-all", "agpc-batch", "logreg", "hgb", "gpflow"]
+PEER_PYTHON = PEER_HOME / "gpflow" / "bin" / "python"  # (airline.py's --peer-python default)
 BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
@@ -64,11 +71,51 @@ def growth_of(candidate):
     return base, (float(growth) if growth else None)
 
 
+def peer_missing():
+    """Why GPflow's harness cannot run here (None: it can)."""
+    if not (PEERS_DIR / "gpflow_svgp.py").is_file():
+        return f"no harness at {PEERS_DIR}"
+    if not PEER_PYTHON.is_file():
+        return f"no GPflow environment at {PEER_PYTHON} (../shared/peers/README.md builds it)"
+    return None
+
+
+def run_gpflow(name, split, X_train, y_train, X_test, y_test):
+    """GPflow SVGP through ../shared/peers/gpflow_svgp.py in its own process, at the harness's defaults (ARD RBF,
+    probit, whitened q(u), m = 200 k-means inducing points, minibatches of 200, Adam 0.01, 100 epochs, threads = the
+    CPU count), on this split written to a temporary folder (labels as -1 / +1). Seconds: the harness's training
+    seconds (its test scoring after each epoch excluded; the first step's graph tracing included); wall: the
+    process's (TensorFlow's import and the k-means too). None where the set has more than two classes."""
+    classes = np.unique(y_train)
+    if classes.size != 2:
+        return None
+    with tempfile.TemporaryDirectory(prefix="agpc-peer-") as folder:
+        for file, array in (("X_train", X_train), ("X_test", X_test),
+                            ("y_train", np.where(y_train == classes[1], 1.0, -1.0)),
+                            ("y_test", np.where(y_test == classes[1], 1.0, -1.0))):
+            np.save(Path(folder) / f"{file}.npy", np.ascontiguousarray(array, dtype=np.float64))
+        started = time.perf_counter()
+        done = subprocess.run([str(PEER_PYTHON), str((PEERS_DIR / "gpflow_svgp.py").resolve()), folder, "--seed",
+                               str(split), "--threads", str(os.cpu_count() or 1)],
+                              capture_output=True, text=True, cwd=str(PEERS_DIR))
+        wall = time.perf_counter() - started
+    summary = next((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")
+                    and json.loads(line).get("summary")), None)
+    if done.returncode != 0 or summary is None:
+        raise RuntimeError(f"GPflow harness failed ({done.returncode}): {done.stderr[-2000:]}")
+    return {"candidate": "gpflow", "set": name, "split": split, "n_train": int(X_train.shape[0]),
+            "seconds": summary["train_s"], "wall": wall, "nll": summary["final_test_nll"],
+            "error": summary["final_test_err"], "n_iter": summary["epochs_run"], "stop_reason": summary["stopped_by"],
+            "n_jobs_used": summary["threads"]}
+
+
 def run_one(candidate, name, split, X, y):
     from agpc.inference import engines
 
     train, test = split_indices(X.shape[0], split, 0.10)
     X_train, X_test = standardise(X[train], X[test])
+    if candidate == "gpflow":
+        return run_gpflow(name, split, X_train, y[train], X_test, y[test])
     base, growth = growth_of(candidate)
     model = model_of(base, split, name.endswith("ordinal"))
     default_growth = engines.SPARSE_BATCH_GROWTH
@@ -166,9 +213,16 @@ def main(argv=None):
         X, y = data
         for split in range(args.splits):
             for candidate in args.candidates:
-                results.append(run_one(candidate, name, split, X, y))
-                print(f"{name} split {split} {candidate}: {results[-1]['seconds']:.1f} s, NLL {results[-1]['nll']:.4f}",
-                      flush=True)
+                if candidate == "gpflow" and (peer_missing() or name.endswith("ordinal")):
+                    print(f"{name} split {split} gpflow: skipped ({peer_missing() or 'ordinal labels'})", flush=True)
+                    continue
+                result = run_one(candidate, name, split, X, y)
+                if result is None:
+                    print(f"{name} split {split} {candidate}: skipped (more than two classes)", flush=True)
+                    continue
+                results.append(result)
+                print(f"{name} split {split} {candidate}: {results[-1]['seconds']:.1f} s, NLL {results[-1]['nll']:.4f}"
+                      + (f" (process wall {result['wall']:.1f} s)" if "wall" in result else ""), flush=True)
     print_table(results, args.sets, args.candidates)
     write_json(args.out, {"results": results})
     if set_here and args.blas_env == "both":
