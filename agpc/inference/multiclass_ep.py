@@ -31,6 +31,7 @@ between devices like the binary +1/-1 labels).
 
 from __future__ import annotations
 
+from contextlib import closing
 from dataclasses import dataclass
 
 from ..backend import array_device, array_namespace, lower_triangular_inverse
@@ -277,15 +278,17 @@ def weighted_totals(totals, weights):
 
 
 def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad=True, want_sums=False, weights=None,
-               own_sites=True, anchors=None, damping=None, adf=False):
+               own_sites=True, anchors=None, damping=None, adf=False, projections=None):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows, all classes (``weights``,
     ``own_sites``, ``adf``: ``pair_update``'s; the sums of the rows' sites then weigh each row's w_i times). Minibatch
     EP (``damping`` given): the sums are the change of the running product, class by class, each row's old site
     total out along the direction it is held along (``anchors``: a ``MultiAnchor``, or None: the current one) and its
-    damped new one in (``ep.product_change``), as whitened sums."""
+    damped new one in (``ep.product_change``), as whitened sums. ``projections``: the block's per-class (A_c,
+    K(X, Z_c)) formed already (``class_site_sums``), or None."""
     xp = array_namespace(X)
     C = n_classes(Z)
-    margs = [ep.marginals(kernels[c], X, Z[c, ...], posts[c]) for c in range(C)]
+    margs = [ep.marginals(kernels[c], X, Z[c, ...], posts[c], *(() if projections is None else projections[c]))
+             for c in range(C)]
     d = xp.stack([mg.d for mg in margs], axis=1)
     e = xp.stack([mg.e for mg in margs], axis=1)
     prior_var = xp.stack([mg.prior_var for mg in margs], axis=1)
@@ -337,20 +340,30 @@ def prior_choleskys(kernels, Z, jitter, checked=True):
     return L_K, [lower_triangular_inverse(L) for L in L_K]
 
 
-def class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows, weights=None):
+def class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows, weights=None, *, workers=1,
+                    kept=None):
     """Per class S_c = A_c diag(nu_tot) A_c^T and c~_c = A_c mu_tot over the rows (tuples, one entry a class):
     they add over any split of the rows (a chunk of rows a task on a cluster). ``weights``: the rows' sample
-    weights, each row's totals w_i times (power EP)."""
+    weights, each row's totals w_i times (power EP). The blocks run on ``workers`` threads (``ep.map_blocks``; their
+    sums added in order); ``kept`` (a list): each block's per-class projections (A_c, K(X, Z_c)) are appended to it,
+    for ``class_sweep`` to reuse (``evaluate``: the batch pass's second visit of the rows)."""
     C = n_classes(Z)
     S, c_tilde = [None] * C, [None] * C
-    for lo, hi, X_block, y_block in ep.data_blocks(X, y, _block_rows(block_rows, Z, X.shape[0]), Z[0, ...]):
+
+    def block_sums(lo, hi, X_block, y_block):
         nu, mu = weighted_totals(site_totals(site_precision[lo:hi, ...], site_shift[lo:hi, ...],
                                              one_hot_labels(y_block, C)), None if weights is None else weights[lo:hi])
-        for c in range(C):
-            At, _ = ep.project(kernels[c], X_block, Z[c, ...], L_K_inv[c])
-            S_b, c_b = ep.site_sums(At, nu[:, c], mu[:, c])
-            S[c] = S_b if S[c] is None else S[c] + S_b
-            c_tilde[c] = c_b if c_tilde[c] is None else c_tilde[c] + c_b
+        projections = [ep.project(kernels[c], X_block, Z[c, ...], L_K_inv[c]) for c in range(C)]
+        return [ep.site_sums(At, nu[:, c], mu[:, c]) for c, (At, _) in enumerate(projections)], projections
+
+    blocks = ep.data_blocks(X, y, _block_rows(block_rows, Z, X.shape[0]), Z[0, ...])
+    with closing(ep.map_blocks(block_sums, blocks, workers)) as results:  # (ended on an error too)
+        for _, (sums, projections) in results:
+            for c, (S_b, c_b) in enumerate(sums):
+                S[c] = S_b if S[c] is None else S[c] + S_b
+                c_tilde[c] = c_b if c_tilde[c] is None else c_tilde[c] + c_b
+            if kept is not None:
+                kept.append(tuple((At.mT, Knm) for At, Knm in projections))
     return tuple(S), tuple(c_tilde)
 
 
@@ -361,12 +374,14 @@ def _block_rows(block_rows, Z, n=None):
 
 
 def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, block_rows, want_sums=False,
-                want_sites=True, damping=None, weights=None, anchors=None, product_damping=None, adf=False):
+                want_sites=True, damping=None, weights=None, anchors=None, product_damping=None, adf=False,
+                projections=None, workers=None):
     """Multiclass EP's sweep: ``block_pass`` over all rows (``ep.sweep_rows``), a validity column per class.
     Its reductions add over any split of the rows (``ep.add_sweeps``); ``site_precision`` None: zero sites
     (SEP / ADF, whose rows have none of their own). ``weights`` (n,): the rows' sample weights, ``adf``: ADF's row
     terms (``block_pass``); ``anchors``, ``product_damping``: ``block_pass``'s ``anchors`` and ``damping`` (minibatch
-    EP)."""
+    EP). ``projections``: each block's per-class (A_c, K(X, Z_c)) kept by ``class_site_sums`` over the same blocks
+    (``block_rows`` and ``workers`` then the layout both passes share), or None to form them."""
     own_sites = site_precision is not None
     if not own_sites:
         site_precision = site_shift = zero_sites(X.shape[0], Z)
@@ -374,9 +389,11 @@ def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_gra
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         return block_pass(kernels, X_block, y_block, rows_precision, rows_shift, Z, posts, want_grad=want_grad,
                           want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
-                          own_sites=own_sites, anchors=anchors, damping=product_damping, adf=adf)
+                          own_sites=own_sites, anchors=anchors, damping=product_damping, adf=adf,
+                          projections=None if projections is None else projections[index])
 
-    block_rows, workers = ep.pass_layout(Z, X.shape[0], _block_rows(block_rows, Z, X.shape[0]))  # (a minibatch: one)
+    if workers is None:
+        block_rows, workers = ep.pass_layout(Z, X.shape[0], _block_rows(block_rows, Z, X.shape[0]))  # (minibatch: one)
     return ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z[0, ...],
                          want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping,
                          valid_columns=n_classes(Z), workers=workers)
@@ -411,10 +428,15 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
     weight w contributes its likelihood to the power w, q_c holds w_i copies of each of its sites, a pair's cavity
     removes one copy, and log Z_q and its gradient count each row's pair terms w_i times (``pair_update``)."""
     L_K, L_K_inv = prior_choleskys(kernels, Z, jitter, checked)
-    S, c_tilde = class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows, weights)
+    # one layout for both visits of the rows, so that the sweep takes the sums' projections (as ``ep.evaluate``)
+    block_rows, workers = ep.pass_layout(Z, X.shape[0], _block_rows(block_rows, Z, X.shape[0]))
+    kept = [] if ep.projections_fit(X.shape[0], Z[0, ...], classes=n_classes(Z)) else None
+    S, c_tilde = class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows, weights,
+                                 workers=workers, kept=kept)
     posts = posteriors_from_sums(L_K, L_K_inv, S, c_tilde, checked=checked)
     sweep = class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, want_grad=want_grad,
-                        block_rows=block_rows, want_sites=want_sites, damping=damping, weights=weights)
+                        block_rows=block_rows, want_sites=want_sites, damping=damping, weights=weights,
+                        projections=kept, workers=workers)
     return finish_evaluate(kernels, Z, posts, sweep, want_grad)
 
 
