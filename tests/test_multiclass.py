@@ -55,6 +55,43 @@ def test_log_z_gradient_matches_finite_differences_at_ep_fixed_point(xp_device):
     assert out["grads"]["Z"].device == X.device
 
 
+@pytest.mark.parametrize("block_rows, workers", [(None, 1), (25, 2)], ids=["one block", "blocks on two threads"])
+def test_a_batch_pass_forms_each_class_projection_once_and_reuses_it(monkeypatch, block_rows, workers):
+    """``multiclass_ep.evaluate`` visits the rows twice (the site sums, then the sweep): the sweep takes the sums'
+    per-class projections, so that each class's K(X, Z_c) is formed once a block, and its result is the one where
+    the sweep forms them again (to round-off). The blocks of both visits run on the pass's threads."""
+    from agpc.inference import ep
+
+    X, y = three_classes()
+    rng = np.random.default_rng(3)
+    Z = np.stack([X[rng.choice(60, 4, replace=False)] + 0.05 * c for c in range(3)])
+    kernels = _kernels(X)
+    nu, mu = np.abs(rng.normal(size=(60, 6))) * 0.3, rng.normal(size=(60, 6)) * 0.3
+    monkeypatch.setattr(ep, "pass_layout", lambda like, n, rows=None: (rows or n, 1) if workers == 1 else (25, 2))
+    rows_formed = []
+    original = ep.project
+
+    def counted(kernel, X_block, Z_c, L_K_inv):
+        rows_formed.append(X_block.shape[0])
+        return original(kernel, X_block, Z_c, L_K_inv)
+
+    monkeypatch.setattr(ep, "project", counted)
+    marginals, given = ep.marginals, []
+    # (the sweep's marginals are given the projections: kernel, X, Z, q, A, Knm; or form them: kernel, X, Z, q)
+    monkeypatch.setattr(ep, "marginals", lambda *a, **k: given.append(len(a)) or marginals(*a, **k))
+    kept = multiclass_ep.evaluate(kernels, Z, X, y.astype(float), nu, mu, jitter=JITTER, block_rows=block_rows)
+    assert sum(rows_formed) == 3 * 60  # (each class's projection of every row, once: by the sums' visit)
+    assert len(given) == 3 * (1 if block_rows is None else 60 // 25 + 1) and set(given) == {6}
+    monkeypatch.setattr(ep, "projections_fit", lambda *a, **k: False)  # nothing kept: the sweep forms them again
+    given.clear()
+    again = multiclass_ep.evaluate(kernels, Z, X, y.astype(float), nu, mu, jitter=JITTER, block_rows=block_rows)
+    assert given and set(given) == {4}
+    np.testing.assert_allclose(kept["log_z"], again["log_z"], rtol=1e-12)
+    np.testing.assert_allclose(kept["site_precision"], again["site_precision"], rtol=1e-10, atol=1e-12)
+    for name in kept["grads"]:
+        np.testing.assert_allclose(kept["grads"][name], again["grads"][name], rtol=1e-9, atol=1e-12)
+
+
 def test_pair_update_matches_brute_force_moments():
     """The tilted distribution of one factor (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 6 for one wrong class k)
     times the factorised cavity: its normaliser and the marginal means and variances of g_y and g_k, computed by 2-D
