@@ -283,7 +283,9 @@ def test_the_airline_benchmark_fits_on_cupy_with_both_default_batches(monkeypatc
 
     monkeypatch.setattr(GPClassifier, "fit", fit)
     monkeypatch.setattr(Trainer, "step", step)
-    airline.main(["--backend", "cupy", "--data", str(tmp_path / "airline.npz"), "--n-test", "1000", "--budget", "2",
+    # (a budget of 2 s left the first fit without a step once, in a full suite run on two busy workers; 4 s leaves
+    # room)
+    airline.main(["--backend", "cupy", "--data", str(tmp_path / "airline.npz"), "--n-test", "1000", "--budget", "4",
                   "--linear-budget", "0.1", "--methods", "sep", "--plot", str(tmp_path / "airline.png")])
     out = capsys.readouterr().out
     assert fits == [("cupy", 200, mock.ndarray, mock.ndarray), ("cupy", "auto", mock.ndarray, mock.ndarray)]

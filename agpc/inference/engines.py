@@ -128,8 +128,8 @@ def initial_steps(kernel, Z, names):
 # Rprop's growth for the sparse model's binary and ordinal batch fits (EP, SEP, ADF): 10% a step while a gradient
 # keeps its sign, where the seed's (Hernandez-Lobato & Hernandez-Lobato (2016), App. A.6) is 2%. At 2% a step of 0.01
 # needs 116 agreeing steps to reach 0.1, and default fits ran 87-260 iterations to their plateau; at 10% the same
-# plateau came 26-46% sooner on the binary study sets with the same test NLL; 20% (iRprop's usual value) lost 0.005
-# on one (docs/small_data_defaults.md, "Rprop's growth"). Multiclass fits, the exact model and GFITC keep the seed's
+# plateau came 26-46% sooner on the binary study sets with the same test NLL; 20% (iRprop's usual value) was 0.004
+# worse on one (docs/small_data_defaults.md, "Rprop's growth"). Multiclass fits, the exact model and GFITC keep the seed's
 # 2%: the multiclass sets took as many iterations at 10% (waveform: one split +0.009 NLL), and the exact model's and
 # GFITC's defaults were measured with 2%.
 SPARSE_BATCH_GROWTH = 1.1
