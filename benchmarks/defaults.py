@@ -99,8 +99,8 @@ def run_gpflow(name, split, X_train, y_train, X_test, y_test):
                                str(split), "--threads", str(os.cpu_count() or 1)],
                               capture_output=True, text=True, cwd=str(PEERS_DIR))
         wall = time.perf_counter() - started
-    summary = next((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")
-                    and json.loads(line).get("summary")), None)
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    summary = next((record for record in records if record.get("summary")), None)
     if done.returncode != 0 or summary is None:
         raise RuntimeError(f"GPflow harness failed ({done.returncode}): {done.stderr[-2000:]}")
     return {"candidate": "gpflow", "set": name, "split": split, "n_train": int(X_train.shape[0]),
