@@ -1,6 +1,8 @@
 """The one training loop drives every method: the same history keys, validation and early stopping,
 checkpoints and resume, time budget and guard rails, whatever the engine."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -350,7 +352,9 @@ def test_a_time_stopped_minibatch_ep_fit_returns_its_exact_final_pass(log_z_fits
 
     def kind(run, hooks_):
         budget = next(hook for hook in hooks_ if isinstance(hook, hooks.TimeBudget))  # (the choice made here, not
-        budget.seconds["rebuild"] = 0.0 if log_z_fits else 1e6  # by a loaded machine's timings)
+        budget.seconds["rebuild"] = 0.0 if log_z_fits else 1e6  # by a loaded machine's timings: a last step that
+        budget.deadline = max(budget.deadline, time.perf_counter() + 60.0)  # overran its estimate on a busy CI
+        # worker once left no time at all; the room kept for this pass is test_minibatch_ep_keeps_room_... above)
         engine = run.trainer.engine
         seen["running"] = engine.passes.posterior_from_factor(engine.state["kernel"], engine.state["Z"],
                                                               engine.state["factor"], jitter=engine.jitter)
