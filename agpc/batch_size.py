@@ -38,15 +38,15 @@ GPU_STEP_MODEL = {"sep": _TIED_STEP, "ep": _EP_STEP, "adf": _TIED_STEP,
 GPU_STEPS_PER_EPOCH = 512
 
 
-def rows_per_step(estimator, n, xp=None, Z=None, n_classes=2):
-    """Rows a step of ``estimator``'s fit on n rows (None: the full batch): its ``batch_size``, or for "auto" the
+def rows_per_step(plan, n, xp=None, Z=None, n_classes=2):
+    """Rows a step of the fit on n rows a ``plan.FitPlan`` describes (None: the full batch): its ``batch_size``, or for "auto" the
     full batch up to ``FULL_BATCH_MAX_ROWS`` rows (and for a batch-only method), else ``CPU_MINIBATCH``, or on a
     GPU (``xp`` and the initial inducing points ``Z`` given, a binary model) ``gpu_batch_rows``."""
-    if estimator.batch_size != "auto":
-        return estimator.batch_size
-    if n <= FULL_BATCH_MAX_ROWS or not supports(estimator.method, "minibatch"):
+    if plan.batch_size != "auto":
+        return plan.batch_size
+    if n <= FULL_BATCH_MAX_ROWS or not supports(plan.method, "minibatch"):
         return None
-    rows = gpu_batch_rows(estimator.method, n, xp, Z) if (xp is not None and Z is not None and n_classes == 2) else None
+    rows = gpu_batch_rows(plan.method, n, xp, Z) if (xp is not None and Z is not None and n_classes == 2) else None
     return CPU_MINIBATCH if rows is None else rows
 
 
@@ -89,10 +89,10 @@ def _step_model(method, m, itemsize):
             "bytes_per_row": model["elements_per_row_m"] * m * itemsize}
 
 
-def gpu_block_rows(estimator, batch_size, xp):
+def gpu_block_rows(plan, batch_size, xp):
     """Row blocks of a GPU minibatch chosen by "auto": the whole minibatch (it was sized to fit in memory), so
-    that a step launches its kernels once; None (the estimator's ``block_rows``) otherwise."""
-    if (estimator.batch_size != "auto" or estimator.block_rows is not None or batch_size is None
+    that a step launches its kernels once; None (the plan's ``block_rows``) otherwise."""
+    if (plan.batch_size != "auto" or plan.block_rows is not None or batch_size is None
             or B.device_throughput(xp, xp.float64) is None):
         return None
     return batch_size

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.metaestimators import available_if
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import backend as B
 from . import batch_size as batch_rows
@@ -27,6 +27,7 @@ from .inducing import initial_inducing_points
 from .inference import training
 from .kernels import ClassKernels, Kernel, OrdinalKernel, with_default_priors
 from .model_file import FIT_RECORD, FittedState, read_model_file, unpickled_state, write_model_file
+from .plan import FitPlan
 
 __all__ = ["GPClassifier"]
 
@@ -260,17 +261,35 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _check_params(self):
         """Refuse parameters that ``fit`` would refuse (a deprecated one is warned about); returns (the groups
-        ``optimize`` learns, the backend)."""
+        ``optimize`` learns, the backend, the ``plan.FitPlan`` of the parameters)."""
         V.validate_params(self.get_params(deep=False), self._parameter_constraints, type(self).__name__)
         if self.checkpoint_every is not None and self.checkpoint_path is None:
             raise ValueError(I.NEEDS_CHECKPOINT_PATH)
         M.check_method_params(self.get_params(deep=False))
-        O.check_params(self)
+        plan = self._plan()
+        O.check_params(plan)
         if self.step_replay:
             warnings.warn("step_replay is deprecated and has no effect (it will be removed): CuPy refuses cuBLAS and "
                           "cuSOLVER calls during CUDA-graph capture, so a training step cannot be replayed from a "
                           "graph; every step runs eagerly", FutureWarning, stacklevel=3)
-        return _OPTIMIZE_GROUPS.chosen(self.optimize), B.resolve_backend(self.backend)
+        return _OPTIMIZE_GROUPS.chosen(self.optimize), B.resolve_backend(self.backend), plan
+
+    def _plan(self, n_features=None):
+        """The ``plan.FitPlan`` of this estimator's parameters, which every helper of a fit reads in its place
+        (``n_features``: the feature count of the fitted model a call continues)."""
+        return FitPlan.of(type(self).__name__, self.get_params(deep=False), n_features=n_features)
+
+    @staticmethod
+    def _counted(plan, X):
+        """``plan`` for X's rows (``FitPlan.for_rows``: the rows a step takes, resolved once) and X's features."""
+        n, d = I.rows_and_features(X)
+        return plan.for_rows(n), d
+
+    def _record_features(self, X, reset):
+        """``n_features_in_`` and ``feature_names_in_`` of X (checked already): recorded (``reset``) or compared
+        with the fitted ones (scikit-learn's ``validate_data``, which warns where a DataFrame's names and the
+        model's do not go together)."""
+        validate_data(self, X, skip_check_array=True, reset=reset)
 
     # -- fitting ---------------------------------------------------------------------------------
 
@@ -281,42 +300,49 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         every ``eval_every`` steps into ``history_`` ("validation_nll", "validation_error"), and with
         ``n_iter_no_change`` for early stopping. ``resume``: continue from ``checkpoint_path`` (same data, settings)."""
         started = time.perf_counter()  # max_time covers the whole fit, from here
-        groups, target_xp = self._check_params()  # before anything reads them (the BLAS scope reads the sizes)
-        I.check_known_shapes(X, y)  # (the BLAS scope counts the rows)
-        with placement.blas_scope(self, X), B.jitter_report("GPClassifier.fit"):
-            return self._fit(X, y, groups, target_xp, validation_data, resume, started, sample_weight)
+        groups, target_xp, plan = self._check_params()  # before anything reads them (the BLAS scope reads the sizes)
+        I.check_known_shapes(X, y)  # (the plan counts the rows)
+        plan, n_features = self._counted(plan, X)
+        with placement.blas_scope(plan, n_features), B.jitter_report("GPClassifier.fit"):
+            return self._fit(plan, X, y, groups, target_xp, validation_data, resume, started, sample_weight)
 
-    def _fit(self, X, y, groups, target_xp, validation_data, resume, started, sample_weight=None):
+    def _fit(self, plan, X, y, groups, target_xp, validation_data, resume, started, sample_weight=None):
         """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop."""
-        I.check_fit_paths(self, X, y, resume)
+        I.check_fit_paths(plan, X, y, resume)
         self.__dict__.pop("_trainer", None)
-        with placement.Placement(self, X) as place:
-            inputs, order, y, validation_data = O.ranked_inputs(self, place, X, y, target_xp, validation_data)
+        with placement.Placement(plan, X) as place:
+            inputs, order, y, validation_data = O.ranked_inputs(plan, place, X, y, target_xp, validation_data)
+            self._record_features(X, reset=True)
             n, classes = inputs.X.shape[0], inputs.classes
             weights = place.training_weights(sample_weight, inputs, class_labels=order)
             rows_known = not (place.on_cluster or B.is_out_of_core(inputs.X))
             counted = I.rows_counted(weights, n) if rows_known else n  # (a row of weight 0 is not there)
-            size = size_rule.estimator_model_size(self, counted, len(classes), rows_known=rows_known)
+            size = size_rule.fit_model_size(plan, counted, len(classes), rows_known=rows_known)
             if size.at_rows:  # the exact model's inducing points are its rows: they stay there
                 groups = tuple(group for group in groups if group != "inducing")
-            place.start(inputs)  # (n_jobs_)
+            place.start(inputs)
+            if not place.on_cluster:  # (a cluster's workers are its own)
+                self.n_jobs_ = place.n_jobs
             rng = B.host_rng(self.random_state)
             init_started = time.perf_counter()
-            start = I.start_of(self, inputs, weights)  # (the rows the start is read from, counted by their weights)
+            start = I.start_of(plan, inputs, weights)  # (the rows the start is read from, counted by their weights)
             kernel, Z = self._initial_model(start, size.n_inducing, rng, 2 if order is not None else len(classes),
                                             rows=inputs.X if size.at_rows else None)
             if order is not None:
-                kernel = O.start_kernel(self, kernel, y, len(order), inputs, weights, start)
+                kernel = O.start_kernel(plan, kernel, y, len(order), inputs, weights, start)
             self.init_time_ = time.perf_counter() - init_started
-            validation = None if validation_data is None else I.validation_set(
-                self, validation_data, classes, inputs.xp, inputs.device, client=inputs.client)
+            validation = None
+            if validation_data is not None:
+                validation = I.validation_set(plan, validation_data, classes, inputs.X.shape[1], inputs.xp,
+                                              inputs.device, client=inputs.client)
+                self._record_features(validation_data[0], reset=False)
             data_hash = None if self.checkpoint_path is None else I.training_fingerprint(inputs, weights)
-            I.note_tf32(self, inputs.xp)
-            placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(self, n) if size.at_rows else None)
+            self.tf32_ = I.note_tf32(plan, inputs.xp)
+            placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(plan) if size.at_rows else None)
             plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=placed.batch_size is not None
                                             and placed.batch_size < n)
             result, self.ard_ = size_rule.learn_lengthscales(
-                size_rule.ard_plan(self, size, inputs.X.shape[1]), inputs.X.shape[1], kernel,
+                size_rule.ard_plan(plan, size, inputs.X.shape[1]), inputs.X.shape[1], kernel,
                 lambda start, shared, first, stage: self._train(placed, start, Z, classes, groups, rng,
                                                                 resume and first, validation, started, data_hash,
                                                                 plateau, tied=shared, stage=stage))
@@ -324,7 +350,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
         """Rows a step of a fit on n rows (``agpc.batch_size.rows_per_step``)."""
-        return batch_rows.rows_per_step(self, n, xp, Z, n_classes)
+        return batch_rows.rows_per_step(self._plan(), n, xp, Z, n_classes)
 
     def _initial_model(self, start, m, rng, n_classes=2, rows=None):
         """Initial kernel and inducing points from ``start`` (the rows and their counts, ``inputs.start_of``; ``rows``:
@@ -396,7 +422,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         vars(self).update(tf32_=bool(getattr(self, "tf32_", False)),  # (set by inputs.note_tf32; loaded: False)
                           jitter_=jitter, kernel_prior_=self.kernel_prior, kernel_=kernel, inducing_points_=Z,
                           posterior_=posterior, log_marginal_likelihood_=log_z, history_=history, n_iter_=n_iter)
-        self._fitted_structure = S.structure(self)  # what partial_fit may continue (``streaming.check_continuable``)
+        self._fitted_structure = S.structure(self._plan())  # what partial_fit may continue (``streaming.check_continuable``)
 
     @available_if(lambda self: M.supports(self.method, "partial_fit"))
     def partial_fit(self, X, y, classes=None, n_total=None, sample_weight=None):
@@ -404,37 +430,41 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         step on these rows (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6); "sep" and "adf" only. The first
         call sets the classes, kernel and inducing points; a fitted or loaded model continues (what may not change
         since, and ``n_total``, the rows the model stands for: docs/usage.md). ``sample_weight``: docs/weights.md."""
-        groups, target_xp = self._check_params()
-        S.check_stream_params(self, streaming=hasattr(self, "_trainer"))
-        with placement.blas_scope(self, X), B.jitter_report("GPClassifier.partial_fit"):
-            return self._partial_fit(X, y, classes, n_total, groups, target_xp, sample_weight)
+        groups, target_xp, plan = self._check_params()
+        S.check_stream_params(plan, streaming=hasattr(self, "_trainer"))
+        plan, n_features = self._counted(plan, X)
+        with placement.blas_scope(plan, n_features), B.jitter_report("GPClassifier.partial_fit"):
+            return self._partial_fit(plan, X, y, classes, n_total, groups, target_xp, sample_weight)
 
-    def _partial_fit(self, X, y, classes, n_total, groups, target_xp, sample_weight):
+    def _partial_fit(self, plan, X, y, classes, n_total, groups, target_xp, sample_weight):
         live = hasattr(self, "_trainer")
         fitted = live or hasattr(self, "posterior_")
         if fitted:  # before any change to the model: a refused call leaves it as it was
-            S.check_continuable(self, getattr(self, "_fitted_structure", None) or S.structure(self), classes)
-        y, classes, order = O.stream_labels(self, y, classes, fitted)  # (ordinal: the labels as ranks)
-        inputs = I.training_inputs(self, X, y, reset=not fitted, target_xp=target_xp, classes=classes)
+            S.check_continuable(plan, getattr(self, "_fitted_structure", None) or S.structure(plan), classes,
+                                self.classes_)
+            plan = plan.with_features(self.n_features_in_)  # (the rows must have the model's features)
+        y, classes, order = O.stream_labels(plan, y, classes, self.classes_ if fitted else None)  # (ordinal: ranks)
+        inputs = I.training_inputs(plan, X, y, target_xp=target_xp, classes=classes)
+        self._record_features(X, reset=not fitted)
         Xc, y_pm, classes = inputs.X, inputs.y, inputs.classes
-        weights = I.stream_weights(self, sample_weight, inputs, order)  # (rows counted by weight: ``streaming.step``)
+        weights = I.stream_weights(plan, sample_weight, inputs, order)  # (rows counted by weight: ``streaming.step``)
         rows = Xc.shape[0]
         I.check_n_total(n_total, rows)
         if not live:
-            I.note_tf32(self, inputs.xp)
+            self.tf32_ = I.note_tf32(plan, inputs.xp)
         if not fitted:
             self.classes_ = classes if order is None else order
             rng = B.host_rng(self.random_state)
-            m = size_rule.estimator_model_size(self, rows, rows_known=False).n_inducing
-            start = I.start_of(self, inputs, weights)
+            m = size_rule.fit_model_size(plan, rows, rows_known=False).n_inducing
+            start = I.start_of(plan, inputs, weights)
             kernel, Z = self._initial_model(start, m, rng, len(classes) if order is None else 2)
             if order is not None:  # (the cut points start from this call's class counts)
-                kernel = O.start_kernel(self, kernel, y, len(order), inputs, weights, start)
+                kernel = O.start_kernel(plan, kernel, y, len(order), inputs, weights, start)
             self._rows_seen = 0
-            self._trainer = S.stream_trainer(self, kernel, Z, n_total or rows, groups,
+            self._trainer = S.stream_trainer(plan, kernel, Z, n_total or rows, groups,
                                              B.starting_jitter(self.jitter, Z))
         elif not live:  # fit records its rows on the model, partial_fit in the history
-            self._trainer, self._rows_seen = S.trainer_from_fitted(self, groups, n_total, rows,
+            self._trainer, self._rows_seen = S.trainer_from_fitted(plan, self.fitted_state(), groups, n_total, rows,
                                                                    getattr(self, "_rows_seen", None))
         trainer = self._trainer
         self._rows_seen += S.rows_counted(trainer, rows, weights)

@@ -48,14 +48,14 @@ import numpy as np
 
 from . import __version__
 from . import backend as B
-from . import checkpoints, persistence, placement
-from .batch_size import rows_per_step
+from . import checkpoints, persistence
 from .classifier import GPClassifier
 from .datasets import banana_bayes_error, load_breast_cancer, make_banana, split_standardised
 from .inference.hooks import ENDED_BECAUSE, close_progress_bars
 from .inspection import expected_calibration_error, plot_model
 from .likelihoods import negative_log_likelihood
 from .methods import ORDINAL, RegisteredLikelihood, method_names
+from .plan import FitPlan
 from .tables import exception_line, labels_from_text, load_data, load_weighted_data, one_line, preview
 from .untrusted import printable
 
@@ -337,6 +337,11 @@ def fit(args):
     return 0
 
 
+def _plan(model, n_rows):
+    """The plan of ``model``'s fit of ``n_rows`` rows (``agpc.plan``): what the command line says of it ahead."""
+    return FitPlan.of(type(model).__name__, model.get_params(deep=False)).for_rows(n_rows)
+
+
 def _fit_jobs(args, model, n_rows):
     """GPClassifier's n_jobs for ``agpc fit``: ``--jobs``, else every core where the fit runs batch passes in this
     process on the CPU (threads over their row blocks: the model n_jobs=1 gives, sooner), else one (minibatches in
@@ -345,15 +350,16 @@ def _fit_jobs(args, model, n_rows):
         return args.jobs
     if args.scheduler or args.backend != "numpy":
         return None
-    return None if placement.minibatches(model, n_rows) else -1
+    return None if _plan(model, n_rows).minibatch else -1
 
 
 def _iterations(model, max_iter, n_rows):
     """What the fit trained, counted as --max-iter counts it (epochs with minibatches; batch EP / SEP / ADF's
     warm-up sweeps, which ``n_iter_`` includes, apart), and why it stopped before the cap."""
     warmup = getattr(model, "n_warmup_", 0) or 0
-    rows = rows_per_step(model, n_rows)
-    if rows is not None and rows < n_rows:  # an epoch cut short is a history entry too: the epochs from the steps
+    plan = _plan(model, n_rows)
+    rows = plan.step_rows
+    if plan.minibatch:  # an epoch cut short is a history entry too: the epochs from the steps
         steps = int(model.history_["n_steps"][-1]) if model.history_.get("n_steps") else 0
         said = f"{steps / math.ceil(n_rows / rows):.3g} epochs of --max-iter {max_iter} ({steps:,} steps)"
     else:

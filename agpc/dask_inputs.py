@@ -19,7 +19,6 @@ import numpy as np
 from . import backend as B
 from . import inputs as I
 from . import validation as V
-from .batch_size import rows_per_step
 from .inference.dask_engine import local_cluster, persisted_blocks
 from .inference.data_parallel import prepare_worker
 from .methods import ORDINAL, get_method, methods_supporting
@@ -28,31 +27,30 @@ __all__ = ["checked_arrays", "cluster_client", "training_inputs", "persisted_inp
            "training_weights", "class_counts"]
 
 
-def checked_arrays(estimator, X, y):
+def checked_arrays(plan, X, y):
     """X and y as dask arrays checked before any pass over them (the method trains on a dask array, in the
-    estimator's batch mode; X 2-D, real-valued, with rows; y 1-D with a label a row): X in the estimator's
+    plan's batch mode; X 2-D, real-valued, with rows; y 1-D with a label a row): X in the plan's
     ``dtype``, chunked by rows only, y chunked as X's rows. Returns (X, y, X as given, chunked by rows only)."""
     import dask.array as da
 
-    spec = get_method(estimator.method)
+    spec = plan.spec
     if not spec.supports("dask"):
         raise ValueError(spec.refusal("dask", f"fit on a dask array trains the methods "
-                                              f"{list(methods_supporting('dask'))}, not {estimator.method!r}"))
-    if estimator.checkpoint_path is not None and not spec.supports("dask_checkpoints"):
-        raise ValueError(spec.refusal("dask_checkpoints", f"checkpoints of {estimator.method!r} on a dask array are "
+                                              f"{list(methods_supporting('dask'))}, not {plan.method!r}"))
+    if plan.checkpoint_path is not None and not spec.supports("dask_checkpoints"):
+        raise ValueError(spec.refusal("dask_checkpoints", f"checkpoints of {plan.method!r} on a dask array are "
                                                           "not supported: fit without checkpoint_path"))
     I.check_rows(X.shape)
-    batch_size = rows_per_step(estimator, X.shape[0])
-    if batch_size is not None and batch_size < X.shape[0] and not spec.supports("minibatch"):
+    if plan.minibatch and not spec.supports("minibatch"):
         # before any pass over the data (in memory the engine says the same when it is made)
-        raise ValueError(spec.refusal("minibatch", f"method {estimator.method!r} is batch-only: every step needs all "
+        raise ValueError(spec.refusal("minibatch", f"method {plan.method!r} is batch-only: every step needs all "
                                                    "the rows (batch_size=None)"))
     if np.dtype(X.dtype).kind not in "biuf":
         raise ValueError(f"X must be real-valued, got dtype {X.dtype}")
     given = da.asarray(X).rechunk({1: -1})  # chunks by rows only
     y = da.asarray(y)
     I.check_target_shape(y.shape, X.shape[0])
-    return given.astype(I.dtype_name(estimator.dtype)), y.rechunk((given.chunks[0],)), given
+    return given.astype(plan.dtype), y.rechunk((given.chunks[0],)), given
 
 
 NO_MAIN_GUARD = ("fit on a dask array without a client starts a LocalCluster, whose worker processes import the "
@@ -95,7 +93,7 @@ def cluster_client(client):
         return owned, owned
 
 
-def training_inputs(estimator, X, y, given, client):
+def training_inputs(plan, X, y, given, client):
     """The ``inputs.TrainingInputs`` of checked dask arrays X and y (``checked_arrays``; ``given``: X in its own
     type, which the sample is read in to check that ``dtype`` keeps its columns' spread), their rows left on the
     cluster: X, the labels encoded lazily, the classes, the sampled rows in this process (NumPy), and the checks
@@ -103,9 +101,9 @@ def training_inputs(estimator, X, y, given, client):
     places the inducing points (the first round would otherwise wait for the imports)."""
     import dask.array as da
 
-    n, target = X.shape[0], I.dtype_name(estimator.dtype)
-    rows = I.sample_row_indices(estimator, n)
-    fingerprinted = list(I.fingerprint_rows(X, y)) if estimator.checkpoint_path is not None else []
+    n, target = X.shape[0], plan.dtype
+    rows = I.sample_row_indices(plan, n)
+    fingerprinted = list(I.fingerprint_rows(X, y)) if plan.checkpoint_path is not None else []
     blocks = (persisted_blocks(X), persisted_blocks(y)) if not fingerprinted else (None, None)
     finite_chunks = []  # (persisted rows: whether each chunk is finite, checked while the inducing points are placed)
     if None not in blocks:
@@ -123,14 +121,13 @@ def training_inputs(estimator, X, y, given, client):
     warming = [client.submit(prepare_worker, () if blocks[0] is not None else ("dask.array",), workers=[w],
                              pure=False) for w in client.nthreads()]
     distinct = V.check_labels(np.asarray(labels), what="y (its distinct values)")
-    if estimator.likelihood == ORDINAL:  # the labels travel as their ranks, as in memory (``inputs.ordinal_labels``)
-        order = I.ordinal_labels(estimator, distinct)[1]  # (a label not among ``classes=``: refused here)
+    if plan.likelihood == ORDINAL:  # the labels travel as their ranks, as in memory (``inputs.ordinal_labels``)
+        order = I.ordinal_labels(plan, distinct)[1]  # (a label not among ``classes=``: refused here)
         classes, encode, by = np.arange(order.shape[0]), V.encoded_ranks, order
     else:
         order = None
-        classes = I.check_classes(estimator, np.unique(distinct))
+        classes = I.check_classes(plan, np.unique(distinct))
         encode, by = V.encode_labels, classes
-    I.check_feature_count(estimator, X.shape[1], reset=True)
     if fingerprinted:
         fingerprinted = (fingerprinted[0], encode(np.asarray(fingerprinted[1]), by).astype(X.dtype))
     y_encoded = y.map_blocks(encode, by, dtype=np.float64).astype(X.dtype)
@@ -169,7 +166,7 @@ def check_finite_chunks(inputs):
 
 
 
-def training_weights(estimator, sample_weight, inputs, class_labels=None):
+def training_weights(plan, sample_weight, inputs, class_labels=None):
     """``inputs.training_weights`` for rows on a cluster: ``sample_weight`` (a dask array, rechunked as the rows, or
     anything ``fit`` takes in memory, checked here) times ``class_weight``'s weight of each row's class, as a dask
     array chunked as the rows and persisted on the workers (never gathered to the driver); None when neither is
@@ -179,7 +176,7 @@ def training_weights(estimator, sample_weight, inputs, class_labels=None):
     are those of ``inputs.training_weights``."""
     import dask.array as da
 
-    if sample_weight is None and estimator.class_weight is None:
+    if sample_weight is None and plan.class_weight is None:
         return None
     client, classes, n = inputs.client, inputs.classes, inputs.X.shape[0]
     row_chunks = inputs.X.chunks[0]
@@ -204,15 +201,15 @@ def training_weights(estimator, sample_weight, inputs, class_labels=None):
         first = client.compute(weights[int(bad[1] if bad[0] else bad[3])], sync=True)
         V.refuse_bad_weights(bad[0], int(bad[1]), first, bad[2], int(bad[3]), first, True)
     V.refuse_bad_weights(0, None, None, 0, None, None, bool(np.any(positive)))
-    per_class = I.class_weights(estimator, classes, counts, class_labels)
+    per_class = I.class_weights(plan, classes, counts, class_labels)
     if per_class is not None:
         weights = weights * class_index.map_blocks(_of_class, per_class, dtype=np.float64)
         positive = positive * (per_class > 0)
     largest, heaviest = client.compute([da.max(weights), da.argmax(weights)], sync=True)
-    V.check_weight_scale(float(largest), int(heaviest), I.dtype_name(estimator.dtype))
-    if I.every_class_needs_weight(estimator):
+    V.check_weight_scale(float(largest), int(heaviest), plan.dtype)
+    if I.every_class_needs_weight(plan):
         V.check_positive_counts(positive, classes)
-    I.refuse_unweighted_method(estimator)
+    I.refuse_unweighted_method(plan)
     return client.persist(weights.astype(inputs.X.dtype))
 
 

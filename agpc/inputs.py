@@ -4,9 +4,10 @@ The kinds of input: NumPy arrays and lists (checked by scikit-learn's ``validate
 array (CuPy, array_api_strict, ...: checked in its own namespace and on its own device, never copied to the host),
 data on disk or anywhere sliceable (a NumPy memmap, a zarr array: checked a chunk at a time, never held whole) and,
 for ``fit``, dask arrays (``agpc.dask_inputs``: the same checks, run on the cluster, and the same ``TrainingInputs``).
-Every check raises one ValueError naming the problem. The functions take the estimator for its parameters
-(``dtype``, ``method``, ``likelihood``, ``random_state``) and for what scikit-learn records on it
-(``n_features_in_``, ``feature_names_in_``).
+Every check raises one ValueError naming the problem. The functions take the fit's ``plan.FitPlan`` for its
+parameters (``dtype``, ``method``, ``likelihood``, ``random_state``) and the feature count a fitted model expects
+(``FitPlan.n_features``); they return what they found and write nothing on the estimator, which records
+``n_features_in_`` and ``feature_names_in_`` itself (scikit-learn's ``validate_data``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import column_or_1d, validate_data
+from sklearn.utils.validation import check_array, column_or_1d
 
 from . import backend as B
 from . import validation as V
@@ -32,6 +33,7 @@ from .inducing import start_rows
 from .inference.training import data_fingerprint, fingerprint_stride
 from .methods import ORDINAL, get_method, methods_supporting, supports
 from .model_file import MAX_LABEL_BYTES
+from .plan import DTYPES, dtype_name
 from .untrusted import check_zarr_array
 
 __all__ = [
@@ -57,6 +59,7 @@ __all__ = [
     "check_target_shape",
     "check_out_of_core",
     "check_classes",
+    "rows_and_features",
     "check_known_shapes",
     "data_files",
     "check_fit_paths",
@@ -82,17 +85,7 @@ __all__ = [
 
 CHUNK = 65536  # rows read at a time from data on disk
 INIT_SAMPLE = 20000  # rows read from data on disk to initialise the kernel and the inducing points
-DTYPES = ("float64", "float32")  # the floating types a model computes in (``dtype``)
 NEEDS_CHECKPOINT_PATH = "checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)"
-
-
-def dtype_name(dtype):
-    """``dtype`` spelled as one of ``DTYPES`` (checked by the parameter table; NumPy spellings such as
-    np.float32 or "f4" are accepted)."""
-    name = V.FloatingType.name_of(dtype)
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be 'float64' or 'float32', got {dtype!r}")
-    return name
 
 
 class EncodedLabels:
@@ -130,12 +123,11 @@ def check_conversion_keeps_spread(X, dtype, what="X"):
         V.check_precision_keeps_spread(xp.astype(X, xp.float64), target, what=what)
 
 
-def check_feature_count(estimator, n_features, reset):
-    if reset:
-        estimator.n_features_in_ = n_features
-    elif n_features != estimator.n_features_in_:
-        raise ValueError(f"X has {n_features} features, but {type(estimator).__name__} is expecting "
-                         f"{estimator.n_features_in_} features as input")
+def check_feature_count(n_features, expected, owner="GPClassifier"):
+    """X's ``n_features`` against the ``expected`` count of a fitted model (None: training data, nothing to match),
+    in scikit-learn's words (``owner``: the estimator's name)."""
+    if expected is not None and n_features != expected:
+        raise ValueError(f"X has {n_features} features, but {owner} is expecting {expected} features as input")
 
 
 def check_rows(shape):
@@ -181,11 +173,12 @@ def _numbers_in(column):
     return all(isinstance(v, (numbers.Real, np.bool_)) for v in column.tolist())
 
 
-def check_features(estimator, X, *, reset):
-    """Returns (X as an array of the input's namespace in the estimator's ``dtype``, checked; input namespace, or
-    None for NumPy arrays and lists). ``reset``: X is training data (its feature count is recorded, and a
-    narrower ``dtype`` is checked to keep its columns' spread)."""
-    target = dtype_name(estimator.dtype)
+def check_features(X, dtype, *, expected=None, owner="GPClassifier"):
+    """Returns (X as an array of the input's namespace in ``dtype``, checked; input namespace, or None for NumPy
+    arrays and lists). ``expected``: the feature count of the fitted model X is for (``check_feature_count``);
+    None: X is training data, and a narrower ``dtype`` is checked to keep its columns' spread. ``owner``: the
+    estimator's name in scikit-learn's messages."""
+    target, reset = dtype_name(dtype), expected is None
     if is_foreign_array(X):
         xp = B.array_namespace(X)
         B.check_device(xp)  # CuPy arrays on a machine whose CUDA libraries or driver cannot compute: said first
@@ -197,22 +190,29 @@ def check_features(estimator, X, *, reset):
         X = xp.astype(X, getattr(xp, target))
         if not bool(xp.all(xp.isfinite(X))):
             raise ValueError(f"Input X contains NaN or infinity (or values too large for {target})")
-        check_feature_count(estimator, X.shape[1], reset)
+        check_feature_count(X.shape[1], expected, owner)
         return X, xp
     check_feature_values(X)
     if target != "float64":
         # checked in the input's own type (float64 for lists and integers) before the conversion, whose overflow
         # would otherwise come first, as NumPy's RuntimeWarning (a row of 1e39 given to a float32 model)
-        X = validate_data(estimator, X, reset=reset, dtype=["float64", target], ensure_all_finite=True)
+        X = _checked_array(X, ["float64", target], expected, owner)
         if X.size and np.max(np.abs(X)) > np.finfo(target).max:  # the cast would make inf
             raise ValueError(f"Input X contains NaN or infinity (or values too large for {target})")
         if reset:
             check_conversion_keeps_spread(X, target)
         return X.astype(target), None
-    return validate_data(estimator, X, reset=reset, dtype=target, ensure_all_finite=True), None
+    return _checked_array(X, target, expected, owner), None
 
 
-def check_out_of_core(estimator, X, *, reset, y=None):
+def _checked_array(X, dtype, expected, owner):
+    """Host rows through scikit-learn's ``check_array`` (2-D, finite, of ``dtype``), then their feature count."""
+    X = check_array(X, dtype=dtype, ensure_all_finite=True, estimator=owner, input_name="X")
+    check_feature_count(X.shape[1], expected, owner)
+    return X
+
+
+def check_out_of_core(X, dtype, *, expected=None, owner="GPClassifier", y=None):
     """Shape and finiteness of on-disk data, checked a chunk at a time (never all in memory), after the checks that
     read no row: X's rows against the labels' count (``y``, a fit's labels) and a zarr array's declared shape against
     the bytes its store holds (``untrusted.check_zarr_array``, as ``agpc fit`` checks a store): a shape forged to
@@ -223,7 +223,7 @@ def check_out_of_core(estimator, X, *, reset, y=None):
         if len(labels) >= 1:
             check_target_shape(labels[:1], X.shape[0])  # (the labels' own checks follow: ``host_targets``)
     check_zarr_array(X)
-    target = dtype_name(estimator.dtype)
+    target = dtype_name(dtype)
     for lo in range(0, X.shape[0], CHUNK):
         try:
             block = np.asarray(X[lo:lo + CHUNK], dtype=target)
@@ -234,7 +234,7 @@ def check_out_of_core(estimator, X, *, reset, y=None):
                              "(damaged, or a forged dtype or shape?)") from None
         if not np.all(np.isfinite(block)):
             raise ValueError(f"Input X contains NaN or infinity (rows {lo}..{lo + block.shape[0] - 1})")
-    check_feature_count(estimator, X.shape[1], reset)
+    check_feature_count(X.shape[1], expected, owner)
 
 
 def _check_label_length(classes):
@@ -248,7 +248,7 @@ def _check_label_length(classes):
                          "saved and loaded back; give the classes shorter names")
 
 
-def check_classes(estimator, found, classes=None):
+def check_classes(plan, found, classes=None):
     """The model's classes: those ``found`` in y, or the ``classes`` given (which must cover y); at least two, and
     more only for a method with a multiclass model (``agpc.methods``); each a label a model file can hold."""
     if classes is not None:
@@ -261,15 +261,15 @@ def check_classes(estimator, found, classes=None):
     _check_label_length(classes)
     if classes.shape[0] < 2:
         raise ValueError(f"y has only one class ({V.label_text(classes[0])}): a classifier needs two classes to learn")
-    method = get_method(estimator.method)
-    if estimator.likelihood == ORDINAL:  # one latent GP whatever the number of (ordered) classes
+    method = plan.spec
+    if plan.likelihood == ORDINAL:  # one latent GP whatever the number of (ordered) classes
         return classes
     if classes.shape[0] > 2 and not method.supports("multiclass"):
         raise ValueError(f"y has {classes.shape[0]} classes but method={method.name!r} is binary only: the multiclass "
                          f"model is trained by {list(methods_supporting('multiclass'))}")
-    if classes.shape[0] > 2 and method.multiclass_likelihood is not None and estimator.likelihood is not None:
+    if classes.shape[0] > 2 and method.multiclass_likelihood is not None and plan.likelihood is not None:
         raise ValueError(f"multiclass {method.name} uses the {method.multiclass_likelihood} likelihood; leave "
-                         f"likelihood=None, got {estimator.likelihood!r}")
+                         f"likelihood=None, got {plan.likelihood!r}")
     return classes
 
 
@@ -287,37 +287,37 @@ def labels_on_disk(y):
     return B.is_out_of_core(y) and not hasattr(y, "to_numpy")
 
 
-def host_targets(estimator, y, n_rows, classes=None):
+def host_targets(plan, y, n_rows, classes=None):
     """Check y (host side) and return (classes, labels as a NumPy array, or None for labels on disk, which are
     read a chunk at a time)."""
     if labels_on_disk(y):
         check_target_shape(y.shape, n_rows)
         found = np.unique(np.concatenate([np.unique(V.check_labels(y[lo:lo + CHUNK], offset=lo))
                                           for lo in range(0, n_rows, CHUNK)]))
-        return check_classes(estimator, found, classes), None
+        return check_classes(plan, found, classes), None
     if y is None:
-        raise ValueError(f"{type(estimator).__name__} requires y to be passed, but the target y is None")
+        raise ValueError(f"{plan.estimator_name} requires y to be passed, but the target y is None")
     y_host = V.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else y)
     if y_host.ndim == 2 and y_host.shape[1] == 1:
         y_host = column_or_1d(y_host, warn=True)  # warns, as scikit-learn estimators do
     check_target_shape(y_host.shape, n_rows)
     check_classification_targets(y_host)
-    return check_classes(estimator, np.unique(y_host), classes), y_host
+    return check_classes(plan, np.unique(y_host), classes), y_host
 
 
-def ordinal_labels(estimator, y, order=None, given=None):
+def ordinal_labels(plan, y, order=None, given=None):
     """An ordinal model's labels as ranks (0 .. K-1, int64, on the host) in the order of ``order`` (default: the
     classes ``given`` in their order, else the estimator's ``classes``, else y's sorted distinct labels), and that
     order (a NumPy array): the classes of an
     ordinal model are ordered, and its labels travel as their ranks (whose sorted order is the model's). A label
     not among the classes, or classes given twice or fewer than two, is one ValueError."""
     if y is None:
-        raise ValueError(f"{type(estimator).__name__} requires y to be passed, but the target y is None")
+        raise ValueError(f"{plan.estimator_name} requires y to be passed, but the target y is None")
     y_host = V.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y))
     if y_host.ndim == 2 and y_host.shape[1] == 1:
         y_host = column_or_1d(y_host, warn=True)
     if order is None:
-        given = getattr(estimator, "classes", None) if given is None else given
+        given = plan.classes if given is None else given
         order = np.unique(y_host) if given is None else V.check_labels(given, what="classes")
         if order.ndim == 1 and np.unique(order).shape[0] != order.shape[0]:
             values, counts = np.unique(order, return_counts=True)
@@ -328,6 +328,19 @@ def ordinal_labels(estimator, y, order=None, given=None):
             raise ValueError(f"classes must list at least two distinct labels, in their order, got {order.tolist()}")
     _check_label_length(order)
     return V.label_ranks(y_host, order), order
+
+
+def rows_and_features(X):
+    """(rows, features) of X as given, before its checks: what a fit's plan counts (``FitPlan.for_rows``) and its
+    BLAS scope is sized by. Lists and array-likes are read through NumPy; what cannot be (the checks will say why)
+    counts as 1 x 1."""
+    shape = getattr(X, "shape", None)
+    if shape is None:
+        try:
+            shape = np.asarray(X).shape
+        except (TypeError, ValueError):
+            shape = ()
+    return (int(shape[0]) if len(shape) else 1), (int(shape[1]) if len(shape) > 1 else 1)
 
 
 def check_known_shapes(X, y=None):
@@ -356,32 +369,32 @@ def data_files(*arrays):
     return files
 
 
-def check_fit_paths(estimator, X, y, resume, stacklevel=4):
+def check_fit_paths(plan, X, y, resume, stacklevel=4):
     """The paths a fit reads and writes, checked before any work (a bad path must not cost the fit): the
     checkpoint to resume from, the checkpoint path (writable, not one of the training data's files) and the site
     directory. A ``checkpoint_path`` that nothing will write or read is warned about (at ``stacklevel``)."""
-    if resume and estimator.checkpoint_path is None:
+    if resume and plan.checkpoint_path is None:
         raise ValueError(NEEDS_CHECKPOINT_PATH)
     if resume:
-        check_resume_path(estimator.checkpoint_path)
-    if estimator.checkpoint_every is not None:
-        check_checkpoint_path(estimator.checkpoint_path, inputs=data_files(X, y), resume=bool(resume))
-    elif estimator.checkpoint_path is not None and not resume:  # a path alone writes nothing (a resume reads it)
-        warnings.warn(f"checkpoint_path={str(estimator.checkpoint_path)!r} is set without checkpoint_every: no "
+        check_resume_path(plan.checkpoint_path)
+    if plan.checkpoint_every is not None:
+        check_checkpoint_path(plan.checkpoint_path, inputs=data_files(X, y), resume=bool(resume))
+    elif plan.checkpoint_path is not None and not resume:  # a path alone writes nothing (a resume reads it)
+        warnings.warn(f"checkpoint_path={str(plan.checkpoint_path)!r} is set without checkpoint_every: no "
                       "checkpoint will be written (set checkpoint_every, a number of steps)", UserWarning,
                       stacklevel=stacklevel)
-    if estimator.site_directory is not None:
-        check_site_directory(estimator.site_directory)
+    if plan.site_directory is not None:
+        check_site_directory(plan.site_directory)
 
 
-def device_targets(estimator, y, n_rows, classes, xp, device):
+def device_targets(plan, y, n_rows, classes, xp, device):
     """Numeric labels held by an array-API library: checked and encoded (as ``encode_labels`` does) on their
     device, without a copy to the host. Returns (encoded labels in ``xp`` on ``device``, classes)."""
     yx = B.array_namespace(y)
     check_target_shape(y.shape, n_rows)
     distinct = V.check_labels(B.to_numpy(yx.unique_values(y)), what="y (its distinct values)")
-    classes = check_classes(estimator, np.sort(distinct), classes)
-    target = dtype_name(estimator.dtype)
+    classes = check_classes(plan, np.sort(distinct), classes)
+    target = plan.dtype
     dtype = getattr(yx, target)
 
     def is_class(c):
@@ -396,11 +409,11 @@ def device_targets(estimator, y, n_rows, classes, xp, device):
     return B.asarray_like(encoded, xp, device=device, dtype=getattr(xp, target)), classes
 
 
-def initial_sample(estimator, X, xp, dtype, check_spread=False):
+def initial_sample(plan, X, xp, dtype, check_spread=False):
     """At most ``INIT_SAMPLE`` rows of data read a block at a time, drawn at random (sorted: one pass), in
     the compute namespace: what the kernel and the inducing points are initialised from. ``check_spread``:
     the sample, in the file's own type, is checked to keep its columns' spread in ``dtype`` first."""
-    rows = sample_row_indices(estimator, X.shape[0])
+    rows = sample_row_indices(plan, X.shape[0])
     if rows is None:  # as the in-memory path: all rows, no draw (same seed, same model)
         sample = np.asarray(X[0:X.shape[0]])
     else:
@@ -409,7 +422,7 @@ def initial_sample(estimator, X, xp, dtype, check_spread=False):
         except (IndexError, TypeError):  # array-likes without integer-array indexing (zarr: oindex)
             sample = np.asarray(X.oindex[rows, :])
     if check_spread:
-        check_conversion_keeps_spread(sample, estimator.dtype, what="X (a sample of its rows)")
+        check_conversion_keeps_spread(sample, plan.dtype, what="X (a sample of its rows)")
     return B.asarray_like(sample, xp, dtype=dtype)
 
 
@@ -435,15 +448,16 @@ def default_kernel(X, weights=None):
     return RBF(lengthscales=list(lengthscales), amplitude=1.0, noise=1e-3)
 
 
-def note_tf32(estimator, xp, stacklevel=4):
-    """``estimator.tf32_``: whether the float32 products of its fit run in TF32 (``backend.uses_tf32``), said once
-    a fit by a ``backend.TF32Warning`` (at ``stacklevel``)."""
-    estimator.tf32_ = B.uses_tf32(xp, dtype_name(estimator.dtype))
-    if estimator.tf32_:
+def note_tf32(plan, xp, stacklevel=4):
+    """Whether the float32 products of the plan's fit run in TF32 (``backend.uses_tf32``; the estimator's
+    ``tf32_``), said once a fit by a ``backend.TF32Warning`` (at ``stacklevel``)."""
+    tf32 = B.uses_tf32(xp, plan.dtype)
+    if tf32:
         warnings.warn("float32 products on the GPU run in TF32 (CUPY_TF32 is set): about 3 significant digits per "
                       "product instead of 7, so this fit differs from NumPy's float32 by far more than round-off; "
                       "unset CUPY_TF32 before CuPy's first float32 product for float32 accuracy", B.TF32Warning,
                       stacklevel=stacklevel)
+    return tf32
 
 
 def stays_on_host(X, xp, device):
@@ -470,67 +484,69 @@ class TrainingInputs(NamedTuple):
     class_labels: Any = None  # a dask array's ordinal classes as the user names them (``classes``: their ranks)
 
 
-def training_inputs(estimator, X, y, *, reset, target_xp=None, classes=None):
+def training_inputs(plan, X, y, *, target_xp=None, classes=None):
     """Validated training data in the compute namespace (``target_xp``, the estimator's ``backend``; None: the
-    input's own namespace and device, NumPy for lists), a ``TrainingInputs``."""
-    target = dtype_name(estimator.dtype)
+    input's own namespace and device, NumPy for lists), a ``TrainingInputs``. Rows for a fitted model
+    (``FitPlan.n_features`` known: ``partial_fit`` continuing it) must have its features; new training data have
+    their columns' spread checked against a narrower ``dtype``."""
+    target, reset = plan.dtype, plan.n_features is None
     if B.is_out_of_core(X):
-        check_out_of_core(estimator, X, reset=reset, y=y)
-        classes, _ = host_targets(estimator, y, X.shape[0], classes)
+        check_out_of_core(X, target, expected=plan.n_features, owner=plan.estimator_name, y=y)
+        classes, _ = host_targets(plan, y, X.shape[0], classes)
         xp = target_xp or B.resolve_backend("numpy")
         dtype = getattr(xp, target)
         like = xp.zeros((1,), dtype=dtype)
-        sample = initial_sample(estimator, X, xp, dtype, check_spread=reset)
+        sample = initial_sample(plan, X, xp, dtype, check_spread=reset)
         return TrainingInputs(X, EncodedLabels(y, classes), classes, sample, xp, B.array_device(like))
-    X, in_xp = check_features(estimator, X, reset=reset)
+    X, in_xp = check_features(X, target, expected=plan.n_features, owner=plan.estimator_name)
     xp = target_xp or in_xp or B.resolve_backend("numpy")
     dtype = getattr(xp, target)
     device = B.array_device(X) if (in_xp is not None and target_xp is None) else None
     if in_xp is None and stays_on_host(X, xp, device):  # moved a block at a time, as data on disk
-        classes, y_host = host_targets(estimator, y, X.shape[0], classes)
+        classes, y_host = host_targets(plan, y, X.shape[0], classes)
         X = B.HostRows(X)
         device = B.array_device(xp.zeros((1,), dtype=dtype, device=device))
-        return TrainingInputs(X, V.encode_labels(y_host, classes), classes, initial_sample(estimator, X, xp, dtype),
+        return TrainingInputs(X, V.encode_labels(y_host, classes), classes, initial_sample(plan, X, xp, dtype),
                               xp, device)
     Xc = B.asarray_like(X, xp, device=device, dtype=dtype)
     device = B.array_device(Xc)
     if is_foreign_array(y):  # labels on a device stay there: only the (at most two) classes come back
-        y_encoded, classes = device_targets(estimator, y, X.shape[0], classes, xp, device)
+        y_encoded, classes = device_targets(plan, y, X.shape[0], classes, xp, device)
     else:
-        classes, y_host = host_targets(estimator, y, X.shape[0], classes)
+        classes, y_host = host_targets(plan, y, X.shape[0], classes)
         y_encoded = B.asarray_like(V.encode_labels(y_host, classes), xp, device=device, dtype=dtype)
-    return TrainingInputs(Xc, y_encoded, classes, sample_rows(estimator, Xc), xp, device)
+    return TrainingInputs(Xc, y_encoded, classes, sample_rows(plan, Xc), xp, device)
 
 
-def sample_rows(estimator, X):
+def sample_rows(plan, X):
     """The rows of X (in memory, any namespace) that the kernel and the inducing points are initialised from: all
     of them up to ``INIT_SAMPLE``, else that many drawn at random as ``initial_sample`` draws them from data on disk
     (the same rows, so a fit gives the same model from either). The default kernel's column scales over 2 million
     rows took a second of a fit's set-up; over the sample, a few milliseconds."""
-    rows = sample_row_indices(estimator, X.shape[0])
+    rows = sample_row_indices(plan, X.shape[0])
     if rows is None:
         return X
     xp = B.array_namespace(X)
     return xp.take(X, xp.asarray(rows, device=B.array_device(X)), axis=0)
 
 
-def sample_row_indices(estimator, n):
+def sample_row_indices(plan, n):
     """Which of n training rows the kernel and the inducing points are initialised from, wherever the rows are (in
     memory, on disk, on a dask cluster): None for all of them (up to ``INIT_SAMPLE``: no draw, so the same seed
     gives the same model), else ``INIT_SAMPLE`` rows drawn by a generator of their own from the estimator's
     ``random_state`` (the training's generator is not advanced by it), sorted (one pass over data on disk)."""
     if n <= INIT_SAMPLE:
         return None
-    return np.sort(B.host_rng(estimator.random_state).choice(n, size=INIT_SAMPLE, replace=False))
+    return np.sort(B.host_rng(plan.random_state).choice(n, size=INIT_SAMPLE, replace=False))
 
 
-def sample_weights(estimator, weights, n, client=None):
+def sample_weights(plan, weights, n, client=None):
     """The weights (host, float64) of the rows a fit's start is read from (``sample_row_indices`` of its n rows),
     or None without weights: ``weights`` as the training loop takes them (an array of the compute namespace, or a
     dask array, whose sampled weights ``client`` brings here: at most ``INIT_SAMPLE`` numbers)."""
     if weights is None:
         return None
-    rows = sample_row_indices(estimator, n)
+    rows = sample_row_indices(plan, n)
     if B.is_dask_array(weights):
         picked = weights if rows is None else weights[rows]
         return np.asarray(client.compute(picked, sync=True) if client is not None else picked.compute(),
@@ -539,11 +555,11 @@ def sample_weights(estimator, weights, n, client=None):
     return host if rows is None else host[rows]
 
 
-def start_of(estimator, inputs, weights):
+def start_of(plan, inputs, weights):
     """The rows a fit's start (default kernel, priors, inducing points, cut points) is read from, with their counts:
     ``inducing.start_rows`` of the sample (``TrainingInputs.sample``) and its rows' ``weights`` (the loop's,
     ``sample_weights``). Rows that each count once: (the sample, None), the start as it always was."""
-    return start_rows(inputs.sample, sample_weights(estimator, weights, inputs.X.shape[0], inputs.client))
+    return start_rows(inputs.sample, sample_weights(plan, weights, inputs.X.shape[0], inputs.client))
 
 
 def rows_counted(weights, n):
@@ -584,8 +600,9 @@ def _digest(values):
     return hashlib.sha256(values if isinstance(values, bytes) else np.ascontiguousarray(values).tobytes()).digest()
 
 
-def validation_set(estimator, validation_data, classes, xp, device, client=None):
-    """``validation_data`` checked as the training data are (features: count, finiteness, shape; labels:
+def validation_set(plan, validation_data, classes, n_features, xp, device, client=None):
+    """``validation_data`` checked as the training data are (features: finiteness, shape, the training data's
+    ``n_features``; labels:
     1-D, one per row, no missing ones, among the training classes), every error naming validation_data;
     returned as the loop takes it (compute namespace, labels encoded). Dask arrays are brought to this process
     whole by ``client`` (they are scored here: keep them small)."""
@@ -596,7 +613,7 @@ def validation_set(estimator, validation_data, classes, xp, device, client=None)
         validation_data = client.compute(list(validation_data), sync=True)
     X_val, y_val = validation_data
     try:
-        X_val, _ = check_features(estimator, X_val, reset=False)
+        X_val, _ = check_features(X_val, plan.dtype, expected=n_features, owner=plan.estimator_name)
     except ValueError as error:  # the same message as for training data, saying which data it is about
         raise ValueError(f"validation_data: X_val: {error}") from error
     labels = V.check_labels(B.to_numpy(y_val) if B.is_array_api_obj(y_val) else y_val, what="validation_data: y_val")
@@ -608,7 +625,7 @@ def validation_set(estimator, validation_data, classes, xp, device, client=None)
     if unknown.size:
         raise ValueError(f"validation_data: y_val has labels {unknown.tolist()} that are not among the training "
                          f"classes {classes.tolist()}")
-    dtype = getattr(xp, dtype_name(estimator.dtype))
+    dtype = getattr(xp, plan.dtype)
     return (B.asarray_like(X_val, xp, device=device, dtype=dtype),
             B.asarray_like(V.encode_labels(labels, classes), xp, device=device, dtype=dtype))
 
@@ -624,7 +641,7 @@ def check_n_total(n_total, rows):
                          f"of rows the model stands for), got {n_total!r}")
 
 
-def training_weights(estimator, sample_weight, inputs, *, every_class=True, class_labels=None):
+def training_weights(plan, sample_weight, inputs, *, every_class=True, class_labels=None):
     """The rows' weights for the training loop: ``sample_weight`` (checked, ``validation.check_sample_weight``)
     times ``class_weight``'s weight of each row's class (``class_weights``), as an array of the compute namespace and
     dtype; None when neither is given (the unweighted fit, unchanged). A method that does not weight the rows refuses
@@ -632,30 +649,30 @@ def training_weights(estimator, sample_weight, inputs, *, every_class=True, clas
     weight (a fit's rows; not one ``partial_fit`` call's, which need not hold every class). ``class_labels``: the
     classes as the user names them, when the labels travel as their ranks (an ordinal model's). Rows on a cluster:
     ``dask_inputs.training_weights``."""
-    if sample_weight is None and estimator.class_weight is None:
+    if sample_weight is None and plan.class_weight is None:
         return None
     n = inputs.X.shape[0]
     weights = np.ones(n) if sample_weight is None else V.check_sample_weight(sample_weight, n)
     encoded = B.to_numpy(inputs.y[0:n])  # (labels on disk: read once, as the n weights are held in memory)
     class_index = row_classes(encoded, len(inputs.classes))
-    per_class = class_weights(estimator, inputs.classes, np.bincount(class_index, minlength=len(inputs.classes)),
+    per_class = class_weights(plan, inputs.classes, np.bincount(class_index, minlength=len(inputs.classes)),
                               class_labels)
     if per_class is not None:
         weights = weights * per_class[class_index]
     heaviest = int(np.argmax(weights))
-    V.check_weight_scale(float(weights[heaviest]), heaviest, dtype_name(estimator.dtype))
-    if every_class and every_class_needs_weight(estimator):
+    V.check_weight_scale(float(weights[heaviest]), heaviest, plan.dtype)
+    if every_class and every_class_needs_weight(plan):
         V.check_positive_per_class(weights, class_index, inputs.classes)
-    refuse_unweighted_method(estimator)
-    dtype = getattr(inputs.xp, dtype_name(estimator.dtype))
+    refuse_unweighted_method(plan)
+    dtype = getattr(inputs.xp, plan.dtype)
     return B.asarray_like(weights, inputs.xp, device=inputs.device, dtype=dtype)
 
 
-def every_class_needs_weight(estimator):
+def every_class_needs_weight(plan):
     """Whether a fit needs a row of positive weight in every class (else the class is not in the weighted data): not
     an ordinal model's, whose classes are given and one may be absent from y (it keeps an interval of its own,
     docs/ordinal.md), weighted or not."""
-    return estimator.likelihood != ORDINAL
+    return plan.likelihood != ORDINAL
 
 
 def row_classes(encoded, n_classes):
@@ -663,12 +680,12 @@ def row_classes(encoded, n_classes):
     return (encoded > 0).astype(np.intp) if n_classes == 2 else encoded.astype(np.intp)
 
 
-def class_weights(estimator, classes, counts, class_labels=None):
+def class_weights(plan, classes, counts, class_labels=None):
     """``class_weight``'s weight of each class (None without one), scikit-learn's meanings: "balanced" is
     n / (n_classes * count of the class) (``sklearn.utils.class_weight.compute_class_weight``'s formula, from the
     classes' ``counts``), a dict maps classes to weights, the others 1. ``class_labels``: the user's names of
     ``classes`` when the labels travel as ranks (an ordinal model's), which a dict's keys name."""
-    class_weight = estimator.class_weight
+    class_weight = plan.class_weight
     if class_weight is None:
         return None
     named = classes if class_labels is None else np.asarray(class_labels)
@@ -695,22 +712,22 @@ def class_weights(estimator, classes, counts, class_labels=None):
     return per_class
 
 
-def refuse_unweighted_method(estimator):
+def refuse_unweighted_method(plan):
     """A method that does not weight the rows refuses weights (one ValueError naming it)."""
-    if not supports(estimator.method, "sample_weight"):
-        raise ValueError(f"sample_weight / class_weight: method={estimator.method!r} does not take row weights yet "
+    if not supports(plan.method, "sample_weight"):
+        raise ValueError(f"sample_weight / class_weight: method={plan.method!r} does not take row weights yet "
                          f"(docs/weights.md; the methods that do: {list(methods_supporting('sample_weight'))})")
 
 
-def stream_weights(estimator, sample_weight, inputs, class_labels=None):
+def stream_weights(plan, sample_weight, inputs, class_labels=None):
     """``partial_fit``'s weights of this call's rows (``training_weights``); "balanced" is refused, as scikit-learn's
     ``partial_fit`` refuses it: a batch's class counts are not the stream's. ``class_labels``: as for
     ``training_weights``."""
-    if estimator.class_weight == "balanced":
+    if plan.class_weight == "balanced":
         raise ValueError("class_weight='balanced' is not supported by partial_fit (a batch's class counts are not the "
                          "stream's): pass the weights of each class as a dict, e.g. from "
                          "sklearn.utils.class_weight.compute_class_weight('balanced', classes=classes, y=y)")
-    return training_weights(estimator, sample_weight, inputs, every_class=False, class_labels=class_labels)
+    return training_weights(plan, sample_weight, inputs, every_class=False, class_labels=class_labels)
 
 
 def score_weights(sample_weight, n_rows):

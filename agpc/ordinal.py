@@ -13,7 +13,6 @@ import numpy as np
 from . import backend as B
 from . import dask_inputs as D
 from . import inputs as I
-from . import methods as M
 from . import validation as V
 from .kernels import OrdinalKernel
 
@@ -21,51 +20,53 @@ __all__ = ["check_params", "ranked_inputs", "stream_labels", "latent_kernel", "s
            "class_counts", "initial_cut_points"]
 
 
-def check_params(estimator):
+def check_params(plan):
     """An ``OrdinalKernel`` and ``classes=`` belong to an ordinal model only: one ValueError otherwise."""
-    if isinstance(estimator.kernel, OrdinalKernel) and estimator.likelihood != M.ORDINAL:
+    if isinstance(plan.kernel, OrdinalKernel) and not plan.ordinal:
         raise ValueError("kernel: an OrdinalKernel (a latent kernel and cut points) is the kernel of "
-                         f"likelihood='ordinal', not of likelihood={estimator.likelihood!r}")
-    if estimator.classes is not None and estimator.likelihood != M.ORDINAL:
+                         f"likelihood='ordinal', not of likelihood={plan.likelihood!r}")
+    if plan.classes is not None and not plan.ordinal:
         raise ValueError("classes= gives the order of ordered classes (likelihood='ordinal'); other models take "
-                         f"their classes from y, got classes={estimator.classes!r} with "
-                         f"likelihood={estimator.likelihood!r}")
+                         f"their classes from y, got classes={plan.classes!r} with "
+                         f"likelihood={plan.likelihood!r}")
 
 
-def ranked_inputs(estimator, place, X, y, target_xp, validation_data):
+def ranked_inputs(plan, place, X, y, target_xp, validation_data):
     """The ``inputs.TrainingInputs`` of (X, y) from ``place`` (an ``agpc.placement.Placement``), an ordinal model's
     labels as their ranks in the classes' order: returns (inputs, the classes in their order or None for another
     model, the ranks or y, validation_data with its labels as ranks). In memory the labels are ranked here
     (``inputs.ordinal_labels``); on a cluster by tasks on the workers, the order from the distinct labels computed
     there (``dask_inputs.training_inputs``); a label not among ``classes=`` is the same ValueError."""
-    if estimator.likelihood != M.ORDINAL:
+    if not plan.ordinal:
         return place.training_inputs(X, y, target_xp), None, y, validation_data
     if place.on_cluster:
         inputs = place.training_inputs(X, y, target_xp)
         order, ranks = inputs.class_labels, inputs.y
     else:
-        ranks, order = I.ordinal_labels(estimator, y)
+        ranks, order = I.ordinal_labels(plan, y)
         inputs = place.training_inputs(X, ranks, target_xp, classes=np.arange(len(order)))
     if validation_data is not None:
-        validation_data = (validation_data[0], I.ordinal_labels(estimator, validation_data[1], order)[0])
+        validation_data = (validation_data[0], I.ordinal_labels(plan, validation_data[1], order)[0])
     return inputs, order, ranks, validation_data
 
 
-def stream_labels(estimator, y, classes, fitted):
+def stream_labels(plan, y, classes, fitted_classes):
     """``partial_fit``'s labels: (y as ``inputs.training_inputs`` takes it, the classes to pass it, the classes in
     their order or None for another model). An ordinal model's first call fixes the order (its ``classes``
-    argument or the estimator's ``classes=``: both given and different is one ValueError; neither, the call's sorted
-    distinct labels) and every call's labels become their ranks in it (a label not among them is refused)."""
-    if estimator.likelihood != M.ORDINAL:
-        return y, estimator.classes_ if fitted else classes, None
-    order = estimator.classes_ if fitted else None
-    if not fitted and classes is not None and estimator.classes is not None and not (
-            len(classes) == len(estimator.classes) and np.array_equal(np.asarray(classes),
-                                                                       np.asarray(estimator.classes))):
+    argument or the plan's ``classes=``: both given and different is one ValueError; neither, the call's sorted
+    distinct labels) and every call's labels become their ranks in it (a label not among them is refused).
+    ``fitted_classes``: the classes of the model the call continues (None: the stream's first call)."""
+    fitted = fitted_classes is not None
+    if not plan.ordinal:
+        return y, fitted_classes if fitted else classes, None
+    order = fitted_classes
+    if not fitted and classes is not None and plan.classes is not None and not (
+            len(classes) == len(plan.classes) and np.array_equal(np.asarray(classes),
+                                                                       np.asarray(plan.classes))):
         raise ValueError(f"partial_fit's classes={V.label_text(list(classes))} differ from the estimator's classes="
-                         f"{V.label_text(list(estimator.classes))}: the classes of an ordinal model are given once, in "
+                         f"{V.label_text(list(plan.classes))}: the classes of an ordinal model are given once, in "
                          "their order")
-    ranks, order = I.ordinal_labels(estimator, y, order, given=classes)
+    ranks, order = I.ordinal_labels(plan, y, order, given=classes)
     return ranks, np.arange(len(order)), order
 
 
@@ -75,13 +76,13 @@ def latent_kernel(kernel):
     return kernel.latent if isinstance(kernel, OrdinalKernel) else kernel
 
 
-def start_kernel(estimator, kernel, ranks, n_classes, inputs, weights, start):
+def start_kernel(plan, kernel, ranks, n_classes, inputs, weights, start):
     """The initial latent ``kernel`` with an ordinal model's starting cut points: those of an ``OrdinalKernel``
     given as ``kernel=``, else from the weighted class counts of the ``ranks`` (``initial_cut_points``; rows on a
     cluster: counted there, from their encoded labels) and the prior's spread over ``start`` (the rows and counts a
     fit starts from, ``inputs.start_of``)."""
-    if isinstance(estimator.kernel, OrdinalKernel):
-        cut_points = given_cut_points(estimator.kernel, n_classes)
+    if isinstance(plan.kernel, OrdinalKernel):
+        cut_points = given_cut_points(plan.kernel, n_classes)
     elif inputs.client is not None:
         cut_points = initial_cut_points(D.class_counts(inputs.client, ranks, n_classes, weights), kernel, *start)
     else:

@@ -17,19 +17,16 @@ import contextlib
 import warnings
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from . import backend as B
 from . import dask_inputs as D
 from . import inputs as I
-from . import methods as M
 from . import size_rule, threads
 from . import workers as W
 from .batch_size import gpu_block_rows, rows_per_step
 from .inference.dask_engine import ChunkedRows, DaskPasses
 from .inference.data_parallel import DataParallel, RowsOnWorkers, refusal
 
-__all__ = ["LOCAL_CHUNK_ROWS", "PlacedRows", "Placement", "n_jobs_for", "minibatches", "in_process_cores",
+__all__ = ["LOCAL_CHUNK_ROWS", "PlacedRows", "Placement", "n_jobs_for", "in_process_cores",
            "useful_processes", "local_chunk_rows", "blas_scope"]
 
 # Rows per chunk of a fit in local worker processes (``n_jobs``): the dask protocol's chunks (the 200,000-row check
@@ -45,20 +42,21 @@ class PlacedRows(NamedTuple):
     passes: Any  # where the engine's passes run: None (in this process), ``exact_ep`` (the exact model), ``DaskPasses``
     rounds: Any  # a ``DataParallel`` whose rounds are the steps (rows on workers), or None
     batch_size: Any  # rows a step (None: the full batch), or a data-parallel round's
-    block_rows: Any  # rows a block of a pass (None: the estimator's ``block_rows``)
+    block_rows: Any  # rows a block of a pass (None: the plan's ``block_rows``)
     weights: Any = None  # the rows' weights as the loop takes them (where the rows are), or None
 
 
 class Placement:
-    """The place of one fit's rows (module docstring), for ``estimator`` and training data X. Used as a context
+    """The place of one fit's rows (module docstring), for its ``plan.FitPlan`` (its rows counted:
+    ``FitPlan.for_rows``) and training data X. Used as a context
     manager: ``training_inputs`` checks the rows (starting a ``LocalCluster`` for a dask array when there is no
     client), ``start`` starts local worker processes before the initial model is placed, ``rows`` gives the loop
     its rows after it; leaving the block ends all of them."""
 
-    def __init__(self, estimator, X):
-        self.estimator = estimator
+    def __init__(self, plan, X):
+        self.plan = plan
         self.on_cluster = B.is_dask_array(X)
-        self.n_jobs = 1  # the workers of the fit (``n_jobs_``): batch passes' threads, or ...
+        self.n_jobs = 1  # the workers of the fit (the estimator's ``n_jobs_``): batch passes' threads, or ...
         self.processes = 1  # ... the processes of minibatch rounds on this machine
         self._owned_client = self._pool = self._runner = None  # what this place started, ended by ``__exit__``
         self._shared, self._futures = [], []
@@ -87,23 +85,21 @@ class Placement:
         ``dask_inputs.training_inputs`` on the cluster of a dask array (its checks before the cluster is sought).
         ``classes``: the model's classes when y need not hold them all (an ordinal model's ranks)."""
         if not self.on_cluster:
-            return I.training_inputs(self.estimator, X, y, reset=True, target_xp=target_xp, classes=classes)
-        X, y, given = D.checked_arrays(self.estimator, X, y)
-        client, self._owned_client = D.cluster_client(self.estimator.client)
-        inputs = D.training_inputs(self.estimator, X, y, given, client)
+            return I.training_inputs(self.plan, X, y, target_xp=target_xp, classes=classes)
+        X, y, given = D.checked_arrays(self.plan, X, y)
+        client, self._owned_client = D.cluster_client(self.plan.client)
+        inputs = D.training_inputs(self.plan, X, y, given, client)
         self._futures = inputs.pending
         return inputs
 
     def start(self, inputs):
-        """Before the initial model: the workers rows in this process train on (``n_jobs_for``, recorded as the
-        estimator's ``n_jobs_``; not for a dask array, whose workers are the cluster's), those beyond this one
+        """Before the initial model: the workers rows in this process train on (``n_jobs_for``; ``n_jobs``, the
+        estimator's ``n_jobs_``; not for a dask array, whose workers are the cluster's: 1), those beyond this one
         started now (they import agpc while this process places the inducing points)."""
         if self.on_cluster:
             return
-        latents = 2 if self.estimator.likelihood == M.ORDINAL else len(inputs.classes)  # (ordinal: one latent GP)
-        n = inputs.X.shape[0]
-        self.n_jobs = self.estimator.n_jobs_ = n_jobs_for(self.estimator, inputs.xp, n, latents)
-        if self.n_jobs > 1 and minibatches(self.estimator, n):  # (batch passes: n_jobs threads, ``blas_scope``)
+        self.n_jobs = n_jobs_for(self.plan, inputs.xp, self.plan.latents(len(inputs.classes)))
+        if self.n_jobs > 1 and self.plan.minibatch:  # (batch passes: n_jobs threads, ``blas_scope``)
             self.processes = self.n_jobs
             self._pool = W.LocalWorkers(self.n_jobs, preload=("agpc.inference.data_parallel",))
 
@@ -112,9 +108,9 @@ class Placement:
         chunked as the rows, checked there), or None; kept for ``rows``, which places them beside the rows.
         ``class_labels``: the classes as the user names them when the labels travel as ranks (an ordinal model's)."""
         if self.on_cluster:
-            self._weights = D.training_weights(self.estimator, sample_weight, inputs, class_labels=class_labels)
+            self._weights = D.training_weights(self.plan, sample_weight, inputs, class_labels=class_labels)
         else:
-            self._weights = I.training_weights(self.estimator, sample_weight, inputs, class_labels=class_labels)
+            self._weights = I.training_weights(self.plan, sample_weight, inputs, class_labels=class_labels)
         return self._weights
 
     def rows(self, inputs, Z, rng, exact=None):
@@ -126,34 +122,33 @@ class Placement:
             return self._on_cluster(inputs, rng)
         if self.processes > 1:
             return self._in_local_workers(inputs, Z, rng)
-        batch_size = rows_per_step(self.estimator, n, inputs.xp, Z, len(inputs.classes))
+        batch_size = rows_per_step(self.plan, n, inputs.xp, Z, len(inputs.classes))  # (a GPU's: sized for Z)
         return PlacedRows(inputs.X, inputs.y, exact, None, batch_size,
-                          gpu_block_rows(self.estimator, batch_size, inputs.xp), self._weights)
+                          gpu_block_rows(self.plan, batch_size, inputs.xp), self._weights)
 
     def _in_local_workers(self, inputs, Z, rng):
-        estimator, X, n = self.estimator, inputs.X, inputs.X.shape[0]
+        plan, X, n = self.plan, inputs.X, inputs.X.shape[0]
         seed = int(rng.integers(2**62))
-        order = rng.permutation(n) if estimator.shuffle and not B.is_out_of_core(X) else None
+        order = rng.permutation(n) if plan.shuffle and not B.is_out_of_core(X) else None
         weighted = self._weights is not None  # (the weights shared beside the rows, in the same order)
         self._shared = W.share_rows([X, inputs.y] + [B.to_numpy(self._weights)] * weighted,
                                     local_chunk_rows(n, self.n_jobs), order=order, dtypes=[Z.dtype] * (2 + weighted))
-        self._runner = rounds = DataParallel(self._pool, *self._shared[:2], batch_size=rows_per_step(estimator, n),
-                                             local_steps=estimator.local_steps, seed=seed,
-                                             site_directory=estimator.site_directory,
+        self._runner = rounds = DataParallel(self._pool, *self._shared[:2], batch_size=plan.step_rows,
+                                             local_steps=plan.local_steps, seed=seed,
+                                             site_directory=plan.site_directory,
                                              weights=self._shared[2] if weighted else None)
         return PlacedRows(RowsOnWorkers(X.shape, Z.dtype), RowsOnWorkers((n,), Z.dtype), None, rounds,
                           rounds.rows_per_round, None, RowsOnWorkers((n,), Z.dtype) if weighted else None)
 
     def _on_cluster(self, inputs, rng):
         D.check_finite_chunks(inputs)
-        estimator, client, X, y = self.estimator, inputs.client, inputs.X, inputs.y
-        batch_size = rows_per_step(estimator, X.shape[0])
-        minibatch = batch_size is not None and batch_size < X.shape[0]
-        if minibatch and estimator.local_steps != 0:  # data-parallel rounds: the rows stay on the workers
+        plan, client, X, y = self.plan, inputs.client, inputs.X, inputs.y
+        batch_size, minibatch = plan.step_rows, plan.minibatch
+        if minibatch and plan.local_steps != 0:  # data-parallel rounds: the rows stay on the workers
             if inputs.blocks[0] is not None:  # (X persisted: the labels too, encoded, n floats on the workers)
                 y = client.persist(y)
-            self._runner = rounds = DataParallel(client, X, y, batch_size=batch_size, local_steps=estimator.local_steps,
-                                                 seed=int(rng.integers(2**62)), site_directory=estimator.site_directory,
+            self._runner = rounds = DataParallel(client, X, y, batch_size=batch_size, local_steps=plan.local_steps,
+                                                 seed=int(rng.integers(2**62)), site_directory=plan.site_directory,
                                                  weights=self._weights)
             return PlacedRows(RowsOnWorkers(X.shape, X.dtype), RowsOnWorkers(y.shape, y.dtype), None, rounds,
                               rounds.rows_per_round, None, None if self._weights is None else RowsOnWorkers(
@@ -161,64 +156,57 @@ class Placement:
         if minibatch:  # minibatches: chunks come to the driver in turn (SVI: a step per minibatch there)
             return PlacedRows(ChunkedRows(X, client), ChunkedRows(y, client), None, None, batch_size, None,
                               None if self._weights is None else ChunkedRows(self._weights, client))
-        if not M.supports(estimator.method, "dask_batch"):
-            raise ValueError(f"{estimator.method} on a dask array trains on minibatches (batch_size below the number "
+        if not plan.spec.supports("dask_batch"):
+            raise ValueError(f"{plan.method} on a dask array trains on minibatches (batch_size below the number "
                              "of rows): a full-batch step would bring every row to the driver")
-        self._runner = passes = DaskPasses(client, X.chunks[0], site_directory=estimator.site_directory)
+        self._runner = passes = DaskPasses(client, X.chunks[0], site_directory=plan.site_directory)
         return PlacedRows(X, y, passes, None, batch_size, None, self._weights)
 
 
-def n_jobs_for(estimator, xp, n, n_classes):
-    """The workers a fit of n rows in this process uses (``n_jobs``; ``n_jobs_``). Minibatches of a method with
+def n_jobs_for(plan, xp, n_classes):
+    """The workers the plan's fit of its rows in this process uses (``n_jobs``; ``n_jobs_``). Minibatches of a method with
     data-parallel rounds, on NumPy data: that many processes (``useful_processes``); an ``n_jobs > 1`` those
     rounds cannot take is refused when it was given, and gives 1 when it came from an enclosing
     ``joblib.parallel_config``. Batch passes: that many threads over the row blocks, and the BLAS thread rule within
     that many cores (``in_process_cores``: the exact model's n x n algebra too), for NumPy data; on another
     library's arrays (a GPU, which runs its own parallelism) one, said in a warning when more were asked. Fewer
     than asked is said once in a warning."""
-    count, _ = W.resolve_n_jobs(estimator.n_jobs)
+    count, _ = W.resolve_n_jobs(plan.n_jobs)
     if count == 1:
         return 1
-    batch_size = rows_per_step(estimator, n)
-    spec = M.get_method(estimator.method)
-    if not minibatches(estimator, n):  # batch passes in this process: threads over the row blocks
+    spec = plan.spec
+    if not plan.minibatch:  # batch passes in this process: threads over the row blocks
         if not B.is_numpy_namespace(xp):
-            if estimator.n_jobs is not None:
-                warnings.warn(f"n_jobs={estimator.n_jobs}: a batch pass on {xp.__name__} arrays runs on their device, "
+            if plan.n_jobs is not None:
+                warnings.warn(f"n_jobs={plan.n_jobs}: a batch pass on {xp.__name__} arrays runs on their device, "
                               "which spreads the work itself: one worker (n_jobs_=1)", UserWarning, stacklevel=6)
             return 1
-        used = in_process_cores(estimator)
+        used = in_process_cores(plan)
         if used < count:  # (stacklevel: the caller of fit, through start and n_jobs_for)
-            asked = count if estimator.n_jobs is None else estimator.n_jobs
+            asked = count if plan.n_jobs is None else plan.n_jobs
             plural = "s" if used != 1 else ""
             warnings.warn(f"n_jobs={asked}: batch passes on {used} thread{plural} ({used} core{plural} this process "
                           "may use); n_jobs_ records it", UserWarning, stacklevel=6)
         return used
     why = None
     if not spec.supports("n_jobs"):
-        why = spec.refusal("n_jobs", f"method={estimator.method!r} has no data-parallel rounds for its minibatches")
+        why = spec.refusal("n_jobs", f"method={plan.method!r} has no data-parallel rounds for its minibatches")
     elif refusal(spec.engine, n_classes) is not None:
-        why = f"{refusal(spec.engine, n_classes)}: train multiclass {estimator.method!r} with n_jobs=1"
+        why = f"{refusal(spec.engine, n_classes)}: train multiclass {plan.method!r} with n_jobs=1"
     elif not B.is_numpy_namespace(xp):
         why = (f"n_jobs > 1 trains NumPy data in worker processes on this machine, not {xp.__name__} arrays: "
                "use n_jobs=1 (or backend='numpy')")
     if why is None:
-        return useful_processes(count, n, batch_size, asked=estimator.n_jobs)
-    if estimator.n_jobs is not None:
+        return useful_processes(count, plan.n_rows, plan.step_rows, asked=plan.n_jobs)
+    if plan.n_jobs is not None:
         raise ValueError(why)
     return 1
 
 
-def minibatches(estimator, n):
-    """Whether ``estimator``'s fit of n rows (in this process or its workers) steps on minibatches."""
-    batch_size = rows_per_step(estimator, n)
-    return batch_size is not None and batch_size < n
-
-
-def in_process_cores(estimator):
+def in_process_cores(plan):
     """The cores a fit in this process may use (``n_jobs``, scikit-learn's meaning, at most the cores this process
     may use): the BLAS thread rule's budget for the fit (``blas_scope``), and the threads of its batch passes."""
-    return min(W.resolve_n_jobs(estimator.n_jobs)[0], threads.available_cores())
+    return min(W.resolve_n_jobs(plan.n_jobs)[0], threads.available_cores())
 
 
 def useful_processes(count, n, batch_size, asked=None):
@@ -247,22 +235,15 @@ def local_chunk_rows(n, n_workers):
     return [size + (k < extra) for k in range(chunks)]
 
 
-def blas_scope(estimator, X):
-    """The BLAS thread scope (``agpc.threads.blas_threads``) for ``estimator``'s fit on ``X``, shaped by the work of
-    its main phase: minibatch steps, or batch passes over all rows (the parameters are checked already); within
-    its ``n_jobs`` cores (``in_process_cores``)."""
-    shape = getattr(X, "shape", None)
-    if shape is None:  # lists and array-likes (the scope only needs the shape; X is validated inside)
-        try:
-            shape = np.asarray(X).shape
-        except (TypeError, ValueError):
-            shape = ()
-    n = int(shape[0]) if len(shape) else 1
-    d = int(shape[1]) if len(shape) > 1 else 1
+def blas_scope(plan, n_features):
+    """The BLAS thread scope (``agpc.threads.blas_threads``) for the plan's fit of its rows (``FitPlan.for_rows``) of
+    ``n_features`` features, shaped by the work of its main phase: minibatch steps, or batch passes over all rows
+    (the parameters are checked already); within its ``n_jobs`` cores (``in_process_cores``)."""
+    n = plan.n_rows
     # (the classes are not known before the labels are checked: sized as for two, the size rule's exact case)
-    m = max(1, len(estimator.inducing)) if not isinstance(estimator.inducing, str) else size_rule.model_size(
-        estimator.n_inducing, n, has_exact_pass=size_rule.exact_passes(estimator, n) is not None).n_inducing
-    batch_size = rows_per_step(estimator, n)  # (a batch-only method's explicit batch_size is refused already)
-    rows = n if batch_size is None else min(n, int(batch_size))
-    return threads.blas_threads(rows, m, n_features=d, threads=estimator.blas_threads,
-                                cores=in_process_cores(estimator))
+    m = max(1, len(plan.inducing)) if not isinstance(plan.inducing, str) else size_rule.model_size(
+        plan.n_inducing, n, has_exact_pass=size_rule.exact_passes(plan) is not None).n_inducing
+    rows = n if plan.step_rows is None else min(n, int(plan.step_rows))  # (a batch-only method's explicit
+    # batch_size is refused already)
+    return threads.blas_threads(rows, m, n_features=n_features, threads=plan.blas_threads,
+                                cores=in_process_cores(plan))

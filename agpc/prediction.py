@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import backend as B
 from . import inputs as I
@@ -81,10 +81,14 @@ def checked_rows(model, X):
     input's namespace, or None for NumPy arrays, lists and data on disk; the input's device). Data on disk and host
     rows too large for the device's free memory are predicted a block at a time; results are NumPy arrays."""
     check_is_fitted(model, "posterior_")
+    dtype, expected, owner = I.dtype_name(model.dtype), model.n_features_in_, type(model).__name__
     if B.is_out_of_core(X):
-        I.check_out_of_core(model, X, reset=False)
+        I.check_out_of_core(X, dtype, expected=expected, owner=owner)
         return X, None, None
-    X, in_xp = I.check_features(model, X, reset=False)
+    given = X
+    X, in_xp = I.check_features(X, dtype, expected=expected, owner=owner)
+    if in_xp is None:  # a DataFrame's names against the fitted ones (scikit-learn's warnings and errors)
+        validate_data(model, given, skip_check_array=True, reset=False)
     xp = B.array_namespace(model.inducing_points_)
     device = B.array_device(model.inducing_points_)
     if in_xp is None and I.stays_on_host(X, xp, device):

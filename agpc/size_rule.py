@@ -26,13 +26,11 @@ import math
 from dataclasses import dataclass, replace
 
 from .backend import CholeskyError, array_namespace, to_numpy
-from .batch_size import rows_per_step
 from .kernels import RBF, Linear, Product, with_default_priors
-from .methods import ORDINAL, get_method
 
 __all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "PLATEAU_STEPS", "PLATEAU_RISE_PER_ROW", "ModelSize",
            "model_size", "exact_plateau", "fit_plateau", "SPARSE_PLATEAU_STEPS", "SPARSE_PLATEAU_RISE_PER_ROW",
-           "MINIBATCH_PLATEAU_EPOCHS", "MINIBATCH_PLATEAU_RISE_PER_ROW", "estimator_model_size", "exact_passes",
+           "MINIBATCH_PLATEAU_EPOCHS", "MINIBATCH_PLATEAU_RISE_PER_ROW", "fit_model_size", "exact_passes",
            "ARD_CHOICE_MAX_ROWS",
            "QUADRATIC_MAX_ROWS", "CHOOSE", "CHOOSE_TO_LINEAR", "ard_plan", "akaike_keeps", "LINEAR_MARGIN",
            "linear_start", "QUADRATIC_MARGIN", "quadratic_start", "linear_keeps", "learn_lengthscales"]
@@ -123,27 +121,24 @@ def model_size(n_inducing, n_rows, *, has_exact_pass, rows_known=True, n_classes
     return ModelSize(int(n_inducing), False)
 
 
-def exact_passes(estimator, n_rows):
-    """The full-GP passes of ``estimator``'s method for the exact model of ``n_rows`` rows (``Method.exact_passes``,
-    any number of classes), where its fit runs batch passes over them; else None."""
-    batch_size = rows_per_step(estimator, n_rows)
-    if batch_size is not None and batch_size < n_rows:
+def exact_passes(plan):
+    """The full-GP passes of the plan's method for the exact model of its rows (``Method.exact_passes``, any number
+    of classes), where its fit runs batch passes over them (``FitPlan.minibatch``); else None."""
+    if plan.minibatch or plan.ordinal:  # (an ordinal model: the full-GP passes are the probit's)
         return None
-    if getattr(estimator, "likelihood", None) == ORDINAL:  # the full-GP passes are the probit's
-        return None
-    return get_method(estimator.method).exact_passes
+    return plan.spec.exact_passes
 
 
-def estimator_model_size(estimator, n_rows, n_classes=2, rows_known=True):
-    """The inducing points of ``estimator``'s fit on ``n_rows`` rows (``model_size`` of its ``n_inducing``): how
-    many, and whether they are the training rows themselves, held there (the exact model). An array of initial
-    points (``inducing``) sets m itself. More inducing points than rows are refused."""
-    explicit = not isinstance(estimator.inducing, str)
+def fit_model_size(plan, n_rows, n_classes=2, rows_known=True):
+    """The inducing points of the plan's fit on ``n_rows`` rows (``model_size`` of its ``n_inducing``; the rows
+    counted by their weights): how many, and whether they are the training rows themselves, held there (the exact
+    model). An array of initial points (``inducing``) sets m itself. More inducing points than rows are refused."""
+    explicit = not isinstance(plan.inducing, str)
     if explicit:
-        size = ModelSize(len(estimator.inducing), False)
+        size = ModelSize(len(plan.inducing), False)
     else:
-        size = model_size(estimator.n_inducing, n_rows, rows_known=rows_known, n_classes=n_classes,
-                          has_exact_pass=exact_passes(estimator, n_rows) is not None)
+        size = model_size(plan.n_inducing, n_rows, rows_known=rows_known, n_classes=n_classes,
+                          has_exact_pass=exact_passes(plan) is not None)
     if size.n_inducing > n_rows:
         what = f"{size.n_inducing} initial inducing points" if explicit else f"n_inducing={size.n_inducing}"
         raise ValueError(f"{what} exceeds the number of training rows ({n_rows}): use at most one inducing point per "
@@ -175,8 +170,8 @@ CHOOSE_TO_LINEAR = "choose-to-linear"
 """``ard_plan``'s answer above ``QUADRATIC_MAX_ROWS`` rows: ``CHOOSE`` without its quadratic stage."""
 
 
-def ard_plan(estimator, size, n_features):
-    """How ``estimator``'s fit learns its lengthscales (its ``ard``): True, per feature; False, one scale for all,
+def ard_plan(plan, size, n_features):
+    """How the plan's fit learns its lengthscales (its ``ard``): True, per feature; False, one scale for all,
     the features keeping their starting ratios; ``CHOOSE`` (``CHOOSE_TO_LINEAR`` above ``QUADRATIC_MAX_ROWS`` rows),
     both in turn and the better by Akaike's criterion.
     ``ard="auto"`` chooses (and weighs a linear and a quadratic kernel after, ``learn_lengthscales``) for
@@ -184,13 +179,13 @@ def ard_plan(estimator, size, n_features):
     of more than one feature, without checkpoints (a fit of several stages would write several runs to one file); it
     is per feature everywhere else, as before the rule (docs/small_data_defaults.md says where it was chosen and
     checked)."""
-    if not isinstance(estimator.ard, str):
-        return bool(estimator.ard)
+    if not isinstance(plan.ard, str):
+        return bool(plan.ard)
     # n_inducing="auto"'s exact model only (binary batch EP, where the rule was chosen): not
     # "all" (any method, classes or size: C (d - 1) parameters for C classes, an ELBO for SVI, O(n^3) twice)
-    if (size.at_rows and size.n_inducing <= ARD_CHOICE_MAX_ROWS and estimator.n_inducing == "auto"
-            and estimator.kernel is None and n_features > 1 and estimator.checkpoint_path is None
-            and get_method(estimator.method).supports("shared_lengthscales")):
+    if (size.at_rows and size.n_inducing <= ARD_CHOICE_MAX_ROWS and plan.n_inducing == "auto"
+            and plan.kernel is None and n_features > 1 and plan.checkpoint_path is None
+            and plan.spec.supports("shared_lengthscales")):
         return CHOOSE if size.n_inducing <= QUADRATIC_MAX_ROWS else CHOOSE_TO_LINEAR
     return True
 

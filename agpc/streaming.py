@@ -17,7 +17,6 @@ from . import methods as M
 from . import validation as V
 from .inference import ep, multiclass_ep, training
 from .inference.guard import GUARD_KEYS
-from .inputs import dtype_name
 
 __all__ = ["ROWS_SEEN", "check_stream_params", "structure", "check_continuable", "stream_trainer", "trainer_from_fitted",
            "rows_counted", "step"]
@@ -25,26 +24,26 @@ __all__ = ["ROWS_SEEN", "check_stream_params", "structure", "check_continuable",
 ROWS_SEEN = "n_rows_seen"  # the history entry of partial_fit: the rows the stream has brought so far
 
 
-def check_stream_params(estimator, streaming):
+def check_stream_params(plan, streaming):
     """``partial_fit``'s own rules: checkpoint settings are warned about once (``streaming``: a stream already under
     way), since only ``fit`` writes checkpoints."""
-    if (estimator.checkpoint_path is not None or estimator.checkpoint_every is not None) and not streaming:
+    if (plan.checkpoint_path is not None or plan.checkpoint_every is not None) and not streaming:
         warnings.warn("partial_fit writes no checkpoints (checkpoint_path / checkpoint_every apply to fit); save "
                       "a stream model with save() or pickle it between calls", UserWarning, stacklevel=3)
 
 
-def structure(estimator):
-    """The parameters that fix what a fitted model is (its method, type, size, kernel, likelihood and priors):
-    partial_fit continues a model only while they stay as it was fitted with."""
-    return {"method": estimator.method, "dtype": dtype_name(estimator.dtype), "n_inducing": estimator.n_inducing,
-            "kernel": None if estimator.kernel is None else repr(estimator.kernel), "likelihood": estimator.likelihood,
-            "kernel_prior": estimator.kernel_prior, "ard": estimator.ard}
+def structure(plan):
+    """The parameters that fix what a fitted model is (its method, type, size, kernel, likelihood and priors), of
+    the plan of its fit: partial_fit continues a model only while they stay as it was fitted with."""
+    return {"method": plan.method, "dtype": plan.dtype, "n_inducing": plan.n_inducing,
+            "kernel": None if plan.kernel is None else repr(plan.kernel), "likelihood": plan.likelihood,
+            "kernel_prior": plan.kernel_prior, "ard": plan.ard}
 
 
-def check_continuable(estimator, fitted_with, classes):
-    """partial_fit on a model fitted with the parameters ``fitted_with`` (a ``structure``) continues it: refused
-    (one ValueError) when the model is not one a stream can continue, or when ``classes`` or the structural
-    parameters changed since it was fitted."""
+def check_continuable(plan, fitted_with, classes, fitted_classes):
+    """partial_fit on a model of the classes ``fitted_classes`` fitted with the parameters ``fitted_with`` (a
+    ``structure``) continues it: refused (one ValueError) when the model is not one a stream can continue, or when
+    ``classes`` or the structural parameters (the ``plan``'s now) changed since it was fitted."""
     if not M.supports(fitted_with["method"], "partial_fit"):
         raise ValueError(
             f"partial_fit cannot continue this model: it was fitted with method={fitted_with['method']!r}, and "
@@ -53,37 +52,38 @@ def check_continuable(estimator, fitted_with, classes):
         )
     if classes is not None:  # (an ordinal model's classes are in their order)
         given = V.check_labels(classes, what="classes")
-        given = given if estimator.likelihood == M.ORDINAL else np.unique(given)
-        if given.shape != estimator.classes_.shape or not np.array_equal(given, estimator.classes_):
+        given = given if plan.ordinal else np.unique(given)
+        if given.shape != fitted_classes.shape or not np.array_equal(given, fitted_classes):
             raise ValueError(f"classes={given.tolist()} differs from the classes this model was fitted with "
-                             f"({estimator.classes_.tolist()}); call fit to start again with other classes")
-    now = structure(estimator)
+                             f"({fitted_classes.tolist()}); call fit to start again with other classes")
+    now = structure(plan)
     changed = [f"{name} {fitted_with[name]!r} -> {now[name]!r}" for name in now if now[name] != fitted_with[name]]
     if changed:
         raise ValueError(f"partial_fit cannot continue this model: {', '.join(changed)} since it was fitted; "
                          "call fit to start again with the new parameters")
 
 
-def stream_trainer(estimator, kernel, Z, n_total, groups, jitter, shared=None):
-    """A minibatch trainer of the estimator's method (its engine, ``agpc.methods``) at (kernel, Z); ``shared``: its
-    lengthscales tied (None: as the estimator's ``ard`` asks)."""
+def stream_trainer(plan, kernel, Z, n_total, groups, jitter, shared=None):
+    """A minibatch trainer of the plan's method (its engine, ``agpc.methods``) at (kernel, Z); ``shared``: its
+    lengthscales tied (None: as the plan's ``ard`` asks)."""
     options = training.EngineOptions(
-        jitter=jitter, optimize=groups, damping=None if estimator.damping is None else float(estimator.damping),
-        optimizer=estimator.optimizer, learning_rate=estimator.learning_rate,
-        shared_lengthscales=M.asks_shared_lengthscales(estimator.ard) if shared is None else shared,
+        jitter=jitter, optimize=groups, damping=None if plan.damping is None else float(plan.damping),
+        optimizer=plan.optimizer, learning_rate=plan.learning_rate,
+        shared_lengthscales=plan.shared_lengthscales if shared is None else shared,
     )
-    engine = M.get_method(estimator.method).make_engine(kernel, Z, n_total=n_total, minibatch=True, options=options)
+    engine = plan.spec.make_engine(kernel, Z, n_total=n_total, minibatch=True, options=options)
     return training.Trainer(engine)
 
 
-def trainer_from_fitted(estimator, groups, n_total, rows, rows_seen):
-    """A stream trainer at the fitted state of a model without one (fitted by ``fit``, or loaded): ``kernel_``,
-    ``inducing_points_``, SEP's tied factor read back from ``posterior_`` (``ep.Factor.from_posterior``; per class
-    for a multiclass model), the fitted jitter, and the step count and history going on. ``rows_seen``: the rows
-    ``fit`` recorded, or None. Returns (trainer, rows seen before this batch). The optimiser's moments and a
-    damping the divergence guard had lowered are not part of a fitted model: they start as configured."""
-    if rows_seen is None and estimator.history_.get(ROWS_SEEN):  # partial_fit's count, which a model file holds
-        rows_seen = int(estimator.history_[ROWS_SEEN][-1])
+def trainer_from_fitted(plan, fitted, groups, n_total, rows, rows_seen):
+    """A stream trainer at the fitted state of a model without one (fitted by ``fit``, or loaded; ``fitted``, its
+    ``model_file.FittedState``): its kernel and inducing points, SEP's tied factor read back from its posterior
+    (``ep.Factor.from_posterior``; per class for a multiclass model), the fitted jitter, and the step count and
+    history going on. ``rows_seen``: the rows ``fit`` recorded, or None. Returns (trainer, rows seen before this
+    batch). The optimiser's moments and a damping the divergence guard had lowered are not part of a fitted model:
+    they start as configured."""
+    if rows_seen is None and fitted.history.get(ROWS_SEEN):  # partial_fit's count, which a model file holds
+        rows_seen = int(fitted.history[ROWS_SEEN][-1])
     if rows_seen is None and n_total is None:
         raise ValueError(
             "partial_fit continues this model (loaded from a file of a model fitted by fit), which does not "
@@ -91,13 +91,13 @@ def trainer_from_fitted(estimator, groups, n_total, rows, rows_seen):
             "batch"
         )
     # tied as the model was fitted (an "auto" fit that kept one shared scale goes on with it)
-    trainer = stream_trainer(estimator, estimator.kernel_, estimator.inducing_points_, n_total or rows_seen + rows,
-                             groups, float(estimator.jitter_), shared=getattr(estimator, "ard_", True) is False)
-    posterior = estimator.posterior_
+    trainer = stream_trainer(plan, fitted.kernel, fitted.inducing_points, n_total or rows_seen + rows, groups,
+                             float(fitted.jitter), shared=(fitted.record or {}).get("ard") is False)
+    posterior = fitted.posterior
     trainer.state["factor"] = (multiclass_ep.factor_from_posteriors(posterior) if isinstance(posterior, tuple)
                                else ep.Factor.from_posterior(posterior))
-    trainer.n_steps = int(estimator.n_iter_)
-    history = {name: list(values) for name, values in estimator.history_.items()}
+    trainer.n_steps = int(fitted.n_iter)
+    history = {name: list(values) for name, values in fitted.history.items()}
     for name in training.HISTORY_KEYS:  # (a model from before the guard's record: none of its entries had actions)
         history.setdefault(name, [0] * len(history["log_marginal_likelihood"]) if name in GUARD_KEYS else [])
     trainer.history = history

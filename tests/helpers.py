@@ -13,6 +13,7 @@ from agpc import GPClassifier, checkpoints
 from agpc.datasets import make_banana
 from agpc.inference import training
 from agpc.likelihoods import negative_log_likelihood
+from agpc.plan import FitPlan
 
 
 # Any JSON value, nested a little: what a crafted model file's header may hold where agpc expects something else.
@@ -30,6 +31,12 @@ def binary_toy(n=50, seed=1, d=2):
     X = rng.normal(size=(n, d))
     y = np.where(np.sin(2 * X[:, 0]) + X[:, 1] + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0)
     return X, y
+
+
+def plan_of(estimator, n_rows=None):
+    """The ``agpc.plan.FitPlan`` a fit of ``estimator`` reads (for ``n_rows`` rows, when given)."""
+    plan = FitPlan.of(type(estimator).__name__, estimator.get_params(deep=False))
+    return plan if n_rows is None else plan.for_rows(n_rows)
 
 
 def three_classes(n=60, seed=0, *, d=2, boundaries="curved", noise=0.3, rng=None):

@@ -15,6 +15,7 @@ import agpc.backend as B
 from agpc import GPClassifier, inputs, kernels
 from agpc.inference import ep, gfitc, multiclass_ep, variational
 from agpc.kernels import RBF, ClassKernels
+from helpers import plan_of
 
 
 class OutOfMemoryError(MemoryError):
@@ -190,7 +191,7 @@ def test_host_data_too_large_for_the_device_stream_and_fit_the_same_model(monkey
     # X is 1500 x 2 float64 = 24,000 bytes: fits in half of 10^6 bytes, not in half of 40,000
     monkeypatch.setattr(B, "device_free_bytes", lambda namespace, device=None: 40_000 if namespace is strict else None)
     model = GPClassifier(**options)
-    assert isinstance(inputs.training_inputs(model, X, y, reset=True, target_xp=B.resolve_backend(strict)).X,
+    assert isinstance(inputs.training_inputs(plan_of(model), X, y, target_xp=B.resolve_backend(strict)).X,
                       B.HostRows)
     moved = []
     original = B.asarray_like

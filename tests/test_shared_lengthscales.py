@@ -20,6 +20,7 @@ from agpc.inputs import default_kernel
 from agpc.kernels import with_default_priors
 from agpc.methods import method_names, methods_supporting
 from agpc.priors import LogNormal
+from helpers import plan_of
 
 SHARED = tuple(methods_supporting("shared_lengthscales"))
 START = [1.0, 2.0, 4.0]
@@ -92,19 +93,19 @@ def test_akaike_keeps_per_feature_lengthscales_only_above_a_nat_each():
 
 def test_the_plan_chooses_only_for_the_default_exact_model():
     exact, sparse = size_rule.ModelSize(50, True), size_rule.ModelSize(10, False)
-    assert size_rule.ard_plan(GPClassifier(), exact, 3) == size_rule.CHOOSE
-    assert size_rule.ard_plan(GPClassifier(), exact, 1) is True  # one feature: nothing to tie
+    assert size_rule.ard_plan(plan_of(GPClassifier()), exact, 3) == size_rule.CHOOSE
+    assert size_rule.ard_plan(plan_of(GPClassifier()), exact, 1) is True  # one feature: nothing to tie
     limit = size_rule.ARD_CHOICE_MAX_ROWS
     quadratic = size_rule.QUADRATIC_MAX_ROWS  # the last stage, the quadratic kernel, up to fewer rows
-    assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(quadratic, True), 3) == size_rule.CHOOSE
-    assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(quadratic + 1, True), 3) == size_rule.CHOOSE_TO_LINEAR
-    assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(limit, True), 3) == size_rule.CHOOSE_TO_LINEAR
-    assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(limit + 1, True), 3) is True
-    assert size_rule.ard_plan(GPClassifier(), sparse, 3) is True
-    assert size_rule.ard_plan(GPClassifier(kernel=agpc.RBF()), exact, 3) is True
-    assert size_rule.ard_plan(GPClassifier(checkpoint_path="x.npz"), exact, 3) is True
-    assert size_rule.ard_plan(GPClassifier(ard=False), sparse, 3) is False
-    assert size_rule.ard_plan(GPClassifier(ard=True), exact, 3) is True
+    assert size_rule.ard_plan(plan_of(GPClassifier()), size_rule.ModelSize(quadratic, True), 3) == size_rule.CHOOSE
+    assert size_rule.ard_plan(plan_of(GPClassifier()), size_rule.ModelSize(quadratic + 1, True), 3) == size_rule.CHOOSE_TO_LINEAR
+    assert size_rule.ard_plan(plan_of(GPClassifier()), size_rule.ModelSize(limit, True), 3) == size_rule.CHOOSE_TO_LINEAR
+    assert size_rule.ard_plan(plan_of(GPClassifier()), size_rule.ModelSize(limit + 1, True), 3) is True
+    assert size_rule.ard_plan(plan_of(GPClassifier()), sparse, 3) is True
+    assert size_rule.ard_plan(plan_of(GPClassifier(kernel=agpc.RBF())), exact, 3) is True
+    assert size_rule.ard_plan(plan_of(GPClassifier(checkpoint_path="x.npz")), exact, 3) is True
+    assert size_rule.ard_plan(plan_of(GPClassifier(ard=False)), sparse, 3) is False
+    assert size_rule.ard_plan(plan_of(GPClassifier(ard=True)), exact, 3) is True
 
 
 def _quiet_fit(X, y, **params):
@@ -368,7 +369,7 @@ def test_n_inducing_all_learns_per_feature_lengthscales_for_any_method():
         warnings.simplefilter("ignore")
         model = GPClassifier(method="vi-jj", n_inducing="all", max_iter=3).fit(X, y)  # (the tie would be refused)
     assert model.ard_ is True
-    assert size_rule.ard_plan(GPClassifier(n_inducing="all"), size_rule.ModelSize(60, True), 3) is True
+    assert size_rule.ard_plan(plan_of(GPClassifier(n_inducing="all")), size_rule.ModelSize(60, True), 3) is True
 
 
 def test_a_numpy_false_asks_for_the_tie_everywhere(tmp_path):
@@ -441,7 +442,7 @@ def test_the_summary_says_the_relevance_was_not_learned_per_feature():
 def test_more_classes_and_large_data_keep_lengthscales_per_feature():
     X, y = load_iris(return_X_y=True)
     assert _quiet_fit(X, y, max_iter=3).ard_ is True  # more than two classes: the sparse model, as before
-    assert size_rule.ard_plan(GPClassifier(), size_rule.ModelSize(100, False), 3) is True  # minibatches, dask, ...
+    assert size_rule.ard_plan(plan_of(GPClassifier()), size_rule.ModelSize(100, False), 3) is True  # minibatches, dask, ...
 
 
 def test_data_parallel_rounds_keep_the_tie_and_say_it_in_their_checkpoints(tmp_path):
