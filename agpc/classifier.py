@@ -279,18 +279,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         (``n_features``: the feature count of the fitted model a call continues)."""
         return FitPlan.of(type(self).__name__, self.get_params(deep=False), n_features=n_features)
 
-    @staticmethod
-    def _counted(plan, X):
-        """``plan`` for X's rows (``FitPlan.for_rows``: the rows a step takes, resolved once) and X's features."""
-        n, d = I.rows_and_features(X)
-        return plan.for_rows(n), d
-
-    def _record_features(self, X, reset):
-        """``n_features_in_`` and ``feature_names_in_`` of X (checked already): recorded (``reset``) or compared
-        with the fitted ones (scikit-learn's ``validate_data``, which warns where a DataFrame's names and the
-        model's do not go together)."""
-        validate_data(self, X, skip_check_array=True, reset=reset)
-
     # -- fitting ---------------------------------------------------------------------------------
 
     def fit(self, X, y, sample_weight=None, validation_data=None, resume=False):
@@ -301,28 +289,29 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         ``n_iter_no_change`` for early stopping. ``resume``: continue from ``checkpoint_path`` (same data, settings)."""
         started = time.perf_counter()  # max_time covers the whole fit, from here
         groups, target_xp, plan = self._check_params()  # before anything reads them (the BLAS scope reads the sizes)
-        I.check_known_shapes(X, y)  # (the plan counts the rows)
-        plan, n_features = self._counted(plan, X)
-        with placement.blas_scope(plan, n_features), B.jitter_report("GPClassifier.fit"):
-            return self._fit(plan, X, y, groups, target_xp, validation_data, resume, started, sample_weight)
+        n_rows, n_features = I.rows_and_features(X, y)
+        steps = plan.steps(n_rows)  # (the rows a step takes, resolved once)
+        with placement.blas_scope(plan, steps, n_features), B.jitter_report("GPClassifier.fit"):
+            return self._fit(plan, steps, X, y, groups, target_xp, validation_data, resume, started, sample_weight)
 
-    def _fit(self, plan, X, y, groups, target_xp, validation_data, resume, started, sample_weight=None):
+    def _fit(self, plan, steps, X, y, groups, target_xp, validation_data, resume, started, sample_weight=None):
         """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop."""
         I.check_fit_paths(plan, X, y, resume)
         self.__dict__.pop("_trainer", None)
-        with placement.Placement(plan, X) as place:
+        with placement.Placement(plan, steps, X) as place:
             inputs, order, y, validation_data = O.ranked_inputs(plan, place, X, y, target_xp, validation_data)
-            self._record_features(X, reset=True)
+            validate_data(self, X, skip_check_array=True, reset=True)  # (n_features_in_, feature_names_in_)
             n, classes = inputs.X.shape[0], inputs.classes
             weights = place.training_weights(sample_weight, inputs, class_labels=order)
             rows_known = not (place.on_cluster or B.is_out_of_core(inputs.X))
             counted = I.rows_counted(weights, n) if rows_known else n  # (a row of weight 0 is not there)
-            size = size_rule.fit_model_size(plan, counted, len(classes), rows_known=rows_known)
+            size = size_rule.fit_model_size(plan, steps, counted, len(classes), rows_known=rows_known)
             if size.at_rows:  # the exact model's inducing points are its rows: they stay there
                 groups = tuple(group for group in groups if group != "inducing")
-            place.start(inputs)
-            if not place.on_cluster:  # (a cluster's workers are its own)
-                self.n_jobs_ = place.n_jobs
+            n_jobs = place.choose_workers(inputs)
+            if n_jobs is not None:  # (a cluster's workers are its own)
+                self.n_jobs_ = n_jobs
+            place.start()
             rng = B.host_rng(self.random_state)
             init_started = time.perf_counter()
             start = I.start_of(plan, inputs, weights)  # (the rows the start is read from, counted by their weights)
@@ -335,10 +324,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             if validation_data is not None:
                 validation = I.validation_set(plan, validation_data, classes, inputs.X.shape[1], inputs.xp,
                                               inputs.device, client=inputs.client)
-                self._record_features(validation_data[0], reset=False)
+                validate_data(self, validation_data[0], skip_check_array=True, reset=False)  # (its names)
             data_hash = None if self.checkpoint_path is None else I.training_fingerprint(inputs, weights)
             self.tf32_ = I.note_tf32(plan, inputs.xp)
-            placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(plan) if size.at_rows else None)
+            placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(plan, steps) if size.at_rows else None)
             plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=placed.batch_size is not None
                                             and placed.batch_size < n)
             result, self.ard_ = size_rule.learn_lengthscales(
@@ -432,11 +421,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         since, and ``n_total``, the rows the model stands for: docs/usage.md). ``sample_weight``: docs/weights.md."""
         groups, target_xp, plan = self._check_params()
         S.check_stream_params(plan, streaming=hasattr(self, "_trainer"))
-        plan, n_features = self._counted(plan, X)
-        with placement.blas_scope(plan, n_features), B.jitter_report("GPClassifier.partial_fit"):
-            return self._partial_fit(plan, X, y, classes, n_total, groups, target_xp, sample_weight)
+        n_rows, n_features = I.rows_and_features(X, y)
+        steps = plan.steps(n_rows)
+        with placement.blas_scope(plan, steps, n_features), B.jitter_report("GPClassifier.partial_fit"):
+            return self._partial_fit(plan, steps, X, y, classes, n_total, groups, target_xp, sample_weight)
 
-    def _partial_fit(self, plan, X, y, classes, n_total, groups, target_xp, sample_weight):
+    def _partial_fit(self, plan, steps, X, y, classes, n_total, groups, target_xp, sample_weight):
         live = hasattr(self, "_trainer")
         fitted = live or hasattr(self, "posterior_")
         if fitted:  # before any change to the model: a refused call leaves it as it was
@@ -445,7 +435,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             plan = plan.with_features(self.n_features_in_)  # (the rows must have the model's features)
         y, classes, order = O.stream_labels(plan, y, classes, self.classes_ if fitted else None)  # (ordinal: ranks)
         inputs = I.training_inputs(plan, X, y, target_xp=target_xp, classes=classes)
-        self._record_features(X, reset=not fitted)
+        validate_data(self, X, skip_check_array=True, reset=not fitted)  # (n_features_in_, feature_names_in_)
         Xc, y_pm, classes = inputs.X, inputs.y, inputs.classes
         weights = I.stream_weights(plan, sample_weight, inputs, order)  # (rows counted by weight: ``streaming.step``)
         rows = Xc.shape[0]
@@ -455,7 +445,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if not fitted:
             self.classes_ = classes if order is None else order
             rng = B.host_rng(self.random_state)
-            m = size_rule.fit_model_size(plan, rows, rows_known=False).n_inducing
+            m = size_rule.fit_model_size(plan, steps, rows, rows_known=False).n_inducing
             start = I.start_of(plan, inputs, weights)
             kernel, Z = self._initial_model(start, m, rng, len(classes) if order is None else 2)
             if order is not None:  # (the cut points start from this call's class counts)

@@ -337,9 +337,10 @@ def fit(args):
     return 0
 
 
-def _plan(model, n_rows):
-    """The plan of ``model``'s fit of ``n_rows`` rows (``agpc.plan``): what the command line says of it ahead."""
-    return FitPlan.of(type(model).__name__, model.get_params(deep=False)).for_rows(n_rows)
+def _steps(model, n_rows):
+    """The steps of ``model``'s fit of ``n_rows`` rows (``agpc.plan.FitPlan.steps``): what the command line says of
+    it ahead."""
+    return FitPlan.of(type(model).__name__, model.get_params(deep=False)).steps(n_rows)
 
 
 def _fit_jobs(args, model, n_rows):
@@ -350,16 +351,16 @@ def _fit_jobs(args, model, n_rows):
         return args.jobs
     if args.scheduler or args.backend != "numpy":
         return None
-    return None if _plan(model, n_rows).minibatch else -1
+    return None if _steps(model, n_rows).minibatch else -1
 
 
 def _iterations(model, max_iter, n_rows):
     """What the fit trained, counted as --max-iter counts it (epochs with minibatches; batch EP / SEP / ADF's
     warm-up sweeps, which ``n_iter_`` includes, apart), and why it stopped before the cap."""
     warmup = getattr(model, "n_warmup_", 0) or 0
-    plan = _plan(model, n_rows)
-    rows = plan.step_rows
-    if plan.minibatch:  # an epoch cut short is a history entry too: the epochs from the steps
+    steps = _steps(model, n_rows)
+    rows = steps.step_rows
+    if steps.minibatch:  # an epoch cut short is a history entry too: the epochs from the steps
         steps = int(model.history_["n_steps"][-1]) if model.history_.get("n_steps") else 0
         said = f"{steps / math.ceil(n_rows / rows):.3g} epochs of --max-iter {max_iter} ({steps:,} steps)"
     else:

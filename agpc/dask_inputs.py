@@ -27,9 +27,9 @@ __all__ = ["checked_arrays", "cluster_client", "training_inputs", "persisted_inp
            "training_weights", "class_counts"]
 
 
-def checked_arrays(plan, X, y):
-    """X and y as dask arrays checked before any pass over them (the method trains on a dask array, in the
-    plan's batch mode; X 2-D, real-valued, with rows; y 1-D with a label a row): X in the plan's
+def checked_arrays(plan, X, y, minibatch):
+    """X and y as dask arrays checked before any pass over them (the method trains on a dask array, on
+    ``minibatch``es or not; X 2-D, real-valued, with rows; y 1-D with a label a row): X in the plan's
     ``dtype``, chunked by rows only, y chunked as X's rows. Returns (X, y, X as given, chunked by rows only)."""
     import dask.array as da
 
@@ -41,7 +41,7 @@ def checked_arrays(plan, X, y):
         raise ValueError(spec.refusal("dask_checkpoints", f"checkpoints of {plan.method!r} on a dask array are "
                                                           "not supported: fit without checkpoint_path"))
     I.check_rows(X.shape)
-    if plan.minibatch and not spec.supports("minibatch"):
+    if minibatch and not spec.supports("minibatch"):
         # before any pass over the data (in memory the engine says the same when it is made)
         raise ValueError(spec.refusal("minibatch", f"method {plan.method!r} is batch-only: every step needs all "
                                                    "the rows (batch_size=None)"))

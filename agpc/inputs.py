@@ -107,13 +107,13 @@ def is_foreign_array(X):
     return B.is_array_api_obj(X) and not isinstance(X, np.ndarray) and not B.is_numpy_namespace(B.array_namespace(X))
 
 
-def check_conversion_keeps_spread(X, dtype, what="X"):
-    """Before X (any array-API array, in its own type) is converted to ``dtype`` for a fit: refuse a
+def check_conversion_keeps_spread(X, target, what="X"):
+    """Before X (any array-API array, in its own type) is converted to ``target`` (one of ``DTYPES``) for a fit:
+    refuse a
     narrower type that would erase a column's variation (``validation.check_precision_keeps_spread``;
     float32 of x + 1e7 fitted a chance-level model, exit 0, no warning). A type that holds X exactly is
     not checked (float64, float32 input in float32)."""
     xp = B.array_namespace(X)
-    target = dtype_name(dtype)
     bits = xp.finfo(getattr(xp, target)).bits
     if xp.isdtype(X.dtype, "real floating"):
         wider = xp.finfo(X.dtype).bits > bits
@@ -173,12 +173,12 @@ def _numbers_in(column):
     return all(isinstance(v, (numbers.Real, np.bool_)) for v in column.tolist())
 
 
-def check_features(X, dtype, *, expected=None, owner="GPClassifier"):
-    """Returns (X as an array of the input's namespace in ``dtype``, checked; input namespace, or None for NumPy
-    arrays and lists). ``expected``: the feature count of the fitted model X is for (``check_feature_count``);
-    None: X is training data, and a narrower ``dtype`` is checked to keep its columns' spread. ``owner``: the
-    estimator's name in scikit-learn's messages."""
-    target, reset = dtype_name(dtype), expected is None
+def check_features(X, target, *, expected=None, owner="GPClassifier"):
+    """Returns (X as an array of the input's namespace in ``target``, one of ``DTYPES``, checked; input namespace,
+    or None for NumPy arrays and lists). ``expected``: the feature count of the fitted model X is for
+    (``check_feature_count``); None: X is training data, and a narrower ``target`` is checked to keep its columns'
+    spread. ``owner``: the estimator's name in scikit-learn's messages."""
+    reset = expected is None
     if is_foreign_array(X):
         xp = B.array_namespace(X)
         B.check_device(xp)  # CuPy arrays on a machine whose CUDA libraries or driver cannot compute: said first
@@ -212,18 +212,18 @@ def _checked_array(X, dtype, expected, owner):
     return X
 
 
-def check_out_of_core(X, dtype, *, expected=None, owner="GPClassifier", y=None):
+def check_out_of_core(X, target, *, expected=None, owner="GPClassifier", y=None):
     """Shape and finiteness of on-disk data, checked a chunk at a time (never all in memory), after the checks that
     read no row: X's rows against the labels' count (``y``, a fit's labels) and a zarr array's declared shape against
     the bytes its store holds (``untrusted.check_zarr_array``, as ``agpc fit`` checks a store): a shape forged to
-    2 x 10^6 rows was scanned for 20 s (10^12: for ever) before its rows were compared with y's 120."""
+    2 x 10^6 rows was scanned for 20 s (10^12: for ever) before its rows were compared with y's 120. ``target``:
+    one of ``DTYPES``; ``expected`` and ``owner``: as ``check_features`` takes them."""
     check_rows(X.shape)
     if y is not None:
         labels = getattr(y, "shape", None) or np.shape(y)
         if len(labels) >= 1:
             check_target_shape(labels[:1], X.shape[0])  # (the labels' own checks follow: ``host_targets``)
     check_zarr_array(X)
-    target = dtype_name(dtype)
     for lo in range(0, X.shape[0], CHUNK):
         try:
             block = np.asarray(X[lo:lo + CHUNK], dtype=target)
@@ -330,19 +330,6 @@ def ordinal_labels(plan, y, order=None, given=None):
     return V.label_ranks(y_host, order), order
 
 
-def rows_and_features(X):
-    """(rows, features) of X as given, before its checks: what a fit's plan counts (``FitPlan.for_rows``) and its
-    BLAS scope is sized by. Lists and array-likes are read through NumPy; what cannot be (the checks will say why)
-    counts as 1 x 1."""
-    shape = getattr(X, "shape", None)
-    if shape is None:
-        try:
-            shape = np.asarray(X).shape
-        except (TypeError, ValueError):
-            shape = ()
-    return (int(shape[0]) if len(shape) else 1), (int(shape[1]) if len(shape) > 1 else 1)
-
-
 def check_known_shapes(X, y=None):
     """A dask array whose chunk sizes are unknown (after boolean indexing, or read from a format that does not
     record them) has NaN in its shape: the rows cannot be counted, split or matched with the labels. Refused in
@@ -352,6 +339,21 @@ def check_known_shapes(X, y=None):
         if shape is not None and any(isinstance(size, float) and math.isnan(size) for size in shape):
             raise ValueError(f"{name} is a dask array of unknown chunk sizes (shape {tuple(shape)}, e.g. after boolean "
                              f"indexing): call {name} = {name}.compute_chunk_sizes() first (one pass over the data)")
+
+
+def rows_and_features(X, y=None):
+    """(rows, features) of X as given, before its checks: what a fit's steps are resolved from (``FitPlan.steps``) and its
+    BLAS scope is sized by. A dask array of unknown chunk sizes (X or the labels y) is refused first
+    (``check_known_shapes``). Lists and array-likes are read through NumPy; what cannot be (the checks will say
+    why) counts as 1 x 1."""
+    check_known_shapes(X, y)
+    shape = getattr(X, "shape", None)
+    if shape is None:
+        try:
+            shape = np.asarray(X).shape
+        except (TypeError, ValueError):
+            shape = ()
+    return (int(shape[0]) if len(shape) else 1), (int(shape[1]) if len(shape) > 1 else 1)
 
 
 def data_files(*arrays):

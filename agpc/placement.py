@@ -47,14 +47,14 @@ class PlacedRows(NamedTuple):
 
 
 class Placement:
-    """The place of one fit's rows (module docstring), for its ``plan.FitPlan`` (its rows counted:
-    ``FitPlan.for_rows``) and training data X. Used as a context
+    """The place of one fit's rows (module docstring), for its ``plan.FitPlan``, the ``plan.Steps`` its rows take
+    and training data X. Used as a context
     manager: ``training_inputs`` checks the rows (starting a ``LocalCluster`` for a dask array when there is no
     client), ``start`` starts local worker processes before the initial model is placed, ``rows`` gives the loop
     its rows after it; leaving the block ends all of them."""
 
-    def __init__(self, plan, X):
-        self.plan = plan
+    def __init__(self, plan, steps, X):
+        self.plan, self.steps = plan, steps
         self.on_cluster = B.is_dask_array(X)
         self.n_jobs = 1  # the workers of the fit (the estimator's ``n_jobs_``): batch passes' threads, or ...
         self.processes = 1  # ... the processes of minibatch rounds on this machine
@@ -86,20 +86,24 @@ class Placement:
         ``classes``: the model's classes when y need not hold them all (an ordinal model's ranks)."""
         if not self.on_cluster:
             return I.training_inputs(self.plan, X, y, target_xp=target_xp, classes=classes)
-        X, y, given = D.checked_arrays(self.plan, X, y)
+        X, y, given = D.checked_arrays(self.plan, X, y, self.steps.minibatch)
         client, self._owned_client = D.cluster_client(self.plan.client)
         inputs = D.training_inputs(self.plan, X, y, given, client)
         self._futures = inputs.pending
         return inputs
 
-    def start(self, inputs):
-        """Before the initial model: the workers rows in this process train on (``n_jobs_for``; ``n_jobs``, the
-        estimator's ``n_jobs_``; not for a dask array, whose workers are the cluster's: 1), those beyond this one
-        started now (they import agpc while this process places the inducing points)."""
+    def choose_workers(self, inputs):
+        """The workers the rows of ``inputs`` train on in this process (``n_jobs_for``: the estimator's ``n_jobs_``,
+        kept as ``n_jobs``), or None for a dask array, whose workers are the cluster's."""
         if self.on_cluster:
-            return
-        self.n_jobs = n_jobs_for(self.plan, inputs.xp, self.plan.latents(len(inputs.classes)))
-        if self.n_jobs > 1 and self.plan.minibatch:  # (batch passes: n_jobs threads, ``blas_scope``)
+            return None
+        self.n_jobs = n_jobs_for(self.plan, self.steps, inputs.xp, self.plan.latents(len(inputs.classes)))
+        return self.n_jobs
+
+    def start(self):
+        """Before the initial model: the worker processes beyond this one (``choose_workers``) started now (they
+        import agpc while this process places the inducing points)."""
+        if self.n_jobs > 1 and self.steps.minibatch:  # (batch passes: n_jobs threads, ``blas_scope``)
             self.processes = self.n_jobs
             self._pool = W.LocalWorkers(self.n_jobs, preload=("agpc.inference.data_parallel",))
 
@@ -133,7 +137,7 @@ class Placement:
         weighted = self._weights is not None  # (the weights shared beside the rows, in the same order)
         self._shared = W.share_rows([X, inputs.y] + [B.to_numpy(self._weights)] * weighted,
                                     local_chunk_rows(n, self.n_jobs), order=order, dtypes=[Z.dtype] * (2 + weighted))
-        self._runner = rounds = DataParallel(self._pool, *self._shared[:2], batch_size=plan.step_rows,
+        self._runner = rounds = DataParallel(self._pool, *self._shared[:2], batch_size=self.steps.step_rows,
                                              local_steps=plan.local_steps, seed=seed,
                                              site_directory=plan.site_directory,
                                              weights=self._shared[2] if weighted else None)
@@ -143,7 +147,7 @@ class Placement:
     def _on_cluster(self, inputs, rng):
         D.check_finite_chunks(inputs)
         plan, client, X, y = self.plan, inputs.client, inputs.X, inputs.y
-        batch_size, minibatch = plan.step_rows, plan.minibatch
+        batch_size, minibatch = self.steps.step_rows, self.steps.minibatch
         if minibatch and plan.local_steps != 0:  # data-parallel rounds: the rows stay on the workers
             if inputs.blocks[0] is not None:  # (X persisted: the labels too, encoded, n floats on the workers)
                 y = client.persist(y)
@@ -163,8 +167,8 @@ class Placement:
         return PlacedRows(X, y, passes, None, batch_size, None, self._weights)
 
 
-def n_jobs_for(plan, xp, n_classes):
-    """The workers the plan's fit of its rows in this process uses (``n_jobs``; ``n_jobs_``). Minibatches of a method with
+def n_jobs_for(plan, steps, xp, n_classes):
+    """The workers the plan's fit of its rows (``steps``) in this process uses (``n_jobs``; ``n_jobs_``). Minibatches of a method with
     data-parallel rounds, on NumPy data: that many processes (``useful_processes``); an ``n_jobs > 1`` those
     rounds cannot take is refused when it was given, and gives 1 when it came from an enclosing
     ``joblib.parallel_config``. Batch passes: that many threads over the row blocks, and the BLAS thread rule within
@@ -175,7 +179,7 @@ def n_jobs_for(plan, xp, n_classes):
     if count == 1:
         return 1
     spec = plan.spec
-    if not plan.minibatch:  # batch passes in this process: threads over the row blocks
+    if not steps.minibatch:  # batch passes in this process: threads over the row blocks
         if not B.is_numpy_namespace(xp):
             if plan.n_jobs is not None:
                 warnings.warn(f"n_jobs={plan.n_jobs}: a batch pass on {xp.__name__} arrays runs on their device, "
@@ -197,7 +201,7 @@ def n_jobs_for(plan, xp, n_classes):
         why = (f"n_jobs > 1 trains NumPy data in worker processes on this machine, not {xp.__name__} arrays: "
                "use n_jobs=1 (or backend='numpy')")
     if why is None:
-        return useful_processes(count, plan.n_rows, plan.step_rows, asked=plan.n_jobs)
+        return useful_processes(count, steps.n_rows, steps.step_rows, asked=plan.n_jobs)
     if plan.n_jobs is not None:
         raise ValueError(why)
     return 1
@@ -235,15 +239,15 @@ def local_chunk_rows(n, n_workers):
     return [size + (k < extra) for k in range(chunks)]
 
 
-def blas_scope(plan, n_features):
-    """The BLAS thread scope (``agpc.threads.blas_threads``) for the plan's fit of its rows (``FitPlan.for_rows``) of
+def blas_scope(plan, steps, n_features):
+    """The BLAS thread scope (``agpc.threads.blas_threads``) for the plan's fit of its rows (``steps``) of
     ``n_features`` features, shaped by the work of its main phase: minibatch steps, or batch passes over all rows
     (the parameters are checked already); within its ``n_jobs`` cores (``in_process_cores``)."""
-    n = plan.n_rows
+    n = steps.n_rows
     # (the classes are not known before the labels are checked: sized as for two, the size rule's exact case)
     m = max(1, len(plan.inducing)) if not isinstance(plan.inducing, str) else size_rule.model_size(
-        plan.n_inducing, n, has_exact_pass=size_rule.exact_passes(plan) is not None).n_inducing
-    rows = n if plan.step_rows is None else min(n, int(plan.step_rows))  # (a batch-only method's explicit
+        plan.n_inducing, n, has_exact_pass=size_rule.exact_passes(plan, steps) is not None).n_inducing
+    rows = n if steps.step_rows is None else min(n, int(steps.step_rows))  # (a batch-only method's explicit
     # batch_size is refused already)
     return threads.blas_threads(rows, m, n_features=n_features, threads=plan.blas_threads,
                                 cores=in_process_cores(plan))

@@ -3,9 +3,10 @@
 ``GPClassifier.fit`` and ``partial_fit`` make a :class:`FitPlan` from ``get_params()`` once the parameter table has
 accepted them (``FitPlan.of``), and every helper of the fit's front half (the input checks, the placement of the
 rows, the size and batch rules, ordinal labels, the stream) reads the plan, never the estimator: the estimator alone
-writes its fitted ``*_`` attributes, from what the helpers return. What depends on the rows is resolved into the plan
-once, where the rows are first counted (``FitPlan.for_rows``: the rows a step takes and whether the fit steps on
-minibatches), instead of again from raw parameters by each helper that needs it.
+writes its fitted ``*_`` attributes, from what the helpers return. What the rows decide of the training is resolved
+once, where they are first counted (``FitPlan.steps``: the rows a step takes and whether the fit steps on
+minibatches), and handed to the helpers that need it as a :class:`Steps`, instead of made again from raw parameters
+by each of them; the plan itself holds nothing of the data.
 
 The module sits below the input checks (``agpc.inputs``) and reads only the method registry, the parameter types
 and the batch rule (pyproject.toml, the layers).
@@ -15,13 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import validation as V
 from .batch_size import rows_per_step
 from .methods import ORDINAL, Method, asks_shared_lengthscales, get_method
 
-__all__ = ["DTYPES", "dtype_name", "FitPlan"]
+__all__ = ["DTYPES", "dtype_name", "FitPlan", "Steps"]
 
 DTYPES = ("float64", "float32")  # the floating types a model computes in (``dtype``)
 
@@ -35,12 +36,23 @@ def dtype_name(dtype):
     return name
 
 
+class Steps(NamedTuple):
+    """What a fit's rows decide of its steps (``FitPlan.steps``), resolved once for every helper that asks."""
+
+    n_rows: int  # the training rows, as given (those of weight 0 too)
+    step_rows: int | None  # rows a step on the host's rule (None: the full batch; a GPU's: ``placement``)
+
+    @property
+    def minibatch(self):
+        """Whether the fit steps on minibatches (fewer rows a step than it has)."""
+        return self.step_rows is not None and self.step_rows < self.n_rows
+
+
 @dataclass(frozen=True, eq=False)
 class FitPlan:
     """What one fit (or one ``partial_fit`` call) is asked to do: the estimator's parameters that its helpers read
     (their meanings: ``GPClassifier``'s docstring), ``dtype`` spelled as one of ``DTYPES``, the estimator's name for
-    messages, the feature count a fitted model expects (``n_features``; None for a fit from scratch) and, once
-    ``for_rows`` has counted them, the rows and the rows a step takes."""
+    messages and the feature count a fitted model expects (``n_features``; None for a fit from scratch)."""
 
     estimator_name: str
     method: str
@@ -67,24 +79,22 @@ class FitPlan:
     damping: Any = None
     optimizer: Any = None
     learning_rate: Any = None
-    n_features: int | None = None  # a fitted model's feature count (partial_fit continuing, validation data)
-    n_rows: int | None = None  # ``for_rows``: the training rows
-    step_rows: int | None = None  # ``for_rows``: rows a step on the host's rule (None: the full batch)
+    n_features: int | None = None  # a fitted model's feature count (partial_fit continuing it)
 
     @classmethod
     def of(cls, estimator_name, params, n_features=None):
         """The plan of an estimator named ``estimator_name`` with the parameters ``params`` (``get_params()``,
         accepted by its parameter table); ``n_features``: the feature count of the model it continues."""
-        names = {f.name for f in fields(cls)} - {"estimator_name", "n_features", "n_rows", "step_rows"}
+        names = {f.name for f in fields(cls)} - {"estimator_name", "n_features"}
         given = {name: params[name] for name in names if name in params}
         given["dtype"] = dtype_name(params.get("dtype", "float64"))
         given.setdefault("likelihood", None)
         return cls(estimator_name=estimator_name, n_features=n_features, **given)
 
-    def for_rows(self, n_rows):
-        """This plan for a fit of ``n_rows`` rows: the rows its steps take (``step_rows``: ``batch_size.rows_per_step``
-        on the host's rule, None for the full batch), resolved here once."""
-        return replace(self, n_rows=int(n_rows), step_rows=rows_per_step(self, int(n_rows)))
+    def steps(self, n_rows):
+        """The :class:`Steps` of this plan's fit of ``n_rows`` rows: the rows its steps take
+        (``batch_size.rows_per_step`` on the host's rule; None, the full batch), resolved here once."""
+        return Steps(int(n_rows), rows_per_step(self, int(n_rows)))
 
     def with_features(self, n_features):
         """This plan for rows of a fitted model of ``n_features`` features (``partial_fit`` continuing it)."""
@@ -99,13 +109,6 @@ class FitPlan:
     def ordinal(self):
         """Whether the model's classes are ordered (one latent GP and cut points)."""
         return self.likelihood == ORDINAL
-
-    @property
-    def minibatch(self):
-        """Whether the fit of ``n_rows`` rows steps on minibatches (``for_rows`` first)."""
-        if self.n_rows is None:
-            raise RuntimeError("FitPlan.minibatch: the plan has not counted its rows (for_rows)")
-        return self.step_rows is not None and self.step_rows < self.n_rows
 
     @property
     def shared_lengthscales(self):

@@ -121,24 +121,24 @@ def model_size(n_inducing, n_rows, *, has_exact_pass, rows_known=True, n_classes
     return ModelSize(int(n_inducing), False)
 
 
-def exact_passes(plan):
+def exact_passes(plan, steps):
     """The full-GP passes of the plan's method for the exact model of its rows (``Method.exact_passes``, any number
-    of classes), where its fit runs batch passes over them (``FitPlan.minibatch``); else None."""
-    if plan.minibatch or plan.ordinal:  # (an ordinal model: the full-GP passes are the probit's)
+    of classes), where its fit runs batch passes over them (``steps``, a ``plan.Steps``); else None."""
+    if steps.minibatch or plan.ordinal:  # (an ordinal model: the full-GP passes are the probit's)
         return None
     return plan.spec.exact_passes
 
 
-def fit_model_size(plan, n_rows, n_classes=2, rows_known=True):
-    """The inducing points of the plan's fit on ``n_rows`` rows (``model_size`` of its ``n_inducing``; the rows
-    counted by their weights): how many, and whether they are the training rows themselves, held there (the exact
+def fit_model_size(plan, steps, n_rows, n_classes=2, rows_known=True):
+    """The inducing points of the plan's fit (its rows' ``steps``) on ``n_rows`` rows (``model_size`` of its
+    ``n_inducing``; the rows counted by their weights): how many, and whether they are the training rows themselves, held there (the exact
     model). An array of initial points (``inducing``) sets m itself. More inducing points than rows are refused."""
     explicit = not isinstance(plan.inducing, str)
     if explicit:
         size = ModelSize(len(plan.inducing), False)
     else:
         size = model_size(plan.n_inducing, n_rows, rows_known=rows_known, n_classes=n_classes,
-                          has_exact_pass=exact_passes(plan) is not None)
+                          has_exact_pass=exact_passes(plan, steps) is not None)
     if size.n_inducing > n_rows:
         what = f"{size.n_inducing} initial inducing points" if explicit else f"n_inducing={size.n_inducing}"
         raise ValueError(f"{what} exceeds the number of training rows ({n_rows}): use at most one inducing point per "

@@ -33,10 +33,9 @@ def binary_toy(n=50, seed=1, d=2):
     return X, y
 
 
-def plan_of(estimator, n_rows=None):
-    """The ``agpc.plan.FitPlan`` a fit of ``estimator`` reads (for ``n_rows`` rows, when given)."""
-    plan = FitPlan.of(type(estimator).__name__, estimator.get_params(deep=False))
-    return plan if n_rows is None else plan.for_rows(n_rows)
+def plan_of(estimator):
+    """The ``agpc.plan.FitPlan`` a fit of ``estimator`` reads."""
+    return FitPlan.of(type(estimator).__name__, estimator.get_params(deep=False))
 
 
 def three_classes(n=60, seed=0, *, d=2, boundaries="curved", noise=0.3, rng=None):
