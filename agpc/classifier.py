@@ -19,7 +19,7 @@ from . import methods as M
 from . import ordinal as O
 from . import placement
 from . import prediction as P
-from . import size_rule
+from . import size_rule, threads
 from . import streaming as S
 from . import uncertainty as U
 from . import validation as V
@@ -239,7 +239,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "local_steps": [V.NONE, V.Interval(numbers.Integral, 0, None, "left")],
         "n_jobs": [V.NONE, V.Interval(numbers.Integral, None, -1, "right"), _COUNT],
         "checkpoint_path": [V.NONE, V.PATH], "checkpoint_every": [V.NONE, _COUNT],
-        "site_directory": [V.NONE, V.PATH], "blas_threads": [V.NONE, _COUNT],
+        "site_directory": [V.NONE, V.PATH],
+        "blas_threads": [V.NONE, V.Interval(numbers.Integral, 1, threads.MAX_BLAS_THREADS, "both")],
         "dtype": [V.FloatingType(*I.DTYPES)], "block_rows": [V.NONE, _COUNT],
         "step_replay": [V.Boolean()], "kernel_prior": [V.NONE, V.Options("auto")],
         "ard": [V.Options("auto"), V.Boolean()],

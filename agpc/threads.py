@@ -76,6 +76,7 @@ __all__ = [
     "blas_threads",
     "busy_cores_elsewhere",
     "caller_set_blas_threads",
+    "MAX_BLAS_THREADS",
     "check_blas_threads",
     "choose_blas_threads",
     "task_blas_threads",
@@ -103,12 +104,20 @@ THREAD_ENVIRONMENT = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREA
                       "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 
+MAX_BLAS_THREADS = 1024
+"""The most BLAS threads a caller may ask for: a thread count goes to the BLAS as a C int (2**64 from a forged model
+file stopped prediction with ctypes' OverflowError), and OpenBLAS holds at most its build's MAX_CPU_NUMBER anyway."""
+
+
 def check_blas_threads(value, name="blas_threads"):
-    """``value`` if it is None (automatic) or a positive integer, else a ValueError naming ``name``."""
+    """``value`` if it is None (automatic) or an integer from 1 to ``MAX_BLAS_THREADS``, else a ValueError naming
+    ``name``."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be None (automatic) or a positive integer, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
+            or value > MAX_BLAS_THREADS):
+        raise ValueError(f"{name} must be None (automatic) or an integer from 1 to {MAX_BLAS_THREADS}, got "
+                         f"{value!r}")
     return int(value)
 
 

@@ -370,6 +370,8 @@ CORRUPTIONS = {
     "params value a mapping": ({"params": {"n_inducing": {"a": 1}}}, {}, ["params.n_inducing"]),
     "jitter a string": ({"params": {"jitter": "big"}}, {}, ["params", "jitter"]),
     "quadrature in the billions": ({"params": {"n_quadrature": 10 ** 9}}, {}, ["params.n_quadrature"]),
+    # (found by the random header test: 2**64 reached the BLAS as a C int, an OverflowError in prediction)
+    "blas_threads past a C int": ({"params": {"blas_threads": 2 ** 64}}, {}, ["params", "blas_threads"]),
     "unknown kernel": ({"kernel": {"type": "Evil"}}, {}, ["kernel", "Evil"]),
     "kernel_params short": ({"kernel_params": ["log_amplitude"]}, {}, ["kernel_params"]),
     "kernel_params not a list": ({"kernel_params": 3}, {}, ["kernel_params"]),

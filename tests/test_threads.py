@@ -130,7 +130,7 @@ def test_busy_cores_elsewhere_is_a_number_of_cores():
     assert 0.0 <= busy <= os.cpu_count() + 0.5  # (a tick of rounding at most)
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True, threads.MAX_BLAS_THREADS + 1, 2**64])
 def test_bad_blas_threads_is_refused(bad):
     X, y = _data(50)
     with pytest.raises(ValueError, match="blas_threads"):
