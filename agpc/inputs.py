@@ -307,7 +307,7 @@ def host_targets(plan, y, n_rows, classes=None):
 
 def ordinal_labels(plan, y, order=None, given=None):
     """An ordinal model's labels as ranks (0 .. K-1, int64, on the host) in the order of ``order`` (default: the
-    classes ``given`` in their order, else the estimator's ``classes``, else y's sorted distinct labels), and that
+    classes ``given`` in their order, else the plan's ``classes``, else y's sorted distinct labels), and that
     order (a NumPy array): the classes of an
     ordinal model are ordered, and its labels travel as their ranks (whose sorted order is the model's). A label
     not among the classes, or classes given twice or fewer than two, is one ValueError."""
@@ -535,7 +535,7 @@ def sample_rows(plan, X):
 def sample_row_indices(plan, n):
     """Which of n training rows the kernel and the inducing points are initialised from, wherever the rows are (in
     memory, on disk, on a dask cluster): None for all of them (up to ``INIT_SAMPLE``: no draw, so the same seed
-    gives the same model), else ``INIT_SAMPLE`` rows drawn by a generator of their own from the estimator's
+    gives the same model), else ``INIT_SAMPLE`` rows drawn by a generator of their own from the plan's
     ``random_state`` (the training's generator is not advanced by it), sorted (one pass over data on disk)."""
     if n <= INIT_SAMPLE:
         return None

@@ -93,7 +93,7 @@ def fit_plateau(plateau, n_rows, at_rows, minibatch=False):
 @dataclass(frozen=True)
 class ModelSize:
     """What a fit on ``n_rows`` rows trains: ``n_inducing`` points, at the training rows and held there
-    (``at_rows``: the exact model) or started by the estimator's ``inducing`` and learned as ``optimize`` says."""
+    (``at_rows``: the exact model) or started by the plan's ``inducing`` and learned as ``optimize`` says."""
 
     n_inducing: int
     at_rows: bool

@@ -148,10 +148,12 @@ def rows_a_step(clf, X, n_classes):
     device)."""
     from agpc.backend import array_namespace
     from agpc.batch_size import rows_per_step
+    from agpc.plan import FitPlan
 
     xp = array_namespace(X)
     Z = xp.zeros((clf.n_inducing, X.shape[1]), dtype=X.dtype)
-    return rows_per_step(clf, X.shape[0], xp, Z, n_classes) or X.shape[0]
+    plan = FitPlan.of(type(clf).__name__, clf.get_params())
+    return rows_per_step(plan, X.shape[0], xp, Z, n_classes) or X.shape[0]
 
 
 def run_gp(method, X_train, y_train, X_test, y_test, args, batch=200):

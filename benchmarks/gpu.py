@@ -196,9 +196,11 @@ def auto_batch(xp, method, m, dtype, n):
     ``agpc.batch_size.FULL_BATCH_MAX_ROWS``)."""
     from agpc import GPClassifier
     from agpc.batch_size import rows_per_step
+    from agpc.plan import FitPlan
 
     Z = xp.zeros((m, N_FEATURES), dtype=getattr(xp, dtype))
-    return rows_per_step(GPClassifier(method=method, n_inducing=m, dtype=dtype), n, xp, Z) or n
+    params = GPClassifier(method=method, n_inducing=m, dtype=dtype).get_params()
+    return rows_per_step(FitPlan.of("GPClassifier", params), n, xp, Z) or n
 
 
 def time_gpu(xp, problem, method, batch, dtype, repeats, block_rows=None):
