@@ -62,11 +62,10 @@ def dtype_text(dtype):
     return str(dtype).rsplit(".", 1)[-1]
 
 
-def array_shapes(state):
-    """{key: shape} of the arrays of an engine's state (kernel parameters as "kernel.<name>")."""
-    shapes = {f"kernel.{k}": tuple(v.shape) for k, v in state["kernel"].params.items()}
-    shapes.update({k: tuple(v.shape) for k, v in state.items() if is_array(v)})
-    return shapes
+def array_shapes(engine):
+    """{key: shape} of the arrays of an engine's state (``Engine.state_arrays``: kernel parameters as
+    "kernel.<name>")."""
+    return {k: tuple(v.shape) for k, v in engine.state_arrays().items()}
 
 
 def check_loop_state(saved, fingerprint, refuse, history_keys=(), validation_keys=()):

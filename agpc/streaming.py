@@ -94,7 +94,7 @@ def trainer_from_fitted(plan, fitted, groups, n_total, rows, rows_seen):
     trainer = stream_trainer(plan, fitted.kernel, fitted.inducing_points, n_total or rows_seen + rows, groups,
                              float(fitted.jitter), shared=(fitted.record or {}).get("ard") is False)
     posterior = fitted.posterior
-    trainer.state["factor"] = (multiclass_ep.factor_from_posteriors(posterior) if isinstance(posterior, tuple)
+    trainer.engine.take_factor(multiclass_ep.factor_from_posteriors(posterior) if isinstance(posterior, tuple)
                                else ep.Factor.from_posterior(posterior))
     trainer.n_steps = int(fitted.n_iter)
     history = {name: list(values) for name, values in fitted.history.items()}

@@ -52,7 +52,7 @@ def data_fingerprint(n, d, rows, labels, classes):
 
 def run_fingerprint(engine, n, n_batches, data_hash):
     """What a checkpoint must have been written by for this run to resume it."""
-    kernel, Z = engine.state["kernel"], engine.state["Z"]
+    kernel, Z = engine.kernel, engine.Z
     return {"n": int(n), "method": engine.name, "n_batches": n_batches, "Z_shape": [int(v) for v in Z.shape],
             "per_row_sites": engine.per_row_sites, "params": list(engine.names), "data": data_hash,
             # full-GP passes read Z as the rows themselves, site i as row i's: a sparse run's checkpoint whose
@@ -90,7 +90,7 @@ def restore(trainer, rng, path, fingerprint, has_validation):
     def refuse(why):
         return ValueError(f"{path} is not a valid agpc checkpoint: {why}")
 
-    xp, device = trainer.xp, array_device(trainer.state["Z"])
+    xp, device = trainer.xp, array_device(trainer.engine.Z)
     saved = load_checkpoint(path, lambda a: asarray_like(a, xp, device=device))
     _check_fingerprint(saved, trainer, path, fingerprint)
     # what the fresh run records; a checkpoint written before the guard (issue 39) has no guard counts, which the
@@ -133,7 +133,7 @@ def _check_fingerprint(saved, trainer, path, fingerprint):
     # The data's hash is of its rows in the run's type, so a resume in another dtype would read as other data:
     # said first, by the type the checkpoint's arrays are in.
     saved_Z = saved["engine"].get("Z") if isinstance(saved.get("engine"), dict) else None
-    run_dtype = trainer.state["Z"].dtype
+    run_dtype = trainer.engine.Z.dtype
     if is_array(saved_Z) and saved_Z.dtype != run_dtype:
         raise ValueError(
             f"checkpoint {path} was written by a fit computing in {dtype_text(saved_Z.dtype)}, but this fit "
@@ -174,8 +174,7 @@ def _check_prior_scale(engine, n, refuse):
     whitened factor's largest eigenvalue is at most W (C - 1) max K(x, x) / noise variance, W the rows' total weight;
     K(x, x) is read at the inducing points (a stationary kernel's is the same everywhere). Each is checked within
     ``PRIOR_SCALE_MARGIN`` of its bound; a failure is one ValueError naming the file (``refuse``)."""
-    state = engine.state
-    kernel, Z, factor = state["kernel"], state["Z"], state.get("factor")
+    kernel, Z, factor = engine.kernel, engine.Z, engine.factor
     kernels = kernel.kernels if isinstance(kernel, ClassKernels) else (kernel,)
     inducing = [Z[c, ...] for c in range(Z.shape[0])] if isinstance(kernel, ClassKernels) else [Z]
     parts = getattr(factor, "factors", None) or ((factor,) if factor is not None else (None,) * len(kernels))
@@ -201,7 +200,7 @@ def _check_prior_scale(engine, n, refuse):
             prior_variance = float(array_namespace(Zc).max(each.Kdiag(Zc)))
             bound = PRIOR_SCALE_MARGIN * total * sites_per_row * prior_variance * per_row
             check_factor_scale(to_numpy(part.whitened(L_K)[0]), bound, "engine.factor", refuse)
-    nu = state.get("nu")  # (one copy of each row's site, whatever its weight; rows on a cluster: not gathered)
+    nu = engine.row_site_precision  # (one copy of each row's site, whatever its weight; rows on a cluster: not gathered)
     if nu is not None and is_array_api_obj(nu) and not is_dask_array(nu):
         check_site_scale(to_numpy(nu), PRIOR_SCALE_MARGIN * largest_site, "engine.nu", refuse)
 
@@ -223,7 +222,7 @@ def _short(value, limit=60):
 def _restore_engine(trainer, rng, saved, path, refuse):
     """The random generator's and the engine's state from a checked checkpoint; the engine's arrays must come
     back in the shapes of this run's."""
-    fresh = array_shapes(trainer.engine.state)
+    fresh = array_shapes(trainer.engine)
     try:
         rng.bit_generator.state = saved["rng"]
     except (KeyError, TypeError, ValueError) as exc:
@@ -233,7 +232,7 @@ def _restore_engine(trainer, rng, saved, path, refuse):
     # what restoring raises on a missing entry or a value of the wrong kind: the field is named
     except (KeyError, TypeError, IndexError) as exc:  # (a ValueError here says what is wrong already)
         raise refuse(f"engine: {type(exc).__name__}: {exc}") from None
-    restored = array_shapes(trainer.engine.state)
+    restored = array_shapes(trainer.engine)
     for key, shape in fresh.items():
         if restored.get(key) != shape:
             raise refuse(f"engine.{key}: shape {restored.get(key)}, this run's is {shape}")

@@ -31,6 +31,7 @@ import math
 import operator
 from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
+from typing import Any, NamedTuple
 
 from ..backend import (ModulesByName, array_device, array_namespace, is_dask_array, read_rows, row_slice, scaled_std,
                        to_host_vector)
@@ -40,7 +41,7 @@ from ..likelihoods import negative_log_likelihood
 from ..optim import OPTIMIZERS, Rprop, bounded_step, lbfgsb_ascent
 from . import ep, exact_ep, gfitc, multiclass_ep, multiclass_vi, variational
 
-__all__ = ["Engine", "EngineOptions", "ENGINES", "Forwarded", "forwarding", "Outcome", "EPEngine", "GFITCEngine",
+__all__ = ["Engine", "FittedParts", "EngineOptions", "ENGINES", "Forwarded", "forwarding", "Outcome", "EPEngine", "GFITCEngine",
            "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names", "relative_change", "with_log_prior",
            "factor_arrays", "factor_from_arrays", "anchor_arrays", "anchor_from_arrays", "EP_METHODS",
            "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS", "ALL_METHODS"]
@@ -270,13 +271,26 @@ def forwarding(inner, *names, settable=()):
     return type(f"Forwarding{inner.title()}", (), members)
 
 
+class FittedParts(NamedTuple):
+    """An engine's state as a fit reports it (``Engine.fitted_parts``), per-row entries in the caller's row order."""
+
+    kernel: Any
+    Z: Any
+    site_precision: Any  # EP and GFITC: one a row; else None
+    site_shift: Any
+    factor: Any  # SEP / ADF (and minibatch EP): the tied site product in u-space; else None
+    state: dict  # all of it, by the engine's own keys (SVI: "whitened_mean", "whitened_chol"; vi-*: "xi")
+
+
 class Engine(ModulesByName, abc.ABC):
     """The contract between the training loop and a method: one step, and never a loop of its own (module
     docstring). What the loop calls, besides the abstract methods: ``snapshot`` / ``restore`` / ``shrink`` (the
     guard's revert-and-halve), ``keep`` / ``put_back`` (early stopping's best state), and the optional members
     below, whose defaults say "nothing of the kind". The engine owns its state: its keys, its row order and its
-    final pass; the loop reads only ``state["kernel"]`` and ``state["Z"]``. Engines pickle (a model trained by
-    ``partial_fit`` holds one): their namespace and passes modules travel by name."""
+    final pass; what the loop, its hooks, the checkpoints, the result and a stream read of it are the members
+    ``kernel``, ``Z``, ``factor``, ``row_site_precision``, ``state_arrays``, ``fitted_parts`` and ``take_factor``, never its
+    keys. Engines pickle (a model trained by ``partial_fit`` holds one): their namespace and passes modules travel by
+    name."""
 
     per_row_sites = False  # the state holds a site per row ("nu", "mu", in the loop's row order)
     triangular_state = ()  # state arrays that are lower-triangular factors (a resume checks them: checkpoint_rules)
@@ -337,6 +351,46 @@ class Engine(ModulesByName, abc.ABC):
         """The state with its per-row entries in the caller's row order, the loop having visited the rows in
         ``permutation``'s (None: in the caller's). By default the state has no per-row entries."""
         return dict(self.state)
+
+    # -- what the loop, its hooks, the checkpoints, the result and a stream read of the state ---------------------
+
+    @property
+    def kernel(self):
+        """The kernel (its hyper-parameters) at the current state."""
+        return self.state["kernel"]
+
+    @property
+    def Z(self):
+        """The inducing points at the current state."""
+        return self.state["Z"]
+
+    @property
+    def factor(self):
+        """The tied site product (SEP / ADF, minibatch EP's running one: ``ep.Factor``, or one a class), or None."""
+        return self.state.get("factor")
+
+    @property
+    def row_site_precision(self):
+        """The per-row site precisions in the loop's row order (EP, GFITC), or None."""
+        return self.state.get("nu")
+
+    def state_arrays(self):
+        """{name: array} of the state's arrays, kernel parameters as "kernel.<name>" (what a resume checks the
+        shapes of)."""
+        arrays = {f"kernel.{k}": v for k, v in self.kernel.params.items()}
+        arrays.update({k: v for k, v in self.state.items() if hasattr(v, "shape") and hasattr(v, "dtype")})
+        return arrays
+
+    def fitted_parts(self, permutation):
+        """The state as a fit reports it (``FittedParts``), its per-row sites in the caller's row order
+        (``state_in_row_order``)."""
+        state = self.state_in_row_order(permutation)
+        return FittedParts(state["kernel"], state["Z"], state.get("nu"), state.get("mu"), state.get("factor"), state)
+
+    def take_factor(self, factor):
+        """Go on from ``factor``, a tied site product (``ep.Factor``, or one a class) read back from a fitted q: a
+        stream continuing a fitted model (``partial_fit``)."""
+        self.state["factor"] = factor
 
     def __init__(self, kernel, Z, *, names, optimizer, n_total, minibatch, jitter, block_rows):
         """The parts every engine has: ``names`` (the hyper-parameters it moves) and their ``optimizer``, the rows

@@ -72,7 +72,7 @@ class TrainResult:
 def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
     """The shape of a call's work for the BLAS thread rule (``agpc.threads``): a minibatch step's rows
     lo:hi, or a pass over all rows of X, or (no X) the m x m algebra alone."""
-    Z = trainer.state["Z"]
+    Z = trainer.engine.Z
     m = Z.shape[-2]
     rows = m if X is None else (hi - lo) if (trainer.minibatch and hi is not None) else X.shape[0]
     return {"rows": rows, "m": m, "n_features": Z.shape[-1], "block_rows": trainer.engine.block_rows,
@@ -100,7 +100,7 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         # the loop's schedule (the engine's own steps may be minibatch steps in a loop of batch steps: rounds of
         # data-parallel minibatch steps on rows fewer than a round takes)
         self.minibatch = engine.minibatch if minibatch is None else minibatch
-        self.xp = array_namespace(engine.state["Z"])
+        self.xp = array_namespace(engine.Z)
         self.method = engine.name or type(engine).__name__
         self.history = {key: [] for key in HISTORY_KEYS}
         self.t0 = time.perf_counter()
@@ -192,7 +192,7 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
             guard.note("guard_rebuilds")
             return
         if problem == "improper":
-            needed = _jitter_needed(engine.state["kernel"], engine.state["Z"], engine.jitter)
+            needed = _jitter_needed(engine.kernel, engine.Z, engine.jitter)
             if needed > engine.jitter and self.failures <= MAX_FAILURES:
                 note_jitter(f"{PRIOR_FACTOR_NAME}: the model's jitter", engine.jitter, needed)
                 engine.jitter = needed
@@ -269,7 +269,7 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         X_val, y_val = validation
         with block_memory_advice(f"{self.method}'s scoring of the validation data"):
             post, _ = self.engine.posterior(X, y, want_log_z=False)
-            y_val = read_rows(y_val, 0, y_val.shape[0], self.state["Z"])
+            y_val = read_rows(y_val, 0, y_val.shape[0], self.engine.Z)
             return self.engine.validation_scores(post, X_val, y_val)
 
     @with_blas_threads(_work)
@@ -409,7 +409,7 @@ def warn_if_no_checkpoint(checkpoint_path, checkpoint_every, result, resumed, st
 
 def _start(X, y, engine, settings, hooks, sample_weight=None):
     """The run: the rows in the order the loop visits them, the trainer, the minibatches; the hooks started."""
-    xp, n = array_namespace(engine.state["Z"]), X.shape[0]
+    xp, n = array_namespace(engine.Z), X.shape[0]
     out_of_core = is_out_of_core(X) or is_out_of_core(y)
     minibatch = settings.minibatch(n)
     rng = host_rng(settings.random_state)
@@ -420,7 +420,7 @@ def _start(X, y, engine, settings, hooks, sample_weight=None):
         # in which the slices are visited is drawn again every epoch. Data on disk are not reordered
         # (that would read them all): their slices are visited in random order, so rows stored sorted
         # should be shuffled on disk first.
-        permutation = asarray_like(rng.permutation(n), xp, device=array_device(engine.state["Z"]))
+        permutation = asarray_like(rng.permutation(n), xp, device=array_device(engine.Z))
         X = xp.take(X, permutation, axis=0)
         y = xp.take(y, permutation, axis=0)
         if sample_weight is not None:
@@ -457,13 +457,13 @@ def _result(run, want_log_z):
         posterior, final_log_z = trainer.posterior(run.X, run.y, want_log_z=want_log_z)
     extra = max((after for what, before, after in raises if what.startswith(PRIOR_FACTOR_NAME) and before == 0.0),
                 default=0.0)
-    state = engine.state_in_row_order(run.permutation)
+    parts = engine.fitted_parts(run.permutation)
     return TrainResult(
-        kernel=state["kernel"], Z=state["Z"], posterior=posterior, log_z=final_log_z,
-        n_iter=len(trainer.history["log_marginal_likelihood"]), site_precision=state.get("nu"),
-        site_shift=state.get("mu"), factor=state.get("factor"), history=trainer.history, converged=run.converged,
+        kernel=parts.kernel, Z=parts.Z, posterior=posterior, log_z=final_log_z,
+        n_iter=len(trainer.history["log_marginal_likelihood"]), site_precision=parts.site_precision,
+        site_shift=parts.site_shift, factor=parts.factor, history=trainer.history, converged=run.converged,
         stopped_by_time=run.stopped_by_time, early_stopped=run.early_stopped,
-        checkpoints_written=run.checkpoints_written, state=state, jitter=engine.jitter + extra,
+        checkpoints_written=run.checkpoints_written, state=parts.state, jitter=engine.jitter + extra,
         stop_reason=run.stop_reason, n_warmup=min(run.warmup, len(trainer.history["log_marginal_likelihood"])),
     )
 
