@@ -412,7 +412,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         vars(self).update(tf32_=bool(getattr(self, "tf32_", False)),  # (set by inputs.note_tf32; loaded: False)
                           jitter_=jitter, kernel_prior_=self.kernel_prior, kernel_=kernel, inducing_points_=Z,
                           posterior_=posterior, log_marginal_likelihood_=log_z, history_=history, n_iter_=n_iter)
-        self._fitted_structure = S.structure(self._plan())  # what partial_fit may continue (``streaming.check_continuable``)
+        # what partial_fit may continue (``streaming.check_continuable``)
+        self._fitted_structure = S.structure(self._plan())
 
     @available_if(lambda self: M.supports(self.method, "partial_fit"))
     def partial_fit(self, X, y, classes=None, n_total=None, sample_weight=None):

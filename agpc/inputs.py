@@ -342,8 +342,8 @@ def check_known_shapes(X, y=None):
 
 
 def rows_and_features(X, y=None):
-    """(rows, features) of X as given, before its checks: what a fit's steps are resolved from (``FitPlan.steps``) and its
-    BLAS scope is sized by. A dask array of unknown chunk sizes (X or the labels y) is refused first
+    """(rows, features) of X as given, before its checks: what a fit's steps are resolved from (``FitPlan.steps``) and
+    its BLAS scope is sized by. A dask array of unknown chunk sizes (X or the labels y) is refused first
     (``check_known_shapes``). Lists and array-likes are read through NumPy; what cannot be (the checks will say
     why) counts as 1 x 1."""
     check_known_shapes(X, y)

@@ -168,8 +168,8 @@ class Placement:
 
 
 def n_jobs_for(plan, steps, xp, n_classes):
-    """The workers the plan's fit of its rows (``steps``) in this process uses (``n_jobs``; ``n_jobs_``). Minibatches of a method with
-    data-parallel rounds, on NumPy data: that many processes (``useful_processes``); an ``n_jobs > 1`` those
+    """The workers the plan's fit of its rows (``steps``) in this process uses (``n_jobs``; ``n_jobs_``). Minibatches
+    of a method with data-parallel rounds, on NumPy data: that many processes (``useful_processes``); an ``n_jobs > 1`` those
     rounds cannot take is refused when it was given, and gives 1 when it came from an enclosing
     ``joblib.parallel_config``. Batch passes: that many threads over the row blocks, and the BLAS thread rule within
     that many cores (``in_process_cores``: the exact model's n x n algebra too), for NumPy data; on another
@@ -195,8 +195,8 @@ def n_jobs_for(plan, steps, xp, n_classes):
     why = None
     if not spec.supports("n_jobs"):
         why = spec.refusal("n_jobs", f"method={plan.method!r} has no data-parallel rounds for its minibatches")
-    elif refusal(spec.engine, n_classes) is not None:
-        why = f"{refusal(spec.engine, n_classes)}: train multiclass {plan.method!r} with n_jobs=1"
+    elif refusal(spec.engine_factory, spec.engine_name, n_classes) is not None:
+        why = f"{refusal(spec.engine_factory, spec.engine_name, n_classes)}: train {plan.method!r} with n_jobs=1"
     elif not B.is_numpy_namespace(xp):
         why = (f"n_jobs > 1 trains NumPy data in worker processes on this machine, not {xp.__name__} arrays: "
                "use n_jobs=1 (or backend='numpy')")

@@ -98,8 +98,9 @@ def test_the_plan_chooses_only_for_the_default_exact_model():
     limit = size_rule.ARD_CHOICE_MAX_ROWS
     quadratic = size_rule.QUADRATIC_MAX_ROWS  # the last stage, the quadratic kernel, up to fewer rows
     assert size_rule.ard_plan(plan_of(GPClassifier()), size_rule.ModelSize(quadratic, True), 3) == size_rule.CHOOSE
-    assert size_rule.ard_plan(plan_of(GPClassifier()), size_rule.ModelSize(quadratic + 1, True), 3) == size_rule.CHOOSE_TO_LINEAR
-    assert size_rule.ard_plan(plan_of(GPClassifier()), size_rule.ModelSize(limit, True), 3) == size_rule.CHOOSE_TO_LINEAR
+    default = plan_of(GPClassifier())
+    assert size_rule.ard_plan(default, size_rule.ModelSize(quadratic + 1, True), 3) == size_rule.CHOOSE_TO_LINEAR
+    assert size_rule.ard_plan(default, size_rule.ModelSize(limit, True), 3) == size_rule.CHOOSE_TO_LINEAR
     assert size_rule.ard_plan(plan_of(GPClassifier()), size_rule.ModelSize(limit + 1, True), 3) is True
     assert size_rule.ard_plan(plan_of(GPClassifier()), sparse, 3) is True
     assert size_rule.ard_plan(plan_of(GPClassifier(kernel=agpc.RBF())), exact, 3) is True
@@ -442,7 +443,8 @@ def test_the_summary_says_the_relevance_was_not_learned_per_feature():
 def test_more_classes_and_large_data_keep_lengthscales_per_feature():
     X, y = load_iris(return_X_y=True)
     assert _quiet_fit(X, y, max_iter=3).ard_ is True  # more than two classes: the sparse model, as before
-    assert size_rule.ard_plan(plan_of(GPClassifier()), size_rule.ModelSize(100, False), 3) is True  # minibatches, dask, ...
+    sparse = size_rule.ModelSize(100, False)  # minibatches, dask, ...
+    assert size_rule.ard_plan(plan_of(GPClassifier()), sparse, 3) is True
 
 
 def test_data_parallel_rounds_keep_the_tie_and_say_it_in_their_checkpoints(tmp_path):

@@ -200,7 +200,7 @@ def _check_prior_scale(engine, n, refuse):
             prior_variance = float(array_namespace(Zc).max(each.Kdiag(Zc)))
             bound = PRIOR_SCALE_MARGIN * total * sites_per_row * prior_variance * per_row
             check_factor_scale(to_numpy(part.whitened(L_K)[0]), bound, "engine.factor", refuse)
-    nu = engine.row_site_precision  # (one copy of each row's site, whatever its weight; rows on a cluster: not gathered)
+    nu = engine.row_site_precision  # (one copy of each row's site, whatever its weight; on a cluster: not gathered)
     if nu is not None and is_array_api_obj(nu) and not is_dask_array(nu):
         check_site_scale(to_numpy(nu), PRIOR_SCALE_MARGIN * largest_site, "engine.nu", refuse)
 

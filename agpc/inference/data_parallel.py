@@ -149,14 +149,11 @@ def balanced_steps(total, speeds):
     return [1 + x for x in steps]
 
 
-def refusal(method, n_classes):
-    """Why the rounds cannot train ``method`` on ``n_classes`` classes (None: they can)."""
-    if method not in ("ep", "sep", "adf", "svi"):
-        return f"data-parallel training runs 'ep', 'sep', 'adf' or 'svi', not {method!r}"
-    if method == "ep" and n_classes > 2:
-        return ("data-parallel multiclass training runs 'sep', 'adf' or 'svi' (multiclass EP's per-row sites are "
-                "not kept per chunk yet)")
-    return None
+def refusal(factory, method, n_classes):
+    """Why the rounds cannot train ``method`` with the engine ``factory`` on ``n_classes`` classes (None: they can):
+    the engine's ``round_refusal``; a factory that is not an ``Engine`` class cannot."""
+    engine = factory if isinstance(factory, type) and issubclass(factory, Engine) else Engine
+    return engine.round_refusal(method, n_classes)
 
 
 def prepare_worker(modules=()):
@@ -286,7 +283,7 @@ class _Shard:
         engine.damping = spec["damping"]
         Z = engine.state["Z"]
         self.xp, self.device, self.dtype = array_namespace(Z), array_device(Z), Z.dtype
-        self.tied = spec["method"] != "svi"
+        self.tied = engine.tied_factor
         self.factors = dict(spec["factors"])
         # EP: where each chunk's factor holds the sites of its rows not yet visited in the chunk's current visit
         # (``ep.Anchor``: the kernel and Z of the visit's rebuild; None: zero sites, the chunk's first visit)
@@ -521,18 +518,19 @@ class DataParallel:
     def round_engine(self, factory, method, kernel, Z, *, n_total, options):
         """The engine ``training.train`` drives, whose step is a round of the shards' minibatch steps of the
         engine ``factory(method, kernel, Z, n_total=, minibatch=True, options=)``."""
-        refused = refusal(method, 3 if isinstance(kernel, ClassKernels) else 2)
+        refused = refusal(factory, method, 3 if isinstance(kernel, ClassKernels) else 2)
         if refused is not None:
-            remedy = ("for multiclass EP on minibatches of a dask array pass local_steps=0 (steps on the driver), "
-                      "or train in batch passes" if is_dask_array(self.X) else "train multiclass EP with n_jobs=1")
-            raise ValueError(f"{refused}: {remedy}" if method == "ep" else refused)
-        if method == "ep":
-            # the engines hold the sites of the minibatch they step, not n of them (an empty start)
-            options = replace(options, site_rows=0)
-            directory = self.site_directory if self.site_directory is not None else tempfile.gettempdir()
-            os.makedirs(directory, exist_ok=True)
-            self.site_root = tempfile.mkdtemp(prefix="agpc-dp-sites-", dir=os.fspath(directory))
-        return _RoundEngine(self, factory, method, kernel, Z, n_total=n_total, options=options)
+            remedy = ("on minibatches of a dask array pass local_steps=0 (steps on the driver), or train in batch "
+                      "passes" if is_dask_array(self.X) else f"train {method!r} with n_jobs=1")
+            raise ValueError(f"{refused}: {remedy}")
+        # an engine with per-row sites holds those of the minibatch it steps, not n of them (an empty start)
+        return _RoundEngine(self, factory, method, kernel, Z, n_total=n_total, options=replace(options, site_rows=0))
+
+    def make_site_root(self):
+        """A directory of this fit's own for the chunks' site files (per-row sites), under ``site_directory``."""
+        directory = self.site_directory if self.site_directory is not None else tempfile.gettempdir()
+        os.makedirs(directory, exist_ok=True)
+        self.site_root = tempfile.mkdtemp(prefix="agpc-dp-sites-", dir=os.fspath(directory))
 
 
 class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_params", "block_rows", "n_total",
@@ -556,17 +554,20 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
         self.method = self.name = method
         self.options = options
         self.template = factory(method, kernel, Z, n_total=n_total, minibatch=True, options=options)
-        self.tied = method != "svi"
+        self.tied = self.template.tied_factor
+        per_row = self.template.per_row_sites
+        if per_row:
+            plan.make_site_root()
         n_chunks = len(plan.chunk_rows)
         passes = self.template.passes if self.tied else None
         self.factors = {c: passes.uniform_factor(Z) for c in range(n_chunks)} if self.tied else {}
         # EP: each chunk's anchor (``_Shard.anchors``), travelling with its factor
-        self.anchors = {c: None for c in range(n_chunks)} if method == "ep" else {}
+        self.anchors = {c: None for c in range(n_chunks)} if per_row else {}
         self.visits = {c: 0 for c in range(n_chunks)}
         self.cursors = [_Cursor() for _ in plan.shards]
         self.generation = 0
         # EP: each chunk's site file, written by the worker that stepped it last (None: zero sites, no file yet)
-        self.site_files = {c: None for c in range(n_chunks)} if method == "ep" else {}
+        self.site_files = {c: None for c in range(n_chunks)} if per_row else {}
         self.loaded = {}  # chunk -> (futures of X, y) on the worker of the shard stepping it
         self._checkpoint_directory = None  # EP: where the last checkpoint's site files went
 

@@ -41,8 +41,8 @@ from ..likelihoods import negative_log_likelihood
 from ..optim import OPTIMIZERS, Rprop, bounded_step, lbfgsb_ascent
 from . import ep, exact_ep, gfitc, multiclass_ep, multiclass_vi, variational
 
-__all__ = ["Engine", "FittedParts", "EngineOptions", "ENGINES", "Forwarded", "forwarding", "Outcome", "EPEngine", "GFITCEngine",
-           "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names", "relative_change", "with_log_prior",
+__all__ = ["Engine", "FittedParts", "EngineOptions", "ENGINES", "Forwarded", "forwarding", "Outcome", "EPEngine",
+           "GFITCEngine", "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names", "relative_change", "with_log_prior",
            "factor_arrays", "factor_from_arrays", "anchor_arrays", "anchor_from_arrays", "EP_METHODS",
            "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS", "ALL_METHODS"]
 
@@ -50,6 +50,13 @@ EP_METHODS = ("ep", "sep", "adf")
 QUADRATIC_METHODS = ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
 CLUSTER_QUADRATIC_METHODS = ("vi-jj", "vi-taylor")  # xi stays per row on the workers; the driver steps the kernel
 ALL_METHODS = EP_METHODS + ("svi",) + QUADRATIC_METHODS + ("gfitc",)
+ROUND_METHODS = EP_METHODS + ("svi",)  # the built-in engines' methods data-parallel rounds train (``round_refusal``)
+
+
+def _quoted(names):
+    """'a', 'b' or 'c'."""
+    names = [repr(name) for name in names]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 _NOT_DAMPED = float("nan")  # history's "damping" for the methods that have none
 
 
@@ -288,9 +295,9 @@ class Engine(ModulesByName, abc.ABC):
     guard's revert-and-halve), ``keep`` / ``put_back`` (early stopping's best state), and the optional members
     below, whose defaults say "nothing of the kind". The engine owns its state: its keys, its row order and its
     final pass; what the loop, its hooks, the checkpoints, the result and a stream read of it are the members
-    ``kernel``, ``Z``, ``factor``, ``row_site_precision``, ``state_arrays``, ``fitted_parts`` and ``take_factor``, never its
-    keys. Engines pickle (a model trained by ``partial_fit`` holds one): their namespace and passes modules travel by
-    name."""
+    ``kernel``, ``Z``, ``factor``, ``row_site_precision``, ``state_arrays``, ``fitted_parts`` and ``take_factor``,
+    never its keys. Engines pickle (a model trained by ``partial_fit`` holds one): their namespace and passes modules
+    travel by name."""
 
     per_row_sites = False  # the state holds a site per row ("nu", "mu", in the loop's row order)
     triangular_state = ()  # state arrays that are lower-triangular factors (a resume checks them: checkpoint_rules)
@@ -302,6 +309,8 @@ class Engine(ModulesByName, abc.ABC):
     threaded_passes = False  # its passes over rows spread their blocks over Python threads (``ep.map_blocks``)
     shared_lengthscales = False  # ``EngineOptions.shared_lengthscales``: set by the engines that step it
     checkpoint_extras = ()  # entries of ``checkpoint_state`` the engine checks itself as it restores them
+    tied_factor = False  # its state holds a tied site product ("factor": SEP / ADF, minibatch EP), one a chunk of
+    # data-parallel rounds
     name = None  # the method it trains (in messages)
     legacy_checkpoint_keys = MappingProxyType({})  # state entries of older checkpoints, old name -> new
     # entries of ``checkpoint_state`` that are no array of the state, by the rule a resume checks them with
@@ -335,6 +344,12 @@ class Engine(ModulesByName, abc.ABC):
     @abc.abstractmethod
     def restore_checkpoint(self, saved, path):
         """Put back what ``checkpoint_state`` wrote (checked by ``checkpoint_rules`` first)."""
+
+    @classmethod
+    def round_refusal(cls, name, n_classes):
+        """Why data-parallel rounds (``data_parallel``) cannot train method ``name`` on ``n_classes`` classes with
+        this engine (None: they can). By default they cannot."""
+        return f"data-parallel training runs {_quoted(ROUND_METHODS)}, not {name!r}"
 
     def rebuild_factor(self, X, y, want_log_z=False):
         """Recompute what ``needs_rebuild`` says has drifted (by default nothing does); ``want_log_z``: and return
@@ -528,6 +543,14 @@ class EPEngine(Engine):
     checkpoint_flags = ("needs_rebuild",)
     checkpoint_factors = ("factor",)
     checkpoint_extras = ("anchor", "visited")  # minibatch EP's (checked as they are restored)
+    tied_factor = True
+
+    @classmethod
+    def round_refusal(cls, name, n_classes):
+        if name == "ep" and n_classes > 2:
+            return (f"data-parallel multiclass training runs {_quoted(m for m in ROUND_METHODS if m != 'ep')} "
+                    "(multiclass EP's per-row sites are not kept per chunk yet)")
+        return None
     sites_on_cluster = False
 
     def __init__(self, name, kernel, Z, *, n_total, minibatch, options, passes=None):
@@ -1026,6 +1049,10 @@ class SVIEngine(Engine):
     legacy_checkpoint_keys = {"mean": "whitened_mean", "chol": "whitened_chol"}
 
     triangular_state = ("whitened_chol",)  # q(v)'s covariance factor
+
+    @classmethod
+    def round_refusal(cls, name, n_classes):
+        return None
 
     def __init__(self, name, kernel, Z, *, n_total, minibatch, options, passes=None):
         _refuse_passes(name, passes)
