@@ -21,7 +21,7 @@ from . import inputs as I
 from . import validation as V
 from .inference.dask_engine import local_cluster, persisted_blocks
 from .inference.data_parallel import prepare_worker
-from .methods import ORDINAL, get_method, methods_supporting
+from .methods import ORDINAL, methods_supporting
 
 __all__ = ["checked_arrays", "cluster_client", "training_inputs", "persisted_inputs", "check_finite_chunks",
            "training_weights", "class_counts"]

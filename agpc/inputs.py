@@ -31,7 +31,7 @@ from .kernels import RBF
 from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
 from .inducing import start_rows
 from .inference.training import data_fingerprint, fingerprint_stride
-from .methods import ORDINAL, get_method, methods_supporting, supports
+from .methods import ORDINAL, methods_supporting, supports
 from .model_file import MAX_LABEL_BYTES
 from .plan import DTYPES, dtype_name
 from .untrusted import check_zarr_array

@@ -32,7 +32,7 @@ import numpy as np
 
 from . import backend as B
 from .checkpoints import HEADER_KEY, atomic_savez, read_archive
-from .inference.ep import Posterior, prior_cholesky
+from .inference.posterior import Posterior, prior_cholesky
 from .inference.training import STOP_REASONS
 from .kernels import ORDINAL_KERNEL, PER_DIMENSION, ClassKernels, kernel_from_spec, spec_parameter_table
 from .untrusted import RefusedFile, available_memory, describe
@@ -104,7 +104,7 @@ class FittedState:
 
     kernel: Any  # a kernel of agpc.kernels, or a ClassKernels (one a class)
     inducing_points: Any
-    posterior: Any  # agpc.inference.ep.Posterior, or a tuple of them (one a class)
+    posterior: Any  # agpc.inference.posterior.Posterior, or a tuple of them (one a class)
     classes: np.ndarray  # the labels, in the order of the columns of predict_proba
     n_features_in: int
     feature_names_in: Any  # the column names seen at fit (an array of str), or None

@@ -15,8 +15,9 @@ import numpy as np
 from . import backend as B
 from . import methods as M
 from . import validation as V
-from .inference import ep, multiclass_ep, training
+from .inference import multiclass_ep, training
 from .inference.guard import GUARD_KEYS
+from .inference.posterior import Factor
 
 __all__ = ["ROWS_SEEN", "check_stream_params", "structure", "check_continuable", "stream_trainer", "trainer_from_fitted",
            "rows_counted", "step"]
@@ -78,7 +79,7 @@ def stream_trainer(plan, kernel, Z, n_total, groups, jitter, shared=None):
 def trainer_from_fitted(plan, fitted, groups, n_total, rows, rows_seen):
     """A stream trainer at the fitted state of a model without one (fitted by ``fit``, or loaded; ``fitted``, its
     ``model_file.FittedState``): its kernel and inducing points, SEP's tied factor read back from its posterior
-    (``ep.Factor.from_posterior``; per class for a multiclass model), the fitted jitter, and the step count and
+    (``posterior.Factor.from_posterior``; per class for a multiclass model), the fitted jitter, and the step count and
     history going on. ``rows_seen``: the rows ``fit`` recorded, or None. Returns (trainer, rows seen before this
     batch). The optimiser's moments and a damping the divergence guard had lowered are not part of a fitted model:
     they start as configured."""
@@ -95,7 +96,7 @@ def trainer_from_fitted(plan, fitted, groups, n_total, rows, rows_seen):
                              float(fitted.jitter), shared=(fitted.record or {}).get("ard") is False)
     posterior = fitted.posterior
     trainer.engine.take_factor(multiclass_ep.factor_from_posteriors(posterior) if isinstance(posterior, tuple)
-                               else ep.Factor.from_posterior(posterior))
+                               else Factor.from_posterior(posterior))
     trainer.n_steps = int(fitted.n_iter)
     history = {name: list(values) for name, values in fitted.history.items()}
     for name in training.HISTORY_KEYS:  # (a model from before the guard's record: none of its entries had actions)

@@ -33,6 +33,7 @@ from ..backend import array_namespace, row_chunk_bounds
 from ..threads import task_blas_threads
 from ..workers import HEAP_THRESHOLD
 from . import ep, multiclass_ep, variational
+from .posterior import posterior_from_sums, prior_cholesky
 
 __all__ = ["ChunkedRows", "DaskPasses", "WORKER_ENVIRON", "local_cluster", "persisted_blocks"]
 
@@ -418,7 +419,7 @@ class DaskPasses:
             L_K, L_K_inv = multiclass_ep.prior_choleskys(kernel, Z, jitter, checked)
             prior = L_K_inv
         else:
-            L_K = prior = ep.prior_cholesky(kernel, Z, jitter, checked=checked)
+            L_K = prior = prior_cholesky(kernel, Z, jitter, checked=checked)
         if site_sums is None:
             Xs, ys, nus, mus, ws = self._blocks(X, y, site_precision, site_shift, weights)
             sums = _compute_windowed(client, [dask.delayed(_chunk_sums)(kernel, Z, Xb, yb, nb, mb, prior, block_rows,
@@ -430,7 +431,7 @@ class DaskPasses:
         if Z.ndim == 3:
             post = multiclass_ep.posteriors_from_sums(L_K, L_K_inv, S, c_tilde, checked=checked)
         else:
-            post = ep.posterior_from_sums(L_K, S, c_tilde, checked=checked)
+            post = posterior_from_sums(L_K, S, c_tilde, checked=checked)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad,
                             block_rows=block_rows, want_sums=want_next_sums, want_sites=want_sites, damping=damping,
                             batch=True, nonnegative=nonnegative_sites, weights=weights)
@@ -476,7 +477,7 @@ class DaskPasses:
         if want_xi_grad:
             raise ValueError("the gradient in xi (vi-jj-hybrid, vi-jj-full) is not computed on a dask array")
         client = self.client
-        L_K = ep.prior_cholesky(kernel, Z, jitter)
+        L_K = prior_cholesky(kernel, Z, jitter)
         Xs, ys, xis, ws = self._blocks(X, y, xi, weights)
         sums = _compute_windowed(client, [dask.delayed(_chunk_quadratic_sums)(kernel, Z, Xb, yb, xb, kind, L_K,
                                                                               block_rows, wb)

@@ -71,6 +71,7 @@ from .dask_engine import persisted_blocks
 from .engines import (ENGINES, Engine, EngineOptions, Outcome, anchor_arrays, anchor_from_arrays, factor_arrays,
                       factor_from_arrays, forwarding)
 from .training import Trainer, check_saved_anchor, check_saved_factor
+from .posterior import Factor
 
 __all__ = ["DataParallel", "RowsOnWorkers", "DEFAULT_LOCAL_STEPS", "balanced_steps", "shard_chunks",
            "shards_of_holders",
@@ -869,7 +870,7 @@ def _nbytes(tree):
         return sum(_nbytes(v) for v in tree.values())
     if isinstance(tree, (list, tuple)):
         return sum(_nbytes(v) for v in tree)
-    if isinstance(tree, ep.Factor):
+    if isinstance(tree, Factor):
         return _nbytes((tree.precision, tree.shift))
     if isinstance(tree, multiclass_ep.MultiFactor):
         return _nbytes(tree.factors)

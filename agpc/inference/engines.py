@@ -40,6 +40,7 @@ from ..kernels import PER_FEATURE_SCALES, ClassKernels, log_prior_and_grads, ste
 from ..likelihoods import negative_log_likelihood
 from ..optim import OPTIMIZERS, Rprop, bounded_step, lbfgsb_ascent
 from . import ep, exact_ep, gfitc, multiclass_ep, multiclass_vi, variational
+from .posterior import Factor, moved_factor
 
 __all__ = ["Engine", "FittedParts", "EngineOptions", "ENGINES", "Forwarded", "forwarding", "Outcome", "EPEngine",
            "GFITCEngine", "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names", "relative_change", "with_log_prior",
@@ -227,8 +228,8 @@ def factor_arrays(factor):
 def factor_from_arrays(saved):
     """The factor ``factor_arrays`` stored."""
     if isinstance(saved, list):
-        return multiclass_ep.MultiFactor(tuple(ep.Factor(p, c) for p, c in saved))
-    return None if saved is None else ep.Factor(*saved)
+        return multiclass_ep.MultiFactor(tuple(Factor(p, c) for p, c in saved))
+    return None if saved is None else Factor(*saved)
 
 
 def anchor_arrays(anchor):
@@ -381,7 +382,7 @@ class Engine(ModulesByName, abc.ABC):
 
     @property
     def factor(self):
-        """The tied site product (SEP / ADF, minibatch EP's running one: ``ep.Factor``, or one a class), or None."""
+        """The tied site product (SEP / ADF, minibatch EP's running one: ``posterior.Factor``, or one a class), or None."""
         return self.state.get("factor")
 
     @property
@@ -403,7 +404,7 @@ class Engine(ModulesByName, abc.ABC):
         return FittedParts(state["kernel"], state["Z"], state.get("nu"), state.get("mu"), state.get("factor"), state)
 
     def take_factor(self, factor):
-        """Go on from ``factor``, a tied site product (``ep.Factor``, or one a class) read back from a fitted q: a
+        """Go on from ``factor``, a tied site product (``posterior.Factor``, or one a class) read back from a fitted q: a
         stream continuing a fitted model (``partial_fit``)."""
         self.state["factor"] = factor
 
@@ -730,8 +731,8 @@ class EPEngine(Engine):
         if stepping:
             state["kernel"], state["Z"] = hyper_step(self.optimizer, self.names, kernel, Z, result["grads"],
                                                      self.shared_lengthscales)
-            if self._moves_factor():  # the tied factor goes with the inducing points (``ep.moved_factor``)
-                state["factor"] = ep.moved_factor(kernel, Z, state["Z"], state["factor"], jitter=self.jitter,
+            if self._moves_factor():  # the tied factor goes with the inducing points (``posterior.moved_factor``)
+                state["factor"] = moved_factor(kernel, Z, state["Z"], state["factor"], jitter=self.jitter,
                                                   L_K=getattr(result.get("posterior"), "L_K", None))
         return Outcome(change=change, stepped=stepping, record=True, n_invalid=n_invalid)
 
@@ -743,7 +744,7 @@ class EPEngine(Engine):
 
     def _moves_factor(self):
         return (self.carries_factor and self.minibatch and not self.per_row_sites and "Z" in self.names
-                and self.factor_rows is None and isinstance(self.state["factor"], ep.Factor))
+                and self.factor_rows is None and isinstance(self.state["factor"], Factor))
 
     def rebuild_factor(self, X, y, want_log_z=False):
         """Minibatch EP: recompute the product of all sites at the current hyper-parameters, which anchors it

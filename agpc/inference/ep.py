@@ -26,7 +26,6 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
-from functools import cached_property
 
 from .. import threads
 from ..backend import (
@@ -34,9 +33,6 @@ from ..backend import (
     array_device,
     array_namespace,
     blas_releasing_the_lock,
-    cholesky,
-    cholesky_inverse,
-    cholesky_or_nan,
     identity_plus,
     is_out_of_core,
     lower_triangular_inverse,
@@ -50,11 +46,14 @@ from ..backend import (
     scaled_columns,
     scratch,
     shares_host_threads,
-    solve_triangular,
     triangular_matmul,
 )
 from ..kernels import OrdinalKernel
 from ..likelihoods import PROBIT, Ordinal, negative_log_likelihood
+# q(u) and the tied factor (their own module; named here too, as the passes modules' interface the engines call
+# through, ``passes.posterior_from_sums`` etc., and for models pickled when they were defined here)
+from .posterior import (PRIOR_FACTOR_NAME, Factor, Posterior, left_solve, moved_factor, posterior_from_sums,
+                        prior_cholesky, uses_inverse)
 
 __all__ = [
     "Anchor",
@@ -116,115 +115,6 @@ def cavity_tolerances(x):
     return max(_CAVITY_EPS, roundoff), max(_PRIOR_SLACK, roundoff)
 
 
-class Posterior:
-    """q(u) in factored form: L_K = chol(Kmm + jitter I), L_C = chol(I + A diag(nu) A^T), h = L_C^-1 A mu.
-
-    ``solve_K`` / ``solve_C`` apply the inverses of the two triangular factors: by triangular solves, or by
-    products with the explicit inverses (``L_K_inv``, ``L_C_inv``, formed on first use and cached) where that is
-    faster: many right-hand sides, or a library whose triangular solves are slow (``backend.prefers_inverses``).
-    """
-
-    def __init__(self, L_K, L_C, h, L_K_inv=None, L_C_inv=None):
-        self.L_K, self.L_C, self.h = L_K, L_C, h
-        self._L_K_inv, self._L_C_inv = L_K_inv, L_C_inv
-
-    @property
-    def L_K_inv(self):
-        if self._L_K_inv is None:
-            self._L_K_inv = lower_triangular_inverse(self.L_K)
-        return self._L_K_inv
-
-    @property
-    def L_C_inv(self):
-        if self._L_C_inv is None:
-            self._L_C_inv = lower_triangular_inverse(self.L_C)
-        return self._L_C_inv
-
-    def solve_K(self, B, *, trans=False, overwrite=False):
-        """L_K^-1 B (``trans``: L_K^-T B); ``overwrite``: B is the caller's temporary (``left_solve``)."""
-        return left_solve(self.L_K, B, trans=trans, L_inv=self.L_K_inv if _uses_inverse(self.L_K, B) else None,
-                          overwrite=overwrite)
-
-    def solve_C(self, B, *, trans=False, overwrite=False):
-        """L_C^-1 B (``trans``: L_C^-T B); ``overwrite`` as for ``solve_K``."""
-        return left_solve(self.L_C, B, trans=trans, L_inv=self.L_C_inv if _uses_inverse(self.L_C, B) else None,
-                          overwrite=overwrite)
-
-    @cached_property
-    def whitened_mean(self):
-        """C^-1 c~ = L_C^-T h: k_i^T B^-1 c = (L_K^-1 k_i)^T whitened_mean."""
-        return solve_triangular(self.L_C, self.h, lower=True, trans=True)
-
-    @cached_property
-    def C_inv(self):
-        """C^-1 = L_C^-T L_C^-1 (m x m): k_i^T B^-1 k_j = (L_K^-1 k_i)^T C^-1 (L_K^-1 k_j)."""
-        if self._L_C_inv is not None:  # (formed already: one triangular product with it)
-            return triangular_matmul(self._L_C_inv, self._L_C_inv, trans=True)
-        return cholesky_inverse(self.L_C)
-
-    @cached_property
-    def beta(self):
-        """beta = B^-1 c = L_K^-T L_C^-T h (m,): the predictive mean is k_*^T beta (Hernandez-Lobato & Hernandez-Lobato
-        (2016), eq. 36)."""
-        return solve_triangular(self.L_K, self.whitened_mean, lower=True, trans=True)
-
-    @cached_property
-    def log_normaliser_gain(self):
-        """g(theta) - g(theta_prior) for q = prior x factor: 0.5 c^T B^-1 c + 0.5 log|K| - 0.5 log|B|
-        (0-d; NaN when a Cholesky factor failed, which is how a failure reaches the training loop)."""
-        xp = array_namespace(self.h)
-        return 0.5 * backend_row_dot(self.h, self.h) - xp.sum(xp.log(xp.linalg.diagonal(self.L_C)))
-
-    def mean_and_cov(self):
-        """Mean K B^-1 c and covariance K B^-1 K of q(u) (Hernandez-Lobato & Hernandez-Lobato (2016), eqs. 12-13), for
-        inspection."""
-        W = self.L_C_inv @ self.L_K.mT  # Sigma = W^T W
-        return self.L_K @ self.whitened_mean, W.mT @ W
-
-
-# Beyond this many right-hand sides per inducing point an explicit triangular inverse (O(m^3), once per pass,
-# cached on the Posterior) and matrix products beat triangular solves: BLAS trsm is far less optimised than
-# gemm, single- and multi-threaded (a batch EP pass at n = 10^5, m = 200 took 1.4 s with solves on one thread,
-# 2.1-3.0 s on two). Elsewhere solves, except on a library that prefers inverses for any matrix of right-hand
-# sides (``backend.prefers_inverses``: NumPy, whose minibatch step applies each factor's inverse two to four times).
-_SOLVE_MAX_COLUMNS_PER_M = 4
-
-
-def _uses_inverse(L, B=None, *, n_columns=None):
-    """Whether L^-1 B is applied as a product with L's explicit inverse: for a matrix B (B None: ``n_columns``
-    right-hand sides, of L's kind) on a library that prefers inverses, or for more right-hand sides than
-    ``_SOLVE_MAX_COLUMNS_PER_M`` per row of L."""
-    if (B is None or B.ndim == 2) and prefers_inverses(L if B is None else B):
-        return True
-    n_columns = (B.shape[1] if B.ndim == 2 else 1) if n_columns is None else n_columns
-    return n_columns > _SOLVE_MAX_COLUMNS_PER_M * L.shape[0]
-
-
-def left_solve(L, B, *, trans=False, L_inv=None, overwrite=False, out=None):
-    """L^-1 B (``trans``: L^-T B) for lower-triangular L: a triangular solve, or, where ``_uses_inverse``, a
-    product with L's explicit inverse (``L_inv`` when given, else formed here). ``overwrite``: B is the
-    caller's temporary; ``out``: where the product may be written (both as ``backend.triangular_matmul`` takes
-    them; the caller uses the return value)."""
-    if _uses_inverse(L, B):
-        inv = lower_triangular_inverse(L) if L_inv is None else L_inv
-        return triangular_matmul(inv, B, trans=trans, overwrite=overwrite, out=out)
-    return solve_triangular(L, B, lower=True, trans=trans)
-
-
-# How jitter reports name the prior covariance of the inducing points (``training`` looks for it).
-PRIOR_FACTOR_NAME = "Kmm (covariance of the inducing points)"
-
-
-def prior_cholesky(kernel, Z, jitter, *, checked=True, Kmm=None):
-    """L_K = chol(K(Z, Z) + jitter I). ``checked=False`` (training steps): no host synchronisation and no
-    jitter escalation; a failed factorisation gives NaN, which reaches log Z_q and the loop's guard. ``Kmm``:
-    K(Z, Z) when the caller has it (it is not changed)."""
-    Kmm = identity_plus(kernel.K(Z) if Kmm is None else Kmm, identity=jitter)
-    if not checked:
-        return cholesky_or_nan(Kmm, overwrite=True)
-    return cholesky(Kmm, what=PRIOR_FACTOR_NAME)
-
-
 def project(kernel, X, Z, L_K_inv):
     """A^T = Knm L_K^-T (n x m, row i = L_K^-1 k_i) and Knm, given the explicit inverse of L_K."""
     Knm = kernel.K(X, Z)
@@ -253,19 +143,6 @@ def whitened_site_sums(A, site_precision, site_shift, *, nonnegative=False, over
     else:
         W = scaled_columns(A, root, out=out)
     return W @ W.mT, c_tilde
-
-
-def posterior_from_sums(L_K, S, c_tilde, L_K_inv=None, *, checked=True, scale=1.0):
-    """Factor C = I + scale S and whiten scale c~: the global O(m^3) step after the reduction. ``checked``: as
-    in ``prior_cholesky``."""
-    C = identity_plus(S, scale)
-    if scale != 1.0:
-        c_tilde = scale * c_tilde
-    if checked:
-        L_C = cholesky(C, what="C = I + A diag(site_precision) A^T (posterior precision)")
-    else:
-        L_C = cholesky_or_nan(C, overwrite=True)
-    return Posterior(L_K=L_K, L_C=L_C, h=solve_triangular(L_C, c_tilde, lower=True), L_K_inv=L_K_inv)
 
 
 @dataclass
@@ -800,7 +677,7 @@ def site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_row
     if workers is None:
         block_rows, workers = pass_layout(Z, X.shape[0], block_rows)
     keep = keep_projection and projections_fit(X.shape[0], Z)
-    L_K_inv = lower_triangular_inverse(L_K) if _uses_inverse(L_K, n_columns=min(X.shape[0], block_rows)) else None
+    L_K_inv = lower_triangular_inverse(L_K) if uses_inverse(L_K, n_columns=min(X.shape[0], block_rows)) else None
     scratch_arrays = BlockScratch()
 
     def block_sums(lo, hi, X_block):
@@ -1023,7 +900,7 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     eqs. 14-16: d = |Q_i|^2, e = h^T Q_i, k_i^T K^-1 k_i = |A_i|^2), cavities, moments and new sites (eqs.
     17-23), the log Z_q terms (eq. 26) and the data part of the gradient (eq. 4, ``data_adjoint``; in factored
     form through the explicit inverses of L_K and L_C, ``_explicit_block_gradient``, where ``explicit``: by
-    default where ``_uses_inverse``, i.e. on NumPy, or for more than ``_SOLVE_MAX_COLUMNS_PER_M`` rows per
+    default where ``uses_inverse``, i.e. on NumPy, or for more than ``SOLVE_MAX_COLUMNS_PER_M`` rows per
     inducing point; otherwise by triangular solves in ``data_adjoint``'s form, one solve fewer per block, whose
     ``dKmm_data`` is the m x m adjoint).
 
@@ -1039,7 +916,7 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     site): each row's log Z_q term and gradient count w_i times, and the sums of the new sites are weighted."""
     xp = array_namespace(Z)
     work = BlockScratch() if work is None else work
-    explicit = _uses_inverse(post.L_K, n_columns=X.shape[0]) if explicit is None else explicit
+    explicit = uses_inverse(post.L_K, n_columns=X.shape[0]) if explicit is None else explicit
     L_K_inv, L_C_inv = (post.L_K_inv, post.L_C_inv) if explicit else (None, None)
     Kmn, A = _kernel_block(kernel, X, Z, post, A, Kmn, work, L_K_inv, want_grad)
     shape = A.shape
@@ -1106,7 +983,7 @@ def batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, *, want_grad,
     if workers is None:
         block_rows, workers = pass_layout(Z, X.shape[0], block_rows)
     work = BlockScratch()
-    explicit = _uses_inverse(post.L_K, n_columns=min(X.shape[0], block_rows))
+    explicit = uses_inverse(post.L_K, n_columns=min(X.shape[0], block_rows))
     if explicit:  # what the blocks share, formed here once, before any thread needs it (q caches it on first use)
         post.L_K_inv, post.L_C_inv
     if want_grad:
@@ -1241,110 +1118,6 @@ def add_sweeps(a, b):
 # --------------------------------------------------------------------------------------------------
 # A likelihood factor held in u-space: SEP's tied factor (Hernandez-Lobato et al. (2015), Villacampa-Calvo &
 # Hernandez-Lobato (2017), sec. 2.3.1), ADF's, and the running product of EP's sites in minibatch mode.
-
-
-@dataclass
-class Factor:
-    """Gaussian factor exp(-u^T P u / 2 + u^T r) of the inducing values u: O(m^2) whatever n."""
-
-    precision: object  # P (m, m)
-    shift: object  # r (m,)
-
-    @classmethod
-    def uniform(cls, m, like):
-        xp = array_namespace(like)
-        return cls(
-            xp.zeros((m, m), dtype=like.dtype, device=array_device(like)),
-            xp.zeros((m,), dtype=like.dtype, device=array_device(like)),
-        )
-
-    def whitened(self, L_K):
-        """S = L_K^T P L_K and c~ = L_K^T r, the form posterior_from_sums takes (two triangular products)."""
-        half = triangular_matmul(L_K, self.precision, right=True)  # P L_K
-        return triangular_matmul(L_K, half, trans=True, overwrite=True), self.shift @ L_K
-
-    @classmethod
-    def from_whitened(cls, S, c_tilde, L_K_inv):
-        return cls(L_K_inv.mT @ S @ L_K_inv, L_K_inv.mT @ c_tilde)
-
-    @classmethod
-    def unwhitened(cls, S, c_tilde, L_K):
-        """The factor whose ``whitened(L_K)`` is (S, c~): P = L_K^-T S L_K^-1 by two triangular solves."""
-        half = solve_triangular(L_K, S, lower=True, trans=True)
-        return cls(solve_triangular(L_K, half.mT, lower=True, trans=True),
-                   solve_triangular(L_K, c_tilde, lower=True, trans=True))
-
-    @classmethod
-    def from_posterior(cls, post):
-        """The factor f of q = prior x f, read back from q's factored form (``posterior_from_sums``: L_C L_C^T
-        = C = I + S and h = L_C^-1 c~, so S = L_C L_C^T - I and c~ = L_C h), unwhitened by q's own L_K: the
-        ``posterior_from_factor`` of the result at q's kernel, Z and jitter is q again. This is how a fitted
-        model's q becomes SEP's tied factor again (Hernandez-Lobato et al. (2015): q = prior x f^n)."""
-        xp = array_namespace(post.L_C)
-        eye = xp.eye(post.L_C.shape[0], dtype=post.L_C.dtype, device=array_device(post.L_C))
-        return cls.unwhitened(post.L_C @ post.L_C.mT - eye, post.L_C @ post.h, post.L_K)
-
-    def combine(self, keep, other, weight):
-        """keep * self + weight * other, in natural parameters (a factor of exactly 1 takes no operation: on a GPU
-        each is a launch, and 1.0 * x is x)."""
-        def times(factor, value):
-            return value if factor == 1.0 else factor * value
-
-        return Factor(times(keep, self.precision) + times(weight, other.precision),
-                      times(keep, self.shift) + times(weight, other.shift))
-
-
-def moved_factor(kernel, Z_old, Z_new, factor, *, jitter, L_K=None):
-    """The u-space ``factor`` of q = prior x factor at inducing points ``Z_old``, carried to ``Z_new`` (same
-    kernel): q'(u') = int p(f(Z_new) | u) q(u) du, the GP posterior that q implies, read at the new points, and
-    the factor returned is q' / prior(u'). A tied factor (SEP / ADF) held as it is in u-space while Z moves
-    stands for other information: the values it knew at the old points are taken to be those at the new ones, and
-    a step of 0.01 per coordinate already costs q the test NLL that many steps of the factor had gained
-    (docs/methods/sep.md, "Inducing points that move"). ``L_K``: chol(K(Z_old) + jitter I), when the caller has it.
-
-    Whitened at both ends (L0 = L_K, L1 = chol(K(Z_new) + jitter I), C = I + L0^T P L0 = L_C L_C^T, c~ = L0^T r)
-    with R = L1^-1 (K(Z_new, Z_old) + jitter I) L0^-T and U = L_C^-1 R^T, q' has whitened covariance and mean
-
-        V = (I - R R^T) + U^T U,   w = U^T L_C^-1 c~,
-
-    the conditional covariance of f(Z_new) given u (a Schur complement, whitened) plus q's own, carried: a sum of
-    two positive semi-definite parts. Then C' = V^-1, S' = C' - I, c~' = C' w, unwhitened by L1. Unchecked
-    factorisations (a failure is NaN in the factor, which the next step's log Z carries to the loop's guard). Eight
-    O(m^3) operations beside the two factorisations.
-
-    The Schur complement I - R R^T is a difference of two matrices near I when the points move little (a step
-    moves them by about 0.01): computed in float32 it is float32's round-off (1e-7), as large as q's smallest
-    whitened variances once the factor holds many rows, and each carry adds that error again (m = 50, 2,000 rows:
-    the variances 1e-2 off after 100 carries, the factor NaN within 30 where the points did not move; float64:
-    1e-11). So a float32 factor is carried in float64 (m x m work, small beside the step's b x m) and returned in
-    its own type."""
-    xp = array_namespace(Z_new)
-    if Z_new.dtype != xp.float64:
-        def wide(a):
-            return xp.astype(a, xp.float64)
-
-        carried = _moved_factor(kernel, wide(Z_old), wide(Z_new), Factor(wide(factor.precision), wide(factor.shift)),
-                                jitter=jitter, L_K=None)
-        return Factor(xp.astype(carried.precision, Z_new.dtype), xp.astype(carried.shift, Z_new.dtype))
-    return _moved_factor(kernel, Z_old, Z_new, factor, jitter=jitter, L_K=L_K)
-
-
-def _moved_factor(kernel, Z_old, Z_new, factor, *, jitter, L_K):
-    """``moved_factor`` in the type of its arguments."""
-    L0 = prior_cholesky(kernel, Z_old, jitter, checked=False) if L_K is None else L_K
-    L1 = prior_cholesky(kernel, Z_new, jitter, checked=False)
-    S, c_tilde = factor.whitened(L0)
-    L_C = cholesky_or_nan(identity_plus(S), overwrite=True)
-    # (the jitter of inducing point j goes with it: cross-covariance K(Z_old, Z_new) + jitter I, so that points
-    # that do not move carry q over exactly)
-    cross = identity_plus(kernel.K(Z_old, Z_new), identity=jitter)
-    R = solve_triangular(L1, solve_triangular(L0, cross, lower=True).mT, lower=True)
-    U = solve_triangular(L_C, R.mT, lower=True)
-    V = identity_plus(U.mT @ U - R @ R.mT)
-    C_new = cholesky_inverse(cholesky_or_nan(0.5 * (V + V.mT), overwrite=True))
-    w = U.mT @ solve_triangular(L_C, c_tilde, lower=True)
-    S_new = identity_plus(C_new, identity=-1.0)
-    return Factor.unwhitened(0.5 * (S_new + S_new.mT), C_new @ w, L1)
 
 
 CAVITY_KINDS = ("ep", "sep", "adf")

@@ -57,6 +57,7 @@ from ..backend import (
 from ..kernels import ClassKernels
 from ..likelihoods import PROBIT
 from . import ep, multiclass_ep
+from .posterior import PRIOR_FACTOR_NAME, posterior_from_sums
 
 __all__ = ["evaluate", "posterior", "zero_sites", "validation_scores", "Marginals", "B_FACTOR_NAME"]
 
@@ -81,15 +82,15 @@ def _rows(X, y, Z):
 
 
 def posterior(kernel, Z, site_precision, site_shift, *, jitter, checked=True):
-    """q(u) in ``ep.Posterior``'s factored form at the inducing points Z = X (for prediction, which is ``ep``'s):
+    """q(u) in ``posterior.Posterior``'s factored form at the inducing points Z = X (for prediction, which is ``ep``'s):
     L_K = chol(K), and with A = L_K^T (the projection of e_i, ``ep``'s L_K^-1 k_i), C = I + L_K^T D L_K and
     c~ = L_K^T mu."""
     xp = array_namespace(Z)
     K, _ = _prior(kernel, Z, jitter)
-    L_K = cholesky(K, what=ep.PRIOR_FACTOR_NAME) if checked else cholesky_or_nan(K)
+    L_K = cholesky(K, what=PRIOR_FACTOR_NAME) if checked else cholesky_or_nan(K)
     root = xp.sqrt(site_precision)
     W = root[:, None] * L_K  # C - I = W^T W
-    return ep.posterior_from_sums(L_K, W.mT @ W, site_shift @ L_K, checked=checked)
+    return posterior_from_sums(L_K, W.mT @ W, site_shift @ L_K, checked=checked)
 
 
 @dataclass
@@ -190,7 +191,7 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     the updated ``site_precision`` / ``site_shift`` (damped by ``damping`` when given, with ``site_change`` the
     maxima ``ep.relative_site_change`` reads), ``valid``, ``n_invalid`` (0-d), ``grads`` (eq. 4 with the cavities
     fixed, the kernel's parameters only: the exact model's inducing points are the rows, never moved) and
-    ``posterior`` (``ep.Posterior``, a tuple of them a class; built only when ``want_sites`` is False: the final
+    ``posterior`` (``posterior.Posterior``, a tuple of them a class; built only when ``want_sites`` is False: the final
     pass, the training steps do not need it). Site precisions must be non-negative (the probit's always are);
     ``checked=False``: a failed factorisation gives a NaN log Z_q and no host synchronisation.
     ``nonnegative_sites``, ``site_sums``, ``want_next_sums``: ``ep.evaluate``'s, taken so that the batch EP engine

@@ -18,7 +18,7 @@ EP form (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 2), with
     precision w_i = nu_i / (1 + s_i nu_i),   shift r_i = mu_i / (1 + s_i nu_i),
     log normaliser  -log(1 + s_i nu_i) / 2 + s_i mu_i^2 / (2 (1 + s_i nu_i)),
 
-so q(u) is an ``ep.Posterior`` built from (w, r): B = K + Knm^T diag(w) Knm = K + Kmn D^-1 Knm, where
+so q(u) is a ``posterior.Posterior`` built from (w, r): B = K + Knm^T diag(w) Knm = K + Kmn D^-1 Knm, where
 D = diag(s) + diag(1/nu) and D^-1 = diag(w) (finite when nu_i = 0). With e_i = k_i^T B^-1 c and
 d_i = k_i^T B^-1 k_i (q's mean and variance of g_i), the marginal of f_i under q is
 
@@ -37,6 +37,7 @@ from ..backend import array_namespace, lower_triangular_inverse
 from ..kernels import ClassKernels
 from ..likelihoods import PROBIT
 from . import ep, multiclass_ep
+from .posterior import posterior_from_sums, prior_cholesky
 
 __all__ = ["evaluate", "zero_sites"]
 
@@ -184,7 +185,7 @@ def _rows(a, lo, hi):
 def _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows, weights=None):
     """q(u_c) for every class from the sites (one pass), and every block's projections (A^T, Knm) per
     class for the sweep to reuse while they fit ep's cache budget (``weights``: each row's factor on g_i w_i times)."""
-    L_K = [ep.prior_cholesky(k, Zc, jitter) for k, Zc in model.parts]
+    L_K = [prior_cholesky(k, Zc, jitter) for k, Zc in model.parts]
     L_K_inv = [lower_triangular_inverse(L) for L in L_K]
     C, n = len(model.parts), X.shape[0]
     keep = ep.projections_fit(n, model.parts[0][1], classes=C)
@@ -204,7 +205,7 @@ def _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows, wei
             projections.append((At, Knm))
         if keep:
             kept.append(projections)
-    posts = [ep.posterior_from_sums(L_K[c], S[c], c_tilde[c], L_K_inv=L_K_inv[c]) for c in range(C)]
+    posts = [posterior_from_sums(L_K[c], S[c], c_tilde[c], L_K_inv=L_K_inv[c]) for c in range(C)]
     return posts, (kept if keep else None)
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from ..backend import array_device, array_namespace, lower_triangular_inverse
 from ..likelihoods import PREDICTIVE_NODES, PROBIT, argmax_log_proba, negative_log_likelihood
 from . import ep
+from .posterior import Factor, posterior_from_sums, prior_cholesky
 
 __all__ = [
     "MultiFactor",
@@ -105,11 +106,11 @@ def site_totals(site_precision, site_shift, onehot):
 
 @dataclass
 class MultiFactor:
-    factors: tuple  # one ep.Factor per class
+    factors: tuple  # one Factor per class
 
     @classmethod
     def uniform(cls, Z):
-        return cls(tuple(ep.Factor.uniform(Z.shape[1], Z[c, ...]) for c in range(n_classes(Z))))
+        return cls(tuple(Factor.uniform(Z.shape[1], Z[c, ...]) for c in range(n_classes(Z))))
 
     def combine(self, keep, other, weight):
         return MultiFactor(tuple(a.combine(keep, b, weight) for a, b in zip(self.factors, other.factors)))
@@ -145,8 +146,8 @@ class MultiAnchor:
 
 
 def factor_from_posteriors(posts):
-    """One class's factor from each class's q (``ep.Factor.from_posterior``)."""
-    return MultiFactor(tuple(ep.Factor.from_posterior(post) for post in posts))
+    """One class's factor from each class's q (``posterior.Factor.from_posterior``)."""
+    return MultiFactor(tuple(Factor.from_posterior(post) for post in posts))
 
 
 # -- one block of rows ------------------------------------------------------------------------------
@@ -335,8 +336,8 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
 # -- passes over the data ---------------------------------------------------------------------------
 
 def prior_choleskys(kernels, Z, jitter, checked=True):
-    """Per class chol(K_c + jitter I) and its inverse (lists); ``checked`` as in ``ep.prior_cholesky``."""
-    L_K = [ep.prior_cholesky(kernels[c], Z[c, ...], jitter, checked=checked) for c in range(n_classes(Z))]
+    """Per class chol(K_c + jitter I) and its inverse (lists); ``checked`` as in ``posterior.prior_cholesky``."""
+    L_K = [prior_cholesky(kernels[c], Z[c, ...], jitter, checked=checked) for c in range(n_classes(Z))]
     return L_K, [lower_triangular_inverse(L) for L in L_K]
 
 
@@ -420,7 +421,7 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
 
     Returns the same dict as ``ep.evaluate``: ``log_z`` (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 9),
     ``site_precision`` / ``site_shift`` (n, 2C; damped by ``damping`` when given, with ``site_change``), ``valid`` (n,
-    C), ``n_invalid``, ``grads`` (eq. 10) and ``posterior`` (a tuple of per-class ``ep.Posterior``).
+    C), ``n_invalid``, ``grads`` (eq. 10) and ``posterior`` (a tuple of per-class ``posterior.Posterior``).
     ``checked``: as in ``ep.evaluate`` (False in training steps: a failed factorisation is NaN, which reaches
     log Z_q and the loop's guard, with no host synchronisation; True escalates jitter on the host).
 
@@ -441,8 +442,8 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
 
 
 def posteriors_from_sums(L_K, L_K_inv, S, c_tilde, *, checked=True):
-    """Each class's q from its sums (``class_site_sums``): a tuple of ``ep.Posterior``."""
-    return tuple(ep.posterior_from_sums(L_K[c], S[c], c_tilde[c], L_K_inv=L_K_inv[c], checked=checked)
+    """Each class's q from its sums (``class_site_sums``): a tuple of ``posterior.Posterior``."""
+    return tuple(posterior_from_sums(L_K[c], S[c], c_tilde[c], L_K_inv=L_K_inv[c], checked=checked)
                  for c in range(len(L_K)))
 
 
@@ -506,12 +507,12 @@ def factor_cavity(kernels, Z, factor, *, method, n_total, jitter, checked=True, 
     for c in range(C):
         S, c_tilde = factor.factors[c].whitened(L_K[c])
         rest = None if others is None else others.factors[c].whitened(L_K[c])
-        q = ep.posterior_from_sums(L_K[c], *_with_rest(rest, S, c_tilde), L_K_inv=L_K_inv[c], checked=checked)
+        q = posterior_from_sums(L_K[c], *_with_rest(rest, S, c_tilde), L_K_inv=L_K_inv[c], checked=checked)
         gain_q = q.log_normaliser_gain
         log_z = log_z + gain_q
         if method == "sep":
             keep = 1.0 - 1.0 / (n_total if factor_rows is None else factor_rows)
-            cav = ep.posterior_from_sums(L_K[c], *_with_rest(rest, keep * S, keep * c_tilde), L_K_inv=L_K_inv[c],
+            cav = posterior_from_sums(L_K[c], *_with_rest(rest, keep * S, keep * c_tilde), L_K_inv=L_K_inv[c],
                                          checked=checked)
             if rest is None and factor_rows is None:
                 log_z = log_z + ep.sep_cavity_term(q, cav, S, n_total)
@@ -540,11 +541,11 @@ def finish_factor(kernels, Z, prep, sweep, scale, want_grad, product=False):
         "grads": add_prior_gradients(kernels, Z, prep["q"], sweep, scale) if want_grad else None,
     }
     if product:
-        out["product_change"] = MultiFactor(tuple(ep.Factor.from_whitened(sums[c][0], sums[c][1], L_K_inv[c])
+        out["product_change"] = MultiFactor(tuple(Factor.from_whitened(sums[c][0], sums[c][1], L_K_inv[c])
                                                   for c in range(C)))
         return out
-    new_sites = MultiFactor(tuple(ep.Factor.from_whitened(sums[c][0], sums[c][1], L_K_inv[c]) for c in range(C)))
-    old_sites = MultiFactor(tuple(ep.Factor.from_whitened(sums[c][2], sums[c][3], L_K_inv[c]) for c in range(C)))
+    new_sites = MultiFactor(tuple(Factor.from_whitened(sums[c][0], sums[c][1], L_K_inv[c]) for c in range(C)))
+    old_sites = MultiFactor(tuple(Factor.from_whitened(sums[c][2], sums[c][3], L_K_inv[c]) for c in range(C)))
     out.update(new_sites=new_sites, old_sites=old_sites, site_delta=new_sites.combine(1.0, old_sites, -1.0))
     return out
 
@@ -554,7 +555,7 @@ def exact_factor(kernels, Z, X, site_precision, site_shift, *, jitter, block_row
     (factor, its ``MultiAnchor``)."""
     L_K, L_K_inv = prior_choleskys(kernels, Z, jitter)
     S, c_tilde = class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows)
-    factor = MultiFactor(tuple(ep.Factor.from_whitened(S[c], c_tilde[c], L_K_inv[c]) for c in range(n_classes(Z))))
+    factor = MultiFactor(tuple(Factor.from_whitened(S[c], c_tilde[c], L_K_inv[c]) for c in range(n_classes(Z))))
     return (factor, MultiAnchor(kernels, Z, L_K, jitter, L_K_inv)) if want_anchor else factor
 
 

@@ -30,7 +30,7 @@ from ..kernels import ClassKernels
 from ..threads import with_blas_threads
 from .checkpointing import FINGERPRINT_ROWS, data_fingerprint, fingerprint_stride
 from .engines import ALL_METHODS, Engine, EngineOptions, forwarding, make_engine
-from .ep import PRIOR_FACTOR_NAME
+from .posterior import PRIOR_FACTOR_NAME
 from .guard import GUARD_KEYS, REASONS, Guard
 from .hooks import standard_hooks
 from .settings import TrainSettings, setting_names, with_overrides

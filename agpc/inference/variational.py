@@ -13,7 +13,7 @@ and KL(q(u) || p(u)) = KL(q(v) || N(0, I)).
 vi-JJ / vi-Taylor (Izmailov & Kropotov (2017), sec. 4): a quadratic lower bound (Jaakkola-Jordan) or expansion (Taylor)
 of log p(y_i | f_i) at xi_i makes the optimal q(u) analytic (eqs. 12-13, 17-18). That q has exactly the form
 of an EP posterior with site precision nu_i = 2 w_i and site shift mu_i (w = lambda(xi), mu = y / 2 for JJ;
-w = psi(xi), mu = phi + 2 psi xi for Taylor), so it is built with ``ep.posterior_from_sums`` and the
+w = psi(xi), mu = phi + 2 psi xi for Taylor), so it is built with ``posterior.posterior_from_sums`` and the
 collapsed bound (eqs. 14, 19) is
 
     sum_i const_i(xi) + [0.5 c^T B^-1 c + 0.5 log|K| - 0.5 log|B|] - sum_i w_i s_i,
@@ -39,6 +39,8 @@ from ..likelihoods import LIKELIHOODS as LIKELIHOOD_OBJECTS
 from ..likelihoods import likelihood_by_name, sigmoid, softplus
 from ..optim import bounded_step
 from . import ep
+from . import posterior as Q
+from .posterior import Posterior, left_solve, posterior_from_sums
 
 __all__ = [
     "LIKELIHOODS",
@@ -82,11 +84,11 @@ def expected_log_likelihood(y, mean, var, likelihood, n_quadrature=20):
 
 def prior_cholesky(kernel, Z, jitter, *, checked=True):
     """chol(K_mm + jitter I), stacked over classes for a multiclass model's (C, m, d) inducing points.
-    ``checked=False``: as ``ep.prior_cholesky`` (training steps: a failure is NaN, no host synchronisation)."""
+    ``checked=False``: as ``posterior.prior_cholesky`` (training steps: a failure is NaN, no host synchronisation)."""
     if Z.ndim == 3:
-        return array_namespace(Z).stack([ep.prior_cholesky(kernel[c], Z[c, ...], jitter, checked=checked)
+        return array_namespace(Z).stack([Q.prior_cholesky(kernel[c], Z[c, ...], jitter, checked=checked)
                                          for c in range(Z.shape[0])])
-    return ep.prior_cholesky(kernel, Z, jitter, checked=checked)
+    return Q.prior_cholesky(kernel, Z, jitter, checked=checked)
 
 
 class SVIBoundTerms:
@@ -114,7 +116,7 @@ class SVIBoundTerms:
         self.mean, self.chol = whitened_mean, whitened_chol
         self.Kmm = kernel.K(Z)
         # unchecked: a failed factorisation makes the bound NaN, which the training loop's guard handles
-        self.L_K = ep.prior_cholesky(kernel, Z, jitter, checked=False, Kmm=self.Kmm)
+        self.L_K = Q.prior_cholesky(kernel, Z, jitter, checked=False, Kmm=self.Kmm)
         # L_K^-1 is applied four times a step (A, dKnm, and the Cholesky adjoint's two sides)
         self.L_K_inv = lower_triangular_inverse(self.L_K) if prefers_inverses(Z) else None
         diagonal = xp.linalg.diagonal(whitened_chol)
@@ -125,7 +127,7 @@ class SVIBoundTerms:
 
     def _solve(self, B, trans=False, overwrite=True):
         """L_K^-1 B (``trans``: L_K^-T B); ``overwrite``: B is the caller's temporary."""
-        return ep.left_solve(self.L_K, B, trans=trans, L_inv=self.L_K_inv, overwrite=overwrite)
+        return left_solve(self.L_K, B, trans=trans, L_inv=self.L_K_inv, overwrite=overwrite)
 
     def marginals(self, Xb):
         """Mean and variance of f at the rows under q (latent noise included)."""
@@ -333,7 +335,7 @@ def quadratic_bound(kernel, Z, X, y, xi, *, kind, jitter=1e-6, want_grad=True, w
     rest (``weighted_quadratic_sites``): the analytic q, the value, the kernel gradients and the xi gradient all
     from the weighted sites; the optimal xi of a row (eq. 15) does not depend on its weight.
     """
-    L_K = ep.prior_cholesky(kernel, Z, jitter)
+    L_K = Q.prior_cholesky(kernel, Z, jitter)
     S, c_tilde, const_sum = quadratic_site_sums(kernel, Z, X, y, xi, kind=kind, L_K=L_K, block_rows=block_rows,
                                                 weights=weights)
     prep = quadratic_posterior(L_K, S, c_tilde)
@@ -361,7 +363,7 @@ def quadratic_posterior(L_K, S, c_tilde):
     """The optimal q from the rows' sums (m x m work): the EP-form ``posterior`` and what the rows' terms
     and the adjoints need of it (``L_K_inv``, ``K_inv``, ``M`` = beta beta^T + B^-1)."""
     L_K_inv = lower_triangular_inverse(L_K)
-    post = ep.posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
+    post = posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
     beta = post.beta
     B_inv_w = post.L_C_inv @ L_K_inv  # B^-1 = B_inv_w^T B_inv_w
     M = beta[:, None] * beta[None, :] + B_inv_w.mT @ B_inv_w
@@ -448,23 +450,23 @@ def posterior_from_gaussian(kernel, Z, mean, chol, *, jitter):
 
     B = K Sigma^-1 K, so C = L_K^-1 B L_K^-T = (chol^-1 L_K)^T (chol^-1 L_K), and h = L_C^-1 L_K^T Sigma^-1 mean.
     """
-    L_K = ep.prior_cholesky(kernel, Z, jitter)
+    L_K = Q.prior_cholesky(kernel, Z, jitter)
     chol_inv = lower_triangular_inverse(chol)
     R = chol_inv @ L_K
     C = R.mT @ R
     L_C = cholesky(C, what="C of the variational posterior")
     L_C_inv = lower_triangular_inverse(L_C)
     c_tilde = L_K.mT @ (chol_inv.mT @ (chol_inv @ mean))
-    return ep.Posterior(L_K=L_K, L_C=L_C, h=L_C_inv @ c_tilde, L_C_inv=L_C_inv)
+    return Posterior(L_K=L_K, L_C=L_C, h=L_C_inv @ c_tilde, L_C_inv=L_C_inv)
 
 
 def posterior_from_whitened(kernel, Z, whitened_mean, whitened_chol, *, jitter):
     """The whitened q(v) = N(m_w, L_w L_w^T), u = L_K v, in EP form (L_K, L_C, h): C = L_K^-1 B L_K^-T =
     L_K^T Sigma^-1 L_K = (L_w L_w^T)^-1 and h = L_C^-1 c~ with c~ = L_K^T Sigma^-1 mean = C m_w, so h = L_C^T m_w."""
-    L_K = ep.prior_cholesky(kernel, Z, jitter)
+    L_K = Q.prior_cholesky(kernel, Z, jitter)
     chol_inv = lower_triangular_inverse(whitened_chol)
     L_C = cholesky(chol_inv.mT @ chol_inv, what="C of the variational posterior")
-    return ep.Posterior(L_K=L_K, L_C=L_C, h=L_C.mT @ whitened_mean)
+    return Posterior(L_K=L_K, L_C=L_C, h=L_C.mT @ whitened_mean)
 
 
 VI_METHODS = ("svi", "vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
