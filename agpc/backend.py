@@ -450,7 +450,7 @@ class HostRows:
     """Rows of an in-memory host (NumPy) array that stay on the host and reach the compute device a block at
     a time: X larger than the device's memory. It looks like data on disk to the passes and the training loop
     (``is_out_of_core``: shape, dtype, row slices that return NumPy arrays), so it takes their one block-reading
-    path (``ep.data_blocks``); it has no stored chunks (minibatches are laid over all rows)."""
+    path (``blocks.data_blocks``); it has no stored chunks (minibatches are laid over all rows)."""
 
     def __init__(self, array):
         self.array = array
@@ -466,7 +466,7 @@ class HostRows:
 # device memory
 
 # Share of the device's free memory a pass's row blocks (and its cached projections) may take: the rest is
-# headroom for what the count of a block's temporaries (``ep.block_bytes_per_row``, measured on NumPy) does not
+# headroom for what the count of a block's temporaries (``blocks.block_bytes_per_row``, measured on NumPy) does not
 # see -- a library's own workspaces (cuBLAS, cuSOLVER), copies it makes that NumPy does not, the allocator's
 # rounding of block sizes -- and for other users of the device.
 DEVICE_MEMORY_FRACTION = 0.5
@@ -762,7 +762,7 @@ def counting_fast_calls():
 def blas_releasing_the_lock():
     """Inside, the fast paths' 2-D triangular products and solves and their rank-one updates call BLAS with the
     interpreter lock released (``_unlocked_blas``), for Python threads that share array work (the blocks of a pass:
-    ``agpc.inference.ep.map_blocks``). Outside, SciPy's Python wrappers, which hold the lock but cost a little less
+    ``agpc.inference.blocks.map_blocks``). Outside, SciPy's Python wrappers, which hold the lock but cost a little less
     (a SEP minibatch step at m = 200 took 2-3.5% longer through ctypes, interleaved)."""
     token = _RELEASE_LOCK.set(True)
     try:
@@ -813,7 +813,7 @@ def _fortran_view(M):
 # SciPy's Python BLAS wrappers (scipy.linalg.blas, made by f2py) hold the interpreter lock for the whole call: their
 # signature files declare no ``threadsafe``: during a 2000 x 3000 trmm of 190 ms another Python thread stood still for
 # 145 ms at a stretch (through ctypes, 8 ms: the interpreter's switch interval under load). The blocks of a batch pass
-# run on Python threads (``agpc.inference.ep.map_blocks``), so one thread's trmm would stall the others. The same
+# run on Python threads (``agpc.inference.blocks.map_blocks``), so one thread's trmm would stall the others. The same
 # routines of SciPy's cython_blas (its BLAS for Cython code: Fortran interface, every argument by address), called
 # through ctypes as C functions (``CFUNCTYPE``: ctypes releases the lock for the call), run with the lock released.
 # Their addresses come from the module's table of C functions (``__pyx_capi__``, as Numba finds SciPy's LAPACK), whose

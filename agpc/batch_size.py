@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from . import backend as B
-from .inference import ep
+from .inference import blocks
 from .methods import supports
 
 __all__ = ["FULL_BATCH_MAX_ROWS", "CPU_MINIBATCH", "GPU_STEP_MODEL", "GPU_STEPS_PER_EPOCH", "rows_per_step",
@@ -57,7 +57,7 @@ def gpu_batch_rows(method, n, xp, Z):
     if throughput is None:
         return None
     m, d, itemsize = Z.shape[-2], Z.shape[-1], xp.finfo(Z.dtype).bits // 8
-    fit = B.rows_within_memory(ep.block_bytes_per_row(m, d, itemsize), xp, B.array_device(Z))
+    fit = B.rows_within_memory(blocks.block_bytes_per_row(m, d, itemsize), xp, B.array_device(Z))
     return gpu_rule_rows(method, n, m, throughput, fit, itemsize)
 
 

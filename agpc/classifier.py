@@ -98,7 +98,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         The floating type the model computes in and holds (float32: docs/gpu.md).
     block_rows : int or None, default=None
         Rows per block of the passes over all rows and of prediction (``None``: about 16 MB per n x m temporary,
-        ``agpc.inference.ep.default_block_rows``); lower it after an ``agpc.backend.BlockMemoryError``.
+        ``agpc.inference.blocks.default_block_rows``); lower it after an ``agpc.backend.BlockMemoryError``.
     jitter : float, default=1e-6
         Added to the diagonal of K(Z, Z), at least ``agpc.backend.jitter_floor``; raised when a factorisation needs
         more (one ``agpc.JitterWarning``; ``jitter_`` is the one used).

@@ -144,7 +144,7 @@ def main(argv=None):
     args = parse_args(argv)
     import agpc
     from agpc import threads
-    from agpc.inference import ep
+    from agpc.inference import blocks, ep
 
     if args.no_block_threads:  # a pass on one Python thread, its threads to BLAS (the library before block threads)
         threads.pass_workers = lambda: 1
@@ -159,7 +159,7 @@ def main(argv=None):
           f"iteration and then the products: times are medians, 'iteration / Knm.T@Knm' the median of the repeats' "
           f"own ratios (interleaved, so that a load that comes and goes touches both sides of a ratio alike). "
           f"projection: 'kept' when the first visit keeps every block's A and K(Z, X) for the second "
-          f"(ep.CACHE_ELEMENTS), 'formed again' otherwise. syrk = Knm.T @ Knm (n m^2 flops), gemm = Knm.T @ W with "
+          f"(blocks.CACHE_ELEMENTS), 'formed again' otherwise. syrk = Knm.T @ Knm (n m^2 flops), gemm = Knm.T @ W with "
           f"W a copy (2 n m^2 flops), both summed over the library's default row blocks. Target: iteration / syrk "
           f"<= {TARGET_RATIO:g}. ops / m^3 ops / host syncs: of one iteration as the training loop runs it, counted "
           f"on a small problem (m = 24) with the same number of wide blocks (they depend on nothing else).\n")
@@ -178,12 +178,12 @@ def main(argv=None):
                 continue
             Z = X[rng.choice(n, m, replace=False)].copy()
             block_rows = int(min(n, args.block_bytes // (8 * m))) if args.block_bytes else None
-            reference_rows = block_rows or ep.default_block_rows(Z, n)
+            reference_rows = block_rows or blocks.default_block_rows(Z, n)
             products = kernel_blocks(kernel, Z, X, reference_rows)
             # the library's BLAS thread rule for a batch pass of this shape (agpc.threads), as fit applies it;
             # a --blas-threads limit set above is the caller's and is left alone by the rule
             with threads.blas_threads(n, m, n_features=d, block_rows=reference_rows):
-                rows_per_block, workers = ep.pass_layout(Z, n, block_rows)
+                rows_per_block, workers = blocks.pass_layout(Z, n, block_rows)
                 iterations, syrks, gemms = [], [], []
                 while not iterations or len(iterations) < n_repeats(iterations[0], args):
                     iterations.append(time_iteration(ep, kernel, Z, X, y, nu, mu, block_rows))
@@ -198,7 +198,7 @@ def main(argv=None):
             ratio_gemm = statistics.median(i / g for i, g in zip(iterations, gemms))
             rows.append((n, m, ratio))
             n_blocks = -(-n // rows_per_block)
-            projection = "kept" if ep.projections_fit(n, Z) else "formed again"
+            projection = "kept" if blocks.projections_fit(n, Z) else "formed again"
             counts = step_counts(n_blocks) if n_blocks <= 200 else None
             counts_text = "n/a" if counts is None else " / ".join(str(c) for c in counts)
             row(f"{n:,}", m, f"{n_blocks} x {min(n, rows_per_block):,} ({workers})", projection, len(iterations),

@@ -211,7 +211,7 @@ def time_gpu(xp, problem, method, batch, dtype, repeats, block_rows=None):
     from cupy_syncs import counting_syncs
     from cupyx.profiler import benchmark
 
-    from agpc.inference.ep import default_block_rows
+    from agpc.inference.blocks import default_block_rows
 
     step = Step(xp, problem, method, batch, block_rows)
     step_times = benchmark(step, n_repeat=repeats, n_warmup=1, name=f"{method} step").gpu_times[0]

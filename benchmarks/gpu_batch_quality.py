@@ -52,9 +52,9 @@ def gpu_rows(method, n, m, d):
     """(rows the GPU rule picks for n rows, the rows of its memory cap) on the H100 in float64."""
     from agpc import backend as B
     from agpc.batch_size import gpu_rule_rows
-    from agpc.inference import ep
+    from agpc.inference import blocks
 
-    fit = B.rows_for_free_bytes(ep.block_bytes_per_row(m, d, 8), FREE_BYTES)
+    fit = B.rows_for_free_bytes(blocks.block_bytes_per_row(m, d, 8), FREE_BYTES)
     return gpu_rule_rows(method, n, m, B.throughput_from_properties(H100, "float64"), fit), fit
 
 

@@ -8,7 +8,7 @@ import pytest
 from agpc import backend as B
 from agpc import kernels
 from agpc.datasets import make_banana
-from agpc.inference import ep, training
+from agpc.inference import blocks, ep, training
 from agpc.kernels import RBF
 
 N_ROWS, N_INDUCING = 400, 10
@@ -27,9 +27,9 @@ def _problem(gpu):
 
 
 def _mock_free(monkeypatch, gpu, free):
-    """The device reports ``free`` bytes, and every pass asks (these passes are below ``ep.SMALL_PASS_BYTES``)."""
+    """The device reports ``free`` bytes, and every pass asks (these passes are below ``blocks.SMALL_PASS_BYTES``)."""
     monkeypatch.setattr(B, "device_free_bytes", lambda namespace, device=None: free if namespace is gpu.xp else None)
-    monkeypatch.setattr(ep, "SMALL_PASS_BYTES", 0)
+    monkeypatch.setattr(blocks, "SMALL_PASS_BYTES", 0)
 
 
 def _train(X, y, kernel, Z):
@@ -38,9 +38,9 @@ def _train(X, y, kernel, Z):
 
 def test_batch_ep_streams_host_rows_in_the_blocks_that_fit(gpu, monkeypatch):
     X, y, Z, kernel = _problem(gpu)
-    per_row = ep.block_bytes_per_row(N_INDUCING, 2, 8)
+    per_row = blocks.block_bytes_per_row(N_INDUCING, 2, 8)
     _mock_free(monkeypatch, gpu, 2 * 70 * per_row + 5)
-    rows = ep.default_block_rows(Z)
+    rows = blocks.default_block_rows(Z)
     assert rows == int(B.DEVICE_MEMORY_FRACTION * (2 * 70 * per_row + 5)) // per_row  # 70 rows
     seen = []
     original = ep.batch_block_pass  # (the blocks of a batch EP pass)
@@ -63,9 +63,9 @@ def test_batch_ep_streams_host_rows_in_the_blocks_that_fit(gpu, monkeypatch):
 
 def test_running_out_of_device_memory_names_the_block_rows(gpu, monkeypatch):
     X, y, Z, kernel = _problem(gpu)
-    per_row = ep.block_bytes_per_row(N_INDUCING, 2, 8)
+    per_row = blocks.block_bytes_per_row(N_INDUCING, 2, 8)
     _mock_free(monkeypatch, gpu, 2 * 150 * per_row)
-    rows = ep.default_block_rows(Z)
+    rows = blocks.default_block_rows(Z)
     original = kernels.Stationary.K
 
     def K(self, A, B_=None, **options):

@@ -9,7 +9,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from agpc import threads
-from agpc.inference import ep, training
+from agpc.inference import blocks, ep, training
 from agpc.inference.engines import EPEngine
 from agpc.kernels import RBF, Matern52
 from conftest import to_np, to_xp
@@ -62,7 +62,7 @@ def test_fused_sweep_equals_the_two_pass_computation(xp_device, block_rows, damp
     """``kept``: the blocks' A and kernel blocks are kept between the two visits, or the sweep forms them again."""
     xp, device = xp_device
     kernel, Z, X, y, nu, mu = _problem(xp, device)
-    monkeypatch.setattr(ep, "CACHE_ELEMENTS", (2 if kept else 0) * X.shape[0] * Z.shape[0])
+    monkeypatch.setattr(blocks, "CACHE_ELEMENTS", (2 if kept else 0) * X.shape[0] * Z.shape[0])
     reference = _two_pass(kernel, Z, X, y, nu, mu, block_rows=block_rows, damping=damping)
     for nonnegative in (False, True):  # the site precisions here are >= 0: both forms of the sums apply
         fused = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, block_rows=block_rows, damping=damping,
@@ -173,16 +173,16 @@ def test_pass_threads_follow_the_blas_scope():
     """One Python thread a BLAS thread the scope allows, at most one a block, and none for other libraries."""
     Z = np.zeros((4, 2))
     with threadpool_limits(1):
-        assert ep.block_workers(Z, 10) == 1
+        assert blocks.block_workers(Z, 10) == 1
     with threadpool_limits(2):
-        assert ep.block_workers(Z, 10) == 2
-        assert ep.block_workers(Z, 1) == 1
+        assert blocks.block_workers(Z, 10) == 2
+        assert blocks.block_workers(Z, 1) == 1
         import array_api_strict
 
-        assert ep.block_workers(array_api_strict.asarray(Z), 10) == 1
-        rows, workers = ep.pass_layout(Z, 10**6)
-        assert workers == 2 and rows == -(-ep.default_block_rows(Z, 10**6) // 2)
-        assert ep.pass_layout(Z, 10**6, 5000) == (2500, 2)  # the rows of a given block too
+        assert blocks.block_workers(array_api_strict.asarray(Z), 10) == 1
+        rows, workers = blocks.pass_layout(Z, 10**6)
+        assert workers == 2 and rows == -(-blocks.default_block_rows(Z, 10**6) // 2)
+        assert blocks.pass_layout(Z, 10**6, 5000) == (2500, 2)  # the rows of a given block too
 
 
 @pytest.mark.parametrize("block_rows", [None, 60])

@@ -13,7 +13,7 @@ from threadpoolctl import threadpool_limits
 
 import agpc.backend as B
 from agpc import GPClassifier, inputs, kernels
-from agpc.inference import ep, gfitc, multiclass_ep, variational
+from agpc.inference import blocks, ep, gfitc, multiclass_ep, variational
 from agpc.kernels import RBF, ClassKernels
 from helpers import plan_of
 
@@ -26,7 +26,7 @@ def _free_bytes(monkeypatch, free):
     """Make every namespace report ``free`` bytes of free device memory, and every pass ask for it (however few
     its rows: the passes of these tests are small)."""
     monkeypatch.setattr(B, "device_free_bytes", lambda namespace, device=None: free)
-    monkeypatch.setattr(ep, "SMALL_PASS_BYTES", 0)
+    monkeypatch.setattr(blocks, "SMALL_PASS_BYTES", 0)
 
 
 def _data(n, d, seed=0):
@@ -39,23 +39,23 @@ def _data(n, d, seed=0):
 def test_default_block_rows_is_what_fits_in_half_the_free_memory(monkeypatch, m, d, classes):
     rng = np.random.default_rng(1)
     Z = xp.asarray(rng.normal(size=(classes, m, d)) if classes > 1 else rng.normal(size=(m, d)))
-    today = ep.default_block_rows(Z)  # NumPy: no limit from the device, the 16 MB rule
-    assert today == max(1024 if classes == 1 else 256, ep.BLOCK_ELEMENTS // (m * classes))
-    per_row = 8 * (classes * ep.BLOCK_MATRICES * m + ep.BLOCK_FEATURE_COPIES * d + ep.BLOCK_VECTORS)
-    assert ep.block_bytes_per_row(m, d, 8, classes) == per_row
+    today = blocks.default_block_rows(Z)  # NumPy: no limit from the device, the 16 MB rule
+    assert today == max(1024 if classes == 1 else 256, blocks.BLOCK_ELEMENTS // (m * classes))
+    per_row = 8 * (classes * blocks.BLOCK_MATRICES * m + blocks.BLOCK_FEATURE_COPIES * d + blocks.BLOCK_VECTORS)
+    assert blocks.block_bytes_per_row(m, d, 8, classes) == per_row
     for free in (10 * per_row, 300 * per_row + 7, 10**12):
         _free_bytes(monkeypatch, free)
         expected = min(today, int(B.DEVICE_MEMORY_FRACTION * free) // per_row)
-        assert ep.default_block_rows(Z) == expected
+        assert blocks.default_block_rows(Z) == expected
     _free_bytes(monkeypatch, 0)
-    assert ep.default_block_rows(Z) == 1  # never an empty block
+    assert blocks.default_block_rows(Z) == 1  # never an empty block
 
 
 def test_float32_rows_take_half_the_bytes(monkeypatch):
     Z = xp.asarray(np.random.default_rng(2).normal(size=(40, 5)))
-    per_row = ep.block_bytes_per_row(40, 5, 8)
+    per_row = blocks.block_bytes_per_row(40, 5, 8)
     _free_bytes(monkeypatch, 1000 * per_row)
-    assert ep.default_block_rows(xp.astype(Z, xp.float32)) == 2 * ep.default_block_rows(Z)
+    assert blocks.default_block_rows(xp.astype(Z, xp.float32)) == 2 * blocks.default_block_rows(Z)
 
 
 def test_a_small_pass_does_not_ask_the_device(monkeypatch):
@@ -66,10 +66,10 @@ def test_a_small_pass_does_not_ask_the_device(monkeypatch):
 
     monkeypatch.setattr(B, "device_free_bytes", refuse)
     Z = xp.asarray(np.random.default_rng(7).normal(size=(200, 8)))
-    rows = ep.SMALL_PASS_BYTES // ep.block_bytes_per_row(200, 8, 8)
-    assert ep.default_block_rows(Z, rows) == ep.default_block_rows(Z, 200) == max(1024, ep.BLOCK_ELEMENTS // 200)
+    rows = blocks.SMALL_PASS_BYTES // blocks.block_bytes_per_row(200, 8, 8)
+    assert blocks.default_block_rows(Z, rows) == blocks.default_block_rows(Z, 200) == max(1024, blocks.BLOCK_ELEMENTS // 200)
     with pytest.raises(AssertionError, match="asked for its free memory"):
-        ep.default_block_rows(Z, rows + 1)
+        blocks.default_block_rows(Z, rows + 1)
 
 
 def test_passes_walk_the_blocks_that_fit(monkeypatch):
@@ -80,7 +80,7 @@ def test_passes_walk_the_blocks_that_fit(monkeypatch):
     nu = xp.asarray(np.full(600, 0.2))
     mu = xp.asarray(np.random.default_rng(3).normal(size=600) * 0.1)
     whole = ep.evaluate(k, Z, xp.asarray(X), xp.asarray(y), nu, mu, jitter=1e-6)
-    per_row = ep.block_bytes_per_row(15, 2, 8)
+    per_row = blocks.block_bytes_per_row(15, 2, 8)
     _free_bytes(monkeypatch, 2 * 97 * per_row)
     seen = []
     original = ep.batch_block_pass
@@ -90,7 +90,7 @@ def test_passes_walk_the_blocks_that_fit(monkeypatch):
         return original(kernel, X_block, *args, **kwargs)
 
     monkeypatch.setattr(ep, "batch_block_pass", counting)
-    with threadpool_limits(1):  # (blocks on several threads share the rows that fit: ep.pass_layout)
+    with threadpool_limits(1):  # (blocks on several threads share the rows that fit: blocks.pass_layout)
         blocked = ep.evaluate(k, Z, xp.asarray(X), xp.asarray(y), nu, mu, jitter=1e-6)
     assert seen[0] == 97 and sum(seen) == 600
     np.testing.assert_allclose(float(blocked["log_z"]), float(whole["log_z"]), rtol=1e-12)
@@ -115,8 +115,8 @@ def _peak_per_row(run, rows_small, rows_large):
 
 @pytest.mark.parametrize("m, d", [(30, 2), (60, 40)])
 def test_bytes_per_row_bound_the_measured_peak_of_every_pass(monkeypatch, m, d):
-    """The count of ``ep.BLOCK_MATRICES`` & co. is an upper bound of what the passes really hold per row."""
-    monkeypatch.setattr(ep, "CACHE_ELEMENTS", 0)  # the sweep's cache of projections is O(n), not per block
+    """The count of ``blocks.BLOCK_MATRICES`` & co. is an upper bound of what the passes really hold per row."""
+    monkeypatch.setattr(blocks, "CACHE_ELEMENTS", 0)  # the sweep's cache of projections is O(n), not per block
     n = 1800
     rng = np.random.default_rng(4)
     X, y = _data(n, d)
@@ -142,7 +142,7 @@ def test_bytes_per_row_bound_the_measured_peak_of_every_pass(monkeypatch, m, d):
     }
     for name, (classes, run) in passes.items():
         measured = _peak_per_row(run, 300, 900)
-        assert 0 < measured <= ep.block_bytes_per_row(m, d, 8, classes), name
+        assert 0 < measured <= blocks.block_bytes_per_row(m, d, 8, classes), name
 
 
 def test_device_free_bytes_of_cupy_is_device_free_plus_pool_free(monkeypatch):

@@ -60,14 +60,14 @@ def test_a_batch_pass_forms_each_class_projection_once_and_reuses_it(monkeypatch
     """``multiclass_ep.evaluate`` visits the rows twice (the site sums, then the sweep): the sweep takes the sums'
     per-class projections, so that each class's K(X, Z_c) is formed once a block, and its result is the one where
     the sweep forms them again (to round-off). The blocks of both visits run on the pass's threads."""
-    from agpc.inference import ep
+    from agpc.inference import blocks, ep
 
     X, y = three_classes()
     rng = np.random.default_rng(3)
     Z = np.stack([X[rng.choice(60, 4, replace=False)] + 0.05 * c for c in range(3)])
     kernels = _kernels(X)
     nu, mu = np.abs(rng.normal(size=(60, 6))) * 0.3, rng.normal(size=(60, 6)) * 0.3
-    monkeypatch.setattr(ep, "pass_layout", lambda like, n, rows=None: (rows or n, 1) if workers == 1 else (25, 2))
+    monkeypatch.setattr(blocks, "pass_layout", lambda like, n, rows=None: (rows or n, 1) if workers == 1 else (25, 2))
     rows_formed = []
     original = ep.project
 
@@ -82,7 +82,7 @@ def test_a_batch_pass_forms_each_class_projection_once_and_reuses_it(monkeypatch
     kept = multiclass_ep.evaluate(kernels, Z, X, y.astype(float), nu, mu, jitter=JITTER, block_rows=block_rows)
     assert sum(rows_formed) == 3 * 60  # (each class's projection of every row, once: by the sums' visit)
     assert len(given) == 3 * (1 if block_rows is None else 60 // 25 + 1) and set(given) == {6}
-    monkeypatch.setattr(ep, "projections_fit", lambda *a, **k: False)  # nothing kept: the sweep forms them again
+    monkeypatch.setattr(blocks, "projections_fit", lambda *a, **k: False)  # nothing kept: the sweep forms them again
     given.clear()
     again = multiclass_ep.evaluate(kernels, Z, X, y.astype(float), nu, mu, jitter=JITTER, block_rows=block_rows)
     assert given and set(given) == {4}

@@ -12,7 +12,7 @@ import pytest
 from sklearn.datasets import make_classification
 
 from agpc import GPClassifier, threads
-from agpc.inference import ep
+from agpc.inference import blocks
 
 
 @pytest.fixture
@@ -26,15 +26,15 @@ def two_idle_cores(monkeypatch):
 
 @pytest.fixture
 def pass_threads(monkeypatch):
-    """The thread counts of every batch pass's blocks (``ep.map_blocks``'s workers)."""
+    """The thread counts of every batch pass's blocks (``blocks.map_blocks``'s workers)."""
     seen = []
-    real = ep.map_blocks
+    real = blocks.map_blocks
 
     def spy(function, arguments, workers):
         seen.append(workers)
         return real(function, arguments, workers)
 
-    monkeypatch.setattr(ep, "map_blocks", spy)
+    monkeypatch.setattr(blocks, "map_blocks", spy)
     return seen
 
 
@@ -60,10 +60,10 @@ def test_a_pass_smaller_than_a_block_is_split_among_the_threads(two_idle_cores):
     below ``MIN_THREAD_ROWS`` rows; the threads are those of the BLAS scope (one outside any)."""
     Z = np.zeros((100, 4))
     with threads.blas_threads(4000, 100, n_features=4, cores=2):
-        assert ep.pass_layout(Z, 4000) == (2000, 2)
-        assert ep.pass_layout(Z, ep.MIN_THREAD_ROWS + 1) == (ep.MIN_THREAD_ROWS + 1, 1)
+        assert blocks.pass_layout(Z, 4000) == (2000, 2)
+        assert blocks.pass_layout(Z, blocks.MIN_THREAD_ROWS + 1) == (blocks.MIN_THREAD_ROWS + 1, 1)
     with threads.blas_threads(4000, 100, n_features=4, cores=1):
-        assert ep.pass_layout(Z, 4000) == (4000, 1)
+        assert blocks.pass_layout(Z, 4000) == (4000, 1)
 
 
 @pytest.mark.parametrize("method", ["gfitc", "vi-jj", "sep"])

@@ -13,7 +13,7 @@ import pytest
 
 from agpc import GPClassifier, threads
 from agpc.datasets import make_banana
-from agpc.inference import ep
+from agpc.inference import blocks, ep
 
 CORES = 64
 
@@ -155,10 +155,10 @@ def test_fit_chooses_per_phase_on_64_cores(machine, monkeypatch):
     assert steps and set(steps) == {1}
     assert machine.num_threads == CORES
     monkeypatch.setattr(threads, "GEMM_FLOPS_PER_THREAD", 1)  # 400 rows x 10 inducing points count as large
-    monkeypatch.setattr(ep, "MIN_THREAD_ROWS", 100)  # ... and make four threads' worth of blocks
+    monkeypatch.setattr(blocks, "MIN_THREAD_ROWS", 100)  # ... and make four threads' worth of blocks
     passes = _record_threads(monkeypatch, machine, "evaluate")
     pass_threads = []
-    monkeypatch.setattr(ep, "map_blocks", lambda f, a, workers, real=ep.map_blocks: pass_threads.append(workers)
+    monkeypatch.setattr(blocks, "map_blocks", lambda f, a, workers, real=blocks.map_blocks: pass_threads.append(workers)
                         or real(f, a, workers))
     GPClassifier(method="ep", n_inducing=10, batch_size=None, max_iter=3, random_state=0, n_jobs=-1).fit(X, y)
     # the passes' blocks on as many cores as they have blocks of MIN_THREAD_ROWS, the m x m algebra between them on

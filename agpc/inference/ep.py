@@ -20,36 +20,24 @@ Everything here is written against the array API: the functions take arrays and 
 
 from __future__ import annotations
 
-import contextvars
-import threading
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 
-from .. import threads
 from ..backend import (
     add_outer,
     array_device,
     array_namespace,
-    blas_releasing_the_lock,
     identity_plus,
-    is_out_of_core,
     lower_triangular_inverse,
     machine_epsilon,
-    note_block_rows,
     prefers_inverses,
-    read_rows,
-    row_slice,
     row_dot as backend_row_dot,
-    rows_within_memory,
     scaled_columns,
-    scratch,
-    shares_host_threads,
     triangular_matmul,
 )
 from ..kernels import OrdinalKernel
 from ..likelihoods import PROBIT, Ordinal, negative_log_likelihood
+from . import blocks
 # q(u) and the tied factor (their own module; named here too, as the passes modules' interface the engines call
 # through, ``passes.posterior_from_sums`` etc., and for models pickled when they were defined here)
 from .posterior import (PRIOR_FACTOR_NAME, Factor, Posterior, left_solve, moved_factor, posterior_from_sums,
@@ -81,9 +69,6 @@ __all__ = [
     "batch_sweep",
     "data_kmm_adjoint",
     "next_site_sums",
-    "pass_layout",
-    "map_blocks",
-    "BlockScratch",
     "site_sums_over_rows",
     "prior_kmm_adjoint",
     "predict_latent",
@@ -558,108 +543,6 @@ def prior_kmm_adjoint(post):
     return 0.5 * (beta[:, None] * beta[None, :] - sandwich)
 
 
-BLOCK_ELEMENTS = 1 << 21  # default block: ~16 MB of float64 per n x m temporary
-CACHE_ELEMENTS = 1 << 26  # keep the projections of all blocks between the two passes up to ~512 MB
-
-# Memory of a pass over a block of b rows, per row, in elements of the model's type: BLOCK_MATRICES n x m arrays
-# per class, BLOCK_FEATURE_COPIES copies of the rows (n x d) and BLOCK_VECTORS n-vectors alive at once at the peak.
-# Counted from ``block_pass`` with gradients, the heaviest pass: Knm, A and Q (``marginals``), then in
-# ``data_adjoint`` the weighted Q, its solve and ``inner``, the stacked right-hand sides and their solve (two
-# each), dKnm and the transients of the products after it; the kernel's ``_r2`` / ``_distance_grads`` hold the
-# scaled, centred rows and their products with G; the cavities, moments and adjoint coefficients are vectors.
-# Checked against tracemalloc's peak on NumPy per added row (tests/test_device_memory.py): 11 m + 6 d + 16
-# measured for binary EP / SEP / GFITC, less for the variational passes (SVI 5 m, vi-JJ 8 m) and per class
-# for multiclass EP (6 m: its classes' adjoints come one after the other).
-BLOCK_MATRICES = 12
-BLOCK_FEATURE_COPIES = 6
-BLOCK_VECTORS = 32
-
-
-def block_bytes_per_row(m, d, itemsize, classes=1):
-    """Bytes a pass's temporaries take per row of a block (see ``BLOCK_MATRICES``): m inducing points, d
-    features, ``itemsize`` bytes an element, ``classes`` latent functions (multiclass: one set of n x m
-    temporaries each)."""
-    return int(itemsize) * (classes * BLOCK_MATRICES * int(m) + BLOCK_FEATURE_COPIES * int(d) + BLOCK_VECTORS)
-
-
-def _itemsize(Z):
-    return array_namespace(Z).finfo(Z.dtype).bits // 8
-
-
-# A pass whose temporaries for all its rows come to less than this does not ask the device for its free memory
-# (a minibatch step: no driver call a step, nothing on the host between the kernels of a captured step).
-SMALL_PASS_BYTES = 1 << 26
-
-
-def default_block_rows(Z, n=None):
-    """Rows of a block when the caller gives none, for inducing points Z ((m, d), or (C, m, d) for C classes):
-    ~16 MB per n x m temporary (``BLOCK_ELEMENTS`` / (m C), at least 1024 rows, 256 for several classes; the
-    allocator then reuses the same memory block after block), and no more than the rows whose temporaries
-    (``block_bytes_per_row``) fit in ``backend.DEVICE_MEMORY_FRACTION`` of the device's free memory (a GPU;
-    on the host nothing changes). ``n``: the rows of the pass, when known; a pass of ``n`` rows whose
-    temporaries total less than 64 MB is one block without a query of the device."""
-    classes = Z.shape[0] if Z.ndim == 3 else 1
-    m, d = Z.shape[-2], Z.shape[-1]
-    rows = max(1024 if classes == 1 else 256, BLOCK_ELEMENTS // max(1, m * classes))
-    per_row = block_bytes_per_row(m, d, _itemsize(Z), classes)
-    if n is not None and n * per_row <= SMALL_PASS_BYTES:
-        return rows
-    fit = rows_within_memory(per_row, array_namespace(Z), array_device(Z))
-    return rows if fit is None else min(rows, fit)
-
-
-def projections_fit(n, Z, classes=1):
-    """Whether every block's projections (A and Knm: 2 n m elements a class) may be kept between a pass's two
-    stages: within ``CACHE_ELEMENTS`` and, on a device, within half of the memory share the blocks may use
-    (the blocks, sized before the cache filled, keep the rest)."""
-    m = Z.shape[-2]
-    if 2 * classes * n * m > CACHE_ELEMENTS:
-        return False
-    fit = rows_within_memory(2 * classes * m * _itemsize(Z), array_namespace(Z), array_device(Z))
-    return fit is None or n <= fit // 2
-
-
-def row_blocks(n, block_rows, m=None):
-    """Row ranges. By default blocks of ~16 MB per n x m temporary: the allocator then reuses the same
-    memory block after block (fresh 100+ MB temporaries cost more in page faults than in arithmetic) and
-    the working set stays in cache."""
-    if not block_rows:
-        block_rows = n if m is None else max(1024, BLOCK_ELEMENTS // max(1, m))
-    step = max(1, int(block_rows))
-    return [(start, min(n, start + step)) for start in range(0, n, step)]
-
-
-_IO_ROWS = 65536  # rows read at a time from data on disk: one read, then compute blocks sliced from it
-
-
-def data_blocks(X, y, block_rows, like):
-    """(lo, hi, X rows, y rows or None) over all rows, in blocks of ``block_rows`` rows (None:
-    ``default_block_rows(like, n)``), each moved to ``like``'s namespace and device as it comes.
-
-    Data on disk, and host arrays streamed to a device (``backend.HostRows``), are read ``_IO_ROWS`` rows at a
-    time onto the host (a zarr chunk is decoded once, not once per compute block) and only the compute
-    blocks sliced from what was read go to the device, so the device holds one block of rows at a time."""
-    n = X.shape[0]
-    block_rows = block_rows or default_block_rows(like, n)
-    blocks = row_blocks(n, block_rows)
-    note_block_rows(blocks[0][1] - blocks[0][0] if blocks else block_rows)
-    if not (is_out_of_core(X) or (y is not None and is_out_of_core(y))):
-        for lo, hi in blocks:
-            yield lo, hi, read_rows(X, lo, hi, like), (None if y is None else read_rows(y, lo, hi, like))
-        return
-    step = blocks[0][1] - blocks[0][0]
-    io_rows = max(step, _IO_ROWS)
-    for io_lo in range(0, n, io_rows):
-        io_hi = min(n, io_lo + io_rows)
-        # one read each, as stored (NumPy for data on disk or on the host; labels on the device stay there)
-        X_io = row_slice(X, io_lo, io_hi)
-        y_io = None if y is None else row_slice(y, io_lo, io_hi)
-        for lo in range(io_lo, io_hi, step):
-            hi = min(io_hi, lo + step)
-            yield (lo, hi, read_rows(X_io, lo - io_lo, hi - io_lo, like),
-                   None if y_io is None else read_rows(y_io, lo - io_lo, hi - io_lo, like))
-
-
 def row_dot(A, B):
     """Row-wise dot products of two (n, m) blocks, without an n x m temporary (``backend.row_dot``: one fused
     reduction on every namespace, CuPy's included)."""
@@ -672,13 +555,13 @@ def site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_row
     while they fit the cache budget, also every block's (A, K(Z, X)) (both m x b) for ``batch_sweep`` to reuse.
     (Keeping A alone, the sweep forming K(Z, X) again, did not pay: at n = 10^5, m = 500 the kept arrays' fresh
     pages cost more than A's product saved.) ``nonnegative``: every site precision is known to be >= 0
-    (``whitened_site_sums``). Blocks run on the threads of ``pass_layout`` (``workers`` given: ``block_rows`` is
+    (``whitened_site_sums``). Blocks run on the threads of ``blocks.pass_layout`` (``workers`` given: ``block_rows`` is
     already the layout's); their sums are added in order."""
     if workers is None:
-        block_rows, workers = pass_layout(Z, X.shape[0], block_rows)
-    keep = keep_projection and projections_fit(X.shape[0], Z)
+        block_rows, workers = blocks.pass_layout(Z, X.shape[0], block_rows)
+    keep = keep_projection and blocks.projections_fit(X.shape[0], Z)
     L_K_inv = lower_triangular_inverse(L_K) if uses_inverse(L_K, n_columns=min(X.shape[0], block_rows)) else None
-    scratch_arrays = BlockScratch()
+    scratch_arrays = blocks.BlockScratch()
 
     def block_sums(lo, hi, X_block):
         Kmn = kernel.K(Z, X_block, out=None if keep else scratch_arrays("K", (Z.shape[0], X_block.shape[0]), Z))
@@ -689,8 +572,8 @@ def site_sums_over_rows(kernel, Z, X, site_precision, site_shift, L_K, block_row
 
     S = c_tilde = None
     kept = [] if keep else None
-    blocks = ((lo, hi, X_block) for lo, hi, X_block, _ in data_blocks(X, None, block_rows, Z))
-    with closing(map_blocks(block_sums, blocks, workers)) as results:  # (ended on an error too: see map_blocks)
+    pieces = ((lo, hi, X_block) for lo, hi, X_block, _ in blocks.data_blocks(X, None, block_rows, Z))
+    with closing(blocks.map_blocks(block_sums, pieces, workers)) as results:  # (ended on an error too: see map_blocks)
         for _, (S_b, c_b, projection) in results:
             S = S_b if S is None else S + S_b
             c_tilde = c_b if c_tilde is None else c_tilde + c_b
@@ -728,13 +611,13 @@ def sweep_rows(X, y, site_precision, site_shift, block_step, *, block_rows, like
                want_sites=True, damping=None, valid_columns=None, workers=1):
     """The one EP sweep, for binary EP, multiclass EP and GFITC: ``block_step(index, lo, hi, X rows, y rows,
     the rows' site_precision, the rows' site_shift)`` (a ``BlockResult``) over all rows in the blocks of
-    ``data_blocks``; the per-row results written into preallocated arrays (no per-block pieces joined at the
+    ``blocks.data_blocks``; the per-row results written into preallocated arrays (no per-block pieces joined at the
     end: that would hold them twice), damped when ``damping`` is given (``write_block_sites``), and the
     reductions added. ``site_precision`` None: the rows have no sites of their own (SEP / ADF; the blocks get
     None). ``want_sites=False`` keeps no per-row output at all (a final log Z pass needs only the sums).
     ``valid_columns``: the validity mask's columns a row (multiclass: one per class), None for one a row.
     ``n_invalid`` stays on the device (0-d): a block step that does not count its own is counted here.
-    ``workers``: block steps run at once in Python threads (``map_blocks``); results are taken in order."""
+    ``workers``: block steps run at once in Python threads (``blocks.map_blocks``); results are taken in order."""
     xp = array_namespace(like)
     n = X.shape[0]
     out = {"terms": None, "site_precision": None, "site_shift": None, "valid": None, "n_invalid": None,
@@ -752,12 +635,12 @@ def sweep_rows(X, y, site_precision, site_shift, block_step, *, block_rows, like
         return None if site_precision is None else (slice(lo, hi),) + (...,) * (site_precision.ndim > 1)
 
     def steps():
-        for index, (lo, hi, X_block, y_block) in enumerate(data_blocks(X, y, block_rows, like)):
+        for index, (lo, hi, X_block, y_block) in enumerate(blocks.data_blocks(X, y, block_rows, like)):
             rows = row_index(lo, hi)
             yield (index, lo, hi, X_block, y_block, None if zero_sites_given else site_precision[rows],
                    None if zero_sites_given else site_shift[rows])
 
-    with closing(map_blocks(block_step, steps(), workers)) as results:  # (ended on an error too: see map_blocks)
+    with closing(blocks.map_blocks(block_step, steps(), workers)) as results:  # (ended on an error too: see map_blocks)
         for (_, lo, hi, *_), res in results:
             if want_sites:
                 rows = row_index(lo, hi)
@@ -767,74 +650,6 @@ def sweep_rows(X, y, site_precision, site_shift, block_step, *, block_rows, like
                 out["n_invalid"] = invalid if out["n_invalid"] is None else out["n_invalid"] + invalid
             accumulate(out, res, want_sums=want_sums, want_grad=want_grad)
     return out
-
-
-def map_blocks(function, arguments, workers):
-    """``(arguments, function(*arguments))`` for each tuple of ``arguments`` (an iterable: the blocks of a pass), in
-    order. With ``workers`` > 1, that many calls run at once in Python threads, each BLAS call on one thread
-    (``threads.one_blas_thread``), the next block read while they run; only NumPy arrays are spread so
-    (``pass_workers``), their BLAS calls releasing the interpreter lock (``backend.blas_releasing_the_lock``). Each
-    call runs in a copy of the caller's context, so that the backend's context variables (``reference_paths``,
-    ``counting_fast_calls``, the block rows in use) hold on the threads too. The
-    per-block results, and so every sum over blocks taken in order, are those of one thread. The thread pool, the
-    one-thread BLAS limit and the lock-free BLAS hold until the generator ends: a caller closes it
-    (``contextlib.closing``) so that they end with an error in its loop too, not when the traceback is freed."""
-    if workers <= 1:
-        for item in arguments:
-            yield item, function(*item)
-        return
-    pending = deque()
-    with threads.one_blas_thread(), blas_releasing_the_lock(), \
-            ThreadPoolExecutor(workers, thread_name_prefix="agpc-block") as pool:
-        try:
-            for item in arguments:
-                pending.append((item, pool.submit(contextvars.copy_context().run, function, *item)))
-                if len(pending) > workers:  # ``workers`` running and one more queued behind them
-                    item, future = pending.popleft()
-                    yield item, future.result()
-            while pending:
-                item, future = pending.popleft()
-                yield item, future.result()
-        finally:  # an error (or a consumer that stopped): queued blocks are not started
-            for _, future in pending:
-                future.cancel()
-
-
-def block_workers(like, block_count):
-    """Python threads a pass over ``block_count`` blocks of ``like``'s namespace runs its blocks on: the BLAS
-    threads the caller's scope allows (``threads.pass_workers``) for NumPy arrays, at most one a block; 1 for
-    other libraries (a GPU runs its own parallelism)."""
-    if block_count < 2 or not shares_host_threads(like):
-        return 1
-    return max(1, min(threads.pass_workers(), block_count))
-
-
-MIN_THREAD_ROWS = 256  # rows a thread takes of a batch pass at least (fewer: its start costs more than they)
-
-
-def pass_layout(like, n, block_rows=None):
-    """(rows a block, Python threads) for a batch pass over n rows: ``block_rows`` (default ``default_block_rows``),
-    or all n rows when fewer, shared among the threads (at most one a ``MIN_THREAD_ROWS`` rows), so that the
-    blocks in flight at once hold about one such block's temporaries, as ``block_rows`` means on one thread; a pass
-    of fewer rows than one block is so split in as many blocks as threads."""
-    rows = max(1, min(n, int(block_rows) if block_rows else default_block_rows(like, n)))
-    workers = block_workers(like, max(-(-n // rows), n // MIN_THREAD_ROWS))
-    return (rows if workers == 1 else max(1, -(-rows // workers))), workers
-
-
-class BlockScratch(threading.local):
-    """A thread's n x m arrays for the blocks of a batch pass (``backend.scratch``: NumPy; none elsewhere), reused
-    block after block: a fresh n x m temporary costs its page faults, about as much as a pass over it. One set a
-    thread."""
-
-    def __init__(self):
-        self.arrays = {}
-
-    def __call__(self, name, shape, like):
-        array = self.arrays.get(name)
-        if array is None or tuple(array.shape) != tuple(shape):
-            array = self.arrays[name] = scratch(shape, like)
-        return array
 
 
 def binary_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, want_sums=False,
@@ -849,7 +664,7 @@ def binary_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_gr
                           want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
                           sample_weights=sample_weights, anchor=anchor, damping=product_damping, adf=adf)
 
-    block_rows, workers = pass_layout(Z, X.shape[0], block_rows)  # (a minibatch: one thread)
+    block_rows, workers = blocks.pass_layout(Z, X.shape[0], block_rows)  # (a minibatch: one thread)
     return sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z,
                       want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping,
                       workers=workers)
@@ -909,13 +724,13 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     rows' sites are all >= 0) lets ``want_sums`` form the sums of the new sites by a symmetric product.
 
     ``want_sums``: the whitened sums of the new (undamped) sites, A diag(nu_new) A^T and A mu_new, at this
-    pass's hyper-parameters. ``work``: the thread's ``BlockScratch``; on NumPy the block's n x m arrays live there
+    pass's hyper-parameters. ``work``: the thread's ``blocks.BlockScratch``; on NumPy the block's n x m arrays live there
     (Q and R are updated in place) and only the kernel block and the gradient's product with it are new.
 
     ``weights`` (b,): the rows' sample weights, by power EP (``weighted_cavity``; q's sums hold w_i times each
     site): each row's log Z_q term and gradient count w_i times, and the sums of the new sites are weighted."""
     xp = array_namespace(Z)
-    work = BlockScratch() if work is None else work
+    work = blocks.BlockScratch() if work is None else work
     explicit = uses_inverse(post.L_K, n_columns=X.shape[0]) if explicit is None else explicit
     L_K_inv, L_C_inv = (post.L_K_inv, post.L_C_inv) if explicit else (None, None)
     Kmn, A = _kernel_block(kernel, X, Z, post, A, Kmn, work, L_K_inv, want_grad)
@@ -974,15 +789,15 @@ def data_kmm_adjoint(post, inner, A_alpha):
 def batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, *, want_grad, block_rows, projections=None,
                 want_sites=True, damping=None, want_sums=False, nonnegative=False, workers=None, weights=None):
     """Batch EP's sweep: ``batch_block_pass`` over all rows (``sweep_rows``: damping, the per-row outputs and
-    the reductions; the blocks on the threads of ``pass_layout``), then the gradient's m x m part
+    the reductions; the blocks on the threads of ``blocks.pass_layout``), then the gradient's m x m part
     (``data_kmm_adjoint``). ``projections``: the blocks' kept (A, K(Z, X)) from ``site_sums_over_rows`` (with
     the same ``block_rows``), or None to compute them. Returns ``sweep_rows``' dict, with ``dKmm_data`` the
     data part of the adjoint of Kmm and, with ``want_sums``, ``sums`` the whitened sums of the undamped new
     sites. ``nonnegative``: as ``batch_block_pass`` takes it. ``workers``: as ``site_sums_over_rows`` takes it.
     ``weights``: the rows' sample weights (n,), as ``batch_block_pass`` takes them, or None."""
     if workers is None:
-        block_rows, workers = pass_layout(Z, X.shape[0], block_rows)
-    work = BlockScratch()
+        block_rows, workers = blocks.pass_layout(Z, X.shape[0], block_rows)
+    work = blocks.BlockScratch()
     explicit = uses_inverse(post.L_K, n_columns=min(X.shape[0], block_rows))
     if explicit:  # what the blocks share, formed here once, before any thread needs it (q caches it on first use)
         post.L_K_inv, post.L_C_inv
@@ -1031,7 +846,7 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     the per-row-block sweep (``batch_sweep``) and the driver's ``finish_evaluate`` -- are what the distributed
     engine runs, the two per-row stages once per chunk of rows on the workers.
     """
-    block_rows, workers = pass_layout(Z, X.shape[0], block_rows)  # once: the sweep reuses the sums' projections
+    block_rows, workers = blocks.pass_layout(Z, X.shape[0], block_rows)  # once: the sweep reuses the sums' projections
     L_K = prior_cholesky(kernel, Z, jitter, checked=checked)
     kept = None
     if site_sums is None:
@@ -1320,7 +1135,7 @@ def predict_latent(kernel, Z, post, X, block_rows=None):
     xp = array_namespace(Z)
     beta = post.beta
     means, variances = [], []
-    for _, _, X_block, _ in data_blocks(X, None, block_rows, Z):
+    for _, _, X_block, _ in blocks.data_blocks(X, None, block_rows, Z):
         At, Knm = project(kernel, X_block, Z, post.L_K_inv)
         Qt = At @ post.L_C_inv.mT
         means.append(Knm @ beta)

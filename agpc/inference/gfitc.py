@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from ..backend import array_namespace, lower_triangular_inverse
 from ..kernels import ClassKernels
 from ..likelihoods import PROBIT
-from . import ep, multiclass_ep
+from . import blocks, ep, multiclass_ep
 from .posterior import posterior_from_sums, prior_cholesky
 
 __all__ = ["evaluate", "zero_sites"]
@@ -167,7 +167,7 @@ class _Model:
             self.parts = [(kernel, Z)]
 
     def block_rows(self, block_rows, n):
-        return block_rows or ep.default_block_rows(self.Z, n)
+        return block_rows or blocks.default_block_rows(self.Z, n)
 
     def totals(self, site_precision, site_shift, y):
         """Per class, a row's (a copy's) total site on f_ic."""
@@ -188,9 +188,9 @@ def _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows, wei
     L_K = [prior_cholesky(k, Zc, jitter) for k, Zc in model.parts]
     L_K_inv = [lower_triangular_inverse(L) for L in L_K]
     C, n = len(model.parts), X.shape[0]
-    keep = ep.projections_fit(n, model.parts[0][1], classes=C)
+    keep = blocks.projections_fit(n, model.parts[0][1], classes=C)
     S, c_tilde, kept = [None] * C, [None] * C, []
-    for lo, hi, X_block, y_block in ep.data_blocks(X, y, block_rows, model.parts[0][1]):
+    for lo, hi, X_block, y_block in blocks.data_blocks(X, y, block_rows, model.parts[0][1]):
         rows = _rows(site_precision, lo, hi)
         totals = model.totals(site_precision[rows], site_shift[rows], y_block)
         projections = []

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from ..backend import array_device, array_namespace, lower_triangular_inverse
 from ..likelihoods import PREDICTIVE_NODES, PROBIT, argmax_log_proba, negative_log_likelihood
-from . import ep
+from . import blocks, ep
 from .posterior import Factor, posterior_from_sums, prior_cholesky
 
 __all__ = [
@@ -345,7 +345,7 @@ def class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block
                     kept=None):
     """Per class S_c = A_c diag(nu_tot) A_c^T and c~_c = A_c mu_tot over the rows (tuples, one entry a class):
     they add over any split of the rows (a chunk of rows a task on a cluster). ``weights``: the rows' sample
-    weights, each row's totals w_i times (power EP). The blocks run on ``workers`` threads (``ep.map_blocks``; their
+    weights, each row's totals w_i times (power EP). The blocks run on ``workers`` threads (``blocks.map_blocks``; their
     sums added in order); ``kept`` (a list): each block's per-class projections (A_c, K(X, Z_c)) are appended to it,
     for ``class_sweep`` to reuse (``evaluate``: the batch pass's second visit of the rows)."""
     C = n_classes(Z)
@@ -357,8 +357,8 @@ def class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block
         projections = [ep.project(kernels[c], X_block, Z[c, ...], L_K_inv[c]) for c in range(C)]
         return [ep.site_sums(At, nu[:, c], mu[:, c]) for c, (At, _) in enumerate(projections)], projections
 
-    blocks = ep.data_blocks(X, y, _block_rows(block_rows, Z, X.shape[0]), Z[0, ...])
-    with closing(ep.map_blocks(block_sums, blocks, workers)) as results:  # (ended on an error too)
+    pieces = blocks.data_blocks(X, y, _block_rows(block_rows, Z, X.shape[0]), Z[0, ...])
+    with closing(blocks.map_blocks(block_sums, pieces, workers)) as results:  # (ended on an error too)
         for _, (sums, projections) in results:
             for c, (S_b, c_b) in enumerate(sums):
                 S[c] = S_b if S[c] is None else S[c] + S_b
@@ -370,8 +370,8 @@ def class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block
 
 def _block_rows(block_rows, Z, n=None):
     """Blocks hold C sets of n x m temporaries: C times fewer rows than the binary default
-    (``ep.default_block_rows`` of the stacked Z; ``n`` the pass's rows)."""
-    return block_rows or ep.default_block_rows(Z, n)
+    (``blocks.default_block_rows`` of the stacked Z; ``n`` the pass's rows)."""
+    return block_rows or blocks.default_block_rows(Z, n)
 
 
 def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, block_rows, want_sums=False,
@@ -394,7 +394,7 @@ def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_gra
                           projections=None if projections is None else projections[index])
 
     if workers is None:
-        block_rows, workers = ep.pass_layout(Z, X.shape[0], _block_rows(block_rows, Z, X.shape[0]))  # (minibatch: one)
+        block_rows, workers = blocks.pass_layout(Z, X.shape[0], _block_rows(block_rows, Z, X.shape[0]))  # (minibatch: one)
     return ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z[0, ...],
                          want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping,
                          valid_columns=n_classes(Z), workers=workers)
@@ -430,8 +430,8 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
     removes one copy, and log Z_q and its gradient count each row's pair terms w_i times (``pair_update``)."""
     L_K, L_K_inv = prior_choleskys(kernels, Z, jitter, checked)
     # one layout for both visits of the rows, so that the sweep takes the sums' projections (as ``ep.evaluate``)
-    block_rows, workers = ep.pass_layout(Z, X.shape[0], _block_rows(block_rows, Z, X.shape[0]))
-    kept = [] if ep.projections_fit(X.shape[0], Z[0, ...], classes=n_classes(Z)) else None
+    block_rows, workers = blocks.pass_layout(Z, X.shape[0], _block_rows(block_rows, Z, X.shape[0]))
+    kept = [] if blocks.projections_fit(X.shape[0], Z[0, ...], classes=n_classes(Z)) else None
     S, c_tilde = class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows, weights,
                                  workers=workers, kept=kept)
     posts = posteriors_from_sums(L_K, L_K_inv, S, c_tilde, checked=checked)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..backend import array_namespace
 from ..likelihoods import ROBUST_MAX, RobustMax
-from . import ep
+from . import blocks
 from .variational import SVIBoundTerms, data_scale
 
 __all__ = ["BOUNDS", "EPSILON", "argmax_probability", "robust_max_expected", "svi_elbo_multiclass",
@@ -73,7 +73,7 @@ def svi_elbo_multiclass(kernels, Z, X, y, whitened_mean, whitened_chol, *, n_qua
     terms = [SVIBoundTerms(kernels[c], Z[c, ...], whitened_mean[c, ...], whitened_chol[c, ...], jitter)
              for c in range(C)]
     expected_total = None
-    for lo, hi, Xb, yb in ep.data_blocks(X, y, block_rows, Z[0, ...]):
+    for lo, hi, Xb, yb in blocks.data_blocks(X, y, block_rows, Z[0, ...]):
         if bound == "jensen":
             pairs = [t.marginals(Xb) for t in terms]
             f_mean = xp.stack([p[0] for p in pairs], axis=1)

@@ -38,7 +38,7 @@ from ..kernels import step_lower_bounds
 from ..likelihoods import LIKELIHOODS as LIKELIHOOD_OBJECTS
 from ..likelihoods import likelihood_by_name, sigmoid, softplus
 from ..optim import bounded_step
-from . import ep
+from . import blocks, ep
 from . import posterior as Q
 from .posterior import Posterior, left_solve, posterior_from_sums
 
@@ -203,7 +203,7 @@ def svi_elbo(kernel, Z, X, y, whitened_mean, whitened_chol, *, likelihood="probi
     if ordinal:
         likelihood = ep.site_likelihood(kernel)
     expected_total = d_cuts = None
-    for lo, hi, Xb, yb in ep.data_blocks(X, y, block_rows, Z):
+    for lo, hi, Xb, yb in blocks.data_blocks(X, y, block_rows, Z):
         f_mean, f_var = terms.marginals(Xb)
         if ordinal:
             expected, g_m, g_v, slopes = likelihood.expected_log_density_with_cuts(yb, f_mean, f_var, n_quadrature)
@@ -384,7 +384,7 @@ def quadratic_row_terms(kernel, Z, X, y, xi, prep, *, kind, want_grad=True, want
     value = None
     means, variances, xi_grad = [], [], []
     grads = dKmm = None
-    for lo, hi, Xb, _ in ep.data_blocks(X, None, block_rows, Z):
+    for lo, hi, Xb, _ in blocks.data_blocks(X, None, block_rows, Z):
         Knm = kernel.K(Xb, Z)
         At = Knm @ L_K_inv.mT
         Qt = At @ post.L_C_inv.mT
@@ -475,7 +475,7 @@ VI_METHODS = ("svi", "vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
 def initial_xi(kernel, Z, X, kind, block_rows=None):
     """xi at q = prior (m_i = 0, S_i = K_ii): where vi-JJ / vi-Taylor start (Izmailov & Kropotov (2017), Alg. 1)."""
     xp = array_namespace(Z)
-    prior_var = xp.concat([kernel.Kdiag(Xb) for _, _, Xb, _ in ep.data_blocks(X, None, block_rows, Z)])
+    prior_var = xp.concat([kernel.Kdiag(Xb) for _, _, Xb, _ in blocks.data_blocks(X, None, block_rows, Z)])
     return update_xi(xp.zeros((X.shape[0],), dtype=Z.dtype, device=array_device(Z)), prior_var, kind)
 
 

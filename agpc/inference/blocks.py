@@ -1,0 +1,200 @@
+"""The row blocks of a pass over the training rows: how many rows a block holds (its temporaries within a memory
+share), how the blocks are read (data on disk a large read at a time, moved to the compute device a block at a time),
+how a batch pass's blocks are shared among Python threads, and each thread's reused scratch arrays. What the blocks
+compute is the passes' own (``agpc.inference.ep``, ``multiclass_ep``, ``gfitc``, ``variational``): nothing here knows
+of sites or of q."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+from .. import threads
+from ..backend import (
+    array_device,
+    array_namespace,
+    blas_releasing_the_lock,
+    is_out_of_core,
+    note_block_rows,
+    read_rows,
+    row_slice,
+    rows_within_memory,
+    scratch,
+    shares_host_threads,
+)
+
+__all__ = ["BLOCK_ELEMENTS", "CACHE_ELEMENTS", "BLOCK_MATRICES", "BLOCK_FEATURE_COPIES", "BLOCK_VECTORS",
+           "SMALL_PASS_BYTES", "MIN_THREAD_ROWS", "block_bytes_per_row", "default_block_rows", "projections_fit",
+           "row_blocks", "data_blocks", "map_blocks", "block_workers", "pass_layout", "BlockScratch"]
+
+
+BLOCK_ELEMENTS = 1 << 21  # default block: ~16 MB of float64 per n x m temporary
+CACHE_ELEMENTS = 1 << 26  # keep the projections of all blocks between the two passes up to ~512 MB
+
+# Memory of a pass over a block of b rows, per row, in elements of the model's type: BLOCK_MATRICES n x m arrays
+# per class, BLOCK_FEATURE_COPIES copies of the rows (n x d) and BLOCK_VECTORS n-vectors alive at once at the peak.
+# Counted from ``block_pass`` with gradients, the heaviest pass: Knm, A and Q (``marginals``), then in
+# ``data_adjoint`` the weighted Q, its solve and ``inner``, the stacked right-hand sides and their solve (two
+# each), dKnm and the transients of the products after it; the kernel's ``_r2`` / ``_distance_grads`` hold the
+# scaled, centred rows and their products with G; the cavities, moments and adjoint coefficients are vectors.
+# Checked against tracemalloc's peak on NumPy per added row (tests/test_device_memory.py): 11 m + 6 d + 16
+# measured for binary EP / SEP / GFITC, less for the variational passes (SVI 5 m, vi-JJ 8 m) and per class
+# for multiclass EP (6 m: its classes' adjoints come one after the other).
+BLOCK_MATRICES = 12
+BLOCK_FEATURE_COPIES = 6
+BLOCK_VECTORS = 32
+
+
+def block_bytes_per_row(m, d, itemsize, classes=1):
+    """Bytes a pass's temporaries take per row of a block (see ``BLOCK_MATRICES``): m inducing points, d
+    features, ``itemsize`` bytes an element, ``classes`` latent functions (multiclass: one set of n x m
+    temporaries each)."""
+    return int(itemsize) * (classes * BLOCK_MATRICES * int(m) + BLOCK_FEATURE_COPIES * int(d) + BLOCK_VECTORS)
+
+
+def _itemsize(Z):
+    return array_namespace(Z).finfo(Z.dtype).bits // 8
+
+
+# A pass whose temporaries for all its rows come to less than this does not ask the device for its free memory
+# (a minibatch step: no driver call a step, nothing on the host between the kernels of a captured step).
+SMALL_PASS_BYTES = 1 << 26
+
+
+def default_block_rows(Z, n=None):
+    """Rows of a block when the caller gives none, for inducing points Z ((m, d), or (C, m, d) for C classes):
+    ~16 MB per n x m temporary (``BLOCK_ELEMENTS`` / (m C), at least 1024 rows, 256 for several classes; the
+    allocator then reuses the same memory block after block), and no more than the rows whose temporaries
+    (``block_bytes_per_row``) fit in ``backend.DEVICE_MEMORY_FRACTION`` of the device's free memory (a GPU;
+    on the host nothing changes). ``n``: the rows of the pass, when known; a pass of ``n`` rows whose
+    temporaries total less than 64 MB is one block without a query of the device."""
+    classes = Z.shape[0] if Z.ndim == 3 else 1
+    m, d = Z.shape[-2], Z.shape[-1]
+    rows = max(1024 if classes == 1 else 256, BLOCK_ELEMENTS // max(1, m * classes))
+    per_row = block_bytes_per_row(m, d, _itemsize(Z), classes)
+    if n is not None and n * per_row <= SMALL_PASS_BYTES:
+        return rows
+    fit = rows_within_memory(per_row, array_namespace(Z), array_device(Z))
+    return rows if fit is None else min(rows, fit)
+
+
+def projections_fit(n, Z, classes=1):
+    """Whether every block's projections (A and Knm: 2 n m elements a class) may be kept between a pass's two
+    stages: within ``CACHE_ELEMENTS`` and, on a device, within half of the memory share the blocks may use
+    (the blocks, sized before the cache filled, keep the rest)."""
+    m = Z.shape[-2]
+    if 2 * classes * n * m > CACHE_ELEMENTS:
+        return False
+    fit = rows_within_memory(2 * classes * m * _itemsize(Z), array_namespace(Z), array_device(Z))
+    return fit is None or n <= fit // 2
+
+
+def row_blocks(n, block_rows, m=None):
+    """Row ranges. By default blocks of ~16 MB per n x m temporary: the allocator then reuses the same
+    memory block after block (fresh 100+ MB temporaries cost more in page faults than in arithmetic) and
+    the working set stays in cache."""
+    if not block_rows:
+        block_rows = n if m is None else max(1024, BLOCK_ELEMENTS // max(1, m))
+    step = max(1, int(block_rows))
+    return [(start, min(n, start + step)) for start in range(0, n, step)]
+
+
+_IO_ROWS = 65536  # rows read at a time from data on disk: one read, then compute blocks sliced from it
+
+
+def data_blocks(X, y, block_rows, like):
+    """(lo, hi, X rows, y rows or None) over all rows, in blocks of ``block_rows`` rows (None:
+    ``default_block_rows(like, n)``), each moved to ``like``'s namespace and device as it comes.
+
+    Data on disk, and host arrays streamed to a device (``backend.HostRows``), are read ``_IO_ROWS`` rows at a
+    time onto the host (a zarr chunk is decoded once, not once per compute block) and only the compute
+    blocks sliced from what was read go to the device, so the device holds one block of rows at a time."""
+    n = X.shape[0]
+    block_rows = block_rows or default_block_rows(like, n)
+    blocks = row_blocks(n, block_rows)
+    note_block_rows(blocks[0][1] - blocks[0][0] if blocks else block_rows)
+    if not (is_out_of_core(X) or (y is not None and is_out_of_core(y))):
+        for lo, hi in blocks:
+            yield lo, hi, read_rows(X, lo, hi, like), (None if y is None else read_rows(y, lo, hi, like))
+        return
+    step = blocks[0][1] - blocks[0][0]
+    io_rows = max(step, _IO_ROWS)
+    for io_lo in range(0, n, io_rows):
+        io_hi = min(n, io_lo + io_rows)
+        # one read each, as stored (NumPy for data on disk or on the host; labels on the device stay there)
+        X_io = row_slice(X, io_lo, io_hi)
+        y_io = None if y is None else row_slice(y, io_lo, io_hi)
+        for lo in range(io_lo, io_hi, step):
+            hi = min(io_hi, lo + step)
+            yield (lo, hi, read_rows(X_io, lo - io_lo, hi - io_lo, like),
+                   None if y_io is None else read_rows(y_io, lo - io_lo, hi - io_lo, like))
+
+
+def map_blocks(function, arguments, workers):
+    """``(arguments, function(*arguments))`` for each tuple of ``arguments`` (an iterable: the blocks of a pass), in
+    order. With ``workers`` > 1, that many calls run at once in Python threads, each BLAS call on one thread
+    (``threads.one_blas_thread``), the next block read while they run; only NumPy arrays are spread so
+    (``pass_workers``), their BLAS calls releasing the interpreter lock (``backend.blas_releasing_the_lock``). Each
+    call runs in a copy of the caller's context, so that the backend's context variables (``reference_paths``,
+    ``counting_fast_calls``, the block rows in use) hold on the threads too. The
+    per-block results, and so every sum over blocks taken in order, are those of one thread. The thread pool, the
+    one-thread BLAS limit and the lock-free BLAS hold until the generator ends: a caller closes it
+    (``contextlib.closing``) so that they end with an error in its loop too, not when the traceback is freed."""
+    if workers <= 1:
+        for item in arguments:
+            yield item, function(*item)
+        return
+    pending = deque()
+    with threads.one_blas_thread(), blas_releasing_the_lock(), \
+            ThreadPoolExecutor(workers, thread_name_prefix="agpc-block") as pool:
+        try:
+            for item in arguments:
+                pending.append((item, pool.submit(contextvars.copy_context().run, function, *item)))
+                if len(pending) > workers:  # ``workers`` running and one more queued behind them
+                    item, future = pending.popleft()
+                    yield item, future.result()
+            while pending:
+                item, future = pending.popleft()
+                yield item, future.result()
+        finally:  # an error (or a consumer that stopped): queued blocks are not started
+            for _, future in pending:
+                future.cancel()
+
+
+def block_workers(like, block_count):
+    """Python threads a pass over ``block_count`` blocks of ``like``'s namespace runs its blocks on: the BLAS
+    threads the caller's scope allows (``threads.pass_workers``) for NumPy arrays, at most one a block; 1 for
+    other libraries (a GPU runs its own parallelism)."""
+    if block_count < 2 or not shares_host_threads(like):
+        return 1
+    return max(1, min(threads.pass_workers(), block_count))
+
+
+MIN_THREAD_ROWS = 256  # rows a thread takes of a batch pass at least (fewer: its start costs more than they)
+
+
+def pass_layout(like, n, block_rows=None):
+    """(rows a block, Python threads) for a batch pass over n rows: ``block_rows`` (default ``default_block_rows``),
+    or all n rows when fewer, shared among the threads (at most one a ``MIN_THREAD_ROWS`` rows), so that the
+    blocks in flight at once hold about one such block's temporaries, as ``block_rows`` means on one thread; a pass
+    of fewer rows than one block is so split in as many blocks as threads."""
+    rows = max(1, min(n, int(block_rows) if block_rows else default_block_rows(like, n)))
+    workers = block_workers(like, max(-(-n // rows), n // MIN_THREAD_ROWS))
+    return (rows if workers == 1 else max(1, -(-rows // workers))), workers
+
+
+class BlockScratch(threading.local):
+    """A thread's n x m arrays for the blocks of a batch pass (``backend.scratch``: NumPy; none elsewhere), reused
+    block after block: a fresh n x m temporary costs its page faults, about as much as a pass over it. One set a
+    thread."""
+
+    def __init__(self):
+        self.arrays = {}
+
+    def __call__(self, name, shape, like):
+        array = self.arrays.get(name)
+        if array is None or tuple(array.shape) != tuple(shape):
+            array = self.arrays[name] = scratch(shape, like)
+        return array
