@@ -1,0 +1,482 @@
+"""The contract between the training loop and an engine (``Engine``, an abstract base: the members the loop calls,
+with defaults for the optional ones) and the parts every engine shares: its options (``EngineOptions``), a step's
+``Outcome``, the state a fit reports (``FittedParts``), the hyper-parameters it steps and their optimiser
+(``parameter_names``, ``make_optimizer``, ``hyper_step``, the kernel's log prior), the tied factor and anchor as a
+checkpoint stores them, and ``forwarding`` for an engine that wraps another. The built-in engines and the table of
+them are ``agpc.inference.engines``; a method of one's own subclasses ``Engine`` (docs/methods.md).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import operator
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from ..backend import ModulesByName, array_namespace, scaled_std
+from ..kernels import PER_FEATURE_SCALES, ClassKernels, log_prior_and_grads, step_lower_bounds
+from ..optim import OPTIMIZERS, Rprop, bounded_step
+from . import ep, multiclass_ep
+from .posterior import Factor
+
+__all__ = ["Engine", "FittedParts", "EngineOptions", "Forwarded", "forwarding", "Outcome", "parameter_names",
+           "initial_steps", "make_optimizer", "relative_change", "relative_change_on_device", "with_log_prior",
+           "shared_scale_grads", "hyper_step", "factor_arrays", "factor_from_arrays", "anchor_arrays",
+           "anchor_from_arrays", "refuse_passes", "refuse_minibatch", "quoted_names", "NOT_DAMPED", "EP_METHODS",
+           "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS", "ALL_METHODS", "ROUND_METHODS"]
+
+EP_METHODS = ("ep", "sep", "adf")
+QUADRATIC_METHODS = ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
+CLUSTER_QUADRATIC_METHODS = ("vi-jj", "vi-taylor")  # xi stays per row on the workers; the driver steps the kernel
+ALL_METHODS = EP_METHODS + ("svi",) + QUADRATIC_METHODS + ("gfitc",)
+ROUND_METHODS = EP_METHODS + ("svi",)  # the built-in engines' methods data-parallel rounds train (``round_refusal``)
+
+
+def quoted_names(names):
+    """'a', 'b' or 'c'."""
+    names = [repr(name) for name in names]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+NOT_DAMPED = float("nan")  # history's "damping" for the methods that have none
+
+
+@dataclass
+class Outcome:
+    """What a committed step reports to the loop."""
+
+    change: float | None  # relative change of the sites / factor / xi; None where not measured
+    stepped: bool  # the hyper-parameters moved (counts toward ``max_iter`` in batch mode)
+    record: bool  # batch mode: the step closes an iteration of the history
+    n_invalid: int = 0  # rows whose cavity was unusable (EP family)
+    guard: dict | None = None  # what the guards of the step's own inner steps did (``guard.Guard.add``'s counts)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What an engine is built with besides (kernel, Z) and its rows: ``GPClassifier``'s parameters, gathered in one
+    place (``GPClassifier._train``). Every engine takes the same options and reads those its method has; a method's
+    own values replace the estimator's (``agpc.methods.Method.train_options``)."""
+
+    jitter: float = 1e-6  # on the diagonal of Kmm
+    optimize: tuple = ("kernel", "inducing")  # what the hyper-parameter steps move
+    block_rows: int | None = None  # rows a pass holds at once
+    damping: float | None = None  # EP family, GFITC (default 0.5 in batch mode, 0.99 in minibatch mode)
+    optimizer: object = None  # a name of ``optim.OPTIMIZERS`` or an optimiser
+    learning_rate: float | None = None
+    likelihood: str | None = None  # SVI's, binary: "probit" (default) or "logistic"
+    n_quadrature: int = 20  # SVI's Gauss-Hermite nodes
+    tol: float = 1e-6  # GFITC: the relative site change below which its sites have settled
+    site_rows: int | None = None  # EP: the rows it keeps sites for (default all; data-parallel rounds: none)
+    shared_lengthscales: bool = False  # the EP family, GFITC, SVI: every lengthscale moves by one common factor
+
+
+def refuse_passes(name, passes):
+    """An engine whose passes run in memory only: passes elsewhere are one clear error."""
+    if passes is not None:
+        raise ValueError(f"method {name!r} does not run its passes on a cluster (passes=); only {EP_METHODS} "
+                         f"and {CLUSTER_QUADRATIC_METHODS} do")
+
+
+def refuse_minibatch(name, minibatch):
+    if minibatch:
+        raise ValueError(f"method {name!r} is batch-only: every step needs all the rows (batch_size=None)")
+
+
+# -- shared pieces ----------------------------------------------------------------------------------
+
+def parameter_names(kernel, optimize):
+    """The hyper-parameters a fit moves: the kernel's (a latent noise fixed at 0 excluded) and "Z"."""
+    names = []
+    if "kernel" in optimize:
+        table = kernel.parameter_table()
+        names += [k for k in kernel.params if not table[k].may_be_zero or math.isfinite(float(kernel.params[k]))]
+    if "inducing" in optimize:
+        names.append("Z")
+    return names
+
+
+def initial_steps(kernel, Z, names):
+    """First Rprop steps: 0.01 in log space for kernel parameters, 1% of the spread of Z per dimension."""
+    xp = array_namespace(Z)
+    steps = {}
+    for name in names:
+        if name == "Z":
+            # per input dimension (and per class for a multiclass model's (C, m, d) inducing points)
+            if Z.shape[-2] > 1:
+                spread = scaled_std(Z, axis=-2, keepdims=True)  # xp.std of Z * 1e-300 is 0, of Z * 1e154 inf
+            else:
+                spread = xp.ones_like(Z)
+            spread = xp.where(spread > 0, spread, xp.ones_like(spread))
+            steps[name] = 0.01 * (xp.zeros_like(Z) + spread)
+        else:
+            steps[name] = xp.zeros_like(kernel.params[name]) + 0.01
+    return steps
+
+
+
+
+def make_optimizer(optimizer, learning_rate, kernel, Z, names, minibatch, rprop_growth=None):
+    """The optimiser a fit steps with: ``optimizer`` (a name, None for the default: Rprop in batch mode, Adadelta on
+    minibatches, or an optimiser object); ``rprop_growth``: Rprop's growth factor (None: ``Rprop``'s, the seed's)."""
+    if optimizer is None:
+        optimizer = "adadelta" if minibatch else "rprop"
+    if isinstance(optimizer, str):
+        if optimizer == "rprop":
+            growth = {} if rprop_growth is None else {"increase": rprop_growth}
+            return Rprop(initial_steps=initial_steps(kernel, Z, names), **growth)
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {optimizer!r}: use 'rprop', 'adadelta' or 'adam'")
+        cls = OPTIMIZERS[optimizer]
+        return cls() if learning_rate is None else cls(learning_rate=learning_rate)
+    return optimizer
+
+
+def relative_change(new, old, xp):
+    return float(relative_change_on_device(new, old, xp))
+
+
+def relative_change_on_device(new, old, xp):
+    """max|new - old| / (1 + max|old|) as a 0-d array (left on the device)."""
+    return xp.max(xp.abs(new - old)) / (1.0 + xp.max(xp.abs(old)))
+
+
+def with_log_prior(kernel, grads, value=None):
+    """(grads, value) of the objective the hyper-parameters climb: log Z (EP / SEP / ADF / GFITC) or the ELBO
+    (SVI, ``vi-*``) plus the log prior density of the kernel's parameters (``agpc.priors``: the density of the stored
+    unconstrained values, Jacobian included), i.e. MAP instead of type-II maximum likelihood. Both come back
+    unchanged -- no operation -- for a kernel without priors. The model's reported log marginal likelihood stays
+    log Z (or the ELBO) alone: the prior is not evidence."""
+    log_prior, prior_grads = log_prior_and_grads(kernel)
+    if log_prior is None:
+        return grads, value
+    grads = dict(grads)
+    for key, gradient in prior_grads.items():
+        grads[key] = grads[key] + gradient
+    return grads, (None if value is None else value + log_prior)
+
+
+def shared_scale_grads(grads, with_prior):
+    """``with_prior`` (the gradients of log Z plus the log prior, ``with_log_prior``) with each kernel's
+    lengthscales (a linear kernel's slope variances: ``kernels.PER_FEATURE_SCALES``) tied: l_j = l_j(0) e^s, one
+    log scale s for all of a kernel's features (``ard=False``), whose gradient is sum_j d log Z / d log l_j plus the
+    mean of the features' log prior gradients (the prior of one lengthscale, not of d of them: the product of the d
+    priors along the tie would hold s d times tighter). Every entry gets that gradient, so that an optimiser
+    stepping them entrywise (Rprop, the batch EP family's) keeps their ratios as they started."""
+    tied = dict(with_prior)
+    for key, gradient in with_prior.items():
+        if key.endswith(PER_FEATURE_SCALES):
+            xp = array_namespace(gradient)
+            data = grads[key]
+            common = xp.sum(data, axis=-1, keepdims=True) + xp.mean(gradient - data, axis=-1, keepdims=True)
+            tied[key] = xp.zeros_like(gradient) + common
+    return tied
+
+
+def hyper_step(optimizer, names, kernel, Z, grads, shared_lengthscales=False):
+    """One ascent step of the named hyper-parameters (kernel parameters and "Z") on log Z plus the log prior, the
+    latent noise held at or above its floor (``kernels.step_lower_bounds``); ``shared_lengthscales``: each kernel's
+    lengthscales by one common factor (``shared_scale_grads``)."""
+    with_prior, _ = with_log_prior(kernel, grads)
+    grads = shared_scale_grads(grads, with_prior) if shared_lengthscales else with_prior
+    params = dict(kernel.params)
+    params["Z"] = Z
+    updated = bounded_step(optimizer, {k: params[k] for k in names}, {k: grads[k] for k in names},
+                           step_lower_bounds(kernel))
+    params.update(updated)
+    Z = params.pop("Z")
+    return kernel.with_params(params), Z
+
+
+def factor_arrays(factor):
+    """A u-space factor as a checkpoint stores it: (precision, shift), a list of such pairs for a multiclass
+    ``MultiFactor``, None for none."""
+    if factor is None:
+        return None
+    parts = getattr(factor, "factors", None)
+    return [(f.precision, f.shift) for f in parts] if parts is not None else (factor.precision, factor.shift)
+
+
+def factor_from_arrays(saved):
+    """The factor ``factor_arrays`` stored."""
+    if isinstance(saved, list):
+        return multiclass_ep.MultiFactor(tuple(Factor(p, c) for p, c in saved))
+    return None if saved is None else Factor(*saved)
+
+
+def anchor_arrays(anchor):
+    """Minibatch EP's anchor (``ep.Anchor``, ``multiclass_ep.MultiAnchor``) as a checkpoint stores it: the kernel's
+    parameters, Z, L_K (one factor a class) and the jitter; None for none."""
+    if anchor is None:
+        return None
+    return {"kernel": dict(anchor.kernel.params), "Z": anchor.Z, "L_K": anchor.L_K, "jitter": float(anchor.jitter)}
+
+
+def anchor_from_arrays(saved, kernel):
+    """The anchor ``anchor_arrays`` stored (``kernel``: this run's, whose form the stored parameters take)."""
+    if saved is None:
+        return None
+    at = kernel.with_params(saved["kernel"])
+    if isinstance(kernel, ClassKernels):
+        return multiclass_ep.MultiAnchor(at, saved["Z"], [saved["L_K"][c, ...] for c in range(len(kernel))],
+                                         saved["jitter"])
+    return ep.Anchor(at, saved["Z"], saved["L_K"], saved["jitter"])
+
+
+class Forwarded:
+    """A property that reads (and, ``settable``, writes) the attribute of the same name of an inner object: the
+    members a wrapper of an engine (``training.Trainer``, the data-parallel round engine) shows as its own."""
+
+    def __init__(self, inner, settable=False):
+        self.inner, self.settable = inner, settable
+
+    def __set_name__(self, owner, name):
+        self.name = name
+        self.read = operator.attrgetter(f"{self.inner}.{name}")
+        self.holder = operator.attrgetter(self.inner)
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else self.read(obj)
+
+    def __set__(self, obj, value):
+        if not self.settable:
+            raise AttributeError(f"{self.name} is read from the inner {self.inner}")
+        setattr(self.holder(obj), self.name, value)
+
+
+def forwarding(inner, *names, settable=()):
+    """A base class whose members ``names`` (and ``settable``, writable too) are those of the same name of the
+    object in the attribute ``inner``: how a wrapper of an engine shows the engine's members as its own."""
+    members = {name: Forwarded(inner, settable=name in settable) for name in (*settable, *names)}
+    return type(f"Forwarding{inner.title()}", (), members)
+
+
+class FittedParts(NamedTuple):
+    """An engine's state as a fit reports it (``Engine.fitted_parts``), per-row entries in the caller's row order."""
+
+    kernel: Any
+    Z: Any
+    site_precision: Any  # EP and GFITC: one a row; else None
+    site_shift: Any
+    factor: Any  # SEP / ADF (and minibatch EP): the tied site product in u-space; else None
+    state: dict  # all of it, by the engine's own keys (SVI: "whitened_mean", "whitened_chol"; vi-*: "xi")
+
+
+class Engine(ModulesByName, abc.ABC):
+    """The contract between the training loop and a method: one step, and never a loop of its own (module
+    docstring). What the loop calls, besides the abstract methods: ``snapshot`` / ``restore`` / ``shrink`` (the
+    guard's revert-and-halve), ``keep`` / ``put_back`` (early stopping's best state), and the optional members
+    below, whose defaults say "nothing of the kind". The engine owns its state: its keys, its row order and its
+    final pass; what the loop, its hooks, the checkpoints, the result and a stream read of it are the members
+    ``kernel``, ``Z``, ``factor``, ``row_site_precision``, ``state_arrays``, ``fitted_parts`` and ``take_factor``,
+    never its keys. Engines pickle (a model trained by ``partial_fit`` holds one): their namespace and passes modules
+    travel by name."""
+
+    per_row_sites = False  # the state holds a site per row ("nu", "mu", in the loop's row order)
+    triangular_state = ()  # state arrays that are lower-triangular factors (a resume checks them: checkpoint_rules)
+    uses_warmup = False  # batch mode: the loop's warm-up sweeps (no hyper-parameter step) apply
+    settled = True  # GFITC: False while the sites are not converged at the current hyper-parameters
+    has_damping = False
+    needs_rebuild = False  # minibatch EP: its running site product is not known exact; ``rebuild_factor`` before a step
+    full_gp = False  # the passes read Z as the rows themselves (the exact model's): part of a checkpoint's fingerprint
+    threaded_passes = False  # its passes over rows spread their blocks over Python threads (``blocks.map_blocks``)
+    shared_lengthscales = False  # ``EngineOptions.shared_lengthscales``: set by the engines that step it
+    checkpoint_extras = ()  # entries of ``checkpoint_state`` the engine checks itself as it restores them
+    tied_factor = False  # its state holds a tied site product ("factor": SEP / ADF, minibatch EP), one a chunk of
+    # data-parallel rounds
+    name = None  # the method it trains (in messages)
+    legacy_checkpoint_keys = MappingProxyType({})  # state entries of older checkpoints, old name -> new
+    # entries of ``checkpoint_state`` that are no array of the state, by the rule a resume checks them with
+    # (``checkpoint_rules``): flags, counts, tied factors
+    checkpoint_flags = ()
+    checkpoint_counts = ()
+    checkpoint_factors = ()
+
+    @abc.abstractmethod
+    def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
+        """(summary, work) of a step on rows lo:hi, committing nothing: ``summary`` is log Z (a float or 0-d
+        array) or a 1-D device array whose first entry is log Z and whose others ``apply`` needs on the host; a
+        failed factorisation may show as NaN there, or raise ``CholeskyError``."""
+
+    @abc.abstractmethod
+    def apply(self, work, lo, hi, *, stepping, scalars=None):
+        """Commit the step ``evaluate`` prepared (``scalars``: its summary on the host); returns an ``Outcome``."""
+
+    @abc.abstractmethod
+    def posterior(self, X, y, want_log_z=True):
+        """(q at the current state, log Z at it or None for the history's): the final pass."""
+
+    @abc.abstractmethod
+    def validation_scores(self, post, X_val, y_val):
+        """(NLL, error) of q on validation rows."""
+
+    @abc.abstractmethod
+    def checkpoint_state(self, path, step):
+        """The state as plain data and arrays (``restore_checkpoint`` puts it back)."""
+
+    @abc.abstractmethod
+    def restore_checkpoint(self, saved, path):
+        """Put back what ``checkpoint_state`` wrote (checked by ``checkpoint_rules`` first)."""
+
+    @classmethod
+    def round_refusal(cls, name, n_classes):
+        """Why data-parallel rounds (``data_parallel``) cannot train method ``name`` on ``n_classes`` classes with
+        this engine (None: they can). By default they cannot."""
+        return f"data-parallel training runs {quoted_names(ROUND_METHODS)}, not {name!r}"
+
+    def rebuild_factor(self, X, y, want_log_z=False):
+        """Recompute what ``needs_rebuild`` says has drifted (by default nothing does); ``want_log_z``: and return
+        log Z at the state rebuilt (None where there is none)."""
+
+    def time_rebuild(self, X, y, rows, want_log_z=True):
+        """Run the work of ``rebuild_factor(want_log_z=want_log_z)`` on the first ``rows`` rows, committing nothing
+        (the time budget measures it); by default there is none."""
+
+    def checkpoint_written(self, saved):
+        """Called once the checkpoint holding ``saved`` (``checkpoint_state``'s) is on disk."""
+
+    def state_in_row_order(self, permutation):
+        """The state with its per-row entries in the caller's row order, the loop having visited the rows in
+        ``permutation``'s (None: in the caller's). By default the state has no per-row entries."""
+        return dict(self.state)
+
+    # -- what the loop, its hooks, the checkpoints, the result and a stream read of the state ---------------------
+
+    @property
+    def kernel(self):
+        """The kernel (its hyper-parameters) at the current state."""
+        return self.state["kernel"]
+
+    @property
+    def Z(self):
+        """The inducing points at the current state."""
+        return self.state["Z"]
+
+    @property
+    def factor(self):
+        """The tied site product (SEP / ADF, minibatch EP's running one: ``posterior.Factor``, or one a class), or None."""
+        return self.state.get("factor")
+
+    @property
+    def row_site_precision(self):
+        """The per-row site precisions in the loop's row order (EP, GFITC), or None."""
+        return self.state.get("nu")
+
+    def state_arrays(self):
+        """{name: array} of the state's arrays, kernel parameters as "kernel.<name>" (what a resume checks the
+        shapes of)."""
+        arrays = {f"kernel.{k}": v for k, v in self.kernel.params.items()}
+        arrays.update({k: v for k, v in self.state.items() if hasattr(v, "shape") and hasattr(v, "dtype")})
+        return arrays
+
+    def fitted_parts(self, permutation):
+        """The state as a fit reports it (``FittedParts``), its per-row sites in the caller's row order
+        (``state_in_row_order``)."""
+        state = self.state_in_row_order(permutation)
+        return FittedParts(state["kernel"], state["Z"], state.get("nu"), state.get("mu"), state.get("factor"), state)
+
+    def take_factor(self, factor):
+        """Go on from ``factor``, a tied site product (``posterior.Factor``, or one a class) read back from a fitted q: a
+        stream continuing a fitted model (``partial_fit``)."""
+        self.state["factor"] = factor
+
+    def __init__(self, kernel, Z, *, names, optimizer, n_total, minibatch, jitter, block_rows):
+        """The parts every engine has: ``names`` (the hyper-parameters it moves) and their ``optimizer``, the rows
+        it stands for, batch or minibatch steps, the jitter of Kmm and the row blocks of its passes."""
+        self.xp = array_namespace(Z)
+        self.names = names
+        self.optimizer = optimizer
+        self.n_total = n_total
+        self.minibatch = minibatch
+        self.jitter = jitter
+        self.block_rows = block_rows
+        self.damping = NOT_DAMPED
+        self.state = {"kernel": kernel, "Z": Z}
+        self._snapshot = None
+
+    @property
+    def has_params(self):
+        return bool(self.names)
+
+    sample_weight = None  # the rows' sample weights in the loop's row order (``take_sample_weight``), or None
+
+    def sample_weight_refusal(self):
+        """Why this engine, as built, cannot train with sample weights (a sentence), or None when it can. By default
+        it cannot: an engine whose passes weight the rows says so."""
+        return (f"method {self.name!r} does not take sample_weight in this configuration (its passes do not weight "
+                "the rows yet; docs/weights.md lists which methods and paths do)")
+
+    def take_sample_weight(self, weights):
+        """Train with ``weights`` (one a row, in the loop's row order; None: unweighted, today's arithmetic), or
+        refuse them with one ValueError (``sample_weight_refusal``)."""
+        if weights is None:
+            return
+        refusal = self.sample_weight_refusal()
+        if refusal is not None:
+            raise ValueError(refusal)
+        self.sample_weight = weights
+
+    def _weighted(self):
+        """A pass's ``weights=`` when the fit has sample weights (none otherwise: today's call, unchanged)."""
+        # (``[:None]``, all of them: the weights of rows a dask array brings to this process a chunk at a time come
+        # as one NumPy array, beside the sites minibatch EP holds here)
+        return {} if self.sample_weight is None else {"weights": self.sample_weight[:None]}
+
+    def _refuse_weights(self, weights):
+        """Per-row weights are taken where the passes apply them (SVI, and EP / SEP / ADF on minibatches);
+        elsewhere (the batch passes) one clear error rather than weights silently ignored."""
+        if weights is not None:
+            raise ValueError(f"{type(self).__name__} does not take per-row weights (yet): its passes do not apply them")
+
+    def snapshot(self):
+        snap = {"state": dict(self.state), "damping": self.damping, "undo": None,
+                "optimizer": self.optimizer.snapshot() if self.optimizer is not None else None}
+        self._snapshot = snap
+        return snap
+
+    def restore(self, snap):
+        self.state = dict(snap["state"])
+        self.damping = snap["damping"]
+        if self.optimizer is not None:
+            self.optimizer.restore(snap["optimizer"])
+
+    def shrink(self):
+        """Halve damping and step sizes after a revert; False when there is nothing to halve."""
+        if self.optimizer is None and not self.has_damping:
+            return False
+        if self.optimizer is not None:
+            self.optimizer.scale_steps(0.5)
+        if self.has_damping:
+            self.damping *= 0.5
+        return True
+
+    nominal_damping = NOT_DAMPED  # the damping the engine was built with (what ``grow`` goes back up to)
+
+    def grow(self):
+        """Double halved damping and step sizes back, at most to the values the engine was built with (the guard,
+        after good steps: ``guard``); whether anything grew. An optimiser whose steps adapt by themselves (Rprop)
+        grows them itself."""
+        grew = self.optimizer is not None and self.optimizer.grow_steps(2.0)
+        if self.has_damping and self.damping < self.nominal_damping:
+            self.damping = min(2.0 * self.damping, self.nominal_damping)
+            grew = True
+        return grew
+
+    def keep(self):
+        return dict(self.state)
+
+    def put_back(self, kept):
+        self.state = dict(kept)
+
+    def _common_checkpoint(self):
+        s = self.state
+        return {"kernel": dict(s["kernel"].params), "Z": s["Z"], "damping": float(self.damping),
+                "optimizer": self.optimizer.snapshot() if self.optimizer is not None else None}
+
+    def _restore_common(self, saved):
+        s = self.state
+        s["kernel"] = s["kernel"].with_params(saved["kernel"])
+        s["Z"] = saved["Z"]
+        self.damping = saved["damping"]
+        if self.optimizer is not None:
+            self.optimizer.restore(saved["optimizer"])
