@@ -41,7 +41,8 @@ GPU_STEPS_PER_EPOCH = 512
 def rows_per_step(plan, n, xp=None, Z=None, n_classes=2):
     """Rows a step of the fit on n rows a ``plan.FitPlan`` describes (None: the full batch): its ``batch_size``,
     or for "auto" the full batch up to ``FULL_BATCH_MAX_ROWS`` rows (and for a batch-only method), else
-    ``CPU_MINIBATCH``, or on a GPU (``xp`` and the initial inducing points ``Z`` given, a binary model) ``gpu_batch_rows``."""
+    ``CPU_MINIBATCH``, or on a GPU (``xp`` and the initial inducing points ``Z`` given, a binary model)
+    ``gpu_batch_rows``."""
     if plan.batch_size != "auto":
         return plan.batch_size
     if n <= FULL_BATCH_MAX_ROWS or not supports(plan.method, "minibatch"):

@@ -169,8 +169,8 @@ class Placement:
 
 def n_jobs_for(plan, steps, xp, n_classes):
     """The workers the plan's fit of its rows (``steps``) in this process uses (``n_jobs``; ``n_jobs_``). Minibatches
-    of a method with data-parallel rounds, on NumPy data: that many processes (``useful_processes``); an ``n_jobs > 1`` those
-    rounds cannot take is refused when it was given, and gives 1 when it came from an enclosing
+    of a method with data-parallel rounds, on NumPy data: that many processes (``useful_processes``); an
+    ``n_jobs > 1`` those rounds cannot take is refused when it was given, and gives 1 when it came from an enclosing
     ``joblib.parallel_config``. Batch passes: that many threads over the row blocks, and the BLAS thread rule within
     that many cores (``in_process_cores``: the exact model's n x n algebra too), for NumPy data; on another
     library's arrays (a GPU, which runs its own parallelism) one, said in a warning when more were asked. Fewer

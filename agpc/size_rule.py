@@ -132,7 +132,8 @@ def exact_passes(plan, steps):
 def fit_model_size(plan, steps, n_rows, n_classes=2, rows_known=True):
     """The inducing points of the plan's fit (its rows' ``steps``) on ``n_rows`` rows (``model_size`` of its
     ``n_inducing``; the rows counted by their weights): how many, and whether they are the training rows
-    themselves, held there (the exact model). An array of initial points (``inducing``) sets m itself. More inducing points than rows are refused."""
+    themselves, held there (the exact model). An array of initial points (``inducing``) sets m itself. More inducing
+    points than rows are refused."""
     explicit = not isinstance(plan.inducing, str)
     if explicit:
         size = ModelSize(len(plan.inducing), False)

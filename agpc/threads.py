@@ -348,8 +348,8 @@ def _scope(rows, m, n_features, block_rows, threads, in_task, cores=None, thread
 def _split(count, rows, m, n_features, budget, threaded_passes):
     """(BLAS threads, threads of a pass over row blocks or None) under the rule, ``count`` being the rule's count for
     the work. A pass over many rows (``rows`` >= ``ROWS_PER_INDUCING`` m) whose blocks run on Python threads
-    (``threaded_passes``: ``blocks.map_blocks``, each block's BLAS calls on one thread) takes ``count`` such threads, and
-    the m x m algebra between its passes runs at its own count (one thread for m below ~800): a two-thread BLAS
+    (``threaded_passes``: ``blocks.map_blocks``, each block's BLAS calls on one thread) takes ``count`` such threads,
+    and the m x m algebra between its passes runs at its own count (one thread for m below ~800): a two-thread BLAS
     there cost more than it saved (a default fit of 4,400 ordinal rows took 9.4 s with n_jobs=2 against 7.4 s with
     one, and 40 iterations on 18,000 airline rows 5.9 s against 4.4 s with the m x m algebra on one thread)."""
     if not threaded_passes or count <= 1 or rows < ROWS_PER_INDUCING * m:

@@ -4,7 +4,7 @@ With the cavity q itself, EP's row term log Z_i + g(cavity) - g(q) (Hernandez-Lo
 26) read as log Z_i + 0 left out each row's removal term g(q) - g(q t_i) = -log E_q[t_i] of its new site t_i; the sum
 of what was left out, ~ sum_i mu_i^2 / (2 nu_i), grows with the sites' precision, so that ADF's "log Z_q" came out
 positive (a log marginal likelihood of labels cannot be) and, on a multiclass model, grew without bound as training
-sharpened the sites (issue 39: waveform, -1,386 -> +5,808 in 100 batch iterations). ``ep.adf_removal_terms`` puts
+sharpened the sites (issue 39: waveform, -1,386 -> +5,808 in 100 batch iterations). ``sites.adf_removal_terms`` puts
 the term back (binary and multiclass)."""
 
 import numpy as np

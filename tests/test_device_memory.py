@@ -67,7 +67,8 @@ def test_a_small_pass_does_not_ask_the_device(monkeypatch):
     monkeypatch.setattr(B, "device_free_bytes", refuse)
     Z = xp.asarray(np.random.default_rng(7).normal(size=(200, 8)))
     rows = blocks.SMALL_PASS_BYTES // blocks.block_bytes_per_row(200, 8, 8)
-    assert blocks.default_block_rows(Z, rows) == blocks.default_block_rows(Z, 200) == max(1024, blocks.BLOCK_ELEMENTS // 200)
+    assert (blocks.default_block_rows(Z, rows) == blocks.default_block_rows(Z, 200)
+            == max(1024, blocks.BLOCK_ELEMENTS // 200))
     with pytest.raises(AssertionError, match="asked for its free memory"):
         blocks.default_block_rows(Z, rows + 1)
 

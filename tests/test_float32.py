@@ -22,7 +22,7 @@ import pytest
 from agpc import GPClassifier
 from agpc.backend import jitter_floor, to_numpy
 from agpc.datasets import make_airline_like, make_banana
-from agpc.inference import ep, training
+from agpc.inference import ep, sites, training
 from agpc.inference import variational as V
 from agpc.kernels import RBF
 from helpers import binary_toy, nll_of
@@ -231,7 +231,7 @@ def test_svi_gradient_in_float32_matches_finite_differences():
 def test_sep_log_z_in_float32_keeps_its_digits_for_large_n(n_total):
     """log Z_SEP holds n (g(cavity) - g(q)), a difference of two nearly equal log normalisers times n (Hernandez-Lobato
     & Hernandez-Lobato (2016), eq. 26 with SEP's one cavity): computed as that difference, float32 loses n eps |g(q)|
-    (for n = 1e5, whole nats; 223 of 21867 here before the rearrangement of ``ep.sep_cavity_gap``). The same
+    (for n = 1e5, whole nats; 223 of 21867 here before the rearrangement of ``sites.sep_cavity_gap``). The same
     factor in float64 and in float32 must give log Z to the same relative accuracy whatever n (n = 20 takes the
     direct form, the others the rearranged one)."""
     X, y = _toy(200)
@@ -272,7 +272,7 @@ def test_sep_cavity_gap_equals_the_direct_difference_in_float64():
     cavity = ep.posterior_from_sums(L_K, keep * S, keep * c_tilde)
     direct = n_total * (float(cavity.log_normaliser_gain) - float(q.log_normaliser_gain))
     assert abs(direct) > 1.0  # a factor with weight: the gap is not trivially zero
-    assert float(ep.sep_cavity_gap(q, cavity, S, n_total)) == pytest.approx(direct, rel=1e-8)
+    assert float(sites.sep_cavity_gap(q, cavity, S, n_total)) == pytest.approx(direct, rel=1e-8)
 
 
 def test_svi_bound_in_float32_with_many_crowded_inducing_points():

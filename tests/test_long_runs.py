@@ -12,7 +12,7 @@ import pytest
 from scipy.special import log_ndtr
 
 from agpc import GPClassifier, GuardWarning
-from agpc.inference import ep, guard, multiclass_ep, training
+from agpc.inference import ep, guard, multiclass_ep, sites, training
 from agpc.kernels import RBF, ClassKernels
 from conftest import check_parameter_gradients, to_np, to_xp
 from helpers import binary_toy, three_classes
@@ -73,7 +73,7 @@ def test_the_current_direction_swap_leaves_an_indefinite_product_the_held_one_do
     assert np.linalg.eigvalsh(old_swap).min() < -0.1 * np.abs(np.asarray(factor.precision)).max()
     post = ep.posterior_from_factor(moved, Z_moved, factor, jitter=JITTER)
     marg = ep.marginals(moved, X, Z_moved, post)
-    held = ep.held_marginals(post, marg, anchor.directions(X))
+    held = sites.held_marginals(post, marg, anchor.directions(X))
     change = ep.product_change(ep.left_solve(post.L_K, marg.A, trans=True), held.omega, nu, mu, np.zeros_like(nu),
                                np.zeros_like(mu), 1.0)
     left = factor.combine(1.0, ep.Factor(*change), 1.0)
@@ -117,8 +117,8 @@ def test_held_cavities_and_log_z_terms_are_the_u_space_ones(xp_device):
     moved = _kernel_in(moved, xp, device)
     post = ep.posterior_from_factor(moved, take(Z_moved), factor_x, jitter=JITTER)
     marg = ep.marginals(moved, take(X[rows]), take(Z_moved), post)
-    held = ep.held_marginals(post, marg, anchor_x.directions(take(X[rows])))
-    valid, _, v, a = ep.held_cavity(take(nu[rows]), take(mu[rows]), marg.d, marg.e, marg.prior_var, held.d, held.e,
+    held = sites.held_marginals(post, marg, anchor_x.directions(take(X[rows])))
+    valid, _, v, a = sites.held_cavity(take(nu[rows]), take(mu[rows]), marg.d, marg.e, marg.prior_var, held.d, held.e,
                                     held.cross)
     assert bool(np.all(to_np(valid)))
     np.testing.assert_allclose(to_np(v), v_ref, rtol=1e-8)

@@ -131,7 +131,7 @@ def test_batch_ep_log_z_gradient_by_finite_differences():
 def test_factor_passes_cut_point_gradient_by_finite_differences(method):
     """Minibatch EP, SEP and ADF (``evaluate_factor``): the cavity does not depend on the cut points, so the
     gradient of the log Z_q estimate in them is exact at any sites and factor. ADF's estimate is differentiated with
-    its rows' new sites held (each row's term has the removal term of its new site, ``ep.adf_removal_terms``, and
+    its rows' new sites held (each row's term has the removal term of its new site, ``sites.adf_removal_terms``, and
     the new sites move with the cut points): the cut points then enter only log Z_i with the cavity q, which is EP's
     pass with zero sites."""
     X, y = ordinal_data(30, 1, d=2)

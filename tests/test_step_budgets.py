@@ -62,7 +62,7 @@ from agpc.kernels import RBF
 # was written (397 operations, 8 rows_m2, 20 BLAS calls), lowered as the anchor's K^-1 replaced its two triangular
 # products (395, 7, 18); the first epoch's step ("ep") got 2 operations cheaper with it (the factor of 1 in
 # ``ep.Factor.combine`` takes none).
-# ADF's row terms of log Z_q gained the removal term of each row's new site (``ep.adf_removal_terms``: without it
+# ADF's row terms of log Z_q gained the removal term of each row's new site (``sites.adf_removal_terms``: without it
 # ADF's log Z_q was no estimate of the evidence, positive and unbounded on a multiclass model): ten operations a
 # step, 298 -> 308, a change of what the step computes, not a cost found elsewhere.
 # SEP / ADF's minibatch step carries its tied factor to the inducing points it moved (``ep.moved_factor``, issue 39:

@@ -27,7 +27,8 @@ from ..backend import (
 
 __all__ = ["BLOCK_ELEMENTS", "CACHE_ELEMENTS", "BLOCK_MATRICES", "BLOCK_FEATURE_COPIES", "BLOCK_VECTORS",
            "SMALL_PASS_BYTES", "MIN_THREAD_ROWS", "block_bytes_per_row", "default_block_rows", "projections_fit",
-           "row_blocks", "data_blocks", "map_blocks", "block_workers", "pass_layout", "BlockScratch"]
+           "row_blocks", "data_blocks", "map_blocks", "block_workers", "pass_layout", "BlockScratch", "tree_add",
+           "accumulate", "without_rows", "add_sweeps"]
 
 
 BLOCK_ELEMENTS = 1 << 21  # default block: ~16 MB of float64 per n x m temporary
@@ -198,3 +199,43 @@ class BlockScratch(threading.local):
         if array is None or tuple(array.shape) != tuple(shape):
             array = self.arrays[name] = scratch(shape, like)
         return array
+
+
+# -- the blocks' results, added in order -------------------------------------------------------------------
+
+def tree_add(x, y):
+    """x + y for arrays and for dicts / tuples of them (None stays None)."""
+    if x is None:
+        return None
+    if isinstance(x, dict):
+        return {k: tree_add(x[k], y[k]) for k in x}
+    if isinstance(x, tuple):
+        return tuple(tree_add(u, v) for u, v in zip(x, y))
+    return x + y
+
+
+def accumulate(out, block, *, want_sums, want_grad):
+    """Add one block's reductions (log Z terms, sums, adjoints, gradients) into a sweep's running totals."""
+    n_invalid = getattr(block, "n_invalid", None)  # (the multiclass pass counts its own)
+    for key, value, wanted in (("terms", block.log_z_terms, True), ("n_invalid", n_invalid, n_invalid is not None),
+                               ("sums", block.sums, want_sums),
+                               ("dKmm_data", block.dKmm_data, want_grad), ("grads", block.grads, want_grad)):
+        if wanted:
+            out[key] = value if out[key] is None else tree_add(out[key], value)
+
+
+_PER_ROW_KEYS = ("site_precision", "site_shift", "valid")
+
+
+def without_rows(sweep):
+    """A sweep's result without its per-row outputs (what a chunk sends to be reduced)."""
+    return {k: (None if k in _PER_ROW_KEYS else v) for k, v in sweep.items()}
+
+
+def add_sweeps(a, b):
+    """Two chunks' sweep results added (sums, terms, adjoints, counts; the site-change maxima by maximum);
+    per-row outputs are dropped: they stay with their chunk."""
+    out = {k: (None if k in _PER_ROW_KEYS else tree_add(a[k], b[k])) for k in a if k != "site_change"}
+    change = a.get("site_change")
+    out["site_change"] = None if change is None else array_namespace(change).maximum(change, b["site_change"])
+    return out

@@ -354,7 +354,8 @@ class Engine(ModulesByName, abc.ABC):
 
     @property
     def factor(self):
-        """The tied site product (SEP / ADF, minibatch EP's running one: ``posterior.Factor``, or one a class), or None."""
+        """The tied site product (SEP / ADF, minibatch EP's running one: ``posterior.Factor``, or one a class), or
+        None."""
         return self.state.get("factor")
 
     @property
@@ -376,8 +377,8 @@ class Engine(ModulesByName, abc.ABC):
         return FittedParts(state["kernel"], state["Z"], state.get("nu"), state.get("mu"), state.get("factor"), state)
 
     def take_factor(self, factor):
-        """Go on from ``factor``, a tied site product (``posterior.Factor``, or one a class) read back from a fitted q: a
-        stream continuing a fitted model (``partial_fit``)."""
+        """Go on from ``factor``, a tied site product (``posterior.Factor``, or one a class) read back from a fitted
+        q: a stream continuing a fitted model (``partial_fit``)."""
         self.state["factor"] = factor
 
     def __init__(self, kernel, Z, *, names, optimizer, n_total, minibatch, jitter, block_rows):

@@ -5,7 +5,7 @@ The driver holds the O(m^2) state (kernel, Z, q or the tied factor); each chunk 
 the *same* per-row-block functions the single-machine path runs (``ep.site_sums_over_rows`` and ``ep.batch_sweep``,
 or ``ep.binary_sweep`` for SEP / ADF):
 kernel blocks, site updates, partial sums of S and c~, gradient adjoints and log Z terms. The chunks' small
-results are added on the workers in a tree (``ep.add_sweeps``) and only the sum comes to the driver, which
+results are added on the workers in a tree (``blocks.add_sweeps``) and only the sum comes to the driver, which
 factorises, steps the hyper-parameters and sends (kernel, Z, q) with the next round of tasks. EP's sites are
 dask arrays chunked like the rows and persisted on the workers: they are never gathered to the driver.
 
@@ -32,7 +32,7 @@ from .. import checkpoints
 from ..backend import array_namespace, row_chunk_bounds
 from ..threads import task_blas_threads
 from ..workers import HEAP_THRESHOLD
-from . import ep, multiclass_ep, variational
+from . import blocks, ep, multiclass_ep, variational
 from .posterior import posterior_from_sums, prior_cholesky
 
 __all__ = ["ChunkedRows", "DaskPasses", "WORKER_ENVIRON", "local_cluster", "persisted_blocks"]
@@ -219,7 +219,7 @@ def _sweep_to_files(kernel, Z, X, y, site_precision, site_shift, cavity, *, path
     the small results."""
     out = _chunk_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, **options)
     checkpoints.save_site_chunk(path, out["site_precision"], out["site_shift"])
-    return ep.without_rows(out)
+    return blocks.without_rows(out)
 
 
 class DaskPasses:
@@ -381,8 +381,8 @@ class DaskPasses:
             tasks = [dask.delayed(_chunk_sweep)(kernel, Z, Xb, yb, nb, mb, post, want_sites=want_sites, **options, **wb)
                      for Xb, yb, nb, mb, wb in zip(Xs, ys, nus, mus, weighted)]
         futures = _compute_windowed(client, tasks)
-        small = futures if to_files else [client.submit(ep.without_rows, f) for f in futures]
-        reduced = _tree(client, small, ep.add_sweeps).result()
+        small = futures if to_files else [client.submit(blocks.without_rows, f) for f in futures]
+        reduced = _tree(client, small, blocks.add_sweeps).result()
         if to_files:
             reduced["site_precision"], reduced["site_shift"] = self._file_sites(files, Z.dtype, generation)
         elif want_sites:
@@ -425,7 +425,7 @@ class DaskPasses:
             sums = _compute_windowed(client, [dask.delayed(_chunk_sums)(kernel, Z, Xb, yb, nb, mb, prior, block_rows,
                                                                         nonnegative_sites, wb)
                                               for Xb, yb, nb, mb, wb in zip(Xs, ys, nus, mus, ws)])
-            S, c_tilde = _tree(client, sums, ep.tree_add).result()
+            S, c_tilde = _tree(client, sums, blocks.tree_add).result()
         else:
             S, c_tilde = site_sums
         if Z.ndim == 3:
@@ -482,7 +482,7 @@ class DaskPasses:
         sums = _compute_windowed(client, [dask.delayed(_chunk_quadratic_sums)(kernel, Z, Xb, yb, xb, kind, L_K,
                                                                               block_rows, wb)
                                           for Xb, yb, xb, wb in zip(Xs, ys, xis, ws)])
-        S, c_tilde, const_sum = _tree(client, sums, ep.tree_add).result()
+        S, c_tilde, const_sum = _tree(client, sums, blocks.tree_add).result()
         prep = variational.quadratic_posterior(L_K, S, c_tilde)
         futures = _compute_windowed(client, [dask.delayed(_chunk_quadratic_terms)(kernel, Z, Xb, yb, xb, prep, kind,
                                                                                   want_grad, block_rows, wb)

@@ -19,9 +19,10 @@ early stopping, checkpoints) for all of them:
                       one outer iteration, the analytic (q, xi) updates and one L-BFGS-B round.
 
 The contract is ``Engine`` (``agpc.inference.contract``: an abstract base, the members the loop calls, with defaults
-for the optional ones, and the parts every engine shares); ``ENGINES`` maps each built-in method's name to its engine class, which is its own factory: ``cls(name, kernel, Z,
-n_total=, minibatch=, options=EngineOptions(...), passes=None)``. ``agpc.methods`` carries the factory of every
-registered method (a method of one's own may bring its own engine).
+for the optional ones, and the parts every engine shares); ``ENGINES`` maps each built-in method's name to its engine
+class, which is its own factory: ``cls(name, kernel, Z, n_total=, minibatch=, options=EngineOptions(...),
+passes=None)``. ``agpc.methods`` carries the factory of every registered method (a method of one's own may bring its
+own engine).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ from ..backend import (
 )
 from ..kernels import ClassKernels
 from ..likelihoods import PROBIT
-from . import ep, multiclass_ep
+from . import ep, multiclass_ep, sites
 from .posterior import PRIOR_FACTOR_NAME, posterior_from_sums
 
 __all__ = ["evaluate", "posterior", "zero_sites", "validation_scores", "Marginals", "B_FACTOR_NAME"]
@@ -209,11 +209,11 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     X, y = _rows(X, y, Z)
     nu, mu = site_precision, site_shift
     marg = _marginals(kernel, Z, X, nu, mu, jitter=jitter, checked=checked)
-    valid, one_minus, v, a = ep.cavity(nu, mu, marg.var, marg.mean, marg.prior_var)
+    valid, one_minus, v, a = sites.cavity(nu, mu, marg.var, marg.mean, marg.prior_var)
     b = 1.0 + marg.noise_var + v
     log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, b)
-    new_nu, new_mu = ep.moment_matched_site(valid, nu, mu, a, v, alpha, gamma, nonnegative=True)  # (sqrt(nu) below)
-    terms = xp.where(valid, log_zi + ep.removal_terms(nu, mu, marg.var, marg.mean, one_minus), 0.0)
+    new_nu, new_mu = sites.moment_matched_site(valid, nu, mu, a, v, alpha, gamma, nonnegative=True)  # (sqrt(nu) below)
+    terms = xp.where(valid, log_zi + sites.removal_terms(nu, mu, marg.var, marg.mean, one_minus), 0.0)
     out = {"log_z": marg.log_normaliser_gain + xp.sum(terms), "n_invalid": xp.sum(xp.astype(~valid, Z.dtype)),
            "valid": None, "site_precision": None, "site_shift": None, "site_change": None, "grads": None,
            "posterior": None}
@@ -241,13 +241,13 @@ def _weighted_evaluate(kernel, Z, X, y, site_precision, site_shift, weights, *, 
     X, y = _rows(X, y, Z)
     nu, mu = site_precision, site_shift
     marg = _marginals(kernel, Z, X, weights * nu, weights * mu, jitter=jitter, checked=checked)
-    valid, one_minus, v, a = ep.weighted_cavity(nu, mu, marg.var, marg.mean, marg.prior_var, weights)
+    valid, one_minus, v, a = sites.weighted_cavity(nu, mu, marg.var, marg.mean, marg.prior_var, weights)
     b = 1.0 + marg.noise_var + v
     log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, b)
-    new_nu, new_mu = ep.moment_matched_site(valid, nu, mu, a, v, alpha, gamma, nonnegative=True)
-    terms = xp.where(valid, log_zi + ep.removal_terms(nu, mu, marg.var, marg.mean, one_minus), 0.0)
+    new_nu, new_mu = sites.moment_matched_site(valid, nu, mu, a, v, alpha, gamma, nonnegative=True)
+    terms = xp.where(valid, log_zi + sites.removal_terms(nu, mu, marg.var, marg.mean, one_minus), 0.0)
     out = {"log_z": marg.log_normaliser_gain + xp.sum(weights * terms),
-           "n_invalid": ep.counted_invalid(valid, weights, Z), "valid": None, "site_precision": None,
+           "n_invalid": sites.counted_invalid(valid, weights, Z), "valid": None, "site_precision": None,
            "site_shift": None, "site_change": None, "grads": None, "posterior": None}
     if want_sites:
         _damped(out, new_nu, new_mu, nu, mu, valid, damping)

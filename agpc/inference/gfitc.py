@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from ..backend import array_namespace, lower_triangular_inverse
 from ..kernels import ClassKernels
 from ..likelihoods import PROBIT
-from . import blocks, ep, multiclass_ep
+from . import blocks, ep, multiclass_ep, sites
 from .posterior import posterior_from_sums, prior_cholesky
 
 __all__ = ["evaluate", "zero_sites"]
@@ -96,10 +96,10 @@ def _fitc_adjoint(kernel, X, Z, post, fm, weights=None):
 # -- the likelihoods: cavity on f, tilted moments, new site ----------------------------------------
 
 def _cavity(site_precision, site_shift, var, mean, prior_var, weights):
-    """``ep.cavity`` of a site on f_i. With sample weights (``weights`` (b,) or (b, 1)) the marginal of f_i is a
+    """``sites.cavity`` of a site on f_i. With sample weights (``weights`` (b,) or (b, 1)) the marginal of f_i is a
     copy's, which holds its own site once (``evaluate``'s docstring): the same cavity, but a row of weight 0 is not in
-    the model (no update, no term, not counted as a failure: ``ep.counted_invalid``)."""
-    valid, one_minus, v, a = ep.cavity(site_precision, site_shift, var, mean, prior_var)
+    the model (no update, no term, not counted as a failure: ``sites.counted_invalid``)."""
+    valid, one_minus, v, a = sites.cavity(site_precision, site_shift, var, mean, prior_var)
     return (valid if weights is None else valid & (weights > 0)), one_minus, v, a
 
 
@@ -112,8 +112,8 @@ def _probit_update(y, site_precision, site_shift, fms, weights=None):
     (fm,) = fms
     valid, one_minus, v, a = _cavity(site_precision, site_shift, fm.var, fm.mean, fm.g.prior_var + fm.g.s, weights)
     log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, 1.0 + v)
-    new_precision, new_shift = ep.moment_matched_site(valid, site_precision, site_shift, a, v, alpha, gamma)
-    terms = log_zi + ep.removal_terms(site_precision, site_shift, fm.var, fm.mean, one_minus)
+    new_precision, new_shift = sites.moment_matched_site(valid, site_precision, site_shift, a, v, alpha, gamma)
+    terms = log_zi + sites.removal_terms(site_precision, site_shift, fm.var, fm.mean, one_minus)
     if weights is not None:
         terms = weights * terms
     return new_precision, new_shift, valid, xp.where(valid, terms, 0.0)
@@ -141,10 +141,10 @@ def _pair_update(y, site_precision, site_shift, fms, weights=None):
     valid_y, om_y, v_y, a_y = _cavity(precision_y, shift_y, var_y, mean_y, prior_var_y, row_weights)
     valid = ~onehot & valid_k & valid_y
     log_zp, alpha, gamma = PROBIT.tilted_moments(xp.ones_like(a_k), a_y - a_k, v_y + v_k)
-    new_precision_y, new_shift_y = ep.moment_matched_site(valid, precision_y, shift_y, a_y, v_y, alpha, gamma)
-    new_precision_k, new_shift_k = ep.moment_matched_site(valid, precision_k, shift_k, a_k, v_k, -alpha, gamma)
-    terms = (log_zp + ep.removal_terms(precision_y, shift_y, var_y, mean_y, om_y)
-             + ep.removal_terms(precision_k, shift_k, var, mean, om_k))
+    new_precision_y, new_shift_y = sites.moment_matched_site(valid, precision_y, shift_y, a_y, v_y, alpha, gamma)
+    new_precision_k, new_shift_k = sites.moment_matched_site(valid, precision_k, shift_k, a_k, v_k, -alpha, gamma)
+    terms = (log_zp + sites.removal_terms(precision_y, shift_y, var_y, mean_y, om_y)
+             + sites.removal_terms(precision_k, shift_k, var, mean, om_k))
     if weights is not None:
         terms = row_weights * terms
     # (valid is True in the label's own column, which holds no pair)
@@ -223,7 +223,7 @@ def _block_pass(model, X, y, site_precision, site_shift, posts, projections, *, 
     new_precision, new_shift, valid_out, terms = update(y, site_precision, site_shift, fms, weights)
     n_invalid = None  # (counted by the sweep) or, with weights, the failures of rows in the model
     if weights is not None:
-        n_invalid = ep.counted_invalid(valid_out, weights[:, None] if model.multiclass else weights, X)
+        n_invalid = sites.counted_invalid(valid_out, weights[:, None] if model.multiclass else weights, X)
     log_z_terms = xp.sum(terms)
     for fm in fms:
         log_z_terms = log_z_terms + xp.sum(fm.log_normaliser if weights is None else weights * fm.log_normaliser)

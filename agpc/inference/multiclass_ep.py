@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from ..backend import array_device, array_namespace, lower_triangular_inverse
 from ..likelihoods import PREDICTIVE_NODES, PROBIT, argmax_log_proba, negative_log_likelihood
-from . import blocks, ep
+from . import blocks, ep, sites
 from .posterior import Factor, posterior_from_sums, prior_cholesky
 
 __all__ = [
@@ -175,8 +175,8 @@ class PairUpdate:
     n_invalid: object = None  # 0-d with ``weights``: failed pairs of rows of positive weight (None: count ~valid)
     alpha: object = None  # (b, C): d log Z / d (cavity mean) summed over the sites a row has in class c
     kappa: object = None  # (b, C): -2 d log Z / d b, likewise
-    coef: object = None  # (b, C): the coefficient of g_ic (``ep.adjoint_coefficient``), likewise
-    coef_held: object = None  # (b, C): with ``held``, the coefficient of g'_ic (``ep.held_adjoint_coefficient``)
+    coef: object = None  # (b, C): the coefficient of g_ic (``sites.adjoint_coefficient``), likewise
+    coef_held: object = None  # (b, C): with ``held``, the coefficient of g'_ic (``sites.held_adjoint_coefficient``)
 
 
 def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=True, weights=None, own_sites=True,
@@ -188,14 +188,14 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
 
     ``weights`` (b,): the rows' sample weights by power EP (Minka 2004), as the binary pass takes them: q holds w_i
     copies of each of row i's pair sites (the marginals given are of that q), each pair's cavity removes one copy of
-    its two parts (``ep.weighted_cavity``: a row of weight 0 has no valid pair and no update), and the pairs' log Z_q
+    its two parts (``sites.weighted_cavity``: a row of weight 0 has no valid pair and no update), and the pairs' log Z_q
     terms and gradient coefficients count w_i times. ``own_sites=False`` (SEP / ADF: zero sites, the marginals are
     the tied cavity's): the cavity is checked as without weights, and only the weights' factors apply. ``adf``: the
-    cavity is q itself (ADF), and each pair's term also takes ``ep.adf_removal_terms`` of its two new parts.
+    cavity is q itself (ADF), and each pair's term also takes ``sites.adf_removal_terms`` of its two new parts.
 
     ``held`` (minibatch EP whose running product holds the rows' sites along other directions than their current
     ones: ``ep.Anchor``): (d_h, e_h, cross), each (b, C), q along each row's held direction in each class
-    (``ep.Held``); each pair's parts leave q along them (``ep.held_cavity``)."""
+    (``sites.Held``); each pair's parts leave q along them (``sites.held_cavity``)."""
     xp = array_namespace(d)
     C = d.shape[1]
     onehot = one_hot_labels(y, C)
@@ -210,24 +210,24 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     row_weights = None if weights is None else weights[:, None]
     if held is not None:
         powers = row_weights if own_sites else None
-        valid_k, om_k, v_k, a_k = ep.held_cavity(nu_k, mu_k, d, e, prior_var, *held, powers)
-        valid_y, om_y, v_y, a_y = ep.held_cavity(nu_y, mu_y, d_y, e_y, pv_y, *held_y, powers)
+        valid_k, om_k, v_k, a_k = sites.held_cavity(nu_k, mu_k, d, e, prior_var, *held, powers)
+        valid_y, om_y, v_y, a_y = sites.held_cavity(nu_y, mu_y, d_y, e_y, pv_y, *held_y, powers)
         if row_weights is not None:
             valid_k = valid_k & (row_weights > 0)
     elif weights is None:
-        valid_k, om_k, v_k, a_k = ep.cavity(nu_k, mu_k, d, e, prior_var)
-        valid_y, om_y, v_y, a_y = ep.cavity(nu_y, mu_y, d_y, e_y, pv_y)
+        valid_k, om_k, v_k, a_k = sites.cavity(nu_k, mu_k, d, e, prior_var)
+        valid_y, om_y, v_y, a_y = sites.cavity(nu_y, mu_y, d_y, e_y, pv_y)
     else:
         powers = row_weights if own_sites else xp.ones_like(row_weights)  # (SEP / ADF: no copy of a site in q)
-        valid_k, om_k, v_k, a_k = ep.weighted_cavity(nu_k, mu_k, d, e, prior_var, powers)
-        valid_y, om_y, v_y, a_y = ep.weighted_cavity(nu_y, mu_y, d_y, e_y, pv_y, powers)
+        valid_k, om_k, v_k, a_k = sites.weighted_cavity(nu_k, mu_k, d, e, prior_var, powers)
+        valid_y, om_y, v_y, a_y = sites.weighted_cavity(nu_y, mu_y, d_y, e_y, pv_y, powers)
         valid_k = valid_k & (row_weights > 0)
     valid = wrong & valid_k & valid_y
     b = s_y + s + v_y + v_k
     diff = a_y - a_k
     log_zp, alpha, gamma = PROBIT.tilted_moments(xp.ones_like(diff), diff, b)
-    new_nu_y, new_mu_y = ep.moment_matched_site(valid, nu_y, mu_y, a_y, v_y, alpha, gamma)
-    new_nu_k, new_mu_k = ep.moment_matched_site(valid, nu_k, mu_k, a_k, v_k, -alpha, gamma)
+    new_nu_y, new_mu_y = sites.moment_matched_site(valid, nu_y, mu_y, a_y, v_y, alpha, gamma)
+    new_nu_k, new_mu_k = sites.moment_matched_site(valid, nu_k, mu_k, a_k, v_k, -alpha, gamma)
     new_nu = xp.concat([new_nu_k, new_nu_y], axis=1)
     new_mu = xp.concat([new_mu_k, new_mu_y], axis=1)
 
@@ -235,13 +235,14 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     # Hernandez-Lobato (2016), eq. 26): log Z_ik plus g(cavity) - g(q) in each of the two classes the pair touches.
     # (a rank-one removal's g(cavity) - g(q) depends only on q along the direction removed)
     out_y, out_k = ((d_y, e_y), (d, e)) if held is None else (held_y[:2], held[:2])
-    terms = log_zp + ep.removal_terms(nu_y, mu_y, *out_y, om_y) + ep.removal_terms(nu_k, mu_k, *out_k, om_k)
-    if adf:  # ADF: the cavity is q, the pair's parts in it its new ones (ep.adf_removal_terms)
-        terms = terms + ep.adf_removal_terms(a_y, v_y, alpha, gamma) + ep.adf_removal_terms(a_k, v_k, -alpha, gamma)
+    terms = log_zp + sites.removal_terms(nu_y, mu_y, *out_y, om_y) + sites.removal_terms(nu_k, mu_k, *out_k, om_k)
+    if adf:  # ADF: the cavity is q, the pair's parts in it its new ones (sites.adf_removal_terms)
+        terms = (terms + sites.adf_removal_terms(a_y, v_y, alpha, gamma)
+                 + sites.adf_removal_terms(a_k, v_k, -alpha, gamma))
     n_invalid = None
     if weights is not None:  # each pair's term w_i times; the failed pairs of rows in the model counted
         terms = terms * row_weights
-        n_invalid = ep.counted_invalid(valid | onehot, row_weights, d)
+        n_invalid = sites.counted_invalid(valid | onehot, row_weights, d)
     log_z_terms = xp.sum(xp.where(valid, terms, 0.0))
     out_valid = valid | onehot
     if not want_grad:
@@ -260,12 +261,12 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
 
     alpha_c = per_class(-alpha, alpha)
     kappa_c = per_class(kappa, kappa)
-    if held is not None:  # g_ic's coefficient is -kappa a site; g'_ic's by ``ep.held_adjoint_coefficient``
-        coef_held = per_class(ep.held_adjoint_coefficient(-alpha, kappa, nu_k, mu_k, held[1], held[2], om_k),
-                              ep.held_adjoint_coefficient(alpha, kappa, nu_y, mu_y, held_y[1], held_y[2], om_y))
+    if held is not None:  # g_ic's coefficient is -kappa a site; g'_ic's by ``sites.held_adjoint_coefficient``
+        coef_held = per_class(sites.held_adjoint_coefficient(-alpha, kappa, nu_k, mu_k, held[1], held[2], om_k),
+                              sites.held_adjoint_coefficient(alpha, kappa, nu_y, mu_y, held_y[1], held_y[2], om_y))
         return PairUpdate(new_nu, new_mu, out_valid, log_z_terms, n_invalid, alpha_c, kappa_c, -kappa_c, coef_held)
-    coef_k = ep.adjoint_coefficient(-alpha, kappa, nu_k, mu_k, e, om_k)
-    coef_y = ep.adjoint_coefficient(alpha, kappa, nu_y, mu_y, e_y, om_y)
+    coef_k = sites.adjoint_coefficient(-alpha, kappa, nu_k, mu_k, e, om_k)
+    coef_y = sites.adjoint_coefficient(alpha, kappa, nu_y, mu_y, e_y, om_y)
     coef_c = per_class(coef_k, coef_y)
     return PairUpdate(new_nu, new_mu, out_valid, log_z_terms, n_invalid, alpha_c, kappa_c, coef_c)
 
@@ -296,7 +297,7 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     s = xp.stack([mg.s for mg in margs], axis=1)
     helds = None
     if anchors is not None and own_sites:
-        helds = [ep.held_marginals(posts[c], margs[c], anchors[c].directions(X)) for c in range(C)]
+        helds = [sites.held_marginals(posts[c], margs[c], anchors[c].directions(X)) for c in range(C)]
     held = None if helds is None else tuple(xp.stack([getattr(h, k) for h in helds], axis=1)
                                             for k in ("d", "e", "cross"))
     update = pair_update(y, site_precision, site_shift, d, e, prior_var, s, want_grad=want_grad, weights=weights,
@@ -378,7 +379,7 @@ def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_gra
                 want_sites=True, damping=None, weights=None, anchors=None, product_damping=None, adf=False,
                 projections=None, workers=None):
     """Multiclass EP's sweep: ``block_pass`` over all rows (``ep.sweep_rows``), a validity column per class.
-    Its reductions add over any split of the rows (``ep.add_sweeps``); ``site_precision`` None: zero sites
+    Its reductions add over any split of the rows (``blocks.add_sweeps``); ``site_precision`` None: zero sites
     (SEP / ADF, whose rows have none of their own). ``weights`` (n,): the rows' sample weights, ``adf``: ADF's row
     terms (``block_pass``); ``anchors``, ``product_damping``: ``block_pass``'s ``anchors`` and ``damping`` (minibatch
     EP). ``projections``: each block's per-class (A_c, K(X, Z_c)) kept by ``class_site_sums`` over the same blocks
@@ -394,7 +395,8 @@ def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_gra
                           projections=None if projections is None else projections[index])
 
     if workers is None:
-        block_rows, workers = blocks.pass_layout(Z, X.shape[0], _block_rows(block_rows, Z, X.shape[0]))  # (minibatch: one)
+        # (a minibatch: one thread)
+        block_rows, workers = blocks.pass_layout(Z, X.shape[0], _block_rows(block_rows, Z, X.shape[0]))
     return ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z[0, ...],
                          want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping,
                          valid_columns=n_classes(Z), workers=workers)
@@ -476,7 +478,7 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
     """One pass over rows X (all, or a minibatch) with q_c = prior_c x factor_c; the cavity as in
     ``ep.evaluate_factor``: "ep" removes each pair's own parts, "sep" removes factor_c^(1/n_total) from
     every class (one tied factor per class, Villacampa-Calvo & Hernandez-Lobato (2017), sec. 2.3.1), "adf" removes
-    nothing (each pair's log Z_q term then takes the removal term of its new parts, ``ep.adf_removal_terms``).
+    nothing (each pair's log Z_q term then takes the removal term of its new parts, ``sites.adf_removal_terms``).
     ``checked``: as in ``evaluate``. ``weights`` (the rows'): sample weights (the multiclass passes have no
     padding; ``sample_weights`` is taken for ``ep.evaluate_factor``'s signature): "ep"'s cavities by power EP, each
     row's terms, gradient and site change w_i times, and the rows counted by weight in the scale n_total / sum(w).
@@ -515,7 +517,7 @@ def factor_cavity(kernels, Z, factor, *, method, n_total, jitter, checked=True, 
             cav = posterior_from_sums(L_K[c], *_with_rest(rest, keep * S, keep * c_tilde), L_K_inv=L_K_inv[c],
                                          checked=checked)
             if rest is None and factor_rows is None:
-                log_z = log_z + ep.sep_cavity_term(q, cav, S, n_total)
+                log_z = log_z + sites.sep_cavity_term(q, cav, S, n_total)
             else:  # a shard's cavity: the direct difference, as in ``ep.factor_cavity``
                 log_z = log_z + n_total * (cav.log_normaliser_gain - gain_q)
         else:

@@ -38,7 +38,7 @@ from ..kernels import step_lower_bounds
 from ..likelihoods import LIKELIHOODS as LIKELIHOOD_OBJECTS
 from ..likelihoods import likelihood_by_name, sigmoid, softplus
 from ..optim import bounded_step
-from . import blocks, ep
+from . import blocks, ep, sites
 from . import posterior as Q
 from .posterior import Posterior, left_solve, posterior_from_sums
 
@@ -201,7 +201,7 @@ def svi_elbo(kernel, Z, X, y, whitened_mean, whitened_chol, *, likelihood="probi
     terms = SVIBoundTerms(kernel, Z, whitened_mean, whitened_chol, jitter)
     ordinal = likelihood == "ordinal"  # the cut points are the kernel's (``kernels.OrdinalKernel``)
     if ordinal:
-        likelihood = ep.site_likelihood(kernel)
+        likelihood = sites.site_likelihood(kernel)
     expected_total = d_cuts = None
     for lo, hi, Xb, yb in blocks.data_blocks(X, y, block_rows, Z):
         f_mean, f_var = terms.marginals(Xb)
@@ -417,7 +417,7 @@ def quadratic_row_terms(kernel, Z, X, y, xi, prep, *, kind, want_grad=True, want
 
 def add_quadratic_terms(a, b):
     """Two chunks' ``quadratic_row_terms`` added (value and adjoints); the per-row outputs stay with their chunk."""
-    return {k: (None if k in QUADRATIC_ROW_KEYS else ep.tree_add(a[k], b[k])) for k in a}
+    return {k: (None if k in QUADRATIC_ROW_KEYS else blocks.tree_add(a[k], b[k])) for k in a}
 
 
 def finish_quadratic_bound(kernel, Z, prep, const_sum, terms, *, want_grad=True):
