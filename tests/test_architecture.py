@@ -200,3 +200,81 @@ def test_the_private_name_check_finds_what_it_should(tmp_path):
     found = sorted(what for _, what in _private_uses(source))
     assert found == ["CholeskyError._private_detail", "ep._sweep", "import of _hidden",
                      "setattr(training, '_validation_scores')"]
+
+
+# -- one plan, one state (issue 44): the fit's helpers read a plan; the loop reads an engine through its members --
+
+# The front half of a fit: the helpers that take the fit's ``agpc.plan.FitPlan`` in the estimator's place.
+FIT_HELPERS = ("plan", "inputs", "dask_inputs", "placement", "ordinal", "size_rule", "batch_size", "streaming")
+# The modules around the engines that read their state through ``Engine``'s members, never by its keys.
+STATE_READERS = ("inference/training", "inference/hooks", "inference/checkpointing", "checkpoint_rules", "streaming")
+
+
+def _estimator_uses(path):
+    """(line, what) of each function of ``path`` with a parameter named ``estimator`` and each assignment to a fitted
+    attribute (a name ending in ``_``) of something other than ``self``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+            if "estimator" in names:
+                found.append((node.lineno, f"{node.name} takes the estimator"))
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            for part in ast.walk(target):
+                if (isinstance(part, ast.Attribute) and isinstance(part.ctx, ast.Store) and part.attr.endswith("_")
+                        and not part.attr.startswith("_") and not (isinstance(part.value, ast.Name)
+                                                                     and part.value.id == "self")):
+                    found.append((part.lineno, f"writes {ast.unparse(part)}"))
+    return found
+
+
+def _state_key_reads(path):
+    """(line, what) of each read of an engine state by a string key in ``path``: ``<x>.state["..."]``,
+    ``state["..."]``, ``state.get("...")``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        owner = None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value,
+                                                                                                 str):
+            owner = node.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            owner = node.func.value
+        named = owner.attr if isinstance(owner, ast.Attribute) else owner.id if isinstance(owner, ast.Name) else None
+        if named == "state":
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_the_fit_helpers_take_a_plan_and_write_nothing_on_the_estimator():
+    report = [f"agpc/{name}.py:{line}: {what}" for name in FIT_HELPERS
+              for line, what in _estimator_uses(PACKAGE / f"{name}.py")]
+    if report:
+        pytest.fail("a fit helper takes the estimator or writes a fitted attribute:\n" + "\n".join(report),
+                    pytrace=False)
+
+
+def test_the_loop_reads_an_engine_through_its_members_not_its_state_keys():
+    report = [f"agpc/{name}.py:{line}: {what}" for name in STATE_READERS
+              for line, what in _state_key_reads(PACKAGE / f"{name}.py")]
+    if report:
+        pytest.fail("an engine's state read by its keys outside the engines:\n" + "\n".join(report), pytrace=False)
+
+
+def test_the_plan_and_state_checks_find_what_they_should(tmp_path):
+    """The two checks above on a module written to break them in each way they look for (and in ones they allow)."""
+    source = tmp_path / "bag.py"
+    source.write_text(
+        "def helper(estimator, X):\n"
+        "    estimator.n_jobs_ = 2\n"
+        "    model.tf32_ += 1\n"
+        "    self.kernel_ = None\n"
+        "    plan._private_ = 1\n"
+        "    return engine.state['Z'], state.get('nu'), trainer.state['kernel'], saved['engine'], plan.get('x')\n"
+    )
+    assert sorted(what for _, what in _estimator_uses(source)) == [
+        "helper takes the estimator", "writes estimator.n_jobs_", "writes model.tf32_"]
+    assert sorted(what for _, what in _state_key_reads(source)) == [
+        "engine.state['Z']", "state.get('nu')", "trainer.state['kernel']"]
