@@ -252,53 +252,17 @@ def _record_feature_names(model, names):
 
 def fit(args):
     _check_writable(args.out, [args.data])
-    if args.weight_column is not None:
-        (X, y, names), weights = load_weighted_data(args.data, args.target, args.weight_column)
-    else:
-        (X, y, names), weights = load_data(args.data, args.target, labels_required=True), None
-    if args.standardize and (args.scheduler or B.is_out_of_core(X)):
-        # the scaler is fitted on, and applied to, the training rows held in memory: rows meant to stay on disk or
-        # on the cluster would all be read in, which is what those fits are there to avoid
-        where = ("--scheduler: a fit on a dask cluster" if args.scheduler
-                 else f"{args.data}, data read from disk a chunk at a time")
-        raise UsageError(f"--standardize holds the training rows in memory to scale them: it does not go with {where}; "
-                         "standardise the stored features first")
-    if args.scheduler and (weights is not None or args.class_weight):
-        raise UsageError("--weight-column and --class-weight train in this process: a fit on a dask cluster "
-                         "(--scheduler) does not take row weights yet")
-    if weights is not None and np.any(weights == 0) and np.any(weights > 0):  # a row of weight 0 is not there
-        present = weights > 0
-        X, y, weights = np.asarray(X[...])[present], y[present], weights[present]
+    X, y, names, weights = _fit_rows(args)
     classes = np.unique(y)
-    if classes.shape[0] < 2:
-        raise UsageError(f"{args.data}: every label is {classes[0].item()!r}: a classifier needs two classes or more")
     order = _class_order(args, y)
     X_train, y_train, X_val, y_val = _split(X, y, args.validation_fraction, args.random_state)
     if weights is not None and X_val is not None:
         weights = weights[~_validation_rows(y, args.validation_fraction, args.random_state)]
-    if args.site_directory is not None and not args.scheduler:
-        raise UsageError("--site-directory keeps batch EP's sites in files on a dask cluster: it needs --scheduler")
-    model = GPClassifier(
-        method=args.method, n_inducing=args.inducing, batch_size=args.batch_size, backend=args.backend,
-        max_iter=args.max_iter, max_time=args.max_time, random_state=args.random_state, verbose=not args.quiet,
-        site_directory=args.site_directory, dtype=args.dtype,
-        kernel_prior=None if args.kernel_prior == "none" else args.kernel_prior, class_weight=args.class_weight,
-        ard={"auto": "auto", "per-feature": True, "shared": False}[args.ard],
-        likelihood=args.likelihood, classes=None if order is None else order.tolist(),
-        plateau=None if args.plateau == "none" else args.plateau,
-    )
-    model.set_params(n_jobs=_fit_jobs(args, model, X_train.shape[0]))
-    model.check_params()  # a method that does not take --likelihood is refused before anything is printed
+    model = _fit_model(args, order, X_train.shape[0])
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
     scaler = None
     if args.standardize:  # on the training rows only; the model file keeps the means and scales (a Pipeline)
-        from sklearn.preprocessing import StandardScaler  # (60-70 ms that other commands need not wait)
-
-        X_train = np.asarray(X_train[...])  # (read once: in memory already, on-disk rows were refused above)
-        # the rows counted by their weights, as the fit counts them: a row of weight 2 is the row twice
-        scaler = StandardScaler().fit(X_train, sample_weight=weights)
-        X_train = scaler.transform(X_train)
-        X_val = None if X_val is None else scaler.transform(X_val)
+        scaler, X_train, X_val = _standardised(X_train, X_val, weights)
     shown = f"ordered classes {preview((classes if order is None else order).tolist(), 6)} (lowest first)" \
         if args.likelihood == ORDINAL else f"classes {preview(classes.tolist(), 6)}"
     print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, {shown}; method "
@@ -321,20 +285,82 @@ def fit(args):
         scores.append(("validation", _scores(model.predict_proba(X_val), y_val, model.classes_), len(y_val)))
     # the model is written before the summary is printed: the summary is for whoever reads it, the model is
     # the command's result, and must not depend on the reader of standard output (agpc fit ... | head -1)
-    if scaler is None:
-        _record_feature_names(model, names)
-        persistence.save_model(model, args.out)
-    else:  # the columns are the pipeline's input, the scaler's (the classifier sees its output)
-        from sklearn.pipeline import Pipeline
-
-        _record_feature_names(scaler, names)
-        persistence.save_model(Pipeline([("standardscaler", scaler), ("gpclassifier", model)]), args.out)
+    _save_fitted(model, scaler, names, args.out)
     for what, values, rows in scores:
         _print_scores(what, values, rows)
     print(f"fit time:    {seconds:.2f} s ({_iterations(model, args.max_iter, X_train.shape[0])}; "
           f"{_model_size(model)})")
     print(f"wrote {args.out}")
     return 0
+
+
+def _fit_rows(args):
+    """``agpc fit``'s rows: (X, y, the feature names, the rows' weights or None) read from DATA, the rows of weight
+    0 left out, and the combinations of arguments that cannot train these rows refused (a ``UsageError``)."""
+    if args.weight_column is not None:
+        (X, y, names), weights = load_weighted_data(args.data, args.target, args.weight_column)
+    else:
+        (X, y, names), weights = load_data(args.data, args.target, labels_required=True), None
+    if args.standardize and (args.scheduler or B.is_out_of_core(X)):
+        # the scaler is fitted on, and applied to, the training rows held in memory: rows meant to stay on disk or
+        # on the cluster would all be read in, which is what those fits are there to avoid
+        where = ("--scheduler: a fit on a dask cluster" if args.scheduler
+                 else f"{args.data}, data read from disk a chunk at a time")
+        raise UsageError(f"--standardize holds the training rows in memory to scale them: it does not go with {where}; "
+                         "standardise the stored features first")
+    if args.scheduler and (weights is not None or args.class_weight):
+        raise UsageError("--weight-column and --class-weight train in this process: a fit on a dask cluster "
+                         "(--scheduler) does not take row weights yet")
+    if weights is not None and np.any(weights == 0) and np.any(weights > 0):  # a row of weight 0 is not there
+        present = weights > 0
+        X, y, weights = np.asarray(X[...])[present], y[present], weights[present]
+    classes = np.unique(y)
+    if classes.shape[0] < 2:
+        raise UsageError(f"{args.data}: every label is {classes[0].item()!r}: a classifier needs two classes or more")
+    if args.site_directory is not None and not args.scheduler:
+        raise UsageError("--site-directory keeps batch EP's sites in files on a dask cluster: it needs --scheduler")
+    return X, y, names, weights
+
+
+def _fit_model(args, order, n_rows):
+    """The ``GPClassifier`` ``agpc fit``'s arguments ask for (``order``: an ordinal model's classes in their order),
+    its ``n_jobs`` for ``n_rows`` training rows (``_fit_jobs``), its parameters checked: a method that does not take
+    --likelihood is refused before anything is printed."""
+    model = GPClassifier(
+        method=args.method, n_inducing=args.inducing, batch_size=args.batch_size, backend=args.backend,
+        max_iter=args.max_iter, max_time=args.max_time, random_state=args.random_state, verbose=not args.quiet,
+        site_directory=args.site_directory, dtype=args.dtype,
+        kernel_prior=None if args.kernel_prior == "none" else args.kernel_prior, class_weight=args.class_weight,
+        ard={"auto": "auto", "per-feature": True, "shared": False}[args.ard],
+        likelihood=args.likelihood, classes=None if order is None else order.tolist(),
+        plateau=None if args.plateau == "none" else args.plateau,
+    )
+    model.set_params(n_jobs=_fit_jobs(args, model, n_rows))
+    model.check_params()
+    return model
+
+
+def _standardised(X_train, X_val, weights):
+    """(scaler, X_train, X_val) for --standardize: a ``StandardScaler`` fitted on the training rows, counted by their
+    ``weights`` as the fit counts them (a row of weight 2 is the row twice), and both sets of rows scaled by it."""
+    from sklearn.preprocessing import StandardScaler  # (60-70 ms that other commands need not wait)
+
+    X_train = np.asarray(X_train[...])  # (read once: in memory already, on-disk rows were refused)
+    scaler = StandardScaler().fit(X_train, sample_weight=weights)
+    return scaler, scaler.transform(X_train), None if X_val is None else scaler.transform(X_val)
+
+
+def _save_fitted(model, scaler, names, out):
+    """Write the fitted ``model`` to ``out``, behind ``scaler`` (--standardize: a Pipeline, whose input columns are
+    the scaler's, named ``names``) or alone."""
+    if scaler is None:
+        _record_feature_names(model, names)
+        persistence.save_model(model, out)
+        return
+    from sklearn.pipeline import Pipeline
+
+    _record_feature_names(scaler, names)
+    persistence.save_model(Pipeline([("standardscaler", scaler), ("gpclassifier", model)]), out)
 
 
 def _steps(model, n_rows):
@@ -739,6 +765,13 @@ def _fraction(text):
 def _fit_parser(sub):
     p = sub.add_parser("fit", help="train a classifier on a data file and save the model",
                        description="Train a GPClassifier on DATA and write the model (an .agpc file).")
+    _fit_model_arguments(p)
+    _fit_run_arguments(p)
+    p.set_defaults(func=fit)
+
+
+def _fit_model_arguments(p):
+    """``agpc fit``'s arguments of what is fitted: the data, the labels, the method and the model."""
     p.add_argument("data", metavar="DATA", help="a .csv (header row), .parquet, .npy, .npz file or a zarr store; "
                    "the column names of a CSV or Parquet file become the model's feature names")
     p.add_argument("--target", metavar="COL", help="the label column: a name or an integer index (.npy: an index); "
@@ -769,6 +802,11 @@ def _fit_parser(sub):
                         "fitting (scikit-learn's StandardScaler); the model file keeps the means and scales, so "
                         "'agpc predict' takes the raw features (Python: agpc.load_model gives the Pipeline); rows "
                         "counted by --weight-column; not with --scheduler or a zarr store (it holds the rows in memory)")
+
+
+def _fit_run_arguments(p):
+    """``agpc fit``'s arguments of how the fit runs: its steps, where it computes, its weights, when it stops, its
+    validation rows, its seed, what it shows and where the model goes."""
     p.add_argument("--batch-size", type=_batch_size, default="auto", metavar="B",
                    help="rows per minibatch: a number, 'none' (full batch) or 'auto' (default: full batch up to "
                         "20,000 rows, else 200)")
@@ -806,7 +844,6 @@ def _fit_parser(sub):
     p.add_argument("--quiet", action="store_true", help="do not show the progress lines and bars (the plan, the time "
                    "estimate, one bar a stage) on standard error")
     p.add_argument("--out", required=True, metavar="MODEL", help="where to write the model (e.g. model.agpc)")
-    p.set_defaults(func=fit)
 
 
 def _predict_parser(sub):
