@@ -588,21 +588,8 @@ def read_model_parts(path, estimator, backend="numpy"):
     d, feature_names, record = _check_header_fields(header, refuse, version)
     if record["ard"] is None and not isinstance(model.ard, str):  # a file from before the choice: as fitted
         record["ard"] = bool(model.ard)
-    for name in ("inducing_points", "posterior_L_C", "posterior_h", "classes"):
-        if name not in arrays:
-            raise refuse(f"{name}: missing")
-    classes = arrays["classes"]
-    _check_classes(classes, refuse)
+    classes, ordinal, multiclass, (Z, L_C, h) = _checked_model_arrays(header, arrays, d, refuse)
     n_classes = classes.shape[0]
-    ordinal = _ordinal_classes(header.get("kernel")) is not None
-    multiclass = n_classes > 2 and not ordinal
-    lead = (n_classes,) if multiclass else ()
-    Z = arrays["inducing_points"]
-    m = Z.shape[-2] if Z.ndim == len(lead) + 2 and Z.shape[-2] >= 1 else 1
-    Z = _float_array(arrays, "inducing_points", lead + (m, d), refuse)
-    L_C = _float_array(arrays, "posterior_L_C", lead + (m, m), refuse)
-    _check_factor(L_C, refuse)
-    h = _float_array(arrays, "posterior_h", lead + (m,), refuse)
     specs, kernel_table = _kernel_specs(header, n_classes, refuse)
     kernel_arrays = _kernel_arrays(header, arrays, kernel_table, d, refuse)
     scaler = _checked_scaler(header, arrays, d, refuse, version)
@@ -611,11 +598,7 @@ def read_model_parts(path, estimator, backend="numpy"):
                         - {f"scaler_{name}" for name in SCALER_ARRAYS if scaler is not None and scaler[name] is not None})
     if unexpected:
         raise refuse(f"unexpected arrays {unexpected}")
-    likelihood = header.get("likelihood", "probit")
-    kind = "ordinal" if ordinal else "multiclass" if multiclass else "binary"
-    if likelihood not in {"ordinal": ("ordinal",), "multiclass": ("probit", "robust-max"),
-                          "binary": ("probit", "logistic")}[kind]:
-        raise refuse(f"likelihood: {likelihood!r} is not a likelihood of a {kind} model")
+    likelihood = _checked_likelihood(header, ordinal, multiclass, refuse)
 
     xp = B.resolve_backend(backend)
     # The model computes in the type it was fitted in, which is the type of its stored arrays (files written
@@ -628,26 +611,8 @@ def read_model_parts(path, estimator, backend="numpy"):
     except (ValueError, TypeError) as exc:
         raise refuse(f"kernel: {exc}") from None
     Zx, L_C, h = to(Z), to(L_C), to(h)
-    # K(Z, Z) is factorised with the jitter the fit ended with (the guard may have raised it; files of format
-    # version 1 do not hold it: the jitter parameter, raised to the type's floor as the fit did)
-    jitter = header.get("fitted_jitter")
-    if jitter is None:
-        jitter = B.starting_jitter(model.jitter, Zx)
-    elif not (_is_number(jitter) and math.isfinite(jitter) and jitter >= 0):
-        raise refuse(f"fitted_jitter: {jitter!r} is not a non-negative number")
-    else:
-        _check_fitted_jitter(jitter, model, kernel, Zx, multiclass, refuse)
-    try:
-        if multiclass:
-            posterior = tuple(
-                Posterior(L_K=prior_cholesky(kernel[c], Zx[c, ...], jitter), L_C=L_C[c, ...],
-                          h=h[c, ...])
-                for c in range(n_classes)
-            )
-        else:
-            posterior = Posterior(L_K=prior_cholesky(kernel, Zx, jitter), L_C=L_C, h=h)
-    except B.CholeskyError as exc:
-        raise refuse(f"inducing_points: with the kernel they give no covariance matrix ({exc})") from None
+    jitter = _fitted_jitter(header, model, kernel, Zx, multiclass, refuse)
+    posterior = _posterior_from_file(kernel, Zx, L_C, h, jitter, n_classes if multiclass else None, refuse)
     model.set_fitted_state(FittedState(
         kernel=kernel, inducing_points=Zx, posterior=posterior, classes=classes, n_features_in=d,
         # as scikit-learn stores them
@@ -663,6 +628,62 @@ def read_model_parts(path, estimator, backend="numpy"):
         _check_pipeline_predicts(model, scaler, probe, proba, refuse)
         scaler["feature_names"] = feature_names
     return model, scaler
+
+
+def _checked_model_arrays(header, arrays, d, refuse):
+    """(classes, ordinal, multiclass, (Z, L_C, h)) of a model file's arrays, checked: the classes, whether the model
+    is an ordinal one (its kernel holds cut points) or has a latent function a class, and the inducing points (m x d
+    each), q's L_C (m x m, lower triangular with a positive diagonal) and h (m), one set a class for a multiclass
+    model."""
+    for name in ("inducing_points", "posterior_L_C", "posterior_h", "classes"):
+        if name not in arrays:
+            raise refuse(f"{name}: missing")
+    classes = arrays["classes"]
+    _check_classes(classes, refuse)
+    ordinal = _ordinal_classes(header.get("kernel")) is not None
+    multiclass = classes.shape[0] > 2 and not ordinal
+    lead = (classes.shape[0],) if multiclass else ()
+    Z = arrays["inducing_points"]
+    m = Z.shape[-2] if Z.ndim == len(lead) + 2 and Z.shape[-2] >= 1 else 1
+    Z = _float_array(arrays, "inducing_points", lead + (m, d), refuse)
+    L_C = _float_array(arrays, "posterior_L_C", lead + (m, m), refuse)
+    _check_factor(L_C, refuse)
+    return classes, ordinal, multiclass, (Z, L_C, _float_array(arrays, "posterior_h", lead + (m,), refuse))
+
+
+def _checked_likelihood(header, ordinal, multiclass, refuse):
+    """The model file's likelihood, one a model of its kind has (binary: probit or logistic; multiclass: probit or
+    robust-max; ordinal: ordinal)."""
+    likelihood = header.get("likelihood", "probit")
+    kind = "ordinal" if ordinal else "multiclass" if multiclass else "binary"
+    if likelihood not in {"ordinal": ("ordinal",), "multiclass": ("probit", "robust-max"),
+                          "binary": ("probit", "logistic")}[kind]:
+        raise refuse(f"likelihood: {likelihood!r} is not a likelihood of a {kind} model")
+    return likelihood
+
+
+def _fitted_jitter(header, model, kernel, Z, multiclass, refuse):
+    """The jitter K(Z, Z) is factorised with: the one the fit ended with (the guard may have raised it), checked;
+    files of format version 1 do not hold it: the jitter parameter, raised to the type's floor as the fit did."""
+    jitter = header.get("fitted_jitter")
+    if jitter is None:
+        return B.starting_jitter(model.jitter, Z)
+    if not (_is_number(jitter) and math.isfinite(jitter) and jitter >= 0):
+        raise refuse(f"fitted_jitter: {jitter!r} is not a non-negative number")
+    _check_fitted_jitter(jitter, model, kernel, Z, multiclass, refuse)
+    return jitter
+
+
+def _posterior_from_file(kernel, Z, L_C, h, jitter, n_classes, refuse):
+    """q from a model file's arrays at its kernel and jitter (``n_classes``: a multiclass model's, one q a class;
+    None: one q); inducing points at which the kernel gives no covariance matrix are refused."""
+    try:
+        if n_classes is not None:
+            return tuple(Posterior(L_K=prior_cholesky(kernel[c], Z[c, ...], jitter), L_C=L_C[c, ...], h=h[c, ...])
+                         for c in range(n_classes))
+        return Posterior(L_K=prior_cholesky(kernel, Z, jitter), L_C=L_C, h=h)
+    except B.CholeskyError as exc:
+        raise refuse(f"inducing_points: with the kernel they give no covariance matrix ({exc})") from None
 
 
 def _check_fitted_jitter(jitter, model, kernel, Z, multiclass, refuse):
