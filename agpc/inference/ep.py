@@ -237,21 +237,9 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
     xp = array_namespace(Z)
     marg = marginals(kernel, X, Z, post, A=A, Knm=Knm)
     own_sites = site_precision is not None
-    held = None
-    if own_sites and anchor is not None:
-        nu, mu = site_precision, site_shift
-        held = sites.held_marginals(post, marg, anchor.directions(X))
-        valid, one_minus, v, a = sites.held_cavity(nu, mu, marg.d, marg.e, marg.prior_var, held.d, held.e, held.cross,
-                                             weights if sample_weights else None)
-    elif own_sites:
-        nu, mu = site_precision, site_shift
-        valid, one_minus, v, a = (sites.weighted_cavity(nu, mu, marg.d, marg.e, marg.prior_var, weights)
-                                  if sample_weights else sites.cavity(nu, mu, marg.d, marg.e, marg.prior_var))
-    else:  # the cavity is ``post``: nothing to remove (the same as ``cavity`` with zero sites, fewer operations)
-        nu = mu = 0.0
-        threshold, slack = sites.cavity_tolerances(marg.d)
-        valid = marg.d <= (1.0 + slack) * marg.prior_var + threshold
-        one_minus, v, a = 1.0, marg.d, marg.e
+    nu, mu = (site_precision, site_shift) if own_sites else (0.0, 0.0)
+    held = sites.held_marginals(post, marg, anchor.directions(X)) if own_sites and anchor is not None else None
+    valid, one_minus, v, a = _block_cavity(marg, nu, mu, held, own_sites, weights if sample_weights else None)
     b = 1.0 + marg.s + v
     likelihood = sites.site_likelihood(kernel)
     site = likelihood.site_terms(y, a, b)
@@ -292,15 +280,34 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
     if want_sums:  # the rows' share of the likelihood factor (for tied / minibatch updates), in u-space
         if upsilon_t is None:
             upsilon_t = post.solve_K(marg.A, trans=True)
-        if own_sites and damping is not None:
-            sums = product_change(upsilon_t, None if held is None else held.omega, nu, mu, new_nu, new_mu, damping,
-                                  weights)
-        else:
-            change_nu, change_mu = (new_nu - nu, new_mu - mu) if own_sites else (new_nu, new_mu)
-            if weights is not None:
-                change_nu, change_mu = change_nu * weights, change_mu * weights
-            sums = ((upsilon_t * change_nu[None, :]) @ upsilon_t.mT, upsilon_t @ change_mu)
+        sums = _block_sums(upsilon_t, held, nu, mu, new_nu, new_mu, own_sites, damping, weights)
     return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads, sums)
+
+
+def _block_cavity(marg, nu, mu, held, own_sites, sample_weights):
+    """``block_pass``'s cavities: (valid, 1 - nu d, v, a) of the rows' sites (nu, mu) removed from q's marginals
+    ``marg``: along the directions they are held along (``held``, minibatch EP), by power EP for ``sample_weights``
+    or as they are; the rows without sites of their own (``own_sites`` False: q is the cavity) remove nothing (the
+    same as ``sites.cavity`` with zero sites, fewer operations)."""
+    if held is not None:
+        return sites.held_cavity(nu, mu, marg.d, marg.e, marg.prior_var, held.d, held.e, held.cross, sample_weights)
+    if own_sites:
+        return (sites.weighted_cavity(nu, mu, marg.d, marg.e, marg.prior_var, sample_weights)
+                if sample_weights is not None else sites.cavity(nu, mu, marg.d, marg.e, marg.prior_var))
+    threshold, slack = sites.cavity_tolerances(marg.d)
+    return marg.d <= (1.0 + slack) * marg.prior_var + threshold, 1.0, marg.d, marg.e
+
+
+def _block_sums(upsilon_t, held, nu, mu, new_nu, new_mu, own_sites, damping, weights):
+    """``block_pass``'s ``sums``: the change of the rows' sites, weighted, as a u-space factor (minibatch EP's
+    damped swap of each row's site along its held and its current direction: ``product_change``)."""
+    if own_sites and damping is not None:
+        return product_change(upsilon_t, None if held is None else held.omega, nu, mu, new_nu, new_mu, damping,
+                              weights)
+    change_nu, change_mu = (new_nu - nu, new_mu - mu) if own_sites else (new_nu, new_mu)
+    if weights is not None:
+        change_nu, change_mu = change_nu * weights, change_mu * weights
+    return (upsilon_t * change_nu[None, :]) @ upsilon_t.mT, upsilon_t @ change_mu
 
 
 def product_change(upsilon, omega, site_precision, site_shift, new_precision, new_shift, damping, weights=None):
