@@ -278,3 +278,38 @@ def test_the_plan_and_state_checks_find_what_they_should(tmp_path):
         "helper takes the estimator", "writes estimator.n_jobs_", "writes model.tf32_"]
     assert sorted(what for _, what in _state_key_reads(source)) == [
         "engine.state['Z']", "state.get('nu')", "trainer.state['kernel']"]
+
+
+MAX_FUNCTION_LINES = 60  # of code, its docstring aside (issue 44)
+MAX_MODULE_LINES = {"inference/training": 900, "inference/engines": 900, "inference/ep": 900}
+
+
+def _long_functions(path, limit=MAX_FUNCTION_LINES):
+    """(line, what) of each function of ``path`` longer than ``limit`` lines, its docstring not counted."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value,
+                                                                                                    str):
+                lines -= first.end_lineno - first.lineno + 1
+            if lines > limit:
+                found.append((node.lineno, f"{node.name}: {lines} lines"))
+    return found
+
+
+def test_no_function_is_longer_than_sixty_lines_and_the_core_modules_stay_readable():
+    report = [f"{path.relative_to(ROOT)}:{line}: {what}" for path in sorted(PACKAGE.rglob("*.py"))
+              for line, what in _long_functions(path)]
+    report += [f"agpc/{name}.py: {count} lines, more than {limit}" for name, limit in MAX_MODULE_LINES.items()
+               if (count := len((PACKAGE / f"{name}.py").read_text().splitlines())) > limit]
+    if report:
+        pytest.fail("split them:\n" + "\n".join(report), pytrace=False)
+
+
+def test_the_length_check_counts_code_not_docstrings(tmp_path):
+    source = tmp_path / "long.py"
+    body = "".join(f"    x{k} = {k}\n" for k in range(59))  # (with its def line: 60 lines, the most allowed)
+    source.write_text(f'def short():\n    """A\n    long\n    docstring."""\n{body}\n\ndef long():\n{body}    return 1\n')
+    assert [what for _, what in _long_functions(source)] == ["long: 61 lines"]

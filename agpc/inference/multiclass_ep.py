@@ -179,6 +179,29 @@ class PairUpdate:
     coef_held: object = None  # (b, C): with ``held``, the coefficient of g'_ic (``sites.held_adjoint_coefficient``)
 
 
+def _pair_cavities(wrong_class, true_class, row_weights, own_sites):
+    """``pair_update``'s cavities: each pair's removes only its own part from each of its two classes (parallel EP),
+    ``wrong_class`` / ``true_class`` (nu, mu, d, e, prior variance, held (d_h, e_h, cross) or None) of the class k
+    and of the row's own class y, with ``row_weights`` (b, 1) by power EP (``own_sites``: q holds w_i copies of a
+    site; SEP / ADF: none); a row of weight 0 has no valid pair. Returns ``sites.cavity``'s four for each part."""
+    nu_k, mu_k, d, e, prior_var, held = wrong_class
+    nu_y, mu_y, d_y, e_y, pv_y, held_y = true_class
+    if held is not None:
+        powers = row_weights if own_sites else None
+        part_k = sites.held_cavity(nu_k, mu_k, d, e, prior_var, *held, powers)
+        part_y = sites.held_cavity(nu_y, mu_y, d_y, e_y, pv_y, *held_y, powers)
+        if row_weights is None:
+            return part_k, part_y
+    elif row_weights is None:
+        return sites.cavity(nu_k, mu_k, d, e, prior_var), sites.cavity(nu_y, mu_y, d_y, e_y, pv_y)
+    else:
+        xp = array_namespace(d)
+        powers = row_weights if own_sites else xp.ones_like(row_weights)  # (SEP / ADF: no copy of a site in q)
+        part_k = sites.weighted_cavity(nu_k, mu_k, d, e, prior_var, powers)
+        part_y = sites.weighted_cavity(nu_y, mu_y, d_y, e_y, pv_y, powers)
+    return (part_k[0] & (row_weights > 0), *part_k[1:]), part_y
+
+
 def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=True, weights=None, own_sites=True,
                 held=None, adf=False):
     """Cavities, moment matching and log Z_q terms of every pair (i, k) of a block of rows, from each class's marginal
@@ -203,25 +226,10 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     nu_k, nu_y = site_precision[:, :C], site_precision[:, C:]
     mu_k, mu_y = site_shift[:, :C], site_shift[:, C:]
     d_y, e_y, pv_y, s_y = (true_class_values(v, onehot) for v in (d, e, prior_var, s))
-    if held is not None:
-        held_y = tuple(true_class_values(v, onehot) for v in held)
-
-    # Each pair's cavity removes only its own part from each of its two classes (parallel EP).
+    held_y = None if held is None else tuple(true_class_values(v, onehot) for v in held)
     row_weights = None if weights is None else weights[:, None]
-    if held is not None:
-        powers = row_weights if own_sites else None
-        valid_k, om_k, v_k, a_k = sites.held_cavity(nu_k, mu_k, d, e, prior_var, *held, powers)
-        valid_y, om_y, v_y, a_y = sites.held_cavity(nu_y, mu_y, d_y, e_y, pv_y, *held_y, powers)
-        if row_weights is not None:
-            valid_k = valid_k & (row_weights > 0)
-    elif weights is None:
-        valid_k, om_k, v_k, a_k = sites.cavity(nu_k, mu_k, d, e, prior_var)
-        valid_y, om_y, v_y, a_y = sites.cavity(nu_y, mu_y, d_y, e_y, pv_y)
-    else:
-        powers = row_weights if own_sites else xp.ones_like(row_weights)  # (SEP / ADF: no copy of a site in q)
-        valid_k, om_k, v_k, a_k = sites.weighted_cavity(nu_k, mu_k, d, e, prior_var, powers)
-        valid_y, om_y, v_y, a_y = sites.weighted_cavity(nu_y, mu_y, d_y, e_y, pv_y, powers)
-        valid_k = valid_k & (row_weights > 0)
+    (valid_k, om_k, v_k, a_k), (valid_y, om_y, v_y, a_y) = _pair_cavities(
+        (nu_k, mu_k, d, e, prior_var, held), (nu_y, mu_y, d_y, e_y, pv_y, held_y), row_weights, own_sites)
     valid = wrong & valid_k & valid_y
     b = s_y + s + v_y + v_k
     diff = a_y - a_k
