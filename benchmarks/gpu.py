@@ -93,7 +93,7 @@ class Step:
 
     def __init__(self, xp, problem, method, batch, block_rows=None):
         from agpc import backend
-        from agpc.inference import training
+        from agpc.inference import engines, training
         from agpc.kernels import RBF
 
         X, y, Z = (xp.asarray(a) for a in problem)
@@ -101,8 +101,9 @@ class Step:
         minibatch = method != "batch-ep"
         self.X, self.y, self.batch, self.minibatch = X, y, batch, minibatch
         jitter = max(JITTER, backend.jitter_floor(Z))  # the estimator's: 1e-6, raised to the floor for Z's type
-        self.trainer = training.Trainer(kernel, Z, method="ep" if method == "batch-ep" else method,
-                                        n_total=X.shape[0], minibatch=minibatch, jitter=jitter, block_rows=block_rows)
+        self.trainer = training.Trainer(engines.make_engine("ep" if method == "batch-ep" else method, kernel, Z,
+                                                            n_total=X.shape[0], minibatch=minibatch, jitter=jitter,
+                                                            block_rows=block_rows))
         self.calls = 0
         # warm-up: the optimiser's state, compiled kernels on a GPU; a step the training loop's guard refused
         # (it raises the jitter or halves the steps and the next one goes on) is not one to time
@@ -306,7 +307,7 @@ def model_table(args):
     from step_cost import step_cost
 
     from agpc.backend import DeviceThroughput
-    from agpc.inference import training
+    from agpc.inference import engines, training
     from agpc.kernels import RBF
 
     table_header(["method", "m", "batch", "dtype", "blocks", "launches", "GFLOP", "MB moved", "launch ms", "device ms",
@@ -320,9 +321,9 @@ def model_table(args):
                             mock = MockCupy(patch)
                             X, y, Z = (mock.put(a) for a in make_problem(m, batch, method, dtype, args.seed))
                             kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=1e-3).for_inputs(X)
-                            trainer = training.Trainer(kernel, Z, method=method, n_total=2 * batch, minibatch=True,
-                                                       jitter=max(JITTER, 100 * m * float(np.finfo(dtype).eps)),
-                                                       block_rows=batch if one_block else None)
+                            trainer = training.Trainer(engines.make_engine(method, kernel, Z, n_total=2 * batch,
+                                minibatch=True, jitter=max(JITTER, 100 * m * float(np.finfo(dtype).eps)),
+                                block_rows=batch if one_block else None))
                             trainer.step(X, y, 0, batch, stepping=True)
                             with mock.xp.counting() as tally:
                                 trainer.step(X, y, batch, 2 * batch, stepping=True)

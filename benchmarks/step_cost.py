@@ -66,6 +66,7 @@ def make_problem(args, package="agpc"):
     GPClassifier = importlib.import_module(f"{package}.classifier").GPClassifier
     make_airline_like = importlib.import_module(f"{package}.datasets").make_airline_like
     training = importlib.import_module(f"{package}.inference.training")
+    engines = importlib.import_module(f"{package}.inference.engines")
     with_default_priors = importlib.import_module(f"{package}.kernels").with_default_priors
 
     X, y = make_airline_like(args.n, random_state=0)
@@ -76,8 +77,8 @@ def make_problem(args, package="agpc"):
     kernel = with_default_priors(kernel, kernel).for_inputs(xp.asarray(X))
 
     def trainer(method):
-        return training.Trainer(kernel, xp.asarray(Z.copy()), method=method, n_total=args.n, minibatch=True,
-                                jitter=1e-6)
+        return training.Trainer(engines.make_engine(method, kernel, xp.asarray(Z.copy()), n_total=args.n,
+                                                    minibatch=True, jitter=1e-6))
 
     return X, y, trainer
 

@@ -40,6 +40,7 @@ def current_counts(controller):
 
 def sep_steps(args, threads, training, controller):
     from agpc import RBF, datasets
+    from agpc.inference import engines
 
     n = max(20 * args.batch, 20000)
     X, y = datasets.make_airline_like(n, random_state=0)
@@ -47,7 +48,7 @@ def sep_steps(args, threads, training, controller):
     rng = np.random.default_rng(0)
     Z = X[rng.choice(n, size=args.m, replace=False)].copy()
     kernel = RBF(lengthscales=[float(np.sqrt(X.shape[1]))] * X.shape[1], amplitude=1.0, noise=1e-3)
-    trainer = training.Trainer(kernel, Z, method="sep", n_total=n, minibatch=True)
+    trainer = training.Trainer(engines.make_engine("sep", kernel, Z, n_total=n, minibatch=True))
     n_batches = n // args.batch
     position = [0]
     seen = {}

@@ -21,7 +21,7 @@ from agpc import GPClassifier
 from agpc import backend as B
 from agpc.cli import main
 from agpc.datasets import make_banana
-from agpc.inference import ep, training
+from agpc.inference import engines, ep, training
 from gpu_tests.test_sync_free_step import BATCH, N_INDUCING, N_ROWS, step_problem
 
 GENERIC_VECDOT_OPERATIONS = ("moveaxis", "conj", "broadcast_arrays")  # array-api-compat's vecdot on CuPy
@@ -156,7 +156,7 @@ def test_a_step_whose_prior_factorisation_fails_silently_on_cupy_is_refused_by_t
     training loop's guard refuses the step (the state stays as it was)."""
     mock = MockCupy(monkeypatch)
     X, y, kernel, Z = step_problem(mock.put)
-    trainer = training.Trainer(kernel, Z, method="sep", n_total=N_ROWS, minibatch=True, jitter=1e-6)
+    trainer = training.Trainer(engines.make_engine("sep", kernel, Z, n_total=N_ROWS, minibatch=True, jitter=1e-6))
     trainer.step(X, y, 0, BATCH, stepping=True)
     Z_before = B.to_numpy(trainer.state["Z"])
     Kmm = B.to_numpy(trainer.state["kernel"].K(trainer.state["Z"])) + 1e-6 * np.eye(N_INDUCING)

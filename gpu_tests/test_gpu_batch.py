@@ -12,7 +12,7 @@ from step_cost import step_cost
 from agpc import GPClassifier
 from agpc import backend as B
 from agpc.batch_size import GPU_STEP_MODEL
-from agpc.inference import training
+from agpc.inference import engines, training
 from agpc.kernels import RBF
 
 # NVIDIA's data sheets: vector FP32 and FP64 Tflop/s, memory TB/s
@@ -37,8 +37,8 @@ def _counted_step(namespace, m, rows, method, put, block_rows=None):
     y_host = np.sign(X_host[:, 0] + 0.3 * rng.normal(size=2 * rows))
     X, y = put(X_host), put(y_host)
     kernel = RBF(lengthscales=[1.0] * 4, amplitude=1.0, noise=0.01).for_inputs(X)
-    trainer = training.Trainer(kernel, put(rng.normal(size=(m, 4))), method=method, n_total=2 * rows, minibatch=True,
-                               jitter=1e-6, block_rows=block_rows)
+    trainer = training.Trainer(engines.make_engine(method, kernel, put(rng.normal(size=(m, 4))), n_total=2 * rows,
+                                                   minibatch=True, jitter=1e-6, block_rows=block_rows))
     trainer.step(X, y, 0, rows, stepping=True)
     with namespace.counting() as tally:
         trainer.step(X, y, rows, 2 * rows, stepping=True)

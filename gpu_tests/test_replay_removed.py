@@ -11,7 +11,7 @@ import pytest
 
 from agpc import GPClassifier
 from agpc.datasets import make_banana
-from agpc.inference import training
+from agpc.inference import engines, training
 
 
 def test_step_replay_warns_that_it_is_deprecated_and_changes_nothing():
@@ -27,7 +27,8 @@ def test_step_replay_warns_that_it_is_deprecated_and_changes_nothing():
 def test_the_replay_module_and_its_training_option_are_gone():
     assert importlib.util.find_spec("agpc.inference.replay") is None
     assert "step_replay" not in inspect.signature(training.train).parameters
-    assert not hasattr(training.Trainer(*_tiny_model(), method="sep", n_total=10, minibatch=True), "replayed")
+    assert not hasattr(training.Trainer(engines.make_engine("sep", *_tiny_model(), n_total=10,
+                                                            minibatch=True)), "replayed")
 
 
 def _tiny_model():

@@ -22,7 +22,7 @@ from cupy_mock import MockCupy
 from cupy_syncs import SYNC_PATHS, counting_syncs
 
 from agpc import backend as B
-from agpc.inference import training
+from agpc.inference import engines, training
 from agpc.kernels import RBF
 
 N_ROWS, N_FEATURES, N_INDUCING, BATCH = 90, 3, 24, 30
@@ -45,7 +45,7 @@ def warmed_up_trainer(put, method):
     """A minibatch trainer after one full step on rows 0:BATCH (the optimiser's state exists, every kernel
     the step launches has been compiled). Returns (trainer, X, y)."""
     X, y, kernel, Z = step_problem(put)
-    trainer = training.Trainer(kernel, Z, method=method, n_total=N_ROWS, minibatch=True, jitter=JITTER)
+    trainer = training.Trainer(engines.make_engine(method, kernel, Z, n_total=N_ROWS, minibatch=True, jitter=JITTER))
     trainer.step(X, y, 0, BATCH, stepping=True)
     return trainer, X, y
 

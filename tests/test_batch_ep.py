@@ -9,7 +9,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from agpc import threads
-from agpc.inference import blocks, ep, training
+from agpc.inference import blocks, engines, ep, training
 from agpc.inference.engines import EPEngine
 from agpc.kernels import RBF, Matern52
 from conftest import to_np, to_xp
@@ -378,7 +378,8 @@ def test_only_the_threads_of_a_pass_call_blas_with_the_lock_released(monkeypatch
     options = dict(jitter=JITTER, block_rows=600, damping=0.5, checked=False, nonnegative_sites=True)
     with threadpool_limits(1):
         one = ep.evaluate(kernel, Z, X, y, nu, mu, **options)
-        trainer = training.Trainer(kernel, Z, method="sep", n_total=X.shape[0], minibatch=True, jitter=JITTER)
+        trainer = training.Trainer(engines.make_engine("sep", kernel, Z, n_total=X.shape[0], minibatch=True,
+                                                       jitter=JITTER))
         trainer.step(X, y, 0, 100, stepping=True)
     assert not used
     monkeypatch.setattr(threads, "pass_workers", lambda: 3)

@@ -16,7 +16,7 @@ distributed = pytest.importorskip("distributed")
 from agpc import GPClassifier, dask_inputs, inputs  # noqa: E402
 from agpc.backend import host_rng  # noqa: E402
 from agpc.datasets import make_banana  # noqa: E402
-from agpc.inference import data_parallel, ep, training  # noqa: E402
+from agpc.inference import data_parallel, engines, ep, training  # noqa: E402
 from agpc.inference.dask_engine import local_cluster, persisted_blocks  # noqa: E402
 from agpc.inference.engines import EngineOptions, EPEngine, make_engine  # noqa: E402
 from agpc.kernels import RBF  # noqa: E402
@@ -487,7 +487,7 @@ def test_a_reverted_step_in_a_shard_keeps_eps_sites_consistent(monkeypatch, tmp_
     out = data_parallel.step_shard(spec, [(0, 0, 0, 3)], {0: (X, y)})
     calls["n"] = 0
     order = data_parallel.chunk_permutation(5, 0, 0, 120)
-    alone = training.Trainer(kernel, Z, method="ep", n_total=120, minibatch=True, jitter=JITTER)
+    alone = training.Trainer(engines.make_engine("ep", kernel, Z, n_total=120, minibatch=True, jitter=JITTER))
     steps = [(0, 40), (40, 80), (80, 120)]
     while steps:
         if alone.step(X[order], y[order], *steps[0], stepping=True,

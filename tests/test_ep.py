@@ -5,7 +5,7 @@ import pytest
 
 from agpc import CholeskyError, GPClassifier, GuardWarning, JitterWarning
 from agpc.datasets import banana_bayes_error, banana_posterior, make_banana
-from agpc.inference import ep, training
+from agpc.inference import engines, ep, training
 from agpc.inference.engines import make_engine
 from agpc.kernels import RBF, Matern52
 from conftest import check_parameter_gradients, to_np, to_xp
@@ -154,7 +154,8 @@ def test_minibatch_ep_revert_restores_sites_updated_in_place(monkeypatch):
     the state before the last good step (sites, kernel, Z), not leave that step's rows half-updated."""
     X, y = binary_toy(60)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
-    trainer = training.Trainer(kernel, X[:5].copy(), method="ep", n_total=60, minibatch=True, jitter=JITTER)
+    trainer = training.Trainer(engines.make_engine("ep", kernel, X[:5].copy(), n_total=60, minibatch=True,
+                                                   jitter=JITTER))
     trainer.step(X, y, 0, 20, stepping=True)
     after_first = {k: np.array(trainer.state[k], copy=True) for k in ("nu", "mu", "Z")}
     lengthscales = np.array(trainer.state["kernel"].params["log_lengthscales"], copy=True)
@@ -270,7 +271,7 @@ def test_a_failed_factorisation_raises_the_jitter_on_the_guards_path(method):
     X, y = binary_toy(60)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
     Z = np.concatenate([X[:4], X[:4]])
-    trainer = training.Trainer(kernel, Z, method=method, n_total=60, minibatch=True, jitter=0.0)
+    trainer = training.Trainer(engines.make_engine(method, kernel, Z, n_total=60, minibatch=True, jitter=0.0))
     message = r"jitter raised: Kmm \(covariance of the inducing points\): the model's jitter from 0.0e\+00 to "
     with pytest.warns(JitterWarning, match=message):
         took, _, log_z = trainer.step(X, y, 0, 20, stepping=True)

@@ -9,7 +9,7 @@ import pytest
 
 from agpc import RBF, CholeskyError, GPClassifier
 from agpc.datasets import make_banana
-from agpc.inference import hooks, training
+from agpc.inference import engines, hooks, training
 
 
 class _ScriptedTrainer:
@@ -207,7 +207,8 @@ def test_step_until_taken_retries_until_the_guard_gives_up():
     X, y = make_banana(60, random_state=5)
     y = y.astype(float) * 2 - 1
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
-    trainer = training.Trainer(kernel, X[:5].copy(), method="sep", n_total=60, minibatch=True, jitter=1e-6)
+    trainer = training.Trainer(engines.make_engine("sep", kernel, X[:5].copy(), n_total=60, minibatch=True,
+                                                   jitter=1e-6))
     change, log_z = trainer.step_until_taken(X, y, 0, 20, stepping=True)
     assert trainer.n_steps == 1 and np.isfinite(log_z)
 

@@ -12,7 +12,7 @@ import pytest
 from scipy.special import log_ndtr
 
 from agpc import GPClassifier, GuardWarning
-from agpc.inference import ep, guard, multiclass_ep, sites, training
+from agpc.inference import engines, ep, guard, multiclass_ep, sites, training
 from agpc.kernels import RBF, ClassKernels
 from conftest import check_parameter_gradients, to_np, to_xp
 from helpers import binary_toy, three_classes
@@ -178,8 +178,8 @@ def test_minibatch_ep_product_is_the_held_sum_after_every_step():
     or the last rebuild's), formed here by explicit inverses; and every cavity stays proper."""
     X, y = binary_toy(60, seed=3)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
-    trainer = training.Trainer(kernel, X[:6].copy(), method="ep", n_total=60, minibatch=True, jitter=JITTER,
-                               optimizer="adam", learning_rate=0.1)
+    trainer = training.Trainer(engines.make_engine("ep", kernel, X[:6].copy(), n_total=60, minibatch=True,
+                                                   jitter=JITTER, optimizer="adam", learning_rate=0.1))
     held_at = [None] * 60  # (kernel, Z) at which each row's site went into the product (None: still zero)
     rng = np.random.default_rng(0)
     batches = [(lo, lo + 10) for lo in range(0, 60, 10)]
@@ -330,8 +330,8 @@ def test_multiclass_minibatch_ep_product_is_the_held_sum_after_every_step():
     running product equals sum_i t_ic w_ic w_ic^T over each row's total site in the class (``site_totals``) and the
     direction it went in along."""
     X, y, kernels, Z, _, _ = _class_problem(n=45)
-    trainer = training.Trainer(kernels, Z.copy(), method="ep", n_total=45, minibatch=True, jitter=JITTER,
-                               optimizer="adam", learning_rate=0.1)
+    trainer = training.Trainer(engines.make_engine("ep", kernels, Z.copy(), n_total=45, minibatch=True, jitter=JITTER,
+                                                   optimizer="adam", learning_rate=0.1))
     held_at = [None] * 45
     rng = np.random.default_rng(1)
     batches = [(lo, lo + 15) for lo in range(0, 45, 15)]

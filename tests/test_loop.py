@@ -394,8 +394,8 @@ def test_a_step_takes_row_weights_padding_weighs_nothing():
     padded_X = np.concatenate([X[:20], X[40:50]])
     padded_y = np.concatenate([y[:20], y[40:50]])
     weights = np.r_[np.ones(20), np.zeros(10)]
-    plain = training.Trainer(kernel, Z, method="svi", n_total=60, minibatch=True)
-    padded = training.Trainer(kernel, Z, method="svi", n_total=60, minibatch=True)
+    plain = training.Trainer(engines.make_engine("svi", kernel, Z, n_total=60, minibatch=True))
+    padded = training.Trainer(engines.make_engine("svi", kernel, Z, n_total=60, minibatch=True))
     for _ in range(2):
         _, _, log_z = plain.step(X, y, 0, 20, stepping=True)
         _, _, padded_log_z = padded.step(padded_X, padded_y, 0, 30, stepping=True, weights=weights)
@@ -403,7 +403,7 @@ def test_a_step_takes_row_weights_padding_weighs_nothing():
     for key in ("Z", "whitened_mean", "whitened_chol"):
         np.testing.assert_allclose(padded.state[key], plain.state[key], rtol=1e-12, atol=1e-14, err_msg=key)
     for method in ("ep", "vi-jj", "gfitc"):  # batch passes (EP / SEP / ADF minibatches take weights)
-        trainer = training.Trainer(kernel, Z, method=method, n_total=60, minibatch=False)
+        trainer = training.Trainer(engines.make_engine(method, kernel, Z, n_total=60, minibatch=False))
         with pytest.raises(ValueError, match="per-row weights"):
             trainer.step(X, y, 0, 60, stepping=True, weights=np.ones(60))
 
@@ -421,7 +421,8 @@ def test_the_divergence_message_says_what_was_tried_after_a_good_step():
     up, the message counts the halvings it really made (checked against the damping it left)."""
     X, y = _binary(60)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
-    trainer = training.Trainer(kernel, X[:5].copy(), method="sep", n_total=60, minibatch=True, jitter=1e-6)
+    trainer = training.Trainer(engines.make_engine("sep", kernel, X[:5].copy(), n_total=60, minibatch=True,
+                                                   jitter=1e-6))
     took, _, _ = trainer.step(X, y, 0, 20, stepping=True)
     assert took
     damping = trainer.damping
@@ -441,7 +442,8 @@ def test_the_divergence_message_at_the_first_step_says_nothing_was_halved():
     a halving it never made (it used to say "halving did not help (after 1 attempts)")."""
     X, y = _binary(60)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
-    trainer = training.Trainer(kernel, X[:5].copy(), method="ep", n_total=60, minibatch=False, jitter=1e-6)
+    trainer = training.Trainer(engines.make_engine("ep", kernel, X[:5].copy(), n_total=60, minibatch=False,
+                                                   jitter=1e-6))
     damping = trainer.damping
     _failing_from_now_on(trainer)
     with pytest.raises(FloatingPointError, match=r"ep diverged: log Z is not finite at the first step .*"

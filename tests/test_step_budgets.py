@@ -20,7 +20,7 @@ import pytest
 from array_counting import CountingNamespace, check_budget
 
 from agpc.backend import to_numpy
-from agpc.inference import ep, training
+from agpc.inference import engines, ep, training
 from agpc.kernels import RBF
 
 # ---------------------------------------------------------------------------------------------------
@@ -121,8 +121,8 @@ def minibatch_step(xp, method):
     estimate, inducing points after the step)."""
     X, y, kernel, Z = _problem(xp)
     anchored = method == "ep_anchored"
-    trainer = training.Trainer(kernel, Z, method="ep" if anchored else method, n_total=N_ROWS, minibatch=True,
-                               jitter=JITTER)
+    trainer = training.Trainer(engines.make_engine("ep" if anchored else method, kernel, Z, n_total=N_ROWS,
+                                                   minibatch=True, jitter=JITTER))
     trainer.step(X, y, 0, ROWS, stepping=True)
     if anchored:
         trainer.rebuild_factor(X, y)
@@ -150,8 +150,8 @@ def batch_ep_step(xp):
     """One batch EP iteration of the training loop (``Trainer.step`` in batch mode, row blocks of 30,
     Rprop), after one warm-up iteration: ``ep.evaluate`` plus the loop's own reads and the step."""
     X, y, kernel, Z = _problem(xp)
-    trainer = training.Trainer(kernel, Z, method="ep", n_total=N_ROWS, minibatch=False, jitter=JITTER,
-                               block_rows=ROWS)
+    trainer = training.Trainer(engines.make_engine("ep", kernel, Z, n_total=N_ROWS, minibatch=False, jitter=JITTER,
+                                                   block_rows=ROWS))
     trainer.step(X, y, 0, N_ROWS, stepping=True)
     with _window(xp) as tally:
         _, _, log_z = trainer.step(X, y, 0, N_ROWS, stepping=True)
@@ -162,7 +162,7 @@ def svi_step(xp, monkeypatch):
     """One SVI minibatch step of the training loop (``Trainer.step``, minibatches of 30, Adam), after one
     warm-up step. Returns (tally or None, log Z (the bound's estimate), inducing points after the step)."""
     X, y, kernel, Z = _problem(xp)
-    trainer = training.Trainer(kernel, Z, method="svi", n_total=N_ROWS, minibatch=True, jitter=JITTER)
+    trainer = training.Trainer(engines.make_engine("svi", kernel, Z, n_total=N_ROWS, minibatch=True, jitter=JITTER))
     trainer.step(X, y, 0, ROWS, stepping=True)
     with _window(xp) as tally:
         _, _, log_z = trainer.step(X, y, ROWS, 2 * ROWS, stepping=True)
@@ -187,8 +187,8 @@ def numpy_step(method):
     X, y = np_xp.asarray(X_host), np_xp.asarray(y_host)
     kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=0.01).for_inputs(X)
     anchored = method == "ep_anchored"  # (as ``minibatch_step``)
-    trainer = training.Trainer(kernel, X[:N_INDUCING, ...], method="ep" if anchored else method, n_total=N_ROWS,
-                               minibatch=True, jitter=JITTER)
+    trainer = training.Trainer(engines.make_engine("ep" if anchored else method, kernel, X[:N_INDUCING, ...],
+                                                   n_total=N_ROWS, minibatch=True, jitter=JITTER))
     trainer.step(X, y, 0, ROWS, stepping=True)
     if anchored:
         trainer.rebuild_factor(X, y)

@@ -83,19 +83,19 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
                                          settable=("state", "n_total"))):
     """The state of a training run and one guarded step of it; ``train`` and ``partial_fit`` drive it.
 
-    ``engine``: an ``engines.Engine``; or, for a built-in one, a kernel with ``Z`` and ``engines.make_engine``'s
-    keywords (``method=``, ``n_total=``, ``minibatch=``, options by name). ``minibatch``: the loop's schedule
-    (default: the engine's). A step evaluates the rows it is given at
-    the current state and commits the engine's update. A non-finite log Z or a failed Cholesky puts back the state
+    ``engine``: an ``engines.Engine`` (a built-in one: ``engines.make_engine``; a registered method's:
+    ``Method.make_engine``). ``minibatch``: the loop's schedule (default: the engine's). A step evaluates the rows it
+    is given at the current state and commits the engine's update. A non-finite log Z or a failed Cholesky puts back the state
     before the last good step and halves damping and step sizes, again on each failure in a row (or, when the
     inducing points' prior covariance no longer factorises, raises the jitter, reported as a ``JitterWarning``);
     ``step_until_taken`` retries until a step is taken. The engine's state and settings are seen as the trainer's
     (``engines.forwarding``). Trainers pickle (``partial_fit`` models keep one).
     """
 
-    def __init__(self, engine, Z=None, *, minibatch=None, **built_in):
-        if not isinstance(engine, Engine):  # (kernel, Z, method=..., ...): the built-in engine of that method
-            engine = make_engine(built_in.pop("method"), engine, Z, minibatch=minibatch, **built_in)
+    def __init__(self, engine, *, minibatch=None):
+        if not isinstance(engine, Engine):
+            raise TypeError(f"Trainer drives an engine (agpc.inference.engines.Engine; a built-in one: "
+                            f"engines.make_engine), not a {type(engine).__name__}")
         self.engine = engine
         # the loop's schedule (the engine's own steps may be minibatch steps in a loop of batch steps: rounds of
         # data-parallel minibatch steps on rows fewer than a round takes)
