@@ -291,13 +291,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         started = time.perf_counter()  # max_time covers the whole fit, from here
         groups, target_xp, plan = self._check_params()  # before anything reads them (the BLAS scope reads the sizes)
         n_rows, n_features = I.rows_and_features(X, y)
+        I.check_fit_paths(plan, X, y, resume, stacklevel=3)  # (a bad path must not cost the fit)
         steps = plan.steps(n_rows)  # (the rows a step takes, resolved once)
         with placement.blas_scope(plan, steps, n_features), B.jitter_report("GPClassifier.fit"):
             return self._fit(plan, steps, X, y, groups, target_xp, validation_data, resume, started, sample_weight)
 
     def _fit(self, plan, steps, X, y, groups, target_xp, validation_data, resume, started, sample_weight=None):
         """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop."""
-        I.check_fit_paths(plan, X, y, resume)
         self.__dict__.pop("_trainer", None)
         with placement.Placement(plan, steps, X) as place:
             inputs, order, y, validation_data = O.ranked_inputs(plan, place, X, y, target_xp, validation_data)
