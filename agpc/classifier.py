@@ -275,10 +275,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                           "graph; every step runs eagerly", FutureWarning, stacklevel=3)
         return _OPTIMIZE_GROUPS.chosen(self.optimize), B.resolve_backend(self.backend), plan
 
-    def _plan(self, n_features=None):
-        """The ``plan.FitPlan`` of this estimator's parameters, which every helper of a fit reads in its place
-        (``n_features``: the feature count of the fitted model a call continues)."""
-        return FitPlan.of(type(self).__name__, self.get_params(deep=False), n_features=n_features)
+    def _plan(self):
+        """The ``plan.FitPlan`` of this estimator's parameters, which every helper of a fit reads in its place."""
+        return FitPlan.of(type(self).__name__, self.get_params(deep=False))
 
     # -- fitting ---------------------------------------------------------------------------------
 
