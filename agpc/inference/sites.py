@@ -46,16 +46,30 @@ def cavity(site_precision, site_shift, d, e, prior_var):
     positive and, since every site precision is non-negative, no wider than the prior's. Both hold
     whenever q and the sites agree; they fail when a site stored in a u-space factor (minibatch EP) was
     computed under older hyper-parameters."""
-    xp = array_namespace(d)
     threshold, slack = cavity_tolerances(d)
     nu, mu = site_precision, site_shift
-    one_minus = 1.0 - nu * d
-    valid = one_minus > threshold
-    one_minus = xp.where(valid, one_minus, 1.0)
+    valid, one_minus = _removable(nu, d, threshold)
     valid = valid & (d <= (1.0 + slack) * prior_var * one_minus + threshold)
     v = d / one_minus  # cavity variance of g_i
     a = (e - mu * d) / one_minus  # cavity mean of g_i: v (e/d - mu), without dividing by d
     return valid, one_minus, v, a
+
+
+def _removable(nu, d, threshold):
+    """(valid, 1 - nu d) of removing sites of precision nu from q's variance d along their direction: valid where
+    1 - nu d exceeds ``threshold`` (the cavity's variance is then positive); 1 where it does not, so that the
+    divisions by it that follow stay finite."""
+    xp = array_namespace(d)
+    one_minus = 1.0 - nu * d
+    valid = one_minus > threshold
+    return valid, xp.where(valid, one_minus, 1.0)
+
+
+def _prior_bound(prior_var, weights):
+    """The widest a cavity may be under power EP (``weighted_cavity``): the prior's variance for rows of weight
+    at least 1, none (infinite) below, where removing one copy of a site takes out more than the row's share."""
+    xp = array_namespace(prior_var)
+    return xp.where(weights >= 1.0, prior_var, xp.full_like(prior_var, xp.inf))
 
 
 def weighted_cavity(site_precision, site_shift, d, e, prior_var, weights):
@@ -64,9 +78,7 @@ def weighted_cavity(site_precision, site_shift, d, e, prior_var, weights):
     of q, and the cavity may be wider than the prior (only a non-positive variance is invalid there). A row of
     weight 0 is not in the model: its cavity is invalid (no update, no term, and not counted as a failure:
     ``counted_invalid``). Returns ``cavity``'s (valid, 1 - nu d, v, a)."""
-    xp = array_namespace(d)
-    bound = xp.where(weights >= 1.0, prior_var, xp.full_like(prior_var, xp.inf))
-    valid, one_minus, v, a = cavity(site_precision, site_shift, d, e, bound)
+    valid, one_minus, v, a = cavity(site_precision, site_shift, d, e, _prior_bound(prior_var, weights))
     return valid & (weights > 0), one_minus, v, a
 
 
@@ -111,14 +123,11 @@ def held_cavity(site_precision, site_shift, d, e, prior_var, d_h, e_h, cross, we
     holds the site along omega, 1 - nu d_h > 0 and v <= the prior's variance in exact arithmetic: the checks are
     ``cavity``'s (the prior's bound dropped for weights below 1, as ``weighted_cavity``). Returns (valid,
     1 - nu d_h, v, a)."""
-    xp = array_namespace(d)
     threshold, slack = cavity_tolerances(d)
     nu, mu = site_precision, site_shift
-    one_minus = 1.0 - nu * d_h
-    valid = one_minus > threshold
-    one_minus = xp.where(valid, one_minus, 1.0)
+    valid, one_minus = _removable(nu, d_h, threshold)
     spread = nu * cross * cross
-    bound = prior_var if weights is None else xp.where(weights >= 1.0, prior_var, xp.full_like(prior_var, xp.inf))
+    bound = prior_var if weights is None else _prior_bound(prior_var, weights)
     valid = valid & (d * one_minus + spread <= (1.0 + slack) * bound * one_minus + threshold)
     if weights is not None:
         valid = valid & (weights > 0)
