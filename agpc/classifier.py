@@ -87,9 +87,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         early stopping.
     inducing : "kmeans", "random" or array of shape (m, d)
         Initial inducing points.
-    likelihood : None, "probit", "logistic" or "ordinal"
+    likelihood : None, "probit", "logistic", "ordinal" or a registered likelihood's name
         EP methods: probit; "svi": either (default probit); ``vi-*``: logistic. "ordinal" (EP, SEP, ADF, SVI): ordered
-        classes, one latent GP and learned cut points (Chu & Ghahramani 2005; docs/ordinal.md).
+        classes, one latent GP and learned cut points (Chu & Ghahramani 2005; docs/ordinal.md). A binary likelihood
+        of one's own (``agpc.likelihoods.register_likelihood``) is trained by EP, SEP and ADF where it has EP's site
+        terms, by SVI where it has a log density (docs/likelihoods.md).
     n_quadrature : int, default=20
         Gauss-Hermite nodes for SVI's expected log-likelihood and logistic predictions.
     optimize : True, False or a tuple of "kernel" / "inducing"
@@ -169,7 +171,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     inducing_points_ : array of shape (m, d), or (C, m, d) for C classes
         The learned inducing points (the training rows for the exact model), in the array type of the fit.
     likelihood_ : str
-        The likelihood trained ("probit", "logistic", "robust-max" or "ordinal").
+        The likelihood trained ("probit", "logistic", "robust-max", "ordinal" or a registered one's name).
     log_marginal_likelihood_ : float
         The method's objective at the end of training: EP's log Z_q, or the evidence lower bound.
     history_ : dict of lists
@@ -332,7 +334,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                                             and placed.batch_size < n)
             result, self.ard_ = size_rule.learn_lengthscales(
                 size_rule.ard_plan(plan, size, inputs.X.shape[1]), inputs.X.shape[1], kernel,
-                lambda start, shared, first, stage: self._train(placed, start, Z, classes, groups, rng,
+                lambda start, shared, first, stage: self._train(plan, placed, start, Z, classes, groups, rng,
                                                                 resume and first, validation, started, data_hash,
                                                                 plateau, tied=shared, stage=stage))
         return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume))
@@ -361,13 +363,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     _default_kernel = staticmethod(I.default_kernel)  # the kernel ``kernel=None`` starts from
 
-    def _train(self, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau,
+    def _train(self, plan, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau,
                tied=False, stage=""):
         """The one training loop (``training.train``) on the ``placement.PlacedRows`` with this estimator's
         settings for its method: its engine (its passes where ``placed`` runs them, or ``placed.rounds``'s round
         engine) and the loop's settings and hooks, built here and only here."""
-        spec = M.get_method(self.method)
-        self.likelihood_ = spec.likelihood_for(self.likelihood, len(classes))
+        spec = plan.spec
+        self.likelihood_ = plan.likelihood_name(len(classes))
         settings = training.TrainSettings(
             batch_size=placed.batch_size, max_iter=int(self.max_iter), tol=float(self.tol), max_time=self.max_time,
             random_state=rng, shuffle=bool(self.shuffle), eval_every=self.eval_every,
@@ -380,7 +382,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             block_rows=self.block_rows if placed.block_rows is None else placed.block_rows,
             damping=None if self.damping is None else float(self.damping), optimizer=self.optimizer,
             learning_rate=self.learning_rate,
-            likelihood=self.likelihood_ if len(classes) <= 2 or self.likelihood_ == M.ORDINAL else None,
+            likelihood=plan.engine_likelihood(len(classes)),
             n_quadrature=int(self.n_quadrature), tol=float(self.tol), shared_lengthscales=tied,
         )
         settings, options = training.with_overrides(settings, options,
@@ -453,7 +455,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 kernel = O.start_kernel(plan, kernel, y, len(order), inputs, weights, start)
             self._rows_seen = 0
             self._trainer = S.stream_trainer(plan, kernel, Z, n_total or rows, groups,
-                                             B.starting_jitter(self.jitter, Z))
+                                             B.starting_jitter(self.jitter, Z), n_classes=len(self.classes_))
         elif not live:  # fit records its rows on the model, partial_fit in the history
             self._trainer, self._rows_seen = S.trainer_from_fitted(plan, self.fitted_state(), groups, n_total, rows,
                                                                    getattr(self, "_rows_seen", None))
@@ -462,7 +464,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         trainer.n_total = n_total or self._rows_seen
         post, log_z = S.step(trainer, Xc, y_pm, self._rows_seen)
         state = trainer.state
-        self.likelihood_ = M.get_method(self.method).likelihood_for(self.likelihood, len(self.classes_))
+        self.likelihood_ = plan.likelihood_name(len(self.classes_))
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
                          trainer.engine.jitter)
         # the history goes on from a fit's (or a loaded model's): its warm-up sweeps stay among n_iter_ (a stream of

@@ -267,6 +267,9 @@ def check_classes(plan, found, classes=None):
     if classes.shape[0] > 2 and not method.supports("multiclass"):
         raise ValueError(f"y has {classes.shape[0]} classes but method={method.name!r} is binary only: the multiclass "
                          f"model is trained by {list(methods_supporting('multiclass'))}")
+    if classes.shape[0] > 2 and plan.likelihood is not None and plan.likelihood not in method.likelihoods:
+        raise ValueError(f"y has {classes.shape[0]} classes but likelihood={plan.likelihood!r} is a registered binary "
+                         f"likelihood: multiclass {method.name} trains its own; leave likelihood=None")
     if classes.shape[0] > 2 and method.multiclass_likelihood is not None and plan.likelihood is not None:
         raise ValueError(f"multiclass {method.name} uses the {method.multiclass_likelihood} likelihood; leave "
                          f"likelihood=None, got {plan.likelihood!r}")

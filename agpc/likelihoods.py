@@ -16,7 +16,10 @@
 
 Every expectation under a Gaussian goes through :class:`NormalQuadrature` (E_{N(f | m, s^2)} g(f) ~
 sum_k w_k g(m + sqrt(2) s x_k) with Gauss-Hermite nodes x_k and weights w_k / sqrt(pi)).
-``LIKELIHOODS`` names them (model files and the estimator store the name, never code).
+``LIKELIHOODS`` names them (model files and the estimator store the name, never code); a likelihood of one's own
+joins them by :func:`register_likelihood` (docs/likelihoods.md): a binary one with EP's ``site_terms`` is then
+trained by the EP methods, one with a ``log_density`` by SVI, and prediction, uncertainty and the model file take it
+by its name.
 :func:`negative_log_likelihood` is the test NLL that every score of agpc reports.
 """
 
@@ -41,6 +44,10 @@ __all__ = [
     "LOGISTIC",
     "ROBUST_MAX",
     "LIKELIHOODS",
+    "ORDINAL_LIKELIHOOD",
+    "register_likelihood",
+    "registered_likelihood",
+    "unregister_likelihood",
     "likelihood_by_name",
     "argmax_log_proba",
     "negative_log_likelihood",
@@ -118,14 +125,53 @@ class SiteTerms(NamedTuple):
 
 
 class Likelihood:
-    """What a likelihood offers the inference code. Binary likelihoods take y in {-1, +1} and define
-    ``log_density(y, f)`` (value and d/df); the expected log density by quadrature is then shared."""
+    """What a likelihood offers the inference code, prediction and uncertainty (GPflow's split of a likelihood from
+    the model it is part of, on agpc's own base class). Binary likelihoods take y in {-1, +1} and define
+    ``log_density(y, f)`` (value and d/df); the expected log density (SVI), the predictive and the class
+    probabilities by quadrature are then shared. ``site_terms`` (EP's tilted moments) is what the EP methods take of
+    it: a likelihood that defines it is trained by them (``has_site_terms``)."""
 
     name = "likelihood"
     multiclass = False
+    # |f| beyond which the entropy of p(y | f) is below round-off (``uncertainty.binary_expected_entropy``
+    # integrates no further); infinite for a likelihood whose p(y | f) stays away from 0 and 1
+    entropy_reach = math.inf
+    # whether the most probable class is the sign of the latent mean, as for a likelihood p(y | f) = g(y f) with g
+    # increasing and g(t) + g(-t) = 1 under a Gaussian q(f) (``prediction.most_probable_labels`` then forms no
+    # probabilities); False: the probabilities decide
+    sign_decides = False
 
     def log_density(self, y, f):
         raise NotImplementedError
+
+    def class_log_densities(self, f):
+        """(log p(y = +1 | f), log p(y = -1 | f)) at latent values ``f`` (any shape)."""
+        ones = array_namespace(f).ones_like(f)
+        return self.log_density(ones, f)[0], self.log_density(-ones, f)[0]
+
+    def site_terms(self, y, mean, variance):
+        """``SiteTerms`` of the tilted distribution p(y | f) N(f | mean, variance - 1) (``variance``: the total b of
+        Hernandez-Lobato & Hernandez-Lobato (2016), eq. 17, the likelihood's own unit noise included), per row."""
+        raise NotImplementedError(f"the {self.name!r} likelihood has no EP site terms")
+
+    @property
+    def has_site_terms(self):
+        """Whether the EP methods can train it: it defines ``site_terms``."""
+        return type(self).site_terms is not Likelihood.site_terms
+
+    @property
+    def has_log_density(self):
+        """Whether SVI can train it: it defines ``log_density``."""
+        return type(self).log_density is not Likelihood.log_density
+
+    def at(self, kernel):
+        """The likelihood as a model with ``kernel`` has it: itself, unless its parameters are the kernel's (the
+        ordinal's cut points, ``Ordinal.at``). A kernel that carries cut points is an ordinal model's: with another
+        likelihood its cut points would be trained as nothing, silently; one ValueError instead."""
+        if getattr(kernel, "cut_points", None) is not None:
+            raise ValueError(f"the kernel carries ordinal cut points: it is an ordinal model's, not a {self.name!r} "
+                             "one's (pass likelihood=agpc.likelihoods.ORDINAL_LIKELIHOOD)")
+        return self
 
     def expected_log_density(self, y, mean, var, n_quadrature=20):
         """E_{N(f | mean, var)} log p(y | f) by Gauss-Hermite, and its derivatives in mean and var.
@@ -144,8 +190,25 @@ class Likelihood:
         return expected, d_mean, d_sd / (2.0 * sd)
 
     def predictive_log_proba(self, mean, var, n_quadrature=20):
-        """log p(y = +1 | x) and log p(y = -1 | x) for f ~ N(mean, var)."""
-        raise NotImplementedError
+        """log p(y = +1 | x) and log p(y = -1 | x) for f ~ N(mean, var): by Gauss-Hermite, in log space (log
+        sum_k w_k p(+-1 | f_k) by log-sum-exp: with a large amplitude every sigma(-f_k) of the logistic underflows to
+        0, and the log of the plain sum was -inf), each sign on its own (not as 1 - p: the small tail stays exact)."""
+        xp = array_namespace(mean, var)
+        quadrature = NormalQuadrature(n_quadrature, mean)
+        f = quadrature.points(mean, xp.sqrt(var))
+        log_weights = xp.log(quadrature.weights)[None, :]
+        log_pos, log_neg = self.class_log_densities(f)
+        return _log_sum_exp(log_pos + log_weights, xp), _log_sum_exp(log_neg + log_weights, xp)
+
+    def class_log_proba(self, mean, var, n_quadrature=20):
+        """log p(class k | x), (n, K), the classes in their order (binary: -1 then +1)."""
+        log_pos, log_neg = self.predictive_log_proba(mean, var, n_quadrature)
+        return array_namespace(mean).stack([log_neg, log_pos], axis=1)
+
+    def class_index(self, y):
+        """The rows' class indices (int64) from the labels as the passes carry them (binary: -1 / +1)."""
+        xp = array_namespace(y)
+        return xp.astype(y > 0.0, xp.int64)
 
     def __repr__(self):
         return f"{type(self).__name__}()"
@@ -155,12 +218,17 @@ class Probit(Likelihood):
     """p(y | f) = Phi(y f)."""
 
     name = "probit"
+    entropy_reach = 9.0  # Phi(-9) ~ 1e-19
+    sign_decides = True
 
     def log_density(self, y, f):
         xp = array_namespace(y, f)
         t = y * f
         value = log_ndtr(t)
         return value, y * xp.exp(log_normal_pdf(t) - value)
+
+    def class_log_densities(self, f):
+        return log_ndtr(f), log_ndtr(-f)
 
     def tilted_moments(self, y, mean, variance):
         """log Z, alpha = d log Z / d mean and gamma = -d^2 log Z / d mean^2 for Phi(y f) N(f | mean, variance - 1).
@@ -193,21 +261,17 @@ class Logistic(Likelihood):
     """p(y | f) = sigma(y f)."""
 
     name = "logistic"
+    entropy_reach = 40.0  # 40 e^-40 ~ 2e-16
+    sign_decides = True
 
     def log_density(self, y, f):
         xp = array_namespace(y, f)
         t = y * f
         return -softplus(-t, xp), y * sigmoid(-t, xp)
 
-    def predictive_log_proba(self, mean, var, n_quadrature=20):
-        """By Gauss-Hermite, in log space: log sum_k w_k sigma(+-f_k) by log-sum-exp (with a large amplitude every
-        sigma(-f_k) underflows to 0 and the log of the sum was -inf, "divide by zero encountered in log"); each
-        sign is taken on its own, not as 1 - p, which keeps the small tail exact."""
-        xp = array_namespace(mean, var)
-        quadrature = NormalQuadrature(n_quadrature, mean)
-        f = quadrature.points(mean, xp.sqrt(var))
-        log_weights = xp.log(quadrature.weights)[None, :]
-        return _log_sum_exp(-softplus(-f, xp) + log_weights, xp), _log_sum_exp(-softplus(f, xp) + log_weights, xp)
+    def class_log_densities(self, f):
+        xp = array_namespace(f)
+        return -softplus(-f, xp), -softplus(f, xp)
 
 
 # Gauss-Hermite nodes of the multiclass predictive: the integrand's probit factors are steep where a rival class's
@@ -417,9 +481,16 @@ class Ordinal(Likelihood):
     where they are the binary encoding -1 / +1 (class 0 / class 1)."""
 
     name = "ordinal"
+    entropy_reach = 9.0  # beyond the outer cut points, as the probit's
 
-    def __init__(self, cut_points):
+    def __init__(self, cut_points=None):
+        # None: the registered ``ORDINAL_LIKELIHOOD``, whose cut points a model's kernel holds
         self.cut_points = cut_points
+
+    def at(self, kernel):
+        """The ordinal likelihood at ``kernel``'s cut points (``kernels.OrdinalKernel`` carries them, so that the
+        hyper-parameter step, the checkpoints and the model file treat them as they treat the kernel's parameters)."""
+        return Ordinal(kernel.cut_points)
 
     @property
     def n_classes(self):
@@ -508,7 +579,7 @@ class Ordinal(Likelihood):
     def expected_log_density(self, y, mean, var, n_quadrature=20):
         return self.expected_log_density_with_cuts(y, mean, var, n_quadrature)[:3]
 
-    def class_log_proba(self, mean, var):
+    def class_log_proba(self, mean, var, n_quadrature=None):
         """log p(y = k | x), (n, K), for f ~ N(mean, var): Chu & Ghahramani (2005)'s predictive, closed form,
         log(Phi((b_{k+1} - mean) / sqrt(1 + var)) - Phi((b_k - mean) / sqrt(1 + var)))."""
         xp = array_namespace(mean)
@@ -525,17 +596,64 @@ class Ordinal(Likelihood):
 
 
 PROBIT, LOGISTIC, ROBUST_MAX = Probit(), Logistic(), RobustMax()
-LIKELIHOODS = {lik.name: lik for lik in (PROBIT, LOGISTIC, ROBUST_MAX)}
+ORDINAL_LIKELIHOOD = Ordinal()  # its cut points are those of the model's kernel: ``Ordinal.at``
+_BUILT_IN = {lik.name: lik for lik in (PROBIT, LOGISTIC, ROBUST_MAX, ORDINAL_LIKELIHOOD)}
+LIKELIHOODS = dict(_BUILT_IN)
+"""The likelihoods by name: the built-in ones and those added by ``register_likelihood``."""
+
+
+def register_likelihood(likelihood, *, replace=False):
+    """Add ``likelihood`` (an instance of a ``Likelihood`` subclass, binary, with a ``name`` of its own) to the
+    likelihoods agpc knows by name: ``GPClassifier(likelihood=likelihood.name)`` is then accepted by the methods that
+    can train it (the EP methods where it has ``site_terms``, SVI where it has a ``log_density``:
+    ``agpc.methods.Method.registered_likelihoods``), and prediction, ``predict_uncertainty``, checkpoints and the
+    model file take it by that name (a model file stores the name only: it must be registered again before such a
+    file is loaded). A name already registered is refused unless ``replace`` (never a built-in one). Returns it."""
+    if not isinstance(likelihood, Likelihood):
+        raise TypeError(f"register_likelihood takes an agpc.likelihoods.Likelihood, got {type(likelihood).__name__}")
+    name = getattr(likelihood, "name", None)
+    if not isinstance(name, str) or not name or name == Likelihood.name or not name.isprintable():
+        raise ValueError(f"a registered likelihood needs a printable name of its own, got {name!r}")
+    if name in _BUILT_IN:
+        raise ValueError(f"likelihood {name!r} is built in and cannot be replaced")
+    if name in LIKELIHOODS and not replace:
+        raise ValueError(f"likelihood {name!r} is registered already (pass replace=True to replace it)")
+    if likelihood.multiclass:
+        raise ValueError(f"likelihood {name!r}: only binary likelihoods can be registered (multiclass models have "
+                         "their own: the multiclass probit of EP, the robust max of SVI)")
+    if not (likelihood.has_site_terms or likelihood.has_log_density):
+        raise ValueError(f"likelihood {name!r} defines neither site_terms (EP) nor log_density (SVI): no method "
+                         "could train it")
+    LIKELIHOODS[name] = likelihood
+    return likelihood
+
+
+def registered_likelihood(name):
+    """The likelihood ``register_likelihood`` added as ``name``, or None (a built-in name, or one not registered)."""
+    if not isinstance(name, str) or name in _BUILT_IN:
+        return None
+    return LIKELIHOODS.get(name)
+
+
+def unregister_likelihood(name):
+    """Remove the likelihood registered as ``name`` (not a built-in one)."""
+    if name in _BUILT_IN:
+        raise ValueError(f"likelihood {name!r} is built in and cannot be unregistered")
+    likelihood_by_name(name)
+    del LIKELIHOODS[name]
 
 
 def likelihood_by_name(name, *, multiclass=None):
-    """The likelihood called ``name`` (a :class:`Likelihood` passes through); ``multiclass`` True / False refuses
-    one of the other kind. One ValueError naming the choices otherwise."""
-    if isinstance(name, Likelihood):
-        likelihood = name
-    else:
-        likelihood = LIKELIHOODS.get(name) if isinstance(name, str) else None
+    """The likelihood called ``name`` (a :class:`Likelihood` passes through: an engine's options carry the object, so
+    that a process that did not register it trains it too); ``multiclass`` True / False refuses one of the other kind.
+    One ValueError naming the choices otherwise."""
     choices = tuple(n for n, lik in LIKELIHOODS.items() if multiclass is None or lik.multiclass == multiclass)
+    if isinstance(name, Likelihood):
+        if multiclass is not None and name.multiclass != multiclass:
+            raise ValueError(f"likelihood {name.name!r} is {'' if name.multiclass else 'not '}multiclass: use one of "
+                             f"{choices}")
+        return name
+    likelihood = LIKELIHOODS.get(name) if isinstance(name, str) else None
     if likelihood is None or likelihood.name not in choices:
         raise ValueError(f"unknown likelihood {name!r}: use one of {choices}")
     return likelihood

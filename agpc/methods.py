@@ -32,6 +32,7 @@ from types import MappingProxyType
 from .inference import exact_ep
 from .inference.engines import ENGINES
 from .inference.training import setting_names
+from .likelihoods import LIKELIHOODS, registered_likelihood
 
 __all__ = [
     "Method",
@@ -93,7 +94,10 @@ class Method:
         minibatch=, options=, passes=None)`` (``options``: an ``agpc.inference.engines.EngineOptions``) and returning
         an ``agpc.inference.engines.Engine``.
     likelihoods : tuple of str
-        The likelihoods ``likelihood=`` may name for it; the first is the default (``likelihood=None``).
+        The built-in likelihoods ``likelihood=`` may name for it; the first is the default (``likelihood=None``).
+    registered_likelihoods : str or None
+        Which likelihoods added by ``agpc.likelihoods.register_likelihood`` it also trains (binary data): those with
+        EP's site terms ("site_terms": the EP methods), those with a log density ("log_density": SVI), or none (None).
     capabilities : set of str
         Of ``CAPABILITIES``.
     multiclass_likelihood : str or None
@@ -122,6 +126,7 @@ class Method:
     family: str
     engine: str | Callable
     likelihoods: tuple = ("probit",)
+    registered_likelihoods: str | None = None
     capabilities: frozenset = frozenset()
     multiclass_likelihood: str | None = None
     likelihood_reason: str = ""
@@ -141,6 +146,9 @@ class Method:
         if not likelihoods:
             raise ValueError(f"method {self.name!r}: it takes at least one likelihood")
         object.__setattr__(self, "likelihoods", likelihoods)
+        if self.registered_likelihoods not in REGISTERED_LIKELIHOOD_KINDS:
+            raise ValueError(f"method {self.name!r}: registered_likelihoods must be one of "
+                             f"{list(REGISTERED_LIKELIHOOD_KINDS)}, got {self.registered_likelihoods!r}")
         capabilities = frozenset(self.capabilities)
         unknown = sorted(capabilities - set(CAPABILITIES)) + sorted(set(self.remarks) - set(CAPABILITIES))
         if unknown:
@@ -154,6 +162,15 @@ class Method:
         if capability not in CAPABILITIES:
             raise ValueError(f"unknown capability {capability!r}: use one of {list(CAPABILITIES)}")
         return capability in self.capabilities
+
+    def takes_likelihood(self, name):
+        """Whether ``likelihood=name`` is one this method trains: a built-in one it lists, or a registered one of the
+        kind it takes (``registered_likelihoods``)."""
+        if name in self.likelihoods:
+            return True
+        registered = registered_likelihood(name)
+        kind = REGISTERED_LIKELIHOOD_KINDS.get(self.registered_likelihoods)
+        return registered is not None and kind is not None and getattr(registered, kind)
 
     def likelihood_for(self, likelihood, n_classes):
         """The likelihood a model of ``n_classes`` classes has with ``likelihood=`` (None: the default)."""
@@ -193,6 +210,10 @@ class Method:
         return self.refusals.get(capability, default)
 
 
+REGISTERED_LIKELIHOOD_KINDS = MappingProxyType({None: None, "site_terms": "has_site_terms",
+                                                "log_density": "has_log_density"})
+"""What a method's ``registered_likelihoods`` may be, and the ``Likelihood`` property that says a likelihood has it."""
+
 ORDINAL = "ordinal"
 """The likelihood of ordered classes (Chu & Ghahramani 2005; docs/ordinal.md): one latent GP and learned cut points,
 trained by the binary passes of the methods that list it."""
@@ -215,8 +236,11 @@ def check_method_params(params):
     if spec.check_params is not None:  # the method's own rules between parameters
         spec.check_params(params)
     likelihood = params.get("likelihood")
-    if likelihood is not None and likelihood not in spec.likelihoods:
+    if likelihood is not None and not spec.takes_likelihood(likelihood):
         takes = " or ".join(repr(name) for name in spec.likelihoods)
+        kind = spec.registered_likelihoods
+        if kind is not None:
+            takes += f" (or a registered likelihood with {kind})"
         raise ValueError(f"method={method!r} {spec.likelihood_reason or 'takes ' + takes}: likelihood must be "
                          f"{takes} or None, got {likelihood!r}")
 
@@ -248,6 +272,8 @@ def _check_within_engine(method):
     likelihood or capability beyond it would train one model and predict or save it as another."""
     engine = _REGISTRY[method.engine]
     likelihoods = sorted(set(method.likelihoods) - set(engine.likelihoods))
+    if method.registered_likelihoods not in (None, engine.registered_likelihoods):
+        likelihoods.append(f"registered ones with {method.registered_likelihoods}")
     capabilities = sorted(method.capabilities - engine.capabilities)
     if likelihoods or capabilities:
         raise ValueError(f"method {method.name!r}: its engine {method.engine!r} does not train "
@@ -315,13 +341,16 @@ class RegisteredLikelihood:
 
     @staticmethod
     def names():
-        return tuple(dict.fromkeys(lik for method in _REGISTRY.values() for lik in method.likelihoods))
+        return tuple(dict.fromkeys([*(lik for method in _REGISTRY.values() for lik in method.likelihoods),
+                                    *(name for name in LIKELIHOODS
+                                      if any(method.takes_likelihood(name) for method in _REGISTRY.values()))]))
 
     def accepts(self, value):
         return isinstance(value, str) and value in self.names()
 
     def __str__(self):
-        return "one of " + ", ".join(repr(name) for name in self.names())
+        return ("one of " + ", ".join(repr(name) for name in self.names())
+                + " (or a likelihood added by agpc.likelihoods.register_likelihood)")
 
 
 # -- the built-in methods --------------------------------------------------------------------------------
@@ -360,17 +389,19 @@ _VI_PER_ROW_XI = ("fit on a dask array does not train method {name!r}: it optimi
                   "update, kept on the workers) or an in-memory array")
 _BUILT_IN_METHODS = (
     Method("ep", family="ep", engine="ep", likelihoods=("probit", ORDINAL), likelihood_reason=_EP_PROBIT,
+           registered_likelihoods="site_terms",
            capabilities={"multiclass", "minibatch", "dask_batch", "n_jobs", "sample_weight", "shared_lengthscales",
                          *_ON_DASK, *_EVERYWHERE},
            remarks={"dask": "> 2 classes: batch, or `local_steps=0`", "n_jobs": "binary",
                     "sample_weight": "power EP"}, exact_passes=exact_ep),
     *(Method(name, family="ep", engine=name, likelihoods=("probit", ORDINAL), likelihood_reason=_EP_PROBIT,
+             registered_likelihoods="site_terms",
              capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", "n_jobs", "sample_weight",
                            "shared_lengthscales", *_ON_DASK, *_EVERYWHERE},
              remarks={"sample_weight": "rows counted by weight"})
       for name in ("sep", "adf")),
     Method("svi", family="variational", engine="svi", likelihoods=("probit", "logistic", ORDINAL),
-           multiclass_likelihood="robust-max",
+           multiclass_likelihood="robust-max", registered_likelihoods="log_density",
            capabilities={"multiclass", "minibatch", "n_jobs", "sample_weight", "shared_lengthscales", *_ON_DASK,
                          *_EVERYWHERE},
            remarks={"out_of_core": "a minibatch read at a time", "dask": "minibatches",

@@ -35,6 +35,7 @@ from .checkpoints import HEADER_KEY, atomic_savez, read_archive
 from .inference.posterior import Posterior, prior_cholesky
 from .inference.training import STOP_REASONS
 from .kernels import ORDINAL_KERNEL, PER_DIMENSION, ClassKernels, kernel_from_spec, spec_parameter_table
+from .likelihoods import registered_likelihood
 from .untrusted import RefusedFile, available_memory, describe
 
 FORMAT = "agpc-model"
@@ -652,14 +653,20 @@ def _checked_model_arrays(header, arrays, d, refuse):
 
 
 def _checked_likelihood(header, ordinal, multiclass, refuse):
-    """The model file's likelihood, one a model of its kind has (binary: probit or logistic; multiclass: probit or
+    """The model file's likelihood, one a model of its kind has (binary: probit, logistic or one registered by
+    ``likelihoods.register_likelihood``, looked up by its name: the file holds no code; multiclass: probit or
     robust-max; ordinal: ordinal)."""
     likelihood = header.get("likelihood", "probit")
     kind = "ordinal" if ordinal else "multiclass" if multiclass else "binary"
-    if likelihood not in {"ordinal": ("ordinal",), "multiclass": ("probit", "robust-max"),
-                          "binary": ("probit", "logistic")}[kind]:
-        raise refuse(f"likelihood: {likelihood!r} is not a likelihood of a {kind} model")
-    return likelihood
+    if likelihood in {"ordinal": ("ordinal",), "multiclass": ("probit", "robust-max"),
+                      "binary": ("probit", "logistic")}[kind]:
+        return likelihood
+    if kind == "binary" and isinstance(likelihood, str) and registered_likelihood(likelihood) is not None:
+        return likelihood
+    if kind == "binary" and isinstance(likelihood, str) and likelihood.isprintable() and len(likelihood) <= 100:
+        raise refuse(f"likelihood: {likelihood!r} is not a built-in likelihood and none of that name is registered "
+                     "(agpc.likelihoods.register_likelihood it before loading the file)")
+    raise refuse(f"likelihood: {likelihood!r} is not a likelihood of a {kind} model")
 
 
 def _fitted_jitter(header, model, kernel, Z, multiclass, refuse):

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from . import validation as V
 from .batch_size import rows_per_step
+from .likelihoods import likelihood_by_name
 from .methods import ORDINAL, Method, asks_shared_lengthscales, get_method
 
 __all__ = ["DTYPES", "dtype_name", "FitPlan", "Steps"]
@@ -79,6 +80,7 @@ class FitPlan:
     damping: Any = None
     optimizer: Any = None
     learning_rate: Any = None
+    n_quadrature: int = 20
     n_features: int | None = None  # a fitted model's feature count (partial_fit continuing it)
 
     @classmethod
@@ -114,6 +116,18 @@ class FitPlan:
     def shared_lengthscales(self):
         """Whether ``ard`` asks for one shared lengthscale scale."""
         return asks_shared_lengthscales(self.ard)
+
+    def likelihood_name(self, n_classes):
+        """The name of the likelihood of the plan's model of ``n_classes`` classes (``likelihood_`` of the fit)."""
+        return self.spec.likelihood_for(self.likelihood, n_classes)
+
+    def engine_likelihood(self, n_classes):
+        """The likelihood its engine takes (``EngineOptions.likelihood``): the one latent GP's of a binary or ordinal
+        model (a ``likelihoods.Likelihood``, carried as the object so that worker processes need not have it
+        registered), None for a model with a latent GP a class (its engine's own)."""
+        if n_classes > 2 and not self.ordinal:
+            return None
+        return likelihood_by_name(self.likelihood_name(n_classes), multiclass=False)
 
     def latents(self, n_classes):
         """The latent functions of a model of ``n_classes`` classes, counted as the batch rules count them: two for

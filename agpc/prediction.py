@@ -13,11 +13,11 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from . import backend as B
 from . import inputs as I
 from . import threads
-from .inference import ep, multiclass_ep, multiclass_vi, variational
-from .likelihoods import Ordinal
+from .inference import ep, multiclass_ep, multiclass_vi
+from .likelihoods import ROBUST_MAX, likelihood_by_name
 
 __all__ = ["KERNEL_REACH", "within_reach", "checked_rows", "model_latent", "log_proba_matrix", "latent", "log_proba",
-           "model_log_proba", "ordinal_likelihood", "most_probable_labels", "to_caller", "lazy"]
+           "model_log_proba", "model_likelihood", "most_probable_labels", "to_caller", "lazy"]
 
 # A stationary kernel's profile is exactly 0 beyond this many lengthscales (RBF: exp(-r^2 / 2) underflows past
 # r = 39; Matern 5/2: past r ~ 330).
@@ -117,7 +117,7 @@ def most_probable_labels(model, X):
     """The fitted ``model``'s most probable class of each row of X (in the caller's array type where it holds
     them: numbers). Two classes of a probit or logistic model: the sign of the latent mean (p(+1) > 1/2 exactly
     there), no probabilities formed."""
-    if len(model.classes_) > 2 or model.likelihood_ == "ordinal":
+    if len(model.classes_) > 2 or not model_likelihood(model).sign_decides:
         log_p, in_xp, device = log_proba_matrix(model, X)
         index = B.to_numpy(B.array_namespace(log_p).argmax(log_p, axis=1))
     else:
@@ -129,18 +129,21 @@ def most_probable_labels(model, X):
     return B.asarray_like(labels, in_xp, device=device) if numeric else labels
 
 
-def ordinal_likelihood(model):
-    """The fitted ``model``'s ordinal likelihood (its cut points are its kernel's), or None for another model."""
-    return Ordinal(model.kernel_.cut_points) if model.likelihood_ == "ordinal" else None
+def model_likelihood(model):
+    """The likelihood of the fitted ``model``'s one latent GP (binary or ordinal; an ordinal one's cut points are its
+    kernel's: ``Likelihood.at``), or None for a multiclass model (one latent GP a class)."""
+    if getattr(model, "inducing_points_", None) is not None and model.inducing_points_.ndim == 3:
+        return None
+    return likelihood_by_name(model.likelihood_, multiclass=False).at(model.kernel_)
 
 
 def model_log_proba(model, mean, var):
-    """log p(classes_[c] | x), (n, C), of the fitted ``model`` from the latent's mean and variance: ``log_proba``,
-    or an ordinal model's closed form (``likelihoods.Ordinal.class_log_proba``)."""
-    ordinal = ordinal_likelihood(model)
-    if ordinal is not None:
-        return ordinal.class_log_proba(mean, var)
-    return log_proba(mean, var, model.likelihood_, model.n_quadrature, len(model.classes_) > 2)
+    """log p(classes_[c] | x), (n, C), of the fitted ``model`` from the latent's mean and variance: its likelihood's
+    (``Likelihood.class_log_proba``), or the multiclass model's (``log_proba``)."""
+    likelihood = model_likelihood(model)
+    if likelihood is None:
+        return log_proba(mean, var, model.likelihood_, model.n_quadrature, True)
+    return likelihood.class_log_proba(mean, var, model.n_quadrature)
 
 
 def latent(kernel, Z, posterior, Xc, *, block_rows=None, blas_threads=None):
@@ -155,15 +158,15 @@ def latent(kernel, Z, posterior, Xc, *, block_rows=None, blas_threads=None):
 
 
 def log_proba(mean, var, likelihood, n_quadrature, multiclass):
-    """log p(class c | x) as an (n, C) array from the latent's mean and variance: Hernandez-Lobato &
-    Hernandez-Lobato (2016), eq. 37 for the binary probit, Gauss-Hermite for the logistic; the multiclass model's
-    (Villacampa-Calvo & Hernandez-Lobato 2017, eq. 11) by one-dimensional quadrature, or robust max."""
-    if multiclass and likelihood == "robust-max":  # the variational baseline's likelihood
+    """log p(class c | x) as an (n, C) array from the latent's mean and variance: the binary ``likelihood``'s
+    (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 37 for the probit, Gauss-Hermite for the logistic); the
+    multiclass model's (Villacampa-Calvo & Hernandez-Lobato 2017, eq. 11) by one-dimensional quadrature, or robust
+    max."""
+    if multiclass and likelihood == ROBUST_MAX.name:  # the variational baseline's likelihood
         return multiclass_vi.predictive_log_proba(mean, var)
     if multiclass:
         return multiclass_ep.predictive_log_proba(mean, var)
-    log_pos, log_neg = variational.predictive_log_proba(mean, var, likelihood, n_quadrature)
-    return B.array_namespace(log_pos).stack([log_neg, log_pos], axis=1)
+    return likelihood_by_name(likelihood, multiclass=False).class_log_proba(mean, var, n_quadrature)
 
 
 def to_caller(values, in_xp, device):

@@ -64,12 +64,13 @@ def check_continuable(plan, fitted_with, classes, fitted_classes):
                          "call fit to start again with the new parameters")
 
 
-def stream_trainer(plan, kernel, Z, n_total, groups, jitter, shared=None):
-    """A minibatch trainer of the plan's method (its engine, ``agpc.methods``) at (kernel, Z); ``shared``: its
-    lengthscales tied (None: as the plan's ``ard`` asks)."""
+def stream_trainer(plan, kernel, Z, n_total, groups, jitter, shared=None, *, n_classes):
+    """A minibatch trainer of the plan's method (its engine, ``agpc.methods``) at (kernel, Z) for a model of
+    ``n_classes`` classes; ``shared``: its lengthscales tied (None: as the plan's ``ard`` asks)."""
     options = training.EngineOptions(
         jitter=jitter, optimize=groups, damping=None if plan.damping is None else float(plan.damping),
-        optimizer=plan.optimizer, learning_rate=plan.learning_rate,
+        optimizer=plan.optimizer, learning_rate=plan.learning_rate, likelihood=plan.engine_likelihood(n_classes),
+        n_quadrature=int(plan.n_quadrature),
         shared_lengthscales=plan.shared_lengthscales if shared is None else shared,
     )
     engine = plan.spec.make_engine(kernel, Z, n_total=n_total, minibatch=True, options=options)
@@ -93,7 +94,8 @@ def trainer_from_fitted(plan, fitted, groups, n_total, rows, rows_seen):
         )
     # tied as the model was fitted (an "auto" fit that kept one shared scale goes on with it)
     trainer = stream_trainer(plan, fitted.kernel, fitted.inducing_points, n_total or rows_seen + rows, groups,
-                             float(fitted.jitter), shared=(fitted.record or {}).get("ard") is False)
+                             float(fitted.jitter), shared=(fitted.record or {}).get("ard") is False,
+                             n_classes=len(fitted.classes))
     posterior = fitted.posterior
     trainer.engine.take_factor(multiclass_ep.factor_from_posteriors(posterior) if isinstance(posterior, tuple)
                                else Factor.from_posterior(posterior))

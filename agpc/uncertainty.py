@@ -39,7 +39,7 @@ import numpy as np
 
 from . import backend as B
 from . import prediction as P
-from .likelihoods import LIKELIHOODS, interval_log_probability, softplus
+from .likelihoods import PROBIT, ROBUST_MAX, interval_log_probability, likelihood_by_name
 
 __all__ = ["Uncertainty", "METHODS", "entropy", "binary_expected_entropy", "ordinal_expected_entropy",
            "houlsby_expected_entropy",
@@ -47,8 +47,6 @@ __all__ = ["Uncertainty", "METHODS", "entropy", "binary_expected_entropy", "ordi
 
 METHODS = ("quadrature", "houlsby")
 
-# Beyond these |f| the entropy of p(y | f) is below 1e-16 nats: probit Phi(-9) ~ 1e-19; logistic 40 e^-40 ~ 2e-16.
-ENTROPY_REACH = {"probit": 9.0, "logistic": 40.0}
 GAUSSIAN_REACH = 12.0  # sd: the normal's mass beyond is 4e-33
 LEGENDRE_NODES = 192  # the largest interval (80 wide, logistic) is then exact to round-off (tests/test_uncertainty)
 HOULSBY_C = math.sqrt(math.pi * math.log(2.0) / 2.0)  # Houlsby et al. (2011), sec. 3
@@ -70,13 +68,6 @@ def entropy(log_proba):
     return -xp.sum(xp.where(p > 0.0, p * log_proba, 0.0), axis=1)
 
 
-def _binary_log_probabilities(f, likelihood):
-    xp = B.array_namespace(f)
-    if likelihood == "probit":
-        return B.log_ndtr(f), B.log_ndtr(-f)
-    return -softplus(-f, xp), -softplus(f, xp)
-
-
 def _legendre_expectation(mean, var, lowest, highest, entropy_at, n_nodes):
     """E_{N(f | mean, var)} h(f) by Gauss-Legendre quadrature on [max(mean - 12 sd, lowest), min(mean + 12 sd,
     highest)], h = ``entropy_at`` (nodes (n, T) -> (n, T)), which is below round-off outside [lowest, highest]."""
@@ -94,15 +85,17 @@ def _legendre_expectation(mean, var, lowest, highest, entropy_at, n_nodes):
 
 
 def binary_expected_entropy(mean, var, likelihood, n_nodes=LEGENDRE_NODES):
-    """E_{N(f | mean, var)} H[p(y | f)] for the binary ``likelihood`` ("probit" or "logistic"), per row, by
-    Gauss-Legendre quadrature on [max(mean - 12 sd, -R), min(mean + 12 sd, R)] (R: ``ENTROPY_REACH``)."""
+    """E_{N(f | mean, var)} H[p(y | f)] for the binary ``likelihood`` (a name or a ``likelihoods.Likelihood``), per
+    row, by Gauss-Legendre quadrature on [max(mean - 12 sd, -R), min(mean + 12 sd, R)] (R: the likelihood's
+    ``entropy_reach``, beyond which the entropy is below round-off: 9 for the probit, 40 for the logistic)."""
     xp = B.array_namespace(mean)
+    likelihood = likelihood_by_name(likelihood, multiclass=False)
 
     def entropy_at(f):
-        log_p, log_q = _binary_log_probabilities(f, likelihood)
+        log_p, log_q = likelihood.class_log_densities(f)
         return -(xp.exp(log_p) * log_p + xp.exp(log_q) * log_q)
 
-    reach = ENTROPY_REACH[likelihood]
+    reach = likelihood.entropy_reach
     return _legendre_expectation(mean, var, -reach, reach, entropy_at, n_nodes)
 
 
@@ -112,7 +105,7 @@ def ordinal_expected_entropy(mean, var, cut_points, n_nodes=LEGENDRE_NODES):
     xp = B.array_namespace(mean)
     cuts = [float(c) for c in B.to_numpy(cut_points)]
     bounds = [-math.inf, *cuts, math.inf]
-    reach = ENTROPY_REACH["probit"]
+    reach = PROBIT.entropy_reach
 
     def entropy_at(f):
         ones = xp.ones_like(f)
@@ -134,7 +127,7 @@ def houlsby_expected_entropy(mean, var):
     return math.log(2.0) * HOULSBY_C / xp.sqrt(spread) * xp.exp(-mean * mean / (2.0 * spread))
 
 
-def robust_max_entropy(n_classes, epsilon=LIKELIHOODS["robust-max"].epsilon):
+def robust_max_entropy(n_classes, epsilon=ROBUST_MAX.epsilon):
     """H[y | f] of the robust max, the same for every f: -(1 - eps) log(1 - eps) - eps log(eps / (C - 1))."""
     return -(1.0 - epsilon) * math.log1p(-epsilon) - epsilon * math.log(epsilon / (n_classes - 1))
 
@@ -175,7 +168,7 @@ def model_uncertainty(model, X, method="quadrature"):
     Xc, in_xp, device = P.checked_rows(model, X)
     mean, var = P.model_latent(model, Xc)
     log_p = P.model_log_proba(model, mean, var)
-    ordinal = P.ordinal_likelihood(model)
+    likelihood = P.model_likelihood(model)
     result = uncertainty(mean, var, log_p, model.likelihood_, method,
-                         cut_points=None if ordinal is None else ordinal.cut_points)
+                         cut_points=getattr(likelihood, "cut_points", None))
     return Uncertainty(*(P.to_caller(values, in_xp, device) for values in result))

@@ -14,7 +14,7 @@ from scipy import integrate, stats
 from agpc import GPClassifier
 from agpc.inference import ep, variational
 from agpc.kernels import RBF, OrdinalKernel
-from agpc.likelihoods import PROBIT, Ordinal
+from agpc.likelihoods import ORDINAL_LIKELIHOOD, PROBIT, Ordinal
 from agpc.uncertainty import ordinal_expected_entropy, uncertainty
 from helpers import interrupted_then_resumed, local_client
 
@@ -105,10 +105,10 @@ def test_far_tail_stays_finite():
 
 # -- gradients of the objectives -----------------------------------------------------------------------------
 
-def _converged_batch_ep(kernel, Z, X, y):
+def _converged_batch_ep(kernel, Z, X, y, likelihood=ORDINAL_LIKELIHOOD):
     nu = mu = np.zeros(X.shape[0])
     for _ in range(300):
-        out = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=1e-8, damping=0.5, want_grad=False)
+        out = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=1e-8, damping=0.5, want_grad=False, likelihood=likelihood)
         nu, mu = out["site_precision"], out["site_shift"]
     return nu, mu
 
@@ -119,8 +119,9 @@ def test_batch_ep_log_z_gradient_by_finite_differences():
     X, y = ordinal_data(40, 0, d=2)
     kernel, Z = _kernel(X), X[:6].copy()
     nu, mu = _converged_batch_ep(kernel, Z, X, y.astype(float))
-    out = ep.evaluate(kernel, Z, X, y.astype(float), nu, mu, jitter=1e-8)
-    numeric = _numeric_grads(lambda k: ep.evaluate(k, Z, X, y.astype(float), nu, mu, jitter=1e-8)["log_z"],
+    out = ep.evaluate(kernel, Z, X, y.astype(float), nu, mu, jitter=1e-8, likelihood=ORDINAL_LIKELIHOOD)
+    numeric = _numeric_grads(lambda k: ep.evaluate(k, Z, X, y.astype(float), nu, mu, jitter=1e-8,
+                                                   likelihood=ORDINAL_LIKELIHOOD)["log_z"],
                              kernel, list(kernel.params))
     assert {"first_cut_point", "log_cut_gaps"} <= set(out["grads"])
     for key, value in numeric.items():
@@ -143,7 +144,7 @@ def test_factor_passes_cut_point_gradient_by_finite_differences(method):
 
     def log_z(k, want_grad=False, kind=method, **rows):
         return ep.evaluate_factor(k, Z, X, y.astype(float), factor, method=kind, n_total=90, jitter=1e-8,
-                                  want_grad=want_grad, **(rows or sites))
+                                  want_grad=want_grad, likelihood=ORDINAL_LIKELIHOOD, **(rows or sites))
 
     out = log_z(kernel, want_grad=True)
     zeros = np.zeros(30)
@@ -198,7 +199,7 @@ def test_two_classes_is_the_probit_with_a_shifted_latent():
     kernel = OrdinalKernel(latent, [0.0]).for_inputs(X)
     Z = X[:7].copy()
     nu, mu = _converged_batch_ep(kernel, Z, X, y_pm)
-    got = ep.evaluate(kernel, Z, X, y_pm, nu, mu, jitter=1e-8)
+    got = ep.evaluate(kernel, Z, X, y_pm, nu, mu, jitter=1e-8, likelihood=ORDINAL_LIKELIHOOD)
     want = ep.evaluate(latent, Z, X, y_pm, nu, mu, jitter=1e-8)
     np.testing.assert_allclose(float(got["log_z"]), float(want["log_z"]), rtol=1e-12)
     np.testing.assert_allclose(got["site_precision"], want["site_precision"], rtol=1e-10, atol=1e-13)

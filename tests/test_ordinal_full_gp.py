@@ -5,6 +5,7 @@ import numpy as np
 
 from agpc.inference import ep
 from agpc.kernels import RBF, OrdinalKernel
+from agpc.likelihoods import ORDINAL_LIKELIHOOD
 from reference_ordinal_ep import ordinal_full_gp_ep
 from test_ordinal import CUTS, ordinal_data
 
@@ -22,9 +23,11 @@ def test_full_gp_limit_matches_textbook_ep():
     Z = X.copy()
     nu = mu = np.zeros(30)
     for _ in range(400):
-        out = ep.evaluate(kernel, Z, X, y.astype(float), nu, mu, jitter=1e-10, damping=0.7, want_grad=False)
+        out = ep.evaluate(kernel, Z, X, y.astype(float), nu, mu, jitter=1e-10, damping=0.7, want_grad=False,
+                          likelihood=ORDINAL_LIKELIHOOD)
         nu, mu = out["site_precision"], out["site_shift"]
-    out = ep.evaluate(kernel, Z, X, y.astype(float), nu, mu, jitter=1e-10, want_grad=False)
+    out = ep.evaluate(kernel, Z, X, y.astype(float), nu, mu, jitter=1e-10, want_grad=False,
+                      likelihood=ORDINAL_LIKELIHOOD)
     reference = ordinal_full_gp_ep(kernel.K(X), y, CUTS)
     np.testing.assert_allclose(nu, reference["site_precision"], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(mu, reference["site_precision"] * reference["site_mean"], rtol=1e-5, atol=1e-7)

@@ -64,7 +64,7 @@ class EngineOptions:
     damping: float | None = None  # EP family, GFITC (default 0.5 in batch mode, 0.99 in minibatch mode)
     optimizer: object = None  # a name of ``optim.OPTIMIZERS`` or an optimiser
     learning_rate: float | None = None
-    likelihood: str | None = None  # SVI's, binary: "probit" (default) or "logistic"
+    likelihood: object = None  # a binary model's (a name or a ``likelihoods.Likelihood``; None: the probit)
     n_quadrature: int = 20  # SVI's Gauss-Hermite nodes
     tol: float = 1e-6  # GFITC: the relative site change below which its sites have settled
     site_rows: int | None = None  # EP: the rows it keeps sites for (default all; data-parallel rounds: none)

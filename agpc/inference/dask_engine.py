@@ -340,8 +340,8 @@ class DaskPasses:
         """Remove the site files of earlier checkpoints (once the checkpoint naming ``record`` is in place)."""
         checkpoints.release_older_steps(os.path.dirname(record["site_files"][0]))
 
-    def validation_scores(self, kernel, Z, post, X_val, y_val):
-        return _model(Z).validation_scores(kernel, Z, post, X_val, y_val)
+    def validation_scores(self, kernel, Z, post, X_val, y_val, **likelihood):
+        return _model(Z).validation_scores(kernel, Z, post, X_val, y_val, **likelihood)
 
     # -- passes ---------------------------------------------------------------------------------------
 
@@ -357,11 +357,11 @@ class DaskPasses:
         return out
 
     def _sweep(self, kernel, Z, X, y, site_precision, site_shift, post, *, want_grad, block_rows, want_sums, want_sites,
-               batch, damping=None, nonnegative=False, weights=None, adf=False):
+               batch, damping=None, nonnegative=False, weights=None, adf=False, likelihood=None):
         """One task a chunk running ``_chunk_sweep`` (``batch``: batch EP's sweep, which takes ``nonnegative`` for
         a binary model; ``weights``: the rows' sample weights, a dask array chunked as the rows); returns the tree-reduced small results, with the new (damped) sites (``want_sites``) as
         dask arrays: persisted on the workers, or read from the files the tasks wrote. ``adf``: ADF's row terms (the
-        sweep's ``adf``)."""
+        sweep's ``adf``); ``likelihood``: a binary model's (the sweep's; None: the probit)."""
         import dask
 
         client = self.client
@@ -370,6 +370,8 @@ class DaskPasses:
             options["nonnegative"] = nonnegative
         if adf:
             options["adf"] = True
+        if likelihood is not None:
+            options["likelihood"] = likelihood
         Xs, ys, nus, mus, ws = self._blocks(X, y, site_precision, site_shift, weights)
         weighted = [{} if wb is None else {"weights": wb} for wb in ws]
         to_files = want_sites and self.site_root is not None
@@ -405,11 +407,11 @@ class DaskPasses:
 
     def evaluate(self, kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None,
                  want_sites=True, damping=None, checked=True, nonnegative_sites=False, site_sums=None,
-                 want_next_sums=False, weights=None):
+                 want_next_sums=False, weights=None, likelihood=None):
         """``ep.evaluate`` (``multiclass_ep.evaluate`` for a multiclass model) with the two per-row stages run
         chunk by chunk on the workers (the second alone when ``site_sums`` are given). ``nonnegative_sites``,
-        ``site_sums``, ``want_next_sums`` and ``weights`` (a dask array chunked as the rows): as ``ep.evaluate``
-        takes them (binary model only)."""
+        ``site_sums``, ``want_next_sums``, ``weights`` (a dask array chunked as the rows) and ``likelihood``: as
+        ``ep.evaluate`` takes them (binary model only)."""
         import dask
 
         if Z.ndim == 3 and (site_sums is not None or want_next_sums):
@@ -434,24 +436,24 @@ class DaskPasses:
             post = posterior_from_sums(L_K, S, c_tilde, checked=checked)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad,
                             block_rows=block_rows, want_sums=want_next_sums, want_sites=want_sites, damping=damping,
-                            batch=True, nonnegative=nonnegative_sites, weights=weights)
+                            batch=True, nonnegative=nonnegative_sites, weights=weights, likelihood=likelihood)
         out = _model(Z).finish_evaluate(kernel, Z, post, sweep, want_grad)
         if want_next_sums:
             out["site_sums"] = ep.next_site_sums(sweep["sums"], (S, c_tilde), damping)
         return out
 
     def evaluate_factor(self, kernel, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None,
-                        jitter, want_grad=True, block_rows=None, weights=None, checked=True):
+                        jitter, want_grad=True, block_rows=None, weights=None, checked=True, likelihood=None):
         """``ep.evaluate_factor`` (SEP / ADF in batch mode; ``multiclass_ep``'s for a multiclass model) with the
         sweep run chunk by chunk; ``weights``: the rows' sample weights (a dask array chunked as the rows), the rows
-        counted by them."""
+        counted by them; ``likelihood``: a binary model's, as ``ep.evaluate_factor`` takes it."""
         model = _model(Z)
         prep = model.factor_cavity(kernel, Z, factor, method=method, n_total=n_total, jitter=jitter, checked=checked)
         if method != "ep":
             site_precision = site_shift = self.zero_sites(X.shape[0], Z)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
                             block_rows=block_rows, want_sums=True, want_sites=False, batch=False, weights=weights,
-                            adf=method == "adf")
+                            adf=method == "adf", likelihood=likelihood)
         return model.finish_factor(kernel, Z, prep, sweep, n_total / self.total_weight(weights, X.shape[0]), want_grad)
 
     def total_weight(self, weights, rows):

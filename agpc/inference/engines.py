@@ -32,7 +32,7 @@ from types import MappingProxyType, ModuleType
 from ..backend import array_device, array_namespace, is_dask_array, read_rows, row_slice, to_host_vector
 from ..checkpoint_rules import check_row_starts, check_saved_anchor
 from ..kernels import ClassKernels, step_lower_bounds
-from ..likelihoods import negative_log_likelihood
+from ..likelihoods import LOGISTIC, PROBIT, ROBUST_MAX, likelihood_by_name
 from ..optim import OPTIMIZERS, Rprop, lbfgsb_ascent
 from . import ep, exact_ep, gfitc, multiclass_ep, multiclass_vi, variational
 from .posterior import Factor, moved_factor
@@ -119,6 +119,10 @@ class EPEngine(Engine):
         self.damping = (0.99 if minibatch else 0.5) if options.damping is None else options.damping
         self.nominal_damping = self.damping
         self.passes = passes or (multiclass_ep if isinstance(kernel, ClassKernels) else ep)
+        # a binary model's likelihood, as its passes take it (``ep.block_pass``; the probit by default): a multiclass
+        # model's is its passes' own (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 6)
+        self.likelihood_option = {} if isinstance(kernel, ClassKernels) else {
+            "likelihood": likelihood_by_name(options.likelihood or PROBIT.name, multiclass=False)}
         self.per_row_sites = name == "ep"
         # Batch EP (binary): whether every site precision is known to be >= 0, which lets a pass form its sums by
         # symmetric products (``ep.evaluate``'s ``nonnegative_sites``). True from zero sites (the sweep keeps them
@@ -172,7 +176,8 @@ class EPEngine(Engine):
             # the sweep damps the sites itself (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25), block by block
             result = self.passes.evaluate(kernel, Z, X, y, state["nu"], state["mu"], jitter=self.jitter,
                                           want_grad=stepping, block_rows=self.block_rows, damping=self.damping,
-                                          checked=False, **self._binary_batch_options(stepping), **self._weighted())
+                                          checked=False, **self._binary_batch_options(stepping), **self._weighted(),
+                                          **self.likelihood_option)
         else:
             shard = {} if self.factor_rows is None else {"others": self.others, "factor_rows": self.factor_rows}
             if self.per_row_sites:  # minibatch EP: its rows' sites leave the running product as they went in
@@ -195,7 +200,7 @@ class EPEngine(Engine):
                 site_precision=state["nu"][lo:hi] if self.per_row_sites else None,
                 site_shift=state["mu"][lo:hi] if self.per_row_sites else None,
                 jitter=self.jitter, want_grad=stepping, block_rows=self.block_rows, weights=weights, checked=False,
-                **shard,
+                **shard, **self.likelihood_option,
             )
         parts = [result["log_z"], result["n_invalid"]]
         new_factor = None
@@ -329,7 +334,8 @@ class EPEngine(Engine):
         """q rebuilt exactly from all of EP's sites and log Z_q at it (``passes.evaluate``, no gradient)."""
         s = self.state
         return self.passes.evaluate(s["kernel"], s["Z"], X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
-                                    block_rows=self.block_rows, want_sites=False, **options, **self._weighted())
+                                    block_rows=self.block_rows, want_sites=False, **options, **self._weighted(),
+                                    **self.likelihood_option)
 
     def _sites_in_q(self, site_precision, site_shift, rows=None):
         """The sites as q holds them: each w_i times with sample weights (power EP), else as they are."""
@@ -350,7 +356,7 @@ class EPEngine(Engine):
         weights = {} if self.sample_weight is None else {"weights": self.sample_weight[:rows]}
         self.passes.evaluate(s["kernel"], s["Z"], row_slice(X, 0, rows), row_slice(y, 0, rows), s["nu"][:rows],
                              s["mu"][:rows], jitter=self.jitter, want_grad=False, block_rows=self.block_rows,
-                             want_sites=False, **weights)
+                             want_sites=False, **weights, **self.likelihood_option)
 
     def state_in_row_order(self, permutation):
         return _sites_in_row_order(self, permutation)
@@ -372,13 +378,13 @@ class EPEngine(Engine):
         if want_log_z and X is not None and not self.minibatch:
             final = self.passes.evaluate_factor(kernel, Z, X, y, s["factor"], method=self.method, n_total=self.n_total,
                                                 jitter=self.jitter, want_grad=False, block_rows=self.block_rows,
-                                                weights=self.sample_weight)
+                                                weights=self.sample_weight, **self.likelihood_option)
             return post, float(final["log_z"])
         return post, None
 
     def validation_scores(self, post, X_val, y_val):
         s = self.state
-        return self.passes.validation_scores(s["kernel"], s["Z"], post, X_val, y_val)
+        return self.passes.validation_scores(s["kernel"], s["Z"], post, X_val, y_val, **self.likelihood_option)
 
     def keep(self):
         """The state, safe from later steps: minibatch EP updates its sites in place, so they are copied
@@ -575,13 +581,6 @@ class GFITCEngine(Engine):
 
 # -- the variational methods ------------------------------------------------------------------------
 
-def _scores(log_p, truth):
-    """NLL and error from log p(class | x) (n, C) and the true class index (n,)."""
-    xp = array_namespace(log_p)
-    error = xp.mean(xp.astype(xp.argmax(log_p, axis=1) != truth, log_p.dtype))
-    return float(negative_log_likelihood(log_p, truth)), float(error)
-
-
 class SVIEngine(Engine):
     """SVI (Izmailov & Kropotov (2017), sec. 3.2): a step ascends eq. 11 in (q, kernel, Z) on the rows given, the
     data term scaled by n / |M| in minibatch mode (``variational.svi_step``), with Adam (default, learning rate 0.01)
@@ -619,7 +618,8 @@ class SVIEngine(Engine):
         self.name = name
         self.shared_lengthscales = options.shared_lengthscales
         self.multiclass = isinstance(kernel, ClassKernels)
-        self.likelihood = "robust-max" if self.multiclass else (options.likelihood or "probit")
+        self.likelihood = ROBUST_MAX if self.multiclass else likelihood_by_name(options.likelihood or PROBIT.name,
+                                                                                  multiclass=False)
         self.n_quadrature = options.n_quadrature
         xp, device, m = self.xp, array_device(Z), Z.shape[-2]
         identity = xp.eye(m, dtype=Z.dtype, device=device)
@@ -684,13 +684,8 @@ class SVIEngine(Engine):
         s = self.state
         if self.multiclass:
             mean, var = multiclass_ep.predict_latent(s["kernel"], s["Z"], post, X_val)
-            return _scores(multiclass_vi.predictive_log_proba(mean, var), y_val)
-        if self.likelihood == "ordinal":  # (closed form, as EP's)
-            return ep.validation_scores(s["kernel"], s["Z"], post, X_val, y_val)
-        mean, var = ep.predict_latent(s["kernel"], s["Z"], post, X_val)
-        log_pos, log_neg = variational.predictive_log_proba(mean, var, self.likelihood, self.n_quadrature)
-        xp = self.xp
-        return _scores(xp.stack([log_neg, log_pos], axis=1), xp.astype(y_val > 0, y_val.dtype))
+            return ep.class_scores(multiclass_vi.predictive_log_proba(mean, var), y_val)
+        return ep.validation_scores(s["kernel"], s["Z"], post, X_val, y_val, self.likelihood, self.n_quadrature)
 
     def checkpoint_state(self, path, step):
         return dict(self._common_checkpoint(), whitened_mean=self.state["whitened_mean"],
@@ -824,10 +819,7 @@ class QuadraticEngine(Engine):
 
     def validation_scores(self, post, X_val, y_val):
         s = self.state
-        mean, var = ep.predict_latent(s["kernel"], s["Z"], post, X_val)
-        log_pos, log_neg = variational.predictive_log_proba(mean, var, "logistic")
-        xp = self.xp
-        return _scores(xp.stack([log_neg, log_pos], axis=1), xp.astype(y_val > 0, y_val.dtype))
+        return ep.validation_scores(s["kernel"], s["Z"], post, X_val, y_val, LOGISTIC)
 
     def checkpoint_state(self, path, step):
         return dict(self._common_checkpoint(), xi=self.state["xi"])

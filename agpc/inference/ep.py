@@ -34,8 +34,7 @@ from ..backend import (
     scaled_columns,
     triangular_matmul,
 )
-from ..kernels import OrdinalKernel
-from ..likelihoods import PROBIT, Ordinal, negative_log_likelihood
+from ..likelihoods import PROBIT, negative_log_likelihood
 from . import blocks, sites
 # q(u) and the tied factor (their own module; named here too, as the passes modules' interface the engines call
 # through, ``passes.posterior_from_sums`` etc., and for models pickled when they were defined here)
@@ -214,7 +213,7 @@ def data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g, *, want_upsilon
 
 
 def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=None, want_grad=True, A=None, Knm=None,
-               want_sums=False, sample_weights=False, anchor=None, damping=None, adf=False):
+               want_sums=False, sample_weights=False, anchor=None, damping=None, adf=False, likelihood=PROBIT):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows.
 
     Hernandez-Lobato & Hernandez-Lobato (2016): cavity (eqs. 14-15), tilted moments and new site (eqs. 17-23), log Z_q
@@ -227,6 +226,7 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
     ``sample_weights``: the ``weights`` are sample weights of rows with sites of their own (minibatch EP by power
     EP: ``post`` holds w_i copies of each row's site), whose cavities ``weighted_cavity`` forms.
     ``adf``: the cavity is q itself (ADF): each row's log Z_q term also takes ``adf_removal_terms`` of its new site.
+    ``likelihood``: the model's (a ``likelihoods.Likelihood`` with ``site_terms``; taken ``at`` the kernel).
 
     Minibatch EP (``damping`` given: the rows have sites of their own in ``post``, its running product): ``sums`` is
     then the change of that product, each row's old site out along the direction it is held along and its damped new
@@ -241,7 +241,7 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
     held = sites.held_marginals(post, marg, anchor.directions(X)) if own_sites and anchor is not None else None
     valid, one_minus, v, a = _block_cavity(marg, nu, mu, held, own_sites, weights if sample_weights else None)
     b = 1.0 + marg.s + v
-    likelihood = sites.site_likelihood(kernel)
+    likelihood = likelihood.at(kernel)
     site = likelihood.site_terms(y, a, b)
     log_zi, alpha, gamma = site.log_z, site.alpha, site.gamma
     if own_sites:  # (ADF's own sites are zero: a cluster's chunks are given them)
@@ -456,15 +456,17 @@ def sweep_rows(X, y, site_precision, site_shift, block_step, *, block_rows, like
 
 def binary_sweep(kernel, Z, X, y, site_precision, site_shift, cavity, *, want_grad, block_rows, want_sums=False,
                  want_sites=True, damping=None, weights=None, sample_weights=False, anchor=None, product_damping=None,
-                 adf=False):
+                 adf=False, likelihood=PROBIT):
     """Binary EP's sweep for a cavity held as a u-space factor (minibatch EP, SEP, ADF): ``block_pass`` over all
     rows (``sweep_rows``). ``site_precision`` None: the rows have no sites of their own (SEP / ADF).
-    ``weights``, ``sample_weights``, ``adf``: as ``block_pass`` takes them; ``anchor``, ``product_damping``: its
+    ``weights``, ``sample_weights``, ``adf``, ``likelihood``: as ``block_pass`` takes them; ``anchor``,
+    ``product_damping``: its
     ``anchor`` and ``damping`` (minibatch EP). Batch EP sweeps with ``batch_sweep``."""
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         return block_pass(kernel, X_block, y_block, rows_precision, rows_shift, Z, cavity, want_grad=want_grad,
                           want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
-                          sample_weights=sample_weights, anchor=anchor, damping=product_damping, adf=adf)
+                          sample_weights=sample_weights, anchor=anchor, damping=product_damping, adf=adf,
+                          likelihood=likelihood)
 
     block_rows, workers = blocks.pass_layout(Z, X.shape[0], block_rows)  # (a minibatch: one thread)
     return sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z,
@@ -508,7 +510,7 @@ def _explicit_block_gradient(kernel, X, Z, post, A, Q, Kmn, alpha, kappa, coef_g
 
 
 def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_grad, want_sums=False, A=None,
-                     Kmn=None, nonnegative=False, work=None, explicit=None, weights=None):
+                     Kmn=None, nonnegative=False, work=None, explicit=None, weights=None, likelihood=PROBIT):
     """Batch EP's visit of a block of rows whose sites are all in q (``post``, rebuilt from every site).
 
     What ``block_pass`` computes for rows with sites of their own, in one pass over the block and with
@@ -530,7 +532,8 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     there (Q and R are updated in place) and only the kernel block and the gradient's product with it are new.
 
     ``weights`` (b,): the rows' sample weights, by power EP (``weighted_cavity``; q's sums hold w_i times each
-    site): each row's log Z_q term and gradient count w_i times, and the sums of the new sites are weighted."""
+    site): each row's log Z_q term and gradient count w_i times, and the sums of the new sites are weighted.
+    ``likelihood``: as ``block_pass`` takes it."""
     xp = array_namespace(Z)
     work = blocks.BlockScratch() if work is None else work
     explicit = uses_inverse(post.L_K, n_columns=X.shape[0]) if explicit is None else explicit
@@ -547,7 +550,7 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     else:
         valid, one_minus, v, a = sites.weighted_cavity(nu, mu, d, e, prior_var, weights)
     total_var = 1.0 + (kernel.Kdiag(X) - prior_var) + v  # b_i of eq. 17: probit, FITC variance s_i, cavity
-    likelihood = sites.site_likelihood(kernel)
+    likelihood = likelihood.at(kernel)
     site = likelihood.site_terms(y, a, total_var)
     log_zi, alpha, gamma = site.log_z, site.alpha, site.gamma
     new_nu, new_mu = sites.moment_matched_site(valid, nu, mu, a, v, alpha, gamma, nonnegative=True)
@@ -589,14 +592,16 @@ def data_kmm_adjoint(post, inner, A_alpha):
 
 
 def batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, *, want_grad, block_rows, projections=None,
-                want_sites=True, damping=None, want_sums=False, nonnegative=False, workers=None, weights=None):
+                want_sites=True, damping=None, want_sums=False, nonnegative=False, workers=None, weights=None,
+                likelihood=PROBIT):
     """Batch EP's sweep: ``batch_block_pass`` over all rows (``sweep_rows``: damping, the per-row outputs and
     the reductions; the blocks on the threads of ``blocks.pass_layout``), then the gradient's m x m part
     (``data_kmm_adjoint``). ``projections``: the blocks' kept (A, K(Z, X)) from ``site_sums_over_rows`` (with
     the same ``block_rows``), or None to compute them. Returns ``sweep_rows``' dict, with ``dKmm_data`` the
     data part of the adjoint of Kmm and, with ``want_sums``, ``sums`` the whitened sums of the undamped new
     sites. ``nonnegative``: as ``batch_block_pass`` takes it. ``workers``: as ``site_sums_over_rows`` takes it.
-    ``weights``: the rows' sample weights (n,), as ``batch_block_pass`` takes them, or None."""
+    ``weights``: the rows' sample weights (n,), as ``batch_block_pass`` takes them, or None; ``likelihood``: as it
+    takes it."""
     if workers is None:
         block_rows, workers = blocks.pass_layout(Z, X.shape[0], block_rows)
     work = blocks.BlockScratch()
@@ -610,7 +615,8 @@ def batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, *, want_grad,
         A, Kmn = projections[index] if projections else (None, None)
         return batch_block_pass(kernel, X_block, y_block, rows_precision, rows_shift, Z, post, want_grad=want_grad,
                                 want_sums=want_sums, A=A, Kmn=Kmn, nonnegative=nonnegative, work=work,
-                                explicit=explicit, weights=None if weights is None else weights[lo:hi])
+                                explicit=explicit, weights=None if weights is None else weights[lo:hi],
+                                likelihood=likelihood)
 
     out = sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z,
                      want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping,
@@ -621,9 +627,11 @@ def batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, *, want_grad,
 
 
 def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, want_sites=True,
-             damping=None, checked=True, nonnegative_sites=False, site_sums=None, want_next_sums=False, weights=None):
+             damping=None, checked=True, nonnegative_sites=False, site_sums=None, want_next_sums=False, weights=None,
+             likelihood=PROBIT):
     """Batch EP: one pass over the data at fixed (kernel, Z, sites), q rebuilt exactly from all sites (``weights``:
-    the rows' sample weights by power EP, q holding w_i copies of row i's site: ``batch_block_pass``).
+    the rows' sample weights by power EP, q holding w_i copies of row i's site: ``batch_block_pass``; ``likelihood``:
+    the model's, the probit of Hernandez-Lobato & Hernandez-Lobato (2016) by default: ``block_pass``).
 
     Returns a dict: ``log_z`` (0-d, log Z_q of eq. 26), ``site_precision``/``site_shift`` (the EP
     updates; damped by ``damping`` when given, with ``site_change`` the maxima of ``write_block_sites``),
@@ -660,7 +668,8 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     post = posterior_from_sums(L_K, S, c_tilde, checked=checked)
     sweep = batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, want_grad=want_grad,
                         block_rows=block_rows, projections=kept, want_sites=want_sites, damping=damping,
-                        want_sums=want_next_sums, nonnegative=nonnegative_sites, workers=workers, weights=weights)
+                        want_sums=want_next_sums, nonnegative=nonnegative_sites, workers=workers, weights=weights,
+                        likelihood=likelihood)
     out = finish_evaluate(kernel, Z, post, sweep, want_grad)
     if want_next_sums:
         out["site_sums"] = next_site_sums(sweep["sums"], (S, c_tilde), damping)
@@ -705,7 +714,7 @@ CAVITY_KINDS = ("ep", "sep", "adf")
 def evaluate_factor(
     kernel, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None, jitter,
     want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None, sample_weights=False,
-    anchor=None, damping=None,
+    anchor=None, damping=None, likelihood=PROBIT,
 ):
     """One pass over rows X (all the data, or a minibatch) with q = prior x ``factor``.
 
@@ -722,7 +731,8 @@ def evaluate_factor(
     ``valid``, ``n_invalid`` (0-d) and ``posterior`` (q). ``checked``: as in ``evaluate``. Stages:
     ``factor_cavity`` (driver), ``binary_sweep`` (per row block; per chunk on workers), ``finish_factor`` (driver).
 
-    ``sample_weights``: ``weights`` are minibatch EP's sample weights (``block_pass``).
+    ``sample_weights``: ``weights`` are minibatch EP's sample weights (``block_pass``); ``likelihood``: the model's
+    (``block_pass``).
 
     ``damping`` (minibatch EP, with its rows' sites): ``product_change`` is then the change of the running site
     product ``factor`` when the rows' sites become their damped updates, each old one taken out along the direction
@@ -739,7 +749,8 @@ def evaluate_factor(
     sweep = binary_sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
                          block_rows=block_rows, want_sums=True, want_sites=method == "ep", weights=weights,
                          sample_weights=sample_weights, anchor=anchor if method == "ep" else None,
-                         product_damping=damping if method == "ep" else None, adf=method == "adf")
+                         product_damping=damping if method == "ep" else None, adf=method == "adf",
+                         likelihood=likelihood)
     n_rows = X.shape[0] if weights is None else array_namespace(Z).sum(weights)
     out = finish_factor(kernel, Z, prep, sweep, n_total / n_rows, want_grad)
     if method == "ep" and damping is not None:
@@ -863,15 +874,17 @@ def uniform_factor(Z):
     return Factor.uniform(Z.shape[0], Z)
 
 
-def validation_scores(kernel, Z, post, X_val, y_val):
-    """Test NLL and error of q on (X_val, y_val in {-1, +1}) (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 37)."""
-    xp = array_namespace(Z)
+def validation_scores(kernel, Z, post, X_val, y_val, likelihood=PROBIT, n_quadrature=20):
+    """Test NLL and error of q on (X_val, y_val as the passes carry labels) under the model's ``likelihood``
+    (the probit's predictive: Hernandez-Lobato & Hernandez-Lobato (2016), eq. 37; ``n_quadrature``: the nodes of
+    one by quadrature)."""
     mean, var = predict_latent(kernel, Z, post, X_val)
-    if isinstance(kernel, OrdinalKernel):  # (y_val: class indices, or -1 / +1 for two classes)
-        ordinal = Ordinal(kernel.cut_points)
-        log_p, truth = ordinal.class_log_proba(mean, var), ordinal.class_index(y_val)
-        error = xp.mean(xp.astype(xp.argmax(log_p, axis=1) != truth, mean.dtype))
-        return float(negative_log_likelihood(log_p, truth)), float(error)
-    log_pos, log_neg = PROBIT.predictive_log_proba(mean, var)
-    nll = negative_log_likelihood(xp.stack([log_neg, log_pos], axis=1), xp.astype(y_val > 0, xp.int64))
-    return float(nll), float(xp.mean(xp.astype((mean > 0) != (y_val > 0), mean.dtype)))
+    likelihood = likelihood.at(kernel)
+    return class_scores(likelihood.class_log_proba(mean, var, n_quadrature), likelihood.class_index(y_val))
+
+
+def class_scores(log_p, truth):
+    """NLL and error from log p(class | x) (n, C) and the true class index (n,)."""
+    xp = array_namespace(log_p)
+    error = xp.mean(xp.astype(xp.argmax(log_p, axis=1) != truth, log_p.dtype))
+    return float(negative_log_likelihood(log_p, truth)), float(error)

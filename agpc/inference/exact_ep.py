@@ -183,7 +183,8 @@ def _damped(out, new_nu, new_mu, nu, mu, valid, damping):
 
 
 def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, want_sites=True,
-             damping=None, checked=True, nonnegative_sites=False, site_sums=None, want_next_sums=False, weights=None):
+             damping=None, checked=True, nonnegative_sites=False, site_sums=None, want_next_sums=False, weights=None,
+             likelihood=PROBIT):
     """One parallel EP pass over all rows of the full GP at fixed (kernel, sites): ``ep.evaluate``'s contract with
     Z = X (``block_rows`` is not used: the model is n x n), and ``multiclass_ep.evaluate``'s for a ``ClassKernels``
     with Z (C, n, d), one GP a class (Villacampa-Calvo & Hernandez-Lobato (2017): the pairs' updates are
@@ -198,20 +199,23 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     drives either pass, and not used: the full GP keeps no sums of its sites between passes (its one factorisation,
     of I + D^1/2 K D^1/2 with D the site precisions, is new at every pass), so no ``site_sums`` come back.
     ``weights`` (n,) or None: the rows' sample weights, by power EP (``_weighted_evaluate``; for C classes
-    ``_evaluate_classes``)."""
+    ``_evaluate_classes``). ``likelihood``: a binary model's (``ep.block_pass``), whose site precisions are cut at 0
+    where its tilted moments would make them negative (a likelihood that is not log-concave)."""
     if isinstance(kernel, ClassKernels):
         return _evaluate_classes(kernel, Z, X, y, site_precision, site_shift, jitter=jitter, want_grad=want_grad,
                                  want_sites=want_sites, damping=damping, checked=checked, weights=weights)
     if weights is not None:
         return _weighted_evaluate(kernel, Z, X, y, site_precision, site_shift, weights, jitter=jitter,
-                                  want_grad=want_grad, want_sites=want_sites, damping=damping, checked=checked)
+                                  want_grad=want_grad, want_sites=want_sites, damping=damping, checked=checked,
+                                  likelihood=likelihood)
     xp = array_namespace(Z)
     X, y = _rows(X, y, Z)
     nu, mu = site_precision, site_shift
     marg = _marginals(kernel, Z, X, nu, mu, jitter=jitter, checked=checked)
     valid, one_minus, v, a = sites.cavity(nu, mu, marg.var, marg.mean, marg.prior_var)
     b = 1.0 + marg.noise_var + v
-    log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, b)
+    site = likelihood.at(kernel).site_terms(y, a, b)
+    log_zi, alpha, gamma = site.log_z, site.alpha, site.gamma
     new_nu, new_mu = sites.moment_matched_site(valid, nu, mu, a, v, alpha, gamma, nonnegative=True)  # (sqrt(nu) below)
     terms = xp.where(valid, log_zi + sites.removal_terms(nu, mu, marg.var, marg.mean, one_minus), 0.0)
     out = {"log_z": marg.log_normaliser_gain + xp.sum(terms), "n_invalid": xp.sum(xp.astype(~valid, Z.dtype)),
@@ -222,13 +226,13 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     else:
         out["posterior"] = posterior(kernel, Z, nu, mu, jitter=jitter, checked=checked)
     if want_grad:
-        kappa = xp.where(valid, alpha, 0.0) * a / b  # -2 d log Z_i / d b_i
+        kappa = sites.variance_adjoint(site, xp.where(valid, alpha, 0.0), a, b, valid, None)  # -2 d log Z_i / d b_i
         out["grads"] = _gradients(kernel, Z, X, marg, kappa)
     return out
 
 
 def _weighted_evaluate(kernel, Z, X, y, site_precision, site_shift, weights, *, jitter, want_grad, want_sites,
-                       damping, checked):
+                       damping, checked, likelihood):
     """``evaluate`` with a sample weight w_i >= 0 a row: power EP (Minka 2004) on the factor p(y_i | f_i)^w_i with
     power 1 / w_i. The stored site (nu_i, mu_i) is one copy's, q holds it w_i times (D = diag(w nu), shift w mu);
     a pass removes one copy from q's marginal (the cavity), matches the moments of the cavity times one likelihood
@@ -243,7 +247,8 @@ def _weighted_evaluate(kernel, Z, X, y, site_precision, site_shift, weights, *, 
     marg = _marginals(kernel, Z, X, weights * nu, weights * mu, jitter=jitter, checked=checked)
     valid, one_minus, v, a = sites.weighted_cavity(nu, mu, marg.var, marg.mean, marg.prior_var, weights)
     b = 1.0 + marg.noise_var + v
-    log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, b)
+    site = likelihood.at(kernel).site_terms(y, a, b)
+    log_zi, alpha, gamma = site.log_z, site.alpha, site.gamma
     new_nu, new_mu = sites.moment_matched_site(valid, nu, mu, a, v, alpha, gamma, nonnegative=True)
     terms = xp.where(valid, log_zi + sites.removal_terms(nu, mu, marg.var, marg.mean, one_minus), 0.0)
     out = {"log_z": marg.log_normaliser_gain + xp.sum(weights * terms),
@@ -254,7 +259,8 @@ def _weighted_evaluate(kernel, Z, X, y, site_precision, site_shift, weights, *, 
     else:
         out["posterior"] = posterior(kernel, Z, weights * nu, weights * mu, jitter=jitter, checked=checked)
     if want_grad:
-        kappa = weights * xp.where(valid, alpha, 0.0) * a / b  # -2 d (w_i log Z_i) / d b_i
+        # -2 d (w_i log Z_i) / d b_i
+        kappa = sites.variance_adjoint(site, weights * xp.where(valid, alpha, 0.0), a, b, valid, weights)
         out["grads"] = _gradients(kernel, Z, X, marg, kappa)
     return out
 
@@ -303,6 +309,9 @@ def zero_sites(n, Z):
     return (multiclass_ep if Z.ndim == 3 else ep).zero_sites(n, Z)
 
 
-def validation_scores(kernel, Z, post, X_val, y_val):
-    """Test NLL and error of q (``ep.validation_scores``, ``multiclass_ep.validation_scores`` for C classes)."""
-    return (multiclass_ep if isinstance(kernel, ClassKernels) else ep).validation_scores(kernel, Z, post, X_val, y_val)
+def validation_scores(kernel, Z, post, X_val, y_val, **likelihood):
+    """Test NLL and error of q (``ep.validation_scores`` under a binary model's ``likelihood``,
+    ``multiclass_ep.validation_scores`` for C classes)."""
+    if isinstance(kernel, ClassKernels):
+        return multiclass_ep.validation_scores(kernel, Z, post, X_val, y_val)
+    return ep.validation_scores(kernel, Z, post, X_val, y_val, **likelihood)

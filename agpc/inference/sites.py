@@ -1,7 +1,7 @@
 """EP's per-row site algebra (Hernandez-Lobato & Hernandez-Lobato (2016), sec. 2.3 and Appendix A): the cavity of a
 row's site along upsilon_i and when it is usable (eqs. 14-15; power EP for row weights, Minka 2004; a site held along
 another direction, minibatch EP's ``ep.Anchor``), the moment-matched new site (eq. 23), the rows' terms of log Z_q
-(eq. 26, ADF's removal term), the adjoint coefficients of the gradient (eq. 4) and the likelihood of the sites; and
+(eq. 26, ADF's removal term), the adjoint coefficients of the gradient (eq. 4); and
 the SEP cavity's log-normaliser gap (Li, Hernandez-Lobato & Turner 2015), the same algebra for a tied factor.
 Elementwise over the rows of a block (m x m for the SEP gap); the passes that form the marginals and add the terms
 up are ``agpc.inference.ep``'s and the other methods'.
@@ -12,12 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..backend import array_device, array_namespace, machine_epsilon, row_dot, triangular_matmul
-from ..kernels import OrdinalKernel
-from ..likelihoods import PROBIT, Ordinal
 
 __all__ = ["cavity_tolerances", "cavity", "weighted_cavity", "counted_invalid", "Held", "held_marginals",
            "held_cavity", "held_adjoint_coefficient", "removal_terms", "adf_removal_terms", "moment_matched_site",
-           "adjoint_coefficient", "site_likelihood", "variance_adjoint", "add_cut_point_grads", "sep_cavity_gap",
+           "adjoint_coefficient", "variance_adjoint", "add_cut_point_grads", "sep_cavity_gap",
            "sep_cavity_term"]
 
 
@@ -189,14 +187,6 @@ def moment_matched_site(valid, site_precision, site_shift, a, v, alpha, gamma, *
 def adjoint_coefficient(alpha, kappa, site_precision, site_shift, e, one_minus):
     """Coefficient of g_i = B^-1 k_i in d log Z_i / d k_i (see ``data_adjoint``): alpha r_i - kappa t_i."""
     return (alpha * (site_precision * e - site_shift) - kappa) / one_minus
-
-
-def site_likelihood(kernel):
-    """The likelihood of the rows' sites: an ordinal model's (``kernels.OrdinalKernel`` carries its cut points;
-    Chu & Ghahramani 2005), else the probit (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 17)."""
-    if isinstance(kernel, OrdinalKernel):
-        return Ordinal(kernel.cut_points)
-    return PROBIT
 
 
 def variance_adjoint(site, alpha, a, total_var, valid, weights):

@@ -35,15 +35,13 @@ from ..backend import (
     triangular_matmul,
 )
 from ..kernels import step_lower_bounds
-from ..likelihoods import LIKELIHOODS as LIKELIHOOD_OBJECTS
-from ..likelihoods import likelihood_by_name, sigmoid, softplus
+from ..likelihoods import Ordinal, likelihood_by_name, sigmoid, softplus
 from ..optim import bounded_step
-from . import blocks, ep, sites
+from . import blocks, ep
 from . import posterior as Q
 from .posterior import Posterior, left_solve, posterior_from_sums
 
 __all__ = [
-    "LIKELIHOODS",
     "VI_METHODS",
     "data_scale",
     "svi_step",
@@ -67,8 +65,6 @@ __all__ = [
     "posterior_from_gaussian",
     "posterior_from_whitened",
 ]
-
-LIKELIHOODS = tuple(name for name, lik in LIKELIHOOD_OBJECTS.items() if not lik.multiclass)  # the binary ones
 
 
 def log_likelihood(y, f, likelihood):
@@ -199,9 +195,8 @@ def svi_elbo(kernel, Z, X, y, whitened_mean, whitened_chol, *, likelihood="probi
     xp = array_namespace(Z)
     scale = data_scale(X, n_total, weights)
     terms = SVIBoundTerms(kernel, Z, whitened_mean, whitened_chol, jitter)
-    ordinal = likelihood == "ordinal"  # the cut points are the kernel's (``kernels.OrdinalKernel``)
-    if ordinal:
-        likelihood = sites.site_likelihood(kernel)
+    likelihood = likelihood_by_name(likelihood, multiclass=False).at(kernel)
+    ordinal = isinstance(likelihood, Ordinal)  # its cut points are the kernel's: their gradient is added to its own
     expected_total = d_cuts = None
     for lo, hi, Xb, yb in blocks.data_blocks(X, y, block_rows, Z):
         f_mean, f_var = terms.marginals(Xb)
