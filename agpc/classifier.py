@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import numbers
 import time
 import warnings
@@ -26,6 +27,7 @@ from . import validation as V
 from .inducing import initial_inducing_points
 from .inference import training
 from .kernels import ClassKernels, Kernel, OrdinalKernel, with_default_priors
+from .model import FittedModel
 from .model_file import FIT_RECORD, FittedState, read_model_file, unpickled_state, write_model_file
 from .plan import FitPlan
 
@@ -479,31 +481,42 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def predict_latent(self, X):
         """Mean and variance of the latent f at X, with the kernel's latent noise (Hernandez-Lobato &
         Hernandez-Lobato (2016), eq. 36): each (n_samples,), or (n_samples, n_classes) for a multiclass model."""
-        Xc, in_xp, device = P.checked_rows(self, X)
-        mean, var = P.model_latent(self, Xc)
+        model, (Xc, in_xp, device) = self._model_and_rows(X)
+        mean, var = P.model_latent(model, Xc)
         return P.to_caller(mean, in_xp, device), P.to_caller(var, in_xp, device)
 
     def predict_log_proba(self, X):
         """log p(y | x) for every class (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 37; Villacampa-Calvo &
         Hernandez-Lobato (2017), eq. 11), (n_samples, n_classes) in the order of ``classes_``; dask.array: lazy."""
         if B.is_dask_array(X):
-            return P.lazy(self, "predict_log_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
-        log_p, in_xp, device = P.log_proba_matrix(self, X)
-        return P.to_caller(log_p, in_xp, device)
+            return self._lazy("predict_log_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
+        model, (Xc, in_xp, device) = self._model_and_rows(X)
+        return P.to_caller(P.log_proba_matrix(model, Xc), in_xp, device)
 
     def predict_proba(self, X):
         """p(y | x) for every class, shape (n_samples, n_classes), columns in the order of ``classes_``;
         rows sum to one. A dask.array in gives a dask.array out (lazy, chunk by chunk)."""
         if B.is_dask_array(X):
-            return P.lazy(self, "predict_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
-        log_p, in_xp, device = P.log_proba_matrix(self, X)
+            return self._lazy("predict_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
+        model, (Xc, in_xp, device) = self._model_and_rows(X)
+        log_p = P.log_proba_matrix(model, Xc)
         return P.to_caller(B.array_namespace(log_p).exp(log_p), in_xp, device)
 
-    summary = inspection.model_summary  # what the fitted model is and how its training went, as text
+    def summary(self, max_features=20):
+        """What the fitted model is and how its training went, as text (``agpc.inspection.model_summary``): the
+        ``max_features`` most relevant features are listed."""
+        return inspection.model_summary(self.report(), max_features)
+
+    def report(self):
+        """What the summary and ``agpc inspect``'s plot read of this fitted model (``agpc.inspection.ModelReport``).
+        Raises NotFittedError before ``fit``."""
+        return inspection.ModelReport(type(self).__name__, self.method, I.dtype_name(self.dtype),
+                                      getattr(self, "kernel_prior_", None), self.fitted_state())
 
     def predict_uncertainty(self, X, method="quadrature"):
         """Predictive entropy and its aleatoric and epistemic (BALD) parts per row, in nats: ``agpc.uncertainty``."""
-        return U.model_uncertainty(self, X, method)
+        model, (Xc, in_xp, device) = self._model_and_rows(X)
+        return U.model_uncertainty(model, Xc, in_xp, device, method)
 
     @property
     def cut_points_(self):
@@ -516,7 +529,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def decision_function(self, X):
         """Binary: the predictive log-odds log p(classes_[1] | x) - log p(classes_[0] | x), shape (n_samples,),
         which ranks rows as ``predict_proba`` does. Multiclass: the log-probabilities, (n_samples, n_classes)."""
-        log_p, in_xp, device = P.log_proba_matrix(self, X)
+        model, (Xc, in_xp, device) = self._model_and_rows(X)
+        log_p = P.log_proba_matrix(model, Xc)
         if len(self.classes_) > 2:
             return P.to_caller(log_p, in_xp, device)
         return P.to_caller(log_p[:, 1] - log_p[:, 0], in_xp, device)
@@ -524,9 +538,42 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def predict(self, X):
         """Most probable class label for each row (a lazy dask.array for a dask.array)."""
         if B.is_dask_array(X):
-            return P.lazy(self, "predict", X, None, np.asarray(self.classes_).dtype)
+            return self._lazy("predict", X, None, np.asarray(self.classes_).dtype)
+        model, rows = self._model_and_rows(X)
+        return P.most_probable_labels(model, *rows)
+
+    def fitted_model(self):
+        """The fitted model as one value (``agpc.model.FittedModel``: kernel, likelihood, inducing points, q(u)),
+        which prediction and uncertainty read. Raises NotFittedError before ``fit``."""
         check_is_fitted(self, "posterior_")
-        return P.most_probable_labels(self, X)
+        return FittedModel.of(self.kernel_, self.likelihood_, self.inducing_points_, self.posterior_, self.classes_,
+                              n_quadrature=int(self.n_quadrature), blas_threads=self.blas_threads,
+                              block_rows=getattr(self, "block_rows", None))  # (None in models pickled before it)
+
+    def _model_and_rows(self, X):
+        """(``fitted_model()``, (X checked for it, in its namespace, type and device, or read a block at a time; the
+        input's namespace, or None for NumPy arrays, lists and data on disk; the input's device)): data on disk is
+        predicted a block at a time, and so are host rows too large for the device's free memory."""
+        model = self.fitted_model()
+        dtype, expected, owner = I.dtype_name(self.dtype), self.n_features_in_, type(self).__name__
+        if B.is_out_of_core(X):
+            I.check_out_of_core(X, dtype, expected=expected, owner=owner)
+            return model, (X, None, None)
+        checked, in_xp = I.check_features(X, dtype, expected=expected, owner=owner)
+        if in_xp is None:  # a DataFrame's names against the fitted ones (scikit-learn's warnings and errors)
+            validate_data(self, X, skip_check_array=True, reset=False)
+        return model, P.placed_rows(model, checked, in_xp)
+
+    def _lazy(self, method_name, X, columns, dtype):
+        """A prediction on a dask.array: this model's method ``method_name`` chunk by chunk, lazily (a dask array
+        back); ``columns`` None: one value a row (labels of ``dtype``), else that many columns of ``dtype``."""
+        model = copy.copy(self)
+        model.client = None  # the tasks carry the fitted model, not the connection to the cluster
+        bound = getattr(model, method_name)
+        X = X.rechunk({1: -1})
+        if columns is None:
+            return X.map_blocks(bound, drop_axis=1, dtype=dtype)
+        return X.map_blocks(bound, chunks=(X.chunks[0], (columns,)), dtype=dtype)
 
     def score(self, X, y, sample_weight=None):
         """Mean accuracy on (X, y), weighted by ``sample_weight`` when given."""

@@ -516,7 +516,7 @@ def inspect(args):
         scores = _scores(proba, y, model.classes_)
         calibration = proba, _class_index(y, model.classes_)
     if args.plot is not None:  # the command's file, written before what it prints
-        plot_model(classifier, args.plot, calibration, max_features=args.max_features)
+        plot_model(classifier.report(), args.plot, calibration, max_features=args.max_features)
     print(classifier.summary(max_features=args.max_features), end="")
     if classifier is not model:
         print("standardised: the features were standardised on the training rows before the classifier (the model "

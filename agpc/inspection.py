@@ -22,8 +22,10 @@ from __future__ import annotations
 import os
 import textwrap
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
-from sklearn.utils.validation import check_is_fitted
 
 from . import backend as B
 from . import methods as M
@@ -31,9 +33,10 @@ from .checkpoints import atomic_write
 from .inference.guard import GUARD_KEYS
 from .inference.training import STOP_REASONS
 from .kernels import ClassKernels, Linear, OrdinalKernel, Stationary
+from .model_file import FittedState
 from .untrusted import printable
 
-__all__ = ["STOP_REASONS", "STOPPED_BECAUSE", "model_summary", "feature_relevance", "reliability_bins",
+__all__ = ["STOP_REASONS", "STOPPED_BECAUSE", "ModelReport", "model_summary", "feature_relevance", "reliability_bins",
            "expected_calibration_error", "plot_model"]
 
 STOPPED_BECAUSE = {
@@ -97,16 +100,32 @@ def _lengthscales(kernel):
     return np.asarray(B.to_numpy(scales), dtype=np.float64).reshape(-1)
 
 
+@dataclass(frozen=True, eq=False)
+class ModelReport:
+    """What the summary and the plot read of a fitted estimator (``GPClassifier.report()``): its class's name, its
+    method, dtype and kernel prior, and its ``model_file.FittedState`` (the model, and what its fit recorded)."""
+
+    estimator_name: str
+    method: str
+    dtype: str
+    kernel_prior: Any
+    state: FittedState
+
+    def recorded(self, name):
+        """What the fit recorded of ``name`` (of ``model_file.FIT_RECORD``), or None (not recorded)."""
+        return (self.state.record or {}).get(name)
+
+
 def _feature_labels(model):
     """The features' names as printed (``untrusted.printable``: a name from a file or a DataFrame may hold
     characters that act on a terminal), or x0, x1, ... for a model without names."""
-    names = getattr(model, "feature_names_in_", None)
+    names = model.state.feature_names_in
     return ([printable(name) for name in names] if names is not None
-            else [f"x{j}" for j in range(int(model.n_features_in_))])
+            else [f"x{j}" for j in range(int(model.state.n_features_in))])
 
 
 def _relevance_lines(model, max_features):
-    relevance, why = feature_relevance(model.kernel_)
+    relevance, why = feature_relevance(model.state.kernel)
     if relevance is None:
         return [f"feature relevance: none ({why})"]
     labels = _feature_labels(model)
@@ -114,21 +133,22 @@ def _relevance_lines(model, max_features):
     overall = relevance.mean(axis=0) if per_class else relevance
     order = np.argsort(-overall, kind="stable")
     width = max(7, *(len(labels[j]) for j in order[:max_features]))
-    kernels = model.kernel_.kernels if per_class else (_latent(model.kernel_),)  # (one a class: a multiclass model's)
+    # (one a class: a multiclass model's)
+    kernels = model.state.kernel.kernels if per_class else (_latent(model.state.kernel),)
     measure = ("slope variance v (a linear kernel; lengthscale: 1 / sqrt(v))"
                if all(isinstance(k, Linear) for k in kernels) else "1 / lengthscale^2")
     lines = [f"feature relevance: {measure}, normalised to sum to 1 (features compared in the units they were given)"]
-    if getattr(model, "ard_", None) is False:  # tied: the ratios are the start's, not learned
+    if model.recorded("ard") is False:  # tied: the ratios are the start's, not learned
         lines.append("  (one lengthscale scale shared by every feature, ard_=False: the ratios are the starting ones, "
                      "not learned per feature)")
     if per_class:
-        heads = [f"class {printable(c)}" for c in model.classes_]
+        heads = [f"class {printable(c)}" for c in model.state.classes]
         lines.append(f"  {'feature':<{width}}  {'mean':>8}  " + "  ".join(f"{h:>10}" for h in heads))
         for j in order[:max_features]:
             lines.append(f"  {labels[j]:<{width}}  {overall[j]:>8.4f}  "
                          + "  ".join(f"{relevance[c, j]:>10.4f}" for c in range(relevance.shape[0])))
     else:
-        lengthscales = _lengthscales(model.kernel_)
+        lengthscales = _lengthscales(model.state.kernel)
         lines.append(f"  {'feature':<{width}}  {'relevance':>9}  {'lengthscale':>11}")
         for j in order[:max_features]:
             lines.append(f"  {labels[j]:<{width}}  {overall[j]:>9.4f}  {lengthscales[j]:>11.4g}")
@@ -155,13 +175,13 @@ def _scalar_parameters(kernel):
 
 
 def _kernel_lines(model):
-    kernel = model.kernel_
-    prior = getattr(model, "kernel_prior_", None)
+    kernel = model.state.kernel
+    prior = model.kernel_prior
     said = "weak default priors on its parameters (MAP)" if prior == "auto" else "no default priors"
     if isinstance(kernel, ClassKernels):
         lines = [f"kernel: one kernel a class, {said}"]
         lines += [f"  class {printable(c)}: {type(k).__name__}: {_scalar_parameters(k)}"
-                  for c, k in zip(model.classes_, kernel)]
+                  for c, k in zip(model.state.classes, kernel)]
         return lines
     if isinstance(kernel, OrdinalKernel):  # the latent's kernel, and the cut points between the classes
         cuts = ", ".join(f"{v:.4g}" for v in np.asarray(B.to_numpy(kernel.cut_points), dtype=np.float64))
@@ -183,24 +203,24 @@ def _bound_name(model):
 
 def _warmup_note(model):
     """How many of ``n_iter_`` were warm-up sweeps, which ``max_iter`` does not count (None: not recorded)."""
-    warmup = getattr(model, "n_warmup_", None)
+    warmup = model.recorded("n_warmup")
     return f"; of them {warmup} warm-up sweeps, which max_iter does not count" if warmup else ""
 
 
 def _training_lines(model):
-    history = model.history_
+    history = model.state.history
     bound = _bound_name(model)
-    reason = getattr(model, "stop_reason_", None)
-    seconds = getattr(model, "fit_time_", None)
+    reason = model.recorded("stop_reason")
+    seconds = model.recorded("fit_time")
     steps = history.get("n_steps") or []
     lines = ["training:",
              f"  stopped: {STOPPED_BECAUSE.get(reason, NOT_RECORDED)}",
-             f"  iterations (epochs with minibatches): {int(model.n_iter_)}"
+             f"  iterations (epochs with minibatches): {int(model.state.n_iter)}"
              + (f", {int(steps[-1])} steps" if steps else "") + _warmup_note(model),
-             f"  final {bound}: {float(model.log_marginal_likelihood_):.6g}",
+             f"  final {bound}: {float(model.state.log_marginal_likelihood):.6g}",
              "  fit time: " + ("not measured for partial_fit" if reason == "partial_fit" else NOT_RECORDED
                                 if seconds is None else f"{seconds:.3g} s"),
-             f"  jitter: {float(model.jitter_):.3g} on the diagonal of K(Z, Z)"]
+             f"  jitter: {float(model.state.jitter):.3g} on the diagonal of K(Z, Z)"]
     guard = [int(sum(history.get(key) or [])) for key in GUARD_KEYS]
     if any(guard):  # (docs/methods/ep.md, "The training guard")
         rejected, rebuilds, halvings, restored = guard
@@ -219,18 +239,19 @@ def _training_lines(model):
 
 
 def model_summary(model, max_features=20):
-    """A fitted model as text (``GPClassifier.summary()``, ``agpc inspect``): what it is, which features matter
-    (the ``max_features`` most relevant are listed), how training went. Printing is the caller's."""
-    check_is_fitted(model, "posterior_")
+    """A fitted model (its ``ModelReport``) as text (``GPClassifier.summary()``, ``agpc inspect``): what it is,
+    which features matter (the ``max_features`` most relevant are listed), how training went. Printing is the
+    caller's."""
     if isinstance(max_features, bool) or not isinstance(max_features, (int, np.integer)) or max_features < 1:
         raise ValueError(f"max_features must be a positive integer, got {max_features!r}")
-    rows = getattr(model, "n_samples_fit_", None)
-    names = getattr(model, "feature_names_in_", None)
-    Z = model.inducing_points_
+    state = model.state
+    rows = model.recorded("n_samples_fit")
+    names = state.feature_names_in
+    Z = state.inducing_points
     per_class = " a class" if len(Z.shape) == 3 else ""
-    lines = [f"{type(model).__name__}: method {model.method}, likelihood {model.likelihood_}, dtype {model.dtype}",
-             f"data: {'rows ' + NOT_RECORDED if rows is None else f'{rows} rows'}, {int(model.n_features_in_)} "
-             f"features; {len(model.classes_)} classes: {_preview(model.classes_.tolist())}",
+    lines = [f"{model.estimator_name}: method {model.method}, likelihood {state.likelihood}, dtype {model.dtype}",
+             f"data: {'rows ' + NOT_RECORDED if rows is None else f'{rows} rows'}, {int(state.n_features_in)} "
+             f"features; {len(state.classes)} classes: {_preview(state.classes.tolist())}",
              "features: " + (_preview(names, 8) if names is not None else "not named (fitted on an array without "
                                                                         "column names)")]
     lines += _kernel_lines(model) + _relevance_lines(model, max_features)
@@ -292,10 +313,10 @@ def _figure():
 
 
 def _plot_training(ax, model):
-    history = model.history_
+    history = model.state.history
     values = history.get("log_marginal_likelihood") or []
     ax.plot(history.get("n_steps") or range(1, len(values) + 1), values, color="#08519c", label="log Z_q")
-    stopped = STOPPED_BECAUSE.get(getattr(model, "stop_reason_", None), "not recorded").split(":")[0]
+    stopped = STOPPED_BECAUSE.get(model.recorded("stop_reason"), "not recorded").split(":")[0]
     ax.set(title=f"training (stopped: {stopped})", xlabel="steps", ylabel=_bound_name(model))
     nll = history.get("validation_nll") or []
     if nll:
@@ -323,7 +344,7 @@ def _plot_reliability(ax, calibration, n_bins):
 
 
 def _plot_relevance(ax, model, max_features):
-    relevance, why = feature_relevance(model.kernel_)
+    relevance, why = feature_relevance(model.state.kernel)
     ax.set_title("feature relevance (1 / lengthscale^2)")
     if relevance is None:
         ax.text(0.5, 0.5, "\n".join(textwrap.wrap("none: " + why, 48)), ha="center", va="center", fontsize=8)
@@ -334,7 +355,7 @@ def _plot_relevance(ax, model, max_features):
     labels = _feature_labels(model)
     ax.barh([labels[j] for j in order], overall[order], color="#74c476")
     xlabel = "relevance (mean over classes)" if relevance.ndim == 2 else "relevance"
-    if getattr(model, "ard_", None) is False:  # what the summary says (``_relevance_lines``), on the panel too
+    if model.recorded("ard") is False:  # what the summary says (``_relevance_lines``), on the panel too
         ax.set_title("feature relevance (1 / lengthscale^2)\n" + "\n".join(textwrap.wrap(SHARED_SCALE_NOTE, 52)),
                      fontsize=8)
         xlabel += " (from each feature's scale, not learned)"
@@ -346,15 +367,14 @@ def plot_model(model, path, calibration=None, n_bins=10, max_features=20):
     """One PNG at ``path`` (written atomically; a device, a directory or a FIFO refused): the training curve (log Z
     or the bound, and the validation NLL where there is one), the reliability diagram with its expected calibration
     error on ``calibration`` = (proba (n, C), class_index (n,)) of labelled rows (without: the panel says so),
-    and the feature relevance of the ``max_features`` most relevant features."""
-    check_is_fitted(model, "posterior_")
+    and the feature relevance of the ``max_features`` most relevant features; ``model``: a ``ModelReport``."""
     figure = _figure()
     axes = figure.subplots(1, 3)
     _plot_training(axes[0], model)
     _plot_reliability(axes[1], calibration, n_bins)
     _plot_relevance(axes[2], model, max_features)
-    figure.suptitle(f"{type(model).__name__}: method {model.method}, {len(model.classes_)} classes, "
-                    f"{int(model.n_features_in_)} features")
+    figure.suptitle(f"{model.estimator_name}: method {model.method}, {len(model.state.classes)} classes, "
+                    f"{int(model.state.n_features_in)} features")
     figure.tight_layout()
     with atomic_write(path, "wb", what=f"cannot write the plot to {os.fspath(path)}") as fh:
         figure.savefig(fh, format="png", dpi=90)

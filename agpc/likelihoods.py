@@ -45,6 +45,9 @@ __all__ = [
     "ROBUST_MAX",
     "LIKELIHOODS",
     "ORDINAL_LIKELIHOOD",
+    "MULTICLASS_PROBIT",
+    "MulticlassProbit",
+    "fitted_likelihood",
     "register_likelihood",
     "registered_likelihood",
     "unregister_likelihood",
@@ -437,6 +440,10 @@ class RobustMax(Likelihood):
         return (xp.where(pick, jensen, value), xp.where(column, j_mean, d_mean), xp.where(column, j_var, d_var),
                 xp.where(column, j_var, d_residual))
 
+    def class_log_proba(self, mean, var, n_quadrature=None):
+        """``predictive_log_proba`` on its own nodes (``PREDICTIVE_NODES``: ``n_quadrature`` is a binary model's)."""
+        return self.predictive_log_proba(mean, var)
+
     def predictive_log_proba(self, mean, var, n_quadrature=PREDICTIVE_NODES):
         """log p(y = k | x), (n, C): (1 - eps) S_k + eps / (C - 1) (1 - S_k), with S_k the probability that f_k is
         the largest (``argmax_log_proba``)."""
@@ -595,7 +602,22 @@ class Ordinal(Likelihood):
         return f"Ordinal(cut_points={self.cut_points!r})"
 
 
+class MulticlassProbit(Likelihood):
+    """y = argmax_c f_c, each f_c with its latent noise: Villacampa-Calvo & Hernandez-Lobato (2017), eq. 1, whose
+    factors on pairs of classes are probits against EP's cavities (their eq. 6: ``inference.multiclass_ep``), with
+    the predictive of their eq. 11 (``argmax_log_proba``). A multiclass EP model's likelihood, named "probit" in
+    models and files as the binary probit it extends; not in ``LIKELIHOODS``, which names the binary one so."""
+
+    name = "probit"
+    multiclass = True
+
+    def class_log_proba(self, mean, var, n_quadrature=None):
+        """log p(y = k | x), (n, C), on ``PREDICTIVE_NODES`` nodes (``n_quadrature`` is a binary model's)."""
+        return argmax_log_proba(mean, var, PREDICTIVE_NODES)
+
+
 PROBIT, LOGISTIC, ROBUST_MAX = Probit(), Logistic(), RobustMax()
+MULTICLASS_PROBIT = MulticlassProbit()
 ORDINAL_LIKELIHOOD = Ordinal()  # its cut points are those of the model's kernel: ``Ordinal.at``
 _BUILT_IN = {lik.name: lik for lik in (PROBIT, LOGISTIC, ROBUST_MAX, ORDINAL_LIKELIHOOD)}
 LIKELIHOODS = dict(_BUILT_IN)
@@ -641,6 +663,19 @@ def unregister_likelihood(name):
         raise ValueError(f"likelihood {name!r} is built in and cannot be unregistered")
     likelihood_by_name(name)
     del LIKELIHOODS[name]
+
+
+def fitted_likelihood(name, kernel, *, multiclass):
+    """The likelihood object of a fitted model whose likelihood is called ``name`` (its ``likelihood_``, a model
+    file's): with a latent GP a class, the multiclass probit (EP, GFITC) or the robust max (SVI); else the binary or
+    ordinal one of that name, at ``kernel`` (``Likelihood.at``)."""
+    if not multiclass:
+        return likelihood_by_name(name, multiclass=False).at(kernel)
+    for likelihood in (MULTICLASS_PROBIT, ROBUST_MAX):
+        if likelihood.name == name:
+            return likelihood
+    raise ValueError(f"unknown likelihood {name!r} of a multiclass model: use {MULTICLASS_PROBIT.name!r} or "
+                     f"{ROBUST_MAX.name!r}")
 
 
 def likelihood_by_name(name, *, multiclass=None):

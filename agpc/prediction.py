@@ -1,23 +1,19 @@
-"""Prediction from a fitted model's state: the latent f at new rows and the class probabilities, for the binary and
-the multiclass model of every method, and lazily on dask arrays. ``GPClassifier``'s ``predict_*`` methods check
-the rows (``checked_rows``, by ``agpc.inputs``) and call these with the fitted kernel, inducing points and
-posterior."""
+"""Prediction from a fitted model (``agpc.model.FittedModel``: kernel, likelihood, inducing points and q(u)): the
+latent f at new rows and the class probabilities, for the binary, ordinal and multiclass model of every method.
+``GPClassifier``'s ``predict_*`` methods check the rows (by ``agpc.inputs``, and scikit-learn's feature names), and
+call these with the model value, never the estimator."""
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
-from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import backend as B
 from . import inputs as I
 from . import threads
-from .inference import ep, multiclass_ep, multiclass_vi
-from .likelihoods import ROBUST_MAX, likelihood_by_name
+from .inference import ep, multiclass_ep
 
-__all__ = ["KERNEL_REACH", "within_reach", "checked_rows", "model_latent", "log_proba_matrix", "latent", "log_proba",
-           "model_log_proba", "model_likelihood", "most_probable_labels", "to_caller", "lazy"]
+__all__ = ["KERNEL_REACH", "within_reach", "placed_rows", "model_latent", "log_proba_matrix", "latent",
+           "model_log_proba", "most_probable_labels", "to_caller"]
 
 # A stationary kernel's profile is exactly 0 beyond this many lengthscales (RBF: exp(-r^2 / 2) underflows past
 # r = 39; Matern 5/2: past r ~ 330).
@@ -76,74 +72,54 @@ def _within_radius(Xc, growths):
     return Xc * factor[:, None]
 
 
-def checked_rows(model, X):
-    """(X checked for the fitted ``model``, in its namespace, type and device, or read a block at a time; the
-    input's namespace, or None for NumPy arrays, lists and data on disk; the input's device). Data on disk and host
-    rows too large for the device's free memory are predicted a block at a time; results are NumPy arrays."""
-    check_is_fitted(model, "posterior_")
-    dtype, expected, owner = I.dtype_name(model.dtype), model.n_features_in_, type(model).__name__
-    if B.is_out_of_core(X):
-        I.check_out_of_core(X, dtype, expected=expected, owner=owner)
-        return X, None, None
-    given = X
-    X, in_xp = I.check_features(X, dtype, expected=expected, owner=owner)
-    if in_xp is None:  # a DataFrame's names against the fitted ones (scikit-learn's warnings and errors)
-        validate_data(model, given, skip_check_array=True, reset=False)
-    xp = B.array_namespace(model.inducing_points_)
-    device = B.array_device(model.inducing_points_)
+def placed_rows(model, X, in_xp):
+    """(rows checked for the fitted ``model`` (a ``model.FittedModel``) by its estimator, in the model's namespace,
+    type and device, or read a block at a time; ``in_xp``, the input's namespace, or None for NumPy arrays, lists
+    and data on disk; the input's device). Host rows too large for the device's free memory are predicted a block
+    at a time; results are NumPy arrays."""
+    xp = B.array_namespace(model.inducing_points)
+    device = B.array_device(model.inducing_points)
     if in_xp is None and I.stays_on_host(X, xp, device):
         return B.HostRows(X), None, None
     # the fitted model's own type (a model loaded from a file keeps the type it was saved in)
-    Xc = B.asarray_like(X, xp, device=device, dtype=model.inducing_points_.dtype)
+    Xc = B.asarray_like(X, xp, device=device, dtype=model.inducing_points.dtype)
     return Xc, in_xp, (B.array_device(X) if in_xp is not None else None)
 
 
 def model_latent(model, Xc):
-    """The latent's mean and variance at rows checked by ``checked_rows`` (``latent`` of the fitted state); a
+    """The latent's mean and variance at rows placed by ``placed_rows`` (``latent`` of the fitted ``model``); a
     raised jitter is warned about at the caller of the public ``predict_*`` that called this."""
     with B.jitter_report("GPClassifier prediction", stacklevel=5):
-        return latent(model.kernel_, model.inducing_points_, model.posterior_, Xc, blas_threads=model.blas_threads,
-                      block_rows=getattr(model, "block_rows", None))  # (None in models pickled before it existed)
+        return latent(model.kernel, model.inducing_points, model.posterior, Xc, blas_threads=model.blas_threads,
+                      block_rows=model.block_rows)
 
 
-def log_proba_matrix(model, X):
-    """(log p(classes_[c] | x) as an (n, C) array, the input's namespace, its device) of the fitted ``model``."""
-    Xc, in_xp, device = checked_rows(model, X)
+def log_proba_matrix(model, Xc):
+    """log p(classes[c] | x) as an (n, C) array of the fitted ``model`` at rows placed by ``placed_rows``."""
     mean, var = model_latent(model, Xc)
-    return model_log_proba(model, mean, var), in_xp, device
+    return model_log_proba(model, mean, var)
 
 
-def most_probable_labels(model, X):
-    """The fitted ``model``'s most probable class of each row of X (in the caller's array type where it holds
-    them: numbers). Two classes of a probit or logistic model: the sign of the latent mean (p(+1) > 1/2 exactly
-    there), no probabilities formed."""
-    if len(model.classes_) > 2 or not model_likelihood(model).sign_decides:
-        log_p, in_xp, device = log_proba_matrix(model, X)
-        index = B.to_numpy(B.array_namespace(log_p).argmax(log_p, axis=1))
-    else:
-        Xc, in_xp, device = checked_rows(model, X)
+def most_probable_labels(model, Xc, in_xp, device):
+    """The fitted ``model``'s most probable class of each row of Xc (in the caller's array type where it holds
+    them: numbers). A likelihood whose most probable class is the sign of the latent mean (``sign_decides``: the
+    binary probit and logistic): that sign, no probabilities formed."""
+    if model.likelihood.sign_decides:
         mean, _ = model_latent(model, Xc)
         index = B.to_numpy(mean > 0).astype(np.intp)
-    labels = model.classes_[index]
+    else:
+        log_p = log_proba_matrix(model, Xc)
+        index = B.to_numpy(B.array_namespace(log_p).argmax(log_p, axis=1))
+    labels = model.classes[index]
     numeric = in_xp is not None and labels.dtype.kind in "biuf"
     return B.asarray_like(labels, in_xp, device=device) if numeric else labels
 
 
-def model_likelihood(model):
-    """The likelihood of the fitted ``model``'s one latent GP (binary or ordinal; an ordinal one's cut points are its
-    kernel's: ``Likelihood.at``), or None for a multiclass model (one latent GP a class)."""
-    if getattr(model, "inducing_points_", None) is not None and model.inducing_points_.ndim == 3:
-        return None
-    return likelihood_by_name(model.likelihood_, multiclass=False).at(model.kernel_)
-
-
 def model_log_proba(model, mean, var):
-    """log p(classes_[c] | x), (n, C), of the fitted ``model`` from the latent's mean and variance: its likelihood's
-    (``Likelihood.class_log_proba``), or the multiclass model's (``log_proba``)."""
-    likelihood = model_likelihood(model)
-    if likelihood is None:
-        return log_proba(mean, var, model.likelihood_, model.n_quadrature, True)
-    return likelihood.class_log_proba(mean, var, model.n_quadrature)
+    """log p(classes[c] | x), (n, C), of the fitted ``model`` from the latent's mean and variance: its likelihood's
+    predictive (``Likelihood.class_log_proba``: Hernandez-Lobato & Hernandez-Lobato (2016), eq. 37 for the probit,
+    Villacampa-Calvo & Hernandez-Lobato (2017), eq. 11 for the multiclass model, ...)."""
+    return model.likelihood.class_log_proba(mean, var, model.n_quadrature)
 
 
 def latent(kernel, Z, posterior, Xc, *, block_rows=None, blas_threads=None):
@@ -157,33 +133,9 @@ def latent(kernel, Z, posterior, Xc, *, block_rows=None, blas_threads=None):
         return ep.predict_latent(kernel, Z, posterior, Xc, block_rows=block_rows)
 
 
-def log_proba(mean, var, likelihood, n_quadrature, multiclass):
-    """log p(class c | x) as an (n, C) array from the latent's mean and variance: the binary ``likelihood``'s
-    (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 37 for the probit, Gauss-Hermite for the logistic); the
-    multiclass model's (Villacampa-Calvo & Hernandez-Lobato 2017, eq. 11) by one-dimensional quadrature, or robust
-    max."""
-    if multiclass and likelihood == ROBUST_MAX.name:  # the variational baseline's likelihood
-        return multiclass_vi.predictive_log_proba(mean, var)
-    if multiclass:
-        return multiclass_ep.predictive_log_proba(mean, var)
-    return likelihood_by_name(likelihood, multiclass=False).class_log_proba(mean, var, n_quadrature)
-
-
 def to_caller(values, in_xp, device):
     """Results in the caller's array type: NumPy for NumPy arrays, lists and data on disk (``in_xp`` None), else
     the input's namespace and device."""
     if in_xp is None:
         return B.to_numpy(values)
     return B.asarray_like(values, in_xp, device=device)
-
-
-def lazy(model, method_name, X, columns, dtype):
-    """A prediction on a dask.array: ``model``'s method ``method_name`` chunk by chunk, lazily (a dask array
-    back); ``columns`` None: one value a row (labels of ``dtype``), else that many columns of ``dtype``."""
-    model = copy.copy(model)
-    model.client = None  # the tasks carry the fitted model, not the connection to the cluster
-    bound = getattr(model, method_name)
-    X = X.rechunk({1: -1})
-    if columns is None:
-        return X.map_blocks(bound, drop_axis=1, dtype=dtype)
-    return X.map_blocks(bound, chunks=(X.chunks[0], (columns,)), dtype=dtype)

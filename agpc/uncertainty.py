@@ -163,12 +163,11 @@ def uncertainty(mean, var, log_proba, likelihood, method="quadrature", cut_point
     return Uncertainty(total, aleatoric, total - aleatoric)
 
 
-def model_uncertainty(model, X, method="quadrature"):
-    """``Uncertainty`` of the fitted ``model`` at X, in the caller's array type (``prediction.to_caller``)."""
-    Xc, in_xp, device = P.checked_rows(model, X)
+def model_uncertainty(model, Xc, in_xp, device, method="quadrature"):
+    """``Uncertainty`` of the fitted ``model`` (a ``model.FittedModel``) at rows placed by
+    ``prediction.placed_rows``, in the caller's array type (``prediction.to_caller``)."""
     mean, var = P.model_latent(model, Xc)
     log_p = P.model_log_proba(model, mean, var)
-    likelihood = P.model_likelihood(model)
-    result = uncertainty(mean, var, log_p, model.likelihood_, method,
-                         cut_points=getattr(likelihood, "cut_points", None))
+    likelihood = model.likelihood
+    result = uncertainty(mean, var, log_p, likelihood.name, method, cut_points=getattr(likelihood, "cut_points", None))
     return Uncertainty(*(P.to_caller(values, in_xp, device) for values in result))

@@ -139,7 +139,7 @@ def test_the_relevance_plot_shows_the_most_relevant_features_most_relevant_on_to
     figures = []
     real = inspection._figure
     monkeypatch.setattr(inspection, "_figure", lambda: figures.append(real()) or figures[-1])
-    plot_model(model, tmp_path / "model.png", max_features=3)
+    plot_model(model.report(), tmp_path / "model.png", max_features=3)
     panel = figures[0].axes[2]
     bars = sorted(panel.patches, key=lambda bar: bar.get_y())  # bottom to top
     labels = [label.get_text() for label in panel.get_yticklabels()]  # bottom to top
@@ -431,10 +431,11 @@ def test_plot_model_writes_a_png_and_refuses_a_directory(banana_model, tmp_path)
     pytest.importorskip("matplotlib")
     model, X, y = banana_model
     proba = model.predict_proba(X)
-    path = plot_model(model, tmp_path / "model.png", calibration=(proba, np.searchsorted(model.classes_, y)))
+    path = plot_model(model.report(), tmp_path / "model.png",
+                      calibration=(proba, np.searchsorted(model.classes_, y)))
     assert Path(path).read_bytes()[:8] == PNG_SIGNATURE
     with pytest.raises(ValueError, match="it is a directory"):
-        plot_model(model, tmp_path)
+        plot_model(model.report(), tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["model.png"]
 
 
@@ -492,7 +493,7 @@ def test_the_relevance_panel_says_when_one_shared_lengthscale_makes_it_the_featu
     figures = []
     real = inspection._figure
     monkeypatch.setattr(inspection, "_figure", lambda: figures.append(real()) or figures[-1])
-    plot_model(model, tmp_path / "model.png")
+    plot_model(model.report(), tmp_path / "model.png")
     panel = figures[0].axes[2]
     said = " ".join((panel.get_title() + " " + panel.get_xlabel()).split())
     assert ("not learned" in said) is (not ard)
