@@ -611,6 +611,12 @@ class MulticlassProbit(Likelihood):
     name = "probit"
     multiclass = True
 
+    def pair_terms(self, margin, variance):
+        """``SiteTerms`` of one pair (i, k)'s factor Theta(f_iy - f_ik) against its two cavities: the probit
+        Phi(margin / sqrt(variance)) of Villacampa-Calvo & Hernandez-Lobato (2017), eq. 6, with margin = a_y - a_k and
+        variance the sum of the two cavities' (their latent noise included)."""
+        return PROBIT.site_terms(array_namespace(margin).ones_like(margin), margin, variance)
+
     def class_log_proba(self, mean, var, n_quadrature=None):
         """log p(y = k | x), (n, C), on ``PREDICTIVE_NODES`` nodes (``n_quadrature`` is a binary model's)."""
         return argmax_log_proba(mean, var, PREDICTIVE_NODES)

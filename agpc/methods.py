@@ -379,8 +379,8 @@ _SHARED_SCALE_REFUSAL = ("method={name!r} cannot learn one shared lengthscale sc
 _EP_PROBIT = "uses the probit likelihood, or the ordinal probit for ordered classes (closed-form EP updates)"
 # (GFITC's EP is on the FITC prior, its sites on each latent value: the probit only; the ordinal model is EP's, SEP's,
 # ADF's and SVI's)
-_GFITC_PROBIT = ("uses the probit likelihood (closed-form EP updates on the FITC prior); ordered classes "
-                 "(likelihood='ordinal') are trained by 'ep', 'sep', 'adf' or 'svi'")
+_GFITC_PROBIT = ("uses the probit likelihood (closed-form EP updates on the FITC prior), or a registered one with EP's "
+                 "site terms; ordered classes (likelihood='ordinal') are trained by 'ep', 'sep', 'adf' or 'svi'")
 _ON_DASK = {"dask", "dask_checkpoints"}
 _NO_ROUNDS = ("method={name!r} has no data-parallel rounds, so n_jobs > 1 takes no worker processes: {why}; its batch "
               "passes spread their row blocks over n_jobs threads")
@@ -426,6 +426,7 @@ _BUILT_IN_METHODS = (
              remarks={"minibatch": "batch only", "sample_weight": "the weighted bound"})
       for name in ("vi-jj-hybrid", "vi-jj-full")),
     Method("gfitc", family="gfitc", engine="gfitc", likelihood_reason=_GFITC_PROBIT,
+           registered_likelihoods="site_terms",
            capabilities={"multiclass", "sample_weight", "shared_lengthscales", *_EVERYWHERE},
            check_params=_gfitc_params,
            refusals={"dask": _GFITC_BATCH_ONLY.format(what="fit on a dask array"),

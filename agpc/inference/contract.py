@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from ..backend import ModulesByName, array_namespace, scaled_std
 from ..kernels import PER_FEATURE_SCALES, ClassKernels, log_prior_and_grads, step_lower_bounds
+from ..likelihoods import MULTICLASS_PROBIT, PROBIT, likelihood_by_name
 from ..optim import OPTIMIZERS, Rprop, bounded_step
 from . import ep, multiclass_ep
 from .posterior import Factor
@@ -69,6 +70,16 @@ class EngineOptions:
     tol: float = 1e-6  # GFITC: the relative site change below which its sites have settled
     site_rows: int | None = None  # EP: the rows it keeps sites for (default all; data-parallel rounds: none)
     shared_lengthscales: bool = False  # the EP family, GFITC, SVI: every lengthscale moves by one common factor
+
+
+def engine_likelihood(kernel, options):
+    """The likelihood object the EP family and GFITC train (``EngineOptions.likelihood``: a ``Likelihood``, or a
+    binary one's name); by default the probit, or the multiclass probit of a model with a kernel a class
+    (Villacampa-Calvo & Hernandez-Lobato 2017, eq. 6)."""
+    multiclass = isinstance(kernel, ClassKernels)
+    if options.likelihood is None:
+        return MULTICLASS_PROBIT if multiclass else PROBIT
+    return likelihood_by_name(options.likelihood, multiclass=multiclass)
 
 
 def refuse_passes(name, passes):

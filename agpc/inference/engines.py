@@ -40,7 +40,8 @@ from .posterior import Factor, moved_factor
 # plug-in engines import them from this module, as before they had a module of their own)
 from .contract import (ALL_METHODS, CLUSTER_QUADRATIC_METHODS, EP_METHODS, QUADRATIC_METHODS,
                        ROUND_METHODS, Engine, EngineOptions, FittedParts, Forwarded, Outcome, anchor_arrays,
-                       anchor_from_arrays, factor_arrays, factor_from_arrays, forwarding, hyper_step, initial_steps,
+                       anchor_from_arrays, engine_likelihood, factor_arrays, factor_from_arrays, forwarding, hyper_step,
+                       initial_steps,
                        make_optimizer, parameter_names, quoted_names, refuse_minibatch, refuse_passes,
                        relative_change, relative_change_on_device, shared_scale_grads, with_log_prior)
 
@@ -119,10 +120,8 @@ class EPEngine(Engine):
         self.damping = (0.99 if minibatch else 0.5) if options.damping is None else options.damping
         self.nominal_damping = self.damping
         self.passes = passes or (multiclass_ep if isinstance(kernel, ClassKernels) else ep)
-        # a binary model's likelihood, as its passes take it (``ep.block_pass``; the probit by default): a multiclass
-        # model's is its passes' own (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 6)
-        self.likelihood_option = {} if isinstance(kernel, ClassKernels) else {
-            "likelihood": likelihood_by_name(options.likelihood or PROBIT.name, multiclass=False)}
+        # the model's likelihood, as its passes take it (``ep.block_pass``, ``multiclass_ep.pair_update``)
+        self.likelihood_option = {"likelihood": engine_likelihood(kernel, options)}
         self.per_row_sites = name == "ep"
         # Batch EP (binary): whether every site precision is known to be >= 0, which lets a pass form its sums by
         # symmetric products (``ep.evaluate``'s ``nonnegative_sites``). True from zero sites (the sweep keeps them
@@ -481,6 +480,7 @@ class GFITCEngine(Engine):
         self.damping = 0.5 if options.damping is None else options.damping
         self.nominal_damping = self.damping
         self.tol_ep = options.tol
+        self.likelihood = engine_likelihood(kernel, options)
         # (state "site_step": the last sweep's damped step of the site precisions, to tell a two-cycle)
         self.state.update(nu=gfitc.zero_sites(n_total, Z), mu=gfitc.zero_sites(n_total, Z), factor=None,
                           site_step=gfitc.zero_sites(n_total, Z))
@@ -494,7 +494,7 @@ class GFITCEngine(Engine):
         s = self.state
         hyper = stepping and self.settled
         out = gfitc.evaluate(s["kernel"], s["Z"], X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=hyper,
-                             block_rows=self.block_rows, **self._weighted())
+                             block_rows=self.block_rows, likelihood=self.likelihood, **self._weighted())
         return out["log_z"], (out, hyper)
 
     def sample_weight_refusal(self):
@@ -554,13 +554,13 @@ class GFITCEngine(Engine):
     def posterior(self, X, y, want_log_z=True):
         s = self.state
         final = gfitc.evaluate(s["kernel"], s["Z"], X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
-                               block_rows=self.block_rows, **self._weighted())
+                               block_rows=self.block_rows, likelihood=self.likelihood, **self._weighted())
         return final["posterior"], float(final["log_z"]) if want_log_z else None
 
     def validation_scores(self, post, X_val, y_val):
         s = self.state
         passes = multiclass_ep if isinstance(s["kernel"], ClassKernels) else ep
-        return passes.validation_scores(s["kernel"], s["Z"], post, X_val, y_val)
+        return passes.validation_scores(s["kernel"], s["Z"], post, X_val, y_val, likelihood=self.likelihood)
 
     def checkpoint_state(self, path, step):
         s = self.state

@@ -55,7 +55,7 @@ from ..backend import (
     solve_triangular,
 )
 from ..kernels import ClassKernels
-from ..likelihoods import PROBIT
+from ..likelihoods import MULTICLASS_PROBIT, PROBIT
 from . import ep, multiclass_ep, sites
 from .posterior import PRIOR_FACTOR_NAME, posterior_from_sums
 
@@ -184,7 +184,7 @@ def _damped(out, new_nu, new_mu, nu, mu, valid, damping):
 
 def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, want_sites=True,
              damping=None, checked=True, nonnegative_sites=False, site_sums=None, want_next_sums=False, weights=None,
-             likelihood=PROBIT):
+             likelihood=None):
     """One parallel EP pass over all rows of the full GP at fixed (kernel, sites): ``ep.evaluate``'s contract with
     Z = X (``block_rows`` is not used: the model is n x n), and ``multiclass_ep.evaluate``'s for a ``ClassKernels``
     with Z (C, n, d), one GP a class (Villacampa-Calvo & Hernandez-Lobato (2017): the pairs' updates are
@@ -199,11 +199,14 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     drives either pass, and not used: the full GP keeps no sums of its sites between passes (its one factorisation,
     of I + D^1/2 K D^1/2 with D the site precisions, is new at every pass), so no ``site_sums`` come back.
     ``weights`` (n,) or None: the rows' sample weights, by power EP (``_weighted_evaluate``; for C classes
-    ``_evaluate_classes``). ``likelihood``: a binary model's (``ep.block_pass``), whose site precisions are cut at 0
-    where its tilted moments would make them negative (a likelihood that is not log-concave)."""
+    ``_evaluate_classes``). ``likelihood``: the model's (``ep.block_pass``, ``multiclass_ep.pair_update``; None: the
+    probit, or the multiclass probit for C classes); a binary one's site precisions are cut at 0 where its tilted
+    moments would make them negative (a likelihood that is not log-concave)."""
     if isinstance(kernel, ClassKernels):
         return _evaluate_classes(kernel, Z, X, y, site_precision, site_shift, jitter=jitter, want_grad=want_grad,
-                                 want_sites=want_sites, damping=damping, checked=checked, weights=weights)
+                                 want_sites=want_sites, damping=damping, checked=checked, weights=weights,
+                                 likelihood=likelihood or MULTICLASS_PROBIT)
+    likelihood = likelihood or PROBIT
     if weights is not None:
         return _weighted_evaluate(kernel, Z, X, y, site_precision, site_shift, weights, jitter=jitter,
                                   want_grad=want_grad, want_sites=want_sites, damping=damping, checked=checked,
@@ -266,7 +269,7 @@ def _weighted_evaluate(kernel, Z, X, y, site_precision, site_shift, weights, *, 
 
 
 def _evaluate_classes(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad, want_sites, damping,
-                      checked, weights=None):
+                      checked, weights=None, likelihood=MULTICLASS_PROBIT):
     """``evaluate`` for C classes: each class's GP q_c from its rows' total sites (``multiclass_ep.site_totals``),
     the pairs' updates from the classes' marginals, log Z_q = sum_c g(q_c) - g(prior_c) + the pairs' terms
     (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 9), the gradient class by class (eq. 10; each class's kappa
@@ -283,7 +286,7 @@ def _evaluate_classes(kernels, Z, X, y, site_precision, site_shift, *, jitter, w
                                                                                axis=1)
                                                                       for key in ("var", "mean", "prior_var",
                                                                                   "noise_var")),
-                                       want_grad=want_grad, weights=weights)
+                                       want_grad=want_grad, weights=weights, likelihood=likelihood)
     log_z = update.log_z_terms
     for marg in margs:
         log_z = log_z + marg.log_normaliser_gain
@@ -310,8 +313,7 @@ def zero_sites(n, Z):
 
 
 def validation_scores(kernel, Z, post, X_val, y_val, **likelihood):
-    """Test NLL and error of q (``ep.validation_scores`` under a binary model's ``likelihood``,
+    """Test NLL and error of q under the model's ``likelihood`` (``ep.validation_scores``,
     ``multiclass_ep.validation_scores`` for C classes)."""
-    if isinstance(kernel, ClassKernels):
-        return multiclass_ep.validation_scores(kernel, Z, post, X_val, y_val)
-    return ep.validation_scores(kernel, Z, post, X_val, y_val, **likelihood)
+    return (multiclass_ep if isinstance(kernel, ClassKernels) else ep).validation_scores(kernel, Z, post, X_val, y_val,
+                                                                                         **likelihood)

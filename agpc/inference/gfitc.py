@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ..backend import array_namespace, lower_triangular_inverse
 from ..kernels import ClassKernels
-from ..likelihoods import PROBIT
+from ..likelihoods import MULTICLASS_PROBIT, PROBIT
 from . import blocks, ep, multiclass_ep, sites
 from .posterior import posterior_from_sums, prior_cholesky
 
@@ -103,15 +103,16 @@ def _cavity(site_precision, site_shift, var, mean, prior_var, weights):
     return (valid if weights is None else valid & (weights > 0)), one_minus, v, a
 
 
-def _probit_update(y, site_precision, site_shift, fms, weights=None):
-    """Binary: cavity of f_i (R&W eq. 3.56), probit tilted moments (eq. 3.58), new site (eq. 3.59).
+def _binary_update(likelihood, y, site_precision, site_shift, fms, weights=None):
+    """Binary: cavity of f_i (R&W eq. 3.56), the ``likelihood``'s tilted moments (the probit's: eq. 3.58), new site
+    (eq. 3.59).
     Returns (new precisions, new shifts, valid, the sites' log Z_EP terms log Z_i + g(cavity) - g(q) along f_i, zero
     where the cavity is unusable: that site keeps its parameters for the round, as in ``ep``). ``weights``: a copy's
     cavity (``_cavity``), each site's terms w_i times."""
     xp = array_namespace(site_precision)
     (fm,) = fms
     valid, one_minus, v, a = _cavity(site_precision, site_shift, fm.var, fm.mean, fm.g.prior_var + fm.g.s, weights)
-    log_zi, alpha, gamma = PROBIT.tilted_moments(y, a, 1.0 + v)
+    log_zi, alpha, gamma, *_ = likelihood.site_terms(y, a, 1.0 + v)
     new_precision, new_shift = sites.moment_matched_site(valid, site_precision, site_shift, a, v, alpha, gamma)
     terms = log_zi + sites.removal_terms(site_precision, site_shift, fm.var, fm.mean, one_minus)
     if weights is not None:
@@ -119,14 +120,14 @@ def _probit_update(y, site_precision, site_shift, fms, weights=None):
     return new_precision, new_shift, valid, xp.where(valid, terms, 0.0)
 
 
-def _pair_update(y, site_precision, site_shift, fms, weights=None):
+def _pair_update(likelihood, y, site_precision, site_shift, fms, weights=None):
     """Multiclass: one site per wrong class k on (f_{i y_i}, f_ik), factorised over the two classes
     (``multiclass_ep`` storage: column k the class-k part, column C + k the class-y_i part); each part is
     removed from its own class's marginal of f. On f the likelihood of Villacampa-Calvo & Hernandez-Lobato (2017), eq. 1
     is exactly the product of Theta(f_y - f_k) (the latent noise is in Kdiag); against the two cavities each factor
     integrates to the probit of Villacampa-Calvo & Hernandez-Lobato (2017), eq. 6 with variance v_y + v_k, and the
-    tilted moments are ``multiclass_ep``'s. ``weights``: as in ``_probit_update``, a copy's cavities, its terms w_i
-    times."""
+    tilted moments are the ``likelihood``'s (``MulticlassProbit.pair_terms``). ``weights``: as in ``_binary_update``,
+    a copy's cavities, its terms w_i times."""
     xp = array_namespace(site_precision)
     C = len(fms)
     row_weights = None if weights is None else weights[:, None]
@@ -140,7 +141,7 @@ def _pair_update(y, site_precision, site_shift, fms, weights=None):
     valid_k, om_k, v_k, a_k = _cavity(precision_k, shift_k, var, mean, prior_var, row_weights)
     valid_y, om_y, v_y, a_y = _cavity(precision_y, shift_y, var_y, mean_y, prior_var_y, row_weights)
     valid = ~onehot & valid_k & valid_y
-    log_zp, alpha, gamma = PROBIT.tilted_moments(xp.ones_like(a_k), a_y - a_k, v_y + v_k)
+    log_zp, alpha, gamma, *_ = likelihood.pair_terms(a_y - a_k, v_y + v_k)
     new_precision_y, new_shift_y = sites.moment_matched_site(valid, precision_y, shift_y, a_y, v_y, alpha, gamma)
     new_precision_k, new_shift_k = sites.moment_matched_site(valid, precision_k, shift_k, a_k, v_k, -alpha, gamma)
     terms = (log_zp + sites.removal_terms(precision_y, shift_y, var_y, mean_y, om_y)
@@ -158,9 +159,10 @@ class _Model:
     """The per-class pieces: a binary model is one class with sites of shape (n,), a multiclass model
     C classes (``ClassKernels``, Z of shape (C, m, d)) with sites of shape (n, 2C)."""
 
-    def __init__(self, kernel, Z):
+    def __init__(self, kernel, Z, likelihood=None):
         self.multiclass = isinstance(kernel, ClassKernels)
         self.kernel, self.Z = kernel, Z
+        self.likelihood = likelihood or (MULTICLASS_PROBIT if self.multiclass else PROBIT)
         if self.multiclass:
             self.parts = [(kernel[c], Z[c, ...]) for c in range(Z.shape[0])]
         else:
@@ -219,8 +221,8 @@ def _block_pass(model, X, y, site_precision, site_shift, posts, projections, *, 
         for c, ((k, Zc), post, (precision_c, shift_c))
         in enumerate(zip(model.parts, posts, model.totals(site_precision, site_shift, y)))
     ]
-    update = _pair_update if model.multiclass else _probit_update
-    new_precision, new_shift, valid_out, terms = update(y, site_precision, site_shift, fms, weights)
+    update = _pair_update if model.multiclass else _binary_update
+    new_precision, new_shift, valid_out, terms = update(model.likelihood, y, site_precision, site_shift, fms, weights)
     n_invalid = None  # (counted by the sweep) or, with weights, the failures of rows in the model
     if weights is not None:
         n_invalid = sites.counted_invalid(valid_out, weights[:, None] if model.multiclass else weights, X)
@@ -239,7 +241,8 @@ def _block_pass(model, X, y, site_precision, site_shift, posts, projections, *, 
                           grads)
 
 
-def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, weights=None):
+def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None, weights=None,
+             likelihood=None):
     """One pass of GFITC at fixed (kernel, Z, sites): q rebuilt from all sites, every site's undamped EP
     update, log Z_EP and (``want_grad``) its gradient for the kernel parameters and Z, valid at an EP
     fixed point. Binary: ``kernel`` a kernel, Z (m, d), y in {-1, +1}, sites (n,) on f_i. Multiclass:
@@ -253,8 +256,9 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     value of its own (independent FITC noise of variance s_i about one g_i, as the row repeated has): a copy's
     marginal of f holds its own site once, q(u) holds each copy's factor on g_i w_i times (``_posteriors``), and log
     Z_EP and its gradient count each copy's terms w_i times (``_block_pass``). A weight-0 row is the row removed, an
-    integer weight the row repeated (docs/weights.md)."""
-    model = _Model(kernel, Z)
+    integer weight the row repeated (docs/weights.md). ``likelihood``: the model's (None: the probit, or the multiclass
+    probit for C classes); a binary one takes its ``site_terms`` on f_i, whose variance holds its unit noise."""
+    model = _Model(kernel, Z, likelihood)
     block_rows = model.block_rows(block_rows, X.shape[0])  # once: the sweep reuses the first stage's projections
     posts, kept = _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows, weights)
 

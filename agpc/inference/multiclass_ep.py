@@ -35,7 +35,7 @@ from contextlib import closing
 from dataclasses import dataclass
 
 from ..backend import array_device, array_namespace, lower_triangular_inverse
-from ..likelihoods import PREDICTIVE_NODES, PROBIT, argmax_log_proba, negative_log_likelihood
+from ..likelihoods import MULTICLASS_PROBIT, PREDICTIVE_NODES, argmax_log_proba, negative_log_likelihood
 from . import blocks, ep, sites
 from .posterior import Factor, posterior_from_sums, prior_cholesky
 
@@ -203,7 +203,7 @@ def _pair_cavities(wrong_class, true_class, row_weights, own_sites):
 
 
 def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=True, weights=None, own_sites=True,
-                held=None, adf=False):
+                held=None, adf=False, likelihood=MULTICLASS_PROBIT):
     """Cavities, moment matching and log Z_q terms of every pair (i, k) of a block of rows, from each class's marginal
     of q along upsilon_ic (``d``, ``e``, ``prior_var``, ``s``: (b, C), as ``ep.Marginals`` holds them), and with
     ``want_grad`` the per-class coefficients of the gradient's data part (``ep.data_adjoint``; the full-GP pass of
@@ -233,7 +233,7 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     valid = wrong & valid_k & valid_y
     b = s_y + s + v_y + v_k
     diff = a_y - a_k
-    log_zp, alpha, gamma = PROBIT.tilted_moments(xp.ones_like(diff), diff, b)
+    log_zp, alpha, gamma, *_ = likelihood.pair_terms(diff, b)
     new_nu_y, new_mu_y = sites.moment_matched_site(valid, nu_y, mu_y, a_y, v_y, alpha, gamma)
     new_nu_k, new_mu_k = sites.moment_matched_site(valid, nu_k, mu_k, a_k, v_k, -alpha, gamma)
     new_nu = xp.concat([new_nu_k, new_nu_y], axis=1)
@@ -288,13 +288,13 @@ def weighted_totals(totals, weights):
 
 
 def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad=True, want_sums=False, weights=None,
-               own_sites=True, anchors=None, damping=None, adf=False, projections=None):
+               own_sites=True, anchors=None, damping=None, adf=False, projections=None, likelihood=MULTICLASS_PROBIT):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows, all classes (``weights``,
     ``own_sites``, ``adf``: ``pair_update``'s; the sums of the rows' sites then weigh each row's w_i times). Minibatch
     EP (``damping`` given): the sums are the change of the running product, class by class, each row's old site
     total out along the direction it is held along (``anchors``: a ``MultiAnchor``, or None: the current one) and its
     damped new one in (``ep.product_change``), as whitened sums. ``projections``: the block's per-class (A_c,
-    K(X, Z_c)) formed already (``class_site_sums``), or None."""
+    K(X, Z_c)) formed already (``class_site_sums``), or None. ``likelihood``: the model's (``pair_update``)."""
     xp = array_namespace(X)
     C = n_classes(Z)
     margs = [ep.marginals(kernels[c], X, Z[c, ...], posts[c], *(() if projections is None else projections[c]))
@@ -385,7 +385,7 @@ def _block_rows(block_rows, Z, n=None):
 
 def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, block_rows, want_sums=False,
                 want_sites=True, damping=None, weights=None, anchors=None, product_damping=None, adf=False,
-                projections=None, workers=None):
+                projections=None, workers=None, likelihood=MULTICLASS_PROBIT):
     """Multiclass EP's sweep: ``block_pass`` over all rows (``ep.sweep_rows``), a validity column per class.
     Its reductions add over any split of the rows (``blocks.add_sweeps``); ``site_precision`` None: zero sites
     (SEP / ADF, whose rows have none of their own). ``weights`` (n,): the rows' sample weights, ``adf``: ADF's row
@@ -400,7 +400,7 @@ def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_gra
         return block_pass(kernels, X_block, y_block, rows_precision, rows_shift, Z, posts, want_grad=want_grad,
                           want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
                           own_sites=own_sites, anchors=anchors, damping=product_damping, adf=adf,
-                          projections=None if projections is None else projections[index])
+                          projections=None if projections is None else projections[index], likelihood=likelihood)
 
     if workers is None:
         # (a minibatch: one thread)
@@ -426,7 +426,7 @@ def add_prior_gradients(kernels, Z, posts, sweep, scale=1.0):
 
 
 def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=True, block_rows=None,
-             want_sites=True, damping=None, checked=True, weights=None):
+             want_sites=True, damping=None, checked=True, weights=None, likelihood=MULTICLASS_PROBIT):
     """Batch multiclass EP: one pass at fixed (kernels, Z, sites), q_c rebuilt exactly from all sites.
 
     Returns the same dict as ``ep.evaluate``: ``log_z`` (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 9),
@@ -447,7 +447,7 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
     posts = posteriors_from_sums(L_K, L_K_inv, S, c_tilde, checked=checked)
     sweep = class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, want_grad=want_grad,
                         block_rows=block_rows, want_sites=want_sites, damping=damping, weights=weights,
-                        projections=kept, workers=workers)
+                        projections=kept, workers=workers, likelihood=likelihood)
     return finish_evaluate(kernels, Z, posts, sweep, want_grad)
 
 
@@ -482,7 +482,7 @@ def _with_rest(rest, S, c_tilde):
 
 def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None, jitter,
                     want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None,
-                    sample_weights=True, anchor=None, damping=None):
+                    sample_weights=True, anchor=None, damping=None, likelihood=MULTICLASS_PROBIT):
     """One pass over rows X (all, or a minibatch) with q_c = prior_c x factor_c; the cavity as in
     ``ep.evaluate_factor``: "ep" removes each pair's own parts, "sep" removes factor_c^(1/n_total) from
     every class (one tied factor per class, Villacampa-Calvo & Hernandez-Lobato (2017), sec. 2.3.1), "adf" removes
@@ -501,7 +501,7 @@ def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision
     sweep = class_sweep(kernels, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
                         block_rows=block_rows, want_sums=True, weights=weights,
                         anchors=anchor if minibatch_ep else None, product_damping=damping if minibatch_ep else None,
-                        adf=method == "adf")
+                        adf=method == "adf", likelihood=likelihood)
     n_rows = X.shape[0] if weights is None else array_namespace(Z).sum(weights)
     return finish_factor(kernels, Z, prep, sweep, n_total / n_rows, want_grad, product=minibatch_ep)
 
@@ -594,11 +594,11 @@ def predictive_log_proba(mean, var, n_quadrature=PREDICTIVE_NODES, normalise=Tru
     return argmax_log_proba(mean, var, n_quadrature, normalise)
 
 
-def validation_scores(kernels, Z, posts, X_val, y_val, n_quadrature=PREDICTIVE_NODES):
-    """Test NLL and error on (X_val, y_val as class indices)."""
+def validation_scores(kernels, Z, posts, X_val, y_val, likelihood=MULTICLASS_PROBIT):
+    """Test NLL and error on (X_val, y_val as class indices) under the model's ``likelihood``."""
     xp = array_namespace(Z)
     mean, var = predict_latent(kernels, Z, posts, X_val)
-    log_p = predictive_log_proba(mean, var, n_quadrature)
+    log_p = likelihood.class_log_proba(mean, var)
     nll = negative_log_likelihood(log_p, y_val)
     predicted = xp.argmax(log_p, axis=1)
     error = xp.mean(xp.astype(xp.astype(predicted, y_val.dtype) != y_val, y_val.dtype))
