@@ -27,6 +27,7 @@ from . import validation as V
 from .inducing import initial_inducing_points
 from .inference import training
 from .kernels import ClassKernels, Kernel, OrdinalKernel, with_default_priors
+from .likelihoods import likelihood_by_name
 from .model import FittedModel
 from .model_file import FIT_RECORD, FittedState, read_model_file, unpickled_state, write_model_file
 from .plan import FitPlan
@@ -412,6 +413,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return self
 
     def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter):
+        # the likelihood object the model was fitted with (a registered one, looked up once: replacing or unregistering
+        # its name later does not change this model; a pickle carries it, to be unpickled where its class imports)
+        self._likelihood = (None if Z.ndim == 3 and self.likelihood_ != M.ORDINAL
+                            else likelihood_by_name(self.likelihood_, multiclass=False))
         vars(self).update(tf32_=bool(getattr(self, "tf32_", False)),  # (set by inputs.note_tf32; loaded: False)
                           jitter_=jitter, kernel_prior_=self.kernel_prior, kernel_=kernel, inducing_points_=Z,
                           posterior_=posterior, log_marginal_likelihood_=log_z, history_=history, n_iter_=n_iter)
@@ -546,7 +551,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """The fitted model as one value (``agpc.model.FittedModel``: kernel, likelihood, inducing points, q(u)),
         which prediction and uncertainty read. Raises NotFittedError before ``fit``."""
         check_is_fitted(self, "posterior_")
-        return FittedModel.of(self.kernel_, self.likelihood_, self.inducing_points_, self.posterior_, self.classes_,
+        # (a model pickled before it kept its likelihood object: by its name)
+        likelihood = getattr(self, "_likelihood", None) or self.likelihood_
+        return FittedModel.of(self.kernel_, likelihood, self.inducing_points_, self.posterior_, self.classes_,
                               n_quadrature=int(self.n_quadrature), blas_threads=self.blas_threads,
                               block_rows=getattr(self, "block_rows", None))  # (None in models pickled before it)
 

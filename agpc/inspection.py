@@ -116,6 +116,11 @@ class ModelReport:
         return (self.state.record or {}).get(name)
 
 
+def _report_of(model):
+    """``model`` as a ``ModelReport``: itself, or a fitted estimator's ``report()`` (NotFittedError before fit)."""
+    return model if isinstance(model, ModelReport) else model.report()
+
+
 def _feature_labels(model):
     """The features' names as printed (``untrusted.printable``: a name from a file or a DataFrame may hold
     characters that act on a terminal), or x0, x1, ... for a model without names."""
@@ -239,9 +244,10 @@ def _training_lines(model):
 
 
 def model_summary(model, max_features=20):
-    """A fitted model (its ``ModelReport``) as text (``GPClassifier.summary()``, ``agpc inspect``): what it is,
-    which features matter (the ``max_features`` most relevant are listed), how training went. Printing is the
-    caller's."""
+    """A fitted model (a ``ModelReport``, or a fitted estimator's ``report()``) as text (``GPClassifier.summary()``,
+    ``agpc inspect``): what it is, which features matter (the ``max_features`` most relevant are listed), how
+    training went. Printing is the caller's."""
+    model = _report_of(model)
     if isinstance(max_features, bool) or not isinstance(max_features, (int, np.integer)) or max_features < 1:
         raise ValueError(f"max_features must be a positive integer, got {max_features!r}")
     state = model.state
@@ -367,7 +373,9 @@ def plot_model(model, path, calibration=None, n_bins=10, max_features=20):
     """One PNG at ``path`` (written atomically; a device, a directory or a FIFO refused): the training curve (log Z
     or the bound, and the validation NLL where there is one), the reliability diagram with its expected calibration
     error on ``calibration`` = (proba (n, C), class_index (n,)) of labelled rows (without: the panel says so),
-    and the feature relevance of the ``max_features`` most relevant features; ``model``: a ``ModelReport``."""
+    and the feature relevance of the ``max_features`` most relevant features; ``model``: a ``ModelReport``, or a
+    fitted estimator (its ``report()``)."""
+    model = _report_of(model)
     figure = _figure()
     axes = figure.subplots(1, 3)
     _plot_training(axes[0], model)

@@ -649,9 +649,13 @@ def register_likelihood(likelihood, *, replace=False):
     if likelihood.multiclass:
         raise ValueError(f"likelihood {name!r}: only binary likelihoods can be registered (multiclass models have "
                          "their own: the multiclass probit of EP, the robust max of SVI)")
-    if not (likelihood.has_site_terms or likelihood.has_log_density):
-        raise ValueError(f"likelihood {name!r} defines neither site_terms (EP) nor log_density (SVI): no method "
-                         "could train it")
+    built_in = next((type(lik) for lik in _BUILT_IN.values() if isinstance(likelihood, type(lik))), None)
+    if built_in is not None:  # it would inherit closed forms (predictive, entropy, sign rule) of another model
+        raise ValueError(f"likelihood {name!r} is a {built_in.__name__}: it would predict with {built_in.__name__}'s "
+                         "closed forms whatever it trains; subclass agpc.likelihoods.Likelihood itself")
+    if not likelihood.has_log_density:
+        raise ValueError(f"likelihood {name!r} defines no log_density: prediction and uncertainty take its "
+                         "predictive from it (and SVI trains by it; EP methods take site_terms besides)")
     LIKELIHOODS[name] = likelihood
     return likelihood
 
@@ -672,13 +676,13 @@ def unregister_likelihood(name):
 
 
 def fitted_likelihood(name, kernel, *, multiclass):
-    """The likelihood object of a fitted model whose likelihood is called ``name`` (its ``likelihood_``, a model
-    file's): with a latent GP a class, the multiclass probit (EP, GFITC) or the robust max (SVI); else the binary or
-    ordinal one of that name, at ``kernel`` (``Likelihood.at``)."""
+    """The likelihood object of a fitted model whose likelihood is ``name`` (an object, or its name: its
+    ``likelihood_``, a model file's): with a latent GP a class, the multiclass probit (EP, GFITC) or the robust max
+    (SVI); else the binary or ordinal one, at ``kernel`` (``Likelihood.at``)."""
     if not multiclass:
         return likelihood_by_name(name, multiclass=False).at(kernel)
     for likelihood in (MULTICLASS_PROBIT, ROBUST_MAX):
-        if likelihood.name == name:
+        if likelihood.name == name or likelihood is name:
             return likelihood
     raise ValueError(f"unknown likelihood {name!r} of a multiclass model: use {MULTICLASS_PROBIT.name!r} or "
                      f"{ROBUST_MAX.name!r}")

@@ -33,9 +33,10 @@ class FittedModel:
     blas_threads: Any = None
 
     @classmethod
-    def of(cls, kernel, likelihood_name, inducing_points, posterior, classes, **settings):
-        """The model whose likelihood is called ``likelihood_name`` (as ``likelihood_`` and a model file name it)."""
-        likelihood = fitted_likelihood(likelihood_name, kernel, multiclass=inducing_points.ndim == 3)
+    def of(cls, kernel, likelihood, inducing_points, posterior, classes, **settings):
+        """The model of ``likelihood`` (an object, or its name as ``likelihood_`` and a model file give it), taken at
+        the kernel (``likelihoods.fitted_likelihood``)."""
+        likelihood = fitted_likelihood(likelihood, kernel, multiclass=inducing_points.ndim == 3)
         return cls(kernel, likelihood, inducing_points, posterior, classes, **settings)
 
     @property

@@ -35,7 +35,8 @@ from .checkpoints import HEADER_KEY, atomic_savez, read_archive
 from .inference.posterior import Posterior, prior_cholesky
 from .inference.training import STOP_REASONS
 from .kernels import ORDINAL_KERNEL, PER_DIMENSION, ClassKernels, kernel_from_spec, spec_parameter_table
-from .likelihoods import registered_likelihood
+from .likelihoods import LIKELIHOODS, registered_likelihood
+from .methods import get_method
 from .untrusted import RefusedFile, available_memory, describe
 
 FORMAT = "agpc-model"
@@ -600,6 +601,10 @@ def read_model_parts(path, estimator, backend="numpy"):
     if unexpected:
         raise refuse(f"unexpected arrays {unexpected}")
     likelihood = _checked_likelihood(header, ordinal, multiclass, refuse)
+    fitted_with = get_method(model.method).likelihood_for(model.likelihood, n_classes)
+    if "likelihood" in header and likelihood != fitted_with:  # (partial_fit would go on with the parameters')
+        raise refuse(f"likelihood: {_shown(likelihood)}, but its parameters (method {model.method!r}, likelihood "
+                     f"{_shown(model.likelihood)}) fit {fitted_with!r}")
 
     xp = B.resolve_backend(backend)
     # The model computes in the type it was fitted in, which is the type of its stored arrays (files written
@@ -663,10 +668,17 @@ def _checked_likelihood(header, ordinal, multiclass, refuse):
         return likelihood
     if kind == "binary" and isinstance(likelihood, str) and registered_likelihood(likelihood) is not None:
         return likelihood
-    if kind == "binary" and isinstance(likelihood, str) and likelihood.isprintable() and len(likelihood) <= 100:
-        raise refuse(f"likelihood: {likelihood!r} is not a built-in likelihood and none of that name is registered "
+    shown = _shown(likelihood)
+    if kind == "binary" and isinstance(likelihood, str) and likelihood not in LIKELIHOODS:
+        raise refuse(f"likelihood: {shown} is not a built-in likelihood and none of that name is registered "
                      "(agpc.likelihoods.register_likelihood it before loading the file)")
-    raise refuse(f"likelihood: {likelihood!r} is not a likelihood of a {kind} model")
+    raise refuse(f"likelihood: {shown} is not a likelihood of a {kind} model")
+
+
+def _shown(value, limit=80):
+    """An untrusted value as a refusal shows it: its repr (escapes included), cut at ``limit`` characters."""
+    text = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
 
 
 def _fitted_jitter(header, model, kernel, Z, multiclass, refuse):

@@ -134,11 +134,12 @@ def robust_max_entropy(n_classes, epsilon=ROBUST_MAX.epsilon):
 
 def uncertainty(mean, var, log_proba, likelihood, method="quadrature", cut_points=None):
     """``Uncertainty`` from the latent's mean and variance and the predictive log-probabilities (n, C) of a model
-    of ``likelihood`` (binary and ordinal: ``mean`` and ``var`` per row; multiclass: (n, C)); an ordinal model's
-    ``cut_points``."""
+    of ``likelihood`` (a ``likelihoods.Likelihood`` or its name; binary and ordinal: ``mean`` and ``var`` per row;
+    multiclass: (n, C)); an ordinal model's ``cut_points``."""
     if method not in METHODS:
         raise ValueError(f"unknown uncertainty method {method!r}: use one of {METHODS}")
     xp = B.array_namespace(log_proba)
+    likelihood_object, likelihood = likelihood, getattr(likelihood, "name", likelihood)
     if likelihood == "ordinal":
         if method == "houlsby":
             raise ValueError("method='houlsby' is Houlsby et al. (2011)'s closed form for the binary probit; this "
@@ -157,7 +158,7 @@ def uncertainty(mean, var, log_proba, likelihood, method="quadrature", cut_point
     elif method == "houlsby":
         expected = houlsby_expected_entropy(mean, var)
     else:
-        expected = binary_expected_entropy(mean, var, likelihood)
+        expected = binary_expected_entropy(mean, var, likelihood_object)
     # I[y; f] = H[y] - E H[y | f] >= 0 (the entropy is concave); round-off could give -1e-17 where both are tiny
     aleatoric = xp.minimum(expected, total)
     return Uncertainty(total, aleatoric, total - aleatoric)
@@ -169,5 +170,5 @@ def model_uncertainty(model, Xc, in_xp, device, method="quadrature"):
     mean, var = P.model_latent(model, Xc)
     log_p = P.model_log_proba(model, mean, var)
     likelihood = model.likelihood
-    result = uncertainty(mean, var, log_p, likelihood.name, method, cut_points=getattr(likelihood, "cut_points", None))
+    result = uncertainty(mean, var, log_p, likelihood, method, cut_points=getattr(likelihood, "cut_points", None))
     return Uncertainty(*(P.to_caller(values, in_xp, device) for values in result))

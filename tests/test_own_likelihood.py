@@ -9,16 +9,18 @@ algebra is checked here by finite differences, and the plumbing by its limit eps
 path must then give the probit's model (to round-off: the formulas differ in their association)."""
 
 import io
+import json
 import math
+import pickle
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from agpc import GPClassifier
+from agpc import GPClassifier, checkpoints
 from agpc.backend import array_namespace, log_ndtr, log_normal_pdf
 from agpc.datasets import make_banana
-from agpc.likelihoods import (LIKELIHOODS, PROBIT, Likelihood, SiteTerms, register_likelihood,
+from agpc.likelihoods import (LIKELIHOODS, PROBIT, Likelihood, Probit, SiteTerms, register_likelihood,
                               unregister_likelihood)
 from helpers import interrupted_then_resumed
 
@@ -29,6 +31,9 @@ class FlipProbit(Likelihood):
     def __init__(self, flip_rate, name):
         self.flip_rate = float(flip_rate)
         self.name = name
+
+    def __repr__(self):
+        return f"FlipProbit({self.flip_rate!r}, {self.name!r})"
 
     def _log_terms(self, t):
         """log p at t = y f / scale, and log((1 - 2 eps) N(t)) - log p (the ratio of d p / dt to p)."""
@@ -111,8 +116,19 @@ def test_registration_refuses_what_it_cannot_take():
     class Nothing(Likelihood):
         name = "nothing-test"
 
-    with pytest.raises(ValueError, match="neither site_terms"):
-        register_likelihood(Nothing())
+    class SitesOnly(Likelihood):  # (EP could train it, but nothing could predict with it)
+        name = "sites-only-test"
+        site_terms = FlipProbit.site_terms
+
+    class ProbitVariant(Probit):  # (it would predict with the probit's closed form whatever it trains)
+        name = "probit-variant-test"
+        log_density = FlipProbit.log_density
+
+    for likelihood in (Nothing(), SitesOnly()):
+        with pytest.raises(ValueError, match="defines no log_density"):
+            register_likelihood(likelihood)
+    with pytest.raises(ValueError, match="is a Probit: it would predict with Probit's closed forms"):
+        register_likelihood(ProbitVariant())
     with pytest.raises(ValueError, match="built in and cannot be unregistered"):
         unregister_likelihood("probit")
 
@@ -186,11 +202,12 @@ def test_an_interrupted_fit_resumes_to_the_uninterrupted_model(tmp_path, monkeyp
     np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-10, atol=1e-14)
 
 
-def test_partial_fit_continues_with_it():
-    """SEP's stream: every call trains the registered likelihood (at eps = 0: the probit's stream, step for step)."""
+def test_partial_fit_trains_it_and_continues_with_it():
+    """SEP's stream trains the registered likelihood at every call (at eps = 0: the probit's stream, step for step;
+    at eps = 0.1 another one), and a model fitted by fit, or loaded, goes on with it."""
     X, y = _data(200, 3)
     models = {}
-    for likelihood in (None, EXACT_PROBIT):
+    for likelihood in (None, EXACT_PROBIT, FLIP):
         model = GPClassifier(method="sep", likelihood=likelihood, n_inducing=8, random_state=0)
         for lo in range(0, 200, 50):
             model.partial_fit(X[lo:lo + 50], y[lo:lo + 50], classes=np.unique(y), n_total=200)
@@ -198,6 +215,57 @@ def test_partial_fit_continues_with_it():
     assert models[EXACT_PROBIT].likelihood_ == EXACT_PROBIT
     np.testing.assert_allclose(models[EXACT_PROBIT].predict_proba(X), models[None].predict_proba(X), rtol=1e-6,
                                atol=1e-9)
+    assert models[FLIP]._trainer.engine.likelihood is LIKELIHOODS[FLIP]
+    flip_mean, probit_mean = models[FLIP].predict_latent(X)[0], models[None].predict_latent(X)[0]
+    assert np.max(np.abs(flip_mean - probit_mean)) > 0.1  # (its sites are not the probit's)
+    fitted = GPClassifier(method="sep", likelihood=FLIP, n_inducing=8, max_iter=3, random_state=0).fit(X, y)
+    buffer = io.BytesIO()
+    fitted.save(buffer)
+    buffer.seek(0)
+    for model in (fitted, GPClassifier.load(buffer)):
+        model.partial_fit(X[:50], y[:50], n_total=250)
+        assert model.likelihood_ == FLIP and model._trainer.engine.likelihood is LIKELIHOODS[FLIP]
+
+
+def test_a_fitted_model_keeps_its_likelihood_whatever_the_registry_does_later():
+    """Replacing the registered likelihood of that name, or unregistering it, changes no fitted model: the model
+    keeps the object it was fitted with (and a pickle carries it; dask's lazy prediction sends that pickle)."""
+    X, y = _data(120, 4)
+    model = GPClassifier(method="ep", likelihood=FLIP, n_inducing=8, max_iter=5, random_state=0).fit(X, y)
+    proba = model.predict_proba(X)
+    register_likelihood(FlipProbit(0.3, FLIP), replace=True)
+    np.testing.assert_array_equal(model.predict_proba(X), proba)
+    unregister_likelihood(FLIP)
+    np.testing.assert_array_equal(model.predict_proba(X), proba)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(model)).predict_proba(X), proba)
+    assert np.all(model.predict_uncertainty(X).aleatoric > 0)
+
+
+def test_a_checkpoint_of_another_likelihood_does_not_resume(tmp_path):
+    X, y = _data(120, 5)
+    path = tmp_path / "run.ckpt"
+    params = dict(method="ep", n_inducing=8, max_iter=3, random_state=0, checkpoint_path=path, checkpoint_every=1)
+    GPClassifier(**params).fit(X, y)
+    with pytest.raises(ValueError, match=r"different training run: likelihood: 'probit' there, \"flip-probit-test: "
+                                         r"FlipProbit\(0.1, 'flip-probit-test'\)\" here"):
+        GPClassifier(**params, likelihood=FLIP).fit(X, y, resume=True)
+
+
+def test_a_model_file_whose_likelihood_is_not_its_parameters_is_refused():
+    """partial_fit would go on with the parameters' likelihood, prediction with the file's."""
+    X, y = _data(100, 6)
+    buffer = io.BytesIO()
+    GPClassifier(method="sep", n_inducing=6, max_iter=2, random_state=0).fit(X, y).save(buffer)
+    buffer.seek(0)
+    with np.load(buffer, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    header = json.loads(str(arrays[checkpoints.HEADER_KEY]))
+    forged = io.BytesIO()
+    np.savez(forged, **dict(arrays, **{checkpoints.HEADER_KEY: np.asarray(json.dumps(dict(header,
+                                                                                         likelihood=FLIP)))}))
+    forged.seek(0)
+    with pytest.raises(ValueError, match=f"likelihood: '{FLIP}', but its parameters .* fit 'probit'"):
+        GPClassifier.load(forged)
 
 
 def test_methods_that_cannot_train_it_and_multiclass_data_refuse_it():

@@ -20,6 +20,7 @@ from ..checkpoint_rules import (array_shapes, check_engine_state, check_factor_s
                                 check_site_scale, dtype_text, is_array)
 from ..checkpoints import load_checkpoint, save_checkpoint
 from ..kernels import ClassKernels
+from ..likelihoods import registered_likelihood
 from .guard import GUARD_KEYS
 
 __all__ = ["FINGERPRINT_ROWS", "VALIDATION_KEYS", "PRIOR_SCALE_MARGIN", "fingerprint_stride", "data_fingerprint",
@@ -62,9 +63,20 @@ def run_fingerprint(engine, n, n_batches, data_hash):
             # another objective from the saved state
             "priors": {key: parameter.prior.spec() for key, parameter in kernel.parameter_table().items()
                        if parameter.prior is not None},
+            # the likelihood: resuming another one's state would make a model of neither (a registered one by its
+            # name and repr: its parameters, where its repr shows them)
+            "likelihood": likelihood_text(engine.likelihood),
             # tied lengthscales (ard=False) climb along another path: said only when tied, so that a checkpoint
             # written before the tie existed (per feature) still resumes
             **({"shared_lengthscales": True} if engine.shared_lengthscales else {})}
+
+
+def likelihood_text(likelihood):
+    """How a run's fingerprint names the likelihood it trains: a built-in one by its name, one of the user's own
+    (``likelihoods.register_likelihood``) by its name and repr; None for an engine that does not say."""
+    if likelihood is None:
+        return None
+    return likelihood.name if registered_likelihood(likelihood.name) is None else f"{likelihood.name}: {likelihood!r}"
 
 
 def write_checkpoint(trainer, rng, order, best, path, fingerprint):
@@ -120,6 +132,8 @@ def _written_for(saved, engine):
     written_for = saved.get("fingerprint")
     if isinstance(written_for, dict):  # a checkpoint from before priors were part of the fingerprint had none
         written_for = {"priors": {}, "full_gp": False, **written_for}  # (nor the full GP's passes, which came later)
+        # nor one from before the likelihood was: it is taken to be this run's, as it was resumed then
+        written_for.setdefault("likelihood", likelihood_text(engine.likelihood))
         legacy = engine.legacy_checkpoint_keys
         if legacy and isinstance(written_for.get("params"), list):  # the parameters by the names of an older form
             written_for["params"] = [legacy.get(name, name) if isinstance(name, str) else name
@@ -210,7 +224,7 @@ FINGERPRINT_SETTINGS = {"n": "rows", "method": "method", "n_batches": "minibatch
                         "Z_shape": "inducing points (n_inducing, inducing)", "per_row_sites": "sites a row (method)",
                         "params": "what is learned (optimize)", "data": "training data (rows, labels, weights)",
                         "full_gp": "the exact model (n_inducing)", "priors": "priors (kernel_prior, the kernel's)",
-                        "shared_lengthscales": "one shared lengthscale scale (ard)"}
+                        "shared_lengthscales": "one shared lengthscale scale (ard)", "likelihood": "likelihood"}
 
 
 def _short(value, limit=60):

@@ -290,6 +290,7 @@ class Engine(ModulesByName, abc.ABC):
     has_damping = False
     needs_rebuild = False  # minibatch EP: its running site product is not known exact; ``rebuild_factor`` before a step
     full_gp = False  # the passes read Z as the rows themselves (the exact model's): part of a checkpoint's fingerprint
+    likelihood = None  # the model's ``likelihoods.Likelihood`` it trains (a checkpoint's fingerprint says which)
     threaded_passes = False  # its passes over rows spread their blocks over Python threads (``blocks.map_blocks``)
     shared_lengthscales = False  # ``EngineOptions.shared_lengthscales``: set by the engines that step it
     checkpoint_extras = ()  # entries of ``checkpoint_state`` the engine checks itself as it restores them

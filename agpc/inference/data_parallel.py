@@ -536,7 +536,8 @@ class DataParallel:
 
 class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_params", "block_rows", "n_total",
                               "has_damping", "triangular_state", "xp", "checkpoint_flags", "checkpoint_counts",
-                              "checkpoint_factors", "shared_lengthscales", settable=("state", "jitter")), Engine):
+                              "checkpoint_factors", "shared_lengthscales", "likelihood", settable=("state", "jitter")),
+                     Engine):
     """The engine contract (``engines.Engine``) with a round as its step; the global state lives in a driver-side
     engine of the method (``template``: the same class the shards step), which also gives q, validation
     scores and the guard's revert-and-halve; what the loop reads of its state and settings is the template's."""

@@ -121,7 +121,8 @@ class EPEngine(Engine):
         self.nominal_damping = self.damping
         self.passes = passes or (multiclass_ep if isinstance(kernel, ClassKernels) else ep)
         # the model's likelihood, as its passes take it (``ep.block_pass``, ``multiclass_ep.pair_update``)
-        self.likelihood_option = {"likelihood": engine_likelihood(kernel, options)}
+        self.likelihood = engine_likelihood(kernel, options)
+        self.likelihood_option = {"likelihood": self.likelihood}
         self.per_row_sites = name == "ep"
         # Batch EP (binary): whether every site precision is known to be >= 0, which lets a pass form its sums by
         # symmetric products (``ep.evaluate``'s ``nonnegative_sites``). True from zero sites (the sweep keeps them
@@ -726,6 +727,7 @@ class QuadraticEngine(Engine):
     only vi-JJ and vi-Taylor: -hybrid and -full hand one xi per row to the driver's L-BFGS-B."""
 
     n_upd = 3  # analytic (q, xi) updates of stage 1
+    likelihood = LOGISTIC  # (the bounds are the logistic's)
     maxfun = 5  # evaluations of stage 2's L-BFGS-B round
 
     def __init__(self, name, kernel, Z, *, n_total, minibatch, options, passes=None):
@@ -819,7 +821,7 @@ class QuadraticEngine(Engine):
 
     def validation_scores(self, post, X_val, y_val):
         s = self.state
-        return ep.validation_scores(s["kernel"], s["Z"], post, X_val, y_val, LOGISTIC)
+        return ep.validation_scores(s["kernel"], s["Z"], post, X_val, y_val, self.likelihood)
 
     def checkpoint_state(self, path, step):
         return dict(self._common_checkpoint(), xi=self.state["xi"])

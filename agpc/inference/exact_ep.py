@@ -205,8 +205,8 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     if isinstance(kernel, ClassKernels):
         return _evaluate_classes(kernel, Z, X, y, site_precision, site_shift, jitter=jitter, want_grad=want_grad,
                                  want_sites=want_sites, damping=damping, checked=checked, weights=weights,
-                                 likelihood=likelihood or MULTICLASS_PROBIT)
-    likelihood = likelihood or PROBIT
+                                 likelihood=MULTICLASS_PROBIT if likelihood is None else likelihood)
+    likelihood = PROBIT if likelihood is None else likelihood
     if weights is not None:
         return _weighted_evaluate(kernel, Z, X, y, site_precision, site_shift, weights, jitter=jitter,
                                   want_grad=want_grad, want_sites=want_sites, damping=damping, checked=checked,

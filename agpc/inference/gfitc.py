@@ -162,7 +162,7 @@ class _Model:
     def __init__(self, kernel, Z, likelihood=None):
         self.multiclass = isinstance(kernel, ClassKernels)
         self.kernel, self.Z = kernel, Z
-        self.likelihood = likelihood or (MULTICLASS_PROBIT if self.multiclass else PROBIT)
+        self.likelihood = (MULTICLASS_PROBIT if self.multiclass else PROBIT) if likelihood is None else likelihood
         if self.multiclass:
             self.parts = [(kernel[c], Z[c, ...]) for c in range(Z.shape[0])]
         else:

@@ -309,7 +309,7 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     held = None if helds is None else tuple(xp.stack([getattr(h, k) for h in helds], axis=1)
                                             for k in ("d", "e", "cross"))
     update = pair_update(y, site_precision, site_shift, d, e, prior_var, s, want_grad=want_grad, weights=weights,
-                         own_sites=own_sites, held=held, adf=adf)
+                         own_sites=own_sites, held=held, adf=adf, likelihood=likelihood)
     new_nu, new_mu = update.site_precision, update.site_shift
     sums = None
     if want_sums:
