@@ -40,6 +40,11 @@ _POSITIVE = V.Interval(numbers.Real, 0, None, "neither")
 _NON_NEGATIVE = V.Interval(numbers.Real, 0, None, "left")
 
 
+PREDICTION = "GPClassifier prediction"
+"""What a JitterWarning of a ``predict_*`` call names; each public method holds the scope, so that the warning points
+at its caller (``backend.jitter_report``'s default stacklevel), whichever path inside raised the jitter."""
+
+
 class GPClassifier(ClassifierMixin, BaseEstimator):
     """Gaussian process classifier with inducing points: EP, SEP, ADF, GFITC, SVI, vi-JJ and vi-Taylor, all
     trained by one loop (validation, early stopping, checkpoints and resume for every method).
@@ -487,7 +492,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Mean and variance of the latent f at X, with the kernel's latent noise (Hernandez-Lobato &
         Hernandez-Lobato (2016), eq. 36): each (n_samples,), or (n_samples, n_classes) for a multiclass model."""
         model, (Xc, in_xp, device) = self._model_and_rows(X)
-        mean, var = P.model_latent(model, Xc)
+        with B.jitter_report(PREDICTION):
+            mean, var = P.model_latent(model, Xc)
         return P.to_caller(mean, in_xp, device), P.to_caller(var, in_xp, device)
 
     def predict_log_proba(self, X):
@@ -496,7 +502,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if B.is_dask_array(X):
             return self._lazy("predict_log_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
         model, (Xc, in_xp, device) = self._model_and_rows(X)
-        return P.to_caller(P.log_proba_matrix(model, Xc), in_xp, device)
+        with B.jitter_report(PREDICTION):
+            return P.to_caller(P.log_proba_matrix(model, Xc), in_xp, device)
 
     def predict_proba(self, X):
         """p(y | x) for every class, shape (n_samples, n_classes), columns in the order of ``classes_``;
@@ -504,7 +511,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if B.is_dask_array(X):
             return self._lazy("predict_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
         model, (Xc, in_xp, device) = self._model_and_rows(X)
-        log_p = P.log_proba_matrix(model, Xc)
+        with B.jitter_report(PREDICTION):
+            log_p = P.log_proba_matrix(model, Xc)
         return P.to_caller(B.array_namespace(log_p).exp(log_p), in_xp, device)
 
     def summary(self, max_features=20):
@@ -521,7 +529,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def predict_uncertainty(self, X, method="quadrature"):
         """Predictive entropy and its aleatoric and epistemic (BALD) parts per row, in nats: ``agpc.uncertainty``."""
         model, (Xc, in_xp, device) = self._model_and_rows(X)
-        return U.model_uncertainty(model, Xc, in_xp, device, method)
+        with B.jitter_report(PREDICTION):
+            return U.model_uncertainty(model, Xc, in_xp, device, method)
 
     @property
     def cut_points_(self):
@@ -535,7 +544,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Binary: the predictive log-odds log p(classes_[1] | x) - log p(classes_[0] | x), shape (n_samples,),
         which ranks rows as ``predict_proba`` does. Multiclass: the log-probabilities, (n_samples, n_classes)."""
         model, (Xc, in_xp, device) = self._model_and_rows(X)
-        log_p = P.log_proba_matrix(model, Xc)
+        with B.jitter_report(PREDICTION):
+            log_p = P.log_proba_matrix(model, Xc)
         if len(self.classes_) > 2:
             return P.to_caller(log_p, in_xp, device)
         return P.to_caller(log_p[:, 1] - log_p[:, 0], in_xp, device)
@@ -545,7 +555,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if B.is_dask_array(X):
             return self._lazy("predict", X, None, np.asarray(self.classes_).dtype)
         model, rows = self._model_and_rows(X)
-        return P.most_probable_labels(model, *rows)
+        with B.jitter_report(PREDICTION):
+            return P.most_probable_labels(model, *rows)
 
     def fitted_model(self):
         """The fitted model as one value (``agpc.model.FittedModel``: kernel, likelihood, inducing points, q(u)),

@@ -2,13 +2,16 @@
 
 import json
 import os
+import warnings
 import zipfile
 
 import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score
 
-from agpc import RBF, GPClassifier, Matern52
+from agpc import RBF, GPClassifier, JitterWarning, Matern52
+from agpc import backend as B
+from agpc import prediction as P
 from agpc.datasets import make_banana
 
 
@@ -241,3 +244,26 @@ def test_score_weights_each_row_by_its_sample_weight():
     assert model.score(X, y, sample_weight=w) == pytest.approx(accuracy_score(y, predicted, sample_weight=w),
                                                                rel=1e-12)
     assert model.score(X, y, sample_weight=w) < model.score(X, y) - 0.05
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_a_jitter_raised_in_prediction_is_warned_at_the_callers_line(monkeypatch, n_classes):
+    """Every public prediction method holds the scope that reports a raised jitter, so its JitterWarning points at
+    the line that called it, whichever path inside (the latent, the probabilities, the labels) raised it."""
+    X, y = make_banana(90, random_state=0)
+    labels = y if n_classes == 2 else np.arange(90) % 3
+    model = GPClassifier(n_inducing=6, max_iter=2, random_state=0).fit(X, labels)
+    latent = P.latent
+
+    def raising(*args, **kwargs):  # a prediction whose factorisation needed more jitter
+        B.note_jitter("K(Z, Z)", 0.0, 1e-3)
+        return latent(*args, **kwargs)
+
+    monkeypatch.setattr(P, "latent", raising)
+    for name in ("predict", "predict_proba", "predict_log_proba", "decision_function", "predict_latent",
+                 "predict_uncertainty"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            getattr(model, name)(X[:5])
+        said = [w for w in caught if issubclass(w.category, JitterWarning)]
+        assert [os.path.basename(w.filename) for w in said] == [os.path.basename(__file__)], (name, said)

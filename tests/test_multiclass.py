@@ -8,8 +8,8 @@ import pytest
 from scipy import integrate, stats
 
 from agpc import GPClassifier
-from agpc.inference import multiclass_ep, training
-from agpc.likelihoods import PROBIT
+from agpc.inference import exact_ep, gfitc, multiclass_ep, training
+from agpc.likelihoods import PROBIT, MulticlassProbit
 from agpc.kernels import RBF, ClassKernels, Matern52
 from conftest import check_parameter_gradients, to_np, to_xp
 from helpers import nll_of, three_classes
@@ -415,3 +415,35 @@ def test_multiclass_svi_classifier_learns_wine():
     assert nll < 0.3 and clf.score(Xte, yte) >= 0.9, nll
     with pytest.raises(ValueError, match="robust-max"):
         GPClassifier(method="svi", likelihood="probit", n_inducing=5).fit(Xtr, ytr)
+
+
+class _CountingMulticlassProbit(MulticlassProbit):
+    """The multiclass probit, counting the pair factors it is asked for."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def pair_terms(self, margin, variance):
+        self.calls += 1
+        return super().pair_terms(margin, variance)
+
+
+@pytest.mark.parametrize("passes", ["sparse", "factor", "exact", "gfitc"])
+def test_every_multiclass_pass_takes_the_pairs_of_the_likelihood_it_is_given(passes):
+    """The multiclass passes take the model's likelihood from their engine (``contract.engine_likelihood``): none
+    keeps a probit of its own (a pass that did would train one model and score another)."""
+    X, y = three_classes(40, 3)
+    y = y.astype(float)
+    Z = np.stack([X[:6]] * 3) if passes != "exact" else np.stack([X] * 3)
+    kernels, counting = _kernels(X), _CountingMulticlassProbit()
+    nu, mu = multiclass_ep.zero_sites(40, Z), multiclass_ep.zero_sites(40, Z)
+    if passes == "sparse":
+        multiclass_ep.evaluate(kernels, Z, X, y, nu, mu, jitter=JITTER, likelihood=counting)
+    elif passes == "factor":
+        multiclass_ep.evaluate_factor(kernels, Z, X, y, multiclass_ep.uniform_factor(Z), method="sep", n_total=40,
+                                      jitter=JITTER, likelihood=counting)
+    elif passes == "exact":
+        exact_ep.evaluate(kernels, Z, X, y, nu, mu, jitter=JITTER, likelihood=counting)
+    else:
+        gfitc.evaluate(kernels, Z, X, y, nu, mu, jitter=JITTER, likelihood=counting)
+    assert counting.calls > 0

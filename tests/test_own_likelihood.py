@@ -15,14 +15,21 @@ import pickle
 
 import numpy as np
 import pytest
+from helpers import interrupted_then_resumed
 from scipy import stats
 
 from agpc import GPClassifier, checkpoints
 from agpc.backend import array_namespace, log_ndtr, log_normal_pdf
 from agpc.datasets import make_banana
-from agpc.likelihoods import (LIKELIHOODS, PROBIT, Likelihood, Probit, SiteTerms, register_likelihood,
-                              unregister_likelihood)
-from helpers import interrupted_then_resumed
+from agpc.likelihoods import (
+    LIKELIHOODS,
+    PROBIT,
+    Likelihood,
+    Probit,
+    SiteTerms,
+    register_likelihood,
+    unregister_likelihood,
+)
 
 
 class FlipProbit(Likelihood):
@@ -251,21 +258,35 @@ def test_a_checkpoint_of_another_likelihood_does_not_resume(tmp_path):
         GPClassifier(**params, likelihood=FLIP).fit(X, y, resume=True)
 
 
-def test_a_model_file_whose_likelihood_is_not_its_parameters_is_refused():
-    """partial_fit would go on with the parameters' likelihood, prediction with the file's."""
+def _forged_model_file(likelihood):
+    """A binary SEP model's file whose header names ``likelihood`` (its parameters left as they were)."""
     X, y = _data(100, 6)
     buffer = io.BytesIO()
     GPClassifier(method="sep", n_inducing=6, max_iter=2, random_state=0).fit(X, y).save(buffer)
     buffer.seek(0)
     with np.load(buffer, allow_pickle=False) as archive:
         arrays = {name: archive[name] for name in archive.files}
-    header = json.loads(str(arrays[checkpoints.HEADER_KEY]))
+    header = dict(json.loads(str(arrays[checkpoints.HEADER_KEY])), likelihood=likelihood)
     forged = io.BytesIO()
-    np.savez(forged, **dict(arrays, **{checkpoints.HEADER_KEY: np.asarray(json.dumps(dict(header,
-                                                                                         likelihood=FLIP)))}))
+    np.savez(forged, **dict(arrays, **{checkpoints.HEADER_KEY: np.asarray(json.dumps(header))}))
     forged.seek(0)
+    return forged
+
+
+def test_a_model_file_whose_likelihood_is_not_its_parameters_is_refused():
+    """partial_fit would go on with the parameters' likelihood, prediction with the file's."""
     with pytest.raises(ValueError, match=f"likelihood: '{FLIP}', but its parameters .* fit 'probit'"):
-        GPClassifier.load(forged)
+        GPClassifier.load(_forged_model_file(FLIP))
+
+
+def test_a_model_files_likelihood_name_is_refused_in_a_bounded_message_that_helps():
+    """A built-in name of another kind of model is not "registered" advice; a huge or hostile name is shown
+    escaped and cut short (the header may hold 64 MiB)."""
+    with pytest.raises(ValueError, match="'ordinal' is not a likelihood of a binary model"):
+        GPClassifier.load(_forged_model_file("ordinal"))
+    with pytest.raises(ValueError, match="none of that name is registered") as refused:
+        GPClassifier.load(_forged_model_file("x" * 100_000 + "\x1b[2J"))
+    assert len(str(refused.value)) < 600 and "\x1b" not in str(refused.value)
 
 
 def test_methods_that_cannot_train_it_and_multiclass_data_refuse_it():
