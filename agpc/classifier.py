@@ -402,6 +402,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         else:
             built = spec.make_engine(kernel, Z, n_total=n, minibatch=settings.minibatch(n), options=options,
                                      passes=placed.passes)
+        self._likelihood = built.likelihood  # (the object the model is fitted with: ``_set_fitted``)
         return training.train(placed.X, placed.y, built, settings, training.standard_hooks(settings, validation),
                               sample_weight=placed.weights)
 
@@ -411,17 +412,18 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.fit_time_ = time.perf_counter() - t0
         self.classes_ = classes
         self._set_fitted(result.kernel, result.Z, result.posterior, result.log_z, result.history, result.n_iter,
-                         result.jitter)
+                         result.jitter, self._likelihood)
         self.stopped_by_time_, self.early_stopped_ = result.stopped_by_time, result.early_stopped
         self.stop_reason_, self.n_samples_fit_, self.n_warmup_ = result.stop_reason, n_rows, result.n_warmup
         training.warn_if_no_checkpoint(self.checkpoint_path, self.checkpoint_every, result, resumed, stacklevel=4)
         return self
 
-    def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter):
-        # the likelihood object the model was fitted with (a registered one, looked up once: replacing or unregistering
-        # its name later does not change this model; a pickle carries it, to be unpickled where its class imports)
-        self._likelihood = (None if Z.ndim == 3 and self.likelihood_ != M.ORDINAL
-                            else likelihood_by_name(self.likelihood_, multiclass=False))
+    def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter, likelihood):
+        # the likelihood object the model was fitted with (its engine's; a loaded model's, looked up once by its name):
+        # replacing or unregistering a registered one's name later changes neither this model's predictions nor
+        # what partial_fit trains; a pickle carries it, to be unpickled where its class imports. None: by its name
+        # (``fitted_model``; an engine of one's own that does not say)
+        self._likelihood = likelihood
         vars(self).update(tf32_=bool(getattr(self, "tf32_", False)),  # (set by inputs.note_tf32; loaded: False)
                           jitter_=jitter, kernel_prior_=self.kernel_prior, kernel_=kernel, inducing_points_=Z,
                           posterior_=posterior, log_marginal_likelihood_=log_z, history_=history, n_iter_=n_iter)
@@ -470,7 +472,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                                              B.starting_jitter(self.jitter, Z), n_classes=len(self.classes_))
         elif not live:  # fit records its rows on the model, partial_fit in the history
             self._trainer, self._rows_seen = S.trainer_from_fitted(plan, self.fitted_state(), groups, n_total, rows,
-                                                                   getattr(self, "_rows_seen", None))
+                                                                   getattr(self, "_rows_seen", None),
+                                                                   likelihood=getattr(self, "_likelihood", None))
         trainer = self._trainer
         self._rows_seen += S.rows_counted(trainer, rows, weights)
         trainer.n_total = n_total or self._rows_seen
@@ -478,7 +481,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         state = trainer.state
         self.likelihood_ = plan.likelihood_name(len(self.classes_))
         self._set_fitted(state["kernel"], state["Z"], post, log_z, trainer.history, trainer.n_steps,
-                         trainer.engine.jitter)
+                         trainer.engine.jitter, trainer.engine.likelihood)
         # the history goes on from a fit's (or a loaded model's): its warm-up sweeps stay among n_iter_ (a stream of
         # partial_fit alone has none); None: a model file from before the count, which says so
         warmup = getattr(self, "n_warmup_", 0) if fitted else 0
@@ -595,7 +598,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def score(self, X, y, sample_weight=None):
         """Mean accuracy on (X, y), weighted by ``sample_weight`` when given."""
-        predicted = B.to_numpy(self.predict(X))
+        with B.jitter_report(PREDICTION):
+            predicted = B.to_numpy(self.predict(X))
         y = B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y)
         return float(np.average(predicted == y, weights=I.score_weights(sample_weight, len(y))))
 
@@ -631,8 +635,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         else:
             self.__dict__.pop("feature_names_in_", None)
         self.likelihood_ = state.likelihood
+        one_latent = state.inducing_points.ndim == 2  # (a binary or ordinal model: its likelihood is a named one)
         self._set_fitted(state.kernel, state.inducing_points, state.posterior, state.log_marginal_likelihood,
-                         state.history, state.n_iter, state.jitter)
+                         state.history, state.n_iter, state.jitter,
+                         likelihood_by_name(state.likelihood, multiclass=False) if one_latent else None)
         vars(self).update({name + "_": (state.record or {}).get(name) for name in FIT_RECORD})  # None: not recorded
         return self
 

@@ -118,7 +118,11 @@ class ModelReport:
 
 def _report_of(model):
     """``model`` as a ``ModelReport``: itself, or a fitted estimator's ``report()`` (NotFittedError before fit)."""
-    return model if isinstance(model, ModelReport) else model.report()
+    if isinstance(model, ModelReport):
+        return model
+    if not callable(getattr(model, "report", None)):
+        raise TypeError(f"expected a fitted GPClassifier or an agpc.inspection.ModelReport, got {type(model).__name__}")
+    return model.report()
 
 
 def _feature_labels(model):

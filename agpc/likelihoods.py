@@ -681,8 +681,10 @@ def fitted_likelihood(name, kernel, *, multiclass):
     (SVI); else the binary or ordinal one, at ``kernel`` (``Likelihood.at``)."""
     if not multiclass:
         return likelihood_by_name(name, multiclass=False).at(kernel)
+    if isinstance(name, Likelihood) and name.multiclass:  # (a fitted model's own, unpickled: a copy of the built-in)
+        return name
     for likelihood in (MULTICLASS_PROBIT, ROBUST_MAX):
-        if likelihood.name == name or likelihood is name:
+        if likelihood.name == name:
             return likelihood
     raise ValueError(f"unknown likelihood {name!r} of a multiclass model: use {MULTICLASS_PROBIT.name!r} or "
                      f"{ROBUST_MAX.name!r}")

@@ -88,9 +88,9 @@ def placed_rows(model, X, in_xp):
 
 def model_latent(model, Xc):
     """The latent's mean and variance at rows placed by ``placed_rows`` (``latent`` of the fitted ``model``); a
-    raised jitter is warned about at the caller of this function, unless a scope around it reports it (the
-    estimator's ``predict_*``: at their callers)."""
-    with B.jitter_report("GPClassifier prediction"):
+    raised jitter is warned about two callers up (the caller of ``log_proba_matrix``, or of a function of one's own
+    around this), unless a scope around it reports it (the estimator's ``predict_*``: at their callers)."""
+    with B.jitter_report("GPClassifier prediction", stacklevel=5):
         return latent(model.kernel, model.inducing_points, model.posterior, Xc, blas_threads=model.blas_threads,
                       block_rows=model.block_rows)
 

@@ -64,12 +64,14 @@ def check_continuable(plan, fitted_with, classes, fitted_classes):
                          "call fit to start again with the new parameters")
 
 
-def stream_trainer(plan, kernel, Z, n_total, groups, jitter, shared=None, *, n_classes):
+def stream_trainer(plan, kernel, Z, n_total, groups, jitter, shared=None, *, n_classes, likelihood=None):
     """A minibatch trainer of the plan's method (its engine, ``agpc.methods``) at (kernel, Z) for a model of
-    ``n_classes`` classes; ``shared``: its lengthscales tied (None: as the plan's ``ard`` asks)."""
+    ``n_classes`` classes; ``shared``: its lengthscales tied (None: as the plan's ``ard`` asks); ``likelihood``: the
+    object a fitted model keeps, which it goes on with (None: the plan's)."""
     options = training.EngineOptions(
         jitter=jitter, optimize=groups, damping=None if plan.damping is None else float(plan.damping),
-        optimizer=plan.optimizer, learning_rate=plan.learning_rate, likelihood=plan.engine_likelihood(n_classes),
+        optimizer=plan.optimizer, learning_rate=plan.learning_rate,
+        likelihood=plan.engine_likelihood(n_classes) if likelihood is None else likelihood,
         n_quadrature=int(plan.n_quadrature),
         shared_lengthscales=plan.shared_lengthscales if shared is None else shared,
     )
@@ -77,11 +79,12 @@ def stream_trainer(plan, kernel, Z, n_total, groups, jitter, shared=None, *, n_c
     return training.Trainer(engine)
 
 
-def trainer_from_fitted(plan, fitted, groups, n_total, rows, rows_seen):
+def trainer_from_fitted(plan, fitted, groups, n_total, rows, rows_seen, *, likelihood=None):
     """A stream trainer at the fitted state of a model without one (fitted by ``fit``, or loaded; ``fitted``, its
     ``model_file.FittedState``): its kernel and inducing points, SEP's tied factor read back from its posterior
     (``posterior.Factor.from_posterior``; per class for a multiclass model), the fitted jitter, and the step count and
-    history going on. ``rows_seen``: the rows ``fit`` recorded, or None. Returns (trainer, rows seen before this
+    history going on, with the likelihood object the model keeps (``likelihood``; None: the plan's). ``rows_seen``:
+    the rows ``fit`` recorded, or None. Returns (trainer, rows seen before this
     batch). The optimiser's moments and a damping the divergence guard had lowered are not part of a fitted model:
     they start as configured."""
     if rows_seen is None and fitted.history.get(ROWS_SEEN):  # partial_fit's count, which a model file holds
@@ -95,7 +98,7 @@ def trainer_from_fitted(plan, fitted, groups, n_total, rows, rows_seen):
     # tied as the model was fitted (an "auto" fit that kept one shared scale goes on with it)
     trainer = stream_trainer(plan, fitted.kernel, fitted.inducing_points, n_total or rows_seen + rows, groups,
                              float(fitted.jitter), shared=(fitted.record or {}).get("ard") is False,
-                             n_classes=len(fitted.classes))
+                             n_classes=len(fitted.classes), likelihood=likelihood)
     posterior = fitted.posterior
     trainer.engine.take_factor(multiclass_ep.factor_from_posteriors(posterior) if isinstance(posterior, tuple)
                                else Factor.from_posterior(posterior))

@@ -498,3 +498,18 @@ def test_the_relevance_panel_says_when_one_shared_lengthscale_makes_it_the_featu
     said = " ".join((panel.get_title() + " " + panel.get_xlabel()).split())
     assert ("not learned" in said) is (not ard)
     assert ("not learned per feature" in model.summary()) is (not ard)
+
+
+def test_the_summary_and_the_plot_take_a_fitted_estimator_or_its_report(tmp_path):
+    """``model_summary`` / ``plot_model`` read a ``ModelReport``; a fitted estimator gives its own (docs/usage.md
+    calls plot_model(clf, ...)); anything else is one TypeError, an estimator not fitted NotFittedError."""
+    from sklearn.exceptions import NotFittedError
+
+    X, y = make_banana(80, random_state=0)
+    model = GPClassifier(n_inducing=5, max_iter=2, random_state=0).fit(X, y)
+    assert inspection.model_summary(model) == inspection.model_summary(model.report()) == model.summary()
+    assert plot_model(model, tmp_path / "a.png").stat().st_size > 0
+    with pytest.raises(TypeError, match="expected a fitted GPClassifier or an agpc.inspection.ModelReport, got str"):
+        inspection.model_summary("model")
+    with pytest.raises(NotFittedError):
+        plot_model(GPClassifier(), tmp_path / "b.png")

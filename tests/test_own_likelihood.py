@@ -296,3 +296,17 @@ def test_methods_that_cannot_train_it_and_multiclass_data_refuse_it():
     y3 = np.arange(60) % 3
     with pytest.raises(ValueError, match=f"likelihood='{FLIP}' is a registered binary likelihood"):
         GPClassifier(method="ep", likelihood=FLIP, max_iter=1).fit(X, y3)
+
+
+def test_partial_fit_goes_on_with_the_object_its_model_keeps():
+    """A stream, and a fitted model continued by partial_fit, train the likelihood object the model was fitted
+    with, whatever was registered under its name since (a model of neither otherwise)."""
+    X, y = _data(200, 7)
+    original = LIKELIHOODS[FLIP]
+    live = GPClassifier(method="sep", likelihood=FLIP, n_inducing=6, random_state=0)
+    live.partial_fit(X[:100], y[:100], classes=np.unique(y), n_total=200)
+    fitted = GPClassifier(method="sep", likelihood=FLIP, n_inducing=6, max_iter=2, random_state=0).fit(X, y)
+    register_likelihood(FlipProbit(0.3, FLIP), replace=True)
+    for model in (live, fitted):
+        model.partial_fit(X[100:], y[100:], n_total=300)
+        assert model._trainer.engine.likelihood is original and model.fitted_model().likelihood is original

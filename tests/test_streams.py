@@ -290,3 +290,23 @@ def test_a_stream_model_pickled_before_kernel_prior_existed_continues(on_disk):
     assert old.kernel_prior is None and old.kernel_prior_ is None
     old.partial_fit(X_mm[250:500], y_mm[250:500])
     np.testing.assert_array_equal(old.predict_proba(X[:50]), reference.predict_proba(X[:50]))
+
+
+@pytest.mark.parametrize("kind", ["binary", "ordinal", "multiclass"])
+def test_a_stream_pickled_before_its_engine_held_a_likelihood_continues(kind):
+    """A stream model pickled between calls by an agpc whose engines took the likelihood from the kernel's type
+    (no ``likelihood`` on the engine) continues with that likelihood: the stream it would have been."""
+    import pickle
+
+    X, y = make_banana(300, random_state=0)
+    if kind != "binary":
+        y = np.digitize(X[:, 0], np.quantile(X[:, 0], [1 / 3, 2 / 3]))
+    params = dict(method="sep", n_inducing=5, random_state=0, likelihood="ordinal" if kind == "ordinal" else None)
+    model = GPClassifier(**params).partial_fit(X[:150], y[:150], classes=np.unique(y), n_total=300)
+    reference = pickle.loads(pickle.dumps(model)).partial_fit(X[150:], y[150:])
+    old = pickle.loads(pickle.dumps(model))
+    for name in ("likelihood", "likelihood_option"):  # (as an older agpc pickled its engine)
+        del old._trainer.engine.__dict__[name]
+    old = pickle.loads(pickle.dumps(old))
+    old.partial_fit(X[150:], y[150:])
+    np.testing.assert_array_equal(old.predict_proba(X[:50]), reference.predict_proba(X[:50]))

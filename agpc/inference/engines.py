@@ -32,7 +32,8 @@ from types import MappingProxyType, ModuleType
 from ..backend import array_device, array_namespace, is_dask_array, read_rows, row_slice, to_host_vector
 from ..checkpoint_rules import check_row_starts, check_saved_anchor
 from ..kernels import ClassKernels, step_lower_bounds
-from ..likelihoods import LOGISTIC, PROBIT, ROBUST_MAX, likelihood_by_name
+from ..likelihoods import (LOGISTIC, MULTICLASS_PROBIT, ORDINAL_LIKELIHOOD, PROBIT, ROBUST_MAX,
+                           likelihood_by_name)
 from ..optim import OPTIMIZERS, Rprop, lbfgsb_ascent
 from . import ep, exact_ep, gfitc, multiclass_ep, multiclass_vi, variational
 from .posterior import Factor, moved_factor
@@ -153,6 +154,17 @@ class EPEngine(Engine):
         # steps the shard; None: the factor is all the data's.
         self.others = None
         self.factor_rows = None
+
+    def __setstate__(self, state):
+        """Unpickling: an engine pickled before it held its likelihood (a partial_fit stream pickled between calls by
+        an older agpc) takes the one its passes then read from the kernel's type: the ordinal likelihood for a kernel
+        with cut points, the multiclass probit for one kernel a class, else the probit."""
+        super().__setstate__(state)  # (its passes' module, by name: ``backend.ModulesByName``)
+        if "likelihood" not in state:
+            kernel = state["state"]["kernel"]
+            self.likelihood = (ORDINAL_LIKELIHOOD if getattr(kernel, "cut_points", None) is not None
+                               else MULTICLASS_PROBIT if isinstance(kernel, ClassKernels) else PROBIT)
+            self.likelihood_option = {"likelihood": self.likelihood}
 
     def start_from_sites(self, site_precision, site_shift):
         """EP: start from the given sites (one a row) instead of zero ones; they are looked at once (whether
