@@ -28,8 +28,8 @@ from .inducing import initial_inducing_points
 from .inference import training
 from .kernels import ClassKernels, Kernel, OrdinalKernel, with_default_priors
 from .likelihoods import likelihood_by_name
-from .model import FittedModel
-from .model_file import FIT_RECORD, FittedState, read_model_file, unpickled_state, write_model_file
+from .model import FIT_RECORD, FittedModel, FittedState
+from .model_file import EstimatorSchema, read_model_file, unpickled_state, write_model_file
 from .plan import FitPlan
 
 __all__ = ["GPClassifier"]
@@ -614,7 +614,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self._check_params()
 
     def fitted_state(self):
-        """What the fitted model is beyond its parameters: an ``agpc.model_file.FittedState`` (what
+        """What the fitted model is beyond its parameters: an ``agpc.model.FittedState`` (what
         prediction needs, and what the fit reported). Raises NotFittedError before ``fit``."""
         check_is_fitted(self, "posterior_")
         return FittedState(
@@ -645,13 +645,21 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def save(self, path):
         """Save the fitted model as data (npz + JSON, plain data only) to ``path``, a file name (written
         atomically) or a binary file object. See :mod:`agpc.model_file`; ``agpc.save_model`` is the same."""
-        write_model_file(path, self)
+        write_model_file(path, type(self).__name__, self.get_params(deep=False), self.fitted_state())
 
     @classmethod
     def load(cls, path, backend="numpy"):
         """Load a model saved by :meth:`save` (a file name or a binary file object), its arrays in ``backend``.
         Every field is checked (:mod:`agpc.model_file`); a file is never executed. ``agpc.load_model`` is the same."""
-        return read_model_file(path, cls, backend=backend)
+        params, state = read_model_file(path, cls.file_schema(), backend=backend)
+        return cls(**params).set_fitted_state(state)
+
+    @classmethod
+    def file_schema(cls):
+        """What a model file knows of this estimator (``model_file.EstimatorSchema``): its name, its parameters'
+        defaults and the check ``fit`` makes of them."""
+        return EstimatorSchema(cls.__name__, cls().get_params(deep=False),
+                               lambda params: cls(**params).check_params())
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

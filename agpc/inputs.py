@@ -32,7 +32,6 @@ from .checkpoints import check_checkpoint_path, check_resume_path, check_site_di
 from .inducing import start_rows
 from .inference.training import data_fingerprint, fingerprint_stride
 from .methods import ORDINAL, methods_supporting, supports
-from .model_file import MAX_LABEL_BYTES
 from .plan import DTYPES, dtype_name
 from .untrusted import check_zarr_array
 
@@ -241,10 +240,10 @@ def _check_label_length(classes):
     """A model file holds each label in at most ``MAX_LABEL_BYTES`` (as NumPy stores text: 4 bytes a
     character), and ``load`` refuses more: a fit whose model could not be loaded back is refused first."""
     stored = classes if classes.dtype.kind in "biufU" else classes.astype(str)  # as the model file writes them
-    if stored.dtype.kind == "U" and stored.dtype.itemsize > MAX_LABEL_BYTES:
+    if stored.dtype.kind == "U" and stored.dtype.itemsize > V.MAX_LABEL_BYTES:
         longest = max(stored.tolist(), key=len)
         raise ValueError(f"y has a label of {len(longest):,} characters ({longest[:20]!r}...): a model file holds "
-                         f"labels of at most {MAX_LABEL_BYTES // 4:,} characters, so the fitted model could not be "
+                         f"labels of at most {V.MAX_LABEL_BYTES // 4:,} characters, so the fitted model could not be "
                          "saved and loaded back; give the classes shorter names")
 
 

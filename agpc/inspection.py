@@ -33,7 +33,7 @@ from .checkpoints import atomic_write
 from .inference.guard import GUARD_KEYS
 from .inference.training import STOP_REASONS
 from .kernels import ClassKernels, Linear, OrdinalKernel, Stationary
-from .model_file import FittedState
+from .model import FittedState
 from .untrusted import printable
 
 __all__ = ["STOP_REASONS", "STOPPED_BECAUSE", "ModelReport", "model_summary", "feature_relevance", "reliability_bins",
@@ -103,7 +103,7 @@ def _lengthscales(kernel):
 @dataclass(frozen=True, eq=False)
 class ModelReport:
     """What the summary and the plot read of a fitted estimator (``GPClassifier.report()``): its class's name, its
-    method, dtype and kernel prior, and its ``model_file.FittedState`` (the model, and what its fit recorded)."""
+    method, dtype and kernel prior, and its ``model.FittedState`` (the model, and what its fit recorded)."""
 
     estimator_name: str
     method: str
@@ -112,7 +112,7 @@ class ModelReport:
     state: FittedState
 
     def recorded(self, name):
-        """What the fit recorded of ``name`` (of ``model_file.FIT_RECORD``), or None (not recorded)."""
+        """What the fit recorded of ``name`` (of ``model.FIT_RECORD``), or None (not recorded)."""
         return (self.state.record or {}).get(name)
 
 

@@ -1,11 +1,12 @@
 """The model file format: a fitted estimator as data, one ``.npz`` holding arrays and a JSON header, never
 serialised Python objects.
 
-This is the format and its schema, below the estimator: ``GPClassifier.save`` / ``load`` write and read
+This is the format and its schema, just below the estimator: ``GPClassifier.save`` / ``load`` write and read
 through it, and ``agpc.persistence`` (``save_model`` / ``load_model``, the documented entry points) is built
-on it. It knows the estimator only through public methods: scikit-learn's ``get_params`` / ``set_params``,
-``check_params()`` (refuses what ``fit`` would refuse), ``fitted_state()`` / ``set_fitted_state(state)``
-(a :class:`FittedState`: everything a fitted model is beyond its parameters) and ``predict_proba``.
+on it. It never sees the estimator: it writes and reads values, the estimator's class name, its parameters
+(``get_params``) and a ``model.FittedState`` (everything a fitted model is beyond its parameters), and checks
+parameters through an :class:`EstimatorSchema` (their names and defaults, and the estimator's own check). A
+file's model is tried by the prediction code itself (``agpc.prediction`` on its ``model.FittedModel``).
 
 Loading never executes code and never trusts what it reads: every member's npy header is checked before any
 data are read (``checkpoints.read_archive``: no object arrays, no declared size beyond the bytes held, nor
@@ -25,19 +26,23 @@ import json
 import math
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from . import backend as B
+from . import prediction as P
 from .checkpoints import HEADER_KEY, atomic_savez, read_archive
 from .inference.posterior import Posterior, prior_cholesky
 from .inference.training import STOP_REASONS
+from .inputs import check_features
 from .kernels import ORDINAL_KERNEL, PER_DIMENSION, ClassKernels, kernel_from_spec, spec_parameter_table
 from .likelihoods import LIKELIHOODS, registered_likelihood
 from .methods import get_method
+from .model import FIT_RECORD, FittedModel, FittedState
 from .untrusted import RefusedFile, available_memory, describe
+from .validation import MAX_LABEL_BYTES
 
 FORMAT = "agpc-model"
 # 1: the first format. 2: adds "feature_names_in" (the columns a DataFrame had at fit). 3: kernels of any
@@ -71,10 +76,9 @@ PIPELINE_ATOL = 1e-6
 
 __all__ = ["FORMAT", "VERSION", "PLAIN_VERSION", "SCALER_ARRAYS", "step_names_problem", "NOT_RESTORED",
            "VALUE_WHEN_ABSENT", "MAX_LABEL_BYTES", "MAX_QUADRATURE",
-           "FIT_RECORD", "FittedState", "write_model_file", "read_model_file", "read_model_parts", "unpickled_state"]
+           "FIT_RECORD", "FittedState", "EstimatorSchema", "write_model_file", "read_model_file", "read_model_parts",
+           "unpickled_state"]
 
-# a class label is a number or a short name: a longer string in a model file is a way to take memory
-MAX_LABEL_BYTES = 4096
 # Parameters that name where training writes: a file never chooses them (loaded as None, the defaults). A
 # model that re-fits after loading, or its clone, writes where its user says, not where the file said.
 NOT_RESTORED = ("checkpoint_path", "checkpoint_every", "site_directory", "client")
@@ -85,37 +89,20 @@ VALUE_WHEN_ABSENT = {"kernel_prior": None, "ard": True}
 # Parameters added since models were first pickled whose default (None) is what an agpc without them did: an older
 # pickle is completed with it (else get_params, repr and clone of the unpickled estimator fail)
 PARAMETERS_ADDED = ("class_weight", "classes")
-# What a fit reported beyond its history, kept in the file's "fit_record" (a file without it, or without one of
-# them, was written before they were recorded: the loaded model's attribute is None, "not recorded"). The estimator
-# holds each as the attribute of its name and a trailing underscore (``stop_reason_``).
-FIT_RECORD = ("n_samples_fit", "fit_time", "stop_reason", "ard", "n_warmup")
 # Gauss-Hermite nodes for SVI's binary logistic predictions (20 by default): more than this from a file is
 # a way to make prediction take gigabytes, not a model
 MAX_QUADRATURE = 1000
 
 
-@dataclass
-class FittedState:
-    """What a fitted model is beyond its parameters (``get_params``): what prediction needs, and what the fit
-    reported. Arrays are in the model's namespace (``GPClassifier.fitted_state`` / ``set_fitted_state``).
+@dataclass(frozen=True)
+class EstimatorSchema:
+    """What a model file needs to know of the estimator it holds, as values: its class ``name`` (a file names it),
+    its parameters' ``defaults`` (``get_params()`` of a default instance: the names it has, and what a file without
+    one stands for) and ``check``, which refuses (ValueError or TypeError) parameters that ``fit`` would refuse."""
 
-    A multiclass model (more than two classes) has one latent function a class (Villacampa-Calvo &
-    Hernandez-Lobato, 2017): ``kernel`` is a ``ClassKernels``, ``inducing_points`` is (C, m, d) and
-    ``posterior`` a tuple of C ``Posterior``; a binary model has one kernel, (m, d) points, one ``Posterior``.
-    """
-
-    kernel: Any  # a kernel of agpc.kernels, or a ClassKernels (one a class)
-    inducing_points: Any
-    posterior: Any  # agpc.inference.posterior.Posterior, or a tuple of them (one a class)
-    classes: np.ndarray  # the labels, in the order of the columns of predict_proba
-    n_features_in: int
-    feature_names_in: Any  # the column names seen at fit (an array of str), or None
-    log_marginal_likelihood: float
-    n_iter: int
-    jitter: float  # on the diagonal of K(Z, Z) at the end of the fit
-    likelihood: str  # "probit", "logistic", "robust-max" or "ordinal" (classes in their order; the cut points the kernel's)
-    history: dict  # name -> list of numbers, one an evaluation
-    record: dict = None  # of FIT_RECORD: the rows fitted, the seconds the fit took, why it stopped (None: unknown)
+    name: str
+    defaults: dict
+    check: Callable[[dict], None]
 
 
 # -- writing -----------------------------------------------------------------------------------------
@@ -137,13 +124,13 @@ def _json_params(params):
     return out
 
 
-def write_model_file(path, model, scaler=None):
+def write_model_file(path, estimator_name, params, state, scaler=None):
     """Write a fitted estimator to ``path`` (the name is kept as given, written atomically) or to a binary file
-    object: its class name, its parameters (``get_params``: those JSON holds) and its ``fitted_state()``.
+    object: its class name ``estimator_name``, its ``params`` (``get_params``: those JSON holds) and ``state``, its
+    ``model.FittedState``.
     ``scaler``: the standardisation of the features before it, {"with_mean", "with_std", "n_samples_seen": bools
     and an int, "steps": the two step names, "feature_names": the pipeline's input columns or None, and
     the arrays of ``SCALER_ARRAYS`` it has} (``agpc.persistence`` takes them from a fitted StandardScaler)."""
-    state = model.fitted_state()
     # A multiclass model has one posterior and one kernel per class: stacked (C, m, m) / (C, m) arrays
     # and kernel parameters named "<class>:<name>".
     posts = state.posterior if isinstance(state.posterior, tuple) else None
@@ -167,8 +154,8 @@ def write_model_file(path, model, scaler=None):
     header = {
         "format": FORMAT,
         "version": PLAIN_VERSION if scaler is None else VERSION,
-        "estimator": type(model).__name__,
-        "params": _json_params(model.get_params(deep=False)),
+        "estimator": estimator_name,
+        "params": _json_params(params),
         "kernel": [k.spec() for k in kernels] if kernels else state.kernel.spec(),
         "kernel_params": sorted(state.kernel.params),
         "n_features_in": int(state.n_features_in),
@@ -231,13 +218,14 @@ def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _checked_params(stored, estimator, refuse):
-    """The estimator parameters of a model file: the estimator's own (unknown names, e.g. from an older agpc
-    that had a parameter this one has not, are dropped: they cannot matter to this agpc), plain JSON values,
-    no paths; then checked by the estimator's own validation."""
+def _checked_params(stored, schema, refuse):
+    """The estimator parameters of a model file, all of them (``schema.defaults`` where the file has none): the
+    estimator's own (unknown names, e.g. from an older agpc that had a parameter this one has not, are dropped: they
+    cannot matter to this agpc), plain JSON values, no paths; then checked by the estimator's own validation
+    (``schema.check``)."""
     if not isinstance(stored, dict):
         raise refuse("params: not a mapping of parameter names to values")
-    known = estimator().get_params(deep=False)
+    known = schema.defaults
     params = {name: value for name, value in VALUE_WHEN_ABSENT.items() if name in known}
     for name, value in stored.items():
         if name not in known or name in NOT_RESTORED or name == "kernel":
@@ -247,19 +235,20 @@ def _checked_params(stored, estimator, refuse):
         elif not (value is None or isinstance(value, (bool, int, float, str))):
             raise refuse(f"params.{name}: a {type(value).__name__}, not a plain value")
         params[name] = value
-    model = estimator(**params)
+    params = {**known, **params}
     try:
         # the backend named at training (e.g. cupy) need not exist where the model is loaded: read_model_file's
         # ``backend`` places the arrays; every other parameter is checked as fit checks it
-        estimator(**dict(params, backend="numpy")).check_params()
+        schema.check(dict(params, backend="numpy"))
     except (ValueError, TypeError) as exc:  # TypeError: a value of a type the check did not foresee
         raise refuse(f"params: {exc}") from None
-    if not (isinstance(model.jitter, (int, float)) and math.isfinite(model.jitter) and model.jitter >= 0):
-        raise refuse(f"params.jitter: {model.jitter!r} is not a non-negative number")
-    if model.n_quadrature > MAX_QUADRATURE:  # prediction builds an n_quadrature^2 matrix for its nodes
-        raise refuse(f"params.n_quadrature: {model.n_quadrature} nodes, a model file may ask for {MAX_QUADRATURE} "
+    jitter = params["jitter"]
+    if not (isinstance(jitter, (int, float)) and math.isfinite(jitter) and jitter >= 0):
+        raise refuse(f"params.jitter: {jitter!r} is not a non-negative number")
+    if params["n_quadrature"] > MAX_QUADRATURE:  # prediction builds an n_quadrature^2 matrix for its nodes
+        raise refuse(f"params.n_quadrature: {params['n_quadrature']} nodes, a model file may ask for {MAX_QUADRATURE} "
                      "at most")
-    return model
+    return params
 
 
 def _float_array(arrays, name, shape, refuse, allow_neg_inf=False):
@@ -449,18 +438,19 @@ def _check_declared_sizes(path, header, declared):
                                     f"a label takes {MAX_LABEL_BYTES:,} at most")
 
 
-def read_model_file(path, estimator, backend="numpy"):
-    """A fitted ``estimator`` (a class: the file must name it) read from a model file written by
-    :func:`write_model_file` (format version 1 or later up to ``VERSION``); arrays are placed in ``backend``'s
-    namespace. Everything read is checked against the format's schema first; a file that does not satisfy
-    it is one ``ValueError`` naming the file and the field. A file that holds a standardisation of the features
-    is refused: the estimator alone would predict on unscaled features (``read_model_parts`` gives both)."""
-    model, scaler = read_model_parts(path, estimator, backend)
+def read_model_file(path, schema, backend="numpy"):
+    """(the parameters, the ``model.FittedState``) of a fitted estimator of ``schema`` (an :class:`EstimatorSchema`:
+    the file must name its class) read from a model file written by :func:`write_model_file` (format version 1 or
+    later up to ``VERSION``); arrays are placed in ``backend``'s namespace. Everything read is checked against the
+    format's schema first; a file that does not satisfy it is one ``ValueError`` naming the file and the field. A
+    file that holds a standardisation of the features is refused: the estimator alone would predict on unscaled
+    features (``read_model_parts`` gives both)."""
+    params, state, scaler = read_model_parts(path, schema, backend)
     if scaler is not None:
         raise _refuse(path, "it holds a standardisation of the features before the classifier (saved from a "
                             "Pipeline, or by 'agpc fit --standardize'): load it with agpc.load_model, which gives "
                             "the Pipeline, not with GPClassifier.load, which would predict on unscaled features")
-    return model
+    return params, state
 
 
 def step_names_problem(steps):
@@ -556,7 +546,7 @@ def _check_scale(scaler, refuse):
                      "constant to round-off)")
 
 
-def _check_pipeline_predicts(model, scaler, probe, proba, refuse):
+def _check_pipeline_predicts(model, dtype, scaler, probe, proba, refuse):
     """The scaler and the classifier may each be sound and the two still not be a pipeline: the inducing points
     ``probe`` mapped back to inputs through the scaler (x = z scale + mean) must be finite, and the pipeline
     there ((x - mean) / scale, as StandardScaler.transform computes it, then the classifier) must predict what
@@ -569,27 +559,27 @@ def _check_pipeline_predicts(model, scaler, probe, proba, refuse):
         inputs = np.asarray(probe, dtype=np.float64) * scale + mean
         standardised = (inputs - mean) / scale
     # (inputs that overflow are refused before the classifier sees them: its own check would blame the input)
-    got = _probe(model, standardised)[2] if np.all(np.isfinite(inputs)) else None
+    got = _probe(model, dtype, standardised)[2] if np.all(np.isfinite(inputs)) else None
     if got is None or not (np.all(np.isfinite(got)) and np.allclose(got, proba, rtol=0, atol=PIPELINE_ATOL)):
         raise refuse("scaler: the pipeline, at the inducing points mapped back to inputs through the scaler, does "
                      "not predict what the classifier predicts at them (a mean or scale beyond what float64 "
                      "resolves)")
 
 
-def read_model_parts(path, estimator, backend="numpy"):
-    """(the fitted ``estimator``, the standardisation of the features before it or None) of a model file: what
-    ``read_model_file`` reads, and the scaler ``write_model_file`` wrote ({"with_mean", "with_std",
-    "n_samples_seen", "steps", and the arrays of ``SCALER_ARRAYS``, None where absent}), checked. The feature
-    names are then the scaler's, the pipeline's input (``feature_names``), not the estimator's."""
+def read_model_parts(path, schema, backend="numpy"):
+    """(the parameters, the ``model.FittedState``, the standardisation of the features before the estimator or
+    None) of a model file: what ``read_model_file`` reads, and the scaler ``write_model_file`` wrote ({"with_mean",
+    "with_std", "n_samples_seen", "steps", and the arrays of ``SCALER_ARRAYS``, None where absent}), checked. The
+    feature names are then the scaler's, the pipeline's input (``feature_names``), not the estimator's."""
     refuse = functools.partial(_refuse, path)
     header, arrays = read_archive(path, refuse, functools.partial(_check_declared_sizes, path))
     version = _check_version(header, refuse, FORMAT)
-    if header.get("estimator") != estimator.__name__:
-        raise refuse(f"estimator: {header.get('estimator')!r}, this agpc loads {estimator.__name__}")
-    model = _checked_params(header.get("params", {}), estimator, refuse)
+    if header.get("estimator") != schema.name:
+        raise refuse(f"estimator: {_shown(header.get('estimator'))}, this agpc loads {schema.name}")
+    params = _checked_params(header.get("params", {}), schema, refuse)
     d, feature_names, record = _check_header_fields(header, refuse, version)
-    if record["ard"] is None and not isinstance(model.ard, str):  # a file from before the choice: as fitted
-        record["ard"] = bool(model.ard)
+    if record["ard"] is None and not isinstance(params["ard"], str):  # a file from before the choice: as fitted
+        record["ard"] = bool(params["ard"])
     classes, ordinal, multiclass, (Z, L_C, h) = _checked_model_arrays(header, arrays, d, refuse)
     n_classes = classes.shape[0]
     specs, kernel_table = _kernel_specs(header, n_classes, refuse)
@@ -601,25 +591,25 @@ def read_model_parts(path, estimator, backend="numpy"):
     if unexpected:
         raise refuse(f"unexpected arrays {unexpected}")
     likelihood = _checked_likelihood(header, ordinal, multiclass, refuse)
-    fitted_with = get_method(model.method).likelihood_for(model.likelihood, n_classes)
+    fitted_with = get_method(params["method"]).likelihood_for(params["likelihood"], n_classes)
     if "likelihood" in header and likelihood != fitted_with:  # (partial_fit would go on with the parameters')
-        raise refuse(f"likelihood: {_shown(likelihood)}, but its parameters (method {model.method!r}, likelihood "
-                     f"{_shown(model.likelihood)}) fit {fitted_with!r}")
+        raise refuse(f"likelihood: {_shown(likelihood)}, but its parameters (method {params['method']!r}, likelihood "
+                     f"{_shown(params['likelihood'])}) fit {fitted_with!r}")
 
     xp = B.resolve_backend(backend)
     # The model computes in the type it was fitted in, which is the type of its stored arrays (files written
     # before ``dtype`` existed hold float64, and load as float64).
     dtype_name = "float32" if Z.dtype == np.float32 else "float64"
-    model.set_params(dtype=dtype_name)
+    params["dtype"] = dtype_name
     to = lambda a: B.asarray_like(a, xp, dtype=getattr(xp, dtype_name))  # noqa: E731
     try:  # what only the kernel's own checks see (a prior listing another number of entries than features)
         kernel = _kernel_from_file(specs, {name: to(value) for name, value in kernel_arrays.items()}, multiclass)
     except (ValueError, TypeError) as exc:
         raise refuse(f"kernel: {exc}") from None
     Zx, L_C, h = to(Z), to(L_C), to(h)
-    jitter = _fitted_jitter(header, model, kernel, Zx, multiclass, refuse)
+    jitter = _fitted_jitter(header, params["jitter"], kernel, Zx, multiclass, refuse)
     posterior = _posterior_from_file(kernel, Zx, L_C, h, jitter, n_classes if multiclass else None, refuse)
-    model.set_fitted_state(FittedState(
+    state = FittedState(
         kernel=kernel, inducing_points=Zx, posterior=posterior, classes=classes, n_features_in=d,
         # as scikit-learn stores them
         feature_names_in=None if feature_names is None or scaler is not None else np.asarray(feature_names,
@@ -627,13 +617,22 @@ def read_model_parts(path, estimator, backend="numpy"):
         log_marginal_likelihood=float(header.get("log_marginal_likelihood", float("nan"))),
         n_iter=header.get("n_iter", 0), jitter=float(jitter), likelihood=likelihood,
         history={k: list(v) for k, v in header.get("history", {}).items()}, record=record,
-    ))
+    )
+    model = _model_of(state, params)
     probe = Z[0] if multiclass else Z
-    proba = _check_predicts(model, probe, refuse)
+    proba = _check_predicts(model, dtype_name, probe, refuse)
     if scaler is not None:
-        _check_pipeline_predicts(model, scaler, probe, proba, refuse)
+        _check_pipeline_predicts(model, dtype_name, scaler, probe, proba, refuse)
         scaler["feature_names"] = feature_names
-    return model, scaler
+    return params, state, scaler
+
+
+def _model_of(state, params):
+    """The ``model.FittedModel`` a file's state and parameters describe: what the loaded estimator predicts with
+    (``GPClassifier.fitted_model``), with its parameters' settings of prediction."""
+    return FittedModel.of(state.kernel, state.likelihood, state.inducing_points, state.posterior, state.classes,
+                          n_quadrature=int(params["n_quadrature"]), blas_threads=params.get("blas_threads"),
+                          block_rows=params.get("block_rows"))
 
 
 def _checked_model_arrays(header, arrays, d, refuse):
@@ -681,15 +680,15 @@ def _shown(value, limit=80):
     return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
 
 
-def _fitted_jitter(header, model, kernel, Z, multiclass, refuse):
+def _fitted_jitter(header, parameter, kernel, Z, multiclass, refuse):
     """The jitter K(Z, Z) is factorised with: the one the fit ended with (the guard may have raised it), checked;
     files of format version 1 do not hold it: the jitter parameter, raised to the type's floor as the fit did."""
     jitter = header.get("fitted_jitter")
     if jitter is None:
-        return B.starting_jitter(model.jitter, Z)
+        return B.starting_jitter(parameter, Z)
     if not (_is_number(jitter) and math.isfinite(jitter) and jitter >= 0):
         raise refuse(f"fitted_jitter: {jitter!r} is not a non-negative number")
-    _check_fitted_jitter(jitter, model, kernel, Z, multiclass, refuse)
+    _check_fitted_jitter(jitter, parameter, kernel, Z, multiclass, refuse)
     return jitter
 
 
@@ -705,8 +704,8 @@ def _posterior_from_file(kernel, Z, L_C, h, jitter, n_classes, refuse):
         raise refuse(f"inducing_points: with the kernel they give no covariance matrix ({exc})") from None
 
 
-def _check_fitted_jitter(jitter, model, kernel, Z, multiclass, refuse):
-    """The jitter a fit ends with is its ``jitter`` parameter (at least the type's floor) plus what the guard
+def _check_fitted_jitter(jitter, parameter, kernel, Z, multiclass, refuse):
+    """The jitter a fit ends with is its ``jitter`` ``parameter`` (at least the type's floor) plus what the guard
     added, a few steps of at most 1e-5 of K(Z, Z)'s mean diagonal each: never more than the parameter plus
     that diagonal. A larger one replaces the kernel's prior at the inducing points (1e300 makes a model that
     predicts 0.5 everywhere), so no fit wrote it."""
@@ -714,19 +713,19 @@ def _check_fitted_jitter(jitter, model, kernel, Z, multiclass, refuse):
     points = [Z[c, ...] for c in range(Z.shape[0])] if multiclass else [Z]
     with np.errstate(all="ignore"):
         scale = max(float(np.mean(np.diagonal(B.to_numpy(k.K(z))))) for k, z in zip(kernels, points))
-    most = float(model.jitter) + B.jitter_floor(Z) + scale
+    most = float(parameter) + B.jitter_floor(Z) + scale
     if not jitter <= most:
-        raise refuse(f"fitted_jitter: {jitter:.3g} is more than the jitter parameter ({float(model.jitter):.3g}) plus "
+        raise refuse(f"fitted_jitter: {jitter:.3g} is more than the jitter parameter ({float(parameter):.3g}) plus "
                      f"the prior variance at the inducing points ({scale:.3g}): no fit raises it so far")
 
 
-def _check_predicts(model, probe, refuse):
+def _check_predicts(model, dtype, probe, refuse):
     """Every field may pass its own check and the whole still not predict (finite values so large that the
     predictive's arithmetic overflows, an L_C scaled by 1e-300 whose variances are infinite yet whose
     probabilities are 0.5): the model must give finite latent means and variances, and finite probabilities
     summing to one, at its own inducing points, taken as inputs (m rows: cheap), or the file is refused.
     Returns the probabilities."""
-    mean, var, proba = _probe(model, probe)
+    mean, var, proba = _probe(model, dtype, probe)
     if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(var)) and np.all(var >= 0)):
         raise refuse("posterior_h, posterior_L_C: the model they describe has no finite latent mean and variance at "
                      "its own inducing points (values so large or small that its arithmetic overflows)")
@@ -736,11 +735,15 @@ def _check_predicts(model, probe, refuse):
     return proba
 
 
-def _probe(model, rows):
-    """(latent means, latent variances, probabilities) of ``model`` at ``rows``, in NumPy."""
+def _probe(model, dtype, rows):
+    """(latent means, latent variances, probabilities) of ``model`` (a ``model.FittedModel`` computing in ``dtype``,
+    its name) at ``rows``, in NumPy, computed as the loaded estimator's ``predict_latent`` / ``predict_proba`` compute
+    them (``agpc.prediction``)."""
     rows = np.asarray(rows, dtype=np.float64)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (this probe's own warnings, e.g. feature names, are not the user's)
+        warnings.simplefilter("ignore")  # (this probe's own warnings, e.g. jitter, are not the user's)
         with np.errstate(all="ignore"):
-            mean, var = (B.to_numpy(values) for values in model.predict_latent(rows))
-            return mean, var, B.to_numpy(model.predict_proba(rows))
+            checked, in_xp = check_features(rows, dtype, expected=rows.shape[1], owner="the model file's model")
+            Xc, _, _ = P.placed_rows(model, checked, in_xp)
+            mean, var = (B.to_numpy(values) for values in P.model_latent(model, Xc))
+            return mean, var, np.exp(B.to_numpy(P.log_proba_matrix(model, Xc)))

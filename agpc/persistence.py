@@ -46,7 +46,8 @@ def save_model(model, path):
     numbers of features, or whose step names are not plain identifiers (``make_pipeline``'s are), before anything
     is written."""
     classifier, scaler = _parts(model)
-    write_model_file(path, classifier, scaler)
+    write_model_file(path, type(classifier).__name__, classifier.get_params(deep=False), classifier.fitted_state(),
+                     scaler)
 
 
 def _parts(model):
@@ -89,7 +90,8 @@ def load_model(path, backend="numpy"):
     or an array namespace). Everything read is checked against the format's schema first; a file that does
     not satisfy it is one ``ValueError`` naming the file and the field. A file saved from a Pipeline (a
     StandardScaler and the classifier; ``agpc fit --standardize`` writes one too) is that Pipeline again."""
-    classifier, scaler = read_model_parts(path, GPClassifier, backend=backend)
+    params, state, scaler = read_model_parts(path, GPClassifier.file_schema(), backend=backend)
+    classifier = GPClassifier(**params).set_fitted_state(state)
     if scaler is None:
         return classifier
     from sklearn.pipeline import Pipeline

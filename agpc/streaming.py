@@ -81,7 +81,7 @@ def stream_trainer(plan, kernel, Z, n_total, groups, jitter, shared=None, *, n_c
 
 def trainer_from_fitted(plan, fitted, groups, n_total, rows, rows_seen, *, likelihood=None):
     """A stream trainer at the fitted state of a model without one (fitted by ``fit``, or loaded; ``fitted``, its
-    ``model_file.FittedState``): its kernel and inducing points, SEP's tied factor read back from its posterior
+    ``model.FittedState``): its kernel and inducing points, SEP's tied factor read back from its posterior
     (``posterior.Factor.from_posterior``; per class for a multiclass model), the fitted jitter, and the step count and
     history going on, with the likelihood object the model keeps (``likelihood``; None: the plan's). ``rows_seen``:
     the rows ``fit`` recorded, or None. Returns (trainer, rows seen before this

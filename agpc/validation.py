@@ -21,7 +21,12 @@ import numpy as np
 
 from .backend import array_device, array_namespace, asarray_like, scaled_std, to_numpy
 
+# A class label is a number or a short name: a longer string is a way to take memory. A model file holds each label in
+# at most this many bytes (as NumPy stores text: 4 bytes a character); fit refuses longer labels, load refuses them.
+MAX_LABEL_BYTES = 4096
+
 __all__ = [
+    "MAX_LABEL_BYTES",
     "Interval",
     "Options",
     "InstanceOf",

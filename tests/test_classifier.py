@@ -146,6 +146,43 @@ def test_save_load_round_trip(fitted, banana, tmp_path):
     assert header["format"] == "agpc-model"
 
 
+def test_the_model_file_reads_and_writes_values_never_the_estimator(fitted, banana, tmp_path):
+    """``agpc.model_file`` writes (class name, parameters, FittedState) and reads them back through a schema of
+    values; what it calls of the estimator is the schema's parameter check, nothing else: a subclass whose
+    prediction methods fail still loads (the file's model is tried by the prediction code, not by the estimator),
+    and a parameter the check refuses is named."""
+    from agpc.model_file import EstimatorSchema, read_model_parts, write_model_file
+
+    X, _ = banana
+    path = tmp_path / "model.agpc"
+    write_model_file(path, "GPClassifier", fitted.get_params(deep=False), fitted.fitted_state())
+    checked = []
+    schema = EstimatorSchema("GPClassifier", GPClassifier().get_params(deep=False),
+                             lambda params: checked.append(GPClassifier(**params).check_params()))
+    params, state, scaler = read_model_parts(path, schema)
+    assert len(checked) == 1 and scaler is None
+    assert params == {**fitted.get_params(deep=False), "backend": params["backend"]}
+    loaded = GPClassifier(**params).set_fitted_state(state)
+    np.testing.assert_allclose(loaded.predict_proba(X), fitted.predict_proba(X), rtol=1e-12, atol=1e-14)
+
+    class Broken(GPClassifier):
+        def predict_proba(self, X):
+            raise AssertionError("the model file called predict_proba")
+
+        predict_latent = predict_log_proba = predict_proba
+
+    write_model_file(path, "Broken", fitted.get_params(deep=False), fitted.fitted_state())
+    assert isinstance(Broken.load(path), Broken)
+
+    def refuse(params):
+        raise ValueError("damping: refused by this schema")
+
+    with pytest.raises(ValueError, match="params: damping: refused by this schema"):
+        read_model_parts(path, EstimatorSchema("Broken", schema.defaults, refuse))
+    with pytest.raises(ValueError, match="estimator: 'Broken', this agpc loads GPClassifier"):
+        GPClassifier.load(path)
+
+
 def test_load_refuses_foreign_and_corrupt_files(fitted, tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("hello")
