@@ -396,12 +396,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         settings, options = training.with_overrides(settings, options,
                                                     spec.training_settings(self.get_params(deep=False), len(classes)))
         n = placed.X.shape[0]
-        if placed.rounds is not None:
-            built = placed.rounds.round_engine(spec.engine_factory, spec.engine_name, kernel, Z, n_total=n,
-                                               options=options)
-        else:
-            built = spec.make_engine(kernel, Z, n_total=n, minibatch=settings.minibatch(n), options=options,
-                                     passes=placed.passes)
+        built = spec.make_engine(kernel, Z, n_total=n, minibatch=settings.minibatch(n), options=options,
+                                 passes=placed.passes, rounds=placed.rounds)
         self._likelihood = built.likelihood  # (the object the model is fitted with: ``_set_fitted``)
         return training.train(placed.X, placed.y, built, settings, training.standard_hooks(settings, validation),
                               sample_weight=placed.weights)

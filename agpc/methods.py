@@ -187,9 +187,16 @@ class Method:
     def engine_factory(self):
         return ENGINES[self.engine] if isinstance(self.engine, str) else self.engine
 
-    def make_engine(self, kernel, Z, *, n_total, minibatch, options, passes=None):
+    def make_engine(self, kernel, Z, *, n_total, minibatch, options, passes=None, rounds=None):
         """Its engine at (kernel, Z) for ``n_total`` rows (``options``: an ``engines.EngineOptions``; ``passes``:
-        where the passes run, for the engines that take it)."""
+        where the passes run, for the engines that take it; ``rounds``: a ``data_parallel.DataParallel`` whose
+        data-parallel rounds of this engine's minibatch steps are the steps, ``DataParallel.round_engine``). The one
+        way a fit, a stream or a resume builds an engine."""
+        if rounds is not None:
+            if passes is not None:  # (a round's shards run their own passes where their rows are)
+                raise ValueError("an engine of data-parallel rounds runs its shards' passes; passes= is not taken")
+            return rounds.round_engine(self.engine_factory, self.engine_name, kernel, Z, n_total=n_total,
+                                       options=options)
         return self.engine_factory(self.engine_name, kernel, Z, n_total=n_total, minibatch=minibatch,
                                    options=options, passes=passes)
 
