@@ -64,10 +64,10 @@ def test_multiclass_adf_gradient_is_the_gradient_of_its_log_z_with_the_sites_hel
     onehot = y[:, None] == np.arange(C)
     factor = multiclass_ep.uniform_factor(Z)
     for _ in range(15):  # some way towards ADF's fixed point (the identity holds at any factor)
-        out = multiclass_ep.evaluate_factor(kernel, Z, X, y, factor, method="adf", n_total=n, jitter=JITTER,
+        out = multiclass_ep.evaluate_factor(kernel, Z, X, y, factor, cavity="adf", n_total=n, jitter=JITTER,
                                             want_grad=False)
         factor = factor.combine(0.5, out["site_delta"], 0.5)
-    out = multiclass_ep.evaluate_factor(kernel, Z, X, y, factor, method="adf", n_total=n, jitter=JITTER)
+    out = multiclass_ep.evaluate_factor(kernel, Z, X, y, factor, cavity="adf", n_total=n, jitter=JITTER)
 
     def moments(kern):
         """Per class: q's mean and covariance, K, the rows' upsilon and FITC variance s."""

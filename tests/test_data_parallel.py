@@ -54,7 +54,7 @@ def test_a_chunk_factor_cavity_is_seps_when_the_factors_are_in_proportion():
     rows = np.arange(30, 60)  # the chunk of rows 30:60 (n_c = 30)
     F_chunk = ep.Factor(F.precision * (30 / 90), F.shift * (30 / 90))
     others = F.combine(1.0, F_chunk, -1.0)
-    common = dict(method="sep", n_total=90, jitter=JITTER)
+    common = dict(cavity="sep", n_total=90, jitter=JITTER)
     sep = ep.evaluate_factor(kernel, Z, X[rows], y[rows], F, **common)
     shard = ep.evaluate_factor(kernel, Z, X[rows], y[rows], F_chunk, others=others, factor_rows=30, **common)
     np.testing.assert_allclose(float(shard["log_z"]), float(sep["log_z"]), rtol=1e-10)
@@ -120,7 +120,7 @@ def test_one_sep_round_steps_on_the_row_weighted_sum_of_the_shards_gradients(cli
     factors = {}
     for shard, shard_chunks in enumerate([[0, 2], [1, 3]]):
         chunk, batch = _first_minibatch(7, shard, shard_chunks, starts, sizes)
-        out = ep.evaluate_factor(kernel, Z, X[batch], y[batch], uniform, method="sep", n_total=600, jitter=JITTER,
+        out = ep.evaluate_factor(kernel, Z, X[batch], y[batch], uniform, cavity="sep", n_total=600, jitter=JITTER,
                                  others=uniform, factor_rows=sizes[chunk])
         for name in expected:
             expected[name] = expected[name] + 1e-4 * (40 / 80) * np.asarray(out["grads"][name])

@@ -133,7 +133,7 @@ def test_bytes_per_row_bound_the_measured_peak_of_every_pass(monkeypatch, m, d):
     xi = variational.initial_xi(k, Z, X, "jj")
     passes = {
         "ep": (1, lambda b: ep.evaluate(k, Z, X, y, nu, mu, jitter=1e-6, block_rows=b, want_sites=False)),
-        "sep": (1, lambda b: ep.evaluate_factor(k, Z, X, y, ep.uniform_factor(Z), method="sep", n_total=n,
+        "sep": (1, lambda b: ep.evaluate_factor(k, Z, X, y, ep.uniform_factor(Z), cavity="sep", n_total=n,
                                                jitter=1e-6, block_rows=b)),
         "gfitc": (1, lambda b: gfitc.evaluate(k, Z, X, y, nu, mu, jitter=1e-6, block_rows=b)),
         "svi": (1, lambda b: variational.svi_elbo(k, Z, X, y, xp.zeros(m), 0.5 * xp.eye(m), block_rows=b)),

@@ -1,11 +1,13 @@
 """Binary EP with inducing points: gradients, the full-GP limit, and learning on a known problem."""
 
+import re
+
 import numpy as np
 import pytest
 
 from agpc import CholeskyError, GPClassifier, GuardWarning, JitterWarning
 from agpc.datasets import banana_bayes_error, banana_posterior, make_banana
-from agpc.inference import engines, ep, training
+from agpc.inference import engines, ep, multiclass_ep, sites, training
 from agpc.inference.engines import make_engine
 from agpc.kernels import RBF, Matern52
 from conftest import check_parameter_gradients, to_np, to_xp
@@ -230,7 +232,7 @@ def test_padding_rows_with_weight_zero_change_nothing(method, xp_device):
     def run(index, weights):
         take = lambda a: to_xp(np.asarray(a)[index], xp, device)  # noqa: E731
         return ep.evaluate_factor(
-            kernel, Z, take(X_np), take(y_np), factor, method=method, n_total=60,
+            kernel, Z, take(X_np), take(y_np), factor, cavity=method, n_total=60,
             site_precision=take(nu_np) if method == "ep" else None, site_shift=take(mu_np) if method == "ep" else None,
             jitter=JITTER, weights=None if weights is None else to_xp(weights, xp, device),
         )
@@ -245,6 +247,37 @@ def test_padding_rows_with_weight_zero_change_nothing(method, xp_device):
     np.testing.assert_allclose(to_np(padded["site_delta"].shift), to_np(alone["site_delta"].shift), rtol=1e-10,
                                atol=1e-12)
 
+
+def test_a_pass_takes_its_cavity_as_a_declared_value_or_its_name():
+    """The EP-family passes branch on the cavity they form, a ``sites.Cavity`` (EP's, SEP's, ADF's), never on a
+    method's name: ``sites.cavity_of`` takes the value or its name and refuses anything else, with the message the
+    passes gave before; a pass given ``cavity=SEP`` is the pass given ``cavity="sep"``, bit for bit."""
+    for cavity in (sites.EP, sites.SEP, sites.ADF):
+        assert sites.cavity_of(cavity) is cavity and sites.cavity_of(cavity.name) is cavity
+    assert [cavity.name for cavity in (sites.EP, sites.SEP, sites.ADF)] == ["ep", "sep", "adf"]
+    assert [(c.own_sites, c.tied, c.adf) for c in (sites.EP, sites.SEP, sites.ADF)] == [
+        (True, False, False), (False, True, False), (False, False, True)]
+    for other in ("EP", "svi", "vi-jj", "", None, 1, ["ep"]):
+        with pytest.raises(ValueError, match=re.escape(f"unknown EP variant {other!r}")):
+            sites.cavity_of(other)
+    for passes in (ep, multiclass_ep):  # (refused before anything is computed)
+        with pytest.raises(ValueError, match="unknown EP variant 'svi'"):
+            passes.factor_cavity(None, None, None, cavity="svi", n_total=10, jitter=JITTER)
+    X, y = binary_toy(60)
+    kernel = RBF(lengthscales=[0.9, 1.2], amplitude=1.3, noise=0.02).for_inputs(X)
+    Z = X[:6] + 0.05
+    rng = np.random.default_rng(3)
+    factor = ep.exact_factor(kernel, Z, X, rng.uniform(0.0, 0.3, 60), rng.normal(0.0, 0.2, 60), jitter=JITTER)
+    by_value, by_name = (ep.evaluate_factor(kernel, Z, X[10:30], y[10:30], factor, cavity=cavity, n_total=60,
+                                            jitter=JITTER) for cavity in (sites.SEP, "sep"))
+    assert float(by_value["log_z"]) == float(by_name["log_z"])
+    assert by_value["grads"].keys() == by_name["grads"].keys()
+    for name, value in by_value["grads"].items():
+        np.testing.assert_array_equal(by_name["grads"][name], value, err_msg=name)
+    np.testing.assert_array_equal(by_name["site_delta"].precision, by_value["site_delta"].precision)
+    np.testing.assert_array_equal(by_name["site_delta"].shift, by_value["site_delta"].shift)
+    with pytest.raises(ValueError, match="unknown EP variant 'svi'"):
+        ep.evaluate_factor(kernel, Z, X, y, factor, cavity="svi", n_total=60, jitter=JITTER)
 
 def test_inputs_far_from_the_origin_do_not_cancel():
     """The RBF's squared distances come from one matrix product; centred on the mean of Z they stay

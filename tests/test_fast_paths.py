@@ -59,7 +59,7 @@ def test_a_minibatch_ep_step_on_the_fast_path_equals_the_reference(method):
     own = dict(site_precision=sites["site_precision"][rows], site_shift=sites["site_shift"][rows]) if method == "ep" else {}
 
     def step():
-        return ep.evaluate_factor(kernel, Z, X[rows], y[rows], factor, method=method, n_total=N, jitter=JITTER,
+        return ep.evaluate_factor(kernel, Z, X[rows], y[rows], factor, cavity=method, n_total=N, jitter=JITTER,
                                   checked=False, **own)
 
     with B.counting_fast_calls() as calls:

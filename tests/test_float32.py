@@ -242,10 +242,10 @@ def test_sep_log_z_in_float32_keeps_its_digits_for_large_n(n_total):
         kernel = RBF(lengthscales=[0.8, 1.3], amplitude=1.5, noise=0.05).for_inputs(Xd)
         factor = ep.uniform_factor(Zd)
         for _ in range(3):  # a factor with some weight: three damped SEP passes
-            out = ep.evaluate_factor(kernel, Zd, Xd, yd, factor, method="sep", n_total=n_total, jitter=1e-4,
+            out = ep.evaluate_factor(kernel, Zd, Xd, yd, factor, cavity="sep", n_total=n_total, jitter=1e-4,
                                      want_grad=False)
             factor = factor.combine(1.0, out["site_delta"], 0.5 * n_total / X.shape[0])
-        results[dtype] = float(ep.evaluate_factor(kernel, Zd, Xd, yd, factor, method="sep", n_total=n_total,
+        results[dtype] = float(ep.evaluate_factor(kernel, Zd, Xd, yd, factor, cavity="sep", n_total=n_total,
                                                   jitter=1e-4, want_grad=False)["log_z"])
     assert math.isfinite(results[np.float64])
     # 1000 eps relative: log Z adds sums over m inducing points and 200 rows scaled by n / 200, each a few eps
@@ -263,7 +263,7 @@ def test_sep_cavity_gap_equals_the_direct_difference_in_float64():
     n_total = 1000
     factor = ep.uniform_factor(Z)
     for _ in range(3):
-        out = ep.evaluate_factor(kernel, Z, X, y, factor, method="sep", n_total=n_total, jitter=1e-4, want_grad=False)
+        out = ep.evaluate_factor(kernel, Z, X, y, factor, cavity="sep", n_total=n_total, jitter=1e-4, want_grad=False)
         factor = factor.combine(1.0, out["site_delta"], 0.5 * n_total / X.shape[0])
     L_K = ep.prior_cholesky(kernel, Z, 1e-4)
     S, c_tilde = factor.whitened(L_K)

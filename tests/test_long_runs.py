@@ -123,7 +123,7 @@ def test_held_cavities_and_log_z_terms_are_the_u_space_ones(xp_device):
     assert bool(np.all(to_np(valid)))
     np.testing.assert_allclose(to_np(v), v_ref, rtol=1e-8)
     np.testing.assert_allclose(to_np(a), a_ref, rtol=1e-8, atol=1e-10)
-    out = ep.evaluate_factor(moved, take(Z_moved), take(X[rows]), take(y[rows]), factor_x, method="ep",
+    out = ep.evaluate_factor(moved, take(Z_moved), take(X[rows]), take(y[rows]), factor_x, cavity="ep",
                              n_total=n_total, site_precision=take(nu[rows]), site_shift=take(mu[rows]), jitter=JITTER,
                              want_grad=False, anchor=anchor_x, damping=0.7)
     np.testing.assert_allclose(float(out["log_z"]), expected, rtol=1e-9)
@@ -267,7 +267,7 @@ def test_multiclass_held_log_z_is_the_u_space_one():
                 for c in range(C))
     expected = sum(gaussian_g(*q[c]) for c in range(C)) - prior + 90 / len(rows) * np.sum(terms)
     sl = slice(rows.start, rows.stop)
-    out = multiclass_ep.evaluate_factor(moved, Z_moved, X[sl], y[sl], factor, method="ep", n_total=90,
+    out = multiclass_ep.evaluate_factor(moved, Z_moved, X[sl], y[sl], factor, cavity="ep", n_total=90,
                                         site_precision=nu[sl], site_shift=mu[sl], jitter=JITTER, want_grad=False,
                                         anchor=anchor, damping=0.8)
     np.testing.assert_allclose(float(out["log_z"]), expected, rtol=1e-9)

@@ -440,7 +440,7 @@ def test_every_multiclass_pass_takes_the_pairs_of_the_likelihood_it_is_given(pas
     if passes == "sparse":
         multiclass_ep.evaluate(kernels, Z, X, y, nu, mu, jitter=JITTER, likelihood=counting)
     elif passes == "factor":
-        multiclass_ep.evaluate_factor(kernels, Z, X, y, multiclass_ep.uniform_factor(Z), method="sep", n_total=40,
+        multiclass_ep.evaluate_factor(kernels, Z, X, y, multiclass_ep.uniform_factor(Z), cavity="sep", n_total=40,
                                       jitter=JITTER, likelihood=counting)
     elif passes == "exact":
         exact_ep.evaluate(kernels, Z, X, y, nu, mu, jitter=JITTER, likelihood=counting)

@@ -143,7 +143,7 @@ def test_factor_passes_cut_point_gradient_by_finite_differences(method):
         if method == "ep" else {}
 
     def log_z(k, want_grad=False, kind=method, **rows):
-        return ep.evaluate_factor(k, Z, X, y.astype(float), factor, method=kind, n_total=90, jitter=1e-8,
+        return ep.evaluate_factor(k, Z, X, y.astype(float), factor, cavity=kind, n_total=90, jitter=1e-8,
                                   want_grad=want_grad, likelihood=ORDINAL_LIKELIHOOD, **(rows or sites))
 
     out = log_z(kernel, want_grad=True)

@@ -106,7 +106,7 @@ def test_stochastic_gradient_is_unbiased(method):
 
     def gradient(rows):
         out = ep.evaluate_factor(
-            kernel, Z, X[rows], y[rows], factor, method=method, n_total=len(y),
+            kernel, Z, X[rows], y[rows], factor, cavity=method, n_total=len(y),
             site_precision=None if nu is None else nu[rows], site_shift=None if mu is None else mu[rows],
             jitter=JITTER,
         )

@@ -34,6 +34,7 @@ from ..threads import task_blas_threads
 from ..workers import HEAP_THRESHOLD
 from . import blocks, ep, multiclass_ep, variational
 from .posterior import posterior_from_sums, prior_cholesky
+from .sites import cavity_of
 
 __all__ = ["ChunkedRows", "DaskPasses", "WORKER_ENVIRON", "local_cluster", "persisted_blocks"]
 
@@ -442,18 +443,20 @@ class DaskPasses:
             out["site_sums"] = ep.next_site_sums(sweep["sums"], (S, c_tilde), damping)
         return out
 
-    def evaluate_factor(self, kernel, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None,
+    def evaluate_factor(self, kernel, Z, X, y, factor, *, cavity, n_total, site_precision=None, site_shift=None,
                         jitter, want_grad=True, block_rows=None, weights=None, checked=True, likelihood=None):
         """``ep.evaluate_factor`` (SEP / ADF in batch mode; ``multiclass_ep``'s for a multiclass model) with the
         sweep run chunk by chunk; ``weights``: the rows' sample weights (a dask array chunked as the rows), the rows
-        counted by them; ``likelihood``: a binary model's, as ``ep.evaluate_factor`` takes it."""
+        counted by them; ``likelihood``: a binary model's, as ``ep.evaluate_factor`` takes it; ``cavity``: a
+        ``sites.Cavity`` or its name, as it takes it."""
         model = _model(Z)
-        prep = model.factor_cavity(kernel, Z, factor, method=method, n_total=n_total, jitter=jitter, checked=checked)
-        if method != "ep":
+        cavity = cavity_of(cavity)
+        prep = model.factor_cavity(kernel, Z, factor, cavity=cavity, n_total=n_total, jitter=jitter, checked=checked)
+        if not cavity.own_sites:
             site_precision = site_shift = self.zero_sites(X.shape[0], Z)
         sweep = self._sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
                             block_rows=block_rows, want_sums=True, want_sites=False, batch=False, weights=weights,
-                            adf=method == "adf", likelihood=likelihood)
+                            adf=cavity.adf, likelihood=likelihood)
         return model.finish_factor(kernel, Z, prep, sweep, n_total / self.total_weight(weights, X.shape[0]), want_grad)
 
     def total_weight(self, weights, rows):

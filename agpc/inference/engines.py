@@ -27,6 +27,7 @@ own engine).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 
 from ..backend import array_device, array_namespace, is_dask_array, read_rows, row_slice, to_host_vector
@@ -37,6 +38,7 @@ from ..likelihoods import (LOGISTIC, MULTICLASS_PROBIT, ORDINAL_LIKELIHOOD, PROB
 from ..optim import OPTIMIZERS, Rprop, lbfgsb_ascent
 from . import ep, exact_ep, gfitc, multiclass_ep, multiclass_vi, variational
 from .posterior import Factor, moved_factor
+from .sites import cavity_of
 # the contract and the parts every engine shares (named here too: the loop, data-parallel rounds, the registry and
 # plug-in engines import them from this module, as before they had a module of their own)
 from .contract import (ALL_METHODS, CLUSTER_QUADRATIC_METHODS, EP_METHODS, QUADRATIC_METHODS,
@@ -51,7 +53,7 @@ __all__ = ["Engine", "FittedParts", "EngineOptions", "ENGINES", "Forwarded", "fo
            "relative_change_on_device", "with_log_prior", "shared_scale_grads", "hyper_step", "initial_steps",
            "make_optimizer", "factor_arrays", "factor_from_arrays", "anchor_arrays", "anchor_from_arrays",
            "SPARSE_BATCH_GROWTH", "EP_METHODS", "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS", "ALL_METHODS",
-           "ROUND_METHODS"]
+           "ROUND_METHODS", "Bound", "QUADRATIC_BOUNDS"]
 
 # Rprop's growth for the sparse model's binary and ordinal batch fits (EP, SEP, ADF): 10% a step while a gradient
 # keeps its sign, where the seed's (Hernandez-Lobato & Hernandez-Lobato (2016), App. A.6) is 2%. At 2% a step of 0.01
@@ -101,8 +103,8 @@ class EPEngine(Engine):
 
     @classmethod
     def round_refusal(cls, name, n_classes):
-        if name == "ep" and n_classes > 2:
-            return (f"data-parallel multiclass training runs {quoted_names(m for m in ROUND_METHODS if m != 'ep')} "
+        if cavity_of(name).own_sites and n_classes > 2:  # (EP: the method's name is its cavity's, as in ``__init__``)
+            return (f"data-parallel multiclass training runs {quoted_names(m for m in ROUND_METHODS if m != name)} "
                     "(multiclass EP's per-row sites are not kept per chunk yet)")
         return None
     sites_on_cluster = False
@@ -124,20 +126,23 @@ class EPEngine(Engine):
         # the model's likelihood, as its passes take it (``ep.block_pass``, ``multiclass_ep.pair_update``)
         self.likelihood = engine_likelihood(kernel, options)
         self.likelihood_option = {"likelihood": self.likelihood}
-        self.per_row_sites = name == "ep"
+        # The cavity its passes form (``sites.Cavity``): the EP-family methods are named as their cavities ("ep",
+        # "sep", "adf"), so the name gives it, once; every branch below is on its fields, never on the name.
+        self.cavity = cavity_of(name)
+        self.per_row_sites = self.cavity.own_sites  # (the contract's member: the loop, checkpoints and rounds read it)
         # Batch EP (binary): whether every site precision is known to be >= 0, which lets a pass form its sums by
         # symmetric products (``ep.evaluate``'s ``nonnegative_sites``). True from zero sites (the sweep keeps them
         # so; a checkpoint's are looked at once).
         self.sites_nonnegative = True
         site_precision = site_shift = None
-        if self.per_row_sites:
+        if self.cavity.own_sites:
             rows = n_total if options.site_rows is None else options.site_rows
             site_precision, site_shift = self.passes.zero_sites(rows, Z), self.passes.zero_sites(rows, Z)
-        factor = self.passes.uniform_factor(Z) if (minibatch or not self.per_row_sites) else None
+        factor = self.passes.uniform_factor(Z) if (minibatch or not self.cavity.own_sites) else None
         # "site_sums": batch EP's (jitter, sums of the sites) at the current kernel and Z, from the last pass when
         # it did not step the hyper-parameters (``ep.evaluate``'s ``want_next_sums``); None otherwise.
         self.state.update(nu=site_precision, mu=site_shift, factor=factor, site_sums=None)
-        if self.per_row_sites and minibatch:
+        if self.cavity.own_sites and minibatch:
             # minibatch EP's running site product: where it holds the sites of the rows not visited since its last
             # exact rebuild (``ep.Anchor``; None: zero sites, or the product is a shard's, whose task keeps it), and
             # the minibatches visited since (by their first row): a row's site leaves the product along the
@@ -165,6 +170,8 @@ class EPEngine(Engine):
             self.likelihood = (ORDINAL_LIKELIHOOD if getattr(kernel, "cut_points", None) is not None
                                else MULTICLASS_PROBIT if isinstance(kernel, ClassKernels) else PROBIT)
             self.likelihood_option = {"likelihood": self.likelihood}
+        if "cavity" not in state:  # (an engine pickled before it held its cavity: its name gives it, as in __init__)
+            self.cavity = cavity_of(self.name)
 
     def start_from_sites(self, site_precision, site_shift):
         """EP: start from the given sites (one a row) instead of zero ones; they are looked at once (whether
@@ -182,7 +189,7 @@ class EPEngine(Engine):
         loop brings to the host: log Z_q, the failed cavities, and in batch mode the change measure."""
         xp, state = self.xp, self.state
         kernel, Z = state["kernel"], state["Z"]
-        batch_ep = not self.minibatch and self.per_row_sites
+        batch_ep = not self.minibatch and self.cavity.own_sites
         if batch_ep:
             self._refuse_weights(weights)  # (a batch pass has no padding; sample weights are the engine's own)
             # the sweep damps the sites itself (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25), block by block
@@ -192,7 +199,7 @@ class EPEngine(Engine):
                                           **self.likelihood_option)
         else:
             shard = {} if self.factor_rows is None else {"others": self.others, "factor_rows": self.factor_rows}
-            if self.per_row_sites:  # minibatch EP: its rows' sites leave the running product as they went in
+            if self.cavity.own_sites:  # minibatch EP: its rows' sites leave the running product as they went in
                 if self.factor_rows is None and lo in state["visited"]:
                     # Visited since the last rebuild (a caller stepping rows twice in an epoch): their sites are
                     # held along the directions of that visit, which are not kept. Rebuild: all along today's.
@@ -202,21 +209,21 @@ class EPEngine(Engine):
             if self.sample_weight is not None:  # (``sample_weight_refusal``): the rows' weights, no padding here
                 self._refuse_weights(weights)
                 weights = self.sample_weight[lo:hi] if self.minibatch else self.sample_weight
-                if self.per_row_sites:  # minibatch EP by power EP, its log Z and gradient scaled by n / b (the
+                if self.cavity.own_sites:  # minibatch EP by power EP, its log Z and gradient scaled by n / b (the
                     # pass scales by n_total / sum(w), the rows counted by weight: n_total sum(w) / b gives n / b)
                     shard["sample_weights"] = True
                     n_total = self.n_total * xp.sum(weights) / (hi - lo)
             result = self.passes.evaluate_factor(
-                kernel, Z, row_slice(X, lo, hi), row_slice(y, lo, hi), state["factor"], method=self.method,
+                kernel, Z, row_slice(X, lo, hi), row_slice(y, lo, hi), state["factor"], cavity=self.cavity,
                 n_total=n_total,
-                site_precision=state["nu"][lo:hi] if self.per_row_sites else None,
-                site_shift=state["mu"][lo:hi] if self.per_row_sites else None,
+                site_precision=state["nu"][lo:hi] if self.cavity.own_sites else None,
+                site_shift=state["mu"][lo:hi] if self.cavity.own_sites else None,
                 jitter=self.jitter, want_grad=stepping, block_rows=self.block_rows, weights=weights, checked=False,
                 **shard, **self.likelihood_option,
             )
         parts = [result["log_z"], result["n_invalid"]]
         new_factor = None
-        if not self.per_row_sites:  # SEP / ADF: the rows' share (rows / n) of the factor is replaced by their sites
+        if not self.cavity.own_sites:  # SEP / ADF: the rows' share (rows / n) of the factor is replaced by their sites
             factor_rows = self.n_total if self.factor_rows is None else self.factor_rows
             # (a batch step's rows are all the rows: their weight, summed once, is n_total's)
             share = (hi - lo if weights is None else xp.sum(weights) if self.minibatch else self.n_total) / factor_rows
@@ -244,7 +251,7 @@ class EPEngine(Engine):
         """SEP / ADF: the tied factor stands for the rows counted by their weights (n_total = sum of the weights),
         as it would for the rows repeated (docs/weights.md)."""
         super().take_sample_weight(weights)
-        if weights is not None and not self.per_row_sites:
+        if weights is not None and not self.cavity.own_sites:
             total = getattr(self.passes, "total_weight", None)  # (rows on a cluster: summed there)
             self.n_total = float(self.xp.sum(weights)) if total is None else total(weights, None)
 
@@ -273,12 +280,12 @@ class EPEngine(Engine):
         rho = self.damping
         n_invalid = float(scalars[1])
         change = 0.0
-        if self.per_row_sites and not self.minibatch:  # the sites came back damped by rho
+        if self.cavity.own_sites and not self.minibatch:  # the sites came back damped by rho
             change = ep.relative_site_change(scalars[2:6])
             state["nu"], state["mu"] = result["site_precision"], result["site_shift"]
             sums = result.get("site_sums")  # (the hyper-parameters stay: the next pass may start from them)
             state["site_sums"] = None if (stepping or sums is None) else (self.jitter, sums)
-        elif self.per_row_sites:  # minibatch EP: swap the rows' old sites for the damped new ones
+        elif self.cavity.own_sites:  # minibatch EP: swap the rows' old sites for the damped new ones
             # In place: the site store is the one n-sized thing minibatch EP holds (2 floats a row);
             # a copy per step would double it. The rows' old values are kept to undo the step.
             old_nu = xp.asarray(state["nu"][lo:hi], copy=True)
@@ -311,7 +318,7 @@ class EPEngine(Engine):
     carries_factor = True
 
     def _moves_factor(self):
-        return (self.carries_factor and self.minibatch and not self.per_row_sites and "Z" in self.names
+        return (self.carries_factor and self.minibatch and not self.cavity.own_sites and "Z" in self.names
                 and self.factor_rows is None and isinstance(self.state["factor"], Factor))
 
     def rebuild_factor(self, X, y, want_log_z=False):
@@ -382,13 +389,13 @@ class EPEngine(Engine):
         if s.get("exact") is not None:  # minibatch EP at an epoch's end: this pass was made then
             post, log_z = s["exact"]
             return post, log_z if want_log_z else None
-        if self.per_row_sites and X is not None and (want_log_z or not self.minibatch):
+        if self.cavity.own_sites and X is not None and (want_log_z or not self.minibatch):
             # batch mode: the sums of the sites when the last pass left them at this kernel and Z (one visit)
             final = self._exact_pass(X, y, **({} if self.minibatch else self._binary_batch_options(stepping=True)))
             return final["posterior"], float(final["log_z"]) if want_log_z else None
         post = self.passes.posterior_from_factor(kernel, Z, s["factor"], jitter=self.jitter)
         if want_log_z and X is not None and not self.minibatch:
-            final = self.passes.evaluate_factor(kernel, Z, X, y, s["factor"], method=self.method, n_total=self.n_total,
+            final = self.passes.evaluate_factor(kernel, Z, X, y, s["factor"], cavity=self.cavity, n_total=self.n_total,
                                                 jitter=self.jitter, want_grad=False, block_rows=self.block_rows,
                                                 weights=self.sample_weight, **self.likelihood_option)
             return post, float(final["log_z"])
@@ -402,7 +409,7 @@ class EPEngine(Engine):
         """The state, safe from later steps: minibatch EP updates its sites in place, so they are copied
         (early stopping in that mode holds the sites twice)."""
         state = dict(self.state)
-        if self.per_row_sites and self.minibatch:
+        if self.cavity.own_sites and self.minibatch:
             state["nu"] = self.xp.asarray(state["nu"], copy=True)
             state["mu"] = self.xp.asarray(state["mu"], copy=True)
         return state
@@ -436,7 +443,7 @@ class EPEngine(Engine):
         s["site_sums"] = None
         if "exact" in s:  # (not in a checkpoint: a resumed fit's final pass is made again)
             s["exact"] = None
-        self.sites_nonnegative = self.per_row_sites and _known_nonnegative(s["nu"])
+        self.sites_nonnegative = self.cavity.own_sites and _known_nonnegative(s["nu"])
         self.needs_rebuild = bool(saved["needs_rebuild"])
         if "anchor" in s:  # minibatch EP: where its product holds the sites (``ep.Anchor``)
             if "anchor" not in saved:  # a checkpoint from before anchors: an exact rebuild first anchors the product
@@ -726,6 +733,28 @@ def _renamed_keys(tree, names):
     return tree
 
 
+@dataclass(frozen=True)
+class Bound:
+    """What each quadratic-bound method does (Izmailov & Kropotov (2017), Alg. 1 and sec. 4; docs/methods/vi-jj.md):
+    the ``kind`` of bound on the logistic (``variational``: "jj", Jaakkola & Jordan's, sec. 4.1; "taylor", sec. 4.2),
+    whether stage 2's L-BFGS-B climbs xi with the hyper-parameters (``joint_xi``: -hybrid and -full), and whether xi
+    is L-BFGS-B's alone, stage 1's analytic updates of (q, xi) skipped (``full_xi``: -full). Declared once a method,
+    in ``QUADRATIC_BOUNDS``: the engine reads its entry in ``__init__`` and branches on the fields."""
+
+    kind: str
+    joint_xi: bool
+    full_xi: bool
+
+
+QUADRATIC_BOUNDS = MappingProxyType({
+    "vi-jj": Bound("jj", joint_xi=False, full_xi=False),
+    "vi-jj-hybrid": Bound("jj", joint_xi=True, full_xi=False),
+    "vi-jj-full": Bound("jj", joint_xi=True, full_xi=True),
+    "vi-taylor": Bound("taylor", joint_xi=False, full_xi=False),
+})
+"""``QuadraticEngine``'s methods by name (the keys are ``QUADRATIC_METHODS``)."""
+
+
 class QuadraticEngine(Engine):
     """vi-JJ, vi-JJ-hybrid, vi-JJ-full and vi-Taylor (Izmailov & Kropotov (2017), Alg. 1 and sec. 4), batch only.
 
@@ -756,8 +785,8 @@ class QuadraticEngine(Engine):
         super().__init__(kernel, Z, names=parameter_names(kernel, tuple(options.optimize)), optimizer=None,
                          n_total=n_total, minibatch=False, jitter=options.jitter, block_rows=options.block_rows)
         self.method = self.name = method
-        self.kind = "taylor" if method == "vi-taylor" else "jj"
-        self.joint_xi = method in ("vi-jj-hybrid", "vi-jj-full")
+        self.bound = QUADRATIC_BOUNDS[method]  # (the one place the name is read: the steps branch on its fields)
+        self.kind, self.joint_xi = self.bound.kind, self.bound.joint_xi
         self.passes = variational if passes is None else passes
         self.state["xi"] = None  # set at the first step, from the rows (q = prior)
 
@@ -788,7 +817,7 @@ class QuadraticEngine(Engine):
         labels = self._labels(y)
         if xi is None:
             xi = self.passes.initial_xi(kernel, Z, X, self.kind, self.block_rows)
-        if self.method != "vi-jj-full":
+        if not self.bound.full_xi:  # stage 1: the analytic updates of (q, xi)
             for _ in range(self.n_upd):
                 out = self._bound(kernel, Z, X, labels, xi, want_grad=False)
                 xi = self.passes.update_xi(out["mean"], out["var"], self.kind)

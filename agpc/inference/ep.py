@@ -243,30 +243,14 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
     b = 1.0 + marg.s + v
     likelihood = likelihood.at(kernel)
     site = likelihood.site_terms(y, a, b)
-    log_zi, alpha, gamma = site.log_z, site.alpha, site.gamma
-    if own_sites:  # (ADF's own sites are zero: a cluster's chunks are given them)
-        new_nu, new_mu = sites.moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
-        row_terms = log_zi + sites.adf_removal_terms(a, v, alpha, gamma) if adf else log_zi
-        # g(cavity) - g(q) of a rank-one removal depends only on q along the direction removed
-        d_out, e_out = (marg.d, marg.e) if held is None else (held.d, held.e)
-        terms = xp.where(valid, row_terms + sites.removal_terms(nu, mu, d_out, e_out, one_minus), 0.0)
-    else:
-        denom = 1.0 - v * gamma
-        shift = alpha + a * gamma
-        new_nu = xp.where(valid, gamma / denom, 0.0)
-        new_mu = xp.where(valid, shift / denom, 0.0)
-        row_terms = log_zi + sites.adf_removal_terms(a, v, alpha, gamma, denom, shift) if adf else log_zi
-        terms = xp.where(valid, row_terms, 0.0)
+    new_nu, new_mu, terms = _block_update(site, marg, held, (valid, one_minus, v, a), nu, mu, own_sites, adf)
     if weights is not None:
         terms = terms * weights
     log_z_terms = xp.sum(terms)
     n_invalid = sites.counted_invalid(valid, weights, marg.d)
     dKmm_data, grads, upsilon_t = None, {}, None
     if want_grad:
-        alpha = xp.where(valid, alpha, 0.0)
-        if weights is not None:
-            alpha = alpha * weights
-        kappa = sites.variance_adjoint(site, alpha, a, b, valid, weights)  # -2 d log Z_i / d b
+        alpha, kappa = sites.row_adjoints(site, a, b, valid, weights)
         held_term = None
         if held is not None:
             coef_g = -kappa
@@ -282,6 +266,29 @@ def block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, weights=Non
             upsilon_t = post.solve_K(marg.A, trans=True)
         sums = _block_sums(upsilon_t, held, nu, mu, new_nu, new_mu, own_sites, damping, weights)
     return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads, sums)
+
+
+def _block_update(site, marg, held, cavity, nu, mu, own_sites, adf):
+    """``block_pass``'s new sites (eq. 23) and the rows' log Z_q terms (eq. 26; 0 where the cavity is invalid) from
+    the rows' ``cavity`` (``_block_cavity``'s valid, 1 - nu d, v, a) and the likelihood's ``site`` terms there; an
+    invalid cavity keeps a row's old site. Rows without sites of their own (``own_sites`` False: q is the cavity, SEP
+    / ADF) remove nothing: no removal term, and their new sites are zero where the cavity is invalid. ``adf``: each
+    row's term also takes ``sites.adf_removal_terms`` of its new site."""
+    xp = array_namespace(marg.d)
+    valid, one_minus, v, a = cavity
+    log_zi, alpha, gamma = site.log_z, site.alpha, site.gamma
+    if own_sites:  # (ADF's own sites are zero: a cluster's chunks are given them)
+        new_nu, new_mu = sites.moment_matched_site(valid, nu, mu, a, v, alpha, gamma)
+        row_terms = log_zi + sites.adf_removal_terms(a, v, alpha, gamma) if adf else log_zi
+        # g(cavity) - g(q) of a rank-one removal depends only on q along the direction removed
+        d_out, e_out = (marg.d, marg.e) if held is None else (held.d, held.e)
+        return new_nu, new_mu, xp.where(valid, row_terms + sites.removal_terms(nu, mu, d_out, e_out, one_minus), 0.0)
+    denom = 1.0 - v * gamma
+    shift = alpha + a * gamma
+    new_nu = xp.where(valid, gamma / denom, 0.0)
+    new_mu = xp.where(valid, shift / denom, 0.0)
+    row_terms = log_zi + sites.adf_removal_terms(a, v, alpha, gamma, denom, shift) if adf else log_zi
+    return new_nu, new_mu, xp.where(valid, row_terms, 0.0)
 
 
 def _block_cavity(marg, nu, mu, held, own_sites, sample_weights):
@@ -552,25 +559,19 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     total_var = 1.0 + (kernel.Kdiag(X) - prior_var) + v  # b_i of eq. 17: probit, FITC variance s_i, cavity
     likelihood = likelihood.at(kernel)
     site = likelihood.site_terms(y, a, total_var)
-    log_zi, alpha, gamma = site.log_z, site.alpha, site.gamma
-    new_nu, new_mu = sites.moment_matched_site(valid, nu, mu, a, v, alpha, gamma, nonnegative=True)
-    terms = xp.where(valid, log_zi + sites.removal_terms(nu, mu, d, e, one_minus), 0.0)
+    new_nu, new_mu = sites.moment_matched_site(valid, nu, mu, a, v, site.alpha, site.gamma, nonnegative=True)
+    terms = xp.where(valid, site.log_z + sites.removal_terms(nu, mu, d, e, one_minus), 0.0)
     log_z_terms = xp.sum(terms if weights is None else weights * terms)
     n_invalid = sites.counted_invalid(valid, weights, d)
     dKmm_data, grads = None, {}
-    if want_grad:
-        alpha = xp.where(valid, alpha, 0.0)
-        if weights is not None:  # (kappa and the adjoint's coefficients follow alpha: each row's term w_i times)
-            alpha = weights * alpha
-        kappa = sites.variance_adjoint(site, alpha, a, total_var, valid, weights)  # -2 d log Z_i / d b
+    if want_grad:  # (kappa and the adjoint's coefficients follow alpha: each row's term w_i times)
+        alpha, kappa = sites.row_adjoints(site, a, total_var, valid, weights)
         coef_g = sites.adjoint_coefficient(alpha, kappa, nu, mu, e, one_minus)
-        if not explicit:
+        if explicit:  # (Q is overwritten: it is not needed after this)
+            dKmm_data, grads = _explicit_block_gradient(kernel, X, Z, post, A, Q, Kmn, alpha, kappa, coef_g, work)
+        else:
             marg = Marginals(A, Kmn.mT, Q, d, e, prior_var, None)
             dKmm_data, grads, _ = data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g)
-            sites.add_cut_point_grads(grads, kernel, likelihood, site, valid, weights)
-            return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads,
-                               _new_site_sums(A, new_nu, new_mu, nonnegative, weights) if want_sums else None)
-        dKmm_data, grads = _explicit_block_gradient(kernel, X, Z, post, A, Q, Kmn, alpha, kappa, coef_g, work)
         sites.add_cut_point_grads(grads, kernel, likelihood, site, valid, weights)
     sums = _new_site_sums(A, new_nu, new_mu, nonnegative, weights) if want_sums else None
     return BlockResult(new_nu, new_mu, valid, log_z_terms, n_invalid, dKmm_data, grads, sums)
@@ -708,26 +709,24 @@ def finish_evaluate(kernel, Z, post, sweep, want_grad):
 # Hernandez-Lobato (2017), sec. 2.3.1), ADF's, and the running product of EP's sites in minibatch mode.
 
 
-CAVITY_KINDS = ("ep", "sep", "adf")
-
-
 def evaluate_factor(
-    kernel, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None, jitter,
+    kernel, Z, X, y, factor, *, cavity, n_total, site_precision=None, site_shift=None, jitter,
     want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None, sample_weights=False,
     anchor=None, damping=None, likelihood=PROBIT,
 ):
     """One pass over rows X (all the data, or a minibatch) with q = prior x ``factor``.
 
-    The three methods differ only in the cavity (Hernandez-Lobato et al. 2015)::
+    The three methods differ only in the cavity (Hernandez-Lobato et al. 2015), ``cavity`` (a ``sites.Cavity``, or
+    its name: ``sites.cavity_of``)::
 
-      "ep"  q / site_i: each row's own site, (site_precision, site_shift) along its current upsilon_i;
-      "sep" q / factor^(1/n_total): one cavity for every row;
-      "adf" q itself (each row's log Z_q term with the removal term of its new site: ``adf_removal_terms``).
+      EP  (own_sites) q / site_i: each row's own site, (site_precision, site_shift) along its current upsilon_i;
+      SEP (tied)      q / factor^(1/n_total): one cavity for every row;
+      ADF (adf)       q itself (each row's log Z_q term with the removal term of its new site: ``adf_removal_terms``).
 
     Returns a dict: ``log_z`` (estimate of log Z_q: the rows' terms scaled by n_total / rows, the rows
     counted by their ``weights`` when given), ``grads`` (eq. 4 with the data part scaled likewise: the
     stochastic gradient of eq. 6), ``site_precision`` / ``site_shift`` (undamped updates of the rows'
-    sites; "ep" only), ``site_delta`` (the change of the rows' sites, new - old, as a u-space Factor),
+    sites; EP only), ``site_delta`` (the change of the rows' sites, new - old, as a u-space Factor),
     ``valid``, ``n_invalid`` (0-d) and ``posterior`` (q). ``checked``: as in ``evaluate``. Stages:
     ``factor_cavity`` (driver), ``binary_sweep`` (per row block; per chunk on workers), ``finish_factor`` (driver).
 
@@ -742,23 +741,24 @@ def evaluate_factor(
     factor per shard of the data, q = prior x (others + factor): ``factor`` is the shard's (it stands for
     ``factor_rows`` rows), ``others`` the product of the other shards' (see ``factor_cavity``).
     """
-    prep = factor_cavity(kernel, Z, factor, method=method, n_total=n_total, jitter=jitter, checked=checked,
+    cavity = sites.cavity_of(cavity)
+    prep = factor_cavity(kernel, Z, factor, cavity=cavity, n_total=n_total, jitter=jitter, checked=checked,
                          others=others, factor_rows=factor_rows)
-    if method != "ep":  # the cavity already excludes the factor: the rows have no site of their own
+    own = cavity.own_sites
+    if not own:  # the cavity already excludes the factor: the rows have no site of their own
         site_precision = site_shift = None
     sweep = binary_sweep(kernel, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
-                         block_rows=block_rows, want_sums=True, want_sites=method == "ep", weights=weights,
-                         sample_weights=sample_weights, anchor=anchor if method == "ep" else None,
-                         product_damping=damping if method == "ep" else None, adf=method == "adf",
-                         likelihood=likelihood)
+                         block_rows=block_rows, want_sums=True, want_sites=own, weights=weights,
+                         sample_weights=sample_weights, anchor=anchor if own else None,
+                         product_damping=damping if own else None, adf=cavity.adf, likelihood=likelihood)
     n_rows = X.shape[0] if weights is None else array_namespace(Z).sum(weights)
     out = finish_factor(kernel, Z, prep, sweep, n_total / n_rows, want_grad)
-    if method == "ep" and damping is not None:
+    if own and damping is not None:
         out["product_change"] = out.pop("site_delta")
     return out
 
 
-def factor_cavity(kernel, Z, factor, *, method, n_total, jitter, checked=True, others=None, factor_rows=None):
+def factor_cavity(kernel, Z, factor, *, cavity, n_total, jitter, checked=True, others=None, factor_rows=None):
     """q = prior x factor, the cavity every row's update starts from, and log Z_q's global part.
 
     Distributed SEP (Li, Hernandez-Lobato & Turner 2015, sec. 4): the data are split in shards, shard k has
@@ -766,9 +766,9 @@ def factor_cavity(kernel, Z, factor, *, method, n_total, jitter, checked=True, o
     its F_k (``factor_rows`` = n_k, default ``n_total``), ``others`` the product of the other shards'
     factors, and the cavity q / F_k^(1 / n_k). log Z_q's global part is then the unbiased estimate of
     g(q) - g(prior) + sum_k n_k (g(cavity_k) - g(q)) from this shard, drawn with probability n_k / n:
-    g(q) - g(prior) + n (g(cavity_k) - g(q)), the same formula as with one shard."""
-    if method not in CAVITY_KINDS:
-        raise ValueError(f"unknown EP variant {method!r}")
+    g(q) - g(prior) + n (g(cavity_k) - g(q)), the same formula as with one shard. ``cavity``: a ``sites.Cavity`` or
+    its name (``sites.cavity_of``), as ``evaluate_factor`` takes it."""
+    tied = sites.cavity_of(cavity).tied
     Kmm = kernel.K(Z)  # (kept for the gradient: ``finish_factor``)
     L_K = prior_cholesky(kernel, Z, jitter, checked=checked, Kmm=Kmm)
     # q and the cavity share L_K: where inverses are preferred, one L_K^-1 for both
@@ -781,21 +781,21 @@ def factor_cavity(kernel, Z, factor, *, method, n_total, jitter, checked=True, o
 
     q = posterior_from_sums(L_K, *with_rest(S, c_tilde), L_K_inv=L_K_inv, checked=checked)
     log_z = q.log_normaliser_gain
-    if method == "sep":
+    if tied:
         # SEP's log Z_q: g(q) - g(prior) + sum_i log Z_i + n (g(cavity) - g(q))
         keep = 1.0 - 1.0 / (n_total if factor_rows is None else factor_rows)
         if rest is None:  # C = I + keep S, c~ scaled by keep, in one pass each
-            cavity = posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv, checked=checked, scale=keep)
+            cav = posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv, checked=checked, scale=keep)
         else:
-            cavity = posterior_from_sums(L_K, *with_rest(keep * S, keep * c_tilde), L_K_inv=L_K_inv, checked=checked)
+            cav = posterior_from_sums(L_K, *with_rest(keep * S, keep * c_tilde), L_K_inv=L_K_inv, checked=checked)
         if rest is None and factor_rows is None:
-            log_z = log_z + sites.sep_cavity_term(q, cavity, S, n_total)
+            log_z = log_z + sites.sep_cavity_term(q, cav, S, n_total)
         else:  # a shard's cavity: the direct difference (``sep_cavity_gap`` assumes one tied factor); in float64
             # its cancellation, n eps |g|, stays below 1e-6 nats up to n = 4.5e9 (see _SEP_DIRECT_MAX_LOSS)
-            log_z = log_z + n_total * (cavity.log_normaliser_gain - q.log_normaliser_gain)
-    else:
-        cavity = q
-    return {"q": q, "cavity": cavity, "log_z": log_z, "Kmm": Kmm}
+            log_z = log_z + n_total * (cav.log_normaliser_gain - q.log_normaliser_gain)
+    else:  # EP's and ADF's rows start from q (EP's removes each row's own site in ``block_pass``)
+        cav = q
+    return {"q": q, "cavity": cav, "log_z": log_z, "Kmm": Kmm}
 
 
 def finish_factor(kernel, Z, prep, sweep, scale, want_grad):

@@ -228,8 +228,9 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     d_y, e_y, pv_y, s_y = (true_class_values(v, onehot) for v in (d, e, prior_var, s))
     held_y = None if held is None else tuple(true_class_values(v, onehot) for v in held)
     row_weights = None if weights is None else weights[:, None]
-    (valid_k, om_k, v_k, a_k), (valid_y, om_y, v_y, a_y) = _pair_cavities(
-        (nu_k, mu_k, d, e, prior_var, held), (nu_y, mu_y, d_y, e_y, pv_y, held_y), row_weights, own_sites)
+    wrong_class, true_class = (nu_k, mu_k, d, e, prior_var, held), (nu_y, mu_y, d_y, e_y, pv_y, held_y)
+    (valid_k, om_k, v_k, a_k), (valid_y, om_y, v_y, a_y) = _pair_cavities(wrong_class, true_class, row_weights,
+                                                                          own_sites)
     valid = wrong & valid_k & valid_y
     b = s_y + s + v_y + v_k
     diff = a_y - a_k
@@ -255,12 +256,22 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     out_valid = valid | onehot
     if not want_grad:
         return PairUpdate(new_nu, new_mu, out_valid, log_z_terms, n_invalid)
+    return PairUpdate(new_nu, new_mu, out_valid, log_z_terms, n_invalid,
+                      *_pair_gradient(alpha, diff, b, valid, onehot, row_weights, wrong_class, true_class, om_k, om_y))
 
-    # Gradient (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 10 with the cavities fixed): per class, the binary
-    # adjoints with the coefficients of every site the row has along upsilon_ic added up.
+
+def _pair_gradient(alpha, diff, b, valid, onehot, row_weights, wrong_class, true_class, om_k, om_y):
+    """``pair_update``'s coefficients of the gradient's data part (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 10
+    with the cavities fixed): per class, the binary adjoints with the coefficients of every site the row has along
+    upsilon_ic added up. From the pairs' alpha = d log Z_ik / d (a_y - a_k), ``diff`` = a_y - a_k and ``b``, the parts
+    ``wrong_class`` / ``true_class`` as ``_pair_cavities`` takes them and their 1 - nu d (``om_k``, ``om_y``). Returns
+    ``PairUpdate``'s (alpha, kappa, coef, coef_held), each (b, C); coef_held None where no site is held elsewhere."""
+    xp = array_namespace(alpha)
+    nu_k, mu_k, _, e, _, held = wrong_class
+    nu_y, mu_y, _, e_y, _, held_y = true_class
     zero = xp.zeros_like(alpha)
     alpha = xp.where(valid, alpha, zero)
-    if weights is not None:  # (kappa and the coefficients follow alpha: each pair's term w_i times)
+    if row_weights is not None:  # (kappa and the coefficients follow alpha: each pair's term w_i times)
         alpha = alpha * row_weights
     kappa = alpha * diff / b  # -2 d log Z_ik / d b
 
@@ -272,11 +283,11 @@ def pair_update(y, site_precision, site_shift, d, e, prior_var, s, *, want_grad=
     if held is not None:  # g_ic's coefficient is -kappa a site; g'_ic's by ``sites.held_adjoint_coefficient``
         coef_held = per_class(sites.held_adjoint_coefficient(-alpha, kappa, nu_k, mu_k, held[1], held[2], om_k),
                               sites.held_adjoint_coefficient(alpha, kappa, nu_y, mu_y, held_y[1], held_y[2], om_y))
-        return PairUpdate(new_nu, new_mu, out_valid, log_z_terms, n_invalid, alpha_c, kappa_c, -kappa_c, coef_held)
+        return alpha_c, kappa_c, -kappa_c, coef_held
     coef_k = sites.adjoint_coefficient(-alpha, kappa, nu_k, mu_k, e, om_k)
     coef_y = sites.adjoint_coefficient(alpha, kappa, nu_y, mu_y, e_y, om_y)
     coef_c = per_class(coef_k, coef_y)
-    return PairUpdate(new_nu, new_mu, out_valid, log_z_terms, n_invalid, alpha_c, kappa_c, coef_c)
+    return alpha_c, kappa_c, coef_c, None
 
 
 def weighted_totals(totals, weights):
@@ -480,37 +491,38 @@ def _with_rest(rest, S, c_tilde):
     return (S, c_tilde) if rest is None else (rest[0] + S, rest[1] + c_tilde)
 
 
-def evaluate_factor(kernels, Z, X, y, factor, *, method, n_total, site_precision=None, site_shift=None, jitter,
+def evaluate_factor(kernels, Z, X, y, factor, *, cavity, n_total, site_precision=None, site_shift=None, jitter,
                     want_grad=True, block_rows=None, weights=None, checked=True, others=None, factor_rows=None,
                     sample_weights=True, anchor=None, damping=None, likelihood=MULTICLASS_PROBIT):
-    """One pass over rows X (all, or a minibatch) with q_c = prior_c x factor_c; the cavity as in
-    ``ep.evaluate_factor``: "ep" removes each pair's own parts, "sep" removes factor_c^(1/n_total) from
-    every class (one tied factor per class, Villacampa-Calvo & Hernandez-Lobato (2017), sec. 2.3.1), "adf" removes
+    """One pass over rows X (all, or a minibatch) with q_c = prior_c x factor_c; the ``cavity`` (a ``sites.Cavity``
+    or its name) as in ``ep.evaluate_factor``: EP's removes each pair's own parts, SEP's removes factor_c^(1/n_total)
+    from every class (one tied factor per class, Villacampa-Calvo & Hernandez-Lobato (2017), sec. 2.3.1), ADF's removes
     nothing (each pair's log Z_q term then takes the removal term of its new parts, ``sites.adf_removal_terms``).
     ``checked``: as in ``evaluate``. ``weights`` (the rows'): sample weights (the multiclass passes have no
-    padding; ``sample_weights`` is taken for ``ep.evaluate_factor``'s signature): "ep"'s cavities by power EP, each
+    padding; ``sample_weights`` is taken for ``ep.evaluate_factor``'s signature): EP's cavities by power EP, each
     row's terms, gradient and site change w_i times, and the rows counted by weight in the scale n_total / sum(w).
     ``others`` / ``factor_rows``: distributed SEP's shard, per class as in ``ep.factor_cavity``: q_c = prior_c x
     (others_c + factor_c), the SEP cavity removes factor_c^(1/factor_rows). ``anchor`` (a ``MultiAnchor``, or
     None), ``damping``: minibatch EP's, as ``ep.evaluate_factor`` takes them (``product_change``)."""
-    prep = factor_cavity(kernels, Z, factor, method=method, n_total=n_total, jitter=jitter, checked=checked,
+    cavity = sites.cavity_of(cavity)
+    prep = factor_cavity(kernels, Z, factor, cavity=cavity, n_total=n_total, jitter=jitter, checked=checked,
                          others=others, factor_rows=factor_rows)
-    if method != "ep":
+    if not cavity.own_sites:
         site_precision = site_shift = None  # (zero sites: the cavity already excludes the factor)
-    minibatch_ep = method == "ep" and damping is not None
+    minibatch_ep = cavity.own_sites and damping is not None
     sweep = class_sweep(kernels, Z, X, y, site_precision, site_shift, prep["cavity"], want_grad=want_grad,
                         block_rows=block_rows, want_sums=True, weights=weights,
                         anchors=anchor if minibatch_ep else None, product_damping=damping if minibatch_ep else None,
-                        adf=method == "adf", likelihood=likelihood)
+                        adf=cavity.adf, likelihood=likelihood)
     n_rows = X.shape[0] if weights is None else array_namespace(Z).sum(weights)
     return finish_factor(kernels, Z, prep, sweep, n_total / n_rows, want_grad, product=minibatch_ep)
 
 
-def factor_cavity(kernels, Z, factor, *, method, n_total, jitter, checked=True, others=None, factor_rows=None):
+def factor_cavity(kernels, Z, factor, *, cavity, n_total, jitter, checked=True, others=None, factor_rows=None):
     """Per class q_c = prior_c x factor_c and the cavity the rows' updates start from (a tuple each), log Z_q's
-    global part, and the classes' L_K^-1 (``ep.factor_cavity`` class by class; the driver's m x m work)."""
-    if method not in ep.CAVITY_KINDS:
-        raise ValueError(f"unknown EP variant {method!r}")
+    global part, and the classes' L_K^-1 (``ep.factor_cavity`` class by class; the driver's m x m work). ``cavity``:
+    a ``sites.Cavity`` or its name, as ``ep.factor_cavity`` takes it."""
+    tied = sites.cavity_of(cavity).tied
     C = n_classes(Z)
     L_K, L_K_inv = prior_choleskys(kernels, Z, jitter, checked)
     qs, cavities, log_z = [], [], 0.0
@@ -520,7 +532,7 @@ def factor_cavity(kernels, Z, factor, *, method, n_total, jitter, checked=True, 
         q = posterior_from_sums(L_K[c], *_with_rest(rest, S, c_tilde), L_K_inv=L_K_inv[c], checked=checked)
         gain_q = q.log_normaliser_gain
         log_z = log_z + gain_q
-        if method == "sep":
+        if tied:
             keep = 1.0 - 1.0 / (n_total if factor_rows is None else factor_rows)
             cav = posterior_from_sums(L_K[c], *_with_rest(rest, keep * S, keep * c_tilde), L_K_inv=L_K_inv[c],
                                          checked=checked)

@@ -74,18 +74,7 @@ def svi_elbo_multiclass(kernels, Z, X, y, whitened_mean, whitened_chol, *, n_qua
              for c in range(C)]
     expected_total = None
     for lo, hi, Xb, yb in blocks.data_blocks(X, y, block_rows, Z[0, ...]):
-        if bound == "jensen":
-            pairs = [t.marginals(Xb) for t in terms]
-            f_mean = xp.stack([p[0] for p in pairs], axis=1)
-            f_var = xp.stack([p[1] for p in pairs], axis=1)
-            expected, g_m, g_v = likelihood.expected_log_density(yb, f_mean, f_var, n_quadrature)
-            g_s = None
-        else:
-            parts = [t.marginal_parts(Xb) for t in terms]
-            f_mean, f_var, residual = (xp.stack([p[j] for p in parts], axis=1) for j in range(3))
-            row_bound = (likelihood.log_density_bound if bound == "max"
-                         else likelihood.conditional_log_density_bound)
-            expected, g_m, g_v, g_s = row_bound(yb, f_mean, f_var, residual, n_quadrature)
+        expected, g_m, g_v, g_s = _block_bound(likelihood, bound, terms, Xb, yb, n_quadrature)
         if weights is not None:
             w = weights[lo:hi]
             expected, g_m, g_v = w * expected, w[:, None] * g_m, w[:, None] * g_v
@@ -110,6 +99,23 @@ def svi_elbo_multiclass(kernels, Z, X, y, whitened_mean, whitened_chol, *, n_qua
         grads.update({f"{c}:{name}": value for name, value in g.items()})
     grads.update({key: xp.stack(values) for key, values in stacked.items()})
     return elbo, grads
+
+
+def _block_bound(likelihood, bound, terms, Xb, yb, n_quadrature):
+    """``svi_elbo_multiclass``'s data terms of a block of rows Xb under ``bound`` (b,), from each class's marginals
+    of q (``terms``: the classes' ``SVIBoundTerms``), and their derivatives in the classes' means and variances of
+    f_i and (not "jensen": else None) in the conditional's variances s_ic, each (b, C)."""
+    xp = array_namespace(Xb)
+    if bound == "jensen":
+        pairs = [t.marginals(Xb) for t in terms]
+        f_mean = xp.stack([p[0] for p in pairs], axis=1)
+        f_var = xp.stack([p[1] for p in pairs], axis=1)
+        expected, g_m, g_v = likelihood.expected_log_density(yb, f_mean, f_var, n_quadrature)
+        return expected, g_m, g_v, None
+    parts = [t.marginal_parts(Xb) for t in terms]
+    f_mean, f_var, residual = (xp.stack([p[j] for p in parts], axis=1) for j in range(3))
+    row_bound = likelihood.log_density_bound if bound == "max" else likelihood.conditional_log_density_bound
+    return row_bound(yb, f_mean, f_var, residual, n_quadrature)
 
 
 def predictive_log_proba(mean, var, epsilon=EPSILON):

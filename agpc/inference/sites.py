@@ -4,19 +4,56 @@ another direction, minibatch EP's ``ep.Anchor``), the moment-matched new site (e
 (eq. 26, ADF's removal term), the adjoint coefficients of the gradient (eq. 4); and
 the SEP cavity's log-normaliser gap (Li, Hernandez-Lobato & Turner 2015), the same algebra for a tied factor.
 Elementwise over the rows of a block (m x m for the SEP gap); the passes that form the marginals and add the terms
-up are ``agpc.inference.ep``'s and the other methods'.
+up are ``agpc.inference.ep``'s and the other methods'. Which cavity a pass forms (EP's, SEP's or ADF's) is a
+declared value, ``Cavity``, that the passes branch on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from ..backend import array_device, array_namespace, machine_epsilon, row_dot, triangular_matmul
 
-__all__ = ["cavity_tolerances", "cavity", "weighted_cavity", "counted_invalid", "Held", "held_marginals",
-           "held_cavity", "held_adjoint_coefficient", "removal_terms", "adf_removal_terms", "moment_matched_site",
-           "adjoint_coefficient", "variance_adjoint", "add_cut_point_grads", "sep_cavity_gap",
-           "sep_cavity_term"]
+__all__ = ["Cavity", "EP", "SEP", "ADF", "CAVITIES", "cavity_of", "cavity_tolerances", "cavity", "weighted_cavity",
+           "counted_invalid", "Held", "held_marginals", "held_cavity", "held_adjoint_coefficient", "removal_terms",
+           "adf_removal_terms", "moment_matched_site", "adjoint_coefficient", "variance_adjoint", "row_adjoints",
+           "add_cut_point_grads", "sep_cavity_gap", "sep_cavity_term"]
+
+
+@dataclass(frozen=True)
+class Cavity:
+    """The cavity an EP-family pass forms for a row's update from q: the one thing EP, SEP and ADF differ in
+    (Hernandez-Lobato et al. (2015): parallel EP, parallel SEP and parallel ADF side by side; Li,
+    Hernandez-Lobato & Turner 2015 for SEP). The passes branch on these fields, never on a method's name: a variant
+    is what it does to the cavity, and the fields say it where the branch is taken.
+
+    ``own_sites`` (EP): every row keeps its own site (nu_i, mu_i), and its cavity is q with that site removed,
+    q / t_i (two numbers a row to store). ``tied`` (SEP): the rows share one tied factor f (q = prior x f^n) and
+    every row's cavity is q / f^(1/n), one cavity for all (O(m^2) memory whatever n); log Z_q takes n (g(cavity) -
+    g(q)) once (``sep_cavity_term``). ``adf`` (ADF): the cavity is q itself, nothing removed; each row's log Z_q
+    term then takes the removal term of its new site (``adf_removal_terms``)."""
+
+    name: str  # the variant's name, as the EP-family methods are named ("ep", "sep", "adf")
+    own_sites: bool
+    tied: bool
+    adf: bool
+
+
+EP = Cavity("ep", own_sites=True, tied=False, adf=False)
+SEP = Cavity("sep", own_sites=False, tied=True, adf=False)
+ADF = Cavity("adf", own_sites=False, tied=False, adf=True)
+CAVITIES = MappingProxyType({variant.name: variant for variant in (EP, SEP, ADF)})
+
+
+def cavity_of(value):
+    """The ``Cavity`` of ``value``: a ``Cavity`` itself, or one of the names "ep", "sep", "adf" (``CAVITIES``); a
+    ValueError for anything else. Each pass normalises its ``cavity`` argument with it once."""
+    if isinstance(value, Cavity):
+        return value
+    if isinstance(value, str) and value in CAVITIES:
+        return CAVITIES[value]
+    raise ValueError(f"unknown EP variant {value!r}")
 
 
 # A site whose cavity variance v_i = d_i / (1 - nu_i d_i) is not positive (1 - nu_i d_i below this) is
@@ -198,6 +235,17 @@ def variance_adjoint(site, alpha, a, total_var, valid, weights):
     xp = array_namespace(alpha)
     kappa = xp.where(valid, site.kappa, 0.0)
     return kappa if weights is None else kappa * weights
+
+
+def row_adjoints(site, a, total_var, valid, weights):
+    """(alpha, kappa) of the rows for the gradient's data part (``ep.data_adjoint``): alpha = d log Z_i / d a, zero
+    where the cavity is invalid and times the rows' ``weights`` (each row's log Z_q term counts w_i times), and
+    kappa = -2 d log Z_i / d b (``variance_adjoint``), which follows alpha; ``total_var``: b, the rows' variance."""
+    xp = array_namespace(site.alpha)
+    alpha = xp.where(valid, site.alpha, 0.0)
+    if weights is not None:
+        alpha = alpha * weights
+    return alpha, variance_adjoint(site, alpha, a, total_var, valid, weights)
 
 
 def add_cut_point_grads(grads, kernel, likelihood, site, valid, weights):

@@ -379,11 +379,17 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
     said = trainer.guard.summary(trainer.method)
     if said is not None:
         warn_guard(said, stacklevel=2)
+    return _final_pass(run, hooks)
+
+
+def _final_pass(run, hooks):
+    """``train``'s end: the final pass over all rows that fits in the time left (``final_pass_kind``), the hooks told
+    which, and the ``TrainResult``."""
     exact = final_pass_kind(run, hooks)
     for hook in hooks:
         hook.final_pass(run, exact)
     if exact == "q":  # minibatch EP: q rebuilt exactly from all its sites, log Z stays the running estimate
-        trainer.rebuild_factor(run.X, run.y, want_log_z=False)
+        run.trainer.rebuild_factor(run.X, run.y, want_log_z=False)
     return _result(run, want_log_z=exact == "q and log Z")
 
 
