@@ -29,7 +29,9 @@ import math
 from functools import cached_property
 from typing import NamedTuple
 
-from .backend import array_device, array_namespace, asarray_like, gauss_hermite, log_ndtr, log_normal_pdf
+import numpy as np
+
+from .backend import array_device, array_namespace, asarray_like, gauss_hermite, log_ndtr, log_normal_pdf, to_numpy
 
 __all__ = [
     "NormalQuadrature",
@@ -57,7 +59,13 @@ __all__ = [
     "softplus",
     "sigmoid",
     "PREDICTIVE_NODES",
+    "legendre_expectation",
+    "LEGENDRE_NODES",
 ]
+
+GAUSSIAN_REACH = 12.0  # sd: the normal's mass beyond is 4e-33
+LEGENDRE_NODES = 192  # the largest interval (80 wide, logistic) is then exact to round-off (tests/test_uncertainty)
+HOULSBY_C = math.sqrt(math.pi * math.log(2.0) / 2.0)  # Houlsby et al. (2011), sec. 3
 
 
 class NormalQuadrature:
@@ -91,6 +99,23 @@ def sigmoid(x, xp):
     """1 / (1 + exp(-x)) without overflow."""
     e = xp.exp(-xp.abs(x))
     return xp.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def legendre_expectation(mean, var, lowest, highest, entropy_at, n_nodes=LEGENDRE_NODES):
+    """E_{N(f | mean, var)} h(f) by Gauss-Legendre quadrature on [max(mean - 12 sd, lowest), min(mean + 12 sd,
+    highest)], h = ``entropy_at`` (nodes (n, T) -> (n, T)), which is below round-off outside [lowest, highest]:
+    ``Likelihood.expected_entropy``'s."""
+    xp = array_namespace(mean)
+    nodes, weights = np.polynomial.legendre.leggauss(n_nodes)
+    nodes = asarray_like(nodes, xp, device=array_device(mean), dtype=mean.dtype)
+    weights = asarray_like(weights, xp, device=array_device(mean), dtype=mean.dtype)
+    sd = xp.sqrt(var)
+    low = xp.maximum(mean - GAUSSIAN_REACH * sd, lowest)
+    high = xp.minimum(mean + GAUSSIAN_REACH * sd, highest)
+    half = xp.maximum(high - low, 0.0)[:, None] / 2.0  # an empty interval: the entropy is 0 where q(f) has mass
+    f = (low[:, None] + half) + half * nodes[None, :]
+    density = xp.exp(log_normal_pdf((f - mean[:, None]) / sd[:, None])) / sd[:, None]
+    return xp.sum(half * weights[None, :] * density * entropy_at(f), axis=1)
 
 
 def _log_sum_exp(terms, xp):
@@ -136,9 +161,11 @@ class Likelihood:
 
     name = "likelihood"
     multiclass = False
-    # |f| beyond which the entropy of p(y | f) is below round-off (``uncertainty.binary_expected_entropy``
-    # integrates no further); infinite for a likelihood whose p(y | f) stays away from 0 and 1
+    # |f| beyond which the entropy of p(y | f) is below round-off (``expected_entropy`` integrates no further);
+    # infinite for a likelihood whose p(y | f) stays away from 0 and 1
     entropy_reach = math.inf
+    # Houlsby et al. (2011)'s closed form of ``expected_entropy``, where the likelihood has one (the probit's)
+    houlsby_expected_entropy = None
     # whether the most probable class is the sign of the latent mean, as for a likelihood p(y | f) = g(y f) with g
     # increasing and g(t) + g(-t) = 1 under a Gaussian q(f) (``prediction.most_probable_labels`` then forms no
     # probabilities); False: the probabilities decide
@@ -151,6 +178,22 @@ class Likelihood:
         """(log p(y = +1 | f), log p(y = -1 | f)) at latent values ``f`` (any shape)."""
         ones = array_namespace(f).ones_like(f)
         return self.log_density(ones, f)[0], self.log_density(-ones, f)[0]
+
+    def conditional_entropy(self, f):
+        """H[p(y | f)] at latent values ``f`` (any shape), from ``class_log_densities``."""
+        xp = array_namespace(f)
+        log_p, log_q = self.class_log_densities(f)
+        return -(xp.exp(log_p) * log_p + xp.exp(log_q) * log_q)
+
+    def entropy_range(self):
+        """(lowest, highest) f outside which ``conditional_entropy`` is below round-off (``entropy_reach``)."""
+        return -self.entropy_reach, self.entropy_reach
+
+    def expected_entropy(self, mean, var, n_nodes=LEGENDRE_NODES):
+        """E_{N(f | mean, var)} H[p(y | f)] per row (the aleatoric part of the predictive entropy, ``agpc.uncertainty``)
+        by Gauss-Legendre quadrature over ``entropy_range`` (``legendre_expectation``): 9 for the probit, 40 for the
+        logistic; a likelihood whose entropy never vanishes (reach infinite) integrates over 12 sd of q(f)."""
+        return legendre_expectation(mean, var, *self.entropy_range(), self.conditional_entropy, n_nodes)
 
     def site_terms(self, y, mean, variance):
         """``SiteTerms`` of the tilted distribution p(y | f) N(f | mean, variance - 1) (``variance``: the total b of
@@ -259,6 +302,14 @@ class Probit(Likelihood):
         z = mean / xp.sqrt(1.0 + var)
         return log_ndtr(z), log_ndtr(-z)
 
+    def houlsby_expected_entropy(self, mean, var):
+        """Houlsby et al. (2011), sec. 3's closed form of ``expected_entropy``, in nats: with h(Phi(x)) ~ exp(-x^2 /
+        (pi ln 2)) (bits), E_{N(f | mean, var)} H ~ ln 2 C / sqrt(var + C^2) exp(-mean^2 / (2 (var + C^2))), C^2 =
+        pi ln 2 / 2. An approximation (the quadrature is exact)."""
+        xp = array_namespace(mean)
+        spread = var + HOULSBY_C ** 2
+        return math.log(2.0) * HOULSBY_C / xp.sqrt(spread) * xp.exp(-mean * mean / (2.0 * spread))
+
 
 class Logistic(Likelihood):
     """p(y | f) = sigma(y f)."""
@@ -323,6 +374,14 @@ class RobustMax(Likelihood):
         if not 0.0 < epsilon < 1.0:
             raise ValueError(f"robust-max epsilon must be in (0, 1), got {epsilon!r}")
         self.epsilon = float(epsilon)
+
+    def expected_entropy(self, mean, var, n_nodes=None):
+        """H[y | f], the same for every f: -(1 - eps) log(1 - eps) - eps log(eps / (C - 1)), per row of the (n, C)
+        latent ``mean``."""
+        n_classes = mean.shape[1]
+        value = -(1.0 - self.epsilon) * math.log1p(-self.epsilon) - self.epsilon * math.log(
+            self.epsilon / (n_classes - 1))
+        return array_namespace(mean).full(mean.shape[:1], value, dtype=mean.dtype, device=array_device(mean))
 
     def argmax_probability(self, y, mean, var, n_quadrature=20):
         """S_i = p(f_{i y_i} > f_ij for all j != y_i) for independent f_ij ~ N(mean_ij, var_ij), and its
@@ -494,6 +553,22 @@ class Ordinal(Likelihood):
         # None: the registered ``ORDINAL_LIKELIHOOD``, whose cut points a model's kernel holds
         self.cut_points = cut_points
 
+    def entropy_range(self):
+        """Within ``entropy_reach`` of the outer cut points."""
+        cuts = [float(c) for c in to_numpy(self.cut_points)]
+        return cuts[0] - self.entropy_reach, cuts[-1] + self.entropy_reach
+
+    def conditional_entropy(self, f):
+        """-sum_k p(y = k | f) log p(y = k | f) over the K intervals of the cut points."""
+        xp = array_namespace(f)
+        bounds = [-math.inf, *(float(c) for c in to_numpy(self.cut_points)), math.inf]
+        ones = xp.ones_like(f)
+        h = xp.zeros_like(f)
+        for lower, upper in zip(bounds[:-1], bounds[1:]):
+            log_p = interval_log_probability(lower * ones, upper * ones, f, ones)[0]
+            h = h - xp.where(log_p > -math.inf, xp.exp(log_p) * log_p, 0.0)
+        return h
+
     def at(self, kernel):
         """The ordinal likelihood at ``kernel``'s cut points (``kernels.OrdinalKernel`` carries them, so that the
         hyper-parameter step, the checkpoints and the model file treat them as they treat the kernel's parameters)."""
@@ -620,6 +695,10 @@ class MulticlassProbit(Likelihood):
     def class_log_proba(self, mean, var, n_quadrature=None):
         """log p(y = k | x), (n, C), on ``PREDICTIVE_NODES`` nodes (``n_quadrature`` is a binary model's)."""
         return argmax_log_proba(mean, var, PREDICTIVE_NODES)
+
+    def expected_entropy(self, mean, var, n_nodes=None):
+        """0 per row of the (n, C) latent ``mean``: y = argmax_c f_c is certain given f."""
+        return array_namespace(mean).zeros(mean.shape[:1], dtype=mean.dtype, device=array_device(mean))
 
 
 PROBIT, LOGISTIC, ROBUST_MAX = Probit(), Logistic(), RobustMax()

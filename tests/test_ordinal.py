@@ -15,7 +15,7 @@ from agpc import GPClassifier
 from agpc.inference import ep, variational
 from agpc.kernels import RBF, OrdinalKernel
 from agpc.likelihoods import ORDINAL_LIKELIHOOD, PROBIT, Ordinal
-from agpc.uncertainty import ordinal_expected_entropy, uncertainty
+from agpc.uncertainty import uncertainty
 from helpers import interrupted_then_resumed, local_client
 
 CUTS = np.array([-1.0, 0.2, 1.1])
@@ -304,7 +304,7 @@ def test_uncertainty_by_quadrature_against_scipy(named):
     """The ordinal expected entropy E_q H[p(y | f)] against scipy.integrate.quad, and total = aleatoric +
     epistemic with the total the entropy of predict_proba."""
     mean, var = np.array([-2.0, 0.3, 1.0, 5.0]), np.array([0.01, 1.0, 30.0, 2.0])
-    got = ordinal_expected_entropy(mean, var, CUTS)
+    got = Ordinal(CUTS).expected_entropy(mean, var)
     np.testing.assert_allclose(got, _expected_entropy_by_quad(mean, var, CUTS), rtol=1e-8, atol=1e-12)
     X, labels, order = named
     model = GPClassifier(likelihood="ordinal", classes=list(order), n_inducing=8, max_iter=5,
