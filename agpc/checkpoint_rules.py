@@ -15,15 +15,15 @@ rules are those of the states an engine can reach, not of a fresh run:
 - The engine's other entries, generically, by the freshly built engine's state: an array there must come back as
   a floating array of the same shape and type, finite; an entry the engine began empty (the ``vi-*`` methods'
   xi) as finite values, one row each of the n rows; the engine's lower-triangular factors (its
-  ``triangular_state``, e.g. SVI's ``whitened_chol``) zero above the diagonal. A new engine state key is checked by these
+  ``layout.triangular``, e.g. SVI's ``whitened_chol``) zero above the diagonal. A new engine state key is checked by these
   rules with no change here.
 - The optimiser's snapshot laid out as this run's (the same containers; numbers where numbers are; arrays of the
   parameter's shape and the run's type under a parameter's name); its arrays may hold inf (Adam's second moment
   of an overflowing gradient), never NaN (refused for every array by ``agpc.checkpoints``).
-- Entries that are no array of the state by the rule the engine names them under (its ``checkpoint_flags``,
-  ``checkpoint_counts``, ``checkpoint_factors``: EP's minibatch rebuild flag and tied factor, GFITC's settled flag
+- Entries that are no array of the state by the role the engine's ``layout`` (``contract.StateLayout``) gives them
+  (``flags``, ``counts``, ``tied_factor``: EP's minibatch rebuild flag and tied factor, GFITC's settled flag
   and sweep count), and the record of site files that a fit on a dask array wrote beside the checkpoint; an
-  engine's own record (``checkpoint_extras``) is checked by the engine as it restores it.
+  engine's own record (``layout.extras``) is checked by the engine as it restores it.
 
 - Sizes against the prior, once the state is restored (``agpc.inference.checkpointing``, which has the kernel): the
   inducing points' prior covariance factorises, and the tied factor and the sites are no larger than the rows'
@@ -214,18 +214,18 @@ def _check_layout(fresh, saved, where, param_shapes, dtype, refuse):
         _check_float_array(saved, fresh.shape, dtype, where, refuse)
 
 
-def _check_site_record(record, path, refuse):
+def _check_site_record(record, key, path, refuse):
     """Sites written by the workers (``DaskPasses.store_sites``): the files must be the ones such a checkpoint
     writes beside itself, ``<checkpoint>.sites/step-<k>/chunk-<i>.npz``: a file does not choose what we read."""
     if not (isinstance(record, dict) and set(record) == {"site_files", "rows"} and isinstance(record["rows"], list)
             and all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in record["rows"])
             and isinstance(record["site_files"], list) and len(record["site_files"]) == len(record["rows"])):
-        raise refuse("engine.nu: not a record of site files (site_files, rows)")
+        raise refuse(f"engine.{key}: not a record of site files (site_files, rows)")
     root = os.path.abspath(os.fspath(path)) + ".sites"
     for i, name in enumerate(record["site_files"]):
         if not (isinstance(name, str) and re.fullmatch(r"step-\d+", os.path.basename(os.path.dirname(name)))
                 and os.path.dirname(os.path.dirname(name)) == root and os.path.basename(name) == f"chunk-{i}.npz"):
-            raise refuse(f"engine.nu: site file {name!r} is not in {root}")
+            raise refuse(f"engine.{key}: site file {name!r} is not in {root}")
 
 
 def check_engine_state(saved, engine, fingerprint, path, refuse):
@@ -252,9 +252,10 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
     ):
         raise refuse(f"engine.damping: {damping!r}, expected " + ("a number in (0, 1]" if engine.has_damping else "NaN"))
     # what an optimiser steps: kernel parameters, Z, and for SVI q itself (whitened_mean, whitened_chol); a checkpoint
-    # of an older form may name a state entry as it was named then (the engine's ``legacy_checkpoint_keys``, old name
+    # of an older form may name a state entry as it was named then (the engine's ``layout.legacy``, old name
     # to new: the engine converts it as it restores)
-    legacy = engine.legacy_checkpoint_keys
+    layout = engine.layout
+    legacy = layout.legacy
     shapes = {name: tuple(value.shape) for name, value in params.items()}
     shapes.update({name: tuple(value.shape) for name, value in fresh.items() if is_array(value)})
     shapes.update({old: shapes[new] for old, new in legacy.items()})
@@ -264,14 +265,14 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
         where = f"engine.{key}"
         if key in ("kernel", "damping", "optimizer"):
             continue
-        if key in engine.checkpoint_extras:  # the engine's own record: it checks it as it restores
+        if key in layout.extras:  # the engine's own record: it checks it as it restores
             continue
         if key in legacy:  # an entry under its older name: checked by the rules of the entry it now is
             if legacy[key] in saved:
                 raise refuse(f"{where}: {legacy[key]} is there as well (one form of the state, not both)")
             _check_float_array(value, shapes[key], dtype, where, refuse)
             _check_finite(value, where, refuse)
-            if legacy[key] in engine.triangular_state:
+            if legacy[key] in layout.triangular:
                 _check_lower_triangular(value, where, refuse)
             continue
         _check_engine_entry(saved, key, engine, fingerprint["n"], path, refuse)
@@ -280,26 +281,28 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
 def _check_engine_entry(saved, key, engine, n, path, refuse):
     """One entry of the engine's part of a checkpoint under its name in this run's state (or the engine's flags,
     counts and factors, or the record of site files), by ``check_engine_state``'s rules."""
-    fresh, value, where = engine.state, saved[key], f"engine.{key}"
+    fresh, value, where, layout = engine.state, saved[key], f"engine.{key}", engine.layout
     dtype = fresh["Z"].dtype
-    if key not in fresh and key not in engine.checkpoint_flags + engine.checkpoint_counts:
+    # (sites on the workers of a cluster: a record of their files under the precision's entry stands for both)
+    precision, shift = layout.per_row or (None, None)
+    if key not in fresh and key not in layout.flags + layout.counts:
         raise refuse(f"{where}: not part of this run's state")
-    if key in engine.checkpoint_flags:
+    if key in layout.flags:
         if not isinstance(value, bool):
             raise refuse(f"{where}: not a boolean")
-    elif key in engine.checkpoint_counts:
+    elif key in layout.counts:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise refuse(f"{where}: not a count")
-    elif key == "nu" and isinstance(value, dict):
-        _check_site_record(value, path, refuse)
-    elif key in engine.checkpoint_factors:
+    elif key == precision and isinstance(value, dict):
+        _check_site_record(value, key, path, refuse)
+    elif key == layout.tied_factor:
         check_saved_factor(value, fresh["Z"], where, refuse)
-    elif key == "mu" and isinstance(saved.get("nu"), dict):
-        return  # (sites in files: the record under "nu" stands for both)
+    elif key == shift and isinstance(saved.get(precision), dict):
+        return
     elif is_array(fresh[key]):
         _check_float_array(value, fresh[key].shape, dtype, where, refuse)
         _check_finite(value, where, refuse)
-        if key in engine.triangular_state:
+        if key in layout.triangular:
             _check_lower_triangular(value, where, refuse)
     elif value is not None:  # begun empty (the vi-* methods' xi): one value a row
         _check_float_array(value, None, dtype, where, refuse)

@@ -390,7 +390,7 @@ def _spoil_mean(state, arrays):
 ])
 def test_the_engines_own_state_is_checked_by_the_generic_rules(svi_checkpoint, tmp_path, change, words):
     """An engine's state arrays are checked by the fresh engine's own (shape, type, finite) and by the factors it
-    declares lower triangular (``triangular_state``): SVI's whitened q here, with no rule written for its keys."""
+    declares lower triangular (``layout.triangular``): SVI's whitened q here, with no rule written for its keys."""
     params, X, y = _craft(svi_checkpoint, tmp_path, change_state=change)
     with pytest.raises(ValueError, match="not a valid agpc checkpoint") as info:
         GPClassifier(**params).fit(X, y, resume=True)

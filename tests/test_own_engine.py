@@ -84,3 +84,52 @@ def test_a_method_with_an_engine_of_its_own_trains_saves_loads_and_resumes(mean_
 def test_the_registry_refuses_an_engine_that_is_neither_a_name_nor_a_factory():
     with pytest.raises(ValueError, match="engine must be one of .* or an engine factory"):
         M.Method("broken", family="variational", engine=42)
+
+
+class RowRecorder(MeanAscent):
+    """MeanAscent with a per-row record of its own, under names no agpc module knows: each row's first feature and
+    its negative, written as the loop visits the rows (in its shuffled order), declared as its per-row sites."""
+
+    layout = engines.StateLayout(per_row=("seen", "seen_negated"), triangular=("whitened_chol",))
+
+    def __init__(self, name, kernel, Z, *, n_total, minibatch, options, passes=None):
+        super().__init__(name, kernel, Z, n_total=n_total, minibatch=minibatch, options=options)
+        self.state.update(seen=np.zeros(n_total), seen_negated=np.zeros(n_total))
+
+    def apply(self, work, lo, hi, *, stepping, scalars=None):
+        self.state["seen"][lo:hi] = self._rows[lo:hi, 0]
+        self.state["seen_negated"][lo:hi] = -self._rows[lo:hi, 0]
+        return super().apply(work, lo, hi, stepping=stepping, scalars=scalars)
+
+    def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
+        self._rows = X
+        return super().evaluate(X, y, lo, hi, stepping=stepping, weights=weights)
+
+
+def test_the_loop_and_the_result_read_the_state_by_its_declared_layout():
+    """``Engine.layout`` is how the loop, the result and the checkpoint rules know an engine's state: per-row entries
+    under names of the engine's own come back in the caller's row order after shuffled minibatches (they were
+    written in the loop's), as the fit's sites; a checkpoint whose declared triangular entry is not triangular is
+    refused."""
+    from agpc.checkpoint_rules import check_engine_state
+    from agpc.inference import training
+    from agpc.inference.engines import EngineOptions
+    from agpc.kernels import RBF
+
+    X, y = make_banana(60, random_state=1)
+    X = np.column_stack([np.arange(60.0), X[:, 1]])  # the first feature: each row's index in the caller's order
+    labels = np.where(y == 1, 1.0, -1.0)
+    kernel = RBF(lengthscales=np.full(2, 20.0))
+    engine = RowRecorder("rows", kernel, X[:5].copy(), n_total=60, minibatch=True, options=EngineOptions())
+    assert engine.per_row_sites and engine.factor is None
+    result = training.train(X, labels, engine, training.TrainSettings(batch_size=20, max_iter=2, random_state=0))
+    np.testing.assert_array_equal(result.site_precision, np.arange(60.0))
+    np.testing.assert_array_equal(result.site_shift, -np.arange(60.0))
+    assert not np.array_equal(engine.state["seen"], np.arange(60.0))  # (the loop's order was another)
+
+    saved = dict(engine.checkpoint_state(None, 0), whitened_chol=np.ones((5, 5)))
+    refused = []
+    with pytest.raises(ValueError, match="whitened_chol"):
+        check_engine_state(saved, engine, {"n": 60}, "ckpt", lambda why: refused.append(why) or ValueError(why))
+    with pytest.raises(TypeError, match="holds no tied site product"):
+        engine.take_factor(None)

@@ -134,7 +134,7 @@ def _written_for(saved, engine):
         written_for = {"priors": {}, "full_gp": False, **written_for}  # (nor the full GP's passes, which came later)
         # nor one from before the likelihood was: it is taken to be this run's, as it was resumed then
         written_for.setdefault("likelihood", likelihood_text(engine.likelihood))
-        legacy = engine.legacy_checkpoint_keys
+        legacy = engine.layout.legacy
         if legacy and isinstance(written_for.get("params"), list):  # the parameters by the names of an older form
             written_for["params"] = [legacy.get(name, name) if isinstance(name, str) else name
                                      for name in written_for["params"]]

@@ -11,8 +11,7 @@ from __future__ import annotations
 import abc
 import math
 import operator
-from dataclasses import dataclass
-from types import MappingProxyType
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..backend import ModulesByName, array_namespace, scaled_std
@@ -22,7 +21,7 @@ from ..optim import OPTIMIZERS, Rprop, bounded_step
 from . import ep, multiclass_ep
 from .posterior import Factor
 
-__all__ = ["Engine", "FittedParts", "EngineOptions", "Forwarded", "forwarding", "Outcome", "parameter_names",
+__all__ = ["Engine", "StateLayout", "FittedParts", "EngineOptions", "Forwarded", "forwarding", "Outcome", "parameter_names",
            "initial_steps", "make_optimizer", "relative_change", "relative_change_on_device", "with_log_prior",
            "shared_scale_grads", "hyper_step", "factor_arrays", "factor_from_arrays", "anchor_arrays",
            "anchor_from_arrays", "refuse_passes", "refuse_minibatch", "quoted_names", "NOT_DAMPED", "EP_METHODS",
@@ -262,6 +261,28 @@ def forwarding(inner, *names, settable=()):
     return type(f"Forwarding{inner.title()}", (), members)
 
 
+@dataclass(frozen=True)
+class StateLayout:
+    """What an engine's state holds beyond (kernel, Z), entry by role: what the loop, the checkpoint rules
+    (``checkpoint_rules``), a fit's result (``FittedParts``), a stream and data-parallel rounds read of the state,
+    in place of its keys and its method's name. An engine declares one (``Engine.layout``); a state of arrays only,
+    checked by their shapes and type, declares nothing."""
+
+    # the (precision, shift) entries of one site a row, in the loop's row order (EP's and GFITC's "nu", "mu"): put
+    # back in the caller's order for the result, kept a chunk at a time by data-parallel rounds
+    per_row: tuple = ()
+    # the entry holding a tied site product (``posterior.Factor``, or one a class): SEP's and ADF's, minibatch EP's
+    # running one; a stream continues a fitted q through it (``Engine.take_factor``), data-parallel rounds keep one a
+    # chunk, a resume checks it as a factor
+    tied_factor: str | None = None
+    triangular: tuple = ()  # lower-triangular factors (SVI's q(v) covariance factor): a resume checks them so
+    flags: tuple = ()  # booleans a checkpoint holds (minibatch EP's rebuild flag, GFITC's settled flag)
+    counts: tuple = ()  # non-negative integers a checkpoint holds (GFITC's sweeps)
+    extras: tuple = ()  # entries of ``checkpoint_state`` the engine checks itself as it restores them
+    # entries of older checkpoints, old name -> new (the engine converts them as it restores)
+    legacy: dict = field(default_factory=dict)
+
+
 class FittedParts(NamedTuple):
     """An engine's state as a fit reports it (``Engine.fitted_parts``), per-row entries in the caller's row order."""
 
@@ -278,13 +299,12 @@ class Engine(ModulesByName, abc.ABC):
     docstring). What the loop calls, besides the abstract methods: ``snapshot`` / ``restore`` / ``shrink`` (the
     guard's revert-and-halve), ``keep`` / ``put_back`` (early stopping's best state), and the optional members
     below, whose defaults say "nothing of the kind". The engine owns its state: its keys, its row order and its
-    final pass; what the loop, its hooks, the checkpoints, the result and a stream read of it are the members
-    ``kernel``, ``Z``, ``factor``, ``row_site_precision``, ``state_arrays``, ``fitted_parts`` and ``take_factor``,
-    never its keys. Engines pickle (a model trained by ``partial_fit`` holds one): their namespace and passes modules
+    final pass; what the loop, its hooks, the checkpoints, the result and a stream read of it are its ``layout`` (a
+    ``StateLayout``) and the members ``kernel``, ``Z``, ``factor``, ``row_site_precision``, ``state_arrays``,
+    ``fitted_parts`` and ``take_factor``, never its keys. Engines pickle (a model trained by ``partial_fit`` holds one): their namespace and passes modules
     travel by name."""
 
-    per_row_sites = False  # the state holds a site per row ("nu", "mu", in the loop's row order)
-    triangular_state = ()  # state arrays that are lower-triangular factors (a resume checks them: checkpoint_rules)
+    layout = StateLayout()  # what its state holds, by role
     uses_warmup = False  # batch mode: the loop's warm-up sweeps (no hyper-parameter step) apply
     settled = True  # GFITC: False while the sites are not converged at the current hyper-parameters
     has_damping = False
@@ -293,16 +313,12 @@ class Engine(ModulesByName, abc.ABC):
     likelihood = None  # the model's ``likelihoods.Likelihood`` it trains (a checkpoint's fingerprint says which)
     threaded_passes = False  # its passes over rows spread their blocks over Python threads (``blocks.map_blocks``)
     shared_lengthscales = False  # ``EngineOptions.shared_lengthscales``: set by the engines that step it
-    checkpoint_extras = ()  # entries of ``checkpoint_state`` the engine checks itself as it restores them
-    tied_factor = False  # its state holds a tied site product ("factor": SEP / ADF, minibatch EP), one a chunk of
-    # data-parallel rounds
     name = None  # the method it trains (in messages)
-    legacy_checkpoint_keys = MappingProxyType({})  # state entries of older checkpoints, old name -> new
-    # entries of ``checkpoint_state`` that are no array of the state, by the rule a resume checks them with
-    # (``checkpoint_rules``): flags, counts, tied factors
-    checkpoint_flags = ()
-    checkpoint_counts = ()
-    checkpoint_factors = ()
+
+    @property
+    def per_row_sites(self):
+        """Whether the state holds a site a row (``layout.per_row``)."""
+        return bool(self.layout.per_row)
 
     @abc.abstractmethod
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
@@ -348,9 +364,14 @@ class Engine(ModulesByName, abc.ABC):
         """Called once the checkpoint holding ``saved`` (``checkpoint_state``'s) is on disk."""
 
     def state_in_row_order(self, permutation):
-        """The state with its per-row entries in the caller's row order, the loop having visited the rows in
-        ``permutation``'s (None: in the caller's). By default the state has no per-row entries."""
-        return dict(self.state)
+        """The state with its per-row entries (``layout.per_row``) in the caller's row order, the loop having visited
+        the rows in ``permutation``'s (None: in the caller's)."""
+        state = dict(self.state)
+        if permutation is not None and self.layout.per_row:
+            inverse = self.xp.argsort(permutation)
+            for key in self.layout.per_row:
+                state[key] = self.xp.take(state[key], inverse, axis=0)
+        return state
 
     # -- what the loop, its hooks, the checkpoints, the result and a stream read of the state ---------------------
 
@@ -367,13 +388,13 @@ class Engine(ModulesByName, abc.ABC):
     @property
     def factor(self):
         """The tied site product (SEP / ADF, minibatch EP's running one: ``posterior.Factor``, or one a class), or
-        None."""
-        return self.state.get("factor")
+        None (``layout.tied_factor``)."""
+        return None if self.layout.tied_factor is None else self.state[self.layout.tied_factor]
 
     @property
     def row_site_precision(self):
-        """The per-row site precisions in the loop's row order (EP, GFITC), or None."""
-        return self.state.get("nu")
+        """The per-row site precisions in the loop's row order (EP, GFITC: ``layout.per_row``), or None."""
+        return self.state[self.layout.per_row[0]] if self.layout.per_row else None
 
     def state_arrays(self):
         """{name: array} of the state's arrays, kernel parameters as "kernel.<name>" (what a resume checks the
@@ -385,13 +406,17 @@ class Engine(ModulesByName, abc.ABC):
     def fitted_parts(self, permutation):
         """The state as a fit reports it (``FittedParts``), its per-row sites in the caller's row order
         (``state_in_row_order``)."""
-        state = self.state_in_row_order(permutation)
-        return FittedParts(state["kernel"], state["Z"], state.get("nu"), state.get("mu"), state.get("factor"), state)
+        state, layout = self.state_in_row_order(permutation), self.layout
+        precision, shift = (state[key] for key in layout.per_row) if layout.per_row else (None, None)
+        factor = None if layout.tied_factor is None else state[layout.tied_factor]
+        return FittedParts(state["kernel"], state["Z"], precision, shift, factor, state)
 
     def take_factor(self, factor):
         """Go on from ``factor``, a tied site product (``posterior.Factor``, or one a class) read back from a fitted
-        q: a stream continuing a fitted model (``partial_fit``)."""
-        self.state["factor"] = factor
+        q: a stream continuing a fitted model (``partial_fit``), of an engine whose state holds one."""
+        if self.layout.tied_factor is None:
+            raise TypeError(f"{type(self).__name__} holds no tied site product to continue from")
+        self.state[self.layout.tied_factor] = factor
 
     def __init__(self, kernel, Z, *, names, optimizer, n_total, minibatch, jitter, block_rows):
         """The parts every engine has: ``names`` (the hyper-parameters it moves) and their ``optimizer``, the rows

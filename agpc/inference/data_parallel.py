@@ -284,7 +284,7 @@ class _Shard:
         engine.damping = spec["damping"]
         Z = engine.state["Z"]
         self.xp, self.device, self.dtype = array_namespace(Z), array_device(Z), Z.dtype
-        self.tied = engine.tied_factor
+        self.tied = engine.layout.tied_factor is not None
         self.factors = dict(spec["factors"])
         # EP: where each chunk's factor holds the sites of its rows not yet visited in the chunk's current visit
         # (``ep.Anchor``: the kernel and Z of the visit's rebuild; None: zero sites, the chunk's first visit)
@@ -535,20 +535,16 @@ class DataParallel:
 
 
 class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_params", "block_rows", "n_total",
-                              "has_damping", "triangular_state", "xp", "checkpoint_flags", "checkpoint_counts",
-                              "checkpoint_factors", "shared_lengthscales", "likelihood", settable=("state", "jitter")),
+                              "has_damping", "xp", "shared_lengthscales", "likelihood", settable=("state", "jitter")),
                      Engine):
     """The engine contract (``engines.Engine``) with a round as its step; the global state lives in a driver-side
     engine of the method (``template``: the same class the shards step), which also gives q, validation
     scores and the guard's revert-and-halve; what the loop reads of its state and settings is the template's."""
 
-    per_row_sites = False  # (EP's sites stay with their chunks; the loop has nothing to rebuild)
     uses_warmup = False
     settled = True
     needs_rebuild = False
     minibatch = True
-    # the rounds' own record in a checkpoint (``restore_checkpoint`` checks it), and the driver's engine's own
-    checkpoint_extras = ("data_parallel", "anchor", "visited")
 
     def __init__(self, plan, factory, method, kernel, Z, *, n_total, options):
         self.plan = plan
@@ -556,7 +552,10 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
         self.method = self.name = method
         self.options = options
         self.template = factory(method, kernel, Z, n_total=n_total, minibatch=True, options=options)
-        self.tied = self.template.tied_factor
+        # The template's state by role, but no per-row sites (EP's stay with their chunks; the loop has nothing to
+        # rebuild), and the rounds' own record in a checkpoint beside the template's (``restore_checkpoint`` checks it)
+        self.layout = replace(self.template.layout, per_row=(), extras=("data_parallel", "anchor", "visited"))
+        self.tied = self.template.layout.tied_factor is not None
         per_row = self.template.per_row_sites
         if per_row:
             plan.make_site_root()

@@ -42,18 +42,19 @@ from .sites import cavity_of
 # the contract and the parts every engine shares (named here too: the loop, data-parallel rounds, the registry and
 # plug-in engines import them from this module, as before they had a module of their own)
 from .contract import (ALL_METHODS, CLUSTER_QUADRATIC_METHODS, EP_METHODS, QUADRATIC_METHODS,
-                       ROUND_METHODS, Engine, EngineOptions, FittedParts, Forwarded, Outcome, anchor_arrays,
+                       ROUND_METHODS, Engine, EngineOptions, FittedParts, Forwarded, Outcome, StateLayout,
+                       anchor_arrays,
                        anchor_from_arrays, engine_likelihood, factor_arrays, factor_from_arrays, forwarding, hyper_step,
                        initial_steps,
                        make_optimizer, parameter_names, quoted_names, refuse_minibatch, refuse_passes,
                        relative_change, relative_change_on_device, shared_scale_grads, with_log_prior)
 
-__all__ = ["Engine", "FittedParts", "EngineOptions", "ENGINES", "Forwarded", "forwarding", "Outcome", "EPEngine",
-           "GFITCEngine", "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names", "relative_change",
-           "relative_change_on_device", "with_log_prior", "shared_scale_grads", "hyper_step", "initial_steps",
-           "make_optimizer", "factor_arrays", "factor_from_arrays", "anchor_arrays", "anchor_from_arrays",
-           "SPARSE_BATCH_GROWTH", "EP_METHODS", "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS", "ALL_METHODS",
-           "ROUND_METHODS", "Bound", "QUADRATIC_BOUNDS"]
+__all__ = ["Engine", "StateLayout", "FittedParts", "EngineOptions", "ENGINES", "Forwarded", "forwarding", "Outcome",
+           "EPEngine", "GFITCEngine", "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names",
+           "relative_change", "relative_change_on_device", "with_log_prior", "shared_scale_grads", "hyper_step",
+           "initial_steps", "make_optimizer", "factor_arrays", "factor_from_arrays", "anchor_arrays",
+           "anchor_from_arrays", "SPARSE_BATCH_GROWTH", "EP_METHODS", "QUADRATIC_METHODS",
+           "CLUSTER_QUADRATIC_METHODS", "ALL_METHODS", "ROUND_METHODS", "Bound", "QUADRATIC_BOUNDS"]
 
 # Rprop's growth for the sparse model's binary and ordinal batch fits (EP, SEP, ADF): 10% a step while a gradient
 # keeps its sign, where the seed's (Hernandez-Lobato & Hernandez-Lobato (2016), App. A.6) is 2%. At 2% a step of 0.01
@@ -63,16 +64,6 @@ __all__ = ["Engine", "FittedParts", "EngineOptions", "ENGINES", "Forwarded", "fo
 # 2%: the multiclass sets took as many iterations at 10% (waveform: one split +0.009 NLL), and the exact model's and
 # GFITC's defaults were measured with 2%.
 SPARSE_BATCH_GROWTH = 1.1
-
-
-def _sites_in_row_order(engine, permutation):
-    """An engine's state with its per-row sites ("nu", "mu") put back in the caller's row order."""
-    state = dict(engine.state)
-    if permutation is not None and engine.per_row_sites:
-        inverse = engine.xp.argsort(permutation)
-        state["nu"] = engine.xp.take(state["nu"], inverse, axis=0)
-        state["mu"] = engine.xp.take(state["mu"], inverse, axis=0)
-    return state
 
 
 # -- EP / SEP / ADF ---------------------------------------------------------------------------------
@@ -96,10 +87,6 @@ class EPEngine(Engine):
     uses_warmup = True
     has_damping = True
     threaded_passes = True  # (ep.evaluate / binary_sweep / class_sweep, and the rebuild's site sums)
-    checkpoint_flags = ("needs_rebuild",)
-    checkpoint_factors = ("factor",)
-    checkpoint_extras = ("anchor", "visited")  # minibatch EP's (checked as they are restored)
-    tied_factor = True
 
     @classmethod
     def round_refusal(cls, name, n_classes):
@@ -129,7 +116,7 @@ class EPEngine(Engine):
         # The cavity its passes form (``sites.Cavity``): the EP-family methods are named as their cavities ("ep",
         # "sep", "adf"), so the name gives it, once; every branch below is on its fields, never on the name.
         self.cavity = cavity_of(name)
-        self.per_row_sites = self.cavity.own_sites  # (the contract's member: the loop, checkpoints and rounds read it)
+        self.layout = self._state_layout()
         # Batch EP (binary): whether every site precision is known to be >= 0, which lets a pass form its sums by
         # symmetric products (``ep.evaluate``'s ``nonnegative_sites``). True from zero sites (the sweep keeps them
         # so; a checkpoint's are looked at once).
@@ -172,6 +159,15 @@ class EPEngine(Engine):
             self.likelihood_option = {"likelihood": self.likelihood}
         if "cavity" not in state:  # (an engine pickled before it held its cavity: its name gives it, as in __init__)
             self.cavity = cavity_of(self.name)
+        if "layout" not in state:  # (nor its layout, which its cavity gives)
+            self.layout = self._state_layout()
+
+    def _state_layout(self):
+        """Its state by role: EP's own sites a row ("nu", "mu"); the tied site product, SEP's and ADF's or minibatch
+        EP's running one ("factor"); minibatch EP's rebuild flag, anchor and visited minibatches (checked as they
+        are restored)."""
+        return StateLayout(per_row=("nu", "mu") if self.cavity.own_sites else (), tied_factor="factor",
+                           flags=("needs_rebuild",), extras=("anchor", "visited"))
 
     def start_from_sites(self, site_precision, site_shift):
         """EP: start from the given sites (one a row) instead of zero ones; they are looked at once (whether
@@ -377,9 +373,6 @@ class EPEngine(Engine):
                              s["mu"][:rows], jitter=self.jitter, want_grad=False, block_rows=self.block_rows,
                              want_sites=False, **weights, **self.likelihood_option)
 
-    def state_in_row_order(self, permutation):
-        return _sites_in_row_order(self, permutation)
-
     def posterior(self, X, y, want_log_z=True):
         """q at the current state and its log Z_q. EP: rebuilt exactly from all sites (one pass over X), but
         minibatch EP scores validation data on its running site product. SEP / ADF: q from the factor, and
@@ -470,10 +463,8 @@ class GFITCEngine(Engine):
     at an EP fixed point) and takes one Rprop step (Hernandez-Lobato & Hernandez-Lobato (2016), App. A.6), the sites
     kept as they are (EP warm-starts from them). Binary or multiclass (``ClassKernels``, sites (n, 2C))."""
 
-    per_row_sites = True
+    layout = StateLayout(per_row=("nu", "mu"), flags=("settled", "cycle_halved"), counts=("sweeps", "reversals"))
     has_damping = True
-    checkpoint_flags = ("settled", "cycle_halved")
-    checkpoint_counts = ("sweeps", "reversals")
     max_sweeps = 100  # EP sweeps at most between two hyper-parameter steps
     # Parallel EP can fall into a two-cycle: each sweep undoes the last (the sites' step reverses, its cosine with
     # the step before near -1), as rows' cavities turn invalid and valid in turn. Sample weights of 1000 and 1e-4 on
@@ -568,9 +559,6 @@ class GFITCEngine(Engine):
         stays halved until the sites have settled."""
         return not self.cycle_halved and super().grow()
 
-    def state_in_row_order(self, permutation):
-        return _sites_in_row_order(self, permutation)
-
     def posterior(self, X, y, want_log_z=True):
         s = self.state
         final = gfitc.evaluate(s["kernel"], s["Z"], X, y, s["nu"], s["mu"], jitter=self.jitter, want_grad=False,
@@ -616,10 +604,10 @@ class SVIEngine(Engine):
     whitened at their kernel (``variational.whitened_from_unwhitened``), and their optimiser state, which was
     kept in the same whitened coordinates, is taken as it is."""
 
-    # checkpoint entries of the u-space form and the whitened entries they become (``restore_checkpoint``)
-    legacy_checkpoint_keys = {"mean": "whitened_mean", "chol": "whitened_chol"}
-
-    triangular_state = ("whitened_chol",)  # q(v)'s covariance factor
+    # q(v)'s covariance factor; the checkpoint entries of the u-space form and the whitened entries they become
+    # (``restore_checkpoint``)
+    layout = StateLayout(triangular=("whitened_chol",),
+                         legacy={"mean": "whitened_mean", "chol": "whitened_chol"})
 
     @classmethod
     def round_refusal(cls, name, n_classes):
@@ -712,7 +700,7 @@ class SVIEngine(Engine):
                     whitened_chol=self.state["whitened_chol"])
 
     def restore_checkpoint(self, saved, path):
-        legacy = self.legacy_checkpoint_keys
+        legacy = self.layout.legacy
         if saved.get("optimizer") is not None:  # a u-space checkpoint's moments: already in whitened coordinates
             saved = dict(saved, optimizer=_renamed_keys(saved["optimizer"], legacy))
         self._restore_common(saved)
