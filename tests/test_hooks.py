@@ -144,7 +144,8 @@ def test_the_progress_bar_counts_every_step_of_every_epoch_and_shows_the_last_ep
     """Minibatch mode: one "training" bar over every step of every epoch (its time left is the whole run's), named
     with the epoch; beside it the last recorded epoch's log Z (none during the first), not a minibatch's value; the
     estimate once the first epoch is timed."""
-    trainer = SimpleNamespace(n_steps=0, method="sep", history={"log_marginal_likelihood": []}, per_row_sites=False)
+    trainer = SimpleNamespace(n_steps=0, method="sep", history={"log_marginal_likelihood": []}, per_row_sites=False,
+                              objective="log Z_q (EP estimate)")
     run = _run(trainer, minibatch=True, n_batches=3)
     run.X, run.settings = np.zeros((6, 1)), SimpleNamespace(max_iter=2, max_time=None, started=None, batch_size=2,
                                                             plateau=None)
@@ -279,3 +280,14 @@ def test_a_minibatch_fit_estimates_its_epochs_and_its_bar_shows_the_last_epochs_
     assert lines[2].startswith("agpc sep training, epoch 2/2: 100%") and " 8/8 " in lines[2]
     assert f"log Z_q (EP estimate)={model.history_['log_marginal_likelihood'][-1]:.6g}" in lines[2]
     assert model.n_warmup_ == 0 and model.n_iter_ == 2
+
+
+@pytest.mark.parametrize("method, label", [("ep", "log Z_q (EP estimate)"), ("adf", "log Z_q (EP estimate)"),
+                                           ("gfitc", "log Z_EP (EP estimate)"), ("svi", "ELBO"),
+                                           ("vi-jj-hybrid", "variational bound")])
+def test_the_bar_names_what_each_engine_climbs(capsys, method, label):
+    """The bar's log Z is named by the engine (``Engine.objective``), not by a match on the method's name: EP's
+    estimate of the evidence, GFITC's, SVI's lower bound, the vi-* bounds."""
+    X, y = make_banana(60, random_state=3)
+    GPClassifier(method=method, n_inducing=5, max_iter=2, verbose=True).fit(X, y)
+    assert f"{label}=" in capsys.readouterr().err

@@ -314,6 +314,9 @@ class Engine(ModulesByName, abc.ABC):
     threaded_passes = False  # its passes over rows spread their blocks over Python threads (``blocks.map_blocks``)
     shared_lengthscales = False  # ``EngineOptions.shared_lengthscales``: set by the engines that step it
     name = None  # the method it trains (in messages)
+    # what its log Z is, as a progress bar names the history's "log_marginal_likelihood": EP's approximation of the
+    # log evidence (not a bound, so it may exceed the exact value), or a variational bound
+    objective = "objective"
 
     @property
     def per_row_sites(self):

@@ -87,6 +87,7 @@ class EPEngine(Engine):
     uses_warmup = True
     has_damping = True
     threaded_passes = True  # (ep.evaluate / binary_sweep / class_sweep, and the rebuild's site sums)
+    objective = "log Z_q (EP estimate)"
 
     @classmethod
     def round_refusal(cls, name, n_classes):
@@ -464,6 +465,7 @@ class GFITCEngine(Engine):
     kept as they are (EP warm-starts from them). Binary or multiclass (``ClassKernels``, sites (n, 2C))."""
 
     layout = StateLayout(per_row=("nu", "mu"), flags=("settled", "cycle_halved"), counts=("sweeps", "reversals"))
+    objective = "log Z_EP (EP estimate)"
     has_damping = True
     max_sweeps = 100  # EP sweeps at most between two hyper-parameter steps
     # Parallel EP can fall into a two-cycle: each sweep undoes the last (the sites' step reverses, its cosine with
@@ -606,6 +608,7 @@ class SVIEngine(Engine):
 
     # q(v)'s covariance factor; the checkpoint entries of the u-space form and the whitened entries they become
     # (``restore_checkpoint``)
+    objective = "ELBO"
     layout = StateLayout(triangular=("whitened_chol",),
                          legacy={"mean": "whitened_mean", "chol": "whitened_chol"})
 
@@ -755,6 +758,7 @@ class QuadraticEngine(Engine):
     ``dask_engine.DaskPasses``: a task a chunk, xi kept on the workers beside its rows). On a cluster
     only vi-JJ and vi-Taylor: -hybrid and -full hand one xi per row to the driver's L-BFGS-B."""
 
+    objective = "variational bound"
     n_upd = 3  # analytic (q, xi) updates of stage 1
     likelihood = LOGISTIC  # (the bounds are the logistic's)
     maxfun = 5  # evaluations of stage 2's L-BFGS-B round

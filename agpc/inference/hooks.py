@@ -228,16 +228,6 @@ ENDED_BECAUSE = {"converged": "the sites settled (tol)", "plateau": "log Z stopp
                  "max_iter": "max_iter reached"}
 
 
-def objective_label(method):
-    """What the history's "log_marginal_likelihood" of ``method`` (an engine's name) is, as the bar names it: EP's
-    approximation of the log evidence (not a bound, so it may exceed the exact value), or a variational bound."""
-    if method.startswith("svi"):
-        return "ELBO"
-    if method.startswith("vi-"):
-        return "variational bound"
-    return "log Z_EP (EP estimate)" if method.startswith("gfitc") else "log Z_q (EP estimate)"
-
-
 def duration(seconds):
     """``seconds`` as a person reads a duration: "48 s", "6 min 41 s", "2 h 05 min"; "<0.01 s" below a hundredth
     (a progress line has no use for more, and two significant digits of 1e-05 read as an exponent)."""
@@ -266,7 +256,7 @@ class Progress(Hook):
     (not counted by ``max_iter``) and "training" (``max_iter`` iterations), minibatch mode's one "training" bar over
     every step of every epoch, so that its time left is the whole run's (capped by ``max_time``). A bar whose stage
     ended early (a plateau, settled sites, the time budget, early stopping) is closed at its count with the reason.
-    Beside it: the last recorded entry of the history (``objective_label``: batch mode, the iteration's; minibatch
+    Beside it: the last recorded entry of the history (``Engine.objective``: batch mode, the iteration's; minibatch
     mode, the last whole epoch's, not a minibatch's noisy value) and, when validated, the validation NLL.
     ``stage``: the name of this run among a fit's several (``size_rule.learn_lengthscales``)."""
 
@@ -353,7 +343,7 @@ class Progress(Hook):
         postfix = {}
         values = run.trainer.history["log_marginal_likelihood"]
         if values:
-            postfix[objective_label(run.trainer.method)] = f"{values[-1]:.6g}"
+            postfix[run.trainer.objective] = f"{values[-1]:.6g}"
         postfix.update(run.postfix)
         if self.phase == "training":
             left = self._left()
@@ -426,7 +416,7 @@ class Progress(Hook):
 
     def final_pass(self, run, exact):
         if exact:
-            what = "q" if exact == "q" else f"q and its {objective_label(run.trainer.method)}"
+            what = "q" if exact == "q" else f"q and its {run.trainer.objective}"
             _say(f"{self._name(run)}: final pass over all {run.X.shape[0]:,} rows ({what} at the "
                  f"{'starting' if run.settings.max_iter == 0 else 'learned'} hyper-parameters)")
 

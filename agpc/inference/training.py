@@ -80,7 +80,7 @@ def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
 
 
 class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer", "per_row_sites", "needs_rebuild",
-                                         settable=("state", "n_total"))):
+                                         "objective", settable=("state", "n_total"))):
     """The state of a training run and one guarded step of it; ``train`` and ``partial_fit`` drive it.
 
     ``engine``: an ``engines.Engine`` (a built-in one: ``engines.make_engine``; a registered method's:
