@@ -150,6 +150,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         When training stops before ``max_iter`` (a cap): "auto", once log Z has stopped rising, by the rule of
         ``agpc.size_rule.fit_plateau`` for the exact model, the sparse model's batch steps and minibatch epochs
         (``stop_reason_ == "plateau"``; docs/usage.md, "When a fit stops"); ``None``, every iteration of ``max_iter``.
+    early_stopping : bool or "auto", default=False
+        Hold out ``validation_fraction`` of the rows (at random, every class kept in training) as ``fit``'s validation
+        data and stop when their NLL has not improved for ``n_iter_no_change`` epochs (3 where None), keeping the
+        best state (scikit-learn's ``HistGradientBoostingClassifier`` convention), where ``fit`` is given no
+        ``validation_data``. "auto": where the rows left take minibatches (above 20,000 on the CPU) and are in memory;
+        True: whatever the size; False: never. The split is drawn from ``random_state`` (the same rows when it is
+        None). Not the default: it makes the 200,000-row airline fit 7 times as fast at +0.0027 test NLL, but stops a
+        slowly learning table 0.014 worse (docs/small_data_defaults.md, "Early stopping on held-out rows").
+    validation_fraction : float in (0, 1), default=0.1
+        The share of the rows ``early_stopping`` holds out.
     kernel_prior : "auto" or None, default="auto"
         "auto": weak priors on the kernel's log lengthscales (centred on the default kernel's) and log amplitude (a
         linear kernel's slope variances and bias), MAP (docs/small_data_defaults.md). ``None``: its own priors only.
@@ -193,6 +203,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Whether ``max_time`` ended training.
     stop_reason_ : str
         Why training stopped, one of ``agpc.inspection.STOP_REASONS``.
+    early_stopping_ : bool
+        Whether ``fit`` held out rows for early stopping (``early_stopping``); ``n_samples_fit_`` counts the others.
     n_samples_fit_ : int
         The rows fitted (or streamed through ``partial_fit``).
     n_jobs_ : int
@@ -255,6 +267,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "step_replay": [V.Boolean()], "kernel_prior": [V.NONE, V.Options("auto")],
         "ard": [V.Options("auto"), V.Boolean()],
         "plateau": [V.NONE, V.Options("auto")],
+        "early_stopping": [V.Options("auto"), V.Boolean()],
+        "validation_fraction": [V.Interval(numbers.Real, 0, 1, "neither")],
         "class_weight": [V.NONE, V.Options("balanced"), V.InstanceOf(dict, description="a dict of class: weight")],
         "classes": [V.NONE, V.InstanceOf(list, tuple, np.ndarray, description="a list of the classes in their order")],
     }
@@ -265,7 +279,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                  jitter=1e-6, tol=1e-6, random_state=None, verbose=False, client=None, local_steps=None,
                  n_jobs=None, checkpoint_path=None, checkpoint_every=None, site_directory=None, blas_threads=None,
                  dtype="float64", block_rows=None, step_replay=False, kernel_prior="auto", class_weight=None,
-                 classes=None, ard="auto", plateau="auto"):
+                 classes=None, ard="auto", plateau="auto", early_stopping=False, validation_fraction=0.1):
         parameters = dict(locals())  # every parameter stored as given, nothing else (scikit-learn's rule)
         del parameters["self"]
         vars(self).update(parameters)
@@ -301,6 +315,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         groups, target_xp, plan = self._check_params()  # before anything reads them (the BLAS scope reads the sizes)
         n_rows, n_features = I.rows_and_features(X, y)
         I.check_fit_paths(plan, X, y, resume, stacklevel=3)  # (a bad path must not cost the fit)
+        held = I.held_out(plan, X, y, sample_weight, n_rows, self.random_state) if validation_data is None else None
+        self.early_stopping_ = held is not None
+        if held is not None:  # (the held-out rows are the fit's validation data)
+            X, y, sample_weight, validation_data = held
+            n_rows = I.rows_and_features(X, y)[0]
         steps = plan.steps(n_rows)  # (the rows a step takes, resolved once)
         with placement.blas_scope(plan, steps, n_features), B.jitter_report("GPClassifier.fit"):
             return self._fit(plan, steps, X, y, groups, target_xp, validation_data, resume, started, sample_weight)
@@ -381,7 +400,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         settings = training.TrainSettings(
             batch_size=placed.batch_size, max_iter=int(self.max_iter), tol=float(self.tol), max_time=self.max_time,
             random_state=rng, shuffle=bool(self.shuffle), eval_every=self.eval_every,
-            n_iter_no_change=self.n_iter_no_change, progress=bool(self.verbose), checkpoint_path=self.checkpoint_path,
+            n_iter_no_change=self.n_iter_no_change if self.n_iter_no_change is not None or not getattr(
+                self, "early_stopping_", False) else I.EARLY_STOPPING_PATIENCE,
+            progress=bool(self.verbose), checkpoint_path=self.checkpoint_path,
             checkpoint_every=self.checkpoint_every, resume=bool(resume), started=started, data_hash=data_hash,
             plateau=plateau, stage=stage,
         )

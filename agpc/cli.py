@@ -58,6 +58,7 @@ from .methods import ORDINAL, RegisteredLikelihood, method_names
 from .plan import FitPlan
 from .tables import exception_line, labels_from_text, load_data, load_weighted_data, one_line, preview
 from .untrusted import printable
+from .validation import holdout_mask
 
 __all__ = ["main", "UsageError"]
 
@@ -140,24 +141,13 @@ def _split(X, y, fraction, seed):
 
 
 def _validation_rows(y, fraction, seed):
-    """The rows ``_split`` holds out for validation (a mask), or None."""
+    """The rows ``_split`` holds out for validation (a mask: ``validation.holdout_mask``), or None."""
     if not fraction:
         return None
-    n = y.shape[0]
-    n_val = int(round(fraction * n))
-    if not 1 <= n_val < n:
-        raise UsageError(f"--validation-fraction {fraction} leaves {n_val} of {n} rows for validation")
-    val = np.zeros(n, dtype=bool)
-    chosen = np.random.default_rng(seed).choice(n, size=n_val, replace=False)
-    val[chosen] = True
-    # a class whose every row was drawn for validation would be unknown to the model (and its validation rows
-    # unscorable): its first drawn row goes back to training, so that the model learns every class
-    for label in np.setdiff1d(np.unique(y), np.unique(y[~val])):
-        val[chosen[np.flatnonzero(y[chosen] == label)[0]]] = False
-    if not val.any():
-        raise UsageError(f"--validation-fraction {fraction} leaves no rows for validation once every class keeps a "
-                         "row for training; give a larger fraction")
-    return val
+    try:
+        return holdout_mask(y, fraction, seed, what="--validation-fraction")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _class_order(args, y):
@@ -334,6 +324,7 @@ def _fit_model(args, order, n_rows):
         ard={"auto": "auto", "per-feature": True, "shared": False}[args.ard],
         likelihood=args.likelihood, classes=None if order is None else order.tolist(),
         plateau=None if args.plateau == "none" else args.plateau,
+        early_stopping={"auto": "auto", "on": True, "off": False}[args.early_stopping],
     )
     model.set_params(n_jobs=_fit_jobs(args, model, n_rows))
     model.check_params()
@@ -382,7 +373,11 @@ def _fit_jobs(args, model, n_rows):
 
 def _iterations(model, max_iter, n_rows):
     """What the fit trained, counted as --max-iter counts it (epochs with minibatches; batch EP / SEP / ADF's
-    warm-up sweeps, which ``n_iter_`` includes, apart), and why it stopped before the cap."""
+    warm-up sweeps, which ``n_iter_`` includes, apart), and why it stopped before the cap; the rows the fit held out
+    for early stopping (``early_stopping``), which its epochs do not count."""
+    held = getattr(model, "early_stopping_", False) and n_rows - int(model.n_samples_fit_)
+    if held:
+        n_rows -= held
     warmup = getattr(model, "n_warmup_", 0) or 0
     steps = _steps(model, n_rows)
     rows = steps.step_rows
@@ -394,7 +389,8 @@ def _iterations(model, max_iter, n_rows):
     if warmup:
         said += f" + {warmup} warm-up sweeps"
     reason = getattr(model, "stop_reason_", None)  # (said as the progress bar of a stage that ended early says it)
-    return said + (f", stopped: {ENDED_BECAUSE[reason]}" if reason in ENDED_BECAUSE and reason != "max_iter" else "")
+    said += f", stopped: {ENDED_BECAUSE[reason]}" if reason in ENDED_BECAUSE and reason != "max_iter" else ""
+    return said + (f"; {held:,} of the rows held out to stop on (early_stopping)" if held else "")
 
 
 # -- agpc predict --------------------------------------------------------------------------------------
@@ -830,6 +826,10 @@ def _fit_run_arguments(p):
     p.add_argument("--plateau", choices=["auto", "none"], default="auto",
                    help="auto (default): stop once log Z stops rising (GPClassifier's plateau='auto'); none: run every "
                         "iteration of --max-iter")
+    p.add_argument("--early-stopping", choices=["off", "auto", "on"], default="off",
+                   help="auto: a fit of minibatch size without --validation-fraction holds out 10%% of its rows and "
+                        "stops when their NLL stops improving (GPClassifier's early_stopping: much sooner on some "
+                        "tables, worse on slowly learning ones); on: at any size; off (default): never")
     p.add_argument("--jobs", type=int, metavar="N", help="cores the fit uses (GPClassifier's n_jobs; -1 every core). "
                    "Default: every core for a batch fit (its passes' threads: the same model), one for minibatches "
                    "(more would train data-parallel rounds in processes: another model)")

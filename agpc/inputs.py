@@ -36,6 +36,9 @@ from .plan import DTYPES, dtype_name
 from .untrusted import check_zarr_array
 
 __all__ = [
+    "HeldOut",
+    "held_out",
+    "EARLY_STOPPING_PATIENCE",
     "training_weights",
     "stream_weights",
     "class_weights",
@@ -356,6 +359,65 @@ def rows_and_features(X, y=None):
         except (TypeError, ValueError):
             shape = ()
     return (int(shape[0]) if len(shape) else 1), (int(shape[1]) if len(shape) > 1 else 1)
+
+
+# ``early_stopping="auto"``'s patience where ``n_iter_no_change`` is None: epochs whose validation NLL does not improve
+# before the fit stops (docs/small_data_defaults.md, "Early stopping on held-out rows")
+EARLY_STOPPING_PATIENCE = 3
+# the split's seed where ``random_state`` is None: the same rows are held out on every fit of the same data (two fits
+# that differ in a parameter are scored on the same rows)
+HOLDOUT_SEED = 0
+
+
+class HeldOut(NamedTuple):
+    """A fit's rows once ``early_stopping`` has held some out: the training rows, labels and weights, and the
+    held-out rows as its ``validation_data``."""
+
+    X: Any
+    y: Any
+    sample_weight: Any
+    validation_data: tuple
+
+
+def held_out(plan, X, y, sample_weight, n_rows, random_state):
+    """The rows ``plan.early_stopping`` holds out for validation (scikit-learn's ``HistGradientBoostingClassifier``
+    convention), or None: False (the default) none; ``"auto"`` holds out ``validation_fraction`` of the rows (``validation.holdout_mask``) where
+    the rows left take minibatches (``FitPlan.steps``: above ``batch_size.FULL_BATCH_MAX_ROWS`` on the CPU by
+    default) and are in memory; True holds them out whatever the size, and refuses rows it cannot hold out (a dask
+    array, data on disk: pass validation_data). The split is drawn from ``random_state`` (an int, or a
+    generator it advances), else from ``HOLDOUT_SEED``."""
+    if plan.early_stopping is False:
+        return None
+    in_memory = not (B.is_dask_array(X) or B.is_out_of_core(X) or B.is_out_of_core(y))
+    if plan.early_stopping == "auto":
+        n_val = int(round(plan.validation_fraction * n_rows))
+        if not (in_memory and plan.spec.supports("minibatch") and plan.steps(n_rows - n_val).minibatch):
+            return None
+    elif not in_memory:
+        raise ValueError("early_stopping=True holds out rows of X in memory; for a dask array or data on disk pass "
+                         "fit(..., validation_data=(X_val, y_val)), or set early_stopping=False")
+    labels = B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y)
+    if labels.ndim != 1 or labels.shape[0] != n_rows:  # (the label checks say what is wrong, on the whole y)
+        return None
+    seed = random_state if isinstance(random_state, numbers.Integral) else (
+        HOLDOUT_SEED if random_state is None else B.host_rng(random_state).integers(2**32))
+    val = V.holdout_mask(V.check_labels(labels), plan.validation_fraction, seed)
+    fit, held = np.flatnonzero(~val), np.flatnonzero(val)
+    return HeldOut(_rows_at(X, fit), _rows_at(y, fit), _rows_at(sample_weight, fit),
+                   (_rows_at(X, held), _rows_at(y, held)))
+
+
+def _rows_at(values, index):
+    """The rows ``index`` (NumPy integers) of ``values`` as the caller gave them: a pandas object by position (its
+    column names kept), an array-API array in its namespace and on its device, anything else through NumPy."""
+    if values is None:
+        return None
+    if hasattr(values, "iloc"):
+        return values.iloc[index]
+    if B.is_array_api_obj(values) and not isinstance(values, np.ndarray):
+        xp = B.array_namespace(values)
+        return xp.take(values, B.asarray_like(index, xp, device=B.array_device(values)), axis=0)
+    return np.asarray(values)[index]
 
 
 def data_files(*arrays):

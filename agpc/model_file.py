@@ -84,11 +84,12 @@ __all__ = ["FORMAT", "VERSION", "PLAIN_VERSION", "SCALER_ARRAYS", "step_names_pr
 NOT_RESTORED = ("checkpoint_path", "checkpoint_every", "site_directory", "client")
 # Parameters added after models were first saved, and the value a file without them stands for: what those
 # models were trained with (before kernel_prior, every model was fitted by maximum likelihood: None; before ard,
-# every lengthscale was learned per feature: True).
-VALUE_WHEN_ABSENT = {"kernel_prior": None, "ard": True}
-# Parameters added since models were first pickled whose default (None) is what an agpc without them did: an older
-# pickle is completed with it (else get_params, repr and clone of the unpickled estimator fail)
-PARAMETERS_ADDED = ("class_weight", "classes")
+# every lengthscale was learned per feature: True; before early_stopping, no rows were held out: False).
+VALUE_WHEN_ABSENT = {"kernel_prior": None, "ard": True, "early_stopping": False}
+# Parameters added since models were first pickled whose default is what an agpc without them did (or, for
+# validation_fraction, what no model without it used): an older pickle is completed with it (else get_params, repr
+# and clone of the unpickled estimator fail)
+PARAMETERS_ADDED = {"class_weight": None, "classes": None, "validation_fraction": 0.1}
 # Gauss-Hermite nodes for SVI's binary logistic predictions (20 by default): more than this from a file is
 # a way to make prediction take gigabytes, not a model
 MAX_QUADRATURE = 1000
@@ -180,8 +181,8 @@ def unpickled_state(state):
     as that model was trained (kernel_prior: no priors; a fitted one's ``kernel_prior_`` and the structure
     ``partial_fit`` checks too)."""
     state = dict(state)
-    for name in PARAMETERS_ADDED:  # (their defaults are what an agpc without them did)
-        state.setdefault(name, None)
+    for name, value in PARAMETERS_ADDED.items():  # (their defaults are what an agpc without them did)
+        state.setdefault(name, value)
     for name, value in VALUE_WHEN_ABSENT.items():
         state.setdefault(name, value)
         if "kernel_" in state:  # fitted
@@ -319,7 +320,7 @@ def _checked_record(record, refuse):
     are; each known one is checked (a row count, seconds, one of ``training.STOP_REASONS``)."""
     if not isinstance(record, dict):
         raise refuse("fit_record: not a mapping of names to values")
-    rows, seconds, reason, ard, warmup = (record.get(name) for name in FIT_RECORD)
+    rows, seconds, reason, ard, warmup, held_out = (record.get(name) for name in FIT_RECORD)
     if rows is not None and not (_is_int(rows) and rows >= 1):
         raise refuse(f"fit_record.n_samples_fit: {rows!r} is not a positive integer")
     if seconds is not None and not (_is_number(seconds) and math.isfinite(seconds) and seconds >= 0):
@@ -330,6 +331,8 @@ def _checked_record(record, refuse):
         raise refuse(f"fit_record.ard: {ard!r} is not true or false (lengthscales per feature or one shared scale)")
     if warmup is not None and not (_is_int(warmup) and warmup >= 0):
         raise refuse(f"fit_record.n_warmup: {warmup!r} is not a non-negative integer (the warm-up sweeps of n_iter)")
+    if held_out is not None and not isinstance(held_out, bool):
+        raise refuse(f"fit_record.early_stopping: {held_out!r} is not true or false (rows held out for early stopping)")
     return {name: record.get(name) for name in FIT_RECORD}
 
 

@@ -81,6 +81,8 @@ class FitPlan:
     optimizer: Any = None
     learning_rate: Any = None
     n_quadrature: int = 20
+    early_stopping: Any = False
+    validation_fraction: float = 0.1
     n_features: int | None = None  # a fitted model's feature count (partial_fit continuing it)
 
     @classmethod

@@ -40,6 +40,7 @@ __all__ = [
     "FloatingType",
     "validate_params",
     "check_labels",
+    "holdout_mask",
     "encode_labels",
     "label_ranks",
     "encoded_ranks",
@@ -385,6 +386,26 @@ def check_labels(y, what="y", offset=0):
         raise ValueError(f"{what} has empty labels at {_rows_text(blank, offset)}: an empty cell is a missing "
                          "label, not a class; drop those rows or give them a class")
     return values
+
+
+def holdout_mask(y, fraction, seed, what="validation_fraction"):
+    """The rows held out for validation (a boolean mask over the labels ``y``, on the host): round(fraction n) rows
+    drawn at random (``seed``), less the first drawn row of any class whose every row was drawn (so that the model
+    learns every class, and every validation row can be scored). One ValueError naming ``what`` where that leaves no
+    rows for validation or none for training."""
+    n = y.shape[0]
+    n_val = int(round(fraction * n))
+    if not 1 <= n_val < n:
+        raise ValueError(f"{what}={fraction} leaves {n_val} of {n} rows for validation")
+    val = np.zeros(n, dtype=bool)
+    chosen = np.random.default_rng(seed).choice(n, size=n_val, replace=False)
+    val[chosen] = True
+    for label in np.setdiff1d(np.unique(y), np.unique(y[~val])):
+        val[chosen[np.flatnonzero(y[chosen] == label)[0]]] = False
+    if not val.any():
+        raise ValueError(f"{what}={fraction} leaves no rows for validation once every class keeps a row for training; "
+                         "give a larger fraction")
+    return val
 
 
 def _refuse_trailing_nul(objects, what, offset):

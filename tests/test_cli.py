@@ -1319,3 +1319,19 @@ def test_inspect_of_a_standardize_model_names_the_file_s_columns(tmp_path, banan
     out = capsys.readouterr().out
     assert "features: height, weight" in out and "not named" not in out and "x0" not in out
     assert "standardised" in out
+
+
+def test_early_stopping_on_holds_out_rows_and_says_so(tmp_path, capsys):
+    """--early-stopping on is GPClassifier(early_stopping=True): 10% of the rows held out, the summary counts the epochs
+    on the others and says how many were held out; off (the default) holds none out."""
+    X, y = make_banana(600, random_state=0)
+    data = write_csv(tmp_path / "d.csv", X, y)
+    argv = ["fit", str(data), "--target", "label", "--inducing", "8", "--max-iter", "5", "--quiet",
+            "--out", str(tmp_path / "m")]
+    assert main(argv + ["--early-stopping", "on"]) == 0
+    out = capsys.readouterr()[0]
+    model = load_model(tmp_path / "m")
+    assert model.early_stopping_ and model.n_samples_fit_ == 540
+    assert "; 60 of the rows held out to stop on (early_stopping)" in out
+    assert main(argv) == 0
+    assert "held out" not in capsys.readouterr()[0] and not load_model(tmp_path / "m").early_stopping_

@@ -77,6 +77,8 @@ CASES = {
     "kernel_prior": (["auto", None], ["none", "AUTO", "ml", True, 1.0]),
     "ard": (["auto", True, False, np.bool_(False)], ["AUTO", "yes", 1, 0, None, 1.0]),
     "plateau": (["auto", None], ["none", "AUTO", True, 1e-3, (10, 1e-3)]),
+    "early_stopping": (["auto", True, False, np.True_], ["AUTO", None, 1, "on"]),
+    "validation_fraction": ([0.1, 0.5, 0.99], [0.0, 1.0, -0.1, float("nan"), True, "0.1"]),
     "class_weight": ([None, "balanced", {1: 2.0}], ["Balanced", "auto", 1.0, [1.0, 2.0], True]),
     # (a list of classes gives an ordinal model's order: tests/test_ordinal.py)
     "classes": ([None], ["low,high", 3, {0: 1}, True]),

@@ -1,0 +1,164 @@
+"""early_stopping: a fit of minibatch size holds out a share of its rows and stops when their NLL stops improving (scikit-learn's HistGradientBoosting convention; docs/small_data_defaults.md, "Early stopping on held-out
+rows"). The split is the documented one (``validation.holdout_mask``), the fit on the rest is exactly the fit the user
+would write by hand, and every kind of input keeps what it had (names, namespace, device)."""
+
+import pickle
+
+import array_api_strict
+import numpy as np
+import pandas as pd
+import pytest
+
+from agpc import GPClassifier
+from agpc.datasets import make_banana
+from agpc.inputs import EARLY_STOPPING_PATIENCE, HOLDOUT_SEED
+from agpc.validation import holdout_mask
+from conftest import to_np
+from helpers import interrupted_then_resumed
+
+# 22,300 rows: 2,230 held out leave 20,070, above batch_size="auto"'s 20,000-row full batch: minibatches
+N_ROWS = 22_300
+SMALL = dict(n_inducing=6, max_iter=2, random_state=0, early_stopping="auto")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    X, y = make_banana(N_ROWS, random_state=0)
+    return X, y
+
+
+def _by_hand(X, y, seed, fraction=0.1, sample_weight=None, **params):
+    """The fit a user would write: the rows of ``holdout_mask`` held out as validation data, early stopping on them."""
+    val = holdout_mask(y, fraction, seed)
+    weights = None if sample_weight is None else sample_weight[~val]
+    params = dict(params, early_stopping=False)
+    return GPClassifier(n_iter_no_change=EARLY_STOPPING_PATIENCE, **params).fit(
+        X[~val], y[~val], sample_weight=weights, validation_data=(X[val], y[val]))
+
+
+def test_auto_holds_out_a_tenth_of_a_minibatch_fit_and_is_the_fit_by_hand(rows):
+    X, y = rows
+    w = np.random.default_rng(1).uniform(0.5, 2.0, size=N_ROWS)
+    auto = GPClassifier(**SMALL).fit(X, y, sample_weight=w)
+    assert auto.early_stopping_ and auto.n_samples_fit_ == N_ROWS - 2230
+    assert len(auto.history_["validation_nll"]) == len(auto.history_["log_marginal_likelihood"])
+    by_hand = _by_hand(X, y, 0, sample_weight=w, **SMALL)
+    np.testing.assert_array_equal(auto.predict_proba(X[:500]), by_hand.predict_proba(X[:500]))
+    assert auto.history_["validation_nll"] == by_hand.history_["validation_nll"]
+
+
+def test_the_split_without_a_seed_is_the_same_every_time(rows, monkeypatch):
+    """random_state=None holds out the rows of ``HOLDOUT_SEED`` on every fit (two fits that differ in a parameter are
+    scored on the same rows); an int draws them from itself."""
+    from agpc import validation
+
+    X, y = rows
+    seeds, split = [], validation.holdout_mask
+    monkeypatch.setattr(validation, "holdout_mask", lambda y, fraction, seed, **kw: seeds.append(seed) or split(
+        y, fraction, seed, **kw))
+    for random_state in (None, None, 7):
+        GPClassifier(n_inducing=6, max_iter=1, random_state=random_state, early_stopping="auto").fit(X, y)
+    assert seeds == [HOLDOUT_SEED, HOLDOUT_SEED, 7]
+
+
+@pytest.mark.parametrize("early_stopping, validation", [("auto", False), (False, False), ("auto", True)])
+def test_no_rows_are_held_out_below_minibatch_size_when_off_or_with_validation_data(early_stopping, validation):
+    """A batch fit (20,000 rows or fewer left), early_stopping=False, or the user's own validation data: the fit is
+    the one on all the rows, to the bit."""
+    X, y = make_banana(400, random_state=2)
+    given = (X[:50], y[:50]) if validation else None
+    fitted = GPClassifier(**dict(SMALL, early_stopping=early_stopping)).fit(X, y, validation_data=given)
+    plain = GPClassifier(**dict(SMALL, early_stopping=False)).fit(X, y, validation_data=given)
+    assert not fitted.early_stopping_ and fitted.n_samples_fit_ == 400
+    np.testing.assert_array_equal(fitted.predict_proba(X), plain.predict_proba(X))
+
+
+def test_true_holds_out_at_any_size_and_stops_on_the_held_out_nll():
+    X, y = make_banana(600, random_state=3)
+    model = GPClassifier(early_stopping=True, validation_fraction=0.25, n_inducing=8, max_iter=200,
+                         random_state=0).fit(X, y)
+    assert not GPClassifier(n_inducing=8, max_iter=2).fit(X, y).early_stopping_  # (the default: none held out)
+    assert model.early_stopping_ and model.n_samples_fit_ == 450
+    assert model.stop_reason_ in ("early_stopping", "plateau")
+    by_hand = _by_hand(X, y, 0, fraction=0.25, n_inducing=8, max_iter=200, random_state=0)
+    np.testing.assert_array_equal(model.predict_proba(X), by_hand.predict_proba(X))
+
+
+def test_a_dataframe_keeps_its_column_names_and_labels_their_kind(rows):
+    X, y = rows
+    frame = pd.DataFrame(X, columns=["width", "height"])
+    labels = pd.Series(np.where(y == 1, "yes", "no"))
+    model = GPClassifier(**SMALL).fit(frame, labels)
+    assert model.early_stopping_ and list(model.feature_names_in_) == ["width", "height"]
+    assert list(model.classes_) == ["no", "yes"]
+    by_hand = _by_hand(X, np.where(y == 1, "yes", "no"), 0, **SMALL)
+    np.testing.assert_array_equal(model.predict_proba(frame.iloc[:300]), by_hand.predict_proba(X[:300]))
+
+
+@pytest.mark.parametrize("device", [None, array_api_strict.Device("device1")], ids=["default", "device1"])
+def test_array_api_rows_are_held_out_in_their_namespace_and_device(rows, device):
+    X, y = rows
+    xp = array_api_strict
+    Xs = xp.asarray(X, device=device) if device is not None else xp.asarray(X)
+    ys = xp.asarray(y.astype(np.float64), device=device) if device is not None else xp.asarray(y.astype(np.float64))
+    model = GPClassifier(n_inducing=6, max_iter=1, random_state=0, early_stopping="auto").fit(Xs, ys)
+    assert model.early_stopping_ and model.n_samples_fit_ == N_ROWS - 2230
+    proba = model.predict_proba(Xs[:100, ...])
+    assert proba.device == Xs.device
+    by_hand = _by_hand(X, y.astype(np.float64), 0, n_inducing=6, max_iter=1, random_state=0)
+    np.testing.assert_allclose(to_np(proba), by_hand.predict_proba(X[:100]), rtol=1e-9, atol=1e-12)
+
+
+def test_data_on_disk_is_not_held_out_by_auto_and_refused_by_true(rows, tmp_path):
+    X, y = rows
+    path = tmp_path / "X.npy"
+    np.save(path, X)
+    on_disk = np.load(path, mmap_mode="r")
+    model = GPClassifier(n_inducing=6, max_iter=1, random_state=0, early_stopping="auto").fit(on_disk, y)
+    assert not model.early_stopping_ and model.n_samples_fit_ == N_ROWS
+    with pytest.raises(ValueError, match="early_stopping=True holds out rows of X in memory"):
+        GPClassifier(**dict(SMALL, early_stopping=True)).fit(on_disk, y)
+
+
+@pytest.mark.parametrize("value, problem", [(0.0, "validation_fraction"), (1.0, "validation_fraction"),
+                                            ("yes", "early_stopping")])
+def test_bad_settings_are_one_error_naming_them(value, problem):
+    X, y = make_banana(100, random_state=0)
+    with pytest.raises(ValueError, match=problem):
+        GPClassifier(**{problem: value}).fit(X, y)
+
+
+def test_a_fraction_that_leaves_a_class_no_training_row_keeps_one():
+    X, y = make_banana(40, random_state=0)
+    y = y.copy()
+    y[:2] = 2  # a third class of two rows
+    val = holdout_mask(y, 0.5, 0)
+    assert np.all(np.isin([-1, 1, 2], y[~val]))
+    with pytest.raises(ValueError, match="validation_fraction=0.01 leaves 0 of 40 rows for validation"):
+        holdout_mask(y, 0.01, 0)
+
+
+def test_the_model_file_and_an_older_pickle_say_what_was_held_out(rows, tmp_path):
+    X, y = rows
+    model = GPClassifier(**SMALL).fit(X, y)
+    model.save(tmp_path / "m.agpc")
+    loaded = GPClassifier.load(tmp_path / "m.agpc")
+    assert loaded.early_stopping_ is True and loaded.early_stopping == "auto"
+    plain = GPClassifier(n_inducing=6, max_iter=1, random_state=0).fit(X[:300], y[:300])
+    plain.save(tmp_path / "plain.agpc")
+    assert GPClassifier.load(tmp_path / "plain.agpc").early_stopping_ is False
+    state = pickle.loads(pickle.dumps(model)).__getstate__()
+    for name in ("early_stopping", "validation_fraction", "early_stopping_"):
+        state.pop(name)
+    older = GPClassifier.__new__(GPClassifier)
+    older.__setstate__(state)  # (an estimator pickled before early_stopping: trained on all its rows)
+    assert older.get_params()["early_stopping"] is False and older.early_stopping_ is False
+    assert older.get_params()["validation_fraction"] == 0.1
+
+
+def test_a_resumed_fit_holds_out_the_same_rows_and_ends_at_the_same_model(rows, tmp_path, monkeypatch):
+    X, y = rows
+    params = dict(n_inducing=6, max_iter=2, batch_size=2000, random_state=0, early_stopping="auto")
+    reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "ckpt", 6, X, y)
+    assert reference.early_stopping_ and resumed.early_stopping_
+    np.testing.assert_array_equal(resumed.predict_proba(X[:300]), reference.predict_proba(X[:300]))
