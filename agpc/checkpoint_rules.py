@@ -15,8 +15,8 @@ rules are those of the states an engine can reach, not of a fresh run:
 - The engine's other entries, generically, by the freshly built engine's state: an array there must come back as
   a floating array of the same shape and type, finite; an entry the engine began empty (the ``vi-*`` methods'
   xi) as finite values, one row each of the n rows; the engine's lower-triangular factors (its
-  ``layout.triangular``, e.g. SVI's ``whitened_chol``) zero above the diagonal. A new engine state key is checked by these
-  rules with no change here.
+  ``layout.triangular``, e.g. SVI's ``whitened_chol``) zero above the diagonal. A new engine state key is checked by
+  these rules with no change here.
 - The optimiser's snapshot laid out as this run's (the same containers; numbers where numbers are; arrays of the
   parameter's shape and the run's type under a parameter's name); its arrays may hold inf (Adam's second moment
   of an overflowing gradient), never NaN (refused for every array by ``agpc.checkpoints``).

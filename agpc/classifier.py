@@ -154,10 +154,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Hold out ``validation_fraction`` of the rows (at random, every class kept in training) as ``fit``'s validation
         data and stop when their NLL has not improved for ``n_iter_no_change`` epochs (3 where None), keeping the
         best state (scikit-learn's ``HistGradientBoostingClassifier`` convention), where ``fit`` is given no
-        ``validation_data``. "auto": where the rows left take minibatches (above 20,000 on the CPU) and are in memory;
-        True: whatever the size; False: never. The split is drawn from ``random_state`` (the same rows when it is
-        None). Not the default: it makes the 200,000-row airline fit 7 times as fast at +0.0027 test NLL, but stops a
-        slowly learning table 0.014 worse (docs/small_data_defaults.md, "Early stopping on held-out rows").
+        ``validation_data`` (with it, ``n_iter_no_change`` alone stops on it). The held-out NLL is unweighted, as
+        ``validation_data``'s is. "auto": where the rows left take minibatches (above 20,000 on the CPU) and are in
+        memory; True: whatever the size; False: never. The split is drawn from ``random_state`` (the same rows when
+        it is None). Not the default: it makes the 200,000-row airline fit 7 times as fast at +0.0027 test NLL, but
+        stops a slowly learning table 0.014 worse (docs/small_data_defaults.md, "Early stopping on held-out rows").
     validation_fraction : float in (0, 1), default=0.1
         The share of the rows ``early_stopping`` holds out.
     kernel_prior : "auto" or None, default="auto"
@@ -316,13 +317,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         n_rows, n_features = I.rows_and_features(X, y)
         I.check_fit_paths(plan, X, y, resume, stacklevel=3)  # (a bad path must not cost the fit)
         held = I.held_out(plan, X, y, sample_weight, n_rows, self.random_state) if validation_data is None else None
-        self.early_stopping_ = held is not None
+        self._holding_out = held is not None  # (``_train``'s patience; ``early_stopping_`` once the fit succeeded)
         if held is not None:  # (the held-out rows are the fit's validation data)
             X, y, sample_weight, validation_data = held
             n_rows = I.rows_and_features(X, y)[0]
         steps = plan.steps(n_rows)  # (the rows a step takes, resolved once)
         with placement.blas_scope(plan, steps, n_features), B.jitter_report("GPClassifier.fit"):
-            return self._fit(plan, steps, X, y, groups, target_xp, validation_data, resume, started, sample_weight)
+            fitted = self._fit(plan, steps, X, y, groups, target_xp, validation_data, resume, started, sample_weight)
+        self.early_stopping_ = held is not None
+        return fitted
 
     def _fit(self, plan, steps, X, y, groups, target_xp, validation_data, resume, started, sample_weight=None):
         """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop."""
@@ -401,7 +404,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             batch_size=placed.batch_size, max_iter=int(self.max_iter), tol=float(self.tol), max_time=self.max_time,
             random_state=rng, shuffle=bool(self.shuffle), eval_every=self.eval_every,
             n_iter_no_change=self.n_iter_no_change if self.n_iter_no_change is not None or not getattr(
-                self, "early_stopping_", False) else I.EARLY_STOPPING_PATIENCE,
+                self, "_holding_out", False) else I.EARLY_STOPPING_PATIENCE,
             progress=bool(self.verbose), checkpoint_path=self.checkpoint_path,
             checkpoint_every=self.checkpoint_every, resume=bool(resume), started=started, data_hash=data_hash,
             plateau=plateau, stage=stage,

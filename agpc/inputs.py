@@ -381,39 +381,54 @@ class HeldOut(NamedTuple):
 
 def held_out(plan, X, y, sample_weight, n_rows, random_state):
     """The rows ``plan.early_stopping`` holds out for validation (scikit-learn's ``HistGradientBoostingClassifier``
-    convention), or None: False (the default) none; ``"auto"`` holds out ``validation_fraction`` of the rows (``validation.holdout_mask``) where
-    the rows left take minibatches (``FitPlan.steps``: above ``batch_size.FULL_BATCH_MAX_ROWS`` on the CPU by
-    default) and are in memory; True holds them out whatever the size, and refuses rows it cannot hold out (a dask
-    array, data on disk: pass validation_data). The split is drawn from ``random_state`` (an int, or a
-    generator it advances), else from ``HOLDOUT_SEED``."""
-    if plan.early_stopping is False:
+    convention), or None: False (the default) none; ``"auto"`` holds out ``validation_fraction`` of the rows
+    (``validation.holdout_mask``) where the rows left take minibatches (``FitPlan.steps``: above
+    ``batch_size.FULL_BATCH_MAX_ROWS`` on the CPU by default) and are in memory, and none where the fraction holds
+    out no row; True holds them out whatever the size, and refuses rows it cannot hold out (a dask array, data on
+    disk: pass validation_data). The split is drawn from ``random_state`` (an int, or a generator it advances), else
+    from ``HOLDOUT_SEED``."""
+    auto = isinstance(plan.early_stopping, str)  # ("auto"; else a bool, NumPy's too)
+    if not auto and not plan.early_stopping:
         return None
-    in_memory = not (B.is_dask_array(X) or B.is_out_of_core(X) or B.is_out_of_core(y))
-    if plan.early_stopping == "auto":
+    in_memory = not (B.is_dask_array(X) or B.is_out_of_core(X) or labels_on_disk(y))
+    if auto:
         n_val = int(round(plan.validation_fraction * n_rows))
         if not (in_memory and plan.spec.supports("minibatch") and plan.steps(n_rows - n_val).minibatch):
             return None
     elif not in_memory:
         raise ValueError("early_stopping=True holds out rows of X in memory; for a dask array or data on disk pass "
-                         "fit(..., validation_data=(X_val, y_val)), or set early_stopping=False")
+                         "fit(..., validation_data=(X_val, y_val)) ('agpc fit': --validation-fraction), or set "
+                         "early_stopping=False")
     labels = B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y)
+    column = labels.ndim == 2 and labels.shape[1] == 1  # (a column of labels: fit takes it, with a warning)
+    if column:
+        labels = labels[:, 0]
     if labels.ndim != 1 or labels.shape[0] != n_rows:  # (the label checks say what is wrong, on the whole y)
         return None
     seed = random_state if isinstance(random_state, numbers.Integral) else (
         HOLDOUT_SEED if random_state is None else B.host_rng(random_state).integers(2**32))
-    val = V.holdout_mask(V.check_labels(labels), plan.validation_fraction, seed)
+    weights = None if sample_weight is None or np.ndim(sample_weight) == 0 else (
+        B.to_numpy(sample_weight) if B.is_array_api_obj(sample_weight) else np.asarray(sample_weight))
+    try:
+        val = V.holdout_mask(V.check_labels(labels), plan.validation_fraction, seed, weights=weights)
+    except ValueError:
+        if auto:  # (too few rows to hold any out: "auto" trains on them all)
+            return None
+        raise
     fit, held = np.flatnonzero(~val), np.flatnonzero(val)
     return HeldOut(_rows_at(X, fit), _rows_at(y, fit), _rows_at(sample_weight, fit),
-                   (_rows_at(X, held), _rows_at(y, held)))
+                   (_rows_at(X, held), labels[held] if column else _rows_at(y, held)))
 
 
 def _rows_at(values, index):
     """The rows ``index`` (NumPy integers) of ``values`` as the caller gave them: a pandas object by position (its
     column names kept), an array-API array in its namespace and on its device, anything else through NumPy."""
-    if values is None:
-        return None
+    if values is None or np.ndim(values) == 0:  # (a scalar sample_weight: every row's)
+        return values
     if hasattr(values, "iloc"):
         return values.iloc[index]
+    if hasattr(values, "tocsr"):  # (sparse X: refused by the feature checks, as it is without a hold-out)
+        return values[index]
     if B.is_array_api_obj(values) and not isinstance(values, np.ndarray):
         xp = B.array_namespace(values)
         return xp.take(values, B.asarray_like(index, xp, device=B.array_device(values)), axis=0)

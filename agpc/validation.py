@@ -388,11 +388,12 @@ def check_labels(y, what="y", offset=0):
     return values
 
 
-def holdout_mask(y, fraction, seed, what="validation_fraction"):
+def holdout_mask(y, fraction, seed, what="validation_fraction", weights=None):
     """The rows held out for validation (a boolean mask over the labels ``y``, on the host): round(fraction n) rows
     drawn at random (``seed``), less the first drawn row of any class whose every row was drawn (so that the model
-    learns every class, and every validation row can be scored). One ValueError naming ``what`` where that leaves no
-    rows for validation or none for training."""
+    learns every class, and every validation row can be scored); with ``weights``, of any class whose every row of
+    positive weight was drawn (a fit needs one a class). One ValueError naming ``what`` where that leaves no rows for
+    validation or none for training."""
     n = y.shape[0]
     n_val = int(round(fraction * n))
     if not 1 <= n_val < n:
@@ -400,8 +401,9 @@ def holdout_mask(y, fraction, seed, what="validation_fraction"):
     val = np.zeros(n, dtype=bool)
     chosen = np.random.default_rng(seed).choice(n, size=n_val, replace=False)
     val[chosen] = True
-    for label in np.setdiff1d(np.unique(y), np.unique(y[~val])):
-        val[chosen[np.flatnonzero(y[chosen] == label)[0]]] = False
+    counted = np.ones(n, dtype=bool) if weights is None else np.asarray(weights) > 0
+    for label in np.setdiff1d(np.unique(y[counted]), np.unique(y[~val & counted])):
+        val[chosen[np.flatnonzero((y[chosen] == label) & counted[chosen])[0]]] = False
     if not val.any():
         raise ValueError(f"{what}={fraction} leaves no rows for validation once every class keeps a row for training; "
                          "give a larger fraction")

@@ -1,6 +1,7 @@
-"""early_stopping: a fit of minibatch size holds out a share of its rows and stops when their NLL stops improving (scikit-learn's HistGradientBoosting convention; docs/small_data_defaults.md, "Early stopping on held-out
-rows"). The split is the documented one (``validation.holdout_mask``), the fit on the rest is exactly the fit the user
-would write by hand, and every kind of input keeps what it had (names, namespace, device)."""
+"""early_stopping: a fit of minibatch size holds out a share of its rows and stops when their NLL stops improving
+(scikit-learn's HistGradientBoosting convention; docs/small_data_defaults.md, "Early stopping on held-out rows"). The
+split is the documented one (``validation.holdout_mask``), the fit on the rest is exactly the fit the user would
+write by hand, and every kind of input keeps what it had (names, namespace, device)."""
 
 import pickle
 
@@ -162,3 +163,50 @@ def test_a_resumed_fit_holds_out_the_same_rows_and_ends_at_the_same_model(rows, 
     reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "ckpt", 6, X, y)
     assert reference.early_stopping_ and resumed.early_stopping_
     np.testing.assert_array_equal(resumed.predict_proba(X[:300]), reference.predict_proba(X[:300]))
+
+
+def test_numpy_booleans_scalar_weights_categorical_and_column_labels_are_taken_as_given():
+    """NumPy's False is off (a ParameterGrid's values are NumPy's); a scalar sample_weight weights every row; a pandas
+    Categorical of labels is in memory (not data on disk); a column of labels is held out as a 1-D one."""
+    X, y = make_banana(600, random_state=4)
+    params = dict(n_inducing=6, max_iter=2, random_state=0)
+    assert not GPClassifier(early_stopping=np.False_, **params).fit(X, y).early_stopping_
+    assert GPClassifier(early_stopping=np.True_, **params).fit(X, y, sample_weight=2.0).n_samples_fit_ == 540
+    assert GPClassifier(early_stopping=True, **params).fit(X, pd.Categorical(y)).early_stopping_
+    with pytest.warns(UserWarning, match="column-vector y"):
+        assert GPClassifier(early_stopping=True, **params).fit(X, y[:, None]).n_samples_fit_ == 540
+
+
+def test_a_class_keeps_a_training_row_of_positive_weight():
+    """A class whose only rows of positive weight were drawn for validation gets one back: the weighted fit that
+    works without a hold-out works with it (the held-out NLL is unweighted, as validation_data's)."""
+    X, y = make_banana(40, random_state=0)
+    y = y.copy()
+    y[:3] = 2
+    w = np.ones(40)
+    w[1:3] = 0.0  # class 2's one row of positive weight is row 0
+    for seed in range(20):
+        val = holdout_mask(y, 0.5, seed, weights=w)
+        assert np.any((y == 2) & ~val & (w > 0))
+    GPClassifier(early_stopping=True, validation_fraction=0.5, n_inducing=4, max_iter=2,
+                 random_state=5).fit(X, y, sample_weight=w)
+
+
+def test_auto_trains_on_every_row_where_none_can_be_held_out():
+    """A tiny fit in minibatches: "auto" leaves its rows alone where the fraction holds out none (True refuses)."""
+    X, y = make_banana(4, random_state=0)
+    y = np.array([0, 1, 0, 1])
+    params = dict(method="sep", batch_size=2, n_inducing=2, max_iter=1, random_state=0)
+    assert not GPClassifier(early_stopping="auto", **params).fit(X, y).early_stopping_
+    with pytest.raises(ValueError, match="validation_fraction=0.1 leaves 0 of 4 rows for validation"):
+        GPClassifier(early_stopping=True, **params).fit(X, y)
+
+
+def test_a_refused_refit_leaves_the_fitted_record_as_it_was(rows):
+    """early_stopping_ is written with the fit's other attributes: a refit refused half-way leaves the model's."""
+    X, y = make_banana(300, random_state=0)
+    model = GPClassifier(n_inducing=6, max_iter=2, random_state=0).fit(X, y)
+    model.set_params(early_stopping=True, class_weight={7: 2.0})
+    with pytest.raises(ValueError):
+        model.fit(X, y)
+    assert model.early_stopping_ is False and model.n_samples_fit_ == 300

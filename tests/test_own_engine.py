@@ -133,3 +133,11 @@ def test_the_loop_and_the_result_read_the_state_by_its_declared_layout():
         check_engine_state(saved, engine, {"n": 60}, "ckpt", lambda why: refused.append(why) or ValueError(why))
     with pytest.raises(TypeError, match="holds no tied site product"):
         engine.take_factor(None)
+
+
+def test_an_engine_declaring_its_state_the_former_way_is_refused_when_its_class_is_made():
+    """An engine of one's own written before ``StateLayout`` (``triangular_state``, ``checkpoint_flags``, ...) would
+    have those declarations ignored and their checks silently not made: its class is refused, naming the fields."""
+    with pytest.raises(TypeError, match=r"declares its state by \['checkpoint_flags', 'triangular_state'\].*"
+                                        r"checkpoint_flags -> flags, triangular_state -> triangular"):
+        type("Former", (MeanAscent,), {"triangular_state": ("whitened_chol",), "checkpoint_flags": ("done",)})

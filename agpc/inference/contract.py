@@ -12,6 +12,7 @@ import abc
 import math
 import operator
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from ..backend import ModulesByName, array_namespace, scaled_std
@@ -21,11 +22,11 @@ from ..optim import OPTIMIZERS, Rprop, bounded_step
 from . import ep, multiclass_ep
 from .posterior import Factor
 
-__all__ = ["Engine", "StateLayout", "FittedParts", "EngineOptions", "Forwarded", "forwarding", "Outcome", "parameter_names",
-           "initial_steps", "make_optimizer", "relative_change", "relative_change_on_device", "with_log_prior",
-           "shared_scale_grads", "hyper_step", "factor_arrays", "factor_from_arrays", "anchor_arrays",
-           "anchor_from_arrays", "refuse_passes", "refuse_minibatch", "quoted_names", "NOT_DAMPED", "EP_METHODS",
-           "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS", "ALL_METHODS", "ROUND_METHODS"]
+__all__ = ["Engine", "StateLayout", "FittedParts", "EngineOptions", "Forwarded", "forwarding", "Outcome",
+           "parameter_names", "initial_steps", "make_optimizer", "relative_change", "relative_change_on_device",
+           "with_log_prior", "shared_scale_grads", "hyper_step", "factor_arrays", "factor_from_arrays",
+           "anchor_arrays", "anchor_from_arrays", "refuse_passes", "refuse_minibatch", "quoted_names", "NOT_DAMPED",
+           "EP_METHODS", "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS", "ALL_METHODS", "ROUND_METHODS"]
 
 EP_METHODS = ("ep", "sep", "adf")
 QUADRATIC_METHODS = ("vi-jj", "vi-jj-hybrid", "vi-jj-full", "vi-taylor")
@@ -301,10 +302,26 @@ class Engine(ModulesByName, abc.ABC):
     below, whose defaults say "nothing of the kind". The engine owns its state: its keys, its row order and its
     final pass; what the loop, its hooks, the checkpoints, the result and a stream read of it are its ``layout`` (a
     ``StateLayout``) and the members ``kernel``, ``Z``, ``factor``, ``row_site_precision``, ``state_arrays``,
-    ``fitted_parts`` and ``take_factor``, never its keys. Engines pickle (a model trained by ``partial_fit`` holds one): their namespace and passes modules
-    travel by name."""
+    ``fitted_parts`` and ``take_factor``, never its keys. Engines pickle (a model trained by ``partial_fit`` holds
+    one): their namespace and passes modules travel by name."""
 
     layout = StateLayout()  # what its state holds, by role
+
+    # The class attributes an engine declared its state by before ``StateLayout``, and the field each became: an
+    # engine of one's own written to that contract is refused when its class is made (else they would be ignored,
+    # and the checks they asked for, silently not made).
+    FORMER_DECLARATIONS = MappingProxyType({
+        "per_row_sites": "per_row", "triangular_state": "triangular", "tied_factor": "tied_factor",
+        "checkpoint_flags": "flags", "checkpoint_counts": "counts", "checkpoint_factors": "tied_factor",
+        "checkpoint_extras": "extras", "legacy_checkpoint_keys": "legacy"})
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        former = sorted(name for name in Engine.FORMER_DECLARATIONS if name in vars(cls))
+        if former:
+            fields = ", ".join(f"{name} -> {Engine.FORMER_DECLARATIONS[name]}" for name in former)
+            raise TypeError(f"{cls.__name__} declares its state by {former}: an engine declares it by one "
+                            f"``layout = StateLayout(...)`` now ({fields})")
     uses_warmup = False  # batch mode: the loop's warm-up sweeps (no hyper-parameter step) apply
     settled = True  # GFITC: False while the sites are not converged at the current hyper-parameters
     has_damping = False
