@@ -84,6 +84,7 @@ __all__ = [
     "ndtr",
     "log_normal_pdf",
     "gauss_hermite",
+    "gauss_legendre",
     "to_numpy",
     "to_host_vector",
     "asarray_like",
@@ -1335,3 +1336,12 @@ def gauss_hermite(n, xp, *, dtype=None, device=None):
 
 
 _GAUSS_HERMITE_CACHE = {}
+
+
+def gauss_legendre(n, like):
+    """Nodes and weights of n-point Gauss-Legendre quadrature on [-1, 1] (NumPy's ``leggauss``), in ``like``'s
+    namespace, type and device: the host computes them (an edge operation), the rule every namespace then uses."""
+    nodes, weights = np.polynomial.legendre.leggauss(n)
+    xp, device = array_namespace(like), array_device(like)
+    return (asarray_like(nodes, xp, device=device, dtype=like.dtype),
+            asarray_like(weights, xp, device=device, dtype=like.dtype))

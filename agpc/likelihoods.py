@@ -29,9 +29,8 @@ import math
 from functools import cached_property
 from typing import NamedTuple
 
-import numpy as np
-
-from .backend import array_device, array_namespace, asarray_like, gauss_hermite, log_ndtr, log_normal_pdf, to_numpy
+from .backend import (array_device, array_namespace, asarray_like, gauss_hermite, gauss_legendre, log_ndtr,
+                      log_normal_pdf, to_numpy)
 
 __all__ = [
     "NormalQuadrature",
@@ -106,9 +105,7 @@ def legendre_expectation(mean, var, lowest, highest, entropy_at, n_nodes=LEGENDR
     highest)], h = ``entropy_at`` (nodes (n, T) -> (n, T)), which is below round-off outside [lowest, highest]:
     ``Likelihood.expected_entropy``'s."""
     xp = array_namespace(mean)
-    nodes, weights = np.polynomial.legendre.leggauss(n_nodes)
-    nodes = asarray_like(nodes, xp, device=array_device(mean), dtype=mean.dtype)
-    weights = asarray_like(weights, xp, device=array_device(mean), dtype=mean.dtype)
+    nodes, weights = gauss_legendre(n_nodes, mean)
     sd = xp.sqrt(var)
     low = xp.maximum(mean - GAUSSIAN_REACH * sd, lowest)
     high = xp.minimum(mean + GAUSSIAN_REACH * sd, highest)
