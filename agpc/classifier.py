@@ -588,8 +588,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         # (a model pickled before it kept its likelihood object: by its name)
         likelihood = getattr(self, "_likelihood", None) or self.likelihood_
         return FittedModel.of(self.kernel_, likelihood, self.inducing_points_, self.posterior_, self.classes_,
-                              n_quadrature=int(self.n_quadrature), blas_threads=self.blas_threads,
-                              block_rows=getattr(self, "block_rows", None))  # (None in models pickled before it)
+                              vars(self))
 
     def _model_and_rows(self, X):
         """(``fitted_model()``, (X checked for it, in its namespace, type and device, or read a block at a time; the

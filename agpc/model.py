@@ -41,11 +41,14 @@ class FittedModel:
     blas_threads: Any = None
 
     @classmethod
-    def of(cls, kernel, likelihood, inducing_points, posterior, classes, **settings):
+    def of(cls, kernel, likelihood, inducing_points, posterior, classes, params):
         """The model of ``likelihood`` (an object, or its name as ``likelihood_`` and a model file give it), taken at
-        the kernel (``likelihoods.fitted_likelihood``)."""
+        the kernel (``likelihoods.fitted_likelihood``), with the settings of prediction of ``params``, the
+        estimator's parameters by name (its ``vars``, or a model file's; ``block_rows`` absent from models pickled
+        before it: None)."""
         likelihood = fitted_likelihood(likelihood, kernel, multiclass=inducing_points.ndim == 3)
-        return cls(kernel, likelihood, inducing_points, posterior, classes, **settings)
+        return cls(kernel, likelihood, inducing_points, posterior, classes, n_quadrature=int(params["n_quadrature"]),
+                   block_rows=params.get("block_rows"), blas_threads=params.get("blas_threads"))
 
     @property
     def n_latent(self):

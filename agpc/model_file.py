@@ -632,10 +632,9 @@ def read_model_parts(path, schema, backend="numpy"):
 
 def _model_of(state, params):
     """The ``model.FittedModel`` a file's state and parameters describe: what the loaded estimator predicts with
-    (``GPClassifier.fitted_model``), with its parameters' settings of prediction."""
+    (``GPClassifier.fitted_model``)."""
     return FittedModel.of(state.kernel, state.likelihood, state.inducing_points, state.posterior, state.classes,
-                          n_quadrature=int(params["n_quadrature"]), blas_threads=params.get("blas_threads"),
-                          block_rows=params.get("block_rows"))
+                          params)
 
 
 def _checked_model_arrays(header, arrays, d, refuse):
