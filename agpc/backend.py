@@ -38,6 +38,7 @@ from array_api_compat import (
 from array_api_compat import numpy as compat_numpy
 
 __all__ = [
+    "rows_at",
     "CholeskyError",
     "DeviceUnavailableError",
     "check_device",
@@ -399,6 +400,21 @@ def asarray_like(x, xp, device=None, dtype=None):
     if dtype is None:
         return xp.asarray(x, device=device)
     return xp.asarray(x, dtype=dtype, device=device)
+
+
+def rows_at(values, index):
+    """The rows ``index`` (NumPy integers) of ``values`` as the caller gave them: a pandas object by position (its
+    column names kept), an array-API array in its namespace and on its device, anything else through NumPy."""
+    if values is None or np.ndim(values) == 0:  # (a scalar sample_weight: every row's)
+        return values
+    if hasattr(values, "iloc"):
+        return values.iloc[index]
+    if hasattr(values, "tocsr"):  # (sparse X: refused by the feature checks, as it is without a hold-out)
+        return values[index]
+    if is_array_api_obj(values) and not isinstance(values, np.ndarray):
+        xp = array_namespace(values)
+        return xp.take(values, asarray_like(index, xp, device=array_device(values)), axis=0)
+    return np.asarray(values)[index]
 
 
 def is_out_of_core(X):

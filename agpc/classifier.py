@@ -319,18 +319,19 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         held = I.held_out(plan, X, y, sample_weight, n_rows, self.random_state) if validation_data is None else None
         self._holding_out = held is not None  # (``_train``'s patience; ``early_stopping_`` once the fit succeeded)
         if held is not None:  # (the held-out rows are the fit's validation data)
-            X, y, sample_weight, validation_data = held
-            n_rows = I.rows_and_features(X, y)[0]
-        steps = plan.steps(n_rows)  # (the rows a step takes, resolved once)
-        with placement.blas_scope(plan, steps, n_features), B.jitter_report("GPClassifier.fit"):
-            fitted = self._fit(plan, steps, X, y, groups, target_xp, validation_data, resume, started, sample_weight)
+            X, y, sample_weight, validation_data, n_rows = held
+        with B.jitter_report("GPClassifier.fit"):
+            fitted = self._fit(plan, (n_rows, n_features), X, y, groups, target_xp, validation_data, resume, started,
+                               sample_weight)
         self.early_stopping_ = held is not None
         return fitted
 
-    def _fit(self, plan, steps, X, y, groups, target_xp, validation_data, resume, started, sample_weight=None):
-        """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop."""
+    def _fit(self, plan, shape, X, y, groups, target_xp, validation_data, resume, started, sample_weight=None):
+        """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop.
+        ``shape``: (rows, features) of X (``inputs.rows_and_features``)."""
         self.__dict__.pop("_trainer", None)
-        with placement.Placement(plan, steps, X) as place:
+        with placement.Placement(plan, X, *shape) as place:
+            steps = place.steps
             inputs, order, y, validation_data = O.ranked_inputs(plan, place, X, y, target_xp, validation_data)
             validate_data(self, X, skip_check_array=True, reset=True)  # (n_features_in_, feature_names_in_)
             n, classes = inputs.X.shape[0], inputs.classes

@@ -58,7 +58,7 @@ from .methods import ORDINAL, RegisteredLikelihood, method_names
 from .plan import FitPlan
 from .tables import exception_line, labels_from_text, load_data, load_weighted_data, one_line, preview
 from .untrusted import printable
-from .validation import holdout_mask
+from .labels import holdout_mask
 
 __all__ = ["main", "UsageError"]
 
@@ -141,7 +141,7 @@ def _split(X, y, fraction, seed):
 
 
 def _validation_rows(y, fraction, seed):
-    """The rows ``_split`` holds out for validation (a mask: ``validation.holdout_mask``), or None."""
+    """The rows ``_split`` holds out for validation (a mask: ``labels.holdout_mask``), or None."""
     if not fraction:
         return None
     try:

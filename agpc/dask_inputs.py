@@ -18,6 +18,7 @@ import numpy as np
 
 from . import backend as B
 from . import inputs as I
+from . import labels as L
 from . import validation as V
 from .inference.dask_engine import local_cluster, persisted_blocks
 from .inference.data_parallel import prepare_worker
@@ -49,7 +50,7 @@ def checked_arrays(plan, X, y, minibatch):
         raise ValueError(f"X must be real-valued, got dtype {X.dtype}")
     given = da.asarray(X).rechunk({1: -1})  # chunks by rows only
     y = da.asarray(y)
-    I.check_target_shape(y.shape, X.shape[0])
+    L.check_target_shape(y.shape, X.shape[0])
     return given.astype(plan.dtype), y.rechunk((given.chunks[0],)), given
 
 
@@ -120,14 +121,14 @@ def training_inputs(plan, X, y, given, client):
     # a task of this package's, so the workers need no dask.array)
     warming = [client.submit(prepare_worker, () if blocks[0] is not None else ("dask.array",), workers=[w],
                              pure=False) for w in client.nthreads()]
-    distinct = V.check_labels(np.asarray(labels), what="y (its distinct values)")
+    distinct = L.check_labels(np.asarray(labels), what="y (its distinct values)")
     if plan.likelihood == ORDINAL:  # the labels travel as their ranks, as in memory (``inputs.ordinal_labels``)
         order = I.ordinal_labels(plan, distinct)[1]  # (a label not among ``classes=``: refused here)
-        classes, encode, by = np.arange(order.shape[0]), V.encoded_ranks, order
+        classes, encode, by = np.arange(order.shape[0]), L.encoded_ranks, order
     else:
         order = None
-        classes = I.check_classes(plan, np.unique(distinct))
-        encode, by = V.encode_labels, classes
+        classes = L.check_classes(plan, np.unique(distinct))
+        encode, by = L.encode_labels, classes
     if fingerprinted:
         fingerprinted = (fingerprinted[0], encode(np.asarray(fingerprinted[1]), by).astype(X.dtype))
     y_encoded = y.map_blocks(encode, by, dtype=np.float64).astype(X.dtype)

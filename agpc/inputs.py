@@ -1,4 +1,4 @@
-"""The estimator's input checks, written once for the four kinds of input, and the encoding of labels.
+"""The estimator's input checks, written once for the four kinds of input; the labels' own checks are ``agpc.labels``.
 
 The kinds of input: NumPy arrays and lists (checked by scikit-learn's ``validate_data``), a foreign array-API
 array (CuPy, array_api_strict, ...: checked in its own namespace and on its own device, never copied to the host),
@@ -26,6 +26,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, column_or_1d
 
 from . import backend as B
+from . import labels as L
 from . import validation as V
 from .kernels import RBF
 from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
@@ -37,6 +38,8 @@ from .untrusted import check_zarr_array
 
 __all__ = [
     "HeldOut",
+    "column_scales",
+    "check_precision_keeps_spread",
     "held_out",
     "EARLY_STOPPING_PATIENCE",
     "training_weights",
@@ -90,29 +93,66 @@ INIT_SAMPLE = 20000  # rows read from data on disk to initialise the kernel and 
 NEEDS_CHECKPOINT_PATH = "checkpoint_every and resume=True need checkpoint_path (where checkpoints are written and read)"
 
 
-class EncodedLabels:
-    """Labels on disk (or anywhere sliceable) encoded by ``validation.encode_labels`` a block at a time."""
-
-    dtype = np.float64
-
-    def __init__(self, y, classes):
-        self.y = y
-        self.classes = classes
-        self.shape = (y.shape[0],)
-
-    def __getitem__(self, key):
-        return V.encode_labels(np.asarray(self.y[key]), self.classes)
-
-
 def is_foreign_array(X):
     """An array-API array of a library other than NumPy (CuPy, array_api_strict, ...)."""
     return B.is_array_api_obj(X) and not isinstance(X, np.ndarray) and not B.is_numpy_namespace(B.array_namespace(X))
 
 
+# A column survives conversion to a floating type when its spread is at least this many units of that type's
+# resolution at the column's magnitude (eps * max|x|): below it, the kernel's distances are round-off (x + 1e7
+# in float32, whose spacing at 1e7 is 1: train error 0.42 where the centred data give 0.01).
+_SPREAD_RESOLUTIONS = 2.0 ** 10
+
+
+def column_scales(X, weights=None):
+    """Per column of X ((n, d), any array-API namespace): (standard deviation, max |x|) as NumPy float64
+    vectors, computed in X's own precision without overflow or underflow (``backend.scaled_std``). A column of
+    zeros has spread 0 and magnitude 0. ``weights`` (n,), on the host, positive: each row counted by its weight (the
+    standard deviation of the rows repeated, ``inducing.start_rows``)."""
+    xp = B.array_namespace(X)
+    magnitude = xp.max(xp.abs(X), axis=0)
+    if weights is not None and X.shape[0] > 1:
+        return _weighted_scales(X, weights, magnitude)
+    spread = B.scaled_std(X, axis=0) if X.shape[0] > 1 else xp.zeros_like(magnitude)
+    both = B.to_numpy(xp.stack([spread, magnitude])).astype(np.float64)  # one copy to the host (a device sync)
+    return both[0], both[1]
+
+
+def _weighted_scales(X, weights, magnitude):
+    """``column_scales`` with rows counted by ``weights``: the weighted mean and variance of X divided by each
+    column's largest |x| (no overflow or underflow, as ``backend.scaled_std``), scaled back."""
+    xp = B.array_namespace(X)
+    w = B.asarray_like(np.asarray(weights, dtype=np.float64) / float(np.sum(weights)), xp, device=B.array_device(X),
+                     dtype=X.dtype)
+    unit = xp.where(magnitude > 0, magnitude, xp.ones_like(magnitude))
+    scaled = X / unit
+    mean = xp.sum(w[:, None] * scaled, axis=0)
+    spread = xp.sqrt(xp.sum(w[:, None] * (scaled - mean) ** 2, axis=0)) * unit
+    both = B.to_numpy(xp.stack([spread, magnitude])).astype(np.float64)
+    return both[0], both[1]
+
+
+def check_precision_keeps_spread(X, dtype_name, what="X"):
+    """Refuse (one ValueError) to convert X to the floating type ``dtype_name`` when that would erase the
+    variation of some column: a spread below ``_SPREAD_RESOLUTIONS`` eps * max|x| of the target type.
+    Constant columns (spread 0) lose nothing and pass. X is in its own (wider) type: compare before converting."""
+    spread, magnitude = column_scales(X)
+    eps = float(np.finfo(dtype_name).eps)
+    lost = np.flatnonzero((spread > 0) & (spread < _SPREAD_RESOLUTIONS * eps * magnitude))
+    if lost.size:
+        shown = "; ".join(f"column {j}: spread {spread[j]:.3g} at magnitude {magnitude[j]:.3g}" for j in lost[:5])
+        more = f" ({lost.size} columns in all)" if lost.size > 5 else ""
+        raise ValueError(
+            f"{what} in {dtype_name} would lose the variation of its features ({shown}{more}): {dtype_name} resolves "
+            f"{eps:.2g} of a value's magnitude, so these columns' values would differ only by round-off; centre or "
+            f"standardise the features (e.g. sklearn's StandardScaler) or use dtype='float64'"
+        )
+
+
 def check_conversion_keeps_spread(X, target, what="X"):
     """Before X (any array-API array, in its own type) is converted to ``target`` (one of ``DTYPES``) for a fit:
     refuse a
-    narrower type that would erase a column's variation (``validation.check_precision_keeps_spread``;
+    narrower type that would erase a column's variation (``check_precision_keeps_spread``;
     float32 of x + 1e7 fitted a chance-level model, exit 0, no warning). A type that holds X exactly is
     not checked (float64, float32 input in float32)."""
     xp = B.array_namespace(X)
@@ -122,7 +162,7 @@ def check_conversion_keeps_spread(X, target, what="X"):
     else:  # integers of as many bits as the target's have more digits than its significand
         wider = xp.isdtype(X.dtype, "integral") and xp.iinfo(X.dtype).bits >= bits
     if wider:
-        V.check_precision_keeps_spread(xp.astype(X, xp.float64), target, what=what)
+        check_precision_keeps_spread(xp.astype(X, xp.float64), target, what=what)
 
 
 def check_feature_count(n_features, expected, owner="GPClassifier"):
@@ -224,7 +264,7 @@ def check_out_of_core(X, target, *, expected=None, owner="GPClassifier", y=None)
     if y is not None:
         labels = getattr(y, "shape", None) or np.shape(y)
         if len(labels) >= 1:
-            check_target_shape(labels[:1], X.shape[0])  # (the labels' own checks follow: ``host_targets``)
+            L.check_target_shape(labels[:1], X.shape[0])  # (the labels' own checks follow: ``host_targets``)
     check_zarr_array(X)
     for lo in range(0, X.shape[0], CHUNK):
         try:
@@ -239,75 +279,22 @@ def check_out_of_core(X, target, *, expected=None, owner="GPClassifier", y=None)
     check_feature_count(X.shape[1], expected, owner)
 
 
-def _check_label_length(classes):
-    """A model file holds each label in at most ``MAX_LABEL_BYTES`` (as NumPy stores text: 4 bytes a
-    character), and ``load`` refuses more: a fit whose model could not be loaded back is refused first."""
-    stored = classes if classes.dtype.kind in "biufU" else classes.astype(str)  # as the model file writes them
-    if stored.dtype.kind == "U" and stored.dtype.itemsize > V.MAX_LABEL_BYTES:
-        longest = max(stored.tolist(), key=len)
-        raise ValueError(f"y has a label of {len(longest):,} characters ({longest[:20]!r}...): a model file holds "
-                         f"labels of at most {V.MAX_LABEL_BYTES // 4:,} characters, so the fitted model could not be "
-                         "saved and loaded back; give the classes shorter names")
-
-
-def check_classes(plan, found, classes=None):
-    """The model's classes: those ``found`` in y, or the ``classes`` given (which must cover y); at least two, and
-    more only for a method with a multiclass model (``agpc.methods``); each a label a model file can hold."""
-    if classes is not None:
-        classes = np.unique(V.check_labels(classes, what="classes"))
-        unknown = np.setdiff1d(found, classes)
-        if unknown.size:
-            raise ValueError(f"y contains labels {V.label_text(unknown)} not in classes {V.label_text(classes)}")
-        found = classes
-    classes = found
-    _check_label_length(classes)
-    if classes.shape[0] < 2:
-        raise ValueError(f"y has only one class ({V.label_text(classes[0])}): a classifier needs two classes to learn")
-    method = plan.spec
-    if plan.likelihood == ORDINAL:  # one latent GP whatever the number of (ordered) classes
-        return classes
-    if classes.shape[0] > 2 and not method.supports("multiclass"):
-        raise ValueError(f"y has {classes.shape[0]} classes but method={method.name!r} is binary only: the multiclass "
-                         f"model is trained by {list(methods_supporting('multiclass'))}")
-    if classes.shape[0] > 2 and plan.likelihood is not None and plan.likelihood not in method.likelihoods:
-        raise ValueError(f"y has {classes.shape[0]} classes but likelihood={plan.likelihood!r} is a registered binary "
-                         f"likelihood: multiclass {method.name} trains its own; leave likelihood=None")
-    if classes.shape[0] > 2 and method.multiclass_likelihood is not None and plan.likelihood is not None:
-        raise ValueError(f"multiclass {method.name} uses the {method.multiclass_likelihood} likelihood; leave "
-                         f"likelihood=None, got {plan.likelihood!r}")
-    return classes
-
-
-def check_target_shape(shape, n_rows):
-    if len(shape) != 1:
-        raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(shape)}")
-    if shape[0] != n_rows:
-        raise ValueError(f"X has {n_rows} rows but y has {shape[0]}: they must match")
-
-
-def labels_on_disk(y):
-    """Labels read a chunk at a time (a memmap, a zarr array): ``backend.is_out_of_core``, but not an in-memory
-    column of a data-frame library (a pandas ``Categorical``, a polars or pyarrow array: they convert with
-    ``to_numpy``)."""
-    return B.is_out_of_core(y) and not hasattr(y, "to_numpy")
-
-
 def host_targets(plan, y, n_rows, classes=None):
     """Check y (host side) and return (classes, labels as a NumPy array, or None for labels on disk, which are
     read a chunk at a time)."""
-    if labels_on_disk(y):
-        check_target_shape(y.shape, n_rows)
-        found = np.unique(np.concatenate([np.unique(V.check_labels(y[lo:lo + CHUNK], offset=lo))
+    if L.labels_on_disk(y):
+        L.check_target_shape(y.shape, n_rows)
+        found = np.unique(np.concatenate([np.unique(L.check_labels(y[lo:lo + CHUNK], offset=lo))
                                           for lo in range(0, n_rows, CHUNK)]))
-        return check_classes(plan, found, classes), None
+        return L.check_classes(plan, found, classes), None
     if y is None:
         raise ValueError(f"{plan.estimator_name} requires y to be passed, but the target y is None")
-    y_host = V.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else y)
+    y_host = L.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else y)
     if y_host.ndim == 2 and y_host.shape[1] == 1:
         y_host = column_or_1d(y_host, warn=True)  # warns, as scikit-learn estimators do
-    check_target_shape(y_host.shape, n_rows)
+    L.check_target_shape(y_host.shape, n_rows)
     check_classification_targets(y_host)
-    return check_classes(plan, np.unique(y_host), classes), y_host
+    return L.check_classes(plan, np.unique(y_host), classes), y_host
 
 
 def ordinal_labels(plan, y, order=None, given=None):
@@ -318,21 +305,21 @@ def ordinal_labels(plan, y, order=None, given=None):
     not among the classes, or classes given twice or fewer than two, is one ValueError."""
     if y is None:
         raise ValueError(f"{plan.estimator_name} requires y to be passed, but the target y is None")
-    y_host = V.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y))
+    y_host = L.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y))
     if y_host.ndim == 2 and y_host.shape[1] == 1:
         y_host = column_or_1d(y_host, warn=True)
     if order is None:
         given = plan.classes if given is None else given
-        order = np.unique(y_host) if given is None else V.check_labels(given, what="classes")
+        order = np.unique(y_host) if given is None else L.check_labels(given, what="classes")
         if order.ndim == 1 and np.unique(order).shape[0] != order.shape[0]:
             values, counts = np.unique(order, return_counts=True)
             twice = values[counts > 1][0]
-            raise ValueError(f"classes lists {V.label_text(twice)} {int(counts[counts > 1][0])} times, in "
-                             f"{V.label_text(order)}: each class once, in their order")
+            raise ValueError(f"classes lists {L.label_text(twice)} {int(counts[counts > 1][0])} times, in "
+                             f"{L.label_text(order)}: each class once, in their order")
         if order.ndim != 1 or order.shape[0] < 2:
             raise ValueError(f"classes must list at least two distinct labels, in their order, got {order.tolist()}")
-    _check_label_length(order)
-    return V.label_ranks(y_host, order), order
+    L.check_label_length(order)
+    return L.label_ranks(y_host, order), order
 
 
 def check_known_shapes(X, y=None):
@@ -377,12 +364,13 @@ class HeldOut(NamedTuple):
     y: Any
     sample_weight: Any
     validation_data: tuple
+    n_rows: int  # the training rows'
 
 
 def held_out(plan, X, y, sample_weight, n_rows, random_state):
     """The rows ``plan.early_stopping`` holds out for validation (scikit-learn's ``HistGradientBoostingClassifier``
     convention), or None: False (the default) none; ``"auto"`` holds out ``validation_fraction`` of the rows
-    (``validation.holdout_mask``) where the rows left take minibatches (``FitPlan.steps``: above
+    (``labels.holdout_mask``) where the rows left take minibatches (``FitPlan.steps``: above
     ``batch_size.FULL_BATCH_MAX_ROWS`` on the CPU by default) and are in memory, and none where the fraction holds
     out no row; True holds them out whatever the size, and refuses rows it cannot hold out (a dask array, data on
     disk: pass validation_data). The split is drawn from ``random_state`` (an int, or a generator it advances), else
@@ -390,12 +378,14 @@ def held_out(plan, X, y, sample_weight, n_rows, random_state):
     auto = isinstance(plan.early_stopping, str)  # ("auto"; else a bool, NumPy's too)
     if not auto and not plan.early_stopping:
         return None
-    in_memory = not (B.is_dask_array(X) or B.is_out_of_core(X) or labels_on_disk(y))
     if auto:
         n_val = int(round(plan.validation_fraction * n_rows))
-        if not (in_memory and plan.spec.supports("minibatch") and plan.steps(n_rows - n_val).minibatch):
+        if not (plan.spec.supports("minibatch") and plan.steps(n_rows - n_val).minibatch):
             return None
-    elif not in_memory:
+    in_memory = not (B.is_dask_array(X) or B.is_out_of_core(X) or L.labels_on_disk(y))
+    if auto and not in_memory:
+        return None
+    if not in_memory:
         raise ValueError("early_stopping=True holds out rows of X in memory; for a dask array or data on disk pass "
                          "fit(..., validation_data=(X_val, y_val)) ('agpc fit': --validation-fraction), or set "
                          "early_stopping=False")
@@ -410,29 +400,14 @@ def held_out(plan, X, y, sample_weight, n_rows, random_state):
     weights = None if sample_weight is None or np.ndim(sample_weight) == 0 else (
         B.to_numpy(sample_weight) if B.is_array_api_obj(sample_weight) else np.asarray(sample_weight))
     try:
-        val = V.holdout_mask(V.check_labels(labels), plan.validation_fraction, seed, weights=weights)
+        val = L.holdout_mask(L.check_labels(labels), plan.validation_fraction, seed, weights=weights)
     except ValueError:
         if auto:  # (too few rows to hold any out: "auto" trains on them all)
             return None
         raise
     fit, held = np.flatnonzero(~val), np.flatnonzero(val)
-    return HeldOut(_rows_at(X, fit), _rows_at(y, fit), _rows_at(sample_weight, fit),
-                   (_rows_at(X, held), labels[held] if column else _rows_at(y, held)))
-
-
-def _rows_at(values, index):
-    """The rows ``index`` (NumPy integers) of ``values`` as the caller gave them: a pandas object by position (its
-    column names kept), an array-API array in its namespace and on its device, anything else through NumPy."""
-    if values is None or np.ndim(values) == 0:  # (a scalar sample_weight: every row's)
-        return values
-    if hasattr(values, "iloc"):
-        return values.iloc[index]
-    if hasattr(values, "tocsr"):  # (sparse X: refused by the feature checks, as it is without a hold-out)
-        return values[index]
-    if B.is_array_api_obj(values) and not isinstance(values, np.ndarray):
-        xp = B.array_namespace(values)
-        return xp.take(values, B.asarray_like(index, xp, device=B.array_device(values)), axis=0)
-    return np.asarray(values)[index]
+    return HeldOut(B.rows_at(X, fit), B.rows_at(y, fit), B.rows_at(sample_weight, fit),
+                   (B.rows_at(X, held), labels[held] if column else B.rows_at(y, held)), fit.shape[0])
 
 
 def data_files(*arrays):
@@ -468,28 +443,6 @@ def check_fit_paths(plan, X, y, resume, stacklevel=4):
         check_site_directory(plan.site_directory)
 
 
-def device_targets(plan, y, n_rows, classes, xp, device):
-    """Numeric labels held by an array-API library: checked and encoded (as ``encode_labels`` does) on their
-    device, without a copy to the host. Returns (encoded labels in ``xp`` on ``device``, classes)."""
-    yx = B.array_namespace(y)
-    check_target_shape(y.shape, n_rows)
-    distinct = V.check_labels(B.to_numpy(yx.unique_values(y)), what="y (its distinct values)")
-    classes = check_classes(plan, np.sort(distinct), classes)
-    target = plan.dtype
-    dtype = getattr(yx, target)
-
-    def is_class(c):
-        return yx.astype(y == yx.asarray(classes[c], dtype=y.dtype, device=B.array_device(y)), dtype)
-
-    if len(classes) == 2:
-        encoded = 2.0 * is_class(1) - 1.0
-    else:
-        encoded = is_class(1)
-        for c in range(2, len(classes)):
-            encoded = encoded + float(c) * is_class(c)
-    return B.asarray_like(encoded, xp, device=device, dtype=getattr(xp, target)), classes
-
-
 def initial_sample(plan, X, xp, dtype, check_spread=False):
     """At most ``INIT_SAMPLE`` rows of data read a block at a time, drawn at random (sorted: one pass), in
     the compute namespace: what the kernel and the inducing points are initialised from. ``check_spread``:
@@ -511,10 +464,10 @@ def default_kernel(X, weights=None):
     """The kernel ``GPClassifier(kernel=None)`` starts from on the rows X (the initial sample; ``weights``: each row's
     count, ``inducing.start_rows``'s): RBF with lengthscales sqrt(d) times each column's standard deviation (1 for a
     constant column), amplitude 1 and latent noise 1e-3. The deviations are taken without overflow or underflow
-    (``validation.column_scales``), so that the lengthscales follow features on any scale (X * 1e-300 or X * 1e154 in
+    (``column_scales``), so that the lengthscales follow features on any scale (X * 1e-300 or X * 1e154 in
     float64: ``xp.std`` gave 0 or inf there, a chance-level model or an error about infinite lengthscales)."""
     d = X.shape[1]
-    std, _ = V.column_scales(X, weights)
+    std, _ = column_scales(X, weights)
     std = np.where(std > 0, std, 1.0)
     lengthscales = std * math.sqrt(d)
     limits = B.array_namespace(X).finfo(X.dtype)
@@ -573,30 +526,32 @@ def training_inputs(plan, X, y, *, target_xp=None, classes=None):
     target, reset = plan.dtype, plan.n_features is None
     if B.is_out_of_core(X):
         check_out_of_core(X, target, expected=plan.n_features, owner=plan.estimator_name, y=y)
-        classes, _ = host_targets(plan, y, X.shape[0], classes)
         xp = target_xp or B.resolve_backend("numpy")
         dtype = getattr(xp, target)
-        like = xp.zeros((1,), dtype=dtype)
         sample = initial_sample(plan, X, xp, dtype, check_spread=reset)
-        return TrainingInputs(X, EncodedLabels(y, classes), classes, sample, xp, B.array_device(like))
+        classes, _ = host_targets(plan, y, X.shape[0], classes)
+        device = B.array_device(xp.zeros((1,), dtype=dtype))
+        return TrainingInputs(X, L.EncodedLabels(y, classes), classes, sample, xp, device)
     X, in_xp = check_features(X, target, expected=plan.n_features, owner=plan.estimator_name)
     xp = target_xp or in_xp or B.resolve_backend("numpy")
     dtype = getattr(xp, target)
     device = B.array_device(X) if (in_xp is not None and target_xp is None) else None
     if in_xp is None and stays_on_host(X, xp, device):  # moved a block at a time, as data on disk
-        classes, y_host = host_targets(plan, y, X.shape[0], classes)
         X = B.HostRows(X)
+        sample = initial_sample(plan, X, xp, dtype)
+        classes, y_host = host_targets(plan, y, X.shape[0], classes)
         device = B.array_device(xp.zeros((1,), dtype=dtype, device=device))
-        return TrainingInputs(X, V.encode_labels(y_host, classes), classes, initial_sample(plan, X, xp, dtype),
-                              xp, device)
+        return TrainingInputs(X, L.encode_labels(y_host, classes), classes, sample, xp, device)
     Xc = B.asarray_like(X, xp, device=device, dtype=dtype)
+    sample = sample_rows(plan, Xc)
     device = B.array_device(Xc)
     if is_foreign_array(y):  # labels on a device stay there: only the (at most two) classes come back
-        y_encoded, classes = device_targets(plan, y, X.shape[0], classes, xp, device)
+        y_encoded, classes = L.device_targets(plan, y, X.shape[0], classes, xp, device)
     else:
         classes, y_host = host_targets(plan, y, X.shape[0], classes)
-        y_encoded = B.asarray_like(V.encode_labels(y_host, classes), xp, device=device, dtype=dtype)
-    return TrainingInputs(Xc, y_encoded, classes, sample_rows(plan, Xc), xp, device)
+        encoded = L.encode_labels(y_host, classes)
+        y_encoded = B.asarray_like(encoded, xp, device=device, dtype=dtype)
+    return TrainingInputs(Xc, y_encoded, classes, sample, xp, device)
 
 
 def sample_rows(plan, X):
@@ -697,7 +652,7 @@ def validation_set(plan, validation_data, classes, n_features, xp, device, clien
         X_val, _ = check_features(X_val, plan.dtype, expected=n_features, owner=plan.estimator_name)
     except ValueError as error:  # the same message as for training data, saying which data it is about
         raise ValueError(f"validation_data: X_val: {error}") from error
-    labels = V.check_labels(B.to_numpy(y_val) if B.is_array_api_obj(y_val) else y_val, what="validation_data: y_val")
+    labels = L.check_labels(B.to_numpy(y_val) if B.is_array_api_obj(y_val) else y_val, what="validation_data: y_val")
     if labels.ndim != 1 or labels.shape[0] != X_val.shape[0]:
         raise ValueError(f"validation_data: X_val has {X_val.shape[0]} rows but y_val has shape "
                          f"{labels.shape}: y_val must be 1-D with one label per row")
@@ -708,7 +663,7 @@ def validation_set(plan, validation_data, classes, n_features, xp, device, clien
                          f"classes {classes.tolist()}")
     dtype = getattr(xp, plan.dtype)
     return (B.asarray_like(X_val, xp, device=device, dtype=dtype),
-            B.asarray_like(V.encode_labels(labels, classes), xp, device=device, dtype=dtype))
+            B.asarray_like(L.encode_labels(labels, classes), xp, device=device, dtype=dtype))
 
 
 def check_n_total(n_total, rows):

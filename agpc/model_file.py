@@ -42,7 +42,7 @@ from .likelihoods import LIKELIHOODS, registered_likelihood
 from .methods import get_method
 from .model import FIT_RECORD, FittedModel, FittedState
 from .untrusted import RefusedFile, available_memory, describe
-from .validation import MAX_LABEL_BYTES
+from .labels import MAX_LABEL_BYTES
 
 FORMAT = "agpc-model"
 # 1: the first format. 2: adds "feature_names_in" (the columns a DataFrame had at fit). 3: kernels of any

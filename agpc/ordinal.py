@@ -13,7 +13,7 @@ import numpy as np
 from . import backend as B
 from . import dask_inputs as D
 from . import inputs as I
-from . import validation as V
+from . import labels as L
 from .kernels import OrdinalKernel
 
 __all__ = ["check_params", "ranked_inputs", "stream_labels", "latent_kernel", "start_kernel", "given_cut_points",
@@ -63,8 +63,8 @@ def stream_labels(plan, y, classes, fitted_classes):
     if not fitted and classes is not None and plan.classes is not None and not (
             len(classes) == len(plan.classes) and np.array_equal(np.asarray(classes),
                                                                        np.asarray(plan.classes))):
-        raise ValueError(f"partial_fit's classes={V.label_text(list(classes))} differ from the estimator's classes="
-                         f"{V.label_text(list(plan.classes))}: the classes of an ordinal model are given once, in "
+        raise ValueError(f"partial_fit's classes={L.label_text(list(classes))} differ from the estimator's classes="
+                         f"{L.label_text(list(plan.classes))}: the classes of an ordinal model are given once, in "
                          "their order")
     ranks, order = I.ordinal_labels(plan, y, order, given=classes)
     return ranks, np.arange(len(order)), order

@@ -47,14 +47,16 @@ class PlacedRows(NamedTuple):
 
 
 class Placement:
-    """The place of one fit's rows (module docstring), for its ``plan.FitPlan``, the ``plan.Steps`` its rows take
-    and training data X. Used as a context
-    manager: ``training_inputs`` checks the rows (starting a ``LocalCluster`` for a dask array when there is no
-    client), ``start`` starts local worker processes before the initial model is placed, ``rows`` gives the loop
-    its rows after it; leaving the block ends all of them."""
+    """The place of one fit's rows (module docstring), for its ``plan.FitPlan`` and training data X of ``n_rows``
+    rows and ``n_features`` features (``steps``: the ``plan.Steps`` they take). Used as a context manager, within
+    the fit's BLAS thread scope (``blas_scope``): ``training_inputs`` checks the rows (starting a ``LocalCluster``
+    for a dask array when there is no client), ``start`` starts local worker processes before the initial model is
+    placed, ``rows`` gives the loop its rows after it; leaving the block ends all of them."""
 
-    def __init__(self, plan, steps, X):
-        self.plan, self.steps = plan, steps
+    def __init__(self, plan, X, n_rows, n_features):
+        self.plan, self.steps = plan, plan.steps(n_rows)  # (the rows a step takes, resolved once)
+        self._n_features = n_features
+        self._blas = contextlib.ExitStack()  # the fit's BLAS thread scope (``blas_scope``), entered with the place
         self.on_cluster = B.is_dask_array(X)
         self.n_jobs = 1  # the workers of the fit (the estimator's ``n_jobs_``): batch passes' threads, or ...
         self.processes = 1  # ... the processes of minibatch rounds on this machine
@@ -63,12 +65,15 @@ class Placement:
         self._weights = None  # the rows' weights (``training_weights``)
 
     def __enter__(self):
+        self._blas.enter_context(blas_scope(self.plan, self.steps, self._n_features))
         return self
 
     def __exit__(self, *exc_info):
         # Everything is ended even when one close raises (the rest would leak: processes, a LocalCluster, files).
-        # ExitStack ends them in the reverse order of the callbacks: the pool first, the client and its cluster last.
+        # ExitStack ends them in the reverse order of the callbacks: the pool first, the client and its cluster, then
+        # the thread scope.
         with contextlib.ExitStack() as ending:
+            ending.callback(self._blas.close)  # (last: the workers end within the fit's thread scope)
             if self._owned_client is not None:
                 ending.callback(self._owned_client.cluster.close)
                 ending.callback(self._owned_client.close)

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import backend as B
 from . import methods as M
-from . import validation as V
+from . import labels as L
 from .inference import multiclass_ep, training
 from .inference.guard import GUARD_KEYS
 from .inference.posterior import Factor
@@ -52,7 +52,7 @@ def check_continuable(plan, fitted_with, classes, fitted_classes):
             "again"
         )
     if classes is not None:  # (an ordinal model's classes are in their order)
-        given = V.check_labels(classes, what="classes")
+        given = L.check_labels(classes, what="classes")
         given = given if plan.ordinal else np.unique(given)
         if given.shape != fitted_classes.shape or not np.array_equal(given, fitted_classes):
             raise ValueError(f"classes={given.tolist()} differs from the classes this model was fitted with "

@@ -1,4 +1,4 @@
-"""Checks of what users pass in: the estimator's parameters (against a declarative table) and class labels.
+"""Checks of what users pass in: the estimator's parameters (against a declarative table) and sample weights.
 
 Each parameter has a list of constraints (``Interval``, ``Options``, ``InstanceOf``, ...); a value is
 accepted when any one of them accepts it, and refused with one ValueError that names the parameter, shows
@@ -19,14 +19,11 @@ import os
 
 import numpy as np
 
-from .backend import array_device, array_namespace, asarray_like, scaled_std, to_numpy
+from .backend import to_numpy
+from .labels import label_text
 
-# A class label is a number or a short name: a longer string is a way to take memory. A model file holds each label in
-# at most this many bytes (as NumPy stores text: 4 bytes a character); fit refuses longer labels, load refuses them.
-MAX_LABEL_BYTES = 4096
 
 __all__ = [
-    "MAX_LABEL_BYTES",
     "Interval",
     "Options",
     "InstanceOf",
@@ -39,20 +36,12 @@ __all__ = [
     "RandomState",
     "FloatingType",
     "validate_params",
-    "check_labels",
-    "holdout_mask",
-    "encode_labels",
-    "label_ranks",
-    "encoded_ranks",
-    "column_scales",
-    "check_precision_keeps_spread",
     "check_sample_weight",
     "largest_weight",
     "check_weight_scale",
     "check_positive_per_class",
     "check_positive_counts",
     "refuse_bad_weights",
-    "label_text",
 ]
 
 
@@ -292,206 +281,6 @@ def _short_repr(value, limit=80):
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# -- labels ---------------------------------------------------------------------------------------
-
-_SHOWN_ROWS = 5
-
-
-def _rows_text(rows, offset):
-    rows = [int(r) + offset for r in rows]
-    shown = ", ".join(str(r) for r in rows[:_SHOWN_ROWS])
-    more = f", ... ({len(rows)} in all)" if len(rows) > _SHOWN_ROWS else ""
-    return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"
-
-
-def _label_kind(value):
-    """The kind of one label in an object array: "str", "number", "None", "NaN", or its type's name."""
-    if value is None:
-        return "None"
-    if isinstance(value, (str, bytes)):
-        return "str"
-    if isinstance(value, (numbers.Real, np.bool_)):  # bools, ints and floats order among themselves
-        return "NaN" if isinstance(value, numbers.Real) and value != value else "number"
-    return type(value).__name__
-
-
-def encode_labels(y, classes):
-    """Labels as the inference code takes them: +1 / -1 for two classes (+1 = classes[1]), else the
-    index into ``classes`` (floats, so they travel like the features). Here rather than beside the input
-    checks (``inputs``, which imports scikit-learn): a dask fit encodes its labels in tasks on the workers, and a
-    task's function is imported there; this module costs a worker nothing the rounds do not import anyway."""
-    if len(classes) == 2:
-        return np.where(y == classes[1], 1.0, -1.0)
-    return np.searchsorted(classes, y).astype(np.float64)
-
-
-def label_ranks(y, order):
-    """Labels' ranks (0 .. K-1, int64) in ``order`` (the K classes of an ordinal model, in their order); a label not
-    among them is one ValueError naming it. Here beside ``encode_labels`` for the same reason: a dask fit ranks its
-    labels in tasks on the workers (``encoded_ranks``)."""
-    sorter = np.argsort(order, kind="stable")
-    try:
-        position = np.clip(np.searchsorted(order[sorter], y), 0, order.shape[0] - 1)
-        known = order[sorter][position] == y
-    except TypeError:  # labels of another kind than the classes (strings against numbers)
-        known = np.zeros(y.shape, dtype=bool)
-        position = np.zeros(y.shape, dtype=np.intp)
-    if not np.all(known):
-        raise ValueError(f"y contains labels {np.unique(y[~known]).tolist()} not in classes {order.tolist()}")
-    return sorter[position].astype(np.int64)
-
-
-def encoded_ranks(y, order):
-    """An ordinal model's labels as its passes take them: their ranks in ``order`` (``label_ranks``) encoded as
-    labels of the classes 0 .. K-1 are (``encode_labels``: the ranks, or -1 / +1 for two classes)."""
-    return encode_labels(label_ranks(y, order), np.arange(order.shape[0]))
-
-
-def check_labels(y, what="y", offset=0):
-    """Class labels (1-D, on the host) that a classifier can take, else one ValueError naming ``what``, the
-    problem and the rows (counted from ``offset``): no missing labels (None, NaN), no empty or blank strings
-    (an empty cell in a file is a missing value, not a class), and one kind of label, strings or numbers
-    (mixed, they have no order: ``np.unique`` fails, and a list of them would silently become strings).
-    Returns y as a NumPy array."""
-    mixed_container = isinstance(y, (list, tuple))
-    values = np.asarray(y)
-    if values.dtype == object or mixed_container:
-        objects = np.asarray(y, dtype=object).ravel()
-        kinds = {}
-        for row, value in enumerate(objects):
-            kinds.setdefault(_label_kind(value), []).append(row)
-        for missing in ("None", "NaN"):
-            if missing in kinds:
-                raise ValueError(f"{what} has missing labels ({missing}) at {_rows_text(kinds[missing], offset)}: "
-                                 "drop those rows or give them a class")
-        if len(kinds) > 1:
-            found = ", ".join(f"{kind} at row {rows[0] + offset}" for kind, rows in kinds.items())
-            raise ValueError(f"{what} mixes kinds of labels ({found}): use one kind for every label, e.g. all "
-                             "strings or all integers")
-        blank = [row for row, value in enumerate(objects) if isinstance(value, (str, bytes)) and not value.strip()]
-        _refuse_trailing_nul(objects, what, offset)
-        if set(kinds) == {"number"}:
-            values = _numbers(objects, what).reshape(np.shape(y))
-    elif values.dtype.kind == "f":
-        nan = np.flatnonzero(np.isnan(values))
-        if nan.size:
-            raise ValueError(f"{what} has missing labels (NaN) at {_rows_text(nan, offset)}: drop those rows or "
-                             "give them a class")
-        blank = []
-    elif values.dtype.kind in "US":
-        blank = np.flatnonzero(np.char.strip(values) == ("" if values.dtype.kind == "U" else b""))
-    else:
-        blank = []
-    if len(blank):
-        raise ValueError(f"{what} has empty labels at {_rows_text(blank, offset)}: an empty cell is a missing "
-                         "label, not a class; drop those rows or give them a class")
-    return values
-
-
-def holdout_mask(y, fraction, seed, what="validation_fraction", weights=None):
-    """The rows held out for validation (a boolean mask over the labels ``y``, on the host): round(fraction n) rows
-    drawn at random (``seed``), less the first drawn row of any class whose every row was drawn (so that the model
-    learns every class, and every validation row can be scored); with ``weights``, of any class whose every row of
-    positive weight was drawn (a fit needs one a class). One ValueError naming ``what`` where that leaves no rows for
-    validation or none for training."""
-    n = y.shape[0]
-    n_val = int(round(fraction * n))
-    if not 1 <= n_val < n:
-        raise ValueError(f"{what}={fraction} leaves {n_val} of {n} rows for validation")
-    val = np.zeros(n, dtype=bool)
-    chosen = np.random.default_rng(seed).choice(n, size=n_val, replace=False)
-    val[chosen] = True
-    counted = np.ones(n, dtype=bool) if weights is None else np.asarray(weights) > 0
-    for label in np.setdiff1d(np.unique(y[counted]), np.unique(y[~val & counted])):
-        val[chosen[np.flatnonzero((y[chosen] == label) & counted[chosen])[0]]] = False
-    if not val.any():
-        raise ValueError(f"{what}={fraction} leaves no rows for validation once every class keeps a row for training; "
-                         "give a larger fraction")
-    return val
-
-
-def _refuse_trailing_nul(objects, what, offset):
-    """NumPy's string arrays, and so a model file's classes, drop a string's trailing NUL characters: "x" and "x\0"
-    would be one class there (fit trained two, load refused the file). A label ending in NUL (from Python objects:
-    a NumPy string array has dropped it already) is one ValueError naming its row."""
-    nul = [row for row, value in enumerate(objects) if isinstance(value, (str, bytes)) and value[-1:] in ("\0", b"\0")]
-    if nul:
-        shown = objects[nul[0]]
-        raise ValueError(f"{what} has labels ending in a NUL character ({shown!r}) at {_rows_text(nul, offset)}: "
-                         "NumPy's strings and a model file drop trailing NULs, so it would be the label "
-                         f"{shown.rstrip(chr(0) if isinstance(shown, str) else bytes(1))!r}; give the classes names "
-                         "without them")
-
-
-def _numbers(objects, what):
-    """Labels that are all numbers, held as Python objects (an object array, a list), as the NumPy array of
-    their own type (int64, uint64, float64, bool): a model's classes are then numbers, which a model file
-    holds as such (an object array would be written as text and come back as strings). Integers beyond 64 bits
-    have no NumPy type: refused, as text they are taken as written."""
-    numbers_ = objects.tolist()
-    if not all(isinstance(v, numbers.Integral) and not _is_bool(v) for v in numbers_):
-        return np.asarray(numbers_)  # floats (and bools) as NumPy takes them
-    low, high = min(numbers_), max(numbers_)  # integers exactly: never through float64
-    for dtype in (np.int64, np.uint64):
-        if np.iinfo(dtype).min <= low and high <= np.iinfo(dtype).max:
-            return np.asarray(numbers_, dtype=dtype)
-    raise ValueError(f"{what} holds integers beyond 64 bits (e.g. {max(numbers_, key=abs)}): NumPy has no type for "
-                     "them; give the labels as strings")
-
-
-# -- features -------------------------------------------------------------------------------------
-
-# A column survives conversion to a floating type when its spread is at least this many units of that type's
-# resolution at the column's magnitude (eps * max|x|): below it, the kernel's distances are round-off (x + 1e7
-# in float32, whose spacing at 1e7 is 1: train error 0.42 where the centred data give 0.01).
-_SPREAD_RESOLUTIONS = 2.0 ** 10
-
-
-def column_scales(X, weights=None):
-    """Per column of X ((n, d), any array-API namespace): (standard deviation, max |x|) as NumPy float64
-    vectors, computed in X's own precision without overflow or underflow (``backend.scaled_std``). A column of
-    zeros has spread 0 and magnitude 0. ``weights`` (n,), on the host, positive: each row counted by its weight (the
-    standard deviation of the rows repeated, ``inducing.start_rows``)."""
-    xp = array_namespace(X)
-    magnitude = xp.max(xp.abs(X), axis=0)
-    if weights is not None and X.shape[0] > 1:
-        return _weighted_scales(X, weights, magnitude)
-    spread = scaled_std(X, axis=0) if X.shape[0] > 1 else xp.zeros_like(magnitude)
-    both = to_numpy(xp.stack([spread, magnitude])).astype(np.float64)  # one copy to the host (a device sync)
-    return both[0], both[1]
-
-
-def _weighted_scales(X, weights, magnitude):
-    """``column_scales`` with rows counted by ``weights``: the weighted mean and variance of X divided by each
-    column's largest |x| (no overflow or underflow, as ``backend.scaled_std``), scaled back."""
-    xp = array_namespace(X)
-    w = asarray_like(np.asarray(weights, dtype=np.float64) / float(np.sum(weights)), xp, device=array_device(X),
-                     dtype=X.dtype)
-    unit = xp.where(magnitude > 0, magnitude, xp.ones_like(magnitude))
-    scaled = X / unit
-    mean = xp.sum(w[:, None] * scaled, axis=0)
-    spread = xp.sqrt(xp.sum(w[:, None] * (scaled - mean) ** 2, axis=0)) * unit
-    both = to_numpy(xp.stack([spread, magnitude])).astype(np.float64)
-    return both[0], both[1]
-
-
-def check_precision_keeps_spread(X, dtype_name, what="X"):
-    """Refuse (one ValueError) to convert X to the floating type ``dtype_name`` when that would erase the
-    variation of some column: a spread below ``_SPREAD_RESOLUTIONS`` eps * max|x| of the target type.
-    Constant columns (spread 0) lose nothing and pass. X is in its own (wider) type: compare before converting."""
-    spread, magnitude = column_scales(X)
-    eps = float(np.finfo(dtype_name).eps)
-    lost = np.flatnonzero((spread > 0) & (spread < _SPREAD_RESOLUTIONS * eps * magnitude))
-    if lost.size:
-        shown = "; ".join(f"column {j}: spread {spread[j]:.3g} at magnitude {magnitude[j]:.3g}" for j in lost[:5])
-        more = f" ({lost.size} columns in all)" if lost.size > 5 else ""
-        raise ValueError(
-            f"{what} in {dtype_name} would lose the variation of its features ({shown}{more}): {dtype_name} resolves "
-            f"{eps:.2g} of a value's magnitude, so these columns' values would differ only by round-off; centre or "
-            f"standardise the features (e.g. sklearn's StandardScaler) or use dtype='float64'"
-        )
-
-
 def check_sample_weight(sample_weight, n_rows):
     """``sample_weight`` as (n_rows,) float64 on the host: one finite, non-negative weight a row (a scalar gives
     every row that weight, scikit-learn's meaning); anything else is one ValueError naming the problem."""
@@ -563,13 +352,3 @@ def check_positive_counts(positive, classes):
     if missing:
         raise ValueError(f"every class needs a row of positive weight (sample_weight times class_weight); class "
                          f"{label_text(missing[0])} has none")
-
-
-def label_text(labels):
-    """A label (or a list or array of them) as a message shows it: as the user wrote it, a Python value's repr
-    (``'cat'``, ``-1``, ``[0, 1]``), not NumPy's (``np.int64(-1)``, ``np.str_('cat')``)."""
-    if isinstance(labels, np.ndarray):
-        return repr(labels.tolist())
-    if isinstance(labels, (list, tuple)):
-        return repr([value.item() if isinstance(value, np.generic) else value for value in labels])
-    return repr(labels.item() if isinstance(labels, np.generic) else labels)

@@ -1,6 +1,6 @@
 """early_stopping: a fit of minibatch size holds out a share of its rows and stops when their NLL stops improving
 (scikit-learn's HistGradientBoosting convention; docs/small_data_defaults.md, "Early stopping on held-out rows"). The
-split is the documented one (``validation.holdout_mask``), the fit on the rest is exactly the fit the user would
+split is the documented one (``labels.holdout_mask``), the fit on the rest is exactly the fit the user would
 write by hand, and every kind of input keeps what it had (names, namespace, device)."""
 
 import pickle
@@ -13,7 +13,7 @@ import pytest
 from agpc import GPClassifier
 from agpc.datasets import make_banana
 from agpc.inputs import EARLY_STOPPING_PATIENCE, HOLDOUT_SEED
-from agpc.validation import holdout_mask
+from agpc.labels import holdout_mask
 from conftest import to_np
 from helpers import interrupted_then_resumed
 
@@ -51,11 +51,11 @@ def test_auto_holds_out_a_tenth_of_a_minibatch_fit_and_is_the_fit_by_hand(rows):
 def test_the_split_without_a_seed_is_the_same_every_time(rows, monkeypatch):
     """random_state=None holds out the rows of ``HOLDOUT_SEED`` on every fit (two fits that differ in a parameter are
     scored on the same rows); an int draws them from itself."""
-    from agpc import validation
+    from agpc import labels
 
     X, y = rows
-    seeds, split = [], validation.holdout_mask
-    monkeypatch.setattr(validation, "holdout_mask", lambda y, fraction, seed, **kw: seeds.append(seed) or split(
+    seeds, split = [], labels.holdout_mask
+    monkeypatch.setattr(labels, "holdout_mask", lambda y, fraction, seed, **kw: seeds.append(seed) or split(
         y, fraction, seed, **kw))
     for random_state in (None, None, 7):
         GPClassifier(n_inducing=6, max_iter=1, random_state=random_state, early_stopping="auto").fit(X, y)

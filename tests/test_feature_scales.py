@@ -11,7 +11,7 @@ from agpc.backend import scaled_std
 from agpc.inducing import kmeans
 from agpc.inference.engines import initial_steps
 from agpc.kernels import RBF
-from agpc.validation import column_scales
+from agpc.inputs import column_scales
 
 
 def _data(n=150):

@@ -12,6 +12,7 @@ import pandas
 import pytest
 
 from agpc import RBF, GPClassifier
+from agpc import labels as L
 from agpc import validation as V
 from agpc.datasets import make_banana
 from helpers import forged_zarr
@@ -198,13 +199,13 @@ def test_missing_labels_on_disk_name_the_row_in_the_file(data, tmp_path):
 def test_many_bad_rows_are_counted_not_all_listed():
     labels = np.array(["a", "b"] * 10 + [""] * 12)
     with pytest.raises(ValueError, match=r"rows 20, 21, 22, 23, 24, \.\.\. \(12 in all\)"):
-        V.check_labels(labels)
+        L.check_labels(labels)
 
 
 def test_good_labels_pass_unchanged():
     for labels in (np.array([0, 1, 1]), np.array(["a", "b", "a"]), np.array([True, False, True]),
                    np.array(["a", "b"], dtype=object), [1, 2.5, 1]):
-        np.testing.assert_array_equal(V.check_labels(labels), np.asarray(labels))
+        np.testing.assert_array_equal(L.check_labels(labels), np.asarray(labels))
 
 
 # -- validation data ------------------------------------------------------------------------------

@@ -1,0 +1,269 @@
+"""Class labels: the checks of what a user gives as y or ``classes``, the classes a fit's model has, and the labels
+as the passes take them (encoded, or an ordinal model's ranks).
+
+One module for the labels, below the input checks (``agpc.inputs``, which calls it once a fit and adds
+scikit-learn's conventions for a column of labels) and importing no scikit-learn: a dask fit encodes its labels in
+tasks on the workers (``encode_labels``, ``encoded_ranks``), and a task's function is imported there. Every check
+raises one ValueError naming the labels, the problem and the rows.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from . import backend as B
+from .methods import ORDINAL, methods_supporting
+
+__all__ = ["MAX_LABEL_BYTES", "EncodedLabels", "check_labels", "holdout_mask", "encode_labels", "label_ranks",
+           "encoded_ranks", "label_text", "check_label_length", "check_classes", "check_target_shape",
+           "labels_on_disk", "device_targets"]
+
+# A class label is a number or a short name: a longer string is a way to take memory. A model file holds each label in
+# at most this many bytes (as NumPy stores text: 4 bytes a character); fit refuses longer labels, load refuses them.
+MAX_LABEL_BYTES = 4096
+
+
+_SHOWN_ROWS = 5
+
+
+def _rows_text(rows, offset):
+    rows = [int(r) + offset for r in rows]
+    shown = ", ".join(str(r) for r in rows[:_SHOWN_ROWS])
+    more = f", ... ({len(rows)} in all)" if len(rows) > _SHOWN_ROWS else ""
+    return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"
+
+
+def _label_kind(value):
+    """The kind of one label in an object array: "str", "number", "None", "NaN", or its type's name."""
+    if value is None:
+        return "None"
+    if isinstance(value, (str, bytes)):
+        return "str"
+    if isinstance(value, (numbers.Real, np.bool_)):  # bools, ints and floats order among themselves
+        return "NaN" if isinstance(value, numbers.Real) and value != value else "number"
+    return type(value).__name__
+
+
+def encode_labels(y, classes):
+    """Labels as the inference code takes them: +1 / -1 for two classes (+1 = classes[1]), else the
+    index into ``classes`` (floats, so they travel like the features). Here rather than beside the input
+    checks (``inputs``, which imports scikit-learn): a dask fit encodes its labels in tasks on the workers, and a
+    task's function is imported there; this module costs a worker nothing the rounds do not import anyway."""
+    if len(classes) == 2:
+        return np.where(y == classes[1], 1.0, -1.0)
+    return np.searchsorted(classes, y).astype(np.float64)
+
+
+def label_ranks(y, order):
+    """Labels' ranks (0 .. K-1, int64) in ``order`` (the K classes of an ordinal model, in their order); a label not
+    among them is one ValueError naming it. Here beside ``encode_labels`` for the same reason: a dask fit ranks its
+    labels in tasks on the workers (``encoded_ranks``)."""
+    sorter = np.argsort(order, kind="stable")
+    try:
+        position = np.clip(np.searchsorted(order[sorter], y), 0, order.shape[0] - 1)
+        known = order[sorter][position] == y
+    except TypeError:  # labels of another kind than the classes (strings against numbers)
+        known = np.zeros(y.shape, dtype=bool)
+        position = np.zeros(y.shape, dtype=np.intp)
+    if not np.all(known):
+        raise ValueError(f"y contains labels {np.unique(y[~known]).tolist()} not in classes {order.tolist()}")
+    return sorter[position].astype(np.int64)
+
+
+def encoded_ranks(y, order):
+    """An ordinal model's labels as its passes take them: their ranks in ``order`` (``label_ranks``) encoded as
+    labels of the classes 0 .. K-1 are (``encode_labels``: the ranks, or -1 / +1 for two classes)."""
+    return encode_labels(label_ranks(y, order), np.arange(order.shape[0]))
+
+
+def check_labels(y, what="y", offset=0):
+    """Class labels (1-D, on the host) that a classifier can take, else one ValueError naming ``what``, the
+    problem and the rows (counted from ``offset``): no missing labels (None, NaN), no empty or blank strings
+    (an empty cell in a file is a missing value, not a class), and one kind of label, strings or numbers
+    (mixed, they have no order: ``np.unique`` fails, and a list of them would silently become strings).
+    Returns y as a NumPy array."""
+    mixed_container = isinstance(y, (list, tuple))
+    values = np.asarray(y)
+    if values.dtype == object or mixed_container:
+        objects = np.asarray(y, dtype=object).ravel()
+        kinds = {}
+        for row, value in enumerate(objects):
+            kinds.setdefault(_label_kind(value), []).append(row)
+        for missing in ("None", "NaN"):
+            if missing in kinds:
+                raise ValueError(f"{what} has missing labels ({missing}) at {_rows_text(kinds[missing], offset)}: "
+                                 "drop those rows or give them a class")
+        if len(kinds) > 1:
+            found = ", ".join(f"{kind} at row {rows[0] + offset}" for kind, rows in kinds.items())
+            raise ValueError(f"{what} mixes kinds of labels ({found}): use one kind for every label, e.g. all "
+                             "strings or all integers")
+        blank = [row for row, value in enumerate(objects) if isinstance(value, (str, bytes)) and not value.strip()]
+        _refuse_trailing_nul(objects, what, offset)
+        if set(kinds) == {"number"}:
+            values = _numbers(objects, what).reshape(np.shape(y))
+    elif values.dtype.kind == "f":
+        nan = np.flatnonzero(np.isnan(values))
+        if nan.size:
+            raise ValueError(f"{what} has missing labels (NaN) at {_rows_text(nan, offset)}: drop those rows or "
+                             "give them a class")
+        blank = []
+    elif values.dtype.kind in "US":
+        blank = np.flatnonzero(np.char.strip(values) == ("" if values.dtype.kind == "U" else b""))
+    else:
+        blank = []
+    if len(blank):
+        raise ValueError(f"{what} has empty labels at {_rows_text(blank, offset)}: an empty cell is a missing "
+                         "label, not a class; drop those rows or give them a class")
+    return values
+
+
+def holdout_mask(y, fraction, seed, what="validation_fraction", weights=None):
+    """The rows held out for validation (a boolean mask over the labels ``y``, on the host): round(fraction n) rows
+    drawn at random (``seed``), less the first drawn row of any class whose every row was drawn (so that the model
+    learns every class, and every validation row can be scored); with ``weights``, of any class whose every row of
+    positive weight was drawn (a fit needs one a class). One ValueError naming ``what`` where that leaves no rows for
+    validation or none for training."""
+    n = y.shape[0]
+    n_val = int(round(fraction * n))
+    if not 1 <= n_val < n:
+        raise ValueError(f"{what}={fraction} leaves {n_val} of {n} rows for validation")
+    val = np.zeros(n, dtype=bool)
+    chosen = np.random.default_rng(seed).choice(n, size=n_val, replace=False)
+    val[chosen] = True
+    counted = np.ones(n, dtype=bool) if weights is None else np.asarray(weights) > 0
+    for label in np.setdiff1d(np.unique(y[counted]), np.unique(y[~val & counted])):
+        val[chosen[np.flatnonzero((y[chosen] == label) & counted[chosen])[0]]] = False
+    if not val.any():
+        raise ValueError(f"{what}={fraction} leaves no rows for validation once every class keeps a row for training; "
+                         "give a larger fraction")
+    return val
+
+
+def _refuse_trailing_nul(objects, what, offset):
+    """NumPy's string arrays, and so a model file's classes, drop a string's trailing NUL characters: "x" and "x\0"
+    would be one class there (fit trained two, load refused the file). A label ending in NUL (from Python objects:
+    a NumPy string array has dropped it already) is one ValueError naming its row."""
+    nul = [row for row, value in enumerate(objects) if isinstance(value, (str, bytes)) and value[-1:] in ("\0", b"\0")]
+    if nul:
+        shown = objects[nul[0]]
+        raise ValueError(f"{what} has labels ending in a NUL character ({shown!r}) at {_rows_text(nul, offset)}: "
+                         "NumPy's strings and a model file drop trailing NULs, so it would be the label "
+                         f"{shown.rstrip(chr(0) if isinstance(shown, str) else bytes(1))!r}; give the classes names "
+                         "without them")
+
+
+def _numbers(objects, what):
+    """Labels that are all numbers, held as Python objects (an object array, a list), as the NumPy array of
+    their own type (int64, uint64, float64, bool): a model's classes are then numbers, which a model file
+    holds as such (an object array would be written as text and come back as strings). Integers beyond 64 bits
+    have no NumPy type: refused, as text they are taken as written."""
+    numbers_ = objects.tolist()
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in numbers_):
+        return np.asarray(numbers_)  # floats (and bools) as NumPy takes them
+    low, high = min(numbers_), max(numbers_)  # integers exactly: never through float64
+    for dtype in (np.int64, np.uint64):
+        if np.iinfo(dtype).min <= low and high <= np.iinfo(dtype).max:
+            return np.asarray(numbers_, dtype=dtype)
+    raise ValueError(f"{what} holds integers beyond 64 bits (e.g. {max(numbers_, key=abs)}): NumPy has no type for "
+                     "them; give the labels as strings")
+
+
+def label_text(labels):
+    """A label (or a list or array of them) as a message shows it: as the user wrote it, a Python value's repr
+    (``'cat'``, ``-1``, ``[0, 1]``), not NumPy's (``np.int64(-1)``, ``np.str_('cat')``)."""
+    if isinstance(labels, np.ndarray):
+        return repr(labels.tolist())
+    if isinstance(labels, (list, tuple)):
+        return repr([value.item() if isinstance(value, np.generic) else value for value in labels])
+    return repr(labels.item() if isinstance(labels, np.generic) else labels)
+
+
+class EncodedLabels:
+    """Labels on disk (or anywhere sliceable) encoded by ``encode_labels`` a block at a time."""
+
+    dtype = np.float64
+
+    def __init__(self, y, classes):
+        self.y = y
+        self.classes = classes
+        self.shape = (y.shape[0],)
+
+    def __getitem__(self, key):
+        return encode_labels(np.asarray(self.y[key]), self.classes)
+
+
+def check_label_length(classes):
+    """A model file holds each label in at most ``MAX_LABEL_BYTES`` (as NumPy stores text: 4 bytes a
+    character), and ``load`` refuses more: a fit whose model could not be loaded back is refused first."""
+    stored = classes if classes.dtype.kind in "biufU" else classes.astype(str)  # as the model file writes them
+    if stored.dtype.kind == "U" and stored.dtype.itemsize > MAX_LABEL_BYTES:
+        longest = max(stored.tolist(), key=len)
+        raise ValueError(f"y has a label of {len(longest):,} characters ({longest[:20]!r}...): a model file holds "
+                         f"labels of at most {MAX_LABEL_BYTES // 4:,} characters, so the fitted model could not be "
+                         "saved and loaded back; give the classes shorter names")
+
+
+def check_classes(plan, found, classes=None):
+    """The model's classes: those ``found`` in y, or the ``classes`` given (which must cover y); at least two, and
+    more only for a method with a multiclass model (``agpc.methods``); each a label a model file can hold."""
+    if classes is not None:
+        classes = np.unique(check_labels(classes, what="classes"))
+        unknown = np.setdiff1d(found, classes)
+        if unknown.size:
+            raise ValueError(f"y contains labels {label_text(unknown)} not in classes {label_text(classes)}")
+        found = classes
+    classes = found
+    check_label_length(classes)
+    if classes.shape[0] < 2:
+        raise ValueError(f"y has only one class ({label_text(classes[0])}): a classifier needs two classes to learn")
+    method = plan.spec
+    if plan.likelihood == ORDINAL:  # one latent GP whatever the number of (ordered) classes
+        return classes
+    if classes.shape[0] > 2 and not method.supports("multiclass"):
+        raise ValueError(f"y has {classes.shape[0]} classes but method={method.name!r} is binary only: the multiclass "
+                         f"model is trained by {list(methods_supporting('multiclass'))}")
+    if classes.shape[0] > 2 and plan.likelihood is not None and plan.likelihood not in method.likelihoods:
+        raise ValueError(f"y has {classes.shape[0]} classes but likelihood={plan.likelihood!r} is a registered binary "
+                         f"likelihood: multiclass {method.name} trains its own; leave likelihood=None")
+    if classes.shape[0] > 2 and method.multiclass_likelihood is not None and plan.likelihood is not None:
+        raise ValueError(f"multiclass {method.name} uses the {method.multiclass_likelihood} likelihood; leave "
+                         f"likelihood=None, got {plan.likelihood!r}")
+    return classes
+
+
+def check_target_shape(shape, n_rows):
+    if len(shape) != 1:
+        raise ValueError(f"y must be 1-D (n_samples,), got shape {tuple(shape)}")
+    if shape[0] != n_rows:
+        raise ValueError(f"X has {n_rows} rows but y has {shape[0]}: they must match")
+
+
+def labels_on_disk(y):
+    """Labels read a chunk at a time (a memmap, a zarr array): ``backend.is_out_of_core``, but not an in-memory
+    column of a data-frame library (a pandas ``Categorical``, a polars or pyarrow array: they convert with
+    ``to_numpy``)."""
+    return B.is_out_of_core(y) and not hasattr(y, "to_numpy")
+
+
+def device_targets(plan, y, n_rows, classes, xp, device):
+    """Numeric labels held by an array-API library: checked and encoded (as ``encode_labels`` does) on their
+    device, without a copy to the host. Returns (encoded labels in ``xp`` on ``device``, classes)."""
+    yx = B.array_namespace(y)
+    check_target_shape(y.shape, n_rows)
+    distinct = check_labels(B.to_numpy(yx.unique_values(y)), what="y (its distinct values)")
+    classes = check_classes(plan, np.sort(distinct), classes)
+    target = plan.dtype
+    dtype = getattr(yx, target)
+
+    def is_class(c):
+        return yx.astype(y == yx.asarray(classes[c], dtype=y.dtype, device=B.array_device(y)), dtype)
+
+    if len(classes) == 2:
+        encoded = 2.0 * is_class(1) - 1.0
+    else:
+        encoded = is_class(1)
+        for c in range(2, len(classes)):
+            encoded = encoded + float(c) * is_class(c)
+    return B.asarray_like(encoded, xp, device=device, dtype=getattr(xp, target)), classes
