@@ -2,19 +2,21 @@
 
 ``batch_size="auto"`` is the full batch up to ``FULL_BATCH_MAX_ROWS`` rows and minibatches of 200 above, on the
 CPU. On a GPU a binary model takes the fewest rows whose arithmetic outweighs twice the launch overhead of the
-step's few hundred kernels (``backend.launch_bound_rows`` with ``GPU_STEP_MODEL`` and the device's throughput), at
-most n / ``GPU_STEPS_PER_EPOCH`` (512: the hyper-parameters must move often enough an epoch, or the model after the
-same epochs is worse) and what fits in one row block in ``backend.DEVICE_MEMORY_FRACTION`` of the free
-memory; a step then computes that minibatch as one row block (``gpu_block_rows``).
+step's few hundred kernels (``backend.launch_bound_rows`` with the method's step model, ``methods.gpu_step_model``,
+and the device's throughput), at most n / ``GPU_STEPS_PER_EPOCH`` (512: the hyper-parameters must move often enough
+an epoch, or the model after the same epochs is worse) and what fits in one row block in
+``backend.DEVICE_MEMORY_FRACTION`` of the free memory; a step then computes that minibatch as one row block
+(``gpu_block_rows``).
 """
 
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 
 from . import backend as B
 from .inference import blocks
-from .methods import supports
+from .methods import get_method, gpu_step_model, method_names, supports
 
 __all__ = ["FULL_BATCH_MAX_ROWS", "CPU_MINIBATCH", "GPU_STEP_MODEL", "GPU_STEPS_PER_EPOCH", "rows_per_step",
            "gpu_batch_rows", "gpu_rule_rows", "gpu_step_seconds", "gpu_block_rows"]
@@ -22,14 +24,10 @@ __all__ = ["FULL_BATCH_MAX_ROWS", "CPU_MINIBATCH", "GPU_STEP_MODEL", "GPU_STEPS_
 FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": the full batch up to here, minibatches above
 CPU_MINIBATCH = 200  # batch_size="auto" above FULL_BATCH_MAX_ROWS, off a GPU
 
-# What one binary minibatch step asks of a GPU, counted on CuPy's paths (tests/step_cost.py; docs/gpu.md): kernel
-# launches for its first row block and for each further one, flops per row per m^2 and elements moved per row per m
-# (m >= 200). gpu_tests/test_gpu_batch.py holds them to a counted step of each method.
-_EP_STEP = {"launches": 380, "block_launches": 175, "flops_per_row_m2": 13.7, "elements_per_row_m": 64.0}
-# SEP / ADF also carry their tied factor to the moved inducing points (``ep.moved_factor``): some 40-65 launches more
-_TIED_STEP = dict(_EP_STEP, launches=450)
-GPU_STEP_MODEL = {"sep": _TIED_STEP, "ep": _EP_STEP, "adf": _TIED_STEP,
-                  "svi": {"launches": 320, "block_launches": 130, "flops_per_row_m2": 10.2, "elements_per_row_m": 46.0}}
+# The GPU step model of each built-in method that declares one, by name (what docs/gpu.md quotes). The registry is
+# where it lives (``methods.Method.gpu_step``); the rule reads it there, by ``methods.gpu_step_model``.
+GPU_STEP_MODEL = MappingProxyType({name: get_method(name).gpu_step for name in method_names()
+                                   if get_method(name).gpu_step is not None})
 # The GPU's minibatch is at most n / 512 rows (rounded down to 200 times a power of two): at least 512 steps an epoch.
 # Chosen by the test NLL after the same epochs (benchmarks/gpu_batch_quality.py, docs/gpu.md "The GPU's minibatch"):
 # with fewer steps an epoch the hyper-parameters move too seldom (airline, 1.85 M rows, m = 100, 10 epochs: n / 8
@@ -64,8 +62,8 @@ def gpu_batch_rows(method, n, xp, Z):
 
 def gpu_rule_rows(method, n, m, throughput, fit_rows=None, itemsize=8):
     """The rows of a GPU minibatch step for n rows and m inducing points: ``backend.launch_bound_rows`` with
-    ``GPU_STEP_MODEL`` and the device's ``throughput``, at most n / ``GPU_STEPS_PER_EPOCH`` rows (rounded down to
-    ``CPU_MINIBATCH`` times a power of two; never fewer than ``CPU_MINIBATCH``) and ``fit_rows``
+    ``methods.gpu_step_model(method)`` and the device's ``throughput``, at most n / ``GPU_STEPS_PER_EPOCH`` rows
+    (rounded down to ``CPU_MINIBATCH`` times a power of two; never fewer than ``CPU_MINIBATCH``) and ``fit_rows``
     (what fits in one row block in ``backend.DEVICE_MEMORY_FRACTION`` of the free memory; None: no limit). Pure, so
     that a benchmark on the CPU can ask what a given GPU would take (docs/gpu.md)."""
     largest = n // GPU_STEPS_PER_EPOCH
@@ -79,12 +77,12 @@ def gpu_rule_rows(method, n, m, throughput, fit_rows=None, itemsize=8):
 def gpu_step_seconds(method, rows, m, throughput, block_rows=None, itemsize=8):
     """The launch model's (host seconds of the launches, device seconds of the work) of one binary step of
     ``method`` on ``rows`` rows in blocks of ``block_rows`` (None: one block) with m inducing points
-    (``backend.step_time`` with ``GPU_STEP_MODEL``): the step takes about the larger of the two."""
+    (``backend.step_time`` with ``methods.gpu_step_model(method)``): the step takes about the larger of the two."""
     return B.step_time(throughput, rows, block_rows=block_rows or rows, **_step_model(method, m, itemsize))
 
 
 def _step_model(method, m, itemsize):
-    model = GPU_STEP_MODEL.get(method, _EP_STEP)
+    model = gpu_step_model(method)
     return {"launches": model["launches"], "block_launches": model["block_launches"],
             "flops_per_row": model["flops_per_row_m2"] * m * m,
             "bytes_per_row": model["elements_per_row_m"] * m * itemsize}

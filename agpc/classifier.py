@@ -26,7 +26,7 @@ from . import uncertainty as U
 from . import validation as V
 from .inducing import initial_inducing_points
 from .inference import training
-from .kernels import ClassKernels, Kernel, OrdinalKernel, with_default_priors
+from .kernels import ClassKernels, Kernel, with_default_priors
 from .likelihoods import likelihood_by_name
 from .model import FIT_RECORD, FittedModel, FittedState
 from .model_file import EstimatorSchema, read_model_file, unpickled_state, write_model_file
@@ -560,7 +560,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def cut_points_(self):
         """An ordinal model's cut points b_1 < ... < b_{K-1} (NumPy), from ``kernel_``."""
         check_is_fitted(self, "posterior_")
-        if not isinstance(self.kernel_, OrdinalKernel):
+        if self.kernel_.cut_points is None:
             raise AttributeError("cut_points_: only an ordinal model (likelihood='ordinal') has cut points")
         return B.to_numpy(self.kernel_.cut_points)
 

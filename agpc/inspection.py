@@ -32,7 +32,7 @@ from . import methods as M
 from .checkpoints import atomic_write
 from .inference.guard import GUARD_KEYS
 from .inference.training import STOP_REASONS
-from .kernels import ClassKernels, Linear, OrdinalKernel, Stationary
+from .kernels import Linear, Stationary
 from .model import FittedState
 from .untrusted import printable
 
@@ -68,11 +68,11 @@ def feature_relevance(kernel):
     stationary kernel (RBF, Matern 5/2, rational quadratic): how fast the latent function may change along
     feature j, in the units the features were given (compare features on one scale: standardise them first). For a
     linear kernel, whose 1 / l_j^2 is its slope variance v_j (``kernels.Linear``), relevance_j = v_j / sum_k v_k."""
-    if isinstance(kernel, ClassKernels):
-        rows = [feature_relevance(k) for k in kernel.kernels]
+    if kernel.n_latent > 1:
+        rows = [feature_relevance(k) for k in kernel.latent_kernels()]
         why = next((why for _, why in rows if why is not None), None)
         return (None, why) if why is not None else (np.stack([relevance for relevance, _ in rows]), None)
-    kernel = _latent(kernel)
+    kernel = kernel.covariance_kernel  # (an ordinal model's lengthscales are its latent kernel's)
     if not isinstance(kernel, (Stationary, Linear)):
         return None, (f"the {type(kernel).__name__} kernel has no one set of ARD lengthscales (each term has its "
                       "own: see its parameters); relevance is given for a single RBF, Matern52, RationalQuadratic "
@@ -84,18 +84,12 @@ def feature_relevance(kernel):
     return precision / precision.sum(), None
 
 
-def _latent(kernel):
-    """The kernel of the latent function: an ordinal model's ``OrdinalKernel`` holds one (RBF, ...) beside its cut
-    points, whose lengthscales are the model's."""
-    return kernel.latent if isinstance(kernel, OrdinalKernel) else kernel
-
-
 def _lengthscales(kernel):
     """(d,) or (C, d) host lengthscales of a kernel whose relevance is defined (a linear kernel's: 1 / sqrt(v_j),
     the distance along feature j over which its slope moves f by one prior standard deviation)."""
-    if isinstance(kernel, ClassKernels):
-        return np.stack([_lengthscales(k) for k in kernel.kernels])
-    kernel = _latent(kernel)
+    if kernel.n_latent > 1:
+        return np.stack([_lengthscales(k) for k in kernel.latent_kernels()])
+    kernel = kernel.covariance_kernel
     scales = kernel.lengthscales if isinstance(kernel, Stationary) else kernel.variances ** -0.5
     return np.asarray(B.to_numpy(scales), dtype=np.float64).reshape(-1)
 
@@ -142,8 +136,8 @@ def _relevance_lines(model, max_features):
     overall = relevance.mean(axis=0) if per_class else relevance
     order = np.argsort(-overall, kind="stable")
     width = max(7, *(len(labels[j]) for j in order[:max_features]))
-    # (one a class: a multiclass model's)
-    kernels = model.state.kernel.kernels if per_class else (_latent(model.state.kernel),)
+    # (the latent GPs' kernels: one a class for a multiclass model)
+    kernels = [k.covariance_kernel for k in model.state.kernel.latent_kernels()]
     measure = ("slope variance v (a linear kernel; lengthscale: 1 / sqrt(v))"
                if all(isinstance(k, Linear) for k in kernels) else "1 / lengthscale^2")
     lines = [f"feature relevance: {measure}, normalised to sum to 1 (features compared in the units they were given)"]
@@ -187,15 +181,15 @@ def _kernel_lines(model):
     kernel = model.state.kernel
     prior = model.kernel_prior
     said = "weak default priors on its parameters (MAP)" if prior == "auto" else "no default priors"
-    if isinstance(kernel, ClassKernels):
+    if kernel.n_latent > 1:
         lines = [f"kernel: one kernel a class, {said}"]
         lines += [f"  class {printable(c)}: {type(k).__name__}: {_scalar_parameters(k)}"
-                  for c, k in zip(model.state.classes, kernel)]
+                  for c, k in zip(model.state.classes, kernel.latent_kernels())]
         return lines
-    if isinstance(kernel, OrdinalKernel):  # the latent's kernel, and the cut points between the classes
+    if kernel.cut_points is not None:  # an ordinal model's: the latent's kernel, and the cut points between the classes
         cuts = ", ".join(f"{v:.4g}" for v in np.asarray(B.to_numpy(kernel.cut_points), dtype=np.float64))
-        return [f"kernel: {type(kernel.latent).__name__}: {_scalar_parameters(kernel.latent)} ({said}); "
-                f"cut points {cuts}"]
+        latent = kernel.covariance_kernel
+        return [f"kernel: {type(latent).__name__}: {_scalar_parameters(latent)} ({said}); cut points {cuts}"]
     return [f"kernel: {type(kernel).__name__}: {_scalar_parameters(kernel)} ({said})"]
 
 

@@ -233,6 +233,30 @@ class Kernel:
     name = "Kernel"
     parameters = ()
 
+    # -- the model's structure, declared (engines, passes and reports read these, never the kernel's type) --------
+
+    n_latent = 1
+    """The latent GPs whose covariances the kernel gives: one (a ``ClassKernels``: one a class). A model of more
+    than one has its inducing points stacked (C, m, d), the multiclass passes and the multiclass likelihoods."""
+
+    cut_points = None
+    """An ordinal model's cut points, which ride with its kernel (``OrdinalKernel``); None for every other kernel."""
+
+    def latent_kernels(self):
+        """The kernel of each latent GP, in order: (self,) here (a ``ClassKernels``: one a class)."""
+        return (self,)
+
+    def latent_parts(self, Z):
+        """(kernel, its inducing points) of each latent GP: ((self, Z),) for Z (m, d) here (a ``ClassKernels``: class
+        c's kernel and Z[c] of Z (C, m, d))."""
+        return ((self, Z),)
+
+    @property
+    def covariance_kernel(self):
+        """The kernel of the latent function's covariance alone: itself here (an ``OrdinalKernel``: its latent kernel,
+        without the cut points the likelihood reads), whose lengthscales describe the model."""
+        return self
+
     def parameter_table(self):
         """{key: Parameter} of this kernel's parameters, each with its prior (or None)."""
         return {p.key: replace(p, prior=self.priors.get(p.key)) for p in self.parameters}
@@ -1112,7 +1136,8 @@ class OrdinalKernel(Kernel):
     parameters = (Parameter("first_cut_point", transform=IDENTITY), Parameter("cut_gaps"))
 
     def __init__(self, latent, cut_points):
-        if not isinstance(latent, Kernel) or isinstance(latent, OrdinalKernel):
+        # (one latent GP's kernel without cut points of its own: an ordinal model has one set of them)
+        if not isinstance(latent, Kernel) or latent.cut_points is not None:
             raise TypeError(f"OrdinalKernel wraps an agpc kernel, got {latent!r}")
         values = [float(v) for v in to_numpy(cut_points).reshape(-1)]
         if not values or not all(math.isfinite(v) for v in values) or any(b <= a for a, b in zip(values, values[1:])):
@@ -1124,6 +1149,10 @@ class OrdinalKernel(Kernel):
 
     def _current_values(self):
         return {"latent": self.latent, "cut_points": [float(v) for v in to_numpy(self.cut_points)]}
+
+    @property
+    def covariance_kernel(self):
+        return self.latent
 
     @classmethod
     def _from_parts(cls, latent, own):
@@ -1319,13 +1348,32 @@ class ClassKernels:
     of arrays, need to know nothing about classes; ``kernels[c]`` is class c's own kernel.
     """
 
+    cut_points = None  # (the model's structure as ``Kernel`` declares it: no ordinal cut points)
+
     def __init__(self, kernels):
         self.kernels = tuple(kernels)
-        if not self.kernels:
-            raise ValueError("ClassKernels needs at least one kernel")
+        # (two at least: a model of one latent GP is a single kernel's, so ``n_latent > 1`` says "one a class")
+        if len(self.kernels) < 2:
+            raise ValueError(f"ClassKernels needs a kernel for each of at least two classes, got {len(self.kernels)}")
 
     def __len__(self):
         return len(self.kernels)
+
+    @property
+    def n_latent(self):
+        """One latent GP a class (``Kernel.n_latent``)."""
+        return len(self.kernels)
+
+    def latent_kernels(self):
+        return self.kernels
+
+    def latent_parts(self, Z):
+        """(class c's kernel, Z[c]) for each class c of Z (C, m, d)."""
+        return tuple((self.kernels[c], Z[c, ...]) for c in range(Z.shape[0]))
+
+    @property
+    def covariance_kernel(self):
+        return self
 
     def __getitem__(self, c):
         return self.kernels[c]

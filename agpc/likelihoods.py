@@ -53,6 +53,7 @@ __all__ = [
     "registered_likelihood",
     "unregister_likelihood",
     "likelihood_by_name",
+    "probit_for",
     "argmax_log_proba",
     "negative_log_likelihood",
     "softplus",
@@ -704,6 +705,13 @@ ORDINAL_LIKELIHOOD = Ordinal()  # its cut points are those of the model's kernel
 _BUILT_IN = {lik.name: lik for lik in (PROBIT, LOGISTIC, ROBUST_MAX, ORDINAL_LIKELIHOOD)}
 LIKELIHOODS = dict(_BUILT_IN)
 """The likelihoods by name: the built-in ones and those added by ``register_likelihood``."""
+
+
+def probit_for(kernel):
+    """The probit likelihood of a model with ``kernel`` (the EP family's and GFITC's when none is given), by the
+    latent GPs the kernel declares (``kernels.Kernel.n_latent``): the multiclass probit for one a class
+    (Villacampa-Calvo & Hernandez-Lobato 2017, eq. 6), else the binary probit."""
+    return MULTICLASS_PROBIT if kernel.n_latent > 1 else PROBIT
 
 
 def register_likelihood(likelihood, *, replace=False):

@@ -50,6 +50,8 @@ __all__ = [
     "write_support_table",
     "ORDINAL",
     "asks_shared_lengthscales",
+    "gpu_step_model",
+    "DEFAULT_GPU_STEP",
     "main",
 ]
 
@@ -120,6 +122,11 @@ class Method:
         for the engine's ``passes=``: EP's ``agpc.inference.exact_ep`` (two classes or more). None: the method
         trains the exact model only by its inducing-point passes on m = n, so ``n_inducing="auto"`` gives it the
         sparse model at every size (``agpc.size_rule``).
+    gpu_step : mapping or None
+        What one binary minibatch step of it asks of a GPU, from which ``batch_size="auto"`` sizes its minibatch
+        there (``agpc.batch_size``, docs/gpu.md): {"launches": kernel launches of its first row block,
+        "block_launches": of each further one, "flops_per_row_m2": flops per row per m^2, "elements_per_row_m":
+        elements moved per row per m}. None: those of the built-in method of its engine (``gpu_step_model``).
     """
 
     name: str
@@ -135,6 +142,7 @@ class Method:
     train_options: Callable | None = None
     remarks: Mapping = field(default_factory=dict)
     exact_passes: object = None
+    gpu_step: Mapping | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -157,6 +165,11 @@ class Method:
         object.__setattr__(self, "capabilities", capabilities | {"uncertainty"})
         object.__setattr__(self, "refusals", MappingProxyType(dict(self.refusals)))
         object.__setattr__(self, "remarks", MappingProxyType(dict(self.remarks)))
+        if self.gpu_step is not None:
+            missing = sorted(set(GPU_STEP_KEYS) - set(self.gpu_step))
+            if missing:
+                raise ValueError(f"method {self.name!r}: gpu_step lacks {missing} (its keys: {list(GPU_STEP_KEYS)})")
+            object.__setattr__(self, "gpu_step", MappingProxyType({key: self.gpu_step[key] for key in GPU_STEP_KEYS}))
 
     def supports(self, capability):
         if capability not in CAPABILITIES:
@@ -216,6 +229,9 @@ class Method:
         """The error message for ``capability``, which this method lacks."""
         return self.refusals.get(capability, default)
 
+
+GPU_STEP_KEYS = ("launches", "block_launches", "flops_per_row_m2", "elements_per_row_m")
+"""The keys of a method's ``gpu_step``."""
 
 REGISTERED_LIKELIHOOD_KINDS = MappingProxyType({None: None, "site_terms": "has_site_terms",
                                                 "log_density": "has_log_density"})
@@ -326,6 +342,18 @@ def supports(name, capability):
     return method.supports(capability)
 
 
+def gpu_step_model(name):
+    """What one binary minibatch step of method ``name`` asks of a GPU (``Method.gpu_step``): its own, else that of
+    the built-in method of its engine (the step is that engine's), else ``DEFAULT_GPU_STEP`` (a name not registered,
+    or an engine of its own that declares none: batch-only methods never take the GPU's minibatch)."""
+    method = _REGISTRY.get(name) if isinstance(name, str) else None
+    if method is not None and method.gpu_step is None and method.engine_name in _BUILT_IN:
+        method = _REGISTRY[method.engine_name]
+    if method is None or method.gpu_step is None:
+        return DEFAULT_GPU_STEP
+    return method.gpu_step
+
+
 def methods_supporting(capability):
     """The names of the registered methods with ``capability``."""
     return tuple(name for name, method in _REGISTRY.items() if method.supports(capability))
@@ -394,25 +422,34 @@ _NO_ROUNDS = ("method={name!r} has no data-parallel rounds, so n_jobs > 1 takes 
 _VI_PER_ROW_XI = ("fit on a dask array does not train method {name!r}: it optimises one xi per row with L-BFGS-B on "
                   "the driver, which would bring every row's xi there each step; use 'vi-jj' (xi by its closed-form "
                   "update, kept on the workers) or an in-memory array")
+# What one binary minibatch step asks of a GPU (``Method.gpu_step``), counted on CuPy's paths (tests/step_cost.py;
+# docs/gpu.md): kernel launches for its first row block and for each further one, flops per row per m^2 and elements
+# moved per row per m (m >= 200). gpu_tests/test_gpu_batch.py holds them to a counted step of each method.
+DEFAULT_GPU_STEP = MappingProxyType({"launches": 380, "block_launches": 175, "flops_per_row_m2": 13.7,
+                                     "elements_per_row_m": 64.0})
+"""EP's minibatch step, and that of a method that declares none (``gpu_step_model``)."""
+# SEP / ADF also carry their tied factor to the moved inducing points (``ep.moved_factor``): some 40-65 launches more
+_TIED_GPU_STEP = {**DEFAULT_GPU_STEP, "launches": 450}
+_SVI_GPU_STEP = {"launches": 320, "block_launches": 130, "flops_per_row_m2": 10.2, "elements_per_row_m": 46.0}
 _BUILT_IN_METHODS = (
     Method("ep", family="ep", engine="ep", likelihoods=("probit", ORDINAL), likelihood_reason=_EP_PROBIT,
            registered_likelihoods="site_terms",
            capabilities={"multiclass", "minibatch", "dask_batch", "n_jobs", "sample_weight", "shared_lengthscales",
                          *_ON_DASK, *_EVERYWHERE},
            remarks={"dask": "> 2 classes: batch, or `local_steps=0`", "n_jobs": "binary",
-                    "sample_weight": "power EP"}, exact_passes=exact_ep),
+                    "sample_weight": "power EP"}, exact_passes=exact_ep, gpu_step=DEFAULT_GPU_STEP),
     *(Method(name, family="ep", engine=name, likelihoods=("probit", ORDINAL), likelihood_reason=_EP_PROBIT,
              registered_likelihoods="site_terms",
              capabilities={"multiclass", "minibatch", "partial_fit", "dask_batch", "n_jobs", "sample_weight",
                            "shared_lengthscales", *_ON_DASK, *_EVERYWHERE},
-             remarks={"sample_weight": "rows counted by weight"})
+             remarks={"sample_weight": "rows counted by weight"}, gpu_step=_TIED_GPU_STEP)
       for name in ("sep", "adf")),
     Method("svi", family="variational", engine="svi", likelihoods=("probit", "logistic", ORDINAL),
            multiclass_likelihood="robust-max", registered_likelihoods="log_density",
            capabilities={"multiclass", "minibatch", "n_jobs", "sample_weight", "shared_lengthscales", *_ON_DASK,
                          *_EVERYWHERE},
            remarks={"out_of_core": "a minibatch read at a time", "dask": "minibatches",
-                    "sample_weight": "the weighted ELBO"}),
+                    "sample_weight": "the weighted ELBO"}, gpu_step=_SVI_GPU_STEP),
     *(Method(name, family="quadratic", engine=name, likelihoods=("logistic",),
              likelihood_reason="is built on the logistic likelihood",
              capabilities={"dask", "dask_batch", "sample_weight", *_EVERYWHERE},

@@ -22,7 +22,7 @@ __all__ = ["check_params", "ranked_inputs", "stream_labels", "latent_kernel", "s
 
 def check_params(plan):
     """An ``OrdinalKernel`` and ``classes=`` belong to an ordinal model only: one ValueError otherwise."""
-    if isinstance(plan.kernel, OrdinalKernel) and not plan.ordinal:
+    if getattr(plan.kernel, "cut_points", None) is not None and not plan.ordinal:
         raise ValueError("kernel: an OrdinalKernel (a latent kernel and cut points) is the kernel of "
                          f"likelihood='ordinal', not of likelihood={plan.likelihood!r}")
     if plan.classes is not None and not plan.ordinal:
@@ -73,7 +73,7 @@ def stream_labels(plan, y, classes, fitted_classes):
 def latent_kernel(kernel):
     """The latent kernel of an ``OrdinalKernel`` given as ``kernel=`` (its cut points are taken by
     ``start_kernel``), any other kernel as it is."""
-    return kernel.latent if isinstance(kernel, OrdinalKernel) else kernel
+    return kernel.covariance_kernel
 
 
 def start_kernel(plan, kernel, ranks, n_classes, inputs, weights, start):
@@ -81,7 +81,7 @@ def start_kernel(plan, kernel, ranks, n_classes, inputs, weights, start):
     given as ``kernel=``, else from the weighted class counts of the ``ranks`` (``initial_cut_points``; rows on a
     cluster: counted there, from their encoded labels) and the prior's spread over ``start`` (the rows and counts a
     fit starts from, ``inputs.start_of``)."""
-    if isinstance(plan.kernel, OrdinalKernel):
+    if getattr(plan.kernel, "cut_points", None) is not None:  # (an OrdinalKernel given as kernel=)
         cut_points = given_cut_points(plan.kernel, n_classes)
     elif inputs.client is not None:
         cut_points = initial_cut_points(D.class_counts(inputs.client, ranks, n_classes, weights), kernel, *start)

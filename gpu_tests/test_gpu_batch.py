@@ -11,9 +11,9 @@ from step_cost import step_cost
 
 from agpc import GPClassifier
 from agpc import backend as B
-from agpc.batch_size import GPU_STEP_MODEL
 from agpc.inference import engines, training
 from agpc.kernels import RBF
+from agpc.methods import gpu_step_model
 
 # NVIDIA's data sheets: vector FP32 and FP64 Tflop/s, memory TB/s
 DATA_SHEETS = {"H100": (H100_PROPERTIES, 67.0, 34.0, 3.35), "A100": (A100_PROPERTIES, 19.5, 9.7, 2.04),
@@ -47,10 +47,11 @@ def _counted_step(namespace, m, rows, method, put, block_rows=None):
 
 @pytest.mark.parametrize("method", ["sep", "ep", "adf", "svi"])
 def test_the_step_model_holds_for_a_counted_step(monkeypatch, method):
-    """GPU_STEP_MODEL against a step counted on the mocked CuPy (its CuPy paths): launches of one row block at most
-    the model's and within 20% of it (25% per further block); flops and elements per row (the difference of
-    two batch sizes) within 15% of the model's m^2 and m terms at m = 200 and 400."""
-    model = GPU_STEP_MODEL[method]
+    """The method's GPU step model (``Method.gpu_step``) against a step counted on the mocked CuPy (its CuPy
+    paths): launches of one row block at most the model's and within 20% of it (25% per further block); flops and
+    elements per row (the difference of two batch sizes) within 15% of the model's m^2 and m terms at m = 200 and
+    400."""
+    model = gpu_step_model(method)
     mock = MockCupy(monkeypatch)
     one = _counted_step(mock.xp, 40, 160, method, mock.put)
     assert 0.8 * model["launches"] <= one.launches <= model["launches"], one
@@ -71,7 +72,7 @@ def _gpu_rows(mock, n, m, dtype="float64"):
     return GPClassifier(n_inducing=m, dtype=dtype)._batch_size_for(n, mock.xp, Z)
 
 
-def _model_seconds(throughput, rows, m, itemsize, model=GPU_STEP_MODEL["ep"]):
+def _model_seconds(throughput, rows, m, itemsize, model=gpu_step_model("ep")):
     per_row = (model["flops_per_row_m2"] * m * m / throughput.flops
                + model["elements_per_row_m"] * m * itemsize / throughput.bytes)
     return rows * per_row, model["launches"] * throughput.launch_seconds

@@ -19,7 +19,6 @@ from ..backend import (CholeskyError, array_device, array_namespace, asarray_lik
 from ..checkpoint_rules import (array_shapes, check_engine_state, check_factor_scale, check_loop_state,
                                 check_site_scale, dtype_text, is_array)
 from ..checkpoints import load_checkpoint, save_checkpoint
-from ..kernels import ClassKernels
 from ..likelihoods import registered_likelihood
 from .guard import GUARD_KEYS
 
@@ -189,15 +188,14 @@ def _check_prior_scale(engine, n, refuse):
     K(x, x) is read at the inducing points (a stationary kernel's is the same everywhere). Each is checked within
     ``PRIOR_SCALE_MARGIN`` of its bound; a failure is one ValueError naming the file (``refuse``)."""
     kernel, Z, factor = engine.kernel, engine.Z, engine.factor
-    kernels = kernel.kernels if isinstance(kernel, ClassKernels) else (kernel,)
-    inducing = [Z[c, ...] for c in range(Z.shape[0])] if isinstance(kernel, ClassKernels) else [Z]
-    parts = getattr(factor, "factors", None) or ((factor,) if factor is not None else (None,) * len(kernels))
+    latents = kernel.latent_parts(Z)  # (kernel, inducing points) of each latent GP
+    parts = getattr(factor, "factors", None) or ((factor,) if factor is not None else (None,) * len(latents))
     weights = getattr(engine, "sample_weight", None)  # (rows counted by weight; on a cluster: the rows' count)
     total = float(to_numpy(weights).sum()) if is_array_api_obj(weights) and not is_dask_array(weights) else float(n)
-    sites_per_row = max(1, len(kernels) - 1)
+    sites_per_row = max(1, len(latents) - 1)
     largest_site = 0.0
-    for k, (each, Zc, part) in enumerate(zip(kernels, inducing, parts)):
-        where = "engine.kernel" if len(kernels) == 1 else f"engine.kernel (class {k})"
+    for k, ((each, Zc), part) in enumerate(zip(latents, parts)):
+        where = "engine.kernel" if len(latents) == 1 else f"engine.kernel (class {k})"
         try:
             with warnings.catch_warnings():  # (a log beyond the type's range overflows: the refusal below says so)
                 warnings.simplefilter("ignore", RuntimeWarning)
@@ -205,7 +203,7 @@ def _check_prior_scale(engine, n, refuse):
                                               what="the inducing points' prior covariance")
         except CholeskyError as exc:
             raise refuse(f"{where}: {exc} at the restored kernel's parameters") from None
-        noise = float(to_numpy(each.noise)) if len(kernels) > 1 else 0.5  # (probit noise: variance 1 = 2 x 0.5)
+        noise = float(to_numpy(each.noise)) if len(latents) > 1 else 0.5  # (probit noise: variance 1 = 2 x 0.5)
         if noise <= 0:  # (no latent noise: the multiclass likelihood is a step, its sites unbounded)
             return
         per_row = 1.0 / (2.0 * noise)

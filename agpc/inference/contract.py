@@ -16,8 +16,8 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from ..backend import ModulesByName, array_namespace, scaled_std
-from ..kernels import PER_FEATURE_SCALES, ClassKernels, log_prior_and_grads, step_lower_bounds
-from ..likelihoods import MULTICLASS_PROBIT, PROBIT, likelihood_by_name
+from ..kernels import PER_FEATURE_SCALES, log_prior_and_grads, step_lower_bounds
+from ..likelihoods import likelihood_by_name, probit_for
 from ..optim import OPTIMIZERS, Rprop, bounded_step
 from . import ep, multiclass_ep
 from .posterior import Factor
@@ -25,7 +25,8 @@ from .posterior import Factor
 __all__ = ["Engine", "StateLayout", "FittedParts", "EngineOptions", "Forwarded", "forwarding", "Outcome",
            "parameter_names", "initial_steps", "make_optimizer", "relative_change", "relative_change_on_device",
            "with_log_prior", "shared_scale_grads", "hyper_step", "factor_arrays", "factor_from_arrays",
-           "anchor_arrays", "anchor_from_arrays", "refuse_passes", "refuse_minibatch", "quoted_names", "NOT_DAMPED",
+           "anchor_arrays", "anchor_from_arrays", "ep_passes", "refuse_passes", "refuse_minibatch", "quoted_names",
+           "NOT_DAMPED",
            "EP_METHODS", "QUADRATIC_METHODS", "CLUSTER_QUADRATIC_METHODS", "ALL_METHODS", "ROUND_METHODS"]
 
 EP_METHODS = ("ep", "sep", "adf")
@@ -76,10 +77,15 @@ def engine_likelihood(kernel, options):
     """The likelihood object the EP family and GFITC train (``EngineOptions.likelihood``: a ``Likelihood``, or a
     binary one's name); by default the probit, or the multiclass probit of a model with a kernel a class
     (Villacampa-Calvo & Hernandez-Lobato 2017, eq. 6)."""
-    multiclass = isinstance(kernel, ClassKernels)
     if options.likelihood is None:
-        return MULTICLASS_PROBIT if multiclass else PROBIT
-    return likelihood_by_name(options.likelihood, multiclass=multiclass)
+        return probit_for(kernel)
+    return likelihood_by_name(options.likelihood, multiclass=kernel.n_latent > 1)
+
+
+def ep_passes(kernel):
+    """The EP passes of a model with ``kernel``, by the latent GPs it declares (``kernels.Kernel.n_latent``):
+    ``multiclass_ep`` for one a class (sites on pairs of classes), else the binary ``ep``."""
+    return multiclass_ep if kernel.n_latent > 1 else ep
 
 
 def refuse_passes(name, passes):
@@ -228,8 +234,8 @@ def anchor_from_arrays(saved, kernel):
     if saved is None:
         return None
     at = kernel.with_params(saved["kernel"])
-    if isinstance(kernel, ClassKernels):
-        return multiclass_ep.MultiAnchor(at, saved["Z"], [saved["L_K"][c, ...] for c in range(len(kernel))],
+    if kernel.n_latent > 1:
+        return multiclass_ep.MultiAnchor(at, saved["Z"], [saved["L_K"][c, ...] for c in range(kernel.n_latent)],
                                          saved["jitter"])
     return ep.Anchor(at, saved["Z"], saved["L_K"], saved["jitter"])
 

@@ -65,8 +65,7 @@ from dataclasses import dataclass, field, replace
 from .. import checkpoints
 from ..backend import array_device, array_namespace, asarray_like, host_rng, is_dask_array, row_chunk_bounds
 from ..workers import minor_page_faults, task_scope
-from ..kernels import ClassKernels
-from . import ep, multiclass_ep
+from . import multiclass_ep
 from .dask_engine import persisted_blocks
 from .engines import (ENGINES, Engine, EngineOptions, Outcome, anchor_arrays, anchor_from_arrays, factor_arrays,
                       factor_from_arrays, forwarding)
@@ -519,7 +518,8 @@ class DataParallel:
     def round_engine(self, factory, method, kernel, Z, *, n_total, options):
         """The engine ``training.train`` drives, whose step is a round of the shards' minibatch steps of the
         engine ``factory(method, kernel, Z, n_total=, minibatch=True, options=)``."""
-        refused = refusal(factory, method, 3 if isinstance(kernel, ClassKernels) else 2)
+        # (the classes as ``round_refusal`` reads them: more than two for a model of one latent GP a class)
+        refused = refusal(factory, method, 3 if kernel.n_latent > 1 else 2)
         if refused is not None:
             remedy = ("on minibatches of a dask array pass local_steps=0 (steps on the driver), or train in batch "
                       "passes" if is_dask_array(self.X) else f"train {method!r} with n_jobs=1")
@@ -849,11 +849,6 @@ def _chunk_weights(client, weights, n_chunks):
 def _total(values):
     """The sum of a chunk's values, a float (a task: the chunk is mapped where it runs)."""
     return float(array_namespace(values).sum(values))
-
-
-def _passes_of(kernel):
-    """The EP passes of a model: binary (``ep``) or multiclass (``multiclass_ep``, a ``ClassKernels``)."""
-    return multiclass_ep if isinstance(kernel, ClassKernels) else ep
 
 
 def _sum_factors(factors):

@@ -32,9 +32,8 @@ from types import MappingProxyType, ModuleType
 
 from ..backend import array_device, array_namespace, is_dask_array, read_rows, row_slice, to_host_vector
 from ..checkpoint_rules import check_row_starts, check_saved_anchor
-from ..kernels import ClassKernels, step_lower_bounds
-from ..likelihoods import (LOGISTIC, MULTICLASS_PROBIT, ORDINAL_LIKELIHOOD, PROBIT, ROBUST_MAX,
-                           likelihood_by_name)
+from ..kernels import step_lower_bounds
+from ..likelihoods import LOGISTIC, ORDINAL_LIKELIHOOD, PROBIT, ROBUST_MAX, likelihood_by_name, probit_for
 from ..optim import OPTIMIZERS, Rprop, lbfgsb_ascent
 from . import ep, exact_ep, gfitc, multiclass_ep, multiclass_vi, variational
 from .posterior import Factor, moved_factor
@@ -44,8 +43,8 @@ from .sites import cavity_of
 from .contract import (ALL_METHODS, CLUSTER_QUADRATIC_METHODS, EP_METHODS, QUADRATIC_METHODS,
                        ROUND_METHODS, Engine, EngineOptions, FittedParts, Forwarded, Outcome, StateLayout,
                        anchor_arrays,
-                       anchor_from_arrays, engine_likelihood, factor_arrays, factor_from_arrays, forwarding, hyper_step,
-                       initial_steps,
+                       anchor_from_arrays, engine_likelihood, ep_passes, factor_arrays, factor_from_arrays, forwarding,
+                       hyper_step, initial_steps,
                        make_optimizer, parameter_names, quoted_names, refuse_minibatch, refuse_passes,
                        relative_change, relative_change_on_device, shared_scale_grads, with_log_prior)
 
@@ -102,7 +101,7 @@ class EPEngine(Engine):
             raise ValueError(f"unknown method {name!r}: use one of {EP_METHODS}")
         names = parameter_names(kernel, tuple(options.optimize))
         optimizer = make_optimizer(options.optimizer, options.learning_rate, kernel, Z, names, minibatch,
-                                   rprop_growth=None if (passes is exact_ep or isinstance(kernel, ClassKernels))
+                                   rprop_growth=None if (passes is exact_ep or kernel.n_latent > 1)
                                    else SPARSE_BATCH_GROWTH)
         super().__init__(kernel, Z, names=names, optimizer=optimizer if names else None, n_total=n_total,
                          minibatch=minibatch, jitter=options.jitter, block_rows=options.block_rows)
@@ -110,7 +109,7 @@ class EPEngine(Engine):
         self.shared_lengthscales = options.shared_lengthscales
         self.damping = (0.99 if minibatch else 0.5) if options.damping is None else options.damping
         self.nominal_damping = self.damping
-        self.passes = passes or (multiclass_ep if isinstance(kernel, ClassKernels) else ep)
+        self.passes = passes or ep_passes(kernel)
         # the model's likelihood, as its passes take it (``ep.block_pass``, ``multiclass_ep.pair_update``)
         self.likelihood = engine_likelihood(kernel, options)
         self.likelihood_option = {"likelihood": self.likelihood}
@@ -150,13 +149,13 @@ class EPEngine(Engine):
 
     def __setstate__(self, state):
         """Unpickling: an engine pickled before it held its likelihood (a partial_fit stream pickled between calls by
-        an older agpc) takes the one its passes then read from the kernel's type: the ordinal likelihood for a kernel
-        with cut points, the multiclass probit for one kernel a class, else the probit."""
+        an older agpc) takes the one its passes then read from the kernel: the ordinal likelihood for a kernel with cut
+        points, the multiclass probit for one kernel a class, else the probit."""
         super().__setstate__(state)  # (its passes' module, by name: ``backend.ModulesByName``)
         if "likelihood" not in state:
             kernel = state["state"]["kernel"]
             self.likelihood = (ORDINAL_LIKELIHOOD if getattr(kernel, "cut_points", None) is not None
-                               else MULTICLASS_PROBIT if isinstance(kernel, ClassKernels) else PROBIT)
+                               else probit_for(kernel))
             self.likelihood_option = {"likelihood": self.likelihood}
         if "cavity" not in state:  # (an engine pickled before it held its cavity: its name gives it, as in __init__)
             self.cavity = cavity_of(self.name)
@@ -256,7 +255,7 @@ class EPEngine(Engine):
         """What a binary batch pass takes besides the sites: whether they are known nonnegative, the sums of the
         sites when the last pass left them at this kernel, Z and jitter, and whether to leave them for the next
         pass (a pass that does not step the hyper-parameters). A multiclass pass takes none of these."""
-        if isinstance(self.state["kernel"], ClassKernels):
+        if self.state["kernel"].n_latent > 1:
             return {}
         saved = self.state.get("site_sums")
         return {"nonnegative_sites": self.sites_nonnegative, "want_next_sums": not stepping,
@@ -569,7 +568,7 @@ class GFITCEngine(Engine):
 
     def validation_scores(self, post, X_val, y_val):
         s = self.state
-        passes = multiclass_ep if isinstance(s["kernel"], ClassKernels) else ep
+        passes = ep_passes(s["kernel"])
         return passes.validation_scores(s["kernel"], s["Z"], post, X_val, y_val, likelihood=self.likelihood)
 
     def checkpoint_state(self, path, step):
@@ -628,7 +627,7 @@ class SVIEngine(Engine):
                          jitter=options.jitter, block_rows=options.block_rows)
         self.name = name
         self.shared_lengthscales = options.shared_lengthscales
-        self.multiclass = isinstance(kernel, ClassKernels)
+        self.multiclass = kernel.n_latent > 1
         self.likelihood = ROBUST_MAX if self.multiclass else likelihood_by_name(options.likelihood or PROBIT.name,
                                                                                   multiclass=False)
         self.n_quadrature = options.n_quadrature
@@ -768,7 +767,9 @@ class QuadraticEngine(Engine):
         if method not in QUADRATIC_METHODS:
             raise ValueError(f"unknown method {method!r}: use one of {QUADRATIC_METHODS}")
         refuse_minibatch(method, minibatch)
-        if passes is not None and method not in CLUSTER_QUADRATIC_METHODS:
+        bound = QUADRATIC_BOUNDS[method]  # (the one place the name is read: the steps branch on its fields)
+        # (xi climbed by the driver's L-BFGS-B is one number a row there: not a cluster's, where xi stays per chunk)
+        if passes is not None and bound.joint_xi:
             raise ValueError(f"method {method!r} optimises one xi per row with L-BFGS-B on the driver: it does not "
                              f"run its passes on a cluster; {CLUSTER_QUADRATIC_METHODS} do")
         if options.shared_lengthscales:
@@ -777,8 +778,8 @@ class QuadraticEngine(Engine):
         super().__init__(kernel, Z, names=parameter_names(kernel, tuple(options.optimize)), optimizer=None,
                          n_total=n_total, minibatch=False, jitter=options.jitter, block_rows=options.block_rows)
         self.method = self.name = method
-        self.bound = QUADRATIC_BOUNDS[method]  # (the one place the name is read: the steps branch on its fields)
-        self.kind, self.joint_xi = self.bound.kind, self.bound.joint_xi
+        self.bound = bound
+        self.kind, self.joint_xi = bound.kind, bound.joint_xi
         self.passes = variational if passes is None else passes
         self.state["xi"] = None  # set at the first step, from the rows (q = prior)
 

@@ -54,7 +54,6 @@ from ..backend import (
     row_dot,
     solve_triangular,
 )
-from ..kernels import ClassKernels
 from ..likelihoods import MULTICLASS_PROBIT, PROBIT
 from . import ep, multiclass_ep, sites
 from .posterior import PRIOR_FACTOR_NAME, posterior_from_sums
@@ -202,7 +201,7 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     ``_evaluate_classes``). ``likelihood``: the model's (``ep.block_pass``, ``multiclass_ep.pair_update``; None: the
     probit, or the multiclass probit for C classes); a binary one's site precisions are cut at 0 where its tilted
     moments would make them negative (a likelihood that is not log-concave)."""
-    if isinstance(kernel, ClassKernels):
+    if kernel.n_latent > 1:
         return _evaluate_classes(kernel, Z, X, y, site_precision, site_shift, jitter=jitter, want_grad=want_grad,
                                  want_sites=want_sites, damping=damping, checked=checked, weights=weights,
                                  likelihood=MULTICLASS_PROBIT if likelihood is None else likelihood)
@@ -315,5 +314,4 @@ def zero_sites(n, Z):
 def validation_scores(kernel, Z, post, X_val, y_val, **likelihood):
     """Test NLL and error of q under the model's ``likelihood`` (``ep.validation_scores``,
     ``multiclass_ep.validation_scores`` for C classes)."""
-    return (multiclass_ep if isinstance(kernel, ClassKernels) else ep).validation_scores(kernel, Z, post, X_val, y_val,
-                                                                                         **likelihood)
+    return (multiclass_ep if kernel.n_latent > 1 else ep).validation_scores(kernel, Z, post, X_val, y_val, **likelihood)

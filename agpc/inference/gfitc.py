@@ -34,8 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..backend import array_namespace, lower_triangular_inverse
-from ..kernels import ClassKernels
-from ..likelihoods import MULTICLASS_PROBIT, PROBIT
+from ..likelihoods import probit_for
 from . import blocks, ep, multiclass_ep, sites
 from .posterior import posterior_from_sums, prior_cholesky
 
@@ -160,13 +159,10 @@ class _Model:
     C classes (``ClassKernels``, Z of shape (C, m, d)) with sites of shape (n, 2C)."""
 
     def __init__(self, kernel, Z, likelihood=None):
-        self.multiclass = isinstance(kernel, ClassKernels)
+        self.multiclass = kernel.n_latent > 1
         self.kernel, self.Z = kernel, Z
-        self.likelihood = (MULTICLASS_PROBIT if self.multiclass else PROBIT) if likelihood is None else likelihood
-        if self.multiclass:
-            self.parts = [(kernel[c], Z[c, ...]) for c in range(Z.shape[0])]
-        else:
-            self.parts = [(kernel, Z)]
+        self.likelihood = probit_for(kernel) if likelihood is None else likelihood
+        self.parts = list(kernel.latent_parts(Z))
 
     def block_rows(self, block_rows, n):
         return block_rows or blocks.default_block_rows(self.Z, n)

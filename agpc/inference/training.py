@@ -26,7 +26,6 @@ from ..backend import (CholeskyError, ModulesByName, array_device, array_namespa
                        cholesky_with_jitter, host_rng, is_out_of_core, jitter_raises_within, note_jitter, read_rows,
                        row_chunk_bounds, to_host_vector, warn_guard)
 from ..checkpoint_rules import check_saved_anchor, check_saved_factor
-from ..kernels import ClassKernels
 from ..threads import with_blas_threads
 from .checkpointing import FINGERPRINT_ROWS, data_fingerprint, fingerprint_stride
 from .engines import ALL_METHODS, Engine, EngineOptions, forwarding, make_engine
@@ -496,11 +495,8 @@ def _jitter_needed(kernel, Z, jitter):
     """The jitter with which the prior covariance of the inducing points factorises: ``jitter`` itself
     when it does, a larger value found by ``backend.cholesky``'s escalation otherwise (host-side checks:
     run only on the guard's path). Raises CholeskyError when no jitter helps."""
-    multiclass = isinstance(kernel, ClassKernels)
-    kernels = kernel.kernels if multiclass else (kernel,)
-    Zs = [Z[c, ...] for c in range(Z.shape[0])] if multiclass else [Z]
     needed = jitter
-    for k, Zc in zip(kernels, Zs):
+    for k, Zc in kernel.latent_parts(Z):
         xp = array_namespace(Zc)
         Kmm = k.K(Zc) + jitter * xp.eye(Zc.shape[0], dtype=Zc.dtype, device=array_device(Zc))
         _, added = cholesky_with_jitter(Kmm, what=PRIOR_FACTOR_NAME, report=False)
