@@ -30,7 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 
-from ..backend import array_device, array_namespace, is_dask_array, read_rows, row_slice, to_host_vector
+from ..backend import (array_device, array_namespace, is_dask_array, prefers_inverses, read_rows, row_slice,
+                       to_host_vector)
 from ..checkpoint_rules import check_row_starts, check_saved_anchor
 from ..kernels import step_lower_bounds
 from ..likelihoods import LOGISTIC, ORDINAL_LIKELIHOOD, PROBIT, ROBUST_MAX, likelihood_by_name, probit_for
@@ -303,8 +304,10 @@ class EPEngine(Engine):
             state["kernel"], state["Z"] = hyper_step(self.optimizer, self.names, kernel, Z, result["grads"],
                                                      self.shared_lengthscales)
             if self._moves_factor():  # the tied factor goes with the inducing points (``posterior.moved_factor``)
+                q = result.get("posterior")  # (at the old Z: its L_K, and L_K^-1 where the step formed it)
                 state["factor"] = moved_factor(kernel, Z, state["Z"], state["factor"], jitter=self.jitter,
-                                                  L_K=getattr(result.get("posterior"), "L_K", None))
+                                               L_K=getattr(q, "L_K", None),
+                                               L_K_inv=q.L_K_inv if q is not None and prefers_inverses(Z) else None)
         return Outcome(change=change, stepped=stepping, record=True, n_invalid=n_invalid)
 
     # Minibatch SEP / ADF: carry the tied factor to the inducing points after each step that moves them. The
