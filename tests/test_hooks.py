@@ -30,7 +30,8 @@ def _run(trainer, minibatch=False, n_batches=1):
     return SimpleNamespace(trainer=trainer, X=None, y=None, minibatch=minibatch, batches=[None] * n_batches,
                            best={"nll": np.inf, "reference": np.inf, "state": None, "since": 0}, postfix={},
                            early_stopped=False, stopped_by_time=False, converged=False, resumed=False, warmup=0,
-                           settings=SimpleNamespace(max_iter=2), finished=lambda: False)  # (steps to take)
+                           schedule=engines.Schedule(), settings=SimpleNamespace(max_iter=2),
+                           finished=lambda: False)  # (steps to take)
 
 
 def test_validation_stops_after_n_iter_no_change_evaluations_without_an_improvement_above_tol():
@@ -129,7 +130,7 @@ def test_the_time_budget_of_a_resumed_run_counts_its_earlier_time(monkeypatch):
     clock = {"now": 100.0}
     monkeypatch.setattr(hooks.time, "perf_counter", lambda: clock["now"])
     for resumed, deadline in ((False, 110.0), (True, 104.0)):
-        run = _run(SimpleNamespace(t0=94.0, per_row_sites=False), minibatch=False)  # (6 s trained before the resume)
+        run = _run(SimpleNamespace(t0=94.0), minibatch=False)  # (6 s trained before the resume)
         run.resumed = resumed
         budget = hooks.TimeBudget(10.0, started=100.0)
         budget.start(run)
@@ -144,7 +145,7 @@ def test_the_progress_bar_counts_every_step_of_every_epoch_and_shows_the_last_ep
     """Minibatch mode: one "training" bar over every step of every epoch (its time left is the whole run's), named
     with the epoch; beside it the last recorded epoch's log Z (none during the first), not a minibatch's value; the
     estimate once the first epoch is timed."""
-    trainer = SimpleNamespace(n_steps=0, method="sep", history={"log_marginal_likelihood": []}, per_row_sites=False,
+    trainer = SimpleNamespace(n_steps=0, method="sep", history={"log_marginal_likelihood": []},
                               objective="log Z_q (EP estimate)")
     run = _run(trainer, minibatch=True, n_batches=3)
     run.X, run.settings = np.zeros((6, 1)), SimpleNamespace(max_iter=2, max_time=None, started=None, batch_size=2,

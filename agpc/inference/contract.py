@@ -1,9 +1,10 @@
 """The contract between the training loop and an engine (``Engine``, an abstract base: the members the loop calls,
 with defaults for the optional ones) and the parts every engine shares: its options (``EngineOptions``), a step's
-``Outcome``, the state a fit reports (``FittedParts``), the hyper-parameters it steps and their optimiser
-(``parameter_names``, ``make_optimizer``, ``hyper_step``, the kernel's log prior), the tied factor and anchor as a
-checkpoint stores them, and ``forwarding`` for an engine that wraps another. The built-in engines and the table of
-them are ``agpc.inference.engines``; a method of one's own subclasses ``Engine`` (docs/methods.md).
+``Outcome``, the state a fit reports (``FittedParts``), the schedule the loop follows with it (``Schedule``: warm-up
+steps, exact rebuilds, whether a run may end; EP's and GFITC's own), the hyper-parameters it steps and their
+optimiser (``parameter_names``, ``make_optimizer``, ``hyper_step``, the kernel's log prior), the tied factor and
+anchor as a checkpoint stores them, and ``forwarding`` for an engine that wraps another. The built-in engines and
+the table of them are ``agpc.inference.engines``; a method of one's own subclasses ``Engine`` (docs/methods.md).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from ..optim import OPTIMIZERS, Rprop, bounded_step
 from . import ep, multiclass_ep
 from .posterior import Factor
 
-__all__ = ["Engine", "StateLayout", "FittedParts", "EngineOptions", "Forwarded", "forwarding", "Outcome",
+__all__ = ["Engine", "StateLayout", "Schedule", "EPSchedule", "GFITCSchedule", "FittedParts", "EngineOptions",
+           "Forwarded", "forwarding", "Outcome",
            "parameter_names", "initial_steps", "make_optimizer", "relative_change", "relative_change_on_device",
            "with_log_prior", "shared_scale_grads", "hyper_step", "factor_arrays", "factor_from_arrays",
            "anchor_arrays", "anchor_from_arrays", "ep_passes", "refuse_passes", "refuse_minibatch", "quoted_names",
@@ -290,6 +292,58 @@ class StateLayout:
     legacy: dict = field(default_factory=dict)
 
 
+class Schedule:
+    """What the training loop (``training.train``) and its hooks ask of an engine besides its steps, in a run
+    (``Engine.schedule`` makes one for it): how many warm-up steps, whether and when an exact rebuild is made, and
+    whether a batch run whose hyper-parameter steps are spent may end. This one is the default, an engine with none
+    of these; an engine of one's own passes ``warmup`` / ``epoch_rebuilds``, or subclasses it to answer
+    ``rebuild_due`` and ``may_finish`` from its state."""
+
+    def __init__(self, warmup=0, epoch_rebuilds=False):
+        # batch mode: steps that do not move the hyper-parameters before the first that does (batch EP / SEP / ADF's
+        # warm-up sweeps); ``max_iter`` counts the steps after them
+        self.warmup = int(warmup)
+        # the engine's running q (minibatch EP's site product) is made exact (``Engine.rebuild_factor``) at each
+        # epoch's end (want_log_z=True: the epoch's history entry is its log Z), as the guard's first repair of a step
+        # it refuses, and as the final pass of q alone where log Z's does not fit the time left; the time budget
+        # times it before the first (``Engine.time_rebuild``)
+        self.epoch_rebuilds = bool(epoch_rebuilds)
+
+    def rebuild_due(self):
+        """Whether an exact rebuild (``Engine.rebuild_factor``) comes before the next step: the engine's running q
+        drifted from what it stands for (minibatch EP started from given sites, or resumed from an old checkpoint)."""
+        return False
+
+    def may_finish(self):
+        """Whether a batch run whose ``max_iter`` hyper-parameter steps are spent may end now (GFITC: once its sites
+        settled at the last hyper-parameters)."""
+        return True
+
+
+class EPSchedule(Schedule):
+    """EP / SEP / ADF's (``EPEngine.schedule``): the warm-up sweeps of batch mode, and minibatch EP's exact rebuilds
+    of its running site product, at each epoch's end and whenever the engine flags it (``needs_rebuild``)."""
+
+    def __init__(self, engine, warmup=0, epoch_rebuilds=False):
+        super().__init__(warmup, epoch_rebuilds)
+        self.engine = engine
+
+    def rebuild_due(self):
+        return self.engine.needs_rebuild
+
+
+class GFITCSchedule(Schedule):
+    """GFITC's (``GFITCEngine.schedule``): a batch run ends only once its sites settled (``settled``) at the last
+    hyper-parameters, the ones the final pass is made at."""
+
+    def __init__(self, engine):
+        super().__init__()
+        self.engine = engine
+
+    def may_finish(self):
+        return self.engine.settled
+
+
 class FittedParts(NamedTuple):
     """An engine's state as a fit reports it (``Engine.fitted_parts``), per-row entries in the caller's row order."""
 
@@ -299,6 +353,16 @@ class FittedParts(NamedTuple):
     site_shift: Any
     factor: Any  # SEP / ADF (and minibatch EP): the tied site product in u-space; else None
     state: dict  # all of it, by the engine's own keys (SVI: "whitened_mean", "whitened_chol"; vi-*: "xi")
+
+
+def _refuse_former_schedule(owner, members):
+    """A TypeError when ``members`` (an engine class's or instance's) hold a flag the loop read before
+    ``Schedule`` (``Engine.FORMER_SCHEDULE``), saying what answers it now."""
+    former = sorted(name for name in Engine.FORMER_SCHEDULE if name in members)
+    if former:
+        fields = ", ".join(f"{name} -> {Engine.FORMER_SCHEDULE[name]}" for name in former)
+        raise TypeError(f"{owner} tells the loop its schedule by {former}: the loop asks the engine's schedule "
+                        f"now, a ``Schedule`` its ``schedule(settings, minibatch)`` returns ({fields})")
 
 
 class Engine(ModulesByName, abc.ABC):
@@ -321,6 +385,13 @@ class Engine(ModulesByName, abc.ABC):
         "checkpoint_flags": "flags", "checkpoint_counts": "counts", "checkpoint_factors": "tied_factor",
         "checkpoint_extras": "extras", "legacy_checkpoint_keys": "legacy"})
 
+    # The flags an engine told the loop its schedule by before ``Schedule``, and what answers each now: an engine
+    # setting them is refused (its class when made, an instance when the loop asks its schedule), else the loop
+    # would ignore them and silently skip its warm-up, its rebuilds or its settling.
+    FORMER_SCHEDULE = MappingProxyType({
+        "uses_warmup": "Schedule(warmup=...)", "needs_rebuild": "Schedule.rebuild_due()",
+        "settled": "Schedule.may_finish()"})
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         former = sorted(name for name in Engine.FORMER_DECLARATIONS if name in vars(cls))
@@ -328,10 +399,8 @@ class Engine(ModulesByName, abc.ABC):
             fields = ", ".join(f"{name} -> {Engine.FORMER_DECLARATIONS[name]}" for name in former)
             raise TypeError(f"{cls.__name__} declares its state by {former}: an engine declares it by one "
                             f"``layout = StateLayout(...)`` now ({fields})")
-    uses_warmup = False  # batch mode: the loop's warm-up sweeps (no hyper-parameter step) apply
-    settled = True  # GFITC: False while the sites are not converged at the current hyper-parameters
+        _refuse_former_schedule(cls.__name__, vars(cls))
     has_damping = False
-    needs_rebuild = False  # minibatch EP: its running site product is not known exact; ``rebuild_factor`` before a step
     full_gp = False  # the passes read Z as the rows themselves (the exact model's): part of a checkpoint's fingerprint
     likelihood = None  # the model's ``likelihoods.Likelihood`` it trains (a checkpoint's fingerprint says which)
     threaded_passes = False  # its passes over rows spread their blocks over Python threads (``blocks.map_blocks``)
@@ -378,9 +447,16 @@ class Engine(ModulesByName, abc.ABC):
         this engine (None: they can). By default they cannot."""
         return f"data-parallel training runs {quoted_names(ROUND_METHODS)}, not {name!r}"
 
+    def schedule(self, settings, minibatch):
+        """The ``Schedule`` the loop follows with this engine in a run of ``settings`` (``training.TrainSettings``),
+        ``minibatch`` the loop's mode; by default one that asks for nothing."""
+        _refuse_former_schedule(type(self).__name__, vars(self))
+        return Schedule()
+
     def rebuild_factor(self, X, y, want_log_z=False):
-        """Recompute what ``needs_rebuild`` says has drifted (by default nothing does); ``want_log_z``: and return
-        log Z at the state rebuilt (None where there is none)."""
+        """Make the running q exact (where the schedule asks: ``Schedule.epoch_rebuilds``, ``rebuild_due``; by
+        default there is nothing to); ``want_log_z``: and return log Z at the state rebuilt (None where there is
+        none)."""
 
     def time_rebuild(self, X, y, rows, want_log_z=True):
         """Run the work of ``rebuild_factor(want_log_z=want_log_z)`` on the first ``rows`` rows, committing nothing

@@ -542,9 +542,6 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
     engine of the method (``template``: the same class the shards step), which also gives q, validation
     scores and the guard's revert-and-halve; what the loop reads of its state and settings is the template's."""
 
-    uses_warmup = False
-    settled = True
-    needs_rebuild = False
     minibatch = True
 
     def __init__(self, plan, factory, method, kernel, Z, *, n_total, options):

@@ -41,16 +41,15 @@ from .posterior import Factor, moved_factor
 from .sites import cavity_of
 # the contract and the parts every engine shares (named here too: the loop, data-parallel rounds, the registry and
 # plug-in engines import them from this module, as before they had a module of their own)
-from .contract import (ALL_METHODS, CLUSTER_QUADRATIC_METHODS, EP_METHODS, QUADRATIC_METHODS,
-                       ROUND_METHODS, Engine, EngineOptions, FittedParts, Forwarded, Outcome, StateLayout,
-                       anchor_arrays,
-                       anchor_from_arrays, engine_likelihood, ep_passes, factor_arrays, factor_from_arrays, forwarding,
-                       hyper_step, initial_steps,
-                       make_optimizer, parameter_names, quoted_names, refuse_minibatch, refuse_passes,
-                       relative_change, relative_change_on_device, shared_scale_grads, with_log_prior)
+from .contract import (ALL_METHODS, CLUSTER_QUADRATIC_METHODS, EP_METHODS, QUADRATIC_METHODS, ROUND_METHODS, Engine,
+                       EngineOptions, EPSchedule, FittedParts, Forwarded, GFITCSchedule, Outcome, Schedule,
+                       StateLayout, anchor_arrays, anchor_from_arrays, engine_likelihood, ep_passes, factor_arrays,
+                       factor_from_arrays, forwarding, hyper_step, initial_steps, make_optimizer, parameter_names,
+                       quoted_names, refuse_minibatch, refuse_passes, relative_change, relative_change_on_device,
+                       shared_scale_grads, with_log_prior)
 
-__all__ = ["Engine", "StateLayout", "FittedParts", "EngineOptions", "ENGINES", "Forwarded", "forwarding", "Outcome",
-           "EPEngine", "GFITCEngine", "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names",
+__all__ = ["Engine", "StateLayout", "Schedule", "FittedParts", "EngineOptions", "ENGINES", "Forwarded", "forwarding",
+           "Outcome", "EPEngine", "GFITCEngine", "SVIEngine", "QuadraticEngine", "make_engine", "parameter_names",
            "relative_change", "relative_change_on_device", "with_log_prior", "shared_scale_grads", "hyper_step",
            "initial_steps", "make_optimizer", "factor_arrays", "factor_from_arrays", "anchor_arrays",
            "anchor_from_arrays", "SPARSE_BATCH_GROWTH", "EP_METHODS", "QUADRATIC_METHODS",
@@ -60,9 +59,9 @@ __all__ = ["Engine", "StateLayout", "FittedParts", "EngineOptions", "ENGINES", "
 # keeps its sign, where the seed's (Hernandez-Lobato & Hernandez-Lobato (2016), App. A.6) is 2%. At 2% a step of 0.01
 # needs 116 agreeing steps to reach 0.1, and default fits ran 87-260 iterations to their plateau; at 10% the same
 # plateau came 26-46% sooner on the binary study sets with the same test NLL; 20% (iRprop's usual value) was 0.004
-# worse on one (docs/small_data_defaults.md, "Rprop's growth"). Multiclass fits, the exact model and GFITC keep the seed's
-# 2%: the multiclass sets took as many iterations at 10% (waveform: one split +0.009 NLL), and the exact model's and
-# GFITC's defaults were measured with 2%.
+# worse on one (docs/small_data_defaults.md, "Rprop's growth"). Multiclass fits, the exact model and GFITC keep the
+# seed's 2%: the multiclass sets took as many iterations at 10% (waveform: one split +0.009 NLL), and the exact model's
+# and GFITC's defaults were measured with 2%.
 SPARSE_BATCH_GROWTH = 1.1
 
 
@@ -84,7 +83,6 @@ class EPEngine(Engine):
     for their new ones. ``passes``: where the passes run (the binary ``ep`` or the multiclass
     ``multiclass_ep`` module, or a ``dask_engine.DaskPasses`` for rows on a cluster)."""
 
-    uses_warmup = True
     has_damping = True
     threaded_passes = True  # (ep.evaluate / binary_sweep / class_sweep, and the rebuild's site sums)
     objective = "log Z_q (EP estimate)"
@@ -169,6 +167,12 @@ class EPEngine(Engine):
         are restored)."""
         return StateLayout(per_row=("nu", "mu") if self.cavity.own_sites else (), tied_factor="factor",
                            flags=("needs_rebuild",), extras=("anchor", "visited"))
+
+    def schedule(self, settings, minibatch):
+        """Batch mode: ``settings.n_warmup`` sweeps before the first hyper-parameter step; minibatch EP: its running
+        site product rebuilt exactly at each epoch's end and whenever ``needs_rebuild`` says it drifted."""
+        return EPSchedule(self, warmup=settings.n_warmup if self.has_params and not minibatch else 0,
+                          epoch_rebuilds=minibatch and self.cavity.own_sites)
 
     def start_from_sites(self, site_precision, site_shift):
         """EP: start from the given sites (one a row) instead of zero ones; they are looked at once (whether
@@ -503,6 +507,10 @@ class GFITCEngine(Engine):
         self.sweeps = 0  # since the last hyper-parameter step
         self.reversals = 0  # sweeps in a row whose step reversed the one before
         self.cycle_halved = False  # damping halved for a two-cycle in this inner loop (``grow`` waits for its end)
+
+    def schedule(self, settings, minibatch):
+        """A run ends only once the sites settled at the last hyper-parameters (``settled``)."""
+        return GFITCSchedule(self)
 
     def evaluate(self, X, y, lo, hi, *, stepping, weights=None):
         self._refuse_weights(weights)
@@ -869,8 +877,8 @@ class QuadraticEngine(Engine):
 
 
 ENGINES = MappingProxyType({
-    **{name: EPEngine for name in EP_METHODS}, "svi": SVIEngine, **{name: QuadraticEngine for name in QUADRATIC_METHODS},
-    "gfitc": GFITCEngine,
+    **{name: EPEngine for name in EP_METHODS}, "svi": SVIEngine,
+    **{name: QuadraticEngine for name in QUADRATIC_METHODS}, "gfitc": GFITCEngine,
 })
 """The built-in engines by the name of the method they train: each is its own factory, called as
 ``ENGINES[name](name, kernel, Z, n_total=, minibatch=, options=EngineOptions(...), passes=None)``."""

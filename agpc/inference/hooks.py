@@ -1,6 +1,7 @@
 """The parts of a training run besides its steps, each a ``Hook`` the loop (``training.train``) calls at fixed
 points: the time budget (``TimeBudget``), validation with early stopping (``Validation``), checkpoints and resume
-(``Checkpoints``), the progress bar (``Progress``), the stop on a plateau of log Z (``Plateau``). ``standard_hooks`` builds those a run's settings ask for.
+(``Checkpoints``), the progress bar (``Progress``), the stop on a plateau of log Z (``Plateau``). ``standard_hooks``
+builds those a run's settings ask for.
 
 A hook sees the run (``training.Run``: the trainer, the rows in the loop's order, the random generator, the
 epoch's remaining minibatches, the early-stopping record) and may stop it (``before_step``, or ``run.early_stopped``).
@@ -17,8 +18,8 @@ from tqdm.auto import tqdm
 
 from .checkpointing import VALIDATION_KEYS, restore, run_fingerprint, write_checkpoint
 
-__all__ = ["Hook", "TimeBudget", "Validation", "Checkpoints", "Progress", "Plateau", "standard_hooks", "VALIDATION_KEYS",
-           "close_progress_bars"]
+__all__ = ["Hook", "TimeBudget", "Validation", "Checkpoints", "Progress", "Plateau", "standard_hooks",
+           "VALIDATION_KEYS", "close_progress_bars"]
 
 _open_bars = weakref.WeakSet()  # the bars of runs in progress (``close_progress_bars``)
 
@@ -39,8 +40,8 @@ class Hook:
         """The run is set up (the trainer fresh, nothing stepped)."""
 
     def before_step(self, run, rebuild_due):
-        """Whether to stop before the next step (with an exact rebuild of the site product before or after it when
-        ``rebuild_due``: minibatch EP's, at an epoch's end or when its engine asks)."""
+        """Whether to stop before the next step (with an exact rebuild of q before or after it when ``rebuild_due``:
+        at an epoch's end or where the engine's schedule asks, ``training.Run.schedule``; minibatch EP's)."""
         return False
 
     def new_epoch(self, run):
@@ -54,7 +55,8 @@ class Hook:
 
     def final_pass_fits(self, with_log_z=True):
         """Whether the final pass over all rows may run (minibatch mode; batch mode always makes it):
-        ``with_log_z=False``, minibatch EP's q alone (one pass; log Z stays the running estimate)."""
+        ``with_log_z=False``, the exact rebuild of q alone where the schedule has them (``Schedule.epoch_rebuilds``:
+        minibatch EP's, one pass; log Z stays the running estimate)."""
         return True
 
     def finish(self, run):
@@ -105,21 +107,21 @@ def _rebuild_estimate(engine, X, y, rows, want_log_z=True):
 class TimeBudget(Hook):
     """``max_time`` seconds for the whole fit from ``started`` (a ``time.perf_counter()`` reading; default: the
     start of the run; a resumed run's earlier training time counts): measures how long a step and an exact rebuild
-    of the site product take, and stops before a step (with a rebuild when one is due) that would no longer fit.
-    Batch mode keeps room for its final pass (about one step: q rebuilt from all rows). Minibatch EP keeps room for
-    an exact rebuild of q from all its sites (``FINAL_RESERVE`` times its cost estimated on the first rows scaled to
-    all), where the budget allows; other minibatch fits keep none (SVI's and SEP / ADF's q is what they trained;
-    their final pass only adds the bound or log Z on all rows). A final pass over all rows is made only when it fits
-    (``final_pass_fits``: q and log Z, or minibatch EP's q alone), and q otherwise stays the running one, which
-    training itself used.
+    of q take, and stops before a step (with a rebuild when one is due) that would no longer fit. Batch mode keeps
+    room for its final pass (about one step: q rebuilt from all rows). A minibatch fit whose schedule has exact
+    rebuilds (``Schedule.epoch_rebuilds``: minibatch EP, q from all its sites) keeps room for one (``FINAL_RESERVE``
+    times its cost estimated on the first rows scaled to all), where the budget allows; other minibatch fits keep
+    none (SVI's and SEP / ADF's q is what they trained; their final pass only adds the bound or log Z on all rows).
+    A final pass over all rows is made only when it fits (``final_pass_fits``: q and log Z, or the exact rebuild of
+    q alone), and q otherwise stays the running one, which training itself used.
     """
 
     def __init__(self, max_time, started=None, *, batch=True):
         self.max_time, self.started, self.batch = max_time, started, batch
         self.deadline = None if started is None else started + float(max_time)
-        # a step, an epoch's exact rebuild (q and log Z), and minibatch EP's final rebuild of q alone
+        # a step, an epoch's exact rebuild (q and log Z), and the final rebuild of q alone (minibatch EP's)
         self.seconds = {"step": None, "rebuild": None, "final": None}
-        self.reserve_final = False  # minibatch EP's room for its exact final pass (``FINAL_RESERVE``)
+        self.reserve_final = False  # room for the exact final rebuild of q (``FINAL_RESERVE``)
 
     def start(self, run, rows=8192):
         started = time.perf_counter() if self.started is None else self.started
@@ -128,7 +130,7 @@ class TimeBudget(Hook):
         trainer = run.trainer
         if run.resumed:  # the budget covers the interrupted run's training time too
             self.deadline -= time.perf_counter() - trainer.t0
-        if run.minibatch and trainer.per_row_sites:  # before the first exact rebuild: one on the first rows
+        if run.minibatch and run.schedule.epoch_rebuilds:  # before the first exact rebuild: one on the first rows
             self.seconds["rebuild"] = _rebuild_estimate(trainer.engine, run.X, run.y, rows)
             self.seconds["final"] = _rebuild_estimate(trainer.engine, run.X, run.y, rows, want_log_z=False)
             self.reserve_final = self.deadline - time.perf_counter() >= (
@@ -388,7 +390,7 @@ class Progress(Hook):
         untimed = ""
         if run.minibatch:
             what, cap = f"{per_unit * len(run.batches):.3g} s an epoch", f"{max_iter:,} epochs"
-            if run.trainer.per_row_sites and self.bar.n < len(run.batches):
+            if run.schedule.epoch_rebuilds and self.bar.n < len(run.batches):
                 untimed = ", plus an exact rebuild an epoch (not yet timed)"
         else:
             what, cap = f"{per_unit:.3g} s an iteration", f"{max_iter:,} iterations"

@@ -28,7 +28,7 @@ from ..backend import (CholeskyError, ModulesByName, array_device, array_namespa
 from ..checkpoint_rules import check_saved_anchor, check_saved_factor
 from ..threads import with_blas_threads
 from .checkpointing import FINGERPRINT_ROWS, data_fingerprint, fingerprint_stride
-from .engines import ALL_METHODS, Engine, EngineOptions, forwarding, make_engine
+from .engines import ALL_METHODS, Engine, EngineOptions, Schedule, forwarding, make_engine
 from .posterior import PRIOR_FACTOR_NAME
 from .guard import GUARD_KEYS, REASONS, Guard
 from .hooks import standard_hooks
@@ -61,11 +61,14 @@ class TrainResult:
     converged: bool = False
     stopped_by_time: bool = False
     early_stopped: bool = False
-    state: dict = field(default_factory=dict)  # the engine's final state (SVI: "whitened_mean", "whitened_chol"; vi-*: "xi")
+    # the engine's final state (SVI: "whitened_mean", "whitened_chol"; vi-*: "xi")
+    state: dict = field(default_factory=dict)
     jitter: float = None  # on the diagonal of Kmm at the end: the configured one, or what the guard raised it to
     checkpoints_written: int = 0  # by this run (0 when checkpoint_every exceeds its steps: the caller says so)
     stop_reason: str = "max_iter"  # of STOP_REASONS
-    n_warmup: int = 0  # of the n_iter history entries, the warm-up sweeps (batch EP / SEP / ADF; max_iter counts the rest)
+    # of the n_iter history entries, the warm-up steps (``Schedule.warmup``: batch EP / SEP / ADF's sweeps; max_iter
+    # counts the rest)
+    n_warmup: int = 0
 
 
 def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
@@ -78,14 +81,14 @@ def _work(trainer, X=None, y=None, lo=0, hi=None, **_):
             "threaded_passes": getattr(trainer.engine, "threaded_passes", False)}
 
 
-class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer", "per_row_sites", "needs_rebuild",
-                                         "objective", settable=("state", "n_total"))):
+class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer", "objective",
+                                         settable=("state", "n_total"))):
     """The state of a training run and one guarded step of it; ``train`` and ``partial_fit`` drive it.
 
     ``engine``: an ``engines.Engine`` (a built-in one: ``engines.make_engine``; a registered method's:
     ``Method.make_engine``). ``minibatch``: the loop's schedule (default: the engine's). A step evaluates the rows it
-    is given at the current state and commits the engine's update. A non-finite log Z or a failed Cholesky puts back the state
-    before the last good step and halves damping and step sizes, again on each failure in a row (or, when the
+    is given at the current state and commits the engine's update. A non-finite log Z or a failed Cholesky puts back
+    the state before the last good step and halves damping and step sizes, again on each failure in a row (or, when the
     inducing points' prior covariance no longer factorises, raises the jitter, reported as a ``JitterWarning``);
     ``step_until_taken`` retries until a step is taken. The engine's state and settings are seen as the trainer's
     (``engines.forwarding``). Trainers pickle (``partial_fit`` models keep one).
@@ -113,7 +116,7 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         self.last = None  # the last step's ``engines.Outcome``
         self.guard = Guard()  # the checks of every step and the record of what was done about failures
         self.reverted = False  # the last step not taken was reverted (not repaired, nor retried as it was)
-        self.epoch_log_z = None  # minibatch EP: log Z_q at the end of the epoch being recorded (``rebuild_factor``)
+        self.epoch_log_z = None  # log Z at the exact rebuild ending the epoch being recorded (``rebuild_factor``)
         self._pending = []  # (log Z estimate, invalid rows) of the steps since the last record
 
 
@@ -203,7 +206,8 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         if self.good is None:
             raise FloatingPointError(
                 f"{self.method} diverged: {what} at the first step (of this run or since its resume), "
-                f"before any good state to go back to ({tried}); try standardised inputs, a larger jitter or fewer inducing points"
+                f"before any good state to go back to ({tried}); try standardised inputs, a larger jitter or fewer "
+                "inducing points"
             )
         if self.failures > MAX_FAILURES:
             raise FloatingPointError(
@@ -233,15 +237,15 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
 
     def record(self):
         """Close a history entry: minibatch mode, the mean log Z estimate of the steps since the last one (an
-        epoch), or minibatch EP's exact log Z_q at the epoch's end (``rebuild_factor``): the steps' estimates of its
-        first epoch, each of rows that have no site yet while q holds those already visited, are no estimate of the
-        evidence; batch mode, the last step's."""
+        epoch), or the exact log Z of the rebuild at the epoch's end where the schedule makes one (``rebuild_factor``;
+        minibatch EP's log Z_q: the steps' estimates of its first epoch, each of rows that have no site yet while q
+        holds those already visited, are no estimate of the evidence); batch mode, the last step's."""
         if not self._pending:
             return
         values = [v for v, _ in self._pending]
         invalid = [k for _, k in self._pending]
         h = self.history
-        if self.epoch_log_z is not None:  # minibatch EP's exact log Z_q at the epoch's end
+        if self.epoch_log_z is not None:  # the exact log Z at the epoch's end (minibatch EP's log Z_q)
             values, self.epoch_log_z = [self.epoch_log_z], None
         h["log_marginal_likelihood"].append(sum(values) / len(values) if self.minibatch else values[-1])
         h["n_invalid_sites"].append(sum(invalid) if self.minibatch else invalid[-1])
@@ -254,8 +258,9 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
 
     @with_blas_threads(_work)
     def rebuild_factor(self, X, y, want_log_z=False):
-        """Minibatch EP: the exact product of all sites at the current hyper-parameters (``EPEngine``);
-        ``want_log_z`` (an epoch's end): with log Z_q at it, exact, which the epoch's history entry then holds."""
+        """The engine's running q made exact (``Engine.rebuild_factor``; minibatch EP: the product of all sites at
+        the current hyper-parameters); ``want_log_z`` (an epoch's end): with log Z at it, exact, which the epoch's
+        history entry then holds."""
         self.n_rebuilds += 1
         with block_memory_advice(f"{self.method}'s exact rebuild of the site product"):
             log_z = self.engine.rebuild_factor(X, y, want_log_z=want_log_z)
@@ -295,7 +300,7 @@ class Run:
     batches: list  # the minibatches as row ranges (batch mode: one, all rows)
     chunk_batches: list  # for each stored chunk, the range of its minibatches
     permutation: object = None  # the rows' order (None: the caller's)
-    warmup: int = 0
+    schedule: Schedule = field(default_factory=Schedule)  # the engine's (``Engine.schedule``), which the loop follows
     order: list = field(default_factory=list)  # the minibatches of this epoch still to step
     best: dict = field(default_factory=lambda: {"nll": math.inf, "reference": math.inf, "state": None, "since": 0})
     postfix: dict = field(default_factory=dict)  # what the progress bar shows beside log Z
@@ -310,12 +315,19 @@ class Run:
     def minibatch(self):
         return self.trainer.minibatch
 
+    @property
+    def warmup(self):
+        """The batch steps before the first hyper-parameter step (``Schedule.warmup``)."""
+        return self.schedule.warmup
+
     def finished(self):
+        """Whether the run is over: ``max_iter`` epochs (minibatch mode), hyper-parameter steps and the schedule lets
+        it end (batch mode; ``Schedule.may_finish``: GFITC's settled sites), or steps (no hyper-parameters to step)."""
         trainer, max_iter = self.trainer, self.settings.max_iter
         if self.minibatch:
             return trainer.n_steps >= max_iter * len(self.batches)
-        if trainer.engine.has_params:  # GFITC: and its sites settled at the last hyper-parameters
-            return trainer.n_updates >= max_iter and trainer.engine.settled
+        if trainer.engine.has_params:
+            return trainer.n_updates >= max_iter and self.schedule.may_finish()
         return trainer.n_steps >= max_iter
 
 
@@ -328,19 +340,18 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
     (an array of the engine's namespace), which the engine takes or refuses (``Engine.take_sample_weight``).
     Returns a ``TrainResult``."""
     run = _start(X, y, engine, settings, hooks, sample_weight)
-    trainer, minibatch = run.trainer, run.minibatch
-    # Minibatch EP rebuilds its running site product exactly at the end of every epoch, so that each row is visited
-    # once between rebuilds (``ep.Anchor``) and an epoch's validation scores q as the sites make it at the current
-    # hyper-parameters (the model a fit returns), and whenever the engine asks (``needs_rebuild``).
-    rebuilds_by_epoch = minibatch and trainer.per_row_sites
+    trainer, minibatch, schedule = run.trainer, run.minibatch, run.schedule
+    # The engine's schedule may make its running q exact at the end of every epoch (minibatch EP: its site product,
+    # so that each row is visited once between rebuilds (``ep.Anchor``) and an epoch's validation scores q as the
+    # sites make it at the current hyper-parameters, the model a fit returns), and whenever it asks (``rebuild_due``).
 
-    def repair():  # the guard's first remedy for minibatch EP: its site product rebuilt exactly
+    def repair():  # the guard's first remedy where there are exact rebuilds: q rebuilt exactly
         with _timed(hooks, "rebuild"):
             trainer.rebuild_factor(run.X, run.y)
 
     while not run.finished():
-        epoch_ends = rebuilds_by_epoch and (len(run.order) == 1 or (not run.order and len(run.batches) == 1))
-        rebuild_first = trainer.needs_rebuild
+        epoch_ends = schedule.epoch_rebuilds and (len(run.order) == 1 or (not run.order and len(run.batches) == 1))
+        rebuild_first = schedule.rebuild_due()
         if any(hook.before_step(run, rebuild_first or epoch_ends) for hook in hooks):
             break
         if not run.order:
@@ -355,7 +366,7 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
             minibatch or (trainer.n_steps >= run.warmup and trainer.n_updates < settings.max_iter))
         with _timed(hooks, "step"):
             change, log_z = trainer.step_until_taken(run.X, run.y, lo, hi, stepping=stepping,
-                                                     repair=repair if rebuilds_by_epoch else None)
+                                                     repair=repair if schedule.epoch_rebuilds else None)
         run.order.pop(0)
         if epoch_ends:
             with _timed(hooks, "rebuild"):
@@ -387,18 +398,18 @@ def _final_pass(run, hooks):
     exact = final_pass_kind(run, hooks)
     for hook in hooks:
         hook.final_pass(run, exact)
-    if exact == "q":  # minibatch EP: q rebuilt exactly from all its sites, log Z stays the running estimate
+    if exact == "q":  # q rebuilt exactly (minibatch EP: from all its sites), log Z stays the running estimate
         run.trainer.rebuild_factor(run.X, run.y, want_log_z=False)
     return _result(run, want_log_z=exact == "q and log Z")
 
 
 def final_pass_kind(run, hooks):
     """What the final pass over all rows can be in the time left (``Hook.final_pass_fits``): "q and log Z" (batch
-    mode always), "q" alone (minibatch EP: its exact rebuild, one pass of the two), or None (q stays the running
-    one, which training used)."""
+    mode always), "q" alone (the exact rebuild of a schedule that has them, ``Schedule.epoch_rebuilds``: minibatch
+    EP's, one pass of the two), or None (q stays the running one, which training used)."""
     if not run.minibatch or all(hook.final_pass_fits() for hook in hooks):
         return "q and log Z"
-    if run.trainer.per_row_sites and all(hook.final_pass_fits(with_log_z=False) for hook in hooks):
+    if run.schedule.epoch_rebuilds and all(hook.final_pass_fits(with_log_z=False) for hook in hooks):
         return "q"
     return None
 
@@ -432,9 +443,9 @@ def _start(X, y, engine, settings, hooks, sample_weight=None):
             sample_weight = xp.take(sample_weight, permutation, axis=0)
     engine.take_sample_weight(sample_weight)
     trainer = Trainer(engine, minibatch=minibatch)
-    warmup = settings.n_warmup if (engine.uses_warmup and engine.has_params and not minibatch) else 0
     batches, chunk_batches = minibatch_layout(X, settings.batch_size, out_of_core) if minibatch else ([(0, n)], [])
-    run = Run(trainer, X, y, rng, settings, batches, chunk_batches, permutation=permutation, warmup=warmup)
+    run = Run(trainer, X, y, rng, settings, batches, chunk_batches, permutation=permutation,
+              schedule=engine.schedule(settings, minibatch))
     for hook in hooks:
         hook.start(run)
     return run
