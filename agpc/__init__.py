@@ -2,8 +2,9 @@
 
 The estimator is :class:`GPClassifier`; kernels are :class:`RBF`, :class:`Matern52`,
 :class:`RationalQuadratic`, :class:`Linear` and their sums and products (:class:`Sum`, :class:`Product`: ``k1 + k2``,
-``k1 * k2``); priors on kernel parameters are in :mod:`agpc.priors`; generators and loaders are in
-:mod:`agpc.datasets`.
+``k1 * k2``), :class:`Categorical` for categorical columns, :class:`OnColumns` for a kernel of some columns and
+:func:`mixed_kernel` for both kinds of columns; priors on kernel parameters are in :mod:`agpc.priors`; generators
+and loaders are in :mod:`agpc.datasets`.
 Fitted models are saved and loaded as data by :func:`save_model` and :func:`load_model`
 (:mod:`agpc.persistence`).
 """
@@ -23,6 +24,9 @@ _PUBLIC = {
     "Linear": "kernels",
     "Sum": "kernels",
     "Product": "kernels",
+    "Categorical": "kernels",
+    "OnColumns": "kernels",
+    "mixed_kernel": "kernels",
     "CholeskyError": "backend",
     "JitterWarning": "backend",
     "GuardWarning": "backend",

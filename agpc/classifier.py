@@ -14,6 +14,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import backend as B
 from . import batch_size as batch_rows
+from . import categories as C
 from . import inputs as I
 from . import inspection
 from . import methods as M
@@ -24,7 +25,7 @@ from . import size_rule, threads
 from . import streaming as S
 from . import uncertainty as U
 from . import validation as V
-from .inducing import initial_inducing_points
+from .inducing import initial_inducing_points, with_row_levels
 from .inference import training
 from .kernels import ClassKernels, Kernel, with_default_priors
 from .likelihoods import likelihood_by_name
@@ -161,6 +162,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         stops a slowly learning table 0.014 worse (docs/small_data_defaults.md, "Early stopping on held-out rows").
     validation_fraction : float in (0, 1), default=0.1
         The share of the rows ``early_stopping`` holds out.
+    categorical_features : "from_dtype", None, or array-like of int, str or bool, default="from_dtype"
+        The categorical columns of X, in scikit-learn's values (``HistGradientBoostingClassifier``'s): "from_dtype",
+        a DataFrame's category and text columns; a list of column indices or names, or a boolean mask; None, none.
+        The default kernel then adds a categorical kernel over them to the RBF of the others (sum and product;
+        ``agpc.kernels.Categorical``), and the inducing points keep a level of each. Text levels are learned at fit
+        (``categorical_levels_``); a level ``fit`` never saw is its own level at predict, correlated with every level
+        as two different levels are (docs/usage.md, "Categorical columns").
     kernel_prior : "auto" or None, default="auto"
         "auto": weak priors on the kernel's log lengthscales (centred on the default kernel's) and log amplitude (a
         linear kernel's slope variances and bias), MAP (docs/small_data_defaults.md). ``None``: its own priors only.
@@ -204,6 +212,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Whether ``max_time`` ended training.
     stop_reason_ : str
         Why training stopped, one of ``agpc.inspection.STOP_REASONS``.
+    is_categorical_ : ndarray of bool, shape (n_features,)
+        Which features were taken as categorical (``categorical_features``).
+    categorical_levels_ : dict
+        {column index: the levels of that categorical column of text, in the order of their codes}; columns of
+        numbers are used as they are and have none.
     early_stopping_ : bool
         Whether ``fit`` held out rows for early stopping (``early_stopping``); ``n_samples_fit_`` counts the others.
     n_samples_fit_ : int
@@ -270,6 +283,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "plateau": [V.NONE, V.Options("auto")],
         "early_stopping": [V.Options("auto"), V.Boolean()],
         "validation_fraction": [V.Interval(numbers.Real, 0, 1, "neither")],
+        "categorical_features": [V.NONE, V.Options(C.FROM_DTYPE),
+                                 V.InstanceOf(list, tuple, np.ndarray, description="a list of columns or a mask")],
         "class_weight": [V.NONE, V.Options("balanced"), V.InstanceOf(dict, description="a dict of class: weight")],
         "classes": [V.NONE, V.InstanceOf(list, tuple, np.ndarray, description="a list of the classes in their order")],
     }
@@ -280,7 +295,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                  jitter=1e-6, tol=1e-6, random_state=None, verbose=False, client=None, local_steps=None,
                  n_jobs=None, checkpoint_path=None, checkpoint_every=None, site_directory=None, blas_threads=None,
                  dtype="float64", block_rows=None, step_replay=False, kernel_prior="auto", class_weight=None,
-                 classes=None, ard="auto", plateau="auto", early_stopping=False, validation_fraction=0.1):
+                 classes=None, ard="auto", plateau="auto", early_stopping=False, validation_fraction=0.1,
+                 categorical_features=C.FROM_DTYPE):
         parameters = dict(locals())  # every parameter stored as given, nothing else (scikit-learn's rule)
         del parameters["self"]
         vars(self).update(parameters)
@@ -316,6 +332,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         groups, target_xp, plan = self._check_params()  # before anything reads them (the BLAS scope reads the sizes)
         n_rows, n_features = I.rows_and_features(X, y)
         I.check_fit_paths(plan, X, y, resume, stacklevel=3)  # (a bad path must not cost the fit)
+        categorical = C.learn_columns(X, C.categorical_mask(X, self.categorical_features, n_features))
+        X, plan = C.encode(X, categorical, n_features), plan.with_categorical(categorical.columns)
+        if validation_data is not None:  # (its rows as the model reads rows: the levels learned here)
+            validation_data = (C.encode(validation_data[0], categorical, n_features), *validation_data[1:])
         held = I.held_out(plan, X, y, sample_weight, n_rows, self.random_state) if validation_data is None else None
         self._holding_out = held is not None  # (``_train``'s patience; ``early_stopping_`` once the fit succeeded)
         if held is not None:  # (the held-out rows are the fit's validation data)
@@ -324,6 +344,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             fitted = self._fit(plan, (n_rows, n_features), X, y, groups, target_xp, validation_data, resume, started,
                                sample_weight)
         self.early_stopping_ = held is not None
+        self.is_categorical_, self.categorical_levels_ = categorical.mask, categorical.levels
         return fitted
 
     def _fit(self, plan, shape, X, y, groups, target_xp, validation_data, resume, started, sample_weight=None):
@@ -349,7 +370,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             init_started = time.perf_counter()
             start = I.start_of(plan, inputs, weights)  # (the rows the start is read from, counted by their weights)
             kernel, Z = self._initial_model(start, size.n_inducing, rng, 2 if order is not None else len(classes),
-                                            rows=inputs.X if size.at_rows else None)
+                                            rows=inputs.X if size.at_rows else None, categorical=plan.categorical)
             if order is not None:
                 kernel = O.start_kernel(plan, kernel, y, len(order), inputs, weights, start)
             self.init_time_ = time.perf_counter() - init_started
@@ -374,19 +395,22 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Rows a step of a fit on n rows (``agpc.batch_size.rows_per_step``)."""
         return batch_rows.rows_per_step(self._plan(), n, xp, Z, n_classes)
 
-    def _initial_model(self, start, m, rng, n_classes=2, rows=None):
+    def _initial_model(self, start, m, rng, n_classes=2, rows=None, categorical=()):
         """Initial kernel and inducing points from ``start`` (the rows and their counts, ``inputs.start_of``; ``rows``:
         the training rows, held as the exact model's); one of each a class for more than two (Villacampa-Calvo &
-        Hernandez-Lobato (2017): one latent function per class)."""
+        Hernandez-Lobato (2017): one latent function per class). ``categorical``: the categorical columns (the
+        default kernel's categorical part; the inducing points keep a level of each, ``inducing.with_row_levels``)."""
         sample, counts = start
-        kernel = O.latent_kernel(self.kernel) if self.kernel is not None else self._default_kernel(sample, counts)
+        default = self._default_kernel(sample, counts, categorical=categorical)
+        kernel = O.latent_kernel(self.kernel) if self.kernel is not None else default
         if self.kernel_prior == "auto":  # centred on the default kernel's lengthscales (docs/small_data_defaults.md)
-            kernel = with_default_priors(kernel, kernel if self.kernel is None else self._default_kernel(sample, counts))
+            kernel = with_default_priors(kernel, self._default_kernel(sample, counts))
         kernel = kernel.for_inputs(sample)
         if rows is not None:
             Z = B.array_namespace(rows).asarray(rows, copy=True)
         else:
             Z = initial_inducing_points(sample, m, self.inducing, random_state=rng, weights=counts)
+            Z = with_row_levels(Z, sample, categorical)
         if n_classes > 2:
             xp = B.array_namespace(Z)
             return ClassKernels([kernel] * n_classes), xp.stack([Z] * n_classes)
@@ -460,9 +484,17 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         groups, target_xp, plan = self._check_params()
         S.check_stream_params(plan, streaming=hasattr(self, "_trainer"))
         n_rows, n_features = I.rows_and_features(X, y)
+        if hasattr(self, "posterior_") or hasattr(self, "_trainer"):  # the model's columns and levels
+            categorical = self._categorical_columns()
+        else:
+            categorical = C.learn_columns(X, C.categorical_mask(X, self.categorical_features, n_features))
+        X = C.encode(X, categorical, n_features, unseen_refused=True)  # (rows trained on: no unseen level)
+        plan = plan.with_categorical(categorical.columns)
         steps = plan.steps(n_rows)
         with placement.blas_scope(plan, steps, n_features), B.jitter_report("GPClassifier.partial_fit"):
-            return self._partial_fit(plan, steps, X, y, classes, n_total, groups, target_xp, sample_weight)
+            fitted = self._partial_fit(plan, steps, X, y, classes, n_total, groups, target_xp, sample_weight)
+        self.is_categorical_, self.categorical_levels_ = categorical.mask, dict(categorical.levels)
+        return fitted
 
     def _partial_fit(self, plan, steps, X, y, classes, n_total, groups, target_xp, sample_weight):
         live = hasattr(self, "_trainer")
@@ -485,7 +517,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             rng = B.host_rng(self.random_state)
             m = size_rule.fit_model_size(plan, steps, rows, rows_known=False).n_inducing
             start = I.start_of(plan, inputs, weights)
-            kernel, Z = self._initial_model(start, m, rng, len(classes) if order is None else 2)
+            kernel, Z = self._initial_model(start, m, rng, len(classes) if order is None else 2,
+                                            categorical=plan.categorical)
             if order is not None:  # (the cut points start from this call's class counts)
                 kernel = O.start_kernel(plan, kernel, y, len(order), inputs, weights, start)
             self._rows_seen = 0
@@ -597,6 +630,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         predicted a block at a time, and so are host rows too large for the device's free memory."""
         model = self.fitted_model()
         dtype, expected, owner = I.dtype_name(self.dtype), self.n_features_in_, type(self).__name__
+        X = C.encode(X, self._categorical_columns(), expected)  # (text levels as the fit coded them)
         if B.is_out_of_core(X):
             I.check_out_of_core(X, dtype, expected=expected, owner=owner)
             return model, (X, None, None)
@@ -604,6 +638,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if in_xp is None:  # a DataFrame's names against the fitted ones (scikit-learn's warnings and errors)
             validate_data(self, X, skip_check_array=True, reset=False)
         return model, P.placed_rows(model, checked, in_xp)
+
+    def _categorical_columns(self):
+        """The fitted ``categories.CategoricalColumns`` (none for a model fitted before categorical columns)."""
+        mask = getattr(self, "is_categorical_", None)
+        return C.CategoricalColumns(np.zeros(self.n_features_in_, dtype=bool) if mask is None else mask,
+                                    getattr(self, "categorical_levels_", {}))
 
     def _lazy(self, method_name, X, columns, dtype):
         """A prediction on a dask.array: this model's method ``method_name`` chunk by chunk, lazily (a dask array
@@ -643,7 +683,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             feature_names_in=getattr(self, "feature_names_in_", None),
             log_marginal_likelihood=self.log_marginal_likelihood_, n_iter=self.n_iter_,
             jitter=getattr(self, "jitter_", self.jitter), likelihood=self.likelihood_, history=self.history_,
-            record={name: getattr(self, name + "_", None) for name in FIT_RECORD})
+            record={name: getattr(self, name + "_", None) for name in FIT_RECORD},
+            categorical=self._categorical_columns())
 
     def set_fitted_state(self, state):
         """Make this estimator the fitted model ``state`` describes (a ``FittedState`` of a model with these
@@ -660,6 +701,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                          state.history, state.n_iter, state.jitter,
                          likelihood_by_name(state.likelihood, multiclass=False) if one_latent else None)
         vars(self).update({name + "_": (state.record or {}).get(name) for name in FIT_RECORD})  # None: not recorded
+        categorical = state.categorical or C.CategoricalColumns(np.zeros(state.n_features_in, dtype=bool), {})
+        self.is_categorical_, self.categorical_levels_ = categorical.mask, dict(categorical.levels)
         return self
 
     def save(self, path):

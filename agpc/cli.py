@@ -56,7 +56,7 @@ from .inspection import expected_calibration_error, plot_model
 from .likelihoods import negative_log_likelihood
 from .methods import ORDINAL, RegisteredLikelihood, method_names
 from .plan import FitPlan
-from .tables import exception_line, labels_from_text, load_data, load_weighted_data, one_line, preview
+from .tables import exception_line, labels_from_text, load_data, load_weighted_data, one_line, preview, text_columns
 from .untrusted import printable
 from .labels import holdout_mask
 
@@ -248,7 +248,7 @@ def fit(args):
     X_train, y_train, X_val, y_val = _split(X, y, args.validation_fraction, args.random_state)
     if weights is not None and X_val is not None:
         weights = weights[~_validation_rows(y, args.validation_fraction, args.random_state)]
-    model = _fit_model(args, order, X_train.shape[0])
+    model = _fit_model(args, order, X_train.shape[0], _categorical_columns(args, X, names))
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
     scaler = None
     if args.standardize:  # on the training rows only; the model file keeps the means and scales (a Pipeline)
@@ -312,10 +312,30 @@ def _fit_rows(args):
     return X, y, names, weights
 
 
-def _fit_model(args, order, n_rows):
-    """The ``GPClassifier`` ``agpc fit``'s arguments ask for (``order``: an ordinal model's classes in their order),
-    its ``n_jobs`` for ``n_rows`` training rows (``_fit_jobs``), its parameters checked: a method that does not take
-    --likelihood is refused before anything is printed."""
+def _categorical_columns(args, X, names):
+    """The categorical feature columns of ``agpc fit``'s table: its columns of text (``tables.text_columns``) and
+    those --categorical names (a column name, or an index among the feature columns), as indices; --standardize
+    scales numbers only, and is refused with them."""
+    chosen = set(text_columns(X))
+    for given in args.categorical or ():
+        if names is not None and given in names:
+            chosen.add(names.index(given))
+        elif given.lstrip("-").isdigit() and -X.shape[1] <= int(given) < X.shape[1]:
+            chosen.add(int(given) % X.shape[1])
+        else:
+            raise UsageError(f"--categorical {given!r}: not a feature column of {args.data} (a name, or an index "
+                             f"among its {X.shape[1]} feature columns)")
+    if chosen and args.standardize:
+        raise UsageError("--standardize scales numeric columns: it does not go with categorical columns "
+                         f"({preview([names[j] if names else j for j in sorted(chosen)], 6)}) yet; standardise the "
+                         "numeric columns first")
+    return sorted(chosen)
+
+
+def _fit_model(args, order, n_rows, categorical=()):
+    """The ``GPClassifier`` ``agpc fit``'s arguments ask for (``order``: an ordinal model's classes in their order;
+    ``categorical``: the categorical columns), its ``n_jobs`` for ``n_rows`` training rows (``_fit_jobs``), its
+    parameters checked: a method that does not take --likelihood is refused before anything is printed."""
     model = GPClassifier(
         method=args.method, n_inducing=args.inducing, batch_size=args.batch_size, backend=args.backend,
         max_iter=args.max_iter, max_time=args.max_time, random_state=args.random_state, verbose=not args.quiet,
@@ -325,6 +345,7 @@ def _fit_model(args, order, n_rows):
         likelihood=args.likelihood, classes=None if order is None else order.tolist(),
         plateau=None if args.plateau == "none" else args.plateau,
         early_stopping={"auto": "auto", "on": True, "off": False}[args.early_stopping],
+        categorical_features=list(categorical) or None,
     )
     model.set_params(n_jobs=_fit_jobs(args, model, n_rows))
     model.check_params()
@@ -826,6 +847,9 @@ def _fit_run_arguments(p):
     p.add_argument("--plateau", choices=["auto", "none"], default="auto",
                    help="auto (default): stop once log Z stops rising (GPClassifier's plateau='auto'); none: run every "
                         "iteration of --max-iter")
+    p.add_argument("--categorical", action="append", metavar="COL",
+                   help="a feature column (name or index) whose values are categories, not numbers (integer codes); "
+                        "columns of text are categorical already. Repeat for more")
     p.add_argument("--early-stopping", choices=["off", "auto", "on"], default="off",
                    help="auto: a fit of minibatch size without --validation-fraction holds out 10%% of its rows and "
                         "stops when their NLL stops improving (GPClassifier's early_stopping: much sooner on some "

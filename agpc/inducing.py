@@ -20,7 +20,7 @@ import numpy as np  # (the weights, and the random choices, are on the host; the
 
 from .backend import array_device, array_namespace, asarray_like, cluster_sums, host_rng, to_numpy
 
-__all__ = ["initial_inducing_points", "kmeans", "start_rows"]
+__all__ = ["initial_inducing_points", "kmeans", "start_rows", "with_row_levels"]
 
 
 def start_rows(X, weights=None):
@@ -125,3 +125,21 @@ def initial_inducing_points(X, n_inducing, method="kmeans", *, random_state=None
     if not bool(xp.all(xp.isfinite(Z))):
         raise ValueError("inducing points contain NaN or inf")
     return xp.asarray(Z, copy=True)
+
+
+def with_row_levels(Z, rows, columns):
+    """Z (m, d) with the coordinates of the categorical ``columns`` of each point taken from its nearest row of
+    ``rows`` (the rows the start is read from, in units of their largest |x| as k-means clusters them): k-means
+    averages the level codes of a cluster into a value no row has, and the categorical kernel compares values for
+    equality only (``kernels.Categorical``), so such a point would match no level. Its gradient in those columns is
+    zero, so they keep these levels (issue 45: "the categorical coordinates of Z take level values and are not
+    moved"). Points that are rows ("random") are their own nearest rows: unchanged."""
+    if not columns:
+        return Z
+    xp = array_namespace(Z)
+    scale = xp.max(xp.abs(rows))
+    scale = xp.where(scale > 0, scale, xp.ones_like(scale))
+    nearest = xp.take(rows, _nearest(Z / scale, rows / scale), axis=0)
+    index = asarray_like(np.asarray(columns, dtype=np.int64), xp, device=array_device(Z))
+    is_categorical = xp.any(xp.arange(Z.shape[1], device=array_device(Z))[:, None] == index[None, :], axis=1)
+    return xp.where(is_categorical[None, :], nearest, Z)

@@ -28,7 +28,7 @@ from sklearn.utils.validation import check_array, column_or_1d
 from . import backend as B
 from . import labels as L
 from . import validation as V
-from .kernels import RBF
+from .kernels import RBF, Categorical, OnColumns, mixed_kernel
 from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
 from .inducing import start_rows
 from .inference.training import data_fingerprint, fingerprint_stride
@@ -460,12 +460,31 @@ def initial_sample(plan, X, xp, dtype, check_spread=False):
     return B.asarray_like(sample, xp, dtype=dtype)
 
 
-def default_kernel(X, weights=None):
+def default_kernel(X, weights=None, categorical=()):
     """The kernel ``GPClassifier(kernel=None)`` starts from on the rows X (the initial sample; ``weights``: each row's
     count, ``inducing.start_rows``'s): RBF with lengthscales sqrt(d) times each column's standard deviation (1 for a
     constant column), amplitude 1 and latent noise 1e-3. The deviations are taken without overflow or underflow
     (``column_scales``), so that the lengthscales follow features on any scale (X * 1e-300 or X * 1e154 in
-    float64: ``xp.std`` gave 0 or inf there, a chance-level model or an error about infinite lengthscales)."""
+    float64: ``xp.std`` gave 0 or inf there, a chance-level model or an error about infinite lengthscales).
+    ``categorical``: the categorical columns, where there are any: the RBF over the d other columns, a
+    ``kernels.Categorical`` over these (lengthscales 1: two levels correlated exp(-1)) and their product, summed
+    (``kernels.mixed_kernel``, issue 45); the categorical kernel alone where every column is categorical."""
+    if not categorical:
+        return RBF(lengthscales=_default_lengthscales(X, weights), amplitude=1.0, noise=1e-3)
+    chosen = set(int(j) for j in categorical)
+    continuous = [j for j in range(X.shape[1]) if j not in chosen]
+    levels = Categorical(columns=sorted(chosen), amplitude=1.0)
+    if not continuous:
+        return Categorical(columns=sorted(chosen), amplitude=1.0, noise=1e-3)
+    xp = B.array_namespace(X)
+    rows = xp.take(X, B.asarray_like(np.asarray(continuous), xp, device=B.array_device(X)), axis=1)
+    rbf = RBF(lengthscales=_default_lengthscales(rows, weights, continuous), amplitude=1.0)
+    return mixed_kernel(OnColumns(rbf, continuous), levels, noise=1e-3)
+
+
+def _default_lengthscales(X, weights, columns=None):
+    """The default RBF's lengthscales on the columns of X: sqrt(d) times each one's standard deviation (``columns``:
+    the features X's columns are, as an error names them)."""
     d = X.shape[1]
     std, _ = column_scales(X, weights)
     std = np.where(std > 0, std, 1.0)
@@ -474,12 +493,13 @@ def default_kernel(X, weights=None):
     tiny, huge = float(limits.smallest_normal), float(limits.max)
     if not np.all((lengthscales >= tiny) & (lengthscales <= huge)):
         bad = np.flatnonzero(~((lengthscales >= tiny) & (lengthscales <= huge)))
+        named = bad.tolist() if columns is None else [columns[k] for k in bad]
         raise ValueError(
-            f"features {bad.tolist()} have standard deviations {std[bad].tolist()}: the default kernel's "
+            f"features {named} have standard deviations {std[bad].tolist()}: the default kernel's "
             f"lengthscales (sqrt(d) = {math.sqrt(d):.3g} times them) are not representable in {X.dtype}; "
             "standardise the features (e.g. sklearn's StandardScaler)"
         )
-    return RBF(lengthscales=list(lengthscales), amplitude=1.0, noise=1e-3)
+    return list(lengthscales)
 
 
 def note_tf32(plan, xp, stacklevel=4):

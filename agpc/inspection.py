@@ -6,7 +6,8 @@
   it stopped) and the validation scores where the fit had validation data.
 - ``feature_relevance(kernel)``: the relevance of each feature from ARD lengthscales, 1 / lengthscale_j^2
   normalised to sum to one (the inverse squared lengthscale of automatic relevance determination: Neal (1996);
-  Rasmussen & Williams (2006), sec. 5.1).
+  Rasmussen & Williams (2006), sec. 5.1); for a kernel of categorical columns or of some columns (the mixed kernel
+  of continuous and categorical columns), per column from each term's lengthscales (``column_relevance``).
 - ``reliability_bins`` and ``expected_calibration_error``: how well predicted probabilities match the frequencies
   seen, over equal-width bins of the top-class probability (Naeini, Cooper & Hauskrecht (2015); Guo, Pleiss, Sun &
   Weinberger (2017), sec. 2), written against the array API.
@@ -32,12 +33,12 @@ from . import methods as M
 from .checkpoints import atomic_write
 from .inference.guard import GUARD_KEYS
 from .inference.training import STOP_REASONS
-from .kernels import Linear, Stationary
+from .kernels import Categorical, Combination, Linear, OnColumns, Stationary
 from .model import FittedState
 from .untrusted import printable
 
-__all__ = ["STOP_REASONS", "STOPPED_BECAUSE", "ModelReport", "model_summary", "feature_relevance", "reliability_bins",
-           "expected_calibration_error", "plot_model"]
+__all__ = ["STOP_REASONS", "STOPPED_BECAUSE", "ModelReport", "model_summary", "feature_relevance", "column_relevance",
+           "reliability_bins", "expected_calibration_error", "plot_model"]
 
 STOPPED_BECAUSE = {
     "max_iter": "max_iter: the iterations (epochs with minibatches) it was given ran out",
@@ -62,17 +63,27 @@ BOUND_NAMES = {"ep": "log Z (EP's estimate)", "gfitc": "log Z (EP's estimate)", 
 
 # -- feature relevance ----------------------------------------------------------------------------------
 
-def feature_relevance(kernel):
+def feature_relevance(kernel, n_features=None):
     """(relevance, None) or (None, why there is none) for one kernel, or a ``ClassKernels`` (then relevance is
     (C, d), one row a class). Relevance_j = (1 / l_j^2) / sum_k (1 / l_k^2) for the ARD lengthscales l of a
     stationary kernel (RBF, Matern 5/2, rational quadratic): how fast the latent function may change along
     feature j, in the units the features were given (compare features on one scale: standardise them first). For a
-    linear kernel, whose 1 / l_j^2 is its slope variance v_j (``kernels.Linear``), relevance_j = v_j / sum_k v_k."""
+    linear kernel, whose 1 / l_j^2 is its slope variance v_j (``kernels.Linear``), relevance_j = v_j / sum_k v_k.
+    For a kernel of categorical columns or of some columns (``kernels.Categorical``, ``kernels.OnColumns``, and
+    sums and products holding one: ``kernels.mixed_kernel``), each column's rate of ``column_relevance``
+    normalised, one per feature of X (``n_features``; None: as many as the kernel's columns reach)."""
     if kernel.n_latent > 1:
-        rows = [feature_relevance(k) for k in kernel.latent_kernels()]
+        rows = [feature_relevance(k, n_features) for k in kernel.latent_kernels()]
         why = next((why for _, why in rows if why is not None), None)
         return (None, why) if why is not None else (np.stack([relevance for relevance, _ in rows]), None)
     kernel = kernel.covariance_kernel  # (an ordinal model's lengthscales are its latent kernel's)
+    if _reads_columns(kernel):
+        rates, _ = column_relevance(kernel, n_features)
+        if rates is None:
+            return None, (f"a term of the {type(kernel).__name__} kernel has no lengthscale per column; relevance is "
+                          "given for RBF, Matern52, RationalQuadratic, Linear and Categorical terms (one lengthscale "
+                          "shared by the features where their number is given)")
+        return rates / rates.sum(), None
     if not isinstance(kernel, (Stationary, Linear)):
         return None, (f"the {type(kernel).__name__} kernel has no one set of ARD lengthscales (each term has its "
                       "own: see its parameters); relevance is given for a single RBF, Matern52, RationalQuadratic "
@@ -84,14 +95,77 @@ def feature_relevance(kernel):
     return precision / precision.sum(), None
 
 
-def _lengthscales(kernel):
+def _lengthscales(kernel, n_features=None):
     """(d,) or (C, d) host lengthscales of a kernel whose relevance is defined (a linear kernel's: 1 / sqrt(v_j),
-    the distance along feature j over which its slope moves f by one prior standard deviation)."""
+    the distance along feature j over which its slope moves f by one prior standard deviation; a kernel of some
+    columns: ``column_relevance``'s)."""
     if kernel.n_latent > 1:
-        return np.stack([_lengthscales(k) for k in kernel.latent_kernels()])
+        return np.stack([_lengthscales(k, n_features) for k in kernel.latent_kernels()])
     kernel = kernel.covariance_kernel
+    if _reads_columns(kernel):
+        return column_relevance(kernel, n_features)[1]
     scales = kernel.lengthscales if isinstance(kernel, Stationary) else kernel.variances ** -0.5
     return np.asarray(B.to_numpy(scales), dtype=np.float64).reshape(-1)
+
+
+COLUMN_MEASURE = ("1 / (2 lengthscale^2) of a continuous feature, 1 / lengthscale of a categorical one (how much "
+                  "log k falls over one unit, or to another level), the largest over the kernel's terms")
+"""What the relevance of a kernel of some columns is made of (``column_relevance``), as the summary says it."""
+
+
+def _reads_columns(kernel):
+    """Whether ``kernel`` reads some columns of X only: a categorical kernel, an ``OnColumns``, or a sum or product
+    holding one (its relevance is ``column_relevance``'s)."""
+    if isinstance(kernel, Combination):
+        return any(_reads_columns(term) for term in kernel.terms)
+    return isinstance(kernel, (Categorical, OnColumns))
+
+
+def column_relevance(kernel, n_features=None):
+    """(rate (d,), lengthscale (d,)) per column of X for a kernel of some columns, or (None, None) where a term has
+    no lengthscales. A column's rate is how much log k(x, z) falls as x moves away from z along it: over one unit
+    of a continuous feature, 1 / (2 l_j^2) for a stationary term (the RBF's exponent; a linear term's v_j / 2, its
+    1 / l_j^2 being v_j), and to another level of a categorical one, 1 / l_j (``kernels.Categorical``: two levels are
+    correlated exp(-1 / l_j)); a column several terms read (the mixed kernel's sum and product) takes the largest,
+    the term along which f may change fastest, and that term's lengthscale. A column no term reads: rate 0,
+    lengthscale inf. d: ``n_features``, or as many as the kernel's columns reach."""
+    rates = _column_rates(kernel, n_features)
+    if rates is None:
+        return None, None
+    d = n_features if n_features is not None else max(rates) + 1
+    rate, scale = np.zeros(d), np.full(d, np.inf)
+    for j, entries in rates.items():
+        if j < d:
+            rate[j], scale[j] = max(entries)
+    return rate, scale
+
+
+def _column_rates(kernel, width):
+    """{column: [(rate, lengthscale) of each term reading it]} of ``kernel`` on inputs of ``width`` columns (None:
+    unknown), or None for a term without lengthscales (``column_relevance``)."""
+    if isinstance(kernel, Combination):
+        out = {}
+        for term in kernel.terms:
+            part = _column_rates(term, width)
+            if part is None:
+                return None
+            for j, entries in part.items():
+                out.setdefault(j, []).extend(entries)
+        return out
+    if isinstance(kernel, OnColumns):  # (its kernel's column i is X's column columns[i])
+        part = _column_rates(kernel.kernel, len(kernel.columns))
+        return None if part is None else {kernel.columns[i]: entries for i, entries in part.items()}
+    if isinstance(kernel, Categorical):
+        scales = np.asarray(B.to_numpy(kernel.lengthscales), dtype=np.float64).reshape(-1)
+        return {j: [(1.0 / float(scale), float(scale))] for j, scale in zip(kernel.columns, scales)}
+    if not isinstance(kernel, (Stationary, Linear)):
+        return None
+    scales = _lengthscales(kernel)
+    if scales.shape[0] == 1:  # (one lengthscale for every column, of a number known or not)
+        if width is None:
+            return None
+        scales = np.repeat(scales, width)
+    return {j: [(0.5 / float(scale) ** 2, float(scale))] for j, scale in enumerate(scales)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,7 +202,8 @@ def _feature_labels(model):
 
 
 def _relevance_lines(model, max_features):
-    relevance, why = feature_relevance(model.state.kernel)
+    n_features = int(model.state.n_features_in)
+    relevance, why = feature_relevance(model.state.kernel, n_features)
     if relevance is None:
         return [f"feature relevance: none ({why})"]
     labels = _feature_labels(model)
@@ -139,7 +214,8 @@ def _relevance_lines(model, max_features):
     # (the latent GPs' kernels: one a class for a multiclass model)
     kernels = [k.covariance_kernel for k in model.state.kernel.latent_kernels()]
     measure = ("slope variance v (a linear kernel; lengthscale: 1 / sqrt(v))"
-               if all(isinstance(k, Linear) for k in kernels) else "1 / lengthscale^2")
+               if all(isinstance(k, Linear) for k in kernels) else COLUMN_MEASURE
+               if any(_reads_columns(k) for k in kernels) else "1 / lengthscale^2")
     lines = [f"feature relevance: {measure}, normalised to sum to 1 (features compared in the units they were given)"]
     if model.recorded("ard") is False:  # tied: the ratios are the start's, not learned
         lines.append("  (one lengthscale scale shared by every feature, ard_=False: the ratios are the starting ones, "
@@ -151,7 +227,7 @@ def _relevance_lines(model, max_features):
             lines.append(f"  {labels[j]:<{width}}  {overall[j]:>8.4f}  "
                          + "  ".join(f"{relevance[c, j]:>10.4f}" for c in range(relevance.shape[0])))
     else:
-        lengthscales = _lengthscales(model.state.kernel)
+        lengthscales = _lengthscales(model.state.kernel, n_features)
         lines.append(f"  {'feature':<{width}}  {'relevance':>9}  {'lengthscale':>11}")
         for j in order[:max_features]:
             lines.append(f"  {labels[j]:<{width}}  {overall[j]:>9.4f}  {lengthscales[j]:>11.4g}")
@@ -348,7 +424,7 @@ def _plot_reliability(ax, calibration, n_bins):
 
 
 def _plot_relevance(ax, model, max_features):
-    relevance, why = feature_relevance(model.state.kernel)
+    relevance, why = feature_relevance(model.state.kernel, int(model.state.n_features_in))
     ax.set_title("feature relevance (1 / lengthscale^2)")
     if relevance is None:
         ax.text(0.5, 0.5, "\n".join(textwrap.wrap("none: " + why, 48)), ha="center", va="center", fontsize=8)

@@ -19,8 +19,10 @@ has ONE noise parameter, its own: its terms' covariances are combined, then the 
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
+import numbers
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -39,6 +41,9 @@ __all__ = [
     "Product",
     "ClassKernels",
     "OrdinalKernel",
+    "Categorical",
+    "OnColumns",
+    "mixed_kernel",
     "ORDINAL_KERNEL",
     "KERNELS",
     "kernel_from_spec",
@@ -53,6 +58,8 @@ __all__ = [
 
 SCALAR = "scalar"
 PER_DIMENSION = "per_dimension"  # one value per input dimension (ARD); a single value broadcasts at first use
+PER_COLUMN = "per_column"  # one value per column a kernel of ``columns`` reads (``Parameter.length`` of them)
+VECTORS = (PER_DIMENSION, PER_COLUMN)  # the shapes whose value a user gives as a list (or one number for all)
 LOG = "log"  # stored u = log(value), value = exp(u) (a positive parameter)
 IDENTITY = "identity"  # stored as it is (the first cut point of an ordinal model: any real number)
 
@@ -74,7 +81,8 @@ class Parameter:
     - ``name``: the constrained quantity ("lengthscales"); stored unconstrained under ``key``
       ("log_lengthscales").
     - ``transform``: how it is stored: ``"log"`` (positive values; the optimisers move the log).
-    - ``shape``: ``"scalar"`` or ``"per_dimension"`` (one per input feature).
+    - ``shape``: ``"scalar"``, ``"per_dimension"`` (one per input feature) or ``"per_column"`` (one per column of a
+      kernel's ``columns``: :class:`Categorical`, and a kernel's per-feature parameters inside :class:`OnColumns`).
     - ``may_be_zero``: a value of exactly 0 is allowed, stored as -inf, and is then fixed (the latent noise: 0
       means no noise, not a parameter to learn).
     - ``lower``: the least value the optimisers step it to (``step_lower_bounds``), or None. The latent noise's is
@@ -117,7 +125,7 @@ class Parameter:
 
 def _checked_value(parameter, value):
     """A user's initial value of ``parameter``: a list of positive finite floats (per dimension) or a float."""
-    values = value if parameter.shape == PER_DIMENSION and hasattr(value, "__len__") else [value]
+    values = value if parameter.shape in VECTORS and hasattr(value, "__len__") else [value]
     try:
         values = [float(v) for v in values]
     except (TypeError, ValueError):
@@ -126,7 +134,7 @@ def _checked_value(parameter, value):
     if not values or not all(ok(v) for v in values):
         kind = "non-negative" if parameter.may_be_zero else "positive"
         raise ValueError(f"{parameter.name} must be {kind} and finite, got {value!r}")
-    if parameter.shape == PER_DIMENSION:
+    if parameter.shape in VECTORS:
         return host_array([parameter.stored(v) for v in values])
     return host_array(parameter.stored(values[0]))
 
@@ -176,7 +184,7 @@ def _checked_priors(table, priors):
             raise ValueError(f"prior on {name!r}: not a parameter of this kernel (its parameters: {sorted(by_name)})")
         if not isinstance(prior, Prior):
             raise TypeError(f"prior on {name!r}: {prior!r} is not an agpc.priors.Prior (e.g. agpc.priors.Gamma)")
-        if prior.entries > 1 and shapes[name] != PER_DIMENSION:
+        if prior.entries > 1 and shapes[name] not in VECTORS:
             raise ValueError(f"prior on {name!r}: {prior!r} lists {prior.entries} values, but {name} is one number")
         out[key] = prior
     return out
@@ -305,7 +313,7 @@ class Kernel:
         values = {}
         for p in self.parameters:
             value = to_numpy(p.value(self.params[p.key]))
-            values[p.name] = [float(v) for v in value.reshape(-1)] if p.shape == PER_DIMENSION else float(value)
+            values[p.name] = [float(v) for v in value.reshape(-1)] if p.shape in VECTORS else float(value)
         names = {p.key: p.name for p in self.parameters}
         own = {names[key]: prior for key, prior in self.priors.items() if key in names}
         values["priors"] = own or None
@@ -453,11 +461,15 @@ class Kernel:
         # the values as given where there are some (RBF(lengthscales=5.0) is not lengthscales=[4.999999999999999])
         given = self.get_params(deep=False)
         values = ", ".join(
-            f"{p.name}={[float(v) for v in _entries(given[p.name])]!r}" if p.shape == PER_DIMENSION
+            f"{p.name}={[float(v) for v in _entries(given[p.name])]!r}" if p.shape in VECTORS
             else f"{p.name}={float(given[p.name]):.6g}"
             for p in self.parameters
         )
-        return f"{self.name}({values}{self._repr_priors()})"
+        return f"{self.name}({self._repr_leading()}{values}{self._repr_priors()})"
+
+    def _repr_leading(self):
+        """What ``__repr__`` prints before the parameters ("columns=[0, 2], " for a kernel of some columns)."""
+        return ""
 
     def _repr_priors(self):
         names = {p.key: p.name for p in self.parameters}
@@ -1244,8 +1256,371 @@ class OrdinalKernel(Kernel):
         return out
 
 
+# -- kernels of some columns of X: categorical columns, and any kernel on a subset of the features (issue 45) --------
+
+MAX_COLUMNS = 1 << 16
+"""The most columns a :class:`Categorical` or :class:`OnColumns` kernel reads: a model file's description lists
+them, and a hostile one is refused by its length before its entries are read."""
+
+MAX_COLUMN_INDEX = (1 << 31) - 1
+"""The largest column index they take."""
+
+
+def _checked_columns(columns, owner):
+    """``columns`` as a tuple of ints: 1 to ``MAX_COLUMNS`` distinct column indices from 0 to ``MAX_COLUMN_INDEX``
+    (Python or NumPy integers, not booleans); one ValueError naming ``owner`` otherwise."""
+    try:
+        size = None if isinstance(columns, (str, bytes, dict)) else len(columns)
+    except TypeError:
+        size = None
+    if size is None:
+        raise ValueError(f"{owner}: columns must be a list of column indices, got {type(columns).__name__}")
+    if not 1 <= size <= MAX_COLUMNS:
+        raise ValueError(f"{owner}: columns must list 1 to {MAX_COLUMNS} column indices, got {size}")
+    values = list(columns)
+    bad = [c for c in values if isinstance(c, bool) or not isinstance(c, numbers.Integral)
+           or not 0 <= c <= MAX_COLUMN_INDEX]
+    if bad:
+        raise ValueError(f"{owner}: a column index is an integer from 0 to {MAX_COLUMN_INDEX}, got {bad[0]!r}")
+    values = tuple(int(c) for c in values)
+    if len(set(values)) != len(values):
+        raise ValueError(f"{owner}: columns lists a column more than once")
+    return values
+
+
+def _check_width(owner, columns, n_features):
+    """One ValueError when a kernel of ``columns`` meets data of fewer features than its columns need."""
+    last = max(columns)
+    if last >= n_features:
+        raise ValueError(f"{owner}: column {last} is out of range for data of {n_features} features")
+
+
+def _index(values, like):
+    """The integers ``values`` as an index array in the namespace and on the device of ``like``."""
+    xp = array_namespace(like)
+    return xp.asarray(list(values), dtype=xp.int64, device=array_device(like))
+
+
+def _per_column(stored, size, owner):
+    """A per-column parameter's stored values (a host array of one value or ``size``) as ``size`` values."""
+    if stored.shape[0] == size:
+        return stored
+    if stored.shape[0] == 1:
+        return host_array([float(stored[0])] * size)
+    raise ValueError(f"{owner} has {size} columns but {stored.shape[0]} lengthscales")
+
+
+class Categorical(Kernel):
+    """The exchangeable ("overlap", Hamming) kernel of categorical columns holding level codes:
+    k(x, z) = amplitude * exp(-sum_{j in columns} [x_j != z_j] / l_j), plus the latent noise at the data points.
+
+    Two rows whose levels differ in column j are correlated exp(-1 / l_j) through it: l_j -> infinity makes the column
+    irrelevant (its levels fully correlated), a small l_j makes its levels independent. Only the equality of two
+    values is read, so the codes are any numbers (the integers 0..L-1 ``agpc.categories`` gives text levels, or a
+    file's own codes), and a code the fit never saw (``categories.UNSEEN``, -1) is a level of its own, correlated
+    exp(-1 / l_j) with every other level and 1 with itself. The kernel of BoTorch's ``CategoricalKernel`` (its
+    ``MixedSingleTaskGP``; Ru, Alvi, Nguyen, Osborne & Roberts (2020), CoCaBO's "overlap" kernel), which averages the
+    mismatches over the columns where this sums them (its lengthscales are these divided by the number of columns):
+    the exchangeable correlation of Qian, Wu & Wu (2008) with one parameter per column. Each column's factor
+    exp(-[x_j != z_j] / l_j) = c_j + (1 - c_j) [x_j == z_j], c_j = exp(-1 / l_j), is positive semi-definite, and so is
+    their product.
+
+    Its gradient w.r.t. the inducing points is exactly 0 (codes are discrete: an optimiser never moves an inducing
+    point off its levels). Bounded by its amplitude (no ``growth``).
+
+    Parameters
+    ----------
+    columns : sequence of int
+        The categorical columns of X (1 to ``MAX_COLUMNS`` distinct indices).
+    lengthscales : float or sequence of float, default=1.0
+        One per column of ``columns``, or one for all of them.
+    amplitude : float, default=1.0
+        Signal variance.
+    noise : float, default=0.0
+        Variance of additive latent noise at the data points, as for :class:`Stationary`.
+    priors : dict or None, default=None
+        {parameter name: agpc.priors.Prior}; None: no prior.
+    """
+
+    name = "Categorical"
+    parameters = (
+        Parameter("lengthscales", shape=PER_COLUMN),
+        Parameter("amplitude"),
+        Parameter("noise", may_be_zero=True, lower=LATENT_NOISE_FLOOR),
+    )
+
+    def __init__(self, columns, lengthscales=1.0, amplitude=1.0, noise=0.0, priors=None):
+        self.columns = _checked_columns(columns, self.name)
+        self._start({"lengthscales": lengthscales, "amplitude": amplitude, "noise": noise}, priors)
+        # (one per column from the start: the number of columns is known here, unlike the data's features)
+        self.params["log_lengthscales"] = _per_column(self.params["log_lengthscales"], len(self.columns), self.name)
+        self._keep_given({"columns": columns, **self._given})
+
+    def _current_values(self):
+        return {"columns": list(self.columns), **super()._current_values()}
+
+    def _repr_leading(self):
+        return f"columns={list(self.columns)!r}, "
+
+    def with_params(self, params):
+        kernel = super().with_params(params)
+        kernel.columns = self.columns
+        return kernel
+
+    def parameter_table(self):
+        table = super().parameter_table()
+        table["log_lengthscales"] = replace(table["log_lengthscales"], length=len(self.columns))
+        return table
+
+    def for_inputs(self, X):
+        """This kernel with its parameters in X's namespace, device and type (X: all the features, (n, d))."""
+        _check_width(self.name, self.columns, X.shape[1])
+        xp, device = array_namespace(X), array_device(X)
+        params = {k: asarray_like(v, xp, device=device, dtype=X.dtype) for k, v in self.params.items()}
+        return _check_prior_entries(self.with_params(params))
+
+    def spec(self):
+        return {"type": self.name, "columns": list(self.columns), **self._prior_spec()}
+
+    @cached_property
+    def lengthscales(self):
+        return self._positive("lengthscales")
+
+    @cached_property
+    def amplitude(self):
+        return self._positive("amplitude")
+
+    @cached_property
+    def _inverse_lengthscales(self):
+        log_lengthscales = self.params["log_lengthscales"]
+        return array_namespace(log_lengthscales).exp(-log_lengthscales)
+
+    @property
+    def reach_lengthscales(self):
+        """1 for every column (one array entry, broadcast): the clamp of far inputs (``prediction.within_reach``) may
+        move a categorical value that lies beyond the inducing points' range in its column to any other value beyond
+        it, since both equal none of theirs and the kernel reads equality only; a reach of 1 puts the clamped value
+        KERNEL_REACH (1e3) codes beyond that range, a number distinct from it for every code the type holds exactly
+        (up to 2^24 in float32, 2^53 in float64). In a sum or product, where the longest reach of the terms is taken
+        per column, it leaves a continuous term's clamp where it was, or moves it to 1e3 from the range."""
+        amplitude = self.amplitude
+        xp = array_namespace(amplitude)
+        return xp.reshape(xp.ones_like(amplitude), (1,))
+
+    @staticmethod
+    def _differ(A, B, j):
+        """[a_j != b_j] for every pair of rows of A (n, d) and B (m, d): booleans (n, m)."""
+        return A[:, j][:, None] != B[:, j][None, :]
+
+    def _mismatch(self, A, B):
+        """sum_j [a_j != b_j] / l_j for every pair of rows (n, m), one column at a time: its temporaries are n x m
+        (a broadcast over the columns would hold n x m x k)."""
+        xp = array_namespace(A, B)
+        weights = self._inverse_lengthscales
+        zero = xp.zeros((), dtype=A.dtype, device=array_device(A))
+        total = None
+        for i, j in enumerate(self.columns):
+            term = xp.where(self._differ(A, B, j), weights[i], zero)
+            if total is None:
+                total = term
+            else:
+                total += term
+        return total
+
+    def K(self, X, Z=None, *, out=None):
+        """Cross-covariance K(X, Z) (no noise term); ``Z=None``: K(X, X). ``out`` is not used (``Stationary.K``)."""
+        mismatch = self._mismatch(X, X if Z is None else Z)
+        return array_namespace(mismatch).exp(self.params["log_amplitude"] - mismatch)
+
+    def Kdiag(self, X):
+        """Prior variances of f at the data points, amplitude + noise, shape (n,)."""
+        xp = array_namespace(X)
+        return xp.full((X.shape[0],), 1.0, dtype=X.dtype, device=array_device(X)) * (self.amplitude + self.noise)
+
+    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None, Kmm=None, *, overwrite=False):
+        """Gradients of L from its adjoints (``Stationary.grads``' contract). With G the adjoint of a block K:
+        dL / d log amplitude = sum(G K) and dL / d log l_j = sum(G K [x_j != z_j]) / l_j (dK / d log l_j = K [x_j !=
+        z_j] / l_j); the gradient w.r.t. Z is 0 (codes are discrete)."""
+        xp = array_namespace(Z)
+        device = array_device(Z)
+        zero = xp.zeros((), dtype=Z.dtype, device=device)
+        d_log_amp, d_log_l, d_log_noise = zero, None, zero
+        for adjoint, rows, values in ((dKmm, Z, Kmm), (dKnm, X, Knm)):
+            if adjoint is None:
+                continue
+            values = self.K(rows, Z) if values is None else values
+            if overwrite and adjoint is dKnm:  # (the caller's block, which it lets us write: no n x m temporary)
+                adjoint *= values
+                weighted = adjoint
+            else:
+                weighted = adjoint * values
+            d_log_amp = d_log_amp + xp.sum(weighted)
+            sums = xp.stack([xp.sum(xp.where(self._differ(rows, Z, j), weighted, zero)) for j in self.columns])
+            d_log_l = sums if d_log_l is None else d_log_l + sums
+        d_log_l = (xp.zeros(len(self.columns), dtype=Z.dtype, device=device) if d_log_l is None
+                   else d_log_l * self._inverse_lengthscales)
+        if dKdiag is not None:
+            total = xp.sum(dKdiag)
+            d_log_amp = d_log_amp + total * self.amplitude
+            d_log_noise = total * self.noise
+        return {"log_lengthscales": d_log_l, "log_amplitude": d_log_amp, "log_noise": d_log_noise,
+                "Z": xp.zeros(Z.shape, dtype=Z.dtype, device=device)}
+
+
+class OnColumns(Kernel):
+    """``kernel`` applied to some columns of X only: K(X, Z) = kernel.K(X[:, columns], Z[:, columns]), and Kdiag
+    likewise (GPflow's ``active_dims``). The continuous part of a mixed model reads the continuous columns through
+    it and ignores the categorical ones (``mixed_kernel``).
+
+    Its parameters are the kernel's, under the same keys (its per-feature ones hold one value per column of
+    ``columns``); its gradient w.r.t. Z is the kernel's in those columns and exactly 0 in the others; its noise,
+    growth and reach are the kernel's (``reach_lengthscales`` says how the reach is given).
+
+    Parameters
+    ----------
+    kernel : Kernel
+        Any agpc kernel of one latent GP (not an ordinal model's).
+    columns : sequence of int
+        The columns of X it reads, in the order the kernel takes them (1 to ``MAX_COLUMNS`` distinct indices).
+    """
+
+    name = "OnColumns"
+
+    def __init__(self, kernel, columns):
+        if not isinstance(kernel, Kernel) or kernel.cut_points is not None or kernel.n_latent != 1:
+            raise TypeError(f"OnColumns applies an agpc kernel of one latent GP to some columns, got {kernel!r}")
+        self.kernel = kernel
+        self.columns = _checked_columns(columns, self.name)
+        self._keep_given({"kernel": kernel, "columns": columns})
+
+    @classmethod
+    def _from_parts(cls, kernel, columns):
+        out = cls.__new__(cls)
+        out.kernel, out.columns = kernel, columns
+        return out
+
+    def _current_values(self):
+        return {"kernel": self.kernel, "columns": list(self.columns)}
+
+    @property
+    def params(self):
+        return self.kernel.params
+
+    @property
+    def priors(self):
+        return self.kernel.priors
+
+    def parameter_table(self):
+        """The kernel's, its per-feature parameters one value per column of ``columns`` (what a model file holds)."""
+        size = len(self.columns)
+        return {key: replace(p, shape=PER_COLUMN, length=size) if p.shape == PER_DIMENSION else p
+                for key, p in self.kernel.parameter_table().items()}
+
+    def with_params(self, params):
+        return self._from_parts(self.kernel.with_params(params), self.columns)
+
+    def for_inputs(self, X):
+        """The kernel made for X's columns ``columns`` (X: all the features, (n, d))."""
+        _check_width(self.name, self.columns, X.shape[1])
+        return self._from_parts(self.kernel.for_inputs(self._select(X)), self.columns)
+
+    def spec(self):
+        return {"type": self.name, "columns": list(self.columns), "kernel": self.kernel.spec()}
+
+    def __repr__(self):
+        return f"{self.name}({self.kernel!r}, columns={list(self.columns)!r})"
+
+    def without_noise(self):
+        kernel = self.kernel.without_noise()
+        if kernel is self.kernel:
+            return self
+        out = self._from_parts(kernel, self.columns)
+        if hasattr(self, "_given"):  # (a user's kernel's copy: settable, as ``Kernel.without_noise`` keeps it)
+            out._keep_given({**self._given_now(), "kernel": kernel})
+        out._stripped_noise = kernel._stripped_noise
+        return out
+
+    @property
+    def growth(self):
+        """The kernel's: its columns' squared norm is at most |x|^2, so its bound holds for the whole row."""
+        return self.kernel.growth
+
+    @property
+    def growth_power(self):
+        return self.kernel.growth_power
+
+    @property
+    def reach_lengthscales(self):
+        """The kernel's longest reach, one array entry for every column (broadcast), or None where it has none. The
+        clamp of far inputs (``prediction.within_reach``) takes a reach per column of X, which this kernel does not
+        know the number of; beyond the longest reach the kernel is 0 along each of its columns, and a column it does
+        not read may be clamped anywhere."""
+        reach = self.kernel.reach_lengthscales
+        if reach is None:
+            return None
+        xp = array_namespace(reach)
+        return xp.reshape(xp.max(reach), (1,))
+
+    @cached_property
+    def _span(self):
+        """(start, stop) when the columns are one ascending run (taken as a slice of X), else None."""
+        start = self.columns[0]
+        return (start, start + len(self.columns)) if self.columns == tuple(range(start, start + len(
+            self.columns))) else None
+
+    def _select(self, X):
+        """X's columns ``columns``, in their order."""
+        if self._span is not None:
+            return X[:, self._span[0]:self._span[1]]
+        return array_namespace(X).take(X, _index(self.columns, X), axis=1)
+
+    def _widened(self, dZ, width):
+        """dZ (m, k), a gradient w.r.t. the selected columns of Z, as (m, width): each column in its place, exactly
+        0 in the columns the kernel does not read."""
+        xp = array_namespace(dZ)
+        m, device = dZ.shape[0], array_device(dZ)
+        if self._span is not None:
+            start, stop = self._span
+            return xp.concat([xp.zeros((m, start), dtype=dZ.dtype, device=device), dZ,
+                              xp.zeros((m, width - stop), dtype=dZ.dtype, device=device)], axis=1)
+        padded = xp.concat([dZ, xp.zeros((m, 1), dtype=dZ.dtype, device=device)], axis=1)
+        source = [len(self.columns)] * width  # (the column of zeros)
+        for i, j in enumerate(self.columns):
+            source[j] = i
+        return xp.take(padded, _index(source, dZ), axis=1)
+
+    def K(self, X, Z=None, *, out=None):
+        return self.kernel.K(self._select(X), None if Z is None else self._select(Z), out=out)
+
+    def Kdiag(self, X):
+        return self.kernel.Kdiag(self._select(X))
+
+    def grads(self, dKmm, dKnm, dKdiag, X, Z, Knm=None, Kmm=None, *, overwrite=False):
+        """The kernel's gradients on the selected columns; its gradient w.r.t. Z in Z's width (``_widened``)."""
+        out = self.kernel.grads(dKmm, dKnm, dKdiag, None if X is None else self._select(X), self._select(Z),
+                                Knm=Knm, Kmm=Kmm, overwrite=overwrite)
+        out["Z"] = self._widened(out["Z"], Z.shape[1])
+        return out
+
+
+def mixed_kernel(continuous, categorical, noise=None, priors=None):
+    """The kernel of mixed continuous and categorical columns of BoTorch's ``MixedSingleTaskGP`` (and of CoCaBO:
+    Ru et al. (2020)): the sum of a kernel of the continuous columns, a kernel of the categorical ones and their
+    product, k = k_cont + k_cat + k_cont' k_cat', the product's factors copies of the two with parameters of their
+    own. For example ``mixed_kernel(OnColumns(RBF(), [0, 2]), Categorical([1, 3]))``: a sum of three terms (the
+    product one of them), with one latent noise, ``noise`` (None: the two kernels' noises, counted once); ``priors``:
+    the sum's own ({"noise": prior}), as for :class:`Sum`."""
+    for kernel in (continuous, categorical):
+        if not isinstance(kernel, Kernel):
+            raise TypeError(f"mixed_kernel combines agpc kernels, got {kernel!r}")
+    if noise is None:
+        noise = _noise_stood_for(continuous) + _noise_stood_for(categorical)
+    return Sum(continuous, categorical, Product(copy.deepcopy(continuous), copy.deepcopy(categorical)), noise=noise,
+               priors=priors)
+
+
 ORDINAL_KERNEL = OrdinalKernel.name
-KERNELS = {cls.name: cls for cls in (RBF, Matern52, RationalQuadratic, Linear, Sum, Product)}
+KERNELS = {cls.name: cls for cls in (RBF, Matern52, RationalQuadratic, Linear, Sum, Product, Categorical, OnColumns)}
 MAX_SPEC_DEPTH = 8  # a file's kernel description nests sums and products at most this deep
 MAX_SPEC_CLASSES = 1 << 16  # an ordinal description's classes (its cut points are K - 1 numbers in the file)
 
@@ -1264,9 +1639,13 @@ def _template(spec, depth=0):
     cls = KERNELS.get(spec.get("type")) if isinstance(spec, dict) and isinstance(spec.get("type"), str) else None
     if cls is None or depth > MAX_SPEC_DEPTH:
         raise ValueError(f"unknown kernel specification {spec!r}; known kernels: {sorted(KERNELS)}")
+    if cls is OnColumns:
+        return _on_columns_template(spec, depth)
     combination = issubclass(cls, Combination)
-    allowed = {"type", "priors"} | ({"terms"} if combination else set())
-    if not set(spec) <= allowed or (combination and not isinstance(spec.get("terms"), list)):
+    allowed = {"type", "priors"} | ({"terms"} if combination else set()) | (
+        {"columns"} if cls is Categorical else set())
+    if not set(spec) <= allowed or (combination and not isinstance(spec.get("terms"), list)) or (
+            cls is Categorical and not isinstance(spec.get("columns"), list)):
         raise ValueError(f"kernel specification {spec!r}: expected the fields {sorted(allowed)}")
     priors = spec.get("priors", {})
     if not isinstance(priors, dict) or ("priors" in spec and not priors):
@@ -1281,9 +1660,18 @@ def _template(spec, depth=0):
         if len(kernel.terms) < 2:
             raise ValueError(f"kernel specification {spec!r}: a {cls.name} has at least two terms")
         return kernel
-    kernel = cls()
+    kernel = Categorical(spec["columns"]) if cls is Categorical else cls()
     kernel.priors = checked
     return kernel
+
+
+def _on_columns_template(spec, depth):
+    """``_template`` of an OnColumns description: exactly its type, its columns (a list, checked as the constructor
+    checks them) and its kernel's description (checked as any other, one level deeper)."""
+    if set(spec) != {"type", "columns", "kernel"} or not isinstance(spec["columns"], list):
+        raise ValueError("kernel specification of an OnColumns kernel: expected exactly the fields columns (a list of "
+                         "column indices), kernel and type")
+    return OnColumns(_template(spec["kernel"], depth + 1), spec["columns"])
 
 
 def spec_parameter_table(spec):
@@ -1317,18 +1705,25 @@ def with_default_priors(kernel, reference):
     - a linear kernel's slope variances: log v_j ~ Normal(-2 log r_j, sd sqrt(3)), the variance 1 / r_j^2 that
       gives f the prior variance of the stationary default on standardised features (sum_j x_j^2 / (d sd_j^2) ~ 1);
       its bias: log b ~ Normal(0, sd sqrt(3));
+    - a categorical kernel's lengthscales: log l_j ~ Normal(0, sd sqrt(3)), centred on the default kernel's
+      categorical lengthscale of 1 (two levels of a column correlated exp(-1): ``agpc.inputs.default_kernel``);
     - nothing on the latent noise or on a profile's own parameters (a rational quadratic's alpha).
 
-    Every term of a sum or product gets them; ``reference`` is a kernel with per-feature
-    ``log_lengthscales`` (host values). Why and what it does: docs/small_data_defaults.md."""
+    Every term of a sum or product gets them, and the kernel of an ``OnColumns`` those of its columns' reference
+    lengthscales; ``reference`` is a kernel with per-feature ``log_lengthscales`` (host values). Why and what it
+    does: docs/small_data_defaults.md."""
     if isinstance(kernel, Combination):
         terms = [with_default_priors(term, reference) for term in kernel.terms]
         return kernel._from_parts(terms, kernel.own, kernel.priors_own)
+    if isinstance(kernel, OnColumns):
+        return OnColumns._from_parts(with_default_priors(kernel.kernel, _reference_on(reference, kernel.columns)),
+                                     kernel.columns)
     names = {p.key for p in kernel.parameters}
     defaults = {}
     centres = [float(c) for c in to_numpy(reference.params["log_lengthscales"]).reshape(-1)]
     if "log_lengthscales" in names:
-        defaults["log_lengthscales"] = LogNormal(centres, DEFAULT_PRIOR_SCALE)
+        defaults["log_lengthscales"] = LogNormal(0.0 if isinstance(kernel, Categorical) else centres,
+                                                 DEFAULT_PRIOR_SCALE)
     if "log_amplitude" in names:
         defaults["log_amplitude"] = LogNormal(0.0, DEFAULT_PRIOR_SCALE)
     if "log_variances" in names:  # a linear kernel's slope variances, 1 / r_j^2: Var f(x) = |x / r|^2 ~ 1 (+ bias)
@@ -1338,6 +1733,16 @@ def with_default_priors(kernel, reference):
     with_priors = kernel.with_params(kernel.params)
     with_priors.priors = {**defaults, **kernel.priors}
     return with_priors
+
+
+def _reference_on(reference, columns):
+    """``with_default_priors``' reference of the columns ``columns`` of the data: the reference's lengthscales of
+    those columns (a single one, shared by every feature, stays)."""
+    centres = to_numpy(reference.params["log_lengthscales"]).reshape(-1)
+    if centres.shape[0] == 1:
+        return reference
+    _check_width(OnColumns.name, columns, centres.shape[0])
+    return RBF.from_params({"log_lengthscales": host_array([float(centres[j]) for j in columns])})
 
 
 class ClassKernels:

@@ -80,3 +80,4 @@ class FittedState:
     likelihood: str
     history: dict  # name -> list of numbers, one an evaluation
     record: dict = None  # of FIT_RECORD: the rows fitted, the seconds the fit took, why it stopped (None: unknown)
+    categorical: Any = None  # a ``categories.CategoricalColumns`` (None: no categorical columns)

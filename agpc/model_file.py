@@ -42,6 +42,7 @@ from .likelihoods import LIKELIHOODS, registered_likelihood
 from .methods import get_method
 from .model import FIT_RECORD, FittedModel, FittedState
 from .untrusted import RefusedFile, available_memory, describe
+from .categories import MAX_LEVELS, CategoricalColumns
 from .labels import MAX_LABEL_BYTES
 
 FORMAT = "agpc-model"
@@ -58,6 +59,7 @@ PLAIN_VERSION = 3
 # what a file may hold of a StandardScaler (those it has: ``mean_`` is None without centring nor scaling), each
 # (n_features,), as the array "scaler_<name>"
 SCALER_ARRAYS = ("mean", "var", "scale")
+LEVELS_PREFIX = "categorical_levels_"  # + a feature index: the text levels of that categorical column, in code order
 SCALER_FIELDS = ("with_mean", "with_std", "n_samples_seen", "arrays", "steps")
 MAX_STEP_NAME = 100  # a pipeline step's name in a file: a short identifier
 # a step name is a plain (ASCII) identifier: it reaches repr, get_params keys and terminals, so no control characters
@@ -84,8 +86,10 @@ __all__ = ["FORMAT", "VERSION", "PLAIN_VERSION", "SCALER_ARRAYS", "step_names_pr
 NOT_RESTORED = ("checkpoint_path", "checkpoint_every", "site_directory", "client")
 # Parameters added after models were first saved, and the value a file without them stands for: what those
 # models were trained with (before kernel_prior, every model was fitted by maximum likelihood: None; before ard,
-# every lengthscale was learned per feature: True; before early_stopping, no rows were held out: False).
-VALUE_WHEN_ABSENT = {"kernel_prior": None, "ard": True, "early_stopping": False}
+# every lengthscale was learned per feature: True; before early_stopping, no rows were held out: False; before
+# categorical_features, no column was categorical: None).
+VALUE_WHEN_ABSENT = {"kernel_prior": None, "ard": True, "early_stopping": False, "categorical_features": None}
+FITTED_AS = ("kernel_prior", "ard", "early_stopping")  # those a fitted model echoes as ``<name>_``
 # Parameters added since models were first pickled whose default is what an agpc without them did (or, for
 # validation_fraction, what no model without it used): an older pickle is completed with it (else get_params, repr
 # and clone of the unpickled estimator fail)
@@ -146,6 +150,9 @@ def write_model_file(path, estimator_name, params, state, scaler=None):
     }
     for name, value in state.kernel.params.items():
         arrays[f"kernel_{name}"] = B.to_numpy(value)
+    categorical = state.categorical
+    for j, levels in ({} if categorical is None else categorical.levels).items():
+        arrays[f"{LEVELS_PREFIX}{int(j)}"] = np.asarray(levels).astype(str)
     kernels = getattr(state.kernel, "kernels", None)
     names = state.feature_names_in
     if scaler is not None:  # the pipeline's input columns are the scaler's (the classifier sees its output)
@@ -168,6 +175,8 @@ def write_model_file(path, estimator_name, params, state, scaler=None):
         "history": {k: [float(v) for v in values] for k, values in state.history.items()},
         "fit_record": {name: value for name, value in (state.record or {}).items() if value is not None},
     }
+    if categorical is not None and categorical.mask.any():  # (a file without categorical columns is as before)
+        header["categorical_columns"] = [int(j) for j in categorical.columns]
     if scaler is not None:
         header["scaler"] = {"with_mean": bool(scaler["with_mean"]), "with_std": bool(scaler["with_std"]),
                             "n_samples_seen": int(scaler["n_samples_seen"]), "steps": [str(v) for v in scaler["steps"]],
@@ -185,7 +194,7 @@ def unpickled_state(state):
         state.setdefault(name, value)
     for name, value in VALUE_WHEN_ABSENT.items():
         state.setdefault(name, value)
-        if "kernel_" in state:  # fitted
+        if "kernel_" in state and name in FITTED_AS:  # fitted: the attribute that says what it was fitted with
             state.setdefault(name + "_", value)
     if isinstance(state.get("_fitted_structure"), dict):
         state["_fitted_structure"] = {**VALUE_WHEN_ABSENT, **state["_fitted_structure"]}
@@ -430,6 +439,11 @@ def _check_declared_sizes(path, header, declared):
     for name, (shape, dtype) in declared.items():
         if name == HEADER_KEY:
             continue
+        if name.startswith(LEVELS_PREFIX):  # a categorical column's text levels: at most MAX_LEVELS labels
+            if math.prod(shape) > MAX_LEVELS or dtype.itemsize > MAX_LABEL_BYTES:
+                raise RefusedFile(path, f"member {name + '.npy'!r} declares shape {shape} of {dtype}: at most "
+                                        f"{MAX_LEVELS:,} levels of {MAX_LABEL_BYTES:,} bytes")
+            continue
         if name not in allowed and not name.startswith("kernel_"):
             raise RefusedFile(path, f"unexpected arrays {[name]}")
         most = math.prod(allowed.get(name, (max(d, n_classes),)))  # a kernel array: d numbers, or K - 2 cut gaps
@@ -588,11 +602,8 @@ def read_model_parts(path, schema, backend="numpy"):
     specs, kernel_table = _kernel_specs(header, n_classes, refuse)
     kernel_arrays = _kernel_arrays(header, arrays, kernel_table, d, refuse)
     scaler = _checked_scaler(header, arrays, d, refuse, version)
-    unexpected = sorted(set(arrays) - {"inducing_points", "posterior_L_C", "posterior_h", "classes"}
-                        - {f"kernel_{name}" for name in kernel_arrays}
-                        - {f"scaler_{name}" for name in SCALER_ARRAYS if scaler is not None and scaler[name] is not None})
-    if unexpected:
-        raise refuse(f"unexpected arrays {unexpected}")
+    categorical = _checked_categorical(header, arrays, d, refuse)
+    _refuse_unexpected(arrays, kernel_arrays, categorical, scaler, refuse)
     likelihood = _checked_likelihood(header, ordinal, multiclass, refuse)
     fitted_with = get_method(params["method"]).likelihood_for(params["likelihood"], n_classes)
     if "likelihood" in header and likelihood != fitted_with:  # (partial_fit would go on with the parameters')
@@ -619,7 +630,7 @@ def read_model_parts(path, schema, backend="numpy"):
                                                                                               dtype=object),
         log_marginal_likelihood=float(header.get("log_marginal_likelihood", float("nan"))),
         n_iter=header.get("n_iter", 0), jitter=float(jitter), likelihood=likelihood,
-        history={k: list(v) for k, v in header.get("history", {}).items()}, record=record,
+        history={k: list(v) for k, v in header.get("history", {}).items()}, record=record, categorical=categorical,
     )
     model = _model_of(state, params)
     probe = Z[0] if multiclass else Z
@@ -628,6 +639,42 @@ def read_model_parts(path, schema, backend="numpy"):
         _check_pipeline_predicts(model, dtype_name, scaler, probe, proba, refuse)
         scaler["feature_names"] = feature_names
     return params, state, scaler
+
+
+def _refuse_unexpected(arrays, kernel_arrays, categorical, scaler, refuse):
+    """A model file holds only the arrays of its model: the posterior's, the kernel's, the categorical levels and the
+    scaler's it declares."""
+    unexpected = sorted(set(arrays) - {"inducing_points", "posterior_L_C", "posterior_h", "classes"}
+                        - {f"kernel_{name}" for name in kernel_arrays}
+                        - {f"{LEVELS_PREFIX}{j}" for j in categorical.levels}
+                        - {f"scaler_{name}" for name in SCALER_ARRAYS if scaler is not None
+                           and scaler[name] is not None})
+    if unexpected:
+        raise refuse(f"unexpected arrays {unexpected}")
+
+
+def _checked_categorical(header, arrays, d, refuse):
+    """The file's ``categories.CategoricalColumns``: "categorical_columns" (distinct feature indices, absent in a
+    file without them) and, for a column of text, its levels (``categorical_levels_<j>``: sorted distinct text, at
+    most ``MAX_LEVELS``), which only a categorical column may have."""
+    columns = header.get("categorical_columns", [])
+    if not (isinstance(columns, list) and all(_is_int(j) and 0 <= j < d for j in columns)
+            and len(set(columns)) == len(columns)):
+        raise refuse(f"categorical_columns: {_shown(columns)} is not a list of distinct feature indices below {d}")
+    mask = np.zeros(d, dtype=bool)
+    mask[columns] = True
+    levels = {}
+    for name in (name for name in arrays if name.startswith(LEVELS_PREFIX)):
+        j = name[len(LEVELS_PREFIX):]
+        if not (j.isdigit() and int(j) < d and mask[int(j)] and str(int(j)) == j):
+            raise refuse(f"{name}: the levels of a feature that is not one of categorical_columns")
+        values = arrays[name]
+        if values.ndim != 1 or values.dtype.kind != "U" or values.shape[0] < 1 or not np.all(
+                values[1:] > values[:-1]):
+            raise refuse(f"{name}: expected the sorted distinct text levels of a column (1-D), got a {values.dtype} "
+                         f"array of shape {values.shape}")
+        levels[int(j)] = values
+    return CategoricalColumns(mask, levels)
 
 
 def _model_of(state, params):

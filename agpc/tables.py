@@ -119,13 +119,18 @@ def load_weighted_data(path, target, weight_column):
 
 
 def _check_features(X, path):
-    """2-D and numeric; in memory, also finite (data on disk are checked a chunk at a time by fit / predict)."""
+    """2-D and numeric, or numbers and text (categorical columns); in memory, the numbers also finite (data on disk are
+    checked a chunk at a time by fit / predict)."""
     if len(X.shape) != 2 or X.shape[1] < 1 or X.shape[0] < 1:
         raise TableError(f"{path}: the features must be a 2-D table with rows and columns, got shape {tuple(X.shape)}")
-    if np.dtype(X.dtype).kind not in "biuf":
+    text = text_columns(X)
+    if np.dtype(X.dtype).kind not in "biuf" and not text:  # (columns of text: categorical)
         raise TableError(f"{path}: the features are not numeric (dtype {X.dtype}); features must be numbers")
-    if isinstance(X, np.ndarray) and not np.all(np.isfinite(X)):
-        row, column = np.argwhere(~np.isfinite(X))[0]
+    numeric = [j for j in range(X.shape[1]) if j not in set(text)]
+    numbers = X[:, numeric].astype(np.float64) if text else X
+    if isinstance(X, np.ndarray) and not np.all(np.isfinite(numbers)):
+        row, k = np.argwhere(~np.isfinite(numbers))[0]
+        column = numeric[k]
         raise TableError(f"{path}: the features hold NaN or infinity (first at data row {row + 1}, feature column "
                          f"{column + 1}); fill or drop missing values first")
 
@@ -171,6 +176,38 @@ def labels_from_text(texts):
     """Labels written as text elsewhere than in a data file (the command line's): read as a file's labels are
     (``_labels``), so that "3" names the class 3 of a file whose labels are whole numbers."""
     return _labels(np.asarray(list(texts), dtype=str))
+
+
+def _feature_values(values, name, path, row_of):
+    """A feature column's values: numbers (float64), or, where a value is text that is not a number nor a mark of a
+    missing value, the column's text (a categorical column: ``text_columns``)."""
+    values = np.asarray(values)
+    try:
+        return values.astype(np.float64)
+    except (ValueError, TypeError):
+        text = values.tolist()
+        if any(_looks_missing(v) for v in text):  # ("NA", "?": a missing value, not a level)
+            return _numeric(values, name, path, row_of)
+        return np.asarray([v if isinstance(v, str) else str(v) for v in text], dtype=object)
+
+
+def _feature_table(columns):
+    """The features as one 2-D array: float64 where every column is numbers, else an object array holding each
+    text column's strings and the others' floats (``GPClassifier`` takes those columns as categorical)."""
+    if all(column.dtype != object for column in columns):
+        return np.column_stack(columns)
+    X = np.empty((columns[0].shape[0], len(columns)), dtype=object)
+    for j, column in enumerate(columns):
+        X[:, j] = column
+    return X
+
+
+def text_columns(X):
+    """The indices of the columns of text of a table :func:`load_data` read (categorical columns): none unless X is
+    an object array."""
+    if not isinstance(X, np.ndarray) or X.dtype != object or X.shape[0] == 0:
+        return []
+    return [j for j in range(X.shape[1]) if isinstance(X[0, j], str)]
 
 
 def _numeric(values, name, path, row_of=None, what="feature"):
@@ -317,7 +354,7 @@ def _from_columns(names, columns, target, path, features=None, row_of=None, weig
     chosen = _feature_columns(names, index, features, path, weight_index)
     for i in chosen:
         _check_filled(columns[i], names[i], path, row_of, "feature")
-    X = np.column_stack([_numeric(columns[i], names[i], path, row_of) for i in chosen])
+    X = _feature_table([_feature_values(columns[i], names[i], path, row_of) for i in chosen])
     labels = None if index is None else _label_column(columns[index], names[index], path, row_of)
     return Data(X, labels, [names[i] for i in chosen])
 

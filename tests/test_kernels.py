@@ -14,14 +14,17 @@ import agpc
 from agpc import persistence as model_files
 from agpc.kernels import (
     RBF,
+    Categorical,
     ClassKernels,
     Linear,
     Matern52,
+    OnColumns,
     Product,
     RationalQuadratic,
     Sum,
     kernel_from_spec,
     log_prior_and_grads,
+    mixed_kernel,
 )
 from agpc.prediction import within_reach
 from agpc.priors import Gamma, LogNormal, prior_from_spec
@@ -66,9 +69,14 @@ def small_problem(seed=4):
 
 class KernelContract:
     """What every kernel must satisfy. A subclass gives ``make_kernel`` (with ``priors=True``: a prior on every
-    learnable parameter), ``reference`` (the noise-free covariance computed directly) and ``noise``."""
+    learnable parameter), ``reference`` (the noise-free covariance computed directly) and ``noise``; a kernel of
+    categorical columns gives ``inputs`` (rows with level codes there), ``problem`` (a small classification problem
+    of such rows), ``discrete_columns`` (the columns of Z it must never move: exactly 0 gradient there, where finite
+    differences across a code mean nothing) and ``fit_options`` (inducing points that are rows, so on levels)."""
 
     noise = 0.2
+    discrete_columns = ()
+    fit_options = {}
 
     def make_kernel(self, priors=False):
         raise NotImplementedError
@@ -76,16 +84,23 @@ class KernelContract:
     def reference(self, X, Z):
         raise NotImplementedError
 
+    def inputs(self, rng, n):
+        """n rows of D features to compute the kernel on."""
+        return rng.normal(size=(n, D))
+
+    def problem(self):
+        return small_problem()
+
     def test_values_against_direct_computation(self):
         rng = np.random.default_rng(0)
-        X, Z = rng.normal(size=(7, D)), rng.normal(size=(4, D))
+        X, Z = self.inputs(rng, 7), self.inputs(rng, 4)
         kernel = self.make_kernel().for_inputs(X)
         np.testing.assert_allclose(np.asarray(kernel.K(X, Z)), self.reference(X, Z), rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(np.asarray(kernel.K(X)), self.reference(X, X), rtol=1e-12, atol=1e-14)
 
     def test_diag_consistent_with_K(self, xp_device):
         xp, device = xp_device
-        X = to_xp(np.random.default_rng(1).normal(size=(8, D)), xp, device)
+        X = to_xp(self.inputs(np.random.default_rng(1), 8), xp, device)
         kernel = self.make_kernel().for_inputs(X)
         K, diag = kernel.K(X), kernel.Kdiag(X)
         assert K.device == X.device and diag.device == X.device
@@ -99,21 +114,37 @@ class KernelContract:
         xp, device = xp_device
         rng = np.random.default_rng(3)
         n, m = 9, 5
-        X = to_xp(rng.normal(size=(n, D)), xp, device)
-        Z = to_xp(rng.normal(size=(m, D)), xp, device)
+        X = to_xp(self.inputs(rng, n), xp, device)
+        Z = to_xp(self.inputs(rng, m), xp, device)
         W_mm = to_xp(rng.normal(size=(m, m)), xp, device)  # deliberately not symmetric
         W_nm = to_xp(rng.normal(size=(n, m)), xp, device)
         w_diag = to_xp(rng.normal(size=n), xp, device)
         kernel = self.make_kernel().for_inputs(X)
         grads = kernel.grads(W_mm, W_nm, w_diag, X, Z)
         assert set(grads) == set(kernel.parameter_table()) | {"Z"}
-        check_parameter_gradients(kernel, grads, Z, lambda k, ZZ: objective(k, X, ZZ, W_mm, W_nm, w_diag, xp),
+        held = self.held(Z, xp, device)
+        check_parameter_gradients(kernel, grads, Z, lambda k, ZZ: objective(k, X, held(ZZ), W_mm, W_nm, w_diag, xp),
                                   xp, device, rtol=1e-6, atol=1e-7)
         assert grads["Z"].device == X.device
         # any adjoint may be absent
         only_mm = kernel.grads(W_mm, None, None, X, Z)
-        check_parameter_gradients(kernel, only_mm, Z, lambda k, ZZ: float(xp.sum(W_mm * k.K(ZZ))),
+        check_parameter_gradients(kernel, only_mm, Z, lambda k, ZZ: float(xp.sum(W_mm * k.K(held(ZZ)))),
                                   xp, device, rtol=1e-6, atol=1e-7)
+        for g in (grads, only_mm):  # codes are never moved: exactly 0, not a small number
+            assert np.all(to_np(g["Z"])[:, list(self.discrete_columns)] == 0.0)
+
+    def held(self, Z, xp, device):
+        """ZZ -> ZZ with the ``discrete_columns`` put back to Z's: finite differences of the objective in those
+        columns are then 0, the gradient asked of them."""
+        if not self.discrete_columns:
+            return lambda ZZ: ZZ
+        columns = list(self.discrete_columns)
+
+        def hold(ZZ):
+            values = to_np(ZZ).copy()
+            values[:, columns] = to_np(Z)[:, columns]
+            return to_xp(values, xp, device)
+        return hold
 
     def test_parameter_table_describes_params(self):
         kernel = self.make_kernel().for_inputs(np.zeros((2, D)))
@@ -121,7 +152,8 @@ class KernelContract:
         assert list(table) == list(kernel.params)
         for key, parameter in table.items():
             assert key.endswith(parameter.key)
-            expected = (D,) if parameter.shape == "per_dimension" else ()
+            expected = ((D,) if parameter.shape == "per_dimension" else (parameter.length,) if parameter.length
+                        else ())
             assert kernel.params[key].shape == expected
         assert [key for key, p in table.items() if p.may_be_zero] == ["log_noise"]  # one noise, the kernel's
 
@@ -149,8 +181,9 @@ class KernelContract:
         assert log_prior_and_grads(self.make_kernel()) == (None, {})
 
     def test_fit_through_classifier_save_and_load(self, tmp_path):
-        X, y = small_problem()
-        model = agpc.GPClassifier(kernel=self.make_kernel(priors=True), n_inducing=6, max_iter=4, random_state=0)
+        X, y = self.problem()
+        model = agpc.GPClassifier(kernel=self.make_kernel(priors=True), n_inducing=6, max_iter=4, random_state=0,
+                                  **self.fit_options)
         model.fit(X, y)
         fitted = model.kernel_
         assert type(fitted) is type(self.make_kernel())
@@ -179,9 +212,9 @@ class KernelContract:
     def test_fit_on_array_api_strict_equals_numpy(self, device):
         """The fit (priors included) in array_api_strict on its default and a non-default device: every fitted
         parameter on the input's device, the same predictions as on NumPy."""
-        X, y = small_problem()
+        X, y = self.problem()
         fit = lambda X_, y_: agpc.GPClassifier(kernel=self.make_kernel(priors=True), n_inducing=6,  # noqa: E731
-                                               max_iter=4, random_state=0).fit(X_, y_)
+                                               max_iter=4, random_state=0, **self.fit_options).fit(X_, y_)
         reference = fit(X, y).predict_proba(X)
         Xs = array_api_strict.asarray(X, device=device)
         model = fit(Xs, array_api_strict.asarray(y.astype(np.float64), device=device))
@@ -335,6 +368,103 @@ class TestNested(KernelContract):
         return product + matern52_reference([0.9, 1.1, 1.6], 0.8)(X, Z)
 
 
+def categorical_reference(columns, lengthscales, amplitude):
+    """amplitude * exp(-sum_j [x_j != z_j] / l_j), the mismatches counted pair by pair."""
+    def k(X, Z):
+        differ = X[:, None, columns] != Z[None, :, columns]
+        return amplitude * np.exp(-np.sum(differ / np.asarray(lengthscales), axis=-1))
+    return k
+
+
+def coded(rng, n, columns, levels=3):
+    """n rows of D features, level codes 0..levels-1 (and -1, a level unseen at fit) in ``columns``."""
+    X = rng.normal(size=(n, D))
+    X[:, columns] = rng.integers(-1, levels, size=(n, len(columns)))
+    return X
+
+
+def coded_problem(columns, seed=4):
+    """A problem whose class is moved by the levels of ``columns`` (in no order of their codes) and by column 1."""
+    rng = np.random.default_rng(seed)
+    X = coded(rng, 40, columns)
+    effect = np.array([0.3, -1.2, 1.0, -0.4])  # of the codes -1, 0, 1, 2
+    latent = sum(effect[X[:, j].astype(int) + 1] for j in columns) + 0.5 * X[:, 1] + 0.3 * rng.normal(size=40)
+    return X, np.where(latent > 0, 1, 0)
+
+
+class TestCategorical(KernelContract):
+    """The overlap kernel on columns 0 and 2 of codes (column 1 is not read)."""
+
+    discrete_columns = (0, 2)
+    fit_options = {"inducing": "random"}
+
+    def make_kernel(self, priors=False):
+        return Categorical([0, 2], lengthscales=[0.8, 1.7], amplitude=1.3, noise=self.noise, priors={
+            "lengthscales": Gamma(2.0, 1.5), "amplitude": LogNormal(0.0, 1.0), "noise": Gamma(1.5, 4.0)} if priors
+            else None)
+
+    def reference(self, X, Z):
+        return categorical_reference([0, 2], [0.8, 1.7], 1.3)(X, Z)
+
+    def inputs(self, rng, n):
+        return coded(rng, n, [0, 2])
+
+    def problem(self):
+        return coded_problem([0, 2])
+
+
+class TestOnColumns(KernelContract):
+    """An RBF of columns 2 and 0, in that order (columns taken by index, not as a slice)."""
+
+    def make_kernel(self, priors=False):
+        return OnColumns(RBF([0.7, 1.6], amplitude=1.2, noise=self.noise, priors={
+            "lengthscales": Gamma(2.0, 1.5), "amplitude": LogNormal(0.0, 1.0), "noise": Gamma(1.5, 4.0)} if priors
+            else None), [2, 0])
+
+    def reference(self, X, Z):
+        return rbf_reference([0.7, 1.6], 1.2)(X[:, [2, 0]], Z[:, [2, 0]])
+
+
+class TestOnColumnsLinear(KernelContract):
+    """A linear kernel of columns 1 and 2 (a slice of X): its variance grows with |x| (the radial shrink of far
+    rows)."""
+
+    def make_kernel(self, priors=False):
+        return OnColumns(Linear([0.6, 1.4], bias=0.8, noise=self.noise, priors={
+            "variances": LogNormal(-1.0, 1.5), "bias": Gamma(2.0, 2.0), "noise": Gamma(1.5, 4.0)} if priors
+            else None), [1, 2])
+
+    def reference(self, X, Z):
+        return (X[:, 1:] * np.array([0.6, 1.4])) @ Z[:, 1:].T + 0.8
+
+
+class TestMixed(KernelContract):
+    """BoTorch's mixed form (``mixed_kernel``): an RBF of column 1 plus the overlap kernel of columns 0 and 2 plus
+    their product."""
+
+    discrete_columns = (0, 2)
+    fit_options = {"inducing": "random"}
+
+    def make_kernel(self, priors=False):
+        continuous = OnColumns(RBF([0.9], amplitude=1.1, priors={
+            "lengthscales": Gamma(2.0, 1.5), "amplitude": LogNormal(0.0, 1.0)} if priors else None), [1])
+        categorical = Categorical([0, 2], lengthscales=[0.8, 1.7], amplitude=0.7, priors={
+            "lengthscales": Gamma(2.0, 1.5), "amplitude": Gamma(2.0, 2.0)} if priors else None)
+        return mixed_kernel(continuous, categorical, noise=self.noise,
+                            priors={"noise": Gamma(1.5, 4.0)} if priors else None)
+
+    def reference(self, X, Z):
+        continuous = rbf_reference([0.9], 1.1)(X[:, [1]], Z[:, [1]])
+        categorical = categorical_reference([0, 2], [0.8, 1.7], 0.7)(X, Z)
+        return continuous + categorical + continuous * categorical
+
+    def inputs(self, rng, n):
+        return coded(rng, n, [0, 2])
+
+    def problem(self):
+        return coded_problem([0, 2])
+
+
 # -- what is not per kernel ---------------------------------------------------------------------------
 
 def test_combinations_flatten_and_keep_one_noise():
@@ -442,7 +572,8 @@ def test_scalar_lengthscale_broadcasts_to_ard():
 
 
 def test_top_level_exports():
-    for name in ("RBF", "Matern52", "RationalQuadratic", "Linear", "Sum", "Product"):
+    for name in ("RBF", "Matern52", "RationalQuadratic", "Linear", "Sum", "Product", "Categorical", "OnColumns",
+                 "mixed_kernel"):
         assert getattr(agpc, name) is getattr(agpc.kernels, name)
 
 
@@ -478,6 +609,9 @@ def test_priors_enter_the_climbed_objective(method, n_classes):
     lambda: RBF(2.0) + Linear(),
     lambda: Product(RBF(noise=0.1), Matern52(3.0), noise=0.05),
     lambda: agpc.kernels.OrdinalKernel(RBF(0.7), [-1.0, 0.5, 2.0]),
+    lambda: Categorical([2, 0], lengthscales=[0.5, 3.0], noise=0.01, priors={"amplitude": Gamma(2.0, 1.0)}),
+    lambda: OnColumns(Matern52([1.0, 2.0], noise=0.1), [1, 3]),
+    lambda: mixed_kernel(OnColumns(RBF(0.5), [0]), Categorical([1], noise=0.2)),
 ])
 def test_clone_makes_an_equal_separate_kernel(make):
     """scikit-learn's clone constructs from get_params(deep=False): the same parameters, arrays and repr, another

@@ -1,0 +1,322 @@
+"""Categorical columns (issue 45): ``GPClassifier(categorical_features=...)`` in scikit-learn's values, text levels
+learned at fit and kept in the model file, an unseen level its own level at predict, the inducing points on level
+values (``agpc.categories``, ``inducing.with_row_levels``)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from agpc import GPClassifier
+from agpc import categories as C
+from agpc.model_file import LEVELS_PREFIX
+
+REGIONS = np.array(["north", "south", "east", "west"])
+
+
+def table(n=240, seed=0):
+    """A DataFrame of two numeric columns, a text column and a pandas category column whose levels move the class."""
+    rng = np.random.default_rng(seed)
+    region = rng.integers(0, 4, size=n)
+    kind = rng.integers(0, 3, size=n)
+    x = rng.normal(size=(n, 2))
+    latent = x[:, 0] + 1.5 * np.array([-1.0, 1.0, 0.5, -0.5])[region] + np.array([0.8, -0.8, 0.0])[kind]
+    y = (latent + 0.3 * rng.normal(size=n) > 0).astype(int)
+    frame = pd.DataFrame({"a": x[:, 0], "region": REGIONS[region], "b": x[:, 1],
+                          "kind": pd.Categorical(np.array(["p", "q", "r"])[kind])})
+    return frame, y
+
+
+# -- which columns -----------------------------------------------------------------------------------------------
+
+def test_from_dtype_takes_the_category_and_text_columns_of_a_dataframe():
+    frame, _ = table(20)
+    assert C.categorical_mask(frame, "from_dtype", 4).tolist() == [False, True, False, True]
+    assert not C.categorical_mask(np.zeros((3, 4)), "from_dtype", 4).any()  # (an array's columns are numbers)
+    assert not C.categorical_mask(frame, None, 4).any()
+
+
+def test_indices_names_and_masks_are_scikit_learns_values():
+    frame, _ = table(20)
+    assert C.categorical_mask(frame, [1, -1], 4).tolist() == [False, True, False, True]
+    assert C.categorical_mask(frame, ["kind"], 4).tolist() == [False, False, False, True]
+    assert C.categorical_mask(frame, [True, False, False, False], 4).tolist() == [True, False, False, False]
+
+
+@pytest.mark.parametrize("given, message", [
+    ([4], "out of range"), (["nope"], "has no column 'nope'"), ([True, False], "one entry a feature"),
+    ([1.5], "neither a column index nor a column name")])
+def test_a_bad_choice_of_columns_is_one_error_naming_it(given, message):
+    frame, _ = table(20)
+    with pytest.raises(ValueError, match=message):
+        C.categorical_mask(frame, given, 4)
+
+
+def test_names_need_column_names():
+    with pytest.raises(ValueError, match="X has no column names"):
+        C.categorical_mask(np.zeros((3, 2)), ["a"], 2)
+
+
+# -- levels and codes --------------------------------------------------------------------------------------------
+
+def test_text_levels_are_learned_sorted_and_numbers_are_used_as_they_are():
+    frame, _ = table(60)
+    frame["code"] = np.arange(60) % 5  # an integer-coded categorical column
+    columns = C.learn_columns(frame, C.categorical_mask(frame, ["region", "kind", "code"], 5))
+    assert sorted(columns.levels) == [1, 3]  # (the integer column has no text levels: its values are its levels)
+    assert columns.levels[1].tolist() == sorted(set(frame["region"]))
+    encoded = C.encode(frame, columns, 5)
+    assert list(encoded.columns) == list(frame.columns)  # (names kept for the feature-name checks)
+    np.testing.assert_array_equal(encoded["region"].to_numpy(),
+                                  np.searchsorted(columns.levels[1], frame["region"].to_numpy()))
+    np.testing.assert_array_equal(encoded["code"].to_numpy(), frame["code"].to_numpy())
+
+
+def test_an_unseen_level_is_coded_as_its_own_level_or_refused_for_training_rows():
+    frame, _ = table(30)
+    columns = C.learn_columns(frame, C.categorical_mask(frame, "from_dtype", 4))
+    new = frame.head(3).copy()
+    new["region"] = ["north", "atlantis", "west"]
+    assert C.encode(new, columns, 4)["region"].tolist()[1] == C.UNSEEN
+    with pytest.raises(ValueError, match="'atlantis'.*first rows did not have"):
+        C.encode(new, columns, 4, unseen_refused=True)
+
+
+@pytest.mark.parametrize("values, message", [
+    (["a", None, "b"], "missing labels"), (["a", "", "b"], "empty labels"), (["a", 1, "b"], "mixes kinds")])
+def test_missing_blank_or_mixed_values_are_refused_naming_the_column(values, message):
+    frame = pd.DataFrame({"x": [0.0, 1.0, 2.0], "c": pd.Series(values, dtype=object)})
+    with pytest.raises(ValueError, match=f"X column 'c' \\(categorical\\) has.*{message}|{message}"):
+        C.learn_columns(frame, C.categorical_mask(frame, "from_dtype", 2))
+
+
+def test_a_column_of_more_levels_than_a_category_has_is_refused(monkeypatch):
+    monkeypatch.setattr(C, "MAX_LEVELS", 10)
+    frame = pd.DataFrame({"x": np.zeros(20), "id": [f"row{k}" for k in range(20)]})
+    with pytest.raises(ValueError, match="20 distinct values.*identifier"):
+        C.learn_columns(frame, C.categorical_mask(frame, "from_dtype", 2))
+
+
+# -- the estimator -----------------------------------------------------------------------------------------------
+
+def test_a_dataframe_with_text_and_category_columns_fits_and_predicts_with_nothing_set():
+    frame, y = table()
+    model = GPClassifier(n_inducing=12, max_iter=20, random_state=0).fit(frame, y)
+    assert model.is_categorical_.tolist() == [False, True, False, True]
+    assert model.categorical_levels_[1].tolist() == sorted(REGIONS.tolist())
+    assert model.feature_names_in_.tolist() == list(frame.columns)
+    proba = model.predict_proba(frame)
+    assert np.all(np.isfinite(proba)) and model.score(frame, y) > 0.75
+    # the inducing points sit on levels: the categorical coordinates are codes the rows have
+    Z = np.asarray(model.inducing_points_)
+    assert set(np.unique(Z[:, 1])) <= set(range(4)) and set(np.unique(Z[:, 3])) <= set(range(3))
+
+
+def test_categorical_columns_beat_the_same_columns_taken_as_numbers():
+    """The levels move the class by amounts unrelated to their codes' order: a kernel of the levels fits them, an RBF
+    over the codes as numbers cannot (the test NLL on other rows of the same table)."""
+    frame, y = table(400, seed=1)
+    test, y_test = table(400, seed=2)
+    native = GPClassifier(n_inducing=16, max_iter=30, random_state=0).fit(frame, y)
+    codes = C.encode(frame, native._categorical_columns(), 4).astype(float)
+    as_numbers = GPClassifier(n_inducing=16, max_iter=30, random_state=0, categorical_features=None).fit(codes, y)
+    test_codes = C.encode(test, native._categorical_columns(), 4).astype(float)
+
+    def nll(proba):
+        return -np.mean(np.log(proba[np.arange(len(y_test)), y_test]))
+
+    assert nll(native.predict_proba(test)) < nll(as_numbers.predict_proba(test_codes)) - 0.02
+
+
+def test_a_level_unseen_at_fit_is_its_own_level():
+    frame, y = table()
+    model = GPClassifier(n_inducing=12, max_iter=10, random_state=0).fit(frame, y)
+    rows = frame.head(4).copy()
+    one, other = rows.copy(), rows.copy()
+    one["region"], other["region"] = "atlantis", "lemuria"
+    p_one, p_other = model.predict_proba(one), model.predict_proba(other)
+    assert np.all(np.isfinite(p_one))
+    np.testing.assert_array_equal(p_one, p_other)  # (two unseen levels: each correlated with the others alike)
+    assert not np.allclose(p_one, model.predict_proba(rows))
+
+
+def test_text_columns_refused_when_categorical_features_is_none():
+    frame, y = table(40)
+    with pytest.raises(ValueError, match="X column 'region' holds text"):
+        GPClassifier(n_inducing=6, max_iter=2, categorical_features=None).fit(frame, y)
+
+
+def test_an_integer_coded_column_given_by_index_is_categorical_on_an_array():
+    frame, y = table(200)
+    codes = C.encode(frame, C.learn_columns(frame, C.categorical_mask(frame, "from_dtype", 4)), 4)
+    X = codes.to_numpy(dtype=float)
+    model = GPClassifier(n_inducing=10, max_iter=10, random_state=0, categorical_features=[1, 3]).fit(X, y)
+    assert model.is_categorical_.tolist() == [False, True, False, True] and model.categorical_levels_ == {}
+    assert "Categorical" in repr(model.kernel_)
+    assert set(np.unique(np.asarray(model.inducing_points_)[:, 1])) <= set(range(4))
+
+
+def test_levels_round_trip_through_the_model_file(tmp_path):
+    frame, y = table()
+    model = GPClassifier(n_inducing=10, max_iter=10, random_state=0).fit(frame, y)
+    path = tmp_path / "model.npz"
+    model.save(path)
+    loaded = GPClassifier.load(path)
+    assert loaded.is_categorical_.tolist() == model.is_categorical_.tolist()
+    assert {j: v.tolist() for j, v in loaded.categorical_levels_.items()} == {
+        j: v.tolist() for j, v in model.categorical_levels_.items()}
+    unseen = frame.head(5).assign(region="atlantis")
+    np.testing.assert_array_equal(loaded.predict_proba(frame), model.predict_proba(frame))
+    np.testing.assert_array_equal(loaded.predict_proba(unseen), model.predict_proba(unseen))
+
+
+def _rewritten(path, out, change):
+    with np.load(path) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    change(arrays)
+    np.savez(out, **arrays)
+    return out
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: a.__setitem__(LEVELS_PREFIX + "1", np.array(["z", "a"])), "sorted distinct text levels"),
+    (lambda a: a.__setitem__(LEVELS_PREFIX + "0", np.array(["a", "b"])), "not one of categorical_columns"),
+    (lambda a: a.__setitem__(LEVELS_PREFIX + "01", np.array(["a", "b"])), "not one of categorical_columns"),
+])
+def test_a_model_file_with_forged_levels_is_refused(tmp_path, change, message):
+    frame, y = table(80)
+    model = GPClassifier(n_inducing=6, max_iter=3, random_state=0).fit(frame, y)
+    model.save(tmp_path / "model.npz")
+    forged = _rewritten(tmp_path / "model.npz", tmp_path / "forged.npz", change)
+    with pytest.raises(ValueError, match=message):
+        GPClassifier.load(forged)
+
+
+def test_a_stream_keeps_the_levels_of_its_first_call():
+    frame, y = table(200)
+    model = GPClassifier(method="sep", n_inducing=8, random_state=0)
+    model.partial_fit(frame.head(100), y[:100], classes=[0, 1], n_total=200)
+    levels = {j: v.tolist() for j, v in model.categorical_levels_.items()}
+    model.partial_fit(frame.tail(100), y[100:])
+    assert {j: v.tolist() for j, v in model.categorical_levels_.items()} == levels
+    with pytest.raises(ValueError, match="first rows did not have"):
+        model.partial_fit(frame.head(10).assign(region="atlantis"), y[:10])
+
+
+# -- the command line --------------------------------------------------------------------------------------------
+
+def _write_csv(path, frame, y):
+    frame.assign(label=y).to_csv(path, index=False)
+    return path
+
+
+def test_a_csv_with_text_columns_fits_and_predicts_with_nothing_set(tmp_path, capsys):
+    from agpc.cli import main
+    from agpc.persistence import load_model
+
+    frame, y = table(200)
+    frame = frame.assign(kind=frame["kind"].astype(str), code=np.arange(200) % 3)
+    data = _write_csv(tmp_path / "table.csv", frame, y)
+    model_path, out = tmp_path / "model.npz", tmp_path / "predicted.csv"
+    argv = ["fit", str(data), "--target", "label", "--max-iter", "5", "--quiet", "--categorical", "code",
+            "--out", str(model_path)]
+    assert main(argv) == 0
+    model = load_model(model_path)
+    assert model.is_categorical_.tolist() == [False, True, False, True, True]  # region, kind (text), code (given)
+    assert sorted(model.categorical_levels_) == [1, 3]
+    assert main(["predict", str(model_path), str(data), "--target", "label", "--out", str(out)]) == 0
+    predicted = pd.read_csv(out)
+    assert len(predicted) == 200 and np.all(np.isfinite(predicted["p_1"]))
+
+
+def test_the_command_line_refuses_an_unknown_categorical_column_and_standardising_categories(tmp_path, capsys):
+    from agpc.cli import main
+
+    frame, y = table(60)
+    data = _write_csv(tmp_path / "table.csv", frame.assign(kind=frame["kind"].astype(str)), y)
+    out = str(tmp_path / "model.npz")
+    assert main(["fit", str(data), "--target", "label", "--categorical", "nope", "--out", out]) != 0
+    assert "--categorical 'nope': not a feature column" in capsys.readouterr().err
+    assert main(["fit", str(data), "--target", "label", "--standardize", "--out", out]) != 0
+    assert "--standardize scales numeric columns" in capsys.readouterr().err
+
+
+# -- every method, every path ------------------------------------------------------------------------------------
+
+def _coded_table(n=300):
+    """The table with its text columns as level codes (an array, columns 1 and 3 categorical) and three classes."""
+    frame, y = table(n)
+    codes = C.encode(frame, C.learn_columns(frame, C.categorical_mask(frame, "from_dtype", 4)), 4)
+    return codes.to_numpy(dtype=float), y, (y + (frame["kind"] == "r").to_numpy()).astype(int)
+
+
+def _on_levels(model):
+    Z = np.asarray(model.inducing_points_)
+    return set(np.unique(Z[..., 1])) <= set(range(4)) and set(np.unique(Z[..., 3])) <= set(range(3))
+
+
+def _registry_cases():
+    from agpc import methods as M
+
+    for name in M.method_names():
+        spec = M.get_method(name)
+        yield name, "batch"
+        if spec.supports("multiclass"):
+            yield name, "multiclass"
+        if spec.supports("minibatch"):
+            yield name, "minibatch"
+
+
+@pytest.mark.parametrize("method, path", list(_registry_cases()))
+def test_every_method_trains_on_mixed_columns_on_each_of_its_paths(method, path):
+    """The mixed kernel on every method of the registry (weighted rows), batch, multiclass and minibatch where the
+    method has them: the inducing points stay on levels, and the model beats the majority class."""
+    X, y, y3 = _coded_table()
+    target = y3 if path == "multiclass" else y
+    model = GPClassifier(method=method, n_inducing=12, max_iter=3, random_state=0, categorical_features=[1, 3],
+                         batch_size=60 if path == "minibatch" else "auto")
+    model.fit(X, target, sample_weight=np.linspace(0.5, 2.0, len(target)))
+    assert "Categorical" in repr(model.kernel_) and _on_levels(model)
+    majority = np.max(np.bincount(target)) / len(target)
+    assert model.score(X, target) > majority
+
+
+def test_mixed_columns_on_disk_on_array_api_strict_and_in_an_ordinal_model(tmp_path):
+    import array_api_strict as xs
+
+    X, y, y3 = _coded_table()
+    options = dict(n_inducing=12, max_iter=3, random_state=0, categorical_features=[1, 3])
+    reference = GPClassifier(**options).fit(X, y).predict_proba(X)
+    stored = np.lib.format.open_memmap(tmp_path / "X.npy", mode="w+", dtype=np.float64, shape=X.shape)
+    stored[:] = X
+    stored.flush()
+    on_disk = GPClassifier(**options).fit(np.load(tmp_path / "X.npy", mmap_mode="r"), y)
+    np.testing.assert_array_equal(on_disk.predict_proba(X), reference)
+    strict = GPClassifier(**options).fit(xs.asarray(X), xs.asarray(y.astype(np.float64)))
+    np.testing.assert_allclose(np.asarray(strict.predict_proba(xs.asarray(X))), reference, rtol=1e-9, atol=1e-12)
+    ordinal = GPClassifier(**options, likelihood="ordinal").fit(X, y3)
+    assert _on_levels(ordinal) and ordinal.score(X, y3) > np.max(np.bincount(y3)) / len(y3)
+
+
+def test_mixed_columns_resume_from_a_checkpoint_to_the_same_model(tmp_path, monkeypatch):
+    from helpers import interrupted_then_resumed
+
+    X, y, _ = _coded_table()
+    params = dict(n_inducing=12, max_iter=12, random_state=0, categorical_features=[1, 3])
+    whole, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "fit.ckpt", 18, X, y)
+    np.testing.assert_allclose(resumed.predict_proba(X), whole.predict_proba(X), rtol=1e-10, atol=1e-12)
+    assert _on_levels(resumed)
+
+
+def test_mixed_columns_of_a_dask_array_train_on_its_cluster_as_in_memory():
+    pytest.importorskip("distributed")
+    import dask.array as da
+    from helpers import local_client
+
+    X, y, _ = _coded_table()
+    options = dict(n_inducing=12, max_iter=3, random_state=0, categorical_features=[1, 3])
+    with local_client(2) as client:
+        model = GPClassifier(**options, client=client).fit(da.from_array(X, chunks=(100, 4)),
+                                                           da.from_array(y, chunks=100))
+    assert _on_levels(model) and "Categorical" in repr(model.kernel_)
+    np.testing.assert_allclose(model.predict_proba(X), GPClassifier(**options).fit(X, y).predict_proba(X),
+                               rtol=1e-6, atol=1e-8)

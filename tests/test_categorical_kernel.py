@@ -1,0 +1,313 @@
+"""The categorical kernel, the kernel of some columns and the mixed form of the two (issue 45): the closed form by
+hand, the correlation of levels and of a level unseen at fit, inducing points never moved in a categorical column
+or in a column a kernel does not read, descriptions that round-trip and hostile ones refused, relevance per column.
+(Finite differences, array_api_strict on two devices, fits and save / load: the kernel contract,
+tests/test_kernels.py.)"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+
+import agpc
+from agpc import persistence as model_files
+from agpc.inspection import column_relevance, feature_relevance
+from agpc.kernels import (
+    DEFAULT_PRIOR_SCALE,
+    MAX_COLUMNS,
+    RBF,
+    Categorical,
+    Linear,
+    OnColumns,
+    OrdinalKernel,
+    Sum,
+    kernel_from_spec,
+    mixed_kernel,
+    with_default_priors,
+)
+from agpc.priors import Gamma, LogNormal
+from conftest import to_np
+from test_kernels import coded_problem
+
+
+def test_the_closed_form_on_a_small_example_by_hand():
+    kernel = Categorical([0, 2], lengthscales=[0.5, 2.0], amplitude=2.0)
+    X = np.array([[0.0, 5.0, 1.0], [0.0, 1.0, 2.0]])
+    Z = np.array([[0.0, 3.0, 1.0], [1.0, 0.0, 1.0]])
+    # x1 / z1: both columns equal; x1 / z2: column 0 differs (1 / 0.5); x2 / z1: column 2 differs (1 / 2);
+    # x2 / z2: both differ (column 1 is not read: its values are all different)
+    expected = 2.0 * np.exp(-np.array([[0.0, 2.0], [0.5, 2.5]]))
+    np.testing.assert_allclose(np.asarray(kernel.for_inputs(X).K(X, Z)), expected, rtol=1e-15)
+    np.testing.assert_allclose(np.asarray(kernel.K(X)), 2.0 * np.exp(-np.array([[0.0, 0.5], [0.5, 0.0]])),
+                               rtol=1e-15)
+    np.testing.assert_allclose(np.asarray(kernel.Kdiag(X)), [2.0, 2.0])
+
+
+@pytest.mark.parametrize("lengthscale", [0.1, 1.0, 7.5])
+def test_two_levels_are_correlated_exp_minus_one_over_l_and_an_unseen_level_is_its_own(lengthscale):
+    """Levels 0, 1, 2 and the code of a level unseen at fit (-1): each correlated exp(-1 / l) with every other, 1
+    with itself, whatever the codes' order or distance."""
+    kernel = Categorical([0], lengthscales=lengthscale, amplitude=3.0)
+    levels = np.array([[0.0], [1.0], [2.0], [-1.0], [1e6]])
+    correlation = np.asarray(kernel.K(levels)) / 3.0
+    expected = np.full((5, 5), math.exp(-1.0 / lengthscale))
+    np.fill_diagonal(expected, 1.0)
+    np.testing.assert_allclose(correlation, expected, rtol=1e-14)
+    assert np.min(np.linalg.eigvalsh(correlation)) > -1e-12
+
+
+def test_the_lengthscale_runs_from_irrelevant_to_independent_levels():
+    levels = np.array([[0.0], [1.0]])
+    assert float(Categorical([0], lengthscales=1e6).K(levels)[0, 1]) == pytest.approx(1.0, abs=1e-5)
+    assert float(Categorical([0], lengthscales=1e-2).K(levels)[0, 1]) < 1e-40
+
+
+def gradient_inputs(seed=0, n=9, m=5):
+    rng = np.random.default_rng(seed)
+    X, Z = rng.normal(size=(n, 5)), rng.normal(size=(m, 5))
+    X[:, [1, 3]] = rng.integers(0, 3, size=(n, 2))
+    Z[:, [1, 3]] = rng.integers(0, 3, size=(m, 2))
+    return X, Z, rng.normal(size=(m, m)), rng.normal(size=(n, m)), rng.normal(size=n)
+
+
+@pytest.mark.parametrize("make, unmoved", [
+    (lambda: Categorical([1, 3], lengthscales=[0.7, 1.9], noise=0.1), [0, 1, 2, 3, 4]),
+    (lambda: OnColumns(RBF([0.8, 1.4]), [2, 0]), [1, 3, 4]),   # taken by index
+    (lambda: OnColumns(Linear([0.5, 2.0]), [2, 3]), [0, 1, 4]),  # a slice
+    (lambda: mixed_kernel(OnColumns(RBF([0.8, 1.4, 1.1]), [0, 2, 4]), Categorical([1, 3])), [1, 3]),
+])
+def test_the_inducing_points_gradient_is_exactly_zero_where_they_must_not_move(make, unmoved):
+    X, Z, W_mm, W_nm, w = gradient_inputs()
+    kernel = make().for_inputs(X)
+    dZ = np.asarray(kernel.grads(W_mm, W_nm, w, X, Z)["Z"])
+    assert dZ.shape == Z.shape
+    assert np.all(dZ[:, unmoved] == 0.0)
+    moved = [j for j in range(5) if j not in unmoved]
+    assert not moved or np.all(dZ[:, moved] != 0.0)
+
+
+def test_gradients_are_the_same_given_the_blocks_or_overwriting_the_adjoint():
+    X, Z, W_mm, W_nm, w = gradient_inputs(1)
+    kernel = Categorical([1, 3], lengthscales=[0.7, 1.9], amplitude=1.4, noise=0.1).for_inputs(X)
+    plain = kernel.grads(W_mm, W_nm, w, X, Z)
+    given = kernel.grads(W_mm, W_nm, w, X, Z, Knm=kernel.K(X, Z), Kmm=kernel.K(Z))
+    overwritten = kernel.grads(W_mm, W_nm.copy(), w, X, Z, overwrite=True)
+    for key, value in plain.items():
+        np.testing.assert_allclose(given[key], value, rtol=1e-14, err_msg=key)
+        np.testing.assert_allclose(overwritten[key], value, rtol=1e-14, err_msg=key)
+    none = kernel.grads(None, None, None, X, Z)
+    assert set(none) == set(plain) and all(np.all(np.asarray(v) == 0.0) for v in none.values())
+
+
+def test_on_columns_is_the_kernel_of_the_columns_it_reads():
+    X, Z, *_ = gradient_inputs(2)
+    rbf = RBF([0.8, 1.4], amplitude=1.5, noise=0.2)
+    for columns in ([2, 0], [3, 4]):
+        kernel = OnColumns(rbf, columns).for_inputs(X)
+        inner = rbf.for_inputs(X[:, columns])
+        np.testing.assert_array_equal(np.asarray(kernel.K(X, Z)), np.asarray(inner.K(X[:, columns], Z[:, columns])))
+        np.testing.assert_array_equal(np.asarray(kernel.Kdiag(X)), np.asarray(inner.Kdiag(X[:, columns])))
+        assert kernel.parameter_table()["log_lengthscales"].length == 2
+        assert float(kernel.noise) == pytest.approx(0.2)
+    assert OnColumns(Linear(), [1]).growth is not None and OnColumns(RBF(), [1]).growth is None
+
+
+def test_a_mixed_kernel_is_the_sum_of_both_and_their_product_with_parameters_of_their_own():
+    continuous, categorical = OnColumns(RBF([0.8]), [0]), Categorical([1], lengthscales=0.6, noise=0.05)
+    kernel = mixed_kernel(continuous, categorical)
+    assert isinstance(kernel, Sum) and len(kernel.terms) == 3
+    assert float(kernel.noise) == pytest.approx(0.05)  # the two kernels' noises, counted once
+    assert sorted(key for key in kernel.params if key.endswith("noise")) == ["log_noise"]
+    assert kernel.terms[2].terms[0] is not kernel.terms[0]  # the product's factors are copies
+    X = np.array([[0.3, 1.0], [-0.2, 2.0], [1.1, 1.0]])
+    c, k = np.asarray(continuous.K(X)), np.asarray(categorical.K(X))
+    np.testing.assert_allclose(np.asarray(kernel.K(X)), c + k + c * k, rtol=1e-14)
+    with pytest.raises(TypeError, match="combines agpc kernels"):
+        mixed_kernel(RBF(), "Categorical")
+
+
+def test_construction_checks_its_columns_and_lengthscales():
+    with pytest.raises(ValueError, match="2 columns but 3 lengthscales"):
+        Categorical([0, 1], lengthscales=[1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="column 4 is out of range for data of 3 features"):
+        Categorical([0, 4]).for_inputs(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="column 3 is out of range for data of 3 features"):
+        OnColumns(RBF(), [3]).for_inputs(np.zeros((2, 3)))
+    with pytest.raises(TypeError, match="one latent GP"):
+        OnColumns(OrdinalKernel(RBF(), [0.0, 1.0]), [0])
+    with pytest.raises(TypeError, match="one latent GP"):
+        OnColumns("RBF", [0])
+    np.testing.assert_array_equal(Categorical(np.array([2, 0])).columns, (2, 0))  # NumPy integers are indices
+
+
+@pytest.mark.parametrize("columns", [[], [-1], [1.5], ["1"], [True], [0, 0], [1 << 31], list(range(MAX_COLUMNS + 1)),
+                                     "01", 3, {"0": 1}, np.array(2), [[0]]])
+def test_malformed_columns_are_one_value_error(columns):
+    with pytest.raises(ValueError, match="Categorical: "):
+        Categorical(columns)
+    with pytest.raises(ValueError, match="OnColumns: "):
+        OnColumns(RBF(), columns)
+
+
+def test_specs_round_trip():
+    kernels = [
+        Categorical([3, 1], lengthscales=[0.5, 2.0], amplitude=1.5, noise=0.1,
+                    priors={"lengthscales": LogNormal([0.0, 1.0], 1.0), "amplitude": Gamma(2.0, 1.0)}),
+        OnColumns(RBF([0.7, 1.2], priors={"lengthscales": Gamma(2.0, 1.0)}) + Linear([0.3, 0.4]), [0, 2]),
+        mixed_kernel(OnColumns(RBF([0.7, 1.2]), [0, 2]), Categorical([1, 3]), noise=0.01,
+                     priors={"noise": Gamma(1.5, 4.0)}),
+    ]
+    X = np.array([[0.1, 1.0, -0.3, 2.0], [0.4, 0.0, 0.2, 2.0], [-1.0, 2.0, 0.9, -1.0]])
+    for kernel in kernels:
+        fitted = kernel.for_inputs(X)
+        spec = json.loads(json.dumps(fitted.spec()))  # (what a model file holds)
+        rebuilt = kernel_from_spec(spec, fitted.params)
+        assert rebuilt.spec() == fitted.spec() and repr(rebuilt) == repr(fitted)
+        assert rebuilt.parameter_table() == fitted.parameter_table()
+        np.testing.assert_array_equal(np.asarray(rebuilt.K(X)), np.asarray(fitted.K(X)))
+    assert kernels[0].spec() == {"type": "Categorical", "columns": [3, 1], "priors": {
+        "lengthscales": LogNormal([0.0, 1.0], 1.0).spec(), "amplitude": Gamma(2.0, 1.0).spec()}}
+    assert kernels[1].spec()["columns"] == [0, 2] and kernels[1].spec()["kernel"]["type"] == "Sum"
+
+
+@pytest.mark.parametrize("spec", [
+    {"type": "Categorical"},                                     # no columns
+    {"type": "Categorical", "columns": [-1]},
+    {"type": "Categorical", "columns": [0.0]},
+    {"type": "Categorical", "columns": [True]},
+    {"type": "Categorical", "columns": [1, 1]},
+    {"type": "Categorical", "columns": []},
+    {"type": "Categorical", "columns": list(range(MAX_COLUMNS + 1))},
+    {"type": "Categorical", "columns": "0"},
+    {"type": "Categorical", "columns": {"0": 0}},
+    {"type": "Categorical", "columns": [0], "terms": []},
+    {"type": "Categorical", "columns": [0], "priors": {"alpha": {"family": "Gamma", "shape": 1.0, "rate": 1.0}}},
+    {"type": "Categorical", "columns": [0], "priors": {"lengthscales": {"family": "os.system"}}},
+    {"type": "OnColumns", "columns": [0]},                       # no kernel
+    {"type": "OnColumns", "kernel": {"type": "RBF"}},            # no columns
+    {"type": "OnColumns", "columns": [0], "kernel": {"type": "RBF"}, "priors": {}},
+    {"type": "OnColumns", "columns": [-2], "kernel": {"type": "RBF"}},
+    {"type": "OnColumns", "columns": 0, "kernel": {"type": "RBF"}},
+    {"type": "OnColumns", "columns": [0], "kernel": {"type": "builtins.eval"}},
+    {"type": "OnColumns", "columns": [0], "kernel": {"type": "Ordinal", "latent": {"type": "RBF"}, "classes": 3}},
+    {"type": "OnColumns", "columns": [0], "kernel": "RBF"},
+    {"type": "Sum", "terms": [{"type": "RBF"}, {"type": "Categorical", "columns": [0, -1]}]},
+])
+def test_malformed_specs_are_refused(spec):
+    with pytest.raises(ValueError):
+        kernel_from_spec(spec, {})
+
+
+def test_deeply_nested_on_columns_are_refused():
+    spec = {"type": "RBF"}
+    for _ in range(20):
+        spec = {"type": "OnColumns", "columns": [0], "kernel": spec}
+    with pytest.raises(ValueError, match="unknown kernel specification"):
+        kernel_from_spec(spec, {})
+
+
+def fitted_mixed(**options):
+    X, y = coded_problem([0, 2])
+    kernel = mixed_kernel(OnColumns(RBF([0.9]), [1]), Categorical([0, 2]), noise=0.01)
+    return agpc.GPClassifier(kernel=kernel, n_inducing=8, max_iter=6, random_state=0, inducing="random",
+                             **options).fit(X, y), X
+
+
+def test_a_model_file_whose_columns_do_not_match_its_arrays_is_refused(tmp_path):
+    """The file's description says which columns, its arrays hold one lengthscale a column: a description of three
+    columns beside arrays of two is refused before any kernel is built."""
+    model, _ = fitted_mixed()
+    path = tmp_path / "model.npz"
+    model_files.save_model(model, path)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    (header_name,) = [name for name, value in arrays.items() if value.dtype.kind == "U"]
+    header = json.loads(str(arrays[header_name]))
+    assert header["kernel"]["terms"][1]["columns"] == [0, 2]
+    header["kernel"]["terms"][1]["columns"] = [0, 1, 2]
+    arrays[header_name] = np.asarray(json.dumps(header))
+    crafted = tmp_path / "crafted.npz"
+    np.savez(crafted, **arrays)
+    with pytest.raises(ValueError, match="kernel"):
+        model_files.load_model(crafted)
+
+
+def test_a_far_or_unseen_code_stays_unseen_through_the_clamp_of_far_rows():
+    """Prediction clamps far inputs to the kernel's reach (``prediction.within_reach``): a code far beyond the
+    inducing points' is moved, but to another code none of them has, so it predicts as any unseen level does."""
+    model, X = fitted_mixed()
+    rows = X[:3].copy()
+    unseen, far = rows.copy(), rows.copy()
+    unseen[:, 0], far[:, 0] = -7.0, 1e250
+    np.testing.assert_allclose(model.predict_proba(far), model.predict_proba(unseen), rtol=1e-12)
+    assert np.all(np.isfinite(model.predict_proba(X[:3] * 1e300)))
+
+
+def test_one_shared_scale_keeps_the_categorical_lengthscales_ratios():
+    """ard=False moves each kernel's lengthscales by one common factor: the categorical kernel's too (its
+    lengthscales are ``kernels.PER_FEATURE_SCALES``' ``log_lengthscales``)."""
+    X, y = coded_problem([0, 2])
+    kernel = Categorical([0, 2], lengthscales=[0.5, 2.0], noise=0.01)
+    model = agpc.GPClassifier(kernel=kernel, n_inducing=8, max_iter=8, random_state=0, inducing="random",
+                              ard=False).fit(X, y)
+    learned = np.exp(to_np(model.kernel_.params["log_lengthscales"]))
+    assert learned[1] / learned[0] == pytest.approx(4.0, rel=1e-9)
+    assert not np.allclose(learned, [0.5, 2.0])
+
+
+def test_default_priors_of_the_mixed_form():
+    """The continuous term's lengthscale priors are centred on the reference's of its columns; a categorical
+    kernel's on the default's 1; every amplitude's on 1."""
+    reference = RBF(lengthscales=[2.0, 3.0, 5.0])
+    kernel = with_default_priors(mixed_kernel(OnColumns(RBF(), [2, 0]), Categorical([1])), reference)
+    priors = kernel.priors
+    for prefix in ("0.", "2.0."):
+        assert priors[prefix + "log_lengthscales"] == LogNormal([math.log(5.0), math.log(2.0)], DEFAULT_PRIOR_SCALE)
+    for prefix in ("1.", "2.1."):
+        assert priors[prefix + "log_lengthscales"] == LogNormal(0.0, DEFAULT_PRIOR_SCALE)
+    assert all(priors[p + "log_amplitude"] == LogNormal(0.0, DEFAULT_PRIOR_SCALE) for p in ("0.", "1.", "2.0."))
+    kernel.for_inputs(np.zeros((2, 3)))  # (the priors' entries match the parameters')
+    with pytest.raises(ValueError, match="column 3 is out of range for data of 3 features"):
+        with_default_priors(OnColumns(RBF(), [3]), reference)
+
+
+def test_clone_get_and_set_params():
+    kernel = mixed_kernel(OnColumns(RBF(0.5, noise=0.1), [0, 2]), Categorical([1], lengthscales=2.0))
+    params = kernel.get_params()
+    assert params["k1__columns"] == [0, 2] and params["k2__columns"] == [1]
+    copy = clone(kernel)
+    assert repr(copy) == repr(kernel) and float(copy.noise) == pytest.approx(0.1)
+    copy.set_params(k1__kernel__lengthscales=3.0, k2__lengthscales=0.25)
+    assert "lengthscales=[3.0]" in repr(copy.terms[0]) and "lengthscales=[0.25]" in repr(copy.terms[1])
+    assert repr(kernel) != repr(copy) and float(copy.noise) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="columns must list"):
+        Categorical([1]).set_params(columns=[])
+
+
+def test_relevance_per_column():
+    """A categorical column's rate is 1 / l (log k falls by it to another level), a continuous one's 1 / (2 l^2),
+    the largest over the terms reading a column; a column no term reads has none."""
+    relevance, why = feature_relevance(Categorical([1, 3], lengthscales=[1.0, 4.0]), 5)
+    assert why is None
+    np.testing.assert_allclose(relevance, [0.0, 0.8, 0.0, 0.2, 0.0])
+    kernel = mixed_kernel(OnColumns(RBF([1.0]), [0]), Categorical([1], lengthscales=0.5))
+    kernel = kernel.with_params({**kernel.params, "2.0.log_lengthscales": np.log([0.5])})  # the product's RBF: 0.5
+    rate, lengthscale = column_relevance(kernel, 3)
+    np.testing.assert_allclose(rate, [2.0, 2.0, 0.0])  # 1 / (2 0.5^2) and 1 / 0.5
+    np.testing.assert_allclose(lengthscale, [0.5, 0.5, np.inf])
+    np.testing.assert_allclose(feature_relevance(kernel, 3)[0], [0.5, 0.5, 0.0])
+    shared = RBF(2.0) + Categorical([1], lengthscales=0.125)  # one lengthscale, for features of a number not known
+    assert feature_relevance(shared)[0] is None and "no lengthscale per column" in feature_relevance(shared)[1]
+    np.testing.assert_allclose(feature_relevance(shared, 2)[0], [0.125 / 8.125, 8.0 / 8.125])  # (column 1: the larger)
+
+
+def test_the_summary_of_a_mixed_model_has_relevance_per_column():
+    model, _ = fitted_mixed()
+    text = model.summary()
+    assert "1 / lengthscale of a categorical one" in text
+    rows = text.split("feature relevance:")[1].splitlines()[2:5]
+    assert sorted(row.split()[0] for row in rows) == ["x0", "x1", "x2"]
+    relevance, _ = feature_relevance(model.kernel_, 3)
+    np.testing.assert_allclose(relevance.sum(), 1.0)
