@@ -21,7 +21,7 @@ import numpy as np
 from . import labels as L
 
 __all__ = ["FROM_DTYPE", "UNSEEN", "MAX_LEVELS", "CategoricalColumns", "categorical_mask", "learn_columns",
-           "encode", "is_text_column"]
+           "encoded_rows", "encode", "is_text_column"]
 
 FROM_DTYPE = "from_dtype"
 UNSEEN = -1.0  # the code of a text level the fit never saw (a number no level has)
@@ -110,6 +110,7 @@ def _name(X, j):
 
 
 def _holds_text(values):
+    """Whether a column holds text (any string among its values: its checks say what else is wrong)."""
     return values.dtype.kind in ("U", "S") or (values.dtype == object and any(
         isinstance(v, (str, bytes)) for v in values.tolist()))
 
@@ -118,20 +119,54 @@ def learn_columns(X, mask):
     """The ``CategoricalColumns`` of X (a fit's rows as given) for ``mask``: each categorical column of text gets its
     levels (sorted distinct values). A column with missing values (None, NaN, empty text), mixed kinds of values or
     more than ``MAX_LEVELS`` levels is one ValueError naming it."""
-    levels = {}
-    for j in np.flatnonzero(mask):
-        values = _column(X, int(j))
-        what = f"X column {_name(X, int(j))} (categorical)"
-        checked = L.check_labels(values, what=what)  # (no missing or blank values, one kind of value)
-        if not _holds_text(checked):
-            continue  # numbers: used as they are (module docstring)
-        found = np.unique(checked.astype(str))  # (text levels as NumPy text, as a model file holds them)
-        if found.shape[0] > MAX_LEVELS:
-            raise ValueError(f"{what} has {found.shape[0]:,} distinct values: more than {MAX_LEVELS:,} levels is an "
-                             "identifier, not a category; drop the column or group its values")
-        L.check_label_length(found)
-        levels[int(j)] = found
-    return CategoricalColumns(np.asarray(mask, dtype=bool), levels)
+    return encoded_rows(X, mask)[1]
+
+
+def encoded_rows(X, categorical_features):
+    """(X as ``encode`` gives it, its ``CategoricalColumns``) for a fit's rows X as given: the columns
+    ``categorical_features`` chooses (``categorical_mask``; or a mask), the text ones' levels learned here
+    (``learn_columns``' refusals). X that is not a table of rows (the feature checks say why) has none."""
+    n_features = _width(X)
+    if n_features is None:
+        return X, CategoricalColumns(np.zeros(0, dtype=bool), {})
+    mask = (np.asarray(categorical_features, dtype=bool) if isinstance(categorical_features, np.ndarray)
+            and categorical_features.dtype == bool else categorical_mask(X, categorical_features, n_features))
+    text = {int(j): _column(X, int(j)) for j in np.flatnonzero(mask)}
+    text = {j: (values, f"X column {_name(X, j)} (categorical)") for j, values in text.items() if _holds_text(values)}
+    coded = {j: _levels_and_codes(values, what) for j, (values, what) in text.items()}
+    columns = CategoricalColumns(np.asarray(mask, dtype=bool), {j: levels for j, (levels, _) in coded.items()})
+    if not coded:
+        return X, columns
+    # (the codes put in place here: ``encode`` would check the same values again)
+    out = X.copy() if hasattr(X, "iloc") else np.array(X, dtype=object)
+    for j, (_, codes) in coded.items():
+        if hasattr(out, "iloc"):
+            out[out.columns[j]] = codes
+        else:
+            out[:, j] = codes
+    return out, columns
+
+
+def _width(X):
+    """The feature count of rows X as given (2-D), or None."""
+    shape = getattr(X, "shape", None)
+    if shape is None:
+        try:
+            shape = np.shape(np.asarray(X, dtype=object))
+        except (TypeError, ValueError):
+            return None
+    return int(shape[1]) if len(shape) == 2 else None
+
+
+def _levels_and_codes(values, what):
+    """A column of text's levels (its sorted distinct values, checked: ``learn_columns``) and its values' codes."""
+    checked = L.check_labels(values, what=what).astype(str)  # (no missing or blank values, one kind of value)
+    found, codes = np.unique(checked, return_inverse=True)  # (text levels as NumPy text, as a model file holds them)
+    if found.shape[0] > MAX_LEVELS:
+        raise ValueError(f"{what} has {found.shape[0]:,} distinct values: more than {MAX_LEVELS:,} levels is an "
+                         "identifier, not a category; drop the column or group its values")
+    L.check_label_length(found)
+    return found, codes.reshape(-1).astype(np.float64)
 
 
 def encode(X, columns, n_features, *, unseen_refused=False):

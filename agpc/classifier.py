@@ -330,10 +330,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         ``n_iter_no_change`` for early stopping. ``resume``: continue from ``checkpoint_path`` (same data, settings)."""
         started = time.perf_counter()  # max_time covers the whole fit, from here
         groups, target_xp, plan = self._check_params()  # before anything reads them (the BLAS scope reads the sizes)
+        X, categorical = C.encoded_rows(X, self.categorical_features)  # (text levels learned: X's columns numbers)
         n_rows, n_features = I.rows_and_features(X, y)
         I.check_fit_paths(plan, X, y, resume, stacklevel=3)  # (a bad path must not cost the fit)
-        categorical = C.learn_columns(X, C.categorical_mask(X, self.categorical_features, n_features))
-        X, plan = C.encode(X, categorical, n_features), plan.with_categorical(categorical.columns)
         if validation_data is not None:  # (its rows as the model reads rows: the levels learned here)
             validation_data = (C.encode(validation_data[0], categorical, n_features), *validation_data[1:])
         held = I.held_out(plan, X, y, sample_weight, n_rows, self.random_state) if validation_data is None else None
@@ -342,14 +341,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             X, y, sample_weight, validation_data, n_rows = held
         with B.jitter_report("GPClassifier.fit"):
             fitted = self._fit(plan, (n_rows, n_features), X, y, groups, target_xp, validation_data, resume, started,
-                               sample_weight)
+                               sample_weight, categorical.columns)
         self.early_stopping_ = held is not None
         self.is_categorical_, self.categorical_levels_ = categorical.mask, categorical.levels
         return fitted
 
-    def _fit(self, plan, shape, X, y, groups, target_xp, validation_data, resume, started, sample_weight=None):
+    def _fit(self, plan, shape, X, y, groups, target_xp, validation_data, resume, started, sample_weight=None,
+             categorical=()):
         """The one fit path, for rows of every kind and place (``agpc.placement``), into the one training loop.
-        ``shape``: (rows, features) of X (``inputs.rows_and_features``)."""
+        ``shape``: (rows, features) of X (``inputs.rows_and_features``); ``categorical``: its categorical columns."""
         self.__dict__.pop("_trainer", None)
         with placement.Placement(plan, X, *shape) as place:
             steps = place.steps
@@ -370,7 +370,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             init_started = time.perf_counter()
             start = I.start_of(plan, inputs, weights)  # (the rows the start is read from, counted by their weights)
             kernel, Z = self._initial_model(start, size.n_inducing, rng, 2 if order is not None else len(classes),
-                                            rows=inputs.X if size.at_rows else None, categorical=plan.categorical)
+                                            rows=inputs.X if size.at_rows else None, categorical=categorical)
             if order is not None:
                 kernel = O.start_kernel(plan, kernel, y, len(order), inputs, weights, start)
             self.init_time_ = time.perf_counter() - init_started
@@ -401,10 +401,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Hernandez-Lobato (2017): one latent function per class). ``categorical``: the categorical columns (the
         default kernel's categorical part; the inducing points keep a level of each, ``inducing.with_row_levels``)."""
         sample, counts = start
-        default = self._default_kernel(sample, counts, categorical=categorical)
-        kernel = O.latent_kernel(self.kernel) if self.kernel is not None else default
+        # the RBF over every column: the default kernel without categorical columns, and the priors' centres
+        reference = (self._default_kernel(sample, counts) if self.kernel is None or self.kernel_prior == "auto"
+                     else None)
+        if self.kernel is not None:
+            kernel = O.latent_kernel(self.kernel)
+        else:
+            kernel = self._default_kernel(sample, counts, categorical=categorical) if categorical else reference
         if self.kernel_prior == "auto":  # centred on the default kernel's lengthscales (docs/small_data_defaults.md)
-            kernel = with_default_priors(kernel, self._default_kernel(sample, counts))
+            kernel = with_default_priors(kernel, reference)
         kernel = kernel.for_inputs(sample)
         if rows is not None:
             Z = B.array_namespace(rows).asarray(rows, copy=True)
@@ -486,17 +491,17 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         n_rows, n_features = I.rows_and_features(X, y)
         if hasattr(self, "posterior_") or hasattr(self, "_trainer"):  # the model's columns and levels
             categorical = self._categorical_columns()
+            X = C.encode(X, categorical, n_features, unseen_refused=True)  # (rows trained on: no unseen level)
         else:
-            categorical = C.learn_columns(X, C.categorical_mask(X, self.categorical_features, n_features))
-        X = C.encode(X, categorical, n_features, unseen_refused=True)  # (rows trained on: no unseen level)
-        plan = plan.with_categorical(categorical.columns)
+            X, categorical = C.encoded_rows(X, self.categorical_features)
         steps = plan.steps(n_rows)
         with placement.blas_scope(plan, steps, n_features), B.jitter_report("GPClassifier.partial_fit"):
-            fitted = self._partial_fit(plan, steps, X, y, classes, n_total, groups, target_xp, sample_weight)
+            fitted = self._partial_fit(plan, steps, X, y, classes, n_total, groups, target_xp, sample_weight,
+                                       categorical.columns)
         self.is_categorical_, self.categorical_levels_ = categorical.mask, dict(categorical.levels)
         return fitted
 
-    def _partial_fit(self, plan, steps, X, y, classes, n_total, groups, target_xp, sample_weight):
+    def _partial_fit(self, plan, steps, X, y, classes, n_total, groups, target_xp, sample_weight, categorical=()):
         live = hasattr(self, "_trainer")
         fitted = live or hasattr(self, "posterior_")
         if fitted:  # before any change to the model: a refused call leaves it as it was
@@ -518,7 +523,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             m = size_rule.fit_model_size(plan, steps, rows, rows_known=False).n_inducing
             start = I.start_of(plan, inputs, weights)
             kernel, Z = self._initial_model(start, m, rng, len(classes) if order is None else 2,
-                                            categorical=plan.categorical)
+                                            categorical=categorical)
             if order is not None:  # (the cut points start from this call's class counts)
                 kernel = O.start_kernel(plan, kernel, y, len(order), inputs, weights, start)
             self._rows_seen = 0

@@ -194,14 +194,14 @@ def check_feature_values(X):
             kind = getattr(dtype, "kind", None)
             categories = getattr(dtype, "categories", None)  # (a Categorical of numbers converts as numbers)
             if categories is not None and getattr(categories.dtype, "kind", None) not in tuple("biuf"):
-                raise ValueError(f"X column {str(name)!r} is categorical: features must be numbers; encode it first "
-                                 "(e.g. sklearn's OneHotEncoder or OrdinalEncoder)")
+                raise ValueError(f"X column {str(name)!r} is categorical but not among categorical_features: name it "
+                                 "there (or leave categorical_features='from_dtype'), or encode it as numbers")
             if kind in tuple("mM"):
                 raise ValueError(f"X column {str(name)!r} holds dates or times ({dtype}): features must be numbers; "
                                  "convert it first (e.g. to seconds since a date)")
             if categories is None and kind not in tuple("biuf") and not _numbers_in(X[name]):
                 raise ValueError(f"X column {str(name)!r} holds text or other objects ({dtype}): features must be "
-                                 "numbers")
+                                 "numbers, or categories named in categorical_features")
     if isinstance(X, (list, tuple)) and X and all(isinstance(row, (list, tuple, np.ndarray)) for row in X):
         lengths = [len(row) for row in X]
         if len(set(lengths)) > 1:

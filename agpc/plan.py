@@ -85,13 +85,12 @@ class FitPlan:
     validation_fraction: float = 0.1
     n_features: int | None = None  # a fitted model's feature count (partial_fit continuing it)
     categorical_features: Any = "from_dtype"
-    categorical: tuple = ()  # the categorical columns found in the rows (``categories.categorical_mask``)
 
     @classmethod
     def of(cls, estimator_name, params, n_features=None):
         """The plan of an estimator named ``estimator_name`` with the parameters ``params`` (``get_params()``,
         accepted by its parameter table); ``n_features``: the feature count of the model it continues."""
-        names = {f.name for f in fields(cls)} - {"estimator_name", "n_features", "categorical"}
+        names = {f.name for f in fields(cls)} - {"estimator_name", "n_features"}
         given = {name: params[name] for name in names if name in params}
         given["dtype"] = dtype_name(params.get("dtype", "float64"))
         given.setdefault("likelihood", None)
@@ -101,10 +100,6 @@ class FitPlan:
         """The :class:`Steps` of this plan's fit of ``n_rows`` rows: the rows its steps take
         (``batch_size.rows_per_step`` on the host's rule; None, the full batch), resolved here once."""
         return Steps(int(n_rows), rows_per_step(self, int(n_rows)))
-
-    def with_categorical(self, columns):
-        """This plan for rows whose categorical columns are ``columns`` (indices), found at fit."""
-        return replace(self, categorical=tuple(int(j) for j in columns))
 
     def with_features(self, n_features):
         """This plan for rows of a fitted model of ``n_features`` features (``partial_fit`` continuing it)."""

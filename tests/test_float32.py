@@ -107,7 +107,9 @@ def test_every_array_of_a_fitted_float32_model_is_float32(method, classes):
     model = GPClassifier(method=method, n_inducing=10, batch_size=batch_size, max_iter=3, random_state=0,
                          dtype="float32").fit(X, y)
     model.predict_proba(X_test[:5])  # fills the posterior's cached inverses too
-    found = [a for a in _arrays({k: v for k, v in vars(model).items() if k not in ("classes_",)})]
+    # (the labels, and which columns are categorical and their text levels, describe the data, not the model's numbers)
+    described = ("classes_", "is_categorical_", "categorical_levels_")
+    found = [a for a in _arrays({k: v for k, v in vars(model).items() if k not in described})]
     assert len(found) >= 5  # inducing points, kernel parameters, the posterior's factors
     assert {str(a.dtype) for a in found} == {"float32"}
     outputs = (model.predict_proba(X_test), model.decision_function(X_test), *model.predict_latent(X_test))

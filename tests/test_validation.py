@@ -80,6 +80,8 @@ CASES = {
     "plateau": (["auto", None], ["none", "AUTO", True, 1e-3, (10, 1e-3)]),
     "early_stopping": (["auto", True, False, np.True_], ["AUTO", None, 1, "on"]),
     "validation_fraction": ([0.1, 0.5, 0.99], [0.0, 1.0, -0.1, float("nan"), True, "0.1"]),
+    "categorical_features": (["from_dtype", None, [1], (0,), np.array([True, False])],
+                             ["FROM_DTYPE", "all", 3, True]),
     "class_weight": ([None, "balanced", {1: 2.0}], ["Balanced", "auto", 1.0, [1.0, 2.0], True]),
     # (a list of classes gives an ordinal model's order: tests/test_ordinal.py)
     "classes": ([None], ["low,high", 3, {0: 1}, True]),
@@ -259,7 +261,7 @@ def _forged_dtype_zarr(tmp_path):
 _X40 = make_banana(40, random_state=0)[0]
 UNCLEAR = {
     "a pandas categorical column": (lambda tmp: pandas.DataFrame({"a": _X40[:, 0], "b": pandas.Categorical(
-        ["hi", "lo"] * 20)}), r"X column 'b' is categorical: features must be numbers; encode it first"),
+        ["hi", "lo"] * 20)}), r"X column 'b' is categorical but not among categorical_features"),
     "a datetime column": (lambda tmp: pandas.DataFrame({"a": _X40[:, 0], "when": pandas.date_range("2020", periods=40)}),
                           r"X column 'when' holds dates or times \(datetime64"),
     "a text column": (lambda tmp: pandas.DataFrame({"a": _X40[:, 0], "b": ["hi", "lo"] * 20}),
@@ -277,10 +279,11 @@ UNCLEAR = {
 def test_unclear_third_party_errors_are_one_line_naming_the_problem(tmp_path, make, message):
     """A pandas categorical column ("could not convert string to float: 'hi'", the column not named), a datetime
     column (NumPy's DTypePromotionError), a generator or a ragged list (float() / inhomogeneous-shape errors), a zarr
-    array with a forged dtype ("cannot reshape array of size 640"): each is one ValueError in agpc's words."""
+    array with a forged dtype ("cannot reshape array of size 640"): each is one ValueError in agpc's words.
+    (Categorical and text columns are categorical features by default: refused here with none.)"""
     y = make_banana(40, random_state=0)[1]
     with pytest.raises(ValueError, match=message):
-        GPClassifier(n_inducing=5, max_iter=1).fit(make(tmp_path), y)
+        GPClassifier(n_inducing=5, max_iter=1, categorical_features=None).fit(make(tmp_path), y)
 
 
 def test_columns_that_convert_as_numbers_are_still_taken():
