@@ -320,3 +320,15 @@ def test_mixed_columns_of_a_dask_array_train_on_its_cluster_as_in_memory():
     assert _on_levels(model) and "Categorical" in repr(model.kernel_)
     np.testing.assert_allclose(model.predict_proba(X), GPClassifier(**options).fit(X, y).predict_proba(X),
                                rtol=1e-6, atol=1e-8)
+
+
+def test_mixed_columns_in_the_exact_model_and_in_data_parallel_rounds():
+    """Small data take the exact model (its inducing points the rows: on levels by construction); n_jobs = 2 trains
+    minibatch rounds in two processes on the mixed kernel."""
+    X, y, _ = _coded_table()
+    exact = GPClassifier(random_state=0, max_iter=5, categorical_features=[1, 3]).fit(X, y)
+    assert np.asarray(exact.inducing_points_).shape[0] == X.shape[0] and _on_levels(exact)
+    rounds = GPClassifier(n_inducing=12, max_iter=2, batch_size=50, n_jobs=2, random_state=0,
+                          categorical_features=[1, 3]).fit(X, y)
+    assert rounds.n_jobs_ == 2 and _on_levels(rounds)
+    assert rounds.score(X, y) > np.max(np.bincount(y)) / len(y)
