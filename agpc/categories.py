@@ -14,6 +14,7 @@ file; nothing else about the columns is.
 from __future__ import annotations
 
 import numbers
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy as np
 from . import labels as L
 
 __all__ = ["FROM_DTYPE", "UNSEEN", "MAX_LEVELS", "CategoricalColumns", "categorical_mask", "learn_columns",
-           "encoded_rows", "encode", "is_text_column"]
+           "encoded_rows", "encode", "is_text_column", "row_width", "may_hold_text", "check_exact_codes"]
 
 FROM_DTYPE = "from_dtype"
 UNSEEN = -1.0  # the code of a text level the fit never saw (a number no level has)
@@ -67,7 +68,8 @@ def categorical_mask(X, categorical_features, n_features):
     if isinstance(categorical_features, str):  # ("from_dtype": the parameter's constraints refuse other strings)
         dtypes = getattr(X, "dtypes", None)
         if dtypes is not None and hasattr(X, "columns") and hasattr(dtypes, "items"):
-            mask[:] = [is_text_column(dtype) for _, dtype in dtypes.items()]
+            mask[:] = [is_text_column(dtype) and _holds_text(_column(X, j), name=_name(X, j))
+                       for j, (_, dtype) in enumerate(dtypes.items())]
         return mask
     given = list(categorical_features)
     if given and all(isinstance(v, (bool, np.bool_)) for v in given):
@@ -109,10 +111,28 @@ def _name(X, j):
     return repr(names[j]) if names is not None else str(j)
 
 
-def _holds_text(values):
-    """Whether a column holds text (any string among its values: its checks say what else is wrong)."""
-    return values.dtype.kind in ("U", "S") or (values.dtype == object and any(
-        isinstance(v, (str, bytes)) for v in values.tolist()))
+def _holds_text(values, name=None):
+    """Whether a column holds text (any string among its values: its checks say what else is wrong). ``name``: the
+    column is taken as categorical for its dtype alone (``"from_dtype"``), and numbers written as text there (a file
+    read with "?" for a missing value, say) are one ValueError naming it rather than a column of levels."""
+    if not (values.dtype.kind in ("U", "S") or (values.dtype == object and any(
+            isinstance(v, (str, bytes)) for v in values.tolist()))):
+        return False
+    if name is not None:
+        written = next((v for v in values.tolist() if isinstance(v, (str, bytes)) and _is_number_text(v)), None)
+        if written is not None:
+            raise ValueError(f"X column {name} holds numbers written as text ({written!r}): convert it to numbers "
+                             "(e.g. pandas.to_numeric, filling missing values), or name it in categorical_features "
+                             "if its values are category codes")
+    return True
+
+
+def _is_number_text(value):
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def learn_columns(X, mask):
@@ -122,15 +142,18 @@ def learn_columns(X, mask):
     return encoded_rows(X, mask)[1]
 
 
-def encoded_rows(X, categorical_features):
+def encoded_rows(X, categorical_features, dtype_name="float64"):
     """(X as ``encode`` gives it, its ``CategoricalColumns``) for a fit's rows X as given: the columns
     ``categorical_features`` chooses (``categorical_mask``; or a mask), the text ones' levels learned here
-    (``learn_columns``' refusals). X that is not a table of rows (the feature checks say why) has none."""
-    n_features = _width(X)
+    (``learn_columns``' refusals), the others' values checked to stay apart in the model's type ``dtype_name``
+    (``check_exact_codes``). X that is not a table of rows (the feature checks say why) has none."""
+    n_features = row_width(X)
     if n_features is None:
         return X, CategoricalColumns(np.zeros(0, dtype=bool), {})
-    mask = (np.asarray(categorical_features, dtype=bool) if isinstance(categorical_features, np.ndarray)
-            and categorical_features.dtype == bool else categorical_mask(X, categorical_features, n_features))
+    mask = categorical_mask(X, categorical_features, n_features)
+    check_exact_codes(X, CategoricalColumns(mask, {}), dtype_name)
+    if not may_hold_text(X):  # (numbers only: nothing to read or convert, wherever the rows are)
+        return X, CategoricalColumns(mask, {})
     text = {int(j): _column(X, int(j)) for j in np.flatnonzero(mask)}
     text = {j: (values, f"X column {_name(X, j)} (categorical)") for j, values in text.items() if _holds_text(values)}
     coded = {j: _levels_and_codes(values, what) for j, (values, what) in text.items()}
@@ -147,7 +170,16 @@ def encoded_rows(X, categorical_features):
     return out, columns
 
 
-def _width(X):
+def may_hold_text(X):
+    """Whether rows X as given can hold text (a DataFrame, a list of rows, a NumPy array of objects or strings): the
+    only rows whose columns are read here. Arrays of numbers (on disk, dask, another library's, on a device) are
+    never read nor converted."""
+    if hasattr(X, "iloc") or isinstance(X, (list, tuple)):
+        return True
+    return isinstance(X, np.ndarray) and X.dtype.kind in "OUS"
+
+
+def row_width(X):
     """The feature count of rows X as given (2-D), or None."""
     shape = getattr(X, "shape", None)
     if shape is None:
@@ -160,23 +192,51 @@ def _width(X):
 
 def _levels_and_codes(values, what):
     """A column of text's levels (its sorted distinct values, checked: ``learn_columns``) and its values' codes."""
-    checked = L.check_labels(values, what=what).astype(str)  # (no missing or blank values, one kind of value)
+    checked = L.check_labels(values, what=what, kind="level").astype(str)  # (no missing or blank values, one kind)
     found, codes = np.unique(checked, return_inverse=True)  # (text levels as NumPy text, as a model file holds them)
     if found.shape[0] > MAX_LEVELS:
         raise ValueError(f"{what} has {found.shape[0]:,} distinct values: more than {MAX_LEVELS:,} levels is an "
                          "identifier, not a category; drop the column or group its values")
-    L.check_label_length(found)
+    L.check_label_length(found, what=what, kind="level")
     return found, codes.reshape(-1).astype(np.float64)
+
+
+def check_exact_codes(X, columns, dtype_name):
+    """The categorical columns of numbers of X (in memory) hold values the model's type ``dtype_name`` keeps apart:
+    float32 holds integers exactly up to 2^24 only, and two codes it rounds to one value are one level (the kernel
+    reads equality). One ValueError naming the column otherwise (rows elsewhere are not read for it)."""
+    if dtype_name == "float64" or not (hasattr(X, "iloc") or type(X) is np.ndarray):
+        return
+    target = np.dtype(dtype_name)
+    for j in columns.columns:
+        values = _column(X, j)
+        if _holds_text(values):
+            continue  # (text: its codes are 0 .. L - 1, at most MAX_LEVELS)
+        try:
+            values = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError):
+            continue  # (missing or odd values: the feature checks name them)
+        rounded = values.astype(target).astype(np.float64)
+        if not np.array_equal(rounded, values, equal_nan=True):
+            first = values[np.flatnonzero(rounded != values)[0]]
+            raise ValueError(f"X column {_name(X, j)} (categorical) has the value {float(first)!r}, which {dtype_name} "
+                             f"cannot hold exactly (two codes would be one level there): use dtype='float64', or "
+                             "smaller codes")
 
 
 def encode(X, columns, n_features, *, unseen_refused=False):
     """X (as given: a DataFrame, an array or a list of rows) with each categorical column of text as its level codes
     (floats 0 .. L-1 in the order of ``columns.levels``; ``UNSEEN`` for a level the fit never saw): a DataFrame keeps
-    its column names (the feature-name checks read them), anything else becomes a NumPy object or float array. X
-    without text columns is returned as it is (nothing to convert: a dask array, data on disk, device arrays).
+    its column names (the feature-name checks read them), anything else becomes a NumPy object array. A model
+    without text levels takes X as it is (nothing to convert: a dask array, data on disk, device arrays); one with
+    them compares a NumPy array's numbers with its levels as text (``_as_text``) and refuses rows it cannot read so.
     ``unseen_refused``: a level the fit never saw is one ValueError instead (rows trained on: ``partial_fit``)."""
-    if not columns.levels:
-        return X
+    if not columns.levels or row_width(X) != n_features:
+        return X  # (rows of another width: the feature checks say so, in scikit-learn's words)
+    if not may_hold_text(X) and type(X) is not np.ndarray:  # (numbers that are not NumPy's, in memory)
+        raise ValueError(f"X columns {sorted(columns.levels)} of this model are categories of text, which a "
+                         f"{type(X).__name__} of numbers cannot hold: give the rows as a DataFrame (or a NumPy array "
+                         "of objects) with those columns' text")
     if hasattr(X, "iloc"):
         out = X.copy()
         for j, levels in columns.levels.items():
@@ -194,12 +254,24 @@ def encode(X, columns, n_features, *, unseen_refused=False):
 def _codes(values, levels, what, unseen_refused=False):
     """Level codes of ``values`` (floats; ``UNSEEN`` where a value is not among ``levels``, or with
     ``unseen_refused`` one ValueError), missing values refused."""
-    text = L.check_labels(values, what=what).astype(str)  # (numbers where text was learned: compared as text)
+    text = _as_text(L.check_labels(values, what=what, kind="level"))
     position = np.clip(np.searchsorted(levels, text), 0, levels.shape[0] - 1)
     known = levels[position] == text
     if unseen_refused and not np.all(known):
         first = int(np.flatnonzero(~known)[0])
-        raise ValueError(f"{what} has the level {text[first]!r} (row {first}), which the model's first rows did not "
-                         "have: a stream learns a column's levels from its first call; give them all there (or fit "
-                         "on all the rows)")
+        raise ValueError(f"{what} has the level {str(text[first])!r} (row {first} of these rows), which the model's "
+                         "first rows did not have: a stream learns a column's levels from its first call; give them "
+                         "all there (or fit on all the rows)")
+    if text.shape[0] and not np.any(known):  # (a column of other values: another file's, or numbers for text)
+        warnings.warn(f"{what}: none of its {text.shape[0]:,} values is a level the model was fitted with (e.g. "
+                      f"{str(text[0])!r}; its levels: {[str(v) for v in levels[:5]]}...): every row is predicted "
+                      "as of a level never seen", UserWarning, stacklevel=6)  # (the caller of predict_proba & co.)
     return np.where(known, position.astype(np.float64), UNSEEN)
+
+
+def _as_text(values):
+    """Values compared with text levels, as text: whole numbers as integers ("1", not "1.0": a column of text levels
+    such as "1", "2" read back from a file as numbers), other numbers as Python writes them."""
+    if values.dtype.kind == "f":
+        return np.asarray([str(int(v)) if float(v).is_integer() else repr(float(v)) for v in values.tolist()])
+    return values.astype(str)

@@ -27,7 +27,7 @@ from . import uncertainty as U
 from . import validation as V
 from .inducing import initial_inducing_points, with_row_levels
 from .inference import training
-from .kernels import ClassKernels, Kernel, with_default_priors
+from .kernels import ClassKernels, Kernel, categorical_columns, with_default_priors
 from .likelihoods import likelihood_by_name
 from .model import FIT_RECORD, FittedModel, FittedState
 from .model_file import EstimatorSchema, read_model_file, unpickled_state, write_model_file
@@ -330,11 +330,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         ``n_iter_no_change`` for early stopping. ``resume``: continue from ``checkpoint_path`` (same data, settings)."""
         started = time.perf_counter()  # max_time covers the whole fit, from here
         groups, target_xp, plan = self._check_params()  # before anything reads them (the BLAS scope reads the sizes)
-        X, categorical = C.encoded_rows(X, self.categorical_features)  # (text levels learned: X's columns numbers)
+        X, categorical = C.encoded_rows(X, self.categorical_features, plan.dtype)  # (text levels learned)
         n_rows, n_features = I.rows_and_features(X, y)
         I.check_fit_paths(plan, X, y, resume, stacklevel=3)  # (a bad path must not cost the fit)
-        if validation_data is not None:  # (its rows as the model reads rows: the levels learned here)
-            validation_data = (C.encode(validation_data[0], categorical, n_features), *validation_data[1:])
+        if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2:  # (else refused, as it is)
+            validation_data = (C.encode(validation_data[0], categorical, n_features), validation_data[1])
         held = I.held_out(plan, X, y, sample_weight, n_rows, self.random_state) if validation_data is None else None
         self._holding_out = held is not None  # (``_train``'s patience; ``early_stopping_`` once the fit succeeded)
         if held is not None:  # (the held-out rows are the fit's validation data)
@@ -401,9 +401,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Hernandez-Lobato (2017): one latent function per class). ``categorical``: the categorical columns (the
         default kernel's categorical part; the inducing points keep a level of each, ``inducing.with_row_levels``)."""
         sample, counts = start
-        # the RBF over every column: the default kernel without categorical columns, and the priors' centres
-        reference = (self._default_kernel(sample, counts) if self.kernel is None or self.kernel_prior == "auto"
-                     else None)
+        # an RBF over every column: the default kernel without categorical columns, and the priors' centres (the
+        # continuous columns' as the default kernel's RBF has them)
+        reference = (I.prior_reference(sample, counts, categorical) if self.kernel is None or
+                     self.kernel_prior == "auto" else None)
         if self.kernel is not None:
             kernel = O.latent_kernel(self.kernel)
         else:
@@ -415,7 +416,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             Z = B.array_namespace(rows).asarray(rows, copy=True)
         else:
             Z = initial_inducing_points(sample, m, self.inducing, random_state=rng, weights=counts)
-            Z = with_row_levels(Z, sample, categorical)
+            if isinstance(self.inducing, str):  # (points given as an array are the user's, levels included)
+                Z = with_row_levels(Z, sample, sorted(set(categorical) | set(categorical_columns(kernel))))
         if n_classes > 2:
             xp = B.array_namespace(Z)
             return ClassKernels([kernel] * n_classes), xp.stack([Z] * n_classes)
@@ -491,7 +493,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         n_rows, n_features = I.rows_and_features(X, y)
         if hasattr(self, "posterior_") or hasattr(self, "_trainer"):  # the model's columns and levels
             categorical = self._categorical_columns()
-            X = C.encode(X, categorical, n_features, unseen_refused=True)  # (rows trained on: no unseen level)
+            X = self._coded(X, n_features, unseen_refused=True)  # (rows trained on: no unseen level)
         else:
             X, categorical = C.encoded_rows(X, self.categorical_features)
         steps = plan.steps(n_rows)
@@ -635,7 +637,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         predicted a block at a time, and so are host rows too large for the device's free memory."""
         model = self.fitted_model()
         dtype, expected, owner = I.dtype_name(self.dtype), self.n_features_in_, type(self).__name__
-        X = C.encode(X, self._categorical_columns(), expected)  # (text levels as the fit coded them)
+        X = self._coded(X, expected)
         if B.is_out_of_core(X):
             I.check_out_of_core(X, dtype, expected=expected, owner=owner)
             return model, (X, None, None)
@@ -643,6 +645,19 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if in_xp is None:  # a DataFrame's names against the fitted ones (scikit-learn's warnings and errors)
             validate_data(self, X, skip_check_array=True, reset=False)
         return model, P.placed_rows(model, checked, in_xp)
+
+    def _coded(self, X, n_features, unseen_refused=False):
+        """X with its text columns as the fit coded them (``categories.encode``); a DataFrame's column names are
+        checked against the fitted ones first (scikit-learn's words, not a column of the wrong values)."""
+        if getattr(self, "categorical_levels_", None):
+            if hasattr(X, "columns"):
+                validate_data(self, X, skip_check_array=True, reset=False)
+            width = C.row_width(X)
+            if width is None and C.may_hold_text(X) and np.ndim(np.asarray(X, dtype=object)) == 1:
+                raise ValueError("Expected a 2D array of rows, got a 1D one: reshape a single row with "
+                                 "X.reshape(1, -1) (or give a DataFrame of one row)")
+            I.check_feature_count(n_features if width is None else width, n_features, type(self).__name__)
+        return C.encode(X, self._categorical_columns(), n_features, unseen_refused=unseen_refused)
 
     def _categorical_columns(self):
         """The fitted ``categories.CategoricalColumns`` (none for a model fitted before categorical columns)."""

@@ -428,11 +428,19 @@ def _load_model(path):
     return persistence.load_model(path)
 
 
-def _check_feature_count(X, model, path, target):
+def _check_feature_count(X, model, path, target, names=None):
     have, want = X.shape[1], int(model.n_features_in_)
     if have != want:
         hint = " (drop the label column with --target COL)" if target is None and have == want + 1 else ""
         raise UsageError(f"{path} has {have} feature columns but the model was trained on {want}{hint}")
+    # a column of text where the model has numbers (not one of its categorical columns of text), named here: the
+    # estimator could only say that a string is not a float
+    levels = getattr(model[-1] if not isinstance(model, GPClassifier) else model, "categorical_levels_", {})
+    for j in text_columns(X):
+        if j not in levels:
+            shown = names[j] if names is not None else j
+            raise UsageError(f"{path}: feature column {shown!r} is not numeric (value {X[0, j]!r}), and the model "
+                             "was trained on numbers there")
 
 
 def _latent_columns(model, X):
@@ -468,7 +476,7 @@ def predict(args):
     model = _load_model(args.model)
     wanted = _feature_names(model)
     X, y, names = load_data(args.data, args.target, features=wanted)
-    _check_feature_count(X, model, args.data, args.target)
+    _check_feature_count(X, model, args.data, args.target, names)
     with _columns_already_matched():
         proba = np.asarray(model.predict_proba(X))
         scores = None if y is None else _scores(proba, y, model.classes_)  # unknown labels fail before writing
@@ -527,7 +535,7 @@ def inspect(args):
     if args.data is not None:
         wanted = _feature_names(model)
         X, y, names = load_data(args.data, args.target, features=wanted)
-        _check_feature_count(X, model, args.data, args.target)
+        _check_feature_count(X, model, args.data, args.target, names)
         with _columns_already_matched():
             proba = np.asarray(model.predict_proba(X))
         scores = _scores(proba, y, model.classes_)

@@ -482,6 +482,23 @@ def default_kernel(X, weights=None, categorical=()):
     return mixed_kernel(OnColumns(rbf, continuous), levels, noise=1e-3)
 
 
+def prior_reference(X, weights=None, categorical=()):
+    """The RBF over every column whose lengthscales ``kernel_prior="auto"`` centres the priors on
+    (``kernels.with_default_priors``): the default kernel where no column is categorical; else the default mixed
+    kernel's RBF lengthscales on the continuous columns (sqrt(d) there counts those) and 1 on the categorical ones
+    (which the categorical kernel's own priors do not read)."""
+    if not categorical:
+        return default_kernel(X, weights)
+    chosen = set(int(j) for j in categorical)
+    continuous = [j for j in range(X.shape[1]) if j not in chosen]
+    lengthscales = np.ones(X.shape[1])
+    if continuous:
+        xp = B.array_namespace(X)
+        rows = xp.take(X, B.asarray_like(np.asarray(continuous), xp, device=B.array_device(X)), axis=1)
+        lengthscales[continuous] = _default_lengthscales(rows, weights, continuous)
+    return RBF(lengthscales=list(lengthscales), amplitude=1.0, noise=1e-3)
+
+
 def _default_lengthscales(X, weights, columns=None):
     """The default RBF's lengthscales on the columns of X: sqrt(d) times each one's standard deviation (``columns``:
     the features X's columns are, as an error names them)."""

@@ -425,7 +425,9 @@ def _plot_reliability(ax, calibration, n_bins):
 
 def _plot_relevance(ax, model, max_features):
     relevance, why = feature_relevance(model.state.kernel, int(model.state.n_features_in))
-    ax.set_title("feature relevance (1 / lengthscale^2)")
+    by_columns = any(_reads_columns(k.covariance_kernel) for k in model.state.kernel.latent_kernels())
+    measure = "per column: 1 / (2 l^2), categorical 1 / l" if by_columns else "1 / lengthscale^2"
+    ax.set_title(f"feature relevance ({measure})")
     if relevance is None:
         ax.text(0.5, 0.5, "\n".join(textwrap.wrap("none: " + why, 48)), ha="center", va="center", fontsize=8)
         ax.set_axis_off()
@@ -436,7 +438,7 @@ def _plot_relevance(ax, model, max_features):
     ax.barh([labels[j] for j in order], overall[order], color="#74c476")
     xlabel = "relevance (mean over classes)" if relevance.ndim == 2 else "relevance"
     if model.recorded("ard") is False:  # what the summary says (``_relevance_lines``), on the panel too
-        ax.set_title("feature relevance (1 / lengthscale^2)\n" + "\n".join(textwrap.wrap(SHARED_SCALE_NOTE, 52)),
+        ax.set_title(f"feature relevance ({measure})\n" + "\n".join(textwrap.wrap(SHARED_SCALE_NOTE, 52)),
                      fontsize=8)
         xlabel += " (from each feature's scale, not learned)"
     ax.set_xlabel(xlabel)

@@ -54,6 +54,7 @@ __all__ = [
     "PER_FEATURE_SCALES",
     "DEFAULT_PRIOR_SCALE",
     "with_default_priors",
+    "categorical_columns",
 ]
 
 SCALAR = "scalar"
@@ -1691,6 +1692,19 @@ def kernel_from_spec(spec, params):
 
 DEFAULT_PRIOR_SCALE = math.sqrt(3.0)
 """Standard deviation of the default priors on log lengthscale and log amplitude (``with_default_priors``)."""
+
+
+def categorical_columns(kernel):
+    """The columns of X that ``kernel`` reads as categories (its ``Categorical`` terms', through ``OnColumns``,
+    sums, products, an ordinal model's latent kernel and a class's kernels), sorted: where the inducing points must
+    sit on levels (``inducing.with_row_levels``) whoever built the kernel."""
+    if isinstance(kernel, Categorical):
+        return sorted(set(int(j) for j in kernel.columns))
+    if isinstance(kernel, OnColumns):
+        return sorted(set(int(kernel.columns[j]) for j in categorical_columns(kernel.kernel)))
+    parts = (getattr(kernel, "terms", None) or getattr(kernel, "kernels", None)
+             or ([kernel.latent] if isinstance(kernel, OrdinalKernel) else []))
+    return sorted(set().union(*(categorical_columns(part) for part in parts))) if parts else []
 
 
 def with_default_priors(kernel, reference):

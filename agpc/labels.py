@@ -35,10 +35,19 @@ def _rows_text(rows, offset):
     return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"
 
 
+# The words of the checks' messages: class labels (y, classes), or the values of a categorical feature column
+_WORDS = {"label": {"items": "labels", "item": "label", "one": "a class", "fill": "give them a class",
+                    "named": "the classes"},
+          "level": {"items": "values", "item": "value", "one": "a level", "fill": "give them a level",
+                    "named": "the levels"}}
+
+
 def _label_kind(value):
     """The kind of one label in an object array: "str", "number", "None", "NaN", or its type's name."""
     if value is None:
         return "None"
+    if type(value).__name__ == "NAType":  # (pandas' missing value, in nullable and string columns)
+        return "NA"
     if isinstance(value, (str, bytes)):
         return "str"
     if isinstance(value, (numbers.Real, np.bool_)):  # bools, ints and floats order among themselves
@@ -78,12 +87,14 @@ def encoded_ranks(y, order):
     return encode_labels(label_ranks(y, order), np.arange(order.shape[0]))
 
 
-def check_labels(y, what="y", offset=0):
+def check_labels(y, what="y", offset=0, kind="label"):
     """Class labels (1-D, on the host) that a classifier can take, else one ValueError naming ``what``, the
-    problem and the rows (counted from ``offset``): no missing labels (None, NaN), no empty or blank strings
-    (an empty cell in a file is a missing value, not a class), and one kind of label, strings or numbers
+    problem and the rows (counted from ``offset``): no missing labels (None, NaN, pandas' NA), no empty or blank
+    strings (an empty cell in a file is a missing value, not a class), and one kind of label, strings or numbers
     (mixed, they have no order: ``np.unique`` fails, and a list of them would silently become strings).
-    Returns y as a NumPy array."""
+    ``kind="level"``: the values of a categorical feature column, which the messages call so. Returns y as a
+    NumPy array."""
+    words = _WORDS[kind]
     mixed_container = isinstance(y, (list, tuple))
     values = np.asarray(y)
     if values.dtype == object or mixed_container:
@@ -91,31 +102,31 @@ def check_labels(y, what="y", offset=0):
         kinds = {}
         for row, value in enumerate(objects):
             kinds.setdefault(_label_kind(value), []).append(row)
-        for missing in ("None", "NaN"):
+        for missing in ("None", "NaN", "NA"):
             if missing in kinds:
-                raise ValueError(f"{what} has missing labels ({missing}) at {_rows_text(kinds[missing], offset)}: "
-                                 "drop those rows or give them a class")
+                raise ValueError(f"{what} has missing {words['items']} ({missing}) at "
+                                 f"{_rows_text(kinds[missing], offset)}: drop those rows or {words['fill']}")
         if len(kinds) > 1:
             found = ", ".join(f"{kind} at row {rows[0] + offset}" for kind, rows in kinds.items())
-            raise ValueError(f"{what} mixes kinds of labels ({found}): use one kind for every label, e.g. all "
-                             "strings or all integers")
+            raise ValueError(f"{what} mixes kinds of {words['items']} ({found}): use one kind for every "
+                             f"{words['item']}, e.g. all strings or all integers")
         blank = [row for row, value in enumerate(objects) if isinstance(value, (str, bytes)) and not value.strip()]
-        _refuse_trailing_nul(objects, what, offset)
+        _refuse_trailing_nul(objects, what, offset, words)
         if set(kinds) == {"number"}:
             values = _numbers(objects, what).reshape(np.shape(y))
     elif values.dtype.kind == "f":
         nan = np.flatnonzero(np.isnan(values))
         if nan.size:
-            raise ValueError(f"{what} has missing labels (NaN) at {_rows_text(nan, offset)}: drop those rows or "
-                             "give them a class")
+            raise ValueError(f"{what} has missing {words['items']} (NaN) at {_rows_text(nan, offset)}: drop those "
+                             f"rows or {words['fill']}")
         blank = []
     elif values.dtype.kind in "US":
         blank = np.flatnonzero(np.char.strip(values) == ("" if values.dtype.kind == "U" else b""))
     else:
         blank = []
     if len(blank):
-        raise ValueError(f"{what} has empty labels at {_rows_text(blank, offset)}: an empty cell is a missing "
-                         "label, not a class; drop those rows or give them a class")
+        raise ValueError(f"{what} has empty {words['items']} at {_rows_text(blank, offset)}: an empty cell is a "
+                         f"missing {words['item']}, not {words['one']}; drop those rows or {words['fill']}")
     return values
 
 
@@ -141,17 +152,17 @@ def holdout_mask(y, fraction, seed, what="validation_fraction", weights=None):
     return val
 
 
-def _refuse_trailing_nul(objects, what, offset):
+def _refuse_trailing_nul(objects, what, offset, words=None):
     """NumPy's string arrays, and so a model file's classes, drop a string's trailing NUL characters: "x" and "x\0"
     would be one class there (fit trained two, load refused the file). A label ending in NUL (from Python objects:
     a NumPy string array has dropped it already) is one ValueError naming its row."""
     nul = [row for row, value in enumerate(objects) if isinstance(value, (str, bytes)) and value[-1:] in ("\0", b"\0")]
     if nul:
-        shown = objects[nul[0]]
-        raise ValueError(f"{what} has labels ending in a NUL character ({shown!r}) at {_rows_text(nul, offset)}: "
-                         "NumPy's strings and a model file drop trailing NULs, so it would be the label "
-                         f"{shown.rstrip(chr(0) if isinstance(shown, str) else bytes(1))!r}; give the classes names "
-                         "without them")
+        words, shown = words or _WORDS["label"], objects[nul[0]]
+        raise ValueError(f"{what} has {words['items']} ending in a NUL character ({shown!r}) at "
+                         f"{_rows_text(nul, offset)}: NumPy's strings and a model file drop trailing NULs, so it would "
+                         f"be the {words['item']} {shown.rstrip(chr(0) if isinstance(shown, str) else bytes(1))!r}; "
+                         f"give {words['named']} names without them")
 
 
 def _numbers(objects, what):
@@ -194,15 +205,16 @@ class EncodedLabels:
         return encode_labels(np.asarray(self.y[key]), self.classes)
 
 
-def check_label_length(classes):
+def check_label_length(classes, what="y", kind="label"):
     """A model file holds each label in at most ``MAX_LABEL_BYTES`` (as NumPy stores text: 4 bytes a
     character), and ``load`` refuses more: a fit whose model could not be loaded back is refused first."""
     stored = classes if classes.dtype.kind in "biufU" else classes.astype(str)  # as the model file writes them
     if stored.dtype.kind == "U" and stored.dtype.itemsize > MAX_LABEL_BYTES:
         longest = max(stored.tolist(), key=len)
-        raise ValueError(f"y has a label of {len(longest):,} characters ({longest[:20]!r}...): a model file holds "
-                         f"labels of at most {MAX_LABEL_BYTES // 4:,} characters, so the fitted model could not be "
-                         "saved and loaded back; give the classes shorter names")
+        words = _WORDS[kind]
+        raise ValueError(f"{what} has a {words['item']} of {len(longest):,} characters ({longest[:20]!r}...): a model "
+                         f"file holds {words['items']} of at most {MAX_LABEL_BYTES // 4:,} characters, so the fitted "
+                         f"model could not be saved and loaded back; give {words['named']} shorter names")
 
 
 def check_classes(plan, found, classes=None):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import numbers
 import re
 import warnings
 from collections.abc import Callable
@@ -120,8 +121,9 @@ def _json_params(params):
             continue
         if isinstance(value, (bool, int, float, str)) or value is None:
             out[key] = value
-        elif isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value):
-            out[key] = list(value)
+        elif isinstance(value, (tuple, list, np.ndarray)) and all(
+                isinstance(v, (str, bool, np.bool_)) or (isinstance(v, numbers.Integral)) for v in list(value)):
+            out[key] = [v.item() if isinstance(v, np.generic) else v for v in list(value)]  # (categorical_features)
         elif isinstance(value, (np.integer, np.floating, np.bool_)):
             out[key] = value.item()
         # arrays (inducing=array), dicts (class_weight=dict), generators (random_state) and namespaces are not
@@ -242,6 +244,8 @@ def _checked_params(stored, schema, refuse):
             continue
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             value = tuple(value)  # optimize=("kernel", ...): JSON has lists only
+        elif isinstance(value, list) and all(isinstance(v, int) for v in value):  # (bools too: a mask)
+            value = list(value)  # categorical_features=[1, 3], or a mask
         elif not (value is None or isinstance(value, (bool, int, float, str))):
             raise refuse(f"params.{name}: a {type(value).__name__}, not a plain value")
         params[name] = value
@@ -620,6 +624,7 @@ def read_model_parts(path, schema, backend="numpy"):
         kernel = _kernel_from_file(specs, {name: to(value) for name, value in kernel_arrays.items()}, multiclass)
     except (ValueError, TypeError) as exc:
         raise refuse(f"kernel: {exc}") from None
+    _check_kernel_columns(specs, d, refuse)
     Zx, L_C, h = to(Z), to(L_C), to(h)
     jitter = _fitted_jitter(header, params["jitter"], kernel, Zx, multiclass, refuse)
     posterior = _posterior_from_file(kernel, Zx, L_C, h, jitter, n_classes if multiclass else None, refuse)
@@ -639,6 +644,25 @@ def read_model_parts(path, schema, backend="numpy"):
         _check_pipeline_predicts(model, dtype_name, scaler, probe, proba, refuse)
         scaler["feature_names"] = feature_names
     return params, state, scaler
+
+
+def _check_kernel_columns(spec, width, refuse):
+    """Every column a kernel description selects (a ``Categorical``'s, an ``OnColumns``') is one of the ``width``
+    columns it reads: the model's features, or an ``OnColumns``' own selection for the kernel inside it."""
+    if isinstance(spec, list):  # (a kernel a class)
+        for one in spec:
+            _check_kernel_columns(one, width, refuse)
+        return
+    if not isinstance(spec, dict):
+        return
+    columns = spec.get("columns")
+    if isinstance(columns, list) and columns and max(columns) >= width:
+        raise refuse(f"kernel: a {spec.get('type')} kernel reads column {max(columns)} of {width}")
+    inner = [spec["kernel"]] if isinstance(spec.get("kernel"), dict) else []
+    for part in inner:
+        _check_kernel_columns(part, len(columns), refuse)
+    for part in (spec.get("terms") or []) + ([spec["latent"]] if isinstance(spec.get("latent"), dict) else []):
+        _check_kernel_columns(part, width, refuse)
 
 
 def _refuse_unexpected(arrays, kernel_arrays, categorical, scaler, refuse):

@@ -179,16 +179,17 @@ def labels_from_text(texts):
 
 
 def _feature_values(values, name, path, row_of):
-    """A feature column's values: numbers (float64), or, where no value is a number nor a mark of a missing value,
-    the column's text (a categorical column: ``text_columns``)."""
+    """A feature column's values: numbers (float64), or, where at most half of them are numbers and none marks a
+    missing value, the column's text (a categorical column: ``text_columns``)."""
     values = np.asarray(values)
     try:
         return values.astype(np.float64)
     except (ValueError, TypeError):
         text = values.tolist()
-        # ("NA", "?": a missing value, not a level; numbers among text: a typo in a numeric column, which would
-        # otherwise become a column of categories silently)
-        if any(_looks_missing(v) or _is_number(v) for v in text):
+        # ("NA", "?": a missing value, not a level; a column of mostly numbers with some text: a typo in a numeric
+        # column, which would otherwise become a column of categories silently; some numbers among mostly text:
+        # levels that are numbers, "10" among colours)
+        if any(_looks_missing(v) for v in text) or 2 * sum(_is_number(v) for v in text) > len(text):
             return _numeric(values, name, path, row_of)
         return np.asarray([v if isinstance(v, str) else str(v) for v in text], dtype=object)
 

@@ -82,7 +82,8 @@ def test_an_unseen_level_is_coded_as_its_own_level_or_refused_for_training_rows(
 
 
 @pytest.mark.parametrize("values, message", [
-    (["a", None, "b"], "missing labels"), (["a", "", "b"], "empty labels"), (["a", 1, "b"], "mixes kinds")])
+    (["a", None, "b"], "missing values \\(None\\).*give them a level"), (["a", "", "b"], "empty values"),
+    (["a", 1, "b"], "mixes kinds of values"), (["a", pd.NA, "b"], "missing values \\(NA\\)")])
 def test_missing_blank_or_mixed_values_are_refused_naming_the_column(values, message):
     frame = pd.DataFrame({"x": [0.0, 1.0, 2.0], "c": pd.Series(values, dtype=object)})
     with pytest.raises(ValueError, match=f"X column 'c' \\(categorical\\) has.*{message}|{message}"):
@@ -133,7 +134,8 @@ def test_a_level_unseen_at_fit_is_its_own_level():
     rows = frame.head(4).copy()
     one, other = rows.copy(), rows.copy()
     one["region"], other["region"] = "atlantis", "lemuria"
-    p_one, p_other = model.predict_proba(one), model.predict_proba(other)
+    with pytest.warns(UserWarning, match="none of its 4 values is a level"):  # (every row's level unseen: said)
+        p_one, p_other = model.predict_proba(one), model.predict_proba(other)
     assert np.all(np.isfinite(p_one))
     np.testing.assert_array_equal(p_one, p_other)  # (two unseen levels: each correlated with the others alike)
     assert not np.allclose(p_one, model.predict_proba(rows))
@@ -166,7 +168,8 @@ def test_levels_round_trip_through_the_model_file(tmp_path):
         j: v.tolist() for j, v in model.categorical_levels_.items()}
     unseen = frame.head(5).assign(region="atlantis")
     np.testing.assert_array_equal(loaded.predict_proba(frame), model.predict_proba(frame))
-    np.testing.assert_array_equal(loaded.predict_proba(unseen), model.predict_proba(unseen))
+    with pytest.warns(UserWarning, match="none of its 5 values is a level"):
+        np.testing.assert_array_equal(loaded.predict_proba(unseen), model.predict_proba(unseen))
 
 
 def _rewritten(path, out, change):
@@ -332,3 +335,144 @@ def test_mixed_columns_in_the_exact_model_and_in_data_parallel_rounds():
                           categorical_features=[1, 3]).fit(X, y)
     assert rounds.n_jobs_ == 2 and _on_levels(rounds)
     assert rounds.score(X, y) > np.max(np.bincount(y)) / len(y)
+
+
+# -- what a review found (each failed before its fix) ------------------------------------------------------------
+
+def test_an_object_column_of_numbers_stays_numeric_and_numbers_written_as_text_are_refused():
+    frame, y = table(120)
+    numbers = frame.assign(a=frame["a"].astype(object))
+    model = GPClassifier(n_inducing=8, max_iter=3, random_state=0).fit(numbers, y)
+    assert model.is_categorical_.tolist() == [False, True, False, True]
+    written = frame.assign(a=[f"{v:.3f}" for v in frame["a"]])
+    written.loc[7, "a"] = "?"  # (a file read with "?" for a missing value: every value is text)
+    with pytest.raises(ValueError, match="X column 'a' holds numbers written as text"):
+        GPClassifier(n_inducing=8, max_iter=3).fit(written, y)
+
+
+def test_a_kernel_of_ones_own_with_a_categorical_term_keeps_the_inducing_points_on_levels():
+    from agpc.kernels import RBF, Categorical, OnColumns, mixed_kernel
+
+    X, y, _ = _coded_table()
+    kernel = mixed_kernel(OnColumns(RBF(lengthscales=[1.0, 1.0]), [0, 2]), Categorical([1, 3]))
+    model = GPClassifier(kernel=kernel, n_inducing=10, max_iter=3, random_state=0, categorical_features=None)
+    assert _on_levels(model.fit(X, y))
+
+
+def test_inducing_points_given_as_an_array_keep_their_levels():
+    X, y, _ = _coded_table()
+    Z = X[:6].copy()
+    Z[:, 1] = [2, 0, 1, 2, 3, 0]
+    model = GPClassifier(inducing=Z, n_inducing=6, max_iter=0, random_state=0, categorical_features=[1, 3]).fit(X, y)
+    np.testing.assert_array_equal(np.asarray(model.inducing_points_)[:, 1], Z[:, 1])
+
+
+@pytest.mark.parametrize("given", [[1, 3], [False, True, False, True], np.array([False, True, False, True]),
+                                   ["region", "kind"]])
+def test_categorical_features_round_trip_through_the_model_file(tmp_path, given):
+    from sklearn.base import clone
+
+    frame, y = table(120)
+    model = GPClassifier(n_inducing=6, max_iter=2, random_state=0, categorical_features=given).fit(frame, y)
+    model.save(tmp_path / "model.npz")
+    loaded = GPClassifier.load(tmp_path / "model.npz")
+    assert list(loaded.get_params()["categorical_features"]) == list(np.asarray(given).tolist())
+    assert clone(loaded).fit(frame, y).is_categorical_.tolist() == [False, True, False, True]
+
+
+@pytest.mark.parametrize("columns", [[3], [0, 5]])
+def test_a_model_file_whose_kernel_reads_a_column_it_has_not_is_refused(tmp_path, columns):
+    import json
+
+    X, y, _ = _coded_table(80)
+    GPClassifier(n_inducing=6, max_iter=2, random_state=0, categorical_features=[1]).fit(X[:, :3], y).save(
+        tmp_path / "model.npz")
+
+    def forge(arrays):
+        header = json.loads(str(arrays["__agpc_header__"]))
+        terms = header["kernel"]["terms"]
+        terms[1]["columns"] = columns[:1] if len(columns) == 1 else terms[1]["columns"]
+        if len(columns) > 1:
+            terms[0]["columns"] = columns
+            terms[0]["kernel"]["priors"]["lengthscales"]["loc"] = [0.0, 0.0]
+        arrays["__agpc_header__"] = np.asarray(json.dumps(header))
+
+    forged = _rewritten(tmp_path / "model.npz", tmp_path / "forged.npz", forge)
+    with pytest.raises(ValueError, match="reads column|not a valid agpc model file"):
+        GPClassifier.load(forged)
+
+
+def test_device_arrays_with_categorical_columns_are_not_read_on_the_host():
+    import array_api_strict as xs
+
+    X, y, _ = _coded_table(120)
+    device = xs.Device("device1")
+    model = GPClassifier(n_inducing=6, max_iter=2, random_state=0, categorical_features=[1, 3]).fit(
+        xs.asarray(X, device=device), xs.asarray(y.astype(np.float64), device=device))
+    assert model.inducing_points_.device == device and _on_levels_of(model)
+
+
+def _on_levels_of(model):
+    return set(np.unique(np.asarray(xs_to_np(model.inducing_points_))[:, 1])) <= set(range(4))
+
+
+def xs_to_np(a):
+    from agpc.backend import to_numpy
+
+    return to_numpy(a)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (5, "validation_data must be a pair"), (np.array([True]), "one entry a feature"),
+    (np.array([True, False, False, True, False]), "one entry a feature")])
+def test_malformed_validation_data_and_masks_are_one_clear_error(bad, message):
+    frame, y = table(60)
+    if isinstance(bad, int):
+        with pytest.raises(ValueError, match=message):
+            GPClassifier(n_inducing=6, max_iter=1).fit(frame, y, validation_data=bad)
+    else:
+        with pytest.raises(ValueError, match=message):
+            GPClassifier(n_inducing=6, max_iter=1, categorical_features=bad).fit(frame, y)
+
+
+def test_rows_of_another_shape_at_predict_are_refused_in_scikit_learns_words():
+    frame, y = table(80)
+    model = GPClassifier(n_inducing=6, max_iter=2, random_state=0).fit(frame, y)
+    with pytest.raises(ValueError, match="feature names should match"):
+        model.predict(frame[["region", "a", "b", "kind"]])
+    with pytest.raises(ValueError, match="X has 3 features, but GPClassifier is expecting 4"):
+        model.predict(frame.iloc[:, :3].to_numpy(dtype=object))
+    with pytest.raises(ValueError, match="Expected a 2D array of rows"):
+        model.predict(frame.iloc[0].to_numpy(dtype=object))
+
+
+def test_float32_refuses_codes_it_cannot_keep_apart():
+    X, y, _ = _coded_table(80)
+    X[:, 1] = 2.0 ** 25 + X[:, 1]  # (33554432 and 33554433 are one float32)
+    with pytest.raises(ValueError, match="float32 cannot hold exactly"):
+        GPClassifier(n_inducing=6, max_iter=1, dtype="float32", categorical_features=[1]).fit(X, y)
+    GPClassifier(n_inducing=6, max_iter=1, dtype="float64", categorical_features=[1]).fit(X, y)
+
+
+def test_numbers_where_text_levels_were_learned_are_compared_as_text_and_warned_about():
+    frame, y = table(80)
+    model = GPClassifier(n_inducing=6, max_iter=2, random_state=0).fit(frame.assign(kind=frame["kind"].astype(str)),
+                                                                        y)
+    rows = frame.head(5).assign(kind=frame["kind"].astype(str)).to_numpy(dtype=object)
+    rows[:, 1] = 7  # (a column of text levels read back as numbers)
+    with pytest.warns(UserWarning, match="none of its 5 values is a level"):
+        proba = model.predict_proba(rows)
+    assert np.all(np.isfinite(proba))
+
+
+def test_a_csv_column_of_text_levels_with_some_number_levels_is_categorical(tmp_path):
+    from agpc.cli import main
+    from agpc.persistence import load_model
+
+    frame, y = table(120)
+    levels = frame["region"].to_numpy(dtype=object)
+    levels[:5] = "10"  # (a level that is a number, among text)
+    data = _write_csv(tmp_path / "table.csv", frame.drop(columns="kind").assign(region=levels), y)
+    assert main(["fit", str(data), "--target", "label", "--max-iter", "2", "--quiet", "--out",
+                 str(tmp_path / "m.npz")]) == 0
+    assert "10" in load_model(tmp_path / "m.npz").categorical_levels_[1].tolist()

@@ -399,7 +399,9 @@ class Engine(ModulesByName, abc.ABC):
             fields = ", ".join(f"{name} -> {Engine.FORMER_DECLARATIONS[name]}" for name in former)
             raise TypeError(f"{cls.__name__} declares its state by {former}: an engine declares it by one "
                             f"``layout = StateLayout(...)`` now ({fields})")
-        _refuse_former_schedule(cls.__name__, vars(cls))
+        # (inherited or forwarded flags too, unless the class answers its own schedule: then they are its state)
+        _refuse_former_schedule(cls.__name__, vars(cls) if cls.schedule is not Engine.schedule else
+                                {name for name in Engine.FORMER_SCHEDULE if hasattr(cls, name)})
     has_damping = False
     full_gp = False  # the passes read Z as the rows themselves (the exact model's): part of a checkpoint's fingerprint
     likelihood = None  # the model's ``likelihoods.Likelihood`` it trains (a checkpoint's fingerprint says which)
@@ -450,7 +452,8 @@ class Engine(ModulesByName, abc.ABC):
     def schedule(self, settings, minibatch):
         """The ``Schedule`` the loop follows with this engine in a run of ``settings`` (``training.TrainSettings``),
         ``minibatch`` the loop's mode; by default one that asks for nothing."""
-        _refuse_former_schedule(type(self).__name__, vars(self))
+        # (by attribute lookup: a mixin's or a forwarded flag would be ignored as surely as the engine's own)
+        _refuse_former_schedule(type(self).__name__, {name for name in Engine.FORMER_SCHEDULE if hasattr(self, name)})
         return Schedule()
 
     def rebuild_factor(self, X, y, want_log_z=False):
