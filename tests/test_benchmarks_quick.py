@@ -58,6 +58,7 @@ def _runs(tmp_dir):
         "stability": ["stability.py", "--out", str(tmp_dir / "stability.json")],
         "stopping": ["stopping.py", "--out", str(tmp_dir / "stopping.json")],
         "defaults": ["defaults.py", "--out", str(tmp_dir / "defaults.json")],
+        "categorical": ["categorical.py", "--out", str(tmp_dir / "categorical.json")],
     }
 
 
