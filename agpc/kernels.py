@@ -1702,8 +1702,9 @@ def categorical_columns(kernel):
         return sorted(set(int(j) for j in kernel.columns))
     if isinstance(kernel, OnColumns):
         return sorted(set(int(kernel.columns[j]) for j in categorical_columns(kernel.kernel)))
+    covariance = getattr(kernel, "covariance_kernel", kernel)  # (an ordinal model's: its latent kernel)
     parts = (getattr(kernel, "terms", None) or getattr(kernel, "kernels", None)
-             or ([kernel.latent] if isinstance(kernel, OrdinalKernel) else []))
+             or ([covariance] if covariance is not kernel else []))
     return sorted(set().union(*(categorical_columns(part) for part in parts))) if parts else []
 
 
