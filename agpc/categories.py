@@ -120,7 +120,7 @@ def _holds_text(values, name=None):
         return False
     if name is not None:
         distinct = set(v for v in values.tolist() if isinstance(v, (str, bytes)))  # (each level tried once)
-        written = next((v for v in sorted(distinct) if _is_number_text(v)), None)
+        written = next((v for v in sorted(distinct, key=str) if _is_number_text(v)), None)
         if written is not None:
             raise ValueError(f"X column {name} holds numbers written as text ({written!r}): convert it to numbers "
                              "(e.g. pandas.to_numeric, filling missing values), or name it in categorical_features "
