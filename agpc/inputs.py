@@ -73,6 +73,8 @@ __all__ = [
     "device_targets",
     "initial_sample",
     "default_kernel",
+    "listed_levels",
+    "DEFAULT_LISTED_LEVELS",
     "note_tf32",
     "sample_row_indices",
     "sample_weights",
@@ -460,26 +462,53 @@ def initial_sample(plan, X, xp, dtype, check_spread=False):
     return B.asarray_like(sample, xp, dtype=dtype)
 
 
+DEFAULT_LISTED_LEVELS = 64
+"""The most levels of a column the default kernel gives a lengthscale of their own (``listed_levels``): those most
+frequent among the start's rows; the column's other values share its lengthscale."""
+
+
 def default_kernel(X, weights=None, categorical=()):
     """The kernel ``GPClassifier(kernel=None)`` starts from on the rows X (the initial sample; ``weights``: each row's
     count, ``inducing.start_rows``'s): RBF with lengthscales sqrt(d) times each column's standard deviation (1 for a
     constant column), amplitude 1 and latent noise 1e-3. The deviations are taken without overflow or underflow
     (``column_scales``), so that the lengthscales follow features on any scale (X * 1e-300 or X * 1e154 in
     float64: ``xp.std`` gave 0 or inf there, a chance-level model or an error about infinite lengthscales).
-    ``categorical``: the categorical columns, where there are any: the RBF over the d other columns, a
-    ``kernels.Categorical`` over these (lengthscales 1: two levels correlated exp(-1)) and their product, summed
-    (``kernels.mixed_kernel``, issue 45); the categorical kernel alone where every column is categorical."""
+    ``categorical``: the categorical columns, where there are any: the RBF over the d other columns, a per-level
+    ``kernels.Categorical`` over these (the levels of X, ``listed_levels``) and their product, summed
+    (``kernels.mixed_kernel``, issue 45); the categorical kernel alone where every column is categorical. Its
+    lengthscales are all sqrt(k), k the number of categorical columns, so that two rows that differ in every one of
+    them are correlated exp(-1) through it, as the RBF's sqrt(d) puts two typical rows at a distance of about one
+    lengthscale: with 1, rows differing in six columns started correlated exp(-6), a kernel too rough for 100
+    inducing points to cover (monk2's and tic-tac-toe's test NLL, docs/results.md)."""
     if not categorical:
         return RBF(lengthscales=_default_lengthscales(X, weights), amplitude=1.0, noise=1e-3)
-    chosen = set(int(j) for j in categorical)
-    continuous = [j for j in range(X.shape[1]) if j not in chosen]
-    levels = Categorical(columns=sorted(chosen), amplitude=1.0)
+    chosen = sorted(set(int(j) for j in categorical))
+    continuous = [j for j in range(X.shape[1]) if j not in set(chosen)]
+    scale = math.sqrt(len(chosen))
+    categories = dict(columns=chosen, lengthscales=scale, amplitude=1.0, levels=listed_levels(X, chosen, weights),
+                      level_lengthscales=scale)
     if not continuous:
-        return Categorical(columns=sorted(chosen), amplitude=1.0, noise=1e-3)
+        return Categorical(**categories, noise=1e-3)
     xp = B.array_namespace(X)
     rows = xp.take(X, B.asarray_like(np.asarray(continuous), xp, device=B.array_device(X)), axis=1)
     rbf = RBF(lengthscales=_default_lengthscales(rows, weights, continuous), amplitude=1.0)
-    return mixed_kernel(OnColumns(rbf, continuous), levels, noise=1e-3)
+    return mixed_kernel(OnColumns(rbf, continuous), Categorical(**categories), noise=1e-3)
+
+
+def listed_levels(X, columns, weights=None):
+    """The levels of each of ``columns`` of the rows X (the start's sample, ``weights`` their counts) that the default
+    kernel lists: every distinct value, or the ``DEFAULT_LISTED_LEVELS`` most frequent (ties: the smaller code)."""
+    xp = B.array_namespace(X)
+    taken = B.to_numpy(xp.take(X, B.asarray_like(np.asarray(columns), xp, device=B.array_device(X)), axis=1))
+    counts_of = None if weights is None else np.asarray(weights, dtype=np.float64)
+    out = []
+    for values in np.asarray(taken, dtype=np.float64).T:
+        found, inverse = np.unique(values, return_inverse=True)
+        counts = np.bincount(inverse.reshape(-1), weights=counts_of, minlength=found.shape[0])
+        if found.shape[0] > DEFAULT_LISTED_LEVELS:
+            found = np.sort(found[np.argsort(-counts, kind="stable")[:DEFAULT_LISTED_LEVELS]])
+        out.append([float(v) for v in found])
+    return out
 
 
 def prior_reference(X, weights=None, categorical=()):

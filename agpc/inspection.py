@@ -125,8 +125,8 @@ def column_relevance(kernel, n_features=None):
     """(rate (d,), lengthscale (d,)) per column of X for a kernel of some columns, or (None, None) where a term has
     no lengthscales. A column's rate is how much log k(x, z) falls as x moves away from z along it: over one unit
     of a continuous feature, 1 / (2 l_j^2) for a stationary term (the RBF's exponent; a linear term's v_j / 2, its
-    1 / l_j^2 being v_j), and to another level of a categorical one, 1 / l_j (``kernels.Categorical``: two levels are
-    correlated exp(-1 / l_j)); a column several terms read (the mixed kernel's sum and product) takes the largest,
+    1 / l_j^2 being v_j), and to another level of a categorical one, its mean weight (``kernels.Categorical``:
+    ``mismatch_rates``; its lengthscale, 1 / sqrt of it); a column several terms read (the mixed kernel's sum and product) takes the largest,
     the term along which f may change fastest, and that term's lengthscale. A column no term reads: rate 0,
     lengthscale inf. d: ``n_features``, or as many as the kernel's columns reach."""
     rates = _column_rates(kernel, n_features)
@@ -156,8 +156,8 @@ def _column_rates(kernel, width):
         part = _column_rates(kernel.kernel, len(kernel.columns))
         return None if part is None else {kernel.columns[i]: entries for i, entries in part.items()}
     if isinstance(kernel, Categorical):
-        scales = np.asarray(B.to_numpy(kernel.lengthscales), dtype=np.float64).reshape(-1)
-        return {j: [(1.0 / float(scale), float(scale))] for j, scale in zip(kernel.columns, scales)}
+        return {j: [(float(rate), float(1.0 / np.sqrt(rate)))] for j, rate in zip(kernel.columns,
+                                                                               kernel.mismatch_rates())}
     if not isinstance(kernel, (Stationary, Linear)):
         return None
     scales = _lengthscales(kernel)

@@ -38,7 +38,8 @@ from .checkpoints import HEADER_KEY, atomic_savez, read_archive
 from .inference.posterior import Posterior, prior_cholesky
 from .inference.training import STOP_REASONS
 from .inputs import check_features
-from .kernels import ORDINAL_KERNEL, PER_DIMENSION, ClassKernels, kernel_from_spec, spec_parameter_table
+from .kernels import (MAX_LISTED_LEVELS, ORDINAL_KERNEL, PER_DIMENSION, ClassKernels, Categorical, kernel_from_spec,
+                      spec_parameter_table)
 from .likelihoods import LIKELIHOODS, registered_likelihood
 from .methods import get_method
 from .model import FIT_RECORD, FittedModel, FittedState
@@ -356,6 +357,9 @@ def _ordinal_classes(specs):
     return None
 
 
+LEVEL_LENGTHSCALES = Categorical.level_parameter.key  # (the end of a per-level categorical kernel's array name)
+
+
 def _kernel_specs(header, n_classes, refuse):
     """The kernel description: one kernel spec (binary or ordinal) or one per class (multiclass), naming only
     kernels and prior families of agpc's fixed tables (``kernels.spec_parameter_table`` checks them); returns the
@@ -450,7 +454,10 @@ def _check_declared_sizes(path, header, declared):
             continue
         if name not in allowed and not name.startswith("kernel_"):
             raise RefusedFile(path, f"unexpected arrays {[name]}")
-        most = math.prod(allowed.get(name, (max(d, n_classes),)))  # a kernel array: d numbers, or K - 2 cut gaps
+        # a kernel array: d numbers, K - 2 cut gaps, or a categorical kernel's per-level lengthscales (its exact
+        # length, the levels its description lists, is checked with the fields)
+        most = (MAX_LISTED_LEVELS if name.endswith(LEVEL_LENGTHSCALES) else
+                math.prod(allowed.get(name, (max(d, n_classes),))))
         if math.prod(shape) > most:
             raise RefusedFile(path, f"member {name + '.npy'!r} declares shape {shape} of {dtype}, more than the "
                                     f"{most:,} values the model's header and posterior_h allow")

@@ -14,9 +14,11 @@ from sklearn.base import clone
 import agpc
 from agpc import persistence as model_files
 from agpc.inspection import column_relevance, feature_relevance
+from agpc import inputs as training_inputs
 from agpc.kernels import (
     DEFAULT_PRIOR_SCALE,
     MAX_COLUMNS,
+    MAX_LISTED_LEVELS,
     RBF,
     Categorical,
     Linear,
@@ -36,25 +38,26 @@ def test_the_closed_form_on_a_small_example_by_hand():
     kernel = Categorical([0, 2], lengthscales=[0.5, 2.0], amplitude=2.0)
     X = np.array([[0.0, 5.0, 1.0], [0.0, 1.0, 2.0]])
     Z = np.array([[0.0, 3.0, 1.0], [1.0, 0.0, 1.0]])
-    # x1 / z1: both columns equal; x1 / z2: column 0 differs (1 / 0.5); x2 / z1: column 2 differs (1 / 2);
+    # x1 / z1: both columns equal; x1 / z2: column 0 differs (1 / 0.5^2); x2 / z1: column 2 differs (1 / 2^2);
     # x2 / z2: both differ (column 1 is not read: its values are all different)
-    expected = 2.0 * np.exp(-np.array([[0.0, 2.0], [0.5, 2.5]]))
+    expected = 2.0 * np.exp(-np.array([[0.0, 4.0], [0.25, 4.25]]))
     np.testing.assert_allclose(np.asarray(kernel.for_inputs(X).K(X, Z)), expected, rtol=1e-15)
-    np.testing.assert_allclose(np.asarray(kernel.K(X)), 2.0 * np.exp(-np.array([[0.0, 0.5], [0.5, 0.0]])),
+    np.testing.assert_allclose(np.asarray(kernel.K(X)), 2.0 * np.exp(-np.array([[0.0, 0.25], [0.25, 0.0]])),
                                rtol=1e-15)
     np.testing.assert_allclose(np.asarray(kernel.Kdiag(X)), [2.0, 2.0])
 
 
 @pytest.mark.parametrize("lengthscale", [0.1, 1.0, 7.5])
-def test_two_levels_are_correlated_exp_minus_one_over_l_and_an_unseen_level_is_its_own(lengthscale):
-    """Levels 0, 1, 2 and the code of a level unseen at fit (-1): each correlated exp(-1 / l) with every other, 1
+def test_two_levels_are_correlated_exp_minus_one_over_l_squared_and_an_unseen_level_is_its_own(lengthscale):
+    """Levels 0, 1, 2 and the code of a level unseen at fit (-1): each correlated exp(-1 / l^2) with every other, 1
     with itself, whatever the codes' order or distance."""
     kernel = Categorical([0], lengthscales=lengthscale, amplitude=3.0)
     levels = np.array([[0.0], [1.0], [2.0], [-1.0], [1e6]])
     correlation = np.asarray(kernel.K(levels)) / 3.0
-    expected = np.full((5, 5), math.exp(-1.0 / lengthscale))
+    expected = np.full((5, 5), math.exp(-1.0 / lengthscale ** 2))
     np.fill_diagonal(expected, 1.0)
-    np.testing.assert_allclose(correlation, expected, rtol=1e-14)
+    # (exp(-w) carries w's rounding times w: 1e-16 relative in w = 100 at l = 0.1 is 1e-14 relative in the value)
+    np.testing.assert_allclose(correlation, expected, rtol=1e-16 * max(10.0, 10.0 / lengthscale ** 2))
     assert np.min(np.linalg.eigvalsh(correlation)) > -1e-12
 
 
@@ -287,18 +290,21 @@ def test_clone_get_and_set_params():
 
 
 def test_relevance_per_column():
-    """A categorical column's rate is 1 / l (log k falls by it to another level), a continuous one's 1 / (2 l^2),
-    the largest over the terms reading a column; a column no term reads has none."""
-    relevance, why = feature_relevance(Categorical([1, 3], lengthscales=[1.0, 4.0]), 5)
+    """A categorical column's rate is 1 / l^2 (log k falls by it to another level; the mean of its levels' in the
+    per-level form), a continuous one's 1 / (2 l^2), the largest over the terms reading a column; a column no term
+    reads has none."""
+    relevance, why = feature_relevance(Categorical([1, 3], lengthscales=[1.0, 2.0]), 5)
     assert why is None
     np.testing.assert_allclose(relevance, [0.0, 0.8, 0.0, 0.2, 0.0])
-    kernel = mixed_kernel(OnColumns(RBF([1.0]), [0]), Categorical([1], lengthscales=0.5))
+    per_level = Categorical([1, 3], levels=[[0, 1], [0, 1, 2]], level_lengthscales=[1.0, 0.5, 1.0, 1.0, 1.0])
+    np.testing.assert_allclose(column_relevance(per_level, 4)[0], [0.0, 2.5, 0.0, 1.0])  # (1 + 4) / 2 and 1
+    kernel = mixed_kernel(OnColumns(RBF([1.0]), [0]), Categorical([1], lengthscales=2 ** -0.5))
     kernel = kernel.with_params({**kernel.params, "2.0.log_lengthscales": np.log([0.5])})  # the product's RBF: 0.5
     rate, lengthscale = column_relevance(kernel, 3)
-    np.testing.assert_allclose(rate, [2.0, 2.0, 0.0])  # 1 / (2 0.5^2) and 1 / 0.5
-    np.testing.assert_allclose(lengthscale, [0.5, 0.5, np.inf])
+    np.testing.assert_allclose(rate, [2.0, 2.0, 0.0])  # 1 / (2 0.5^2) and 1 / (1 / sqrt 2)^2
+    np.testing.assert_allclose(lengthscale, [0.5, 2 ** -0.5, np.inf])
     np.testing.assert_allclose(feature_relevance(kernel, 3)[0], [0.5, 0.5, 0.0])
-    shared = RBF(2.0) + Categorical([1], lengthscales=0.125)  # one lengthscale, for features of a number not known
+    shared = RBF(2.0) + Categorical([1], lengthscales=0.125 ** 0.5)  # one lengthscale, for features of a number not known
     assert feature_relevance(shared)[0] is None and "no lengthscale per column" in feature_relevance(shared)[1]
     np.testing.assert_allclose(feature_relevance(shared, 2)[0], [0.125 / 8.125, 8.0 / 8.125])  # (column 1: the larger)
 
@@ -311,3 +317,117 @@ def test_the_summary_of_a_mixed_model_has_relevance_per_column():
     assert sorted(row.split()[0] for row in rows) == ["x0", "x1", "x2"]
     relevance, _ = feature_relevance(model.kernel_, 3)
     np.testing.assert_allclose(relevance.sum(), 1.0)
+
+
+# -- the per-level form ------------------------------------------------------------------------------------------------
+
+def test_the_per_level_form_by_hand_and_its_unlisted_values():
+    """Levels a != b of a column fall (1 / l_a^2 + 1 / l_b^2) / 2; a value the column does not list (-1 unseen, 7)
+    takes the column's lengthscale; equal values, listed or not, are correlated 1."""
+    kernel = Categorical([0], lengthscales=2.0, levels=[[0, 1, 2]], level_lengthscales=[0.5, 1.0, 4.0])
+    values = np.array([[0.0], [1.0], [2.0], [-1.0], [7.0]])
+    w = [4.0, 1.0, 1.0 / 16.0, 0.25, 0.25]  # 1 / l^2 of each value (the last two: the column's)
+    expected = np.array([[1.0 if a == b else math.exp(-(w[a] + w[b]) / 2.0) for b in range(5)] for a in range(5)])
+    np.testing.assert_allclose(np.asarray(kernel.K(values)), expected, rtol=1e-14)
+    assert np.min(np.linalg.eigvalsh(np.asarray(kernel.K(values)))) > 0.0
+
+
+def test_the_per_level_form_with_equal_lengthscales_is_the_exchangeable_one():
+    rng = np.random.default_rng(0)
+    X, Z = rng.integers(-1, 4, size=(12, 3)).astype(float), rng.integers(-1, 4, size=(5, 3)).astype(float)
+    exchangeable = Categorical([0, 2], lengthscales=[0.7, 1.9])
+    per_level = Categorical([0, 2], lengthscales=[0.7, 1.9], levels=[[0, 1], [1, 2, 3]],
+                            level_lengthscales=[0.7, 0.7, 1.9, 1.9, 1.9])
+    np.testing.assert_allclose(np.asarray(per_level.K(X, Z)), np.asarray(exchangeable.K(X, Z)), rtol=1e-14)
+
+
+def test_levels_are_checked_at_construction():
+    with pytest.raises(ValueError, match="one list a column"):
+        Categorical([0, 1], levels=[[0, 1]])
+    with pytest.raises(ValueError, match="finite number"):
+        Categorical([0], levels=[[0.0, float("nan")]])
+    with pytest.raises(ValueError, match="finite number"):
+        Categorical([0], levels=[["a", "b"]])
+    with pytest.raises(ValueError, match="more than once"):
+        Categorical([0], levels=[[1, 1.0]])
+    with pytest.raises(ValueError, match="at least one level"):
+        Categorical([0], levels=[[]])
+    with pytest.raises(ValueError, match="3 levels but 2 level_lengthscales"):
+        Categorical([0], levels=[[0, 1, 2]], level_lengthscales=[1.0, 2.0])
+    assert Categorical([0], levels=[[2, 0, 1]]).levels == ((0.0, 1.0, 2.0),)  # (sorted)
+
+
+@pytest.mark.parametrize("levels", [
+    "01", [[0, 1]] * 2, [[0, "1"]], [[0, None]], [[[0]]], [[0, 1e400]], [{"0": 0}], [list(range(MAX_LISTED_LEVELS + 1))],
+])
+def test_malformed_levels_in_a_description_are_refused(levels):
+    with pytest.raises(ValueError):
+        kernel_from_spec({"type": "Categorical", "columns": [0], "levels": levels}, {})
+
+
+def test_per_level_specs_round_trip_and_a_file_of_the_wrong_number_of_level_lengthscales_is_refused():
+    kernel = Categorical([2, 0], lengthscales=[0.5, 2.0], levels=[[0, 1], [-3.5, 4, 9]],
+                         level_lengthscales=[0.3, 0.4, 0.5, 0.6, 0.7],
+                         priors={"level_lengthscales": LogNormal(0.1, 1.0)})
+    X = np.array([[0.0, 5.0, 1.0], [9.0, 1.0, 2.0], [-3.5, 0.0, 0.0]])
+    fitted = kernel.for_inputs(X)
+    spec = json.loads(json.dumps(fitted.spec()))
+    assert spec["levels"] == [[0.0, 1.0], [-3.5, 4.0, 9.0]]
+    rebuilt = kernel_from_spec(spec, fitted.params)
+    assert repr(rebuilt) == repr(fitted) and rebuilt.parameter_table() == fitted.parameter_table()
+    np.testing.assert_array_equal(np.asarray(rebuilt.K(X)), np.asarray(fitted.K(X)))
+    with pytest.raises(ValueError):
+        kernel_from_spec({**spec, "levels": [[0.0, 1.0], [-3.5, 4.0]]}, fitted.params)  # (4 levels, 5 values)
+
+
+def decided_by_one_level(n=240, seed=0):
+    """Rows of two categorical columns of four levels each: the class is whether column 0 takes level 2 (the
+    other three alike), with 5% of the labels flipped; column 1 is noise."""
+    rng = np.random.default_rng(seed)
+    X = rng.integers(0, 4, size=(n, 2)).astype(float)
+    y = (X[:, 0] == 2).astype(int)
+    flip = rng.random(n) < 0.05
+    return X, np.where(flip, 1 - y, y)
+
+
+def test_the_default_kernel_lists_the_levels_and_learns_the_level_that_decides():
+    """The default kernel over categorical columns is the per-level form with the start's levels and lengthscales
+    sqrt(k); fitted where the class is set by one level of a column, that level's lengthscale is the shortest of
+    its column, and the exchangeable form cannot do as well (its log Z is lower)."""
+    X, y = decided_by_one_level()
+    start = training_inputs.default_kernel(X, None, [0, 1])
+    assert start.levels == ((0.0, 1.0, 2.0, 3.0),) * 2
+    np.testing.assert_allclose(to_np(start.lengthscales), [math.sqrt(2.0)] * 2)
+    model = agpc.GPClassifier(categorical_features=[0, 1], random_state=0).fit(X, y)
+    scales = np.exp(to_np(model.kernel_.params["log_level_lengthscales"]))
+    assert np.argmin(scales[:4]) == 2 and scales[2] < 0.5 * np.min(np.delete(scales[:4], 2))
+    exchangeable = agpc.GPClassifier(kernel=Categorical([0, 1], noise=1e-3), categorical_features=[0, 1],
+                                     random_state=0).fit(X, y)
+    assert model.log_marginal_likelihood_ > exchangeable.log_marginal_likelihood_ + 1.0
+
+
+def test_the_default_kernel_lists_the_most_frequent_levels_of_a_column_of_many():
+    rng = np.random.default_rng(1)
+    many = training_inputs.DEFAULT_LISTED_LEVELS + 10
+    X = np.stack([np.repeat(np.arange(many), np.arange(many) + 1), np.zeros(many * (many + 1) // 2)], axis=1)
+    X = X[rng.permutation(X.shape[0])]
+    levels = training_inputs.listed_levels(X, [0, 1])
+    assert levels[0] == [float(v) for v in range(10, many)] and levels[1] == [0.0]  # (the most frequent, sorted)
+    weights = np.where(X[:, 0] < 10, 1000.0, 1.0)  # (counted by the rows' weights)
+    assert levels != training_inputs.listed_levels(X, [0, 1], weights)
+
+
+def test_default_priors_are_centred_on_the_default_lengthscale():
+    kernel = with_default_priors(Categorical([0, 1, 2, 3], levels=[[0, 1]] * 4), RBF(lengthscales=[1.0] * 4))
+    for key in ("log_lengthscales", "log_level_lengthscales"):
+        assert kernel.priors[key] == LogNormal(math.log(2.0), DEFAULT_PRIOR_SCALE)
+
+
+def test_one_shared_scale_keeps_the_level_lengthscales_ratios():
+    X, y = decided_by_one_level(n=80)
+    kernel = Categorical([0, 1], levels=[[0, 1, 2, 3]] * 2, level_lengthscales=[1.0, 2.0, 3.0, 4.0] * 2, noise=0.01)
+    model = agpc.GPClassifier(kernel=kernel, n_inducing=8, max_iter=8, random_state=0, inducing="random",
+                              ard=False).fit(X, y)
+    learned = np.exp(to_np(model.kernel_.params["log_level_lengthscales"]))
+    np.testing.assert_allclose(learned / learned[0], [1.0, 2.0, 3.0, 4.0] * 2, rtol=1e-9)
+    assert not np.allclose(learned, [1.0, 2.0, 3.0, 4.0] * 2)

@@ -369,10 +369,33 @@ class TestNested(KernelContract):
 
 
 def categorical_reference(columns, lengthscales, amplitude):
-    """amplitude * exp(-sum_j [x_j != z_j] / l_j), the mismatches counted pair by pair."""
+    """amplitude * exp(-sum_j [x_j != z_j] / l_j^2), the mismatches counted pair by pair."""
     def k(X, Z):
         differ = X[:, None, columns] != Z[None, :, columns]
-        return amplitude * np.exp(-np.sum(differ / np.asarray(lengthscales), axis=-1))
+        return amplitude * np.exp(-np.sum(differ / np.asarray(lengthscales) ** 2, axis=-1))
+    return k
+
+
+def level_reference(columns, levels, lengthscales, level_lengthscales, amplitude):
+    """The per-level form pair by pair: the RBF of one-hot indicators, one lengthscale an indicator (a value not
+    listed: its column's), as ``sklearn.gaussian_process.kernels.RBF`` computes it on the indicators of each pair."""
+    from sklearn.gaussian_process.kernels import RBF as SklearnRBF
+
+    per_level = iter(level_lengthscales)
+    scales = [{level: next(per_level) for level in column} for column in levels]
+
+    def k(X, Z):
+        out = np.empty((X.shape[0], Z.shape[0]))
+        for a, x in enumerate(X):
+            for b, z in enumerate(Z):
+                indicators, lengths = [], []  # (x's and z's indicator of each value either has, its lengthscale)
+                for j, column, own in zip(columns, scales, lengthscales):
+                    for value in sorted({x[j], z[j]}):
+                        indicators.append((float(x[j] == value), float(z[j] == value)))
+                        lengths.append(column.get(value, own))
+                rows = np.array(indicators).T
+                out[a, b] = amplitude * SklearnRBF(np.array(lengths))(rows[:1], rows[1:])[0, 0]
+        return out
     return k
 
 
@@ -405,6 +428,30 @@ class TestCategorical(KernelContract):
 
     def reference(self, X, Z):
         return categorical_reference([0, 2], [0.8, 1.7], 1.3)(X, Z)
+
+    def inputs(self, rng, n):
+        return coded(rng, n, [0, 2])
+
+    def problem(self):
+        return coded_problem([0, 2])
+
+
+class TestCategoricalPerLevel(KernelContract):
+    """The per-level form on columns 0 and 2: levels 0 and 1 listed in column 0, 0, 1 and 2 in column 2 (the other
+    codes, 2 and the unseen -1 in column 0, -1 in column 2, take the column's lengthscale)."""
+
+    discrete_columns = (0, 2)
+    fit_options = {"inducing": "random"}
+    levels = [[0, 1], [0, 1, 2]]
+
+    def make_kernel(self, priors=False):
+        return Categorical([0, 2], lengthscales=[0.8, 1.7], amplitude=1.3, noise=self.noise, levels=self.levels,
+                           level_lengthscales=[0.6, 2.2, 1.1, 0.4, 3.0], priors={
+            "lengthscales": Gamma(2.0, 1.5), "level_lengthscales": LogNormal(0.3, 1.2), "amplitude": LogNormal(0.0, 1.0),
+            "noise": Gamma(1.5, 4.0)} if priors else None)
+
+    def reference(self, X, Z):
+        return level_reference([0, 2], self.levels, [0.8, 1.7], [0.6, 2.2, 1.1, 0.4, 3.0], 1.3)(X, Z)
 
     def inputs(self, rng, n):
         return coded(rng, n, [0, 2])
