@@ -108,8 +108,9 @@ def _lengthscales(kernel, n_features=None):
     return np.asarray(B.to_numpy(scales), dtype=np.float64).reshape(-1)
 
 
-COLUMN_MEASURE = ("1 / (2 lengthscale^2) of a continuous feature, 1 / lengthscale of a categorical one (how much "
-                  "log k falls over one unit, or to another level), the largest over the kernel's terms")
+COLUMN_MEASURE = ("1 / (2 lengthscale^2) of a continuous feature, 1 / lengthscale^2 of a categorical one (the mean "
+                  "over its listed levels; how much log k falls over one unit, or to another level), the largest "
+                  "over the kernel's terms")
 """What the relevance of a kernel of some columns is made of (``column_relevance``), as the summary says it."""
 
 

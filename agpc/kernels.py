@@ -143,7 +143,8 @@ def _checked_value(parameter, value):
 
 def _mutable(value):
     """Whether a constructor argument is an object its caller could change in place (a list, dict or array)."""
-    return isinstance(value, (list, dict)) or hasattr(value, "shape")
+    return (isinstance(value, (list, dict)) or hasattr(value, "shape")
+            or (isinstance(value, tuple) and any(_mutable(v) for v in value)))  # (a tuple of lists: levels)
 
 
 def _copy_of(value):
@@ -158,8 +159,9 @@ def _copy_of(value):
 
 
 def _nested(value):
-    """Whether ``value`` is a list holding sequences or arrays (a list a column), not of numbers."""
-    return isinstance(value, list) and any(isinstance(v, (list, tuple)) or hasattr(v, "shape") for v in value)
+    """Whether ``value`` is a list or tuple holding sequences or arrays (a list a column), not of numbers."""
+    return isinstance(value, (list, tuple)) and any(isinstance(v, (list, tuple)) or hasattr(v, "shape")
+                                                    for v in value)
 
 
 def _unchanged(value, kept):
@@ -167,7 +169,7 @@ def _unchanged(value, kept):
     if isinstance(value, dict):
         return value == kept
     if _nested(value) or _nested(kept):
-        return (isinstance(value, list) and len(value) == len(kept)
+        return (isinstance(value, (list, tuple)) and len(value) == len(kept)
                 and all(_unchanged(v, k) if _mutable(v) else v == k for v, k in zip(value, kept)))
     numbers = to_numpy(value)
     kept = to_numpy(kept)
@@ -1324,20 +1326,25 @@ def _per_column(stored, size, owner, name="lengthscales"):
     raise ValueError(f"{owner} has {size} {entries} but {stored.shape[0]} {name}")
 
 
+LEVEL_CHUNK = 256
+"""Levels whose gradients a one-hot matrix gathers at once (``Categorical._gather``): its n x LEVEL_CHUNK booleans
+and floats bound the memory of a kernel of many listed levels."""
+
 MAX_LISTED_LEVELS = 1 << 20
 """The most levels a :class:`Categorical` kernel lists (``levels``, over all its columns): a model file's description
 lists them, and a hostile one is refused by its length before its entries are read."""
 
 
 def _checked_levels(levels, n_columns, owner):
-    """``levels`` as a tuple (one a column) of sorted tuples of distinct finite floats, or None: one ValueError
+    """(``levels`` as a tuple (one a column) of sorted tuples of distinct finite floats, the position in ``levels``
+    of each of them in that order (a list, the columns' one after the other)), or (None, None): one ValueError
     naming ``owner`` otherwise. Each column lists 1 to ``MAX_LISTED_LEVELS`` of them, all of them together at most
     ``MAX_LISTED_LEVELS``."""
     if levels is None:
-        return None
+        return None, None
     if isinstance(levels, (str, bytes, dict)) or not hasattr(levels, "__len__") or len(levels) != n_columns:
         raise ValueError(f"{owner}: levels must list the levels of each of its {n_columns} columns, one list a column")
-    out, total = [], 0
+    out, order, total = [], [], 0
     for column in levels:
         if isinstance(column, (str, bytes, dict)) or not hasattr(column, "__len__"):
             raise ValueError(f"{owner}: the levels of a column are a list of numbers, got {type(column).__name__}")
@@ -1347,13 +1354,19 @@ def _checked_levels(levels, n_columns, owner):
                              f"{MAX_LISTED_LEVELS} levels")
         values = []
         for value in column:
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-                raise ValueError(f"{owner}: a level is a finite number (a code), got {value!r}")
-            values.append(float(value))
+            try:  # (a JSON integer of 400 digits is a Real whose float() overflows)
+                number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
+            except (OverflowError, ValueError, TypeError):
+                number = None
+            if number is None or not math.isfinite(number):
+                raise ValueError(f"{owner}: a level is a finite number (a code), got {repr(value)[:40]}")
+            values.append(number)
         if len(set(values)) != len(values):
             raise ValueError(f"{owner}: a column lists a level more than once")
-        out.append(tuple(sorted(values)))
-    return tuple(out)
+        ranks = sorted(range(len(values)), key=values.__getitem__)
+        out.append(tuple(values[r] for r in ranks))
+        order.extend(total - len(values) + r for r in ranks)
+    return tuple(out), order
 
 
 class Categorical(Kernel):
@@ -1419,20 +1432,21 @@ class Categorical(Kernel):
     def __init__(self, columns, lengthscales=1.0, amplitude=1.0, noise=0.0, priors=None, levels=None,
                  level_lengthscales=1.0):
         self.columns = _checked_columns(columns, self.name)
-        self.levels = _checked_levels(levels, len(self.columns), self.name)
+        self.levels, order = _checked_levels(levels, len(self.columns), self.name)
         values = {"lengthscales": lengthscales, "amplitude": amplitude, "noise": noise}
         if self.levels is not None:
             self.parameters = type(self).parameters + (self.level_parameter,)
             values["level_lengthscales"] = level_lengthscales
+        elif not (isinstance(level_lengthscales, numbers.Real) and level_lengthscales == 1.0):
+            raise ValueError(f"{self.name}: level_lengthscales are those of the listed levels: give levels too")
         self._start(values, priors)
         # (one per column from the start: the number of columns is known here, unlike the data's features)
         self.params["log_lengthscales"] = _per_column(self.params["log_lengthscales"], len(self.columns), self.name)
-        given = {"columns": columns, **self._given}
-        if self.levels is not None:
+        if self.levels is not None:  # (given in the order of the levels as given; held in their sorted order)
             self.params["log_level_lengthscales"] = _per_column(self.params["log_level_lengthscales"],
-                                                                self.n_levels, self.name, "level_lengthscales")
-            given["levels"] = levels
-        self._keep_given(given)
+                                                                self.n_levels, self.name, "level_lengthscales")[order]
+        self._keep_given({"columns": columns, **self._given, "levels": levels,
+                          "level_lengthscales": level_lengthscales})
 
     @property
     def n_levels(self):
@@ -1441,12 +1455,13 @@ class Categorical(Kernel):
 
     def _current_values(self):
         values = {"columns": list(self.columns), **super()._current_values()}
-        if self.levels is not None:
-            values["levels"] = [list(column) for column in self.levels]
+        values["levels"] = None if self.levels is None else [list(column) for column in self.levels]
+        values.setdefault("level_lengthscales", 1.0)
         return values
 
     def _repr_leading(self):
-        levels = "" if self.levels is None else f"levels={[list(column) for column in self.levels]!r}, "
+        given = self.get_params(deep=False)["levels"]  # (as given: in the order of level_lengthscales as given)
+        levels = "" if given is None else f"levels={[[float(v) for v in column] for column in given]!r}, "
         return f"columns={list(self.columns)!r}, {levels}"
 
     def with_params(self, params):
@@ -1504,18 +1519,13 @@ class Categorical(Kernel):
 
     @property
     def reach_lengthscales(self):
-        """One entry, broadcast to every column: the clamp of far inputs (``prediction.within_reach``) may move a
-        categorical value that lies beyond the inducing points' range in its column by more than KERNEL_REACH (1e3)
-        times it to another such value, since both equal none of theirs and the kernel reads equality only. 1 for
-        the exchangeable form, where the clamped value is a number distinct from every inducing point's code for
-        every code the type holds exactly (up to 2^24 in float32, 2^53 in float64); in the per-level form also more
-        than the span of the listed levels, so that no listed level is moved (its weight is its own) and no value
-        is clamped onto one. In a sum or product, where the longest reach of the terms is taken per column, it
-        leaves a continuous term's clamp where it was, or moves it further out."""
+        """1 for every column (one array entry, broadcast): a reach, so that a sum or product with a continuous term
+        is clamped where that term's reach says (``prediction.within_reach`` takes the longest reach of the terms per
+        column), and no longer; the columns this kernel reads are not clamped at all, since it compares their codes
+        for equality only."""
         amplitude = self.amplitude
         xp = array_namespace(amplitude)
-        span = 0.0 if self.levels is None else max(column[-1] - column[0] for column in self.levels)
-        return xp.reshape(xp.ones_like(amplitude), (1,)) * (1.0 + span)
+        return xp.reshape(xp.ones_like(amplitude), (1,))
 
     def mismatch_rates(self):
         """How much log k falls when a row moves to another level of each column (host floats, (k,)): 1 / l_j^2 in
@@ -1611,25 +1621,37 @@ class Categorical(Kernel):
     def _level_grads(self, weighted, rows, Z):
         """The per-level form's (sum over the columns' unlisted values, (k,); sum over the listed levels, (n_levels,))
         of sum(D_j) at pairs with that value at one end, for the levels times 1 / l_{j,a}^2 (``grads``; the column's
-        1 / l_j^2 is applied by the caller): D_j's row sums at the rows of that value plus its column
-        sums at the inducing points of that value, gathered by a one-hot matrix of the listed levels (n x L_j)."""
+        1 / l_j^2 is applied by the caller): D_j's row sums at the rows of that value plus its column sums at the
+        inducing points of that value, gathered by level (``_gather``)."""
         xp = array_namespace(Z)
         zero = xp.zeros((), dtype=Z.dtype, device=array_device(Z))
         unlisted, listed = [], []
         for i, j in enumerate(self.columns):
             D = xp.where(self._differ(rows, Z, j), weighted, zero)
             levels, weights = self._level_table[i]
-            positions = xp.arange(levels.shape[0], device=array_device(Z))
             column_total, level_total = zero, None
             for ends, values in ((xp.sum(D, axis=1), rows[:, j]), (xp.sum(D, axis=0), Z[:, j])):
                 _, index, is_listed = self._level_weights(values, i)
                 column_total = column_total + xp.sum(xp.where(is_listed, zero, ends))
-                at = (index[:, None] == positions[None, :]) & is_listed[:, None]
-                sums = xp.sum(xp.where(at, ends[:, None], zero), axis=0)
+                sums = self._gather(ends, index, is_listed, levels.shape[0])
                 level_total = sums if level_total is None else level_total + sums
             unlisted.append(column_total)
             listed.append(level_total * weights)
         return xp.stack(unlisted), xp.concat(listed)
+
+    @staticmethod
+    def _gather(ends, index, is_listed, size):
+        """The sum of ``ends`` (n,) at each of ``size`` listed levels (``index``, where ``is_listed``), by one-hot
+        matrices of at most ``LEVEL_CHUNK`` levels at a time: n x LEVEL_CHUNK temporaries, whatever the levels."""
+        xp = array_namespace(ends)
+        device = array_device(ends)
+        zero = xp.zeros((), dtype=ends.dtype, device=device)
+        index = xp.where(is_listed, index, xp.full_like(index, -1))
+        parts = []
+        for start in range(0, size, LEVEL_CHUNK):
+            positions = xp.arange(start, min(start + LEVEL_CHUNK, size), device=device)
+            parts.append(xp.sum(xp.where(index[:, None] == positions[None, :], ends[:, None], zero), axis=0))
+        return parts[0] if len(parts) == 1 else xp.concat(parts)
 
 
 class OnColumns(Kernel):

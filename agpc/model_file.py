@@ -38,8 +38,8 @@ from .checkpoints import HEADER_KEY, atomic_savez, read_archive
 from .inference.posterior import Posterior, prior_cholesky
 from .inference.training import STOP_REASONS
 from .inputs import check_features
-from .kernels import (MAX_LISTED_LEVELS, ORDINAL_KERNEL, PER_DIMENSION, ClassKernels, Categorical, kernel_from_spec,
-                      spec_parameter_table)
+from .kernels import (MAX_LISTED_LEVELS, ORDINAL_KERNEL, PER_DIMENSION, ClassKernels, Categorical,
+                      categorical_columns, kernel_from_spec, spec_parameter_table)
 from .likelihoods import LIKELIHOODS, registered_likelihood
 from .methods import get_method
 from .model import FIT_RECORD, FittedModel, FittedState
@@ -55,9 +55,14 @@ FORMAT = "agpc-model"
 # version keeps loading (tests/data/model_v1). 4: a standardisation of the features before the classifier ("scaler":
 # a fitted StandardScaler's numbers; ``agpc.load_model`` gives the Pipeline back), which an agpc that reads version 3
 # would refuse as unexpected arrays. A file says the least version that reads it: one without a scaler is version 3
-# (``PLAIN_VERSION``), read by every agpc since 3.
-VERSION = 4
+# (``PLAIN_VERSION``), read by every agpc since 3. 5: a categorical kernel's lengthscales enter as 1 / l^2 (they
+# entered as 1 / l before, in files no release wrote) and it may list levels: a file whose kernel reads categorical
+# columns is version 5, and such a kernel in a file of an earlier version is refused (it would load with another
+# meaning); ``CATEGORICAL_VERSION``.
+VERSION = 5
 PLAIN_VERSION = 3
+SCALER_VERSION = 4
+CATEGORICAL_VERSION = 5
 # what a file may hold of a StandardScaler (those it has: ``mean_`` is None without centring nor scaling), each
 # (n_features,), as the array "scaler_<name>"
 SCALER_ARRAYS = ("mean", "var", "scale")
@@ -164,7 +169,8 @@ def write_model_file(path, estimator_name, params, state, scaler=None):
                        if scaler.get(name) is not None})
     header = {
         "format": FORMAT,
-        "version": PLAIN_VERSION if scaler is None else VERSION,
+        "version": (CATEGORICAL_VERSION if categorical_columns(state.kernel) else
+                    PLAIN_VERSION if scaler is None else SCALER_VERSION),
         "estimator": estimator_name,
         "params": _json_params(params),
         "kernel": [k.spec() for k in kernels] if kernels else state.kernel.spec(),
@@ -360,6 +366,13 @@ def _ordinal_classes(specs):
 LEVEL_LENGTHSCALES = Categorical.level_parameter.key  # (the end of a per-level categorical kernel's array name)
 
 
+def _names_categorical(spec):
+    """Whether a checked kernel description (``_kernel_specs``: its nesting bounded) names a Categorical kernel."""
+    if isinstance(spec, dict):
+        return spec.get("type") == Categorical.name or any(_names_categorical(v) for v in spec.values())
+    return isinstance(spec, list) and any(_names_categorical(v) for v in spec)
+
+
 def _kernel_specs(header, n_classes, refuse):
     """The kernel description: one kernel spec (binary or ordinal) or one per class (multiclass), naming only
     kernels and prior families of agpc's fixed tables (``kernels.spec_parameter_table`` checks them); returns the
@@ -511,16 +524,18 @@ def scaler_arrays(with_mean, with_std):
 
 
 def _checked_scaler(header, arrays, d, refuse, version):
-    """The standardisation a file of version 4 holds (``write_model_file``'s ``scaler``), or None (earlier
-    versions). Checked: the flags, and the arrays they call for ((d,) finite floats, variances non-negative,
+    """The standardisation a file of version 4 (or 5) holds (``write_model_file``'s ``scaler``), or None (earlier
+    versions, or none in a file of version 5). Checked: the flags, and the arrays they call for ((d,) finite floats, variances non-negative,
     scales as scikit-learn computes them from the variances, at least ``MIN_SCALE``)."""
     spec = header.get("scaler")
-    if version < 4:  # (the version that reads this file would drop it, and predict on unscaled features)
+    if version < SCALER_VERSION:  # (the version that reads this file would drop it, and predict on unscaled features)
         if "scaler" in header:
-            raise refuse(f"scaler: format version {version} holds no scaler (version 4 added it)")
+            raise refuse(f"scaler: format version {version} holds no scaler (version {SCALER_VERSION} added it)")
         return None
-    if spec is None:  # the writer writes version 3 for a file without one
-        raise refuse(f"scaler: missing; a file of format version {version} holds a scaler")
+    if spec is None:  # the writer writes version 3 for a file without one (5, of a categorical kernel, may hold none)
+        if version == SCALER_VERSION:
+            raise refuse(f"scaler: missing; a file of format version {version} holds a scaler")
+        return None
     if not isinstance(spec, dict) or set(spec) != set(SCALER_FIELDS):
         raise refuse(f"scaler: expected the fields {list(SCALER_FIELDS)}")
     if not all(isinstance(spec[name], bool) for name in ("with_mean", "with_std")):
@@ -611,6 +626,10 @@ def read_model_parts(path, schema, backend="numpy"):
     classes, ordinal, multiclass, (Z, L_C, h) = _checked_model_arrays(header, arrays, d, refuse)
     n_classes = classes.shape[0]
     specs, kernel_table = _kernel_specs(header, n_classes, refuse)
+    if version < CATEGORICAL_VERSION and _names_categorical(specs):
+        raise refuse(f"kernel: a categorical kernel in a file of format version {version}, written before its "
+                     f"lengthscales entered as 1 / l^2 (version {CATEGORICAL_VERSION}): it would predict otherwise "
+                     "than it was fitted; fit the model again")
     kernel_arrays = _kernel_arrays(header, arrays, kernel_table, d, refuse)
     scaler = _checked_scaler(header, arrays, d, refuse, version)
     categorical = _checked_categorical(header, arrays, d, refuse)

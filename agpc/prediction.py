@@ -11,6 +11,7 @@ from . import backend as B
 from . import inputs as I
 from . import threads
 from .inference import ep, multiclass_ep
+from .kernels import categorical_columns
 
 __all__ = ["KERNEL_REACH", "within_reach", "placed_rows", "model_latent", "log_proba_matrix", "latent",
            "model_log_proba", "most_probable_labels", "to_caller"]
@@ -24,7 +25,8 @@ def within_reach(kernel, Z, Xc):
     """Xc with each coordinate held within ``KERNEL_REACH`` lengthscales of the inducing points' range. The
     kernel at a point beyond that is 0 to every inducing point, and still is at the clamped point, so the
     predictions do not change; the squared distances of the far point itself overflowed (X * 1e300:
-    "overflow encountered in vecdot")."""
+    "overflow encountered in vecdot"). Columns a categorical kernel reads (``kernels.categorical_columns``) are
+    not clamped."""
     kernels = [kernel[c] for c in range(Z.shape[0])] if Z.ndim == 3 else [kernel]
     if B.is_out_of_core(Xc):
         return Xc  # (rows on disk are predicted a block at a time, as they are read: not held here)
@@ -42,7 +44,15 @@ def within_reach(kernel, Z, Xc):
         low, high = xp.min(Zc, axis=0) - reach, xp.max(Zc, axis=0) + reach
         lower = low if lower is None else xp.minimum(lower, low)
         upper = high if upper is None else xp.maximum(upper, high)
-    return xp.minimum(xp.maximum(Xc, lower), upper)
+    clamped = xp.minimum(xp.maximum(Xc, lower), upper)
+    categorical = categorical_columns(kernel)
+    if not categorical:
+        return clamped
+    # codes are compared for equality only, which cannot overflow: a categorical column is left as it is (a clamp
+    # could move a code onto a level, or a listed level of the per-level form off its own lengthscale)
+    is_categorical = xp.any(xp.arange(Xc.shape[1], device=B.array_device(Xc))[:, None] == B.asarray_like(
+        np.asarray(categorical, dtype=np.int64), xp, device=B.array_device(Xc))[None, :], axis=1)
+    return xp.where(is_categorical[None, :], Xc, clamped)
 
 
 def _within_radius(Xc, growths):

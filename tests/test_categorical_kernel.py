@@ -312,7 +312,7 @@ def test_relevance_per_column():
 def test_the_summary_of_a_mixed_model_has_relevance_per_column():
     model, _ = fitted_mixed()
     text = model.summary()
-    assert "1 / lengthscale of a categorical one" in text
+    assert "1 / lengthscale^2 of a categorical one" in text
     rows = text.split("feature relevance:")[1].splitlines()[2:5]
     assert sorted(row.split()[0] for row in rows) == ["x0", "x1", "x2"]
     relevance, _ = feature_relevance(model.kernel_, 3)
@@ -431,3 +431,95 @@ def test_one_shared_scale_keeps_the_level_lengthscales_ratios():
     learned = np.exp(to_np(model.kernel_.params["log_level_lengthscales"]))
     np.testing.assert_allclose(learned / learned[0], [1.0, 2.0, 3.0, 4.0] * 2, rtol=1e-9)
     assert not np.allclose(learned, [1.0, 2.0, 3.0, 4.0] * 2)
+
+
+# -- what a review found (each a bug of the first per-level form) -------------------------------------------------------
+
+def test_level_lengthscales_follow_their_levels_given_in_any_order():
+    """Levels given unsorted keep the lengthscale given beside them (held sorted); repr shows them as given."""
+    kernel = Categorical([0], levels=[[3.0, 1.0]], level_lengthscales=[0.1, 10.0])
+    values = np.array([[1.0], [3.0], [7.0]])  # level 1 (l = 10), level 3 (l = 0.1), unlisted 7 (l = 1)
+    K = np.asarray(kernel.K(values))
+    np.testing.assert_allclose(K[0, 2], math.exp(-(0.01 + 1.0) / 2.0), rtol=1e-14)
+    np.testing.assert_allclose(K[1, 2], math.exp(-(100.0 + 1.0) / 2.0), rtol=1e-12)
+    assert "levels=[[3.0, 1.0]]" in repr(kernel) and "level_lengthscales=[0.1, 10.0]" in repr(kernel)
+    np.testing.assert_array_equal(np.asarray(clone(kernel).K(values)), K)
+
+
+def test_a_level_too_large_for_a_float_is_one_value_error():
+    with pytest.raises(ValueError, match="a level is a finite number"):
+        Categorical([0], levels=[[10 ** 400]])
+    with pytest.raises(ValueError, match="a level is a finite number"):
+        kernel_from_spec({"type": "Categorical", "columns": [0], "levels": [[0, 10 ** 400]]}, {})
+
+
+def test_levels_are_constructor_parameters_of_both_forms():
+    exchangeable = Categorical([0])
+    params = exchangeable.get_params()
+    assert params["levels"] is None and params["level_lengthscales"] == 1.0
+    exchangeable.set_params(levels=[[0, 1]], level_lengthscales=[0.5, 2.0])
+    assert exchangeable.levels == ((0.0, 1.0),) and "log_level_lengthscales" in exchangeable.params
+    exchangeable.set_params(levels=None, level_lengthscales=1.0)
+    assert exchangeable.levels is None and "log_level_lengthscales" not in exchangeable.params
+    with pytest.raises(ValueError, match="give levels too"):
+        Categorical([0], level_lengthscales=[0.5, 2.0])
+
+
+def test_levels_given_as_a_tuple_of_lists_are_reported_as_they_were_given():
+    levels = ([0.0, 1.0],)
+    kernel = Categorical([0], levels=levels, level_lengthscales=[0.5, 2.0])
+    levels[0].append(3.0)
+    assert kernel.get_params()["levels"] == [[0.0, 1.0]]
+    assert clone(kernel).levels == ((0.0, 1.0),)
+
+
+def test_far_inputs_are_not_clamped_in_categorical_columns():
+    """The clamp of far inputs (``prediction.within_reach``) leaves the columns a categorical kernel reads: a code
+    far from the inducing points' keeps its own level (and lengthscale); a continuous column is clamped as before."""
+    from agpc.prediction import within_reach
+
+    kernel = mixed_kernel(OnColumns(RBF([1.0]), [1]), Categorical([0], levels=[[-9999.0, 1.0, 2.0]]))
+    Z = np.array([[1.0, 0.0], [2.0, 0.5]])
+    X = np.array([[-9999.0, 1e300], [-5000.0, 0.1]])
+    clamped = np.asarray(within_reach(kernel.for_inputs(Z), Z, X))
+    np.testing.assert_array_equal(clamped[:, 0], X[:, 0])
+    assert clamped[0, 1] == pytest.approx(0.5 + 1e3) and clamped[1, 1] == 0.1
+
+
+def test_gradients_gathered_in_chunks_of_levels_are_the_same(monkeypatch):
+    """The level gradients are gathered LEVEL_CHUNK levels at a time (bounded memory): chunks of 2 give the sums
+    one chunk gives."""
+    from agpc import kernels as agpc_kernels
+
+    X, Z, W_mm, W_nm, w = gradient_inputs(seed=3)
+    kernel = Categorical([1, 3], levels=[[0, 1, 2], [0, 2]], level_lengthscales=[0.5, 1.5, 2.5, 0.7, 3.0]).for_inputs(X)
+    whole = kernel.grads(W_mm, W_nm, w, X, Z)["log_level_lengthscales"]
+    monkeypatch.setattr(agpc_kernels, "LEVEL_CHUNK", 2)
+    chunked = kernel.with_params(kernel.params).grads(W_mm, W_nm, w, X, Z)["log_level_lengthscales"]
+    np.testing.assert_allclose(np.asarray(chunked), np.asarray(whole), rtol=1e-13, atol=1e-15)
+
+
+def test_model_files_of_categorical_kernels_are_version_5_and_older_ones_are_refused(tmp_path):
+    """A categorical kernel's lengthscales entered as 1 / l before format version 5: a file of an earlier version
+    holding one is refused (it would predict otherwise); files without one keep their version."""
+    from agpc import model_file
+
+    model, X = fitted_mixed()
+    path = tmp_path / "model.npz"
+    model_files.save_model(model, path)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    (header_name,) = [name for name, value in arrays.items() if value.dtype.kind == "U"]
+    header = json.loads(str(arrays[header_name]))
+    assert header["version"] == model_file.CATEGORICAL_VERSION == 5
+    np.testing.assert_array_equal(model_files.load_model(path).predict_proba(X), model.predict_proba(X))
+    for version in (3, 4):
+        arrays[header_name] = np.asarray(json.dumps({**header, "version": version}))
+        older = tmp_path / f"v{version}.npz"
+        np.savez(older, **arrays)
+        with pytest.raises(ValueError, match="categorical kernel in a file of format version"):
+            model_files.load_model(older)
+    plain = agpc.GPClassifier(n_inducing=4, max_iter=2, random_state=0).fit(X[:, [1]], model.predict(X))
+    model_files.save_model(plain, tmp_path / "plain.npz")
+    with np.load(tmp_path / "plain.npz", allow_pickle=False) as archive:
+        assert json.loads(str(archive[header_name]))["version"] == model_file.PLAIN_VERSION
