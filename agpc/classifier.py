@@ -25,9 +25,9 @@ from . import size_rule, threads
 from . import streaming as S
 from . import uncertainty as U
 from . import validation as V
-from .inducing import initial_inducing_points, with_row_levels
+from .inducing import initial_inducing_points, with_any_levels, with_row_levels
 from .inference import training
-from .kernels import ClassKernels, Kernel, categorical_columns, with_default_priors
+from .kernels import ANY_LEVEL, ClassKernels, Kernel, any_level_columns, categorical_columns, with_default_priors
 from .likelihoods import likelihood_by_name
 from .model import FIT_RECORD, FittedModel, FittedState
 from .model_file import EstimatorSchema, read_model_file, unpickled_state, write_model_file
@@ -384,11 +384,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(plan, steps) if size.at_rows else None)
             plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=placed.batch_size is not None
                                             and placed.batch_size < n)
-            result, self.ard_ = size_rule.learn_lengthscales(
-                size_rule.ard_plan(plan, size, inputs.X.shape[1]), inputs.X.shape[1], kernel,
-                lambda start, shared, first, stage: self._train(plan, placed, start, Z, classes, groups, rng,
-                                                                resume and first, validation, started, data_hash,
-                                                                plateau, tied=shared, stage=stage))
+            ard = size_rule.ard_plan(plan, size, inputs.X.shape[1])
+            result, self.ard_ = size_rule.choose_inducing(
+                lambda points, name: size_rule.learn_lengthscales(
+                    ard, inputs.X.shape[1], kernel,
+                    lambda start, shared, first, stage: self._train(
+                        plan, placed, start, points, classes, groups, rng, resume and first, validation, started,
+                        data_hash, plateau, tied=shared, stage=stage or name)),
+                Z, self._any_level_points(Z, kernel, size, resume, rng))
         return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume))
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
@@ -424,6 +427,17 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return kernel, Z
 
     _default_kernel = staticmethod(I.default_kernel)  # the kernel ``kernel=None`` starts from
+
+    def _any_level_points(self, Z, kernel, size, resume, rng):
+        """The other inducing points ``size_rule.choose_inducing`` weighs against Z (``inducing.with_any_levels``), or
+        None: for a sparse model whose points this fit chose (``inducing`` a rule, not an array) on a kernel with
+        per-level categorical columns (``kernels.any_level_columns``), fitted whole (not resumed, no checkpoint file:
+        two fits would write one)."""
+        columns = any_level_columns(kernel)
+        if (not columns or size.at_rows or resume or self.checkpoint_path is not None
+                or not isinstance(self.inducing, str)):
+            return None
+        return with_any_levels(Z, columns, rng, ANY_LEVEL)
 
     def _train(self, plan, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau,
                tied=False, stage=""):

@@ -20,7 +20,8 @@ import numpy as np  # (the weights, and the random choices, are on the host; the
 
 from .backend import array_device, array_namespace, asarray_like, cluster_sums, host_rng, to_numpy
 
-__all__ = ["initial_inducing_points", "kmeans", "start_rows", "with_row_levels"]
+__all__ = ["initial_inducing_points", "kmeans", "start_rows", "with_row_levels", "with_any_levels",
+           "ANY_LEVEL_FRACTION"]
 
 
 def start_rows(X, weights=None):
@@ -125,6 +126,24 @@ def initial_inducing_points(X, n_inducing, method="kmeans", *, random_state=None
     if not bool(xp.all(xp.isfinite(Z))):
         raise ValueError("inducing points contain NaN or inf")
     return xp.asarray(Z, copy=True)
+
+
+ANY_LEVEL_FRACTION = 0.7
+"""The share of an inducing point's categorical coordinates that ``with_any_levels`` makes "any level"."""
+
+
+def with_any_levels(Z, columns, random_state, code, fraction=ANY_LEVEL_FRACTION):
+    """Z ((m, d), or (C, m, d) one a class) with each of the coordinates of ``columns`` of each point set to ``code``
+    (``kernels.ANY_LEVEL``: the point is then f averaged over the column's levels) with probability ``fraction``,
+    drawn on the host from ``random_state`` (one draw a point and column, the same for every class): points that
+    pin a few columns' levels and leave the others open, which a function of a few columns at a time (tic-tac-toe's
+    lines of three) needs and points on rows do not give (docs/results.md, "Categorical columns")."""
+    xp = array_namespace(Z)
+    m, d = Z.shape[-2], Z.shape[-1]
+    chosen = np.zeros((m, d), dtype=bool)
+    chosen[:, list(columns)] = host_rng(random_state).random((m, len(columns))) < fraction
+    return xp.where(asarray_like(chosen, xp, device=array_device(Z)), xp.asarray(code, dtype=Z.dtype,
+                                                                                 device=array_device(Z)), Z)
 
 
 def with_row_levels(Z, rows, columns):

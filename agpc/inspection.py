@@ -127,9 +127,9 @@ def column_relevance(kernel, n_features=None):
     no lengthscales. A column's rate is how much log k(x, z) falls as x moves away from z along it: over one unit
     of a continuous feature, 1 / (2 l_j^2) for a stationary term (the RBF's exponent; a linear term's v_j / 2, its
     1 / l_j^2 being v_j), and to another level of a categorical one, its mean weight (``kernels.Categorical``:
-    ``mismatch_rates``; its lengthscale, 1 / sqrt of it); a column several terms read (the mixed kernel's sum and product) takes the largest,
-    the term along which f may change fastest, and that term's lengthscale. A column no term reads: rate 0,
-    lengthscale inf. d: ``n_features``, or as many as the kernel's columns reach."""
+    ``mismatch_rates``; its lengthscale, 1 / sqrt of it); a column several terms read (the mixed kernel's sum and
+    product) takes the largest, the term along which f may change fastest, and that term's lengthscale. A column no
+    term reads: rate 0, lengthscale inf. d: ``n_features``, or as many as the kernel's columns reach."""
     rates = _column_rates(kernel, n_features)
     if rates is None:
         return None, None

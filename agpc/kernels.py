@@ -55,6 +55,8 @@ __all__ = [
     "DEFAULT_PRIOR_SCALE",
     "with_default_priors",
     "categorical_columns",
+    "any_level_columns",
+    "ANY_LEVEL",
 ]
 
 SCALAR = "scalar"
@@ -1326,6 +1328,11 @@ def _per_column(stored, size, owner, name="lengthscales"):
     raise ValueError(f"{owner} has {size} {entries} but {stored.shape[0]} {name}")
 
 
+ANY_LEVEL = -(2.0 ** 127)
+"""The code of an inducing point's "any level" in a categorical column of the per-level form: there the point is the
+average of f over the column's listed levels, equally weighted (an inter-domain inducing variable), correlated with a
+row at level a as the mean of a's correlations with them. Exactly representable in float32 and float64."""
+
 LEVEL_CHUNK = 256
 """Levels whose gradients a one-hot matrix gathers at once (``Categorical._gather``): its n x LEVEL_CHUNK booleans
 and floats bound the memory of a kernel of many listed levels."""
@@ -1395,6 +1402,13 @@ class Categorical(Kernel):
     1 = v_a^2 + (1 - v_a^2) for a = b, a rank-one matrix plus a non-negative diagonal; so is their product.
     Only the equality of two values is read, so the codes are any numbers (the integers 0..L-1 ``agpc.categories``
     gives text levels, or a file's own codes).
+
+    In the per-level form a point may hold ``ANY_LEVEL`` in a column: it then stands for the mean of f over the
+    column's listed levels, u = (1 / L) sum_c f(.., c, ..) (an inter-domain inducing variable), so its factor with a
+    value a is h(a) = (1 / L) sum_c k_j(a, c) = q_a (1 - v_a^2) + v_a S (q_a = 1 / L for a listed a, else 0; S =
+    sum_c v_c / L), and with another such code C = S^2 + sum_c (1 - v_c^2) / L^2: covariances of linear functionals
+    of f, so K(Z, Z) stays positive semi-definite. The code is meant for inducing points (``Kdiag`` of such a row is
+    still amplitude + noise; ``inducing.with_any_levels``).
 
     Its gradient w.r.t. the inducing points is exactly 0 (codes are discrete: an optimiser never moves an inducing
     point off its levels). Bounded by its amplitude (no ``growth``).
@@ -1549,23 +1563,54 @@ class Categorical(Kernel):
         listed = xp.take(levels, index) == values
         return xp.where(listed, xp.take(weights, index), self._column_weights[i]), index, listed
 
-    def _mismatch(self, A, B):
-        """sum_j [a_j != b_j] (w_j(a_j) + w_j(b_j)) / 2 for every pair of rows (n, m), one column at a time: its
-        temporaries are n x m (a broadcast over the columns would hold n x m x k)."""
+    def _level_sums(self, i):
+        """(S, C) of column i of the per-level form: S = sum_c q_c v_c and C = sum_c q_c^2 (1 - v_c^2) + S^2 over its
+        listed levels, q_c = 1 / L, v_c = exp(-w_c / 2): an "any level" point's correlations (``_any_factor``)."""
+        xp = array_namespace(self.params["log_level_lengthscales"])
+        _, weights = self._level_table[i]
+        v = xp.exp(-0.5 * weights)
+        q = 1.0 / weights.shape[0]
+        S = q * xp.sum(v)
+        return S, q * q * xp.sum(1.0 - v * v) + S * S
+
+    def _any_factor(self, values, i):
+        """(h (n,), v, q, listed, index, w) of ``values`` against an "any level" point in column i: h(a) = q_a (1 -
+        v_a^2) + v_a S, the mean over the listed levels c of a's correlation with c (q_a = 0 for a value not listed)."""
+        xp = array_namespace(values)
+        u, index, listed = self._level_weights(values, i)
+        v = xp.exp(-0.5 * u)
+        zero = xp.zeros((), dtype=values.dtype, device=array_device(values))
+        q = xp.where(listed, zero + 1.0 / self._level_table[i][0].shape[0], zero)
+        S, _ = self._level_sums(i)
+        return q * (1.0 - v * v) + v * S, v, q, listed, index, u
+
+    def _log_factor(self, A, B, i, j):
+        """log of column j's factor (n, m): -[a != b] w (exchangeable), -[a != b] (w_a + w_b) / 2 (per level), and
+        in the per-level form the "any level" codes' averages (``ANY_LEVEL``)."""
         xp = array_namespace(A, B)
-        weights = self._column_weights
         zero = xp.zeros((), dtype=A.dtype, device=array_device(A))
+        a, b = A[:, j], B[:, j]
+        if self.levels is None:
+            return xp.where(self._differ(A, B, j), -self._column_weights[i], zero)
+        ua, ub = self._level_weights(a, i)[0], self._level_weights(b, i)[0]
+        out = xp.where(self._differ(A, B, j), -0.5 * (ua[:, None] + ub[None, :]), zero)
+        any_a, any_b = a == ANY_LEVEL, b == ANY_LEVEL
+        _, C = self._level_sums(i)
+        log_ha, log_hb = xp.log(self._any_factor(a, i)[0]), xp.log(self._any_factor(b, i)[0])
+        out = xp.where(any_b[None, :], log_ha[:, None], out)
+        out = xp.where(any_a[:, None], log_hb[None, :], out)
+        return xp.where(any_a[:, None] & any_b[None, :], xp.log(C), out)
+
+    def _mismatch(self, A, B):
+        """-sum_j log F_j for every pair of rows (n, m), one column at a time: its temporaries are n x m (a broadcast
+        over the columns would hold n x m x k)."""
         total = None
         for i, j in enumerate(self.columns):
-            if self.levels is None:
-                value = weights[i]
-            else:
-                value = 0.5 * (self._level_weights(A[:, j], i)[0][:, None] + self._level_weights(B[:, j], i)[0][None, :])
-            term = xp.where(self._differ(A, B, j), value, zero)
+            term = self._log_factor(A, B, i, j)
             if total is None:
-                total = term
+                total = -term
             else:
-                total += term
+                total -= term
         return total
 
     def K(self, X, Z=None, *, out=None):
@@ -1620,14 +1665,17 @@ class Categorical(Kernel):
 
     def _level_grads(self, weighted, rows, Z):
         """The per-level form's (sum over the columns' unlisted values, (k,); sum over the listed levels, (n_levels,))
-        of sum(D_j) at pairs with that value at one end, for the levels times 1 / l_{j,a}^2 (``grads``; the column's
-        1 / l_j^2 is applied by the caller): D_j's row sums at the rows of that value plus its column sums at the
-        inducing points of that value, gathered by level (``_gather``)."""
+        of sum(D_j) d log F_j / d log l: at pairs of values, D_j's row sums at the rows of a value plus its column
+        sums at the inducing points of that value, gathered by a one-hot matrix of the listed levels (n x L_j), times
+        1 / l_{j,a}^2 (the column's 1 / l_j^2 is applied by the caller); pairs with an "any level" end add d log h /
+        d log l (``_any_grads``), pairs of two d log C / d log l."""
         xp = array_namespace(Z)
         zero = xp.zeros((), dtype=Z.dtype, device=array_device(Z))
         unlisted, listed = [], []
         for i, j in enumerate(self.columns):
-            D = xp.where(self._differ(rows, Z, j), weighted, zero)
+            any_r, any_z = rows[:, j] == ANY_LEVEL, Z[:, j] == ANY_LEVEL
+            normal = ~any_r[:, None] & ~any_z[None, :]
+            D = xp.where(self._differ(rows, Z, j) & normal, weighted, zero)
             levels, weights = self._level_table[i]
             column_total, level_total = zero, None
             for ends, values in ((xp.sum(D, axis=1), rows[:, j]), (xp.sum(D, axis=0), Z[:, j])):
@@ -1635,8 +1683,19 @@ class Categorical(Kernel):
                 column_total = column_total + xp.sum(xp.where(is_listed, zero, ends))
                 sums = self._gather(ends, index, is_listed, levels.shape[0])
                 level_total = sums if level_total is None else level_total + sums
+            level_total = level_total * weights
+            for ends, values in ((xp.sum(xp.where(~any_r[:, None] & any_z[None, :], weighted, zero), axis=1),
+                                 rows[:, j]),
+                                (xp.sum(xp.where(any_r[:, None] & ~any_z[None, :], weighted, zero), axis=0), Z[:, j])):
+                column_part, level_part = self._any_grads(ends, values, i)
+                column_total, level_total = column_total + column_part, level_total + level_part
+            both = xp.sum(xp.where(any_r[:, None] & any_z[None, :], weighted, zero))
+            S, C = self._level_sums(i)
+            v = xp.exp(-0.5 * weights)
+            q = 1.0 / levels.shape[0]
+            level_total = level_total + both * 2.0 * q * v * weights * (S - q * v) / C
             unlisted.append(column_total)
-            listed.append(level_total * weights)
+            listed.append(level_total)
         return xp.stack(unlisted), xp.concat(listed)
 
     @staticmethod
@@ -1652,6 +1711,23 @@ class Categorical(Kernel):
             positions = xp.arange(start, min(start + LEVEL_CHUNK, size), device=device)
             parts.append(xp.sum(xp.where(index[:, None] == positions[None, :], ends[:, None], zero), axis=0))
         return parts[0] if len(parts) == 1 else xp.concat(parts)
+
+    def _any_grads(self, ends, values, i):
+        """(column part (before 1 / l_j^2), level part (L,)) of sum_pairs D d log h(a) / d log l at pairs of a value
+        a (``values``; ``ends``: D summed over its "any level" partners) and an "any level" point: d log h(a) / d log
+        l_c = [a = c] v_a w_a (S - 2 q_a v_a) / h_a + v_a q_c v_c w_c / h_a for a listed c, and 1 (times w_j) for l_j
+        where a is not listed (h = v_a S there)."""
+        xp = array_namespace(ends)
+        zero = xp.zeros((), dtype=ends.dtype, device=array_device(ends))
+        h, v, q, is_listed, index, u = self._any_factor(values, i)
+        levels, weights = self._level_table[i]
+        S, _ = self._level_sums(i)
+        own = xp.where(is_listed, ends * v * u * (S - 2.0 * q * v) / h, zero)
+        vl = xp.exp(-0.5 * weights)
+        level = self._gather(own, index, is_listed, levels.shape[0]) + (1.0 / levels.shape[0]) * vl * weights * xp.sum(
+            ends * v / h)
+        column = xp.sum(xp.where(is_listed | (values == ANY_LEVEL), zero, ends))
+        return column, level
 
 
 class OnColumns(Kernel):
@@ -1888,18 +1964,27 @@ DEFAULT_PRIOR_SCALE = math.sqrt(3.0)
 """Standard deviation of the default priors on log lengthscale and log amplitude (``with_default_priors``)."""
 
 
-def categorical_columns(kernel):
+def categorical_columns(kernel, per_level=None):
     """The columns of X that ``kernel`` reads as categories (its ``Categorical`` terms', through ``OnColumns``,
     sums, products, an ordinal model's latent kernel and a class's kernels), sorted: where the inducing points must
-    sit on levels (``inducing.with_row_levels``) whoever built the kernel."""
+    sit on levels (``inducing.with_row_levels``) whoever built the kernel. ``per_level``: True, only the columns of
+    per-level terms; False, only those of exchangeable ones."""
     if isinstance(kernel, Categorical):
-        return sorted(set(int(j) for j in kernel.columns))
+        keep = per_level is None or per_level == (kernel.levels is not None)
+        return sorted(set(int(j) for j in kernel.columns)) if keep else []
     if isinstance(kernel, OnColumns):
-        return sorted(set(int(kernel.columns[j]) for j in categorical_columns(kernel.kernel)))
+        return sorted(set(int(kernel.columns[j]) for j in categorical_columns(kernel.kernel, per_level)))
     covariance = getattr(kernel, "covariance_kernel", kernel)  # (an ordinal model's: its latent kernel)
     parts = (getattr(kernel, "terms", None) or getattr(kernel, "kernels", None)
              or ([covariance] if covariance is not kernel else []))
-    return sorted(set().union(*(categorical_columns(part) for part in parts))) if parts else []
+    return sorted(set().union(*(categorical_columns(part, per_level) for part in parts))) if parts else []
+
+
+def any_level_columns(kernel):
+    """The columns where an inducing point may hold ``ANY_LEVEL``: those of the kernel's per-level categorical terms
+    that no exchangeable term reads too (which would take the code for a level of its own)."""
+    exchangeable = set(categorical_columns(kernel, per_level=False))
+    return [j for j in categorical_columns(kernel, per_level=True) if j not in exchangeable]
 
 
 def with_default_priors(kernel, reference):

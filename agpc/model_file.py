@@ -525,8 +525,8 @@ def scaler_arrays(with_mean, with_std):
 
 def _checked_scaler(header, arrays, d, refuse, version):
     """The standardisation a file of version 4 (or 5) holds (``write_model_file``'s ``scaler``), or None (earlier
-    versions, or none in a file of version 5). Checked: the flags, and the arrays they call for ((d,) finite floats, variances non-negative,
-    scales as scikit-learn computes them from the variances, at least ``MIN_SCALE``)."""
+    versions, or none in a file of version 5). Checked: the flags, and the arrays they call for ((d,) finite floats,
+    variances non-negative, scales as scikit-learn computes them from the variances, at least ``MIN_SCALE``)."""
     spec = header.get("scaler")
     if version < SCALER_VERSION:  # (the version that reads this file would drop it, and predict on unscaled features)
         if "scaler" in header:

@@ -33,7 +33,8 @@ __all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "PLATEAU_STEPS",
            "MINIBATCH_PLATEAU_EPOCHS", "MINIBATCH_PLATEAU_RISE_PER_ROW", "fit_model_size", "exact_passes",
            "ARD_CHOICE_MAX_ROWS",
            "QUADRATIC_MAX_ROWS", "CHOOSE", "CHOOSE_TO_LINEAR", "ard_plan", "akaike_keeps", "LINEAR_MARGIN",
-           "linear_start", "QUADRATIC_MARGIN", "quadratic_start", "linear_keeps", "learn_lengthscales"]
+           "linear_start", "QUADRATIC_MARGIN", "quadratic_start", "linear_keeps", "learn_lengthscales",
+           "INDUCING_CHOICE", "choose_inducing"]
 
 EXACT_MAX_ROWS = 700
 """The most training rows for which ``n_inducing="auto"`` takes the exact model (chosen in
@@ -273,6 +274,31 @@ def _stage_names(quadratic):
     kinds = ["one shared lengthscale", "a lengthscale per feature", "linear kernel"] + (["quadratic kernel"] if quadratic
                                                                                         else [])
     return [f"kernel choice {i}/{len(kinds)}: {kind}" for i, kind in enumerate(kinds, 1)]
+
+
+INDUCING_CHOICE = ("inducing choice 1/2: points on rows' levels", "inducing choice 2/2: points of any level")
+"""The progress lines' names of ``choose_inducing``'s two stages."""
+
+
+def choose_inducing(learn, Z, alternative):
+    """(training result, whether its lengthscales are per feature) of ``learn(Z, stage name)`` (a whole fit from the
+    inducing points Z: ``learn_lengthscales``), or where ``alternative`` points are given
+    (``inducing.with_any_levels``: some categorical coordinates "any level"), of both in turn, the one of the higher
+    log Z kept. Which points a table's categorical columns need is the data's: tic-tac-toe's class (lines of three
+    cells) gained 45-50 nats of log Z from points of any level in most columns, car's (every column at once) lost
+    0-5 (docs/results.md, "Categorical columns"); both have the kernel's parameters, so log Z compares the two
+    inducing sets as it compares models. A first fit that ran out of time or stopped early on validation data is
+    kept; a second that fails numerically, or runs out of time, leaves the first (``_out_of_time`` says so)."""
+    first = learn(Z, "" if alternative is None else INDUCING_CHOICE[0])
+    if alternative is None or first[0].stop_reason in ("max_time", "early_stopping"):
+        return first
+    try:
+        second = learn(alternative, INDUCING_CHOICE[1])
+    except (CholeskyError, FloatingPointError):
+        return first
+    if second[0].stopped_by_time or not second[0].log_z > first[0].log_z:
+        return _out_of_time(first[0], second[0]), first[1]
+    return second
 
 
 def learn_lengthscales(plan, n_features, kernel, train):

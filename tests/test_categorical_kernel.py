@@ -16,6 +16,7 @@ from agpc import persistence as model_files
 from agpc.inspection import column_relevance, feature_relevance
 from agpc import inputs as training_inputs
 from agpc.kernels import (
+    ANY_LEVEL,
     DEFAULT_PRIOR_SCALE,
     MAX_COLUMNS,
     MAX_LISTED_LEVELS,
@@ -25,6 +26,7 @@ from agpc.kernels import (
     OnColumns,
     OrdinalKernel,
     Sum,
+    any_level_columns,
     kernel_from_spec,
     mixed_kernel,
     with_default_priors,
@@ -304,7 +306,8 @@ def test_relevance_per_column():
     np.testing.assert_allclose(rate, [2.0, 2.0, 0.0])  # 1 / (2 0.5^2) and 1 / (1 / sqrt 2)^2
     np.testing.assert_allclose(lengthscale, [0.5, 2 ** -0.5, np.inf])
     np.testing.assert_allclose(feature_relevance(kernel, 3)[0], [0.5, 0.5, 0.0])
-    shared = RBF(2.0) + Categorical([1], lengthscales=0.125 ** 0.5)  # one lengthscale, for features of a number not known
+    shared = RBF(2.0) + Categorical([1], lengthscales=0.125 ** 0.5)  # one lengthscale, for features of a number
+    # not known
     assert feature_relevance(shared)[0] is None and "no lengthscale per column" in feature_relevance(shared)[1]
     np.testing.assert_allclose(feature_relevance(shared, 2)[0], [0.125 / 8.125, 8.0 / 8.125])  # (column 1: the larger)
 
@@ -358,7 +361,8 @@ def test_levels_are_checked_at_construction():
 
 
 @pytest.mark.parametrize("levels", [
-    "01", [[0, 1]] * 2, [[0, "1"]], [[0, None]], [[[0]]], [[0, 1e400]], [{"0": 0}], [list(range(MAX_LISTED_LEVELS + 1))],
+    "01", [[0, 1]] * 2, [[0, "1"]], [[0, None]], [[[0]]], [[0, 1e400]], [{"0": 0}],
+    [list(range(MAX_LISTED_LEVELS + 1))],
 ])
 def test_malformed_levels_in_a_description_are_refused(levels):
     with pytest.raises(ValueError):
@@ -433,7 +437,7 @@ def test_one_shared_scale_keeps_the_level_lengthscales_ratios():
     assert not np.allclose(learned, [1.0, 2.0, 3.0, 4.0] * 2)
 
 
-# -- what a review found (each a bug of the first per-level form) -------------------------------------------------------
+# -- what a review found (each a bug of the first per-level form) ---------------------------------------------------
 
 def test_level_lengthscales_follow_their_levels_given_in_any_order():
     """Levels given unsorted keep the lengthscale given beside them (held sorted); repr shows them as given."""
@@ -523,3 +527,154 @@ def test_model_files_of_categorical_kernels_are_version_5_and_older_ones_are_ref
     model_files.save_model(plain, tmp_path / "plain.npz")
     with np.load(tmp_path / "plain.npz", allow_pickle=False) as archive:
         assert json.loads(str(archive[header_name]))["version"] == model_file.PLAIN_VERSION
+
+
+# -- inducing points of "any level" -------------------------------------------------------------------------------------
+
+def any_level_reference(columns, levels, lengthscales, level_lengthscales, amplitude):
+    """The per-level form with ``ANY_LEVEL`` codes by its definition: the mean of the kernel over the column's
+    listed levels at each "any level" end (both ends: over pairs of them), pair by pair."""
+    per_level = iter(level_lengthscales)
+    scales = [{level: next(per_level) for level in column} for column in levels]
+
+    def factor(column, own, a, b):
+        if a == b:
+            return 1.0
+        weight = lambda v: 1.0 / column.get(v, own) ** 2  # noqa: E731
+        return math.exp(-(weight(a) + weight(b)) / 2.0)
+
+    def k(X, Z):
+        out = np.empty((X.shape[0], Z.shape[0]))
+        for r, x in enumerate(X):
+            for c, z in enumerate(Z):
+                value = amplitude
+                for j, column, own in zip(columns, scales, lengthscales):
+                    A = list(column) if x[j] == ANY_LEVEL else [x[j]]
+                    B = list(column) if z[j] == ANY_LEVEL else [z[j]]
+                    value *= np.mean([[factor(column, own, a, b) for b in B] for a in A])
+                out[r, c] = value
+        return out
+    return k
+
+
+def any_level_problem(seed=0, n=9, m=6):
+    rng = np.random.default_rng(seed)
+    X, Z = coded_rows(rng, n), coded_rows(rng, m)
+    Z[:, :2][rng.random((m, 2)) < 0.5] = ANY_LEVEL  # (columns 0 and 1 of Z; the first point takes none)
+    Z[0, :2] = [0.0, 2.0]
+    X[0, :2] = ANY_LEVEL  # (K(X, Z) of an "any level" row too: a pair of two)
+    return X, Z, rng
+
+
+def coded_rows(rng, n):
+    X = rng.normal(size=(n, 3))
+    X[:, :2] = rng.integers(-1, 3, size=(n, 2))
+    return X
+
+
+ANY_KERNEL = dict(lengthscales=[0.8, 1.7], amplitude=1.3, noise=0.1, levels=[[0, 1, 2], [0, 2]],
+                  level_lengthscales=[0.5, 2.0, 1.1, 0.7, 3.0])
+
+
+def test_any_level_points_are_the_mean_over_the_listed_levels():
+    X, Z, _ = any_level_problem()
+    kernel = Categorical([0, 1], **ANY_KERNEL).for_inputs(X)
+    reference = any_level_reference([0, 1], ANY_KERNEL["levels"], [0.8, 1.7], ANY_KERNEL["level_lengthscales"], 1.3)
+    np.testing.assert_allclose(np.asarray(kernel.K(X, Z)), reference(X, Z), rtol=1e-13)
+    np.testing.assert_allclose(np.asarray(kernel.K(Z)), reference(Z, Z), rtol=1e-13)
+    assert np.min(np.linalg.eigvalsh(np.asarray(kernel.K(Z)))) > -1e-12
+
+
+@pytest.mark.parametrize("device", [None, "strict"])
+def test_any_level_gradients_by_finite_differences(device):
+    """Every parameter's gradient with "any level" codes in Z and in X (K(Z, Z)'s pairs of two among them), against
+    central differences; array_api_strict gives NumPy's."""
+    from conftest import central_differences
+
+    X, Z, rng = any_level_problem(seed=2)
+    W_mm, W_nm, w = rng.normal(size=(6, 6)), rng.normal(size=(9, 6)), rng.normal(size=9)
+    kernel = Categorical([0, 1], **ANY_KERNEL).for_inputs(X)
+
+    def objective(k):
+        return float(np.sum(W_mm * np.asarray(k.K(Z))) + np.sum(W_nm * np.asarray(k.K(X, Z)))
+                     + np.sum(w * np.asarray(k.Kdiag(X))))
+    grads = kernel.grads(W_mm, W_nm, w, X, Z)
+    for key, stored in kernel.params.items():
+        numeric = central_differences(lambda u: objective(kernel.with_params({**kernel.params, key: u})), stored)
+        np.testing.assert_allclose(np.asarray(grads[key]), numeric, rtol=1e-6, atol=1e-8, err_msg=key)
+    assert np.all(np.asarray(grads["Z"]) == 0.0)
+    if device:
+        import array_api_strict as xs
+
+        on = {name: xs.asarray(value) for name, value in (("X", X), ("Z", Z), ("W_mm", W_mm), ("W_nm", W_nm),
+                                                             ("w", w))}
+        strict = kernel.for_inputs(on["X"]).grads(on["W_mm"], on["W_nm"], on["w"], on["X"], on["Z"])
+        for key, value in grads.items():
+            np.testing.assert_allclose(to_np(strict[key]), np.asarray(value), rtol=1e-12, atol=1e-14, err_msg=key)
+
+
+def test_with_any_levels_draws_a_share_of_the_categorical_coordinates():
+    from agpc.inducing import ANY_LEVEL_FRACTION, with_any_levels
+
+    rng = np.random.default_rng(0)
+    Z = rng.normal(size=(400, 4))
+    out = with_any_levels(Z, [1, 3], 5, ANY_LEVEL)
+    chosen = out == ANY_LEVEL
+    assert not chosen[:, [0, 2]].any() and np.array_equal(out[~chosen], Z[~chosen])
+    assert abs(chosen[:, [1, 3]].mean() - ANY_LEVEL_FRACTION) < 0.05
+    np.testing.assert_array_equal(with_any_levels(Z, [1, 3], 5, ANY_LEVEL), out)  # (the seed's)
+    stacked = with_any_levels(np.stack([Z, Z + 1.0]), [1, 3], 5, ANY_LEVEL)  # (one a class: the same pattern)
+    np.testing.assert_array_equal(stacked[0] == ANY_LEVEL, chosen)
+    np.testing.assert_array_equal(stacked[1] == ANY_LEVEL, chosen)
+    assert any_level_columns(mixed_kernel(OnColumns(RBF(), [0]), Categorical([1, 2], levels=[[0], [1]])
+                                          + Categorical([2]))) == [1]
+
+
+def test_choose_inducing_keeps_the_higher_log_z():
+    from types import SimpleNamespace
+
+    from agpc.size_rule import INDUCING_CHOICE, choose_inducing
+
+    def learner(results):
+        seen = []
+
+        def learn(points, name):
+            seen.append((points, name))
+            return results[points], True
+        return learn, seen
+
+    fit = lambda log_z, reason="plateau", timed=False: SimpleNamespace(  # noqa: E731
+        log_z=log_z, stop_reason=reason, stopped_by_time=timed)
+    learn, seen = learner({"rows": fit(-10.0), "any": fit(-5.0)})
+    assert choose_inducing(learn, "rows", "any")[0].log_z == -5.0
+    assert seen == [("rows", INDUCING_CHOICE[0]), ("any", INDUCING_CHOICE[1])]
+    learn, _ = learner({"rows": fit(-10.0), "any": fit(-12.0)})
+    assert choose_inducing(learn, "rows", "any")[0].log_z == -10.0
+    learn, seen = learner({"rows": fit(-10.0)})
+    assert choose_inducing(learn, "rows", None)[0].log_z == -10.0 and seen == [("rows", "")]
+    for reason in ("max_time", "early_stopping"):  # (the first is kept as it is: no second fit)
+        learn, seen = learner({"rows": fit(-10.0, reason, reason == "max_time"), "any": fit(0.0)})
+        assert choose_inducing(learn, "rows", "any")[0].stop_reason == reason and len(seen) == 1
+
+
+def test_a_fit_on_tic_tac_toe_chooses_points_of_any_level(tmp_path):
+    """tic-tac-toe's class (x has three in a row) is set by three cells at a time: the default fit weighs points of
+    any level against points on rows and keeps the higher log Z, here points of any level (by some 70 nats on 400
+    of its rows); a fit with a checkpoint file makes no choice (its points are on rows). The PMLB file the
+    categorical benchmark ships (benchmarks/data/pmlb/README.md)."""
+    import gzip
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "pmlb" / "tic_tac_toe" / "tic_tac_toe.tsv.gz"
+    with gzip.open(path, "rt") as fh:
+        header = fh.readline().rstrip("\n").split("\t")
+        table = np.loadtxt(fh, delimiter="\t", ndmin=2)
+    target = header.index("target")
+    rows = np.random.default_rng(0).permutation(table.shape[0])[:400]
+    X, y = np.delete(table[rows], target, axis=1), table[rows, target].astype(int)
+    options = dict(categorical_features=list(range(9)), n_inducing=30, random_state=0, max_iter=60)
+    chosen = agpc.GPClassifier(**options).fit(X, y)
+    on_rows = agpc.GPClassifier(**options, checkpoint_path=tmp_path / "fit.ckpt").fit(X, y)
+    assert np.any(np.asarray(chosen.inducing_points_) == ANY_LEVEL)
+    assert not np.any(np.asarray(on_rows.inducing_points_) == ANY_LEVEL)
+    assert chosen.log_marginal_likelihood_ > on_rows.log_marginal_likelihood_ + 10.0

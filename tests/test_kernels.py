@@ -447,8 +447,8 @@ class TestCategoricalPerLevel(KernelContract):
     def make_kernel(self, priors=False):
         return Categorical([0, 2], lengthscales=[0.8, 1.7], amplitude=1.3, noise=self.noise, levels=self.levels,
                            level_lengthscales=[0.6, 2.2, 1.1, 0.4, 3.0], priors={
-            "lengthscales": Gamma(2.0, 1.5), "level_lengthscales": LogNormal(0.3, 1.2), "amplitude": LogNormal(0.0, 1.0),
-            "noise": Gamma(1.5, 4.0)} if priors else None)
+            "lengthscales": Gamma(2.0, 1.5), "level_lengthscales": LogNormal(0.3, 1.2),
+            "amplitude": LogNormal(0.0, 1.0), "noise": Gamma(1.5, 4.0)} if priors else None)
 
     def reference(self, X, Z):
         return level_reference([0, 2], self.levels, [0.8, 1.7], [0.6, 2.2, 1.1, 0.4, 3.0], 1.3)(X, Z)
