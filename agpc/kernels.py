@@ -26,7 +26,8 @@ import numbers
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from .backend import array_device, array_namespace, asarray_like, capped_exp, host_array, matmul, row_dot, to_numpy
+from .backend import (array_device, array_namespace, asarray_like, capped_exp, host_array, is_cupy_namespace, matmul,
+                      row_dot, to_numpy)
 from .priors import LogNormal, Prior, prior_from_spec
 
 __all__ = [
@@ -1333,6 +1334,13 @@ ANY_LEVEL = -(2.0 ** 127)
 average of f over the column's listed levels, equally weighted (an inter-domain inducing variable), correlated with a
 row at level a as the mean of a's correlations with them. Exactly representable in float32 and float64."""
 
+def _may_hold(xp, *masks):
+    """Whether any of the boolean ``masks`` may be true: read where that is free (NumPy, array_api_strict), taken
+    as yes on a GPU (a read is a host sync there): the kernel's "any level" terms are then computed, as zeros where
+    there is none."""
+    return is_cupy_namespace(xp) or any(bool(xp.any(mask)) for mask in masks)
+
+
 LEVEL_CHUNK = 256
 """Levels whose gradients a one-hot matrix gathers at once (``Categorical._gather``): its n x LEVEL_CHUNK booleans
 and floats bound the memory of a kernel of many listed levels."""
@@ -1592,9 +1600,11 @@ class Categorical(Kernel):
         a, b = A[:, j], B[:, j]
         if self.levels is None:
             return xp.where(self._differ(A, B, j), -self._column_weights[i], zero)
-        ua, ub = self._level_weights(a, i)[0], self._level_weights(b, i)[0]
-        out = xp.where(self._differ(A, B, j), -0.5 * (ua[:, None] + ub[None, :]), zero)
+        ha, hb = -0.5 * self._level_weights(a, i)[0], -0.5 * self._level_weights(b, i)[0]  # (halved on n and m)
+        out = xp.where(self._differ(A, B, j), ha[:, None] + hb[None, :], zero)
         any_a, any_b = a == ANY_LEVEL, b == ANY_LEVEL
+        if not _may_hold(xp, any_a, any_b):
+            return out
         _, C = self._level_sums(i)
         log_ha, log_hb = xp.log(self._any_factor(a, i)[0]), xp.log(self._any_factor(b, i)[0])
         out = xp.where(any_b[None, :], log_ha[:, None], out)
@@ -1684,6 +1694,10 @@ class Categorical(Kernel):
                 sums = self._gather(ends, index, is_listed, levels.shape[0])
                 level_total = sums if level_total is None else level_total + sums
             level_total = level_total * weights
+            if not _may_hold(xp, any_r, any_z):
+                unlisted.append(column_total)
+                listed.append(level_total)
+                continue
             for ends, values in ((xp.sum(xp.where(~any_r[:, None] & any_z[None, :], weighted, zero), axis=1),
                                  rows[:, j]),
                                 (xp.sum(xp.where(any_r[:, None] & ~any_z[None, :], weighted, zero), axis=0), Z[:, j])):
