@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import labels as L
+from .kernels import ANY_LEVEL
 
 __all__ = ["FROM_DTYPE", "UNSEEN", "MAX_LEVELS", "CategoricalColumns", "categorical_mask", "learn_columns",
            "encoded_rows", "encode", "is_text_column", "row_width", "may_hold_text", "check_exact_codes"]
@@ -205,8 +206,9 @@ def _levels_and_codes(values, what):
 def check_exact_codes(X, columns, dtype_name):
     """The categorical columns of numbers of X (in memory) hold values the model's type ``dtype_name`` keeps apart:
     float32 holds integers exactly up to 2^24 only, and two codes it rounds to one value are one level (the kernel
-    reads equality). One ValueError naming the column otherwise (rows elsewhere are not read for it)."""
-    if dtype_name == "float64" or not (hasattr(X, "iloc") or type(X) is np.ndarray):
+    reads equality); and none holds ``kernels.ANY_LEVEL``, an inducing point's "any level", which the kernel would
+    read as such. One ValueError naming the column otherwise (rows elsewhere are not read for it)."""
+    if not (hasattr(X, "iloc") or type(X) is np.ndarray):
         return
     target = np.dtype(dtype_name)
     for j in columns.columns:
@@ -217,6 +219,11 @@ def check_exact_codes(X, columns, dtype_name):
             values = np.asarray(values, dtype=np.float64)
         except (TypeError, ValueError):
             continue  # (missing or odd values: the feature checks name them)
+        if np.any(values == ANY_LEVEL):
+            raise ValueError(f"X column {_name(X, j)} (categorical) holds {ANY_LEVEL!r}, the code of an inducing "
+                             "point's 'any level' (agpc.kernels.ANY_LEVEL): give that level another code")
+        if dtype_name == "float64":
+            continue
         rounded = values.astype(target).astype(np.float64)
         if not np.array_equal(rounded, values, equal_nan=True):
             first = values[np.flatnonzero(rounded != values)[0]]

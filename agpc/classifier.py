@@ -382,8 +382,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             data_hash = None if self.checkpoint_path is None else I.training_fingerprint(inputs, weights)
             self.tf32_ = I.note_tf32(plan, inputs.xp)
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(plan, steps) if size.at_rows else None)
-            plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=placed.batch_size is not None
-                                            and placed.batch_size < n)
+            minibatch = placed.batch_size is not None and placed.batch_size < n
+            plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=minibatch)
             ard = size_rule.ard_plan(plan, size, inputs.X.shape[1])
             result, self.ard_ = size_rule.choose_inducing(
                 lambda points, name: size_rule.learn_lengthscales(
@@ -391,7 +391,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                     lambda start, shared, first, stage: self._train(
                         plan, placed, start, points, classes, groups, rng, resume and first, validation, started,
                         data_hash, plateau, tied=shared, stage=stage or name)),
-                Z, self._any_level_points(Z, kernel, size, resume, rng))
+                Z, self._any_level_points(Z, kernel, size, resume or minibatch, rng),
+                has_room=lambda: self.max_time is None or 2.0 * (time.perf_counter() - started) <= self.max_time)
         return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume))
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
@@ -428,13 +429,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     _default_kernel = staticmethod(I.default_kernel)  # the kernel ``kernel=None`` starts from
 
-    def _any_level_points(self, Z, kernel, size, resume, rng):
+    def _any_level_points(self, Z, kernel, size, excluded, rng):
         """The other inducing points ``size_rule.choose_inducing`` weighs against Z (``inducing.with_any_levels``), or
         None: for a sparse model whose points this fit chose (``inducing`` a rule, not an array) on a kernel with
-        per-level categorical columns (``kernels.any_level_columns``), fitted whole (not resumed, no checkpoint file:
-        two fits would write one)."""
+        per-level categorical columns (``kernels.any_level_columns``), fitted whole in batch passes (``excluded``: a
+        resumed fit, or one on minibatches, whose last log Z of SEP, ADF or SVI is a running estimate that swings by
+        more than the choice weighs; no checkpoint file: two fits would write one)."""
         columns = any_level_columns(kernel)
-        if (not columns or size.at_rows or resume or self.checkpoint_path is not None
+        if (not columns or size.at_rows or excluded or self.checkpoint_path is not None
                 or not isinstance(self.inducing, str)):
             return None
         return with_any_levels(Z, columns, rng, ANY_LEVEL)

@@ -135,13 +135,20 @@ ANY_LEVEL_FRACTION = 0.7
 def with_any_levels(Z, columns, random_state, code, fraction=ANY_LEVEL_FRACTION):
     """Z ((m, d), or (C, m, d) one a class) with each of the coordinates of ``columns`` of each point set to ``code``
     (``kernels.ANY_LEVEL``: the point is then f averaged over the column's levels) with probability ``fraction``,
-    drawn on the host from ``random_state`` (one draw a point and column, the same for every class): points that
+    drawn on the host from ``random_state`` (one draw a point and column, the same for every class; a point that
+    would then equal another keeps its row's levels): points that
     pin a few columns' levels and leave the others open, which a function of a few columns at a time (tic-tac-toe's
     lines of three) needs and points on rows do not give (docs/results.md, "Categorical columns")."""
     xp = array_namespace(Z)
     m, d = Z.shape[-2], Z.shape[-1]
     chosen = np.zeros((m, d), dtype=bool)
     chosen[:, list(columns)] = host_rng(random_state).random((m, len(columns))) < fraction
+    # a point made equal to another (few columns of few levels) is left on its row: a copy adds nothing to the
+    # model, and makes K(Z, Z) singular
+    points = np.asarray(to_numpy(Z if Z.ndim == 2 else Z[0, ...]), dtype=np.float64)
+    _, first = np.unique(np.where(chosen, -np.inf, points), axis=0, return_index=True)
+    copies = np.setdiff1d(np.arange(m), first)
+    chosen[copies, :] = False
     return xp.where(asarray_like(chosen, xp, device=array_device(Z)), xp.asarray(code, dtype=Z.dtype,
                                                                                  device=array_device(Z)), Z)
 

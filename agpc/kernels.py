@@ -1572,25 +1572,32 @@ class Categorical(Kernel):
         return xp.where(listed, xp.take(weights, index), self._column_weights[i]), index, listed
 
     def _level_sums(self, i):
-        """(S, C) of column i of the per-level form: S = sum_c q_c v_c and C = sum_c q_c^2 (1 - v_c^2) + S^2 over its
-        listed levels, q_c = 1 / L, v_c = exp(-w_c / 2): an "any level" point's correlations (``_any_factor``)."""
+        """(S, C, log S) of column i of the per-level form: S = sum_c q_c v_c and C = sum_c q_c^2 (1 - v_c^2) + S^2 over
+        its listed levels, q_c = 1 / L, v_c = exp(-w_c / 2): an "any level" point's correlations (``_any_factor``);
+        log S from the largest -w_c / 2, finite where S underflows."""
         xp = array_namespace(self.params["log_level_lengthscales"])
         _, weights = self._level_table[i]
         v = xp.exp(-0.5 * weights)
         q = 1.0 / weights.shape[0]
         S = q * xp.sum(v)
-        return S, q * q * xp.sum(1.0 - v * v) + S * S
+        top = xp.max(-0.5 * weights)
+        return S, q * q * xp.sum(1.0 - v * v) + S * S, top + xp.log(q * xp.sum(xp.exp(-0.5 * weights - top)))
 
     def _any_factor(self, values, i):
-        """(h (n,), v, q, listed, index, w) of ``values`` against an "any level" point in column i: h(a) = q_a (1 -
-        v_a^2) + v_a S, the mean over the listed levels c of a's correlation with c (q_a = 0 for a value not listed)."""
+        """(log h (n,), v / h, v, q, listed, index, w) of ``values`` against an "any level" point in column i: h(a) =
+        q_a (1 - v_a^2) + v_a S, the mean over the listed levels c of a's correlation with c (q_a = 0 for a value not
+        listed). For such a value h = v_a S, whose log and v / h (= 1 / S) are taken without forming it: v_a
+        underflows to 0 at a short column lengthscale (a log of 0, a gradient of 0 / 0)."""
         xp = array_namespace(values)
         u, index, listed = self._level_weights(values, i)
         v = xp.exp(-0.5 * u)
         zero = xp.zeros((), dtype=values.dtype, device=array_device(values))
+        one = zero + 1.0
         q = xp.where(listed, zero + 1.0 / self._level_table[i][0].shape[0], zero)
-        S, _ = self._level_sums(i)
-        return q * (1.0 - v * v) + v * S, v, q, listed, index, u
+        S, _, log_S = self._level_sums(i)
+        h = xp.where(listed, q * (1.0 - v * v) + v * S, one)  # (>= q (1 - v^2) > 0 where listed)
+        log_h = xp.where(listed, xp.log(h), -0.5 * u + log_S)
+        return log_h, xp.where(listed, v / h, one / S), v, q, listed, index, u
 
     def _log_factor(self, A, B, i, j):
         """log of column j's factor (n, m): -[a != b] w (exchangeable), -[a != b] (w_a + w_b) / 2 (per level), and
@@ -1605,8 +1612,8 @@ class Categorical(Kernel):
         any_a, any_b = a == ANY_LEVEL, b == ANY_LEVEL
         if not _may_hold(xp, any_a, any_b):
             return out
-        _, C = self._level_sums(i)
-        log_ha, log_hb = xp.log(self._any_factor(a, i)[0]), xp.log(self._any_factor(b, i)[0])
+        _, C, _ = self._level_sums(i)
+        log_ha, log_hb = self._any_factor(a, i)[0], self._any_factor(b, i)[0]
         out = xp.where(any_b[None, :], log_ha[:, None], out)
         out = xp.where(any_a[:, None], log_hb[None, :], out)
         return xp.where(any_a[:, None] & any_b[None, :], xp.log(C), out)
@@ -1704,7 +1711,7 @@ class Categorical(Kernel):
                 column_part, level_part = self._any_grads(ends, values, i)
                 column_total, level_total = column_total + column_part, level_total + level_part
             both = xp.sum(xp.where(any_r[:, None] & any_z[None, :], weighted, zero))
-            S, C = self._level_sums(i)
+            S, C, _ = self._level_sums(i)
             v = xp.exp(-0.5 * weights)
             q = 1.0 / levels.shape[0]
             level_total = level_total + both * 2.0 * q * v * weights * (S - q * v) / C
@@ -1733,13 +1740,13 @@ class Categorical(Kernel):
         where a is not listed (h = v_a S there)."""
         xp = array_namespace(ends)
         zero = xp.zeros((), dtype=ends.dtype, device=array_device(ends))
-        h, v, q, is_listed, index, u = self._any_factor(values, i)
+        _, v_over_h, v, q, is_listed, index, u = self._any_factor(values, i)
         levels, weights = self._level_table[i]
-        S, _ = self._level_sums(i)
-        own = xp.where(is_listed, ends * v * u * (S - 2.0 * q * v) / h, zero)
+        S, _, _ = self._level_sums(i)
+        own = xp.where(is_listed, ends * v_over_h * u * (S - 2.0 * q * v), zero)
         vl = xp.exp(-0.5 * weights)
         level = self._gather(own, index, is_listed, levels.shape[0]) + (1.0 / levels.shape[0]) * vl * weights * xp.sum(
-            ends * v / h)
+            ends * v_over_h)
         column = xp.sum(xp.where(is_listed | (values == ANY_LEVEL), zero, ends))
         return column, level
 
@@ -1996,9 +2003,34 @@ def categorical_columns(kernel, per_level=None):
 
 def any_level_columns(kernel):
     """The columns where an inducing point may hold ``ANY_LEVEL``: those of the kernel's per-level categorical terms
-    that no exchangeable term reads too (which would take the code for a level of its own)."""
-    exchangeable = set(categorical_columns(kernel, per_level=False))
-    return [j for j in categorical_columns(kernel, per_level=True) if j not in exchangeable]
+    that no other term reads too (an exchangeable one would take the code for a level of its own, an RBF or a
+    linear term for a coordinate of -1.7e38); none where a term reads every column (a kernel not of ``OnColumns``)."""
+    others = _columns_read_otherwise(kernel)
+    if others is None:
+        return []
+    return [j for j in categorical_columns(kernel, per_level=True) if j not in others]
+
+
+def _columns_read_otherwise(kernel):
+    """The set of columns that terms of ``kernel`` other than per-level ``Categorical`` ones read, or None for all of
+    them (a term not restricted to columns: a stationary or linear kernel of every feature)."""
+    if isinstance(kernel, Categorical):
+        return set() if kernel.levels is not None else set(int(j) for j in kernel.columns)
+    if isinstance(kernel, OnColumns):
+        inner = _columns_read_otherwise(kernel.kernel)
+        return set(int(j) for j in kernel.columns) if inner is None else {int(kernel.columns[j]) for j in inner}
+    covariance = getattr(kernel, "covariance_kernel", kernel)  # (an ordinal model's: its latent kernel)
+    parts = (getattr(kernel, "terms", None) or getattr(kernel, "kernels", None)
+             or ([covariance] if covariance is not kernel else None))
+    if parts is None:
+        return None
+    out = set()
+    for part in parts:
+        read = _columns_read_otherwise(part)
+        if read is None:
+            return None
+        out |= read
+    return out
 
 
 def with_default_priors(kernel, reference):

@@ -280,7 +280,7 @@ INDUCING_CHOICE = ("inducing choice 1/2: points on rows' levels", "inducing choi
 """The progress lines' names of ``choose_inducing``'s two stages."""
 
 
-def choose_inducing(learn, Z, alternative):
+def choose_inducing(learn, Z, alternative, has_room=lambda: True):
     """(training result, whether its lengthscales are per feature) of ``learn(Z, stage name)`` (a whole fit from the
     inducing points Z: ``learn_lengthscales``), or where ``alternative`` points are given
     (``inducing.with_any_levels``: some categorical coordinates "any level"), of both in turn, the one of the higher
@@ -288,9 +288,10 @@ def choose_inducing(learn, Z, alternative):
     cells) gained 45-50 nats of log Z from points of any level in most columns, car's (every column at once) lost
     0-5 (docs/results.md, "Categorical columns"); both have the kernel's parameters, so log Z compares the two
     inducing sets as it compares models. A first fit that ran out of time or stopped early on validation data is
-    kept; a second that fails numerically, or runs out of time, leaves the first (``_out_of_time`` says so)."""
+    kept, and so is one after which ``has_room()`` says the time budget has no room for a second as long; a second
+    that fails numerically, or runs out of time, leaves the first (``_out_of_time`` says so)."""
     first = learn(Z, "" if alternative is None else INDUCING_CHOICE[0])
-    if alternative is None or first[0].stop_reason in ("max_time", "early_stopping"):
+    if alternative is None or first[0].stop_reason in ("max_time", "early_stopping") or not has_room():
         return first
     try:
         second = learn(alternative, INDUCING_CHOICE[1])

@@ -5,7 +5,9 @@ or in a column a kernel does not read, descriptions that round-trip and hostile 
 tests/test_kernels.py.)"""
 
 import json
+import warnings
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -660,10 +662,9 @@ def test_choose_inducing_keeps_the_higher_log_z():
 def test_a_fit_on_tic_tac_toe_chooses_points_of_any_level(tmp_path):
     """tic-tac-toe's class (x has three in a row) is set by three cells at a time: the default fit weighs points of
     any level against points on rows and keeps the higher log Z, here points of any level (by some 70 nats on 400
-    of its rows); a fit with a checkpoint file makes no choice (its points are on rows). The PMLB file the
+    of its rows); a fit with a checkpoint file, or on minibatches, makes no choice (its points are on rows). The PMLB file the
     categorical benchmark ships (benchmarks/data/pmlb/README.md)."""
     import gzip
-    from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "pmlb" / "tic_tac_toe" / "tic_tac_toe.tsv.gz"
     with gzip.open(path, "rt") as fh:
@@ -677,4 +678,73 @@ def test_a_fit_on_tic_tac_toe_chooses_points_of_any_level(tmp_path):
     on_rows = agpc.GPClassifier(**options, checkpoint_path=tmp_path / "fit.ckpt").fit(X, y)
     assert np.any(np.asarray(chosen.inducing_points_) == ANY_LEVEL)
     assert not np.any(np.asarray(on_rows.inducing_points_) == ANY_LEVEL)
+    # (minibatches make no choice: SEP's, ADF's and SVI's last log Z is a running estimate)
+    on_minibatches = agpc.GPClassifier(**{**options, "max_iter": 2}, batch_size=100).fit(X, y)
+    assert not np.any(np.asarray(on_minibatches.inducing_points_) == ANY_LEVEL)
     assert chosen.log_marginal_likelihood_ > on_rows.log_marginal_likelihood_ + 10.0
+
+
+def test_with_any_levels_makes_no_point_a_copy_of_another():
+    """Three columns of three levels: points made "any level" in most columns would often repeat one another; a
+    point that would is left on its row's levels (a copy adds nothing and makes K(Z, Z) singular)."""
+    from agpc.inducing import with_any_levels
+
+    rng = np.random.default_rng(1)
+    Z = np.unique(rng.integers(0, 3, size=(60, 3)).astype(float), axis=0)[:20]
+    out = with_any_levels(Z, [0, 1, 2], 0, ANY_LEVEL)
+    assert np.unique(out, axis=0).shape[0] == out.shape[0] == 20
+    assert np.any(out == ANY_LEVEL)
+    kept = ~np.any(out == ANY_LEVEL, axis=1)
+    np.testing.assert_array_equal(out[kept], Z[kept])
+
+
+def test_choose_inducing_makes_no_second_fit_without_room_for_it():
+    from types import SimpleNamespace
+
+    from agpc.size_rule import choose_inducing
+
+    seen = []
+
+    def learn(points, name):
+        seen.append(points)
+        return SimpleNamespace(log_z={"rows": -10.0, "any": 0.0}[points], stop_reason="plateau",
+                               stopped_by_time=False), True
+    assert choose_inducing(learn, "rows", "any", has_room=lambda: False)[0].log_z == -10.0 and seen == ["rows"]
+
+
+def test_a_second_training_on_data_parallel_rounds_removes_the_first_ones_site_files(tmp_path):
+    from types import SimpleNamespace
+
+    from agpc.inference.data_parallel import DataParallel
+
+    rounds = SimpleNamespace(site_directory=tmp_path, site_root=None)
+    DataParallel.make_site_root(rounds)
+    first = rounds.site_root
+    DataParallel.make_site_root(rounds)
+    assert rounds.site_root != first and [p.name for p in tmp_path.iterdir()] == [Path(rounds.site_root).name]
+
+
+def test_any_level_points_only_where_no_other_term_reads_the_column():
+    assert any_level_columns(RBF() + Categorical([1], levels=[[0, 1]])) == []  # (an RBF of every column)
+    assert any_level_columns(OnColumns(Linear(), [0]) + Categorical([1], levels=[[0, 1]])) == [1]
+    assert any_level_columns(OnColumns(RBF(), [1]) + Categorical([1], levels=[[0, 1]])) == []
+    assert any_level_columns(Categorical([1])) == []  # (the exchangeable form has no "any level")
+
+
+def test_an_unlisted_value_against_an_any_level_point_keeps_finite_gradients_at_a_tiny_column_lengthscale():
+    """h(a) = v_a S for a value the column does not list underflows to 0 at a short column lengthscale: its log and
+    the gradient's v / h (1 / S) are taken without forming it."""
+    kernel = Categorical([0], lengthscales=0.02, levels=[[0, 1, 2]])
+    X, Z = np.array([[5.0], [1.0], [0.0]]), np.array([[ANY_LEVEL], [1.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        K = np.asarray(kernel.K(X, Z))
+        grads = kernel.grads(np.ones((2, 2)), np.ones((3, 2)), None, X, Z)
+    assert K[0, 0] == 0.0 and np.all(np.isfinite(K))
+    assert all(np.all(np.isfinite(np.asarray(value))) for value in grads.values())
+
+
+def test_a_categorical_column_holding_the_any_level_code_is_refused():
+    X = np.array([[0.0, 1.0], [1.0, ANY_LEVEL], [2.0, 0.0], [1.0, 1.0]] * 5)
+    with pytest.raises(ValueError, match="X column 1 .categorical. holds .* 'any level'"):
+        agpc.GPClassifier(categorical_features=[1], max_iter=2).fit(X, np.arange(20) % 2)

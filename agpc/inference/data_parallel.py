@@ -528,7 +528,11 @@ class DataParallel:
         return _RoundEngine(self, factory, method, kernel, Z, n_total=n_total, options=replace(options, site_rows=0))
 
     def make_site_root(self):
-        """A directory of this fit's own for the chunks' site files (per-row sites), under ``site_directory``."""
+        """A directory of this fit's own for the chunks' site files (per-row sites), under ``site_directory``. A
+        second training on these rounds (the second stage of ``size_rule.choose_inducing``) removes the first's:
+        a stage that has ended needs no sites, and ``close`` removes only the last directory."""
+        if self.site_root is not None:
+            shutil.rmtree(self.site_root, ignore_errors=True)
         directory = self.site_directory if self.site_directory is not None else tempfile.gettempdir()
         os.makedirs(directory, exist_ok=True)
         self.site_root = tempfile.mkdtemp(prefix="agpc-dp-sites-", dir=os.fspath(directory))
