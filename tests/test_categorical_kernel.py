@@ -222,16 +222,22 @@ def fitted_mixed(**options):
                              **options).fit(X, y), X
 
 
-def test_a_model_file_whose_columns_do_not_match_its_arrays_is_refused(tmp_path):
-    """The file's description says which columns, its arrays hold one lengthscale a column: a description of three
-    columns beside arrays of two is refused before any kernel is built."""
-    model, _ = fitted_mixed()
+def saved_file(model, tmp_path):
+    """(path, {member: array}, the header's member, the header) of ``model`` saved in tmp_path (crafted files are
+    made from them)."""
     path = tmp_path / "model.npz"
     model_files.save_model(model, path)
     with np.load(path, allow_pickle=False) as archive:
         arrays = {name: archive[name] for name in archive.files}
     (header_name,) = [name for name, value in arrays.items() if value.dtype.kind == "U"]
-    header = json.loads(str(arrays[header_name]))
+    return path, arrays, header_name, json.loads(str(arrays[header_name]))
+
+
+def test_a_model_file_whose_columns_do_not_match_its_arrays_is_refused(tmp_path):
+    """The file's description says which columns, its arrays hold one lengthscale a column: a description of three
+    columns beside arrays of two is refused before any kernel is built."""
+    model, _ = fitted_mixed()
+    path, arrays, header_name, header = saved_file(model, tmp_path)
     assert header["kernel"]["terms"][1]["columns"] == [0, 2]
     header["kernel"]["terms"][1]["columns"] = [0, 1, 2]
     arrays[header_name] = np.asarray(json.dumps(header))
@@ -511,12 +517,7 @@ def test_model_files_of_categorical_kernels_are_version_5_and_older_ones_are_ref
     from agpc import model_file
 
     model, X = fitted_mixed()
-    path = tmp_path / "model.npz"
-    model_files.save_model(model, path)
-    with np.load(path, allow_pickle=False) as archive:
-        arrays = {name: archive[name] for name in archive.files}
-    (header_name,) = [name for name, value in arrays.items() if value.dtype.kind == "U"]
-    header = json.loads(str(arrays[header_name]))
+    path, arrays, header_name, header = saved_file(model, tmp_path)
     assert header["version"] == model_file.CATEGORICAL_VERSION == 5
     np.testing.assert_array_equal(model_files.load_model(path).predict_proba(X), model.predict_proba(X))
     for version in (3, 4):
