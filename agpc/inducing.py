@@ -136,9 +136,9 @@ def with_any_levels(Z, columns, random_state, code, fraction=ANY_LEVEL_FRACTION)
     """Z ((m, d), or (C, m, d) one a class) with each of the coordinates of ``columns`` of each point set to ``code``
     (``kernels.ANY_LEVEL``: the point is then f averaged over the column's levels) with probability ``fraction``,
     drawn on the host from ``random_state`` (one draw a point and column, the same for every class; a point that
-    would then equal another keeps its row's levels): points that
-    pin a few columns' levels and leave the others open, which a function of a few columns at a time (tic-tac-toe's
-    lines of three) needs and points on rows do not give (docs/results.md, "Categorical columns")."""
+    would then equal another keeps its row's levels): points that pin a few columns' levels and leave the others
+    open, which a function of a few columns at a time (tic-tac-toe's lines of three) needs and points on rows do
+    not give (docs/results.md, "Categorical columns")."""
     xp = array_namespace(Z)
     m, d = Z.shape[-2], Z.shape[-1]
     chosen = np.zeros((m, d), dtype=bool)

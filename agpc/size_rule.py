@@ -286,8 +286,8 @@ def choose_inducing(learn, Z, alternative, has_room=lambda: True):
     (``inducing.with_any_levels``: some categorical coordinates "any level"), of both in turn, the one of the higher
     log Z kept. Which points a table's categorical columns need is the data's: tic-tac-toe's class (lines of three
     cells) gained 45-53 nats of log Z from points of any level in most columns, car's lost 0-10 (docs/results.md,
-    "Categorical columns"); both have the kernel's parameters, so log Z compares the two
-    inducing sets as it compares models. A first fit that ran out of time or stopped early on validation data is
+    "Categorical columns"); both have the kernel's parameters, so log Z compares the two inducing sets as it
+    compares models. A first fit that ran out of time or stopped early on validation data is
     kept, and so is one after which ``has_room()`` says the time budget has no room for a second as long; a second
     that fails numerically, or runs out of time, leaves the first (``_out_of_time`` says so)."""
     first = learn(Z, "" if alternative is None else INDUCING_CHOICE[0])
