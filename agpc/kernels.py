@@ -1995,10 +1995,16 @@ def categorical_columns(kernel, per_level=None):
         return sorted(set(int(j) for j in kernel.columns)) if keep else []
     if isinstance(kernel, OnColumns):
         return sorted(set(int(kernel.columns[j]) for j in categorical_columns(kernel.kernel, per_level)))
-    covariance = getattr(kernel, "covariance_kernel", kernel)  # (an ordinal model's: its latent kernel)
-    parts = (getattr(kernel, "terms", None) or getattr(kernel, "kernels", None)
-             or ([covariance] if covariance is not kernel else []))
+    parts = _parts(kernel)
     return sorted(set().union(*(categorical_columns(part, per_level) for part in parts))) if parts else []
+
+
+def _parts(kernel):
+    """The kernels ``kernel`` is made of: a combination's terms, a class's kernels, an ordinal model's latent kernel;
+    [] for a leaf."""
+    covariance = getattr(kernel, "covariance_kernel", kernel)  # (an ordinal model's: its latent kernel)
+    return (getattr(kernel, "terms", None) or getattr(kernel, "kernels", None)
+            or ([covariance] if covariance is not kernel else []))
 
 
 def any_level_columns(kernel):
@@ -2019,10 +2025,8 @@ def _columns_read_otherwise(kernel):
     if isinstance(kernel, OnColumns):
         inner = _columns_read_otherwise(kernel.kernel)
         return set(int(j) for j in kernel.columns) if inner is None else {int(kernel.columns[j]) for j in inner}
-    covariance = getattr(kernel, "covariance_kernel", kernel)  # (an ordinal model's: its latent kernel)
-    parts = (getattr(kernel, "terms", None) or getattr(kernel, "kernels", None)
-             or ([covariance] if covariance is not kernel else None))
-    if parts is None:
+    parts = _parts(kernel)
+    if not parts:  # (a leaf other than these: a kernel of every column)
         return None
     out = set()
     for part in parts:
