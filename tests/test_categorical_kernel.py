@@ -749,3 +749,46 @@ def test_a_categorical_column_holding_the_any_level_code_is_refused():
     X = np.array([[0.0, 1.0], [1.0, ANY_LEVEL], [2.0, 0.0], [1.0, 1.0]] * 5)
     with pytest.raises(ValueError, match="X column 1 .categorical. holds .* 'any level'"):
         agpc.GPClassifier(categorical_features=[1], max_iter=2).fit(X, np.arange(20) % 2)
+
+
+@pytest.mark.parametrize("device", [None, "strict"])
+def test_columns_taken_by_the_one_hot_product_give_the_definition_and_its_gradients(monkeypatch, device):
+    """Columns whose values are all listed levels are taken by products of one-hot matrices (``_one_hot``), the
+    others (an unlisted value, more than LEVEL_CHUNK levels) one at a time: both together give the kernel of its
+    definition pair by pair and the gradients of central differences; equal rows are correlated exactly the
+    amplitude; array_api_strict gives NumPy's."""
+    from agpc import kernels as agpc_kernels
+    from conftest import central_differences
+
+    monkeypatch.setattr(agpc_kernels, "LEVEL_CHUNK", 3)
+    rng = np.random.default_rng(7)
+    levels = [[0, 1, 2], [0, 2], [0, 1, 2, 3]]
+    given = dict(lengthscales=[0.8, 1.7, 1.2], amplitude=1.3, noise=0.1, levels=levels,
+                 level_lengthscales=[0.5, 2.0, 1.1, 0.7, 3.0, 0.9, 1.4, 0.6, 2.2])
+    X, Z = rng.integers(0, 3, size=(9, 3)).astype(float), rng.integers(0, 3, size=(6, 3)).astype(float)
+    X[:, 1], Z[:, 1] = 2.0 * rng.integers(0, 2, size=9), 2.0 * rng.integers(0, 2, size=6)
+    X[4, 1] = 5.0  # column 1: one unlisted value among the rows; column 2: 4 levels, past the chunk of 3
+    kernel = Categorical([0, 1, 2], **given).for_inputs(X)
+    assert kernel._one_hot(X, Z)[0] == [0] and kernel._one_hot(Z, Z)[0] == [0, 1]
+    reference = any_level_reference([0, 1, 2], levels, given["lengthscales"], given["level_lengthscales"], 1.3)
+    np.testing.assert_allclose(np.asarray(kernel.K(X, Z)), reference(X, Z), rtol=1e-13)
+    np.testing.assert_allclose(np.asarray(kernel.K(Z)), reference(Z, Z), rtol=1e-13)
+    assert np.all(np.diag(np.asarray(kernel.K(X))) == np.float64(1.3))
+    W_mm, W_nm, w = rng.normal(size=(6, 6)), rng.normal(size=(9, 6)), rng.normal(size=9)
+
+    def objective(k):
+        return float(np.sum(W_mm * np.asarray(k.K(Z))) + np.sum(W_nm * np.asarray(k.K(X, Z))))
+    grads = kernel.grads(W_mm, W_nm, w, X, Z)
+    for key in ("log_lengthscales", "log_level_lengthscales"):
+        numeric = central_differences(lambda u: objective(kernel.with_params({**kernel.params, key: u})),
+                                      kernel.params[key])
+        np.testing.assert_allclose(np.asarray(grads[key]), numeric, rtol=1e-6, atol=1e-8, err_msg=key)
+    if device:
+        import array_api_strict as xs
+
+        on = [xs.asarray(a) for a in (X, Z, W_mm, W_nm, w)]
+        strict = kernel.for_inputs(on[0])
+        np.testing.assert_allclose(to_np(strict.K(on[0], on[1])), reference(X, Z), rtol=1e-13)
+        for key, value in strict.grads(on[2], on[3], on[4], on[0], on[1]).items():
+            np.testing.assert_allclose(to_np(value), np.asarray(grads[key]), rtol=1e-12, atol=1e-14, err_msg=key)
+
