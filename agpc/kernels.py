@@ -1384,6 +1384,21 @@ def _checked_levels(levels, n_columns, owner):
     return tuple(out), order
 
 
+@dataclass(frozen=True)
+class _OneHot:
+    """The columns of a per-level ``Categorical`` that products of one-hot matrices take (``Categorical._one_hot``):
+    their positions in its columns, the two ends' indicators of their listed levels side by side (n x L, m x L),
+    the levels' weights 1 / l^2 (L,), the ends' indicators of "any level" codes a column (n x t, m x t; both None
+    where neither holds one) and the number of levels of each column."""
+    taken: list
+    O_A: object
+    O_B: object
+    w: object
+    any_A: object
+    any_B: object
+    sizes: list
+
+
 class Categorical(Kernel):
     """The kernel of categorical columns holding level codes: the RBF of their one-hot indicators, with a lengthscale
     for each column (the exchangeable form) or for each level (``levels``), without the indicators' columns:
@@ -1620,48 +1635,77 @@ class Categorical(Kernel):
 
     def _one_hot(self, A, B):
         """The per-level form's columns that products of one-hot matrices take, or None: those that list at most
-        ``LEVEL_CHUNK`` levels where every value of A and of B is a listed level (no unlisted value, no ``ANY_LEVEL``).
+        ``LEVEL_CHUNK`` levels where every value of A and of B is a listed level or ``ANY_LEVEL`` (no unlisted value).
         With O the rows' one-hot indicators of those columns' levels side by side (n x L) and W = O diag(w),
         sum_j [a_j != b_j] w_{a_j} = (W_A (1 - O_B)^T)_ab, since within column j only b_j's entry of O_B is 1: one
         n x 2L x m product gives the columns' whole mismatch (``_mismatch``), where a column at a time makes five
         passes of n x m (australian's exact model, 8 columns of 2 to 14 levels: 42-48 -> 20-23 s a fit of 260
-        steps, the same model). It is a sum of non-negative terms, exactly 0 for equal rows. Returns (the column
-        positions i taken, O_A (n, L), O_B (m, L), w (L,)). Read where that is free only (NumPy, array_api_strict): on a GPU which values are listed is a host
-        sync, so every column is taken one at a time there (``_log_factor``)."""
+        steps, the same model). It is a sum of non-negative terms, exactly 0 for equal rows. Returns a
+        ``_OneHot``; its ``any_A`` / ``any_B`` are None where no value of either end is ``ANY_LEVEL``. Read where
+        that is free only (NumPy, array_api_strict): on a GPU which values are listed is a host sync, so every
+        column is taken one at a time there (``_log_factor``)."""
         if self.levels is None:
             return None
         xp = array_namespace(A, B)
         if is_cupy_namespace(xp):
             return None
-        taken, ends, weights = [], ([], []), []
+        taken, ends, anys, weights = [], ([], []), ([], []), []
         for i, j in enumerate(self.columns):
             levels, level_weights = self._level_table[i]
             if levels.shape[0] > LEVEL_CHUNK:
                 continue
-            coded = [self._level_weights(rows[:, j], i) for rows in (A, B)]
-            if not all(bool(xp.all(listed)) for _, _, listed in coded):
+            coded = [self._level_weights(rows[:, j], i) + (rows[:, j] == ANY_LEVEL,) for rows in (A, B)]
+            if not all(bool(xp.all(listed | any_level)) for _, _, listed, any_level in coded):
                 continue
             positions = xp.arange(levels.shape[0], device=array_device(A))
-            for end, (_, index, _) in zip(ends, coded):
-                end.append(xp.astype(index[:, None] == positions[None, :], A.dtype))
+            for end, any_end, (_, index, listed, any_level) in zip(ends, anys, coded):
+                end.append(xp.astype((index[:, None] == positions[None, :]) & listed[:, None], A.dtype))
+                any_end.append(xp.astype(any_level, A.dtype))
             taken.append(i)
             weights.append(level_weights)
         if not taken:
             return None
-        return taken, xp.concat(ends[0], axis=1), xp.concat(ends[1], axis=1), xp.concat(weights)
+        any_A, any_B = (xp.stack(end, axis=1) for end in anys)
+        if not bool(xp.any(any_A != 0.0)) and not bool(xp.any(any_B != 0.0)):
+            any_A = any_B = None
+        return _OneHot(taken, xp.concat(ends[0], axis=1), xp.concat(ends[1], axis=1), xp.concat(weights), any_A,
+                       any_B, [self._level_table[i][0].shape[0] for i in taken])
+
+    def _any_blocks(self, one_hot):
+        """(the level-to-column map (t, L), g (L,), c (t,)) of ``one_hot``'s t columns: g_a = -log h(a), a listed
+        level's log correlation with an "any level" point of its column (``_any_factor``), and c = -log C, two such
+        points' (``_level_sums``)."""
+        xp = array_namespace(one_hot.w)
+        device = array_device(one_hot.w)
+        blocks = xp.concat([xp.astype(xp.arange(len(one_hot.taken), device=device)[:, None] == t, one_hot.w.dtype)
+                            * xp.ones((1, size), dtype=one_hot.w.dtype, device=device)
+                            for t, size in enumerate(one_hot.sizes)], axis=1)
+        g = -xp.concat([self._any_factor(self._level_table[i][0], i)[0] for i in one_hot.taken])
+        c = -xp.log(xp.stack([self._level_sums(i)[1] for i in one_hot.taken]))
+        return blocks, g, c
 
     def _mismatch(self, A, B):
         """-sum_j log F_j for every pair of rows (n, m): the columns ``_one_hot`` takes by one product, half of
         [W_A, 1 - O_A] [1 - O_B, W_B]^T (each end's weight where the pair differs), the others one at a time
-        (temporaries n x m: a broadcast over the columns would hold n x m x k)."""
+        (temporaries n x m: a broadcast over the columns would hold n x m x k). With "any level" ends (N: a row's
+        indicator of them spread over its column's levels, Q the same a column): 1 - O - N in place of 1 - O, and
+        the pairs with such an end by [O g, N, Q c] [N, O g, Q]^T."""
         one_hot = self._one_hot(A, B)
         taken, total = (), None
         if one_hot is not None:
             xp = array_namespace(A, B)
-            taken, O_A, O_B, w = one_hot
-            left = xp.concat([O_A * w[None, :], 1.0 - O_A], axis=1)
-            right = xp.concat([1.0 - O_B, O_B * w[None, :]], axis=1)
-            total = 0.5 * (left @ right.mT)
+            taken, O_A, O_B, w = one_hot.taken, one_hot.O_A, one_hot.O_B, one_hot.w
+            if one_hot.any_A is None:
+                left = xp.concat([O_A * w[None, :], 1.0 - O_A], axis=1)
+                right = xp.concat([1.0 - O_B, O_B * w[None, :]], axis=1)
+                total = 0.5 * (left @ right.mT)
+            else:
+                blocks, g, c = self._any_blocks(one_hot)
+                N_A, N_B = one_hot.any_A @ blocks, one_hot.any_B @ blocks
+                left = xp.concat([0.5 * (O_A * w[None, :]), 0.5 * (1.0 - O_A - N_A), O_A * g[None, :], N_A,
+                                  one_hot.any_A * c[None, :]], axis=1)
+                right = xp.concat([1.0 - O_B - N_B, O_B * w[None, :], N_B, O_B * g[None, :], one_hot.any_B], axis=1)
+                total = left @ right.mT
         for i, j in enumerate(self.columns):
             if i in taken:
                 continue
@@ -1734,8 +1778,8 @@ class Categorical(Kernel):
         by_product = self._one_hot_level_grads(weighted, rows, Z)
         for i, j in enumerate(self.columns):
             if i in by_product:
-                unlisted.append(zero)
-                listed.append(by_product[i])
+                unlisted.append(by_product[i][0])
+                listed.append(by_product[i][1])
                 continue
             any_r, any_z = rows[:, j] == ANY_LEVEL, Z[:, j] == ANY_LEVEL
             normal = ~any_r[:, None] & ~any_z[None, :]
@@ -1752,37 +1796,62 @@ class Categorical(Kernel):
                 unlisted.append(column_total)
                 listed.append(level_total)
                 continue
-            for ends, values in ((xp.sum(xp.where(~any_r[:, None] & any_z[None, :], weighted, zero), axis=1),
-                                 rows[:, j]),
-                                (xp.sum(xp.where(any_r[:, None] & ~any_z[None, :], weighted, zero), axis=0), Z[:, j])):
-                column_part, level_part = self._any_grads(ends, values, i)
-                column_total, level_total = column_total + column_part, level_total + level_part
-            both = xp.sum(xp.where(any_r[:, None] & any_z[None, :], weighted, zero))
-            S, C, _ = self._level_sums(i)
-            v = xp.exp(-0.5 * weights)
-            q = 1.0 / levels.shape[0]
-            level_total = level_total + both * 2.0 * q * v * weights * (S - q * v) / C
+            column_total, level_total = self._any_level_grads(
+                i, level_total, column_total,
+                xp.sum(xp.where(~any_r[:, None] & any_z[None, :], weighted, zero), axis=1), rows[:, j],
+                xp.sum(xp.where(any_r[:, None] & ~any_z[None, :], weighted, zero), axis=0), Z[:, j],
+                xp.sum(xp.where(any_r[:, None] & any_z[None, :], weighted, zero)))
             unlisted.append(column_total)
             listed.append(level_total)
         return xp.stack(unlisted), xp.concat(listed)
 
+    def _any_level_grads(self, i, level_total, column_total, row_ends, row_values, point_ends, point_values, both):
+        """(column_total, level_total) of column i with its pairs of an "any level" end added: ``row_ends`` (n,),
+        the adjoint-weighted sums over a row's "any level" points (0 at rows of that code themselves), likewise
+        ``point_ends`` (m,) over a point's such rows, and ``both`` the sum over pairs of two: d log h / d log l
+        (``_any_grads``) at each end, and d log C / d log l for the pairs of two."""
+        for ends, values in ((row_ends, row_values), (point_ends, point_values)):
+            column_part, level_part = self._any_grads(ends, values, i)
+            column_total, level_total = column_total + column_part, level_total + level_part
+        levels, weights = self._level_table[i]
+        S, C, _ = self._level_sums(i)
+        v = array_namespace(weights).exp(-0.5 * weights)
+        q = 1.0 / levels.shape[0]
+        return column_total, level_total + both * 2.0 * q * v * weights * (S - q * v) / C
+
     def _one_hot_level_grads(self, weighted, rows, Z):
-        """{column position i: its levels' part of ``_level_grads``} for the columns ``_one_hot`` takes. With M =
-        ``weighted`` (n, m), r and c its row and column sums, a level a's part is w_a (sum of r at the rows of level
-        a, minus their sums of M at the points of a, and the same of c at the points): w_a (O_r^T r + O_Z^T c -
-        2 diag(O_r^T M O_Z))_a, one n x m x L product where a column at a time makes four n x m passes."""
+        """{column position i: (its unlisted part, its levels' part) of ``_level_grads``} for the columns
+        ``_one_hot`` takes. With M = ``weighted`` (n, m), r and c its row and column sums over the pairs whose other
+        end is a level (all of them without "any level" ends), a level a's part is w_a (the sum of r at the rows of
+        level a, less their sums of M at the points of a, and the same of c at the points): w_a (O_r^T r + O_Z^T c -
+        2 diag(O_r^T M O_Z))_a, one n x m x L product where a column at a time makes four n x m passes. Pairs with an
+        "any level" end add ``_any_level_grads`` of M's sums over them, M Q_Z, M^T Q_r and diag(Q_r^T M Q_Z)."""
         one_hot = self._one_hot(rows, Z)
         if one_hot is None:
             return {}
-        taken, O_r, O_Z, w = one_hot
+        taken, O_r, O_Z, w = one_hot.taken, one_hot.O_A, one_hot.O_B, one_hot.w
         xp = array_namespace(weighted)
-        totals = w * (xp.sum(weighted, axis=1) @ O_r + xp.sum(weighted, axis=0) @ O_Z
-                      - 2.0 * xp.sum(O_r * (weighted @ O_Z), axis=0))
+        r, c = xp.sum(weighted, axis=1), xp.sum(weighted, axis=0)
+        if one_hot.any_A is None:
+            totals = w * (r @ O_r + c @ O_Z - 2.0 * xp.sum(O_r * (weighted @ O_Z), axis=0))
+        else:
+            blocks, _, _ = self._any_blocks(one_hot)
+            to_any, from_any = weighted @ one_hot.any_B, weighted.mT @ one_hot.any_A  # (n, t), (m, t)
+            totals = w * (xp.sum(O_r * ((r[:, None] - to_any) @ blocks), axis=0)
+                          + xp.sum(O_Z * ((c[:, None] - from_any) @ blocks), axis=0)
+                          - 2.0 * xp.sum(O_r * (weighted @ O_Z), axis=0))
         out, offset = {}, 0
-        for i in taken:
-            size = self._level_table[i][0].shape[0]
-            out[i] = totals[offset:offset + size]
+        zero = xp.zeros((), dtype=weighted.dtype, device=array_device(weighted))
+        for t, (i, size) in enumerate(zip(taken, one_hot.sizes)):
+            column, level = zero, totals[offset:offset + size]
             offset += size
+            if one_hot.any_A is not None:
+                j = self.columns[i]
+                any_r, any_z = one_hot.any_A[:, t] != 0.0, one_hot.any_B[:, t] != 0.0
+                both = xp.sum(one_hot.any_A[:, t] * to_any[:, t])
+                column, level = self._any_level_grads(i, level, zero, xp.where(any_r, zero, to_any[:, t]), rows[:, j],
+                                                      xp.where(any_z, zero, from_any[:, t]), Z[:, j], both)
+            out[i] = (column, level)
         return out
 
     @staticmethod

@@ -751,12 +751,13 @@ def test_a_categorical_column_holding_the_any_level_code_is_refused():
         agpc.GPClassifier(categorical_features=[1], max_iter=2).fit(X, np.arange(20) % 2)
 
 
+@pytest.mark.parametrize("any_level", [False, True])
 @pytest.mark.parametrize("device", [None, "strict"])
-def test_columns_taken_by_the_one_hot_product_give_the_definition_and_its_gradients(monkeypatch, device):
+def test_columns_taken_by_the_one_hot_product_give_the_definition_and_its_gradients(monkeypatch, device, any_level):
     """Columns whose values are all listed levels are taken by products of one-hot matrices (``_one_hot``), the
     others (an unlisted value, more than LEVEL_CHUNK levels) one at a time: both together give the kernel of its
-    definition pair by pair and the gradients of central differences; equal rows are correlated exactly the
-    amplitude; array_api_strict gives NumPy's."""
+    definition pair by pair, "any level" codes among them, and the gradients of central differences; equal rows of
+    levels are correlated exactly the amplitude; array_api_strict gives NumPy's."""
     from agpc import kernels as agpc_kernels
     from conftest import central_differences
 
@@ -768,12 +769,16 @@ def test_columns_taken_by_the_one_hot_product_give_the_definition_and_its_gradie
     X, Z = rng.integers(0, 3, size=(9, 3)).astype(float), rng.integers(0, 3, size=(6, 3)).astype(float)
     X[:, 1], Z[:, 1] = 2.0 * rng.integers(0, 2, size=9), 2.0 * rng.integers(0, 2, size=6)
     X[4, 1] = 5.0  # column 1: one unlisted value among the rows; column 2: 4 levels, past the chunk of 3
+    if any_level:  # "any level" codes in the columns taken by the product: pairs of one and of two
+        Z[[1, 3], 0], Z[2, 1], X[0, 0] = ANY_LEVEL, ANY_LEVEL, ANY_LEVEL
     kernel = Categorical([0, 1, 2], **given).for_inputs(X)
-    assert kernel._one_hot(X, Z)[0] == [0] and kernel._one_hot(Z, Z)[0] == [0, 1]
+    assert kernel._one_hot(X, Z).taken == [0] and kernel._one_hot(Z, Z).taken == [0, 1]
+    assert (kernel._one_hot(X, Z).any_A is None) == (not any_level)
     reference = any_level_reference([0, 1, 2], levels, given["lengthscales"], given["level_lengthscales"], 1.3)
     np.testing.assert_allclose(np.asarray(kernel.K(X, Z)), reference(X, Z), rtol=1e-13)
     np.testing.assert_allclose(np.asarray(kernel.K(Z)), reference(Z, Z), rtol=1e-13)
-    assert np.all(np.diag(np.asarray(kernel.K(X))) == np.float64(1.3))
+    if not any_level:
+        assert np.all(np.diag(np.asarray(kernel.K(X))) == np.float64(1.3))
     W_mm, W_nm, w = rng.normal(size=(6, 6)), rng.normal(size=(9, 6)), rng.normal(size=9)
 
     def objective(k):
