@@ -27,7 +27,8 @@ from . import uncertainty as U
 from . import validation as V
 from .inducing import initial_inducing_points, with_any_levels, with_row_levels
 from .inference import training
-from .kernels import ANY_LEVEL, ClassKernels, Kernel, any_level_columns, categorical_columns, with_default_priors
+from .kernels import (ANY_LEVEL, ClassKernels, Kernel, any_level_columns, categorical_columns, tied_parameters,
+                      with_default_priors)
 from .likelihoods import likelihood_by_name
 from .model import FIT_RECORD, FittedModel, FittedState
 from .model_file import EstimatorSchema, read_model_file, unpickled_state, write_model_file
@@ -384,10 +385,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(plan, steps) if size.at_rows else None)
             minibatch = placed.batch_size is not None and placed.batch_size < n
             plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=minibatch)
-            ard = size_rule.ard_plan(plan, size, inputs.X.shape[1])
+            # (the parameters lengthscales per feature free, counted on the exact model's rows, which Z holds)
+            freed = tied_parameters(kernel, Z) if size.at_rows and Z.ndim == 2 else inputs.X.shape[1] - 1
+            ard = size_rule.ard_plan(plan, size, inputs.X.shape[1], freed)
             result, self.ard_ = size_rule.choose_inducing(
                 lambda points, name: size_rule.learn_lengthscales(
-                    ard, inputs.X.shape[1], kernel,
+                    ard, freed, kernel,
                     lambda start, shared, first, stage: self._train(
                         plan, placed, start, points, classes, groups, rng, resume and first, validation, started,
                         data_hash, plateau, tied=shared, stage=stage or name)),

@@ -57,6 +57,7 @@ __all__ = [
     "with_default_priors",
     "categorical_columns",
     "any_level_columns",
+    "tied_parameters",
     "ANY_LEVEL",
 ]
 
@@ -2150,6 +2151,31 @@ def any_level_columns(kernel):
     if others is None:
         return []
     return [j for j in categorical_columns(kernel, per_level=True) if j not in others]
+
+
+def tied_parameters(kernel, X):
+    """How many hyper-parameters tying the per-feature scales (``ard=False``: each ``PER_FEATURE_SCALES`` parameter
+    of each part of the kernel moves by one common factor, ``inference.contract.shared_scale_grads``) removes, on
+    rows X (host data, (n, d)): per such parameter, the entries the rows can move, less one. An RBF of d features
+    frees d - 1; a per-level ``Categorical`` moves the lengthscales of the listed levels its rows hold and its
+    columns' own ones where they hold unlisted values (two rows of listed levels never read the column's); a
+    kernel's columns are those ``OnColumns`` gives it. What Akaike's criterion charges lengthscales per feature
+    (``size_rule.akaike_keeps``): the default mixed kernel has two of each (its sum and its product)."""
+    X = to_numpy(X)
+    if isinstance(kernel, OnColumns):
+        return tied_parameters(kernel.kernel, X[:, list(kernel.columns)])
+    parts = _parts(kernel)
+    if parts:
+        return sum(tied_parameters(part, X) for part in parts)
+    if isinstance(kernel, Categorical) and kernel.levels is not None:
+        held, unlisted = 0, 0
+        for j, column in zip(kernel.columns, kernel.levels):
+            values, listed = set(X[:, j].tolist()), set(float(level) for level in column)
+            held += len(listed & values)
+            unlisted += bool(values - listed)
+        return max(held - 1, 0) + max(unlisted - 1, 0)
+    return sum(max(math.prod(to_numpy(value).shape) - 1, 0) for key, value in kernel.params.items()
+               if key.endswith(PER_FEATURE_SCALES))
 
 
 def _columns_read_otherwise(kernel):

@@ -13,8 +13,10 @@ rows whole as the exact model needs: it takes the sparse model. ``n_inducing="al
 whatever the size (up to ``ALL_MAX_ROWS``); an integer, for that many inducing points, as before.
 
 The exact model's lengthscales (``ard="auto"``, the default; ``ard_plan``, ``learn_lengthscales``): on up to
-``ARD_CHOICE_MAX_ROWS`` rows it learns one scale shared by every feature first, then a lengthscale per feature from
-there, and keeps those only when Akaike's criterion says they are worth their parameters (``akaike_keeps``); last it
+``ARD_CHOICE_MAX_ROWS`` rows (on all its rows for a kernel of categorical columns, whose lengthscales per feature
+free more than one parameter a feature) it learns one scale shared by every feature first, then a lengthscale per
+feature from there, and keeps those only when Akaike's criterion says they are worth their parameters
+(``akaike_keeps``, charging ``kernels.tied_parameters``); last it
 trains a linear kernel (``linear_start``), kept only when its log Z beats the RBF model's by ``LINEAR_MARGIN``
 (``linear_keeps``), and a quadratic one (``quadratic_start``), kept only when its log Z beats the model kept so far
 by ``QUADRATIC_MARGIN``.
@@ -154,7 +156,8 @@ linear and a quadratic kernel (``ard_plan``). The choice trains the exact model 
 cost of one fit on the study's sets of 400-600 rows for the first two; the linear and the quadratic kernel add
 0.1-0.8 of one each, docs/small_data_defaults.md); above 500 rows the first two alone took 5.3-5.7 CPU s on one
 core on two of the seven test sets (australian, breast: 615-621 rows), past the 5 s a small fit may take, and the
-study's sets hold no evidence of a gain there (clf-700x8 and clf-700x14 kept their lengthscales per feature)."""
+study's sets hold no evidence of a gain there (clf-700x8 and clf-700x14 kept their lengthscales per feature). A
+kernel whose lengthscales per feature free more than d - 1 parameters is chosen for past it (``ard_plan``)."""
 
 QUADRATIC_MAX_ROWS = 400
 """The most training rows for which ``ard="auto"`` weighs the quadratic kernel, its last stage (``ard_plan``). It
@@ -172,34 +175,38 @@ CHOOSE_TO_LINEAR = "choose-to-linear"
 """``ard_plan``'s answer above ``QUADRATIC_MAX_ROWS`` rows: ``CHOOSE`` without its quadratic stage."""
 
 
-def ard_plan(plan, size, n_features):
+def ard_plan(plan, size, n_features, freed=None):
     """How the plan's fit learns its lengthscales (its ``ard``): True, per feature; False, one scale for all,
     the features keeping their starting ratios; ``CHOOSE`` (``CHOOSE_TO_LINEAR`` above ``QUADRATIC_MAX_ROWS`` rows),
     both in turn and the better by Akaike's criterion.
     ``ard="auto"`` chooses (and weighs a linear and a quadratic kernel after, ``learn_lengthscales``) for
-    ``n_inducing="auto"``'s exact model of the default kernel (``kernel=None``) on up to ``ARD_CHOICE_MAX_ROWS`` rows
-    of more than one feature, without checkpoints (a fit of several stages would write several runs to one file); it
-    is per feature everywhere else, as before the rule (docs/small_data_defaults.md says where it was chosen and
-    checked)."""
+    ``n_inducing="auto"``'s exact model of the default kernel (``kernel=None``) of more than one feature, without
+    checkpoints (a fit of several stages would write several runs to one file), on up to ``ARD_CHOICE_MAX_ROWS``
+    rows, and on all the exact model's rows where lengthscales per feature free more than one parameter a feature
+    (``freed``: ``kernels.tied_parameters``, n_features - 1 when not given): the default kernel of categorical
+    columns, a lengthscale a level in both its sum and its product (docs/small_data_defaults.md, "Categorical
+    columns"). It is per feature everywhere else, as before the rule (docs/small_data_defaults.md says where it was
+    chosen and checked)."""
     if not isinstance(plan.ard, str):
         return bool(plan.ard)
+    freed = n_features - 1 if freed is None else freed
     # n_inducing="auto"'s exact model only (binary batch EP, where the rule was chosen): not
     # "all" (any method, classes or size: C (d - 1) parameters for C classes, an ELBO for SVI, O(n^3) twice)
-    if (size.at_rows and size.n_inducing <= ARD_CHOICE_MAX_ROWS and plan.n_inducing == "auto"
-            and plan.kernel is None and n_features > 1 and plan.checkpoint_path is None
+    if (size.at_rows and (size.n_inducing <= ARD_CHOICE_MAX_ROWS or freed > n_features - 1)
+            and plan.n_inducing == "auto" and plan.kernel is None and n_features > 1 and plan.checkpoint_path is None
             and plan.spec.supports("shared_lengthscales")):
         return CHOOSE if size.n_inducing <= QUADRATIC_MAX_ROWS else CHOOSE_TO_LINEAR
     return True
 
 
-def akaike_keeps(log_z_shared, log_z_per_feature, n_features):
+def akaike_keeps(log_z_shared, log_z_per_feature, freed):
     """Whether lengthscales per feature beat one shared scale by Akaike's (1974) criterion on EP's log marginal
-    likelihood: they add ``n_features - 1`` hyper-parameters, so they must raise log Z by more than that many nats
-    (AIC = 2 k - 2 log Z; the criterion estimates the expected log predictive density, the test NLL's kind of
-    score). Chosen on the study's sets (docs/small_data_defaults.md): type-II maximum likelihood of d lengthscales on a
-    few hundred noisy rows over-fits, and one scale loses badly only where features are pure noise, where per-feature
-    lengthscales gain far more than d nats."""
-    return log_z_per_feature - log_z_shared > n_features - 1
+    likelihood: they add ``freed`` hyper-parameters (d - 1 for an RBF of d features; ``kernels.tied_parameters``),
+    so they must raise log Z by more than that many nats (AIC = 2 k - 2 log Z; the criterion estimates the expected
+    log predictive density, the test NLL's kind of score). Chosen on the study's sets (docs/small_data_defaults.md):
+    type-II maximum likelihood of d lengthscales on a few hundred noisy rows over-fits, and one scale loses badly
+    only where features are pure noise, where per-feature lengthscales gain far more than d nats."""
+    return log_z_per_feature - log_z_shared > freed
 
 
 LINEAR_MARGIN = 1.0
@@ -302,9 +309,10 @@ def choose_inducing(learn, Z, alternative, has_room=lambda: True):
     return second
 
 
-def learn_lengthscales(plan, n_features, kernel, train):
+def learn_lengthscales(plan, freed, kernel, train):
     """(training result, whether its lengthscales are per feature) of a fit whose ``ard_plan`` is ``plan``, from
-    ``kernel``; ``train(start, shared, first)`` runs the training loop from the kernel ``start``, its lengthscales
+    ``kernel``, whose lengthscales per feature free ``freed`` parameters (``akaike_keeps``); ``train(start,
+    shared, first)`` runs the training loop from the kernel ``start``, its lengthscales
     tied (``shared``), ``first`` for the first stage (the one a resumed fit resumes). ``CHOOSE``: one shared scale
     first, then per feature from where it ended, kept by ``akaike_keeps``, then a linear kernel (``linear_start``,
     one shared scale) and a quadratic one (``quadratic_start``, its two equal factors one shared scale each), each
@@ -320,8 +328,8 @@ def learn_lengthscales(plan, n_features, kernel, train):
     if not choosing or result.stop_reason in ("max_time", "early_stopping"):
         return result, plan is True
     per_feature = train(result.kernel, False, False, next(names))
-    keep = akaike_keeps(result.log_z, per_feature.log_z, n_features)
-    kept, log_z_kept = (per_feature, per_feature.log_z - (n_features - 1)) if keep else (result, result.log_z)
+    keep = akaike_keeps(result.log_z, per_feature.log_z, freed)
+    kept, log_z_kept = (per_feature, per_feature.log_z - freed) if keep else (result, result.log_z)
     last = per_feature
     later = [(linear_start(kernel), LINEAR_MARGIN)]
     if plan == CHOOSE:

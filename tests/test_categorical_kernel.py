@@ -797,3 +797,45 @@ def test_columns_taken_by_the_one_hot_product_give_the_definition_and_its_gradie
         for key, value in strict.grads(on[2], on[3], on[4], on[0], on[1]).items():
             np.testing.assert_allclose(to_np(value), np.asarray(grads[key]), rtol=1e-12, atol=1e-14, err_msg=key)
 
+
+def test_tied_parameters_counts_what_lengthscales_per_feature_free_on_the_rows():
+    from agpc.kernels import tied_parameters
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 5))
+    X[:, 1], X[:, 3] = rng.integers(0, 4, size=40), rng.integers(0, 3, size=40)
+    assert tied_parameters(RBF([1.0] * 5).for_inputs(X), X) == 4
+    assert tied_parameters(Categorical([1, 3]), X) == 1  # (exchangeable: a scale a column)
+    # per level: the listed levels the rows hold (4 + 3; level 9 is listed but absent), less one; the columns' own
+    # lengthscales only where a column holds values it does not list (column 3's 2: one such column, none freed)
+    per_level = Categorical([1, 3], levels=[[0, 1, 2, 3, 9], [0, 1]])
+    assert tied_parameters(per_level, X) == (4 + 2) - 1
+    # the default mixed kernel: an RBF of the 3 continuous columns and the categorical kernel, each in its sum and its
+    # product: 2 (3 - 1) + 2 ((4 + 3) - 1)
+    mixed = training_inputs.default_kernel(X, categorical=[1, 3])
+    assert tied_parameters(mixed, X) == 2 * 2 + 2 * 6
+    # a kernel of some columns counts its own columns' rows
+    assert tied_parameters(OnColumns(Categorical([0], levels=[[0, 1, 2, 3]]), [1]), X) == 3
+
+
+def test_the_exact_model_of_categorical_columns_chooses_its_lengthscales_above_the_row_limit(monkeypatch):
+    """Past ``ARD_CHOICE_MAX_ROWS`` the exact model of a continuous table learns a lengthscale per feature, and that
+    of a table with categorical columns weighs one shared scale against them, charging what they free."""
+    from agpc import size_rule
+    from agpc.kernels import tied_parameters
+
+    seen = []
+    learn = size_rule.learn_lengthscales
+    monkeypatch.setattr(size_rule, "learn_lengthscales", lambda plan, freed, *rest: (seen.append((plan, freed)),
+                                                                                      learn(plan, freed, *rest))[1])
+    rng = np.random.default_rng(1)
+    n = size_rule.ARD_CHOICE_MAX_ROWS + 40
+    X = rng.normal(size=(n, 3))
+    X[:, 2] = rng.integers(0, 5, size=n)
+    y = (X[:, 0] + (X[:, 2] == 1) > 0.5).astype(int)
+    options = dict(max_iter=3, random_state=0)
+    agpc.GPClassifier(categorical_features=None, **options).fit(X, y)
+    model = agpc.GPClassifier(categorical_features=[2], **options).fit(X, y)
+    start = training_inputs.default_kernel(X, categorical=[2])
+    assert seen == [(True, 2), (size_rule.CHOOSE_TO_LINEAR, tied_parameters(start, X))]
+    assert seen[1][1] == 2 * 1 + 2 * 4 and isinstance(model.ard_, bool)

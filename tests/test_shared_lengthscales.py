@@ -85,10 +85,10 @@ def test_methods_without_it_refuse_it_naming_the_parameter(method):
         GPClassifier(method=method, ard=False).fit(X, y)
 
 
-def test_akaike_keeps_per_feature_lengthscales_only_above_a_nat_each():
-    assert not size_rule.akaike_keeps(-100.0, -100.0 + 4.0, 5)
-    assert size_rule.akaike_keeps(-100.0, -100.0 + 4.0 + 1e-9, 5)
-    assert not size_rule.akaike_keeps(-100.0, -90.0, 12)
+def test_akaike_keeps_per_feature_lengthscales_only_above_a_nat_for_each_parameter_they_free():
+    assert not size_rule.akaike_keeps(-100.0, -100.0 + 4.0, 4)  # (an RBF of 5 features frees 4)
+    assert size_rule.akaike_keeps(-100.0, -100.0 + 4.0 + 1e-9, 4)
+    assert not size_rule.akaike_keeps(-100.0, -90.0, 11)
 
 
 def test_the_plan_chooses_only_for_the_default_exact_model():
@@ -107,6 +107,11 @@ def test_the_plan_chooses_only_for_the_default_exact_model():
     assert size_rule.ard_plan(plan_of(GPClassifier(checkpoint_path="x.npz")), exact, 3) is True
     assert size_rule.ard_plan(plan_of(GPClassifier(ard=False)), sparse, 3) is False
     assert size_rule.ard_plan(plan_of(GPClassifier(ard=True)), exact, 3) is True
+    # past the row limit, the exact model still chooses where lengthscales per feature free more than one
+    # parameter a feature (a kernel of categorical columns), and not on the sparse model
+    assert size_rule.ard_plan(default, size_rule.ModelSize(limit + 1, True), 3, freed=2) is True
+    assert size_rule.ard_plan(default, size_rule.ModelSize(limit + 1, True), 3, freed=3) == size_rule.CHOOSE_TO_LINEAR
+    assert size_rule.ard_plan(default, sparse, 3, freed=30) is True
 
 
 def _quiet_fit(X, y, **params):
@@ -196,7 +201,7 @@ def test_a_linear_stage_that_fails_numerically_keeps_the_rbf():
         raise agpc.CholeskyError("Cholesky of Kmm failed: the matrix contains NaN or inf")
 
     stage = stages()
-    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 3, default_kernel(np.eye(3)),
+    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 2, default_kernel(np.eye(3)),
                                                        lambda *_: next(stage))
     assert result.kernel == "shared" and per_feature is False
 
@@ -208,7 +213,7 @@ def test_the_linear_kernel_is_kept_only_beyond_the_margin_over_the_rbf_kept():
     def choose(*log_zs):  # (the quadratic stage last, far below: never kept here)
         names = ("shared", "per feature", "linear", "quadratic")
         stages = iter(_Stage(name, log_z) for name, log_z in zip(names, log_zs + (-1e9,)))
-        return size_rule.learn_lengthscales(size_rule.CHOOSE, 3, start, lambda *_: next(stages))
+        return size_rule.learn_lengthscales(size_rule.CHOOSE, 2, start, lambda *_: next(stages))
 
     result, per_feature = choose(-10.0, -10.0, -10.0 + margin + 1e-9)
     assert result.kernel == "linear" and per_feature is False
@@ -217,7 +222,7 @@ def test_the_linear_kernel_is_kept_only_beyond_the_margin_over_the_rbf_kept():
     assert choose(-10.0, -7.5, -8.5)[0].kernel == "per feature"
     assert choose(-10.0, -7.5, -8.5 + 1e-6)[0].kernel == "linear"
     stages = iter([_Stage("shared", -10.0), _Stage("per feature", -10.5), _Stage("linear", -12.0, "max_time", True)])
-    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 3, start, lambda *_: next(stages))
+    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 2, start, lambda *_: next(stages))
     assert result.kernel == "shared" and result.stop_reason == "max_time" and result.stopped_by_time
 
 
@@ -231,7 +236,7 @@ def test_the_quadratic_kernel_is_kept_only_beyond_its_margin_over_the_model_kept
 
     def choose(stage_list):
         stage = iter(stage_list)
-        return size_rule.learn_lengthscales(size_rule.CHOOSE, 3, start, lambda *_: next(stage))
+        return size_rule.learn_lengthscales(size_rule.CHOOSE, 2, start, lambda *_: next(stage))
 
     result, per_feature = choose(stages(-10.0, -10.0, -10.0, -10.0 + margin + 1e-9))
     assert result.kernel == "quadratic" and per_feature is False
@@ -258,14 +263,14 @@ def test_above_its_row_limit_the_choice_has_no_quadratic_stage():
         stages.append(stage)
         return _Stage(name, {"RBF": -10.0, "Linear": -8.0}.get(name, 100.0))
 
-    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE_TO_LINEAR, 3, default_kernel(np.eye(3)), train)
+    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE_TO_LINEAR, 2, default_kernel(np.eye(3)), train)
     assert starts == ["RBF", "RBF", "Linear"] and result.kernel == "Linear" and per_feature is False
     # each stage named on its progress lines, counted out of the stages this plan has
     assert stages == ["kernel choice 1/3: one shared lengthscale", "kernel choice 2/3: a lengthscale per feature",
                       "kernel choice 3/3: linear kernel"]
     starts.clear()
     stages.clear()
-    assert size_rule.learn_lengthscales(size_rule.CHOOSE, 3, default_kernel(np.eye(3)), train)[0].kernel == "Product"
+    assert size_rule.learn_lengthscales(size_rule.CHOOSE, 2, default_kernel(np.eye(3)), train)[0].kernel == "Product"
     assert starts == ["RBF", "RBF", "Linear", "Product"] and stages[-1] == "kernel choice 4/4: quadratic kernel"
     stages.clear()
     size_rule.learn_lengthscales(True, 3, default_kernel(np.eye(3)), train)
@@ -280,7 +285,7 @@ def test_a_quadratic_stage_that_fails_numerically_keeps_the_model_kept():
         raise FloatingPointError("ep diverged: log Z is not finite")
 
     stage = stages()
-    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 3, default_kernel(np.eye(3)),
+    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 2, default_kernel(np.eye(3)),
                                                        lambda *_: next(stage))
     assert result.kernel == "linear" and per_feature is False
 
@@ -416,14 +421,14 @@ class _Stage:
 
 def test_a_second_stage_cut_by_max_time_says_so():
     stages = iter([_Stage("shared", -10.0), _Stage("per feature", -10.5, "max_time", True)])
-    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 3, "start", lambda *_: next(stages))
+    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 2, "start", lambda *_: next(stages))
     assert per_feature is False and result.kernel == "shared"
     assert result.stopped_by_time and result.stop_reason == "max_time"
     stages = iter([_Stage("shared", -10.0, "max_time", True)])  # out of time in the first: no second stage
-    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 3, "start", lambda *_: next(stages))
+    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 2, "start", lambda *_: next(stages))
     assert per_feature is False and result.stop_reason == "max_time"
     stages = iter([_Stage("shared", -10.0), _Stage("per feature", -7.9)])
-    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 3, "start", lambda *_: next(stages))
+    result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 2, "start", lambda *_: next(stages))
     assert per_feature is True and result.kernel == "per feature"
 
 
