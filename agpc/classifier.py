@@ -146,8 +146,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         (``agpc.threads``), a limit the caller set left alone.
     ard : "auto", True or False, default="auto"
         Lengthscales per feature (True), or one learned scale for all, the features keeping their starting ratios
-        (False). "auto": the exact model of the default kernel on <= 500 rows learns one scale, then per feature (kept
-        if they raise log Z by over a nat each), a linear, a quadratic kernel (<= 400 rows; kept 1, 2 nats up).
+        (False). "auto": the exact model of the default kernel on <= 500 rows (all its rows with categorical columns)
+        learns one scale, then per feature (kept if they raise log Z by over a nat a parameter they free), a linear,
+        a quadratic kernel (<= 400 rows; kept 1, 2 nats up).
     plateau : "auto" or None, default="auto"
         When training stops before ``max_iter`` (a cap): "auto", once log Z has stopped rising, by the rule of
         ``agpc.size_rule.fit_plateau`` for the exact model, the sparse model's batch steps and minibatch epochs
@@ -385,8 +386,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(plan, steps) if size.at_rows else None)
             minibatch = placed.batch_size is not None and placed.batch_size < n
             plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=minibatch)
-            # (the parameters lengthscales per feature free, counted on the exact model's rows, which Z holds)
-            freed = tied_parameters(kernel, Z) if size.at_rows and Z.ndim == 2 else inputs.X.shape[1] - 1
+            # (the parameters lengthscales per feature free, counted on the exact model's rows, which Z holds,
+            # where ard="auto" may choose: a host copy of Z)
+            freed = (tied_parameters(kernel, Z) if size.at_rows and Z.ndim == 2 and plan.ard == "auto"
+                     and plan.kernel is None else inputs.X.shape[1] - 1)
             ard = size_rule.ard_plan(plan, size, inputs.X.shape[1], freed)
             result, self.ard_ = size_rule.choose_inducing(
                 lambda points, name: size_rule.learn_lengthscales(

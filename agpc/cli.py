@@ -818,9 +818,10 @@ def _fit_model_arguments(p):
                         "kernel's slope variances and bias) (MAP); 'none': type-II maximum likelihood "
                         "(docs/small_data_defaults.md)")
     p.add_argument("--ard", choices=["auto", "per-feature", "shared"], default="auto",
-                   help="the lengthscales: 'auto' (default: on up to 500 rows the exact model keeps one scale shared "
-                        "by every feature unless a lengthscale per feature is worth its parameters by Akaike's "
-                        "criterion, a linear kernel instead if its log Z is a nat higher, and on up to 400 rows a "
+                   help="the lengthscales: 'auto' (default: on up to 500 rows, and on all the exact model's rows "
+                        "with categorical columns, the exact model keeps one scale shared by every feature unless "
+                        "lengthscales per feature are worth the parameters they free by Akaike's criterion, a "
+                        "linear kernel instead if its log Z is a nat higher, and on up to 400 rows a "
                         "quadratic one if 2 nats higher still), 'per-feature' or 'shared' (the RBF)")
     p.add_argument("--standardize", action="store_true",
                    help="standardise each feature to mean 0 and standard deviation 1 on the training rows before "

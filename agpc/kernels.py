@@ -1343,8 +1343,14 @@ def _may_hold(xp, *masks):
 
 
 LEVEL_CHUNK = 256
-"""Levels whose gradients a one-hot matrix gathers at once (``Categorical._gather``): its n x LEVEL_CHUNK booleans
-and floats bound the memory of a kernel of many listed levels."""
+"""Levels whose gradients a one-hot matrix gathers at once (``Categorical._gather``, a column at a time): its
+n x LEVEL_CHUNK booleans and floats bound the memory of a kernel of many listed levels there."""
+
+ONE_HOT_MAX_LEVELS = 16
+"""The most levels of a column that ``Categorical._one_hot``'s products take: their cost grows with a column's
+levels where a column at a time costs the same whatever they are. K and its gradients, 5,000 x 100 pairs, one
+thread: 20 columns of 2 levels 0.024 s by the products against 0.114 a column at a time, 30 of 20 levels 0.140
+against 0.141, 10 of 64 levels 0.134 against 0.056."""
 
 MAX_LISTED_LEVELS = 1 << 20
 """The most levels a :class:`Categorical` kernel lists (``levels``, over all its columns): a model file's description
@@ -1376,6 +1382,9 @@ def _checked_levels(levels, n_columns, owner):
                 number = None
             if number is None or not math.isfinite(number):
                 raise ValueError(f"{owner}: a level is a finite number (a code), got {repr(value)[:40]}")
+            if number == ANY_LEVEL:
+                raise ValueError(f"{owner}: the code {ANY_LEVEL} (kernels.ANY_LEVEL) is an inducing point's \"any "
+                                 "level\", not a level a column can list")
             values.append(number)
         if len(set(values)) != len(values):
             raise ValueError(f"{owner}: a column lists a level more than once")
@@ -1636,7 +1645,10 @@ class Categorical(Kernel):
 
     def _one_hot(self, A, B):
         """The per-level form's columns that products of one-hot matrices take, or None: those that list at most
-        ``LEVEL_CHUNK`` levels where every value of A and of B is a listed level or ``ANY_LEVEL`` (no unlisted value).
+        ``ONE_HOT_MAX_LEVELS`` levels of finite weights where every value of A and of B is a listed level or
+        ``ANY_LEVEL`` (no unlisted value), in their order while the levels taken number at most
+        max(2 m, ``ONE_HOT_MAX_LEVELS``) for m rows of B: the products' temporaries are about 5 L a row of A (4 L + t
+        wide with "any level" ends), a few times K's m.
         With O the rows' one-hot indicators of those columns' levels side by side (n x L) and W = O diag(w),
         sum_j [a_j != b_j] w_{a_j} = (W_A (1 - O_B)^T)_ab, since within column j only b_j's entry of O_B is 1: one
         n x 2L x m product gives the columns' whole mismatch (``_mismatch``), where a column at a time makes five
@@ -1651,9 +1663,11 @@ class Categorical(Kernel):
         if is_cupy_namespace(xp):
             return None
         taken, ends, anys, weights = [], ([], []), ([], []), []
+        room = max(2 * B.shape[0], ONE_HOT_MAX_LEVELS)
         for i, j in enumerate(self.columns):
             levels, level_weights = self._level_table[i]
-            if levels.shape[0] > LEVEL_CHUNK:
+            # (a weight of inf, a lengthscale that underflowed, would be 0 * inf in the products: NaN)
+            if levels.shape[0] > min(ONE_HOT_MAX_LEVELS, room) or not bool(xp.all(xp.isfinite(level_weights))):
                 continue
             coded = [self._level_weights(rows[:, j], i) + (rows[:, j] == ANY_LEVEL,) for rows in (A, B)]
             if not all(bool(xp.all(listed | any_level)) for _, _, listed, any_level in coded):
@@ -1664,6 +1678,7 @@ class Categorical(Kernel):
                 any_end.append(xp.astype(any_level, A.dtype))
             taken.append(i)
             weights.append(level_weights)
+            room -= levels.shape[0]
         if not taken:
             return None
         any_A, any_B = (xp.stack(end, axis=1) for end in anys)
@@ -1688,14 +1703,14 @@ class Categorical(Kernel):
     def _mismatch(self, A, B):
         """-sum_j log F_j for every pair of rows (n, m): the columns ``_one_hot`` takes by one product, half of
         [W_A, 1 - O_A] [1 - O_B, W_B]^T (each end's weight where the pair differs), the others one at a time
-        (temporaries n x m: a broadcast over the columns would hold n x m x k). With "any level" ends (N: a row's
+        (temporaries n x m there: a broadcast over the columns would hold n x m x k). With "any level" ends (N: a row's
         indicator of them spread over its column's levels, Q the same a column): 1 - O - N in place of 1 - O, and
         the pairs with such an end by [O g, N, Q c] [N, O g, Q]^T."""
         one_hot = self._one_hot(A, B)
-        taken, total = (), None
+        taken, total = set(), None
         if one_hot is not None:
             xp = array_namespace(A, B)
-            taken, O_A, O_B, w = one_hot.taken, one_hot.O_A, one_hot.O_B, one_hot.w
+            taken, O_A, O_B, w = set(one_hot.taken), one_hot.O_A, one_hot.O_B, one_hot.w
             if one_hot.any_A is None:
                 left = xp.concat([O_A * w[None, :], 1.0 - O_A], axis=1)
                 right = xp.concat([1.0 - O_B, O_B * w[None, :]], axis=1)
@@ -1822,28 +1837,28 @@ class Categorical(Kernel):
 
     def _one_hot_level_grads(self, weighted, rows, Z):
         """{column position i: (its unlisted part, its levels' part) of ``_level_grads``} for the columns
-        ``_one_hot`` takes. With M = ``weighted`` (n, m), r and c its row and column sums over the pairs whose other
-        end is a level (all of them without "any level" ends), a level a's part is w_a (the sum of r at the rows of
-        level a, less their sums of M at the points of a, and the same of c at the points): w_a (O_r^T r + O_Z^T c -
-        2 diag(O_r^T M O_Z))_a, one n x m x L product where a column at a time makes four n x m passes. Pairs with an
-        "any level" end add ``_any_level_grads`` of M's sums over them, M Q_Z, M^T Q_r and diag(Q_r^T M Q_Z)."""
+        ``_one_hot`` takes. With M = ``weighted`` (n, m), a level a's part is w_a times the sum of M over the pairs of
+        a row of level a and a point of another level, and of a point of level a and a row of another level:
+        w_a (diag(O_r^T M P_Z) + diag(O_Z^T M^T P_r))_a with P = 1 - O (1 - O - N with "any level" ends: the other
+        levels of a row's column), two n x m x L products where a column at a time makes four n x m passes. Summed
+        over those pairs only, never as all pairs less the equal ones: the pairs that differ carry K ~ e^-w, which a
+        difference loses to round-off where w is large (float32 at a lengthscale of 0.25: the wrong sign). Pairs with
+        an "any level" end add ``_any_level_grads`` of M's sums over them, M Q_Z, M^T Q_r and diag(Q_r^T M Q_Z)."""
         one_hot = self._one_hot(rows, Z)
         if one_hot is None:
             return {}
-        taken, O_r, O_Z, w = one_hot.taken, one_hot.O_A, one_hot.O_B, one_hot.w
+        O_r, O_Z, w = one_hot.O_A, one_hot.O_B, one_hot.w
         xp = array_namespace(weighted)
-        r, c = xp.sum(weighted, axis=1), xp.sum(weighted, axis=0)
         if one_hot.any_A is None:
-            totals = w * (r @ O_r + c @ O_Z - 2.0 * xp.sum(O_r * (weighted @ O_Z), axis=0))
+            other_r, other_Z = 1.0 - O_r, 1.0 - O_Z
         else:
             blocks, _, _ = self._any_blocks(one_hot)
             to_any, from_any = weighted @ one_hot.any_B, weighted.mT @ one_hot.any_A  # (n, t), (m, t)
-            totals = w * (xp.sum(O_r * ((r[:, None] - to_any) @ blocks), axis=0)
-                          + xp.sum(O_Z * ((c[:, None] - from_any) @ blocks), axis=0)
-                          - 2.0 * xp.sum(O_r * (weighted @ O_Z), axis=0))
+            other_r, other_Z = 1.0 - O_r - one_hot.any_A @ blocks, 1.0 - O_Z - one_hot.any_B @ blocks
+        totals = w * (xp.sum(O_r * (weighted @ other_Z), axis=0) + xp.sum(O_Z * (weighted.mT @ other_r), axis=0))
         out, offset = {}, 0
         zero = xp.zeros((), dtype=weighted.dtype, device=array_device(weighted))
-        for t, (i, size) in enumerate(zip(taken, one_hot.sizes)):
+        for t, (i, size) in enumerate(zip(one_hot.taken, one_hot.sizes)):
             column, level = zero, totals[offset:offset + size]
             offset += size
             if one_hot.any_A is not None:
@@ -2158,7 +2173,8 @@ def tied_parameters(kernel, X):
     of each part of the kernel moves by one common factor, ``inference.contract.shared_scale_grads``) removes, on
     rows X (host data, (n, d)): per such parameter, the entries the rows can move, less one. An RBF of d features
     frees d - 1; a per-level ``Categorical`` moves the lengthscales of the listed levels its rows hold and its
-    columns' own ones where they hold unlisted values (two rows of listed levels never read the column's); a
+    columns' own ones where they hold unlisted values (two rows of listed levels never read the column's), in the
+    columns where its rows hold two values or more; a
     kernel's columns are those ``OnColumns`` gives it. What Akaike's criterion charges lengthscales per feature
     (``size_rule.akaike_keeps``): the default mixed kernel has two of each (its sum and its product)."""
     X = to_numpy(X)
@@ -2171,8 +2187,9 @@ def tied_parameters(kernel, X):
         held, unlisted = 0, 0
         for j, column in zip(kernel.columns, kernel.levels):
             values, listed = set(X[:, j].tolist()), set(float(level) for level in column)
-            held += len(listed & values)
-            unlisted += bool(values - listed)
+            if len(values) > 1:  # (a column of one value pairs no two levels: none of its lengthscales is read)
+                held += len(listed & values)
+                unlisted += bool(values - listed)
         return max(held - 1, 0) + max(unlisted - 1, 0)
     return sum(max(math.prod(to_numpy(value).shape) - 1, 0) for key, value in kernel.params.items()
                if key.endswith(PER_FEATURE_SCALES))

@@ -180,7 +180,7 @@ def ard_plan(plan, size, n_features, freed=None):
     the features keeping their starting ratios; ``CHOOSE`` (``CHOOSE_TO_LINEAR`` above ``QUADRATIC_MAX_ROWS`` rows),
     both in turn and the better by Akaike's criterion.
     ``ard="auto"`` chooses (and weighs a linear and a quadratic kernel after, ``learn_lengthscales``) for
-    ``n_inducing="auto"``'s exact model of the default kernel (``kernel=None``) of more than one feature, without
+    ``n_inducing="auto"``'s exact model of the default kernel (``kernel=None``) with something to tie, without
     checkpoints (a fit of several stages would write several runs to one file), on up to ``ARD_CHOICE_MAX_ROWS``
     rows, and on all the exact model's rows where lengthscales per feature free more than one parameter a feature
     (``freed``: ``kernels.tied_parameters``, n_features - 1 when not given): the default kernel of categorical
@@ -193,7 +193,7 @@ def ard_plan(plan, size, n_features, freed=None):
     # n_inducing="auto"'s exact model only (binary batch EP, where the rule was chosen): not
     # "all" (any method, classes or size: C (d - 1) parameters for C classes, an ELBO for SVI, O(n^3) twice)
     if (size.at_rows and (size.n_inducing <= ARD_CHOICE_MAX_ROWS or freed > n_features - 1)
-            and plan.n_inducing == "auto" and plan.kernel is None and n_features > 1 and plan.checkpoint_path is None
+            and plan.n_inducing == "auto" and plan.kernel is None and freed > 0 and plan.checkpoint_path is None
             and plan.spec.supports("shared_lengthscales")):
         return CHOOSE if size.n_inducing <= QUADRATIC_MAX_ROWS else CHOOSE_TO_LINEAR
     return True

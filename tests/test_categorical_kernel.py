@@ -755,13 +755,13 @@ def test_a_categorical_column_holding_the_any_level_code_is_refused():
 @pytest.mark.parametrize("device", [None, "strict"])
 def test_columns_taken_by_the_one_hot_product_give_the_definition_and_its_gradients(monkeypatch, device, any_level):
     """Columns whose values are all listed levels are taken by products of one-hot matrices (``_one_hot``), the
-    others (an unlisted value, more than LEVEL_CHUNK levels) one at a time: both together give the kernel of its
+    others (an unlisted value, more than ONE_HOT_MAX_LEVELS levels) one at a time: both together give the kernel of its
     definition pair by pair, "any level" codes among them, and the gradients of central differences; equal rows of
     levels are correlated exactly the amplitude; array_api_strict gives NumPy's."""
     from agpc import kernels as agpc_kernels
     from conftest import central_differences
 
-    monkeypatch.setattr(agpc_kernels, "LEVEL_CHUNK", 3)
+    monkeypatch.setattr(agpc_kernels, "ONE_HOT_MAX_LEVELS", 3)
     rng = np.random.default_rng(7)
     levels = [[0, 1, 2], [0, 2], [0, 1, 2, 3]]
     given = dict(lengthscales=[0.8, 1.7, 1.2], amplitude=1.3, noise=0.1, levels=levels,
@@ -839,3 +839,54 @@ def test_the_exact_model_of_categorical_columns_chooses_its_lengthscales_above_t
     start = training_inputs.default_kernel(X, categorical=[2])
     assert seen == [(True, 2), (size_rule.CHOOSE_TO_LINEAR, tied_parameters(start, X))]
     assert seen[1][1] == 2 * 1 + 2 * 4 and isinstance(model.ard_, bool)
+
+
+@pytest.mark.parametrize("any_level", [False, True])
+def test_level_gradients_of_the_product_keep_the_small_terms_of_short_lengthscales_in_float32(any_level):
+    """A level of short lengthscale (0.25: pairs that differ there carry K ~ e^-8 of the pairs that do not): its
+    gradient by the products in float32 is float64's a column at a time, to float32's precision, sign included."""
+    rng = np.random.default_rng(3)
+    n, m = 400, 50
+    X, Z = rng.integers(0, 3, size=(n, 2)).astype(float), rng.integers(0, 3, size=(m, 2)).astype(float)
+    if any_level:
+        Z[::5, 1] = ANY_LEVEL
+    kernel = Categorical([0, 1], levels=[[0, 1, 2], [0, 1, 2]], level_lengthscales=[0.25, 1.0, 2.0, 1.5, 0.8, 1.2])
+    W_mm, W_nm = rng.normal(size=(m, m)), rng.normal(size=(n, m))
+    reference = kernel.for_inputs(X).with_params(kernel.for_inputs(X).params)
+    reference._one_hot = lambda A, B: None  # (float64, a column at a time: the pairs that differ summed alone)
+    expected = reference.grads(W_mm, W_nm, None, X, Z)["log_level_lengthscales"]
+    f32 = [a.astype(np.float32) for a in (X, Z, W_mm, W_nm)]
+    single = kernel.for_inputs(f32[0])
+    assert single._one_hot(f32[0], f32[1]).taken == [0, 1]
+    got = single.grads(f32[2], f32[3], None, f32[0], f32[1])["log_level_lengthscales"]
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-6 * np.max(np.abs(expected)))
+
+
+def test_a_level_weight_past_the_float_range_is_left_to_the_columns_own_path():
+    """A level lengthscale so short that 1 / l^2 is inf (0 x inf in the products would be NaN): that column is
+    computed a column at a time, and K is the definition's (0 between that level and another)."""
+    kernel = Categorical([0, 1], levels=[[0, 1], [0, 1]], level_lengthscales=[1e-200, 1.0, 1.0, 2.0])
+    X = np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0]])
+    with np.errstate(over="ignore"):  # (1 / l^2 = inf is the case)
+        assert kernel._one_hot(X, X).taken == [1]
+        K = np.asarray(kernel.K(X))
+    assert np.all(np.isfinite(K)) and K[0, 1] == 0.0 and K[1, 2] == pytest.approx(math.exp(-(1.0 + 0.25) / 2.0))
+
+
+def test_the_any_level_code_is_not_a_level_a_column_can_list():
+    with pytest.raises(ValueError, match="ANY_LEVEL"):
+        Categorical([0], levels=[[ANY_LEVEL, 0, 1]])
+
+
+def test_the_products_take_columns_while_their_levels_fit_beside_k():
+    """A column of more than ONE_HOT_MAX_LEVELS levels, and columns past max(2 m, ONE_HOT_MAX_LEVELS) levels in all,
+    are left to a column at a time (the products' temporaries are about 5 L a row)."""
+    from agpc.kernels import ONE_HOT_MAX_LEVELS
+
+    many, few = list(range(ONE_HOT_MAX_LEVELS + 1)), list(range(ONE_HOT_MAX_LEVELS))
+    kernel = Categorical([0, 1, 2, 3], levels=[many, few, few, few])
+    X = np.zeros((4, 4))
+    assert kernel._one_hot(X, X).taken == [1]  # (room for max(2 x 4, 16) = 16 levels: the first column of 16)
+    Z = np.zeros((20, 4))
+    assert kernel._one_hot(X, Z).taken == [1, 2]  # (40 levels: two columns of 16)

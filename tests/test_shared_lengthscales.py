@@ -112,6 +112,8 @@ def test_the_plan_chooses_only_for_the_default_exact_model():
     assert size_rule.ard_plan(default, size_rule.ModelSize(limit + 1, True), 3, freed=2) is True
     assert size_rule.ard_plan(default, size_rule.ModelSize(limit + 1, True), 3, freed=3) == size_rule.CHOOSE_TO_LINEAR
     assert size_rule.ard_plan(default, sparse, 3, freed=30) is True
+    # one categorical column of four levels: one feature, three lengthscales to tie
+    assert size_rule.ard_plan(default, exact, 1, freed=3) == size_rule.CHOOSE
 
 
 def _quiet_fit(X, y, **params):
