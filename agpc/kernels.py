@@ -2174,9 +2174,9 @@ def tied_parameters(kernel, X):
     rows X (host data, (n, d)): per such parameter, the entries the rows can move, less one. An RBF of d features
     frees d - 1; a per-level ``Categorical`` moves the lengthscales of the listed levels its rows hold and its
     columns' own ones where they hold unlisted values (two rows of listed levels never read the column's), in the
-    columns where its rows hold two values or more; a
-    kernel's columns are those ``OnColumns`` gives it. What Akaike's criterion charges lengthscales per feature
-    (``size_rule.akaike_keeps``): the default mixed kernel has two of each (its sum and its product)."""
+    columns where its rows hold two values or more; a kernel's columns are those ``OnColumns`` gives it. What
+    Akaike's criterion charges lengthscales per feature (``size_rule.akaike_keeps``): the default mixed kernel has
+    two of each (its sum and its product)."""
     X = to_numpy(X)
     if isinstance(kernel, OnColumns):
         return tied_parameters(kernel.kernel, X[:, list(kernel.columns)])
