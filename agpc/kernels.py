@@ -1646,9 +1646,10 @@ class Categorical(Kernel):
     def _one_hot(self, A, B):
         """The per-level form's columns that products of one-hot matrices take, or None: those that list at most
         ``ONE_HOT_MAX_LEVELS`` levels of finite weights where every value of A and of B is a listed level or
-        ``ANY_LEVEL`` (no unlisted value), in their order while the levels taken number at most
-        max(2 m, ``ONE_HOT_MAX_LEVELS``) for m rows of B: the products' temporaries are about 5 L a row of A (4 L + t
-        wide with "any level" ends), a few times K's m.
+        ``ANY_LEVEL`` (no unlisted value), taken in their order while they fit in max(2 m, ``ONE_HOT_MAX_LEVELS``)
+        levels in all for m rows of B (a column that does not fit in what is left is skipped, a later smaller one
+        may be taken): the products' temporaries are about 5 L a row of A (4 L + t wide with "any level" ends), a
+        few times K's m.
         With O the rows' one-hot indicators of those columns' levels side by side (n x L) and W = O diag(w),
         sum_j [a_j != b_j] w_{a_j} = (W_A (1 - O_B)^T)_ab, since within column j only b_j's entry of O_B is 1: one
         n x 2L x m product gives the columns' whole mismatch (``_mismatch``), where a column at a time makes five
@@ -1771,7 +1772,7 @@ class Categorical(Kernel):
             else:
                 column, level = self._level_grads(weighted, rows, Z)
                 d_log_l, d_log_levels = d_log_l + column, d_log_levels + level
-        d_log_l = d_log_l * self._column_weights
+        d_log_l = d_log_l * xp.where(xp.isfinite(self._column_weights), self._column_weights, zero)  # (as levels')
         if dKdiag is not None:
             total = xp.sum(dKdiag)
             d_log_amp = d_log_amp + total * self.amplitude
@@ -1807,7 +1808,9 @@ class Categorical(Kernel):
                 column_total = column_total + xp.sum(xp.where(is_listed, zero, ends))
                 sums = self._gather(ends, index, is_listed, levels.shape[0])
                 level_total = sums if level_total is None else level_total + sums
-            level_total = level_total * weights
+            # (a weight of inf, a lengthscale that underflowed, reads K = 0 at every pair it is in: its gradient, the
+            # limit of w e^(-w / 2), is 0, not 0 x inf)
+            level_total = level_total * xp.where(xp.isfinite(weights), weights, zero)
             if not _may_hold(xp, any_r, any_z):
                 unlisted.append(column_total)
                 listed.append(level_total)
@@ -2173,8 +2176,9 @@ def tied_parameters(kernel, X):
     of each part of the kernel moves by one common factor, ``inference.contract.shared_scale_grads``) removes, on
     rows X (host data, (n, d)): per such parameter, the entries the rows can move, less one. An RBF of d features
     frees d - 1; a per-level ``Categorical`` moves the lengthscales of the listed levels its rows hold and its
-    columns' own ones where they hold unlisted values (two rows of listed levels never read the column's), in the
-    columns where its rows hold two values or more; a kernel's columns are those ``OnColumns`` gives it. What
+    columns' own ones where they hold unlisted values (two rows of listed levels never read the column's): each of
+    them in a column of three values or more, one (their sum w_a + w_b, all a pair reads) in a column of two, none
+    in a column of one; a kernel's columns are those ``OnColumns`` gives it. What
     Akaike's criterion charges lengthscales per feature (``size_rule.akaike_keeps``): the default mixed kernel has
     two of each (its sum and its product)."""
     X = to_numpy(X)
@@ -2184,13 +2188,16 @@ def tied_parameters(kernel, X):
     if parts:
         return sum(tied_parameters(part, X) for part in parts)
     if isinstance(kernel, Categorical) and kernel.levels is not None:
-        held, unlisted = 0, 0
+        held, unlisted, moved = 0, 0, 0
         for j, column in zip(kernel.columns, kernel.levels):
             values, listed = set(X[:, j].tolist()), set(float(level) for level in column)
-            if len(values) > 1:  # (a column of one value pairs no two levels: none of its lengthscales is read)
-                held += len(listed & values)
-                unlisted += bool(values - listed)
-        return max(held - 1, 0) + max(unlisted - 1, 0)
+            if len(values) < 2:  # (one value pairs no two levels: none of the column's lengthscales is read)
+                continue
+            read = len(listed & values) + bool(values - listed)  # (the weights its values read)
+            held, unlisted = held + bool(listed & values), unlisted + bool(values - listed)
+            # (two values read their weights only as the one sum w_a + w_b; three or more, each of them)
+            moved += read if len(values) > 2 else 1
+        return max(moved - bool(held) - bool(unlisted), 0)
     return sum(max(math.prod(to_numpy(value).shape) - 1, 0) for key, value in kernel.params.items()
                if key.endswith(PER_FEATURE_SCALES))
 

@@ -806,10 +806,13 @@ def test_tied_parameters_counts_what_lengthscales_per_feature_free_on_the_rows()
     X[:, 1], X[:, 3] = rng.integers(0, 4, size=40), rng.integers(0, 3, size=40)
     assert tied_parameters(RBF([1.0] * 5).for_inputs(X), X) == 4
     assert tied_parameters(Categorical([1, 3]), X) == 1  # (exchangeable: a scale a column)
-    # per level: the listed levels the rows hold (4 + 3; level 9 is listed but absent), less one; the columns' own
-    # lengthscales only where a column holds values it does not list (column 3's 2: one such column, none freed)
+    # per level: the weights the rows read, the listed levels they hold (4 + 2; level 9 is listed but absent) and
+    # column 3's own lengthscale (its value 2 is not listed), less one a parameter tied (levels, columns' own)
     per_level = Categorical([1, 3], levels=[[0, 1, 2, 3, 9], [0, 1]])
-    assert tied_parameters(per_level, X) == (4 + 2) - 1
+    assert tied_parameters(per_level, X) == (4 + 2 + 1) - 2
+    # a column of two values reads its two weights only as their sum; one of one value reads none
+    binary = np.column_stack([rng.integers(0, 2, size=(40, 3)), np.zeros(40)])
+    assert tied_parameters(training_inputs.default_kernel(binary, categorical=[0, 1, 2, 3]), binary) == 3 - 1
     # the default mixed kernel: an RBF of the 3 continuous columns and the categorical kernel, each in its sum and its
     # product: 2 (3 - 1) + 2 ((4 + 3) - 1)
     mixed = training_inputs.default_kernel(X, categorical=[1, 3])
@@ -865,13 +868,16 @@ def test_level_gradients_of_the_product_keep_the_small_terms_of_short_lengthscal
 
 def test_a_level_weight_past_the_float_range_is_left_to_the_columns_own_path():
     """A level lengthscale so short that 1 / l^2 is inf (0 x inf in the products would be NaN): that column is
-    computed a column at a time, and K is the definition's (0 between that level and another)."""
+    computed a column at a time, K is the definition's (0 between that level and another) and the gradients finite."""
     kernel = Categorical([0, 1], levels=[[0, 1], [0, 1]], level_lengthscales=[1e-200, 1.0, 1.0, 2.0])
     X = np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0]])
     with np.errstate(over="ignore"):  # (1 / l^2 = inf is the case)
         assert kernel._one_hot(X, X).taken == [1]
         K = np.asarray(kernel.K(X))
+        grads = kernel.grads(np.ones((3, 3)), np.ones((3, 3)), None, X, X)
     assert np.all(np.isfinite(K)) and K[0, 1] == 0.0 and K[1, 2] == pytest.approx(math.exp(-(1.0 + 0.25) / 2.0))
+    # that level's gradient is the limit of w e^(-w / 2), 0, not 0 x inf
+    assert np.all(np.isfinite(grads["log_level_lengthscales"])) and grads["log_level_lengthscales"][0] == 0.0
 
 
 def test_the_any_level_code_is_not_a_level_a_column_can_list():
