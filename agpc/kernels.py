@@ -1409,6 +1409,29 @@ class _OneHot:
     sizes: list
 
 
+@dataclass(frozen=True)
+class _OneHotColumns:
+    """``Categorical._one_hot_columns``' answer for a chunk of columns: the two ends' indicators of the listed levels
+    (n x L, m x L) and of "any level" (n x t, m x t), each column's offset in L, and whether it may be taken."""
+    O: list
+    any_level: list
+    offsets: list
+    ok: list
+
+
+@dataclass(frozen=True)
+class _AnyTerms:
+    """What the pairs with an "any level" end read of a per-level ``Categorical``'s one-hot columns
+    (``Categorical._any_terms``): the level-to-column map (t, L), and per listed level v, q, S, h (L,), per column
+    C (t,)."""
+    blocks: object
+    v: object
+    q: object
+    S: object
+    h: object
+    C: object
+
+
 class Categorical(Kernel):
     """The kernel of categorical columns holding level codes: the RBF of their one-hot indicators, with a lengthscale
     for each column (the exchangeable form) or for each level (``levels``), without the indicators' columns:
@@ -1663,43 +1686,87 @@ class Categorical(Kernel):
         xp = array_namespace(A, B)
         if is_cupy_namespace(xp):
             return None
-        taken, ends, anys, weights = [], ([], []), ([], []), []
+        table = self._level_table
+        # (a weight of inf, a lengthscale that underflowed, would be 0 * inf in the products: NaN)
+        candidates = [i for i, (levels, weights) in enumerate(table)
+                      if levels.shape[0] <= ONE_HOT_MAX_LEVELS and bool(xp.all(xp.isfinite(weights)))]
         room = max(2 * B.shape[0], ONE_HOT_MAX_LEVELS)
-        for i, j in enumerate(self.columns):
-            levels, level_weights = self._level_table[i]
-            # (a weight of inf, a lengthscale that underflowed, would be 0 * inf in the products: NaN)
-            if levels.shape[0] > min(ONE_HOT_MAX_LEVELS, room) or not bool(xp.all(xp.isfinite(level_weights))):
+        taken, ends, anys = [], ([], []), ([], [])
+        while candidates and room > 0:
+            # (the candidates in order, a chunk of at most ``room`` levels at a time: its indicators are n x room)
+            chunk, size = [], 0
+            while candidates and size + table[candidates[0]][0].shape[0] <= room:
+                size += table[candidates[0]][0].shape[0]
+                chunk.append(candidates.pop(0))
+            if not chunk:
+                candidates.pop(0)  # (more levels than are left room for: a later, smaller column may fit)
                 continue
-            coded = [self._level_weights(rows[:, j], i) + (rows[:, j] == ANY_LEVEL,) for rows in (A, B)]
-            if not all(bool(xp.all(listed | any_level)) for _, _, listed, any_level in coded):
-                continue
-            positions = xp.arange(levels.shape[0], device=array_device(A))
-            for end, any_end, (_, index, listed, any_level) in zip(ends, anys, coded):
-                end.append(xp.astype((index[:, None] == positions[None, :]) & listed[:, None], A.dtype))
-                any_end.append(xp.astype(any_level, A.dtype))
-            taken.append(i)
-            weights.append(level_weights)
-            room -= levels.shape[0]
+            fits = self._one_hot_columns(A, B, chunk, table)
+            for position, i in enumerate(chunk):  # (each fits in what is left: the chunk fitted in all of it)
+                levels = table[i][0].shape[0]
+                if fits.ok[position]:
+                    taken.append(i)
+                    room -= levels
+                    for end, any_end, O, any_level in zip(ends, anys, fits.O, fits.any_level):
+                        end.append(O[:, fits.offsets[position]:fits.offsets[position] + levels])
+                        any_end.append(any_level[:, position:position + 1])
         if not taken:
             return None
-        any_A, any_B = (xp.stack(end, axis=1) for end in anys)
+        O_A, O_B = (xp.astype(xp.concat(end, axis=1), A.dtype) for end in ends)
+        any_A, any_B = (xp.astype(xp.concat(end, axis=1), A.dtype) for end in anys)
         if not bool(xp.any(any_A != 0.0)) and not bool(xp.any(any_B != 0.0)):
             any_A = any_B = None
-        return _OneHot(taken, xp.concat(ends[0], axis=1), xp.concat(ends[1], axis=1), xp.concat(weights), any_A,
-                       any_B, [self._level_table[i][0].shape[0] for i in taken])
+        return _OneHot(taken, O_A, O_B, xp.concat([table[i][1] for i in taken]), any_A, any_B,
+                       [table[i][0].shape[0] for i in taken])
+
+    def _one_hot_columns(self, A, B, chunk, table):
+        """For the columns ``chunk`` (positions in ``columns``) of both ends at once: each end's indicators of their
+        listed levels side by side (booleans, n x L: a value against every listed level of its column, one
+        comparison) and of ``ANY_LEVEL`` (n x t), the offset of each column's levels, and whether each column
+        holds only listed levels and ``ANY_LEVEL`` on both ends (host booleans): ``_one_hot``'s gate."""
+        xp = array_namespace(A, B)
+        device = array_device(A)
+        sizes = [table[i][0].shape[0] for i in chunk]
+        owner = asarray_like(host_array([p for p, size in enumerate(sizes) for _ in range(size)], dtype="int64"), xp,
+                             device=device)
+        levels = xp.concat([table[i][0] for i in chunk])
+        columns = asarray_like(host_array([self.columns[i] for i in chunk], dtype="int64"), xp, device=device)
+        blocks = xp.astype(xp.arange(len(chunk), device=device)[:, None] == owner[None, :], A.dtype)  # (t, L)
+        O, any_level, ok = [], [], [True] * len(chunk)
+        for rows in (A, B):
+            values = xp.take(rows, columns, axis=1)  # (n, t)
+            indicators = xp.take(values, owner, axis=1) == levels[None, :]
+            anywhere = values == ANY_LEVEL
+            listed = (xp.astype(indicators, A.dtype) @ blocks.mT) > 0.0
+            ok = [before and bool(now) for before, now in zip(ok, to_numpy(xp.all(listed | anywhere, axis=0)).tolist())]
+            O.append(indicators)
+            any_level.append(anywhere)
+        return _OneHotColumns(O, any_level, [sum(sizes[:p]) for p in range(len(sizes))], ok)
 
     def _any_blocks(self, one_hot):
         """(the level-to-column map (t, L), g (L,), c (t,)) of ``one_hot``'s t columns: g_a = -log h(a), a listed
         level's log correlation with an "any level" point of its column (``_any_factor``), and c = -log C, two such
         points' (``_level_sums``)."""
+        terms = self._any_terms(one_hot)
         xp = array_namespace(one_hot.w)
-        device = array_device(one_hot.w)
-        blocks = xp.concat([xp.astype(xp.arange(len(one_hot.taken), device=device)[:, None] == t, one_hot.w.dtype)
-                            * xp.ones((1, size), dtype=one_hot.w.dtype, device=device)
+        return terms.blocks, -xp.log(terms.h), -xp.log(terms.C)
+
+    def _any_terms(self, one_hot):
+        """``_AnyTerms`` of ``one_hot``'s t columns, all of them at once: the level-to-column map B (t, L), and per
+        listed level c of column t, v_c = exp(-w_c / 2), q = 1 / L_t, S_t = q sum_{c in t} v_c, h_c = q (1 - v_c^2) +
+        v_c S_t, and C_t = q^2 sum_{c in t} (1 - v_c^2) + S_t^2 (``_level_sums`` and ``_any_factor`` of a column at a
+        time; a level's S and q are its column's, spread by B). h > 0 for every finite weight (q > 0)."""
+        xp = array_namespace(one_hot.w)
+        device, dtype = array_device(one_hot.w), one_hot.w.dtype
+        blocks = xp.concat([xp.astype(xp.arange(len(one_hot.taken), device=device)[:, None] == t, dtype)
+                            * xp.ones((1, size), dtype=dtype, device=device)
                             for t, size in enumerate(one_hot.sizes)], axis=1)
-        g = -xp.concat([self._any_factor(self._level_table[i][0], i)[0] for i in one_hot.taken])
-        c = -xp.log(xp.stack([self._level_sums(i)[1] for i in one_hot.taken]))
-        return blocks, g, c
+        q_t = 1.0 / xp.asarray([float(size) for size in one_hot.sizes], dtype=dtype, device=device)
+        v = xp.exp(-0.5 * one_hot.w)
+        S_t = q_t * (blocks @ v)
+        q, S = q_t @ blocks, S_t @ blocks
+        h = q * (1.0 - v * v) + v * S
+        return _AnyTerms(blocks, v, q, S, h, q_t * q_t * (blocks @ (1.0 - v * v)) + S_t * S_t)
 
     def _mismatch(self, A, B):
         """-sum_j log F_j for every pair of rows (n, m): the columns ``_one_hot`` takes by one product, half of
@@ -1855,23 +1922,36 @@ class Categorical(Kernel):
         if one_hot.any_A is None:
             other_r, other_Z = 1.0 - O_r, 1.0 - O_Z
         else:
-            blocks, _, _ = self._any_blocks(one_hot)
+            terms = self._any_terms(one_hot)
             to_any, from_any = weighted @ one_hot.any_B, weighted.mT @ one_hot.any_A  # (n, t), (m, t)
-            other_r, other_Z = 1.0 - O_r - one_hot.any_A @ blocks, 1.0 - O_Z - one_hot.any_B @ blocks
+            other_r, other_Z = 1.0 - O_r - one_hot.any_A @ terms.blocks, 1.0 - O_Z - one_hot.any_B @ terms.blocks
         totals = w * (xp.sum(O_r * (weighted @ other_Z), axis=0) + xp.sum(O_Z * (weighted.mT @ other_r), axis=0))
-        out, offset = {}, 0
         zero = xp.zeros((), dtype=weighted.dtype, device=array_device(weighted))
-        for t, (i, size) in enumerate(zip(one_hot.taken, one_hot.sizes)):
-            column, level = zero, totals[offset:offset + size]
+        if one_hot.any_A is not None:
+            totals = totals + self._one_hot_any_grads(one_hot, terms, to_any, from_any)
+        out, offset = {}, 0
+        for i, size in zip(one_hot.taken, one_hot.sizes):
+            out[i] = (zero, totals[offset:offset + size])  # (no unlisted values in these columns: 0 for l_j)
             offset += size
-            if one_hot.any_A is not None:
-                j = self.columns[i]
-                any_r, any_z = one_hot.any_A[:, t] != 0.0, one_hot.any_B[:, t] != 0.0
-                both = xp.sum(one_hot.any_A[:, t] * to_any[:, t])
-                column, level = self._any_level_grads(i, level, zero, xp.where(any_r, zero, to_any[:, t]), rows[:, j],
-                                                      xp.where(any_z, zero, from_any[:, t]), Z[:, j], both)
-            out[i] = (column, level)
         return out
+
+    def _one_hot_any_grads(self, one_hot, terms, to_any, from_any):
+        """The levels' part (L,) of the pairs with an "any level" end in ``one_hot``'s columns, all at once: what
+        ``_any_level_grads`` adds a column at a time (its unlisted part is 0 here: every value is a listed level or
+        "any level"). A row's sum over its "any level" points (``to_any`` (n, t), ``from_any`` (m, t) the points'
+        over such rows) falls on its level of each column, e_c = sum over the ends at level c (an "any level" end
+        has no level: its row of O is 0 there); with ``terms`` (``_any_terms``) v, q, S, h, C (d log h(a) / d log l_c in
+        ``_any_grads``):
+            e_c (v_c / h_c) w_c (S - 2 q v_c) + q v_c w_c sum_{c' in its column} e_c' v_c' / h_c'
+        and the pairs of two such ends, D summed over them (``both``, a column), 2 q v_c w_c (S - q v_c) / C."""
+        xp = array_namespace(to_any)
+        w, v, q, S = one_hot.w, terms.v, terms.q, terms.S
+        e = xp.sum(one_hot.O_A * (to_any @ terms.blocks), axis=0) + xp.sum(one_hot.O_B * (from_any @ terms.blocks),
+                                                                             axis=0)
+        ratio = e * v / terms.h
+        both = xp.sum(one_hot.any_A * to_any, axis=0)
+        return (ratio * w * (S - 2.0 * q * v) + q * v * w * ((terms.blocks @ ratio) @ terms.blocks)
+                + ((2.0 * both / terms.C) @ terms.blocks) * q * v * w * (S - q * v))
 
     @staticmethod
     def _gather(ends, index, is_listed, size):

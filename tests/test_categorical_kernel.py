@@ -880,6 +880,27 @@ def test_a_level_weight_past_the_float_range_is_left_to_the_columns_own_path():
     assert np.all(np.isfinite(grads["log_level_lengthscales"])) and grads["log_level_lengthscales"][0] == 0.0
 
 
+def test_the_products_read_the_columns_a_chunk_within_the_room_at_a_time(monkeypatch):
+    """The gate reads the columns' indicators a chunk at a time, each chunk within the levels there is room for
+    (its n x L temporaries bounded as the products' are), in order: a column past the room left is skipped and a
+    later smaller one taken; a column with a value it does not list is not taken and leaves the room as it was."""
+    few, small = list(range(16)), [0.0, 1.0, 2.0]
+    kernel = Categorical([0, 1, 2, 3], levels=[few, few, small, small])
+    X = np.zeros((4, 4))
+    X[0, 2] = 7.0  # (not a level column 2 lists)
+    Z = np.zeros((10, 4))  # (room for max(2 x 10, 16) = 20 levels)
+    chunks = []
+    read = Categorical._one_hot_columns
+
+    def spy(self, A, B, chunk, table):
+        chunks.append(sum(table[i][0].shape[0] for i in chunk))
+        return read(self, A, B, chunk, table)
+
+    monkeypatch.setattr(Categorical, "_one_hot_columns", spy)
+    assert kernel._one_hot(X, Z).taken == [0, 3]
+    assert chunks == [16, 3, 3]
+
+
 def test_the_any_level_code_is_not_a_level_a_column_can_list():
     with pytest.raises(ValueError, match="ANY_LEVEL"):
         Categorical([0], levels=[[ANY_LEVEL, 0, 1]])
