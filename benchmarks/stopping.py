@@ -19,6 +19,13 @@ standardised on the training part, one BLAS thread (the curves, not the times, a
     PYTHONPATH=. python benchmarks/stopping.py --record --sets batch --splits 3 --out benchmarks/results/stopping_batch.json
     PYTHONPATH=. python benchmarks/stopping.py --record --sets minibatch --splits 2 --out benchmarks/results/stopping_minibatch.json
     PYTHONPATH=. python benchmarks/stopping.py benchmarks/results/stopping_batch.json benchmarks/results/stopping_minibatch.json
+
+``--per-class`` replays the rules with their rise a row and latent function (a multiclass fit's classes; one for
+binary and ordinal fits), the rule tried for multiclass fits (docs/small_data_defaults.md, "A rise a row and class"):
+
+    PYTHONPATH=. python benchmarks/stopping.py --record --sets waveform,satellite,svmguide2 --splits 3 --out mc3.json
+    PYTHONPATH=. python benchmarks/stopping.py --record --sets vehicle,vowel --splits 10 --out mc10.json
+    PYTHONPATH=. python benchmarks/stopping.py --per-class mc3.json mc10.json
 """
 
 from __future__ import annotations
@@ -97,7 +104,8 @@ def record_one(name, split, X, y, max_iter, batch_size="auto"):
             "n_warmup": int(model.n_warmup_), "minibatch": h["n_steps"][0] > 1 + model.n_warmup_,
             "log_z": [float(v) for v in h["log_marginal_likelihood"]], "time": [float(v) for v in h["time"]],
             "val_step": [int(v) for v in h["validation_step"]], "val_nll": [float(v) for v in h["validation_nll"]],
-            "n_steps": [int(v) for v in h["n_steps"]], "method": model.method,
+            "n_steps": [int(v) for v in h["n_steps"]], "method": model.method, "n_classes": int(len(model.classes_)),
+            "ordinal": name.endswith("ordinal"),
             "n_inducing": int(model.inducing_points_.shape[-2])}
 
 
@@ -122,7 +130,15 @@ def nll_at(run, index):
     return at[before[-1]] if before else float("nan")
 
 
-def analyse(paths):
+def latent_functions(run):
+    """The latent functions of a recorded fit: one a class for more than two (multiclass EP), else one (binary,
+    ordinal); ``--per-class`` scales a rule's rise by it."""
+    if "n_classes" not in run:
+        raise SystemExit(f"{run['set']}: recorded without its classes; record it again for --per-class")
+    return run["n_classes"] if run["n_classes"] > 2 and not run.get("ordinal") else 1
+
+
+def analyse(paths, per_class=False):
     runs = []
     for path in paths:
         runs += json.loads(Path(path).read_text())["runs"]
@@ -133,7 +149,8 @@ def analyse(paths):
             continue
         print(f"\n### {'Minibatch' if kind else 'Batch'} fits: iterations to the stop (share of the fit's time), "
               "test NLL at the stop - at max_iter (mean ± SE over splits)\n")
-        print("| rule (steps, rise / row) | " + " | ".join(s for s in sets if any(r["set"] == s for r in chosen))
+        unit = "row and latent function" if per_class else "row"
+        print(f"| rule (steps, rise / {unit}) | " + " | ".join(s for s in sets if any(r["set"] == s for r in chosen))
               + " | worst set | mean share of time |")
         print("|---|" + "---|" * (sum(any(r["set"] == s for r in chosen) for s in sets) + 2))
         for steps, rise in itertools.product(STEPS, RISES):
@@ -144,7 +161,8 @@ def analyse(paths):
                     continue
                 diffs, counts = [], []
                 for r in mine:
-                    k = stop_index(r["log_z"], r["n_warmup"], steps, rise * r["n_train"])
+                    scale = latent_functions(r) if per_class else 1
+                    k = stop_index(r["log_z"], r["n_warmup"], steps, rise * scale * r["n_train"])
                     diffs.append(nll_at(r, k) - r["val_nll"][-1])
                     counts.append(k + 1)
                     shares.append(r["time"][k] / r["time"][-1])
@@ -166,6 +184,8 @@ def main(argv=None):
     p.add_argument("--splits", type=int, default=None, help="random 90/10 splits a set (default 3)")
     p.add_argument("--one-split-large", action="store_true", help="one split of sets of more than 100,000 rows")
     p.add_argument("--max-iter", type=int, default=None, help="iterations (epochs) a fit runs (default 250)")
+    p.add_argument("--per-class", action="store_true",
+                   help="the rules' rise a row and latent function (one a class of a multiclass fit), not a row")
     p.add_argument("--batch-size", default="auto", type=lambda v: v if v == "auto" else int(v),
                    help="rows a step (default: the library's choice)")
     args = parse(p, argv, full=dict(sets="batch", splits=3, max_iter=250),
@@ -175,7 +195,7 @@ def main(argv=None):
                 argv if argv is not None else sys.argv[1:])
     if args.record or args.quick:
         record(args)
-    analyse([args.out] if args.quick else args.files)
+    analyse([args.out] if args.quick else args.files, per_class=args.per_class)
     end(run)
 
 
