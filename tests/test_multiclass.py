@@ -92,6 +92,51 @@ def test_a_batch_pass_forms_each_class_projection_once_and_reuses_it(monkeypatch
         np.testing.assert_allclose(kept["grads"][name], again["grads"][name], rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("block_rows, workers", [(None, 1), (25, 2)], ids=["one block", "blocks on two threads"])
+def test_the_batch_sweeps_gradient_through_explicit_inverses_is_the_solves_one(monkeypatch, block_rows, workers):
+    """``class_sweep(explicit=True)`` (batch EP's pass, ``multiclass_ep.evaluate`` on NumPy) takes each class's data
+    gradient through the explicit inverses of its factors, as the binary batch pass does
+    (``ep.explicit_block_gradient``), and forms each class's adjoint of K(Z_c, Z_c) once after the blocks are added:
+    the same adjoints, site updates and gradients as the triangular solves of ``ep.data_adjoint``, block by block."""
+    from agpc.inference import blocks
+
+    X, y = three_classes()
+    rng = np.random.default_rng(5)
+    Z = np.stack([X[rng.choice(60, 5, replace=False)] + 0.05 * c for c in range(3)])
+    kernels = _kernels(X)
+    nu, mu = np.abs(rng.normal(size=(60, 6))) * 0.3, rng.normal(size=(60, 6)) * 0.3
+    monkeypatch.setattr(blocks, "pass_layout", lambda like, n, rows=None: (rows or n, 1) if workers == 1 else (25, 2))
+    L_K, L_K_inv = multiclass_ep.prior_choleskys(kernels, Z, JITTER)
+    S, c_tilde = multiclass_ep.class_site_sums(kernels, Z, X, y.astype(float), nu, mu, L_K_inv, block_rows or 60)
+    sweeps = {}
+    for explicit in (False, True):
+        posts = multiclass_ep.posteriors_from_sums(L_K, L_K_inv, S, c_tilde)
+        sweeps[explicit] = multiclass_ep.class_sweep(kernels, Z, X, y.astype(float), nu, mu, posts, want_grad=True,
+                                                     block_rows=block_rows, explicit=explicit)
+    solved, inverses = sweeps[False], sweeps[True]
+    assert len(inverses["dKmm_data"]) == 3 and all(d.shape == (5, 5) for d in inverses["dKmm_data"])
+    for a, b in zip(inverses["dKmm_data"], solved["dKmm_data"]):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+    for name in solved["grads"]:
+        np.testing.assert_allclose(inverses["grads"][name], solved["grads"][name], rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(inverses["terms"], solved["terms"], rtol=1e-12)
+    np.testing.assert_allclose(inverses["site_precision"], solved["site_precision"], rtol=1e-12)
+    # sites held along the directions of an anchor (minibatch EP) take the solves whatever ``explicit`` says, in the
+    # sweep and in a block
+    moved = _kernels(X, kinds=(Matern52, RBF, RBF))
+    anchor_L_K = multiclass_ep.prior_choleskys(moved, Z + 0.1, JITTER)[0]
+    anchors = multiclass_ep.MultiAnchor(moved, Z + 0.1, anchor_L_K, JITTER)
+    posts = multiclass_ep.posteriors_from_sums(L_K, L_K_inv, S, c_tilde)
+    held = [multiclass_ep.class_sweep(kernels, Z, X, y.astype(float), nu, mu, posts, want_grad=True,
+                                      block_rows=block_rows, anchors=anchors, explicit=explicit) for explicit in (0, 1)]
+    blocks_held = [multiclass_ep.block_pass(kernels, X, y.astype(float), nu, mu, Z, posts, anchors=anchors,
+                                            explicit=explicit) for explicit in (False, True)]
+    for a, b in [(held[0]["dKmm_data"], held[1]["dKmm_data"]), (blocks_held[0].dKmm_data, blocks_held[1].dKmm_data)]:
+        for one, other in zip(a, b):
+            np.testing.assert_allclose(one, other, rtol=1e-12)
+    assert not np.allclose(held[0]["dKmm_data"][0], solved["dKmm_data"][0])  # (the anchor's directions matter)
+
+
 def test_pair_update_matches_brute_force_moments():
     """The tilted distribution of one factor (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 6 for one wrong class k)
     times the factorised cavity: its normaliser and the marginal means and variances of g_y and g_k, computed by 2-D

@@ -62,6 +62,7 @@ __all__ = [
     "batch_block_pass",
     "batch_sweep",
     "data_kmm_adjoint",
+    "explicit_block_gradient",
     "next_site_sums",
     "site_sums_over_rows",
     "prior_kmm_adjoint",
@@ -496,7 +497,7 @@ def _kernel_block(kernel, X, Z, post, A, Kmn, work, L_K_inv, want_grad):
     return Kmn, A
 
 
-def _explicit_block_gradient(kernel, X, Z, post, A, Q, Kmn, alpha, kappa, coef_g, work):
+def explicit_block_gradient(kernel, X, Z, post, A, Q, Kmn, alpha, kappa, coef_g, work):
     """The data part of the gradient of a batch block, through the explicit inverses of L_K and L_C (the wide
     blocks of a batch pass). With R = L_C^-T Q diag(coef_g) + A diag(kappa) the adjoint of K(Z, X) is
     dKmn = L_K^-T R + beta alpha^T (``data_adjoint``), and with R' = R - A diag(kappa) / 2::
@@ -505,7 +506,9 @@ def _explicit_block_gradient(kernel, X, Z, post, A, Q, Kmn, alpha, kappa, coef_g
 
     w = L_C^-T h (``Posterior.whitened_mean``): per block only the m x m product A R'^T and the m-vector
     A alpha, added over blocks; the two triangular products with L_K^-1 come once, after the sum
-    (``data_kmm_adjoint``). So ``dKmm_data`` here is the pair (A R'^T, A alpha). Q is overwritten."""
+    (``data_kmm_adjoint``). So ``dKmm_data`` here is the pair (A R'^T, A alpha). Q is overwritten. Valid wherever q
+    holds the rows' sites along their current upsilon_i (``data_adjoint`` without ``held``): batch EP's pass, and
+    each class of the multiclass one (``multiclass_ep.block_pass``)."""
     Q *= coef_g[None, :]
     R = left_solve(post.L_C, Q, trans=True, L_inv=post.L_C_inv, overwrite=True)  # L_C^-T Q diag(coef_g), in Q
     half = scaled_columns(A, 0.5 * kappa, out=work("H", A.shape, A))
@@ -525,7 +528,7 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     with its A), A = L_K^-1 K(Z, X), Q = L_C^-1 A, the marginals (Hernandez-Lobato & Hernandez-Lobato (2016),
     eqs. 14-16: d = |Q_i|^2, e = h^T Q_i, k_i^T K^-1 k_i = |A_i|^2), cavities, moments and new sites (eqs.
     17-23), the log Z_q terms (eq. 26) and the data part of the gradient (eq. 4, ``data_adjoint``; in factored
-    form through the explicit inverses of L_K and L_C, ``_explicit_block_gradient``, where ``explicit``: by
+    form through the explicit inverses of L_K and L_C, ``explicit_block_gradient``, where ``explicit``: by
     default where ``uses_inverse``, i.e. on NumPy, or for more than ``SOLVE_MAX_COLUMNS_PER_M`` rows per
     inducing point; otherwise by triangular solves in ``data_adjoint``'s form, one solve fewer per block, whose
     ``dKmm_data`` is the m x m adjoint).
@@ -568,7 +571,7 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
         alpha, kappa = sites.row_adjoints(site, a, total_var, valid, weights)
         coef_g = sites.adjoint_coefficient(alpha, kappa, nu, mu, e, one_minus)
         if explicit:  # (Q is overwritten: it is not needed after this)
-            dKmm_data, grads = _explicit_block_gradient(kernel, X, Z, post, A, Q, Kmn, alpha, kappa, coef_g, work)
+            dKmm_data, grads = explicit_block_gradient(kernel, X, Z, post, A, Q, Kmn, alpha, kappa, coef_g, work)
         else:
             marg = Marginals(A, Kmn.mT, Q, d, e, prior_var, None)
             dKmm_data, grads, _ = data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from ..backend import array_device, array_namespace, lower_triangular_inverse
 from ..likelihoods import MULTICLASS_PROBIT, PREDICTIVE_NODES, argmax_log_proba, negative_log_likelihood
 from . import blocks, ep, sites
-from .posterior import Factor, posterior_from_sums, prior_cholesky
+from .posterior import Factor, posterior_from_sums, prior_cholesky, uses_inverse
 
 __all__ = [
     "MultiFactor",
@@ -299,13 +299,17 @@ def weighted_totals(totals, weights):
 
 
 def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad=True, want_sums=False, weights=None,
-               own_sites=True, anchors=None, damping=None, adf=False, projections=None, likelihood=MULTICLASS_PROBIT):
+               own_sites=True, anchors=None, damping=None, adf=False, projections=None, likelihood=MULTICLASS_PROBIT,
+               explicit=False):
     """Cavities, moment matching, log Z_q terms and gradient adjoints for a block of rows, all classes (``weights``,
     ``own_sites``, ``adf``: ``pair_update``'s; the sums of the rows' sites then weigh each row's w_i times). Minibatch
     EP (``damping`` given): the sums are the change of the running product, class by class, each row's old site
     total out along the direction it is held along (``anchors``: a ``MultiAnchor``, or None: the current one) and its
     damped new one in (``ep.product_change``), as whitened sums. ``projections``: the block's per-class (A_c,
-    K(X, Z_c)) formed already (``class_site_sums``), or None. ``likelihood``: the model's (``pair_update``)."""
+    K(X, Z_c)) formed already (``class_site_sums``), or None. ``likelihood``: the model's (``pair_update``).
+    ``explicit`` (no ``anchors``): each class's data gradient through the explicit inverses of its factors
+    (``ep.explicit_block_gradient``, as batch EP's binary pass), its ``dKmm`` the pair (A R'^T, A alpha) that
+    ``class_sweep`` turns into the m x m adjoint once the blocks are added."""
     xp = array_namespace(X)
     C = n_classes(Z)
     margs = [ep.marginals(kernels[c], X, Z[c, ...], posts[c], *(() if projections is None else projections[c]))
@@ -341,10 +345,15 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
         return MultiBlockResult(new_nu, new_mu, update.valid, update.log_z_terms, None, {}, sums, update.n_invalid)
     alpha_c, kappa_c, coef_c = update.alpha, update.kappa, update.coef
     dKmm, grads, Z_grads = [], {}, []
+    work = blocks.BlockScratch() if explicit and helds is None else None  # (one thread's: one block at a time)
     for c in range(C):
-        held_term = None if helds is None else (helds[c], update.coef_held[:, c])
-        dKmm_c, g, _ = ep.data_adjoint(kernels[c], X, Z[c, ...], posts[c], margs[c], alpha_c[:, c], kappa_c[:, c],
-                                       coef_c[:, c], held=held_term)
+        if work is not None:  # (margs[c].Q is overwritten: not needed after this)
+            dKmm_c, g = ep.explicit_block_gradient(kernels[c], X, Z[c, ...], posts[c], margs[c].A, margs[c].Q,
+                                                   margs[c].Knm.mT, alpha_c[:, c], kappa_c[:, c], coef_c[:, c], work)
+        else:
+            held_term = None if helds is None else (helds[c], update.coef_held[:, c])
+            dKmm_c, g, _ = ep.data_adjoint(kernels[c], X, Z[c, ...], posts[c], margs[c], alpha_c[:, c],
+                                           kappa_c[:, c], coef_c[:, c], held=held_term)
         dKmm.append(dKmm_c)
         Z_grads.append(g.pop("Z"))
         grads.update({f"{c}:{name}": value for name, value in g.items()})
@@ -396,14 +405,20 @@ def _block_rows(block_rows, Z, n=None):
 
 def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_grad, block_rows, want_sums=False,
                 want_sites=True, damping=None, weights=None, anchors=None, product_damping=None, adf=False,
-                projections=None, workers=None, likelihood=MULTICLASS_PROBIT):
+                projections=None, workers=None, likelihood=MULTICLASS_PROBIT, explicit=False):
     """Multiclass EP's sweep: ``block_pass`` over all rows (``ep.sweep_rows``), a validity column per class.
     Its reductions add over any split of the rows (``blocks.add_sweeps``); ``site_precision`` None: zero sites
     (SEP / ADF, whose rows have none of their own). ``weights`` (n,): the rows' sample weights, ``adf``: ADF's row
     terms (``block_pass``); ``anchors``, ``product_damping``: ``block_pass``'s ``anchors`` and ``damping`` (minibatch
     EP). ``projections``: each block's per-class (A_c, K(X, Z_c)) kept by ``class_site_sums`` over the same blocks
-    (``block_rows`` and ``workers`` then the layout both passes share), or None to form them."""
+    (``block_rows`` and ``workers`` then the layout both passes share), or None to form them. ``explicit`` (without
+    ``anchors``): the blocks' data gradients through the explicit inverses of each class's factors
+    (``block_pass``), their adjoints of K(Z_c, Z_c) formed once after the sum (``ep.data_kmm_adjoint``)."""
     own_sites = site_precision is not None
+    explicit = explicit and anchors is None
+    if explicit:  # what the blocks share, formed once before any thread needs it (as ``ep.batch_sweep``)
+        for post in posts:
+            post.L_K_inv, post.L_C_inv, post.beta, post.whitened_mean
     if not own_sites:
         site_precision = site_shift = zero_sites(X.shape[0], Z)
 
@@ -411,14 +426,18 @@ def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_gra
         return block_pass(kernels, X_block, y_block, rows_precision, rows_shift, Z, posts, want_grad=want_grad,
                           want_sums=want_sums, weights=None if weights is None else weights[lo:hi],
                           own_sites=own_sites, anchors=anchors, damping=product_damping, adf=adf,
-                          projections=None if projections is None else projections[index], likelihood=likelihood)
+                          projections=None if projections is None else projections[index], likelihood=likelihood,
+                          explicit=explicit)
 
     if workers is None:
         # (a minibatch: one thread)
         block_rows, workers = blocks.pass_layout(Z, X.shape[0], _block_rows(block_rows, Z, X.shape[0]))
-    return ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z[0, ...],
-                         want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping,
-                         valid_columns=n_classes(Z), workers=workers)
+    out = ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows, like=Z[0, ...],
+                        want_grad=want_grad, want_sums=want_sums, want_sites=want_sites, damping=damping,
+                        valid_columns=n_classes(Z), workers=workers)
+    if want_grad and explicit:
+        out["dKmm_data"] = tuple(ep.data_kmm_adjoint(post, *pair) for post, pair in zip(posts, out["dKmm_data"]))
+    return out
 
 
 def add_prior_gradients(kernels, Z, posts, sweep, scale=1.0):
@@ -456,9 +475,12 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
     S, c_tilde = class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows, weights,
                                  workers=workers, kept=kept)
     posts = posteriors_from_sums(L_K, L_K_inv, S, c_tilde, checked=checked)
+    # (the data gradient through the factors' explicit inverses where ``ep.batch_sweep`` takes them: on NumPy, or for
+    # many rows a point)
+    explicit = uses_inverse(L_K[0], n_columns=min(X.shape[0], block_rows))
     sweep = class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, want_grad=want_grad,
                         block_rows=block_rows, want_sites=want_sites, damping=damping, weights=weights,
-                        projections=kept, workers=workers, likelihood=likelihood)
+                        projections=kept, workers=workers, likelihood=likelihood, explicit=explicit)
     return finish_evaluate(kernels, Z, posts, sweep, want_grad)
 
 
