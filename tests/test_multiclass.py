@@ -55,6 +55,19 @@ def test_log_z_gradient_matches_finite_differences_at_ep_fixed_point(xp_device):
     assert out["grads"]["Z"].device == X.device
 
 
+def _batch_pass_case(monkeypatch, workers, *, seed, m):
+    """Three classes' rows, m inducing points a class near them, the kernels and random sites (n, 2C); the pass's
+    layout one block on one thread, or blocks of 25 rows on two (``workers``)."""
+    from agpc.inference import blocks
+
+    X, y = three_classes()
+    rng = np.random.default_rng(seed)
+    Z = np.stack([X[rng.choice(60, m, replace=False)] + 0.05 * c for c in range(3)])
+    nu, mu = np.abs(rng.normal(size=(60, 6))) * 0.3, rng.normal(size=(60, 6)) * 0.3
+    monkeypatch.setattr(blocks, "pass_layout", lambda like, n, rows=None: (rows or n, 1) if workers == 1 else (25, 2))
+    return X, y, Z, _kernels(X), nu, mu
+
+
 @pytest.mark.parametrize("block_rows, workers", [(None, 1), (25, 2)], ids=["one block", "blocks on two threads"])
 def test_a_batch_pass_forms_each_class_projection_once_and_reuses_it(monkeypatch, block_rows, workers):
     """``multiclass_ep.evaluate`` visits the rows twice (the site sums, then the sweep): the sweep takes the sums'
@@ -62,12 +75,7 @@ def test_a_batch_pass_forms_each_class_projection_once_and_reuses_it(monkeypatch
     the sweep forms them again (to round-off). The blocks of both visits run on the pass's threads."""
     from agpc.inference import blocks, ep
 
-    X, y = three_classes()
-    rng = np.random.default_rng(3)
-    Z = np.stack([X[rng.choice(60, 4, replace=False)] + 0.05 * c for c in range(3)])
-    kernels = _kernels(X)
-    nu, mu = np.abs(rng.normal(size=(60, 6))) * 0.3, rng.normal(size=(60, 6)) * 0.3
-    monkeypatch.setattr(blocks, "pass_layout", lambda like, n, rows=None: (rows or n, 1) if workers == 1 else (25, 2))
+    X, y, Z, kernels, nu, mu = _batch_pass_case(monkeypatch, workers, seed=3, m=4)
     rows_formed = []
     original = ep.project
 
@@ -98,14 +106,7 @@ def test_the_batch_sweeps_gradient_through_explicit_inverses_is_the_solves_one(m
     gradient through the explicit inverses of its factors, as the binary batch pass does
     (``ep.explicit_block_gradient``), and forms each class's adjoint of K(Z_c, Z_c) once after the blocks are added:
     the same adjoints, site updates and gradients as the triangular solves of ``ep.data_adjoint``, block by block."""
-    from agpc.inference import blocks
-
-    X, y = three_classes()
-    rng = np.random.default_rng(5)
-    Z = np.stack([X[rng.choice(60, 5, replace=False)] + 0.05 * c for c in range(3)])
-    kernels = _kernels(X)
-    nu, mu = np.abs(rng.normal(size=(60, 6))) * 0.3, rng.normal(size=(60, 6)) * 0.3
-    monkeypatch.setattr(blocks, "pass_layout", lambda like, n, rows=None: (rows or n, 1) if workers == 1 else (25, 2))
+    X, y, Z, kernels, nu, mu = _batch_pass_case(monkeypatch, workers, seed=5, m=5)
     L_K, L_K_inv = multiclass_ep.prior_choleskys(kernels, Z, JITTER)
     S, c_tilde = multiclass_ep.class_site_sums(kernels, Z, X, y.astype(float), nu, mu, L_K_inv, block_rows or 60)
     sweeps = {}
