@@ -1727,21 +1727,28 @@ class Categorical(Kernel):
         xp = array_namespace(A, B)
         device = array_device(A)
         sizes = [table[i][0].shape[0] for i in chunk]
-        owner = asarray_like(host_array([p for p, size in enumerate(sizes) for _ in range(size)], dtype="int64"), xp,
-                             device=device)
+        offsets = [sum(sizes[:p]) for p in range(len(sizes))]
+
+        def indices(values):
+            return asarray_like(host_array(values, dtype="int64"), xp, device=device)
+
+        owner = indices([p for p, size in enumerate(sizes) for _ in range(size)])
+        starts, ends = indices(offsets), indices([o + size for o, size in zip(offsets, sizes)])
         levels = xp.concat([table[i][0] for i in chunk])
-        columns = asarray_like(host_array([self.columns[i] for i in chunk], dtype="int64"), xp, device=device)
-        blocks = xp.astype(xp.arange(len(chunk), device=device)[:, None] == owner[None, :], A.dtype)  # (t, L)
+        columns = indices([self.columns[i] for i in chunk])
         O, any_level, ok = [], [], [True] * len(chunk)
         for rows in (A, B):
             values = xp.take(rows, columns, axis=1)  # (n, t)
             indicators = xp.take(values, owner, axis=1) == levels[None, :]
             anywhere = values == ANY_LEVEL
-            listed = (xp.astype(indicators, A.dtype) @ blocks.mT) > 0.0
+            # (a value is listed where its column's block of indicators holds a 1: running sums, n x L, not a
+            # product with the level-to-column map, n x L x t)
+            running = xp.cumulative_sum(xp.astype(indicators, xp.int32), axis=1, include_initial=True)
+            listed = xp.take(running, ends, axis=1) > xp.take(running, starts, axis=1)
             ok = [before and bool(now) for before, now in zip(ok, to_numpy(xp.all(listed | anywhere, axis=0)).tolist())]
             O.append(indicators)
             any_level.append(anywhere)
-        return _OneHotColumns(O, any_level, [sum(sizes[:p]) for p in range(len(sizes))], ok)
+        return _OneHotColumns(O, any_level, offsets, ok)
 
     def _any_blocks(self, one_hot):
         """(the level-to-column map (t, L), g (L,), c (t,)) of ``one_hot``'s t columns: g_a = -log h(a), a listed
