@@ -1743,7 +1743,10 @@ class Categorical(Kernel):
             anywhere = values == ANY_LEVEL
             # (a value is listed where its column's block of indicators holds a 1: running sums, n x L, not a
             # product with the level-to-column map, n x L x t)
-            running = xp.cumulative_sum(xp.astype(indicators, xp.int32), axis=1, include_initial=True)
+            # (the leading zeros made here, on the rows' device: array_api_strict before 2.6 makes include_initial's
+            # on the default device, and a concat across devices fails)
+            running = xp.concat([xp.zeros((indicators.shape[0], 1), dtype=xp.int32, device=device),
+                                 xp.cumulative_sum(xp.astype(indicators, xp.int32), axis=1)], axis=1)
             listed = xp.take(running, ends, axis=1) > xp.take(running, starts, axis=1)
             ok = [before and bool(now) for before, now in zip(ok, to_numpy(xp.all(listed | anywhere, axis=0)).tolist())]
             O.append(indicators)

@@ -901,6 +901,33 @@ def test_the_products_read_the_columns_a_chunk_within_the_room_at_a_time(monkeyp
     assert chunks == [16, 3, 3]
 
 
+def test_the_gate_runs_on_a_second_device_with_older_array_api_strict(monkeypatch):
+    """array_api_strict before 2.6 makes ``cumulative_sum(..., include_initial=True)``'s leading zeros on the default
+    device (a concat across devices then fails): the gate makes its own zeros on the rows' device, and its taken
+    columns and K on device1 are NumPy's, with that older behaviour put in place."""
+    import array_api_strict as strict
+
+    running_sum = strict.cumulative_sum
+
+    def older(x, /, *, axis=None, dtype=None, include_initial=False):
+        out = running_sum(x, axis=axis, dtype=dtype)
+        if not include_initial:
+            return out
+        return strict.concat([strict.zeros((x.shape[0], 1), dtype=out.dtype), out], axis=1)  # (default device)
+
+    monkeypatch.setattr(strict, "cumulative_sum", older)
+    kernel = Categorical([0, 1], levels=[[0.0, 1.0, 2.0], [0.0, 1.0]])
+    X = np.array([[0.0, 1.0], [2.0, 0.0], [1.0, 1.0], [ANY_LEVEL, 0.0]])
+    Z = np.array([[1.0, 0.0], [2.0, ANY_LEVEL]])
+    device = strict.Device("device1")
+    Xs, Zs = (strict.asarray(a, device=device) for a in (X, Z))
+    strict_kernel = kernel.for_inputs(Xs)
+    assert strict_kernel._one_hot(Xs, Zs).taken == kernel._one_hot(X, Z).taken == [0, 1]
+    K = strict_kernel.K(Xs, Zs)
+    assert K.device == device
+    np.testing.assert_allclose(to_np(K), kernel.K(X, Z), rtol=1e-12)
+
+
 def test_the_any_level_code_is_not_a_level_a_column_can_list():
     with pytest.raises(ValueError, match="ANY_LEVEL"):
         Categorical([0], levels=[[ANY_LEVEL, 0, 1]])
