@@ -25,7 +25,7 @@ from . import size_rule, threads
 from . import streaming as S
 from . import uncertainty as U
 from . import validation as V
-from .inducing import initial_inducing_points, with_any_levels, with_row_levels
+from .inducing import initial_inducing_points, with_any_levels
 from .inference import training
 from .kernels import (ANY_LEVEL, ClassKernels, Kernel, any_level_columns, categorical_columns, tied_parameters,
                       with_default_priors)
@@ -409,7 +409,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Initial kernel and inducing points from ``start`` (the rows and their counts, ``inputs.start_of``; ``rows``:
         the training rows, held as the exact model's); one of each a class for more than two (Villacampa-Calvo &
         Hernandez-Lobato (2017): one latent function per class). ``categorical``: the categorical columns (the
-        default kernel's categorical part; the inducing points keep a level of each, ``inducing.with_row_levels``)."""
+        default kernel's categorical part; the inducing points keep a level of each, ``inputs.kmeans_with_levels``)."""
         sample, counts = start
         # an RBF over every column: the default kernel without categorical columns, and the priors' centres (the
         # continuous columns' as the default kernel's RBF has them)
@@ -425,9 +425,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if rows is not None:
             Z = B.array_namespace(rows).asarray(rows, copy=True)
         else:
-            Z = initial_inducing_points(sample, m, self.inducing, random_state=rng, weights=counts)
-            if isinstance(self.inducing, str):  # (points given as an array are the user's, levels included)
-                Z = with_row_levels(Z, sample, sorted(set(categorical) | set(categorical_columns(kernel))))
+            columns = sorted(set(categorical) | set(categorical_columns(kernel)))
+            if columns and isinstance(self.inducing, str) and self.inducing == "kmeans":  # (rows: on levels)
+                Z = I.kmeans_with_levels(sample, m, columns, random_state=rng, weights=counts)
+            else:  # (points given as an array are the user's, levels included)
+                Z = initial_inducing_points(sample, m, self.inducing, random_state=rng, weights=counts)
         if n_classes > 2:
             xp = B.array_namespace(Z)
             return ClassKernels([kernel] * n_classes), xp.stack([Z] * n_classes)

@@ -30,6 +30,7 @@ from . import labels as L
 from . import validation as V
 from .kernels import RBF, Categorical, OnColumns, mixed_kernel
 from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
+from .inducing import kmeans_with_levels as inducing_kmeans_with_levels
 from .inducing import start_rows
 from .inference.training import data_fingerprint, fingerprint_stride
 from .methods import ORDINAL, methods_supporting, supports
@@ -73,6 +74,7 @@ __all__ = [
     "device_targets",
     "initial_sample",
     "default_kernel",
+    "kmeans_with_levels",
     "listed_levels",
     "DEFAULT_LISTED_LEVELS",
     "note_tf32",
@@ -509,6 +511,16 @@ def listed_levels(X, columns, weights=None):
             found = np.sort(found[np.argsort(-counts, kind="stable")[:DEFAULT_LISTED_LEVELS]])
         out.append([float(v) for v in found])
     return out
+
+
+def kmeans_with_levels(X, n_clusters, columns, *, random_state=None, weights=None):
+    """k-means inducing points of the rows X (the start's, ``weights`` their counts) with categorical ``columns``
+    (``inducing.kmeans_with_levels``), clustered in the geometry of the default kernel at its start: its RBF's
+    lengthscales on the other columns (``prior_reference``) and the levels it lists (``listed_levels``)."""
+    scales = np.exp(np.asarray(B.to_numpy(prior_reference(X, weights, columns).params["log_lengthscales"]),
+                               dtype=np.float64).reshape(-1))
+    return inducing_kmeans_with_levels(X, n_clusters, columns, listed_levels(X, columns, weights), scales,
+                                       random_state=random_state, weights=weights)
 
 
 def prior_reference(X, weights=None, categorical=()):

@@ -1,6 +1,6 @@
 """Categorical columns (issue 45): ``GPClassifier(categorical_features=...)`` in scikit-learn's values, text levels
 learned at fit and kept in the model file, an unseen level its own level at predict, the inducing points on level
-values (``agpc.categories``, ``inducing.with_row_levels``)."""
+values (``agpc.categories``, ``inducing.kmeans_with_levels``)."""
 
 import numpy as np
 import pandas as pd
@@ -108,9 +108,9 @@ def test_a_dataframe_with_text_and_category_columns_fits_and_predicts_with_nothi
     assert model.feature_names_in_.tolist() == list(frame.columns)
     proba = model.predict_proba(frame)
     assert np.all(np.isfinite(proba)) and model.score(frame, y) > 0.75
-    # the inducing points sit on levels: the categorical coordinates are codes the rows have
-    Z = np.asarray(model.inducing_points_)
-    assert set(np.unique(Z[:, 1])) <= set(range(4)) and set(np.unique(Z[:, 3])) <= set(range(3))
+    # the inducing points sit on levels: the categorical coordinates are codes the rows have, or "any level" where
+    # the fit chose such points (``size_rule.choose_inducing``)
+    assert _on_levels(model)
 
 
 def test_categorical_columns_beat_the_same_columns_taken_as_numbers():
@@ -155,7 +155,7 @@ def test_an_integer_coded_column_given_by_index_is_categorical_on_an_array():
     model = GPClassifier(n_inducing=10, max_iter=10, random_state=0, categorical_features=[1, 3]).fit(X, y)
     assert model.is_categorical_.tolist() == [False, True, False, True] and model.categorical_levels_ == {}
     assert "Categorical" in repr(model.kernel_)
-    assert set(np.unique(np.asarray(model.inducing_points_)[:, 1])) <= set(range(4))
+    assert _on_levels(model)  # (a level the rows have, or "any level")
 
 
 def test_levels_round_trip_through_the_model_file(tmp_path):
@@ -370,6 +370,66 @@ def test_inducing_points_given_as_an_array_keep_their_levels():
     Z[:, 1] = [2, 0, 1, 2, 3, 0]
     model = GPClassifier(inducing=Z, n_inducing=6, max_iter=0, random_state=0, categorical_features=[1, 3]).fit(X, y)
     np.testing.assert_array_equal(np.asarray(model.inducing_points_)[:, 1], Z[:, 1])
+
+
+def _mixed_rows(n=200, seed=0):
+    """Rows of a continuous column, two categorical ones (4 and 3 levels, coded 0..L-1) and a continuous one."""
+    rng = np.random.default_rng(seed)
+    return np.column_stack([rng.normal(size=n), rng.integers(0, 4, size=n), rng.integers(0, 3, size=n),
+                            rng.normal(size=n)])
+
+
+def test_kmeans_inducing_points_do_not_depend_on_the_codes_of_levels_or_the_units_of_other_columns():
+    """k-means with categorical columns clusters by the levels' indicators and the other columns in units of their
+    deviation (``inputs.kmeans_with_levels``): other codes for the same levels, and a column in other units, give
+    the same points (in those codes and units); clustered by the codes as numbers, they did not."""
+    from agpc.inputs import kmeans_with_levels
+
+    X = _mixed_rows()
+    renamed = {0.0: 7.0, 1.0: -2.0, 2.0: 30.0, 3.0: 0.5}
+    Y = X.copy()
+    Y[:, 1] = [renamed[v] for v in X[:, 1]]
+    Y[:, 3] = 1000.0 * X[:, 3]
+    Z = kmeans_with_levels(X, 12, [1, 2], random_state=np.random.default_rng(3))
+    W = kmeans_with_levels(Y, 12, [1, 2], random_state=np.random.default_rng(3))
+    np.testing.assert_array_equal(W[:, 1], [renamed[v] for v in Z[:, 1]])
+    np.testing.assert_array_equal(W[:, 2], Z[:, 2])
+    np.testing.assert_allclose(W[:, [0, 3]], Z[:, [0, 3]] * [1.0, 1000.0], rtol=1e-9)
+    # each point's categorical coordinates are a row's, its others a centre's (not a row's)
+    assert all(np.any(np.all(X[:, 1:3] == z[1:3], axis=1)) for z in Z)
+    assert not any(np.any(np.all(X == z, axis=1)) for z in Z)
+
+
+def test_kmeans_with_levels_clusters_a_bounded_number_of_indicators_and_rows(monkeypatch):
+    """At most ``ENCODED_WIDTH`` indicators (each column's first levels) and ``ENCODED_ELEMENTS`` entries (rows drawn
+    beyond that) are clustered; the points still take their rows' levels."""
+    from agpc import inducing
+    from agpc.inputs import kmeans_with_levels
+
+    rng = np.random.default_rng(1)
+    X = np.column_stack([rng.normal(size=300)] + [rng.integers(0, 6, size=300) for _ in range(5)]).astype(float)
+    seen = []
+    clustered = inducing.kmeans
+    monkeypatch.setattr(inducing, "kmeans", lambda rows, *a, **k: seen.append(rows.shape) or clustered(rows, *a, **k))
+    monkeypatch.setattr(inducing, "ENCODED_WIDTH", 8)
+    monkeypatch.setattr(inducing, "ENCODED_ELEMENTS", 200)
+    Z = kmeans_with_levels(X, 10, [1, 2, 3, 4, 5], random_state=np.random.default_rng(0))
+    assert seen == [(200 // 6, 6)]  # (1 continuous column and the first level of each of 5; 33 rows)
+    assert Z.shape == (10, 6) and all(np.any(np.all(X[:, 1:] == z[1:], axis=1)) for z in Z)
+
+
+def test_kmeans_with_levels_on_array_api_strict_keeps_the_rows_device_and_numpys_points():
+    import array_api_strict as xs
+
+    from agpc.inputs import kmeans_with_levels
+
+    X = _mixed_rows(120)
+    device = xs.Device("device1")
+    Z = kmeans_with_levels(xs.asarray(X, device=device), 8, [1, 2], random_state=np.random.default_rng(0),
+                           weights=np.linspace(0.5, 2.0, 120))
+    assert Z.device == device
+    np.testing.assert_allclose(xs_to_np(Z), kmeans_with_levels(X, 8, [1, 2], random_state=np.random.default_rng(0),
+                                                               weights=np.linspace(0.5, 2.0, 120)), rtol=1e-12)
 
 
 @pytest.mark.parametrize("given", [[1, 3], [False, True, False, True], np.array([False, True, False, True]),
