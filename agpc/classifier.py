@@ -25,7 +25,7 @@ from . import size_rule, threads
 from . import streaming as S
 from . import uncertainty as U
 from . import validation as V
-from .inducing import initial_inducing_points, with_any_levels
+from .inducing import with_any_levels
 from .inference import training
 from .kernels import (ANY_LEVEL, ClassKernels, Kernel, any_level_columns, categorical_columns, tied_parameters,
                       with_default_priors)
@@ -95,8 +95,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         With ``fit(..., validation_data=...)``: stop when the validation NLL has not improved by ``tol`` for this
         many scores in a row, and keep the state of the best one (``stop_reason_`` "early_stopping"). ``None``: no
         early stopping.
-    inducing : "kmeans", "random" or array of shape (m, d)
-        Initial inducing points.
+    inducing : "auto", "kmeans", "variance", "random" or array of shape (m, d), default="auto"
+        Initial inducing points: "kmeans", k-means centres (at most 20,000 random rows); "variance", rows chosen one
+        at a time where f is most uncertain given those before (Burt, Rasmussen & van der Wilk 2020); "random",
+        random rows; "auto", "variance" where some columns are categorical (the points hold their levels there, so
+        the start is the model's: ``inducing.variance_points``), else "kmeans". With categorical columns both read
+        the rows in the default kernel's geometry (its lengthscales, and level indicators).
     likelihood : None, "probit", "logistic", "ordinal" or a registered likelihood's name
         EP methods: probit; "svi": either (default probit); ``vi-*``: logistic. "ordinal" (EP, SEP, ADF, SVI): ordered
         classes, one latent GP and learned cut points (Chu & Ghahramani 2005; docs/ordinal.md). A binary likelihood
@@ -267,7 +271,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "optimizer": [V.NONE, V.Options("rprop", "adadelta", "adam")],
         "learning_rate": [V.NONE, _POSITIVE], "max_time": [V.NONE, _POSITIVE],
         "shuffle": [V.Boolean()], "eval_every": [V.NONE, _COUNT], "n_iter_no_change": [V.NONE, _COUNT],
-        "inducing": [V.Options("kmeans", "random"), V.ArrayLike()],
+        "inducing": [V.Options("auto", "kmeans", "variance", "random"), V.ArrayLike()],
         "likelihood": [V.NONE, M.RegisteredLikelihood()],  # which method takes which: ``_check_params``
         "n_quadrature": [_COUNT], "optimize": [V.NONE, V.Boolean(), _OPTIMIZE_GROUPS],
         "jitter": [_NON_NEGATIVE], "tol": [_NON_NEGATIVE],
@@ -293,7 +297,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def __init__(self, method="ep", n_inducing="auto", kernel=None, backend="auto", max_iter=250, damping=None,
                  batch_size="auto", optimizer=None, learning_rate=None, max_time=None, shuffle=True, eval_every=None,
-                 n_iter_no_change=None, inducing="kmeans", likelihood=None, n_quadrature=20, optimize=True,
+                 n_iter_no_change=None, inducing="auto", likelihood=None, n_quadrature=20, optimize=True,
                  jitter=1e-6, tol=1e-6, random_state=None, verbose=False, client=None, local_steps=None,
                  n_jobs=None, checkpoint_path=None, checkpoint_every=None, site_directory=None, blas_threads=None,
                  dtype="float64", block_rows=None, step_replay=False, kernel_prior="auto", class_weight=None,
@@ -409,7 +413,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Initial kernel and inducing points from ``start`` (the rows and their counts, ``inputs.start_of``; ``rows``:
         the training rows, held as the exact model's); one of each a class for more than two (Villacampa-Calvo &
         Hernandez-Lobato (2017): one latent function per class). ``categorical``: the categorical columns (the
-        default kernel's categorical part; the inducing points keep a level of each, ``inputs.kmeans_with_levels``)."""
+        default kernel's categorical part; the inducing points keep a level of each, ``inputs.start_inducing_points``)."""
         sample, counts = start
         # an RBF over every column: the default kernel without categorical columns, and the priors' centres (the
         # continuous columns' as the default kernel's RBF has them)
@@ -425,11 +429,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if rows is not None:
             Z = B.array_namespace(rows).asarray(rows, copy=True)
         else:
-            columns = sorted(set(categorical) | set(categorical_columns(kernel)))
-            if columns and isinstance(self.inducing, str) and self.inducing == "kmeans":  # (rows: on levels)
-                Z = I.kmeans_with_levels(sample, m, columns, random_state=rng, weights=counts)
-            else:  # (points given as an array are the user's, levels included)
-                Z = initial_inducing_points(sample, m, self.inducing, random_state=rng, weights=counts)
+            # (on levels in the categorical columns; points given as an array are the user's, levels included)
+            Z = I.start_inducing_points(sample, m, self.inducing, sorted(set(categorical) | set(categorical_columns(
+                kernel))), random_state=rng, weights=counts)
         if n_classes > 2:
             xp = B.array_namespace(Z)
             return ClassKernels([kernel] * n_classes), xp.stack([Z] * n_classes)

@@ -30,8 +30,7 @@ from . import labels as L
 from . import validation as V
 from .kernels import RBF, Categorical, OnColumns, mixed_kernel
 from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
-from .inducing import kmeans_with_levels as inducing_kmeans_with_levels
-from .inducing import start_rows
+from .inducing import initial_inducing_points, kmeans_with_levels, start_rows, variance_points
 from .inference.training import data_fingerprint, fingerprint_stride
 from .methods import ORDINAL, methods_supporting, supports
 from .plan import DTYPES, dtype_name
@@ -74,7 +73,7 @@ __all__ = [
     "device_targets",
     "initial_sample",
     "default_kernel",
-    "kmeans_with_levels",
+    "start_inducing_points",
     "listed_levels",
     "DEFAULT_LISTED_LEVELS",
     "note_tf32",
@@ -513,14 +512,24 @@ def listed_levels(X, columns, weights=None):
     return out
 
 
-def kmeans_with_levels(X, n_clusters, columns, *, random_state=None, weights=None):
-    """k-means inducing points of the rows X (the start's, ``weights`` their counts) with categorical ``columns``
-    (``inducing.kmeans_with_levels``), clustered in the geometry of the default kernel at its start: its RBF's
-    lengthscales on the other columns (``prior_reference``) and the levels it lists (``listed_levels``)."""
+def start_inducing_points(X, n_points, method, columns, *, random_state=None, weights=None):
+    """The inducing points ``GPClassifier(inducing=method)`` starts from on the rows X (the start's, ``weights``
+    their counts) with categorical ``columns``: "auto" is "variance" where there are categorical columns (their
+    points hold their levels, so the start is the model's: ``inducing.variance_points``), else "kmeans"; "variance"
+    and, with categorical columns, "kmeans" (``inducing.kmeans_with_levels``) read the rows in the default kernel's
+    geometry at its start, its RBF's lengthscales (``prior_reference``) and the levels it lists (``listed_levels``);
+    "random", "kmeans" without categorical columns and an array of points are ``inducing.initial_inducing_points``'s.
+    """
+    if isinstance(method, str) and method == "auto":
+        method = "variance" if columns else "kmeans"
+    if not (isinstance(method, str) and (method == "variance" or (method == "kmeans" and columns))):
+        return initial_inducing_points(X, n_points, method, random_state=random_state, weights=weights)
     scales = np.exp(np.asarray(B.to_numpy(prior_reference(X, weights, columns).params["log_lengthscales"]),
                                dtype=np.float64).reshape(-1))
-    return inducing_kmeans_with_levels(X, n_clusters, columns, listed_levels(X, columns, weights), scales,
-                                       random_state=random_state, weights=weights)
+    levels = listed_levels(X, columns, weights) if columns else []
+    if method == "variance":
+        return variance_points(X, n_points, columns, levels, scales, random_state=random_state)
+    return kmeans_with_levels(X, n_points, columns, levels, scales, random_state=random_state, weights=weights)
 
 
 def prior_reference(X, weights=None, categorical=()):

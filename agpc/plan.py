@@ -61,7 +61,7 @@ class FitPlan:
     dtype: str
     kernel: Any = None
     n_inducing: Any = "auto"
-    inducing: Any = "kmeans"
+    inducing: Any = "auto"
     ard: Any = "auto"
     kernel_prior: Any = "auto"
     classes: Any = None

@@ -379,32 +379,84 @@ def _mixed_rows(n=200, seed=0):
                             rng.normal(size=n)])
 
 
-def test_kmeans_inducing_points_do_not_depend_on_the_codes_of_levels_or_the_units_of_other_columns():
-    """k-means with categorical columns clusters by the levels' indicators and the other columns in units of their
-    deviation (``inputs.kmeans_with_levels``): other codes for the same levels, and a column in other units, give
-    the same points (in those codes and units); clustered by the codes as numbers, they did not."""
-    from agpc.inputs import kmeans_with_levels
+@pytest.mark.parametrize("method", ["kmeans", "variance"])
+def test_inducing_points_do_not_depend_on_the_codes_of_levels_or_the_units_of_other_columns(method):
+    """With categorical columns, k-means and the variance choice read the rows by the levels' indicators and the
+    other columns in units of their deviation (``inputs.start_inducing_points``): other codes for the same levels,
+    and a column in other units, give the same points (in those codes and units); k-means by the codes as numbers
+    did not."""
+    from agpc.inputs import start_inducing_points
 
     X = _mixed_rows()
     renamed = {0.0: 7.0, 1.0: -2.0, 2.0: 30.0, 3.0: 0.5}
     Y = X.copy()
     Y[:, 1] = [renamed[v] for v in X[:, 1]]
     Y[:, 3] = 1000.0 * X[:, 3]
-    Z = kmeans_with_levels(X, 12, [1, 2], random_state=np.random.default_rng(3))
-    W = kmeans_with_levels(Y, 12, [1, 2], random_state=np.random.default_rng(3))
+    Z, W = (start_inducing_points(rows, 12, method, [1, 2], random_state=np.random.default_rng(3)) for rows in (X, Y))
     np.testing.assert_array_equal(W[:, 1], [renamed[v] for v in Z[:, 1]])
     np.testing.assert_array_equal(W[:, 2], Z[:, 2])
     np.testing.assert_allclose(W[:, [0, 3]], Z[:, [0, 3]] * [1.0, 1000.0], rtol=1e-9)
-    # each point's categorical coordinates are a row's, its others a centre's (not a row's)
+    # each point's categorical coordinates are a row's; k-means's others a centre's (not a row's), the variance
+    # choice's its row's
     assert all(np.any(np.all(X[:, 1:3] == z[1:3], axis=1)) for z in Z)
-    assert not any(np.any(np.all(X == z, axis=1)) for z in Z)
+    is_row = [np.any(np.all(X == z, axis=1)) for z in Z]
+    assert not any(is_row) if method == "kmeans" else all(is_row)
+
+
+def _conditional_variance_choice(E, count):
+    """The greedy choice written out: each step, the row of largest diag(K - K_xZ K_ZZ^-1 K_Zx) under the RBF
+    exp(-|e - e'|^2 / 2), by a dense solve (ties: the first row)."""
+    K = np.exp(-0.5 * np.sum((E[:, None, :] - E[None, :, :]) ** 2, axis=-1))
+    chosen = []
+    for _ in range(count):
+        if chosen:
+            Kxz = K[:, chosen]
+            variance = 1.0 - np.sum(Kxz * np.linalg.solve(K[np.ix_(chosen, chosen)], Kxz.T).T, axis=1)
+        else:
+            variance = np.ones(len(E))
+        variance[chosen] = -np.inf
+        chosen.append(int(np.argmax(variance)))
+    return chosen
+
+
+def test_the_variance_choice_is_the_greedy_conditional_variance_of_the_encoded_rows():
+    from agpc.inducing import _variance_order, encoded_rows
+    from agpc.inputs import listed_levels, start_inducing_points
+
+    X = _mixed_rows(150, seed=4)
+    scales = np.array([0.7, 1.0, 1.0, 2.5])
+    E, continuous = encoded_rows(X, [1, 2], listed_levels(X, [1, 2]), scales)
+    assert continuous == 2 and E.shape == (150, 2 + 4 + 3)
+    np.testing.assert_allclose(E[:, 0], X[:, 0] / 0.7)
+    np.testing.assert_allclose(E[:, 2:6].sum(axis=1), 1.0 / np.sqrt(2.0))  # (one level of four, over sqrt(k))
+    assert _variance_order(E, 20).tolist() == _conditional_variance_choice(E, 20)
+    Z = start_inducing_points(X, 20, "auto", [1, 2])  # ("auto" with categorical columns: the variance choice)
+    assert all(np.any(np.all(X == z, axis=1)) for z in Z) and len({tuple(z) for z in Z}) == 20
+
+
+def test_the_variance_choice_takes_every_row_before_any_twice_and_bounds_its_rows(monkeypatch):
+    """Fewer rows than points: each row once (the rest known exactly), then again in turn; beyond
+    ``VARIANCE_ELEMENTS`` / points rows, rows drawn at random."""
+    from agpc import inducing
+    from agpc.inputs import start_inducing_points
+
+    X = np.array([[0.0, 1.0], [0.0, 2.0], [1.0, 1.0], [0.5, 2.0]])
+    Z = start_inducing_points(X, 6, "variance", [1])
+    assert np.all(np.isfinite(Z)) and {tuple(z) for z in Z[:4]} == {tuple(x) for x in X}
+    assert {tuple(z) for z in Z[4:]} <= {tuple(x) for x in X}
+    seen = []
+    order = inducing._variance_order
+    monkeypatch.setattr(inducing, "_variance_order", lambda E, count: seen.append(E.shape) or order(E, count))
+    monkeypatch.setattr(inducing, "VARIANCE_ELEMENTS", 400)
+    Z = start_inducing_points(_mixed_rows(300), 10, "variance", [1, 2], random_state=np.random.default_rng(0))
+    assert seen == [(40, 2 + 4 + 3)] and Z.shape == (10, 4)
 
 
 def test_kmeans_with_levels_clusters_a_bounded_number_of_indicators_and_rows(monkeypatch):
     """At most ``ENCODED_WIDTH`` indicators (each column's first levels) and ``ENCODED_ELEMENTS`` entries (rows drawn
     beyond that) are clustered; the points still take their rows' levels."""
     from agpc import inducing
-    from agpc.inputs import kmeans_with_levels
+    from agpc.inputs import start_inducing_points
 
     rng = np.random.default_rng(1)
     X = np.column_stack([rng.normal(size=300)] + [rng.integers(0, 6, size=300) for _ in range(5)]).astype(float)
@@ -413,23 +465,33 @@ def test_kmeans_with_levels_clusters_a_bounded_number_of_indicators_and_rows(mon
     monkeypatch.setattr(inducing, "kmeans", lambda rows, *a, **k: seen.append(rows.shape) or clustered(rows, *a, **k))
     monkeypatch.setattr(inducing, "ENCODED_WIDTH", 8)
     monkeypatch.setattr(inducing, "ENCODED_ELEMENTS", 200)
-    Z = kmeans_with_levels(X, 10, [1, 2, 3, 4, 5], random_state=np.random.default_rng(0))
+    Z = start_inducing_points(X, 10, "kmeans", [1, 2, 3, 4, 5], random_state=np.random.default_rng(0))
     assert seen == [(200 // 6, 6)]  # (1 continuous column and the first level of each of 5; 33 rows)
     assert Z.shape == (10, 6) and all(np.any(np.all(X[:, 1:] == z[1:], axis=1)) for z in Z)
 
 
-def test_kmeans_with_levels_on_array_api_strict_keeps_the_rows_device_and_numpys_points():
+@pytest.mark.parametrize("method", ["kmeans", "variance"])
+def test_inducing_points_with_levels_on_array_api_strict_keep_the_rows_device_and_numpys_points(method):
     import array_api_strict as xs
 
-    from agpc.inputs import kmeans_with_levels
+    from agpc.inputs import start_inducing_points
 
     X = _mixed_rows(120)
     device = xs.Device("device1")
-    Z = kmeans_with_levels(xs.asarray(X, device=device), 8, [1, 2], random_state=np.random.default_rng(0),
-                           weights=np.linspace(0.5, 2.0, 120))
+    options = dict(random_state=np.random.default_rng(0), weights=np.linspace(0.5, 2.0, 120))
+    Z = start_inducing_points(xs.asarray(X, device=device), 8, method, [1, 2], **options)
     assert Z.device == device
-    np.testing.assert_allclose(xs_to_np(Z), kmeans_with_levels(X, 8, [1, 2], random_state=np.random.default_rng(0),
-                                                               weights=np.linspace(0.5, 2.0, 120)), rtol=1e-12)
+    options["random_state"] = np.random.default_rng(0)
+    np.testing.assert_allclose(xs_to_np(Z), start_inducing_points(X, 8, method, [1, 2], **options), rtol=1e-12)
+
+
+def test_auto_inducing_points_of_numeric_columns_are_k_means():
+    X = _mixed_rows(150)
+    y = (X[:, 0] + X[:, 3] > 0).astype(int)
+    points = [np.asarray(GPClassifier(inducing=how, n_inducing=10, max_iter=0, random_state=0).fit(X, y)
+                         .inducing_points_) for how in ("auto", "kmeans", "variance")]
+    np.testing.assert_array_equal(points[0], points[1])
+    assert not np.array_equal(points[0], points[2])
 
 
 @pytest.mark.parametrize("given", [[1, 3], [False, True, False, True], np.array([False, True, False, True]),
