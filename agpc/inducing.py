@@ -162,9 +162,9 @@ def with_any_levels(Z, columns, random_state, code, fraction=ANY_LEVEL_FRACTION)
 ENCODED_WIDTH = 4096
 """The most level indicators the start kernel's geometry (``encoded_rows``) holds (each categorical column's first
 listed levels share them; a value past them is taken as no listed level)."""
-ENCODED_ELEMENTS = 1 << 24
-"""The most entries of the encoded rows the choice of inducing points reads (rows drawn at random beyond that: 128
-MiB in float64)."""
+ENCODED_ELEMENTS = 1 << 22
+"""The most entries of the encoded rows the choice of inducing points reads (rows drawn at random beyond that: 32
+MiB in float64; k-means's time grows with them: 16 columns of 64 levels, 20,000 rows, 8 s for 20 points at 1 << 24)."""
 VARIANCE_ELEMENTS = 1 << 22
 """The most entries of ``variance_points``'s Cholesky rows (points x rows; rows drawn at random beyond that)."""
 
@@ -241,50 +241,64 @@ def variance_points(X, n_points, columns, levels, scales, *, random_state=None):
     """``inducing="variance"``: rows of X chosen one at a time, each the row where f is most uncertain given f at
     the rows chosen before, under the RBF exp(-|e - e'|^2 / 2) of the rows in the default kernel's geometry at its
     start (``encoded_rows``): the greedy conditional-variance choice of Burt, Rasmussen & van der Wilk (2020, JMLR,
-    "Convergence of sparse variational inference in Gaussian process regression", sec. 5: a pivoted Cholesky
-    factorisation of K(X, X)). It covers every region the kernel tells apart, however few rows are there, where
-    k-means puts its points where the rows are dense. With categorical columns the points hold their levels (the
-    kernel's gradient there is zero), so the choice is the model's: on mushroom, small groups of rows no k-means
-    point was near were predicted at the prior (p = 0.54 for rows whose neighbours one level away were all of
-    their class), and the test NLL was 0.0015 +- 0.0002 against logistic regression's 0.0006 (docs/results.md,
-    "Categorical columns"). Rows are counted once whatever their weight (the choice reads where rows are, not how
-    many). Beyond ``VARIANCE_ELEMENTS`` / ``n_points`` rows (or ``ENCODED_ELEMENTS`` encoded entries), rows drawn
-    by ``random_state``."""
+    "Convergence of sparse variational inference in Gaussian processes regression"), a pivoted Cholesky
+    factorisation of K(X, X) (``_variance_order``). It covers every region the kernel tells apart among the rows it
+    reads, however few rows are there, where k-means puts its points where the rows are dense. With categorical
+    columns the points hold their levels (the kernel's gradient there is zero), so the choice is the model's: on
+    mushroom, small groups of rows no k-means point was near were predicted at the prior (p = 0.54 for rows whose
+    neighbours one level away were all of their class; docs/results.md, "Categorical columns").
+
+    Rows are counted once whatever their weight (the choice reads where rows are, not how many). The choice is
+    deterministic given the rows and their order; ``random_state`` draws the rows read beyond ``VARIANCE_ELEMENTS``
+    / ``n_points`` (or ``ENCODED_ELEMENTS`` encoded entries) and the points past the kernel's numerical rank. Its
+    cost is O(rows x n_points x (n_points + width)) in ``n_points`` matrix-vector steps, a host sync each: 0.6 s for
+    100 points of 20,000 rows, 6.5 s for 1,000 points of the 4,194 rows then read (fewer than 5 a point: past a
+    few thousand points the choice is close to random rows)."""
     xp = array_namespace(X)
     rng = host_rng(random_state)
     rows = max(n_points, min(KMEANS_ROWS, VARIANCE_ELEMENTS // n_points,
                              ENCODED_ELEMENTS // _encoded_width(X, columns, levels)))
     X, _ = _rows_within(X, None, rng, rows)
     encoded, _ = encoded_rows(X, columns, levels, scales)
-    order = _variance_order(encoded, n_points)
+    order = _variance_order(encoded, n_points, rng)
     return xp.take(X, asarray_like(order, xp, device=array_device(X)), axis=0)
 
 
-VARIANCE_FLOOR = 1e-10
-"""The conditional variance below which every row counts as known (``_variance_order`` then takes rows in turn)."""
+VARIANCE_FLOOR_EPS = 1000.0
+"""The conditional variance below which a row counts as known, in units of its type's epsilon (float64 2e-13,
+float32 1e-4: the rounding the residual's m updates accumulate, so float32 does not pivot on its noise)."""
 
 
-def _variance_order(E, count):
+def _variance_order(E, count, rng):
     """The greedy conditional-variance choice of ``count`` rows of E (host indices): a pivoted Cholesky of the RBF
     exp(-|e - e'|^2 / 2) of the rows, L (picked, n), each step the row of largest residual variance
-    diag(K - L^T L). Once every row is known to ``VARIANCE_FLOOR``, or all are taken, the rest are the rows not yet
-    taken, then the taken ones again, in turn (the jitter of K(Z, Z) carries a repeated point)."""
+    diag(K - L^T L) (the first: row 0, all being 1). The distances are summed from the differences, not expanded
+    as |e|^2 + |e'|^2 - 2 e.e', which cancels where a column's values sit far from 0. Once every row is known to
+    ``VARIANCE_FLOOR_EPS`` (the kernel's numerical rank is spent: a continuous part of one or two columns), or all
+    are taken, the rest are drawn by ``rng`` from the rows not taken, then from all (the jitter of K(Z, Z) carries a
+    repeated point): filled in the rows' order, they piled up where the rows' order begins."""
     xp = array_namespace(E)
     n = E.shape[0]
-    squares = xp.sum(E * E, axis=1)
-    residual = xp.ones((n,), dtype=E.dtype, device=array_device(E))
-    L = xp.zeros((min(count, n), n), dtype=E.dtype, device=array_device(E))
+    floor = VARIANCE_FLOOR_EPS * float(xp.finfo(E.dtype).eps)
     order = []
-    for i in range(min(count, n)):
-        j = int(xp.argmax(residual))
-        if float(residual[j]) <= VARIANCE_FLOOR:
-            break
-        order.append(j)
-        k = xp.exp(-0.5 * xp.clip(squares + squares[j] - 2.0 * (E @ E[j, :]), min=0.0))
-        row = (k - L[:i, :].mT @ L[:i, j]) / xp.sqrt(residual[j])
-        L[i, :] = row
-        residual = xp.clip(residual - row * row, min=0.0)
-        residual[j] = 0.0  # (known exactly: not taken again)
+    if count < n:  # (else every row is taken: no factorisation)
+        residual = xp.ones((n,), dtype=E.dtype, device=array_device(E))
+        L = xp.zeros((count, n), dtype=E.dtype, device=array_device(E))
+        for i in range(count):
+            j = int(xp.argmax(residual))
+            if float(residual[j]) <= floor:
+                break
+            order.append(j)
+            difference = E - E[j, :][None, :]
+            k = xp.exp(-0.5 * xp.sum(difference * difference, axis=1))
+            row = (k - L[:i, :].mT @ L[:i, j]) / xp.sqrt(residual[j])
+            L[i, :] = row
+            residual = residual - row * row
+            residual = xp.where(residual > 0.0, residual, xp.zeros_like(residual))
+            residual[j] = 0.0  # (known exactly: not taken again)
     taken = set(order)
-    rest = [j for j in range(n) if j not in taken]
-    return np.resize(np.asarray(order + rest, dtype=np.int64), count)
+    rest = np.asarray([j for j in range(n) if j not in taken], dtype=np.int64)
+    fill = count - len(order)
+    drawn = rng.permutation(rest)[:fill]
+    again = rng.choice(n, size=max(0, fill - drawn.shape[0]), replace=True)
+    return np.concatenate([np.asarray(order, dtype=np.int64), drawn, again]).astype(np.int64)

@@ -460,7 +460,7 @@ def check_args(argv=None):
 
 
 class Phases:
-    """Moments of a fit, from hooks on the library: k-means's start and end (``initial_inducing_points``), each
+    """Moments of a fit, from hooks on the library: the initial inducing points' start and end (``inputs.start_inducing_points``), each
     training step's or round's start and end (``Trainer.step`` of the driver), and the rounds' own record (the
     ``DataParallel`` plan: steps of each shard, task seconds)."""
 
@@ -469,7 +469,7 @@ class Phases:
 
     @contextlib.contextmanager
     def hooked(self):
-        from agpc import classifier
+        from agpc import inputs
         from agpc.inference import training
 
         def initial_model(real_init):
@@ -490,7 +490,7 @@ class Phases:
 
             return timed
 
-        with patched(classifier, "initial_inducing_points", initial_model), \
+        with patched(inputs, "start_inducing_points", initial_model), \
                 patched(training.Trainer, "step", step), data_parallel_plans() as self.plans:
             yield self
 

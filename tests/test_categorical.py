@@ -429,7 +429,7 @@ def test_the_variance_choice_is_the_greedy_conditional_variance_of_the_encoded_r
     assert continuous == 2 and E.shape == (150, 2 + 4 + 3)
     np.testing.assert_allclose(E[:, 0], X[:, 0] / 0.7)
     np.testing.assert_allclose(E[:, 2:6].sum(axis=1), 1.0 / np.sqrt(2.0))  # (one level of four, over sqrt(k))
-    assert _variance_order(E, 20).tolist() == _conditional_variance_choice(E, 20)
+    assert _variance_order(E, 20, np.random.default_rng(0)).tolist() == _conditional_variance_choice(E, 20)
     Z = start_inducing_points(X, 20, "auto", [1, 2])  # ("auto" with categorical columns: the variance choice)
     assert all(np.any(np.all(X == z, axis=1)) for z in Z) and len({tuple(z) for z in Z}) == 20
 
@@ -446,10 +446,32 @@ def test_the_variance_choice_takes_every_row_before_any_twice_and_bounds_its_row
     assert {tuple(z) for z in Z[4:]} <= {tuple(x) for x in X}
     seen = []
     order = inducing._variance_order
-    monkeypatch.setattr(inducing, "_variance_order", lambda E, count: seen.append(E.shape) or order(E, count))
+    monkeypatch.setattr(inducing, "_variance_order", lambda E, count, rng: seen.append(E.shape) or order(E, count, rng))
     monkeypatch.setattr(inducing, "VARIANCE_ELEMENTS", 400)
     Z = start_inducing_points(_mixed_rows(300), 10, "variance", [1, 2], random_state=np.random.default_rng(0))
     assert seen == [(40, 2 + 4 + 3)] and Z.shape == (10, 4)
+
+
+def test_points_past_the_kernels_numerical_rank_are_drawn_from_all_the_rows():
+    """One continuous column and one of two levels, the rows in the order of x: the kernel's rank is spent after a
+    few dozen points, and the rest are drawn from the rows not taken, not the first rows in order (which put 3 of 4
+    points in the lowest quarter of x)."""
+    from agpc.inputs import start_inducing_points
+
+    rng = np.random.default_rng(0)
+    X = np.column_stack([np.sort(rng.normal(size=3000)), rng.integers(0, 2, size=3000)]).astype(float)
+    Z = start_inducing_points(X, 100, "variance", [1], random_state=np.random.default_rng(1))
+    assert len({tuple(z) for z in Z}) == 100
+    assert 0.1 < np.mean(Z[:, 0] < np.quantile(X[:, 0], 0.25)) < 0.4
+
+
+def test_a_fit_with_categorical_columns_starts_from_the_variance_choice_by_default():
+    X, y, _ = _coded_table(150)
+    points = [np.asarray(GPClassifier(inducing=how, n_inducing=10, max_iter=0, random_state=0,
+                                      categorical_features=[1, 3]).fit(X, y).inducing_points_)
+              for how in ("auto", "variance", "kmeans")]
+    np.testing.assert_array_equal(points[0], points[1])
+    assert not np.array_equal(points[0], points[2])
 
 
 def test_kmeans_with_levels_clusters_a_bounded_number_of_indicators_and_rows(monkeypatch):
