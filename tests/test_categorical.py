@@ -435,7 +435,7 @@ def test_the_variance_choice_is_the_greedy_conditional_variance_of_the_encoded_r
 
 
 def test_the_variance_choice_takes_every_row_before_any_twice_and_bounds_its_rows(monkeypatch):
-    """Fewer rows than points: each row once (the rest known exactly), then again in turn; beyond
+    """Fewer rows than points: each row once (the rest known exactly), then again (drawn at random); beyond
     ``VARIANCE_ELEMENTS`` / points rows, rows drawn at random."""
     from agpc import inducing
     from agpc.inputs import start_inducing_points
@@ -463,6 +463,29 @@ def test_points_past_the_kernels_numerical_rank_are_drawn_from_all_the_rows():
     Z = start_inducing_points(X, 100, "variance", [1], random_state=np.random.default_rng(1))
     assert len({tuple(z) for z in Z}) == 100
     assert 0.1 < np.mean(Z[:, 0] < np.quantile(X[:, 0], 0.25)) < 0.4
+
+
+@pytest.mark.parametrize("method", ["kmeans", "variance"])
+def test_a_continuous_column_far_from_zero_in_float32_spreads_its_points_as_in_float64(method):
+    """The rows are centred before the expanded distances |e|^2 + |e'|^2 - 2 e.e' (uncentred, float32 rows at 1e4
+    had distances 22 off, and k-means put its points in the middle quarter of x)."""
+    from agpc.inputs import start_inducing_points
+
+    rng = np.random.default_rng(0)
+    X = np.column_stack([1e4 + rng.normal(size=3000), rng.integers(0, 3, size=3000)])
+    spread = [np.subtract(*np.quantile(start_inducing_points(X.astype(dtype), 20, method, [1],
+                                                             random_state=np.random.default_rng(0))[:, 0], [0.75, 0.25]))
+              for dtype in (np.float32, np.float64)]
+    assert spread[0] > 0.5 * spread[1] > 0.5
+
+
+def test_the_variance_choice_draws_from_the_generator_only_where_it_chooses():
+    from agpc.inputs import start_inducing_points
+
+    rng = np.random.default_rng(5)
+    state = rng.bit_generator.state
+    start_inducing_points(_mixed_rows(200), 12, "variance", [1, 2], random_state=rng)
+    assert rng.bit_generator.state == state
 
 
 def test_a_fit_with_categorical_columns_starts_from_the_variance_choice_by_default():

@@ -113,7 +113,7 @@ def test_bad_input_raises_a_clear_value_error(banana, make, message):
         ({"backend": "tensorflow"}, "backend must be .*, got 'tensorflow'"),
         ({"damping": 0.0}, r"damping must be None or a finite number in \(0, 1\], got 0.0"),
         ({"optimize": ("kernel", "noise")}, r"optimize must be .*, got \('kernel', 'noise'\)"),
-        ({"inducing": "grid"}, "inducing must be one of 'kmeans', 'random' or an array .*, got 'grid'"),
+        ({"inducing": "grid"}, "inducing must be one of 'auto', 'kmeans', 'variance', 'random' or an array .*, got 'grid'"),
         ({"inducing": np.zeros((4, 3))}, r"inducing points must have shape \(m, 2\)"),
         ({"kernel": "rbf"}, "kernel must be None or an agpc kernel"),
     ],
