@@ -460,9 +460,9 @@ def check_args(argv=None):
 
 
 class Phases:
-    """Moments of a fit, from hooks on the library: the initial inducing points' start and end (``inputs.start_inducing_points``), each
-    training step's or round's start and end (``Trainer.step`` of the driver), and the rounds' own record (the
-    ``DataParallel`` plan: steps of each shard, task seconds)."""
+    """Moments of a fit, from hooks on the library: the initial inducing points' start and end
+    (``inputs.start_inducing_points``), each training step's or round's start and end (``Trainer.step`` of the
+    driver), and the rounds' own record (the ``DataParallel`` plan: steps of each shard, task seconds)."""
 
     def __init__(self):
         self.marks, self.steps, self.plans = {}, [], []
