@@ -413,7 +413,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Initial kernel and inducing points from ``start`` (the rows and their counts, ``inputs.start_of``; ``rows``:
         the training rows, held as the exact model's); one of each a class for more than two (Villacampa-Calvo &
         Hernandez-Lobato (2017): one latent function per class). ``categorical``: the categorical columns (the
-        default kernel's categorical part; the inducing points keep a level of each, ``inputs.start_inducing_points``)."""
+        default kernel's categorical part; the inducing points keep a level of each: ``inputs.start_inducing_points``).
+        """
         sample, counts = start
         # an RBF over every column: the default kernel without categorical columns, and the priors' centres (the
         # continuous columns' as the default kernel's RBF has them)

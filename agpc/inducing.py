@@ -279,8 +279,8 @@ def _variance_order(E, count, rng):
     matrix-vector product a step; summed from the differences, a step took 6 to 15 times as long), on rows the
     caller has centred: uncentred, a column far from 0 cancelled (float32 rows at 1e4: distances 22 off). Once
     every row is known to ``VARIANCE_FLOOR_EPS`` (the kernel's numerical rank is spent: a continuous part of one or
-    two columns), or all are taken, the rest are drawn by ``rng`` from the rows not taken, then from all (the jitter of K(Z, Z) carries a
-    repeated point): filled in the rows' order, they piled up where the rows' order begins."""
+    two columns), or all are taken, the rest are drawn by ``rng`` from the rows not taken, then from all (the jitter
+    of K(Z, Z) carries a repeated point): filled in the rows' order, they piled up where the rows' order begins."""
     xp = array_namespace(E)
     n = E.shape[0]
     floor = VARIANCE_FLOOR_EPS * float(xp.finfo(E.dtype).eps)

@@ -2232,7 +2232,7 @@ DEFAULT_PRIOR_SCALE = math.sqrt(3.0)
 def categorical_columns(kernel, per_level=None):
     """The columns of X that ``kernel`` reads as categories (its ``Categorical`` terms', through ``OnColumns``,
     sums, products, an ordinal model's latent kernel and a class's kernels), sorted: where the inducing points must
-    sit on levels (``inducing.kmeans_with_levels``) whoever built the kernel. ``per_level``: True, only the columns of
+    sit on levels (``inputs.start_inducing_points``) whoever built the kernel. ``per_level``: True, only the columns of
     per-level terms; False, only those of exchangeable ones."""
     if isinstance(kernel, Categorical):
         keep = per_level is None or per_level == (kernel.levels is not None)

@@ -473,9 +473,9 @@ def test_a_continuous_column_far_from_zero_in_float32_spreads_its_points_as_in_f
 
     rng = np.random.default_rng(0)
     X = np.column_stack([1e4 + rng.normal(size=3000), rng.integers(0, 3, size=3000)])
-    spread = [np.subtract(*np.quantile(start_inducing_points(X.astype(dtype), 20, method, [1],
-                                                             random_state=np.random.default_rng(0))[:, 0], [0.75, 0.25]))
+    points = [start_inducing_points(X.astype(dtype), 20, method, [1], random_state=np.random.default_rng(0))
               for dtype in (np.float32, np.float64)]
+    spread = [np.subtract(*np.quantile(Z[:, 0], [0.75, 0.25])) for Z in points]
     assert spread[0] > 0.5 * spread[1] > 0.5
 
 
