@@ -301,8 +301,7 @@ def _variance_order(E, count, rng):
             residual = residual - row * row
             residual = xp.where(residual > 0.0, residual, xp.zeros_like(residual))
             residual[j] = 0.0  # (known exactly: not taken again)
-    taken = set(order)
-    rest = np.asarray([j for j in range(n) if j not in taken], dtype=np.int64)
+    rest = np.setdiff1d(np.arange(n, dtype=np.int64), np.asarray(order, dtype=np.int64))  # (sorted, as before)
     fill = count - len(order)
     if not fill:  # (the generator is drawn from only where it chooses)
         return np.asarray(order, dtype=np.int64)
