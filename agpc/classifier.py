@@ -78,8 +78,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     damping : float in (0, 1] or None
         EP damping (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25). ``None``: 0.5 batch, 0.99 minibatch.
     batch_size : "auto", None or int
-        Rows per minibatch. "auto": the full batch up to 20,000 rows, else 200 on the CPU and on a GPU the rows
-        that keep it busy (``agpc.batch_size``, docs/gpu.md). ``None``: full batch.
+        Rows per minibatch. "auto": the full batch up to 20,000 rows (up to 200,000 for the default method's
+        binary model of rows in memory on the CPU), else 200 on the CPU and on a GPU the rows that keep it busy
+        (``agpc.batch_size``, docs/gpu.md). ``None``: full batch.
     optimizer : None, "rprop", "adadelta" or "adam"
         Hyper-parameter steps. ``None``: "rprop" (the paper's) in batch mode, Adadelta in minibatch mode.
     learning_rate : float or None
@@ -338,6 +339,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         groups, target_xp, plan = self._check_params()  # before anything reads them (the BLAS scope reads the sizes)
         X, categorical = C.encoded_rows(X, self.categorical_features, plan.dtype)  # (text levels learned)
         n_rows, n_features = I.rows_and_features(X, y)
+        plan = plan.for_rows(X, y, n_rows, target_xp)  # (binary rows in memory: batch_size="auto" may take more)
         I.check_fit_paths(plan, X, y, resume, stacklevel=3)  # (a bad path must not cost the fit)
         if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2:  # (else refused, as it is)
             validation_data = (C.encode(validation_data[0], categorical, n_features), validation_data[1])

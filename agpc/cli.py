@@ -248,7 +248,7 @@ def fit(args):
     X_train, y_train, X_val, y_val = _split(X, y, args.validation_fraction, args.random_state)
     if weights is not None and X_val is not None:
         weights = weights[~_validation_rows(y, args.validation_fraction, args.random_state)]
-    model = _fit_model(args, order, X_train.shape[0], _categorical_columns(args, X, names))
+    model = _fit_model(args, order, (X_train, y_train), _categorical_columns(args, X, names))
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
     scaler = None
     if args.standardize:  # on the training rows only; the model file keeps the means and scales (a Pipeline)
@@ -278,7 +278,7 @@ def fit(args):
     _save_fitted(model, scaler, names, args.out)
     for what, values, rows in scores:
         _print_scores(what, values, rows)
-    print(f"fit time:    {seconds:.2f} s ({_iterations(model, args.max_iter, X_train.shape[0])}; "
+    print(f"fit time:    {seconds:.2f} s ({_iterations(model, args.max_iter, (X_train, y_train))}; "
           f"{_model_size(model)})")
     print(f"wrote {args.out}")
     return 0
@@ -332,9 +332,9 @@ def _categorical_columns(args, X, names):
     return sorted(chosen)
 
 
-def _fit_model(args, order, n_rows, categorical=()):
+def _fit_model(args, order, rows, categorical=()):
     """The ``GPClassifier`` ``agpc fit``'s arguments ask for (``order``: an ordinal model's classes in their order;
-    ``categorical``: the categorical columns), its ``n_jobs`` for ``n_rows`` training rows (``_fit_jobs``), its
+    ``categorical``: the categorical columns), its ``n_jobs`` for the training ``rows`` (X, y; ``_fit_jobs``), its
     parameters checked: a method that does not take --likelihood is refused before anything is printed."""
     model = GPClassifier(
         method=args.method, n_inducing=args.inducing, batch_size=args.batch_size, backend=args.backend,
@@ -347,7 +347,7 @@ def _fit_model(args, order, n_rows, categorical=()):
         early_stopping={"auto": "auto", "on": True, "off": False}[args.early_stopping],
         categorical_features=list(categorical) or None,
     )
-    model.set_params(n_jobs=_fit_jobs(args, model, n_rows))
+    model.set_params(n_jobs=_fit_jobs(args, model, rows))
     model.check_params()
     return model
 
@@ -375,13 +375,19 @@ def _save_fitted(model, scaler, names, out):
     persistence.save_model(Pipeline([("standardscaler", scaler), ("gpclassifier", model)]), out)
 
 
-def _steps(model, n_rows):
-    """The steps of ``model``'s fit of ``n_rows`` rows (``agpc.plan.FitPlan.steps``): what the command line says of
-    it ahead."""
-    return FitPlan.of(type(model).__name__, model.get_params(deep=False)).steps(n_rows)
+def _steps(model, rows, n_rows=None):
+    """The steps of ``model``'s fit of the training ``rows`` (X, y; ``n_rows`` of them where fewer were trained on:
+    those left by early stopping's hold-out), as the fit resolves them (``agpc.plan.FitPlan.for_rows`` and
+    ``steps``): what the command line says of it, ahead and after."""
+    X, y = rows
+    n_rows = X.shape[0] if n_rows is None else n_rows
+    plan = FitPlan.of(type(model).__name__, model.get_params(deep=False))
+    if model.backend == "numpy":  # (on a GPU the rows' steps are the GPU's rule's: ``placement``)
+        plan = plan.for_rows(X, y, X.shape[0], B.resolve_backend("numpy"))  # (all of them, as ``fit`` asks)
+    return plan.steps(n_rows)
 
 
-def _fit_jobs(args, model, n_rows):
+def _fit_jobs(args, model, rows):
     """GPClassifier's n_jobs for ``agpc fit``: ``--jobs``, else every core where the fit runs batch passes in this
     process on the CPU (threads over their row blocks: the model n_jobs=1 gives, sooner), else one (minibatches in
     more processes are data-parallel rounds, another model; a GPU or a cluster spreads the work itself)."""
@@ -389,18 +395,19 @@ def _fit_jobs(args, model, n_rows):
         return args.jobs
     if args.scheduler or args.backend != "numpy":
         return None
-    return None if _steps(model, n_rows).minibatch else -1
+    return None if _steps(model, rows).minibatch else -1
 
 
-def _iterations(model, max_iter, n_rows):
+def _iterations(model, max_iter, rows):
     """What the fit trained, counted as --max-iter counts it (epochs with minibatches; batch EP / SEP / ADF's
     warm-up sweeps, which ``n_iter_`` includes, apart), and why it stopped before the cap; the rows the fit held out
     for early stopping (``early_stopping``), which its epochs do not count."""
+    n_rows = rows[0].shape[0]
     held = getattr(model, "early_stopping_", False) and n_rows - int(model.n_samples_fit_)
     if held:
         n_rows -= held
     warmup = getattr(model, "n_warmup_", 0) or 0
-    steps = _steps(model, n_rows)
+    steps = _steps(model, rows, n_rows)
     rows = steps.step_rows
     if steps.minibatch:  # an epoch cut short is a history entry too: the epochs from the steps
         steps = int(model.history_["n_steps"][-1]) if model.history_.get("n_steps") else 0

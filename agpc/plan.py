@@ -19,7 +19,7 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 from . import validation as V
-from .batch_size import rows_per_step
+from .batch_size import binary_on_host, rows_per_step
 from .likelihoods import likelihood_by_name
 from .methods import ORDINAL, Method, asks_shared_lengthscales, get_method
 
@@ -85,12 +85,15 @@ class FitPlan:
     validation_fraction: float = 0.1
     n_features: int | None = None  # a fitted model's feature count (partial_fit continuing it)
     categorical_features: Any = "from_dtype"
+    # the fit's rows are in memory on the host and hold two classes (``for_rows``): what ``batch_size="auto"`` may
+    # take in full batch steps depends on it (``batch_size.full_batch_max_rows``)
+    binary_on_host: bool = False
 
     @classmethod
     def of(cls, estimator_name, params, n_features=None):
         """The plan of an estimator named ``estimator_name`` with the parameters ``params`` (``get_params()``,
         accepted by its parameter table); ``n_features``: the feature count of the model it continues."""
-        names = {f.name for f in fields(cls)} - {"estimator_name", "n_features"}
+        names = {f.name for f in fields(cls)} - {"estimator_name", "n_features", "binary_on_host"}
         given = {name: params[name] for name in names if name in params}
         given["dtype"] = dtype_name(params.get("dtype", "float64"))
         given.setdefault("likelihood", None)
@@ -100,6 +103,12 @@ class FitPlan:
         """The :class:`Steps` of this plan's fit of ``n_rows`` rows: the rows its steps take
         (``batch_size.rows_per_step`` on the host's rule; None, the full batch), resolved here once."""
         return Steps(int(n_rows), rows_per_step(self, int(n_rows)))
+
+    def for_rows(self, X, y, n_rows, target_xp=None):
+        """This plan for a fit of the rows (X, y), ``n_rows`` of them, on ``target_xp`` (None: the rows'
+        namespace): whether they are ``binary_on_host`` (``batch_size.binary_on_host``), which every helper that
+        asks for the plan's ``steps`` then reads."""
+        return replace(self, binary_on_host=binary_on_host(self, X, y, n_rows, target_xp))
 
     def with_features(self, n_features):
         """This plan for rows of a fitted model of ``n_features`` features (``partial_fit`` continuing it)."""

@@ -22,6 +22,16 @@ N_ROWS = 22_300
 SMALL = dict(n_inducing=6, max_iter=2, random_state=0, early_stopping="auto")
 
 
+@pytest.fixture(autouse=True)
+def binary_rows_take_minibatches_too(monkeypatch):
+    """Binary EP in memory takes the full batch up to ``BINARY_BATCH_MAX_ROWS`` (200,000) rows, every other fit up
+    to 20,000: the bound set to 20,000 here, so that the binary banana rows take minibatches, as every other kind
+    of fit of that size does (tests/test_batch_size.py: as it is)."""
+    from agpc import batch_size
+
+    monkeypatch.setattr(batch_size, "BINARY_BATCH_MAX_ROWS", batch_size.FULL_BATCH_MAX_ROWS)
+
+
 @pytest.fixture(scope="module")
 def rows():
     X, y = make_banana(N_ROWS, random_state=0)

@@ -83,14 +83,20 @@ def test_the_exact_model_stops_on_its_plateau():
     assert sparse.n_iter_ == warmup + model.n_iter_ and sparse.stop_reason_ == "max_iter"
 
 
-@pytest.mark.parametrize("minibatch, at_rows, expected", [
-    (False, True, (size_rule.PLATEAU_STEPS, size_rule.PLATEAU_RISE_PER_ROW * 500)),
-    (False, False, (size_rule.SPARSE_PLATEAU_STEPS, size_rule.SPARSE_PLATEAU_RISE_PER_ROW * 500)),
-    (True, False, (size_rule.MINIBATCH_PLATEAU_EPOCHS, size_rule.MINIBATCH_PLATEAU_RISE_PER_ROW * 500)),
+@pytest.mark.parametrize("minibatch, at_rows, rows, expected", [
+    (False, True, 500, (size_rule.PLATEAU_STEPS, size_rule.PLATEAU_RISE_PER_ROW * 500)),
+    (False, False, 500, (size_rule.SPARSE_PLATEAU_STEPS, size_rule.SPARSE_PLATEAU_RISE_PER_ROW * 500)),
+    (False, False, 20_000, (size_rule.SPARSE_PLATEAU_STEPS, size_rule.SPARSE_PLATEAU_RISE_PER_ROW * 20_000)),
+    (False, False, 20_001, (size_rule.LARGE_BATCH_PLATEAU_STEPS, size_rule.SPARSE_PLATEAU_RISE_PER_ROW * 20_001)),
+    (True, False, 500, (size_rule.MINIBATCH_PLATEAU_EPOCHS, size_rule.MINIBATCH_PLATEAU_RISE_PER_ROW * 500)),
+    (True, False, 50_000, (size_rule.MINIBATCH_PLATEAU_EPOCHS, size_rule.MINIBATCH_PLATEAU_RISE_PER_ROW * 50_000)),
 ])
-def test_fit_plateau_is_the_rule_of_each_kind_of_fit(minibatch, at_rows, expected):
-    assert size_rule.fit_plateau("auto", 500, at_rows, minibatch=minibatch) == pytest.approx(expected)
-    assert size_rule.fit_plateau(None, 500, at_rows, minibatch=minibatch) is None
+def test_fit_plateau_is_the_rule_of_each_kind_of_fit(minibatch, at_rows, rows, expected):
+    """Batch fits past batch_size="auto"'s 20,000-row full batch (binary EP's, up to 200,000 rows) stop on a
+    window of ``LARGE_BATCH_PLATEAU_STEPS`` steps (20), the others as they did."""
+    assert size_rule.LARGE_BATCH_PLATEAU_STEPS == 20 and size_rule.SPARSE_PLATEAU_STEPS == 5
+    assert size_rule.fit_plateau("auto", rows, at_rows, minibatch=minibatch) == pytest.approx(expected)
+    assert size_rule.fit_plateau(None, rows, at_rows, minibatch=minibatch) is None
 
 
 def _first_window_below(history, steps, rise, skip):

@@ -1,0 +1,103 @@
+"""batch_size="auto": the full batch up to 20,000 rows, and for EP's binary model of rows in memory on the host up to
+``BINARY_BATCH_MAX_ROWS`` (docs/small_data_defaults.md, "Batch steps up to 200,000 rows"); minibatches of 200
+above. What decides it (``batch_size.binary_on_host``), that the fit, its hold-out for early stopping and the
+command line all resolve it alike, and that every other kind of fit keeps the 20,000-row bound."""
+
+import array_api_strict
+import dask.array as da
+import numpy as np
+import pytest
+
+from agpc import GPClassifier, batch_size
+from agpc.plan import FitPlan
+
+N = 30_000  # past FULL_BATCH_MAX_ROWS, within BINARY_BATCH_MAX_ROWS
+
+
+def _plan(**params):
+    return FitPlan.of("GPClassifier", dict({"method": "ep", "likelihood": None, "batch_size": "auto"}, **params))
+
+
+def _rows(n=N, classes=2, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 3))
+    y = (X[:, 0] > 0).astype(int) if classes == 2 else np.arange(n) % classes
+    return X, y
+
+
+def test_the_bounds_are_the_documented_ones():
+    assert batch_size.FULL_BATCH_MAX_ROWS == 20_000 and batch_size.BINARY_BATCH_MAX_ROWS == 200_000
+    assert batch_size.CPU_MINIBATCH == 200
+
+
+@pytest.mark.parametrize("n, expected", [(20_000, None), (20_001, None), (N, None), (200_000, None),
+                                         (200_001, batch_size.CPU_MINIBATCH)])
+def test_binary_ep_in_memory_takes_the_full_batch_up_to_its_bound(n, expected):
+    X, y = _rows(n)
+    plan = _plan().for_rows(X, y, n)
+    assert plan.binary_on_host == (n > batch_size.FULL_BATCH_MAX_ROWS and n <= batch_size.BINARY_BATCH_MAX_ROWS)
+    assert plan.steps(n).step_rows == expected
+    assert batch_size.rows_per_step(plan, n) == expected
+
+
+def _other_kinds():
+    X, y = _rows()
+    three = _rows(classes=3)
+    return {
+        "three classes": (_plan(), *three, None),
+        "an ordinal model": (_plan(likelihood="ordinal"), X, y, None),
+        "method sep": (_plan(method="sep"), X, y, None),
+        "method svi": (_plan(method="svi"), X, y, None),
+        "a batch size given": (_plan(batch_size=500), X, y, None),
+        "a dask array": (_plan(), da.from_array(X, chunks=10_000), y, None),
+        "rows on disk": (_plan(), "memmap", y, None),
+        "a reference namespace's rows": (_plan(), array_api_strict.asarray(X), y, None),
+        "a reference namespace asked for": (_plan(), X, y, array_api_strict),
+        "labels of mixed kinds": (_plan(), X, np.array([1, "a"] * (N // 2), dtype=object), None),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_other_kinds()))
+def test_every_other_kind_of_fit_keeps_the_20000_row_bound(kind, tmp_path):
+    plan, X, y, target = _other_kinds()[kind]
+    if isinstance(X, str):  # (a memmap of the rows: data read from disk a block at a time)
+        rows = _rows()[0]
+        X = np.lib.format.open_memmap(tmp_path / "X.npy", mode="w+", dtype=rows.dtype, shape=rows.shape)
+        X[:] = rows
+    planned = plan.for_rows(X, y, N, target)
+    assert not planned.binary_on_host
+    assert batch_size.full_batch_max_rows(planned) == batch_size.FULL_BATCH_MAX_ROWS
+    if planned.batch_size == "auto":
+        assert planned.steps(N).minibatch and planned.steps(batch_size.FULL_BATCH_MAX_ROWS).step_rows is None
+
+
+def test_classes_given_decide_without_reading_the_labels():
+    """``classes`` given (two): the labels are not read (a hold-out or a stream may lack one class)."""
+    X, _ = _rows()
+    assert _plan(classes=[0, 1]).for_rows(X, None, N).binary_on_host
+    assert not _plan(classes=[0, 1, 2]).for_rows(X, None, N).binary_on_host
+
+
+def test_a_fit_takes_the_rule_and_a_multiclass_fit_minibatches():
+    """The estimator resolves the rule on its rows: 30,000 binary rows train in batch steps (a step an iteration,
+    no rows held out by early_stopping="auto", which holds out rows of minibatch fits only), three classes in
+    minibatches of 200 (150 steps an epoch)."""
+    X, y = _rows()
+    binary = GPClassifier(n_inducing=5, max_iter=2, random_state=0, early_stopping="auto").fit(X, y)
+    steps = binary.history_["n_steps"]
+    assert np.all(np.diff(steps) == 1) and not binary.early_stopping_ and binary.n_samples_fit_ == N
+    X3, y3 = _rows(classes=3)
+    multi = GPClassifier(n_inducing=5, max_iter=1, random_state=0).fit(X3, y3)
+    assert multi.history_["n_steps"][-1] == N // batch_size.CPU_MINIBATCH
+
+
+def test_the_command_line_resolves_the_steps_as_the_fit_does():
+    """``agpc fit`` says ahead (its n_jobs: every core for batch passes) and after (iterations or epochs) what the
+    fit does: the same rule on the same rows."""
+    from agpc import cli
+
+    X, y = _rows()
+    model = GPClassifier(n_inducing=5, backend="numpy")
+    assert not cli._steps(model, (X, y)).minibatch
+    assert cli._steps(model, _rows(classes=3)).minibatch
+    assert cli._steps(GPClassifier(backend="cupy"), (X, y)).minibatch  # (a GPU: its own rule, in ``placement``)
