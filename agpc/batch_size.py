@@ -2,12 +2,12 @@
 
 ``batch_size="auto"`` is the full batch up to ``FULL_BATCH_MAX_ROWS`` rows and minibatches of 200 above, on the
 CPU; for the default method's binary model of rows in memory on the host, the full batch up to
-``BINARY_BATCH_MAX_ROWS`` (``full_batch_max_rows``). On a GPU a binary model takes the fewest rows whose arithmetic outweighs twice the launch overhead of the
-step's few hundred kernels (``backend.launch_bound_rows`` with the method's step model, ``methods.gpu_step_model``,
-and the device's throughput), at most n / ``GPU_STEPS_PER_EPOCH`` (512: the hyper-parameters must move often enough
-an epoch, or the model after the same epochs is worse) and what fits in one row block in
-``backend.DEVICE_MEMORY_FRACTION`` of the free memory; a step then computes that minibatch as one row block
-(``gpu_block_rows``).
+``BINARY_BATCH_MAX_ROWS`` (``full_batch_max_rows``). On a GPU a binary model takes the fewest rows whose
+arithmetic outweighs twice the launch overhead of the step's few hundred kernels (``backend.launch_bound_rows`` with
+the method's step model, ``methods.gpu_step_model``, and the device's throughput), at most n /
+``GPU_STEPS_PER_EPOCH`` (512: the hyper-parameters must move often enough an epoch, or the model after the same
+epochs is worse) and what fits in one row block in ``backend.DEVICE_MEMORY_FRACTION`` of the free memory; a step
+then computes that minibatch as one row block (``gpu_block_rows``).
 """
 
 from __future__ import annotations
@@ -21,19 +21,21 @@ from . import backend as B
 from .inference import blocks
 from .methods import get_method, gpu_step_model, method_names, supports
 
-__all__ = ["FULL_BATCH_MAX_ROWS", "BINARY_BATCH_MAX_ROWS", "CPU_MINIBATCH", "full_batch_max_rows", "binary_on_host", "GPU_STEP_MODEL", "GPU_STEPS_PER_EPOCH", "rows_per_step",
+__all__ = ["FULL_BATCH_MAX_ROWS", "BINARY_BATCH_MAX_ROWS", "CPU_MINIBATCH", "full_batch_max_rows",
+           "binary_on_host", "GPU_STEP_MODEL", "GPU_STEPS_PER_EPOCH", "rows_per_step",
            "gpu_batch_rows", "gpu_rule_rows", "gpu_step_seconds", "gpu_block_rows"]
 
 FULL_BATCH_MAX_ROWS = 20000  # batch_size="auto": the full batch up to here, minibatches above
 CPU_MINIBATCH = 200  # batch_size="auto" above FULL_BATCH_MAX_ROWS, off a GPU
 BINARY_BATCH_MAX_ROWS = 200_000
 """batch_size="auto" for EP (the default method) on a binary model of rows in memory on the host: the full batch up
-to here (``full_batch_max_rows``). Batch steps reach the minibatch default's test NLL sooner on every binary table
-measured between 20,000 and 200,000 rows (docs/small_data_defaults.md, "Batch steps up to 200,000 rows"): airline
-50,000 rows in about 105 steps instead of 58-65 epochs, 200,000 rows in 80 steps instead of 71 epochs; the slowly
-climbing clf-50000x20 runs to ``max_iter`` (260 steps, +0.005 against 112 epochs of minibatches). They stop on a
-longer window than smaller batch fits (``size_rule.fit_plateau``). Multiclass and ordinal models, the other methods, a GPU,
-a cluster and rows on disk keep ``FULL_BATCH_MAX_ROWS``: not measured there."""
+to here (``full_batch_max_rows``). On the binary tables measured between 20,000 and 200,000 rows
+(docs/small_data_defaults.md, "Batch steps up to 200,000 rows") batch steps gave the minibatch default's test NLL
+in a quarter of its time on airline (50,000 rows: about 105 steps against 58-65 epochs; 200,000: 80 steps against 71
+epochs, +0.0024); the slowly climbing clf-50000x20 runs to ``max_iter`` (260 steps), +0.005 against its 112 epochs
+of minibatches, in 0.43 of their time. They stop on a longer window than smaller batch fits
+(``size_rule.fit_plateau``). Multiclass and ordinal models, the other methods, a GPU, a cluster and rows on disk
+keep ``FULL_BATCH_MAX_ROWS``: not measured there."""
 
 # The GPU step model of each built-in method that declares one, by name (what docs/gpu.md quotes). The registry is
 # where it lives (``methods.Method.gpu_step``); the rule reads it there, by ``methods.gpu_step_model``.
@@ -58,19 +60,23 @@ def full_batch_max_rows(plan):
 
 def binary_on_host(plan, X, y, n_rows, target_xp=None):
     """Whether a fit of ``plan`` takes ``BINARY_BATCH_MAX_ROWS`` as its full batch's bound: EP with
-    ``batch_size="auto"`` on ``n_rows`` rows past ``FULL_BATCH_MAX_ROWS`` and up to that bound, X held in memory as
-    NumPy takes it (an array, a DataFrame, a list; ``target_xp`` None or NumPy: not a GPU's, a cluster's or a
-    reference namespace's), and two classes (``plan.classes`` where given, else the distinct labels of y in
-    memory). False wherever any of it is not known here: the labels' own checks come later, and say what is wrong."""
-    if (plan.batch_size != "auto" or plan.method != "ep" or plan.ordinal
-            or not FULL_BATCH_MAX_ROWS < n_rows <= BINARY_BATCH_MAX_ROWS):
+    ``batch_size="auto"`` on ``n_rows`` rows, more than ``FULL_BATCH_MAX_ROWS`` (below, the bound is the same),
+    X held in memory as NumPy takes it (an array, a DataFrame, a list; ``target_xp`` None or NumPy: not a GPU's, a
+    cluster's or a reference namespace's), and two classes (``plan.classes`` where given, else the distinct labels
+    of y in memory). False wherever any of it is not known here: the labels' own checks come later, and say what is
+    wrong. The bound applies to the rows a fit trains on: those left by early stopping's hold-out (``inputs.held_out``
+    asks ``FitPlan.steps`` of them), as ``FULL_BATCH_MAX_ROWS`` does."""
+    if plan.batch_size != "auto" or plan.method != "ep" or plan.ordinal or n_rows <= FULL_BATCH_MAX_ROWS:
         return False
     if target_xp is not None and not B.is_numpy_namespace(target_xp):
         return False
     if B.is_dask_array(X) or B.is_out_of_core(X) or (B.is_array_api_obj(X) and not isinstance(X, np.ndarray)):
         return False
-    if plan.classes is not None:
-        return len(plan.classes) == 2
+    if plan.classes is not None:  # (as the model takes them: distinct)
+        try:
+            return np.unique(np.asarray(plan.classes)).size == 2
+        except (TypeError, ValueError):
+            return False
     if B.is_dask_array(y) or B.is_out_of_core(y) or (B.is_array_api_obj(y) and not isinstance(y, np.ndarray)):
         return False
     try:

@@ -163,10 +163,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         data and stop when their NLL has not improved for ``n_iter_no_change`` epochs (3 where None), keeping the
         best state (scikit-learn's ``HistGradientBoostingClassifier`` convention), where ``fit`` is given no
         ``validation_data`` (with it, ``n_iter_no_change`` alone stops on it). The held-out NLL is unweighted, as
-        ``validation_data``'s is. "auto": where the rows left take minibatches (above 20,000 on the CPU) and are in
-        memory; True: whatever the size; False: never. The split is drawn from ``random_state`` (the same rows when
-        it is None). Not the default: it makes the 200,000-row airline fit 7 times as fast at +0.0027 test NLL, but
-        stops a slowly learning table 0.014 worse (docs/small_data_defaults.md, "Early stopping on held-out rows").
+        ``validation_data``'s is. "auto": where the rows left take minibatches (above 20,000 on the CPU, 200,000 for
+        the default method's binary model) and are in memory; True: whatever the size; False: never. The split is
+        drawn from ``random_state`` (the same rows when it is None). Not the default: it made the 200,000-row airline
+        fit in minibatches 7 times as fast at +0.0027 test NLL, but stopped a slowly learning table 0.014 worse
+        (docs/small_data_defaults.md, "Early stopping on held-out rows").
     validation_fraction : float in (0, 1), default=0.1
         The share of the rows ``early_stopping`` holds out.
     categorical_features : "from_dtype", None, or array-like of int, str or bool, default="from_dtype"
@@ -403,13 +404,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                     lambda start, shared, first, stage: self._train(
                         plan, placed, start, points, classes, groups, rng, resume and first, validation, started,
                         data_hash, plateau, tied=shared, stage=stage or name)),
-                Z, self._any_level_points(Z, kernel, size, resume or minibatch, rng),
+                Z, self._any_level_points(Z, kernel, size, resume or minibatch or n > batch_rows.FULL_BATCH_MAX_ROWS,
+                                          rng),
                 has_room=lambda: self.max_time is None or 2.0 * (time.perf_counter() - started) <= self.max_time)
         return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume))
 
-    def _batch_size_for(self, n, xp=None, Z=None, n_classes=2):
-        """Rows a step of a fit on n rows (``agpc.batch_size.rows_per_step``)."""
-        return batch_rows.rows_per_step(self._plan(), n, xp, Z, n_classes)
+    def _batch_size_for(self, n, xp=None, Z=None, n_classes=2, rows=None):
+        """Rows a step of a fit on n rows (``agpc.batch_size.rows_per_step``); ``rows``: the (X, y) of the fit, which
+        binary EP's bound on the host needs (``FitPlan.for_rows``; without them the bound of every other fit)."""
+        plan = self._plan() if rows is None else self._plan().for_rows(*rows, n)
+        return batch_rows.rows_per_step(plan, n, xp, Z, n_classes)
 
     def _initial_model(self, start, m, rng, n_classes=2, rows=None, categorical=()):
         """Initial kernel and inducing points from ``start`` (the rows and their counts, ``inputs.start_of``; ``rows``:
@@ -447,7 +451,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         None: for a sparse model whose points this fit chose (``inducing`` a rule, not an array) on a kernel with
         per-level categorical columns (``kernels.any_level_columns``), fitted whole in batch passes (``excluded``: a
         resumed fit, or one on minibatches, whose last log Z of SEP, ADF or SVI is a running estimate that swings by
-        more than the choice weighs; no checkpoint file: two fits would write one)."""
+        more than the choice weighs; or one of more than ``batch_size.FULL_BATCH_MAX_ROWS`` rows, the choice's
+        measured range, which binary EP's batch steps up to 200,000 rows would make two whole fits; no checkpoint
+        file: two fits would write one)."""
         columns = any_level_columns(kernel)
         if (not columns or size.at_rows or excluded or self.checkpoint_path is not None
                 or not isinstance(self.inducing, str)):

@@ -278,7 +278,8 @@ def fit(args):
     _save_fitted(model, scaler, names, args.out)
     for what, values, rows in scores:
         _print_scores(what, values, rows)
-    print(f"fit time:    {seconds:.2f} s ({_iterations(model, args.max_iter, (X_train, y_train))}; "
+    trained = _iterations(model, args.max_iter, (X_train, y_train), on_cluster=bool(args.scheduler))
+    print(f"fit time:    {seconds:.2f} s ({trained}; "
           f"{_model_size(model)})")
     print(f"wrote {args.out}")
     return 0
@@ -375,14 +376,15 @@ def _save_fitted(model, scaler, names, out):
     persistence.save_model(Pipeline([("standardscaler", scaler), ("gpclassifier", model)]), out)
 
 
-def _steps(model, rows, n_rows=None):
+def _steps(model, rows, n_rows=None, on_cluster=False):
     """The steps of ``model``'s fit of the training ``rows`` (X, y; ``n_rows`` of them where fewer were trained on:
     those left by early stopping's hold-out), as the fit resolves them (``agpc.plan.FitPlan.for_rows`` and
-    ``steps``): what the command line says of it, ahead and after."""
+    ``steps``): what the command line says of it, ahead and after. ``on_cluster``: the fit was given the rows as dask
+    arrays (--scheduler), which are not rows on the host."""
     X, y = rows
     n_rows = X.shape[0] if n_rows is None else n_rows
     plan = FitPlan.of(type(model).__name__, model.get_params(deep=False))
-    if model.backend == "numpy":  # (on a GPU the rows' steps are the GPU's rule's: ``placement``)
+    if model.backend == "numpy" and not on_cluster:  # (a GPU's steps are its own rule's: ``placement``)
         plan = plan.for_rows(X, y, X.shape[0], B.resolve_backend("numpy"))  # (all of them, as ``fit`` asks)
     return plan.steps(n_rows)
 
@@ -398,7 +400,7 @@ def _fit_jobs(args, model, rows):
     return None if _steps(model, rows).minibatch else -1
 
 
-def _iterations(model, max_iter, rows):
+def _iterations(model, max_iter, rows, on_cluster=False):
     """What the fit trained, counted as --max-iter counts it (epochs with minibatches; batch EP / SEP / ADF's
     warm-up sweeps, which ``n_iter_`` includes, apart), and why it stopped before the cap; the rows the fit held out
     for early stopping (``early_stopping``), which its epochs do not count."""
@@ -407,7 +409,7 @@ def _iterations(model, max_iter, rows):
     if held:
         n_rows -= held
     warmup = getattr(model, "n_warmup_", 0) or 0
-    steps = _steps(model, rows, n_rows)
+    steps = _steps(model, rows, n_rows, on_cluster)
     rows = steps.step_rows
     if steps.minibatch:  # an epoch cut short is a history entry too: the epochs from the steps
         steps = int(model.history_["n_steps"][-1]) if model.history_.get("n_steps") else 0
@@ -842,7 +844,7 @@ def _fit_run_arguments(p):
     validation rows, its seed, what it shows and where the model goes."""
     p.add_argument("--batch-size", type=_batch_size, default="auto", metavar="B",
                    help="rows per minibatch: a number, 'none' (full batch) or 'auto' (default: full batch up to "
-                        "20,000 rows, else 200)")
+                        "20,000 rows, 200,000 for method ep on two classes, else 200)")
     p.add_argument("--backend", choices=["numpy", "cupy"], default="numpy", help="compute on the CPU (numpy, "
                    "default) or a CUDA GPU (cupy)")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64",

@@ -374,7 +374,7 @@ def held_out(plan, X, y, sample_weight, n_rows, random_state):
     """The rows ``plan.early_stopping`` holds out for validation (scikit-learn's ``HistGradientBoostingClassifier``
     convention), or None: False (the default) none; ``"auto"`` holds out ``validation_fraction`` of the rows
     (``labels.holdout_mask``) where the rows left take minibatches (``FitPlan.steps``: above
-    ``batch_size.FULL_BATCH_MAX_ROWS`` on the CPU by default) and are in memory, and none where the fraction holds
+    ``batch_size.full_batch_max_rows`` on the CPU by default) and are in memory, and none where the fraction holds
     out no row; True holds them out whatever the size, and refuses rows it cannot hold out (a dask array, data on
     disk: pass validation_data). The split is drawn from ``random_state`` (an int, or a generator it advances), else
     from ``HOLDOUT_SEED``."""

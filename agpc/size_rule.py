@@ -33,6 +33,7 @@ from .kernels import RBF, Linear, Product, with_default_priors
 
 __all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "PLATEAU_STEPS", "PLATEAU_RISE_PER_ROW", "ModelSize",
            "model_size", "exact_plateau", "fit_plateau", "SPARSE_PLATEAU_STEPS", "SPARSE_PLATEAU_RISE_PER_ROW",
+           "LARGE_BATCH_PLATEAU_STEPS",
            "MINIBATCH_PLATEAU_EPOCHS", "MINIBATCH_PLATEAU_RISE_PER_ROW", "fit_model_size", "exact_passes",
            "ARD_CHOICE_MAX_ROWS",
            "QUADRATIC_MAX_ROWS", "CHOOSE", "CHOOSE_TO_LINEAR", "ard_plan", "akaike_keeps", "LINEAR_MARGIN",

@@ -2,7 +2,9 @@
 its wall time, iterations, why it stopped and its test NLL, beside scikit-learn's LogisticRegression and
 HistGradientBoostingClassifier at their defaults, and (``--candidates`` with ``agpc-all``) the fit that runs every
 iteration (``plateau=None``: the default before the stop on a plateau), or (``agpc-batch``) the default fit in batch
-steps on every row (``batch_size=None``) where ``batch_size="auto"`` would take minibatches, and (``gpflow``, binary
+steps on every row (``batch_size=None``, what ``batch_size="auto"`` does for binary EP up to 200,000 rows since
+2026-11-30; for the other sets above 20,000 rows it would take minibatches), or (``agpc-mb``) in minibatches of 200
+(``batch_size=200``, the default of binary sets above 20,000 rows before that), and (``gpflow``, binary
 sets) GPflow SVGP at its harness's defaults in its own process (``../shared/peers``; skipped, saying why, where its
 environment is not built).
 
@@ -37,14 +39,14 @@ from airline import PEER_HOME, PEERS_DIR
 from stopping import load
 
 SETS = ["banana", "waveform", "satellite", "wq-white-ordinal", "airline-20000", "airline-50000", "airline-200000"]
-CANDIDATES = ["agpc-1", "agpc-2", "agpc-all", "agpc-batch", "logreg", "hgb", "gpflow"]
+CANDIDATES = ["agpc-1", "agpc-2", "agpc-all", "agpc-batch", "agpc-mb", "logreg", "hgb", "gpflow"]
 PEER_PYTHON = PEER_HOME / "gpflow" / "bin" / "python"  # (airline.py's --peer-python default)
 BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
 def model_of(candidate, split, ordinal):
     """The estimator of ``candidate`` (nothing set but the seed, n_jobs and, for agpc-all, plateau=None; for
-    agpc-batch, batch_size=None)."""
+    agpc-batch, batch_size=None; for agpc-mb, batch_size=200)."""
     if candidate == "logreg":
         from sklearn.linear_model import LogisticRegression
 
@@ -60,6 +62,8 @@ def model_of(candidate, split, ordinal):
         extra["plateau"] = None
     if candidate == "agpc-batch":  # (every row a step, whatever batch_size="auto" would choose)
         extra["batch_size"] = None
+    if candidate == "agpc-mb":  # (minibatches of 200, whatever batch_size="auto" would choose)
+        extra["batch_size"] = 200
     return GPClassifier(random_state=split, n_jobs=2 if candidate == "agpc-2" else None, **extra)
 
 

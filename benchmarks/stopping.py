@@ -13,11 +13,23 @@ rule: iterations to the stop, the share of the fit's time, and the test NLL at t
 
 Sets (none of issue 43's three): the shared sets of 4,000-6,500 rows (banana, waveform and satellite multiclass,
 wine_quality_white ordinal), generated tables (scikit-learn's ``make_classification`` and ``make_moons``), airline
-subsets (18,000 rows: the full batch; 50,000 and 200,000: minibatches of 200). 90/10 random splits, features
-standardised on the training part, one BLAS thread (the curves, not the times, are the point).
+subsets (18,000 rows: the full batch; 50,000 and 200,000: minibatches of 200, ``--batch-size 200`` since the
+default takes batch steps there). 90/10 random splits, features standardised on the training part, one BLAS thread
+(the curves, not the times, are the point).
 
     PYTHONPATH=. python benchmarks/stopping.py --record --sets batch --splits 3 --out benchmarks/results/stopping_batch.json
-    PYTHONPATH=. python benchmarks/stopping.py --record --sets minibatch --splits 2 --out benchmarks/results/stopping_minibatch.json
+    PYTHONPATH=. python benchmarks/stopping.py --record --sets minibatch --batch-size 200 --splits 2 --out benchmarks/results/stopping_minibatch.json
+
+Batch steps above 20,000 rows (binary EP's default up to 200,000 rows: docs/small_data_defaults.md, "Batch steps up
+to 200,000 rows"), replayed at the default ``max_iter`` (260 records with the warm-up) against the minibatch fits'
+test NLL of the same splits (``--reference``):
+
+    PYTHONPATH=. python benchmarks/stopping.py --record --sets airline-50000,clf-50000x20 --splits 2 --max-iter 400 \
+        --batch-size 1000000 --out batch50k.json
+    PYTHONPATH=. python benchmarks/stopping.py --record --sets airline-200000 --splits 1 --batch-size 1000000 \
+        --out batch200k.json
+    PYTHONPATH=. python benchmarks/stopping.py batch50k.json batch200k.json --cap 260 --reference \
+        airline-50000:0=0.6086,airline-50000:1=0.6208,clf-50000x20:0=0.2210,clf-50000x20:1=0.2422,airline-200000:0=0.6110
     PYTHONPATH=. python benchmarks/stopping.py benchmarks/results/stopping_batch.json benchmarks/results/stopping_minibatch.json
 
 ``--per-class`` replays the rules with their rise a row and latent function (a multiclass fit's classes; one for
@@ -138,10 +150,22 @@ def latent_functions(run):
     return run["n_classes"] if run["n_classes"] > 2 and not run.get("ordinal") else 1
 
 
-def analyse(paths, per_class=False):
+def analyse(paths, per_class=False, cap=None, reference=None):
+    """The rules replayed on the recorded runs of ``paths`` (their first ``cap`` records where given: a fit whose
+    ``max_iter`` is that many records less its warm-up). ``reference``: {(set, split): test NLL} the stops are
+    compared with instead of each run's own last record (another fit of the same split: ``--reference``)."""
     runs = []
     for path in paths:
         runs += json.loads(Path(path).read_text())["runs"]
+    if cap is not None:
+        runs = [dict(r, log_z=r["log_z"][:cap], time=r["time"][:cap], n_steps=r["n_steps"][:cap]) for r in runs]
+    seen = set()  # (a run recorded twice, in two files: its first record)
+    runs = [r for r in runs if (r["set"], r["split"]) not in seen and not seen.add((r["set"], r["split"]))]
+
+    def baseline(run):
+        if reference is None:
+            return nll_at(run, len(run["log_z"]) - 1)
+        return reference[(run["set"].split(" (batch")[0], run["split"])]
     sets = list(dict.fromkeys(r["set"] for r in runs))
     for kind in (False, True):
         chosen = [r for r in runs if r["minibatch"] == kind]
@@ -163,7 +187,7 @@ def analyse(paths, per_class=False):
                 for r in mine:
                     scale = latent_functions(r) if per_class else 1
                     k = stop_index(r["log_z"], r["n_warmup"], steps, rise * scale * r["n_train"])
-                    diffs.append(nll_at(r, k) - r["val_nll"][-1])
+                    diffs.append(nll_at(r, k) - baseline(r))
                     counts.append(k + 1)
                     shares.append(r["time"][k] / r["time"][-1])
                 mean, se, _ = mean_se(diffs)
@@ -171,8 +195,11 @@ def analyse(paths, per_class=False):
                 cells.append(f"{np.mean(counts):.0f} {mean:+.4f} ± {0 if math.isnan(se) else se:.4f}")
             print(f"| {steps}, {rise:g} | " + " | ".join(cells) + f" | {worst:+.4f} | {np.mean(shares):.2f} |")
         print("\nRecorded iterations at max_iter and test NLL there: " + "; ".join(
-            f"{s} {len(r['log_z'])} it, {r['val_nll'][-1]:.4f}" for s in sets for r in chosen if r["set"] == s
-            and r["split"] == 0))
+            f"{s} {len(r['log_z'])} it, {nll_at(r, len(r['log_z']) - 1):.4f}" for s in sets for r in chosen
+            if r["set"] == s and r["split"] == 0))
+        if reference is not None:
+            print("(the NLL differences are to --reference: " + "; ".join(f"{s} split {k}: {v:.4f}" for (s, k), v in
+                                                                     reference.items()) + ")")
 
 
 def main(argv=None):
@@ -188,6 +215,9 @@ def main(argv=None):
                    help="the rules' rise a row and latent function (one a class of a multiclass fit), not a row")
     p.add_argument("--batch-size", default="auto", type=lambda v: v if v == "auto" else int(v),
                    help="rows a step (default: the library's choice)")
+    p.add_argument("--cap", type=int, default=None, help="replay on the first CAP records of each run (a max_iter)")
+    p.add_argument("--reference", default=None, help="SET:SPLIT=NLL,...: compare the stops with these test NLLs "
+                   "(another fit of the split) instead of each run's last record")
     args = parse(p, argv, full=dict(sets="batch", splits=3, max_iter=250),
                  quick=dict(sets="clf-2000x10", splits=1, max_iter=40))
     args.sets = {"batch": BATCH_SETS, "minibatch": MINIBATCH_SETS}.get(args.sets) or parse_list(args.sets)
@@ -195,7 +225,11 @@ def main(argv=None):
                 argv if argv is not None else sys.argv[1:])
     if args.record or args.quick:
         record(args)
-    analyse([args.out] if args.quick else args.files, per_class=args.per_class)
+    reference = None
+    if args.reference:
+        reference = {(item.split(":")[0], int(item.split(":")[1].split("=")[0])): float(item.split("=")[1])
+                     for item in args.reference.split(",")}
+    analyse([args.out] if args.quick else args.files, per_class=args.per_class, cap=args.cap, reference=reference)
     end(run)
 
 

@@ -35,7 +35,7 @@ def test_the_bounds_are_the_documented_ones():
 def test_binary_ep_in_memory_takes_the_full_batch_up_to_its_bound(n, expected):
     X, y = _rows(n)
     plan = _plan().for_rows(X, y, n)
-    assert plan.binary_on_host == (n > batch_size.FULL_BATCH_MAX_ROWS and n <= batch_size.BINARY_BATCH_MAX_ROWS)
+    assert plan.binary_on_host == (n > batch_size.FULL_BATCH_MAX_ROWS)  # (the bound is the steps')
     assert plan.steps(n).step_rows == expected
     assert batch_size.rows_per_step(plan, n) == expected
 
@@ -101,3 +101,53 @@ def test_the_command_line_resolves_the_steps_as_the_fit_does():
     assert not cli._steps(model, (X, y)).minibatch
     assert cli._steps(model, _rows(classes=3)).minibatch
     assert cli._steps(GPClassifier(backend="cupy"), (X, y)).minibatch  # (a GPU: its own rule, in ``placement``)
+
+
+def test_distinct_classes_given_count_once():
+    X, _ = _rows()
+    assert _plan(classes=[0, 0, 1]).for_rows(X, None, N).binary_on_host
+
+
+def test_labels_not_in_memory_keep_the_20000_row_bound():
+    X, y = _rows()
+    assert not _plan().for_rows(X, da.from_array(y, chunks=10_000), N).binary_on_host
+
+
+@pytest.mark.parametrize("n, held", [(210_000, False), (230_000, True)])
+def test_the_bound_is_on_the_rows_left_by_the_hold_out(n, held):
+    """early_stopping="auto" holds out 10% where the rows left take minibatches, as at the 20,000-row bound: 210,000
+    binary rows leave 189,000, which take batch steps (nothing held out); 230,000 leave 207,000, minibatches."""
+    from agpc import inputs
+
+    X, y = _rows(n)
+    plan = FitPlan.of("GPClassifier", {"method": "ep", "likelihood": None, "early_stopping": "auto"}).for_rows(X, y, n)
+    assert plan.binary_on_host
+    assert (inputs.held_out(plan, X, y, None, n, 0) is not None) == held
+
+
+def test_the_estimators_own_helper_and_a_cluster_in_the_command_line_resolve_it_alike():
+    from agpc import cli
+
+    X, y = _rows()
+    model = GPClassifier(n_inducing=5, backend="numpy")
+    assert model._batch_size_for(N, rows=(X, y)) is None
+    assert model._batch_size_for(N) == batch_size.CPU_MINIBATCH  # (without the rows: every other fit's bound)
+    assert cli._steps(model, (X, y), on_cluster=True).minibatch  # (--scheduler: the fit's rows are dask arrays)
+
+
+def test_a_categorical_binary_fit_past_20000_rows_fits_once(monkeypatch):
+    """The choice between inducing points on the rows' levels and points of any level (two whole fits,
+    ``size_rule.choose_inducing``) is made up to 20,000 rows, where it was measured; binary EP's batch steps past
+    them fit once."""
+    import pandas as pd
+
+    from agpc import classifier
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the any-level choice ran on more than 20,000 rows")
+
+    monkeypatch.setattr(classifier, "with_any_levels", refused)
+    X, y = _rows(N)
+    frame = pd.DataFrame({"a": X[:, 0], "b": pd.Categorical(np.where(X[:, 1] > 0, "p", "q"))})
+    model = GPClassifier(n_inducing=5, max_iter=1, random_state=0).fit(frame, y)
+    assert np.all(np.diff(model.history_["n_steps"]) == 1)  # (batch steps)
