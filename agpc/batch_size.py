@@ -30,12 +30,12 @@ CPU_MINIBATCH = 200  # batch_size="auto" above FULL_BATCH_MAX_ROWS, off a GPU
 BINARY_BATCH_MAX_ROWS = 200_000
 """batch_size="auto" for EP (the default method) on a binary model of rows in memory on the host: the full batch up
 to here (``full_batch_max_rows``). On the binary tables measured between 20,000 and 200,000 rows
-(docs/small_data_defaults.md, "Batch steps up to 200,000 rows") batch steps gave the minibatch default's test NLL
-in a quarter of its time on airline (50,000 rows: about 105 steps against 58-65 epochs; 200,000: 80 steps against 71
-epochs, +0.0024); the slowly climbing clf-50000x20 runs to ``max_iter`` (260 steps), +0.005 against its 112 epochs
-of minibatches, in 0.43 of their time. They stop on a longer window than smaller batch fits
-(``size_rule.fit_plateau``). Multiclass and ordinal models, the other methods, a GPU, a cluster and rows on disk
-keep ``FULL_BATCH_MAX_ROWS``: not measured there."""
+(docs/small_data_defaults.md, "Batch steps up to 200,000 rows") batch steps gave airline's test NLL sooner (50,000
+rows: the minibatch default's NLL in about 105 steps against 58-65 epochs, 0.31-0.39 of the time; 200,000: +0.0024
+after 80 steps, 77 s, against 71 epochs of minibatches); the generated tables, whose evidence climbs slowly, end
+0.005 above their minibatch fits (clf-50000x20 runs to ``max_iter``, 260 steps, in 0.63 of their time). They
+stop on a longer window than smaller batch fits (``size_rule.fit_plateau``). Multiclass and ordinal models, the
+other methods, a GPU, a cluster and rows on disk keep ``FULL_BATCH_MAX_ROWS``: not measured there."""
 
 # The GPU step model of each built-in method that declares one, by name (what docs/gpu.md quotes). The registry is
 # where it lives (``methods.Method.gpu_step``); the rule reads it there, by ``methods.gpu_step_model``.
@@ -65,8 +65,12 @@ def binary_on_host(plan, X, y, n_rows, target_xp=None):
     cluster's or a reference namespace's), and two classes (``plan.classes`` where given, else the distinct labels
     of y in memory). False wherever any of it is not known here: the labels' own checks come later, and say what is
     wrong. The bound applies to the rows a fit trains on: those left by early stopping's hold-out (``inputs.held_out``
-    asks ``FitPlan.steps`` of them), as ``FULL_BATCH_MAX_ROWS`` does."""
+    asks ``FitPlan.steps`` of them), as ``FULL_BATCH_MAX_ROWS`` does; rows that no hold-out brings within it are not
+    read (False: the labels of a fit of millions of rows are not scanned for nothing)."""
     if plan.batch_size != "auto" or plan.method != "ep" or plan.ordinal or n_rows <= FULL_BATCH_MAX_ROWS:
+        return False
+    left = n_rows * (1.0 - plan.validation_fraction) if plan.early_stopping else n_rows
+    if left > BINARY_BATCH_MAX_ROWS:
         return False
     if target_xp is not None and not B.is_numpy_namespace(target_xp):
         return False

@@ -160,12 +160,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         (``stop_reason_ == "plateau"``; docs/usage.md, "When a fit stops"); ``None``, every iteration of ``max_iter``.
     early_stopping : bool or "auto", default=False
         Hold out ``validation_fraction`` of the rows (at random, every class kept in training) as ``fit``'s validation
-        data and stop when their NLL has not improved for ``n_iter_no_change`` epochs (3 where None), keeping the
-        best state (scikit-learn's ``HistGradientBoostingClassifier`` convention), where ``fit`` is given no
-        ``validation_data`` (with it, ``n_iter_no_change`` alone stops on it). The held-out NLL is unweighted, as
-        ``validation_data``'s is. "auto": where the rows left take minibatches (above 20,000 on the CPU, 200,000 for
-        the default method's binary model) and are in memory; True: whatever the size; False: never. The split is
-        drawn from ``random_state`` (the same rows when it is None). Not the default: it made the 200,000-row airline
+        data and stop when their NLL has not improved for ``n_iter_no_change`` evaluations (3 where None: epochs on
+        minibatches, iterations after the warm-up in batch steps), keeping the best state (scikit-learn's
+        ``HistGradientBoostingClassifier`` convention), where ``fit`` is given no ``validation_data`` (with it,
+        ``n_iter_no_change`` alone stops on it). The held-out NLL is unweighted, as ``validation_data``'s is.
+        "auto": where the rows left take minibatches (above 20,000 on the CPU, 200,000 for the default method's
+        binary model) and are in memory; True: whatever the size; False: never. The split is drawn from
+        ``random_state`` (the same rows when it is None). Not the default: it made the 200,000-row airline
         fit in minibatches 7 times as fast at +0.0027 test NLL, but stopped a slowly learning table 0.014 worse
         (docs/small_data_defaults.md, "Early stopping on held-out rows").
     validation_fraction : float in (0, 1), default=0.1
@@ -412,7 +413,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2, rows=None):
         """Rows a step of a fit on n rows (``agpc.batch_size.rows_per_step``); ``rows``: the (X, y) of the fit, which
         binary EP's bound on the host needs (``FitPlan.for_rows``; without them the bound of every other fit)."""
-        plan = self._plan() if rows is None else self._plan().for_rows(*rows, n)
+        target = None if self.backend in (None, "auto") else B.resolve_backend(self.backend)
+        plan = self._plan() if rows is None else self._plan().for_rows(*rows, n, target)
         return batch_rows.rows_per_step(plan, n, xp, Z, n_classes)
 
     def _initial_model(self, start, m, rng, n_classes=2, rows=None, categorical=()):

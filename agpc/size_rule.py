@@ -77,9 +77,9 @@ less than ``MINIBATCH_PLATEAU_RISE_PER_ROW`` over the last ``MINIBATCH_PLATEAU_E
 of an epoch: minibatch EP's exact log Z_q at its end, the mean of the steps' estimates for the others). Chosen in
 docs/small_data_defaults.md ("When the sparse model stops", ``benchmarks/stopping.py``); the longer window of batch
 fits past 20,000 rows (where ``batch_size="auto"`` took minibatches before, and still does but for binary EP) in its
-"Batch steps up to 200,000 rows": on the slowly climbing clf-50000x20 a window of 5 steps stopped the fit after 125
-steps, 0.012-0.013 above its minibatch fit, one of 10 after 200-300 steps, +0.003 to +0.008; 20 steps keep it to
-``max_iter``."""
+"Batch steps up to 200,000 rows": on the slowly climbing clf-50000x20 a window of 5 steps stopped the fit after 126
+steps, 0.012 above its minibatch fit, one of 10 after 231 (+0.0066); 20 steps keep it to ``max_iter`` (+0.0054). The
+longer window holds for every batch fit of more than 20,000 rows (counted by weight), those of other kinds too."""
 
 
 def exact_plateau(n_rows):

@@ -35,7 +35,7 @@ def test_the_bounds_are_the_documented_ones():
 def test_binary_ep_in_memory_takes_the_full_batch_up_to_its_bound(n, expected):
     X, y = _rows(n)
     plan = _plan().for_rows(X, y, n)
-    assert plan.binary_on_host == (n > batch_size.FULL_BATCH_MAX_ROWS)  # (the bound is the steps')
+    assert plan.binary_on_host == (batch_size.FULL_BATCH_MAX_ROWS < n <= batch_size.BINARY_BATCH_MAX_ROWS)
     assert plan.steps(n).step_rows == expected
     assert batch_size.rows_per_step(plan, n) == expected
 
@@ -54,6 +54,7 @@ def _other_kinds():
         "a reference namespace's rows": (_plan(), array_api_strict.asarray(X), y, None),
         "a reference namespace asked for": (_plan(), X, y, array_api_strict),
         "labels of mixed kinds": (_plan(), X, np.array([1, "a"] * (N // 2), dtype=object), None),
+        "labels on disk": (_plan(), X, "memmap labels", None),
     }
 
 
@@ -64,6 +65,10 @@ def test_every_other_kind_of_fit_keeps_the_20000_row_bound(kind, tmp_path):
         rows = _rows()[0]
         X = np.lib.format.open_memmap(tmp_path / "X.npy", mode="w+", dtype=rows.dtype, shape=rows.shape)
         X[:] = rows
+    if isinstance(y, str):  # (the labels in a memmap)
+        labels = _rows()[1]
+        y = np.lib.format.open_memmap(tmp_path / "y.npy", mode="w+", dtype=labels.dtype, shape=labels.shape)
+        y[:] = labels
     planned = plan.for_rows(X, y, N, target)
     assert not planned.binary_on_host
     assert batch_size.full_batch_max_rows(planned) == batch_size.FULL_BATCH_MAX_ROWS
@@ -115,14 +120,17 @@ def test_labels_not_in_memory_keep_the_20000_row_bound():
 
 @pytest.mark.parametrize("n, held", [(210_000, False), (230_000, True)])
 def test_the_bound_is_on_the_rows_left_by_the_hold_out(n, held):
-    """early_stopping="auto" holds out 10% where the rows left take minibatches, as at the 20,000-row bound: 210,000
-    binary rows leave 189,000, which take batch steps (nothing held out); 230,000 leave 207,000, minibatches."""
+    """early_stopping="auto" holds out 10% where the rows left would take minibatches, as at the 20,000-row bound:
+    230,000 binary rows leave 207,000, minibatches, so 10% are held out; 210,000 would leave 189,000, within the
+    bound, so nothing is held out, and the fit on all 210,000 takes minibatches without early stopping (rows of
+    other kinds between 20,000 and 22,222 do the same at their bound)."""
     from agpc import inputs
 
     X, y = _rows(n)
     plan = FitPlan.of("GPClassifier", {"method": "ep", "likelihood": None, "early_stopping": "auto"}).for_rows(X, y, n)
-    assert plan.binary_on_host
+    assert plan.binary_on_host == (not held)  # (207,000 left: past the bound whatever the labels, not read)
     assert (inputs.held_out(plan, X, y, None, n, 0) is not None) == held
+    assert plan.steps(n).minibatch
 
 
 def test_the_estimators_own_helper_and_a_cluster_in_the_command_line_resolve_it_alike():
@@ -132,6 +140,8 @@ def test_the_estimators_own_helper_and_a_cluster_in_the_command_line_resolve_it_
     model = GPClassifier(n_inducing=5, backend="numpy")
     assert model._batch_size_for(N, rows=(X, y)) is None
     assert model._batch_size_for(N) == batch_size.CPU_MINIBATCH  # (without the rows: every other fit's bound)
+    reference = GPClassifier(n_inducing=5, backend=array_api_strict)  # (a reference namespace asked for)
+    assert reference._batch_size_for(N, rows=(X, y)) == batch_size.CPU_MINIBATCH
     assert cli._steps(model, (X, y), on_cluster=True).minibatch  # (--scheduler: the fit's rows are dask arrays)
 
 
@@ -151,3 +161,23 @@ def test_a_categorical_binary_fit_past_20000_rows_fits_once(monkeypatch):
     frame = pd.DataFrame({"a": X[:, 0], "b": pd.Categorical(np.where(X[:, 1] > 0, "p", "q"))})
     model = GPClassifier(n_inducing=5, max_iter=1, random_state=0).fit(frame, y)
     assert np.all(np.diff(model.history_["n_steps"]) == 1)  # (batch steps)
+
+
+def test_a_categorical_fit_of_20000_rows_still_weighs_points_of_any_level(monkeypatch):
+    """At 20,000 rows, the bound itself, the choice is made as before (the two fits are not run here: the test
+    stops at the choice's points)."""
+    from agpc import classifier
+
+    class Chosen(Exception):
+        pass
+
+    def chosen(*args, **kwargs):
+        raise Chosen
+
+    monkeypatch.setattr(classifier, "with_any_levels", chosen)
+    import pandas as pd
+
+    X, y = _rows(batch_size.FULL_BATCH_MAX_ROWS)
+    frame = pd.DataFrame({"a": X[:, 0], "b": pd.Categorical(np.where(X[:, 1] > 0, "p", "q"))})
+    with pytest.raises(Chosen):
+        GPClassifier(n_inducing=5, max_iter=1, random_state=0).fit(frame, y)

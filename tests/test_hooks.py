@@ -54,6 +54,27 @@ def test_validation_stops_after_n_iter_no_change_evaluations_without_an_improvem
     assert run.postfix == {"val_nll": "0.9600"}
 
 
+def test_validation_counts_no_patience_in_the_warm_up_sweeps():
+    """Batch EP's warm-up sweeps (the sites settling at the first hyper-parameters) are scored and may hold the best
+    state, but an NLL that rises through them stops nothing: the evaluations without improvement count from the
+    first hyper-parameter step on (``run.warmup`` sweeps before it)."""
+    nll = [0.70, 0.71, 0.72, 0.73, 0.74, 0.75, 0.69, 0.76, 0.77, 0.78]  # sweeps 1-4, then steps
+    trainer = _ScriptedTrainer(nll)
+    hook = hooks.Validation(("X_val", "y_val"), eval_every=1, n_iter_no_change=3)
+    run = _run(trainer)
+    run.warmup = 4
+    hook.start(run)
+    for step in range(1, len(nll) + 1):
+        trainer.n_steps = step
+        hook.after_step(run, -1.0, recorded=True)
+        if run.early_stopped:
+            break
+    # sweeps 2-4 count nothing (counted, the patience of 3 would stop at sweep 4); steps 5 and 6 miss, step 7
+    # improves (0.69), steps 8, 9 and 10 miss: the stop there, and the best state, step 7's, put back
+    assert trainer.n_steps == 10 and run.early_stopped
+    assert trainer.engine.state == {"step": 7}
+
+
 @pytest.mark.parametrize("minibatch, has_params", [(False, True), (True, True), (False, False)])
 def test_plateau_stops_once_log_z_rose_less_than_its_rise_over_its_window(minibatch, has_params):
     """Converged at the first recorded iteration past a whole window where log Z rose by less than ``rise`` over the
