@@ -51,11 +51,9 @@ GPU_STEPS_PER_EPOCH = 512
 
 def full_batch_max_rows(plan):
     """The most rows ``batch_size="auto"`` takes in full batch steps for a ``plan.FitPlan``:
-    ``BINARY_BATCH_MAX_ROWS`` for EP on rows the plan knows to be ``binary_on_host``, else
-    ``FULL_BATCH_MAX_ROWS``."""
-    if plan.binary_on_host and plan.method == "ep" and not plan.ordinal:
-        return BINARY_BATCH_MAX_ROWS
-    return FULL_BATCH_MAX_ROWS
+    ``BINARY_BATCH_MAX_ROWS`` where the plan knows its rows to be ``binary_on_host`` (which holds for EP alone),
+    else ``FULL_BATCH_MAX_ROWS``."""
+    return BINARY_BATCH_MAX_ROWS if plan.binary_on_host else FULL_BATCH_MAX_ROWS
 
 
 def binary_on_host(plan, X, y, n_rows, target_xp=None):
