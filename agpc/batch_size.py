@@ -72,19 +72,25 @@ def binary_on_host(plan, X, y, n_rows, target_xp=None):
         return False
     if target_xp is not None and not B.is_numpy_namespace(target_xp):
         return False
-    if B.is_dask_array(X) or B.is_out_of_core(X) or (B.is_array_api_obj(X) and not isinstance(X, np.ndarray)):
+    if not _in_host_memory(X):
         return False
     if plan.classes is not None:  # (as the model takes them: distinct)
         try:
             return np.unique(np.asarray(plan.classes)).size == 2
         except (TypeError, ValueError):
             return False
-    if B.is_dask_array(y) or B.is_out_of_core(y) or (B.is_array_api_obj(y) and not isinstance(y, np.ndarray)):
+    if not _in_host_memory(y):
         return False
     try:
         return np.unique(np.asarray(y)).size == 2
     except (TypeError, ValueError):  # (mixed or odd labels: refused with their reason later, on minibatches here)
         return False
+
+
+def _in_host_memory(a):
+    """Whether ``a`` is held in memory as NumPy takes it (an array, a DataFrame, a list): not a dask array, data on
+    disk, or another namespace's array (a GPU's, a reference namespace's)."""
+    return not (B.is_dask_array(a) or B.is_out_of_core(a) or (B.is_array_api_obj(a) and not isinstance(a, np.ndarray)))
 
 
 def rows_per_step(plan, n, xp=None, Z=None, n_classes=2):
