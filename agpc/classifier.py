@@ -17,6 +17,7 @@ from . import batch_size as batch_rows
 from . import categories as C
 from . import inputs as I
 from . import inspection
+from . import labels as L
 from . import methods as M
 from . import ordinal as O
 from . import placement
@@ -238,6 +239,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         The ``kernel_prior`` the model was trained with.
     ard_ : bool
         Whether the fitted kernel has a lengthscale per feature (``ard="auto"`` decides on small data).
+    subsample_rows_ : int
+        The rows of the random subsample the fit trained on first, starting on all rows from the kernel and inducing
+        points it reached (binary EP's batch fits of more than 20,000 rows that stop on their plateau:
+        ``agpc.size_rule.subsample_start_rows``), or 0. ``n_iter_`` and ``history_`` are the fit's on all rows.
+    subsample_iter_ : int
+        The iterations of that first fit (warm-up sweeps included), or 0.
     tf32_ : bool
         Whether float32 products of the fit ran in TF32 on the GPU (``agpc.backend.TF32Warning``).
 
@@ -393,18 +400,27 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self.tf32_ = I.note_tf32(plan, inputs.xp)
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(plan, steps) if size.at_rows else None)
             minibatch = placed.batch_size is not None and placed.batch_size < n
-            plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=minibatch)
+            # (a fit that starts on a subsample stops on the short window on all rows, a resumed one too: the same run)
+            subsample = size_rule.subsample_start_rows(plan, counted, size, minibatch, self.plateau,
+                                                       learns=bool(groups))
+            plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=minibatch,
+                                            started_on_subsample=subsample is not None)
             # (the parameters lengthscales per feature free, counted on the exact model's rows, which Z holds,
             # where ard="auto" may choose: a host copy of Z)
             freed = (tied_parameters(kernel, Z) if size.at_rows and Z.ndim == 2 and plan.ard == "auto"
                      and plan.kernel is None else inputs.X.shape[1] - 1)
             ard = size_rule.ard_plan(plan, size, inputs.X.shape[1], freed)
+            self.subsample_rows_ = self.subsample_iter_ = 0
+            if subsample is not None and not resume:  # (a resume continues the run on all rows from its checkpoint)
+                kernel, Z = self._start_on_subsample(plan, placed, kernel, Z, classes, groups, rng, started, subsample,
+                                                     tied=ard is not True)
+            all_rows = f"2/2: all {counted:,} rows" if self.subsample_rows_ else ""
             result, self.ard_ = size_rule.choose_inducing(
                 lambda points, name: size_rule.learn_lengthscales(
                     ard, freed, kernel,
                     lambda start, shared, first, stage: self._train(
                         plan, placed, start, points, classes, groups, rng, resume and first, validation, started,
-                        data_hash, plateau, tied=shared, stage=stage or name)),
+                        data_hash, plateau, tied=shared, stage=stage or name or all_rows)),
                 Z, self._any_level_points(Z, kernel, size, resume or minibatch or n > batch_rows.FULL_BATCH_MAX_ROWS,
                                           rng),
                 has_room=lambda: self.max_time is None or 2.0 * (time.perf_counter() - started) <= self.max_time)
@@ -462,20 +478,50 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return None
         return with_any_levels(Z, columns, rng, ANY_LEVEL)
 
+    def _start_on_subsample(self, plan, placed, kernel, Z, classes, groups, rng, started, rows, tied):
+        """(kernel, Z) for the fit on all rows of ``placed`` to start from: those of a fit on a random ``rows`` of them
+        (``size_rule.subsample_start_rows``), from ``kernel`` and ``Z``, to its own plateau, with half of the time
+        ``max_time`` has left, no validation and no checkpoint (the fit on all rows writes those). Its rows and
+        iterations go to ``subsample_rows_`` and ``subsample_iter_``. A fit that fails numerically leaves the start as
+        it was (the fit on all rows then starts from it, as it would have)."""
+        n = placed.X.shape[0]
+        picked = L.stratified_rows(placed.y, rows, rng, weights=placed.weights)
+        weights = None if placed.weights is None else placed.weights[picked]
+        subset = placed._replace(X=placed.X[picked], y=placed.y[picked], weights=weights)
+        rows = int(picked.size)
+        plateau = size_rule.fit_plateau(self.plateau, I.rows_counted(weights, rows), False)
+        budget = None
+        if self.max_time is not None:
+            spent = time.perf_counter() - started
+            budget = spent + 0.5 * max(0.0, self.max_time - spent)
+        total = I.rows_counted(placed.weights, n)
+        try:
+            result = self._train(plan, subset, kernel, Z, classes, groups, rng, False, None, started, None, plateau,
+                                 tied=tied, stage=f"1/2: a random {rows:,} of {total:,} rows",
+                                 max_time=budget, checkpoints=False)
+        except (B.CholeskyError, FloatingPointError):
+            return kernel, Z
+        self.subsample_rows_, self.subsample_iter_ = rows, int(result.n_iter)
+        return result.kernel, result.Z
+
     def _train(self, plan, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau,
-               tied=False, stage=""):
+               tied=False, stage="", max_time="fit", checkpoints=True):
         """The one training loop (``training.train``) on the ``placement.PlacedRows`` with this estimator's
         settings for its method: its engine (its passes where ``placed`` runs them, or ``placed.rounds``'s round
-        engine) and the loop's settings and hooks, built here and only here."""
+        engine) and the loop's settings and hooks, built here and only here. ``max_time``: the seconds since
+        ``started`` the loop may run ("fit": the estimator's ``max_time``); ``checkpoints``: whether it writes the
+        estimator's (a start on a subsample does not)."""
         spec = plan.spec
         self.likelihood_ = plan.likelihood_name(len(classes))
         settings = training.TrainSettings(
-            batch_size=placed.batch_size, max_iter=int(self.max_iter), tol=float(self.tol), max_time=self.max_time,
+            batch_size=placed.batch_size, max_iter=int(self.max_iter), tol=float(self.tol),
+            max_time=self.max_time if max_time == "fit" else max_time,
             random_state=rng, shuffle=bool(self.shuffle), eval_every=self.eval_every,
             n_iter_no_change=self.n_iter_no_change if self.n_iter_no_change is not None or not getattr(
                 self, "_holding_out", False) else I.EARLY_STOPPING_PATIENCE,
-            progress=bool(self.verbose), checkpoint_path=self.checkpoint_path,
-            checkpoint_every=self.checkpoint_every, resume=bool(resume), started=started, data_hash=data_hash,
+            progress=bool(self.verbose), checkpoint_path=self.checkpoint_path if checkpoints else None,
+            checkpoint_every=self.checkpoint_every if checkpoints else None, resume=bool(resume), started=started,
+            data_hash=data_hash,
             plateau=plateau, stage=stage,
         )
         options = training.EngineOptions(

@@ -418,6 +418,9 @@ def _iterations(model, max_iter, rows, on_cluster=False):
         said = f"{model.n_iter_ - warmup} iterations of --max-iter {max_iter}"
     if warmup:
         said += f" + {warmup} warm-up sweeps"
+    if getattr(model, "subsample_rows_", 0):  # (its own iterations, which --max-iter caps too, are not those above)
+        said += (f" on all rows, after {model.subsample_iter_} iterations on a random {model.subsample_rows_:,} of "
+                 "them")
     reason = getattr(model, "stop_reason_", None)  # (said as the progress bar of a stage that ended early says it)
     said += f", stopped: {ENDED_BECAUSE[reason]}" if reason in ENDED_BECAUSE and reason != "max_iter" else ""
     return said + (f"; {held:,} of the rows held out to stop on (early_stopping)" if held else "")

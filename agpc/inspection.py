@@ -287,6 +287,15 @@ def _warmup_note(model):
     return f"; of them {warmup} warm-up sweeps, which max_iter does not count" if warmup else ""
 
 
+def _subsample_lines(model):
+    """The fit's start on a random subsample of its rows, where it took one (``GPClassifier.subsample_rows_``)."""
+    rows, iterations = model.recorded("subsample_rows"), model.recorded("subsample_iter")
+    if not rows:
+        return []
+    return [f"  started on a random {int(rows):,} rows ({int(iterations or 0)} iterations), then trained on all rows "
+            "from there (the iterations above)"]
+
+
 def _training_lines(model):
     history = model.state.history
     bound = _bound_name(model)
@@ -297,6 +306,7 @@ def _training_lines(model):
              f"  stopped: {STOPPED_BECAUSE.get(reason, NOT_RECORDED)}",
              f"  iterations (epochs with minibatches): {int(model.state.n_iter)}"
              + (f", {int(steps[-1])} steps" if steps else "") + _warmup_note(model),
+             *_subsample_lines(model),
              f"  final {bound}: {float(model.state.log_marginal_likelihood):.6g}",
              "  fit time: " + ("not measured for partial_fit" if reason == "partial_fit" else NOT_RECORDED
                                 if seconds is None else f"{seconds:.3g} s"),

@@ -16,8 +16,8 @@ import numpy as np
 from . import backend as B
 from .methods import ORDINAL, methods_supporting
 
-__all__ = ["MAX_LABEL_BYTES", "EncodedLabels", "check_labels", "holdout_mask", "encode_labels", "label_ranks",
-           "encoded_ranks", "label_text", "check_label_length", "check_classes", "check_target_shape",
+__all__ = ["MAX_LABEL_BYTES", "EncodedLabels", "check_labels", "holdout_mask", "stratified_rows", "encode_labels",
+           "label_ranks", "encoded_ranks", "label_text", "check_label_length", "check_classes", "check_target_shape",
            "labels_on_disk", "device_targets"]
 
 # A class label is a number or a short name: a longer string is a way to take memory. A model file holds each label in
@@ -150,6 +150,18 @@ def holdout_mask(y, fraction, seed, what="validation_fraction", weights=None):
         raise ValueError(f"{what}={fraction} leaves no rows for validation once every class keeps a row for training; "
                          "give a larger fraction")
     return val
+
+
+def stratified_rows(y, rows, rng, weights=None):
+    """About ``rows`` row indices of the labels ``y`` (on the host), drawn at random (``rng``, a NumPy Generator)
+    without replacement among the rows of positive weight (``weights``; all rows without), each class in its share of
+    them and at least one row of it (so that a subsample of data with a rare class keeps the class), sorted."""
+    labels = np.asarray(y)
+    counted = np.ones(labels.shape[0], dtype=bool) if weights is None else np.asarray(weights) > 0
+    classes, counts = np.unique(labels[counted], return_counts=True)
+    shares = np.minimum(counts, np.maximum(1, np.round(rows * counts / counts.sum()).astype(np.int64)))
+    return np.sort(np.concatenate([rng.choice(np.flatnonzero((labels == label) & counted), size=int(share),
+                                              replace=False) for label, share in zip(classes, shares)]))
 
 
 def _refuse_trailing_nul(objects, what, offset, words=None):

@@ -18,7 +18,8 @@ __all__ = ["FittedModel", "FittedState", "FIT_RECORD"]
 # What a fit reported beyond its history, kept in a model file's "fit_record" (a file without it, or without one of
 # them, was written before they were recorded: the loaded model's attribute is None, "not recorded"). The estimator
 # holds each as the attribute of its name and a trailing underscore (``stop_reason_``).
-FIT_RECORD = ("n_samples_fit", "fit_time", "stop_reason", "ard", "n_warmup", "early_stopping")
+FIT_RECORD = ("n_samples_fit", "fit_time", "stop_reason", "ard", "n_warmup", "early_stopping", "subsample_rows",
+              "subsample_iter")
 
 
 @dataclass(frozen=True, eq=False)

@@ -340,7 +340,7 @@ def _checked_record(record, refuse):
     are; each known one is checked (a row count, seconds, one of ``training.STOP_REASONS``)."""
     if not isinstance(record, dict):
         raise refuse("fit_record: not a mapping of names to values")
-    rows, seconds, reason, ard, warmup, held_out = (record.get(name) for name in FIT_RECORD)
+    rows, seconds, reason, ard, warmup, held_out, sub_rows, sub_iter = (record.get(name) for name in FIT_RECORD)
     if rows is not None and not (_is_int(rows) and rows >= 1):
         raise refuse(f"fit_record.n_samples_fit: {rows!r} is not a positive integer")
     if seconds is not None and not (_is_number(seconds) and math.isfinite(seconds) and seconds >= 0):
@@ -353,6 +353,12 @@ def _checked_record(record, refuse):
         raise refuse(f"fit_record.n_warmup: {warmup!r} is not a non-negative integer (the warm-up sweeps of n_iter)")
     if held_out is not None and not isinstance(held_out, bool):
         raise refuse(f"fit_record.early_stopping: {held_out!r} is not true or false (rows held out for early stopping)")
+    for name, value in (("subsample_rows", sub_rows), ("subsample_iter", sub_iter)):
+        if value is not None and not (_is_int(value) and value >= 0):
+            raise refuse(f"fit_record.{name}: {value!r} is not a non-negative integer (the fit's start on a subsample)")
+    if sub_rows is not None and rows is not None and sub_rows >= rows:
+        raise refuse(f"fit_record.subsample_rows: {sub_rows} rows of a subsample, not fewer than the "
+                     f"{rows} rows fitted")
     return {name: record.get(name) for name in FIT_RECORD}
 
 

@@ -3,7 +3,9 @@ its wall time, iterations, why it stopped and its test NLL, beside scikit-learn'
 HistGradientBoostingClassifier at their defaults, and (``--candidates`` with ``agpc-all``) the fit that runs every
 iteration (``plateau=None``: the default before the stop on a plateau), or (``agpc-batch``) the default fit in batch
 steps on every row (``batch_size=None``, what ``batch_size="auto"`` does for binary EP up to 200,000 rows since
-2026-11-30; for the other sets above 20,000 rows it would take minibatches), or (``agpc-mb``) in minibatches of 200
+2026-11-30; for the other sets above 20,000 rows it would take minibatches), or (``agpc-whole``) the default fit
+without its start on a random subsample (``size_rule.subsample_start_rows``, since 2026-12-01: the default before
+it), or (``agpc-mb``) in minibatches of 200
 (``batch_size=200``, the default of binary sets above 20,000 rows before that), and (``gpflow``, binary
 sets) GPflow SVGP at its harness's defaults in its own process (``../shared/peers``; skipped, saying why, where its
 environment is not built).
@@ -39,7 +41,7 @@ from airline import PEER_HOME, PEERS_DIR
 from stopping import load
 
 SETS = ["banana", "waveform", "satellite", "wq-white-ordinal", "airline-20000", "airline-50000", "airline-200000"]
-CANDIDATES = ["agpc-1", "agpc-2", "agpc-all", "agpc-batch", "agpc-mb", "logreg", "hgb", "gpflow"]
+CANDIDATES = ["agpc-1", "agpc-2", "agpc-all", "agpc-batch", "agpc-whole", "agpc-mb", "logreg", "hgb", "gpflow"]
 PEER_PYTHON = PEER_HOME / "gpflow" / "bin" / "python"  # (airline.py's --peer-python default)
 BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
@@ -114,6 +116,7 @@ def run_gpflow(name, split, X_train, y_train, X_test, y_test):
 
 
 def run_one(candidate, name, split, X, y):
+    from agpc import size_rule
     from agpc.inference import engines
 
     train, test = split_indices(X.shape[0], split, 0.10)
@@ -122,15 +125,17 @@ def run_one(candidate, name, split, X, y):
         return run_gpflow(name, split, X_train, y[train], X_test, y[test])
     base, growth = growth_of(candidate)
     model = model_of(base, split, name.endswith("ordinal"))
-    default_growth = engines.SPARSE_BATCH_GROWTH
+    default_growth, default_subsample = engines.SPARSE_BATCH_GROWTH, size_rule.subsample_start_rows
     engines.SPARSE_BATCH_GROWTH = default_growth if growth is None else growth
+    if base == "agpc-whole":  # (every fit on all rows from the start, as before the subsample start)
+        size_rule.subsample_start_rows = lambda *args, **kwargs: None
     started = time.perf_counter()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", category=UserWarning)  # (LogisticRegression's convergence, in n_iter)
             model.fit(X_train, y[train])
     finally:
-        engines.SPARSE_BATCH_GROWTH = default_growth
+        engines.SPARSE_BATCH_GROWTH, size_rule.subsample_start_rows = default_growth, default_subsample
     seconds = time.perf_counter() - started
     nll, error = test_scores(model, X_test, y[test])
     iterations = getattr(model, "n_iter_", None)
@@ -138,12 +143,13 @@ def run_one(candidate, name, split, X, y):
         iterations = int(np.max(iterations))
     return {"candidate": candidate, "set": name, "split": split, "n_train": int(X_train.shape[0]), "seconds": seconds,
             "nll": nll, "error": error, "n_iter": None if iterations is None else int(iterations),
-            "stop_reason": getattr(model, "stop_reason_", None), "n_jobs_used": getattr(model, "n_jobs_", None)}
+            "stop_reason": getattr(model, "stop_reason_", None), "n_jobs_used": getattr(model, "n_jobs_", None),
+            "subsample_iter": getattr(model, "subsample_iter_", None)}
 
 
 def print_table(results, sets, candidates):
-    header(["set (train rows)", "candidate", "fit s (median)", "iterations (median)", "stopped", "test NLL",
-            "error"], "llrrlll", title="Default fits")
+    header(["set (train rows)", "candidate", "fit s (median)", "iterations (median)", "on the subsample first",
+            "stopped", "test NLL", "error"], "llrrrlll", title="Default fits")
     for name in sets:
         for candidate in candidates:
             mine = [r for r in results if r["set"] == name and r["candidate"] == candidate]
@@ -153,8 +159,10 @@ def print_table(results, sets, candidates):
             err, err_se, _ = mean_se([r["error"] for r in mine])
             its = [r["n_iter"] for r in mine if r["n_iter"] is not None]
             reasons = sorted({r["stop_reason"] for r in mine if r["stop_reason"]})
+            first = [r["subsample_iter"] for r in mine if r.get("subsample_iter")]
             row(f"{name} ({mine[0]['n_train']:,})", candidate, f"{np.median([r['seconds'] for r in mine]):.1f}",
-                f"{np.median(its):.0f}" if its else "–", ", ".join(reasons) or "–",
+                f"{np.median(its):.0f}" if its else "–", f"{np.median(first):.0f}" if first else "–",
+                ", ".join(reasons) or "–",
                 f"{nll:.4f} ± {0 if np.isnan(nll_se) else nll_se:.4f}", f"{err:.4f} ± {0 if np.isnan(err_se) else err_se:.4f}")
     growths = [c for c in candidates if "@" in c]
     for name in sets:  # each growth against the first one asked, paired by split
@@ -165,18 +173,21 @@ def print_table(results, sets, candidates):
             if mine:
                 diff, se, _ = mean_se(mine)
                 print(f"- {name}, {candidate} - {growths[0]}: test NLL {diff:+.4f} ± {0 if np.isnan(se) else se:.4f}")
-    paired = [(name, c) for name in sets for c in candidates if c.startswith("agpc-") and c != "agpc-all"
-              and "@" not in c]
-    lines = []
-    for name, candidate in paired:
-        reference = {r["split"]: r["nll"] for r in results if r["set"] == name and r["candidate"] == "agpc-all"}
-        mine = [r for r in results if r["set"] == name and r["candidate"] == candidate and r["split"] in reference]
-        if mine:
-            diff, se, _ = mean_se([r["nll"] - reference[r["split"]] for r in mine])
-            lines.append(f"- {name}, {candidate} - agpc-all: test NLL {diff:+.4f} ± {0 if np.isnan(se) else se:.4f}")
-    if lines:
-        print("\nPaired to the fit of every iteration (same splits):\n")
-        print("\n".join(lines))
+    for base, said in (("agpc-all", "the fit of every iteration"),
+                       ("agpc-whole", "the fit without the start on a subsample")):
+        lines = []
+        for name, candidate in [(name, c) for name in sets for c in candidates
+                                if c.startswith("agpc-") and c not in ("agpc-all", base) and "@" not in c]:
+            reference = {r["split"]: r for r in results if r["set"] == name and r["candidate"] == base}
+            mine = [r for r in results if r["set"] == name and r["candidate"] == candidate and r["split"] in reference]
+            if mine:
+                diff, se, _ = mean_se([r["nll"] - reference[r["split"]]["nll"] for r in mine])
+                time = np.median([r["seconds"] / reference[r["split"]]["seconds"] for r in mine])
+                lines.append(f"- {name}, {candidate} - {base}: test NLL {diff:+.4f} ± {0 if np.isnan(se) else se:.4f}, "
+                             f"fit time x{time:.2f} (median of the splits' ratios)")
+        if lines:
+            print(f"\nPaired to {said} (same splits):\n")
+            print("\n".join(lines))
 
 
 def unset_run(argv):

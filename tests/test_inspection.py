@@ -262,6 +262,9 @@ def test_a_file_without_the_record_loads_and_says_not_recorded(banana_model):
     ({"fit_time": "1 s"}, "fit_record.fit_time"),
     ({"ard": "yes"}, "fit_record.ard"),
     ({"n_warmup": -1}, "fit_record.n_warmup"),
+    ({"subsample_rows": -1}, "fit_record.subsample_rows"),
+    ({"subsample_iter": 2.5}, "fit_record.subsample_iter"),
+    ({"subsample_rows": 500, "n_samples_fit": 400}, "fit_record.subsample_rows: 500 rows of a subsample, not fewer"),
     ([1, 2], "fit_record"),
 ])
 def test_a_bad_record_is_refused_naming_it(banana_model, record, field):

@@ -1,0 +1,173 @@
+"""Binary EP's batch fits of more than 20,000 rows start on a random subsample (``size_rule.subsample_start_rows``):
+which fits do, what the fit on all rows starts from, its stop, its time budget, checkpoints and resume, and what the
+fitted model, its file, ``summary()`` and the command line say of it."""
+
+import numpy as np
+import pytest
+from sklearn.datasets import make_classification
+
+from agpc import GPClassifier, cli, persistence, size_rule
+from agpc.batch_size import FULL_BATCH_MAX_ROWS
+from agpc.labels import stratified_rows
+from agpc.inference import training
+from agpc.plan import FitPlan
+from agpc.size_rule import ModelSize
+
+ROWS = FULL_BATCH_MAX_ROWS + 500  # (the fewest rows that start on a subsample, and a little more)
+
+
+@pytest.fixture(scope="module")
+def table():
+    X, y = make_classification(ROWS, 5, n_informative=3, n_redundant=1, random_state=0)
+    return X, y
+
+
+def _plan(X, y, **params):
+    return FitPlan.of("GPClassifier", GPClassifier(**params).get_params(deep=False)).for_rows(X, y, X.shape[0], None)
+
+
+def test_the_rule_takes_binary_ep_batch_fits_of_more_than_20000_rows_that_stop_on_their_plateau(table):
+    X, y = table
+    plan, sparse = _plan(X, y), ModelSize(100, False)
+    assert plan.binary_on_host
+    assert size_rule.subsample_start_rows(plan, ROWS, sparse, False, "auto") == size_rule.SUBSAMPLE_START_ROWS
+    # not: a fit run to max_iter, on minibatches, of the exact model, of 20,000 rows counted by weight or fewer, of
+    # more inducing points than measured, of another method or of three classes (``binary_on_host`` False)
+    assert size_rule.subsample_start_rows(plan, ROWS, sparse, False, None) is None
+    assert size_rule.subsample_start_rows(plan, ROWS, sparse, False, "auto", learns=False) is None
+    assert size_rule.subsample_start_rows(plan, ROWS, sparse, True, "auto") is None
+    assert size_rule.subsample_start_rows(plan, ROWS, ModelSize(ROWS, True), False, "auto") is None
+    assert size_rule.subsample_start_rows(plan, FULL_BATCH_MAX_ROWS, sparse, False, "auto") is None
+    assert size_rule.subsample_start_rows(plan, ROWS, ModelSize(size_rule.SUBSAMPLE_START_MAX_INDUCING + 1, False),
+                                          False, "auto") is None
+    for other in (_plan(X, y, method="sep"), _plan(X, y, batch_size=None), _plan(X, y % 2 + (X[:, 0] > 1), )):
+        assert not other.binary_on_host
+        assert size_rule.subsample_start_rows(other, ROWS, sparse, False, "auto") is None
+
+
+def test_a_fit_started_on_a_subsample_stops_on_the_short_window():
+    steps_started, _ = size_rule.fit_plateau("auto", ROWS, False, started_on_subsample=True)
+    steps_alone, _ = size_rule.fit_plateau("auto", ROWS, False)
+    assert (steps_started, steps_alone) == (size_rule.SPARSE_PLATEAU_STEPS, size_rule.LARGE_BATCH_PLATEAU_STEPS)
+    assert size_rule.fit_plateau("auto", 5000, False, started_on_subsample=True)[0] == size_rule.SPARSE_PLATEAU_STEPS
+
+
+def test_the_subsample_keeps_each_class_in_its_share_and_a_rare_one_at_all():
+    y = np.r_[np.zeros(29_999), np.ones(1)]
+    weights = np.ones(30_000)
+    weights[:10_000] = 0.0  # (rows of weight 0 are not drawn: they are not in the model)
+    picked = stratified_rows(y, 10_000, np.random.default_rng(0), weights=weights)
+    assert np.all(np.diff(picked) > 0) and picked.min() >= 10_000
+    assert (y[picked] == 1).sum() == 1 and abs(picked.size - 10_000) <= 1
+    y = np.r_[np.zeros(20_000), np.ones(10_000)]
+    picked = stratified_rows(y, 9_000, np.random.default_rng(1))
+    assert ((y[picked] == 0).sum(), (y[picked] == 1).sum()) == (6_000, 3_000)
+
+
+def _recording_train(monkeypatch):
+    """The calls of ``GPClassifier._train``: (rows, weights, kernel parameters, Z, max_time, checkpoints, result)."""
+    real = GPClassifier._train
+    calls = []
+
+    def train(self, plan, placed, kernel, Z, *args, max_time="fit", checkpoints=True, **kwargs):
+        result = real(self, plan, placed, kernel, Z, *args, max_time=max_time, checkpoints=checkpoints, **kwargs)
+        calls.append(dict(X=np.array(placed.X), weights=placed.weights, params={k: np.array(v) for k, v in
+                          kernel.params.items()}, Z=np.array(Z), max_time=max_time, checkpoints=checkpoints,
+                          plateau=args[-1], result=result))
+        return result
+
+    monkeypatch.setattr(GPClassifier, "_train", train)
+    return calls
+
+
+def test_the_fit_on_all_rows_starts_from_the_subsample_fits_kernel_and_points(table, monkeypatch):
+    X, y = table
+    calls = _recording_train(monkeypatch)
+    model = GPClassifier(n_inducing=8, max_iter=4, random_state=0).fit(X, y)
+    first, second = calls
+    rows = size_rule.SUBSAMPLE_START_ROWS
+    assert first["X"].shape == (rows, X.shape[1]) and second["X"].shape == X.shape
+    # distinct training rows, in their order
+    picked = np.array([np.flatnonzero((X == row).all(axis=1))[0] for row in first["X"]])
+    assert np.all(np.diff(picked) > 0)
+    assert first["checkpoints"] is False and first["max_time"] is None and second["checkpoints"] is True
+    # the subsample's fit stops as a fit of its rows does; the fit on all rows on the short window
+    assert first["plateau"] == size_rule.fit_plateau("auto", rows, False)
+    assert second["plateau"] == size_rule.fit_plateau("auto", ROWS, False, started_on_subsample=True)
+    for name, value in first["result"].kernel.params.items():
+        np.testing.assert_array_equal(second["params"][name], np.asarray(value))
+    np.testing.assert_array_equal(second["Z"], np.asarray(first["result"].Z))
+    assert not np.array_equal(first["Z"], second["Z"])  # (the subsample's fit moved them)
+    assert (model.subsample_rows_, model.subsample_iter_) == (rows, first["result"].n_iter)
+    assert model.n_iter_ == second["result"].n_iter and model.history_ == second["result"].history
+    assert (model.predict_proba(X[:50]) > 0).all()
+
+
+def test_the_subsample_keeps_its_rows_weights_and_half_the_time_left(table, monkeypatch):
+    X, y = table
+    weights = np.random.default_rng(1).uniform(0.5, 2.0, ROWS)
+    calls = _recording_train(monkeypatch)
+    GPClassifier(n_inducing=8, max_iter=2, random_state=0, max_time=600.0).fit(X, y, sample_weight=weights)
+    first, second = calls
+    picked = np.array([np.flatnonzero((X == row).all(axis=1))[0] for row in first["X"]])
+    np.testing.assert_array_equal(np.asarray(first["weights"]), weights[picked])
+    assert 300.0 <= first["max_time"] <= 301.0 and second["max_time"] == "fit"
+
+
+@pytest.mark.parametrize("params", [dict(batch_size=200, max_iter=1), dict(plateau=None, max_iter=2),
+                                    dict(method="sep", batch_size=None, max_iter=2), dict(optimize=False, max_iter=2)])
+def test_fits_outside_the_rule_train_once_on_all_rows(table, monkeypatch, params):
+    X, y = table
+    calls = _recording_train(monkeypatch)
+    model = GPClassifier(n_inducing=8, random_state=0, **params).fit(X, y)
+    assert [call["X"].shape[0] for call in calls] == [ROWS]
+    assert (model.subsample_rows_, model.subsample_iter_) == (0, 0)
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_an_interrupted_fit_resumes_on_all_rows_to_the_uninterrupted_model(table, tmp_path, monkeypatch):
+    """The subsample's fit writes no checkpoint; the fit on all rows does, and a resume continues it from there
+    (without fitting the subsample again) to the model of the fit that was not interrupted."""
+    X, y = table
+    params = dict(n_inducing=8, max_iter=6, random_state=0)
+    reference = GPClassifier(**params).fit(X, y)
+    real = training.Trainer.step
+    seen = {"subsample": 0, "all": 0}
+
+    def step(self, X_step, *args, **kwargs):
+        seen["all" if X_step.shape[0] == ROWS else "subsample"] += 1
+        if seen["all"] > 13:
+            raise _Interrupt
+        return real(self, X_step, *args, **kwargs)
+
+    monkeypatch.setattr(training.Trainer, "step", step)
+    path = tmp_path / "run.ckpt"
+    with pytest.raises(_Interrupt):
+        GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y)
+    assert seen["subsample"] == reference.subsample_iter_
+    seen.update(subsample=0, all=-1000)
+    resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y, resume=True)
+    assert seen["subsample"] == 0 and 0 < seen["all"] + 1000 < reference.n_iter_
+    np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"],
+                               reference.history_["log_marginal_likelihood"], rtol=1e-12)
+    np.testing.assert_allclose(resumed.inducing_points_, reference.inducing_points_, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(resumed.predict_proba(X[:200]), reference.predict_proba(X[:200]), rtol=1e-10)
+
+
+def test_the_model_file_summary_and_command_line_say_it(table, tmp_path):
+    X, y = table
+    model = GPClassifier(n_inducing=8, max_iter=2, random_state=0).fit(X, y)
+    rows, iterations = model.subsample_rows_, model.subsample_iter_
+    assert rows == size_rule.SUBSAMPLE_START_ROWS and iterations >= 1
+    path = tmp_path / "model.agpc"
+    persistence.save_model(model, path)
+    loaded = persistence.load_model(path)
+    assert (loaded.subsample_rows_, loaded.subsample_iter_) == (rows, iterations)
+    assert f"started on a random {rows:,} rows ({iterations} iterations)" in loaded.summary()
+    said = cli._iterations(model, 2, (X, y))
+    assert f"after {iterations} iterations on a random {rows:,} of them" in said
+    alone = GPClassifier(n_inducing=8, max_iter=2, random_state=0, plateau=None).fit(X, y)
+    assert "random" not in alone.summary() and "random" not in cli._iterations(alone, 2, (X, y))
