@@ -80,7 +80,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         EP damping (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25). ``None``: 0.5 batch, 0.99 minibatch.
     batch_size : "auto", None or int
         Rows per minibatch. "auto": the full batch up to 20,000 rows (up to 200,000 for the default method's
-        binary model of rows in memory on the CPU), else 200 on the CPU and on a GPU the rows that keep it busy
+        binary model of rows in memory on the CPU, which above 20,000 starts on a random 10,000 of them:
+        ``subsample_rows_``), else 200 on the CPU and on a GPU the rows that keep it busy
         (``agpc.batch_size``, docs/gpu.md). ``None``: full batch.
     optimizer : None, "rprop", "adadelta" or "adam"
         Hyper-parameter steps. ``None``: "rprop" (the paper's) in batch mode, Adadelta in minibatch mode.

@@ -847,7 +847,8 @@ def _fit_run_arguments(p):
     validation rows, its seed, what it shows and where the model goes."""
     p.add_argument("--batch-size", type=_batch_size, default="auto", metavar="B",
                    help="rows per minibatch: a number, 'none' (full batch) or 'auto' (default: full batch up to "
-                        "20,000 rows, 200,000 for method ep on two classes, else 200)")
+                        "20,000 rows, 200,000 for method ep on two classes, which above 20,000 fits a random 10,000 first; "
+                        "else 200)")
     p.add_argument("--backend", choices=["numpy", "cupy"], default="numpy", help="compute on the CPU (numpy, "
                    "default) or a CUDA GPU (cupy)")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
