@@ -240,12 +240,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         The ``kernel_prior`` the model was trained with.
     ard_ : bool
         Whether the fitted kernel has a lengthscale per feature (``ard="auto"`` decides on small data).
-    subsample_rows_ : int
+    subsample_rows_ : int or None
         The rows of the random subsample the fit trained on first, starting on all rows from the kernel and inducing
         points it reached (binary EP's batch fits of more than 20,000 rows that stop on their plateau:
-        ``agpc.size_rule.subsample_start_rows``), or 0. ``n_iter_`` and ``history_`` are the fit's on all rows.
-    subsample_iter_ : int
-        The iterations of that first fit (warm-up sweeps included), or 0.
+        ``agpc.size_rule.subsample_start_rows``), or 0; None: not recorded (a fit resumed from a checkpoint, which
+        continues the fit on all rows, or a model file written before 2026-12-01). ``n_iter_`` and ``history_`` are
+        the fit's on all rows; ``max_iter`` caps each of the two fits.
+    subsample_iter_ : int or None
+        The iterations of that first fit (warm-up sweeps included), or 0; None: not recorded.
     tf32_ : bool
         Whether float32 products of the fit ran in TF32 on the GPU (``agpc.backend.TF32Warning``).
 
@@ -401,21 +403,24 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self.tf32_ = I.note_tf32(plan, inputs.xp)
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(plan, steps) if size.at_rows else None)
             minibatch = placed.batch_size is not None and placed.batch_size < n
-            # (a fit that starts on a subsample stops on the short window on all rows, a resumed one too: the same run)
             subsample = size_rule.subsample_start_rows(plan, counted, size, minibatch, self.plateau,
-                                                       learns=bool(groups))
-            plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=minibatch,
-                                            started_on_subsample=subsample is not None)
+                                                       learns=bool(groups) and int(self.max_iter) > 0)
             # (the parameters lengthscales per feature free, counted on the exact model's rows, which Z holds,
             # where ard="auto" may choose: a host copy of Z)
             freed = (tied_parameters(kernel, Z) if size.at_rows and Z.ndim == 2 and plan.ard == "auto"
                      and plan.kernel is None else inputs.X.shape[1] - 1)
             ard = size_rule.ard_plan(plan, size, inputs.X.shape[1], freed)
-            self.subsample_rows_ = self.subsample_iter_ = 0
-            if subsample is not None and not resume:  # (a resume continues the run on all rows from its checkpoint)
-                kernel, Z = self._start_on_subsample(plan, placed, kernel, Z, classes, groups, rng, started, subsample,
-                                                     tied=ard is not True)
-            all_rows = f"2/2: all {counted:,} rows" if self.subsample_rows_ else ""
+            # (rows, iterations) of the fit on a subsample: (0, 0) where there is none, (None, None) where a resume
+            # continues the fit on all rows from its checkpoint (not recorded there), else what it ran
+            record = (0, 0) if subsample is None else (None, None) if resume else None
+            if record is None:
+                kernel, Z, record = self._start_on_subsample(plan, placed, kernel, Z, classes, groups, rng, started,
+                                                             subsample, tied=ard is not True)
+            # A fit on all rows from a subsample's model stops on the short window, and so does a resume of one (the
+            # same run); a subsample's fit that failed leaves the start and the window as they were.
+            plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=minibatch,
+                                            started_on_subsample=record != (0, 0))
+            all_rows = f"2/2: all {counted:,} rows" if record[0] else ""
             result, self.ard_ = size_rule.choose_inducing(
                 lambda points, name: size_rule.learn_lengthscales(
                     ard, freed, kernel,
@@ -425,6 +430,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 Z, self._any_level_points(Z, kernel, size, resume or minibatch or n > batch_rows.FULL_BATCH_MAX_ROWS,
                                           rng),
                 has_room=lambda: self.max_time is None or 2.0 * (time.perf_counter() - started) <= self.max_time)
+        self.subsample_rows_, self.subsample_iter_ = record
         return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume))
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2, rows=None):
@@ -479,14 +485,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return None
         return with_any_levels(Z, columns, rng, ANY_LEVEL)
 
-    def _start_on_subsample(self, plan, placed, kernel, Z, classes, groups, rng, started, rows, tied):
-        """(kernel, Z) for the fit on all rows of ``placed`` to start from: those of a fit on a random ``rows`` of them
-        (``size_rule.subsample_start_rows``), from ``kernel`` and ``Z``, to its own plateau, with half of the time
-        ``max_time`` has left, no validation and no checkpoint (the fit on all rows writes those). Its rows and
-        iterations go to ``subsample_rows_`` and ``subsample_iter_``. A fit that fails numerically leaves the start as
-        it was (the fit on all rows then starts from it, as it would have)."""
+    def _start_on_subsample(self, plan, placed, kernel, Z, classes, groups, rng, started, asked, tied):
+        """(kernel, Z, (rows, iterations)) for the fit on all rows of ``placed`` to start from: those of a fit on about
+        ``asked`` of them drawn at random (``size_rule.subsample_start_rows``, ``labels.stratified_rows``), from
+        ``kernel`` and ``Z``, to its own plateau, with half of the time ``max_time`` has left, no validation and no
+        checkpoint (the fit on all rows writes those), and its rows and iterations (warm-up sweeps included). A fit
+        that fails numerically leaves the start as it was, and (0, 0): the fit on all rows is then the fit of all rows
+        alone."""
         n = placed.X.shape[0]
-        picked = L.stratified_rows(placed.y, rows, rng, weights=placed.weights)
+        picked = L.stratified_rows(placed.y, asked, rng, weights=placed.weights)
         weights = None if placed.weights is None else placed.weights[picked]
         subset = placed._replace(X=placed.X[picked], y=placed.y[picked], weights=weights)
         rows = int(picked.size)
@@ -501,9 +508,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                                  tied=tied, stage=f"1/2: a random {rows:,} of {total:,} rows",
                                  max_time=budget, checkpoints=False)
         except (B.CholeskyError, FloatingPointError):
-            return kernel, Z
-        self.subsample_rows_, self.subsample_iter_ = rows, int(result.n_iter)
-        return result.kernel, result.Z
+            return kernel, Z, (0, 0)
+        return result.kernel, result.Z, (rows, int(result.n_iter))
 
     def _train(self, plan, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau,
                tied=False, stage="", max_time="fit", checkpoints=True):

@@ -419,8 +419,8 @@ def _iterations(model, max_iter, rows, on_cluster=False):
     if warmup:
         said += f" + {warmup} warm-up sweeps"
     if getattr(model, "subsample_rows_", 0):  # (its own iterations, which --max-iter caps too, are not those above)
-        said += (f" on all rows, after {model.subsample_iter_} iterations on a random {model.subsample_rows_:,} of "
-                 "them")
+        said += (f" on all rows, after {model.subsample_iter_} iterations (warm-up sweeps included) on a random "
+                 f"{model.subsample_rows_:,} of them")
     reason = getattr(model, "stop_reason_", None)  # (said as the progress bar of a stage that ended early says it)
     said += f", stopped: {ENDED_BECAUSE[reason]}" if reason in ENDED_BECAUSE and reason != "max_iter" else ""
     return said + (f"; {held:,} of the rows held out to stop on (early_stopping)" if held else "")
@@ -847,8 +847,8 @@ def _fit_run_arguments(p):
     validation rows, its seed, what it shows and where the model goes."""
     p.add_argument("--batch-size", type=_batch_size, default="auto", metavar="B",
                    help="rows per minibatch: a number, 'none' (full batch) or 'auto' (default: full batch up to "
-                        "20,000 rows, 200,000 for method ep on two classes, which above 20,000 fits a random 10,000 first; "
-                        "else 200)")
+                        "20,000 rows, 200,000 for method ep on two classes, which above 20,000 fits a random 10,000 "
+                        "first; else 200)")
     p.add_argument("--backend", choices=["numpy", "cupy"], default="numpy", help="compute on the CPU (numpy, "
                    "default) or a CUDA GPU (cupy)")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64",

@@ -292,8 +292,8 @@ def _subsample_lines(model):
     rows, iterations = model.recorded("subsample_rows"), model.recorded("subsample_iter")
     if not rows:
         return []
-    return [f"  started on a random {int(rows):,} rows ({int(iterations or 0)} iterations), then trained on all rows "
-            "from there (the iterations above)"]
+    return [f"  started on a random {int(rows):,} rows ({int(iterations or 0)} iterations, warm-up sweeps included), "
+            "then trained on all rows from there (the iterations above)"]
 
 
 def _training_lines(model):

@@ -143,7 +143,7 @@ def holdout_mask(y, fraction, seed, what="validation_fraction", weights=None):
     val = np.zeros(n, dtype=bool)
     chosen = np.random.default_rng(seed).choice(n, size=n_val, replace=False)
     val[chosen] = True
-    counted = np.ones(n, dtype=bool) if weights is None else np.asarray(weights) > 0
+    counted = _positive(weights, n)
     for label in np.setdiff1d(np.unique(y[counted]), np.unique(y[~val & counted])):
         val[chosen[np.flatnonzero((y[chosen] == label) & counted[chosen])[0]]] = False
     if not val.any():
@@ -152,12 +152,17 @@ def holdout_mask(y, fraction, seed, what="validation_fraction", weights=None):
     return val
 
 
+def _positive(weights, n):
+    """Which of n rows are in the model: those of positive weight (``weights`` on the host; None: every row)."""
+    return np.ones(n, dtype=bool) if weights is None else np.asarray(weights) > 0
+
+
 def stratified_rows(y, rows, rng, weights=None):
     """About ``rows`` row indices of the labels ``y`` (on the host), drawn at random (``rng``, a NumPy Generator)
     without replacement among the rows of positive weight (``weights``; all rows without), each class in its share of
     them and at least one row of it (so that a subsample of data with a rare class keeps the class), sorted."""
     labels = np.asarray(y)
-    counted = np.ones(labels.shape[0], dtype=bool) if weights is None else np.asarray(weights) > 0
+    counted = _positive(weights, labels.shape[0])
     classes, counts = np.unique(labels[counted], return_counts=True)
     shares = np.minimum(counts, np.maximum(1, np.round(rows * counts / counts.sum()).astype(np.int64)))
     return np.sort(np.concatenate([rng.choice(np.flatnonzero((labels == label) & counted), size=int(share),

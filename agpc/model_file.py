@@ -359,6 +359,8 @@ def _checked_record(record, refuse):
     if sub_rows is not None and rows is not None and sub_rows >= rows:
         raise refuse(f"fit_record.subsample_rows: {sub_rows} rows of a subsample, not fewer than the "
                      f"{rows} rows fitted")
+    if sub_rows == 0 and sub_iter:
+        raise refuse(f"fit_record.subsample_iter: {sub_iter} iterations on a subsample of 0 rows")
     return {name: record.get(name) for name in FIT_RECORD}
 
 

@@ -80,7 +80,9 @@ docs/small_data_defaults.md ("When the sparse model stops", ``benchmarks/stoppin
 fits past 20,000 rows (where ``batch_size="auto"`` took minibatches before, and still does but for binary EP) in its
 "Batch steps up to 200,000 rows": on the slowly climbing clf-50000x20 a window of 5 steps stopped the fit after 126
 steps, 0.012 above its minibatch fit, one of 10 after 231 (+0.0066); 20 steps keep it to ``max_iter`` (+0.0054). The
-longer window holds for every batch fit of more than 20,000 rows (counted by weight), those of other kinds too."""
+longer window holds for every batch fit of more than 20,000 rows (counted by weight), those of other kinds too, but
+for binary EP's fits on all rows after their start on a subsample (``subsample_start_rows``), which stop on
+``SPARSE_PLATEAU_STEPS``."""
 
 
 SUBSAMPLE_START_ROWS = 10_000

@@ -48,7 +48,8 @@ BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 def model_of(candidate, split, ordinal):
     """The estimator of ``candidate`` (nothing set but the seed, n_jobs and, for agpc-all, plateau=None; for
-    agpc-batch, batch_size=None; for agpc-mb, batch_size=200)."""
+    agpc-batch, batch_size=None; for agpc-mb, batch_size=200; agpc-whole is agpc-1's, fitted without the start on a
+    subsample: ``run_one``)."""
     if candidate == "logreg":
         from sklearn.linear_model import LogisticRegression
 
@@ -182,9 +183,9 @@ def print_table(results, sets, candidates):
             mine = [r for r in results if r["set"] == name and r["candidate"] == candidate and r["split"] in reference]
             if mine:
                 diff, se, _ = mean_se([r["nll"] - reference[r["split"]]["nll"] for r in mine])
-                time = np.median([r["seconds"] / reference[r["split"]]["seconds"] for r in mine])
-                lines.append(f"- {name}, {candidate} - {base}: test NLL {diff:+.4f} ± {0 if np.isnan(se) else se:.4f}, "
-                             f"fit time x{time:.2f} (median of the splits' ratios)")
+                ratio = np.median([r["seconds"] / reference[r["split"]]["seconds"] for r in mine])
+                lines.append(f"- {name}, {candidate} - {base}: test NLL {diff:+.4f} ± "
+                             f"{0 if np.isnan(se) else se:.4f}, fit time x{ratio:.2f} (median of the splits' ratios)")
         if lines:
             print(f"\nPaired to {said} (same splits):\n")
             print("\n".join(lines))

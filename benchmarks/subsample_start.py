@@ -10,7 +10,9 @@ off (this script asks for it by hand): ``10000w5`` is what the default does sinc
 (uniform here, stratified by class there) and the priors' centres (the second fit re-centres them on all rows'
 default kernel, as the first one did). 90/10 random splits (the generator of the split number; the test part's
 rows are the same as ``benchmarks/stopping.py``'s ``load`` sets drawn), features standardised on the training part.
-The record of 2026-12-01 (run from a scratch copy of this script, the same fits): benchmarks/results/subsample_start.md.
+The record of 2026-12-01: benchmarks/results/subsample_start.md (its fits ran from a scratch script of the same fits
+before this one was written; this script's run of airline-50000, at the end of the record, gives the same iterations
+and test NLL).
 
     PYTHONPATH=.:benchmarks python benchmarks/subsample_start.py --sets airline-50000,clf-50000x20 --splits 0,1 \\
         --variants whole,10000w20,10000w5,5000w5

@@ -59,6 +59,7 @@ def _runs(tmp_dir):
         "stopping": ["stopping.py", "--out", str(tmp_dir / "stopping.json")],
         "defaults": ["defaults.py", "--out", str(tmp_dir / "defaults.json")],
         "categorical": ["categorical.py", "--out", str(tmp_dir / "categorical.json")],
+        "subsample_start": ["subsample_start.py"],
     }
 
 

@@ -265,6 +265,7 @@ def test_a_file_without_the_record_loads_and_says_not_recorded(banana_model):
     ({"subsample_rows": -1}, "fit_record.subsample_rows"),
     ({"subsample_iter": 2.5}, "fit_record.subsample_iter"),
     ({"subsample_rows": 500, "n_samples_fit": 400}, "fit_record.subsample_rows: 500 rows of a subsample, not fewer"),
+    ({"subsample_rows": 0, "subsample_iter": 3}, "fit_record.subsample_iter: 3 iterations on a subsample of 0 rows"),
     ([1, 2], "fit_record"),
 ])
 def test_a_bad_record_is_refused_naming_it(banana_model, record, field):

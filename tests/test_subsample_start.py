@@ -7,6 +7,7 @@ import pytest
 from sklearn.datasets import make_classification
 
 from agpc import GPClassifier, cli, persistence, size_rule
+from agpc.backend import CholeskyError
 from agpc.batch_size import FULL_BATCH_MAX_ROWS
 from agpc.labels import stratified_rows
 from agpc.inference import training
@@ -64,33 +65,47 @@ def test_the_subsample_keeps_each_class_in_its_share_and_a_rare_one_at_all():
     assert ((y[picked] == 0).sum(), (y[picked] == 1).sum()) == (6_000, 3_000)
 
 
-def _recording_train(monkeypatch):
-    """The calls of ``GPClassifier._train``: (rows, weights, kernel parameters, Z, max_time, checkpoints, result)."""
+def _recording_train(monkeypatch, fail_on_subsample=False):
+    """The calls of ``GPClassifier._train``: (rows, weights, kernel parameters, Z, max_time, checkpoints, plateau,
+    whether it had validation rows, result); ``fail_on_subsample``: the subsample's fit raises as a failed
+    factorisation does."""
     real = GPClassifier._train
     calls = []
 
-    def train(self, plan, placed, kernel, Z, *args, max_time="fit", checkpoints=True, **kwargs):
-        result = real(self, plan, placed, kernel, Z, *args, max_time=max_time, checkpoints=checkpoints, **kwargs)
-        calls.append(dict(X=np.array(placed.X), weights=placed.weights, params={k: np.array(v) for k, v in
-                          kernel.params.items()}, Z=np.array(Z), max_time=max_time, checkpoints=checkpoints,
-                          plateau=args[-1], result=result))
-        return result
+    def train(self, plan, placed, kernel, Z, classes, groups, rng, resume, validation, *args, max_time="fit",
+              checkpoints=True, **kwargs):
+        call = dict(X=np.array(placed.X), weights=placed.weights, params={k: np.array(v) for k, v in
+                    kernel.params.items()}, Z=np.array(Z), max_time=max_time, checkpoints=checkpoints,
+                    plateau=args[-1], validation=validation is not None)
+        calls.append(call)
+        if fail_on_subsample and placed.X.shape[0] < ROWS:
+            raise CholeskyError("a failed factorisation (test)")
+        call["result"] = real(self, plan, placed, kernel, Z, classes, groups, rng, resume, validation, *args,
+                              max_time=max_time, checkpoints=checkpoints, **kwargs)
+        return call["result"]
 
     monkeypatch.setattr(GPClassifier, "_train", train)
     return calls
 
 
+def _positions(X, rows):
+    """The row numbers in X of each of ``rows`` (rows of X)."""
+    where = {row.tobytes(): i for i, row in enumerate(X)}
+    return np.array([where[row.tobytes()] for row in rows])
+
+
 def test_the_fit_on_all_rows_starts_from_the_subsample_fits_kernel_and_points(table, monkeypatch):
     X, y = table
     calls = _recording_train(monkeypatch)
-    model = GPClassifier(n_inducing=8, max_iter=4, random_state=0).fit(X, y)
+    model = GPClassifier(n_inducing=8, max_iter=4, random_state=0).fit(X, y, validation_data=(X[:300], y[:300]))
     first, second = calls
     rows = size_rule.SUBSAMPLE_START_ROWS
     assert first["X"].shape == (rows, X.shape[1]) and second["X"].shape == X.shape
     # distinct training rows, in their order
-    picked = np.array([np.flatnonzero((X == row).all(axis=1))[0] for row in first["X"]])
+    picked = _positions(X, first["X"])
     assert np.all(np.diff(picked) > 0)
     assert first["checkpoints"] is False and first["max_time"] is None and second["checkpoints"] is True
+    assert (first["validation"], second["validation"]) == (False, True)  # (validation scores the model on all rows)
     # the subsample's fit stops as a fit of its rows does; the fit on all rows on the short window
     assert first["plateau"] == size_rule.fit_plateau("auto", rows, False)
     assert second["plateau"] == size_rule.fit_plateau("auto", ROWS, False, started_on_subsample=True)
@@ -107,20 +122,32 @@ def test_the_subsample_keeps_its_rows_weights_and_half_the_time_left(table, monk
     X, y = table
     weights = np.random.default_rng(1).uniform(0.5, 2.0, ROWS)
     calls = _recording_train(monkeypatch)
-    GPClassifier(n_inducing=8, max_iter=2, random_state=0, max_time=600.0).fit(X, y, sample_weight=weights)
+    model = GPClassifier(n_inducing=8, max_iter=2, random_state=0, max_time=600.0).fit(X, y, sample_weight=weights)
     first, second = calls
-    picked = np.array([np.flatnonzero((X == row).all(axis=1))[0] for row in first["X"]])
-    np.testing.assert_array_equal(np.asarray(first["weights"]), weights[picked])
-    assert 300.0 <= first["max_time"] <= 301.0 and second["max_time"] == "fit"
+    np.testing.assert_array_equal(np.asarray(first["weights"]), weights[_positions(X, first["X"])])
+    # the time spent before the subsample's fit (s) and half of the 600 - s left: 300 + s / 2, s within the fit's time
+    assert 300.0 <= first["max_time"] <= 300.0 + model.fit_time_ / 2 and second["max_time"] == "fit"
 
 
 @pytest.mark.parametrize("params", [dict(batch_size=200, max_iter=1), dict(plateau=None, max_iter=2),
-                                    dict(method="sep", batch_size=None, max_iter=2), dict(optimize=False, max_iter=2)])
+                                    dict(method="sep", batch_size=None, max_iter=2), dict(optimize=False, max_iter=2),
+                                    dict(max_iter=0)])
 def test_fits_outside_the_rule_train_once_on_all_rows(table, monkeypatch, params):
     X, y = table
     calls = _recording_train(monkeypatch)
     model = GPClassifier(n_inducing=8, random_state=0, **params).fit(X, y)
     assert [call["X"].shape[0] for call in calls] == [ROWS]
+    assert (model.subsample_rows_, model.subsample_iter_) == (0, 0)
+
+
+def test_a_subsample_fit_that_fails_leaves_the_fit_on_all_rows_as_it_was(table, monkeypatch):
+    X, y = table
+    calls = _recording_train(monkeypatch, fail_on_subsample=True)
+    model = GPClassifier(n_inducing=8, max_iter=2, random_state=0).fit(X, y)
+    first, second = calls
+    assert first["X"].shape[0] < ROWS and second["X"].shape[0] == ROWS
+    np.testing.assert_array_equal(second["Z"], first["Z"])  # (the start of before)
+    assert second["plateau"] == size_rule.fit_plateau("auto", ROWS, False)  # (and its 20-step window)
     assert (model.subsample_rows_, model.subsample_iter_) == (0, 0)
 
 
@@ -151,6 +178,9 @@ def test_an_interrupted_fit_resumes_on_all_rows_to_the_uninterrupted_model(table
     seen.update(subsample=0, all=-1000)
     resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y, resume=True)
     assert seen["subsample"] == 0 and 0 < seen["all"] + 1000 < reference.n_iter_
+    # (what the subsample's fit did is not in the checkpoint: not recorded, and not said to be none)
+    assert (resumed.subsample_rows_, resumed.subsample_iter_) == (None, None)
+    assert reference.subsample_rows_ == size_rule.SUBSAMPLE_START_ROWS
     np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"],
                                reference.history_["log_marginal_likelihood"], rtol=1e-12)
     np.testing.assert_allclose(resumed.inducing_points_, reference.inducing_points_, rtol=1e-12, atol=1e-14)
@@ -166,8 +196,8 @@ def test_the_model_file_summary_and_command_line_say_it(table, tmp_path):
     persistence.save_model(model, path)
     loaded = persistence.load_model(path)
     assert (loaded.subsample_rows_, loaded.subsample_iter_) == (rows, iterations)
-    assert f"started on a random {rows:,} rows ({iterations} iterations)" in loaded.summary()
+    assert f"started on a random {rows:,} rows ({iterations} iterations, warm-up sweeps included)" in loaded.summary()
     said = cli._iterations(model, 2, (X, y))
-    assert f"after {iterations} iterations on a random {rows:,} of them" in said
+    assert f"after {iterations} iterations (warm-up sweeps included) on a random {rows:,} of them" in said
     alone = GPClassifier(n_inducing=8, max_iter=2, random_state=0, plateau=None).fit(X, y)
     assert "random" not in alone.summary() and "random" not in cli._iterations(alone, 2, (X, y))
