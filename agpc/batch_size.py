@@ -33,8 +33,10 @@ to here (``full_batch_max_rows``). On the binary tables measured between 20,000 
 (docs/small_data_defaults.md, "Batch steps up to 200,000 rows") batch steps gave airline's test NLL sooner (50,000
 rows: the minibatch default's NLL in about 105 steps against 58-65 epochs, 0.31-0.39 of the time; 200,000: +0.0024
 after 80 steps, 77 s, against 71 epochs of minibatches); the generated tables, whose evidence climbs slowly, end
-0.005 above their minibatch fits (clf-50000x20 runs to ``max_iter``, 260 steps, in 0.63 of their time). They
-stop on a longer window than smaller batch fits (``size_rule.fit_plateau``). Multiclass and ordinal models, the
+0.005 above their minibatch fits (clf-50000x20 runs to ``max_iter``, 260 steps, in 0.63 of their time). Since
+2026-12-01 such a default fit first fits a random 10,000 of its rows (``size_rule.subsample_start_rows``) and then
+stops on the window of smaller batch fits; a fit on all rows alone (``batch_size=None``) on a longer one
+(``size_rule.fit_plateau``). Multiclass and ordinal models, the
 other methods, a GPU, a cluster and rows on disk keep ``FULL_BATCH_MAX_ROWS``: not measured there."""
 
 # The GPU step model of each built-in method that declares one, by name (what docs/gpu.md quotes). The registry is

@@ -241,11 +241,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     ard_ : bool
         Whether the fitted kernel has a lengthscale per feature (``ard="auto"`` decides on small data).
     subsample_rows_ : int or None
-        The rows of the random subsample the fit trained on first, starting on all rows from the kernel and inducing
-        points it reached (binary EP's batch fits of more than 20,000 rows that stop on their plateau:
-        ``agpc.size_rule.subsample_start_rows``), or 0; None: not recorded (a fit resumed from a checkpoint, which
-        continues the fit on all rows, or a model file written before 2026-12-01). ``n_iter_`` and ``history_`` are
-        the fit's on all rows; ``max_iter`` caps each of the two fits.
+        The rows of the random subsample the fit trained on first (about 10,000), starting on all rows from the
+        kernel and inducing points it reached (binary EP's batch fits of more than 20,000 rows that stop on their
+        plateau: ``agpc.size_rule.subsample_start_rows``), or 0; None: not recorded (a fit resumed from a
+        checkpoint, which does not say how its run started, or a model file written before 2026-12-01). ``n_iter_``
+        and ``history_`` are the fit's on all rows; ``max_iter`` caps each of the two fits.
     subsample_iter_ : int or None
         The iterations of that first fit (warm-up sweeps included), or 0; None: not recorded.
     tf32_ : bool
@@ -403,23 +403,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self.tf32_ = I.note_tf32(plan, inputs.xp)
             placed = place.rows(inputs, Z, rng, exact=size_rule.exact_passes(plan, steps) if size.at_rows else None)
             minibatch = placed.batch_size is not None and placed.batch_size < n
-            subsample = size_rule.subsample_start_rows(plan, counted, size, minibatch, self.plateau,
-                                                       learns=bool(groups) and int(self.max_iter) > 0)
             # (the parameters lengthscales per feature free, counted on the exact model's rows, which Z holds,
             # where ard="auto" may choose: a host copy of Z)
             freed = (tied_parameters(kernel, Z) if size.at_rows and Z.ndim == 2 and plan.ard == "auto"
                      and plan.kernel is None else inputs.X.shape[1] - 1)
             ard = size_rule.ard_plan(plan, size, inputs.X.shape[1], freed)
-            # (rows, iterations) of the fit on a subsample: (0, 0) where there is none, (None, None) where a resume
-            # continues the fit on all rows from its checkpoint (not recorded there), else what it ran
-            record = (0, 0) if subsample is None else (None, None) if resume else None
-            if record is None:
-                kernel, Z, record = self._start_on_subsample(plan, placed, kernel, Z, classes, groups, rng, started,
-                                                             subsample, tied=ard is not True)
-            # A fit on all rows from a subsample's model stops on the short window, and so does a resume of one (the
-            # same run); a subsample's fit that failed leaves the start and the window as they were.
-            plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=minibatch,
-                                            started_on_subsample=record != (0, 0))
+            kernel, Z, record, plateau = self._subsample_start(plan, placed, kernel, Z, classes, groups, rng, started,
+                                                               size, counted, minibatch, resume, tied=ard is not True)
             all_rows = f"2/2: all {counted:,} rows" if record[0] else ""
             result, self.ard_ = size_rule.choose_inducing(
                 lambda points, name: size_rule.learn_lengthscales(
@@ -485,7 +475,28 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return None
         return with_any_levels(Z, columns, rng, ANY_LEVEL)
 
-    def _start_on_subsample(self, plan, placed, kernel, Z, classes, groups, rng, started, asked, tied):
+    def _subsample_start(self, plan, placed, kernel, Z, classes, groups, rng, started, size, counted, minibatch,
+                         resume, tied):
+        """(kernel, Z, record, plateau): the start of the fit on all rows of ``placed`` (``counted`` by weight, a
+        ``size`` model), from ``_fit_on_subsample`` where ``size_rule.subsample_start_rows`` says (else as given),
+        the record (rows, iterations) of that fit (``subsample_rows_``, ``subsample_iter_``) and the fit on all rows'
+        stop on its plateau (``size_rule.fit_plateau``)."""
+        subsample = size_rule.subsample_start_rows(plan, counted, size, minibatch, self.plateau,
+                                                   learns=bool(groups) and int(self.max_iter) > 0)
+        # (None, None) for a resume, which continues a run from its checkpoint and does not know how that run started
+        # (the checkpoint does not hold it); (0, 0) where there is none; else what the fit on the subsample ran
+        record = (None, None) if resume else (0, 0) if subsample is None else None
+        if record is None:
+            kernel, Z, record = self._fit_on_subsample(plan, placed, kernel, Z, classes, groups, rng, started,
+                                                       subsample, tied)
+        # A fit on all rows from a subsample's model stops on the short window, and so does a resume where the rule
+        # applies (it continues such a run: unless that run's subsample fit failed, which a checkpoint does not say);
+        # a subsample's fit that failed leaves the start and the window as they were.
+        plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=minibatch,
+                                        started_on_subsample=bool(record[0]) or (resume and subsample is not None))
+        return kernel, Z, record, plateau
+
+    def _fit_on_subsample(self, plan, placed, kernel, Z, classes, groups, rng, started, asked, tied):
         """(kernel, Z, (rows, iterations)) for the fit on all rows of ``placed`` to start from: those of a fit on about
         ``asked`` of them drawn at random (``size_rule.subsample_start_rows``, ``labels.stratified_rows``), from
         ``kernel`` and ``Z``, to its own plateau, with half of the time ``max_time`` has left, no validation and no
@@ -507,7 +518,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             result = self._train(plan, subset, kernel, Z, classes, groups, rng, False, None, started, None, plateau,
                                  tied=tied, stage=f"1/2: a random {rows:,} of {total:,} rows",
                                  max_time=budget, checkpoints=False)
-        except (B.CholeskyError, FloatingPointError):
+        except (B.CholeskyError, FloatingPointError) as failure:
+            warnings.warn(f"the fit on a random {rows:,} of the {total:,} rows failed numerically ({failure}); "
+                          "training on all rows from the start instead, as without the subsample",
+                          RuntimeWarning, stacklevel=5)
             return kernel, Z, (0, 0)
         return result.kernel, result.Z, (rows, int(result.n_iter))
 

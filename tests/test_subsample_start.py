@@ -65,10 +65,10 @@ def test_the_subsample_keeps_each_class_in_its_share_and_a_rare_one_at_all():
     assert ((y[picked] == 0).sum(), (y[picked] == 1).sum()) == (6_000, 3_000)
 
 
-def _recording_train(monkeypatch, fail_on_subsample=False):
+def _recording_train(monkeypatch, fail_on_subsample=None):
     """The calls of ``GPClassifier._train``: (rows, weights, kernel parameters, Z, max_time, checkpoints, plateau,
-    whether it had validation rows, result); ``fail_on_subsample``: the subsample's fit raises as a failed
-    factorisation does."""
+    whether it had validation rows, result); ``fail_on_subsample``: an exception the subsample's fit raises (a failed
+    factorisation)."""
     real = GPClassifier._train
     calls = []
 
@@ -78,8 +78,8 @@ def _recording_train(monkeypatch, fail_on_subsample=False):
                     kernel.params.items()}, Z=np.array(Z), max_time=max_time, checkpoints=checkpoints,
                     plateau=args[-1], validation=validation is not None)
         calls.append(call)
-        if fail_on_subsample and placed.X.shape[0] < ROWS:
-            raise CholeskyError("a failed factorisation (test)")
+        if fail_on_subsample is not None and placed.X.shape[0] < ROWS:
+            raise fail_on_subsample("a failed factorisation (test)")
         call["result"] = real(self, plan, placed, kernel, Z, classes, groups, rng, resume, validation, *args,
                               max_time=max_time, checkpoints=checkpoints, **kwargs)
         return call["result"]
@@ -140,10 +140,12 @@ def test_fits_outside_the_rule_train_once_on_all_rows(table, monkeypatch, params
     assert (model.subsample_rows_, model.subsample_iter_) == (0, 0)
 
 
-def test_a_subsample_fit_that_fails_leaves_the_fit_on_all_rows_as_it_was(table, monkeypatch):
+@pytest.mark.parametrize("failure", [CholeskyError, FloatingPointError])
+def test_a_subsample_fit_that_fails_leaves_the_fit_on_all_rows_as_it_was(table, monkeypatch, failure):
     X, y = table
-    calls = _recording_train(monkeypatch, fail_on_subsample=True)
-    model = GPClassifier(n_inducing=8, max_iter=2, random_state=0).fit(X, y)
+    calls = _recording_train(monkeypatch, fail_on_subsample=failure)
+    with pytest.warns(RuntimeWarning, match="failed numerically .*training on all rows from the start instead"):
+        model = GPClassifier(n_inducing=8, max_iter=2, random_state=0).fit(X, y)
     first, second = calls
     assert first["X"].shape[0] < ROWS and second["X"].shape[0] == ROWS
     np.testing.assert_array_equal(second["Z"], first["Z"])  # (the start of before)
@@ -176,7 +178,11 @@ def test_an_interrupted_fit_resumes_on_all_rows_to_the_uninterrupted_model(table
         GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y)
     assert seen["subsample"] == reference.subsample_iter_
     seen.update(subsample=0, all=-1000)
+    calls = _recording_train(monkeypatch)
     resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y, resume=True)
+    # one run, on all rows, on the window of the run it continues
+    assert [call["plateau"] for call in calls] == [size_rule.fit_plateau("auto", ROWS, False,
+                                                                         started_on_subsample=True)]
     assert seen["subsample"] == 0 and 0 < seen["all"] + 1000 < reference.n_iter_
     # (what the subsample's fit did is not in the checkpoint: not recorded, and not said to be none)
     assert (resumed.subsample_rows_, resumed.subsample_iter_) == (None, None)
