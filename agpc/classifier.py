@@ -488,7 +488,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         record = (None, None) if resume else (0, 0) if subsample is None else None
         if record is None:
             kernel, Z, record = self._fit_on_subsample(plan, placed, kernel, Z, classes, groups, rng, started,
-                                                       subsample, tied)
+                                                       subsample, counted, tied)
         # A fit on all rows from a subsample's model stops on the short window, and so does a resume where the rule
         # applies (it continues such a run: unless that run's subsample fit failed, which a checkpoint does not say);
         # a subsample's fit that failed leaves the start and the window as they were.
@@ -496,14 +496,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                                         started_on_subsample=bool(record[0]) or (resume and subsample is not None))
         return kernel, Z, record, plateau
 
-    def _fit_on_subsample(self, plan, placed, kernel, Z, classes, groups, rng, started, asked, tied):
+    def _fit_on_subsample(self, plan, placed, kernel, Z, classes, groups, rng, started, asked, total, tied):
         """(kernel, Z, (rows, iterations)) for the fit on all rows of ``placed`` to start from: those of a fit on about
         ``asked`` of them drawn at random (``size_rule.subsample_start_rows``, ``labels.stratified_rows``), from
         ``kernel`` and ``Z``, to its own plateau, with half of the time ``max_time`` has left, no validation and no
         checkpoint (the fit on all rows writes those), and its rows and iterations (warm-up sweeps included). A fit
         that fails numerically leaves the start as it was, and (0, 0): the fit on all rows is then the fit of all rows
-        alone."""
-        n = placed.X.shape[0]
+        alone. ``total``: the rows of ``placed`` counted by weight (as the progress line and a warning say them)."""
         picked = L.stratified_rows(placed.y, asked, rng, weights=placed.weights)
         weights = None if placed.weights is None else placed.weights[picked]
         subset = placed._replace(X=placed.X[picked], y=placed.y[picked], weights=weights)
@@ -513,7 +512,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if self.max_time is not None:
             spent = time.perf_counter() - started
             budget = spent + 0.5 * max(0.0, self.max_time - spent)
-        total = I.rows_counted(placed.weights, n)
         try:
             result = self._train(plan, subset, kernel, Z, classes, groups, rng, False, None, started, None, plateau,
                                  tied=tied, stage=f"1/2: a random {rows:,} of {total:,} rows",
