@@ -44,8 +44,8 @@ import numpy as np
 
 from .backend import array_namespace, to_numpy
 
-__all__ = ["check_loop_state", "check_engine_state", "check_saved_factor", "check_saved_anchor", "check_row_starts",
-           "check_factor_scale", "check_site_scale",
+__all__ = ["check_loop_state", "check_engine_state", "check_saved_factor", "check_saved_anchor", "check_held_gradient",
+           "check_row_starts", "check_factor_scale", "check_site_scale",
            "array_shapes", "dtype_text", "is_array", "LOOP_FIELDS"]
 
 # The training loop's part of a checkpoint, beside the engine's own: the type of each entry.
@@ -354,6 +354,21 @@ def check_saved_anchor(saved, kernel, Z, where, refuse):
     jitter = saved["jitter"]
     if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not (math.isfinite(jitter) and jitter > 0):
         raise refuse(f"{where}.jitter: {jitter!r}, expected a positive number")
+
+
+def check_held_gradient(saved, Z, where, refuse):
+    """Minibatch SEP's and ADF's gradient in Z held between two moves of the inducing points as a checkpoint stores
+    it (``engines.EPEngine._names_stepped``): None, or the summed gradient (an array of Z's shape and type, finite)
+    and the positive count of the steps it sums. A count past this version's period moves Z at the next step."""
+    if saved is None:
+        return
+    if not isinstance(saved, dict) or set(saved) != {"gradient", "steps"}:
+        raise refuse(f"{where}: not a held gradient (gradient, steps)")
+    steps = saved["steps"]
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise refuse(f"{where}.steps: {steps!r}, expected a positive integer")
+    _check_float_array(saved["gradient"], Z.shape, Z.dtype, f"{where}.gradient", refuse)
+    _check_finite(saved["gradient"], f"{where}.gradient", refuse)
 
 
 def check_row_starts(saved, n, where, refuse):

@@ -428,8 +428,9 @@ _VI_PER_ROW_XI = ("fit on a dask array does not train method {name!r}: it optimi
 DEFAULT_GPU_STEP = MappingProxyType({"launches": 380, "block_launches": 175, "flops_per_row_m2": 13.7,
                                      "elements_per_row_m": 64.0})
 """EP's minibatch step, and that of a method that declares none (``gpu_step_model``)."""
-# SEP / ADF also carry their tied factor to the moved inducing points (``ep.moved_factor``): some 40-65 launches more
-_TIED_GPU_STEP = {**DEFAULT_GPU_STEP, "launches": 450}
+# SEP / ADF also carry their tied factor to the moved inducing points (``ep.moved_factor``), some 140 launches, on the
+# one step in ``tied_steps.TIED_INDUCING_EVERY`` that moves them: their mean step (counted over that many steps)
+_TIED_GPU_STEP = {**DEFAULT_GPU_STEP, "launches": 340}
 _SVI_GPU_STEP = {"launches": 320, "block_launches": 130, "flops_per_row_m2": 10.2, "elements_per_row_m": 46.0}
 _BUILT_IN_METHODS = (
     Method("ep", family="ep", engine="ep", likelihoods=("probit", ORDINAL), likelihood_reason=_EP_PROBIT,

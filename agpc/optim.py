@@ -23,6 +23,7 @@ class Rprop:
     """
 
     grows_steps = True  # a bounded entry held at its bound must not grow its step (``bounded_step``)
+    per_entry_state = True  # each entry's state its own: an entry left out of some steps (``tied_steps``) is unharmed
 
     def __init__(self, initial_steps, increase=1.02, decrease=0.5):
         self.steps = dict(initial_steps)
@@ -69,6 +70,8 @@ class Adadelta:
     Unit-consistent: the step does not scale with the gradient, so n / |M| scaling needs no tuning.
     """
 
+    per_entry_state = True  # (as ``Rprop``'s)
+
     def __init__(self, learning_rate=1.0, rho=0.9, eps=1e-5):
         self.learning_rate = self.initial_learning_rate = learning_rate
         self.rho = rho
@@ -110,6 +113,8 @@ class Adadelta:
 
 class Adam:
     """Adam (Kingma & Ba 2015) for ascent: steps of about ``learning_rate`` per entry, bias-corrected."""
+
+    per_entry_state = False  # the bias correction counts the calls, all entries together
 
     def __init__(self, learning_rate=0.01, beta1=0.9, beta2=0.999, eps=1e-8):
         self.learning_rate = self.initial_learning_rate = learning_rate

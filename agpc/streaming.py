@@ -76,6 +76,9 @@ def stream_trainer(plan, kernel, Z, n_total, groups, jitter, shared=None, *, n_c
         shared_lengthscales=plan.shared_lengthscales if shared is None else shared,
     )
     engine = plan.spec.make_engine(kernel, Z, n_total=n_total, minibatch=True, options=options)
+    # Each call is one step on all it learns, Z too (docs/usage.md), not one in a few as in ``fit``
+    # (``tied_steps``): the held gradients would be lost with a model file, which keeps no optimiser state.
+    engine.holds_inducing = False
     return training.Trainer(engine)
 
 

@@ -60,6 +60,7 @@ def _runs(tmp_dir):
         "defaults": ["defaults.py", "--out", str(tmp_dir / "defaults.json")],
         "categorical": ["categorical.py", "--out", str(tmp_dir / "categorical.json")],
         "subsample_start": ["subsample_start.py"],
+        "inducing_every": ["inducing_every.py"],
     }
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from agpc import GPClassifier, checkpoints
 from agpc.datasets import make_banana
-from agpc.inference import checkpointing, training
+from agpc.inference import checkpointing, tied_steps, training
 from agpc.kernels import LATENT_NOISE_FLOOR
 from helpers import interrupted_then_resumed
 
@@ -30,6 +30,27 @@ def test_interrupted_and_resumed_fit_equals_uninterrupted(tmp_path, monkeypatch,
     np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"], reference.history_["log_marginal_likelihood"],
                                rtol=1e-12)
     assert (resumed.n_iter_, resumed.n_warmup_) == (reference.n_iter_, reference.n_warmup_)
+    np.testing.assert_allclose(resumed.inducing_points_, reference.inducing_points_, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-10, atol=1e-14)
+
+
+def test_a_sep_fit_resumed_between_two_moves_of_the_inducing_points_equals_uninterrupted(tmp_path, monkeypatch):
+    """Minibatch SEP moves Z every ``TIED_INDUCING_EVERY`` steps by the mean of the gradients held since its last
+    move (``tied_steps.held_step``): a checkpoint written between two moves holds them, and the resumed
+    fit ends at the uninterrupted model (every 3 steps here: the checkpoint at step 8 holds 2)."""
+    monkeypatch.setattr(tied_steps, "TIED_INDUCING_EVERY", 3)
+    X, y = make_banana(600, random_state=5)
+    params = dict(method="sep", n_inducing=8, batch_size=100, max_iter=3, random_state=0)
+    read, load = [], checkpoints.load_checkpoint
+
+    def recording_load(*args, **kwargs):  # (the checkpoint the interrupted fit left, as the helper reads it)
+        read.append(load(*args, **kwargs))
+        return read[-1]
+
+    monkeypatch.setattr(checkpoints, "load_checkpoint", recording_load)
+    reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", 11, X, y)
+    held = read[0]["engine"]["held_inducing"]
+    assert read[0]["n_steps"] == 8 and held["steps"] == 2 and held["gradient"].shape == (8, 2)
     np.testing.assert_allclose(resumed.inducing_points_, reference.inducing_points_, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-10, atol=1e-14)
 
@@ -316,16 +337,21 @@ CHECKPOINT_CORRUPTIONS = {
 }
 
 
-@pytest.mark.parametrize("case", list(CHECKPOINT_CORRUPTIONS))
-def test_a_crafted_checkpoint_is_one_value_error_naming_the_field(good_checkpoint, tmp_path, case):
-    change, words = CHECKPOINT_CORRUPTIONS[case]
-    params, X, y = _craft(good_checkpoint, tmp_path, change_state=change)
+def _refused_naming(written, tmp_path, change, words):
+    """The checkpoint ``written``, changed by ``change``, is refused by a resume with one ValueError naming the file
+    and every one of ``words``."""
+    params, X, y = _craft(written, tmp_path, change_state=change)
     with pytest.raises(ValueError) as info:
         GPClassifier(**params).fit(X, y, resume=True)
     message = str(info.value)
     assert str(params["checkpoint_path"]) in message and "not a valid agpc checkpoint" in message, message
     for word in words:
         assert word in message, message
+
+
+@pytest.mark.parametrize("case", list(CHECKPOINT_CORRUPTIONS))
+def test_a_crafted_checkpoint_is_one_value_error_naming_the_field(good_checkpoint, tmp_path, case):
+    _refused_naming(good_checkpoint, tmp_path, *CHECKPOINT_CORRUPTIONS[case])
 
 
 def test_a_checkpoint_resumes_whenever_its_fit_could_go_on(good_checkpoint, tmp_path):
@@ -339,6 +365,70 @@ def test_a_checkpoint_resumes_whenever_its_fit_could_go_on(good_checkpoint, tmp_
     assert float(model.kernel_.noise) == pytest.approx(LATENT_NOISE_FLOOR, rel=1e-12)
     proba = model.predict_proba(X)
     assert np.all(np.isfinite(proba)) and np.allclose(proba.sum(axis=1), 1.0)
+
+
+@pytest.fixture(scope="module")
+def held_checkpoint(tmp_path_factory):
+    """Minibatch SEP's last checkpoint at step 12 of 12 (3 minibatches an epoch): the gradients in Z of the steps since
+    Z last moved (``tied_steps.TIED_INDUCING_EVERY``: 8, Z moved at step 8; steps 9-12 held)."""
+    written = _written_checkpoint(tmp_path_factory, method="sep", batch_size=50, max_iter=4)
+    held = _engine(written[3]["state"]["dict"])["held_inducing"]["dict"]
+    assert 12 > tied_steps.TIED_INDUCING_EVERY and held["steps"] == 12 % tied_steps.TIED_INDUCING_EVERY > 0
+    assert written[4][held["gradient"]["array"]].shape == (5, 2)
+    return written
+
+
+def _held(state):
+    return _engine(state)["held_inducing"]["dict"]
+
+
+HELD_GRADIENT_CORRUPTIONS = {
+    "not a mapping": (lambda s, a: _engine(s).update(held_inducing={"list": [1]}),
+                      ["engine.held_inducing: not a held gradient"]),
+    "no count": (lambda s, a: _held(s).pop("steps"), ["engine.held_inducing: not a held gradient"]),
+    "count 0": (lambda s, a: _held(s).update(steps=0), ["engine.held_inducing.steps: 0"]),
+    "count a bool": (lambda s, a: _held(s).update(steps=True), ["engine.held_inducing.steps: True"]),
+    "count a float": (lambda s, a: _held(s).update(steps=4.0), ["engine.held_inducing.steps: 4.0"]),
+    "gradient of another shape": (_set_array(lambda s: _held(s)["gradient"], np.zeros((3, 2))),
+                                  ["engine.held_inducing.gradient", "shape"]),
+    "gradient in float32": (_set_array(lambda s: _held(s)["gradient"], np.zeros((5, 2), dtype=np.float32)),
+                            ["engine.held_inducing.gradient", "float32"]),
+    "inf in the gradient": (_set_array(lambda s: _held(s)["gradient"], np.full((5, 2), np.inf)),
+                            ["engine.held_inducing.gradient", "inf"]),
+}
+
+
+def test_a_held_gradient_in_a_run_that_holds_none_is_refused(good_checkpoint, held_checkpoint, tmp_path):
+    """Only minibatch SEP / ADF with learned inducing points hold a gradient in Z between moves: one written into
+    a batch EP checkpoint is refused, naming the field."""
+    _, _, _, header, arrays = held_checkpoint
+    held = _held(header["state"]["dict"])
+
+    def add_held(state, saved):
+        _engine(state)["held_inducing"] = {"dict": {"gradient": {"array": "held_gradient"}, "steps": held["steps"]}}
+        saved["held_gradient"] = arrays[held["gradient"]["array"]]
+
+    params, X, y = _craft(good_checkpoint, tmp_path, change_state=add_held)
+    with pytest.raises(ValueError, match=r"crafted\.ckpt is not a valid agpc checkpoint: engine\.held_inducing: this "
+                                         r"run's steps hold no gradient in Z"):
+        GPClassifier(**params).fit(X, y, resume=True)
+
+
+@pytest.mark.parametrize("case", list(HELD_GRADIENT_CORRUPTIONS))
+def test_a_crafted_held_gradient_is_one_value_error_naming_the_field(held_checkpoint, tmp_path, case):
+    _refused_naming(held_checkpoint, tmp_path, *HELD_GRADIENT_CORRUPTIONS[case])
+
+
+def test_a_held_gradient_as_written_or_past_its_period_resumes(held_checkpoint, tmp_path):
+    """The checkpoint as written resumes with the held count its fit left: its 3 more steps (13-15) hold Z where it
+    was. A count past this version's period (a checkpoint of a version that moved Z less often) resumes too, and Z
+    moves at the next step."""
+    saved_Z = held_checkpoint[4][_engine(held_checkpoint[3]["state"]["dict"])["Z"]["array"]]
+    for steps, moves in ((4, False), (50, True)):
+        params, X, y = _craft(held_checkpoint, tmp_path, change_state=lambda s, a: _held(s).update(steps=steps))
+        model = GPClassifier(**dict(params, max_iter=5)).fit(X, y, resume=True)
+        assert np.all(np.isfinite(model.predict_proba(X)))
+        assert (not np.array_equal(model.inducing_points_, saved_Z)) == moves, steps
 
 
 @pytest.fixture(scope="module")

@@ -144,6 +144,24 @@ def test_the_time_budget_stops_before_a_step_that_would_not_fit(monkeypatch):
     assert budget.before_step(run, False) and run.stopped_by_time
 
 
+def test_the_time_budget_expects_the_slowest_of_the_last_steps(monkeypatch):
+    """Minibatch SEP / ADF move Z (and carry their factor) on one step in 8, about twice as long as the others at
+    m = 500: the budget expects the next step to take as long as the slowest of the last ``STEP_WINDOW`` steps, so
+    that the slow one does not start past the end after a run of fast ones."""
+    clock = {"now": 100.0}
+    monkeypatch.setattr(hooks.time, "perf_counter", lambda: clock["now"])
+    budget = hooks.TimeBudget(10.0, started=100.0, batch=False)  # (minibatch: no final pass kept)
+    run = _run(None)
+    budget.measured("step", 2.0)
+    for _ in range(hooks.STEP_WINDOW - 1):
+        budget.measured("step", 1.0)
+    clock["now"] = 108.5
+    assert budget.before_step(run, False)  # 108.5 + 2 > 110: the slow step is in the window
+    budget.measured("step", 1.0)  # (it leaves the window)
+    run = _run(None)
+    assert not budget.before_step(run, False)  # 108.5 + 1 <= 110
+
+
 def test_the_time_budget_of_a_resumed_run_counts_its_earlier_time(monkeypatch):
     """max_time bounds the whole fit, a resumed one's too: ``start`` takes the training time the checkpoint recorded
     (the trainer's t0 set that far back by the resume) from the budget. A break that ignored it passed the hook test

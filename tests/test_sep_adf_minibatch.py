@@ -4,9 +4,9 @@
 import numpy as np
 import pytest
 
-from agpc import GPClassifier
+from agpc import GPClassifier, optim
 from agpc.datasets import make_banana
-from agpc.inference import engines, ep, training
+from agpc.inference import engines, ep, tied_steps, training
 from agpc.kernels import RBF
 from conftest import to_np, to_xp
 from helpers import nll_of
@@ -161,7 +161,9 @@ def test_minibatch_steps_that_move_the_inducing_points_keep_q(method, monkeypatc
     what it held (airline, 50,000 rows, m = 500: test NLL 0.667 after 3 epochs against 0.620 with Z frozen;
     docs/methods/sep.md). From the factor converged at fixed hyper-parameters, 10 minibatch steps that move only
     Z must leave q's test NLL within 0.005 of the fixed point's; with the factor held (the former step) it rose by
-    0.038 here."""
+    0.038 here. (Every step moves Z here: ``TIED_INDUCING_EVERY`` = 1; what the carry does, not how often.)"""
+    monkeypatch.setattr(tied_steps, "TIED_INDUCING_EVERY", 1)
+
     def data(n, seed):
         r = np.random.default_rng(seed)
         X = r.normal(size=(n, 2))
@@ -194,6 +196,69 @@ def test_minibatch_steps_that_move_the_inducing_points_keep_q(method, monkeypatc
     held = nll_after_steps()
     assert abs(carried - start) < 0.005, (start, carried)
     assert held > start + 0.02, (start, held)  # what the carried factor avoids
+
+
+@pytest.mark.parametrize("method", ["sep", "adf"])
+def test_minibatch_sep_moves_the_inducing_points_every_few_steps_by_their_mean_gradient(method, monkeypatch):
+    """Minibatch SEP / ADF move Z on every ``TIED_INDUCING_EVERY``-th step (each move carries the tied factor, an m^3
+    pipeline as long as the rest of the step): on the steps between, the kernel steps and Z stays; the move is
+    Adadelta's step on the mean of the gradients in Z of the steps since the last move, taken from the passes'
+    results here (independent of the engine's own sum), and the factor is carried (``moved_factor`` called once a
+    move). The guard's revert (``restore``) puts back Z and drops the gradients held so far (a bad one among them
+    would spoil every retry of the move)."""
+    X, y = make_banana(240, random_state=3)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    Z0 = X[:12].copy()
+    every = tied_steps.TIED_INDUCING_EVERY
+    assert every > 1
+    engine = engines.make_engine(method, kernel, Z0, n_total=240, minibatch=True, jitter=JITTER)
+    gradients, carries = [], []
+    evaluate, moved = engine.passes.evaluate_factor, tied_steps.moved_factor
+
+    def recording_evaluate(*args, **kwargs):
+        out = evaluate(*args, **kwargs)
+        if out["grads"] is not None:  # (a step that does not move the hyper-parameters has none)
+            gradients.append(np.array(out["grads"]["Z"]))
+        return out
+
+    def recording_moved(*args, **kwargs):
+        carries.append(len(gradients))
+        return moved(*args, **kwargs)
+
+    monkeypatch.setattr(engine.passes, "evaluate_factor", recording_evaluate)
+    monkeypatch.setattr(tied_steps, "moved_factor", recording_moved)
+    trainer = training.Trainer(engine)
+    trainer.step_until_taken(X, y, 210, 240, stepping=False)  # (the factor off the prior: a gradient in the kernel)
+    amplitudes = [float(engine.state["kernel"].amplitude)]
+    for k in range(every - 1):
+        trainer.step_until_taken(X, y, 30 * k, 30 * k + 30, stepping=True)
+        assert engine.state["Z"] is Z0 and not carries
+        amplitudes.append(float(engine.state["kernel"].amplitude))
+    assert len(set(amplitudes)) == every  # the kernel stepped every step
+    held = engine.state["held_inducing"]
+    assert held[1] == every - 1
+    np.testing.assert_allclose(held[0], sum(gradients), rtol=1e-12)
+    snap = engine.snapshot()
+    trainer.step_until_taken(X, y, 150, 180, stepping=True)
+    assert carries == [every] and engine.state["held_inducing"] is None
+    expected = optim.Adadelta().step({"Z": Z0}, {"Z": sum(gradients) / every})["Z"]
+    np.testing.assert_allclose(engine.state["Z"], expected, rtol=1e-12, atol=1e-15)
+    engine.restore(snap)
+    assert engine.state["Z"] is Z0 and engine.state["held_inducing"] is None
+
+
+def test_under_adam_minibatch_sep_moves_the_inducing_points_every_step():
+    """Adam's bias correction counts its calls, all entries together (``optim.Adam``): Z held between moves would be
+    corrected as though stepped at each call, so under Adam Z moves, and the factor is carried, every step."""
+    X, y = make_banana(240, random_state=3)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    engine = engines.make_engine("sep", kernel, X[:12].copy(), n_total=240, minibatch=True, jitter=JITTER,
+                                 optimizer="adam")
+    trainer = training.Trainer(engine)
+    for k in range(3):
+        Z = engine.state["Z"]
+        trainer.step_until_taken(X, y, 30 * k, 30 * k + 30, stepping=True)
+        assert engine.state["Z"] is not Z and engine.state.get("held_inducing") is None
 
 
 def test_a_float32_factor_carried_many_times_keeps_q():

@@ -20,7 +20,7 @@ import pytest
 from array_counting import CountingNamespace, check_budget
 
 from agpc.backend import to_numpy
-from agpc.inference import engines, ep, training
+from agpc.inference import engines, ep, tied_steps, training
 from agpc.kernels import RBF
 
 # ---------------------------------------------------------------------------------------------------
@@ -70,11 +70,16 @@ from agpc.kernels import RBF
 # their budgets from 323 / 308 operations and 10 / 9 O(m^3) to 411 / 396 and 24 / 23 (the factor whitened at both
 # ends, two factorisations, four triangular solves, two products, one inverse), and the NumPy fast path's calls
 # from 20 / 16 to 33 / 29. (One thread, NumPy: +27% a step at m = 200, +81% at m = 500.)
+# Since SEP / ADF move Z once every ``tied_steps.TIED_INDUCING_EVERY`` steps, their other steps hold Z and carry nothing:
+# "sep" / "adf" count such a step (310 / 295 operations, 10 / 9 O(m^3)), "sep_moving" / "adf_moving" the step that
+# moves Z and carries the factor (408 / 393, 24 / 23: the budgets of the former step, 411 / 396, at their count).
 STEP_BUDGETS = {
-    "sep":           {"op": 411, "m3": 24, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "sep":           {"op": 310, "m3": 10, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "sep_moving":    {"op": 408, "m3": 24, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
     "ep":            {"op": 350, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
     "ep_anchored":   {"op": 395, "m3": 10, "rows_m2": 7, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
-    "adf":           {"op": 396, "m3": 23, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "adf":           {"op": 295, "m3": 9, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
+    "adf_moving":    {"op": 393, "m3": 23, "rows_m2": 5, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
     "svi":           {"op": 295, "m3": 4, "rows_m2": 6, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
     "batch_ep":      {"op": 700, "m3": 9, "rows_m2": 15, "host": 3, "data_dependent": 0, "syncs": 3, "upload": 0},
     "batch_ep_step": {"op": 759, "m3": 9, "rows_m2": 15, "host": 1, "data_dependent": 0, "syncs": 1, "upload": 0},
@@ -114,22 +119,46 @@ def _window(xp):
     return xp.counting() if isinstance(xp, CountingNamespace) else contextlib.nullcontext()
 
 
-def minibatch_step(xp, method):
-    """One minibatch step of SEP / EP / ADF (``Trainer.step`` with a hyper-parameter step), after one
-    warm-up step. "ep_anchored": minibatch EP's step after an epoch's end, on rows its site product holds along the
-    directions of the rebuild before the last hyper-parameter step (``ep.Anchor``). Returns (tally or None, log Z_q
-    estimate, inducing points after the step)."""
-    X, y, kernel, Z = _problem(xp)
-    anchored = method == "ep_anchored"
-    trainer = training.Trainer(engines.make_engine("ep" if anchored else method, kernel, Z, n_total=N_ROWS,
-                                                   minibatch=True, jitter=JITTER))
+def _warmed_up(X, y, engine, method):
+    """A trainer of ``engine`` after the warm-up steps before the counted one, and the counted step's rows: one step;
+    for "ep_anchored" an exact rebuild and one more; for "sep_moving" / "adf_moving" the steps up to the one that
+    moves Z (``tied_steps.TIED_INDUCING_EVERY``: SEP's and ADF's other steps hold Z, and count as "sep" / "adf")."""
+    trainer = training.Trainer(engine)
     trainer.step(X, y, 0, ROWS, stepping=True)
-    if anchored:
+    if method == "ep_anchored":
         trainer.rebuild_factor(X, y)
         trainer.step(X, y, ROWS, 2 * ROWS, stepping=True)
-    rows = (2 * ROWS, 3 * ROWS) if anchored else (ROWS, 2 * ROWS)
+        return trainer, (2 * ROWS, 3 * ROWS)
+    steps = tied_steps.TIED_INDUCING_EVERY if method.endswith("_moving") else 2
+    for k in range(1, steps - 1):
+        trainer.step(X, y, k % 3 * ROWS, k % 3 * ROWS + ROWS, stepping=True)
+    k = steps - 1
+    return trainer, (k % 3 * ROWS, k % 3 * ROWS + ROWS)
+
+
+def _base_method(method):
+    return "ep" if method == "ep_anchored" else method.removesuffix("_moving")
+
+
+def _check_step_kind(trainer, method, Z_before):
+    """The counted step of "sep" / "adf" held Z; that of "sep_moving" / "adf_moving" moved it."""
+    if _base_method(method) in ("sep", "adf"):
+        moved = trainer.state["Z"] is not Z_before
+        assert moved == method.endswith("_moving") and (trainer.state.get("held_inducing") is None) == moved
+
+
+def minibatch_step(xp, method):
+    """One minibatch step of SEP / EP / ADF (``Trainer.step`` with a hyper-parameter step), after the warm-up steps
+    of ``_warmed_up``. "ep_anchored": minibatch EP's step after an epoch's end, on rows its site product holds along
+    the directions of the rebuild before the last hyper-parameter step (``ep.Anchor``). Returns (tally or None, log
+    Z_q estimate, inducing points after the step)."""
+    X, y, kernel, Z = _problem(xp)
+    trainer, rows = _warmed_up(X, y, engines.make_engine(_base_method(method), kernel, Z, n_total=N_ROWS,
+                                                         minibatch=True, jitter=JITTER), method)
+    before = trainer.state["Z"]
     with _window(xp) as tally:
         _, _, log_z = trainer.step(X, y, *rows, stepping=True)
+    _check_step_kind(trainer, method, before)
     return tally, log_z, trainer.state["Z"]
 
 
@@ -175,7 +204,8 @@ def svi_step(xp, monkeypatch):
 # unseen either. (Its other NumPy operations are the reference path's, counted above.) SEP / ADF 33 / 29 -> 34 / 30:
 # the carry (``posterior.moved_factor``) applies L1^-1 three times by one trtri and trmm's, and the step's L_K^-1
 # once, where it made five trsm's (OpenBLAS's trsm runs at a third of trmm's speed: 0.9 ms less a step at m = 200).
-FAST_CALL_BUDGETS = {"sep": 34, "ep": 16, "ep_anchored": 18, "adf": 30, "svi": 9}
+# The steps that hold Z (``tied_steps.TIED_INDUCING_EVERY``) make no carry: 20 / 16.
+FAST_CALL_BUDGETS = {"sep": 20, "sep_moving": 34, "ep": 16, "ep_anchored": 18, "adf": 16, "adf_moving": 30, "svi": 9}
 
 
 def numpy_step(method):
@@ -188,16 +218,12 @@ def numpy_step(method):
     X_host, y_host = _data()
     X, y = np_xp.asarray(X_host), np_xp.asarray(y_host)
     kernel = RBF(lengthscales=[1.0] * N_FEATURES, amplitude=1.0, noise=0.01).for_inputs(X)
-    anchored = method == "ep_anchored"  # (as ``minibatch_step``)
-    trainer = training.Trainer(engines.make_engine("ep" if anchored else method, kernel, X[:N_INDUCING, ...],
-                                                   n_total=N_ROWS, minibatch=True, jitter=JITTER))
-    trainer.step(X, y, 0, ROWS, stepping=True)
-    if anchored:
-        trainer.rebuild_factor(X, y)
-        trainer.step(X, y, ROWS, 2 * ROWS, stepping=True)
-    rows = (2 * ROWS, 3 * ROWS) if anchored else (ROWS, 2 * ROWS)
+    trainer, rows = _warmed_up(X, y, engines.make_engine(_base_method(method), kernel, X[:N_INDUCING, ...],
+                                                         n_total=N_ROWS, minibatch=True, jitter=JITTER), method)
+    before = trainer.state["Z"]
     with backend.counting_fast_calls() as calls:
         _, _, log_z = trainer.step(X, y, *rows, stepping=True)
+    _check_step_kind(trainer, method, before)
     return calls, log_z
 
 
@@ -217,14 +243,14 @@ def _assert_same_as_plain_strict(counted, plain):
     np.testing.assert_array_equal(to_numpy(Z), to_numpy(Z_plain))
 
 
-@pytest.mark.parametrize("method", ["sep", "ep", "ep_anchored", "adf"])
+@pytest.mark.parametrize("method", ["sep", "sep_moving", "ep", "ep_anchored", "adf", "adf_moving"])
 def test_minibatch_step_is_within_budget(method):
     counted = minibatch_step(_counting_namespace(), method)
     _assert_same_as_plain_strict(counted, minibatch_step(array_api_strict, method))
     _check(counted[0], method)
 
 
-@pytest.mark.parametrize("method", ["sep", "ep", "ep_anchored", "adf", "svi"])
+@pytest.mark.parametrize("method", ["sep", "sep_moving", "ep", "ep_anchored", "adf", "adf_moving", "svi"])
 def test_the_numpy_fast_path_of_a_step_is_within_budget(method):
     calls, log_z = numpy_step(method)
     assert np.isfinite(log_z)
@@ -308,7 +334,8 @@ def _site_of(function, text):
 
 if __name__ == "__main__":
     monkeypatch = pytest.MonkeyPatch()
-    runs = {method: minibatch_step(_counting_namespace(), method)[0] for method in ("sep", "ep", "ep_anchored", "adf")}
+    runs = {method: minibatch_step(_counting_namespace(), method)[0]
+            for method in ("sep", "sep_moving", "ep", "ep_anchored", "adf", "adf_moving")}
     runs["svi"] = svi_step(_counting_namespace(), monkeypatch)[0]
     runs["batch_ep"] = batch_ep_iteration(_counting_namespace())[0]
     runs["batch_ep_step"] = batch_ep_step(_counting_namespace())[0]

@@ -556,7 +556,7 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
         self.template = factory(method, kernel, Z, n_total=n_total, minibatch=True, options=options)
         # The template's state by role, but no per-row sites (EP's stay with their chunks; the loop has nothing to
         # rebuild), and the rounds' own record in a checkpoint beside the template's (``restore_checkpoint`` checks it)
-        self.layout = replace(self.template.layout, per_row=(), extras=("data_parallel", "anchor", "visited"))
+        self.layout = replace(self.template.layout, per_row=(), extras=("data_parallel",) + self.template.layout.extras)
         self.tied = self.template.layout.tied_factor is not None
         per_row = self.template.per_row_sites
         if per_row:

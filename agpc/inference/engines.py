@@ -30,15 +30,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 
-from ..backend import (array_device, array_namespace, is_dask_array, prefers_inverses, read_rows, row_slice,
-                       to_host_vector)
+from ..backend import array_device, array_namespace, is_dask_array, read_rows, row_slice, to_host_vector
 from ..checkpoint_rules import check_row_starts, check_saved_anchor
 from ..kernels import step_lower_bounds
 from ..likelihoods import LOGISTIC, ORDINAL_LIKELIHOOD, PROBIT, ROBUST_MAX, likelihood_by_name, probit_for
 from ..optim import OPTIMIZERS, Rprop, lbfgsb_ascent
 from . import ep, exact_ep, gfitc, multiclass_ep, multiclass_vi, variational
-from .posterior import Factor, moved_factor
 from .sites import cavity_of
+from .tied_steps import TiedFactorSteps, held_arrays, held_from_arrays
 # the contract and the parts every engine shares (named here too: the loop, data-parallel rounds, the registry and
 # plug-in engines import them from this module, as before they had a module of their own)
 from .contract import (ALL_METHODS, CLUSTER_QUADRATIC_METHODS, EP_METHODS, QUADRATIC_METHODS, ROUND_METHODS, Engine,
@@ -76,7 +75,7 @@ def _known_nonnegative(site_precision):
     return bool(xp.all(site_precision >= 0.0))
 
 
-class EPEngine(Engine):
+class EPEngine(TiedFactorSteps, Engine):
     """EP, SEP and ADF (``ep.evaluate_factor`` for how they differ): EP keeps two numbers a row, SEP and ADF
     one m x m factor. Batch EP rebuilds q exactly from all its sites at the current hyper-parameters each
     pass; minibatch EP keeps the product of its sites as a u-space factor and swaps a minibatch's old sites
@@ -145,6 +144,8 @@ class EPEngine(Engine):
         # steps the shard; None: the factor is all the data's.
         self.others = None
         self.factor_rows = None
+        # SEP / ADF: Z held between its moves, one step in a few (``tied_steps``); a stream's moves at each call
+        self.holds_inducing = True
 
     def __setstate__(self, state):
         """Unpickling: an engine pickled before it held its likelihood (a partial_fit stream pickled between calls by
@@ -160,13 +161,15 @@ class EPEngine(Engine):
             self.cavity = cavity_of(self.name)
         if "layout" not in state:  # (nor its layout, which its cavity gives)
             self.layout = self._state_layout()
+        if "holds_inducing" not in state:  # (a stream's, which moved Z at every call then as now)
+            self.holds_inducing = False
 
     def _state_layout(self):
         """Its state by role: EP's own sites a row ("nu", "mu"); the tied site product, SEP's and ADF's or minibatch
-        EP's running one ("factor"); minibatch EP's rebuild flag, anchor and visited minibatches (checked as they
-        are restored)."""
+        EP's running one ("factor"); minibatch EP's rebuild flag, anchor and visited minibatches, and minibatch SEP's
+        and ADF's gradient in Z held between its moves (checked as they are restored)."""
         return StateLayout(per_row=("nu", "mu") if self.cavity.own_sites else (), tied_factor="factor",
-                           flags=("needs_rebuild",), extras=("anchor", "visited"))
+                           flags=("needs_rebuild",), extras=("anchor", "visited", "held_inducing"))
 
     def schedule(self, settings, minibatch):
         """Batch mode: ``settings.n_warmup`` sweeps before the first hyper-parameter step; minibatch EP: its running
@@ -273,6 +276,9 @@ class EPEngine(Engine):
             snap["state"]["nu"][lo:hi] = old_nu
             snap["state"]["mu"][lo:hi] = old_mu
         super().restore(snap)
+        # The guard's revert: SEP / ADF's gradients in Z held since Z last moved go too (a bad one among them would
+        # come back with every retry of the move it spoils; at most TIED_INDUCING_EVERY - 1 good ones are lost).
+        self.state["held_inducing"] = None
 
     def apply(self, work, lo, hi, *, stepping, scalars=None):
         xp, state = self.xp, self.state
@@ -305,24 +311,11 @@ class EPEngine(Engine):
                 change = float(scalars[2]) + float(scalars[3])
             state["factor"] = new_factor
         if stepping:
-            state["kernel"], state["Z"] = hyper_step(self.optimizer, self.names, kernel, Z, result["grads"],
-                                                     self.shared_lengthscales)
-            if self._moves_factor():  # the tied factor goes with the inducing points (``posterior.moved_factor``)
-                q = result.get("posterior")  # (at the old Z: its L_K, and L_K^-1 where the step formed it)
-                state["factor"] = moved_factor(kernel, Z, state["Z"], state["factor"], jitter=self.jitter,
-                                               L_K=getattr(q, "L_K", None),
-                                               L_K_inv=q.L_K_inv if q is not None and prefers_inverses(Z) else None)
+            names, grads = self._names_stepped(result["grads"])
+            state["kernel"], state["Z"] = hyper_step(self.optimizer, names, kernel, Z, grads, self.shared_lengthscales)
+            if "Z" in names and self._moves_factor():  # the tied factor goes with them (``posterior.moved_factor``)
+                self._carry_factor(kernel, Z, result.get("posterior"))
         return Outcome(change=change, stepped=stepping, record=True, n_invalid=n_invalid)
-
-    # Minibatch SEP / ADF: carry the tied factor to the inducing points after each step that moves them. The
-    # factor is refreshed at rows / n of itself a step (an epoch to renew it), while each step moves every inducing
-    # point; held as it is in u-space, it would describe the old points (docs/methods/sep.md, "Inducing points
-    # that move"). Batch SEP / ADF renew half the factor a step and keep it as it is.
-    carries_factor = True
-
-    def _moves_factor(self):
-        return (self.carries_factor and self.minibatch and not self.cavity.own_sites and "Z" in self.names
-                and self.factor_rows is None and isinstance(self.state["factor"], Factor))
 
     def rebuild_factor(self, X, y, want_log_z=False):
         """Minibatch EP: recompute the product of all sites at the current hyper-parameters, which anchors it
@@ -424,6 +417,8 @@ class EPEngine(Engine):
                      needs_rebuild=self.needs_rebuild)
         if "anchor" in s:  # minibatch EP
             saved.update(anchor=anchor_arrays(s["anchor"]), visited=sorted(int(lo) for lo in s["visited"]))
+        if s.get("held_inducing") is not None:  # minibatch SEP / ADF between two moves of Z (``tied_steps``)
+            saved["held_inducing"] = held_arrays(s["held_inducing"])
         return saved
 
     def checkpoint_written(self, saved):
@@ -445,15 +440,17 @@ class EPEngine(Engine):
             s["exact"] = None
         self.sites_nonnegative = self.cavity.own_sites and _known_nonnegative(s["nu"])
         self.needs_rebuild = bool(saved["needs_rebuild"])
+
+        def refuse(why):
+            return ValueError(f"{path} is not a valid agpc checkpoint: {why}")
+
+        holds = self._moves_factor() and self.holds_inducing
+        s["held_inducing"] = held_from_arrays(saved.get("held_inducing"), s["Z"], holds, refuse)
         if "anchor" in s:  # minibatch EP: where its product holds the sites (``ep.Anchor``)
             if "anchor" not in saved:  # a checkpoint from before anchors: an exact rebuild first anchors the product
                 s["anchor"], s["visited"] = None, frozenset()
                 self.needs_rebuild = True
                 return
-
-            def refuse(why):
-                return ValueError(f"{path} is not a valid agpc checkpoint: {why}")
-
             check_saved_anchor(saved["anchor"], s["kernel"], s["Z"], "engine.anchor", refuse)
             check_row_starts(saved.get("visited"), self.n_total, "engine.visited", refuse)
             s["anchor"] = anchor_from_arrays(saved["anchor"], s["kernel"])

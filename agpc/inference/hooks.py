@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 import weakref
+from collections import deque
 from contextlib import contextmanager
 
 from tqdm.auto import tqdm
@@ -85,6 +86,11 @@ FINAL_RESERVE = 1.5
 FINAL_MARGIN = 0.0
 RESERVE_MIN_SHARE = 1.25
 
+# The budget expects the next step to take as long as the slowest of the last STEP_WINDOW steps, not the last one:
+# minibatch SEP / ADF move Z, and carry their tied factor to it, on one step in 8 (``tied_steps``), which at m = 500
+# takes about twice the others and at m = 1,000 more; the last step alone would let such a step start past the end.
+STEP_WINDOW = 8
+
 
 def _rebuild_estimate(engine, X, y, rows, want_log_z=True):
     """Seconds of minibatch EP's exact rebuild over all of X, from its work on the first rows: once on ``rows`` to
@@ -121,6 +127,7 @@ class TimeBudget(Hook):
         self.deadline = None if started is None else started + float(max_time)
         # a step, an epoch's exact rebuild (q and log Z), and the final rebuild of q alone (minibatch EP's)
         self.seconds = {"step": None, "rebuild": None, "final": None}
+        self.recent_steps = deque(maxlen=STEP_WINDOW)  # (seconds of the last steps: the step's estimate is their max)
         self.reserve_final = False  # room for the exact final rebuild of q (``FINAL_RESERVE``)
 
     def start(self, run, rows=8192):
@@ -143,6 +150,9 @@ class TimeBudget(Hook):
         self.measured(what, time.perf_counter() - t)
 
     def measured(self, what, seconds):
+        if what == "step":
+            self.recent_steps.append(seconds)
+            seconds = max(self.recent_steps)
         self.seconds[what] = seconds
 
     def exhausted(self, rebuild_due):
