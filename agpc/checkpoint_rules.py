@@ -358,7 +358,7 @@ def check_saved_anchor(saved, kernel, Z, where, refuse):
 
 def check_held_gradient(saved, Z, where, refuse):
     """Minibatch SEP's and ADF's gradient in Z held between two moves of the inducing points as a checkpoint stores
-    it (``engines.EPEngine._names_stepped``): None, or the summed gradient (an array of Z's shape and type, finite)
+    it (``inference.tied_steps``): None, or the summed gradient (an array of Z's shape and type, finite)
     and the positive count of the steps it sums. A count past this version's period moves Z at the next step."""
     if saved is None:
         return

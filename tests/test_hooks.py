@@ -9,7 +9,7 @@ import pytest
 
 from agpc import RBF, CholeskyError, GPClassifier
 from agpc.datasets import make_banana
-from agpc.inference import engines, hooks, training
+from agpc.inference import engines, hooks, tied_steps, training
 
 
 class _ScriptedTrainer:
@@ -144,22 +144,41 @@ def test_the_time_budget_stops_before_a_step_that_would_not_fit(monkeypatch):
     assert budget.before_step(run, False) and run.stopped_by_time
 
 
-def test_the_time_budget_expects_the_slowest_of_the_last_steps(monkeypatch):
-    """Minibatch SEP / ADF move Z (and carry their factor) on one step in 8, about twice as long as the others at
-    m = 500: the budget expects the next step to take as long as the slowest of the last ``STEP_WINDOW`` steps, so
-    that the slow one does not start past the end after a run of fast ones."""
+def test_the_time_budget_expects_the_slowest_of_the_engines_window_of_steps(monkeypatch):
+    """Minibatch SEP / ADF move Z (and carry their factor) on one step in 8, about 1.6 times as long as the others at
+    m = 500: where the engine says so (``step_time_window``, ``tied_steps``), the budget expects the next step to
+    take as long as the slowest of that many last steps, so that the slow one does not start past the end after a
+    run of fast ones. Any other engine's estimate is its last step."""
     clock = {"now": 100.0}
     monkeypatch.setattr(hooks.time, "perf_counter", lambda: clock["now"])
-    budget = hooks.TimeBudget(10.0, started=100.0, batch=False)  # (minibatch: no final pass kept)
-    run = _run(None)
-    budget.measured("step", 2.0)
-    for _ in range(hooks.STEP_WINDOW - 1):
-        budget.measured("step", 1.0)
-    clock["now"] = 108.5
-    assert budget.before_step(run, False)  # 108.5 + 2 > 110: the slow step is in the window
-    budget.measured("step", 1.0)  # (it leaves the window)
-    run = _run(None)
-    assert not budget.before_step(run, False)  # 108.5 + 1 <= 110
+    for window in (8, 1):
+        budget = hooks.TimeBudget(10.0, started=100.0, batch=False)  # (minibatch: no final pass kept)
+        run = _run(SimpleNamespace(engine=SimpleNamespace(step_time_window=window)), minibatch=True)
+        clock["now"] = 100.0
+        budget.start(run)
+        budget.measured("step", 2.0)
+        for _ in range(7):
+            budget.measured("step", 1.0)
+        clock["now"] = 108.5
+        assert budget.before_step(run, False) == (window == 8)  # 108.5 + 2 > 110; 108.5 + 1 <= 110
+        budget.measured("step", 1.0)  # (the slow step leaves the window of 8)
+        run = _run(run.trainer, minibatch=True)
+        assert not budget.before_step(run, False)
+
+
+def test_a_held_z_sets_the_engines_step_time_window():
+    """The window is the period where Z is held (minibatch SEP under Adadelta), 1 where it is not (Adam, batch, a
+    stream)."""
+    X, y = make_banana(60, random_state=0)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+
+    def window(**settings):
+        minibatch = settings.pop("minibatch", True)
+        engine = training.make_engine("sep", kernel, X[:5].copy(), n_total=60, minibatch=minibatch, **settings)
+        return engine.step_time_window
+
+    assert window() == tied_steps.TIED_INDUCING_EVERY > 1
+    assert window(optimizer="adam") == window(minibatch=False) == 1
 
 
 def test_the_time_budget_of_a_resumed_run_counts_its_earlier_time(monkeypatch):

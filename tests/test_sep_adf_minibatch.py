@@ -247,13 +247,35 @@ def test_minibatch_sep_moves_the_inducing_points_every_few_steps_by_their_mean_g
     assert engine.state["Z"] is Z0 and engine.state["held_inducing"] is None
 
 
-def test_under_adam_minibatch_sep_moves_the_inducing_points_every_step():
-    """Adam's bias correction counts its calls, all entries together (``optim.Adam``): Z held between moves would be
-    corrected as though stepped at each call, so under Adam Z moves, and the factor is carried, every step."""
+def test_held_step_moves_z_by_the_mean_of_every_gradient_held():
+    """``held_step``: the gradients of the steps between two moves are summed, and the move takes their mean over
+    the count held, also a count past the period (a checkpoint of a version that moved Z less often)."""
+    names, g = ("log_amplitude", "Z"), np.arange(6.0).reshape(3, 2)
+    held = None
+    for k in range(1, tied_steps.TIED_INDUCING_EVERY):
+        stepped, _, held = tied_steps.held_step(names, {"Z": g * k}, held)
+        assert stepped == ("log_amplitude",) and held[1] == k
+    stepped, grads, held = tied_steps.held_step(names, {"Z": g * tied_steps.TIED_INDUCING_EVERY}, held)
+    every = tied_steps.TIED_INDUCING_EVERY
+    assert stepped == names and held is None
+    np.testing.assert_allclose(grads["Z"], g * (every + 1) / 2)  # the mean of g, 2g, ..., every g
+    stepped, grads, held = tied_steps.held_step(names, {"Z": g}, (50.0 * g, 50))
+    assert stepped == names and held is None
+    np.testing.assert_allclose(grads["Z"], g)  # (50 g + g) / 51
+
+
+@pytest.mark.parametrize("case", ["data-parallel shard", "adam"])
+def test_where_z_is_not_held_minibatch_sep_moves_it_every_step(case):
+    """A data-parallel shard's engine (its ``factor_rows`` set) carries no factor and holds no Z; under Adam, whose
+    bias correction counts its calls, all entries together (``optim.Adam``), a held Z's moments would be corrected as
+    though stepped at each call. In both Z moves at every step, under the default Adadelta too for the shard."""
     X, y = make_banana(240, random_state=3)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
     engine = engines.make_engine("sep", kernel, X[:12].copy(), n_total=240, minibatch=True, jitter=JITTER,
-                                 optimizer="adam")
+                                 **({"optimizer": "adam"} if case == "adam" else {}))
+    if case == "data-parallel shard":
+        engine.factor_rows = 120
+    assert engine.step_time_window == 1
     trainer = training.Trainer(engine)
     for k in range(3):
         Z = engine.state["Z"]

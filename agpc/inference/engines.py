@@ -444,8 +444,7 @@ class EPEngine(TiedFactorSteps, Engine):
         def refuse(why):
             return ValueError(f"{path} is not a valid agpc checkpoint: {why}")
 
-        holds = self._moves_factor() and self.holds_inducing
-        s["held_inducing"] = held_from_arrays(saved.get("held_inducing"), s["Z"], holds, refuse)
+        s["held_inducing"] = held_from_arrays(saved.get("held_inducing"), s["Z"], self._holds_inducing(), refuse)
         if "anchor" in s:  # minibatch EP: where its product holds the sites (``ep.Anchor``)
             if "anchor" not in saved:  # a checkpoint from before anchors: an exact rebuild first anchors the product
                 s["anchor"], s["visited"] = None, frozenset()

@@ -86,11 +86,6 @@ FINAL_RESERVE = 1.5
 FINAL_MARGIN = 0.0
 RESERVE_MIN_SHARE = 1.25
 
-# The budget expects the next step to take as long as the slowest of the last STEP_WINDOW steps, not the last one:
-# minibatch SEP / ADF move Z, and carry their tied factor to it, on one step in 8 (``tied_steps``), which at m = 500
-# takes about twice the others and at m = 1,000 more; the last step alone would let such a step start past the end.
-STEP_WINDOW = 8
-
 
 def _rebuild_estimate(engine, X, y, rows, want_log_z=True):
     """Seconds of minibatch EP's exact rebuild over all of X, from its work on the first rows: once on ``rows`` to
@@ -127,13 +122,17 @@ class TimeBudget(Hook):
         self.deadline = None if started is None else started + float(max_time)
         # a step, an epoch's exact rebuild (q and log Z), and the final rebuild of q alone (minibatch EP's)
         self.seconds = {"step": None, "rebuild": None, "final": None}
-        self.recent_steps = deque(maxlen=STEP_WINDOW)  # (seconds of the last steps: the step's estimate is their max)
+        # seconds of the last steps, the step's estimate their max: the engine's ``step_time_window`` of them (minibatch
+        # SEP / ADF move Z, and carry their factor, on one step in 8, ``tied_steps``: about 1.6 times the others at
+        # m = 500 and more at m = 1,000, which the last step alone would let start past the end), else the last one
+        self.recent_steps = deque(maxlen=1)
         self.reserve_final = False  # room for the exact final rebuild of q (``FINAL_RESERVE``)
 
     def start(self, run, rows=8192):
         started = time.perf_counter() if self.started is None else self.started
         self.deadline = started + float(self.max_time)
         self.batch = not run.minibatch
+        self.recent_steps = deque(maxlen=int(getattr(getattr(run.trainer, "engine", None), "step_time_window", 1)))
         trainer = run.trainer
         if run.resumed:  # the budget covers the interrupted run's training time too
             self.deadline -= time.perf_counter() - trainer.t0

@@ -2,7 +2,7 @@
 
 Each move carries the tied factor to the new points (``posterior.moved_factor``: three m x m factorisations and some
 ten O(m^3) products; a factor held as it is while Z moves stands for other points, docs/methods/sep.md), which at
-m = 200 and minibatches of 200 is half as long as the rest of the step, and nearly as long at m = 500. So Z moves on
+m = 200 and minibatches of 200 is half as long as the rest of the step, and two thirds as long at m = 500. So Z moves on
 one step in ``TIED_INDUCING_EVERY``, by the mean of the gradients in Z of the steps since it last moved (held in the
 engine's state between moves, and in its checkpoints), and the factor is carried then; the kernel's parameters step
 every step. The factor is never held at points it does not describe: Z takes one optimiser step per
@@ -22,9 +22,10 @@ __all__ = ["TIED_INDUCING_EVERY", "TiedFactorSteps", "held_step", "held_arrays",
 
 TIED_INDUCING_EVERY = 8
 """Chosen in docs/methods/sep.md ("Inducing points that move every few steps"; benchmarks/inducing_every.py): on all
-the airline rows (m = 200, minibatches of 200) every 8th step took 1.3-1.7 times the steps of every step in 20-120 s
-and reached a test NLL 0.0002-0.0013 lower on each of 2-3 seeds a budget, every 2nd or 4th step none lower than every
-8th by more than 0.0002; at m = 500, 70 ms a step against 121 and NLL 0.6124 against 0.6146 after 60 s."""
+the airline rows (m = 200, minibatches of 200) SEP moving Z every 8th step took 1.3-1.7 times the steps of every step
+in 20-120 s and reached a test NLL 0.0002-0.0013 lower on each of 2-3 seeds a budget (ADF: 0.0006 and 0.0000), every
+2nd or 4th step none lower than every 8th by more than 0.0002; at m = 500, 70 ms a step against 121 and NLL 0.6124
+against 0.6146 after 60 s."""
 
 
 class TiedFactorSteps:
@@ -43,15 +44,27 @@ class TiedFactorSteps:
         return (self.carries_factor and self.minibatch and not self.cavity.own_sites and "Z" in self.names
                 and self.factor_rows is None and isinstance(self.state["factor"], Factor))
 
+    def _holds_inducing(self):
+        """Whether Z is held between moves (``held_step``): where the tied factor is carried (``_moves_factor``),
+        the period is above 1, the optimiser keeps each entry's state by itself (``per_entry_state``: Adadelta, Rprop;
+        Adam's bias correction counts its calls, all entries together, and would correct a held Z's moments as though
+        it had stepped at each call), and the engine ``holds_inducing`` (not a ``partial_fit`` stream's: each call one
+        step on everything it learns, and a model file, which a stream may go on from, keeps no optimiser state)."""
+        return (TIED_INDUCING_EVERY > 1 and getattr(self, "holds_inducing", True) and self._moves_factor()
+                and getattr(self.optimizer, "per_entry_state", False))
+
+    @property
+    def step_time_window(self):
+        """How many of the last steps the time budget's estimate of the next one looks at (``hooks.TimeBudget``):
+        where Z is held, a period of them (the step that moves Z, and carries the factor, is the slowest)."""
+        return TIED_INDUCING_EVERY if self._holds_inducing() else 1
+
     def _names_stepped(self, grads):
-        """(the parameters this step moves, their gradients): all of ``names``, but where the tied factor is carried
-        (``_moves_factor``) Z only every few steps, the state holding its gradients between (``held_step``), unless
-        the engine ``holds_inducing`` not (a ``partial_fit`` stream's: each call one step on everything it learns,
-        and a model file, which a stream may go on from, keeps no optimiser state)."""
-        if not self._moves_factor() or not getattr(self, "holds_inducing", True):
+        """(the parameters this step moves, their gradients): all of ``names``, but where Z is held between moves
+        (``_holds_inducing``) Z only every few steps, the state holding its gradients between (``held_step``)."""
+        if not self._holds_inducing():
             return self.names, grads
-        names, grads, self.state["held_inducing"] = held_step(self.names, grads, self.state.get("held_inducing"),
-                                                              self.optimizer)
+        names, grads, self.state["held_inducing"] = held_step(self.names, grads, self.state.get("held_inducing"))
         return names, grads
 
     def _carry_factor(self, kernel, Z_old, q):
@@ -62,16 +75,11 @@ class TiedFactorSteps:
                                             L_K_inv=q.L_K_inv if q is not None and prefers_inverses(Z_old) else None)
 
 
-def held_step(names, grads, held, optimizer):
-    """(the parameters a step moves, their gradients, the gradient in Z held after it) for a fit that carries its
-    tied factor: all of ``names`` on the step that moves Z, by the mean of its gradients since it last moved (``held``:
-    their (sum, count), or None), else the others, Z's gradient added to ``held``.
-
-    Only for an optimiser that keeps each entry's state by itself (``per_entry_state``: Adadelta, Rprop): Adam's bias
-    correction counts its calls, all entries together, and would correct a held Z's moments as though it had
-    stepped at each call; under it (and an optimiser that does not say) Z moves every step."""
-    if TIED_INDUCING_EVERY <= 1 or not getattr(optimizer, "per_entry_state", False):
-        return names, grads, None
+def held_step(names, grads, held):
+    """(the parameters a step moves, their gradients, the gradient in Z held after it) for a fit that holds Z
+    between moves (``TiedFactorSteps._holds_inducing``): all of ``names`` on the step that moves Z, by the mean of its
+    gradients since it last moved (``held``: their (sum, count), or None; a count at or past the period moves it at
+    once), else the others, Z's gradient added to ``held``."""
     total, steps = (grads["Z"], 1) if held is None else (held[0] + grads["Z"], held[1] + 1)
     if steps < TIED_INDUCING_EVERY:
         return tuple(name for name in names if name != "Z"), grads, (total, steps)
