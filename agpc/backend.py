@@ -27,6 +27,7 @@ import scipy.linalg.blas
 import scipy.linalg.cython_blas
 import scipy.linalg.lapack
 import scipy.special
+from threadpoolctl import ThreadpoolController
 from array_api_compat import array_namespace as _compat_array_namespace
 from array_api_compat import (
     device as array_device,
@@ -1034,7 +1035,7 @@ def lower_triangular_inverse(L):
         return xp.stack([lower_triangular_inverse(L[c, ...]) for c in range(L.shape[0])])
     if _fast(L):
         a, a_transposed = _fortran_view(L)
-        inverse = _triangular_inverse(a, not a_transposed)
+        inverse = _triangular_inverse(a, not a_transposed, blocks=_inverts_by_halves(L.shape[0]))
         if inverse is None:  # an exact zero on the diagonal
             return np.full(L.shape, math.nan, dtype=L.dtype)
         return inverse.T if a_transposed else inverse
@@ -1042,21 +1043,36 @@ def lower_triangular_inverse(L):
     return solve_triangular(L, eye, lower=True)
 
 
-# Below this order a triangular inverse is one LAPACK trtri; above it, ``_triangular_inverse`` halves the matrix. On
-# one thread OpenBLAS's trtri ran at half the speed of its potrf on the same order (m = 500: 3.4 ms against 1.9), while
-# the halving, trtri on blocks of at most 64 and two trmm's a level, took 1.4 ms (m = 200: 0.17 against 0.39 ms; m =
-# 1,000: 11 against 16 ms; bases of 32 to 128 within 10% of each other). A minibatch step forms two or three such
-# inverses (L_K^-1, L_C^-1, and C^-1's in ``cholesky_inverse``).
+# Up to twice this order a triangular inverse is one LAPACK trtri (at m = 100 one halving cost 10% more); above it,
+# while BLAS runs on one thread (``_blas_on_one_thread``: a minibatch step's m x m algebra, the blocks of a pass),
+# ``_triangular_inverse`` halves the matrix, down to blocks of at most this order. On one thread OpenBLAS's trtri ran at half the speed of its potrf on the same order (m = 500: 3.4 ms against
+# 1.9), while the halving, trtri on blocks of at most 64 and two trmm's a level, took 1.4 ms (m = 200: 0.17 against
+# 0.39 ms; m = 1,000: 11 against 16 ms; bases of 32 to 128 within 10% of each other). On two threads trtri is the
+# faster (m = 500: 1.9 against 2.2 ms), and potri more so against the halving and a lauum (``cholesky_inverse``). A
+# minibatch step forms two or three such inverses (L_K^-1, L_C^-1, and C^-1's in ``cholesky_inverse``).
 TRIANGULAR_INVERSE_BLOCK = 64
+_BLAS_POOLS = []  # threadpoolctl's controllers of the BLAS libraries loaded, once looked up (``_blas_on_one_thread``)
 
 
-def _triangular_inverse(a, lower):
+def _blas_on_one_thread():
+    """Whether every BLAS library loaded runs on one thread now (a few microseconds: one call into each library)."""
+    if not _BLAS_POOLS:
+        _BLAS_POOLS.extend(ThreadpoolController().select(user_api="blas").lib_controllers)
+    return all(pool.num_threads == 1 for pool in _BLAS_POOLS)
+
+
+def _inverts_by_halves(m):
+    """Whether the NumPy fast path inverts a triangle of order m by halves (``TRIANGULAR_INVERSE_BLOCK``)."""
+    return m > 2 * TRIANGULAR_INVERSE_BLOCK and _blas_on_one_thread()
+
+
+def _triangular_inverse(a, lower, blocks=True):
     """The inverse of the Fortran-ordered triangular ``a`` (``lower`` or upper; zeros in its other triangle), or None
-    where a diagonal entry is exactly zero. By blocks (``TRIANGULAR_INVERSE_BLOCK``): for a lower L = [[L11, 0],
-    [L21, L22]], L^-1 = [[L11^-1, 0], [-L22^-1 L21 L11^-1, L22^-1]] (upper: [[U11^-1, -U11^-1 U12 U22^-1], [0,
-    U22^-1]]), each diagonal block's inverse formed the same way."""
+    where a diagonal entry is exactly zero. By one trtri, or with ``blocks`` by halves (``TRIANGULAR_INVERSE_BLOCK``):
+    for a lower L = [[L11, 0], [L21, L22]], L^-1 = [[L11^-1, 0], [-L22^-1 L21 L11^-1, L22^-1]] (upper: [[U11^-1,
+    -U11^-1 U12 U22^-1], [0, U22^-1]]), each diagonal block's inverse formed the same way."""
     m = a.shape[0]
-    if m <= TRIANGULAR_INVERSE_BLOCK:
+    if m <= TRIANGULAR_INVERSE_BLOCK or not blocks:
         inverse, info = _routine("lapack", "trtri", a.dtype)(a, lower=int(lower))
         return None if info > 0 else inverse  # (info < 0, an illegal argument, cannot happen here)
     h = m // 2
@@ -1080,19 +1096,24 @@ def _triangular_inverse(a, lower):
 
 def cholesky_inverse(L):
     """(L L^T)^-1 (m x m, symmetric) from the lower Cholesky factor L (zeros above the diagonal): L^-T L^-1 by
-    two triangular solves (NumPy: L^-1 by ``lower_triangular_inverse``, then L^-T L^-1 by one lauum, whose triangle
-    is mirrored. LAPACK's potri does both, its inverse at trtri's speed (``TRIANGULAR_INVERSE_BLOCK``): on one thread,
-    interleaved, 5.9 against 4.5 ms at m = 500, 0.48 against 0.33 ms at m = 200)."""
+    two triangular solves (NumPy: one potri, whose triangle is mirrored; where a triangle is inverted by halves, L^-1
+    by ``lower_triangular_inverse`` and L^-T L^-1 by one lauum instead: potri's own inverse runs at trtri's speed,
+    ``TRIANGULAR_INVERSE_BLOCK``. On one thread, interleaved, 4.5 against 5.9 ms at m = 500, 0.33 against 0.48 ms at
+    m = 200; on two threads potri took 4.4 against 6.1 ms at m = 500, 19 against 25 ms at m = 1,000)."""
     if _fast(L):
-        inverse = lower_triangular_inverse(L)
-        a, a_transposed = _fortran_view(inverse)  # a holds L^-1 (lower) or L^-T (upper)
-        # lauum: U U^T of an upper U, L^T L of a lower L; either is L^-T L^-1 here
-        product, info = _routine("lapack", "lauum", L.dtype)(a, lower=int(not a_transposed), overwrite_c=1)
-        if info != 0:  # (a singular L made the inverse NaN already; info < 0, an illegal argument, cannot happen)
+        if _inverts_by_halves(L.shape[0]):
+            a, a_transposed = _fortran_view(lower_triangular_inverse(L))  # L^-1 (lower) or L^-T (upper)
+            # lauum: U U^T of an upper U, L^T L of a lower L; either is L^-T L^-1 here (a singular L made the inverse
+            # NaN already)
+            triangle, info = _routine("lapack", "lauum", L.dtype)(a, lower=int(not a_transposed), overwrite_c=1)
+        else:
+            a, a_transposed = _fortran_view(L)
+            triangle, info = _routine("lapack", "potri", L.dtype)(a, lower=int(not a_transposed))
+        if info > 0:  # (info < 0, an illegal argument, cannot happen here)
             return np.full(L.shape, math.nan, dtype=L.dtype)
-        # lauum wrote the product's triangle over the inverse's and left the zeros beside it: the matrix plus its
-        # transpose is the whole product with the diagonal counted twice
-        triangle = product.T if a_transposed else product
+        # lauum / potri wrote the result's lower triangle over L^-1's / L's and left the zeros above it: the matrix
+        # plus its transpose is the whole result with the diagonal counted twice
+        triangle = triangle.T if a_transposed else triangle
         full = triangle + triangle.T
         full.flat[:: L.shape[0] + 1] *= 0.5
         return full

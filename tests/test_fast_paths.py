@@ -14,6 +14,7 @@ airline-like step of benchmarks/step_cost.py).
 import numpy as np
 import pytest
 import scipy.linalg
+from threadpoolctl import threadpool_info, threadpool_limits
 from array_api_compat import numpy as xp
 
 from agpc import backend as B
@@ -132,44 +133,60 @@ def test_each_fast_primitive_equals_its_reference(dtype):
         both(B.identity_plus, S, blas=False)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("m", [B.TRIANGULAR_INVERSE_BLOCK, B.TRIANGULAR_INVERSE_BLOCK + 1, 131, 257])
-def test_the_blocked_triangular_inverse_equals_scipys_solve(m, dtype):
-    """Above ``TRIANGULAR_INVERSE_BLOCK`` the NumPy fast path inverts a triangle by halves (trtri on the blocks,
-    trmm's between): against SciPy's triangular solve with the identity (float64), within the bound of the
-    module docstring, in both memory orders, with zeros kept above the diagonal and the operand left as it was;
-    ``cholesky_inverse`` (that inverse, then lauum) against the inverse of L L^T."""
+@pytest.mark.parametrize("m", [B.TRIANGULAR_INVERSE_BLOCK + 1, 2 * B.TRIANGULAR_INVERSE_BLOCK,
+                               2 * B.TRIANGULAR_INVERSE_BLOCK + 1, 257])
+def test_the_triangular_inverses_equal_scipys_solve(m, dtype, threads):
+    """Above twice ``TRIANGULAR_INVERSE_BLOCK``, while BLAS runs on one thread, the NumPy fast path inverts a triangle by
+    halves (trtri on the blocks, trmm's between) and ``cholesky_inverse`` takes that inverse and a lauum; below, or
+    on more threads, one trtri and one potri. Each against SciPy's triangular solve with the identity (float64), within the
+    bound of the module docstring, in both memory orders, with zeros kept above the diagonal and the operand left as
+    it was."""
     rng = np.random.default_rng(m)
     A = rng.normal(size=(m, m))
     L64 = np.linalg.cholesky(A @ A.T / m + 0.1 * np.eye(m))
     reference = scipy.linalg.solve_triangular(L64, np.eye(m), lower=True)
     gram_reference = reference.T @ reference
     bound = 100 * m * np.finfo(dtype).eps * np.linalg.cond(L64)
-    for L in (L64.astype(dtype), np.asfortranarray(L64.astype(dtype))):
-        before = L.copy()
-        with B.counting_fast_calls() as calls:
-            inverse = B.lower_triangular_inverse(L)
-            gram = B.cholesky_inverse(L)
-        blocks = -(-m // B.TRIANGULAR_INVERSE_BLOCK)  # (at least this many diagonal blocks; one where m fits one)
-        assert calls["strtri" if dtype == np.float32 else "dtrtri"] >= 2 * blocks
-        assert (calls["strmm" if dtype == np.float32 else "dtrmm"] > 0) == (blocks > 1)
-        assert inverse.dtype == gram.dtype == dtype
-        np.testing.assert_array_equal(L, before)
-        assert not np.any(np.triu(inverse, 1))
-        np.testing.assert_allclose(inverse, reference, rtol=0, atol=bound * np.max(np.abs(reference)))
-        np.testing.assert_array_equal(gram, gram.T)
-        np.testing.assert_allclose(gram, gram_reference, rtol=0,
-                                   atol=bound * np.linalg.cond(L64) * np.max(np.abs(gram_reference)))
+    prefix = "s" if dtype == np.float32 else "d"
+    with threadpool_limits(threads, user_api="blas"):
+        if threadpool_info_threads() != {threads}:
+            pytest.skip(f"the BLAS libraries would not run {threads} threads here")
+        for L in (L64.astype(dtype), np.asfortranarray(L64.astype(dtype))):
+            before = L.copy()
+            with B.counting_fast_calls() as calls:
+                inverse = B.lower_triangular_inverse(L)
+                gram = B.cholesky_inverse(L)
+            halves = threads == 1 and m > 2 * B.TRIANGULAR_INVERSE_BLOCK
+            assert (calls[prefix + "trmm"] > 0) == halves
+            assert calls[prefix + "trtri"] >= (4 if halves else 1) and calls[prefix + "potri"] == int(not halves)
+            assert calls[prefix + "lauum"] == int(halves)
+            assert inverse.dtype == gram.dtype == dtype
+            np.testing.assert_array_equal(L, before)
+            assert not np.any(np.triu(inverse, 1))
+            np.testing.assert_allclose(inverse, reference, rtol=0, atol=bound * np.max(np.abs(reference)))
+            np.testing.assert_array_equal(gram, gram.T)
+            np.testing.assert_allclose(gram, gram_reference, rtol=0,
+                                       atol=bound * np.linalg.cond(L64) * np.max(np.abs(gram_reference)))
 
 
+def threadpool_info_threads():
+    """The thread counts of the BLAS libraries loaded, as threadpoolctl reports them."""
+    return {info["num_threads"] for info in threadpool_info() if info.get("user_api") == "blas"}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("zero_at", [3, 100])
-def test_a_singular_triangle_inverted_by_blocks_is_nan(zero_at):
-    """A zero on the diagonal in either half of a triangle inverted by blocks: NaN, as one trtri gives."""
+def test_a_singular_triangle_inverted_by_blocks_is_nan(zero_at, threads):
+    """A zero on the diagonal in either half of a triangle inverted by blocks (one thread) or by one trtri / potri:
+    NaN."""
     L = np.tril(np.random.default_rng(5).normal(size=(150, 150))) + 5 * np.eye(150)
     L[zero_at, zero_at] = 0.0
-    for operand in (L, np.asfortranarray(L)):
-        assert np.all(np.isnan(B.lower_triangular_inverse(operand)))
-        assert np.all(np.isnan(B.cholesky_inverse(operand)))
+    with threadpool_limits(threads, user_api="blas"):
+        for operand in (L, np.asfortranarray(L)):
+            assert np.all(np.isnan(B.lower_triangular_inverse(operand)))
+            assert np.all(np.isnan(B.cholesky_inverse(operand)))
 
 
 def test_a_failed_factorisation_on_the_fast_path_is_nan_not_an_exception():
