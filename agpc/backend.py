@@ -68,6 +68,7 @@ __all__ = [
     "scratch",
     "shares_host_threads",
     "lower_triangular_inverse",
+    "TRIANGULAR_INVERSE_BLOCK",
     "triangular_matmul",
     "cholesky_inverse",
     "identity_plus",
@@ -1034,36 +1035,49 @@ def lower_triangular_inverse(L):
     if L.ndim == 3:
         return xp.stack([lower_triangular_inverse(L[c, ...]) for c in range(L.shape[0])])
     if _fast(L):
-        a, a_transposed = _fortran_view(L)
-        inverse = _triangular_inverse(a, not a_transposed, blocks=_inverts_by_halves(L.shape[0]))
-        if inverse is None:  # an exact zero on the diagonal
-            return np.full(L.shape, math.nan, dtype=L.dtype)
-        return inverse.T if a_transposed else inverse
+        return _lower_inverse(L, blocks=_inverts_by_halves(L.shape[0]))
     eye = xp.eye(L.shape[0], dtype=L.dtype, device=array_device(L))
     return solve_triangular(L, eye, lower=True)
 
 
-# Up to twice this order a triangular inverse is one LAPACK trtri (at m = 100 one halving cost 10% more); above it,
-# while BLAS runs on one thread (``_blas_on_one_thread``: a minibatch step's m x m algebra, the blocks of a pass),
-# ``_triangular_inverse`` halves the matrix, down to blocks of at most this order. On one thread OpenBLAS's trtri ran at half the speed of its potrf on the same order (m = 500: 3.4 ms against
-# 1.9), while the halving, trtri on blocks of at most 64 and two trmm's a level, took 1.4 ms (m = 200: 0.17 against
-# 0.39 ms; m = 1,000: 11 against 16 ms; bases of 32 to 128 within 10% of each other). On two threads trtri is the
-# faster (m = 500: 1.9 against 2.2 ms), and potri more so against the halving and a lauum (``cholesky_inverse``). A
-# minibatch step forms two or three such inverses (L_K^-1, L_C^-1, and C^-1's in ``cholesky_inverse``).
+# Up to twice this order a triangular inverse is one LAPACK trtri; above it, while OpenBLAS runs on one thread
+# (``_inverts_by_halves``: a minibatch step's m x m algebra below m ~ 800, the blocks of a pass),
+# ``_triangular_inverse`` halves the matrix, down to blocks of at most this order. On one thread OpenBLAS's trtri runs at about half the speed
+# of its potrf on the same order; the halving (trtri on the blocks, two trmm's a level) does not, and potri (trtri, then
+# lauum) gains with it. On two threads trtri and potri are the faster. Measured by benchmarks/triangular_inverse.py
+# (record: benchmarks/results/triangular_inverse.md), from which the block and the threshold were read. A minibatch
+# step forms two inverses and one C^-1 (``cholesky_inverse``), a step that carries the tied factor to moved inducing
+# points two more and another C^-1 (``posterior.moved_factor``).
 TRIANGULAR_INVERSE_BLOCK = 64
-_BLAS_POOLS = []  # threadpoolctl's controllers of the BLAS libraries loaded, once looked up (``_blas_on_one_thread``)
+_BLAS_POOLS = None  # (OpenBLAS's threadpoolctl controllers, whether every BLAS found is OpenBLAS), once looked up
+_BLAS_POOLS_LOCK = threading.Lock()
 
 
-def _blas_on_one_thread():
-    """Whether every BLAS library loaded runs on one thread now (a few microseconds: one call into each library)."""
-    if not _BLAS_POOLS:
-        _BLAS_POOLS.extend(ThreadpoolController().select(user_api="blas").lib_controllers)
-    return all(pool.num_threads == 1 for pool in _BLAS_POOLS)
+def _openblas_pools():
+    """``_BLAS_POOLS``, looked up once (under a lock: the blocks of a pass run on Python threads). A copy of what
+    ``agpc.threads`` keeps, which this module may not import (the layers of pyproject.toml); libraries loaded later are
+    not seen."""
+    global _BLAS_POOLS
+    with _BLAS_POOLS_LOCK:
+        if _BLAS_POOLS is None:
+            try:
+                found = ThreadpoolController().select(user_api="blas").lib_controllers
+            except Exception:  # (threadpoolctl cannot read the libraries: nothing is known of them)
+                found = []
+            pools = tuple(pool for pool in found if pool.internal_api == "openblas")
+            _BLAS_POOLS = (pools, bool(pools) and len(pools) == len(found))
+        return _BLAS_POOLS
 
 
 def _inverts_by_halves(m):
-    """Whether the NumPy fast path inverts a triangle of order m by halves (``TRIANGULAR_INVERSE_BLOCK``)."""
-    return m > 2 * TRIANGULAR_INVERSE_BLOCK and _blas_on_one_thread()
+    """Whether the NumPy fast path inverts a triangle of order m by halves: above twice ``TRIANGULAR_INVERSE_BLOCK``,
+    where every BLAS library threadpoolctl found is OpenBLAS (the only one measured) and runs on one thread now (a
+    few microseconds: one call into each library). Where none was found (a BLAS threadpoolctl does not know, such as
+    Apple's Accelerate), LAPACK's routines as they are."""
+    if m <= 2 * TRIANGULAR_INVERSE_BLOCK:
+        return False
+    pools, all_openblas = _openblas_pools()
+    return all_openblas and all(pool.num_threads == 1 for pool in pools)
 
 
 def _triangular_inverse(a, lower, blocks=True):
@@ -1094,15 +1108,23 @@ def _triangular_inverse(a, lower, blocks=True):
     return out
 
 
+def _lower_inverse(L, *, blocks):
+    """``lower_triangular_inverse``'s fast path (``blocks``: by halves, ``_triangular_inverse``)."""
+    a, a_transposed = _fortran_view(L)
+    inverse = _triangular_inverse(a, not a_transposed, blocks=blocks)
+    if inverse is None:  # an exact zero on the diagonal
+        return np.full(L.shape, math.nan, dtype=L.dtype)
+    return inverse.T if a_transposed else inverse
+
+
 def cholesky_inverse(L):
     """(L L^T)^-1 (m x m, symmetric) from the lower Cholesky factor L (zeros above the diagonal): L^-T L^-1 by
     two triangular solves (NumPy: one potri, whose triangle is mirrored; where a triangle is inverted by halves, L^-1
     by ``lower_triangular_inverse`` and L^-T L^-1 by one lauum instead: potri's own inverse runs at trtri's speed,
-    ``TRIANGULAR_INVERSE_BLOCK``. On one thread, interleaved, 4.5 against 5.9 ms at m = 500, 0.33 against 0.48 ms at
-    m = 200; on two threads potri took 4.4 against 6.1 ms at m = 500, 19 against 25 ms at m = 1,000)."""
+    ``TRIANGULAR_INVERSE_BLOCK``, where benchmarks/triangular_inverse.py measured both)."""
     if _fast(L):
         if _inverts_by_halves(L.shape[0]):
-            a, a_transposed = _fortran_view(lower_triangular_inverse(L))  # L^-1 (lower) or L^-T (upper)
+            a, a_transposed = _fortran_view(_lower_inverse(L, blocks=True))  # L^-1 (lower) or L^-T (upper)
             # lauum: U U^T of an upper U, L^T L of a lower L; either is L^-T L^-1 here (a singular L made the inverse
             # NaN already)
             triangle, info = _routine("lapack", "lauum", L.dtype)(a, lower=int(not a_transposed), overwrite_c=1)

@@ -181,6 +181,34 @@ def thread_variables():
 
 # -- tables and results ----------------------------------------------------------------------------
 
+BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")  # set on the project's machines, not on a user's
+
+
+def add_blas_env_option(p):
+    """``--blas-env``: both (default) reruns the script with ``BLAS_VARIABLES`` unset where either is set
+    (``rerun_with_blas_unset``), as-is runs it once."""
+    p.add_argument("--blas-env", choices=["both", "as-is"], default="both",
+                   help="both (default): also run with OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset where either is set")
+
+
+def blas_variables_set():
+    """The ``BLAS_VARIABLES`` set in this process's environment, printed on one line."""
+    set_here = [name for name in BLAS_VARIABLES if os.environ.get(name)]
+    said = ", ".join(f"{k}={os.environ[k]}" for k in set_here) if set_here else (
+        "neither OPENBLAS_CORETYPE nor OPENBLAS_L2_SIZE is set: this run is also the run with both unset")
+    print(f"BLAS environment: {said}\n")
+    return set_here
+
+
+def rerun_with_blas_unset(script, argv):
+    """``script`` again, in a child process with ``BLAS_VARIABLES`` unset (its output printed here)."""
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_VARIABLES}
+    print("\n## The same with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (a user's machine)\n", flush=True)
+    child = subprocess.run([sys.executable, script, *argv, "--blas-env", "as-is"], env=env, text=True,
+                           capture_output=True)
+    print(child.stdout + child.stderr[-2000:], flush=True)
+
+
 def header(columns, align=None, title=None):
     """A Markdown table's head (``align``: one "l" or "r" a column, default all left), under ``### title``."""
     if title:

@@ -36,14 +36,14 @@ from pathlib import Path
 
 import numpy as np
 from _protocol import mean_se, split_indices
-from _runner import begin, end, header, options, parse, parse_list, row, standardise, test_scores, write_json
+from _runner import (add_blas_env_option, begin, blas_variables_set, end, header, options, parse, parse_list,
+                     rerun_with_blas_unset, row, standardise, test_scores, write_json)
 from airline import PEER_HOME, PEERS_DIR
 from stopping import load
 
 SETS = ["banana", "waveform", "satellite", "wq-white-ordinal", "airline-20000", "airline-50000", "airline-200000"]
 CANDIDATES = ["agpc-1", "agpc-2", "agpc-all", "agpc-batch", "agpc-whole", "agpc-mb", "logreg", "hgb", "gpflow"]
 PEER_PYTHON = PEER_HOME / "gpflow" / "bin" / "python"  # (airline.py's --peer-python default)
-BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
 def model_of(candidate, split, ordinal):
@@ -191,15 +191,6 @@ def print_table(results, sets, candidates):
             print("\n".join(lines))
 
 
-def unset_run(argv):
-    """This script again, in a child process with ``BLAS_VARIABLES`` unset (its output printed here)."""
-    env = {k: v for k, v in os.environ.items() if k not in BLAS_VARIABLES}
-    print("\n## The same with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (a user's machine)\n", flush=True)
-    child = subprocess.run([sys.executable, __file__, *argv, "--blas-env", "as-is"], env=env, text=True,
-                           capture_output=True)
-    print(child.stdout + child.stderr[-2000:], flush=True)
-
-
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     p = options(__doc__, "one split of a 2,000-row generated table, agpc-1 and logreg", data_dir=True,
@@ -208,18 +199,14 @@ def main(argv=None):
     p.add_argument("--candidates", default=None, help=f"comma list of {CANDIDATES} (default: all but agpc-all); an "
                    "agpc candidate with @G (agpc-1@1.02) fits with Rprop's growth G in the sparse model's binary batch fits")
     p.add_argument("--splits", type=int, default=None, help="random 90/10 splits a set (default 3)")
-    p.add_argument("--blas-env", choices=["both", "as-is"], default="both",
-                   help="both (default): also run with OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset where either is set")
+    add_blas_env_option(p)
     args = parse(p, argv, full=dict(sets=",".join(SETS[:-1]), candidates="agpc-1,agpc-2,logreg,hgb", splits=3),
                  quick=dict(sets="clf-2000x10", candidates="agpc-1,logreg", splits=1))
     args.sets = parse_list(args.sets)
     args.candidates = parse_list(args.candidates)
     parse_list(",".join(growth_of(c)[0] for c in args.candidates), CANDIDATES, "candidate")  # (refuses unknown ones)
     run = begin("Default fits: time, iterations and test NLL", args, argv)
-    set_here = [name for name in BLAS_VARIABLES if os.environ.get(name)]
-    said = ", ".join(f"{k}={os.environ[k]}" for k in set_here) if set_here else (
-        "neither OPENBLAS_CORETYPE nor OPENBLAS_L2_SIZE is set: this run is also the run with both unset")
-    print(f"BLAS environment: {said}\n")
+    set_here = blas_variables_set()
     results = []
     for name in args.sets:
         data = load(name, args.data_dir)
@@ -242,7 +229,7 @@ def main(argv=None):
     print_table(results, args.sets, args.candidates)
     write_json(args.out, {"results": results})
     if set_here and args.blas_env == "both":
-        unset_run(argv)
+        rerun_with_blas_unset(__file__, argv)
     end(run)
 
 

@@ -61,6 +61,7 @@ def _runs(tmp_dir):
         "categorical": ["categorical.py", "--out", str(tmp_dir / "categorical.json")],
         "subsample_start": ["subsample_start.py"],
         "inducing_every": ["inducing_every.py"],
+        "triangular_inverse": ["triangular_inverse.py"],
     }
 
 

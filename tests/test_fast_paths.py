@@ -11,11 +11,13 @@ terms carry that relative error, to 1e-10 absolute (the brief's bound; measured:
 airline-like step of benchmarks/step_cost.py).
 """
 
+import types
+
 import numpy as np
 import pytest
 import scipy.linalg
-from threadpoolctl import threadpool_info, threadpool_limits
 from array_api_compat import numpy as xp
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from agpc import backend as B
 from agpc.inference import ep, variational
@@ -138,11 +140,12 @@ def test_each_fast_primitive_equals_its_reference(dtype):
 @pytest.mark.parametrize("m", [B.TRIANGULAR_INVERSE_BLOCK + 1, 2 * B.TRIANGULAR_INVERSE_BLOCK,
                                2 * B.TRIANGULAR_INVERSE_BLOCK + 1, 257])
 def test_the_triangular_inverses_equal_scipys_solve(m, dtype, threads):
-    """Above twice ``TRIANGULAR_INVERSE_BLOCK``, while BLAS runs on one thread, the NumPy fast path inverts a triangle by
-    halves (trtri on the blocks, trmm's between) and ``cholesky_inverse`` takes that inverse and a lauum; below, or
-    on more threads, one trtri and one potri. Each against SciPy's triangular solve with the identity (float64), within the
-    bound of the module docstring, in both memory orders, with zeros kept above the diagonal and the operand left as
-    it was."""
+    """Above twice ``TRIANGULAR_INVERSE_BLOCK``, while OpenBLAS runs on one thread, the NumPy fast path inverts a
+    triangle by halves (trtri on the blocks, two trmm's a halving) and ``cholesky_inverse`` takes that inverse and a
+    lauum; below, or on more threads, one trtri and one potri. Each against SciPy's triangular solve with the identity
+    (float64), in both memory orders, with zeros kept above the diagonal and the operand left as it was, within 100 m
+    eps kappa(L) (the module docstring's bound, ROUNDOFF_FACTOR m eps kappa, with room for float32; kappa(L)^2 for
+    (L L^T)^-1)."""
     rng = np.random.default_rng(m)
     A = rng.normal(size=(m, m))
     L64 = np.linalg.cholesky(A @ A.T / m + 0.1 * np.eye(m))
@@ -158,10 +161,11 @@ def test_the_triangular_inverses_equal_scipys_solve(m, dtype, threads):
             with B.counting_fast_calls() as calls:
                 inverse = B.lower_triangular_inverse(L)
                 gram = B.cholesky_inverse(L)
-            halves = threads == 1 and m > 2 * B.TRIANGULAR_INVERSE_BLOCK
-            assert (calls[prefix + "trmm"] > 0) == halves
-            assert calls[prefix + "trtri"] >= (4 if halves else 1) and calls[prefix + "potri"] == int(not halves)
-            assert calls[prefix + "lauum"] == int(halves)
+            blocks = _diagonal_blocks(m) if threads == 1 and m > 2 * B.TRIANGULAR_INVERSE_BLOCK else 1
+            halves = blocks > 1  # (each inverse: a trtri a block, two trmm's a halving)
+            assert calls[prefix + "trtri"] == (2 * blocks if halves else 1)
+            assert calls[prefix + "trmm"] == 2 * 2 * (blocks - 1)
+            assert calls[prefix + "potri"] == int(not halves) and calls[prefix + "lauum"] == int(halves)
             assert inverse.dtype == gram.dtype == dtype
             np.testing.assert_array_equal(L, before)
             assert not np.any(np.triu(inverse, 1))
@@ -169,6 +173,11 @@ def test_the_triangular_inverses_equal_scipys_solve(m, dtype, threads):
             np.testing.assert_array_equal(gram, gram.T)
             np.testing.assert_allclose(gram, gram_reference, rtol=0,
                                        atol=bound * np.linalg.cond(L64) * np.max(np.abs(gram_reference)))
+
+
+def _diagonal_blocks(m):
+    """The diagonal blocks a triangle of order m is inverted in by halves (each at most TRIANGULAR_INVERSE_BLOCK)."""
+    return 1 if m <= B.TRIANGULAR_INVERSE_BLOCK else _diagonal_blocks(m // 2) + _diagonal_blocks(m - m // 2)
 
 
 def threadpool_info_threads():
@@ -179,14 +188,43 @@ def threadpool_info_threads():
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("zero_at", [3, 100])
 def test_a_singular_triangle_inverted_by_blocks_is_nan(zero_at, threads):
-    """A zero on the diagonal in either half of a triangle inverted by blocks (one thread) or by one trtri / potri:
+    """A zero on the diagonal in either half of a triangle inverted by halves (one thread) or by one trtri / potri:
     NaN."""
     L = np.tril(np.random.default_rng(5).normal(size=(150, 150))) + 5 * np.eye(150)
     L[zero_at, zero_at] = 0.0
     with threadpool_limits(threads, user_api="blas"):
+        if threadpool_info_threads() != {threads}:
+            pytest.skip(f"the BLAS libraries would not run {threads} threads here")
         for operand in (L, np.asfortranarray(L)):
-            assert np.all(np.isnan(B.lower_triangular_inverse(operand)))
-            assert np.all(np.isnan(B.cholesky_inverse(operand)))
+            with B.counting_fast_calls() as calls:
+                assert np.all(np.isnan(B.lower_triangular_inverse(operand)))
+                assert np.all(np.isnan(B.cholesky_inverse(operand)))
+            assert (calls["dtrtri"] > 1) == (threads == 1)  # (by halves: a trtri a block, up to the singular one)
+
+
+@pytest.mark.parametrize("found, threads, expected", [
+    ([], 1, False),  # no BLAS threadpoolctl knows (Apple's Accelerate): LAPACK's routines
+    (["openblas"], 1, True),
+    (["openblas"], 2, False),
+    (["openblas", "mkl"], 1, False),  # a BLAS not measured beside OpenBLAS
+    (["blis"], 1, False),
+])
+def test_only_openblas_on_one_thread_inverts_by_halves(monkeypatch, found, threads, expected):
+    """``backend._inverts_by_halves`` over what threadpoolctl finds (looked up once, then read)."""
+    class Pool:
+        def __init__(self, api):
+            self.internal_api, self.num_threads = api, threads
+
+    class Controller:
+        def select(self, user_api):
+            return types.SimpleNamespace(lib_controllers=[Pool(api) for api in found])
+
+    monkeypatch.setattr(B, "ThreadpoolController", Controller)
+    monkeypatch.setattr(B, "_BLAS_POOLS", None)
+    assert B._inverts_by_halves(2 * B.TRIANGULAR_INVERSE_BLOCK + 1) is expected
+    assert B._inverts_by_halves(2 * B.TRIANGULAR_INVERSE_BLOCK) is False
+    monkeypatch.setattr(B, "ThreadpoolController", None)  # (looked up once: not called again)
+    assert B._inverts_by_halves(2 * B.TRIANGULAR_INVERSE_BLOCK + 1) is expected
 
 
 def test_a_failed_factorisation_on_the_fast_path_is_nan_not_an_exception():

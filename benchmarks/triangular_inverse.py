@@ -1,0 +1,118 @@
+"""What a triangular inverse, the inverse of a Cholesky factor's product and a triangular solve with m right-hand
+sides cost on the NumPy fast path (``agpc.backend``): LAPACK's trtri / potri / BLAS's trsm against the inverse by
+halves (``backend.TRIANGULAR_INVERSE_BLOCK``), its lauum and its trmm, on 1 and 2 BLAS threads.
+
+Each row: one order m and thread count, the medians of ``--repeats`` calls of each way, interleaved call by call
+(the same matrices; a well-conditioned Cholesky factor). A star marks the way agpc takes: by halves above twice
+the block and on one thread (``backend._inverts_by_halves``), else the LAPACK routine; a solve with m right-hand
+sides (the carry's L_C^-1 R^T, ``posterior.moved_factor``) by the inverse and a trmm. Commands:
+
+    PYTHONPATH=. python benchmarks/triangular_inverse.py              # m = 100, 200, 500, 1000; ~1 minute
+    PYTHONPATH=. python benchmarks/triangular_inverse.py --quick      # smoke test (seconds)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+from _runner import (add_blas_env_option, begin, blas_variables_set, end, header, options, parse, parse_list,
+                     rerun_with_blas_unset, row)
+
+BASES = (32, 64, 128)  # blocks of the halving timed beside the default one
+
+
+def parse_args(argv=None):
+    p = options(__doc__, "m = 40 and 150, 3 repeats")
+    p.add_argument("--orders", default=None, help="comma list of m (default 100,200,500,1000)")
+    p.add_argument("--threads", default="1,2", help="comma list of BLAS thread counts (default 1,2)")
+    p.add_argument("--repeats", type=int, default=None, help="calls of each way, interleaved (default 40)")
+    add_blas_env_option(p)
+    args = parse(p, argv, full=dict(orders="100,200,500,1000", repeats=40), quick=dict(orders="40,150", repeats=3))
+    args.orders = parse_list(args.orders, convert=int)
+    args.threads = parse_list(args.threads, convert=int)
+    return args
+
+
+def ways(backend, L, R):
+    """{name: a call}: the LAPACK / BLAS routine and the halving of each operation, on the F-ordered lower L."""
+    from scipy.linalg import blas
+
+    def halves(base):
+        def call():
+            saved, backend.TRIANGULAR_INVERSE_BLOCK = backend.TRIANGULAR_INVERSE_BLOCK, base
+            try:
+                return backend._triangular_inverse(L, True, blocks=True)
+            finally:
+                backend.TRIANGULAR_INVERSE_BLOCK = saved
+        return call
+
+    def cholesky_inverse(by_halves):
+        def call():
+            saved = backend._inverts_by_halves
+            backend._inverts_by_halves = lambda m: by_halves
+            try:
+                return backend.cholesky_inverse(L)
+            finally:
+                backend._inverts_by_halves = saved
+        return call
+
+    calls = {"trtri": lambda: backend._triangular_inverse(L, True, blocks=False)}
+    calls.update({f"halves, blocks <= {b}": halves(b) for b in BASES})
+    calls["potri"] = cholesky_inverse(False)
+    calls["halves + lauum"] = cholesky_inverse(True)
+    calls["trsm (m columns)"] = lambda: blas.dtrsm(1.0, L, R, lower=1)
+    calls["inverse + trmm"] = lambda: backend.triangular_matmul(backend.lower_triangular_inverse(L), R)
+    return calls
+
+
+def time_ways(calls, repeats):
+    """{name: median seconds}, the ways called one after another, ``repeats`` rounds after one warm-up round."""
+    seconds = {name: [] for name in calls}
+    for k in range(repeats + 1):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            if k:
+                seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
+def main(argv=None):
+    import sys
+
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from agpc import backend
+
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    run = begin("Triangular inverses on the NumPy fast path: LAPACK's routines against the inverse by halves", args,
+                ["benchmarks/triangular_inverse.py"] + argv)
+    set_here = blas_variables_set()
+    names = list(ways(backend, np.eye(2, order="F"), np.eye(2, order="F")))
+    print(f"Default block {backend.TRIANGULAR_INVERSE_BLOCK}; ms, median of {args.repeats} interleaved calls; "
+          "* marks the way agpc takes.\n")
+    header(["BLAS threads", "m", *names], "rr" + "r" * len(names))
+    rng = np.random.default_rng(0)
+    for threads in args.threads:
+        with threadpool_limits(threads, user_api="blas"):
+            counts = {i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"}
+            for m in args.orders:
+                A = rng.normal(size=(m, m))
+                L = np.asfortranarray(np.linalg.cholesky(A @ A.T / m + 0.1 * np.eye(m)))
+                R = np.asfortranarray(rng.normal(size=(m, m)))
+                median = time_ways(ways(backend, L, R), args.repeats)
+                taken = backend._inverts_by_halves(m)
+                marks = {"trtri": not taken, f"halves, blocks <= {backend.TRIANGULAR_INVERSE_BLOCK}": taken,
+                         "potri": not taken, "halves + lauum": taken, "inverse + trmm": True}
+                row(f"{threads} (threadpoolctl: {sorted(counts)})", m,
+                    *(f"{1e3 * median[n]:.3f}{' *' if marks.get(n) else ''}" for n in names))
+    if set_here and args.blas_env == "both":
+        rerun_with_blas_unset(__file__, argv)
+    end(run)
+
+
+if __name__ == "__main__":
+    main()
