@@ -68,6 +68,7 @@ __all__ = [
     "scratch",
     "shares_host_threads",
     "lower_triangular_inverse",
+    "inverts_by_halves",
     "TRIANGULAR_INVERSE_BLOCK",
     "triangular_matmul",
     "cholesky_inverse",
@@ -1028,26 +1029,33 @@ def add_outer(M, u, v):
     return M + u[:, None] * v[None, :]
 
 
-def lower_triangular_inverse(L):
+def lower_triangular_inverse(L, *, halves=None, block=None):
     """L^-1 of a lower-triangular L (m, m) (zeros above the diagonal), or of each L[c] of a stack (C, m, m):
-    a triangular solve against the identity (NumPy: ``_triangular_inverse``; a singular L gives NaN there)."""
+    a triangular solve against the identity (NumPy: one trtri, or by halves where ``inverts_by_halves``; a singular L
+    gives NaN there). ``halves`` (NumPy) / ``block``: True or False in the rule's place, and the largest diagonal block
+    in ``TRIANGULAR_INVERSE_BLOCK``'s (benchmarks/triangular_inverse.py measures them)."""
     xp = array_namespace(L)
     if L.ndim == 3:
-        return xp.stack([lower_triangular_inverse(L[c, ...]) for c in range(L.shape[0])])
+        return xp.stack([lower_triangular_inverse(L[c, ...], halves=halves, block=block) for c in range(L.shape[0])])
     if _fast(L):
-        return _lower_inverse(L, blocks=_inverts_by_halves(L.shape[0]))
+        a, a_transposed = _fortran_view(L)
+        halves = inverts_by_halves(L) if halves is None else halves
+        inverse = _triangular_inverse(a, not a_transposed, halves, TRIANGULAR_INVERSE_BLOCK if block is None else block)
+        if inverse is None:  # an exact zero on the diagonal
+            return np.full(L.shape, math.nan, dtype=L.dtype)
+        return inverse.T if a_transposed else inverse
     eye = xp.eye(L.shape[0], dtype=L.dtype, device=array_device(L))
     return solve_triangular(L, eye, lower=True)
 
 
 # Up to twice this order a triangular inverse is one LAPACK trtri; above it, while OpenBLAS runs on one thread
-# (``_inverts_by_halves``: a minibatch step's m x m algebra below m ~ 800, the blocks of a pass),
-# ``_triangular_inverse`` halves the matrix, down to blocks of at most this order. On one thread OpenBLAS's trtri runs at about half the speed
-# of its potrf on the same order; the halving (trtri on the blocks, two trmm's a level) does not, and potri (trtri, then
-# lauum) gains with it. On two threads trtri and potri are the faster. Measured by benchmarks/triangular_inverse.py
-# (record: benchmarks/results/triangular_inverse.md), from which the block and the threshold were read. A minibatch
-# step forms two inverses and one C^-1 (``cholesky_inverse``), a step that carries the tied factor to moved inducing
-# points two more and another C^-1 (``posterior.moved_factor``).
+# (``inverts_by_halves``: a minibatch step's m x m algebra below m ~ 800, the blocks of a pass), the NumPy fast path
+# halves the matrix (``_triangular_inverse``), down to blocks of at most this order. On one thread OpenBLAS's trtri
+# took 1.3-2.0 times its potrf's time at m = 200-500 (the same m^3/3 arithmetic); the halving does not, and potri
+# (trtri, then lauum) gains with it; on two threads the halving gained nothing. Measured by benchmarks/triangular_inverse.py (record:
+# benchmarks/results/triangular_inverse.md), which the block and the threshold were read from. A minibatch step forms
+# two inverses and one C^-1 (``cholesky_inverse``); a step that carries the tied factor to moved inducing points forms
+# more (``posterior.moved_factor``).
 TRIANGULAR_INVERSE_BLOCK = 64
 _BLAS_POOLS = None  # (OpenBLAS's threadpoolctl controllers, whether every BLAS found is OpenBLAS), once looked up
 _BLAS_POOLS_LOCK = threading.Lock()
@@ -1069,28 +1077,29 @@ def _openblas_pools():
         return _BLAS_POOLS
 
 
-def _inverts_by_halves(m):
-    """Whether the NumPy fast path inverts a triangle of order m by halves: above twice ``TRIANGULAR_INVERSE_BLOCK``,
-    where every BLAS library threadpoolctl found is OpenBLAS (the only one measured) and runs on one thread now (a
-    few microseconds: one call into each library). Where none was found (a BLAS threadpoolctl does not know, such as
-    Apple's Accelerate), LAPACK's routines as they are."""
-    if m <= 2 * TRIANGULAR_INVERSE_BLOCK:
+def inverts_by_halves(L):
+    """Whether the NumPy fast path inverts the triangle L (m, m) by halves: an array of its, of order above twice
+    ``TRIANGULAR_INVERSE_BLOCK``, where every BLAS library threadpoolctl found is OpenBLAS (the only one measured) and
+    runs on one thread now (a few microseconds: one call into each library). Where none was found (a BLAS
+    threadpoolctl does not know, such as Apple's Accelerate), LAPACK's routines as they are."""
+    if not _fast(L) or L.shape[-1] <= 2 * TRIANGULAR_INVERSE_BLOCK:
         return False
     pools, all_openblas = _openblas_pools()
     return all_openblas and all(pool.num_threads == 1 for pool in pools)
 
 
-def _triangular_inverse(a, lower, blocks=True):
+def _triangular_inverse(a, lower, halves, block):
     """The inverse of the Fortran-ordered triangular ``a`` (``lower`` or upper; zeros in its other triangle), or None
-    where a diagonal entry is exactly zero. By one trtri, or with ``blocks`` by halves (``TRIANGULAR_INVERSE_BLOCK``):
-    for a lower L = [[L11, 0], [L21, L22]], L^-1 = [[L11^-1, 0], [-L22^-1 L21 L11^-1, L22^-1]] (upper: [[U11^-1,
-    -U11^-1 U12 U22^-1], [0, U22^-1]]), each diagonal block's inverse formed the same way."""
+    where a diagonal entry is exactly zero. By one trtri, or with ``halves`` by halves down to diagonal blocks of at
+    most ``block``: for a lower L = [[L11, 0], [L21, L22]], L^-1 = [[L11^-1, 0], [-L22^-1 L21 L11^-1, L22^-1]] (upper:
+    [[U11^-1, -U11^-1 U12 U22^-1], [0, U22^-1]]), each diagonal block's inverse formed the same way."""
     m = a.shape[0]
-    if m <= TRIANGULAR_INVERSE_BLOCK or not blocks:
+    if m <= block or not halves:
         inverse, info = _routine("lapack", "trtri", a.dtype)(a, lower=int(lower))
         return None if info > 0 else inverse  # (info < 0, an illegal argument, cannot happen here)
     h = m // 2
-    first, second = _triangular_inverse(a[:h, :h], lower), _triangular_inverse(a[h:, h:], lower)
+    first = _triangular_inverse(a[:h, :h], lower, True, block)
+    second = _triangular_inverse(a[h:, h:], lower, True, block)
     if first is None or second is None:
         return None
     out = np.zeros_like(a, order="F")
@@ -1100,31 +1109,22 @@ def _triangular_inverse(a, lower, blocks=True):
         return _triangular_blas("trmm", T if lower else T.T, B, not lower, right, True)
 
     if lower:  # -L22^-1 (L21 L11^-1)
-        block = times(second, times(first, np.array(a[h:, :h], order="F"), True), False)
-        out[h:, :h] = np.negative(block, out=block)
+        product = times(second, times(first, np.array(a[h:, :h], order="F"), True), False)
+        out[h:, :h] = np.negative(product, out=product)
     else:  # -U11^-1 (U12 U22^-1)
-        block = times(first, times(second, np.array(a[:h, h:], order="F"), True), False)
-        out[:h, h:] = np.negative(block, out=block)
+        product = times(first, times(second, np.array(a[:h, h:], order="F"), True), False)
+        out[:h, h:] = np.negative(product, out=product)
     return out
 
 
-def _lower_inverse(L, *, blocks):
-    """``lower_triangular_inverse``'s fast path (``blocks``: by halves, ``_triangular_inverse``)."""
-    a, a_transposed = _fortran_view(L)
-    inverse = _triangular_inverse(a, not a_transposed, blocks=blocks)
-    if inverse is None:  # an exact zero on the diagonal
-        return np.full(L.shape, math.nan, dtype=L.dtype)
-    return inverse.T if a_transposed else inverse
-
-
-def cholesky_inverse(L):
+def cholesky_inverse(L, *, halves=None):
     """(L L^T)^-1 (m x m, symmetric) from the lower Cholesky factor L (zeros above the diagonal): L^-T L^-1 by
-    two triangular solves (NumPy: one potri, whose triangle is mirrored; where a triangle is inverted by halves, L^-1
-    by ``lower_triangular_inverse`` and L^-T L^-1 by one lauum instead: potri's own inverse runs at trtri's speed,
-    ``TRIANGULAR_INVERSE_BLOCK``, where benchmarks/triangular_inverse.py measured both)."""
+    two triangular solves (NumPy: one potri, whose triangle is mirrored; where ``inverts_by_halves``, L^-1 by halves
+    and L^-T L^-1 by one lauum instead, potri's own inverse being trtri's: ``TRIANGULAR_INVERSE_BLOCK``). ``halves``:
+    as ``lower_triangular_inverse`` takes it."""
     if _fast(L):
-        if _inverts_by_halves(L.shape[0]):
-            a, a_transposed = _fortran_view(_lower_inverse(L, blocks=True))  # L^-1 (lower) or L^-T (upper)
+        if inverts_by_halves(L) if halves is None else halves:
+            a, a_transposed = _fortran_view(lower_triangular_inverse(L, halves=True))  # L^-1 (lower) or L^-T (upper)
             # lauum: U U^T of an upper U, L^T L of a lower L; either is L^-T L^-1 here (a singular L made the inverse
             # NaN already)
             triangle, info = _routine("lapack", "lauum", L.dtype)(a, lower=int(not a_transposed), overwrite_c=1)

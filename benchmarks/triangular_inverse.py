@@ -3,16 +3,18 @@ sides cost on the NumPy fast path (``agpc.backend``): LAPACK's trtri / potri / B
 halves (``backend.TRIANGULAR_INVERSE_BLOCK``), its lauum and its trmm, on 1 and 2 BLAS threads.
 
 Each row: one order m and thread count, the medians of ``--repeats`` calls of each way, interleaved call by call
-(the same matrices; a well-conditioned Cholesky factor). A star marks the way agpc takes: by halves above twice
-the block and on one thread (``backend._inverts_by_halves``), else the LAPACK routine; a solve with m right-hand
-sides (the carry's L_C^-1 R^T, ``posterior.moved_factor``) by the inverse and a trmm. Commands:
+(the same matrices; a well-conditioned Cholesky factor; potrf of L L^T for scale). A star marks the way agpc takes:
+by halves above twice the block and on one OpenBLAS thread (``backend.inverts_by_halves``), else the LAPACK routine;
+likewise a solve with m right-hand sides (the carry's L_C^-1 R^T, ``posterior.moved_factor``) by that inverse and a
+trmm, else by trsm. Commands:
 
-    PYTHONPATH=. python benchmarks/triangular_inverse.py              # m = 100, 200, 500, 1000; ~1 minute
+    PYTHONPATH=. python benchmarks/triangular_inverse.py              # m = 100, 200, 500, 1000; ~20 s
     PYTHONPATH=. python benchmarks/triangular_inverse.py --quick      # smoke test (seconds)
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -36,34 +38,17 @@ def parse_args(argv=None):
 
 
 def ways(backend, L, R):
-    """{name: a call}: the LAPACK / BLAS routine and the halving of each operation, on the F-ordered lower L."""
-    from scipy.linalg import blas
-
-    def halves(base):
-        def call():
-            saved, backend.TRIANGULAR_INVERSE_BLOCK = backend.TRIANGULAR_INVERSE_BLOCK, base
-            try:
-                return backend._triangular_inverse(L, True, blocks=True)
-            finally:
-                backend.TRIANGULAR_INVERSE_BLOCK = saved
-        return call
-
-    def cholesky_inverse(by_halves):
-        def call():
-            saved = backend._inverts_by_halves
-            backend._inverts_by_halves = lambda m: by_halves
-            try:
-                return backend.cholesky_inverse(L)
-            finally:
-                backend._inverts_by_halves = saved
-        return call
-
-    calls = {"trtri": lambda: backend._triangular_inverse(L, True, blocks=False)}
-    calls.update({f"halves, blocks <= {b}": halves(b) for b in BASES})
-    calls["potri"] = cholesky_inverse(False)
-    calls["halves + lauum"] = cholesky_inverse(True)
-    calls["trsm (m columns)"] = lambda: blas.dtrsm(1.0, L, R, lower=1)
-    calls["inverse + trmm"] = lambda: backend.triangular_matmul(backend.lower_triangular_inverse(L), R)
+    """{name: a call}: each operation by the LAPACK / BLAS routine and by halves, on the F-ordered lower L; potrf of
+    L L^T for scale."""
+    K = L @ L.T
+    calls = {"potrf (of L L^T)": lambda: backend.cholesky_or_nan(K),
+             "trtri": lambda: backend.lower_triangular_inverse(L, halves=False)}
+    calls.update({f"halves, blocks <= {b}": functools.partial(backend.lower_triangular_inverse, L, halves=True, block=b)
+                  for b in BASES})
+    calls["potri"] = lambda: backend.cholesky_inverse(L, halves=False)
+    calls["halves + lauum"] = lambda: backend.cholesky_inverse(L, halves=True)
+    calls["trsm (m columns)"] = lambda: backend.solve_triangular(L, R)
+    calls["halves + trmm"] = lambda: backend.triangular_matmul(backend.lower_triangular_inverse(L, halves=True), R)
     return calls
 
 
@@ -104,9 +89,10 @@ def main(argv=None):
                 L = np.asfortranarray(np.linalg.cholesky(A @ A.T / m + 0.1 * np.eye(m)))
                 R = np.asfortranarray(rng.normal(size=(m, m)))
                 median = time_ways(ways(backend, L, R), args.repeats)
-                taken = backend._inverts_by_halves(m)
+                taken = backend.inverts_by_halves(L)
                 marks = {"trtri": not taken, f"halves, blocks <= {backend.TRIANGULAR_INVERSE_BLOCK}": taken,
-                         "potri": not taken, "halves + lauum": taken, "inverse + trmm": True}
+                         "potri": not taken, "halves + lauum": taken, "trsm (m columns)": not taken,
+                         "halves + trmm": taken}
                 row(f"{threads} (threadpoolctl: {sorted(counts)})", m,
                     *(f"{1e3 * median[n]:.3f}{' *' if marks.get(n) else ''}" for n in names))
     if set_here and args.blas_env == "both":

@@ -21,6 +21,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from agpc import backend as B
 from agpc.inference import ep, variational
+from agpc.inference.posterior import Factor, moved_factor
 from agpc.kernels import RBF
 
 ROUNDOFF_FACTOR = 10.0
@@ -154,14 +155,15 @@ def test_the_triangular_inverses_equal_scipys_solve(m, dtype, threads):
     bound = 100 * m * np.finfo(dtype).eps * np.linalg.cond(L64)
     prefix = "s" if dtype == np.float32 else "d"
     with threadpool_limits(threads, user_api="blas"):
-        if threadpool_info_threads() != {threads}:
+        if _blas_thread_counts() != {threads}:
             pytest.skip(f"the BLAS libraries would not run {threads} threads here")
         for L in (L64.astype(dtype), np.asfortranarray(L64.astype(dtype))):
             before = L.copy()
             with B.counting_fast_calls() as calls:
                 inverse = B.lower_triangular_inverse(L)
                 gram = B.cholesky_inverse(L)
-            blocks = _diagonal_blocks(m) if threads == 1 and m > 2 * B.TRIANGULAR_INVERSE_BLOCK else 1
+            by_halves = threads == 1 and m > 2 * B.TRIANGULAR_INVERSE_BLOCK and B._openblas_pools()[1]
+            blocks = _diagonal_blocks(m) if by_halves else 1
             halves = blocks > 1  # (each inverse: a trtri a block, two trmm's a halving)
             assert calls[prefix + "trtri"] == (2 * blocks if halves else 1)
             assert calls[prefix + "trmm"] == 2 * 2 * (blocks - 1)
@@ -180,7 +182,7 @@ def _diagonal_blocks(m):
     return 1 if m <= B.TRIANGULAR_INVERSE_BLOCK else _diagonal_blocks(m // 2) + _diagonal_blocks(m - m // 2)
 
 
-def threadpool_info_threads():
+def _blas_thread_counts():
     """The thread counts of the BLAS libraries loaded, as threadpoolctl reports them."""
     return {info["num_threads"] for info in threadpool_info() if info.get("user_api") == "blas"}
 
@@ -193,7 +195,7 @@ def test_a_singular_triangle_inverted_by_blocks_is_nan(zero_at, threads):
     L = np.tril(np.random.default_rng(5).normal(size=(150, 150))) + 5 * np.eye(150)
     L[zero_at, zero_at] = 0.0
     with threadpool_limits(threads, user_api="blas"):
-        if threadpool_info_threads() != {threads}:
+        if _blas_thread_counts() != {threads}:
             pytest.skip(f"the BLAS libraries would not run {threads} threads here")
         for operand in (L, np.asfortranarray(L)):
             with B.counting_fast_calls() as calls:
@@ -210,21 +212,55 @@ def test_a_singular_triangle_inverted_by_blocks_is_nan(zero_at, threads):
     (["blis"], 1, False),
 ])
 def test_only_openblas_on_one_thread_inverts_by_halves(monkeypatch, found, threads, expected):
-    """``backend._inverts_by_halves`` over what threadpoolctl finds (looked up once, then read)."""
+    """``backend.inverts_by_halves`` over what threadpoolctl finds (looked up once, then read), for NumPy arrays
+    above twice the block only."""
+    built = []
+
     class Pool:
         def __init__(self, api):
             self.internal_api, self.num_threads = api, threads
 
     class Controller:
+        def __init__(self):
+            built.append(self)
+
         def select(self, user_api):
             return types.SimpleNamespace(lib_controllers=[Pool(api) for api in found])
 
     monkeypatch.setattr(B, "ThreadpoolController", Controller)
     monkeypatch.setattr(B, "_BLAS_POOLS", None)
-    assert B._inverts_by_halves(2 * B.TRIANGULAR_INVERSE_BLOCK + 1) is expected
-    assert B._inverts_by_halves(2 * B.TRIANGULAR_INVERSE_BLOCK) is False
-    monkeypatch.setattr(B, "ThreadpoolController", None)  # (looked up once: not called again)
-    assert B._inverts_by_halves(2 * B.TRIANGULAR_INVERSE_BLOCK + 1) is expected
+    order = 2 * B.TRIANGULAR_INVERSE_BLOCK
+    assert B.inverts_by_halves(np.eye(order + 1)) is expected
+    assert B.inverts_by_halves(np.eye(order)) is False
+    assert B.inverts_by_halves(np.eye(order + 1, dtype=np.int64)) is False  # (not the fast path's)
+    assert B.inverts_by_halves(np.eye(order + 1)) is expected
+    assert len(built) == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_carry_by_halves_equals_the_reference(threads):
+    """``posterior.moved_factor`` above twice the block: on one OpenBLAS thread L_C^-1 by halves (no trsm: U and c~ by
+    products with it), on two by solves; either against the array-API reference path."""
+    rng = np.random.default_rng(7)
+    m = 2 * B.TRIANGULAR_INVERSE_BLOCK + 3
+    Z_old = rng.uniform(-4.0, 4.0, size=(m, 2))
+    Z_new = Z_old + 0.01 * rng.normal(size=(m, 2))
+    kernel = RBF(lengthscales=[0.6, 0.8], amplitude=1.0, noise=0.01).for_inputs(xp.asarray(Z_old))
+    H = rng.normal(size=(m, 3 * m)) / m
+    factor = Factor(xp.asarray(H @ H.T), xp.asarray(rng.normal(size=m)))
+    with threadpool_limits(threads, user_api="blas"):
+        if _blas_thread_counts() != {threads}:
+            pytest.skip(f"the BLAS libraries would not run {threads} threads here")
+        with B.counting_fast_calls() as calls:
+            fast = moved_factor(kernel, xp.asarray(Z_old), xp.asarray(Z_new), factor, jitter=JITTER)
+    with B.reference_paths():
+        reference = moved_factor(kernel, xp.asarray(Z_old), xp.asarray(Z_new), factor, jitter=JITTER)
+    by_halves = threads == 1 and B._openblas_pools()[1]
+    assert (calls["dtrsm"] == 0) == by_halves and (calls["dtrsv"] == 0) == by_halves
+    K = np.asarray(kernel.K(xp.asarray(Z_new))) + JITTER * np.eye(m)
+    bound = ROUNDOFF_FACTOR * m * np.finfo(np.float64).eps * np.linalg.cond(K)
+    for got, want in ((fast.precision, reference.precision), (fast.shift, reference.shift)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=bound * np.max(np.abs(want)))
 
 
 def test_a_failed_factorisation_on_the_fast_path_is_nan_not_an_exception():

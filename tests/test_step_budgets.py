@@ -204,10 +204,9 @@ def svi_step(xp, monkeypatch):
 # unseen either. (Its other NumPy operations are the reference path's, counted above.) SEP / ADF 33 / 29 -> 34 / 30:
 # the carry (``posterior.moved_factor``) applies L1^-1 three times by one trtri and trmm's, and the step's L_K^-1
 # once, where it made five trsm's (OpenBLAS's trsm runs at a third of trmm's speed: 0.9 ms less a step at m = 200).
-# The steps that hold Z (``tied_steps.TIED_INDUCING_EVERY``) make no carry: 20 / 16. SEP's moving step 34 -> 35 and
-# ADF's 30 -> 31: the carry's L_C^-1 R^T by an inverse and a trmm where a trsm did it (on one thread 3.9 against 5.4 ms
-# at m = 500, the inverse by halves: ``backend.TRIANGULAR_INVERSE_BLOCK``; at this test's m, one trtri).
-FAST_CALL_BUDGETS = {"sep": 20, "sep_moving": 35, "ep": 16, "ep_anchored": 18, "adf": 16, "adf_moving": 31, "svi": 9}
+# The steps that hold Z (``tied_steps.TIED_INDUCING_EVERY``) make no carry: 20 / 16. (Above order 128, on one OpenBLAS
+# thread, the inverses are formed by halves, more calls each: ``backend.inverts_by_halves``; not at this test's m.)
+FAST_CALL_BUDGETS = {"sep": 20, "sep_moving": 34, "ep": 16, "ep_anchored": 18, "adf": 16, "adf_moving": 30, "svi": 9}
 
 
 def numpy_step(method):

@@ -23,6 +23,7 @@ from ..backend import (
     cholesky_inverse,
     cholesky_or_nan,
     identity_plus,
+    inverts_by_halves,
     lower_triangular_inverse,
     prefers_inverses,
     row_dot,
@@ -231,9 +232,10 @@ def moved_factor(kernel, Z_old, Z_new, factor, *, jitter, L_K=None, L_K_inv=None
     the three factorisations: the whitening (two triangular products), L0^-1, L1^-1 and L_C^-1 applied once each
     (R, U), two products (V), the inverse C' and the unwhitening (L1^-1 twice). Where inverses are preferred
     (``left_solve``: OpenBLAS's trsm runs at a third of trmm's speed) L1^-1 is formed once for its three uses,
-    L0^-1 is the caller's, and L_C^-1 is formed for its one (``backend.TRIANGULAR_INVERSE_BLOCK``: on one thread the
-    inverse and a trmm took 0.33 ms against trsm's 0.55 at m = 200, 3.9 against 5.4 at m = 500): on NumPy at m = 200
-    the carry took 4.2 ms against 5.1 with the solves (before L_C^-1 was formed).
+    L0^-1 is the caller's, and L_C^-1 is formed for its two uses where it is formed by halves (``backend.
+    inverts_by_halves``; benchmarks/results/triangular_inverse.md: on one thread the inverse and a trmm took 0.68 ms
+    against trsm's 0.79 at m = 200, 5.0 against 6.6 at m = 500; on two threads, and at m = 100, trsm was the faster):
+    on NumPy at m = 200 the carry took 4.2 ms against 5.1 with the solves (before L_C^-1 was formed).
 
     The Schur complement I - R R^T is a difference of two matrices near I when the points move little (a step
     moves them by about 0.01): computed in float32 it is float32's round-off (1e-7), as large as q's smallest
@@ -263,9 +265,13 @@ def _moved_factor(kernel, Z_old, Z_new, factor, *, jitter, L_K, L_K_inv):
     # that do not move carry q over exactly)
     cross = identity_plus(kernel.K(Z_old, Z_new), identity=jitter)
     R = left_solve(L1, left_solve(L0, cross, L_inv=L_K_inv, overwrite=True).mT, L_inv=L1_inv)
-    U = left_solve(L_C, R.mT)
+    # L_C^-1 applied to R^T and c~: by its inverse where that is formed by halves (``backend.inverts_by_halves``: on
+    # one OpenBLAS thread the inverse and a trmm beat trsm above m = 128), else by triangular solves
+    L_C_inv = lower_triangular_inverse(L_C) if inverts_by_halves(L_C) else None
+    U = triangular_matmul(L_C_inv, R.mT) if L_C_inv is not None else solve_triangular(L_C, R.mT, lower=True)
     V = identity_plus(U.mT @ U - R @ R.mT)
     C_new = cholesky_inverse(cholesky_or_nan(0.5 * (V + V.mT), overwrite=True))
-    w = U.mT @ solve_triangular(L_C, c_tilde, lower=True)
+    h = triangular_matmul(L_C_inv, c_tilde) if L_C_inv is not None else solve_triangular(L_C, c_tilde, lower=True)
+    w = U.mT @ h
     S_new = identity_plus(C_new, identity=-1.0)
     return Factor.unwhitened(0.5 * (S_new + S_new.mT), C_new @ w, L1, L_K_inv=L1_inv)
