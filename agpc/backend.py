@@ -1052,10 +1052,10 @@ def lower_triangular_inverse(L, *, halves=None, block=None):
 # (``inverts_by_halves``: a minibatch step's m x m algebra below m ~ 800, the blocks of a pass), the NumPy fast path
 # halves the matrix (``_triangular_inverse``), down to blocks of at most this order. On one thread OpenBLAS's trtri
 # took 1.3-2.0 times its potrf's time at m = 200-500 (the same m^3/3 arithmetic); the halving does not, and potri
-# (trtri, then lauum) gains with it; on two threads the halving gained nothing. Measured by benchmarks/triangular_inverse.py (record:
-# benchmarks/results/triangular_inverse.md), which the block and the threshold were read from. A minibatch step forms
-# two inverses and one C^-1 (``cholesky_inverse``); a step that carries the tied factor to moved inducing points forms
-# more (``posterior.moved_factor``).
+# (trtri, then lauum) gains with it; on two threads the halving gained nothing. Measured by
+# benchmarks/triangular_inverse.py (record: benchmarks/results/triangular_inverse.md), which the block and the
+# threshold were read from. A minibatch step forms two inverses and one C^-1 (``cholesky_inverse``); a step that
+# carries the tied factor to moved inducing points forms more (``posterior.moved_factor``).
 TRIANGULAR_INVERSE_BLOCK = 64
 _BLAS_POOLS = None  # (OpenBLAS's threadpoolctl controllers, whether every BLAS found is OpenBLAS), once looked up
 _BLAS_POOLS_LOCK = threading.Lock()
@@ -1078,7 +1078,7 @@ def _openblas_pools():
 
 
 def inverts_by_halves(L):
-    """Whether the NumPy fast path inverts the triangle L (m, m) by halves: an array of its, of order above twice
+    """Whether the NumPy fast path inverts the triangle L (m, m) by halves: a NumPy array of order above twice
     ``TRIANGULAR_INVERSE_BLOCK``, where every BLAS library threadpoolctl found is OpenBLAS (the only one measured) and
     runs on one thread now (a few microseconds: one call into each library). Where none was found (a BLAS
     threadpoolctl does not know, such as Apple's Accelerate), LAPACK's routines as they are."""
