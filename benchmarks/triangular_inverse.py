@@ -21,6 +21,7 @@ import time
 import numpy as np
 from _runner import (add_blas_env_option, begin, blas_variables_set, end, header, options, parse, parse_list,
                      rerun_with_blas_unset, row)
+from airline import blas_thread_counts
 
 BASES = (32, 64, 128)  # blocks of the halving timed beside the default one
 
@@ -67,7 +68,7 @@ def time_ways(calls, repeats):
 def main(argv=None):
     import sys
 
-    from threadpoolctl import threadpool_info, threadpool_limits
+    from threadpoolctl import threadpool_limits
 
     from agpc import backend
 
@@ -83,7 +84,7 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     for threads in args.threads:
         with threadpool_limits(threads, user_api="blas"):
-            counts = {i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"}
+            counts = blas_thread_counts()
             for m in args.orders:
                 A = rng.normal(size=(m, m))
                 L = np.asfortranarray(np.linalg.cholesky(A @ A.T / m + 0.1 * np.eye(m)))
@@ -93,7 +94,7 @@ def main(argv=None):
                 marks = {"trtri": not taken, f"halves, blocks <= {backend.TRIANGULAR_INVERSE_BLOCK}": taken,
                          "potri": not taken, "halves + lauum": taken, "trsm (m columns)": not taken,
                          "halves + trmm": taken}
-                row(f"{threads} (threadpoolctl: {sorted(counts)})", m,
+                row(f"{threads} (threadpoolctl: {counts})", m,
                     *(f"{1e3 * median[n]:.3f}{' *' if marks.get(n) else ''}" for n in names))
     if set_here and args.blas_env == "both":
         rerun_with_blas_unset(__file__, argv)

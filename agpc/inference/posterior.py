@@ -267,7 +267,7 @@ def _moved_factor(kernel, Z_old, Z_new, factor, *, jitter, L_K, L_K_inv):
     R = left_solve(L1, left_solve(L0, cross, L_inv=L_K_inv, overwrite=True).mT, L_inv=L1_inv)
     # L_C^-1 applied to R^T and c~: by its inverse where that is formed by halves (``backend.inverts_by_halves``: on
     # one OpenBLAS thread the inverse and a trmm beat trsm above m = 128), else by triangular solves
-    L_C_inv = lower_triangular_inverse(L_C) if inverts_by_halves(L_C) else None
+    L_C_inv = lower_triangular_inverse(L_C, halves=True) if inverts_by_halves(L_C) else None
     U = triangular_matmul(L_C_inv, R.mT) if L_C_inv is not None else solve_triangular(L_C, R.mT, lower=True)
     V = identity_plus(U.mT @ U - R @ R.mT)
     C_new = cholesky_inverse(cholesky_or_nan(0.5 * (V + V.mT), overwrite=True))
