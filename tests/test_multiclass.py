@@ -138,6 +138,47 @@ def test_the_batch_sweeps_gradient_through_explicit_inverses_is_the_solves_one(m
     assert not np.allclose(held[0]["dKmm_data"][0], solved["dKmm_data"][0])  # (the anchor's directions matter)
 
 
+@pytest.mark.parametrize("block_rows, workers", [(None, 1), (25, 2)], ids=["one block", "blocks on two threads"])
+def test_the_batch_sums_of_nonnegative_sites_are_symmetric_products(monkeypatch, block_rows, workers):
+    """``multiclass_ep.evaluate`` forms each class's site sums by the symmetric product W^T W, W = diag(sqrt nu) A^T
+    (``ep.site_sums(nonnegative=True)``), exactly where every site precision is >= 0 on the NumPy fast path
+    (``known_nonnegative``): the same sums as the general product A^T diag(nu) A (to round-off), symmetric to the
+    bit; a negative precision, or the array-API reference path, takes the general product, whose sums the symmetric
+    one would get wrong (it takes the square root of nu)."""
+    from agpc import backend as B
+    from agpc.inference import ep
+
+    X, y, Z, kernels, nu, mu = _batch_pass_case(monkeypatch, workers, seed=7, m=5)
+    L_K_inv = multiclass_ep.prior_choleskys(kernels, Z, JITTER)[1]
+    taken, site_sums = [], ep.site_sums
+    monkeypatch.setattr(ep, "site_sums", lambda *a, **k: taken.append(k["nonnegative"]) or site_sums(*a, **k))
+    general = multiclass_ep.class_site_sums(kernels, Z, X, y.astype(float), nu, mu, L_K_inv, block_rows or 60)
+    assert taken and not any(taken)
+    taken.clear()
+    symmetric = multiclass_ep.class_site_sums(kernels, Z, X, y.astype(float), nu, mu, L_K_inv, block_rows or 60,
+                                              nonnegative=True)
+    assert taken and all(taken)
+    for (S_sym, c_sym), S_gen, c_gen in zip(zip(*symmetric), *general):
+        np.testing.assert_array_equal(S_sym, S_sym.T)
+        np.testing.assert_allclose(S_sym, S_gen, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(c_sym, c_gen, rtol=1e-12, atol=1e-14)
+    negative = nu.copy()
+    row = int(np.flatnonzero(y != 0)[0])
+    negative[row, 0] = -0.01  # (a row of another class: its pair's part in class 0, class 0's total there)
+    assert multiclass_ep.known_nonnegative(nu) and not multiclass_ep.known_nonnegative(negative)
+    with B.reference_paths():
+        assert not multiclass_ep.known_nonnegative(nu)
+    for sites, expected in ((nu, True), (negative, False)):
+        taken.clear()
+        out = multiclass_ep.evaluate(kernels, Z, X, y.astype(float), sites, mu, jitter=JITTER, block_rows=block_rows)
+        assert taken and set(taken) == {expected}
+        assert np.isfinite(out["log_z"])
+    with np.errstate(invalid="ignore"):  # (the square root of the negative precision)
+        broken = multiclass_ep.class_site_sums(kernels, Z, X, y.astype(float), negative, mu, L_K_inv,
+                                               block_rows or 60, nonnegative=True)
+    right = multiclass_ep.class_site_sums(kernels, Z, X, y.astype(float), negative, mu, L_K_inv, block_rows or 60)
+    assert not all(np.allclose(a, b, rtol=1e-6) for a, b in zip(broken[0], right[0]))
+
 def test_pair_update_matches_brute_force_moments():
     """The tilted distribution of one factor (Villacampa-Calvo & Hernandez-Lobato (2017), eq. 6 for one wrong class k)
     times the factorised cavity: its normaliser and the marginal means and variances of g_y and g_k, computed by 2-D

@@ -34,7 +34,7 @@ from __future__ import annotations
 from contextlib import closing
 from dataclasses import dataclass
 
-from ..backend import array_device, array_namespace, lower_triangular_inverse
+from ..backend import array_device, array_namespace, lower_triangular_inverse, prefers_inverses
 from ..likelihoods import MULTICLASS_PROBIT, PREDICTIVE_NODES, argmax_log_proba, negative_log_likelihood
 from . import blocks, ep, sites
 from .posterior import Factor, posterior_from_sums, prior_cholesky, uses_inverse
@@ -60,6 +60,7 @@ __all__ = [
     "add_prior_gradients",
     "prior_choleskys",
     "class_site_sums",
+    "known_nonnegative",
     "posteriors_from_sums",
     "class_sweep",
     "finish_evaluate",
@@ -371,12 +372,14 @@ def prior_choleskys(kernels, Z, jitter, checked=True):
 
 
 def class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows, weights=None, *, workers=1,
-                    kept=None):
+                    kept=None, nonnegative=False):
     """Per class S_c = A_c diag(nu_tot) A_c^T and c~_c = A_c mu_tot over the rows (tuples, one entry a class):
     they add over any split of the rows (a chunk of rows a task on a cluster). ``weights``: the rows' sample
     weights, each row's totals w_i times (power EP). The blocks run on ``workers`` threads (``blocks.map_blocks``; their
     sums added in order); ``kept`` (a list): each block's per-class projections (A_c, K(X, Z_c)) are appended to it,
-    for ``class_sweep`` to reuse (``evaluate``: the batch pass's second visit of the rows)."""
+    for ``class_sweep`` to reuse (``evaluate``: the batch pass's second visit of the rows). ``nonnegative``: every
+    site precision is known to be >= 0 (``known_nonnegative``), and the sums are symmetric products
+    (``ep.site_sums``)."""
     C = n_classes(Z)
     S, c_tilde = [None] * C, [None] * C
 
@@ -384,7 +387,9 @@ def class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block
         nu, mu = weighted_totals(site_totals(site_precision[lo:hi, ...], site_shift[lo:hi, ...],
                                              one_hot_labels(y_block, C)), None if weights is None else weights[lo:hi])
         projections = [ep.project(kernels[c], X_block, Z[c, ...], L_K_inv[c]) for c in range(C)]
-        return [ep.site_sums(At, nu[:, c], mu[:, c]) for c, (At, _) in enumerate(projections)], projections
+        sums = [ep.site_sums(At, nu[:, c], mu[:, c], nonnegative=nonnegative)
+                for c, (At, _) in enumerate(projections)]
+        return sums, projections
 
     pieces = blocks.data_blocks(X, y, _block_rows(block_rows, Z, X.shape[0]), Z[0, ...])
     with closing(blocks.map_blocks(block_sums, pieces, workers)) as results:  # (ended on an error too)
@@ -395,6 +400,16 @@ def class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block
             if kept is not None:
                 kept.append(tuple((At.mT, Knm) for At, Knm in projections))
     return tuple(S), tuple(c_tilde)
+
+
+def known_nonnegative(site_precision):
+    """Whether every site precision (n, 2C) is >= 0, looked at where that costs no device synchronisation: on the
+    NumPy fast path (``backend.prefers_inverses``), else False (the general product). The probit pair factors'
+    precisions are >= 0 in exact arithmetic (gamma >= 0 and 1 - v gamma > 0) but nothing cuts round-off below 0, and
+    other likelihoods (robust-max) need not be log-concave: so the sites are looked at, not assumed."""
+    if not prefers_inverses(site_precision):
+        return False
+    return bool(array_namespace(site_precision).all(site_precision >= 0.0))
 
 
 def _block_rows(block_rows, Z, n=None):
@@ -473,7 +488,7 @@ def evaluate(kernels, Z, X, y, site_precision, site_shift, *, jitter, want_grad=
     block_rows, workers = blocks.pass_layout(Z, X.shape[0], _block_rows(block_rows, Z, X.shape[0]))
     kept = [] if blocks.projections_fit(X.shape[0], Z[0, ...], classes=n_classes(Z)) else None
     S, c_tilde = class_site_sums(kernels, Z, X, y, site_precision, site_shift, L_K_inv, block_rows, weights,
-                                 workers=workers, kept=kept)
+                                 workers=workers, kept=kept, nonnegative=known_nonnegative(site_precision))
     posts = posteriors_from_sums(L_K, L_K_inv, S, c_tilde, checked=checked)
     # (the data gradient through the factors' explicit inverses where ``ep.batch_sweep`` takes them: on NumPy, or for
     # many rows a point)
