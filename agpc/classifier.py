@@ -22,7 +22,7 @@ from . import methods as M
 from . import ordinal as O
 from . import placement
 from . import prediction as P
-from . import size_rule, threads
+from . import allocator, size_rule, threads
 from . import streaming as S
 from . import uncertainty as U
 from . import validation as V
@@ -359,7 +359,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self._holding_out = held is not None  # (``_train``'s patience; ``early_stopping_`` once the fit succeeded)
         if held is not None:  # (the held-out rows are the fit's validation data)
             X, y, sample_weight, validation_data, n_rows = held
-        with B.jitter_report("GPClassifier.fit"):
+        with B.jitter_report("GPClassifier.fit"), allocator.fit_scope():  # (freed memory kept for the next iteration)
             fitted = self._fit(plan, (n_rows, n_features), X, y, groups, target_xp, validation_data, resume, started,
                                sample_weight, categorical.columns)
         self.early_stopping_ = held is not None

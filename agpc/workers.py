@@ -6,14 +6,8 @@ Three things live here.
 * ``task_scope``: what a data-parallel shard's task (``inference.data_parallel.step_shard``) runs under, in a
   worker of any cluster (a LocalCluster's, ``dask worker``'s, a pool of ``LocalWorkers``), whatever the user
   set or did not set there: the BLAS thread rule for its minibatch steps within the worker's budget
-  (``threads.task_blas_threads``: one thread a step at m = 200), and glibc's heap thresholds. Why the latter:
-  dask's nanny starts every worker with ``MALLOC_TRIM_THRESHOLD_=65536`` (distributed's default
-  ``distributed.nanny.pre-spawn-environ``), and setting it turns off glibc's adaptive mmap threshold, so every
-  m x m temporary of a step (320 KB at m = 200) is a fresh mmap whose pages fault in again: thousands of minor
-  page faults a SEP step at m = 200 with the nanny's setting against a handful with ``HEAP_THRESHOLD`` set by
-  ``mallopt`` inside the process, and half as much CPU again a step (measured by
-  ``benchmarks/dask_scaling.py --check``). The scope sets the thresholds only when the process's environment
-  lowered them, and puts the environment's values back at its end.
+  (``threads.task_blas_threads``: one thread a step at m = 200), and glibc's heap thresholds
+  (``allocator.heap_thresholds``: raised where the environment lowered them, as dask's nanny does).
 * ``LocalWorkers``: worker processes on this machine, started for a fit and ended with it, each running one
   task at a time. They offer the part of ``distributed.Client`` the data-parallel rounds use (``submit``,
   ``gather``, ``nthreads``), so the rounds are the same code on a cluster and here.
@@ -38,12 +32,10 @@ directory on its way out.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import multiprocessing
 import numbers
 import os
 import pickle  # (only over the pipes of the worker processes started here; files go through agpc.untrusted)
-import platform
 import shutil
 import signal
 import subprocess
@@ -59,6 +51,7 @@ import cloudpickle
 import numpy as np
 
 from . import threads
+from .allocator import HEAP_THRESHOLD, heap_thresholds
 
 try:
     import resource  # (POSIX)
@@ -76,65 +69,6 @@ __all__ = [
     "share_rows",
     "task_scope",
 ]
-
-# glibc's mmap and trim thresholds inside a task (see the module docstring): 64 MiB puts a step's m x m and
-# b x m temporaries on the heap and keeps what it frees there (at most this much unused).
-HEAP_THRESHOLD = 64 * 1024 * 1024
-_HEAP_VARIABLES = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_MMAP_THRESHOLD_": -3}  # mallopt's M_TRIM / M_MMAP_THRESHOLD
-_GLIBC_DEFAULT_THRESHOLD = 128 * 1024  # both thresholds' glibc default (the mmap one fixed once either is set)
-
-
-def _mallopt():
-    """glibc's ``mallopt`` (None elsewhere: other C libraries have no such setting to undo)."""
-    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        return ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return None
-
-
-def _environment_thresholds():
-    """The heap thresholds this process's environment set (glibc read them at start), by variable."""
-    values = {}
-    for name in _HEAP_VARIABLES:
-        try:
-            values[name] = int(os.environ[name])
-        except (KeyError, ValueError):
-            continue
-    return values
-
-
-_heap_lock = threading.Lock()
-_heap_users = 0  # tasks of this process inside ``heap_thresholds`` (a worker may run several in threads)
-
-
-@contextlib.contextmanager
-def heap_thresholds():
-    """Run the body with glibc's mmap and trim thresholds at ``HEAP_THRESHOLD`` when the environment set either
-    lower (dask's nanny does); the environment's values (and glibc's default for one it did not set) are put back
-    when the last task of the process inside such a scope ends. Nothing is changed where the environment set
-    neither (glibc's adaptive thresholds are then at work) or off glibc."""
-    global _heap_users
-    set_by_environment = _environment_thresholds()
-    mallopt = _mallopt() if set_by_environment and min(set_by_environment.values()) < HEAP_THRESHOLD else None
-    if mallopt is None:
-        yield
-        return
-    with _heap_lock:
-        _heap_users += 1
-        if _heap_users == 1:
-            for parameter in _HEAP_VARIABLES.values():
-                mallopt(parameter, HEAP_THRESHOLD)
-    try:
-        yield
-    finally:
-        with _heap_lock:
-            _heap_users -= 1
-            if _heap_users == 0:
-                for name, parameter in _HEAP_VARIABLES.items():
-                    mallopt(parameter, set_by_environment.get(name, _GLIBC_DEFAULT_THRESHOLD))
-
 
 @contextlib.contextmanager
 def task_scope(rows, m, n_features=0):

@@ -62,6 +62,7 @@ def _runs(tmp_dir):
         "subsample_start": ["subsample_start.py"],
         "inducing_every": ["inducing_every.py"],
         "triangular_inverse": ["triangular_inverse.py"],
+        "allocator": ["allocator.py"],
     }
 
 
