@@ -8,7 +8,7 @@ zeroed by the kernel. By default both thresholds adapt (the mmap one rises to th
 the trim one to twice that), which does not stop a pass that frees several such blocks at once from trimming them.
 Measured (``benchmarks/allocator.py``, record benchmarks/results/allocator.md): 20 iterations of default fits on
 4,500-20,000 rows took 0.67-0.96 of their time with the memory kept (median 0.74), with 2-16% of the page faults and
-the same models; whole default fits 0.79-0.98 (one run each: docs/results.md, "Freed memory kept").
+the same models; whole default fits 0.82-0.98 on one core (one run each: docs/results.md, "Freed memory kept").
 
 Two scopes, one owner of the setting:
 
@@ -20,14 +20,16 @@ Two scopes, one owner of the setting:
   until the next fit ends, the process keeps freed blocks below 64 MiB and up to 256 MiB of free heap top an arena.
   ``AGPC_MALLOC=default`` in the environment (read at the first fit), or ``GLIBC_TUNABLES`` naming a malloc
   setting, leaves malloc as it is. Where the environment set a threshold (``MALLOC_TRIM_THRESHOLD_`` /
-  ``MALLOC_MMAP_THRESHOLD_``), a fit runs under ``heap_thresholds`` instead.
+  ``MALLOC_MMAP_THRESHOLD_``, as the process started: ``/proc/self/environ``), a fit runs under ``heap_thresholds``
+  instead, its trim threshold at ``FIT_TRIM_THRESHOLD``.
 * ``heap_thresholds``, around a data-parallel task in any worker process (``workers.task_scope``) and a fit in a
   process whose environment set a threshold: dask's nanny starts every worker with ``MALLOC_TRIM_THRESHOLD_=65536``
   (distributed's ``distributed.nanny.pre-spawn-environ``), which ends glibc's adaptive mmap threshold, so every m x
   m temporary of a step (320 KB at m = 200) was a fresh mmap: thousands of minor page faults a SEP step against a
   handful, and half as much CPU again a step (``benchmarks/dask_scaling.py --check``). The scope raises the
-  thresholds to ``HEAP_THRESHOLD`` when the environment set either lower, and puts the environment's values back
-  when the last scope of the process ends: the setting is the user's again after every call.
+  thresholds to ``HEAP_THRESHOLD`` when one in effect is lower (the trim one set alone fixes the mmap one at 128
+  KiB), and puts the environment's values back when the last scope of the process ends: the setting is the user's
+  again after every call.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ HEAP_THRESHOLD = 64 * 1024 * 1024
 default) and a step's m x m and b x m ones go on the heap, and at most this much unused heap top is kept."""
 FIT_TRIM_THRESHOLD = 256 * 1024 * 1024
 """glibc's trim threshold while a fit keeps its freed memory: a pass over 45,000 rows frees several 16 MB blocks at
-once, and a trim threshold of ``HEAP_THRESHOLD`` gave them back (a default fit of clf-50000x20, one run each: 28.0 s
-at 64 MiB, 20.7 and 23.7 s at this one, 26.9 s with malloc as it is; docs/results.md, "Freed memory kept")."""
+once, and a trim threshold of ``HEAP_THRESHOLD`` may give them back (a default fit of clf-50000x20 on one core, one
+run each: 28.0 s at 64 MiB, 20.7 and 23.7 s at this one, 26.9 s with malloc as it is; on two cores 14.7 against 14.2
+and 14.6 s: docs/results.md, "Freed memory kept")."""
 OPT_OUT = ("AGPC_MALLOC", "default")
 """The environment variable and value that leave malloc's settings as they are at fits."""
 
@@ -83,32 +86,55 @@ def _set_thresholds(libc, value, trim=None):
     return bool(libc.mallopt(_HEAP_VARIABLES["MALLOC_TRIM_THRESHOLD_"], value if trim is None else trim))
 
 
+def _startup_environment():
+    """The variables of this process's environment at its start, which glibc read then: ``/proc/self/environ``
+    (``os.environ`` changes later, and dask's nanny writes its workers' ``MALLOC_TRIM_THRESHOLD_`` into the
+    driver's ``os.environ`` when it starts them), else ``os.environ`` as agpc found it at import."""
+    try:
+        with open("/proc/self/environ", "rb") as file:
+            pairs = [entry.split(b"=", 1) for entry in file.read().split(b"\0") if b"=" in entry]
+        return {key.decode(errors="replace"): value.decode(errors="replace") for key, value in pairs}
+    except OSError:
+        return dict(os.environ)
+
+
+_STARTUP = _startup_environment()  # (read once, at import: as agpc.threads reads the BLAS variables)
+
+
 def _environment_thresholds():
-    """The heap thresholds this process's environment set (glibc read them at start), by variable."""
+    """The heap thresholds this process's environment set at its start (glibc read them then), by variable."""
     values = {}
     for name in _HEAP_VARIABLES:
         try:
-            values[name] = int(os.environ[name])
+            values[name] = int(_STARTUP[name])
         except (KeyError, ValueError):
             continue
     return values
 
 
+def _lowered(set_by_environment):
+    """Whether a threshold in effect is below ``HEAP_THRESHOLD``: one the environment set, or glibc's default for
+    the other (which setting either fixes: the trim threshold set alone leaves the mmap one at 128 KiB)."""
+    return bool(set_by_environment) and min(set_by_environment.get(name, _GLIBC_DEFAULT_THRESHOLD)
+                                            for name in _HEAP_VARIABLES) < HEAP_THRESHOLD
+
+
 @contextlib.contextmanager
-def heap_thresholds():
-    """Run the body with glibc's thresholds at ``HEAP_THRESHOLD`` when the environment set either lower; the
-    environment's values (glibc's default for one it did not set) are put back when the last such scope of the
-    process ends. Nothing is changed where the environment set neither (``fit_scope`` then keeps the memory of fits;
-    a worker's tasks leave glibc's adaptive thresholds at work) or off glibc."""
+def heap_thresholds(trim=None):
+    """Run the body with glibc's mmap threshold at ``HEAP_THRESHOLD`` and its trim threshold at ``trim`` (None: the
+    same) where the environment set either and one in effect is lower (``_lowered``); the environment's values
+    (glibc's default for one it did not set) are put back when the last such scope of the process ends. Nothing is
+    changed where the environment set neither (``fit_scope`` then keeps the memory of fits; a worker's tasks leave
+    glibc's adaptive thresholds at work) or off glibc."""
     set_by_environment = _environment_thresholds()
-    libc = _glibc() if set_by_environment and min(set_by_environment.values()) < HEAP_THRESHOLD else None
+    libc = _glibc() if _lowered(set_by_environment) else None
     if libc is None:
         yield
         return
     with _lock:
         _state["tasks"] += 1
         if _state["tasks"] == 1:
-            _set_thresholds(libc, HEAP_THRESHOLD)
+            _set_thresholds(libc, HEAP_THRESHOLD, trim)
     try:
         yield
     finally:
@@ -120,8 +146,9 @@ def heap_thresholds():
 
 
 def _leaves_malloc_alone():
-    """Whether fits leave malloc as it is: opted out, or malloc tuned through ``GLIBC_TUNABLES``."""
-    return os.environ.get(OPT_OUT[0]) == OPT_OUT[1] or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
+    """Whether fits leave malloc as it is: opted out (at the first fit), or malloc tuned through ``GLIBC_TUNABLES``
+    (at the process's start)."""
+    return os.environ.get(OPT_OUT[0]) == OPT_OUT[1] or "glibc.malloc." in _STARTUP.get("GLIBC_TUNABLES", "")
 
 
 def _first_fit():
@@ -145,7 +172,7 @@ def fit_scope():
     """Around a fit: where the environment set a threshold, ``heap_thresholds``; else the thresholds raised (once a
     process) and, when the last fit running ends, what is free given back to the kernel."""
     if _environment_thresholds():
-        with heap_thresholds():
+        with heap_thresholds(trim=FIT_TRIM_THRESHOLD):
             yield
         return
     libc = _first_fit()

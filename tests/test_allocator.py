@@ -84,9 +84,11 @@ class _FakeLibc:
         return 1
 
 
-def _fresh(monkeypatch, libc):
-    """A fresh process's allocator state, nothing set by the environment, ``libc`` in place of glibc."""
+def _fresh(monkeypatch, libc, startup=None):
+    """A fresh process's allocator state, ``startup`` (or nothing) set by the environment it started with, ``libc``
+    in place of glibc."""
     monkeypatch.setattr(allocator, "_state", {"fits": 0, "tasks": 0, "kept": None})
+    monkeypatch.setattr(allocator, "_STARTUP", dict(startup or {}))
     for name in _MALLOC_ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(allocator, "_glibc", lambda: libc)
@@ -115,8 +117,9 @@ def test_an_older_glibc_takes_its_largest_mmap_threshold_and_one_refusing_it_is_
     assert fake.calls == [("mallopt", -3, HEAP), ("mallopt", -3, LARGEST_BEFORE_2_35), ("mallopt", -1, TRIM),
                           ("malloc_trim", 0)]
     fake = _fresh(monkeypatch, _FakeLibc(largest=0))  # (the trim threshold alone would fix the mmap one low)
-    with allocator.fit_scope():
-        pass
+    for _ in range(2):  # (refused once: not asked again)
+        with allocator.fit_scope():
+            pass
     assert [c[1] for c in fake.calls] == [-3, -3] and not allocator.tuned()
 
 
@@ -137,16 +140,19 @@ def test_fits_on_several_threads_set_the_thresholds_once_and_the_last_one_out_tr
 
 
 def test_opted_out_or_tuned_through_glibc_tunables_leaves_malloc_alone(monkeypatch):
-    for name, value in (allocator.OPT_OUT, ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=65536")):
-        fake = _fresh(monkeypatch, _FakeLibc())
-        monkeypatch.setenv(name, value)
-        for _ in range(2):  # (read at the first fit: the second does not look again)
-            with allocator.fit_scope():
-                pass
-        monkeypatch.delenv(name)
+    fake = _fresh(monkeypatch, _FakeLibc())
+    monkeypatch.setenv(*allocator.OPT_OUT)
+    for _ in range(2):  # (read at the first fit: the second does not look again)
         with allocator.fit_scope():
             pass
-        assert fake.calls == [] and not allocator.tuned()
+    monkeypatch.delenv(allocator.OPT_OUT[0])
+    with allocator.fit_scope():
+        pass
+    assert fake.calls == [] and not allocator.tuned()
+    fake = _fresh(monkeypatch, _FakeLibc(), startup={"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=65536"})
+    with allocator.fit_scope():
+        pass
+    assert fake.calls == [] and not allocator.tuned()
     _fresh(monkeypatch, None)  # not glibc
     with allocator.fit_scope():
         pass
@@ -157,17 +163,43 @@ def test_a_threshold_the_environment_lowered_is_raised_for_the_call_and_put_back
     """dask's nanny's ``MALLOC_TRIM_THRESHOLD_=65536``: a fit (and a worker's task) runs with both thresholds at
     ``HEAP_THRESHOLD``, the environment's values (glibc's default for the other) back when the last scope ends;
     nothing is trimmed and nothing stays set."""
+    fake = _fresh(monkeypatch, _FakeLibc(), startup={"MALLOC_TRIM_THRESHOLD_": "65536"})
+    with allocator.fit_scope():
+        with allocator.heap_thresholds():  # (a task inside the fit: the fit's setting stands)
+            pass
+        assert fake.calls == [("mallopt", -3, HEAP), ("mallopt", -1, TRIM)]
+    assert fake.calls[2:] == [("mallopt", -1, 65536), ("mallopt", -3, 128 * 1024)] and not allocator.tuned()
+    with allocator.heap_thresholds():  # (a worker's task: both at HEAP_THRESHOLD)
+        pass
+    assert fake.calls[4:6] == [("mallopt", -3, HEAP), ("mallopt", -1, HEAP)]
+    fake = _fresh(monkeypatch, _FakeLibc(), startup={"MALLOC_TRIM_THRESHOLD_": str(HEAP)})
+    with allocator.fit_scope():  # (the trim threshold set alone, at 64 MiB: the mmap one fixed at 128 KiB)
+        pass
+    assert fake.calls[:2] == [("mallopt", -3, HEAP), ("mallopt", -1, TRIM)]
+    fake = _fresh(monkeypatch, _FakeLibc(), startup={name: str(2 * HEAP) for name in allocator._HEAP_VARIABLES})
+    with allocator.fit_scope():  # (both set higher: left as they are)
+        pass
+    assert fake.calls == []
+
+
+def test_thresholds_set_after_the_start_are_not_the_environments(monkeypatch):
+    """glibc read its environment when the process started; dask's nanny writes ``MALLOC_TRIM_THRESHOLD_=65536``
+    into the driver's ``os.environ`` later, for its workers: a fit of the driver keeps its memory as without it."""
     fake = _fresh(monkeypatch, _FakeLibc())
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
     with allocator.fit_scope():
-        with allocator.heap_thresholds():
-            pass
-        assert fake.calls == [("mallopt", -3, HEAP), ("mallopt", -1, HEAP)]
-    assert fake.calls[2:] == [("mallopt", -1, 65536), ("mallopt", -3, 128 * 1024)] and not allocator.tuned()
-    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", str(2 * HEAP))  # (set higher: left as it is)
-    with allocator.fit_scope():
         pass
-    assert len(fake.calls) == 4
+    assert fake.calls == [("mallopt", -3, HEAP), ("mallopt", -1, TRIM), ("malloc_trim", 0)] and allocator.tuned()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/environ")
+def test_the_startup_environment_is_the_process_own():
+    """``/proc/self/environ``: what the process started with, not ``os.environ`` as changed since."""
+    out = subprocess.run([sys.executable, "-c", "import os; os.environ['AGPC_LATER'] = '1'; "
+                          "from agpc import allocator; print(allocator._STARTUP.get('AGPC_LATER'), "
+                          "allocator._STARTUP.get('AGPC_AT_START'))"],
+                         env={**os.environ, "AGPC_AT_START": "yes"}, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["None", "yes"]
 
 
 @pytest.mark.skipif(not GLIBC, reason="the C library's own functions")

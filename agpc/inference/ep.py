@@ -81,11 +81,9 @@ def project(kernel, X, Z, L_K_inv):
 
 def site_sums(At, site_precision, site_shift, *, nonnegative=False):
     """The block's share of C - I = A diag(nu) A^T and of c~ = A mu (A^T = At is n x m). ``nonnegative``: every
-    nu_i >= 0 is known, and C - I is formed as W^T W with W = diag(sqrt nu) A^T, a symmetric product (BLAS syrk
-    on NumPy; ``whitened_site_sums`` does the same for A held as columns). Measured on one thread, the scaling
-    included: 0.63-0.71 of the general product's time standalone (m = 100-200, 1,500-5,800 rows); within 20
-    iterations of the default multiclass fit, 0.77-0.83 of it (satellite, waveform), about 2% of the fit
-    (docs/results.md, "Freed memory kept", at its end)."""
+    nu_i >= 0 is known, and C - I is W^T W, W = diag(sqrt nu) A^T, a symmetric product (syrk on NumPy, as in
+    ``whitened_site_sums``): in 20 iterations of a default multiclass fit, 0.77-0.83 of the general one's time,
+    about 2% of the fit (docs/results.md, "Freed memory kept", at its end)."""
     if not nonnegative:
         return (At * site_precision[:, None]).mT @ At, site_shift @ At
     W = At * array_namespace(At).sqrt(site_precision)[:, None]
