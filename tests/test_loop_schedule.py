@@ -116,6 +116,25 @@ def test_a_minibatch_run_makes_the_rebuilds_its_schedule_asks_for():
     assert result.history["log_marginal_likelihood"] == [20.0, 30.0]  # (the epochs' rebuilds, not the steps' -1)
 
 
+def test_the_hooks_are_told_a_rebuild_of_q_alone_apart_from_an_epochs_end():
+    """A rebuild of q alone (one due before a step, the guard's repair) goes over the rows with sites only
+    (``EPEngine.rows_in_q``: in the first epoch a share of the rows); the time budget's estimate of an epoch's end
+    (q and log Z over every row) must not take its time. The hooks hear "rebuild of q" for it, "rebuild" for an epoch's
+    end."""
+    told = []
+
+    class Told(hooks.Hook):
+        def measured(self, what, seconds):
+            told.append(what)
+
+    engine = Logged(n_total=12, minibatch=True, epoch_rebuilds=True, drifted=True)
+    budget = hooks.TimeBudget(1e6)
+    _train(engine, [budget, Told()], batch_size=4, max_iter=1, shuffle=False)
+    assert told == ["rebuild of q"] + ["step"] * 3 + ["rebuild"]
+    budget.measured("rebuild of q", 123.0)
+    assert 123.0 not in (budget.seconds["rebuild"], budget.seconds["final"])
+
+
 def test_without_rebuilds_in_its_schedule_a_minibatch_run_makes_none():
     engine = Logged(n_total=12, minibatch=True)
     result = _train(engine, [hooks.TimeBudget(1e6)], batch_size=4, max_iter=2, shuffle=False)

@@ -36,7 +36,7 @@ from ..kernels import step_lower_bounds
 from ..likelihoods import LOGISTIC, ORDINAL_LIKELIHOOD, PROBIT, ROBUST_MAX, likelihood_by_name, probit_for
 from ..optim import OPTIMIZERS, Rprop, lbfgsb_ascent
 from . import ep, exact_ep, gfitc, multiclass_ep, multiclass_vi, variational
-from .sites import cavity_of
+from .sites import cavity_of, only_rows_with_sites, rows_in_site_sums
 from .tied_steps import TiedFactorSteps, held_arrays, held_from_arrays
 # the contract and the parts every engine shares (named here too: the loop, data-parallel rounds, the registry and
 # plug-in engines import them from this module, as before they had a module of their own)
@@ -58,9 +58,8 @@ __all__ = ["Engine", "StateLayout", "Schedule", "FittedParts", "EngineOptions", 
 # keeps its sign, where the seed's (Hernandez-Lobato & Hernandez-Lobato (2016), App. A.6) is 2%. At 2% a step of 0.01
 # needs 116 agreeing steps to reach 0.1, and default fits ran 87-260 iterations to their plateau; at 10% the same
 # plateau came 26-46% sooner on the binary study sets with the same test NLL; 20% (iRprop's usual value) was 0.004
-# worse on one (docs/small_data_defaults.md, "Rprop's growth"). Multiclass fits, the exact model and GFITC keep the
-# seed's 2%: the multiclass sets took as many iterations at 10% (waveform: one split +0.009 NLL), and the exact model's
-# and GFITC's defaults were measured with 2%.
+# worse on one (docs/small_data_defaults.md, "Rprop's growth"). Multiclass fits, the exact model and GFITC keep 2%:
+# the multiclass sets took as many iterations at 10% (waveform: one split +0.009 NLL); the others were measured at 2%.
 SPARSE_BATCH_GROWTH = 1.1
 
 
@@ -115,9 +114,8 @@ class EPEngine(TiedFactorSteps, Engine):
         # "sep", "adf"), so the name gives it, once; every branch below is on its fields, never on the name.
         self.cavity = cavity_of(name)
         self.layout = self._state_layout()
-        # Batch EP (binary): whether every site precision is known to be >= 0, which lets a pass form its sums by
-        # symmetric products (``ep.evaluate``'s ``nonnegative_sites``). True from zero sites (the sweep keeps them
-        # so; a checkpoint's are looked at once).
+        # Batch EP (binary): every site precision known >= 0, so a pass may form its sums by symmetric products
+        # (``ep.evaluate``'s ``nonnegative_sites``). True from zero sites (kept so; a checkpoint's are looked at).
         self.sites_nonnegative = True
         site_precision = site_shift = None
         if self.cavity.own_sites:
@@ -336,14 +334,24 @@ class EPEngine(TiedFactorSteps, Engine):
         return s["exact"][1]
 
     def _exact_factor(self, X, y, rows=None):
-        """(the product of the sites at the current hyper-parameters, its anchor) by one pass over X (``rows``: the
-        first rows alone, as the time budget times it)."""
+        """(the product of the sites at the current hyper-parameters, its anchor) by one pass over the rows of X with
+        a site (``rows_in_q``), or the first ``rows`` rows, every one of them, as the time budget times the pass."""
         s = self.state
         nu, mu = s["nu"], s["mu"]
         if rows is not None:
             X, y, nu, mu = row_slice(X, 0, rows), row_slice(y, 0, rows), nu[:rows], mu[:rows]
-        return self.passes.exact_factor(s["kernel"], s["Z"], X, *self._sites_in_q(nu, mu, rows), jitter=self.jitter,
-                                        block_rows=self.block_rows, y=y, want_anchor=True)
+        nu, mu = self._sites_in_q(nu, mu, rows)
+        if rows is None and not self.sites_on_cluster:
+            X, y, nu, mu = only_rows_with_sites(X, y, nu, mu)
+        return self.passes.exact_factor(s["kernel"], s["Z"], X, nu, mu, jitter=self.jitter, block_rows=self.block_rows,
+                                        y=y, want_anchor=True)
+
+    def rows_in_q(self, X):
+        """How many rows of X the exact rebuild of q goes over (``_exact_factor``): minibatch EP's rows with a site
+        other than zero (``sites.only_rows_with_sites``: the others add nothing), else None (every row)."""
+        if not (self.minibatch and self.cavity.own_sites) or self.sites_on_cluster:
+            return None
+        return rows_in_site_sums(X, *self._sites_in_q(self.state["nu"], self.state["mu"]))
 
     def _exact_pass(self, X, y, **options):
         """q rebuilt exactly from all of EP's sites and log Z_q at it (``passes.evaluate``, no gradient)."""
@@ -612,8 +620,7 @@ class SVIEngine(Engine):
     whitened at their kernel (``variational.whitened_from_unwhitened``), and their optimiser state, which was
     kept in the same whitened coordinates, is taken as it is."""
 
-    # q(v)'s covariance factor; the checkpoint entries of the u-space form and the whitened entries they become
-    # (``restore_checkpoint``)
+    # q(v)'s covariance factor; the u-space form's checkpoint entries and the whitened ones (``restore_checkpoint``)
     objective = "ELBO"
     layout = StateLayout(triangular=("whitened_chol",),
                          legacy={"mean": "whitened_mean", "chol": "whitened_chol"})

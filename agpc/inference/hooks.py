@@ -49,7 +49,8 @@ class Hook:
         """A new epoch (batch mode: iteration) begins."""
 
     def measured(self, what, seconds):
-        """A "step" (its retries included) or a "rebuild" took ``seconds``."""
+        """A "step" (its retries included), a "rebuild" (an epoch's end: q and log Z) or a "rebuild of q" alone (over
+        the rows with sites: ``EPEngine.rows_in_q``) took ``seconds``."""
 
     def after_step(self, run, log_z, recorded):
         """A step was taken; ``recorded``: it closed an entry of the history."""
@@ -81,7 +82,10 @@ class Hook:
 # times the reservation (forced at 20 s, it left no step: the prior's 0.6931). Where room was kept, the rebuild
 # is made while FINAL_MARGIN estimates from now are within the deadline (0: while any time is left; the loop's last
 # bookkeeping after the stop may have eaten into the room, and the running q is far worse); log Z's second pass
-# too where both passes fit twice over.
+# too where both passes fit twice over. The rebuild goes over the rows with sites alone (``EPEngine.rows_in_q``): in
+# the first epoch the rows visited so far, a minibatch more each step, so the room kept grows with them
+# (``TimeBudget._final_seconds``). On all the airline rows a 30-s fit had kept room for a pass over every row (13 s
+# of 30, on an AMD EPYC) to add the sites of the 190,000-250,000 rows it had visited.
 FINAL_RESERVE = 1.5
 FINAL_MARGIN = 0.0
 RESERVE_MIN_SHARE = 1.25
@@ -111,7 +115,8 @@ class TimeBudget(Hook):
     of q take, and stops before a step (with a rebuild when one is due) that would no longer fit. Batch mode keeps
     room for its final pass (about one step: q rebuilt from all rows). A minibatch fit whose schedule has exact
     rebuilds (``Schedule.epoch_rebuilds``: minibatch EP, q from all its sites) keeps room for one (``FINAL_RESERVE``
-    times its cost estimated on the first rows scaled to all), where the budget allows; other minibatch fits keep
+    times its cost estimated on the first rows, scaled to the rows with sites: ``_final_seconds``), where the budget
+    allows; other minibatch fits keep
     none (SVI's and SEP / ADF's q is what they trained; their final pass only adds the bound or log Z on all rows).
     A final pass over all rows is made only when it fits (``final_pass_fits``: q and log Z, or the exact rebuild of
     q alone), and q otherwise stays the running one, which training itself used.
@@ -127,6 +132,7 @@ class TimeBudget(Hook):
         # m = 500 and more at m = 1,000, which the last step alone would let start past the end), else the last one
         self.recent_steps = deque(maxlen=1)
         self.reserve_final = False  # room for the exact final rebuild of q (``FINAL_RESERVE``)
+        self.trainer, self.final_rows = None, None  # what scales that rebuild to the rows it goes over (``start``)
 
     def start(self, run, rows=8192):
         started = time.perf_counter() if self.started is None else self.started
@@ -139,8 +145,24 @@ class TimeBudget(Hook):
         if run.minibatch and run.schedule.epoch_rebuilds:  # before the first exact rebuild: one on the first rows
             self.seconds["rebuild"] = _rebuild_estimate(trainer.engine, run.X, run.y, rows)
             self.seconds["final"] = _rebuild_estimate(trainer.engine, run.X, run.y, rows, want_log_z=False)
+            counted = getattr(trainer.engine, "rows_in_q", lambda X: None)(run.X)
+            n = run.X.shape[0]
+            self.trainer = trainer
+            self.final_rows = None if counted is None else (
+                counted, trainer.n_steps, max(hi - lo for lo, hi in run.batches), n, min(n, 4 * rows))
             self.reserve_final = self.deadline - time.perf_counter() >= (
-                RESERVE_MIN_SHARE * FINAL_RESERVE * self.seconds["final"])
+                RESERVE_MIN_SHARE * FINAL_RESERVE * self._final_seconds())
+
+    def _final_seconds(self, ahead=1):
+        """The estimate of the exact rebuild of q alone ``ahead`` steps from now: over all rows, or where the engine
+        rebuilds q from its rows with sites alone (``rows_in_q``: minibatch EP, whose rows gain theirs a minibatch a
+        step in the first epoch), over the rows those steps leave with sites, as many as it was timed on at least."""
+        final = self.seconds["final"]
+        if final is None or self.final_rows is None:
+            return final
+        counted, steps, per_step, n, timed = self.final_rows
+        rows = counted + (self.trainer.n_steps - steps + ahead) * per_step
+        return final * max(timed, min(n, rows)) / n
 
     @contextmanager
     def timing(self, what):
@@ -157,7 +179,7 @@ class TimeBudget(Hook):
     def exhausted(self, rebuild_due):
         step, rebuild = self.seconds["step"], self.seconds["rebuild"]
         upcoming = (step or 0.0) + ((rebuild or 0.0) if rebuild_due else 0.0)
-        final = (step or 0.0) if self.batch else FINAL_RESERVE * self.seconds["final"] if self.reserve_final else 0.0
+        final = (step or 0.0) if self.batch else FINAL_RESERVE * self._final_seconds() if self.reserve_final else 0.0
         return time.perf_counter() + upcoming + final > self.deadline
 
     def before_step(self, run, rebuild_due):
@@ -170,7 +192,7 @@ class TimeBudget(Hook):
         if with_log_z:  # both passes, where twice their estimate is left
             rebuild, margin = self.seconds["rebuild"], 2.0
         else:  # q alone: in the room kept for it, or where what is left holds it twice
-            rebuild, margin = self.seconds["final"], FINAL_MARGIN if self.reserve_final else 2.0
+            rebuild, margin = self._final_seconds(ahead=0), FINAL_MARGIN if self.reserve_final else 2.0
         return rebuild is not None and time.perf_counter() + margin * rebuild <= self.deadline
 
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..backend import array_device, array_namespace, machine_epsilon, row_dot, triangular_matmul
+from ..backend import array_device, array_namespace, is_out_of_core, machine_epsilon, row_dot, triangular_matmul
 
 __all__ = ["Cavity", "EP", "SEP", "ADF", "CAVITIES", "cavity_of", "cavity_tolerances", "cavity", "weighted_cavity",
            "counted_invalid", "Held", "held_marginals", "held_cavity", "held_adjoint_coefficient", "removal_terms",
            "adf_removal_terms", "moment_matched_site", "adjoint_coefficient", "variance_adjoint", "row_adjoints",
-           "add_cut_point_grads", "sep_cavity_gap", "sep_cavity_term"]
+           "add_cut_point_grads", "sep_cavity_gap", "sep_cavity_term", "rows_with_sites", "only_rows_with_sites",
+           "rows_in_site_sums"]
 
 
 @dataclass(frozen=True)
@@ -318,3 +319,42 @@ def sep_cavity_term(q, cavity, S, n_total):
     if n_total * eps <= _SEP_DIRECT_MAX_LOSS or not _sep_series_is_exact(n_total, eps):
         return n_total * (cavity.log_normaliser_gain - q.log_normaliser_gain)
     return sep_cavity_gap(q, cavity, S, n_total)
+
+
+def rows_with_sites(site_precision, site_shift):
+    """The indices of the rows with a site other than zero (multiclass rows (n, 2C): any of a row's), or None where
+    every row has one. One host read (the count). A row whose sites are all zero adds exactly nothing to q's sums
+    (nu_i a_i a_i^T and mu_i a_i): minibatch EP's rows not visited yet, in its first epoch."""
+    xp = array_namespace(site_precision)
+    some = (site_precision != 0) | (site_shift != 0)
+    if some.ndim > 1:
+        some = xp.any(some, axis=1)
+    index = xp.nonzero(some)[0]
+    return None if index.shape[0] == some.shape[0] else index
+
+
+def only_rows_with_sites(X, y, site_precision, site_shift):
+    """(X, y, site_precision, site_shift) of the rows with a site other than zero (``rows_with_sites``), for a sum
+    over the rows' sites that the others would only make longer: minibatch EP's exact rebuild of q, which in the
+    first epoch of a fit on 2,048,097 airline rows went over every row to add the sites of a few hundred thousand.
+    As given where every row has a site, or the rows are not gathered (``_gathers_rows``)."""
+    index = rows_with_sites(site_precision, site_shift) if _gathers_rows(X, site_precision) else None
+    if index is None:
+        return X, y, site_precision, site_shift
+    xp = array_namespace(site_precision)
+    return tuple(None if a is None else xp.take(a, index, axis=0) for a in (X, y, site_precision, site_shift))
+
+
+def rows_in_site_sums(X, site_precision, site_shift):
+    """How many rows ``only_rows_with_sites`` keeps of X (one host read where it gathers them)."""
+    index = rows_with_sites(site_precision, site_shift) if _gathers_rows(X, site_precision) else None
+    return int(X.shape[0]) if index is None else int(index.shape[0])
+
+
+def _gathers_rows(X, site_precision):
+    """Whether the rows of X are gathered by their sites: X is in memory as an array of the sites' library, not data
+    on disk (read a block at a time, in order) nor a host array with a device's sites."""
+    try:
+        return not is_out_of_core(X) and array_namespace(X, site_precision) is array_namespace(site_precision)
+    except TypeError:  # (arrays of two libraries)
+        return False

@@ -346,7 +346,7 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
     # sites make it at the current hyper-parameters, the model a fit returns), and whenever it asks (``rebuild_due``).
 
     def repair():  # the guard's first remedy where there are exact rebuilds: q rebuilt exactly
-        with _timed(hooks, "rebuild"):
+        with _timed(hooks, "rebuild of q"):
             trainer.rebuild_factor(run.X, run.y)
 
     while not run.finished():
@@ -359,7 +359,7 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
             for hook in hooks:
                 hook.new_epoch(run)
         if rebuild_first:
-            with _timed(hooks, "rebuild"):
+            with _timed(hooks, "rebuild of q"):
                 trainer.rebuild_factor(run.X, run.y)
         lo, hi = run.batches[run.order[0]]
         stepping = engine.has_params and (
@@ -453,7 +453,7 @@ def _start(X, y, engine, settings, hooks, sample_weight=None):
 
 @contextmanager
 def _timed(hooks, what):
-    """Tell the hooks how long the block took (``what``: "step" or "rebuild")."""
+    """Tell the hooks how long the block took (``what``: "step", "rebuild" or "rebuild of q")."""
     t = time.perf_counter()
     yield
     seconds = time.perf_counter() - t

@@ -1,0 +1,169 @@
+"""Minibatch EP's exact rebuild of q goes over the rows with a site alone (``sites.only_rows_with_sites``): a row
+whose sites are all zero adds nothing to q's sums, and in the first epoch most rows have none yet. The time budget
+keeps room for that rebuild scaled to those rows (``hooks.TimeBudget._final_seconds``)."""
+
+import array_api_strict
+import numpy as np
+import pytest
+
+from agpc.inference import engines, hooks, sites, training
+from agpc.kernels import RBF, ClassKernels
+from conftest import to_np
+from helpers import binary_toy, three_classes
+
+JITTER = 1e-6
+
+
+def test_rows_with_sites_are_those_with_any_site_other_than_zero():
+    nu = np.array([0.0, 1.0, 0.0, 0.0, 2.0])
+    mu = np.array([0.0, 0.0, -0.5, 0.0, 1.0])
+    assert sites.rows_with_sites(nu, mu).tolist() == [1, 2, 4]
+    assert sites.rows_with_sites(nu + 1.0, mu) is None  # every row has one
+    pairs = np.zeros((4, 6))
+    pairs[1, 5] = 0.3  # one of a multiclass row's 2C sites
+    pairs[3, 0] = -1e-300
+    assert sites.rows_with_sites(pairs, np.zeros_like(pairs)).tolist() == [1, 3]
+    assert sites.rows_with_sites(np.zeros(3), np.zeros(3)).tolist() == []
+
+
+@pytest.mark.parametrize("device", [None, array_api_strict.Device("device1")], ids=["default", "device1"])
+def test_only_rows_with_sites_gathers_the_rows_in_memory_of_the_sites_library(tmp_path, device):
+    X = np.arange(10.0).reshape(5, 2)
+    y = np.array([1.0, -1.0, 1.0, 1.0, -1.0])
+    nu = np.array([0.0, 1.0, 0.0, 0.0, 2.0])
+    mu = np.array([0.0, 0.0, -0.5, 0.0, 1.0])
+    kept = sites.only_rows_with_sites(X, y, nu, mu)
+    for got, full in zip(kept, (X, y, nu, mu)):
+        np.testing.assert_array_equal(got, full[[1, 2, 4]])
+    assert sites.only_rows_with_sites(X, None, nu, mu)[1] is None
+    assert sites.rows_in_site_sums(X, nu, mu) == 3
+    xs = array_api_strict
+    strict = [xs.asarray(a, device=device) for a in (X, y, nu, mu)]
+    kept = sites.only_rows_with_sites(*strict)
+    for got, full in zip(kept, (X, y, nu, mu)):
+        assert got.device == strict[0].device
+        np.testing.assert_array_equal(to_np(got), full[[1, 2, 4]])
+    # data on disk is read a block at a time, in order; a host X with another library's sites stays where it is
+    disk = np.memmap(tmp_path / "X.dat", dtype=np.float64, mode="w+", shape=X.shape)
+    disk[:] = X
+    for rows in (disk, X):
+        sites_of = (nu, mu) if rows is disk else (strict[2], strict[3])
+        got = sites.only_rows_with_sites(rows, y, *sites_of)
+        assert got[0] is rows and got[2] is sites_of[0]
+        assert sites.rows_in_site_sums(rows, *sites_of) == 5
+
+
+def _stepped(engine, X, y, batches):
+    trainer = training.Trainer(engine)
+    for lo, hi in batches:
+        took, _, _ = trainer.step(X, y, lo, hi, stepping=True)
+        assert took
+    return trainer
+
+
+def _seen_rows(engine):
+    """The rows each call of the engine's passes' exact_factor was given."""
+    seen, module = [], engine.passes
+
+    class Passes:  # the engine's passes module, its exact_factor counted (the module itself is left alone)
+        def __getattr__(self, name):
+            return getattr(module, name)
+
+        @staticmethod
+        def exact_factor(kernel, Z, X, *args, **kwargs):
+            seen.append(X.shape[0])
+            return module.exact_factor(kernel, Z, X, *args, **kwargs)
+
+    engine.passes = Passes()
+    return seen
+
+
+def _problem(kind):
+    if kind == "binary":
+        X, y = binary_toy(300, seed=4)
+        kernel = RBF(lengthscales=[1.0, 1.0], noise=0.01).for_inputs(X)
+        return X, y.astype(float), kernel, X[:8].copy()
+    X, y = three_classes(300, seed=2)
+    kernels = ClassKernels([RBF(lengthscales=[1.0, 1.0], noise=0.05).for_inputs(X) for _ in range(3)])
+    return X, y.astype(float), kernels, np.stack([X[:6] + 0.05 * c for c in range(3)])
+
+
+@pytest.mark.parametrize("kind", ["binary", "multiclass"])
+def test_the_exact_rebuild_of_q_goes_over_the_rows_with_sites_and_gives_the_same_q(kind):
+    """In the first epoch: the rebuild's pass is given the visited rows alone, and its factor is the one a pass over
+    every row gives (the others' sites are zero); once every row has a site, every row, as before."""
+    X, y, kernel, Z = _problem(kind)
+    engine = engines.make_engine("ep", kernel, Z, n_total=300, minibatch=True, jitter=JITTER)
+    batches = [(60, 90), (210, 240), (0, 30)]
+    _stepped(engine, X, y, batches)
+    assert engine.rows_in_q(X) == 90
+    seen = _seen_rows(engine)
+    factor, _ = engine._exact_factor(X, y)
+    every = engine.passes.exact_factor(engine.state["kernel"], engine.state["Z"], X, engine.state["nu"],
+                                       engine.state["mu"], jitter=JITTER, y=y)
+    assert seen == [90, 300]
+    parts = getattr(factor, "factors", (factor,))
+    for got, want in zip(parts, getattr(every, "factors", (every,))):
+        np.testing.assert_allclose(got.precision, want.precision, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(got.shift, want.shift, rtol=1e-10, atol=1e-10)
+    engine.rebuild_factor(X, y)  # (the guard's repair and a time-stopped fit's final pass: q alone)
+    assert seen[-1] == 90
+    engine.time_rebuild(X, y, 120, want_log_z=False)  # the time budget's timing: the first rows, every one
+    assert seen[-1] == 120
+    _stepped(engine, X, y, [(lo, lo + 30) for lo in range(0, 300, 30) if lo not in (60, 210, 0)])
+    assert engine.rows_in_q(X) == 300
+    engine.rebuild_factor(X, y)
+    assert seen[-1] == 300
+
+
+def test_methods_without_rows_of_sites_count_every_row():
+    X, y, kernel, Z = _problem("binary")
+    for method, minibatch in (("sep", True), ("ep", False)):
+        engine = engines.make_engine(method, kernel, Z, n_total=300, minibatch=minibatch, jitter=JITTER)
+        assert engine.rows_in_q(X) is None
+
+
+class _Trainer:
+    n_steps = 0
+
+
+def test_the_room_kept_for_the_final_rebuild_grows_with_the_rows_that_have_sites(monkeypatch):
+    """n = 100,000 rows, minibatches of 200, the rebuild over all rows estimated at 10 s from 4 x 8,192 rows: at the
+    start of a fresh fit the room kept is that of the timed rows (3.3 s x FINAL_RESERVE), then 200 rows more a step;
+    every row once the steps have visited all of them; all rows where the engine does not count them."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(hooks.time, "perf_counter", lambda: clock["now"])
+    budget = hooks.TimeBudget(60.0, started=0.0, batch=False)
+    trainer = _Trainer()
+    n, timed = 100_000, 4 * 8192
+    budget.seconds.update(step=0.01, final=10.0, rebuild=20.0)
+    budget.trainer, budget.final_rows, budget.reserve_final = trainer, (0, 0, 200, n, timed), True
+    assert budget._final_seconds() == pytest.approx(10.0 * timed / n)
+    trainer.n_steps = 300  # 60,000 rows visited, the next step's too
+    assert budget._final_seconds() == pytest.approx(10.0 * 60_200 / n)
+    assert budget._final_seconds(ahead=0) == pytest.approx(10.0 * 60_000 / n)
+    last_start = 60.0 - 0.01 - hooks.FINAL_RESERVE * 10.0 * 60_200 / n
+    clock["now"] = last_start - 0.01
+    assert not budget.exhausted(False)
+    clock["now"] = last_start + 0.01
+    assert budget.exhausted(False) and budget.final_pass_fits(with_log_z=False)
+    trainer.n_steps = 900  # past an epoch: every row
+    assert budget._final_seconds() == pytest.approx(10.0)
+    budget.final_rows = None
+    trainer.n_steps = 0
+    assert budget._final_seconds() == pytest.approx(10.0)
+
+
+def test_a_time_budget_counts_the_rows_with_sites_at_its_start():
+    """``start`` asks the engine how many rows hold sites (a resumed fit's: some; a fresh fit's: none) and notes the
+    steps taken so far and the rows a step."""
+    X, y, kernel, Z = _problem("binary")
+    engine = engines.make_engine("ep", kernel, Z, n_total=300, minibatch=True, jitter=JITTER)
+    trainer = _stepped(engine, X, y, [(30, 60), (90, 120)])
+    batches = [(lo, min(300, lo + 30)) for lo in range(0, 300, 30)]
+    run = type("Run", (), {"minibatch": True, "X": X, "y": y, "trainer": trainer, "batches": batches,
+                           "resumed": False, "schedule": engine.schedule(training.TrainSettings(), True)})()
+    budget = hooks.TimeBudget(600.0)
+    budget.start(run, rows=50)
+    assert budget.final_rows == (60, trainer.n_steps, 30, 300, 200)
+    assert budget.reserve_final
