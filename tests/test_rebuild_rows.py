@@ -28,10 +28,10 @@ def test_rows_with_sites_are_those_with_any_site_other_than_zero():
 
 @pytest.mark.parametrize("device", [None, array_api_strict.Device("device1")], ids=["default", "device1"])
 def test_only_rows_with_sites_gathers_the_rows_in_memory_of_the_sites_library(tmp_path, device):
-    X = np.arange(10.0).reshape(5, 2)
-    y = np.array([1.0, -1.0, 1.0, 1.0, -1.0])
-    nu = np.array([0.0, 1.0, 0.0, 0.0, 2.0])
-    mu = np.array([0.0, 0.0, -0.5, 0.0, 1.0])
+    X = np.arange(16.0).reshape(8, 2)
+    y = np.array([1.0, -1.0, 1.0, 1.0, -1.0, 1.0, -1.0, -1.0])
+    nu = np.array([0.0, 1.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0])
+    mu = np.array([0.0, 0.0, -0.5, 0.0, 1.0, 0.0, 0.0, 0.0])
     kept = sites.only_rows_with_sites(X, y, nu, mu)
     for got, full in zip(kept, (X, y, nu, mu)):
         np.testing.assert_array_equal(got, full[[1, 2, 4]])
@@ -50,7 +50,32 @@ def test_only_rows_with_sites_gathers_the_rows_in_memory_of_the_sites_library(tm
         sites_of = (nu, mu) if rows is disk else (strict[2], strict[3])
         got = sites.only_rows_with_sites(rows, y, *sites_of)
         assert got[0] is rows and got[2] is sites_of[0]
-        assert sites.rows_in_site_sums(rows, *sites_of) == 5
+        assert sites.rows_in_site_sums(rows, *sites_of) == 8
+
+
+def test_the_copy_of_the_rows_gathered_is_bounded(monkeypatch):
+    """The rows gathered are a copy: not where more than GATHER_MAX_SHARE of the rows have sites (the pass over every
+    row costs less than twice the other) or the copy would hold more than GATHER_MAX_ELEMENTS elements of X."""
+    X = np.arange(20.0).reshape(10, 2)
+    nu = np.zeros(10)
+    nu[:5] = 1.0
+    assert sites.rows_in_site_sums(X, nu, np.zeros(10)) == 5  # half the rows: gathered
+    nu[5] = 1.0
+    assert sites.rows_in_site_sums(X, nu, np.zeros(10)) == 10  # more than half: every row, as given
+    assert sites.only_rows_with_sites(X, None, nu, np.zeros(10))[0] is X
+    nu[5] = 0.0
+    monkeypatch.setattr(sites, "GATHER_MAX_ELEMENTS", 9)  # 5 rows of 2 columns: 10 elements
+    assert sites.rows_in_site_sums(X, nu, np.zeros(10)) == 10
+    assert sites.only_rows_with_sites(X, None, nu, np.zeros(10))[0] is X
+
+
+def test_where_no_row_has_a_site_the_first_stands_for_them_all():
+    """A rebuild before any row has a site (the guard's repair of a fit's first step, a fit stopped before its first
+    step, a run given zero sites) is the uniform factor, from the first row's zero sites."""
+    X = np.arange(8.0).reshape(4, 2)
+    kept = sites.only_rows_with_sites(X, np.ones(4), np.zeros(4), np.zeros(4))
+    assert [a.shape[0] for a in kept] == [1, 1, 1, 1]
+    assert sites.rows_in_site_sums(X, np.zeros((4, 6)), np.zeros((4, 6))) == 1
 
 
 def _stepped(engine, X, y, batches):
@@ -116,6 +141,39 @@ def test_the_exact_rebuild_of_q_goes_over_the_rows_with_sites_and_gives_the_same
     assert seen[-1] == 300
 
 
+@pytest.mark.parametrize("kind", ["binary", "multiclass"])
+def test_a_rebuild_before_any_site_is_the_uniform_factor(kind):
+    X, y, kernel, Z = _problem(kind)
+    engine = engines.make_engine("ep", kernel, Z, n_total=300, minibatch=True, jitter=JITTER)
+    assert engine.rows_in_q(X) == 1
+    factor, _ = engine._exact_factor(X, y)
+    for part in getattr(factor, "factors", (factor,)):
+        assert not np.any(part.precision) and not np.any(part.shift)
+
+
+def test_the_guard_repairs_a_fresh_fits_first_step_by_a_rebuild():
+    """The guard's first remedy where there are exact rebuilds is one: on the first step of a fresh fit no row has a
+    site yet, and the rebuild is the uniform factor (it had raised an error when the pass was given no row)."""
+    X, y, kernel, Z = _problem("binary")
+    engine = engines.make_engine("ep", kernel, Z, n_total=300, minibatch=True, jitter=JITTER)
+    module, calls = engine.passes, []
+
+    class Passes:  # the first step's log Z not finite, once
+        def __getattr__(self, name):
+            return getattr(module, name)
+
+        @staticmethod
+        def evaluate_factor(*args, **kwargs):
+            out = module.evaluate_factor(*args, **kwargs)
+            calls.append(1)
+            return dict(out, log_z=out["log_z"] * np.nan) if len(calls) == 1 else out
+
+    engine.passes = Passes()
+    trainer = training.Trainer(engine)
+    trainer.step_until_taken(X, y, 0, 30, stepping=True, repair=lambda: trainer.rebuild_factor(X, y))
+    assert trainer.n_rebuilds == 1 and engine.rows_in_q(X) == 30
+
+
 def test_methods_without_rows_of_sites_count_every_row():
     X, y, kernel, Z = _problem("binary")
     for method, minibatch in (("sep", True), ("ep", False)):
@@ -124,20 +182,27 @@ def test_methods_without_rows_of_sites_count_every_row():
 
 
 class _Trainer:
-    n_steps = 0
+    """What the time budget reads of a trainer: its steps, and its engine's count of the rows q's rebuild takes (the
+    sites' own rule, ``sites.rows_in_site_sums``, for rows in memory)."""
+
+    def __init__(self, n):
+        self.n_steps, sites_of = 0, np.zeros(n)
+        self.engine = type("Engine", (), {"rows_in_q": staticmethod(
+            lambda X, with_sites=None: sites.rows_in_site_sums(X, sites_of, None, with_sites=with_sites))})()
 
 
 def test_the_room_kept_for_the_final_rebuild_grows_with_the_rows_that_have_sites(monkeypatch):
-    """n = 100,000 rows, minibatches of 200, the rebuild over all rows estimated at 10 s from 4 x 8,192 rows: at the
-    start of a fresh fit the room kept is that of the timed rows (3.3 s x FINAL_RESERVE), then 200 rows more a step;
-    every row once the steps have visited all of them; all rows where the engine does not count them."""
+    """n = 200,000 rows, minibatches of 200, the rebuild over all rows estimated at 10 s from 4 x 8,192 rows: at the
+    start of a fresh fit the room kept is that of the timed rows (1.6 s x FINAL_RESERVE), then 200 rows more a step;
+    every row once more than GATHER_MAX_SHARE of them would have sites (the rebuild takes them all then), or the
+    steps have visited all; all rows where the engine does not count them."""
     clock = {"now": 0.0}
     monkeypatch.setattr(hooks.time, "perf_counter", lambda: clock["now"])
     budget = hooks.TimeBudget(60.0, started=0.0, batch=False)
-    trainer = _Trainer()
-    n, timed = 100_000, 4 * 8192
+    n, timed = 200_000, 4 * 8192
+    trainer, X = _Trainer(n), np.zeros((n, 1))
     budget.seconds.update(step=0.01, final=10.0, rebuild=20.0)
-    budget.trainer, budget.final_rows, budget.reserve_final = trainer, (0, 0, 200, n, timed), True
+    budget.trainer, budget.final_rows, budget.reserve_final = trainer, (0, 0, 200, n, timed, X), True
     assert budget._final_seconds() == pytest.approx(10.0 * timed / n)
     trainer.n_steps = 300  # 60,000 rows visited, the next step's too
     assert budget._final_seconds() == pytest.approx(10.0 * 60_200 / n)
@@ -147,7 +212,11 @@ def test_the_room_kept_for_the_final_rebuild_grows_with_the_rows_that_have_sites
     assert not budget.exhausted(False)
     clock["now"] = last_start + 0.01
     assert budget.exhausted(False) and budget.final_pass_fits(with_log_z=False)
-    trainer.n_steps = 900  # past an epoch: every row
+    trainer.n_steps = 499  # 100,000 rows with the next step: half, still gathered
+    assert budget._final_seconds() == pytest.approx(10.0 * 100_000 / n)
+    trainer.n_steps = 500  # past half: every row
+    assert budget._final_seconds() == pytest.approx(10.0)
+    trainer.n_steps = 2000  # past an epoch: every row
     assert budget._final_seconds() == pytest.approx(10.0)
     budget.final_rows = None
     trainer.n_steps = 0
@@ -165,5 +234,5 @@ def test_a_time_budget_counts_the_rows_with_sites_at_its_start():
                            "resumed": False, "schedule": engine.schedule(training.TrainSettings(), True)})()
     budget = hooks.TimeBudget(600.0)
     budget.start(run, rows=50)
-    assert budget.final_rows == (60, trainer.n_steps, 30, 300, 200)
+    assert budget.final_rows[:5] == (60, trainer.n_steps, 30, 300, 200) and budget.final_rows[5] is X
     assert budget.reserve_final

@@ -465,6 +465,12 @@ class Engine(ModulesByName, abc.ABC):
         """Run the work of ``rebuild_factor(want_log_z=want_log_z)`` on the first ``rows`` rows, committing nothing
         (the time budget measures it); by default there is none."""
 
+    def rows_in_q(self, X, with_sites=None):
+        """How many rows of X ``rebuild_factor(want_log_z=False)`` goes over, where that depends on the rows with sites
+        (``with_sites``: taken to be so many, else counted); the time budget scales its timing of ``time_rebuild`` by
+        it. By default None: every row."""
+        return None
+
     def checkpoint_written(self, saved):
         """Called once the checkpoint holding ``saved`` (``checkpoint_state``'s) is on disk."""
 

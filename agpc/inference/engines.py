@@ -317,10 +317,10 @@ class EPEngine(TiedFactorSteps, Engine):
 
     def rebuild_factor(self, X, y, want_log_z=False):
         """Minibatch EP: recompute the product of all sites at the current hyper-parameters, which anchors it
-        (``ep.Anchor``: every row's site is then held along its current direction). ``want_log_z`` (the end of an
-        epoch): by the final pass's two passes over the rows (q, then log Z_q's row terms, ``passes.evaluate``), and
-        returns log Z_q of this state, exact: the history's entry of the epoch, and the final pass's result while no
-        step is taken (``state["exact"]``). Else by one pass (the sums alone: the guard's repair)."""
+        (``ep.Anchor``: every row's site then held along its current direction). ``want_log_z`` (an epoch's end): by
+        two passes over the rows (q, then log Z_q's row terms, ``passes.evaluate``), returning log Z_q of this state,
+        exact (the epoch's history entry; the final pass's while no step is taken: ``state["exact"]``). Else by one
+        pass over the rows with sites (``_exact_factor``: the sums alone; the guard's repair, a time budget's end)."""
         s = self.state
         self.needs_rebuild = False
         s["visited"] = frozenset()
@@ -346,12 +346,12 @@ class EPEngine(TiedFactorSteps, Engine):
         return self.passes.exact_factor(s["kernel"], s["Z"], X, nu, mu, jitter=self.jitter, block_rows=self.block_rows,
                                         y=y, want_anchor=True)
 
-    def rows_in_q(self, X):
-        """How many rows of X the exact rebuild of q goes over (``_exact_factor``): minibatch EP's rows with a site
-        other than zero (``sites.only_rows_with_sites``: the others add nothing), else None (every row)."""
+    def rows_in_q(self, X, with_sites=None):
+        """Minibatch EP: the rows of X with a site, which its exact rebuild of q takes (``sites.rows_in_site_sums``)."""
         if not (self.minibatch and self.cavity.own_sites) or self.sites_on_cluster:
             return None
-        return rows_in_site_sums(X, *self._sites_in_q(self.state["nu"], self.state["mu"]))
+        sites = self._sites_in_q(self.state["nu"], self.state["mu"]) if with_sites is None else (self.state["nu"], None)
+        return rows_in_site_sums(X, *sites, with_sites=with_sites)
 
     def _exact_pass(self, X, y, **options):
         """q rebuilt exactly from all of EP's sites and log Z_q at it (``passes.evaluate``, no gradient)."""

@@ -84,8 +84,8 @@ class Hook:
 # bookkeeping after the stop may have eaten into the room, and the running q is far worse); log Z's second pass
 # too where both passes fit twice over. The rebuild goes over the rows with sites alone (``EPEngine.rows_in_q``): in
 # the first epoch the rows visited so far, a minibatch more each step, so the room kept grows with them
-# (``TimeBudget._final_seconds``). On all the airline rows a 30-s fit had kept room for a pass over every row (13 s
-# of 30, on an AMD EPYC) to add the sites of the 190,000-250,000 rows it had visited.
+# (``TimeBudget._final_seconds``). On all the airline rows a 30-s fit on an AMD EPYC had kept some 16-18 s for that
+# pass over every row, which took 13.2-13.3 s, to add the sites of the 190,000-250,000 rows it had visited.
 FINAL_RESERVE = 1.5
 FINAL_MARGIN = 0.0
 RESERVE_MIN_SHARE = 1.25
@@ -145,11 +145,11 @@ class TimeBudget(Hook):
         if run.minibatch and run.schedule.epoch_rebuilds:  # before the first exact rebuild: one on the first rows
             self.seconds["rebuild"] = _rebuild_estimate(trainer.engine, run.X, run.y, rows)
             self.seconds["final"] = _rebuild_estimate(trainer.engine, run.X, run.y, rows, want_log_z=False)
-            counted = getattr(trainer.engine, "rows_in_q", lambda X: None)(run.X)
+            counted = trainer.engine.rows_in_q(run.X)
             n = run.X.shape[0]
             self.trainer = trainer
             self.final_rows = None if counted is None else (
-                counted, trainer.n_steps, max(hi - lo for lo, hi in run.batches), n, min(n, 4 * rows))
+                counted, trainer.n_steps, max(hi - lo for lo, hi in run.batches), n, min(n, 4 * rows), run.X)
             self.reserve_final = self.deadline - time.perf_counter() >= (
                 RESERVE_MIN_SHARE * FINAL_RESERVE * self._final_seconds())
 
@@ -160,9 +160,9 @@ class TimeBudget(Hook):
         final = self.seconds["final"]
         if final is None or self.final_rows is None:
             return final
-        counted, steps, per_step, n, timed = self.final_rows
-        rows = counted + (self.trainer.n_steps - steps + ahead) * per_step
-        return final * max(timed, min(n, rows)) / n
+        counted, steps, per_step, n, timed, X = self.final_rows
+        with_sites = min(n, counted + (self.trainer.n_steps - steps + ahead) * per_step)
+        return final * max(timed, self.trainer.engine.rows_in_q(X, with_sites=with_sites)) / n
 
     @contextmanager
     def timing(self, what):

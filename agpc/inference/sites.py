@@ -19,7 +19,7 @@ __all__ = ["Cavity", "EP", "SEP", "ADF", "CAVITIES", "cavity_of", "cavity_tolera
            "counted_invalid", "Held", "held_marginals", "held_cavity", "held_adjoint_coefficient", "removal_terms",
            "adf_removal_terms", "moment_matched_site", "adjoint_coefficient", "variance_adjoint", "row_adjoints",
            "add_cut_point_grads", "sep_cavity_gap", "sep_cavity_term", "rows_with_sites", "only_rows_with_sites",
-           "rows_in_site_sums"]
+           "rows_in_site_sums", "GATHER_MAX_SHARE", "GATHER_MAX_ELEMENTS"]
 
 
 @dataclass(frozen=True)
@@ -337,23 +337,48 @@ def only_rows_with_sites(X, y, site_precision, site_shift):
     """(X, y, site_precision, site_shift) of the rows with a site other than zero (``rows_with_sites``), for a sum
     over the rows' sites that the others would only make longer: minibatch EP's exact rebuild of q, which in the
     first epoch of a fit on 2,048,097 airline rows went over every row to add the sites of a few hundred thousand.
-    As given where every row has a site, or the rows are not gathered (``_gathers_rows``)."""
+    The rows are copied (``GATHER_MAX_SHARE``, ``GATHER_MAX_ELEMENTS`` bound the copy); where no row has a site, the
+    first one stands for them all (its zero sites add nothing, and the sums keep their shape). As given where every
+    row has a site, or the rows are not gathered (``rows_in_site_sums``)."""
     index = rows_with_sites(site_precision, site_shift) if _gathers_rows(X, site_precision) else None
-    if index is None:
+    if index is None or not _within_copy_bounds(index.shape[0], X):
         return X, y, site_precision, site_shift
+    if index.shape[0] == 0:
+        return tuple(None if a is None else a[:1, ...] for a in (X, y, site_precision, site_shift))
     xp = array_namespace(site_precision)
     return tuple(None if a is None else xp.take(a, index, axis=0) for a in (X, y, site_precision, site_shift))
 
 
-def rows_in_site_sums(X, site_precision, site_shift):
-    """How many rows ``only_rows_with_sites`` keeps of X (one host read where it gathers them)."""
-    index = rows_with_sites(site_precision, site_shift) if _gathers_rows(X, site_precision) else None
-    return int(X.shape[0]) if index is None else int(index.shape[0])
+def rows_in_site_sums(X, site_precision, site_shift, with_sites=None):
+    """How many rows ``only_rows_with_sites`` keeps of X: every row where X is not gathered (data on disk, read a
+    block at a time in order; a host array with a device's sites), or the copy would exceed its bounds. ``with_sites``:
+    the rows taken to have sites (a time budget's projection; the sites are then not looked at), else those that do
+    (one host read)."""
+    n = int(X.shape[0])
+    if not _gathers_rows(X, site_precision):
+        return n
+    if with_sites is None:
+        index = rows_with_sites(site_precision, site_shift)
+        with_sites = n if index is None else int(index.shape[0])
+    return max(1, int(with_sites)) if _within_copy_bounds(with_sites, X) else n
+
+
+# The rows gathered are a copy, on the device too: at most this share of X's rows (past it the pass over every row
+# costs less than twice the gathered one) and this many elements (256 MB of float64), so that a late rebuild in the
+# first epoch does not hold X nearly twice.
+GATHER_MAX_SHARE = 0.5
+GATHER_MAX_ELEMENTS = 1 << 25
+
+
+def _within_copy_bounds(rows, X):
+    """Whether ``rows`` rows of X may be gathered: at most ``GATHER_MAX_SHARE`` of its rows and ``GATHER_MAX_ELEMENTS``
+    elements (every row has a site: nothing to gather)."""
+    width = X.shape[1] if X.ndim > 1 else 1
+    return rows < X.shape[0] and rows <= GATHER_MAX_SHARE * X.shape[0] and rows * width <= GATHER_MAX_ELEMENTS
 
 
 def _gathers_rows(X, site_precision):
-    """Whether the rows of X are gathered by their sites: X is in memory as an array of the sites' library, not data
-    on disk (read a block at a time, in order) nor a host array with a device's sites."""
+    """Whether X's rows can be gathered by their sites: X is in memory as an array of the sites' library."""
     try:
         return not is_out_of_core(X) and array_namespace(X, site_precision) is array_namespace(site_precision)
     except TypeError:  # (arrays of two libraries)
