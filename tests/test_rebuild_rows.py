@@ -56,17 +56,18 @@ def test_only_rows_with_sites_gathers_the_rows_in_memory_of_the_sites_library(tm
 def test_the_copy_of_the_rows_gathered_is_bounded(monkeypatch):
     """The rows gathered are a copy: not where more than GATHER_MAX_SHARE of the rows have sites (the pass over every
     row costs less than twice the other) or the copy would hold more than GATHER_MAX_ELEMENTS elements of X."""
-    X = np.arange(20.0).reshape(10, 2)
-    nu = np.zeros(10)
-    nu[:5] = 1.0
-    assert sites.rows_in_site_sums(X, nu, np.zeros(10)) == 5  # half the rows: gathered
-    nu[5] = 1.0
-    assert sites.rows_in_site_sums(X, nu, np.zeros(10)) == 10  # more than half: every row, as given
-    assert sites.only_rows_with_sites(X, None, nu, np.zeros(10))[0] is X
-    nu[5] = 0.0
+    X = np.arange(40.0).reshape(20, 2)
+    nu = np.zeros(20)
+    nu[:18] = 1.0
+    assert sites.rows_in_site_sums(X, nu, np.zeros(20)) == 18  # 90% of the rows: gathered
+    nu[18] = 1.0
+    assert sites.rows_in_site_sums(X, nu, np.zeros(20)) == 20  # more: every row, as given
+    assert sites.only_rows_with_sites(X, None, nu, np.zeros(20))[0] is X
+    nu[5:] = 0.0
+    assert sites.rows_in_site_sums(X, nu, np.zeros(20)) == 5
     monkeypatch.setattr(sites, "GATHER_MAX_ELEMENTS", 9)  # 5 rows of 2 columns: 10 elements
-    assert sites.rows_in_site_sums(X, nu, np.zeros(10)) == 10
-    assert sites.only_rows_with_sites(X, None, nu, np.zeros(10))[0] is X
+    assert sites.rows_in_site_sums(X, nu, np.zeros(20)) == 20
+    assert sites.only_rows_with_sites(X, None, nu, np.zeros(20))[0] is X
 
 
 def test_where_no_row_has_a_site_the_first_stands_for_them_all():
@@ -122,6 +123,8 @@ def test_the_exact_rebuild_of_q_goes_over_the_rows_with_sites_and_gives_the_same
     batches = [(60, 90), (210, 240), (0, 30)]
     _stepped(engine, X, y, batches)
     assert engine.rows_in_q(X) == 90
+    # the time budget's projection, through the same rule: up to 90% of the rows gathered, every row past it
+    assert [engine.rows_in_q(X, with_sites=k) for k in (0, 150, 270, 271)] == [1, 150, 270, 300]
     seen = _seen_rows(engine)
     factor, _ = engine._exact_factor(X, y)
     every = engine.passes.exact_factor(engine.state["kernel"], engine.state["Z"], X, engine.state["nu"],
@@ -194,8 +197,8 @@ class _Trainer:
 def test_the_room_kept_for_the_final_rebuild_grows_with_the_rows_that_have_sites(monkeypatch):
     """n = 200,000 rows, minibatches of 200, the rebuild over all rows estimated at 10 s from 4 x 8,192 rows: at the
     start of a fresh fit the room kept is that of the timed rows (1.6 s x FINAL_RESERVE), then 200 rows more a step;
-    every row once more than GATHER_MAX_SHARE of them would have sites (the rebuild takes them all then), or the
-    steps have visited all; all rows where the engine does not count them."""
+    every row once more than GATHER_MAX_SHARE (90%) of them would have sites (the rebuild takes them all then), or
+    the steps have visited all; all rows where the engine does not count them."""
     clock = {"now": 0.0}
     monkeypatch.setattr(hooks.time, "perf_counter", lambda: clock["now"])
     budget = hooks.TimeBudget(60.0, started=0.0, batch=False)
@@ -212,9 +215,9 @@ def test_the_room_kept_for_the_final_rebuild_grows_with_the_rows_that_have_sites
     assert not budget.exhausted(False)
     clock["now"] = last_start + 0.01
     assert budget.exhausted(False) and budget.final_pass_fits(with_log_z=False)
-    trainer.n_steps = 499  # 100,000 rows with the next step: half, still gathered
-    assert budget._final_seconds() == pytest.approx(10.0 * 100_000 / n)
-    trainer.n_steps = 500  # past half: every row
+    trainer.n_steps = 899  # 180,000 rows with the next step: 90%, still gathered
+    assert budget._final_seconds() == pytest.approx(10.0 * 180_000 / n)
+    trainer.n_steps = 900  # past 90%: every row
     assert budget._final_seconds() == pytest.approx(10.0)
     trainer.n_steps = 2000  # past an epoch: every row
     assert budget._final_seconds() == pytest.approx(10.0)
@@ -236,3 +239,6 @@ def test_a_time_budget_counts_the_rows_with_sites_at_its_start():
     budget.start(run, rows=50)
     assert budget.final_rows[:5] == (60, trainer.n_steps, 30, 300, 200) and budget.final_rows[5] is X
     assert budget.reserve_final
+    assert budget._final_seconds() == pytest.approx(budget.seconds["final"] * max(200, 90) / 300)
+    trainer.n_steps += 5  # 240 rows with sites by the next step
+    assert budget._final_seconds() == pytest.approx(budget.seconds["final"] * 240 / 300)

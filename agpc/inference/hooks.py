@@ -156,7 +156,8 @@ class TimeBudget(Hook):
     def _final_seconds(self, ahead=1):
         """The estimate of the exact rebuild of q alone ``ahead`` steps from now: over all rows, or where the engine
         rebuilds q from its rows with sites alone (``rows_in_q``: minibatch EP, whose rows gain theirs a minibatch a
-        step in the first epoch), over the rows those steps leave with sites, as many as it was timed on at least."""
+        step in the first epoch), over the rows it takes once those steps leave rows with sites (every row past the
+        copy's bounds, ``sites.GATHER_MAX_SHARE``), as many as it was timed on at least."""
         final = self.seconds["final"]
         if final is None or self.final_rows is None:
             return final

@@ -363,10 +363,12 @@ def rows_in_site_sums(X, site_precision, site_shift, with_sites=None):
     return max(1, int(with_sites)) if _within_copy_bounds(with_sites, X) else n
 
 
-# The rows gathered are a copy, on the device too: at most this share of X's rows (past it the pass over every row
-# costs less than twice the gathered one) and this many elements (256 MB of float64), so that a late rebuild in the
-# first epoch does not hold X nearly twice.
-GATHER_MAX_SHARE = 0.5
+# The rows gathered are a copy, on the device too: at most this many elements of X (256 MB of float64), so that a
+# late rebuild in the first epoch does not hold X nearly twice, and this share of its rows (past it the copy saves
+# less than a tenth of the pass). Where the count crosses either, the time budget's room jumps to a pass over every
+# row (``hooks.TimeBudget._final_seconds``): at 90% a jump of a tenth (at a half it had cost 65-80-s airline fits
+# 7-10% of their steps in a review's simulation).
+GATHER_MAX_SHARE = 0.9
 GATHER_MAX_ELEMENTS = 1 << 25
 
 
@@ -378,8 +380,11 @@ def _within_copy_bounds(rows, X):
 
 
 def _gathers_rows(X, site_precision):
-    """Whether X's rows can be gathered by their sites: X is in memory as an array of the sites' library."""
+    """Whether X's rows can be gathered by their sites: X is in memory as an array of the sites' library, on their
+    device."""
     try:
-        return not is_out_of_core(X) and array_namespace(X, site_precision) is array_namespace(site_precision)
+        if is_out_of_core(X) or array_namespace(X, site_precision) is not array_namespace(site_precision):
+            return False
     except TypeError:  # (arrays of two libraries)
         return False
+    return array_device(X) == array_device(site_precision)
