@@ -242,3 +242,24 @@ def test_a_time_budget_counts_the_rows_with_sites_at_its_start():
     assert budget._final_seconds() == pytest.approx(budget.seconds["final"] * max(200, 90) / 300)
     trainer.n_steps += 5  # 240 rows with sites by the next step
     assert budget._final_seconds() == pytest.approx(budget.seconds["final"] * 240 / 300)
+
+
+def test_multiclass_minibatch_ep_steps_and_rebuilds_on_array_api_strict_as_on_numpy():
+    """Multiclass sites are (n, 2C): their rows are sliced as ``[lo:hi, ...]``, which the standard asks of an array of
+    more than one axis (``[lo:hi]`` alone raised IndexError on array_api_strict). On device1: the same sites and the
+    same q rebuilt from the rows with sites as on NumPy."""
+    xs, device = array_api_strict, array_api_strict.Device("device1")
+    X, y, kernels, Z = _problem("multiclass")
+    runs = {}
+    for name, to in (("numpy", lambda a: a), ("strict", lambda a: xs.asarray(a, device=device))):
+        Xd = to(X)
+        ks = ClassKernels([RBF(lengthscales=[1.0, 1.0], noise=0.05).for_inputs(Xd) for _ in range(3)])
+        engine = engines.make_engine("ep", ks, to(Z.copy()), n_total=300, minibatch=True, jitter=JITTER)
+        _stepped(engine, Xd, to(y), [(60, 90), (210, 240), (0, 30)])
+        factor, _ = engine._exact_factor(Xd, to(y))
+        runs[name] = (engine.state["nu"], factor, engine.rows_in_q(Xd))
+    np.testing.assert_allclose(to_np(runs["strict"][0]), runs["numpy"][0], rtol=1e-9, atol=1e-12)
+    for got, want in zip(runs["strict"][1].factors, runs["numpy"][1].factors):
+        np.testing.assert_allclose(to_np(got.precision), want.precision, rtol=1e-9, atol=1e-9)
+    assert runs["strict"][2] == runs["numpy"][2] == 90
+

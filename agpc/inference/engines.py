@@ -218,8 +218,8 @@ class EPEngine(TiedFactorSteps, Engine):
             result = self.passes.evaluate_factor(
                 kernel, Z, row_slice(X, lo, hi), row_slice(y, lo, hi), state["factor"], cavity=self.cavity,
                 n_total=n_total,
-                site_precision=state["nu"][lo:hi] if self.cavity.own_sites else None,
-                site_shift=state["mu"][lo:hi] if self.cavity.own_sites else None,
+                site_precision=state["nu"][lo:hi, ...] if self.cavity.own_sites else None,
+                site_shift=state["mu"][lo:hi, ...] if self.cavity.own_sites else None,
                 jitter=self.jitter, want_grad=stepping, block_rows=self.block_rows, weights=weights, checked=False,
                 **shard, **self.likelihood_option,
             )
@@ -271,8 +271,8 @@ class EPEngine(TiedFactorSteps, Engine):
         undo = snap["undo"]
         if undo is not None:  # minibatch EP updated the rows' sites in place: write the old ones back
             lo, hi, old_nu, old_mu = undo
-            snap["state"]["nu"][lo:hi] = old_nu
-            snap["state"]["mu"][lo:hi] = old_mu
+            snap["state"]["nu"][lo:hi, ...] = old_nu
+            snap["state"]["mu"][lo:hi, ...] = old_mu
         super().restore(snap)
         # The guard's revert: SEP / ADF's gradients in Z held since Z last moved go too (a bad one among them would
         # come back with every retry of the move it spoils; at most TIED_INDUCING_EVERY - 1 good ones are lost).
@@ -293,10 +293,10 @@ class EPEngine(TiedFactorSteps, Engine):
         elif self.cavity.own_sites:  # minibatch EP: swap the rows' old sites for the damped new ones
             # In place: the site store is the one n-sized thing minibatch EP holds (2 floats a row);
             # a copy per step would double it. The rows' old values are kept to undo the step.
-            old_nu = xp.asarray(state["nu"][lo:hi], copy=True)
-            old_mu = xp.asarray(state["mu"][lo:hi], copy=True)
-            state["nu"][lo:hi] = rho * result["site_precision"] + (1.0 - rho) * old_nu
-            state["mu"][lo:hi] = rho * result["site_shift"] + (1.0 - rho) * old_mu
+            old_nu = xp.asarray(state["nu"][lo:hi, ...], copy=True)
+            old_mu = xp.asarray(state["mu"][lo:hi, ...], copy=True)
+            state["nu"][lo:hi, ...] = rho * result["site_precision"] + (1.0 - rho) * old_nu
+            state["mu"][lo:hi, ...] = rho * result["site_shift"] + (1.0 - rho) * old_mu
             self._snapshot["undo"] = (lo, hi, old_nu, old_mu)
             # the product: each old site out along the direction it was held along, the damped new one in along
             # the current one (``ep.product_change``); the rows are now held along today's directions
@@ -339,7 +339,7 @@ class EPEngine(TiedFactorSteps, Engine):
         s = self.state
         nu, mu = s["nu"], s["mu"]
         if rows is not None:
-            X, y, nu, mu = row_slice(X, 0, rows), row_slice(y, 0, rows), nu[:rows], mu[:rows]
+            X, y, nu, mu = row_slice(X, 0, rows), row_slice(y, 0, rows), nu[:rows, ...], mu[:rows, ...]
         nu, mu = self._sites_in_q(nu, mu, rows)
         if rows is None and not self.sites_on_cluster:
             X, y, nu, mu = only_rows_with_sites(X, y, nu, mu)
@@ -377,8 +377,8 @@ class EPEngine(TiedFactorSteps, Engine):
             self._exact_factor(X, y, rows)
             return
         weights = {} if self.sample_weight is None else {"weights": self.sample_weight[:rows]}
-        self.passes.evaluate(s["kernel"], s["Z"], row_slice(X, 0, rows), row_slice(y, 0, rows), s["nu"][:rows],
-                             s["mu"][:rows], jitter=self.jitter, want_grad=False, block_rows=self.block_rows,
+        self.passes.evaluate(s["kernel"], s["Z"], row_slice(X, 0, rows), row_slice(y, 0, rows), s["nu"][:rows, ...],
+                             s["mu"][:rows, ...], jitter=self.jitter, want_grad=False, block_rows=self.block_rows,
                              want_sites=False, **weights, **self.likelihood_option)
 
     def posterior(self, X, y, want_log_z=True):

@@ -367,7 +367,7 @@ def rows_in_site_sums(X, site_precision, site_shift, with_sites=None):
 # late rebuild in the first epoch does not hold X nearly twice, and this share of its rows (past it the copy saves
 # less than a tenth of the pass). Where the count crosses either, the time budget's room jumps to a pass over every
 # row (``hooks.TimeBudget._final_seconds``): at 90% a jump of a tenth (at a half it had cost 65-80-s airline fits
-# 7-10% of their steps in a review's simulation).
+# 7-12% of their steps in a review's simulation).
 GATHER_MAX_SHARE = 0.9
 GATHER_MAX_ELEMENTS = 1 << 25
 
