@@ -116,8 +116,8 @@ class TimeBudget(Hook):
     room for its final pass (about one step: q rebuilt from all rows). A minibatch fit whose schedule has exact
     rebuilds (``Schedule.epoch_rebuilds``: minibatch EP, q from all its sites) keeps room for one (``FINAL_RESERVE``
     times its cost estimated on the first rows, scaled to the rows with sites: ``_final_seconds``), where the budget
-    allows; other minibatch fits keep
-    none (SVI's and SEP / ADF's q is what they trained; their final pass only adds the bound or log Z on all rows).
+    allows; other minibatch fits keep none (SVI's and SEP / ADF's q is what they trained; their final pass only adds
+    the bound or log Z on all rows).
     A final pass over all rows is made only when it fits (``final_pass_fits``: q and log Z, or the exact rebuild of
     q alone), and q otherwise stays the running one, which training itself used.
     """
