@@ -21,7 +21,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from agpc import backend as B
 from agpc.inference import ep, variational
-from agpc.inference.posterior import Factor, moved_factor
+from agpc.inference.posterior import Factor, Posterior, moved_factor
 from agpc.kernels import RBF
 
 ROUNDOFF_FACTOR = 10.0
@@ -271,6 +271,40 @@ def test_a_failed_factorisation_on_the_fast_path_is_nan_not_an_exception():
         L = B.cholesky_or_nan(bad)
     assert calls["dpotrf"] == 1 and np.all(np.isnan(L))
     assert np.all(np.isnan(B.lower_triangular_inverse(np.zeros((3, 3)))))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_gram_of_a_formed_inverse_is_one_lauum_of_it(dtype):
+    """``triangular_gram(L^-1)`` = (L L^T)^-1 (q's C^-1 once L_C^-1 is formed, an anchor's K^-1, the prior's
+    gradient): on the fast path one lauum and nothing else, in both memory orders, the inverse left as it was (the
+    Posterior keeps it), exactly symmetric and within ``test_the_triangular_inverses_equal_scipys_solve``'s bound of
+    SciPy's; the reference path's triangular product gives the same."""
+    m = 150
+    rng = np.random.default_rng(m)
+    A = rng.normal(size=(m, m))
+    L64 = np.linalg.cholesky(A @ A.T / m + 0.1 * np.eye(m))
+    reference = scipy.linalg.solve_triangular(L64, np.eye(m), lower=True)
+    gram_reference = reference.T @ reference
+    atol = 100 * m * np.finfo(dtype).eps * np.linalg.cond(L64) ** 2 * np.max(np.abs(gram_reference))
+    prefix = "s" if dtype == np.float32 else "d"
+    for inverse in (reference.astype(dtype), np.asfortranarray(reference.astype(dtype))):
+        before = inverse.copy()
+        with B.counting_fast_calls() as calls:
+            gram = B.triangular_gram(inverse)
+        assert dict(calls) == {prefix + "lauum": 1}
+        np.testing.assert_array_equal(inverse, before)
+        assert gram.dtype == dtype
+        np.testing.assert_array_equal(gram, gram.T)
+        np.testing.assert_allclose(gram, gram_reference, rtol=0, atol=atol)
+        with B.reference_paths():
+            np.testing.assert_allclose(B.triangular_gram(inverse), gram, rtol=0, atol=atol)
+    L = L64.astype(dtype)
+    post = Posterior(L_K=L, L_C=L, h=np.zeros(m, dtype=dtype))
+    formed = post.L_C_inv.copy()
+    with B.counting_fast_calls() as calls:
+        np.testing.assert_allclose(post.C_inv, gram, rtol=0, atol=atol)
+    assert dict(calls) == {prefix + "lauum": 1}
+    np.testing.assert_array_equal(post.L_C_inv, formed)
 
 
 def test_the_fast_path_does_not_write_into_its_operands():

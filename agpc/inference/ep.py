@@ -32,14 +32,16 @@ from ..backend import (
     prefers_inverses,
     row_dot as backend_row_dot,
     scaled_columns,
+    triangular_gram,
     triangular_matmul,
+    weighted_gram,
 )
 from ..likelihoods import PROBIT, negative_log_likelihood
 from . import blocks, sites
 # q(u) and the tied factor (their own module; named here too, as the passes modules' interface the engines call
 # through, ``passes.posterior_from_sums`` etc., and for models pickled when they were defined here)
 from .posterior import (PRIOR_FACTOR_NAME, Factor, Posterior, left_solve, moved_factor, posterior_from_sums,
-                        prior_cholesky, uses_inverse)
+                        prior_cholesky, prior_kmm_adjoint, uses_inverse)
 
 __all__ = [
     "Anchor",
@@ -174,10 +176,10 @@ class Anchor:
 
     @property
     def K_inv(self):
-        """K^-1 = L_K^-T L_K^-1 at the anchor (m x m), formed once (one triangular product of m^3 / 3 flops): a
+        """K^-1 = L_K^-T L_K^-1 at the anchor (m x m), formed once (``backend.triangular_gram``: a lauum on NumPy): a
         step's directions are then one general product, which BLAS runs faster than two triangular ones."""
         if self._K_inv is None:
-            self._K_inv = triangular_matmul(self.L_K_inv, self.L_K_inv, trans=True)
+            self._K_inv = triangular_gram(self.L_K_inv)
         return self._K_inv
 
     def directions(self, X):
@@ -322,7 +324,7 @@ def _block_sums(upsilon_t, held, nu, mu, new_nu, new_mu, own_sites, damping, wei
     change_nu, change_mu = (new_nu - nu, new_mu - mu) if own_sites else (new_nu, new_mu)
     if weights is not None:
         change_nu, change_mu = change_nu * weights, change_mu * weights
-    return (upsilon_t * change_nu[None, :]) @ upsilon_t.mT, upsilon_t @ change_mu
+    return weighted_gram(upsilon_t, change_nu), upsilon_t @ change_mu
 
 
 def product_change(upsilon, omega, site_precision, site_shift, new_precision, new_shift, damping, weights=None):
@@ -333,31 +335,19 @@ def product_change(upsilon, omega, site_precision, site_shift, new_precision, ne
         sum_i w_i [(rho nu_new + (1 - rho) nu) upsilon_i upsilon_i^T - nu omega_i omega_i^T]   (and the shifts),
 
     ``weights`` w_i (sample weights or a padding's zeros; none: 1). Each row's term removes exactly what the product
-    holds of it, so the product stays a sum of rank-one terms of precisions >= 0 (``Anchor``). One product of m x 2b
-    by 2b x m where the directions differ, m x b by b x m (rho (new - old) alone) where they do not."""
-    xp = array_namespace(upsilon)
+    holds of it, so the product stays a sum of rank-one terms of precisions >= 0 (``Anchor``). Where the directions
+    differ, a difference of two such sums, else rho (new - old) alone (``backend.weighted_gram``: syrk on NumPy)."""
     if omega is None:
         in_nu, in_mu = damping * (new_precision - site_precision), damping * (new_shift - site_shift)
         if weights is not None:
             in_nu, in_mu = in_nu * weights, in_mu * weights
-        return (upsilon * in_nu[None, :]) @ upsilon.mT, upsilon @ in_mu
+        return weighted_gram(upsilon, in_nu), upsilon @ in_mu
     in_nu = damping * new_precision + (1.0 - damping) * site_precision
     in_mu = damping * new_shift + (1.0 - damping) * site_shift
     out_nu, out_mu = site_precision, site_shift
     if weights is not None:
         in_nu, in_mu, out_nu, out_mu = in_nu * weights, in_mu * weights, out_nu * weights, out_mu * weights
-    both = xp.concat([upsilon, omega], axis=1)
-    return (both * xp.concat([in_nu, -out_nu])[None, :]) @ both.mT, both @ xp.concat([in_mu, -out_mu])
-
-
-def prior_kmm_adjoint(post):
-    """-0.5 M of Hernandez-Lobato & Hernandez-Lobato (2016), eqs. 34-35: M = K^-1 - K^-1 Sigma K^-1 - K^-1 m m^T K^-1 =
-    K^-1 - B^-1 - beta beta^T, with K^-1 - B^-1 = L_K^-T (I - C^-1) L_K^-1 (two triangular solves; I - C^-1 is
-    symmetric)."""
-    half = post.solve_K(identity_plus(post.C_inv, -1.0), trans=True, overwrite=True)  # L_K^-T (I - C^-1)
-    sandwich = post.solve_K(half.mT, trans=True, overwrite=True)
-    beta = post.beta
-    return 0.5 * (beta[:, None] * beta[None, :] - sandwich)
+    return weighted_gram(upsilon, in_nu, omega, out_nu), upsilon @ in_mu - omega @ out_mu
 
 
 def row_dot(A, B):

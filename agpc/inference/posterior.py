@@ -5,7 +5,8 @@ With K = Kmm + jitter I, L_K = chol(K), A = L_K^-1 Knm^T and the sites' sums C =
 c~ = A mu, q(u) = N(K B^-1 c, K B^-1 K) for B = K + Knm^T diag(nu) Knm = L_K C L_K^T (their eqs. 12-13): held as
 ``Posterior(L_K, L_C, h = L_C^-1 c~)``. A ``Factor`` is a Gaussian factor of u in natural parameters (P, r), q =
 prior x factor; ``moved_factor`` carries one to new inducing points. The triangular algebra (``left_solve``:
-solves or products with explicit inverses, whichever is faster) is here too, since q is applied through it.
+solves or products with explicit inverses, whichever is faster) is here too, since q is applied through it, and
+the prior's part of the gradient, which depends on q alone (``prior_kmm_adjoint``).
 
 Written against the array API: the functions take arrays and find their namespace. The passes over rows that
 produce the sums are ``agpc.inference.ep``'s (and the other methods'); this module knows nothing of rows.
@@ -28,11 +29,12 @@ from ..backend import (
     prefers_inverses,
     row_dot,
     solve_triangular,
+    triangular_gram,
     triangular_matmul,
 )
 
 __all__ = ["Posterior", "Factor", "left_solve", "uses_inverse", "SOLVE_MAX_COLUMNS_PER_M", "PRIOR_FACTOR_NAME",
-           "prior_cholesky", "posterior_from_sums", "moved_factor"]
+           "prior_cholesky", "posterior_from_sums", "moved_factor", "prior_kmm_adjoint"]
 
 
 class Posterior:
@@ -77,8 +79,8 @@ class Posterior:
     @cached_property
     def C_inv(self):
         """C^-1 = L_C^-T L_C^-1 (m x m): k_i^T B^-1 k_j = (L_K^-1 k_i)^T C^-1 (L_K^-1 k_j)."""
-        if self._L_C_inv is not None:  # (formed already: one triangular product with it)
-            return triangular_matmul(self._L_C_inv, self._L_C_inv, trans=True)
+        if self._L_C_inv is not None:  # (formed already: one lauum of it on NumPy)
+            return triangular_gram(self._L_C_inv)
         return cholesky_inverse(self.L_C)
 
     @cached_property
@@ -99,6 +101,22 @@ class Posterior:
         inspection."""
         W = self.L_C_inv @ self.L_K.mT  # Sigma = W^T W
         return self.L_K @ self.whitened_mean, W.mT @ W
+
+
+def prior_kmm_adjoint(post):
+    """-0.5 M of Hernandez-Lobato & Hernandez-Lobato (2016), eqs. 34-35: M = K^-1 - K^-1 Sigma K^-1 - K^-1 m m^T K^-1 =
+    K^-1 - B^-1 - beta beta^T. K^-1 - B^-1 = L_K^-T (I - C^-1) L_K^-1 (two triangular solves; I - C^-1 is symmetric),
+    or where inverses are preferred (NumPy) K^-1 - G^T G, G = L_C^-1 L_K^-1 (B = L_K C L_K^T): a triangular product
+    and two lauum (``backend.triangular_gram``), 2/3 of the flops after q's factors' inverses, as accurate
+    (docs/methods/ep.md, "The prior's part of the gradient")."""
+    if prefers_inverses(post.L_K):
+        G = triangular_matmul(post.L_C_inv, post.L_K_inv)
+        sandwich = triangular_gram(post.L_K_inv) - triangular_gram(G, overwrite=True)
+    else:
+        half = post.solve_K(identity_plus(post.C_inv, -1.0), trans=True, overwrite=True)  # L_K^-T (I - C^-1)
+        sandwich = post.solve_K(half.mT, trans=True, overwrite=True)
+    beta = post.beta
+    return 0.5 * (beta[:, None] * beta[None, :] - sandwich)
 
 
 # Beyond this many right-hand sides per inducing point an explicit triangular inverse (O(m^3), once per pass,
