@@ -1157,9 +1157,11 @@ def triangular_gram(T, *, overwrite=False):
     NumPy fast path one lauum (m^3 / 3 flops, its triangle mirrored; one OpenBLAS thread, 2026-12-01: 0.24 ms against
     the 0.50 of a triangular product at m = 200, 2.0 against 5.8 ms at m = 500), elsewhere a triangular product.
     ``overwrite``: T is the caller's temporary (else it is left as it was)."""
-    if _fast(T):
+    if _fast(T) and T.shape[0] > 0:
         a, a_transposed = _fortran_view(T)  # T (lower) or T^T (upper)
-        # lauum: U U^T of an upper U, L^T L of a lower L; either is T^T T here (NaN in T is NaN in the result)
+        # lauum: U U^T of an upper U, L^T L of a lower L; either is T^T T here (NaN in T is NaN in the result). f2py
+        # would write into a read-only T too: it is overwritten only when it may be
+        overwrite = overwrite and T.flags.writeable
         triangle, _ = _routine("lapack", "lauum", T.dtype)(a, lower=int(not a_transposed), overwrite_c=int(overwrite))
         return _mirrored(triangle.T if a_transposed else triangle)
     return triangular_matmul(T, T, trans=True)

@@ -305,6 +305,11 @@ def test_the_gram_of_a_formed_inverse_is_one_lauum_of_it(dtype):
         np.testing.assert_allclose(post.C_inv, gram, rtol=0, atol=atol)
     assert dict(calls) == {prefix + "lauum": 1}
     np.testing.assert_array_equal(post.L_C_inv, formed)
+    frozen = reference.astype(dtype)  # a read-only operand is not written into even where it may be
+    frozen.setflags(write=False)
+    np.testing.assert_allclose(B.triangular_gram(frozen, overwrite=True), gram, rtol=0, atol=atol)
+    np.testing.assert_array_equal(frozen, reference.astype(dtype))
+    assert B.triangular_gram(np.zeros((0, 0), dtype=dtype)).shape == (0, 0)
 
 
 def test_the_fast_path_does_not_write_into_its_operands():

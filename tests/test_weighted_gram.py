@@ -92,3 +92,5 @@ def test_the_change_of_minibatch_eps_product_is_the_sum_of_its_rows_terms(xp_dev
                                      put(new_mu), rho, put(weights) if weighted else None)
     np.testing.assert_allclose(to_np(got_P), P, rtol=0, atol=1e-12 * np.abs(P).max())
     np.testing.assert_allclose(to_np(got_r), r, rtol=0, atol=1e-12 * np.abs(r).max())
+    if held and isinstance(got_P, np.ndarray):  # (NumPy, every weight >= 0: the two symmetric products ran)
+        np.testing.assert_array_equal(got_P, got_P.T)
