@@ -1004,9 +1004,10 @@ def weighted_gram(A, w, B=None, v=None):
     """A diag(w) A^T for A (m, k), w (k,): the weighted sum of the columns' outer products; with B (m, l), v (l,),
     minus B diag(v) B^T. On the NumPy fast path with every weight >= 0 (looked at there, where it costs no device
     synchronisation) each is the symmetric product W W^T of W = A diag(sqrt w), which NumPy runs as BLAS syrk, half
-    the flops (one OpenBLAS thread, 2026-12-01: 0.70-0.82 of the general product's time at m = 100-500, k = 200;
-    the two of a difference 0.71-0.74 of the one product of [A, B]), and exactly symmetric. Elsewhere, or with a
-    weight below 0 or NaN, the general product (of [A, B] by [A, B]^T with the weights [w, -v])."""
+    the flops, and exactly symmetric (one OpenBLAS thread, k = 200: 0.78-0.91 of the general product's time at m =
+    100-500, the two of a difference 0.75-0.77 of the one product of [A, B] at m = 200-500 and no faster at m = 100;
+    benchmarks/results/step_m3_savings_amd_epyc.md). Elsewhere, or with a weight below 0 or NaN, the general product
+    (of [A, B] by [A, B]^T with the weights [w, -v])."""
     weights = (w,) if B is None else (w, v)
     if _fast(A, *weights, *(() if B is None else (B,))) and all(bool(np.all(u >= 0.0)) for u in weights):
         grams = [W @ W.T for W in (X * np.sqrt(u)[None, :] for X, u in zip((A, B), weights))]
@@ -1154,9 +1155,9 @@ def cholesky_inverse(L, *, halves=None):
 
 def triangular_gram(T, *, overwrite=False):
     """T^T T (m x m, symmetric) for a lower-triangular T (zeros above the diagonal): (L L^T)^-1 for T = L^-1. On the
-    NumPy fast path one lauum (m^3 / 3 flops, its triangle mirrored; one OpenBLAS thread, 2026-12-01: 0.24 ms against
-    the 0.50 of a triangular product at m = 200, 2.0 against 5.8 ms at m = 500), elsewhere a triangular product.
-    ``overwrite``: T is the caller's temporary (else it is left as it was)."""
+    NumPy fast path one lauum (m^3 / 3 flops, its triangle mirrored; one OpenBLAS thread: 0.59-0.63 of a triangular
+    product's time at m = 200-500, the same at m = 100; benchmarks/results/step_m3_savings_amd_epyc.md), elsewhere a
+    triangular product. ``overwrite``: T is the caller's temporary (else it is left as it was)."""
     if _fast(T) and T.shape[0] > 0:
         a, a_transposed = _fortran_view(T)  # T (lower) or T^T (upper)
         # lauum: U U^T of an upper U, L^T L of a lower L; either is T^T T here (NaN in T is NaN in the result). f2py
