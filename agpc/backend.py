@@ -1008,9 +1008,9 @@ def weighted_gram(A, w, B=None, v=None):
     100-500, the two of a difference 0.75-0.77 of the one product of [A, B] at m = 200-500 and no faster at m = 100;
     benchmarks/results/step_m3_savings_amd_epyc.md). Elsewhere, or with a weight below 0 or NaN, the general product
     (of [A, B] by [A, B]^T with the weights [w, -v])."""
-    weights = (w,) if B is None else (w, v)
-    if _fast(A, *weights, *(() if B is None else (B,))) and all(bool(np.all(u >= 0.0)) for u in weights):
-        grams = [W @ W.T for W in (X * np.sqrt(u)[None, :] for X, u in zip((A, B), weights))]
+    pairs = ((A, w),) if B is None else ((A, w), (B, v))
+    if _fast(*(a for pair in pairs for a in pair)) and all(bool(np.all(u >= 0.0)) for _, u in pairs):
+        grams = [W @ W.T for W in (X * np.sqrt(u)[None, :] for X, u in pairs)]
         return grams[0] if B is None else grams[0] - grams[1]
     if B is not None:
         xp = array_namespace(A, B)
