@@ -1005,7 +1005,7 @@ def weighted_gram(A, w, B=None, v=None):
     minus B diag(v) B^T. On the NumPy fast path with every weight >= 0 (looked at there, where it costs no device
     synchronisation) each is the symmetric product W W^T of W = A diag(sqrt w), which NumPy runs as BLAS syrk, half
     the flops, and exactly symmetric (one OpenBLAS thread, k = 200: 0.78-0.91 of the general product's time at m =
-    100-500, the two of a difference 0.75-0.77 of the one product of [A, B] at m = 200-500 and no faster at m = 100;
+    100-500, the two of a difference 0.75-0.77 of the one product of [A, B] at m = 200-500 and 1.05 at m = 100;
     benchmarks/results/step_m3_savings_amd_epyc.md). Elsewhere, or with a weight below 0 or NaN, the general product
     (of [A, B] by [A, B]^T with the weights [w, -v])."""
     pairs = ((A, w),) if B is None else ((A, w), (B, v))

@@ -107,8 +107,9 @@ def prior_kmm_adjoint(post):
     """-0.5 M of Hernandez-Lobato & Hernandez-Lobato (2016), eqs. 34-35: M = K^-1 - K^-1 Sigma K^-1 - K^-1 m m^T K^-1 =
     K^-1 - B^-1 - beta beta^T, with K^-1 - B^-1 = L_K^-T (I - C^-1) L_K^-1 (two triangular solves; I - C^-1 is
     symmetric). Not K^-1 - G^T G, G = L_C^-1 L_K^-1, which takes fewer flops where both inverses are formed but,
-    where the sites are weak, subtracts two terms of the size of K^-1: 1.0-1.8 times this form's error against a
-    long-double reference, 3.4 in a review's case (tried 2026-12-01: docs/methods/ep.md, "The step's m x m algebra")."""
+    where the sites are weak, cancels at the size of K^-1 where this form cancels in I - C^-1: 1.0-1.8 times this
+    form's error against a long-double reference, up to 3.4 in a review's cases (tried 2026-12-01: docs/methods/ep.md,
+    "The step's m x m algebra")."""
     half = post.solve_K(identity_plus(post.C_inv, -1.0), trans=True, overwrite=True)  # L_K^-T (I - C^-1)
     sandwich = post.solve_K(half.mT, trans=True, overwrite=True)
     beta = post.beta
