@@ -32,6 +32,7 @@ from ..backend import (
     prefers_inverses,
     row_dot,
     solve_triangular,
+    triangular_gram,
     triangular_matmul,
 )
 from ..kernels import step_lower_bounds
@@ -360,9 +361,9 @@ def quadratic_posterior(L_K, S, c_tilde):
     L_K_inv = lower_triangular_inverse(L_K)
     post = posterior_from_sums(L_K, S, c_tilde, L_K_inv=L_K_inv)
     beta = post.beta
-    B_inv_w = post.L_C_inv @ L_K_inv  # B^-1 = B_inv_w^T B_inv_w
-    M = beta[:, None] * beta[None, :] + B_inv_w.mT @ B_inv_w
-    return {"posterior": post, "L_K_inv": L_K_inv, "K_inv": L_K_inv.mT @ L_K_inv, "M": M}
+    B_inv_w = post.L_C_inv @ L_K_inv  # B^-1 = B_inv_w^T B_inv_w (a product of two lower triangles: one)
+    M = beta[:, None] * beta[None, :] + triangular_gram(B_inv_w, overwrite=True)
+    return {"posterior": post, "L_K_inv": L_K_inv, "K_inv": triangular_gram(L_K_inv), "M": M}
 
 
 def quadratic_row_terms(kernel, Z, X, y, xi, prep, *, kind, want_grad=True, want_xi_grad=False, block_rows=None,
