@@ -137,22 +137,28 @@ def count_calls(args, X, y, trainer):
 
 
 def child(args):
-    """Under valgrind: a marker (a dump) before and after each method's and path's steps."""
+    """Under valgrind: a marker (a dump) before and after each method's and path's steps, malloc as a fit sets it
+    (``allocator.fit_scope``), as for the timed steps."""
+    from agpc import allocator
+
     X, y, trainer = make_problem(args)
-    batch = batches(args)
-    order = []
-    for method in args.methods:
-        for path in PATHS:
-            t = trainer(method)
-            with path_scope(path):
-                for k in range(args.warmup):
-                    t.step(X, y, *batch(k), stepping=True)
-                time.thread_time()
-                for k in range(args.warmup, args.warmup + args.steps):
-                    t.step(X, y, *batch(k), stepping=True)
-                time.thread_time()
-            order.append(f"{method}:{path}")
+    with allocator.fit_scope():
+        order = [run_marked(args, X, y, trainer, method, path) for method in args.methods for path in PATHS]
     print("ORDER " + " ".join(order), flush=True)
+
+
+def run_marked(args, X, y, trainer, method, path):
+    """The warm-up steps of one method and path, then its measured steps between two markers; its name."""
+    batch = batches(args)
+    t = trainer(method)
+    with path_scope(path):
+        for k in range(args.warmup):
+            t.step(X, y, *batch(k), stepping=True)
+        time.thread_time()
+        for k in range(args.warmup, args.warmup + args.steps):
+            t.step(X, y, *batch(k), stepping=True)
+        time.thread_time()
+    return f"{method}:{path}"
 
 
 def run_callgrind(args, argv):
@@ -214,7 +220,10 @@ def main(argv=None):
         for method, counter in calls.items():
             row(method, sum(counter.values()), ", ".join(f"{k} {v}" for k, v in sorted(counter.items())))
         print()
-    times, reverted = time_steps(args, X, y, trainer, baseline)
+    from agpc import allocator
+
+    with allocator.fit_scope():  # (malloc as a fit sets it: the steps' m x m temporaries reuse freed memory)
+        times, reverted = time_steps(args, X, y, trainer, baseline)
     paths = [p for p in PATHS + ("baseline",) if (args.methods[0], p) in times]
     print("ms a step (the paths' steps interleaved one by one; min / median; ratios of medians to the fast "
           "path's):\n")
