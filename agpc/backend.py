@@ -74,6 +74,8 @@ __all__ = [
     "triangular_matmul",
     "cholesky_inverse",
     "triangular_gram",
+    "symmetric_congruence",
+    "CONGRUENCE_MIN_ORDER",
     "identity_plus",
     "prefers_inverses",
     "reference_paths",
@@ -1166,6 +1168,29 @@ def triangular_gram(T, *, overwrite=False):
         triangle, _ = _routine("lapack", "lauum", T.dtype)(a, lower=int(not a_transposed), overwrite_c=int(overwrite))
         return _mirrored(triangle.T if a_transposed else triangle)
     return triangular_matmul(T, T, trans=True)
+
+
+# From this order on, the NumPy fast path forms T^T P T by one LAPACK sygst (``symmetric_congruence``); below it two
+# triangular products (one OpenBLAS thread, interleaved: sygst took 1.4 times their time at m = 100, the same at
+# m = 150-200, 0.7 at m = 300 and 0.64-0.68 at m = 500: benchmarks/results/step_m3_savings_amd_epyc.md).
+CONGRUENCE_MIN_ORDER = 256
+
+
+def symmetric_congruence(T, P, *, overwrite=False):
+    """T^T P T (m x m, symmetric) for a lower-triangular T (zeros above the diagonal) and a symmetric P: L^-T P L^-1
+    for T = L^-1, the m x m part of a gradient through K = L L^T. Two triangular products (2 m^3 flops), except on
+    the NumPy fast path from order ``CONGRUENCE_MIN_ORDER``: one LAPACK sygst, which uses P's symmetry (m^3 flops),
+    its triangle mirrored. ``overwrite``: P is the caller's temporary (else it is left as it was)."""
+    if _fast(T, P) and T.shape[0] >= CONGRUENCE_MIN_ORDER:
+        b, b_transposed = _fortran_view(T)  # T (lower) or T^T (upper)
+        a = P.T if P.flags.c_contiguous else P  # (P symmetric: its Fortran view is P)
+        # sygst with itype 2 writes L^T A L for a lower L, U A U^T for an upper U, into that triangle of A: T^T P T
+        # either way. f2py would write into a read-only P too: it is overwritten only when it may be
+        overwrite = overwrite and P.flags.writeable
+        out, _ = _routine("lapack", "sygst", T.dtype)(a, b, itype=2, lower=int(not b_transposed),
+                                                       overwrite_a=int(overwrite))
+        return _mirrored(np.triu(out) if b_transposed else np.tril(out))
+    return triangular_matmul(T, triangular_matmul(T, P, trans=True, overwrite=overwrite), right=True, overwrite=True)
 
 
 def _mirrored(lower):

@@ -13,6 +13,7 @@ airline-like step of benchmarks/step_cost.py).
 
 import types
 
+import array_api_strict
 import numpy as np
 import pytest
 import scipy.linalg
@@ -21,7 +22,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from agpc import backend as B
 from agpc.inference import ep, variational
-from agpc.inference.posterior import Factor, Posterior, moved_factor
+from agpc.inference.posterior import Factor, Posterior, inverse_congruence, moved_factor
 from agpc.kernels import RBF
 
 ROUNDOFF_FACTOR = 10.0
@@ -312,6 +313,50 @@ def test_the_gram_of_a_formed_inverse_is_one_lauum_of_it(dtype):
     with B.counting_fast_calls() as calls:  # (an empty operand is not given to lauum, which refuses it)
         assert B.triangular_gram(np.zeros((0, 0), dtype=dtype)).shape == (0, 0)
     assert not any(name.endswith("lauum") for name in calls)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_symmetric_congruence_is_one_sygst_from_its_order(dtype, monkeypatch):
+    """``symmetric_congruence(T, P)`` = T^T P T (L^-T P L^-1 of the prior's gradient, for T = L^-1): on the fast path
+    from ``CONGRUENCE_MIN_ORDER`` one sygst and nothing else, in every memory order of T and P, exactly symmetric,
+    within a product's round-off of the long-double T^T P T; below it the two triangular products, whose result the
+    reference path gives too; P left as it was unless it may be overwritten, and a read-only P never written into.
+    ``posterior.inverse_congruence`` gives the same by triangular solves without the inverse (array_api_strict)."""
+    m = B.CONGRUENCE_MIN_ORDER
+    rng = np.random.default_rng(m)
+    A = rng.normal(size=(m, m))
+    L64 = np.linalg.cholesky(A @ A.T / m + 0.1 * np.eye(m))
+    T64 = scipy.linalg.solve_triangular(L64, np.eye(m), lower=True)
+    P64 = rng.normal(size=(m, m))
+    P64 = P64 + P64.T
+    T, P = T64.astype(dtype), P64.astype(dtype)
+    exact = (T.astype(np.longdouble).T @ P.astype(np.longdouble) @ T.astype(np.longdouble)).astype(np.float64)
+    # each entry sums m products of |T|^T |P| |T|: a product's forward error
+    atol = 2 * m * np.finfo(dtype).eps * np.max(np.abs(T64).T @ np.abs(P64) @ np.abs(T64))
+    prefix = "s" if dtype == np.float32 else "d"
+    for T_order in (T, np.asfortranarray(T)):
+        for P_order in (P, np.asfortranarray(P)):
+            before = P_order.copy()
+            with B.counting_fast_calls() as calls:
+                out = B.symmetric_congruence(T_order, P_order)
+            assert dict(calls) == {prefix + "sygst": 1}
+            np.testing.assert_array_equal(P_order, before)
+            assert out.dtype == dtype
+            np.testing.assert_array_equal(out, out.T)
+            np.testing.assert_allclose(out, exact, rtol=0, atol=atol)
+            with B.reference_paths():
+                np.testing.assert_allclose(B.symmetric_congruence(T_order, P_order), exact, rtol=0, atol=atol)
+    frozen = P.copy()
+    frozen.setflags(write=False)
+    np.testing.assert_allclose(B.symmetric_congruence(T, frozen, overwrite=True), exact, rtol=0, atol=atol)
+    np.testing.assert_array_equal(frozen, P)
+    strict = array_api_strict.asarray(L64.astype(dtype)), array_api_strict.asarray(P)
+    np.testing.assert_allclose(np.asarray(inverse_congruence(*strict)), exact, rtol=0,
+                               atol=atol * np.linalg.cond(L64))
+    monkeypatch.setattr(B, "CONGRUENCE_MIN_ORDER", m + 1)
+    with B.counting_fast_calls() as calls:
+        np.testing.assert_allclose(B.symmetric_congruence(T, P), exact, rtol=0, atol=atol)
+    assert dict(calls) == {prefix + "trmm": 2}
 
 
 def test_the_fast_path_does_not_write_into_its_operands():

@@ -44,6 +44,33 @@ def test_svi_elbo_gradients_match_finite_differences(likelihood, xp_device):
     np.testing.assert_allclose(to_np(grads["whitened_chol"]), np.tril(numeric), rtol=1e-6, atol=1e-6)
 
 
+def test_svi_elbo_gradients_do_not_depend_on_the_row_blocks(xp_device):
+    """The data term's m x m sums (``SVIBoundTerms``: S = A G A^T, and d L_w's S L_w once a step for blocks of at
+    least m / 2 rows, each narrower block's (A G) (L_w^T A)^T on its own) give the gradients of one block of all rows
+    whatever the layout: all narrow (blocks of 4 rows, m = 10), wide and narrow mixed (12, 12, 12, 4) and all wide
+    (7); the one block's are held to finite differences above."""
+    xp, device = xp_device
+    X_np, y_np, _, _, _ = _problem(n=40)
+    rng = np.random.default_rng(3)
+    Z_np = X_np[:10] + 0.1
+    mean_np = 0.3 * rng.normal(size=10)
+    chol_np = np.tril(0.2 * rng.normal(size=(10, 10))) + 0.8 * np.eye(10)
+    X, y, Z = to_xp(X_np, xp, device), to_xp(y_np, xp, device), to_xp(Z_np, xp, device)
+    mean, chol = to_xp(mean_np, xp, device), to_xp(chol_np, xp, device)
+    kernel = RBF(lengthscales=[0.9, 1.2], amplitude=1.5, noise=0.05).for_inputs(X)
+
+    def elbo(block_rows):
+        return V.svi_elbo(kernel, Z, X, y, mean, chol, n_total=100, block_rows=block_rows)
+
+    value, whole = elbo(40)
+    for block_rows in (4, 12, 7):
+        value_b, grads = elbo(block_rows)
+        np.testing.assert_allclose(float(value_b), float(value), rtol=1e-12)
+        for key in whole:
+            np.testing.assert_allclose(to_np(grads[key]), to_np(whole[key]), rtol=1e-9, atol=1e-12,
+                                       err_msg=f"{block_rows} {key}")
+
+
 @pytest.mark.parametrize("kind", ["jj", "taylor"])
 def test_quadratic_bound_gradients_match_finite_differences(kind, xp_device):
     xp, device = xp_device

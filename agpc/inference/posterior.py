@@ -29,12 +29,13 @@ from ..backend import (
     prefers_inverses,
     row_dot,
     solve_triangular,
+    symmetric_congruence,
     triangular_gram,
     triangular_matmul,
 )
 
 __all__ = ["Posterior", "Factor", "left_solve", "uses_inverse", "SOLVE_MAX_COLUMNS_PER_M", "PRIOR_FACTOR_NAME",
-           "prior_cholesky", "posterior_from_sums", "moved_factor", "prior_kmm_adjoint"]
+           "prior_cholesky", "posterior_from_sums", "moved_factor", "prior_kmm_adjoint", "inverse_congruence"]
 
 
 class Posterior:
@@ -65,6 +66,11 @@ class Posterior:
         """L_K^-1 B (``trans``: L_K^-T B); ``overwrite``: B is the caller's temporary (``left_solve``)."""
         return left_solve(self.L_K, B, trans=trans, L_inv=self.L_K_inv if uses_inverse(self.L_K, B) else None,
                           overwrite=overwrite)
+
+    def congruence_K(self, P, *, overwrite=False):
+        """L_K^-T P L_K^-1 for a symmetric P (``inverse_congruence``)."""
+        return inverse_congruence(self.L_K, P, L_inv=self.L_K_inv if uses_inverse(self.L_K, P) else None,
+                                  overwrite=overwrite)
 
     def solve_C(self, B, *, trans=False, overwrite=False):
         """L_C^-1 B (``trans``: L_C^-T B); ``overwrite`` as for ``solve_K``."""
@@ -110,8 +116,7 @@ def prior_kmm_adjoint(post):
     where the sites are weak, cancels at the size of K^-1 where this form cancels in I - C^-1: 1.0-1.8 times this
     form's error against a long-double reference, up to 3.4 in a review's cases (tried 2026-12-01: docs/methods/ep.md,
     "The step's m x m algebra")."""
-    half = post.solve_K(identity_plus(post.C_inv, -1.0), trans=True, overwrite=True)  # L_K^-T (I - C^-1)
-    sandwich = post.solve_K(half.mT, trans=True, overwrite=True)
+    sandwich = post.congruence_K(identity_plus(post.C_inv, -1.0), overwrite=True)
     beta = post.beta
     return 0.5 * (beta[:, None] * beta[None, :] - sandwich)
 
@@ -143,6 +148,17 @@ def left_solve(L, B, *, trans=False, L_inv=None, overwrite=False, out=None):
         inv = lower_triangular_inverse(L) if L_inv is None else L_inv
         return triangular_matmul(inv, B, trans=trans, overwrite=overwrite, out=out)
     return solve_triangular(L, B, lower=True, trans=trans)
+
+
+def inverse_congruence(L, P, *, L_inv=None, overwrite=False):
+    """L^-T P L^-1 (m x m) for a lower-triangular L and a symmetric P, the m x m part of a gradient through
+    K = L L^T: where ``uses_inverse``, with L's explicit inverse (``L_inv`` when given, else formed here;
+    ``backend.symmetric_congruence``, one sygst on NumPy at large m), else by two triangular solves.
+    ``overwrite``: P is the caller's temporary."""
+    if uses_inverse(L, P):
+        return symmetric_congruence(lower_triangular_inverse(L) if L_inv is None else L_inv, P, overwrite=overwrite)
+    half = solve_triangular(L, P, lower=True, trans=True)  # L^-T P
+    return solve_triangular(L, half.mT, lower=True, trans=True)  # L^-T (L^-T P)^T = L^-T P L^-1
 
 
 # How jitter reports name the prior covariance of the inducing points (``training`` looks for it).
