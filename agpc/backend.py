@@ -1171,16 +1171,19 @@ def triangular_gram(T, *, overwrite=False):
 
 
 # From this order on, the NumPy fast path forms T^T P T by one LAPACK sygst (``symmetric_congruence``); below it two
-# triangular products (one OpenBLAS thread, interleaved: sygst took 1.4 times their time at m = 100, the same at
-# m = 150-200, 0.7 at m = 300 and 0.64-0.68 at m = 500: benchmarks/results/step_m3_savings_amd_epyc.md).
-CONGRUENCE_MIN_ORDER = 256
+# triangular products. One OpenBLAS thread (Haswell kernel, AMD EPYC), interleaved, sygst's median time over theirs:
+# 1.87 at m = 100, 1.20-1.33 at 200-256, 0.86-1.11 at 300-450 (jagged), 0.77 / 0.89 / 0.75 at 500 / 700 / 1,000
+# (benchmarks/results/step_m3_savings_amd_epyc.md, "A symmetric congruence by sygst").
+CONGRUENCE_MIN_ORDER = 500
 
 
 def symmetric_congruence(T, P, *, overwrite=False):
-    """T^T P T (m x m, symmetric) for a lower-triangular T (zeros above the diagonal) and a symmetric P: L^-T P L^-1
-    for T = L^-1, the m x m part of a gradient through K = L L^T. Two triangular products (2 m^3 flops), except on
-    the NumPy fast path from order ``CONGRUENCE_MIN_ORDER``: one LAPACK sygst, which uses P's symmetry (m^3 flops),
-    its triangle mirrored. ``overwrite``: P is the caller's temporary (else it is left as it was)."""
+    """T^T P T (m x m) for a lower-triangular T (zeros above the diagonal) and a symmetric P: L^-T P L^-1 for
+    T = L^-1, the m x m part of a gradient through K = L L^T. Two triangular products (2 m^3 flops; symmetric up to
+    round-off), except on the NumPy fast path from order ``CONGRUENCE_MIN_ORDER``: one LAPACK sygst, which uses P's
+    symmetry (m^3 flops) and reads one triangle of P (which one depends on the memory orders: P must be symmetric),
+    its result's triangle mirrored (exactly symmetric). ``overwrite``: P is the caller's temporary (else it is left
+    as it was)."""
     if _fast(T, P) and T.shape[0] >= CONGRUENCE_MIN_ORDER:
         b, b_transposed = _fortran_view(T)  # T (lower) or T^T (upper)
         a = P.T if P.flags.c_contiguous else P  # (P symmetric: its Fortran view is P)
@@ -1194,8 +1197,8 @@ def symmetric_congruence(T, P, *, overwrite=False):
 
 
 def _mirrored(lower):
-    """The symmetric matrix whose lower triangle LAPACK's lauum / potri wrote (zeros above it, as they were left): the
-    matrix plus its transpose, the diagonal counted twice."""
+    """The symmetric matrix whose one triangle LAPACK's lauum / potri / sygst wrote (zeros in the other, as they were
+    left or cut): the matrix plus its transpose, the diagonal counted once."""
     full = lower + lower.T
     full.flat[:: lower.shape[0] + 1] *= 0.5
     return full

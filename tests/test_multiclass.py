@@ -431,6 +431,41 @@ def test_robust_max_elbo_gradients_match_finite_differences(xp_device, bound):
     np.testing.assert_allclose(to_np(grads["whitened_chol"]), np.tril(numeric), rtol=1e-5, atol=1e-6)
 
 
+def test_robust_max_elbo_gradients_do_not_depend_on_the_row_blocks():
+    """Both kinds of the multiclass bound give one block's gradients for any layout of the rows: blocks of 3 rows
+    (narrower than m / 2 = 4 of the m = 8 points), of 7 (4 + 3 mixed), of 5 (wide for eq. 15's g_s = g_v); the
+    conditional bound ("max") gives each block's g_s, whose sums of dA A^T and (A G)(L_w^T A)^T are its own. A bound's
+    blocks give g_s all or none: one of each is refused."""
+    from agpc.inference import multiclass_vi
+    from agpc.inference.variational import SVIBoundTerms
+
+    X, y = three_classes(n=30, seed=8)
+    y = y.astype(float)
+    rng = np.random.default_rng(9)
+    Z = np.stack([X[rng.choice(30, 8, replace=False)] for _ in range(3)])
+    kernels = _kernels(X)
+    mean = rng.normal(scale=0.5, size=(3, 8))
+    chol = np.stack([np.tril(rng.normal(scale=0.2, size=(8, 8)), -1) + np.diag(rng.uniform(0.5, 1.0, 8))
+                     for _ in range(3)])
+    for bound in multiclass_vi.BOUNDS:
+        value, whole = multiclass_vi.svi_elbo_multiclass(kernels, Z, X, y, mean, chol, jitter=JITTER, bound=bound,
+                                                         block_rows=30)
+        for block_rows in (3, 7, 5):
+            value_b, grads = multiclass_vi.svi_elbo_multiclass(kernels, Z, X, y, mean, chol, jitter=JITTER,
+                                                               bound=bound, block_rows=block_rows)
+            np.testing.assert_allclose(value_b, value, rtol=1e-12)
+            for key in whole:
+                np.testing.assert_allclose(grads[key], whole[key], rtol=1e-9, atol=1e-12,
+                                           err_msg=f"{bound} {block_rows} {key}")
+    terms = SVIBoundTerms(kernels[0], Z[0], mean[0], chol[0], JITTER)
+    ones = np.ones(5)
+    terms.marginal_parts(X[:5])
+    terms.add_adjoints(ones, -ones, -ones)
+    terms.marginal_parts(X[5:10])
+    with pytest.raises(ValueError, match="every block of a bound or for none"):
+        terms.add_adjoints(ones, -ones)
+
+
 def test_robust_max_elbo_weights_are_rows_repeated_or_dropped():
     """Per-row weights in the multiclass bound (both kinds): weight 0 drops a row and weight 2 counts it twice,
     in the value and in every gradient (the conditional bound's residual adjoint is weighted too)."""

@@ -67,8 +67,13 @@ def _forward_error(kernel, Z, jitter):
     return Z.shape[0] * np.finfo(np.float64).eps * np.linalg.cond(K) * np.abs(np.linalg.inv(K)).max()
 
 
+@pytest.mark.parametrize("sygst", [False, True])
 @pytest.mark.parametrize("case", CASES)
-def test_the_adjoint_is_within_an_inverses_forward_error(case):
+def test_the_adjoint_is_within_an_inverses_forward_error(case, sygst, monkeypatch):
+    """Each path: the fast one with q's inverses formed or not, the reference; ``sygst``: the fast path's congruence
+    L_K^-T (I - C^-1) L_K^-1 by one sygst (``backend.symmetric_congruence``, taken from any order here)."""
+    if sygst:
+        monkeypatch.setattr(B, "CONGRUENCE_MIN_ORDER", 1)
     kernel, Z, X, nu, mu, jitter = _problem(*case)
     reference = _long_double_reference(kernel, Z, X, nu, mu, jitter, _posterior(kernel, Z, X, nu, mu, jitter))
     bound = _forward_error(kernel, Z, jitter)
@@ -83,16 +88,20 @@ def test_the_adjoint_is_within_an_inverses_forward_error(case):
         assert np.abs(to_np(got) - reference).max() <= bound, (path.__name__, inverses_formed)
 
 
-def test_qs_cached_inverses_are_left_as_they_were():
+@pytest.mark.parametrize("sygst", [False, True])
+def test_qs_cached_inverses_are_left_as_they_were(sygst, monkeypatch):
     """On the fast path, with q's inverses formed (a minibatch EP step forms them before the gradient): C^-1 one
-    lauum of L_C^-1, the two triangular products with L_K^-1, and neither inverse written into."""
+    lauum of L_C^-1, the two triangular products with L_K^-1 (or from ``CONGRUENCE_MIN_ORDER`` one sygst), and
+    neither inverse written into."""
+    if sygst:
+        monkeypatch.setattr(B, "CONGRUENCE_MIN_ORDER", 1)
     kernel, Z, X, nu, mu, jitter = _problem(*CASES[1])
     post = _posterior(kernel, Z, X, nu, mu, jitter)
     L_K_inv, L_C_inv = post.L_K_inv.copy(), post.L_C_inv.copy()
     post.beta
     with B.counting_fast_calls() as calls:
         prior_kmm_adjoint(post)
-    assert dict(calls) == {"dlauum": 1, "dtrmm": 2}
+    assert dict(calls) == ({"dlauum": 1, "dsygst": 1} if sygst else {"dlauum": 1, "dtrmm": 2})
     np.testing.assert_array_equal(post.L_K_inv, L_K_inv)
     np.testing.assert_array_equal(post.L_C_inv, L_C_inv)
 

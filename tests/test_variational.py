@@ -1,11 +1,13 @@
 """Variational methods (Izmailov & Kropotov 2017): gradients, bound relations, analytic optima, limits and
 quadrature."""
 
+import array_api_strict
 import numpy as np
 import pytest
 import scipy.special
 
 from agpc import RBF, GPClassifier
+from agpc import backend as B
 from agpc.datasets import banana_bayes_error, make_banana
 from agpc.inference import variational as V
 from agpc.kernels import Matern52
@@ -44,11 +46,11 @@ def test_svi_elbo_gradients_match_finite_differences(likelihood, xp_device):
     np.testing.assert_allclose(to_np(grads["whitened_chol"]), np.tril(numeric), rtol=1e-6, atol=1e-6)
 
 
-def test_svi_elbo_gradients_do_not_depend_on_the_row_blocks(xp_device):
+def test_svi_elbo_gradients_do_not_depend_on_the_row_blocks(xp_device, monkeypatch):
     """The data term's m x m sums (``SVIBoundTerms``: S = A G A^T, and d L_w's S L_w once a step for blocks of at
     least m / 2 rows, each narrower block's (A G) (L_w^T A)^T on its own) give the gradients of one block of all rows
     whatever the layout: all narrow (blocks of 4 rows, m = 10), wide and narrow mixed (12, 12, 12, 4) and all wide
-    (7); the one block's are held to finite differences above."""
+    (7); the one block's are held to finite differences above. On NumPy, dKmm's congruence by sygst gives them too."""
     xp, device = xp_device
     X_np, y_np, _, _, _ = _problem(n=40)
     rng = np.random.default_rng(3)
@@ -63,6 +65,13 @@ def test_svi_elbo_gradients_do_not_depend_on_the_row_blocks(xp_device):
         return V.svi_elbo(kernel, Z, X, y, mean, chol, n_total=100, block_rows=block_rows)
 
     value, whole = elbo(40)
+    if xp is not array_api_strict:  # (the dKmm's congruence by one sygst, as from m = CONGRUENCE_MIN_ORDER: the same gradients)
+        monkeypatch.setattr(B, "CONGRUENCE_MIN_ORDER", 1)
+        with B.counting_fast_calls() as calls:
+            _, by_sygst = elbo(40)
+        assert calls["dsygst"] == 1
+        for key in whole:
+            np.testing.assert_allclose(by_sygst[key], whole[key], rtol=1e-9, atol=1e-12, err_msg=key)
     for block_rows in (4, 12, 7):
         value_b, grads = elbo(block_rows)
         np.testing.assert_allclose(float(value_b), float(value), rtol=1e-12)

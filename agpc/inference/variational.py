@@ -109,15 +109,19 @@ class SVIBoundTerms:
 
     Phi needs only the lower triangle of L_K^T dL_K = -L_K^T tril(M), M = L_K^-T dA A^T, and that is the lower
     triangle of -dA A^T: L_K^T tril(M) = dA A^T - L_K^T striu(M), and an upper triangle times a strictly upper one is
-    strictly upper. So M and its product with L_K^T are never formed. Over the rows,
+    strictly upper. So M and its product with L_K^T are never formed. With one adjoint of the total variance
+    (g_s = g_v: a binary likelihood's), over the rows
 
-      sum dA A^T = m_w (A g_m)^T + 2 L_w L_w^T S - 2 S_s,   S = sum A G A^T,  S_s = sum A G_s A^T,
+      sum dA A^T = m_w (A g_m)^T + 2 L_w L_w^T S - 2 S,   S = sum A G A^T,
 
-    so a block adds the m x m sums S (and S_s where g_s is its own) and A g_m: a symmetric product
-    (``backend.weighted_gram``; BLAS syrk on NumPy, m^2 b flops for b rows) where the general products of
-    L_K^-T dA by A^T and of A G by (L_w^T A)^T stood (4 m^2 b), and L_K^T tril(M) (m^3) is L_w (L_w^T S) (m^3). d L_w's
-    S L_w is one more triangular product a step (m^3) where the rows are at least m / 2 (a minibatch of 200 rows at
-    m = 200: 3 m^3 flops where there were 5), and a narrower block's own product (2 m^2 b) where not."""
+    so a block adds the m x m sum S and A g_m: a symmetric product (``backend.weighted_gram``; BLAS syrk on NumPy,
+    m^2 b flops for b rows) where the general products of L_K^-T dA by A^T and of A G by (L_w^T A)^T stood
+    (4 m^2 b), and L_K^T tril(M) (m^3) is L_w (L_w^T S) (m^3). d L_w's S L_w is one more triangular product a step
+    (m^3) where the rows are at least m / 2 (a minibatch of 200 rows at m = 200: 3 m^3 flops where there were 5),
+    and a narrower block's own product (A G) (L_w^T A)^T (2 m^2 b) where not. With an adjoint g_s of its own (the
+    multiclass robust max's, whose g_v and g_s take either sign, so that no product is symmetric) a block adds
+    dA A^T and (A G) (L_w^T A)^T, two general products as before, and the step makes no m^3 product for them (one
+    fewer than before). A bound's blocks give g_s all or none."""
 
     def __init__(self, kernel, Z, whitened_mean, whitened_chol, jitter):
         xp = array_namespace(Z)
@@ -132,9 +136,9 @@ class SVIBoundTerms:
         self.kl = 0.5 * (xp.sum(whitened_chol * whitened_chol) + row_dot(whitened_mean, whitened_mean)
                          - Z.shape[0] - 2.0 * xp.sum(xp.log(xp.abs(diagonal))))
         self.grads = None
-        # the blocks' sums: A g_m; -S of blocks of at least m / 2 rows, of narrower ones; the narrower ones' -S L_w;
-        # -S_s where g_s is its own (``add_adjoints``)
-        self._sums = (None,) * 5
+        # the blocks' sums: A g_m; -S of blocks of at least m / 2 rows, of narrower ones; the others' -S L_w; with an
+        # adjoint g_s of its own, dA A^T (``add_adjoints``)
+        self._sums, self._own_s = (None,) * 5, None
         self._block = None
 
     def _solve(self, B, trans=False, overwrite=True):
@@ -158,23 +162,26 @@ class SVIBoundTerms:
 
     def add_adjoints(self, g_m, g_v, g_s=None):
         """Accumulate the adjoints of the last ``marginals`` (or ``marginal_parts``) block: g_v of q's share of the
-        variance, g_s of the conditional's (None: g_v, the adjoint of the total variance)."""
+        variance, g_s of the conditional's (None: g_v, the adjoint of the total variance; all of a bound's blocks
+        give it, or none)."""
         Xb, Knm, A, spread = self._block
         own_s = g_s is not None
-        g_s = g_s if own_s else g_v
+        if self._own_s not in (None, own_s):
+            raise ValueError("add_adjoints: g_s is given for every block of a bound or for none")
+        self._own_s, g_s = own_s, (g_s if own_s else g_v)
         d_A = self.mean[:, None] * g_m[None, :] + 2.0 * (triangular_matmul(self.chol, spread * g_v[None, :])
                                                           - A * g_s[None, :])
-        dKnm_t = self._solve(d_A, trans=True)  # L_K^-T dA
-        block = self.kernel.grads(None, dKnm_t.mT, g_s, Xb, self.Z, Knm=Knm)
-        # -S = A (-G) A^T: a log-concave likelihood's g_v is <= 0, so the symmetric product's weights are >= 0
-        # (another sign takes the general product); the sums are kept negated
+        # the sums are kept negated: -S = A (-G) A^T, whose weights are >= 0 where g_v <= 0 (a log-concave likelihood's,
+        # up to round-off; another sign takes the general product)
         minus_g_v = -g_v
-        minus_gram = weighted_gram(A, minus_g_v)
         # d L_w's A G A^T L_w: for a block of at least m / 2 rows as S L_w once a step (m^3 flops), for a narrower one
-        # as its own (A G) (L_w^T A)^T (2 m^2 b flops)
-        wide = 2 * A.shape[1] >= A.shape[0]
+        # or one with its own g_s as its own (A G) (L_w^T A)^T (2 m^2 b flops)
+        wide = 2 * A.shape[1] >= A.shape[0] and not own_s
+        minus_gram = None if own_s else weighted_gram(A, minus_g_v)
         parts = (A @ g_m, minus_gram if wide else None, None if wide else minus_gram,
-                 None if wide else (A * minus_g_v[None, :]) @ spread.mT, weighted_gram(A, -g_s) if own_s else None)
+                 None if wide else (A * minus_g_v[None, :]) @ spread.mT, d_A @ A.mT if own_s else None)
+        dKnm_t = self._solve(d_A, trans=True)  # L_K^-T dA (d_A overwritten)
+        block = self.kernel.grads(None, dKnm_t.mT, g_s, Xb, self.Z, Knm=Knm)
         self.grads = block if self.grads is None else {k: self.grads[k] + block[k] for k in block}
         self._sums = tuple(_added(total, part) for total, part in zip(self._sums, parts))
 
@@ -182,14 +189,15 @@ class SVIBoundTerms:
         """Gradients of scale * (data term) - KL for every kernel parameter, "Z", "whitened_mean" and
         "whitened_chol" (its lower triangle)."""
         xp, L_K, chol = self.xp, self.L_K, self.chol
-        d_mean, minus_wide, minus_narrow, minus_chol_narrow, minus_gram_s = self._sums
-        minus_gram = _added(minus_wide, minus_narrow)  # -S
+        d_mean, minus_wide, minus_narrow, minus_chol_narrow, d_A_A = self._sums
         minus_chol = _added(None if minus_wide is None else triangular_matmul(chol, minus_wide, trans=True).mT,
                             minus_chol_narrow)  # -S L_w
         eye = xp.eye(L_K.shape[0], dtype=L_K.dtype, device=array_device(L_K))
         # Cholesky adjoint (Murray 2016, eq. 10) of dL_K = -scale tril(L_K^-T dA A^T): Phi of -scale dA A^T (above)
-        minus_s = minus_gram if minus_gram_s is None else minus_gram_s  # -S_s
-        lower = xp.tril(self.mean[:, None] * d_mean[None, :] + 2.0 * (minus_s - triangular_matmul(chol, minus_chol.mT)))
+        if d_A_A is None:  # sum dA A^T = m_w (A g_m)^T + 2 (L_w L_w^T S - S)
+            minus_gram = _added(minus_wide, minus_narrow)  # -S
+            d_A_A = self.mean[:, None] * d_mean[None, :] + 2.0 * (minus_gram - triangular_matmul(chol, minus_chol.mT))
+        lower = xp.tril(d_A_A)
         # sym(L_K^-T Phi L_K^-1) = L_K^-T (Phi + Phi^T) L_K^-1 / 2; Phi + Phi^T: the symmetric matrix of that triangle
         symmetric = lower + lower.mT - xp.linalg.diagonal(lower)[None, :] * eye
         dKmm = (-0.5 * scale) * Q.inverse_congruence(L_K, symmetric, L_inv=self.L_K_inv, overwrite=True)
