@@ -75,6 +75,7 @@ __all__ = [
     "cholesky_inverse",
     "triangular_gram",
     "symmetric_congruence",
+    "congruence_by_sygst",
     "CONGRUENCE_MIN_ORDER",
     "identity_plus",
     "prefers_inverses",
@@ -1106,6 +1107,12 @@ def inverts_by_halves(L):
     threadpoolctl does not know, such as Apple's Accelerate), LAPACK's routines as they are."""
     if not _fast(L) or L.shape[-1] <= 2 * TRIANGULAR_INVERSE_BLOCK:
         return False
+    return _one_openblas_thread()
+
+
+def _one_openblas_thread():
+    """Whether every BLAS library threadpoolctl found is OpenBLAS (the only one measured) and runs on one thread now
+    (a few microseconds: one call into each library); False where none was found."""
     pools, all_openblas = _openblas_pools()
     return all_openblas and all(pool.num_threads == 1 for pool in pools)
 
@@ -1170,21 +1177,29 @@ def triangular_gram(T, *, overwrite=False):
     return triangular_matmul(T, T, trans=True)
 
 
-# From this order on, the NumPy fast path forms T^T P T by one LAPACK sygst (``symmetric_congruence``); below it two
-# triangular products. One OpenBLAS thread (Haswell kernel, AMD EPYC), interleaved, sygst's median time over theirs:
-# 1.87 at m = 100, 1.20-1.33 at 200-256, 0.86-1.11 at 300-450 (jagged), 0.77 / 0.89 / 0.75 at 500 / 700 / 1,000
-# (benchmarks/results/step_m3_savings_amd_epyc.md, "A symmetric congruence by sygst").
+# From this order on, where every BLAS is OpenBLAS on one thread (``congruence_by_sygst``), the NumPy fast path forms
+# T^T P T by one LAPACK sygst; elsewhere two triangular products. AMD EPYC, Haswell kernel, interleaved, sygst's median
+# time over theirs on one thread: 1.87 at m = 100, 1.20-1.33 at 200-256, 0.86-1.11 at 300-450 (jagged), 0.77-0.97 at
+# 500, 0.75-0.94 at 650-1,000; on two threads, where the triangular products share the work better: 1.42-1.49 at
+# m = 500, 0.90-1.34 at 650-800, 0.91-0.97 at 1,000 (benchmarks/results/step_m3_savings_amd_epyc.md, "A symmetric
+# congruence by sygst"). agpc's rule runs a minibatch step on one thread below m = 813 (``agpc.threads``).
 CONGRUENCE_MIN_ORDER = 500
+
+
+def congruence_by_sygst(T):
+    """Whether ``symmetric_congruence`` takes one sygst for T: a NumPy array of order ``CONGRUENCE_MIN_ORDER`` or more,
+    every BLAS found OpenBLAS on one thread."""
+    return _fast(T) and T.shape[0] >= CONGRUENCE_MIN_ORDER and _one_openblas_thread()
 
 
 def symmetric_congruence(T, P, *, overwrite=False):
     """T^T P T (m x m) for a lower-triangular T (zeros above the diagonal) and a symmetric P: L^-T P L^-1 for
     T = L^-1, the m x m part of a gradient through K = L L^T. Two triangular products (2 m^3 flops; symmetric up to
-    round-off), except on the NumPy fast path from order ``CONGRUENCE_MIN_ORDER``: one LAPACK sygst, which uses P's
+    round-off), except on the NumPy fast path where ``congruence_by_sygst``: one LAPACK sygst, which uses P's
     symmetry (m^3 flops) and reads one triangle of P (which one depends on the memory orders: P must be symmetric),
     its result's triangle mirrored (exactly symmetric). ``overwrite``: P is the caller's temporary (else it is left
     as it was)."""
-    if _fast(T, P) and T.shape[0] >= CONGRUENCE_MIN_ORDER:
+    if _fast(T, P) and congruence_by_sygst(T):
         b, b_transposed = _fortran_view(T)  # T (lower) or T^T (upper)
         a = P.T if P.flags.c_contiguous else P  # (P symmetric: its Fortran view is P)
         # sygst with itype 2 writes L^T A L for a lower L, U A U^T for an upper U, into that triangle of A: T^T P T

@@ -214,7 +214,7 @@ def test_a_singular_triangle_inverted_by_blocks_is_nan(zero_at, threads):
 ])
 def test_only_openblas_on_one_thread_inverts_by_halves(monkeypatch, found, threads, expected):
     """``backend.inverts_by_halves`` over what threadpoolctl finds (looked up once, then read), for NumPy arrays
-    above twice the block only."""
+    above twice the block only; ``backend.congruence_by_sygst`` from its order on."""
     built = []
 
     class Pool:
@@ -236,6 +236,11 @@ def test_only_openblas_on_one_thread_inverts_by_halves(monkeypatch, found, threa
     assert B.inverts_by_halves(np.eye(order + 1, dtype=np.int64)) is False  # (not the fast path's)
     assert B.inverts_by_halves(np.eye(order + 1)) is expected
     assert len(built) == 1
+    # sygst for a symmetric congruence likewise, from its order on (two threads shared two trmm's better)
+    order = B.CONGRUENCE_MIN_ORDER
+    assert B.congruence_by_sygst(np.eye(order)) is expected
+    assert B.congruence_by_sygst(np.eye(order - 1)) is False
+    assert B.congruence_by_sygst(np.eye(order, dtype=np.int64)) is False
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -322,9 +327,11 @@ def test_a_symmetric_congruence_is_one_sygst_from_its_order(dtype, monkeypatch):
     within a product's round-off of the long-double T^T P T; below it the two triangular products, whose result the
     reference path gives too; P left as it was unless it may be overwritten, and a read-only P never written into.
     ``posterior.inverse_congruence`` gives the same by triangular solves without the inverse (array_api_strict). (The
-    order from which sygst is taken is set to this test's m, 96: the arithmetic does not depend on it.)"""
+    order from which sygst is taken is set to this test's m, 96, and its condition on the BLAS threads taken as met:
+    the arithmetic depends on neither.)"""
     m = 96
     monkeypatch.setattr(B, "CONGRUENCE_MIN_ORDER", m)
+    monkeypatch.setattr(B, "_one_openblas_thread", lambda: True)
     rng = np.random.default_rng(m)
     A = rng.normal(size=(m, m))
     L64 = np.linalg.cholesky(A @ A.T / m + 0.1 * np.eye(m))

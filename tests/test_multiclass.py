@@ -432,10 +432,10 @@ def test_robust_max_elbo_gradients_match_finite_differences(xp_device, bound):
 
 
 def test_robust_max_elbo_gradients_do_not_depend_on_the_row_blocks():
-    """Both kinds of the multiclass bound give one block's gradients for any layout of the rows: blocks of 3 rows
-    (narrower than m / 2 = 4 of the m = 8 points), of 7 (4 + 3 mixed), of 5 (wide for eq. 15's g_s = g_v); the
-    conditional bound ("max") gives each block's g_s, whose sums of dA A^T and (A G)(L_w^T A)^T are its own. A bound's
-    blocks give g_s all or none: one of each is refused."""
+    """Both kinds of the multiclass bound give one block's gradients for any layout of the 30 rows: blocks of 3 rows
+    (narrower than m / 2 = 4 of the m = 8 points), of 7 (7, 7, 7, 7 and 2: wide and narrow mixed for eq. 15's
+    g_s = g_v), of 5 (all wide); the conditional bound ("max") gives each block's g_s, whose sums of dA A^T and
+    (A G)(L_w^T A)^T are its own. A bound's blocks give g_s all or none: one of each is refused, in either order."""
     from agpc.inference import multiclass_vi
     from agpc.inference.variational import SVIBoundTerms
 
@@ -457,13 +457,14 @@ def test_robust_max_elbo_gradients_do_not_depend_on_the_row_blocks():
             for key in whole:
                 np.testing.assert_allclose(grads[key], whole[key], rtol=1e-9, atol=1e-12,
                                            err_msg=f"{bound} {block_rows} {key}")
-    terms = SVIBoundTerms(kernels[0], Z[0], mean[0], chol[0], JITTER)
     ones = np.ones(5)
-    terms.marginal_parts(X[:5])
-    terms.add_adjoints(ones, -ones, -ones)
-    terms.marginal_parts(X[5:10])
-    with pytest.raises(ValueError, match="every block of a bound or for none"):
-        terms.add_adjoints(ones, -ones)
+    for first, second in (((ones, -ones, -ones), (ones, -ones)), ((ones, -ones), (ones, -ones, -ones))):
+        terms = SVIBoundTerms(kernels[0], Z[0], mean[0], chol[0], JITTER)
+        terms.marginal_parts(X[:5])
+        terms.add_adjoints(*first)
+        terms.marginal_parts(X[5:10])
+        with pytest.raises(ValueError, match="every block of a bound or for none"):
+            terms.add_adjoints(*second)
 
 
 def test_robust_max_elbo_weights_are_rows_repeated_or_dropped():

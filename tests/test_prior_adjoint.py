@@ -71,9 +71,10 @@ def _forward_error(kernel, Z, jitter):
 @pytest.mark.parametrize("case", CASES)
 def test_the_adjoint_is_within_an_inverses_forward_error(case, sygst, monkeypatch):
     """Each path: the fast one with q's inverses formed or not, the reference; ``sygst``: the fast path's congruence
-    L_K^-T (I - C^-1) L_K^-1 by one sygst (``backend.symmetric_congruence``, taken from any order here)."""
+    L_K^-T (I - C^-1) L_K^-1 by one sygst (``backend.symmetric_congruence``, taken at any order and thread count
+    here)."""
     if sygst:
-        monkeypatch.setattr(B, "CONGRUENCE_MIN_ORDER", 1)
+        monkeypatch.setattr(B, "congruence_by_sygst", lambda T: True)
     kernel, Z, X, nu, mu, jitter = _problem(*case)
     reference = _long_double_reference(kernel, Z, X, nu, mu, jitter, _posterior(kernel, Z, X, nu, mu, jitter))
     bound = _forward_error(kernel, Z, jitter)
@@ -91,10 +92,10 @@ def test_the_adjoint_is_within_an_inverses_forward_error(case, sygst, monkeypatc
 @pytest.mark.parametrize("sygst", [False, True])
 def test_qs_cached_inverses_are_left_as_they_were(sygst, monkeypatch):
     """On the fast path, with q's inverses formed (a minibatch EP step forms them before the gradient): C^-1 one
-    lauum of L_C^-1, the two triangular products with L_K^-1 (or from ``CONGRUENCE_MIN_ORDER`` one sygst), and
-    neither inverse written into."""
+    lauum of L_C^-1, the two triangular products with L_K^-1 (or, where ``backend.congruence_by_sygst``, one sygst),
+    and neither inverse written into."""
     if sygst:
-        monkeypatch.setattr(B, "CONGRUENCE_MIN_ORDER", 1)
+        monkeypatch.setattr(B, "congruence_by_sygst", lambda T: True)
     kernel, Z, X, nu, mu, jitter = _problem(*CASES[1])
     post = _posterior(kernel, Z, X, nu, mu, jitter)
     L_K_inv, L_C_inv = post.L_K_inv.copy(), post.L_C_inv.copy()

@@ -153,7 +153,7 @@ def left_solve(L, B, *, trans=False, L_inv=None, overwrite=False, out=None):
 def inverse_congruence(L, P, *, L_inv=None, overwrite=False):
     """L^-T P L^-1 (m x m) for a lower-triangular L and a symmetric P, the m x m part of a gradient through
     K = L L^T: where ``uses_inverse``, with L's explicit inverse (``L_inv`` when given, else formed here;
-    ``backend.symmetric_congruence``, one sygst on NumPy at large m), else by two triangular solves.
+    ``backend.symmetric_congruence``, one sygst on one OpenBLAS thread at large m), else by two triangular solves.
     ``overwrite``: P is the caller's temporary."""
     if uses_inverse(L, P):
         return symmetric_congruence(lower_triangular_inverse(L) if L_inv is None else L_inv, P, overwrite=overwrite)
