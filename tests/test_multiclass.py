@@ -431,6 +431,18 @@ def test_robust_max_elbo_gradients_match_finite_differences(xp_device, bound):
     np.testing.assert_allclose(to_np(grads["whitened_chol"]), np.tril(numeric), rtol=1e-5, atol=1e-6)
 
 
+def _robust_max_problem(m):
+    """(X, y as floats, Z (3, m, d), the classes' kernels, q's whitened means and Cholesky factors) on 30 rows of three
+    classes."""
+    X, y = three_classes(n=30, seed=8)
+    rng = np.random.default_rng(9)
+    Z = np.stack([X[rng.choice(30, m, replace=False)] for _ in range(3)])
+    mean = rng.normal(scale=0.5, size=(3, m))
+    chol = np.stack([np.tril(rng.normal(scale=0.2, size=(m, m)), -1) + np.diag(rng.uniform(0.5, 1.0, m))
+                     for _ in range(3)])
+    return X, y.astype(float), Z, _kernels(X), mean, chol
+
+
 def test_robust_max_elbo_gradients_do_not_depend_on_the_row_blocks():
     """Both kinds of the multiclass bound give one block's gradients for any layout of the 30 rows: blocks of 3 rows
     (narrower than m / 2 = 4 of the m = 8 points), of 7 (7, 7, 7, 7 and 2: wide and narrow mixed for eq. 15's
@@ -439,14 +451,7 @@ def test_robust_max_elbo_gradients_do_not_depend_on_the_row_blocks():
     from agpc.inference import multiclass_vi
     from agpc.inference.variational import SVIBoundTerms
 
-    X, y = three_classes(n=30, seed=8)
-    y = y.astype(float)
-    rng = np.random.default_rng(9)
-    Z = np.stack([X[rng.choice(30, 8, replace=False)] for _ in range(3)])
-    kernels = _kernels(X)
-    mean = rng.normal(scale=0.5, size=(3, 8))
-    chol = np.stack([np.tril(rng.normal(scale=0.2, size=(8, 8)), -1) + np.diag(rng.uniform(0.5, 1.0, 8))
-                     for _ in range(3)])
+    X, y, Z, kernels, mean, chol = _robust_max_problem(8)
     for bound in multiclass_vi.BOUNDS:
         value, whole = multiclass_vi.svi_elbo_multiclass(kernels, Z, X, y, mean, chol, jitter=JITTER, bound=bound,
                                                          block_rows=30)
@@ -472,14 +477,7 @@ def test_robust_max_elbo_weights_are_rows_repeated_or_dropped():
     in the value and in every gradient (the conditional bound's residual adjoint is weighted too)."""
     from agpc.inference import multiclass_vi
 
-    X, y = three_classes(n=30, seed=8)
-    y = y.astype(float)
-    rng = np.random.default_rng(9)
-    Z = np.stack([X[rng.choice(30, 4, replace=False)] for _ in range(3)])
-    kernels = _kernels(X)
-    mean = rng.normal(scale=0.5, size=(3, 4))
-    chol = np.stack([np.tril(rng.normal(scale=0.2, size=(4, 4)), -1) + np.diag(rng.uniform(0.5, 1.0, 4))
-                     for _ in range(3)])
+    X, y, Z, kernels, mean, chol = _robust_max_problem(4)
     weights = np.r_[np.ones(10), 2.0 * np.ones(10), np.zeros(10)]
     rows = np.r_[np.arange(20), np.arange(10, 20)]  # the first 10 once, the next 10 twice, the last 10 not
     for bound in multiclass_vi.BOUNDS:
