@@ -209,6 +209,18 @@ def rerun_with_blas_unset(script, argv):
     print(child.stdout + child.stderr[-2000:], flush=True)
 
 
+def import_baseline(directory):
+    """DIR/agpc imported as the package ``agpc_baseline`` (a copy in a temporary folder on sys.path), to time beside
+    this checkout's agpc in one process (``--baseline`` of step_cost.py and defaults.py)."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="agpc-baseline-")
+    shutil.copytree(Path(directory) / "agpc", Path(folder) / "agpc_baseline")
+    sys.path.insert(0, folder)
+    return importlib.import_module("agpc_baseline")
+
+
 def header(columns, align=None, title=None):
     """A Markdown table's head (``align``: one "l" or "r" a column, default all left), under ``### title``."""
     if title:

@@ -8,7 +8,10 @@ without its start on a random subsample (``size_rule.subsample_start_rows``, sin
 it), or (``agpc-mb``) in minibatches of 200
 (``batch_size=200``, the default of binary sets above 20,000 rows before that), and (``gpflow``, binary
 sets) GPflow SVGP at its harness's defaults in its own process (``../shared/peers``; skipped, saying why, where its
-environment is not built).
+environment is not built). ``--baseline DIR``: ``base-1`` and ``base-2`` are the default fits (n_jobs 1 and 2) of the
+agpc of another checkout, imported beside this one (``_runner.import_baseline``), each paired with agpc-1 / agpc-2
+of the same split (test NLL difference, ratio of fit times). The candidates of a split run in the order given, and
+in the reverse order on odd splits, so that two candidates timed against each other take turns first.
 
 Sets: the shared sets of 4,900 to 6,500 rows (banana; waveform and satellite, multiclass; wine_quality_white,
 ordinal), airline subsets of 20,000, 50,000 and 200,000 training rows (arr_delay > 0), generated tables
@@ -21,10 +24,12 @@ prints that table too, each under the kernel threadpoolctl reports.
 
     PYTHONPATH=. python benchmarks/defaults.py --sets banana,waveform,satellite,wq-white-ordinal,airline-20000,airline-50000
     PYTHONPATH=. python benchmarks/defaults.py --sets airline-200000 --splits 1
+    PYTHONPATH=. python benchmarks/defaults.py --sets waveform,satellite --candidates agpc-1,base-1 --baseline /tmp/base
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -36,13 +41,15 @@ from pathlib import Path
 
 import numpy as np
 from _protocol import mean_se, split_indices
-from _runner import (add_blas_env_option, begin, blas_variables_set, end, header, options, parse, parse_list,
-                     rerun_with_blas_unset, row, standardise, test_scores, write_json)
+from _runner import (add_blas_env_option, begin, blas_variables_set, end, header, import_baseline, options, parse,
+                     parse_list, rerun_with_blas_unset, row, standardise, test_scores, write_json)
 from airline import PEER_HOME, PEERS_DIR
 from stopping import load
 
 SETS = ["banana", "waveform", "satellite", "wq-white-ordinal", "airline-20000", "airline-50000", "airline-200000"]
-CANDIDATES = ["agpc-1", "agpc-2", "agpc-all", "agpc-batch", "agpc-whole", "agpc-mb", "logreg", "hgb", "gpflow"]
+CANDIDATES = ["agpc-1", "agpc-2", "agpc-all", "agpc-batch", "agpc-whole", "agpc-mb", "logreg", "hgb", "gpflow",
+              "base-1", "base-2"]
+BASELINE = "agpc_baseline"  # the package name ``--baseline``'s checkout is imported under
 PEER_PYTHON = PEER_HOME / "gpflow" / "bin" / "python"  # (airline.py's --peer-python default)
 
 
@@ -58,7 +65,10 @@ def model_of(candidate, split, ordinal):
         from sklearn.ensemble import HistGradientBoostingClassifier
 
         return HistGradientBoostingClassifier(random_state=split)
-    from agpc import GPClassifier
+    if candidate.startswith("base-"):  # (the baseline checkout's, imported by ``main``)
+        GPClassifier = importlib.import_module(BASELINE).GPClassifier
+    else:
+        from agpc import GPClassifier
 
     extra = {"likelihood": "ordinal"} if ordinal else {}
     if candidate == "agpc-all":
@@ -67,7 +77,7 @@ def model_of(candidate, split, ordinal):
         extra["batch_size"] = None
     if candidate == "agpc-mb":  # (minibatches of 200, whatever batch_size="auto" would choose)
         extra["batch_size"] = 200
-    return GPClassifier(random_state=split, n_jobs=2 if candidate == "agpc-2" else None, **extra)
+    return GPClassifier(random_state=split, n_jobs=2 if candidate.endswith("-2") else None, **extra)
 
 
 def growth_of(candidate):
@@ -175,10 +185,13 @@ def print_table(results, sets, candidates):
                 diff, se, _ = mean_se(mine)
                 print(f"- {name}, {candidate} - {growths[0]}: test NLL {diff:+.4f} ± {0 if np.isnan(se) else se:.4f}")
     for base, said in (("agpc-all", "the fit of every iteration"),
-                       ("agpc-whole", "the fit without the start on a subsample")):
+                       ("agpc-whole", "the fit without the start on a subsample"),
+                       ("base-1", "the baseline checkout's fit, n_jobs 1 (--baseline)"),
+                       ("base-2", "the baseline checkout's fit, n_jobs 2 (--baseline)")):
         lines = []
-        for name, candidate in [(name, c) for name in sets for c in candidates
-                                if c.startswith("agpc-") and c not in ("agpc-all", base) and "@" not in c]:
+        for name, candidate in [(name, c) for name in sets for c in candidates if c.startswith("agpc-")
+                                and c not in ("agpc-all", base) and "@" not in c
+                                and (not base.startswith("base-") or c == "agpc-" + base[-1])]:
             reference = {r["split"]: r for r in results if r["set"] == name and r["candidate"] == base}
             mine = [r for r in results if r["set"] == name and r["candidate"] == candidate and r["split"] in reference]
             if mine:
@@ -199,12 +212,17 @@ def main(argv=None):
     p.add_argument("--candidates", default=None, help=f"comma list of {CANDIDATES} (default: all but agpc-all); an "
                    "agpc candidate with @G (agpc-1@1.02) fits with Rprop's growth G in the sparse model's binary batch fits")
     p.add_argument("--splits", type=int, default=None, help="random 90/10 splits a set (default 3)")
+    p.add_argument("--baseline", default=None, help="another checkout, whose agpc the candidates base-1 / base-2 fit")
     add_blas_env_option(p)
     args = parse(p, argv, full=dict(sets=",".join(SETS[:-1]), candidates="agpc-1,agpc-2,logreg,hgb", splits=3),
                  quick=dict(sets="clf-2000x10", candidates="agpc-1,logreg", splits=1))
     args.sets = parse_list(args.sets)
     args.candidates = parse_list(args.candidates)
     parse_list(",".join(growth_of(c)[0] for c in args.candidates), CANDIDATES, "candidate")  # (refuses unknown ones)
+    if any(c.startswith("base-") for c in args.candidates) != bool(args.baseline):
+        p.error("the candidates base-1 / base-2 and --baseline DIR go together")
+    if args.baseline:
+        import_baseline(args.baseline)
     run = begin("Default fits: time, iterations and test NLL", args, argv)
     set_here = blas_variables_set()
     results = []
@@ -215,7 +233,7 @@ def main(argv=None):
             continue
         X, y = data
         for split in range(args.splits):
-            for candidate in args.candidates:
+            for candidate in (args.candidates if split % 2 == 0 else args.candidates[::-1]):
                 if candidate == "gpflow" and (peer_missing() or name.endswith("ordinal")):
                     print(f"{name} split {split} gpflow: skipped ({peer_missing() or 'ordinal labels'})", flush=True)
                     continue

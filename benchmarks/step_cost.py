@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _runner import PROJECT_ROOT, begin, end, header, options, parse, parse_list, row
+from _runner import PROJECT_ROOT, begin, end, header, import_baseline, options, parse, parse_list, row
 
 METHODS = ("sep", "ep", "adf", "svi")
 PATHS = ("fast", "reference")
@@ -43,17 +43,6 @@ def parse_args(argv=None):
                  quick=dict(m=20, batch=30, n=600, steps=6, warmup=2))
     args.methods = parse_list(args.methods, METHODS, "method")
     return args
-
-
-def import_baseline(directory):
-    """DIR/agpc imported as the package ``agpc_baseline`` (a copy in a temporary folder on sys.path)."""
-    import importlib
-    import shutil
-
-    folder = tempfile.mkdtemp(prefix="agpc-baseline-")
-    shutil.copytree(Path(directory) / "agpc", Path(folder) / "agpc_baseline")
-    sys.path.insert(0, folder)
-    return importlib.import_module("agpc_baseline")
 
 
 def make_problem(args, package="agpc"):

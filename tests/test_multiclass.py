@@ -84,9 +84,12 @@ def test_a_batch_pass_forms_each_class_projection_once_and_reuses_it(monkeypatch
         return original(kernel, X_block, Z_c, L_K_inv)
 
     monkeypatch.setattr(ep, "project", counted)
-    marginals, given = ep.marginals, []
-    # (the sweep's marginals are given the projections: kernel, X, Z, q, A, Knm; or form them: kernel, X, Z, q)
-    monkeypatch.setattr(ep, "marginals", lambda *a, **k: given.append(len(a)) or marginals(*a, **k))
+    given = []
+    # (the sweep's marginals, of either form, are given the projections: kernel, X, Z, q, A, Knm; or form them:
+    # kernel, X, Z, q)
+    for name in ("marginals", "covariance_marginals"):
+        monkeypatch.setattr(ep, name, lambda *a, _original=getattr(ep, name), **k: given.append(len(a))
+                            or _original(*a, **k))
     kept = multiclass_ep.evaluate(kernels, Z, X, y.astype(float), nu, mu, jitter=JITTER, block_rows=block_rows)
     assert sum(rows_formed) == 3 * 60  # (each class's projection of every row, once: by the sums' visit)
     assert len(given) == 3 * (1 if block_rows is None else 60 // 25 + 1) and set(given) == {6}

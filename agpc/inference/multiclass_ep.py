@@ -313,7 +313,9 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     ``class_sweep`` turns into the m x m adjoint once the blocks are added."""
     xp = array_namespace(X)
     C = n_classes(Z)
-    margs = [ep.marginals(kernels[c], X, Z[c, ...], posts[c], *(() if projections is None else projections[c]))
+    explicit = explicit and anchors is None  # (then P = C^-1 A, not Q: ``ep.covariance_marginals``)
+    marginals = ep.covariance_marginals if explicit else ep.marginals
+    margs = [marginals(kernels[c], X, Z[c, ...], posts[c], *(() if projections is None else projections[c]))
              for c in range(C)]
     d = xp.stack([mg.d for mg in margs], axis=1)
     e = xp.stack([mg.e for mg in margs], axis=1)
@@ -346,10 +348,10 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
         return MultiBlockResult(new_nu, new_mu, update.valid, update.log_z_terms, None, {}, sums, update.n_invalid)
     alpha_c, kappa_c, coef_c = update.alpha, update.kappa, update.coef
     dKmm, grads, Z_grads = [], {}, []
-    work = blocks.BlockScratch() if explicit and helds is None else None  # (one thread's: one block at a time)
+    work = blocks.BlockScratch() if explicit else None  # (one thread's: one block at a time)
     for c in range(C):
-        if work is not None:  # (margs[c].Q is overwritten: not needed after this)
-            dKmm_c, g = ep.explicit_block_gradient(kernels[c], X, Z[c, ...], posts[c], margs[c].A, margs[c].Q,
+        if explicit:  # (margs[c].P is overwritten: not needed after this)
+            dKmm_c, g = ep.explicit_block_gradient(kernels[c], X, Z[c, ...], posts[c], margs[c].A, margs[c].P,
                                                    margs[c].Knm.mT, alpha_c[:, c], kappa_c[:, c], coef_c[:, c], work)
         else:
             held_term = None if helds is None else (helds[c], update.coef_held[:, c])
@@ -433,7 +435,7 @@ def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_gra
     explicit = explicit and anchors is None
     if explicit:  # what the blocks share, formed once before any thread needs it (as ``ep.batch_sweep``)
         for post in posts:
-            post.L_K_inv, post.L_C_inv, post.beta, post.whitened_mean
+            post.L_K_inv, post.C_inv, post.beta, post.whitened_mean
     if not own_sites:
         site_precision = site_shift = zero_sites(X.shape[0], Z)
 
