@@ -145,10 +145,15 @@ class Marginals:
 
 
 def marginals(kernel, X, Z, post, A=None, Knm=None):
+    """q's ``Marginals`` along the rows of X (A, Knm: their projections, when formed already): through Q = L_C^-1 A,
+    or, where q's factors are applied by their explicit inverses (``uses_inverse``: NumPy, or many rows), through
+    P = C^-1 A (``covariance_marginals``), which the gradient then takes for L_C^-T Q (``data_adjoint``)."""
     array_namespace(Z)
     if A is None:
         Knm = kernel.K(X, Z)
         A = post.solve_K(Knm.mT)
+    if uses_inverse(post.L_C, A):
+        return covariance_marginals(kernel, X, Z, post, A, Knm)
     Q = post.solve_C(A)
     prior_var = backend_row_dot(A, A, axis=-2)
     return Marginals(A, Knm, Q, backend_row_dot(Q, Q, axis=-2), post.h @ Q, prior_var, kernel.Kdiag(X) - prior_var)
@@ -230,16 +235,18 @@ def data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g, *, want_upsilon
     In factored form g_i = L_K^-T L_C^-T Q_i and upsilon_i = L_K^-T A_i, so
         dKnm^T - beta alpha^T = L_K^-T [L_C^-T Q diag(coef_g) + A diag(kappa)]:
     two triangular solves, the second one also giving U^T (its right-hand sides stacked), and one product
-    for dKmm. ``held``: (``Held``, its coefficients) for sites held along other directions omega_i
-    (``held_adjoint_coefficient``): their g'_i = L_K^-T L_C^-T Q_h,i join the first solve's right-hand sides.
+    for dKmm; where ``marg`` holds P = C^-1 A = L_C^-T Q (``marginals``), the first solve is P diag(coef_g). ``held``:
+    (``Held``, its coefficients) for sites held along other directions omega_i (``held_adjoint_coefficient``): their
+    g'_i = L_K^-T L_C^-T Q_h,i (P_h = C^-1 W) join the first solve's right-hand sides.
     Returns (dKmm_data, kernel gradients through Knm and Kdiag incl. "Z", U^T or None)."""
     xp = array_namespace(Z)
     A, b = marg.A, marg.A.shape[1]
     dKdiag = -0.5 * kappa
-    right = marg.Q * coef_g[None, :]
+    by_inverse = marg.P is not None  # (C^-1 A and C^-1 W given: L_C^-T Q and L_C^-T Q_h without a solve)
+    right = (marg.P if by_inverse else marg.Q) * coef_g[None, :]
     if held is not None:
-        right = right + held[0].Q * held[1][None, :]
-    inner = post.solve_C(right, trans=True, overwrite=True) + A * kappa[None, :]
+        right = right + (held[0].P if by_inverse else held[0].Q) * held[1][None, :]
+    inner = (right if by_inverse else post.solve_C(right, trans=True, overwrite=True)) + A * kappa[None, :]
     solved = post.solve_K(xp.concat([inner, A], axis=1), trans=True, overwrite=True)
     upsilon_t = solved[:, b:]
     dKnm_t = solved[:, :b] + post.beta[:, None] * alpha[None, :]
