@@ -10,7 +10,9 @@ it), or (``agpc-mb``) in minibatches of 200
 sets) GPflow SVGP at its harness's defaults in its own process (``../shared/peers``; skipped, saying why, where its
 environment is not built). ``--baseline DIR``: ``base-1`` and ``base-2`` are the default fits (n_jobs 1 and 2) of the
 agpc of another checkout, imported beside this one (``_runner.import_baseline``), each paired with agpc-1 / agpc-2
-of the same split (test NLL difference, ratio of fit times). The candidates of a split run in the order given, and
+of the same split (test NLL difference, ratio of fit times); not for fits that start local worker processes (the
+data-parallel rounds of a multiclass or ordinal minibatch fit with n_jobs 2), whose workers import this checkout's
+agpc, nor with a growth (@G). The candidates of a split run in the order given, and
 in the reverse order on odd splits, so that two candidates timed against each other take turns first.
 
 Sets: the shared sets of 4,900 to 6,500 rows (banana; waveform and satellite, multiclass; wine_quality_white,
@@ -221,8 +223,11 @@ def main(argv=None):
     parse_list(",".join(growth_of(c)[0] for c in args.candidates), CANDIDATES, "candidate")  # (refuses unknown ones)
     if any(c.startswith("base-") for c in args.candidates) != bool(args.baseline):
         p.error("the candidates base-1 / base-2 and --baseline DIR go together")
+    if any(c.startswith("base-") and "@" in c for c in args.candidates):
+        p.error("a growth (@G) patches this checkout's engines, not the baseline's: base-1 / base-2 take none")
     if args.baseline:
         import_baseline(args.baseline)
+        print(f"Baseline (base-1 / base-2): the agpc of {Path(args.baseline).resolve()}, imported as {BASELINE}\n")
     run = begin("Default fits: time, iterations and test NLL", args, argv)
     set_here = blas_variables_set()
     results = []
@@ -245,7 +250,8 @@ def main(argv=None):
                 print(f"{name} split {split} {candidate}: {results[-1]['seconds']:.1f} s, NLL {results[-1]['nll']:.4f}"
                       + (f" (process wall {result['wall']:.1f} s)" if "wall" in result else ""), flush=True)
     print_table(results, args.sets, args.candidates)
-    write_json(args.out, {"results": results})
+    write_json(args.out, {"results": results,
+                          "baseline": str(Path(args.baseline).resolve()) if args.baseline else None})
     if set_here and args.blas_env == "both":
         rerun_with_blas_unset(__file__, argv)
     end(run)

@@ -474,3 +474,30 @@ def test_the_marginals_by_c_inverse_err_as_those_by_l_c_inverse(site_scale):
         assert np.max(np.abs(e_of - e_ref)) < bound * np.max(np.abs(e_ref))
     np.testing.assert_allclose(P, np.asarray(P_ref, dtype=np.float64), rtol=0,
                                atol=20 * np.finfo(np.float64).eps * cond * float(np.abs(P_ref).max()))
+
+
+def test_a_pass_forms_c_inverse_a_only_for_a_float64_gradient(monkeypatch):
+    """``ep.covariance_form``: a batch pass forms P = C^-1 A (``ep.covariance_product``) in the place of Q = L_C^-1 A
+    only where its gradient goes through the explicit inverses, in float64. A pass without a gradient (the warm-up
+    sweeps, the final pass) keeps Q, one triangular product where P is a general one; float32 keeps it, as its
+    explicit C^-1 loses 1 - nu_i d_i where a row's own site dominates. Both forms give the same pass to round-off, and
+    the gradient's L_C^-T Q by the triangular product where Q is kept."""
+    kernel, Z, X, y, nu, mu = _problem(n=1800)
+    formed, original = [], ep.covariance_product
+    monkeypatch.setattr(ep, "covariance_product", lambda *a, **k: formed.append(1) or original(*a, **k))
+    options = dict(jitter=JITTER, block_rows=600, damping=0.5, checked=False, nonnegative_sites=True)
+    by_p = ep.evaluate(kernel, Z, X, y, nu, mu, **options)
+    assert formed  # (blocks of at most 600 rows, wide: more than 4 rows per inducing point)
+    formed.clear()
+    without_gradient = ep.evaluate(kernel, Z, X, y, nu, mu, want_grad=False, **options)
+    assert not formed
+    monkeypatch.setattr(ep, "covariance_form", lambda *args: False)  # (Q, and L_C^-T Q by a triangular product)
+    by_q = ep.evaluate(kernel, Z, X, y, nu, mu, **options)
+    assert not formed
+    _assert_same(by_p, by_q, rtol=1e-10)
+    assert float(without_gradient["log_z"]) == pytest.approx(float(by_q["log_z"]), rel=1e-12)
+    monkeypatch.undo()
+    wide = np.zeros((4, 100))
+    assert ep.covariance_form(True, True, wide)
+    assert not ep.covariance_form(True, True, wide.astype(np.float32))
+    assert not ep.covariance_form(True, False, wide) and not ep.covariance_form(False, True, wide)

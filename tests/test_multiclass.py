@@ -571,3 +571,20 @@ def test_every_multiclass_pass_takes_the_pairs_of_the_likelihood_it_is_given(pas
     else:
         gfitc.evaluate(kernels, Z, X, y, nu, mu, jitter=JITTER, likelihood=counting)
     assert counting.calls > 0
+
+
+@pytest.mark.parametrize("block_rows, workers", [(None, 1), (25, 2)], ids=["one block", "blocks on two threads"])
+def test_a_batch_pass_by_c_inverse_a_is_the_pass_by_l_c_inverse_a(monkeypatch, block_rows, workers):
+    """Each class's wide blocks of a pass with a gradient take P = C_c^-1 A_c in the place of Q = L_C^-1 A_c
+    (``ep.covariance_form``: float64); the pass that keeps Q (float32's, here forced in float64), with the gradient's
+    L_C^-T Q by a triangular product, is the same pass to round-off."""
+    from agpc.inference import ep
+
+    X, y, Z, kernels, nu, mu = _batch_pass_case(monkeypatch, workers, seed=5, m=4)
+    by_p = multiclass_ep.evaluate(kernels, Z, X, y.astype(float), nu, mu, jitter=JITTER, block_rows=block_rows)
+    monkeypatch.setattr(ep, "covariance_form", lambda *args: False)
+    by_q = multiclass_ep.evaluate(kernels, Z, X, y.astype(float), nu, mu, jitter=JITTER, block_rows=block_rows)
+    np.testing.assert_allclose(by_p["log_z"], by_q["log_z"], rtol=1e-12)
+    np.testing.assert_allclose(by_p["site_precision"], by_q["site_precision"], rtol=1e-10, atol=1e-12)
+    for name in by_q["grads"]:
+        np.testing.assert_allclose(by_p["grads"][name], by_q["grads"][name], rtol=1e-9, atol=1e-12)

@@ -68,6 +68,7 @@ __all__ = [
     "data_kmm_adjoint",
     "explicit_block_gradient",
     "covariance_marginals",
+    "covariance_form",
     "covariance_product",
     "next_site_sums",
     "site_sums_over_rows",
@@ -141,27 +142,35 @@ class Marginals:
     e: object  # k_i^T B^-1 c = upsilon_i^T mean
     prior_var: object  # upsilon_i^T K upsilon_i, the prior variance of g_i
     s: object  # FITC conditional variance K_ii - k_i^T K^-1 k_i (eq. 16), latent noise included
-    P: object = None  # (m, b): C^-1 A, where Q is not formed (``covariance_marginals``)
+    P: object = None  # (m, b): C^-1 A, where it is formed in the place of Q (then None: ``covariance_marginals``)
 
 
 def marginals(kernel, X, Z, post, A=None, Knm=None):
-    """q's ``Marginals`` along the rows of X (A, Knm: their projections, when formed already): through Q = L_C^-1 A,
-    or, where q's factors are applied by their explicit inverses (``uses_inverse``: NumPy, or many rows), through
-    P = C^-1 A (``covariance_marginals``), which the gradient then takes for L_C^-T Q (``data_adjoint``)."""
     array_namespace(Z)
     if A is None:
         Knm = kernel.K(X, Z)
         A = post.solve_K(Knm.mT)
-    if uses_inverse(post.L_C, A):
-        return covariance_marginals(kernel, X, Z, post, A, Knm)
     Q = post.solve_C(A)
     prior_var = backend_row_dot(A, A, axis=-2)
     return Marginals(A, Knm, Q, backend_row_dot(Q, Q, axis=-2), post.h @ Q, prior_var, kernel.Kdiag(X) - prior_var)
 
 
+def covariance_form(explicit, want_grad, like):
+    """Whether a batch block forms P = C^-1 A (``covariance_product``) in the place of Q = L_C^-1 A: where its data
+    gradient goes through the explicit inverses (``explicit`` and ``want_grad``: P is then the gradient's L_C^-T Q
+    too, one general product for two triangular ones) and in float64 (``like``'s dtype). Without a gradient P is one
+    general product where Q was one triangular product, slower from m = 200 on (a review measured passes at m = 200
+    and 500 taking 1.1 times as long). The explicit C^-1 also errs by eps |A_i|^2 in d_i where L_C^-1 errs by eps d_i,
+    which 1 - nu_i d_i (the cavity) amplifies where a row's own site dominates its direction: in float64 a relative
+    error of 9e-5 against 5e-8 at 1 - nu_i d_i = 1e-6, in float32 4e-2 against 8e-4 at 1e-3 (the review's cases,
+    nu_i = 1e7 and 1e4; probit fits keep 1 - nu_i d_i far above them), so float32 keeps Q."""
+    return bool(explicit and want_grad) and like.dtype == array_namespace(like).float64
+
+
 def covariance_marginals(kernel, X, Z, post, A=None, Knm=None):
-    """``marginals`` for a block whose data gradient goes through the explicit inverses (``explicit_block_gradient``):
-    P = C^-1 A (``covariance_product``) in the place of Q, which is not formed (``Marginals.Q`` is None)."""
+    """``marginals`` for a block whose data gradient goes through the explicit inverses (``explicit_block_gradient``)
+    in float64 (``covariance_form``): P = C^-1 A (``covariance_product``) in the place of Q, which is not formed
+    (``Marginals.Q`` is None)."""
     if A is None:
         Knm = kernel.K(X, Z)
         A = post.solve_K(Knm.mT)
@@ -175,7 +184,8 @@ def covariance_product(post, A, *, out=None):
     (``Posterior.C_inv``), d_i = A_i^T P_i = |L_C^-1 A_i|^2 and e_i = w^T A_i = h^T L_C^-1 A_i (w = L_C^-T h,
     ``Posterior.whitened_mean``). Where the gradient goes through the explicit inverses, P is its L_C^-T Q
     (``explicit_block_gradient``): one product where Q = L_C^-1 A and L_C^-T Q took two triangular ones, which
-    OpenBLAS runs at about half of a general product's flop rate. ``out``: where P may be written."""
+    OpenBLAS runs at a lower flop rate (one thread, AMD EPYC: half of it at m = 100, 0.55 at m = 200 and 5,000
+    rows). ``out``: where P may be written."""
     P = matmul(post.C_inv, A, out=out)
     return P, backend_row_dot(A, P, axis=-2), post.whitened_mean @ A
 
@@ -235,18 +245,16 @@ def data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g, *, want_upsilon
     In factored form g_i = L_K^-T L_C^-T Q_i and upsilon_i = L_K^-T A_i, so
         dKnm^T - beta alpha^T = L_K^-T [L_C^-T Q diag(coef_g) + A diag(kappa)]:
     two triangular solves, the second one also giving U^T (its right-hand sides stacked), and one product
-    for dKmm; where ``marg`` holds P = C^-1 A = L_C^-T Q (``marginals``), the first solve is P diag(coef_g). ``held``:
-    (``Held``, its coefficients) for sites held along other directions omega_i (``held_adjoint_coefficient``): their
-    g'_i = L_K^-T L_C^-T Q_h,i (P_h = C^-1 W) join the first solve's right-hand sides.
+    for dKmm. ``held``: (``Held``, its coefficients) for sites held along other directions omega_i
+    (``held_adjoint_coefficient``): their g'_i = L_K^-T L_C^-T Q_h,i join the first solve's right-hand sides.
     Returns (dKmm_data, kernel gradients through Knm and Kdiag incl. "Z", U^T or None)."""
     xp = array_namespace(Z)
     A, b = marg.A, marg.A.shape[1]
     dKdiag = -0.5 * kappa
-    by_inverse = marg.P is not None  # (C^-1 A and C^-1 W given: L_C^-T Q and L_C^-T Q_h without a solve)
-    right = (marg.P if by_inverse else marg.Q) * coef_g[None, :]
+    right = marg.Q * coef_g[None, :]
     if held is not None:
-        right = right + (held[0].P if by_inverse else held[0].Q) * held[1][None, :]
-    inner = (right if by_inverse else post.solve_C(right, trans=True, overwrite=True)) + A * kappa[None, :]
+        right = right + held[0].Q * held[1][None, :]
+    inner = post.solve_C(right, trans=True, overwrite=True) + A * kappa[None, :]
     solved = post.solve_K(xp.concat([inner, A], axis=1), trans=True, overwrite=True)
     upsilon_t = solved[:, b:]
     dKnm_t = solved[:, :b] + post.beta[:, None] * alpha[None, :]
@@ -527,21 +535,22 @@ def _kernel_block(kernel, X, Z, post, A, Kmn, work, L_K_inv, want_grad):
     return Kmn, A
 
 
-def explicit_block_gradient(kernel, X, Z, post, A, P, Kmn, alpha, kappa, coef_g, work):
-    """The data part of the gradient of a batch block, through the explicit inverses of L_K and C (the wide
-    blocks of a batch pass), from P = C^-1 A = L_C^-T Q (``covariance_product``). With
-    R = P diag(coef_g) + A diag(kappa) the adjoint of K(Z, X) is
+def explicit_block_gradient(kernel, X, Z, post, A, QP, Kmn, alpha, kappa, coef_g, work, *, covariance=True):
+    """The data part of the gradient of a batch block, through the explicit inverses of L_K and of C or L_C (the
+    wide blocks of a batch pass), from ``QP``: P = C^-1 A = L_C^-T Q (``covariance``: ``covariance_product``) or Q =
+    L_C^-1 A. With R = L_C^-T Q diag(coef_g) + A diag(kappa) the adjoint of K(Z, X) is
     dKmn = L_K^-T R + beta alpha^T (``data_adjoint``), and with R' = R - A diag(kappa) / 2::
 
         dKmm_data = -U^T (dKnm + diag(dKdiag) U) = -L_K^-T [A R'^T + (A alpha) w^T] L_K^-1,
 
     w = L_C^-T h (``Posterior.whitened_mean``): per block only the m x m product A R'^T and the m-vector
     A alpha, added over blocks; the two triangular products with L_K^-1 come once, after the sum
-    (``data_kmm_adjoint``). So ``dKmm_data`` here is the pair (A R'^T, A alpha). P is overwritten. Valid wherever q
+    (``data_kmm_adjoint``). So ``dKmm_data`` here is the pair (A R'^T, A alpha). QP is overwritten. Valid wherever q
     holds the rows' sites along their current upsilon_i (``data_adjoint`` without ``held``): batch EP's pass, and
     each class of the multiclass one (``multiclass_ep.block_pass``)."""
-    R = P
-    R *= coef_g[None, :]  # C^-1 A diag(coef_g) = L_C^-T Q diag(coef_g), in P
+    QP *= coef_g[None, :]
+    # L_C^-T Q diag(coef_g): P diag(coef_g) itself, or one triangular product (in QP's memory)
+    R = QP if covariance else left_solve(post.L_C, QP, trans=True, L_inv=post.L_C_inv, overwrite=True)
     half = scaled_columns(A, 0.5 * kappa, out=work("H", A.shape, A))
     R += half  # R'
     dKmm_data = (A @ R.mT, A @ alpha)
@@ -580,11 +589,12 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     explicit = uses_inverse(post.L_K, n_columns=X.shape[0]) if explicit is None else explicit
     L_K_inv = post.L_K_inv if explicit else None
     Kmn, A = _kernel_block(kernel, X, Z, post, A, Kmn, work, L_K_inv, want_grad)
-    if explicit:  # P = C^-1 A in the place of Q (the gradient's L_C^-T Q)
-        Q, (P, d, e) = None, covariance_product(post, A, out=work("Q", A.shape, A))
+    covariance = covariance_form(explicit, want_grad, A)
+    if covariance:  # P = C^-1 A in the place of Q (the gradient's L_C^-T Q)
+        QP, d, e = covariance_product(post, A, out=work("Q", A.shape, A))
     else:
-        Q = left_solve(post.L_C, A, out=work("Q", A.shape, A))
-        d, e = backend_row_dot(Q, Q, axis=-2), post.h @ Q
+        QP = left_solve(post.L_C, A, L_inv=post.L_C_inv if explicit else None, out=work("Q", A.shape, A))
+        d, e = backend_row_dot(QP, QP, axis=-2), post.h @ QP
     prior_var = backend_row_dot(A, A, axis=-2)
     nu, mu = site_precision, site_shift
     if weights is None:
@@ -602,10 +612,11 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     if want_grad:  # (kappa and the adjoint's coefficients follow alpha: each row's term w_i times)
         alpha, kappa = sites.row_adjoints(site, a, total_var, valid, weights)
         coef_g = sites.adjoint_coefficient(alpha, kappa, nu, mu, e, one_minus)
-        if explicit:  # (P is overwritten: it is not needed after this)
-            dKmm_data, grads = explicit_block_gradient(kernel, X, Z, post, A, P, Kmn, alpha, kappa, coef_g, work)
+        if explicit:  # (QP is overwritten: it is not needed after this)
+            dKmm_data, grads = explicit_block_gradient(kernel, X, Z, post, A, QP, Kmn, alpha, kappa, coef_g, work,
+                                                       covariance=covariance)
         else:
-            marg = Marginals(A, Kmn.mT, Q, d, e, prior_var, None)
+            marg = Marginals(A, Kmn.mT, QP, d, e, prior_var, None)
             dKmm_data, grads, _ = data_adjoint(kernel, X, Z, post, marg, alpha, kappa, coef_g)
         sites.add_cut_point_grads(grads, kernel, likelihood, site, valid, weights)
     sums = _new_site_sums(A, new_nu, new_mu, nonnegative, weights) if want_sums else None
@@ -643,7 +654,11 @@ def batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, *, want_grad,
     work = blocks.BlockScratch()
     explicit = uses_inverse(post.L_K, n_columns=min(X.shape[0], block_rows))
     if explicit:  # what the blocks share, formed here once, before any thread needs it (q caches it on first use)
-        post.L_K_inv, post.C_inv, post.whitened_mean
+        post.L_K_inv
+        if covariance_form(explicit, want_grad, Z):
+            post.C_inv, post.whitened_mean
+        else:
+            post.L_C_inv
     if want_grad:
         post.beta
 

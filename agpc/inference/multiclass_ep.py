@@ -313,8 +313,9 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     ``class_sweep`` turns into the m x m adjoint once the blocks are added."""
     xp = array_namespace(X)
     C = n_classes(Z)
-    explicit = explicit and anchors is None  # (then P = C^-1 A, not Q: ``ep.covariance_marginals``)
-    marginals = ep.covariance_marginals if explicit else ep.marginals
+    explicit = explicit and anchors is None
+    covariance = ep.covariance_form(explicit, want_grad, Z)  # (then P = C^-1 A, not Q: ``ep.covariance_marginals``)
+    marginals = ep.covariance_marginals if covariance else ep.marginals
     margs = [marginals(kernels[c], X, Z[c, ...], posts[c], *(() if projections is None else projections[c]))
              for c in range(C)]
     d = xp.stack([mg.d for mg in margs], axis=1)
@@ -350,9 +351,11 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     dKmm, grads, Z_grads = [], {}, []
     work = blocks.BlockScratch() if explicit else None  # (one thread's: one block at a time)
     for c in range(C):
-        if explicit:  # (margs[c].P is overwritten: not needed after this)
-            dKmm_c, g = ep.explicit_block_gradient(kernels[c], X, Z[c, ...], posts[c], margs[c].A, margs[c].P,
-                                                   margs[c].Knm.mT, alpha_c[:, c], kappa_c[:, c], coef_c[:, c], work)
+        if explicit:  # (margs[c].P or .Q is overwritten: not needed after this)
+            dKmm_c, g = ep.explicit_block_gradient(kernels[c], X, Z[c, ...], posts[c], margs[c].A,
+                                                   margs[c].P if covariance else margs[c].Q, margs[c].Knm.mT,
+                                                   alpha_c[:, c], kappa_c[:, c], coef_c[:, c], work,
+                                                   covariance=covariance)
         else:
             held_term = None if helds is None else (helds[c], update.coef_held[:, c])
             dKmm_c, g, _ = ep.data_adjoint(kernels[c], X, Z[c, ...], posts[c], margs[c], alpha_c[:, c],
@@ -435,7 +438,11 @@ def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_gra
     explicit = explicit and anchors is None
     if explicit:  # what the blocks share, formed once before any thread needs it (as ``ep.batch_sweep``)
         for post in posts:
-            post.L_K_inv, post.C_inv, post.beta, post.whitened_mean
+            post.L_K_inv, post.beta, post.whitened_mean
+            if ep.covariance_form(explicit, want_grad, Z):
+                post.C_inv
+            else:
+                post.L_C_inv
     if not own_sites:
         site_precision = site_shift = zero_sites(X.shape[0], Z)
 

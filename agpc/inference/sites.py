@@ -134,19 +134,15 @@ class Held:
 
     omega: object
     W: object
-    Q: object  # None where P is formed
+    Q: object
     d: object
     e: object
     cross: object
-    P: object = None  # C^-1 W (m x b), where the current marginals hold P = C^-1 A (``ep.marginals``), not Q
 
 
 def held_marginals(post, marg, omega):
     """``Held`` for the rows whose current marginals are ``marg``, held along the columns of ``omega`` (m, b)."""
     W = triangular_matmul(post.L_K, omega, trans=True)
-    if marg.P is not None:  # (as ``ep.covariance_product``: cross = A^T C^-1 W, one general product)
-        P = post.C_inv @ W
-        return Held(omega, W, None, row_dot(W, P, axis=-2), post.whitened_mean @ W, row_dot(marg.A, P, axis=-2), P=P)
     Qh = post.solve_C(W)
     return Held(omega, W, Qh, row_dot(Qh, Qh, axis=-2), post.h @ Qh, row_dot(marg.Q, Qh, axis=-2))
 
