@@ -227,8 +227,9 @@ def main(argv=None):
         p.error("a growth (@G) patches this checkout's engines, not the baseline's: base-1 / base-2 take none")
     if args.baseline:
         import_baseline(args.baseline)
-        print(f"Baseline (base-1 / base-2): the agpc of {Path(args.baseline).resolve()}, imported as {BASELINE}\n")
     run = begin("Default fits: time, iterations and test NLL", args, argv)
+    if args.baseline:
+        print(f"Baseline (base-1 / base-2): the agpc of {Path(args.baseline).resolve()}, imported as {BASELINE}\n")
     set_here = blas_variables_set()
     results = []
     for name in args.sets:

@@ -566,9 +566,10 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
     What ``block_pass`` computes for rows with sites of their own, in one pass over the block and with
     fewer n x m operations: the kernel block K(Z, X) (m x b, or ``Kmn`` kept from ``site_sums_over_rows``
     with its A), A = L_K^-1 K(Z, X), Q = L_C^-1 A, the marginals (Hernandez-Lobato & Hernandez-Lobato (2016),
-    eqs. 14-16: d = |Q_i|^2, e = h^T Q_i, k_i^T K^-1 k_i = |A_i|^2), cavities, moments and new sites (eqs.
-    17-23), the log Z_q terms (eq. 26) and the data part of the gradient (eq. 4, ``data_adjoint``; in factored
-    form through the explicit inverses of L_K and L_C, ``explicit_block_gradient``, where ``explicit``: by
+    eqs. 14-16: d = |Q_i|^2, e = h^T Q_i, k_i^T K^-1 k_i = |A_i|^2; or, where ``covariance_form``, P = C^-1 A in
+    Q's place, d_i = A_i^T P_i, e_i = (L_C^-T h)^T A_i: ``covariance_product``), cavities, moments and new sites
+    (eqs. 17-23), the log Z_q terms (eq. 26) and the data part of the gradient (eq. 4, ``data_adjoint``; in factored
+    form through the explicit inverses of L_K and C or L_C, ``explicit_block_gradient``, where ``explicit``: by
     default where ``uses_inverse``, i.e. on NumPy, or for more than ``SOLVE_MAX_COLUMNS_PER_M`` rows per
     inducing point; otherwise by triangular solves in ``data_adjoint``'s form, one solve fewer per block, whose
     ``dKmm_data`` is the m x m adjoint).
@@ -579,7 +580,8 @@ def batch_block_pass(kernel, X, y, site_precision, site_shift, Z, post, *, want_
 
     ``want_sums``: the whitened sums of the new (undamped) sites, A diag(nu_new) A^T and A mu_new, at this
     pass's hyper-parameters. ``work``: the thread's ``blocks.BlockScratch``; on NumPy the block's n x m arrays live
-    there (Q and R are updated in place) and only the kernel block and the gradient's product with it are new.
+    there (Q or P, and R, are updated in place) and only the kernel block and the gradient's product with it are
+    new.
 
     ``weights`` (b,): the rows' sample weights, by power EP (``weighted_cavity``; q's sums hold w_i times each
     site): each row's log Z_q term and gradient count w_i times, and the sums of the new sites are weighted.
