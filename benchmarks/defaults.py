@@ -11,8 +11,8 @@ sets) GPflow SVGP at its harness's defaults in its own process (``../shared/peer
 environment is not built). ``--baseline DIR``: ``base-1`` and ``base-2`` are the default fits (n_jobs 1 and 2) of the
 agpc of another checkout, imported beside this one (``_runner.import_baseline``), each paired with agpc-1 / agpc-2
 of the same split (test NLL difference, ratio of fit times); not for fits that start local worker processes (the
-data-parallel rounds of a multiclass or ordinal minibatch fit with n_jobs 2), whose workers import this checkout's
-agpc, nor with a growth (@G). The candidates of a split run in the order given, and
+data-parallel rounds of a multiclass or ordinal minibatch fit with n_jobs 2), whose workers would import this
+checkout's agpc (refused with an error), nor with a growth (@G). The candidates of a split run in the order given, and
 in the reverse order on odd splits, so that two candidates timed against each other take turns first.
 
 Sets: the shared sets of 4,900 to 6,500 rows (banana; waveform and satellite, multiclass; wine_quality_white,
@@ -31,6 +31,7 @@ prints that table too, each under the kernel threadpoolctl reports.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -128,6 +129,27 @@ def run_gpflow(name, split, X_train, y_train, X_test, y_test):
             "n_jobs_used": summary["threads"]}
 
 
+@contextlib.contextmanager
+def no_baseline_workers(candidate):
+    """For a baseline candidate (base-1 / base-2), its fit's local worker processes refused with an error: they would
+    import this checkout's agpc (``workers`` boots them with ``from agpc.workers import serve``), and time it."""
+    if not candidate.startswith("base-"):
+        yield
+        return
+    workers = importlib.import_module(f"{BASELINE}.workers")
+    pool = workers.LocalWorkers
+
+    def refused(*args, **kwargs):
+        raise RuntimeError(f"{candidate}: the baseline's fit would start local worker processes, which import this "
+                           "checkout's agpc: not comparable (leave this set or candidate out)")
+
+    workers.LocalWorkers = refused
+    try:
+        yield
+    finally:
+        workers.LocalWorkers = pool
+
+
 def run_one(candidate, name, split, X, y):
     from agpc import size_rule
     from agpc.inference import engines
@@ -144,7 +166,7 @@ def run_one(candidate, name, split, X, y):
         size_rule.subsample_start_rows = lambda *args, **kwargs: None
     started = time.perf_counter()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), no_baseline_workers(base):
             warnings.simplefilter("ignore", category=UserWarning)  # (LogisticRegression's convergence, in n_iter)
             model.fit(X_train, y[train])
     finally:

@@ -169,3 +169,17 @@ def forged_zarr(tmp_path, rows, field, value):
     document[field] = value
     (store / "zarr.json").write_text(json.dumps(document))
     return store, X
+
+
+def long_double_inverse(M):
+    """M^-1 by Gauss-Jordan elimination with partial pivoting, in long double."""
+    n = M.shape[0]
+    work = np.concatenate([M.astype(np.longdouble), np.eye(n, dtype=np.longdouble)], axis=1)
+    for i in range(n):
+        pivot = i + int(np.argmax(np.abs(work[i:, i])))
+        work[[i, pivot]] = work[[pivot, i]]
+        work[i] /= work[i, i]
+        for j in range(n):
+            if j != i:
+                work[j] -= work[j, i] * work[i]
+    return work[:, n:]

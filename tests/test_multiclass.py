@@ -87,9 +87,10 @@ def test_a_batch_pass_forms_each_class_projection_once_and_reuses_it(monkeypatch
     given = []
     # (the sweep's marginals, of either form, are given the projections: kernel, X, Z, q, A, Knm; or form them:
     # kernel, X, Z, q)
-    for name in ("marginals", "covariance_marginals"):
-        monkeypatch.setattr(ep, name, lambda *a, _original=getattr(ep, name), **k: given.append(len(a))
-                            or _original(*a, **k))
+    monkeypatch.setattr(ep, "marginals", lambda *a, _original=ep.marginals, **k: given.append(len(a))
+                        or _original(*a, **k))
+    monkeypatch.setattr(multiclass_ep, "covariance_marginals", lambda *a, _original=multiclass_ep.covariance_marginals,
+                        **k: given.append(len(a)) or _original(*a, **k))
     kept = multiclass_ep.evaluate(kernels, Z, X, y.astype(float), nu, mu, jitter=JITTER, block_rows=block_rows)
     assert sum(rows_formed) == 3 * 60  # (each class's projection of every row, once: by the sums' visit)
     assert len(given) == 3 * (1 if block_rows is None else 60 // 25 + 1) and set(given) == {6}
@@ -575,15 +576,22 @@ def test_every_multiclass_pass_takes_the_pairs_of_the_likelihood_it_is_given(pas
 
 @pytest.mark.parametrize("block_rows, workers", [(None, 1), (25, 2)], ids=["one block", "blocks on two threads"])
 def test_a_batch_pass_by_c_inverse_a_is_the_pass_by_l_c_inverse_a(monkeypatch, block_rows, workers):
-    """Each class's wide blocks of a pass with a gradient take P = C_c^-1 A_c in the place of Q = L_C^-1 A_c
-    (``ep.covariance_form``: float64); the pass that keeps Q (float32's, here forced in float64), with the gradient's
-    L_C^-T Q by a triangular product, is the same pass to round-off."""
-    from agpc.inference import ep
-
+    """Each class's blocks of a pass with a gradient take P = C_c^-1 A_c in the place of Q = L_C^-1 A_c
+    (``posterior.covariance_form``: float64, on NumPy every block), and a pass without a gradient keeps Q; the pass
+    that keeps Q (float32's, here forced in float64), with the gradient's L_C^-T Q by a triangular product, is the
+    same pass to round-off."""
     X, y, Z, kernels, nu, mu = _batch_pass_case(monkeypatch, workers, seed=5, m=4)
+    formed, original = [], multiclass_ep.covariance_marginals
+    monkeypatch.setattr(multiclass_ep, "covariance_marginals", lambda *a: formed.append(1) or original(*a))
     by_p = multiclass_ep.evaluate(kernels, Z, X, y.astype(float), nu, mu, jitter=JITTER, block_rows=block_rows)
-    monkeypatch.setattr(ep, "covariance_form", lambda *args: False)
+    assert len(formed) == 3 * (1 if block_rows is None else 60 // 25 + 1)  # (each class of every block)
+    formed.clear()
+    multiclass_ep.evaluate(kernels, Z, X, y.astype(float), nu, mu, jitter=JITTER, block_rows=block_rows,
+                           want_grad=False)
+    assert not formed
+    monkeypatch.setattr(multiclass_ep, "covariance_form", lambda *args: False)
     by_q = multiclass_ep.evaluate(kernels, Z, X, y.astype(float), nu, mu, jitter=JITTER, block_rows=block_rows)
+    assert not formed
     np.testing.assert_allclose(by_p["log_z"], by_q["log_z"], rtol=1e-12)
     np.testing.assert_allclose(by_p["site_precision"], by_q["site_precision"], rtol=1e-10, atol=1e-12)
     for name in by_q["grads"]:

@@ -11,6 +11,7 @@ import contextlib
 import numpy as np
 import pytest
 from conftest import to_np, to_xp
+from helpers import long_double_inverse
 
 from agpc import backend as B
 from agpc.inference.posterior import posterior_from_sums, prior_cholesky, prior_kmm_adjoint
@@ -19,20 +20,6 @@ from agpc.kernels import RBF
 CASES = [  # lengthscale, site scale, jitter, shifts scaled with the precisions
     (0.3, 1.0, 1e-6, False), (3.0, 1.0, 1e-6, False), (3.0, 100.0, 1e-6, False), (0.3, 1e-2, 1e-6, True),
     (0.3, 1e-8, 1e-6, True)]
-
-
-def _inverse(M):
-    """M^-1 by Gauss-Jordan elimination with partial pivoting, in long double."""
-    n = M.shape[0]
-    work = np.concatenate([M.astype(np.longdouble), np.eye(n, dtype=np.longdouble)], axis=1)
-    for i in range(n):
-        pivot = i + int(np.argmax(np.abs(work[i:, i])))
-        work[[i, pivot]] = work[[pivot, i]]
-        work[i] /= work[i, i]
-        for j in range(n):
-            if j != i:
-                work[j] -= work[j, i] * work[i]
-    return work[:, n:]
 
 
 def _problem(lengthscale, site_scale, jitter, scaled_shifts, m=30, n=300):
@@ -56,7 +43,7 @@ def _long_double_reference(kernel, Z, X, nu, mu, jitter, post):
     """-0.5 (K^-1 - B^-1 - beta beta^T), K^-1 - B^-1 inverted in long double from the float64 K and Knm."""
     K = np.asarray(kernel.K(Z)) + jitter * np.eye(Z.shape[0])
     Knm = np.asarray(kernel.K(X, Z)).astype(np.longdouble)
-    difference = _inverse(K) - _inverse(K.astype(np.longdouble) + (Knm.T * nu.astype(np.longdouble)) @ Knm)
+    difference = long_double_inverse(K) - long_double_inverse(K.astype(np.longdouble) + (Knm.T * nu.astype(np.longdouble)) @ Knm)
     beta = to_np(post.beta)
     return 0.5 * (np.outer(beta, beta) - np.asarray(difference, dtype=np.float64))
 

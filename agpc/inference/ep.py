@@ -30,7 +30,6 @@ from ..backend import (
     array_namespace,
     identity_plus,
     lower_triangular_inverse,
-    matmul,
     prefers_inverses,
     row_dot as backend_row_dot,
     scaled_columns,
@@ -42,8 +41,8 @@ from ..likelihoods import PROBIT, negative_log_likelihood
 from . import blocks, sites
 # q(u) and the tied factor (their own module; named here too, as the passes modules' interface the engines call
 # through, ``passes.posterior_from_sums`` etc., and for models pickled when they were defined here)
-from .posterior import (PRIOR_FACTOR_NAME, Factor, Posterior, left_solve, moved_factor, posterior_from_sums,
-                        prior_cholesky, prior_kmm_adjoint, uses_inverse)
+from .posterior import (PRIOR_FACTOR_NAME, Factor, Posterior, covariance_form, covariance_product, left_solve,
+                        moved_factor, posterior_from_sums, prior_cholesky, prior_kmm_adjoint, uses_inverse)
 
 __all__ = [
     "Anchor",
@@ -67,9 +66,6 @@ __all__ = [
     "batch_sweep",
     "data_kmm_adjoint",
     "explicit_block_gradient",
-    "covariance_marginals",
-    "covariance_form",
-    "covariance_product",
     "next_site_sums",
     "site_sums_over_rows",
     "prior_kmm_adjoint",
@@ -142,7 +138,7 @@ class Marginals:
     e: object  # k_i^T B^-1 c = upsilon_i^T mean
     prior_var: object  # upsilon_i^T K upsilon_i, the prior variance of g_i
     s: object  # FITC conditional variance K_ii - k_i^T K^-1 k_i (eq. 16), latent noise included
-    P: object = None  # (m, b): C^-1 A, where it is formed in the place of Q (then None: ``covariance_marginals``)
+    P: object = None  # (m, b): C^-1 A, where it is formed in the place of Q (then None: ``multiclass_ep``)
 
 
 def marginals(kernel, X, Z, post, A=None, Knm=None):
@@ -153,41 +149,6 @@ def marginals(kernel, X, Z, post, A=None, Knm=None):
     Q = post.solve_C(A)
     prior_var = backend_row_dot(A, A, axis=-2)
     return Marginals(A, Knm, Q, backend_row_dot(Q, Q, axis=-2), post.h @ Q, prior_var, kernel.Kdiag(X) - prior_var)
-
-
-def covariance_form(explicit, want_grad, like):
-    """Whether a batch block forms P = C^-1 A (``covariance_product``) in the place of Q = L_C^-1 A: where its data
-    gradient goes through the explicit inverses (``explicit`` and ``want_grad``: P is then the gradient's L_C^-T Q
-    too, one general product for two triangular ones) and in float64 (``like``'s dtype). Without a gradient P is one
-    general product where Q was one triangular product, slower from m = 200 on (a review measured passes at m = 200
-    and 500 taking 1.1 times as long). The explicit C^-1 also errs by eps |A_i|^2 in d_i where L_C^-1 errs by eps d_i,
-    which 1 - nu_i d_i (the cavity) amplifies where a row's own site dominates its direction: in float64 a relative
-    error of 9e-5 against 5e-8 at 1 - nu_i d_i = 1e-6, in float32 4e-2 against 8e-4 at 1e-3 (the review's cases,
-    nu_i = 1e7 and 1e4; probit fits keep 1 - nu_i d_i far above them), so float32 keeps Q."""
-    return bool(explicit and want_grad) and like.dtype == array_namespace(like).float64
-
-
-def covariance_marginals(kernel, X, Z, post, A=None, Knm=None):
-    """``marginals`` for a block whose data gradient goes through the explicit inverses (``explicit_block_gradient``)
-    in float64 (``covariance_form``): P = C^-1 A (``covariance_product``) in the place of Q, which is not formed
-    (``Marginals.Q`` is None)."""
-    if A is None:
-        Knm = kernel.K(X, Z)
-        A = post.solve_K(Knm.mT)
-    P, d, e = covariance_product(post, A)
-    prior_var = backend_row_dot(A, A, axis=-2)
-    return Marginals(A, Knm, None, d, e, prior_var, kernel.Kdiag(X) - prior_var, P=P)
-
-
-def covariance_product(post, A, *, out=None):
-    """(P, d, e) of a block A = L_K^-1 K(Z, X) (m x b): P = C^-1 A by one general product with q's explicit C^-1
-    (``Posterior.C_inv``), d_i = A_i^T P_i = |L_C^-1 A_i|^2 and e_i = w^T A_i = h^T L_C^-1 A_i (w = L_C^-T h,
-    ``Posterior.whitened_mean``). Where the gradient goes through the explicit inverses, P is its L_C^-T Q
-    (``explicit_block_gradient``): one product where Q = L_C^-1 A and L_C^-T Q took two triangular ones, which
-    OpenBLAS runs at a lower flop rate (one thread, AMD EPYC: half of it at m = 100, 0.55 at m = 200 and 5,000
-    rows). ``out``: where P may be written."""
-    P = matmul(post.C_inv, A, out=out)
-    return P, backend_row_dot(A, P, axis=-2), post.whitened_mean @ A
 
 
 class Anchor:
@@ -535,7 +496,7 @@ def _kernel_block(kernel, X, Z, post, A, Kmn, work, L_K_inv, want_grad):
     return Kmn, A
 
 
-def explicit_block_gradient(kernel, X, Z, post, A, QP, Kmn, alpha, kappa, coef_g, work, *, covariance=True):
+def explicit_block_gradient(kernel, X, Z, post, A, QP, Kmn, alpha, kappa, coef_g, work, *, covariance):
     """The data part of the gradient of a batch block, through the explicit inverses of L_K and of C or L_C (the
     wide blocks of a batch pass), from ``QP``: P = C^-1 A = L_C^-T Q (``covariance``: ``covariance_product``) or Q =
     L_C^-1 A. With R = L_C^-T Q diag(coef_g) + A diag(kappa) the adjoint of K(Z, X) is
@@ -656,11 +617,7 @@ def batch_sweep(kernel, Z, X, y, site_precision, site_shift, post, *, want_grad,
     work = blocks.BlockScratch()
     explicit = uses_inverse(post.L_K, n_columns=min(X.shape[0], block_rows))
     if explicit:  # what the blocks share, formed here once, before any thread needs it (q caches it on first use)
-        post.L_K_inv
-        if covariance_form(explicit, want_grad, Z):
-            post.C_inv, post.whitened_mean
-        else:
-            post.L_C_inv
+        post.L_K_inv, (post.C_inv, post.whitened_mean) if covariance_form(explicit, want_grad, Z) else post.L_C_inv
     if want_grad:
         post.beta
 

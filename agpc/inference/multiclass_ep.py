@@ -34,10 +34,11 @@ from __future__ import annotations
 from contextlib import closing
 from dataclasses import dataclass
 
-from ..backend import array_device, array_namespace, lower_triangular_inverse, prefers_inverses
+from ..backend import array_device, array_namespace, lower_triangular_inverse, prefers_inverses, row_dot
 from ..likelihoods import MULTICLASS_PROBIT, PREDICTIVE_NODES, argmax_log_proba, negative_log_likelihood
 from . import blocks, ep, sites
-from .posterior import Factor, posterior_from_sums, prior_cholesky, uses_inverse
+from .posterior import (Factor, covariance_form, covariance_product, posterior_from_sums, prior_cholesky,
+                        uses_inverse)
 
 __all__ = [
     "MultiFactor",
@@ -299,6 +300,18 @@ def weighted_totals(totals, weights):
     return totals[0] * weights[:, None], totals[1] * weights[:, None]
 
 
+def covariance_marginals(kernel, X, Z, post, A=None, Knm=None):
+    """``ep.marginals`` for a class of a block whose data gradient goes through the explicit inverses
+    (``ep.explicit_block_gradient``) in float64 (``posterior.covariance_form``): P = C^-1 A (``covariance_product``)
+    in the place of Q, which is not formed (``Marginals.Q`` is None)."""
+    if A is None:
+        Knm = kernel.K(X, Z)
+        A = post.solve_K(Knm.mT)
+    P, d, e = covariance_product(post, A)
+    prior_var = row_dot(A, A, axis=-2)
+    return ep.Marginals(A, Knm, None, d, e, prior_var, kernel.Kdiag(X) - prior_var, P=P)
+
+
 def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad=True, want_sums=False, weights=None,
                own_sites=True, anchors=None, damping=None, adf=False, projections=None, likelihood=MULTICLASS_PROBIT,
                explicit=False):
@@ -314,8 +327,8 @@ def block_pass(kernels, X, y, site_precision, site_shift, Z, posts, *, want_grad
     xp = array_namespace(X)
     C = n_classes(Z)
     explicit = explicit and anchors is None
-    covariance = ep.covariance_form(explicit, want_grad, Z)  # (then P = C^-1 A, not Q: ``ep.covariance_marginals``)
-    marginals = ep.covariance_marginals if covariance else ep.marginals
+    covariance = covariance_form(explicit, want_grad, Z)  # (then P = C^-1 A, not Q: ``covariance_marginals``)
+    marginals = covariance_marginals if covariance else ep.marginals
     margs = [marginals(kernels[c], X, Z[c, ...], posts[c], *(() if projections is None else projections[c]))
              for c in range(C)]
     d = xp.stack([mg.d for mg in margs], axis=1)
@@ -439,7 +452,7 @@ def class_sweep(kernels, Z, X, y, site_precision, site_shift, posts, *, want_gra
     if explicit:  # what the blocks share, formed once before any thread needs it (as ``ep.batch_sweep``)
         for post in posts:
             post.L_K_inv, post.beta, post.whitened_mean
-            if ep.covariance_form(explicit, want_grad, Z):
+            if covariance_form(explicit, want_grad, Z):
                 post.C_inv
             else:
                 post.L_C_inv
