@@ -5,7 +5,12 @@ meaning): the fit's BLAS thread rule gets one core, its batch passes one thread.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import threading
+import time
 import warnings
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -64,6 +69,77 @@ def test_a_pass_smaller_than_a_block_is_split_among_the_threads(two_idle_cores):
         assert blocks.pass_layout(Z, blocks.MIN_THREAD_ROWS + 1) == (blocks.MIN_THREAD_ROWS + 1, 1)
     with threads.blas_threads(4000, 100, n_features=4, cores=1):
         assert blocks.pass_layout(Z, 4000) == (4000, 1)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_every_thread_of_a_pass_takes_as_many_rows(workers, monkeypatch):
+    """``pass_layout`` with several threads: blocks as many as a multiple of the threads, their rows equal to within
+    one a block, none larger than the one-thread block shared among the threads (the memory the blocks in flight
+    hold). Satellite's multiclass pass (5,212 rows, 6 classes, m = 100) was three blocks of up to 1,748 rows on two
+    threads: one thread took two, and the pass waited for it."""
+    monkeypatch.setattr(blocks, "block_workers", lambda like, count: min(workers, count) if count > 1 else 1)
+    satellite = np.zeros((6, 100, 36))
+    assert blocks.pass_layout(satellite, 5212, blocks.default_block_rows(satellite, 5212)) == (
+        {2: 1303, 3: 869}[workers], workers)
+    for n, block_rows in [(5212, 3495), (5213, 3495), (45_000, 20_971), (18_000, None), (1_000_003, 4096),
+                          (3000, 700), (2 * blocks.MIN_THREAD_ROWS * workers + 1, None)]:
+        rows, threads_taken = blocks.pass_layout(np.zeros((100, 20)), n, block_rows)
+        assert threads_taken == workers
+        sizes = [hi - lo for lo, hi in blocks.row_blocks(n, rows)]
+        assert sum(sizes) == n and len(sizes) % workers == 0, (n, block_rows, sizes)
+        assert max(sizes) - min(sizes) < len(sizes), (n, block_rows, sizes)
+        one_thread = min(n, block_rows or blocks.default_block_rows(np.zeros((100, 20)), n))
+        assert rows <= -(-one_thread // workers)
+
+
+def test_passes_run_on_kept_threads_and_end_with_their_blocks():
+    """``map_blocks``'s threads are kept from pass to pass (starting two a pass cost 6% of a default fit with
+    n_jobs = 2); a pass started inside a block runs on threads of its own (the kept ones are busy with the blocks
+    waiting for it); a pass that fails ends only when its running blocks have ended, its queued ones not started."""
+    def names(*_):
+        time.sleep(0.01)
+        return threading.current_thread().name
+
+    def run(workers=2, function=names, items=6):
+        with closing(blocks.map_blocks(function, [(i,) for i in range(items)], workers)) as results:
+            return [value for _, value in results]
+
+    first, second = set(run()), set(run())
+    assert first == second and len(first) == 2 and all(name.startswith("agpc-block_") for name in first)
+    nested = run(function=lambda i: run(items=2), items=2)
+    assert all(name.startswith("agpc-block-nested") for inner in nested for name in inner)
+    started, finished = [], []
+
+    def fails_first(i):
+        started.append(i)
+        if i == 0:
+            raise RuntimeError("block 0")
+        time.sleep(0.2)
+        finished.append(i)
+
+    with pytest.raises(RuntimeError, match="block 0"):
+        run(function=fails_first, items=8)
+    assert sorted(finished) == sorted(i for i in started if i) and len(started) < 8
+
+
+def test_a_forked_child_starts_pool_threads_of_its_own():
+    """The kept threads do not exist in a forked child (``os.register_at_fork``): its passes start their own."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+
+    def a_pass():
+        with closing(blocks.map_blocks(lambda i: i * i, [(i,) for i in range(5)], 2)) as results:
+            return [value for _, value in results]
+
+    assert a_pass() == [0, 1, 4, 9, 16]  # (the parent's pool exists)
+    child = multiprocessing.get_context("fork").Process(target=lambda: os._exit(0 if a_pass() == [0, 1, 4, 9, 16]
+                                                                                  else 3))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("a pass in a forked child hung on the parent's pool")
+    assert child.exitcode == 0
 
 
 @pytest.mark.parametrize("method", ["gfitc", "vi-jj", "sep"])
