@@ -155,7 +155,7 @@ def map_blocks(function, arguments, workers):
     with threads.one_blas_thread(), blas_releasing_the_lock(), block_pool(workers) as pool:
         try:
             for item in arguments:
-                pending.append((item, pool.submit(contextvars.copy_context().run, _in_block, function, item)))
+                pending.append((item, pool.submit(contextvars.copy_context().run, function, *item)))
                 if len(pending) > workers:  # ``workers`` running and one more queued behind them
                     item, future = pending.popleft()
                     yield item, future.result()
@@ -168,40 +168,41 @@ def map_blocks(function, arguments, workers):
             wait_for([future for _, future in pending])
 
 
-# Thread pools of batch passes, by thread count, kept from pass to pass: a pass of a fit's step took two new threads,
-# and starting them (each waits until it first runs, on cores the pass's other threads keep busy) took 6% of a
-# default fit's wall time with n_jobs = 2 (airline 20,000 rows: 0.25 of 4.1 s; 216 threads in 58 steps)
-_POOLS = {}
-_POOLS_LOCK = threading.Lock()
-_BLOCK_THREAD = threading.local()
-
-
-def _in_block(function, item):
-    _BLOCK_THREAD.active = True
-    return function(*item)
+# The thread pool of batch passes, kept from pass to pass: a pass of a fit's step took two new threads, and starting
+# them (each waits until it first runs, on cores the pass's other threads keep busy) took 6% of a default fit's wall
+# time with n_jobs = 2 in a profile (airline 20,000 rows: 0.25 of 4.1 s; 216 threads in 58 steps), 1-7% in
+# interleaved timings. One pool, of the last pass's size (a pass of another size ends it: idle threads are not kept
+# for every size ever used), used by one pass at a time (``_KEPT_IN_USE``).
+_KEPT = {"pool": None, "workers": 0}
+_KEPT_IN_USE = threading.Lock()
 
 
 @contextlib.contextmanager
 def block_pool(workers):
-    """A pool of ``workers`` Python threads for a pass's blocks: the process's kept one of that size, or, for a
-    pass started inside a block (whose pool may be busy with the blocks that wait for it), a pool of its own,
-    ended with the pass."""
-    if getattr(_BLOCK_THREAD, "active", False):
-        with ThreadPoolExecutor(workers, thread_name_prefix="agpc-block-nested") as pool:
+    """A pool of ``workers`` Python threads for a pass's blocks: the kept one where no other pass is using it, else
+    (a pass started inside a block, whose pool is busy with the blocks that wait for it, or a pass of another
+    Python thread) a pool of its own, ended with the pass. The blocks' scratch arrays (``BlockScratch``, a
+    thread-local) live as long as the pass's ``BlockScratch`` object, not as long as the kept threads."""
+    if not _KEPT_IN_USE.acquire(blocking=False):
+        with ThreadPoolExecutor(workers, thread_name_prefix="agpc-block-own") as pool:
             yield pool
         return
-    with _POOLS_LOCK:
-        pool = _POOLS.get(workers)
-        if pool is None:
-            pool = _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="agpc-block")
-    yield pool
+    try:
+        if _KEPT["pool"] is None or _KEPT["workers"] != workers:
+            if _KEPT["pool"] is not None:
+                _KEPT["pool"].shutdown(wait=False)  # (idle: the pass that used it waited for its blocks)
+            _KEPT.update(pool=ThreadPoolExecutor(workers, thread_name_prefix="agpc-block"), workers=workers)
+        yield _KEPT["pool"]
+    finally:
+        _KEPT_IN_USE.release()
 
 
 def _forget_pools():
-    """In a forked child: the parent's pool threads do not exist there (a pool would queue blocks no thread runs)."""
-    global _POOLS_LOCK
-    _POOLS.clear()
-    _POOLS_LOCK = threading.Lock()
+    """In a forked child: the parent's pool threads do not exist there (a pool would queue blocks no thread runs),
+    and a pass of another parent thread may have held the pool when it forked."""
+    global _KEPT_IN_USE
+    _KEPT.update(pool=None, workers=0)
+    _KEPT_IN_USE = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -217,7 +218,7 @@ def block_workers(like, block_count):
     return max(1, min(threads.pass_workers(), block_count))
 
 
-MIN_THREAD_ROWS = 256  # rows a thread takes of a batch pass at least (fewer: its start costs more than they)
+MIN_THREAD_ROWS = 256  # rows a thread takes of a batch pass at least (fewer: handing them over costs more than they)
 
 
 def pass_layout(like, n, block_rows=None):
@@ -225,8 +226,10 @@ def pass_layout(like, n, block_rows=None):
     or all n rows when fewer, shared among the threads (at most one a ``MIN_THREAD_ROWS`` rows), so that the
     blocks in flight at once hold about one such block's temporaries, as ``block_rows`` means on one thread; a pass
     of fewer rows than one block is so split in as many blocks as threads. With more than one thread the blocks
-    are as many as a multiple of the threads and of equal rows (the last one up to a row a block fewer), so that
-    every thread takes as many rows."""
+    are of equal rows (the last one fewer by less than a row a block) and, where that leaves them so, as many as a
+    multiple of the threads, so that the threads take as many rows to within one block (small blocks over many
+    rows: their count is then ceil(n / rows), which may not be a multiple; one block more or less a thread is a
+    small share of its rows there)."""
     rows = max(1, min(n, int(block_rows) if block_rows else default_block_rows(like, n)))
     workers = block_workers(like, max(-(-n // rows), n // MIN_THREAD_ROWS))
     if workers == 1:
