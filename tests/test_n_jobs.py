@@ -109,7 +109,7 @@ def _within(seconds, work):
 
 
 def test_passes_run_on_kept_threads_and_end_with_their_blocks():
-    """``map_blocks``'s threads are kept from pass to pass (starting two a pass cost 1-7% of a default fit with
+    """``map_blocks``'s threads are kept from pass to pass (starting two a pass cost 0-7% of the time of fits with
     n_jobs = 2), one pool, of the last pass's size; a pass that finds it in use (started inside a block, whose pool
     is busy with the blocks that wait for it, or by another Python thread while a pass runs) runs on threads of its
     own; a pass that fails ends only when its running blocks have ended, its queued ones not started."""
@@ -142,9 +142,14 @@ def test_passes_run_on_kept_threads_and_end_with_their_blocks():
         time.sleep(0.2)
         finished.append(i)
 
+    kept = {id(t) for t in run()}
     with pytest.raises(RuntimeError, match="block 0"):
         run(function=fails_first, items=8)
     assert sorted(finished) == sorted(i for i in started if i) and len(started) < 8
+    assert {id(t) for t in run()} == kept  # (the failed pass gave the kept pool back)
+    with closing(blocks.map_blocks(the_thread, [(i,) for i in range(6)], 2)) as results:
+        next(results)  # (a consumer that stops early)
+    assert {id(t) for t in run()} == kept
 
 
 def test_a_forked_child_starts_pool_threads_of_its_own():
@@ -156,11 +161,29 @@ def test_a_forked_child_starts_pool_threads_of_its_own():
         with closing(blocks.map_blocks(lambda i: i * i, [(i,) for i in range(5)], 2)) as results:
             return [value for _, value in results]
 
+    def kept_in_child():
+        with closing(blocks.map_blocks(lambda i: threading.current_thread().name, [(i,) for i in range(4)],
+                                       2)) as results:
+            names = [value for _, value in results]
+        os._exit(0 if a_pass() == [0, 1, 4, 9, 16] and all(n.startswith("agpc-block_") for n in names) else 3)
+
     assert a_pass() == [0, 1, 4, 9, 16]  # (the parent's pool exists)
-    child = multiprocessing.get_context("fork").Process(target=lambda: os._exit(0 if a_pass() == [0, 1, 4, 9, 16]
-                                                                                  else 3))
-    child.start()
-    child.join(60)
+    release = threading.Event()
+    # a pass of another thread holds the kept pool while the process forks: the child's passes take a kept pool of
+    # their own all the same (the parent's lock is not the child's)
+    holder = threading.Thread(target=lambda: list(blocks.map_blocks(lambda i: release.wait(30), [(0,), (1,)], 2)))
+    holder.start()
+    try:
+        for _ in range(500):
+            if blocks._KEPT_IN_USE.locked():
+                break
+            time.sleep(0.01)
+        child = multiprocessing.get_context("fork").Process(target=kept_in_child)
+        child.start()
+        child.join(60)
+    finally:
+        release.set()
+        holder.join(30)
     if child.is_alive():
         child.kill()
         pytest.fail("a pass in a forked child hung on the parent's pool")

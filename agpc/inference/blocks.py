@@ -152,7 +152,8 @@ def map_blocks(function, arguments, workers):
             yield item, function(*item)
         return
     pending = deque()
-    with threads.one_blas_thread(), blas_releasing_the_lock(), block_pool(workers) as pool:
+    process = os.getpid()
+    with threads.one_blas_thread(), blas_releasing_the_lock(), block_pool(workers) as (pool, marker):
         try:
             for item in arguments:
                 pending.append((item, pool.submit(contextvars.copy_context().run, function, *item)))
@@ -165,43 +166,62 @@ def map_blocks(function, arguments, workers):
         finally:  # an error (or a consumer that stopped): queued blocks are not started, running ones end first
             for _, future in pending:
                 future.cancel()
-            wait_for([future for _, future in pending])
+            # (not where they cannot end: in a forked child, whose copies of them never run, nor on a thread of this
+            # pass's pool, where the collector may close a pass no one closed, its own block among them)
+            if os.getpid() == process and getattr(_BLOCK_THREAD, "pool", None) is not marker:
+                wait_for([future for _, future in pending])
 
 
 # The thread pool of batch passes, kept from pass to pass: a pass of a fit's step took two new threads, and starting
-# them (each waits until it first runs, on cores the pass's other threads keep busy) took 6% of a default fit's wall
-# time with n_jobs = 2 in a profile (airline 20,000 rows: 0.25 of 4.1 s; 216 threads in 58 steps), 1-7% in
-# interleaved timings. One pool, of the last pass's size (a pass of another size ends it: idle threads are not kept
-# for every size ever used), used by one pass at a time (``_KEPT_IN_USE``).
-_KEPT = {"pool": None, "workers": 0}
+# them (each waits until it first runs, on cores the pass's other threads keep busy) took 0-7% of the time of fits
+# with n_jobs = 2 (interleaved, a fixed number of steps: benchmarks/results/block_threads_amd_epyc.md). One pool, of
+# the last pass's size (a pass of another size ends it: idle threads are not kept for every size ever used), used by
+# one pass at a time (``_KEPT_IN_USE``).
+_KEPT = {"pool": None, "marker": None, "workers": 0}
 _KEPT_IN_USE = threading.Lock()
+_BLOCK_THREAD = threading.local()  # ``pool``: on a pool's threads, the pool's marker
+
+
+def _mark_block_thread(marker):
+    _BLOCK_THREAD.pool = marker
+
+
+def _new_pool(workers, prefix):
+    """(a ThreadPoolExecutor of ``workers`` threads, the marker its threads carry)."""
+    marker = object()
+    return ThreadPoolExecutor(workers, thread_name_prefix=prefix, initializer=_mark_block_thread,
+                              initargs=(marker,)), marker
 
 
 @contextlib.contextmanager
 def block_pool(workers):
-    """A pool of ``workers`` Python threads for a pass's blocks: the kept one where no other pass is using it, else
+    """(a pool of ``workers`` Python threads for a pass's blocks, the marker its threads carry in
+    ``_BLOCK_THREAD.pool``): the kept one where no other pass is using it, else
     (a pass started inside a block, whose pool is busy with the blocks that wait for it, or a pass of another
     Python thread) a pool of its own, ended with the pass. The blocks' scratch arrays (``BlockScratch``, a
     thread-local) live as long as the pass's ``BlockScratch`` object, not as long as the kept threads."""
-    if not _KEPT_IN_USE.acquire(blocking=False):
-        with ThreadPoolExecutor(workers, thread_name_prefix="agpc-block-own") as pool:
-            yield pool
+    in_use = _KEPT_IN_USE  # (the lock this pass takes is the one it gives back, also across a fork)
+    if not in_use.acquire(blocking=False):
+        pool, marker = _new_pool(workers, "agpc-block-own")
+        with pool:
+            yield pool, marker
         return
     try:
         if _KEPT["pool"] is None or _KEPT["workers"] != workers:
             if _KEPT["pool"] is not None:
-                _KEPT["pool"].shutdown(wait=False)  # (idle: the pass that used it waited for its blocks)
-            _KEPT.update(pool=ThreadPoolExecutor(workers, thread_name_prefix="agpc-block"), workers=workers)
-        yield _KEPT["pool"]
+                _KEPT["pool"].shutdown(wait=False)  # (idle, unless the pass that used it was interrupted)
+            pool, marker = _new_pool(workers, "agpc-block")
+            _KEPT.update(pool=pool, marker=marker, workers=workers)
+        yield _KEPT["pool"], _KEPT["marker"]
     finally:
-        _KEPT_IN_USE.release()
+        in_use.release()
 
 
 def _forget_pools():
     """In a forked child: the parent's pool threads do not exist there (a pool would queue blocks no thread runs),
     and a pass of another parent thread may have held the pool when it forked."""
     global _KEPT_IN_USE
-    _KEPT.update(pool=None, workers=0)
+    _KEPT.update(pool=None, marker=None, workers=0)
     _KEPT_IN_USE = threading.Lock()
 
 
@@ -234,9 +254,8 @@ def pass_layout(like, n, block_rows=None):
     workers = block_workers(like, max(-(-n // rows), n // MIN_THREAD_ROWS))
     if workers == 1:
         return rows, workers
-    # as many blocks as a multiple of the threads, of equal rows: n = 5,212 in blocks of 1,748 would be three,
-    # two on one thread and one on the other, and the pass would wait for the thread with two (satellite's
-    # multiclass pass)
+    # blocks of equal rows, as many as a multiple of the threads: satellite's multiclass pass, n = 5,792 in blocks
+    # of 1,748, was four, the last of 548 rows, and one thread took 3,496 rows where the other took 2,296
     count = -(-n // max(1, -(-rows // workers)))
     count = workers * -(-count // workers)
     return max(1, -(-n // count)), workers
