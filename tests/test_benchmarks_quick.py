@@ -63,6 +63,7 @@ def _runs(tmp_dir):
         "inducing_every": ["inducing_every.py"],
         "triangular_inverse": ["triangular_inverse.py"],
         "allocator": ["allocator.py"],
+        "workers": ["workers.py"],
     }
 
 
