@@ -5,9 +5,12 @@ Protocol, options and commands: benchmarks/README.md, section "workers.py".
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import multiprocessing
+import queue as queues
 import statistics
+import sys
 import threading
 import time
 
@@ -15,13 +18,16 @@ import numpy as np
 from _runner import begin, end, header, numbers, options, parse, parse_list, row
 
 OPERATIONS = {
-    "multiply": "np.multiply(A, v[None, :], out=B): an element-wise operation of a block, in place",
+    "multiply": "np.multiply(A, v[None, :], out=B): an element-wise operation of a block, into a kept array",
     "column_dot": "agpc.backend.row_dot(A, B, axis=-2): a block's column dot products (the marginals' d_i, |A_i|^2)",
-    "exp": "np.exp(A, out=B): a kernel block's exponential",
+    "exp": "np.exp(A, out=B), A <= 0: a kernel block's exponential",
     "product": "np.matmul(M, A, out=B), M m x m: a block's general product (P = C^-1 A)",
-    "triangular": "agpc.backend.triangular_matmul(T, A, overwrite=True), T m x m: a block's trmm (A = L_K^-1 K)",
-    "vectors": "eight operations on one n-vector (twice abs, add, sqrt, multiply): a block's per-row site arithmetic",
+    "triangular": "agpc.backend.triangular_matmul(T, F, overwrite=True), T m x m lower-triangular, F m x n, in place "
+                  "(T and its inverse in turn, so that F stays bounded): a block's trmm (A = L_K^-1 K)",
+    "vectors": "eight operations on one n-vector (twice abs, add, sqrt, multiply): a block's per-row site arithmetic "
+               "(below 500 elements NumPy keeps the interpreter lock through an operation, so threads take turns)",
 }
+TIMEOUT = 300  # seconds a worker may take to start and report, past its measurement (else the run fails, no hang)
 
 
 def parse_args(argv=None):
@@ -31,7 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--m", type=int, default=100, help="the blocks' other dimension (inducing points; default 100)")
     p.add_argument("--workers", type=int, default=None, help="threads / processes at once (default: the usable "
                    "cores, at least 2)")
-    p.add_argument("--seconds", type=float, default=None, help="each worker's timed seconds a measurement (default 1)")
+    p.add_argument("--seconds", type=float, default=None, help="each measurement's timed seconds (default 1)")
     p.add_argument("--rounds", type=int, default=None, help="rounds, each alone / threads / processes / alone "
                    "(default 2)")
     args = parse(p, argv, full=dict(sizes="250,2250,20000", seconds=1.0, rounds=2),
@@ -50,103 +56,188 @@ def operation(name, m, n, seed):
     from agpc import backend
 
     rng = np.random.default_rng(seed)
-    A, B = rng.standard_normal((m, n)), np.empty((m, n))
+    A, B = rng.standard_normal((m, n)), rng.standard_normal((m, n))
     v = rng.standard_normal(n)
     if name == "multiply":
         return lambda: np.multiply(A, v[None, :], out=B)
     if name == "column_dot":
         return lambda: backend.row_dot(A, B, axis=-2)
     if name == "exp":
-        A *= -1.0
+        np.negative(np.abs(A), out=A)
         return lambda: np.exp(A, out=B)
     if name == "product":
         M = rng.standard_normal((m, m))
         return lambda: np.matmul(M, A, out=B)
     if name == "triangular":
         T = np.tril(rng.standard_normal((m, m))) / m + np.eye(m)
-        F = np.asfortranarray(A)
-        return lambda: backend.triangular_matmul(T, F, overwrite=True)
+        pair, F, turn = (T, np.linalg.inv(T)), np.asfortranarray(A), [0]
+
+        def triangular():  # (T then T^-1: F returns to itself up to round-off, and never overflows)
+            turn[0] ^= 1
+            return backend.triangular_matmul(pair[turn[0]], F, overwrite=True)
+
+        return triangular
     return lambda: [np.sqrt(np.abs(v) + 1.0) * v for _ in range(2)]
 
 
-def rate(name, m, n, seconds, seed=0, barrier=None, queue=None):
-    """Operations per second of one worker on one BLAS thread, its BLAS calls releasing the interpreter lock (as
-    agpc's block passes run them: ``blocks.map_blocks``); into ``queue`` when given (a process)."""
+@contextlib.contextmanager
+def as_a_pass():
+    """One BLAS thread and BLAS calls releasing the interpreter lock, as agpc's block passes run (``map_blocks``
+    enters both once, in the caller, and runs each block in a copy of its context)."""
     from threadpoolctl import threadpool_limits
 
     from agpc import backend
 
     with threadpool_limits(1, user_api="blas"), backend.blas_releasing_the_lock():
-        run = operation(name, m, n, seed)
+        yield
+
+
+def count_until(run, stop):
+    """(operations, seconds) of ``run`` repeated until ``stop`` is set (checked after every operation)."""
+    count, start = 0, time.perf_counter()
+    while not stop.is_set():
+        run()
+        count += 1
+    return count, time.perf_counter() - start
+
+
+def rate_alone(name, m, n, seconds):
+    """Operations per second of one worker in this process, alone."""
+    with as_a_pass():
+        run = operation(name, m, n, 0)
         for _ in range(5):
             run()
-        if barrier is not None:
-            barrier.wait()
-        count, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            for _ in range(5):
-                run()
-            count += 5
-        result = count / (time.perf_counter() - start)
-    if queue is not None:
-        queue.put(result)
-    return result
+        done = threading.Event()
+        threading.Timer(seconds, done.set).start()
+        count, elapsed = count_until(run, done)
+    return count / elapsed
 
 
 def in_threads(name, m, n, seconds, workers):
-    """Each worker's rate with ``workers`` Python threads running at once, each in a copy of this context."""
-    barrier, results = threading.Barrier(workers), []
+    """Each worker's operations per second with ``workers`` Python threads at once, each in a copy of this context
+    (as ``map_blocks`` runs them); all start together and stop together."""
+    results, failures = [], []
+    ready, done = threading.Barrier(workers + 1, timeout=TIMEOUT), threading.Event()
 
     def one(seed):
-        results.append(rate(name, m, n, seconds, seed, barrier))
+        try:
+            run = operation(name, m, n, seed)
+            for _ in range(5):
+                run()
+            ready.wait()
+            count, elapsed = count_until(run, done)
+            results.append(count / elapsed)
+        except BaseException as error:  # (the caller fails with it; the barrier is broken for the others)
+            failures.append(error)
+            ready.abort()
 
-    pool = [threading.Thread(target=contextvars.copy_context().run, args=(one, k)) for k in range(workers)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
+    with as_a_pass():
+        pool = [threading.Thread(target=contextvars.copy_context().run, args=(one, k), daemon=True)
+                for k in range(workers)]
+        for t in pool:
+            t.start()
+        try:
+            ready.wait()
+            time.sleep(seconds)
+        finally:
+            done.set()
+            for t in pool:
+                t.join(TIMEOUT)
+    if failures or len(results) != workers:
+        raise RuntimeError(f"{name}: {len(results)} of {workers} threads reported: {failures!r}")
     return results
+
+
+def process_worker(name, m, n, seed, ready, done, out):
+    """A spawned worker: warm up, wait for the others, count until told to stop, report its rate."""
+    try:
+        with as_a_pass():
+            run = operation(name, m, n, seed)
+            for _ in range(5):
+                run()
+            ready.wait()
+            count, elapsed = count_until(run, done)
+        out.put((seed, count / elapsed))
+    except BaseException as error:
+        ready.abort()
+        out.put((seed, repr(error)))
 
 
 def in_processes(name, m, n, seconds, workers):
-    """Each worker's rate with ``workers`` processes running at once (spawned: nothing of this process's threads)."""
+    """Each worker's operations per second with ``workers`` spawned processes at once (nothing of this process's
+    threads or state), all started and stopped together."""
     context = multiprocessing.get_context("spawn")
-    barrier, queue = context.Barrier(workers), context.Queue()
-    pool = [context.Process(target=rate, args=(name, m, n, seconds, k, barrier, queue)) for k in range(workers)]
+    ready, done, out = context.Barrier(workers + 1, timeout=TIMEOUT), context.Event(), context.Queue()
+    pool = [context.Process(target=process_worker, args=(name, m, n, k, ready, done, out), daemon=True)
+            for k in range(workers)]
     for p in pool:
         p.start()
-    results = [queue.get() for _ in pool]
-    for p in pool:
-        p.join()
-    return results
+    try:
+        ready.wait()
+        time.sleep(seconds)
+        done.set()
+        reports = dict(out.get(timeout=TIMEOUT) for _ in pool)
+    except (threading.BrokenBarrierError, queues.Empty) as error:
+        raise RuntimeError(f"{name}: a worker process failed or hung ({error!r}); exit codes "
+                           f"{[p.exitcode for p in pool]}") from error
+    finally:
+        done.set()
+        for p in pool:
+            p.join(TIMEOUT)
+            if p.is_alive():
+                p.terminate()
+    bad = {k: v for k, v in reports.items() if isinstance(v, str)}
+    if bad:
+        raise RuntimeError(f"{name}: worker processes failed: {bad}")
+    return list(reports.values())
+
+
+def measure(name, m, n, args, busy):
+    """(alone rate, threads' speeds, processes' speeds) over the rounds; ``busy`` collects the cores other
+    processes kept busy during each alone run (``agpc.threads.busy_cores_elsewhere``)."""
+    from agpc import threads
+
+    def alone_here():
+        threads.busy_cores_elsewhere()  # (resets the meter: what follows is this run's)
+        rate = rate_alone(name, m, n, args.seconds)
+        busy.append(threads.busy_cores_elsewhere())
+        return rate
+
+    alone, in_process_alone, threaded, spawned = [], [], [], []
+    for _ in range(args.rounds):
+        alone.append(alone_here())
+        threaded += in_threads(name, m, n, args.seconds, args.workers)
+        spawned += in_processes(name, m, n, args.seconds, args.workers)
+        in_process_alone += in_processes(name, m, n, args.seconds, 1)
+        alone.append(alone_here())
+    base, process_base = statistics.median(alone), statistics.median(in_process_alone)
+    return base, statistics.median(threaded) / base, process_base, statistics.median(spawned) / process_base
 
 
 def main(argv=None):
-    import sys
-
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     run = begin("Scaling over workers: Python threads against processes", args, ["benchmarks/workers.py"] + argv)
     print(f"{args.workers} workers at once, arrays {args.m} x n, {args.seconds:g} s a measurement, "
-          f"{args.rounds} round{'s' if args.rounds > 1 else ''} (alone, threads, processes, alone); one BLAS thread "
-          "a worker. Speed: a worker's operations per second beside the others over one worker's alone (the median "
-          "of the rounds' alone runs); 1 is perfect scaling, below 1 / workers the workers together do less than "
-          "one alone.\n")
+          f"{args.rounds} round{'s' if args.rounds > 1 else ''}; one BLAS thread a worker whatever --blas-threads "
+          "says. A worker's speed: its operations per second while every worker runs, over one worker's alone. "
+          "Threads: against this process alone (its median over the rounds, before and after the threads); "
+          "processes: against one spawned process alone (its median over the rounds). 1 is perfect scaling; below "
+          "1 / workers the workers together do less than one alone. Every worker starts after a common barrier "
+          "and stops when told.\n")
     for name in args.ops:
         print(f"- {name}: {OPERATIONS[name]}")
     print()
-    header(["operation", "n", "alone: ops / s", "threads: speed a worker", "processes: speed a worker"])
+    busy = []
+    header(["operation", "n", "alone (this process): ops / s", "threads: speed a worker",
+            "alone (a process): ops / s", "processes: speed a worker"])
     for name in args.ops:
         for n in args.sizes:
-            alone, threads_, processes = [], [], []
-            for _ in range(args.rounds):
-                alone.append(rate(name, args.m, n, args.seconds))
-                threads_ += in_threads(name, args.m, n, args.seconds, args.workers)
-                processes += in_processes(name, args.m, n, args.seconds, args.workers)
-                alone.append(rate(name, args.m, n, args.seconds))
-            base = statistics.median(alone)
-            row(name, f"{n:,}", f"{base:,.0f}", f"{statistics.median(threads_) / base:.2f}",
-                f"{statistics.median(processes) / base:.2f}")
+            base, threaded, process_base, spawned = measure(name, args.m, n, args, busy)
+            row(name, f"{n:,}", f"{base:,.0f}", f"{threaded:.2f}", f"{process_base:,.0f}", f"{spawned:.2f}")
+    print(f"\nCores other processes kept busy during the runs alone: at most {max(busy):.2f} (median "
+          f"{statistics.median(busy):.2f}; `agpc.threads.busy_cores_elsewhere`). Above about 0.1, another job "
+          "shared the machine and every column says less about it.")
     end(run)
 
 
