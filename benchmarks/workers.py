@@ -92,10 +92,10 @@ def as_a_pass():
         yield
 
 
-def count_until(run, stop):
-    """(operations, seconds) of ``run`` repeated until ``stop`` is set (checked after every operation)."""
+def count_until(run, stopped):
+    """(operations, seconds) of ``run`` repeated until ``stopped()`` (asked after every operation: a cheap read)."""
     count, start = 0, time.perf_counter()
-    while not stop.is_set():
+    while not stopped():
         run()
         count += 1
     return count, time.perf_counter() - start
@@ -109,13 +109,14 @@ def rate_alone(name, m, n, seconds):
             run()
         done = threading.Event()
         threading.Timer(seconds, done.set).start()
-        count, elapsed = count_until(run, done)
+        count, elapsed = count_until(run, done.is_set)
     return count / elapsed
 
 
 def in_threads(name, m, n, seconds, workers):
     """Each worker's operations per second with ``workers`` Python threads at once, each in a copy of this context
-    (as ``map_blocks`` runs them); all start together and stop together."""
+    (as ``map_blocks`` runs them); all start together and stop together. A worker that fails fails the run with its
+    error."""
     results, failures = [], []
     ready, done = threading.Barrier(workers + 1, timeout=TIMEOUT), threading.Event()
 
@@ -125,9 +126,9 @@ def in_threads(name, m, n, seconds, workers):
             for _ in range(5):
                 run()
             ready.wait()
-            count, elapsed = count_until(run, done)
+            count, elapsed = count_until(run, done.is_set)
             results.append(count / elapsed)
-        except BaseException as error:  # (the caller fails with it; the barrier is broken for the others)
+        except BaseException as error:  # (the barrier is broken for the others and the caller)
             failures.append(error)
             ready.abort()
 
@@ -139,57 +140,79 @@ def in_threads(name, m, n, seconds, workers):
         try:
             ready.wait()
             time.sleep(seconds)
+        except threading.BrokenBarrierError:
+            pass  # (a worker failed or hung before the start: reported below)
         finally:
             done.set()
+            ready.abort()  # (frees any worker still waiting at the start)
             for t in pool:
                 t.join(TIMEOUT)
     if failures or len(results) != workers:
-        raise RuntimeError(f"{name}: {len(results)} of {workers} threads reported: {failures!r}")
+        error = failures[0] if failures else None
+        raise RuntimeError(f"{name}: {len(results)} of {workers} threads reported") from error
     return results
 
 
-def process_worker(name, m, n, seed, ready, done, out):
-    """A spawned worker: warm up, wait for the others, count until told to stop, report its rate."""
+def process_worker(name, m, n, seed, go, stop, out):
+    """A spawned worker: warm up, say so, wait for the start, count until the shared flag ``stop`` is set (read
+    without a lock), report its rate; an error is reported instead."""
     try:
         with as_a_pass():
             run = operation(name, m, n, seed)
             for _ in range(5):
                 run()
-            ready.wait()
-            count, elapsed = count_until(run, done)
-        out.put((seed, count / elapsed))
+            out.put(("ready", seed, None))
+            if not go.wait(TIMEOUT):
+                raise TimeoutError("no start")
+            count, elapsed = count_until(run, lambda: stop.value)
+        out.put(("rate", seed, count / elapsed))
     except BaseException as error:
-        ready.abort()
-        out.put((seed, repr(error)))
+        out.put(("error", seed, repr(error)))
+
+
+def _collect(out, pool, kind, expected, deadline):
+    """``expected`` messages of ``kind`` from the workers, failing at once on a worker's error or exit, or at
+    ``deadline``; {seed: value}."""
+    got = {}
+    while len(got) < expected:
+        try:
+            what, seed, value = out.get(timeout=1.0)
+        except queues.Empty:
+            dead = [p.exitcode for p in pool if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(f"worker processes: {len(got)} of {expected} {kind} messages; exit codes "
+                                   f"{[p.exitcode for p in pool]}") from None
+            continue
+        if what == "error":
+            raise RuntimeError(f"a worker process failed: {value}")
+        if what == kind:
+            got[seed] = value
+    return got
 
 
 def in_processes(name, m, n, seconds, workers):
     """Each worker's operations per second with ``workers`` spawned processes at once (nothing of this process's
-    threads or state), all started and stopped together."""
+    threads or state), started together once all are ready and stopped together."""
     context = multiprocessing.get_context("spawn")
-    ready, done, out = context.Barrier(workers + 1, timeout=TIMEOUT), context.Event(), context.Queue()
-    pool = [context.Process(target=process_worker, args=(name, m, n, k, ready, done, out), daemon=True)
+    go, stop, out = context.Event(), context.RawValue("b", 0), context.Queue()
+    pool = [context.Process(target=process_worker, args=(name, m, n, k, go, stop, out), daemon=True)
             for k in range(workers)]
     for p in pool:
         p.start()
     try:
-        ready.wait()
+        _collect(out, pool, "ready", workers, time.monotonic() + TIMEOUT)
+        go.set()
         time.sleep(seconds)
-        done.set()
-        reports = dict(out.get(timeout=TIMEOUT) for _ in pool)
-    except (threading.BrokenBarrierError, queues.Empty) as error:
-        raise RuntimeError(f"{name}: a worker process failed or hung ({error!r}); exit codes "
-                           f"{[p.exitcode for p in pool]}") from error
+        stop.value = 1
+        rates = _collect(out, pool, "rate", workers, time.monotonic() + TIMEOUT)
     finally:
-        done.set()
+        stop.value = 1
+        go.set()
         for p in pool:
             p.join(TIMEOUT)
             if p.is_alive():
                 p.terminate()
-    bad = {k: v for k, v in reports.items() if isinstance(v, str)}
-    if bad:
-        raise RuntimeError(f"{name}: worker processes failed: {bad}")
-    return list(reports.values())
+    return list(rates.values())
 
 
 def measure(name, m, n, args, busy):
@@ -224,7 +247,8 @@ def main(argv=None):
           "Threads: against this process alone (its median over the rounds, before and after the threads); "
           "processes: against one spawned process alone (its median over the rounds). 1 is perfect scaling; below "
           "1 / workers the workers together do less than one alone. Every worker starts after a common barrier "
-          "and stops when told.\n")
+          "and stops when told; the two alone columns differ by up to a quarter from run to run, the noise of "
+          "comparing them.\n")
     for name in args.ops:
         print(f"- {name}: {OPERATIONS[name]}")
     print()
@@ -235,9 +259,10 @@ def main(argv=None):
         for n in args.sizes:
             base, threaded, process_base, spawned = measure(name, args.m, n, args, busy)
             row(name, f"{n:,}", f"{base:,.0f}", f"{threaded:.2f}", f"{process_base:,.0f}", f"{spawned:.2f}")
-    print(f"\nCores other processes kept busy during the runs alone: at most {max(busy):.2f} (median "
-          f"{statistics.median(busy):.2f}; `agpc.threads.busy_cores_elsewhere`). Above about 0.1, another job "
-          "shared the machine and every column says less about it.")
+    print(f"\nCores other processes kept busy during the in-process alone runs (the meter sees no other window): at "
+          f"most {max(busy):.2f}, median {statistics.median(busy):.2f} (`agpc.threads.busy_cores_elsewhere`). Over "
+          "runs of a second or more, a value above about 0.1 means another job shared the machine then; over the "
+          "short runs of --quick the meter itself reads that high.")
     end(run)
 
 
