@@ -174,9 +174,11 @@ class Placement:
 
 def n_jobs_for(plan, steps, xp, n_classes):
     """The workers the plan's fit of its rows (``steps``) in this process uses (``n_jobs``; ``n_jobs_``). Minibatches
-    of a method with data-parallel rounds, on NumPy data: that many processes (``useful_processes``); an
-    ``n_jobs > 1`` those rounds cannot take is refused when it was given, and gives 1 when it came from an enclosing
-    ``joblib.parallel_config``. Batch passes: that many threads over the row blocks, and the BLAS thread rule within
+    of a method with data-parallel rounds, on NumPy data: that many processes (``useful_processes``). Minibatches
+    those rounds cannot take (multiclass EP's, another library's arrays) train in this process: one, said in a
+    warning when more were given (as scikit-learn's estimators say an n_jobs they cannot use; silent when it came
+    from an enclosing ``joblib.parallel_config``); a batch-only method's refusal of minibatches is the error it
+    gets (the ``batch_size`` it cannot take). Batch passes: that many threads over the row blocks, and the BLAS thread rule within
     that many cores (``in_process_cores``: the exact model's n x n algebra too), for NumPy data; on another
     library's arrays (a GPU, which runs its own parallelism) one, said in a warning when more were asked. Fewer
     than asked is said once in a warning."""
@@ -188,27 +190,30 @@ def n_jobs_for(plan, steps, xp, n_classes):
         if not B.is_numpy_namespace(xp):
             if plan.n_jobs is not None:
                 warnings.warn(f"n_jobs={plan.n_jobs}: a batch pass on {xp.__name__} arrays runs on their device, "
-                              "which spreads the work itself: one worker (n_jobs_=1)", UserWarning, stacklevel=6)
+                              "which spreads the work itself: one worker (n_jobs_=1)", UserWarning, stacklevel=5)
             return 1
         used = in_process_cores(plan)
-        if used < count:  # (stacklevel: the caller of fit, through start and n_jobs_for)
+        if used < count:  # (stacklevel: the caller of fit, through _fit and choose_workers)
             asked = count if plan.n_jobs is None else plan.n_jobs
             plural = "s" if used != 1 else ""
             warnings.warn(f"n_jobs={asked}: batch passes on {used} thread{plural} ({used} core{plural} this process "
-                          "may use); n_jobs_ records it", UserWarning, stacklevel=6)
+                          "may use); n_jobs_ records it", UserWarning, stacklevel=5)
         return used
-    why = None
-    if not spec.supports("n_jobs"):
-        why = spec.refusal("n_jobs", f"method={plan.method!r} has no data-parallel rounds for its minibatches")
-    elif refusal(spec.engine_factory, spec.engine_name, n_classes) is not None:
-        why = f"{refusal(spec.engine_factory, spec.engine_name, n_classes)}: train {plan.method!r} with n_jobs=1"
+    if not spec.supports("n_jobs"):  # (a batch-only method: its minibatches are refused whatever n_jobs)
+        if plan.n_jobs is not None:
+            raise ValueError(spec.refusal("n_jobs", f"method={plan.method!r} has no data-parallel rounds for its "
+                                                    "minibatches"))
+        return 1
+    one = None
+    if refusal(spec.engine_factory, spec.engine_name, n_classes) is not None:
+        one = f"{refusal(spec.engine_factory, spec.engine_name, n_classes)}: its minibatches train in this process"
     elif not B.is_numpy_namespace(xp):
-        why = (f"n_jobs > 1 trains NumPy data in worker processes on this machine, not {xp.__name__} arrays: "
-               "use n_jobs=1 (or backend='numpy')")
-    if why is None:
+        one = (f"minibatches train in worker processes on NumPy data only, not on {xp.__name__} arrays (their "
+               "device spreads a step's work itself): its minibatches train in this process")
+    if one is None:
         return useful_processes(count, steps.n_rows, steps.step_rows, asked=plan.n_jobs)
-    if plan.n_jobs is not None:
-        raise ValueError(why)
+    if plan.n_jobs is not None:  # (stacklevel: the caller of fit, through _fit and choose_workers)
+        warnings.warn(f"n_jobs={plan.n_jobs}: {one}, on one worker (n_jobs_=1)", UserWarning, stacklevel=5)
     return 1
 
 
@@ -229,7 +234,7 @@ def useful_processes(count, n, batch_size, asked=None):
     if used < count:
         bounds = [f"{cores} core{'s' if cores != 1 else ''} this process may use" if cores < count else None,
                   f"{n} rows of minibatches of {batch_size}, a minibatch a process" if shares < count else None]
-        # (stacklevel: the caller of fit, through start and n_jobs_for)
+        # (stacklevel: the caller of fit, through _fit, choose_workers and n_jobs_for)
         warnings.warn(f"n_jobs={count if asked is None else asked}: training in {used} process"
                       f"{'es' if used != 1 else ''} ({' and '.join(b for b in bounds if b)}); n_jobs_ records it",
                       UserWarning, stacklevel=6)

@@ -92,10 +92,12 @@ def test_n_jobs_trains_in_worker_processes_near_the_single_process_fit(banana, p
     assert len(pools) == 1 and _gone(pools[0].pids, 0)
 
 
-def test_multiclass_sep_with_n_jobs_and_what_is_refused(pools):
+def test_multiclass_sep_with_n_jobs_and_what_trains_in_this_process(pools):
     """Multiclass SEP in two worker processes ends near the single-process fit (within 0.02 nats, as on a dask
-    cluster); multiclass EP and an array library other than NumPy are refused with one ValueError saying why, before
-    any worker starts. (The batch-only methods take n_jobs as their passes' threads: tests/test_n_jobs.py.)"""
+    cluster); multiclass EP's minibatches and those of an array library other than NumPy, which the rounds cannot
+    take, train in this process: no worker starts, ``n_jobs_`` is 1 and one warning, pointing at the caller's
+    ``fit``, says why (as scikit-learn says an n_jobs it cannot use). (The batch-only methods take n_jobs as their
+    passes' threads: tests/test_n_jobs.py.)"""
     X, y = three_classes(1200, 0, boundaries="linear", noise=0.5)
     X_test, y_test = three_classes(2000, 1, boundaries="linear", noise=0.5)
     params = dict(method="sep", n_inducing=8, batch_size=50, max_iter=4, random_state=0)
@@ -104,11 +106,16 @@ def test_multiclass_sep_with_n_jobs_and_what_is_refused(pools):
     assert parallel.n_jobs_ == 2 and parallel.predict_proba(X_test).shape == (2000, 3)
     assert abs(nll_of(parallel, X_test, y_test) - nll_of(single, X_test, y_test)) < 0.02
     started = len(pools)
-    with pytest.raises(ValueError, match="data-parallel multiclass training runs 'sep', 'adf' or 'svi'.*n_jobs=1"):
-        GPClassifier(method="ep", batch_size=50, n_jobs=2).fit(X, y)
     strict = pytest.importorskip("array_api_strict")
-    with pytest.raises(ValueError, match="n_jobs > 1 trains NumPy data in worker processes"):
-        GPClassifier(method="sep", batch_size=50, n_jobs=2, backend=strict).fit(X, y)
+    for params, why in [(dict(method="ep"), "data-parallel multiclass training runs 'sep', 'adf' or 'svi'"),
+                        (dict(method="sep", backend=strict),
+                         "minibatches train in worker processes on NumPy data only, not on array_api_strict arrays")]:
+        with pytest.warns(UserWarning, match="n_jobs") as said:
+            model = GPClassifier(**params, batch_size=50, n_jobs=2, max_iter=1, n_inducing=8).fit(X, y)
+        about = [w for w in said if "n_jobs" in str(w.message)]
+        assert model.n_jobs_ == 1 and len(about) == 1 and about[0].filename == __file__, about
+        assert str(about[0].message).startswith(f"n_jobs=2: {why}") and "on one worker (n_jobs_=1)" in str(
+            about[0].message)
     assert len(pools) == started
 
 
@@ -337,6 +344,7 @@ def test_n_jobs_is_capped_by_the_cores_and_the_rows(monkeypatch, cores, n_jobs, 
         assert said == []
     else:
         assert len(said) == 1 and f"training in {used} processes" in said[0] and bound in said[0]
+        assert [w.filename for w in caught if "n_jobs" in str(w.message)] == [__file__]  # (the caller's fit)
 
 
 def test_n_jobs_beyond_the_cores_trains_in_as_many_processes_as_cores(pools):

@@ -205,9 +205,11 @@ def test_batch_only_methods_take_n_jobs_as_the_cores_of_their_passes(two_idle_co
 
 def test_more_jobs_than_cores_is_said_once_and_recorded(two_idle_cores):
     X, y = _rows(600)
-    with pytest.warns(UserWarning, match=r"n_jobs=8: batch passes on 2 threads \(2 cores this process may use\)") as got:
+    said = r"n_jobs=8: batch passes on 2 threads \(2 cores this process may use\)"
+    with pytest.warns(UserWarning, match=said) as got:
         model = GPClassifier(n_inducing=10, max_iter=1, random_state=0, n_jobs=8).fit(X, y)
     assert model.n_jobs_ == 2 and sum("n_jobs=8" in str(w.message) for w in got) == 1
+    assert [w.filename for w in got if "n_jobs=8" in str(w.message)] == [__file__]  # (the caller's fit)
 
 
 def test_n_jobs_on_another_array_library_is_one_worker_with_a_warning(two_idle_cores):
@@ -215,9 +217,11 @@ def test_n_jobs_on_another_array_library_is_one_worker_with_a_warning(two_idle_c
     cannot use more threads: ``n_jobs_`` is 1 and one warning says why."""
     strict = pytest.importorskip("array_api_strict")
     X, y = _rows(300)
-    with pytest.warns(UserWarning, match=r"n_jobs=2: a batch pass on array_api_strict arrays runs on their device"):
+    said = r"n_jobs=2: a batch pass on array_api_strict arrays runs on their device"
+    with pytest.warns(UserWarning, match=said) as got:
         model = GPClassifier(n_inducing=10, max_iter=1, random_state=0, n_jobs=2, backend=strict).fit(X, y)
     assert model.n_jobs_ == 1
+    assert [w.filename for w in got if "n_jobs=2" in str(w.message)] == [__file__]  # (the caller's fit)
 
 
 def test_n_jobs_none_is_one_core_for_the_fit(two_idle_cores):
