@@ -15,6 +15,7 @@ import ctypes
 import importlib
 import math
 import os
+import sys
 import threading
 import types
 import warnings
@@ -54,6 +55,7 @@ __all__ = [
     "warn_guard",
     "ModulesByName",
     "jitter_report",
+    "outside_stacklevel",
     "note_jitter",
     "is_dask_array",
     "row_chunk_bounds",
@@ -133,10 +135,33 @@ def __getattr__(name):
     return cls
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # (agpc's own source files start with it)
+
+
+def outside_stacklevel():
+    """The ``stacklevel`` that makes a ``warnings.warn`` in the caller of this function name the first frame outside
+    agpc: the user's line that called the public API, however deep the path that warns (``predict_proba``, ``score``
+    through ``predict``, a ``fit``'s validation rows; Python 3.12's ``skip_file_prefixes`` does this, 3.10 does not
+    have it). Every frame agpc's (its command line): the outermost."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _guard_category():
+    return globals().get("GuardWarning") or __getattr__("GuardWarning")
+
+
 def warn_guard(message, stacklevel=2):
-    """Warn with ``message`` as a ``GuardWarning`` (from the caller's caller by default)."""
-    category = globals().get("GuardWarning") or __getattr__("GuardWarning")
-    warnings.warn(message, category, stacklevel=stacklevel + 1)
+    """Warn with ``message`` as a ``GuardWarning``: inside a ``jitter_report`` scope (``fit``, ``partial_fit``) when
+    that scope ends, from its caller's line, however deep the training loop that said it (a fit on all rows, or on a
+    subsample first); outside one now, from the caller's caller by default."""
+    said = _GUARD_SAID.get()
+    if said is None:
+        warnings.warn(message, _guard_category(), stacklevel=stacklevel + 1)
+    else:
+        said.append(message)
 
 
 class JitterWarning(UserWarning):
@@ -147,6 +172,8 @@ class JitterWarning(UserWarning):
 
 # The jitter raises of the current ``jitter_report`` scope (None outside one): (what, from, to) triples.
 _JITTER_RAISES = contextvars.ContextVar("agpc_jitter_raises", default=None)
+# The guard's summaries (``warn_guard``) said inside the current ``jitter_report`` scope (None outside one).
+_GUARD_SAID = contextvars.ContextVar("agpc_guard_said", default=None)
 
 
 def note_jitter(what, before, after):
@@ -181,19 +208,21 @@ def jitter_raises_within():
 @contextmanager
 def jitter_report(task, stacklevel=4):
     """Collect the jitter raises (``note_jitter``) inside, and after it one ``JitterWarning`` for ``task``
-    (e.g. "fit") saying, for each matrix, from what to what the jitter went and how often. Nested scopes
+    (e.g. "fit") saying, for each matrix, from what to what the jitter went and how often; then the guard's
+    summaries said inside (``warn_guard``), each a ``GuardWarning``, in the order said. Nested scopes
     report into the outermost one; no warning when the body raises (the error says more). ``stacklevel``
     as for ``warnings.warn``, counted from the ``with`` statement's frame plus one (the default points at
-    the caller of the function holding the ``with``)."""
+    the caller of the function holding the ``with``): the user's line, wherever inside the warning arose."""
     if _JITTER_RAISES.get() is not None:
         yield
         return
-    raises = []
-    token = _JITTER_RAISES.set(raises)
+    raises, said = [], []
+    tokens = _JITTER_RAISES.set(raises), _GUARD_SAID.set(said)
     try:
         yield
     finally:
-        _JITTER_RAISES.reset(token)
+        _JITTER_RAISES.reset(tokens[0])
+        _GUARD_SAID.reset(tokens[1])
     if raises:
         by_matrix = {}
         for what, before, after in raises:
@@ -206,6 +235,8 @@ def jitter_report(task, stacklevel=4):
             + " (inducing points too close together, or features on very different scales?)",
             JitterWarning, stacklevel=stacklevel,
         )
+    for message in said:
+        warnings.warn(message, _guard_category(), stacklevel=stacklevel)
 
 
 # --------------------------------------------------------------------------------------------------

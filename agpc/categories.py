@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import labels as L
+from .backend import outside_stacklevel
 from .kernels import ANY_LEVEL
 
 __all__ = ["FROM_DTYPE", "UNSEEN", "MAX_LEVELS", "CategoricalColumns", "categorical_mask", "learn_columns",
@@ -273,7 +274,7 @@ def _codes(values, levels, what, unseen_refused=False):
     if text.shape[0] and not np.any(known):  # (a column of other values: another file's, or numbers for text)
         warnings.warn(f"{what}: none of its {text.shape[0]:,} values is a level the model was fitted with (e.g. "
                       f"{str(text[0])!r}; its levels: {[str(v) for v in levels[:5]]}...): every row is predicted "
-                      "as of a level never seen", UserWarning, stacklevel=6)  # (the caller of predict_proba & co.)
+                      "as of a level never seen", UserWarning, stacklevel=outside_stacklevel())
     return np.where(known, position.astype(np.float64), UNSEEN)
 
 

@@ -836,8 +836,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def load(cls, path, backend="numpy"):
         """Load a model saved by :meth:`save` (a file name or a binary file object), its arrays in ``backend``.
         Every field is checked (:mod:`agpc.model_file`); a file is never executed. ``agpc.load_model`` is the same."""
-        params, state = read_model_file(path, cls.file_schema(), backend=backend)
-        return cls(**params).set_fitted_state(state)
+        with B.jitter_report(f"{cls.__name__}.load"):  # (a jitter raised to factorise the file's K(Z, Z))
+            params, state = read_model_file(path, cls.file_schema(), backend=backend)
+            return cls(**params).set_fitted_state(state)
 
     @classmethod
     def file_schema(cls):

@@ -21,6 +21,7 @@ import sys
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
+from . import backend as B
 from .classifier import GPClassifier
 from .model_file import (FORMAT, NOT_RESTORED, SCALER_ARRAYS, VERSION, read_model_parts, step_names_problem,
                          write_model_file)
@@ -90,8 +91,9 @@ def load_model(path, backend="numpy"):
     or an array namespace). Everything read is checked against the format's schema first; a file that does
     not satisfy it is one ``ValueError`` naming the file and the field. A file saved from a Pipeline (a
     StandardScaler and the classifier; ``agpc fit --standardize`` writes one too) is that Pipeline again."""
-    params, state, scaler = read_model_parts(path, GPClassifier.file_schema(), backend=backend)
-    classifier = GPClassifier(**params).set_fitted_state(state)
+    with B.jitter_report("agpc.load_model"):  # (a jitter raised to factorise the file's K(Z, Z): said at the caller)
+        params, state, scaler = read_model_parts(path, GPClassifier.file_schema(), backend=backend)
+        classifier = GPClassifier(**params).set_fitted_state(state)
     if scaler is None:
         return classifier
     from sklearn.pipeline import Pipeline
