@@ -209,6 +209,10 @@ def check_exact_codes(X, columns, dtype_name):
     float32 holds integers exactly up to 2^24 only, and two codes it rounds to one value are one level (the kernel
     reads equality); and none holds ``kernels.ANY_LEVEL``, an inducing point's "any level", which the kernel would
     read as such. One ValueError naming the column otherwise (rows elsewhere are not read for it)."""
+    if isinstance(X, (list, tuple)):  # (rows as lists: read as the feature checks read them)
+        X = np.asarray(X, dtype=object)
+        if X.ndim != 2:
+            return  # (ragged rows: the feature checks say so)
     if not (hasattr(X, "iloc") or type(X) is np.ndarray):
         return
     target = np.dtype(dtype_name)

@@ -82,26 +82,43 @@ def check_loop_state(saved, fingerprint, refuse, history_keys=(), validation_key
             raise refuse(f"{name}: negative")
     if not (math.isfinite(saved["elapsed"]) and saved["elapsed"] >= 0):
         raise refuse("elapsed: not a non-negative number of seconds")
-    if not all(isinstance(p, list) and len(p) == 2 and all(_is_number(v) for v in p) for p in saved["pending"]):
-        raise refuse("pending: not a list of (log Z, invalid rows) pairs")
+    if not all(isinstance(p, list) and len(p) == 2 and all(_is_finite(v) for v in p) for p in saved["pending"]):
+        raise refuse("pending: not a list of (log Z, invalid rows) pairs of finite numbers")
     _check_history(saved["history"], history_keys, validation_keys, refuse)
     _check_counts(saved, refuse)
     if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < fingerprint["n_batches"]
                for i in saved["order"]):
         raise refuse(f"order: not a list of minibatch indices below {fingerprint['n_batches']}")
-    best = saved["best"]
+    _check_best(saved["best"], len(saved["history"].get("validation_nll", [])), refuse)
+
+
+def _check_best(best, evaluations, refuse):
+    """The early-stopping record: the best validation NLL and the reference an improvement is counted from, each
+    finite or +inf (none yet), and the evaluations since the last improvement, at most the ``evaluations`` the
+    history recorded. A NaN went on to a model whose file ``load_model`` refused; a count edited to 10^9 stopped
+    the resumed fit at its first evaluation."""
     if not (isinstance(best.get("nll"), (int, float)) and isinstance(best.get("reference"), (int, float))
             and isinstance(best.get("since"), int)):
         raise refuse("best: not the early-stopping record (nll, reference, since)")
+    for name in ("nll", "reference"):
+        if not (_is_finite(best[name]) or best[name] == math.inf):
+            raise refuse(f"best.{name}: {best[name]!r}, not a finite number or inf (no evaluation yet)")
+    if isinstance(best["since"], bool) or not 0 <= best["since"] <= evaluations:
+        raise refuse(f"best.since: {best['since']!r}, not a count of evaluations from 0 to the {evaluations} the "
+                     "history recorded")
 
 
 def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_finite(value):
+    return _is_number(value) and math.isfinite(value)
+
+
 def _check_history(history, history_keys, validation_keys, refuse):
     """The history a resumed run goes on recording: every entry the loop records together (a history without them
-    crashed the resume in ``Trainer.record``), one number each a record, as many records in each; the validation
+    crashed the resume in ``Trainer.record``), one finite number each a record, as many records in each; the validation
     entries, when there, likewise among themselves."""
     if not all(isinstance(values, list) for values in history.values()):
         raise refuse("history: not a mapping of names to lists")
@@ -114,9 +131,11 @@ def _check_history(history, history_keys, validation_keys, refuse):
         if len(set(lengths.values())) > 1:
             raise refuse(f"history: {', '.join(f'{key} has {length}' for key, length in lengths.items())} entries; "
                          "they are recorded together")
-        for key in keys:
-            if not all(_is_number(v) for v in history[key]):
-                raise refuse(f"history.{key}: not a list of numbers")
+    for key, values in history.items():  # finite, as a model file's history must be (``model_file``): a method
+        # without damping records NaN as its damping
+        if not all(_is_finite(v) or (key == "damping" and _is_number(v) and math.isnan(v)) for v in values):
+            raise refuse(f"history.{key}: not a list of finite numbers"
+                         + (" (NaN only where the method has no damping)" if key == "damping" else ""))
 
 
 def _check_counts(saved, refuse):

@@ -759,7 +759,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError("Expected a 2D array of rows, got a 1D one: reshape a single row with "
                                  "X.reshape(1, -1) (or give a DataFrame of one row)")
             I.check_feature_count(n_features if width is None else width, n_features, type(self).__name__)
-        return C.encode(X, self._categorical_columns(), n_features, unseen_refused=unseen_refused)
+        columns = self._categorical_columns()
+        if columns.columns and C.row_width(X) == n_features:  # (codes of numbers as fit checks them: none is the
+            C.check_exact_codes(X, columns, np.dtype(self.dtype).name)  # inducing points' "any level")
+        return C.encode(X, columns, n_features, unseen_refused=unseen_refused)
 
     def _categorical_columns(self):
         """The fitted ``categories.CategoricalColumns`` (none for a model fitted before categorical columns)."""

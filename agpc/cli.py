@@ -252,7 +252,7 @@ def fit(args):
     where = f"the dask cluster at {args.scheduler}" if args.scheduler else args.backend
     scaler = None
     if args.standardize:  # on the training rows only; the model file keeps the means and scales (a Pipeline)
-        scaler, X_train, X_val = _standardised(X_train, X_val, weights)
+        scaler, X_train, X_val = _standardised(X_train, X_val, weights, names)
     shown = f"ordered classes {preview((classes if order is None else order).tolist(), 6)} (lowest first)" \
         if args.likelihood == ORDINAL else f"classes {preview(classes.tolist(), 6)}"
     print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, {shown}; method "
@@ -353,13 +353,23 @@ def _fit_model(args, order, rows, categorical=()):
     return model
 
 
-def _standardised(X_train, X_val, weights):
+def _standardised(X_train, X_val, weights, names=None):
     """(scaler, X_train, X_val) for --standardize: a ``StandardScaler`` fitted on the training rows, counted by their
-    ``weights`` as the fit counts them (a row of weight 2 is the row twice), and both sets of rows scaled by it."""
+    ``weights`` as the fit counts them (a row of weight 2 is the row twice), and both sets of rows scaled by it. A
+    column whose mean or variance overflows float64 (values near 1e154 and beyond: finite, but their squares are not)
+    is one error naming it (``names``: the columns' names, or None), not the fit's "contains NaN" of the NaN its
+    scaling made."""
     from sklearn.preprocessing import StandardScaler  # (60-70 ms that other commands need not wait)
 
     X_train = np.asarray(X_train[...])  # (read once: in memory already, on-disk rows were refused)
-    scaler = StandardScaler().fit(X_train, sample_weight=weights)
+    with np.errstate(over="ignore", invalid="ignore"):  # (an overflow is said below, naming its column)
+        scaler = StandardScaler().fit(X_train, sample_weight=weights)
+    moments = np.isfinite(scaler.mean_) & np.isfinite(scaler.var_)
+    if not np.all(moments):
+        j = int(np.flatnonzero(~moments)[0])
+        column = f"column {names[j]!r}" if names is not None and j < len(names) else f"column {j}"
+        raise ValueError(f"--standardize: {column}'s mean or variance overflows float64 (its values reach "
+                         f"{np.max(np.abs(X_train[:, j])):.3g}): rescale that column, or fit without --standardize")
     return scaler, scaler.transform(X_train), None if X_val is None else scaler.transform(X_val)
 
 
@@ -611,23 +621,24 @@ def _plot_banana(model, X, y, path):
 def demo(args):
     if args.plot is not None:
         _check_writable(args.plot)
+    X, y = make_banana(2000, random_state=0)
+    Xt, yt = make_banana(10000, random_state=1)
+    cancer = split_standardised(*load_breast_cancer(), train_fraction=0.9, random_state=0)
+    # (the options checked before the table starts: a bad one is the one error line, not a table cut short)
+    def model():
+        return GPClassifier(n_inducing=args.inducing, max_iter=args.max_iter, random_state=0)
+
+    model().check_params()
+    rows = min(X.shape[0], cancer[0].shape[0])
+    if args.inducing > rows:
+        raise ValueError(f"--inducing {args.inducing}: at most {rows}, the rows of the demo's smaller training set "
+                         "(breast cancer)")
     print("agpc demo: binary EP with inducing points (Hernandez-Lobato & Hernandez-Lobato 2016), NumPy backend")
     print(f"| {'data':<29} | {'n':>6} | {'m':>4} | {'error':>6} | {'NLL':>6} | {'fit s':>7} | note")
     print(f"|{'-' * 31}|{'-' * 8}|{'-' * 6}|{'-' * 8}|{'-' * 8}|{'-' * 9}|------")
-    X, y = make_banana(2000, random_state=0)
-    Xt, yt = make_banana(10000, random_state=1)
-    banana = _run(
-        "banana (synthetic, 2-D)",
-        GPClassifier(n_inducing=args.inducing, max_iter=args.max_iter, random_state=0),
-        X, y, Xt, yt,
-        extra=f"Bayes error {banana_bayes_error():.3f}",
-    )
-    _run(
-        "breast cancer (sklearn, 30-D)",
-        GPClassifier(n_inducing=args.inducing, max_iter=args.max_iter, random_state=0),
-        *split_standardised(*load_breast_cancer(), train_fraction=0.9, random_state=0),
-        extra="90/10 split",
-    )
+    banana = _run("banana (synthetic, 2-D)", model(), X, y, Xt, yt,
+                  extra=f"Bayes error {banana_bayes_error():.3f}")
+    _run("breast cancer (sklearn, 30-D)", model(), *cancer, extra="90/10 split")
     # a file only where the user asked for one: a default name would be left in whatever directory the demo ran in,
     # a source checkout's among them
     if args.plot is None:

@@ -431,7 +431,10 @@ def data_files(*arrays):
 def check_fit_paths(plan, X, y, resume, stacklevel=4):
     """The paths a fit reads and writes, checked before any work (a bad path must not cost the fit): the
     checkpoint to resume from, the checkpoint path (writable, not one of the training data's files) and the site
-    directory. A ``checkpoint_path`` that nothing will write or read is warned about (at ``stacklevel``)."""
+    directory. A ``checkpoint_path`` that nothing will write or read is warned about (at ``stacklevel``). ``resume``
+    is True or False (a string "no" is true)."""
+    if not isinstance(resume, (bool, np.bool_)):
+        raise ValueError(f"resume must be True or False, got {resume!r}")
     if resume and plan.checkpoint_path is None:
         raise ValueError(NEEDS_CHECKPOINT_PATH)
     if resume:
@@ -753,15 +756,20 @@ def validation_set(plan, validation_data, classes, n_features, xp, device, clien
             B.asarray_like(L.encode_labels(labels, classes), xp, device=device, dtype=dtype))
 
 
+# The most rows a stream may stand for: every count up to it is exact in float64 (a count of 10^300 overflowed the
+# float the steps scale by).
+MAX_N_TOTAL = 2 ** 53
+
+
 def check_n_total(n_total, rows):
     """``n_total`` is a count of rows that includes this batch's (SEP replaces a share rows / n_total of its
     tied factor a step: 0, a negative, a fraction or NaN have no meaning there). It may be below the rows
     seen so far: a stream of a fixed data set visited for several epochs stands for that data set."""
     if n_total is None:
         return
-    if isinstance(n_total, bool) or not isinstance(n_total, numbers.Integral) or n_total < rows:
-        raise ValueError(f"n_total must be a positive integer at least the {rows} rows of this batch (the number "
-                         f"of rows the model stands for), got {n_total!r}")
+    if isinstance(n_total, bool) or not isinstance(n_total, numbers.Integral) or not rows <= n_total <= MAX_N_TOTAL:
+        raise ValueError(f"n_total must be a positive integer at least the {rows} rows of this batch and at most "
+                         f"2**53 (the number of rows the model stands for), got {n_total!r}")
 
 
 def training_weights(plan, sample_weight, inputs, *, every_class=True, class_labels=None):

@@ -127,7 +127,28 @@ def check_labels(y, what="y", offset=0, kind="label"):
     if len(blank):
         raise ValueError(f"{what} has empty {words['items']} at {_rows_text(blank, offset)}: an empty cell is a "
                          f"missing {words['item']}, not {words['one']}; drop those rows or {words['fill']}")
+    if kind == "label":
+        _refuse_labels_a_file_cannot_keep(values, what)
     return values
+
+
+def _refuse_labels_a_file_cannot_keep(values, what):
+    """Class labels a model file gives back as they are: booleans, integers, floats and text (``model_file`` writes
+    any other kind as text, and a loaded model would then predict '2020-01-01' where the fitted one predicted a
+    date: a score of 0 against the same labels). Dates, time spans, complex numbers, bytes and other objects are one
+    ValueError saying how to convert them."""
+    if values.dtype.kind in "biufU":
+        return
+    if values.dtype.kind == "O":
+        odd = next((v for v in values.ravel() if isinstance(v, bytes) or _label_kind(v) not in ("str", "number")),
+                   None)
+        if odd is None:
+            return
+        found = f"{type(odd).__name__} labels (e.g. {odd!r})"
+    else:
+        found = f"labels of dtype {values.dtype}"
+    raise ValueError(f"{what} holds {found}, which a model file cannot give back as they are (it keeps booleans, "
+                     "integers, floats and text): convert them, e.g. to text (y.astype(str)) or to integer codes")
 
 
 def holdout_mask(y, fraction, seed, what="validation_fraction", weights=None):

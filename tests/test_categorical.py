@@ -648,3 +648,17 @@ def test_a_csv_column_of_text_levels_with_some_number_levels_is_categorical(tmp_
     assert main(["fit", str(data), "--target", "label", "--max-iter", "2", "--quiet", "--out",
                  str(tmp_path / "m.npz")]) == 0
     assert "10" in load_model(tmp_path / "m.npz").categorical_levels_[1].tolist()
+
+
+def test_the_any_level_code_is_refused_at_prediction_as_at_fit():
+    """Found by a hostile-input audit (2026-12-02): a column of codes holding ``kernels.ANY_LEVEL`` (an inducing
+    point's "any level") was refused at fit but predicted from as "any level", a probability neither a seen nor an
+    unseen level gives. Prediction checks the codes as fit does: one ValueError naming the column."""
+    rng = np.random.default_rng(0)
+    X = np.c_[rng.normal(size=(60, 2)), np.arange(60) % 3]
+    y = (X[:, 0] + (X[:, 2] == 1) > 0.3).astype(int)
+    model = GPClassifier(n_inducing=5, categorical_features=[2], max_iter=2, random_state=1).fit(X, y)
+    assert model.predict_proba([[0.3, -0.2, 99.0]]).shape == (1, 2)  # (an unseen code: predicted as one)
+    for call in (model.predict_proba, model.predict, model.decision_function):
+        with pytest.raises(ValueError, match="X column 2 \\(categorical\\) holds .*any level"):
+            call([[0.3, -0.2, ANY_LEVEL]])

@@ -325,6 +325,17 @@ CHECKPOINT_CORRUPTIONS = {
     "n_steps 1e18": (lambda s, a: s.update(n_steps=10 ** 18), ["n_steps: 1000000000000000000", "recorded 12 steps"]),
     "n_updates beyond n_steps": (lambda s, a: s.update(n_updates=13), ["n_updates: 13"]),
     "pending not pairs": (lambda s, a: s.update(pending={"list": [{"list": [1.0]}]}), ["pending"]),
+    # found by a hostile-input audit (2026-12-02): a NaN in the history, or in the early-stopping record, resumed to a
+    # model whose file load_model refused; a count since the best edited to 10^9 stopped the resumed fit at once; a
+    # generator state of 2**200 was a bare OverflowError naming no file
+    "NaN in the history": (lambda s, a: s["history"]["dict"]["log_marginal_likelihood"]["list"].__setitem__(
+        0, float("nan")), ["history.log_marginal_likelihood", "finite"]),
+    "best NLL NaN": (lambda s, a: s["best"]["dict"].update(nll=float("nan")), ["best.nll", "nan"]),
+    "best reference -inf": (lambda s, a: s["best"]["dict"].update(reference=float("-inf")), ["best.reference"]),
+    "best since negative": (lambda s, a: s["best"]["dict"].update(since=-5), ["best.since: -5"]),
+    "best since 1e9": (lambda s, a: s["best"]["dict"].update(since=10 ** 9), ["best.since: 1000000000"]),
+    "rng state 2**200": (lambda s, a: s["rng"]["dict"]["state"]["dict"].update(state=2 ** 200),
+                         ["rng", "OverflowError"]),
     # a finite log amplitude of 1e300 raised a bare CholeskyError at the first step, naming no file
     "log-amplitude 1e300": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_amplitude"], np.array(1e300)),
                             ["engine.kernel", "prior covariance", "restored kernel"]),
@@ -589,3 +600,14 @@ def test_an_svi_checkpoint_of_the_u_space_form_goes_on_training(tmp_path):
     history = model.history_["log_marginal_likelihood"]
     assert model.n_iter_ == 6 and len(history) == 6
     assert np.all(np.diff(history) > 0), history
+
+
+@pytest.mark.parametrize("resume", ["no", "False", 1, None])
+def test_resume_is_true_or_false(tmp_path, resume):
+    """Found by a hostile-input audit (2026-12-02): fit(..., resume="no") resumed from the checkpoint (the string is
+    true). resume is one of True and False; anything else is one ValueError before any work."""
+    X, y = make_banana(100, random_state=0)
+    model = GPClassifier(n_inducing=5, max_iter=2, checkpoint_path=tmp_path / "c.ckpt", checkpoint_every=1)
+    with pytest.raises(ValueError, match=f"resume must be True or False, got {resume!r}"):
+        model.fit(X, y, resume=resume)
+    assert not (tmp_path / "c.ckpt").exists()

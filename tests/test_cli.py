@@ -1033,6 +1033,16 @@ def test_demo_leaves_no_file_unless_asked(tmp_path, monkeypatch, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("options, said", [(["--inducing", "-3"], "n_inducing"), (["--max-iter", "-1"], "max_iter"),
+                                           (["--inducing", "5000"], "--inducing 5000: at most 512")])
+def test_demo_checks_its_options_before_its_table(options, said, capsys):
+    """Found by a hostile-input audit (2026-12-02): a bad option printed the table's header on stdout, then the error.
+    Now the options are checked first: nothing on stdout, one error line."""
+    assert main(["demo", *options]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("agpc: error:") and said in err, (out, err)
+
+
 FAKE_BENCHMARK = """import sys
 import warnings
 from pathlib import Path
@@ -1335,3 +1345,15 @@ def test_early_stopping_on_holds_out_rows_and_says_so(tmp_path, capsys):
     assert "; 60 of the rows held out to stop on (early_stopping)" in out
     assert main(argv) == 0
     assert "held out" not in capsys.readouterr()[0] and not load_model(tmp_path / "m").early_stopping_
+
+
+def test_standardize_of_a_column_whose_variance_overflows_names_the_column(tmp_path, banana, capsys):
+    """Found by a hostile-input audit (2026-12-02): a finite column near 1e200 (its squares overflow) made the
+    scaler's NaN, and the fit said "Input X contains NaN" of a file that holds none. One line names the column."""
+    X, y = banana
+    data = write_csv(tmp_path / "big.csv", np.c_[X[:, :1], X[:, 1:2] * 1e200], y)
+    model = tmp_path / "m.agpc"
+    assert main(["fit", str(data), "--target", "label", "--standardize", *FIT_OPTIONS, "--out", str(model)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--standardize" in error and "overflows float64" in error, error
+    assert "NaN" not in error and "RuntimeWarning" not in error and not model.exists()

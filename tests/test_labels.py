@@ -4,7 +4,9 @@ the same integers (or, beyond 64 bits, as their text), never through float64; wh
 Categorical is labels in memory; a rare class is never lost to the validation split of ``agpc fit``."""
 
 import csv
+import datetime
 import os
+import re
 
 import numpy as np
 import pandas
@@ -118,6 +120,25 @@ def test_what_fit_accepts_save_writes_and_load_reads_back(tmp_path, banana, case
     loaded = GPClassifier.load(tmp_path / "m.agpc")
     assert loaded.classes_.dtype.kind == kind and loaded.classes_.tolist() == classes
     assert np.asarray(loaded.predict(X)).tolist() == np.asarray(model.predict(X)).tolist()
+
+
+@pytest.mark.parametrize("make, found", [
+    (lambda y: np.where(y > 0, np.datetime64("2020-01-01"), np.datetime64("2021-01-01")), "labels of dtype datetime64"),
+    (lambda y: np.where(y > 0, np.timedelta64(1, "D"), np.timedelta64(2, "D")), "labels of dtype timedelta64"),
+    (lambda y: np.where(y > 0, 1 + 1j, 2 + 0j), "labels of dtype complex128"),
+    (lambda y: np.where(y > 0, b"yes", b"no"), "labels of dtype |S3"),
+    (lambda y: np.array([b"yes" if v > 0 else b"no" for v in y], dtype=object), "bytes labels"),
+    (lambda y: np.array([datetime.date(2020, 1, 1 + int(v > 0)) for v in y], dtype=object), "date labels"),
+])
+def test_labels_a_model_file_cannot_give_back_are_refused_at_fit(banana, make, found):
+    """Found by a hostile-input audit (2026-12-02): dates were accepted, written to the model file as text, and the
+    loaded model predicted '2020-01-01' where the fitted one predicted a date (a score of 0 on the same labels).
+    Labels of any kind a model file does not keep as they are (booleans, integers, floats, text) are one ValueError
+    at fit saying how to convert them."""
+    X, y = banana
+    said = f"y holds {re.escape(found)}.*which a model file cannot give back.*y.astype\\(str\\)"
+    with pytest.raises(ValueError, match=said):
+        GPClassifier(n_inducing=5, max_iter=2).fit(X, make(y))
 
 
 def test_integers_beyond_64_bits_are_refused_naming_what_to_do(banana):

@@ -155,7 +155,7 @@ def _stream(n=300, seed=5):
     return X, (X[:, 0] + 0.3 * rng.normal(size=n) > 0).astype(int)
 
 
-@pytest.mark.parametrize("n_total", [0, -5, 2.5, float("nan"), True, 49, "300"])
+@pytest.mark.parametrize("n_total", [0, -5, 2.5, float("nan"), True, 49, "300", 10 ** 300, 2 ** 53 + 1])
 def test_partial_fit_refuses_an_n_total_that_is_not_a_count_of_at_least_the_batch(n_total):
     """n_total is the number of rows the model stands for, this batch's included: one ValueError naming it,
     on the first call and on a later one, and the model is left as it was."""

@@ -237,7 +237,7 @@ def _restore_engine(trainer, rng, saved, path, refuse):
     fresh = array_shapes(trainer.engine)
     try:
         rng.bit_generator.state = saved["rng"]
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:  # (a state of 2**200: too large a C integer)
         raise refuse(f"rng: not the state of this run's generator ({type(exc).__name__}: {exc})") from None
     try:
         trainer.engine.restore_checkpoint(saved["engine"], path)
