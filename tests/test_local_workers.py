@@ -92,36 +92,31 @@ def test_n_jobs_trains_in_worker_processes_near_the_single_process_fit(banana, p
     assert len(pools) == 1 and _gone(pools[0].pids, 0)
 
 
-@pytest.mark.parametrize("method", ["sep", "ep"])
-def test_multiclass_minibatches_train_in_worker_processes(pools, method):
-    """Multiclass SEP (a tied factor per class and chunk) and EP (each chunk's rows' sites, 2C a row, in the chunk's
-    file) in two worker processes end near the single-process fit: within 0.02 nats, as on a dask cluster (the
-    single-process fits of three seeds spread over 0.03 here)."""
+def test_multiclass_sep_with_n_jobs_and_what_trains_in_this_process(pools):
+    """Multiclass SEP in two worker processes ends near the single-process fit (within 0.02 nats, as on a dask
+    cluster); multiclass EP's minibatches and those of an array library other than NumPy, which the rounds cannot
+    take, train in this process: no worker starts, ``n_jobs_`` is 1 and one warning, pointing at the caller's
+    ``fit``, says why (as scikit-learn says an n_jobs it cannot use). (The batch-only methods take n_jobs as their
+    passes' threads: tests/test_n_jobs.py.)"""
     X, y = three_classes(1200, 0, boundaries="linear", noise=0.5)
     X_test, y_test = three_classes(2000, 1, boundaries="linear", noise=0.5)
-    params = dict(method=method, n_inducing=8, batch_size=50, max_iter=4, random_state=0)
+    params = dict(method="sep", n_inducing=8, batch_size=50, max_iter=4, random_state=0)
     single = GPClassifier(**params).fit(X, y)
     parallel = GPClassifier(**params, n_jobs=2, local_steps=4).fit(X, y)
     assert parallel.n_jobs_ == 2 and parallel.predict_proba(X_test).shape == (2000, 3)
-    assert len(pools) == 1 and len(pools[0].names) == 2
     assert abs(nll_of(parallel, X_test, y_test) - nll_of(single, X_test, y_test)) < 0.02
-
-
-def test_minibatches_the_rounds_cannot_take_train_in_this_process(pools):
-    """Minibatches of an array library other than NumPy, which the rounds cannot take (their device spreads a
-    step's work itself), train in this process: no worker starts, ``n_jobs_`` is 1 and one warning, naming the
-    caller's ``fit``, says why (as scikit-learn says an n_jobs it cannot use). (The batch-only methods take n_jobs as
-    their passes' threads: tests/test_n_jobs.py.)"""
+    started = len(pools)
     strict = pytest.importorskip("array_api_strict")
-    X, y = three_classes(300, 0, boundaries="linear", noise=0.5)
-    with pytest.warns(UserWarning, match="n_jobs") as said:
-        model = GPClassifier(method="sep", backend=strict, batch_size=50, n_jobs=2, max_iter=1, n_inducing=8).fit(X, y)
-    about = [w for w in said if "n_jobs" in str(w.message)]
-    assert model.n_jobs_ == 1 and len(about) == 1 and about[0].filename == __file__, about
-    assert str(about[0].message) == ("n_jobs=2: minibatches train in worker processes on NumPy data only, not on "
-                                     "array_api_strict arrays (their device spreads a step's work itself): its "
-                                     "minibatches train in this process, on one worker (n_jobs_=1)")
-    assert pools == []
+    for params, why in [(dict(method="ep"), "data-parallel multiclass training runs 'sep', 'adf' or 'svi'"),
+                        (dict(method="sep", backend=strict),
+                         "minibatches train in worker processes on NumPy data only, not on array_api_strict arrays")]:
+        with pytest.warns(UserWarning, match="n_jobs") as said:
+            model = GPClassifier(**params, batch_size=50, n_jobs=2, max_iter=1, n_inducing=8).fit(X, y)
+        about = [w for w in said if "n_jobs" in str(w.message)]
+        assert model.n_jobs_ == 1 and len(about) == 1 and about[0].filename == __file__, about
+        assert str(about[0].message).startswith(f"n_jobs=2: {why}") and "on one worker (n_jobs_=1)" in str(
+            about[0].message)
+    assert len(pools) == started
 
 
 def test_the_rows_are_one_file_every_worker_maps(banana, monkeypatch):

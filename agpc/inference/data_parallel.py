@@ -310,8 +310,7 @@ class _Shard:
             if chunk in self.sites_now:  # (a shard of one chunk whose round crosses into the chunk's next visit)
                 sites = self.sites_now[chunk]
             elif path is not None:
-                # (the sites' columns a row: none for one latent GP's, 2C for multiclass EP's pair factors)
-                sites = checkpoints.load_site_chunk(path, n_chunk, *engine.passes.zero_sites(0, Z).shape[1:])
+                sites = checkpoints.load_site_chunk(path, n_chunk)
             else:
                 sites = (engine.passes.zero_sites(n_chunk, Z), engine.passes.zero_sites(n_chunk, Z))
             self.sites = [asarray_like(v, self.xp, device=self.device, dtype=self.dtype) for v in sites]
@@ -406,8 +405,7 @@ def _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, 
     engine's state; ``total`` given: the others' product is set from it first (the chunk's old factor out).
     ``weights``: the chunk's rows' sample weights, the factor holding w_i copies of row i's site (power EP)."""
     if weights is not None:
-        w = weights[:, None] if site_precision.ndim > 1 else weights  # (multiclass sites (n, 2C): a row's every site)
-        site_precision, site_shift = w * site_precision, w * site_shift
+        site_precision, site_shift = weights * site_precision, weights * site_shift
     if total is not None:
         engine.others = total.combine(1.0, engine.state["factor"], -1.0)
     s = engine.state

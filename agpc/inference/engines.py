@@ -86,7 +86,10 @@ class EPEngine(TiedFactorSteps, Engine):
     objective = "log Z_q (EP estimate)"
 
     @classmethod
-    def round_refusal(cls, name, n_classes):  # (every EP method, binary and multiclass: ``data_parallel``)
+    def round_refusal(cls, name, n_classes):
+        if cavity_of(name).own_sites and n_classes > 2:  # (EP: the method's name is its cavity's, as in ``__init__``)
+            return (f"data-parallel multiclass training runs {quoted_names(m for m in ROUND_METHODS if m != name)} "
+                    "(multiclass EP's per-row sites are not kept per chunk yet)")
         return None
     sites_on_cluster = False
 
