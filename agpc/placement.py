@@ -178,8 +178,8 @@ def n_jobs_for(plan, steps, xp, n_classes):
     those rounds cannot take (multiclass EP's, another library's arrays) train in this process: one, said in a
     warning when more were given (as scikit-learn's estimators say an n_jobs they cannot use; silent when it came
     from an enclosing ``joblib.parallel_config``); a batch-only method's refusal of minibatches is the error it
-    gets (the ``batch_size`` it cannot take). Batch passes: that many threads over the row blocks, and the BLAS thread rule within
-    that many cores (``in_process_cores``: the exact model's n x n algebra too), for NumPy data; on another
+    gets (the ``batch_size`` it cannot take). Batch passes: that many threads over the row blocks, and the BLAS
+    thread rule within that many cores (``in_process_cores``: the exact model's n x n algebra too), for NumPy data; on another
     library's arrays (a GPU, which runs its own parallelism) one, said in a warning when more were asked. Fewer
     than asked is said once in a warning."""
     count, _ = W.resolve_n_jobs(plan.n_jobs)
@@ -190,14 +190,15 @@ def n_jobs_for(plan, steps, xp, n_classes):
         if not B.is_numpy_namespace(xp):
             if plan.n_jobs is not None:
                 warnings.warn(f"n_jobs={plan.n_jobs}: a batch pass on {xp.__name__} arrays runs on their device, "
-                              "which spreads the work itself: one worker (n_jobs_=1)", UserWarning, stacklevel=5)
+                              "which spreads the work itself: one worker (n_jobs_=1)", UserWarning,
+                              stacklevel=B.outside_stacklevel())
             return 1
         used = in_process_cores(plan)
-        if used < count:  # (stacklevel: the caller of fit, through _fit and choose_workers)
+        if used < count:
             asked = count if plan.n_jobs is None else plan.n_jobs
             plural = "s" if used != 1 else ""
             warnings.warn(f"n_jobs={asked}: batch passes on {used} thread{plural} ({used} core{plural} this process "
-                          "may use); n_jobs_ records it", UserWarning, stacklevel=5)
+                          "may use); n_jobs_ records it", UserWarning, stacklevel=B.outside_stacklevel())
         return used
     if not spec.supports("n_jobs"):  # (a batch-only method: its minibatches are refused whatever n_jobs)
         if plan.n_jobs is not None:
@@ -212,8 +213,9 @@ def n_jobs_for(plan, steps, xp, n_classes):
                "device spreads a step's work itself): its minibatches train in this process")
     if one is None:
         return useful_processes(count, steps.n_rows, steps.step_rows, asked=plan.n_jobs)
-    if plan.n_jobs is not None:  # (stacklevel: the caller of fit, through _fit and choose_workers)
-        warnings.warn(f"n_jobs={plan.n_jobs}: {one}, on one worker (n_jobs_=1)", UserWarning, stacklevel=5)
+    if plan.n_jobs is not None:
+        warnings.warn(f"n_jobs={plan.n_jobs}: {one}, on one worker (n_jobs_=1)", UserWarning,
+                      stacklevel=B.outside_stacklevel())
     return 1
 
 
@@ -234,10 +236,9 @@ def useful_processes(count, n, batch_size, asked=None):
     if used < count:
         bounds = [f"{cores} core{'s' if cores != 1 else ''} this process may use" if cores < count else None,
                   f"{n} rows of minibatches of {batch_size}, a minibatch a process" if shares < count else None]
-        # (stacklevel: the caller of fit, through _fit, choose_workers and n_jobs_for)
         warnings.warn(f"n_jobs={count if asked is None else asked}: training in {used} process"
                       f"{'es' if used != 1 else ''} ({' and '.join(b for b in bounds if b)}); n_jobs_ records it",
-                      UserWarning, stacklevel=6)
+                      UserWarning, stacklevel=B.outside_stacklevel())
     return used
 
 
