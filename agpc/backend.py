@@ -20,7 +20,7 @@ import threading
 import types
 import warnings
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import numpy as np
 import scipy.linalg
@@ -210,9 +210,12 @@ def jitter_report(task, stacklevel=4):
     """Collect the jitter raises (``note_jitter``) inside, and after it one ``JitterWarning`` for ``task``
     (e.g. "fit") saying, for each matrix, from what to what the jitter went and how often; then the guard's
     summaries said inside (``warn_guard``), each a ``GuardWarning``, in the order said. Nested scopes
-    report into the outermost one; no warning when the body raises (the error says more). ``stacklevel``
-    as for ``warnings.warn``, counted from the ``with`` statement's frame plus one (the default points at
-    the caller of the function holding the ``with``): the user's line, wherever inside the warning arose."""
+    report into the outermost one. When the body raises, no jitter warning (the error says more), but the guard's
+    summaries still: what the guard did happened, and an interrupt, or the error of a later stage (the fit on all
+    rows after the one on a subsample), does not say it; a filter that makes them errors does not replace the error
+    in flight. ``stacklevel`` as for ``warnings.warn``, counted from the ``with`` statement's frame plus one (the
+    default points at the caller of the function holding the ``with``): the user's line, wherever inside the
+    warning arose."""
     if _JITTER_RAISES.get() is not None:
         yield
         return
@@ -220,6 +223,10 @@ def jitter_report(task, stacklevel=4):
     tokens = _JITTER_RAISES.set(raises), _GUARD_SAID.set(said)
     try:
         yield
+    except BaseException:
+        with suppress(Warning):
+            _say_guard(said, stacklevel)
+        raise
     finally:
         _JITTER_RAISES.reset(tokens[0])
         _GUARD_SAID.reset(tokens[1])
@@ -235,8 +242,14 @@ def jitter_report(task, stacklevel=4):
             + " (inducing points too close together, or features on very different scales?)",
             JitterWarning, stacklevel=stacklevel,
         )
+    _say_guard(said, stacklevel)
+
+
+def _say_guard(said, stacklevel):
+    """The guard's summaries a ``jitter_report`` scope collected, each a ``GuardWarning`` (``stacklevel`` counted from
+    that scope's ``with`` as there: this function's frame takes the place of the generator's own)."""
     for message in said:
-        warnings.warn(message, _guard_category(), stacklevel=stacklevel)
+        warnings.warn(message, _guard_category(), stacklevel=stacklevel + 1)
 
 
 # --------------------------------------------------------------------------------------------------

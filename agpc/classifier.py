@@ -760,8 +760,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                                  "X.reshape(1, -1) (or give a DataFrame of one row)")
             I.check_feature_count(n_features if width is None else width, n_features, type(self).__name__)
         columns = self._categorical_columns()
-        if columns.columns and C.row_width(X) == n_features:  # (codes of numbers as fit checks them: none is the
-            C.check_exact_codes(X, columns, np.dtype(self.dtype).name)  # inducing points' "any level")
+        # the columns of codes (numbers at fit) checked as fit checks them: none the inducing points' "any level", each
+        # exact in the model's type; a column of text levels compares what it is given with them as text (``encode``)
+        codes = C.CategoricalColumns(columns.mask & ~np.isin(np.arange(columns.mask.size), list(columns.levels)), {})
+        if codes.columns and C.row_width(X) == n_features:
+            C.check_exact_codes(X, codes, np.dtype(self.dtype).name)
         return C.encode(X, columns, n_features, unseen_refused=unseen_refused)
 
     def _categorical_columns(self):

@@ -662,3 +662,18 @@ def test_the_any_level_code_is_refused_at_prediction_as_at_fit():
     for call in (model.predict_proba, model.predict, model.decision_function):
         with pytest.raises(ValueError, match="X column 2 \\(categorical\\) holds .*any level"):
             call([[0.3, -0.2, ANY_LEVEL]])
+
+
+def test_numbers_for_a_float32_models_text_levels_are_compared_as_text():
+    """A text column read back as numbers (levels "20200101", ... from a file, as integers) is compared with the
+    levels as text at prediction, in a float32 model too: the check of codes (exact in float32, none "any level")
+    is for columns of codes, not for those of text levels (a review found it refusing 20200103 here)."""
+    rng = np.random.default_rng(0)
+    levels = np.array(["20200101", "20200102", "20200103"])
+    column = rng.choice(levels, 90)
+    frame = pd.DataFrame({"x": rng.normal(size=90), "d": column})
+    y = (frame["x"] + (frame["d"] == "20200101") > 0.3).astype(int).to_numpy()
+    model = GPClassifier(n_inducing=5, max_iter=2, dtype="float32", categorical_features=["d"], random_state=0)
+    model.fit(frame, y)
+    as_numbers = pd.DataFrame({"x": frame["x"], "d": column.astype(np.int64)})
+    np.testing.assert_array_equal(model.predict_proba(as_numbers), model.predict_proba(frame))

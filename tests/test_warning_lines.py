@@ -14,7 +14,7 @@ from sklearn.datasets import make_moons
 
 import agpc
 from agpc import GPClassifier, GuardWarning, JitterWarning, backend, size_rule
-from agpc.inference import ep
+from agpc.inference import ep, training
 
 
 def _said(category, call):
@@ -100,3 +100,29 @@ def test_an_unseen_column_of_levels_is_said_at_the_users_call():
                                                                                    validation_data=(unseen, y))):
         said, line = _said(UserWarning, call)
         _at_the_call([w for w in said if "none of its 300 values is a level" in str(w.message)], line)
+
+
+def test_the_guards_warning_is_said_when_the_fit_then_raises(monkeypatch):
+    """What the guard did happened: a fit interrupted after it (here in the final pass; a Ctrl-C, or the error of the
+    fit on all rows after the one on a subsample) still says it, from the caller's line, and the error is the
+    interrupt's. A filter that makes the warning an error does not replace the error in flight."""
+    X, y = make_moons(400, noise=0.3, random_state=0)
+    monkeypatch.setattr(ep, "evaluate", _nan_once(ep.evaluate, 3))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt("during the final pass")
+
+    monkeypatch.setattr(training, "_final_pass", interrupted)
+    model = GPClassifier(n_inducing=8, max_iter=4, random_state=0)
+
+    def fit():
+        with pytest.raises(KeyboardInterrupt, match="during the final pass"):
+            model.fit(X, y)
+
+    said, _ = _said(GuardWarning, fit)
+    assert len(said) == 1 and said[0].filename == __file__ and "did not take 1 step" in str(said[0].message)
+    monkeypatch.setattr(ep, "evaluate", _nan_once(ep.evaluate, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GuardWarning)
+        with pytest.raises(KeyboardInterrupt, match="during the final pass"):
+            model.fit(X, y)
