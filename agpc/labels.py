@@ -16,7 +16,7 @@ import numpy as np
 from . import backend as B
 from .methods import ORDINAL, methods_supporting
 
-__all__ = ["MAX_LABEL_BYTES", "EncodedLabels", "check_labels", "holdout_mask", "stratified_rows", "encode_labels",
+__all__ = ["FILE_LABEL_KINDS", "MAX_LABEL_BYTES", "EncodedLabels", "check_labels", "holdout_mask", "stratified_rows", "encode_labels",
            "label_ranks", "encoded_ranks", "label_text", "check_label_length", "check_classes", "check_target_shape",
            "labels_on_disk", "device_targets"]
 
@@ -40,6 +40,11 @@ _WORDS = {"label": {"items": "labels", "item": "label", "one": "a class", "fill"
                     "named": "the classes"},
           "level": {"items": "values", "item": "value", "one": "a level", "fill": "give them a level",
                     "named": "the levels"}}
+
+
+# The NumPy kinds of class labels a model file holds as they are (booleans, integers, floats, text): ``model_file``
+# writes and reads these, ``check_labels`` refuses labels of any other kind at fit.
+FILE_LABEL_KINDS = "biufU"
 
 
 def _label_kind(value):
@@ -137,7 +142,7 @@ def _refuse_labels_a_file_cannot_keep(values, what):
     any other kind as text, and a loaded model would then predict '2020-01-01' where the fitted one predicted a
     date: a score of 0 against the same labels). Dates, time spans, complex numbers, bytes and other objects are one
     ValueError saying how to convert them."""
-    if values.dtype.kind in "biufU":
+    if values.dtype.kind in FILE_LABEL_KINDS:
         return
     if values.dtype.kind == "O":
         odd = next((v for v in values.ravel() if isinstance(v, bytes) or _label_kind(v) not in ("str", "number")),
@@ -246,7 +251,7 @@ class EncodedLabels:
 def check_label_length(classes, what="y", kind="label"):
     """A model file holds each label in at most ``MAX_LABEL_BYTES`` (as NumPy stores text: 4 bytes a
     character), and ``load`` refuses more: a fit whose model could not be loaded back is refused first."""
-    stored = classes if classes.dtype.kind in "biufU" else classes.astype(str)  # as the model file writes them
+    stored = classes if classes.dtype.kind in FILE_LABEL_KINDS else classes.astype(str)  # as the model file writes them
     if stored.dtype.kind == "U" and stored.dtype.itemsize > MAX_LABEL_BYTES:
         longest = max(stored.tolist(), key=len)
         words = _WORDS[kind]

@@ -45,7 +45,7 @@ from .methods import get_method
 from .model import FIT_RECORD, FittedModel, FittedState
 from .untrusted import RefusedFile, available_memory, describe
 from .categories import MAX_LEVELS, CategoricalColumns
-from .labels import MAX_LABEL_BYTES
+from .labels import FILE_LABEL_KINDS, MAX_LABEL_BYTES
 
 FORMAT = "agpc-model"
 # 1: the first format. 2: adds "feature_names_in" (the columns a DataFrame had at fit). 3: kernels of any
@@ -148,7 +148,7 @@ def write_model_file(path, estimator_name, params, state, scaler=None):
     # and kernel parameters named "<class>:<name>".
     posts = state.posterior if isinstance(state.posterior, tuple) else None
     classes = np.asarray(state.classes)
-    if classes.dtype.kind not in "biufU":
+    if classes.dtype.kind not in FILE_LABEL_KINDS:
         classes = classes.astype(str)
     arrays = {
         "inducing_points": B.to_numpy(state.inducing_points),
@@ -296,7 +296,7 @@ def _check_factor(L_C, refuse):
 
 
 def _check_classes(classes, refuse):
-    if classes.ndim != 1 or classes.dtype.kind not in "biufU":
+    if classes.ndim != 1 or classes.dtype.kind not in FILE_LABEL_KINDS:
         raise refuse(f"classes: a {classes.dtype} array of shape {classes.shape}, expected a 1-D array of labels")
     if classes.dtype.kind == "f" and not np.all(np.isfinite(classes)):
         raise refuse("classes: holds NaN or inf")
