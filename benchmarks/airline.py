@@ -34,13 +34,13 @@ CHECKPOINTS = (1, 3, 10, 30, 100, 300, 1000)
 
 
 def parse_args(argv=None):
-    p = options(__doc__, "10,000 training rows, 2,000 test rows, 4 s a GP method")
+    p = options(__doc__, "10,000 training rows, 2,000 test rows, 2 s a GP method")
     p.add_argument("--vs-gpflow", action="store_true", help="agpc against GPflow SVGP instead (its options: "
                    "--vs-gpflow --help)")
     p.add_argument("--data", default=str(DEFAULT_DATA_DIR / "airline2008.npz"), help="path of airline2008.npz")
-    p.add_argument("--budget", type=float, default=None, help="max_time (s) of each GP fit (default 480; quick: 4)")
+    p.add_argument("--budget", type=float, default=None, help="max_time (s) of each GP fit (default 480; quick: 2)")
     p.add_argument("--linear-budget", type=float, default=None,
-                   help="training seconds for the SGD logistic regression (default 90; quick: 3)")
+                   help="training seconds for the SGD logistic regression (default 90; quick: 1.5)")
     p.add_argument("--n-test", type=int, default=None, help="test rows (default 10000; quick: 2000)")
     p.add_argument("--n-train", type=int, default=None, help="use only this many training rows (default all; quick: 10000)")
     p.add_argument("--methods", default="sep,ep,svi", help="GP methods to run (default sep,ep,svi)")
@@ -61,7 +61,7 @@ def parse_args(argv=None):
                         "default 200, with --backend cupy 200,auto (the GPU's default against the CPU's)")
     args = parse(p, argv, full=dict(budget=480.0, linear_budget=90.0, n_test=10000,
                                     batches=lambda a: "200,auto" if a.backend == "cupy" else "200"),
-                 quick=dict(budget=4.0, linear_budget=3.0, n_test=2000, n_train=10000))
+                 quick=dict(budget=2.0, linear_budget=1.5, n_test=2000, n_train=10000))
     args.batches = [b if b == "auto" else int(b) for b in parse_list(args.batches)]
     args.plot = args.plot or str(RESULTS_DIR / f"airline{'_3class' if args.classes == 3 else ''}"
                                                f"{'_quick' if args.quick else ''}.png")

@@ -27,7 +27,7 @@ CHECK_DOC = ("The 200,000-row data-parallel check (issue 24): one SEP epoch in o
 
 
 def parse_args(argv=None):
-    p = options(__doc__, "20,000 rows, m = 20, chunks of 5,000, 4 s cells, one SEP data-parallel cell", blas_threads=1)
+    p = options(__doc__, "20,000 rows, m = 20, chunks of 5,000, 1 s cells, one SEP data-parallel cell", blas_threads=1)
     p.add_argument("--check", action="store_true", help="the 200,000-row data-parallel check instead (its options: "
                    "--check --help)")
     p.add_argument("--rows", type=float, nargs="+", default=None, help="training rows per scale cell (default 1e6 1e7)")
@@ -53,7 +53,7 @@ def parse_args(argv=None):
     args = parse(p, argv, full=dict(rows=[1e6, 1e7], scaling_rows=1e6, inducing=200, chunk_rows=250_000, budget=240.0,
                                     scaling_passes=3, methods=["sep", "ep"], mb_rows=1e6,
                                     mb_methods=["sep", "ep", "svi"], local_steps=[1, 4, 16, 64], test_rows=100_000),
-                 quick=dict(rows=[20_000], scaling_rows=20_000, inducing=20, chunk_rows=5_000, budget=4.0,
+                 quick=dict(rows=[20_000], scaling_rows=20_000, inducing=20, chunk_rows=5_000, budget=1.0,
                             scaling_passes=2, methods=["sep", "ep", "ep-files"], mb_rows=20_000, local_steps=[4],
                             test_rows=2_000, mb_methods=["sep"]))
     if args.quick:

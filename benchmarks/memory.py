@@ -22,15 +22,15 @@ MB = 1024.0 * 1024.0
 
 
 def parse_args(argv=None):
-    p = options(__doc__, "n = 1e4, 1e5, max_time 3 s")
+    p = options(__doc__, "n = 1e4, 1e5, max_time 1 s")
     p.add_argument("--ns", default=None, help="comma-separated n (default 1e5,1e6,1e7)")
     p.add_argument("--methods", default="sep,ep")
-    p.add_argument("--max-time", type=float, default=None, help="max_time of each fit (default 60; quick: 3)")
+    p.add_argument("--max-time", type=float, default=None, help="max_time of each fit (default 60; quick: 1)")
     p.add_argument("--dir", default=None, help="parent folder for the data (default: a new folder under /tmp)")
     p.add_argument("--no-tracemalloc", action="store_true", help="children do not run tracemalloc")
     p.add_argument("--child", nargs=3, metavar=("METHOD", "FOLDER", "MAX_TIME"), help=argparse.SUPPRESS)
     p.add_argument("--child-tracemalloc", action="store_true", help=argparse.SUPPRESS)
-    args = parse(p, argv, full=dict(ns="1e5,1e6,1e7", max_time=60.0), quick=dict(ns="1e4,1e5", max_time=3.0))
+    args = parse(p, argv, full=dict(ns="1e5,1e6,1e7", max_time=60.0), quick=dict(ns="1e4,1e5", max_time=1.0))
     args.ns, args.methods = numbers(args.ns), [m for m in args.methods.split(",") if m]
     return args
 
