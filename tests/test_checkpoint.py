@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from agpc import GPClassifier, checkpoints
+from agpc.backend import CholeskyError
 from agpc.datasets import make_banana
 from agpc.inference import checkpointing, tied_steps, training
 from agpc.kernels import LATENT_NOISE_FLOOR
@@ -499,6 +500,60 @@ def test_the_engines_own_state_is_checked_by_the_generic_rules(svi_checkpoint, t
         assert word in str(info.value), str(info.value)
     params, X, y = _craft(svi_checkpoint, tmp_path)  # the checkpoint as written resumes
     GPClassifier(**params).fit(X, y, resume=True)
+
+
+def _changed_sites(key, change):
+    def spoil(state, arrays):
+        arrays[_engine(state)[key]["array"]] = change(arrays[_engine(state)[key]["array"]])
+    return spoil
+
+
+def _negative(values):
+    return -np.abs(values) - 1.0
+
+
+@pytest.fixture(scope="module")
+def minibatch_ep_checkpoint(tmp_path_factory):
+    return _written_checkpoint(tmp_path_factory, method="ep", batch_size=50, max_iter=4)
+
+
+@pytest.mark.parametrize("written, key, change, failed", [
+    ("good_checkpoint", "nu", _negative, "FloatingPointError: ep diverged"),
+    ("minibatch_ep_checkpoint", "nu", _negative, "CholeskyError: Cholesky of C"),
+], ids=["batch EP", "minibatch EP"])
+def test_a_state_no_step_can_go_on_from_is_one_value_error_naming_the_file(request, tmp_path, written, key, change,
+                                                                           failed):
+    """A hostile-input audit (2026-12-02): checkpoints whose site precisions were made negative (finite, of a size
+    the rows could give: what the field checks allow) failed at the first step of the resume with a bare
+    CholeskyError, or the guard's "diverged at the first step", naming no file. Now one ValueError names the file and what failed,
+    the failure chained; the checkpoint as written resumes."""
+    written = request.getfixturevalue(written)
+    params, X, y = _craft(written, tmp_path, change_state=_changed_sites(key, change))
+    with pytest.raises(ValueError, match="training cannot go on from the state this checkpoint holds") as info:
+        GPClassifier(**params).fit(X, y, resume=True)
+    message = str(info.value)
+    assert str(params["checkpoint_path"]) in message and failed in message, message
+    assert isinstance(info.value.__cause__, (CholeskyError, FloatingPointError))
+    params, X, y = _craft(written, tmp_path)
+    GPClassifier(**params).fit(X, y, resume=True)
+
+
+def test_a_failure_after_a_step_of_the_resume_keeps_its_own_error(good_checkpoint, tmp_path, monkeypatch):
+    """Only a failure before any step since the resume was taken is the checkpoint's: one at a later step (the
+    guard had a state to go back to) is the fit's own error, as in a run that was not resumed."""
+    params, X, y = _craft(good_checkpoint, tmp_path)
+    evaluate = training.Trainer.step_until_taken
+    calls = []
+
+    def failing_second(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise FloatingPointError("a later step's failure")
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(training.Trainer, "step_until_taken", failing_second)
+    with pytest.raises(FloatingPointError, match="a later step's failure"):
+        GPClassifier(**dict(params, max_iter=5)).fit(X, y, resume=True)
 
 
 def test_a_checkpoint_of_version_1_is_refused_with_what_to_do(good_checkpoint, tmp_path):

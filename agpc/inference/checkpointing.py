@@ -10,6 +10,7 @@ parameters learned or priors.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 import warnings
@@ -23,7 +24,7 @@ from ..likelihoods import registered_likelihood
 from .guard import GUARD_KEYS
 
 __all__ = ["FINGERPRINT_ROWS", "VALIDATION_KEYS", "PRIOR_SCALE_MARGIN", "fingerprint_stride", "data_fingerprint",
-           "run_fingerprint", "write_checkpoint", "restore"]
+           "run_fingerprint", "write_checkpoint", "restore", "restored_state_checked"]
 
 FINGERPRINT_ROWS = 1000
 VALIDATION_KEYS = ("validation_step", "validation_nll", "validation_error")  # what ``hooks.Validation`` records
@@ -124,6 +125,27 @@ def restore(trainer, rng, path, fingerprint, has_validation):
     if has_validation and trainer.history.get("validation_nll") is None:
         raise ValueError(f"checkpoint {path} has no validation history but this run has validation data")
     return list(saved["order"]), best
+
+
+@contextlib.contextmanager
+def restored_state_checked(path, trainer, resumed):
+    """Around a run's steps: where the run ``resumed`` from the checkpoint at ``path`` and a CholeskyError or a
+    FloatingPointError ends it before any step since the resume was taken (``trainer.good``, which ``restore``
+    empties, is None: the guard has no earlier state to go back to), one ValueError naming the file. ``restore``
+    checks each field, not whether the state they make up can be stepped from: a checkpoint whose site precisions
+    were made negative, or its site means 1e300 times larger, raised a bare CholeskyError, or the guard's "diverged
+    at the first step", naming no file. (A run that is not interrupted goes back one step where a state fails, and a
+    resumed one cannot: so the error does not say the file was changed, only that its state cannot go on.)"""
+    try:
+        yield
+    except (CholeskyError, FloatingPointError) as exc:
+        if not resumed or trainer.good is not None:
+            raise
+        raise ValueError(
+            f"{path}: training cannot go on from the state this checkpoint holds: the first step from it failed "
+            f"({type(exc).__name__}: {exc}). A run that is not interrupted goes back to its step before when that "
+            "happens, which a resumed run does not have, and a checkpoint whose values were changed can hold such a "
+            "state too: fit without resume=True to start afresh") from exc
 
 
 def _written_for(saved, engine):

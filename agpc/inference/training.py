@@ -27,7 +27,7 @@ from ..backend import (CholeskyError, ModulesByName, array_device, array_namespa
                        row_chunk_bounds, to_host_vector, warn_guard)
 from ..checkpoint_rules import check_saved_anchor, check_saved_factor
 from ..threads import with_blas_threads
-from .checkpointing import FINGERPRINT_ROWS, data_fingerprint, fingerprint_stride
+from .checkpointing import FINGERPRINT_ROWS, data_fingerprint, fingerprint_stride, restored_state_checked
 from .engines import ALL_METHODS, Engine, EngineOptions, Schedule, forwarding, make_engine
 from .posterior import PRIOR_FACTOR_NAME
 from .guard import GUARD_KEYS, REASONS, Guard
@@ -340,7 +340,14 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
     (an array of the engine's namespace), which the engine takes or refuses (``Engine.take_sample_weight``).
     Returns a ``TrainResult``."""
     run = _start(X, y, engine, settings, hooks, sample_weight)
-    trainer, minibatch, schedule = run.trainer, run.minibatch, run.schedule
+    with restored_state_checked(settings.checkpoint_path, run.trainer, run.resumed):
+        return _steps(run, hooks)
+
+
+def _steps(run, hooks):
+    """``train``'s loop over the steps of a started ``run``, then its final pass (``_final_pass``)."""
+    trainer, minibatch, schedule, engine, settings = (run.trainer, run.minibatch, run.schedule, run.trainer.engine,
+                                                      run.settings)
     # The engine's schedule may make its running q exact at the end of every epoch (minibatch EP: its site product,
     # so that each row is visited once between rebuilds (``ep.Anchor``) and an epoch's validation scores q as the
     # sites make it at the current hyper-parameters, the model a fit returns), and whenever it asks (``rebuild_due``).
@@ -388,7 +395,7 @@ def train(X, y, engine, settings, hooks=(), sample_weight=None):
         trainer.record()
     said = trainer.guard.summary(trainer.method)
     if said is not None:
-        warn_guard(said, stacklevel=2)
+        warn_guard(said, stacklevel=3)  # (outside a fit's scope: train's caller)
     return _final_pass(run, hooks)
 
 
