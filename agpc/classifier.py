@@ -788,7 +788,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Mean accuracy on (X, y), weighted by ``sample_weight`` when given."""
         with B.jitter_report(PREDICTION):
             predicted = B.to_numpy(self.predict(X))
-        y = B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y)
+        # (a column vector of labels, as fit takes it: compared as it was, it broadcast against the predictions to
+        # an n x n table, whose mean was returned as the accuracy)
+        y = I.host_labels(y, predicted.shape[0], type(self).__name__)
         return float(np.average(predicted == y, weights=I.score_weights(sample_weight, len(y))))
 
     # -- persistence: all that a model file (agpc.model_file) uses of the estimator ----------------

@@ -69,6 +69,7 @@ __all__ = [
     "data_files",
     "check_fit_paths",
     "host_targets",
+    "host_labels",
     "labels_on_disk",
     "device_targets",
     "initial_sample",
@@ -290,14 +291,21 @@ def host_targets(plan, y, n_rows, classes=None):
         found = np.unique(np.concatenate([np.unique(L.check_labels(y[lo:lo + CHUNK], offset=lo))
                                           for lo in range(0, n_rows, CHUNK)]))
         return L.check_classes(plan, found, classes), None
+    y_host = host_labels(y, n_rows, plan.estimator_name)
+    check_classification_targets(y_host)
+    return L.check_classes(plan, np.unique(y_host), classes), y_host
+
+
+def host_labels(y, n_rows, estimator_name):
+    """y in memory as a 1-D NumPy array of ``n_rows`` labels (``labels.check_labels``; a column vector taken as
+    one column, with scikit-learn's warning), else one ValueError: what ``fit`` and ``score`` take as labels."""
     if y is None:
-        raise ValueError(f"{plan.estimator_name} requires y to be passed, but the target y is None")
+        raise ValueError(f"{estimator_name} requires y to be passed, but the target y is None")
     y_host = L.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else y)
     if y_host.ndim == 2 and y_host.shape[1] == 1:
         y_host = column_or_1d(y_host, warn=True)  # warns, as scikit-learn estimators do
     L.check_target_shape(y_host.shape, n_rows)
-    check_classification_targets(y_host)
-    return L.check_classes(plan, np.unique(y_host), classes), y_host
+    return y_host
 
 
 def ordinal_labels(plan, y, order=None, given=None):

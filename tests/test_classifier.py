@@ -283,6 +283,28 @@ def test_score_weights_each_row_by_its_sample_weight():
     assert model.score(X, y, sample_weight=w) < model.score(X, y) - 0.05
 
 
+def test_score_takes_a_column_of_labels_as_fit_does_and_refuses_labels_that_do_not_match_the_rows():
+    """A hostile-input audit (2026-12-02): ``score(X, y[:, None])`` or a one-column DataFrame of labels (what fit
+    takes, with scikit-learn's DataConversionWarning) returned 0.507 where the accuracy was 0.83, with no warning:
+    the column broadcast against the predictions to an n x n table. Labels of another length raised NumPy's
+    broadcasting error, and y=None a TypeError."""
+    pd = pytest.importorskip("pandas")
+    from sklearn.exceptions import DataConversionWarning
+
+    X, y = make_banana(200, random_state=0)
+    model = GPClassifier(n_inducing=10, max_iter=3, random_state=0).fit(X, y)
+    accuracy = accuracy_score(y, model.predict(X))
+    for column in (y[:, None], pd.DataFrame({"label": y})):
+        with pytest.warns(DataConversionWarning):
+            assert model.score(X, column) == pytest.approx(accuracy, rel=1e-12)
+    with pytest.raises(ValueError, match="X has 200 rows but y has 3"):
+        model.score(X, y[:3])
+    with pytest.raises(ValueError, match="y must be 1-D"):
+        model.score(X, np.c_[y, y])
+    with pytest.raises(ValueError, match="the target y is None"):
+        model.score(X, None)
+
+
 @pytest.mark.parametrize("n_classes", [2, 3])
 def test_a_jitter_raised_in_prediction_is_warned_at_the_callers_line(monkeypatch, n_classes):
     """Every public prediction method holds the scope that reports a raised jitter, so its JitterWarning points at
