@@ -599,7 +599,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         else:
             X, categorical = C.encoded_rows(X, self.categorical_features)
         steps = plan.steps(n_rows)
-        with placement.blas_scope(plan, steps, n_features), B.jitter_report("GPClassifier.partial_fit"):
+        with placement.blas_scope(plan, steps, n_features), B.jitter_report("GPClassifier.partial_fit"), \
+                S.unchanged_on_failure(self, getattr(self, "_trainer", None), n_rows):
             fitted = self._partial_fit(plan, steps, X, y, classes, n_total, groups, target_xp, sample_weight,
                                        categorical.columns)
         self.is_categorical_, self.categorical_levels_ = categorical.mask, dict(categorical.levels)

@@ -7,6 +7,7 @@ rows given (Hernandez-Lobato & Hernandez-Lobato 2016, eq. 6; the tied factor of 
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections import Counter
 
@@ -20,7 +21,7 @@ from .inference.guard import GUARD_KEYS
 from .inference.posterior import Factor
 
 __all__ = ["ROWS_SEEN", "check_stream_params", "structure", "check_continuable", "stream_trainer", "trainer_from_fitted",
-           "rows_counted", "step"]
+           "rows_counted", "step", "unchanged_on_failure"]
 
 ROWS_SEEN = "n_rows_seen"  # the history entry of partial_fit: the rows the stream has brought so far
 
@@ -141,3 +142,28 @@ def step(trainer, X, y, rows_seen):
     trainer.record()
     trainer.history.setdefault(ROWS_SEEN, []).append(float(rows_seen))
     return trainer.posterior()
+
+
+
+@contextlib.contextmanager
+def unchanged_on_failure(owner, trainer, rows):
+    """Around a ``partial_fit`` call's changes to the estimator ``owner`` and its stream ``trainer`` (None: the call
+    makes it): where anything in the block raises, both are put back as they were before the call (the estimator's
+    attributes; the trainer as ``Trainer.mark`` keeps it), and a step that failed numerically (a CholeskyError or
+    FloatingPointError) is one ValueError saying so about these ``rows``. A batch of rows 1e200 times the model's
+    scale stepped the lengthscales to NaN (their gradients inf x 0), raised a CholeskyError, and every batch after it
+    raised the same; the rows it counted stayed counted, in the model's files too."""
+    attributes = dict(owner.__dict__)
+    mark = None if trainer is None else trainer.mark()
+    try:
+        yield
+    except BaseException as exc:
+        owner.__dict__.clear()
+        owner.__dict__.update(attributes)
+        if mark is not None:
+            trainer.back_to(mark)
+        if isinstance(exc, (B.CholeskyError, FloatingPointError)):
+            raise ValueError(f"partial_fit could not take a step on these {rows:,} rows and left the model as it was "
+                             f"before this call ({type(exc).__name__}: {exc}); rows far outside the scale of those "
+                             "the model was fitted on can do this: scale them as those were") from exc
+        raise

@@ -318,3 +318,78 @@ def test_a_stream_pickled_before_its_engine_held_a_likelihood_continues(kind):
     old = pickle.loads(pickle.dumps(old))
     old.partial_fit(X[150:], y[150:])
     np.testing.assert_array_equal(old.predict_proba(X[:50]), reference.predict_proba(X[:50]))
+
+
+@pytest.mark.parametrize("method, n_classes", [("sep", 2), ("adf", 2), ("sep", 3)])
+def test_a_batch_no_step_can_take_is_one_value_error_and_leaves_the_stream_as_it_was(method, n_classes, tmp_path):
+    """A hostile-input audit (2026-12-02): one batch of rows 1e200 times the stream's scale stepped the lengthscales
+    to NaN and raised a CholeskyError; every good batch after it raised the same, and the rows of the failed batch
+    stayed counted (a saved model kept them). Now one ValueError saying the model was left as it was, and the stream
+    goes on as if the batch had never come: the same model, rows and history as a stream that never saw it."""
+    import pickle
+    import warnings
+
+    from agpc import load_model, save_model
+
+    X, y = make_banana(200, random_state=0)
+    labels = y if n_classes == 2 else np.arange(200) % 3
+    stream = GPClassifier(method=method, n_inducing=8, random_state=0)
+    stream.partial_fit(X[:50], labels[:50], classes=np.unique(labels))
+    untouched = pickle.loads(pickle.dumps(stream))
+    with warnings.catch_warnings():  # (NumPy's overflow warnings on such rows are not what is tested here)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(ValueError, match="partial_fit could not take a step on these 50 rows and left the model as "
+                                             "it was before this call") as info:
+            stream.partial_fit(X[50:100] * 1e200, labels[50:100])
+    assert info.value.__cause__ is not None
+    for model in (stream, untouched):
+        model.partial_fit(X[100:150], labels[100:150])
+    np.testing.assert_allclose(stream.predict_proba(X), untouched.predict_proba(X), rtol=1e-12, atol=1e-14)
+    assert stream.n_samples_fit_ == untouched.n_samples_fit_ == 100
+    assert stream.history_ == untouched.history_ | {"time": stream.history_["time"]}
+    save_model(stream, tmp_path / "stream.agpc")
+    assert load_model(tmp_path / "stream.agpc").n_samples_fit_ == 100
+
+
+def test_a_first_batch_that_fails_leaves_the_estimator_unfitted(monkeypatch):
+    """The first call builds the stream; where its step fails, the estimator is as it was before: not fitted."""
+    from sklearn.exceptions import NotFittedError
+
+    from agpc.inference import training
+
+    X, y = make_banana(60, random_state=0)
+
+    def failing(self, *args, **kwargs):
+        raise FloatingPointError("a step that failed")
+
+    monkeypatch.setattr(training.Trainer, "step_until_taken", failing)
+    stream = GPClassifier(method="sep", n_inducing=8, random_state=0)
+    with pytest.raises(ValueError, match="FloatingPointError: a step that failed"):
+        stream.partial_fit(X, y, classes=[-1, 1])
+    assert not hasattr(stream, "_trainer") and not hasattr(stream, "classes_")
+    with pytest.raises(NotFittedError):
+        stream.predict(X)
+
+
+def test_a_batch_the_guard_gave_up_on_leaves_its_halvings_and_counts_behind(monkeypatch):
+    """Where the guard reverted and halved the damping and step sizes before giving up on a batch (a FloatingPointError
+    after ``training.MAX_FAILURES`` failed steps), none of it stays: the next batch steps as in a stream that never saw
+    the failed one, with the same damping, history and guard counts."""
+    import pickle
+
+    from agpc.inference import training
+
+    X, y = make_banana(200, random_state=0)
+    stream = GPClassifier(method="sep", n_inducing=8, random_state=0)
+    for lo in (0, 50):  # (two batches: the guard has a good step to go back to)
+        stream.partial_fit(X[lo:lo + 50], y[lo:lo + 50], classes=[-1, 1])
+    untouched = pickle.loads(pickle.dumps(stream))
+    host_scalars = training._host_scalars
+    monkeypatch.setattr(training, "_host_scalars", lambda summary: [float("nan")] + list(host_scalars(summary))[1:])
+    with pytest.raises(ValueError, match="FloatingPointError: sep diverged"):
+        stream.partial_fit(X[100:150], y[100:150])
+    monkeypatch.setattr(training, "_host_scalars", host_scalars)
+    for model in (stream, untouched):
+        model.partial_fit(X[150:200], y[150:200])
+    np.testing.assert_allclose(stream.predict_proba(X), untouched.predict_proba(X), rtol=1e-12, atol=1e-14)
+    assert stream.history_ == untouched.history_ | {"time": stream.history_["time"]}

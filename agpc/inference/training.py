@@ -16,6 +16,7 @@ the hyper-parameters whenever the sites have settled; SVI: one gradient step; ``
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 import warnings
@@ -119,6 +120,33 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         self.epoch_log_z = None  # log Z at the exact rebuild ending the epoch being recorded (``rebuild_factor``)
         self._pending = []  # (log Z estimate, invalid rows) of the steps since the last record
 
+    # What a step changes of the trainer besides the engine's state: what ``mark`` keeps.
+    _COUNTS = ("good", "last", "failures", "halvings", "jitter_raises", "n_steps", "n_updates", "reverted",
+               "epoch_log_z", "n_rebuilds")
+
+    def mark(self):
+        """What ``back_to`` puts back: the engine's state, damping and step sizes (``Engine.snapshot``), its jitter,
+        rows and sample weights, and the trainer's counts, history, pending records and guard (``partial_fit``: a
+        call that fails leaves the stream as it was)."""
+        engine = self.engine
+        return (engine.snapshot(), engine.jitter, engine.n_total, engine.sample_weight,
+                {key: getattr(self, key) for key in self._COUNTS}, list(self._pending),
+                {key: len(values) for key, values in self.history.items()}, copy.deepcopy(self.guard))
+
+    def back_to(self, mark):
+        """The trainer as it was at ``mark()``."""
+        snapshot, jitter, n_total, weights, counts, pending, lengths, guard = mark
+        engine = self.engine
+        engine.restore(snapshot)
+        engine.jitter, engine.n_total, engine.sample_weight = jitter, n_total, weights
+        for key, value in counts.items():
+            setattr(self, key, value)
+        self._pending, self.guard = pending, guard
+        for key in list(self.history):
+            if key in lengths:
+                del self.history[key][lengths[key]:]
+            else:  # (an entry begun since the mark)
+                del self.history[key]
 
     def step_until_taken(self, X, y, lo, hi, *, stepping, weights=None, after_revert=None, repair=None):
         """``step`` again until one is taken (the one retry rule of every caller): each failure the guard has
