@@ -584,7 +584,17 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         # what partial_fit may continue (``streaming.check_continuable``)
         self._fitted_structure = S.structure(self._plan())
 
-    @available_if(lambda self: M.supports(self.method, "partial_fit"))
+    def _streams(self):
+        """Whether this estimator's method learns from a stream (``available_if``'s check of ``partial_fit``): an
+        AttributeError saying which methods do where it does not (scikit-learn raises its own, "has no attribute
+        'partial_fit'", from this one: ``hasattr`` stays False, and the traceback names the methods)."""
+        if not M.supports(self.method, "partial_fit"):
+            streaming = [name for name in M.method_names() if M.supports(name, "partial_fit")]
+            raise AttributeError(f"partial_fit learns from a stream with method {' or '.join(map(repr, streaming))}: "
+                                 f"method={self.method!r} trains by fit")
+        return True
+
+    @available_if(_streams)
     def partial_fit(self, X, y, classes=None, n_total=None, sample_weight=None):
         """Update the model with one more minibatch (a stream): one damped site update and one stochastic gradient
         step on these rows (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 6); "sep" and "adf" only. The first

@@ -393,3 +393,15 @@ def test_a_batch_the_guard_gave_up_on_leaves_its_halvings_and_counts_behind(monk
         model.partial_fit(X[150:200], y[150:200])
     np.testing.assert_allclose(stream.predict_proba(X), untouched.predict_proba(X), rtol=1e-12, atol=1e-14)
     assert stream.history_ == untouched.history_ | {"time": stream.history_["time"]}
+
+
+@pytest.mark.parametrize("method", ["ep", "svi", "gfitc"])
+def test_partial_fit_of_a_method_without_a_stream_says_which_methods_have_one(method):
+    """A hostile-input audit (2026-12-02): scikit-learn's "has no attribute 'partial_fit'" named no method. It stays
+    the AttributeError (``hasattr`` False, as scikit-learn's tools ask), raised from one that names them."""
+    model = GPClassifier(method=method)
+    assert not hasattr(model, "partial_fit")
+    with pytest.raises(AttributeError) as info:
+        model.partial_fit(np.zeros((4, 2)), [0, 1, 0, 1])
+    assert str(info.value.__cause__) == (f"partial_fit learns from a stream with method 'sep' or 'adf': "
+                                         f"method={method!r} trains by fit")
