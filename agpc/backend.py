@@ -41,6 +41,7 @@ from array_api_compat import numpy as compat_numpy
 
 __all__ = [
     "rows_at",
+    "notes_if_kept",
     "CholeskyError",
     "DeviceUnavailableError",
     "check_device",
@@ -203,6 +204,28 @@ def jitter_raises_within():
         else:
             for what, before, after in raises:
                 warnings.warn(f"jitter raised: {what} from {before:.1e} to {after:.1e}", JitterWarning, stacklevel=3)
+
+
+@contextmanager
+def notes_if_kept():
+    """The jitter raises (``note_jitter``) and the guard's summaries (``warn_guard``) made inside, held back, for a
+    stage whose model may be discarded (``size_rule.learn_lengthscales``' later kernels): they are passed on to the
+    enclosing ``jitter_report`` only where the holder it yields is set ``kept = True`` (a warning about the jitter of
+    a model the fit does not return says what is not so of the one it returns). Outside a report, as they come."""
+    if _JITTER_RAISES.get() is None:
+        yield types.SimpleNamespace(kept=True)
+        return
+    outer = _JITTER_RAISES.get(), _GUARD_SAID.get()
+    holder, raises, said = types.SimpleNamespace(kept=False), [], []
+    tokens = _JITTER_RAISES.set(raises), _GUARD_SAID.set(said)
+    try:
+        yield holder
+    finally:
+        _JITTER_RAISES.reset(tokens[0])
+        _GUARD_SAID.reset(tokens[1])
+        if holder.kept:
+            outer[0].extend(raises)
+            outer[1].extend(said)
 
 
 @contextmanager

@@ -228,6 +228,74 @@ def test_the_linear_kernel_is_kept_only_beyond_the_margin_over_the_rbf_kept():
     assert result.kernel == "shared" and result.stop_reason == "max_time" and result.stopped_by_time
 
 
+def test_a_later_kernel_whose_fit_raised_the_jitter_is_not_kept_nor_said():
+    """A hostile-input audit (2026-12-02): beside two features of scale 1, a constant column of 1e9 took the quadratic
+    kernel's jitter to 1e25, its log Z won by the margin, and the default fit predicted at chance (0.50 against the
+    RBF's 0.84), with a JitterWarning and a GuardWarning as its only signs. A later kernel whose fit ended with more
+    jitter than the model kept has the log Z of another model: not kept, the choice ends, and the warnings of its
+    fit (about a model the fit does not return) are not said."""
+    start = default_kernel(np.eye(3))
+    raised = [_Stage("shared", -10.0), _Stage("per feature", -10.5), _Stage("linear", -5.0, jitter=1e5),
+              _Stage("quadratic", 0.0)]
+    stage = iter(raised)
+    result, _ = size_rule.learn_lengthscales(size_rule.CHOOSE, 2, start, lambda *_: next(stage))
+    assert result.kernel == "shared" and next(stage).kernel == "quadratic"  # (never trained)
+    stage = iter([_Stage("shared", -10.0), _Stage("per feature", -10.5), _Stage("linear", -5.0, jitter=1e-6)])
+    assert size_rule.learn_lengthscales(size_rule.CHOOSE_TO_LINEAR, 2, start, lambda *_: next(stage))[0].kernel == (
+        "linear")
+
+    from agpc.datasets import make_banana
+
+    X, y = make_banana(150, random_state=0)  # (the audit's table)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = GPClassifier(random_state=0).fit(np.c_[X, np.full(150, 1e9)], y)
+    assert type(model.kernel_) is agpc.RBF and model.jitter_ == 1e-6
+    assert not [w for w in caught if issubclass(w.category, (agpc.JitterWarning, agpc.GuardWarning))], [
+        str(w.message) for w in caught]
+
+
+def test_the_warnings_of_a_later_kernel_kept_are_said():
+    """The linear kernel kept: what its fit raised (the jitter, the guard's actions) is the returned model's, said
+    after the fit as any stage's."""
+    from agpc import backend as B
+
+    start = default_kernel(np.eye(3))
+
+    def stages(*_):
+        name, log_z = next(plan)
+        if name == "linear":
+            B.note_jitter("K(Z, Z)", 1e-6, 1e-4)
+            B.warn_guard("the guard halved the damping")
+        return _Stage(name, log_z)
+
+    plan = iter([("shared", -10.0), ("per feature", -10.5), ("linear", -5.0)])
+    with pytest.warns(agpc.JitterWarning, match="from 1.0e-06 to 1.0e-04"), pytest.warns(agpc.GuardWarning):
+        with B.jitter_report("fit"):
+            result, _ = size_rule.learn_lengthscales(size_rule.CHOOSE_TO_LINEAR, 2, start, stages)
+    assert result.kernel == "linear"
+
+
+def test_notes_of_a_stage_are_said_only_where_it_is_kept():
+    """``backend.notes_if_kept``: jitter raises and guard summaries made inside reach the fit's report only where the
+    holder is set kept; outside a report they are warned as they come."""
+    from agpc import backend as B
+
+    for kept in (False, True):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with B.jitter_report("fit"):
+                with B.notes_if_kept() as notes:
+                    B.note_jitter("K(Z, Z)", 1e-6, 1e-3)
+                    B.warn_guard("the guard halved the damping")
+                    notes.kept = kept
+        said = sorted(w.category.__name__ for w in caught)
+        assert said == (["GuardWarning", "JitterWarning"] if kept else []), said
+    with pytest.warns(agpc.JitterWarning):
+        with B.notes_if_kept():
+            B.note_jitter("K(Z, Z)", 1e-6, 1e-3)
+
+
 def test_the_quadratic_kernel_is_kept_only_beyond_its_margin_over_the_model_kept():
     start = default_kernel(np.eye(3))
     margin = size_rule.QUADRATIC_MARGIN
@@ -419,6 +487,7 @@ class _Stage:
     log_z: float
     stop_reason: str = "plateau"
     stopped_by_time: bool = False
+    jitter: float = 1e-6  # (``TrainResult.jitter``: on K(Z, Z) at the end of the stage's fit)
 
 
 def test_a_second_stage_cut_by_max_time_says_so():
