@@ -636,6 +636,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             self.classes_ = classes if order is None else order
             rng = B.host_rng(self.random_state)
             m = size_rule.fit_model_size(plan, steps, rows, rows_known=False).n_inducing
+            S.note_first_batch(plan, m, rows)
             start = I.start_of(plan, inputs, weights)
             kernel, Z = self._initial_model(start, m, rng, len(classes) if order is None else 2,
                                             categorical=categorical)

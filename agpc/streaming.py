@@ -16,12 +16,13 @@ import numpy as np
 from . import backend as B
 from . import methods as M
 from . import labels as L
+from . import size_rule
 from .inference import multiclass_ep, training
 from .inference.guard import GUARD_KEYS
 from .inference.posterior import Factor
 
 __all__ = ["ROWS_SEEN", "check_stream_params", "structure", "check_continuable", "stream_trainer", "trainer_from_fitted",
-           "rows_counted", "step", "unchanged_on_failure"]
+           "rows_counted", "step", "unchanged_on_failure", "note_first_batch"]
 
 ROWS_SEEN = "n_rows_seen"  # the history entry of partial_fit: the rows the stream has brought so far
 
@@ -167,3 +168,15 @@ def unchanged_on_failure(owner, trainer, rows):
                              f"before this call ({type(exc).__name__}: {exc}); rows far outside the scale of those "
                              "the model was fitted on can do this: scale them as those were") from exc
         raise
+
+
+def note_first_batch(plan, n_inducing, rows):
+    """Where ``n_inducing="auto"`` gave a stream fewer than ``size_rule.SPARSE_INDUCING`` inducing points because its
+    first batch had fewer rows (``n_inducing``, ``rows``: the points are initialised from that batch's rows and stay
+    that many), one warning saying so from the caller's line. A stream of 32-row batches had 32 points for good,
+    where the documentation says a stream takes 100 (docs/small_data_defaults.md)."""
+    if plan.n_inducing == "auto" and isinstance(plan.inducing, str) and n_inducing < size_rule.SPARSE_INDUCING:
+        warnings.warn(f"partial_fit: the stream's first batch has {rows:,} rows, so its model has {n_inducing} inducing "
+                      f"points for good (n_inducing='auto' takes {size_rule.SPARSE_INDUCING} from a first batch of at "
+                      "least as many rows): start the stream with a larger batch, or set n_inducing", UserWarning,
+                      stacklevel=B.outside_stacklevel())

@@ -405,3 +405,20 @@ def test_partial_fit_of_a_method_without_a_stream_says_which_methods_have_one(me
         model.partial_fit(np.zeros((4, 2)), [0, 1, 0, 1])
     assert str(info.value.__cause__) == (f"partial_fit learns from a stream with method 'sep' or 'adf': "
                                          f"method={method!r} trains by fit")
+
+
+def test_a_first_batch_smaller_than_the_default_inducing_points_says_what_the_stream_gets():
+    """A hostile-input audit (2026-12-02): a stream whose first batch had 32 rows kept 32 inducing points for good,
+    silently, where the documentation says a stream takes 100. Now one warning from the caller's line; n_inducing
+    set, or a first batch of at least 100 rows, says nothing."""
+    import warnings
+
+    X, y = make_banana(300, random_state=0)
+    with pytest.warns(UserWarning, match="first batch has 32 rows, so its model has 32 inducing points") as caught:
+        stream = GPClassifier(method="sep", random_state=0).partial_fit(X[:32], y[:32], classes=[-1, 1])
+    assert stream.inducing_points_.shape == (32, 2) and caught[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GPClassifier(method="sep", random_state=0).partial_fit(X[:100], y[:100], classes=[-1, 1])
+        GPClassifier(method="sep", n_inducing=20, random_state=0).partial_fit(X[:32], y[:32], classes=[-1, 1])
+        stream.partial_fit(X[32:40], y[32:40])  # (a later small batch: the points were set by the first)
