@@ -126,6 +126,13 @@ def initial_inducing_points(X, n_inducing, method="kmeans", *, random_state=None
             rows = _start_rows(host_rng(random_state), X.shape[0], n_inducing, weights)
             return xp.take(X, asarray_like(rows, xp, device=device), axis=0)
         raise ValueError(f"unknown inducing-point initialisation {method!r}: use 'kmeans', 'random' or an array")
+    dtype = getattr(method, "dtype", None)
+    if dtype is None:  # (a list)
+        method = np.asarray(method)
+        dtype = method.dtype
+    # complex points lost their imaginary part with NumPy's ComplexWarning, text raised NumPy's "could not convert"
+    if isinstance(dtype, np.dtype) and dtype.kind in "cSUMmV":
+        raise ValueError(f"inducing points must be real numbers, got an array of {dtype}")
     Z = asarray_like(method, xp, device=device, dtype=X.dtype)
     if Z.ndim != 2 or Z.shape[1] != X.shape[1]:
         raise ValueError(f"inducing points must have shape (m, {X.shape[1]}), got {tuple(Z.shape)}")

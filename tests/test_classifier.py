@@ -115,6 +115,10 @@ def test_bad_input_raises_a_clear_value_error(banana, make, message):
         ({"optimize": ("kernel", "noise")}, r"optimize must be .*, got \('kernel', 'noise'\)"),
         ({"inducing": "grid"}, "inducing must be one of 'auto', 'kmeans', 'variance', 'random' or an array .*, got 'grid'"),
         ({"inducing": np.zeros((4, 3))}, r"inducing points must have shape \(m, 2\)"),
+        # a hostile-input audit (2026-12-02): complex points lost their imaginary part with NumPy's ComplexWarning,
+        # text raised NumPy's "could not convert string to float"
+        ({"inducing": np.zeros((4, 2), dtype=complex)}, "inducing points must be real numbers, got an array of complex"),
+        ({"inducing": np.array([["a", "b"]])}, "inducing points must be real numbers, got an array of <U1"),
         ({"kernel": "rbf"}, "kernel must be None or an agpc kernel"),
     ],
 )
