@@ -70,7 +70,11 @@ def categorical_mask(X, categorical_features, n_features):
     if isinstance(categorical_features, str):  # ("from_dtype": the parameter's constraints refuse other strings)
         dtypes = getattr(X, "dtypes", None)
         if dtypes is not None and hasattr(X, "columns") and hasattr(dtypes, "items"):
-            mask[:] = [is_text_column(dtype) and _holds_text(_column(X, j), name=_name(X, j))
+            # a pandas category is categorical whatever its values (numbers too: HistGradientBoostingClassifier's
+            # "from_dtype" takes it so; a category of codes was taken as a continuous column); a text column where it
+            # holds text
+            mask[:] = [is_text_column(dtype) and (getattr(dtype, "categories", None) is not None
+                                                  or _holds_text(_column(X, j), name=_name(X, j)))
                        for j, (_, dtype) in enumerate(dtypes.items())]
         return mask
     given = list(categorical_features)

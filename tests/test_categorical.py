@@ -344,6 +344,22 @@ def test_mixed_columns_in_the_exact_model_and_in_data_parallel_rounds():
 
 # -- what a review found (each failed before its fix) ------------------------------------------------------------
 
+def test_a_category_column_of_numbers_is_categorical_from_its_dtype():
+    """A hostile-input audit (2026-12-02): ``categorical_features="from_dtype"`` took a pandas category of numbers
+    (codes, a zip code) as a continuous column, where the docstring and scikit-learn's HistGradientBoostingClassifier
+    take every category column as categorical. It is now, and trains as the same column named in
+    categorical_features does."""
+    frame, y = table(120)
+    codes = frame.assign(kind=pd.Categorical(frame["kind"].cat.codes.to_numpy() + 10))
+    mask = C.categorical_mask(codes, "from_dtype", 4)
+    assert mask.tolist() == [False, True, False, True]
+    options = dict(n_inducing=8, max_iter=3, random_state=0)
+    by_dtype = GPClassifier(**options).fit(codes, y)
+    named = GPClassifier(categorical_features=["region", "kind"], **options).fit(codes, y)
+    assert by_dtype.is_categorical_.tolist() == [False, True, False, True]
+    np.testing.assert_allclose(by_dtype.predict_proba(codes), named.predict_proba(codes), rtol=1e-12, atol=1e-14)
+
+
 def test_an_object_column_of_numbers_stays_numeric_and_numbers_written_as_text_are_refused():
     frame, y = table(120)
     numbers = frame.assign(a=frame["a"].astype(object))
