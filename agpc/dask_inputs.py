@@ -200,8 +200,8 @@ def training_weights(plan, sample_weight, inputs, class_labels=None):
          da.sum(nonfinite), da.argmax(nonfinite), da.sum(negative), da.argmax(negative)], sync=True)
     if bad[0] or bad[2]:  # (the first bad row's weight, for the message)
         first = client.compute(weights[int(bad[1] if bad[0] else bad[3])], sync=True)
-        V.refuse_bad_weights(bad[0], int(bad[1]), first, bad[2], int(bad[3]), first, True)
-    V.refuse_bad_weights(0, None, None, 0, None, None, bool(np.any(positive)))
+        V.refuse_bad_weights(bad[0], int(bad[1]), first, bad[2], int(bad[3]), first, True, n)
+    V.refuse_bad_weights(0, None, None, 0, None, None, bool(np.any(positive)), n)
     per_class = I.class_weights(plan, classes, counts, class_labels)
     if per_class is not None:
         weights = weights * class_index.map_blocks(_of_class, per_class, dtype=np.float64)

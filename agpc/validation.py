@@ -281,6 +281,11 @@ def _short_repr(value, limit=80):
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _rows_of(count, n_rows):
+    """How many of the rows a refused weight's problem is on, as its message says it ("1 row of 200")."""
+    return f"{count:,} row{'s' if count != 1 else ''} of {n_rows:,}"
+
+
 def check_sample_weight(sample_weight, n_rows):
     """``sample_weight`` as (n_rows,) float64 on the host: one finite, non-negative weight a row (a scalar gives
     every row that weight, scikit-learn's meaning); anything else is one ValueError naming the problem."""
@@ -297,7 +302,7 @@ def check_sample_weight(sample_weight, n_rows):
     if weights.shape != (n_rows,):
         raise ValueError(f"sample_weight must have one weight a row, shape ({n_rows},); got shape {weights.shape}")
     refuse_bad_weights(*_first_bad(~np.isfinite(weights), weights), *_first_bad(weights < 0, weights),
-                       n_rows == 0 or bool(np.any(weights > 0)))
+                       n_rows == 0 or bool(np.any(weights > 0)), n_rows)
     return weights
 
 
@@ -307,13 +312,17 @@ def _first_bad(bad, weights):
     return (rows.size, int(rows[0]), weights[rows[0]]) if rows.size else (0, None, None)
 
 
-def refuse_bad_weights(nonfinite, nonfinite_row, nonfinite_value, negative, negative_row, negative_value, any_positive):
+def refuse_bad_weights(nonfinite, nonfinite_row, nonfinite_value, negative, negative_row, negative_value, any_positive,
+                       n_rows):
     """The one ValueError of bad weights, from what was counted of them (in memory or chunk by chunk on a cluster):
-    the non-finite and the negative rows (their count, the first one and its weight), and whether any is positive."""
+    the non-finite and the negative rows (their count, the first one and its weight), whether any is positive, and
+    the rows there are (``n_rows``: the message says "1 row of 200", where it said "(1 rows)")."""
     if nonfinite:
-        raise ValueError(f"sample_weight must be finite: {nonfinite_value} at row {nonfinite_row} ({nonfinite} rows)")
+        raise ValueError(f"sample_weight must be finite: {nonfinite_value} at row {nonfinite_row} "
+                         f"({_rows_of(nonfinite, n_rows)})")
     if negative:
-        raise ValueError(f"sample_weight must be non-negative: {negative_value} at row {negative_row} ({negative} rows)")
+        raise ValueError(f"sample_weight must be non-negative: {negative_value} at row {negative_row} "
+                         f"({_rows_of(negative, n_rows)})")
     if not any_positive:
         raise ValueError("sample_weight: every weight is zero (at least one row of each class needs a positive weight)")
 
