@@ -350,3 +350,30 @@ def test_starting_from_given_sites_never_writes_into_the_callers_arrays():
     assert not np.array_equal(engine.state["nu"], given[0])  # (the engine's sites moved)
     np.testing.assert_array_equal(nu, given[0])
     np.testing.assert_array_equal(mu, given[1])
+
+
+def test_the_site_change_batch_training_stops_on_counts_the_shifts_as_well_as_the_precisions():
+    """``relative_site_change`` (what a batch fit with nothing to learn stops on, ``tol``): max|new - old| / (1 +
+    max|old|) of the precisions plus the same of the shifts. A mutation audit (2026-12-02): dropping the shifts'
+    part passed every test, and a fit whose precisions had settled would stop while its means still moved."""
+    assert ep.relative_site_change([0.0, 1.0, 0.5, 1.0]) == 0.25
+    assert ep.relative_site_change([0.2, 1.0, 0.0, 3.0]) == 0.1
+    assert ep.relative_site_change([0.2, 1.0, 0.6, 2.0]) == pytest.approx(0.3)
+
+
+def test_the_conditional_variance_of_a_prediction_is_never_below_zero():
+    """``predict_latent``'s first term, k(x, x) - a^T a (the variance of p(f | u)), is a difference that rounding can
+    take below zero (nearly coincident inducing points, little jitter): it is clamped at 0. A mutation audit
+    (2026-12-02): without the clamp every test passed. Here a^T a is made to exceed k(x, x) on purpose (L_K^-1
+    scaled by 1.05) and q's own part is zero: the variance is 0, not negative, at the inducing points."""
+    from types import SimpleNamespace
+
+    from agpc.backend import cholesky, lower_triangular_inverse
+
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.0)
+    Z = np.random.default_rng(0).normal(size=(6, 2))
+    L_K = cholesky(kernel.K(Z) + 1e-10 * np.eye(6))
+    post = SimpleNamespace(beta=np.zeros(6), L_K_inv=1.05 * lower_triangular_inverse(L_K), L_C_inv=np.zeros((6, 6)))
+    mean, variance = ep.predict_latent(kernel, Z, post, Z)
+    np.testing.assert_array_equal(mean, 0.0)
+    assert np.all(variance == 0.0), variance
