@@ -377,3 +377,34 @@ def test_the_conditional_variance_of_a_prediction_is_never_below_zero():
     mean, variance = ep.predict_latent(kernel, Z, post, Z)
     np.testing.assert_array_equal(mean, 0.0)
     assert np.all(variance == 0.0), variance
+
+
+def _cavity_rows():
+    """Four rows' (nu, mu, d, e, prior variance): a cavity within the prior; one wider than the prior (d / (1 - nu d)
+    = 0.9 / 0.55 = 1.64 > 1: what agreeing sites never give, a site kept from older hyper-parameters can); one whose
+    variance is not positive (1 - nu d < 0); and one at the prior exactly."""
+    nu = np.array([0.2, 0.5, 2.0, 0.0])
+    d = np.array([0.5, 0.9, 0.9, 1.0])
+    return nu, 0.1 * nu, d, 0.3 * d, np.ones(4)
+
+
+def test_a_cavity_wider_than_the_prior_or_not_positive_is_invalid():
+    """``sites.cavity``, ``weighted_cavity`` and ``held_cavity`` (a site held along its own direction: cross = d_h =
+    d, e_h = e): valid only where 1 - nu d > 0 and the cavity is no wider than the prior; under power EP a row of
+    weight below 1 drops the prior's bound (removing one copy takes out more than its share) and a row of weight 0
+    is never valid. A mutation audit (2026-12-02): the held cavity's bound removed, or the weighted bound at weights
+    above 1 only (not at 1), passed every test."""
+    nu, mu, d, e, prior = _cavity_rows()
+    expected = [True, False, False, True]
+    assert sites.cavity(nu, mu, d, e, prior)[0].tolist() == expected
+    assert sites.weighted_cavity(nu, mu, d, e, prior, np.ones(4))[0].tolist() == expected
+    assert sites.weighted_cavity(nu, mu, d, e, prior, np.full(4, 2.0))[0].tolist() == expected
+    assert sites.weighted_cavity(nu, mu, d, e, prior, np.full(4, 0.5))[0].tolist() == [True, True, False, True]
+    assert sites.weighted_cavity(nu, mu, d, e, prior, np.zeros(4))[0].tolist() == [False] * 4
+    assert sites.held_cavity(nu, mu, d, e, prior, d, e, d)[0].tolist() == expected
+    assert sites.held_cavity(nu, mu, d, e, prior, d, e, d, np.ones(4))[0].tolist() == expected
+    assert sites.held_cavity(nu, mu, d, e, prior, d, e, d, np.full(4, 0.5))[0].tolist() == [True, True, False, True]
+    valid, one_minus, v, a = sites.held_cavity(nu, mu, d, e, prior, d, e, d)
+    plain = sites.cavity(nu, mu, d, e, prior)
+    np.testing.assert_allclose(v[valid], plain[2][valid], rtol=1e-14)  # (held along its own direction: cavity's)
+    np.testing.assert_allclose(a[valid], plain[3][valid], rtol=1e-14)
