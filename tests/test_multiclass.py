@@ -598,3 +598,21 @@ def test_a_batch_pass_by_c_inverse_a_is_the_pass_by_l_c_inverse_a(monkeypatch, b
     np.testing.assert_allclose(by_p["site_precision"], by_q["site_precision"], rtol=1e-10, atol=1e-12)
     for name in by_q["grads"]:
         np.testing.assert_allclose(by_p["grads"][name], by_q["grads"][name], rtol=1e-9, atol=1e-12)
+
+
+def test_sep_and_adf_pairs_check_their_cavity_against_the_prior_whatever_the_weights():
+    """``pair_update(own_sites=False)`` (SEP / ADF: no site of the row in q, the marginals are the cavity's): the
+    cavity is checked as without weights, so a pair whose class marginal is wider than its prior is invalid at any
+    row weight; power EP's dropping of the prior's bound (rows of weight below 1, ``sites.weighted_cavity``) is for
+    rows whose sites q holds. A mutation audit (2026-12-02): taking the rows' weights as the powers there passed
+    every test."""
+    y = np.array([0, 1])
+    d = np.full((2, 3), 0.5)
+    d[0, 1] = 1.5  # (row 0 in class 1: wider than its prior variance of 1)
+    zeros = np.zeros((2, 6))
+    args = (y, zeros, zeros, d, np.zeros((2, 3)), np.ones((2, 3)), np.zeros((2, 3)))
+    unweighted = multiclass_ep.pair_update(*args, want_grad=False, own_sites=False)
+    assert unweighted.valid.tolist() == [[True, False, True], [True, True, True]]
+    for w in (0.5, 1.0, 2.0):
+        weighted = multiclass_ep.pair_update(*args, want_grad=False, own_sites=False, weights=np.full(2, w))
+        assert weighted.valid.tolist() == unweighted.valid.tolist(), w
