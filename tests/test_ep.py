@@ -408,3 +408,24 @@ def test_a_cavity_wider_than_the_prior_or_not_positive_is_invalid():
     plain = sites.cavity(nu, mu, d, e, prior)
     np.testing.assert_allclose(v[valid], plain[2][valid], rtol=1e-14)  # (held along its own direction: cavity's)
     np.testing.assert_allclose(a[valid], plain[3][valid], rtol=1e-14)
+
+
+@pytest.mark.parametrize("cavity", ["sep", "adf"])
+def test_rows_whose_tied_cavity_is_wider_than_the_prior_are_invalid(cavity):
+    """SEP / ADF (no site of the row in q): a row is valid only where its cavity's variance along upsilon_i is no
+    wider than the prior's (``ep._block_cavity``). A factor of negative precision (S = -0.5 I whitened: q twice as
+    wide as the prior along every direction) makes every row's cavity wider: every row invalid, counted, no term.
+    A mutation audit (2026-12-02): taking every such row as valid passed every test."""
+    from agpc.inference.posterior import Factor
+
+    X, y = make_banana(40, random_state=0)
+    Z = X[:6] + 0.05
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=1e-6)
+    L_K = ep.prior_cholesky(kernel, Z, 1e-6)
+    K_inv = np.linalg.inv(L_K @ L_K.T)
+    factor = Factor(-0.5 * K_inv, np.zeros(6))
+    out = ep.evaluate_factor(kernel, Z, X, y, factor, cavity=cavity, n_total=1e6, jitter=1e-6, want_grad=False)
+    assert int(out["n_invalid"]) == 40  # (SEP / ADF keep no per-row validity: the count says it)
+    healthy = ep.evaluate_factor(kernel, Z, X, y, Factor(0.5 * K_inv, np.zeros(6)), cavity=cavity, n_total=1e6,
+                                 jitter=1e-6, want_grad=False)
+    assert int(healthy["n_invalid"]) == 0
