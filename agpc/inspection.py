@@ -91,7 +91,9 @@ def feature_relevance(kernel, n_features=None):
     lengthscales = _lengthscales(kernel)
     if lengthscales.shape[0] == 1:
         return None, "one lengthscale shared by every feature (no ARD): no feature is more relevant than another"
-    precision = 1.0 / lengthscales ** 2
+    # 1 / l_j^2 normalised, taken in logs: lengthscales of 1e200 (features of that scale) overflowed l^2 and gave NaN
+    log_precision = -2.0 * np.log(lengthscales)
+    precision = np.exp(log_precision - log_precision.max())
     return precision / precision.sum(), None
 
 

@@ -517,3 +517,19 @@ def test_the_summary_and_the_plot_take_a_fitted_estimator_or_its_report(tmp_path
         inspection.model_summary("model")
     with pytest.raises(NotFittedError):
         plot_model(GPClassifier(), tmp_path / "b.png")
+
+
+@pytest.mark.parametrize("scale", [1e200, 1e-200])
+def test_relevance_of_features_of_extreme_scale_is_that_of_the_same_features_at_scale_one(scale):
+    """A hostile-input audit (2026-12-02): a model fitted on features of scale 1e200 (or 1e-200) printed NaN relevance
+    in ``summary()`` and ``agpc inspect``, with NumPy's overflow warnings: 1 / l^2 overflowed. Relevance is
+    normalised, so it does not depend on the features' common scale; it is taken in logs now."""
+    from agpc.inspection import feature_relevance
+
+    X, y = make_banana(200, random_state=0)
+    at_one = GPClassifier(n_inducing=10, max_iter=3, random_state=0, ard=True).fit(X, y)
+    scaled = GPClassifier(n_inducing=10, max_iter=3, random_state=0, ard=True).fit(X * scale, y)
+    relevance, why = feature_relevance(scaled.kernel_)
+    assert why is None
+    np.testing.assert_allclose(relevance, feature_relevance(at_one.kernel_)[0], rtol=1e-6)
+    assert "nan" not in scaled.summary().lower()
