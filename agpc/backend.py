@@ -41,7 +41,8 @@ from array_api_compat import numpy as compat_numpy
 
 __all__ = [
     "rows_at",
-    "notes_if_kept",
+    "held_notes",
+    "release_notes",
     "CholeskyError",
     "DeviceUnavailableError",
     "check_device",
@@ -207,25 +208,38 @@ def jitter_raises_within():
 
 
 @contextmanager
-def notes_if_kept():
-    """The jitter raises (``note_jitter``) and the guard's summaries (``warn_guard``) made inside, held back, for a
-    stage whose model may be discarded (``size_rule.learn_lengthscales``' later kernels): they are passed on to the
-    enclosing ``jitter_report`` only where the holder it yields is set ``kept = True`` (a warning about the jitter of
-    a model the fit does not return says what is not so of the one it returns). Outside a report, as they come."""
-    if _JITTER_RAISES.get() is None:
-        yield types.SimpleNamespace(kept=True)
+def held_notes():
+    """The jitter raises (``note_jitter``) and the guard's summaries (``warn_guard``) made inside, held back for a
+    stage whose model may be discarded (``size_rule.learn_lengthscales``' later kernels): the holder it yields goes to
+    ``release_notes`` where the stage's model is the one returned, else its notes are dropped (a warning about the
+    jitter of a model the fit does not return says what is not so of the one it returns). Outside a report (no
+    ``jitter_report`` or ``jitter_raises_within``), nothing is held: the notes are said as they come, and the holder is
+    None."""
+    raises = _JITTER_RAISES.get()
+    if raises is None:
+        yield None
         return
-    outer = _JITTER_RAISES.get(), _GUARD_SAID.get()
-    holder, raises, said = types.SimpleNamespace(kept=False), [], []
-    tokens = _JITTER_RAISES.set(raises), _GUARD_SAID.set(said)
+    holder = types.SimpleNamespace(raises=[], said=[], outer=(raises, _GUARD_SAID.get()))
+    tokens = _JITTER_RAISES.set(holder.raises), _GUARD_SAID.set(holder.said)
     try:
         yield holder
     finally:
         _JITTER_RAISES.reset(tokens[0])
         _GUARD_SAID.reset(tokens[1])
-        if holder.kept:
-            outer[0].extend(raises)
-            outer[1].extend(said)
+
+
+def release_notes(holder):
+    """Pass what ``held_notes`` held on to the scope around it (a guard summary is warned now where that scope
+    collects jitter raises only: ``jitter_raises_within``); None: nothing was held."""
+    if holder is None:
+        return
+    raises, said = holder.outer
+    raises.extend(holder.raises)
+    if said is not None:
+        said.extend(holder.said)
+    else:
+        for message in holder.said:
+            warnings.warn(message, _guard_category(), stacklevel=2)
 
 
 @contextmanager

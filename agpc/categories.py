@@ -70,10 +70,10 @@ def categorical_mask(X, categorical_features, n_features):
     if isinstance(categorical_features, str):  # ("from_dtype": the parameter's constraints refuse other strings)
         dtypes = getattr(X, "dtypes", None)
         if dtypes is not None and hasattr(X, "columns") and hasattr(dtypes, "items"):
-            # a pandas category is categorical whatever its values (numbers too: HistGradientBoostingClassifier's
-            # "from_dtype" takes it so; a category of codes was taken as a continuous column); a text column where it
-            # holds text
-            mask[:] = [is_text_column(dtype) and (getattr(dtype, "categories", None) is not None
+            # a pandas category of numbers (codes) is categorical, as HistGradientBoostingClassifier's "from_dtype"
+            # takes it (it was taken as a continuous column); a text column, or a category of text, where it holds
+            # text (numbers written as text refused: ``_holds_text``)
+            mask[:] = [is_text_column(dtype) and (_category_of_numbers(dtype)
                                                   or _holds_text(_column(X, j), name=_name(X, j)))
                        for j, (_, dtype) in enumerate(dtypes.items())]
         return mask
@@ -100,6 +100,12 @@ def categorical_mask(X, categorical_features, n_features):
         else:
             raise ValueError(f"categorical_features: {value!r} is neither a column index nor a column name")
     return mask
+
+
+def _category_of_numbers(dtype):
+    """Whether a DataFrame column's dtype is a pandas category whose categories are numbers or booleans."""
+    categories = getattr(dtype, "categories", None)
+    return categories is not None and getattr(categories.dtype, "kind", None) in ("b", "i", "u", "f")
 
 
 def _column(X, j):

@@ -130,9 +130,16 @@ def initial_inducing_points(X, n_inducing, method="kmeans", *, random_state=None
     if dtype is None:  # (a list)
         method = np.asarray(method)
         dtype = method.dtype
-    # complex points lost their imaginary part with NumPy's ComplexWarning, text raised NumPy's "could not convert"
-    if isinstance(dtype, np.dtype) and dtype.kind in "cSUMmV":
+    # complex points lost their imaginary part with NumPy's ComplexWarning; text that is not numbers raised NumPy's
+    # "could not convert" (numbers written as text are taken, as before)
+    if isinstance(dtype, np.dtype) and dtype.kind in "cMmV":
         raise ValueError(f"inducing points must be real numbers, got an array of {dtype}")
+    if isinstance(dtype, np.dtype) and dtype.kind in "SU":
+        try:
+            method = np.asarray(method, dtype=np.float64)
+        except ValueError:
+            raise ValueError(f"inducing points must be real numbers, got an array of {dtype} holding text that is "
+                             "not a number") from None
     Z = asarray_like(method, xp, device=device, dtype=X.dtype)
     if Z.ndim != 2 or Z.shape[1] != X.shape[1]:
         raise ValueError(f"inducing points must have shape (m, {X.shape[1]}), got {tuple(Z.shape)}")

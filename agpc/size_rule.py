@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .backend import CholeskyError, array_namespace, notes_if_kept, to_numpy
+from .backend import CholeskyError, array_namespace, held_notes, release_notes, to_numpy
 from .batch_size import FULL_BATCH_MAX_ROWS
 from .kernels import RBF, Linear, Product, with_default_priors
 
@@ -375,11 +375,12 @@ def learn_lengthscales(plan, freed, kernel, train):
     later = [(linear_start(kernel), LINEAR_MARGIN)]
     if plan == CHOOSE:
         later.append((quadratic_start(kernel), QUADRATIC_MARGIN))
+    kept_notes = None  # (held_notes of the later kernel kept: said once the choice is over)
     for start, margin in later:
         if last.stopped_by_time or start is None:
             break
         # (the warnings of a candidate not kept, its jitter raised or the guard's actions, are not the returned model's)
-        with notes_if_kept() as notes:
+        with held_notes() as notes:
             try:
                 candidate = train(start, True, False, next(names))
             except (CholeskyError, FloatingPointError):
@@ -387,15 +388,18 @@ def learn_lengthscales(plan, freed, kernel, train):
                 # its slope variances 1 / l_j^2, or x_j^2, past the dtype's range) is not kept; the model kept so far
                 # stands
                 break
-            if _jitter_raised_past(candidate, kept):
-                # nor one whose fit raised the jitter past the kept model's: its log Z is of K(Z, Z) plus that jitter,
-                # another model (a constant column of 1e4 beside two of scale 1 took the quadratic kernel's to 1e5 and
-                # won, at a test accuracy of 0.73 against the RBF's 0.84; of 1e9, to 1e25: 0.50)
-                break
-            last = candidate
-            if linear_keeps(log_z_kept, candidate.log_z, margin):
-                kept, log_z_kept, keep = candidate, candidate.log_z, False
-                notes.kept = True
+            except BaseException:  # (an interrupt: what the guard did in the stage happened, and is said)
+                release_notes(notes)
+                raise
+        if _jitter_raised_past(candidate, kept):
+            # nor one whose fit raised the jitter past the kept model's: its log Z is of K(Z, Z) plus that jitter,
+            # another model (a constant column of 1e4 beside two of scale 1 took the quadratic kernel's to 1e5 and
+            # won, at a test accuracy of 0.73 against the RBF's 0.84; of 1e9, to 1e25: 0.50)
+            break
+        last = candidate
+        if linear_keeps(log_z_kept, candidate.log_z, margin):
+            kept, log_z_kept, keep, kept_notes = candidate, candidate.log_z, False, notes
+    release_notes(kept_notes)
     return _out_of_time(kept, last), keep
 
 

@@ -358,6 +358,10 @@ def test_a_category_column_of_numbers_is_categorical_from_its_dtype():
     named = GPClassifier(categorical_features=["region", "kind"], **options).fit(codes, y)
     assert by_dtype.is_categorical_.tolist() == [False, True, False, True]
     np.testing.assert_allclose(by_dtype.predict_proba(codes), named.predict_proba(codes), rtol=1e-12, atol=1e-14)
+    # a category of numbers written as text (a file read with "?" for a missing value) is refused as before
+    written = frame.assign(kind=pd.Categorical([f"{v:.2f}" if i % 17 else "?" for i, v in enumerate(frame["a"])]))
+    with pytest.raises(ValueError, match="X column 'kind' holds numbers written as text"):
+        GPClassifier(**options).fit(written, y)
 
 
 def test_an_object_column_of_numbers_stays_numeric_and_numbers_written_as_text_are_refused():

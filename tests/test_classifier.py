@@ -118,7 +118,7 @@ def test_bad_input_raises_a_clear_value_error(banana, make, message):
         # a hostile-input audit (2026-12-02): complex points lost their imaginary part with NumPy's ComplexWarning,
         # text raised NumPy's "could not convert string to float"
         ({"inducing": np.zeros((4, 2), dtype=complex)}, "inducing points must be real numbers, got an array of complex"),
-        ({"inducing": np.array([["a", "b"]])}, "inducing points must be real numbers, got an array of <U1"),
+        ({"inducing": np.array([["a", "b"]])}, "inducing points must be real numbers, got an array of <U1 holding text"),
         ({"kernel": "rbf"}, "kernel must be None or an agpc kernel"),
     ],
 )
@@ -126,6 +126,14 @@ def test_bad_parameters_raise_a_clear_value_error(banana, params, message):
     X, y = banana
     with pytest.raises(ValueError, match=message):
         GPClassifier(**{"n_inducing": 5, "max_iter": 2, **params}).fit(X, y)
+
+
+def test_inducing_points_written_as_numbers_in_text_are_taken_as_numbers(banana):
+    """(A review, 2026-12-02: the refusal of text points refused numbers written as text, which fitted before.)"""
+    X, y = banana
+    as_text = GPClassifier(inducing=X[:6].astype(str), max_iter=2, random_state=0).fit(X, y)
+    as_numbers = GPClassifier(inducing=X[:6], max_iter=2, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(as_text.predict_proba(X), as_numbers.predict_proba(X))
 
 
 def test_predict_checks_feature_count(fitted):

@@ -276,24 +276,59 @@ def test_the_warnings_of_a_later_kernel_kept_are_said():
     assert result.kernel == "linear"
 
 
-def test_notes_of_a_stage_are_said_only_where_it_is_kept():
-    """``backend.notes_if_kept``: jitter raises and guard summaries made inside reach the fit's report only where the
-    holder is set kept; outside a report they are warned as they come."""
+def test_notes_of_a_stage_are_said_only_where_it_is_released():
+    """``backend.held_notes``: jitter raises and guard summaries made inside reach the fit's report only where the
+    holder is released (``release_notes``); outside a report nothing is held (said as they come)."""
     from agpc import backend as B
 
-    for kept in (False, True):
+    for released in (False, True):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with B.jitter_report("fit"):
-                with B.notes_if_kept() as notes:
+                with B.held_notes() as notes:
                     B.note_jitter("K(Z, Z)", 1e-6, 1e-3)
                     B.warn_guard("the guard halved the damping")
-                    notes.kept = kept
+                if released:
+                    B.release_notes(notes)
         said = sorted(w.category.__name__ for w in caught)
-        assert said == (["GuardWarning", "JitterWarning"] if kept else []), said
+        assert said == (["GuardWarning", "JitterWarning"] if released else []), said
     with pytest.warns(agpc.JitterWarning):
-        with B.notes_if_kept():
+        with B.held_notes() as notes:
             B.note_jitter("K(Z, Z)", 1e-6, 1e-3)
+    assert notes is None
+
+
+def _noting_stages(plan, noted):
+    """A ``train`` for ``learn_lengthscales`` of the stages ``plan`` ((name, log Z), in order); the stages named in
+    ``noted`` raise the jitter and have the guard act, each saying its name."""
+    from agpc import backend as B
+
+    stages = iter(plan)
+
+    def train(*_):
+        name, log_z = next(stages)
+        if name in noted:
+            B.note_jitter(f"K(Z, Z) of the {name} kernel", 1e-6, 1e-4)
+            B.warn_guard(f"the guard acted in the {name} fit")
+        return _Stage(name, log_z)
+    return train
+
+
+def test_only_the_warnings_of_the_later_kernel_returned_are_said():
+    """A review (2026-12-02): the linear kernel kept and then replaced by the quadratic one, the linear fit's warnings
+    were said, about a model the fit does not return. Only the returned kernel's are said now."""
+    from agpc import backend as B
+
+    start = default_kernel(np.eye(3))
+    plan = [("shared", -10.0), ("per feature", -10.5), ("linear", -5.0), ("quadratic", 100.0)]
+    for noted, expected in ((("linear",), []), (("linear", "quadratic"), ["quadratic"])):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with B.jitter_report("fit"):
+                result, _ = size_rule.learn_lengthscales(size_rule.CHOOSE, 2, start, _noting_stages(plan, noted))
+        assert result.kernel == "quadratic"
+        said = [str(w.message) for w in caught]
+        assert len(said) == 2 * len(expected) and all("quadratic" in text for text in said), said
 
 
 def test_the_quadratic_kernel_is_kept_only_beyond_its_margin_over_the_model_kept():

@@ -371,10 +371,11 @@ def test_a_first_batch_that_fails_leaves_the_estimator_unfitted(monkeypatch):
         stream.predict(X)
 
 
-def test_a_batch_the_guard_gave_up_on_leaves_its_halvings_and_counts_behind(monkeypatch):
-    """Where the guard reverted and halved the damping and step sizes before giving up on a batch (a FloatingPointError
-    after ``training.MAX_FAILURES`` failed steps), none of it stays: the next batch steps as in a stream that never saw
-    the failed one, with the same damping, history and guard counts."""
+@pytest.mark.parametrize("raises_jitter", [False, True], ids=["halvings", "jitter raised"])
+def test_a_batch_the_guard_gave_up_on_leaves_its_halvings_and_counts_behind(monkeypatch, raises_jitter):
+    """Where the guard reverted and halved the damping and step sizes (or raised the jitter) before giving up on a
+    batch (a FloatingPointError after ``training.MAX_FAILURES`` failed steps), none of it stays: the next batch steps
+    as in a stream that never saw the failed one, with the same damping, jitter, history and guard counts."""
     import pickle
 
     from agpc.inference import training
@@ -386,13 +387,16 @@ def test_a_batch_the_guard_gave_up_on_leaves_its_halvings_and_counts_behind(monk
     untouched = pickle.loads(pickle.dumps(stream))
     host_scalars = training._host_scalars
     monkeypatch.setattr(training, "_host_scalars", lambda summary: [float("nan")] + list(host_scalars(summary))[1:])
+    if raises_jitter:  # (each failure raises the jitter tenfold: JitterWarnings are not what is tested here)
+        monkeypatch.setattr(training, "_jitter_needed", lambda kernel, Z, jitter: 10.0 * jitter)
     with pytest.raises(ValueError, match="FloatingPointError: sep diverged"):
         stream.partial_fit(X[100:150], y[100:150])
-    monkeypatch.setattr(training, "_host_scalars", host_scalars)
+    monkeypatch.undo()
     for model in (stream, untouched):
         model.partial_fit(X[150:200], y[150:200])
     np.testing.assert_allclose(stream.predict_proba(X), untouched.predict_proba(X), rtol=1e-12, atol=1e-14)
     assert stream.history_ == untouched.history_ | {"time": stream.history_["time"]}
+    assert stream.jitter_ == untouched.jitter_
 
 
 @pytest.mark.parametrize("method", ["ep", "svi", "gfitc"])
