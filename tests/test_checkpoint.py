@@ -288,6 +288,15 @@ CHECKPOINT_CORRUPTIONS = {
     "n_steps a string": (lambda s, a: s.update(n_steps="x"), ["n_steps"]),
     "n_steps negative": (lambda s, a: s.update(n_steps=-3), ["n_steps"]),
     "order out of range": (lambda s, a: s.update(order=[10 ** 6]), ["order"]),
+    # (a list as the tree holds one, so that the check of the indices is what refuses it: batch EP has one
+    # "minibatch", index 0; a mutation audit, 2026-12-02, found that check removed, or its bound taken as <=, passing:
+    # the raw list above is refused as no node of the tree)
+    "order one past the last minibatch": (lambda s, a: s.update(order={"list": [1]}),
+                                          ["order: not a list of minibatch indices below 1"]),
+    "order negative": (lambda s, a: s.update(order={"list": [-1]}),
+                       ["order: not a list of minibatch indices below 1"]),
+    "order of bools": (lambda s, a: s.update(order={"list": [False]}),
+                       ["order: not a list of minibatch indices below 1"]),
     "history not lists": (lambda s, a: s.update(history={"dict": {"time": 3}}), ["history"]),
     "rng garbage": (lambda s, a: s.update(rng={"dict": {"bit_generator": "nope"}}), ["rng"]),
     "engine missing Z": (lambda s, a: _engine(s).pop("Z"), ["engine", "Z"]),
