@@ -9,6 +9,7 @@ import pytest
 
 from agpc import RBF, CholeskyError, GPClassifier
 from agpc.datasets import make_banana
+from agpc import optim
 from agpc.inference import engines, hooks, tied_steps, training
 
 
@@ -350,3 +351,39 @@ def test_the_bar_names_what_each_engine_climbs(capsys, method, label):
     X, y = make_banana(60, random_state=3)
     GPClassifier(method=method, n_inducing=5, max_iter=2, verbose=True).fit(X, y)
     assert f"{label}=" in capsys.readouterr().err
+
+
+def _plateau_run(history, n_steps, warmup, minibatch=False):
+    trainer = SimpleNamespace(history={"log_marginal_likelihood": history}, engine=SimpleNamespace(has_params=True),
+                              n_steps=n_steps)
+    return SimpleNamespace(trainer=trainer, minibatch=minibatch, warmup=warmup, converged=False, stop_reason=None)
+
+
+def test_the_plateau_window_starts_after_the_warm_up():
+    """``hooks.Plateau`` (steps = 3): a batch fit stops once log Z rose by less than ``rise`` over 3 steps after the
+    warm-up, compared with a record after it too: not at the third step (whose window would start at the last warm-up
+    sweep's record), at the fourth. Minibatch mode counts epochs, every record. A mutation audit (2026-12-02): the
+    window's bound taken as >= passed every test."""
+    flat = [-100.0, -9.0, -9.0, -9.0, -9.0]  # (two warm-up records, then three steps)
+    run = _plateau_run(flat, n_steps=5, warmup=2)
+    hooks.Plateau(3, 1.0).after_step(run, -9.0, True)
+    assert not run.converged
+    run = _plateau_run(flat + [-9.0], n_steps=6, warmup=2)
+    hooks.Plateau(3, 1.0).after_step(run, -9.0, True)
+    assert run.converged and run.stop_reason == "plateau"
+    run = _plateau_run(flat[1:], n_steps=0, warmup=0, minibatch=True)  # (4 epochs' records)
+    hooks.Plateau(3, 1.0).after_step(run, -9.0, True)
+    assert run.converged
+
+
+@pytest.mark.parametrize("make", [lambda: optim.Adam(learning_rate=0.01), lambda: optim.Adadelta(learning_rate=1.0)])
+def test_the_guard_grows_a_halved_learning_rate_back_to_its_start_and_no_further(make):
+    """``grow_steps`` (the guard's restoration after good steps): the learning rate grows by the factor up to the one
+    the optimiser was built with, then says it did not grow. A mutation audit (2026-12-02): growth without that cap
+    passed every test."""
+    optimizer = make()
+    start = optimizer.learning_rate
+    optimizer.scale_steps(0.5)
+    assert optimizer.grow_steps(1.5) and optimizer.learning_rate == pytest.approx(0.75 * start)
+    assert optimizer.grow_steps(1.5) and optimizer.learning_rate == start
+    assert not optimizer.grow_steps(1.5) and optimizer.learning_rate == start
