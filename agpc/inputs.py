@@ -192,6 +192,7 @@ def check_feature_values(X):
     if isinstance(X, collections.abc.Iterator):
         raise ValueError(f"X is a {type(X).__name__}: give the rows as an array (or a list of rows), each with one "
                          "number a feature")
+    check_distinct_columns(X)
     dtypes = getattr(X, "dtypes", None)
     if dtypes is not None and hasattr(X, "columns") and hasattr(dtypes, "items"):
         for name, dtype in dtypes.items():
@@ -212,6 +213,22 @@ def check_feature_values(X):
             odd = next(k for k, length in enumerate(lengths) if length != lengths[0])
             raise ValueError(f"X is a list of rows of different lengths (row 0 has {lengths[0]} values, row {odd} has "
                              f"{lengths[odd]}): every row needs one value a feature")
+
+
+def check_distinct_columns(X):
+    """Refuse a DataFrame two of whose columns have one name (``pd.concat`` of two tables that share a column, a CSV
+    header written twice): its columns cannot be told apart by name, as ``feature_names_in_`` and a later
+    ``predict`` on a reordered frame need; scikit-learn's conversion raised narwhals' DuplicateError, a library
+    the user never called."""
+    columns = getattr(X, "columns", None)
+    if columns is None or isinstance(X, np.ndarray):
+        return
+    counts = collections.Counter(columns)
+    repeated = [name for name, count in counts.items() if count > 1]
+    if repeated:
+        listed = ", ".join(f"{str(name)!r} ({counts[name]} times)" for name in repeated[:5])
+        raise ValueError(f"X has columns of the same name: {listed}; give each column its own name (e.g. "
+                         "X.columns = [...]) or drop the repeated ones")
 
 
 def _numbers_in(column):

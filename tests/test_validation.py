@@ -269,6 +269,8 @@ UNCLEAR = {
     "a generator": (lambda tmp: (row for row in _X40.tolist()), r"X is a generator: give the rows as an array"),
     "a ragged list": (lambda tmp: _X40.tolist()[:39] + [[1.0]],
                       r"X is a list of rows of different lengths \(row 0 has 2 values, row 39 has 1\)"),
+    "two columns of one name": (lambda tmp: pandas.DataFrame(_X40, columns=["a", "a"]),
+                                r"X has columns of the same name: 'a' \(2 times\); give each column its own name"),
     "a zarr array with a forged dtype": (_forged_dtype_zarr, r"X cannot be read at rows 0\.\.39 \(cannot reshape array "
                                                              r"of size 80 into shape \(20,2\)\): its stored chunks do "
                                                              r"not hold the float32 values"),
@@ -278,7 +280,7 @@ UNCLEAR = {
 @pytest.mark.parametrize("make, message", UNCLEAR.values(), ids=UNCLEAR.keys())
 def test_unclear_third_party_errors_are_one_line_naming_the_problem(tmp_path, make, message):
     """A pandas categorical column ("could not convert string to float: 'hi'", the column not named), a datetime
-    column (NumPy's DTypePromotionError), a generator or a ragged list (float() / inhomogeneous-shape errors), a zarr
+    column (NumPy's DTypePromotionError), two columns of one name (narwhals' DuplicateError), a generator or a ragged list (float() / inhomogeneous-shape errors), a zarr
     array with a forged dtype ("cannot reshape array of size 640"): each is one ValueError in agpc's words.
     (Categorical and text columns are categorical features by default: refused here with none.)"""
     y = make_banana(40, random_state=0)[1]
@@ -348,3 +350,12 @@ def test_a_float32_model_refuses_a_value_beyond_float32_before_casting_it():
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match=r"Input X contains NaN or infinity \(or values too large for float32\)"):
             model.predict_proba(np.array([[1e39, 0.0]]))
+
+
+def test_a_frame_with_a_repeated_column_name_is_refused_at_prediction_too():
+    """A hostile-input audit (2026-12-02): a frame with two columns of one name raised narwhals' DuplicateError from
+    inside scikit-learn's conversion. Prediction reads its frame as fit does: one ValueError in agpc's words."""
+    X, y = make_banana(40, random_state=0)
+    model = GPClassifier(n_inducing=5, max_iter=1).fit(pandas.DataFrame(X, columns=["a", "b"]), y)
+    with pytest.raises(ValueError, match=r"X has columns of the same name: 'b' \(2 times\)"):
+        model.predict_proba(pandas.DataFrame(X, columns=["b", "b"]))
