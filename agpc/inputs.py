@@ -220,10 +220,11 @@ def check_distinct_columns(X):
     header written twice): its columns cannot be told apart by name, as ``feature_names_in_`` and a later
     ``predict`` on a reordered frame need; scikit-learn's conversion raised narwhals' DuplicateError, a library
     the user never called."""
-    columns = getattr(X, "columns", None)
-    if columns is None or isinstance(X, np.ndarray):
+    names = getattr(X, "column_names", None)  # (a pyarrow Table's: its ``columns`` are the columns themselves)
+    names = getattr(X, "columns", None) if names is None else names
+    if names is None or isinstance(X, np.ndarray):
         return
-    counts = collections.Counter(columns)
+    counts = collections.Counter(names)
     repeated = [name for name, count in counts.items() if count > 1]
     if repeated:
         listed = ", ".join(f"{str(name)!r} ({counts[name]} times)" for name in repeated[:5])

@@ -38,7 +38,7 @@ from .checkpoints import HEADER_KEY, atomic_savez, read_archive
 from .inference.posterior import Posterior, prior_cholesky
 from .inference.training import STOP_REASONS
 from .inputs import check_features
-from .kernels import (MAX_LISTED_LEVELS, ORDINAL_KERNEL, PER_DIMENSION, ClassKernels, Categorical,
+from .kernels import (LOG, MAX_LISTED_LEVELS, ORDINAL_KERNEL, PER_DIMENSION, ClassKernels, Categorical,
                       categorical_columns, kernel_from_spec, spec_parameter_table)
 from .likelihoods import LIKELIHOODS, registered_likelihood
 from .methods import get_method
@@ -82,6 +82,12 @@ MIN_SCALE = math.sqrt(np.finfo(np.float64).tiny)
 # offset), while a mean that swallows the inducing points (1e308 + z scale == 1e308) moves the probabilities by
 # their whole spread.
 PIPELINE_ATOL = 1e-6
+# The largest log a parameter stored as its log may hold (``_check_log_range``): exp of it is float64's largest
+# number, and exp of its negative a float64 above 0.
+LOG_RANGE = math.log(np.finfo(np.float64).max)
+# The most iterations a file may say its model ran: what a NumPy int64 holds (the count is written to histories
+# and summaries as one).
+MAX_ITERATIONS = int(np.iinfo(np.int64).max)
 
 __all__ = ["FORMAT", "VERSION", "PLAIN_VERSION", "SCALER_ARRAYS", "step_names_problem", "NOT_RESTORED",
            "VALUE_WHEN_ABSENT", "MAX_LABEL_BYTES", "MAX_QUADRATURE",
@@ -310,8 +316,8 @@ def _check_header_fields(header, refuse, version):
     d = header.get("n_features_in")
     if not _is_int(d) or d < 1:
         raise refuse(f"n_features_in: {d!r} is not a positive integer")
-    if not _is_int(header.get("n_iter", 0)) or header.get("n_iter", 0) < 0:
-        raise refuse(f"n_iter: {header.get('n_iter')!r} is not a non-negative integer")
+    if not _is_int(header.get("n_iter", 0)) or not 0 <= header.get("n_iter", 0) <= MAX_ITERATIONS:
+        raise refuse(f"n_iter: {_shown(header.get('n_iter'))} is not a non-negative integer of 64 bits")
     if not _is_number(header.get("log_marginal_likelihood", float("nan"))):
         raise refuse("log_marginal_likelihood: not a number")
     history = header.get("history", {})
@@ -420,7 +426,23 @@ def _kernel_arrays(header, arrays, table, d, refuse):
         else:
             shape = ()
         params[name] = _float_array(arrays, key, shape, refuse, allow_neg_inf=table[name].may_be_zero)
+        _check_log_range(key, table[name], params[name], refuse)
     return params
+
+
+def _check_log_range(key, parameter, values, refuse):
+    """A parameter stored as its log must have a log whose exp is a float64 other than 0 and inf (|log| at most
+    ``LOG_RANGE``); where it may be 0 (the latent noise), -inf and any lower log stand for 0. No data a fit
+    can read gives more: features of scale 1e300 give lengthscales of log ~690. A file edited to log_amplitude
+    = -1e300 held an amplitude of exactly 0, a model that answers 0.5 whatever the input, and loaded."""
+    if parameter.transform != LOG:
+        return
+    finite = values[np.isfinite(values)]
+    beyond = finite > LOG_RANGE if parameter.may_be_zero else np.abs(finite) > LOG_RANGE
+    if np.any(beyond):
+        worst = float(finite[beyond][0])
+        raise refuse(f"{key}: {worst:.6g}, whose exp (the {parameter.name}) is {'inf' if worst > 0 else '0'} in "
+                     "float64: no fit gives it")
 
 
 def _kernel_from_file(specs, params, multiclass):

@@ -276,3 +276,36 @@ def test_predict_ignores_a_parquet_timestamp_column_it_does_not_use(tmp_path, ca
                        str(tmp_path / out)])
         assert status == 0, capsys.readouterr().err
     assert (tmp_path / "p0.csv").read_text() == (tmp_path / "p1.csv").read_text()
+
+
+FORGED_FIELDS = {
+    "log_amplitude=-1e300": (lambda header, arrays: (header, dict(arrays, kernel_log_amplitude=np.array(-1e300))),
+                             r"kernel_log_amplitude: -1e\+300, whose exp \(the amplitude\) is 0 in float64"),
+    "lengthscales past float64": (
+        lambda header, arrays: (header, dict(arrays, kernel_log_lengthscales=arrays["kernel_log_lengthscales"] + 710)),
+        r"kernel_log_lengthscales: 7\d\d\.\d+, whose exp \(the lengthscales\) is inf in float64"),
+    "n_iter=10**30": (lambda header, arrays: (dict(header, n_iter=10**30), arrays),
+                      r"n_iter: 1000000000000000000000000000000 is not a non-negative integer of 64 bits"),
+}
+
+
+@pytest.mark.parametrize("forge", FORGED_FIELDS, ids=FORGED_FIELDS)
+def test_a_parameter_no_fit_gives_is_refused_at_load(saved, tmp_path, forge):
+    """A hostile-input audit (2026-12-02): a file edited to log_amplitude = -1e300 loaded as a model of amplitude 0,
+    which answers 0.5 whatever the input, and one edited to n_iter = 10**30 loaded too. A log parameter whose exp is
+    0 or inf in float64, or a count past 64 bits, comes from no fit: refused, naming the field."""
+    _, header, arrays = saved
+    edit, words = FORGED_FIELDS[forge]
+    path = write_model(tmp_path / "m.agpc", *edit(header, arrays))
+    with pytest.raises(ValueError, match=words):
+        GPClassifier.load(path)
+
+
+def test_a_latent_noise_of_zero_or_below_float64s_range_still_loads(saved, tmp_path):
+    """The latent noise may be 0 (stored as -inf), and models saved before its floor held one of exp(-752) (batch
+    EP's steps drove it there): both load as they did."""
+    _, header, arrays = saved
+    assert "kernel_log_noise" in arrays
+    for log_noise in (-np.inf, -752.0):
+        path = write_model(tmp_path / "m.agpc", header, dict(arrays, kernel_log_noise=np.array(log_noise)))
+        assert np.all(np.isfinite(GPClassifier.load(path).predict_proba(np.zeros((2, 2)))))

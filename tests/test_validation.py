@@ -359,3 +359,6 @@ def test_a_frame_with_a_repeated_column_name_is_refused_at_prediction_too():
     model = GPClassifier(n_inducing=5, max_iter=1).fit(pandas.DataFrame(X, columns=["a", "b"]), y)
     with pytest.raises(ValueError, match=r"X has columns of the same name: 'b' \(2 times\)"):
         model.predict_proba(pandas.DataFrame(X, columns=["b", "b"]))
+    pa = pytest.importorskip("pyarrow")  # (a Table's ``columns`` are its columns; its names are ``column_names``)
+    with pytest.raises(ValueError, match=r"X has columns of the same name: 'a' \(2 times\)"):
+        model.predict_proba(pa.Table.from_arrays([pa.array(X[:, 0]), pa.array(X[:, 1])], names=["a", "a"]))
