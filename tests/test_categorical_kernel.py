@@ -248,7 +248,7 @@ def test_a_model_file_whose_columns_do_not_match_its_arrays_is_refused(tmp_path)
 
 
 def test_a_far_or_unseen_code_stays_unseen_through_the_clamp_of_far_rows():
-    """Prediction clamps far inputs to the kernel's reach (``prediction.within_reach``): a code far beyond the
+    """Prediction clamps far inputs to the kernel's reach (``kernels.within_reach``): a code far beyond the
     inducing points' is moved, but to another code none of them has, so it predicts as any unseen level does."""
     model, X = fitted_mixed()
     rows = X[:3].copy()
@@ -486,9 +486,9 @@ def test_levels_given_as_a_tuple_of_lists_are_reported_as_they_were_given():
 
 
 def test_far_inputs_are_not_clamped_in_categorical_columns():
-    """The clamp of far inputs (``prediction.within_reach``) leaves the columns a categorical kernel reads: a code
+    """The clamp of far inputs (``kernels.within_reach``) leaves the columns a categorical kernel reads: a code
     far from the inducing points' keeps its own level (and lengthscale); a continuous column is clamped as before."""
-    from agpc.prediction import within_reach
+    from agpc.kernels import within_reach
 
     kernel = mixed_kernel(OnColumns(RBF([1.0]), [1]), Categorical([0], levels=[[-9999.0, 1.0, 2.0]]))
     Z = np.array([[1.0, 0.0], [2.0, 0.5]])

@@ -4,6 +4,7 @@ split is the documented one (``labels.holdout_mask``), the fit on the rest is ex
 write by hand, and every kind of input keeps what it had (names, namespace, device)."""
 
 import pickle
+import warnings
 
 import array_api_strict
 import numpy as np
@@ -220,3 +221,22 @@ def test_a_refused_refit_leaves_the_fitted_record_as_it_was(rows):
     with pytest.raises(ValueError):
         model.fit(X, y)
     assert model.early_stopping_ is False and model.n_samples_fit_ == 300
+
+
+@pytest.mark.parametrize("kind", ["binary", "multiclass", "ordinal"])
+def test_validation_rows_far_beyond_the_kernels_reach_score_as_the_prior_without_warnings(kind):
+    """A hostile-input audit (2026-12-02): validation rows of finite values near 1e300 overflowed their squared
+    distances to the inducing points, with NumPy's RuntimeWarnings on every validation step, where prediction
+    clamps such rows to the kernel's reach (``kernels.within_reach``) and is silent. Validation scores them as
+    prediction does: the kernel is 0 there, the latent is the prior's, and the NLL is log(classes)."""
+    X, y = make_banana(300, random_state=0)
+    labels = y if kind == "binary" else np.arange(300) % 3
+    extra = {"likelihood": "ordinal"} if kind == "ordinal" else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        model = GPClassifier(max_iter=3, n_inducing=10, random_state=0, **extra).fit(
+            X, labels, validation_data=(X[:50] * 1e300, labels[:50]))
+    nll = np.asarray(model.history_["validation_nll"])
+    assert nll.size and np.all(np.isfinite(nll))
+    if kind != "ordinal":  # (the ordinal model's cut points make its prior's class probabilities unequal)
+        np.testing.assert_allclose(nll, np.log(len(np.unique(labels))), rtol=1e-12)

@@ -26,7 +26,7 @@ from agpc.kernels import (
     log_prior_and_grads,
     mixed_kernel,
 )
-from agpc.prediction import within_reach
+from agpc.kernels import within_reach
 from agpc.priors import Gamma, LogNormal, prior_from_spec
 from conftest import central_differences, check_parameter_gradients, to_np, to_xp
 

@@ -27,6 +27,7 @@ from ..backend import (CholeskyError, ModulesByName, array_device, array_namespa
                        cholesky_with_jitter, host_rng, is_out_of_core, jitter_raises_within, note_jitter, read_rows,
                        row_chunk_bounds, to_host_vector, warn_guard)
 from ..checkpoint_rules import check_saved_anchor, check_saved_factor
+from ..kernels import within_reach
 from ..threads import with_blas_threads
 from .checkpointing import FINGERPRINT_ROWS, data_fingerprint, fingerprint_stride, restored_state_checked
 from .engines import ALL_METHODS, Engine, EngineOptions, Schedule, forwarding, make_engine
@@ -302,7 +303,9 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         with block_memory_advice(f"{self.method}'s scoring of the validation data"):
             post, _ = self.engine.posterior(X, y, want_log_z=False)
             y_val = read_rows(y_val, 0, y_val.shape[0], self.engine.Z)
-            return self.engine.validation_scores(post, X_val, y_val)
+            # (rows far outside the kernel's reach scored as prediction scores them: validation rows of 1e300 overflowed
+            # their squared distances, with NumPy's warnings, where the clamped rows give the same kernel, 0)
+            return self.engine.validation_scores(post, within_reach(self.engine.kernel, self.engine.Z, X_val), y_val)
 
     @with_blas_threads(_work)
     def posterior(self, X=None, y=None, want_log_z=True):
