@@ -10,6 +10,7 @@ the features' names, and a model's feature names select its columns by name.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import re
 import warnings
@@ -428,11 +429,36 @@ def _csv_records(fh, path):
         lines.record_read()
 
 
+def _not_utf8(path):
+    """What a CSV file that is not UTF-8 is told: the line of its first byte that is not (Python's decoder names an
+    offset into the block it was decoding, which is not the file's), that byte, and what to do. The file is read
+    again in pieces of at most ``MAX_RECORD_CHARS`` bytes, each line's decoded on its own: UTF-8 never holds a
+    newline inside a character."""
+    decoder, line = codecs.getincrementaldecoder("utf-8")(), 1
+    with open(path, "rb") as fh:
+        while True:
+            piece = fh.readline(MAX_RECORD_CHARS)
+            ends = piece.endswith(b"\n") or not piece  # (the file's end: a character cut short there is an error)
+            try:
+                decoder.decode(piece, final=ends)
+            except UnicodeDecodeError as exc:
+                byte = f" (byte 0x{exc.object[exc.start]:02x})" if exc.start < len(exc.object) else ""
+                return (f"{path}: line {line} is not UTF-8{byte}: agpc reads CSV files as UTF-8; save the file as "
+                        "UTF-8 (a spreadsheet's \"CSV UTF-8\"), or convert it, e.g. iconv -f latin1 -t utf-8")
+            if not piece:
+                return f"{path}: the file is not UTF-8, the encoding agpc reads CSV files in; save the file as UTF-8"
+            if ends:
+                line, decoder = line + 1, codecs.getincrementaldecoder("utf-8")()
+
+
 def _read_csv(path, target, labels_required, features=None, weight_column=None):
     # utf-8-sig: spreadsheet programs start a UTF-8 CSV with a byte order mark, which is not part of the
     # first column's name
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        rows = _csv_records(fh, path)
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            rows = _csv_records(fh, path)
+    except UnicodeDecodeError:
+        raise TableError(_not_utf8(path)) from None
     if not rows:
         raise TableError(f"{path}: the file is empty (a header row is needed)")
     names = rows[0][1]

@@ -311,6 +311,11 @@ def check_zarr_store(path):
     """Check every metadata document of a zarr store on disk, before zarr reads any of them. Groups are
     walked; an array's directory is not listed (its chunks can be millions of files)."""
     root = os.fspath(path)
+    if os.path.isdir(root) and not any(os.path.lexists(os.path.join(root, file)) for file in _ZARR_METADATA):
+        # (zarr's own words were "GroupNotFoundError: No group found in store StorePath(LocalStore, ...)")
+        raise RefusedFile(path, "a directory without zarr metadata (zarr.json, or .zgroup / .zarray): agpc reads a "
+                                "directory as a zarr store; give a data file (CSV, Parquet, .npy, .npz) or a zarr "
+                                "store's directory")
     seen = set()
 
     def visit(directory):

@@ -229,3 +229,32 @@ def test_a_csv_field_beyond_the_csv_modules_limit_names_its_line(tmp_path):
     path.write_text('x1,x2,label\n1,2,0\n"' + "9" * 200_000 + '",2,1\n')
     with pytest.raises(TableError, match=r"wide\.csv: line 3: field larger than field limit"):
         load_data(path, "label")
+
+
+NOT_UTF8 = {
+    "Latin-1 on line 4": (b"a,b,label\n1,2,0\n2,3,1\ncaf\xe9,4,1\n", r"line 4 is not UTF-8 \(byte 0xe9\)"),
+    # past the text reader's 8 KB blocks, whose decoder named an offset into its block
+    "Latin-1 on line 3001": (b"a,b,label\n" + b"".join(b"%d,%d,%d\n" % (i, i % 7, i % 2) for i in range(2999))
+                             + b"caf\xe9,1,0\n" + b"5,5,1\n" * 2000, r"line 3001 is not UTF-8 \(byte 0xe9\)"),
+    "a character cut at the end": (b"a,b,label\n1,2,0\n\xc3", r"line 3 is not UTF-8 \(byte 0xc3\)"),
+}
+
+
+@pytest.mark.parametrize("content, words", NOT_UTF8.values(), ids=NOT_UTF8)
+def test_a_csv_file_that_is_not_utf8_is_told_its_line_and_what_to_do(tmp_path, content, words):
+    """A hostile-input audit (2026-12-02): a Latin-1 CSV was refused with Python's "'utf-8' codec can't decode byte
+    0xe9 in position 25", an offset into the block the decoder read, not a line of the file."""
+    path = tmp_path / "latin.csv"
+    path.write_bytes(content)
+    with pytest.raises(TableError, match=words + r": agpc reads CSV files as UTF-8; save the file as UTF-8"):
+        load_data(path, "label")
+
+
+def test_a_directory_without_zarr_metadata_is_told_what_agpc_reads(tmp_path, capsys):
+    """``agpc fit DIR`` on a directory that is not a zarr store said zarr's "GroupNotFoundError: No group found in
+    store StorePath(LocalStore, ...)"."""
+    (tmp_path / "data" / "part").mkdir(parents=True)
+    assert main(["fit", str(tmp_path / "data"), "--target", "label", "--out", str(tmp_path / "m.agpc")]) == 2
+    err = capsys.readouterr().err
+    assert "a directory without zarr metadata (zarr.json, or .zgroup / .zarray)" in err
+    assert "give a data file (CSV, Parquet, .npy, .npz) or a zarr store's directory" in err and "LocalStore" not in err
