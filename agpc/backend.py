@@ -42,6 +42,7 @@ from array_api_compat import numpy as compat_numpy
 __all__ = [
     "rows_at",
     "held_notes",
+    "overflow_raises",
     "release_notes",
     "CholeskyError",
     "DeviceUnavailableError",
@@ -226,6 +227,17 @@ def held_notes():
     finally:
         _JITTER_RAISES.reset(tokens[0])
         _GUARD_SAID.reset(tokens[1])
+
+
+@contextmanager
+def overflow_raises():
+    """NumPy's overflow and invalid results raise ``FloatingPointError`` in the body (``numpy.errstate``; other
+    namespaces report none), for a stage that fails as a whole where its numbers leave the type's range: a kernel
+    ``size_rule.learn_lengthscales`` weighs is then not kept, where its overflow had been said as NumPy's
+    RuntimeWarning about a model the fit does not return (a linear kernel over a constant column of 1e300,
+    whose x^2 is inf)."""
+    with np.errstate(over="raise", invalid="raise"):
+        yield
 
 
 def release_notes(holder):

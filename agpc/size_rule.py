@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .backend import CholeskyError, array_namespace, held_notes, release_notes, to_numpy
+from .backend import CholeskyError, array_namespace, held_notes, overflow_raises, release_notes, to_numpy
 from .batch_size import FULL_BATCH_MAX_ROWS
 from .kernels import RBF, Linear, Product, with_default_priors
 
@@ -382,7 +382,8 @@ def learn_lengthscales(plan, freed, kernel, train):
         # (the warnings of a candidate not kept, its jitter raised or the guard's actions, are not the returned model's)
         with held_notes() as notes:
             try:
-                candidate = train(start, True, False, next(names))
+                with overflow_raises():  # (an overflow fails the candidate, as a Cholesky that fails does)
+                    candidate = train(start, True, False, next(names))
             except (CholeskyError, FloatingPointError):
                 # a candidate the numbers cannot hold (features of scale ~1e-160 or 1e160, 1e-19 or 1e19 in float32:
                 # its slope variances 1 / l_j^2, or x_j^2, past the dtype's range) is not kept; the model kept so far
