@@ -186,8 +186,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     class_weight : None, "balanced" or dict
         Weights of the classes, multiplied into ``fit``'s ``sample_weight`` (scikit-learn's meanings; docs/weights.md).
     classes : array-like or None, default=None
-        ``likelihood="ordinal"``: the classes in their order, lowest first (``None``: y's sorted distinct labels); a
-        label of y not among them is refused. ``classes_`` keeps this order.
+        ``likelihood="ordinal"``: the classes in their order, lowest first (``None``: the categories of y given as an
+        ordered pandas Categorical, else y's sorted distinct labels; labels that are text are then refused, their
+        order unknown); a label of y not among them is refused. ``classes_`` keeps this order.
 
     Attributes
     ----------

@@ -334,12 +334,16 @@ def ordinal_labels(plan, y, order=None, given=None):
     not among the classes, or classes given twice or fewer than two, is one ValueError."""
     if y is None:
         raise ValueError(f"{plan.estimator_name} requires y to be passed, but the target y is None")
+    declared = declared_order(y)
     y_host = L.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y))
     if y_host.ndim == 2 and y_host.shape[1] == 1:
         y_host = column_or_1d(y_host, warn=True)
     if order is None:
         given = plan.classes if given is None else given
+        given = declared if given is None else given
         order = np.unique(y_host) if given is None else L.check_labels(given, what="classes")
+        if given is None:
+            refuse_text_order(order)
         if order.ndim == 1 and np.unique(order).shape[0] != order.shape[0]:
             values, counts = np.unique(order, return_counts=True)
             twice = values[counts > 1][0]
@@ -349,6 +353,27 @@ def ordinal_labels(plan, y, order=None, given=None):
             raise ValueError(f"classes must list at least two distinct labels, in their order, got {order.tolist()}")
     L.check_label_length(order)
     return L.label_ranks(y_host, order), order
+
+
+def declared_order(y):
+    """The classes of labels given as an ordered pandas Categorical (or a Series of one), in their declared order
+    (a NumPy array), the order an ordinal model takes where ``classes=`` is not given; None for other labels."""
+    dtype = getattr(y, "dtype", None)
+    categories = getattr(dtype, "categories", None)
+    if categories is None or not getattr(dtype, "ordered", False):
+        return None
+    return np.asarray(categories)
+
+
+def refuse_text_order(order):
+    """Refuse an ordinal model's classes taken from labels that are text, sorted (``classes=`` not given): their
+    sorted order (best, fair, good, poor) is seldom theirs, and a model trained in it is silently a wrong one (the
+    command line refuses the same labels without ``--classes``). Numbers and booleans keep their numeric order."""
+    if order.dtype.kind in "biuf" or not any(isinstance(v, (str, bytes)) for v in order.tolist()):
+        return
+    shown = L.label_text(order[:8]) + (f" and {order.shape[0] - 8:,} more" if order.shape[0] > 8 else "")
+    raise ValueError(f"likelihood='ordinal': the labels are text ({shown}), whose order agpc cannot "
+                     "know: give classes=[...] in their order, lowest first, or y as an ordered pandas Categorical")
 
 
 def check_known_shapes(X, y=None):

@@ -42,6 +42,8 @@ def ranked_inputs(plan, place, X, y, target_xp, validation_data):
     if place.on_cluster:
         inputs = place.training_inputs(X, y, target_xp)
         order, ranks = inputs.class_labels, inputs.y
+        if plan.classes is None:
+            I.refuse_text_order(np.asarray(order))
     else:
         ranks, order = I.ordinal_labels(plan, y)
         inputs = place.training_inputs(X, ranks, target_xp, classes=np.arange(len(order)))

@@ -235,6 +235,28 @@ def named():
     return X, order[y], order
 
 
+def test_text_labels_without_their_order_are_refused_and_an_ordered_categorical_gives_it(named):
+    """A hostile-input audit (2026-12-02): text labels without classes= were put in their sorted order (best, fair,
+    good, poor) silently, a wrong model (training accuracy 0.53 against 0.77), also when y was an ordered pandas
+    Categorical that declared the order. The command line refused the same labels without --classes: so does fit
+    (and partial_fit), and an ordered Categorical's categories are its order."""
+    pd = pytest.importorskip("pandas")
+    X, labels, order = named
+    options = dict(likelihood="ordinal", n_inducing=8, max_iter=3, random_state=0)
+    words = r"the labels are text \(\['best', 'fair', 'good', 'poor'\]\), whose order agpc cannot know: give classes="
+    for unordered in (labels, labels.tolist(), pd.Categorical(labels, categories=order)):
+        with pytest.raises(ValueError, match=words):
+            GPClassifier(**options).fit(X, unordered)
+    with pytest.raises(ValueError, match=words):
+        GPClassifier(**options, method="sep").partial_fit(X, labels)
+    given = GPClassifier(**options, classes=list(order)).fit(X, labels)
+    for declared in (pd.Categorical(labels, categories=order, ordered=True),
+                     pd.Series(pd.Categorical(labels, categories=order, ordered=True))):
+        model = GPClassifier(**options).fit(X, declared)
+        assert model.classes_.tolist() == order.tolist()
+        np.testing.assert_array_equal(model.predict_proba(X), given.predict_proba(X))
+
+
 @pytest.mark.parametrize("method, batch_size", [("ep", None), ("sep", 50), ("adf", None), ("svi", 50)])
 def test_methods_fit_in_the_given_order(named, method, batch_size):
     X, labels, order = named
@@ -441,7 +463,8 @@ def test_a_given_ordinal_kernel_sets_the_start(named):
                          max_iter=3, random_state=0).fit(X, labels)
     np.testing.assert_allclose(fixed.cut_points_, [-2.0, 0.0, 0.5], rtol=1e-12)
     with pytest.raises(ValueError, match="has 2 cut points, the model's 4 classes need 3"):
-        GPClassifier(likelihood="ordinal", kernel=OrdinalKernel(RBF(), [0.0, 1.0]), max_iter=1).fit(X, labels)
+        GPClassifier(likelihood="ordinal", classes=list(order), kernel=OrdinalKernel(RBF(), [0.0, 1.0]),
+                     max_iter=1).fit(X, labels)
     with pytest.raises(ValueError, match="is the kernel of likelihood='ordinal'"):
         GPClassifier(kernel=start, max_iter=1).fit(X, labels)
 
