@@ -84,6 +84,7 @@ def categorical_mask(X, categorical_features, n_features):
                              f"{len(given)}")
         return np.asarray(given, dtype=bool)
     names = _column_names(X)
+    _refuse_repeated(given)
     for value in given:
         if isinstance(value, str):
             if names is None:
@@ -93,13 +94,35 @@ def categorical_mask(X, categorical_features, n_features):
                 raise ValueError(f"categorical_features: X has no column {value!r} (its columns: {names[:10]}...)")
             mask[names.index(value)] = True
         elif isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
-            if not -n_features <= int(value) < n_features:
+            if not 0 <= int(value) < n_features:
+                # (a negative index is refused, as HistGradientBoostingClassifier and agpc's own OnColumns and
+                # Categorical refuse it: -1 read as the last column hid a mask written as integers)
                 raise ValueError(f"categorical_features: column {int(value)} is out of range for X of {n_features} "
-                                 "features")
+                                 f"features (indices 0 to {n_features - 1})")
             mask[int(value)] = True
         else:
             raise ValueError(f"categorical_features: {value!r} is neither a column index nor a column name")
     return mask
+
+
+def _refuse_repeated(given):
+    """Refuse a column listed twice in ``categorical_features``: a mask written as integers ([0, 0, 1]) was read as
+    the indices {0, 1}, the continuous columns taken as categorical and the categorical one as continuous, silently."""
+    seen = set()
+    for value in given:
+        key = int(value) if isinstance(value, numbers.Integral) else value
+        if isinstance(key, (int, str)) and key in seen:
+            mask_hint = (f" (a mask is of booleans: {[int(v) == 1 for v in given][:10]})"
+                         if all(isinstance(v, numbers.Integral) and int(v) in (0, 1) for v in given) else "")
+            raise ValueError(f"categorical_features lists column {key!r} more than once, in {_shown(given)}: each "
+                             f"column once{mask_hint}")
+        seen.add(key)
+
+
+def _shown(values, most=10):
+    """A list as a message shows it: its first ``most`` entries, as Python values."""
+    shown = [v.item() if isinstance(v, np.generic) else v for v in values[:most]]
+    return repr(shown)[:-1] + (f", ... ({len(values)} in all)]" if len(values) > most else "]")
 
 
 def _category_of_numbers(dtype):

@@ -175,7 +175,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         The share of the rows ``early_stopping`` holds out.
     categorical_features : "from_dtype", None, or array-like of int, str or bool, default="from_dtype"
         The categorical columns of X, in scikit-learn's values (``HistGradientBoostingClassifier``'s): "from_dtype",
-        a DataFrame's category and text columns; a list of column indices or names, or a boolean mask; None, none.
+        a DataFrame's category and text columns; a list of column indices (0 to n_features - 1) or names, each once,
+        or a boolean mask; None, none.
         The default kernel then adds a categorical kernel over them to the RBF of the others (sum and product;
         ``agpc.kernels.Categorical``), and the inducing points keep a level of each. Text levels are learned at fit
         (``categorical_levels_``); a level ``fit`` never saw is its own level at predict, correlated with every level

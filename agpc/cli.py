@@ -321,11 +321,11 @@ def _categorical_columns(args, X, names):
     for given in args.categorical or ():
         if names is not None and given in names:
             chosen.add(names.index(given))
-        elif given.lstrip("-").isdigit() and -X.shape[1] <= int(given) < X.shape[1]:
-            chosen.add(int(given) % X.shape[1])
+        elif given.isdigit() and int(given) < X.shape[1]:  # (no negative index: GPClassifier refuses them too)
+            chosen.add(int(given))
         else:
             raise UsageError(f"--categorical {given!r}: not a feature column of {args.data} (a name, or an index "
-                             f"among its {X.shape[1]} feature columns)")
+                             f"among its {X.shape[1]} feature columns, 0 to {X.shape[1] - 1})")
     if chosen and args.standardize:
         raise UsageError("--standardize scales numeric columns: it does not go with categorical columns "
                          f"({preview([names[j] if names else j for j in sorted(chosen)], 6)}) yet; standardise the "

@@ -38,13 +38,14 @@ def test_from_dtype_takes_the_category_and_text_columns_of_a_dataframe():
 
 def test_indices_names_and_masks_are_scikit_learns_values():
     frame, _ = table(20)
-    assert C.categorical_mask(frame, [1, -1], 4).tolist() == [False, True, False, True]
+    assert C.categorical_mask(frame, [1, 3], 4).tolist() == [False, True, False, True]
     assert C.categorical_mask(frame, ["kind"], 4).tolist() == [False, False, False, True]
     assert C.categorical_mask(frame, [True, False, False, False], 4).tolist() == [True, False, False, False]
 
 
 @pytest.mark.parametrize("given, message", [
-    ([4], "out of range"), (["nope"], "has no column 'nope'"), ([True, False], "one entry a feature"),
+    ([4], "out of range"), ([-1], "out of range"), (["nope"], "has no column 'nope'"),
+    ([True, False], "one entry a feature"),
     ([1.5], "neither a column index nor a column name")])
 def test_a_bad_choice_of_columns_is_one_error_naming_it(given, message):
     frame, _ = table(20)
@@ -146,6 +147,38 @@ def test_text_columns_refused_when_categorical_features_is_none():
     frame, y = table(40)
     with pytest.raises(ValueError, match="X column 'region' holds text"):
         GPClassifier(n_inducing=6, max_iter=2, categorical_features=None).fit(frame, y)
+
+
+REPEATED_OR_NEGATIVE = {
+    "a mask written as integers": (np.array([0, 1, 0, 1]), r"lists column 0 more than once, in \[0, 1, 0, 1\]: each "
+                                   r"column once \(a mask is of booleans: \[False, True, False, True\]\)"),
+    "a name twice": (["kind", "kind"], r"lists column 'kind' more than once"),
+    "an index twice": ([3, 3], r"lists column 3 more than once, in \[3, 3\]: each column once$"),
+    "a negative index": ([-1], r"column -1 is out of range for X of 4 features \(indices 0 to 3\)"),
+}
+
+
+@pytest.mark.parametrize("given, words", REPEATED_OR_NEGATIVE.values(), ids=REPEATED_OR_NEGATIVE)
+def test_a_column_listed_twice_or_a_negative_index_is_refused(given, words):
+    """A hostile-input audit (2026-12-02): categorical_features=[0, 1, 0, 1], a mask written as integers, was read
+    as the indices {0, 1}, columns 0 and 1 taken as categorical and 3 as continuous, silently; [-1] was the last
+    column, where HistGradientBoostingClassifier and agpc's own OnColumns refuse a negative index."""
+    frame, y = table(40)
+    codes = C.encode(frame, C.learn_columns(frame, C.categorical_mask(frame, "from_dtype", 4)), 4)
+    X = codes if isinstance(given[0], str) else codes.to_numpy(dtype=float)
+    with pytest.raises(ValueError, match=words):
+        GPClassifier(n_inducing=6, max_iter=1, categorical_features=given).fit(X, y)
+
+
+def test_the_command_line_refuses_a_negative_categorical_index(tmp_path, capsys):
+    from agpc.cli import main
+
+    frame, y = table(40)
+    frame.assign(label=y).to_csv(tmp_path / "t.csv", index=False)
+    code = main(["fit", str(tmp_path / "t.csv"), "--target", "label", "--categorical", "-1", "--out",
+                 str(tmp_path / "m.agpc")])
+    assert code == 2 and "--categorical '-1': not a feature column" in capsys.readouterr().err
+    assert not (tmp_path / "m.agpc").exists()
 
 
 def test_an_integer_coded_column_given_by_index_is_categorical_on_an_array():
