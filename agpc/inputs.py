@@ -314,6 +314,16 @@ def host_targets(plan, y, n_rows, classes=None):
     return L.check_classes(plan, np.unique(y_host), classes), y_host
 
 
+def in_memory_targets(plan, y, n_rows, classes=None):
+    """``host_targets`` for rows in memory: labels on disk (a memmapped .npy, a zarr array) beside them are read
+    whole, n labels, a column of the rows' size (they were left on disk, as beside rows on disk, and the fit then
+    failed with an IndexError on a 0-d array)."""
+    classes, y_host = host_targets(plan, y, n_rows, classes)
+    if y_host is None:
+        y_host = np.asarray(B.row_slice(y, 0, n_rows))
+    return classes, y_host
+
+
 def host_labels(y, n_rows, estimator_name):
     """y in memory as a 1-D NumPy array of ``n_rows`` labels (``labels.check_labels``; a column vector taken as
     one column, with scikit-learn's warning), else one ValueError: what ``fit`` and ``score`` take as labels."""
@@ -680,7 +690,7 @@ def training_inputs(plan, X, y, *, target_xp=None, classes=None):
     if in_xp is None and stays_on_host(X, xp, device):  # moved a block at a time, as data on disk
         X = B.HostRows(X)
         sample = initial_sample(plan, X, xp, dtype)
-        classes, y_host = host_targets(plan, y, X.shape[0], classes)
+        classes, y_host = in_memory_targets(plan, y, X.shape[0], classes)
         device = B.array_device(xp.zeros((1,), dtype=dtype, device=device))
         return TrainingInputs(X, L.encode_labels(y_host, classes), classes, sample, xp, device)
     Xc = B.asarray_like(X, xp, device=device, dtype=dtype)
@@ -689,7 +699,7 @@ def training_inputs(plan, X, y, *, target_xp=None, classes=None):
     if is_foreign_array(y):  # labels on a device stay there: only the (at most two) classes come back
         y_encoded, classes = L.device_targets(plan, y, X.shape[0], classes, xp, device)
     else:
-        classes, y_host = host_targets(plan, y, X.shape[0], classes)
+        classes, y_host = in_memory_targets(plan, y, X.shape[0], classes)
         encoded = L.encode_labels(y_host, classes)
         y_encoded = B.asarray_like(encoded, xp, device=device, dtype=dtype)
     return TrainingInputs(Xc, y_encoded, classes, sample, xp, device)

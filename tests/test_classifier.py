@@ -338,3 +338,19 @@ def test_a_jitter_raised_in_prediction_is_warned_at_the_callers_line(monkeypatch
             getattr(model, name)(X[:5])
         said = [w for w in caught if issubclass(w.category, JitterWarning)]
         assert [os.path.basename(w.filename) for w in said] == [os.path.basename(__file__)], (name, said)
+
+
+@pytest.mark.parametrize("kind", ["binary, ep", "binary, sep minibatches", "multiclass", "ordinal"])
+def test_labels_memory_mapped_beside_rows_in_memory_fit_as_labels_in_memory(tmp_path, kind):
+    """A hostile-input audit (2026-12-02): ``fit(X, np.load("y.npy", mmap_mode="r"))`` with X in memory failed in
+    every method (IndexError: "array is 0-dimensional"; "index 111 is out of bounds"): labels on disk were left
+    there, as beside rows on disk, and the fit in memory then read none. They are read whole: the same model."""
+    X, y = make_banana(120, random_state=0)
+    labels = np.arange(120) % 3 if kind in ("multiclass", "ordinal") else y
+    np.save(tmp_path / "y.npy", labels)
+    on_disk = np.load(tmp_path / "y.npy", mmap_mode="r")
+    options = dict(n_inducing=8, max_iter=3, random_state=0)
+    options.update({"binary, sep minibatches": dict(method="sep", batch_size=40), "ordinal": dict(
+        likelihood="ordinal")}.get(kind, {}))
+    expected = GPClassifier(**options).fit(X, labels).predict_proba(X)
+    np.testing.assert_array_equal(GPClassifier(**options).fit(X, on_disk).predict_proba(X), expected)
