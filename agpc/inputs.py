@@ -310,8 +310,11 @@ def host_targets(plan, y, n_rows, classes=None):
                                           for lo in range(0, n_rows, CHUNK)]))
         return L.check_classes(plan, found, classes), None
     y_host = host_labels(y, n_rows, plan.estimator_name)
-    check_classification_targets(y_host)
-    return L.check_classes(plan, np.unique(y_host), classes), y_host
+    found = np.unique(y_host)
+    L.check_whole_labels(found)  # (first: in agpc's words; scikit-learn's check below reads floats through int64)
+    if y_host.dtype.kind != "f":
+        check_classification_targets(y_host)
+    return L.check_classes(plan, found, classes), y_host
 
 
 def in_memory_targets(plan, y, n_rows, classes=None):
@@ -348,6 +351,7 @@ def ordinal_labels(plan, y, order=None, given=None):
     y_host = L.check_labels(B.to_numpy(y) if B.is_array_api_obj(y) else np.asarray(y))
     if y_host.ndim == 2 and y_host.shape[1] == 1:
         y_host = column_or_1d(y_host, warn=True)
+    L.check_whole_labels(np.unique(y_host) if y_host.dtype.kind in "fO" else y_host[:0])
     if order is None:
         given = plan.classes if given is None else given
         given = declared if given is None else given

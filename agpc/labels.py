@@ -9,6 +9,7 @@ raises one ValueError naming the labels, the problem and the rows.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -260,9 +261,26 @@ def check_label_length(classes, what="y", kind="label"):
                          f"model could not be saved and loaded back; give {words['named']} shorter names")
 
 
+def check_whole_labels(found):
+    """Refuse labels that are numbers with a fraction (0.5, 1.5): a class is a category, and such labels are a
+    regression target given to a classifier (scikit-learn's "continuous"). One rule, in agpc's words, for labels in
+    memory, on disk and on a cluster (``found``: their distinct values): on disk and on dask they were taken as
+    classes, a single 0.5 in a later chunk a class of its own. Whole numbers of any size are classes (scikit-learn's
+    check casts to int64: 1e20 was "continuous", with NumPy's warning about the cast)."""
+    values = found[np.isfinite(found)] if found.dtype.kind == "f" else np.asarray(
+        [v for v in found.tolist() if isinstance(v, float) and math.isfinite(v)], dtype=np.float64)
+    fractional = values[values != np.floor(values)]
+    if fractional.size:
+        more = f" and {fractional.size - 5:,} more" if fractional.size > 5 else ""
+        raise ValueError(f"y holds labels that are not whole numbers ({label_text(fractional[:5])}{more}): a "
+                         "classifier's labels are classes (0 / 1, whole numbers, names); these are continuous, a "
+                         "regression target")
+
+
 def check_classes(plan, found, classes=None):
     """The model's classes: those ``found`` in y, or the ``classes`` given (which must cover y); at least two, and
     more only for a method with a multiclass model (``agpc.methods``); each a label a model file can hold."""
+    check_whole_labels(found)
     if classes is not None:
         classes = np.unique(check_labels(classes, what="classes"))
         unknown = np.setdiff1d(found, classes)

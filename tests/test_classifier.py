@@ -354,3 +354,33 @@ def test_labels_memory_mapped_beside_rows_in_memory_fit_as_labels_in_memory(tmp_
         likelihood="ordinal")}.get(kind, {}))
     expected = GPClassifier(**options).fit(X, labels).predict_proba(X)
     np.testing.assert_array_equal(GPClassifier(**options).fit(X, on_disk).predict_proba(X), expected)
+
+
+FRACTIONAL = {"in memory": lambda tmp, X, y: (X, y), "a list": lambda tmp, X, y: (X, y.tolist()),
+              "on disk": lambda tmp, X, y: _on_disk(tmp, X, y)}
+
+
+def _on_disk(tmp, X, y):
+    np.save(tmp / "X.npy", X)
+    np.save(tmp / "y.npy", y)
+    return np.load(tmp / "X.npy", mmap_mode="r"), np.load(tmp / "y.npy", mmap_mode="r")
+
+
+@pytest.mark.parametrize("where", FRACTIONAL, ids=FRACTIONAL)
+@pytest.mark.parametrize("likelihood", [None, "ordinal"])
+def test_labels_with_a_fraction_are_refused_in_agpcs_words_and_whole_floats_of_any_size_are_classes(tmp_path, where,
+                                                                                                  likelihood):
+    """A hostile-input audit (2026-12-02): labels 0.5 / 1.5 were refused in memory with scikit-learn's "Unknown
+    label type: continuous. Maybe you are trying to fit a classifier...", taken as two classes on disk (and on dask,
+    tests/test_dask.py), and by an ordinal model in memory; whole floats of 2^63 or more (1e20) were "continuous",
+    with NumPy's warning about a cast to int64. One rule now, on every path: a fraction is refused, in agpc's words;
+    whole numbers of any size are classes."""
+    X, y = make_banana(80, random_state=0)
+    options = dict(n_inducing=6, max_iter=2, random_state=0, likelihood=likelihood)
+    with pytest.raises(ValueError, match=r"y holds labels that are not whole numbers \(\[0\.5, 1\.5\]\): a "
+                                         "classifier's labels are classes"):
+        GPClassifier(**options).fit(*FRACTIONAL[where](tmp_path, X, np.where(y > 0, 1.5, 0.5)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        model = GPClassifier(**options).fit(*FRACTIONAL[where](tmp_path, X, np.where(y > 0, 2e20, 1e20)))
+    assert model.classes_.tolist() == [1e20, 2e20]

@@ -130,6 +130,10 @@ def test_dask_input_errors_are_clear(client, data):
     bad[7, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         GPClassifier(client=client).fit(da.from_array(bad, chunks=(200, 2)), da.from_array(y, chunks=200))
+    fractional = y.astype(np.float64)
+    fractional[-1] = 0.5  # (in the last chunk: it was taken as a third class, silently)
+    with pytest.raises(ValueError, match=r"y holds labels that are not whole numbers \(\[0\.5\]\)"):
+        GPClassifier(client=client).fit(Xd, da.from_array(fractional, chunks=200))
 
 
 @pytest.mark.parametrize("method", ["sep", "ep", "svi"])
