@@ -156,6 +156,33 @@ def test_a_checkpoint_from_before_priors_were_recorded_resumes_without_priors_on
     GPClassifier(**params).fit(X, y, resume=True)
 
 
+def test_a_resume_under_another_kernel_of_the_same_parameter_names_is_refused(tmp_path, monkeypatch):
+    """A hostile-input audit (2026-12-02): a checkpoint of the default RBF resumed under kernel=Matern52() (the same
+    parameter names) read the RBF's state as the Matern's: a model up to 0.13 away in probability from the Matern's
+    own fit, silently. The run's fingerprint holds the kernel's form (its spec, without values or priors); a
+    checkpoint written before it did resumes as it did, and a kernel of the same form given explicitly resumes."""
+    from agpc import RBF, Matern52
+
+    X, y = make_banana(200, random_state=2)
+    path = tmp_path / "run.ckpt"
+    params = dict(n_inducing=5, max_iter=3, random_state=0, checkpoint_path=path, checkpoint_every=2)
+    GPClassifier(**params).fit(X, y)
+    with pytest.raises(ValueError, match=r"different training run: kernel: \{'type': 'RBF'\} there, "
+                                         r"\{'type': 'Matern52'\} here"):
+        GPClassifier(**params, kernel=Matern52(noise=1e-6)).fit(X, y, resume=True)
+    GPClassifier(**params, kernel=RBF(lengthscales=[1.0, 1.0], noise=1e-3)).fit(X, y, resume=True)
+    save = checkpointing.save_checkpoint
+
+    def save_as_before(path, state):  # the fingerprint as it was written then: no "kernel"
+        state = {**state, "fingerprint": {k: v for k, v in state["fingerprint"].items() if k != "kernel"}}
+        return save(path, state)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(checkpointing, "save_checkpoint", save_as_before)
+        GPClassifier(**params).fit(X, y)
+    GPClassifier(**params).fit(X, y, resume=True)
+
+
 @pytest.mark.parametrize("method", ["ep", "svi"])
 def test_resume_in_another_dtype_says_so_not_other_data(tmp_path, method):
     X, y = make_banana(200, random_state=2)

@@ -66,9 +66,30 @@ def run_fingerprint(engine, n, n_batches, data_hash):
             # the likelihood: resuming another one's state would make a model of neither (a registered one by its
             # name and repr: its parameters, where its repr shows them)
             "likelihood": likelihood_text(engine.likelihood),
+            # the kernel's form (its types, terms and columns, not its values): a resume under another kernel of the
+            # same parameter names (kernel=Matern52() after a default RBF) read the RBF's state as the Matern's
+            "kernel": kernel_form(kernel),
             # tied lengthscales (ard=False) climb along another path: said only when tied, so that a checkpoint
             # written before the tie existed (per feature) still resumes
             **({"shared_lengthscales": True} if engine.shared_lengthscales else {})}
+
+
+def kernel_form(kernel):
+    """A kernel's form as a run's fingerprint holds it: its ``spec()`` (types, terms, columns, levels; no parameter
+    values), one a class for a multiclass model's kernels."""
+    kernels = getattr(kernel, "kernels", None)
+    if kernels is not None and not hasattr(kernel, "spec"):  # (``ClassKernels``: one a class)
+        return [kernel_form(each) for each in kernels]
+    return _without_priors(kernel.spec())
+
+
+def _without_priors(spec):
+    """A kernel spec without its priors (the fingerprint's "priors" holds them, as data-derived)."""
+    if isinstance(spec, dict):
+        return {key: _without_priors(value) for key, value in spec.items() if key != "priors"}
+    if isinstance(spec, list):
+        return [_without_priors(value) for value in spec]
+    return spec
 
 
 def likelihood_text(likelihood):
@@ -153,8 +174,10 @@ def _written_for(saved, engine):
     written_for = saved.get("fingerprint")
     if isinstance(written_for, dict):  # a checkpoint from before priors were part of the fingerprint had none
         written_for = {"priors": {}, "full_gp": False, **written_for}  # (nor the full GP's passes, which came later)
-        # nor one from before the likelihood was: it is taken to be this run's, as it was resumed then
+        # nor one from before the likelihood was: it is taken to be this run's, as it was resumed then; nor before
+        # the kernel's form was
         written_for.setdefault("likelihood", likelihood_text(engine.likelihood))
+        written_for.setdefault("kernel", kernel_form(engine.kernel))
         legacy = engine.layout.legacy
         if legacy and isinstance(written_for.get("params"), list):  # the parameters by the names of an older form
             written_for["params"] = [legacy.get(name, name) if isinstance(name, str) else name
@@ -176,7 +199,7 @@ def _check_fingerprint(saved, trainer, path, fingerprint):
             "afresh without resume"
         )
     # other data of the same shape (the default priors are centred on the data, so they may differ with it)
-    data_derived = ("data", "priors")
+    data_derived = ("data", "priors", "kernel")  # (the kernel's categorical levels are the data's)
     if isinstance(written_for, dict) and written_for.get("data") != fingerprint["data"] and (
         {k: v for k, v in written_for.items() if k not in data_derived}
         == {k: v for k, v in fingerprint.items() if k not in data_derived}
@@ -244,7 +267,8 @@ FINGERPRINT_SETTINGS = {"n": "rows", "method": "method", "n_batches": "minibatch
                         "Z_shape": "inducing points (n_inducing, inducing)", "per_row_sites": "sites a row (method)",
                         "params": "what is learned (optimize)", "data": "training data (rows, labels, weights)",
                         "full_gp": "the exact model (n_inducing)", "priors": "priors (kernel_prior, the kernel's)",
-                        "shared_lengthscales": "one shared lengthscale scale (ard)", "likelihood": "likelihood"}
+                        "shared_lengthscales": "one shared lengthscale scale (ard)", "likelihood": "likelihood",
+                        "kernel": "kernel"}
 
 
 def _short(value, limit=60):
