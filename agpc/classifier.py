@@ -572,6 +572,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.stopped_by_time_, self.early_stopped_ = result.stopped_by_time, result.early_stopped
         self.stop_reason_, self.n_samples_fit_, self.n_warmup_ = result.stop_reason, n_rows, result.n_warmup
         training.warn_if_no_checkpoint(self.checkpoint_path, self.checkpoint_every, result, resumed, stacklevel=4)
+        if result.stopped_by_time and result.n_iter == 0 and not resumed:
+            # (a model of no step is the prior's, which predicts the same probability everywhere: never returned
+            # unsaid)
+            from sklearn.exceptions import ConvergenceWarning
+
+            warnings.warn(f"max_time={self.max_time:g} s ended the fit before its first iteration: the model is its "
+                          "start (the prior, no row fitted); give more time", ConvergenceWarning, stacklevel=4)
         return self
 
     def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter, likelihood):

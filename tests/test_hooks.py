@@ -2,6 +2,7 @@
 checkpoints, the time budget, the progress bar, the stop on a plateau of log Z; and the one retry rule (``Trainer.step_until_taken``)."""
 
 import re
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -387,3 +388,21 @@ def test_the_guard_grows_a_halved_learning_rate_back_to_its_start_and_no_further
     assert optimizer.grow_steps(1.5) and optimizer.learning_rate == pytest.approx(0.75 * start)
     assert optimizer.grow_steps(1.5) and optimizer.learning_rate == start
     assert not optimizer.grow_steps(1.5) and optimizer.learning_rate == start
+
+
+@pytest.mark.parametrize("method, batch_size", [("ep", None), ("sep", 40), ("svi", 40)])
+def test_a_time_budget_that_ends_the_fit_before_its_first_iteration_is_said(method, batch_size):
+    """A hostile-input audit (2026-12-02): max_time=1e-9 returned (and agpc fit saved) a model of no iteration, the
+    prior's 0.5 everywhere, with no word: a ConvergenceWarning says so. A budget that leaves room for one says
+    nothing."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, y = make_banana(120, random_state=2)
+    options = dict(method=method, n_inducing=5, batch_size=batch_size, random_state=0)
+    with pytest.warns(ConvergenceWarning, match=r"max_time=1e-09 s ended the fit before its first iteration: the "
+                                                r"model is its start \(the prior, no row fitted\)"):
+        model = GPClassifier(max_time=1e-9, **options).fit(X, y)
+    assert model.n_iter_ == 0 and model.stop_reason_ == "max_time"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        assert GPClassifier(max_time=60.0, max_iter=2, **options).fit(X, y).n_iter_ >= 1
