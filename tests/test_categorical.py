@@ -181,6 +181,27 @@ def test_the_command_line_refuses_a_negative_categorical_index(tmp_path, capsys)
     assert not (tmp_path / "m.agpc").exists()
 
 
+def test_a_categorical_column_of_numbers_names_its_missing_values_and_refuses_an_identifier():
+    """A hostile-input audit (2026-12-02): a categorical column of codes holding NaN got scikit-learn's "Input X
+    contains NaN", no column named (the docs promise it named), and one of 70,000 distinct codes trained (at 10^6
+    for two minutes), where a column of text that many levels is refused as an identifier."""
+    rng = np.random.default_rng(0)
+    options = dict(n_inducing=6, max_iter=1, categorical_features=[2])
+    codes = np.r_[np.arange(38) % 3, np.nan, 1.0]
+    with pytest.raises(ValueError, match=r"X column 2 \(categorical\) holds NaN \(a missing value\) at row 38: give"):
+        GPClassifier(**options).fit(np.column_stack([rng.normal(size=(40, 2)), codes]), np.arange(40) % 2)
+    frame = pd.DataFrame({"a": rng.normal(size=40), "b": rng.normal(size=40),
+                          "c": pd.array([pd.NA] * 2 + list(np.arange(38) % 3), dtype="Int64")})
+    with pytest.raises(ValueError, match=r"X column 'c' \(categorical\) holds NaN \(a missing value\) at row 0 and "
+                                         r"1 more"):
+        GPClassifier(**dict(options, categorical_features=["c"])).fit(frame, np.arange(40) % 2)
+    n = C.MAX_LEVELS + 1
+    identifier = np.column_stack([rng.normal(size=(n, 2)), np.arange(n, dtype=float)])
+    with pytest.raises(ValueError, match=r"X column 2 \(categorical\) has 65,537 distinct values: more than 65,536 "
+                                         "levels is an identifier"):
+        GPClassifier(**options).fit(identifier, np.arange(n) % 2)
+
+
 def test_an_integer_coded_column_given_by_index_is_categorical_on_an_array():
     frame, y = table(200)
     codes = C.encode(frame, C.learn_columns(frame, C.categorical_mask(frame, "from_dtype", 4)), 4)
