@@ -45,7 +45,7 @@ import numpy as np
 from .backend import array_namespace, to_numpy
 
 __all__ = ["check_loop_state", "check_engine_state", "check_saved_factor", "check_saved_anchor", "check_held_gradient",
-           "check_row_starts", "check_factor_scale", "check_site_scale",
+           "check_row_starts", "check_factor_scale", "check_site_scale", "check_log_range", "LOG_RANGE",
            "array_shapes", "dtype_text", "is_array", "LOOP_FIELDS"]
 
 # The training loop's part of a checkpoint, beside the engine's own: the type of each entry.
@@ -197,15 +197,36 @@ def _check_lower_triangular(value, where, refuse):
         raise refuse(f"{where}: not lower triangular")
 
 
+# The largest log a parameter stored as its log may hold (``check_log_range``): exp of it is float64's largest number,
+# and exp of its negative a float64 above 0.
+LOG_RANGE = math.log(np.finfo(np.float64).max)
+
+
+def check_log_range(values, may_be_zero, where, refuse):
+    """A parameter stored as its log (a model file's or a checkpoint's kernel parameters) must have logs whose exp is
+    a float64 other than 0 and inf (|log| at most ``LOG_RANGE``); where it may be 0 (the latent noise), any lower
+    log stands for 0 (models saved before its floor held exp(-752)). No data a fit can read gives more: features of
+    scale 1e300 give lengthscales of log ~690. A model file edited to log_amplitude = -1e300 (an amplitude of
+    exactly 0: 0.5 whatever the input) loaded; a checkpoint's log_noise of 710 resumed to a model of NaN."""
+    host = np.reshape(np.asarray(to_numpy(values), dtype=np.float64), (-1,))
+    finite = host[np.isfinite(host)]
+    beyond = finite > LOG_RANGE if may_be_zero else np.abs(finite) > LOG_RANGE
+    if np.any(beyond):
+        worst = float(finite[beyond][0])
+        raise refuse(f"{where}: {worst:.6g}, whose exp is {'inf' if worst > 0 else '0'} in float64: no fit gives it")
+
+
 def _check_kernel_parameter(value, learned, may_be_zero, where, refuse):
-    """A stored (log) kernel parameter: any finite number (what the engine's steps can reach); -inf only where the
-    parameter may be zero and is not learned (no latent noise, fixed at 0)."""
+    """A stored (log) kernel parameter: a finite number whose exp is a float64 other than 0 and inf
+    (``check_log_range``: what the engine's steps can reach); -inf only where the parameter may be zero and is not
+    learned (no latent noise, fixed at 0)."""
     host = np.reshape(to_numpy(value), (-1,)).tolist()
     allowed_zero = may_be_zero and not learned
     if not all(math.isfinite(v) or (allowed_zero and v == -math.inf) for v in host):
         raise refuse(f"{where}: {host} are not finite logs" + (" (or -inf: fixed at 0)" if allowed_zero else
                                                                (" (a learned parameter's log is finite)"
                                                                 if may_be_zero else "")))
+    check_log_range(value, may_be_zero, where, refuse)
 
 
 def _check_layout(fresh, saved, where, param_shapes, dtype, refuse):

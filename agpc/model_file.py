@@ -34,6 +34,7 @@ import numpy as np
 
 from . import backend as B
 from . import prediction as P
+from .checkpoint_rules import check_log_range
 from .checkpoints import HEADER_KEY, atomic_savez, read_archive
 from .inference.posterior import Posterior, prior_cholesky
 from .inference.training import STOP_REASONS
@@ -82,9 +83,6 @@ MIN_SCALE = math.sqrt(np.finfo(np.float64).tiny)
 # offset), while a mean that swallows the inducing points (1e308 + z scale == 1e308) moves the probabilities by
 # their whole spread.
 PIPELINE_ATOL = 1e-6
-# The largest log a parameter stored as its log may hold (``_check_log_range``): exp of it is float64's largest
-# number, and exp of its negative a float64 above 0.
-LOG_RANGE = math.log(np.finfo(np.float64).max)
 # The most iterations a file may say its model ran: what a NumPy int64 holds (the count is written to histories
 # and summaries as one).
 MAX_ITERATIONS = int(np.iinfo(np.int64).max)
@@ -426,23 +424,9 @@ def _kernel_arrays(header, arrays, table, d, refuse):
         else:
             shape = ()
         params[name] = _float_array(arrays, key, shape, refuse, allow_neg_inf=table[name].may_be_zero)
-        _check_log_range(key, table[name], params[name], refuse)
+        if table[name].transform == LOG:
+            check_log_range(params[name], table[name].may_be_zero, f"{key} (the {table[name].name})", refuse)
     return params
-
-
-def _check_log_range(key, parameter, values, refuse):
-    """A parameter stored as its log must have a log whose exp is a float64 other than 0 and inf (|log| at most
-    ``LOG_RANGE``); where it may be 0 (the latent noise), -inf and any lower log stand for 0. No data a fit
-    can read gives more: features of scale 1e300 give lengthscales of log ~690. A file edited to log_amplitude
-    = -1e300 held an amplitude of exactly 0, a model that answers 0.5 whatever the input, and loaded."""
-    if parameter.transform != LOG:
-        return
-    finite = values[np.isfinite(values)]
-    beyond = finite > LOG_RANGE if parameter.may_be_zero else np.abs(finite) > LOG_RANGE
-    if np.any(beyond):
-        worst = float(finite[beyond][0])
-        raise refuse(f"{key}: {worst:.6g}, whose exp (the {parameter.name}) is {'inf' if worst > 0 else '0'} in "
-                     "float64: no fit gives it")
 
 
 def _kernel_from_file(specs, params, multiclass):

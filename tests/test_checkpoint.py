@@ -339,6 +339,14 @@ CHECKPOINT_CORRUPTIONS = {
                                         np.array([-np.inf, 0.0])), ["engine.kernel.log_lengthscales", "not finite"]),
     "learned log-noise -inf": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_noise"], np.array(-np.inf)),
                                ["engine.kernel.log_noise", "learned"]),
+    # a hostile-input audit (2026-12-02): finite logs past float64's range resumed, a log-noise of 710 to a model of
+    # NaN with NumPy's overflow warnings, log-lengthscales of 1e3 to a bare CholeskyError naming no file
+    "log-noise 710": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_noise"], np.array(710.0)),
+                      ["engine.kernel.log_noise: 710, whose exp is inf in float64: no fit gives it"]),
+    "log-lengthscale 1e3": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_lengthscales"],
+                                       np.array([1e3, 0.0])), ["engine.kernel.log_lengthscales: 1000, whose exp is inf"]),
+    "log-amplitude -1e300": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_amplitude"], np.array(-1e300)),
+                             ["engine.kernel.log_amplitude: -1e+300, whose exp is 0"]),
     "kernel parameter in float32": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_amplitude"],
                                                np.array(0.5, dtype=np.float32)),
                                     ["engine.kernel.log_amplitude", "float32", "float64"]),
@@ -375,7 +383,7 @@ CHECKPOINT_CORRUPTIONS = {
                          ["rng", "OverflowError"]),
     # a finite log amplitude of 1e300 raised a bare CholeskyError at the first step, naming no file
     "log-amplitude 1e300": (_set_array(lambda s: _engine(s)["kernel"]["dict"]["log_amplitude"], np.array(1e300)),
-                            ["engine.kernel", "prior covariance", "restored kernel"]),
+                            ["engine.kernel.log_amplitude: 1e+300, whose exp is inf"]),
     "sites times 1e200": (lambda s, a: a.update({_engine(s)["nu"]["array"]: a[_engine(s)["nu"]["array"]] * 1e200}),
                           ["engine.nu", "site precision of"]),
     # a fit on a dask array records where its workers wrote the sites: a file may not point them elsewhere
