@@ -301,6 +301,11 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
     shapes.update({old: shapes[new] for old, new in legacy.items()})
     _check_layout(engine.optimizer.snapshot() if engine.optimizer is not None else None, saved.get("optimizer"),
                   "engine.optimizer", shapes, dtype, refuse)
+    # and its values by the optimiser's own rules (``optim``: positive steps, rates of this run's range; an optimiser
+    # of one's own without the method has only the layout checked)
+    problem = getattr(engine.optimizer, "state_problem", lambda state: None)(saved.get("optimizer"))
+    if problem is not None:
+        raise refuse(f"engine.optimizer: {problem}")
     for key, value in saved.items():
         where = f"engine.{key}"
         if key in ("kernel", "damping", "optimizer"):

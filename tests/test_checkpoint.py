@@ -358,6 +358,14 @@ CHECKPOINT_CORRUPTIONS = {
     "damping out of range": (lambda s, a: _engine(s).update(damping=190), ["engine.damping"]),
     "kernel parameter missing": (lambda s, a: _engine(s)["kernel"]["dict"].pop("log_noise"), ["engine.kernel"]),
     "optimizer garbage": (lambda s, a: _engine(s).update(optimizer={"list": [1]}), ["engine.optimizer"]),
+    # a hostile-input audit (2026-12-02): batch EP's Rprop steps of 1e300 resumed to a CholeskyError with a stream of
+    # NumPy warnings; a step of 0 or below, or a sign of 0.5, is no state Rprop reaches either
+    "Rprop step 1e300": (_set_array(lambda s: _engine(s)["optimizer"]["tuple"][0]["dict"]["log_amplitude"],
+                                    np.array(1e300)), ["engine.optimizer: steps.log_amplitude: a step of 1e+300"]),
+    "Rprop step negative": (_set_array(lambda s: _engine(s)["optimizer"]["tuple"][0]["dict"]["Z"],
+                                       np.full((5, 2), -0.01)), ["engine.optimizer: steps.Z: a step of -0.01"]),
+    "Rprop sign 0.5": (_set_array(lambda s: _engine(s)["optimizer"]["tuple"][1]["dict"]["log_noise"], np.array(0.5)),
+                       ["engine.optimizer: signs.log_noise: not signs"]),
     "unknown engine entry": (lambda s, a: _engine(s).update(payload=1), ["engine.payload"]),
     # issue 40: found by hypothesis (test_random_checkpoint_fields_are_refused_or_resume failed 3 runs of 3): an empty
     # history was accepted, and the resume crashed with KeyError: 'log_marginal_likelihood' in Trainer.record
@@ -403,6 +411,34 @@ def _refused_naming(written, tmp_path, change, words):
     assert str(params["checkpoint_path"]) in message and "not a valid agpc checkpoint" in message, message
     for word in words:
         assert word in message, message
+
+
+@pytest.fixture(scope="module")
+def svi_checkpoint(tmp_path_factory):
+    return _written_checkpoint(tmp_path_factory, method="svi", batch_size=50, max_iter=2)  # Adam's state
+
+
+def _adam(state):
+    return _engine(state)["optimizer"]["tuple"]
+
+
+ADAM_CORRUPTIONS = {
+    # a hostile-input audit (2026-12-02): each resumed to NumPy's "invalid value encountered in sqrt" and then a
+    # CholeskyError, or (a learning rate of 1e300) trained to log Z = -inf with overflow warnings
+    "negative second moment": (_set_array(lambda s: _adam(s)[3]["dict"]["log_amplitude"], np.array(-1.0)),
+                               ["engine.optimizer: log_amplitude: a negative mean of squares"]),
+    "negative step count": (lambda s, a: _adam(s).__setitem__(1, -5), ["engine.optimizer: t: -5, not a count"]),
+    "learning rate 1e300": (lambda s, a: _adam(s).__setitem__(0, 1e300),
+                            ["engine.optimizer: learning rate: 1e+300, outside (0, 0.01]"]),
+    "learning rate 0": (lambda s, a: _adam(s).__setitem__(0, 0.0), ["engine.optimizer: learning rate: 0.0"]),
+}
+
+
+@pytest.mark.parametrize("case", list(ADAM_CORRUPTIONS))
+def test_a_crafted_adam_state_is_one_value_error_naming_the_field(svi_checkpoint, tmp_path, case):
+    _refused_naming(svi_checkpoint, tmp_path, *ADAM_CORRUPTIONS[case])
+    params, X, y = _craft(svi_checkpoint, tmp_path)  # (the checkpoint as written resumes)
+    GPClassifier(**params).fit(X, y, resume=True)
 
 
 @pytest.mark.parametrize("case", list(CHECKPOINT_CORRUPTIONS))
