@@ -798,9 +798,6 @@ class RBF(Stationary):
     def dkappa_dr2(self, r2):
         return -0.5 * array_namespace(r2).exp(-0.5 * r2)
 
-    def _dK_dr2(self, K, Xs, Zs):
-        return -0.5 * K  # no distances, no exponentials: the block's values suffice
-
     def _large_block(self, Xs, Zs, out):
         """K(X, Z) = exp(log amplitude - r^2 / 2), the exponent from one product (``_augmented_pair``), capped at
         log amplitude (r^2 >= 0, as ``_r2`` cuts it): one n x m array (on NumPy, written into ``out`` when given;

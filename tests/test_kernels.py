@@ -811,3 +811,19 @@ def test_a_combination_s_noise_follows_a_replaced_term():
     assert noise(noisy.set_params(k2=Linear(bias=2.0, noise=0.2))) == 0.3
     assert noise(noisy.set_params(k1=RBF(noise=0.5))) == 0.7
     assert noise(Sum(RBF(), Linear(), noise=0.2).set_params(k1=RBF(noise=0.5))) == 0.2
+
+
+@pytest.mark.parametrize("kind", [Matern52, RationalQuadratic])
+def test_a_large_block_of_near_coincident_pairs_stays_within_the_amplitude(kind):
+    """A mutation audit (2026-12-02): the clamp at 0 of the squared distances of a large block (n m >= 65,536 pairs,
+    formed from augmented inputs in one product) removed passed every test. Round-off leaves r^2 of near-coincident
+    pairs far from the origin slightly negative: Matern 5/2's sqrt of it is NaN, a rational quadratic's value above
+    its amplitude."""
+    rng = np.random.default_rng(0)
+    Z = 1e3 + rng.normal(size=(256, 3))
+    X = np.concatenate([Z, Z]) + 1e-9 * rng.normal(size=(512, 3))
+    kernel = kind(lengthscales=[0.7, 1.3, 1.0], amplitude=1.5).for_inputs(X)
+    K = np.asarray(kernel.K(X, Z))
+    assert K.shape == (512, 256) and np.all(np.isfinite(K)) and np.all(K <= 1.5)
+    own = np.concatenate([np.diag(K[:256]), np.diag(K[256:])])  # (each row beside its own inducing point)
+    np.testing.assert_allclose(own, 1.5, rtol=1e-12)

@@ -478,6 +478,33 @@ def test_robust_max_elbo_gradients_do_not_depend_on_the_row_blocks():
             terms.add_adjoints(*second)
 
 
+def test_robust_max_elbo_values_are_their_definitions():
+    """A mutation audit (2026-12-02): breaks of the multiclass bound's value passed, its gradients being checked
+    against finite differences of the value itself: the default bound ("max") taken as the conditional one, the
+    n_total / b scale dropped from the value (not from the gradients). Here the value is its definition: each row's
+    larger bound (each row's value from a bound on that row alone, less the KL), summed, less the KL; scaled
+    n_total / b with n_total; and "max" above the conditional bound where the Jensen one is the larger."""
+    from agpc.inference import multiclass_vi
+
+    X, y, Z, kernels, mean, chol = _robust_max_problem(4)
+    chol = chol * 2.0  # (q broad against the conditional: the Jensen bound is the larger on some rows)
+
+    def value(bound, rows=slice(None), n_total=None):
+        return float(multiclass_vi.svi_elbo_multiclass(kernels, Z, X[rows], y[rows], mean, chol, jitter=JITTER,
+                                                       bound=bound, n_total=n_total, want_grad=False)[0])
+
+    S = chol @ np.swapaxes(chol, -1, -2)
+    kl = sum(0.5 * (np.trace(S[c]) + mean[c] @ mean[c] - 4 - np.linalg.slogdet(S[c])[1]) for c in range(3))
+    rows = {bound: np.array([value(bound, slice(i, i + 1)) + kl for i in range(30)]) for bound in ("jensen",
+                                                                                                  "conditional")}
+    larger = np.maximum(rows["jensen"], rows["conditional"])
+    assert np.sum(rows["jensen"] > rows["conditional"] + 0.1) >= 3
+    np.testing.assert_allclose(value("max"), np.sum(larger) - kl, rtol=1e-12)
+    assert value("max") > value("conditional") + 0.1
+    for bound in multiclass_vi.BOUNDS:
+        np.testing.assert_allclose(value(bound, n_total=60) + kl, 2.0 * (value(bound) + kl), rtol=1e-12)
+
+
 def test_robust_max_elbo_weights_are_rows_repeated_or_dropped():
     """Per-row weights in the multiclass bound (both kinds): weight 0 drops a row and weight 2 counts it twice,
     in the value and in every gradient (the conditional bound's residual adjoint is weighted too)."""

@@ -319,3 +319,28 @@ def test_logistic_predictive_log_proba_keeps_tails_that_underflow_in_probability
     np.testing.assert_allclose(log_pos, logsumexp(log_expit(f), b=b, axis=1), rtol=1e-12, atol=near_zero)
     np.testing.assert_allclose(log_neg, logsumexp(log_expit(-f), b=b, axis=1), rtol=1e-12, atol=near_zero)
     assert np.all(np.isfinite(log_pos)) and np.all(np.isfinite(log_neg))
+
+
+def test_the_jj_lambda_slope_is_its_derivative_on_both_sides_of_the_small_argument_switch():
+    """A mutation audit (2026-12-02): jj_lambda_prime's branch for |xi| < 1e-4 (the series -xi / 48) with its sign
+    flipped passed every test. Against central differences of jj_lambda, on both sides of the switch and of 0."""
+    xi = np.array([-2e-4, -1.01e-4, -9.9e-5, -5e-5, -1e-5, 1e-5, 5e-5, 9.9e-5, 1.01e-4, 2e-4, 0.3, -2.0])
+    step = 1e-6
+    numeric = (V.jj_lambda(xi + step) - V.jj_lambda(xi - step)) / (2.0 * step)
+    np.testing.assert_allclose(V.jj_lambda_prime(xi), numeric, rtol=1e-4, atol=1e-12)
+    assert np.all(np.sign(V.jj_lambda_prime(xi)) == -np.sign(xi))  # (lambda falls away from 0 on both sides)
+
+
+def test_the_svi_kl_is_the_gaussian_kl_to_the_whitened_prior():
+    """A mutation audit (2026-12-02): the KL of ``SVIBoundTerms`` off by a constant (0.5 nats) passed every test (its
+    gradients do not see it). KL(N(m, L L^T) || N(0, I)) in closed form, and 0 at q = the prior."""
+    X, _ = make_banana(40, random_state=1)
+    Z = X[:6]
+    kernel = RBF(lengthscales=[1.0, 1.0]).for_inputs(X)
+    rng = np.random.default_rng(3)
+    mean = rng.normal(size=6)
+    chol = np.tril(rng.normal(scale=0.3, size=(6, 6)), -1) + np.diag(rng.uniform(0.4, 1.5, 6))
+    S = chol @ chol.T
+    expected = 0.5 * (np.trace(S) + mean @ mean - 6 - np.linalg.slogdet(S)[1])
+    np.testing.assert_allclose(float(V.SVIBoundTerms(kernel, Z, mean, chol, 1e-6).kl), expected, rtol=1e-12)
+    assert float(V.SVIBoundTerms(kernel, Z, np.zeros(6), np.eye(6), 1e-6).kl) == 0.0
