@@ -134,11 +134,17 @@ class Parameter:
 
 def _checked_value(parameter, value):
     """A user's initial value of ``parameter``: a list of positive finite floats (per dimension) or a float."""
-    values = value if parameter.shape in VECTORS and hasattr(value, "__len__") else [value]
-    try:
-        values = [float(v) for v in values]
-    except (TypeError, ValueError):
+    if hasattr(value, "shape"):  # an array of any namespace: its values (of at most one axis)
+        values = to_numpy(value).reshape(-1).tolist() if len(value.shape) <= 1 else [None]
+    elif parameter.shape in VECTORS and hasattr(value, "__len__") and not isinstance(value, (str, bytes)):
+        values = [to_numpy(v).item() if hasattr(v, "shape") and len(v.shape) == 0 else v for v in value]
+    else:
+        values = [value]
+    # numbers only: float() also read "1" and True as 1.0
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values) or (
+            parameter.shape not in VECTORS and len(values) != 1):
         values = []
+    values = [float(v) for v in values]
     ok = (lambda v: math.isfinite(v) and v >= 0) if parameter.may_be_zero else (lambda v: math.isfinite(v) and v > 0)
     if not values or not all(ok(v) for v in values):
         kind = "non-negative" if parameter.may_be_zero else "positive"
@@ -198,6 +204,9 @@ def _checked_priors(table, priors):
     """{key: Prior} from a user's {name: Prior} (names of the kernel's parameter table)."""
     by_name = {p.name: p.key for p in table.values()}
     shapes = {p.name: p.shape for p in table.values()}
+    if priors is not None and not hasattr(priors, "items"):
+        raise TypeError(f"priors: a dict of {{parameter name: agpc.priors.Prior}} (e.g. {{'lengthscales': Gamma(2.0, "
+                        f"1.0)}}), not a {type(priors).__name__}")
     out = {}
     for name, prior in (priors or {}).items():
         key = by_name.get(name)

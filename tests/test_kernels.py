@@ -827,3 +827,28 @@ def test_a_large_block_of_near_coincident_pairs_stays_within_the_amplitude(kind)
     assert K.shape == (512, 256) and np.all(np.isfinite(K)) and np.all(K <= 1.5)
     own = np.concatenate([np.diag(K[:256]), np.diag(K[256:])])  # (each row beside its own inducing point)
     np.testing.assert_allclose(own, 1.5, rtol=1e-12)
+
+
+BAD_ARGUMENTS = {
+    "a lengthscale written as text": (lambda: RBF(lengthscales="1"), ValueError,
+                                      r"lengthscales must be positive and finite, got '1'"),
+    "a boolean lengthscale": (lambda: Matern52(lengthscales=True), ValueError, "got True"),
+    "a NumPy boolean amplitude": (lambda: RBF(amplitude=np.bool_(True)), ValueError, "amplitude must be positive"),
+    "a list with text": (lambda: RBF(lengthscales=[1.0, "2"]), ValueError, "lengthscales must be positive"),
+    "a 2-D array": (lambda: RBF(lengthscales=np.ones((1, 2))), ValueError, "lengthscales must be positive"),
+    "two amplitudes": (lambda: RBF(amplitude=np.array([2.0, 3.0])), ValueError, "amplitude must be positive"),
+    "priors as a list": (lambda: RBF(priors=[Gamma(2.0, 1.0)]), TypeError,
+                         r"priors: a dict of \{parameter name: agpc.priors.Prior\}.*not a list"),
+}
+
+
+@pytest.mark.parametrize("make, error, words", BAD_ARGUMENTS.values(), ids=BAD_ARGUMENTS)
+def test_a_kernel_argument_that_is_not_a_number_is_refused(make, error, words):
+    """A hostile-input audit (2026-12-02): lengthscales="1" and lengthscales=True were taken as 1.0 (float() reads
+    them), and priors=[Gamma(2, 1)] raised "'list' object has no attribute 'items'". Arrays of any namespace, of at
+    most one axis, and NumPy numbers are still taken."""
+    with pytest.raises(error, match=words):
+        make()
+    assert RBF(lengthscales=array_api_strict.asarray([1.0, 2.0])).params["log_lengthscales"].shape == (2,)
+    assert float(np.exp(RBF(amplitude=np.float32(2.0)).params["log_amplitude"])) == pytest.approx(2.0)
+    assert RBF(lengthscales=[np.int64(1), 2.5]).params["log_lengthscales"].shape == (2,)
