@@ -855,6 +855,9 @@ def training_weights(plan, sample_weight, inputs, *, every_class=True, class_lab
                               class_labels)
     if per_class is not None:
         weights = weights * per_class[class_index]
+        if not np.any(weights > 0):  # (an ordinal model's classes may be absent, but not every row's weight)
+            raise ValueError("sample_weight times class_weight: every row's weight is zero (class_weight="
+                             f"{_shown_weights(plan.class_weight)}); at least one row needs a positive weight")
     heaviest = int(np.argmax(weights))
     V.check_weight_scale(float(weights[heaviest]), heaviest, plan.dtype)
     if every_class and every_class_needs_weight(plan):
@@ -899,6 +902,11 @@ def class_weights(plan, classes, counts, class_labels=None):
         present = counts > 0
         return np.divide(np.sum(counts), np.count_nonzero(present) * counts, out=np.zeros_like(counts),
                          where=present)
+    odd = next(((k, v) for k, v in class_weight.items() if isinstance(v, bool) or not isinstance(v, numbers.Real)),
+               None)
+    if odd is not None:  # (scikit-learn's compute_class_weight read "2" as 2.0)
+        raise ValueError(f"class_weight: the weight of class {L.label_text(odd[0])} is {_shown_weights(odd[1])}, not a "
+                         "number")
     try:
         per_class = compute_class_weight(class_weight, classes=classes, y=classes)
     except (TypeError, ValueError) as error:
@@ -906,6 +914,12 @@ def class_weights(plan, classes, counts, class_labels=None):
     if not np.all(np.isfinite(per_class) & (per_class >= 0)):
         raise ValueError(f"class_weight={class_weight!r}: a class's weight must be finite and non-negative")
     return per_class
+
+
+def _shown_weights(value, limit=80):
+    """``class_weight`` (or one of its weights) as a message shows it: its repr, cut at ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def refuse_unweighted_method(plan):

@@ -15,6 +15,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from agpc import RBF, GPClassifier
+from agpc.datasets import make_banana
 from agpc import methods as M
 from agpc.kernels import ClassKernels
 from agpc.inference import engines, ep, exact_ep, gfitc, multiclass_ep, training
@@ -990,3 +991,16 @@ def test_multiclass_exact_model_fit_with_a_weight_zero_row_is_the_fit_without_it
     without = GPClassifier(**settings).fit(X[w > 0], y[w > 0])
     X_test, _ = three_classes(15, 8)
     np.testing.assert_allclose(with_zero.predict_proba(X_test), without.predict_proba(X_test), atol=1e-9)
+
+
+def test_a_class_weight_that_is_not_a_number_or_weighs_no_row_is_refused_in_its_own_words():
+    """A hostile-input audit (2026-12-02): class_weight={-1: "2"} was taken as 2.0 (scikit-learn's
+    compute_class_weight reads the text), and an ordinal model whose class_weight weighed every class 0 was told
+    "n_inducing=10 exceeds the number of training rows (0)", not what was wrong."""
+    X, y = make_banana(100, random_state=0)
+    with pytest.raises(ValueError, match=r"class_weight: the weight of class -1 is '2', not a number"):
+        GPClassifier(max_iter=1, n_inducing=5, class_weight={-1: "2"}).fit(X, y)
+    grades = np.digitize(X[:, 0], [-1.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match=r"sample_weight times class_weight: every row's weight is zero"):
+        GPClassifier(max_iter=1, n_inducing=5, likelihood="ordinal",
+                     class_weight={0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}).fit(X, grades)
