@@ -35,7 +35,7 @@ import stat
 import numpy as np
 
 from . import backend as B
-from .untrusted import RefusedFile, describe, read_npz
+from .untrusted import RefusedFile, describe, printable, read_npz
 
 # the name of the npz member holding a file's JSON header (what the file is, and everything not an array)
 HEADER_KEY = "__agpc_header__"
@@ -111,6 +111,8 @@ def check_output_path(path, what=None, inputs=()):
         text = os.fsdecode(text)
     if not text:
         raise ValueError(f"{what}: an empty path names no file")
+    if "\0" in text:  # (the system's own words were "embedded null byte")
+        raise ValueError(f"{printable(what)}: a path holds no NUL character (\\x00)")
     target = _outside_system_directories(text, what)
     try:
         mode = os.stat(target).st_mode

@@ -149,6 +149,16 @@ def test_an_empty_path_is_refused_before_training(banana, no_training, parameter
                                                                      parameter: ""}).fit(*banana)
 
 
+def test_a_path_with_a_nul_character_is_refused_in_agpcs_words(tmp_path, banana, fitted, no_training):
+    """A hostile-input audit (2026-12-02): checkpoint_path="run\\x00.ckpt" was refused with the system's "embedded
+    null byte", naming nothing; so was a save to such a path. The NUL is shown escaped."""
+    path = str(tmp_path / "run\0.ckpt")
+    with pytest.raises(ValueError, match=r"checkpoint_path .*run\\x00\.ckpt: a path holds no NUL character"):
+        GPClassifier(n_inducing=5, max_iter=2, checkpoint_path=path, checkpoint_every=1).fit(*banana)
+    with pytest.raises(ValueError, match=r"run\\x00\.ckpt: a path holds no NUL character"):
+        fitted.save(path)
+
+
 def test_resume_with_no_checkpoint_yet_is_one_value_error_before_training(tmp_path, banana, no_training):
     path = tmp_path / "run.ckpt"
     with pytest.raises(ValueError, match=r"resume=True: no checkpoint at .*run\.ckpt yet"):
