@@ -570,6 +570,10 @@ def test_data_parallel_fit_resumes_from_a_checkpoint(client, banana, monkeypatch
                                reference.history_["log_marginal_likelihood"], rtol=1e-12)
     np.testing.assert_allclose(resumed.inducing_points_, reference.inducing_points_, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(resumed.predict_proba(X_test), reference.predict_proba(X_test), rtol=1e-12)
+    if where == "n_jobs":  # (a hostile-input audit, 2026-12-02: the refusal spoke of batch_size and dask only)
+        with pytest.raises(ValueError, match=r"minibatches an epoch \(batch_size\): 4 there, 16 here; they change "
+                                             r"with batch_size, and with n_jobs"):
+            GPClassifier(**dict(params, n_jobs=1), checkpoint_path=path, checkpoint_every=4).fit(*data, resume=True)
     if method == "sep" and where == "dask":  # the same rows in chunks of 200: shards [[0, 2], [1, 3]]
         with pytest.raises(ValueError, match="shards \\(chunks per worker\\) \\[\\[0, 2, 4, 6\\], \\[1, 3, 5, 7\\]\\]"):
             GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(

@@ -213,8 +213,11 @@ def _check_fingerprint(saved, trainer, path, fingerprint):
             raise ValueError(f"checkpoint {path} was written by a different training run (it records no run's settings)")
         differs = sorted(key for key in set(written_for) | set(fingerprint)
                          if written_for.get(key) != fingerprint.get(key))
-        hint = ("; a fit on a dask array with checkpoint_path stepped on the driver (local_steps=0) by default "
-                "before data-parallel rounds were checkpointed: pass local_steps=0 to resume such a checkpoint"
+        # (the minibatches of an epoch change with batch_size, and with what trains in data-parallel rounds: a
+        # resume under another n_jobs was told of batch_size and dask only)
+        hint = ("; they change with batch_size, and with n_jobs and a dask array's local_steps (data-parallel "
+                "rounds count their minibatches otherwise): resume with the values the checkpoint was written with "
+                "(a fit on a dask array checkpointed before its rounds were stepped on the driver: local_steps=0)"
                 if differs == ["n_batches"] else "")
         said = "; ".join(f"{FINGERPRINT_SETTINGS.get(key, key)}: {_short(written_for.get(key))} there, "
                          f"{_short(fingerprint.get(key))} here" for key in differs)
