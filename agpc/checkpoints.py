@@ -205,9 +205,12 @@ def atomic_write(path, mode="wb", what=None, inputs=()):
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
-    except BaseException:  # an interrupt too: no temporary is left behind on any exit Python sees
+    except BaseException as exc:  # an interrupt too: no temporary is left behind on any exit Python sees
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:
+            # (a full disk while writing: the system's "[Errno 28] No space left on device" named no file)
+            raise type(exc)(exc.errno, f"{exc.strerror}: writing {target} (a file there is unchanged)") from None
         raise
     sync_directory(os.path.dirname(target))
 

@@ -272,3 +272,23 @@ def test_temporary_files_of_saves_killed_with_sigkill_do_not_pile_up(tmp_path, f
     assert len(left) == 1  # the last killed save's: each removed those of the saves killed before it
     fitted.save(target)
     assert os.listdir(target.parent) == ["m.agpc"]
+
+
+def test_a_full_disk_while_writing_names_the_file_and_leaves_the_old_one(tmp_path, fitted, monkeypatch):
+    """A hostile-input audit (2026-12-02): a disk that filled while a model or a checkpoint was written raised the
+    system's "[Errno 28] No space left on device", naming no file (the old file stayed whole, no temporary was
+    left: both kept)."""
+    import errno
+
+    path = tmp_path / "m.agpc"
+    fitted.save(path)
+    before = path.read_bytes()
+
+    def full(fh, **arrays):
+        fh.write(b"partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoints.np, "savez", full)
+    with pytest.raises(OSError, match=rf"No space left on device: writing .*m\.agpc \(a file there is unchanged\)"):
+        fitted.save(path)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["m.agpc"]
