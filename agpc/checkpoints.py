@@ -210,7 +210,10 @@ def atomic_write(path, mode="wb", what=None, inputs=()):
             os.unlink(tmp)
         if isinstance(exc, OSError) and exc.filename is None:
             # (a full disk while writing: the system's "[Errno 28] No space left on device" named no file)
-            raise type(exc)(exc.errno, f"{exc.strerror}: writing {target} (a file there is unchanged)") from None
+            where = f"writing {target} (a file there is unchanged)"
+            if exc.errno is None or exc.strerror is None:
+                raise type(exc)(f"{exc}: {where}") from None
+            raise type(exc)(exc.errno, f"{exc.strerror}: {where}") from None
         raise
     sync_directory(os.path.dirname(target))
 
