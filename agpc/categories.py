@@ -237,7 +237,7 @@ def _levels_and_codes(values, what):
     return found, codes.reshape(-1).astype(np.float64)
 
 
-def _check_numeric_levels(values, what):
+def _check_numeric_levels(values, what, count_levels=True):
     """A categorical column of numbers (in memory) names its missing values, and holds at most ``MAX_LEVELS`` levels,
     as a column of text does (``_levels_and_codes``): NaN was scikit-learn's "Input X contains NaN", no column named,
     and a column of 70,000 distinct codes (an identifier) trained, at 10^6 for two minutes."""
@@ -246,18 +246,19 @@ def _check_numeric_levels(values, what):
         raise ValueError(f"{what} holds NaN (a missing value) at row {int(missing[0])}"
                          f"{f' and {missing.size - 1:,} more' if missing.size > 1 else ''}: give missing values a "
                          "code of their own, or drop those rows")
-    found = np.unique(values).shape[0]
+    found = np.unique(values).shape[0] if count_levels else 0  # (a prediction's rows may hold any number of codes)
     if found > MAX_LEVELS:
         raise ValueError(f"{what} has {found:,} distinct values: more than {MAX_LEVELS:,} levels is an identifier, not "
                          "a category; drop the column or group its values")
 
 
-def check_exact_codes(X, columns, dtype_name):
+def check_exact_codes(X, columns, dtype_name, fit=True):
     """The categorical columns of numbers of X (in memory) hold values the model's type ``dtype_name`` keeps apart:
     float32 holds integers exactly up to 2^24 only, and two codes it rounds to one value are one level (the kernel
     reads equality); and none holds ``kernels.ANY_LEVEL``, an inducing point's "any level", which the kernel would
-    read as such; nor NaN, nor more than ``MAX_LEVELS`` levels (``_check_numeric_levels``). One ValueError naming
-    the column otherwise (rows elsewhere are not read for it)."""
+    read as such; nor NaN, nor (rows to ``fit``, not to predict: a batch may hold any number of codes) more than
+    ``MAX_LEVELS`` levels (``_check_numeric_levels``). One ValueError naming the column otherwise (rows elsewhere are
+    not read for it)."""
     if isinstance(X, (list, tuple)):  # (rows as lists: read as the feature checks read them)
         X = np.asarray(X, dtype=object)
         if X.ndim != 2:
@@ -276,7 +277,7 @@ def check_exact_codes(X, columns, dtype_name):
         if np.any(values == ANY_LEVEL):
             raise ValueError(f"X column {_name(X, j)} (categorical) holds {ANY_LEVEL!r}, the code of an inducing "
                              "point's 'any level' (agpc.kernels.ANY_LEVEL): give that level another code")
-        _check_numeric_levels(values, f"X column {_name(X, j)} (categorical)")
+        _check_numeric_levels(values, f"X column {_name(X, j)} (categorical)", count_levels=fit)
         if dtype_name == "float64":
             continue
         rounded = values.astype(target).astype(np.float64)

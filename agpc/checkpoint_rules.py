@@ -197,36 +197,36 @@ def _check_lower_triangular(value, where, refuse):
         raise refuse(f"{where}: not lower triangular")
 
 
-# The largest log a parameter stored as its log may hold (``check_log_range``): exp of it is float64's largest number,
-# and exp of its negative a float64 above 0.
+# The largest log a parameter stored as its log may hold where its exp multiplies or adds to the kernel's values
+# (``check_log_range``): exp of it is float64's largest number.
 LOG_RANGE = math.log(np.finfo(np.float64).max)
 
 
-def check_log_range(values, may_be_zero, where, refuse):
-    """A parameter stored as its log (a model file's or a checkpoint's kernel parameters) must have logs whose exp is
-    a float64 other than 0 and inf (|log| at most ``LOG_RANGE``); where it may be 0 (the latent noise), any lower
-    log stands for 0 (models saved before its floor held exp(-752)). No data a fit can read gives more: features of
-    scale 1e300 give lengthscales of log ~690. A model file edited to log_amplitude = -1e300 (an amplitude of
-    exactly 0: 0.5 whatever the input) loaded; a checkpoint's log_noise of 710 resumed to a model of NaN."""
+def check_log_range(values, where, refuse):
+    """A kernel parameter whose exp multiplies or adds to the kernel's values (an amplitude, a latent noise, a linear
+    kernel's slope variances and bias: ``kernels.scales_values``), stored as its log, must have logs whose exp is
+    finite (at most ``LOG_RANGE``): an infinite one makes every covariance inf, no model. A checkpoint's log_noise of
+    710 resumed to log Z and probabilities of NaN. (Not below: batch EP's sign-based steps drove a latent noise to
+    exp(-752) and an absent ordinal class's cut gap to exp(-782), values a fit reaches and its files must keep; nor
+    a lengthscale's, whose inf is a feature ignored.)"""
     host = np.reshape(np.asarray(to_numpy(values), dtype=np.float64), (-1,))
-    finite = host[np.isfinite(host)]
-    beyond = finite > LOG_RANGE if may_be_zero else np.abs(finite) > LOG_RANGE
-    if np.any(beyond):
-        worst = float(finite[beyond][0])
-        raise refuse(f"{where}: {worst:.6g}, whose exp is {'inf' if worst > 0 else '0'} in float64: no fit gives it")
+    beyond = host[np.isfinite(host) & (host > LOG_RANGE)]
+    if beyond.size:
+        raise refuse(f"{where}: {float(beyond[0]):.6g}, whose exp is inf in float64: no fit gives it")
 
 
-def _check_kernel_parameter(value, learned, may_be_zero, where, refuse):
-    """A stored (log) kernel parameter: a finite number whose exp is a float64 other than 0 and inf
-    (``check_log_range``: what the engine's steps can reach); -inf only where the parameter may be zero and is not
-    learned (no latent noise, fixed at 0)."""
+def _check_kernel_parameter(value, learned, may_be_zero, where, refuse, scales_values=False):
+    """A stored (log) kernel parameter: any finite number (what the engine's steps can reach), and where its exp
+    multiplies or adds to the kernel's values (``scales_values``) one whose exp is finite (``check_log_range``); -inf
+    only where the parameter may be zero and is not learned (no latent noise, fixed at 0)."""
     host = np.reshape(to_numpy(value), (-1,)).tolist()
     allowed_zero = may_be_zero and not learned
     if not all(math.isfinite(v) or (allowed_zero and v == -math.inf) for v in host):
         raise refuse(f"{where}: {host} are not finite logs" + (" (or -inf: fixed at 0)" if allowed_zero else
                                                                (" (a learned parameter's log is finite)"
                                                                 if may_be_zero else "")))
-    check_log_range(value, may_be_zero, where, refuse)
+    if scales_values:
+        check_log_range(value, where, refuse)
 
 
 def _check_layout(fresh, saved, where, param_shapes, dtype, refuse):
@@ -285,7 +285,8 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
     for name, value in kernel.items():
         where = f"engine.kernel.{name}"
         _check_float_array(value, params[name].shape, dtype, where, refuse)
-        _check_kernel_parameter(value, name in learned, table[name].may_be_zero, where, refuse)
+        _check_kernel_parameter(value, name in learned, table[name].may_be_zero, where, refuse,
+                                scales_values=table[name].scales_values)
     damping = saved.get("damping")
     if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not (
         (engine.has_damping and 0 < damping <= 1) or (not engine.has_damping and math.isnan(damping))
@@ -387,7 +388,8 @@ def check_saved_anchor(saved, kernel, Z, where, refuse):
         raise refuse(f"{where}.kernel: expected the parameters {sorted(params)}")
     for name, value in saved["kernel"].items():  # (a parameter fixed at 0 has the log -inf, as in the state's kernel)
         _check_float_array(value, params[name].shape, Z.dtype, f"{where}.kernel.{name}", refuse)
-        _check_kernel_parameter(value, False, table[name].may_be_zero, f"{where}.kernel.{name}", refuse)
+        _check_kernel_parameter(value, False, table[name].may_be_zero, f"{where}.kernel.{name}", refuse,
+                                scales_values=table[name].scales_values)
     _check_float_array(saved["Z"], Z.shape, Z.dtype, f"{where}.Z", refuse)
     _check_finite(saved["Z"], f"{where}.Z", refuse)
     m = Z.shape[-2]

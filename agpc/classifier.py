@@ -785,7 +785,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         # exact in the model's type; a column of text levels compares what it is given with them as text (``encode``)
         codes = C.CategoricalColumns(columns.mask & ~np.isin(np.arange(columns.mask.size), list(columns.levels)), {})
         if codes.columns and C.row_width(X) == n_features:
-            C.check_exact_codes(X, codes, np.dtype(self.dtype).name)
+            C.check_exact_codes(X, codes, np.dtype(self.dtype).name, fit=False)
         return C.encode(X, columns, n_features, unseen_refused=unseen_refused)
 
     def _categorical_columns(self):

@@ -227,7 +227,7 @@ def check_distinct_columns(X):
     counts = collections.Counter(names)
     repeated = [name for name, count in counts.items() if count > 1]
     if repeated:
-        listed = ", ".join(f"{str(name)!r} ({counts[name]} times)" for name in repeated[:5])
+        listed = ", ".join(f"{name!r} ({counts[name]} times)" for name in repeated[:5])  # (0 as 0, 'a' as 'a')
         raise ValueError(f"X has columns of the same name: {listed}; give each column its own name (e.g. "
                          "X.columns = [...]) or drop the repeated ones")
 

@@ -83,6 +83,10 @@ noise on f, so it changes no fitted probability that a smaller noise would give 
 a Gaussian likelihood's variance below at the same 1e-6 (``gpflow.likelihoods.Gaussian``). docs/design.md, kernels."""
 
 
+# The parameters whose exp multiplies or adds to a kernel's values (``Parameter.scales_values``).
+VALUE_SCALES = ("amplitude", "noise", "variances", "bias")
+
+
 @dataclass(frozen=True)
 class Parameter:
     """One row of a kernel's parameter table.
@@ -107,6 +111,13 @@ class Parameter:
     prior: Prior | None = None
     lower: float | None = None
     length: int | None = None  # a vector of this many entries whatever the inputs (an ordinal model's cut gaps)
+
+    @property
+    def scales_values(self):
+        """Whether exp of the stored value multiplies or adds to the kernel's values (an amplitude, a latent noise, a
+        linear kernel's slope variances and bias: ``VALUE_SCALES``), where an infinite one is no model
+        (``checkpoint_rules.check_log_range``); a lengthscale's inf is a feature ignored."""
+        return self.transform == LOG and self.name in VALUE_SCALES
 
     @property
     def key(self):

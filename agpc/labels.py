@@ -267,14 +267,18 @@ def check_whole_labels(found):
     memory, on disk and on a cluster (``found``: their distinct values): on disk and on dask they were taken as
     classes, a single 0.5 in a later chunk a class of its own. Whole numbers of any size are classes (scikit-learn's
     check casts to int64: 1e20 was "continuous", with NumPy's warning about the cast)."""
-    values = found[np.isfinite(found)] if found.dtype.kind == "f" else np.asarray(
-        [v for v in found.tolist() if isinstance(v, float) and math.isfinite(v)], dtype=np.float64)
+    values = found if found.dtype.kind == "f" else np.asarray([v for v in found.tolist() if isinstance(v, float)],
+                                                               dtype=np.float64)
+    infinite = values[np.isinf(values)]
+    if infinite.size:  # (scikit-learn's check had said "Input y contains infinity"; a model file holds no inf class)
+        raise ValueError(f"y holds infinite labels ({label_text(infinite[:2])}): a class needs a finite label")
     fractional = values[values != np.floor(values)]
     if fractional.size:
         more = f" and {fractional.size - 5:,} more" if fractional.size > 5 else ""
-        raise ValueError(f"y holds labels that are not whole numbers ({label_text(fractional[:5])}{more}): a "
-                         "classifier's labels are classes (0 / 1, whole numbers, names); these are continuous, a "
-                         "regression target")
+        # (scikit-learn's words first, which code catching them looks for, then what is wrong)
+        raise ValueError(f"Unknown label type: continuous. y holds labels that are not whole numbers "
+                         f"({label_text(fractional[:5])}{more}): a classifier's labels are classes (0 / 1, whole "
+                         "numbers, names), and these look like a regression target")
 
 
 def check_classes(plan, found, classes=None):

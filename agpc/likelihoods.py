@@ -515,9 +515,13 @@ class RobustMax(Likelihood):
 
 def _log1m_exp(x, xp):
     """log(1 - exp(x)) for x <= 0, accurate on both sides of -log 2 (Maechler 2012, "Accurately computing
-    log(1 - exp(-|a|))")."""
+    log(1 - exp(-|a|))"). At x = 0 (an empty interval: an absent ordinal class whose cut gap the fit's steps drove
+    to exp(-782), below float64's range) the log of 0 is taken as the log of the type's smallest normal number, about
+    -708 in float64: a probability of 0 to every digit, where NumPy's log(0) warned of a division by zero."""
     near = x > -math.log(2.0)
-    return xp.where(near, xp.log(-xp.expm1(xp.where(near, x, -1.0))), xp.log1p(-xp.exp(xp.where(near, -1.0, x))))
+    tiny = float(xp.finfo(x.dtype).smallest_normal)
+    return xp.where(near, xp.log(xp.maximum(-xp.expm1(xp.where(near, x, -1.0)), tiny)),
+                    xp.log1p(-xp.exp(xp.where(near, -1.0, x))))
 
 
 def interval_log_probability(lower, upper, mean, variance):

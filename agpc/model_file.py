@@ -39,7 +39,7 @@ from .checkpoints import HEADER_KEY, atomic_savez, read_archive
 from .inference.posterior import Posterior, prior_cholesky
 from .inference.training import STOP_REASONS
 from .inputs import check_features
-from .kernels import (LOG, MAX_LISTED_LEVELS, ORDINAL_KERNEL, PER_DIMENSION, ClassKernels, Categorical,
+from .kernels import (MAX_LISTED_LEVELS, ORDINAL_KERNEL, PER_DIMENSION, ClassKernels, Categorical,
                       categorical_columns, kernel_from_spec, spec_parameter_table)
 from .likelihoods import LIKELIHOODS, registered_likelihood
 from .methods import get_method
@@ -424,8 +424,8 @@ def _kernel_arrays(header, arrays, table, d, refuse):
         else:
             shape = ()
         params[name] = _float_array(arrays, key, shape, refuse, allow_neg_inf=table[name].may_be_zero)
-        if table[name].transform == LOG:
-            check_log_range(params[name], table[name].may_be_zero, f"{key} (the {table[name].name})", refuse)
+        if table[name].scales_values:
+            check_log_range(params[name], f"{key} (the {table[name].name})", refuse)
     return params
 
 

@@ -436,6 +436,10 @@ def _not_utf8(path):
     newline inside a character."""
     decoder, line = codecs.getincrementaldecoder("utf-8")(), 1
     with open(path, "rb") as fh:
+        if fh.read(2) in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):  # (iconv -f latin1 would be wrong advice)
+            return (f"{path}: the file is UTF-16 (it starts with UTF-16's byte order mark): agpc reads CSV files as "
+                    "UTF-8; save it as UTF-8, e.g. iconv -f utf-16 -t utf-8")
+        fh.seek(0)
         while True:
             piece = fh.readline(MAX_RECORD_CHARS)
             ends = piece.endswith(b"\n") or not piece  # (the file's end: a character cut short there is an error)

@@ -200,6 +200,9 @@ def test_a_categorical_column_of_numbers_names_its_missing_values_and_refuses_an
     with pytest.raises(ValueError, match=r"X column 2 \(categorical\) has 65,537 distinct values: more than 65,536 "
                                          "levels is an identifier"):
         GPClassifier(**options).fit(identifier, np.arange(n) % 2)
+    # (an adversarial review: at predict, a batch may hold any number of codes; the count is fit's)
+    model = GPClassifier(**options).fit(identifier[:200] % [1.0, 1.0, 20.0], np.arange(200) % 2)
+    assert model.predict_proba(identifier).shape == (n, 2)
 
 
 def test_an_integer_coded_column_given_by_index_is_categorical_on_an_array():

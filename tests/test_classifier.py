@@ -384,3 +384,7 @@ def test_labels_with_a_fraction_are_refused_in_agpcs_words_and_whole_floats_of_a
         warnings.simplefilter("error", RuntimeWarning)
         model = GPClassifier(**options).fit(*FRACTIONAL[where](tmp_path, X, np.where(y > 0, 2e20, 1e20)))
     assert model.classes_.tolist() == [1e20, 2e20]
+    # (an adversarial review: with scikit-learn's check off for float labels, inf was taken as a class, and its model
+    # file refused at load)
+    with pytest.raises(ValueError, match=r"y holds infinite labels \(\[inf\]\): a class needs a finite label"):
+        GPClassifier(**options).fit(*FRACTIONAL[where](tmp_path, X, np.where(y > 0, np.inf, 0.0)))

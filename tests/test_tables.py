@@ -258,3 +258,12 @@ def test_a_directory_without_zarr_metadata_is_told_what_agpc_reads(tmp_path, cap
     err = capsys.readouterr().err
     assert "a directory without zarr metadata (zarr.json, or .zgroup / .zarray)" in err
     assert "give a data file (CSV, Parquet, .npy, .npz) or a zarr store's directory" in err and "LocalStore" not in err
+
+
+def test_a_utf16_csv_is_told_so_not_advised_as_latin1(tmp_path):
+    """An adversarial review (2026-12-02): a UTF-16 file was told to convert "iconv -f latin1", which would be wrong."""
+    path = tmp_path / "wide.csv"
+    path.write_bytes("a,b,label\n1,2,0\n".encode("utf-16"))
+    with pytest.raises(TableError, match=r"the file is UTF-16 \(it starts with UTF-16's byte order mark\).*iconv -f "
+                                         "utf-16 -t utf-8"):
+        load_data(path, "label")
