@@ -621,8 +621,11 @@ def _default_lengthscales(X, weights, columns=None):
     """The default RBF's lengthscales on the columns of X: sqrt(d) times each one's standard deviation (``columns``:
     the features X's columns are, as an error names them)."""
     d = X.shape[1]
-    std, _ = column_scales(X, weights)
-    std = np.where(std > 0, std, 1.0)
+    std, magnitude = column_scales(X, weights)
+    # a constant column (spread 0) takes its magnitude as its scale (at least 1): it adds nothing to a distance
+    # whatever its lengthscale, but its values scaled by 1 stayed ~1e23, where the mean the kernel centres on is one
+    # ulp off (1e23 + 1.7e7), and the round-off of that offset's squares (2.8e14) broke K(Z, Z) at every jitter
+    std = np.where(std > 0, std, np.maximum(magnitude, 1.0))
     lengthscales = std * math.sqrt(d)
     limits = B.array_namespace(X).finfo(X.dtype)
     tiny, huge = float(limits.smallest_normal), float(limits.max)

@@ -33,7 +33,6 @@ from .priors import LogNormal, Prior, prior_from_spec
 __all__ = [
     "KERNEL_REACH",
     "within_reach",
-    "centre_of",
     "Parameter",
     "Kernel",
     "Stationary",
@@ -529,16 +528,6 @@ def _augments(Xs, Zs):
     return Zs is not Xs and Xs.shape[0] * Zs.shape[0] >= _AUGMENTED_MIN_ELEMENTS
 
 
-def centre_of(Zs):
-    """The mean of the rows Zs, taken from the first row (Zs[0] + mean(Zs - Zs[0])): exactly a column's value where
-    the column is constant, so that the centred inputs are 0 there. The plain mean of identical values can be one
-    ulp off (of 400 rows of 1e23: 1e23 + 1.7e7); every row then sat 1.7e7 from the centre in that column, 2.8e14 in
-    |x|^2 + |z|^2 - 2 x.z, whose round-off (~0.06 a squared distance) left K(Z, Z) not positive definite at any
-    jitter (a constant column of 1e23 beside banana's two). Elsewhere the round-off is the plain mean's."""
-    first = Zs[:1, :]
-    return first[0, :] + array_namespace(Zs).mean(Zs - first, axis=0)
-
-
 def _augmented_pair(Xc, Zc, cross, norm_scale, x_offset, z_offset):
     """(left, right) with left @ right^T = cross x.z + norm_scale (|x|^2 + |z|^2) + x_offset + z_offset for every
     pair of rows of Xc (n, d) and Zc (m, d): the inputs augmented by their scaled squared norms and a column of
@@ -635,7 +624,7 @@ class Stationary(Kernel):
         round-off that can still make an entry slightly negative is cut with ``maximum``, not ``clip``
         (array-api-compat's clip copies to the host on CuPy)."""
         xp = array_namespace(Xs, Zs)
-        centre = centre_of(Zs)
+        centre = xp.mean(Zs, axis=0)
         Xc = Xs - centre
         if _augments(Xs, Zs):
             left, right = _augmented_pair(Xc, Zs - centre, -2.0, 1.0, 0.0, 0.0)
@@ -694,9 +683,9 @@ class Stationary(Kernel):
         augmented by their squares and a column of ones): G, n x m, is read once.
         """
         xp = array_namespace(G, Xs, Zs)
-        # Every term is a function of xs_n - zs_m: centring both on the mean of Zs (``centre_of``) changes nothing but the
+        # Every term is a function of xs_n - zs_m: centring both on the mean of Zs changes nothing but the
         # round-off (the expanded squares would cancel catastrophically for inputs far from the origin).
-        centre = centre_of(Zs)
+        centre = xp.mean(Zs, axis=0)
         same = Zs is Xs
         Zs = Zs - centre
         Xs = Zs if same else Xs - centre
@@ -823,7 +812,7 @@ class RBF(Stationary):
         log amplitude (r^2 >= 0, as ``_r2`` cuts it): one n x m array (on NumPy, written into ``out`` when given;
         three elsewhere) where r^2, its scaling, the exponential and the amplitude made eight."""
         xp = array_namespace(Xs, Zs)
-        centre = centre_of(Zs)
+        centre = xp.mean(Zs, axis=0)
         log_amplitude = self.params["log_amplitude"]
         left, right = _augmented_pair(Xs - centre, Zs - centre, 1.0, -0.5, log_amplitude, 0.0)
         return capped_exp(matmul(left, right.mT, out=out), log_amplitude)
