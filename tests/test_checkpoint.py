@@ -135,6 +135,19 @@ def test_resume_under_other_priors_is_refused(tmp_path):
     GPClassifier(**params).fit(X, y, resume=True)  # the same priors resume
 
 
+def _fit_writing_a_fingerprint_without(monkeypatch, key, params, X, y):
+    """A fit whose checkpoints hold the run's fingerprint as written before ``key`` joined it."""
+    save = checkpointing.save_checkpoint
+
+    def save_as_before(path, state):
+        state = {**state, "fingerprint": {k: v for k, v in state["fingerprint"].items() if k != key}}
+        return save(path, state)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(checkpointing, "save_checkpoint", save_as_before)
+        GPClassifier(**params).fit(X, y)
+
+
 def test_a_checkpoint_from_before_priors_were_recorded_resumes_without_priors_only(tmp_path, monkeypatch):
     """Checkpoints written before the priors joined the run's fingerprint were fits without priors: they
     resume with kernel_prior=None and are refused under the default priors."""
@@ -142,15 +155,7 @@ def test_a_checkpoint_from_before_priors_were_recorded_resumes_without_priors_on
     path = tmp_path / "run.ckpt"
     params = dict(n_inducing=5, max_iter=3, random_state=0, checkpoint_path=path, checkpoint_every=2,
                   kernel_prior=None)
-    save = checkpointing.save_checkpoint
-
-    def save_as_before(path, state):  # the fingerprint as it was written then: no "priors"
-        state = {**state, "fingerprint": {k: v for k, v in state["fingerprint"].items() if k != "priors"}}
-        return save(path, state)
-
-    with monkeypatch.context() as patched:
-        patched.setattr(checkpointing, "save_checkpoint", save_as_before)
-        GPClassifier(**params).fit(X, y)
+    _fit_writing_a_fingerprint_without(monkeypatch, "priors", params, X, y)
     with pytest.raises(ValueError, match=r"different training run: priors \(kernel_prior, the kernel\'s\)"):
         GPClassifier(**{**params, "kernel_prior": "auto"}).fit(X, y, resume=True)
     GPClassifier(**params).fit(X, y, resume=True)
@@ -171,15 +176,7 @@ def test_a_resume_under_another_kernel_of_the_same_parameter_names_is_refused(tm
                                          r"\{'type': 'Matern52'\} here"):
         GPClassifier(**params, kernel=Matern52(noise=1e-6)).fit(X, y, resume=True)
     GPClassifier(**params, kernel=RBF(lengthscales=[1.0, 1.0], noise=1e-3)).fit(X, y, resume=True)
-    save = checkpointing.save_checkpoint
-
-    def save_as_before(path, state):  # the fingerprint as it was written then: no "kernel"
-        state = {**state, "fingerprint": {k: v for k, v in state["fingerprint"].items() if k != "kernel"}}
-        return save(path, state)
-
-    with monkeypatch.context() as patched:
-        patched.setattr(checkpointing, "save_checkpoint", save_as_before)
-        GPClassifier(**params).fit(X, y)
+    _fit_writing_a_fingerprint_without(monkeypatch, "kernel", params, X, y)
     GPClassifier(**params).fit(X, y, resume=True)
 
 
