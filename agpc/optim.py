@@ -129,7 +129,7 @@ class Adadelta:
         """``Rprop.state_problem``'s check of a snapshot: the learning rate positive, the running means of squares
         not negative."""
         learning_rate, msg, msd = state
-        return _rate_problem(self, learning_rate) or _squares_problem({**msg, **{f"{k} (steps)": v
+        return _rate_problem(learning_rate) or _squares_problem({**msg, **{f"{k} (steps)": v
                                                                                  for k, v in msd.items()}})
 
 
@@ -183,7 +183,7 @@ class Adam:
         learning_rate, t, _, v = state
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             return f"t: {t!r}, not a count of steps"
-        return _rate_problem(self, learning_rate) or _squares_problem(v)
+        return _rate_problem(learning_rate) or _squares_problem(v)
 
 
 def _host(value):
@@ -191,7 +191,7 @@ def _host(value):
     return np.reshape(np.asarray(to_numpy(value), dtype=np.float64), (-1,))
 
 
-def _rate_problem(optimizer, learning_rate):
+def _rate_problem(learning_rate):
     """What is wrong with a learning rate read from a file, or None: it is positive (not bounded by this run's: a
     resume may lower ``learning_rate``, and the checkpoint's goes on)."""
     if not learning_rate > 0.0:
