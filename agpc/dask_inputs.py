@@ -25,7 +25,7 @@ from .inference.data_parallel import prepare_worker
 from .methods import ORDINAL, methods_supporting
 
 __all__ = ["checked_arrays", "cluster_client", "training_inputs", "persisted_inputs", "check_finite_chunks",
-           "training_weights", "class_counts"]
+           "training_weights", "class_counts", "refuse_labels_by_rows"]
 
 
 def checked_arrays(plan, X, y, minibatch):
@@ -107,21 +107,30 @@ def training_inputs(plan, X, y, given, client):
     fingerprinted = list(I.fingerprint_rows(X, y)) if plan.checkpoint_path is not None else []
     blocks = (persisted_blocks(X), persisted_blocks(y)) if not fingerprinted else (None, None)
     finite_chunks = []  # (persisted rows: whether each chunk is finite, checked while the inducing points are placed)
-    if None not in blocks:
-        sample, labels, finite_chunks = persisted_inputs(client, *blocks, B.row_chunk_bounds(X), rows)
-        finite = np.isfinite(sample).all()
-    else:
-        finite, labels, sample, *fingerprinted = client.compute(
-            [da.isfinite(X).all(), da.unique(y), given if rows is None else given[rows], *fingerprinted], sync=True)
-        I.check_conversion_keeps_spread(sample, target, what="X" if rows is None else "X (a sample of its rows)")
-        sample = sample.astype(target)
+    try:
+        if None not in blocks:
+            sample, labels, finite_chunks = persisted_inputs(client, *blocks, B.row_chunk_bounds(X), rows)
+            finite = np.isfinite(sample).all()
+        else:
+            finite, labels, sample, *fingerprinted = client.compute(
+                [da.isfinite(X).all(), da.unique(y), given if rows is None else given[rows], *fingerprinted],
+                sync=True)
+            I.check_conversion_keeps_spread(sample, target, what="X" if rows is None else "X (a sample of its rows)")
+            sample = sample.astype(target)
+    except TypeError:  # (NumPy's unique of a chunk of labels of two kinds, in an object array)
+        refuse_labels_by_rows(client, y, blocks[1])
+        raise
     if not bool(finite):
         raise ValueError(f"Input X contains NaN or infinity (or values too large for {target})")
     # (rows persisted on the cluster: the rounds' tasks take their chunks as they are and the labels are encoded by
     # a task of this package's, so the workers need no dask.array)
     warming = [client.submit(prepare_worker, () if blocks[0] is not None else ("dask.array",), workers=[w],
                              pure=False) for w in client.nthreads()]
-    distinct = L.check_labels(np.asarray(labels), what="y (its distinct values)")
+    try:
+        distinct = L.check_labels(np.asarray(labels), what="y (its distinct values)")
+    except ValueError:
+        refuse_labels_by_rows(client, y, blocks[1])
+        raise
     if plan.likelihood == ORDINAL:  # the labels travel as their ranks, as in memory (``inputs.ordinal_labels``)
         order = I.ordinal_labels(plan, distinct)[1]  # (a label not among ``classes=``: refused here)
         classes, encode, by = np.arange(order.shape[0]), L.encoded_ranks, order
@@ -136,6 +145,24 @@ def training_inputs(plan, X, y, given, client):
     return I.TrainingInputs(X, y_encoded, classes, sample, B.array_namespace(sample), None, client=client,
                             blocks=blocks, pending=[finite_chunks, warming], fingerprint_rows=fingerprinted or None,
                             class_labels=order)
+
+
+def refuse_labels_by_rows(client, y, y_blocks=None):
+    """Where y's distinct labels were refused (``labels.check_labels``: a missing label, labels of two kinds), the
+    error again naming the rows, as a fit in memory names them: each chunk's labels checked on the cluster
+    (``labels.chunk_labels``) and across chunks (``labels.merged_labels``). Run only then: the tasks import agpc on
+    the workers, which the distinct labels' NumPy tasks do not. Returns where every chunk passes (the caller's
+    error stands)."""
+    from dask import delayed
+
+    bounds = B.row_chunk_bounds(y)
+    if y_blocks is not None:
+        futures = [client.submit(L.chunk_labels, block, lo, pure=False) for block, (lo, _) in zip(y_blocks, bounds)]
+    else:
+        futures = client.compute([delayed(L.chunk_labels)(chunk, lo)
+                                  for chunk, (lo, _) in zip(y.to_delayed().ravel().tolist(), bounds)])
+    # (in the rows' order: the first chunk's error is the one raised, as a fit in memory names the first rows)
+    L.merged_labels([future.result() for future in futures], bounds)
 
 
 def persisted_inputs(client, X_blocks, y_blocks, bounds, rows):

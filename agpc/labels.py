@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 
 import numpy as np
 
@@ -19,7 +20,8 @@ from .methods import ORDINAL, methods_supporting
 
 __all__ = ["FILE_LABEL_KINDS", "MAX_LABEL_BYTES", "EncodedLabels", "check_labels", "holdout_mask", "stratified_rows", "encode_labels",
            "label_ranks", "encoded_ranks", "label_text", "check_label_length", "check_classes", "check_target_shape",
-           "labels_on_disk", "device_targets"]
+           "labels_on_disk", "chunk_labels", "merged_labels", "label_column",
+           "device_targets"]
 
 # A class label is a number or a short name: a longer string is a way to take memory. A model file holds each label in
 # at most this many bytes (as NumPy stores text: 4 bytes a character); fit refuses longer labels, load refuses them.
@@ -322,6 +324,46 @@ def labels_on_disk(y):
     column of a data-frame library (a pandas ``Categorical``, a polars or pyarrow array: they convert with
     ``to_numpy``)."""
     return B.is_out_of_core(y) and not hasattr(y, "to_numpy")
+
+
+def chunk_labels(block, offset):
+    """The distinct labels of a chunk of labels on a cluster (a task), checked as ``check_labels`` checks labels in
+    memory, its rows counted from ``offset``: a missing label, or labels of two kinds, is one ValueError naming the
+    rows (NumPy's unique raised a bare TypeError on mixed kinds, and a NaN was named by its place among the
+    distinct labels)."""
+    return np.unique(check_labels(block, offset=offset))
+
+
+def merged_labels(parts, bounds):
+    """The distinct labels of every chunk (``chunk_labels``'s, the chunks' rows [lo, hi) in ``bounds``): labels of
+    one kind in every chunk, else one ValueError naming a chunk's rows of each kind (a chunk of numbers beside a
+    chunk of strings, in an object array, has no order: ``np.unique`` fails)."""
+    kinds = {}
+    for part, (lo, hi) in zip(parts, bounds):
+        if len(part):
+            kinds.setdefault(_label_kind(part[0]) if part.dtype == object else
+                             ("str" if part.dtype.kind in "US" else "number"), (lo, hi))
+    if len(kinds) > 1:
+        found = ", ".join(f"{kind} in rows {lo}..{hi - 1}" for kind, (lo, hi) in kinds.items())
+        raise ValueError(f"y mixes kinds of labels ({found}): use one kind for every label, e.g. all strings or all "
+                         "integers")
+    return np.unique(np.concatenate(parts))
+
+
+def label_column(y):
+    """Labels given as one column, shape (n, 1), in an array (NumPy's or another array-API library's, a memmap, a
+    zarr or dask array), as the column's n labels (a view where the array slices lazily), with the
+    DataConversionWarning scikit-learn gives a NumPy column (``sklearn.utils.column_or_1d``); any other y as it is.
+    Only a NumPy column was taken: on disk, on a device or on a cluster it was refused as "y must be 1-D"."""
+    shape = getattr(y, "shape", None)
+    if shape is None or len(shape) != 2 or shape[1] != 1 or not (
+            labels_on_disk(y) or B.is_dask_array(y) or B.is_array_api_obj(y)):
+        return y
+    from sklearn.exceptions import DataConversionWarning  # (here: a dask worker imports this module)
+
+    warnings.warn("A column-vector y was passed when a 1d array was expected. Please change the shape of y to "
+                  "(n_samples, ), for example using ravel().", DataConversionWarning, stacklevel=3)
+    return y[:, 0]
 
 
 def device_targets(plan, y, n_rows, classes, xp, device):

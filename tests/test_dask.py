@@ -136,6 +136,50 @@ def test_dask_input_errors_are_clear(client, data):
         GPClassifier(client=client).fit(Xd, da.from_array(fractional, chunks=200))
 
 
+@pytest.mark.parametrize("persisted", [False, True])
+def test_dask_label_errors_name_the_rows_as_in_memory(client, data, persisted):
+    """A NaN label on a cluster was named by its place among the distinct labels, and labels of two kinds in an
+    object array raised NumPy's bare TypeError; now the rows, as a fit in memory names them (chunks of 200 rows)."""
+    X, y, _ = data
+    Xd = da.from_array(X, chunks=(200, 2))
+
+    def fit(labels):
+        yd = da.from_array(labels, chunks=200)
+        Xs, ys = client.persist([Xd, yd]) if persisted else (Xd, yd)
+        GPClassifier(n_inducing=5, max_iter=1, client=client).fit(Xs, ys)
+
+    with pytest.raises(ValueError, match=r"y has missing labels \(NaN\) at row 517:"):
+        fit(np.where(np.arange(len(y)) == 517, np.nan, y))
+    with pytest.raises(ValueError, match=r"y has missing labels \(None\) at row 3:"):
+        fit(np.array([None if i == 3 else int(v) for i, v in enumerate(y)], dtype=object))
+    with pytest.raises(ValueError, match=r"y mixes kinds of labels \(number at row 200, str at row 201\)"):
+        fit(np.array([("no" if i % 2 else 1) if i >= 200 else int(v) for i, v in enumerate(y)], dtype=object))
+    with pytest.raises(ValueError, match=r"y mixes kinds of labels \(number in rows 0\.\.199, str in rows "
+                                         r"200\.\.399\)"):
+        fit(np.array([int(v) if i < 200 else str(v) for i, v in enumerate(y)], dtype=object))
+
+
+def test_a_column_of_labels_on_a_cluster_or_a_device_is_taken_with_a_warning(client, data):
+    """y of shape (n, 1) on a cluster or in another array-API library was refused as "y must be 1-D", where the
+    same column in NumPy is taken with scikit-learn's DataConversionWarning: now the same warning and the model of
+    the 1-D labels."""
+    from sklearn.exceptions import DataConversionWarning
+
+    xp = pytest.importorskip("array_api_strict")
+    X, y, _ = data
+    Xd = da.from_array(X, chunks=(200, 2))
+    model = dict(n_inducing=5, max_iter=2, random_state=0)
+    with pytest.warns(DataConversionWarning, match="column-vector y"):
+        column = GPClassifier(**model, client=client).fit(Xd, da.from_array(y[:, None], chunks=(200, 1)))
+    flat = GPClassifier(**model, client=client).fit(Xd, da.from_array(y, chunks=200))
+    np.testing.assert_allclose(column.predict_proba(X[:50]), flat.predict_proba(X[:50]), rtol=1e-12, atol=1e-12)
+    with pytest.warns(DataConversionWarning, match="column-vector y"):
+        column = GPClassifier(**model).fit(xp.asarray(X), xp.asarray(y[:, None]))
+    flat = GPClassifier(**model).fit(xp.asarray(X), xp.asarray(y))
+    np.testing.assert_allclose(np.asarray(column.predict_proba(X[:50])), np.asarray(flat.predict_proba(X[:50])),
+                               rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("method", ["sep", "ep", "svi"])
 def test_minibatch_on_dask_samples_chunks_like_data_on_disk(client, data, method, tmp_path):
     """``local_steps=0``: minibatch steps on the driver, which samples chunks: minibatches lie inside the dask
@@ -363,7 +407,7 @@ def test_a_dask_array_is_checked_as_an_array_api_array_is(client, data):
     X, y, _ = data
     nan = X.copy()
     nan[7, 1] = np.nan
-    cases = {"3-D X": (X[:, :, None], y), "no rows": (X[:0], y[:0]), "NaN": (nan, y), "y too short": (X, y[:-1]), "2-D y": (X, y[:, None]), "one class": (X, 0 * y),
+    cases = {"3-D X": (X[:, :, None], y), "no rows": (X[:0], y[:0]), "NaN": (nan, y), "y too short": (X, y[:-1]), "2-D y": (X, np.stack([y, y], axis=1)), "one class": (X, 0 * y),
              "a label float32 cannot tell": (X + 1e7, y)}
     for name, (bad_X, bad_y) in cases.items():
         dtype = "float32" if name.startswith("a label float32") else "float64"

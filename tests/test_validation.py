@@ -198,6 +198,23 @@ def test_missing_labels_on_disk_name_the_row_in_the_file(data, tmp_path):
         GPClassifier(n_inducing=3, max_iter=1).fit(X_mm, y_mm)
 
 
+def test_a_column_of_labels_on_disk_is_taken_with_a_warning(data, tmp_path):
+    """A memmapped y of shape (n, 1), beside X on disk or in memory, was refused as "y must be 1-D", where the same
+    column in memory is taken with scikit-learn's DataConversionWarning: now the same warning and the same model."""
+    from sklearn.exceptions import DataConversionWarning
+
+    X, y = data
+    np.save(tmp_path / "y.npy", y[:, None])
+    np.save(tmp_path / "X.npy", X)
+    X_mm, y_mm = np.load(tmp_path / "X.npy", mmap_mode="r"), np.load(tmp_path / "y.npy", mmap_mode="r")
+    params = dict(n_inducing=3, max_iter=2, random_state=0)
+    expected = GPClassifier(**params).fit(X, y).predict_proba(X)
+    for rows in (X_mm, X):
+        with pytest.warns(DataConversionWarning, match="column-vector y"):
+            model = GPClassifier(**params).fit(rows, y_mm)
+        np.testing.assert_allclose(model.predict_proba(X), expected, rtol=1e-10, atol=1e-12)
+
+
 def test_many_bad_rows_are_counted_not_all_listed():
     labels = np.array(["a", "b"] * 10 + [""] * 12)
     with pytest.raises(ValueError, match=r"rows 20, 21, 22, 23, 24, \.\.\. \(12 in all\)"):
