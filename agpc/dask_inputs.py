@@ -233,6 +233,9 @@ def training_weights(plan, sample_weight, inputs, class_labels=None):
     if per_class is not None:
         weights = weights * class_index.map_blocks(_of_class, per_class, dtype=np.float64)
         positive = positive * (per_class > 0)
+    # (persisted before its scale is read: computed, then persisted again as it was, its chunks had two graphs of
+    # one key, which distributed logged as "Detected different run_spec")
+    weights = client.persist(weights)
     largest, heaviest = client.compute([da.max(weights), da.argmax(weights)], sync=True)
     V.check_weight_scale(float(largest), int(heaviest), plan.dtype)
     if I.every_class_needs_weight(plan):

@@ -2,6 +2,8 @@
 data-parallel rounds), ``n_jobs`` worker processes and ``partial_fit``, with checkpoints; and the registry's support
 table against what every method does with weights on every path."""
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -164,12 +166,15 @@ def test_dask_bad_weights_are_refused_as_in_memory(client, weights, message, laz
         GPClassifier(max_iter=1).fit(X, y, sample_weight=weights)
 
 
-def test_dask_class_weight_balanced_and_refused_dicts(client):
-    """"balanced" on a dask array counts the classes on the cluster: the fit equals the one in memory; a class weight
-    that removes a class is refused as in memory."""
+def test_dask_class_weight_balanced_and_refused_dicts(client, caplog):
+    """"balanced" on a dask array counts the classes on the cluster: the fit equals the one in memory, and the
+    scheduler logs no "different run_spec" warning (the weights were computed, then persisted from a second graph
+    of the same keys); a class weight that removes a class is refused as in memory."""
     X, y = binary_toy(40, seed=4)
     options = _fixed_start(X, max_iter=3, class_weight="balanced")
-    on_dask = GPClassifier(client=client, **options).fit(*_dask(X, y))
+    with caplog.at_level(logging.WARNING, logger="distributed.scheduler"):
+        on_dask = GPClassifier(client=client, **options).fit(*_dask(X, y))
+    assert not [r for r in caplog.records if "run_spec" in r.getMessage()]
     in_memory = GPClassifier(**options).fit(X, y)
     np.testing.assert_allclose(on_dask.predict_proba(X), in_memory.predict_proba(X), rtol=1e-9, atol=1e-12)
     for model in (GPClassifier(client=client, max_iter=1, class_weight={1.0: 0.0}), GPClassifier(max_iter=1,
