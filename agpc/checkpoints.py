@@ -31,11 +31,17 @@ import re
 import shutil
 import socket
 import stat
+import sys
 
 import numpy as np
 
 from . import backend as B
 from .untrusted import RefusedFile, describe, printable, read_npz
+
+try:
+    import fcntl
+except ImportError:  # (not on Windows: no inode flags to read there)
+    fcntl = None
 
 # the name of the npz member holding a file's JSON header (what the file is, and everything not an array)
 HEADER_KEY = "__agpc_header__"
@@ -184,7 +190,42 @@ def check_writable(path, what=None, inputs=()):
     except OSError as exc:
         raise ValueError(f"{what or f'cannot write {os.fspath(path)}'}: cannot write in {os.path.dirname(target)} "
                          f"({exc.strerror})") from None
+    problem = _unreplaceable(target)
+    if problem:
+        raise ValueError(f"{what or f'cannot write {os.fspath(path)}'}: the file there cannot be replaced ({problem});"
+                         " name another path")
     return target
+
+
+# Linux's inode flags (linux/fs.h): FS_IOC_GETFLAGS, and the flags under which a file cannot be renamed over
+_FS_IOC_GETFLAGS = 0x80086601
+_FS_IMMUTABLE_FL, _FS_APPEND_FL = 0x10, 0x20
+
+
+def _unreplaceable(target):
+    """Why an existing ``target`` cannot be replaced by a file renamed over it, though its directory takes new
+    files (``check_writable``), or None: another user's file in a sticky directory (/tmp) that is not this
+    user's, or a file marked immutable or append-only (Linux's chattr +i / +a). A fit found either only at its
+    first checkpoint, after the steps before it, with the system's "Operation not permitted"."""
+    try:
+        file, directory = os.stat(target), os.stat(os.path.dirname(target))
+    except OSError:
+        return None
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
+    if uid not in (None, 0) and directory.st_mode & stat.S_ISVTX and uid not in (file.st_uid, directory.st_uid):
+        return (f"it is another user's, in {os.path.dirname(target)}, where only a file's owner may replace it: a "
+                "sticky directory, as /tmp")
+    if fcntl is None:
+        return None
+    try:
+        with open(target, "rb") as handle:
+            flags = fcntl.ioctl(handle.fileno(), _FS_IOC_GETFLAGS, bytes(8))
+    except OSError:  # (not Linux, a file system without the flags, or a file this user cannot read)
+        return None
+    flags = int.from_bytes(flags[:4], sys.byteorder)
+    if flags & (_FS_IMMUTABLE_FL | _FS_APPEND_FL):
+        return f"it is marked {'immutable' if flags & _FS_IMMUTABLE_FL else 'append-only'}, as lsattr shows"
+    return None
 
 
 @contextlib.contextmanager

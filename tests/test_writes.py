@@ -292,3 +292,52 @@ def test_a_full_disk_while_writing_names_the_file_and_leaves_the_old_one(tmp_pat
     with pytest.raises(OSError, match=rf"No space left on device: writing .*m\.agpc \(a file there is unchanged\)"):
         fitted.save(path)
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["m.agpc"]
+
+
+def _chattr(flag, path):
+    """``chattr flag path`` (root, on a file system with inode flags), or skip the test."""
+    try:
+        done = subprocess.run(["chattr", flag, str(path)], capture_output=True)
+    except FileNotFoundError:
+        pytest.skip("no chattr")
+    if done.returncode:
+        pytest.skip(f"chattr {flag}: {done.stderr.decode(errors='replace').strip()}")
+
+
+@pytest.mark.parametrize("flag, kind", [("+i", "immutable"), ("+a", "append-only")])
+def test_a_checkpoint_file_that_cannot_be_replaced_is_refused_before_training(tmp_path, banana, flag, kind,
+                                                                               no_training):
+    """A hostile-input audit (2026-12-02): a checkpoint path naming a file marked immutable (or append-only) was
+    found only at the first checkpoint, after the steps before it, with the system's "Operation not permitted".
+    Now one ValueError before any step (``no_training``)."""
+    path = tmp_path / "run.ckpt"
+    path.write_bytes(b"")
+    _chattr(flag, path)
+    try:
+        with pytest.raises(ValueError, match=rf"checkpoint_path .*run\.ckpt: the file there cannot be replaced \(it "
+                                             rf"is marked {kind}, as lsattr shows\); name another path"):
+            GPClassifier(n_inducing=5, max_iter=4, checkpoint_path=path, checkpoint_every=2).fit(*banana)
+    finally:
+        subprocess.run(["chattr", flag.replace("+", "-"), str(path)])
+    assert checkpoints.check_writable(path) == str(path)  # (the flag removed)
+
+
+@posix_only
+def test_another_users_file_in_a_sticky_directory_is_refused_before_training(tmp_path, banana, monkeypatch,
+                                                                            no_training):
+    """In a sticky directory (/tmp) only a file's owner (or the directory's) may rename over it: another user's
+    checkpoint or model file there was found only at the first write. The test is this process as another user
+    (its effective uid pretended), the file and the directory the real user's."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(0o1777)
+    path = folder / "run.ckpt"
+    path.write_bytes(b"")
+    monkeypatch.setattr(checkpoints.os, "geteuid", lambda: os.stat(path).st_uid + 4242)
+    with pytest.raises(ValueError, match=r"the file there cannot be replaced \(it is another user's, in .*shared, "
+                                         r"where only a file's owner may replace it: a sticky directory, as /tmp\)"):
+        GPClassifier(n_inducing=5, max_iter=4, checkpoint_path=path, checkpoint_every=2).fit(*banana)
+    with pytest.raises(ValueError, match="the file there cannot be replaced"):
+        checkpoints.check_writable(path)
+    folder.chmod(0o777)  # (not sticky: any user who may write in it may replace the file)
+    assert checkpoints.check_writable(path) == str(path)
