@@ -37,6 +37,7 @@ from .plan import DTYPES, dtype_name
 from .untrusted import check_zarr_array
 
 __all__ = [
+    "check_kernel_values",
     "HeldOut",
     "column_scales",
     "check_precision_keeps_spread",
@@ -578,6 +579,23 @@ def listed_levels(X, columns, weights=None):
             found = np.sort(found[np.argsort(-counts, kind="stable")[:DEFAULT_LISTED_LEVELS]])
         out.append([float(v) for v in found])
     return out
+
+
+def check_kernel_values(kernel, Z):
+    """A user's kernel whose covariance of the start's inducing points Z is not finite (an overflow: lengthscales of
+    1e-300 scale the inputs to 1e300, whose squared distances are inf) is one ValueError before any step; it was a
+    CholeskyError of K(Z, Z) at the first step, after NumPy's overflow warnings. One host read, at the start."""
+    xp = B.array_namespace(Z)
+    try:
+        with B.overflow_raises():
+            finite = bool(xp.all(xp.isfinite(kernel.K(Z))))
+    except FloatingPointError:
+        finite = False
+    if not finite:
+        raise ValueError(f"kernel: its covariances of the inducing points are not finite in {Z.dtype} (they overflow):"
+                         " a parameter is out of scale for these inputs (a lengthscale far below the columns' spread,"
+                         " or an amplitude near the type's largest number); rescale the inputs or the kernel's "
+                         "parameters")
 
 
 def start_inducing_points(X, n_points, method, columns, *, random_state=None, weights=None):

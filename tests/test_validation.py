@@ -379,3 +379,24 @@ def test_a_frame_with_a_repeated_column_name_is_refused_at_prediction_too():
     pa = pytest.importorskip("pyarrow")  # (a Table's ``columns`` are its columns; its names are ``column_names``)
     with pytest.raises(ValueError, match=r"X has columns of the same name: 'a' \(2 times\)"):
         model.predict_proba(pa.Table.from_arrays([pa.array(X[:, 0]), pa.array(X[:, 1])], names=["a", "a"]))
+
+
+@pytest.mark.parametrize("kernel", [RBF(lengthscales=1e-300), RBF(lengthscales=[1e-160, 1.0]),
+                                    RBF(amplitude=1e308) + RBF(amplitude=1e308)],
+                         ids=["lengthscale 1e-300", "one lengthscale 1e-160", "amplitudes that overflow added"])
+def test_a_kernel_whose_covariances_overflow_is_refused_before_training(data, kernel, no_training):
+    """A hostile-input audit (2026-12-02): a user's kernel of lengthscales 1e-300 (the inputs scaled to 1e300, whose
+    squared distances overflow) ended in a CholeskyError of K(Z, Z) at the first step, after NumPy's overflow
+    warnings. Now one ValueError before any step, no warning; a lengthscale of 1e-100 (squares of 1e200) fits."""
+    X, y = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"kernel: its covariances of the inducing points are not finite in "
+                                             r"float64 \(they overflow\)"):
+            GPClassifier(kernel=kernel, n_inducing=5, max_iter=2).fit(X, y)
+
+
+def test_a_tiny_lengthscale_that_does_not_overflow_still_fits(data):
+    X, y = data
+    model = GPClassifier(kernel=RBF(lengthscales=1e-100), n_inducing=5, max_iter=2, random_state=0).fit(X, y)
+    assert np.all(np.isfinite(model.predict_proba(X)))
