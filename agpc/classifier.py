@@ -352,7 +352,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         started = time.perf_counter()  # max_time covers the whole fit, from here
         groups, target_xp, plan = self._check_params()  # before anything reads them (the BLAS scope reads the sizes)
         X, categorical = C.encoded_rows(X, self.categorical_features, plan.dtype)  # (text levels learned)
-        y = L.label_column(y)  # (labels on disk or a cluster, shape (n, 1): their column, with a warning)
+        y = L.label_column(y)  # (an array of labels of shape (n, 1): its column, with a warning)
         n_rows, n_features = I.rows_and_features(X, y)
         plan = plan.for_rows(X, y, n_rows, target_xp)  # (binary rows in memory: batch_size="auto" may take more)
         I.check_fit_paths(plan, X, y, resume, stacklevel=3)  # (a bad path must not cost the fit)
