@@ -112,6 +112,35 @@ def test_ep_fits_features_on_extreme_scales_as_on_unit_ones(dtype, scale):
     assert abs(scaled - unit) <= 0.02
 
 
+@pytest.mark.parametrize("kernel", ["linear", "Matern52", "multiclass"])
+def test_far_rows_read_from_disk_predict_as_the_same_rows_in_memory(tmp_path, kernel):
+    """A hostile-input audit (2026-12-02): rows of 1e300 read from disk (a memmap, a zarr array) gave NaN
+    probabilities with NumPy's overflow warnings (a linear kernel's, a Matern's), where the same rows in memory are
+    held within the kernel's reach and predicted (``kernels.within_reach``, now for each block read from disk:
+    ``kernels.RowsWithinReach``); ``agpc predict`` wrote NaN with exit status 0."""
+    import agpc
+
+    zarr = pytest.importorskip("zarr")
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 2))
+    y = (X[:, 0] + 0.3 * X[:, 1] + 0.3 * rng.normal(size=200) > 0).astype(int)
+    if kernel == "linear":  # (``ard="auto"`` takes the linear kernel on these rows)
+        model = GPClassifier(max_iter=5, random_state=0).fit(X, y)
+        assert type(model.kernel_).__name__ == "Linear"
+    elif kernel == "Matern52":
+        model = GPClassifier(kernel=agpc.Matern52(), n_inducing=8, max_iter=3, random_state=0).fit(X, y)
+    else:
+        model = GPClassifier(n_inducing=8, max_iter=3, random_state=0).fit(X, y + (X[:, 1] > 1))
+    far = np.array([[1e300, -1e300], [1e200, 1e200], [-1e300, 3.0], [0.1, 0.2]])
+    np.save(tmp_path / "far.npy", far)
+    stored = zarr.open_array(str(tmp_path / "far.zarr"), mode="w", shape=far.shape, dtype="f8", chunks=(3, 2))
+    stored[:] = far
+    expected = model.predict_proba(far)
+    assert np.all(np.isfinite(expected))
+    for rows in (np.load(tmp_path / "far.npy", mmap_mode="r"), stored):
+        np.testing.assert_allclose(model.predict_proba(rows), expected, rtol=1e-12, atol=1e-15)
+
+
 @pytest.mark.parametrize("method", ["ep", "svi", "vi-jj", "gfitc"])
 def test_prediction_far_beyond_the_data_is_the_prior_without_overflow(method):
     """At X * 1e300 every kernel value is 0: the prediction is the prior's (latent mean 0), and the squared
