@@ -800,6 +800,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def _lazy(self, method_name, X, columns, dtype):
         """A prediction on a dask.array: this model's method ``method_name`` chunk by chunk, lazily (a dask array
         back); ``columns`` None: one value a row (labels of ``dtype``), else that many columns of ``dtype``."""
+        if X.ndim != 2:  # (dask's own words about chunks, or NumPy's AxisError, from the map below)
+            raise ValueError(f"Expected 2D array, got {X.ndim}D array instead (a dask array of shape {X.shape}): a "
+                             "row a sample, one column a feature")
+        I.check_feature_dtype(X)
+        if np.dtype(X.dtype).kind not in "biuf":  # (objects, text: dask's NotImplementedError in the map below)
+            raise ValueError(f"X must be real-valued, got dtype {X.dtype}")
         model = copy.copy(self)
         model.client = None  # the tasks carry the fitted model, not the connection to the cluster
         bound = getattr(model, method_name)

@@ -38,6 +38,7 @@ from .untrusted import check_zarr_array
 
 __all__ = [
     "check_kernel_values",
+    "check_feature_dtype",
     "HeldOut",
     "column_scales",
     "check_precision_keeps_spread",
@@ -185,11 +186,32 @@ def check_rows(shape):
         raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required")
 
 
+def check_feature_dtype(X):
+    """Refuse (one ValueError) an array whose values NumPy converts to floats silently but not as numbers a kernel
+    can read: dates and durations (datetime64, timedelta64: their ticks, so the same dates in another unit were
+    other rows, and NaT a number of -9.2e18), complex numbers on disk (cast to their real part with only NumPy's
+    ComplexWarning; in memory scikit-learn refuses them) and structured records. A DataFrame's columns are checked
+    by name (``check_feature_values``)."""
+    dtype = getattr(X, "dtype", None)
+    if not isinstance(dtype, np.dtype):
+        return
+    if dtype.kind in "mM":
+        raise ValueError(f"X holds dates or times ({dtype}): features must be numbers; convert them first (e.g. to "
+                         "seconds since a date)")
+    if dtype.kind == "c":
+        raise ValueError(f"Complex data not supported: X is {dtype}; features must be real numbers")
+    if dtype.kind == "V":
+        raise ValueError(f"X has a structured dtype ({dtype}): give one number a feature (e.g. "
+                         "numpy.lib.recfunctions.structured_to_unstructured(X))")
+
+
 def check_feature_values(X):
     """Refuse (one ValueError naming the column or row) the host inputs whose conversion to numbers fails with
     another library's words: a DataFrame column of categories, dates or text ("could not convert string to float:
     'hi'", NumPy's DTypePromotionError, neither naming the column), a generator ("float() argument must be ... not
-    'generator'"), a list of rows of different lengths ("inhomogeneous shape after 1 dimensions")."""
+    'generator'"), a list of rows of different lengths ("inhomogeneous shape after 1 dimensions"); an array's dtype
+    as ``check_feature_dtype`` takes it."""
+    check_feature_dtype(X)
     if isinstance(X, collections.abc.Iterator):
         raise ValueError(f"X is a {type(X).__name__}: give the rows as an array (or a list of rows), each with one "
                          "number a feature")
@@ -284,6 +306,7 @@ def check_out_of_core(X, target, *, expected=None, owner="GPClassifier", y=None)
     2 x 10^6 rows was scanned for 20 s (10^12: for ever) before its rows were compared with y's 120. ``target``:
     one of ``DTYPES``; ``expected`` and ``owner``: as ``check_features`` takes them."""
     check_rows(X.shape)
+    check_feature_dtype(X)
     if y is not None:
         labels = getattr(y, "shape", None) or np.shape(y)
         if len(labels) >= 1:

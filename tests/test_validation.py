@@ -400,3 +400,56 @@ def test_a_tiny_lengthscale_that_does_not_overflow_still_fits(data):
     X, y = data
     model = GPClassifier(kernel=RBF(lengthscales=1e-100), n_inducing=5, max_iter=2, random_state=0).fit(X, y)
     assert np.all(np.isfinite(model.predict_proba(X)))
+
+
+def _dated(X):
+    return np.array((X * 1000).astype(int), dtype="datetime64[D]")
+
+
+@pytest.mark.parametrize("make, message", [
+    (_dated, r"X holds dates or times \(datetime64\[D\]\): features must be numbers"),
+    (lambda X: np.array((X * 1000).astype(int), dtype="timedelta64[s]"), r"X holds dates or times \(timedelta64"),
+    (lambda X: X + 1j, r"Complex data not supported: X is complex128"),
+    # (a table of records is 1-D: refused as a 1-D X or by its dtype, whichever is looked at first)
+    (lambda X: np.rec.fromarrays([X[:, 0], X[:, 1]]).view(np.ndarray), r"X has a structured dtype|Expected 2D"),
+], ids=["datetime", "timedelta", "complex", "structured"])
+@pytest.mark.parametrize("where", ["memory", "memmap", "zarr", "dask"])
+def test_dates_complex_and_records_are_refused_on_every_path(data, tmp_path, make, message, where):
+    """A hostile-input audit (2026-12-02): datetime64 and timedelta64 arrays were read as their ticks at fit and
+    at predict (the same dates in another unit were other rows: 0.5 everywhere; NaT a number), and complex rows on
+    disk lost their imaginary part with only NumPy's ComplexWarning. Each is refused at fit and at predict, as a
+    DataFrame's date column and complex rows in memory were."""
+    X, y = data
+    bad = make(X)
+    if where == "memmap":
+        np.save(tmp_path / "X.npy", bad)
+        bad = np.load(tmp_path / "X.npy", mmap_mode="r")
+    elif where == "zarr":
+        zarr = pytest.importorskip("zarr")
+        if bad.dtype.kind in "mMV":
+            pytest.skip(f"zarr does not store {bad.dtype}")
+        stored = zarr.open_array(str(tmp_path / "X.zarr"), mode="w", shape=bad.shape, dtype=bad.dtype, chunks=(50, 2))
+        stored[:] = bad
+        bad = stored
+    elif where == "dask":
+        da = pytest.importorskip("dask.array")
+        bad = da.from_array(bad, chunks=(50, 2)[:bad.ndim])
+    model = GPClassifier(n_inducing=3, max_iter=1, random_state=0).fit(X, y)
+    with pytest.raises(ValueError, match=message if where != "dask" else r"X holds dates|Complex|Expected 2D"):
+        model.predict_proba(bad)
+    if where != "dask":  # (a dask fit refuses them as "X must be real-valued": test_dask)
+        with pytest.raises(ValueError, match=message):
+            GPClassifier(n_inducing=3, max_iter=1).fit(bad, y)
+
+
+def test_a_dask_array_that_is_not_a_table_of_numbers_is_refused_at_predict(data):
+    """1-D and 3-D dask arrays and dask arrays of objects got NumPy's AxisError or dask's own errors."""
+    da = pytest.importorskip("dask.array")
+    X, y = data
+    model = GPClassifier(n_inducing=3, max_iter=1, random_state=0).fit(X, y)
+    with pytest.raises(ValueError, match=r"Expected 2D array, got 1D array instead"):
+        model.predict_proba(da.from_array(X[:, 0]))
+    with pytest.raises(ValueError, match=r"Expected 2D array, got 3D array instead"):
+        model.predict_proba(da.from_array(X[None]))
+    with pytest.raises(ValueError, match=r"X must be real-valued, got dtype object"):
+        model.predict(da.from_array(X.astype(object), chunks=(50, 2)))
