@@ -821,6 +821,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         # (a column vector of labels, as fit takes it: compared as it was, it broadcast against the predictions to
         # an n x n table, whose mean was returned as the accuracy)
         y = I.host_labels(y, predicted.shape[0], type(self).__name__)
+        I.check_label_kind(y, self.classes_)
         return float(np.average(predicted == y, weights=I.score_weights(sample_weight, len(y))))
 
     # -- persistence: all that a model file (agpc.model_file) uses of the estimator ----------------

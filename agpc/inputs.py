@@ -38,6 +38,7 @@ from .untrusted import check_zarr_array
 
 __all__ = [
     "check_kernel_values",
+    "check_label_kind",
     "check_feature_dtype",
     "HeldOut",
     "column_scales",
@@ -985,6 +986,26 @@ def stream_weights(plan, sample_weight, inputs, class_labels=None):
 
 
 def score_weights(sample_weight, n_rows):
-    """``score``'s weights: None (every row counts once) or checked as ``fit``'s are."""
-    return None if sample_weight is None else V.check_sample_weight(sample_weight, n_rows)
+    """``score``'s weights: None (every row counts once) or checked as ``fit``'s are, scaled to a largest weight of 1
+    (an average's weights count only by their ratios: weights of 1e308 summed to inf, and the accuracy was NaN with
+    NumPy's warnings)."""
+    if sample_weight is None:
+        return None
+    weights = V.check_sample_weight(sample_weight, n_rows)
+    largest = float(np.max(weights)) if weights.size else 0.0
+    return weights / largest if largest > 0 else weights
+
+
+def check_label_kind(y, classes):
+    """``score``'s labels against the model's classes: labels of another kind (text against numbers) are one
+    ValueError in scikit-learn's words; compared as they were, no label matched, and the accuracy was 0.0."""
+    def kind(values):
+        values = np.asarray(values)
+        if values.dtype == object:
+            return "string" if values.size and isinstance(values.flat[0], (str, bytes)) else "number"
+        return "string" if values.dtype.kind in "US" else "number"
+
+    if len(y) and len(classes) and kind(y) != kind(classes):
+        raise ValueError(f"Mix of label input types (string and number): y holds {kind(y)}s, the model's classes "
+                         f"are {kind(classes)}s ({L.label_text(list(np.asarray(classes)))})")
 

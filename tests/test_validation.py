@@ -453,3 +453,21 @@ def test_a_dask_array_that_is_not_a_table_of_numbers_is_refused_at_predict(data)
         model.predict_proba(da.from_array(X[None]))
     with pytest.raises(ValueError, match=r"X must be real-valued, got dtype object"):
         model.predict(da.from_array(X.astype(object), chunks=(50, 2)))
+
+
+def test_score_refuses_labels_of_another_kind_and_takes_weights_of_any_scale(data):
+    """A hostile-input audit (2026-12-02): ``score(X, y.astype(str))`` on a model of numeric classes returned 0.0
+    (no label matched), where scikit-learn's accuracy_score raises "Mix of label input types"; weights of 1e308
+    summed to inf, and the accuracy was NaN with NumPy's warnings. An accuracy counts its weights by their ratios."""
+    X, y = data
+    model = GPClassifier(n_inducing=3, max_iter=2, random_state=0).fit(X, y)
+    with pytest.raises(ValueError, match=r"Mix of label input types \(string and number\): y holds strings, the "
+                                         r"model's classes are numbers"):
+        model.score(X, y.astype(str))
+    text = GPClassifier(n_inducing=3, max_iter=2, random_state=0).fit(X, np.where(y > 0, "yes", "no"))
+    with pytest.raises(ValueError, match=r"y holds numbers, the model's classes are strings \(\['no', 'yes'\]\)"):
+        text.score(X, (y > 0).astype(int))
+    weights = np.random.default_rng(0).uniform(0.5, 2.0, size=len(y))
+    expected = model.score(X, y, sample_weight=weights)
+    assert model.score(X, y, sample_weight=weights / 2.0 * 1e308) == pytest.approx(expected, rel=1e-12)
+    assert text.score(X, np.where(y > 0, "yes", "no")) == model.score(X, y)
