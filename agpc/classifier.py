@@ -30,7 +30,7 @@ from .inducing import with_any_levels
 from .inference import training
 from .kernels import (ANY_LEVEL, ClassKernels, Kernel, any_level_columns, categorical_columns, tied_parameters,
                       with_default_priors)
-from .likelihoods import likelihood_by_name
+from .likelihoods import MAX_QUADRATURE, likelihood_by_name
 from .model import FIT_RECORD, FittedModel, FittedState
 from .model_file import EstimatorSchema, read_model_file, unpickled_state, write_model_file
 from .plan import FitPlan
@@ -39,6 +39,9 @@ __all__ = ["GPClassifier"]
 
 _OPTIMIZE_GROUPS = V.Subset("kernel", "inducing")  # what ``optimize`` may name
 _COUNT = V.Interval(numbers.Integral, 1, None, "left")
+# the settings prediction reads (``FittedModel``): checked when it reads them, as ``fit`` checks them, since a
+# ``set_params`` after the fit may have changed them
+_PREDICTION_SETTINGS = ("n_quadrature", "block_rows", "blas_threads")
 _POSITIVE = V.Interval(numbers.Real, 0, None, "neither")
 _NON_NEGATIVE = V.Interval(numbers.Real, 0, None, "left")
 
@@ -110,7 +113,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         of one's own (``agpc.likelihoods.register_likelihood``) is trained by EP, SEP and ADF where it has EP's site
         terms, by SVI where it has a log density (docs/likelihoods.md).
     n_quadrature : int, default=20
-        Gauss-Hermite nodes for SVI's expected log-likelihood and logistic predictions.
+        Gauss-Hermite nodes for SVI's expected log-likelihood and logistic predictions (1 to 100).
     optimize : True, False or a tuple of "kernel" / "inducing"
         What to learn. ``False`` runs EP to convergence on fixed hyper-parameters.
     dtype : {"float64", "float32"}, default="float64"
@@ -288,7 +291,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "shuffle": [V.Boolean()], "eval_every": [V.NONE, _COUNT], "n_iter_no_change": [V.NONE, _COUNT],
         "inducing": [V.Options("auto", "kmeans", "variance", "random"), V.ArrayLike()],
         "likelihood": [V.NONE, M.RegisteredLikelihood()],  # which method takes which: ``_check_params``
-        "n_quadrature": [_COUNT], "optimize": [V.NONE, V.Boolean(), _OPTIMIZE_GROUPS],
+        "n_quadrature": [V.Interval(numbers.Integral, 1, MAX_QUADRATURE, "both")], "optimize": [V.NONE, V.Boolean(), _OPTIMIZE_GROUPS],
         "jitter": [_NON_NEGATIVE], "tol": [_NON_NEGATIVE],
         "random_state": [V.NONE, V.RandomState()],
         "verbose": [V.Boolean(), V.Interval(numbers.Integral, 0, None, "left")],
@@ -752,6 +755,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """The fitted model as one value (``agpc.model.FittedModel``: kernel, likelihood, inducing points, q(u)),
         which prediction and uncertainty read. Raises NotFittedError before ``fit``."""
         check_is_fitted(self, "posterior_")
+        settings = {name: getattr(self, name, None) for name in _PREDICTION_SETTINGS}
+        V.validate_params(settings, {name: self._parameter_constraints[name] for name in settings}, type(self).__name__)
         # (a model pickled before it kept its likelihood object: by its name)
         likelihood = getattr(self, "_likelihood", None) or self.likelihood_
         return FittedModel.of(self.kernel_, likelihood, self.inducing_points_, self.posterior_, self.classes_,
@@ -762,7 +767,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         input's namespace, or None for NumPy arrays, lists and data on disk; the input's device)): data on disk is
         predicted a block at a time, and so are host rows too large for the device's free memory."""
         model = self.fitted_model()
-        dtype, expected, owner = I.dtype_name(self.dtype), self.n_features_in_, type(self).__name__
+        # (the model's own type: a set_params(dtype=...) since the fit does not change what it was fitted in)
+        Z = model.inducing_points
+        dtype = "float32" if Z.dtype == B.array_namespace(Z).float32 else "float64"
+        expected, owner = self.n_features_in_, type(self).__name__
         X = self._coded(X, expected)
         if B.is_out_of_core(X):
             I.check_out_of_core(X, dtype, expected=expected, owner=owner)
@@ -868,7 +876,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     def save(self, path):
         """Save the fitted model as data (npz + JSON, plain data only) to ``path``, a file name (written
-        atomically) or a binary file object. See :mod:`agpc.model_file`; ``agpc.save_model`` is the same."""
+        atomically) or a binary file object. See :mod:`agpc.model_file`; ``agpc.save_model`` is the same (parameters
+        set since the fit checked first, as ``fit`` checks them: ``load_model`` would refuse them)."""
+        self.check_params()
         write_model_file(path, type(self).__name__, self.get_params(deep=False), self.fitted_state())
 
     @classmethod

@@ -33,6 +33,7 @@ from .backend import (array_device, array_namespace, asarray_like, gauss_hermite
                       log_normal_pdf, to_numpy)
 
 __all__ = [
+    "MAX_QUADRATURE",
     "NormalQuadrature",
     "Likelihood",
     "Probit",
@@ -63,6 +64,10 @@ __all__ = [
     "LEGENDRE_NODES",
 ]
 
+# The most Gauss-Hermite nodes ``GPClassifier(n_quadrature=...)`` takes (fit, prediction, model files): the papers use
+# 20; past about 150 the outer weights underflow to 0 (the logistic likelihood's log of them was NumPy's "divide by
+# zero"), and the nodes' n x n Jacobi matrix (``backend.gauss_hermite``) of 10^7 nodes took the machine's memory
+MAX_QUADRATURE = 100
 GAUSSIAN_REACH = 12.0  # sd: the normal's mass beyond is 4e-33
 LEGENDRE_NODES = 192  # the largest interval (80 wide, logistic) is then exact to round-off (tests/test_uncertainty)
 HOULSBY_C = math.sqrt(math.pi * math.log(2.0) / 2.0)  # Houlsby et al. (2011), sec. 3

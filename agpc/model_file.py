@@ -88,7 +88,7 @@ PIPELINE_ATOL = 1e-6
 MAX_ITERATIONS = int(np.iinfo(np.int64).max)
 
 __all__ = ["FORMAT", "VERSION", "PLAIN_VERSION", "SCALER_ARRAYS", "step_names_problem", "NOT_RESTORED",
-           "VALUE_WHEN_ABSENT", "MAX_LABEL_BYTES", "MAX_QUADRATURE",
+           "VALUE_WHEN_ABSENT", "MAX_LABEL_BYTES",
            "FIT_RECORD", "FittedState", "EstimatorSchema", "write_model_file", "read_model_file", "read_model_parts",
            "unpickled_state"]
 
@@ -105,10 +105,6 @@ FITTED_AS = ("kernel_prior", "ard", "early_stopping")  # those a fitted model ec
 # validation_fraction, what no model without it used): an older pickle is completed with it (else get_params, repr
 # and clone of the unpickled estimator fail)
 PARAMETERS_ADDED = {"class_weight": None, "classes": None, "validation_fraction": 0.1}
-# Gauss-Hermite nodes for SVI's binary logistic predictions (20 by default): more than this from a file is
-# a way to make prediction take gigabytes, not a model
-MAX_QUADRATURE = 1000
-
 
 @dataclass(frozen=True)
 class EstimatorSchema:
@@ -152,6 +148,11 @@ def write_model_file(path, estimator_name, params, state, scaler=None):
     # and kernel parameters named "<class>:<name>".
     posts = state.posterior if isinstance(state.posterior, tuple) else None
     classes = np.asarray(state.classes)
+    fitted_with = get_method(params["method"]).likelihood_for(params["likelihood"], classes.shape[0])
+    if isinstance(state.likelihood, str) and fitted_with != state.likelihood:  # (``load_model`` refuses such a file)
+        raise ValueError(f"the model was fitted with the {state.likelihood!r} likelihood, and its parameters set since "
+                         f"(method {params['method']!r}, likelihood {params['likelihood']!r}) fit {fitted_with!r}: "
+                         "set them back, or fit again, before saving")
     if classes.dtype.kind not in FILE_LABEL_KINDS:
         classes = classes.astype(str)
     arrays = {
@@ -270,9 +271,6 @@ def _checked_params(stored, schema, refuse):
     jitter = params["jitter"]
     if not (isinstance(jitter, (int, float)) and math.isfinite(jitter) and jitter >= 0):
         raise refuse(f"params.jitter: {jitter!r} is not a non-negative number")
-    if params["n_quadrature"] > MAX_QUADRATURE:  # prediction builds an n_quadrature^2 matrix for its nodes
-        raise refuse(f"params.n_quadrature: {params['n_quadrature']} nodes, a model file may ask for {MAX_QUADRATURE} "
-                     "at most")
     return params
 
 

@@ -47,6 +47,9 @@ def save_model(model, path):
     numbers of features, or whose step names are not plain identifiers (``make_pipeline``'s are), before anything
     is written."""
     classifier, scaler = _parts(model)
+    # (parameters set after the fit are checked as fit checks them: a file of parameters load_model refuses was
+    # written, and was found unreadable only when loaded)
+    classifier.check_params()
     write_model_file(path, type(classifier).__name__, classifier.get_params(deep=False), classifier.fitted_state(),
                      scaler)
 

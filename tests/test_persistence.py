@@ -369,7 +369,8 @@ CORRUPTIONS = {
     "unknown method": ({"params": {"method": "nope"}}, {}, ["params", "nope"]),
     "params value a mapping": ({"params": {"n_inducing": {"a": 1}}}, {}, ["params.n_inducing"]),
     "jitter a string": ({"params": {"jitter": "big"}}, {}, ["params", "jitter"]),
-    "quadrature in the billions": ({"params": {"n_quadrature": 10 ** 9}}, {}, ["params.n_quadrature"]),
+    "quadrature in the billions": ({"params": {"n_quadrature": 10 ** 9}}, {}, ["params", "n_quadrature must be an int "
+                                                                                "in [1, 100]"]),
     # (found by the random header test: 2**64 reached the BLAS as a C int, an OverflowError in prediction)
     "blas_threads past a C int": ({"params": {"blas_threads": 2 ** 64}}, {}, ["params", "blas_threads"]),
     "unknown kernel": ({"kernel": {"type": "Evil"}}, {}, ["kernel", "Evil"]),
@@ -990,3 +991,25 @@ def test_saving_and_loading_a_plain_classifier_imports_no_pipeline_module(saved,
                          capture_output=True, text=True, cwd=os.path.dirname(HERE)).stdout
     assert out.strip() == "[]"
     assert (tmp_path / "copy.agpc").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(n_quadrature="abc"), r"n_quadrature must be an int in \[1, 100\]"),
+    (dict(classes=[7, 8]), r"classes= gives the order of ordered classes"),
+    (dict(method="svi", likelihood="logistic"), r"the model was fitted with the 'probit' likelihood, and its "
+                                                r"parameters set since \(method 'svi', likelihood 'logistic'\) fit "
+                                                r"'logistic': set them back, or fit again, before saving"),
+])
+def test_parameters_set_since_the_fit_that_load_would_refuse_are_refused_at_save(tmp_path, change, message):
+    """A hostile-input audit (2026-12-02): ``save_model`` wrote a model whose parameters, set after the fit, the
+    loader refuses (bad values, or a method and likelihood that fit another likelihood than the model's): the file
+    was found unreadable only when loaded. Now refused at save, nothing written."""
+    import pickle
+
+    X, y = make_banana(80, random_state=0)
+    model = pickle.loads(pickle.dumps(GPClassifier(n_inducing=4, max_iter=2, random_state=0).fit(X, y)))
+    model.set_params(**change)
+    for save in (lambda path: agpc.save_model(model, path), model.save):
+        with pytest.raises(ValueError, match=message):
+            save(tmp_path / "m.agpc")
+        assert not list(tmp_path.iterdir())

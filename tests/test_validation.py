@@ -471,3 +471,39 @@ def test_score_refuses_labels_of_another_kind_and_takes_weights_of_any_scale(dat
     expected = model.score(X, y, sample_weight=weights)
     assert model.score(X, y, sample_weight=weights / 2.0 * 1e308) == pytest.approx(expected, rel=1e-12)
     assert text.score(X, np.where(y > 0, "yes", "no")) == model.score(X, y)
+
+
+@pytest.mark.parametrize("setting, value, message", [
+    ("n_quadrature", 2.5, r"n_quadrature must be an int in \[1, 100\], got 2\.5"),
+    ("n_quadrature", True, r"n_quadrature must be an int in \[1, 100\], got True"),
+    ("n_quadrature", "abc", r"n_quadrature must be an int in \[1, 100\], got 'abc'"),
+    ("n_quadrature", 3000, r"n_quadrature must be an int in \[1, 100\], got 3000"),
+    ("block_rows", 0, r"block_rows must be None or an int in \[1, inf\), got 0"),
+    ("block_rows", 1.5, r"block_rows must be None or an int"),
+])
+def test_prediction_checks_the_settings_it_reads_as_fit_does(data, setting, value, message):
+    """A hostile-input audit (2026-12-02): prediction read ``n_quadrature`` and ``block_rows`` as ``set_params`` left
+    them since the fit, unchecked: 2.5 or True nodes silently changed the probabilities (int() of them), "abc" was
+    Python's int() error, 3000 nodes took seconds a row (10^7 took the machine's memory), a block of 0 rows was
+    taken. Each is refused as fit refuses it; ``n_quadrature`` has an upper bound, 100."""
+    import pickle
+
+    X, y = data
+    model = GPClassifier(method="svi", likelihood="logistic", n_inducing=3, max_iter=1, random_state=0).fit(X, y)
+    changed = pickle.loads(pickle.dumps(model)).set_params(**{setting: value})
+    with pytest.raises(ValueError, match=message):
+        changed.predict_proba(X[:3])
+    with pytest.raises(ValueError, match=message):
+        GPClassifier(method="svi", n_inducing=3, max_iter=1, **{setting: value}).fit(X, y)
+
+
+def test_prediction_takes_rows_in_the_type_the_model_was_fitted_in(data):
+    """``set_params(dtype="float32")`` after a float64 fit rounded the rows to float32 at predict (and refused 1e39
+    as "too large for float32"); the model computes in its own type, float64."""
+    import pickle
+
+    X, y = data
+    model = GPClassifier(n_inducing=3, max_iter=1, random_state=0).fit(X, y)
+    changed = pickle.loads(pickle.dumps(model)).set_params(dtype="float32")
+    rows = np.array([[1.0000001, 0.3], [1e39, 0.0]])
+    np.testing.assert_array_equal(changed.predict_latent(rows)[0], model.predict_latent(rows)[0])
