@@ -44,7 +44,7 @@ from .kernels import (MAX_LISTED_LEVELS, ORDINAL_KERNEL, PER_DIMENSION, ClassKer
 from .likelihoods import LIKELIHOODS, registered_likelihood
 from .methods import get_method
 from .model import FIT_RECORD, FittedModel, FittedState
-from .untrusted import RefusedFile, available_memory, describe
+from .untrusted import RefusedFile, available_memory, check_file_argument, describe
 from .categories import MAX_LEVELS, CategoricalColumns
 from .labels import FILE_LABEL_KINDS, MAX_LABEL_BYTES
 
@@ -144,6 +144,7 @@ def write_model_file(path, estimator_name, params, state, scaler=None):
     ``scaler``: the standardisation of the features before it, {"with_mean", "with_std", "n_samples_seen": bools
     and an int, "steps": the two step names, "feature_names": the pipeline's input columns or None, and
     the arrays of ``SCALER_ARRAYS`` it has} (``agpc.persistence`` takes them from a fitted StandardScaler)."""
+    path = check_file_argument(path, "save_model", writing=True)
     # A multiclass model has one posterior and one kernel per class: stacked (C, m, m) / (C, m) arrays
     # and kernel parameters named "<class>:<name>".
     posts = state.posterior if isinstance(state.posterior, tuple) else None
@@ -626,6 +627,7 @@ def read_model_parts(path, schema, backend="numpy"):
     None) of a model file: what ``read_model_file`` reads, and the scaler ``write_model_file`` wrote ({"with_mean",
     "with_std", "n_samples_seen", "steps", and the arrays of ``SCALER_ARRAYS``, None where absent}), checked. The
     feature names are then the scaler's, the pipeline's input (``feature_names``), not the estimator's."""
+    path = check_file_argument(path, "load_model")
     refuse = functools.partial(_refuse, path)
     header, arrays = read_archive(path, refuse, functools.partial(_check_declared_sizes, path))
     version = _check_version(header, refuse, FORMAT)

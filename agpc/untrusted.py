@@ -35,7 +35,7 @@ import zlib
 import numpy as np
 from numpy.lib import format as npy_format
 
-__all__ = ["RefusedFile", "describe", "check_regular_file", "read_npy", "read_npz", "open_zarr", "read_parquet_columns",
+__all__ = ["RefusedFile", "check_file_argument", "describe", "check_regular_file", "read_npy", "read_npz", "open_zarr", "read_parquet_columns",
            "available_memory", "MIN_PYARROW", "check_zarr_array", "zarr_directory", "printable"]
 
 # dtypes a data or model file may hold: booleans, integers, floats, strings (labels, the model's header)
@@ -57,6 +57,26 @@ class RefusedFile(ValueError):
         self.path = describe(path)
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
+
+
+def check_file_argument(source, what, writing=False):
+    """A model file's ``path`` argument: a file name (str, bytes, os.PathLike) or a binary file object (one with
+    ``read``, or ``write`` when ``writing``), else one ValueError saying what was given (None was os.stat's
+    TypeError; a file's bytes given as its name, a message of the whole file's bytes). Returns it, a name in bytes
+    as text (``os.fsdecode``: the zip reader took bytes for a file object)."""
+    if writing and hasattr(source, "write"):
+        if hasattr(source, "writable") and not source.writable():  # (io.UnsupportedOperation: write)
+            raise ValueError(f"{what}: {describe(source)} is not open for writing (open it with mode 'wb')")
+        return source
+    if not writing and hasattr(source, "read"):
+        return source
+    if isinstance(source, bytes) and b"\0" in source:
+        raise ValueError(f"{what}: a bytes object of {len(source):,} bytes holding NUL is no file name (a file's "
+                         "contents? wrap them in io.BytesIO)")
+    if not isinstance(source, (str, bytes, os.PathLike)):
+        kind = "binary file object" + (" open for writing" if writing else "")
+        raise ValueError(f"{what}: a file name or a {kind}, got {type(source).__name__}")
+    return os.fsdecode(source) if isinstance(source, bytes) else source
 
 
 def describe(source):

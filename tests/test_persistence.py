@@ -1013,3 +1013,32 @@ def test_parameters_set_since_the_fit_that_load_would_refuse_are_refused_at_save
         with pytest.raises(ValueError, match=message):
             save(tmp_path / "m.agpc")
         assert not list(tmp_path.iterdir())
+
+
+def test_a_path_argument_of_the_wrong_kind_is_one_value_error(tmp_path):
+    """A hostile-input audit (2026-12-02): ``load_model(None)`` and ``save_model(model, None)`` raised os.stat's
+    TypeError; a file's bytes given as its name got a message of the whole file's bytes; saving to a file open for
+    reading raised io.UnsupportedOperation; a name in bytes failed in the zip reader (AttributeError)."""
+    import io
+
+    X, y = make_banana(80, random_state=0)
+    model = GPClassifier(n_inducing=4, max_iter=2, random_state=0).fit(X, y)
+    path = tmp_path / "m.agpc"
+    agpc.save_model(model, path)
+    with pytest.raises(ValueError, match=r"^load_model: a file name or a binary file object, got NoneType$"):
+        agpc.load_model(None)
+    with pytest.raises(ValueError, match=r"^save_model: a file name or a binary file object open for writing, got "
+                                         r"NoneType$"):
+        agpc.save_model(model, None)
+    contents = path.read_bytes()
+    with pytest.raises(ValueError, match=r"^load_model: a bytes object of [\d,]+ bytes holding NUL is no file name "
+                                         r"\(a file's contents\? wrap them in io.BytesIO\)$"):
+        agpc.load_model(contents)
+    with open(path, "rb") as reading, pytest.raises(ValueError, match=r"m\.agpc is not open for writing \(open it "
+                                                                      r"with mode 'wb'\)"):
+        model.save(reading)
+    assert path.read_bytes() == contents
+    expected = model.predict_proba(X)
+    np.testing.assert_array_equal(agpc.load_model(io.BytesIO(contents)).predict_proba(X), expected)
+    agpc.save_model(model, os.fsencode(tmp_path / "bytes.agpc"))
+    np.testing.assert_array_equal(agpc.load_model(os.fsencode(tmp_path / "bytes.agpc")).predict_proba(X), expected)
