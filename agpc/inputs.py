@@ -294,10 +294,55 @@ def check_features(X, target, *, expected=None, owner="GPClassifier"):
 
 
 def _checked_array(X, dtype, expected, owner):
-    """Host rows through scikit-learn's ``check_array`` (2-D, finite, of ``dtype``), then their feature count."""
-    X = check_array(X, dtype=dtype, ensure_all_finite=True, estimator=owner, input_name="X")
+    """Host rows through scikit-learn's ``check_array`` (2-D, finite, of ``dtype``), then their feature count. A
+    cell that is not a number is named by its row and column (``_first_non_number``): the conversion's own words
+    were Python's (TypeError of a complex number, OverflowError of 10**400) or NumPy's, naming neither."""
+    try:
+        X = check_array(X, dtype=dtype, ensure_all_finite=True, estimator=owner, input_name="X")
+    except (ValueError, TypeError, OverflowError) as exc:
+        cell = _first_non_number(X)
+        if cell is None:
+            if isinstance(exc, ValueError):
+                raise
+            raise ValueError(f"X cannot be read as numbers ({type(exc).__name__}: {exc})") from None
+        row, column, value, too_large = cell
+        where = f"X row {row}, column {column} holds {_short(value)}"
+        if isinstance(exc, TypeError):  # (scikit-learn's estimator checks expect a TypeError there, in its words)
+            raise TypeError(f"{where}: {exc}") from None
+        what = "a number too large for a float" if too_large else "not a real number"
+        raise ValueError(f"{where}, {what}: features must be real numbers (text is a category: name its column in "
+                         "categorical_features)") from None
     check_feature_count(X.shape[1], expected, owner)
     return X
+
+
+def _first_non_number(X):
+    """(row, column, value, whether it is a number too large for a float) of the first cell of 2-D host rows (a list
+    of rows, an array of text or objects) that Python's float does not read as a real number, or None (all
+    numbers, or not a table)."""
+    try:
+        cells = np.asarray(X, dtype=object)
+    except (ValueError, TypeError):
+        return None
+    if cells.ndim != 2:
+        return None
+    for (row, column), value in np.ndenumerate(cells):
+        if isinstance(value, (bool, np.bool_)):
+            continue
+        try:
+            float(value)
+        except OverflowError:
+            return row, column, value, True
+        except (TypeError, ValueError):
+            return row, column, value, False
+        if isinstance(value, (complex, np.complexfloating)):
+            return row, column, value, False
+    return None
+
+
+def _short(value, limit=40):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def check_out_of_core(X, target, *, expected=None, owner="GPClassifier", y=None):

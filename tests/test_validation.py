@@ -507,3 +507,25 @@ def test_prediction_takes_rows_in_the_type_the_model_was_fitted_in(data):
     changed = pickle.loads(pickle.dumps(model)).set_params(dtype="float32")
     rows = np.array([[1.0000001, 0.3], [1e39, 0.0]])
     np.testing.assert_array_equal(changed.predict_latent(rows)[0], model.predict_latent(rows)[0])
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([[1 + 0j, 2.0]], r"X row 0, column 0 holds \(1\+0j\): float\(\) argument must be a string or a real number"),
+    ([[0.5, 10 ** 400]], r"X row 0, column 1 holds 1000.*\.\.\., a number too large for a float"),
+    (np.array([["0.1", "0.2"], ["0.3", "b"]]), r"X row 1, column 1 holds 'b', not a real number"),
+    (np.array([[1.0, None]], dtype=object), r"X row 0, column 1 holds None, not a real number"),
+], ids=["complex in a list", "10**400", "text array", "None in objects"])
+def test_a_cell_that_is_not_a_number_is_named_by_its_row_and_column(data, rows, message):
+    """A hostile-input audit (2026-12-02): such rows got Python's TypeError or OverflowError, or NumPy's "could not
+    convert string to float", naming neither the row nor the column. Now one error naming both, at predict and at
+    fit."""
+    X, y = data
+    model = GPClassifier(n_inducing=3, max_iter=1, random_state=0).fit(X, y)
+    # (a complex number is Python's TypeError, as scikit-learn's estimator checks expect of a cell float() refuses)
+    error = TypeError if isinstance(rows[0][0], complex) else ValueError
+    with pytest.raises(error, match=message):
+        model.predict(rows)
+    table = [list(row) for row in np.asarray(rows, dtype=object)] * 10
+    with pytest.raises(error, match=message):
+        GPClassifier(n_inducing=3, max_iter=1, categorical_features=None).fit(
+            np.array(table, dtype=object) if isinstance(rows, np.ndarray) else table, [0, 1] * (len(table) // 2))
