@@ -360,7 +360,8 @@ def check_out_of_core(X, target, *, expected=None, owner="GPClassifier", y=None)
     check_zarr_array(X)
     for lo in range(0, X.shape[0], CHUNK):
         try:
-            block = np.asarray(X[lo:lo + CHUNK], dtype=target)
+            with np.errstate(over="ignore"):  # (a value too large for ``target`` is inf, refused below by name)
+                block = np.asarray(X[lo:lo + CHUNK], dtype=target)
         except (ValueError, TypeError) as exc:  # (a chunk that is not what the metadata says: zarr's reshape error)
             hi = min(X.shape[0], lo + CHUNK) - 1
             raise ValueError(f"X cannot be read at rows {lo}..{hi} ({' '.join(str(exc).split())}): its stored chunks "

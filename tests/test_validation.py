@@ -529,3 +529,15 @@ def test_a_cell_that_is_not_a_number_is_named_by_its_row_and_column(data, rows, 
     with pytest.raises(error, match=message):
         GPClassifier(n_inducing=3, max_iter=1, categorical_features=None).fit(
             np.array(table, dtype=object) if isinstance(rows, np.ndarray) else table, [0, 1] * (len(table) // 2))
+
+
+def test_rows_on_disk_too_large_for_a_float32_model_are_refused_without_a_warning(data, tmp_path):
+    """A hostile-input audit (2026-12-02): a memmap holding 1e39, predicted by a float32 model, leaked NumPy's
+    "overflow encountered in cast" before the right error."""
+    X, y = data
+    model = GPClassifier(n_inducing=3, max_iter=1, random_state=0, dtype="float32").fit(X, y)
+    np.save(tmp_path / "far.npy", np.array([[0.5, 0.5], [1e39, 0.0]]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"Input X contains NaN or infinity \(rows 0\.\.1\)"):
+            model.predict(np.load(tmp_path / "far.npy", mmap_mode="r"))
