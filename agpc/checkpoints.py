@@ -119,6 +119,9 @@ def check_output_path(path, what=None, inputs=()):
         raise ValueError(f"{what}: an empty path names no file")
     if "\0" in text:  # (the system's own words were "embedded null byte")
         raise ValueError(f"{printable(what)}: a path holds no NUL character (\\x00)")
+    if text.endswith(tuple({"/", os.sep})) and not os.path.isdir(text):  # (a directory is refused below, by name)
+        raise ValueError(f"{what}: it ends with {text[-1]!r}, a directory's name, and no such directory exists; name "
+                         "a file")
     target = _outside_system_directories(text, what)
     try:
         mode = os.stat(target).st_mode

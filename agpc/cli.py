@@ -73,6 +73,13 @@ class UsageError(Exception):
 
 # -- writing outputs -----------------------------------------------------------------------------------
 
+def _check_png_name(path):
+    """``--plot``: the file is a PNG image; a name of another kind (plot.pdf, plot.txt) got PNG bytes under it."""
+    suffix = os.path.splitext(os.fspath(path))[1]
+    if suffix and suffix.lower() != ".png":
+        raise UsageError(f"--plot {path}: agpc writes PNG images; name the file .png (not {suffix})")
+
+
 def _check_writable(path, inputs=()):
     """Fail before any long computation if ``path`` cannot be written (``checkpoints.check_writable``: no such
     directory, a directory, a device, a FIFO, a path under /proc, /sys or /dev, a directory this process cannot
@@ -549,6 +556,7 @@ def inspect(args):
         raise UsageError("--data and --target go together: the rows to score the model's calibration on, and their "
                          "label column")
     if args.plot is not None:
+        _check_png_name(args.plot)
         _check_writable(args.plot, [args.model] + ([args.data] if args.data is not None else []))
     model = _load_model(args.model)
     # (load_model gives a GPClassifier, or a Pipeline ending in one: a file of 'agpc fit --standardize')
@@ -620,6 +628,7 @@ def _plot_banana(model, X, y, path):
 
 def demo(args):
     if args.plot is not None:
+        _check_png_name(args.plot)
         _check_writable(args.plot)
     X, y = make_banana(2000, random_state=0)
     Xt, yt = make_banana(10000, random_state=1)

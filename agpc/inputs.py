@@ -213,6 +213,10 @@ def check_feature_values(X):
     'generator'"), a list of rows of different lengths ("inhomogeneous shape after 1 dimensions"); an array's dtype
     as ``check_feature_dtype`` takes it."""
     check_feature_dtype(X)
+    if isinstance(X, np.ma.MaskedArray) and np.ma.getmask(X) is not np.ma.nomask and np.ma.getmask(X).any():
+        row, column = np.argwhere(np.ma.getmaskarray(X))[0] if np.ndim(X) == 2 else (0, 0)
+        raise ValueError(f"X is a masked array with masked values (first at row {row}, column {column}): its mask "
+                         "would be ignored and the values under it used; fill them (X.filled(...)) or drop those rows")
     if isinstance(X, collections.abc.Iterator):
         raise ValueError(f"X is a {type(X).__name__}: give the rows as an array (or a list of rows), each with one "
                          "number a feature")

@@ -179,12 +179,21 @@ def labels_from_text(texts):
     return _labels(np.asarray(list(texts), dtype=str))
 
 
+def _floats(values):
+    """A column's cells as float64: NumPy's conversion, which reads text as Python's float does, but not a cell
+    with an underscore ("1_000" was read as 1000, and an identifier "12_5" as 125, where "1,000" is refused)."""
+    if values.dtype.kind in "US" and values.size and np.any(np.char.find(values, "_" if values.dtype.kind == "U"
+                                                                         else b"_") >= 0):
+        raise ValueError("a cell with an underscore is not a number")
+    return values.astype(np.float64)
+
+
 def _feature_values(values, name, path, row_of):
     """A feature column's values: numbers (float64), or, where at most half of them are numbers and none marks a
     missing value, the column's text (a categorical column: ``text_columns``)."""
     values = np.asarray(values)
     try:
-        return values.astype(np.float64)
+        return _floats(values)
     except (ValueError, TypeError):
         text = values.tolist()
         # ("NA", "?": a missing value, not a level; a column of mostly numbers with some text: a typo in a numeric
@@ -217,7 +226,7 @@ def text_columns(X):
 def _numeric(values, name, path, row_of=None, what="feature"):
     values = np.asarray(values)
     try:
-        return values.astype(np.float64)
+        return _floats(values)
     except (ValueError, TypeError):
         row, bad = next((i, v) for i, v in enumerate(values.tolist()) if not _is_number(v))
         where = f"{row_of(row)}, " if row_of else ""
@@ -238,6 +247,8 @@ def _looks_missing(value):
 
 
 def _is_number(value):
+    if isinstance(value, (str, bytes)) and ("_" in value if isinstance(value, str) else b"_" in value):
+        return False  # (Python's float reads "1_000" as 1000: ``_floats``)
     try:
         float(value)
     except (ValueError, TypeError):

@@ -1357,3 +1357,26 @@ def test_standardize_of_a_column_whose_variance_overflows_names_the_column(tmp_p
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "--standardize" in error and "overflows float64" in error, error
     assert "NaN" not in error and "RuntimeWarning" not in error and not model.exists()
+
+
+def test_smaller_misreadings_of_a_hostile_input_audit_are_refused(tmp_path, capsys):
+    """A hostile-input audit (2026-12-02): a CSV cell "1_000" was read as 1000 (Python's float takes underscores;
+    "1,000" was refused); ``--out results/`` wrote a file named "results"; ``--plot plot.pdf`` wrote PNG bytes
+    under that name; a masked array's mask was ignored (the values under it predicted)."""
+    table = tmp_path / "t.csv"
+    table.write_text("a,b,y\n" + "".join(f"{i / 10},{(i * 7) % 5},{i % 2}\n" for i in range(30)) + "1_000,3,1\n")
+    assert main(["fit", str(table), "--target", "y", "--out", str(tmp_path / "m.agpc")] + FIT_OPTIONS) == 2
+    assert "line 32, feature column 'a' is not numeric (value '1_000')" in capsys.readouterr().err
+    table.write_text("a,b,y\n" + "".join(f"{i / 10},{(i * 7) % 5},{i % 2}\n" for i in range(31)))
+    assert main(["fit", str(table), "--target", "y", "--out", str(tmp_path / "results") + "/"] + FIT_OPTIONS) == 2
+    assert "it ends with '/', a directory's name, and no such directory exists; name a file" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
+    assert main(["fit", str(table), "--target", "y", "--out", str(tmp_path / "m.agpc")] + FIT_OPTIONS) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "m.agpc"), "--plot", str(tmp_path / "plot.pdf")]) == 2
+    assert "--plot" in capsys.readouterr().err and not (tmp_path / "plot.pdf").exists()
+    model = load_model(tmp_path / "m.agpc")
+    rows = np.ma.masked_array([[0.1, 1.0], [0.2, 2.0]], mask=[[0, 0], [1, 0]])
+    with pytest.raises(ValueError, match=r"X is a masked array with masked values \(first at row 1, column 0\)"):
+        model.predict(rows)
+    np.testing.assert_array_equal(model.predict(np.ma.masked_array(rows.data)), model.predict(rows.data))
