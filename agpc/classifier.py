@@ -775,8 +775,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if B.is_out_of_core(X):
             I.check_out_of_core(X, dtype, expected=expected, owner=owner)
             return model, (X, None, None)
+        if hasattr(X, "columns"):  # (a DataFrame's names first: an extra or a missing column named, not counted)
+            I.check_distinct_columns(X)
+            validate_data(self, X, skip_check_array=True, reset=False)
         checked, in_xp = I.check_features(X, dtype, expected=expected, owner=owner)
-        if in_xp is None:  # a DataFrame's names against the fitted ones (scikit-learn's warnings and errors)
+        if in_xp is None and not hasattr(X, "columns"):  # (scikit-learn's warnings: names at fit, none now, ...)
             validate_data(self, X, skip_check_array=True, reset=False)
         return model, P.placed_rows(model, checked, in_xp)
 

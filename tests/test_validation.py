@@ -541,3 +541,17 @@ def test_rows_on_disk_too_large_for_a_float32_model_are_refused_without_a_warnin
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match=r"Input X contains NaN or infinity \(rows 0\.\.1\)"):
             model.predict(np.load(tmp_path / "far.npy", mmap_mode="r"))
+
+
+def test_a_dataframe_with_an_extra_or_a_missing_column_is_told_its_name(data):
+    """A hostile-input audit (2026-12-02): a DataFrame with an extra or a missing column, given to a model fitted on
+    a DataFrame, was told "X has 3 features, but GPClassifier is expecting 2" (the count checked first), where
+    scikit-learn's check of the names says which column."""
+    X, y = data
+    frame = pandas.DataFrame(X, columns=["a", "b"])
+    model = GPClassifier(n_inducing=3, max_iter=1, random_state=0).fit(frame, y)
+    with pytest.raises(ValueError, match=r"Feature names unseen at fit time:\n- c"):
+        model.predict(frame.assign(c=1.0))
+    with pytest.raises(ValueError, match=r"Feature names seen at fit time, yet now missing:\n- b"):
+        model.predict_proba(frame[["a"]])
+    np.testing.assert_array_equal(model.predict(frame), model.predict(X))
