@@ -33,7 +33,6 @@ from .priors import LogNormal, Prior, prior_from_spec
 __all__ = [
     "KERNEL_REACH",
     "within_reach",
-    "RowsWithinReach",
     "Parameter",
     "Kernel",
     "Stationary",
@@ -2259,8 +2258,8 @@ def within_reach(kernel, Z, Xc):
     "overflow encountered in vecdot"). Columns a categorical kernel reads (``kernels.categorical_columns``) are
     not clamped."""
     kernels = [kernel[c] for c in range(Z.shape[0])] if Z.ndim == 3 else [kernel]
-    if is_out_of_core(Xc):  # (rows on disk are predicted a block at a time: each block held as it is read)
-        return RowsWithinReach(Xc, kernel, Z)
+    if is_out_of_core(Xc):  # (rows on disk are held a block at a time, as read: ``ep.predict_latent``)
+        return Xc
     growths = [(k.growth, k.growth_power) for k in kernels if k.growth is not None]
     if growths:
         return _within_radius(Xc, growths)
@@ -2285,24 +2284,6 @@ def within_reach(kernel, Z, Xc):
     is_categorical = xp.any(xp.arange(Xc.shape[1], device=device)[:, None] == xp.asarray(
         categorical, dtype=xp.int64, device=device)[None, :], axis=1)
     return xp.where(is_categorical[None, :], Xc, clamped)
-
-
-class RowsWithinReach:
-    """Rows on disk (a memmap, a zarr array), read a block at a time, each block held within the kernel's reach as
-    ``within_reach`` holds rows in memory: in Z's namespace, device and type once read. Rows of 1e300 read from disk
-    gave NaN probabilities (a linear kernel's, a Matern's) where the same rows in memory are predicted, and
-    ``agpc predict`` wrote NaN with exit status 0. It looks like data on disk to the block readers
-    (``backend.is_out_of_core``: shape, dtype, row slices; the file's stored chunks)."""
-
-    def __init__(self, rows, kernel, Z):
-        self.rows, self.kernel, self.Z = rows, kernel, Z
-        self.shape, self.dtype, self.ndim = tuple(rows.shape), rows.dtype, len(rows.shape)
-        self.chunks = getattr(rows, "chunks", None)
-
-    def __getitem__(self, index):
-        xp = array_namespace(self.Z)
-        block = asarray_like(self.rows[index], xp, device=array_device(self.Z), dtype=self.Z.dtype)
-        return within_reach(self.kernel, self.Z, block)
 
 
 def _within_radius(Xc, growths):

@@ -10,7 +10,7 @@ import numpy as np
 from . import backend as B
 from . import inputs as I
 from . import threads
-from .inference import ep, multiclass_ep
+from .inference import blocks, ep, multiclass_ep
 from .kernels import within_reach
 
 __all__ = ["placed_rows", "model_latent", "log_proba_matrix", "latent",
@@ -70,13 +70,18 @@ def model_log_proba(model, mean, var):
 
 def latent(kernel, Z, posterior, Xc, *, block_rows=None, blas_threads=None):
     """Mean and variance of the latent f at the rows Xc (in the model's namespace and type, or read a block at a
-    time): per row for a binary model, (n, C) for a multiclass one (``Z`` of shape (C, m, d))."""
-    Xc = within_reach(kernel, Z, Xc)
+    time): per row for a binary model, (n, C) for a multiclass one (``Z`` of shape (C, m, d)). The rows are held
+    within the kernel's reach (``kernels.within_reach``): rows on disk a block at a time, as they are read (rows of
+    1e300 read from disk gave NaN with NumPy's overflow warnings, where the same rows in memory are predicted)."""
+    predict = multiclass_ep.predict_latent if Z.ndim == 3 else ep.predict_latent
     with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=blas_threads), \
             B.block_memory_advice("GPClassifier prediction"):
-        if Z.ndim == 3:
-            return multiclass_ep.predict_latent(kernel, Z, posterior, Xc, block_rows=block_rows)
-        return ep.predict_latent(kernel, Z, posterior, Xc, block_rows=block_rows)
+        if not B.is_out_of_core(Xc):
+            return predict(kernel, Z, posterior, within_reach(kernel, Z, Xc), block_rows=block_rows)
+        parts = [predict(kernel, Z, posterior, within_reach(kernel, Z, rows), block_rows=block_rows)
+                 for _, _, rows, _ in blocks.data_blocks(Xc, None, block_rows, Z[0, ...] if Z.ndim == 3 else Z)]
+    xp = B.array_namespace(Z)
+    return xp.concat([mean for mean, _ in parts]), xp.concat([var for _, var in parts])
 
 
 def to_caller(values, in_xp, device):
