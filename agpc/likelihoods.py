@@ -64,10 +64,10 @@ __all__ = [
     "LEGENDRE_NODES",
 ]
 
-# The most Gauss-Hermite nodes ``GPClassifier(n_quadrature=...)`` takes (fit, prediction, model files): the papers use
-# 20; past about 150 the outer weights underflow to 0 (the logistic likelihood's log of them was NumPy's "divide by
-# zero"), and the nodes' n x n Jacobi matrix (``backend.gauss_hermite``) of 10^7 nodes took the machine's memory
-MAX_QUADRATURE = 100
+# The most Gauss-Hermite nodes ``GPClassifier(n_quadrature=...)`` takes (fit, prediction, model files; a model file
+# took up to this many before the parameter was bounded): the papers use 20; the nodes' n x n Jacobi matrix
+# (``backend.gauss_hermite``) of 10^7 nodes took the machine's memory, and 3,000 took seconds a row
+MAX_QUADRATURE = 1000
 GAUSSIAN_REACH = 12.0  # sd: the normal's mass beyond is 4e-33
 LEGENDRE_NODES = 192  # the largest interval (80 wide, logistic) is then exact to round-off (tests/test_uncertainty)
 HOULSBY_C = math.sqrt(math.pi * math.log(2.0) / 2.0)  # Houlsby et al. (2011), sec. 3
@@ -88,7 +88,11 @@ class NormalQuadrature:
 
     @cached_property
     def log_weights(self):
-        return self.xp.log(self.raw_weights) - 0.5 * math.log(math.pi)
+        """log of ``weights``: an outer weight that underflowed to 0 (past about 150 nodes in float64, 70 in float32)
+        taken as the smallest normal number's, whose terms a sum cannot tell from 0 (its log was -inf, with NumPy's
+        "divide by zero")."""
+        xp = self.xp
+        return xp.log(xp.maximum(self.weights, xp.finfo(self.weights.dtype).smallest_normal))
 
     def points(self, mean, sd):
         """f_k = mean + sqrt(2) sd x_k, a trailing axis of nodes after mean's (and sd's) axes."""
@@ -245,7 +249,7 @@ class Likelihood:
         xp = array_namespace(mean, var)
         quadrature = NormalQuadrature(n_quadrature, mean)
         f = quadrature.points(mean, xp.sqrt(var))
-        log_weights = xp.log(quadrature.weights)[None, :]
+        log_weights = quadrature.log_weights[None, :]
         log_pos, log_neg = self.class_log_densities(f)
         return _log_sum_exp(log_pos + log_weights, xp), _log_sum_exp(log_neg + log_weights, xp)
 

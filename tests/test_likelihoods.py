@@ -3,6 +3,8 @@ quadrature (scipy.integrate.quad), predictives that are probabilities, on NumPy 
 
 import math
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -250,3 +252,23 @@ def test_the_one_nll_is_scikit_learns_log_loss(n_classes, xp_device):
     nll = L.negative_log_likelihood(log_proba, xp.asarray(truth, device=device))
     assert nll.shape == () and nll.device == log_proba.device
     assert float(nll) == pytest.approx(log_loss(truth, proba), rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype, nodes", [(np.float64, 300), (np.float32, 100)])
+def test_many_quadrature_nodes_predict_without_a_log_of_zero(dtype, nodes):
+    """Past about 150 Gauss-Hermite nodes in float64 (70 in float32) the outer weights underflow to 0, and the
+    logistic predictive's log of them was NumPy's "divide by zero" at every prediction (a hostile-input audit and
+    the review of its fixes, 2026-12-02); such a weight's term is one no sum can tell from 0."""
+    from agpc.likelihoods import LOGISTIC
+
+    mean, var = np.array([-2.0, 0.0, 3.0], dtype=dtype), np.array([0.5, 1.0, 4.0], dtype=dtype)
+    from scipy import integrate, special, stats
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        log_pos, log_neg = LOGISTIC.predictive_log_proba(mean, var, n_quadrature=nodes)
+    # (an independent reference: SciPy's adaptive quadrature of sigma(f) N(f | mean, var))
+    reference = [integrate.quad(lambda f, m=m, s=s: special.expit(f) * stats.norm.pdf(f, m, s), -np.inf, np.inf,
+                                epsabs=1e-13, epsrel=1e-12)[0] for m, s in zip(mean.astype(float), np.sqrt(var.astype(float)))]
+    np.testing.assert_allclose(np.exp(log_pos) + np.exp(log_neg), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(np.exp(log_pos), reference, rtol=1e-5 if dtype == np.float32 else 1e-9)

@@ -370,7 +370,7 @@ CORRUPTIONS = {
     "params value a mapping": ({"params": {"n_inducing": {"a": 1}}}, {}, ["params.n_inducing"]),
     "jitter a string": ({"params": {"jitter": "big"}}, {}, ["params", "jitter"]),
     "quadrature in the billions": ({"params": {"n_quadrature": 10 ** 9}}, {}, ["params", "n_quadrature must be an int "
-                                                                                "in [1, 100]"]),
+                                                                                "in [1, 1000]"]),
     # (found by the random header test: 2**64 reached the BLAS as a C int, an OverflowError in prediction)
     "blas_threads past a C int": ({"params": {"blas_threads": 2 ** 64}}, {}, ["params", "blas_threads"]),
     "unknown kernel": ({"kernel": {"type": "Evil"}}, {}, ["kernel", "Evil"]),
@@ -994,7 +994,7 @@ def test_saving_and_loading_a_plain_classifier_imports_no_pipeline_module(saved,
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(n_quadrature="abc"), r"n_quadrature must be an int in \[1, 100\]"),
+    (dict(n_quadrature="abc"), r"n_quadrature must be an int in \[1, 1000\]"),
     (dict(classes=[7, 8]), r"classes= gives the order of ordered classes"),
     (dict(method="svi", likelihood="logistic"), r"the model was fitted with the 'probit' likelihood, and its "
                                                 r"parameters set since \(method 'svi', likelihood 'logistic'\) fit "

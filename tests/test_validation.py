@@ -474,10 +474,10 @@ def test_score_refuses_labels_of_another_kind_and_takes_weights_of_any_scale(dat
 
 
 @pytest.mark.parametrize("setting, value, message", [
-    ("n_quadrature", 2.5, r"n_quadrature must be an int in \[1, 100\], got 2\.5"),
-    ("n_quadrature", True, r"n_quadrature must be an int in \[1, 100\], got True"),
-    ("n_quadrature", "abc", r"n_quadrature must be an int in \[1, 100\], got 'abc'"),
-    ("n_quadrature", 3000, r"n_quadrature must be an int in \[1, 100\], got 3000"),
+    ("n_quadrature", 2.5, r"n_quadrature must be an int in \[1, 1000\], got 2\.5"),
+    ("n_quadrature", True, r"n_quadrature must be an int in \[1, 1000\], got True"),
+    ("n_quadrature", "abc", r"n_quadrature must be an int in \[1, 1000\], got 'abc'"),
+    ("n_quadrature", 3000, r"n_quadrature must be an int in \[1, 1000\], got 3000"),
     ("block_rows", 0, r"block_rows must be None or an int in \[1, inf\), got 0"),
     ("block_rows", 1.5, r"block_rows must be None or an int"),
 ])
@@ -485,7 +485,7 @@ def test_prediction_checks_the_settings_it_reads_as_fit_does(data, setting, valu
     """A hostile-input audit (2026-12-02): prediction read ``n_quadrature`` and ``block_rows`` as ``set_params`` left
     them since the fit, unchecked: 2.5 or True nodes silently changed the probabilities (int() of them), "abc" was
     Python's int() error, 3000 nodes took seconds a row (10^7 took the machine's memory), a block of 0 rows was
-    taken. Each is refused as fit refuses it; ``n_quadrature`` has an upper bound, 100."""
+    taken. Each is refused as fit refuses it; ``n_quadrature`` has an upper bound, 1,000."""
     import pickle
 
     X, y = data
