@@ -30,7 +30,7 @@ from .inducing import with_any_levels
 from .inference import training
 from .kernels import (ANY_LEVEL, ClassKernels, Kernel, any_level_columns, categorical_columns, tied_parameters,
                       with_default_priors)
-from .likelihoods import MAX_QUADRATURE, likelihood_by_name
+from .likelihoods import LIKELIHOODS, MAX_QUADRATURE, likelihood_by_name
 from .model import FIT_RECORD, FittedModel, FittedState
 from .model_file import EstimatorSchema, read_model_file, unpickled_state, write_model_file
 from .plan import FitPlan
@@ -814,9 +814,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if X.ndim != 2:  # (dask's own words about chunks, or NumPy's AxisError, from the map below)
             raise ValueError(f"Expected 2D array, got {X.ndim}D array instead (a dask array of shape {X.shape}): a "
                              "row a sample, one column a feature")
-        I.check_feature_dtype(X)
-        if np.dtype(X.dtype).kind not in "biuf":  # (objects, text: dask's NotImplementedError in the map below)
-            raise ValueError(f"X must be real-valued, got dtype {X.dtype}")
+        I.check_feature_dtype(X)  # (objects stay: each chunk is checked as rows in memory, text levels coded)
         model = copy.copy(self)
         model.client = None  # the tasks carry the fitted model, not the connection to the cluster
         bound = getattr(model, method_name)
@@ -844,6 +842,18 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def check_params(self):
         """Refuse (one ValueError naming the parameter) parameters that ``fit`` would refuse, without fitting."""
         self._check_params()
+
+    def check_saved_params(self):
+        """Before a save: refuse parameters ``load_model`` would refuse (set since the fit: ``file_schema``'s check),
+        not what only this machine or session decides: the backend (a model fitted on CuPy is saved where CuPy
+        cannot run), a likelihood registered where the file will be loaded but not here, the deprecation warning
+        of a parameter."""
+        params = dict(self.get_params(deep=False), backend="numpy")
+        if isinstance(params["likelihood"], str) and params["likelihood"] not in LIKELIHOODS:
+            params["likelihood"] = None  # (registered at load, or refused there by name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            type(self)(**params).check_params()
 
     def fitted_state(self):
         """What the fitted model is beyond its parameters: an ``agpc.model.FittedState`` (what
@@ -881,7 +891,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """Save the fitted model as data (npz + JSON, plain data only) to ``path``, a file name (written
         atomically) or a binary file object. See :mod:`agpc.model_file`; ``agpc.save_model`` is the same (parameters
         set since the fit checked first, as ``fit`` checks them: ``load_model`` would refuse them)."""
-        self.check_params()
+        self.check_saved_params()
         write_model_file(path, type(self).__name__, self.get_params(deep=False), self.fitted_state())
 
     @classmethod

@@ -149,7 +149,10 @@ def write_model_file(path, estimator_name, params, state, scaler=None):
     # and kernel parameters named "<class>:<name>".
     posts = state.posterior if isinstance(state.posterior, tuple) else None
     classes = np.asarray(state.classes)
-    fitted_with = get_method(params["method"]).likelihood_for(params["likelihood"], classes.shape[0])
+    try:
+        fitted_with = get_method(params["method"]).likelihood_for(params["likelihood"], classes.shape[0])
+    except (ValueError, KeyError):  # (a likelihood registered where the file is loaded, not here: checked there)
+        fitted_with = state.likelihood
     if isinstance(state.likelihood, str) and fitted_with != state.likelihood:  # (``load_model`` refuses such a file)
         raise ValueError(f"the model was fitted with the {state.likelihood!r} likelihood, and its parameters set since "
                          f"(method {params['method']!r}, likelihood {params['likelihood']!r}) fit {fitted_with!r}: "

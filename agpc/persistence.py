@@ -49,7 +49,7 @@ def save_model(model, path):
     classifier, scaler = _parts(model)
     # (parameters set after the fit are checked as fit checks them: a file of parameters load_model refuses was
     # written, and was found unreadable only when loaded)
-    classifier.check_params()
+    classifier.check_saved_params()
     write_model_file(path, type(classifier).__name__, classifier.get_params(deep=False), classifier.fitted_state(),
                      scaler)
 

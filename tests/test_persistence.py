@@ -1042,3 +1042,22 @@ def test_a_path_argument_of_the_wrong_kind_is_one_value_error(tmp_path):
     np.testing.assert_array_equal(agpc.load_model(io.BytesIO(contents)).predict_proba(X), expected)
     agpc.save_model(model, os.fsencode(tmp_path / "bytes.agpc"))
     np.testing.assert_array_equal(agpc.load_model(os.fsencode(tmp_path / "bytes.agpc")).predict_proba(X), expected)
+
+
+def test_a_save_checks_only_what_load_would_refuse(tmp_path):
+    """The review of this stop's fixes (2026-12-02): ``save`` ran ``check_params``, all of fit's checks, so a model
+    fitted on CuPy and loaded where CuPy cannot run predicted but could not be saved again (the device check), and a
+    model with the deprecated ``step_replay`` warned at every save (an error under -W error). A save refuses what
+    ``load_model`` refuses, nothing else."""
+    X, y = make_banana(80, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model = GPClassifier(n_inducing=4, max_iter=2, random_state=0, step_replay=True).fit(X, y)
+    model.set_params(backend="cupy")  # (as a model fitted on CuPy is, loaded on a machine without CuPy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.save(tmp_path / "m.agpc")
+        agpc.save_model(model, tmp_path / "m2.agpc")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        np.testing.assert_array_equal(agpc.load_model(tmp_path / "m.agpc").predict_proba(X), model.predict_proba(X))

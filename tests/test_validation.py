@@ -442,8 +442,9 @@ def test_dates_complex_and_records_are_refused_on_every_path(data, tmp_path, mak
             GPClassifier(n_inducing=3, max_iter=1).fit(bad, y)
 
 
-def test_a_dask_array_that_is_not_a_table_of_numbers_is_refused_at_predict(data):
-    """1-D and 3-D dask arrays and dask arrays of objects got NumPy's AxisError or dask's own errors."""
+def test_a_dask_array_that_is_not_a_table_is_refused_at_predict(data):
+    """1-D and 3-D dask arrays got NumPy's AxisError or dask's own errors; a dask array of objects is predicted
+    chunk by chunk as rows in memory are (a cell that is not a number named there)."""
     da = pytest.importorskip("dask.array")
     X, y = data
     model = GPClassifier(n_inducing=3, max_iter=1, random_state=0).fit(X, y)
@@ -451,8 +452,12 @@ def test_a_dask_array_that_is_not_a_table_of_numbers_is_refused_at_predict(data)
         model.predict_proba(da.from_array(X[:, 0]))
     with pytest.raises(ValueError, match=r"Expected 2D array, got 3D array instead"):
         model.predict_proba(da.from_array(X[None]))
-    with pytest.raises(ValueError, match=r"X must be real-valued, got dtype object"):
-        model.predict(da.from_array(X.astype(object), chunks=(50, 2)))
+    np.testing.assert_array_equal(model.predict(da.from_array(X.astype(object), chunks=(50, 2))).compute(),
+                                  model.predict(X))
+    text = X.astype(object)
+    text[7, 1] = "x"
+    with pytest.raises(ValueError, match=r"X row 7, column 1 holds 'x', not a real number"):
+        model.predict(da.from_array(text, chunks=(50, 2))).compute()
 
 
 def test_score_refuses_labels_of_another_kind_and_takes_weights_of_any_scale(data):
