@@ -693,7 +693,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """log p(y | x) for every class (Hernandez-Lobato & Hernandez-Lobato (2016), eq. 37; Villacampa-Calvo &
         Hernandez-Lobato (2017), eq. 11), (n_samples, n_classes) in the order of ``classes_``; dask.array: lazy."""
         if B.is_dask_array(X):
-            return self._lazy("predict_log_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
+            dtype = np.dtype(self._fitted_dtype())  # (NotFittedError first)
+            return self._lazy("predict_log_proba", X, len(self.classes_), dtype)
         model, (Xc, in_xp, device) = self._model_and_rows(X)
         with B.jitter_report(PREDICTION):
             return P.to_caller(P.log_proba_matrix(model, Xc), in_xp, device)
@@ -702,7 +703,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         """p(y | x) for every class, shape (n_samples, n_classes), columns in the order of ``classes_``;
         rows sum to one. A dask.array in gives a dask.array out (lazy, chunk by chunk)."""
         if B.is_dask_array(X):
-            return self._lazy("predict_proba", X, len(self.classes_), np.dtype(I.dtype_name(self.dtype)))
+            dtype = np.dtype(self._fitted_dtype())  # (NotFittedError first)
+            return self._lazy("predict_proba", X, len(self.classes_), dtype)
         model, (Xc, in_xp, device) = self._model_and_rows(X)
         with B.jitter_report(PREDICTION):
             log_p = P.log_proba_matrix(model, Xc)
@@ -716,7 +718,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def report(self):
         """What the summary and ``agpc inspect``'s plot read of this fitted model (``agpc.inspection.ModelReport``).
         Raises NotFittedError before ``fit``."""
-        return inspection.ModelReport(type(self).__name__, self.method, I.dtype_name(self.dtype),
+        return inspection.ModelReport(type(self).__name__, self.method, self._fitted_dtype(),
                                       getattr(self, "kernel_prior_", None), self.fitted_state())
 
     def predict_uncertainty(self, X, method="quadrature"):
@@ -746,6 +748,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     def predict(self, X):
         """Most probable class label for each row (a lazy dask.array for a dask.array)."""
         if B.is_dask_array(X):
+            check_is_fitted(self, "posterior_")
             return self._lazy("predict", X, None, np.asarray(self.classes_).dtype)
         model, rows = self._model_and_rows(X)
         with B.jitter_report(PREDICTION):
@@ -767,10 +770,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         input's namespace, or None for NumPy arrays, lists and data on disk; the input's device)): data on disk is
         predicted a block at a time, and so are host rows too large for the device's free memory."""
         model = self.fitted_model()
-        # (the model's own type: a set_params(dtype=...) since the fit does not change what it was fitted in)
-        Z = model.inducing_points
-        dtype = "float32" if Z.dtype == B.array_namespace(Z).float32 else "float64"
-        expected, owner = self.n_features_in_, type(self).__name__
+        dtype, expected, owner = self._fitted_dtype(), self.n_features_in_, type(self).__name__
         X = self._coded(X, expected)
         if B.is_out_of_core(X):
             I.check_out_of_core(X, dtype, expected=expected, owner=owner)
@@ -782,6 +782,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if in_xp is None and not hasattr(X, "columns"):  # (scikit-learn's warnings: names at fit, none now, ...)
             validate_data(self, X, skip_check_array=True, reset=False)
         return model, P.placed_rows(model, checked, in_xp)
+
+    def _fitted_dtype(self):
+        """"float32" or "float64": the type the model was fitted in, its inducing points' (a set_params(dtype=...)
+        since the fit changes neither the model nor the type its rows are read in). NotFittedError before a fit."""
+        check_is_fitted(self, "posterior_")
+        Z = self.inducing_points_
+        return "float32" if Z.dtype == B.array_namespace(Z).float32 else "float64"
 
     def _coded(self, X, n_features, unseen_refused=False):
         """X with its text columns as the fit coded them (``categories.encode``); a DataFrame's column names are
@@ -799,7 +806,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         # exact in the model's type; a column of text levels compares what it is given with them as text (``encode``)
         codes = C.CategoricalColumns(columns.mask & ~np.isin(np.arange(columns.mask.size), list(columns.levels)), {})
         if codes.columns and C.row_width(X) == n_features:
-            C.check_exact_codes(X, codes, np.dtype(self.dtype).name, fit=False)
+            C.check_exact_codes(X, codes, self._fitted_dtype(), fit=False)
         return C.encode(X, columns, n_features, unseen_refused=unseen_refused)
 
     def _categorical_columns(self):

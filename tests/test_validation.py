@@ -560,3 +560,23 @@ def test_a_dataframe_with_an_extra_or_a_missing_column_is_told_its_name(data):
     with pytest.raises(ValueError, match=r"Feature names seen at fit time, yet now missing:\n- b"):
         model.predict_proba(frame[["a"]])
     np.testing.assert_array_equal(model.predict(frame), model.predict(X))
+
+
+def test_a_dtype_set_since_the_fit_changes_nothing_and_an_unfitted_dask_prediction_is_not_fitted(data):
+    """The review of this stop's fixes (2026-12-02): after ``set_params(dtype=...)`` the categorical codes were still
+    checked in the new type, a bogus dtype was a TypeError, and a dask prediction declared the new type while it
+    computed in the model's; an unfitted model's dask prediction was an AttributeError (classes_)."""
+    import pickle
+
+    da = pytest.importorskip("dask.array")
+    X, y = data
+    model = GPClassifier(n_inducing=3, max_iter=1, random_state=0).fit(X, y)
+    changed = pickle.loads(pickle.dumps(model)).set_params(dtype="bogus")
+    np.testing.assert_array_equal(changed.predict_proba(X), model.predict_proba(X))
+    lazy = changed.set_params(dtype="float32").predict_proba(da.from_array(X, chunks=(20, 2)))
+    assert lazy.dtype == np.float64 and lazy.compute().dtype == np.float64
+    from sklearn.exceptions import NotFittedError
+
+    for method in ("predict", "predict_proba", "predict_log_proba"):
+        with pytest.raises(NotFittedError):
+            getattr(GPClassifier(), method)(da.from_array(X, chunks=(20, 2)))
