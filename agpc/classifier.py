@@ -616,6 +616,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         call sets the classes, kernel and inducing points; a fitted or loaded model continues (what may not change
         since, and ``n_total``, the rows the model stands for: docs/usage.md). ``sample_weight``: docs/weights.md."""
         groups, target_xp, plan = self._check_params()
+        y = L.label_column(y)  # (an array of labels of shape (n, 1): its column, with a warning, as fit takes it)
         S.check_stream_params(plan, streaming=hasattr(self, "_trainer"))
         n_rows, n_features = I.rows_and_features(X, y)
         if hasattr(self, "posterior_") or hasattr(self, "_trainer"):  # the model's columns and levels

@@ -352,7 +352,8 @@ def merged_labels(parts, bounds):
 
 def label_column(y):
     """Labels given as one column, shape (n, 1), in an array (NumPy's or another array-API library's, a memmap, a
-    zarr or dask array), as the column's n labels (a view where the array slices lazily), with the
+    zarr or dask array), as the column's n labels (a view of a memmap, lazy on dask; a zarr array's column is read,
+    n labels), with the
     DataConversionWarning scikit-learn gives a NumPy column (``sklearn.utils.column_or_1d``); any other y as it is.
     Only a NumPy column was taken: on disk, on a device or on a cluster it was refused as "y must be 1-D"."""
     shape = getattr(y, "shape", None)

@@ -213,6 +213,11 @@ def test_a_column_of_labels_on_disk_is_taken_with_a_warning(data, tmp_path):
         with pytest.warns(DataConversionWarning, match="column-vector y"):
             model = GPClassifier(**params).fit(rows, y_mm)
         np.testing.assert_allclose(model.predict_proba(X), expected, rtol=1e-10, atol=1e-12)
+    stream = dict(method="sep", n_inducing=3, random_state=0)  # (partial_fit takes it too)
+    expected = GPClassifier(**stream).partial_fit(X, y, classes=np.unique(y)).predict_proba(X)
+    with pytest.warns(DataConversionWarning, match="column-vector y"):
+        model = GPClassifier(**stream).partial_fit(X, y_mm, classes=np.unique(y))
+    np.testing.assert_allclose(model.predict_proba(X), expected, rtol=1e-10, atol=1e-12)
 
 
 def test_many_bad_rows_are_counted_not_all_listed():
