@@ -663,7 +663,7 @@ def check_kernel_values(kernel, Z):
     1e-300 scale the inputs to 1e300, whose squared distances are inf) is one ValueError before any step; it was a
     CholeskyError of K(Z, Z) at the first step, after NumPy's overflow warnings. One host read, at the start."""
     xp = B.array_namespace(Z)
-    points = Z[:KERNEL_CHECK_POINTS, ...]  # (an exact model's Z is every row: its n x n kernel is not formed twice)
+    points = Z[:min(Z.shape[0], KERNEL_CHECK_POINTS), ...]  # (an exact model's Z is every row: not its n x n kernel)
     try:
         with B.overflow_raises():
             finite = bool(xp.all(xp.isfinite(kernel.K(points))))
