@@ -291,7 +291,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         "shuffle": [V.Boolean()], "eval_every": [V.NONE, _COUNT], "n_iter_no_change": [V.NONE, _COUNT],
         "inducing": [V.Options("auto", "kmeans", "variance", "random"), V.ArrayLike()],
         "likelihood": [V.NONE, M.RegisteredLikelihood()],  # which method takes which: ``_check_params``
-        "n_quadrature": [V.Interval(numbers.Integral, 1, MAX_QUADRATURE, "both")], "optimize": [V.NONE, V.Boolean(), _OPTIMIZE_GROUPS],
+        "n_quadrature": [V.Interval(numbers.Integral, 1, MAX_QUADRATURE, "both")],
+        "optimize": [V.NONE, V.Boolean(), _OPTIMIZE_GROUPS],
         "jitter": [_NON_NEGATIVE], "tol": [_NON_NEGATIVE],
         "random_state": [V.NONE, V.RandomState()],
         "verbose": [V.Boolean(), V.Interval(numbers.Integral, 0, None, "left")],

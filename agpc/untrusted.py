@@ -35,7 +35,8 @@ import zlib
 import numpy as np
 from numpy.lib import format as npy_format
 
-__all__ = ["RefusedFile", "check_file_argument", "describe", "check_regular_file", "read_npy", "read_npz", "open_zarr", "read_parquet_columns",
+__all__ = ["RefusedFile", "check_file_argument", "describe", "check_regular_file", "read_npy", "read_npz", "open_zarr",
+           "read_parquet_columns",
            "available_memory", "MIN_PYARROW", "check_zarr_array", "zarr_directory", "printable"]
 
 # dtypes a data or model file may hold: booleans, integers, floats, strings (labels, the model's header)
