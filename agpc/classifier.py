@@ -829,8 +829,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         bound = getattr(model, method_name)
         X = X.rechunk({1: -1})
         if columns is None:
-            return X.map_blocks(bound, drop_axis=1, dtype=dtype)
-        return X.map_blocks(bound, chunks=(X.chunks[0], (columns,)), dtype=dtype)
+            return X.map_blocks(_predicted_chunk, bound, drop_axis=1, dtype=dtype)
+        return X.map_blocks(_predicted_chunk, bound, chunks=(X.chunks[0], (columns,)), dtype=dtype)
 
     def score(self, X, y, sample_weight=None):
         """Mean accuracy on (X, y), weighted by ``sample_weight`` when given."""
@@ -924,3 +924,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         tags.classifier_tags.poor_score = True
         return tags
 
+
+def _predicted_chunk(block, predict, block_info=None):
+    """A dask prediction's task: ``predict`` (a fitted model's bound method) on one chunk of rows. An error that
+    names rows names them in the whole array, not in the chunk (an error of a later chunk said "row 7" of its own
+    rows): the chunk's first row is said with it."""
+    try:
+        return predict(block)
+    except ValueError as exc:
+        first = (block_info or {}).get(0, {}).get("array-location", [(0, 0)])[0][0]
+        if not first:
+            raise
+        raise ValueError(f"{exc} (in the chunk of rows from row {first} on: its rows are counted from there)") from None
