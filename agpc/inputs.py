@@ -310,7 +310,7 @@ def _checked_array(X, dtype, expected, owner):
                 raise
             raise ValueError(f"X cannot be read as numbers ({type(exc).__name__}: {exc})") from None
         row, column, value, too_large = cell
-        where = f"X row {row}, column {column} holds {_short(value)}"
+        where = f"X row {row}, column {column} holds {_shown(value, limit=40)}"
         if isinstance(exc, TypeError):  # (scikit-learn's estimator checks expect a TypeError there, in its words)
             raise TypeError(f"{where}: {exc}") from None
         what = "a number too large for a float" if too_large else "not a real number"
@@ -342,11 +342,6 @@ def _first_non_number(X):
         if isinstance(value, (complex, np.complexfloating)):
             return row, column, value, False
     return None
-
-
-def _short(value, limit=40):
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def check_out_of_core(X, target, *, expected=None, owner="GPClassifier", y=None):
@@ -381,7 +376,7 @@ def host_targets(plan, y, n_rows, classes=None):
     read a chunk at a time)."""
     if L.labels_on_disk(y):
         L.check_target_shape(y.shape, n_rows)
-        found = np.unique(np.concatenate([np.unique(L.check_labels(y[lo:lo + CHUNK], offset=lo))
+        found = np.unique(np.concatenate([L.chunk_labels(y[lo:lo + CHUNK], lo)
                                           for lo in range(0, n_rows, CHUNK)]))
         return L.check_classes(plan, found, classes), None
     y_host = host_labels(y, n_rows, plan.estimator_name)
@@ -956,7 +951,7 @@ def training_weights(plan, sample_weight, inputs, *, every_class=True, class_lab
         weights = weights * per_class[class_index]
         if not np.any(weights > 0):  # (an ordinal model's classes may be absent, but not every row's weight)
             raise ValueError("sample_weight times class_weight: every row's weight is zero (class_weight="
-                             f"{_shown_weights(plan.class_weight)}); at least one row needs a positive weight")
+                             f"{_shown(plan.class_weight)}); at least one row needs a positive weight")
     heaviest = int(np.argmax(weights))
     V.check_weight_scale(float(weights[heaviest]), heaviest, plan.dtype)
     if every_class and every_class_needs_weight(plan):
@@ -1004,7 +999,7 @@ def class_weights(plan, classes, counts, class_labels=None):
     odd = next(((k, v) for k, v in class_weight.items() if isinstance(v, bool) or not isinstance(v, numbers.Real)),
                None)
     if odd is not None:  # (scikit-learn's compute_class_weight read "2" as 2.0)
-        raise ValueError(f"class_weight: the weight of class {L.label_text(odd[0])} is {_shown_weights(odd[1])}, not a "
+        raise ValueError(f"class_weight: the weight of class {L.label_text(odd[0])} is {_shown(odd[1])}, not a "
                          "number")
     try:
         per_class = compute_class_weight(class_weight, classes=classes, y=classes)
@@ -1015,8 +1010,9 @@ def class_weights(plan, classes, counts, class_labels=None):
     return per_class
 
 
-def _shown_weights(value, limit=80):
-    """``class_weight`` (or one of its weights) as a message shows it: its repr, cut at ``limit`` characters."""
+def _shown(value, limit=80):
+    """A value as a message shows it (``class_weight`` or one of its weights, a cell of X): its repr, cut at
+    ``limit`` characters."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -1054,10 +1050,7 @@ def check_label_kind(y, classes):
     """``score``'s labels against the model's classes: labels of another kind (text against numbers) are one
     ValueError in scikit-learn's words; compared as they were, no label matched, and the accuracy was 0.0."""
     def kind(values):
-        values = np.asarray(values)
-        if values.dtype == object:
-            return "string" if values.size and isinstance(values.flat[0], (str, bytes)) else "number"
-        return "string" if values.dtype.kind in "US" else "number"
+        return "string" if L.labels_kind(values) == "str" else "number"
 
     if len(y) and len(classes) and kind(y) != kind(classes):
         raise ValueError(f"Mix of label input types (string and number): y holds {kind(y)}s, the model's classes "

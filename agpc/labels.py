@@ -20,7 +20,7 @@ from .methods import ORDINAL, methods_supporting
 
 __all__ = ["FILE_LABEL_KINDS", "MAX_LABEL_BYTES", "EncodedLabels", "check_labels", "holdout_mask", "stratified_rows", "encode_labels",
            "label_ranks", "encoded_ranks", "label_text", "check_label_length", "check_classes", "check_target_shape",
-           "labels_on_disk", "chunk_labels", "merged_labels", "label_column",
+           "labels_on_disk", "chunk_labels", "labels_kind", "merged_labels", "label_column",
            "device_targets"]
 
 # A class label is a number or a short name: a longer string is a way to take memory. A model file holds each label in
@@ -327,11 +327,20 @@ def labels_on_disk(y):
 
 
 def chunk_labels(block, offset):
-    """The distinct labels of a chunk of labels on a cluster (a task), checked as ``check_labels`` checks labels in
-    memory, its rows counted from ``offset``: a missing label, or labels of two kinds, is one ValueError naming the
+    """The distinct labels of a chunk of labels on a cluster (a task) or on disk, checked as ``check_labels`` checks
+    labels in memory, its rows counted from ``offset``: a missing label, or labels of two kinds, is one ValueError naming the
     rows (NumPy's unique raised a bare TypeError on mixed kinds, and a NaN was named by its place among the
     distinct labels)."""
     return np.unique(check_labels(block, offset=offset))
+
+
+def labels_kind(values):
+    """The kind of checked labels (``check_labels``: one kind in all): "str" or "number" (``_label_kind`` of the
+    first, for an object array)."""
+    values = np.asarray(values)
+    if values.dtype == object:
+        return _label_kind(values.flat[0]) if values.size else "number"
+    return "str" if values.dtype.kind in "US" else "number"
 
 
 def merged_labels(parts, bounds):
@@ -341,8 +350,7 @@ def merged_labels(parts, bounds):
     kinds = {}
     for part, (lo, hi) in zip(parts, bounds):
         if len(part):
-            kinds.setdefault(_label_kind(part[0]) if part.dtype == object else
-                             ("str" if part.dtype.kind in "US" else "number"), (lo, hi))
+            kinds.setdefault(labels_kind(part), (lo, hi))
     if len(kinds) > 1:
         found = ", ".join(f"{kind} in rows {lo}..{hi - 1}" for kind, (lo, hi) in kinds.items())
         raise ValueError(f"y mixes kinds of labels ({found}): use one kind for every label, e.g. all strings or all "
