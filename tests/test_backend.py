@@ -120,3 +120,22 @@ def test_cluster_sums_numpy_path_equals_the_one_hot_product():
     np.testing.assert_allclose(sums, to_np(strict_sums), rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(counts, to_np(strict_counts))
     assert counts[4] == 0 and counts[6] == 0 and sums.shape == (7, 3) and sums.dtype == X.dtype
+
+
+def test_rows_in_memory_of_the_fit_type_are_read_without_a_copy_and_others_are_converted(tmp_path):
+    # a pass's blocks of the fit's own float64 rows are views (a copy of each block cost a serial 3% of a
+    # default fit); another type is converted, and rows of a file mapped in memory are read once into memory
+    X = np.arange(40.0).reshape(10, 4)
+    like = np.zeros((2, 4))
+    block = B.read_rows(X, 2, 5, like)
+    assert np.shares_memory(block, X) and block.shape == (3, 4)
+    converted = B.read_rows(X.astype(np.float32), 2, 5, like)
+    assert converted.dtype == np.float64 and np.array_equal(converted, X[2:5])
+    mapped = np.lib.format.open_memmap(tmp_path / "x.npy", mode="w+", dtype=np.float64, shape=X.shape)
+    mapped[...] = X
+    read = B.read_rows(mapped, 2, 5, like)
+    assert not isinstance(read, np.memmap) and not np.shares_memory(read, mapped)
+    np.testing.assert_array_equal(read, X[2:5])
+    strict = array_api_strict.asarray(X)
+    strict_block = B.read_rows(strict, 2, 5, array_api_strict.zeros((2, 4), dtype=array_api_strict.float64))
+    np.testing.assert_array_equal(to_np(strict_block), X[2:5])
