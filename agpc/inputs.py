@@ -302,7 +302,10 @@ def _checked_array(X, dtype, expected, owner):
     cell that is not a number is named by its row and column (``_first_non_number``): the conversion's own words
     were Python's (TypeError of a complex number, OverflowError of 10**400) or NumPy's, naming neither."""
     try:
-        X = check_array(X, dtype=dtype, ensure_all_finite=True, estimator=owner, input_name="X")
+        # (its finiteness check sums X first: rows of +-1.7e308 overflowed there to a NumPy warning, though every
+        # value is finite and taken)
+        with np.errstate(over="ignore", invalid="ignore"):
+            X = check_array(X, dtype=dtype, ensure_all_finite=True, estimator=owner, input_name="X")
     except (ValueError, TypeError, OverflowError) as exc:
         cell = _first_non_number(X)
         if cell is None:

@@ -846,7 +846,6 @@ class RationalQuadratic(Stationary):
     """
 
     name = "RationalQuadratic"
-    finite_reach = False  # (1 + r^2 / (2 alpha))^(-alpha) is 1e-3 at r = 1e3 for alpha = 1/2
     profile_parameters = (Parameter("alpha"),)
     parameters = Stationary.parameters + profile_parameters
 
@@ -856,6 +855,17 @@ class RationalQuadratic(Stationary):
     @cached_property
     def alpha(self):
         return self._positive("alpha")
+
+    @property
+    def reach_lengthscales(self):
+        """No length beyond which the profile is 0 ((1 + r^2 / (2 alpha))^(-alpha) is 1e-3 at r = 1e3 for alpha =
+        1/2), but one beyond which a point's squared distance overflowed, |x|^2 - 2 x.z + |z|^2 then inf - inf: NaN
+        predictions (X * 1.7e308). ``KERNEL_REACH`` times this is 1e-6 sqrt(max) lengthscales of the type (1.3e148
+        in float64, 1.8e13 in float32; its square stays finite up to 1e10 features), where the profile is below
+        1e-148 / (2 alpha)^-alpha in float64: a point farther is held there (``within_reach``)."""
+        lengthscales = self.lengthscales
+        largest = float(array_namespace(lengthscales).finfo(lengthscales.dtype).max)
+        return lengthscales * (1e-6 * math.sqrt(largest) / KERNEL_REACH)
 
     def _log_base(self, r2):
         """log(1 + r^2 / (2 alpha)), by log1p (exact for the small r^2 of near points)."""

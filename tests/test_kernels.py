@@ -5,6 +5,7 @@ save / load round trip with the same predictions, and the values and gradients o
 a non-default device). A new kernel is tested by one more subclass of ``KernelContract``."""
 
 import json
+import warnings
 
 import array_api_strict
 import numpy as np
@@ -318,6 +319,27 @@ def test_far_rows_of_a_quadratic_kernel_shrink_and_rows_at_the_features_scale_do
         far = within_reach(kernel, X, X * np.asarray(1e200 if dtype == "float64" else 1e20, dtype=dtype))
         variance = np.asarray(kernel.Kdiag(far))
     assert np.all(variance <= float(np.finfo(dtype).max) ** 0.5 * (1 + 1e-5)) and np.all(variance > 1e3)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("alpha", [1.0, 0.01])
+def test_rows_of_a_rational_quadratic_past_the_square_s_range_are_held_and_give_finite_probabilities(dtype, alpha):
+    """The rational quadratic decays as a power of r, so it has no reach where it is 0; but a row whose squared
+    distance overflows gave inf - inf (NaN probabilities at X * 1.7e308, an overflow warning from 1e154 on): such
+    rows are held where the squares stay finite, in both types, with or without an RBF term beside it."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((60, 3))
+    y = (X[:, 0] > 0).astype(int)
+    largest = float(np.finfo(dtype).max)
+    for kernel in (RationalQuadratic(alpha=alpha), RationalQuadratic(alpha=alpha) + RBF()):
+        model = agpc.GPClassifier(kernel=kernel, n_inducing=8, max_iter=3, random_state=0, dtype=dtype).fit(X, y)
+        far = np.repeat(X[:2], 2, axis=0)
+        far[:, 1:] = [[largest], [-largest], [largest ** 0.5 * 10], [-largest ** 0.5 * 10]]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (the squared distances' overflow warned before)
+            proba = model.predict_proba(far.astype(dtype))
+        assert np.all(np.isfinite(proba)) and np.all(np.abs(proba[:, 1] - 0.5) < 0.05)
+        np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-6)
 
 
 class TestSum(KernelContract):
