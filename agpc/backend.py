@@ -560,13 +560,15 @@ def read_rows(X, lo, hi, like):
     where X is in memory of that namespace, device and type already (a fit's own copy of the rows, which the passes
     only read; a copy of each block was 3% of a default fit's wall time, on the driver thread), else a copy."""
     block = row_slice(X, lo, hi)
-    if isinstance(block, np.memmap):  # (read once, here: a file's bytes can change under a view)
-        block = np.array(block)
+    mapped = isinstance(block, np.memmap)
+    if mapped:
+        block = np.asarray(block)
     xp = array_namespace(like)
     if is_array_api_obj(block) and array_namespace(block) is xp and block.dtype == like.dtype \
             and array_device(block) == array_device(like):
-        return block
-    return asarray_like(block, xp, device=array_device(like), dtype=like.dtype)
+        # (a file's rows are read once, here, into memory: its bytes can change under a view)
+        return xp.asarray(block, copy=True) if mapped else block
+    return asarray_like(block, xp, device=array_device(like), dtype=like.dtype)  # (a copy: another type)
 
 
 class HostRows:

@@ -859,13 +859,18 @@ class RationalQuadratic(Stationary):
     @property
     def reach_lengthscales(self):
         """No length beyond which the profile is 0 ((1 + r^2 / (2 alpha))^(-alpha) is 1e-3 at r = 1e3 for alpha =
-        1/2), but one beyond which a point's squared distance overflowed, |x|^2 - 2 x.z + |z|^2 then inf - inf: NaN
-        predictions (X * 1.7e308). ``KERNEL_REACH`` times this is 1e-6 sqrt(max) lengthscales of the type (1.3e148
-        in float64, 1.8e13 in float32; its square stays finite up to 1e10 features), where the profile is below
-        1e-148 / (2 alpha)^-alpha in float64: a point farther is held there (``within_reach``)."""
+        1/2), but one beyond which the profile's arithmetic overflowed: a point's squared distance |x|^2 - 2 x.z +
+        |z|^2 (inf - inf: NaN predictions at X * 1.7e308), or r^2 / (2 alpha) (a profile of 0 where it is 0.4 at
+        alpha = 0.01). ``KERNEL_REACH`` times this is sqrt(max min(1, 2 alpha) / 4 d) lengthscales of the type for
+        d lengthscales (d = 2, alpha >= 1/2: 4.7e153 in float64, 6.5e18 in float32), where both stay finite: a point
+        farther is held there (``within_reach``), and nothing nearer moves (a review found float32 predictions at
+        alpha = 0.01 moved from 1e14 lengthscales with a reach of 1e-6 sqrt(max)). An ``OnColumns`` holds every
+        column at its longest lengthscale's reach, so a column of a far shorter one can still overflow there: an
+        overflow warning and the profile's limit, 0, as before."""
         lengthscales = self.lengthscales
-        largest = float(array_namespace(lengthscales).finfo(lengthscales.dtype).max)
-        return lengthscales * (1e-6 * math.sqrt(largest) / KERNEL_REACH)
+        xp = array_namespace(lengthscales)
+        share = float(xp.finfo(lengthscales.dtype).max) / (4.0 * max(1, math.prod(lengthscales.shape)))
+        return lengthscales * (xp.sqrt(share * xp.minimum(2.0 * self.alpha, 1.0)) / KERNEL_REACH)
 
     def _log_base(self, r2):
         """log(1 + r^2 / (2 alpha)), by log1p (exact for the small r^2 of near points)."""

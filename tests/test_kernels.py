@@ -326,7 +326,9 @@ def test_far_rows_of_a_quadratic_kernel_shrink_and_rows_at_the_features_scale_do
 def test_rows_of_a_rational_quadratic_past_the_square_s_range_are_held_and_give_finite_probabilities(dtype, alpha):
     """The rational quadratic decays as a power of r, so it has no reach where it is 0; but a row whose squared
     distance overflows gave inf - inf (NaN probabilities at X * 1.7e308, an overflow warning from 1e154 on): such
-    rows are held where the squares stay finite, in both types, with or without an RBF term beside it."""
+    rows are held where the squares (and r^2 / 2 alpha) stay finite, in both types, with or without an RBF term beside
+    it; rows nearer are not moved (a review: float32 at alpha = 0.01 moved from 1e14 lengthscales, at a first
+    reach)."""
     rng = np.random.default_rng(0)
     X = rng.standard_normal((60, 3))
     y = (X[:, 0] > 0).astype(int)
@@ -340,6 +342,11 @@ def test_rows_of_a_rational_quadratic_past_the_square_s_range_are_held_and_give_
             proba = model.predict_proba(far.astype(dtype))
         assert np.all(np.isfinite(proba)) and np.all(np.abs(proba[:, 1] - 0.5) < 0.05)
         np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-6)
+        lengthscale = float(np.min(np.asarray(model.kernel_.lengthscales if kernel.name == "RationalQuadratic"
+                                              else model.kernel_.terms[0].lengthscales)))
+        near = (far[:, :] / largest * lengthscale * (1e17 if dtype == "float32" else 1e152)).astype(dtype)
+        held = within_reach(model.kernel_, model.inducing_points_, near)
+        np.testing.assert_array_equal(np.asarray(held), near)
 
 
 class TestSum(KernelContract):
