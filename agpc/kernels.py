@@ -597,8 +597,9 @@ class Stationary(Kernel):
 
     @property
     def reach_lengthscales(self):
-        # RBF and Matern 5/2 profiles underflow to 0 within 1e3 lengthscales; a profile that does not (the rational
-        # quadratic's decays as a power of r) says so with ``finite_reach = False``
+        # RBF and Matern 5/2 profiles underflow to 0 within 1e3 lengthscales; a profile that does not says so with
+        # ``finite_reach = False`` (far rows then go in as given), or gives a reach of its own (the rational
+        # quadratic's, which decays as a power of r: where its arithmetic would overflow)
         return self.lengthscales if self.finite_reach else None
 
     # -- the radial profile (subclasses) ---------------------------------------------------------
