@@ -2318,23 +2318,28 @@ def _within_radius(Xc, growths):
     shortest of the kernels'. The latent's mean and variance at t x grow as t^p and t^(2p), so the probit's Phi(mean
     / sqrt(1 + variance)) has converged to its limit along the ray long before; the far row's own k(x, x) and the
     products of the predictive variance overflowed to inf and gave NaN (X * 1e160). The weighted lengths are taken of
-    each row scaled by its largest entry s, and the factor as (R / s) / |x / s|_g, so that neither overflows (a row
-    of entries near the largest number had a length of inf, and went to the origin); no host sync."""
+    each row scaled by its largest entry and of g by its largest, so that none overflows (a row of entries near the
+    largest number had a length of inf, and went to the origin); no host sync."""
     xp = array_namespace(Xc)
     biggest = float(xp.finfo(Xc.dtype).max)
     limit = biggest ** 0.5
     largest = xp.max(xp.abs(Xc), axis=1)
     safe = xp.where(largest > 0, largest, xp.ones_like(largest))
     unit = Xc / safe[:, None]
-    factor = None
+    allowed = safe  # the largest entry each row may keep
     for growth, power in growths:
-        weighted = unit * xp.sqrt(growth)
-        length = xp.sqrt(row_dot(weighted, weighted))  # |x|_g / s, at most sqrt(d max g): finite
-        radius = limit ** (1.0 / (2.0 * power))
-        room = radius / xp.maximum(safe, 2.0 * radius / biggest)  # R / s (half the largest number, for tiny rows)
-        own = room / xp.maximum(length, room)  # (1 where the row is within R)
-        factor = own if factor is None else xp.minimum(factor, own)
-    return Xc * factor[:, None]
+        # in units of t, the largest sqrt(g_j): |x / s|_g / t is at most sqrt(d), R / t within the type for every g
+        # the type holds, and their quotient, the entry the row may keep, held below half the largest number
+        roots = xp.sqrt(growth)
+        top = xp.max(roots)
+        top = xp.where(top > 0, top, xp.ones_like(top))
+        weighted = unit * (roots / top)
+        length = xp.sqrt(row_dot(weighted, weighted))
+        reach = limit ** (1.0 / (2.0 * power)) / top
+        allowed = xp.minimum(allowed, reach / xp.maximum(length, 2.0 * reach / biggest))
+    # (a row within every radius as it is, bit for bit; a shrunk one as its direction times what it may keep, never
+    # a factor below the smallest number: x * 1e300 at g = 1e307 went to 0)
+    return xp.where((allowed < safe)[:, None], unit * allowed[:, None], Xc)
 
 
 DEFAULT_PRIOR_SCALE = math.sqrt(3.0)

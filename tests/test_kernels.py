@@ -354,6 +354,28 @@ def test_a_row_of_entries_near_the_largest_number_keeps_its_direction(dtype):
     assert far[0, 1] > 0.99  # (the direction (1, 1, 1) of the positive class, not the origin's 0.49)
 
 
+@pytest.mark.parametrize("dtype, variance", [("float64", 1e307), ("float64", 1.0), ("float64", 1e-300),
+                                             ("float32", 3e38), ("float32", 1.0), ("float32", 1e-38)])
+def test_far_rows_of_a_linear_kernel_land_on_its_radius_whatever_the_slope_variance(dtype, variance):
+    """Shrunk rows keep their direction and land where sum_j g_j x_j^2 is R^2 (R^2 = sqrt(max)), for slope variances
+    across the type's range: a factor taken as R / |x|_g underflowed to 0 at g = 1e307 for rows of 1e300 (the origin),
+    and |x| overflowed for rows of entries near the largest number. Rows within the radius stay as they are."""
+    largest = float(np.finfo(dtype).max)
+    kernel = Linear([variance] * 4).for_inputs(np.ones((2, 4), dtype=dtype))
+    rows = np.array([[1.0, -1.0, 1e-20, 1e30], [1e30] * 4, [largest] * 4, [-largest, largest, 0.0, 1.0]], dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        held = np.asarray(within_reach(kernel, rows[:1], rows))
+    g = np.longdouble(variance)
+    for row, out in zip(rows.astype(np.longdouble), held.astype(np.longdouble)):
+        if g * np.sum(row ** 2) <= np.sqrt(np.longdouble(largest)):
+            np.testing.assert_array_equal(out, row)
+            continue
+        np.testing.assert_allclose(float(g * np.sum(out ** 2)), largest ** 0.5, rtol=1e-5)
+        np.testing.assert_allclose((out / np.max(np.abs(out))).astype(float), (row / np.max(np.abs(row))).astype(float),
+                                   rtol=1e-5, atol=1e-30)
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("alpha", [1.0, 0.01])
 def test_rows_of_a_rational_quadratic_past_the_square_s_range_are_held_and_give_finite_probabilities(dtype, alpha):
