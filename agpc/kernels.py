@@ -1182,7 +1182,11 @@ class Product(Combination):
             return None
         largest = growing[0].growth
         for term in growing[1:]:
-            largest = array_namespace(largest).maximum(largest, term.growth)
+            growth = term.growth
+            if isinstance(largest, numbers.Real) and isinstance(growth, numbers.Real):  # (plain numbers: one's own)
+                largest = max(largest, growth)
+            else:
+                largest = array_namespace(largest, growth).maximum(largest, growth)
         return largest
 
     @property
@@ -2111,8 +2115,8 @@ class OnColumns(Kernel):
         """The kernel's largest, one entry for every column: its columns' weighted squared norm is at most that times
         |x|^2, so the bound holds for the whole row (this kernel does not know X's number of columns)."""
         growth = self.kernel.growth
-        if growth is None:
-            return None
+        if growth is None or isinstance(growth, numbers.Real):  # (a kernel of one's own may give a plain number)
+            return growth
         xp = array_namespace(growth)
         return xp.reshape(xp.max(growth), (1,))
 
@@ -2328,6 +2332,7 @@ def _within_radius(Xc, growths):
     unit = Xc / safe[:, None]
     allowed = safe  # the largest entry each row may keep
     for growth, power in growths:
+        growth = asarray_like(growth, xp, device=array_device(Xc), dtype=Xc.dtype)  # (a plain number too)
         # in units of t, the largest sqrt(g_j): |x / s|_g / t is at most sqrt(d), R / t within the type for every g
         # the type holds, and their quotient, the entry the row may keep, held below half the largest number
         roots = xp.sqrt(growth)

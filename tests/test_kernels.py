@@ -376,6 +376,26 @@ def test_far_rows_of_a_linear_kernel_land_on_its_radius_whatever_the_slope_varia
                                    rtol=1e-5, atol=1e-30)
 
 
+def test_a_kernel_of_one_s_own_may_give_its_growth_as_a_plain_number():
+    """A review (2026-12-02): once growth was per feature, OnColumns took the largest of its kernel's by the array
+    API, and a kernel of one's own whose growth is a Python float raised TypeError there (and a product whose first
+    growing term gave one did already). Every combination takes a plain number, on NumPy and array_api_strict."""
+
+    class PlainGrowth(Linear):
+        @property
+        def growth(self):
+            return 2.0
+
+    X = np.random.default_rng(0).normal(size=(5, 3))
+    for kernel in (OnColumns(PlainGrowth(), [0, 1]), Product(PlainGrowth(), PlainGrowth()),
+                   Product(PlainGrowth(), Linear()), PlainGrowth() + RBF(), OnColumns(PlainGrowth(), [0]) * Linear()):
+        for rows in (X, array_api_strict.asarray(X)):
+            held = to_np(within_reach(kernel.for_inputs(rows), rows, rows * 1e300))
+            assert np.all(np.isfinite(held)) and np.all(np.abs(held) < 1e78)
+            np.testing.assert_allclose(held / np.max(np.abs(held), axis=1, keepdims=True),
+                                       X / np.max(np.abs(X), axis=1, keepdims=True), rtol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("alpha", [1.0, 0.01])
 def test_rows_of_a_rational_quadratic_past_the_square_s_range_are_held_and_give_finite_probabilities(dtype, alpha):
