@@ -479,6 +479,27 @@ class Kernel:
         is exactly 0, or None when it has no such reach (a heavy tail). Predictions clamp far inputs to it."""
         return None
 
+    def growth_of_columns(self, X):
+        """``growth`` for each column of X (only X's width, namespace, device and type are read): an array of X's
+        width and type, or None for a bounded kernel; what the shrink of far rows weighs each column by
+        (``within_reach``). A kernel that reads some columns only (``OnColumns``) gives 0 for the others: a column it
+        does not read leaves it as it is, whatever that column's scale (with one growth for every column, such a
+        column of scale 1e10 in float32 shrank the rows it was in, and so the columns the kernel does read)."""
+        return _for_every_column(self.growth, X)
+
+    def reach_of_columns(self, X):
+        """``reach_lengthscales`` for each column of X (only X's width, namespace, device and type are read), or
+        None: what ``within_reach`` clamps each column to. 0 for a column the kernel does not read (``OnColumns``):
+        moving it leaves the kernel as it is, so in a sum or product (the longest reach a column) it leaves the
+        reach of the terms that do read it (one longest reach for every column let a short-lengthscale term's
+        column be held at a far longer term's reach, and overflow there). inf for every column of a kernel whose
+        variance grows (``growth``): it is 0 nowhere, and far rows are shrunk for it instead."""
+        reach = self.reach_lengthscales
+        if reach is None and self.growth is not None:
+            xp = array_namespace(X)
+            return xp.full((X.shape[1],), math.inf, dtype=X.dtype, device=array_device(X))
+        return _for_every_column(reach, X)
+
     def without_noise(self):
         """This kernel with its latent noise fixed at 0 (a term of a sum or product: the combination owns the
         noise). A prior on a term's noise is refused: put it on the combination's."""
@@ -544,6 +565,26 @@ def _augmented_pair(Xc, Zc, cross, norm_scale, x_offset, z_offset):
     x2 = norm_scale * row_dot(Xc, Xc) + x_offset
     z2 = norm_scale * row_dot(Zc, Zc) + z_offset
     return (xp.concat([cross * Xc, x2[:, None], ones_x], axis=1), xp.concat([Zc, ones_z, z2[:, None]], axis=1))
+
+
+def _for_every_column(values, X):
+    """``values`` (a number, or an array of one entry or one a column) as an array of one entry for every column of
+    X, in X's namespace, device and type; None stays None."""
+    if values is None:
+        return None
+    xp = array_namespace(X)
+    values = asarray_like(values, xp, device=array_device(X), dtype=X.dtype)  # (a plain number too)
+    return xp.broadcast_to(xp.reshape(values, (-1,)), (X.shape[1],))
+
+
+def _largest(values):
+    """The entry-wise largest of the arrays ``values``, or None where one of them is None."""
+    if any(value is None for value in values):
+        return None
+    largest = values[0]
+    for value in values[1:]:
+        largest = array_namespace(largest).maximum(largest, value)
+    return largest
 
 
 class Stationary(Kernel):
@@ -868,9 +909,8 @@ class RationalQuadratic(Stationary):
         alpha = 0.01). ``KERNEL_REACH`` times this is sqrt(max min(1, 2 alpha) / 4 d) lengthscales of the type for
         d lengthscales (d = 2, alpha >= 1/2: 4.7e153 in float64, 6.5e18 in float32), where both stay finite: a point
         farther is held there (``within_reach``), and nothing nearer moves (a review found float32 predictions at
-        alpha = 0.01 moved from 1e14 lengthscales with a reach of 1e-6 sqrt(max)). An ``OnColumns`` holds every
-        column at its longest lengthscale's reach, so a column of a far shorter one can still overflow there: an
-        overflow warning and the profile's limit, 0, as before."""
+        alpha = 0.01 moved from 1e14 lengthscales with a reach of 1e-6 sqrt(max)). Each column is held at its own
+        lengthscale's reach, through an ``OnColumns`` too (``Kernel.reach_of_columns``)."""
         lengthscales = self.lengthscales
         xp = array_namespace(lengthscales)
         share = float(xp.finfo(lengthscales.dtype).max) / (4.0 * max(1, math.prod(lengthscales.shape)))
@@ -1081,13 +1121,11 @@ class Combination(Kernel):
     @property
     def reach_lengthscales(self):
         """The longest of the terms' reaches per dimension: beyond it every term, so the combination, is 0."""
-        reaches = [term.reach_lengthscales for term in self.terms]
-        if any(reach is None for reach in reaches):
-            return None
-        longest = reaches[0]
-        for reach in reaches[1:]:
-            longest = array_namespace(longest).maximum(longest, reach)
-        return longest
+        return _largest([term.reach_lengthscales for term in self.terms])
+
+    def reach_of_columns(self, X):
+        """The longest of the terms' reaches, column by column (``Kernel.reach_of_columns``)."""
+        return _largest([term.reach_of_columns(X) for term in self.terms])
 
     def _combine(self, values):
         raise NotImplementedError
@@ -1142,6 +1180,11 @@ class Sum(Combination):
         growing = self._growing_terms()
         return self._combine([term.growth for term in growing]) if growing else None
 
+    def growth_of_columns(self, X):
+        """The sum of the growing terms' growths, column by column (``Kernel.growth_of_columns``)."""
+        growing = self._growing_terms()
+        return self._combine([term.growth_of_columns(X) for term in growing]) if growing else None
+
     @property
     def growth_power(self):
         """The highest power of the growing terms (1 when none grows)."""
@@ -1188,6 +1231,11 @@ class Product(Combination):
             else:
                 largest = array_namespace(largest, growth).maximum(largest, growth)
         return largest
+
+    def growth_of_columns(self, X):
+        """The largest of the growing terms' growths, column by column (``growth``, ``Kernel.growth_of_columns``)."""
+        growths = [term.growth_of_columns(X) for term in self._growing_terms()]
+        return _largest(growths) if growths else None
 
     @property
     def growth_power(self):
@@ -1293,6 +1341,12 @@ class OrdinalKernel(Kernel):
     @property
     def growth(self):
         return self.latent.growth
+
+    def growth_of_columns(self, X):
+        return self.latent.growth_of_columns(X)
+
+    def reach_of_columns(self, X):
+        return self.latent.reach_of_columns(X)
 
     @property
     def growth_power(self):
@@ -1638,6 +1692,15 @@ class Categorical(Kernel):
         amplitude = self.amplitude
         xp = array_namespace(amplitude)
         return xp.reshape(xp.ones_like(amplitude), (1,))
+
+    def reach_of_columns(self, X):
+        """1 at the columns it reads (which ``within_reach`` does not clamp), 0 at X's others: it does not read them,
+        so in a sum or product each of them is held where the other terms' reach says (a reach of 1 there held a
+        column of a term of lengthscale 1e-3 a thousand times farther out than that term's own reach)."""
+        xp = array_namespace(X)
+        device = array_device(X)
+        reads = xp.any(xp.arange(X.shape[1], device=device)[:, None] == _index(self.columns, X)[None, :], axis=1)
+        return xp.astype(reads, X.dtype)
 
     def mismatch_rates(self):
         """How much log k falls when a row moves to another level of each column (host floats, (k,)): 1 / l_j^2 in
@@ -2113,7 +2176,8 @@ class OnColumns(Kernel):
     @property
     def growth(self):
         """The kernel's largest, one entry for every column: its columns' weighted squared norm is at most that times
-        |x|^2, so the bound holds for the whole row (this kernel does not know X's number of columns)."""
+        |x|^2, so the bound holds for the whole row, without X's width (``growth_of_columns`` gives it per column of
+        X, 0 at the columns the kernel does not read, which is what the shrink of far rows uses)."""
         growth = self.kernel.growth
         if growth is None or isinstance(growth, numbers.Real):  # (a kernel of one's own may give a plain number)
             return growth
@@ -2126,15 +2190,26 @@ class OnColumns(Kernel):
 
     @property
     def reach_lengthscales(self):
-        """The kernel's longest reach, one array entry for every column (broadcast), or None where it has none. The
-        clamp of far inputs (``within_reach``) takes a reach per column of X, which this kernel does not
-        know the number of; beyond the longest reach the kernel is 0 along each of its columns, and a column it does
-        not read may be clamped anywhere."""
+        """The kernel's longest reach, one array entry for every column (broadcast), or None where it has none:
+        beyond it the kernel is 0 along each of its columns, without X's width (``reach_of_columns`` gives the reach
+        per column of X, which is what the clamp of far inputs uses)."""
         reach = self.kernel.reach_lengthscales
         if reach is None:
             return None
         xp = array_namespace(reach)
         return xp.reshape(xp.max(reach), (1,))
+
+    def growth_of_columns(self, X):
+        """The kernel's growth at its columns, 0 at X's others (``Kernel.growth_of_columns``)."""
+        return self._spread(self.kernel.growth_of_columns(self._select(X[:0, ...])), X)
+
+    def reach_of_columns(self, X):
+        """The kernel's reach at its columns, 0 at X's others (``Kernel.reach_of_columns``)."""
+        return self._spread(self.kernel.reach_of_columns(self._select(X[:0, ...])), X)
+
+    def _spread(self, values, X):
+        """``values`` (one a column of ``columns``) in their places among X's columns, 0 at the others."""
+        return None if values is None else self._widened(values[None, :], X.shape[1])[0, ...]
 
     @cached_property
     def _span(self):
@@ -2283,22 +2358,26 @@ def within_reach(kernel, Z, Xc):
     """Xc with each coordinate held within ``KERNEL_REACH`` lengthscales of the inducing points' range. The
     kernel at a point beyond that is 0 to every inducing point, and still is at the clamped point, so the
     predictions do not change; the squared distances of the far point itself overflowed (X * 1e300:
-    "overflow encountered in vecdot"). Columns a categorical kernel reads (``kernels.categorical_columns``) are
-    not clamped."""
+    "overflow encountered in vecdot"). Each column is held at its own reach (``Kernel.reach_of_columns``: the
+    longest of the terms that read it); where a term's variance grows with x (a linear one), far rows are first shrunk
+    along their direction (``_within_radius``), and only the columns no growing term reads are then clamped. Columns a
+    categorical kernel reads (``kernels.categorical_columns``) are not clamped."""
     kernels = [kernel[c] for c in range(Z.shape[0])] if Z.ndim == 3 else [kernel]
     if is_out_of_core(Xc):  # (rows on disk are held a block at a time, as read: ``ep.predict_latent``)
         return Xc
-    growths = [(k.growth, k.growth_power) for k in kernels if k.growth is not None]
+    growths = [(k.growth_of_columns(Xc), k.growth_power) for k in kernels if k.growth is not None]
     if growths:
-        return _within_radius(Xc, growths)
-    if any(k.reach_lengthscales is None for k in kernels):
+        Xc = _within_radius(Xc, growths)
+    # then the columns that only bounded terms read (a growing term's reach is inf: a shrunk row is not moved)
+    reaches = [k.reach_of_columns(Xc) for k in kernels]
+    if any(reach is None for reach in reaches):
         return Xc
     xp = array_namespace(Xc)
     reach_limit = float(xp.finfo(Xc.dtype).max) / (4.0 * KERNEL_REACH)  # reach + |Z| stays finite
     lower = upper = None
     for c, k in enumerate(kernels):
         Zc = Z[c, ...] if Z.ndim == 3 else Z
-        reach = KERNEL_REACH * xp.minimum(k.reach_lengthscales, reach_limit)
+        reach = KERNEL_REACH * xp.minimum(reaches[c], reach_limit)
         low, high = xp.min(Zc, axis=0) - reach, xp.max(Zc, axis=0) + reach
         lower = low if lower is None else xp.minimum(lower, low)
         upper = high if upper is None else xp.maximum(upper, high)

@@ -392,8 +392,64 @@ def test_a_kernel_of_one_s_own_may_give_its_growth_as_a_plain_number():
         for rows in (X, array_api_strict.asarray(X)):
             held = to_np(within_reach(kernel.for_inputs(rows), rows, rows * 1e300))
             assert np.all(np.isfinite(held)) and np.all(np.abs(held) < 1e78)
-            np.testing.assert_allclose(held / np.max(np.abs(held), axis=1, keepdims=True),
-                                       X / np.max(np.abs(X), axis=1, keepdims=True), rtol=1e-12)
+            read = [0, 1] if isinstance(kernel, OnColumns) else [0, 1, 2]  # (a column no kernel reads: held anyhow)
+            np.testing.assert_allclose(held[:, read] / np.max(np.abs(held[:, read]), axis=1, keepdims=True),
+                                       X[:, read] / np.max(np.abs(X[:, read]), axis=1, keepdims=True), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_column_no_growing_term_reads_does_not_shrink_the_rows_it_is_in(dtype):
+    """A linear term on some columns beside an RBF on an id-like column of scale 1e10 (a time stamp): the growth of
+    OnColumns(Linear) stood for every column of X, so rows far out in the RBF's column (1e12 in float32, past the
+    radius of 4e9) were shrunk, the linear term's columns with them, and predicted as nearer the origin, silently.
+    Now the growth is per column of X (0 where a kernel does not read it) and that column is held at the RBF's own
+    reach: the row is predicted as any row that far out in that column (where the RBF term is 0)."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3))
+    X[:, 2] *= 1e10
+    y = (X[:, 0] + X[:, 1] > 0).astype(int)
+    X = X.astype(dtype)
+    kernel = OnColumns(Linear(), [0, 1]) + OnColumns(RBF(lengthscales=1e10), [2])
+    model = agpc.GPClassifier(kernel=kernel, n_inducing=20, max_iter=5, random_state=0, dtype=dtype).fit(X, y)
+    rows = np.repeat(X[:4], 3, axis=0)
+    out = float(np.sqrt(np.finfo(dtype).max))  # far past the square's range: the RBF's squared distance overflowed
+    rows[:, 2] = np.tile([1e16, 1e17 if dtype == "float32" else 1e160, out], 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        proba = model.predict_proba(rows.astype(dtype))
+        held = np.asarray(within_reach(model.kernel_, model.inducing_points_, rows.astype(dtype)))
+    np.testing.assert_array_equal(held[:, :2], rows[:, :2])  # (the linear term's columns are not moved)
+    np.testing.assert_allclose(proba[1::3], proba[::3], rtol=1e-5)
+    np.testing.assert_allclose(proba[2::3], proba[::3], rtol=1e-5)
+    assert np.all(np.abs(held[:, 2]) <= np.max(np.abs(np.asarray(model.inducing_points_)[:, 2])) + 1.1e3 * float(
+        np.asarray(model.kernel_.terms[1].kernel.lengthscales)[0]))
+
+
+def test_each_column_is_held_at_the_reach_of_the_terms_that_read_it():
+    """A sum whose terms read different columns: each column is held at its own term's reach (the longest of its
+    terms'), not at the longest reach of all (a column of an RBF of lengthscale 0.1 beside a rational quadratic of a
+    long reach was held far out, and its squared distance overflowed there); a categorical term's columns are not held,
+    and the others are held where the continuous terms say (a reach of 1 stood for every column)."""
+    Z = np.zeros((3, 3))
+    rows = np.array([[1e200, -1e200, 1.0], [3.0, 1e160, 2.0]])
+    short = OnColumns(RBF(lengthscales=0.1), [0])
+    for other, reach_1 in ((OnColumns(RationalQuadratic(lengthscales=1.0), [1]), None),
+                           (OnColumns(RBF(lengthscales=[1e-3, 2.0]), [1, 2]), 1e3 * 1e-3),
+                           (Categorical([2]), None)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            kernel = (short + other).for_inputs(Z)
+            held = np.asarray(within_reach(kernel, Z, rows))
+            kernel.K(held, Z)  # (the squared distances overflowed)
+            strict = (short + other).for_inputs(array_api_strict.asarray(Z))  # (the same on the array API)
+            np.testing.assert_array_equal(
+                to_np(within_reach(strict, array_api_strict.asarray(Z), array_api_strict.asarray(rows))), held)
+        np.testing.assert_allclose(held[:, 0], [1e3 * 0.1, 3.0])
+        if reach_1 is not None:
+            np.testing.assert_allclose(held[:, 1], [-reach_1, reach_1])
+        if other.name == "Categorical":  # (its column as given; column 1, which no term reads, anywhere finite)
+            np.testing.assert_array_equal(held[:, 2], rows[:, 2])
+            assert np.all(np.isfinite(held[:, 1]))
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
