@@ -152,6 +152,14 @@ def _exact_integers(numbers):
     return None
 
 
+def _canonical_integer(digits):
+    """Whether the text of a whole number has no leading zero ("-7", "+1", "0", not "007" or "02134": an identifier
+    or a postal code, whose zeros are part of the label)."""
+    body = digits.lstrip("+-")
+    # (beyond 20 digits it is past uint64 and stays text anyway: int() of thousands of digits is refused by Python)
+    return len(body) <= 20 and (body == "0" or not body.startswith("0"))
+
+
 def _labels(values):
     """Labels exactly as written, never through float64 (which merges integers above 2^53): integers when
     every label is a whole number (int64, or uint64 above it; beyond both, the text as written), the values
@@ -166,7 +174,9 @@ def _labels(values):
             return values.astype(np.int64)
         return values.astype(str)
     text = [v.decode() if isinstance(v, bytes) else str(v) for v in values.tolist()]
-    if text and all(_WHOLE_NUMBER_TEXT.match(v) for v in text):
+    # (only where none is written with a leading zero: "007" and "7" are two classes, and "02134" is written back as
+    # it was, not as 2134)
+    if text and all(_WHOLE_NUMBER_TEXT.match(v) and _canonical_integer(v.split(".")[0]) for v in text):
         integers = _exact_integers([int(v.split(".")[0]) for v in text])
         if integers is not None:
             return integers
@@ -415,7 +425,8 @@ class _BoundedLines:
         self.chars += len(text)
         if self.chars > MAX_RECORD_CHARS:
             raise TableError(f"{self.path}: line {self.start} is longer than {MAX_RECORD_CHARS:,} characters (a "
-                             "CSV record agpc reads is at most that; a wider table: .npy or Parquet)")
+                             "CSV record agpc reads is at most that, quoted line breaks included: a quote never "
+                             "closed makes one; a wider table: .npy or Parquet)")
         return text
 
     def record_read(self):
@@ -427,7 +438,9 @@ def _csv_records(fh, path):
     """(line number, cells stripped) of every record of a CSV file, each within ``MAX_RECORD_CHARS``; the csv
     module's errors (a field beyond its limit, a NUL in older Pythons) name the file and the line."""
     lines = _BoundedLines(fh, path)
-    reader = csv.reader(lines, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+    # strict: a quote that opens a field and is never closed is an error (the lenient reader took the rest of the
+    # file into that one field: a truncated file's last rows became one label, a class of their own, silently)
+    reader = csv.reader(lines, delimiter="\t" if path.suffix.lower() == ".tsv" else ",", strict=True)
     records = []
     while True:
         try:
@@ -435,7 +448,9 @@ def _csv_records(fh, path):
         except StopIteration:
             return records
         except csv.Error as exc:
-            raise TableError(f"{path}: line {lines.start}: {exception_line(exc)}") from None
+            what = ("a quoted field is not closed (its opening \" has no closing one before the file ends)"
+                    if "unexpected end of data" in str(exc) else exception_line(exc))
+            raise TableError(f"{path}: line {lines.start}: {what}") from None
         records.append((reader.line_num, [cell.strip() for cell in row]))
         lines.record_read()
 

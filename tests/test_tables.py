@@ -267,3 +267,35 @@ def test_a_utf16_csv_is_told_so_not_advised_as_latin1(tmp_path):
     with pytest.raises(TableError, match=r"the file is UTF-16 \(it starts with UTF-16's byte order mark\).*iconv -f "
                                          "utf-16 -t utf-8"):
         load_data(path, "label")
+
+
+@pytest.mark.parametrize("where", ["middle", "last line"])
+def test_a_quote_never_closed_is_an_error_naming_its_line_not_a_class(tmp_path, where):
+    """A hostile-input audit (2026-12-02): csv's lenient reader took the rest of the file after an opening quote
+    into one field, so a truncated file's last rows became one label, a class of their own: 41 rows and three classes
+    trained from an 80-row, two-class file, silently. The quote's line is named now."""
+    rows = [f"{i},{i % 5},{i % 2}" for i in range(40)]
+    lines = rows + ['1,2,"1'] + (rows if where == "middle" else [])
+    path = tmp_path / "d.csv"
+    path.write_text("a,b,label\n" + "\n".join(lines) + "\n")
+    with pytest.raises(TableError, match=r"d\.csv: line 42: a quoted field is not closed"):
+        load_data(path, "label")
+    path.write_text('a,b,label\n1,"2",0\n3,4,"1"\n')  # (quoted fields that close are read as before)
+    X, y, _ = load_data(path, "label")
+    assert X.tolist() == [[1.0, 2.0], [3.0, 4.0]] and y.tolist() == [0, 1]
+
+
+def test_labels_written_with_leading_zeros_stay_as_written(tmp_path, banana):
+    """The same audit: labels of whole numbers were read as integers, so "007" and "7" were one class and "02134"
+    was written back as 2134 (a postal code, an identifier). Labels are integers only where each is written as its
+    number is (no leading zero); "3.0", as programs that write every number as a float do, still is 3, "+1" is 1."""
+    X, _ = banana
+    codes = np.array(["007", "7", "02134"] * 20, dtype=object)
+    _, y_read, _ = load_data(write_csv(tmp_path / "d.csv", X, codes), "label")
+    assert sorted(set(y_read.tolist())) == ["007", "02134", "7"]
+    _, y_read, _ = load_data(write_csv(tmp_path / "e.csv", X, np.array(["3.0", "-4", "+12"] * 20, dtype=object)),
+                             "label")
+    assert y_read.dtype.kind == "i" and sorted(set(y_read.tolist())) == [-4, 3, 12]
+    _, y_read, _ = load_data(write_csv(tmp_path / "f.csv", X, np.array(["1" * 5000, "2"] * 30, dtype=object)),
+                             "label")
+    assert sorted(set(y_read.tolist())) == ["1" * 5000, "2"]
