@@ -388,6 +388,8 @@ def _from_matrix(data, target, path):
     """A 2-D array whose target (if any) is a column index; its columns have no names."""
     if target is None:
         return Data(data, None, None)
+    if len(data.shape) == 2 and data.shape[0] == 0:  # (before a list a column: a forged (0, 10**18) declares 0 bytes)
+        raise TableError(f"{path}: the array has no rows (shape {tuple(data.shape)})")
     data = np.asarray(data[...])
     if data.ndim != 2:
         raise TableError(f"{path}: a label column needs a 2-D array (rows x columns), got shape {data.shape}")

@@ -299,3 +299,17 @@ def test_labels_written_with_leading_zeros_stay_as_written(tmp_path, banana):
     _, y_read, _ = load_data(write_csv(tmp_path / "f.csv", X, np.array(["1" * 5000, "2"] * 30, dtype=object)),
                              "label")
     assert sorted(set(y_read.tolist())) == ["1" * 5000, "2"]
+
+
+def test_an_empty_array_of_a_forged_width_is_refused_at_once(tmp_path):
+    """A hostile-input audit (2026-12-02): an .npy header declaring shape (0, 10**18) declares 0 bytes, so it passed
+    the check of declared against stored bytes, and the reader then made a list of 10**18 column names: a hang in
+    a 128-byte file."""
+    path = tmp_path / "forged.npy"
+    np.save(path, np.zeros((0, 3)))
+    raw = path.read_bytes()
+    header = raw[10:].split(b"}")[0] + b"}"
+    forged = header.replace(b"(0, 3)", b"(0, 1000000000000000000)")
+    path.write_bytes(raw[:8] + len(forged.ljust(len(header))).to_bytes(2, "little") + forged.ljust(len(header)))
+    with pytest.raises(TableError, match=r"forged\.npy: the array has no rows \(shape \(0, 1000000000000000000\)\)"):
+        load_data(path, 2)
