@@ -262,7 +262,7 @@ def fit(args):
         scaler, X_train, X_val = _standardised(X_train, X_val, weights, names)
     shown = f"ordered classes {preview((classes if order is None else order).tolist(), 6)} (lowest first)" \
         if args.likelihood == ORDINAL else f"classes {preview(classes.tolist(), 6)}"
-    print(f"agpc fit: {args.data}: {X_train.shape[0]} training rows, {X.shape[1]} features, {shown}; method "
+    print(f"agpc fit: {printable(args.data)}: {X_train.shape[0]} training rows, {X.shape[1]} features, {shown}; method "
           f"{args.method}, n_inducing {args.inducing}, on {where}", flush=True)
     # the held-out rows are the fit's validation_data, so that the model's history (and so the model file,
     # 'agpc inspect' and its --plot) keeps their NLL and error along the training, not only the final scores
@@ -288,7 +288,7 @@ def fit(args):
     trained = _iterations(model, args.max_iter, (X_train, y_train), on_cluster=bool(args.scheduler))
     print(f"fit time:    {seconds:.2f} s ({trained}; "
           f"{_model_size(model)})")
-    print(f"wrote {args.out}")
+    print(f"wrote {printable(args.out)}")
     return 0
 
 
@@ -517,7 +517,7 @@ def predict(args):
     predicted = [f"{c}" for c in model.classes_]
     _write_csv(args.out, columns, labels=(PREDICTED_LABEL, [predicted[i] for i in np.argmax(proba, axis=1)]))
     written = [PREDICTED_LABEL, *columns]
-    print(f"wrote {args.out}: {proba.shape[0]} rows, columns {', '.join(printable(name) for name in written)}")
+    print(f"wrote {printable(args.out)}: {proba.shape[0]} rows, columns {', '.join(printable(name) for name in written)}")
     if scores is not None:
         _print_scores("scores", scores, len(y))
     _warn_columns_by_position(wanted, names, args.data)  # said once the predictions are written
@@ -578,9 +578,9 @@ def inspect(args):
               "file holds their means and scales; predictions take raw features); lengthscales and relevance are "
               "in units of each feature's standard deviation")
     if scores is not None:
-        _print_scores(f"scores on {args.data}", scores, len(calibration[1]))
+        _print_scores(f"scores on {printable(args.data)}", scores, len(calibration[1]))
     if args.plot is not None:
-        print(f"wrote {args.plot}")
+        print(f"wrote {printable(args.plot)}")
     if args.data is not None:
         _warn_columns_by_position(wanted, names, args.data)
     return 0
@@ -654,7 +654,7 @@ def demo(args):
         print("Plot: none written (--plot PATH draws the banana decision boundary and the inducing points)")
         return 0
     _plot_banana(banana, X, y, args.plot)
-    print(f"Plot: {args.plot} (banana decision boundary, inducing points marked)")
+    print(f"Plot: {printable(args.plot)} (banana decision boundary, inducing points marked)")
     return 0
 
 
@@ -770,7 +770,7 @@ def bench(args):
             f"the tables each benchmark script printed (headings one level down) and the PNGs it wrote.\n")
     with checkpoints.atomic_write(out / "results.md", "w") as fh:
         fh.write("\n".join([head] + sections))
-    print(f"agpc bench: wrote {out / 'results.md'}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    print(f"agpc bench: wrote {printable(out / 'results.md')}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 
 

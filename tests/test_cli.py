@@ -1380,3 +1380,19 @@ def test_smaller_misreadings_of_a_hostile_input_audit_are_refused(tmp_path, caps
     with pytest.raises(ValueError, match=r"X is a masked array with masked values \(first at row 1, column 0\)"):
         model.predict(rows)
     np.testing.assert_array_equal(model.predict(np.ma.masked_array(rows.data)), model.predict(rows.data))
+
+
+def test_file_names_reach_the_terminal_escaped_on_every_line(tmp_path, capsys):
+    """A hostile-input audit (2026-12-02): errors printed file names escaped, but the lines of a command that
+    worked (``agpc fit: <data>: ...``, ``wrote <out>``, ``scores on <data>``) printed them raw: a file name could set
+    the terminal's title or clear it."""
+    X, y = make_banana(80, random_state=0)
+    data = write_csv(tmp_path / ("d" + HOSTILE["title"] + ".csv"), X, y)
+    model = tmp_path / ("m" + HOSTILE["class"] + ".agpc")
+    plot = tmp_path / ("p" + HOSTILE["colour"] + ".png")
+    assert main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(model)]) == 0
+    assert main(["predict", str(model), str(data), "--out", str(tmp_path / ("q" + HOSTILE["bidi"] + ".csv"))]) == 0
+    assert main(["inspect", str(model), "--data", str(data), "--target", "label", "--plot", str(plot)]) == 0
+    printed = capsys.readouterr()
+    assert _acting(printed.out) == [] and _acting(printed.err) == []
+    assert "t\\x1b]0;owned\\x07" in printed.out and "a\\x1b[2J" in printed.out
