@@ -338,7 +338,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if self.step_replay:
             warnings.warn("step_replay is deprecated and has no effect (it will be removed): CuPy refuses cuBLAS and "
                           "cuSOLVER calls during CUDA-graph capture, so a training step cannot be replayed from a "
-                          "graph; every step runs eagerly", FutureWarning, stacklevel=3)
+                          "graph; every step runs eagerly", FutureWarning, stacklevel=B.outside_stacklevel())
         return _OPTIMIZE_GROUPS.chosen(self.optimize), B.resolve_backend(self.backend), plan
 
     def _plan(self):
@@ -354,19 +354,24 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         every ``eval_every`` steps into ``history_`` ("validation_nll", "validation_error"), and with
         ``n_iter_no_change`` for early stopping. ``resume``: continue from ``checkpoint_path`` (same data, settings)."""
         started = time.perf_counter()  # max_time covers the whole fit, from here
+        with V.attributes_kept_on_failure(self):  # (a fit refused or interrupted leaves the estimator as it was)
+            return self._fit_checked(started, X, y, sample_weight, validation_data, resume)
+
+    def _fit_checked(self, started, X, y, sample_weight, validation_data, resume):
+        """``fit`` from its start, the estimator's attributes kept by the caller should it raise."""
         groups, target_xp, plan = self._check_params()  # before anything reads them (the BLAS scope reads the sizes)
         X, categorical = C.encoded_rows(X, self.categorical_features, plan.dtype)  # (text levels learned)
         y = L.label_column(y)  # (an array of labels of shape (n, 1): its column, with a warning)
         n_rows, n_features = I.rows_and_features(X, y)
         plan = plan.for_rows(X, y, n_rows, target_xp)  # (binary rows in memory: batch_size="auto" may take more)
-        I.check_fit_paths(plan, X, y, resume, stacklevel=3)  # (a bad path must not cost the fit)
+        I.check_fit_paths(plan, X, y, resume)  # (a bad path must not cost the fit)
         if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2:  # (else refused, as it is)
             validation_data = (C.encode(validation_data[0], categorical, n_features), validation_data[1])
         held = I.held_out(plan, X, y, sample_weight, n_rows, self.random_state) if validation_data is None else None
         self._holding_out = held is not None  # (``_train``'s patience; ``early_stopping_`` once the fit succeeded)
         if held is not None:  # (the held-out rows are the fit's validation data)
             X, y, sample_weight, validation_data, n_rows = held
-        with B.jitter_report("GPClassifier.fit"), allocator.fit_scope():  # (freed memory kept for the next iteration)
+        with B.jitter_report("GPClassifier.fit", stacklevel=5), allocator.fit_scope():  # (freed memory kept for the next iteration)
             fitted = self._fit(plan, (n_rows, n_features), X, y, groups, target_xp, validation_data, resume, started,
                                sample_weight, categorical.columns)
         self.early_stopping_ = held is not None
@@ -528,7 +533,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         except (B.CholeskyError, FloatingPointError) as failure:
             warnings.warn(f"the fit on a random {rows:,} of the {total:,} rows failed numerically ({failure}); "
                           "training on all rows from the start instead, as without the subsample",
-                          RuntimeWarning, stacklevel=5)
+                          RuntimeWarning, stacklevel=B.outside_stacklevel())
             return kernel, Z, (0, 0)
         return result.kernel, result.Z, (rows, int(result.n_iter))
 
@@ -578,14 +583,16 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                          result.jitter, self._likelihood)
         self.stopped_by_time_, self.early_stopped_ = result.stopped_by_time, result.early_stopped
         self.stop_reason_, self.n_samples_fit_, self.n_warmup_ = result.stop_reason, n_rows, result.n_warmup
-        training.warn_if_no_checkpoint(self.checkpoint_path, self.checkpoint_every, result, resumed, stacklevel=4)
+        training.warn_if_no_checkpoint(self.checkpoint_path, self.checkpoint_every, result, resumed,
+                                       stacklevel=B.outside_stacklevel())
         if result.stopped_by_time and result.n_iter == 0 and not resumed:
             # (a model of no step is the prior's, which predicts the same probability everywhere: never returned
             # unsaid)
             from sklearn.exceptions import ConvergenceWarning
 
             warnings.warn(f"max_time={self.max_time:g} s ended the fit before its first iteration: the model is its "
-                          "start (the prior, no row fitted); give more time", ConvergenceWarning, stacklevel=4)
+                          "start (the prior, no row fitted); give more time", ConvergenceWarning,
+                          stacklevel=B.outside_stacklevel())
         return self
 
     def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter, likelihood):

@@ -566,10 +566,10 @@ def data_files(*arrays):
     return files
 
 
-def check_fit_paths(plan, X, y, resume, stacklevel=4):
+def check_fit_paths(plan, X, y, resume):
     """The paths a fit reads and writes, checked before any work (a bad path must not cost the fit): the
     checkpoint to resume from, the checkpoint path (writable, not one of the training data's files) and the site
-    directory. A ``checkpoint_path`` that nothing will write or read is warned about (at ``stacklevel``). ``resume``
+    directory. A ``checkpoint_path`` that nothing will write or read is warned about (from the user's line). ``resume``
     is True or False (a string "no" is true)."""
     if not isinstance(resume, (bool, np.bool_)):
         raise ValueError(f"resume must be True or False, got {resume!r}")
@@ -582,7 +582,7 @@ def check_fit_paths(plan, X, y, resume, stacklevel=4):
     elif plan.checkpoint_path is not None and not resume:  # a path alone writes nothing (a resume reads it)
         warnings.warn(f"checkpoint_path={str(plan.checkpoint_path)!r} is set without checkpoint_every: no "
                       "checkpoint will be written (set checkpoint_every, a number of steps)", UserWarning,
-                      stacklevel=stacklevel)
+                      stacklevel=B.outside_stacklevel())
     if plan.site_directory is not None:
         check_site_directory(plan.site_directory)
 
@@ -734,15 +734,15 @@ def _default_lengthscales(X, weights, columns=None):
     return list(lengthscales)
 
 
-def note_tf32(plan, xp, stacklevel=4):
+def note_tf32(plan, xp):
     """Whether the float32 products of the plan's fit run in TF32 (``backend.uses_tf32``; the estimator's
-    ``tf32_``), said once a fit by a ``backend.TF32Warning`` (at ``stacklevel``)."""
+    ``tf32_``), said once a fit by a ``backend.TF32Warning`` (from the user's line)."""
     tf32 = B.uses_tf32(xp, plan.dtype)
     if tf32:
         warnings.warn("float32 products on the GPU run in TF32 (CUPY_TF32 is set): about 3 significant digits per "
                       "product instead of 7, so this fit differs from NumPy's float32 by far more than round-off; "
                       "unset CUPY_TF32 before CuPy's first float32 product for float32 accuracy", B.TF32Warning,
-                      stacklevel=stacklevel)
+                      stacklevel=B.outside_stacklevel())
     return tf32
 
 

@@ -371,7 +371,8 @@ def label_column(y):
     from sklearn.exceptions import DataConversionWarning  # (here: a dask worker imports this module)
 
     warnings.warn("A column-vector y was passed when a 1d array was expected. Please change the shape of y to "
-                  "(n_samples, ), for example using ravel().", DataConversionWarning, stacklevel=3)
+                  "(n_samples, ), for example using ravel().", DataConversionWarning,
+                  stacklevel=B.outside_stacklevel())
     return y[:, 0]
 
 

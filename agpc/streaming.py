@@ -20,6 +20,7 @@ from . import size_rule
 from .inference import multiclass_ep, training
 from .inference.guard import GUARD_KEYS
 from .inference.posterior import Factor
+from .validation import attributes_kept_on_failure
 
 __all__ = ["ROWS_SEEN", "check_stream_params", "structure", "check_continuable", "stream_trainer", "trainer_from_fitted",
            "rows_counted", "step", "unchanged_on_failure", "note_first_batch"]
@@ -154,13 +155,11 @@ def unchanged_on_failure(owner, trainer, rows):
     FloatingPointError) is one ValueError saying so about these ``rows``. A batch of rows 1e200 times the model's
     scale stepped the lengthscales to NaN (their gradients inf x 0), raised a CholeskyError, and every batch after it
     raised the same; the rows it counted stayed counted, in the model's files too."""
-    attributes = dict(owner.__dict__)
     mark = None if trainer is None else trainer.mark()
     try:
-        yield
+        with attributes_kept_on_failure(owner):
+            yield
     except BaseException as exc:
-        owner.__dict__.clear()
-        owner.__dict__.update(attributes)
         if mark is not None:
             trainer.back_to(mark)
         if isinstance(exc, (B.CholeskyError, FloatingPointError)):

@@ -13,6 +13,7 @@ with NaN is false, so it would silently switch a test off).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -361,3 +362,19 @@ def check_positive_counts(positive, classes):
     if missing:
         raise ValueError(f"every class needs a row of positive weight (sample_weight times class_weight); class "
                          f"{label_text(missing[0])} has none")
+
+
+@contextlib.contextmanager
+def attributes_kept_on_failure(owner):
+    """Around a call that changes the estimator ``owner`` (``fit``, ``partial_fit``): where anything in the block
+    raises (a refused input, an interrupt), its attributes are put back as they were before the call. A refit
+    refused after its feature names were reset (a sample weight refused, say) left the old model under the new names,
+    and it then predicted on a DataFrame of the refused fit's column order, its columns swapped (accuracy 0.87 ->
+    0.34), with nothing said."""
+    attributes = dict(owner.__dict__)
+    try:
+        yield
+    except BaseException:
+        owner.__dict__.clear()
+        owner.__dict__.update(attributes)
+        raise

@@ -388,3 +388,29 @@ def test_labels_with_a_fraction_are_refused_in_agpcs_words_and_whole_floats_of_a
     # file refused at load)
     with pytest.raises(ValueError, match=r"y holds infinite labels \(\[inf\]\): a class needs a finite label"):
         GPClassifier(**options).fit(*FRACTIONAL[where](tmp_path, X, np.where(y > 0, np.inf, 0.0)))
+
+
+def test_a_refused_refit_leaves_the_fitted_model_as_it_was():
+    """An estimator-API audit (2026-12-02): a refit refused after ``validate_data`` had reset the feature names
+    (sample weights too large, an n_inducing above the rows, a bad validation set, ...) left the old model under the
+    refused fit's names, and it then predicted a DataFrame of the new column order with its columns swapped, with
+    nothing said (accuracy 0.87 -> 0.34). A refused fit puts every attribute back."""
+    pandas = pytest.importorskip("pandas")
+    X, y = make_banana(200, random_state=0)
+    frame = pandas.DataFrame(X, columns=["a", "b"])
+    model = GPClassifier(n_inducing=20, max_iter=10, random_state=0).fit(frame, y)
+    kept, right = dict(vars(model)), model.predict_proba(frame)
+    swapped = frame[["b", "a"]]
+    for refused in (dict(sample_weight=np.full(200, 1e300)), dict(validation_data=(X[:, :1], y))):
+        with pytest.raises(ValueError):
+            model.fit(swapped, y, **refused)
+        assert vars(model).keys() == kept.keys() and all(vars(model)[k] is v for k, v in kept.items())
+        with pytest.raises(ValueError, match="feature names"):
+            model.predict_proba(swapped)
+    with pytest.raises(ValueError):
+        model.set_params(n_inducing=500).fit(swapped.iloc[:50], y[:50])
+    np.testing.assert_array_equal(model.predict_proba(frame), right)
+    fresh = GPClassifier(n_inducing=20, max_iter=10)
+    with pytest.raises(ValueError):
+        fresh.fit(frame, y, sample_weight=np.full(200, 1e300))
+    assert not hasattr(fresh, "feature_names_in_") and not hasattr(fresh, "n_features_in_")
