@@ -272,3 +272,17 @@ def test_many_quadrature_nodes_predict_without_a_log_of_zero(dtype, nodes):
                                 epsabs=1e-13, epsrel=1e-12)[0] for m, s in zip(mean.astype(float), np.sqrt(var.astype(float)))]
     np.testing.assert_allclose(np.exp(log_pos) + np.exp(log_neg), 1.0, rtol=1e-5)
     np.testing.assert_allclose(np.exp(log_pos), reference, rtol=1e-5 if dtype == np.float32 else 1e-9)
+
+
+@pytest.mark.parametrize("likelihood", BINARY, ids=lambda lik: lik.name)
+def test_a_confident_row_s_log_probability_is_never_above_zero(likelihood):
+    """An estimator-API audit (2026-12-02): the quadrature's weights sum to 1 only to round-off, so a confident
+    row's log p(+1) came to +4.4e-16 (a probability of 1.0000000000000004, vi-jj's predict_proba). The two signs'
+    probabilities are normalised, their small tails kept to their own precision."""
+    mean = np.array([-1e6, -40.0, -3.0, 0.0, 3.0, 40.0, 1e6])
+    var = np.array([1e-6, 1.0, 0.5, 2.0, 0.5, 1.0, 1e-6])
+    for nodes in (5, 20, 60):
+        log_pos, log_neg = (np.asarray(v) for v in likelihood.predictive_log_proba(mean, var, nodes))
+        assert np.all(log_pos <= 0.0) and np.all(log_neg <= 0.0)
+        assert np.all(np.exp(log_pos) + np.exp(log_neg) <= 1.0 + 2e-16)
+        assert np.all(np.isfinite(log_pos[1:-1])) and log_pos[2] < -1.0 and log_neg[-3] < -1.0
