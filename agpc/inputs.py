@@ -143,7 +143,7 @@ def check_precision_keeps_spread(X, dtype_name, what="X"):
     """Refuse (one ValueError) to convert X to the floating type ``dtype_name`` when that would erase the
     variation of some column: a spread below ``_SPREAD_RESOLUTIONS`` eps * max|x| of the target type.
     Constant columns (spread 0) lose nothing and pass. X is in its own (wider) type: compare before converting."""
-    spread, magnitude = column_scales(X)
+    spread, magnitude = _integer_scales(X) if B.array_namespace(X).isdtype(X.dtype, "integral") else column_scales(X)
     eps = float(np.finfo(dtype_name).eps)
     lost = np.flatnonzero((spread > 0) & (spread < _SPREAD_RESOLUTIONS * eps * magnitude))
     if lost.size:
@@ -151,9 +151,26 @@ def check_precision_keeps_spread(X, dtype_name, what="X"):
         more = f" ({lost.size} columns in all)" if lost.size > 5 else ""
         raise ValueError(
             f"{what} in {dtype_name} would lose the variation of its features ({shown}{more}): {dtype_name} resolves "
-            f"{eps:.2g} of a value's magnitude, so these columns' values would differ only by round-off; centre or "
-            f"standardise the features (e.g. sklearn's StandardScaler) or use dtype='float64'"
+            f"{eps:.2g} of a value's magnitude, so these columns' values would differ only by round-off; "
+            + ("subtract each column's least value in integers first (or drop an identifier column)"
+               if dtype_name == "float64" else
+               "centre or standardise the features (e.g. sklearn's StandardScaler) or use dtype='float64'")
         )
+
+
+def _integer_scales(X):
+    """``column_scales`` of an integer X, exactly: of X less each column's least value, whose differences are exact
+    in float64 where a column's range is below 2^53 (X itself in float64 is not: 2**60 + i is one number, a constant
+    column, for i < 128). A range of 2^62 or more is wide whatever the type (its spread: inf)."""
+    xp = B.array_namespace(X)
+    low, high = xp.min(X, axis=0), xp.max(X, axis=0)
+    lows, highs = B.to_numpy(low).tolist(), B.to_numpy(high).tolist()
+    narrow = [h - lo < 2 ** 62 for lo, h in zip(lows, highs)]
+    keep = B.asarray_like(np.asarray(narrow), xp, device=B.array_device(X))
+    shifted = xp.where(keep[None, :], X - low[None, :], xp.zeros_like(X))  # (a wide column's wrap is not read)
+    spread, _ = column_scales(xp.astype(shifted, xp.float64))
+    magnitude = np.array([float(max(abs(lo), abs(h))) for lo, h in zip(lows, highs)], dtype=np.float64)
+    return np.where(narrow, spread, np.inf), magnitude
 
 
 def check_conversion_keeps_spread(X, target, what="X"):
@@ -169,7 +186,8 @@ def check_conversion_keeps_spread(X, target, what="X"):
     else:  # integers of as many bits as the target's have more digits than its significand
         wider = xp.isdtype(X.dtype, "integral") and xp.iinfo(X.dtype).bits >= bits
     if wider:
-        check_precision_keeps_spread(xp.astype(X, xp.float64), target, what=what)
+        check_precision_keeps_spread(X if xp.isdtype(X.dtype, "integral") else xp.astype(X, xp.float64), target,
+                                     what=what)
 
 
 def check_feature_count(n_features, expected, owner="GPClassifier"):
@@ -285,6 +303,9 @@ def check_features(X, target, *, expected=None, owner="GPClassifier"):
         check_feature_count(X.shape[1], expected, owner)
         return X, xp
     check_feature_values(X)
+    if reset and isinstance(X, np.ndarray) and X.dtype.kind in "iu" and X.ndim == 2 and X.size:
+        # in the integers themselves: in float64 int64 beyond 2^53 is rounded, 2**60 + i to one number for i < 128
+        check_conversion_keeps_spread(X, target)
     if target != "float64":
         # checked in the input's own type (float64 for lists and integers) before the conversion, whose overflow
         # would otherwise come first, as NumPy's RuntimeWarning (a row of 1e39 given to a float32 model)

@@ -181,3 +181,20 @@ def test_a_constant_column_of_any_value_changes_nothing():
         probabilities[value] = model.predict_proba(np.column_stack([X, np.full(400, value)]))
     for value, p in probabilities.items():
         np.testing.assert_allclose(p, probabilities[1.0], rtol=1e-12, atol=1e-14, err_msg=f"constant {value}")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("namespace", ["numpy", "array_api_strict"])
+def test_integer_features_whose_variation_the_float_type_cannot_hold_are_refused(dtype, namespace):
+    """An estimator-API audit (2026-12-02): int64 features beyond 2^53 (an identifier, a time stamp in ns) were
+    converted to float64 unchecked, and 2**60 + i (i < 128) became one number: a perfectly separable set fitted a
+    chance-level model (accuracy 0.5), with nothing said; and the float32 check looked at the float64 copy, whose
+    column was already constant. The spread is now taken of the integers themselves; columns it can hold fit."""
+    xp = np if namespace == "numpy" else pytest.importorskip("array_api_strict")
+    rows = np.arange(120)
+    y = (rows >= 60).astype(int)
+    X = (2 ** 60 + rows).reshape(-1, 1).astype(np.int64)
+    with pytest.raises(ValueError, match=rf"X in {dtype} would lose the variation of its features \(column 0"):
+        _small(dtype=dtype).fit(xp.asarray(X), xp.asarray(y))
+    held = np.column_stack([rows - 60, 2 ** 20 + rows * 1000])  # (int64 the float type holds well enough)
+    assert _small(dtype=dtype).fit(xp.asarray(held), xp.asarray(y)).score(xp.asarray(held), xp.asarray(y)) > 0.9
