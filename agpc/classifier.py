@@ -388,6 +388,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             inputs, order, y, validation_data = O.ranked_inputs(plan, place, X, y, target_xp, validation_data)
             validate_data(self, X, skip_check_array=True, reset=True)  # (n_features_in_, feature_names_in_)
             n, classes = inputs.X.shape[0], inputs.classes
+            L.check_class_share(classes if order is None else order, n)  # (before the model: y of one row a class)
             weights = place.training_weights(sample_weight, inputs, class_labels=order)
             rows_known = not (place.on_cluster or B.is_out_of_core(inputs.X))
             counted = I.rows_counted(weights, n) if rows_known else n  # (a row of weight 0 is not there)

@@ -283,6 +283,22 @@ def check_whole_labels(found):
                          "numbers, names), and these look like a regression target")
 
 
+MAX_CLASS_SHARE = 0.5
+"""The most classes a fit takes as a share of its rows (above ``MAX_CLASS_SHARE_FROM`` classes): more is y of fewer
+than two rows a class, an identifier column taken for the labels, whose multiclass model of one latent function a
+class never ended (an audit, 2026-12-02: 100,000 labels in 100,000 rows, no output for minutes)."""
+MAX_CLASS_SHARE_FROM = 20
+
+
+def check_class_share(classes, n_rows):
+    """A fit's ``classes`` of its ``n_rows`` rows: not more than ``MAX_CLASS_SHARE`` of them (a stream's batch may
+    hold few rows of many classes: ``fit`` only)."""
+    if MAX_CLASS_SHARE_FROM < len(classes) > MAX_CLASS_SHARE * n_rows:
+        raise ValueError(f"y has {len(classes):,} classes in {n_rows:,} rows (the first {label_text(classes[:3])}): a "
+                         "class is a label that many rows share, and these are nearly one a row; is y an "
+                         "identifier column, or a regression target?")
+
+
 def check_classes(plan, found, classes=None):
     """The model's classes: those ``found`` in y, or the ``classes`` given (which must cover y); at least two, and
     more only for a method with a multiclass model (``agpc.methods``); each a label a model file can hold."""

@@ -414,3 +414,15 @@ def test_a_refused_refit_leaves_the_fitted_model_as_it_was():
     with pytest.raises(ValueError):
         fresh.fit(frame, y, sample_weight=np.full(200, 1e300))
     assert not hasattr(fresh, "feature_names_in_") and not hasattr(fresh, "n_features_in_")
+
+
+def test_labels_of_nearly_one_row_a_class_are_refused_before_the_model_is_built():
+    """A hostile-input audit (2026-12-02): an identifier column given as y (100,000 labels in 100,000 rows) started a
+    multiclass model of one latent function a class, and ran for minutes with nothing said. More classes than half
+    the rows (past 20) are one error; many classes of a few rows each still fit."""
+    X, _ = make_banana(200, random_state=0)
+    for y in (np.arange(200), np.arange(200).astype(str), np.arange(200) % 150):
+        with pytest.raises(ValueError, match=r"y has \d+ classes in 200 rows .* identifier column"):
+            GPClassifier(max_iter=2).fit(X, y)
+    model = GPClassifier(n_inducing=5, max_iter=2).fit(X[:90], np.arange(90) % 30)  # (30 classes of 3 rows: fits)
+    assert len(model.classes_) == 30
