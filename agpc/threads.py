@@ -258,8 +258,8 @@ def caller_set_blas_threads():
 _lock = threading.Lock()
 _owner = None  # the thread identifier of the outermost scope's thread
 _owner_in_task = False  # whether the owner's outermost scope is a task's (``task_blas_threads``)
-# the owner's open scopes: (mode, count, budget: the most cores the rule may use, None: the free ones, the threads of
-# a pass over row blocks in the scope: None, the BLAS count)
+# the owner's open scopes: (mode, count, budget: the most cores the rule may use, None: the free ones (in the caller's
+# mode the cores its passes may take), the threads of a pass over row blocks in the scope: None, the BLAS count)
 _stack = []
 _task_users = 0  # task scopes open in this process's threads while tasks own the count
 _task_limit = None  # (count, the open limit that set it for the tasks: closed when the last leaves)
@@ -308,6 +308,8 @@ def _scope(rows, m, n_features, block_rows, threads, in_task, cores=None, thread
                 if mode == "rule":
                     count, passes = _split(_rule(rows, m, n_features, block_rows, budget), rows, m, n_features,
                                            budget, threaded_passes)
+                elif mode == "caller":
+                    passes = _caller_passes(budget, rows, m, threaded_passes)
             elif in_task:  # a Dask worker's budget: its BLAS threads shared among the tasks it runs at once
                 libraries = _libraries(refresh=True).lib_controllers
                 budget = max(1, max([lib.num_threads for lib in libraries], default=1) // _worker_threads())
@@ -322,7 +324,11 @@ def _scope(rows, m, n_features, block_rows, threads, in_task, cores=None, thread
             elif threads is not None:
                 mode, count = "explicit", threads
             elif caller_set_blas_threads():
-                mode, count = "caller", None
+                # the caller's BLAS count stands; an n_jobs above 1 (``cores``) still spreads a pass's blocks over
+                # that many Python threads, each on one BLAS thread (as under the rule: with OMP_NUM_THREADS=1 set,
+                # n_jobs=2 ran every pass on one thread, n_jobs_ saying 2)
+                mode, count, budget = "caller", None, cores
+                passes = _caller_passes(cores, rows, m, threaded_passes)
             else:
                 mode, budget = "rule", cores
                 count, passes = _split(_rule(rows, m, n_features, block_rows, cores), rows, m, n_features, cores,
@@ -343,6 +349,15 @@ def _scope(rows, m, n_features, block_rows, threads, in_task, cores=None, thread
     finally:
         if task_user:
             _leave_task()
+
+
+def _caller_passes(cores, rows, m, threaded_passes):
+    """The threads of a pass over row blocks where the caller set the BLAS count (``caller_set_blas_threads``):
+    ``cores`` (an estimator's ``n_jobs``) for a pass over many rows, as under the rule (``_split``), else None (the
+    BLAS count)."""
+    if threaded_passes and cores is not None and cores > 1 and rows >= ROWS_PER_INDUCING * m:
+        return cores
+    return None
 
 
 def _split(count, rows, m, n_features, budget, threaded_passes):

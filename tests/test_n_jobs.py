@@ -249,3 +249,24 @@ def test_every_batch_sweep_spreads_its_blocks_over_n_jobs_threads(two_idle_cores
     two = GPClassifier(**params, n_jobs=2).fit(X, y)
     assert two.n_jobs_ == 2 and 2 in pass_threads
     np.testing.assert_allclose(two.predict_proba(X), one.predict_proba(X), rtol=1e-7, atol=1e-9)
+
+
+def test_n_jobs_spreads_batch_passes_where_the_caller_set_one_blas_thread(monkeypatch, pass_threads):
+    """An estimator-API audit (2026-12-02): with OMP_NUM_THREADS=1 set (or inside threadpool_limits(1)) agpc leaves
+    the caller's BLAS count alone, and its batch passes took that count as their threads: n_jobs=2 ran every pass on
+    one thread, n_jobs_ saying 2, nothing said. The passes take n_jobs threads (each on one BLAS thread, as the
+    caller asked); the m x m algebra keeps the caller's count."""
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    monkeypatch.setattr(threads, "busy_cores_elsewhere", lambda: 0.0)
+    from threadpoolctl import threadpool_limits
+
+    X, y = _rows()
+    with threadpool_limits(limits=1, user_api="blas"):
+        if not threads.caller_set_blas_threads():
+            pytest.skip("the BLAS default is one thread here: a limit of one is no caller's setting")
+        one = GPClassifier(n_inducing=50, max_iter=3, random_state=0).fit(X, y)
+        assert one.n_jobs_ == 1 and set(pass_threads) == {1}
+        pass_threads.clear()
+        two = GPClassifier(n_inducing=50, max_iter=3, random_state=0, n_jobs=2).fit(X, y)
+        assert two.n_jobs_ == 2 and set(pass_threads) == {2}
+    np.testing.assert_allclose(two.predict_proba(X), one.predict_proba(X), rtol=1e-8, atol=1e-10)
