@@ -467,8 +467,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             # (on levels in the categorical columns; points given as an array are the user's, levels included)
             Z = I.start_inducing_points(sample, m, self.inducing, sorted(set(categorical) | set(categorical_columns(
                 kernel))), random_state=rng, weights=counts)
-        if self.kernel is not None:
-            I.check_kernel_values(kernel, Z)
+        if self.kernel is not None or not isinstance(self.inducing, str):  # (a user's kernel, or points)
+            I.check_kernel_values(kernel, Z, given="kernel" if self.kernel is not None else "inducing")
         if n_classes > 2:
             xp = B.array_namespace(Z)
             return ClassKernels([kernel] * n_classes), xp.stack([Z] * n_classes)

@@ -677,10 +677,11 @@ def listed_levels(X, columns, weights=None):
 KERNEL_CHECK_POINTS = 256  # inducing points ``check_kernel_values`` evaluates the kernel on, at most
 
 
-def check_kernel_values(kernel, Z):
+def check_kernel_values(kernel, Z, given="kernel"):
     """A user's kernel whose covariance of the start's inducing points Z is not finite (an overflow: lengthscales of
-    1e-300 scale the inputs to 1e300, whose squared distances are inf) is one ValueError before any step; it was a
-    CholeskyError of K(Z, Z) at the first step, after NumPy's overflow warnings. One host read, at the start."""
+    1e-300 scale the inputs to 1e300, whose squared distances are inf), or a user's inducing points that overflow
+    the default kernel (``given="inducing"``: points 1e200 times the rows' scale), is one ValueError before any
+    step; it was a CholeskyError of K(Z, Z) at the first step, after NumPy's overflow warnings. One host read."""
     xp = B.array_namespace(Z)
     points = Z[:min(Z.shape[0], KERNEL_CHECK_POINTS), ...]  # (an exact model's Z is every row: not its n x n kernel)
     try:
@@ -688,6 +689,10 @@ def check_kernel_values(kernel, Z):
             finite = bool(xp.all(xp.isfinite(kernel.K(points))))
     except FloatingPointError:
         finite = False
+    if not finite and given == "inducing":
+        raise ValueError(f"inducing: the kernel's covariances of these inducing points are not finite in {Z.dtype} "
+                         "(they overflow): the points are far out of scale with the training rows, whose spread the "
+                         "kernel's lengthscales follow; give points among the rows (or rescale them as the rows)")
     if not finite:
         raise ValueError(f"kernel: its covariances of the inducing points are not finite in {Z.dtype} (they overflow):"
                          " a parameter is out of scale for these inputs (a lengthscale far below the columns' spread,"

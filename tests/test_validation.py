@@ -401,6 +401,18 @@ def test_a_kernel_whose_covariances_overflow_is_refused_before_training(data, ke
             GPClassifier(kernel=kernel, n_inducing=5, max_iter=2).fit(X, y)
 
 
+def test_inducing_points_that_overflow_the_default_kernel_are_refused_by_name(data, no_training):
+    """An estimator-API audit (2026-12-02): inducing points 1e200 times the rows' scale, with the default kernel
+    (whose lengthscales follow the rows), leaked NumPy's overflow warnings and then raised a CholeskyError of K(Z, Z)
+    that named no parameter. Now one ValueError naming ``inducing``, before any step, no warning."""
+    X, y = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"inducing: the kernel's covariances of these inducing points are not "
+                                             r"finite in float64"):
+            GPClassifier(inducing=X[:5] * 1e200, n_inducing=5, max_iter=2).fit(X, y)
+
+
 def test_a_tiny_lengthscale_that_does_not_overflow_still_fits(data):
     X, y = data
     model = GPClassifier(kernel=RBF(lengthscales=1e-100), n_inducing=5, max_iter=2, random_state=0).fit(X, y)
