@@ -508,7 +508,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         # applies (it continues such a run: unless that run's subsample fit failed, which a checkpoint does not say);
         # a subsample's fit that failed leaves the start and the window as they were.
         plateau = size_rule.fit_plateau(self.plateau, counted, size.at_rows, minibatch=minibatch,
-                                        started_on_subsample=bool(record[0]) or (resume and subsample is not None))
+                                        started_on_subsample=bool(record[0]) or (resume and subsample is not None),
+                                        by_weight=I.rows_by_weight(placed.weights, counted))
         return kernel, Z, record, plateau
 
     def _fit_on_subsample(self, plan, placed, kernel, Z, classes, groups, rng, started, asked, total, tied):
@@ -522,7 +523,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         weights = None if placed.weights is None else placed.weights[picked]
         subset = placed._replace(X=placed.X[picked], y=placed.y[picked], weights=weights)
         rows = int(picked.size)
-        plateau = size_rule.fit_plateau(self.plateau, I.rows_counted(weights, rows), False)
+        plateau = size_rule.fit_plateau(self.plateau, I.rows_counted(weights, rows), False,
+                                        by_weight=I.rows_by_weight(weights, rows))
         budget = None
         if self.max_time is not None:
             spent = time.perf_counter() - started

@@ -85,6 +85,7 @@ __all__ = [
     "sample_weights",
     "start_of",
     "rows_counted",
+    "rows_by_weight",
     "sample_rows",
     "fingerprint_rows",
     "training_fingerprint",
@@ -883,6 +884,15 @@ def rows_counted(weights, n):
         return n
     xp = B.array_namespace(weights)
     return int(xp.sum(xp.astype(weights > 0, xp.int64)))
+
+
+def rows_by_weight(weights, n):
+    """The n training rows counted by their weights: the weights' sum (n without weights, or where they are not in
+    memory), what a fit's log Z sums the rows' terms by (``size_rule.fit_plateau``)."""
+    if weights is None or B.is_dask_array(weights) or B.is_out_of_core(weights):
+        return n
+    xp = B.array_namespace(weights)
+    return float(xp.sum(weights))
 
 
 def fingerprint_rows(X, y):

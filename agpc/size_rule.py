@@ -117,21 +117,25 @@ def exact_plateau(n_rows):
     return PLATEAU_STEPS, PLATEAU_RISE_PER_ROW * n_rows
 
 
-def fit_plateau(plateau, n_rows, at_rows, minibatch=False, started_on_subsample=False):
-    """The training loop's ``plateau`` (steps, rise) for ``GPClassifier(plateau=...)`` on ``n_rows`` training rows:
+def fit_plateau(plateau, n_rows, at_rows, minibatch=False, started_on_subsample=False, by_weight=None):
+    """The training loop's ``plateau`` (steps, rise) for ``GPClassifier(plateau=...)`` on ``n_rows`` training rows
+    (``by_weight``: their weights' sum, where they have weights: log Z is a sum of each row's term times its weight,
+    so the rise is per row counted by weight; a fit of rows with integer weights stopped on another iteration than the
+    fit of the rows repeated, and one of weights of 1,000 on a rise a thousand times too small for its log Z):
     None (run to ``max_iter``), or for "auto" the exact model's stop (``at_rows``), the sparse model's in batch mode
     (``SPARSE_PLATEAU_STEPS``, or ``LARGE_BATCH_PLATEAU_STEPS`` past ``batch_size.FULL_BATCH_MAX_ROWS`` rows unless
     the fit ``started_on_subsample``, ``subsample_start_rows``; and ``SPARSE_PLATEAU_RISE_PER_ROW``) or on minibatches
     (``MINIBATCH_PLATEAU_EPOCHS``, ``MINIBATCH_PLATEAU_RISE_PER_ROW``)."""
     if plateau is None:
         return None
+    weighted = n_rows if by_weight is None else by_weight
     if at_rows:
-        return exact_plateau(n_rows)
+        return exact_plateau(weighted)
     if minibatch:
-        return MINIBATCH_PLATEAU_EPOCHS, MINIBATCH_PLATEAU_RISE_PER_ROW * n_rows
+        return MINIBATCH_PLATEAU_EPOCHS, MINIBATCH_PLATEAU_RISE_PER_ROW * weighted
     large = n_rows > FULL_BATCH_MAX_ROWS and not started_on_subsample
     steps = LARGE_BATCH_PLATEAU_STEPS if large else SPARSE_PLATEAU_STEPS
-    return steps, SPARSE_PLATEAU_RISE_PER_ROW * n_rows
+    return steps, SPARSE_PLATEAU_RISE_PER_ROW * weighted
 
 
 @dataclass(frozen=True)

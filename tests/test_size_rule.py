@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from agpc import GPClassifier, size_rule
+from agpc.datasets import make_banana
 from agpc.inference import ep, multiclass_ep
 from agpc.size_rule import ALL_MAX_ROWS, EXACT_MAX_ROWS, SPARSE_INDUCING, ModelSize, model_size
 from conftest import to_np
@@ -197,3 +198,18 @@ def test_the_exact_models_row_limit_is_what_the_docs_say():
     assert f"up to {limit} rows, binary batch EP trains the exact model" in " ".join(GPClassifier.__doc__.split())
     assert model_size("auto", limit, has_exact_pass=True) == ModelSize(limit, True)
     assert model_size("auto", limit + 1, has_exact_pass=True) == ModelSize(SPARSE_INDUCING, False)
+
+
+def test_the_plateau_s_rise_is_per_row_counted_by_weight():
+    """An estimator-API audit (2026-12-02): the plateau's rise was per row of positive weight, so a fit of rows
+    with integer weights stopped on another iteration than the fit of the rows repeated (49 against 52). The rise is
+    per row counted by weight (log Z sums each row's term times its weight): they stop on the same iteration."""
+    rng = np.random.default_rng(1)
+    X, y = make_banana(400, random_state=1)
+    counts = rng.integers(1, 4, size=400)
+    settings = dict(n_inducing=30, max_iter=120, random_state=0)
+    weighted = GPClassifier(**settings).fit(X, y, sample_weight=counts.astype(float))
+    repeated = GPClassifier(**settings).fit(np.repeat(X, counts, axis=0), np.repeat(y, counts))
+    assert weighted.stop_reason_ == repeated.stop_reason_ == "plateau"
+    assert weighted.n_iter_ == repeated.n_iter_
+    np.testing.assert_allclose(weighted.predict_proba(X), repeated.predict_proba(X), atol=1e-6)
