@@ -168,7 +168,10 @@ def holdout_mask(y, fraction, seed, what="validation_fraction", weights=None):
     n = y.shape[0]
     n_val = int(round(fraction * n))
     if not 1 <= n_val < n:
-        raise ValueError(f"{what}={fraction} leaves {n_val} of {n} rows for validation")
+        if n_val < 1:
+            raise ValueError(f"{what}={fraction} holds out no row of the {n} for validation; give a larger fraction")
+        raise ValueError(f"{what}={fraction} holds out all {n} rows for validation, none left for training; give a "
+                         "smaller fraction")
     val = np.zeros(n, dtype=bool)
     chosen = np.random.default_rng(seed).choice(n, size=n_val, replace=False)
     val[chosen] = True

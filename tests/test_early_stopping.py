@@ -146,8 +146,12 @@ def test_a_fraction_that_leaves_a_class_no_training_row_keeps_one():
     y[:2] = 2  # a third class of two rows
     val = holdout_mask(y, 0.5, 0)
     assert np.all(np.isin([-1, 1, 2], y[~val]))
-    with pytest.raises(ValueError, match="validation_fraction=0.01 leaves 0 of 40 rows for validation"):
+    with pytest.raises(ValueError, match="validation_fraction=0.01 holds out no row of the 40 for validation"):
         holdout_mask(y, 0.01, 0)
+    # (a hostile-input audit, 2026-12-02: 0.999 of 40 "left 40 of 40 rows for validation", not saying none trains)
+    with pytest.raises(ValueError, match="validation_fraction=0.999 holds out all 40 rows for validation, none left "
+                                         "for training; give a smaller fraction"):
+        holdout_mask(y, 0.999, 0)
 
 
 def test_the_model_file_and_an_older_pickle_say_what_was_held_out(rows, tmp_path):
@@ -209,7 +213,7 @@ def test_auto_trains_on_every_row_where_none_can_be_held_out():
     y = np.array([0, 1, 0, 1])
     params = dict(method="sep", batch_size=2, n_inducing=2, max_iter=1, random_state=0)
     assert not GPClassifier(early_stopping="auto", **params).fit(X, y).early_stopping_
-    with pytest.raises(ValueError, match="validation_fraction=0.1 leaves 0 of 4 rows for validation"):
+    with pytest.raises(ValueError, match="validation_fraction=0.1 holds out no row of the 4 for validation"):
         GPClassifier(early_stopping=True, **params).fit(X, y)
 
 
