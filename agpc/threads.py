@@ -311,16 +311,7 @@ def _scope(rows, m, n_features, block_rows, threads, in_task, cores=None, thread
                 elif mode == "caller":
                     passes = _caller_passes(budget, rows, m, threaded_passes)
             elif in_task:  # a Dask worker's budget: its BLAS threads shared among the tasks it runs at once
-                libraries = _libraries(refresh=True).lib_controllers
-                budget = max(1, max([lib.num_threads for lib in libraries], default=1) // _worker_threads())
-                mode = "rule"
-                with _lock:
-                    if _task_limit is None:  # (else tasks still running set it: theirs stands)
-                        count = _rule(rows, m, n_features, block_rows, budget)
-                        limit = contextlib.ExitStack()
-                        limit.enter_context(_libraries(refresh=False).limit(limits=count, user_api="blas"))
-                        _task_limit = (count, limit)
-                    count = _task_limit[0]
+                mode, count, budget = _task_choice(rows, m, n_features, block_rows)
             elif threads is not None:
                 mode, count = "explicit", threads
             elif caller_set_blas_threads():
@@ -349,6 +340,21 @@ def _scope(rows, m, n_features, block_rows, threads, in_task, cores=None, thread
     finally:
         if task_user:
             _leave_task()
+
+
+def _task_choice(rows, m, n_features, block_rows):
+    """(mode, count, budget) of a task's outermost scope (``task_blas_threads``): the rule within the worker's BLAS
+    threads shared among the tasks it runs at once, the count the first running task set (``_task_limit``)."""
+    global _task_limit
+    libraries = _libraries(refresh=True).lib_controllers
+    budget = max(1, max([lib.num_threads for lib in libraries], default=1) // _worker_threads())
+    with _lock:
+        if _task_limit is None:  # (else tasks still running set it: theirs stands)
+            count = _rule(rows, m, n_features, block_rows, budget)
+            limit = contextlib.ExitStack()
+            limit.enter_context(_libraries(refresh=False).limit(limits=count, user_api="blas"))
+            _task_limit = (count, limit)
+        return "rule", _task_limit[0], budget
 
 
 def _caller_passes(cores, rows, m, threaded_passes):
