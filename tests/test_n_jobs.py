@@ -47,16 +47,23 @@ def _rows(n=4000, d=6, seed=0):
     return make_classification(n, d, n_informative=3, random_state=seed)
 
 
-def test_batch_ep_spreads_its_blocks_over_n_jobs_threads(two_idle_cores, pass_threads):
-    """Batch EP with n_jobs=2 runs every pass's blocks on two threads, with one on one thread; the two fits give the
-    same model up to the order of the blocks' sums (the blocks are split, not the arithmetic)."""
-    X, y = _rows()
+def _fits_on_one_and_two_jobs(X, y, pass_threads):
+    """(the fit with n_jobs=None, the fit with n_jobs=2), checked: their passes on one and on two threads, n_jobs_
+    saying so, and the same model up to the order of the blocks' sums."""
     one = GPClassifier(n_inducing=50, max_iter=3, random_state=0).fit(X, y)
     assert one.n_jobs_ == 1 and set(pass_threads) == {1}
     pass_threads.clear()
     two = GPClassifier(n_inducing=50, max_iter=3, random_state=0, n_jobs=2).fit(X, y)
     assert two.n_jobs_ == 2 and set(pass_threads) == {2}
     np.testing.assert_allclose(two.predict_proba(X), one.predict_proba(X), rtol=1e-8, atol=1e-10)
+    return one, two
+
+
+def test_batch_ep_spreads_its_blocks_over_n_jobs_threads(two_idle_cores, pass_threads):
+    """Batch EP with n_jobs=2 runs every pass's blocks on two threads, with one on one thread; the two fits give the
+    same model up to the order of the blocks' sums (the blocks are split, not the arithmetic)."""
+    X, y = _rows()
+    one, two = _fits_on_one_and_two_jobs(X, y, pass_threads)
     assert abs(two.log_marginal_likelihood_ - one.log_marginal_likelihood_) < 1e-8 * abs(one.log_marginal_likelihood_)
 
 
@@ -264,9 +271,4 @@ def test_n_jobs_spreads_batch_passes_where_the_caller_set_one_blas_thread(monkey
     with threadpool_limits(limits=1, user_api="blas"):
         if not threads.caller_set_blas_threads():
             pytest.skip("the BLAS default is one thread here: a limit of one is no caller's setting")
-        one = GPClassifier(n_inducing=50, max_iter=3, random_state=0).fit(X, y)
-        assert one.n_jobs_ == 1 and set(pass_threads) == {1}
-        pass_threads.clear()
-        two = GPClassifier(n_inducing=50, max_iter=3, random_state=0, n_jobs=2).fit(X, y)
-        assert two.n_jobs_ == 2 and set(pass_threads) == {2}
-    np.testing.assert_allclose(two.predict_proba(X), one.predict_proba(X), rtol=1e-8, atol=1e-10)
+        _fits_on_one_and_two_jobs(X, y, pass_threads)
