@@ -371,7 +371,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self._holding_out = held is not None  # (``_train``'s patience; ``early_stopping_`` once the fit succeeded)
         if held is not None:  # (the held-out rows are the fit's validation data)
             X, y, sample_weight, validation_data, n_rows = held
-        with B.jitter_report("GPClassifier.fit", stacklevel=5), allocator.fit_scope():  # (freed memory kept for the next iteration)
+        # (freed memory kept for the next iteration; the warnings from the user's line, below ``fit``'s own frame)
+        with B.jitter_report("GPClassifier.fit", stacklevel=5), allocator.fit_scope():
             fitted = self._fit(plan, (n_rows, n_features), X, y, groups, target_xp, validation_data, resume, started,
                                sample_weight, categorical.columns)
         self.early_stopping_ = held is not None

@@ -517,7 +517,8 @@ def predict(args):
     predicted = [f"{c}" for c in model.classes_]
     _write_csv(args.out, columns, labels=(PREDICTED_LABEL, [predicted[i] for i in np.argmax(proba, axis=1)]))
     written = [PREDICTED_LABEL, *columns]
-    print(f"wrote {printable(args.out)}: {proba.shape[0]} rows, columns {', '.join(printable(name) for name in written)}")
+    print(f"wrote {printable(args.out)}: {proba.shape[0]} rows, columns "
+          f"{', '.join(printable(name) for name in written)}")
     if scores is not None:
         _print_scores("scores", scores, len(y))
     _warn_columns_by_position(wanted, names, args.data)  # said once the predictions are written
