@@ -587,4 +587,7 @@ def read_parquet_columns(path, select=None):
         table = pq.read_table(path, columns=wanted)
     except (pa.ArrowException, OSError) as exc:
         raise RefusedFile(path, f"not a readable Parquet file ({' '.join(str(exc).split())})") from None
-    return list(table.column_names), [column.to_numpy() for column in table.columns]
+    # (a column with nulls as Python objects, each null None: a number column's to_numpy made them NaN, and a null
+    # label was then said to be "missing value, nan")
+    return list(table.column_names), [np.asarray(column.to_pylist(), dtype=object) if column.null_count
+                                      else column.to_numpy() for column in table.columns]

@@ -137,6 +137,15 @@ def test_a_null_label_in_parquet_is_an_error_not_a_class(tmp_path, banana):
     pq.write_table(pa.table({"a": X[:, 0], "b": X[:, 1], "cls": labels}), tmp_path / "d.parquet")
     with pytest.raises(TableError, match="data row 5, label column 'cls': missing value, a null"):
         load_data(tmp_path / "d.parquet", "cls", labels_required=True)
+    # (a hostile-input audit, 2026-12-02: a null in a column of numbers was read as NaN and said to be "nan")
+    numbers = pa.array([None if i == 4 else int(v > 0) for i, v in enumerate(y)], pa.int64())
+    feature = pa.array([None if i == 7 else v for i, v in enumerate(X[:, 0].tolist())], pa.float64())
+    pq.write_table(pa.table({"a": X[:, 0], "b": X[:, 1], "cls": numbers}), tmp_path / "n.parquet")
+    with pytest.raises(TableError, match="data row 5, label column 'cls': missing value, a null"):
+        load_data(tmp_path / "n.parquet", "cls", labels_required=True)
+    pq.write_table(pa.table({"a": feature, "b": X[:, 1], "cls": numbers}), tmp_path / "f.parquet")
+    with pytest.raises(TableError, match="data row 8, feature column 'a': missing value, a null"):
+        load_data(tmp_path / "f.parquet", "cls", labels_required=True)
 
 
 @pytest.mark.parametrize("cell", ["2\x00", "\x002", "2\x005"])
