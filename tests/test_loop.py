@@ -308,23 +308,23 @@ def test_the_rebuild_estimate_leaves_out_the_cold_first_timing(monkeypatch):
     calls = []
 
     class Engine:
-        def time_rebuild(self, X, y, rows, want_log_z=True):
+        def time_rebuild(self, X, y, rows):
             slow = 3.0 if len(calls) < 2 else 1.0  # the warm-up and the first timing run cold
-            calls.append((rows, want_log_z))
+            calls.append(rows)
             clock["now"] += slow * 1e-5 * rows
 
     X = np.zeros((1_000_000, 1))
-    estimate = hooks._rebuild_estimate(Engine(), X, None, 1000, want_log_z=False)
-    assert calls == [(1000, False), (4000, False), (4000, False)]
+    estimate = hooks._rebuild_estimate(Engine(), X, None, 1000)
+    assert calls == [1000, 4000, 4000]
     assert estimate == pytest.approx(1e-5 * 4000 * 1_000_000 / 4000)
     calls.clear()
     assert hooks._rebuild_estimate(Engine(), X[:3000], None, 1000) == pytest.approx(1e-5 * 3000)  # all n rows
-    assert calls == [(1000, True), (3000, True), (3000, True)]
+    assert calls == [1000, 3000, 3000]
 
 
 def test_the_timed_rebuild_of_q_is_the_work_of_the_final_rebuild():
-    """EPEngine.time_rebuild(want_log_z=False) runs the product of the sites (one pass; what the final rebuild of a
-    time-stopped fit does) on the first rows, and q and log Z (two passes) otherwise: counted through the passes."""
+    """EPEngine.time_rebuild runs the product of the sites (one pass; what the final rebuild of a time-stopped fit
+    does) on the first rows, and nothing else: counted through the passes."""
     X, y = binary_toy(400, seed=5)
     kernel = RBF(lengthscales=[1.0, 1.0]).for_inputs(X)
     engine = engines.make_engine("ep", kernel, X[:10].copy(), n_total=400, minibatch=True, jitter=1e-6)
@@ -333,9 +333,8 @@ def test_the_timed_rebuild_of_q_is_the_work_of_the_final_rebuild():
         real = getattr(engine.passes, name)
         setattr(engine.passes, name, lambda *a, _real=real, _name=name, **k: (seen.append((_name, a[2].shape[0])),
                                                                                _real(*a, **k))[1])
-    engine.time_rebuild(X, y.astype(float), 120, want_log_z=False)
     engine.time_rebuild(X, y.astype(float), 120)
-    assert seen == [("exact_factor", 120), ("evaluate", 120)]
+    assert seen == [("exact_factor", 120)]
 
 
 @pytest.mark.parametrize("log_z_fits", [True, False])

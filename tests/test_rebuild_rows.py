@@ -136,7 +136,7 @@ def test_the_exact_rebuild_of_q_goes_over_the_rows_with_sites_and_gives_the_same
         np.testing.assert_allclose(got.shift, want.shift, rtol=1e-10, atol=1e-10)
     engine.rebuild_factor(X, y)  # (the guard's repair and a time-stopped fit's final pass: q alone)
     assert seen[-1] == 90
-    engine.time_rebuild(X, y, 120, want_log_z=False)  # the time budget's timing: the first rows, every one
+    engine.time_rebuild(X, y, 120)  # the time budget's timing: the first rows, every one
     assert seen[-1] == 120
     _stepped(engine, X, y, [(lo, lo + 30) for lo in range(0, 300, 30) if lo not in (60, 210, 0)])
     assert engine.rows_in_q(X) == 300
@@ -238,7 +238,7 @@ def test_a_time_budget_counts_the_rows_with_sites_at_its_start():
     budget = hooks.TimeBudget(600.0)
     budget.start(run, rows=50)
     assert budget.final_rows[:5] == (60, trainer.n_steps, 30, 300, 200) and budget.final_rows[5] is X
-    assert budget.reserve_final
+    assert budget.reserve_final and budget.seconds["rebuild"] == hooks.REBUILD_PASSES * budget.seconds["final"]
     assert budget._final_seconds() == pytest.approx(budget.seconds["final"] * max(200, 90) / 300)
     trainer.n_steps += 5  # 240 rows with sites by the next step
     assert budget._final_seconds() == pytest.approx(budget.seconds["final"] * 240 / 300)

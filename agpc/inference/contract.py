@@ -461,9 +461,10 @@ class Engine(ModulesByName, abc.ABC):
         default there is nothing to); ``want_log_z``: and return log Z at the state rebuilt (None where there is
         none)."""
 
-    def time_rebuild(self, X, y, rows, want_log_z=True):
-        """Run the work of ``rebuild_factor(want_log_z=want_log_z)`` on the first ``rows`` rows, committing nothing
-        (the time budget measures it); by default there is none."""
+    def time_rebuild(self, X, y, rows):
+        """Run the work of ``rebuild_factor()`` (q alone) on the first ``rows`` rows, committing nothing (the time
+        budget measures it, and counts an epoch's end with log Z as ``hooks.REBUILD_PASSES`` times that); by default
+        there is none."""
 
     def rows_in_q(self, X, with_sites=None):
         """How many rows of X ``rebuild_factor(want_log_z=False)`` goes over, where that depends on the rows with sites

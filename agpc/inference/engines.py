@@ -369,17 +369,10 @@ class EPEngine(TiedFactorSteps, Engine):
             w = w[:, None]
         return w * site_precision, w * site_shift
 
-    def time_rebuild(self, X, y, rows, want_log_z=True):
-        """The work of an epoch's end (``rebuild_factor(want_log_z=True)``: q, then log Z_q's row terms), or of
-        q alone (``want_log_z=False``: the product of the sites, one pass), on the first ``rows`` rows."""
-        s = self.state
-        if not want_log_z:
-            self._exact_factor(X, y, rows)
-            return
-        weights = {} if self.sample_weight is None else {"weights": self.sample_weight[:rows]}
-        self.passes.evaluate(s["kernel"], s["Z"], row_slice(X, 0, rows), row_slice(y, 0, rows), s["nu"][:rows, ...],
-                             s["mu"][:rows, ...], jitter=self.jitter, want_grad=False, block_rows=self.block_rows,
-                             want_sites=False, **weights, **self.likelihood_option)
+    def time_rebuild(self, X, y, rows):
+        """The work of the rebuild of q alone (``rebuild_factor()``: the product of the sites, one pass) on the first
+        ``rows`` rows."""
+        self._exact_factor(X, y, rows)
 
     def posterior(self, X, y, want_log_z=True):
         """q at the current state and its log Z_q. EP: rebuilt exactly from all sites (one pass over X), but

@@ -91,22 +91,30 @@ FINAL_MARGIN = 0.0
 RESERVE_MIN_SHARE = 1.25
 
 
-def _rebuild_estimate(engine, X, y, rows, want_log_z=True):
-    """Seconds of minibatch EP's exact rebuild over all of X, from its work on the first rows: once on ``rows`` to
-    warm up (the first call pays for allocations and the BLAS threads' start), then the faster of two timings on
+def _rebuild_estimate(engine, X, y, rows):
+    """Seconds of minibatch EP's exact rebuild of q over all of X, from its work on the first rows: once on ``rows``
+    to warm up (the first call pays for allocations and the BLAS threads' start), then the faster of two timings on
     four times as many, scaled to all rows. It errs long, which the reservation wants: on the full airline data
     (2,048,097 rows, m = 200, a pass of 13.6-14.0 s) the scaled warm timings came to 16-19 s, where one cold timing
     of 8,192 rows came to 39 s and the first warm one in a process that had just run another (the GPflow peer) to
     28 s, which kept a 60-s fit from keeping room for its pass. (A line through timings of two sizes came to 9.4-14.4
-    s: too noisy to reserve by.) ``want_log_z=False``: the rebuild of q alone (one pass of the two)."""
+    s: too noisy to reserve by.)"""
     n = X.shape[0]
-    engine.time_rebuild(X, y, min(n, rows), want_log_z=want_log_z)
+    engine.time_rebuild(X, y, min(n, rows))
     sample, best = min(n, 4 * rows), float("inf")
     for _ in range(2):
         t = time.perf_counter()
-        engine.time_rebuild(X, y, sample, want_log_z=want_log_z)
+        engine.time_rebuild(X, y, sample)
         best = min(best, time.perf_counter() - t)
     return best * n / sample
+
+
+# An epoch's end rebuilds q and then adds log Z_q's row terms: two passes over every row, the second no dearer than
+# the first, so its estimate (needed until the first epoch's end has been timed) is twice the rebuild of q's. Timed
+# on the first 300,000 airline rows, the two came to 1.6-1.95 times q's alone at m = 200 (21,000 to 262,144 rows) and
+# 1.5-1.8 times at m = 500 (1.75 over 1,000,000 rows); timing them as well had cost as much again as q's estimate,
+# 1.6-2.0 s of the 3.4 s a minibatch EP fit with a time budget spent estimating before its first step at m = 500.
+REBUILD_PASSES = 2.0
 
 
 class TimeBudget(Hook):
@@ -143,8 +151,8 @@ class TimeBudget(Hook):
         if run.resumed:  # the budget covers the interrupted run's training time too
             self.deadline -= time.perf_counter() - trainer.t0
         if run.minibatch and run.schedule.epoch_rebuilds:  # before the first exact rebuild: one on the first rows
-            self.seconds["rebuild"] = _rebuild_estimate(trainer.engine, run.X, run.y, rows)
-            self.seconds["final"] = _rebuild_estimate(trainer.engine, run.X, run.y, rows, want_log_z=False)
+            self.seconds["final"] = _rebuild_estimate(trainer.engine, run.X, run.y, rows)
+            self.seconds["rebuild"] = REBUILD_PASSES * self.seconds["final"]
             counted = trainer.engine.rows_in_q(run.X)
             n = run.X.shape[0]
             self.trainer = trainer
