@@ -26,7 +26,7 @@ from . import allocator, size_rule, threads
 from . import streaming as S
 from . import uncertainty as U
 from . import validation as V
-from .inducing import with_any_levels
+from .inducing import KMEANS_TIME_SHARE, with_any_levels
 from .inference import training
 from .kernels import (ANY_LEVEL, ClassKernels, Kernel, any_level_columns, categorical_columns, tied_parameters,
                       with_default_priors)
@@ -47,6 +47,11 @@ _NON_NEGATIVE = V.Interval(numbers.Real, 0, None, "left")
 
 
 PREDICTION = "GPClassifier prediction"
+# A fit that ran past MAX_TIME_OVERRUN[0] * max_time + MAX_TIME_OVERRUN[1] seconds says so (``_warn_of_time``):
+# max_time bounds the steps and keeps room for the final pass, but neither the checks of the rows, the start (k-means
+# stops at ``inducing.KMEANS_TIME_SHARE`` of it) nor the passes' timing at the start are cut short, which at m = 500
+# on 2,048,097 rows took 4.5 s of a fit given 1 s (1.8 s of it k-means), while 20-s fits end at 19.1-19.8 s.
+MAX_TIME_OVERRUN = (1.25, 0.5)
 """What a JitterWarning of a ``predict_*`` call names; each public method holds the scope, so that the warning points
 at its caller (``backend.jitter_report``'s default stacklevel), whichever path inside raised the jitter."""
 
@@ -92,6 +97,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         For "adadelta" (default 1.0) and "adam" (default 0.01).
     max_time : float or None
         Seconds for the whole ``fit``: no step (nor final pass) is started that its measured cost would carry past.
+        The start's k-means stops at a tenth of it; the checks of the rows and the start's timing of the passes are
+        not cut short, and a fit that ran well past it says so in a warning (``MAX_TIME_OVERRUN``).
     shuffle : bool, default=True
         Visit minibatches in a new random order each epoch (and reorder in-memory rows once).
     eval_every : int or None, default=None
@@ -404,7 +411,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             init_started = time.perf_counter()
             start = I.start_of(plan, inputs, weights)  # (the rows the start is read from, counted by their weights)
             kernel, Z = self._initial_model(start, size.n_inducing, rng, 2 if order is not None else len(classes),
-                                            rows=inputs.X if size.at_rows else None, categorical=categorical)
+                                            rows=inputs.X if size.at_rows else None, categorical=categorical,
+                                            deadline=None if self.max_time is None else
+                                            started + KMEANS_TIME_SHARE * self.max_time)
             if order is not None:
                 kernel = O.start_kernel(plan, kernel, y, len(order), inputs, weights, start)
             self.init_time_ = time.perf_counter() - init_started
@@ -444,11 +453,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         plan = self._plan() if rows is None else self._plan().for_rows(*rows, n, target)
         return batch_rows.rows_per_step(plan, n, xp, Z, n_classes)
 
-    def _initial_model(self, start, m, rng, n_classes=2, rows=None, categorical=()):
+    def _initial_model(self, start, m, rng, n_classes=2, rows=None, categorical=(), deadline=None):
         """Initial kernel and inducing points from ``start`` (the rows and their counts, ``inputs.start_of``; ``rows``:
         the training rows, held as the exact model's); one of each a class for more than two (Villacampa-Calvo &
         Hernandez-Lobato (2017): one latent function per class). ``categorical``: the categorical columns (the
         default kernel's categorical part; the inducing points keep a level of each: ``inputs.start_inducing_points``).
+        ``deadline``: k-means's (``inducing.KMEANS_TIME_SHARE`` of ``max_time``).
         """
         sample, counts = start
         # an RBF over every column: the default kernel without categorical columns, and the priors' centres (the
@@ -467,7 +477,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         else:
             # (on levels in the categorical columns; points given as an array are the user's, levels included)
             Z = I.start_inducing_points(sample, m, self.inducing, sorted(set(categorical) | set(categorical_columns(
-                kernel))), random_state=rng, weights=counts)
+                kernel))), random_state=rng, weights=counts, deadline=deadline)
         if self.kernel is not None or not isinstance(self.inducing, str):  # (a user's kernel, or points)
             I.check_kernel_values(kernel, Z, given="kernel" if self.kernel is not None else "inducing")
         if n_classes > 2:
@@ -589,15 +599,28 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.stop_reason_, self.n_samples_fit_, self.n_warmup_ = result.stop_reason, n_rows, result.n_warmup
         training.warn_if_no_checkpoint(self.checkpoint_path, self.checkpoint_every, result, resumed,
                                        stacklevel=B.outside_stacklevel())
+        self._warn_of_time(result, resumed)
+        return self
+
+    def _warn_of_time(self, result, resumed):
+        """One warning where ``max_time`` ended the fit before its first iteration (a model of no step is the prior's,
+        which predicts the same probability everywhere: never returned unsaid), or where the fit ran well past it
+        (``MAX_TIME_OVERRUN``): its start and its last pass are not cut short."""
+        if self.max_time is None:
+            return
+        over = self.fit_time_ > MAX_TIME_OVERRUN[0] * self.max_time + MAX_TIME_OVERRUN[1]
+        took = (f"; the fit took {self.fit_time_:.1f} s, {self.init_time_:.1f} s of it choosing the inducing points "
+                "(k-means stops at a tenth of max_time, after its first iteration), and max_time does not cut short "
+                "the checks of the rows, the timing of the passes or the last pass") if over else ""
         if result.stopped_by_time and result.n_iter == 0 and not resumed:
-            # (a model of no step is the prior's, which predicts the same probability everywhere: never returned
-            # unsaid)
             from sklearn.exceptions import ConvergenceWarning
 
             warnings.warn(f"max_time={self.max_time:g} s ended the fit before its first iteration: the model is its "
-                          "start (the prior, no row fitted); give more time", ConvergenceWarning,
+                          f"start (the prior, no row fitted); give more time{took}", ConvergenceWarning,
                           stacklevel=B.outside_stacklevel())
-        return self
+        elif over:
+            warnings.warn(f"max_time={self.max_time:g} s was overrun{took}; give more time, or fewer inducing points",
+                          UserWarning, stacklevel=B.outside_stacklevel())
 
     def _set_fitted(self, kernel, Z, posterior, log_z, history, n_iter, jitter, likelihood):
         # the likelihood object the model was fitted with (its engine's; a loaded model's, looked up once by its name):

@@ -701,24 +701,27 @@ def check_kernel_values(kernel, Z, given="kernel"):
                          "parameters")
 
 
-def start_inducing_points(X, n_points, method, columns, *, random_state=None, weights=None):
+def start_inducing_points(X, n_points, method, columns, *, random_state=None, weights=None, deadline=None):
     """The inducing points ``GPClassifier(inducing=method)`` starts from on the rows X (the start's, ``weights``
     their counts) with categorical ``columns``: "auto" is "variance" where there are categorical columns (their
     points hold their levels, so the start is the model's: ``inducing.variance_points``), else "kmeans"; "variance"
     and, with categorical columns, "kmeans" (``inducing.kmeans_with_levels``) read the rows in the default kernel's
     geometry at its start, its RBF's lengthscales (``prior_reference``) and the levels it lists (``listed_levels``);
     "random", "kmeans" without categorical columns and an array of points are ``inducing.initial_inducing_points``'s.
+    ``deadline``: k-means's (``inducing.kmeans``).
     """
     if isinstance(method, str) and method == "auto":
         method = "variance" if columns else "kmeans"
     if not (isinstance(method, str) and (method == "variance" or (method == "kmeans" and columns))):
-        return initial_inducing_points(X, n_points, method, random_state=random_state, weights=weights)
+        return initial_inducing_points(X, n_points, method, random_state=random_state, weights=weights,
+                                       deadline=deadline)
     scales = np.exp(np.asarray(B.to_numpy(prior_reference(X, weights, columns).params["log_lengthscales"]),
                                dtype=np.float64).reshape(-1))
     levels = listed_levels(X, columns, weights) if columns else []
     if method == "variance":
         return variance_points(X, n_points, columns, levels, scales, random_state=random_state)
-    return kmeans_with_levels(X, n_points, columns, levels, scales, random_state=random_state, weights=weights)
+    return kmeans_with_levels(X, n_points, columns, levels, scales, random_state=random_state, weights=weights,
+                              deadline=deadline)
 
 
 def prior_reference(X, weights=None, categorical=()):

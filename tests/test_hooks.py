@@ -406,3 +406,57 @@ def test_a_time_budget_that_ends_the_fit_before_its_first_iteration_is_said(meth
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         assert GPClassifier(max_time=60.0, max_iter=2, **options).fit(X, y).n_iter_ >= 1
+
+
+def test_kmeans_stops_at_its_deadline_after_its_first_iteration():
+    """``inducing.kmeans``'s ``deadline`` (a fit's ``KMEANS_TIME_SHARE`` of max_time): one passed already leaves the
+    first Lloyd iteration alone, the centres those of ``n_iter=1``; one far ahead changes nothing."""
+    from agpc import inducing
+
+    X, _ = make_banana(3000, random_state=3)
+    one = inducing.kmeans(X, 20, random_state=0, n_iter=1)
+    np.testing.assert_array_equal(inducing.kmeans(X, 20, random_state=0, deadline=0.0), one)
+    full = inducing.kmeans(X, 20, random_state=0)
+    assert not np.array_equal(full, one)
+    np.testing.assert_array_equal(inducing.kmeans(X, 20, random_state=0, deadline=float("inf")), full)
+
+
+def test_a_fit_with_max_time_gives_its_kmeans_a_tenth_of_it_and_says_when_it_ran_well_past(monkeypatch):
+    """An audit (2026-12-03): at m = 500 on all the airline rows, max_time=1 took 4.5 s (k-means 1.8 s of it) and
+    said nothing of it. k-means is given its deadline (``KMEANS_TIME_SHARE`` of max_time from the fit's start), and a
+    fit past ``MAX_TIME_OVERRUN`` says how long it took, in the warning of a fit of no step or one of its own (here a
+    final pass that takes 1.5 s); a fit within its budget says nothing."""
+    import time
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    from agpc import classifier, inducing
+
+    X, y = make_banana(200, random_state=2)
+    real_kmeans, real_posterior, seen = inducing.kmeans, engines.EPEngine.posterior, []
+
+    def slow_kmeans(*args, deadline=None, **kwargs):
+        seen.append(deadline - time.perf_counter())
+        time.sleep(1.5)
+        return real_kmeans(*args, deadline=deadline, **kwargs)
+
+    def slow_posterior(self, *args, **kwargs):
+        time.sleep(1.5)
+        return real_posterior(self, *args, **kwargs)
+
+    options = dict(method="ep", n_inducing=5, batch_size=40, random_state=0)
+    monkeypatch.setattr(inducing, "kmeans", slow_kmeans)
+    with pytest.warns(ConvergenceWarning, match=r"max_time=0\.5 s ended the fit before its first iteration: .*; the "
+                                                r"fit took [0-9.]+ s, 1\.[5-9] s of it choosing the inducing points"):
+        GPClassifier(max_time=0.5, **options).fit(X, y)
+    assert 0.0 < seen[0] <= inducing.KMEANS_TIME_SHARE * 0.5
+    monkeypatch.setattr(inducing, "kmeans", real_kmeans)
+    monkeypatch.setattr(engines.EPEngine, "posterior", slow_posterior)
+    with pytest.warns(UserWarning, match=r"max_time=1 s was overrun; the fit took [0-9.]+ s, [0-9.]+ s of it choosing"):
+        model = GPClassifier(max_time=1.0, **options).fit(X, y)
+    assert model.n_iter_ >= 1 and model.fit_time_ > classifier.MAX_TIME_OVERRUN[0] * 1.0 + classifier.MAX_TIME_OVERRUN[1]
+    monkeypatch.setattr(engines.EPEngine, "posterior", real_posterior)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = GPClassifier(max_time=60.0, max_iter=2, **options).fit(X, y)
+    assert model.fit_time_ < classifier.MAX_TIME_OVERRUN[0] * 60.0
