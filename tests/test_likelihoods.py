@@ -56,6 +56,35 @@ def test_expectations_against_adaptive_quadrature(likelihood):
         assert math.exp(log_pos[i]) == pytest.approx(positive, rel=1e-7, abs=1e-9)
 
 
+def test_the_logistic_predictive_is_exact_at_large_variances(xp_device):
+    """A prediction audit (2026-12-03): Gauss-Hermite's 20 nodes left the logistic predictive p(+1) 0.006 off at
+    var = 30, 0.03 at 100 and 0.09 at 1,000, pulled toward 0.5 (a vi-jj fit of amplitude 60 predicted 0.30 for
+    0.31), with no word. Its two Gauss-Legendre panels against SciPy's adaptive quadrature of sigma(f) N(f | m,
+    var), broken at 0 and m, on NumPy and on array_api_strict (float64, and float32 to its precision)."""
+    from scipy import integrate, special, stats
+
+    means = np.array([-8.0, -3.0, -0.5, 0.0, 1.0, 4.0, 10.0])
+    variances = np.array([0.01, 1.0, 30.0, 100.0, 1000.0, 1e4])
+    m, v = (a.ravel() for a in np.meshgrid(means, variances))
+
+    def reference(mean, var):
+        sd = math.sqrt(var)
+        low, high = mean - 40 * sd, mean + 40 * sd
+        return integrate.quad(lambda f: special.expit(f) * stats.norm.pdf(f, mean, sd), low, high,
+                              points=sorted({0.0, mean}), limit=500, epsabs=1e-14, epsrel=1e-12)[0]
+
+    expected = np.array([reference(a, b) for a, b in zip(m, v)])
+    xp, device = xp_device
+    for dtype, tolerance in [(np.float64, 1e-5), (np.float32, 1e-4)]:
+        mean, var = xp.asarray(m.astype(dtype), device=device), xp.asarray(v.astype(dtype), device=device)
+        log_pos, log_neg = L.LOGISTIC.predictive_log_proba(mean, var)
+        assert log_pos.dtype == mean.dtype and log_pos.device == mean.device
+        np.testing.assert_allclose(np.exp(to_np(log_pos)), expected, atol=tolerance)
+        np.testing.assert_allclose(np.exp(to_np(log_neg)), 1.0 - expected, atol=tolerance)
+    gauss_hermite = np.exp(np.asarray(L.Likelihood.predictive_log_proba(L.LOGISTIC, m, v, 20)[0]))
+    assert np.max(np.abs(gauss_hermite - expected)) > 0.05  # (what the panels replace)
+
+
 @pytest.mark.parametrize("likelihood", BINARY, ids=lambda lik: lik.name)
 def test_binary_predictive_is_a_distribution(likelihood, xp_device):
     xp, device = xp_device
