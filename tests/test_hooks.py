@@ -460,3 +460,19 @@ def test_a_fit_with_max_time_gives_its_kmeans_a_tenth_of_it_and_says_when_it_ran
         warnings.simplefilter("error")
         model = GPClassifier(max_time=60.0, max_iter=2, **options).fit(X, y)
     assert model.fit_time_ < classifier.MAX_TIME_OVERRUN[0] * 60.0
+
+
+def test_the_guard_grows_halved_damping_back_to_its_start_and_no_further():
+    """``Engine.grow`` doubles halved damping up to the engine's own, never past it: a data-parallel round averages
+    its shards' damping into values that are no power of two of it (0.99 and 0.495: 0.7425, which doubled is 1.485,
+    a damping above 1). A mutation audit (2026-12-03): growth without the cap passed every test."""
+    X, _ = make_banana(50, random_state=0)
+    engine = engines.make_engine("ep", RBF(lengthscales=[1.0, 1.0]).for_inputs(X), X[:5].copy(), n_total=50,
+                                 minibatch=False, jitter=1e-6)
+    nominal = engine.nominal_damping
+    assert 0.0 < nominal <= 1.0
+    engine.damping = 0.75 * nominal
+    assert engine.grow() and engine.damping == nominal
+    assert not engine.grow() and engine.damping == nominal
+    engine.damping = 0.3 * nominal
+    assert engine.grow() and engine.damping == pytest.approx(0.6 * nominal)

@@ -18,6 +18,7 @@ from sklearn.datasets import make_classification
 
 from agpc import GPClassifier, threads
 from agpc.inference import blocks
+from helpers import binary_toy
 
 
 @pytest.fixture
@@ -272,3 +273,25 @@ def test_n_jobs_spreads_batch_passes_where_the_caller_set_one_blas_thread(monkey
         if not threads.caller_set_blas_threads():
             pytest.skip("the BLAS default is one thread here: a limit of one is no caller's setting")
         _fits_on_one_and_two_jobs(X, y, pass_threads)
+
+
+def test_row_blocks_cover_every_row_once():
+    """``blocks.row_blocks``: the ranges concatenate to exactly range(n), whatever n and the block. A mutation audit
+    (2026-12-03): ranges that dropped a last block of one row (n = k * block_rows + 1) passed every test but a crash
+    at n = 1, while a fit on 41 rows in blocks of 10 trained on 40 and predicted 40 rows for 41."""
+    for n in range(0, 61):
+        for step in range(1, 13):
+            ranges = blocks.row_blocks(n, step)
+            assert [i for lo, hi in ranges for i in range(lo, hi)] == list(range(n))
+            assert all(0 < hi - lo <= step for lo, hi in ranges)
+
+
+def test_a_block_of_one_row_left_over_is_fitted_and_predicted():
+    """n = block_rows + 1: the last block holds one row, which the fit trains on and prediction returns (the same
+    model and probabilities as in one block)."""
+    X, y = binary_toy(41, seed=3)
+    settings = dict(n_inducing=8, max_iter=3, random_state=0)
+    whole = GPClassifier(**settings).fit(X, y)
+    blocked = GPClassifier(block_rows=10, **settings).fit(X, y)
+    assert blocked.predict_proba(X).shape == (41, 2)
+    np.testing.assert_allclose(blocked.predict_proba(X), whole.predict_proba(X), rtol=0, atol=1e-10)

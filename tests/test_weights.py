@@ -392,6 +392,8 @@ def test_class_weight_is_sklearn_meaning():
     # (a hostile-input audit, 2026-12-02: the count read "(1 rows)", as if there were one row in all)
     (np.r_[np.nan, np.ones(19)], r"must be finite: nan at row 0 \(1 row of 20\)"),
     (np.r_[np.ones(17), -1.0, -2.0, 1.0], r"must be non-negative: -1.0 at row 17 \(2 rows of 20\)"),
+    # (a mutation audit, 2026-12-03: a check of w < -1 passed with -1.0 the only small negative weight tested)
+    (np.r_[np.ones(5), -1e-3, np.ones(14)], r"must be non-negative: -0.001 at row 5 \(1 row of 20\)"),
     (np.ones(19), "one weight a row"),
     (np.zeros(20), "every weight is zero"),
     (np.where(binary_toy(20)[1] > 0, 0.0, 1.0), "has none"),
