@@ -116,6 +116,31 @@ def test_blocked_pass_equals_single_pass():
         np.testing.assert_allclose(blocked["grads"][name], one["grads"][name], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("damping", [0.3, 0.8])
+def test_a_damped_pass_writes_rho_new_plus_one_less_rho_old_and_their_sums(damping):
+    """Hernandez-Lobato & Hernandez-Lobato (2016), eq. 25: a pass with damping rho writes rho * new + (1 - rho) * old
+    of each row's site (``write_block_sites``), new the undamped pass's, and the sums it hands the next pass
+    (``next_site_sums``) are those of the damped sites: the next pass from them is the one that forms them again. A
+    mutation audit (2026-12-03): swapping rho and 1 - rho, or summing rho * new + rho * old, passed every test, the
+    default rho = 0.5 being symmetric (probabilities 0.005 and 0.12 off at rho = 0.8)."""
+    X, y = binary_toy(37)
+    kernel = RBF(lengthscales=[0.8, 1.1], amplitude=1.2, noise=0.02).for_inputs(X)
+    Z = X[:6].copy()
+    rng = np.random.default_rng(1)
+    nu, mu = rng.uniform(0.05, 0.5, 37), rng.normal(0, 0.3, 37)
+    undamped = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, want_grad=False)
+    damped = ep.evaluate(kernel, Z, X, y, nu, mu, jitter=JITTER, want_grad=False, damping=damping,
+                         want_next_sums=True, block_rows=8)
+    new_nu, new_mu = undamped["site_precision"], undamped["site_shift"]
+    np.testing.assert_allclose(damped["site_precision"], damping * new_nu + (1 - damping) * nu, rtol=1e-12)
+    np.testing.assert_allclose(damped["site_shift"], damping * new_mu + (1 - damping) * mu, rtol=1e-12, atol=1e-15)
+    assert not np.allclose(damped["site_precision"], (1 - damping) * new_nu + damping * nu)
+    following = [ep.evaluate(kernel, Z, X, y, damped["site_precision"], damped["site_shift"], jitter=JITTER,
+                             want_grad=False, **given) for given in ({}, {"site_sums": damped["site_sums"]})]
+    assert float(following[1]["log_z"]) == pytest.approx(float(following[0]["log_z"]), rel=1e-12)
+    np.testing.assert_allclose(following[1]["site_precision"], following[0]["site_precision"], rtol=1e-10)
+
+
 def test_non_finite_log_z_reverts_and_halves_damping_and_steps(monkeypatch):
     """The authors' guard rail: a NaN log Z_q (or a failed Cholesky) puts back the last good state and
     halves the damping and the step sizes; training then goes on, and after ``guard.RESTORE_AFTER`` good steps in a
