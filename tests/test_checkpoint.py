@@ -455,6 +455,25 @@ def test_a_checkpoint_resumes_whenever_its_fit_could_go_on(good_checkpoint, tmp_
     assert np.all(np.isfinite(proba)) and np.allclose(proba.sum(axis=1), 1.0)
 
 
+def test_a_resume_goes_on_from_the_training_time_its_checkpoint_holds(good_checkpoint, tmp_path):
+    """``elapsed`` (the interrupted run's training time) is restored: the resumed run's history times go on from it,
+    and a time budget counts it (``max_time`` below it: no step, stopped by time). A mutation audit (2026-12-03): a
+    resume that restarted the clock at 0 passed every test."""
+    elapsed = 1000.0
+
+    def set_elapsed(state, arrays):
+        state["elapsed"] = elapsed
+
+    params, X, y = _craft(good_checkpoint, tmp_path, change_state=set_elapsed)
+    steps = len(good_checkpoint[3]["state"]["dict"]["history"]["dict"]["time"]["list"])
+    model = GPClassifier(**dict(params, max_iter=6)).fit(X, y, resume=True)
+    times = model.history_["time"]
+    assert len(times) > steps and all(t >= elapsed for t in times[steps:])
+    params, X, y = _craft(good_checkpoint, tmp_path, change_state=set_elapsed)
+    model = GPClassifier(**dict(params, max_iter=6, max_time=elapsed / 2)).fit(X, y, resume=True)
+    assert model.stopped_by_time_ and model.stop_reason_ == "max_time" and len(model.history_["time"]) == steps
+
+
 @pytest.fixture(scope="module")
 def held_checkpoint(tmp_path_factory):
     """Minibatch SEP's last checkpoint at step 12 of 12 (3 minibatches an epoch): the gradients in Z of the steps since
