@@ -394,6 +394,22 @@ def test_svi_integer_weights_are_the_repeated_rows():
     assert weighted.log_marginal_likelihood_ == pytest.approx(repeated.log_marginal_likelihood_, rel=1e-9)
 
 
+def test_batch_ep_integer_weights_are_the_repeated_rows():
+    """Ordinal batch EP (power EP, q holding w_i copies of row i's site) from the same kernel and inducing points:
+    weights 0..3 give the model of the rows repeated that often, the cut points' gradients included: the
+    likelihood's own kappa (``sites.variance_adjoint``) counts each row w_i times as its alpha does. A mutation audit
+    (2026-12-03): an unweighted kappa was caught by one SEP stream test only."""
+    X, y = ordinal_data(60, 15)
+    counts = np.random.default_rng(3).integers(0, 4, size=60)
+    counts[[int(np.flatnonzero(y == c)[0]) for c in range(4)]] = 1  # every class keeps a row
+    settings = dict(method="ep", likelihood="ordinal", batch_size=None, max_iter=15, kernel=RBF(lengthscales=[1.0]),
+                    inducing=X[:8].copy(), kernel_prior=None, random_state=0, shuffle=False)
+    weighted = GPClassifier(**settings).fit(X, y, sample_weight=counts)
+    repeated = GPClassifier(**settings).fit(np.repeat(X, counts, axis=0), np.repeat(y, counts))
+    np.testing.assert_allclose(weighted.cut_points_, repeated.cut_points_, rtol=1e-7)
+    np.testing.assert_allclose(weighted.predict_proba(X), repeated.predict_proba(X), rtol=1e-7, atol=1e-9)
+
+
 def test_batch_ep_weight_zero_is_the_row_removed():
     """Batch EP (power EP) with the same kernel and inducing points: rows of weight 0 are the rows removed, the
     learned cut points and kernel included."""
