@@ -47,13 +47,14 @@ _NON_NEGATIVE = V.Interval(numbers.Real, 0, None, "left")
 
 
 PREDICTION = "GPClassifier prediction"
+"""What a JitterWarning of a ``predict_*`` call names; each public method holds the scope, so that the warning points
+at its caller (``backend.jitter_report``'s default stacklevel), whichever path inside raised the jitter."""
+
 # A fit that ran past MAX_TIME_OVERRUN[0] * max_time + MAX_TIME_OVERRUN[1] seconds says so (``_warn_of_time``):
 # max_time bounds the steps and keeps room for the final pass, but neither the checks of the rows, the start (k-means
 # stops at ``inducing.KMEANS_TIME_SHARE`` of it) nor the passes' timing at the start are cut short, which at m = 500
 # on 2,048,097 rows took 4.5 s of a fit given 1 s (1.8 s of it k-means), while 20-s fits end at 19.1-19.8 s.
 MAX_TIME_OVERRUN = (1.25, 0.5)
-"""What a JitterWarning of a ``predict_*`` call names; each public method holds the scope, so that the warning points
-at its caller (``backend.jitter_report``'s default stacklevel), whichever path inside raised the jitter."""
 
 
 class GPClassifier(ClassifierMixin, BaseEstimator):

@@ -340,7 +340,7 @@ class Logistic(Likelihood):
 
     def predictive_log_proba(self, mean, var, n_quadrature=None):
         """log p(y = +1 | x) and log p(y = -1 | x) for f ~ N(mean, var) by ``logistic_predictive_log_proba``'s
-        Gauss-Legendre panels, exact to about 1e-8 at every variance (``n_quadrature``, Gauss-Hermite's, is not
+        Gauss-Legendre panels, within about 1e-6 at every variance (``n_quadrature``, Gauss-Hermite's, is not
         used: with 20 nodes p was 0.006 off at var = 30 and 0.09 at var = 1,000)."""
         return logistic_predictive_log_proba(mean, var)
 
@@ -350,7 +350,7 @@ class Logistic(Likelihood):
 # at 64 nodes (3.4e-8 at 96, 2e-10 at 128), log p within 2e-2 for p ~ 1e-217 (mean -1,000, var 1,000) and 2e-6
 # elsewhere. Gauss-Hermite's 20 nodes had left p 0.006 off at var = 30, 0.03 at 100 and 0.09 at 1,000 (a prediction
 # audit, 2026-12-03: a vi-jj fit of amplitude 60 predicted 0.30 where the predictive is 0.31), exact below var = 1.
-# The panels cost some 10 times Gauss-Hermite's 20 nodes (0.6 s for 100,000 rows on one core), taken a block of
+# The panels cost some 10 times Gauss-Hermite's 20 nodes (0.5 s for 100,000 rows on one core), taken a block of
 # PANEL_BLOCK_ROWS rows at a time (their n x 128 temporaries: 64 MB a block).
 LOGISTIC_PANEL_NODES = 64
 PANEL_BLOCK_ROWS = 1 << 16
