@@ -59,7 +59,6 @@ __all__ = [
     "negative_log_likelihood",
     "softplus",
     "sigmoid",
-    "PREDICTIVE_NODES",
     "legendre_expectation",
     "LEGENDRE_NODES",
 ]
@@ -396,39 +395,58 @@ def _logistic_log_q(mean, var, nodes, log_weights, xp):
     return xp.where(has_spread, _log_sum_exp(xp.concat(terms, axis=1), xp), -softplus(-a, xp))
 
 
-# Gauss-Hermite nodes of the multiclass predictive: the integrand's probit factors are steep where a rival class's
-# variance is small against class k's, and 20 nodes leave errors of 1e-4 there (variance ratio 10:
-# 1.8e-4 at 20 nodes, 3.7e-5 at 32, 4.6e-9 at 64, measured). 64 nodes cost n C^2 64 normal cdfs.
-PREDICTIVE_NODES = 64
+# The multiclass predictive (eq. 11) integrates, for each class k, N(f | m_k, v_k) times the probits of its rivals,
+# whose steps are as narrow as the rivals' sd. Gauss-Hermite centred on class k (64 nodes until 2026-12) missed the
+# step of a rival whose variance was 100-10,000 times smaller: p off by up to 0.04 (SciPy's adaptive quadrature the
+# reference). Instead every class's integral runs over one shared grid: Gauss-Legendre panels between the points
+# m_c + b sd_c of every class c (b in ARGMAX_BREAKS), so that each panel lies inside one stretch of every class's
+# own scale, where its density and its probit are smooth. Measured against SciPy on 150 random rows (2-8 classes,
+# variances e^-9 to e^9, means up to 100 apart): p within 5e-8 at 7 points x 6 nodes (2.3e-6 at 4 nodes); raw
+# sums within 3e-13 of one. Its cost, C normal cdfs at 6 (7 C - 1) points a row, is that of 64 nodes for each of C^2
+# pairs; rows go ARGMAX_BLOCK_VALUES / (42 C^2) at a time (the (rows, C, 42 C) temporaries: 32 MB).
+ARGMAX_BREAKS = (-7.0, -4.0, -2.0, 0.0, 2.0, 4.0, 7.0)
+ARGMAX_PANEL_NODES = 6
+ARGMAX_BLOCK_VALUES = 1 << 22
 
 
-def argmax_log_proba(mean, var, n_quadrature=PREDICTIVE_NODES, normalise=True):
+def argmax_log_proba(mean, var, normalise=True):
     """log p(f_k is the largest) for independent Gaussian f_c ~ N(mean_c, var_c), (n, C): the predictive of
     Villacampa-Calvo & Hernandez-Lobato (2017), eq. 11,
 
         p(y = k) = int N(f | m_k, v_k) prod_{j != k} Phi((f - m_j) / sqrt(v_j)) df,
 
-    by Gauss-Hermite quadrature in f for each k (f = m_k + sqrt(2 v_k) x_t). The exact values sum to one;
-    with ``normalise`` the quadrature's (small) departure from that is divided out."""
-    xp = array_namespace(mean)
-    quadrature = NormalQuadrature(n_quadrature, mean)
-    C = mean.shape[1]
-    log_w = quadrature.log_weights  # (T,)
-    sd = xp.sqrt(var)
-    columns = []
-    for k in range(C):
-        f = quadrature.points(mean[:, k], sd[:, k])  # (n, T)
-        total = None
-        for j in range(C):
-            if j == k:
-                continue
-            term = log_ndtr((f - mean[:, j:j + 1]) / sd[:, j:j + 1])
-            total = term if total is None else total + term
-        columns.append(_log_sum_exp(total + log_w[None, :], xp))
-    log_p = xp.stack(columns, axis=1)
+    for every k on one grid of Gauss-Legendre panels split at each class's mean +- (2, 4, 7) sd (ARGMAX_BREAKS; the
+    mass beyond them, below 1e-11 a class, is left out). An sd below sqrt(eps) (1 + |mean|) of its type (1.5e-8 in
+    float64: a point mass, whose panels would round to nothing) is taken as that. The exact values sum to one; with
+    ``normalise`` the quadrature's (small) departure from that is divided out."""
+    xp = array_namespace(mean, var)
+    n, C = mean.shape
+    nodes, weights = gauss_legendre(ARGMAX_PANEL_NODES, mean)
+    breaks = asarray_like(ARGMAX_BREAKS, xp, device=array_device(mean), dtype=mean.dtype)
+    rows = max(1, ARGMAX_BLOCK_VALUES // (C * C * len(ARGMAX_BREAKS) * ARGMAX_PANEL_NODES))
+    log_p = xp.concat([_argmax_log_p(mean[lo:min(n, lo + rows)], var[lo:min(n, lo + rows)], breaks, nodes,
+                                     xp.log(weights), xp) for lo in range(0, n, rows)], axis=0
+                      ) if n > rows else _argmax_log_p(mean, var, breaks, nodes, xp.log(weights), xp)
     if normalise:
         log_p = log_p - _log_sum_exp(log_p, xp)[:, None]
     return log_p
+
+
+def _argmax_log_p(mean, var, breaks, nodes, log_weights, xp):
+    """``argmax_log_proba`` unnormalised, for one block of rows: the integrand of class k at each grid point f is
+    N(f | m_k, v_k) prod_c Phi(z_c) / Phi(z_k) (in logs: the sum over all classes less k's own)."""
+    n, C = mean.shape
+    sd = xp.maximum(xp.sqrt(var), math.sqrt(float(xp.finfo(mean.dtype).eps)) * (1.0 + xp.abs(mean)))
+    points = xp.sort(xp.reshape(mean[:, :, None] + sd[:, :, None] * breaks[None, None, :], (n, -1)), axis=1)
+    start, half = points[:, :-1], (points[:, 1:] - points[:, :-1]) / 2.0
+    f = xp.reshape((start + half)[:, :, None] + half[:, :, None] * nodes[None, None, :], (n, -1))
+    log_w = xp.reshape(xp.log(xp.maximum(half, xp.finfo(half.dtype).smallest_normal))[:, :, None]
+                       + log_weights[None, None, :], (n, -1))  # (a panel between equal points weighs nothing)
+    z = (f[:, None, :] - mean[:, :, None]) / sd[:, :, None]  # (n, C, grid)
+    log_phi = log_ndtr(z)
+    shared = xp.sum(log_phi, axis=1) + log_w  # (n, grid): what every class's integrand has at a point
+    # log N(f | m_k, v_k) = -z^2 / 2 - log sd_k - log(2 pi) / 2, the last two the same at every point of the grid
+    return _log_sum_exp(shared[:, None, :] - log_phi - 0.5 * z * z, xp) - xp.log(sd) - 0.5 * math.log(2.0 * math.pi)
 
 
 class RobustMax(Likelihood):
@@ -568,15 +586,15 @@ class RobustMax(Likelihood):
                 xp.where(column, j_var, d_residual))
 
     def class_log_proba(self, mean, var, n_quadrature=None):
-        """``predictive_log_proba`` on its own nodes (``PREDICTIVE_NODES``: ``n_quadrature`` is a binary model's)."""
+        """``predictive_log_proba`` on its own grid (``argmax_log_proba``: ``n_quadrature`` is a binary model's)."""
         return self.predictive_log_proba(mean, var)
 
-    def predictive_log_proba(self, mean, var, n_quadrature=PREDICTIVE_NODES):
+    def predictive_log_proba(self, mean, var, n_quadrature=None):
         """log p(y = k | x), (n, C): (1 - eps) S_k + eps / (C - 1) (1 - S_k), with S_k the probability that f_k is
-        the largest (``argmax_log_proba``)."""
+        the largest (``argmax_log_proba``, on its own grid: ``n_quadrature`` is a binary model's)."""
         xp = array_namespace(mean)
         C = mean.shape[1]
-        S = xp.exp(argmax_log_proba(mean, var, n_quadrature))
+        S = xp.exp(argmax_log_proba(mean, var))
         return xp.log((1.0 - self.epsilon) * S + self.epsilon / (C - 1) * (1.0 - S))
 
     def __repr__(self):
@@ -765,8 +783,8 @@ class MulticlassProbit(Likelihood):
         return PROBIT.site_terms(array_namespace(margin).ones_like(margin), margin, variance)
 
     def class_log_proba(self, mean, var, n_quadrature=None):
-        """log p(y = k | x), (n, C), on ``PREDICTIVE_NODES`` nodes (``n_quadrature`` is a binary model's)."""
-        return argmax_log_proba(mean, var, PREDICTIVE_NODES)
+        """log p(y = k | x), (n, C), on ``argmax_log_proba``'s grid (``n_quadrature`` is a binary model's)."""
+        return argmax_log_proba(mean, var)
 
     def expected_entropy(self, mean, var, n_nodes=None):
         """0 per row of the (n, C) latent ``mean``: y = argmax_c f_c is certain given f."""

@@ -35,7 +35,7 @@ from contextlib import closing
 from dataclasses import dataclass
 
 from ..backend import array_device, array_namespace, lower_triangular_inverse, prefers_inverses, row_dot
-from ..likelihoods import MULTICLASS_PROBIT, PREDICTIVE_NODES, argmax_log_proba, negative_log_likelihood
+from ..likelihoods import MULTICLASS_PROBIT, argmax_log_proba, negative_log_likelihood
 from . import blocks, ep, sites
 from .posterior import (Factor, covariance_form, covariance_product, posterior_from_sums, prior_cholesky,
                         uses_inverse)
@@ -659,10 +659,10 @@ def predict_latent(kernels, Z, posts, X, block_rows=None):
     return xp.stack([p[0] for p in pairs], axis=1), xp.stack([p[1] for p in pairs], axis=1)
 
 
-def predictive_log_proba(mean, var, n_quadrature=PREDICTIVE_NODES, normalise=True):
+def predictive_log_proba(mean, var, normalise=True):
     """log p(y = k | x) of Villacampa-Calvo & Hernandez-Lobato (2017), eq. 11 for independent Gaussian f_c,
     (n, C) (``likelihoods.argmax_log_proba``: the model's likelihood is the argmax of f itself)."""
-    return argmax_log_proba(mean, var, n_quadrature, normalise)
+    return argmax_log_proba(mean, var, normalise)
 
 
 def validation_scores(kernels, Z, posts, X_val, y_val, likelihood=MULTICLASS_PROBIT):
