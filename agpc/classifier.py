@@ -247,7 +247,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     n_samples_fit_ : int
         The rows fitted (or streamed through ``partial_fit``).
     n_jobs_ : int
-        The workers the fit used: its batch passes' threads, or its minibatch rounds' processes.
+        The workers the fit may use: its batch passes' threads, or its minibatch rounds' processes. Batch passes
+        take the threads where they pay (``agpc.threads``): a pass over fewer than 20 m rows (m inducing points), and
+        the exact model's n x n algebra below n ~ 800, run on one, a second costing more than it saves there.
     jitter_ : float
         The jitter on K(Z, Z)'s diagonal at the end of training (``jitter`` or more).
     kernel_prior_ : "auto" or None
