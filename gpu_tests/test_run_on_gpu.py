@@ -43,10 +43,11 @@ def _run_script(tmp_path, **env):
 
 
 def _stopped(status, stdout, text, seconds, *needles):
-    """The script stopped at its checks: exit 2 within 10 s, the one message (naming each of ``needles``) on stdout
+    """The script stopped at its checks: exit 2 within 45 s (its imports take 1-2 s on an idle machine, ten times
+    that on a loaded CI worker; a run past its checks takes minutes), the one message (naming each of ``needles``) on stdout
     and in the results file, and no section run after the checks."""
     assert status == 2, stdout
-    assert seconds < 10, f"{seconds:.1f} s"
+    assert seconds < 45, f"{seconds:.1f} s"
     message = next(line for line in stdout.splitlines() if all(needle in line for needle in needles))
     assert text.startswith("# agpc on a GPU") and message in text and "Nothing else was run." in text
     assert "## What failed" not in text and "probe_cupy.py)" not in text
@@ -253,7 +254,7 @@ def test_the_airline_benchmark_on_cupy_refuses_a_machine_without_a_gpu_in_one_li
     done = subprocess.run([sys.executable, str(BENCHMARKS / "airline.py"), "--backend", "cupy", "--quick"], cwd=ROOT,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
-    assert time.perf_counter() - started < 10
+    assert time.perf_counter() - started < 45  # (imports: 1-2 s idle, ten times that on a loaded worker; a run: minutes)
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("airline.py: --backend cupy: "), done.stderr
     assert "CuPy" in done.stderr
 

@@ -800,10 +800,10 @@ def test_ctrl_c_during_fit_is_one_line_exit_130_and_writes_nothing(tmp_path, ban
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         try:
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
+            out, err = proc.communicate(timeout=60)  # (a fit that ignored the signal runs to its --max-time, 300 s;
+        except subprocess.TimeoutExpired:  # an interpreter's exit under CI's load and this test's busy cores: seconds)
             proc.kill()
-            pytest.fail("no exit within 10 s of SIGINT")
+            pytest.fail("no exit within 60 s of SIGINT")
     assert proc.returncode == 130 and err.strip().splitlines() == ["agpc: interrupted"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv"]
 
