@@ -555,6 +555,26 @@ def _plain_column_type(pa, field):
             or pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind))
 
 
+# What a Parquet column's row takes in memory at least: 8 bytes in pyarrow's table and 8 in the float64 copy the
+# reader's caller makes of it (strings take more). A 2.7-MB file (zstd, 40 row groups of zeros) declared 200
+# million rows and took 5.9 GB before pyarrow's malloc failed (an audit, 2026-12-03): its rows are counted first.
+PARQUET_BYTES_PER_VALUE = 16
+
+
+def _check_parquet_fits_in_memory(pa, pq, path, wanted):
+    """Refuse a Parquet file whose declared rows (its footer's count) of the ``wanted`` columns would take more
+    memory than is available (``PARQUET_BYTES_PER_VALUE`` a value), before any of them is read."""
+    try:
+        rows = int(pq.read_metadata(path).num_rows)
+    except (pa.ArrowException, OSError):  # (a damaged footer: read_table below names what is wrong)
+        return
+    memory = available_memory()
+    need = rows * max(1, len(wanted)) * PARQUET_BYTES_PER_VALUE
+    if memory is not None and need > memory:
+        raise RefusedFile(path, f"it declares {rows:,} rows of {len(wanted)} columns, at least {need:,} bytes in "
+                                f"memory, more than the {memory:,} bytes available")
+
+
 def read_parquet_columns(path, select=None):
     """(column names, columns as NumPy arrays) of a Parquet file; the schema is checked before any data.
     ``select(names)``, given the schema's column names, returns the names of the columns to read: the others are
@@ -583,8 +603,11 @@ def read_parquet_columns(path, select=None):
     if refused:
         raise RefusedFile(path, f"columns of types agpc does not read (numbers, booleans and strings only): "
                                 f"{', '.join(refused)}")
+    _check_parquet_fits_in_memory(pa, pq, path, wanted)
     try:
         table = pq.read_table(path, columns=wanted)
+    except MemoryError as exc:  # (pyarrow's ArrowMemoryError too: a compressed file's rows exceeding the machine)
+        raise RefusedFile(path, f"its columns do not fit in memory ({' '.join(str(exc).split())})") from None
     except (pa.ArrowException, OSError) as exc:
         raise RefusedFile(path, f"not a readable Parquet file ({' '.join(str(exc).split())})") from None
     # (a column with nulls as Python objects, each null None: a number column's to_numpy made them NaN, and a null

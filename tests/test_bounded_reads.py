@@ -278,6 +278,33 @@ def test_predict_ignores_a_parquet_timestamp_column_it_does_not_use(tmp_path, ca
     assert (tmp_path / "p0.csv").read_text() == (tmp_path / "p1.csv").read_text()
 
 
+def test_a_parquet_file_declaring_more_rows_than_memory_holds_is_refused_before_reading(tmp_path, monkeypatch, capsys):
+    """An audit (2026-12-03): a 2.7-MB Parquet file (zstd, row groups of zeros) declared 200 million rows and took
+    5.9 GB before pyarrow's malloc failed ("internal error"). Its footer's row count is checked against the memory
+    available first (here made 1 MB: 40,000 rows of 3 columns need 1.92 MB), one line, exit 2, nothing read; a
+    MemoryError while reading is that refusal too."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    n = 40_000
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({"a": np.zeros(n), "b": np.zeros(n), "y": np.arange(n) % 2}), path, compression="zstd")
+    monkeypatch.setattr(untrusted, "available_memory", lambda: 1 << 20)
+    monkeypatch.setattr(pq, "read_table", lambda *a, **k: pytest.fail("the rows were read"))
+    assert main(["fit", str(path), "--target", "y", "--out", str(tmp_path / "m.agpc")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "declares 40,000 rows of 3 columns, at least 1,920,000 bytes" in err, err
+    assert not (tmp_path / "m.agpc").exists()
+
+    def no_memory(*args, **kwargs):
+        raise pa.ArrowMemoryError("malloc of size 1600000000 failed")
+
+    monkeypatch.setattr(untrusted, "available_memory", lambda: None)
+    monkeypatch.setattr(pq, "read_table", no_memory)
+    with pytest.raises(untrusted.RefusedFile, match=r"its columns do not fit in memory \(malloc of size"):
+        untrusted.read_parquet_columns(path)
+
+
 FORGED_FIELDS = {
     "log_amplitude=1e300": (lambda header, arrays: (header, dict(arrays, kernel_log_amplitude=np.array(1e300))),
                             r"kernel_log_amplitude \(the amplitude\): 1e\+300, whose exp is inf in float64"),
