@@ -2272,6 +2272,10 @@ def mixed_kernel(continuous, categorical, noise=None, priors=None):
 ORDINAL_KERNEL = OrdinalKernel.name
 KERNELS = {cls.name: cls for cls in (RBF, Matern52, RationalQuadratic, Linear, Sum, Product, Categorical, OnColumns)}
 MAX_SPEC_DEPTH = 8  # a file's kernel description nests sums and products at most this deep
+# the terms of one sum or product a file's description may list: each read of a combination's parameters walks its
+# terms, and loading checks them one by one (20,000 forged terms kept ``agpc inspect`` busy past two minutes; 2,000
+# took 9.9 s, an audit of 2026-12-03); an additive kernel of a term a feature has as many as the table's columns
+MAX_SPEC_TERMS = 1024
 MAX_SPEC_CLASSES = 1 << 16  # an ordinal description's classes (its cut points are K - 1 numbers in the file)
 
 
@@ -2305,6 +2309,9 @@ def _template(spec, depth=0):
     kernel = Categorical(spec["columns"], levels=spec.get("levels")) if cls is Categorical else None
     checked = _checked_priors({p.key: p for p in (kernel or cls).parameters},
                               {name: prior_from_spec(value) for name, value in priors.items()})
+    if combination and len(spec["terms"]) > MAX_SPEC_TERMS:
+        raise ValueError(f"kernel specification: a {cls.name} of {len(spec['terms']):,} terms, more than the "
+                         f"{MAX_SPEC_TERMS:,} a model file may list")
     if combination:
         # terms hold no noise of their own (``Combination``): a nested combination's is fixed at 0 like a
         # stationary term's (a prior on it is refused, as at construction)

@@ -725,6 +725,22 @@ def test_untrusted_specs_are_refused(spec):
         kernel_from_spec(spec, {})
 
 
+def test_a_spec_of_more_terms_than_a_file_may_list_is_refused_before_they_are_built(monkeypatch):
+    """A forged model file's Sum of 20,000 terms kept ``agpc inspect`` busy past two minutes (an audit, 2026-12-03):
+    a combination lists at most MAX_SPEC_TERMS, and one over is refused before any of its terms is built; that many
+    are accepted."""
+    from agpc import kernels
+
+    built = []
+    real = kernels._template
+    monkeypatch.setattr(kernels, "_template", lambda spec, depth=0: (built.append(depth), real(spec, depth))[1])
+    with pytest.raises(ValueError, match=r"a Sum of 1,025 terms, more than the 1,024 a model file may list"):
+        kernels.spec_parameter_table({"type": "Sum", "terms": [{"type": "RBF"}] * (kernels.MAX_SPEC_TERMS + 1)})
+    assert built == [0]
+    table = kernels.spec_parameter_table({"type": "Sum", "terms": [{"type": "RBF"}] * kernels.MAX_SPEC_TERMS})
+    assert len(built) == 2 + kernels.MAX_SPEC_TERMS and len(table) >= 2 * kernels.MAX_SPEC_TERMS
+
+
 @pytest.mark.parametrize("kernel_field", [
     {"type": "Sum", "terms": [{"type": "RBF"}, {"type": "builtins.eval"}]},
     {"type": "Sum", "terms": [{"type": "RBF"}, {"type": "RBF"}],
