@@ -401,8 +401,8 @@ def _logistic_log_q(mean, var, nodes, log_weights, xp):
 # reference). Instead every class's integral runs over one shared grid: Gauss-Legendre panels between the points
 # m_c + b sd_c of every class c (b in ARGMAX_BREAKS), so that each panel lies inside one stretch of every class's
 # own scale, where its density and its probit are smooth. Measured against SciPy on 150 random rows (2-8 classes,
-# variances e^-9 to e^9, means up to 100 apart): p within 5e-8 at 7 points x 6 nodes (2.3e-6 at 4 nodes); raw
-# sums within 3e-13 of one. Its cost, C normal cdfs at 6 (7 C - 1) points a row, is that of 64 nodes for each of C^2
+# variances e^-9 to e^9, means up to 100 apart) and 100 of similar variances (within e^+-1.2): p within 8e-8 at 7
+# points x 6 nodes (4e-6 at 4 nodes, 7e-7 at 5); raw sums within 2e-7 of one. Its cost, C normal cdfs at 6 (7 C - 1) points a row, is that of 64 nodes for each of C^2
 # pairs; rows go ARGMAX_BLOCK_VALUES / (42 C^2) at a time (the (rows, C, 42 C) temporaries: 32 MB).
 ARGMAX_BREAKS = (-7.0, -4.0, -2.0, 0.0, 2.0, 4.0, 7.0)
 ARGMAX_PANEL_NODES = 6
@@ -415,8 +415,8 @@ def argmax_log_proba(mean, var, normalise=True):
 
         p(y = k) = int N(f | m_k, v_k) prod_{j != k} Phi((f - m_j) / sqrt(v_j)) df,
 
-    for every k on one grid of Gauss-Legendre panels split at each class's mean +- (2, 4, 7) sd (ARGMAX_BREAKS; the
-    mass beyond them, below 1e-11 a class, is left out). An sd below sqrt(eps) (1 + |mean|) of its type (1.5e-8 in
+    for every k on one grid of Gauss-Legendre panels split at each class's mean and mean +- (2, 4, 7) sd
+    (ARGMAX_BREAKS; the mass beyond them, below 3e-12 a class, is left out). An sd below sqrt(eps) (1 + |mean|) of its type (1.5e-8 in
     float64: a point mass, whose panels would round to nothing) is taken as that. The exact values sum to one; with
     ``normalise`` the quadrature's (small) departure from that is divided out."""
     xp = array_namespace(mean, var)
