@@ -13,7 +13,7 @@ from threadpoolctl import threadpool_limits
 
 import agpc.backend as B
 from agpc import GPClassifier, inputs, kernels
-from agpc.inference import blocks, ep, gfitc, multiclass_ep, variational
+from agpc.inference import blocks, ep, gfitc, multiclass_ep, multiclass_vi, variational
 from agpc.kernels import RBF, ClassKernels
 from helpers import plan_of
 
@@ -140,10 +140,48 @@ def test_bytes_per_row_bound_the_measured_peak_of_every_pass(monkeypatch, m, d):
         "vi-jj": (1, lambda b: variational.quadratic_bound(k, Z, X, y, xi, kind="jj", block_rows=b)),
         "multiclass ep": (C, lambda b: multiclass_ep.evaluate(kc, Zc, X, labels, sites_c, sites_c, jitter=1e-6,
                                                                block_rows=b, want_sites=False)),
+        "multiclass svi": (C, lambda b: _multiclass_svi(kc, Zc, X, labels, block_rows=b)),
     }
     for name, (classes, run) in passes.items():
         measured = _peak_per_row(run, 300, 900)
         assert 0 < measured <= blocks.block_bytes_per_row(m, d, 8, classes), name
+
+
+def _multiclass_svi(kernels, Z, X, labels, block_rows=None):
+    C, m = Z.shape[0], Z.shape[1]
+    chol = xp.stack([0.5 * xp.eye(m, dtype=Z.dtype)] * C)
+    return multiclass_vi.svi_elbo_multiclass(kernels, Z, X, labels, xp.zeros((C, m), dtype=Z.dtype), chol,
+                                             block_rows=block_rows)
+
+
+def test_multiclass_svi_blocks_are_sized_for_all_its_classes(monkeypatch):
+    """A multiclass SVI pass holds (b, C) marginals and (b, T, C) quadrature arrays: its default blocks are the rows
+    whose temporaries for all C classes fit. Sized for one class (2026-12-03), 8,000 rows of 800 classes were one
+    block and a fit's step peaked at 10 GB (584 MB with the blocks of all classes), and under a mocked free memory
+    the blocks held C times the rows that fit."""
+    X, _ = _data(700, 2)
+    C, m = 4, 12
+    rng = np.random.default_rng(8)
+    labels = xp.asarray(rng.integers(0, C, size=700).astype(float))
+    X = xp.asarray(X)
+    Zc = xp.stack([X[c * m:(c + 1) * m] for c in range(C)])
+    kc = ClassKernels([RBF([1.0, 1.0]).for_inputs(Zc[c]) for c in range(C)])
+    whole = _multiclass_svi(kc, Zc, X, labels, block_rows=700)
+    _free_bytes(monkeypatch, 2 * 61 * blocks.block_bytes_per_row(m, 2, 8, C))
+    seen = []
+    original = blocks.data_blocks
+
+    def counting(*args, **kwargs):
+        for block in original(*args, **kwargs):
+            seen.append(block[1] - block[0])
+            yield block
+
+    monkeypatch.setattr(blocks, "data_blocks", counting)
+    blocked = _multiclass_svi(kc, Zc, X, labels)
+    assert seen[0] == 61 and sum(seen) == 700
+    np.testing.assert_allclose(float(blocked[0]), float(whole[0]), rtol=1e-12)
+    for name in whole[1]:
+        np.testing.assert_allclose(np.asarray(blocked[1][name]), np.asarray(whole[1][name]), rtol=1e-9, atol=1e-12)
 
 
 def test_device_free_bytes_of_cupy_is_device_free_plus_pool_free(monkeypatch):

@@ -73,6 +73,9 @@ def svi_elbo_multiclass(kernels, Z, X, y, whitened_mean, whitened_chol, *, n_qua
     terms = [SVIBoundTerms(kernels[c], Z[c, ...], whitened_mean[c, ...], whitened_chol[c, ...], jitter)
              for c in range(C)]
     expected_total = None
+    # (blocks sized for all C classes: each holds (b, C) marginals and (b, T, C) quadrature arrays; sized for one
+    # class, 8,000 rows of 800 classes were one block, and a step peaked at 10 GB)
+    block_rows = block_rows or blocks.default_block_rows(Z, X.shape[0])
     for lo, hi, Xb, yb in blocks.data_blocks(X, y, block_rows, Z[0, ...]):
         expected, g_m, g_v, g_s = _block_bound(likelihood, bound, terms, Xb, yb, n_quadrature)
         if weights is not None:
