@@ -405,6 +405,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             rows_known = not (place.on_cluster or B.is_out_of_core(inputs.X))
             counted = I.rows_counted(weights, n) if rows_known else n  # (a row of weight 0 is not there)
             size = size_rule.fit_model_size(plan, steps, counted, len(classes), rows_known=rows_known)
+            if not place.on_cluster:  # (before the model: a fit that cannot fit is refused at once, not minutes in)
+                size_rule.check_fit_memory(plan, steps, size, inputs.X.shape[1],
+                                           len(classes if order is None else order), inputs.xp, inputs.device)
             if size.at_rows:  # the exact model's inducing points are its rows: they stay there
                 groups = tuple(group for group in groups if group != "inducing")
             n_jobs = place.choose_workers(inputs)

@@ -27,9 +27,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .backend import CholeskyError, array_namespace, held_notes, overflow_raises, release_notes, to_numpy
+import numpy as np
+
+from .backend import (CholeskyError, array_namespace, device_free_bytes, held_notes, overflow_raises, release_notes,
+                      to_numpy)
 from .batch_size import FULL_BATCH_MAX_ROWS
+from .inference.blocks import fewest_block_rows
+from .inference.sites import CAVITIES
 from .kernels import RBF, Linear, Product, with_default_priors
+from .untrusted import available_memory
 
 __all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "PLATEAU_STEPS", "PLATEAU_RISE_PER_ROW", "ModelSize",
            "model_size", "exact_plateau", "fit_plateau", "SPARSE_PLATEAU_STEPS", "SPARSE_PLATEAU_RISE_PER_ROW",
@@ -39,7 +45,8 @@ __all__ = ["EXACT_MAX_ROWS", "SPARSE_INDUCING", "ALL_MAX_ROWS", "PLATEAU_STEPS",
            "QUADRATIC_MAX_ROWS", "CHOOSE", "CHOOSE_TO_LINEAR", "ard_plan", "akaike_keeps", "LINEAR_MARGIN",
            "linear_start", "QUADRATIC_MARGIN", "quadratic_start", "linear_keeps", "learn_lengthscales",
            "INDUCING_CHOICE", "choose_inducing", "SUBSAMPLE_START_ROWS", "SUBSAMPLE_START_MAX_INDUCING",
-           "subsample_start_rows"]
+           "subsample_start_rows", "FEWEST_BLOCK_MATRICES", "FEWEST_LATENT_MATRICES", "fit_memory_floor",
+           "check_fit_memory"]
 
 EXACT_MAX_ROWS = 700
 """The most training rows for which ``n_inducing="auto"`` takes the exact model (chosen in
@@ -193,6 +200,68 @@ def fit_model_size(plan, steps, n_rows, n_classes=2, rows_known=True):
         raise ValueError(f"{what} exceeds the number of training rows ({n_rows}): use at most one inducing point per "
                          "row")
     return size
+
+
+# The fewest n x m temporaries a latent function holds per row of a block at a pass's peak: the least of those
+# measured per row by tracemalloc on NumPy (2026-12-03, as tests/test_device_memory.py measures them: 3.2 m for SEP
+# at m = 30, 3.6 m a class for multiclass EP at m = 60, up to 15 m; ``blocks.BLOCK_MATRICES`` is the budget above
+# them all). ``fit_memory_floor`` counts these, no more, so that it stays below what any fit takes (a whole fit's
+# peak against the floor: tests/test_device_memory.py).
+FEWEST_BLOCK_MATRICES = 3
+# The m x m matrices every latent function of the model holds whatever the method: its factor's (or q's) precision
+# and the Cholesky factor of its posterior.
+FEWEST_LATENT_MATRICES = 2
+
+
+def fit_memory_floor(plan, steps, size, n_features, n_latent, itemsize, on_device=False):
+    """Bytes the plan's fit on its rows (``steps``, a ``plan.Steps``) cannot do with less of, by part: ``block``, one
+    row block's temporaries (of ``fewest_block_rows`` rows on the host, fewer where a step or ``block_rows`` has
+    fewer; one row on a device, whose blocks shrink to its free memory); ``model``, ``FEWEST_LATENT_MATRICES`` m x m
+    matrices a latent function (``n_latent``: C for C classes, else 1); ``sites``, for EP (a cavity with sites of
+    its own, Villacampa-Calvo & Hernandez-Lobato 2017, sec. 3) the site precision and shift of every row (2 C a row
+    for C classes), kept for the whole fit. A floor: what the fit adds to it
+    (its other per-row arrays, gradients, the optimiser's moments) is not counted."""
+    m = size.n_inducing
+    rows = 1 if on_device else min(fewest_block_rows(n_latent), steps.step_rows or steps.n_rows, steps.n_rows)
+    if plan.block_rows is not None:
+        rows = min(rows, int(plan.block_rows))
+    cavity = CAVITIES.get(plan.method)
+    own_sites = cavity is not None and cavity.own_sites and not plan.ordinal
+    per_row = 2 * n_latent if n_latent > 1 else 1
+    # (a batch pass returns every row's new sites while the fit holds the old ones: four such arrays at once; a
+    # minibatch step updates its rows' sites in place)
+    copies = 2 if steps.minibatch else 4
+    return {"block": itemsize * rows * (n_latent * FEWEST_BLOCK_MATRICES * m + n_features),
+            "model": itemsize * n_latent * FEWEST_LATENT_MATRICES * m * m,
+            "sites": itemsize * copies * per_row * steps.n_rows if own_sites else 0}
+
+
+def check_fit_memory(plan, steps, size, n_features, n_classes, xp, device=None):
+    """A MemoryError, before anything is built, for a fit of ``n_classes`` classes whose ``fit_memory_floor`` is
+    more than the memory its arrays can take (a device's free memory, ``backend.device_free_bytes``, else the
+    host's, ``untrusted.available_memory``): many classes times many inducing points would otherwise run minutes
+    into the first pass before the allocator refuses it. Its message names the parts and what lowers them."""
+    n_latent = 1 if (plan.ordinal or n_classes == 2) else n_classes  # (an ordinal model: one latent GP)
+    on_device = device_free_bytes(xp, device)
+    free = available_memory() if on_device is None else on_device
+    parts = fit_memory_floor(plan, steps, size, n_features, n_latent, np.dtype(plan.dtype).itemsize,
+                             on_device=on_device is not None)
+    need = sum(parts.values())
+    if free is None or need <= free:
+        return
+    named = {"block": "a row block's temporaries", "model": "the m x m matrices of each latent function",
+             "sites": "EP's sites of every row"}
+    shares = ", ".join(f"{_gib(parts[part])} for {what}" for part, what in named.items() if parts[part])
+    raise MemoryError(
+        f"a fit of {steps.n_rows:,} rows of {n_classes:,} classes with {size.n_inducing:,} inducing points needs at "
+        f"least {_gib(need)} of memory ({shares}), more than the {_gib(free)} "
+        f"{'free on the device' if on_device is not None else 'available'}: fewer inducing points (n_inducing), fewer "
+        "classes (merge the rare ones), a smaller block_rows or a method without sites a row (method='sep' or 'svi') "
+        "needs less")
+
+
+def _gib(n_bytes):
+    return f"{n_bytes / (1 << 30):.2f} GiB"
 
 
 ARD_CHOICE_MAX_ROWS = 500

@@ -12,7 +12,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 import agpc.backend as B
-from agpc import GPClassifier, inputs, kernels
+from agpc import GPClassifier, inputs, kernels, size_rule
 from agpc.inference import blocks, ep, gfitc, multiclass_ep, multiclass_vi, variational
 from agpc.kernels import RBF, ClassKernels
 from helpers import plan_of
@@ -275,3 +275,61 @@ def test_running_out_of_memory_is_one_error_naming_the_block_rows(monkeypatch, m
     model.set_params(block_rows=None)
     with pytest.raises(B.BlockMemoryError, match="prediction ran out of memory with row blocks of 1200 rows"):
         model.predict_proba(X)
+
+
+def _many_classes(n=1200, classes=60, d=3, seed=9):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, d)), np.arange(n) % classes
+
+
+def _floor_of(model, X, classes, on_device=False):
+    plan = model._plan()
+    steps = plan.steps(X.shape[0])
+    size = size_rule.fit_model_size(plan, steps, X.shape[0], classes)
+    return size_rule.fit_memory_floor(plan, steps, size, X.shape[1], classes, 8, on_device=on_device)
+
+
+@pytest.mark.parametrize("method, classes, block_rows", [("ep", 60, None), ("sep", 60, 64), ("svi", 60, None),
+                                                          ("svi", 60, 64), ("ep", 2, None)])
+def test_the_memory_floor_of_a_fit_is_below_what_it_takes(method, classes, block_rows):
+    """``size_rule.fit_memory_floor`` counts what a fit cannot do without: tracemalloc's peak of a real fit (NumPy's
+    allocations) is above it, so that a fit is refused only where it could not run."""
+    X, y = _many_classes(classes=classes)
+    model = GPClassifier(method=method, n_inducing=20, max_iter=1, random_state=0, block_rows=block_rows)
+    floor = _floor_of(model, X, classes if classes > 2 else 1)
+    assert floor["block"] > 0 and floor["model"] > 0 and (floor["sites"] > 0) == (method == "ep")
+    tracemalloc.start()
+    try:
+        model.fit(X, y)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sum(floor.values()) <= peak
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_a_fit_that_cannot_fit_in_memory_is_refused_before_its_model_is_built(monkeypatch, on_device):
+    """Many classes times many inducing points: one MemoryError naming the rows, classes and inducing points, the
+    bytes it needs and has, before k-means starts the model (the audit's 10,000 classes ran two minutes into the
+    first pass before the allocator refused it)."""
+    X, y = _many_classes()
+    model = GPClassifier(n_inducing=20, max_iter=1, random_state=0)
+    need = sum(_floor_of(model, X, 60, on_device).values())
+    host, device = (10**12, need - 1) if on_device else (need - 1, None)
+    monkeypatch.setattr(size_rule, "available_memory", lambda: host)
+    monkeypatch.setattr(size_rule, "device_free_bytes", lambda namespace, device_=None: device)
+
+    def unreached(*args, **kwargs):
+        raise AssertionError("the model was started")
+
+    monkeypatch.setattr(GPClassifier, "_initial_model", unreached)
+    with pytest.raises(MemoryError) as caught:
+        model.fit(X, y)
+    message = str(caught.value)
+    assert "1,200 rows of 60 classes with 20 inducing points" in message and "n_inducing" in message
+    assert ("free on the device" in message) == on_device
+    monkeypatch.setattr(size_rule, "device_free_bytes", lambda namespace, device_=None: None if device is None
+                        else need)
+    monkeypatch.setattr(size_rule, "available_memory", lambda: need if device is None else 10**12)
+    with pytest.raises(AssertionError, match="the model was started"):  # (with the bytes it needs, it goes on)
+        model.fit(X, y)

@@ -29,7 +29,7 @@ from ..backend import (
 )
 
 __all__ = ["BLOCK_ELEMENTS", "CACHE_ELEMENTS", "BLOCK_MATRICES", "BLOCK_FEATURE_COPIES", "BLOCK_VECTORS",
-           "SMALL_PASS_BYTES", "MIN_THREAD_ROWS", "block_bytes_per_row", "default_block_rows", "projections_fit",
+           "SMALL_PASS_BYTES", "MIN_THREAD_ROWS", "block_bytes_per_row", "fewest_block_rows", "default_block_rows", "projections_fit",
            "row_blocks", "data_blocks", "map_blocks", "block_workers", "pass_layout", "BlockScratch", "tree_add",
            "accumulate", "without_rows", "add_sweeps"]
 
@@ -67,6 +67,12 @@ def _itemsize(Z):
 SMALL_PASS_BYTES = 1 << 26
 
 
+def fewest_block_rows(classes=1):
+    """The fewest rows of a default block on the host (``default_block_rows``): 1024, 256 for several classes (their
+    temporaries are C times larger). A fit's memory is at least one block of them (``agpc.size_rule``)."""
+    return 1024 if classes == 1 else 256
+
+
 def default_block_rows(Z, n=None):
     """Rows of a block when the caller gives none, for inducing points Z ((m, d), or (C, m, d) for C classes):
     ~16 MB per n x m temporary (``BLOCK_ELEMENTS`` / (m C), at least 1024 rows, 256 for several classes; the
@@ -76,7 +82,7 @@ def default_block_rows(Z, n=None):
     temporaries total less than 64 MB is one block without a query of the device."""
     classes = Z.shape[0] if Z.ndim == 3 else 1
     m, d = Z.shape[-2], Z.shape[-1]
-    rows = max(1024 if classes == 1 else 256, BLOCK_ELEMENTS // max(1, m * classes))
+    rows = max(fewest_block_rows(classes), BLOCK_ELEMENTS // max(1, m * classes))
     per_row = block_bytes_per_row(m, d, _itemsize(Z), classes)
     if n is not None and n * per_row <= SMALL_PASS_BYTES:
         return rows
