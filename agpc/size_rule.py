@@ -219,8 +219,8 @@ def fit_memory_floor(plan, steps, size, n_features, n_latent, itemsize, on_devic
     fewer; one row on a device, whose blocks shrink to its free memory); ``model``, ``FEWEST_LATENT_MATRICES`` m x m
     matrices a latent function (``n_latent``: C for C classes, else 1); ``sites``, for EP (a cavity with sites of
     its own, Villacampa-Calvo & Hernandez-Lobato 2017, sec. 3) the site precision and shift of every row (2 C a row
-    for C classes), kept for the whole fit. A floor: what the fit adds to it
-    (its other per-row arrays, gradients, the optimiser's moments) is not counted."""
+    for C classes), kept for the whole fit. A floor: what the fit adds to it (its other per-row arrays, gradients,
+    the optimiser's moments) is not counted."""
     m = size.n_inducing
     rows = 1 if on_device else min(fewest_block_rows(n_latent), steps.step_rows or steps.n_rows, steps.n_rows)
     if plan.block_rows is not None:

@@ -29,8 +29,8 @@ from ..backend import (
 )
 
 __all__ = ["BLOCK_ELEMENTS", "CACHE_ELEMENTS", "BLOCK_MATRICES", "BLOCK_FEATURE_COPIES", "BLOCK_VECTORS",
-           "SMALL_PASS_BYTES", "MIN_THREAD_ROWS", "block_bytes_per_row", "fewest_block_rows", "default_block_rows", "projections_fit",
-           "row_blocks", "data_blocks", "map_blocks", "block_workers", "pass_layout", "BlockScratch", "tree_add",
+           "SMALL_PASS_BYTES", "MIN_THREAD_ROWS", "block_bytes_per_row", "fewest_block_rows", "default_block_rows",
+           "projections_fit", "row_blocks", "data_blocks", "map_blocks", "block_workers", "pass_layout", "BlockScratch", "tree_add",
            "accumulate", "without_rows", "add_sweeps"]
 
 
