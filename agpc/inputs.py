@@ -998,6 +998,8 @@ def training_weights(plan, sample_weight, inputs, *, every_class=True, class_lab
     V.check_weight_scale(float(weights[heaviest]), heaviest, plan.dtype)
     if every_class and every_class_needs_weight(plan):
         V.check_positive_per_class(weights, class_index, inputs.classes)
+    if every_class:  # (a fit's rows; a ``partial_fit`` batch stands for a share of the stream)
+        V.warn_light_weights(float(np.sum(weights)), n, len(inputs.classes))
     refuse_unweighted_method(plan)
     dtype = getattr(inputs.xp, plan.dtype)
     return B.asarray_like(weights, inputs.xp, device=inputs.device, dtype=dtype)

@@ -17,14 +17,16 @@ import contextlib
 import math
 import numbers
 import os
+import warnings
 
 import numpy as np
 
-from .backend import to_numpy
+from .backend import outside_stacklevel, to_numpy
 from .labels import label_text
 
 
 __all__ = [
+    "warn_light_weights",
     "Interval",
     "Options",
     "InstanceOf",
@@ -348,6 +350,20 @@ def check_weight_scale(largest, row, dtype_name):
                                     f"{largest_weight('float64'):,.0f}" if dtype_name != "float64" else "")
                          + "; or scale the weights down (their ratios kept; which changes the model: the weighted "
                          "data then hold fewer rows)")
+
+
+def warn_light_weights(total, n_rows, n_classes):
+    """A UserWarning where a fit's weights (class weights included) sum to ``total``, fewer rows than it has classes:
+    a weight counts its row that many times, so weights scaled to sum to 1 (a common normalisation) or underflowing
+    ones leave the model less than one row's evidence a class, and it stays near its prior (banana, 1,000 rows of
+    weight 1 / 1,000: probabilities 0.47-0.52 where the unweighted model is confident), which looked like any other
+    fit. Not refused: a weight of a row's fraction is a meaning the user may want."""
+    if total < n_classes:
+        warnings.warn(f"sample_weight (times class_weight) sums to {total:.3g} over {n_rows:,} rows, less than one "
+                      f"row's weight for each of the {n_classes} classes: a weight counts its row that many times "
+                      "(docs/weights.md), so the model learns from almost nothing and stays near its prior; to keep "
+                      "only the weights' ratios, scale them to sum to the rows (w * len(w) / w.sum())", UserWarning,
+                      stacklevel=outside_stacklevel())
 
 
 def check_positive_per_class(weights, class_index, classes):

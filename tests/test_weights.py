@@ -1006,3 +1006,20 @@ def test_a_class_weight_that_is_not_a_number_or_weighs_no_row_is_refused_in_its_
     with pytest.raises(ValueError, match=r"sample_weight times class_weight: every row's weight is zero"):
         GPClassifier(max_iter=1, n_inducing=5, likelihood="ordinal",
                      class_weight={0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}).fit(X, grades)
+
+
+@pytest.mark.parametrize("scale, classes", [(1e-3, 2), (1e-300, 2), (1.0 / 90, 3)])
+def test_weights_that_sum_to_less_than_a_row_a_class_warn_that_the_model_learns_almost_nothing(scale, classes):
+    """Weights normalised to sum to 1 (or underflowing) count the data as about one row: the model stays near its
+    prior, and looked like any other fit (banana, 1,000 rows of weight 1 / 1,000: probabilities 0.47-0.52). A
+    UserWarning says so, naming the sum and the rescaling; weights that keep a row's weight a class do not warn."""
+    X, y = binary_toy(90, seed=3) if classes == 2 else three_classes(90, seed=3)
+    options = dict(n_inducing=8, max_iter=3, random_state=0)
+    with pytest.warns(UserWarning, match=r"sums to .* over 90 rows, less than one row's weight for each of the "
+                                         rf"{classes} classes.*w \* len\(w\) / w.sum\(\)") as caught:
+        light = GPClassifier(**options).fit(X, y, sample_weight=np.full(90, scale))
+    assert caught[0].filename == __file__  # (it names the caller's line)
+    assert np.ptp(light.predict_proba(X)) < np.ptp(GPClassifier(**options).fit(X, y).predict_proba(X))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        GPClassifier(**options).fit(X, y, sample_weight=np.full(90, classes / 90 * 1.01))
