@@ -32,7 +32,6 @@ import csv
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -709,6 +708,18 @@ def _markdown_tables(output):
     return "\n\n".join(blocks)
 
 
+def _write_result(out, name, content):
+    """Write ``content`` (bytes or text) to ``out``/``name`` as every output is written (``checkpoints.atomic_write``):
+    a name in --out that links to a device, a FIFO or /proc is one UsageError (shutil.copy2 followed it)."""
+    path = out / name
+    try:
+        checkpoints.check_output_path(path, what=f"--out: {name}")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    with checkpoints.atomic_write(path, "wb" if isinstance(content, bytes) else "w") as fh:
+        fh.write(content)
+
+
 def _run_benchmark(script, quick, out):
     """Run one script, keep its log and PNGs in ``out``; its section of results.md and its exit status."""
     root = script.parent.parent
@@ -722,9 +733,8 @@ def _run_benchmark(script, quick, out):
     seconds = time.perf_counter() - t0
     pngs = _written_pngs(before, script.parent, output, root, started_ns)
     for png in pngs:
-        shutil.copy2(png, out / png.name)
-    with checkpoints.atomic_write(out / f"{script.stem}.log", "w") as fh:
-        fh.write(output)
+        _write_result(out, png.name, png.read_bytes())
+    _write_result(out, f"{script.stem}.log", output)
     lines = [f"## benchmarks/{script.name}", "",
              f"`{shown}`: exit status {status}, {seconds:.0f} s; full output in `{script.stem}.log`.", ""]
     tables = _markdown_tables(output)
@@ -737,6 +747,8 @@ def _output_directory(path):
     """``agpc bench --out``: a directory to write results into, made if missing. An existing file that is not a
     directory (a regular file, /dev/null) and a path under /proc, /sys or /dev are one UsageError saying so (mkdir
     said "/dev/null: File exists")."""
+    if not os.fspath(path):  # (Path("") is ".": the results would land among the caller's files)
+        raise UsageError("--out: an empty path names no directory; name a directory")
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {path}: not a directory ('agpc bench' writes a directory of results: results.md, "

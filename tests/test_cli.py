@@ -1081,7 +1081,8 @@ def test_bench_without_a_source_checkout_is_one_line_exit_2(tmp_path, monkeypatc
 
 @pytest.mark.parametrize("out, said", [("/dev/null", "--out /dev/null: not a directory ('agpc bench' writes a "
                                                     "directory of results"),
-                                       ("file", "not a directory"), ("/proc/agpc-bench", "is under /proc")])
+                                       ("file", "not a directory"), ("/proc/agpc-bench", "is under /proc"),
+                                       ("", "--out: an empty path names no directory")])
 def test_bench_out_that_is_not_a_directory_is_one_line(tmp_path, monkeypatch, capsys, out, said):
     """'agpc bench --quick --out /dev/null' said "/dev/null: File exists" (mkdir's error); no script is run."""
     monkeypatch.setattr(cli, "_run_benchmark", lambda *a: pytest.fail("a benchmark was run"))
@@ -1092,6 +1093,25 @@ def test_bench_out_that_is_not_a_directory_is_one_line(tmp_path, monkeypatch, ca
     err = capsys.readouterr().err
     assert_one_line_error(status, err)
     assert said in err
+
+
+def test_bench_writes_no_png_through_a_link_in_out_to_what_agpc_does_not_write(tmp_path, monkeypatch, capsys):
+    """Found by a hostile-input audit (2026-12-02): a benchmark's PNG was copied by shutil.copy2, which followed a
+    link of that name in --out wherever it pointed (here a directory, which then received the file). Every file of
+    --out is now written as every output is: the link is one error line, nothing is written through it."""
+    bench_dir = tmp_path / "benchmarks"
+    bench_dir.mkdir()
+    (bench_dir / "uci_binary.py").write_text(FAKE_BENCHMARK)
+    monkeypatch.setattr(cli, "_benchmarks_dir", lambda: bench_dir)
+    out, elsewhere = tmp_path / "results", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "fake.png").symlink_to(elsewhere)
+    status = main(["bench", "--quick", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert "--out: fake.png" in err and "directory" in err
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_bench_finds_the_checkouts_benchmarks():
