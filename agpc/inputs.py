@@ -34,7 +34,7 @@ from .inducing import initial_inducing_points, kmeans_with_levels, start_rows, v
 from .inference.training import data_fingerprint, fingerprint_stride
 from .methods import ORDINAL, methods_supporting, supports
 from .plan import DTYPES, dtype_name
-from .untrusted import check_zarr_array
+from .untrusted import check_zarr_array, shown
 
 __all__ = [
     "check_kernel_values",
@@ -335,7 +335,7 @@ def _checked_array(X, dtype, expected, owner):
                 raise
             raise ValueError(f"X cannot be read as numbers ({type(exc).__name__}: {exc})") from None
         row, column, value, too_large = cell
-        where = f"X row {row}, column {column} holds {_shown(value, limit=40)}"
+        where = f"X row {row}, column {column} holds {shown(value, limit=40)}"
         if isinstance(exc, TypeError):  # (scikit-learn's estimator checks expect a TypeError there, in its words)
             raise TypeError(f"{where}: {exc}") from None
         what = "a number too large for a float" if too_large else "not a real number"
@@ -993,7 +993,7 @@ def training_weights(plan, sample_weight, inputs, *, every_class=True, class_lab
         weights = weights * per_class[class_index]
         if not np.any(weights > 0):  # (an ordinal model's classes may be absent, but not every row's weight)
             raise ValueError("sample_weight times class_weight: every row's weight is zero (class_weight="
-                             f"{_shown(plan.class_weight)}); at least one row needs a positive weight")
+                             f"{shown(plan.class_weight)}); at least one row needs a positive weight")
     heaviest = int(np.argmax(weights))
     V.check_weight_scale(float(weights[heaviest]), heaviest, plan.dtype)
     if every_class and every_class_needs_weight(plan):
@@ -1043,7 +1043,7 @@ def class_weights(plan, classes, counts, class_labels=None):
     odd = next(((k, v) for k, v in class_weight.items() if isinstance(v, bool) or not isinstance(v, numbers.Real)),
                None)
     if odd is not None:  # (scikit-learn's compute_class_weight read "2" as 2.0)
-        raise ValueError(f"class_weight: the weight of class {L.label_text(odd[0])} is {_shown(odd[1])}, not a "
+        raise ValueError(f"class_weight: the weight of class {L.label_text(odd[0])} is {shown(odd[1])}, not a "
                          "number")
     try:
         per_class = compute_class_weight(class_weight, classes=classes, y=classes)
@@ -1052,13 +1052,6 @@ def class_weights(plan, classes, counts, class_labels=None):
     if not np.all(np.isfinite(per_class) & (per_class >= 0)):
         raise ValueError(f"class_weight={class_weight!r}: a class's weight must be finite and non-negative")
     return per_class
-
-
-def _shown(value, limit=80):
-    """A value as a message shows it (``class_weight`` or one of its weights, a cell of X): its repr, cut at
-    ``limit`` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def refuse_unweighted_method(plan):

@@ -29,6 +29,7 @@ from functools import cached_property
 from .backend import (array_device, array_namespace, asarray_like, capped_exp, host_array, is_cupy_namespace,
                       is_out_of_core, matmul, row_dot, to_numpy)
 from .priors import LogNormal, Prior, prior_from_spec
+from .untrusted import shown
 
 __all__ = [
     "KERNEL_REACH",
@@ -2287,12 +2288,12 @@ def _template(spec, depth=0):
         classes = spec.get("classes")
         if set(spec) != {"type", "latent", "classes"} or not (isinstance(classes, int) and not isinstance(
                 classes, bool) and 2 <= classes <= MAX_SPEC_CLASSES):
-            raise ValueError(f"kernel specification {spec!r}: an Ordinal kernel has the fields type, latent and "
+            raise ValueError(f"kernel specification {shown(spec)}: an Ordinal kernel has the fields type, latent and "
                              f"classes (2 to {MAX_SPEC_CLASSES})")
         return OrdinalKernel(_template(spec["latent"], depth + 1), [float(k) for k in range(classes - 1)])
     cls = KERNELS.get(spec.get("type")) if isinstance(spec, dict) and isinstance(spec.get("type"), str) else None
     if cls is None or depth > MAX_SPEC_DEPTH:
-        raise ValueError(f"unknown kernel specification {spec!r}; known kernels: {sorted(KERNELS)}")
+        raise ValueError(f"unknown kernel specification {shown(spec)}; known kernels: {sorted(KERNELS)}")
     if cls is OnColumns:
         return _on_columns_template(spec, depth)
     combination = issubclass(cls, Combination)
@@ -2301,10 +2302,10 @@ def _template(spec, depth=0):
     if not set(spec) <= allowed or (combination and not isinstance(spec.get("terms"), list)) or (
             cls is Categorical and not (isinstance(spec.get("columns"), list) and isinstance(
                 spec.get("levels", []), list))):
-        raise ValueError(f"kernel specification {spec!r}: expected the fields {sorted(allowed)}")
+        raise ValueError(f"kernel specification {shown(spec)}: expected the fields {sorted(allowed)}")
     priors = spec.get("priors", {})
     if not isinstance(priors, dict) or ("priors" in spec and not priors):
-        raise ValueError(f"kernel specification {spec!r}: priors must be a non-empty mapping of parameter names")
+        raise ValueError(f"kernel specification {shown(spec)}: priors must be a non-empty mapping of parameter names")
     # (a categorical kernel's parameters depend on its levels: the template's table, not its class's)
     kernel = Categorical(spec["columns"], levels=spec.get("levels")) if cls is Categorical else None
     checked = _checked_priors({p.key: p for p in (kernel or cls).parameters},
@@ -2318,7 +2319,7 @@ def _template(spec, depth=0):
         kernel = cls._from_parts([_template(term, depth + 1).without_noise() for term in spec["terms"]],
                                  {"log_noise": host_array(0.0)}, checked)
         if len(kernel.terms) < 2:
-            raise ValueError(f"kernel specification {spec!r}: a {cls.name} has at least two terms")
+            raise ValueError(f"kernel specification {shown(spec)}: a {cls.name} has at least two terms")
         return kernel
     kernel = kernel or cls()
     kernel.priors = checked

@@ -44,7 +44,7 @@ from .kernels import (MAX_LISTED_LEVELS, ORDINAL_KERNEL, PER_DIMENSION, ClassKer
 from .likelihoods import LIKELIHOODS, registered_likelihood
 from .methods import get_method
 from .model import FIT_RECORD, FittedModel, FittedState
-from .untrusted import RefusedFile, available_memory, check_file_argument, describe
+from .untrusted import RefusedFile, available_memory, check_file_argument, describe, shown
 from .categories import MAX_LEVELS, CategoricalColumns
 from .labels import FILE_LABEL_KINDS, MAX_LABEL_BYTES
 
@@ -790,10 +790,9 @@ def _checked_likelihood(header, ordinal, multiclass, refuse):
     raise refuse(f"likelihood: {shown} is not a likelihood of a {kind} model")
 
 
-def _shown(value, limit=80):
-    """An untrusted value as a refusal shows it: its repr (escapes included), cut at ``limit`` characters."""
-    text = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else f"a {type(value).__name__}"
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
+def _shown(value):
+    """An untrusted value as a refusal shows it (``untrusted.shown``); a container by its type alone."""
+    return shown(value) if isinstance(value, (str, int, float, bool, type(None))) else f"a {type(value).__name__}"
 
 
 def _fitted_jitter(header, parameter, kernel, Z, multiclass, refuse):

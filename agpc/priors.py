@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 
 from .backend import array_device, array_namespace, asarray_like, host_array
+from .untrusted import shown
 
 __all__ = ["Prior", "Gamma", "LogNormal", "PRIOR_FAMILIES", "prior_from_spec"]
 
@@ -53,7 +54,7 @@ class Prior:
             if not entries or not all(_is_finite_number(v) and (name not in self.positive or v > 0) for v in entries):
                 kind = "a positive finite" if name in self.positive else "a finite"
                 also = " or a non-empty list of them (one per entry)" if name in self.per_entry else ""
-                raise ValueError(f"{self.family} prior: {name} must be {kind} number{also}, got {value!r}")
+                raise ValueError(f"{self.family} prior: {name} must be {kind} number{also}, got {shown(value)}")
             setattr(self, name, tuple(float(v) for v in entries) if listed else float(value))
         lengths = {len(getattr(self, name)) for name in self.per_entry if isinstance(getattr(self, name), tuple)}
         if len(lengths) > 1:
@@ -145,7 +146,7 @@ def prior_from_spec(spec):
     family = spec.get("family") if isinstance(spec, dict) else None
     cls = PRIOR_FAMILIES.get(family) if isinstance(family, str) else None
     if cls is None:
-        raise ValueError(f"unknown prior {spec!r}; known families: {sorted(PRIOR_FAMILIES)}")
+        raise ValueError(f"unknown prior {shown(spec)}; known families: {sorted(PRIOR_FAMILIES)}")
     if set(spec) != {"family", *cls.numbers}:
-        raise ValueError(f"prior {spec!r}: a {family} prior has exactly the numbers {list(cls.numbers)}")
+        raise ValueError(f"prior {shown(spec)}: a {family} prior has exactly the numbers {list(cls.numbers)}")
     return cls(*(spec[name] for name in cls.numbers))

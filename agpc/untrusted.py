@@ -37,7 +37,7 @@ from numpy.lib import format as npy_format
 
 __all__ = ["RefusedFile", "check_file_argument", "describe", "check_regular_file", "read_npy", "read_npz", "open_zarr",
            "read_parquet_columns",
-           "available_memory", "MIN_PYARROW", "check_zarr_array", "zarr_directory", "printable"]
+           "available_memory", "MIN_PYARROW", "check_zarr_array", "zarr_directory", "printable", "shown"]
 
 # dtypes a data or model file may hold: booleans, integers, floats, strings (labels, the model's header)
 _PLAIN_KINDS = "biufUS"
@@ -105,6 +105,13 @@ def printable(text):
     showing (``_UNPRINTABLE``) written as Python writes it in a string literal (``\x1b``, ``\n``, ``\u202e``):
     names and labels from a file or a DataFrame are printed through it; the model keeps them exactly."""
     return _UNPRINTABLE.sub(lambda match: repr(match.group())[1:-1], str(text))
+
+
+def shown(value, limit=80):
+    """An untrusted value as a message shows it: its repr (which writes what would act on a terminal as escapes),
+    cut at ``limit`` characters, with the length it had (a forged description may be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
 
 
 def check_regular_file(path):

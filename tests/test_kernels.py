@@ -774,6 +774,21 @@ def test_deeply_nested_spec_is_refused():
         kernel_from_spec(spec, {})
 
 
+@pytest.mark.parametrize("spec", [{"type": "\x1b[2J" + "x" * 1_000_000},
+                                  {"type": "RBF", "priors": {"amplitude": {"type": "\x1b]0;owned\x07" * 50_000}}},
+                                  {"type": "RBF", "priors": {"amplitude": {"type": "Gamma", "a": "\x1b" * 10**5,
+                                                                          "b": 1.0}}},
+                                  {"type": "Sum", "terms": [{"type": "RBF"}], "extra": "\x1b" * 10**5}])
+def test_a_forged_spec_is_shown_cut_and_escaped_in_its_error(spec):
+    """A hostile-input audit (2026-12-02): a model file's kernel description was shown whole (``{spec!r}``): a
+    megabyte of it in one error line. Every untrusted value a kernel or prior refusal shows is cut at 80 characters
+    with its length (``untrusted.shown``), and nothing in it acts on a terminal."""
+    with pytest.raises(ValueError) as info:
+        kernel_from_spec(spec, {})
+    message = str(info.value)
+    assert len(message) < 400 and "\x1b" not in message and "characters)" in message, message[:400]
+
+
 def test_prior_specs_round_trip():
     for prior in (Gamma(2.0, 0.5), LogNormal(-1.0, 0.3)):
         assert prior_from_spec(prior.spec()) == prior

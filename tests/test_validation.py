@@ -538,7 +538,7 @@ def test_prediction_takes_rows_in_the_type_the_model_was_fitted_in(data):
 
 @pytest.mark.parametrize("rows, message", [
     ([[1 + 0j, 2.0]], r"X row 0, column 0 holds \(1\+0j\): float\(\) argument must be a string or a real number"),
-    ([[0.5, 10 ** 400]], r"X row 0, column 1 holds 1000.*\.\.\., a number too large for a float"),
+    ([[0.5, 10 ** 400]], r"X row 0, column 1 holds 1000.*\.\.\. \(401 characters\), a number too large for a float"),
     (np.array([["0.1", "0.2"], ["0.3", "b"]]), r"X row 1, column 1 holds 'b', not a real number"),
     (np.array([[1.0, None]], dtype=object), r"X row 0, column 1 holds None, not a real number"),
 ], ids=["complex in a list", "10**400", "text array", "None in objects"])
