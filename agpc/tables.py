@@ -211,7 +211,33 @@ def _feature_values(values, name, path, row_of):
         # levels that are numbers, "10" among colours)
         if any(_looks_missing(v) for v in text) or 2 * sum(_is_number(v) for v in text) > len(text):
             return _numeric(values, name, path, row_of)
+        _refuse_other_notations(text, name, path, row_of)
         return np.asarray([v if isinstance(v, str) else str(v) for v in text], dtype=object)
+
+
+# Numbers written another way, which a spreadsheet's export may hold: a decimal comma ("1,5"), thousands separators
+# ("1,000", "1.000.000", "1.234,5"), each possibly with a percent sign ("50%", "12,5 %"). Versions ("1.2.3") and
+# ranges ("1-2") are not numbers in any notation.
+_OTHER_NOTATION = re.compile(r"[-+]?(\d+,\d+|\d{1,3}([,.]\d{3})+([.,]\d+)?|\d*\.?\d+)\s*%?")
+
+
+def _in_other_notation(value):
+    """Whether text that is not a number reads as one written another way (``_OTHER_NOTATION``)."""
+    return isinstance(value, str) and not _is_number(value) and _OTHER_NOTATION.fullmatch(value.strip()) is not None
+
+
+def _refuse_other_notations(text, name, path, row_of):
+    """A feature column of text every one of whose values that is not a number is one written another way
+    (``_in_other_notation``) is refused (a TableError naming the column and the first such value): it would have
+    become a categorical column of one level per distinct number, silently (an audit of 2026-12-02: "1,5" from a
+    spreadsheet of decimal commas, "50%")."""
+    odd = [i for i, v in enumerate(text) if not _is_number(v)]
+    if not odd or not all(_in_other_notation(text[i]) for i in odd):
+        return
+    where = f"{row_of(odd[0])}, " if row_of else ""
+    raise TableError(f"{path}: {where}feature column {printable(repr(name))} holds numbers agpc does not read (value "
+                     f"{printable(repr(text[odd[0]]))}): write them with a '.' decimal point and without '%' or "
+                     "thousands separators (pandas.read_csv(decimal=',', thousands='.') reads such a file)")
 
 
 def _feature_table(columns):

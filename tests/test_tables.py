@@ -322,3 +322,23 @@ def test_an_empty_array_of_a_forged_width_is_refused_at_once(tmp_path):
     path.write_bytes(raw[:8] + len(forged.ljust(len(header))).to_bytes(2, "little") + forged.ljust(len(header)))
     with pytest.raises(TableError, match=r"forged\.npy: the array has no rows \(shape \(0, 1000000000000000000\)\)"):
         load_data(path, 2)
+
+
+@pytest.mark.parametrize("cells, first", [(['"1,5"', '"2,25"', '"-0,5"'], "1,5"), (["50%", "12.5 %", "7%"], "50%"),
+                                          (['"1,000"', '"12,500"', "7"], "1,000"),
+                                          (['"1.234,5"', '"2.000,25"', '"3,5"'], "1.234,5")])
+def test_numbers_written_another_way_are_refused_not_taken_as_categories(tmp_path, cells, first):
+    """A hostile-input audit (2026-12-02): a column of decimal commas, percentages or thousands separators was not a
+    number, so it became a categorical column of one level per distinct value, silently. Now one error naming the
+    file, the line, the column and the value; columns of real categories that hold digits stay categories."""
+    rows = [cells[i % len(cells)] for i in range(12)]
+    path = tmp_path / "spreadsheet.csv"
+    path.write_text("x1,share,label\n" + "".join(f"{i * 0.1!r},{cell},{i % 2}\n" for i, cell in enumerate(rows)))
+    with pytest.raises(TableError) as refused:
+        load_data(path, "label")
+    assert (f"spreadsheet.csv: line 2, feature column 'share' holds numbers agpc does not read (value '{first}')"
+            in str(refused.value))
+    for kept in (["1.2.3", "2.0.1", "1.2.3"], ["1-2", "3-4", "10-20"], ["S", "M", "L"]):
+        path.write_text("x1,kind,label\n" + "".join(f"{i * 0.1!r},{kept[i % 3]},{i % 2}\n" for i in range(12)))
+        X, _, _ = load_data(path, "label")
+        assert X[0, 1] == kept[0]
