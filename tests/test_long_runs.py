@@ -545,3 +545,22 @@ def test_an_epochs_validation_scores_the_model_a_fit_returns():
     clf.fit(X, y, validation_data=(X_val, y_val))
     proba = clf.predict_proba(X_val)[np.arange(len(y_val)), (y_val > 0).astype(int)]
     assert clf.history_["validation_nll"][-1] == pytest.approx(-np.mean(np.log(proba)), rel=1e-10)
+
+
+@pytest.mark.parametrize("learning_rate", [1e3, 1e300])
+def test_a_last_step_that_leaves_the_model_improper_is_not_the_model(learning_rate):
+    """The guard judges a step by the log Z of the state it starts from, so the last step taken was never judged:
+    SVI at learning_rate=1e3 took its hyper-parameters past the floats on its last step and the fit ended in
+    "CholeskyError: Cholesky of Kmm ... contains NaN or inf" (the learning rate unnamed); at 1e300 it returned a
+    model of log Z -inf. Now the state before that step is the model, said in a GuardWarning naming the learning
+    rate."""
+    X, y = binary_toy(400, seed=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=RuntimeWarning)  # (the rejected steps' overflows)
+        model = GPClassifier(method="svi", n_inducing=10, max_iter=20, random_state=0,
+                             learning_rate=learning_rate).fit(X, y)
+    said = [str(w.message) for w in caught if issubclass(w.category, GuardWarning)]
+    assert any("the last step left the model improper" in text and "learning_rate" in text for text in said), said
+    assert np.isfinite(model.log_marginal_likelihood_)
+    assert np.all(np.isfinite(model.predict_proba(X)))

@@ -223,7 +223,10 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
             guard.note("guard_rebuilds")
             return
         if problem == "improper":
-            needed = _jitter_needed(engine.kernel, engine.Z, engine.jitter)
+            try:
+                needed = _jitter_needed(engine.kernel, engine.Z, engine.jitter)
+            except CholeskyError:  # (Kmm of NaN or inf: the hyper-parameters left the floats, as a step of a huge
+                needed = engine.jitter  # learning rate takes them; no jitter helps, a revert and a smaller step may)
             if needed > engine.jitter and self.failures <= MAX_FAILURES:
                 note_jitter(f"{PRIOR_FACTOR_NAME}: the model's jitter", engine.jitter, needed)
                 engine.jitter = needed
@@ -508,7 +511,7 @@ def _result(run, want_log_z):
     # ``backend.cholesky``, which adds to the diagonal itself): jitter_ must be what that factor was built with,
     # or a saved model re-factorises at the smaller jitter and warns again on load.
     with jitter_raises_within() as raises:
-        posterior, final_log_z = trainer.posterior(run.X, run.y, want_log_z=want_log_z)
+        posterior, final_log_z = _final_posterior(trainer, run, want_log_z)
     extra = max((after for what, before, after in raises if what.startswith(PRIOR_FACTOR_NAME) and before == 0.0),
                 default=0.0)
     parts = engine.fitted_parts(run.permutation)
@@ -520,6 +523,28 @@ def _result(run, want_log_z):
         checkpoints_written=run.checkpoints_written, state=parts.state, jitter=engine.jitter + extra,
         stop_reason=run.stop_reason, n_warmup=min(run.warmup, len(trainer.history["log_marginal_likelihood"])),
     )
+
+
+def _final_posterior(trainer, run, want_log_z):
+    """(q, log Z) of the engine's final state for ``_result``. The guard judged each step by the log Z of the state
+    it started from, so the last step taken is never judged: where it left the model improper (a failed Cholesky
+    factor or a log Z that is not finite: SVI at learning_rate=1e3 took its hyper-parameters past the floats, and
+    the fit ended in a CholeskyError, at 1e300 with log Z -inf and constant predictions), the state before it,
+    which the guard took (``Trainer.good``), is the model, said in a ``GuardWarning``."""
+    try:
+        posterior, log_z = trainer.posterior(run.X, run.y, want_log_z=want_log_z)
+        if not want_log_z or math.isfinite(float(log_z)):
+            return posterior, log_z
+    except CholeskyError:
+        if trainer.good is None:
+            raise
+    if trainer.good is None:
+        return posterior, log_z
+    trainer.engine.restore(trainer.good)
+    warn_guard(f"{trainer.method}: the last step left the model improper (log Z not finite or a Cholesky factor "
+               "failed): the model returned is the one before it; try a smaller learning_rate or damping",
+               stacklevel=4)
+    return trainer.posterior(run.X, run.y, want_log_z=want_log_z)
 
 
 def fit(X, y, kernel, Z, *, method="ep", passes=None, validation=None, sample_weight=None, **settings):
