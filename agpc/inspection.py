@@ -38,7 +38,7 @@ from .model import FittedState
 from .untrusted import printable
 
 __all__ = ["STOP_REASONS", "STOPPED_BECAUSE", "ModelReport", "model_summary", "feature_relevance", "column_relevance",
-           "reliability_bins", "expected_calibration_error", "plot_model"]
+           "reliability_bins", "expected_calibration_error", "plot_model", "NAME_CHARS"]
 
 STOPPED_BECAUSE = {
     "max_iter": "max_iter: the iterations (epochs with minibatches) it was given ran out",
@@ -196,11 +196,14 @@ def _report_of(model):
     return model.report()
 
 
+NAME_CHARS = 40  # the most characters of a feature's or a class's name a report shows (a model file may hold any)
+
+
 def _feature_labels(model):
     """The features' names as printed (``untrusted.printable``: a name from a file or a DataFrame may hold
     characters that act on a terminal), or x0, x1, ... for a model without names."""
     names = model.state.feature_names_in
-    return ([printable(name) for name in names] if names is not None
+    return ([printable(name, limit=NAME_CHARS) for name in names] if names is not None
             else [f"x{j}" for j in range(int(model.state.n_features_in))])
 
 
@@ -224,7 +227,7 @@ def _relevance_lines(model, max_features):
         lines.append("  (one lengthscale scale shared by every feature, ard_=False: the ratios are the starting ones, "
                      "not learned per feature)")
     if per_class:
-        heads = [f"class {printable(c)}" for c in model.state.classes]
+        heads = [f"class {printable(c, limit=NAME_CHARS)}" for c in model.state.classes]
         lines.append(f"  {'feature':<{width}}  {'mean':>8}  " + "  ".join(f"{h:>10}" for h in heads))
         for j in order[:max_features]:
             lines.append(f"  {labels[j]:<{width}}  {overall[j]:>8.4f}  "
@@ -262,7 +265,7 @@ def _kernel_lines(model):
     said = "weak default priors on its parameters (MAP)" if prior == "auto" else "no default priors"
     if kernel.n_latent > 1:
         lines = [f"kernel: one kernel a class, {said}"]
-        lines += [f"  class {printable(c)}: {type(k).__name__}: {_scalar_parameters(k)}"
+        lines += [f"  class {printable(c, limit=NAME_CHARS)}: {type(k).__name__}: {_scalar_parameters(k)}"
                   for c, k in zip(model.state.classes, kernel.latent_kernels())]
         return lines
     if kernel.cut_points is not None:  # an ordinal model's: the latent's kernel, and the cut points between the classes
@@ -273,7 +276,7 @@ def _kernel_lines(model):
 
 
 def _preview(values, most=12):
-    values = [printable(v) for v in values]
+    values = [printable(v, limit=NAME_CHARS) for v in values]
     return ", ".join(values[:most]) + (f", ... ({len(values)} in all)" if len(values) > most else "")
 
 

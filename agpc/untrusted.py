@@ -100,18 +100,27 @@ def _size(source):
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
-def printable(text):
+def printable(text, limit=None):
     """``text`` (anything, as ``str`` gives it) with every character that would act on a terminal instead of
     showing (``_UNPRINTABLE``) written as Python writes it in a string literal (``\x1b``, ``\n``, ``\u202e``):
-    names and labels from a file or a DataFrame are printed through it; the model keeps them exactly."""
-    return _UNPRINTABLE.sub(lambda match: repr(match.group())[1:-1], str(text))
+    names and labels from a file or a DataFrame are printed through it; the model keeps them exactly. ``limit``:
+    at most that many characters of it shown, then the length it had (a model file's names have no bound)."""
+    text = str(text)
+    kept, cut = _cut(text, limit)
+    return _UNPRINTABLE.sub(lambda match: repr(match.group())[1:-1], kept) + cut
+
+
+def _cut(text, limit):
+    """(the first ``limit`` characters of ``text``, what says it was cut: its length), or (text, "")."""
+    if limit is None or len(text) <= limit:
+        return text, ""
+    return text[:limit], f"... ({len(text):,} characters)"
 
 
 def shown(value, limit=80):
     """An untrusted value as a message shows it: its repr (which writes what would act on a terminal as escapes),
     cut at ``limit`` characters, with the length it had (a forged description may be megabytes)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
+    return "".join(_cut(repr(value), limit))
 
 
 def check_regular_file(path):

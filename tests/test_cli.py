@@ -1268,6 +1268,21 @@ def test_a_dataframe_s_column_names_are_escaped_in_the_summary():
     assert model.feature_names_in_.tolist() == [HOSTILE["title"], HOSTILE["newline"]]
 
 
+def test_long_names_are_cut_in_reports_and_the_model_keeps_them():
+    """A model file (or a DataFrame) may name a feature or a class in a megabyte (a feature name has no bound in
+    the file format): ``summary()`` and ``agpc inspect`` printed it whole, every table row padded to its width.
+    A report shows at most ``inspection.NAME_CHARS`` characters of a name, then its length, still escaped."""
+    X, y = make_banana(60, random_state=1)
+    long_feature = "\x1b]0;" + "f" * 200_000
+    frame = pandas.DataFrame(X, columns=[long_feature, "short"])
+    model = GPClassifier(**SETTINGS).fit(frame, np.where(y > 0, "c" * 1_000, "other"))
+    summary = model.summary()
+    assert len(summary) < 10_000 and _acting(summary) == [], len(summary)
+    assert "\\x1b]0;" + "f" * 10 in summary and "(200,004 characters)" in summary
+    assert "(1,000 characters)" in summary
+    assert model.feature_names_in_.tolist() == [long_feature, "short"]
+
+
 def test_fit_standardize_then_predict_on_the_raw_csv_equals_a_fit_on_standardised_data(tmp_path, banana, capsys):
     """agpc fit --standardize standardises on the training rows and keeps the means and scales in the model file:
     agpc predict on the raw CSV gives what a Python fit on the standardised features predicts for them (issue 41,
