@@ -56,6 +56,15 @@ at its caller (``backend.jitter_report``'s default stacklevel), whichever path i
 # on 2,048,097 rows took 4.5 s of a fit given 1 s (1.8 s of it k-means), while 20-s fits end at 19.1-19.8 s.
 MAX_TIME_OVERRUN = (1.25, 0.5)
 
+# A fitted model whose class probabilities differ by less than FLAT_SPREAD across up to FLAT_PROBE_ROWS of its training
+# rows (its inducing points where the rows are not in memory) has learned nothing from the features, and a fit that
+# ends so says it (``_warn_if_flat``). Measured (banana, 2,000 rows): SVI at learning_rate=10 (batch and minibatches)
+# and minibatch EP at 1,000 ended at spreads of 0 to 1.2e-9, every probability 0.5000, with a finite log Z and no
+# other warning; default fits of pure-noise labels (300-3,000 rows, 2-10 features, balanced and 9:1; EP, SVI, vi-jj)
+# spread 0.05-1.0.
+FLAT_SPREAD = 1e-6
+FLAT_PROBE_ROWS = 1024
+
 
 class GPClassifier(ClassifierMixin, BaseEstimator):
     """Gaussian process classifier with inducing points: EP, SEP, ADF, GFITC, SVI, vi-JJ and vi-Taylor, all
@@ -450,8 +459,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                 Z, self._any_level_points(Z, kernel, size, resume or minibatch or n > batch_rows.FULL_BATCH_MAX_ROWS,
                                           rng),
                 has_room=lambda: self.max_time is None or 2.0 * (time.perf_counter() - started) <= self.max_time)
-        self.subsample_rows_, self.subsample_iter_ = record
-        return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume))
+            return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume),
+                                     probe=inputs.X if rows_known else None, subsample=record)
 
     def _batch_size_for(self, n, xp=None, Z=None, n_classes=2, rows=None):
         """Rows a step of a fit on n rows (``agpc.batch_size.rows_per_step``); ``rows``: the (X, y) of the fit, which
@@ -595,8 +604,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return training.train(placed.X, placed.y, built, settings, training.standard_hooks(settings, validation),
                               sample_weight=placed.weights)
 
-    def _fitted_from(self, result, classes, t0, n_rows, resumed=False):
-        """Fitted attributes from a ``training.TrainResult`` of a fit on ``n_rows`` rows."""
+    def _fitted_from(self, result, classes, t0, n_rows, resumed=False, probe=None, subsample=(0, 0)):
+        """Fitted attributes from a ``training.TrainResult`` of a fit on ``n_rows`` rows (``subsample``: the rows and
+        iterations of its start on a subsample). ``probe``: its rows in memory, the model's namespace and device, for
+        ``_warn_if_flat`` (None: the inducing points alone), which runs in the caller's scope: the fit's, its BLAS
+        threads' included."""
+        self.subsample_rows_, self.subsample_iter_ = subsample
         self._rows_seen = n_rows  # the rows the model stands for, should partial_fit continue it
         self.fit_time_ = time.perf_counter() - t0
         self.classes_ = classes
@@ -607,7 +620,38 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         training.warn_if_no_checkpoint(self.checkpoint_path, self.checkpoint_every, result, resumed,
                                        stacklevel=B.outside_stacklevel())
         self._warn_of_time(result, resumed)
+        if self.max_iter != 0 and not (result.stopped_by_time and result.n_iter == 0):  # (those are said already)
+            self._warn_if_flat(probe)
         return self
+
+    def _warn_if_flat(self, X=None):
+        """A ``GuardWarning`` where the fitted model gives every input the same class probabilities (``FLAT_SPREAD``,
+        at up to ``FLAT_PROBE_ROWS`` of the training rows ``X`` spread over them, else of its inducing points, which
+        may all lie together): a finite log Z and a guard with nothing to say do not show that a careless learning
+        rate took the kernel where it is flat, and such a model predicts the class frequencies at best."""
+        Z = self.inducing_points_
+        xp = B.array_namespace(Z)
+        rows = xp.reshape(Z, (-1, Z.shape[-1])) if X is None else X
+        stride = max(1, -(-rows.shape[0] // FLAT_PROBE_ROWS))
+        # (a stop within the axis: array_api_strict refuses one past its end)
+        rows = rows[:min(rows.shape[0], stride * FLAT_PROBE_ROWS):stride, ...]
+        with B.jitter_report(PREDICTION):
+            p = xp.exp(P.log_proba_matrix(self.fitted_model(), rows))
+        spread = float(xp.max(xp.max(p, axis=0) - xp.min(p, axis=0)))
+        if not spread < FLAT_SPREAD:  # (a NaN is not flat: said by whatever made it)
+            return
+        history = self.history_.get("log_marginal_likelihood") or [float("nan")]
+        where = "its inducing points" if X is None else f"{rows.shape[0]:,} of the training rows"
+        said = (f"{self.method}: the fitted model gives every input the same class probabilities (they differ by "
+                f"{spread:.1e} across {where}): it has learned nothing from the features; log Z went from "
+                f"{history[0]:.6g} at the first iteration to {float(self.log_marginal_likelihood_):.6g}. ")
+        if self.learning_rate is not None:
+            said += (f"learning_rate={self.learning_rate!r} is likely too large: its steps took the kernel where it "
+                     "is flat. Try a smaller one, or leave it None")
+        else:
+            said += ("If the features do carry signal, look at kernel_ (lengthscales far longer or shorter than the "
+                     "inputs' spread, an amplitude near 0) and the inputs' scale")
+        B.warn_guard(said)
 
     def _warn_of_time(self, result, resumed):
         """One warning where ``max_time`` ended the fit before its first iteration (a model of no step is the prior's,

@@ -24,11 +24,13 @@ with the signature of ``engines.ENGINES``' values) as ``engine``.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from .backend import outside_stacklevel
 from .inference import exact_ep
 from .inference.engines import ENGINES
 from .inference.training import setting_names
@@ -256,6 +258,10 @@ def check_method_params(params):
     if asks_shared_lengthscales(params.get("ard", True)) and not spec.supports("shared_lengthscales"):
         raise ValueError(spec.refusal("shared_lengthscales", f"method={method!r} cannot learn one shared lengthscale "
                                                              "scale (ard=False): use ard=True or 'auto'"))
+    if params.get("optimizer") == "rprop" and params.get("learning_rate") is not None:
+        raise ValueError(f"optimizer='rprop' adapts a step size per parameter and takes no learning rate: "
+                         f"learning_rate={params['learning_rate']!r} would change nothing; leave it None, or use "
+                         "optimizer 'adam' or 'adadelta'")
     if spec.check_params is not None:  # the method's own rules between parameters
         spec.check_params(params)
     likelihood = params.get("likelihood")
@@ -405,6 +411,23 @@ def _gfitc_params(params):
         raise ValueError(_GFITC_BATCH_ONLY.format(what=f"batch_size={batch_size!r}"))
     if params.get("optimizer") not in (None, "rprop"):
         raise ValueError(f"method='gfitc' steps with the batch adaptive steps ('rprop'), not {params['optimizer']!r}")
+    if params.get("learning_rate") is not None:
+        _warn_unused(f"method='gfitc' steps with the batch adaptive steps ('rprop'), which take no learning rate: "
+                     f"learning_rate={params['learning_rate']!r} changes nothing")
+
+
+def _quadratic_params(params):
+    """vi-* climb their bound by closed-form updates of q and xi and L-BFGS-B rounds on the rest: an optimizer or a
+    learning rate set changes nothing (docs/methods/vi-jj.md: ignored), and is said, not ignored silently."""
+    for name in ("optimizer", "learning_rate"):
+        if params.get(name) is not None:
+            _warn_unused(f"method={params['method']!r} climbs its bound by closed-form updates and L-BFGS-B rounds, "
+                         f"which take no {name}: {name}={params[name]!r} changes nothing (method 'svi' or 'ep' "
+                         "steps with one)")
+
+
+def _warn_unused(message):
+    warnings.warn(message, UserWarning, stacklevel=outside_stacklevel())
 
 
 _EVERYWHERE = {"out_of_core", "validation_data", "checkpoints"}
@@ -463,14 +486,15 @@ _BUILT_IN_METHODS = (
                        "n_jobs": _NO_ROUNDS.format(name=name, why="it is batch-only (its analytic q needs every "
                                                                      "row's xi each step)")},
              remarks={"minibatch": "batch only", "dask": "batch passes", "checkpoints": "not on dask",
-                      "sample_weight": "the weighted bound"})
+                      "sample_weight": "the weighted bound"}, check_params=_quadratic_params)
       for name in ("vi-jj", "vi-taylor")),
     *(Method(name, family="quadratic", engine=name, likelihoods=("logistic",),
              likelihood_reason="is built on the logistic likelihood", capabilities={"sample_weight", *_EVERYWHERE},
              refusals={"dask": _VI_PER_ROW_XI.format(name=name),
                        "shared_lengthscales": _SHARED_SCALE_REFUSAL.format(name=name),
                        "n_jobs": _NO_ROUNDS.format(name=name, why="it is batch-only (L-BFGS-B on every row's xi)")},
-             remarks={"minibatch": "batch only", "sample_weight": "the weighted bound"})
+             remarks={"minibatch": "batch only", "sample_weight": "the weighted bound"},
+             check_params=_quadratic_params)
       for name in ("vi-jj-hybrid", "vi-jj-full")),
     Method("gfitc", family="gfitc", engine="gfitc", likelihood_reason=_GFITC_PROBIT,
            registered_likelihoods="site_terms",

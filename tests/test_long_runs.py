@@ -12,6 +12,7 @@ import pytest
 from scipy.special import log_ndtr
 
 from agpc import GPClassifier, GuardWarning
+from agpc.datasets import make_banana
 from agpc.inference import engines, ep, guard, multiclass_ep, sites, training
 from agpc.kernels import RBF, ClassKernels
 from conftest import check_parameter_gradients, to_np, to_xp
@@ -564,3 +565,75 @@ def test_a_last_step_that_leaves_the_model_improper_is_not_the_model(learning_ra
     assert any("the last step left the model improper" in text and "learning_rate" in text for text in said), said
     assert np.isfinite(model.log_marginal_likelihood_)
     assert np.all(np.isfinite(model.predict_proba(X)))
+
+
+def test_a_last_step_whose_log_z_jumps_is_not_the_model(monkeypatch):
+    """The final pass is judged as the guard judges a step: a finite log Z that jumped by orders of magnitude from
+    the steps' (seen at -1.9e90 on 2,000 rows, its steps' at -1.4e7, when the kernel's priors were finite where
+    theta underflowed) gives way to the state before the last step, said in a GuardWarning."""
+    X, y = binary_toy(300, seed=2)
+    real = engines.SVIEngine.posterior
+    calls = []
+
+    def jumped_once(self, X, y, want_log_z=True):
+        post, log_z = real(self, X, y, want_log_z=want_log_z)
+        calls.append(float(log_z))
+        return post, (log_z * 1e80 if len(calls) == 1 else log_z)
+
+    monkeypatch.setattr(engines.SVIEngine, "posterior", jumped_once)
+    with pytest.warns(GuardWarning, match="the last step left the model improper .*a jump of it"):
+        model = GPClassifier(method="svi", n_inducing=8, max_iter=5, random_state=0).fit(X, y)
+    assert len(calls) == 2 and model.log_marginal_likelihood_ == calls[1]  # the state before: judged, and kept
+    assert abs(calls[1]) < guard.JUMP_PER_ROW * len(y)
+
+
+@pytest.mark.parametrize("settings", [dict(method="svi", learning_rate=10.0),
+                                      dict(method="svi", learning_rate=10.0, batch_size=100),
+                                      dict(method="ep", learning_rate=1e3, batch_size=100)],
+                         ids=["svi batch", "svi minibatches", "ep minibatches"])
+def test_a_model_that_learned_nothing_is_said(settings):
+    """A careless learning rate takes the kernel where it is flat: every probability 0.5000 on banana, a finite log
+    Z, no warning. The fit now says that the model gives every input the same probabilities, and names the rate."""
+    X, y = make_banana(2000, random_state=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=RuntimeWarning)
+        model = GPClassifier(n_inducing=10, max_iter=20, random_state=0, **settings).fit(X, y)
+    proba = model.predict_proba(X)
+    assert np.ptp(proba[:, 1]) < 1e-6  # (what the warning is about, on the training rows themselves)
+    said = [str(w.message) for w in caught if issubclass(w.category, GuardWarning)]
+    assert any("the same class probabilities" in text and f"learning_rate={settings['learning_rate']!r}" in text
+               for text in said), said
+
+
+def test_a_model_of_noise_labels_is_not_called_flat():
+    """The warning is for a model flat to 1e-6, not for one of weak or no signal: default fits of labels drawn at
+    random vary by 0.05-1.0 across the inputs."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 2))
+    y = (rng.random(300) > 0.5).astype(int)
+    for method in ("ep", "svi"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GuardWarning)
+            model = GPClassifier(method=method, n_inducing=10, random_state=0).fit(X, y)
+        assert np.ptp(model.predict_proba(X)[:, 1]) > 1e-3
+
+
+def test_settings_that_would_change_nothing_are_said():
+    """learning_rate and optimizer where the steps take none were ignored without a word: batch EP's Rprop, vi-*'s
+    closed-form updates and L-BFGS-B, GFITC. Now each is a UserWarning (the fit goes on: the documented "ignored"),
+    and optimizer='rprop' with a learning rate, the user's own settings contradicting each other, a ValueError."""
+    X, y = binary_toy(120, seed=1)
+    quick = dict(n_inducing=6, max_iter=2, random_state=0)
+    for params, match in [(dict(method="ep", learning_rate=0.5), r"learning_rate=0\.5 is not used: batch .* Rprop"),
+                          (dict(method="vi-jj", optimizer="adam"), "method='vi-jj' .* take no optimizer"),
+                          (dict(method="vi-taylor", learning_rate=0.1), "take no learning_rate"),
+                          (dict(method="gfitc", learning_rate=0.1), "method='gfitc' .* take no learning rate")]:
+        with pytest.warns(UserWarning, match=match):
+            GPClassifier(**params, **quick).fit(X, y)
+    with pytest.raises(ValueError, match="optimizer='rprop' adapts a step size per parameter"):
+        GPClassifier(method="ep", optimizer="rprop", learning_rate=0.5, **quick).fit(X, y)
+    with warnings.catch_warnings():  # (a rate the steps use: no warning)
+        warnings.simplefilter("error", UserWarning)
+        GPClassifier(method="ep", optimizer="adam", learning_rate=0.05, **quick).fit(X, y)
+        GPClassifier(method="sep", learning_rate=0.5, batch_size=40, **quick).fit(X, y)

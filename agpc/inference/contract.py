@@ -12,11 +12,12 @@ from __future__ import annotations
 import abc
 import math
 import operator
+import warnings
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from ..backend import ModulesByName, array_namespace, scaled_std
+from ..backend import ModulesByName, array_namespace, outside_stacklevel, scaled_std
 from ..kernels import PER_FEATURE_SCALES, log_prior_and_grads, step_lower_bounds
 from ..likelihoods import likelihood_by_name, probit_for
 from ..optim import OPTIMIZERS, Rprop, bounded_step
@@ -140,6 +141,11 @@ def make_optimizer(optimizer, learning_rate, kernel, Z, names, minibatch, rprop_
     minibatches, or an optimiser object); ``rprop_growth``: Rprop's growth factor (None: ``Rprop``'s, the seed's)."""
     if optimizer is None:
         optimizer = "adadelta" if minibatch else "rprop"
+        if optimizer == "rprop" and learning_rate is not None:  # (set with optimizer="rprop": refused up front)
+            warnings.warn(f"learning_rate={learning_rate!r} is not used: batch steps (all rows a step) climb with "
+                          "Rprop by default (optimizer=None), which adapts a step size per parameter and takes no "
+                          "learning rate; set optimizer='adam' or 'adadelta' to step with it", UserWarning,
+                          stacklevel=outside_stacklevel())
     if isinstance(optimizer, str):
         if optimizer == "rprop":
             growth = {} if rprop_growth is None else {"increase": rprop_growth}
