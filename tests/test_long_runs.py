@@ -637,3 +637,17 @@ def test_settings_that_would_change_nothing_are_said():
         warnings.simplefilter("error", UserWarning)
         GPClassifier(method="ep", optimizer="adam", learning_rate=0.05, **quick).fit(X, y)
         GPClassifier(method="sep", learning_rate=0.5, batch_size=40, **quick).fit(X, y)
+
+
+def test_a_jump_of_the_second_step_is_not_taken():
+    """The guard's jump test waited for three taken steps: SVI at learning_rate=1e3 on 2,000 rows went from log Z
+    -2,000 to -3.3e7 (16,000 nats a row) in its first steps, which were taken, and the fit stayed there. From the
+    second step on, such a step is refused and the rate halved: no recorded log Z is past the guard's bound."""
+    X, y = make_banana(2000, random_state=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=RuntimeWarning)  # (the refused steps' overflows)
+        model = GPClassifier(method="svi", n_inducing=10, max_iter=20, random_state=0, learning_rate=1e3).fit(X, y)
+    said = " ".join(str(w.message) for w in caught if issubclass(w.category, GuardWarning))
+    assert "jumped by an order of magnitude" in said and "halved" in said, said
+    assert min(model.history_["log_marginal_likelihood"]) > -guard.JUMP_PER_ROW * len(y)
