@@ -56,6 +56,8 @@ __all__ = [
     "JitterWarning",
     "GuardWarning",
     "warn_guard",
+    "FloatingPointErrorsHeld",
+    "floating_point_errors_held",
     "ModulesByName",
     "jitter_report",
     "outside_stacklevel",
@@ -150,6 +152,50 @@ def outside_stacklevel():
     while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     return level
+
+
+class FloatingPointErrorsHeld:
+    """NumPy's overflow, division-by-zero and invalid-value warnings of a block of work, held (``errstate``'s "log"
+    mode writes each here) until the caller knows whether the work counts: ``say`` warns each as NumPy would have,
+    from the agpc line that raised it; dropping the object says nothing. A training step the guard refuses (``training
+    .Trainer.step``) is one whose arithmetic went past the floats (a careless learning rate's: "overflow encountered in
+    exp", "divide by zero encountered in log" at every refused step), and the guard's own warning says what it did."""
+
+    MOST = 16  # (distinct messages kept: a refused step of many rows may write thousands)
+
+    def __init__(self):
+        self.said = {}  # message -> (file, line, module) of the innermost agpc frame
+
+    def write(self, text):
+        message = text.strip()
+        message = message.removeprefix("Warning: ")
+        if message in self.said or len(self.said) >= self.MOST:
+            return
+        frame = sys._getframe(1)
+        while frame is not None and not os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+            frame = frame.f_back
+        if frame is None:  # (NumPy called from outside agpc: said from here)
+            frame = sys._getframe(0)
+        self.said[message] = (frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", "agpc"))
+
+    def say(self):
+        """Warn each held message (a RuntimeWarning from the agpc line that raised it, as NumPy's own would be)."""
+        for message, (filename, lineno, module) in self.said.items():
+            registry = sys.modules[module].__dict__.setdefault("__warningregistry__", {}) if module in sys.modules \
+                else None
+            warnings.warn_explicit(message, RuntimeWarning, filename, lineno, module=module, registry=registry)
+        self.said = {}
+
+
+@contextmanager
+def floating_point_errors_held():
+    """Inside (and in the threads of a pass, which run in a copy of this context), NumPy's floating-point errors that
+    would warn are held in the ``FloatingPointErrorsHeld`` yielded; the caller says them or drops them. A mode the
+    caller set otherwise (``numpy.seterr``: "raise", "ignore") stands."""
+    held = FloatingPointErrorsHeld()
+    modes = {kind: "log" for kind, mode in np.geterr().items() if kind != "under" and mode == "warn"}
+    with np.errstate(**modes, call=held):
+        yield held
 
 
 def _guard_category():

@@ -5,6 +5,7 @@ site along the direction it went in along; a step takes it out along the same on
 check that against products and cavities formed here by explicit inverses in u-space, independently of agpc's
 factored arithmetic, and show the drift the old swap (out along the *current* direction) made."""
 
+import os
 import warnings
 
 import numpy as np
@@ -651,3 +652,38 @@ def test_a_jump_of_the_second_step_is_not_taken():
     said = " ".join(str(w.message) for w in caught if issubclass(w.category, GuardWarning))
     assert "jumped by an order of magnitude" in said and "halved" in said, said
     assert min(model.history_["log_marginal_likelihood"]) > -guard.JUMP_PER_ROW * len(y)
+
+
+@pytest.mark.parametrize("batch_size", [None, 100], ids=["batch", "minibatches"])
+def test_a_refused_steps_floating_point_warnings_are_the_guards_to_say(batch_size):
+    """SVI at learning_rate=1e3: every refused step's arithmetic went past the floats and NumPy said so ("overflow
+    encountered in exp", "divide by zero encountered in log", "invalid value encountered in scalar divide") beside
+    the guard's own account of the refused steps. They are held until the guard has judged the step (and a taken
+    step's update until the state it made has been judged): the fit says only what it did."""
+    X, y = make_banana(2000, random_state=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.simplefilter("error", RuntimeWarning)
+        GPClassifier(method="svi", n_inducing=10, max_iter=20, random_state=0, learning_rate=1e3,
+                     batch_size=batch_size).fit(X, y)
+    said = [str(w.message) for w in caught if issubclass(w.category, GuardWarning)]
+    assert any("did not take" in text for text in said), said
+
+
+def test_a_taken_steps_floating_point_warnings_are_still_said(monkeypatch):
+    """Held is not hidden: an overflow in a step the guard takes is NumPy's warning as before, from an agpc line (so
+    that the suite's filter, RuntimeWarnings of agpc's modules as errors, still catches it)."""
+    X, y = binary_toy(200, seed=3)
+    real = engines.SVIEngine.evaluate
+
+    def overflowing(self, *args, **kwargs):
+        np.exp(np.array([1000.0]))  # (a harmless overflow, its result unused)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(engines.SVIEngine, "evaluate", overflowing)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GPClassifier(method="svi", n_inducing=8, max_iter=3, random_state=0).fit(X, y)
+    overflows = [w for w in caught if issubclass(w.category, RuntimeWarning) and "overflow encountered in exp" in
+                 str(w.message)]
+    assert overflows and all(w.filename.endswith(os.path.join("agpc", "inference", "training.py")) for w in overflows)

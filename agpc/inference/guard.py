@@ -38,6 +38,9 @@ exactly the product of its sites: the cavities are as they are), and a jump that
 remove is the data's and is taken; only a q that is not proper fails on until the guard gives up. Every action is
 counted in the history (``GUARD_KEYS``, per entry) and said once at the end of the fit in a ``GuardWarning`` naming
 what happened and what to do (``Guard.summary``).
+NumPy's floating-point warnings of a refused step ("overflow encountered in exp" where a careless learning rate
+took the kernel past the floats) are not said: the summary says what was done about the step
+(``training.Trainer.step`` holds them: ``backend.FloatingPointErrorsHeld``).
 """
 
 from __future__ import annotations

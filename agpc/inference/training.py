@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, block_memory_advice,
-                       cholesky_with_jitter, host_rng, is_out_of_core, jitter_raises_within, note_jitter, read_rows,
-                       row_chunk_bounds, to_host_vector, warn_guard)
+                       cholesky_with_jitter, floating_point_errors_held, host_rng, is_out_of_core, jitter_raises_within,
+                       note_jitter, read_rows, row_chunk_bounds, to_host_vector, warn_guard)
 from ..checkpoint_rules import check_saved_anchor, check_saved_factor
 from ..kernels import within_reach
 from ..threads import with_blas_threads
@@ -120,6 +120,9 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         self.reverted = False  # the last step not taken was reverted (not repaired, nor retried as it was)
         self.epoch_log_z = None  # log Z at the exact rebuild ending the epoch being recorded (``rebuild_factor``)
         self._pending = []  # (log Z estimate, invalid rows) of the steps since the last record
+        # NumPy's floating-point warnings of the last taken step's update, said once the state it made is judged
+        # (the next step taken from it, or the final pass), dropped where a revert undoes it
+        self.held_update = None
 
     # What a step changes of the trainer besides the engine's state: what ``mark`` keeps.
     _COUNTS = ("good", "last", "failures", "halvings", "jitter_raises", "n_steps", "n_updates", "reverted",
@@ -175,13 +178,16 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
 
         One device-to-host transfer a step: the engine's ``evaluate`` gives log Z, or a small vector whose
         first entry is log Z and whose others are what its ``apply`` needs on the host (the EP family: the
-        count of failed cavities, the site change in batch mode); a failed Cholesky arrives as a NaN in it."""
-        try:
-            with block_memory_advice(f"the {self.method} training step"):
-                summary, work = self.engine.evaluate(X, y, lo, hi, stepping=stepping, weights=weights)
-                scalars = _host_scalars(summary)
-        except CholeskyError:  # engines that check their factorisations on the host raise instead
-            scalars = [math.nan]
+        count of failed cavities, the site change in batch mode); a failed Cholesky arrives as a NaN in it. NumPy's
+        floating-point warnings of the evaluation are said only where the step is taken (a refused one's overflows
+        are the guard's to say: ``backend.FloatingPointErrorsHeld``)."""
+        with floating_point_errors_held() as held:
+            try:
+                with block_memory_advice(f"the {self.method} training step"):
+                    summary, work = self.engine.evaluate(X, y, lo, hi, stepping=stepping, weights=weights)
+                    scalars = _host_scalars(summary)
+            except CholeskyError:  # engines that check their factorisations on the host raise instead
+                scalars = [math.nan]
         log_z = float(scalars[0])
         rows = (hi - lo) if self.engine.minibatch else (X.shape[0] if X is not None else 0)
         engine = self.engine
@@ -189,12 +195,16 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
                                      float(engine.n_total), engine.optimizer is not None or engine.has_damping)
         if problem is not None:
             self._recover(problem, repair)
+            if self.reverted:  # (the state the last update made is gone, and what it said with it)
+                self.held_update = None
             return False, float("inf"), log_z
+        self.say_held(held)
         self.failures = self.halvings = self.jitter_raises = 0
         self.reverted = False
         self.good = self.engine.snapshot()  # what a revert puts back
-        with block_memory_advice(f"the {self.method} training step"):
+        with block_memory_advice(f"the {self.method} training step"), floating_point_errors_held() as update:
             self.last = self.engine.apply(work, lo, hi, stepping=stepping, scalars=scalars)
+        self.held_update = update
         self.n_steps += 1
         self.n_updates += int(self.last.stepped)
         self._pending.append((log_z, self.last.n_invalid))
@@ -203,6 +213,14 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         if self.guard.taken(log_z) and self.engine.grow():
             self.guard.note("guard_restored")
         return True, self.last.change, log_z
+
+    def say_held(self, held=None):
+        """Say the floating-point warnings held of the last update (``held_update``) and ``held``: their state is
+        judged good."""
+        for each in (self.held_update, held):
+            if each is not None:
+                each.say()
+        self.held_update = None
 
     def _recover(self, problem, repair=None):
         """The guard's path (``guard``), after a step it did not take because of ``problem`` (a key of
@@ -533,10 +551,12 @@ def _final_posterior(trainer, run, want_log_z):
     log Z -inf and constant predictions), the state before it,
     which the guard took (``Trainer.good``), is the model, said in a ``GuardWarning``."""
     try:
-        posterior, log_z = trainer.posterior(run.X, run.y, want_log_z=want_log_z)
+        with floating_point_errors_held() as held:  # (said where this state is the model)
+            posterior, log_z = trainer.posterior(run.X, run.y, want_log_z=want_log_z)
         # (a jump as the guard judges a step's: a finite log Z orders of magnitude from the steps' is no more the
         # model than a NaN; seen at -1.9e90 on 2,000 rows whose steps were at -1.4e7, 80% of the rows then wrong)
         if not want_log_z or trainer.guard.problem(float(log_z), n_total=float(trainer.engine.n_total)) is None:
+            trainer.say_held(held)
             return posterior, log_z
     except CholeskyError:
         if trainer.good is None:
