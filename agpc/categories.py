@@ -31,6 +31,12 @@ UNSEEN = -1.0  # the code of a text level the fit never saw (a number no level h
 # More distinct text values than this in one column is an identifier, not a category (and a model file holds each
 # level): refused, naming the column.
 MAX_LEVELS = 1 << 16
+# Fewer levels, but more than IDENTIFIER_LEVELS and more than IDENTIFIER_SHARE of the rows, is most likely an identifier
+# too: trained, and said (``_warn_if_identifier``). Measured: banana, 3,000 rows, beside them a text column of one value
+# a row: the default fit took 7.7 s against 1.2 s without it, for the same test NLL (0.3203 / 0.3202), and predict
+# then warned that no value of the test rows was a level.
+IDENTIFIER_LEVELS = 100
+IDENTIFIER_SHARE = 0.5
 
 
 class CategoricalColumns(NamedTuple):
@@ -234,7 +240,19 @@ def _levels_and_codes(values, what):
         raise ValueError(f"{what} has {found.shape[0]:,} distinct values: more than {MAX_LEVELS:,} levels is an "
                          "identifier, not a category; drop the column or group its values")
     L.check_label_length(found, what=what, kind="level")
+    _warn_if_identifier(found.shape[0], checked.shape[0], what)
     return found, codes.reshape(-1).astype(np.float64)
+
+
+def _warn_if_identifier(levels, rows, what):
+    """A UserWarning where a categorical column of a fit has more than ``IDENTIFIER_LEVELS`` levels and more than
+    ``IDENTIFIER_SHARE`` of its rows: each level a row or two, which the kernel can learn only row by row and no
+    new row shares; it costs the fit time and predicts nothing."""
+    if levels > IDENTIFIER_LEVELS and levels > IDENTIFIER_SHARE * rows:
+        warnings.warn(f"{what} has {levels:,} distinct values in {rows:,} rows: most likely an identifier, not a "
+                      f"category (a level for every {rows / levels:.2g} rows, which no new row shares); it costs the "
+                      "fit time and predicts nothing: drop the column, or group its values", UserWarning,
+                      stacklevel=outside_stacklevel())
 
 
 def _check_numeric_levels(values, what, count_levels=True):
@@ -250,6 +268,8 @@ def _check_numeric_levels(values, what, count_levels=True):
     if found > MAX_LEVELS:
         raise ValueError(f"{what} has {found:,} distinct values: more than {MAX_LEVELS:,} levels is an identifier, not "
                          "a category; drop the column or group its values")
+    if count_levels:
+        _warn_if_identifier(found, values.shape[0], what)
 
 
 def check_exact_codes(X, columns, dtype_name, fit=True):

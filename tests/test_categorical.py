@@ -2,6 +2,8 @@
 learned at fit and kept in the model file, an unseen level its own level at predict, the inducing points on level
 values (``agpc.categories``, ``inducing.kmeans_with_levels``)."""
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -203,6 +205,27 @@ def test_a_categorical_column_of_numbers_names_its_missing_values_and_refuses_an
     # (an adversarial review: at predict, a batch may hold any number of codes; the count is fit's)
     model = GPClassifier(**options).fit(identifier[:200] % [1.0, 1.0, 20.0], np.arange(200) % 2)
     assert model.predict_proba(identifier).shape == (n, 2)
+
+
+def test_a_column_of_a_level_a_row_is_said_to_be_an_identifier():
+    """A text column of one value a row (an identifier left in the table) trained without a word: banana's 3,000
+    rows took 7.7 s against 1.2 s for the same test NLL, and only predict said that no value was a level. Past 100
+    levels and half the rows a fit says it; a category of few levels, or many levels of many rows each, is quiet."""
+    rng = np.random.default_rng(1)
+    n = 400
+    frame = pd.DataFrame({"a": rng.normal(size=n), "id": [f"row{i:04d}" for i in range(n)]})
+    y = (frame["a"] > 0).astype(int)
+    with pytest.warns(UserWarning, match=r"X column 'id' \(categorical\) has 400 distinct values in 400 rows: most "
+                                         r"likely an identifier"):
+        GPClassifier(n_inducing=6, max_iter=1, random_state=0).fit(frame, y)
+    codes = np.column_stack([rng.normal(size=n), np.arange(n, dtype=float)])  # (the same, as codes of numbers)
+    with pytest.warns(UserWarning, match=r"X column 1 \(categorical\) has 400 distinct values in 400 rows"):
+        GPClassifier(n_inducing=6, max_iter=1, random_state=0, categorical_features=[1]).fit(codes, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        for levels in (4, 150):  # (150 levels of 400 rows: fewer than half of them)
+            quiet = frame.assign(id=[f"level{i % levels}" for i in range(n)])
+            GPClassifier(n_inducing=6, max_iter=1, random_state=0).fit(quiet, y)
 
 
 def test_an_integer_coded_column_given_by_index_is_categorical_on_an_array():
