@@ -2292,8 +2292,11 @@ def _template(spec, depth=0):
                              f"classes (2 to {MAX_SPEC_CLASSES})")
         return OrdinalKernel(_template(spec["latent"], depth + 1), [float(k) for k in range(classes - 1)])
     cls = KERNELS.get(spec.get("type")) if isinstance(spec, dict) and isinstance(spec.get("type"), str) else None
-    if cls is None or depth > MAX_SPEC_DEPTH:
+    if cls is None:
         raise ValueError(f"unknown kernel specification {shown(spec)}; known kernels: {sorted(KERNELS)}")
+    if depth > MAX_SPEC_DEPTH:
+        raise ValueError(f"kernel specification: sums and products nested deeper than the {MAX_SPEC_DEPTH} a model "
+                         "file may describe")
     if cls is OnColumns:
         return _on_columns_template(spec, depth)
     combination = issubclass(cls, Combination)

@@ -199,8 +199,20 @@ def write_model_file(path, estimator_name, params, state, scaler=None):
         header["scaler"] = {"with_mean": bool(scaler["with_mean"]), "with_std": bool(scaler["with_std"]),
                             "n_samples_seen": int(scaler["n_samples_seen"]), "steps": [str(v) for v in scaler["steps"]],
                             "arrays": [name for name in SCALER_ARRAYS if scaler.get(name) is not None]}
+    _check_kernels_load(header["kernel"])
     arrays[HEADER_KEY] = np.asarray(json.dumps(header))
     atomic_savez(path, arrays)
+
+
+def _check_kernels_load(specs):
+    """Refuse to write a kernel description the loader would refuse (its bounds on what a file may describe: a Sum
+    of 1,101 RBF terms fitted, saved, and ``load_model`` then refused its own file), read here as it will be read."""
+    for spec in specs if isinstance(specs, list) else [specs]:
+        try:
+            spec_parameter_table(spec)
+        except ValueError as error:
+            raise ValueError(f"save_model: this model's kernel could not be loaded back from a model file ({error}); "
+                             "nothing was written (a pickle keeps it, for this environment only)") from None
 
 
 def unpickled_state(state):

@@ -211,7 +211,7 @@ def test_deeply_nested_on_columns_are_refused():
     spec = {"type": "RBF"}
     for _ in range(20):
         spec = {"type": "OnColumns", "columns": [0], "kernel": spec}
-    with pytest.raises(ValueError, match="unknown kernel specification"):
+    with pytest.raises(ValueError, match="nested deeper than the 8 a model file may describe"):
         kernel_from_spec(spec, {})
 
 

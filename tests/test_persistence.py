@@ -1061,3 +1061,22 @@ def test_a_save_checks_only_what_load_would_refuse(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         np.testing.assert_array_equal(agpc.load_model(tmp_path / "m.agpc").predict_proba(X), model.predict_proba(X))
+
+
+def test_a_kernel_the_loader_would_refuse_is_not_saved(tmp_path):
+    """A kernel nested deeper than a model file may describe (sums and products, 8 deep) fitted, saved, and
+    load_model then refused its own file ("unknown kernel specification"); so did a Sum of 1,101 terms. The save
+    reads the description as the loader will, and refuses it before writing anything."""
+    X, y = make_banana(40, random_state=4)
+    RBF = agpc.RBF
+    kernel = RBF(1.0)
+    for _ in range(5):
+        kernel = (kernel + RBF(1.0)) * RBF(1.0)
+    model = GPClassifier(kernel=kernel, n_inducing=4, max_iter=1, random_state=0).fit(X, y)
+    path = tmp_path / "deep.agpc"
+    with pytest.raises(ValueError, match="could not be loaded back from a model file .*nested deeper than the 8"):
+        model.save(path)
+    assert list(tmp_path.iterdir()) == []
+    shallow = GPClassifier(kernel=(RBF(1.0) + RBF(1.0)) * RBF(1.0), n_inducing=4, max_iter=1, random_state=0)
+    shallow.fit(X, y).save(path)
+    np.testing.assert_allclose(agpc.load_model(path).predict_proba(X), shallow.predict_proba(X))
