@@ -548,13 +548,15 @@ def _final_posterior(trainer, run, want_log_z):
     it started from, so the last step taken is never judged: where it left the model improper (a failed Cholesky
     factor, a log Z that is not finite or one that jumped as ``guard.Guard.problem`` judges a step's: SVI at
     learning_rate=1e3 took its hyper-parameters past the floats, and the fit ended in a CholeskyError, at 1e300 with
-    log Z -inf and constant predictions), the state before it,
-    which the guard took (``Trainer.good``), is the model, said in a ``GuardWarning``."""
+    log Z -inf and constant predictions), the state before it, which the guard took (``Trainer.good``), is the
+    model, said in a ``GuardWarning``. NumPy's floating-point warnings of the pass are said only where its state is
+    the model."""
     try:
-        with floating_point_errors_held() as held:  # (said where this state is the model)
+        with floating_point_errors_held() as held:
             posterior, log_z = trainer.posterior(run.X, run.y, want_log_z=want_log_z)
         # (a jump as the guard judges a step's: a finite log Z orders of magnitude from the steps' is no more the
-        # model than a NaN; seen at -1.9e90 on 2,000 rows whose steps were at -1.4e7, 80% of the rows then wrong)
+        # model than a NaN; seen at -1.9e90 on 2,000 rows whose steps were at -1.4e7, 80% of the rows then wrong,
+        # under a change to the kernel priors, not kept, that left them finite where theta underflowed)
         if not want_log_z or trainer.guard.problem(float(log_z), n_total=float(trainer.engine.n_total)) is None:
             trainer.say_held(held)
             return posterior, log_z
