@@ -15,6 +15,7 @@ import csv
 import re
 import warnings
 import zipfile
+from array import array
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -463,24 +464,74 @@ class _BoundedLines:
 
 
 def _csv_records(fh, path):
-    """(line number, cells stripped) of every record of a CSV file, each within ``MAX_RECORD_CHARS``; the csv
+    """(line number, cells stripped) of each record of a CSV file in turn, each within ``MAX_RECORD_CHARS``; the csv
     module's errors (a field beyond its limit, a NUL in older Pythons) name the file and the line."""
     lines = _BoundedLines(fh, path)
     # strict: a quote that opens a field and is never closed is an error (the lenient reader took the rest of the
     # file into that one field: a truncated file's last rows became one label, a class of their own, silently)
     reader = csv.reader(lines, delimiter="\t" if path.suffix.lower() == ".tsv" else ",", strict=True)
-    records = []
     while True:
         try:
             row = next(reader)
         except StopIteration:
-            return records
+            return
         except csv.Error as exc:
             what = ("a quoted field is not closed (its opening \" has no closing one before the file ends)"
                     if "unexpected end of data" in str(exc) else exception_line(exc))
             raise TableError(f"{path}: line {lines.start}: {what}") from None
-        records.append((reader.line_num, [cell.strip() for cell in row]))
+        record = (reader.line_num, [cell.strip() for cell in row])
         lines.record_read()
+        yield record
+
+
+# Rows of a CSV file turned into arrays at a time (``_csv_columns``): a file's cells held as Python strings until the
+# whole file was read took 14 times its size (200,000 rows x 21 columns of numbers, 38 MB: 541 MB of peak RSS growth)
+CSV_CHUNK_ROWS = 8192
+
+
+def _csv_columns(records, path):
+    """(the header's names, the line of each data row, the columns as NumPy text arrays) of a CSV file's ``records``
+    (``_csv_records``), CSV_CHUNK_ROWS rows turned into arrays at a time. A blank line (no field, or one of spaces)
+    is no row; a line of empty cells (",,") is a row whose values are missing: an error naming its line and column
+    (``_check_filled``), not a row dropped unsaid."""
+    first = next(records, None)
+    if first is None:
+        raise TableError(f"{path}: the file is empty (a header row is needed)")
+    names = first[1]
+    if all(_is_number(name) for name in names):
+        warnings.warn(f"{path}: the header row ({preview(names, 4)}) looks like data: agpc reads the first row of "
+                      f"a CSV file as the column names", UserWarning)
+    pieces, lines, chunk = [[] for _ in names], array("q"), []
+    for line, row in records:
+        if len(row) > 1 or any(row):
+            _check_csv_row(row, names, line, path)
+            chunk.append(row)
+            lines.append(line)
+        if len(chunk) == CSV_CHUNK_ROWS:
+            _add_chunk(pieces, chunk)
+    if chunk:
+        _add_chunk(pieces, chunk)
+    if not lines:
+        raise TableError(f"{path}: no data rows below the header")
+    return names, lines, [np.concatenate(piece) for piece in pieces]
+
+
+def _check_csv_row(row, names, line, path):
+    if len(row) != len(names):
+        raise TableError(f"{path}: line {line} has {len(row)} fields but the header has {len(names)}")
+    # NumPy's strings drop trailing NUL bytes ("2\x00" would read as 2): a NUL is never part of a number or a label
+    # written as text, so a cell holding one is refused rather than silently cut
+    nul = next((i for i, cell in enumerate(row) if "\x00" in cell), None)
+    if nul is not None:
+        raise TableError(f"{path}: line {line}, column {names[nul]!r}: the cell {row[nul]!r} holds a NUL byte "
+                         "(a binary file, or one damaged in transfer?)")
+
+
+def _add_chunk(pieces, chunk):
+    """Each column's cells of the rows in ``chunk`` appended to ``pieces`` as a NumPy text array; ``chunk`` emptied."""
+    for piece, column in zip(pieces, zip(*chunk)):
+        piece.append(np.asarray(column))
+    chunk.clear()
 
 
 def _not_utf8(path):
@@ -514,31 +565,10 @@ def _read_csv(path, target, labels_required, features=None, weight_column=None):
     # first column's name
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:
-            rows = _csv_records(fh, path)
+            names, lines, columns = _csv_columns(_csv_records(fh, path), path)
     except UnicodeDecodeError:
         raise TableError(_not_utf8(path)) from None
-    if not rows:
-        raise TableError(f"{path}: the file is empty (a header row is needed)")
-    names = rows[0][1]
-    if all(_is_number(name) for name in names):
-        warnings.warn(f"{path}: the header row ({preview(names, 4)}) looks like data: agpc reads the first row of "
-                      f"a CSV file as the column names", UserWarning)
-    # a blank line (no field, or one of spaces) is no row; a line of empty cells (",,") is a row whose values are
-    # missing: an error naming its line and column (``_check_filled``), not a row dropped unsaid
-    body = [(line, row) for line, row in rows[1:] if len(row) > 1 or any(row)]
-    if not body:
-        raise TableError(f"{path}: no data rows below the header")
-    for line, row in body:
-        if len(row) != len(names):
-            raise TableError(f"{path}: line {line} has {len(row)} fields but the header has {len(names)}")
-        # NumPy's strings drop trailing NUL bytes ("2\x00" would read as 2): a NUL is never part of a number or
-        # a label written as text, so a cell holding one is refused rather than silently cut
-        nul = next((i for i, cell in enumerate(row) if "\x00" in cell), None)
-        if nul is not None:
-            raise TableError(f"{path}: line {line}, column {names[nul]!r}: the cell {row[nul]!r} holds a NUL byte "
-                             "(a binary file, or one damaged in transfer?)")
-    columns = [np.asarray(col) for col in zip(*(row for _, row in body))]
-    return _from_columns(names, columns, target, path, features, row_of=lambda i: f"line {body[i][0]}",
+    return _from_columns(names, columns, target, path, features, row_of=lambda i: f"line {lines[i]}",
                          weight_column=weight_column)
 
 

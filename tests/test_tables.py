@@ -233,6 +233,32 @@ def test_a_long_csv_line_is_refused_within_memory_of_its_bound(tmp_path, monkeyp
     assert peak < 2 << 20, f"{peak:,} bytes to refuse a record of {big:,} characters"
 
 
+def test_a_csv_file_is_read_within_a_bounded_multiple_of_its_size(tmp_path, monkeypatch):
+    """Every cell of a CSV file was a Python string until the whole file was read: 14.8 times the file's size at the
+    peak (tracemalloc; 30,000 rows x 11 columns of numbers, 3.1 MB), 14 times in RSS at 200,000 rows. Rows are now
+    turned into arrays CSV_CHUNK_ROWS at a time (7.6 times), the values and the errors' line numbers as before."""
+    monkeypatch.setattr(tables, "CSV_CHUNK_ROWS", 512)  # (several chunks of a small file, as of a large one)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(6000, 10))
+    path = tmp_path / "numbers.csv"
+    np.savetxt(path, np.column_stack([X, X[:, 0] > 0]), delimiter=",", fmt="%.6f",
+               header=",".join([f"x{j}" for j in range(10)] + ["label"]), comments="")
+    tracemalloc.start()
+    try:
+        data = load_data(path, "label")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * path.stat().st_size, f"{peak:,} bytes to read a file of {path.stat().st_size:,}"
+    np.testing.assert_allclose(data.X, np.round(X, 6))
+    assert data.feature_names == [f"x{j}" for j in range(10)]
+    broken = path.read_text().splitlines()
+    broken[1500] += ",7"  # (a row of the third chunk: its line named as before)
+    path.write_text("\n".join(broken) + "\n")
+    with pytest.raises(TableError, match=r"numbers\.csv: line 1501 has 12 fields but the header has 11"):
+        load_data(path, "label")
+
+
 def test_a_csv_field_beyond_the_csv_modules_limit_names_its_line(tmp_path):
     path = tmp_path / "wide.csv"
     path.write_text('x1,x2,label\n1,2,0\n"' + "9" * 200_000 + '",2,1\n')
