@@ -13,6 +13,7 @@ import pandas
 import pytest
 
 from agpc import GPClassifier, cli
+from agpc import labels as L
 from agpc.cli import main
 from agpc.datasets import make_banana
 from agpc.model_file import MAX_LABEL_BYTES
@@ -210,3 +211,27 @@ def test_a_rare_class_is_never_only_in_the_validation_split(tmp_path, banana, ca
 def test_the_readme_says_what_labels_may_be():
     readme = open(os.path.join(os.path.dirname(__file__), os.pardir, "README.md")).read()
     assert "Labels" in readme and "0.5" in readme and "continuous" in readme
+
+
+def test_a_holdout_that_every_class_needs_for_training_is_refused():
+    """A mutation audit (2026-12-04): the refusal of a holdout left empty once every class keeps a row for training
+    could go unnoticed. Four rows of four classes and a fraction of a quarter: the one row drawn is its class's only
+    row, so it goes back to training and no row is left for validation: one ValueError naming the fraction."""
+    with pytest.raises(ValueError, match=r"validation_fraction=0\.25 leaves no rows for validation once every class "
+                                         "keeps a row for training"):
+        L.holdout_mask(np.array(["a", "b", "c", "d"]), 0.25, 0)
+    held = L.holdout_mask(np.array(["a", "a", "b", "b", "b", "b"]), 0.5, 0)  # (rows enough: some held, each class kept)
+    assert held.any() and set(np.array(["a", "a", "b", "b", "b", "b"])[~held]) == {"a", "b"}
+
+
+def test_integer_labels_at_the_edge_of_int64_stay_int64():
+    """A mutation audit (2026-12-04): integer labels held as Python objects take the first of int64 and uint64 that
+    holds them all; the bounds are inclusive. -1 and 2**63 - 1 fit int64 exactly (a strict bound refused them as
+    "beyond 64 bits"); 0 and 2**63 - 1 are int64 too, not uint64; 2**63 needs uint64; -1 and 2**63 neither."""
+    edge = 2**63 - 1
+    np.testing.assert_array_equal(L.check_labels(np.array([-1, edge] * 3, dtype=object)), [-1, edge] * 3)
+    assert L.check_labels(np.array([-1, edge], dtype=object)).dtype == np.int64
+    assert L.check_labels(np.array([0, edge], dtype=object)).dtype == np.int64
+    assert L.check_labels(np.array([0, edge + 1], dtype=object)).dtype == np.uint64
+    with pytest.raises(ValueError, match="integers beyond 64 bits"):
+        L.check_labels(np.array([-1, edge + 1], dtype=object))
