@@ -13,8 +13,9 @@ from scipy import integrate, stats
 
 from agpc import GPClassifier
 from agpc.inference import ep, variational
-from agpc.kernels import RBF, OrdinalKernel
+from agpc.kernels import RBF, Linear, OrdinalKernel
 from agpc.likelihoods import ORDINAL_LIKELIHOOD, PROBIT, Ordinal
+from agpc.ordinal import initial_cut_points
 from agpc.uncertainty import uncertainty
 from helpers import interrupted_then_resumed, local_client
 
@@ -668,3 +669,21 @@ def test_a_level_with_no_rows_fits_with_any_weights(request, weighting, weights,
         np.testing.assert_allclose(weighted.predict_proba(X), by_rows.predict_proba(X), rtol=1e-10, atol=1e-12)
     else:
         np.testing.assert_allclose(weighted.predict_proba(X), plain.predict_proba(X), rtol=1e-10, atol=1e-12)
+
+
+def test_the_start_cut_points_weigh_the_prior_variance_by_the_sample_counts():
+    """A mutation audit (2026-12-04): the start's cut points b_j = sqrt(1 + s^2) Phi^-1(P(y < j)) take s^2 as the
+    kernel's mean prior variance at the sample rows, each counted by its count; on a stationary kernel every row's
+    is the same, and no test saw the counts dropped. On a linear kernel (k(x, x) = v x^2 + b grows with |x|), against
+    the formula by SciPy's normal quantile."""
+    kernel = Linear(2.0, bias=0.5).for_inputs(np.zeros((1, 1)))
+    sample = np.array([[0.0], [1.0], [3.0]])
+    sample_counts = np.array([5.0, 1.0, 2.0])
+    counts = np.array([10.0, 0.0, 30.0, 5.0])
+    prior_variance = np.average(2.0 * sample[:, 0] ** 2 + 0.5, weights=sample_counts)  # (v x^2 + b; noise 0)
+    shares = np.cumsum(counts + 0.5)[:-1] / np.sum(counts + 0.5)
+    expected = np.sqrt(1.0 + prior_variance) * stats.norm.ppf(shares)
+    got = initial_cut_points(counts, kernel, sample, sample_counts)
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    unweighted = initial_cut_points(counts, kernel, sample)
+    assert not np.allclose(got, unweighted)  # (the counts change it here: the test can see them dropped)
