@@ -321,6 +321,77 @@ def test_predictive_quadrature_against_monte_carlo(xp_device):
     assert np.all(np.abs(probs - mc) < 4 * se)
 
 
+
+def test_validation_scores_are_scikit_learns_log_loss_and_zero_one_loss_of_the_predictive():
+    """The validation NLL and error that early stopping and the history report (``validation_scores``) are
+    scikit-learn's log_loss and zero_one_loss of the predictive probabilities (eq. 11) of the held-out rows: the true
+    class's log probability, and the share of rows whose most probable class is not theirs."""
+    from sklearn.metrics import log_loss, zero_one_loss
+
+    X, y = three_classes(45, seed=2)
+    X_val, y_val = three_classes(30, seed=9)
+    rng = np.random.default_rng(1)
+    Z = np.stack([X[rng.choice(45, 4, replace=False)] + 0.05 * c for c in range(3)])
+    kernels = _kernels(X)
+    fit = training.fit(X, y.astype(float), kernels, Z, jitter=JITTER, max_iter=60, optimize=(), tol=1e-6)
+    posts = multiclass_ep.evaluate(kernels, Z, X, y.astype(float), fit.site_precision, fit.site_shift, jitter=JITTER,
+                                   want_grad=False)["posterior"]
+    nll, error = multiclass_ep.validation_scores(kernels, Z, posts, X_val, y_val.astype(float))
+    P = np.exp(multiclass_ep.predictive_log_proba(*multiclass_ep.predict_latent(kernels, Z, posts, X_val)))
+    assert nll == pytest.approx(log_loss(y_val, P, labels=[0, 1, 2]), rel=1e-9)
+    assert error == pytest.approx(zero_one_loss(y_val, np.argmax(P, axis=1)), abs=1e-12)
+    assert 0.0 < error < 0.5  # (the model is better than chance, and not perfect: both kinds of rows are counted)
+
+
+
+def test_a_distributed_sep_shards_cavity_removes_one_share_of_its_own_factor():
+    """Distributed SEP (Li, Hernandez-Lobato & Turner 2015, sec. 4), one tied factor F_k a shard: shard k's rows start
+    from q / F_k^(1 / n_k), n_k its own rows (not the data's n), in every class; log Z_q's global part is
+    g(q) - g(prior) + n (g(cavity) - g(q)) summed over the classes. Against each class's q and cavity built from the
+    shards' factors directly."""
+    X, y = three_classes(24, seed=4)
+    y = y.astype(float)
+    Z = np.stack([X[::6] + 0.05 * c for c in range(3)])
+    kernels = _kernels(X)
+    fit = training.fit(X, y, kernels, Z, jitter=JITTER, max_iter=5, optimize=(), damping=1.0)
+    nu, mu = fit.site_precision, fit.site_shift
+    others = multiclass_ep.exact_factor(kernels, Z, X[:16], nu[:16], mu[:16], jitter=JITTER, y=y[:16])
+    mine = multiclass_ep.exact_factor(kernels, Z, X[16:], nu[16:], mu[16:], jitter=JITTER, y=y[16:])
+    prep = multiclass_ep.factor_cavity(kernels, Z, mine, cavity="sep", n_total=24, jitter=JITTER, others=others,
+                                       factor_rows=8)
+    q = multiclass_ep.posterior_from_factor(kernels, Z, others.combine(1.0, mine, 1.0), jitter=JITTER)
+    cavity = multiclass_ep.posterior_from_factor(kernels, Z, others.combine(1.0, mine, 1.0 - 1.0 / 8), jitter=JITTER)
+    for got, want in ((prep["q"], q), (prep["cavity"], cavity)):
+        for a, b in zip(*(multiclass_ep.predict_latent(kernels, Z, posts, X) for posts in (got, want))):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    gains = [(float(qc.log_normaliser_gain), float(cc.log_normaliser_gain)) for qc, cc in zip(q, cavity)]
+    assert float(prep["log_z"]) == pytest.approx(sum(gq + 24 * (gc - gq) for gq, gc in gains), rel=1e-9)
+
+
+
+@pytest.mark.parametrize("cavity", ["ep", "sep", "adf"])
+def test_a_minibatchs_estimate_is_the_pass_over_data_that_repeat_it(cavity):
+    """A minibatch of n rows out of n_total = 3 n (``evaluate_factor``, Villacampa-Calvo & Hernandez-Lobato (2017),
+    eq. 6): log Z_q's estimate and its gradient scale the rows' terms by n_total / n, which is the pass over the data
+    made of the minibatch three times (every term counted three times, at scale 1): log Z_q and every gradient,
+    the data part of each class's K(Z, Z) adjoint included."""
+    X, y = three_classes(12, seed=6)
+    y = y.astype(float)
+    Z = np.stack([X[::4] + 0.05 * c for c in range(3)])
+    kernels = _kernels(X)
+    rng = np.random.default_rng(3)
+    nu, mu = np.abs(rng.normal(size=(12, 6))) * 0.2, rng.normal(size=(12, 6)) * 0.2
+    factor = multiclass_ep.exact_factor(kernels, Z, X, nu, mu, jitter=JITTER, y=y)
+    sites = (lambda k: dict(site_precision=np.tile(nu, (k, 1)), site_shift=np.tile(mu, (k, 1)))) \
+        if cavity == "ep" else (lambda k: {})
+    common = dict(cavity=cavity, n_total=36, jitter=JITTER)
+    batch = multiclass_ep.evaluate_factor(kernels, Z, X, y, factor, **common, **sites(1))
+    thrice = multiclass_ep.evaluate_factor(kernels, Z, np.tile(X, (3, 1)), np.tile(y, 3), factor, **common, **sites(3))
+    assert float(batch["log_z"]) == pytest.approx(float(thrice["log_z"]), rel=1e-10)
+    for name, value in thrice["grads"].items():
+        np.testing.assert_allclose(batch["grads"][name], value, rtol=1e-9, atol=1e-11, err_msg=name)
+
+
 def test_sep_with_one_row_equals_ep():
     """With n = 1 SEP's cavity q / f^(1/n) is the prior; for a two-class row (one pair) that is EP's cavity."""
     X = np.array([[0.3, -0.2]])

@@ -742,6 +742,35 @@ def test_multiclass_minibatch_step_with_a_weight_zero_row(method):
         assert np.all(result["site_precision"][4] == 0.0)
 
 
+
+def test_multiclass_minibatch_ep_change_of_the_product_at_integer_weights_is_the_repeated_rows():
+    """Minibatch multiclass EP's step from sites the rows already hold (the running product holds each row's old sites
+    w_i times): its change of the product, log Z estimate and gradient at integer weights equal those of the rows
+    repeated w_i times, each copy holding the row's sites, so each row's old sites leave the product w_i times too."""
+    X, y = three_classes(20, 5)
+    y = y.astype(float)
+    counts = np.random.default_rng(2).integers(1, 4, size=20)
+    Xr, yr = _repeated(X, y, counts)
+    first = np.cumsum(counts) - counts  # (each row's first copy)
+    Z = np.stack([X[::5] + 0.03 * c for c in range(3)])
+    kernels = _class_kernels(X)
+    held = _multiclass_fit(Xr, yr, Z, max_iter=5, damping=1.0)  # (parallel EP: every copy of a row holds its sites)
+    nu_r, mu_r = held.site_precision, held.site_shift
+    assert np.all(np.any(nu_r != 0.0, axis=1))
+    factor = multiclass_ep.exact_factor(kernels, Z, Xr, nu_r, mu_r, jitter=1e-6, y=yr)
+    step = dict(cavity="ep", n_total=len(yr), jitter=1e-6, damping=0.5)
+    weighted = multiclass_ep.evaluate_factor(kernels, Z, X, y, factor, site_precision=nu_r[first],
+                                             site_shift=mu_r[first], weights=counts.astype(float), **step)
+    repeated = multiclass_ep.evaluate_factor(kernels, Z, Xr, yr, factor, site_precision=nu_r, site_shift=mu_r, **step)
+    for part in ("precision", "shift"):
+        np.testing.assert_allclose(getattr(weighted["product_change"], part), getattr(repeated["product_change"], part),
+                                   rtol=1e-9, atol=1e-10, err_msg=part)
+    assert float(weighted["log_z"]) == pytest.approx(float(repeated["log_z"]), rel=1e-10)
+    for name in repeated["grads"]:
+        np.testing.assert_allclose(weighted["grads"][name], repeated["grads"][name], rtol=1e-9, atol=1e-10,
+                                   err_msg=name)
+
+
 @pytest.mark.parametrize("settings", [dict(method="ep"), dict(method="ep", batch_size=10), dict(method="sep"),
                                       dict(method="adf", batch_size=10)])
 def test_multiclass_data_on_disk_take_weights(tmp_path, settings):
@@ -960,6 +989,46 @@ def test_gfitc_weighted_fit_reads_data_on_disk(tmp_path):
     in_memory = GPClassifier(**options).fit(X, y, sample_weight=w)
     np.testing.assert_allclose(on_disk.predict_proba(X), in_memory.predict_proba(X), rtol=1e-9, atol=1e-11)
     assert not np.allclose(in_memory.predict_proba(X), GPClassifier(**options).fit(X, y).predict_proba(X))
+
+
+
+def _gfitc_pass(X, y, kernel, Z, nu, mu, w, block_rows=None):
+    return gfitc.evaluate(kernel, Z, X, y, nu, mu, jitter=1e-6, weights=w, block_rows=block_rows)
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_gfitc_weighted_pass_in_blocks_of_rows_is_the_pass_at_once(classes):
+    """A weighted GFITC pass over rows in blocks (7 rows a block, the last one short) is the pass over all rows at
+    once: each block's rows take their own weights, so the new sites, log Z_EP and every gradient are the same to
+    round-off, binary and multiclass."""
+    X, y, kernel, Z = _gfitc_problem(classes, 24, seed=3)
+    w = np.random.default_rng(4).uniform(0.3, 2.5, size=24)
+    w[[3, 16]] = 0.0
+    start = _gfitc_pass(X, y, kernel, Z, *(2 * (gfitc.zero_sites(24, Z),)), w)  # (sites that differ row by row)
+    nu, mu = start["site_precision"], start["site_shift"]
+    at_once, in_blocks = _gfitc_pass(X, y, kernel, Z, nu, mu, w), _gfitc_pass(X, y, kernel, Z, nu, mu, w, 7)
+    assert float(in_blocks["log_z"]) == pytest.approx(float(at_once["log_z"]), rel=1e-12)
+    np.testing.assert_allclose(in_blocks["site_precision"], at_once["site_precision"], rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(in_blocks["site_shift"], at_once["site_shift"], rtol=1e-10, atol=1e-13)
+    for name, value in at_once["grads"].items():
+        np.testing.assert_allclose(in_blocks["grads"][name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_gfitc_never_updates_the_sites_of_a_weight_zero_row(classes):
+    """A row of weight 0 is not in the GFITC model (docs/weights.md): a pass leaves its sites as they were given, and
+    updates every other row's."""
+    X, y, kernel, Z = _gfitc_problem(classes, 24, seed=3)
+    ones = np.ones(24)
+    start = _gfitc_pass(X, y, kernel, Z, *(2 * (gfitc.zero_sites(24, Z),)), ones)
+    nu, mu = start["site_precision"], start["site_shift"]
+    w = ones.copy()
+    w[[3, 16]] = 0.0
+    out = _gfitc_pass(X, y, kernel, Z, nu, mu, w)
+    np.testing.assert_array_equal(out["site_precision"][[3, 16]], nu[[3, 16]])
+    np.testing.assert_array_equal(out["site_shift"][[3, 16]], mu[[3, 16]])
+    moved = np.abs(out["site_precision"] - nu).reshape(24, -1).max(axis=1)
+    assert np.all(moved[w > 0] > 0)
 
 
 # -- checkpoints of the methods above --------------------------------------------------------------------------------
