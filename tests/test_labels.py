@@ -235,3 +235,69 @@ def test_integer_labels_at_the_edge_of_int64_stay_int64():
     assert L.check_labels(np.array([0, edge + 1], dtype=object)).dtype == np.uint64
     with pytest.raises(ValueError, match="integers beyond 64 bits"):
         L.check_labels(np.array([-1, edge + 1], dtype=object))
+
+
+# -- the checks and draws of agpc.labels, at their boundaries ----------------------------------------------------------
+
+def test_the_validation_rows_are_the_fraction_of_the_rows_rounded():
+    """round(fraction n) rows held out (0.29 of 10 rows is 3, not the 2 of int()), and a fraction that leaves no row for
+    training is refused before any row is drawn."""
+    y = np.array(["a"] * 5 + ["b"] * 5)
+    assert [L.holdout_mask(y, 0.29, seed).sum() for seed in range(5)] == [3] * 5
+    with pytest.raises(ValueError, match=r"validation_fraction=0.96 holds out all 10 rows for validation, none left"):
+        L.holdout_mask(y, 0.96, 0)
+
+
+def test_a_class_whose_training_rows_all_weigh_zero_keeps_a_row_of_positive_weight_for_training():
+    """With sample weights, a class is in the training rows only through rows of positive weight: when the draw took
+    its one such row for validation, that row goes back to training, however many rows of weight 0 it has there."""
+    y = np.array(["a"] * 6 + ["b"] * 4)
+    weights = np.array([1.0] * 6 + [1.0, 0.0, 0.0, 0.0])
+    seeds = [s for s in range(200) if 6 in np.random.default_rng(s).choice(10, size=4, replace=False)]
+    assert seeds
+    for seed in seeds[:5]:
+        val = L.holdout_mask(y, 0.4, seed, weights=weights)
+        assert not val[6] and val.sum() == 3
+
+
+def test_a_stratified_draw_keeps_a_row_of_every_class_even_a_rare_one():
+    y = np.array([0] * 99 + [1])
+    rows = L.stratified_rows(y, 10, np.random.default_rng(0))
+    assert 99 in rows and len(rows) == 11 and np.all(np.diff(rows) > 0)
+
+
+@pytest.mark.parametrize("labels, dtype", [([-(2**63), 5], np.int64), ([0, 2**64 - 1], np.uint64)])
+def test_integer_labels_at_the_far_ends_of_int64_and_uint64_keep_their_values(labels, dtype):
+    """The other ends of ``test_integer_labels_at_the_edge_of_int64_stay_int64``'s inclusive bounds: int64's minimum
+    -2**63 is int64 (a strict lower bound refused it as beyond 64 bits), uint64's maximum 2**64 - 1 is uint64."""
+    values = L.check_labels(labels)
+    assert values.dtype == dtype and values.tolist() == labels
+
+
+def test_a_label_of_the_longest_length_a_model_file_holds_is_taken_and_one_more_character_is_refused():
+    longest = MAX_LABEL_BYTES // 4
+    L.check_label_length(np.array(["a", "x" * longest]))
+    with pytest.raises(ValueError, match=f"a label of {longest + 1:,} characters"):
+        L.check_label_length(np.array(["a", "x" * (longest + 1)]))
+
+
+def test_classes_are_refused_as_an_identifier_column_only_above_20_of_them_and_half_the_rows():
+    L.check_class_share(np.arange(20), 20)  # (20 classes: never refused)
+    L.check_class_share(np.arange(21), 42)  # (half the rows: taken)
+    with pytest.raises(ValueError, match="y has 21 classes in 41 rows"):
+        L.check_class_share(np.arange(21), 41)
+
+
+def test_labels_of_blank_text_in_a_string_array_are_refused_as_missing():
+    with pytest.raises(ValueError, match="y has empty labels at row 1: an empty cell is a missing label"):
+        L.check_labels(np.array(["a", "  ", "b"]))
+
+
+def test_a_label_beyond_every_class_is_refused_naming_it():
+    """``label_ranks`` (an ordinal model's labels as their ranks): a label sorting after every class is one ValueError
+    naming it, as one before or between them is."""
+    order = np.array(["poor", "fair", "good"])
+    np.testing.assert_array_equal(L.label_ranks(np.array(["good", "poor", "fair"]), order), [2, 0, 1])
+    for label in ("zzz", "aaa", "great"):
+        with pytest.raises(ValueError, match=rf"y contains labels \['{label}'\] not in classes"):
+            L.label_ranks(np.array(["poor", label]), order)
