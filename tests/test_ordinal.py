@@ -459,6 +459,23 @@ def test_exact_model_data_on_disk_and_validation(tmp_path, named):
     assert nll == pytest.approx(-np.mean(np.log(proba[np.arange(40), truth])), rel=1e-9)
 
 
+
+def test_validation_labels_without_the_lowest_class_are_scored_at_their_own_classes():
+    """Number labels (no classes=: the order is the training labels' sorted one) and validation rows of only some of
+    the classes (none of the lowest): each validation row is scored at its own class, as the model's predict_proba
+    gives it (the validation labels ranked in the model's order, not in their own)."""
+    X, y = ordinal_data(80, 21)
+    labels = 10 * y + 5  # (5, 15, 25, 35)
+    val = labels[:40] != 5
+    model = GPClassifier(likelihood="ordinal", n_inducing=6, max_iter=2, random_state=0).fit(
+        X, labels, validation_data=(X[:40][val], labels[:40][val]))
+    assert model.classes_.tolist() == [5, 15, 25, 35] and len(set(labels[:40][val])) == 3
+    proba = model.predict_proba(X[:40][val])
+    truth = np.searchsorted(model.classes_, labels[:40][val])
+    expected = -np.mean(np.log(proba[np.arange(val.sum()), truth]))
+    assert model.history_["validation_nll"][-1] == pytest.approx(expected, rel=1e-9)
+
+
 def test_data_parallel_rounds_train_the_ordinal_model():
     """n_jobs > 1: minibatch EP's rounds in local worker processes train the one latent GP (another model than
     n_jobs=1, as for two classes: about as accurate) with ordered cut points."""
@@ -484,6 +501,16 @@ def test_a_given_ordinal_kernel_sets_the_start(named):
                      max_iter=1).fit(X, labels)
     with pytest.raises(ValueError, match="is the kernel of likelihood='ordinal'"):
         GPClassifier(kernel=start, max_iter=1).fit(X, labels)
+
+
+
+def test_a_given_ordinal_kernel_with_a_cut_point_too_many_is_refused(named):
+    """K classes take K - 1 cut points: a given OrdinalKernel with K of them is one ValueError, as one with K - 2 is
+    (``test_a_given_ordinal_kernel_sets_the_start``)."""
+    X, labels, order = named
+    with pytest.raises(ValueError, match="has 4 cut points, the model's 4 classes need 3"):
+        GPClassifier(likelihood="ordinal", classes=list(order), kernel=OrdinalKernel(RBF(), [-1.0, 0.0, 1.0, 2.0]),
+                     max_iter=1).fit(X, labels)
 
 
 # -- on a dask array -----------------------------------------------------------------------------------------
