@@ -9,7 +9,7 @@ import pytest
 
 from agpc import GPClassifier, size_rule
 from agpc.datasets import make_banana
-from agpc.inference import ep, multiclass_ep
+from agpc.inference import ep, hooks, multiclass_ep
 from agpc.size_rule import ALL_MAX_ROWS, EXACT_MAX_ROWS, SPARSE_INDUCING, ModelSize, model_size
 from conftest import to_np
 
@@ -100,12 +100,16 @@ def test_fit_plateau_is_the_rule_of_each_kind_of_fit(minibatch, at_rows, rows, e
     assert size_rule.fit_plateau(None, rows, at_rows, minibatch=minibatch) is None
 
 
-def _first_window_below(history, steps, rise, skip):
+def _first_window_below(history, steps, rise, skip, drops=False):
     """The index of the first record (after ``skip`` records) whose window of ``steps`` records rose by less
-    than ``rise``."""
+    than ``rise``; with ``drops`` (batch mode, ``hooks.Plateau``): and whose last record is within ``rise`` of the
+    window's best, or that comes ``drop_patience`` windows after the best record."""
     h = np.asarray(history)
     for k in range(skip + steps, len(h)):
-        if h[k] - h[k - steps] < rise:
+        window = h[k - steps:k + 1]
+        if drops and k - np.argmax(h[skip:k + 1]) - skip >= hooks.Plateau.drop_patience * steps:
+            return k
+        if h[k] - h[k - steps] < rise and not (drops and window.max() - h[k] > rise):
             return k
     return None
 
@@ -124,7 +128,7 @@ def test_the_sparse_default_stops_on_its_plateau(monkeypatch, batch_size):
     history = model.history_["log_marginal_likelihood"]
     steps, rise = size_rule.fit_plateau("auto", 300, False, minibatch=batch_size is not None)
     assert model.stop_reason_ == "plateau" and len(history) < model.n_warmup_ + 200
-    assert _first_window_below(history, steps, rise, model.n_warmup_) == len(history) - 1
+    assert _first_window_below(history, steps, rise, model.n_warmup_, drops=batch_size is None) == len(history) - 1
     full = GPClassifier(n_inducing=10, batch_size=batch_size, max_iter=len(history) - model.n_warmup_,
                         random_state=0, plateau=None).fit(X, y)
     np.testing.assert_allclose(full.predict_proba(X), model.predict_proba(X), rtol=1e-10)  # (the same run, cut there)

@@ -417,6 +417,10 @@ class Engine(ModulesByName, abc.ABC):
     # what its log Z is, as a progress bar names the history's "log_marginal_likelihood": EP's approximation of the
     # log evidence (not a bound, so it may exceed the exact value), or a variational bound
     objective = "objective"
+    # whether its hyper-parameter steps climb the log Z it records (with the kernel's log prior): a batch fit's fall of
+    # it is then an overshoot, not a plateau (``hooks.Plateau``); SEP's and ADF's steps follow a gradient that is not
+    # quite their log Z's (``EPEngine.log_z_climbed``)
+    log_z_climbed = True
 
     @property
     def per_row_sites(self):
