@@ -141,7 +141,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         ``agpc.inference.blocks.default_block_rows``); lower it after an ``agpc.backend.BlockMemoryError``.
     jitter : float, default=1e-6
         Added to the diagonal of K(Z, Z), at least ``agpc.backend.jitter_floor``; raised when a factorisation needs
-        more (one ``agpc.JitterWarning``; ``jitter_`` is the one used).
+        more (one ``agpc.JitterWarning``; ``jitter_`` is the one used). A ``jitter_`` above the fitted kernel's prior
+        variance at the inducing points is said (UserWarning): K(Z, Z) is then mostly jitter.
     tol : float, default=1e-6
         With ``optimize=False``, stop when the largest relative site change falls below ``tol``.
     random_state : int, Generator or None
@@ -622,6 +623,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self._warn_of_time(result, resumed)
         if self.max_iter != 0 and not (result.stopped_by_time and result.n_iter == 0):  # (those are said already)
             self._warn_if_flat(probe)
+        self._warn_if_jitter_swamps()
         return self
 
     def _warn_if_flat(self, X=None):
@@ -652,6 +654,22 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             said += ("If the features do carry signal, look at kernel_ (lengthscales far longer or shorter than the "
                      "inputs' spread, an amplitude near 0) and the inputs' scale")
         B.warn_guard(said)
+
+    def _warn_if_jitter_swamps(self):
+        """A UserWarning where the jitter of the fitted model exceeds its kernel's prior variance at its inducing points
+        (the smallest of its latent GPs' means of K(Z, Z)'s diagonal, jitter not counted): K(Z, Z) is then mostly
+        jitter, the inducing values nearly independent of each other. Measured (banana, 1,000 rows, 30 points, 2,000
+        test rows): jitter 1e-6 to 10 gave test NLL 0.336-0.338, the fitted variance growing with it (ratios up to
+        0.45); 1e3 gave 0.464 (ratio 21) and 1e6 0.693, every probability 0.500, none of it said."""
+        xp = B.array_namespace(self.inducing_points_)  # (one scalar a latent GP to the host, not m of them)
+        variance = min(float(xp.mean(kernel.Kdiag(Z))) for kernel, Z in self.kernel_.latent_parts(self.inducing_points_))
+        if not self.jitter_ > variance:
+            return
+        raised = f" (raised from jitter={self.jitter:g} where a factorisation failed)" if self.jitter_ > self.jitter else ""
+        warnings.warn(f"jitter_={self.jitter_:g}{raised} exceeds the fitted kernel's prior variance at the inducing "
+                      f"points ({variance:.3g}): K(Z, Z) is then mostly jitter and the model learns little from the "
+                      "features; the jitter is for round-off (1e-6 by default; a factorisation that needs more raises "
+                      "it itself)", UserWarning, stacklevel=B.outside_stacklevel())
 
     def _warn_of_time(self, result, resumed):
         """One warning where ``max_time`` ended the fit before its first iteration (a model of no step is the prior's,

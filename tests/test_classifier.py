@@ -340,6 +340,25 @@ def test_a_jitter_raised_in_prediction_is_warned_at_the_callers_line(monkeypatch
         assert [os.path.basename(w.filename) for w in said] == [os.path.basename(__file__)], (name, said)
 
 
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_a_jitter_above_the_kernels_prior_variance_is_said(n_classes):
+    """``jitter=1e6`` fitted silently a model whose probabilities were all 0.500 (banana, 1,000 rows: test NLL 0.693,
+    1e3: 0.464, against 0.336 at the default): the jitter swamped K(Z, Z). A fit whose jitter ends above its fitted
+    kernel's prior variance at the inducing points (each class's, the smallest) says so in one UserWarning, from the
+    caller's line; a jitter the kernel's variance grows past (1.0 here) says nothing."""
+    X, y = make_banana(300, random_state=0)
+    labels = y if n_classes == 2 else np.digitize(X[:, 0], [-0.5, 0.5])
+    options = dict(n_inducing=10, max_iter=20, random_state=0)
+    with pytest.warns(UserWarning, match=r"jitter_=1e\+06 exceeds the fitted kernel's prior variance at the "
+                                         r"inducing points \(\d") as caught:
+        model = GPClassifier(jitter=1e6, **options).fit(X, labels)
+    assert [w.filename for w in caught if "jitter_=" in str(w.message)] == [__file__]
+    assert min(float(np.mean(k.Kdiag(Z))) for k, Z in model.kernel_.latent_parts(model.inducing_points_)) < 1e6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        GPClassifier(jitter=1.0, **options).fit(X, labels)
+
+
 @pytest.mark.parametrize("kind", ["binary, ep", "binary, sep minibatches", "multiclass", "ordinal"])
 def test_labels_memory_mapped_beside_rows_in_memory_fit_as_labels_in_memory(tmp_path, kind):
     """A hostile-input audit (2026-12-02): ``fit(X, np.load("y.npy", mmap_mode="r"))`` with X in memory failed in
