@@ -399,16 +399,34 @@ def _from_columns(names, columns, target, path, features=None, row_of=None, weig
     if weight_index is not None and weight_index == index:
         raise TableError(f"{path}: the weight column {names[index]!r} is the --target column")
     if weight_index is not None:
-        _check_filled(columns[weight_index], names[weight_index], path, row_of, "weight")
-        weights = _numeric(columns[weight_index], names[weight_index], path, row_of, "weight")
+        weights = _decoded(columns[weight_index])
+        _check_filled(weights, names[weight_index], path, row_of, "weight")
+        weights = _numeric(weights, names[weight_index], path, row_of, "weight")
         _check_weights(weights, names[weight_index], path, row_of)
         weight_column.append(weights)
     chosen = _feature_columns(names, index, features, path, weight_index)
-    for i in chosen:
-        _check_filled(columns[i], names[i], path, row_of, "feature")
-    X = _feature_table([_feature_values(columns[i], names[i], path, row_of) for i in chosen])
-    labels = None if index is None else _label_column(columns[index], names[index], path, row_of)
+    values = [_numbers_at_once(columns[i]) for i in chosen]  # (then every column's missing cells, as text)
+    for j, i in enumerate(chosen):
+        if values[j].dtype.kind != "f":
+            values[j] = _decoded(values[j])
+            _check_filled(values[j], names[i], path, row_of, "feature")
+    X = _feature_table([v if v.dtype.kind == "f" else _feature_values(v, names[i], path, row_of)
+                        for v, i in zip(values, chosen)])
+    labels = None if index is None else _label_column(_decoded(columns[index]), names[index], path, row_of)
     return Data(X, labels, [names[i] for i in chosen])
+
+
+def _numbers_at_once(values):
+    """A CSV column of numbers (UTF-8 bytes, ``_add_chunk``) as float64 without its text ever made (4 bytes a
+    character); anything else, or a column with a NaN (missing: ``_check_filled`` says so from its text), or one that
+    only Python's reading of text takes (digits of other scripts), as it came."""
+    if values.dtype.kind != "S":
+        return values
+    try:
+        numbers = _floats(values)
+    except (ValueError, TypeError):
+        return values
+    return values if np.isnan(numbers).any() else numbers
 
 
 def _from_matrix(data, target, path):
@@ -485,7 +503,8 @@ def _csv_records(fh, path):
 
 
 # Rows of a CSV file turned into arrays at a time (``_csv_columns``): a file's cells held as Python strings until the
-# whole file was read took 14 times its size (200,000 rows x 21 columns of numbers, 38 MB: 541 MB of peak RSS growth)
+# whole file was read took 14 times its size (200,000 rows x 21 columns of numbers, 38 MB: 541 MB of peak RSS growth),
+# NumPy text arrays of them 7.7 times (294 MB); UTF-8 bytes, a column of numbers read into floats from them, 2.9 (111)
 CSV_CHUNK_ROWS = 8192
 
 
@@ -513,7 +532,11 @@ def _csv_columns(records, path):
         _add_chunk(pieces, chunk)
     if not lines:
         raise TableError(f"{path}: no data rows below the header")
-    return names, lines, [np.concatenate(piece) for piece in pieces]
+    columns = []
+    for piece in pieces:  # (each column's chunks freed once it is joined)
+        columns.append(np.concatenate(piece))
+        piece.clear()
+    return names, lines, columns
 
 
 def _check_csv_row(row, names, line, path):
@@ -528,10 +551,24 @@ def _check_csv_row(row, names, line, path):
 
 
 def _add_chunk(pieces, chunk):
-    """Each column's cells of the rows in ``chunk`` appended to ``pieces`` as a NumPy text array; ``chunk`` emptied."""
+    """Each column's cells of the rows in ``chunk`` appended to ``pieces`` as a NumPy array of their UTF-8 bytes (a
+    byte a character where NumPy's text takes four; ``_decoded`` gives the text back); ``chunk`` emptied."""
     for piece, column in zip(pieces, zip(*chunk)):
-        piece.append(np.asarray(column))
+        try:
+            piece.append(np.asarray(column).astype("S"))  # (ASCII: one cast)
+        except UnicodeEncodeError:
+            piece.append(np.asarray([cell.encode("utf-8") for cell in column]))
     chunk.clear()
+
+
+def _decoded(values):
+    """A column as NumPy text: a CSV column's UTF-8 bytes (``_add_chunk``) decoded, any other column as it is."""
+    if values.dtype.kind != "S":
+        return values
+    try:
+        return values.astype("U")  # (ASCII: one cast)
+    except UnicodeDecodeError:
+        return np.asarray([cell.decode("utf-8") for cell in values.tolist()], dtype=str)
 
 
 def _not_utf8(path):
