@@ -661,11 +661,15 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         jitter, the inducing values nearly independent of each other. Measured (banana, 1,000 rows, 30 points, 2,000
         test rows): jitter 1e-6 to 10 gave test NLL 0.336-0.338, the fitted variance growing with it (ratios up to
         0.45); 1e3 gave 0.464 (ratio 21) and 1e6 0.693, every probability 0.500, none of it said."""
-        xp = B.array_namespace(self.inducing_points_)  # (one scalar a latent GP to the host, not m of them)
-        variance = min(float(xp.mean(kernel.Kdiag(Z))) for kernel, Z in self.kernel_.latent_parts(self.inducing_points_))
+        Z = self.inducing_points_
+        xp = B.array_namespace(Z)  # (K(Z, Z) itself: Kdiag adds the latent noise, which K(Z, Z) does not hold; one
+        # scalar a latent GP to the host, not m of them)
+        variance = min(float(xp.mean(xp.linalg.diagonal(kernel.K(Z_c)))) for kernel, Z_c in self.kernel_.latent_parts(Z))
         if not self.jitter_ > variance:
             return
-        raised = f" (raised from jitter={self.jitter:g} where a factorisation failed)" if self.jitter_ > self.jitter else ""
+        start = B.starting_jitter(self.jitter, Z)  # (float32's floor is no failed factorisation)
+        raised = (f" (raised from {start:g} where a factorisation failed)" if self.jitter_ > start else
+                  f" (float32's floor, above jitter={self.jitter:g})" if start > self.jitter else "")
         warnings.warn(f"jitter_={self.jitter_:g}{raised} exceeds the fitted kernel's prior variance at the inducing "
                       f"points ({variance:.3g}): K(Z, Z) is then mostly jitter and the model learns little from the "
                       "features; the jitter is for round-off (1e-6 by default; a factorisation that needs more raises "

@@ -389,39 +389,41 @@ def _feature_columns(names, target_index, features, path, weight_index=None):
     return chosen
 
 
-def _from_columns(names, columns, target, path, features=None, row_of=None, weight_column=None):
+def _from_columns(names, columns, target, path, features=None, row_of=None, weight_column=None, utf8=False):
     """Features and labels from named columns (CSV, Parquet); ``features`` selects and orders the feature
     columns by name (see load_data). ``row_of(i)`` says where data row i is in the file, for error messages.
-    ``weight_column``: [name] (``load_weighted_data``), to which the weights read from that column are appended."""
+    ``weight_column``: [name] (``load_weighted_data``), to which the weights read from that column are appended.
+    ``utf8``: the columns are a CSV file's, each cell's UTF-8 bytes (``_add_chunk``); other files' columns are
+    judged as they come."""
+    decoded = _decoded if utf8 else (lambda values: values)
     row_of = row_of or (lambda i: f"data row {i + 1}")
     index = None if target is None else _column_index(names, target, path)
     weight_index = None if weight_column is None else _column_index(names, weight_column[0], path)
     if weight_index is not None and weight_index == index:
         raise TableError(f"{path}: the weight column {names[index]!r} is the --target column")
     if weight_index is not None:
-        weights = _decoded(columns[weight_index])
+        weights = decoded(columns[weight_index])
         _check_filled(weights, names[weight_index], path, row_of, "weight")
         weights = _numeric(weights, names[weight_index], path, row_of, "weight")
         _check_weights(weights, names[weight_index], path, row_of)
         weight_column.append(weights)
     chosen = _feature_columns(names, index, features, path, weight_index)
-    values = [_numbers_at_once(columns[i]) for i in chosen]  # (then every column's missing cells, as text)
+    values = [_numbers_at_once(columns[i]) if utf8 else columns[i] for i in chosen]  # (then the others' missing cells)
+    read = [utf8 and v.dtype.kind == "f" for v in values]
     for j, i in enumerate(chosen):
-        if values[j].dtype.kind != "f":
-            values[j] = _decoded(values[j])
+        if not read[j]:
+            values[j] = decoded(values[j])
             _check_filled(values[j], names[i], path, row_of, "feature")
-    X = _feature_table([v if v.dtype.kind == "f" else _feature_values(v, names[i], path, row_of)
-                        for v, i in zip(values, chosen)])
-    labels = None if index is None else _label_column(_decoded(columns[index]), names[index], path, row_of)
+    X = _feature_table([v if done else _feature_values(v, names[i], path, row_of)
+                        for v, done, i in zip(values, read, chosen)])
+    labels = None if index is None else _label_column(decoded(columns[index]), names[index], path, row_of)
     return Data(X, labels, [names[i] for i in chosen])
 
 
 def _numbers_at_once(values):
     """A CSV column of numbers (UTF-8 bytes, ``_add_chunk``) as float64 without its text ever made (4 bytes a
-    character); anything else, or a column with a NaN (missing: ``_check_filled`` says so from its text), or one that
-    only Python's reading of text takes (digits of other scripts), as it came."""
-    if values.dtype.kind != "S":
-        return values
+    character); a column with a NaN (missing: ``_check_filled`` says so from its text), or one that only Python's
+    reading of text takes (digits of other scripts), as it came."""
     try:
         numbers = _floats(values)
     except (ValueError, TypeError):
@@ -606,7 +608,7 @@ def _read_csv(path, target, labels_required, features=None, weight_column=None):
     except UnicodeDecodeError:
         raise TableError(_not_utf8(path)) from None
     return _from_columns(names, columns, target, path, features, row_of=lambda i: f"line {lines[i]}",
-                         weight_column=weight_column)
+                         weight_column=weight_column, utf8=True)
 
 
 def _parquet_columns(path, select=None):

@@ -357,6 +357,11 @@ def test_a_jitter_above_the_kernels_prior_variance_is_said(n_classes):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         GPClassifier(jitter=1.0, **options).fit(X, labels)
+    # (K(Z, Z) holds no latent noise, which Kdiag adds: a review found an amplitude of 1e-7 under a noise of 1 unsaid)
+    quiet = RBF(lengthscales=[1.0, 1.0], amplitude=1e-7, noise=1.0)
+    with pytest.warns(UserWarning, match=r"jitter_=1e-06 exceeds the fitted kernel's prior variance at the inducing "
+                                         r"points \(1e-07\)"):
+        GPClassifier(kernel=quiet, n_inducing=10, max_iter=0).fit(X, y)
 
 
 @pytest.mark.parametrize("kind", ["binary, ep", "binary, sep minibatches", "multiclass", "ordinal"])

@@ -434,6 +434,57 @@ def test_a_batch_fit_that_ends_below_its_best_returns_its_best_state():
     np.testing.assert_allclose(model.log_marginal_likelihood_, history.max(), rtol=1e-9)
 
 
+def test_a_resumed_batch_fit_reads_its_best_record_back_and_says_its_state_was_not_kept():
+    """A checkpoint keeps the last state, not the best one (as validation's best state is not kept either): a run
+    resumed after its best record reads that record back from its history, so it stops where the uninterrupted run
+    stops, and says that the best state came before the resume instead of putting back a state it does not have (a
+    review, 2026-12-04: resumed, it forgot its best and returned log Z -779.3 where the uninterrupted run returned
+    -768.8, silently)."""
+    curve = [-400.0 + 50 * k for k in range(5)] + [-250.0, -260.0, -270.0] * 20  # best: -200 at the 5th record
+    run = _plateau_run(curve[:8], n_steps=8, warmup=0)
+    run.resumed, run.trainer.history["n_steps"] = True, list(range(1, 9))
+    hook = hooks.Plateau(4, 1.0)
+    hook.start(run)
+    assert _feed(hook, run, curve[8:]) == 5 + hooks.Plateau.drop_patience * 4  # (as uninterrupted)
+    restored = []
+    run.trainer.engine.restore, run.trainer.engine.optimizer, run.trainer.method = restored.append, None, "svi"
+    with pytest.warns(GuardWarning, match=r"best, -200 at iteration 5, .*came before the resume.*the last state"):
+        hook.finish(run)
+    assert restored == []
+
+
+_KEPT_CASES = {"ep": dict(), "multiclass ep": dict(classes=3), "ordinal": dict(classes=3, likelihood="ordinal"),
+               "exact": dict(n_inducing="all"), "gfitc": dict(method="gfitc"), "svi": dict(method="svi")}
+
+
+@pytest.mark.parametrize("case", list(_KEPT_CASES))
+def test_the_state_a_batch_plateau_keeps_is_the_state_of_its_record(monkeypatch, case):
+    """The state ``hooks.Plateau`` puts back is the trainer's snapshot taken when a record was made: for every engine
+    whose drops it judges, the final pass over that state gives the recorded log Z again (vi-* record the state after
+    their step, not the one kept: they are not judged, ``QuadraticEngine.log_z_climbed``; a review found the restored
+    vi-jj state one iteration before its record)."""
+    options = dict(_KEPT_CASES[case])
+    classes = options.pop("classes", 2)
+    X, y = make_banana(120, random_state=2)
+    labels = y if classes == 2 else np.digitize(X[:, 0], [-0.5, 0.5])
+    kept = {}
+
+    class Probe(hooks.Plateau):
+        def after_step(self, run, log_z, recorded):
+            super().after_step(run, log_z, recorded)
+            history = run.trainer.history["log_marginal_likelihood"]
+            if recorded and self._judges_drops(run) and len(history) == 8:
+                kept.update(value=history[-1], snapshot=run.trainer.good)
+
+        def finish(self, run):
+            run.trainer.engine.restore(kept["snapshot"])
+
+    monkeypatch.setattr(hooks, "Plateau", Probe)
+    model = GPClassifier(**{"n_inducing": 8, "max_iter": 12, "random_state": 0, **options}).fit(X, labels)
+    np.testing.assert_allclose(model.log_marginal_likelihood_, kept["value"], rtol=1e-10)
+    assert not engines.QuadraticEngine.log_z_climbed
+
+
 @pytest.mark.parametrize("make", [lambda: optim.Adam(learning_rate=0.01), lambda: optim.Adadelta(learning_rate=1.0)])
 def test_the_guard_grows_a_halved_learning_rate_back_to_its_start_and_no_further(make):
     """``grow_steps`` (the guard's restoration after good steps): the learning rate grows by the factor up to the one

@@ -278,6 +278,19 @@ def test_csv_text_beyond_ascii_reads_as_written(tmp_path, monkeypatch):
         load_data(path, "label")
 
 
+def test_other_files_columns_are_judged_as_they_come(tmp_path):
+    """CSV's bytes are CSV's alone (a review, 2026-12-04: Parquet's float32 columns came back float32, and a NaN in a
+    Parquet column lost its named missing-value error, once numbers were taken as read for every file)."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "floats.parquet"
+    pq.write_table(pa.table({"a": np.array([1.5, 2.5], np.float32), "y": [0, 1]}), path)
+    assert load_data(path, "y").X.dtype == np.float64
+    pq.write_table(pa.table({"a": np.array([1.0, np.nan]), "b": [1.0, 2.0], "y": [0, 1]}), path)
+    with pytest.raises(TableError, match=r"data row 2, feature column 'a': missing value, nan"):
+        load_data(path, "y")
+
+
 def test_a_csv_field_beyond_the_csv_modules_limit_names_its_line(tmp_path):
     path = tmp_path / "wide.csv"
     path.write_text('x1,x2,label\n1,2,0\n"' + "9" * 200_000 + '",2,1\n')

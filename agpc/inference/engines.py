@@ -95,9 +95,8 @@ class EPEngine(TiedFactorSteps, Engine):
 
     @property
     def log_z_climbed(self):
-        """EP's gradient is its log Z's at its sites' fixed point; SEP's and ADF's tied factor is no such point, and
-        their batch log Z falls after its best (ADF's on 9 of 10 study sets, breast's from -45.7 to -72.7; SEP's, log
-        prior included, on 4 of 30 default fits by 0.2-0.7 nats): they stop at a fall (``hooks.Plateau``)."""
+        """EP's gradient is its log Z's at its sites' fixed point; SEP's and ADF's tied factor is no such point (their
+        batch log Z falls after its best, ADF's on 9 of 10 study sets, SEP's on 4 of 30 default fits by 0.2-0.7 nats)."""
         return self.cavity.own_sites
 
     def __init__(self, name, kernel, Z, *, n_total, minibatch, options, passes=None):
@@ -772,6 +771,7 @@ class QuadraticEngine(Engine):
     only vi-JJ and vi-Taylor: -hybrid and -full hand one xi per row to the driver's L-BFGS-B."""
 
     objective = "variational bound"
+    log_z_climbed = False  # (its log Z is the state's after the step: the kept snapshot, the one before, is not it)
     n_upd = 3  # analytic (q, xi) updates of stage 1
     likelihood = LOGISTIC  # (the bounds are the logistic's)
     maxfun = 5  # evaluations of stage 2's L-BFGS-B round

@@ -494,7 +494,15 @@ class Plateau(Hook):
         self.best = None  # judged drops: (log Z, history length, the trainer's snapshot of that state)
 
     def start(self, run):
+        """A resumed run's best record is read back from its history (its state is not in the checkpoint, as
+        validation's best state is not: ``finish`` then keeps the last state and says so)."""
         self.best = None
+        if run.resumed and self._judges_drops(run):
+            history = run.trainer.history
+            after = [i for i, steps in enumerate(history["n_steps"]) if steps - run.warmup > 0]
+            if after:
+                i = max(after, key=lambda k: (history["log_marginal_likelihood"][k], -k))
+                self.best = (history["log_marginal_likelihood"][i], i + 1, None)
 
     @staticmethod
     def _judges_drops(run):
@@ -527,6 +535,11 @@ class Plateau(Hook):
             return
         last = trainer.history["log_marginal_likelihood"][-1]
         if best[0] - last <= self.rise:
+            return
+        if best[2] is None:  # (recorded before a resume: the checkpoint keeps the last state only)
+            warn_guard(f"{trainer.method}: log Z fell from its best, {best[0]:.6g} at iteration {best[1]}, to {last:.6g} "
+                       "at the end; that state came before the resume, which does not keep it: the model is the last "
+                       "state", stacklevel=4)
             return
         climbed = [value + float(log_prior_and_grads(snapshot["state"]["kernel"])[0] or 0.0)
                    for value, snapshot in ((best[0], best[2]), (last, trainer.good))]
