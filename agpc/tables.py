@@ -511,8 +511,8 @@ CSV_CHUNK_ROWS = 8192
 
 
 def _csv_columns(records, path):
-    """(the header's names, the line of each data row, the columns as NumPy text arrays) of a CSV file's ``records``
-    (``_csv_records``), CSV_CHUNK_ROWS rows turned into arrays at a time. A blank line (no field, or one of spaces)
+    """(the header's names, the line of each data row, the columns as arrays of each cell's UTF-8 bytes,
+    ``_add_chunk``) of a CSV file's ``records`` (``_csv_records``), CSV_CHUNK_ROWS rows turned into arrays at a time. A blank line (no field, or one of spaces)
     is no row; a line of empty cells (",,") is a row whose values are missing: an error naming its line and column
     (``_check_filled``), not a row dropped unsaid."""
     first = next(records, None)

@@ -541,8 +541,8 @@ class Plateau(Hook):
                        "at the end; that state came before the resume, which does not keep it: the model is the last "
                        "state", stacklevel=4)
             return
-        climbed = [value + float(log_prior_and_grads(snapshot["state"]["kernel"])[0] or 0.0)
-                   for value, snapshot in ((best[0], best[2]), (last, trainer.good))]
+        climbed = [value + _log_prior(snapshot["state"]["kernel"]) for value, snapshot in ((best[0], best[2]),
+                                                                                           (last, trainer.good))]
         if climbed[0] - climbed[1] <= self.rise:  # (the kernel's prior gained what log Z lost)
             return
         trainer.engine.restore(best[2])
@@ -551,6 +551,12 @@ class Plateau(Hook):
         advice = f"; learning_rate={rate:g} overshoots: a smaller one climbs steadily" if rate is not None else ""
         warn_guard(f"{trainer.method}: log Z fell from its best, {best[0]:.6g} at iteration {best[1]}, to {last:.6g} at "
                    f"the end: the model returned is the one at iteration {best[1]}{advice}", stacklevel=4)
+
+
+def _log_prior(kernel):
+    """The kernel's log prior density as a float (0 for a kernel without priors)."""
+    value = log_prior_and_grads(kernel)[0]
+    return 0.0 if value is None else float(value)
 
 
 def standard_hooks(settings, validation=None):
