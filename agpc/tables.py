@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
 import re
 import warnings
 import zipfile
@@ -213,7 +214,10 @@ def _feature_values(values, name, path, row_of):
         if any(_looks_missing(v) for v in text) or 2 * sum(_is_number(v) for v in text) > len(text):
             return _numeric(values, name, path, row_of)
         _refuse_other_notations(text, name, path, row_of)
-        return np.asarray([v if isinstance(v, str) else str(v) for v in text], dtype=object)
+        # (one string object a level, which its cells share: a string of each cell's own took ~55 bytes a cell)
+        levels = {}
+        return np.asarray([levels.setdefault(v, v) for v in (v if isinstance(v, str) else str(v) for v in text)],
+                          dtype=object)
 
 
 # Numbers written another way, which a spreadsheet's export may hold: a decimal comma ("1,5"), thousands separators
@@ -243,12 +247,14 @@ def _refuse_other_notations(text, name, path, row_of):
 
 def _feature_table(columns):
     """The features as one 2-D array: float64 where every column is numbers, else an object array holding each
-    text column's strings and the others' floats (``GPClassifier`` takes those columns as categorical)."""
-    if all(column.dtype != object for column in columns):
-        return np.column_stack(columns)
-    X = np.empty((columns[0].shape[0], len(columns)), dtype=object)
-    for j, column in enumerate(columns):
-        X[:, j] = column
+    text column's strings and the others' floats (``GPClassifier`` takes those columns as categorical). Each column
+    of the list, which the caller hands over, is let go once copied (the columns and the table were both held at the
+    peak)."""
+    numbers = all(column.dtype != object for column in columns)
+    dtype = functools.reduce(np.promote_types, (column.dtype for column in columns)) if numbers else object
+    X = np.empty((columns[0].shape[0], len(columns)), dtype=dtype)  # (result_type takes at most 32 or 64 arrays)
+    for j in range(len(columns)):
+        X[:, j], columns[j] = columns[j], None
     return X
 
 
@@ -411,11 +417,14 @@ def _from_columns(names, columns, target, path, features=None, row_of=None, weig
     values = [_numbers_at_once(columns[i]) if utf8 else columns[i] for i in chosen]  # (then the others' missing cells)
     read = [utf8 and v.dtype.kind == "f" for v in values]
     for j, i in enumerate(chosen):
-        if not read[j]:
+        if read[j]:
+            columns[i] = None  # (a CSV column's bytes, read into floats: let go)
+        else:
             values[j] = decoded(values[j])
             _check_filled(values[j], names[i], path, row_of, "feature")
-    X = _feature_table([v if done else _feature_values(v, names[i], path, row_of)
-                        for v, done, i in zip(values, read, chosen)])
+    for j, i in enumerate(chosen):  # (in the list handed to _feature_table, which lets each go once copied)
+        values[j] = values[j] if read[j] else _feature_values(values[j], names[i], path, row_of)
+    X = _feature_table(values)
     labels = None if index is None else _label_column(decoded(columns[index]), names[index], path, row_of)
     return Data(X, labels, [names[i] for i in chosen])
 
@@ -506,7 +515,8 @@ def _csv_records(fh, path):
 
 # Rows of a CSV file turned into arrays at a time (``_csv_columns``): a file's cells held as Python strings until the
 # whole file was read took 14 times its size (200,000 rows x 21 columns of numbers, 38 MB: 541 MB of peak RSS growth),
-# NumPy text arrays of them 7.7 times (294 MB); UTF-8 bytes, a column of numbers read into floats from them, 2.9 (111)
+# NumPy text arrays of them 7.7 times (294 MB); UTF-8 bytes, a column of numbers read into floats from them, 2.9 (111);
+# each column let go once copied into the table, 2.1 (81)
 CSV_CHUNK_ROWS = 8192
 
 
@@ -546,10 +556,11 @@ def _check_csv_row(row, names, line, path):
         raise TableError(f"{path}: line {line} has {len(row)} fields but the header has {len(names)}")
     # NumPy's strings drop trailing NUL bytes ("2\x00" would read as 2): a NUL is never part of a number or a label
     # written as text, so a cell holding one is refused rather than silently cut
-    nul = next((i for i, cell in enumerate(row) if "\x00" in cell), None)
-    if nul is not None:
-        raise TableError(f"{path}: line {line}, column {names[nul]!r}: the cell {row[nul]!r} holds a NUL byte "
-                         "(a binary file, or one damaged in transfer?)")
+    if "\x00" not in "".join(row):  # (one search of the row: a search of each cell took a tenth of the read)
+        return
+    nul = next(i for i, cell in enumerate(row) if "\x00" in cell)
+    raise TableError(f"{path}: line {line}, column {names[nul]!r}: the cell {row[nul]!r} holds a NUL byte "
+                     "(a binary file, or one damaged in transfer?)")
 
 
 def _add_chunk(pieces, chunk):
