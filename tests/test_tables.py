@@ -233,6 +233,18 @@ def test_a_long_csv_line_is_refused_within_memory_of_its_bound(tmp_path, monkeyp
     assert peak < 2 << 20, f"{peak:,} bytes to refuse a record of {big:,} characters"
 
 
+def _loaded_within(path, times):
+    """``load_data(path, "label")``, its peak of traced memory checked below ``times`` the file's size."""
+    tracemalloc.start()
+    try:
+        data = load_data(path, "label")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < times * path.stat().st_size, f"{peak:,} bytes to read a file of {path.stat().st_size:,}"
+    return data
+
+
 def test_a_csv_file_is_read_within_a_bounded_multiple_of_its_size(tmp_path, monkeypatch):
     """Every cell of a CSV file was a Python string until the whole file was read: 14.8 times the file's size at the
     peak (tracemalloc; 30,000 rows x 11 columns of numbers, 3.1 MB), 14 times in RSS at 200,000 rows. Rows are now
@@ -246,13 +258,7 @@ def test_a_csv_file_is_read_within_a_bounded_multiple_of_its_size(tmp_path, monk
     path = tmp_path / "numbers.csv"
     np.savetxt(path, np.column_stack([X, X[:, 0] > 0]), delimiter=",", fmt="%.6f",
                header=",".join([f"x{j}" for j in range(10)] + ["label"]), comments="")
-    tracemalloc.start()
-    try:
-        data = load_data(path, "label")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 3.2 * path.stat().st_size, f"{peak:,} bytes to read a file of {path.stat().st_size:,}"
+    data = _loaded_within(path, 3.2)
     np.testing.assert_allclose(data.X, np.round(X, 6))
     assert data.feature_names == [f"x{j}" for j in range(10)]
     broken = path.read_text().splitlines()
@@ -265,13 +271,7 @@ def test_a_csv_file_is_read_within_a_bounded_multiple_of_its_size(tmp_path, monk
     path.write_text(",".join([f"c{j}" for j in range(5)] + [f"x{j}" for j in range(5)] + ["label"]) + "\n" + "".join(
         ",".join([*(f"level_{c}" for c in codes[i]), *(f"{v:.6f}" for v in X[i, :5]), str(int(X[i, 0] > 0))]) + "\n"
         for i in range(6000)))
-    tracemalloc.start()
-    try:
-        data = load_data(path, "label")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 6 * path.stat().st_size, f"{peak:,} bytes to read a file of {path.stat().st_size:,}"
+    data = _loaded_within(path, 6)
     assert data.X[:, 0].tolist() == [f"level_{c}" for c in codes[:, 0]]
 
 
