@@ -56,10 +56,10 @@ BASELINE = "agpc_baseline"  # the package name ``--baseline``'s checkout is impo
 PEER_PYTHON = PEER_HOME / "gpflow" / "bin" / "python"  # (airline.py's --peer-python default)
 
 
-def model_of(candidate, split, ordinal):
-    """The estimator of ``candidate`` (nothing set but the seed, n_jobs and, for agpc-all, plateau=None; for
-    agpc-batch, batch_size=None; for agpc-mb, batch_size=200; agpc-whole is agpc-1's, fitted without the start on a
-    subsample: ``run_one``)."""
+def model_of(candidate, split, ordinal, method=None):
+    """The estimator of ``candidate`` (nothing set but the seed, n_jobs, ``method`` where given and, for agpc-all,
+    plateau=None; for agpc-batch, batch_size=None; for agpc-mb, batch_size=200; agpc-whole is agpc-1's, fitted without
+    the start on a subsample: ``run_one``)."""
     if candidate == "logreg":
         from sklearn.linear_model import LogisticRegression
 
@@ -74,6 +74,8 @@ def model_of(candidate, split, ordinal):
         from agpc import GPClassifier
 
     extra = {"likelihood": "ordinal"} if ordinal else {}
+    if method is not None:
+        extra["method"] = method
     if candidate == "agpc-all":
         extra["plateau"] = None
     if candidate == "agpc-batch":  # (every row a step, whatever batch_size="auto" would choose)
@@ -150,7 +152,7 @@ def no_baseline_workers(candidate):
         workers.LocalWorkers = pool
 
 
-def run_one(candidate, name, split, X, y):
+def run_one(candidate, name, split, X, y, method=None):
     from agpc import size_rule
     from agpc.inference import engines
 
@@ -159,7 +161,7 @@ def run_one(candidate, name, split, X, y):
     if candidate == "gpflow":
         return run_gpflow(name, split, X_train, y[train], X_test, y[test])
     base, growth = growth_of(candidate)
-    model = model_of(base, split, name.endswith("ordinal"))
+    model = model_of(base, split, name.endswith("ordinal"), method)
     default_growth, default_subsample = engines.SPARSE_BATCH_GROWTH, size_rule.subsample_start_rows
     engines.SPARSE_BATCH_GROWTH = default_growth if growth is None else growth
     if base == "agpc-whole":  # (every fit on all rows from the start, as before the subsample start)
@@ -237,6 +239,7 @@ def main(argv=None):
                    "agpc candidate with @G (agpc-1@1.02) fits with Rprop's growth G in the sparse model's binary batch fits")
     p.add_argument("--splits", type=int, default=None, help="random 90/10 splits a set (default 3)")
     p.add_argument("--baseline", default=None, help="another checkout, whose agpc the candidates base-1 / base-2 fit")
+    p.add_argument("--method", default=None, help="the agpc candidates' method (default: the default method, ep)")
     add_blas_env_option(p)
     args = parse(p, argv, full=dict(sets=",".join(SETS[:-1]), candidates="agpc-1,agpc-2,logreg,hgb", splits=3),
                  quick=dict(sets="clf-2000x10", candidates="agpc-1,logreg", splits=1))
@@ -252,6 +255,8 @@ def main(argv=None):
     run = begin("Default fits: time, iterations and test NLL", args, argv)
     if args.baseline:
         print(f"Baseline (base-1 / base-2): the agpc of {Path(args.baseline).resolve()}, imported as {BASELINE}\n")
+    if args.method:
+        print(f"The agpc candidates fit method={args.method!r}, nothing else set\n")
     set_here = blas_variables_set()
     results = []
     for name in args.sets:
@@ -265,7 +270,7 @@ def main(argv=None):
                 if candidate == "gpflow" and (peer_missing() or name.endswith("ordinal")):
                     print(f"{name} split {split} gpflow: skipped ({peer_missing() or 'ordinal labels'})", flush=True)
                     continue
-                result = run_one(candidate, name, split, X, y)
+                result = run_one(candidate, name, split, X, y, args.method)
                 if result is None:
                     print(f"{name} split {split} {candidate}: skipped (more than two classes)", flush=True)
                     continue

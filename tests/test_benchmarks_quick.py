@@ -58,6 +58,7 @@ def _runs(tmp_dir):
         "stability": ["stability.py", "--out", str(tmp_dir / "stability.json")],
         "stopping": ["stopping.py", "--out", str(tmp_dir / "stopping.json")],
         "defaults": ["defaults.py", "--out", str(tmp_dir / "defaults.json")],
+        "defaults_method": ["defaults.py", "--method", "svi", "--out", str(tmp_dir / "defaults_svi.json")],
         "categorical": ["categorical.py", "--out", str(tmp_dir / "categorical.json")],
         "subsample_start": ["subsample_start.py"],
         "inducing_every": ["inducing_every.py"],

@@ -177,6 +177,8 @@ def test_multiclass_svi_blocks_are_sized_for_all_its_classes(monkeypatch):
             yield block
 
     monkeypatch.setattr(blocks, "data_blocks", counting)
+    # (on one thread: a block then holds the rows that fit; on k, each of the k blocks in flight a k-th of them)
+    monkeypatch.setattr(blocks, "block_workers", lambda like, count: 1)
     blocked = _multiclass_svi(kc, Zc, X, labels)
     assert seen[0] == 61 and sum(seen) == 700
     np.testing.assert_allclose(float(blocked[0]), float(whole[0]), rtol=1e-12)

@@ -146,8 +146,7 @@ class EPEngine(TiedFactorSteps, Engine):
         # Distributed SEP / minibatch EP (``data_parallel``): the factor is one shard's, standing for
         # ``factor_rows`` rows, and q = prior x (others + factor) (``ep.factor_cavity``). Set by whoever
         # steps the shard; None: the factor is all the data's.
-        self.others = None
-        self.factor_rows = None
+        self.others = self.factor_rows = None
         # SEP / ADF: Z held between its moves, one step in a few (``tied_steps``); a stream's moves at each call
         self.holds_inducing = True
 
@@ -223,8 +222,7 @@ class EPEngine(TiedFactorSteps, Engine):
                     n_total = self.n_total * xp.sum(weights) / (hi - lo)
             result = self.passes.evaluate_factor(
                 kernel, Z, row_slice(X, lo, hi), row_slice(y, lo, hi), state["factor"], cavity=self.cavity,
-                n_total=n_total,
-                site_precision=state["nu"][lo:hi, ...] if self.cavity.own_sites else None,
+                n_total=n_total, site_precision=state["nu"][lo:hi, ...] if self.cavity.own_sites else None,
                 site_shift=state["mu"][lo:hi, ...] if self.cavity.own_sites else None,
                 jitter=self.jitter, want_grad=stepping, block_rows=self.block_rows, weights=weights, checked=False,
                 **shard, **self.likelihood_option,
@@ -288,9 +286,7 @@ class EPEngine(TiedFactorSteps, Engine):
         xp, state = self.xp, self.state
         result, new_factor = work
         kernel, Z = state["kernel"], state["Z"]
-        rho = self.damping
-        n_invalid = float(scalars[1])
-        change = 0.0
+        rho, n_invalid, change = self.damping, float(scalars[1]), 0.0
         if self.cavity.own_sites and not self.minibatch:  # the sites came back damped by rho
             change = ep.relative_site_change(scalars[2:6])
             state["nu"], state["mu"] = result["site_precision"], result["site_shift"]
@@ -476,6 +472,7 @@ class GFITCEngine(Engine):
     layout = StateLayout(per_row=("nu", "mu"), flags=("settled", "cycle_halved"), counts=("sweeps", "reversals"))
     objective = "log Z_EP (EP estimate)"
     has_damping = True
+    threaded_passes = True  # (gfitc.evaluate's two passes)
     max_sweeps = 100  # EP sweeps at most between two hyper-parameter steps
     # Parallel EP can fall into a two-cycle: each sweep undoes the last (the sites' step reverses, its cosine with
     # the step before near -1), as rows' cavities turn invalid and valid in turn. Sample weights of 1000 and 1e-4 on
@@ -621,6 +618,7 @@ class SVIEngine(Engine):
 
     # q(v)'s covariance factor; the u-space form's checkpoint entries and the whitened ones (``restore_checkpoint``)
     objective = "ELBO"
+    threaded_passes = True  # (variational.svi_elbo, multiclass_vi.svi_elbo_multiclass)
     layout = StateLayout(triangular=("whitened_chol",),
                          legacy={"mean": "whitened_mean", "chol": "whitened_chol"})
 
@@ -775,6 +773,7 @@ class QuadraticEngine(Engine):
     n_upd = 3  # analytic (q, xi) updates of stage 1
     likelihood = LOGISTIC  # (the bounds are the logistic's)
     maxfun = 5  # evaluations of stage 2's L-BFGS-B round
+    threaded_passes = True  # (quadratic_site_sums and quadratic_row_terms)
 
     def __init__(self, name, kernel, Z, *, n_total, minibatch, options, passes=None):
         method = name

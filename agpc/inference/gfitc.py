@@ -31,12 +31,13 @@ multiclass.
 
 from __future__ import annotations
 
+from contextlib import closing
 from dataclasses import dataclass
 
 from ..backend import array_namespace, lower_triangular_inverse
 from ..likelihoods import probit_for
 from . import blocks, ep, multiclass_ep, sites
-from .posterior import posterior_from_sums, prior_cholesky
+from .posterior import posterior_from_sums, prior_cholesky, uses_inverse
 
 __all__ = ["evaluate", "zero_sites"]
 
@@ -180,29 +181,37 @@ def _rows(a, lo, hi):
     return (slice(lo, hi),) + (slice(None),) * (len(a.shape) - 1)
 
 
-def _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows, weights=None):
-    """q(u_c) for every class from the sites (one pass), and every block's projections (A^T, Knm) per
-    class for the sweep to reuse while they fit ep's cache budget (``weights``: each row's factor on g_i w_i times)."""
+def _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows, workers, weights=None):
+    """q(u_c) for every class from the sites (one pass, its blocks on ``workers`` threads, their sums added in order),
+    and every block's projections (A^T, Knm) per class for the sweep to reuse while they fit ep's cache budget
+    (``weights``: each row's factor on g_i w_i times)."""
     L_K = [prior_cholesky(k, Zc, jitter) for k, Zc in model.parts]
     L_K_inv = [lower_triangular_inverse(L) for L in L_K]
     C, n = len(model.parts), X.shape[0]
     keep = blocks.projections_fit(n, model.parts[0][1], classes=C)
-    S, c_tilde, kept = [None] * C, [None] * C, []
-    for lo, hi, X_block, y_block in blocks.data_blocks(X, y, block_rows, model.parts[0][1]):
+
+    def block_sums(lo, hi, X_block, y_block):
         rows = _rows(site_precision, lo, hi)
         totals = model.totals(site_precision[rows], site_shift[rows], y_block)
-        projections = []
+        sums, projections = [], []
         for c, ((k, Zc), (precision_c, shift_c)) in enumerate(zip(model.parts, totals)):
             At, Knm = ep.project(k, X_block, Zc, L_K_inv[c])
             w, r, _ = _site_on_g(precision_c, shift_c, k.Kdiag(X_block) - ep.row_dot(At, At))
             if weights is not None:  # (w_i copies of the row, each its own latent value: w_i times its factor on g)
                 w, r = weights[lo:hi] * w, weights[lo:hi] * r
-            S_b, c_b = ep.site_sums(At, w, r)
-            S[c] = S_b if S[c] is None else S[c] + S_b
-            c_tilde[c] = c_b if c_tilde[c] is None else c_tilde[c] + c_b
+            sums.append(ep.site_sums(At, w, r))
             projections.append((At, Knm))
-        if keep:
-            kept.append(projections)
+        return sums, (projections if keep else None)
+
+    S, c_tilde, kept = [None] * C, [None] * C, []
+    pieces = blocks.data_blocks(X, y, block_rows, model.parts[0][1])
+    with closing(blocks.map_blocks(block_sums, pieces, workers)) as results:  # (ended on an error too: map_blocks)
+        for _, (sums, projections) in results:
+            for c, (S_b, c_b) in enumerate(sums):
+                S[c] = S_b if S[c] is None else S[c] + S_b
+                c_tilde[c] = c_b if c_tilde[c] is None else c_tilde[c] + c_b
+            if keep:
+                kept.append(projections)
     posts = [posterior_from_sums(L_K[c], S[c], c_tilde[c], L_K_inv=L_K_inv[c]) for c in range(C)]
     return posts, (kept if keep else None)
 
@@ -255,8 +264,14 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
     integer weight the row repeated (docs/weights.md). ``likelihood``: the model's (None: the probit, or the multiclass
     probit for C classes); a binary one takes its ``site_terms`` on f_i, whose variance holds its unit noise."""
     model = _Model(kernel, Z, likelihood)
-    block_rows = model.block_rows(block_rows, X.shape[0])  # once: the sweep reuses the first stage's projections
-    posts, kept = _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows, weights)
+    # once: the sweep reuses the first stage's projections; the blocks of both on the threads of ``pass_layout``
+    block_rows, workers = blocks.pass_layout(model.parts[0][1], X.shape[0], model.block_rows(block_rows, X.shape[0]))
+    posts, kept = _posteriors(model, X, y, site_precision, site_shift, jitter, block_rows, workers, weights)
+    for post in posts:  # (what the blocks share, formed here once, before any thread needs it: q caches it)
+        if uses_inverse(post.L_K, n_columns=min(X.shape[0], block_rows)):
+            post.L_K_inv, post.L_C_inv
+        if want_grad:
+            post.beta
 
     def block_step(index, lo, hi, X_block, y_block, rows_precision, rows_shift):
         return _block_pass(model, X_block, y_block, rows_precision, rows_shift, posts, kept[index] if kept else None,
@@ -264,7 +279,7 @@ def evaluate(kernel, Z, X, y, site_precision, site_shift, *, jitter, want_grad=T
 
     sweep = ep.sweep_rows(X, y, site_precision, site_shift, block_step, block_rows=block_rows,
                           like=model.parts[0][1], want_grad=want_grad,
-                          valid_columns=len(model.parts) if model.multiclass else None)
+                          valid_columns=len(model.parts) if model.multiclass else None, workers=workers)
     if not model.multiclass:
         return ep.finish_evaluate(kernel, Z, posts[0], sweep, want_grad)
     log_z = sweep["terms"]

@@ -19,6 +19,8 @@ its optimum makes every argmax certain: on noisy labels the predictions grew mor
 
 from __future__ import annotations
 
+from contextlib import closing
+
 from ..backend import array_namespace
 from ..likelihoods import ROBUST_MAX, RobustMax
 from . import blocks
@@ -75,18 +77,26 @@ def svi_elbo_multiclass(kernels, Z, X, y, whitened_mean, whitened_chol, *, n_qua
     expected_total = None
     # (blocks sized for all C classes: each holds (b, C) marginals and (b, T, C) quadrature arrays; sized for one
     # class, 8,000 rows of 800 classes were one block, and a step peaked at 10 GB)
-    block_rows = block_rows or blocks.default_block_rows(Z, X.shape[0])
-    for lo, hi, Xb, yb in blocks.data_blocks(X, y, block_rows, Z[0, ...]):
-        expected, g_m, g_v, g_s = _block_bound(likelihood, bound, terms, Xb, yb, n_quadrature)
+    block_rows, workers = blocks.pass_layout(Z, X.shape[0], block_rows or blocks.default_block_rows(Z, X.shape[0]))
+
+    def block_terms(lo, hi, Xb, yb):
+        """A block's expected log-likelihood and each class's share of the adjoints (on a pass's thread)."""
+        parts, expected, g_m, g_v, g_s = _block_bound(likelihood, bound, terms, Xb, yb, n_quadrature)
         if weights is not None:
             w = weights[lo:hi]
             expected, g_m, g_v = w * expected, w[:, None] * g_m, w[:, None] * g_v
             g_s = None if g_s is None else w[:, None] * g_s
-        total = xp.sum(expected)
-        expected_total = total if expected_total is None else expected_total + total
-        if want_grad:
-            for c, t in enumerate(terms):
-                t.add_adjoints(g_m[:, c], g_v[:, c], None if g_s is None else g_s[:, c])
+        shares = [t.block_adjoints(part, g_m[:, c], g_v[:, c], None if g_s is None else g_s[:, c])
+                  for c, (t, part) in enumerate(zip(terms, parts))] if want_grad else None
+        return xp.sum(expected), shares
+
+    expected_total = None
+    pieces = blocks.data_blocks(X, y, block_rows, Z[0, ...])
+    with closing(blocks.map_blocks(block_terms, pieces, workers)) as results:  # (ended on an error too: map_blocks)
+        for _, (total, shares) in results:  # (added in the rows' order, whatever thread ran the block)
+            expected_total = total if expected_total is None else expected_total + total
+            for t, share in zip(terms, shares or ()):
+                t.add(share)
     kl = terms[0].kl
     for t in terms[1:]:
         kl = kl + t.kl
@@ -105,20 +115,21 @@ def svi_elbo_multiclass(kernels, Z, X, y, whitened_mean, whitened_chol, *, n_qua
 
 
 def _block_bound(likelihood, bound, terms, Xb, yb, n_quadrature):
-    """``svi_elbo_multiclass``'s data terms of a block of rows Xb under ``bound`` (b,), from each class's marginals
-    of q (``terms``: the classes' ``SVIBoundTerms``), and their derivatives in the classes' means and variances of
-    f_i and (not "jensen": else None) in the conditional's variances s_ic, each (b, C)."""
+    """``svi_elbo_multiclass``'s data terms of a block of rows Xb under ``bound``: (each class's block for its
+    ``block_adjoints``, the terms (b,) from each class's marginals of q (``terms``: the classes' ``SVIBoundTerms``),
+    and their derivatives in the classes' means and variances of f_i and, not "jensen" (else None), in the
+    conditional's variances s_ic, each (b, C))."""
     xp = array_namespace(Xb)
     if bound == "jensen":
-        pairs = [t.marginals(Xb) for t in terms]
-        f_mean = xp.stack([p[0] for p in pairs], axis=1)
-        f_var = xp.stack([p[1] for p in pairs], axis=1)
+        triples = [t.marginals(Xb) for t in terms]
+        f_mean = xp.stack([p[1] for p in triples], axis=1)
+        f_var = xp.stack([p[2] for p in triples], axis=1)
         expected, g_m, g_v = likelihood.expected_log_density(yb, f_mean, f_var, n_quadrature)
-        return expected, g_m, g_v, None
-    parts = [t.marginal_parts(Xb) for t in terms]
-    f_mean, f_var, residual = (xp.stack([p[j] for p in parts], axis=1) for j in range(3))
+        return [p[0] for p in triples], expected, g_m, g_v, None
+    pairs = [t.marginal_parts(Xb) for t in terms]
+    f_mean, f_var, residual = (xp.stack([p[1][j] for p in pairs], axis=1) for j in range(3))
     row_bound = likelihood.log_density_bound if bound == "max" else likelihood.conditional_log_density_bound
-    return row_bound(yb, f_mean, f_var, residual, n_quadrature)
+    return ([p[0] for p in pairs], *row_bound(yb, f_mean, f_var, residual, n_quadrature))
 
 
 def predictive_log_proba(mean, var, epsilon=EPSILON):

@@ -23,6 +23,7 @@ whose bracket is the log-normaliser gain of that posterior. Gradients come as ad
 
 from __future__ import annotations
 
+from contextlib import closing
 
 from ..backend import (
     array_device,
@@ -139,36 +140,33 @@ class SVIBoundTerms:
         # the blocks' sums: A g_m; -S of blocks of at least m / 2 rows, of narrower ones; the others' -S L_w; with an
         # adjoint g_s of its own, dA A^T (``add_adjoints``)
         self._sums, self._own_s = (None,) * 5, None
-        self._block = None
 
     def _solve(self, B, trans=False, overwrite=True):
         """L_K^-1 B (``trans``: L_K^-T B); ``overwrite``: B is the caller's temporary."""
         return left_solve(self.L_K, B, trans=trans, L_inv=self.L_K_inv, overwrite=overwrite)
 
     def marginals(self, Xb):
-        """Mean and variance of f at the rows under q (latent noise included)."""
-        mean, spread_variance, residual = self.marginal_parts(Xb)
-        return mean, residual + spread_variance
+        """(the block for ``block_adjoints``, mean and variance of f at the rows under q, latent noise included)."""
+        block, (mean, spread_variance, residual) = self.marginal_parts(Xb)
+        return block, mean, residual + spread_variance
 
     def marginal_parts(self, Xb):
-        """Mean a_i^T m_w, q's share of the variance v_i = |L_w^T a_i|^2 and the conditional's s_i = K_ii - |a_i|^2
-        (latent noise included) at the rows: f_i | u ~ N(a_i^T L_K^-1 u, s_i), q(a_i^T L_K^-1 u) = N(mean, v_i)."""
+        """(the block for ``block_adjoints``, (mean a_i^T m_w, q's share of the variance v_i = |L_w^T a_i|^2, the
+        conditional's s_i = K_ii - |a_i|^2, latent noise included)) at the rows: f_i | u ~ N(a_i^T L_K^-1 u, s_i),
+        q(a_i^T L_K^-1 u) = N(mean, v_i). Reads the terms only: the blocks of a pass may run on threads."""
         Knm = self.kernel.K(Xb, self.Z)
         A = self._solve(Knm.mT, overwrite=False)  # (Knm is kept for the kernel's gradient)
         spread = triangular_matmul(self.chol, A, trans=True)  # L_w^T A
-        self._block = (Xb, Knm, A, spread)
         residual = self.kernel.Kdiag(Xb) - row_dot(A, A, axis=-2)
-        return self.mean @ A, row_dot(spread, spread, axis=-2), residual
+        return (Xb, Knm, A, spread), (self.mean @ A, row_dot(spread, spread, axis=-2), residual)
 
-    def add_adjoints(self, g_m, g_v, g_s=None):
-        """Accumulate the adjoints of the last ``marginals`` (or ``marginal_parts``) block: g_v of q's share of the
-        variance, g_s of the conditional's (None: g_v, the adjoint of the total variance; all of a bound's blocks
-        give it, or none)."""
-        Xb, Knm, A, spread = self._block
+    def block_adjoints(self, block, g_m, g_v, g_s=None):
+        """A block's share of the adjoints (for ``add``, in the rows' order), from its ``marginal_parts`` block and
+        g_v of q's share of the variance, g_s of the conditional's (None: g_v, the adjoint of the total variance; all
+        of a bound's blocks give it, or none). Reads the terms only: the blocks of a pass may run on threads."""
+        Xb, Knm, A, spread = block
         own_s = g_s is not None
-        if self._own_s not in (None, own_s):
-            raise ValueError("add_adjoints: g_s is given for every block of a bound or for none")
-        self._own_s, g_s = own_s, (g_s if own_s else g_v)
+        g_s = g_s if own_s else g_v
         d_A = self.mean[:, None] * g_m[None, :] + 2.0 * (triangular_matmul(self.chol, spread * g_v[None, :])
                                                           - A * g_s[None, :])
         # the sums are kept negated: -S = A (-G) A^T, whose weights are >= 0 where g_v <= 0 (a log-concave likelihood's,
@@ -181,7 +179,14 @@ class SVIBoundTerms:
         parts = (A @ g_m, minus_gram if wide else None, None if wide else minus_gram,
                  None if wide else (A * minus_g_v[None, :]) @ spread.mT, d_A @ A.mT if own_s else None)
         dKnm_t = self._solve(d_A, trans=True)  # L_K^-T dA (d_A overwritten)
-        block = self.kernel.grads(None, dKnm_t.mT, g_s, Xb, self.Z, Knm=Knm)
+        return self.kernel.grads(None, dKnm_t.mT, g_s, Xb, self.Z, Knm=Knm), parts, own_s
+
+    def add(self, share):
+        """Add a block's ``block_adjoints`` to the pass's sums."""
+        block, parts, own_s = share
+        if self._own_s not in (None, own_s):
+            raise ValueError("block_adjoints: g_s is given for every block of a bound or for none")
+        self._own_s = own_s
         self.grads = block if self.grads is None else {k: self.grads[k] + block[k] for k in block}
         self._sums = tuple(_added(total, part) for total, part in zip(self._sums, parts))
 
@@ -233,9 +238,11 @@ def svi_elbo(kernel, Z, X, y, whitened_mean, whitened_chol, *, likelihood="probi
     terms = SVIBoundTerms(kernel, Z, whitened_mean, whitened_chol, jitter)
     likelihood = likelihood_by_name(likelihood, multiclass=False).at(kernel)
     ordinal = isinstance(likelihood, Ordinal)  # its cut points are the kernel's: their gradient is added to its own
-    expected_total = d_cuts = None
-    for lo, hi, Xb, yb in blocks.data_blocks(X, y, block_rows, Z):
-        f_mean, f_var = terms.marginals(Xb)
+    block_rows, workers = blocks.pass_layout(Z, X.shape[0], block_rows)
+
+    def block_terms(lo, hi, Xb, yb):
+        """A block's expected log-likelihood, its share of the adjoints and of the cut points' gradient."""
+        block, f_mean, f_var = terms.marginals(Xb)
         if ordinal:
             expected, g_m, g_v, slopes = likelihood.expected_log_density_with_cuts(yb, f_mean, f_var, n_quadrature)
         else:
@@ -243,14 +250,21 @@ def svi_elbo(kernel, Z, X, y, whitened_mean, whitened_chol, *, likelihood="probi
         if weights is not None:
             w = weights[lo:hi]
             expected, g_m, g_v = w * expected, w * g_m, w * g_v
-        total = xp.sum(expected)
-        expected_total = total if expected_total is None else expected_total + total
-        if want_grad:
-            terms.add_adjoints(g_m, g_v)
-            if ordinal:  # sum_i w_i E_q d log p(y_i | f_i) / d b
-                row_scale = xp.ones_like(f_mean) if weights is None else weights[lo:hi]
-                block = likelihood.cut_point_gradient(slopes, row_scale)
-                d_cuts = block if d_cuts is None else d_cuts + block
+        if not want_grad:
+            return xp.sum(expected), None, None
+        d_cuts = None
+        if ordinal:  # sum_i w_i E_q d log p(y_i | f_i) / d b
+            d_cuts = likelihood.cut_point_gradient(slopes, xp.ones_like(f_mean) if weights is None else weights[lo:hi])
+        return xp.sum(expected), terms.block_adjoints(block, g_m, g_v), d_cuts
+
+    expected_total = d_cuts = None
+    with closing(blocks.map_blocks(block_terms, blocks.data_blocks(X, y, block_rows, Z), workers)) as results:
+        for _, (total, share, block_cuts) in results:  # (added in the rows' order, whatever thread ran the block)
+            expected_total = total if expected_total is None else expected_total + total
+            if want_grad:
+                terms.add(share)
+            if block_cuts is not None:
+                d_cuts = block_cuts if d_cuts is None else d_cuts + block_cuts
     elbo = scale * expected_total - terms.kl
     if not want_grad:
         return elbo, None
@@ -411,39 +425,50 @@ def quadratic_row_terms(kernel, Z, X, y, xi, prep, *, kind, want_grad=True, want
     w, shift, _ = weighted_quadratic_sites(y, xi, kind, weights)
     nu = 2.0 * w
     post, L_K_inv, M = prep["posterior"], prep["L_K_inv"], prep["M"]
-    beta = post.beta
-    value = None
-    means, variances, xi_grad = [], [], []
-    grads = dKmm = None
-    for lo, hi, Xb, _ in blocks.data_blocks(X, None, block_rows, Z):
+    beta, L_C_inv = post.beta, post.L_C_inv  # (formed here, once, before a block's thread would form them)
+    block_rows, workers = blocks.pass_layout(Z, X.shape[0], block_rows)
+
+    def block_terms(lo, hi, Xb):
+        """A block's -sum w_i s_i, means, variances, JJ xi gradient and adjoints (on a pass's thread)."""
         Knm = kernel.K(Xb, Z)
         At = Knm @ L_K_inv.mT
-        Qt = At @ post.L_C_inv.mT
+        Qt = At @ L_C_inv.mT
         d = ep.row_dot(Qt, Qt)
         e = Knm @ beta
         s = kernel.Kdiag(Xb) - ep.row_dot(At, At)
         wb, nub, shiftb = w[lo:hi], nu[lo:hi], shift[lo:hi]
-        block_value = -xp.sum(wb * s)
-        value = block_value if value is None else value + block_value
-        means.append(e)
-        variances.append(s + d)
+        xi_grad = None
         if want_xi_grad:  # JJ: d/dxi = lambda'(xi) (xi^2 - s - e^2 - d), zero at eq. 15
             xib = xi[lo:hi]
-            block_xi_grad = jj_lambda_prime(xib) * (xib * xib - s - e * e - d)
-            xi_grad.append(block_xi_grad if weights is None else weights[lo:hi] * block_xi_grad)
+            xi_grad = jj_lambda_prime(xib) * (xib * xib - s - e * e - d)
+            xi_grad = xi_grad if weights is None else weights[lo:hi] * xi_grad
+        dKmm = grads = None
         if want_grad:
             V = At @ L_K_inv
             dKnm = shiftb[:, None] * beta[None, :] - (Knm * nub[:, None]) @ M + 2.0 * wb[:, None] * V
-            block_dKmm = -(V.mT @ (V * wb[:, None]))
-            dKmm = block_dKmm if dKmm is None else dKmm + block_dKmm
-            block = kernel.grads(None, dKnm, -wb, Xb, Z, Knm=Knm)
-            grads = block if grads is None else {k: grads[k] + block[k] for k in grads}
+            dKmm = -(V.mT @ (V * wb[:, None]))
+            grads = kernel.grads(None, dKnm, -wb, Xb, Z, Knm=Knm)
+        return -xp.sum(wb * s), e, s + d, xi_grad, dKmm, grads
+
+    value = grads = dKmm = None
+    means, variances, xi_grads = [], [], []
+    pieces = ((lo, hi, Xb) for lo, hi, Xb, _ in blocks.data_blocks(X, None, block_rows, Z))
+    with closing(blocks.map_blocks(block_terms, pieces, workers)) as results:  # (ended on an error too: map_blocks)
+        for _, (block_value, e, variance, xi_grad, block_dKmm, block_grads) in results:  # (added in order)
+            value = block_value if value is None else value + block_value
+            means.append(e)
+            variances.append(variance)
+            if xi_grad is not None:
+                xi_grads.append(xi_grad)
+            if want_grad:
+                dKmm = block_dKmm if dKmm is None else dKmm + block_dKmm
+                grads = block_grads if grads is None else {k: grads[k] + block_grads[k] for k in grads}
 
     def joined(parts):
         return None if not parts else parts[0] if len(parts) == 1 else xp.concat(parts)
 
     return {"value": value, "grads": grads, "dKmm": dKmm, "mean": joined(means), "var": joined(variances),
-            "xi_grad": joined(xi_grad)}
+            "xi_grad": joined(xi_grads)}
 
 
 def add_quadratic_terms(a, b):
