@@ -16,9 +16,11 @@ The rule (``choose_blas_threads``), per BLAS call of the work at hand:
   threading (one thread per ``FACTOR_FLOPS_PER_THREAD`` of m^3).
 * Work dominated by n x m products (a batch pass): one thread per ``GEMM_FLOPS_PER_THREAD`` of one block's
   product, rows x m x (m + d): all the cores for the library's default blocks at m >= 50. Where the pass spreads its
-  blocks over Python threads (``pass_workers``; EP / SEP / ADF's passes), that count is the pass's threads, each
-  block's BLAS calls on one, and the BLAS library runs the m x m algebra between the passes at its own count
-  (``_split``).
+  blocks over Python threads (``pass_workers``; every built-in method's batch passes, the engine's
+  ``threaded_passes``), that count is the pass's threads, each block's BLAS calls on one, and the BLAS library runs
+  the m x m algebra between the passes at its own count (``_split``). (Passes left on the BLAS library's threads
+  lost: numpy's and scipy's OpenBLAS, both loaded, each keep a thread spinning between their calls, and SVI's
+  n_jobs=2 fits of 20,000 rows on 2 cores took 1.65 times as long as on one.)
 * Never more threads than the cores this process may use (affinity and cgroup quota) less the cores other
   processes kept busy since agpc last looked (``/proc/stat``, Linux; elsewhere nothing is subtracted); in a fit,
   never more than its ``n_jobs`` (scikit-learn's meaning: one by default; the scope's ``cores``).
@@ -64,6 +66,7 @@ import sys
 import threading
 import time
 
+import numpy
 import scipy.linalg  # noqa: F401  (loads scipy's own BLAS, so that the controller sees it from the start)
 from threadpoolctl import ThreadpoolController
 
@@ -236,6 +239,34 @@ def _libraries(refresh):
     return _controller
 
 
+_NUMPY_HOME = os.path.dirname(os.path.abspath(numpy.__file__))
+
+
+def _numpy_private(filepath):
+    """Whether a BLAS library is NumPy's own copy, shipped inside its wheel (numpy.libs beside the package on Linux and
+    Windows, numpy/.dylibs on macOS), which no other library calls."""
+    path = os.path.abspath(filepath)
+    return os.path.basename(os.path.dirname(path)) == "numpy.libs" or path.startswith(_NUMPY_HOME + os.sep)
+
+
+@contextlib.contextmanager
+def _limit(controller, count):
+    """The BLAS libraries of ``controller`` on ``count`` threads for the body, put back after; but where NumPy's own
+    copy sits beside another library (pip's wheels of NumPy and SciPy: two OpenBLAS) and ``count`` > 1, NumPy's on one.
+    Each OpenBLAS keeps a thread spinning a while after its calls, so two of them on two threads each fight for the
+    cores: on 2 cores, a mix of NumPy's products and SciPy's triangular ones (agpc's fast paths, ``backend``) took
+    36.8 ms on two threads each against 26.6 ms on one, and 22.4 ms with SciPy's alone on two; the exact model's fit
+    of 1,500 rows with n_jobs=2, 10.5 s against 8.7 s with one, and 5.7 s so."""
+    own = [lib.filepath for lib in controller.lib_controllers if _numpy_private(lib.filepath)]
+    if count <= 1 or not own or len(own) == len(controller.lib_controllers):
+        with controller.limit(limits=count, user_api="blas"):
+            yield
+        return
+    others = [lib.filepath for lib in controller.lib_controllers if lib.filepath not in own]
+    with controller.select(filepath=own).limit(limits=1), controller.select(filepath=others).limit(limits=count):
+        yield
+
+
 # The thread variables set when agpc was imported, i.e. when the BLAS libraries it uses had loaded and read them.
 _environment_at_import = {name: os.environ[name] for name in THREAD_ENVIRONMENT if os.environ.get(name)}
 
@@ -329,7 +360,7 @@ def _scope(rows, m, n_features, block_rows, threads, in_task, cores=None, thread
                 if count is None or (outermost and in_task):  # (a task's count is set: ``_task_limit``)
                     yield count
                 else:
-                    with _libraries(refresh=outermost).limit(limits=count, user_api="blas"):
+                    with _limit(_libraries(refresh=outermost), count):
                         yield count
             finally:
                 _stack.pop()
@@ -352,7 +383,7 @@ def _task_choice(rows, m, n_features, block_rows):
         if _task_limit is None:  # (else tasks still running set it: theirs stands)
             count = _rule(rows, m, n_features, block_rows, budget)
             limit = contextlib.ExitStack()
-            limit.enter_context(_libraries(refresh=False).limit(limits=count, user_api="blas"))
+            limit.enter_context(_limit(_libraries(refresh=False), count))
             _task_limit = (count, limit)
         return "rule", _task_limit[0], budget
 
