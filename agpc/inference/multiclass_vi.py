@@ -77,7 +77,7 @@ def svi_elbo_multiclass(kernels, Z, X, y, whitened_mean, whitened_chol, *, n_qua
     expected_total = None
     # (blocks sized for all C classes: each holds (b, C) marginals and (b, T, C) quadrature arrays; sized for one
     # class, 8,000 rows of 800 classes were one block, and a step peaked at 10 GB)
-    block_rows, workers = blocks.pass_layout(Z, X.shape[0], block_rows or blocks.default_block_rows(Z, X.shape[0]))
+    block_rows, workers = blocks.pass_layout(Z, X.shape[0], block_rows)  # (``default_block_rows`` counts the classes)
 
     def block_terms(lo, hi, Xb, yb):
         """A block's expected log-likelihood and each class's share of the adjoints (on a pass's thread)."""

@@ -138,7 +138,7 @@ class SVIBoundTerms:
                          - Z.shape[0] - 2.0 * xp.sum(xp.log(xp.abs(diagonal))))
         self.grads = None
         # the blocks' sums: A g_m; -S of blocks of at least m / 2 rows, of narrower ones; the others' -S L_w; with an
-        # adjoint g_s of its own, dA A^T (``add_adjoints``)
+        # adjoint g_s of its own, dA A^T (``block_adjoints``, added by ``add``)
         self._sums, self._own_s = (None,) * 5, None
 
     def _solve(self, B, trans=False, overwrite=True):
