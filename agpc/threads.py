@@ -12,8 +12,8 @@ up on an idle machine runs several times slower with them than with one while ot
 The rule (``choose_blas_threads``), per BLAS call of the work at hand:
 
 * Work dominated by m x m algebra (fewer than ``ROWS_PER_INDUCING`` x m rows between two factorisations of q,
-  as in a minibatch step): one thread, unless m is so large that the factorisations themselves are worth
-  threading (one thread per ``FACTOR_FLOPS_PER_THREAD`` of m^3).
+  as in a minibatch step): one thread for small m, two from m^3 = ``TWO_THREAD_FACTOR_FLOPS`` (m ~ 160), and one
+  thread per ``FACTOR_FLOPS_PER_THREAD`` of m^3 beyond (three from m ~ 930).
 * Work dominated by n x m products (a batch pass): one thread per ``GEMM_FLOPS_PER_THREAD`` of one block's
   product, rows x m x (m + d): all the cores for the library's default blocks at m >= 50. Where the pass spreads its
   blocks over Python threads (``pass_workers``; every built-in method's batch passes, the engine's
@@ -75,6 +75,7 @@ __all__ = [
     "GEMM_FLOPS_PER_THREAD",
     "ROWS_PER_INDUCING",
     "THREAD_ENVIRONMENT",
+    "TWO_THREAD_FACTOR_FLOPS",
     "available_cores",
     "blas_threads",
     "busy_cores_elsewhere",
@@ -94,9 +95,14 @@ __all__ = [
 # took 0.94 s with two and 1.2 s with one (the machine idle; other jobs ran during part of the step
 # measurements, which widens the gap but does not close it: 1.9x at 4,000 rows is the trend).
 ROWS_PER_INDUCING = 20
-# m x m algebra is threaded only for large m: SEP steps (200 rows) measured at m = 500 took 85 ms with one
-# thread and 142 ms with two; at m = 1000, 560 ms and 496 ms. m^3 / 2^28 gives 1 thread at m = 500 and 3 at
-# m = 1000.
+# m x m algebra on two threads from m ~ 160. Since NumPy's own OpenBLAS stays on one thread beside SciPy's (``_limit``:
+# two pools spinning on two threads each had made a SEP step at m = 500 2.5 times slower), a SEP step of 200 rows took
+# 0.84-0.87 of one thread's time on two at m = 200 and 0.70-0.77 at m = 500 (2-core AMD EPYC, OpenBLAS's SkylakeX and
+# Haswell kernels, ``benchmarks/threads.py``), 0.97 / 0.89 at m = 150 and 1.06 (slower) at m = 128; EP's and SVI's steps
+# gained alike (m = 200: 0.83; m = 500: 0.76-0.79). m^3 >= 2^22 is m >= 162.
+TWO_THREAD_FACTOR_FLOPS = 1 << 22
+# More than two threads on m x m algebra (not measured since: no machine here had more than two cores): one per
+# 2^28 of m^3, as measured before, when a SEP step at m = 1000 took 560 ms on one thread and 496 ms on two.
 FACTOR_FLOPS_PER_THREAD = 1 << 28
 # n x m blocks: a thread per ~4 Mflop of one block's product (~0.1 ms of one core), so that the library's
 # default blocks (2^21 elements, ~10^4 rows at m = 200) keep 64 cores busy.
@@ -201,17 +207,20 @@ def _free_cores(budget=None):
     return max(1, round(cores - busy_cores_elsewhere()))
 
 
-def choose_blas_threads(rows, m, *, n_features=0, block_rows=None, cores=None):
+def choose_blas_threads(rows, m, *, n_features=0, block_rows=None, cores=None, beside_passes=False):
     """BLAS threads for work on ``rows`` rows against m inducing points (see the module docstring).
 
     ``rows``: rows between two factorisations of q (a minibatch step: the minibatch; a batch pass: all n).
     ``block_rows``: rows in one n x m block (default ``rows``). ``n_features``: input dimension d.
     ``cores``: cores to use at most (default ``available_cores()`` less ``busy_cores_elsewhere()``, the
-    latter looked at only when more than one thread would be chosen)."""
+    latter looked at only when more than one thread would be chosen). ``beside_passes``: m x m algebra between passes
+    whose row blocks run on Python threads (``_split``): not two threads from ``TWO_THREAD_FACTOR_FLOPS``, only one
+    per ``FACTOR_FLOPS_PER_THREAD``."""
     rows, m = max(1, int(rows)), max(1, int(m))
     block_rows = rows if block_rows is None else max(1, min(rows, int(block_rows)))
     if rows < ROWS_PER_INDUCING * m:
-        wanted = m ** 3 // FACTOR_FLOPS_PER_THREAD
+        two = 2 if m ** 3 >= TWO_THREAD_FACTOR_FLOPS and not beside_passes else 1
+        wanted = max(m ** 3 // FACTOR_FLOPS_PER_THREAD, two)
     else:
         wanted = block_rows * m * (m + int(n_features)) // GEMM_FLOPS_PER_THREAD
     wanted = max(1, int(wanted))
@@ -401,17 +410,22 @@ def _split(count, rows, m, n_features, budget, threaded_passes):
     """(BLAS threads, threads of a pass over row blocks or None) under the rule, ``count`` being the rule's count for
     the work. A pass over many rows (``rows`` >= ``ROWS_PER_INDUCING`` m) whose blocks run on Python threads
     (``threaded_passes``: ``blocks.map_blocks``, each block's BLAS calls on one thread) takes ``count`` such threads,
-    and the m x m algebra between its passes runs at its own count (one thread for m below ~800): a two-thread BLAS
-    there cost more than it saved (a default fit of 4,400 ordinal rows took 9.4 s with n_jobs=2 against 7.4 s with
-    one, and 40 iterations on 18,000 airline rows 5.9 s against 4.4 s with the m x m algebra on one thread)."""
+    and the m x m algebra between its passes runs at its own count (``beside_passes``: one thread for m below ~800,
+    where a minibatch step takes two from m ~ 160): a BLAS thread spinning after its calls takes the core a pass's
+    thread needs. A two-thread BLAS there cost more than it saved (a default fit of 4,400 ordinal rows took 9.4 s with
+    n_jobs=2 against 7.4 s with one, and 40 iterations on 18,000 airline rows 5.9 s against 4.4 s with the m x m
+    algebra on one thread); with NumPy's own OpenBLAS on one thread (``_limit``) still: 40 batch EP iterations on
+    20,000 airline-like rows with n_jobs=2 took 5.6-5.8 s against 3.5-3.8 s at m = 200, 19.3-20.9 s against
+    16.9-17.2 s at m = 500."""
     if not threaded_passes or count <= 1 or rows < ROWS_PER_INDUCING * m:
         return count, None
-    return _rule(m, m, n_features, None, budget), count
+    return _rule(m, m, n_features, None, budget, beside_passes=True), count
 
 
-def _rule(rows, m, n_features, block_rows, budget):
+def _rule(rows, m, n_features, block_rows, budget, beside_passes=False):
     """``choose_blas_threads`` within ``budget`` cores (None: the free ones), less those busy elsewhere."""
-    count = choose_blas_threads(rows, m, n_features=n_features, block_rows=block_rows, cores=budget)
+    count = choose_blas_threads(rows, m, n_features=n_features, block_rows=block_rows, cores=budget,
+                                beside_passes=beside_passes)
     if budget is not None and count > 1:  # the busy cores are looked at only when they could matter
         count = min(count, _free_cores(budget))
     return count

@@ -96,12 +96,26 @@ def _data(n=400):
 # -- the rule -------------------------------------------------------------------------------------------
 
 
-def test_minibatch_step_on_64_cores_uses_one_thread(machine):
-    """A SEP step of 200 rows at m = 200 is m x m work: one thread, whatever the cores."""
-    assert threads.choose_blas_threads(200, 200, n_features=8) == 1
+def test_minibatch_step_on_64_cores_uses_one_or_two_threads(machine):
+    """A SEP step of 200 rows is m x m work: one thread at m = 100, two from m ~ 160 (measured faster on two from
+    m = 150-200 on two cores), whatever the cores; more only where m^3 is large (m = 1,000: three)."""
+    assert threads.choose_blas_threads(200, 100, n_features=8) == 1
+    assert threads.choose_blas_threads(200, 161) == 1 and threads.choose_blas_threads(200, 162) == 2
     with threads.blas_threads(200, 200, n_features=8) as count:
-        assert count == 1 and machine.num_threads == 1
+        assert count == 2 and machine.num_threads == 2
     assert machine.num_threads == CORES
+    assert threads.choose_blas_threads(200, 500) == 2 and threads.choose_blas_threads(200, 1000) == 3
+    assert threads.choose_blas_threads(200, 200, cores=1) == 1
+
+
+def test_m_by_m_algebra_between_threaded_passes_stays_on_one_thread(machine):
+    """Between the passes of a batch fit whose row blocks run on Python threads, the m x m algebra keeps one BLAS
+    thread up to m ~ 800 (a second one, spinning after its calls, took a pass thread's core: 40 batch EP iterations
+    at m = 200 and n_jobs = 2 took 5.6 s against 3.5 s); the pass itself takes every core as its threads."""
+    assert threads.choose_blas_threads(500, 500, beside_passes=True) == 1
+    assert threads.choose_blas_threads(500, 1000, beside_passes=True) == 3
+    with threads.blas_threads(10**5, 500, n_features=8, threaded_passes=True) as count:
+        assert count == 1 and machine.num_threads == 1 and threads.pass_workers() == CORES
 
 
 def test_large_batch_pass_on_64_cores_uses_every_core(machine):
@@ -289,7 +303,7 @@ def test_variable_set_after_import_does_not_switch_the_rule_off(machine, monkeyp
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert not threads.caller_set_blas_threads()
-    with threads.blas_threads(200, 200) as count:
+    with threads.blas_threads(200, 100) as count:
         assert count == 1 and machine.num_threads == 1
 
 
@@ -318,7 +332,7 @@ def test_prediction_uses_the_rule(machine, monkeypatch):
 def test_scope_in_another_python_thread_changes_nothing(machine):
     """The count is process-wide: while one thread's scope holds it, another thread's scope leaves it."""
     results = []
-    with threads.blas_threads(200, 200) as count:
+    with threads.blas_threads(200, 100) as count:
         assert count == 1
         other = threading.Thread(target=lambda: results.append(_enter_and_read(machine)))
         other.start()
@@ -341,7 +355,7 @@ def test_dask_task_follows_the_rule_within_its_worker_budget(machine, monkeypatc
     monkeypatch.setattr(machine, "num_threads", 8)
     with threads.task_blas_threads(10**6, 200, n_features=8) as count:  # a large chunk: the whole budget
         assert count == 8 and machine.num_threads == 8
-    with threads.task_blas_threads(200, 200, n_features=8) as count:  # a small one: one thread
+    with threads.task_blas_threads(200, 100, n_features=8) as count:  # a small one (m = 100): one thread
         assert count == 1 and machine.num_threads == 1
     assert machine.num_threads == 8
     monkeypatch.setattr(machine, "num_threads", 1)  # dask's default: one BLAS thread per worker thread
@@ -358,7 +372,7 @@ def test_tasks_running_at_once_in_one_worker_keep_the_rule_until_the_last_ends(m
     seen = {}
 
     def first():
-        with threads.task_blas_threads(200, 200) as count:
+        with threads.task_blas_threads(200, 100) as count:
             seen["first"] = (count, machine.num_threads)
             first_in.set()
             second_in.wait(10)
@@ -366,7 +380,7 @@ def test_tasks_running_at_once_in_one_worker_keep_the_rule_until_the_last_ends(m
 
     def second():
         first_in.wait(10)
-        with threads.task_blas_threads(200, 200):
+        with threads.task_blas_threads(200, 100):
             second_in.set()
             first_out.wait(10)
             seen["second, after the first ended"] = machine.num_threads
