@@ -6,7 +6,7 @@ Three things live here.
 * ``task_scope``: what a data-parallel shard's task (``inference.data_parallel.step_shard``) runs under, in a
   worker of any cluster (a LocalCluster's, ``dask worker``'s, a pool of ``LocalWorkers``), whatever the user
   set or did not set there: the BLAS thread rule for its minibatch steps within the worker's budget
-  (``threads.task_blas_threads``: one thread a step at m = 200), and glibc's heap thresholds
+  (``threads.task_blas_threads``: within the worker's BLAS threads, one in ``LocalWorkers``), and glibc's heap thresholds
   (``allocator.heap_thresholds``: raised where the environment lowered them, as dask's nanny does).
 * ``LocalWorkers``: worker processes on this machine, started for a fit and ended with it, each running one
   task at a time. They offer the part of ``distributed.Client`` the data-parallel rounds use (``submit``,
