@@ -1328,7 +1328,7 @@ def triangular_gram(T, *, overwrite=False):
 # time over theirs on one thread: 1.87 at m = 100, 1.20-1.33 at 200-256, 0.86-1.11 at 300-450 (jagged), 0.77-0.97 at
 # 500, 0.75-0.94 at 650-1,000; on two threads, where the triangular products share the work better: 1.42-1.49 at
 # m = 500, 0.90-1.34 at 650-800, 0.91-0.97 at 1,000 (benchmarks/results/step_m3_savings_amd_epyc.md, "A symmetric
-# congruence by sygst"). agpc's rule runs a minibatch step on one thread below m = 162 or where its fit has one core
+# congruence by sygst"). agpc's rule runs a minibatch step on one thread below m = 407 or where its fit has one core
 # (``n_jobs=None``), else on two (``agpc.threads``), and the m x m algebra between threaded passes on one below m ~ 800.
 CONGRUENCE_MIN_ORDER = 500
 

@@ -12,7 +12,7 @@ up on an idle machine runs several times slower with them than with one while ot
 The rule (``choose_blas_threads``), per BLAS call of the work at hand:
 
 * Work dominated by m x m algebra (fewer than ``ROWS_PER_INDUCING`` x m rows between two factorisations of q,
-  as in a minibatch step): one thread for small m, two from m^3 = ``TWO_THREAD_FACTOR_FLOPS`` (m ~ 160), and one
+  as in a minibatch step): one thread for small m, two from m^3 = ``TWO_THREAD_FACTOR_FLOPS`` (m ~ 400), and one
   thread per ``FACTOR_FLOPS_PER_THREAD`` of m^3 beyond (three from m ~ 930).
 * Work dominated by n x m products (a batch pass): one thread per ``GEMM_FLOPS_PER_THREAD`` of one block's
   product, rows x m x (m + d): all the cores for the library's default blocks at m >= 50. Where the pass spreads its
@@ -95,12 +95,15 @@ __all__ = [
 # took 0.94 s with two and 1.2 s with one (the machine idle; other jobs ran during part of the step
 # measurements, which widens the gap but does not close it: 1.9x at 4,000 rows is the trend).
 ROWS_PER_INDUCING = 20
-# m x m algebra on two threads from m ~ 160. Since NumPy's own OpenBLAS stays on one thread beside SciPy's (``_limit``:
-# two pools spinning on two threads each had made a SEP step at m = 500 2.5 times slower), a SEP step of 200 rows took
-# 0.84-0.87 of one thread's time on two at m = 200 and 0.70-0.77 at m = 500 (2-core AMD EPYC, OpenBLAS's SkylakeX and
-# Haswell kernels, ``benchmarks/threads.py``), 0.97 / 0.89 at m = 150 and 1.06 (slower) at m = 128; EP's and SVI's steps
-# gained alike (m = 200: 0.83; m = 500: 0.76-0.79). m^3 >= 2^22 is m >= 162.
-TWO_THREAD_FACTOR_FLOPS = 1 << 22
+# m x m algebra on two threads from m ~ 400. Since NumPy's own OpenBLAS stays on one thread beside SciPy's (``_limit``:
+# two pools spinning on two threads each had made a SEP step at m = 500 2.5 times slower), minibatch fits on all the
+# airline rows (2-core AMD EPYC, OpenBLAS SkylakeX kernel, ms a step on one thread / two, three alternated fits each)
+# took at m = 500 SEP 45.0-46.2 / 34.8-43.2, EP 32.7 / 28.3-30.7 (the step alone), SVI 27.0-27.7 / 20.6-21.3; at
+# m = 400 SEP 28.1-31.3 / 26.4-29.3; at m = 200 and 300 two threads were as often slower as faster (SEP m = 200:
+# 6.9-8.1 against 5.7-9.3; m = 300: 14.8-15.7 against 11.1-16.7), though a step alone, repeated, ran 0.83-0.87 of one
+# thread's time on two at m = 200 (``benchmarks/threads.py``; docs/results.md, "Minibatch steps on two BLAS threads").
+# m^3 >= 2^26 is m >= 407.
+TWO_THREAD_FACTOR_FLOPS = 1 << 26
 # More than two threads on m x m algebra (not measured since: no machine here had more than two cores): one per
 # 2^28 of m^3, as measured before, when a SEP step at m = 1000 took 560 ms on one thread and 496 ms on two.
 FACTOR_FLOPS_PER_THREAD = 1 << 28
@@ -411,7 +414,7 @@ def _split(count, rows, m, n_features, budget, threaded_passes):
     the work. A pass over many rows (``rows`` >= ``ROWS_PER_INDUCING`` m) whose blocks run on Python threads
     (``threaded_passes``: ``blocks.map_blocks``, each block's BLAS calls on one thread) takes ``count`` such threads,
     and the m x m algebra between its passes runs at its own count (``beside_passes``: one thread for m below ~800,
-    where a minibatch step takes two from m ~ 160): a BLAS thread spinning after its calls takes the core a pass's
+    where a minibatch step takes two from m ~ 400): a BLAS thread spinning after its calls takes the core a pass's
     thread needs. A two-thread BLAS there cost more than it saved (a default fit of 4,400 ordinal rows took 9.4 s with
     n_jobs=2 against 7.4 s with one, and 40 iterations on 18,000 airline rows 5.9 s against 4.4 s with the m x m
     algebra on one thread); with NumPy's own OpenBLAS on one thread (``_limit``) still: 40 batch EP iterations on

@@ -97,15 +97,18 @@ def _data(n=400):
 
 
 def test_minibatch_step_on_64_cores_uses_one_or_two_threads(machine):
-    """A SEP step of 200 rows is m x m work: one thread at m = 100, two from m ~ 160 (measured faster on two from
-    m = 150-200 on two cores), whatever the cores; more only where m^3 is large (m = 1,000: three)."""
-    assert threads.choose_blas_threads(200, 100, n_features=8) == 1
-    assert threads.choose_blas_threads(200, 161) == 1 and threads.choose_blas_threads(200, 162) == 2
+    """A SEP step of 200 rows is m x m work: one thread at m = 200, two from m ~ 400 (minibatch fits on two cores
+    measured faster on two at m = 500, not at 200-300), whatever the cores; more only where m^3 is large (m = 1,000:
+    three)."""
+    assert threads.choose_blas_threads(200, 200, n_features=8) == 1
     with threads.blas_threads(200, 200, n_features=8) as count:
+        assert count == 1 and machine.num_threads == 1
+    assert threads.choose_blas_threads(200, 406) == 1 and threads.choose_blas_threads(200, 407) == 2
+    with threads.blas_threads(200, 500, n_features=8) as count:
         assert count == 2 and machine.num_threads == 2
     assert machine.num_threads == CORES
-    assert threads.choose_blas_threads(200, 500) == 2 and threads.choose_blas_threads(200, 1000) == 3
-    assert threads.choose_blas_threads(200, 200, cores=1) == 1
+    assert threads.choose_blas_threads(200, 1000) == 3
+    assert threads.choose_blas_threads(200, 500, cores=1) == 1
 
 
 def test_m_by_m_algebra_between_threaded_passes_stays_on_one_thread(machine):
