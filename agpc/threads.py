@@ -97,10 +97,11 @@ __all__ = [
 ROWS_PER_INDUCING = 20
 # m x m algebra on two threads from m ~ 400. Since NumPy's own OpenBLAS stays on one thread beside SciPy's (``_limit``:
 # two pools spinning on two threads each had made a SEP step at m = 500 2.5 times slower), minibatch fits on all the
-# airline rows (2-core AMD EPYC, OpenBLAS SkylakeX kernel, ms a step on one thread / two, three alternated fits each)
-# took at m = 500 SEP 45.0-46.2 / 34.8-43.2, EP 32.7 / 28.3-30.7 (the step alone), SVI 27.0-27.7 / 20.6-21.3; at
-# m = 400 SEP 28.1-31.3 / 26.4-29.3; at m = 200 and 300 two threads were as often slower as faster (SEP m = 200:
-# 6.9-8.1 against 5.7-9.3; m = 300: 14.8-15.7 against 11.1-16.7), though a step alone, repeated, ran 0.83-0.87 of one
+# airline rows (2-core AMD EPYC, OpenBLAS SkylakeX kernel, ms a step on one thread / two, fits alternated: SEP's by the
+# fit's wall time a step, three each; EP's and SVI's by the median step, two each) took at m = 500 SEP 45.0-46.2 /
+# 34.8-43.2, EP 32.7 / 28.3-30.7, SVI 27.0-27.7 / 20.6-21.3; at m = 400 SEP 28.1-31.3 / 26.4-29.3; at m = 200 and 300 two
+# threads were as often slower as faster (SEP m = 200: 6.9-8.1 against 5.7-9.4, six fits each; m = 300: 14.8-15.7
+# against 11.1-16.7), though a step alone, repeated, ran 0.83-0.87 of one
 # thread's time on two at m = 200 (``benchmarks/threads.py``; docs/results.md, "Minibatch steps on two BLAS threads").
 # m^3 >= 2^26 is m >= 407.
 TWO_THREAD_FACTOR_FLOPS = 1 << 26

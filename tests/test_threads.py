@@ -306,7 +306,7 @@ def test_variable_set_after_import_does_not_switch_the_rule_off(machine, monkeyp
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert not threads.caller_set_blas_threads()
-    with threads.blas_threads(200, 100) as count:
+    with threads.blas_threads(200, 200) as count:
         assert count == 1 and machine.num_threads == 1
 
 
@@ -335,7 +335,7 @@ def test_prediction_uses_the_rule(machine, monkeypatch):
 def test_scope_in_another_python_thread_changes_nothing(machine):
     """The count is process-wide: while one thread's scope holds it, another thread's scope leaves it."""
     results = []
-    with threads.blas_threads(200, 100) as count:
+    with threads.blas_threads(200, 200) as count:
         assert count == 1
         other = threading.Thread(target=lambda: results.append(_enter_and_read(machine)))
         other.start()
@@ -358,7 +358,7 @@ def test_dask_task_follows_the_rule_within_its_worker_budget(machine, monkeypatc
     monkeypatch.setattr(machine, "num_threads", 8)
     with threads.task_blas_threads(10**6, 200, n_features=8) as count:  # a large chunk: the whole budget
         assert count == 8 and machine.num_threads == 8
-    with threads.task_blas_threads(200, 100, n_features=8) as count:  # a small one (m = 100): one thread
+    with threads.task_blas_threads(200, 200, n_features=8) as count:  # a small one: one thread
         assert count == 1 and machine.num_threads == 1
     assert machine.num_threads == 8
     monkeypatch.setattr(machine, "num_threads", 1)  # dask's default: one BLAS thread per worker thread
@@ -375,7 +375,7 @@ def test_tasks_running_at_once_in_one_worker_keep_the_rule_until_the_last_ends(m
     seen = {}
 
     def first():
-        with threads.task_blas_threads(200, 100) as count:
+        with threads.task_blas_threads(200, 200) as count:
             seen["first"] = (count, machine.num_threads)
             first_in.set()
             second_in.wait(10)
@@ -383,7 +383,7 @@ def test_tasks_running_at_once_in_one_worker_keep_the_rule_until_the_last_ends(m
 
     def second():
         first_in.wait(10)
-        with threads.task_blas_threads(200, 100):
+        with threads.task_blas_threads(200, 200):
             second_in.set()
             first_out.wait(10)
             seen["second, after the first ended"] = machine.num_threads
