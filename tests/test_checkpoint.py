@@ -302,6 +302,10 @@ def _engine(state):
     return state["engine"]["dict"]
 
 
+def _kept(state):
+    return state["kept"]["dict"]
+
+
 def _set_array(name_of, value):
     def change(state, arrays):
         arrays[name_of(state)["array"]] = value
@@ -357,6 +361,15 @@ CHECKPOINT_CORRUPTIONS = {
     "Rprop sign 0.5": (_set_array(lambda s: _engine(s)["optimizer"]["tuple"][1]["dict"]["log_noise"], np.array(0.5)),
                        ["engine.optimizer: signs.log_noise: not signs"]),
     "unknown engine entry": (lambda s, a: _engine(s).update(payload=1), ["engine.payload"]),
+    # the states the hooks keep to go back to (``Run.kept``; batch EP: the plateau stop's best, at the 11th record)
+    # are checked as the engine's state is, and must be at a record of the run's
+    "kept state of no hook": (lambda s, a: _kept(s).update(payload={"dict": {}}),
+                              ["kept: not a mapping of validation / plateau to kept states"]),
+    "kept state past the history": (lambda s, a: _kept(s)["plateau"]["dict"].update(at=99),
+                                    ["kept.plateau: at: 99, not the record the run kept this state at"]),
+    "kept state with inf in Z": (_set_array(lambda s: _engine(_kept(s)["plateau"]["dict"])["Z"],
+                                            np.full((5, 2), np.inf)), ["kept.plateau.engine.Z", "inf"]),
+    "kept state missing Z": (lambda s, a: _engine(_kept(s)["plateau"]["dict"]).pop("Z"), ["kept.plateau.engine", "Z"]),
     # issue 40: found by hypothesis (test_random_checkpoint_fields_are_refused_or_resume failed 3 runs of 3): an empty
     # history was accepted, and the resume crashed with KeyError: 'log_marginal_likelihood' in Trainer.record
     "history empty": (lambda s, a: s.update(history={"dict": {}}), ["history", "'log_marginal_likelihood'"]),

@@ -10,8 +10,9 @@ import pytest
 
 from agpc import RBF, CholeskyError, GPClassifier, GuardWarning
 from agpc.datasets import make_banana
-from agpc import optim
+from agpc import checkpoints, optim
 from agpc.inference import engines, hooks, tied_steps, training
+from helpers import interrupted_then_resumed
 
 
 class _ScriptedTrainer:
@@ -30,7 +31,7 @@ class _ScriptedTrainer:
 
 def _run(trainer, minibatch=False, n_batches=1):
     return SimpleNamespace(trainer=trainer, X=None, y=None, minibatch=minibatch, batches=[None] * n_batches,
-                           best={"nll": np.inf, "reference": np.inf, "state": None, "since": 0}, postfix={},
+                           best={"nll": np.inf, "reference": np.inf, "since": 0}, kept={}, postfix={},
                            early_stopped=False, stopped_by_time=False, converged=False, resumed=False, warmup=0,
                            schedule=engines.Schedule(), settings=SimpleNamespace(max_iter=2),
                            finished=lambda: False)  # (steps to take)
@@ -54,6 +55,37 @@ def test_validation_stops_after_n_iter_no_change_evaluations_without_an_improvem
     assert trainer.history["validation_nll"] == [1.0, 0.9, 0.895, 0.95, 0.96]
     assert trainer.engine.state == {"step": 6}  # the best (0.895, though not better than 0.9 by tol)
     assert run.postfix == {"val_nll": "0.9600"}
+    assert run.kept["validation"] == {"state": {"step": 6}, "at": 3}  # (what a checkpoint holds: ``Run.kept``)
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_resumed_run_stops_at_the_best_state_its_checkpoint_kept_or_says_it_has_none(kept):
+    """Resumed after its best evaluation (0.895, the 3rd), a run puts back the state the checkpoint kept of it
+    (``run.kept``, read by ``checkpointing.restore``), as the uninterrupted run does; where the checkpoint holds none
+    (sites on a cluster's workers, data-parallel rounds: ``Engine.checkpoint_kept``), it keeps the last state and says
+    so. (Found 2026-12-04: a batch EP fit resumed after its best evaluation returned its last state, probabilities
+    0.036 from the uninterrupted fit's, with no word.)"""
+    trainer = _ScriptedTrainer([0.95, 0.96, 0.97])
+    trainer.method, trainer.history = "ep", {"validation_step": [2, 4, 6], "validation_nll": [1.0, 0.9, 0.895],
+                                             "validation_error": [0.5] * 3}
+    hook = hooks.Validation(("X_val", "y_val"), eval_every=2, n_iter_no_change=3, tol=0.01)
+    run = _run(trainer)
+    run.best.update(nll=0.895, reference=0.9, since=1)
+    if kept:
+        run.kept["validation"] = {"state": {"step": 6}, "at": 3}
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for step in range(8, 13, 2):
+            trainer.n_steps = step
+            hook.after_step(run, -1.0, recorded=True)
+            if run.early_stopped:
+                break
+    assert run.early_stopped and trainer.n_steps == 10
+    assert trainer.engine.state == ({"step": 6} if kept else {"step": 0})
+    messages = [str(w.message) for w in said]
+    assert messages == ([] if kept else [
+        "ep: early stopping: the best validation NLL, 0.895, came before the resume, whose checkpoint does not hold "
+        "that state: the model is the last one (NLL 0.96)"])
 
 
 def test_validation_counts_no_patience_in_the_warm_up_sweeps():
@@ -125,7 +157,7 @@ def test_checkpoints_are_written_every_few_steps_and_a_resume_needs_a_path(monke
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
     written = []
     monkeypatch.setattr(hooks, "write_checkpoint",
-                        lambda trainer, rng, order, best, path, fingerprint: written.append((trainer.n_steps, path)))
+                        lambda trainer, rng, order, best, path, fingerprint, kept: written.append((trainer.n_steps, path)))
     fit = training.fit(X, y.astype(float) * 2 - 1, kernel, X[:5].copy(), method="sep", batch_size=40, max_iter=3,
                        checkpoint_path=tmp_path / "run.ckpt", checkpoint_every=4, random_state=0)
     assert [step for step, _ in written] == [4, 8] and fit.checkpoints_written == 2
@@ -358,7 +390,7 @@ def _plateau_run(history, n_steps, warmup, minibatch=False, climbed=True):
     trainer = SimpleNamespace(history={"log_marginal_likelihood": history}, n_steps=n_steps, good=None,
                               engine=SimpleNamespace(has_params=True, minibatch=minibatch, log_z_climbed=climbed))
     return SimpleNamespace(trainer=trainer, minibatch=minibatch, warmup=warmup, converged=False, stop_reason=None,
-                           early_stopped=False)
+                           early_stopped=False, kept={})
 
 
 def test_the_plateau_window_starts_after_the_warm_up():
@@ -383,8 +415,8 @@ def _feed(hook, run, curve):
     for value in curve:
         run.trainer.n_steps += 1
         run.trainer.history["log_marginal_likelihood"].append(value)
-        run.trainer.good = {"at": len(run.trainer.history["log_marginal_likelihood"]),
-                            "state": {"kernel": RBF(lengthscales=[1.0], amplitude=1.0)}}  # (no prior: log Z alone)
+        at = len(run.trainer.history["log_marginal_likelihood"])
+        run.trainer.good = {"state": {"at": at, "kernel": RBF(lengthscales=[1.0], amplitude=1.0)}}  # (no prior)
         hook.after_step(run, value, True)
         if run.converged:
             return len(run.trainer.history["log_marginal_likelihood"])
@@ -414,12 +446,19 @@ def test_a_batch_fit_that_keeps_dropping_stops_after_windows_without_a_new_best(
     run = _plateau_run([], n_steps=0, warmup=0)
     hook = hooks.Plateau(4, 1.0)
     assert _feed(hook, run, curve) == 5 + hooks.Plateau.drop_patience * 4
-    restored = []
-    run.trainer.engine.restore, run.trainer.engine.optimizer = restored.append, None  # (Rprop: no learning rate)
-    run.trainer.method = "svi"
+    restored = _putting_back(run)
     with pytest.warns(GuardWarning, match=r"log Z fell from its best, -200 at iteration 5, to -2[567]0 at the end"):
         hook.finish(run)
-    assert [snapshot["at"] for snapshot in restored] == [5] and run.trainer.good["at"] == 5
+    assert [state["at"] for state in restored] == [5] and run.trainer.good["state"]["at"] == 5
+
+
+def _putting_back(run):
+    """The states ``finish`` puts back (``Engine.put_back``), into a list; the engine's snapshot is of the last."""
+    restored = []
+    engine = run.trainer.engine
+    engine.put_back, engine.optimizer, run.trainer.method = restored.append, None, "svi"  # (Rprop: no learning rate)
+    engine.snapshot, engine.kernel_of = (lambda: {"state": restored[-1]}), (lambda state: state["kernel"])
+    return restored
 
 
 def test_a_batch_fit_that_ends_below_its_best_returns_its_best_state():
@@ -434,23 +473,47 @@ def test_a_batch_fit_that_ends_below_its_best_returns_its_best_state():
     np.testing.assert_allclose(model.log_marginal_likelihood_, history.max(), rtol=1e-9)
 
 
-def test_a_resumed_batch_fit_reads_its_best_record_back_and_says_its_state_was_not_kept():
-    """A checkpoint keeps the last state, not the best one (as validation's best state is not kept either): a run
-    resumed after its best record reads that record back from its history, so it stops where the uninterrupted run
-    stops, and says that the best state came before the resume instead of putting back a state it does not have (a
-    review, 2026-12-04: resumed, it forgot its best and returned log Z -779.3 where the uninterrupted run returned
-    -768.8, silently)."""
+@pytest.mark.parametrize("kept_at", [None, 5, 4])
+def test_a_resumed_batch_fit_reads_its_best_record_back_and_its_state_from_the_checkpoint(kept_at):
+    """A run resumed after its best record reads that record back from its history, so it stops where the
+    uninterrupted run stops, and its state from the checkpoint (``run.kept``, which ``checkpointing.restore`` read):
+    it puts that back as the uninterrupted run does. Where the checkpoint does not hold it (an engine whose sites are
+    on a cluster's workers, a checkpoint from before kept states) or holds another record's state, it says that the
+    best state came before the resume instead of putting back a state it does not have (a review, 2026-12-04: resumed,
+    it forgot its best and returned log Z -779.3 where the uninterrupted run returned -768.8, silently)."""
     curve = [-400.0 + 50 * k for k in range(5)] + [-250.0, -260.0, -270.0] * 20  # best: -200 at the 5th record
     run = _plateau_run(curve[:8], n_steps=8, warmup=0)
     run.resumed, run.trainer.history["n_steps"] = True, list(range(1, 9))
+    if kept_at is not None:
+        run.kept["plateau"] = {"state": {"at": kept_at, "kernel": RBF(lengthscales=[1.0], amplitude=1.0)}, "at": kept_at}
     hook = hooks.Plateau(4, 1.0)
     hook.start(run)
     assert _feed(hook, run, curve[8:]) == 5 + hooks.Plateau.drop_patience * 4  # (as uninterrupted)
-    restored = []
-    run.trainer.engine.restore, run.trainer.engine.optimizer, run.trainer.method = restored.append, None, "svi"
+    restored = _putting_back(run)
+    if kept_at == 5:
+        with pytest.warns(GuardWarning, match=r"best, -200 at iteration 5, to -2[567]0 at the end: the model returned"):
+            hook.finish(run)
+        assert [state["at"] for state in restored] == [5]
+        return
     with pytest.warns(GuardWarning, match=r"best, -200 at iteration 5, .*came before the resume.*the last state"):
         hook.finish(run)
     assert restored == []
+
+
+def test_a_batch_fit_resumed_after_its_best_state_goes_back_to_it(tmp_path, monkeypatch):
+    """The plateau stop's best state is in the checkpoint (``Run.kept``): SVI at learning_rate=0.1 on 2,000 banana rows
+    has its best log Z at the 65th iteration and stops at the 72nd (``test_a_batch_fit_that_ends_below_its_best_returns
+    _its_best_state``); interrupted after 70 steps (its checkpoint at the 68th), the resumed fit puts back the 65th
+    state as the uninterrupted one does: the same model."""
+    X, y = make_banana(2000, random_state=0)
+    params = dict(method="svi", n_inducing=10, max_iter=200, random_state=0, learning_rate=0.1)
+    with pytest.warns(GuardWarning, match="svi: log Z fell from its best, .* at iteration 65"):
+        reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "ckpt", 70, X, y)
+    # (the resume was from step 68, as the helper checked; the resumed fit wrote its last checkpoint at the 72nd)
+    assert checkpoints.load_checkpoint(tmp_path / "ckpt", np.asarray)["kept"]["plateau"]["at"] == 65
+    assert reference.n_iter_ == resumed.n_iter_ == 72
+    np.testing.assert_array_equal(resumed.predict_proba(X[:300]), reference.predict_proba(X[:300]))
+    assert resumed.log_marginal_likelihood_ == reference.log_marginal_likelihood_
 
 
 _KEPT_CASES = {"ep": dict(), "multiclass ep": dict(classes=3), "ordinal": dict(classes=3, likelihood="ordinal"),

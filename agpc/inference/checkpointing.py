@@ -103,22 +103,30 @@ def likelihood_text(likelihood):
     return likelihood.name if registered_likelihood(likelihood.name) is None else f"{likelihood.name}: {likelihood!r}"
 
 
-def write_checkpoint(trainer, rng, order, best, path, fingerprint):
-    """Everything the loop needs to go on exactly as if it had not stopped."""
+def write_checkpoint(trainer, rng, order, best, path, fingerprint, kept=None):
+    """Everything the loop needs to go on exactly as if it had not stopped; ``kept``: the states the hooks keep to go
+    back to (``training.Run.kept``), each as the engine writes it (``Engine.checkpoint_kept``; left out where it
+    cannot: the resumed run then says it does not have that state where it would go back to it)."""
     engine_state = trainer.engine.checkpoint_state(path, trainer.n_steps)
+    kept_states = {}
+    for name, entry in (kept or {}).items():
+        saved = trainer.engine.checkpoint_kept(entry["state"], path, trainer.n_steps)
+        if saved is not None:
+            kept_states[name] = {"at": int(entry["at"]), "engine": saved}
     save_checkpoint(path, {
         "fingerprint": fingerprint, "engine": engine_state,
         "n_steps": trainer.n_steps, "n_updates": trainer.n_updates, "history": trainer.history,
         "pending": [list(p) for p in trainer._pending],
         "rng": rng.bit_generator.state, "order": [int(i) for i in order],
-        "best": {k: v for k, v in best.items() if k != "state"},
+        "best": dict(best), "kept": kept_states,
         "elapsed": time.perf_counter() - trainer.t0,
     })
     trainer.engine.checkpoint_written(engine_state)
 
 
 def restore(trainer, rng, path, fingerprint, has_validation):
-    """Put a checkpoint's state into a freshly built trainer; returns (order, best). Everything read is
+    """Put a checkpoint's state into a freshly built trainer; returns (order, best, kept): the early-stopping record
+    and the states the hooks kept (``training.Run.kept``, each in ``Engine.keep``'s form). Everything read is
     checked first: a field of the wrong type or shape is one ValueError naming the file and the field."""
     if path is None:
         raise ValueError("resume=True needs checkpoint_path")
@@ -137,7 +145,14 @@ def restore(trainer, rng, path, fingerprint, has_validation):
                 if key not in VALIDATION_KEYS and not (before_guard and key in GUARD_KEYS)]
     check_loop_state(saved, fingerprint, refuse, history_keys=recorded, validation_keys=VALIDATION_KEYS)
     check_engine_state(saved["engine"], trainer.engine, fingerprint, path, refuse)
-    _restore_engine(trainer, rng, saved, path, refuse)
+    kept_saved = _checked_kept(saved, trainer.engine, path, fingerprint, refuse)
+    kept = {}
+    for name, (at, engine_state, refuse_kept) in kept_saved.items():  # (each through the engine, which then holds it)
+        _restore_engine(trainer, engine_state, path, refuse_kept)
+        _check_prior_scale(trainer.engine, fingerprint["n"], refuse_kept)
+        kept[name] = {"state": trainer.engine.keep(), "at": at}
+    _restore_rng(rng, saved, refuse)
+    _restore_engine(trainer, saved["engine"], path, refuse)
     _check_prior_scale(trainer.engine, fingerprint["n"], refuse)
     trainer.n_steps = saved["n_steps"]
     trainer.n_updates = saved["n_updates"]
@@ -145,10 +160,43 @@ def restore(trainer, rng, path, fingerprint, has_validation):
     trainer._pending = [tuple(p) for p in saved["pending"]]
     trainer.t0 = time.perf_counter() - saved["elapsed"]
     trainer.good = None
-    best = dict(saved["best"], state=None)
+    best = {key: saved["best"][key] for key in ("nll", "reference", "since")}
     if has_validation and trainer.history.get("validation_nll") is None:
         raise ValueError(f"checkpoint {path} has no validation history but this run has validation data")
-    return list(saved["order"]), best
+    return list(saved["order"]), best, kept
+
+
+# The states a run's hooks keep to go back to (``training.Run.kept``), by the hook's name: early stopping's best
+# validation NLL and the plateau stop's best log Z (``hooks.Validation``, ``hooks.Plateau``).
+KEPT_STATES = ("validation", "plateau")
+
+
+def _checked_kept(saved, engine, path, fingerprint, refuse):
+    """The kept states of a checkpoint ({name: (at, engine state, its refusal)}), each checked as the engine's state
+    is (``check_engine_state``) and against the history: early stopping's at the first of the lowest validation NLLs
+    (where the uninterrupted run kept it), the plateau's at a record of log Z. A checkpoint from before kept states
+    has none."""
+    kept = saved.get("kept", {})
+    if not isinstance(kept, dict) or not set(kept) <= set(KEPT_STATES):
+        raise refuse(f"kept: not a mapping of {' / '.join(KEPT_STATES)} to kept states")
+    out = {}
+    for name, entry in kept.items():
+        def refuse_kept(why, name=name):
+            return refuse(f"kept.{name}.{why}" if why.startswith("engine") else f"kept.{name}: {why}")
+
+        if not isinstance(entry, dict) or set(entry) != {"at", "engine"}:
+            raise refuse_kept("not a record of (at, engine)")
+        records = saved["history"].get("validation_nll" if name == "validation" else "log_marginal_likelihood") or []
+        if name == "validation":  # (``check_loop_state``: finite numbers)
+            expected = {1 + min(range(len(records)), key=lambda k: (records[k], k))} if records else set()
+        else:
+            expected = range(1, len(records) + 1)
+        at = entry["at"]
+        if isinstance(at, bool) or not isinstance(at, int) or at not in expected:
+            raise refuse_kept(f"at: {at!r}, not the record the run kept this state at")
+        check_engine_state(entry["engine"], engine, fingerprint, path, refuse_kept)
+        out[name] = (at, entry["engine"], refuse_kept)
+    return out
 
 
 @contextlib.contextmanager
@@ -283,16 +331,20 @@ def _short(value, limit=60):
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _restore_engine(trainer, rng, saved, path, refuse):
-    """The random generator's and the engine's state from a checked checkpoint; the engine's arrays must come
-    back in the shapes of this run's."""
-    fresh = array_shapes(trainer.engine)
+def _restore_rng(rng, saved, refuse):
+    """The random generator's state from a checked checkpoint."""
     try:
         rng.bit_generator.state = saved["rng"]
     except (KeyError, TypeError, ValueError, OverflowError) as exc:  # (a state of 2**200: too large a C integer)
         raise refuse(f"rng: not the state of this run's generator ({type(exc).__name__}: {exc})") from None
+
+
+def _restore_engine(trainer, engine_state, path, refuse):
+    """The engine's state from a checked checkpoint's ``engine_state``; its arrays must come back in the shapes of
+    this run's."""
+    fresh = array_shapes(trainer.engine)
     try:
-        trainer.engine.restore_checkpoint(saved["engine"], path)
+        trainer.engine.restore_checkpoint(engine_state, path)
     # what restoring raises on a missing entry or a value of the wrong kind: the field is named
     except (KeyError, TypeError, IndexError) as exc:  # (a ValueError here says what is wrong already)
         raise refuse(f"engine: {type(exc).__name__}: {exc}") from None

@@ -628,6 +628,26 @@ class Engine(ModulesByName, abc.ABC):
     def put_back(self, kept):
         self.state = dict(kept)
 
+    def kernel_of(self, kept):
+        """The kernel of a state ``keep`` returned (the plateau stop weighs its log prior)."""
+        return kept["kernel"]
+
+    # The rows' sites held on a cluster's workers (EP on a dask array), whose checkpoint the workers write beside the
+    # file (``checkpoint_state``): one set of them a checkpoint, the current state's.
+    sites_on_cluster = False
+
+    def checkpoint_kept(self, kept, path, step):
+        """``checkpoint_state`` of a state ``keep`` returned earlier (early stopping's best, the plateau stop's), so
+        that a resumed run can go back to it as the uninterrupted one does (``restore_checkpoint`` then ``keep`` read
+        it back); None where the checkpoint cannot hold a second state (``sites_on_cluster``)."""
+        if self.sites_on_cluster:
+            return None
+        current, self.state = self.state, dict(kept)
+        try:
+            return self.checkpoint_state(path, step)
+        finally:
+            self.state = current
+
     def _common_checkpoint(self):
         s = self.state
         return {"kernel": dict(s["kernel"].params), "Z": s["Z"], "damping": float(self.damping),

@@ -721,6 +721,13 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
         self.factors = dict(kept["factors"])
         self.anchors = dict(kept["anchors"])
 
+    def kernel_of(self, kept):
+        return self.template.kernel_of(kept["state"])
+
+    def checkpoint_kept(self, kept, path, step):
+        """None: a checkpoint holds one record of the rounds (the chunks' factors, anchors and EP's site files)."""
+        return None
+
     def posterior(self, X, y, want_log_z=True):
         post, _ = self.template.posterior(None, None, want_log_z=False)
         return post, None

@@ -91,7 +91,6 @@ class EPEngine(TiedFactorSteps, Engine):
             return (f"data-parallel multiclass training runs {quoted_names(m for m in ROUND_METHODS if m != name)} "
                     "(multiclass EP's per-row sites are not kept per chunk yet)")
         return None
-    sites_on_cluster = False
 
     @property
     def log_z_climbed(self):

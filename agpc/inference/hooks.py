@@ -235,14 +235,21 @@ class Validation(Hook):
             trainer.history[key].append(value)
         run.postfix["val_nll"] = f"{nll:.4f}"
         if nll < best["nll"]:  # keep the best state seen...
-            best.update(nll=nll, state=trainer.engine.keep() if self.n_iter_no_change is not None else None)
+            best.update(nll=nll)
+            if self.n_iter_no_change is not None:
+                run.kept["validation"] = {"state": trainer.engine.keep(), "at": len(trainer.history["validation_nll"])}
         if nll < best["reference"] - self.tol:  # ...but count only improvements larger than tol
             best.update(reference=nll, since=0)
         elif trainer.n_steps > run.warmup:  # (after the warm-up: the class docstring)
             best["since"] += 1
         if self.n_iter_no_change is not None and best["since"] >= self.n_iter_no_change:
-            if best["state"] is not None:  # (not kept across a resume: the current state stays)
-                trainer.engine.put_back(best["state"])
+            kept = run.kept.get("validation")
+            if kept is not None:
+                trainer.engine.put_back(kept["state"])
+            elif best["nll"] < nll:  # (a checkpoint that could not hold it: ``Engine.checkpoint_kept``)
+                warn_guard(f"{trainer.method}: early stopping: the best validation NLL, {best['nll']:.6g}, came before "
+                           f"the resume, whose checkpoint does not hold that state: the model is the last one (NLL "
+                           f"{nll:.6g})", stacklevel=4)
             run.early_stopped, run.stop_reason = True, "early_stopping"
 
 
@@ -261,12 +268,12 @@ class Checkpoints(Hook):
         self.fingerprint = run_fingerprint(run.trainer.engine, run.X.shape[0], len(run.batches), self.data_hash)
         if self.resume:
             has_validation = "validation_nll" in run.trainer.history  # (the validation hook started first)
-            run.order, run.best = restore(run.trainer, run.rng, self.path, self.fingerprint, has_validation)
+            run.order, run.best, run.kept = restore(run.trainer, run.rng, self.path, self.fingerprint, has_validation)
             run.resumed = True
 
     def after_step(self, run, log_z, recorded):
         if self.every and run.trainer.n_steps % int(self.every) == 0:
-            write_checkpoint(run.trainer, run.rng, run.order, run.best, self.path, self.fingerprint)
+            write_checkpoint(run.trainer, run.rng, run.order, run.best, self.path, self.fingerprint, run.kept)
             run.checkpoints_written += 1
 
 
@@ -491,18 +498,20 @@ class Plateau(Hook):
 
     def __init__(self, steps, rise):
         self.steps, self.rise = int(steps), float(rise)
-        self.best = None  # judged drops: (log Z, history length, the trainer's snapshot of that state)
+        self.best = None  # judged drops: (log Z, history length); its state is the run's ``kept["plateau"]``
 
     def start(self, run):
-        """A resumed run's best record is read back from its history (its state is not in the checkpoint, as
-        validation's best state is not: ``finish`` then keeps the last state and says so)."""
+        """A resumed run's best record is read back from its history, its state from the checkpoint (``run.kept``;
+        where the checkpoint does not hold it, ``finish`` keeps the last state and says so)."""
         self.best = None
         if run.resumed and self._judges_drops(run):
             history = run.trainer.history
             after = [i for i, steps in enumerate(history["n_steps"]) if steps - run.warmup > 0]
             if after:
                 i = max(after, key=lambda k: (history["log_marginal_likelihood"][k], -k))
-                self.best = (history["log_marginal_likelihood"][i], i + 1, None)
+                self.best = (history["log_marginal_likelihood"][i], i + 1)
+            if self.best is None or run.kept.get("plateau", {}).get("at") != self.best[1]:
+                run.kept.pop("plateau", None)  # (not the state of the best record)
 
     @staticmethod
     def _judges_drops(run):
@@ -518,7 +527,10 @@ class Plateau(Hook):
         drops = self._judges_drops(run)
         if drops and past > 0 and (self.best is None or history[-1] > self.best[0]):
             # (batch mode: the entry is the log Z of the state the step started from, which the trainer kept)
-            self.best = (history[-1], len(history), trainer.good)
+            self.best = (history[-1], len(history))
+            run.kept.pop("plateau", None)
+            if trainer.good is not None:
+                run.kept["plateau"] = {"state": trainer.good["state"], "at": len(history)}
         if past <= self.steps or len(history) <= self.steps:
             return
         window = history[-1 - self.steps:]
@@ -536,17 +548,18 @@ class Plateau(Hook):
         last = trainer.history["log_marginal_likelihood"][-1]
         if best[0] - last <= self.rise:
             return
-        if best[2] is None:  # (recorded before a resume: the checkpoint keeps the last state only)
+        kept = run.kept.get("plateau")
+        if kept is None:  # (recorded before a resume whose checkpoint could not hold it: ``Engine.checkpoint_kept``)
             warn_guard(f"{trainer.method}: log Z fell from its best, {best[0]:.6g} at iteration {best[1]}, to {last:.6g} "
-                       "at the end; that state came before the resume, which does not keep it: the model is the last "
-                       "state", stacklevel=4)
+                       "at the end; that state came before the resume, whose checkpoint does not hold it: the model is "
+                       "the last state", stacklevel=4)
             return
-        climbed = [value + _log_prior(snapshot["state"]["kernel"]) for value, snapshot in ((best[0], best[2]),
-                                                                                           (last, trainer.good))]
+        climbed = [value + _log_prior(trainer.engine.kernel_of(state)) for value, state in ((best[0], kept["state"]),
+                                                                                            (last, trainer.good["state"]))]
         if climbed[0] - climbed[1] <= self.rise:  # (the kernel's prior gained what log Z lost)
             return
-        trainer.engine.restore(best[2])
-        trainer.good = best[2]
+        trainer.engine.put_back(kept["state"])
+        trainer.good = trainer.engine.snapshot()
         rate = getattr(trainer.engine.optimizer, "learning_rate", None)
         advice = f"; learning_rate={rate:g} overshoots: a smaller one climbs steadily" if rate is not None else ""
         warn_guard(f"{trainer.method}: log Z fell from its best, {best[0]:.6g} at iteration {best[1]}, to {last:.6g} at "

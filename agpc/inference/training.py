@@ -354,7 +354,11 @@ class Run:
     permutation: object = None  # the rows' order (None: the caller's)
     schedule: Schedule = field(default_factory=Schedule)  # the engine's (``Engine.schedule``), which the loop follows
     order: list = field(default_factory=list)  # the minibatches of this epoch still to step
-    best: dict = field(default_factory=lambda: {"nll": math.inf, "reference": math.inf, "state": None, "since": 0})
+    best: dict = field(default_factory=lambda: {"nll": math.inf, "reference": math.inf, "since": 0})
+    # States the hooks keep to go back to, by the hook's name ("validation": early stopping's best; "plateau": the
+    # plateau stop's best log Z), each {"state": ``Engine.keep``'s, "at": the record it was kept at}: a checkpoint
+    # holds them, so that a resumed run goes back to the state the uninterrupted one goes back to.
+    kept: dict = field(default_factory=dict)
     postfix: dict = field(default_factory=dict)  # what the progress bar shows beside log Z
     resumed: bool = False
     stopped_by_time: bool = False
