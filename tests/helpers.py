@@ -131,30 +131,35 @@ def _steps_taken(monkeypatch):
     return taken, lambda: monkeypatch.setattr(training.Trainer, "step", real)
 
 
-def interrupted_then_resumed(monkeypatch, params, path, stop_at, X, y):
-    """(uninterrupted fit, resumed fit): a fit with checkpoints every 4 steps, interrupted after ``stop_at`` steps,
-    then resume=True to the end. It checks that the resume resumed (a fit that ignored the checkpoint and started
-    again from scratch would give the same model under the same seed, and pass): the checkpoint holds the last
-    multiple of 4 steps before the interruption, with steps on the hyper-parameters among them (batch EP, SEP and
-    ADF: past the warm-up sweeps), and the resumed fit starts at that step and takes only the steps that remain.
-    The callers check that it ends at the uninterrupted model."""
+def interrupted_then_resumed(monkeypatch, params, path, stop_at, X, y, every=4):
+    """(uninterrupted fit, resumed fit): a fit with checkpoints every ``every`` steps, interrupted after ``stop_at``
+    steps, then resume=True to the end. It checks that the resume resumed (a fit that ignored the checkpoint and
+    started again from scratch would give the same model under the same seed, and pass): the checkpoint holds the
+    last multiple of ``every`` steps before the interruption, with steps on the hyper-parameters among them (batch EP,
+    SEP and ADF: past the warm-up sweeps), and the resumed fit starts at that step and takes only the steps that
+    remain. The callers check that it ends at the uninterrupted model."""
     taken, undo = _steps_taken(monkeypatch)
     reference = GPClassifier(**params).fit(X, y)
     undo()
-    undo = _interrupt_after(monkeypatch, stop_at)
-    with pytest.raises(Interrupt):
-        GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y)
-    undo()
+    interrupted_with_checkpoints(monkeypatch, params, path, stop_at, X, y, every)
     saved = checkpoints.load_checkpoint(path, np.asarray)
-    assert saved["n_steps"] == stop_at // 4 * 4 < len(taken), (saved["n_steps"], len(taken))
+    assert saved["n_steps"] == stop_at // every * every < len(taken), (saved["n_steps"], len(taken))
     assert saved["n_updates"] >= 1, "interrupted before any step on the hyper-parameters: their state is not resumed"
     resumed_steps, undo = _steps_taken(monkeypatch)
-    resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=4).fit(X, y, resume=True)
+    resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=every).fit(X, y, resume=True)
     undo()
     assert resumed_steps == list(range(saved["n_steps"], len(taken))), (
         f"the resumed fit took steps {resumed_steps[:3]}...{resumed_steps[-1:]}, the checkpoint was written at step "
         f"{saved['n_steps']} of {len(taken)}")
     return reference, resumed
+
+
+def interrupted_with_checkpoints(monkeypatch, params, path, stop_at, X, y, every=4):
+    """A fit of ``params`` with checkpoints at ``path`` every ``every`` steps, interrupted after ``stop_at`` steps."""
+    undo = _interrupt_after(monkeypatch, stop_at)
+    with pytest.raises(Interrupt):
+        GPClassifier(**params, checkpoint_path=path, checkpoint_every=every).fit(X, y)
+    undo()
 
 
 def forged_zarr(tmp_path, rows, field, value):

@@ -369,6 +369,10 @@ CHECKPOINT_CORRUPTIONS = {
                                     ["kept.plateau: at: 99, not the record the run kept this state at"]),
     "kept state with inf in Z": (_set_array(lambda s: _engine(_kept(s)["plateau"]["dict"])["Z"],
                                             np.full((5, 2), np.inf)), ["kept.plateau.engine.Z", "inf"]),
+    # a run's end at the step (``hooks.Resume``): only the stop reasons a step ends on
+    "ended on no step's reason": (lambda s, a: s.update(ended="max_time"),
+                                  ["ended: 'max_time', not None or one of plateau, converged, early_stopping"]),
+    "ended not a string": (lambda s, a: s.update(ended={"list": [1]}), ["ended: [1], not None"]),
     "kept state missing Z": (lambda s, a: _engine(_kept(s)["plateau"]["dict"]).pop("Z"), ["kept.plateau.engine", "Z"]),
     # issue 40: found by hypothesis (test_random_checkpoint_fields_are_refused_or_resume failed 3 runs of 3): an empty
     # history was accepted, and the resume crashed with KeyError: 'log_marginal_likelihood' in Trainer.record

@@ -1,6 +1,7 @@
 """The hooks of the training loop (``agpc.inference.hooks``), each on its own: validation with early stopping,
 checkpoints, the time budget, the progress bar, the stop on a plateau of log Z; and the one retry rule (``Trainer.step_until_taken``)."""
 
+import json
 import re
 import warnings
 from types import SimpleNamespace
@@ -12,7 +13,7 @@ from agpc import RBF, CholeskyError, GPClassifier, GuardWarning
 from agpc.datasets import make_banana
 from agpc import checkpoints, optim
 from agpc.inference import engines, hooks, tied_steps, training
-from helpers import interrupted_then_resumed
+from helpers import interrupted_then_resumed, interrupted_with_checkpoints
 
 
 class _ScriptedTrainer:
@@ -157,13 +158,14 @@ def test_checkpoints_are_written_every_few_steps_and_a_resume_needs_a_path(monke
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
     written = []
     monkeypatch.setattr(hooks, "write_checkpoint",
-                        lambda trainer, rng, order, best, path, fingerprint, kept: written.append((trainer.n_steps, path)))
+                        lambda trainer, rng, order, best, path, fingerprint, kept, ended: written.append(
+                            (trainer.n_steps, path)))
     fit = training.fit(X, y.astype(float) * 2 - 1, kernel, X[:5].copy(), method="sep", batch_size=40, max_iter=3,
                        checkpoint_path=tmp_path / "run.ckpt", checkpoint_every=4, random_state=0)
     assert [step for step, _ in written] == [4, 8] and fit.checkpoints_written == 2
     engine = training.make_engine("sep", kernel, X[:5].copy(), n_total=120, minibatch=False)
     with pytest.raises(ValueError, match="resume=True needs checkpoint_path"):
-        training.train(X, y, engine, training.TrainSettings(resume=True), [hooks.Checkpoints(None, resume=True)])
+        training.train(X, y, engine, training.TrainSettings(resume=True), [hooks.Resume(None)])
 
 
 def test_the_time_budget_stops_before_a_step_that_would_not_fit(monkeypatch):
@@ -445,10 +447,9 @@ def test_a_batch_fit_that_keeps_dropping_stops_after_windows_without_a_new_best(
     curve = [-400.0 + 50 * k for k in range(5)] + [-250.0, -260.0, -270.0] * 20  # best: -200 at the 5th record
     run = _plateau_run([], n_steps=0, warmup=0)
     hook = hooks.Plateau(4, 1.0)
-    assert _feed(hook, run, curve) == 5 + hooks.Plateau.drop_patience * 4
     restored = _putting_back(run)
     with pytest.warns(GuardWarning, match=r"log Z fell from its best, -200 at iteration 5, to -2[567]0 at the end"):
-        hook.finish(run)
+        assert _feed(hook, run, curve) == 5 + hooks.Plateau.drop_patience * 4
     assert [state["at"] for state in restored] == [5] and run.trainer.good["state"]["at"] == 5
 
 
@@ -488,32 +489,75 @@ def test_a_resumed_batch_fit_reads_its_best_record_back_and_its_state_from_the_c
         run.kept["plateau"] = {"state": {"at": kept_at, "kernel": RBF(lengthscales=[1.0], amplitude=1.0)}, "at": kept_at}
     hook = hooks.Plateau(4, 1.0)
     hook.start(run)
-    assert _feed(hook, run, curve[8:]) == 5 + hooks.Plateau.drop_patience * 4  # (as uninterrupted)
     restored = _putting_back(run)
-    if kept_at == 5:
-        with pytest.warns(GuardWarning, match=r"best, -200 at iteration 5, to -2[567]0 at the end: the model returned"):
-            hook.finish(run)
-        assert [state["at"] for state in restored] == [5]
-        return
-    with pytest.warns(GuardWarning, match=r"best, -200 at iteration 5, .*came before the resume.*the last state"):
-        hook.finish(run)
-    assert restored == []
+    said = (r"best, -200 at iteration 5, to -2[567]0 at the end: the model returned" if kept_at == 5 else
+            r"best, -200 at iteration 5, .*came before the resume.*the last state")
+    with pytest.warns(GuardWarning, match=said):
+        assert _feed(hook, run, curve[8:]) == 5 + hooks.Plateau.drop_patience * 4  # (as uninterrupted)
+    assert [state["at"] for state in restored] == ([5] if kept_at == 5 else [])
 
 
-def test_a_batch_fit_resumed_after_its_best_state_goes_back_to_it(tmp_path, monkeypatch):
+_OVERSHOOTING_SVI = dict(method="svi", n_inducing=10, max_iter=200, random_state=0, learning_rate=0.1)
+
+
+@pytest.mark.parametrize("stop_at, every", [(70, 4), (66, 5)])
+def test_a_batch_fit_resumed_after_its_best_state_goes_back_to_it(tmp_path, monkeypatch, stop_at, every):
     """The plateau stop's best state is in the checkpoint (``Run.kept``): SVI at learning_rate=0.1 on 2,000 banana rows
     has its best log Z at the 65th iteration and stops at the 72nd (``test_a_batch_fit_that_ends_below_its_best_returns
     _its_best_state``); interrupted after 70 steps (its checkpoint at the 68th), the resumed fit puts back the 65th
-    state as the uninterrupted one does: the same model."""
+    state as the uninterrupted one does: the same model. So too from a checkpoint written at the best step itself (the
+    65th: a review found the checkpoint written before the plateau hook had kept that step's state, 0.37 off)."""
     X, y = make_banana(2000, random_state=0)
-    params = dict(method="svi", n_inducing=10, max_iter=200, random_state=0, learning_rate=0.1)
     with pytest.warns(GuardWarning, match="svi: log Z fell from its best, .* at iteration 65"):
-        reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "ckpt", 70, X, y)
-    # (the resume was from step 68, as the helper checked; the resumed fit wrote its last checkpoint at the 72nd)
+        reference, resumed = interrupted_then_resumed(monkeypatch, _OVERSHOOTING_SVI, tmp_path / "ckpt", stop_at, X, y,
+                                                      every=every)
+    # (the resume was from step 68 or 65, as the helper checked; the resumed fit wrote its last checkpoint after)
     assert checkpoints.load_checkpoint(tmp_path / "ckpt", np.asarray)["kept"]["plateau"]["at"] == 65
     assert reference.n_iter_ == resumed.n_iter_ == 72
     np.testing.assert_array_equal(resumed.predict_proba(X[:300]), reference.predict_proba(X[:300]))
     assert resumed.log_marginal_likelihood_ == reference.log_marginal_likelihood_
+
+
+def test_a_fit_resumed_from_the_checkpoint_of_the_step_it_stopped_at_ends_there(tmp_path, monkeypatch):
+    """A checkpoint written at the step where the run ended says so (``ended``), and the resumed run ends there: no
+    step, the same model. Before, the plateau-stopped SVI fit above resumed from its last checkpoint trained 24
+    iterations more (0.20 off), and an early-stopped fit went on from the best state it had put back."""
+    X, y = make_banana(2000, random_state=0)
+    early = dict(n_inducing=30, max_iter=200, random_state=0, early_stopping=True, n_iter_no_change=5, plateau=None)
+    for params, stopped in ((_OVERSHOOTING_SVI, "plateau"), (early, "early_stopping")):
+        path = tmp_path / f"{stopped}.ckpt"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", GuardWarning)
+            reference = GPClassifier(**params, checkpoint_path=path, checkpoint_every=1).fit(X, y)
+            saved = checkpoints.load_checkpoint(path, np.asarray)
+            assert saved["ended"] == reference.stop_reason_ == stopped
+            steps = []
+            monkeypatch.setattr(training.Trainer, "step", lambda *args, **kwargs: steps.append(1))
+            resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=1).fit(X, y, resume=True)
+            monkeypatch.undo()
+        assert steps == [] and resumed.stop_reason_ == stopped and resumed.n_iter_ == reference.n_iter_
+        np.testing.assert_array_equal(resumed.predict_proba(X[:300]), reference.predict_proba(X[:300]))
+
+
+def test_a_kept_state_edited_in_the_file_is_refused_where_it_is_put_back(tmp_path, monkeypatch):
+    """The file's checks let through a kept state no fit reaches where only its score tells (here its lengthscales
+    e times longer, a finite value of the right shape); where the resumed run puts it back, its log Z must be the one
+    the run recorded of it: one ValueError naming the file, not a model 0.37 from the uninterrupted one (a review,
+    2026-12-04)."""
+    X, y = make_banana(2000, random_state=0)
+    path = tmp_path / "ckpt"
+    interrupted_with_checkpoints(monkeypatch, _OVERSHOOTING_SVI, path, 70, X, y)  # (its checkpoint at the 68th step)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    header = json.loads(str(arrays[checkpoints.HEADER_KEY]))
+    kernel = header["state"]["dict"]["kept"]["dict"]["plateau"]["dict"]["engine"]["dict"]["kernel"]["dict"]
+    name = kernel["log_lengthscales"]["array"]
+    arrays[name] = arrays[name] + 1.0
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+    with pytest.raises(ValueError, match=re.escape(str(path)) + ": the plateau stop's best state, as the checkpoint "
+                                         "holds it, gives a log Z of .* where the run recorded -768.80"):
+        GPClassifier(**_OVERSHOOTING_SVI, checkpoint_path=path, checkpoint_every=4).fit(X, y, resume=True)
 
 
 _KEPT_CASES = {"ep": dict(), "multiclass ep": dict(classes=3), "ordinal": dict(classes=3, likelihood="ordinal"),

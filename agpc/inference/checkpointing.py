@@ -103,10 +103,11 @@ def likelihood_text(likelihood):
     return likelihood.name if registered_likelihood(likelihood.name) is None else f"{likelihood.name}: {likelihood!r}"
 
 
-def write_checkpoint(trainer, rng, order, best, path, fingerprint, kept=None):
+def write_checkpoint(trainer, rng, order, best, path, fingerprint, kept=None, ended=None):
     """Everything the loop needs to go on exactly as if it had not stopped; ``kept``: the states the hooks keep to go
     back to (``training.Run.kept``), each as the engine writes it (``Engine.checkpoint_kept``; left out where it
-    cannot: the resumed run then says it does not have that state where it would go back to it)."""
+    cannot: the resumed run then says it does not have that state where it would go back to it); ``ended``: the stop
+    reason of a run that ended at this step (``ENDED``), else None."""
     engine_state = trainer.engine.checkpoint_state(path, trainer.n_steps)
     kept_states = {}
     for name, entry in (kept or {}).items():
@@ -118,16 +119,18 @@ def write_checkpoint(trainer, rng, order, best, path, fingerprint, kept=None):
         "n_steps": trainer.n_steps, "n_updates": trainer.n_updates, "history": trainer.history,
         "pending": [list(p) for p in trainer._pending],
         "rng": rng.bit_generator.state, "order": [int(i) for i in order],
-        "best": dict(best), "kept": kept_states,
+        "best": dict(best), "kept": kept_states, "ended": ended,
         "elapsed": time.perf_counter() - trainer.t0,
     })
     trainer.engine.checkpoint_written(engine_state)
 
 
 def restore(trainer, rng, path, fingerprint, has_validation):
-    """Put a checkpoint's state into a freshly built trainer; returns (order, best, kept): the early-stopping record
-    and the states the hooks kept (``training.Run.kept``, each in ``Engine.keep``'s form). Everything read is
-    checked first: a field of the wrong type or shape is one ValueError naming the file and the field."""
+    """Put a checkpoint's state into a freshly built trainer; returns (order, best, kept, ended): the early-stopping
+    record, the states the hooks kept (``training.Run.kept``, each in ``Engine.keep``'s form, with the ``checkpoint``
+    it was read from) and the stop reason of a run that had ended at the checkpoint's step (None: it had not).
+    Everything read is checked first: a field of the wrong type or shape is one ValueError naming the file and the
+    field."""
     if path is None:
         raise ValueError("resume=True needs checkpoint_path")
 
@@ -145,12 +148,15 @@ def restore(trainer, rng, path, fingerprint, has_validation):
                 if key not in VALIDATION_KEYS and not (before_guard and key in GUARD_KEYS)]
     check_loop_state(saved, fingerprint, refuse, history_keys=recorded, validation_keys=VALIDATION_KEYS)
     check_engine_state(saved["engine"], trainer.engine, fingerprint, path, refuse)
+    ended = saved.get("ended")  # (a checkpoint from before it was recorded: the run had not ended, as it was read then)
+    if ended is not None and ended not in ENDED:
+        raise refuse(f"ended: {ended!r}, not None or one of {', '.join(ENDED)}")
     kept_saved = _checked_kept(saved, trainer.engine, path, fingerprint, refuse)
     kept = {}
     for name, (at, engine_state, refuse_kept) in kept_saved.items():  # (each through the engine, which then holds it)
         _restore_engine(trainer, engine_state, path, refuse_kept)
         _check_prior_scale(trainer.engine, fingerprint["n"], refuse_kept)
-        kept[name] = {"state": trainer.engine.keep(), "at": at}
+        kept[name] = {"state": trainer.engine.keep(), "at": at, "checkpoint": path}
     _restore_rng(rng, saved, refuse)
     _restore_engine(trainer, saved["engine"], path, refuse)
     _check_prior_scale(trainer.engine, fingerprint["n"], refuse)
@@ -163,8 +169,11 @@ def restore(trainer, rng, path, fingerprint, has_validation):
     best = {key: saved["best"][key] for key in ("nll", "reference", "since")}
     if has_validation and trainer.history.get("validation_nll") is None:
         raise ValueError(f"checkpoint {path} has no validation history but this run has validation data")
-    return list(saved["order"]), best, kept
+    return list(saved["order"]), best, kept, ended
 
+
+# The stop reasons a run ends on at a step, which its checkpoint of that step records (``training.STOP_REASONS``).
+ENDED = ("plateau", "converged", "early_stopping")
 
 # The states a run's hooks keep to go back to (``training.Run.kept``), by the hook's name: early stopping's best
 # validation NLL and the plateau stop's best log Z (``hooks.Validation``, ``hooks.Plateau``).

@@ -9,6 +9,7 @@ epoch's remaining minibatches, the early-stopping record) and may stop it (``bef
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 import weakref
@@ -17,7 +18,7 @@ from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
-from ..backend import warn_guard
+from ..backend import CholeskyError, warn_guard
 from ..kernels import log_prior_and_grads
 from .checkpointing import VALIDATION_KEYS, restore, run_fingerprint, write_checkpoint
 
@@ -246,6 +247,8 @@ class Validation(Hook):
             kept = run.kept.get("validation")
             if kept is not None:
                 trainer.engine.put_back(kept["state"])
+                _check_kept_state(kept, "early stopping's best state", trainer.history["validation_nll"][kept["at"] - 1],
+                                  "validation NLL", lambda: trainer.validation_scores(run.X, run.y, self.data)[0])
             elif best["nll"] < nll:  # (a checkpoint that could not hold it: ``Engine.checkpoint_kept``)
                 warn_guard(f"{trainer.method}: early stopping: the best validation NLL, {best['nll']:.6g}, came before "
                            f"the resume, whose checkpoint does not hold that state: the model is the last one (NLL "
@@ -253,27 +256,46 @@ class Validation(Hook):
             run.early_stopped, run.stop_reason = True, "early_stopping"
 
 
+class Resume(Hook):
+    """The run starts from the checkpoint at ``path`` (``checkpointing.restore``, which checks it field by field);
+    ``data_hash`` (``checkpointing.data_fingerprint`` of X and y) goes into the run's fingerprint: a resume on other
+    data is refused. Early among the hooks (``standard_hooks``: after validation, whose history the checkpoint must
+    have), so that the time budget, the progress bar and the plateau stop start from the resumed run. A checkpoint
+    written at the step where the run ended (``Checkpoints``: a plateau, settled sites, early stopping) ends the
+    resumed run there too: its ``finish`` hooks and final pass, no step (a plateau-stopped SVI fit resumed from its
+    last checkpoint had trained 24 iterations more, its probabilities 0.20 from the uninterrupted fit's)."""
+
+    def __init__(self, path, data_hash=None):
+        self.path, self.data_hash = path, data_hash
+
+    def start(self, run):
+        fingerprint = run_fingerprint(run.trainer.engine, run.X.shape[0], len(run.batches), self.data_hash)
+        has_validation = "validation_nll" in run.trainer.history  # (the validation hook started first)
+        run.order, run.best, run.kept, ended = restore(run.trainer, run.rng, self.path, fingerprint, has_validation)
+        run.resumed = True
+        if ended is not None:
+            run.stop_reason, run.early_stopped = ended, ended == "early_stopping"
+            run.converged = not run.early_stopped
+
+
 class Checkpoints(Hook):
     """Every ``every`` steps the whole training state goes to ``path`` (atomically: a crash while writing leaves
-    the previous checkpoint as it was); ``resume`` starts from it (``checkpointing.restore``), and a run that is
-    interrupted and resumed ends at the same model as one that is not (same seed, same data). ``data_hash``
-    (``checkpointing.data_fingerprint`` of X and y) goes into the run's fingerprint: a resume on other data is
-    refused."""
+    the previous checkpoint as it was), so that a run interrupted and resumed (``Resume``) ends at the same model as
+    one that is not (same seed, same data). Written after every other hook has updated the run (last in
+    ``standard_hooks``): the states the hooks keep (``Run.kept``: the plateau stop's best, which it takes after the
+    step) and whether the run ended at this step are the step's own."""
 
-    def __init__(self, path, every=None, resume=False, data_hash=None):
-        self.path, self.every, self.resume, self.data_hash = path, every, resume, data_hash
+    def __init__(self, path, every, data_hash=None):
+        self.path, self.every, self.data_hash = path, every, data_hash
         self.fingerprint = None
 
     def start(self, run):
         self.fingerprint = run_fingerprint(run.trainer.engine, run.X.shape[0], len(run.batches), self.data_hash)
-        if self.resume:
-            has_validation = "validation_nll" in run.trainer.history  # (the validation hook started first)
-            run.order, run.best, run.kept = restore(run.trainer, run.rng, self.path, self.fingerprint, has_validation)
-            run.resumed = True
 
     def after_step(self, run, log_z, recorded):
         if self.every and run.trainer.n_steps % int(self.every) == 0:
-            write_checkpoint(run.trainer, run.rng, run.order, run.best, self.path, self.fingerprint, run.kept)
+            ended = run.stop_reason if run.converged or run.early_stopped else None
+            write_checkpoint(run.trainer, run.rng, run.order, run.best, self.path, self.fingerprint, run.kept, ended)
             run.checkpoints_written += 1
 
 
@@ -343,6 +365,8 @@ class Progress(Hook):
         if run.finished():  # max_iter 0 (or a resumed run that had ended): not a warm-up sweep, not a step runs
             warmup = " (no warm-up sweeps either)" if run.trainer.n_steps < run.warmup else ""
             cap = "max_iter 0" if settings.max_iter == 0 else f"max_iter {settings.max_iter:,} reached"
+            if run.converged or run.early_stopped:  # (``Resume``)
+                cap = f"it had ended ({ENDED_BECAUSE.get(run.stop_reason, run.stop_reason)}) when its checkpoint was written"
             plan = f"{n:,} rows; {cap}: no training steps{warmup}, only the final pass"
         elif settings.max_iter == 0 and not run.minibatch:  # GFITC: its sites settle, at the starting kernel
             plan = (f"{n:,} rows, batch steps on all rows; max_iter 0: EP sweeps until the sites settle, no step on "
@@ -540,10 +564,13 @@ class Plateau(Hook):
             flat = (flat and max(window) - window[-1] <= self.rise) or stalled
         if flat:
             run.converged, run.stop_reason = True, "plateau"
+            self._go_back(run)
 
-    def finish(self, run):
+    def _go_back(self, run):
+        """At the plateau stop, the best state put back where the run stopped more than ``rise`` below it (at the
+        step, not after the loop: the checkpoint of the step then holds the model the run returns, ``Resume``)."""
         best, trainer = self.best, run.trainer
-        if best is None or not (run.converged and run.stop_reason == "plateau"):  # (max_iter's fit is its last state)
+        if best is None:  # (max_iter's fit, or anything else's, is its last state: not called)
             return
         last = trainer.history["log_marginal_likelihood"][-1]
         if best[0] - last <= self.rise:
@@ -552,8 +579,14 @@ class Plateau(Hook):
         if kept is None:  # (recorded before a resume whose checkpoint could not hold it: ``Engine.checkpoint_kept``)
             warn_guard(f"{trainer.method}: log Z fell from its best, {best[0]:.6g} at iteration {best[1]}, to {last:.6g} "
                        "at the end; that state came before the resume, whose checkpoint does not hold it: the model is "
-                       "the last state", stacklevel=4)
+                       "the last state", stacklevel=5)
             return
+        if "checkpoint" in kept:  # (read from a file: checked before its kernel's prior is weighed)
+            last_state = trainer.engine.keep()
+            trainer.engine.put_back(kept["state"])
+            _check_kept_state(kept, "the plateau stop's best state", best[0], "log Z",
+                              lambda: trainer.posterior(run.X, run.y)[1])
+            trainer.engine.put_back(last_state)
         climbed = [value + _log_prior(trainer.engine.kernel_of(state)) for value, state in ((best[0], kept["state"]),
                                                                                             (last, trainer.good["state"]))]
         if climbed[0] - climbed[1] <= self.rise:  # (the kernel's prior gained what log Z lost)
@@ -563,7 +596,26 @@ class Plateau(Hook):
         rate = getattr(trainer.engine.optimizer, "learning_rate", None)
         advice = f"; learning_rate={rate:g} overshoots: a smaller one climbs steadily" if rate is not None else ""
         warn_guard(f"{trainer.method}: log Z fell from its best, {best[0]:.6g} at iteration {best[1]}, to {last:.6g} at "
-                   f"the end: the model returned is the one at iteration {best[1]}{advice}", stacklevel=4)
+                   f"the end: the model returned is the one at iteration {best[1]}{advice}", stacklevel=5)
+
+
+def _check_kept_state(kept, what, recorded, measure, score):
+    """A kept state read back from a checkpoint (``kept["checkpoint"]``: ``checkpointing.restore``), just put back as
+    the model, must give the ``measure`` the run recorded of it (``score()`` computes it again). The file's checks let
+    through values no fit reaches where only a step tells them (sites made negative, shifts 1e300 times their size),
+    which the run's own state's first step does (``checkpointing.restored_state_checked``); a kept state takes no
+    step, so its own score tells them (a review, 2026-12-04: such kept states were returned as the model, or failed
+    in the final pass naming no file). A failure is one ValueError naming the file."""
+    if "checkpoint" not in kept:
+        return
+    try:
+        value = float(score())
+    except (CholeskyError, FloatingPointError):
+        value = math.nan
+    if not math.isclose(value, recorded, rel_tol=1e-6, abs_tol=1e-9):
+        raise ValueError(f"{kept['checkpoint']}: {what}, as the checkpoint holds it, gives a {measure} of {value:.10g} "
+                         f"where the run recorded {recorded:.10g} for it: the file was changed since it was written; "
+                         "fit without resume=True to start afresh")
 
 
 def _log_prior(kernel):
@@ -574,19 +626,20 @@ def _log_prior(kernel):
 
 def standard_hooks(settings, validation=None):
     """The hooks ``settings`` (a ``training.TrainSettings``) ask for, in the order the loop calls them: validation
-    (which starts first: a resume checks the checkpoint has its history), checkpoints (which write after the
-    validation record is updated), the time budget (which starts after a resume: the time spent before counts),
-    the progress bar, the stop on a plateau."""
+    (which starts first: a resume checks the checkpoint has its history), the resume, the time budget (which starts
+    after a resume: the time spent before counts), the progress bar, the stop on a plateau, and checkpoints last (which
+    write what every other hook updated at the step: ``Checkpoints``)."""
     hooks = []
     if validation is not None:
         hooks.append(Validation(validation, settings.eval_every, settings.n_iter_no_change, settings.tol))
-    if settings.resume or settings.checkpoint_every:
-        hooks.append(Checkpoints(settings.checkpoint_path, settings.checkpoint_every, settings.resume,
-                                 settings.data_hash))
+    if settings.resume:
+        hooks.append(Resume(settings.checkpoint_path, settings.data_hash))
     if settings.max_time is not None:
         hooks.append(TimeBudget(settings.max_time, settings.started))
     if settings.progress:
         hooks.append(Progress(settings.stage))
     if settings.plateau is not None:
         hooks.append(Plateau(*settings.plateau))
+    if settings.checkpoint_every:
+        hooks.append(Checkpoints(settings.checkpoint_path, settings.checkpoint_every, settings.data_hash))
     return hooks

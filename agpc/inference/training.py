@@ -378,8 +378,11 @@ class Run:
 
     def finished(self):
         """Whether the run is over: ``max_iter`` epochs (minibatch mode), hyper-parameter steps and the schedule lets
-        it end (batch mode; ``Schedule.may_finish``: GFITC's settled sites), or steps (no hyper-parameters to step)."""
+        it end (batch mode; ``Schedule.may_finish``: GFITC's settled sites), or steps (no hyper-parameters to step);
+        or it ended before (a resumed run whose checkpoint was written where it ended: ``hooks.Resume``)."""
         trainer, max_iter = self.trainer, self.settings.max_iter
+        if self.converged or self.early_stopped:
+            return True
         if self.minibatch:
             return trainer.n_steps >= max_iter * len(self.batches)
         if trainer.engine.has_params:
@@ -438,12 +441,11 @@ def _steps(run, hooks):
         if recorded:
             trainer.record()
         run.postfix = {}
+        if not engine.has_params and not minibatch and change is not None and change < settings.tol:
+            run.converged, run.stop_reason = True, "converged"  # (before the hooks: a checkpoint says it ended)
         for hook in hooks:
             hook.after_step(run, log_z, recorded)
         if run.early_stopped or run.converged:
-            break
-        if not engine.has_params and not minibatch and change is not None and change < settings.tol:
-            run.converged, run.stop_reason = True, "converged"
             break
     for hook in hooks:
         hook.finish(run)
