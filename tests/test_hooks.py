@@ -539,6 +539,32 @@ def test_a_fit_resumed_from_the_checkpoint_of_the_step_it_stopped_at_ends_there(
         np.testing.assert_array_equal(resumed.predict_proba(X[:300]), reference.predict_proba(X[:300]))
 
 
+def test_an_ended_checkpoint_whose_state_is_no_model_is_refused(tmp_path):
+    """A resumed fit that had ended takes no step, so the first step's check of the checkpoint's state
+    (``restored_state_checked``) is made by evaluating one, uncommitted (``Trainer.log_z_here``): the early-stopped EP
+    fit's checkpoint with its site shifts 1e300 times larger is one ValueError naming the file (without the check it
+    resumed to a model 0.50 from the fit's, with no word; sites made negative failed in the final pass)."""
+    X, y = make_banana(1000, random_state=0)
+    params = dict(n_inducing=30, max_iter=200, random_state=0, early_stopping=True, n_iter_no_change=5, plateau=None,
+                  checkpoint_path=tmp_path / "ckpt", checkpoint_every=1)
+    GPClassifier(**params).fit(X, y)
+    _edit_checkpoint(tmp_path / "ckpt", lambda state: state["engine"]["dict"]["mu"], lambda mu: mu * 1e300)
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / "ckpt")) + r": the fit had ended at the step this "
+                                         r"checkpoint was written \(early_stopping\), and the state it holds is no model"):
+        GPClassifier(**params).fit(X, y, resume=True)
+
+
+def _edit_checkpoint(path, node_of, change):
+    """Rewrite the array of the checkpoint at ``path`` that ``node_of`` finds in its header's state tree (a node
+    {"array": name}) as ``change`` of it."""
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    name = node_of(json.loads(str(arrays[checkpoints.HEADER_KEY]))["state"]["dict"])["array"]
+    arrays[name] = change(arrays[name])
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
 def test_a_kept_state_edited_in_the_file_is_refused_where_it_is_put_back(tmp_path, monkeypatch):
     """The file's checks let through a kept state no fit reaches where only its score tells (here its lengthscales
     e times longer, a finite value of the right shape); where the resumed run puts it back, its log Z must be the one
@@ -547,14 +573,8 @@ def test_a_kept_state_edited_in_the_file_is_refused_where_it_is_put_back(tmp_pat
     X, y = make_banana(2000, random_state=0)
     path = tmp_path / "ckpt"
     interrupted_with_checkpoints(monkeypatch, _OVERSHOOTING_SVI, path, 70, X, y)  # (its checkpoint at the 68th step)
-    with np.load(path, allow_pickle=False) as archive:
-        arrays = {name: archive[name] for name in archive.files}
-    header = json.loads(str(arrays[checkpoints.HEADER_KEY]))
-    kernel = header["state"]["dict"]["kept"]["dict"]["plateau"]["dict"]["engine"]["dict"]["kernel"]["dict"]
-    name = kernel["log_lengthscales"]["array"]
-    arrays[name] = arrays[name] + 1.0
-    with open(path, "wb") as fh:
-        np.savez(fh, **arrays)
+    _edit_checkpoint(path, lambda state: state["kept"]["dict"]["plateau"]["dict"]["engine"]["dict"]["kernel"]["dict"][
+        "log_lengthscales"], lambda value: value + 1.0)
     with pytest.raises(ValueError, match=re.escape(str(path)) + ": the plateau stop's best state, as the checkpoint "
                                          "holds it, gives a log Z of .* where the run recorded -768.80"):
         GPClassifier(**_OVERSHOOTING_SVI, checkpoint_path=path, checkpoint_every=4).fit(X, y, resume=True)

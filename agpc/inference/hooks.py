@@ -276,6 +276,11 @@ class Resume(Hook):
         if ended is not None:
             run.stop_reason, run.early_stopped = ended, ended == "early_stopping"
             run.converged = not run.early_stopped
+            # (no step follows, so the first step's check of the state, ``restored_state_checked``, is made here)
+            if not math.isfinite(run.trainer.log_z_here(run.X, run.y, *run.batches[0])):
+                raise ValueError(f"{self.path}: the fit had ended at the step this checkpoint was written ({ended}), "
+                                 "and the state it holds is no model: its log Z is not finite; the file was changed "
+                                 "since it was written: fit without resume=True to start afresh")
 
 
 class Checkpoints(Hook):

@@ -167,6 +167,18 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         raise FloatingPointError(f"{self.method}: no step taken after {MAX_FAILURES + 1} attempts")
 
     @with_blas_threads(_work)
+    def log_z_here(self, X, y, lo, hi):
+        """log Z of a step from the current state on rows lo:hi, evaluated and not committed (NaN where a factorisation
+        failed): what the guard judges a resumed run's first step by (``checkpointing.restored_state_checked``), for a
+        resumed run that takes none (``hooks.Resume``: it had ended at its checkpoint's step)."""
+        with floating_point_errors_held():
+            try:
+                summary, _ = self.engine.evaluate(X, y, lo, hi, stepping=False)
+                return float(_host_scalars(summary)[0])
+            except CholeskyError:
+                return math.nan
+
+    @with_blas_threads(_work)
     def step(self, X, y, lo, hi, *, stepping, weights=None, repair=None):
         """Evaluate rows lo:hi of (X, y) (all of them in batch mode), commit the update, maybe step the
         hyper-parameters. ``weights``: one weight per row of lo:hi (a padded minibatch: 0 on the padding),
