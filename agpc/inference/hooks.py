@@ -531,7 +531,7 @@ class Plateau(Hook):
 
     def start(self, run):
         """A resumed run's best record is read back from its history, its state from the checkpoint (``run.kept``;
-        where the checkpoint does not hold it, ``finish`` keeps the last state and says so)."""
+        where the checkpoint does not hold it, the stop keeps the last state and says so: ``_go_back``)."""
         self.best = None
         if run.resumed and self._judges_drops(run):
             history = run.trainer.history
