@@ -370,9 +370,18 @@ CHECKPOINT_CORRUPTIONS = {
     "kept state with inf in Z": (_set_array(lambda s: _engine(_kept(s)["plateau"]["dict"])["Z"],
                                             np.full((5, 2), np.inf)), ["kept.plateau.engine.Z", "inf"]),
     # a run's end at the step (``hooks.Resume``): only the stop reasons a step ends on
-    "ended on no step's reason": (lambda s, a: s.update(ended="max_time"),
-                                  ["ended: 'max_time', not None or one of plateau, converged, early_stopping"]),
-    "ended not a string": (lambda s, a: s.update(ended={"list": [1]}), ["ended: [1], not None"]),
+    "ended on no step's reason": (lambda s, a: s.update(ended={"dict": {"reason": "max_time", "early_stopped": False,
+                                                                        "converged": True, "log_z": -1.5}}),
+                                  ["ended: {'reason': 'max_time', ", "not None or the record of a run's end (a reason "
+                                   "of plateau, converged, early_stopping)"]),
+    "ended a string": (lambda s, a: s.update(ended="plateau"), ["ended: 'plateau', not None or the record"]),
+    "ended's flags against its reason": (
+        lambda s, a: s.update(ended={"dict": {"reason": "early_stopping", "early_stopped": False, "converged": True,
+                                              "log_z": -1.5}}),
+        ["ended: flags early_stopped=False, converged=True do not fit the reason 'early_stopping'"]),
+    "ended's log Z not finite": (lambda s, a: s.update(ended={"dict": {"reason": "plateau", "early_stopped": False,
+                                                                       "converged": True, "log_z": "x"}}),
+                                 ["ended.log_z: 'x', not a finite number"]),
     "kept state missing Z": (lambda s, a: _engine(_kept(s)["plateau"]["dict"]).pop("Z"), ["kept.plateau.engine", "Z"]),
     # issue 40: found by hypothesis (test_random_checkpoint_fields_are_refused_or_resume failed 3 runs of 3): an empty
     # history was accepted, and the resume crashed with KeyError: 'log_marginal_likelihood' in Trainer.record

@@ -530,7 +530,7 @@ def test_a_fit_resumed_from_the_checkpoint_of_the_step_it_stopped_at_ends_there(
             warnings.simplefilter("ignore", GuardWarning)
             reference = GPClassifier(**params, checkpoint_path=path, checkpoint_every=1).fit(X, y)
             saved = checkpoints.load_checkpoint(path, np.asarray)
-            assert saved["ended"] == reference.stop_reason_ == stopped
+            assert saved["ended"]["reason"] == reference.stop_reason_ == stopped
             steps = []
             monkeypatch.setattr(training.Trainer, "step", lambda *args, **kwargs: steps.append(1))
             resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=1).fit(X, y, resume=True)
@@ -539,19 +539,45 @@ def test_a_fit_resumed_from_the_checkpoint_of_the_step_it_stopped_at_ends_there(
         np.testing.assert_array_equal(resumed.predict_proba(X[:300]), reference.predict_proba(X[:300]))
 
 
-def test_an_ended_checkpoint_whose_state_is_no_model_is_refused(tmp_path):
-    """A resumed fit that had ended takes no step, so the first step's check of the checkpoint's state
-    (``restored_state_checked``) is made by evaluating one, uncommitted (``Trainer.log_z_here``): the early-stopped EP
-    fit's checkpoint with its site shifts 1e300 times larger is one ValueError naming the file (without the check it
-    resumed to a model 0.50 from the fit's, with no word; sites made negative failed in the final pass)."""
+@pytest.mark.parametrize("edit", ["shifts times 1e300", "lengthscales times e"])
+def test_an_ended_checkpoint_whose_state_is_not_the_fits_is_refused(tmp_path, edit):
+    """A resumed fit that had ended takes no step, so the state its checkpoint holds is the model: the first step's
+    check (``restored_state_checked``) is made by evaluating one, uncommitted (``Trainer.log_z_here``), against the log
+    Z the fit recorded of it there (``ended``): the early-stopped EP fit's checkpoint with its site shifts 1e300 times
+    larger, or its lengthscales e times longer, is one ValueError naming the file (a review, 2026-12-04: they
+    resumed to models 0.50 and 0.52 from the fit's, with no word)."""
     X, y = make_banana(1000, random_state=0)
     params = dict(n_inducing=30, max_iter=200, random_state=0, early_stopping=True, n_iter_no_change=5, plateau=None,
                   checkpoint_path=tmp_path / "ckpt", checkpoint_every=1)
     GPClassifier(**params).fit(X, y)
-    _edit_checkpoint(tmp_path / "ckpt", lambda state: state["engine"]["dict"]["mu"], lambda mu: mu * 1e300)
+    if edit == "shifts times 1e300":
+        _edit_checkpoint(tmp_path / "ckpt", lambda state: state["engine"]["dict"]["mu"], lambda mu: mu * 1e300)
+    else:
+        _edit_checkpoint(tmp_path / "ckpt", lambda state: state["engine"]["dict"]["kernel"]["dict"]["log_lengthscales"],
+                         lambda value: value + 1.0)
     with pytest.raises(ValueError, match=re.escape(str(tmp_path / "ckpt")) + r": the fit had ended at the step this "
-                                         r"checkpoint was written \(early_stopping\), and the state it holds is no model"):
+                                         r"checkpoint was written \(early_stopping\), and the state it holds gives a "
+                                         r"log Z of .* where the fit recorded"):
         GPClassifier(**params).fit(X, y, resume=True)
+
+
+def test_an_ended_checkpoint_says_both_stops_and_only_the_runs_own(tmp_path):
+    """Early stopping and the plateau stop at the same step: the stop reason is the plateau's, and the resumed fit
+    says early stopping too, as the fit did (a review found ``early_stopped_`` False after the resume). A checkpoint
+    whose ``ended`` names a stop this run's settings do not make (the plateau's, with ``plateau=None``) is refused:
+    edited, it had returned a fit of 20 iterations of 50 as stopped on its plateau."""
+    X, y = make_banana(600, random_state=30)
+    params = dict(n_inducing=10, max_iter=200, random_state=30, early_stopping=True, n_iter_no_change=2,
+                  checkpoint_every=1)
+    path = tmp_path / "both.ckpt"
+    reference = GPClassifier(**params, checkpoint_path=path).fit(X, y)
+    assert reference.stop_reason_ == "plateau" and reference.early_stopped_
+    resumed = GPClassifier(**params, checkpoint_path=path).fit(X, y, resume=True)
+    assert resumed.stop_reason_ == "plateau" and resumed.early_stopped_ and resumed.n_iter_ == reference.n_iter_
+    np.testing.assert_array_equal(resumed.predict_proba(X), reference.predict_proba(X))
+    with pytest.raises(ValueError, match=re.escape(str(path)) + " is not a valid agpc checkpoint: ended: 'plateau', "
+                                         "which this run's settings do not stop on"):
+        GPClassifier(**{**params, "plateau": None}, checkpoint_path=path).fit(X, y, resume=True)
 
 
 def _edit_checkpoint(path, node_of, change):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import time
 import warnings
 
@@ -106,8 +107,9 @@ def likelihood_text(likelihood):
 def write_checkpoint(trainer, rng, order, best, path, fingerprint, kept=None, ended=None):
     """Everything the loop needs to go on exactly as if it had not stopped; ``kept``: the states the hooks keep to go
     back to (``training.Run.kept``), each as the engine writes it (``Engine.checkpoint_kept``; left out where it
-    cannot: the resumed run then says it does not have that state where it would go back to it); ``ended``: the stop
-    reason of a run that ended at this step (``ENDED``), else None."""
+    cannot: the resumed run then says it does not have that state where it would go back to it); ``ended``: where the
+    run ended at this step, its stop reason (of ``ENDED``), its two flags and the log Z of the state it returns
+    (``hooks.Checkpoints``), else None."""
     engine_state = trainer.engine.checkpoint_state(path, trainer.n_steps)
     kept_states = {}
     for name, entry in (kept or {}).items():
@@ -148,9 +150,7 @@ def restore(trainer, rng, path, fingerprint, has_validation):
                 if key not in VALIDATION_KEYS and not (before_guard and key in GUARD_KEYS)]
     check_loop_state(saved, fingerprint, refuse, history_keys=recorded, validation_keys=VALIDATION_KEYS)
     check_engine_state(saved["engine"], trainer.engine, fingerprint, path, refuse)
-    ended = saved.get("ended")  # (a checkpoint from before it was recorded: the run had not ended, as it was read then)
-    if ended is not None and ended not in ENDED:
-        raise refuse(f"ended: {ended!r}, not None or one of {', '.join(ENDED)}")
+    ended = _checked_ended(saved.get("ended"), refuse)
     kept_saved = _checked_kept(saved, trainer.engine, path, fingerprint, refuse)
     kept = {}
     for name, (at, engine_state, refuse_kept) in kept_saved.items():  # (each through the engine, which then holds it)
@@ -174,6 +174,25 @@ def restore(trainer, rng, path, fingerprint, has_validation):
 
 # The stop reasons a run ends on at a step, which its checkpoint of that step records (``training.STOP_REASONS``).
 ENDED = ("plateau", "converged", "early_stopping")
+
+
+def _checked_ended(ended, refuse):
+    """A checkpoint's record of the run's end at its step (``write_checkpoint``), checked: None (a checkpoint from
+    before it was recorded: the run had not ended, as it was read then), or a stop reason of ``ENDED``, the run's two
+    flags (early stopping's set where the reason is its, else the other) and a finite log Z."""
+    if ended is None:
+        return None
+    if not (isinstance(ended, dict) and set(ended) == {"reason", "early_stopped", "converged", "log_z"}
+            and isinstance(ended["reason"], str) and ended["reason"] in ENDED):
+        raise refuse(f"ended: {ended!r}, not None or the record of a run's end (a reason of {', '.join(ENDED)})")
+    flags = (ended["early_stopped"], ended["converged"])
+    if not all(isinstance(flag, bool) for flag in flags) or not flags[ended["reason"] != "early_stopping"]:
+        raise refuse(f"ended: flags early_stopped={ended['early_stopped']!r}, converged={ended['converged']!r} do not "
+                     f"fit the reason {ended['reason']!r}")
+    if not (isinstance(ended["log_z"], float) and math.isfinite(ended["log_z"])):
+        raise refuse(f"ended.log_z: {ended['log_z']!r}, not a finite number")
+    return ended
+
 
 # The states a run's hooks keep to go back to (``training.Run.kept``), by the hook's name: early stopping's best
 # validation NLL and the plateau stop's best log Z (``hooks.Validation``, ``hooks.Plateau``).

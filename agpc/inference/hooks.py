@@ -274,13 +274,28 @@ class Resume(Hook):
         run.order, run.best, run.kept, ended = restore(run.trainer, run.rng, self.path, fingerprint, has_validation)
         run.resumed = True
         if ended is not None:
-            run.stop_reason, run.early_stopped = ended, ended == "early_stopping"
-            run.converged = not run.early_stopped
-            # (no step follows, so the first step's check of the state, ``restored_state_checked``, is made here)
-            if not math.isfinite(run.trainer.log_z_here(run.X, run.y, *run.batches[0])):
-                raise ValueError(f"{self.path}: the fit had ended at the step this checkpoint was written ({ended}), "
-                                 "and the state it holds is no model: its log Z is not finite; the file was changed "
-                                 "since it was written: fit without resume=True to start afresh")
+            self._end(run, ended)
+
+    def _end(self, run, ended):
+        """The resumed run ends as the run that wrote the checkpoint had (``Checkpoints``: ``ended``), where this run's
+        settings could have ended it so, and where the state it returns, taking no step, gives the log Z recorded of
+        it (a step's, evaluated and not committed: ``Trainer.log_z_here``); the state's edits that the first step's
+        check would not see (``restored_state_checked``) are the model here (a review, 2026-12-04: lengthscales e
+        times longer, 0.52 from the fit's)."""
+        settings, engine = run.settings, run.trainer.engine
+        could = {"plateau": settings.plateau is not None and engine.has_params,
+                 "early_stopping": settings.n_iter_no_change is not None and "validation_nll" in run.trainer.history,
+                 "converged": not engine.has_params and not run.minibatch}
+        if not could[ended["reason"]] or (ended["early_stopped"] and not could["early_stopping"]):
+            raise ValueError(f"{self.path} is not a valid agpc checkpoint: ended: {ended['reason']!r}, which this "
+                             "run's settings do not stop on")
+        run.stop_reason, run.early_stopped, run.converged = ended["reason"], ended["early_stopped"], ended["converged"]
+        value = run.trainer.log_z_here(run.X, run.y, *run.batches[0])
+        if not math.isclose(value, ended["log_z"], rel_tol=1e-6, abs_tol=1e-9):
+            raise ValueError(f"{self.path}: the fit had ended at the step this checkpoint was written "
+                             f"({ended['reason']}), and the state it holds gives a log Z of {value:.10g} where the fit "
+                             f"recorded {ended['log_z']:.10g}: the file was changed since it was written; fit without "
+                             "resume=True to start afresh")
 
 
 class Checkpoints(Hook):
@@ -299,7 +314,12 @@ class Checkpoints(Hook):
 
     def after_step(self, run, log_z, recorded):
         if self.every and run.trainer.n_steps % int(self.every) == 0:
-            ended = run.stop_reason if run.converged or run.early_stopped else None
+            ended = None
+            if run.converged or run.early_stopped:  # (the log Z of the state it returns, which ``Resume`` checks;
+                # a state without a finite one is not written as an end: the resumed run steps from it, as before)
+                log_z = run.trainer.log_z_here(run.X, run.y, *run.batches[0])
+                ended = {"reason": run.stop_reason, "early_stopped": run.early_stopped, "converged": run.converged,
+                         "log_z": log_z} if math.isfinite(log_z) else None
             write_checkpoint(run.trainer, run.rng, run.order, run.best, self.path, self.fingerprint, run.kept, ended)
             run.checkpoints_written += 1
 
