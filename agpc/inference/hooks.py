@@ -290,8 +290,8 @@ class Resume(Hook):
             raise ValueError(f"{self.path} is not a valid agpc checkpoint: ended: {ended['reason']!r}, which this "
                              "run's settings do not stop on")
         run.stop_reason, run.early_stopped, run.converged = ended["reason"], ended["early_stopped"], ended["converged"]
-        value = run.trainer.log_z_here(run.X, run.y, *run.batches[0])
-        if not math.isclose(value, ended["log_z"], rel_tol=1e-6, abs_tol=1e-9):
+        value, same = _scored_again(lambda: run.trainer.log_z_here(run.X, run.y, *run.batches[0]), ended["log_z"])
+        if not same:
             raise ValueError(f"{self.path}: the fit had ended at the step this checkpoint was written "
                              f"({ended['reason']}), and the state it holds gives a log Z of {value:.10g} where the fit "
                              f"recorded {ended['log_z']:.10g}: the file was changed since it was written; fit without "
@@ -624,6 +624,16 @@ class Plateau(Hook):
                    f"the end: the model returned is the one at iteration {best[1]}{advice}", stacklevel=5)
 
 
+def _scored_again(score, recorded):
+    """(``score()``, whether it is the ``recorded`` value within rounding, rel. 1e-6): a state read back from a checkpoint
+    scored again as the run scored it (``_check_kept_state``, ``Resume``); a failed factorisation scores NaN."""
+    try:
+        value = float(score())
+    except (CholeskyError, FloatingPointError):
+        value = math.nan
+    return value, math.isclose(value, recorded, rel_tol=1e-6, abs_tol=1e-9)
+
+
 def _check_kept_state(kept, what, recorded, measure, score):
     """A kept state read back from a checkpoint (``kept["checkpoint"]``: ``checkpointing.restore``), just put back as
     the model, must give the ``measure`` the run recorded of it (``score()`` computes it again). The file's checks let
@@ -633,11 +643,8 @@ def _check_kept_state(kept, what, recorded, measure, score):
     in the final pass naming no file). A failure is one ValueError naming the file."""
     if "checkpoint" not in kept:
         return
-    try:
-        value = float(score())
-    except (CholeskyError, FloatingPointError):
-        value = math.nan
-    if not math.isclose(value, recorded, rel_tol=1e-6, abs_tol=1e-9):
+    value, same = _scored_again(score, recorded)
+    if not same:
         raise ValueError(f"{kept['checkpoint']}: {what}, as the checkpoint holds it, gives a {measure} of {value:.10g} "
                          f"where the run recorded {recorded:.10g} for it: the file was changed since it was written; "
                          "fit without resume=True to start afresh")
