@@ -560,7 +560,9 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         try:
             result = self._train(plan, subset, kernel, Z, classes, groups, rng, False, None, started, None, plateau,
                                  tied=tied, stage=f"1/2: a random {rows:,} of {total:,} rows",
-                                 max_time=budget, checkpoints=False)
+                                 max_time=budget, checkpoints=False,
+                                 # (its estimate adds the fit on all rows, whose iterations cost by their rows)
+                                 then=(f"the fit on all {total:,} rows", placed.X.shape[0] / rows, self.max_time))
         except (B.CholeskyError, FloatingPointError) as failure:
             warnings.warn(f"the fit on a random {rows:,} of the {total:,} rows failed numerically ({failure}); "
                           "training on all rows from the start instead, as without the subsample",
@@ -569,12 +571,13 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return result.kernel, result.Z, (rows, int(result.n_iter))
 
     def _train(self, plan, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau,
-               tied=False, stage="", max_time="fit", checkpoints=True):
+               tied=False, stage="", max_time="fit", checkpoints=True, then=None):
         """The one training loop (``training.train``) on the ``placement.PlacedRows`` with this estimator's
         settings for its method: its engine (its passes where ``placed`` runs them, or ``placed.rounds``'s round
         engine) and the loop's settings and hooks, built here and only here. ``max_time``: the seconds since
         ``started`` the loop may run ("fit": the estimator's ``max_time``); ``checkpoints``: whether it writes the
-        estimator's (a start on a subsample does not)."""
+        estimator's (a start on a subsample does not); ``then``: the stage after it, for its progress line's
+        estimate (``training.TrainSettings.then``)."""
         spec = plan.spec
         self.likelihood_ = plan.likelihood_name(len(classes))
         settings = training.TrainSettings(
@@ -586,7 +589,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             progress=bool(self.verbose), checkpoint_path=self.checkpoint_path if checkpoints else None,
             checkpoint_every=self.checkpoint_every if checkpoints else None, resume=bool(resume), started=started,
             data_hash=data_hash,
-            plateau=plateau, stage=stage,
+            plateau=plateau, stage=stage, then=then,
         )
         options = training.EngineOptions(
             jitter=B.starting_jitter(self.jitter, Z), optimize=groups,

@@ -2,6 +2,9 @@
 which fits do, what the fit on all rows starts from, its stop, its time budget, checkpoints and resume, and what the
 fitted model, its file, ``summary()`` and the command line say of it."""
 
+import re
+import warnings
+
 import numpy as np
 import pytest
 from sklearn.datasets import make_classification
@@ -207,3 +210,42 @@ def test_the_model_file_summary_and_command_line_say_it(table, tmp_path):
     assert f"after {iterations} iterations (warm-up sweeps included) on a random {rows:,} of them" in said
     alone = GPClassifier(n_inducing=8, max_iter=2, random_state=0, plateau=None).fit(X, y)
     assert "random" not in alone.summary() and "random" not in cli._iterations(alone, 2, (X, y))
+
+
+def _estimate_of(err, stage):
+    """The estimate line of the progress stage named ``stage`` in the standard error ``err`` of a verbose fit."""
+    lines = [line.split("\r")[-1].strip() for line in err.split("\n")]
+    return next(line for line in lines if line.startswith(f"agpc ep [{stage}]: estimate from the first steps"))
+
+
+def _seconds(text):
+    """Seconds of a ``hooks.duration`` text ("0.35 s", "48 s", "6 min 41 s")."""
+    minutes = re.search(r"(\d+) min", text)
+    seconds = re.search(r"([\d.]+) s", text)
+    return 60.0 * (int(minutes.group(1)) if minutes else 0) + float(seconds.group(1))
+
+
+@pytest.mark.parametrize("max_iter, max_time", [(4, None), (250, 1.0)])
+def test_the_subsample_fits_estimate_adds_the_fit_on_all_rows_after_it(table, capsys, max_iter, max_time):
+    """The first stage's estimate line says what the whole fit costs at most: the fit on all rows after it, whose
+    iterations (warm-up sweeps counted as iterations) cost this stage's times its rows over the subsample's (its
+    line had said only its own 9 s where the fit on all 45,000 rows took 12 s more and could take 45)."""
+    X, y = table
+    with warnings.catch_warnings():  # (max_time's: the budget ends the fit)
+        warnings.simplefilter("ignore", UserWarning)
+        GPClassifier(n_inducing=5, max_iter=max_iter, random_state=0, verbose=True, max_time=max_time).fit(X, y)
+    err = capsys.readouterr().err
+    rows = size_rule.SUBSAMPLE_START_ROWS
+    first = _estimate_of(err, f"1/2: a random {rows:,} of {ROWS:,} rows")
+    per_iteration = float(re.search(r"\(([\d.e-]+) s an iteration\)", first).group(1))
+    times = ROWS / rows
+    assert f"; then the fit on all {ROWS:,} rows, its iterations ~{times:.2g} times as long: at most ~" in first
+    more = _seconds(first.split("at most ~")[2].split(" more")[0])
+    expected = times * per_iteration * (training.TrainSettings().n_warmup + max_iter)
+    assert more == pytest.approx(expected, rel=0.06, abs=0.006)  # (both printed to 2-3 significant digits)
+    whole = _seconds(first.split("the whole fit at most ~")[1])
+    assert whole >= more
+    # (250 iterations of each stage at most: more than the second max_time gives the whole fit)
+    assert ("(max_time ends it at ~1 s)" in first) == (max_time is not None)
+    if "2/2" in err:  # (the fit on all rows' own line: nothing follows it)
+        assert "then" not in _estimate_of(err, f"2/2: all {ROWS:,} rows")

@@ -360,13 +360,16 @@ class Progress(Hook):
     ended early (a plateau, settled sites, the time budget, early stopping) is closed at its count with the reason.
     Beside it: the last recorded entry of the history (``Engine.objective``: batch mode, the iteration's; minibatch
     mode, the last whole epoch's, not a minibatch's noisy value) and, when validated, the validation NLL.
-    ``stage``: the name of this run among a fit's several (``size_rule.learn_lengthscales``)."""
+    ``stage``: the name of this run among a fit's several (``size_rule.learn_lengthscales``); ``then``: the stage
+    that follows it, (name, the cost of its iterations in this run's, the fit's ``max_time``), whose cost at most the
+    estimate adds (a fit's start on a subsample, whose line had said only its own 9 s where the fit on all rows after it
+    took 12 s more and could take 45)."""
 
     BATCH_TIMED = 3  # batch iterations timed (after the warm-up) before the estimate of the whole run
     MINIBATCH_TIMED = 100  # minibatch steps timed before it, at most (else the first epoch, its rebuild included)
 
-    def __init__(self, stage=""):
-        self.stage = stage
+    def __init__(self, stage="", then=None):
+        self.stage, self.then = stage, then
         self.bar = self.phase = None
         self.postfix = {}
         self.started = self.deadline = None
@@ -503,7 +506,22 @@ class Progress(Hook):
         line += untimed
         if self.deadline is not None and now + left > self.deadline:
             line += f"; max_time ends it in ~{duration(self.deadline - now)}"
+        if self.then is not None:
+            line += self._then(run, now, left, per_unit)
         _say(line)
+
+    def _then(self, run, now, left, per_unit):
+        """The estimate's part for the stage that follows (``then``): its iterations' cost by this stage's pace times
+        its own factor (its warm-up sweeps counted as iterations), and the whole fit's at most (and ``max_time``'s)."""
+        name, times, max_time = self.then
+        fit_started = self.started if run.settings.started is None else run.settings.started
+        most = times * per_unit * (run.warmup + run.settings.max_iter)
+        whole = now - fit_started + left + most
+        text = (f"; then {name}, its iterations ~{times:.2g} times as long: at most ~{duration(most)} more, the whole fit "
+                f"at most ~{duration(whole)}")
+        if max_time is not None and whole > max_time:
+            text += f" (max_time ends it at ~{duration(max_time)})"
+        return text
 
     def _close(self, run, ended):
         """Close the bar; ``ended``: a stop reason (``ENDED_BECAUSE``) when the stage ended before the bar filled."""
@@ -669,7 +687,7 @@ def standard_hooks(settings, validation=None):
     if settings.max_time is not None:
         hooks.append(TimeBudget(settings.max_time, settings.started))
     if settings.progress:
-        hooks.append(Progress(settings.stage))
+        hooks.append(Progress(settings.stage, settings.then))
     if settings.plateau is not None:
         hooks.append(Plateau(*settings.plateau))
     if settings.checkpoint_every:
