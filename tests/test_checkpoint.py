@@ -382,6 +382,14 @@ CHECKPOINT_CORRUPTIONS = {
     "ended's log Z not finite": (lambda s, a: s.update(ended={"dict": {"reason": "plateau", "early_stopped": False,
                                                                        "converged": True, "log_z": "x"}}),
                                  ["ended.log_z: 'x', not a finite number"]),
+    "ended's went_back on early stopping": (
+        lambda s, a: s.update(ended={"dict": {"reason": "early_stopping", "early_stopped": True, "converged": False,
+                                              "log_z": -1.5, "went_back": True}}),
+        ["ended.went_back: True, not a boolean true only where the plateau stop ended the run"]),
+    "ended's went_back not a boolean": (
+        lambda s, a: s.update(ended={"dict": {"reason": "plateau", "early_stopped": False, "converged": True,
+                                              "log_z": -1.5, "went_back": 1.0}}),
+        ["ended.went_back: 1.0, not a boolean"]),
     "kept state missing Z": (lambda s, a: _engine(_kept(s)["plateau"]["dict"]).pop("Z"), ["kept.plateau.engine", "Z"]),
     # issue 40: found by hypothesis (test_random_checkpoint_fields_are_refused_or_resume failed 3 runs of 3): an empty
     # history was accepted, and the resume crashed with KeyError: 'log_marginal_likelihood' in Trainer.record

@@ -33,7 +33,8 @@ class _ScriptedTrainer:
 def _run(trainer, minibatch=False, n_batches=1):
     return SimpleNamespace(trainer=trainer, X=None, y=None, minibatch=minibatch, batches=[None] * n_batches,
                            best={"nll": np.inf, "reference": np.inf, "since": 0}, kept={}, postfix={},
-                           early_stopped=False, stopped_by_time=False, converged=False, resumed=False, warmup=0,
+                           early_stopped=False, stopped_by_time=False, converged=False, went_back=False, resumed=False,
+                           warmup=0,
                            schedule=engines.Schedule(), settings=SimpleNamespace(max_iter=2),
                            finished=lambda: False)  # (steps to take)
 
@@ -392,7 +393,7 @@ def _plateau_run(history, n_steps, warmup, minibatch=False, climbed=True):
     trainer = SimpleNamespace(history={"log_marginal_likelihood": history}, n_steps=n_steps, good=None,
                               engine=SimpleNamespace(has_params=True, minibatch=minibatch, log_z_climbed=climbed))
     return SimpleNamespace(trainer=trainer, minibatch=minibatch, warmup=warmup, converged=False, stop_reason=None,
-                           early_stopped=False, kept={})
+                           early_stopped=False, went_back=False, kept={})
 
 
 def test_the_plateau_window_starts_after_the_warm_up():
@@ -521,22 +522,30 @@ def test_a_batch_fit_resumed_after_its_best_state_goes_back_to_it(tmp_path, monk
 def test_a_fit_resumed_from_the_checkpoint_of_the_step_it_stopped_at_ends_there(tmp_path, monkeypatch):
     """A checkpoint written at the step where the run ended says so (``ended``), and the resumed run ends there: no
     step, the same model. Before, the plateau-stopped SVI fit above resumed from its last checkpoint trained 24
-    iterations more (0.20 off), and an early-stopped fit went on from the best state it had put back."""
+    iterations more (0.20 off), and an early-stopped fit went on from the best state it had put back. The resumed
+    fit says what the guard did as the fit did: the plateau's best state put back (``went_back``; a review found the
+    resumed fit silent)."""
     X, y = make_banana(2000, random_state=0)
     early = dict(n_inducing=30, max_iter=200, random_state=0, early_stopping=True, n_iter_no_change=5, plateau=None)
     for params, stopped in ((_OVERSHOOTING_SVI, "plateau"), (early, "early_stopping")):
         path = tmp_path / f"{stopped}.ckpt"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", GuardWarning)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", GuardWarning)
             reference = GPClassifier(**params, checkpoint_path=path, checkpoint_every=1).fit(X, y)
-            saved = checkpoints.load_checkpoint(path, np.asarray)
-            assert saved["ended"]["reason"] == reference.stop_reason_ == stopped
-            steps = []
-            monkeypatch.setattr(training.Trainer, "step", lambda *args, **kwargs: steps.append(1))
+        saved = checkpoints.load_checkpoint(path, np.asarray)
+        assert saved["ended"]["reason"] == reference.stop_reason_ == stopped
+        assert saved["ended"]["went_back"] == (stopped == "plateau")
+        steps = []
+        monkeypatch.setattr(training.Trainer, "step", lambda *args, **kwargs: steps.append(1))
+        with warnings.catch_warnings(record=True) as said_again:
+            warnings.simplefilter("always", GuardWarning)
             resumed = GPClassifier(**params, checkpoint_path=path, checkpoint_every=1).fit(X, y, resume=True)
-            monkeypatch.undo()
+        monkeypatch.undo()
         assert steps == [] and resumed.stop_reason_ == stopped and resumed.n_iter_ == reference.n_iter_
         np.testing.assert_array_equal(resumed.predict_proba(X[:300]), reference.predict_proba(X[:300]))
+        guard = [[str(w.message) for w in record if issubclass(w.category, GuardWarning)]
+                 for record in (said, said_again)]
+        assert guard[0] == guard[1] and any("log Z fell from its best" in m for m in guard[0]) == (stopped == "plateau")
 
 
 @pytest.mark.parametrize("edit", ["shifts times 1e300", "lengthscales times e"])

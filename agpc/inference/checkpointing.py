@@ -108,7 +108,8 @@ def write_checkpoint(trainer, rng, order, best, path, fingerprint, kept=None, en
     """Everything the loop needs to go on exactly as if it had not stopped; ``kept``: the states the hooks keep to go
     back to (``training.Run.kept``), each as the engine writes it (``Engine.checkpoint_kept``; left out where it
     cannot: the resumed run then says it does not have that state where it would go back to it); ``ended``: where the
-    run ended at this step, its stop reason (of ``ENDED``), its two flags and the log Z of the state it returns
+    run ended at this step, its stop reason (of ``ENDED``), its two flags, the log Z of the state it returns and whether
+    the plateau stop put its best state back there (``went_back``)
     (``hooks.Checkpoints``), else None."""
     engine_state = trainer.engine.checkpoint_state(path, trainer.n_steps)
     kept_states = {}
@@ -179,10 +180,12 @@ ENDED = ("plateau", "converged", "early_stopping")
 def _checked_ended(ended, refuse):
     """A checkpoint's record of the run's end at its step (``write_checkpoint``), checked: None (a checkpoint from
     before it was recorded: the run had not ended, as it was read then), or a stop reason of ``ENDED``, the run's two
-    flags (early stopping's set where the reason is its, else the other) and a finite log Z."""
+    flags (early stopping's set where the reason is its, else the other), a finite log Z and whether the plateau stop
+    put its best state back there (``went_back``: only with its reason; absent from a checkpoint of before, False)."""
     if ended is None:
         return None
-    if not (isinstance(ended, dict) and set(ended) == {"reason", "early_stopped", "converged", "log_z"}
+    fields = {"reason", "early_stopped", "converged", "log_z"}
+    if not (isinstance(ended, dict) and set(ended) in (fields, fields | {"went_back"})
             and isinstance(ended["reason"], str) and ended["reason"] in ENDED):
         raise refuse(f"ended: {ended!r}, not None or the record of a run's end (a reason of {', '.join(ENDED)})")
     flags = (ended["early_stopped"], ended["converged"])
@@ -191,7 +194,10 @@ def _checked_ended(ended, refuse):
                      f"fit the reason {ended['reason']!r}")
     if not (isinstance(ended["log_z"], float) and math.isfinite(ended["log_z"])):
         raise refuse(f"ended.log_z: {ended['log_z']!r}, not a finite number")
-    return ended
+    went_back = ended.get("went_back", False)
+    if not isinstance(went_back, bool) or (went_back and ended["reason"] != "plateau"):
+        raise refuse(f"ended.went_back: {went_back!r}, not a boolean true only where the plateau stop ended the run")
+    return dict(ended, went_back=went_back)
 
 
 # The states a run's hooks keep to go back to (``training.Run.kept``), by the hook's name: early stopping's best

@@ -290,6 +290,7 @@ class Resume(Hook):
             raise ValueError(f"{self.path} is not a valid agpc checkpoint: ended: {ended['reason']!r}, which this "
                              "run's settings do not stop on")
         run.stop_reason, run.early_stopped, run.converged = ended["reason"], ended["early_stopped"], ended["converged"]
+        run.went_back = ended["went_back"]  # (``Plateau.start`` says it again)
         value, same = _scored_again(lambda: run.trainer.log_z_here(run.X, run.y, *run.batches[0]), ended["log_z"])
         if not same:
             raise ValueError(f"{self.path}: the fit had ended at the step this checkpoint was written "
@@ -319,7 +320,7 @@ class Checkpoints(Hook):
                 # a state without a finite one is not written as an end: the resumed run steps from it, as before)
                 log_z = run.trainer.log_z_here(run.X, run.y, *run.batches[0])
                 ended = {"reason": run.stop_reason, "early_stopped": run.early_stopped, "converged": run.converged,
-                         "log_z": log_z} if math.isfinite(log_z) else None
+                         "log_z": log_z, "went_back": run.went_back} if math.isfinite(log_z) else None
             write_checkpoint(run.trainer, run.rng, run.order, run.best, self.path, self.fingerprint, run.kept, ended)
             run.checkpoints_written += 1
 
@@ -579,6 +580,8 @@ class Plateau(Hook):
                 self.best = (history["log_marginal_likelihood"][i], i + 1)
             if self.best is None or run.kept.get("plateau", {}).get("at") != self.best[1]:
                 run.kept.pop("plateau", None)  # (not the state of the best record)
+        if run.went_back and self.best is not None:  # (resumed where it had ended so: its state is that best one)
+            self._say_went_back(run.trainer, self.best, run.trainer.history["log_marginal_likelihood"][-1])
 
     @staticmethod
     def _judges_drops(run):
@@ -636,10 +639,17 @@ class Plateau(Hook):
             return
         trainer.engine.put_back(kept["state"])
         trainer.good = trainer.engine.snapshot()
+        run.went_back = True
+        self._say_went_back(trainer, best, last)
+
+    @staticmethod
+    def _say_went_back(trainer, best, last):
+        """The GuardWarning of a run whose plateau stop put its ``best`` (log Z, iteration) state back, ``last``
+        being the log Z it had fallen to."""
         rate = getattr(trainer.engine.optimizer, "learning_rate", None)
         advice = f"; learning_rate={rate:g} overshoots: a smaller one climbs steadily" if rate is not None else ""
         warn_guard(f"{trainer.method}: log Z fell from its best, {best[0]:.6g} at iteration {best[1]}, to {last:.6g} at "
-                   f"the end: the model returned is the one at iteration {best[1]}{advice}", stacklevel=5)
+                   f"the end: the model returned is the one at iteration {best[1]}{advice}", stacklevel=6)
 
 
 def _scored_again(score, recorded):

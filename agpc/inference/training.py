@@ -376,6 +376,9 @@ class Run:
     stopped_by_time: bool = False
     early_stopped: bool = False
     converged: bool = False  # (a hook may say so: ``hooks.Plateau``)
+    # the plateau stop put its best state back where the run ended (``hooks.Plateau``): a checkpoint written there
+    # says so, and the run resumed from it says it again, as the uninterrupted run did (``hooks.Resume``)
+    went_back: bool = False
     checkpoints_written: int = 0
     stop_reason: str = "max_iter"  # of STOP_REASONS: set where the run is stopped
 
