@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from agpc import GPClassifier, checkpoints
+from agpc.backend import GuardWarning
 from agpc.datasets import make_banana
 from agpc.inputs import EARLY_STOPPING_PATIENCE, HOLDOUT_SEED
 from agpc.labels import holdout_mask
@@ -258,3 +259,19 @@ def test_a_fit_resumed_after_its_best_evaluation_goes_back_to_it(tmp_path, monke
     assert saved["n_steps"] == 32 and saved["kept"]["validation"]["at"] == 29
     assert reference.stop_reason_ == resumed.stop_reason_ == "early_stopping" and reference.n_iter_ == 34
     np.testing.assert_array_equal(resumed.predict_proba(X), reference.predict_proba(X))
+
+
+@pytest.mark.parametrize("method", ["ep", "sep"])
+def test_a_step_that_leaves_no_model_is_not_scored_and_the_guard_handles_it(method):
+    """Batch EP / SEP with Adam at learning_rate=1e3 and validation data: a step takes the kernel out of the floats
+    (Kmm of NaN), and the validation hook scored that state at once, a CholeskyError out of ``fit`` where the same fit
+    without validation data went on, its guard putting the state before the step back and saying so. The state is
+    not scored now: the fit ends as the guard leaves it, every recorded validation NLL finite."""
+    X, y = make_banana(600, random_state=0)
+    with pytest.warns(GuardWarning, match=f"{method}: the training guard did not take"):
+        model = GPClassifier(method=method, n_inducing=10, max_iter=30, random_state=0, optimizer="adam",
+                             learning_rate=1e3).fit(X, y, validation_data=(X[:100], y[:100]))
+    scores = model.history_["validation_nll"]
+    assert scores and np.all(np.isfinite(scores))
+    assert len(scores) < len(model.history_["log_marginal_likelihood"])  # (the states that were no model: unscored)
+    assert np.all(np.isfinite(model.predict_proba(X[:50])))
