@@ -27,6 +27,7 @@ from contextlib import closing
 
 from ..backend import (
     array_device,
+    add_to_diagonal,
     array_namespace,
     cholesky,
     lower_triangular_inverse,
@@ -197,20 +198,20 @@ class SVIBoundTerms:
         d_mean, minus_wide, minus_narrow, minus_chol_narrow, d_A_A = self._sums
         minus_chol = _added(None if minus_wide is None else triangular_matmul(chol, minus_wide, trans=True).mT,
                             minus_chol_narrow)  # -S L_w
-        eye = xp.eye(L_K.shape[0], dtype=L_K.dtype, device=array_device(L_K))
         # Cholesky adjoint (Murray 2016, eq. 10) of dL_K = -scale tril(L_K^-T dA A^T): Phi of -scale dA A^T (above)
         if d_A_A is None:  # sum dA A^T = m_w (A g_m)^T + 2 (L_w L_w^T S - S)
             minus_gram = _added(minus_wide, minus_narrow)  # -S
             d_A_A = self.mean[:, None] * d_mean[None, :] + 2.0 * (minus_gram - triangular_matmul(chol, minus_chol.mT))
         lower = xp.tril(d_A_A)
         # sym(L_K^-T Phi L_K^-1) = L_K^-T (Phi + Phi^T) L_K^-1 / 2; Phi + Phi^T: the symmetric matrix of that triangle
-        symmetric = lower + lower.mT - xp.linalg.diagonal(lower)[None, :] * eye
+        # (the diagonal, counted twice, set right in place: ``add_to_diagonal``, one pass where eye makes three)
+        symmetric = add_to_diagonal(lower + lower.mT, -xp.linalg.diagonal(lower), overwrite=True)
         dKmm = (-0.5 * scale) * Q.inverse_congruence(L_K, symmetric, L_inv=self.L_K_inv, overwrite=True)
         prior = self.kernel.grads(dKmm, None, None, None, self.Z, Kmm=self.Kmm)
         out = {k: scale * self.grads[k] + prior[k] for k in self.grads}
         out["whitened_mean"] = scale * d_mean - self.mean
-        out["whitened_chol"] = (xp.tril((-2.0 * scale) * minus_chol - chol)
-                                + eye * (1.0 / xp.linalg.diagonal(chol))[None, :])
+        out["whitened_chol"] = add_to_diagonal(xp.tril((-2.0 * scale) * minus_chol - chol),
+                                               1.0 / xp.linalg.diagonal(chol), overwrite=True)
         return out
 
 
