@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
-from ..backend import CholeskyError, warn_guard
+from ..backend import CholeskyError, floating_point_errors_held, warn_guard
 from ..kernels import log_prior_and_grads
 from .checkpointing import VALIDATION_KEYS, restore, run_fingerprint, write_checkpoint
 
@@ -231,14 +231,17 @@ class Validation(Hook):
         trainer, best = run.trainer, run.best
         if not ((trainer.n_steps % self.eval_every == 0) if self.eval_every else recorded):
             return
-        try:
-            nll, error = trainer.validation_scores(run.X, run.y, self.data)
-        except (CholeskyError, FloatingPointError):
-            # The step left a state that is no model (a step of a huge learning rate: Kmm of NaN); the guard's next
-            # evaluation puts the state before it back (``Trainer.step``), or the loop does after a last step: it is
-            # not scored. Before, batch EP at learning_rate=1e3 with validation data crashed here with a
-            # CholeskyError, where the fit without them went on, the guard saying what it did.
-            return
+        with floating_point_errors_held() as held:
+            try:
+                nll, error = trainer.validation_scores(run.X, run.y, self.data)
+            except (CholeskyError, FloatingPointError):
+                # The step left a state that is no model (a step of a huge learning rate: Kmm of NaN); the guard's
+                # next evaluation puts the state before it back (``Trainer.step``), or the loop does after a last
+                # step: it is not scored, nor are its overflows said (the guard says what it does). Before, batch EP
+                # at learning_rate=1e3 with validation data crashed here with a CholeskyError, where the fit without
+                # them went on.
+                return
+        held.say()
         for key, value in zip(VALIDATION_KEYS, (trainer.n_steps, nll, error)):
             trainer.history[key].append(value)
         run.postfix["val_nll"] = f"{nll:.4f}"

@@ -248,13 +248,17 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         engine, guard = self.engine, self.guard
         guard.rejected(problem)
         if repair is not None and not guard.repaired and self.failures <= MAX_FAILURES:
-            repair()
             guard.repaired = True
-            guard.note("guard_rebuilds")
-            return
+            if _done_or_no_model(repair):
+                guard.note("guard_rebuilds")
+                return
+            # (else the state is no model, Kmm of NaN: a step of a huge learning rate took the kernel out of the
+            # floats, which no rebuild of q makes one; the revert below may. Minibatch EP at learning_rate=1e8 raised
+            # the rebuild's CholeskyError out of fit)
         if problem == "improper":
             try:
-                needed = _jitter_needed(engine.kernel, engine.Z, engine.jitter)
+                with floating_point_errors_held():  # (a kernel out of the floats overflows: the guard says what it does)
+                    needed = _jitter_needed(engine.kernel, engine.Z, engine.jitter)
             except CholeskyError:  # (Kmm of NaN or inf: the hyper-parameters left the floats, as a step of a huge
                 needed = engine.jitter  # learning rate takes them; no jitter helps, a revert and a smaller step may)
             if needed > engine.jitter and self.failures <= MAX_FAILURES:
@@ -328,6 +332,16 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
             log_z = self.engine.rebuild_factor(X, y, want_log_z=want_log_z)
         if log_z is not None:
             self.epoch_log_z = log_z
+
+    def rebuild_or_revert(self, X, y, want_log_z=False):
+        """``rebuild_factor`` of the loop's own rebuilds (an epoch's end, one the engine asks for before a step), where
+        the last step left a state that is no model (Kmm of NaN: a step of a huge learning rate took the kernel out
+        of the floats; multiclass minibatch EP at learning_rate=1e8 raised the rebuild's CholeskyError out of fit):
+        the guard puts the state before that step back and halves its steps (``_recover``), and q is rebuilt there.
+        The guard gives up as it does on a step (a FloatingPointError saying what it tried)."""
+        if not _done_or_no_model(lambda: self.rebuild_factor(X, y, want_log_z=want_log_z)):
+            self._recover("improper")
+            self.rebuild_factor(X, y, want_log_z=want_log_z)
 
     def validation_scores(self, X, y, validation):
         """Test NLL and error of the current state on ``validation`` = (X_val, y_val) (labels as the engine takes
@@ -405,6 +419,19 @@ class Run:
         return trainer.n_steps >= max_iter
 
 
+def _done_or_no_model(rebuild):
+    """Whether ``rebuild()`` (an exact rebuild of q) went through; False where the state it rebuilds from is no model
+    (a factorisation of NaN). The floating-point warnings of a rebuild that failed are dropped (what the guard does
+    then is its own to say, as for a step it does not take); those of one that went through are said."""
+    with floating_point_errors_held() as held:
+        try:
+            rebuild()
+        except (CholeskyError, FloatingPointError):
+            return False
+    held.say()
+    return True
+
+
 def train(X, y, engine, settings, hooks=(), sample_weight=None):
     """Fit ``engine`` (an ``engines.Engine`` built for these rows) to (X, y): the likelihood approximation and the
     hyper-parameters, by the schedule of ``settings``; see the module docstring. ``hooks`` (``hooks.Hook``s, as
@@ -441,7 +468,7 @@ def _steps(run, hooks):
                 hook.new_epoch(run)
         if rebuild_first:
             with _timed(hooks, "rebuild of q"):
-                trainer.rebuild_factor(run.X, run.y)
+                trainer.rebuild_or_revert(run.X, run.y)
         lo, hi = run.batches[run.order[0]]
         stepping = engine.has_params and (
             minibatch or (trainer.n_steps >= run.warmup and trainer.n_updates < settings.max_iter))
@@ -451,7 +478,7 @@ def _steps(run, hooks):
         run.order.pop(0)
         if epoch_ends:
             with _timed(hooks, "rebuild"):
-                trainer.rebuild_factor(run.X, run.y, want_log_z=True)
+                trainer.rebuild_or_revert(run.X, run.y, want_log_z=True)
         recorded = (not run.order) if minibatch else trainer.last.record  # minibatch: once an epoch
         if recorded:
             trainer.record()
