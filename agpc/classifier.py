@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import numbers
 import time
 import warnings
@@ -643,7 +644,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         with B.jitter_report(PREDICTION):
             p = xp.exp(P.log_proba_matrix(self.fitted_model(), rows))
         spread = float(xp.max(xp.max(p, axis=0) - xp.min(p, axis=0)))
-        if not spread < FLAT_SPREAD:  # (a NaN is not flat: said by whatever made it)
+        if math.isnan(spread):  # (multiclass minibatch EP at learning_rate=1e8 ended with a latent noise of exp(828))
+            rate = "" if self.learning_rate is None else f"; learning_rate={self.learning_rate!r} is likely too large"
+            B.warn_guard(f"{self.method}: the fitted model's class probabilities are NaN at its probe rows: its steps "
+                         f"took the hyper-parameters out of the floating-point range (kernel_){rate}")
+            return
+        if not spread < FLAT_SPREAD:
             return
         history = self.history_.get("log_marginal_likelihood") or [float("nan")]
         where = "its inducing points" if X is None else f"{rows.shape[0]:,} of the training rows"

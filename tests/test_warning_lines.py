@@ -58,7 +58,8 @@ def test_the_guards_warning_names_the_line_of_fit(monkeypatch, batch_size, subsa
     model = GPClassifier(n_inducing=8, max_iter=4, batch_size=batch_size, random_state=0)
     said, line = _said(GuardWarning, lambda: model.fit(X, y))
     _at_the_call(said, line)
-    assert "the training guard did not take 1 step" in str(said[0].message)
+    # (minibatches: the third ep.evaluate is an epoch's exact rebuild, whose NaN log Z reverts the step before it too)
+    assert f"the training guard did not take {2 if batch_size else 1} step" in str(said[0].message)
     assert model.subsample_rows_ == (150 if subsample else 0)
 
 

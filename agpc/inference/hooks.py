@@ -241,6 +241,8 @@ class Validation(Hook):
                 # at learning_rate=1e3 with validation data crashed here with a CholeskyError, where the fit without
                 # them went on.
                 return
+        if math.isnan(nll):  # (probabilities of NaN, log Z finite: a latent noise stepped past the floats' range)
+            return
         held.say()
         for key, value in zip(VALIDATION_KEYS, (trainer.n_steps, nll, error)):
             trainer.history[key].append(value)

@@ -339,7 +339,8 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         of the floats; multiclass minibatch EP at learning_rate=1e8 raised the rebuild's CholeskyError out of fit):
         the guard puts the state before that step back and halves its steps (``_recover``), and q is rebuilt there.
         The guard gives up as it does on a step (a FloatingPointError saying what it tried)."""
-        if not _done_or_no_model(lambda: self.rebuild_factor(X, y, want_log_z=want_log_z)):
+        done = _done_or_no_model(lambda: self.rebuild_factor(X, y, want_log_z=want_log_z))
+        if not done or (want_log_z and not math.isfinite(self.epoch_log_z)):  # (a pass of NaN: no model either)
             self._recover("improper")
             self.rebuild_factor(X, y, want_log_z=want_log_z)
 
