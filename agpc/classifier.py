@@ -355,6 +355,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         if self.checkpoint_every is not None and self.checkpoint_path is None:
             raise ValueError(I.NEEDS_CHECKPOINT_PATH)
         M.check_method_params(self.get_params(deep=False))
+        given = None if isinstance(self.inducing, str) else np.shape(self.inducing)
+        if given and isinstance(self.n_inducing, numbers.Integral) and given[0] != self.n_inducing:
+            # (the points were taken and n_inducing ignored, unsaid: this stop's audit)
+            raise ValueError(f"inducing holds {given[0]} points and n_inducing={self.n_inducing!r}: they disagree; "
+                             "give the points with n_inducing='auto' (their count), or one of the two")
         plan = self._plan()
         O.check_params(plan)
         if self.step_replay:

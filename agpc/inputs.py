@@ -560,8 +560,10 @@ def held_out(plan, X, y, sample_weight, n_rows, random_state):
         return None
     seed = random_state if isinstance(random_state, numbers.Integral) else (
         HOLDOUT_SEED if random_state is None else B.host_rng(random_state).integers(2**32))
-    weights = None if sample_weight is None or np.ndim(sample_weight) == 0 else (
-        B.to_numpy(sample_weight) if B.is_array_api_obj(sample_weight) else np.asarray(sample_weight))
+    # (checked here as the fit checks them, before the split reads them: weights of another length made the split's
+    # mask an IndexError, string weights NumPy's UFuncTypeError)
+    weights = None if sample_weight is None or np.ndim(sample_weight) == 0 else V.check_sample_weight(
+        sample_weight, n_rows)
     try:
         val = L.holdout_mask(L.check_labels(labels), plan.validation_fraction, seed, weights=weights)
     except ValueError:

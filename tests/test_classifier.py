@@ -450,3 +450,13 @@ def test_labels_of_nearly_one_row_a_class_are_refused_before_the_model_is_built(
             GPClassifier(max_iter=2).fit(X, y)
     model = GPClassifier(n_inducing=5, max_iter=2).fit(X[:90], np.arange(90) % 30)  # (30 classes of 3 rows: fits)
     assert len(model.classes_) == 30
+
+
+def test_inducing_points_and_an_n_inducing_that_disagree_are_refused():
+    """``inducing=`` an array of 10 points with ``n_inducing=7`` trained the 10 points, n_inducing ignored unsaid (this
+    stop's audit): one ValueError naming both; the points with their own count, or n_inducing="auto", fit."""
+    X, y = make_banana(200, random_state=0)
+    with pytest.raises(ValueError, match=r"inducing holds 10 points and n_inducing=7: they disagree"):
+        GPClassifier(inducing=X[:10], n_inducing=7, max_iter=2).fit(X, y)
+    for n_inducing in (10, "auto"):
+        assert GPClassifier(inducing=X[:10], n_inducing=n_inducing, max_iter=2).fit(X, y).inducing_points_.shape == (10, 2)

@@ -275,3 +275,16 @@ def test_a_step_that_leaves_no_model_is_not_scored_and_the_guard_handles_it(meth
     assert scores and np.all(np.isfinite(scores))
     assert len(scores) < len(model.history_["log_marginal_likelihood"])  # (the states that were no model: unscored)
     assert np.all(np.isfinite(model.predict_proba(X[:50])))
+
+
+@pytest.mark.parametrize("weights, problem", [(np.ones(399), r"one weight a row, shape \(400,\); got shape \(399,\)"),
+                                              (np.ones((400, 2)), r"one weight a row, shape \(400,\); got shape \(400, 2\)"),
+                                              (np.array(["a"] * 400), "sample_weight must be numbers")])
+def test_bad_sample_weights_are_the_fits_own_error_with_early_stopping(weights, problem):
+    """The rows held out for early stopping are split by the weights, which were read before the fit checked them:
+    weights of another length or shape raised an IndexError from the split's mask, text NumPy's UFuncTypeError
+    (this stop's audit). Now the fit's own ValueError, as without early stopping."""
+    X, y = make_banana(400, random_state=0)
+    for early_stopping in (True, False):
+        with pytest.raises(ValueError, match=problem):
+            GPClassifier(early_stopping=early_stopping, n_inducing=5, max_iter=2).fit(X, y, sample_weight=weights)

@@ -440,7 +440,9 @@ class DataParallel:
     def __init__(self, client, X, y, *, batch_size, local_steps=None, n_shards=None, seed=0, site_directory=None,
                  weights=None):
         if local_steps is not None and int(local_steps) < 1:
-            raise ValueError(f"local_steps must be None or a positive integer, got {local_steps!r}")
+            raise ValueError(f"local_steps must be None or a positive integer for rounds on local worker processes "
+                             f"(n_jobs), got {local_steps!r}; local_steps=0 (the steps on the driver) is for a dask "
+                             "array's chunks")
         self.client = client
         self.X, self.y = X, y
         self.batch_size = int(batch_size)
