@@ -11,8 +11,8 @@ conforming library.
 from __future__ import annotations
 
 import contextvars
-import functools
 import ctypes
+import functools
 import importlib
 import math
 import os

@@ -357,9 +357,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         M.check_method_params(self.get_params(deep=False))
         given = None if isinstance(self.inducing, str) else np.shape(self.inducing)
         if given and isinstance(self.n_inducing, numbers.Integral) and given[0] != self.n_inducing:
-            # (the points were taken and n_inducing ignored, unsaid: this stop's audit)
-            raise ValueError(f"inducing holds {given[0]} points and n_inducing={self.n_inducing!r}: they disagree; "
-                             "give the points with n_inducing='auto' (their count), or one of the two")
+            # (the points are the model's, as before; n_inducing was ignored unsaid: this stop's audit)
+            warnings.warn(f"n_inducing={self.n_inducing!r} is not used: the {given[0]} points given as inducing are "
+                          "the model's (leave n_inducing='auto' with points given)", UserWarning,
+                          stacklevel=B.outside_stacklevel())
         plan = self._plan()
         O.check_params(plan)
         if self.step_replay:

@@ -452,11 +452,15 @@ def test_labels_of_nearly_one_row_a_class_are_refused_before_the_model_is_built(
     assert len(model.classes_) == 30
 
 
-def test_inducing_points_and_an_n_inducing_that_disagree_are_refused():
+def test_inducing_points_and_an_n_inducing_that_disagree_are_said():
     """``inducing=`` an array of 10 points with ``n_inducing=7`` trained the 10 points, n_inducing ignored unsaid (this
-    stop's audit): one ValueError naming both; the points with their own count, or n_inducing="auto", fit."""
+    stop's audit): the points stay the model's, and a warning says n_inducing is not used; with their own count, or
+    n_inducing="auto", nothing is said."""
     X, y = make_banana(200, random_state=0)
-    with pytest.raises(ValueError, match=r"inducing holds 10 points and n_inducing=7: they disagree"):
-        GPClassifier(inducing=X[:10], n_inducing=7, max_iter=2).fit(X, y)
+    with pytest.warns(UserWarning, match=r"n_inducing=7 is not used: the 10 points given as inducing are the model's"):
+        model = GPClassifier(inducing=X[:10], n_inducing=7, max_iter=2).fit(X, y)
+    assert model.inducing_points_.shape == (10, 2)
     for n_inducing in (10, "auto"):
-        assert GPClassifier(inducing=X[:10], n_inducing=n_inducing, max_iter=2).fit(X, y).inducing_points_.shape == (10, 2)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="n_inducing=")
+            assert GPClassifier(inducing=X[:10], n_inducing=n_inducing, max_iter=2).fit(X, y).inducing_points_.shape == (10, 2)

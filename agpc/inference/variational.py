@@ -26,8 +26,8 @@ from __future__ import annotations
 from contextlib import closing
 
 from ..backend import (
-    array_device,
     add_to_diagonal,
+    array_device,
     array_namespace,
     cholesky,
     lower_triangular_inverse,
