@@ -198,3 +198,31 @@ def test_integer_features_whose_variation_the_float_type_cannot_hold_are_refused
         _small(dtype=dtype).fit(xp.asarray(X), xp.asarray(y))
     held = np.column_stack([rows - 60, 2 ** 20 + rows * 1000])  # (int64 the float type holds well enough)
     assert _small(dtype=dtype).fit(xp.asarray(held), xp.asarray(y)).score(xp.asarray(held), xp.asarray(y)) > 0.9
+
+
+@pytest.mark.parametrize("params", [dict(method="svi"), dict(method="svi", batch_size=100),
+                                    dict(method="sep", batch_size=100), dict(method="ep", batch_size=100),
+                                    dict(method="adf", batch_size=100), dict(method="ep", optimizer="adam")],
+                         ids=["svi-adam", "svi-minibatch", "sep-adadelta", "ep-adadelta", "adf-adadelta", "ep-adam"])
+@pytest.mark.parametrize("scale", [1e-3, 1e3])
+def test_adam_and_adadelta_move_the_inducing_points_in_the_features_scale(params, scale):
+    """Adam's and Adadelta's steps of Z are in units of its spread (``optim.Adam.steps_in_units``): the same fit on
+    features times 1e-3 or 1e3 as on the unit scale. Stepped in absolute terms, SVI's points on make_banana times
+    1e-3 left the data (21 times its range, test accuracy 0.49 against 0.867), and times 1e3 hardly moved."""
+    from agpc.datasets import make_banana
+
+    X, y = make_banana(400, random_state=0)
+    X_test, y_test = make_banana(400, random_state=1)
+
+    def fit(s):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            clf = GPClassifier(n_inducing=15, max_iter=40, random_state=0, **params).fit(X * s, y)
+        return clf, clf.score(X_test * s, y_test)
+
+    unit, unit_score = fit(1.0)
+    scaled, scaled_score = fit(scale)
+    assert unit_score > 0.8
+    assert abs(scaled_score - unit_score) <= 0.01
+    # the same path, in the features' units (the steps' round-off apart)
+    np.testing.assert_allclose(scaled.inducing_points_ / scale, unit.inducing_points_, rtol=1e-6, atol=1e-6)

@@ -122,16 +122,21 @@ def initial_steps(kernel, Z, names):
     steps = {}
     for name in names:
         if name == "Z":
-            # per input dimension (and per class for a multiclass model's (C, m, d) inducing points)
-            if Z.shape[-2] > 1:
-                spread = scaled_std(Z, axis=-2, keepdims=True)  # xp.std of Z * 1e-300 is 0, of Z * 1e154 inf
-            else:
-                spread = xp.ones_like(Z)
-            spread = xp.where(spread > 0, spread, xp.ones_like(spread))
-            steps[name] = 0.01 * (xp.zeros_like(Z) + spread)
+            steps[name] = 0.01 * (xp.zeros_like(Z) + inducing_spread(Z))
         else:
             steps[name] = xp.zeros_like(kernel.params[name]) + 0.01
     return steps
+
+
+def inducing_spread(Z):
+    """The spread of the inducing points per input dimension (and per class for a multiclass model's (C, m, d)
+    points), (..., 1, d): their standard deviation, 1 where it is 0 (or where there is one point): the scale of Z's
+    steps (Rprop's first ones, ``initial_steps``; Adam's and Adadelta's unit, ``optim.Adam.steps_in_units``)."""
+    xp = array_namespace(Z)
+    if Z.shape[-2] < 2:
+        return xp.ones_like(Z[..., :1, :])
+    spread = scaled_std(Z, axis=-2, keepdims=True)  # xp.std of Z * 1e-300 is 0, of Z * 1e154 inf
+    return xp.where(spread > 0, spread, xp.ones_like(spread))
 
 
 
@@ -546,6 +551,8 @@ class Engine(ModulesByName, abc.ABC):
         self.xp = array_namespace(Z)
         self.names = names
         self.optimizer = optimizer
+        if "Z" in names and hasattr(optimizer, "steps_in_units"):  # (Adam, Adadelta; Rprop's steps start scaled)
+            optimizer.steps_in_units({"Z": inducing_spread(Z)})
         self.n_total = n_total
         self.minibatch = minibatch
         self.jitter = jitter
