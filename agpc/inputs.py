@@ -27,6 +27,7 @@ from sklearn.utils.validation import check_array, column_or_1d
 
 from . import backend as B
 from . import labels as L
+from . import threads
 from . import validation as V
 from .kernels import RBF, Categorical, OnColumns, mixed_kernel
 from .checkpoints import check_checkpoint_path, check_resume_path, check_site_directory
@@ -37,6 +38,7 @@ from .plan import DTYPES, dtype_name
 from .untrusted import check_zarr_array, shown
 
 __all__ = [
+    "warn_blas_threads",
     "check_kernel_values",
     "check_label_kind",
     "check_feature_dtype",
@@ -1095,3 +1097,11 @@ def check_label_kind(y, classes):
         raise ValueError(f"Mix of label input types (string and number): y holds {kind(y)}s, the model's classes "
                          f"are {kind(classes)}s ({L.label_text(list(np.asarray(classes)))})")
 
+
+def warn_blas_threads(value):
+    """Say in a UserWarning where an explicit ``blas_threads`` is above the cores this process may use: a fit's and a
+    prediction's BLAS scopes use those cores (``threads.explicit_beyond_cores``). Said by the outermost scope only: a
+    prediction inside a fit (its check of the fitted probabilities) adds nothing to the fit's warning."""
+    note = None if threads.in_scope() else threads.explicit_beyond_cores(value)
+    if note is not None:
+        warnings.warn(note, UserWarning, stacklevel=B.outside_stacklevel())

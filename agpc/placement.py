@@ -260,5 +260,6 @@ def blas_scope(plan, steps, n_features):
         plan.n_inducing, n, has_exact_pass=size_rule.exact_passes(plan, steps) is not None).n_inducing
     rows = n if steps.step_rows is None else min(n, int(steps.step_rows))  # (a batch-only method's explicit
     # batch_size is refused already)
+    I.warn_blas_threads(plan.blas_threads)
     return threads.blas_threads(rows, m, n_features=n_features, threads=plan.blas_threads,
                                 cores=in_process_cores(plan))

@@ -74,6 +74,7 @@ def latent(kernel, Z, posterior, Xc, *, block_rows=None, blas_threads=None):
     within the kernel's reach (``kernels.within_reach``): rows on disk a block at a time, as they are read (rows of
     1e300 read from disk gave NaN with NumPy's overflow warnings, where the same rows in memory are predicted)."""
     predict = multiclass_ep.predict_latent if Z.ndim == 3 else ep.predict_latent
+    I.warn_blas_threads(blas_threads)
     with threads.blas_threads(Xc.shape[0], Z.shape[-2], n_features=Z.shape[-1], threads=blas_threads), \
             B.block_memory_advice("GPClassifier prediction"):
         if not B.is_out_of_core(Xc):
