@@ -445,6 +445,13 @@ def _iterations(model, max_iter, rows, on_cluster=False):
 # -- agpc predict --------------------------------------------------------------------------------------
 
 def _load_model(path):
+    _check_model_file(path)
+    return persistence.load_model(path)
+
+
+def _check_model_file(path):
+    """A UsageError where ``path`` cannot be a model file: said before the output's checks, so that a directory given
+    as the model is named as the model, not blamed on where the output would go (the audit's ``agpc predict .``)."""
     if Path(path).is_dir():
         raise UsageError(f"{path} is a directory, not a model file (those are files written by 'agpc fit')")
     if not Path(path).exists():
@@ -453,7 +460,6 @@ def _load_model(path):
         raise UsageError(f"{path} is not a regular file (a device, a FIFO?), not a model file")
     if not zipfile.is_zipfile(path):
         raise UsageError(f"{path} is not an agpc model file (those are npz archives written by 'agpc fit')")
-    return persistence.load_model(path)
 
 
 def _check_feature_count(X, model, path, target, names=None):
@@ -500,6 +506,7 @@ def _columns_already_matched():
 
 
 def predict(args):
+    _check_model_file(args.model)
     _check_writable(args.out, [args.model, args.data])
     model = _load_model(args.model)
     wanted = _feature_names(model)
@@ -555,6 +562,7 @@ def inspect(args):
     if (args.data is None) != (args.target is None):
         raise UsageError("--data and --target go together: the rows to score the model's calibration on, and their "
                          "label column")
+    _check_model_file(args.model)
     if args.plot is not None:
         _check_png_name(args.plot)
         _check_writable(args.plot, [args.model] + ([args.data] if args.data is not None else []))
@@ -627,6 +635,7 @@ def _plot_banana(model, X, y, path):
 
 
 def demo(args):
+    _check_model_file(args.model)
     if args.plot is not None:
         _check_png_name(args.plot)
         _check_writable(args.plot)

@@ -412,6 +412,21 @@ def test_python_dash_m_reports_a_bad_model_in_one_line(tmp_path):
     assert not (tmp_path / "p.csv").exists()
 
 
+@pytest.mark.parametrize("command", ["predict", "inspect"])
+def test_a_directory_given_as_the_model_is_named_as_the_model(tmp_path, banana, command, capsys, monkeypatch):
+    """``agpc predict . data.csv --out p.csv`` said "cannot write p.csv: it is inside the input ." (the audit): the
+    output's checks ran before the model's. The model argument is checked first, by its own name."""
+    data = write_csv(tmp_path / "d.csv", *banana)
+    monkeypatch.chdir(tmp_path)
+    argv = (["predict", ".", str(data), "--out", "p.csv"] if command == "predict" else ["inspect", ".", "--plot",
+                                                                                          "q.png"])
+    status = main(argv)
+    err = capsys.readouterr().err
+    assert_one_line_error(status, err)
+    assert ". is a directory, not a model file" in err
+    assert not (tmp_path / "p.csv").exists() and not (tmp_path / "q.png").exists()
+
+
 @pytest.mark.parametrize("lines_read", [0, 1])
 @pytest.mark.parametrize("command", ["fit", "predict"])
 def test_a_reader_that_stops_early_neither_fails_the_command_nor_loses_its_output(tmp_path, banana, model_file,
