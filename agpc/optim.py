@@ -11,7 +11,7 @@ import scipy.optimize
 
 from .backend import array_device, array_namespace, asarray_like, to_numpy
 
-__all__ = ["Rprop", "Adadelta", "Adam", "OPTIMIZERS", "bounded_step", "lbfgsb_ascent"]
+__all__ = ["Rprop", "Adadelta", "Adam", "OPTIMIZERS", "SNAPSHOT_ENTRIES", "written_by", "bounded_step", "lbfgsb_ascent"]
 
 
 class Rprop:
@@ -22,6 +22,7 @@ class Rprop:
     a rate; sign-based, this needs no first rate matched to the scale of the gradient (which grows with n).
     """
 
+    name = "rprop"  # (as ``GPClassifier(optimizer=...)`` names it)
     grows_steps = True  # a bounded entry held at its bound must not grow its step (``bounded_step``)
     per_entry_state = True  # each entry's state its own: an entry left out of some steps (``tied_steps``) is unharmed
 
@@ -102,6 +103,7 @@ class Adadelta(_StepsInUnits):
     Unit-consistent: the step does not scale with the gradient, so n / |M| scaling needs no tuning.
     """
 
+    name = "adadelta"
     per_entry_state = True  # (as ``Rprop``'s)
 
     def __init__(self, learning_rate=1.0, rho=0.9, eps=1e-5):
@@ -155,6 +157,7 @@ class Adadelta(_StepsInUnits):
 class Adam(_StepsInUnits):
     """Adam (Kingma & Ba 2015) for ascent: steps of about ``learning_rate`` per entry, bias-corrected."""
 
+    name = "adam"
     per_entry_state = False  # the bias correction counts the calls, all entries together
 
     def __init__(self, learning_rate=0.01, beta1=0.9, beta2=0.999, eps=1e-8):
@@ -237,6 +240,17 @@ def _grow_rate(optimizer, factor):
 
 
 OPTIMIZERS = {"adadelta": Adadelta, "adam": Adam}
+# The entries of each built-in optimiser's ``snapshot``: distinct, so that a checkpoint's state names the optimiser
+# that wrote it (``written_by``).
+SNAPSHOT_ENTRIES = {"rprop": 2, "adadelta": 3, "adam": 4}
+
+
+def written_by(state):
+    """The name of the built-in optimiser whose ``snapshot`` has ``state``'s layout (a tuple or list of its number
+    of entries), or None: a resume under another optimiser is said by name, not as a malformed state."""
+    if not isinstance(state, (tuple, list)):
+        return None
+    return next((name for name, entries in SNAPSHOT_ENTRIES.items() if entries == len(state)), None)
 
 
 def bounded_step(optimizer, params, grads, lower):

@@ -193,6 +193,29 @@ def test_resume_in_another_dtype_says_so_not_other_data(tmp_path, method):
     assert "different training data" not in message
 
 
+@pytest.mark.parametrize("written, resumed, batch_size", [("adam", None, 50), (None, "adam", 50),
+                                                          ("rprop", "adadelta", None), ("adadelta", "adam", None)])
+def test_a_resume_with_another_optimizer_names_both(tmp_path, written, resumed, batch_size):
+    """The audit: a checkpoint of a fit stepping with Adam, resumed with the default (Adadelta on minibatches), was
+    "not a valid agpc checkpoint: engine.optimizer: expected 3 entries", as if the file were damaged. Each built-in
+    optimiser's state has its own number of entries (``optim.SNAPSHOT_ENTRIES``), which names the one that wrote it."""
+    from agpc import optim
+
+    for name, entries in optim.SNAPSHOT_ENTRIES.items():  # (the layouts the names are read from)
+        optimizer = optim.Rprop({}) if name == "rprop" else optim.OPTIMIZERS[name]()
+        assert optimizer.name == name and len(optimizer.snapshot()) == entries
+    X, y = make_banana(200, random_state=2)
+    path = tmp_path / "run.ckpt"
+    params = dict(method="sep", batch_size=batch_size, n_inducing=5, max_iter=3, random_state=0, checkpoint_path=path,
+                  checkpoint_every=2)
+    GPClassifier(**params, optimizer=written).fit(X, y)
+    was, now = written or "adadelta", resumed or "adadelta"
+    with pytest.raises(ValueError) as refused:
+        GPClassifier(**params, optimizer=resumed).fit(X, y, resume=True)
+    assert str(refused.value) == (f"checkpoint {path} was written by a fit stepping with optimizer={was!r}, but this "
+                                  f"fit steps with {now!r}: resume with optimizer={was!r}, or fit afresh without resume")
+
+
 def test_a_different_run_names_what_differs(tmp_path):
     X, y = make_banana(200, random_state=2)
     path = tmp_path / "run.ckpt"

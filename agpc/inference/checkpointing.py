@@ -22,6 +22,7 @@ from ..checkpoint_rules import (array_shapes, check_engine_state, check_factor_s
                                 check_site_scale, dtype_text, is_array)
 from ..checkpoints import load_checkpoint, save_checkpoint
 from ..likelihoods import registered_likelihood
+from ..optim import written_by
 from .guard import GUARD_KEYS
 
 __all__ = ["FINGERPRINT_ROWS", "VALIDATION_KEYS", "PRIOR_SCALE_MARGIN", "fingerprint_stride", "data_fingerprint",
@@ -143,6 +144,7 @@ def restore(trainer, rng, path, fingerprint, has_validation):
     xp, device = trainer.xp, array_device(trainer.engine.Z)
     saved = load_checkpoint(path, lambda a: asarray_like(a, xp, device=device))
     _check_fingerprint(saved, trainer, path, fingerprint)
+    _check_optimizer(saved, trainer.engine, path)
     # what the fresh run records; a checkpoint written before the guard (issue 39) has no guard counts, which the
     # resumed run starts at zero for its earlier entries (``Trainer.record``)
     history = saved.get("history") if isinstance(saved, dict) else None
@@ -231,6 +233,16 @@ def _checked_kept(saved, engine, path, fingerprint, refuse):
         check_engine_state(entry["engine"], engine, fingerprint, path, refuse_kept)
         out[name] = (at, entry["engine"], refuse_kept)
     return out
+
+
+def _check_optimizer(saved, engine, path):
+    """Refuse, by name, a checkpoint of a run that stepped with another built-in optimiser (its state read as this
+    run's optimiser's was "engine.optimizer: expected 3 entries", as if the file were damaged)."""
+    state = saved["engine"].get("optimizer") if isinstance(saved.get("engine"), dict) else None
+    written, this = written_by(state), getattr(engine.optimizer, "name", None)
+    if written is not None and this is not None and written != this:
+        raise ValueError(f"checkpoint {path} was written by a fit stepping with optimizer={written!r}, but this fit "
+                         f"steps with {this!r}: resume with optimizer={written!r}, or fit afresh without resume")
 
 
 @contextlib.contextmanager
