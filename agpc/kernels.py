@@ -2384,12 +2384,16 @@ def within_reach(kernel, Z, Xc):
     if any(reach is None for reach in reaches):
         return Xc
     xp = array_namespace(Xc)
-    reach_limit = float(xp.finfo(Xc.dtype).max) / (4.0 * KERNEL_REACH)  # reach + |Z| stays finite
+    largest = float(xp.finfo(Xc.dtype).max)
+    reach_limit = largest / (4.0 * KERNEL_REACH)  # reach + |Z| stays finite (|Z| held within half the largest float)
     lower = upper = None
     for c, k in enumerate(kernels):
         Zc = Z[c, ...] if Z.ndim == 3 else Z
         reach = KERNEL_REACH * xp.minimum(reaches[c], reach_limit)
-        low, high = xp.min(Zc, axis=0) - reach, xp.max(Zc, axis=0) + reach
+        # (an inducing point on a row of 1.7e308, k-means' centre of that one row, overflowed max(Z) + reach: the
+        # audit; a point beyond half the largest float is held there, where every lengthscale's reach spans it)
+        low = xp.maximum(xp.min(Zc, axis=0), -0.5 * largest) - reach
+        high = xp.minimum(xp.max(Zc, axis=0), 0.5 * largest) + reach
         lower = low if lower is None else xp.minimum(lower, low)
         upper = high if upper is None else xp.maximum(upper, high)
     clamped = xp.minimum(xp.maximum(Xc, lower), upper)

@@ -164,6 +164,21 @@ def test_prediction_far_beyond_the_data_is_the_prior_without_overflow(method):
     np.testing.assert_array_equal(within[1], direct[1])
 
 
+@pytest.mark.parametrize("value", [1.7e308, -1.7e308])
+@pytest.mark.parametrize("method", ["ep", "svi"])
+def test_a_row_at_the_largest_float_is_fitted_and_predicted_without_overflow(method, value):
+    """The audit: one training row at 1.7e308 (k-means gives it an inducing point of its own) overflowed the
+    prediction's reach, max(Z) + reach ("overflow encountered in add", NumPy's warning only). Now the rows, that one
+    included, are predicted without a RuntimeWarning (pyproject makes one from agpc fail the test) and finite; the
+    column's spread is that row's, so its lengthscale is too (the feature is read at that scale)."""
+    X, y = _data()
+    X[3, 1] = value
+    model = _small(method=method).fit(X, y)
+    assert np.max(np.abs(model.inducing_points_[:, 1])) > 0.5 * np.finfo(np.float64).max  # (the case: a point there)
+    proba = model.predict_proba(X)
+    assert np.all(np.isfinite(proba)) and model.score(np.delete(X, 3, axis=0), np.delete(y, 3)) > 0.8
+
+
 def test_a_constant_column_of_any_value_changes_nothing():
     """A hostile-input audit (2026-12-02): a constant column of 1e23 beside banana's two failed the default fit with a
     CholeskyError on K(Z, Z) at every jitter. The kernel centres its inputs on the inducing points' mean, and the
