@@ -275,9 +275,12 @@ def bounded_step(optimizer, params, grads, lower):
     return out
 
 
-def lbfgsb_ascent(params, value_and_grads, maxfun, lower=None):
+def lbfgsb_ascent(params, value_and_grads, maxfun, lower=None, units=None):
     """Maximise f over a dict of arrays with scipy's L-BFGS-B, at most ``maxfun`` evaluations; ``lower``:
-    {name: least value} for the entries bounded below (L-BFGS-B's own bounds).
+    {name: least value} for the entries bounded below (L-BFGS-B's own bounds, of entries without ``units``);
+    ``units``: {name: array broadcast to the entry's shape}, entries L-BFGS-B moves in those units (x / unit, as
+    ``Adam.steps_in_units``): its first step has unit length whatever the scale, which sent inducing points on features
+    of 1e-200 out to O(1), 1e200 lengthscales away, and vi-JJ diverged at its first step.
 
     For a handful of hyper-parameters (Izmailov & Kropotov (2017): maxfun = 5 per outer iteration). The optimiser runs
     on the host: the arrays are flattened there and put back in their own namespace and device.
@@ -287,9 +290,13 @@ def lbfgsb_ascent(params, value_and_grads, maxfun, lower=None):
     names = list(params)
     shapes = [tuple(params[k].shape) for k in names]
     sizes = [int(np.prod(s)) if s else 1 for s in shapes]
+    units = units or {}
+    scale = np.concatenate([np.ravel(np.broadcast_to(to_numpy(units[k]), shape)) if k in units else np.ones(size)
+                            for k, shape, size in zip(names, shapes, sizes)])
 
     def unflatten(vector):
         out, offset = {}, 0
+        vector = vector * scale
         for name, shape, size in zip(names, shapes, sizes):
             xp = array_namespace(params[name])
             piece = asarray_like(np.reshape(vector[offset:offset + size], shape), xp,
@@ -301,9 +308,9 @@ def lbfgsb_ascent(params, value_and_grads, maxfun, lower=None):
     def objective(vector):
         value, grads = value_and_grads(unflatten(vector))
         flat = np.concatenate([np.ravel(to_numpy(grads[k])) for k in names])
-        return -float(value), -flat
+        return -float(value), -flat * scale
 
-    x0 = np.concatenate([np.ravel(to_numpy(params[k])) for k in names])
+    x0 = np.concatenate([np.ravel(to_numpy(params[k])) for k in names]) / scale
     lower = lower or {}
     bounds = None if not set(lower) & set(names) else [
         (lower.get(name), None) for name, size in zip(names, sizes) for _ in range(size)]

@@ -217,13 +217,17 @@ def test_integer_features_whose_variation_the_float_type_cannot_hold_are_refused
 
 @pytest.mark.parametrize("params", [dict(method="svi"), dict(method="svi", batch_size=100),
                                     dict(method="sep", batch_size=100), dict(method="ep", batch_size=100),
-                                    dict(method="adf", batch_size=100), dict(method="ep", optimizer="adam")],
-                         ids=["svi-adam", "svi-minibatch", "sep-adadelta", "ep-adadelta", "adf-adadelta", "ep-adam"])
-@pytest.mark.parametrize("scale", [1e-3, 1e3])
-def test_adam_and_adadelta_move_the_inducing_points_in_the_features_scale(params, scale):
-    """Adam's and Adadelta's steps of Z are in units of its spread (``optim.Adam.steps_in_units``): the same fit on
-    features times 1e-3 or 1e3 as on the unit scale. Stepped in absolute terms, SVI's points on make_banana times
-    1e-3 left the data (21 times its range, test accuracy 0.49 against 0.867), and times 1e3 hardly moved."""
+                                    dict(method="adf", batch_size=100), dict(method="ep", optimizer="adam"),
+                                    dict(method="vi-jj"), dict(method="vi-taylor")],
+                         ids=["svi-adam", "svi-minibatch", "sep-adadelta", "ep-adadelta", "adf-adadelta", "ep-adam",
+                              "vi-jj-lbfgsb", "vi-taylor-lbfgsb"])
+@pytest.mark.parametrize("scale", [1e-3, 1e3, 1e-200])
+def test_adam_adadelta_and_lbfgsb_move_the_inducing_points_in_the_features_scale(params, scale):
+    """Adam's, Adadelta's and L-BFGS-B's steps of Z are in units of its spread (``optim.Adam.steps_in_units``,
+    ``optim.lbfgsb_ascent``'s units): the same fit on features times 1e-3, 1e3 or 1e-200 as on the unit scale.
+    Stepped in absolute terms, SVI's points on make_banana times 1e-3 left the data (21 times its range, test accuracy
+    0.49 against 0.867), times 1e3 hardly moved, and vi-JJ / vi-Taylor on features times 1e-200 diverged at their
+    first step (L-BFGS-B's first step, of unit length, put Z 1e200 lengthscales away)."""
     from agpc.datasets import make_banana
 
     X, y = make_banana(400, random_state=0)

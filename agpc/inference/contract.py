@@ -551,8 +551,10 @@ class Engine(ModulesByName, abc.ABC):
         self.xp = array_namespace(Z)
         self.names = names
         self.optimizer = optimizer
-        if "Z" in names and hasattr(optimizer, "steps_in_units"):  # (Adam, Adadelta; Rprop's steps start scaled)
-            optimizer.steps_in_units({"Z": inducing_spread(Z)})
+        # the unit of Z's steps: its spread as built (Adam's, Adadelta's and L-BFGS-B's; Rprop's steps start scaled)
+        self.inducing_unit = inducing_spread(Z) if "Z" in names else None
+        if self.inducing_unit is not None and hasattr(optimizer, "steps_in_units"):
+            optimizer.steps_in_units({"Z": self.inducing_unit})
         self.n_total = n_total
         self.minibatch = minibatch
         self.jitter = jitter

@@ -845,7 +845,9 @@ class QuadraticEngine(Engine):
         if self.joint_xi:
             variables["xi"] = xi
         if variables and stepping:
-            kernel, Z, xi = split(lbfgsb_ascent(variables, value_and_grads, self.maxfun, step_lower_bounds(kernel)))
+            units = None if self.inducing_unit is None else {"Z": self.inducing_unit}
+            kernel, Z, xi = split(lbfgsb_ascent(variables, value_and_grads, self.maxfun, step_lower_bounds(kernel),
+                                                units=units))
         value = self._bound(kernel, Z, X, labels, xi, want_grad=False)["value"]
         return value, (kernel, Z, xi)
 
