@@ -461,9 +461,10 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             result, self.ard_ = size_rule.choose_inducing(
                 lambda points, name: size_rule.learn_lengthscales(
                     ard, freed, kernel,
-                    lambda start, shared, first, stage: self._train(
+                    lambda start, shared, first, stage, later: self._train(
                         plan, placed, start, points, classes, groups, rng, resume and first, validation, started,
-                        data_hash, plateau, tied=shared, stage=stage or name or all_rows)),
+                        data_hash, plateau, tied=shared, stage=stage or name or all_rows,
+                        then=self._later_stages(later))),
                 Z, self._any_level_points(Z, kernel, size, resume or minibatch or n > batch_rows.FULL_BATCH_MAX_ROWS,
                                           rng),
                 has_room=lambda: self.max_time is None or 2.0 * (time.perf_counter() - started) <= self.max_time)
@@ -576,6 +577,14 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                           RuntimeWarning, stacklevel=B.outside_stacklevel())
             return kernel, Z, (0, 0)
         return result.kernel, result.Z, (rows, int(result.n_iter))
+
+    def _later_stages(self, later):
+        """The ``then`` of a kernel-choice stage that ``later`` more stages may follow (``size_rule.learn_lengthscales``:
+        the same rows and model size, each at most ``max_iter`` iterations at about this stage's pace), None for the
+        last or only stage."""
+        if not later:
+            return None
+        return (f"the {later} later kernel stage{'s' if later != 1 else ''}", 1.0, self.max_time, later)
 
     def _train(self, plan, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau,
                tied=False, stage="", max_time="fit", checkpoints=True, then=None):

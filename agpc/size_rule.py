@@ -435,13 +435,15 @@ def learn_lengthscales(plan, freed, kernel, train):
     out of time or stopped early on validation data stays shared, and a stage cut short by ``max_time`` ends the
     choice. Each stage may take ``max_iter`` steps and ``max_time`` covers them all; the result (``n_iter_``,
     ``history_``) is the kept stage's, and says ``max_time`` when a later stage was cut short by it. ``train``'s fourth
-    argument names the stage on the fit's progress lines ("" for a fit of one stage)."""
+    argument names the stage on the fit's progress lines ("" for a fit of one stage), its fifth counts the stages that
+    may follow it (for the line's estimate of the whole fit)."""
     choosing = plan in (CHOOSE, CHOOSE_TO_LINEAR)
-    names = iter(_stage_names(plan == CHOOSE) if choosing else ("",))
-    result = train(kernel, plan is not True, True, next(names))
+    stage_names = _stage_names(plan == CHOOSE) if choosing else [""]
+    names = iter((name, len(stage_names) - k) for k, name in enumerate(stage_names, 1))
+    result = train(kernel, plan is not True, True, *next(names))
     if not choosing or result.stop_reason in ("max_time", "early_stopping"):
         return result, plan is True
-    per_feature = train(result.kernel, False, False, next(names))
+    per_feature = train(result.kernel, False, False, *next(names))
     keep = akaike_keeps(result.log_z, per_feature.log_z, freed)
     kept, log_z_kept = (per_feature, per_feature.log_z - freed) if keep else (result, result.log_z)
     last = per_feature
@@ -456,7 +458,7 @@ def learn_lengthscales(plan, freed, kernel, train):
         with held_notes() as notes:
             try:
                 with overflow_raises():  # (an overflow fails the candidate, as a Cholesky that fails does)
-                    candidate = train(start, True, False, next(names))
+                    candidate = train(start, True, False, *next(names))
             except (CholeskyError, FloatingPointError):
                 # a candidate the numbers cannot hold (features of scale ~1e-160 or 1e160, 1e-19 or 1e19 in float32:
                 # its slope variances 1 / l_j^2, or x_j^2, past the dtype's range) is not kept; the model kept so far

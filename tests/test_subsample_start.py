@@ -249,3 +249,30 @@ def test_the_subsample_fits_estimate_adds_the_fit_on_all_rows_after_it(table, ca
     assert ("(max_time ends it at ~1 s)" in first) == (max_time is not None)
     if "2/2" in err:  # (the fit on all rows' own line: nothing follows it)
         assert "then" not in _estimate_of(err, f"2/2: all {ROWS:,} rows")
+
+
+def test_each_kernel_choice_stage_estimates_the_stages_after_it(capsys):
+    """The exact model's kernel choice (``ard="auto"`` on up to 500 rows) runs up to four stages, each at most
+    ``max_iter`` iterations; each stage's estimate line adds the later stages, at its own pace (the same rows and
+    model size), and the whole fit's at most. Before, each said only "this stage's"."""
+    from agpc.datasets import make_banana
+
+    X, y = make_banana(200, random_state=0)
+    max_iter = 6
+    GPClassifier(max_iter=max_iter, random_state=0, verbose=True).fit(X, y)
+    err = capsys.readouterr().err
+    names = size_rule._stage_names(True)
+    assert len(names) == 4
+    for k, name in enumerate(names, 1):
+        line = _estimate_of(err, name)
+        later = len(names) - k
+        if not later:
+            assert "then" not in line
+            continue
+        per_iteration = float(re.search(r"\(([\d.e-]+) s an iteration\)", line).group(1))
+        each = per_iteration * (training.TrainSettings().n_warmup + max_iter)
+        said = f"; then the {later} later kernel stage{'s' if later != 1 else ''}"
+        assert said + (", each at most ~" if later > 1 else ": at most ~") in line, line
+        more = _seconds(line.split(" more")[0].split("at most ~")[-1])
+        assert more == pytest.approx(later * each, rel=0.06, abs=0.006)  # (printed to 2-3 significant digits)
+        assert "times as long" not in line and _seconds(line.split("the whole fit at most ~")[1]) >= more

@@ -524,14 +524,20 @@ class Progress(Hook):
         _say(line)
 
     def _then(self, run, now, left, per_unit):
-        """The estimate's part for the stage that follows (``then``): its iterations' cost by this stage's pace times
-        its own factor (its warm-up sweeps counted as iterations), and the whole fit's at most (and ``max_time``'s)."""
-        name, times, max_time = self.then
+        """The estimate's part for the stages that follow (``then``: their name, the cost of their iterations in units
+        of this stage's, max_time, and how many there are, one if not given): each at most this stage's iterations (its
+        warm-up sweeps counted as iterations) at this stage's pace times their factor, and the whole fit's at most (and
+        ``max_time``'s)."""
+        name, times, max_time, *count = self.then
+        stages = count[0] if count else 1
         fit_started = self.started if run.settings.started is None else run.settings.started
-        most = times * per_unit * (run.warmup + run.settings.max_iter)
+        each = times * per_unit * (run.warmup + run.settings.max_iter)
+        most = stages * each
         whole = now - fit_started + left + most
-        text = (f"; then {name}, its iterations ~{times:.2g} times as long: at most ~{duration(most)} more, the whole fit "
-                f"at most ~{duration(whole)}")
+        pace = f", its iterations ~{times:.2g} times as long" if times != 1.0 else ""
+        per_stage = f", each at most ~{duration(each)}" if stages > 1 else ""
+        text = (f"; then {name}{pace}{per_stage}: at most ~{duration(most)} more, the whole fit at most "
+                f"~{duration(whole)}")
         if max_time is not None and whole > max_time:
             text += f" (max_time ends it at ~{duration(max_time)})"
         return text

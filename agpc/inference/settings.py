@@ -29,8 +29,9 @@ class TrainSettings:
     n_iter_no_change: int | None = None  # early stopping
     progress: bool = False  # a tqdm bar (``hooks.Progress``)
     stage: str = ""  # the run's name among a fit's several, on its progress lines (``size_rule.learn_lengthscales``)
-    # the stage that follows this one, for the progress line's estimate of the whole fit: (its name, the cost of its
-    # iterations in units of this run's, the fit's max_time or None); the fit on all rows after a subsample's
+    # the stages that follow this one, for the progress line's estimate of the whole fit: (their name, the cost of
+    # their iterations in units of this run's, the fit's max_time or None[, how many: 1 if not given]); the fit on all
+    # rows after a subsample's, the later stages of the exact model's kernel choice
     then: tuple | None = None
     checkpoint_path: object = None  # where checkpoints are written and read (``hooks.Checkpoints``)
     checkpoint_every: int | None = None  # steps between checkpoints
