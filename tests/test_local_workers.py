@@ -24,7 +24,7 @@ from sklearn.model_selection import cross_validate
 distributed = pytest.importorskip("distributed")
 psutil = pytest.importorskip("psutil")
 
-from agpc import GPClassifier, threads  # noqa: E402
+from agpc import GPClassifier, GuardWarning, threads  # noqa: E402
 from agpc import workers as W  # noqa: E402
 from agpc.datasets import make_banana  # noqa: E402
 from agpc.inference import training  # noqa: E402
@@ -90,6 +90,27 @@ def test_n_jobs_trains_in_worker_processes_near_the_single_process_fit(banana, p
     assert abs(nll_of(parallel, X_test, y_test) - nll_of(single, X_test, y_test)) < tolerance
     assert parallel.history_["n_steps"][-1] == epochs * -(-n // (2 * 4 * 50))  # rounds of 2 shards x 4 x 50 rows
     assert len(pools) == 1 and _gone(pools[0].pids, 0)
+
+
+@pytest.mark.parametrize("method, optimizer, learning_rate", [("sep", "adam", 1e3), ("svi", "adadelta", 1e8)])
+def test_rounds_at_a_careless_learning_rate_recover_as_one_process_does(method, optimizer, learning_rate):
+    """The audit: at a learning rate that sends the first steps out of the floats, one process's guard goes back and
+    halves its steps until they hold, while two local workers gave up ("diverged ... 31 failed steps in a row"): a
+    round's update left a state that was no model, and each shard, starting there, halved its steps 30 times and
+    raised. Now a shard whose guard gives up ends its round at its last good state, and a round in which no shard
+    took a step is the driver guard's to go back from (log Z NaN): the fit ends with a model, as one process's does,
+    and its guard says what it did."""
+    X, y = make_banana(600, random_state=0)
+    params = dict(method=method, batch_size=50, optimizer=optimizer, learning_rate=learning_rate, n_inducing=10,
+                  max_iter=4, random_state=0)
+    for n_jobs in (1, 2):
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            model = GPClassifier(**params, n_jobs=n_jobs).fit(X, y)
+        assert model.n_jobs_ == n_jobs
+        assert np.all(np.isfinite(model.predict_proba(X)))
+        guard = [str(w.message) for w in said if issubclass(w.category, GuardWarning)]
+        assert any("halved" in text for text in guard), guard
 
 
 def test_multiclass_sep_with_n_jobs_and_what_trains_in_this_process(pools):

@@ -261,9 +261,12 @@ def _step_segments(spec, segments, data):
         batch_size = spec["batch_size"]
         stepping_started = time.perf_counter()
         for j in range(first, first + count):
-            shard.step(X_chunk, y_chunk, order[j * batch_size:(j + 1) * batch_size])
+            if not shard.step(X_chunk, y_chunk, order[j * batch_size:(j + 1) * batch_size]):
+                break
         shard.step_seconds += time.perf_counter() - stepping_started
         shard.leave(chunk)
+        if shard.gave_up:
+            break
     return shard.result()
 
 
@@ -294,6 +297,7 @@ class _Shard:
         self.step_seconds = 0.0  # in the steps themselves (a task's set-up, the same whatever its steps, left out)
         self.sites = self.previous = None
         self.weights = None  # the current chunk's rows' sample weights (a fit with weights), or None
+        self.gave_up = False  # the guard gave up on a step: the round ends at the last good state (``step``)
 
     def enter(self, chunk, visit, first, X_chunk, y_chunk, w_chunk=None):
         """Start a segment of the chunk: its factor and (EP) its sites. ``w_chunk``: its rows' sample weights, which
@@ -327,7 +331,8 @@ class _Shard:
         self.previous = None  # EP: (rows, sites) of the last step taken; a revert undoes its sites in place
 
     def step(self, X_chunk, y_chunk, rows):
-        """One minibatch step on the chunk's ``rows``, retried by the one retry rule."""
+        """One minibatch step on the chunk's ``rows``, retried by the one retry rule; False where the guard gave up
+        (``_end_at_good``: the round ends)."""
         engine, xp = self.engine, self.xp
         X_batch = asarray_like(X_chunk[rows], xp, device=self.device, dtype=self.dtype)
         y_batch = asarray_like(y_chunk[rows], xp, device=self.device, dtype=self.dtype)
@@ -340,9 +345,14 @@ class _Shard:
             site_precision, site_shift = self.sites
             _rebuild_chunk_factor(engine, X_chunk, y_chunk, site_precision, site_shift, None, self.weights)
 
-        _, value = self.trainer.step_until_taken(X_batch, y_batch, 0, X_batch.shape[0], stepping=engine.has_params,
-                                                 after_revert=lambda: self._take_sites(index, reverted=True),
-                                                 repair=repair if engine.per_row_sites else None)
+        try:
+            _, value = self.trainer.step_until_taken(X_batch, y_batch, 0, X_batch.shape[0],
+                                                     stepping=engine.has_params,
+                                                     after_revert=lambda: self._take_sites(index, reverted=True),
+                                                     repair=repair if engine.per_row_sites else None)
+        except FloatingPointError:
+            self._end_at_good(index)
+            return False
         self.log_z.append(value)
         self.n_invalid += float(self.trainer.last.n_invalid)
         if engine.per_row_sites:
@@ -350,6 +360,22 @@ class _Shard:
             self.previous = (index, engine.state["nu"], engine.state["mu"])
             site_precision[index] = engine.state["nu"]
             site_shift[index] = engine.state["mu"]
+        return True
+
+    def _end_at_good(self, index):
+        """The guard gave up on a step of this round (``MAX_FAILURES`` in a row, its step sizes halved each time): the
+        shard ends the round at its last good state (the segment's start where it took no step: ``enter``), its step
+        sizes kept at their halved values. The driver goes on from the rounds' combined state, or, where no shard took
+        a step (the round's start is itself no model: the last round's update went out of the floats), its own guard
+        goes back to before that round and halves its steps (``evaluate``: log Z NaN), as one process goes back a step.
+        (A shard that raised ended the whole fit: Adam at learning_rate=1e3 on two local workers gave up where one
+        process recovered.) What the guards did is in the shards' guard counts, said by the fit."""
+        trainer, engine = self.trainer, self.engine
+        engine.restore(trainer.good)
+        self._take_sites(index, reverted=True)
+        for _ in range(trainer.halvings):
+            engine.shrink()
+        self.gave_up = True
 
     def _take_sites(self, index, reverted=False):
         """EP: the minibatch's own sites, in the order of its rows; after a revert, which undid the previous
@@ -625,7 +651,8 @@ class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_
                             "task_cpu_seconds": [r["cpu_seconds"] for r in results],
                             "page_faults": [r["page_faults"] for r in results]})
         values = [v for r in results for v in r["log_z"]]
-        return sum(values) / len(values), combined
+        # (no step taken by any shard: the round's start is no model, which the driver's guard goes back from)
+        return (sum(values) / len(values) if values else math.nan), combined
 
     def _combine(self, results, rows):
         """The shards' end states combined: parameters and the optimiser's state averaged with weights the rows
