@@ -315,3 +315,58 @@ def test_a_confident_row_s_log_probability_is_never_above_zero(likelihood):
         assert np.all(log_pos <= 0.0) and np.all(log_neg <= 0.0)
         assert np.all(np.exp(log_pos) + np.exp(log_neg) <= 1.0 + 2e-16)
         assert np.all(np.isfinite(log_pos[1:-1])) and log_pos[2] < -1.0 and log_neg[-3] < -1.0
+
+
+def _mills_gap_reference(x, terms=8):
+    """lambda(w) + w at w = -x (x >= 30) from the asymptotic series of the Mills ratio, R(x) = (1/x) sum_k (-1)^k
+    (2k - 1)!! / x^(2k), in exact rational arithmetic: 1 / R - x, then rounded once. (Independent of the continued
+    fraction agpc evaluates; at x >= 30 its first omitted term is below 1e-30 of the sum.)"""
+    from fractions import Fraction
+
+    x = Fraction(x)
+    total, term = Fraction(0), Fraction(1)
+    for k in range(terms):
+        total += term
+        term = -term * (2 * k + 1) / (x * x)
+    return float(1 / (total / x) - x)
+
+
+@pytest.mark.parametrize("depth", [30.0, 40.0, 1e3, 7e4])
+def test_ordinal_outer_classes_keep_gamma_deep_in_the_tail(depth):
+    """-d^2 log Z / da^2 of an outer ordinal class is lambda (lambda + w) / b (w = z of its one cut point, lambda the
+    inverse Mills ratio); alpha^2 + kappa had cancelled it to the digits of lambda, which exp(log N - log Z) holds to
+    |log Z| eps: at w = -7e4 (cut points 1e5 from the data, the audit) gamma was 2185 where it is ~0.5, 1 - v gamma
+    negative, and ADF gave up at its first step. Checked against the Mills ratio's asymptotic series, for the lowest
+    class below its cut and the highest above its own, and against alpha^2 + kappa where that keeps its digits."""
+    cuts = np.array([-1.0, 0.0, 1.0])
+    likelihood = L.Ordinal(cuts)
+    variance = 2.0
+    mean = np.array([-1.0 + depth * math.sqrt(variance), 1.0 - depth * math.sqrt(variance), 0.3, -0.2])
+    y = np.array([0.0, 3.0, 0.0, 3.0])  # rows deep in the wrong tail, then two near the data
+    terms = likelihood.site_terms(y, mean, np.full(4, variance))
+    lam_gap = _mills_gap_reference(depth)
+    lam = depth + lam_gap
+    for row in (0, 1):
+        np.testing.assert_allclose(terms.gamma[row], lam * lam_gap / variance, rtol=1e-12)
+        np.testing.assert_allclose(abs(terms.alpha[row]), lam / math.sqrt(variance), rtol=1e-12)
+        assert 0.0 < 1.0 - (variance - 1.0) * terms.gamma[row] < 1.0
+    direct = terms.alpha[2:] ** 2 + terms.kappa[2:]  # (near the data the two forms agree to round-off)
+    np.testing.assert_allclose(terms.gamma[2:], direct, rtol=1e-13)
+
+
+def test_adf_fits_ordinal_cut_points_far_from_the_data():
+    """The audit: ADF with the ordinal cut points started at [-1e5, 0, 1e5] gave up at its first step (log Z NaN from
+    log(1 - v gamma) of a gamma that cancellation made 2185); EP and SEP fitted, scoring 0.31-0.59, their sites built
+    of that gamma. With gamma kept, each method fits those rows as from cut points near them."""
+    from agpc import RBF, GPClassifier
+    from agpc.kernels import OrdinalKernel
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 2))
+    y = np.digitize(X[:, 0] + 0.5 * X[:, 1], [-1.0, 0.0, 1.0])
+    for method in ("adf", "sep", "ep"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            model = GPClassifier(method=method, likelihood="ordinal", kernel=OrdinalKernel(RBF(), [-1e5, 0.0, 1e5]),
+                                 n_inducing=10, max_iter=5, random_state=0).fit(X, y)
+        assert model.score(X, y) > 0.8, method
