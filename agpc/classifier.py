@@ -106,8 +106,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         Hyper-parameter steps. ``None``: "rprop" (the paper's) in batch mode, Adadelta in minibatch mode.
     learning_rate : float or None
         For "adadelta" (default 1.0) and "adam" (default 0.01). The inducing points step in units of their spread per
-        feature (Rprop's first steps, Adam's, Adadelta's and vi-*'s L-BFGS-B steps), so the same rate serves features
-        of any scale; the kernel's parameters step in their logs.
+        feature (Rprop's first steps, Adam's, Adadelta's and the vi methods' L-BFGS-B steps), so the same rate serves
+        features of any scale; the kernel's parameters step in their logs.
     max_time : float or None
         Seconds for the whole ``fit``: no step (nor final pass) is started that its measured cost would carry past.
         The start's k-means stops at a tenth of it; the checks of the rows and the start's timing of the passes are
