@@ -445,13 +445,9 @@ def _iterations(model, max_iter, rows, on_cluster=False):
 # -- agpc predict --------------------------------------------------------------------------------------
 
 def _load_model(path):
-    _check_model_file(path)
-    return persistence.load_model(path)
-
-
-def _check_model_file(path):
-    """A UsageError where ``path`` cannot be a model file: said before the output's checks, so that a directory given
-    as the model is named as the model, not blamed on where the output would go (the audit's ``agpc predict .``)."""
+    """The model of the file at ``path``, or a UsageError where it cannot be one. Read before the output's checks, so
+    that a directory given as the model is named as the model, not blamed on where the output would go (the audit's
+    ``agpc predict .``)."""
     if Path(path).is_dir():
         raise UsageError(f"{path} is a directory, not a model file (those are files written by 'agpc fit')")
     if not Path(path).exists():
@@ -460,6 +456,7 @@ def _check_model_file(path):
         raise UsageError(f"{path} is not a regular file (a device, a FIFO?), not a model file")
     if not zipfile.is_zipfile(path):
         raise UsageError(f"{path} is not an agpc model file (those are npz archives written by 'agpc fit')")
+    return persistence.load_model(path)
 
 
 def _check_feature_count(X, model, path, target, names=None):
@@ -506,9 +503,8 @@ def _columns_already_matched():
 
 
 def predict(args):
-    _check_model_file(args.model)
+    model = _load_model(args.model)  # (first: a directory given as the model is named as the model, not the output)
     _check_writable(args.out, [args.model, args.data])
-    model = _load_model(args.model)
     wanted = _feature_names(model)
     X, y, names = load_data(args.data, args.target, features=wanted)
     _check_feature_count(X, model, args.data, args.target, names)
@@ -562,11 +558,10 @@ def inspect(args):
     if (args.data is None) != (args.target is None):
         raise UsageError("--data and --target go together: the rows to score the model's calibration on, and their "
                          "label column")
-    _check_model_file(args.model)
+    model = _load_model(args.model)  # (first: a directory given as the model is named as the model, not the plot)
     if args.plot is not None:
         _check_png_name(args.plot)
         _check_writable(args.plot, [args.model] + ([args.data] if args.data is not None else []))
-    model = _load_model(args.model)
     # (load_model gives a GPClassifier, or a Pipeline ending in one: a file of 'agpc fit --standardize')
     classifier = _classifier_named_as(model)
     calibration = scores = None
@@ -635,7 +630,6 @@ def _plot_banana(model, X, y, path):
 
 
 def demo(args):
-    _check_model_file(args.model)
     if args.plot is not None:
         _check_png_name(args.plot)
         _check_writable(args.plot)
