@@ -27,6 +27,7 @@ from . import allocator, size_rule, threads
 from . import streaming as S
 from . import uncertainty as U
 from . import validation as V
+from .batch_size import FULL_BATCH_MAX_ROWS
 from .inducing import KMEANS_TIME_SHARE, with_any_levels
 from .inference import training
 from .kernels import (ANY_LEVEL, ClassKernels, Kernel, any_level_columns, categorical_columns, tied_parameters,
@@ -467,8 +468,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                         plan, placed, start, points, classes, groups, rng, resume and first, validation, started,
                         data_hash, plateau, tied=shared, stage=stage or name or all_rows,
                         then=self._later_stages(later))),
-                Z, self._any_level_points(Z, kernel, size, resume or minibatch or n > batch_rows.FULL_BATCH_MAX_ROWS,
-                                          rng),
+                Z, self._any_level_points(Z, kernel, size, resume or minibatch or n > FULL_BATCH_MAX_ROWS, rng),
                 has_room=lambda: self.max_time is None or 2.0 * (time.perf_counter() - started) <= self.max_time)
             return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume),
                                      probe=inputs.X if rows_known else None, subsample=record)

@@ -21,7 +21,7 @@ import time
 
 import numpy as np  # (the weights, and the random choices, are on the host; the rows stay on X's device)
 
-from .backend import array_device, array_namespace, asarray_like, cluster_sums, host_rng, to_numpy
+from .backend import array_device, array_namespace, asarray_like, cluster_sums, host_rng, scaled_std, to_numpy
 
 __all__ = ["initial_inducing_points", "kmeans", "start_rows", "kmeans_with_levels", "variance_points", "encoded_rows",
            "with_any_levels", "ANY_LEVEL_FRACTION"]
@@ -114,11 +114,17 @@ def kmeans(X, n_clusters, *, random_state=None, n_iter=25, max_rows=KMEANS_ROWS,
         X = xp.take(X, rows, axis=0)
         weights = None if weights is None else weights[chosen]
         n = max_rows
-    # Clustered in units of the largest |x| (one scalar: the clusters are those of X): the squared distances of
-    # features on extreme scales (X * 1e-300, X * 1e154) would underflow to 0 or overflow to inf.
-    scale = xp.max(xp.abs(X))
+    # Clustered in each column's standard deviation from a row of X: the metric of the default kernel at the start
+    # (its lengthscales sqrt(d) times the deviations), and the clusters of standardised features whatever the
+    # columns' units. (In units of one scalar, k-means on unscaled airline features followed distance and departure
+    # time, left day-of-week's points at 0.17 of its deviation, and once the points moved in the columns' units, SVI's
+    # test NLL was 0.015 worse than from the points of the standardised rows.) The deviations and the offset keep
+    # the squared distances of features on extreme scales (X * 1e-300, X * 1e154) within the floats, and a constant
+    # column of 1e23 at 0.
+    origin = X[0:1, ...]
+    scale = scaled_std(X, axis=0, keepdims=True) if n > 1 else xp.ones_like(origin)
     scale = xp.where(scale > 0, scale, xp.ones_like(scale))
-    X = X / scale
+    X = X / scale - origin / scale
     start = asarray_like(_start_rows(rng, n, n_clusters, weights), xp, device=device)
     centres = xp.take(X, start, axis=0)
     row_weights = None if weights is None else asarray_like(weights, xp, device=device, dtype=X.dtype)
@@ -130,7 +136,7 @@ def kmeans(X, n_clusters, *, random_state=None, n_iter=25, max_rows=KMEANS_ROWS,
             centres = xp.where(counts[:, None] > 0, sums / xp.maximum(counts, 1.0)[:, None], centres)
         else:  # (weights may be below 1: a cluster's total weight is what it is divided by)
             centres = xp.where(counts[:, None] > 0, sums / xp.where(counts > 0, counts, 1.0)[:, None], centres)
-    return centres * scale
+    return centres * scale + origin  # (within the rows' range: no overflow)
 
 
 def _start_rows(rng, n, count, weights=None):

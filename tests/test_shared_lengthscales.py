@@ -362,7 +362,7 @@ def test_above_its_row_limit_the_choice_has_no_quadratic_stage():
 
     stages = []
 
-    def train(start, shared, first, stage):  # (the second stage starts from the first's result: its name here)
+    def train(start, shared, first, stage, later):  # (the second stage starts from the first's result: its name here)
         name = getattr(start, "name", start)
         starts.append(name)
         stages.append(stage)

@@ -551,7 +551,8 @@ class Engine(ModulesByName, abc.ABC):
         self.xp = array_namespace(Z)
         self.names = names
         self.optimizer = optimizer
-        # the unit of Z's steps: its spread as built (Adam's, Adadelta's and L-BFGS-B's; Rprop's steps start scaled)
+        # the unit of Z's steps: its spread as built (Adam's, Adadelta's and L-BFGS-B's; Rprop's steps start scaled),
+        # the columns' own deviations about where k-means places the points (``inducing.kmeans`` clusters in them)
         self.inducing_unit = inducing_spread(Z) if "Z" in names else None
         if self.inducing_unit is not None and hasattr(optimizer, "steps_in_units"):
             optimizer.steps_in_units({"Z": self.inducing_unit})
