@@ -381,6 +381,8 @@ CHECKPOINT_CORRUPTIONS = {
     # a hostile-input audit (2026-12-02): a step of 0 or below, or a sign of 0.5, is no state Rprop reaches
     "Rprop step negative": (_set_array(lambda s: _engine(s)["optimizer"]["tuple"][0]["dict"]["Z"],
                                        np.full((5, 2), -0.01)), ["engine.optimizer: steps.Z: a step of -0.01"]),
+    "Rprop step 0": (_set_array(lambda s: _engine(s)["optimizer"]["tuple"][0]["dict"]["Z"], np.zeros((5, 2))),
+                     ["engine.optimizer: steps.Z: a step of 0 (Rprop's steps are positive)"]),
     "Rprop sign 0.5": (_set_array(lambda s: _engine(s)["optimizer"]["tuple"][1]["dict"]["log_noise"], np.array(0.5)),
                        ["engine.optimizer: signs.log_noise: not signs"]),
     "unknown engine entry": (lambda s, a: _engine(s).update(payload=1), ["engine.payload"]),
@@ -465,6 +467,13 @@ def svi_checkpoint(tmp_path_factory):
     return _written_checkpoint(tmp_path_factory, method="svi", batch_size=50, max_iter=2)  # Adam's state
 
 
+def _negate_first(arrays, node):
+    """The array of the checkpoint's tree ``node`` with its first entry made -1 (the others as written)."""
+    value = np.array(arrays[node["array"]], copy=True)
+    value.flat[0] = -1.0
+    arrays[node["array"]] = value
+
+
 def _adam(state):
     return _engine(state)["optimizer"]["tuple"]
 
@@ -475,6 +484,11 @@ ADAM_CORRUPTIONS = {
     "negative second moment": (_set_array(lambda s: _adam(s)[3]["dict"]["log_amplitude"], np.array(-1.0)),
                                ["engine.optimizer: log_amplitude: a negative mean of squares"]),
     "negative step count": (lambda s, a: _adam(s).__setitem__(1, -5), ["engine.optimizer: t: -5, not a count"]),
+    # (a mutation audit, 2026-12-04: a check of every entry taken as all of them passed: one negative entry among
+    # many; a count that is a boolean is refused by the layout's check first)
+    "one negative second moment among many": (lambda s, a: _negate_first(a, _adam(s)[3]["dict"]["Z"]),
+                                              ["engine.optimizer: Z: a negative mean of squares"]),
+    "step count a boolean": (lambda s, a: _adam(s).__setitem__(1, True), ["engine.optimizer[1]: expected a finite int"]),
     "learning rate 0": (lambda s, a: _adam(s).__setitem__(0, 0.0),
                         ["engine.optimizer: learning rate: 0.0, not positive"]),
 }

@@ -279,6 +279,31 @@ def test_an_explicit_count_above_the_cores_uses_the_cores_and_says_so(machine, m
     assert set(steps) == {4} and machine.num_threads == CORES
 
 
+def test_a_scope_in_another_thread_does_not_silence_the_explicit_count_warning(machine, monkeypatch):
+    """The warning of a count above the cores is said by this thread's outermost scope (``threads.in_scope``: this
+    thread's, not any thread's; a mutation audit found "any thread's" passing): a fit while another thread holds a
+    scope still says it."""
+    monkeypatch.setattr(threads, "available_cores", lambda: 4)
+    X, y = _data(200)
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold():
+        with threads.blas_threads(10, 10):
+            inside.set()
+            leave.wait(30)
+
+    other = threading.Thread(target=hold)
+    other.start()
+    try:
+        assert inside.wait(30)
+        with pytest.warns(UserWarning, match="blas_threads=7 is more than the 4 cores"):
+            GPClassifier(method="sep", n_inducing=10, batch_size=50, max_iter=1, blas_threads=7,
+                         random_state=0).fit(X, y)
+    finally:
+        leave.set()
+        other.join(30)
+
+
 def test_numpys_own_blas_stays_on_one_thread_beside_another(machine, monkeypatch):
     """pip's NumPy and SciPy each ship an OpenBLAS; each keeps a thread spinning a while after its calls, so both on
     several threads fight for the cores (n_jobs=2 made the exact model's fit of 1,500 rows 1.2 times as long as one
