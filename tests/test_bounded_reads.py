@@ -130,18 +130,28 @@ OPEN_IN_A_CHILD = textwrap.dedent("""
             GPClassifier.load(sys.argv[2])
         except ValueError as error:
             print(error)
+    elif sys.argv[1] == "predict":
+        sys.exit(main(["predict", sys.argv[2], sys.argv[3], "--out", sys.argv[4]]))
     else:
         sys.exit(main(["fit", sys.argv[2], "--target", "0", "--out", sys.argv[3]]))
 """)
 
 
 @posix_only
-@pytest.mark.parametrize("what", ["a FIFO as a model file", "a FIFO as an .npy data file"])
+@pytest.mark.parametrize("what", ["a FIFO as a model file", "a FIFO as an .npy data file",
+                                  "a FIFO as the model of agpc predict"])
 def test_a_fifo_is_refused_not_waited_on(tmp_path, what):
-    """A FIFO blocks its reader until a writer comes: run in a child so that a hang is a failure, not a stall."""
+    """A FIFO blocks its reader until a writer comes: run in a child so that a hang is a failure, not a stall. (The
+    CLI checks its model file before the zip check reads it, which a FIFO would block: the mutation audit of
+    2026-12-04 found no test of that check.)"""
     fifo = tmp_path / ("m.agpc" if "model" in what else "d.npy")
     os.mkfifo(fifo)
-    command = ["load", str(fifo)] if "model" in what else ["fit", str(fifo), str(tmp_path / "m.agpc")]
+    if "predict" in what:
+        rows = tmp_path / "rows.csv"
+        rows.write_text("1.0,2.0\n3.0,4.0\n")
+        command = ["predict", str(fifo), str(rows), str(tmp_path / "p.csv")]
+    else:
+        command = ["load", str(fifo)] if "model" in what else ["fit", str(fifo), str(tmp_path / "m.agpc")]
     run = subprocess.run([sys.executable, "-c", OPEN_IN_A_CHILD, *command], capture_output=True, text=True,
                          env=ENV, timeout=60)
     assert "not a regular file" in run.stdout + run.stderr, run.stdout + run.stderr

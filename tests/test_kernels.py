@@ -27,7 +27,7 @@ from agpc.kernels import (
     log_prior_and_grads,
     mixed_kernel,
 )
-from agpc.kernels import within_reach
+from agpc.kernels import KERNEL_REACH, within_reach
 from agpc.priors import Gamma, LogNormal, prior_from_spec
 from conftest import central_differences, check_parameter_gradients, to_np, to_xp
 
@@ -352,6 +352,24 @@ def test_a_row_of_entries_near_the_largest_number_keeps_its_direction(dtype):
         far = model.predict_proba(np.full((1, 3), largest, dtype=dtype))
     np.testing.assert_allclose(far, model.predict_proba(np.full((1, 3), largest ** 0.5, dtype=dtype)), rtol=1e-5)
     assert far[0, 1] > 0.99  # (the direction (1, 1, 1) of the positive class, not the origin's 0.49)
+
+
+def test_the_reach_of_a_multiclass_model_spans_every_class_s_inducing_points():
+    """Each class has its own inducing points: a row is clamped only beyond the reach of all of them (the union of
+    the classes' ranges), so a row on one class's points is left where it is however far the other classes' lie.
+    The mutation audit of 2026-12-04: the union taken as the intersection passed every test."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(150, 2))
+    y = np.digitize(X[:, 0], [-0.5, 0.5])
+    model = agpc.GPClassifier(n_inducing=6, max_iter=3, random_state=0).fit(X, y)
+    kernel, Z = model.kernel_, np.array(model.inducing_points_)
+    reach = max(float(np.max(np.asarray(kernel[c].reach_of_columns(X)))) for c in range(Z.shape[0]))
+    Z += (np.arange(Z.shape[0]) * 1e3 * KERNEL_REACH * reach)[:, None, None]  # classes far beyond each other's reach
+    rows = Z.reshape(-1, Z.shape[-1])
+    np.testing.assert_array_equal(np.asarray(within_reach(kernel, Z, rows)), rows)
+    beyond = np.asarray(within_reach(kernel, Z, np.array([[-1e200] * 2, [1e200] * 2])))
+    assert np.all(beyond[0] >= rows.min(axis=0) - 2 * KERNEL_REACH * reach)
+    assert np.all(beyond[1] <= rows.max(axis=0) + 2 * KERNEL_REACH * reach)
 
 
 @pytest.mark.parametrize("dtype, variance", [("float64", 1e307), ("float64", 1.0), ("float64", 1e-300),
