@@ -22,7 +22,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .untrusted import RefusedFile, open_zarr, printable, read_npy, read_npz, read_parquet_columns
+from .untrusted import (RefusedFile, check_regular_file, open_zarr, printable, read_npy, read_npz,
+                        read_parquet_columns)
 
 __all__ = ["Data", "TableError", "load_data", "load_weighted_data", "FORMATS", "preview", "exception_line", "one_line",
            "labels_from_text"]
@@ -612,7 +613,9 @@ def _not_utf8(path):
 
 def _read_csv(path, target, labels_required, features=None, weight_column=None):
     # utf-8-sig: spreadsheet programs start a UTF-8 CSV with a byte order mark, which is not part of the
-    # first column's name
+    # first column's name. A FIFO blocked the open until a writer came (the other formats' readers check this
+    # already; the hostile-input audit of 2026-12-04 found the CSV reader's missing)
+    check_regular_file(path)
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:
             names, lines, columns = _csv_columns(_csv_records(fh, path), path)

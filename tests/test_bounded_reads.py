@@ -139,19 +139,29 @@ OPEN_IN_A_CHILD = textwrap.dedent("""
 
 @posix_only
 @pytest.mark.parametrize("what", ["a FIFO as a model file", "a FIFO as an .npy data file",
-                                  "a FIFO as the model of agpc predict"])
+                                  "a FIFO as the model of agpc predict", "a FIFO as the CSV data of agpc fit",
+                                  "a FIFO as the CSV rows of agpc predict", "/dev/zero as the CSV data of agpc fit"])
 def test_a_fifo_is_refused_not_waited_on(tmp_path, what):
     """A FIFO blocks its reader until a writer comes: run in a child so that a hang is a failure, not a stall. (The
     CLI checks its model file before the zip check reads it, which a FIFO would block: the mutation audit of
-    2026-12-04 found no test of that check.)"""
-    fifo = tmp_path / ("m.agpc" if "model" in what else "d.npy")
-    os.mkfifo(fifo)
-    if "predict" in what:
+    2026-12-04 found no test of that check; the hostile-input audit of that day found the CSV reader without the
+    check: ``agpc fit pipe.csv`` waited for ever.)"""
+    special = tmp_path / ("m.agpc" if "model" in what else "d.csv" if "CSV" in what else "d.npy")
+    if what.startswith("/dev/zero"):
+        special.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(special)
+    if "CSV rows" in what:
+        model = tmp_path / "m.agpc"
+        X = np.random.default_rng(0).normal(size=(30, 2))
+        GPClassifier(max_iter=2, random_state=0).fit(X, (X[:, 0] > 0).astype(int)).save(model)
+        command = ["predict", str(model), str(special), str(tmp_path / "p.csv")]
+    elif "predict" in what:
         rows = tmp_path / "rows.csv"
         rows.write_text("1.0,2.0\n3.0,4.0\n")
-        command = ["predict", str(fifo), str(rows), str(tmp_path / "p.csv")]
+        command = ["predict", str(special), str(rows), str(tmp_path / "p.csv")]
     else:
-        command = ["load", str(fifo)] if "model" in what else ["fit", str(fifo), str(tmp_path / "m.agpc")]
+        command = ["load", str(special)] if "model file" in what else ["fit", str(special), str(tmp_path / "m.agpc")]
     run = subprocess.run([sys.executable, "-c", OPEN_IN_A_CHILD, *command], capture_output=True, text=True,
                          env=ENV, timeout=60)
     assert "not a regular file" in run.stdout + run.stderr, run.stdout + run.stderr
