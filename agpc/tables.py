@@ -141,7 +141,9 @@ def _check_features(X, path):
 
 # A label written as a whole number: digits, and at most a fraction of zeros ("3", "-7", "1.0", as programs that
 # write every number as a float do). No exponent: "1e999999999" would make a billion-digit integer.
-_WHOLE_NUMBER_TEXT = re.compile(r"[+-]?\d+(?:\.0*)?\Z")
+# ASCII digits only: \d also matches other scripts' digits, and int() reads them, so "\u0661" (Arabic-Indic one)
+# became the class 1 of rows labelled "1" (the hostile-input audit of 2026-12-04)
+_WHOLE_NUMBER_TEXT = re.compile(r"[+-]?[0-9]+(?:\.0*)?\Z")
 _INT64, _UINT64 = np.iinfo(np.int64), np.iinfo(np.uint64)
 
 
@@ -300,10 +302,13 @@ def _is_number(value):
     return True
 
 
+NAME_SHOWN = 80  # characters of a name a message shows (a model file's name of 200,000 made a 400 kB error line)
+
+
 def preview(names, most=12):
     """The first ``most`` of ``names`` (column names, labels: a file's, untrusted) as one line of text, each
     through ``untrusted.printable`` (no character in it acts on a terminal), and how many there are in all."""
-    shown = ", ".join(printable(n) for n in names[:most])
+    shown = ", ".join(printable(n, limit=NAME_SHOWN) for n in names[:most])
     return shown + (f", ... ({len(names)} in all)" if len(names) > most else "")
 
 

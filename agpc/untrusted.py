@@ -95,9 +95,11 @@ def _size(source):
 
 
 # Characters that change what a terminal shows rather than show themselves: the control characters (C0 with tab and
-# newline, DEL, C1: ESC starts the sequences that set a terminal's colours or title, BEL rings) and Unicode's
-# direction overrides and isolates (which reorder the text around them).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# newline, DEL, C1: ESC starts the sequences that set a terminal's colours or title, BEL rings), Unicode's line and
+# paragraph separators (U+2028, U+2029: str.splitlines and log tools that follow it start a new line there, where a
+# forged "agpc: error:" line could begin) and its direction overrides and isolates (which reorder the text around
+# them).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
 
 def printable(text, limit=None):

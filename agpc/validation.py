@@ -67,7 +67,11 @@ class Interval:
     def accepts(self, value):
         if _is_bool(value) or not isinstance(value, self.kind):
             return False
-        if not math.isfinite(float(value)):
+        try:
+            finite = math.isfinite(float(value))
+        except OverflowError:  # an int beyond the floats (10**400): float() of it, here or later, cannot hold it
+            return False
+        if not finite:
             return False
         if self.left is not None:
             if value < self.left or (value == self.left and self.closed not in ("left", "both")):
@@ -280,7 +284,10 @@ def _short_repr(value, limit=80):
     """The value as the message shows it: its repr, cut short for large objects (an array's type and shape)."""
     if hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, type):  # (np.int32 has both)
         return f"{type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}"
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # (an int of more than sys.get_int_max_str_digits() digits has no repr)
+        return f"an int of {value.bit_length():,} bits"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

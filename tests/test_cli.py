@@ -1223,8 +1223,10 @@ def test_a_weight_column_needs_named_columns(tmp_path, banana, capsys):
 # -- names from a file reach the terminal escaped ------------------------------------------------------------
 
 HOSTILE = {"colour": "x\x1b[31mred", "title": "t\x1b]0;owned\x07", "bidi": "\u202eevil", "class": "a\x1b[2J",
-           "newline": "b\nc"}
-ACTS_ON_A_TERMINAL = [chr(c) for c in (*range(0, 10), *range(11, 32), *range(0x7f, 0xa0))] + ["\u202e"]
+           "newline": "b\nc", "separator": "\u2028agpc: error: forged\u2029!"}
+# (U+2028 / U+2029: str.splitlines and the log tools that follow it break a line there: a name could forge a line)
+ACTS_ON_A_TERMINAL = [chr(c) for c in (*range(0, 10), *range(11, 32), *range(0x7f, 0xa0))] + ["\u202e", "\u2028",
+                                                                                              "\u2029"]
 
 
 def _quoted_table(path, columns):
@@ -1248,7 +1250,7 @@ def test_names_and_labels_from_files_reach_the_terminal_escaped_and_the_model_ke
     exact names."""
     X, y = make_banana(80, random_state=0)
     labels = np.where(y > 0, HOSTILE["class"], HOSTILE["newline"])
-    names = [HOSTILE["colour"], HOSTILE["title"] + HOSTILE["bidi"]]
+    names = [HOSTILE["colour"], HOSTILE["title"] + HOSTILE["bidi"] + HOSTILE["separator"]]
     data = _quoted_table(tmp_path / "hostile.csv", {names[0]: X[:, 0], names[1]: X[:, 1], "label": labels})
     model = tmp_path / "m.agpc"
     assert main(["fit", str(data), "--target", "label", *FIT_OPTIONS, "--out", str(model)]) == 0
@@ -1260,7 +1262,7 @@ def test_names_and_labels_from_files_reach_the_terminal_escaped_and_the_model_ke
     summary = loaded.summary()
     for printed in (fit_output.out, fit_output.err, inspected.out, inspected.err, summary):
         assert _acting(printed) == []
-    assert "x\\x1b[31mred" in inspected.out and "t\\x1b]0;owned\\x07\\u202eevil" in summary
+    assert "x\\x1b[31mred" in inspected.out and "t\\x1b]0;owned\\x07\\u202eevil\\u2028agpc" in summary
     assert "b\\nc" in summary and "b\\nc" in fit_output.out
     assert main(["predict", str(model), str(data), "--out", str(tmp_path / "q.csv")]) == 0  # labels kept exactly
     assert read_labels(tmp_path / "q.csv") == loaded.predict(pandas.DataFrame(X, columns=names)).tolist()

@@ -382,6 +382,27 @@ def test_labels_written_with_leading_zeros_stay_as_written(tmp_path, banana):
     assert sorted(set(y_read.tolist())) == ["1" * 5000, "2"]
 
 
+def test_labels_in_other_scripts_digits_stay_as_written(tmp_path, banana):
+    """The hostile-input audit of 2026-12-04: a whole number was matched by \\d, which takes any script's digits, and
+    read by int(), which reads them: rows labelled "\u0661" (Arabic-Indic one) joined the class 1 of rows labelled
+    "1", and full-width "\uff11" / "\uff10" came back from ``agpc predict`` as 1 / 0. Only ASCII digits make an
+    integer label."""
+    X, _ = banana
+    _, y_read, _ = load_data(write_csv(tmp_path / "d.csv", X, np.array(["1", "\u0661", "0"] * 20, dtype=object)),
+                             "label")
+    assert sorted(set(y_read.tolist())) == ["0", "1", "\u0661"]
+    _, y_read, _ = load_data(write_csv(tmp_path / "e.csv", X, np.array(["\uff11", "\uff10"] * 30, dtype=object)),
+                             "label")
+    assert sorted(set(y_read.tolist())) == ["\uff10", "\uff11"]
+
+
+def test_a_long_name_is_shown_cut_in_a_message():
+    """The same audit: a model file's feature name of 200,000 characters made ``agpc predict``'s error one line of
+    400 kB; ``preview`` shows the first ``NAME_SHOWN`` characters of each name and the length it had."""
+    shown = tables.preview(["a" * 200_000, "b"])
+    assert len(shown) < 2 * tables.NAME_SHOWN and "200,000 characters" in shown and shown.endswith(", b")
+
+
 def test_an_empty_array_of_a_forged_width_is_refused_at_once(tmp_path):
     """A hostile-input audit (2026-12-02): an .npy header declaring shape (0, 10**18) declares 0 bytes, so it passed
     the check of declared against stored bytes, and the reader then made a list of 10**18 column names: a hang in

@@ -147,11 +147,23 @@ def test_the_message_shows_an_array_by_its_shape_not_its_values():
         (V.Interval(numbers.Real, 0, 1, "both"), [0, 1, 0.5], [-0.1, 1.1]),
         (V.Interval(numbers.Integral, None, 3, "right"), [-100, 3], [4, 2.0, True]),
         (V.Interval(numbers.Real, None, None, "neither"), [-1e300, 0], [math.inf, -math.inf]),
+        # ints beyond the floats (the hostile-input audit of 2026-12-04: max_iter=10**400 was an OverflowError
+        # naming no parameter)
+        (V.Interval(numbers.Integral, 1, None, "left"), [10 ** 300], [10 ** 400, -(10 ** 400)]),
+        (V.Interval(numbers.Real, 0, None, "left"), [1e300], [10 ** 400]),
     ],
 )
 def test_interval_bounds_and_types(constraint, inside, outside):
     assert all(constraint.accepts(v) for v in inside)
     assert not any(constraint.accepts(v) for v in outside)
+
+
+@pytest.mark.parametrize("value", [10 ** 400, 10 ** 5000], ids=["10**400", "10**5000"])
+def test_an_int_beyond_the_floats_is_refused_naming_the_parameter(data, value):
+    """One ValueError naming the parameter (an int of more digits than Python writes is shown by its bits)."""
+    X, y = data
+    with pytest.raises(ValueError, match="max_iter must be an int in"):
+        GPClassifier(max_iter=value).fit(X, y)
 
 
 def test_the_table_pickles_with_the_estimator():
