@@ -427,9 +427,14 @@ def _iterations(model, max_iter, rows, on_cluster=False):
     warmup = getattr(model, "n_warmup_", 0) or 0
     steps = _steps(model, rows, n_rows, on_cluster)
     rows = steps.step_rows
-    if steps.minibatch:  # an epoch cut short is a history entry too: the epochs from the steps
-        steps = int(model.history_["n_steps"][-1]) if model.history_.get("n_steps") else 0
-        said = f"{steps / math.ceil(n_rows / rows):.3g} epochs of --max-iter {max_iter} ({steps:,} steps)"
+    rounds = steps.minibatch and (int(getattr(model, "n_jobs_", 1)) > 1 or (on_cluster and model.local_steps != 0))
+    taken = int(model.history_["n_steps"][-1]) if model.history_.get("n_steps") else 0
+    if rounds:  # a step is a data-parallel round of many minibatches, as many a round as the timing gave: a history
+        # entry an epoch (a rounds' fit of 25 epochs in 100 rounds was said as "0.25 epochs", its rounds counted as
+        # minibatches: the hostile-input audit of 2026-12-04)
+        said = f"{model.n_iter_} epochs of --max-iter {max_iter} ({taken:,} data-parallel rounds)"
+    elif steps.minibatch:  # an epoch cut short is a history entry too: the epochs from the steps
+        said = f"{taken / math.ceil(n_rows / rows):.3g} epochs of --max-iter {max_iter} ({taken:,} steps)"
     else:
         said = f"{model.n_iter_ - warmup} iterations of --max-iter {max_iter}"
     if warmup:

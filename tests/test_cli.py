@@ -692,6 +692,19 @@ def test_the_cli_uses_every_core_for_batch_passes_and_one_for_minibatches(tmp_pa
     assert saved[-1].n_jobs == 1 and saved[-1].n_jobs_ == 1
 
 
+def test_a_fit_in_data_parallel_rounds_counts_its_epochs_not_its_rounds_as_minibatches(tmp_path, capsys):
+    """The hostile-input audit of 2026-12-04: ``--jobs 2`` with minibatches (data-parallel rounds, each many
+    minibatches) said "0.25 epochs of --max-iter 50 (100 steps)" of a fit of 25 epochs."""
+    data = write_csv(tmp_path / "d.csv", *make_banana(2000, random_state=0))
+    assert main(["fit", str(data), "--target", "label", "--inducing", "10", "--batch-size", "50", "--method", "sep",
+                 "--jobs", "2", "--max-iter", "2", "--quiet", "--out", str(tmp_path / "m")]) == 0
+    out = capsys.readouterr().out
+    model = load_model(tmp_path / "m")
+    rounds = int(model.history_["n_steps"][-1])
+    assert model.n_iter_ == 2
+    assert f"(2 epochs of --max-iter 2 ({rounds:,} data-parallel rounds)" in out, out
+
+
 def test_a_minibatch_fit_counts_epochs_and_quiet_prints_nothing_on_standard_error(tmp_path, banana, capsys):
     data = write_csv(tmp_path / "d.csv", *banana)
     argv = ["fit", str(data), "--target", "label", "--inducing", "10", "--batch-size", "100", "--method", "sep",
