@@ -216,6 +216,26 @@ def test_a_resume_with_another_optimizer_names_both(tmp_path, written, resumed, 
                                   f"fit steps with {now!r}: resume with optimizer={was!r}, or fit afresh without resume")
 
 
+@pytest.mark.parametrize("setting, written, resumed", [("damping", 0.5, 0.05), ("jitter", 1e-6, 0.1)])
+def test_a_resume_under_another_damping_or_jitter_is_refused_naming_it(tmp_path, setting, written, resumed):
+    """The hostile-input audit of 2026-12-04: a resume under another damping kept the checkpoint's (the model equal to
+    the uninterrupted damping=0.5 fit's, while get_params said 0.05), and one under another jitter made a model of
+    neither run (0.041 and 0.016 from them in probability), each without a word. Both are the run's, as its other
+    settings are."""
+    X, y = make_banana(200, random_state=2)
+    path = tmp_path / "run.ckpt"
+    params = dict(n_inducing=5, max_iter=4, random_state=0, checkpoint_path=path, checkpoint_every=2)
+    GPClassifier(**params, **{setting: written}).fit(X, y)
+    with pytest.raises(ValueError) as refused:
+        GPClassifier(**dict(params, max_iter=8), **{setting: resumed}).fit(X, y, resume=True)
+    assert str(refused.value) == (f"checkpoint {path} was written by a different training run: {setting}: {written!r} "
+                                  f"there, {resumed!r} here")
+    resumed_model = GPClassifier(**dict(params, max_iter=8), **{setting: written}).fit(X, y, resume=True)
+    whole = GPClassifier(**dict(params, max_iter=8, checkpoint_path=None, checkpoint_every=None),
+                         **{setting: written}).fit(X, y)
+    np.testing.assert_allclose(resumed_model.predict_proba(X), whole.predict_proba(X), atol=1e-10)
+
+
 def test_a_different_run_names_what_differs(tmp_path):
     X, y = make_banana(200, random_state=2)
     path = tmp_path / "run.ckpt"

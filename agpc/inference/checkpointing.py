@@ -73,7 +73,18 @@ def run_fingerprint(engine, n, n_batches, data_hash):
             "kernel": kernel_form(kernel),
             # tied lengthscales (ard=False) climb along another path: said only when tied, so that a checkpoint
             # written before the tie existed (per feature) still resumes
-            **({"shared_lengthscales": True} if engine.shared_lengthscales else {})}
+            **({"shared_lengthscales": True} if engine.shared_lengthscales else {}),
+            **_step_settings(engine)}
+
+
+def _step_settings(engine):
+    """The damping and jitter a run was built with (its engine's, before any the guard changed): the state a resume
+    reads was stepped under them. A resume under another damping kept the checkpoint's silently (while get_params
+    said the new one), and one under another jitter made a model of neither run (the hostile-input audit of
+    2026-12-04); a checkpoint written before they were part of the fingerprint is taken to hold this run's."""
+    damping = float(getattr(engine, "nominal_damping", math.nan))
+    return {"damping": None if math.isnan(damping) else damping,
+            "jitter": float(getattr(engine, "requested_jitter", engine.jitter))}
 
 
 def kernel_form(kernel):
@@ -275,6 +286,8 @@ def _written_for(saved, engine):
         # the kernel's form was
         written_for.setdefault("likelihood", likelihood_text(engine.likelihood))
         written_for.setdefault("kernel", kernel_form(engine.kernel))
+        for key, value in _step_settings(engine).items():  # nor the damping and jitter
+            written_for.setdefault(key, value)
         legacy = engine.layout.legacy
         if legacy and isinstance(written_for.get("params"), list):  # the parameters by the names of an older form
             written_for["params"] = [legacy.get(name, name) if isinstance(name, str) else name
@@ -368,7 +381,7 @@ FINGERPRINT_SETTINGS = {"n": "rows", "method": "method", "n_batches": "minibatch
                         "params": "what is learned (optimize)", "data": "training data (rows, labels, weights)",
                         "full_gp": "the exact model (n_inducing)", "priors": "priors (kernel_prior, the kernel's)",
                         "shared_lengthscales": "one shared lengthscale scale (ard)", "likelihood": "likelihood",
-                        "kernel": "kernel"}
+                        "kernel": "kernel", "damping": "damping", "jitter": "jitter"}
 
 
 def _short(value, limit=60):

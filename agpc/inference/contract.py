@@ -559,6 +559,7 @@ class Engine(ModulesByName, abc.ABC):
         self.n_total = n_total
         self.minibatch = minibatch
         self.jitter = jitter
+        self.requested_jitter = float(jitter)  # (``jitter`` as built: the guard may raise ``jitter`` during the run)
         self.block_rows = block_rows
         self.damping = NOT_DAMPED
         self.state = {"kernel": kernel, "Z": Z}

@@ -568,7 +568,7 @@ class DataParallel:
 
 class _RoundEngine(forwarding("template", "damping", "names", "optimizer", "has_params", "block_rows", "n_total",
                               "has_damping", "xp", "shared_lengthscales", "likelihood", "objective",
-                              settable=("state", "jitter")),
+                              "nominal_damping", "requested_jitter", settable=("state", "jitter")),
                      Engine):
     """The engine contract (``engines.Engine``) with a round as its step; the global state lives in a driver-side
     engine of the method (``template``: the same class the shards step), which also gives q, validation
