@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 
 import numpy as np  # (the weights, and the random choices, are on the host; the rows stay on X's device)
 
-from .backend import array_device, array_namespace, asarray_like, cluster_sums, host_rng, scaled_std, to_numpy
+from .backend import (array_device, array_namespace, asarray_like, cluster_sums, host_rng, outside_stacklevel, scaled_std,
+                      to_numpy)
 
 __all__ = ["initial_inducing_points", "kmeans", "start_rows", "kmeans_with_levels", "variance_points", "encoded_rows",
            "with_any_levels", "ANY_LEVEL_FRACTION"]
@@ -171,18 +173,31 @@ def initial_inducing_points(X, n_inducing, method="kmeans", *, random_state=None
     # "could not convert" (numbers written as text are taken, as before)
     if isinstance(dtype, np.dtype) and dtype.kind in "cMmV":
         raise ValueError(f"inducing points must be real numbers, got an array of {dtype}")
-    if isinstance(dtype, np.dtype) and dtype.kind in "SU":
+    if isinstance(dtype, np.dtype) and dtype.kind in "SUO":  # (an object array of text: the same, the audit's)
         try:
             method = np.asarray(method, dtype=np.float64)
-        except ValueError:
-            raise ValueError(f"inducing points must be real numbers, got an array of {dtype} holding text that is "
-                             "not a number") from None
+        except (ValueError, TypeError):
+            raise ValueError(f"inducing points must be real numbers, got an array of {dtype} holding values that are "
+                             "not numbers") from None
     Z = asarray_like(method, xp, device=device, dtype=X.dtype)
     if Z.ndim != 2 or Z.shape[1] != X.shape[1]:
         raise ValueError(f"inducing points must have shape (m, {X.shape[1]}), got {tuple(Z.shape)}")
     if not bool(xp.all(xp.isfinite(Z))):
         raise ValueError("inducing points contain NaN or inf")
+    _warn_of_copies(Z)
     return xp.asarray(Z, copy=True)
+
+
+def _warn_of_copies(Z):
+    """One warning where a user's inducing points repeat one another: copies of a point have the same gradients, so
+    they move together and stay copies, and the model has the capacity of its distinct points only (20 copies of one
+    row fitted at chance, without a word: the hostile-input audit of 2026-12-04)."""
+    distinct = np.unique(to_numpy(Z), axis=0).shape[0]
+    if distinct < Z.shape[0]:
+        warnings.warn(f"inducing: {Z.shape[0]} points given, {distinct} of them distinct: copies of a point move "
+                      f"together and add nothing, so the model has {distinct} inducing point"
+                      f"{'s' if distinct != 1 else ''} in effect (give distinct points)", UserWarning,
+                      stacklevel=outside_stacklevel())
 
 
 ANY_LEVEL_FRACTION = 0.7

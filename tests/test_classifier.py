@@ -118,7 +118,10 @@ def test_bad_input_raises_a_clear_value_error(banana, make, message):
         # a hostile-input audit (2026-12-02): complex points lost their imaginary part with NumPy's ComplexWarning,
         # text raised NumPy's "could not convert string to float"
         ({"inducing": np.zeros((4, 2), dtype=complex)}, "inducing points must be real numbers, got an array of complex"),
-        ({"inducing": np.array([["a", "b"]])}, "inducing points must be real numbers, got an array of <U1 holding text"),
+        ({"inducing": np.array([["a", "b"]])}, "inducing points must be real numbers, got an array of <U1 holding"),
+        # (the hostile-input audit of 2026-12-04: an object array of text raised "could not convert string to float")
+        ({"inducing": np.array([[1, "a"], [2, 3]], dtype=object)},
+         "inducing points must be real numbers, got an array of object holding values that are not numbers"),
         ({"kernel": "rbf"}, "kernel must be None or an agpc kernel"),
     ],
 )
@@ -134,6 +137,21 @@ def test_inducing_points_written_as_numbers_in_text_are_taken_as_numbers(banana)
     as_text = GPClassifier(inducing=X[:6].astype(str), max_iter=2, random_state=0).fit(X, y)
     as_numbers = GPClassifier(inducing=X[:6], max_iter=2, random_state=0).fit(X, y)
     np.testing.assert_array_equal(as_text.predict_proba(X), as_numbers.predict_proba(X))
+
+
+def test_inducing_points_given_as_copies_are_said_to_be_fewer(banana):
+    """The hostile-input audit of 2026-12-04: 20 copies of one row as the inducing points fitted at chance (copies
+    move together: one point in effect), without a word. One warning says how many are distinct; distinct points
+    give none."""
+    X, y = banana
+    with pytest.warns(UserWarning, match=r"inducing: 20 points given, 1 of them distinct") as said:
+        model = GPClassifier(inducing=X[[0] * 20], max_iter=3, random_state=0).fit(X, y)
+    assert [w.filename for w in said if "distinct" in str(w.message)] == [__file__]  # (said on the user's line)
+    Z = np.asarray(model.inducing_points_)
+    assert np.unique(Z, axis=0).shape[0] == 1  # (what the warning says: the copies stayed copies)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        GPClassifier(inducing=X[:20], max_iter=3, random_state=0).fit(X, y)
 
 
 def test_predict_checks_feature_count(fitted):
