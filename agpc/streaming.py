@@ -27,6 +27,16 @@ __all__ = ["ROWS_SEEN", "check_stream_params", "structure", "check_continuable",
 
 ROWS_SEEN = "n_rows_seen"  # the history entry of partial_fit: the rows the stream has brought so far
 
+# A batch of more than SETTLE_SHARE of the rows the stream stands for (its first, unless ``n_total`` says more) first
+# takes the passes of a batch fit's warm-up (SETTLE_PASSES at a batch fit's damping; SEP's while log Z rises:
+# ``Trainer.settle_factor``). One damped update of the tied factor from the prior takes every row's site at the prior
+# as its cavity, as if each were alone: with the multiclass likelihood's sharp sites (latent noise 1e-3) a first
+# batch of 50 rows gave test NLL 2.16, 68% of the rows at p > 0.999 (the batch fit of those rows 0.54; the
+# hostile-input audit of 2026-12-04); after the passes 0.56.
+SETTLE_SHARE = 0.5
+SETTLE_PASSES = 10
+SETTLE_DAMPING = 0.5
+
 
 def check_stream_params(plan, streaming):
     """``partial_fit``'s own rules: checkpoint settings are warned about once (``streaming``: a stream already under
@@ -137,6 +147,12 @@ def step(trainer, X, y, rows_seen):
     travels with the history into model files: a loaded stream model goes on from it); the rows weighted as
     ``rows_counted`` gave the engine their weights. Returns (posterior, log Z)."""
     before = Counter(trainer.guard.totals)
+    weights = trainer.engine.sample_weight  # (``rows_counted``'s: the batch counted as the stream counts it)
+    counted = X.shape[0] if weights is None else float(B.array_namespace(weights).sum(weights))
+    if counted > SETTLE_SHARE * float(trainer.engine.n_total):
+        # (SEP's passes on one batch climb log Z to its best and then swing, ADF's settle: 10 of them gave the batch
+        # fit's 0.62 on that first batch, the first three 2.56, 0.83, 1.18)
+        trainer.settle_factor(X, y, SETTLE_PASSES, SETTLE_DAMPING, while_rising=not trainer.engine.cavity.adf)
     trainer.step_until_taken(X, y, 0, X.shape[0], stepping=bool(trainer.names))
     said = trainer.guard.summary(trainer.method, since=before)  # (a stream has no end: said for each batch)
     if said is not None:

@@ -152,6 +152,30 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
             else:  # (an entry begun since the mark)
                 del self.history[key]
 
+    def settle_factor(self, X, y, most, damping, *, while_rising=True):
+        """Passes over all the rows (X, y) at the current hyper-parameters, each a damped update of the tied factor
+        (its ``damping`` for these passes), ``most`` of them, or (``while_rising``) fewer where the log Z a pass is
+        evaluated at falls: a batch fit's warm-up sweeps (``TrainSettings.n_warmup``), for a stream's step on a batch
+        that is most of the rows it stands for (``streaming.step``). They are not steps: the counts and records are as
+        before them, and the engine's damping too. Returns the passes taken."""
+        engine = self.engine
+        counts, pending = (self.n_steps, self.n_updates), len(self._pending)
+        held = engine.damping, engine.nominal_damping
+        engine.damping = engine.nominal_damping = damping  # (``grow`` would raise it to the stream's)
+        best, taken = -math.inf, 0
+        try:
+            for _ in range(most):
+                _, log_z = self.step_until_taken(X, y, 0, X.shape[0], stepping=False)
+                taken += 1
+                if while_rising and not log_z > best:
+                    break
+                best = log_z
+        finally:
+            engine.damping, engine.nominal_damping = held
+            self.n_steps, self.n_updates = counts
+            del self._pending[pending:]
+        return taken
+
     def step_until_taken(self, X, y, lo, hi, *, stepping, weights=None, after_revert=None, repair=None):
         """``step`` again until one is taken (the one retry rule of every caller): each failure the guard has
         reverted (``after_revert()`` is then called, for a caller that keeps state beside the engine's); the guard
