@@ -714,3 +714,27 @@ def test_the_start_cut_points_weigh_the_prior_variance_by_the_sample_counts():
     np.testing.assert_allclose(got, expected, rtol=1e-12)
     unweighted = initial_cut_points(counts, kernel, sample)
     assert not np.allclose(got, unweighted)  # (the counts change it here: the test can see them dropped)
+
+
+def test_an_invalid_cavity_row_adds_nothing_to_the_ep_gradient():
+    """The mutation audit of 2026-12-04: a row whose EP cavity is invalid (its stored site precision too large for q)
+    is left out of log Z_q and of its gradient, kappa included: the pass equals the one without that row."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(6, 2))
+    Z = X[:3].copy()
+    y = np.array([0.0, 1.0, 2.0, 3.0, 1.0, 2.0])
+    kernel = _kernel(X)
+    precision, shift = np.zeros(6), np.zeros(6)
+    precision[4] = 50.0  # a site the uniform running product does not hold: row 4's cavity is invalid
+
+    def run(rows):
+        return ep.evaluate_factor(kernel, Z, X[rows], y[rows], ep.uniform_factor(Z), cavity="ep", n_total=len(rows),
+                                  site_precision=precision[rows], site_shift=shift[rows], jitter=1e-6,
+                                  likelihood=ORDINAL_LIKELIHOOD)
+
+    full, without = run(np.arange(6)), run(np.array([0, 1, 2, 3, 5]))
+    assert np.asarray(full["valid"]).tolist() == [True, True, True, True, False, True]
+    np.testing.assert_allclose(float(full["log_z"]), float(without["log_z"]), rtol=1e-12)
+    assert set(full["grads"]) == set(without["grads"])
+    for key in full["grads"]:
+        np.testing.assert_allclose(full["grads"][key], without["grads"][key], rtol=1e-9, atol=1e-12, err_msg=key)

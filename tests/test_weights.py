@@ -1092,3 +1092,30 @@ def test_weights_that_sum_to_less_than_a_row_a_class_warn_that_the_model_learns_
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         GPClassifier(**options).fit(X, y, sample_weight=np.full(90, classes / 90 * 1.01))
+
+
+def test_minibatch_ep_keeps_a_weight_zero_rows_held_site():
+    """The mutation audit of 2026-12-04: after an exact rebuild (each site held along its anchor) a minibatch EP step
+    leaves a weight-0 row's own site as it was, whatever the row holds, and its step is that of the row moved away."""
+    X, y = binary_toy(40, seed=2)
+    w = np.random.default_rng(3).uniform(0.5, 2.0, size=40)
+    w[4] = 0.0
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    options = engines.EngineOptions(optimize=("kernel", "inducing"))
+
+    def step(X_rows, y_rows):
+        engine = engines.make_engine("ep", kernel, X[:6].copy(), n_total=40, minibatch=True, **vars(options))
+        engine.take_sample_weight(w)
+        engine.start_from_sites(np.full(40, 0.3), 0.2 * y)  # every row has a site (as after a first epoch)
+        engine.rebuild_factor(X, y)  # the running product anchored
+        summary, (result, _) = engine.evaluate(X_rows, y_rows, 0, 10, stepping=True)
+        return summary, result
+
+    X_other, y_other = X.copy(), y.copy()
+    X_other[4], y_other[4] = [4.0, -4.0], -y[4]
+    summary, result = step(X, y)
+    summary_other, result_other = step(X_other, y_other)
+    assert float(result["site_precision"][4]) == 0.3
+    assert float(result["site_shift"][4]) == pytest.approx(0.2 * y[4], rel=1e-15)
+    np.testing.assert_allclose(summary, summary_other, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(result["site_precision"][:4], result_other["site_precision"][:4], rtol=1e-12)
