@@ -386,6 +386,24 @@ def test_the_site_change_batch_training_stops_on_counts_the_shifts_as_well_as_th
     assert ep.relative_site_change([0.2, 1.0, 0.6, 2.0]) == pytest.approx(0.3)
 
 
+
+def test_the_site_change_is_relative_to_the_old_sites():
+    """The mutation audit of 2026-12-04: ``write_block_sites`` keeps max|new - old| and max|old| of each block (the
+    old sites, not the new ones, scale the change), and the blocks' maxima combine by maximum."""
+    from types import SimpleNamespace
+    old_precision, old_shift = np.array([1.0, 2.0, 0.5, 0.5]), np.array([0.5, -1.0, 0.0, 0.25])
+    new_precision, new_shift = np.array([7.0, 2.0, 0.5, 9.5]), np.array([0.5, -1.0, 3.0, -5.75])
+    out = {"site_precision": np.zeros(4), "site_shift": np.zeros(4), "valid": np.zeros(4, dtype=bool)}
+    for lo, hi in ((0, 2), (2, 4)):
+        block = SimpleNamespace(site_precision=new_precision[lo:hi], site_shift=new_shift[lo:hi],
+                                valid=np.ones(hi - lo, dtype=bool))
+        ep.write_block_sites(out, lo, hi, block, old_precision[lo:hi], old_shift[lo:hi], 1.0)
+    np.testing.assert_array_equal(out["site_precision"], new_precision)
+    np.testing.assert_array_equal(out["site_shift"], new_shift)
+    expected = (np.max(np.abs(new_precision - old_precision)) / (1.0 + np.max(np.abs(old_precision)))
+                + np.max(np.abs(new_shift - old_shift)) / (1.0 + np.max(np.abs(old_shift))))
+    assert ep.relative_site_change(out["site_change"]) == pytest.approx(expected, rel=1e-14)
+
 def test_the_conditional_variance_of_a_prediction_is_never_below_zero():
     """``predict_latent``'s first term, k(x, x) - a^T a (the variance of p(f | u)), is a difference that rounding can
     take below zero (nearly coincident inducing points, little jitter): it is clamped at 0. A mutation audit

@@ -2,6 +2,7 @@
 the rule itself, and one tiny fit per branch of it."""
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -217,3 +218,60 @@ def test_the_plateau_s_rise_is_per_row_counted_by_weight():
     assert weighted.stop_reason_ == repeated.stop_reason_ == "plateau"
     assert weighted.n_iter_ == repeated.n_iter_
     np.testing.assert_allclose(weighted.predict_proba(X), repeated.predict_proba(X), atol=1e-6)
+
+
+@dataclass
+class _Stage:
+    """A stand-in for a training result, as ``choose_inducing`` and ``learn_lengthscales`` read one."""
+    name: str
+    log_z: float
+    stop_reason: str = "max_iter"
+    stopped_by_time: bool = False
+    kernel: object = None
+
+
+_stage = _Stage
+
+
+def _choose(first, second):
+    calls = []
+
+    def learn(Z, stage):
+        calls.append(Z)
+        return {"levels": first, "any": second}[Z], True
+
+    return size_rule.choose_inducing(learn, "levels", "any")[0], calls
+
+
+def test_choose_inducing_keeps_a_first_fit_that_stopped_early_or_ran_out_of_time():
+    """The mutation audit of 2026-12-04: a first fit stopped early on validation data (or by ``max_time``) is kept
+    without a second fit, though the second would have the higher log Z."""
+    for reason in ("early_stopping", "max_time"):
+        kept, calls = _choose(_stage("first", -10.0, reason), _stage("second", -5.0))
+        assert (kept.name, kept.stop_reason, calls) == ("first", reason, ["levels"])
+    kept, calls = _choose(_stage("first", -10.0), _stage("second", -5.0))
+    assert (kept.name, calls) == ("second", ["levels", "any"])  # (else the second, of higher log Z, is kept)
+
+
+def test_choose_inducing_keeps_the_first_fit_when_the_second_ran_out_of_time():
+    """The mutation audit of 2026-12-04: a second fit cut short by ``max_time`` leaves the first, though its log Z is
+    higher, and the kept result says the fit ran out of time."""
+    kept, calls = _choose(_stage("first", -10.0), _stage("second", -5.0, "max_time", True))
+    assert calls == ["levels", "any"]
+    assert (kept.name, kept.stop_reason, kept.stopped_by_time) == ("first", "max_time", True)
+
+
+def test_learn_lengthscales_stops_after_a_first_stage_stopped_early():
+    """The mutation audit of 2026-12-04: ``ard="auto"``'s choice ends after its first stage (one shared lengthscale)
+    when that stage stopped early on validation data; it is kept, shared, and no other stage is trained."""
+    from agpc.kernels import RBF
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01)
+    for reason in ("early_stopping", "max_time"):
+        calls = []
+
+        def train(start, shared, first, name, remaining, reason=reason):
+            calls.append((shared, first))
+            return _stage("stage %d" % len(calls), -10.0 + 5.0 * len(calls), reason, reason == "max_time", start)
+
+        result, per_feature = size_rule.learn_lengthscales(size_rule.CHOOSE, 1, kernel, train)
+        assert (result.name, result.stop_reason, per_feature, calls) == ("stage 1", reason, False, [(True, True)])
