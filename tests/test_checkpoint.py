@@ -852,3 +852,46 @@ def test_resume_is_true_or_false(tmp_path, resume):
     with pytest.raises(ValueError, match=f"resume must be True or False, got {resume!r}"):
         model.fit(X, y, resume=resume)
     assert not (tmp_path / "c.ckpt").exists()
+
+
+def test_a_kept_state_at_record_0_is_refused(good_checkpoint, tmp_path):
+    """The mutation audit of 2026-12-04: the records of a run are numbered from 1, so a plateau-kept state said to be
+    "at" record 0 is no record the run kept it at, and the resume refuses it naming the field."""
+    assert "plateau" in _kept(good_checkpoint[3]["state"]["dict"])
+    _refused_naming(good_checkpoint, tmp_path, lambda s, a: _kept(s)["plateau"]["dict"].update(at=0),
+                    ["kept.plateau", "at: 0"])
+
+
+def test_tied_lowest_validation_nlls_keep_the_first(tmp_path_factory, tmp_path):
+    """The mutation audit of 2026-12-04: early stopping keeps its state at the first of the lowest validation NLLs; a
+    checkpoint whose kept state sits at a later record of the same lowest NLL is refused naming the field."""
+    X, y = make_banana(150, random_state=7)
+    validation = make_banana(60, random_state=8)
+    path = tmp_path_factory.mktemp("ckpt") / "run.ckpt"
+    params = dict(n_inducing=5, random_state=0, checkpoint_path=path, checkpoint_every=2, max_iter=6,
+                  n_iter_no_change=50)
+    GPClassifier(**params).fit(X, y, validation_data=validation)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    header = json.loads(str(arrays.pop(checkpoints.HEADER_KEY)))
+    state = header["state"]["dict"]
+    nll = state["history"]["dict"]["validation_nll"]["list"]
+    at = _kept(state)["validation"]["dict"]["at"]
+    assert at > 1 and nll[at - 1] == min(nll)
+    nll[0] = nll[at - 1]  # an earlier record equal to the lowest: the run would have kept its state there
+    written = (params, X, y, header, arrays)
+    params, X, y = _craft(written, tmp_path)
+    with pytest.raises(ValueError, match=rf"kept\.validation: at: {at}, not the record the run kept this state at"):
+        GPClassifier(**params).fit(X, y, validation_data=validation, resume=True)
+
+
+def test_a_row_site_beyond_the_probits_bound_is_refused(good_checkpoint, tmp_path):
+    """The mutation audit of 2026-12-04: a probit row's site adds at most 1 (1 / (2 x its noise 0.5)) to q's
+    precision; a batch-EP checkpoint with a site precision 1.5 times ``PRIOR_SCALE_MARGIN`` times that is refused."""
+    def change(state, arrays):
+        name = _engine(state)["nu"]["array"]
+        nu = np.array(arrays[name], copy=True)
+        nu[0] = 1.5 * checkpointing.PRIOR_SCALE_MARGIN
+        arrays[name] = nu
+
+    _refused_naming(good_checkpoint, tmp_path, change, ["engine.nu", "beyond what the fit's likelihood gives a row"])
