@@ -1080,3 +1080,45 @@ def test_a_kernel_the_loader_would_refuse_is_not_saved(tmp_path):
     shallow = GPClassifier(kernel=(RBF(1.0) + RBF(1.0)) * RBF(1.0), n_inducing=4, max_iter=1, random_state=0)
     shallow.fit(X, y).save(path)
     np.testing.assert_allclose(agpc.load_model(path).predict_proba(X), shallow.predict_proba(X))
+
+
+def _fit_record_with(saved, **fields):
+    return {"fit_record": dict(saved[1]["fit_record"], **fields)}
+
+
+AUDIT_CORRUPTIONS = {
+    # name: (header changes (a function of the saved model), array changes, words the message must hold)
+    "one class": (lambda s: {}, {"classes": lambda a: a["classes"][:1]}, ["classes", "at least two classes"]),
+    "a subsample of every row": (lambda s: _fit_record_with(s, subsample_rows=s[1]["fit_record"]["n_samples_fit"],
+                                                            subsample_iter=3), {},
+                                 ["fit_record.subsample_rows", "not fewer than"]),
+    "iterations on a subsample of 0 rows": (lambda s: _fit_record_with(s, subsample_rows=0, subsample_iter=3), {},
+                                            ["fit_record.subsample_iter", "a subsample of 0 rows"]),
+}
+
+
+@pytest.mark.parametrize("case", list(AUDIT_CORRUPTIONS))
+def test_a_file_no_fit_could_write_is_refused_naming_the_field(saved, tmp_path, case):
+    """The mutation audit of 2026-12-04: a model file of one class, or whose fit record says the fit started on a
+    subsample of all its rows or spent iterations on a subsample of 0 rows, is refused in one ValueError."""
+    header, changes, words = AUDIT_CORRUPTIONS[case]
+    assert saved[1]["fit_record"]["n_samples_fit"] == 120
+    path = rewrite(saved, tmp_path, header=header(saved), arrays={k: f(saved[2]) for k, f in changes.items()})
+    with pytest.raises(ValueError) as info:
+        GPClassifier.load(path)
+    message = str(info.value)
+    assert str(path) in message and "not a valid agpc model file" in message
+    for word in words:
+        assert word in message, message
+
+
+def test_a_fit_of_max_iter_0_saves_and_loads(tmp_path):
+    """The mutation audit of 2026-12-04: a fit of ``max_iter=0`` records 0 warm-up sweeps of its 0 iterations
+    (n_warmup equal to n_iter, as many as the iterations they are part of): its file loads and predicts as it does."""
+    X, y = make_banana(120, random_state=3)
+    model = GPClassifier(n_inducing=5, max_iter=0, random_state=0).fit(X, y)
+    assert model.n_iter_ == 0 and model.n_warmup_ == 0
+    model.save(tmp_path / "m.agpc")
+    loaded = GPClassifier.load(tmp_path / "m.agpc")
+    assert loaded.n_warmup_ == 0
+    np.testing.assert_allclose(loaded.predict_proba(X[:5]), model.predict_proba(X[:5]), rtol=1e-12)
