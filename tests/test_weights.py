@@ -1119,3 +1119,25 @@ def test_minibatch_ep_keeps_a_weight_zero_rows_held_site():
     assert float(result["site_shift"][4]) == pytest.approx(0.2 * y[4], rel=1e-15)
     np.testing.assert_allclose(summary, summary_other, rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(result["site_precision"][:4], result_other["site_precision"][:4], rtol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["wide columns", "two rows"])
+def test_the_start_lengthscales_of_integer_weights_are_those_of_the_rows_repeated(case):
+    """The mutation audit of 2026-12-04: the default kernel's start reads each column's spread with rows counted by
+    their sample weights, so a fit with integer weights starts (``max_iter=0``) with the lengthscales of the fit on
+    the rows repeated that many times, sqrt(d) times the weighted deviations (columns of spread 10; two rows)."""
+    rng = np.random.default_rng(0)
+    if case == "two rows":
+        X, y, w = np.array([[0.0, 0.0], [2.0, 4.0]]), np.array([0, 1]), np.array([1, 3])
+    else:
+        X = 10.0 * rng.normal(size=(200, 2))
+        y, w = (X[:, 0] > 0).astype(int), rng.integers(1, 4, size=200)
+    params = dict(max_iter=0, random_state=0, ard=True, n_inducing="auto" if case == "two rows" else 10)
+    weighted = GPClassifier(**params).fit(X, y, sample_weight=w.astype(float))
+    repeated = GPClassifier(**params).fit(np.repeat(X, w, axis=0), np.repeat(y, w))
+    np.testing.assert_allclose(weighted.kernel_.lengthscales, repeated.kernel_.lengthscales, rtol=1e-10)
+    if case != "two rows":  # (std(X_j) sqrt(d), the rows counted by their weights, by NumPy's weighted average)
+        deviation = np.sqrt(np.average((X - np.average(X, axis=0, weights=w)) ** 2, axis=0, weights=w))
+        np.testing.assert_allclose(weighted.kernel_.lengthscales, deviation * np.sqrt(2.0), rtol=1e-10)
+    unweighted = GPClassifier(**params).fit(X, y)
+    assert not np.allclose(weighted.kernel_.lengthscales, unweighted.kernel_.lengthscales)
