@@ -121,3 +121,15 @@ def test_multiclass_strict_device1_fit_equals_numpy_fit(method):
     np.testing.assert_allclose(to_np(model.inducing_points_), ref.inducing_points_, rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(to_np(proba), ref.predict_proba(X_test), rtol=1e-8, atol=1e-10)
     np.testing.assert_array_equal(to_np(labels), ref.predict(X_test))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_predict_proba_on_an_array_api_array_with_nan_or_inf_is_refused(bad):
+    """The mutation audit of 2026-12-04: an array-API X (array_api_strict) given to predict_proba with a NaN or an
+    infinity is refused in one ValueError saying so, as a NumPy one is, not answered with NaN probabilities."""
+    X, y = make_banana(100, random_state=0)
+    model = GPClassifier(n_inducing=5, max_iter=3, random_state=0).fit(X, y)
+    X_bad = X[:10].copy()
+    X_bad[5, 1] = bad
+    with pytest.raises(ValueError, match="contains NaN or infinity"):
+        model.predict_proba(array_api_strict.asarray(X_bad))

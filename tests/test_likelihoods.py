@@ -370,3 +370,12 @@ def test_adf_fits_ordinal_cut_points_far_from_the_data():
             model = GPClassifier(method=method, likelihood="ordinal", kernel=OrdinalKernel(RBF(), [-1e5, 0.0, 1e5]),
                                  n_inducing=10, max_iter=5, random_state=0).fit(X, y)
         assert model.score(X, y) > 0.8, method
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 1.0, -0.1])
+def test_robust_max_epsilon_outside_the_open_unit_interval_is_refused(epsilon):
+    """The mutation audit of 2026-12-04: robust-max's epsilon must be in (0, 1); at 0 its wrong classes have
+    probability 0 (log 0 in its expected entropy and predictive log-probabilities), so it is refused."""
+    with pytest.raises(ValueError, match=r"robust-max epsilon must be in \(0, 1\)"):
+        L.RobustMax(epsilon=epsilon)
+    assert L.RobustMax(epsilon=1e-3).epsilon == 1e-3
