@@ -286,3 +286,28 @@ def test_batch_only_errors():
         GPClassifier(method="gfitc", n_inducing=5, optimizer="adam").fit(X, y)
     assert isinstance(GPClassifier(method="gfitc", n_inducing=5, batch_size="auto", max_iter=1).fit(X, y),
                       GPClassifier)
+
+
+def test_the_two_cycle_guard_counts_reversed_sweeps_and_keeps_its_halving():
+    """The mutation audit of 2026-12-04: GFITC's two-cycle guard (``GFITCEngine.apply``). A sweep after a zero step
+    reverses nothing; ``cycle_sweeps`` reversed sweeps in a row (cosine -1 here) halve the damping; and within that
+    inner loop the guard's doubling back (``grow``) waits, the damping staying halved."""
+    from agpc.inference import engines
+    X, y = binary_toy(30, seed=0)
+    engine = engines.make_engine("gfitc", RBF(lengthscales=[1.0, 1.0]).for_inputs(X), X[:5].copy(), n_total=30,
+                                 minibatch=False, **vars(engines.EngineOptions(tol=1e-12)))
+    rho = engine.damping
+    assert not np.any(to_np(engine.state["site_step"]))  # (the first sweep follows a zero step)
+    _, work = engine.evaluate(X, y, 0, 30, stepping=True)
+    outcome = engine.apply(work, 0, 30, stepping=True)
+    assert engine.reversals == 0 and outcome.guard is None and engine.damping == rho
+    for k in range(1, engine.cycle_sweeps + 1):
+        _, work = engine.evaluate(X, y, 0, 30, stepping=True)
+        out, s = work[0], engine.state
+        s["site_step"] = -rho * (out["site_precision"] - s["nu"])  # the coming step, reversed
+        outcome = engine.apply(work, 0, 30, stepping=True)
+        if k < engine.cycle_sweeps:
+            assert engine.reversals == k and outcome.guard is None and engine.damping == rho
+    assert outcome.guard == {"guard_halvings": 1, "cycles": 1}
+    assert engine.damping == 0.5 * rho and engine.cycle_halved and engine.reversals == 0
+    assert not engine.grow() and engine.damping == 0.5 * rho

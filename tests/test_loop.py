@@ -517,3 +517,12 @@ def test_jitter_is_the_one_the_final_prior_factor_was_built_with(method, monkeyp
         np.testing.assert_array_equal(loaded.predict_proba(X), probabilities)
     assert not [w for w in caught if issubclass(w.category, JitterWarning)]
     assert loaded.jitter_ == model.jitter_
+
+
+def test_a_fit_with_nothing_to_learn_has_no_warm_up_sweeps():
+    """The mutation audit of 2026-12-04: batch EP's warm-up sweeps come before the first hyper-parameter step; with
+    ``optimize=False`` there is none, each sweep is an iteration: ``max_iter`` sweeps, none of them warm-up."""
+    X, y = make_banana(300, random_state=0)
+    model = GPClassifier(n_inducing=10, optimize=False, max_iter=5, tol=0.0, random_state=0, plateau=None).fit(X, y)
+    assert (model.n_iter_, model.n_warmup_) == (5, 0)
+    assert len(model.history_["log_marginal_likelihood"]) == 5
