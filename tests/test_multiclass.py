@@ -771,3 +771,19 @@ def test_sep_and_adf_pairs_check_their_cavity_against_the_prior_whatever_the_wei
     for w in (0.5, 1.0, 2.0):
         weighted = multiclass_ep.pair_update(*args, want_grad=False, own_sites=False, weights=np.full(2, w))
         assert weighted.valid.tolist() == unweighted.valid.tolist(), w
+
+
+def test_a_pair_whose_true_class_cavity_is_invalid_is_not_updated():
+    """The mutation audit of 2026-12-04: a row whose true-class site cannot be removed from q (1 - nu d < 0) has no
+    valid pair: ``pair_update`` keeps its wrong-class and true-class sites and adds nothing of it to log Z_q."""
+    y = np.array([0.0, 1.0])  # two rows, 3 classes
+    d, e, prior_var, s = np.full((2, 3), 0.5), np.zeros((2, 3)), np.ones((2, 3)), np.full((2, 3), 0.1)
+    nu, mu = np.zeros((2, 6)), np.zeros((2, 6))
+    nu[0, 3:] = 5.0  # row 0's true-class parts (columns C..2C): 1 - 5 x 0.5 < 0
+    out = multiclass_ep.pair_update(y, nu, mu, d, e, prior_var, s, want_grad=False)
+    alone = multiclass_ep.pair_update(y[1:], nu[1:], mu[1:], d[1:], e[1:], prior_var[1:], s[1:], want_grad=False)
+    assert np.asarray(out.valid[0]).tolist() == [True, False, False]  # (its true class's column stands for no pair)
+    np.testing.assert_array_equal(out.site_precision[0], nu[0])
+    np.testing.assert_array_equal(out.site_shift[0], mu[0])
+    np.testing.assert_allclose(out.site_precision[1], alone.site_precision[0], rtol=1e-14)
+    np.testing.assert_allclose(float(out.log_z_terms), float(alone.log_z_terms), rtol=1e-14)
