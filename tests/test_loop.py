@@ -2,6 +2,7 @@
 checkpoints and resume, time budget and guard rails, whatever the engine."""
 
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -526,3 +527,27 @@ def test_a_fit_with_nothing_to_learn_has_no_warm_up_sweeps():
     model = GPClassifier(n_inducing=10, optimize=False, max_iter=5, tol=0.0, random_state=0, plateau=None).fit(X, y)
     assert (model.n_iter_, model.n_warmup_) == (5, 0)
     assert len(model.history_["log_marginal_likelihood"]) == 5
+
+
+@pytest.mark.parametrize("method", ["sep", "svi"])
+def test_a_minibatch_epochs_history_log_z_is_the_mean_of_its_steps(monkeypatch, method):
+    """The mutation audit of 2026-12-04: in minibatch mode a history entry (an epoch) records the mean of the log Z
+    estimates of its steps, each of one minibatch, not the last step's alone."""
+    from agpc.inference import guard
+    taken, real = [], guard.Guard.taken
+
+    def recording(self, log_z):
+        taken.append(float(log_z))
+        return real(self, log_z)
+
+    monkeypatch.setattr(guard.Guard, "taken", recording)
+    X, y = make_banana(600, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = GPClassifier(method=method, n_inducing=10, max_iter=3, random_state=0, batch_size=50).fit(X, y)
+    history = model.history_
+    assert len(taken) == history["n_steps"][-1] == 36  # (12 minibatches an epoch, every step taken)
+    starts = [0] + list(history["n_steps"][:-1])
+    expected = [np.mean(taken[lo:hi]) for lo, hi in zip(starts, history["n_steps"])]
+    np.testing.assert_allclose(history["log_marginal_likelihood"], expected, rtol=1e-12)
+    assert not np.allclose(expected, [taken[hi - 1] for hi in history["n_steps"]])
