@@ -756,3 +756,21 @@ def test_the_guard_grows_halved_damping_back_to_its_start_and_no_further():
     assert not engine.grow() and engine.damping == nominal
     engine.damping = 0.3 * nominal
     assert engine.grow() and engine.damping == pytest.approx(0.6 * nominal)
+
+
+def test_a_run_that_ended_within_rise_of_its_best_is_left_as_it_is():
+    """The mutation audit of 2026-12-04: at the plateau stop the best state is put back (or, not held, warned
+    about) only where the run ended more than ``rise`` below it; 0.5 nats below with rise 1.0 is left alone."""
+    def go_back(last):
+        plateau = hooks.Plateau(steps=5, rise=1.0)
+        plateau.best = (-100.0, 3)
+        history = {"log_marginal_likelihood": [-101.0, -100.2, -100.0, last]}
+        run = SimpleNamespace(trainer=SimpleNamespace(history=history, method="ep"), kept={}, went_back=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            plateau._go_back(run)
+        return [str(w.message) for w in caught], run.went_back
+
+    assert go_back(-100.5) == ([], False)
+    said, went_back = go_back(-101.5)  # (beyond rise: the best state, not held here, is warned about)
+    assert not went_back and len(said) == 1 and "log Z fell from its best" in said[0]
