@@ -774,3 +774,23 @@ def test_a_run_that_ended_within_rise_of_its_best_is_left_as_it_is():
     assert go_back(-100.5) == ([], False)
     said, went_back = go_back(-101.5)  # (beyond rise: the best state, not held here, is warned about)
     assert not went_back and len(said) == 1 and "log Z fell from its best" in said[0]
+
+
+def test_a_short_max_time_is_not_said_overrun_within_its_fixed_allowance():
+    """The mutation audit of 2026-12-04: a fit says ``max_time`` was overrun only past 1.25 max_time + 0.5 s
+    (``classifier.MAX_TIME_OVERRUN``: the checks, the start and the last pass are not cut short), so a fit of
+    ``max_time=0.1`` that took 0.3 s is not warned about, and one that took 0.7 s is."""
+    from agpc.classifier import MAX_TIME_OVERRUN
+    assert MAX_TIME_OVERRUN[0] * 0.1 + MAX_TIME_OVERRUN[1] < 0.7 and MAX_TIME_OVERRUN[0] + MAX_TIME_OVERRUN[1] < 1.8
+
+    def said(fit_time, max_time=0.1):
+        model = GPClassifier(max_time=max_time)
+        model.fit_time_, model.init_time_ = fit_time, 0.01
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model._warn_of_time(SimpleNamespace(stopped_by_time=True, n_iter=5), False)
+        return [str(w.message) for w in caught]
+
+    assert said(0.3) == [] and said(0.6) == []
+    assert len(said(0.7)) == 1 and "max_time=0.1 s was overrun" in said(0.7)[0]
+    assert said(1.7, max_time=1.0) == [] and len(said(1.8, max_time=1.0)) == 1
