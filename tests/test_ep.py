@@ -386,7 +386,6 @@ def test_the_site_change_batch_training_stops_on_counts_the_shifts_as_well_as_th
     assert ep.relative_site_change([0.2, 1.0, 0.6, 2.0]) == pytest.approx(0.3)
 
 
-
 def test_the_site_change_is_relative_to_the_old_sites():
     """The mutation audit of 2026-12-04: ``write_block_sites`` keeps max|new - old| and max|old| of each block (the
     old sites, not the new ones, scale the change), and the blocks' maxima combine by maximum."""
@@ -403,6 +402,7 @@ def test_the_site_change_is_relative_to_the_old_sites():
     expected = (np.max(np.abs(new_precision - old_precision)) / (1.0 + np.max(np.abs(old_precision)))
                 + np.max(np.abs(new_shift - old_shift)) / (1.0 + np.max(np.abs(old_shift))))
     assert ep.relative_site_change(out["site_change"]) == pytest.approx(expected, rel=1e-14)
+
 
 def test_the_conditional_variance_of_a_prediction_is_never_below_zero():
     """``predict_latent``'s first term, k(x, x) - a^T a (the variance of p(f | u)), is a difference that rounding can

@@ -379,7 +379,6 @@ def test_guard_finds_an_improper_q_a_jump_and_failing_cavities():
     assert g.problem(-33_000.0, n_invalid=11, rows=200, can_repair=True, **rows) is None
 
 
-
 def test_after_a_repair_and_a_good_step_the_guard_may_repair_again():
     """The mutation audit of 2026-12-04: a repair lets the retried step's failing cavities be taken as they are only
     until the next good step; after it, a step with more than 5% failed cavities is refused again (to be repaired)."""
@@ -391,6 +390,7 @@ def test_after_a_repair_and_a_good_step_the_guard_may_repair_again():
     assert g.problem(-50.0, n_invalid=20, **rows) is None  # the retry, taken as it is
     g.taken(-50.0)
     assert g.problem(-51.0, n_invalid=20, **rows) == "cavities"
+
 
 def test_a_jump_is_taken_once_the_remedies_did_not_remove_it():
     """The jump is evidence, not proof: after a repair and one halving (or one halving, with nothing to repair) the
