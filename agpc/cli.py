@@ -54,6 +54,7 @@ from .inference.hooks import ENDED_BECAUSE, close_progress_bars
 from .inspection import expected_calibration_error, plot_model
 from .likelihoods import negative_log_likelihood
 from .methods import ORDINAL, RegisteredLikelihood, method_names
+from .model_file import MIN_SCALE
 from .plan import FitPlan
 from .tables import exception_line, labels_from_text, load_data, load_weighted_data, one_line, preview, text_columns
 from .untrusted import printable
@@ -376,6 +377,13 @@ def _standardised(X_train, X_val, weights, names=None):
         column = f"column {names[j]!r}" if names is not None and j < len(names) else f"column {j}"
         raise ValueError(f"--standardize: {column}'s mean or variance overflows float64 (its values reach "
                          f"{np.max(np.abs(X_train[:, j])):.3g}): rescale that column, or fit without --standardize")
+    tiny = scaler.scale_ < MIN_SCALE  # (a model file refuses such a scale: the fit wrote one 'agpc predict' refused)
+    if np.any(tiny):
+        j = int(np.flatnonzero(tiny)[0])
+        column = f"column {names[j]!r}" if names is not None and j < len(names) else f"column {j}"
+        raise ValueError(f"--standardize: {column}'s standard deviation, {scaler.scale_[j]:.3g}, is below "
+                         f"{MIN_SCALE:.3g} (its variance underflows float64): rescale that column, or fit without "
+                         "--standardize")
     return scaler, scaler.transform(X_train), None if X_val is None else scaler.transform(X_val)
 
 

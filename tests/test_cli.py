@@ -1424,6 +1424,19 @@ def test_standardize_of_a_column_whose_variance_overflows_names_the_column(tmp_p
     assert "NaN" not in error and "RuntimeWarning" not in error and not model.exists()
 
 
+def test_standardize_of_a_column_whose_variance_underflows_names_the_column(tmp_path, banana, capsys):
+    """The hostile-input audit of 2026-12-04: features times 1e-160 fitted with --standardize and wrote a model file
+    that 'agpc predict' then refused ("scaler_scale: a scale below 1.49e-154"). The fit refuses it, naming the column,
+    before it trains or writes anything."""
+    X, y = banana
+    data = write_csv(tmp_path / "tiny.csv", np.c_[X[:, :1], X[:, 1:2] * 1e-160], y)
+    model = tmp_path / "m.agpc"
+    assert main(["fit", str(data), "--target", "label", "--standardize", *FIT_OPTIONS, "--out", str(model)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--standardize" in error and "standard deviation" in error, error
+    assert "below 1.49e-154" in error and not model.exists()
+
+
 def test_smaller_misreadings_of_a_hostile_input_audit_are_refused(tmp_path, capsys):
     """A hostile-input audit (2026-12-02): a CSV cell "1_000" was read as 1000 (Python's float takes underscores;
     "1,000" was refused); ``--out results/`` wrote a file named "results"; ``--plot plot.pdf`` wrote PNG bytes
