@@ -200,6 +200,7 @@ def write_model_file(path, estimator_name, params, state, scaler=None):
                             "n_samples_seen": int(scaler["n_samples_seen"]), "steps": [str(v) for v in scaler["steps"]],
                             "arrays": [name for name in SCALER_ARRAYS if scaler.get(name) is not None]}
     _check_kernels_load(header["kernel"])
+    _check_kernel_values_load(header, arrays, classes.shape[0])
     arrays[HEADER_KEY] = np.asarray(json.dumps(header))
     atomic_savez(path, arrays)
 
@@ -213,6 +214,22 @@ def _check_kernels_load(specs):
         except ValueError as error:
             raise ValueError(f"save_model: this model's kernel could not be loaded back from a model file ({error}); "
                              "nothing was written (a pickle keeps it, for this environment only)") from None
+
+
+def _check_kernel_values_load(header, arrays, n_classes):
+    """Refuse to write kernel parameters the loader would refuse: a log amplitude or noise whose exp is inf
+    (``check_log_range``). A fit at Adam's learning rate 1e3 ended with a latent noise of exp(767), and its file was
+    written and then refused by ``load_model`` (the hostile-input audit of 2026-12-04)."""
+    def refuse(why):
+        why = why.replace(": no fit gives it", "")  # (the loader's words of a file: here a fit did)
+        return ValueError(f"save_model: this model's kernel could not be loaded back from a model file ({why}): its "
+                          "parameters left float64's range in training (fit it again, with a smaller learning_rate); "
+                          "nothing was written")
+
+    _, table = _kernel_specs(header, n_classes, refuse)
+    for name, parameter in table.items():
+        if parameter.scales_values and f"kernel_{name}" in arrays:
+            check_log_range(arrays[f"kernel_{name}"], f"kernel_{name} (the {parameter.name})", refuse)
 
 
 def unpickled_state(state):

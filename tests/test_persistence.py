@@ -1122,3 +1122,17 @@ def test_a_fit_of_max_iter_0_saves_and_loads(tmp_path):
     loaded = GPClassifier.load(tmp_path / "m.agpc")
     assert loaded.n_warmup_ == 0
     np.testing.assert_allclose(loaded.predict_proba(X[:5]), model.predict_proba(X[:5]), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["log_noise", "log_amplitude"])
+def test_a_kernel_parameter_out_of_the_floats_is_not_saved(tmp_path, name):
+    """The hostile-input audit of 2026-12-04: a fit at Adam's learning rate 1e3 ended with a latent noise of exp(767),
+    inf, and ``save_model`` wrote a file that ``load_model`` refused ("whose exp is inf in float64"). Saving refuses
+    it, naming the parameter, and writes nothing."""
+    X, y = make_banana(120, random_state=3)
+    model = GPClassifier(n_inducing=5, max_iter=2, random_state=0).fit(X, y)
+    model.kernel_ = model.kernel_.with_params({**model.kernel_.params, name: np.asarray(767.0)})
+    path = tmp_path / "m.agpc"
+    with pytest.raises(ValueError, match=rf"save_model: .*kernel_{name} .*767, whose exp is inf in float64\)"):
+        model.save(path)
+    assert not path.exists()
