@@ -14,7 +14,8 @@ Every failure is one line on stderr. A problem with the input (a missing file, a
 column, an empty cell, non-numeric features, one class, a file that is not an agpc model, a bad option, ...) is
 ``agpc: error: ...`` with exit status 2; anything else is an internal error, ``agpc: internal error: ...`` with
 exit status 1 (``--debug``, or ``AGPC_TRACEBACK=1``, shows the traceback instead of the line, with the same exit
-status); an interrupt (Ctrl-C, SIGINT, even in a background job that inherited it ignored) exits with 130.
+status); an interrupt (Ctrl-C, SIGINT, even in a background job that inherited it ignored) exits with 130, and
+SIGTERM, after the same clean-up, with 143.
 Warnings are collected while a command runs and printed as ``agpc: warning: ...`` lines on stderr once it
 ends: after its output, or before its error line, which is always the last line. Every output is written to a
 temporary file beside its target and renamed, so a failure leaves nothing half-written. A command's results are
@@ -1057,6 +1058,8 @@ def _report(exc):
 
 def _classified(exc):
     """(exit status, the line) of ``_report``, by the kind of exception."""
+    if isinstance(exc, Terminated):
+        return 128 + signal.SIGTERM, "agpc: terminated (SIGTERM)"
     if isinstance(exc, KeyboardInterrupt):
         return 130, "agpc: interrupted"
     missing = exc.name.split(".")[0] if isinstance(exc, ModuleNotFoundError) and exc.name else None
@@ -1130,10 +1133,23 @@ def _interrupts_raise():
         yield
         return
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_term = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, previous_term if previous_term is not None else signal.SIG_DFL)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM while a command runs (``timeout``, a batch system's end of a job, ``kill``): raised as an interrupt is,
+    so that what the command set up is taken down as for Ctrl-C (a fit's local workers, the copies of the rows they
+    share in /dev/shm, temporary files), where Python's default ending left the rows in memory-backed /dev/shm until
+    a reboot (the hostile-input audit of 2026-12-04). Exit status 143, as a shell gives a process SIGTERM ended."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
 
 
 def _stream_or_devnull(stream, fd):

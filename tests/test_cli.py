@@ -836,6 +836,28 @@ def test_ctrl_c_during_fit_is_one_line_exit_130_and_writes_nothing(tmp_path, ban
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv"]
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM to a child process")
+def test_sigterm_during_fit_is_one_line_exit_143_and_writes_nothing(tmp_path, banana):
+    """The hostile-input audit of 2026-12-04: ``timeout`` (SIGTERM) ended a ``--jobs 2`` fit by Python's default,
+    with no clean-up: the copies of the rows its workers shared stayed in /dev/shm. SIGTERM now unwinds the command as
+    Ctrl-C does (what it set up is taken down), one line, exit status 143 as a shell reports it."""
+    data = write_csv(tmp_path / "d.csv", *banana)
+    argv = ["fit", str(data), "--target", "label", "--inducing", "10", "--max-iter", "100000000", "--max-time", "300",
+            "--plateau", "none", "--quiet", "--out", str(tmp_path / "m.agpc")]
+    with subprocess.Popen([sys.executable, "-c", EXEC_AGPC, "as-is", *argv], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=subprocess_env()) as proc:
+        assert proc.stdout.readline().startswith("agpc fit:")
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("no exit within 60 s of SIGTERM")
+    assert proc.returncode == 143 and err.strip().splitlines() == ["agpc: terminated (SIGTERM)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv"]
+
+
 def test_ctrl_c_over_the_progress_bar_is_the_last_line_on_a_line_of_its_own(tmp_path, banana, monkeypatch, capsys):
     """With the progress bar showing (no --quiet), "agpc: interrupted" was written onto the bar's line and the bar
     drawn again after it when it was collected, where the help says the error line is the last line."""
