@@ -1015,6 +1015,10 @@ class _ArgumentParser(argparse.ArgumentParser):
     itself prints the whole usage text and exits)."""
 
     def error(self, message):
+        option = re.fullmatch(r"argument (--[\w-]+)(?:/\S+)?: expected one argument", message)
+        if option:  # (argparse reads a value that starts with '-' as an option: ``--classes -2,-1,0`` was "expected
+            # one argument", with no word of why: the hostile-input audit of 2026-12-04)
+            message += f" (a value that starts with '-' is written with '=': {option.group(1)}=-2)"
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 

@@ -1446,6 +1446,17 @@ def test_standardize_of_a_column_whose_variance_overflows_names_the_column(tmp_p
     assert "NaN" not in error and "RuntimeWarning" not in error and not model.exists()
 
 
+def test_a_value_that_starts_with_a_dash_is_said_to_need_an_equals_sign(tmp_path, banana, capsys):
+    """The hostile-input audit of 2026-12-04: ``--classes -2,-1,0,1`` (ordered classes from a negative one) was
+    "argument --classes: expected one argument", which argparse says of a value that looks like an option."""
+    data = write_csv(tmp_path / "d.csv", *banana)
+    argv = ["fit", str(data), "--target", "label", "--likelihood", "ordinal", "--out", str(tmp_path / "m.agpc")]
+    assert main(argv + ["--classes", "-1,1"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "expected one argument" in error and "--classes=-2)" in error, error
+    assert main(argv + ["--classes=-1,1", *FIT_OPTIONS]) == 0
+
+
 def test_standardize_of_a_column_whose_variance_underflows_names_the_column(tmp_path, banana, capsys):
     """The hostile-input audit of 2026-12-04: features times 1e-160 fitted with --standardize and wrote a model file
     that 'agpc predict' then refused ("scaler_scale: a scale below 1.49e-154"). The fit refuses it, naming the column,
