@@ -473,6 +473,17 @@ def _load_model(path):
     return persistence.load_model(path)
 
 
+def _categorical_levels(model):
+    """{column index: levels} of a model's categorical columns of text (a Pipeline's: its classifier's)."""
+    return getattr(model[-1] if not isinstance(model, GPClassifier) else model, "categorical_levels_", {})
+
+
+def _text_features(model, wanted):
+    """The names, among a model's feature names ``wanted`` (None: a model without names), of its categorical columns
+    of text, which a file's column is read as whatever its cells look like (``load_data``)."""
+    return () if wanted is None else {str(wanted[j]) for j in _categorical_levels(model)}
+
+
 def _check_feature_count(X, model, path, target, names=None):
     have, want = X.shape[1], int(model.n_features_in_)
     if have != want:
@@ -480,7 +491,7 @@ def _check_feature_count(X, model, path, target, names=None):
         raise UsageError(f"{path} has {have} feature columns but the model was trained on {want}{hint}")
     # a column of text where the model has numbers (not one of its categorical columns of text), named here: the
     # estimator could only say that a string is not a float
-    levels = getattr(model[-1] if not isinstance(model, GPClassifier) else model, "categorical_levels_", {})
+    levels = _categorical_levels(model)
     for j in text_columns(X):
         if j not in levels:
             shown = names[j] if names is not None else j
@@ -520,7 +531,7 @@ def predict(args):
     model = _load_model(args.model)  # (first: a directory given as the model is named as the model, not the output)
     _check_writable(args.out, [args.model, args.data])
     wanted = _feature_names(model)
-    X, y, names = load_data(args.data, args.target, features=wanted)
+    X, y, names = load_data(args.data, args.target, features=wanted, text_features=_text_features(model, wanted))
     _check_feature_count(X, model, args.data, args.target, names)
     with _columns_already_matched():
         proba = np.asarray(model.predict_proba(X))
@@ -581,7 +592,7 @@ def inspect(args):
     calibration = scores = None
     if args.data is not None:
         wanted = _feature_names(model)
-        X, y, names = load_data(args.data, args.target, features=wanted)
+        X, y, names = load_data(args.data, args.target, features=wanted, text_features=_text_features(model, wanted))
         _check_feature_count(X, model, args.data, args.target, names)
         with _columns_already_matched():
             proba = np.asarray(model.predict_proba(X))

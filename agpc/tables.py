@@ -73,7 +73,7 @@ class Data(NamedTuple):
     feature_names: list | None
 
 
-def load_data(path, target=None, *, labels_required=False, features=None):
+def load_data(path, target=None, *, labels_required=False, features=None, text_features=()):
     """Data(X, y, feature_names) from a data file. ``target`` names the label column (CSV, Parquet; a column
     index also works, and is the only way for .npy and a zarr array) or the label array (.npz, zarr group:
     default ``y`` when ``labels_required``). Without a target, y is None. X is 2-D and numeric (a zarr
@@ -82,13 +82,16 @@ def load_data(path, target=None, *, labels_required=False, features=None):
 
     ``features`` (a model's ``feature_names_in_``) selects the feature columns of a file with column names
     (CSV, Parquet) by name, in that order; the file's other columns are ignored, and a missing one is an
-    error naming it. A file without names ignores ``features``: its columns are features by position."""
+    error naming it. A file without names ignores ``features``: its columns are features by position.
+    ``text_features``: the names of those that are the model's categorical columns of text, read as text whatever
+    their cells look like (a file of mostly "10" in a column of levels "10", "S", "M" was refused as "not numeric
+    (value 'S')": the hostile-input audit of 2026-12-04)."""
     path = Path(path)
     kind = _format_of(path)
     if target is None and labels_required and kind in ("CSV", "Parquet", "npy"):
         raise TableError(f"{path}: give --target, the label column (a name or a column index)")
     reader = {"CSV": _read_csv, "Parquet": _read_parquet, "npy": _read_npy, "npz": _read_npz, "zarr": _read_zarr}[kind]
-    by_name = {"features": features} if kind in ("CSV", "Parquet") else {}
+    by_name = {"features": features, "text_features": text_features} if kind in ("CSV", "Parquet") else {}
     try:
         X, y, names = reader(path, target, labels_required, **by_name)
     except (TableError, ImportError, RefusedFile):  # RefusedFile: one line that names the file already
@@ -217,10 +220,7 @@ def _feature_values(values, name, path, row_of):
         if any(_looks_missing(v) for v in text) or 2 * sum(_is_number(v) for v in text) > len(text):
             return _numeric(values, name, path, row_of)
         _refuse_other_notations(text, name, path, row_of)
-        # (one string object a level, which its cells share: a string of each cell's own took ~55 bytes a cell)
-        levels = {}
-        return np.asarray([levels.setdefault(v, v) for v in (v if isinstance(v, str) else str(v) for v in text)],
-                          dtype=object)
+        return _as_text(text)
 
 
 # Numbers written another way, which a spreadsheet's export may hold: a decimal comma ("1,5"), thousands separators
@@ -401,12 +401,13 @@ def _feature_columns(names, target_index, features, path, weight_index=None):
     return chosen
 
 
-def _from_columns(names, columns, target, path, features=None, row_of=None, weight_column=None, utf8=False):
+def _from_columns(names, columns, target, path, features=None, row_of=None, weight_column=None, utf8=False,
+                  text_features=()):
     """Features and labels from named columns (CSV, Parquet); ``features`` selects and orders the feature
     columns by name (see load_data). ``row_of(i)`` says where data row i is in the file, for error messages.
     ``weight_column``: [name] (``load_weighted_data``), to which the weights read from that column are appended.
     ``utf8``: the columns are a CSV file's, each cell's UTF-8 bytes (``_add_chunk``); other files' columns are
-    judged as they come."""
+    judged as they come. ``text_features``: ``load_data``'s."""
     decoded = _decoded if utf8 else (lambda values: values)
     row_of = row_of or (lambda i: f"data row {i + 1}")
     index = None if target is None else _column_index(names, target, path)
@@ -420,7 +421,9 @@ def _from_columns(names, columns, target, path, features=None, row_of=None, weig
         _check_weights(weights, names[weight_index], path, row_of)
         weight_column.append(weights)
     chosen = _feature_columns(names, index, features, path, weight_index)
-    values = [_numbers_at_once(columns[i]) if utf8 else columns[i] for i in chosen]  # (then the others' missing cells)
+    text = [names[i] in text_features for i in chosen]
+    values = [_numbers_at_once(columns[i]) if utf8 and not text[j] else columns[i]  # (then the others' missing cells)
+              for j, i in enumerate(chosen)]
     read = [utf8 and v.dtype.kind == "f" for v in values]
     for j, i in enumerate(chosen):
         if read[j]:
@@ -429,10 +432,19 @@ def _from_columns(names, columns, target, path, features=None, row_of=None, weig
             values[j] = decoded(values[j])
             _check_filled(values[j], names[i], path, row_of, "feature")
     for j, i in enumerate(chosen):  # (in the list handed to _feature_table, which lets each go once copied)
-        values[j] = values[j] if read[j] else _feature_values(values[j], names[i], path, row_of)
+        values[j] = (values[j] if read[j] else _as_text(values[j]) if text[j]
+                     else _feature_values(values[j], names[i], path, row_of))
     X = _feature_table(values)
     labels = None if index is None else _label_column(decoded(columns[index]), names[index], path, row_of)
     return Data(X, labels, [names[i] for i in chosen])
+
+
+def _as_text(values):
+    """A column of categorical levels as text: one string object a level, which its cells share (a string of each
+    cell's own took ~55 bytes a cell)."""
+    levels = {}
+    return np.asarray([levels.setdefault(v, v) for v in (v if isinstance(v, str) else str(v) for v in
+                                                         np.asarray(values).tolist())], dtype=object)
 
 
 def _numbers_at_once(values):
@@ -616,7 +628,7 @@ def _not_utf8(path):
                 line, decoder = line + 1, codecs.getincrementaldecoder("utf-8")()
 
 
-def _read_csv(path, target, labels_required, features=None, weight_column=None):
+def _read_csv(path, target, labels_required, features=None, weight_column=None, text_features=()):
     # utf-8-sig: spreadsheet programs start a UTF-8 CSV with a byte order mark, which is not part of the
     # first column's name. A FIFO blocked the open until a writer came (the other formats' readers check this
     # already; the hostile-input audit of 2026-12-04 found the CSV reader's missing)
@@ -626,7 +638,8 @@ def _read_csv(path, target, labels_required, features=None, weight_column=None):
             names, lines, columns = _csv_columns(_csv_records(fh, path), path)
     except UnicodeDecodeError:
         raise TableError(_not_utf8(path)) from None
-    return _from_columns(names, columns, target, path, features, row_of=lambda i: f"line {lines[i]}",
+    return _from_columns(names, columns, target, path, features, text_features=text_features,
+                         row_of=lambda i: f"line {lines[i]}",
                          weight_column=weight_column, utf8=True)
 
 
@@ -638,7 +651,7 @@ def _parquet_columns(path, select=None):
     return read_parquet_columns(path, select)
 
 
-def _read_parquet(path, target, labels_required, features=None, weight_column=None):
+def _read_parquet(path, target, labels_required, features=None, weight_column=None, text_features=()):
     target_name = target
 
     def used(names):
@@ -654,7 +667,8 @@ def _read_parquet(path, target, labels_required, features=None, weight_column=No
         return [names[i] for i in chosen] + ([] if index is None else [target_name])
 
     names, columns = _parquet_columns(path, used)
-    return _from_columns(names, columns, target_name, path, features, weight_column=weight_column)
+    return _from_columns(names, columns, target_name, path, features, weight_column=weight_column,
+                         text_features=text_features)
 
 
 def _read_npy(path, target, labels_required):

@@ -1446,6 +1446,28 @@ def test_standardize_of_a_column_whose_variance_overflows_names_the_column(tmp_p
     assert "NaN" not in error and "RuntimeWarning" not in error and not model.exists()
 
 
+def test_a_categorical_column_of_levels_that_look_like_numbers_is_read_as_the_model_s_text(tmp_path, capsys):
+    """The hostile-input audit of 2026-12-04: a model of a text column of levels "10", "S", "M" refused a file to
+    predict whose column held mostly "10" ("feature column 'size' is not numeric (value 'S')": the reader took the
+    column by its majority, as numbers); a file of "10" only was read as the number 10. The model's categorical
+    columns are read as text: the rows predict as the same rows in the training file do."""
+    X, y = make_banana(200, random_state=0)
+    sizes = np.where(y > 0, "10", np.where(np.arange(200) % 2, "S", "M"))
+    train = tmp_path / "train.csv"
+    train.write_text("a,b,size,label\n" + "".join(f"{a},{b},{s},{c}\n" for (a, b), s, c in zip(X, sizes, y)))
+    model = tmp_path / "m.agpc"
+    assert main(["fit", str(train), "--target", "label", *FIT_OPTIONS, "--quiet", "--out", str(model)]) == 0
+    reference = load_model(model).predict_proba(pandas.DataFrame({"a": X[:, 0], "b": X[:, 1], "size": sizes}))
+    ten = np.flatnonzero(sizes == "10")
+    for name, rows in (("mostly_ten", np.r_[ten, np.flatnonzero(sizes != "10")[:10]]), ("only_ten", ten)):
+        data = tmp_path / f"{name}.csv"
+        data.write_text("a,b,size\n" + "".join(f"{X[i, 0]},{X[i, 1]},{sizes[i]}\n" for i in rows))
+        assert main(["predict", str(model), str(data), "--out", str(tmp_path / f"{name}_p.csv")]) == 0, name
+        predicted = pandas.read_csv(tmp_path / f"{name}_p.csv")
+        np.testing.assert_allclose(predicted[["p_-1", "p_1"]].to_numpy(), reference[rows], rtol=1e-12, err_msg=name)
+    capsys.readouterr()
+
+
 def test_a_value_that_starts_with_a_dash_is_said_to_need_an_equals_sign(tmp_path, banana, capsys):
     """The hostile-input audit of 2026-12-04: ``--classes -2,-1,0,1`` (ordered classes from a negative one) was
     "argument --classes: expected one argument", which argparse says of a value that looks like an option."""
