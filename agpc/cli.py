@@ -310,11 +310,17 @@ def _fit_rows(args):
     if args.scheduler and (weights is not None or args.class_weight):
         raise UsageError("--weight-column and --class-weight train in this process: a fit on a dask cluster "
                          "(--scheduler) does not take row weights yet")
+    dropped = 0
     if weights is not None and np.any(weights == 0) and np.any(weights > 0):  # a row of weight 0 is not there
         present = weights > 0
+        dropped = int(np.sum(~present))
         X, y, weights = np.asarray(X[...])[present], y[present], weights[present]
     classes = np.unique(y)
-    if classes.shape[0] < 2:
+    if classes.shape[0] < 2:  # (said of the rows of weight 0 too: the file holds two classes, the audit's)
+        if dropped:
+            raise UsageError(f"{args.data}: the rows of a weight above 0 in --weight-column {args.weight_column!r} "
+                             f"({y.shape[0]:,} of {y.shape[0] + dropped:,}: those of weight 0 are left out) are all "
+                             f"labelled {classes[0].item()!r}: a classifier needs two classes or more")
         raise UsageError(f"{args.data}: every label is {classes[0].item()!r}: a classifier needs two classes or more")
     if args.site_directory is not None and not args.scheduler:
         raise UsageError("--site-directory keeps batch EP's sites in files on a dask cluster: it needs --scheduler")

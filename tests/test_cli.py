@@ -1468,6 +1468,18 @@ def test_a_categorical_column_of_levels_that_look_like_numbers_is_read_as_the_mo
     capsys.readouterr()
 
 
+def test_one_class_left_by_the_weight_column_is_said_so(tmp_path, banana, capsys):
+    """The hostile-input audit of 2026-12-04: a file of two classes whose --weight-column left one row of weight above
+    0 was "every label is -1", of a file that holds both: the refusal says the rows of weight 0 were left out."""
+    X, y = banana
+    path = tmp_path / "w.csv"
+    path.write_text("a,b,label,w\n" + "".join(f"{a},{b},{c},{int(i == 0)}\n" for i, ((a, b), c) in
+                                                 enumerate(zip(X, y))))
+    assert main(["fit", str(path), "--target", "label", "--weight-column", "w", "--out", str(tmp_path / "m")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"(1 of {len(y)}: those of weight 0 are left out) are all labelled" in error
+
+
 def test_a_value_that_starts_with_a_dash_is_said_to_need_an_equals_sign(tmp_path, banana, capsys):
     """The hostile-input audit of 2026-12-04: ``--classes -2,-1,0,1`` (ordered classes from a negative one) was
     "argument --classes: expected one argument", which argparse says of a value that looks like an option."""
