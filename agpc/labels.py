@@ -307,7 +307,13 @@ def check_classes(plan, found, classes=None):
     more only for a method with a multiclass model (``agpc.methods``); each a label a model file can hold."""
     check_whole_labels(found)
     if classes is not None:
-        classes = np.unique(check_labels(classes, what="classes"))
+        given = check_labels(classes, what="classes")
+        classes = np.unique(given)
+        if classes.shape[0] < np.size(given):  # (a partial_fit's classes=[-1, 1, 1] was taken as [-1, 1] unsaid: the
+            # hostile-input audit of 2026-12-04)
+            values, counts = np.unique(given, return_counts=True)
+            raise ValueError(f"classes lists {label_text(values[counts > 1])} more than once: give each class once")
+        check_whole_labels(classes)  # (as y's: classes=[-1.0, 1.0, 1.5] was taken, where fit refuses 1.5)
         unknown = np.setdiff1d(found, classes)
         if unknown.size:
             raise ValueError(f"y contains labels {label_text(unknown)} not in classes {label_text(classes)}")

@@ -274,6 +274,12 @@ def test_partial_fit_checks_the_classes_it_is_given(data):
     X, y = data
     with pytest.raises(ValueError, match=r"classes has missing labels \(None\) at row 2"):
         GPClassifier(method="sep", n_inducing=3).partial_fit(X, y, classes=np.array([-1, 1, None], dtype=object))
+    # (the hostile-input audit of 2026-12-04: a class given twice was dropped unsaid, and 1.5, which fit refuses as a
+    # regression target, was taken as a class)
+    with pytest.raises(ValueError, match=r"classes lists \[1\] more than once: give each class once"):
+        GPClassifier(method="sep", n_inducing=3).partial_fit(X, y, classes=[-1, 1, 1])
+    with pytest.raises(ValueError, match=r"continuous.*\[1.5\]"):
+        GPClassifier(method="sep", n_inducing=3).partial_fit(X, y, classes=[-1.0, 1.0, 1.5])
 
 
 def test_a_subset_parameter_names_what_it_chooses():
