@@ -310,15 +310,23 @@ def test_batch_sep_adf_integer_weights_are_the_repeated_rows(method):
     assert weighted.log_z == pytest.approx(repeated.log_z, rel=1e-10)
 
 
-@pytest.mark.parametrize("method", ["ep", "sep", "adf", "svi"])
-def test_minibatch_step_with_a_weight_zero_row(method):
-    """Minibatch EP / SEP / ADF (and SVI): a weight-0 row contributes nothing to a step's factor, log Z estimate or
-    gradient, whatever it holds (EP: nor is its own site updated)."""
+def _a_weight_zero_row():
+    """The weight-0-row steps' problem: 40 rows of weights in [0.5, 2] but row 4's, 0; a kernel, the engine options,
+    and the same rows with row 4 moved away and its label flipped."""
     X, y = binary_toy(40, seed=2)
     w = np.random.default_rng(3).uniform(0.5, 2.0, size=40)
     w[4] = 0.0
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
-    options = engines.EngineOptions(optimize=("kernel", "inducing"))
+    X_other, y_other = X.copy(), y.copy()
+    X_other[4], y_other[4] = [4.0, -4.0], -y[4]
+    return X, y, w, kernel, engines.EngineOptions(optimize=("kernel", "inducing")), (X_other, y_other)
+
+
+@pytest.mark.parametrize("method", ["ep", "sep", "adf", "svi"])
+def test_minibatch_step_with_a_weight_zero_row(method):
+    """Minibatch EP / SEP / ADF (and SVI): a weight-0 row contributes nothing to a step's factor, log Z estimate or
+    gradient, whatever it holds (EP: nor is its own site updated)."""
+    X, y, w, kernel, options, (X_other, y_other) = _a_weight_zero_row()
 
     def step(X_rows, y_rows):
         engine = engines.make_engine(method, kernel, X[:6].copy(), n_total=40, minibatch=True, **vars(options))
@@ -326,8 +334,6 @@ def test_minibatch_step_with_a_weight_zero_row(method):
         summary, work = engine.evaluate(X_rows, y_rows, 0, 10, stepping=True)
         return engine, summary, work
 
-    X_other, y_other = X.copy(), y.copy()
-    X_other[4], y_other[4] = [4.0, -4.0], -y[4]
     engine, summary, work = step(X, y)
     _, summary_other, work_other = step(X_other, y_other)
     np.testing.assert_allclose(summary, summary_other, rtol=1e-13, atol=1e-13)
@@ -1097,11 +1103,7 @@ def test_weights_that_sum_to_less_than_a_row_a_class_warn_that_the_model_learns_
 def test_minibatch_ep_keeps_a_weight_zero_rows_held_site():
     """The mutation audit of 2026-12-04: after an exact rebuild (each site held along its anchor) a minibatch EP step
     leaves a weight-0 row's own site as it was, whatever the row holds, and its step is that of the row moved away."""
-    X, y = binary_toy(40, seed=2)
-    w = np.random.default_rng(3).uniform(0.5, 2.0, size=40)
-    w[4] = 0.0
-    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
-    options = engines.EngineOptions(optimize=("kernel", "inducing"))
+    X, y, w, kernel, options, (X_other, y_other) = _a_weight_zero_row()
 
     def step(X_rows, y_rows):
         engine = engines.make_engine("ep", kernel, X[:6].copy(), n_total=40, minibatch=True, **vars(options))
@@ -1111,8 +1113,6 @@ def test_minibatch_ep_keeps_a_weight_zero_rows_held_site():
         summary, (result, _) = engine.evaluate(X_rows, y_rows, 0, 10, stepping=True)
         return summary, result
 
-    X_other, y_other = X.copy(), y.copy()
-    X_other[4], y_other[4] = [4.0, -4.0], -y[4]
     summary, result = step(X, y)
     summary_other, result_other = step(X_other, y_other)
     assert float(result["site_precision"][4]) == 0.3
