@@ -807,6 +807,15 @@ def test_a_forged_spec_is_shown_cut_and_escaped_in_its_error(spec):
     assert len(message) < 400 and "\x1b" not in message and "characters)" in message, message[:400]
 
 
+@pytest.mark.parametrize("loc", [1e300, -800.0, [0.0, 710.0]])
+def test_a_log_normal_centred_beyond_the_floats_is_refused(loc):
+    """The hostile-input audit of 2026-12-04: LogNormal(1e300, 1), its loc accepted as finite, overflowed z^2 in
+    every density (NumPy's warning at each step). loc is a log of the parameter: refused beyond a float64's."""
+    with pytest.raises(ValueError, match=r"LogNormal prior: loc is a log, of a parameter a float64 holds"):
+        LogNormal(loc, 1.0)
+    assert LogNormal(709.0, 1.0).loc == 709.0 and LogNormal([-709.0, 0.0], 1.0).loc == (-709.0, 0.0)
+
+
 def test_prior_specs_round_trip():
     for prior in (Gamma(2.0, 0.5), LogNormal(-1.0, 0.3)):
         assert prior_from_spec(prior.spec()) == prior
