@@ -23,9 +23,9 @@ docs/small_data_defaults.md) centres each lengthscale on its own feature's scale
 from __future__ import annotations
 
 import math
-import sys
 
 from .backend import array_device, array_namespace, asarray_like, host_array
+from .checkpoint_rules import LOG_RANGE
 from .untrusted import shown
 
 __all__ = ["Prior", "Gamma", "LogNormal", "PRIOR_FAMILIES", "prior_from_spec"]
@@ -114,9 +114,6 @@ class Gamma(Prior):
         return (self.shape - 1.0) / theta - self.rate
 
 
-LOG_FLOAT64_MAX = math.log(sys.float_info.max)  # the largest log of a float64 (709.78)
-
-
 class LogNormal(Prior):
     """log theta ~ N(mu, sigma^2) (``loc`` mu, ``scale`` sigma). ``loc`` may be a list, one mu per entry of a
     per-dimension parameter (a lengthscale per feature, each centred on its own feature's scale). On the
@@ -130,10 +127,10 @@ class LogNormal(Prior):
     def __init__(self, loc, scale):
         super().__init__(loc, scale)
         locs = self.loc if isinstance(self.loc, tuple) else (self.loc,)
-        if any(abs(v) > LOG_FLOAT64_MAX for v in locs):  # (1e300: z^2 overflowed in every density, NumPy's warning
+        if any(abs(v) > LOG_RANGE for v in locs):  # (1e300: z^2 overflowed in every density, NumPy's warning
             # at each step: the hostile-input audit of 2026-12-04)
             raise ValueError(f"{self.family} prior: loc is a log, of a parameter a float64 holds: within "
-                             f"+-{LOG_FLOAT64_MAX:.6g}, got {shown(loc)}")
+                             f"+-{LOG_RANGE:.6g}, got {shown(loc)}")
 
     def log_density(self, theta):
         xp = array_namespace(theta)
