@@ -492,6 +492,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         # continuous columns' as the default kernel's RBF has them)
         reference = (I.prior_reference(sample, counts, categorical) if self.kernel is None or
                      self.kernel_prior == "auto" else None)
+        if reference is not None:
+            I.warn_outlier_columns(sample, counts, categorical)
         if self.kernel is not None:
             kernel = O.latent_kernel(self.kernel)
         else:

@@ -716,6 +716,12 @@ def start_inducing_points(X, n_points, method, columns, *, random_state=None, we
     """
     if isinstance(method, str) and method == "auto":
         method = "variance" if columns else "kmeans"
+    if isinstance(method, str):  # (points the user gave are theirs, outliers included)
+        typical = typical_rows(X, weights, columns)
+        if n_points <= typical.shape[0] < X.shape[0]:
+            xp = B.array_namespace(X)
+            X = xp.take(X, B.asarray_like(typical, xp, device=B.array_device(X)), axis=0)
+            weights = None if weights is None else np.asarray(B.to_numpy(weights))[typical]
     if not (isinstance(method, str) and (method == "variance" or (method == "kmeans" and columns))):
         return initial_inducing_points(X, n_points, method, random_state=random_state, weights=weights,
                                        deadline=deadline)
@@ -746,10 +752,12 @@ def prior_reference(X, weights=None, categorical=()):
 
 
 def _default_lengthscales(X, weights, columns=None):
-    """The default RBF's lengthscales on the columns of X: sqrt(d) times each one's standard deviation (``columns``:
-    the features X's columns are, as an error names them)."""
+    """The default RBF's lengthscales on the columns of X: sqrt(d) times each one's standard deviation, or the spread
+    of its other rows where a few rows set that deviation (``outlier_scales``) (``columns``: the features X's columns
+    are, as an error names them)."""
     d = X.shape[1]
-    std, magnitude = column_scales(X, weights)
+    scales = outlier_scales(X, weights)
+    std, magnitude = np.where(scales.dominated, scales.bulk, scales.std), scales.magnitude
     # a constant column (spread 0) takes its magnitude as its scale (at least 1): it adds nothing to a distance
     # whatever its lengthscale, but its values scaled by 1 stayed ~1e23, where the mean the kernel centres on is one
     # ulp off (1e23 + 1.7e7), and the round-off of that offset's squares (2.8e14) broke K(Z, Z) at every jitter
@@ -766,6 +774,89 @@ def _default_lengthscales(X, weights, columns=None):
             "standardise the features (e.g. sklearn's StandardScaler)"
         )
     return list(lengthscales)
+
+
+OUTLIER_SAMPLE_ROWS = 20000  # rows (at a fixed stride) ``outlier_scales`` reads: a few outliers among millions raise
+# the deviation of every column they are in, which the sample's other rows show whether or not it holds them
+
+
+class OutlierScales(NamedTuple):
+    """Per column (NumPy float64 (d,)): the standard deviation and largest |x| of all rows (``column_scales``), the
+    mean and spread of the rows less their few extreme ones (``backend.moments_without_extremes``), and whether a
+    few rows set the deviation (``backend.few_rows_set_spread``)."""
+
+    std: np.ndarray
+    magnitude: np.ndarray
+    centre: np.ndarray
+    bulk: np.ndarray
+    dominated: np.ndarray
+
+
+def outlier_scales(X, weights=None):
+    """``OutlierScales`` of the columns of X (any namespace; ``weights``: the rows' counts): the deviation of every
+    row (``column_scales``), the bulk's of at most ``OUTLIER_SAMPLE_ROWS`` rows at a fixed stride, on the host."""
+    n, d = X.shape
+    std, magnitude = column_scales(X, weights)
+    stride = max(1, -(-n // OUTLIER_SAMPLE_ROWS))
+    rows = np.asarray(B.to_numpy(X[0:n:stride, :]), dtype=np.float64)
+    if rows.shape[0] < 2:
+        return OutlierScales(std, magnitude, np.zeros(d), np.zeros(d), np.zeros(d, dtype=bool))
+    w = None if weights is None else np.asarray(B.to_numpy(weights), np.float64)[0:n:stride]
+    centre, bulk = B.moments_without_extremes(rows, w)
+    return OutlierScales(std, magnitude, centre, bulk, B.few_rows_set_spread(std, bulk))
+
+
+def typical_rows(X, weights=None, categorical=()):
+    """The indices (NumPy int64) of the rows of X (the start's; ``weights`` their counts) that inducing points start
+    from: those within ``backend.OUTLIER_SPREAD_RATIO`` bulk spreads of the bulk's mean in every continuous column
+    whose deviation a few rows set (``outlier_scales``); every row where no column is such. A point on an outlier
+    (1e8 among values within +-3) centred the kernel's distances far from the others (``kernels.RBF._r2`` centres
+    on the points' mean), whose squares' round-off broke K(Z, Z) at every jitter: the fit diverged at its first
+    step."""
+    continuous = [j for j in range(X.shape[1]) if j not in set(int(c) for c in categorical)]
+    everything = np.arange(X.shape[0])
+    if not continuous:
+        return everything
+    xp = B.array_namespace(X)
+    rows = _columns_of(X, continuous)
+    scales = outlier_scales(rows, weights)
+    chosen = np.flatnonzero(scales.dominated)
+    if not chosen.size:
+        return everything
+    values = np.asarray(B.to_numpy(xp.take(rows, B.asarray_like(chosen, xp, device=B.array_device(X)), axis=1)),
+                        dtype=np.float64)
+    near = np.all(np.abs(values - scales.centre[chosen]) <= B.OUTLIER_SPREAD_RATIO * scales.bulk[chosen], axis=1)
+    return np.flatnonzero(near)
+
+
+def _columns_of(X, columns):
+    """The ``columns`` of X (every one: X itself), in X's namespace and device."""
+    if len(columns) == X.shape[1]:
+        return X
+    xp = B.array_namespace(X)
+    return xp.take(X, B.asarray_like(np.asarray(columns), xp, device=B.array_device(X)), axis=1)
+
+
+def warn_outlier_columns(X, weights=None, categorical=()):
+    """Say in one UserWarning which continuous columns of the start's rows X (``weights`` their counts; not the
+    ``categorical`` ones, whose codes are levels) have a standard deviation that a few extreme rows set: the
+    default kernel's lengthscales, and the priors centred on them, start from their other rows' spread there
+    (``_default_lengthscales``), inducing points from the other rows (``typical_rows``), and the user should know
+    their data hold such values (a typo, a code such as -999 for "missing", a unit mixed up)."""
+    continuous = [j for j in range(X.shape[1]) if j not in set(int(c) for c in categorical)]
+    if not continuous:
+        return
+    scales = outlier_scales(_columns_of(X, continuous), weights)
+    chosen = np.flatnonzero(scales.dominated)
+    if chosen.size:
+        shown = "; ".join(f"column {continuous[j]}: {scales.std[j]:.3g} where its other rows' is "
+                          f"{scales.bulk[j]:.3g}" for j in chosen[:5])
+        more = f" ({chosen.size} columns in all)" if chosen.size > 5 else ""
+        warnings.warn(f"a few extreme values set the standard deviation of some features ({shown}{more}): the "
+                      "default kernel's lengthscales start from the other rows' spread there, and the inducing "
+                      "points from the other rows (from the deviation, the fit would drop such a feature); check "
+                      "those values (a typo, a code such as -999 for missing, mixed units) or clip them",
+                      UserWarning, stacklevel=B.outside_stacklevel())
 
 
 def note_tf32(plan, xp):
