@@ -292,6 +292,11 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
         (engine.has_damping and 0 < damping <= 1) or (not engine.has_damping and math.isnan(damping))
     ):
         raise refuse(f"engine.damping: {damping!r}, expected " + ("a number in (0, 1]" if engine.has_damping else "NaN"))
+    jitter = saved.get("jitter", engine.jitter)  # (the guard only raises it: at least the run's; absent before 89)
+    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not (
+            math.isfinite(jitter) and jitter >= engine.jitter):
+        raise refuse(f"engine.jitter: {jitter!r}, expected a finite number at least this run's jitter "
+                     f"({engine.jitter:g}): the guard only raises it")
     # what an optimiser steps: kernel parameters, Z, and for SVI q itself (whitened_mean, whitened_chol); a checkpoint
     # of an older form may name a state entry as it was named then (the engine's ``layout.legacy``, old name
     # to new: the engine converts it as it restores)
@@ -309,7 +314,7 @@ def check_engine_state(saved, engine, fingerprint, path, refuse):
         raise refuse(f"engine.optimizer: {problem}")
     for key, value in saved.items():
         where = f"engine.{key}"
-        if key in ("kernel", "damping", "optimizer"):
+        if key in ("kernel", "damping", "jitter", "optimizer"):
             continue
         if key in layout.extras:  # the engine's own record: it checks it as it restores
             continue

@@ -5,11 +5,13 @@ import copy
 import json
 import os
 import shutil
+import warnings
 
 import numpy as np
 import pytest
 
-from agpc import GPClassifier, checkpoints
+from agpc import GPClassifier, JitterWarning, checkpoints
+from agpc import backend as agpc_backend
 from agpc.backend import CholeskyError
 from agpc.datasets import make_banana
 from agpc.inference import checkpointing, tied_steps, training
@@ -32,6 +34,28 @@ def test_interrupted_and_resumed_fit_equals_uninterrupted(tmp_path, monkeypatch,
                                rtol=1e-12)
     assert (resumed.n_iter_, resumed.n_warmup_) == (reference.n_iter_, reference.n_warmup_)
     np.testing.assert_allclose(resumed.inducing_points_, reference.inducing_points_, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("method, batch_size, stop_at", [("ep", None, 17), ("sep", 100, 11)])
+def test_a_fit_resumed_after_the_guard_raised_the_jitter_goes_on_under_the_raised_jitter(
+        tmp_path, monkeypatch, method, batch_size, stop_at):
+    """Duplicated inducing points with jitter 0 (and no floor): the guard raises the model's jitter at the first
+    step that fails to factorise Kmm. The checkpoint keeps the raised jitter: a resume went on from the run's first
+    one (0), failed again where the run had gone on, and ended at a model of neither run."""
+    monkeypatch.setattr(agpc_backend, "jitter_floor", lambda Z: 0.0)
+    X, y = make_banana(600, random_state=5)
+    Z = np.concatenate([X[:4], X[:4]])
+    params = dict(method=method, inducing=Z, jitter=0.0, batch_size=batch_size, max_iter=20 if batch_size is None else 3,
+                  random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", JitterWarning)
+        reference, resumed = interrupted_then_resumed(monkeypatch, params, tmp_path / "run.ckpt", stop_at, X, y)
+        saved = checkpoints.load_checkpoint(tmp_path / "run.ckpt", np.asarray)
+    assert reference.jitter_ > 0 and saved["engine"]["jitter"] == reference.jitter_
+    assert resumed.jitter_ == reference.jitter_
+    np.testing.assert_allclose(resumed.history_["log_marginal_likelihood"], reference.history_["log_marginal_likelihood"],
+                               rtol=1e-12)
     np.testing.assert_allclose(resumed.predict_proba(X), reference.predict_proba(X), rtol=1e-10, atol=1e-14)
 
 
@@ -396,6 +420,10 @@ CHECKPOINT_CORRUPTIONS = {
     "unknown node": (lambda s, a: s.update(n_updates={"code": "os.system"}), ["n_updates", "not a node"]),
     "dangling array": (lambda s, a: s.update(elapsed={"array": "array_999"}), ["elapsed", "not a node"]),
     "damping out of range": (lambda s, a: _engine(s).update(damping=190), ["engine.damping"]),
+    # the jitter the run was at: the guard only raises it from the run's own (1e-6 here)
+    "jitter below the run's": (lambda s, a: _engine(s).update(jitter=1e-9), ["engine.jitter: 1e-09", "at least"]),
+    "jitter NaN": (lambda s, a: _engine(s).update(jitter=float("nan")), ["engine.jitter: nan"]),
+    "jitter of text": (lambda s, a: _engine(s).update(jitter="1e-3"), ["engine.jitter: '1e-3'"]),
     "kernel parameter missing": (lambda s, a: _engine(s)["kernel"]["dict"].pop("log_noise"), ["engine.kernel"]),
     "optimizer garbage": (lambda s, a: _engine(s).update(optimizer={"list": [1]}), ["engine.optimizer"]),
     # a hostile-input audit (2026-12-02): a step of 0 or below, or a sign of 0.5, is no state Rprop reaches

@@ -667,7 +667,10 @@ class Engine(ModulesByName, abc.ABC):
 
     def _common_checkpoint(self):
         s = self.state
+        # (the jitter the run is at: the guard may have raised it, and a resume from the one it started with failed
+        # again where the run had gone on)
         return {"kernel": dict(s["kernel"].params), "Z": s["Z"], "damping": float(self.damping),
+                "jitter": float(self.jitter),
                 "optimizer": self.optimizer.snapshot() if self.optimizer is not None else None}
 
     def _restore_common(self, saved):
@@ -675,5 +678,6 @@ class Engine(ModulesByName, abc.ABC):
         s["kernel"] = s["kernel"].with_params(saved["kernel"])
         s["Z"] = saved["Z"]
         self.damping = saved["damping"]
+        self.jitter = saved.get("jitter", self.jitter)  # (a checkpoint from before it was kept: the run's first)
         if self.optimizer is not None:
             self.optimizer.restore(saved["optimizer"])
