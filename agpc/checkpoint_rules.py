@@ -207,8 +207,9 @@ def check_log_range(values, where, refuse):
     kernel's slope variances and bias: ``kernels.scales_values``), stored as its log, must have logs whose exp is
     finite (at most ``LOG_RANGE``): an infinite one makes every covariance inf, no model. A checkpoint's log_noise of
     710 resumed to log Z and probabilities of NaN. (Not below: batch EP's sign-based steps drove a latent noise to
-    exp(-752) and an absent ordinal class's cut gap to exp(-782), values a fit reaches and its files must keep; nor
-    a lengthscale's, whose inf is a feature ignored.)"""
+    exp(-752) and an absent ordinal class's cut gap to exp(-782), values a fit reaches and its files must keep; nor,
+    in a checkpoint, a lengthscale's, whose inf is a feature ignored: a model file bounds every log parameter so,
+    ``model_file``.)"""
     host = np.reshape(np.asarray(to_numpy(values), dtype=np.float64), (-1,))
     beyond = host[np.isfinite(host) & (host > LOG_RANGE)]
     if beyond.size:

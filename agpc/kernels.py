@@ -113,11 +113,17 @@ class Parameter:
     length: int | None = None  # a vector of this many entries whatever the inputs (an ordinal model's cut gaps)
 
     @property
+    def stored_as_log(self):
+        """Whether the stored value is the parameter's log (every positive parameter): its value is exp of it."""
+        return self.transform == LOG
+
+    @property
     def scales_values(self):
         """Whether exp of the stored value multiplies or adds to the kernel's values (an amplitude, a latent noise, a
         linear kernel's slope variances and bias: ``VALUE_SCALES``), where an infinite one is no model
-        (``checkpoint_rules.check_log_range``); a lengthscale's inf is a feature ignored."""
-        return self.transform == LOG and self.name in VALUE_SCALES
+        (``checkpoint_rules.check_log_range``); a lengthscale's inf is a feature ignored, which a checkpoint may
+        resume from (a model file may not: ``model_file``)."""
+        return self.stored_as_log and self.name in VALUE_SCALES
 
     @property
     def key(self):

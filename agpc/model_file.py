@@ -217,9 +217,9 @@ def _check_kernels_load(specs):
 
 
 def _check_kernel_values_load(header, arrays, n_classes):
-    """Refuse to write kernel parameters the loader would refuse: a log amplitude or noise whose exp is inf
-    (``check_log_range``). A fit at Adam's learning rate 1e3 ended with a latent noise of exp(767), and its file was
-    written and then refused by ``load_model`` (the hostile-input audit of 2026-12-04)."""
+    """Refuse to write kernel parameters the loader would refuse: a log whose exp is inf (``_check_log_parameter``).
+    A fit at Adam's learning rate 1e3 ended with a latent noise of exp(767), and its file was written and then
+    refused by ``load_model`` (the hostile-input audit of 2026-12-04)."""
     def refuse(why):
         why = why.replace(": no fit gives it", "")  # (the loader's words of a file: here a fit did)
         return ValueError(f"save_model: this model's kernel could not be loaded back from a model file ({why}): its "
@@ -228,8 +228,20 @@ def _check_kernel_values_load(header, arrays, n_classes):
 
     _, table = _kernel_specs(header, n_classes, refuse)
     for name, parameter in table.items():
-        if parameter.scales_values and f"kernel_{name}" in arrays:
-            check_log_range(arrays[f"kernel_{name}"], f"kernel_{name} (the {parameter.name})", refuse)
+        if f"kernel_{name}" in arrays:
+            _check_log_parameter(parameter, arrays[f"kernel_{name}"], f"kernel_{name}", refuse)
+
+
+def _check_log_parameter(parameter, values, key, refuse):
+    """A model file's kernel parameter stored as its log (every positive one) has logs whose exp is finite
+    (``check_log_range``), what the model predicts with. An infinite amplitude or noise makes every covariance inf;
+    an infinite lengthscale (a checkpoint may hold one: a feature ignored) overflows with NumPy's warning at every
+    use of the kernel, and all of them make a kernel of one constant, a model that answers one probability whatever
+    the input (the hostile-input audit of 2026-12-04: log lengthscales of 800). No fit that stays in float64's range
+    writes one: once 1 / l^2 underflows (log l ~ 355-372) a lengthscale's gradient is 0 and the optimisers stop
+    moving it (Rprop's irrelevant features stopped at 390); a step that leaves the range is refused at save."""
+    if parameter.stored_as_log:
+        check_log_range(values, f"{key} (the {parameter.name})", refuse)
 
 
 def unpickled_state(state):
@@ -455,8 +467,7 @@ def _kernel_arrays(header, arrays, table, d, refuse):
         else:
             shape = ()
         params[name] = _float_array(arrays, key, shape, refuse, allow_neg_inf=table[name].may_be_zero)
-        if table[name].scales_values:
-            check_log_range(params[name], f"{key} (the {table[name].name})", refuse)
+        _check_log_parameter(table[name], params[name], key, refuse)
     return params
 
 

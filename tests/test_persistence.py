@@ -364,6 +364,11 @@ CORRUPTIONS = {
     "integer h": ({}, {"posterior_h": lambda a: a["posterior_h"].astype(np.int64)}, ["posterior_h", "dtype"]),
     "missing kernel array": ({}, {"kernel_log_amplitude": lambda a: None}, ["kernel_log_amplitude", "missing"]),
     "lengthscale shape": ({}, {"kernel_log_lengthscales": lambda a: np.zeros(7)}, ["kernel_log_lengthscales"]),
+    # (the hostile-input audit of 2026-12-04: lengthscales of exp(800) = inf loaded, a kernel of one constant that
+    # answered one probability everywhere, and 'agpc inspect' printed NumPy's overflow warnings)
+    "lengthscales past float64": ({}, {"kernel_log_lengthscales": lambda a: np.full_like(a["kernel_log_lengthscales"],
+                                                                                          800.0)},
+                                  ["kernel_log_lengthscales (the lengthscales): 800, whose exp is inf in float64"]),
     "extra array": ({}, {"payload": lambda a: np.zeros(3)}, ["unexpected", "payload"]),
     "params not a mapping": ({"params": [1, 2]}, {}, ["params"]),
     "unknown method": ({"params": {"method": "nope"}}, {}, ["params", "nope"]),
@@ -1107,14 +1112,15 @@ def test_a_fit_of_max_iter_0_saves_and_loads(tmp_path):
     np.testing.assert_allclose(loaded.predict_proba(X[:5]), model.predict_proba(X[:5]), rtol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["log_noise", "log_amplitude"])
+@pytest.mark.parametrize("name", ["log_noise", "log_amplitude", "log_lengthscales"])
 def test_a_kernel_parameter_out_of_the_floats_is_not_saved(tmp_path, name):
     """The hostile-input audit of 2026-12-04: a fit at Adam's learning rate 1e3 ended with a latent noise of exp(767),
     inf, and ``save_model`` wrote a file that ``load_model`` refused ("whose exp is inf in float64"). Saving refuses
-    it, naming the parameter, and writes nothing."""
+    it, naming the parameter, and writes nothing; so for lengthscales, which a model file bounds as well."""
     X, y = make_banana(120, random_state=3)
     model = GPClassifier(n_inducing=5, max_iter=2, random_state=0).fit(X, y)
-    model.kernel_ = model.kernel_.with_params({**model.kernel_.params, name: np.asarray(767.0)})
+    model.kernel_ = model.kernel_.with_params({**model.kernel_.params,
+                                               name: np.full_like(model.kernel_.params[name], 767.0)})
     path = tmp_path / "m.agpc"
     with pytest.raises(ValueError, match=rf"save_model: .*kernel_{name} .*767, whose exp is inf in float64\)"):
         model.save(path)
