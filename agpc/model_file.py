@@ -856,7 +856,12 @@ def _posterior_from_file(kernel, Z, L_C, h, jitter, n_classes, refuse):
                          for c in range(n_classes))
         return Posterior(L_K=prior_cholesky(kernel, Z, jitter), L_C=L_C, h=h)
     except B.CholeskyError as exc:
-        raise refuse(f"inducing_points: with the kernel they give no covariance matrix ({exc})") from None
+        raise _no_covariance(exc, refuse) from None
+
+
+def _no_covariance(why, refuse):
+    """The refusal of a file's inducing points at which its kernel gives no covariance matrix (``why``)."""
+    return refuse(f"inducing_points: with the kernel they give no covariance matrix ({why})")
 
 
 def _check_fitted_jitter(jitter, parameter, kernel, Z, multiclass, refuse):
@@ -868,6 +873,8 @@ def _check_fitted_jitter(jitter, parameter, kernel, Z, multiclass, refuse):
     points = [Z[c, ...] for c in range(Z.shape[0])] if multiclass else [Z]
     with np.errstate(all="ignore"):
         scale = max(float(np.mean(np.diagonal(B.to_numpy(k.K(z))))) for k, z in zip(kernels, points))
+    if not math.isfinite(scale):  # (inducing points of 1e308 overflow the kernel's arithmetic: not the jitter's fault)
+        raise _no_covariance("its variances at them are not finite", refuse)
     most = float(parameter) + B.jitter_floor(Z) + scale
     if not jitter <= most:
         raise refuse(f"fitted_jitter: {jitter:.3g} is more than the jitter parameter ({float(parameter):.3g}) plus "

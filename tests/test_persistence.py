@@ -350,6 +350,12 @@ def negative_diagonal(L):
     return L
 
 
+def first_set_to(values, value):
+    values = values.copy()
+    values.flat[0] = value
+    return values
+
+
 CORRUPTIONS = {
     # name: (header changes, array changes (functions of the saved arrays), words the message must hold)
     "L_C not triangular": ({}, {"posterior_L_C": lambda a: upper_triangular(a["posterior_L_C"])},
@@ -361,6 +367,10 @@ CORRUPTIONS = {
     "classes 2-D": ({}, {"classes": lambda a: a["classes"][None, :]}, ["classes"]),
     "object classes": ({}, {"classes": lambda a: np.array([1, 2], dtype=object)}, ["classes", "object"]),
     "inducing shape": ({}, {"inducing_points": lambda a: a["inducing_points"][:, :1]}, ["inducing_points", "shape"]),
+    # (the hostile-input audit of 2026-12-04: an inducing point of 1e308 overflowed K(Z, Z), and the file was refused
+    # for its fitted_jitter)
+    "inducing point past the kernel's arithmetic": ({}, {"inducing_points": lambda a: first_set_to(
+        a["inducing_points"], 1e308)}, ["inducing_points: with the kernel they give no covariance matrix"]),
     "integer h": ({}, {"posterior_h": lambda a: a["posterior_h"].astype(np.int64)}, ["posterior_h", "dtype"]),
     "missing kernel array": ({}, {"kernel_log_amplitude": lambda a: None}, ["kernel_log_amplitude", "missing"]),
     "lengthscale shape": ({}, {"kernel_log_lengthscales": lambda a: np.zeros(7)}, ["kernel_log_lengthscales"]),
