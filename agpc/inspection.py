@@ -408,17 +408,38 @@ def _figure():
     return figure
 
 
+# The largest magnitude of a history's value the training curve draws. matplotlib's axis arithmetic (the span of the
+# values, its margins, the tick steps) overflows float64 well before float64's largest number: a forged history of
+# +-8e307 failed in its ticker ("arange: cannot compute length"), 1e308 alone drew with NumPy's overflow warnings;
+# +-1e300 draws. No fit records a log Z, an NLL or a step count within orders of magnitude of it.
+PLOTTED_RANGE = 1e300
+
+
+def _plottable(steps, values):
+    """(steps, values, how many points were left out) of a curve: the points whose step and value both lie within
+    ``PLOTTED_RANGE``."""
+    steps, values = np.asarray(steps, dtype=np.float64), np.asarray(values, dtype=np.float64)
+    kept = (np.abs(steps) <= PLOTTED_RANGE) & (np.abs(values) <= PLOTTED_RANGE)
+    return steps[kept], values[kept], int(np.count_nonzero(~kept))
+
+
 def _plot_training(ax, model):
     history = model.state.history
     values = history.get("log_marginal_likelihood") or []
-    ax.plot(history.get("n_steps") or range(1, len(values) + 1), values, color="#08519c", label="log Z_q")
+    steps, values, left_out = _plottable(history.get("n_steps") or range(1, len(values) + 1), values)
+    ax.plot(steps, values, color="#08519c", label="log Z_q")
     stopped = STOPPED_BECAUSE.get(model.recorded("stop_reason"), "not recorded").split(":")[0]
     ax.set(title=f"training (stopped: {stopped})", xlabel="steps", ylabel=_bound_name(model))
     nll = history.get("validation_nll") or []
     if nll:
         right = ax.twinx()
-        right.plot(history["validation_step"], nll, color="#cb181d", label="validation NLL")
+        at, nll, more = _plottable(history["validation_step"], nll)
+        right.plot(at, nll, color="#cb181d", label="validation NLL")
         right.set_ylabel("validation NLL", color="#cb181d")
+        left_out += more
+    if left_out:  # (a forged file's history: the curve is drawn without them, and says so)
+        ax.text(0.5, 0.97, f"{left_out} recorded points beyond +-{PLOTTED_RANGE:.0e} not drawn", transform=ax.transAxes,
+                ha="center", va="top", fontsize=8, color="#cb181d")
 
 
 def _plot_reliability(ax, calibration, n_bins):

@@ -443,6 +443,33 @@ def test_plot_model_writes_a_png_and_refuses_a_directory(banana_model, tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["model.png"]
 
 
+def test_inspect_plot_of_a_history_beyond_what_an_axis_spans_draws_the_rest_and_says_so(banana_model, tmp_path,
+                                                                                         monkeypatch, capsys):
+    """The hostile-input audit of 2026-12-04: a forged model file whose history held +-1e308 failed in matplotlib's
+    ticker ('arange: cannot compute length', after NumPy's overflow warning). The curve is drawn without those
+    points, the panel says how many it left out, and nothing is printed to stderr."""
+    pytest.importorskip("matplotlib")
+    model = banana_model[0]
+    _, buffer = saved_and_loaded(model)
+
+    def change(header):
+        header["history"]["log_marginal_likelihood"][:2] = [1e308, -1e308]
+
+    forged = tmp_path / "forged.agpc"
+    forged.write_bytes(rewritten(buffer, change).getvalue())
+    figures = []
+    real = inspection._figure
+    monkeypatch.setattr(inspection, "_figure", lambda: figures.append(real()) or figures[-1])
+    out = tmp_path / "plot.png"
+    assert main(["inspect", str(forged), "--plot", str(out)]) == 0
+    assert capsys.readouterr().err == "" and out.read_bytes()[:8] == PNG_SIGNATURE
+    panel = figures[0].axes[0]
+    assert len(model.history_["n_steps"]) > 2
+    np.testing.assert_array_equal(panel.lines[0].get_xdata(), model.history_["n_steps"][2:])
+    np.testing.assert_array_equal(panel.lines[0].get_ydata(), model.history_["log_marginal_likelihood"][2:])
+    assert [text.get_text() for text in panel.texts] == ["2 recorded points beyond +-1e+300 not drawn"]
+
+
 def test_inspect_without_matplotlib_names_it(files, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
