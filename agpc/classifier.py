@@ -643,6 +643,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.stop_reason_, self.n_samples_fit_, self.n_warmup_ = result.stop_reason, n_rows, result.n_warmup
         training.warn_if_no_checkpoint(self.checkpoint_path, self.checkpoint_every, result, resumed,
                                        stacklevel=B.outside_stacklevel())
+        training.warn_if_never_scored(self.eval_every, self.n_iter_no_change, result,
+                                      stacklevel=B.outside_stacklevel())
         self._warn_of_time(result, resumed)
         if self.max_iter != 0 and not (result.stopped_by_time and result.n_iter == 0):  # (those are said already)
             self._warn_if_flat(probe)

@@ -26,7 +26,7 @@ from .batch_size import gpu_block_rows, rows_per_step
 from .inference.dask_engine import ChunkedRows, DaskPasses
 from .inference.data_parallel import DataParallel, RowsOnWorkers, refusal
 
-__all__ = ["LOCAL_CHUNK_ROWS", "PlacedRows", "Placement", "n_jobs_for", "in_process_cores",
+__all__ = ["LOCAL_CHUNK_ROWS", "PlacedRows", "Placement", "n_jobs_for", "unused_place_settings", "in_process_cores",
            "useful_processes", "local_chunk_rows", "blas_scope"]
 
 # Rows per chunk of a fit in local worker processes (``n_jobs``): the dask protocol's chunks (the 200,000-row check
@@ -127,6 +127,8 @@ class Placement:
         training's generator, which draws the seed of data-parallel rounds (and then the order of the rows shared
         with local workers). ``exact``: the exact model's full-GP passes, the engine of rows in this process."""
         n = inputs.X.shape[0]
+        for name, why in unused_place_settings(self.plan, self.on_cluster, self.steps.minibatch, self.processes > 1):
+            warnings.warn(f"{name} is not used: {why}", UserWarning, stacklevel=B.outside_stacklevel())
         if self.on_cluster:
             return self._on_cluster(inputs, rng)
         if self.processes > 1:
@@ -170,6 +172,29 @@ class Placement:
                              "of rows): a full-batch step would bring every row to the driver")
         self._runner = passes = DaskPasses(client, X.chunks[0], site_directory=plan.site_directory)
         return PlacedRows(X, y, passes, None, batch_size, None, self._weights)
+
+
+def unused_place_settings(plan, on_cluster, minibatch, local_rounds):
+    """(the setting as given, why the fit does not read it) of each of the plan's settings of a place that is not
+    this fit's (``Placement``): ``client``, the cluster of a dask array's fit; ``local_steps``, the steps of
+    data-parallel rounds (a dask array's minibatches, or ``local_rounds``: minibatches in ``n_jobs`` worker
+    processes), ``0`` a dask array's minibatches on the driver; ``site_directory``, where the sites of a dask array's
+    batch passes, or of data-parallel rounds, are kept. ``minibatch``: whether the fit steps on minibatches."""
+    here = ("this fit's rows train in this process (rows not in a dask.array, nor minibatches in n_jobs worker "
+            "processes)")
+    unused = []
+    if plan.client is not None and not on_cluster:
+        unused.append(("client", f"it is the cluster of a fit on a dask.array, and {here}"))
+    if plan.local_steps is not None and not (local_rounds or (on_cluster and minibatch)):
+        where = "this fit on a dask.array takes full-batch passes" if on_cluster else here
+        unused.append((f"local_steps={plan.local_steps!r}", "it sets the steps of data-parallel rounds (minibatches "
+                       f"of a dask.array, or in n_jobs worker processes), and {where}"))
+    rounds_or_passes = local_rounds or (on_cluster and not (minibatch and plan.local_steps == 0))
+    if plan.site_directory is not None and not rounds_or_passes:
+        where = "this fit's minibatches come to this process (local_steps=0)" if on_cluster else here
+        unused.append((f"site_directory={str(plan.site_directory)!r}", "it keeps the sites of batch passes on a "
+                       f"dask.array, or of data-parallel rounds, in files, and {where}, its sites in memory"))
+    return unused
 
 
 def n_jobs_for(plan, steps, xp, n_classes):

@@ -458,6 +458,35 @@ def test_a_refused_refit_leaves_the_fitted_model_as_it_was():
     assert not hasattr(fresh, "feature_names_in_") and not hasattr(fresh, "n_features_in_")
 
 
+class _Client:
+    """Passes the parameter table's check of ``client`` (a distributed.Client's compute and submit)."""
+
+    def compute(self, *args):
+        raise AssertionError("a fit in memory asked the client to compute")
+
+    submit = compute
+
+
+def test_settings_of_a_place_the_rows_are_not_in_are_said():
+    """client, local_steps and site_directory given for a fit in this process (NumPy rows, batch passes or
+    minibatches: no dask.array, no n_jobs worker processes) were ignored without a word; each is now one UserWarning
+    naming it and why, the fit going on as before (the model of the fit without them). Where they are read: the fits
+    on a dask array and in worker processes (tests/test_data_parallel.py, tests/test_local_workers.py)."""
+    X, y = make_banana(200, random_state=0)
+    quick = dict(n_inducing=6, max_iter=2, random_state=0)
+    for batch_size in (None, 50):
+        plain = GPClassifier(batch_size=batch_size, **quick).fit(X, y)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            model = GPClassifier(batch_size=batch_size, client=_Client(), local_steps=2, site_directory="sites",
+                                 **quick).fit(X, y)
+        unused = sorted(str(w.message) for w in said if "is not used" in str(w.message))
+        assert [message.split(" is not used: ")[0] for message in unused] == [
+            "client", "local_steps=2", "site_directory='sites'"]
+        assert all("this fit's rows train in this process" in message for message in unused), unused
+        np.testing.assert_array_equal(model.predict_proba(X), plain.predict_proba(X))
+
+
 def test_labels_of_nearly_one_row_a_class_are_refused_before_the_model_is_built():
     """A hostile-input audit (2026-12-02): an identifier column given as y (100,000 labels in 100,000 rows) started a
     multiclass model of one latent function a class, and ran for minutes with nothing said. More classes than half

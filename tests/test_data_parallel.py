@@ -5,6 +5,7 @@ import re
 import os
 import signal
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -424,6 +425,25 @@ def test_ep_site_files_are_removed_after_the_fit(client, banana, tmp_path):
     GPClassifier(method="ep", n_inducing=8, batch_size=50, max_iter=1, local_steps=2, client=client,
                  site_directory=tmp_path, random_state=0).fit(Xd, yd)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_dask_fit_says_only_the_place_settings_it_does_not_read(client, banana, tmp_path):
+    """client, local_steps and site_directory are said unused for a fit in memory (tests/test_classifier.py); on a
+    dask array each is read where its docstring says: the rounds (client, local_steps, site_directory), batch EP's
+    passes (client, site_directory) and minibatches on the driver (client, local_steps=0) say nothing. What the
+    place does not read is said: local_steps of batch passes, site_directory of minibatches on the driver."""
+    X, y, _, _ = banana
+    Xd, yd = da.from_array(X[:400], chunks=(100, 2)), da.from_array(y[:400], chunks=100)
+    quick = dict(method="ep", n_inducing=8, max_iter=1, random_state=0, client=client)
+    for params, unused in [(dict(batch_size=50, local_steps=2, site_directory=tmp_path), []),
+                           (dict(batch_size=None, site_directory=tmp_path), []),
+                           (dict(batch_size=50, local_steps=0), []),
+                           (dict(batch_size=None, local_steps=2), ["local_steps=2"]),
+                           (dict(batch_size=50, local_steps=0, site_directory="sites"), ["site_directory='sites'"])]:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            GPClassifier(**quick, **params).fit(Xd, yd)
+        assert [str(w.message).split(" is not used: ")[0] for w in said if "is not used" in str(w.message)] == unused
 
 
 def test_validation_data_on_a_dask_array(client, banana):

@@ -154,6 +154,33 @@ def test_validation_without_eval_every_scores_each_epoch_in_minibatch_mode():
     assert trainer.history["validation_step"] == [4, 8] and not run.early_stopped
 
 
+def test_an_eval_every_the_fit_never_reaches_or_has_nothing_to_score_is_said():
+    """eval_every past the steps a fit takes (10,000 with max_iter=3; 13 of a minibatch fit's 12 steps: it counts
+    minibatches, 6 an epoch here, not epochs), or given with no validation rows (n_iter_no_change too), was ignored
+    without a word: the history held no score and nothing could stop on one. Now one UserWarning a fit names it
+    and why; an eval_every the fit reaches (10 of 12 minibatch steps, above max_iter=2 epochs) says nothing."""
+    X, y = make_banana(300, random_state=0)
+    validation = make_banana(100, random_state=1)
+    quick = dict(n_inducing=6, random_state=0)
+    minibatch = dict(method="sep", batch_size=50, max_iter=2, **quick)
+    for params, data, match in [
+            (dict(eval_every=10_000, max_iter=3, **quick), validation, r"eval_every=10000 is not used: the fit ended "
+             r"after 13 steps \(stop_reason_ 'max_iter'\), before its first validation score"),
+            (dict(eval_every=13, **minibatch), validation, r"eval_every=13 is not used: the fit ended after 12 steps"),
+            (dict(eval_every=3, n_iter_no_change=2, max_iter=3, **quick), None,
+             r"eval_every=3 and n_iter_no_change=2 are not used: the fit had no validation rows to score")]:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            model = GPClassifier(**params).fit(X, y, validation_data=data)
+        unused = [str(w.message) for w in said if "not used" in str(w.message)]
+        assert len(unused) == 1 and re.match(match, unused[0]), unused
+        assert not model.history_.get("validation_nll")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*not used")
+        model = GPClassifier(eval_every=10, **minibatch).fit(X, y, validation_data=validation)
+    assert model.history_["validation_step"] == [10]
+
+
 def test_checkpoints_are_written_every_few_steps_and_a_resume_needs_a_path(monkeypatch, tmp_path):
     X, y = make_banana(120, random_state=1)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)

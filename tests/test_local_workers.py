@@ -76,16 +76,20 @@ def _gone(pids, seconds=GONE_SECONDS):
 
 @pytest.mark.parametrize("method, n, epochs, tolerance", [("sep", 2000, 4, 0.005), ("ep", 2000, 4, 0.005),
                                                            ("svi", 1000, 60, 0.01)])
-def test_n_jobs_trains_in_worker_processes_near_the_single_process_fit(banana, pools, method, n, epochs, tolerance):
+def test_n_jobs_trains_in_worker_processes_near_the_single_process_fit(banana, pools, method, n, epochs, tolerance,
+                                                                        tmp_path):
     """Two worker processes, four local steps a round, the same rows seen: the test NLL within ``tolerance`` of
     the single-process fit's (the tolerances and their reasons of the dask test, tests/test_data_parallel.py);
-    the fit ran in the two processes (``n_jobs_``, and their processes are gone afterwards)."""
+    the fit ran in the two processes (``n_jobs_``, and their processes are gone afterwards), whose rounds read
+    local_steps and site_directory (neither said unused, as they are of a fit in this process)."""
     X, y, X_test, y_test = banana
     X, y = X[:n], y[:n]
     # (every epoch: the fits are compared after the same number of them)
     params = dict(method=method, n_inducing=15, batch_size=50, max_iter=epochs, random_state=0, plateau=None)
     single = GPClassifier(**params).fit(X, y)
-    parallel = GPClassifier(**params, n_jobs=2, local_steps=4).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".* is not used")
+        parallel = GPClassifier(**params, n_jobs=2, local_steps=4, site_directory=tmp_path).fit(X, y)
     assert single.n_jobs_ == 1 and parallel.n_jobs_ == 2
     assert abs(nll_of(parallel, X_test, y_test) - nll_of(single, X_test, y_test)) < tolerance
     assert parallel.history_["n_steps"][-1] == epochs * -(-n // (2 * 4 * 50))  # rounds of 2 shards x 4 x 50 rows

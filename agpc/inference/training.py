@@ -36,7 +36,7 @@ from .guard import GUARD_KEYS, REASONS, Guard
 from .hooks import standard_hooks
 from .settings import TrainSettings, setting_names, with_overrides
 
-__all__ = ["train", "fit", "warn_if_no_checkpoint", "Trainer", "TrainResult", "TrainSettings", "EngineOptions", "Run",
+__all__ = ["train", "fit", "warn_if_no_checkpoint", "warn_if_never_scored", "Trainer", "TrainResult", "TrainSettings", "EngineOptions", "Run",
            "with_overrides", "setting_names", "standard_hooks", "ALL_METHODS", "MAX_FAILURES", "minibatch_layout",
            "data_fingerprint", "fingerprint_stride", "FINGERPRINT_ROWS", "check_saved_factor", "check_saved_anchor",
            "STOP_REASONS"]
@@ -552,6 +552,31 @@ def warn_if_no_checkpoint(checkpoint_path, checkpoint_every, result, resumed, st
     if checkpoint_every is not None and result.checkpoints_written == 0 and not resumed:
         warnings.warn(f"no checkpoint was written to {str(checkpoint_path)!r}: the fit ended before its first "
                       f"checkpoint (checkpoint_every={checkpoint_every} steps is more than it took)", UserWarning,
+                      stacklevel=stacklevel + 1)
+
+
+def warn_if_never_scored(eval_every, n_iter_no_change, result, stacklevel=2):
+    """A ``UserWarning`` naming the validation settings a fit's ``result`` shows it never used: ``eval_every`` and
+    ``n_iter_no_change`` of a fit without validation rows (no ``validation_data``, no rows held out by
+    ``early_stopping``), or ``eval_every`` of one that ended before its first score (more steps than the fit took:
+    the history holds no score, and nothing could stop on one)."""
+    history = result.history
+    if "validation_nll" not in history:  # (the validation hook never started: ``hooks.Validation``)
+        unused = [f"{name}={value!r}" for name, value in (("eval_every", eval_every),
+                                                          ("n_iter_no_change", n_iter_no_change)) if value is not None]
+        why = ("the fit had no validation rows to score (fit(..., validation_data=(X_val, y_val)), or "
+               "early_stopping=True to hold some out)")
+    else:
+        steps = history["n_steps"][-1] if history.get("n_steps") else 0
+        if eval_every is None or history["validation_nll"] or steps >= eval_every:
+            return
+        unused = [f"eval_every={eval_every!r}"]
+        # (eval_every counts the loop's steps: a minibatch fit's are its minibatches, not its epochs)
+        why = (f"the fit ended after {steps} steps (stop_reason_ {result.stop_reason!r}), before its first "
+               "validation score, so history_ holds none; eval_every counts steps: iterations, warm-up sweeps "
+               "included, or minibatches, max_iter epochs of them")
+    if unused:
+        warnings.warn(f"{' and '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used: {why}", UserWarning,
                       stacklevel=stacklevel + 1)
 
 
