@@ -20,7 +20,7 @@ from .methods import ORDINAL, methods_supporting
 
 __all__ = ["FILE_LABEL_KINDS", "MAX_LABEL_BYTES", "EncodedLabels", "check_labels", "holdout_mask", "stratified_rows", "encode_labels",
            "label_ranks", "encoded_ranks", "label_text", "check_label_length", "check_classes", "check_target_shape",
-           "labels_on_disk", "chunk_labels", "labels_kind", "merged_labels", "label_column",
+           "labels_on_disk", "chunk_labels", "labels_kind", "kind_words", "merged_labels", "label_column",
            "device_targets"]
 
 # A class label is a number or a short name: a longer string is a way to take memory. A model file holds each label in
@@ -51,15 +51,17 @@ FILE_LABEL_KINDS = "biufU"
 
 
 def _label_kind(value):
-    """The kind of one label in an object array: "str", "number", "None", "NaN", or its type's name."""
+    """The kind of one label in an object array: "str", "number", "bool", "None", "NaN", or its type's name."""
     if value is None:
         return "None"
     if type(value).__name__ == "NAType":  # (pandas' missing value, in nullable and string columns)
         return "NA"
     if isinstance(value, (str, bytes)):
         return "str"
-    if isinstance(value, (numbers.Real, np.bool_)):  # bools, ints and floats order among themselves
-        return "NaN" if isinstance(value, numbers.Real) and value != value else "number"
+    if isinstance(value, (bool, np.bool_)):  # a kind of its own: True == 1, so beside numbers it merges into a class
+        return "bool"
+    if isinstance(value, numbers.Real):  # ints and floats order among themselves
+        return "NaN" if value != value else "number"
     return type(value).__name__
 
 
@@ -116,11 +118,13 @@ def check_labels(y, what="y", offset=0, kind="label"):
                                  f"{_rows_text(kinds[missing], offset)}: drop those rows or {words['fill']}")
         if len(kinds) > 1:
             found = ", ".join(f"{kind} at row {rows[0] + offset}" for kind, rows in kinds.items())
-            raise ValueError(f"{what} mixes kinds of {words['items']} ({found}): use one kind for every "
+            merged = (": a bool is the number 1 or 0 to NumPy, so True and 1 would be taken as one;"
+                      if set(kinds) == {"bool", "number"} else ":")
+            raise ValueError(f"{what} mixes kinds of {words['items']} ({found}){merged} use one kind for every "
                              f"{words['item']}, e.g. all strings or all integers")
         blank = [row for row, value in enumerate(objects) if isinstance(value, (str, bytes)) and not value.strip()]
         _refuse_trailing_nul(objects, what, offset, words)
-        if set(kinds) == {"number"}:
+        if set(kinds) in ({"number"}, {"bool"}):
             values = _numbers(objects, what).reshape(np.shape(y))
     elif values.dtype.kind == "f":
         nan = np.flatnonzero(np.isnan(values))
@@ -148,7 +152,8 @@ def _refuse_labels_a_file_cannot_keep(values, what):
     if values.dtype.kind in FILE_LABEL_KINDS:
         return
     if values.dtype.kind == "O":
-        odd = next((v for v in values.ravel() if isinstance(v, bytes) or _label_kind(v) not in ("str", "number")),
+        odd = next((v for v in values.ravel() if isinstance(v, bytes) or _label_kind(v) not in ("str", "number",
+                                                                                               "bool")),
                    None)
         if odd is None:
             return
@@ -308,6 +313,10 @@ def check_classes(plan, found, classes=None):
     check_whole_labels(found)
     if classes is not None:
         given = check_labels(classes, what="classes")
+        if np.size(found) and labels_kind(found) != labels_kind(given):  # (y of bools and classes=[0, 1] were one
+            # class each of True and 1: equal in NumPy; text against numbers, no label was found among the classes)
+            raise ValueError(f"y holds {kind_words(found)} ({label_text(found[:3])}) and classes {kind_words(given)} "
+                             f"({label_text(given[:3])}): give the classes as the labels of y are, of one kind")
         classes = np.unique(given)
         if classes.shape[0] < np.size(given):  # (a partial_fit's classes=[-1, 1, 1] was taken as [-1, 1] unsaid: the
             # hostile-input audit of 2026-12-04)
@@ -360,12 +369,21 @@ def chunk_labels(block, offset):
 
 
 def labels_kind(values):
-    """The kind of checked labels (``check_labels``: one kind in all): "str" or "number" (``_label_kind`` of the
-    first, for an object array)."""
+    """The kind of checked labels (``check_labels``: one kind in all): "str", "bool" or "number" (``_label_kind`` of
+    the first, for an object array)."""
     values = np.asarray(values)
     if values.dtype == object:
         return _label_kind(values.flat[0]) if values.size else "number"
-    return "str" if values.dtype.kind in "US" else "number"
+    return "str" if values.dtype.kind in "US" else "bool" if values.dtype.kind == "b" else "number"
+
+
+def kind_words(values):
+    """What checked labels (``check_labels``: one kind in all) are, as a message says it: "text", "booleans",
+    "integers" or "numbers"."""
+    kind = labels_kind(values)
+    if kind != "number":
+        return {"str": "text", "bool": "booleans"}[kind]
+    return "integers" if np.asarray(values).dtype.kind in "iu" else "numbers"
 
 
 def merged_labels(parts, bounds):

@@ -185,13 +185,16 @@ def _labels_with(y, bad, row=7, dtype=object):
     [
         (lambda y: np.array([1 if v > 0 else "no" for v in y], dtype=object), r"y mixes kinds of labels \(.*number.*str"),
         (lambda y: [1 if v > 0 else "no" for v in y], r"y mixes kinds of labels \(.*number.*str"),
+        # (True == 1 in NumPy: the bools were merged into the class 1, unsaid)
+        (lambda y: [True if v > 0 else -1 for v in y], r"y mixes kinds of labels \((number|bool) at row \d+, "
+         r"(number|bool) at row \d+\): a bool is the number 1 or 0 to NumPy, so True and 1 would be taken as one"),
         (lambda y: _labels_with(y, None), r"y has missing labels \(None\) at row 7:"),
         (lambda y: _labels_with(y, float("nan")), r"y has missing labels \(NaN\) at row 7:"),
         (lambda y: np.where(np.arange(len(y)) == 7, np.nan, y), r"y has missing labels \(NaN\) at row 7:"),
         (lambda y: _labels_with(y, "", dtype=str), r"y has empty labels at row 7: an empty cell"),
         (lambda y: _labels_with(y, "  "), r"y has empty labels at row 7: an empty cell"),
     ],
-    ids=["mixed-object-array", "mixed-list", "none", "nan-in-objects", "nan-in-floats", "empty-string", "blank"],
+    ids=["mixed-object-array", "mixed-list", "bools-among-numbers", "none", "nan-in-objects", "nan-in-floats", "empty-string", "blank"],
 )
 def test_bad_labels_are_refused_naming_the_problem(data, make, message):
     X, y = data
@@ -280,6 +283,17 @@ def test_partial_fit_checks_the_classes_it_is_given(data):
         GPClassifier(method="sep", n_inducing=3).partial_fit(X, y, classes=[-1, 1, 1])
     with pytest.raises(ValueError, match=r"continuous.*\[1.5\]"):
         GPClassifier(method="sep", n_inducing=3).partial_fit(X, y, classes=[-1.0, 1.0, 1.5])
+    # (a careless-input audit: True is 1 and False is 0 in NumPy, so classes=[-1, 1, True] was the classes [-1, 1], and
+    # bool labels against classes=[0, 1] trained the class 1 on True; fit refuses bools among numbers as y)
+    for classes in ([-1, 1, True], [0, False, 1], [True, 1.0]):
+        with pytest.raises(ValueError, match=r"classes mixes kinds of labels \((number|bool) at row \d, (number|bool) at "
+                                             r"row \d\): a bool is the number 1 or 0 to NumPy"):
+            GPClassifier(method="sep", n_inducing=3).partial_fit(X, y, classes=classes)
+    with pytest.raises(ValueError, match=r"y holds booleans \(\[False, True\]\) and classes integers \(\[0, 1\]\): "
+                                         "give the classes as the labels of y are"):
+        GPClassifier(method="sep", n_inducing=3).partial_fit(X, y > 0, classes=[0, 1])
+    with pytest.raises(ValueError, match=r"y holds integers \(\[-1, 1\]\) and classes text \(\['-1', '1'\]\)"):
+        GPClassifier(method="sep", n_inducing=3).partial_fit(X, y, classes=["-1", "1"])
 
 
 def test_a_subset_parameter_names_what_it_chooses():
