@@ -59,7 +59,7 @@ from .model_file import MIN_SCALE
 from .plan import FitPlan
 from .tables import exception_line, labels_from_text, load_data, load_weighted_data, one_line, preview, text_columns
 from .untrusted import printable
-from .labels import holdout_mask
+from .labels import holdout_mask, kind_words, labels_kind
 
 __all__ = ["main", "UsageError"]
 
@@ -118,9 +118,25 @@ def _class_index(y, classes):
     labels = np.asarray(y).tolist()
     index = [lookup.get(v) for v in labels]
     unknown = sorted({v for v, i in zip(labels, index) if i is None}, key=str)
+    if unknown and labels_kind(y) != labels_kind(classes):
+        raise UsageError(_other_kind(y, classes, unknown))
     if unknown:
         raise UsageError(f"labels {preview(unknown, 5)} are not among the model's classes {preview(list(lookup), 5)}")
     return np.asarray(index, dtype=np.intp)
+
+
+def _other_kind(y, classes, unknown):
+    """The error of labels of another kind than the model's classes, which would print as they do ("labels -1, 1
+    are not among the model's classes -1, 1": integers read from the file, the classes the text '-1', '1' of a
+    model fitted in Python on strings), and what to do."""
+    if labels_kind(classes) == "str":  # (quoting does not help: a column of whole numbers is read as integers)
+        fix = ("the model was fitted on labels of text, and agpc reads a label column of whole numbers as integers, "
+               "quoted or not: fit the model on the labels as numbers (y.astype(int) in Python), or with agpc fit")
+    else:
+        fix = f"the file's labels must be the model's classes, as {kind_words(classes)}"
+    return (f"the labels are read as {kind_words(y)} ({preview([repr(v) for v in unknown], 5)}) but the model's "
+            f"classes are {kind_words(classes)} ({preview([repr(v) for v in np.asarray(classes).tolist()], 5)}): "
+            f"a label is a class only as the same kind; {fix}")
 
 
 def _scores(proba, y, classes):

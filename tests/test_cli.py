@@ -596,6 +596,26 @@ def test_predict_column_problems_are_one_line(tmp_path, banana, named_model, pre
     assert message in err and not (tmp_path / "p.csv").exists()
 
 
+def test_labels_of_another_kind_than_the_models_classes_are_said_so(tmp_path, banana, predict_with, capsys):
+    """A model fitted in Python on the text labels '-1', '1', scored on a file whose labels are -1, 1 (read as
+    integers, quoted or not), said "labels -1, 1 are not among the model's classes -1, 1" (a careless-input audit):
+    now the error names both kinds and what to do; a label of the same kind that is no class is said as before."""
+    X, y = banana
+    text_model = GPClassifier(**SETTINGS).fit(X, y.astype(str))
+    cli._record_feature_names(text_model, ["x1", "x2"])
+    predict_with(text_model)
+    data = write_csv(tmp_path / "d.csv", X, y)
+    for labels, message in [(y, "the labels are read as integers (-1, 1) but the model's classes are text ('-1', "
+                                "'1'): a label is a class only as the same kind; the model was fitted on labels of "
+                                "text, and agpc reads a label column of whole numbers as integers, quoted or not"),
+                            (np.where(y > 0, "1", "x"), "labels x are not among the model's classes -1, 1")]:
+        write_csv(data, X, labels)
+        status = main(["predict", "m.agpc", str(data), "--target", "label", "--out", str(tmp_path / "p.csv")])
+        err = capsys.readouterr().err
+        assert_one_line_error(status, err)
+        assert message in err and not (tmp_path / "p.csv").exists()
+
+
 def test_a_file_without_names_is_taken_by_position_with_a_warning(tmp_path, banana, named_model, reference,
                                                                   predict_with, capsys):
     data, _ = write_npz(tmp_path / "d.npz", *banana)
