@@ -57,7 +57,8 @@ from .likelihoods import negative_log_likelihood
 from .methods import ORDINAL, RegisteredLikelihood, method_names
 from .model_file import MIN_SCALE
 from .plan import FitPlan
-from .tables import exception_line, labels_from_text, load_data, load_weighted_data, one_line, preview, text_columns
+from .tables import (exception_line, header_name, labels_from_text, load_data, load_weighted_data, one_line, preview,
+                     text_columns)
 from .untrusted import printable
 from .labels import holdout_mask, kind_words, labels_kind
 
@@ -349,8 +350,9 @@ def _categorical_columns(args, X, names):
     scales numbers only, and is refused with them."""
     chosen = set(text_columns(X))
     for given in args.categorical or ():
-        if names is not None and given in names:
-            chosen.add(names.index(given))
+        name = header_name(args.data, given)  # (as the file's header is read: a CSV's without spaces around)
+        if names is not None and name in names:
+            chosen.add(names.index(name))
         elif given.isdigit() and int(given) < X.shape[1]:  # (no negative index: GPClassifier refuses them too)
             chosen.add(int(given))
         else:

@@ -26,7 +26,7 @@ from .untrusted import (RefusedFile, check_regular_file, open_zarr, printable, r
                         read_parquet_columns)
 
 __all__ = ["Data", "TableError", "load_data", "load_weighted_data", "FORMATS", "preview", "exception_line", "one_line",
-           "labels_from_text"]
+           "labels_from_text", "header_name"]
 
 _PARQUET_HINT = "reading Parquet needs pyarrow >= 14.0.1: pip install pyarrow (or pip install 'agpc[parquet]')"
 FORMATS = {".csv": "CSV", ".tsv": "CSV", ".parquet": "Parquet", ".pq": "Parquet", ".npy": "npy",
@@ -628,11 +628,46 @@ def _not_utf8(path):
                 line, decoder = line + 1, codecs.getincrementaldecoder("utf-8")()
 
 
+def header_name(path, name):
+    """A column ``name`` given for the table at ``path`` (an option's value), as agpc reads the names of its header:
+    a CSV file's without the spaces around them (``_csv_name``); a Parquet file's names, and a column index, as
+    they are."""
+    return _csv_name(name) if _format_of(Path(path)) == "CSV" else name
+
+
+def _csv_name(name):
+    """A name given for a column of a CSV file (an option's, a model's feature name) as its header is read: without
+    the spaces around it, as every cell (``_csv_records``). pandas' read_csv keeps them ("a, b, label": " b" and
+    " label"), so a model fitted on such a DataFrame, or --target " label", named a column the file has but agpc
+    did not find (a careless-input audit)."""
+    return name.strip() if isinstance(name, str) else name
+
+
+def _csv_features(features, path):
+    """A model's feature names (None: it has none) as the header of the CSV file at ``path`` is read
+    (``_csv_name``); two that become one ("b" and " b") are one TableError naming both: they would take one
+    column twice."""
+    if features is None:
+        return None
+    read = {}
+    for name in features:
+        first = read.setdefault(_csv_name(name), name)
+        if first != name:
+            raise TableError(f"{path}: the model's features {first!r} and {name!r} are both the column "
+                             f"{_csv_name(name)!r} of a CSV file (agpc reads a header cell without the spaces "
+                             "around it): give the features names that differ in more than spaces, and fit again")
+    return list(read)
+
+
 def _read_csv(path, target, labels_required, features=None, weight_column=None, text_features=()):
     # utf-8-sig: spreadsheet programs start a UTF-8 CSV with a byte order mark, which is not part of the
     # first column's name. A FIFO blocked the open until a writer came (the other formats' readers check this
     # already; the hostile-input audit of 2026-12-04 found the CSV reader's missing)
     check_regular_file(path)
+    target, features = _csv_name(target), _csv_features(features, path)  # (as the header's names are read)
+    text_features = {_csv_name(name) for name in text_features}
+    if weight_column is not None:
+        weight_column[0] = _csv_name(weight_column[0])
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:
             names, lines, columns = _csv_columns(_csv_records(fh, path), path)

@@ -649,6 +649,28 @@ def test_fit_then_predict_through_the_model_file_matches_columns_by_name(tmp_pat
     np.testing.assert_allclose(read_predictions(out)[1], reference.predict_proba(X), rtol=1e-12, atol=1e-15)
 
 
+def test_a_header_with_spaces_names_the_same_columns_for_pandas_and_the_command(tmp_path, banana, monkeypatch):
+    """"x1, x2, k, label": pandas' read_csv keeps the spaces (" x2", " label"), the command strips every cell, the
+    header's too. A model fitted in Python on that DataFrame was refused by 'agpc predict' on the same file ("no
+    column ' x2', which the model was trained on ... the file has x1, x2, ...") and --target " label" was "no column"
+    (a careless-input audit): names given to the command, and a model's, are now read as the header is."""
+    X, y = banana
+    k = np.arange(len(y)) % 3
+    data = tmp_path / "spaced.csv"
+    data.write_text("x1, x2, k, label\n" + "".join(f"{a!r}, {b!r}, {c}, {d}\n"
+                                                    for (a, b), c, d in zip(X.tolist(), k, y)))
+    frame = pandas.read_csv(data)
+    assert list(frame.columns) == ["x1", " x2", " k", " label"]
+    model = GPClassifier(**SETTINGS).fit(frame[["x1", " x2"]], frame[" label"])
+    model.save(tmp_path / "m.agpc")
+    out = tmp_path / "p.csv"
+    assert main(["predict", str(tmp_path / "m.agpc"), str(data), "--target", " label", "--out", str(out)]) == 0
+    np.testing.assert_array_equal(read_predictions(out)[1], model.predict_proba(frame[["x1", " x2"]]))
+    fitted = _saved_fit(tmp_path, monkeypatch, data, ["--target", " label", "--categorical", " k"])
+    assert list(fitted.feature_names_in_) == ["x1", "x2", "k"] and fitted.is_categorical_.tolist() == [False, False,
+                                                                                                       True]
+
+
 # -- what a fit prints ----------------------------------------------------------------------------------
 
 def _stderr_lines(err):

@@ -64,6 +64,24 @@ def test_a_models_feature_names_select_the_columns_by_name(tmp_path, banana):
         load_data(data, None, features=["x1", "x3"])
 
 
+def test_names_given_for_a_csv_file_are_read_as_its_header_is(tmp_path, banana):
+    """A header "x1, x2, w, label" is read as x1, x2, w, label (every cell without the spaces around it), where
+    pandas' read_csv keeps " x2": --target " label", --weight-column " w" and a model's feature names from such a
+    DataFrame named no column of the file (a careless-input audit). Each is now read as the header is; two feature
+    names that become one are one error naming both, not one column taken twice."""
+    X, y = banana
+    data = tmp_path / "spaced.csv"
+    data.write_text("x1, x2, w, label\n" + "".join(f"{a!r}, {b!r}, 2.0, {c}\n" for (a, b), c in zip(X.tolist(), y)))
+    X_read, y_read, names = load_data(data, " label", features=["x1", " x2"])
+    np.testing.assert_array_equal(X_read, X)
+    assert names == ["x1", "x2"] and y_read.tolist() == y.astype(int).tolist()
+    (X_read, y_read, names), weights = tables.load_weighted_data(data, " label ", " w")
+    assert names == ["x1", "x2"] and weights.tolist() == [2.0] * len(y)
+    with pytest.raises(TableError, match=r"the model's features 'x2' and ' x2' are both the column 'x2' of a CSV "
+                                         r"file \(agpc reads a header cell without the spaces around it\)"):
+        load_data(data, "label", features=["x2", " x2"])
+
+
 @pytest.mark.parametrize("cell, column, what", [(2, "label", "label"), (0, "x1", "feature"), (1, "x2", "feature")])
 def test_an_empty_cell_is_one_error_naming_file_line_and_column(tmp_path, banana, cell, column, what):
     X, y = banana
