@@ -96,6 +96,10 @@ __all__ = [
     "cholesky_with_jitter",
     "machine_epsilon",
     "jitter_floor",
+    "OUTLIER_SPREAD_RATIO",
+    "EXTREME_ROW_SHARE",
+    "moments_without_extremes",
+    "few_rows_set_spread",
     "starting_jitter",
     "log_ndtr",
     "ndtr",
@@ -1517,19 +1521,23 @@ EXTREME_ROW_SHARE = 100  # one row in this many (at least one) is left out of ``
 
 def moments_without_extremes(X, weights=None):
     """Per column of X ((..., n, d), along its rows; any namespace, on X's device): the mean and the standard
-    deviation of its rows less the n / ``EXTREME_ROW_SHARE`` (at least one) whose squared deviations from the mean
-    count most in it, each (..., d); the deviation is 0 where only those vary. ``weights`` (n,), X's namespace: each
-    row counted by its weight. Computed on each column divided by its largest |x|, as ``scaled_std`` (no overflow
-    at 1e300)."""
+    deviation of its rows less the farthest from the mean, 1 / ``EXTREME_ROW_SHARE`` of their weight (at least one
+    row's), each (..., d); the deviation is 0 where only those vary. ``weights`` (n,), X's namespace: each row
+    counted by its weight, as the row repeated (a heavy row is left out in part: the start's rows come with counts,
+    ``inducing.start_rows``, and a record repeated over a third of the rows is no outlier). Computed on each column
+    divided by its largest |x|, as ``scaled_std`` (no overflow at 1e300)."""
     xp = array_namespace(X)
-    n = X.shape[-2]
     magnitude = xp.max(xp.abs(X), axis=-2, keepdims=True)
     magnitude = xp.where(magnitude > 0, magnitude, xp.ones_like(magnitude))
     S = X / magnitude
     w = xp.ones_like(S) if weights is None else xp.zeros_like(S) + xp.astype(weights, S.dtype)[:, None]
-    mean = xp.sum(w * S, axis=-2, keepdims=True) / xp.sum(w, axis=-2, keepdims=True)
-    rank = xp.argsort(xp.argsort(w * (S - mean) ** 2, axis=-2), axis=-2)  # (stable: ties keep the row order)
-    kept = xp.where(rank >= n - max(1, n // EXTREME_ROW_SHARE), xp.zeros_like(w), w)
+    total = xp.sum(w, axis=-2, keepdims=True)
+    mean = xp.sum(w * S, axis=-2, keepdims=True) / total
+    farthest = xp.argsort(-((S - mean) ** 2), axis=-2)  # (stable: ties keep the row order)
+    S, w = xp.take_along_axis(S, farthest, axis=-2), xp.take_along_axis(w, farthest, axis=-2)
+    beyond = xp.cumulative_sum(w, axis=-2) - w  # the weight of the rows farther out than each
+    cut = xp.maximum(xp.floor(total / EXTREME_ROW_SHARE), xp.ones_like(total))  # (n // 100 rows, at least one)
+    kept = w - xp.minimum(xp.maximum(cut - beyond, xp.zeros_like(w)), w)  # (not xp.clip: a host copy on CuPy)
     total = xp.sum(kept, axis=-2, keepdims=True)
     total = xp.where(total > 0, total, xp.ones_like(total))
     mean = xp.sum(kept * S, axis=-2, keepdims=True) / total

@@ -490,14 +490,17 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         sample, counts = start
         # an RBF over every column: the default kernel without categorical columns, and the priors' centres (the
         # continuous columns' as the default kernel's RBF has them)
-        reference = (I.prior_reference(sample, counts, categorical) if self.kernel is None or
+        scales = I.start_scales(sample, counts, categorical)  # (the columns' spreads, once: one device sync)
+        reference = (I.prior_reference(sample, counts, categorical, scales) if self.kernel is None or
                      self.kernel_prior == "auto" else None)
         if reference is not None:
-            I.warn_outlier_columns(sample, counts, categorical)
+            I.warn_outlier_columns(scales, getattr(self, "feature_names_in_", None))
         if self.kernel is not None:
             kernel = O.latent_kernel(self.kernel)
+        elif categorical:
+            kernel = self._default_kernel(sample, counts, categorical=categorical, start=scales)
         else:
-            kernel = self._default_kernel(sample, counts, categorical=categorical) if categorical else reference
+            kernel = reference
         if self.kernel_prior == "auto":  # centred on the default kernel's lengthscales (docs/small_data_defaults.md)
             kernel = with_default_priors(kernel, reference)
         kernel = kernel.for_inputs(sample)
@@ -506,7 +509,7 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         else:
             # (on levels in the categorical columns; points given as an array are the user's, levels included)
             Z = I.start_inducing_points(sample, m, self.inducing, sorted(set(categorical) | set(categorical_columns(
-                kernel))), random_state=rng, weights=counts, deadline=deadline)
+                kernel))), random_state=rng, weights=counts, deadline=deadline, start=scales)
         if self.kernel is not None or not isinstance(self.inducing, str):  # (a user's kernel, or points)
             I.check_kernel_values(kernel, Z, given="kernel" if self.kernel is not None else "inducing")
         if n_classes > 2:

@@ -80,6 +80,15 @@ __all__ = [
     "initial_sample",
     "default_kernel",
     "start_inducing_points",
+    "prior_reference",
+    "OutlierScales",
+    "outlier_scales",
+    "StartScales",
+    "start_scales",
+    "typical_rows",
+    "warn_outlier_columns",
+    "OUTLIER_SAMPLE_ROWS",
+    "OUTLIER_MIN_ROWS",
     "listed_levels",
     "DEFAULT_LISTED_LEVELS",
     "note_tf32",
@@ -120,26 +129,30 @@ def column_scales(X, weights=None):
     zeros has spread 0 and magnitude 0. ``weights`` (n,), on the host, positive: each row counted by its weight (the
     standard deviation of the rows repeated, ``inducing.start_rows``)."""
     xp = B.array_namespace(X)
-    magnitude = xp.max(xp.abs(X), axis=0)
-    if weights is not None and X.shape[0] > 1:
-        return _weighted_scales(X, weights, magnitude)
-    spread = B.scaled_std(X, axis=0) if X.shape[0] > 1 else xp.zeros_like(magnitude)
-    both = B.to_numpy(xp.stack([spread, magnitude])).astype(np.float64)  # one copy to the host (a device sync)
+    both = B.to_numpy(xp.stack(_device_scales(X, weights))).astype(np.float64)  # one copy to the host (a device sync)
     return both[0], both[1]
 
 
+def _device_scales(X, weights):
+    """``column_scales`` on X's device: (spread, magnitude), each (d,)."""
+    xp = B.array_namespace(X)
+    magnitude = xp.max(xp.abs(X), axis=0)
+    if weights is not None and X.shape[0] > 1:
+        return _weighted_scales(X, weights, magnitude), magnitude
+    return (B.scaled_std(X, axis=0) if X.shape[0] > 1 else xp.zeros_like(magnitude)), magnitude
+
+
 def _weighted_scales(X, weights, magnitude):
-    """``column_scales`` with rows counted by ``weights``: the weighted mean and variance of X divided by each
-    column's largest |x| (no overflow or underflow, as ``backend.scaled_std``), scaled back."""
+    """The spread of ``column_scales`` with rows counted by ``weights`` (on X's device): the weighted mean and
+    variance of X divided by each column's largest |x| (no overflow or underflow, as ``backend.scaled_std``),
+    scaled back."""
     xp = B.array_namespace(X)
     w = B.asarray_like(np.asarray(weights, dtype=np.float64) / float(np.sum(weights)), xp, device=B.array_device(X),
                      dtype=X.dtype)
     unit = xp.where(magnitude > 0, magnitude, xp.ones_like(magnitude))
     scaled = X / unit
     mean = xp.sum(w[:, None] * scaled, axis=0)
-    spread = xp.sqrt(xp.sum(w[:, None] * (scaled - mean) ** 2, axis=0)) * unit
-    both = B.to_numpy(xp.stack([spread, magnitude])).astype(np.float64)
-    return both[0], both[1]
+    return xp.sqrt(xp.sum(w[:, None] * (scaled - mean) ** 2, axis=0)) * unit
 
 
 def check_precision_keeps_spread(X, dtype_name, what="X"):
@@ -635,7 +648,7 @@ DEFAULT_LISTED_LEVELS = 64
 frequent among the start's rows; the column's other values share its lengthscale."""
 
 
-def default_kernel(X, weights=None, categorical=()):
+def default_kernel(X, weights=None, categorical=(), start=None):
     """The kernel ``GPClassifier(kernel=None)`` starts from on the rows X (the initial sample; ``weights``: each row's
     count, ``inducing.start_rows``'s): RBF with lengthscales sqrt(d) times each column's standard deviation (1 for a
     constant column), amplitude 1 and latent noise 1e-3. The deviations are taken without overflow or underflow
@@ -647,9 +660,11 @@ def default_kernel(X, weights=None, categorical=()):
     lengthscales are all sqrt(k), k the number of categorical columns, so that two rows that differ in every one of
     them are correlated exp(-1) through it, as the RBF's sqrt(d) puts two typical rows at a distance of about one
     lengthscale: with 1, rows differing in six columns started correlated exp(-6), a kernel too rough for 100
-    inducing points to cover (monk2's and tic-tac-toe's test NLL, docs/results.md)."""
+    inducing points to cover (monk2's and tic-tac-toe's test NLL, docs/results.md). ``start``: the rows'
+    ``start_scales``, where the caller has them (else taken here)."""
     if not categorical:
-        return RBF(lengthscales=_default_lengthscales(X, weights), amplitude=1.0, noise=1e-3)
+        return RBF(lengthscales=_default_lengthscales(X, weights, scales=_scales_of(start, range(X.shape[1]))),
+                   amplitude=1.0, noise=1e-3)
     chosen = sorted(set(int(j) for j in categorical))
     continuous = [j for j in range(X.shape[1]) if j not in set(chosen)]
     scale = math.sqrt(len(chosen))
@@ -659,7 +674,8 @@ def default_kernel(X, weights=None, categorical=()):
         return Categorical(**categories, noise=1e-3)
     xp = B.array_namespace(X)
     rows = xp.take(X, B.asarray_like(np.asarray(continuous), xp, device=B.array_device(X)), axis=1)
-    rbf = RBF(lengthscales=_default_lengthscales(rows, weights, continuous), amplitude=1.0)
+    rbf = RBF(lengthscales=_default_lengthscales(rows, weights, continuous, _scales_of(start, continuous)),
+              amplitude=1.0)
     return mixed_kernel(OnColumns(rbf, continuous), Categorical(**categories), noise=1e-3)
 
 
@@ -705,27 +721,30 @@ def check_kernel_values(kernel, Z, given="kernel"):
                          "parameters")
 
 
-def start_inducing_points(X, n_points, method, columns, *, random_state=None, weights=None, deadline=None):
+def start_inducing_points(X, n_points, method, columns, *, random_state=None, weights=None, deadline=None,
+                          start=None):
     """The inducing points ``GPClassifier(inducing=method)`` starts from on the rows X (the start's, ``weights``
     their counts) with categorical ``columns``: "auto" is "variance" where there are categorical columns (their
     points hold their levels, so the start is the model's: ``inducing.variance_points``), else "kmeans"; "variance"
     and, with categorical columns, "kmeans" (``inducing.kmeans_with_levels``) read the rows in the default kernel's
     geometry at its start, its RBF's lengthscales (``prior_reference``) and the levels it lists (``listed_levels``);
     "random", "kmeans" without categorical columns and an array of points are ``inducing.initial_inducing_points``'s.
-    ``deadline``: k-means's (``inducing.kmeans``).
+    ``deadline``: k-means's (``inducing.kmeans``). Rules pick from the rows less the outliers (``typical_rows``; ``start``:
+    the rows' ``start_scales`` where the caller has them).
     """
     if isinstance(method, str) and method == "auto":
         method = "variance" if columns else "kmeans"
     if isinstance(method, str):  # (points the user gave are theirs, outliers included)
-        typical = typical_rows(X, weights, columns)
+        typical = typical_rows(X, weights, columns, start)
         if n_points <= typical.shape[0] < X.shape[0]:
             xp = B.array_namespace(X)
             X = xp.take(X, B.asarray_like(typical, xp, device=B.array_device(X)), axis=0)
             weights = None if weights is None else np.asarray(B.to_numpy(weights))[typical]
+            start = None  # (the scales were the rows' before these were left out)
     if not (isinstance(method, str) and (method == "variance" or (method == "kmeans" and columns))):
         return initial_inducing_points(X, n_points, method, random_state=random_state, weights=weights,
                                        deadline=deadline)
-    scales = np.exp(np.asarray(B.to_numpy(prior_reference(X, weights, columns).params["log_lengthscales"]),
+    scales = np.exp(np.asarray(B.to_numpy(prior_reference(X, weights, columns, start).params["log_lengthscales"]),
                                dtype=np.float64).reshape(-1))
     levels = listed_levels(X, columns, weights) if columns else []
     if method == "variance":
@@ -734,29 +753,29 @@ def start_inducing_points(X, n_points, method, columns, *, random_state=None, we
                               deadline=deadline)
 
 
-def prior_reference(X, weights=None, categorical=()):
+def prior_reference(X, weights=None, categorical=(), start=None):
     """The RBF over every column whose lengthscales ``kernel_prior="auto"`` centres the priors on
     (``kernels.with_default_priors``): the default kernel where no column is categorical; else the default mixed
     kernel's RBF lengthscales on the continuous columns (sqrt(d) there counts those) and 1 on the categorical ones
-    (which the categorical kernel's own priors do not read)."""
+    (which the categorical kernel's own priors do not read). ``start``: as ``default_kernel`` takes it."""
     if not categorical:
-        return default_kernel(X, weights)
+        return default_kernel(X, weights, start=start)
     chosen = set(int(j) for j in categorical)
     continuous = [j for j in range(X.shape[1]) if j not in chosen]
     lengthscales = np.ones(X.shape[1])
     if continuous:
         xp = B.array_namespace(X)
         rows = xp.take(X, B.asarray_like(np.asarray(continuous), xp, device=B.array_device(X)), axis=1)
-        lengthscales[continuous] = _default_lengthscales(rows, weights, continuous)
+        lengthscales[continuous] = _default_lengthscales(rows, weights, continuous, _scales_of(start, continuous))
     return RBF(lengthscales=list(lengthscales), amplitude=1.0, noise=1e-3)
 
 
-def _default_lengthscales(X, weights, columns=None):
+def _default_lengthscales(X, weights, columns=None, scales=None):
     """The default RBF's lengthscales on the columns of X: sqrt(d) times each one's standard deviation, or the spread
     of its other rows where a few rows set that deviation (``outlier_scales``) (``columns``: the features X's columns
-    are, as an error names them)."""
+    are, as an error names them; ``scales``: their ``outlier_scales``, where the caller has them)."""
     d = X.shape[1]
-    scales = outlier_scales(X, weights)
+    scales = outlier_scales(X, weights) if scales is None else scales
     std, magnitude = np.where(scales.dominated, scales.bulk, scales.std), scales.magnitude
     # a constant column (spread 0) takes its magnitude as its scale (at least 1): it adds nothing to a distance
     # whatever its lengthscale, but its values scaled by 1 stayed ~1e23, where the mean the kernel centres on is one
@@ -792,41 +811,79 @@ class OutlierScales(NamedTuple):
     dominated: np.ndarray
 
 
+OUTLIER_MIN_ROWS = 10  # fewer rows tell no outlier from chance: 5% of 3 normal draws, 0.15% of 4, set the rule off
+
+
 def outlier_scales(X, weights=None):
     """``OutlierScales`` of the columns of X (any namespace; ``weights``: the rows' counts): the deviation of every
     row (``column_scales``), the bulk's of at most ``OUTLIER_SAMPLE_ROWS`` rows at a fixed stride, on the host."""
     n, d = X.shape
-    std, magnitude = column_scales(X, weights)
     stride = max(1, -(-n // OUTLIER_SAMPLE_ROWS))
-    rows = np.asarray(B.to_numpy(X[0:n:stride, :]), dtype=np.float64)
-    if rows.shape[0] < 2:
+    rows = X[0:n:stride, :]
+    if rows.shape[0] < OUTLIER_MIN_ROWS:
+        std, magnitude = column_scales(X, weights)
         return OutlierScales(std, magnitude, np.zeros(d), np.zeros(d), np.zeros(d, dtype=bool))
-    w = None if weights is None else np.asarray(B.to_numpy(weights), np.float64)[0:n:stride]
-    centre, bulk = B.moments_without_extremes(rows, w)
+    xp = B.array_namespace(X)
+    w = None if weights is None else B.asarray_like(np.asarray(weights, dtype=np.float64)[0:n:stride], xp,
+                                                       device=B.array_device(X), dtype=X.dtype)
+    # (computed on X's device; the four (d,) results come to the host in one copy, one device sync)
+    std, magnitude, centre, bulk = B.to_numpy(xp.stack([*_device_scales(X, weights),
+                                                        *B.moments_without_extremes(rows, w)])).astype(np.float64)
     return OutlierScales(std, magnitude, centre, bulk, B.few_rows_set_spread(std, bulk))
 
 
-def typical_rows(X, weights=None, categorical=()):
+class StartScales(NamedTuple):
+    """The ``outlier_scales`` of a fit's start rows on their ``continuous`` columns (None where there are none),
+    taken once a fit (one device sync) for its default kernel, its warning and its inducing points."""
+
+    continuous: list
+    scales: OutlierScales | None
+
+
+def start_scales(X, weights=None, categorical=()):
+    """``StartScales`` of the start's rows X (``weights`` their counts), whose ``categorical`` columns (codes of
+    levels) are left out."""
+    continuous = _continuous(X, categorical)
+    return StartScales(continuous, outlier_scales(_columns_of(X, continuous), weights) if continuous else None)
+
+
+def _continuous(X, categorical):
+    chosen = set(int(c) for c in categorical)
+    return [j for j in range(X.shape[1]) if j not in chosen]
+
+
+def _scales_of(start, continuous):
+    """``start``'s scales where they are those of the ``continuous`` columns, else None (taken again)."""
+    return start.scales if start is not None and start.continuous == list(continuous) else None
+
+
+def typical_rows(X, weights=None, categorical=(), start=None):
     """The indices (NumPy int64) of the rows of X (the start's; ``weights`` their counts) that inducing points start
     from: those within ``backend.OUTLIER_SPREAD_RATIO`` bulk spreads of the bulk's mean in every continuous column
-    whose deviation a few rows set (``outlier_scales``); every row where no column is such. A point on an outlier
-    (1e8 among values within +-3) centred the kernel's distances far from the others (``kernels.RBF._r2`` centres
-    on the points' mean), whose squares' round-off broke K(Z, Z) at every jitter: the fit diverged at its first
-    step."""
-    continuous = [j for j in range(X.shape[1]) if j not in set(int(c) for c in categorical)]
+    whose deviation a few rows set (``outlier_scales``; ``start``: the rows' ``start_scales``, where the caller has
+    them); every row where no column is such. A point on an outlier (1e8 among values within +-3) centred the
+    kernel's distances far from the others (``kernels.RBF._r2`` centres on the points' mean), whose squares'
+    round-off broke K(Z, Z) at every jitter: the fit diverged at its first step."""
+    continuous = _continuous(X, categorical)
     everything = np.arange(X.shape[0])
     if not continuous:
         return everything
     xp = B.array_namespace(X)
     rows = _columns_of(X, continuous)
-    scales = outlier_scales(rows, weights)
+    scales = _scales_of(start, continuous)
+    scales = outlier_scales(rows, weights) if scales is None else scales
     chosen = np.flatnonzero(scales.dominated)
     if not chosen.size:
         return everything
-    values = np.asarray(B.to_numpy(xp.take(rows, B.asarray_like(chosen, xp, device=B.array_device(X)), axis=1)),
-                        dtype=np.float64)
-    near = np.all(np.abs(values - scales.centre[chosen]) <= B.OUTLIER_SPREAD_RATIO * scales.bulk[chosen], axis=1)
-    return np.flatnonzero(near)
+
+    def on_device(values):
+        return B.asarray_like(values, xp, device=B.array_device(X), dtype=X.dtype)
+
+    values = xp.take(rows, B.asarray_like(chosen, xp, device=B.array_device(X)), axis=1)
+    near = xp.all(xp.abs(values - on_device(scales.centre[chosen]))
+                  <= on_device(B.OUTLIER_SPREAD_RATIO * scales.bulk[chosen]), axis=1)
+    # (the rows' indices come to the host only here, where some column has outliers: the weights are the host's)
+    return np.asarray(B.to_numpy(xp.nonzero(near)[0]), dtype=np.int64)
 
 
 def _columns_of(X, columns):
@@ -837,26 +894,28 @@ def _columns_of(X, columns):
     return xp.take(X, B.asarray_like(np.asarray(columns), xp, device=B.array_device(X)), axis=1)
 
 
-def warn_outlier_columns(X, weights=None, categorical=()):
-    """Say in one UserWarning which continuous columns of the start's rows X (``weights`` their counts; not the
-    ``categorical`` ones, whose codes are levels) have a standard deviation that a few extreme rows set: the
-    default kernel's lengthscales, and the priors centred on them, start from their other rows' spread there
-    (``_default_lengthscales``), inducing points from the other rows (``typical_rows``), and the user should know
-    their data hold such values (a typo, a code such as -999 for "missing", a unit mixed up)."""
-    continuous = [j for j in range(X.shape[1]) if j not in set(int(c) for c in categorical)]
-    if not continuous:
+def warn_outlier_columns(start, names=None):
+    """Say in one UserWarning which continuous columns of a fit's start rows (their ``start_scales``; ``names``: the
+    features' names, where known) have a standard deviation that a few extreme rows set: the default kernel's
+    lengthscales, and the priors centred on them, start from their other rows' spread there
+    (``_default_lengthscales``), inducing points picked from the rows leave those out (``typical_rows``), and the
+    user should know their data hold such values (a typo, a code such as -999 for "missing", a unit mixed up)."""
+    if start.scales is None:
         return
-    scales = outlier_scales(_columns_of(X, continuous), weights)
+    scales, continuous = start.scales, start.continuous
     chosen = np.flatnonzero(scales.dominated)
     if chosen.size:
-        shown = "; ".join(f"column {continuous[j]}: {scales.std[j]:.3g} where its other rows' is "
-                          f"{scales.bulk[j]:.3g}" for j in chosen[:5])
+        def named(j):
+            return f"column {j}" + ("" if names is None else f" ({shown(str(names[j]))})")
+
+        listed = "; ".join(f"{named(continuous[j])}: {scales.std[j]:.3g} where its other rows' is "
+                           f"{scales.bulk[j]:.3g}" for j in chosen[:5])
         more = f" ({chosen.size} columns in all)" if chosen.size > 5 else ""
-        warnings.warn(f"a few extreme values set the standard deviation of some features ({shown}{more}): the "
-                      "default kernel's lengthscales start from the other rows' spread there, and the inducing "
-                      "points from the other rows (from the deviation, the fit would drop such a feature); check "
-                      "those values (a typo, a code such as -999 for missing, mixed units) or clip them",
-                      UserWarning, stacklevel=B.outside_stacklevel())
+        warnings.warn(f"a few extreme values set the standard deviation of some features ({listed}{more}): the "
+                      "default kernel's lengthscales and their priors start from the other rows' spread there, and "
+                      "inducing points picked from the rows leave those out (from the deviation, the fit would drop "
+                      "such a feature); check those values (a typo, a code such as -999 for missing, mixed units) "
+                      "or clip them", UserWarning, stacklevel=B.outside_stacklevel())
 
 
 def note_tf32(plan, xp):

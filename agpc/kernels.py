@@ -554,6 +554,20 @@ class Kernel:
 _AUGMENTED_MIN_ELEMENTS = 1 << 16
 
 
+_FEWER_ROWS = 4  # a set of at most 1 / this of the other's rows is the inducing points' (``_centre``)
+
+
+def _centre(Xs, Zs):
+    """The point both inputs of K are centred on before their squared distances are expanded (``_r2``): the mean
+    of Zs, K(X, Z)'s inducing points, or of Xs where it has at most 1 / ``_FEWER_ROWS`` of Zs's rows (K(Z, X) of a
+    batch pass's block of thousands of rows). The mean of a data block moves with an outlier among its rows:
+    float32 banana with one value of 1e6 put the centre some 900 lengthscales from the other rows, whose expanded
+    squares' round-off broke the whole block's K(Z, X) (prior variances above the kernel's, the pass NaN, the fit at
+    chance); the inducing points start off such rows (``inputs.typical_rows``)."""
+    xp = array_namespace(Xs, Zs)
+    return xp.mean(Xs if _FEWER_ROWS * Xs.shape[0] <= Zs.shape[0] else Zs, axis=0)
+
+
 def _augments(Xs, Zs):
     """Whether K(X, Z) is formed from augmented inputs: two different input sets with many pairs."""
     return Zs is not Xs and Xs.shape[0] * Zs.shape[0] >= _AUGMENTED_MIN_ELEMENTS
@@ -676,7 +690,7 @@ class Stationary(Kernel):
         round-off that can still make an entry slightly negative is cut with ``maximum``, not ``clip``
         (array-api-compat's clip copies to the host on CuPy)."""
         xp = array_namespace(Xs, Zs)
-        centre = xp.mean(Zs, axis=0)
+        centre = _centre(Xs, Zs)
         Xc = Xs - centre
         if _augments(Xs, Zs):
             left, right = _augmented_pair(Xc, Zs - centre, -2.0, 1.0, 0.0, 0.0)
@@ -863,8 +877,7 @@ class RBF(Stationary):
         """K(X, Z) = exp(log amplitude - r^2 / 2), the exponent from one product (``_augmented_pair``), capped at
         log amplitude (r^2 >= 0, as ``_r2`` cuts it): one n x m array (on NumPy, written into ``out`` when given;
         three elsewhere) where r^2, its scaling, the exponential and the amplitude made eight."""
-        xp = array_namespace(Xs, Zs)
-        centre = xp.mean(Zs, axis=0)
+        centre = _centre(Xs, Zs)
         log_amplitude = self.params["log_amplitude"]
         left, right = _augmented_pair(Xs - centre, Zs - centre, 1.0, -0.5, log_amplitude, 0.0)
         return capped_exp(matmul(left, right.mT, out=out), log_amplitude)
