@@ -7,7 +7,8 @@ rules are those of the states an engine can reach, not of a fresh run:
 - The training loop's record (``check_loop_state``): step counts, history, the random generator's state, the
   epoch's visiting order, the early-stopping record, each of its own type and range; the history has every entry
   the run records, as many numbers in each, and the step counts are those it recorded (the last record's count
-  plus the steps taken since).
+  plus the steps taken since). A model file's history is checked by the same rule (``check_history``, which
+  ``model_file`` uses), where entries an older agpc did not record may be shorter.
 - Kernel parameters (``check_engine_state``): the run's parameter table, each stored value (a log) an array of
   the run's shape and floating type, and **any finite number**: a long fit may carry a log far from 0 (a latent
   noise stepped to exp(-752) underflows to 0 and stays a finite log), and such a checkpoint resumes. -inf is
@@ -44,9 +45,9 @@ import numpy as np
 
 from .backend import array_namespace, to_numpy
 
-__all__ = ["check_loop_state", "check_engine_state", "check_saved_factor", "check_saved_anchor", "check_held_gradient",
-           "check_row_starts", "check_factor_scale", "check_site_scale", "check_log_range", "LOG_RANGE",
-           "array_shapes", "dtype_text", "is_array", "LOOP_FIELDS"]
+__all__ = ["check_loop_state", "check_history", "check_engine_state", "check_saved_factor", "check_saved_anchor",
+           "check_held_gradient", "check_row_starts", "check_factor_scale", "check_site_scale", "check_log_range",
+           "LOG_RANGE", "array_shapes", "dtype_text", "is_array", "LOOP_FIELDS"]
 
 # The training loop's part of a checkpoint, beside the engine's own: the type of each entry.
 LOOP_FIELDS = {"fingerprint": dict, "engine": dict, "n_steps": int, "n_updates": int, "history": dict,
@@ -84,7 +85,7 @@ def check_loop_state(saved, fingerprint, refuse, history_keys=(), validation_key
         raise refuse("elapsed: not a non-negative number of seconds")
     if not all(isinstance(p, list) and len(p) == 2 and all(_is_finite(v) for v in p) for p in saved["pending"]):
         raise refuse("pending: not a list of (log Z, invalid rows) pairs of finite numbers")
-    _check_history(saved["history"], history_keys, validation_keys, refuse)
+    check_history(saved["history"], refuse, history_keys, validation_keys)
     _check_counts(saved, refuse)
     if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < fingerprint["n_batches"]
                for i in saved["order"]):
@@ -116,26 +117,47 @@ def _is_finite(value):
     return _is_number(value) and math.isfinite(value)
 
 
-def _check_history(history, history_keys, validation_keys, refuse):
-    """The history a resumed run goes on recording: every entry the loop records together (a history without them
-    crashed the resume in ``Trainer.record``), one finite number each a record, as many records in each; the validation
-    entries, when there, likewise among themselves."""
-    if not all(isinstance(values, list) for values in history.values()):
+def check_history(history, refuse, loop_keys=(), validation_keys=(), resumes=True):
+    """A training history (``history``, as read from a file; ``refuse(why)`` builds the error): a mapping of names
+    to lists of finite numbers (NaN only as the damping of a method that has none), the entries recorded together as
+    many a record. The validation hook's (``validation_keys``) are all there or none, each as long as the others: it
+    records them together at each evaluation (a file with ``validation_nll`` and no ``validation_step`` crashed
+    ``agpc inspect`` and a resume's next evaluation). The training loop's (``loop_keys``, ``log_marginal_likelihood``
+    first: ``training.HISTORY_KEYS``): where the history ``resumes`` (a checkpoint's), every one of them, each as long
+    as the others (a history without them crashed the resume in ``Trainer.record``); in a model file, none longer than
+    the first, which every record adds to: a file of an older agpc lacks some (step counts before the one training
+    loop, guard counts before the guard), and ``partial_fit`` continuing it starts them empty beside the longer ones
+    (``streaming.trainer_from_fitted``)."""
+    if not isinstance(history, dict) or not all(isinstance(values, list) for values in history.values()):
         raise refuse("history: not a mapping of names to lists")
-    missing = [key for key in history_keys if key not in history]
-    if missing:
-        raise refuse(f"history: no {', '.join(repr(key) for key in missing)} (the loop records "
-                     f"{', '.join(history_keys)} together)")
-    for keys in (history_keys, [key for key in validation_keys if key in history]):
-        lengths = {key: len(history[key]) for key in keys}
-        if len(set(lengths.values())) > 1:
-            raise refuse(f"history: {', '.join(f'{key} has {length}' for key, length in lengths.items())} entries; "
-                         "they are recorded together")
-    for key, values in history.items():  # finite, as a model file's history must be (``model_file``): a method
-        # without damping records NaN as its damping
-        if not all(_is_finite(v) or (key == "damping" and _is_number(v) and math.isnan(v)) for v in values):
-            raise refuse(f"history.{key}: not a list of finite numbers"
+    for key, values in history.items():
+        if not all(_is_number(v) for v in values):
+            raise refuse(f"history.{key}: not a list of numbers")
+        if not all(math.isfinite(v) or (key == "damping" and math.isnan(v)) for v in values):
+            raise refuse(f"history.{key}: holds NaN or inf, not finite numbers"
                          + (" (NaN only where the method has no damping)" if key == "damping" else ""))
+    if resumes:
+        _check_recorded_together(history, loop_keys, "the loop", refuse)
+    elif loop_keys:
+        first, most = loop_keys[0], len(history.get(loop_keys[0], []))
+        longer = [key for key in loop_keys if len(history.get(key, [])) > most]
+        if longer:
+            raise refuse(f"history: {longer[0]} has {len(history[longer[0]])} entries, more than the {most} of "
+                         f"{first}, which the loop records with it")
+    if any(key in history for key in validation_keys):
+        _check_recorded_together(history, validation_keys, "the validation hook", refuse)
+
+
+def _check_recorded_together(history, keys, who, refuse):
+    """The entries ``keys`` of a history, which ``who`` records together: every one there, as long as the others."""
+    missing = [key for key in keys if key not in history]
+    if missing:
+        raise refuse(f"history: no {', '.join(repr(key) for key in missing)} ({who} records {', '.join(keys)} "
+                     "together)")
+    lengths = {key: len(history[key]) for key in keys}
+    if len(set(lengths.values())) > 1:
+        raise refuse(f"history: {', '.join(f'{key} has {length}' for key, length in lengths.items())} entries; "
+                     "they are recorded together")
 
 
 def _check_counts(saved, refuse):

@@ -34,10 +34,11 @@ import numpy as np
 
 from . import backend as B
 from . import prediction as P
-from .checkpoint_rules import check_log_range
+from .checkpoint_rules import check_history, check_log_range
 from .checkpoints import HEADER_KEY, atomic_savez, read_archive
 from .inference.posterior import Posterior, prior_cholesky
-from .inference.training import STOP_REASONS
+from .inference.checkpointing import VALIDATION_KEYS
+from .inference.training import HISTORY_KEYS, STOP_REASONS
 from .inputs import check_features
 from .kernels import (MAX_LISTED_LEVELS, ORDINAL_KERNEL, PER_DIMENSION, ClassKernels, Categorical,
                       categorical_columns, kernel_from_spec, spec_parameter_table)
@@ -361,15 +362,8 @@ def _check_header_fields(header, refuse, version):
         raise refuse(f"n_iter: {_shown(header.get('n_iter'))} is not a non-negative integer of 64 bits")
     if not _is_number(header.get("log_marginal_likelihood", float("nan"))):
         raise refuse("log_marginal_likelihood: not a number")
-    history = header.get("history", {})
-    if not isinstance(history, dict) or not all(
-        isinstance(values, list) and all(_is_number(v) for v in values) for values in history.values()
-    ):
-        raise refuse("history: not a mapping of names to lists of numbers")
-    for name, values in history.items():  # finite, as every field; a method without damping records NaN as its damping
-        if not all(math.isfinite(v) or (name == "damping" and math.isnan(v)) for v in values):
-            raise refuse(f"history.{name}: holds NaN or inf" + (" (NaN only where the method has no damping)"
-                                                                if name == "damping" else ""))
+    # (finite, as every field; what fits record together, as many a record: agpc inspect reads them together)
+    check_history(header.get("history", {}), refuse, HISTORY_KEYS, VALIDATION_KEYS, resumes=False)
     record = _checked_record(header.get("fit_record", {}), refuse)
     if record["n_warmup"] is not None and record["n_warmup"] > header.get("n_iter", 0):
         # the warm-up sweeps are counted in n_iter (training records min(warm-up, sweeps run)): more is no fit's

@@ -913,6 +913,27 @@ def test_tied_lowest_validation_nlls_keep_the_first(tmp_path_factory, tmp_path):
         GPClassifier(**params).fit(X, y, validation_data=validation, resume=True)
 
 
+def test_a_checkpoints_validation_scores_without_their_steps_are_refused(tmp_path_factory, tmp_path):
+    """A hostile-input audit: the validation hook records validation_step, validation_nll and validation_error
+    together (``checkpoint_rules.check_history``, as a model file's). A checkpoint whose history had the scores and no
+    steps was accepted, and the resumed run with validation data crashed at its first evaluation (KeyError:
+    'validation_step')."""
+    X, y = make_banana(150, random_state=7)
+    validation = make_banana(60, random_state=8)
+    path = tmp_path_factory.mktemp("ckpt") / "run.ckpt"
+    params = dict(n_inducing=5, random_state=0, checkpoint_path=path, checkpoint_every=2, max_iter=4)
+    GPClassifier(**params).fit(X, y, validation_data=validation)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    header = json.loads(str(arrays.pop(checkpoints.HEADER_KEY)))
+    del header["state"]["dict"]["history"]["dict"]["validation_step"]
+    params, X, y = _craft((dict(params, max_iter=8), X, y, header, arrays), tmp_path)
+    with pytest.raises(ValueError, match=r"not a valid agpc checkpoint: history: no 'validation_step' \(the "
+                                         r"validation hook records validation_step, validation_nll, validation_error "
+                                         r"together\)"):
+        GPClassifier(**params).fit(X, y, validation_data=validation, resume=True)
+
+
 def test_a_row_site_beyond_the_probits_bound_is_refused(good_checkpoint, tmp_path):
     """The mutation audit of 2026-12-04: a probit row's site adds at most 1 (1 / (2 x its noise 0.5)) to q's
     precision; a batch-EP checkpoint with a site precision 1.5 times ``PRIOR_SCALE_MARGIN`` times that is refused."""

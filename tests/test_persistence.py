@@ -409,7 +409,21 @@ CORRUPTIONS = {
                                  ["fit_record.subsample_rows", "not fewer than"]),
     "iterations on a subsample of 0 rows": (lambda s: _fit_record_with(s, subsample_rows=0, subsample_iter=3), {},
                                             ["fit_record.subsample_iter", "a subsample of 0 rows"]),
+    # (a hostile-input audit: histories whose entries recorded together are missing or of other lengths loaded, and
+    # agpc inspect failed on them: KeyError 'validation_step' with --plot, IndexError without, matplotlib's
+    # "operands could not be broadcast" for more step counts than log Z's)
+    "validation scores without their steps": (lambda s: _history_with(s, validation_nll=[0.5], validation_error=[0.1]),
+                                              {}, ["history: no 'validation_step'", "records", "together"]),
+    "validation errors fewer than the scores": (
+        lambda s: _history_with(s, validation_step=[1.0, 2.0], validation_nll=[0.5, 0.4], validation_error=[]), {},
+        ["history: validation_step has 2, validation_nll has 2, validation_error has 0 entries", "recorded together"]),
+    "more step counts than log Z's": (lambda s: _history_with(s, n_steps=s[1]["history"]["n_steps"] + [1e3]), {},
+                                      ["history: n_steps has", "more than the", "of log_marginal_likelihood"]),
 }
+
+
+def _history_with(saved, **entries):
+    return {"history": dict(saved[1]["history"], **entries)}
 
 
 def _fit_record_with(saved, **fields):

@@ -36,10 +36,10 @@ from .guard import GUARD_KEYS, REASONS, Guard
 from .hooks import standard_hooks
 from .settings import TrainSettings, setting_names, with_overrides
 
-__all__ = ["train", "fit", "warn_if_no_checkpoint", "warn_if_never_scored", "Trainer", "TrainResult", "TrainSettings", "EngineOptions", "Run",
-           "with_overrides", "setting_names", "standard_hooks", "ALL_METHODS", "MAX_FAILURES", "minibatch_layout",
-           "data_fingerprint", "fingerprint_stride", "FINGERPRINT_ROWS", "check_saved_factor", "check_saved_anchor",
-           "STOP_REASONS"]
+__all__ = ["train", "fit", "warn_if_no_checkpoint", "warn_if_never_scored", "HISTORY_KEYS", "Trainer", "TrainResult",
+           "TrainSettings", "EngineOptions", "Run", "with_overrides", "setting_names", "standard_hooks", "ALL_METHODS",
+           "MAX_FAILURES", "minibatch_layout", "data_fingerprint", "fingerprint_stride", "FINGERPRINT_ROWS",
+           "check_saved_factor", "check_saved_anchor", "STOP_REASONS"]
 
 HISTORY_KEYS = ("log_marginal_likelihood", "time", "n_invalid_sites", "damping", "n_steps") + GUARD_KEYS
 # Why a run stopped (``TrainResult.stop_reason``): its step budget ran out; the sites settled below ``tol`` (nothing to
