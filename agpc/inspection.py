@@ -423,10 +423,21 @@ def _plottable(steps, values):
     return steps[kept], values[kept], int(np.count_nonzero(~kept))
 
 
+def _training_curve(history):
+    """(steps, values, records not drawn) of the training curve: each record's log Z (or bound) at its step count.
+    Records without one are not drawn: a file of an agpc before step counts has none (its records are drawn at their
+    numbers, one a step in a batch fit), and ``partial_fit`` continuing it counts its own records' steps alone, the
+    last of the history (``checkpoint_rules.check_history``)."""
+    values = history.get("log_marginal_likelihood") or []
+    steps = history.get("n_steps") or range(1, len(values) + 1)
+    drawn = min(len(steps), len(values))
+    return steps[len(steps) - drawn:], values[len(values) - drawn:], len(values) - drawn
+
+
 def _plot_training(ax, model):
     history = model.state.history
-    values = history.get("log_marginal_likelihood") or []
-    steps, values, left_out = _plottable(history.get("n_steps") or range(1, len(values) + 1), values)
+    steps, values, without = _training_curve(history)
+    steps, values, left_out = _plottable(steps, values)
     ax.plot(steps, values, color="#08519c", label="log Z_q")
     stopped = STOPPED_BECAUSE.get(model.recorded("stop_reason"), "not recorded").split(":")[0]
     ax.set(title=f"training (stopped: {stopped})", xlabel="steps", ylabel=_bound_name(model))
@@ -437,9 +448,11 @@ def _plot_training(ax, model):
         right.plot(at, nll, color="#cb181d", label="validation NLL")
         right.set_ylabel("validation NLL", color="#cb181d")
         left_out += more
-    if left_out:  # (a forged file's history: the curve is drawn without them, and says so)
-        ax.text(0.5, 0.97, f"{left_out} recorded points beyond +-{PLOTTED_RANGE:.0e} not drawn", transform=ax.transAxes,
-                ha="center", va="top", fontsize=8, color="#cb181d")
+    notes = [f"{left_out} recorded points beyond +-{PLOTTED_RANGE:.0e} not drawn"] if left_out else []
+    notes += [f"{without} earlier records without a step count not drawn"] if without else []
+    if notes:  # (a forged file's history, or an older file's continued by partial_fit: drawn without them, and said)
+        ax.text(0.5, 0.97, "; ".join(notes), transform=ax.transAxes, ha="center", va="top", fontsize=8,
+                color="#cb181d")
 
 
 def _plot_reliability(ax, calibration, n_bins):

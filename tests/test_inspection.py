@@ -470,6 +470,39 @@ def test_inspect_plot_of_a_history_beyond_what_an_axis_spans_draws_the_rest_and_
     assert [text.get_text() for text in panel.texts] == ["2 recorded points beyond +-1e+300 not drawn"]
 
 
+# the history an agpc before the one training loop recorded (no step counts; no guard counts, before the guard)
+OLDER_HISTORY = ("log_marginal_likelihood", "time", "n_invalid_sites", "damping")
+
+
+def test_an_older_files_history_continued_by_partial_fit_loads_and_plots(tmp_path, monkeypatch, capsys):
+    """A hostile-input audit: ``partial_fit`` continuing a file of an older agpc, whose history has no step counts,
+    starts them empty beside the longer log Z (``streaming.trainer_from_fitted``): a real fit's history of entries of
+    other lengths. Its file loads (``load_model`` refuses only an entry longer than log Z's), and ``agpc inspect
+    --plot`` failed on it in matplotlib ("operands could not be broadcast together"). The curve is drawn at the step
+    counts there are (partial_fit's records, the last) and the panel says how many earlier records it left out."""
+    pytest.importorskip("matplotlib")
+    X, y = make_banana(200, random_state=0)
+    _, buffer = saved_and_loaded(GPClassifier(method="sep", **FAST).fit(X, y))
+    older = GPClassifier.load(rewritten(buffer, lambda header: header.update(
+        history={key: header["history"][key] for key in OLDER_HISTORY})))
+    model = older.partial_fit(X[:50], y[:50], n_total=250).partial_fit(X[50:100], y[50:100])
+    path = tmp_path / "continued.agpc"
+    model.save(path)
+    history = load_model(path).history_
+    records, counted = len(history["log_marginal_likelihood"]), len(history["n_steps"])
+    assert counted == 2 and records > counted
+    figures = []
+    real = inspection._figure
+    monkeypatch.setattr(inspection, "_figure", lambda: figures.append(real()) or figures[-1])
+    assert main(["inspect", str(path)]) == 0 and main(["inspect", str(path), "--plot", str(tmp_path / "p.png")]) == 0
+    assert capsys.readouterr().err == ""
+    panel = figures[0].axes[0]
+    np.testing.assert_array_equal(panel.lines[0].get_xdata(), history["n_steps"])
+    np.testing.assert_array_equal(panel.lines[0].get_ydata(), history["log_marginal_likelihood"][-2:])
+    assert [text.get_text() for text in panel.texts] == [f"{records - 2} earlier records without a step count not "
+                                                         "drawn"]
+
+
 def test_inspect_without_matplotlib_names_it(files, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
