@@ -181,6 +181,35 @@ def test_an_eval_every_the_fit_never_reaches_or_has_nothing_to_score_is_said():
     assert model.history_["validation_step"] == [10]
 
 
+def test_validation_scores_whose_state_was_no_model_are_said():
+    """A score due where the state gives no finite probabilities is skipped (``Validation.after_step``); skipped
+    without a word, SVI of three classes at learning_rate=10 (the guard refusing a step of every minibatch, the
+    state at every epoch's end with NaN probabilities) returned a history_ without one validation score and no
+    warning about it (audit hE, 2026-12-04). Now a GuardWarning says how many were not recorded; the unit hook too."""
+    from sklearn.datasets import make_classification
+    X, y = make_classification(800, n_features=6, n_informative=4, n_classes=3, random_state=0)
+    X = (X - X.mean(0)) / X.std(0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model = GPClassifier(method="svi", n_inducing=20, max_iter=4, plateau=None, random_state=0, batch_size=200,
+                             learning_rate=10.0).fit(X[:600], y[:600], validation_data=(X[600:], y[600:]))
+    skipped = [str(w.message) for w in said if issubclass(w.category, GuardWarning) and "validation scores" in
+               str(w.message)]
+    assert len(skipped) == 1, [str(w.message) for w in said]
+    assert re.match(rf"svi: {4 - len(model.history_['validation_nll'])} of 4 validation scores were not recorded",
+                    skipped[0]), skipped
+    trainer = _ScriptedTrainer([float("nan"), 0.9])
+    trainer.method = "ep"
+    hook = hooks.Validation(("X_val", "y_val"), eval_every=1)
+    run = _run(trainer, minibatch=False)
+    hook.start(run)
+    for step in (1, 2):
+        trainer.n_steps = step
+        hook.after_step(run, -1.0, recorded=True)
+    with pytest.warns(GuardWarning, match=r"1 of 2 validation scores were not recorded"):
+        hook.finish(run)
+    assert trainer.history["validation_step"] == [2]
+
 def test_checkpoints_are_written_every_few_steps_and_a_resume_needs_a_path(monkeypatch, tmp_path):
     X, y = make_banana(120, random_state=1)
     kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)

@@ -220,10 +220,12 @@ class Validation(Hook):
 
     def __init__(self, data, eval_every=None, n_iter_no_change=None, tol=1e-6):
         self.data, self.eval_every, self.n_iter_no_change, self.tol = data, eval_every, n_iter_no_change, tol
+        self.skipped = 0  # scores due whose state was no model (``after_step``), said at ``finish``
 
     def start(self, run):
         if self.eval_every is None and run.minibatch:
             self.eval_every = len(run.batches)
+        self.skipped = 0
         for key in VALIDATION_KEYS:
             run.trainer.history[key] = []
 
@@ -240,8 +242,10 @@ class Validation(Hook):
                 # step: it is not scored, nor are its overflows said (the guard says what it does). Before, batch EP
                 # at learning_rate=1e3 with validation data crashed here with a CholeskyError, where the fit without
                 # them went on.
+                self.skipped += 1
                 return
         if math.isnan(nll):  # (probabilities of NaN, log Z finite: a latent noise stepped past the floats' range)
+            self.skipped += 1
             return
         held.say()
         for key, value in zip(VALIDATION_KEYS, (trainer.n_steps, nll, error)):
@@ -266,6 +270,20 @@ class Validation(Hook):
                            f"the resume, whose checkpoint does not hold that state: the model is the last one (NLL "
                            f"{nll:.6g})", stacklevel=4)
             run.early_stopped, run.stop_reason = True, "early_stopping"
+
+
+    def finish(self, run):
+        """Say the scores that were due and not recorded: their state was no model (``after_step``). Silent, a fit
+        whose every epoch ended so (SVI of three classes at learning_rate=10: the guard refused a step of each
+        minibatch, the state at each epoch's end had NaN probabilities) returned a ``history_`` without one
+        validation score, its ``n_iter_no_change`` never counting, and no word of why."""
+        if not self.skipped:
+            return
+        recorded = len(run.trainer.history["validation_nll"])
+        warn_guard(f"{run.trainer.method}: {self.skipped} of {self.skipped + recorded} validation scores were not "
+                   "recorded: the state at those steps gave no finite probabilities (a Cholesky factor failed, or a "
+                   "NaN), so history_['validation_nll'] lacks them and early stopping did not count them; lower "
+                   "learning_rate or damping", stacklevel=4)
 
 
 class Resume(Hook):
