@@ -271,7 +271,6 @@ class Validation(Hook):
                            f"{nll:.6g})", stacklevel=4)
             run.early_stopped, run.stop_reason = True, "early_stopping"
 
-
     def finish(self, run):
         """Say the scores that were due and not recorded: their state was no model (``after_step``). Silent, a fit
         whose every epoch ended so (SVI of three classes at learning_rate=10: the guard refused a step of each
