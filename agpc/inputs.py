@@ -666,16 +666,14 @@ def default_kernel(X, weights=None, categorical=(), start=None):
         return RBF(lengthscales=_default_lengthscales(X, weights, scales=_scales_of(start, range(X.shape[1]))),
                    amplitude=1.0, noise=1e-3)
     chosen = sorted(set(int(j) for j in categorical))
-    continuous = [j for j in range(X.shape[1]) if j not in set(chosen)]
+    continuous = _continuous(X, chosen)
     scale = math.sqrt(len(chosen))
     categories = dict(columns=chosen, lengthscales=scale, amplitude=1.0, levels=listed_levels(X, chosen, weights),
                       level_lengthscales=scale)
     if not continuous:
         return Categorical(**categories, noise=1e-3)
-    xp = B.array_namespace(X)
-    rows = xp.take(X, B.asarray_like(np.asarray(continuous), xp, device=B.array_device(X)), axis=1)
-    rbf = RBF(lengthscales=_default_lengthscales(rows, weights, continuous, _scales_of(start, continuous)),
-              amplitude=1.0)
+    rbf = RBF(lengthscales=_default_lengthscales(_columns_of(X, continuous), weights, continuous,
+                                                 _scales_of(start, continuous)), amplitude=1.0)
     return mixed_kernel(OnColumns(rbf, continuous), Categorical(**categories), noise=1e-3)
 
 
@@ -760,13 +758,11 @@ def prior_reference(X, weights=None, categorical=(), start=None):
     (which the categorical kernel's own priors do not read). ``start``: as ``default_kernel`` takes it."""
     if not categorical:
         return default_kernel(X, weights, start=start)
-    chosen = set(int(j) for j in categorical)
-    continuous = [j for j in range(X.shape[1]) if j not in chosen]
+    continuous = _continuous(X, categorical)
     lengthscales = np.ones(X.shape[1])
     if continuous:
-        xp = B.array_namespace(X)
-        rows = xp.take(X, B.asarray_like(np.asarray(continuous), xp, device=B.array_device(X)), axis=1)
-        lengthscales[continuous] = _default_lengthscales(rows, weights, continuous, _scales_of(start, continuous))
+        lengthscales[continuous] = _default_lengthscales(_columns_of(X, continuous), weights, continuous,
+                                                         _scales_of(start, continuous))
     return RBF(lengthscales=list(lengthscales), amplitude=1.0, noise=1e-3)
 
 
@@ -816,7 +812,8 @@ OUTLIER_MIN_ROWS = 10  # fewer rows tell no outlier from chance: 5% of 3 normal 
 
 def outlier_scales(X, weights=None):
     """``OutlierScales`` of the columns of X (any namespace; ``weights``: the rows' counts): the deviation of every
-    row (``column_scales``), the bulk's of at most ``OUTLIER_SAMPLE_ROWS`` rows at a fixed stride, on the host."""
+    row (``column_scales``), the bulk's of at most ``OUTLIER_SAMPLE_ROWS`` rows at a fixed stride; computed on X's
+    device, NumPy results."""
     n, d = X.shape
     stride = max(1, -(-n // OUTLIER_SAMPLE_ROWS))
     rows = X[0:n:stride, :]
@@ -848,6 +845,7 @@ def start_scales(X, weights=None, categorical=()):
 
 
 def _continuous(X, categorical):
+    """The columns of X that are not among ``categorical``, in order."""
     chosen = set(int(c) for c in categorical)
     return [j for j in range(X.shape[1]) if j not in chosen]
 
@@ -862,8 +860,8 @@ def typical_rows(X, weights=None, categorical=(), start=None):
     from: those within ``backend.OUTLIER_SPREAD_RATIO`` bulk spreads of the bulk's mean in every continuous column
     whose deviation a few rows set (``outlier_scales``; ``start``: the rows' ``start_scales``, where the caller has
     them); every row where no column is such. A point on an outlier (1e8 among values within +-3) centred the
-    kernel's distances far from the others (``kernels.RBF._r2`` centres on the points' mean), whose squares'
-    round-off broke K(Z, Z) at every jitter: the fit diverged at its first step."""
+    kernel's distances far from the others (K(Z, Z) centres on the points' mean), whose squares' round-off broke it
+    at every jitter: the fit diverged at its first step."""
     continuous = _continuous(X, categorical)
     everything = np.arange(X.shape[0])
     if not continuous:
