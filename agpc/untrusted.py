@@ -21,6 +21,7 @@ Every refusal is a :class:`RefusedFile` (a ``ValueError``) whose message names t
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import lzma
@@ -215,6 +216,7 @@ def read_npz(path, names=None, check=None, max_expansion=None):
         archive_size = _size(path)
         with zipfile.ZipFile(path) as archive:
             members = [info for info in archive.infolist() if info.filename.endswith(".npy")]
+            _refuse_repeated_members(members, path)
             declared = {}
             for info in members:
                 size = _member_size(info, archive_size, path)
@@ -245,6 +247,17 @@ def read_npz(path, names=None, check=None, max_expansion=None):
         if isinstance(exc, RefusedFile):
             raise
         raise RefusedFile(path, f"not a readable npz archive ({type(exc).__name__}: {exc})") from None
+
+
+def _refuse_repeated_members(members, path):
+    """A member name the archive holds twice: numpy and zipfile read the last copy, but every copy is inflated,
+    so a first copy's declared size escaped the bounds on what is read (a 278 KB model file with a 200 MB
+    deflated first copy loaded, the 4-times-its-size rule passed on the last copy; hostile-input audit)."""
+    counts = collections.Counter(info.filename for info in members)
+    repeated = sorted(name for name, count in counts.items() if count > 1)
+    if repeated:
+        raise RefusedFile(path, f"the archive holds member {repeated[0]!r} {counts[repeated[0]]} times "
+                                "(a forged archive: numpy writes each array once)")
 
 
 def _check_declared_total(path, declared, archive_size, max_expansion):

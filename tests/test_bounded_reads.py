@@ -65,6 +65,24 @@ def _header_member(archive, header, characters):
             padding -= len(block)
 
 
+def test_a_member_held_twice_is_refused_before_either_copy_is_inflated(saved, tmp_path, members_read):
+    """numpy reads a repeated member's last copy but inflated every copy: a first copy of 200 MB of zeros deflated
+    in a 280 KB model file loaded, the 4-times-its-size bound passed on the small last copy."""
+    path, _, _ = saved
+    big = io.BytesIO()
+    npy_format.write_array(big, np.zeros((25_000_000, 1)))
+    forged = tmp_path / "twice.agpc"
+    with zipfile.ZipFile(path) as honest, zipfile.ZipFile(forged, "w") as archive:
+        archive.writestr("inducing_points.npy", big.getvalue(), compress_type=zipfile.ZIP_DEFLATED)
+        with pytest.warns(UserWarning, match="Duplicate name"):  # (zipfile's own, as it writes the forgery)
+            for name in honest.namelist():
+                archive.writestr(name, honest.read(name))
+    assert forged.stat().st_size < 400_000
+    with pytest.raises(ValueError, match=r"holds member 'inducing_points.npy' 2 times \(a forged archive"):
+        GPClassifier.load(forged)
+    assert members_read == []
+
+
 def test_a_60_mb_json_header_in_a_small_model_file_is_refused_before_it_is_read(saved, tmp_path, members_read):
     _, header, arrays = saved
     path = tmp_path / "big-header.agpc"
