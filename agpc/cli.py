@@ -229,6 +229,9 @@ def _class_names(text):
         raise UsageError(f"--classes {text}: a quoted name is not closed (a name holding a comma goes in double "
                          'quotes: "bad, really",fair)') from None
     names = [name.strip() for name in names]
+    if not names:  # (--classes '' or spaces: no record at all; "name two classes" below would say it after a
+        # whole-number check that named none: "the labels of d.csv are whole numbers;  is not")
+        raise UsageError(f"--classes {text!r} names no class: name the classes, comma-separated, lowest first")
     if "" in names:
         raise UsageError(f"--classes {text}: its {_nth(names.index('') + 1)} name is empty: name the classes, "
                          "comma-separated, lowest first")

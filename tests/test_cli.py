@@ -248,6 +248,7 @@ def test_classes_drops_spaces_around_a_name_and_a_quoted_name_may_hold_a_comma(t
     ([3, 5, 10, 12], ["--classes", "3,5,ten,12"], "are whole numbers; ten is not"),
     ([3, 5, 10, 12], ["--classes", "3,5,10,12,"], "--classes 3,5,10,12,: its 5th name is empty"),
     (GRADES, ["--classes", "poor,,fair,good,best"], "its 2nd name is empty"),
+    ([3, 5, 10, 12], ["--classes", ""], "--classes '' names no class: name the classes"),
     (GRADES, ["--classes", 'poor,"fair,good,best'], "a quoted name is not closed"),
     ([3, 5, 10, 12], ["--method", "vi-jj"], "likelihood must be 'logistic' or None, got 'ordinal'"),
 ])
