@@ -178,7 +178,10 @@ def _labels(values):
         return values
     if values.dtype.kind == "f":
         whole = np.all(np.isfinite(values)) and np.all(values == np.round(values))
-        if whole and np.all((values >= _INT64.min) & (values < 2.0 ** 63)):
+        # (bounds compared in float64 at least: float16 labels cast int64's bounds to inf, "overflow encountered
+        # in cast", a RuntimeWarning that agpc fit printed for a file of labels 0.0 and 1.0)
+        wide = values.astype(np.promote_types(values.dtype, np.float64), copy=False)
+        if whole and np.all((wide >= _INT64.min) & (wide < 2.0 ** 63)):
             return values.astype(np.int64)
         return values.astype(str)
     text = [v.decode() if isinstance(v, bytes) else str(v) for v in values.tolist()]

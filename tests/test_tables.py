@@ -135,6 +135,15 @@ def test_a_nan_label_in_an_npz_is_an_error_naming_the_row(tmp_path, banana):
         load_data(tmp_path / "d.npz", labels_required=True)
 
 
+def test_float16_labels_are_whole_numbers_without_an_overflow_warning(tmp_path, banana):
+    """Labels 0.0 and 1.0 in float16 (the range check cast int64's bounds to float16) printed 'agpc: warning:
+    RuntimeWarning: overflow encountered in cast' on a fit that went on to succeed."""
+    X, y = banana
+    np.savez(tmp_path / "d.npz", X=X, y=y.astype(np.float16))
+    _, y_read, _ = load_data(tmp_path / "d.npz", labels_required=True)  # (RuntimeWarnings are errors here)
+    assert y_read.dtype == np.int64 and y_read.tolist() == y.astype(int).tolist()
+
+
 @pytest.mark.parametrize("writer, suffix", [(write_npz, ".npz"), (write_zarr, ".zarr")], ids=["npz", "zarr"])
 def test_a_column_of_labels_is_taken_as_1d_and_other_2d_labels_are_refused(tmp_path, banana, writer, suffix):
     X, y = banana
