@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import json
 import lzma
 import math
@@ -71,6 +72,9 @@ def check_file_argument(source, what, writing=False):
             raise ValueError(f"{what}: {describe(source)} is not open for writing (open it with mode 'wb')")
         return source
     if not writing and hasattr(source, "read"):
+        if isinstance(source, io.TextIOBase):  # (zipfile then said the model file was "not a zip file")
+            raise ValueError(f"{what}: {describe(source)} is open in text mode; a model file is binary (open it "
+                             "with mode 'rb')")
         return source
     if isinstance(source, bytes) and b"\0" in source:
         raise ValueError(f"{what}: a bytes object of {len(source):,} bytes holding NUL is no file name (a file's "

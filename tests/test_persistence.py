@@ -697,6 +697,9 @@ def test_a_model_loads_from_an_open_file_as_from_its_path(saved):
     np.testing.assert_array_equal(from_bytes.predict_proba(X_query), from_file.predict_proba(X_query))
     with pytest.raises(ValueError, match="BytesIO.*not a valid agpc model file"):
         GPClassifier.load(io.BytesIO(b"PK\x03\x04 damaged"))
+    with open(path) as fh, pytest.raises(ValueError, match=r"load_model: .* is open in text mode; a model file is "
+                                                           r"binary \(open it with mode 'rb'\)"):
+        GPClassifier.load(fh)  # (was: "not a valid agpc model file ... File is not a zip file")
 
 
 def test_a_model_saves_to_a_binary_file_object_and_not_to_a_directory(saved, tmp_path):
