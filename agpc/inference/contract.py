@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from ..backend import ModulesByName, array_namespace, few_rows_set_spread, outside_stacklevel, scaled_std, \
-    moments_without_extremes
+from ..backend import (ModulesByName, array_namespace, few_rows_set_spread, moments_without_extremes,
+                       outside_stacklevel, scaled_std)
 from ..kernels import PER_FEATURE_SCALES, log_prior_and_grads, step_lower_bounds
 from ..likelihoods import likelihood_by_name, probit_for
 from ..optim import OPTIMIZERS, Rprop, bounded_step
