@@ -514,8 +514,10 @@ class _BoundedLines:
 
 
 def _csv_records(fh, path):
-    """(line number, cells stripped) of each record of a CSV file in turn, each within ``MAX_RECORD_CHARS``; the csv
-    module's errors (a field beyond its limit, a NUL in older Pythons) name the file and the line."""
+    """(the record's first line, cells stripped) of each record of a CSV file in turn, each within
+    ``MAX_RECORD_CHARS``; the csv module's errors (a field beyond its limit, a NUL in older Pythons) name the file and
+    the line. A record whose quoted field spans lines is named by its first (the csv module's ``line_num`` is its
+    last: an error in a record of lines 3-6 was said to be on line 6, a careless-input audit)."""
     lines = _BoundedLines(fh, path)
     # strict: a quote that opens a field and is never closed is an error (the lenient reader took the rest of the
     # file into that one field: a truncated file's last rows became one label, a class of their own, silently)
@@ -529,7 +531,7 @@ def _csv_records(fh, path):
             what = ("a quoted field is not closed (its opening \" has no closing one before the file ends)"
                     if "unexpected end of data" in str(exc) else exception_line(exc))
             raise TableError(f"{path}: line {lines.start}: {what}") from None
-        record = (reader.line_num, [cell.strip() for cell in row])
+        record = (lines.start, [cell.strip() for cell in row])
         lines.record_read()
         yield record
 

@@ -393,6 +393,17 @@ def test_a_quote_never_closed_is_an_error_naming_its_line_not_a_class(tmp_path, 
     assert X.tolist() == [[1.0, 2.0], [3.0, 4.0]] and y.tolist() == [0, 1]
 
 
+@pytest.mark.parametrize("record, said", [('"3\n",oops,"1\n\n"', "line 3, feature column 'b' is not numeric"),
+                                          ('3,"4\n\n"', "line 3 has 2 fields but the header has 3")])
+def test_an_error_in_a_record_of_several_lines_names_its_first_line(tmp_path, record, said):
+    """A careless-input audit: a record whose quoted fields span lines 3 to 6 was reported on line 6, where it ends
+    (the csv module's line count), not on line 3, where it starts."""
+    path = tmp_path / "d.csv"
+    path.write_text(f"a,b,label\n1,2,0\n{record}\n4,5,1\n")
+    with pytest.raises(TableError, match=rf"d\.csv: {said}"):
+        load_data(path, "label")
+
+
 def test_labels_written_with_leading_zeros_stay_as_written(tmp_path, banana):
     """The same audit: labels of whole numbers were read as integers, so "007" and "7" were one class and "02134"
     was written back as 2134 (a postal code, an identifier). Labels are integers only where each is written as its
