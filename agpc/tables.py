@@ -498,6 +498,8 @@ class _BoundedLines:
 
     def __next__(self):
         text = self.fh.readline(MAX_RECORD_CHARS + 1 - self.chars)  # (never more than the bound allows)
+        if self.line == 0:  # byte order marks at the start are none of the header's (utf-8-sig drops only one: a
+            text = text.lstrip("\ufeff")  # file that got two kept U+FEFF in its first column's name; an audit)
         if not text:
             raise StopIteration
         self.line += 1

@@ -102,9 +102,10 @@ def _size(source):
 # Characters that change what a terminal shows rather than show themselves: the control characters (C0 with tab and
 # newline, DEL, C1: ESC starts the sequences that set a terminal's colours or title, BEL rings), Unicode's line and
 # paragraph separators (U+2028, U+2029: str.splitlines and log tools that follow it start a new line there, where a
-# forged "agpc: error:" line could begin) and its direction overrides and isolates (which reorder the text around
-# them).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+# forged "agpc: error:" line could begin), its direction overrides and isolates (which reorder the text around
+# them), and its zero-width characters (U+200B-U+200D, U+2060, the byte order mark U+FEFF: "no column 'a'" of a file
+# whose columns were shown as "a, b" held U+FEFF before the a, invisible; a careless-input audit).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060\u2066-\u2069\ufeff]")
 
 
 def printable(text, limit=None):

@@ -54,6 +54,21 @@ def test_a_byte_order_mark_is_not_part_of_the_first_column_name(tmp_path, banana
     assert load_data(data, "x1").feature_names == ["x2", "label"]
 
 
+def test_byte_order_marks_at_the_start_are_none_of_the_header_and_one_elsewhere_is_shown_escaped(tmp_path, banana):
+    """A careless-input audit: a file saved with a byte order mark twice kept the second in its first column's name
+    (utf-8-sig drops one), and a message showed that name with U+FEFF unescaped, invisible: "no column 'x1'" of a
+    file whose columns read "x1, x2"."""
+    data = write_csv(tmp_path / "bom.csv", *banana)
+    data.write_bytes(b"\xef\xbb\xbf" * 2 + data.read_bytes())
+    X, _, names = load_data(data, "label")
+    assert names == ["x1", "x2"]
+    np.testing.assert_array_equal(X, banana[0])
+    data.write_text(data.read_text(encoding="utf-8-sig").lstrip("\ufeff").replace("x2", "\ufeffx2", 1))
+    with pytest.raises(TableError) as refused:
+        load_data(data, "x3")
+    assert "columns: x1, \\ufeffx2, label" in str(refused.value) and "\ufeff" not in str(refused.value)
+
+
 def test_a_models_feature_names_select_the_columns_by_name(tmp_path, banana):
     X, y = banana
     data = write_table(tmp_path / "d.csv", {"label": y, "x2": X[:, 1], "note": ["a"] * len(y), "x1": X[:, 0]})
