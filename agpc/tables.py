@@ -201,12 +201,27 @@ def labels_from_text(texts):
 
 
 def _floats(values):
-    """A column's cells as float64: NumPy's conversion, which reads text as Python's float does, but not a cell
-    with an underscore ("1_000" was read as 1000, and an identifier "12_5" as 125, where "1,000" is refused)."""
-    if values.dtype.kind in "US" and values.size and np.any(np.char.find(values, "_" if values.dtype.kind == "U"
-                                                                         else b"_") >= 0):
+    """A column's cells as float64: NumPy's conversion, which reads text as Python's float does, but only text that
+    may be a number (``_plain``)."""
+    if values.dtype.kind == "U":  # (read as ASCII bytes: another character is a UnicodeEncodeError, a ValueError)
+        values = values.astype("S")
+    if values.dtype.kind == "S" and values.size and np.any(np.char.find(values, b"_") >= 0):
         raise ValueError("a cell with an underscore is not a number")
+    if values.dtype.kind == "O" and not all(_plain(v) for v in values.tolist() if isinstance(v, (str, bytes))):
+        raise ValueError("a cell with an underscore or a character beyond ASCII is not a number")
     return values.astype(np.float64)
+
+
+def _plain(text):
+    """Whether text (str or bytes) may be a number: ASCII, without an underscore. Python's float also reads "1_000"
+    (1000: an identifier "12_5" was read as 125, where "1,000" is refused) and other scripts' digits (full-width
+    "\uff11\uff12" as 12: a feature cell so written was a number where a label so written is text,
+    ``_WHOLE_NUMBER_TEXT``; a careless-input audit)."""
+    return text.isascii() and ("_" if isinstance(text, str) else b"_") not in text
+
+
+# A digit of another script than ASCII's (full-width, Arabic-Indic: ``_plain``), which messages say how to write
+_OTHER_DIGIT = re.compile(r"(?![0-9])\d")
 
 
 def _feature_values(values, name, path, row_of):
@@ -246,9 +261,11 @@ def _refuse_other_notations(text, name, path, row_of):
     if not odd or not all(_in_other_notation(text[i]) for i in odd):
         return
     where = f"{row_of(odd[0])}, " if row_of else ""
+    hint = ("in ASCII digits 0-9 (agpc reads no other script's digits as a number, in features as in labels)"
+            if _OTHER_DIGIT.search(text[odd[0]]) else "with a '.' decimal point and without '%' or thousands "
+            "separators (pandas.read_csv(decimal=',', thousands='.') reads such a file)")
     raise TableError(f"{path}: {where}feature column {printable(repr(name))} holds numbers agpc does not read (value "
-                     f"{printable(repr(text[odd[0]]))}): write them with a '.' decimal point and without '%' or "
-                     "thousands separators (pandas.read_csv(decimal=',', thousands='.') reads such a file)")
+                     f"{printable(repr(text[odd[0]]))}): write them {hint}")
 
 
 def _feature_table(columns):
@@ -280,7 +297,7 @@ def _numeric(values, name, path, row_of=None, what="feature"):
         row, bad = next((i, v) for i, v in enumerate(values.tolist()) if not _is_number(v))
         where = f"{row_of(row)}, " if row_of else ""
         hint = ("fill in or drop rows with missing values first" if _looks_missing(bad)
-                else f"{what}s must be numbers")
+                else f"{what}s must be numbers" + (" in ASCII digits 0-9" if _OTHER_DIGIT.search(str(bad)) else ""))
         raise TableError(f"{path}: {where}{what} column {name!r} is not numeric (value {bad!r}); {hint}") from None
 
 
@@ -296,8 +313,8 @@ def _looks_missing(value):
 
 
 def _is_number(value):
-    if isinstance(value, (str, bytes)) and ("_" in value if isinstance(value, str) else b"_" in value):
-        return False  # (Python's float reads "1_000" as 1000: ``_floats``)
+    if isinstance(value, (str, bytes)) and not _plain(value):
+        return False  # (Python's float reads "1_000" as 1000, and other scripts' digits)
     try:
         float(value)
     except (ValueError, TypeError):
@@ -452,8 +469,7 @@ def _as_text(values):
 
 def _numbers_at_once(values):
     """A CSV column of numbers (UTF-8 bytes, ``_add_chunk``) as float64 without its text ever made (4 bytes a
-    character); a column with a NaN (missing: ``_check_filled`` says so from its text), or one that only Python's
-    reading of text takes (digits of other scripts), as it came."""
+    character); a column with a NaN (missing: ``_check_filled`` says so from its text), or of text, as it came."""
     try:
         numbers = _floats(values)
     except (ValueError, TypeError):

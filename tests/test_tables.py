@@ -2,6 +2,7 @@
 written, column names) and that every problem with a file is one TableError naming the file, row and column.
 The command's use of it (exit status 2, nothing written) is tested in test_cli.py."""
 
+import re
 import tracemalloc
 
 import numpy as np
@@ -318,12 +319,13 @@ def test_a_csv_file_is_read_within_a_bounded_multiple_of_its_size(tmp_path, monk
 
 
 def test_csv_text_beyond_ascii_reads_as_written(tmp_path, monkeypatch):
-    """The cells held as UTF-8 bytes come back as the text written: levels and labels beyond ASCII, a column of
-    numbers written in another script's digits (Python's float reads them; NumPy's bytes do not), a "nan" that marks
-    a missing value named from its text, in a chunk after columns of numbers."""
+    """The cells held as UTF-8 bytes come back as the text written: levels and labels beyond ASCII, a "nan" that
+    marks a missing value named from its text, in a chunk after columns of numbers. (A column of numbers in another
+    script's digits, which Python's float reads, was read so too; it is refused now, as labels so written are text:
+    ``test_features_in_other_scripts_digits_are_refused_as_labels_so_written_are_not_numbers``.)"""
     monkeypatch.setattr(tables, "CSV_CHUNK_ROWS", 2)
     path = tmp_path / "words.csv"
-    path.write_text("colour,n,x,label\ncafé,١٢,1.5,ja\nrot,3,2.5,nein\ncafé,٤,-1,ja\nblau,7,0,später\n",
+    path.write_text("colour,n,x,label\ncafé,12,1.5,ja\nrot,3,2.5,nein\ncafé,4,-1,ja\nblau,7,0,später\n",
                     encoding="utf-8")
     data = load_data(path, "label")
     assert data.X[:, 0].tolist() == ["café", "rot", "café", "blau"]
@@ -447,6 +449,23 @@ def test_labels_in_other_scripts_digits_stay_as_written(tmp_path, banana):
     _, y_read, _ = load_data(write_csv(tmp_path / "e.csv", X, np.array(["\uff11", "\uff10"] * 30, dtype=object)),
                              "label")
     assert sorted(set(y_read.tolist())) == ["\uff10", "\uff11"]
+
+
+@pytest.mark.parametrize("cells, said", [
+    (["\uff11\uff12", "3", "5"], "line 2, feature column 'a' is not numeric (value '\uff11\uff12'); features must be "
+                                "numbers in ASCII digits 0-9"),
+    (["\uff11\uff12", "\uff13", "\u0665"], "line 2, feature column 'a' holds numbers agpc does not read (value "
+                                       "'\uff11\uff12'): write them in ASCII digits 0-9")])
+def test_features_in_other_scripts_digits_are_refused_as_labels_so_written_are_not_numbers(tmp_path, cells, said):
+    """A careless-input audit: Python's float reads full-width "\uff11\uff12" as 12, so a feature cell so written was
+    the number 12 while a label so written stays text (``test_labels_in_other_scripts_digits_stay_as_written``). A
+    numeric feature column holding one is now an error naming the cell; a categorical column's level stays text."""
+    path = tmp_path / "d.csv"
+    path.write_text("a,b,label\n" + "".join(f"{cell},{i},{i % 2}\n" for i, cell in enumerate(cells)))
+    with pytest.raises(TableError, match=rf"d\.csv: {re.escape(said)}"):
+        load_data(path, "label")
+    path.write_text("a,b,label\nS,1,0\nM,2,1\n\uff11\uff12,3,0\n")
+    assert load_data(path, "label").X[:, 0].tolist() == ["S", "M", "\uff11\uff12"]
 
 
 def test_a_long_name_is_shown_cut_in_a_message():
