@@ -111,6 +111,22 @@ def _write_csv(path, columns, labels=None):
         writer.writerows([label, *(f"{v:.17g}" for v in row)] for label, row in zip(text, table.tolist()))
 
 
+# A cell a spreadsheet runs as a formula: one that starts with =, +, -, @, a tab or a carriage return (OWASP's "CSV
+# injection": a class label "=HYPERLINK(...)" or "-2+3+cmd|..." in predictions.csv ran when the file was opened), but
+# not a number as a spreadsheet reads one ("-1", "+0.5", "-1e-05": a class that is a number stays one)
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_SPREADSHEET_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
+
+
+def _formula_safe(labels):
+    """({key: cell}, the labels altered) of ``labels`` ({key: a label's text}): a label a spreadsheet would run as a
+    formula (``_FORMULA_START``) written with a single quote before it, as OWASP advises (spreadsheets show the label
+    without it), the others as they are. The caller warns of the altered ones, naming them."""
+    cells = {key: f"'{text}" if text.startswith(_FORMULA_START) and not _SPREADSHEET_NUMBER.match(text) else text
+             for key, text in labels.items()}
+    return cells, [text for key, text in labels.items() if cells[key] != text]
+
+
 # -- scores --------------------------------------------------------------------------------------------
 
 def _class_index(y, classes):
@@ -567,15 +583,21 @@ def predict(args):
         if args.latent:
             columns.update(_latent_columns(model, X))
     # the class of each row's highest written probability (the first of equal ones), written as the class is
-    # written in the p_<class> headers: the labels of the file the model was fitted on, strings or numbers
-    predicted = [f"{c}" for c in model.classes_]
-    _write_csv(args.out, columns, labels=(PREDICTED_LABEL, [predicted[i] for i in np.argmax(proba, axis=1)]))
+    # written in the p_<class> headers (the labels of the file the model was fitted on, strings or numbers), but
+    # for a label a spreadsheet would run as a formula (``_formula_safe``; the headers start with p_)
+    best = np.argmax(proba, axis=1)
+    predicted, altered = _formula_safe({i: f"{model.classes_[i]}" for i in np.unique(best).tolist()})
+    _write_csv(args.out, columns, labels=(PREDICTED_LABEL, [predicted[i] for i in best.tolist()]))
     written = [PREDICTED_LABEL, *columns]
     print(f"wrote {printable(args.out)}: {proba.shape[0]} rows, columns "
           f"{', '.join(printable(name) for name in written)}")
     if scores is not None:
         _print_scores("scores", scores, len(y))
     _warn_columns_by_position(wanted, names, args.data)  # said once the predictions are written
+    if altered:
+        warnings.warn(f"{PREDICTED_LABEL} writes the classes {preview([repr(v) for v in altered], 5)} with a ' before "
+                      f"each, which a spreadsheet would otherwise run as a formula (CSV injection; the p_<class> "
+                      f"headers name them as they are)", UserWarning)
     return 0
 
 

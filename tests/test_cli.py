@@ -617,6 +617,24 @@ def test_labels_of_another_kind_than_the_models_classes_are_said_so(tmp_path, ba
         assert message in err and not (tmp_path / "p.csv").exists()
 
 
+def test_labels_a_spreadsheet_would_run_as_formulas_are_written_quoted_with_a_warning(tmp_path, banana, capsys):
+    """A careless-input audit: a class "=1+1" (or "@SUM(A1)", "-2+3") was written to predictions.csv as it was, and a
+    spreadsheet opening the file ran it as a formula (CSV injection). Such a label is written with a ' before it
+    (OWASP's advice), a label that is a number ("-1", "-0.5") as it is, and a warning names those altered."""
+    X, y = banana
+    classes = np.array(["=1+1", "-1", "-2+3", "-0.5"])
+    labels = classes[(y > 0) + 2 * (X[:, 0] > 0)]
+    model = tmp_path / "m.agpc"
+    GPClassifier(**SETTINGS).fit(pandas.DataFrame(X, columns=["x1", "x2"]), labels).save(model)
+    out = tmp_path / "p.csv"
+    assert main(["predict", str(model), str(write_csv(tmp_path / "d.csv", X, y)), "--out", str(out)]) == 0
+    expected = load_model(model).predict(pandas.DataFrame(X, columns=["x1", "x2"])).tolist()
+    assert set(expected) == set(classes)  # (every kind of label is written)
+    assert read_labels(out) == [f"'{v}" if v in ("=1+1", "-2+3") else v for v in expected]
+    warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("agpc: warning:")]
+    assert len(warning) == 1 and "'-2+3', '=1+1'" in warning[0] and "'-1'" not in warning[0]
+
+
 def test_a_file_without_names_is_taken_by_position_with_a_warning(tmp_path, banana, named_model, reference,
                                                                   predict_with, capsys):
     data, _ = write_npz(tmp_path / "d.npz", *banana)
