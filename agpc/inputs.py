@@ -860,8 +860,8 @@ def typical_rows(X, weights=None, categorical=(), start=None):
     from: those within ``backend.OUTLIER_SPREAD_RATIO`` bulk spreads of the bulk's mean in every continuous column
     whose deviation a few rows set (``outlier_scales``; ``start``: the rows' ``start_scales``, where the caller has
     them); every row where no column is such. A point on an outlier (1e8 among values within +-3) centred the
-    kernel's distances far from the others (K(Z, Z) centres on the points' mean), whose squares' round-off broke it
-    at every jitter: the fit diverged at its first step."""
+    kernel's distances far from the others (K(Z, Z) centred on the points' mean then), whose squares' round-off broke
+    it at every jitter: the fit diverged at its first step."""
     continuous = _continuous(X, categorical)
     everything = np.arange(X.shape[0])
     if not continuous:

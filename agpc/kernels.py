@@ -558,14 +558,26 @@ _FEWER_ROWS = 4  # a set of at most 1 / this of the other's rows is the inducing
 
 
 def _centre(Xs, Zs):
-    """The point both inputs of K are centred on before their squared distances are expanded (``_r2``): the mean
-    of Zs, K(X, Z)'s inducing points, or of Xs where it has at most 1 / ``_FEWER_ROWS`` of Zs's rows (K(Z, X) of a
-    batch pass's block of thousands of rows). The mean of a data block moves with an outlier among its rows:
-    float32 banana with one value of 1e6 put the centre some 900 lengthscales from the other rows, whose expanded
-    squares' round-off broke the whole block's K(Z, X) (prior variances above the kernel's, the pass NaN, the fit at
-    chance); the inducing points start off such rows (``inputs.typical_rows``)."""
-    xp = array_namespace(Xs, Zs)
-    return xp.mean(Xs if _FEWER_ROWS * Xs.shape[0] <= Zs.shape[0] else Zs, axis=0)
+    """The point both inputs of K are centred on before their squared distances are expanded (``_r2``): the
+    ``_middle`` of Zs, K(X, Z)'s inducing points, or of Xs where it has at most 1 / ``_FEWER_ROWS`` of Zs's rows
+    (K(Z, X) of a batch pass's block of thousands of rows)."""
+    return _middle(Xs if _FEWER_ROWS * Xs.shape[0] <= Zs.shape[0] else Zs)
+
+
+def _middle(points):
+    """Each column's lower median of ``points`` (k, d): an entry of the column, with at least half the points on
+    either side of it, so that fewer than half the points, however far, cannot move it off the others. A centre
+    c costs the expanded |x - z|^2 a round-off of about eps (|x - c|^2 + |z - c|^2), so it must lie among the
+    points whose distances matter. The mean did not: one inducing point of 1e154 among ordinary ones (a forged
+    model file, or points given to fit) put it 1e153 from the others, where every distance lost all its digits
+    and the model predicted one probability for every input; and the mean of a data block moves with an outlier
+    among its rows (float32 banana with one value of 1e6 put it some 900 lengthscales from the other rows, whose
+    expanded squares' round-off broke the whole block's K(Z, X); the inducing points start off such rows:
+    ``inputs.typical_rows``). One sort of k x d entries, on the device (no host sync)."""
+    xp = array_namespace(points)
+    if points.shape[0] == 0:  # (an empty block: any centre will do, and an empty sort has no middle row)
+        return xp.zeros(points.shape[1:], dtype=points.dtype, device=array_device(points))
+    return xp.sort(points, axis=0)[(points.shape[0] - 1) // 2, ...]
 
 
 def _augments(Xs, Zs):
@@ -686,7 +698,7 @@ class Stationary(Kernel):
 
     def _r2(self, Xs, Zs):
         """Squared distances from one matrix product: |x|^2 + |z|^2 - 2 x.z, with both sets centred on the
-        mean of Zs first, so that a large common offset (x + 1e7) does not cancel catastrophically. The
+        middle of the smaller first (``_centre``), so that a large common offset (x + 1e7) does not cancel catastrophically. The
         round-off that can still make an entry slightly negative is cut with ``maximum``, not ``clip``
         (array-api-compat's clip copies to the host on CuPy)."""
         xp = array_namespace(Xs, Zs)
@@ -749,13 +761,19 @@ class Stationary(Kernel):
         augmented by their squares and a column of ones): G, n x m, is read once.
         """
         xp = array_namespace(G, Xs, Zs)
-        # Every term is a function of xs_n - zs_m: centring both on the mean of Zs changes nothing but the
-        # round-off (the expanded squares would cancel catastrophically for inputs far from the origin).
-        centre = xp.mean(Zs, axis=0)
+        # Every term is a function of xs_n - zs_m: centring both on the middle of Zs changes nothing but the
+        # round-off (the expanded squares would cancel catastrophically for inputs far from the centre: ``_middle``).
+        centre = _middle(Zs)
         same = Zs is Xs
         Zs = Zs - centre
         Xs = Zs if same else Xs - centre
         if same:
+            # without the diagonal: r_jj = 0 adds nothing to any gradient, but its expanded terms G_jj zs_j^2 (4 - 2
+            # - 2 of them) cancel only in exact arithmetic, and one point far from the others (1e154) took every
+            # other term's digits with them (its column's lengthscale gradient was 0). The column sums returned
+            # are the whole block's (the caller's amplitude gradient).
+            whole_col = xp.sum(G, axis=0)
+            G = G * (1.0 - xp.eye(G.shape[0], dtype=G.dtype, device=array_device(G)))
             row = xp.sum(G, axis=1)  # (m,)
             col = xp.sum(G, axis=0)  # (m,)
             GZ = G @ Zs  # (m, d)
@@ -763,7 +781,7 @@ class Stationary(Kernel):
             both = row + col
             d_log_l = (4.0 * scale) * row_dot(Xs, GZ, axis=-2) - (2.0 * scale) * (both @ (Zs * Zs))
             dZ = (Zs * both[:, None] - GZ - GtX) * ((2.0 * scale) / self.lengthscales)  # through either argument
-            return d_log_l, dZ, col
+            return d_log_l, dZ, whole_col
         n, d = Xs.shape
         ones = xp.ones((n, 1), dtype=Xs.dtype, device=array_device(Xs))
         products = G.mT @ xp.concat([Xs, Xs * Xs, ones], axis=1)  # (m, 2 d + 1)

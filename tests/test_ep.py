@@ -305,7 +305,7 @@ def test_a_pass_takes_its_cavity_as_a_declared_value_or_its_name():
         ep.evaluate_factor(kernel, Z, X, y, factor, cavity="svi", n_total=60, jitter=JITTER)
 
 def test_inputs_far_from_the_origin_do_not_cancel():
-    """The RBF's squared distances come from one matrix product; centred on the mean of Z they stay
+    """The RBF's squared distances come from one matrix product; centred on the middle of Z they stay
     accurate for features with a large offset against their spread (x + 1e7 used to fail its Cholesky)."""
     X, y = binary_toy(80)
     Z = X[:8] + 0.05

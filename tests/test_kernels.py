@@ -498,6 +498,34 @@ def test_rows_of_a_rational_quadratic_past_the_square_s_range_are_held_and_give_
         np.testing.assert_array_equal(np.asarray(held), near)
 
 
+@pytest.mark.parametrize("make, reference", [(RBF, rbf_reference), (Matern52, matern52_reference)])
+@pytest.mark.parametrize("rows", [7, 7000])  # a small block, and one from one product of augmented inputs
+@pytest.mark.parametrize("far", [1e154, -1e154])
+def test_one_far_inducing_point_leaves_the_others_distances_exact(make, reference, rows, far):
+    """A hostile-input audit (2026-12-05): a forged model file with ONE inducing point at 1e154 among ordinary ones
+    loaded and predicted one probability for every input. K centred both inputs on the mean of the inducing points,
+    1e153 from the others, where every expanded square lost all its digits. The far point is 0 to every other (it
+    is, by the definition), and the others' covariances and gradients are those without it: the far point adds its
+    own variance's term to the amplitude's gradient, and nothing else (the expanded terms of K(Z, Z)'s diagonal took
+    the far column's lengthscale gradient with them)."""
+    rng = np.random.default_rng(5)
+    lengthscales, amplitude = [0.7, 1.3, 2.0], 1.4
+    X, Z = rng.normal(size=(rows, D)), rng.normal(size=(10, D))
+    Z[3, 2] = far
+    kernel = make(lengthscales=lengthscales, amplitude=amplitude, noise=0.1)
+    direct = reference(lengthscales, amplitude)
+    np.testing.assert_allclose(np.asarray(kernel.K(X, Z)), direct(X, Z), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(np.asarray(kernel.K(Z)), direct(Z, Z), rtol=1e-12, atol=1e-14)
+    W_mm, W_nm = rng.normal(size=(10, 10)), rng.normal(size=(rows, 10))
+    near = np.arange(10) != 3
+    with_far = kernel.grads(W_mm, W_nm, None, X, Z)
+    without = kernel.grads(W_mm[near][:, near], W_nm[:, near], None, X, Z[near])
+    for name, value in without.items():
+        expected = np.insert(value, 3, 0.0, axis=0) if name == "Z" else value
+        expected = expected + W_mm[3, 3] * amplitude if name == "log_amplitude" else expected
+        np.testing.assert_allclose(np.asarray(with_far[name]), expected, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
 class TestSum(KernelContract):
     def make_kernel(self, priors=False):
         first = RBF([0.7, 1.3, 2.1], amplitude=1.1, noise=0.05,
