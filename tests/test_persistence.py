@@ -459,6 +459,44 @@ def test_the_loaders_final_probe_refuses_a_model_that_does_not_predict(saved, tm
     assert str(path) in str(info.value) and "not a valid agpc model file" in str(info.value)
 
 
+def _one_inducing_point_at(Z, value):
+    Z = np.array(Z, copy=True)
+    Z[0, 0] = value
+    return Z
+
+
+def test_a_file_with_one_inducing_point_far_from_the_others_predicts_as_that_point_allows(saved, tmp_path):
+    """The hostile-input audit of 2026-12-05: a forged file whose inducing points held ONE point at 1e154 (the others
+    as written) loaded and predicted one probability for every input, without a word. The kernel's distances were
+    centred on the points' mean, 1e153 from the others, and lost every digit. Such a point is 0 to every other point
+    and every input (as one at 1e4 is, far beyond the kernel's reach but not the arithmetic's): the model is the
+    one without it, and its predictions are those of the same file with the point at 1e4."""
+    X, _ = make_banana(50, random_state=8)
+    proba = {}
+    for value in (1e154, 1e4):
+        Z = _one_inducing_point_at(saved[2]["inducing_points"], value)
+        path = rewrite(saved, tmp_path, arrays={"inducing_points": Z})
+        proba[value] = GPClassifier.load(path).predict_proba(X)[:, 1]
+    assert np.ptp(proba[1e4]) > 0.1  # (a model that tells the inputs apart: 3 iterations of banana)
+    np.testing.assert_allclose(proba[1e154], proba[1e4], rtol=1e-12)
+
+
+def test_a_fit_from_one_given_inducing_point_far_from_the_others_learns_and_loads(tmp_path):
+    """Fitting can write such a file: points given as ``inducing`` are the model's. With one at 1e154 the fit warned
+    that its model gave every input one probability (training accuracy 0.52); it is the fit with that point at 1e4
+    now, where the point is as inert, and it is saved and loaded as it is (a load that refused it would refuse a
+    file agpc wrote)."""
+    X, y = make_banana(120, random_state=3)
+    proba = {}
+    for value in (1e4, 1e154):  # (the far one last: the model saved)
+        model = GPClassifier(inducing=_one_inducing_point_at(X[:6], value), max_iter=10, random_state=0).fit(X, y)
+        proba[value] = model.predict_proba(X)[:, 1]
+    assert np.ptp(proba[1e4]) > 0.5
+    np.testing.assert_allclose(proba[1e154], proba[1e4], rtol=1e-12)
+    model.save(tmp_path / "far.agpc")
+    np.testing.assert_array_equal(GPClassifier.load(tmp_path / "far.agpc").predict_proba(X)[:, 1], proba[1e154])
+
+
 @pytest.mark.parametrize("raw, words", [("{not json", ["header", "JSON"]), ("[" * 100_000, ["header"]),
                                         ('{"version": ' + "1" * 5000 + "}", ["header"]),
                                         ('"a string"', ["format"])])
