@@ -91,6 +91,7 @@ __all__ = [
     "counting_fast_calls",
     "blas_releasing_the_lock",
     "add_to_diagonal",
+    "without_diagonal",
     "cholesky",
     "cholesky_or_nan",
     "cholesky_with_jitter",
@@ -1400,6 +1401,18 @@ def add_to_diagonal(A, values, *, overwrite=False):
     if getattr(values, "ndim", 0) == 1:
         return A + values[:, None] * eye
     return A + (eye if values == 1.0 else values * eye)
+
+
+def without_diagonal(A, *, overwrite=False):
+    """A square A with its diagonal set to 0: on NumPy a copy of A (or A itself, with ``overwrite``: a temporary the
+    caller owns) with the diagonal written in place, one pass over m entries where the standard's A * (1 - eye)
+    makes three over m^2."""
+    if _fast(A):
+        out = A if overwrite else A.copy()
+        out.flat[:: A.shape[0] + 1] = 0.0  # the diagonal, in place, in either memory order
+        return out
+    xp = array_namespace(A)
+    return A * (1.0 - xp.eye(A.shape[0], dtype=A.dtype, device=array_device(A)))
 
 
 def factor_failure(L):

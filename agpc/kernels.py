@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from .backend import (array_device, array_namespace, asarray_like, capped_exp, host_array, is_cupy_namespace,
-                      is_out_of_core, matmul, row_dot, to_numpy)
+                      is_out_of_core, matmul, row_dot, to_numpy, without_diagonal)
 from .priors import LogNormal, Prior, prior_from_spec
 from .untrusted import shown
 
@@ -751,7 +751,8 @@ class Stationary(Kernel):
     # -- gradients -------------------------------------------------------------------------------
 
     def _distance_grads(self, G, Xs, Zs, scale=1.0):
-        """Chain rule through r^2 for a block whose adjoint w.r.t. r^2 is ``scale`` G (shape (n, m)).
+        """Chain rule through r^2 for a block whose adjoint w.r.t. r^2 is ``scale`` G (shape (n, m)): a temporary the
+        caller owns (K(Z, Z)'s has its diagonal set to 0 in place).
 
         Returns (gradient w.r.t. log lengthscales (d,), gradient w.r.t. Z (m, d), the column sums of G (m,)),
         the gradient w.r.t. Z through both arguments when the block is K(Z, Z) (``Xs is Zs``); X is data (no
@@ -773,7 +774,7 @@ class Stationary(Kernel):
             # other term's digits with them (its column's lengthscale gradient was 0). The column sums returned
             # are the whole block's (the caller's amplitude gradient).
             whole_col = xp.sum(G, axis=0)
-            G = G * (1.0 - xp.eye(G.shape[0], dtype=G.dtype, device=array_device(G)))
+            G = without_diagonal(G, overwrite=True)  # (G is the caller's temporary: ``_block_grads``)
             row = xp.sum(G, axis=1)  # (m,)
             col = xp.sum(G, axis=0)  # (m,)
             GZ = G @ Zs  # (m, d)
