@@ -699,9 +699,9 @@ class Stationary(Kernel):
 
     def _r2(self, Xs, Zs):
         """Squared distances from one matrix product: |x|^2 + |z|^2 - 2 x.z, with both sets centred on the
-        middle of the smaller first (``_centre``), so that a large common offset (x + 1e7) does not cancel catastrophically. The
-        round-off that can still make an entry slightly negative is cut with ``maximum``, not ``clip``
-        (array-api-compat's clip copies to the host on CuPy)."""
+        middle of the smaller first (``_centre``), so that a large common offset (x + 1e7) does not cancel
+        catastrophically. The round-off that can still make an entry slightly negative is cut with ``maximum``, not
+        ``clip`` (array-api-compat's clip copies to the host on CuPy)."""
         xp = array_namespace(Xs, Zs)
         centre = _centre(Xs, Zs)
         Xc = Xs - centre
