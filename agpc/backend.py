@@ -95,6 +95,7 @@ __all__ = [
     "cholesky",
     "cholesky_or_nan",
     "cholesky_with_jitter",
+    "jitter_ladder",
     "machine_epsilon",
     "jitter_floor",
     "OUTLIER_SPREAD_RATIO",
@@ -1599,7 +1600,21 @@ def cholesky(A, *, what="matrix", max_tries=6):
     return cholesky_with_jitter(A, what=what, max_tries=max_tries)[0]
 
 
-def cholesky_with_jitter(A, *, what="matrix", max_tries=6, report=True):
+# How many jitters a factorisation that fails tries before it raises (``jitter_ladder``).
+JITTER_TRIES = 6
+
+
+def jitter_ladder(A, tries=JITTER_TRIES):
+    """The jitters ``cholesky_with_jitter`` adds to the diagonal of ``A`` in turn: from max(1e-10, 10 eps) to 10^5
+    times that, relative to the mean |diagonal| of A (host floats; one reduction of A)."""
+    xp = array_namespace(A)
+    scale = float(xp.mean(xp.abs(xp.linalg.diagonal(A))))
+    scale = scale if scale > 0 else 1.0
+    first = max(1e-10, 10.0 * machine_epsilon(A))
+    return [scale * 10.0 ** (k + math.log10(first)) for k in range(tries)]
+
+
+def cholesky_with_jitter(A, *, what="matrix", max_tries=JITTER_TRIES, report=True):
     """``cholesky`` that also returns the jitter it had to add to the diagonal (0.0 when none). An added
     jitter is reported (``note_jitter``) unless ``report=False`` (a caller that only probes for it)."""
     xp = array_namespace(A)
@@ -1609,13 +1624,9 @@ def cholesky_with_jitter(A, *, what="matrix", max_tries=6, report=True):
     if not bool(xp.all(xp.isfinite(A))):
         raise CholeskyError(f"Cholesky of {what} failed: the matrix contains NaN or inf")
     m = A.shape[0]
-    scale = float(xp.mean(xp.abs(xp.linalg.diagonal(A))))
-    scale = scale if scale > 0 else 1.0
     eye = xp.eye(m, dtype=A.dtype, device=array_device(A))
     tried = []
-    first = max(1e-10, 10.0 * machine_epsilon(A))
-    for k in range(max_tries):
-        jitter = scale * 10.0 ** (k + math.log10(first))
+    for jitter in jitter_ladder(A, max_tries):
         tried.append(jitter)
         L = _cholesky_once(A + jitter * eye, xp)
         if L is not None:

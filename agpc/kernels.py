@@ -54,6 +54,7 @@ __all__ = [
     "spec_parameter_table",
     "log_prior_and_grads",
     "step_lower_bounds",
+    "value_scale_keys",
     "LATENT_NOISE_FLOOR",
     "PER_FEATURE_SCALES",
     "DEFAULT_PRIOR_SCALE",
@@ -255,6 +256,13 @@ def step_lower_bounds(kernel):
     ``agpc.optim.bounded_step`` and ``lbfgsb_ascent`` take."""
     return {key: parameter.stored(parameter.lower) for key, parameter in kernel.parameter_table().items()
             if parameter.lower is not None}
+
+
+def value_scale_keys(kernel):
+    """The keys of the parameters whose exp multiplies or adds to the kernel's values (``Parameter.scales_values``),
+    for ``Kernel`` and ``ClassKernels`` alike: a step past the floats' largest log makes one inf, every covariance
+    inf or a flat model of log Z n log(1/2) that the guard would take (``agpc.optim.bounded_step`` marks it NaN)."""
+    return tuple(key for key, parameter in kernel.parameter_table().items() if parameter.scales_values)
 
 
 def log_prior_and_grads(kernel):

@@ -6,6 +6,8 @@ All optimisers *ascend* (they maximise log Z_q or an ELBO).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import scipy.optimize
 
@@ -253,9 +255,13 @@ def written_by(state):
     return next((name for name, entries in SNAPSHOT_ENTRIES.items() if entries == len(state)), None)
 
 
-def bounded_step(optimizer, params, grads, lower):
+def bounded_step(optimizer, params, grads, lower, finite_exp=()):
     """``optimizer.step(params, grads)`` with some entries bounded below (``lower``: {name: least value}): the
-    stepped value is raised to its bound. For an optimiser whose steps grow while a gradient keeps its sign
+    stepped value is raised to its bound; an entry named in ``finite_exp`` (a log whose exp scales the kernel's
+    values: ``kernels.value_scale_keys``) stepped past the largest log of its dtype is NaN. Its exp would be inf: a
+    model of every covariance inf, or a flat one whose log Z n log(1/2) is finite, which the guard took, and whose
+    next gradient (inf * 0) was NaN; a NaN makes the step's log Z NaN, which the guard goes back from and halves
+    (Adam at learning_rate=1e3 stepped a latent noise's log to 767 and ended with a model of NaN probabilities). For an optimiser whose steps grow while a gradient keeps its sign
     (``Rprop``: ``grows_steps``) this is a projected gradient step: where an entry is at or below its bound and its
     gradient points further down, the gradient is taken as 0, so that its step does not grow while it is held (a
     step grown so would throw the entry far up once the gradient turns). Adam's and Adadelta's steps do not grow
@@ -263,7 +269,7 @@ def bounded_step(optimizer, params, grads, lower):
     the clip, three more for the projection: the step budgets of tests/test_step_budgets.py count them.)"""
     bounded = [name for name in lower if name in params]
     if not bounded:
-        return optimizer.step(params, grads)
+        return _finite_exp(optimizer.step(params, grads), finite_exp)
     if getattr(optimizer, "grows_steps", False):
         grads = dict(grads)
         for name in bounded:
@@ -272,7 +278,18 @@ def bounded_step(optimizer, params, grads, lower):
     out = optimizer.step(params, grads)
     for name in bounded:
         out[name] = array_namespace(out[name]).maximum(out[name], lower[name])
-    return out
+    return _finite_exp(out, finite_exp)
+
+
+def _finite_exp(params, names):
+    """``params`` with each entry named in ``names`` NaN where it is beyond the largest log of its dtype
+    (``bounded_step``): two array operations an entry, on the device."""
+    for name in names:
+        if name in params:
+            xp = array_namespace(params[name])
+            ceiling = math.log(float(xp.finfo(params[name].dtype).max))
+            params[name] = xp.where(params[name] <= ceiling, params[name], xp.nan)
+    return params
 
 
 def lbfgsb_ascent(params, value_and_grads, maxfun, lower=None, units=None):

@@ -728,3 +728,26 @@ def test_a_step_that_leaves_no_model_is_reverted_where_minibatch_ep_rebuilds_q(c
     # a model whose probabilities are NaN (three classes: the latent noise stepped to exp(828)) says so
     said_nan = any("class probabilities are NaN" in str(w.message) for w in caught)
     assert said_nan == (not np.all(np.isfinite(probabilities)))
+
+
+@pytest.mark.parametrize("seed", [2, 5, 13, 26])
+def test_a_careless_learning_rate_ends_with_a_model_at_the_jitter_it_started_with(seed):
+    """SEP on minibatches, Adam at learning_rate=1e3 (the audit's setting of test_local_workers, other seeds): a step
+    took the latent noise's log to 767, whose exp is inf, to a flat state of log Z n log(1/2) that the guard took;
+    the next gradient (inf * 0) made it NaN and the model's probabilities were NaN (seeds 5, 26). Elsewhere a step
+    took the amplitude to ~1e77 and the guard raised the jitter to 6e70 or 3.9e151 for it, kept when the amplitude
+    came back: every probability 0.5 (seeds 2, 13). Now a value-scaling log stepped past the floats is NaN
+    (``optim.bounded_step``), which the guard goes back from; a jitter raise beyond what the last good K(Z, Z) would
+    take is a revert and a halving; a final state with a NaN parameter is not the model."""
+    from agpc.backend import jitter_ladder
+
+    X, y = make_banana(600, random_state=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = GPClassifier(method="sep", batch_size=50, optimizer="adam", learning_rate=1e3, n_inducing=10,
+                             max_iter=4, random_state=seed).fit(X, y)
+    assert np.all(np.isfinite(model.predict_proba(X)))
+    said = [str(w.message) for w in caught if issubclass(w.category, GuardWarning)]
+    assert any("halved" in text for text in said), said
+    # (at most what the starting kernel's K(Z, Z), amplitude 1 on standardised inputs, would take)
+    assert model.jitter_ <= jitter_ladder(np.eye(10))[-1]

@@ -147,6 +147,23 @@ def test_a_bounded_entry_held_at_its_floor_neither_moves_nor_grows_its_step():
     assert float(params["noise"]) == -0.5  # up by the step it had, once the gradient turns
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_value_scale_stepped_past_the_floats_is_nan(dtype):
+    """``optim.bounded_step``: an entry named in ``finite_exp`` (a log whose exp scales the kernel's values) stepped
+    beyond the largest log of its dtype is NaN, which the guard goes back from (its exp, inf, made a flat model the
+    guard took: tests/test_long_runs.py); at the largest log and below it, and entries not named, step as before."""
+    from agpc.optim import Adam, bounded_step
+
+    top = np.log(np.finfo(dtype).max)
+    params = {"log_amplitude": np.array([top - 5.0, top - 5.0], dtype=dtype), "free": np.array(top - 5.0, dtype=dtype)}
+    adam = Adam(learning_rate=10.0)
+    grads = {"log_amplitude": np.array([1.0, -1.0], dtype=dtype), "free": np.array(1.0, dtype=dtype)}
+    out = bounded_step(adam, params, grads, {}, ("log_amplitude",))
+    assert np.isnan(out["log_amplitude"][0]) and out["log_amplitude"][1] == pytest.approx(top - 15.0)
+    assert out["free"] == pytest.approx(top + 5.0)  # (not named: a lengthscale's inf is a feature ignored)
+    assert out["log_amplitude"].dtype == dtype
+
+
 @pytest.mark.parametrize("method", ["ep", "sep", "adf"])
 def test_rprop_grows_faster_only_in_the_sparse_models_binary_batch_fits(method):
     """``engines.SPARSE_BATCH_GROWTH`` (10% a step, where the seed's Rprop grows 2%): the sparse model's binary batch

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from ..backend import (ModulesByName, array_namespace, few_rows_set_spread, moments_without_extremes,
                        outside_stacklevel, scaled_std)
-from ..kernels import PER_FEATURE_SCALES, log_prior_and_grads, step_lower_bounds
+from ..kernels import PER_FEATURE_SCALES, log_prior_and_grads, step_lower_bounds, value_scale_keys
 from ..likelihoods import likelihood_by_name, probit_for
 from ..optim import OPTIMIZERS, Rprop, bounded_step
 from . import ep, multiclass_ep
@@ -218,7 +218,7 @@ def hyper_step(optimizer, names, kernel, Z, grads, shared_lengthscales=False):
     params = dict(kernel.params)
     params["Z"] = Z
     updated = bounded_step(optimizer, {k: params[k] for k in names}, {k: grads[k] for k in names},
-                           step_lower_bounds(kernel))
+                           step_lower_bounds(kernel), value_scale_keys(kernel))
     params.update(updated)
     Z = params.pop("Z")
     return kernel.with_params(params), Z

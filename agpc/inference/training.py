@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, block_memory_advice,
-                       cholesky_with_jitter, floating_point_errors_held, host_rng, is_out_of_core, jitter_raises_within,
-                       note_jitter, read_rows, row_chunk_bounds, to_host_vector, warn_guard)
+                       cholesky_with_jitter, floating_point_errors_held, host_rng, is_out_of_core, jitter_ladder,
+                       jitter_raises_within, note_jitter, read_rows, row_chunk_bounds, to_host_vector, warn_guard)
 from ..checkpoint_rules import check_saved_anchor, check_saved_factor
 from ..kernels import within_reach
 from ..threads import with_blas_threads
@@ -109,6 +109,7 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         self.history = {key: [] for key in HISTORY_KEYS}
         self.t0 = time.perf_counter()
         self.good = None
+        self.good_prior = None
         self.n_rebuilds = 0
         self.failures = 0  # failed steps since the last good one, and what the guard did about them:
         self.halvings = 0  # reverts that halved damping and step sizes
@@ -238,6 +239,7 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         self.failures = self.halvings = self.jitter_raises = 0
         self.reverted = False
         self.good = self.engine.snapshot()  # what a revert puts back
+        self.good_prior = (self.engine.kernel, self.engine.Z)  # (references: what a jitter raise is weighed against)
         with block_memory_advice(f"the {self.method} training step"), floating_point_errors_held() as update:
             self.last = self.engine.apply(work, lo, hi, stepping=stepping, scalars=scalars)
         self.held_update = update
@@ -285,7 +287,10 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
                     needed = _jitter_needed(engine.kernel, engine.Z, engine.jitter)
             except CholeskyError:  # (Kmm of NaN or inf: the hyper-parameters left the floats, as a step of a huge
                 needed = engine.jitter  # learning rate takes them; no jitter helps, a revert and a smaller step may)
-            if needed > engine.jitter and self.failures <= MAX_FAILURES:
+            # (a raise beyond what the good state's K(Z, Z) would take is a step that left the kernel's scale, not one
+            # that needs more round-off room: Adam at learning_rate=1e3 took the amplitude to 1e77 and the jitter to
+            # 6e70, kept when the amplitude came back, and the fit ended flat at probability 0.5)
+            if engine.jitter < needed <= _jitter_reach(self.good_prior) and self.failures <= MAX_FAILURES:
                 note_jitter(f"{PRIOR_FACTOR_NAME}: the model's jitter", engine.jitter, needed)
                 engine.jitter = needed
                 self.jitter_raises += 1
@@ -655,7 +660,10 @@ def _final_posterior(trainer, run, want_log_z):
         # (a jump as the guard judges a step's: a finite log Z orders of magnitude from the steps' is no more the
         # model than a NaN; seen at -1.9e90 on 2,000 rows whose steps were at -1.4e7, 80% of the rows then wrong,
         # under a change to the kernel priors, not kept, that left them finite where theta underflowed)
-        if not want_log_z or trainer.guard.problem(float(log_z), n_total=float(trainer.engine.n_total)) is None:
+        # (and a hyper-parameter stepped to NaN, as ``optim.bounded_step`` marks one stepped past the floats: q and
+        # log Z need not see it, as SEP's tied factor does not see the latent noise's, and its predictions are NaN)
+        if (not want_log_z or trainer.guard.problem(float(log_z), n_total=float(trainer.engine.n_total)) is None) \
+                and not _nan_parameter(trainer.engine):
             trainer.say_held(held)
             return posterior, log_z
     except CholeskyError:
@@ -682,11 +690,31 @@ def fit(X, y, kernel, Z, *, method="ep", passes=None, validation=None, sample_we
     return train(X, y, engine, loop, standard_hooks(loop, validation), sample_weight=sample_weight)
 
 
+def _nan_parameter(engine):
+    """Whether a hyper-parameter of ``engine`` (its kernel's or the inducing points) is NaN: one host read, of the
+    final state (``_final_posterior``)."""
+    xp = array_namespace(engine.Z)
+    found = xp.any(xp.isnan(engine.Z))
+    for value in engine.kernel.params.values():
+        found = xp.logical_or(found, xp.any(xp.isnan(value)))
+    return bool(found)
+
+
 def _host_scalars(summary):
     """A step's scalars as Python floats, brought to the host in one transfer (log Z first)."""
     if isinstance(summary, (int, float)):
         return [float(summary)]
     return [float(v) for v in to_host_vector(summary)]
+
+
+def _jitter_reach(prior):
+    """The largest jitter ``backend.cholesky_with_jitter`` would add to the prior covariance of the inducing points of
+    ``prior`` (kernel, Z: the last good state's), inf where there is none yet (a host-side check of the guard's
+    path)."""
+    if prior is None:
+        return math.inf
+    kernel, Z = prior
+    return max(jitter_ladder(k.K(Zc))[-1] for k, Zc in kernel.latent_parts(Z))
 
 
 def _jitter_needed(kernel, Z, jitter):

@@ -38,7 +38,7 @@ from ..backend import (
     triangular_matmul,
     weighted_gram,
 )
-from ..kernels import step_lower_bounds
+from ..kernels import step_lower_bounds, value_scale_keys
 from ..likelihoods import Ordinal, likelihood_by_name, sigmoid, softplus
 from ..optim import bounded_step
 from . import blocks, ep
@@ -295,7 +295,7 @@ def svi_step(optimizer, names, kernel, Z, whitened_mean, whitened_chol, grads):
     params = dict(kernel.params)
     params.update(Z=Z, whitened_mean=whitened_mean, whitened_chol=whitened_chol)
     params.update(bounded_step(optimizer, {k: params[k] for k in names}, {k: grads[k] for k in names},
-                               step_lower_bounds(kernel)))
+                               step_lower_bounds(kernel), value_scale_keys(kernel)))
     whitened_mean, whitened_chol, Z = params.pop("whitened_mean"), params.pop("whitened_chol"), params.pop("Z")
     return kernel.with_params(params), Z, whitened_mean, whitened_chol
 
