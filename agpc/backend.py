@@ -96,6 +96,7 @@ __all__ = [
     "cholesky_or_nan",
     "cholesky_with_jitter",
     "jitter_ladder",
+    "JITTER_TRIES",
     "machine_epsilon",
     "jitter_floor",
     "OUTLIER_SPREAD_RATIO",

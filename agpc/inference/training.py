@@ -23,9 +23,10 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..backend import (CholeskyError, ModulesByName, array_device, array_namespace, asarray_like, block_memory_advice,
-                       cholesky_with_jitter, floating_point_errors_held, host_rng, is_out_of_core, jitter_ladder,
-                       jitter_raises_within, note_jitter, read_rows, row_chunk_bounds, to_host_vector, warn_guard)
+from ..backend import (JITTER_TRIES, CholeskyError, ModulesByName, array_device, array_namespace, asarray_like,
+                       block_memory_advice, cholesky_with_jitter, floating_point_errors_held, host_rng, is_out_of_core,
+                       jitter_ladder, jitter_raises_within, note_jitter, read_rows, row_chunk_bounds, to_host_vector,
+                       warn_guard)
 from ..checkpoint_rules import check_saved_anchor, check_saved_factor
 from ..kernels import within_reach
 from ..threads import with_blas_threads
@@ -708,13 +709,14 @@ def _host_scalars(summary):
 
 
 def _jitter_reach(prior):
-    """The largest jitter ``backend.cholesky_with_jitter`` would add to the prior covariance of the inducing points of
-    ``prior`` (kernel, Z: the last good state's), inf where there is none yet (a host-side check of the guard's
-    path)."""
+    """The most the guard raises the jitter to: ten times the largest jitter ``backend.cholesky_with_jitter`` would add
+    to the prior covariance of the inducing points of ``prior`` (kernel, Z: the last good state's; the ladder one rung
+    further, room for a step that grew the kernel's scale up to tenfold), inf where there is none yet (a host-side
+    check of the guard's path)."""
     if prior is None:
         return math.inf
     kernel, Z = prior
-    return max(jitter_ladder(k.K(Zc))[-1] for k, Zc in kernel.latent_parts(Z))
+    return max(jitter_ladder(k.K(Zc), JITTER_TRIES + 1)[-1] for k, Zc in kernel.latent_parts(Z))
 
 
 def _jitter_needed(kernel, Z, jitter):
