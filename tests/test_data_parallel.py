@@ -704,3 +704,22 @@ def test_rounds_on_persisted_rows_run_one_task_a_shard(client):
         engine.apply(work, 0, plan.rows_per_round, stepping=True)
         tasks.append(sorted(str(task["key"]).split("-")[0] for task in stream.data))
     assert tasks == [["step_shard", "step_shard"]] * 3
+
+
+def test_a_shards_guard_weighs_a_jitter_raise_against_the_rounds_start(client):
+    """SEP on a dask array, Adam at learning_rate=1e3 (the careless audit's setting, tests/test_long_runs.py): a
+    shard's guard begins each segment at the round's start, which it set as its good state without the kernel a
+    jitter raise is weighed against, so a shard's raise was unbounded and the fit ended at jitter_ 6.2e70, every
+    probability 0.5 (seed 2). Now the round's start is that kernel too (``Trainer.hold_as_good``). (``local_steps``
+    given: equal shares, not the measured speeds', so that the steps, at a rate this careless, are the same in
+    every run.)"""
+    from agpc.backend import jitter_ladder
+
+    X, y = make_banana(600, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = GPClassifier(method="sep", batch_size=50, optimizer="adam", learning_rate=1e3, n_inducing=10,
+                             max_iter=4, random_state=2, client=client, local_steps=6).fit(da.from_array(X, chunks=200),
+                                                                             da.from_array(y, chunks=200))
+    assert np.all(np.isfinite(model.predict_proba(X)))
+    assert model.jitter_ <= jitter_ladder(np.eye(10))[-1]  # (the starting kernel's, amplitude 1)

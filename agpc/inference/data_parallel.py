@@ -327,7 +327,7 @@ class _Shard:
                 self.total = engine.others.combine(1.0, engine.state["factor"], 1.0)
         # The guard's revert goes back to before the last good step; on this segment's first step that is
         # its start (not the previous chunk's state).
-        self.trainer.good = engine.snapshot()
+        self.trainer.hold_as_good()
         self.previous = None  # EP: (rows, sites) of the last step taken; a revert undoes its sites in place
 
     def step(self, X_chunk, y_chunk, rows):

@@ -239,8 +239,7 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         self.say_held(held)
         self.failures = self.halvings = self.jitter_raises = 0
         self.reverted = False
-        self.good = self.engine.snapshot()  # what a revert puts back
-        self.good_prior = (self.engine.kernel, self.engine.Z)  # (references: what a jitter raise is weighed against)
+        self.hold_as_good()
         with block_memory_advice(f"the {self.method} training step"), floating_point_errors_held() as update:
             self.last = self.engine.apply(work, lo, hi, stepping=stepping, scalars=scalars)
         self.held_update = update
@@ -252,6 +251,12 @@ class Trainer(ModulesByName, forwarding("engine", "damping", "names", "optimizer
         if self.guard.taken(log_z) and self.engine.grow():
             self.guard.note("guard_restored")
         return True, self.last.change, log_z
+
+    def hold_as_good(self):
+        """The engine's current state is the one a revert puts back (``good``), and its kernel and inducing points what
+        a jitter raise is weighed against (``good_prior``: references, no array operation; ``_jitter_reach``)."""
+        self.good = self.engine.snapshot()
+        self.good_prior = (self.engine.kernel, self.engine.Z)
 
     def say_held(self, held=None):
         """Say the floating-point warnings held of the last update (``held_update``) and ``held``: their state is
