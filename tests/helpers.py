@@ -33,6 +33,16 @@ def binary_toy(n=50, seed=1, d=2):
     return X, y
 
 
+def jitter_within_reach(model):
+    """Whether a binary model's ``jitter_`` is at most what its fitted K(Z, Z) would take (the guard's reach, a rung
+    past ``backend.jitter_ladder``'s top) or the jitter it was configured with: K(Z, Z) is the kernel's, not mostly
+    jitter (a raise the guard made for a state that left the kernel's scale, and kept, is not)."""
+    from agpc.backend import JITTER_TRIES, jitter_ladder
+
+    K = np.asarray(model.kernel_.K(np.asarray(model.inducing_points_)))
+    return model.jitter_ <= max(model.jitter, jitter_ladder(K, JITTER_TRIES + 1)[-1])
+
+
 def plan_of(estimator):
     """The ``agpc.plan.FitPlan`` a fit of ``estimator`` reads."""
     return FitPlan.of(type(estimator).__name__, estimator.get_params(deep=False))

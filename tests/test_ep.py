@@ -1,6 +1,7 @@
 """Binary EP with inducing points: gradients, the full-GP limit, and learning on a known problem."""
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -337,6 +338,29 @@ def test_a_failed_factorisation_raises_the_jitter_on_the_guards_path(method):
     assert trainer.engine.jitter > 0.0
     took, _, log_z = trainer.step(X, y, 0, 20, stepping=True)
     assert took and np.isfinite(log_z)
+
+
+@pytest.mark.parametrize("method", ["ep", "sep"])
+def test_a_jitter_raise_beyond_the_good_states_reach_is_a_revert(method):
+    """The guard raises the jitter for a K(Z, Z) that needs more round-off room, not for a step that left the
+    kernel's scale: Adam at learning_rate=1e3 took the amplitude to ~1e77, the guard raised the jitter to 6e70 for
+    it and kept it when the amplitude came back (every probability 0.5). Here a state of amplitude exp(177) after a
+    good one of amplitude 1 (a pair of inducing points that coincide: K(Z, Z) singular but for the jitter): the
+    guard puts the good state back and halves its steps, the jitter as it was."""
+    X, y = binary_toy(60)
+    kernel = RBF(lengthscales=[1.0, 1.0], amplitude=1.0, noise=0.01).for_inputs(X)
+    Z = np.concatenate([X[:4], X[:1]])
+    trainer = training.Trainer(engines.make_engine(method, kernel, Z, n_total=60, minibatch=True, jitter=JITTER))
+    took, _, _ = trainer.step(X, y, 0, 20, stepping=True)
+    assert took
+    good = trainer.engine.kernel
+    trainer.engine.state["kernel"] = good.with_params({**good.params, "log_amplitude": np.asarray(177.0)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", JitterWarning)
+        took, _, log_z = trainer.step(X, y, 20, 40, stepping=True)
+    assert not took and np.isnan(log_z)
+    assert trainer.engine.jitter == JITTER and trainer.reverted and trainer.halvings == 1
+    assert float(trainer.engine.kernel.params["log_amplitude"]) == float(good.params["log_amplitude"])
 
 
 def test_a_factor_read_back_from_its_posterior_is_the_same_factor():
