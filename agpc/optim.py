@@ -261,12 +261,13 @@ def bounded_step(optimizer, params, grads, lower, finite_exp=()):
     values: ``kernels.value_scale_keys``) stepped past the largest log of its dtype is NaN. Its exp would be inf: a
     model of every covariance inf, or a flat one whose log Z n log(1/2) is finite, which the guard took, and whose
     next gradient (inf * 0) was NaN; a NaN makes the step's log Z NaN, which the guard goes back from and halves
-    (Adam at learning_rate=1e3 stepped a latent noise's log to 767 and ended with a model of NaN probabilities). For an optimiser whose steps grow while a gradient keeps its sign
-    (``Rprop``: ``grows_steps``) this is a projected gradient step: where an entry is at or below its bound and its
-    gradient points further down, the gradient is taken as 0, so that its step does not grow while it is held (a
-    step grown so would throw the entry far up once the gradient turns). Adam's and Adadelta's steps do not grow
-    so: they need only the clip. Entries without a bound step as they would. (One array operation an entry for
-    the clip, three more for the projection: the step budgets of tests/test_step_budgets.py count them.)"""
+    (Adam at learning_rate=1e3 stepped a latent noise's log to 767 and ended with a model of NaN probabilities).
+    For an optimiser whose steps grow while a gradient keeps its sign (``Rprop``: ``grows_steps``) this is a
+    projected gradient step: where an entry is at or below its bound and its gradient points further down, the
+    gradient is taken as 0, so that its step does not grow while it is held (a step grown so would throw the entry
+    far up once the gradient turns). Adam's and Adadelta's steps do not grow so: they need only the clip. Entries
+    without a bound step as they would. (One array operation an entry for the clip, three more for the projection,
+    two for each ``finite_exp`` entry: the step budgets of tests/test_step_budgets.py count them.)"""
     bounded = [name for name in lower if name in params]
     if not bounded:
         return _finite_exp(optimizer.step(params, grads), finite_exp)
