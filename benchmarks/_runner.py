@@ -211,11 +211,14 @@ def rerun_with_blas_unset(script, argv):
 
 def import_baseline(directory):
     """DIR/agpc imported as the package ``agpc_baseline`` (a copy in a temporary folder on sys.path), to time beside
-    this checkout's agpc in one process (``--baseline`` of step_cost.py and defaults.py)."""
+    this checkout's agpc in one process (``--baseline`` of step_cost.py and defaults.py). The copy is removed when
+    the process exits (each run left its 1.7 MB folder in /tmp)."""
+    import atexit
     import shutil
     import tempfile
 
     folder = tempfile.mkdtemp(prefix="agpc-baseline-")
+    atexit.register(shutil.rmtree, folder, True)
     shutil.copytree(Path(directory) / "agpc", Path(folder) / "agpc_baseline")
     sys.path.insert(0, folder)
     return importlib.import_module("agpc_baseline")

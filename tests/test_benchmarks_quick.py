@@ -144,6 +144,19 @@ def test_stability_quick_slice_is_stable(outputs):
     assert len(verdicts) == 18 and counted and counted.groups() == ("18", "18"), out[-3000:]
 
 
+def test_a_baseline_copy_is_removed_when_the_run_ends(tmp_path):
+    """``_runner.import_baseline`` (``--baseline`` of step_cost.py and defaults.py) imports a copy of another
+    checkout's agpc from a temporary folder; each run left that folder behind. It is gone once the process ends."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import _runner; "
+            "module = _runner.import_baseline(sys.argv[2]); print(module.__file__)")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code, str(BENCH), str(ROOT)], capture_output=True, text=True,
+                         timeout=TIMEOUT, env=env, check=True).stdout.strip()
+    copy = Path(out).parents[1]
+    assert copy.name.startswith("agpc-baseline-") and copy.parent == tmp_path
+    assert not copy.exists()
+
+
 def test_stability_rules_say_what_a_case_excuses_and_nothing_more(monkeypatch):
     """stability.verdict: a jump within batch ADF's warm-up records is said (its estimate is no evidence there,
     docs/methods/adf.md), one after them is UNSTABLE, and without the case's flag any jump is; a rising NLL is the
