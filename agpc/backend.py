@@ -106,6 +106,7 @@ __all__ = [
     "starting_jitter",
     "log_ndtr",
     "ndtr",
+    "inverse_mills_ratio",
     "log_normal_pdf",
     "gauss_hermite",
     "gauss_legendre",
@@ -1661,12 +1662,18 @@ def _erf_series(x, xp):
     return (2.0 / math.sqrt(math.pi)) * x * xp.exp(-x * x) * total
 
 
-def _log_erfc_cf(x, xp):
-    """log erfc(x) for x >= 1.5 from erfc(x) = exp(-x^2)/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))."""
+def _erfc_cf(x):
+    """t(x) = x + (1/2)/(x + 1/(x + (3/2)/(x + ...))) for x >= 1.5, Laplace's continued fraction of
+    erfc(x) = exp(-x^2) / (sqrt(pi) t(x)): 1 / (sqrt(pi) t) is erfcx(x) itself, with no exponential in it."""
     t = x
     for k in range(_CF_TERMS, 0, -1):
         t = x + (0.5 * k) / t
-    return -x * x - _LOG_SQRT_PI - xp.log(t)
+    return t
+
+
+def _log_erfc_cf(x, xp):
+    """log erfc(x) for x >= 1.5 from the continued fraction (``_erfc_cf``)."""
+    return -x * x - _LOG_SQRT_PI - xp.log(_erfc_cf(x))
 
 
 def _log_ndtr_generic(z, xp):
@@ -1707,6 +1714,31 @@ def ndtr(z):
     """Phi(z), the standard normal CDF."""
     value = _special("ndtr", z)
     return array_namespace(z).exp(log_ndtr(z)) if value is None else value
+
+
+def inverse_mills_ratio(z):
+    """lambda(z) = N(z) / Phi(z), to the float type's relative round-off in both tails: sqrt(2 / pi) / erfcx(-z /
+    sqrt(2)) (SciPy's erfcx, CuPy's; ``_inverse_mills_generic`` elsewhere). Not exp(log N(z) - log Phi(z)): that
+    exponent's round-off, eps |log Phi(z)| ~ eps z^2 / 2, is the ratio's relative error, and EP's probit gamma =
+    lambda (lambda + z) / b cancels lambda + z ~ 1 / |z| down to it (z = -1e4: gamma 1.6 for 1; z = -1e5, 6,367)."""
+    x = z * -_SQRT_HALF
+    value = _special("erfcx", x)
+    return _inverse_mills_generic(x, array_namespace(z)) if value is None else _SQRT_2_OVER_PI / value
+
+
+def _inverse_mills_generic(x, xp):
+    """The array API's ``inverse_mills_ratio`` at x = -z / sqrt(2): sqrt(2) t(x) (``_erfc_cf``) for x > 1.5, where
+    sqrt(2 / pi) / erfcx(x) is exactly that; exp(log N - log Phi) nearer and above the mean, where |log Phi| < 3
+    keeps that exponent's round-off at a few eps."""
+    z = x * -math.sqrt(2.0)
+    is_large = x > _SWITCH
+    tail = math.sqrt(2.0) * _erfc_cf(xp.maximum(x, _SWITCH))
+    near = xp.exp(log_normal_pdf(z) - _log_ndtr_generic(xp.where(is_large, 0.0, z), xp))
+    return xp.where(is_large, tail, near)
+
+
+_SQRT_HALF = math.sqrt(0.5)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 def log_normal_pdf(z):

@@ -1,6 +1,7 @@
 """Every registered method on every path it takes, fitted on CuPy, goes through agpc's own CuPy branches and never
 through a generic array-API fallback: cupyx's ``solve_triangular``, ``factor_failure`` (the device-side check of a
-cuSOLVER factor; every factor is checked on the device), ``row_dot``'s reduction kernel and cupyx's ``log_ndtr`` for a probit likelihood
+cuSOLVER factor; every factor is checked on the device), ``row_dot``'s reduction kernel, cupyx's ``log_ndtr`` for a probit likelihood
+and its ``erfcx`` for EP's probit sites
 (tests/cupy_branches.py counts them with spies on the entry points, so ``is_cupy_namespace`` sees CuPy).
 
 On a machine with a CUDA device the fits run on CuPy itself; elsewhere (CI) on the mocked CuPy (tests/cupy_mock.py),
@@ -123,6 +124,13 @@ def _uses_probit(case):
     return spec.likelihoods[0] == "probit"
 
 
+def _probit_sites(case):
+    """Whether the case's method updates probit sites (``Probit.site_terms``): an EP method's binary or multiclass
+    probit, not the ordinal likelihood's intervals nor SVI's log density."""
+    method = CASES[case][0]
+    return _uses_probit(case) and CASES[case][2] != ORDINAL and get_method(method).registered_likelihoods == "site_terms"
+
+
 def _fit(model, how, put, X, y, weights):
     if how == "partial_fit":
         classes = put(np.unique(y))
@@ -162,6 +170,8 @@ def test_every_method_and_path_goes_through_the_cupy_branches(cupy_device, monke
     assert calls["backend.row_dot kernel"] > 0, f"{case}: no row_dot kernel: {taken}"
     if _uses_probit(case):
         assert calls["cupyx.scipy.special.log_ndtr"] > 0, f"{case}: no cupyx log_ndtr: {taken}"
+    if _probit_sites(case):  # (EP's probit site terms: the inverse Mills ratio by erfcx)
+        assert calls["cupyx.scipy.special.erfcx"] > 0, f"{case}: no cupyx erfcx: {taken}"
     # the path is the one named: the GPU's own batch, the exact model, float32
     if options.get("batch_size") == "auto":
         assert len(gpu_batches) == 1 and gpu_batches[0] is not None, gpu_batches  # the GPU's rule decided

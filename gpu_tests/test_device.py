@@ -24,6 +24,8 @@ def test_special_functions_match_scipy(gpu):
     np.testing.assert_allclose(B.to_numpy(B.log_ndtr(gpu.put(z))), scipy.special.log_ndtr(z), rtol=1e-12,
                                atol=1e-300)
     np.testing.assert_allclose(B.to_numpy(B.ndtr(gpu.put(z))), scipy.special.ndtr(z), rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(B.to_numpy(B.inverse_mills_ratio(gpu.put(z))),
+                               np.sqrt(2.0 / np.pi) / scipy.special.erfcx(-z / np.sqrt(2.0)), rtol=1e-12, atol=1e-300)
 
 
 def test_triangular_solve_and_cholesky_match_scipy(gpu):

@@ -48,7 +48,7 @@ def _counted_step(namespace, m, rows, method, put, block_rows=None):
         for k in range(1, steps + 1):
             trainer.step(X, y, k % 2 * rows, k % 2 * rows + rows, stepping=True)
     assert trainer.state["Z"] is not Z  # (the steps counted moved Z: for SEP / ADF once, with one carry)
-    cost = step_cost(tally.folded(("_log_ndtr_generic",)), 8)
+    cost = step_cost(tally.folded(("_log_ndtr_generic", "_inverse_mills_generic")), 8)
     return StepCost(cost.launches / steps, cost.flops / steps, cost.bytes / steps)
 
 

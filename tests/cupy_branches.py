@@ -7,10 +7,10 @@ the mocked CuPy (tests/cupy_mock.py) alike.
 - the CuPy branches: ``cupyx.scipy.linalg.solve_triangular`` (``backend.solve_triangular``),
   ``backend.factor_failure`` (``cholesky_or_nan``'s sync-free check of cuSOLVER's factor on the device, which does not
   raise on failure), ``backend._healthy_diagonal`` (that check, made by the sync-free and the checked factorisations
-  alike), ``backend._cupy_row_dot_kernel`` (``row_dot``'s reduction kernel), ``cupyx.scipy.special.log_ndtr`` and
-  ``ndtr`` (``backend._special``);
+  alike), ``backend._cupy_row_dot_kernel`` (``row_dot``'s reduction kernel), ``cupyx.scipy.special.log_ndtr``,
+  ``ndtr`` and ``erfcx`` (``backend._special``);
 - the generic fallbacks (none may be taken on CuPy): ``backend._solve_triangular_generic`` (a dense solve),
-  ``backend._log_ndtr_generic``, and the namespace's ``vecdot`` (array-api-compat's generic one on CuPy, which
+  ``backend._log_ndtr_generic``, ``backend._inverse_mills_generic``, and the namespace's ``vecdot`` (array-api-compat's generic one on CuPy, which
   ``row_dot`` avoids);
 - the factorisations, ``xp.linalg.cholesky`` of the namespace (each must be followed by a check of its diagonal).
 
@@ -27,9 +27,11 @@ from agpc import backend
 __all__ = ["CUPY_BRANCHES", "FACTORISATIONS", "GENERIC_PATHS", "watching_cupy_branches"]
 
 CUPY_BRANCHES = ("cupyx.scipy.linalg.solve_triangular", "backend.factor_failure", "backend._healthy_diagonal",
-                 "backend.row_dot kernel", "cupyx.scipy.special.log_ndtr", "cupyx.scipy.special.ndtr")
+                 "backend.row_dot kernel", "cupyx.scipy.special.log_ndtr", "cupyx.scipy.special.ndtr",
+                 "cupyx.scipy.special.erfcx")
 FACTORISATIONS = "xp.linalg.cholesky"
-GENERIC_PATHS = ("backend._solve_triangular_generic", "backend._log_ndtr_generic", "xp.vecdot")
+GENERIC_PATHS = ("backend._solve_triangular_generic", "backend._log_ndtr_generic", "backend._inverse_mills_generic",
+                 "xp.vecdot")
 
 
 def watching_cupy_branches(monkeypatch, cupy_xp):
@@ -51,11 +53,13 @@ def watching_cupy_branches(monkeypatch, cupy_xp):
     spy(linalg, "solve_triangular", "cupyx.scipy.linalg.solve_triangular")
     spy(special, "log_ndtr", "cupyx.scipy.special.log_ndtr")
     spy(special, "ndtr", "cupyx.scipy.special.ndtr")
+    spy(special, "erfcx", "cupyx.scipy.special.erfcx")
     spy(backend, "factor_failure", "backend.factor_failure")
     spy(backend, "_healthy_diagonal", "backend._healthy_diagonal")
     spy(cupy_xp.linalg, "cholesky", FACTORISATIONS)
     spy(backend, "_solve_triangular_generic", "backend._solve_triangular_generic")
     spy(backend, "_log_ndtr_generic", "backend._log_ndtr_generic")
+    spy(backend, "_inverse_mills_generic", "backend._inverse_mills_generic")
     kernel = backend._cupy_row_dot_kernel
 
     def counted_kernel(cupy):

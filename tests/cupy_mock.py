@@ -23,7 +23,7 @@ gpu_tests/run_on_gpu.sh):
 - ``cupyx.scipy.linalg.solve_triangular``: SciPy's, one operation, after CuPy's own checks of the shapes (a stack's
   batch shape repeated exactly by the right-hand side: no broadcasting); it refuses two dtypes, which CuPy would
   silently cast to the triangle's (``_check_solve_triangular``);
-- ``cupyx.scipy.special.log_ndtr`` / ``ndtr``: SciPy's, one operation each;
+- ``cupyx.scipy.special.log_ndtr`` / ``ndtr`` / ``erfcx``: SciPy's, one operation each;
 - ``cupyx.profiler.benchmark``: CuPy's signature; like CuPy it reads ``func.__name__`` when no ``name`` is given;
   times on the host;
 - stream capture: between ``Stream.begin_capture`` and ``end_capture`` a product, a triangular solve or a Cholesky
@@ -370,6 +370,7 @@ class MockCupy:
         linalg.solve_triangular = solve_triangular
         special.log_ndtr = lambda z: mock.xp._call("cupyx.scipy.special.log_ndtr", scipy.special.log_ndtr, (z,), {})
         special.ndtr = lambda z: mock.xp._call("cupyx.scipy.special.ndtr", scipy.special.ndtr, (z,), {})
+        special.erfcx = lambda z: mock.xp._call("cupyx.scipy.special.erfcx", scipy.special.erfcx, (z,), {})
 
         class Result:
             def __init__(self, name, cpu_times, gpu_times):

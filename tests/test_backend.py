@@ -25,6 +25,27 @@ def test_log_ndtr_generic_matches_scipy_over_both_tails(xp_device):
     assert np.max(np.where(np.abs(ref) <= 1e-3, rel, 0)) < 1e-10
 
 
+def test_inverse_mills_ratio_matches_independent_references(xp_device):
+    """N(z) / Phi(z) against references that share nothing with erfcx or agpc's continued fraction: below z = -10
+    the Mills ratio's asymptotic series (exact rationals at z <= -30; its terms to 1e-14 of the sum from -10, the
+    series alone there); above, exp(log N - log Phi) from SciPy's log_ndtr, whose exponent's error eps |log Phi| is
+    at most 50 eps there."""
+    from fractions import Fraction
+
+    xp, device = xp_device
+    z = np.concatenate([-np.geomspace(30.0, 1e6, 9), -np.linspace(10.0, 29.0, 20), np.linspace(-10.0, 8.0, 1801)])
+    got = to_np(B.inverse_mills_ratio(to_xp(z, xp, device)))
+    ref = np.exp(-0.5 * z * z - 0.5 * np.log(2.0 * np.pi) - scipy.special.log_ndtr(z))
+    for i in np.flatnonzero(z <= -10.0):  # lambda(-x) = 1 / R(x), R(x) = (1/x) sum_k (-1)^k (2k - 1)!! / x^(2k)
+        x = Fraction(float(-z[i]))
+        total, term, k = Fraction(0), Fraction(1), 0
+        while abs(term) > Fraction(1, 10 ** 18) * abs(total + 1) and k < 60:
+            total, term, k = total + term, -term * (2 * k + 1) / (x * x), k + 1
+        ref[i] = float(x / total)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, ref, rtol=3e-14)
+
+
 def test_ndtr_matches_scipy(xp_device):
     xp, device = xp_device
     z = np.linspace(-12, 12, 481)

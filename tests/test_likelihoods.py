@@ -354,6 +354,26 @@ def test_ordinal_outer_classes_keep_gamma_deep_in_the_tail(depth):
     np.testing.assert_allclose(terms.gamma[2:], direct, rtol=1e-13)
 
 
+@pytest.mark.parametrize("depth", [30.0, 1e3, 1e4])
+def test_probit_keeps_gamma_deep_in_the_tail(depth, xp_device):
+    """The probit's gamma = lambda (lambda + z) / b (lambda = N(z) / Phi(z)) at z = -depth, both label signs, against
+    the Mills ratio's asymptotic series in exact arithmetic. lambda + z ~ 1 / depth cancels lambda's relative error
+    times depth^2: with lambda from ``inverse_mills_ratio`` (erfcx; the continued fraction on array_api_strict) the
+    error is that of its round-off, eps depth^2 (the rtol below), where exp(log N - log Phi), whose exponent errs by
+    eps |log Phi| ~ eps depth^2 / 2, had made gamma 1.6 for 1 at depth 1e4 and 1 + 1e-5 at 1e3."""
+    xp, device = xp_device
+    variance = 2.5
+    mean = np.array([-depth, depth]) * math.sqrt(variance)
+    y = np.array([1.0, -1.0])  # both rows deep in the wrong tail
+    terms = L.PROBIT.site_terms(*(to_xp(a, xp, device) for a in (y, mean, np.full(2, variance))))
+    lam_gap = _mills_gap_reference(depth)
+    lam = depth + lam_gap
+    rtol = max(1e-13, 8.0 * np.finfo(np.float64).eps * depth ** 2)
+    np.testing.assert_allclose(to_np(terms.gamma), lam * lam_gap / variance, rtol=rtol)
+    np.testing.assert_allclose(to_np(terms.alpha), y * lam / math.sqrt(variance), rtol=1e-13)
+    assert np.all(0.0 < 1.0 - (variance - 1.0) * to_np(terms.gamma))
+
+
 def test_adf_fits_ordinal_cut_points_far_from_the_data():
     """The audit: ADF with the ordinal cut points started at [-1e5, 0, 1e5] gave up at its first step (log Z NaN from
     log(1 - v gamma) of a gamma that cancellation made 2185); EP and SEP fitted, scoring 0.31-0.59, their sites built
