@@ -462,12 +462,12 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                                                                size, counted, minibatch, resume, tied=ard is not True)
             all_rows = f"2/2: all {counted:,} rows" if record[0] else ""
             result, self.ard_ = size_rule.choose_inducing(
-                lambda points, name: size_rule.learn_lengthscales(
+                lambda points, name, fits_after: size_rule.learn_lengthscales(
                     ard, freed, kernel,
                     lambda start, shared, first, stage, later: self._train(
                         plan, placed, start, points, classes, groups, rng, resume and first, validation, started,
-                        data_hash, plateau, tied=shared, stage=stage or name or all_rows,
-                        then=self._later_stages(later))),
+                        data_hash, plateau, tied=shared, stage=", ".join(s for s in (name, stage) if s) or all_rows,
+                        then=self._later_stages(later, fits_after)), then_fits=fits_after),
                 Z, self._any_level_points(Z, kernel, size, resume or minibatch or n > FULL_BATCH_MAX_ROWS, rng),
                 has_room=lambda: self.max_time is None or 2.0 * (time.perf_counter() - started) <= self.max_time)
             return self._fitted_from(result, classes if order is None else order, started, n, resumed=bool(resume),
@@ -585,13 +585,18 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             return kernel, Z, (0, 0)
         return result.kernel, result.Z, (rows, int(result.n_iter))
 
-    def _later_stages(self, later):
-        """The ``then`` of a kernel-choice stage that ``later`` more stages may follow (``size_rule.learn_lengthscales``:
-        the same rows and model size, each at most ``max_iter`` iterations at about this stage's pace), None for the
-        last or only stage."""
+    def _later_stages(self, later, fits_after=0):
+        """The ``then`` of a stage that ``later`` more stages may follow (``size_rule.learn_lengthscales``' kernel
+        choice, and ``fits_after`` whole fits from other inducing points, ``size_rule.choose_inducing``: the same rows
+        and model size, each stage at most ``max_iter`` iterations at about this stage's pace), None for the last or
+        only stage."""
         if not later:
             return None
-        return (f"the {later} later kernel stage{'s' if later != 1 else ''}", 1.0, self.max_time, later)
+        if not fits_after:
+            return (f"the {later} later kernel stage{'s' if later != 1 else ''}", 1.0, self.max_time, later)
+        what = ("the fit from the other inducing points" if later == 1 else
+                f"the {later} later stages (of the kernel choice and the fit from the other inducing points)")
+        return (what, 1.0, self.max_time, later)
 
     def _train(self, plan, placed, kernel, Z, classes, groups, rng, resume, validation, started, data_hash, plateau,
                tied=False, stage="", max_time="fit", checkpoints=True, then=None):

@@ -402,8 +402,9 @@ INDUCING_CHOICE = ("inducing choice 1/2: points on rows' levels", "inducing choi
 
 
 def choose_inducing(learn, Z, alternative, has_room=lambda: True):
-    """(training result, whether its lengthscales are per feature) of ``learn(Z, stage name)`` (a whole fit from the
-    inducing points Z: ``learn_lengthscales``), or where ``alternative`` points are given
+    """(training result, whether its lengthscales are per feature) of ``learn(Z, stage name, fits after it)`` (a whole
+    fit from the inducing points Z: ``learn_lengthscales``; the fits that may follow it, 1 or 0, are for its progress
+    lines' estimate of the whole fit), or where ``alternative`` points are given
     (``inducing.with_any_levels``: some categorical coordinates "any level"), of both in turn, the one of the higher
     log Z kept. Which points a table's categorical columns need is the data's: tic-tac-toe's class (lines of three
     cells) gained 45-53 nats of log Z from points of any level in most columns, car's lost 0-10 (docs/results.md,
@@ -411,11 +412,11 @@ def choose_inducing(learn, Z, alternative, has_room=lambda: True):
     compares models. A first fit that ran out of time or stopped early on validation data is
     kept, and so is one after which ``has_room()`` says the time budget has no room for a second as long; a second
     that fails numerically, or runs out of time, leaves the first (``_out_of_time`` says so)."""
-    first = learn(Z, "" if alternative is None else INDUCING_CHOICE[0])
+    first = learn(Z, "" if alternative is None else INDUCING_CHOICE[0], int(alternative is not None))
     if alternative is None or first[0].stop_reason in ("max_time", "early_stopping") or not has_room():
         return first
     try:
-        second = learn(alternative, INDUCING_CHOICE[1])
+        second = learn(alternative, INDUCING_CHOICE[1], 0)
     except (CholeskyError, FloatingPointError):
         return first
     if second[0].stopped_by_time or not second[0].log_z > first[0].log_z:
@@ -423,7 +424,7 @@ def choose_inducing(learn, Z, alternative, has_room=lambda: True):
     return second
 
 
-def learn_lengthscales(plan, freed, kernel, train):
+def learn_lengthscales(plan, freed, kernel, train, then_fits=0):
     """(training result, whether its lengthscales are per feature) of a fit whose ``ard_plan`` is ``plan``, from
     ``kernel``, whose lengthscales per feature free ``freed`` parameters (``akaike_keeps``); ``train(start,
     shared, first)`` runs the training loop from the kernel ``start``, its lengthscales
@@ -436,10 +437,12 @@ def learn_lengthscales(plan, freed, kernel, train):
     choice. Each stage may take ``max_iter`` steps and ``max_time`` covers them all; the result (``n_iter_``,
     ``history_``) is the kept stage's, and says ``max_time`` when a later stage was cut short by it. ``train``'s fourth
     argument names the stage on the fit's progress lines ("" for a fit of one stage), its fifth counts the stages that
-    may follow it (for the line's estimate of the whole fit)."""
+    may follow it (for the line's estimate of the whole fit): this choice's later ones, and all of each of the
+    ``then_fits`` whole fits after it (``choose_inducing``'s second, whose choice has as many)."""
     choosing = plan in (CHOOSE, CHOOSE_TO_LINEAR)
     stage_names = _stage_names(plan == CHOOSE) if choosing else [""]
-    names = iter((name, len(stage_names) - k) for k, name in enumerate(stage_names, 1))
+    after = then_fits * len(stage_names)
+    names = iter((name, len(stage_names) - k + after) for k, name in enumerate(stage_names, 1))
     result = train(kernel, plan is not True, True, *next(names))
     if not choosing or result.stop_reason in ("max_time", "early_stopping"):
         return result, plan is True

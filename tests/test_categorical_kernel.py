@@ -641,8 +641,8 @@ def test_choose_inducing_keeps_the_higher_log_z():
     def learner(results):
         seen = []
 
-        def learn(points, name):
-            seen.append((points, name))
+        def learn(points, name, fits_after):
+            seen.append((points, name, fits_after))
             return results[points], True
         return learn, seen
 
@@ -650,11 +650,11 @@ def test_choose_inducing_keeps_the_higher_log_z():
         log_z=log_z, stop_reason=reason, stopped_by_time=timed)
     learn, seen = learner({"rows": fit(-10.0), "any": fit(-5.0)})
     assert choose_inducing(learn, "rows", "any")[0].log_z == -5.0
-    assert seen == [("rows", INDUCING_CHOICE[0]), ("any", INDUCING_CHOICE[1])]
+    assert seen == [("rows", INDUCING_CHOICE[0], 1), ("any", INDUCING_CHOICE[1], 0)]  # (the first knows one follows)
     learn, _ = learner({"rows": fit(-10.0), "any": fit(-12.0)})
     assert choose_inducing(learn, "rows", "any")[0].log_z == -10.0
     learn, seen = learner({"rows": fit(-10.0)})
-    assert choose_inducing(learn, "rows", None)[0].log_z == -10.0 and seen == [("rows", "")]
+    assert choose_inducing(learn, "rows", None)[0].log_z == -10.0 and seen == [("rows", "", 0)]
     for reason in ("max_time", "early_stopping"):  # (the first is kept as it is: no second fit)
         learn, seen = learner({"rows": fit(-10.0, reason, reason == "max_time"), "any": fit(0.0)})
         assert choose_inducing(learn, "rows", "any")[0].stop_reason == reason and len(seen) == 1
@@ -706,7 +706,7 @@ def test_choose_inducing_makes_no_second_fit_without_room_for_it():
 
     seen = []
 
-    def learn(points, name):
+    def learn(points, name, fits_after):
         seen.append(points)
         return SimpleNamespace(log_z={"rows": -10.0, "any": 0.0}[points], stop_reason="plateau",
                                stopped_by_time=False), True
@@ -829,8 +829,8 @@ def test_the_exact_model_of_categorical_columns_chooses_its_lengthscales_above_t
 
     seen = []
     learn = size_rule.learn_lengthscales
-    monkeypatch.setattr(size_rule, "learn_lengthscales", lambda plan, freed, *rest: (seen.append((plan, freed)),
-                                                                                      learn(plan, freed, *rest))[1])
+    monkeypatch.setattr(size_rule, "learn_lengthscales", lambda plan, freed, *rest, **named: (
+        seen.append((plan, freed)), learn(plan, freed, *rest, **named))[1])
     rng = np.random.default_rng(1)
     n = size_rule.ARD_CHOICE_MAX_ROWS + 40
     X = rng.normal(size=(n, 3))

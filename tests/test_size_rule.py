@@ -236,7 +236,7 @@ _stage = _Stage
 def _choose(first, second):
     calls = []
 
-    def learn(Z, stage):
+    def learn(Z, stage, fits_after):
         calls.append(Z)
         return {"levels": first, "any": second}[Z], True
 
