@@ -374,6 +374,37 @@ def test_probit_keeps_gamma_deep_in_the_tail(depth, xp_device):
     assert np.all(0.0 < 1.0 - (variance - 1.0) * to_np(terms.gamma))
 
 
+@pytest.mark.parametrize("variance", [2.0, 11.0, 101.0])
+def test_ordinal_interior_class_far_outside_its_interval(variance, xp_device):
+    """An interior class's row more than 10 sd from its interval (above it and below it): its ratios are N(z) / (Phi(z_hi)
+    - Phi(z_lo)), not the one-sided class's inverse Mills ratio, which ``_mills_tail`` had put in their place beyond
+    10 sd (b = 11: gamma -0.33 where it is 0.090). Against five-point differences in the mean of log Z written
+    independently (SciPy's log_ndtr of the nearer cut and log1p of the farther one's share)."""
+    import scipy.special
+
+    xp, device = xp_device
+    cuts = np.array([-1.0, 0.0, 1.0])
+    sd = math.sqrt(variance)
+    means = np.array([10.5 * sd, 15.0 * sd, 30.0 * sd, -1.0 - 10.5 * sd, -1.0 - 30.0 * sd])
+    y = np.ones(means.size)  # class 1, the interval (-1, 0)
+
+    def log_z(a):
+        z_lo, z_hi = (-1.0 - a) / sd, (0.0 - a) / sd
+        near, far = np.where(a > 0, z_hi, -z_lo), np.where(a > 0, z_lo, -z_hi)  # log(Phi(near) - Phi(far))
+        return scipy.special.log_ndtr(near) + np.log1p(-np.exp(scipy.special.log_ndtr(far) - scipy.special.log_ndtr(near)))
+
+    h = 0.01 * sd
+    f = [log_z(means + k * h) for k in (-2, -1, 0, 1, 2)]
+    alpha = (f[0] - 8 * f[1] + 8 * f[3] - f[4]) / (12 * h)
+    gamma = -(-f[0] + 16 * f[1] - 30 * f[2] + 16 * f[3] - f[4]) / (12 * h * h)
+    terms = L.Ordinal(to_xp(cuts, xp, device)).site_terms(*(to_xp(a, xp, device)
+                                                            for a in (y, means, np.full(means.size, variance))))
+    np.testing.assert_allclose(to_np(terms.log_z), f[2], rtol=1e-12)
+    np.testing.assert_allclose(to_np(terms.alpha), alpha, rtol=1e-7)
+    np.testing.assert_allclose(to_np(terms.gamma), gamma, rtol=1e-4)
+    assert np.all(0.0 < 1.0 - (variance - 1.0) * to_np(terms.gamma))
+
+
 def test_adf_fits_ordinal_cut_points_far_from_the_data():
     """The audit: ADF with the ordinal cut points started at [-1e5, 0, 1e5] gave up at its first step (log Z NaN from
     log(1 - v gamma) of a gamma that cancellation made 2185); EP and SEP fitted, scoring 0.31-0.59, their sites built
