@@ -37,7 +37,7 @@ import math
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -287,11 +287,18 @@ def main(argv=None):
                 out="stability")
     p.add_argument("--runs", default=None, help="comma-separated case names (default: the whole grid)")
     p.add_argument("--split-seed", type=int, default=0, help="seeds the test rows (default 0)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="epochs (a batch case's iterations, a stream's passes) of every case run (default: each "
+                        "case's own); a longer run than the grid's is a stronger check")
     args = parse(p, argv)
     grid = QUICK if args.quick else GRID
     if args.runs:
         names = parse_list(args.runs, allowed=[c.name for c in grid], kind="run")
         grid = [c for c in grid if c.name in names]
+    if args.epochs is not None:
+        if args.epochs < 1:
+            p.error(f"--epochs must be at least 1, not {args.epochs}")
+        grid = [replace(c, epochs=args.epochs) for c in grid]
     run = begin("Long runs: every method over epochs, seeds and sizes", args, argv)
     print("Rules: UNSTABLE on a non-finite log Z or NLL (nan); log Z moving more than 10x its size between epochs or "
           "above +0.05 nats a row after the first (jump); damping below 0.1 at the end (damping); the final test "
