@@ -38,6 +38,7 @@ binary and ordinal fits), the rule tried for multiclass fits (docs/small_data_de
     PYTHONPATH=. python benchmarks/stopping.py --record --sets waveform,satellite,svmguide2 --splits 3 --out mc3.json
     PYTHONPATH=. python benchmarks/stopping.py --record --sets vehicle,vowel --splits 10 --out mc10.json
     PYTHONPATH=. python benchmarks/stopping.py --per-class mc3.json mc10.json
+    PYTHONPATH=. python benchmarks/stopping.py --per-class sqrt mc3.json mc10.json   # or C-1, log2: slower in C
 """
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ BATCH_SETS = ["banana", "waveform", "satellite", "wq-white-ordinal", "clf-2000x1
 MINIBATCH_SETS = ["airline-50000", "clf-50000x20", "airline-200000"]
 # Candidate rules: (steps, rise in nats a training row), batch and minibatch alike (a minibatch fit records an epoch)
 STEPS = (3, 5, 10, 20)
-RISES = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
+RISES = (1e-5, 3e-5, 1e-4, 2e-4, 3e-4, 1e-3)
+# ``--per-class``: the rise a row scaled by a function of a multiclass fit's latent functions C (binary and ordinal
+# fits: 1): C itself, or a slower growth that asks less of many classes (vowel's 11)
+CLASS_SCALINGS = {"C": lambda c: c, "C-1": lambda c: c - 1, "sqrt": math.sqrt, "log2": math.log2}
 
 
 def load(name, data_dir):
@@ -150,7 +154,7 @@ def latent_functions(run):
     return run["n_classes"] if run["n_classes"] > 2 and not run.get("ordinal") else 1
 
 
-def analyse(paths, per_class=False, cap=None, reference=None):
+def analyse(paths, per_class=None, cap=None, reference=None):
     """The rules replayed on the recorded runs of ``paths`` (their first ``cap`` records where given: a fit whose
     ``max_iter`` is that many records less its warm-up). ``reference``: {(set, split): test NLL} the stops are
     compared with instead of each run's own last record (another fit of the same split: ``--reference``)."""
@@ -173,7 +177,7 @@ def analyse(paths, per_class=False, cap=None, reference=None):
             continue
         print(f"\n### {'Minibatch' if kind else 'Batch'} fits: iterations to the stop (share of the fit's time), "
               "test NLL at the stop - at max_iter (mean ± SE over splits)\n")
-        unit = "row and latent function" if per_class else "row"
+        unit = f"row x {per_class} (C: latent functions)" if per_class else "row"
         print(f"| rule (steps, rise / {unit}) | " + " | ".join(s for s in sets if any(r["set"] == s for r in chosen))
               + " | worst set | mean share of time |")
         print("|---|" + "---|" * (sum(any(r["set"] == s for r in chosen) for s in sets) + 2))
@@ -185,7 +189,8 @@ def analyse(paths, per_class=False, cap=None, reference=None):
                     continue
                 diffs, counts = [], []
                 for r in mine:
-                    scale = latent_functions(r) if per_class else 1
+                    latent = latent_functions(r)
+                    scale = CLASS_SCALINGS[per_class](latent) if per_class and latent > 1 else 1
                     k = stop_index(r["log_z"], r["n_warmup"], steps, rise * scale * r["n_train"])
                     diffs.append(nll_at(r, k) - baseline(r))
                     counts.append(k + 1)
@@ -211,8 +216,9 @@ def main(argv=None):
     p.add_argument("--splits", type=int, default=None, help="random 90/10 splits a set (default 3)")
     p.add_argument("--one-split-large", action="store_true", help="one split of sets of more than 100,000 rows")
     p.add_argument("--max-iter", type=int, default=None, help="iterations (epochs) a fit runs (default 250)")
-    p.add_argument("--per-class", action="store_true",
-                   help="the rules' rise a row and latent function (one a class of a multiclass fit), not a row")
+    p.add_argument("--per-class", nargs="?", const="C", default=None, choices=sorted(CLASS_SCALINGS),
+                   help="the rules' rise a row times C, the latent functions of a multiclass fit (one a class), or "
+                        "C-1, sqrt or log2 of C (default with the flag alone: C); not a row's")
     p.add_argument("--batch-size", default="auto", type=lambda v: v if v == "auto" else int(v),
                    help="rows a step (default: the library's choice)")
     p.add_argument("--cap", type=int, default=None, help="replay on the first CAP records of each run (a max_iter)")
