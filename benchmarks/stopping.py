@@ -189,8 +189,8 @@ def analyse(paths, per_class=None, cap=None, reference=None):
                     continue
                 diffs, counts = [], []
                 for r in mine:
-                    latent = latent_functions(r)
-                    scale = CLASS_SCALINGS[per_class](latent) if per_class and latent > 1 else 1
+                    latent = latent_functions(r) if per_class else 1  # (older records without their classes)
+                    scale = CLASS_SCALINGS[per_class](latent) if latent > 1 else 1
                     k = stop_index(r["log_z"], r["n_warmup"], steps, rise * scale * r["n_train"])
                     diffs.append(nll_at(r, k) - baseline(r))
                     counts.append(k + 1)
