@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import tqdm.std
 
 from agpc import RBF, CholeskyError, GPClassifier, GuardWarning
 from agpc.datasets import make_banana
@@ -382,6 +383,60 @@ def test_the_progress_bar_goes_to_standard_error(capsys):
     GPClassifier(n_inducing=5, max_iter=3, verbose=True).fit(X, y)
     printed = capsys.readouterr()
     assert printed.out == "" and "agpc ep" in printed.err and "log Z_q (EP estimate)=" in printed.err
+
+
+class _Stream:
+    """A standard error that says whether it is a terminal (or cannot say: a closed stream raises)."""
+
+    def __init__(self, tty):
+        self.tty, self.text = tty, []
+
+    def isatty(self):
+        if self.tty is None:
+            raise ValueError("I/O operation on closed file")
+        return self.tty
+
+    def write(self, text):
+        self.text.append(text)
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("tty, seconds", [(True, 0.1), (False, hooks.LOG_REDRAW_SECONDS), (None, hooks.LOG_REDRAW_SECONDS)])
+def test_a_bar_on_a_log_redraws_every_half_minute_and_on_a_terminal_as_tqdm_does(monkeypatch, tty, seconds):
+    """Where standard error is not a terminal (a log file, a batch system's output) every redraw of a bar is appended
+    to it: a 13-s CSV fit wrote 110 of them on one line. There the bar redraws at most every LOG_REDRAW_SECONDS; on a
+    terminal every 0.1 s, tqdm's own; its first and last drawing either way."""
+    stream = _Stream(tty)
+    monkeypatch.setattr(hooks.sys, "stderr", stream)
+    clock = iter(range(10**6))  # tqdm's clock: a second a reading, so that each step is a second after the last
+    monkeypatch.setattr(tqdm.std, "time", lambda: float(next(clock)))
+    trainer = SimpleNamespace(n_steps=0, method="ep", history={"log_marginal_likelihood": []}, objective="log Z")
+    run = _run(trainer, minibatch=True, n_batches=3)
+    run.X, run.settings = np.zeros((6, 1)), SimpleNamespace(max_iter=2, max_time=None, started=None, batch_size=2,
+                                                            plateau=None)
+    bar = hooks.Progress()
+    bar.start(run)
+    bar.new_epoch(run)
+    assert bar.bar.mininterval == seconds
+    for step in range(1, 7):
+        trainer.n_steps = step
+        bar.after_step(run, -1.0, recorded=False)
+    run.stop_reason = "max_iter"
+    bar.finish(run)
+    drawn = {int(count) for count in re.findall(r" (\d)/6 ", "".join(stream.text))}
+    # the first drawing and the last, and on a log only those and the one below the estimate's line (a line said
+    # above a bar redraws it: after the first epoch's 3 steps); on a terminal every step, a second apart
+    assert drawn == ({0, 3, 6} if seconds == hooks.LOG_REDRAW_SECONDS else set(range(7)))
+
+
+def test_a_notebooks_bar_redraws_as_tqdm_does(monkeypatch):
+    """In Jupyter ``tqdm.auto`` draws a widget, redrawn in place, on a standard error that is no terminal: its bar
+    keeps tqdm's 0.1 s (30 s would leave the widget still for half a minute)."""
+    widget = type("tqdm_notebook", (hooks.tqdm,), {"__module__": "tqdm.notebook"})
+    monkeypatch.setattr(hooks, "tqdm", type("tqdm_auto", (widget,), {}))
+    assert hooks._redraw_seconds(_Stream(False)) == 0.1
 
 
 def _last_renders(err):
