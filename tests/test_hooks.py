@@ -410,6 +410,7 @@ def test_a_bar_on_a_log_redraws_every_half_minute_and_on_a_terminal_as_tqdm_does
     terminal every 0.1 s, tqdm's own; its first and last drawing either way."""
     stream = _Stream(tty)
     monkeypatch.setattr(hooks.sys, "stderr", stream)
+    monkeypatch.delenv("TQDM_MININTERVAL", raising=False)
     clock = iter(range(10**6))  # tqdm's clock: a second a reading, so that each step is a second after the last
     monkeypatch.setattr(tqdm.std, "time", lambda: float(next(clock)))
     trainer = SimpleNamespace(n_steps=0, method="ep", history={"log_marginal_likelihood": []}, objective="log Z")
@@ -434,9 +435,17 @@ def test_a_bar_on_a_log_redraws_every_half_minute_and_on_a_terminal_as_tqdm_does
 def test_a_notebooks_bar_redraws_as_tqdm_does(monkeypatch):
     """In Jupyter ``tqdm.auto`` draws a widget, redrawn in place, on a standard error that is no terminal: its bar
     keeps tqdm's 0.1 s (30 s would leave the widget still for half a minute)."""
+    monkeypatch.delenv("TQDM_MININTERVAL", raising=False)
     widget = type("tqdm_notebook", (hooks.tqdm,), {"__module__": "tqdm.notebook"})
     monkeypatch.setattr(hooks, "tqdm", type("tqdm_auto", (widget,), {}))
     assert hooks._redraw_seconds(_Stream(False)) == 0.1
+
+
+def test_a_users_tqdm_mininterval_is_kept(monkeypatch):
+    """tqdm takes TQDM_MININTERVAL (read from the environment Python started with) where no interval is passed: a
+    user's setting wins over both of agpc's, which then pass none."""
+    monkeypatch.setenv("TQDM_MININTERVAL", "5")
+    assert hooks._redraw_seconds(_Stream(False)) is None and hooks._redraw_seconds(_Stream(True)) is None
 
 
 def _last_renders(err):

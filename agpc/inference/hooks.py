@@ -10,6 +10,7 @@ epoch's remaining minibatches, the early-stopping record) and may stop it (``bef
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 import weakref
@@ -37,7 +38,10 @@ LOG_REDRAW_SECONDS = 30.0
 def _redraw_seconds(stream):
     """tqdm's ``mininterval`` for a bar on ``stream``: its own 0.1 s on a terminal and for a notebook's widget
     (``tqdm.auto`` draws one in Jupyter, whose standard error is no terminal but is redrawn in place),
-    ``LOG_REDRAW_SECONDS`` for a text bar anywhere else."""
+    ``LOG_REDRAW_SECONDS`` for a text bar anywhere else; None (pass none) where the user set ``TQDM_MININTERVAL``
+    in the environment, which tqdm then takes."""
+    if "TQDM_MININTERVAL" in os.environ:
+        return None
     if any(cls.__module__ == "tqdm.notebook" for cls in tqdm.__mro__):
         return 0.1
     isatty = getattr(stream, "isatty", None)
@@ -488,9 +492,10 @@ class Progress(Hook):
             total, done, unit = max_iter, len(trainer.history["log_marginal_likelihood"]) - run.warmup, "iter"
         # the time left is ``_left``'s, in the postfix: tqdm's own would ignore max_time
         fmt = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
+        redraw = _redraw_seconds(sys.stderr)
         self.bar = tqdm(total=total, initial=max(0, done), unit=unit, file=sys.stderr, dynamic_ncols=True,
                         desc=self._description(run), bar_format=fmt if phase == "training" else None,
-                        mininterval=_redraw_seconds(sys.stderr))
+                        **({} if redraw is None else {"mininterval": redraw}))
         self.done_at_open, self.opened = self.bar.n, time.perf_counter()
         _open_bars.add(self.bar)
 
